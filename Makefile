@@ -1,0 +1,52 @@
+# Two commands do all set-up on a fresh machine (python3, pip, npm): `make demo` and `make test`.
+# Everything installed lives under build/ (ignored by git).
+
+PYTHON ?= python3
+BUILD := build
+VENV := $(BUILD)/venv
+PY := $(VENV)/bin/python
+CODEX_VERSION := 0.171.0
+CODEX_PREFIX := $(BUILD)/providers/codex
+CODEX_STAMP := $(CODEX_PREFIX)/.installed-$(CODEX_VERSION)
+DEPS_STAMP := $(VENV)/.deps-installed
+PROVIDER ?= tutti-agent
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint soak bench venv providers clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(DEPS_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test,claude,gui]'
+	touch $@
+
+venv: $(DEPS_STAMP)
+
+$(CODEX_STAMP):
+	mkdir -p $(CODEX_PREFIX)
+	npm install --silent --no-audit --no-fund --prefix $(CODEX_PREFIX) @openai/codex@$(CODEX_VERSION)
+	touch $@
+
+providers: $(CODEX_STAMP) $(DEPS_STAMP)
+
+demo: $(DEPS_STAMP)
+	$(PY) -m agenthost.demo --provider $(PROVIDER)
+
+lint: $(DEPS_STAMP)
+	$(VENV)/bin/ruff check storage actors transport drivers tutti_agent agenthost tests bench
+
+# pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.
+test: providers lint
+	AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
+		$(PY) -m pytest -q $(PYTEST_ARGS)
+
+soak: providers
+	AGENTHOST_SOAK=1 $(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
+
+bench: providers
+	$(PY) -m bench.run_all
+
+clean:
+	rm -rf $(BUILD)

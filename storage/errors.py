@@ -1,0 +1,159 @@
+"""Typed errors of agenthost, each carrying its wire identity (status, code, reason, retryable).
+
+Every layer raises these (or subclasses); the API server maps them to a reply in one function,
+so nothing crosses the wire as a bare exception (ARCHITECTURE.md law 7).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, ClassVar
+
+
+class ForkBoundaryReason(StrEnum):
+    """Why a source/boundary cannot be forked (PROTOCOL.md `forkBoundaryReason`)."""
+
+    SOURCE_NOT_ROOT = "source_not_root"
+    SOURCE_PROVIDER_SESSION_MISSING = "source_provider_session_missing"
+    SOURCE_TURN_ACTIVE = "source_turn_active"
+    SOURCE_INTERACTION_PENDING = "source_interaction_pending"
+    SOURCE_GOAL_CONTROL_ACTIVE = "source_goal_control_active"
+    SOURCE_RUNTIME_OPERATION_ACTIVE = "source_runtime_operation_active"
+    SOURCE_SUBMIT_CLAIM_ACTIVE = "source_submit_claim_active"
+    SOURCE_FORK_ACTIVE = "source_fork_active"
+    TURN_NOT_FOUND = "turn_not_found"
+    TURN_NOT_SETTLED = "turn_not_settled"
+    TURN_SEQUENCE_UNVERIFIED = "turn_sequence_unverified"
+    PROVIDER_TURN_MISSING = "provider_turn_missing"
+    DESCENDANT_LANE_IN_BOUNDARY = "descendant_lane_in_boundary"
+    SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY = "session_local_attachment_in_boundary"
+
+
+class HostError(Exception):
+    """Base of every typed error. Subclasses fix `status`, `code` and usually `reason`."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+    default_reason: ClassVar[str] = "internal_error"
+    retryable: ClassVar[bool] = False
+
+    def __init__(
+        self, message: str, *, reason: str | None = None, params: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason or self.default_reason
+        self.params: dict[str, Any] = dict(params or {})
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "reason": self.reason,
+            "message": self.message,
+            "retryable": self.retryable,
+            "params": self.params,
+        }
+
+
+class InvalidRequest(HostError):
+    status = 400
+    code = "invalid_request"
+    default_reason = "invalid_argument"
+
+
+class InvalidArgument(InvalidRequest):
+    """A bad parameter; `params.field` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message, reason="invalid_argument", params={"field": field})
+
+
+class NotFound(HostError):
+    status = 404
+    code = "not_found"
+    default_reason = "workspace_agent_session_not_found"
+
+
+class SessionNotFound(NotFound):
+    default_reason = "workspace_agent_session_not_found"
+
+
+class ForkOperationNotFound(NotFound):
+    default_reason = "agent_session_fork_operation_not_found"
+
+
+class TurnNotFound(NotFound):
+    default_reason = "turn_not_found"
+
+
+class Conflict(HostError):
+    status = 409
+    code = "conflict"
+    default_reason = "conflict"
+
+
+class SessionBusy(Conflict):
+    default_reason = "agent_session_busy"
+
+
+class ForkInProgress(Conflict):
+    """A fenced write (or another fork) while a fork operation on the source is active."""
+
+    default_reason = "agent_session_fork_in_progress"
+    retryable = True
+
+
+class ForkBoundaryError(Conflict):
+    """The source or boundary is not forkable; `params.forkBoundaryReason` says why."""
+
+    default_reason = "agent_session_fork_conflict"
+
+    def __init__(self, boundary_reason: ForkBoundaryReason, message: str | None = None) -> None:
+        super().__init__(
+            message or f"fork boundary rejected: {boundary_reason.value}",
+            params={"forkBoundaryReason": boundary_reason.value},
+        )
+        self.boundary_reason = boundary_reason
+
+
+class ForkConflict(Conflict):
+    """Generic fork conflict, e.g. the target id is already taken or reserved."""
+
+    default_reason = "agent_session_fork_conflict"
+
+
+class ForkUnsupported(Conflict):
+    default_reason = "agent_session_fork_unsupported"
+
+
+class ForkRequestConflict(Conflict):
+    default_reason = "agent_session_fork_request_conflict"
+
+
+class ForkAcknowledgeConflict(Conflict):
+    default_reason = "agent_session_fork_acknowledge_conflict"
+
+
+class InvalidTransition(Conflict):
+    """A fork operation transition that the state machine does not allow."""
+
+    default_reason = "agent_session_fork_invalid_transition"
+
+
+class PayloadTooLarge(HostError):
+    status = 413
+    code = "payload_too_large"
+    default_reason = "payload_too_large"
+
+
+class ProviderError(HostError):
+    status = 502
+    code = "provider_error"
+    default_reason = "provider_error"
+
+
+class Unavailable(HostError):
+    status = 503
+    code = "unavailable"
+    default_reason = "overloaded"
+    retryable = True
