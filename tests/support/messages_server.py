@@ -1,0 +1,282 @@
+"""A local fake Anthropic Messages API server for the real Claude Code CLI, the only part we fake.
+
+It answers `POST /v1/messages` (SSE or JSON), `POST /v1/messages/count_tokens` and
+`GET /v1/models` on 127.0.0.1 with deterministic `echo: <last user text>` replies and records
+every request body.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+from tests.support import decode_body
+
+ReplyFn = Callable[[dict[str, Any]], str]
+
+
+def _block_texts(content: Any) -> list[str]:
+    """The text blocks of one Messages `content` (a string or a list of blocks), in order.
+
+    Claude Code injects `<system-reminder>` text blocks into user messages; they are kept
+    here (the model sees them) and filtered by `last_user_text`.
+    """
+    if isinstance(content, str):
+        return [content]
+    if not isinstance(content, list):
+        return []
+    return [
+        str(b.get("text", ""))
+        for b in content
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+
+
+def _is_reminder(text: str) -> bool:
+    return text.lstrip().startswith("<system-reminder>")
+
+
+def model_input_texts(body: dict[str, Any]) -> list[tuple[str, str]]:
+    """The model-visible conversation of one request as `(role, text)`, in order.
+
+    One entry per `user` / `assistant` message, its text blocks joined with newlines,
+    CLI `<system-reminder>` blocks removed; messages with no text left (tool results,
+    pure reminders) are skipped. The `system` prompt and the CLI's `role: "system"`
+    environment message are not part of the conversation and are left out.
+    """
+    out: list[tuple[str, str]] = []
+    for msg in body.get("messages") or []:
+        if not isinstance(msg, dict) or msg.get("role") not in ("user", "assistant"):
+            continue
+        texts = [t for t in _block_texts(msg.get("content")) if not _is_reminder(t)]
+        if texts:
+            out.append((str(msg.get("role", "")), "\n".join(texts)))
+    return out
+
+
+def last_user_text(body: dict[str, Any]) -> str:
+    """The last non-reminder text of the last user message in one request ("" if none)."""
+    for msg in reversed(body.get("messages") or []):
+        if not isinstance(msg, dict) or msg.get("role") != "user":
+            continue
+        texts = [t for t in _block_texts(msg.get("content")) if not _is_reminder(t)]
+        if texts:
+            return texts[-1]
+    return ""
+
+
+def default_reply(body: dict[str, Any]) -> str:
+    return f"echo: {last_user_text(body)}"
+
+
+class MessagesServer:
+    """Context manager running the fake Messages API on an ephemeral 127.0.0.1 port.
+
+    `reply` maps a request body to the assistant text (default `echo: <last user text>`).
+    `.requests` holds every parsed `/v1/messages` body (not `count_tokens`), in order.
+    `.base_url` has no `/v1`: it is what `ANTHROPIC_BASE_URL` expects.
+    """
+
+    def __init__(self, reply: ReplyFn | None = None) -> None:
+        self._reply = reply or default_reply
+        self._lock = threading.Lock()
+        self._requests: list[dict[str, Any]] = []
+        self._paths: list[str] = []
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name="messages-server", daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """A snapshot copy of the recorded `/v1/messages` request bodies."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every `METHOD path` the server saw, including probes (for diagnostics)."""
+        with self._lock:
+            return list(self._paths)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> MessagesServer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _record(self, line: str, body: dict[str, Any] | None) -> None:
+        with self._lock:
+            self._paths.append(line)
+            if body is not None:
+                self._requests.append(body)
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                # Keep test output clean; `.paths` is the log.
+                pass
+
+            def _send_json(self, status: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_HEAD(self) -> None:  # noqa: N802
+                server._record(f"HEAD {self.path}", None)
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:  # noqa: N802
+                server._record(f"GET {self.path}", None)
+                path = self.path.split("?", 1)[0].rstrip("/")
+                if path.endswith("/v1/models"):
+                    self._send_json(
+                        200,
+                        {
+                            "data": [
+                                {
+                                    "type": "model",
+                                    "id": "claude-sonnet-4-5",
+                                    "display_name": "Mock",
+                                    "created_at": "2025-01-01T00:00:00Z",
+                                }
+                            ],
+                            "has_more": False,
+                            "first_id": "claude-sonnet-4-5",
+                            "last_id": "claude-sonnet-4-5",
+                        },
+                    )
+                    return
+                self._send_json(404, _error("not_found_error", f"no route {self.path}"))
+
+            def do_POST(self) -> None:  # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                path = self.path.split("?", 1)[0].rstrip("/")
+                try:
+                    body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
+                except Exception as exc:  # a bad body is a 400 for the client, not a crash
+                    server._record(f"POST {self.path}", None)
+                    self._send_json(400, _error("invalid_request_error", f"bad body: {exc}"))
+                    return
+                if path.endswith("/v1/messages/count_tokens"):
+                    server._record(f"POST {self.path}", None)
+                    n = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
+                    self._send_json(200, {"input_tokens": n})
+                    return
+                if not path.endswith("/v1/messages"):
+                    server._record(f"POST {self.path}", None)
+                    self._send_json(404, _error("not_found_error", f"no route {self.path}"))
+                    return
+                server._record(f"POST {self.path}", body)
+                text = server._reply(body)
+                if body.get("stream"):
+                    self._stream(body, text)
+                else:
+                    self._send_json(200, _message_object(body, text))
+
+            def _stream(self, body: dict[str, Any], text: str) -> None:
+                msg = _message_object(body, text)
+                start = dict(msg, content=[], stop_reason=None)
+                start["usage"] = dict(msg["usage"], output_tokens=1)
+                events: list[tuple[str, dict[str, Any]]] = [
+                    ("message_start", {"type": "message_start", "message": start}),
+                    (
+                        "content_block_start",
+                        {
+                            "type": "content_block_start",
+                            "index": 0,
+                            "content_block": {"type": "text", "text": ""},
+                        },
+                    ),
+                    (
+                        "content_block_delta",
+                        {
+                            "type": "content_block_delta",
+                            "index": 0,
+                            "delta": {"type": "text_delta", "text": text},
+                        },
+                    ),
+                    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                    (
+                        "message_delta",
+                        {
+                            "type": "message_delta",
+                            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                            "usage": {"output_tokens": msg["usage"]["output_tokens"]},
+                        },
+                    ),
+                    ("message_stop", {"type": "message_stop"}),
+                ]
+                payload = "".join(
+                    f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events
+                ).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        return Handler
+
+
+def _error(kind: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def _message_object(body: dict[str, Any], text: str) -> dict[str, Any]:
+    in_tokens = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
+    return {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "claude-sonnet-4-5"),
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": in_tokens,
+            "output_tokens": len(text) // 4 + 1,
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        },
+    }
