@@ -1,0 +1,340 @@
+"""The Python client of the wire protocol: a thread-safe request client over one DEALER and a
+subscriber for the events PUB socket.
+
+A background thread owns the DEALER (zmq sockets are not thread-safe) and matches replies to
+callers by `id`, so many calls from many threads can be in flight at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import msgpack
+import zmq
+
+from transport.wire import PROTOCOL_VERSION
+
+_TAG_SEND = b"S"
+_TAG_STOP = b"X"
+_UNMATCHED_KEEP = 10_000
+
+
+class ApiError(Exception):
+    """An error reply: the fields of PROTOCOL.md's `error` map plus the HTTP-like status."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        reason: str,
+        message: str,
+        retryable: bool = False,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{status} {code}/{reason}: {message}")
+        self.status = status
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.retryable = retryable
+        self.params: dict[str, Any] = dict(params or {})
+
+    @classmethod
+    def from_reply(cls, status: int, error: Mapping[str, Any]) -> ApiError:
+        return cls(
+            status,
+            str(error.get("code", "")),
+            str(error.get("reason", "")),
+            str(error.get("message", "")),
+            bool(error.get("retryable", False)),
+            error.get("params") if isinstance(error.get("params"), dict) else None,
+        )
+
+
+class ClientTimeout(TimeoutError):
+    """No reply arrived in time. The request may still have been executed (delivery unknown)."""
+
+
+class ClientClosed(RuntimeError):
+    """The client was closed before the reply arrived."""
+
+
+Reply = tuple[int, dict[str, Any]]
+"""`(status, body)`: body is the `result` map for 2xx, the `error` map otherwise."""
+
+
+class Client:
+    """Synchronous, thread-safe API client over one DEALER socket (see the module docstring)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        timeout: float = 10.0,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._own_context = context is None
+        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._pending: dict[str, Future[Reply]] = {}
+        self._pending_lock = threading.Lock()
+        self._unmatched: deque[dict[str, Any]] = deque(maxlen=_UNMATCHED_KEEP)
+        self._unmatched_cond = threading.Condition()
+        # Ids are unique per client; the prefix keeps them unique across clients on a socket.
+        self._id_prefix = f"{os.getpid():x}-{id(self):x}-"
+        self._counter = itertools.count(1)
+        self._pipe_addr = f"inproc://agenthost-client-{id(self):x}"
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.setsockopt(zmq.RCVHWM, 0)
+        self._pull.setsockopt(zmq.LINGER, 0)
+        self._pull.bind(self._pipe_addr)
+        self._push_lock = threading.Lock()
+        self._push: zmq.Socket[bytes] | None = self._ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.SNDHWM, 0)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(self._pipe_addr)
+        self._dealer = self._ctx.socket(zmq.DEALER)
+        self._dealer.setsockopt(zmq.LINGER, 0)
+        self._dealer.setsockopt(zmq.SNDHWM, 0)
+        self._dealer.setsockopt(zmq.RCVHWM, 0)
+        self._dealer.connect(endpoint)
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="agenthost-client", daemon=True)
+        self._thread.start()
+
+    # -- calls -------------------------------------------------------------------------------
+
+    def new_id(self) -> str:
+        return f"{self._id_prefix}{next(self._counter)}"
+
+    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]:
+        """Send a request now; the future resolves to `(status, body)`."""
+        return self._submit(method, params)[1]
+
+    def _submit(self, method: str, params: Mapping[str, Any] | None) -> tuple[str, Future[Reply]]:
+        request_id = self.new_id()
+        frame = msgpack.packb(
+            {
+                "v": PROTOCOL_VERSION,
+                "id": request_id,
+                "method": method,
+                "params": dict(params or {}),
+            },
+            use_bin_type=True,
+        )
+        future: Future[Reply] = Future()
+        with self._pending_lock:
+            if self._closed:
+                raise ClientClosed("client is closed")
+            self._pending[request_id] = future
+        self._send_pipe([_TAG_SEND, frame])
+        return request_id, future
+
+    def call_raw(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Reply:
+        """`(status, body)` of one request, errors included; raises only `ClientTimeout`."""
+        request_id, future = self._submit(method, params)
+        return self._wait(request_id, future, timeout)
+
+    def call(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """The `result` map of one request; raises `ApiError` on an error reply."""
+        status, body = self.call_raw(method, params, timeout=timeout)
+        if status >= 400:
+            raise ApiError.from_reply(status, body)
+        return body
+
+    def _wait(self, request_id: str, future: Future[Reply], timeout: float | None) -> Reply:
+        limit = self.timeout if timeout is None else timeout
+        try:
+            return future.result(limit)
+        except FutureTimeout:
+            with self._pending_lock:
+                self._pending.pop(request_id, None)
+            raise ClientTimeout(f"no reply to {request_id} within {limit}s") from None
+
+    # -- raw frames (tests, fuzzing) ---------------------------------------------------------
+
+    def send_frame(self, frame: bytes) -> None:
+        """Send one raw frame as a request body; its reply lands in `next_unmatched`."""
+        self._send_pipe([_TAG_SEND, frame])
+
+    def next_unmatched(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next reply whose id matched no pending call (decoded), or None on timeout."""
+        limit = self.timeout if timeout is None else timeout
+        with self._unmatched_cond:
+            if not self._unmatched_cond.wait_for(lambda: bool(self._unmatched), limit):
+                return None
+            return self._unmatched.popleft()
+
+    def exchange_frame(self, frame: bytes, timeout: float | None = None) -> dict[str, Any]:
+        """Send a raw frame and return the next unmatched reply (the frame's, if sent alone)."""
+        self.send_frame(frame)
+        reply = self.next_unmatched(timeout)
+        if reply is None:
+            raise ClientTimeout("no reply to a raw frame")
+        return reply
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the socket thread; pending calls fail with `ClientClosed`."""
+        with self._pending_lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._send_pipe([_TAG_STOP])
+        self._thread.join(5.0)
+        with self._push_lock:
+            push, self._push = self._push, None
+        if push is not None:
+            push.close()
+        if not self._thread.is_alive():
+            self._pull.close()
+            self._dealer.close()
+            if self._own_context:
+                self._ctx.term()
+        with self._pending_lock:
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(ClientClosed("client closed before the reply"))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- socket thread -----------------------------------------------------------------------
+
+    def _send_pipe(self, frames: list[bytes]) -> None:
+        with self._push_lock:
+            if self._push is None:
+                raise ClientClosed("client is closed")
+            self._push.send_multipart(frames)
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._pull, zmq.POLLIN)
+        poller.register(self._dealer, zmq.POLLIN)
+        while True:
+            events = dict(poller.poll())
+            if self._pull in events:
+                while True:
+                    try:
+                        frames = self._pull.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if frames[0] == _TAG_STOP:
+                        return
+                    with contextlib.suppress(zmq.ZMQError):
+                        self._dealer.send(frames[1], zmq.NOBLOCK)
+            if self._dealer in events:
+                while True:
+                    try:
+                        frames = self._dealer.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_reply(frames[-1])
+
+    def _on_reply(self, frame: bytes) -> None:
+        try:
+            reply = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except Exception:
+            reply = {"undecodable": frame}
+        if not isinstance(reply, dict):
+            reply = {"undecodable": frame}
+        request_id = reply.get("id")
+        future = None
+        if isinstance(request_id, str):
+            with self._pending_lock:
+                future = self._pending.pop(request_id, None)
+        if future is None:
+            with self._unmatched_cond:
+                self._unmatched.append(reply)
+                self._unmatched_cond.notify_all()
+            return
+        status = reply.get("status")
+        if not isinstance(status, int):
+            status = 500
+        body = reply.get("result") if status < 400 else reply.get("error")
+        if not future.done():
+            future.set_result((status, body if isinstance(body, dict) else {}))
+
+
+class EventSubscriber:
+    """A SUB socket on the events endpoint; use it from one thread.
+
+    Each event is `{type, ...}` published under a topic (the workspace id). Subscriptions
+    take a moment to reach the PUB side (ZeroMQ's slow joiner): events published before
+    that are not delivered.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        topics: Iterable[str] = ("",),
+        *,
+        context: zmq.Context[Any] | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        self._own_context = context is None
+        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, 100_000)
+        for topic in topics:
+            self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+        self._sub.connect(endpoint)
+
+    def next_message(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
+        """`(topic, event)` of the next event, or None after `timeout` seconds (None: wait)."""
+        poll_ms = None if timeout is None else max(0, int(timeout * 1000))
+        if not self._sub.poll(poll_ms, zmq.POLLIN):
+            return None
+        frames = self._sub.recv_multipart()
+        topic = frames[0].decode("utf-8", errors="replace")
+        event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
+        return topic, event if isinstance(event, dict) else {"value": event}
+
+    def next(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next event map, or None after `timeout` seconds (None: wait forever)."""
+        message = self.next_message(timeout)
+        return None if message is None else message[1]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        while True:
+            event = self.next(None)
+            if event is not None:
+                yield event
+
+    def close(self) -> None:
+        self._sub.close()
+        if self._own_context:
+            self._ctx.term()
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
