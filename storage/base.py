@@ -1,0 +1,213 @@
+"""Connections, the single write-transaction helper (with the source fence) and change events.
+
+Every write in the store goes through `StoreBase._write`: `BEGIN IMMEDIATE`, the fence check
+inside the transaction, change events collected on the transaction and delivered to
+subscribers only after `COMMIT` (laws 2 and 3).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from storage.errors import ForkInProgress
+from storage.models import ChangeEvent
+from storage.schema import migrate
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_MS = 10_000
+
+Row = tuple[Any, ...]
+Subscriber = Callable[[ChangeEvent], None]
+Clock = Callable[[], int]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def dumps(value: Any) -> str:
+    """Canonical JSON: sorted keys, no whitespace, UTF-8 kept (hash input for snapshots)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def open_connection(path: str) -> apsw.Connection:
+    conn = apsw.Connection(path)
+    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    # WAL + synchronous=FULL: a COMMIT that returned survives power loss and SIGKILL.
+    conn.execute("PRAGMA journal_mode=WAL").fetchall()
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    return conn
+
+
+class Tx:
+    """One open write transaction: the cursor, its clock reading and its pending events."""
+
+    __slots__ = ("conn", "workspace_id", "now_ms", "events")
+
+    def __init__(self, conn: apsw.Connection, workspace_id: str | None, now_ms: int) -> None:
+        self.conn = conn
+        self.workspace_id = workspace_id
+        self.now_ms = now_ms
+        self.events: list[ChangeEvent] = []
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> apsw.Cursor:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.conn.executemany(sql, rows)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def changes(self) -> int:
+        return int(self.conn.changes())
+
+    def emit(self, event: ChangeEvent) -> None:
+        if event not in self.events:
+            self.events.append(event)
+
+    def check_fence(self, session_id: str) -> None:
+        """Fail with `ForkInProgress` if an active fork operation holds `session_id`'s fence.
+
+        Runs inside the caller's write transaction, so no fork can be prepared between the
+        check and the write it guards (law 3).
+        """
+        row = self.one(
+            "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
+            " AND source_session_id = ?"
+            " AND status IN ('prepared', 'dispatching', 'provider_accepted') LIMIT 1",
+            (self.workspace_id, session_id),
+        )
+        if row is not None:
+            raise ForkInProgress(
+                f"session {session_id} is being forked (operation {row[0]})",
+                params={"operationId": row[0], "forkBoundaryReason": "source_fork_active"},
+            )
+
+
+class StoreBase:
+    """Owns the file path, one apsw connection per thread, subscribers and the write helper."""
+
+    def __init__(self, path: str | Path, *, clock: Clock | None = None) -> None:
+        self.path = str(path)
+        self._clock: Clock = clock or wall_clock_ms
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._connections: list[apsw.Connection] = []
+        self._subscribers: list[Subscriber] = []
+        self._closed = False
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _conn(self) -> apsw.Connection:
+        conn: apsw.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise RuntimeError("store is closed")
+            conn = open_connection(self.path)
+            self._local.conn = conn
+            with self._lock:
+                self._connections.append(conn)
+        return conn
+
+    def _migrate(self) -> int:
+        return migrate(self._conn())
+
+    def close(self) -> None:
+        """Close every connection this store opened (in any thread)."""
+        with self._lock:
+            self._closed = True
+            conns, self._connections = self._connections, []
+        for conn in conns:
+            try:
+                conn.close()
+            except apsw.Error:  # pragma: no cover - close of a busy connection
+                log.exception("closing store connection")
+        self._local = threading.local()
+
+    def __enter__(self) -> StoreBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- events ------------------------------------------------------------------------------
+
+    def subscribe(self, callback: Subscriber) -> Callable[[], None]:
+        """Call `callback(event)` after each COMMIT that changed something; returns unsubscribe."""
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+    def _notify(self, events: list[ChangeEvent]) -> None:
+        if not events:
+            return
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for callback in subscribers:
+            for event in events:
+                try:
+                    callback(event)
+                except Exception:  # a listener must never undo or break a durable write
+                    log.exception("store subscriber failed on %r", event)
+
+    # -- transactions ------------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
+        """The only way to write: BEGIN IMMEDIATE, optional fence check, COMMIT, then events.
+
+        An exception inside the block rolls everything back and delivers no events.
+        """
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        tx = Tx(conn, workspace_id, self._clock())
+        try:
+            if fence is not None:
+                tx.check_fence(fence)
+            yield tx
+            conn.execute("COMMIT")
+        except BaseException:
+            if not conn.getautocommit():
+                conn.execute("ROLLBACK")
+            raise
+        self._notify(tx.events)
+
+    @contextmanager
+    def _read(self) -> Iterator[apsw.Connection]:
+        """A consistent read snapshot across several statements (a deferred transaction)."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            if not conn.getautocommit():
+                conn.execute("COMMIT")
+
+    def now_ms(self) -> int:
+        return self._clock()

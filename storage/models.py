@@ -1,0 +1,327 @@
+"""Immutable values the canonical store returns: Sessions, Turns, Messages, Interactions, fork
+operations and lineage, plus the change events delivered after COMMIT.
+
+Every value is a frozen slotted dataclass with snake_case fields; the camelCase wire projection
+lives in `agenthost/projection.py`, so nothing here knows about the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class SessionKind(StrEnum):
+    """`root` Sessions are independent (fork children included); `child` is provider-native."""
+
+    ROOT = "root"
+    CHILD = "child"
+
+
+class TurnPhase(StrEnum):
+    ACTIVE = "active"
+    SETTLED = "settled"
+
+
+class TurnOutcome(StrEnum):
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+
+class SequenceProvenance(StrEnum):
+    """Who assigned a Turn's `sequence`; only host-assigned sequences are fork-verifiable.
+
+    - `host`: assigned by `claim_submit` inside the store's write transaction (next integer).
+    - `fork_clone`: copied from a frozen snapshot at commit, itself host-verified at prepare.
+    - `imported`: came from outside (e.g. a provider history import); a boundary containing
+      one is rejected with `turn_sequence_unverified` rather than guessed.
+    """
+
+    HOST = "host"
+    FORK_CLONE = "fork_clone"
+    IMPORTED = "imported"
+
+
+VERIFIABLE_PROVENANCE: frozenset[str] = frozenset(
+    {SequenceProvenance.HOST.value, SequenceProvenance.FORK_CLONE.value}
+)
+
+
+class InteractionStatus(StrEnum):
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    SUPERSEDED = "superseded"
+
+
+class ForkPointKind(StrEnum):
+    """Where a fork cuts the source history.
+
+    - `through_turn`: inclusive; the child holds the selected settled Turn and every Turn
+      before it. The only kind implemented; an unknown kind is rejected, never guessed.
+    """
+
+    THROUGH_TURN = "through_turn"
+
+
+class ProviderStateBindingMode(StrEnum):
+    """How the child's provider state becomes independently resumable (seed 000 §7).
+
+    - `host_copy`: the host's binder copies the child's provider state into the child's home;
+      the provider must return the exact frozen ordered prefix of provider Turn ids.
+    - `provider_owned`: the provider keeps the state (Claude SDK); it remaps Turn identities and
+      must return a binding for at least the selected Turn.
+    """
+
+    HOST_COPY = "host_copy"
+    PROVIDER_OWNED = "provider_owned"
+
+
+class ForkStatus(StrEnum):
+    """Internal fork operation status (seed 000 §6.1).
+
+    prepared → dispatching → provider_accepted → committed;
+    prepared|dispatching → failed; dispatching → unknown.
+    """
+
+    PREPARED = "prepared"
+    DISPATCHING = "dispatching"
+    PROVIDER_ACCEPTED = "provider_accepted"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+ACTIVE_FORK_STATUSES: frozenset[ForkStatus] = frozenset(
+    {ForkStatus.PREPARED, ForkStatus.DISPATCHING, ForkStatus.PROVIDER_ACCEPTED}
+)
+
+
+class ForkPublicStatus(StrEnum):
+    ACCEPTED = "accepted"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+class ForkPhase(StrEnum):
+    FROZEN = "frozen"
+    DISPATCHING = "dispatching"
+    MATERIALIZING = "materializing"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    DELIVERY_UNKNOWN = "deliveryUnknown"
+
+
+_PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
+    ForkStatus.PREPARED: (ForkPublicStatus.ACCEPTED, ForkPhase.FROZEN),
+    ForkStatus.DISPATCHING: (ForkPublicStatus.ACCEPTED, ForkPhase.DISPATCHING),
+    ForkStatus.PROVIDER_ACCEPTED: (ForkPublicStatus.ACCEPTED, ForkPhase.MATERIALIZING),
+    ForkStatus.COMMITTED: (ForkPublicStatus.COMMITTED, ForkPhase.COMMITTED),
+    ForkStatus.FAILED: (ForkPublicStatus.FAILED, ForkPhase.FAILED),
+    ForkStatus.UNKNOWN: (ForkPublicStatus.UNKNOWN, ForkPhase.DELIVERY_UNKNOWN),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """The forkedFrom row of a fork child: where it came from and its own boundary Turn."""
+
+    source_session_id: str
+    source_turn_id: str
+    target_session_id: str
+    target_turn_id: str
+    operation_id: str
+    forked_at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    workspace_id: str
+    session_id: str
+    kind: str
+    provider: str
+    provider_session_id: str | None
+    title: str
+    cwd: str
+    settings: Mapping[str, Any]
+    runtime_context: Mapping[str, Any]
+    model: str | None
+    pinned: bool
+    deleted: bool
+    goal: str | None
+    active_turn_id: str | None
+    parent_session_id: str | None
+    parent_turn_id: str | None
+    created_at_ms: int
+    updated_at_ms: int
+    lineage: Lineage | None
+    # Inherited by a fork child (seed 000 §5 "rail placement, visibility").
+    rail_placement: str | None = None
+    visibility: str = "visible"
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    message_id: str
+    turn_id: str | None
+    kind: str
+    text: str | None
+    payload: Mapping[str, Any]
+    version: int
+    position: int
+
+
+@dataclass(frozen=True, slots=True)
+class Interaction:
+    interaction_id: str
+    request_id: str
+    turn_id: str
+    kind: str
+    status: str
+    input: Mapping[str, Any]
+    output: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    workspace_id: str
+    session_id: str
+    turn_id: str
+    sequence: int
+    sequence_provenance: str
+    phase: str
+    outcome: str | None
+    root_provider_turn_id: str | None
+    provider_turn_binding_json: str | None
+    final_assistant_message_id: str | None
+    error: str | None
+    created_at_ms: int
+    settled_at_ms: int | None
+    messages: tuple[Message, ...] = ()
+    interactions: tuple[Interaction, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPrepareRequest:
+    """What the saga asks the store to freeze. `runtime_identity` holds the prepared `cwd`,
+    `settings` and `runtime_context` only (never env or provider target refs)."""
+
+    source_session_id: str
+    request_id: str
+    target_session_id: str
+    turn_id: str
+    driver_kind: str
+    driver_version: str
+    binding_mode: str
+    runtime_identity: Mapping[str, Any] = field(default_factory=dict)
+    point_kind: str = ForkPointKind.THROUGH_TURN.value
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderForkEvidence:
+    """A verified provider child, checked again by the store before `provider_accepted`.
+
+    `turn_bindings` maps a *source* canonical Turn id to the child's
+    `(root_provider_turn_id, binding_json)`; required for `provider_owned`.
+    """
+
+    child_provider_session_id: str
+    provider_turn_ids: tuple[str, ...]
+    binding_mode: str
+    receipt: Mapping[str, Any]
+    turn_bindings: Mapping[str, tuple[str, str | None]] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForkOperation:
+    workspace_id: str
+    operation_id: str
+    request_id: str
+    request_hash: str
+    source_session_id: str
+    target_session_id: str
+    point_kind: str
+    source_turn_id: str
+    source_provider_session_id: str
+    source_provider_turn_id: str
+    source_provider_turn_ids: tuple[str, ...]
+    target_provider_session_id: str | None
+    target_provider_turn_ids: tuple[str, ...] | None
+    target_turn_id: str | None
+    driver_kind: str
+    driver_version: str
+    binding_mode: str
+    binding_receipt: Mapping[str, Any] | None
+    snapshot_hash: str
+    status: ForkStatus
+    error: str | None
+    created_at_ms: int
+    dispatched_at_ms: int | None
+    accepted_at_ms: int | None
+    completed_at_ms: int | None
+    client_observed_at_ms: int | None
+    committed_session: Session | None
+    lineage: Lineage | None
+    # The frozen child title, so the saga can pass it to the provider (seed 000 §7).
+    target_title: str = ""
+
+    @property
+    def public_status(self) -> ForkPublicStatus:
+        return _PUBLIC[self.status][0]
+
+    @property
+    def phase(self) -> ForkPhase:
+        return _PUBLIC[self.status][1]
+
+    @property
+    def is_active(self) -> bool:
+        """True while the source fence holds (prepared, dispatching, provider_accepted)."""
+        return self.status in ACTIVE_FORK_STATUSES
+
+    @property
+    def holds_barrier(self) -> bool:
+        """True while a new request identity on the same source + point gets this one back."""
+        return (
+            self.is_active
+            or self.status is ForkStatus.UNKNOWN
+            or (self.status is ForkStatus.COMMITTED and self.client_observed_at_ms is None)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForkReadiness:
+    """Inputs for capability/availability resolution: why a fork would be rejected now.
+
+    `blocking` is empty when prepare would pass the source conditions for `turn_id`.
+    """
+
+    session: Session
+    turn: Turn | None
+    blocking: tuple[str, ...]
+    active_operation_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionChanged:
+    workspace_id: str
+    session_id: str
+    removed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnChanged:
+    workspace_id: str
+    session_id: str
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ForkOperationChanged:
+    workspace_id: str
+    operation_id: str
+
+
+ChangeEvent = SessionChanged | TurnChanged | ForkOperationChanged

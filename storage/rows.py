@@ -1,0 +1,148 @@
+"""SQL column lists and row decoders shared by the canonical and fork parts of the store.
+
+Keeping the SELECT lists next to their decoders means a column added in a migration is
+threaded through one place only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import apsw
+
+from storage.base import Row, loads
+from storage.models import Interaction, Lineage, Message, Session, Turn
+
+SESSION_SELECT = """
+SELECT s.workspace_id, s.session_id, s.kind, s.provider, s.provider_session_id, s.title, s.cwd,
+       s.settings_json, s.runtime_context_json, s.model, s.pinned, s.deleted, s.goal,
+       (SELECT t.turn_id FROM turns t WHERE t.workspace_id = s.workspace_id
+            AND t.session_id = s.session_id AND t.phase = 'active'
+            ORDER BY t.sequence LIMIT 1),
+       s.parent_session_id, s.parent_turn_id, s.created_at_ms, s.updated_at_ms,
+       s.rail_placement, s.visibility,
+       l.source_session_id, l.source_turn_id, l.target_turn_id, l.operation_id, l.forked_at_ms
+FROM sessions s
+LEFT JOIN fork_lineage l
+       ON l.workspace_id = s.workspace_id AND l.target_session_id = s.session_id
+"""
+
+
+def session_from_row(r: Row) -> Session:
+    lineage = None
+    if r[20] is not None:
+        lineage = Lineage(
+            source_session_id=r[20],
+            source_turn_id=r[21],
+            target_session_id=r[1],
+            target_turn_id=r[22],
+            operation_id=r[23],
+            forked_at_ms=r[24],
+        )
+    return Session(
+        workspace_id=r[0],
+        session_id=r[1],
+        kind=r[2],
+        provider=r[3],
+        provider_session_id=r[4],
+        title=r[5],
+        cwd=r[6],
+        settings=loads(r[7]),
+        runtime_context=loads(r[8]),
+        model=r[9],
+        pinned=bool(r[10]),
+        deleted=bool(r[11]),
+        goal=r[12],
+        active_turn_id=r[13],
+        parent_session_id=r[14],
+        parent_turn_id=r[15],
+        created_at_ms=r[16],
+        updated_at_ms=r[17],
+        lineage=lineage,
+        rail_placement=r[18],
+        visibility=r[19],
+    )
+
+
+TURN_COLUMNS = (
+    "workspace_id, session_id, turn_id, sequence, sequence_provenance, phase, outcome,"
+    " root_provider_turn_id, provider_turn_binding_json, final_assistant_message_id, error,"
+    " created_at_ms, settled_at_ms"
+)
+MESSAGE_COLUMNS = "message_id, turn_id, kind, text, payload_json, version, position"
+INTERACTION_COLUMNS = "interaction_id, request_id, turn_id, kind, status, input_json, output_json"
+
+
+def message_from_row(r: Row) -> Message:
+    return Message(
+        message_id=r[0],
+        turn_id=r[1],
+        kind=r[2],
+        text=r[3],
+        payload=loads(r[4]),
+        version=r[5],
+        position=r[6],
+    )
+
+
+def interaction_from_row(r: Row) -> Interaction:
+    return Interaction(
+        interaction_id=r[0],
+        request_id=r[1],
+        turn_id=r[2],
+        kind=r[3],
+        status=r[4],
+        input=loads(r[5]),
+        output=loads(r[6]),
+    )
+
+
+def turn_from_row(
+    r: Row, messages: Sequence[Message] = (), interactions: Sequence[Interaction] = ()
+) -> Turn:
+    return Turn(
+        workspace_id=r[0],
+        session_id=r[1],
+        turn_id=r[2],
+        sequence=r[3],
+        sequence_provenance=r[4],
+        phase=r[5],
+        outcome=r[6],
+        root_provider_turn_id=r[7],
+        provider_turn_binding_json=r[8],
+        final_assistant_message_id=r[9],
+        error=r[10],
+        created_at_ms=r[11],
+        settled_at_ms=r[12],
+        messages=tuple(messages),
+        interactions=tuple(interactions),
+    )
+
+
+def _chunks(items: Sequence[str], size: int = 400) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]) -> list[Turn]:
+    """Attach each Turn's Messages and Interactions (presentation order) to its row."""
+    ids = [r[2] for r in turn_rows]
+    messages: dict[str, list[Message]] = {i: [] for i in ids}
+    interactions: dict[str, list[Interaction]] = {i: [] for i in ids}
+    for chunk in _chunks(ids):
+        marks = ",".join("?" * len(chunk))
+        params: list[Any] = [ws, sid, *chunk]
+        for r in conn.execute(
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ? AND session_id = ?"
+            f" AND turn_id IN ({marks}) ORDER BY position",
+            params,
+        ):
+            messages[r[1]].append(message_from_row(r))
+        for r in conn.execute(
+            f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
+            f" AND session_id = ? AND turn_id IN ({marks}) ORDER BY created_at_ms, rowid",
+            params,
+        ):
+            interactions[r[2]].append(interaction_from_row(r))
+    return [turn_from_row(r, messages[r[2]], interactions[r[2]]) for r in turn_rows]

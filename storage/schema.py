@@ -1,0 +1,246 @@
+"""The store's SQL schema as an ordered list of migrations keyed by `PRAGMA user_version`.
+
+Version N is reached by applying MIGRATIONS[0:N] in order inside one `BEGIN IMMEDIATE`
+transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract.
+"""
+
+from __future__ import annotations
+
+import apsw
+
+from storage.errors import HostError
+
+# v1: canonical entities (issue 2 item 2). Never edit a released migration: add a new one.
+_V1 = """
+CREATE TABLE workspaces (
+    workspace_id   TEXT PRIMARY KEY,
+    created_at_ms  INTEGER NOT NULL
+);
+
+CREATE TABLE sessions (
+    workspace_id          TEXT NOT NULL REFERENCES workspaces(workspace_id),
+    session_id            TEXT NOT NULL,
+    kind                  TEXT NOT NULL CHECK (kind IN ('root', 'child')),
+    provider              TEXT NOT NULL,
+    provider_session_id   TEXT,
+    title                 TEXT NOT NULL,
+    cwd                   TEXT NOT NULL,
+    settings_json         TEXT NOT NULL,
+    runtime_context_json  TEXT NOT NULL,
+    model                 TEXT,
+    pinned                INTEGER NOT NULL DEFAULT 0,
+    deleted               INTEGER NOT NULL DEFAULT 0,
+    goal                  TEXT,
+    parent_session_id     TEXT,
+    parent_turn_id        TEXT,
+    rail_placement        TEXT,
+    visibility            TEXT NOT NULL DEFAULT 'visible',
+    created_at_ms         INTEGER NOT NULL,
+    updated_at_ms         INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, session_id)
+);
+CREATE INDEX sessions_by_created ON sessions (workspace_id, deleted, created_at_ms, session_id);
+
+CREATE TABLE turns (
+    workspace_id                TEXT NOT NULL,
+    session_id                  TEXT NOT NULL,
+    turn_id                     TEXT NOT NULL,
+    sequence                    INTEGER NOT NULL,
+    sequence_provenance         TEXT NOT NULL,
+    phase                       TEXT NOT NULL CHECK (phase IN ('active', 'settled')),
+    outcome                     TEXT CHECK (outcome IN ('completed', 'interrupted', 'failed')),
+    root_provider_turn_id       TEXT,
+    provider_turn_binding_json  TEXT,
+    final_assistant_message_id  TEXT,
+    error                       TEXT,
+    created_at_ms               INTEGER NOT NULL,
+    settled_at_ms               INTEGER,
+    PRIMARY KEY (workspace_id, session_id, turn_id),
+    UNIQUE (workspace_id, session_id, sequence),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions(workspace_id, session_id)
+);
+CREATE INDEX turns_by_phase ON turns (workspace_id, session_id, phase);
+
+CREATE TABLE messages (
+    workspace_id   TEXT NOT NULL,
+    session_id     TEXT NOT NULL,
+    message_id     TEXT NOT NULL,
+    turn_id        TEXT,
+    kind           TEXT NOT NULL,
+    text           TEXT,
+    payload_json   TEXT NOT NULL,
+    version        INTEGER NOT NULL DEFAULT 1,
+    position       INTEGER NOT NULL,
+    created_at_ms  INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, session_id, message_id),
+    UNIQUE (workspace_id, session_id, position),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions(workspace_id, session_id),
+    FOREIGN KEY (workspace_id, session_id, turn_id)
+        REFERENCES turns(workspace_id, session_id, turn_id)
+);
+CREATE INDEX messages_by_turn ON messages (workspace_id, session_id, turn_id, position);
+
+CREATE TABLE interactions (
+    workspace_id     TEXT NOT NULL,
+    session_id       TEXT NOT NULL,
+    interaction_id   TEXT NOT NULL,
+    request_id       TEXT NOT NULL,
+    turn_id          TEXT NOT NULL,
+    kind             TEXT NOT NULL,
+    status           TEXT NOT NULL CHECK (status IN ('pending', 'resolved', 'superseded')),
+    input_json       TEXT NOT NULL,
+    output_json      TEXT,
+    created_at_ms    INTEGER NOT NULL,
+    resolved_at_ms   INTEGER,
+    PRIMARY KEY (workspace_id, session_id, interaction_id),
+    UNIQUE (workspace_id, session_id, turn_id, request_id),
+    FOREIGN KEY (workspace_id, session_id, turn_id)
+        REFERENCES turns(workspace_id, session_id, turn_id)
+);
+CREATE INDEX interactions_by_status ON interactions (workspace_id, session_id, status);
+
+CREATE TABLE goal_controls (
+    workspace_id    TEXT NOT NULL,
+    session_id      TEXT NOT NULL,
+    control_id      TEXT NOT NULL,
+    action          TEXT NOT NULL CHECK (action IN ('set', 'clear')),
+    goal            TEXT,
+    status          TEXT NOT NULL CHECK (status IN ('active', 'finished')),
+    created_at_ms   INTEGER NOT NULL,
+    finished_at_ms  INTEGER,
+    PRIMARY KEY (workspace_id, control_id),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions(workspace_id, session_id)
+);
+CREATE INDEX goal_controls_active ON goal_controls (workspace_id, session_id, status);
+
+CREATE TABLE runtime_operations (
+    workspace_id    TEXT NOT NULL,
+    session_id      TEXT NOT NULL,
+    operation_id    TEXT NOT NULL,
+    kind            TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('active', 'finished')),
+    created_at_ms   INTEGER NOT NULL,
+    finished_at_ms  INTEGER,
+    PRIMARY KEY (workspace_id, operation_id),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions(workspace_id, session_id)
+);
+CREATE INDEX runtime_operations_active ON runtime_operations (workspace_id, session_id, status);
+
+CREATE TABLE submit_claims (
+    workspace_id    TEXT NOT NULL,
+    session_id      TEXT NOT NULL,
+    request_id      TEXT NOT NULL,
+    turn_id         TEXT NOT NULL,
+    text            TEXT NOT NULL,
+    status          TEXT NOT NULL CHECK (status IN ('active', 'finished')),
+    created_at_ms   INTEGER NOT NULL,
+    finished_at_ms  INTEGER,
+    PRIMARY KEY (workspace_id, session_id, request_id),
+    FOREIGN KEY (workspace_id, session_id, turn_id)
+        REFERENCES turns(workspace_id, session_id, turn_id)
+);
+CREATE INDEX submit_claims_active ON submit_claims (workspace_id, session_id, status);
+"""
+
+# v2: the fork contract (issue 3). The operation row *is* the source fence (law 3).
+_V2 = """
+CREATE TABLE fork_operations (
+    op_seq                       INTEGER PRIMARY KEY,  -- stable recovery cursor
+    workspace_id                 TEXT NOT NULL REFERENCES workspaces(workspace_id),
+    operation_id                 TEXT NOT NULL,
+    request_id                   TEXT NOT NULL,
+    request_hash                 TEXT NOT NULL,
+    source_session_id            TEXT NOT NULL,
+    target_session_id            TEXT NOT NULL,
+    point_kind                   TEXT NOT NULL DEFAULT 'through_turn',
+    source_turn_id               TEXT NOT NULL,
+    source_provider_session_id   TEXT NOT NULL,
+    source_provider_turn_id      TEXT NOT NULL,
+    source_provider_turn_ids     TEXT NOT NULL,  -- JSON array, the frozen ordered prefix
+    target_title                 TEXT NOT NULL,
+    target_provider_session_id   TEXT,
+    target_provider_turn_ids     TEXT,           -- JSON array
+    target_turn_bindings         TEXT,           -- JSON {source turn id: [root id, json]}
+    target_turn_id               TEXT,
+    driver_kind                  TEXT NOT NULL,
+    driver_version               TEXT NOT NULL,
+    binding_mode                 TEXT NOT NULL,
+    binding_receipt              TEXT,           -- JSON
+    snapshot_json                TEXT NOT NULL,
+    snapshot_hash                TEXT NOT NULL,
+    status                       TEXT NOT NULL CHECK (status IN ('prepared', 'dispatching',
+                                   'provider_accepted', 'committed', 'failed', 'unknown')),
+    error                        TEXT,
+    created_at_ms                INTEGER NOT NULL,
+    dispatched_at_ms             INTEGER,
+    accepted_at_ms               INTEGER,
+    completed_at_ms              INTEGER,
+    client_observed_at_ms        INTEGER,
+    UNIQUE (workspace_id, operation_id),
+    UNIQUE (workspace_id, request_id),
+    FOREIGN KEY (workspace_id, source_session_id) REFERENCES sessions(workspace_id, session_id)
+);
+CREATE INDEX fork_operations_by_source
+    ON fork_operations (workspace_id, source_session_id, status);
+CREATE INDEX fork_operations_barrier
+    ON fork_operations (workspace_id, source_session_id, point_kind, source_turn_id, status);
+CREATE INDEX fork_operations_recoverable ON fork_operations (status, op_seq);
+
+-- A target id is reserved at prepare and released only when its operation fails.
+CREATE TABLE session_reservations (
+    workspace_id   TEXT NOT NULL,
+    session_id     TEXT NOT NULL,
+    operation_id   TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, session_id),
+    FOREIGN KEY (workspace_id, operation_id) REFERENCES fork_operations(workspace_id, operation_id)
+);
+
+CREATE TABLE fork_lineage (
+    workspace_id        TEXT NOT NULL,
+    target_session_id   TEXT NOT NULL,
+    source_session_id   TEXT NOT NULL,
+    source_turn_id      TEXT NOT NULL,
+    target_turn_id      TEXT NOT NULL,
+    operation_id        TEXT NOT NULL,
+    forked_at_ms        INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, target_session_id),
+    FOREIGN KEY (workspace_id, operation_id) REFERENCES fork_operations(workspace_id, operation_id)
+);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(HostError):
+    """The file was written by a newer agenthost; opening it would risk silent corruption."""
+
+    default_reason = "store_schema_too_new"
+
+
+def user_version(conn: apsw.Connection) -> int:
+    row = conn.execute("PRAGMA user_version").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: apsw.Connection, target: int = SCHEMA_VERSION) -> int:
+    """Bring the file to `target` in one transaction; returns the version found before.
+
+    BEGIN IMMEDIATE serialises concurrent openers (several processes may open one file).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = user_version(conn)
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"store schema version {found} is newer than this build ({SCHEMA_VERSION})"
+            )
+        for version in range(found, target):
+            conn.execute(MIGRATIONS[version])
+        if target > found:
+            conn.execute(f"PRAGMA user_version = {int(target)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return found

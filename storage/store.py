@@ -1,0 +1,28 @@
+"""The public `Store`: one object per store file, safe to share between threads.
+
+It composes the canonical history (`canonical.py`) and the fork contract (`fork_operations.py`)
+over one write helper; `Store.open(path)` creates the file and runs migrations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from storage.base import Clock
+from storage.canonical import CanonicalStore
+
+
+class Store(CanonicalStore):
+    """The canonical store (see docs/design/store.md)."""
+
+    @classmethod
+    def open(cls, path: str | Path, *, clock: Clock | None = None) -> Store:
+        """Open (creating if needed) and migrate the store at `path`."""
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        store = cls(path, clock=clock)
+        try:
+            store._migrate()
+        except BaseException:
+            store.close()
+            raise
+        return store

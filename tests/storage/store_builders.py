@@ -1,0 +1,58 @@
+"""Helpers that build realistic canonical histories through the public store API only."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from storage import Store, Turn
+
+WS = "ws-test"
+
+
+def new_session(
+    store: Store,
+    ws: str = WS,
+    *,
+    title: str = "Task",
+    provider_session_id: str | None = "prov-src",
+    session_id: str | None = None,
+    provider: str = "tutti-agent",
+) -> str:
+    sid = session_id or str(uuid.uuid4())
+    store.create_session(
+        ws, session_id=sid, provider=provider, title=title, cwd="/work", settings={"m": 1}
+    )
+    if provider_session_id is not None:
+        store.update_runtime(
+            ws,
+            sid,
+            provider_session_id=provider_session_id,
+            runtime_context={"driverKind": provider, "driverVersion": "0.0.10"},
+        )
+    return sid
+
+
+def settled_turn(
+    store: Store,
+    sid: str,
+    ws: str = WS,
+    *,
+    text: str = "hello",
+    provider_turn_id: str | None = None,
+    extra: list[tuple[str, str, dict[str, Any]]] | None = None,
+    outcome: str = "completed",
+    binding_json: str | None = None,
+) -> Turn:
+    """A Turn through claim, bind, assistant reply and settle, as the actors will write it."""
+    turn, _ = store.claim_submit(ws, sid, str(uuid.uuid4()), text)
+    store.bind_provider_turn(
+        ws, sid, turn.turn_id, provider_turn_id or f"pt-{uuid.uuid4().hex[:8]}", binding_json
+    )
+    for kind, body, payload in extra or []:
+        store.append_message(ws, sid, turn.turn_id, kind=kind, text=body, payload=payload)
+    reply = store.append_message(ws, sid, turn.turn_id, kind="assistant", text=f"echo: {text}")
+    settled, _ = store.settle_turn(
+        ws, sid, turn.turn_id, outcome=outcome, final_assistant_message_id=reply.message_id
+    )
+    return settled

@@ -1,0 +1,301 @@
+"""Canonical history on a real SQLite file: sessions, turns, messages, interactions, claims,
+goal control, runtime operations, events and reopen."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import apsw
+import pytest
+from store_builders import WS, new_session, settled_turn
+
+from storage import SessionChanged, Store, TurnChanged
+from storage.canonical import SessionIdTaken
+from storage.errors import (
+    Conflict,
+    InvalidArgument,
+    NotFound,
+    SessionBusy,
+    SessionNotFound,
+    TurnNotFound,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_connection_uses_wal_full_sync_and_foreign_keys(store: Store) -> None:
+    conn = store._conn()
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+
+
+def test_create_and_get_session_round_trips_every_field(store: Store) -> None:
+    s = store.create_session(
+        WS,
+        session_id="s1",
+        provider="codex",
+        title="T",
+        cwd="/w",
+        settings={"a": [1]},
+        model="m",
+        rail_placement="left",
+        visibility="hidden",
+    )
+    got = store.get_session(WS, "s1")
+    assert got == s
+    assert (got.kind, got.provider, got.settings, got.model) == ("root", "codex", {"a": [1]}, "m")
+    assert (got.rail_placement, got.visibility, got.lineage, got.goal) == (
+        "left",
+        "hidden",
+        None,
+        None,
+    )
+
+
+def test_session_id_taken_even_after_delete_is_conflict(store: Store) -> None:
+    new_session(store, session_id="s1")
+    with pytest.raises(SessionIdTaken):
+        new_session(store, session_id="s1")
+    store.delete_session(WS, "s1")
+    with pytest.raises(Conflict):
+        new_session(store, session_id="s1")
+
+
+def test_deleted_session_is_not_found_and_not_listed(store: Store) -> None:
+    sid = new_session(store)
+    store.delete_session(WS, sid)
+    assert store.find_session(WS, sid) is None
+    with pytest.raises(SessionNotFound):
+        store.get_session(WS, sid)
+    assert store.list_sessions(WS) == ([], None)
+
+
+def test_other_workspace_ids_are_not_found(store: Store) -> None:
+    sid = new_session(store)
+    with pytest.raises(SessionNotFound):
+        store.get_session("other", sid)
+    with pytest.raises(SessionNotFound):
+        store.claim_submit("other", sid, "r", "x")
+
+
+def test_list_sessions_pages_in_stable_created_then_id_order(store_path: Path) -> None:
+    clock = iter([1000] * 4 + [2000] * 100)
+    store = Store.open(store_path, clock=lambda: next(clock))
+    ids = ["b", "a", "d", "c", "e"]
+    for sid in ids:
+        store.create_session(WS, session_id=sid, provider="p", title=sid, cwd="/", settings={})
+    seen, cursor = [], None
+    while True:
+        page, cursor = store.list_sessions(WS, cursor=cursor, limit=2)
+        seen += [s.session_id for s in page]
+        if cursor is None:
+            break
+    # The first four share created_at 1000 (tie broken by id); "e" came later.
+    assert seen == ["a", "b", "c", "d", "e"]
+    with pytest.raises(InvalidArgument):
+        store.list_sessions(WS, cursor="garbage")
+    store.close()
+
+
+def test_submit_claim_replay_returns_same_turn_without_second_turn(store: Store) -> None:
+    sid = new_session(store)
+    t1, created1 = store.claim_submit(WS, sid, "req-1", "hi")
+    t2, created2 = store.claim_submit(WS, sid, "req-1", "hi")
+    assert (created1, created2) == (True, False)
+    assert t1.turn_id == t2.turn_id
+    assert store.timeline(WS, sid)[0] == [t2]
+    assert [m.kind for m in t1.messages] == ["user"] and t1.messages[0].text == "hi"
+
+
+def test_submit_while_turn_active_is_busy(store: Store) -> None:
+    sid = new_session(store)
+    store.claim_submit(WS, sid, "r1", "a")
+    with pytest.raises(SessionBusy):
+        store.claim_submit(WS, sid, "r2", "b")
+
+
+def test_turn_sequences_are_host_assigned_and_contiguous(store: Store) -> None:
+    sid = new_session(store)
+    turns = [settled_turn(store, sid, text=str(i)) for i in range(3)]
+    assert [t.sequence for t in turns] == [1, 2, 3]
+    assert {t.sequence_provenance for t in turns} == {"host"}
+
+
+def test_settle_supersedes_pending_interactions_and_finishes_claim(store: Store) -> None:
+    sid = new_session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "ask")
+    store.open_interaction(WS, sid, turn.turn_id, request_id="q1", kind="question", input={})
+    claim = store._conn().execute("SELECT status FROM submit_claims").fetchone()[0]
+    assert claim == "active"
+    settled, changed = store.settle_turn(WS, sid, turn.turn_id, outcome="interrupted")
+    assert changed and settled.phase == "settled" and settled.outcome == "interrupted"
+    assert [i.status for i in settled.interactions] == ["superseded"]
+    assert store._conn().execute("SELECT status FROM submit_claims").fetchone()[0] == "finished"
+    again, changed = store.settle_turn(WS, sid, turn.turn_id, outcome="failed")
+    assert not changed and again.outcome == "interrupted"
+
+
+def test_settle_rejects_final_message_of_another_turn(store: Store) -> None:
+    sid = new_session(store)
+    first = settled_turn(store, sid)
+    turn, _ = store.claim_submit(WS, sid, "r2", "x")
+    with pytest.raises(InvalidArgument):
+        store.settle_turn(
+            WS,
+            sid,
+            turn.turn_id,
+            outcome="completed",
+            final_assistant_message_id=first.final_assistant_message_id,
+        )
+
+
+def test_resolve_interaction_only_when_pending(store: Store) -> None:
+    sid = new_session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    opened = store.open_interaction(
+        WS, sid, turn.turn_id, request_id="q", kind="approval", input={"cmd": "ls"}
+    )
+    assert opened.status == "pending"
+    replay = store.open_interaction(
+        WS, sid, turn.turn_id, request_id="q", kind="approval", input={"cmd": "ls"}
+    )
+    assert replay == opened
+    done = store.resolve_interaction(WS, sid, turn.turn_id, "q", {"decision": "approve"})
+    assert (done.status, done.output) == ("resolved", {"decision": "approve"})
+    with pytest.raises(Conflict):
+        store.resolve_interaction(WS, sid, turn.turn_id, "q", {"decision": "decline"})
+    with pytest.raises(NotFound):
+        store.resolve_interaction(WS, sid, turn.turn_id, "nope", {})
+
+
+def test_append_message_with_same_id_updates_in_place_and_bumps_version(store: Store) -> None:
+    sid = new_session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    m1 = store.append_message(WS, sid, turn.turn_id, kind="assistant", text="par", message_id="m")
+    m2 = store.append_message(
+        WS, sid, turn.turn_id, kind="assistant", text="partial", payload={"k": 1}, message_id="m"
+    )
+    assert (m2.version, m2.position, m2.text, m2.payload) == (2, m1.position, "partial", {"k": 1})
+    positions = [m.position for m in store.get_turn(WS, sid, turn.turn_id).messages]
+    assert positions == sorted(positions) and len(positions) == 2
+
+
+def test_bind_provider_turn_refuses_rebinding_to_another_id(store: Store) -> None:
+    sid = new_session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    store.bind_provider_turn(WS, sid, turn.turn_id, "p1", '{"c":1}')
+    same = store.bind_provider_turn(WS, sid, turn.turn_id, "p1")
+    assert same.provider_turn_binding_json == '{"c":1}'
+    with pytest.raises(Conflict):
+        store.bind_provider_turn(WS, sid, turn.turn_id, "p2")
+    updated = store.update_turn_binding(WS, sid, turn.turn_id, '{"c":2}')
+    assert updated.provider_turn_binding_json == '{"c":2}'
+
+
+def test_unknown_turn_is_typed_not_found(store: Store) -> None:
+    sid = new_session(store)
+    with pytest.raises(TurnNotFound):
+        store.get_turn(WS, sid, "missing")
+    with pytest.raises(TurnNotFound):
+        store.append_message(WS, sid, "missing", kind="assistant", text="x")
+
+
+def test_timeline_pages_by_sequence(store: Store) -> None:
+    sid = new_session(store)
+    for i in range(5):
+        settled_turn(store, sid, text=str(i))
+    page, nxt = store.timeline(WS, sid, limit=2)
+    assert [t.sequence for t in page] == [1, 2] and nxt == 2
+    page, nxt = store.timeline(WS, sid, after_sequence=4, limit=2)
+    assert [t.sequence for t in page] == [5] and nxt is None
+
+
+def test_active_turn_is_reported_on_session_and_by_query(store: Store) -> None:
+    sid = new_session(store)
+    assert store.active_turn(WS, sid) is None
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    assert store.get_session(WS, sid).active_turn_id == turn.turn_id
+    active = store.active_turn(WS, sid)
+    assert active is not None and active.turn_id == turn.turn_id
+
+
+def test_goal_set_and_clear_record_goal_controls(store: Store) -> None:
+    sid = new_session(store)
+    assert store.set_goal(WS, sid, "ship it").goal == "ship it"
+    assert store.clear_goal(WS, sid).goal is None
+    rows = store._conn().execute("SELECT action, status FROM goal_controls").fetchall()
+    assert sorted(rows) == [("clear", "finished"), ("set", "finished")]
+    control = store.begin_goal_control(WS, sid, "set", "later")
+    assert store.get_session(WS, sid).goal is None
+    assert store.finish_goal_control(WS, control).goal == "later"
+
+
+def test_runtime_context_is_merged_and_provider_identity_kept(store: Store) -> None:
+    sid = new_session(store, provider_session_id="p-1")
+    s = store.update_runtime(WS, sid, runtime_context={"extra": True})
+    assert s.provider_session_id == "p-1"
+    assert s.runtime_context == {
+        "driverKind": "tutti-agent",
+        "driverVersion": "0.0.10",
+        "extra": True,
+    }
+
+
+def test_runtime_operation_begin_and_finish(store: Store) -> None:
+    sid = new_session(store)
+    op = store.begin_runtime_operation(WS, sid, "compact")
+    store.finish_runtime_operation(WS, op)
+    store.finish_runtime_operation(WS, op)  # idempotent
+    with pytest.raises(NotFound):
+        store.finish_runtime_operation(WS, "nope")
+
+
+def test_events_are_delivered_after_commit_and_not_on_rollback(store: Store) -> None:
+    seen: list[object] = []
+    visible_at_delivery: list[bool] = []
+
+    def listener(event: object) -> None:
+        seen.append(event)
+        # A fresh thread has its own connection: it sees only committed data.
+        out: list[bool] = []
+        t = threading.Thread(target=lambda: out.append(store.find_session(WS, "s1") is not None))
+        t.start()
+        t.join()
+        visible_at_delivery.append(out[0])
+
+    store.subscribe(listener)
+    new_session(store, session_id="s1", provider_session_id=None)
+    assert seen == [SessionChanged(WS, "s1")] and visible_at_delivery == [True]
+    with pytest.raises(SessionIdTaken):
+        new_session(store, session_id="s1", provider_session_id=None)
+    assert len(seen) == 1
+    turn, _ = store.claim_submit(WS, "s1", "r", "x")
+    assert TurnChanged(WS, "s1", turn.turn_id) in seen
+
+
+def test_failing_subscriber_does_not_break_the_write(store: Store) -> None:
+    def bad(event: object) -> None:
+        raise RuntimeError("listener bug")
+
+    store.subscribe(bad)
+    new_session(store, session_id="s1")
+    assert store.get_session(WS, "s1").provider_session_id == "prov-src"
+
+
+def test_reopen_keeps_everything(store_path: Path) -> None:
+    s = Store.open(store_path)
+    sid = new_session(s)
+    turn = settled_turn(s, sid)
+    s.close()
+    s2 = Store.open(store_path)
+    assert s2.get_turn(WS, sid, turn.turn_id) == turn
+    s2.close()
+
+
+def test_closed_store_refuses_new_connections(store_path: Path) -> None:
+    s = Store.open(store_path)
+    s.close()
+    with pytest.raises((RuntimeError, apsw.Error)):
+        s.get_session(WS, "x")
