@@ -1,0 +1,176 @@
+"""The failpoint registry: named points armed with `kill`, `error`, `sleep:<ms>`, `hang` or `off`
+(optionally `once:`), parsed from `AGENTHOST_FAILPOINTS="name=action;…"` and settable at run time.
+
+It knows nothing of workers or the daemon, so both reuse it; `hit(name)` is the only call sites
+make. A `state_dir` makes `once:` survive the SIGKILL it causes, so a restarted process is not
+killed again by the same armed point.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from drivers.errors import FailpointError
+
+ENV_POINTS = "AGENTHOST_FAILPOINTS"
+ENV_STATE_DIR = "AGENTHOST_FAILPOINTS_STATE"
+
+
+class FailpointAction(StrEnum):
+    KILL = "kill"
+    """SIGKILL the process that hits the point: nothing after it runs, no cleanup."""
+    ERROR = "error"
+    """Raise `FailpointError` at the point, as if the step failed."""
+    SLEEP = "sleep"
+    """Sleep `sleep_ms` milliseconds, then continue."""
+    HANG = "hang"
+    """Block the hitting thread forever (until the process is killed)."""
+    OFF = "off"
+    """Disarm: setting a point to `off` removes it."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailpointSpec:
+    action: FailpointAction
+    once: bool = False
+    sleep_ms: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> FailpointSpec:
+        """`[once:]kill|error|hang|off|sleep:<ms>`; anything else is a ValueError."""
+        raw = text.strip()
+        once = raw.startswith("once:")
+        if once:
+            raw = raw[len("once:") :]
+        if raw.startswith("sleep:"):
+            ms_text = raw[len("sleep:") :]
+            if not ms_text.isdigit():
+                raise ValueError(f"bad failpoint sleep: {text!r}")
+            return cls(FailpointAction.SLEEP, once, int(ms_text))
+        try:
+            action = FailpointAction(raw)
+        except ValueError:
+            raise ValueError(f"unknown failpoint action: {text!r}") from None
+        if action is FailpointAction.SLEEP:
+            raise ValueError(f"sleep needs milliseconds: {text!r}")
+        return cls(action, once)
+
+    def __str__(self) -> str:
+        body = f"sleep:{self.sleep_ms}" if self.action is FailpointAction.SLEEP else self.action
+        return f"once:{body}" if self.once else str(body)
+
+
+def parse_points(text: str) -> dict[str, str]:
+    """Parse `name=action;name=action` into a map (validating each action)."""
+    points: dict[str, str] = {}
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        name, sep, action = part.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"bad failpoint entry: {part!r}")
+        points[name.strip()] = str(FailpointSpec.parse(action))
+    return points
+
+
+def format_points(points: Mapping[str, str]) -> str:
+    return ";".join(f"{name}={action}" for name, action in sorted(points.items()))
+
+
+class Failpoints:
+    """Thread-safe registry of armed points; `hit(name)` is a dict lookup when nothing is armed."""
+
+    def __init__(
+        self, points: Mapping[str, str] | None = None, *, state_dir: Path | None = None
+    ) -> None:
+        self._lock = threading.Lock()
+        self._points: dict[str, FailpointSpec] = {}
+        self._fired: set[str] = set()
+        self._state_dir = state_dir
+        if state_dir is not None:
+            state_dir.mkdir(parents=True, exist_ok=True)
+        if points:
+            self.set(points, rearm=False)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Failpoints:
+        env = os.environ if environ is None else environ
+        state = env.get(ENV_STATE_DIR)
+        return cls(parse_points(env.get(ENV_POINTS, "")), state_dir=Path(state) if state else None)
+
+    def set(self, points: Mapping[str, str], *, rearm: bool = True) -> dict[str, str]:
+        """Arm (or with `off`, disarm) each named point; re-arming clears a fired `once:`.
+
+        Validates every action first, so a bad map changes nothing.
+        """
+        parsed = {name: FailpointSpec.parse(action) for name, action in points.items()}
+        with self._lock:
+            for name, spec in parsed.items():
+                if spec.action is FailpointAction.OFF:
+                    self._points.pop(name, None)
+                else:
+                    self._points[name] = spec
+                if rearm:
+                    self._fired.discard(name)
+                    marker = self._marker(name)
+                    if marker is not None:
+                        with contextlib.suppress(FileNotFoundError):
+                            marker.unlink()
+            return self._snapshot_locked()
+
+    def snapshot(self) -> dict[str, str]:
+        with self._lock:
+            return self._snapshot_locked()
+
+    def _snapshot_locked(self) -> dict[str, str]:
+        return {name: str(spec) for name, spec in sorted(self._points.items())}
+
+    def _marker(self, name: str) -> Path | None:
+        if self._state_dir is None:
+            return None
+        return self._state_dir / f"fired.{name}"
+
+    def _claim_once(self, name: str) -> bool:
+        """True exactly once per arming, across every process sharing the state dir."""
+        if name in self._fired:
+            return False
+        self._fired.add(name)
+        marker = self._marker(name)
+        if marker is None:
+            return True
+        try:
+            # O_EXCL makes the claim atomic across processes; it is durable before a `kill`.
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        except FileExistsError:
+            return False
+        os.close(fd)
+        return True
+
+    def hit(self, name: str) -> None:
+        """Run the action armed at `name`, if any."""
+        if not self._points:
+            return
+        with self._lock:
+            spec = self._points.get(name)
+            if spec is None:
+                return
+            if spec.once and not self._claim_once(name):
+                return
+        if spec.action is FailpointAction.KILL:
+            os.kill(os.getpid(), signal.SIGKILL)
+            threading.Event().wait()  # SIGKILL is asynchronous; never run past the point
+        elif spec.action is FailpointAction.ERROR:
+            raise FailpointError(f"failpoint {name} fired", params={"failpoint": name})
+        elif spec.action is FailpointAction.SLEEP:
+            time.sleep(spec.sleep_ms / 1000)
+        elif spec.action is FailpointAction.HANG:
+            threading.Event().wait()

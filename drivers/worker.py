@@ -1,0 +1,223 @@
+"""The driver worker process main: `python -m drivers.worker --provider P --connect ipc://…`.
+
+It connects the worker end of the link, dispatches each request to the provider's
+`ProviderDriver` on a thread pool (so turns stream concurrently), streams turn events as `evt`
+messages, and exits when told to (SIGTERM) or when its parent dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from drivers.base import ForkRequest, ProviderDriver
+from drivers.errors import UnknownProvider
+from drivers.failpoints import Failpoints
+from storage.errors import HostError, InvalidRequest
+from transport.worker_link import WorkerEnd
+
+WORKER_VERSION = "1"
+ENV_PROVIDER_CONFIG = "AGENTHOST_PROVIDER_CONFIG"
+ENV_PARENT_PID = "AGENTHOST_WORKER_PARENT_PID"
+
+# provider kind → module exposing `create_driver(config, failpoints)`; imported on first use so
+# a worker starts fast and a provider whose driver is missing still answers typed errors.
+DRIVER_MODULES: dict[str, str] = {
+    "tutti-agent": "drivers.tutti_agent",
+    "codex": "drivers.codex",
+    "claude-code": "drivers.claude",
+}
+
+_PR_SET_PDEATHSIG = 1
+
+
+def install_parent_death_signal(expected_parent: int | None) -> None:
+    """Ask Linux to SIGTERM us when the spawning thread dies, and close the race where the parent
+    died before we asked; other platforms rely on the parent-pid poller alone."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if expected_parent is not None and os.getppid() != expected_parent:
+        os._exit(3)
+
+
+class WorkerServer:
+    """Routes link requests to the driver and answers each with exactly one `res`."""
+
+    def __init__(
+        self,
+        provider: str,
+        config: Mapping[str, Any],
+        failpoints: Failpoints,
+        *,
+        max_threads: int = 64,
+    ) -> None:
+        self.provider = provider
+        self.config = dict(config)
+        self.failpoints = failpoints
+        self.link: WorkerEnd | None = None
+        self._driver: ProviderDriver | None = None
+        self._driver_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="req")
+        self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+            "runtime.attest": lambda p: self.driver().attest(p),
+            "session.start": lambda p: self.driver().start_session(p),
+            "session.stop": lambda p: self.driver().stop_session(p),
+            "turn.start": lambda p: self.driver().start_turn(p, self.emit),
+            "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
+            "interaction.respond": lambda p: self.driver().respond_interaction(p),
+            "fork": lambda p: self.driver().fork(ForkRequest.from_wire(p)).to_wire(),
+            "debug.failpoints": self._set_failpoints,
+            "worker.ping": self._ping,
+            "debug.sleep": self._sleep,
+            "debug.hit": self._hit,
+            "debug.emit": self._emit_events,
+        }
+
+    def driver(self) -> ProviderDriver:
+        with self._driver_lock:
+            if self._driver is None:
+                module_name = DRIVER_MODULES.get(self.provider)
+                if module_name is None:
+                    raise UnknownProvider(f"no driver for provider {self.provider!r}")
+                try:
+                    module = importlib.import_module(module_name)
+                except ImportError as exc:
+                    raise UnknownProvider(
+                        f"driver for provider {self.provider!r} is not available: {exc}"
+                    ) from exc
+                self._driver = module.create_driver(self.config, self.failpoints)
+            return self._driver
+
+    def emit(self, agent_session_id: str, event: dict[str, Any]) -> None:
+        if self.link is not None:
+            self.link.send_event(agent_session_id, event)
+
+    def on_request(self, msg: dict[str, Any]) -> None:
+        """Called on the link thread: never block it."""
+        self._pool.submit(self._handle, msg)
+
+    def _handle(self, msg: dict[str, Any]) -> None:
+        assert self.link is not None
+        req_id = msg.get("id")
+        method = msg.get("method")
+        params = msg.get("params")
+        if not isinstance(req_id, int):
+            return  # cannot be answered; the host times it out
+        try:
+            if not isinstance(method, str) or not isinstance(params, dict):
+                raise InvalidRequest("malformed worker request", reason="malformed_request")
+            handler = self._methods.get(method)
+            if handler is None:
+                raise InvalidRequest(f"unknown worker method {method!r}", reason="unknown_method")
+            result = handler(params)
+        except HostError as exc:
+            self.link.send_error(req_id, exc.to_wire())
+        except Exception as exc:  # a driver bug must still answer, typed (law 7)
+            traceback.print_exc(file=sys.stderr)
+            self.link.send_error(
+                req_id,
+                {
+                    "code": "internal",
+                    "reason": "internal_error",
+                    "message": f"{type(exc).__name__}: {exc}",
+                    "retryable": False,
+                },
+            )
+        else:
+            self.link.send_result(req_id, result)
+
+    def _set_failpoints(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        points = params.get("points")
+        if not isinstance(points, dict):
+            raise InvalidRequest("points must be a map")
+        try:
+            return {"points": self.failpoints.set({str(k): str(v) for k, v in points.items()})}
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from exc
+
+    def _ping(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return {"pid": os.getpid(), "provider": self.provider, "version": WORKER_VERSION}
+
+    def _sleep(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        ms = int(params.get("ms", 0))
+        time.sleep(ms / 1000)
+        return {"sleptMs": ms}
+
+    def _hit(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Hit a named failpoint, so tests can exercise kill/error/sleep/once on a live worker."""
+        self.failpoints.hit(str(params.get("name", "")))
+        return {"pid": os.getpid()}
+
+    def _emit_events(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Stream the given events for a session (tests of the event path without a provider)."""
+        sid = str(params.get("agentSessionId", ""))
+        events = params.get("events") or []
+        for event in events:
+            self.emit(sid, dict(event))
+        return {"emitted": len(events)}
+
+    def close(self) -> None:
+        with self._driver_lock:
+            driver, self._driver = self._driver, None
+        if driver is not None:
+            try:
+                driver.close()
+            except Exception:
+                traceback.print_exc(file=sys.stderr)
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        if os.getppid() != parent:
+            stop.set()
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="drivers.worker")
+    parser.add_argument("--provider", required=True)
+    parser.add_argument("--connect", required=True)
+    args = parser.parse_args(argv)
+
+    parent_env = os.environ.get(ENV_PARENT_PID)
+    parent = int(parent_env) if parent_env and parent_env.isdigit() else os.getppid()
+    install_parent_death_signal(parent)
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threading.Thread(target=_watch_parent, args=(parent, stop), daemon=True).start()
+
+    config = json.loads(os.environ.get(ENV_PROVIDER_CONFIG) or "{}")
+    server = WorkerServer(args.provider, config, Failpoints.from_env())
+    link = WorkerEnd(
+        args.connect, provider=args.provider, version=WORKER_VERSION, on_request=server.on_request
+    )
+    server.link = link
+    link.start()
+    while not stop.wait(1.0):
+        pass
+    server.close()
+    link.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Request threads may be blocked in a provider call or a `hang` failpoint; do not wait.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

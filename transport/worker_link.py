@@ -1,0 +1,296 @@
+"""Both ends of the host↔worker link: msgpack maps over ZeroMQ ipc, a ROUTER on the host and a
+DEALER in the worker (hello, req/res, evt, heartbeats; docs/design/internals.md).
+
+This module owns the message shapes and the sockets; the supervisor and the worker main use
+these ends and never touch msgpack or zmq framing themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from enum import StrEnum
+from typing import Any
+
+import msgpack
+import zmq
+
+HEARTBEAT_INTERVAL_S = 0.5
+"""Both ends send `{"t": "hb"}` this often."""
+
+SILENCE_LIMIT_S = 5.0
+"""The host declares a worker dead after this long without any message from it."""
+
+MAX_LINK_FRAME = 64 << 20
+"""Largest frame either end accepts; a turn event or fork receipt is far smaller."""
+
+PROTOCOL_VERSION = 1
+
+
+class MsgType(StrEnum):
+    """The `t` field of every link frame."""
+
+    HELLO = "hello"
+    REQ = "req"
+    RES = "res"
+    EVT = "evt"
+    HB = "hb"
+
+
+class LinkProtocolError(ValueError):
+    """A frame that is not a msgpack map with a known `t`; the receiver drops it."""
+
+
+def encode(msg: Mapping[str, Any]) -> bytes:
+    return msgpack.packb(dict(msg), use_bin_type=True)
+
+
+def decode(frame: bytes) -> dict[str, Any]:
+    if len(frame) > MAX_LINK_FRAME:
+        raise LinkProtocolError("frame too large")
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types for garbage
+        raise LinkProtocolError(f"not msgpack: {exc}") from exc
+    if not isinstance(msg, dict) or msg.get("t") not in set(MsgType):
+        raise LinkProtocolError("not a link map")
+    return msg
+
+
+def hello_msg(provider: str, pid: int, version: str) -> dict[str, Any]:
+    return {"t": MsgType.HELLO.value, "provider": provider, "pid": pid, "version": version}
+
+
+def req_msg(req_id: int, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": MsgType.REQ.value, "id": req_id, "method": method, "params": dict(params)}
+
+
+def ok_msg(req_id: int, result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": MsgType.RES.value, "id": req_id, "ok": True, "result": dict(result)}
+
+
+def err_msg(req_id: int, error: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": MsgType.RES.value, "id": req_id, "ok": False, "error": dict(error)}
+
+
+def evt_msg(agent_session_id: str, event: Mapping[str, Any]) -> dict[str, Any]:
+    return {"t": MsgType.EVT.value, "agentSessionId": agent_session_id, "event": dict(event)}
+
+
+HB_MSG: dict[str, Any] = {"t": MsgType.HB.value}
+
+
+def ipc_path(endpoint: str) -> str | None:
+    return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
+
+
+class HostEnd:
+    """The host's ROUTER for exactly one worker incarnation; used from one thread only.
+
+    A fresh endpoint per incarnation means a stale process of an earlier incarnation can never
+    answer a request sent to its successor.
+    """
+
+    def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.socket: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        # Fail loudly (EHOSTUNREACH) instead of silently dropping frames for an unknown peer.
+        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_LINK_FRAME)
+        path = ipc_path(endpoint)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        self.socket.bind(endpoint)
+        if path is not None:
+            os.chmod(path, 0o600)
+        self.peer: bytes | None = None
+
+    def recv(self) -> dict[str, Any] | None:
+        """One decoded message, or None when nothing is ready or the frame was dropped."""
+        try:
+            frames = self.socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        if len(frames) != 2:
+            return None
+        identity, frame = frames
+        try:
+            msg = decode(frame)
+        except LinkProtocolError:
+            return None
+        if msg["t"] == MsgType.HELLO:
+            self.peer = identity
+        elif identity != self.peer:
+            return None  # not the worker that said hello
+        return msg
+
+    def send(self, msg: Mapping[str, Any]) -> bool:
+        """Send to the worker; False when it never said hello or is gone (nothing was sent)."""
+        if self.peer is None:
+            return False
+        try:
+            self.socket.send_multipart([self.peer, encode(msg)], zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return False
+        return True
+
+    def close(self) -> None:
+        self.socket.close(0)
+        path = ipc_path(self.endpoint)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+class Mailbox:
+    """A thread-safe queue whose `put` wakes a zmq poll loop through an inproc PUSH/PULL pair.
+
+    zmq sockets are not thread-safe, so other threads never touch the loop's sockets: they
+    enqueue here and the loop drains the queue when its `wake_socket` turns readable.
+    """
+
+    _counter = 0
+    _counter_lock = threading.Lock()
+
+    def __init__(self, ctx: zmq.Context[Any]) -> None:
+        with Mailbox._counter_lock:
+            Mailbox._counter += 1
+            name = f"inproc://mailbox-{os.getpid()}-{id(self)}-{Mailbox._counter}"
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.wake_socket: zmq.Socket[Any] = ctx.socket(zmq.PULL)
+        self.wake_socket.setsockopt(zmq.LINGER, 0)
+        self.wake_socket.bind(name)
+        self._push: zmq.Socket[Any] = ctx.socket(zmq.PUSH)
+        self._push.setsockopt(zmq.LINGER, 0)
+        self._push.connect(name)
+        self._push_lock = threading.Lock()
+        self._closed = False
+
+    def put(self, item: Any) -> None:
+        self._queue.put(item)
+        with self._push_lock:
+            if not self._closed:
+                # The wake-up is a hint; dropping it under back-pressure loses nothing.
+                with contextlib.suppress(zmq.ZMQError):
+                    self._push.send(b"", zmq.NOBLOCK)
+
+    def drain(self) -> list[Any]:
+        """Called by the loop thread: clear wake-ups and return every queued item in order."""
+        while True:
+            try:
+                self.wake_socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        items: list[Any] = []
+        while True:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                return items
+
+    def close(self) -> None:
+        with self._push_lock:
+            self._closed = True
+            self._push.close(0)
+        self.wake_socket.close(0)
+
+
+class WorkerEnd:
+    """The worker's DEALER: says hello, heartbeats, hands requests to `on_request`, and sends
+    results and events from any thread (queued to its own I/O thread, which owns the socket).
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        provider: str,
+        version: str,
+        on_request: Callable[[dict[str, Any]], None],
+        ctx: zmq.Context[Any] | None = None,
+    ) -> None:
+        self._ctx = ctx or zmq.Context.instance()
+        self._endpoint = endpoint
+        self._provider = provider
+        self._version = version
+        self._on_request = on_request
+        self._mailbox = Mailbox(self._ctx)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
+        self.last_host_contact = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, msg: Mapping[str, Any]) -> None:
+        """Thread-safe: queue one message for the host."""
+        self._mailbox.put(dict(msg))
+
+    def send_result(self, req_id: int, result: Mapping[str, Any]) -> None:
+        self.send(ok_msg(req_id, result))
+
+    def send_error(self, req_id: int, error: Mapping[str, Any]) -> None:
+        self.send(err_msg(req_id, error))
+
+    def send_event(self, agent_session_id: str, event: Mapping[str, Any]) -> None:
+        self.send(evt_msg(agent_session_id, event))
+
+    def close(self, flush_timeout: float = 1.0) -> None:
+        self._stop.set()
+        self._mailbox.put(None)
+        self._thread.join(flush_timeout + 1.0)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the link stops; True if it did."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        sock: zmq.Socket[Any] = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)  # let the last results reach the host on close
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_LINK_FRAME)
+        sock.connect(self._endpoint)
+        sock.send(encode(hello_msg(self._provider, os.getpid(), self._version)))
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(self._mailbox.wake_socket, zmq.POLLIN)
+        next_hb = time.monotonic() + HEARTBEAT_INTERVAL_S
+        try:
+            while True:
+                timeout_ms = max(0.0, (next_hb - time.monotonic()) * 1000)
+                ready = dict(poller.poll(timeout_ms))
+                if sock in ready:
+                    self._read_all(sock)
+                if self._mailbox.wake_socket in ready or self._stop.is_set():
+                    for item in self._mailbox.drain():
+                        if item is not None:
+                            sock.send(encode(item))
+                if self._stop.is_set():
+                    return
+                now = time.monotonic()
+                if now >= next_hb:
+                    sock.send(encode(HB_MSG))
+                    next_hb = now + HEARTBEAT_INTERVAL_S
+        finally:
+            sock.close()
+            self._mailbox.close()
+
+    def _read_all(self, sock: zmq.Socket[Any]) -> None:
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                msg = decode(frame)
+            except LinkProtocolError:
+                continue
+            self.last_host_contact = time.monotonic()
+            if msg["t"] == MsgType.REQ:
+                self._on_request(msg)
