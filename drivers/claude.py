@@ -1,0 +1,738 @@
+"""The Claude Code provider driver: sessions and turns through the pinned `claude-agent-sdk`
+(which runs the real bundled Claude Code CLI), and provider-owned forks via `fork_session`.
+
+It owns the per-session `CLAUDE_CONFIG_DIR`/private `HOME`, the observed provider Turn identity
+(the root user-message UUID) with its checkpoint binding, and the fork dispositions of seed 000 §7.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drivers.base import (
+    DeliveryDisposition,
+    Emit,
+    ForkBinding,
+    ForkChild,
+    ForkRequest,
+    ForkResult,
+    ProviderStateBindingMode,
+    TurnOutcome,
+)
+from drivers.claude_transcript import (
+    contains_uuid,
+    decode_binding,
+    encode_binding,
+    legacy_checkpoint,
+    parse_entries,
+    split_turns,
+    transcript_path,
+)
+from drivers.errors import DriverError
+from drivers.failpoints import Failpoints
+from storage.errors import InvalidArgument, NotFound, SessionBusy
+
+DRIVER_KIND = "claude-code"
+PINNED_SDK_VERSION = "0.2.189"
+RECEIPT_SCHEMA_VERSION = 1
+PRIVATE_HOME_DIR = "home"
+"""The private HOME lives inside the session's provider home, so it dies with the session."""
+
+# Flags that keep the CLI offline apart from the model endpoint (PROVIDERS.md): without them it
+# generates titles, pings /api/hello and does DNS lookups.
+QUIET_ENV = {
+    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DISABLE_AUTOUPDATER": "1",
+    "DISABLE_ERROR_REPORTING": "1",
+}
+
+# Streamed system messages that never reach the transcript: they are no checkpoint.
+EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
+    {
+        "init",
+        "status",
+        "hook_started",
+        "hook_progress",
+        "hook_response",
+        "task_started",
+        "task_progress",
+        "task_notification",
+        "task_updated",
+        "api_retry",
+        "files_persisted",
+    }
+)
+
+_UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
+_NOT_FOUND_RE = re.compile(r"Message \S+ not found in session")
+
+TURN_START_TIMEOUT_S = 120.0
+
+
+def is_uuid(value: str) -> bool:
+    return bool(_UUID_RE.match(value))
+
+
+def sdk_version() -> str:
+    from claude_agent_sdk import __version__
+
+    return str(__version__)
+
+
+def cli_version() -> str:
+    from claude_agent_sdk._cli_version import __cli_version__
+
+    return str(__cli_version__)
+
+
+@dataclass(frozen=True, slots=True)
+class ClaudeDriverConfig:
+    """`[providers.claude-code]` of agenthost.toml, as the worker receives it."""
+
+    model_base_url: str | None = None
+    model: str | None = None
+    cli_path: str | None = None
+    api_key: str = "dummy"
+
+    @classmethod
+    def from_mapping(cls, config: Mapping[str, Any]) -> ClaudeDriverConfig:
+        def opt(key: str) -> str | None:
+            value = config.get(key)
+            return str(value) if value else None
+
+        return cls(
+            model_base_url=opt("model_base_url"),
+            model=opt("model"),
+            cli_path=opt("cli_path"),
+            api_key=opt("api_key") or "dummy",
+        )
+
+
+@dataclass(slots=True)
+class _Turn:
+    """The one active turn of a session (mutable: filled in as the CLI streams)."""
+
+    turn_id: str
+    emit: Emit
+    started: Future[str] = field(default_factory=Future)
+    provider_turn_id: str | None = None
+    checkpoint: str | None = None
+    task: Future[None] | None = None
+    interrupted: bool = False
+
+
+@dataclass(slots=True)
+class _Session:
+    agent_session_id: str
+    provider_session_id: str
+    config_dir: Path
+    private_home: Path
+    cwd: str
+    model: str | None
+    claude_settings: str | None
+    env: dict[str, str]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    active: _Turn | None = None
+
+    @property
+    def transcript(self) -> Path:
+        return transcript_path(self.config_dir, self.cwd, self.provider_session_id)
+
+
+class ClaudeDriver:
+    """`ProviderDriver` for `claude-code`; one instance per worker process.
+
+    Turns run on one private asyncio loop thread (the SDK is async); every other method is
+    called from the worker's thread pool and is safe to call concurrently.
+    """
+
+    def __init__(self, config: ClaudeDriverConfig, failpoints: Failpoints) -> None:
+        self._config = config
+        self._failpoints = failpoints
+        self._sessions: dict[str, _Session] = {}
+        self._sessions_lock = threading.Lock()
+        # os.environ is process-wide and the SDK's session helpers read CLAUDE_CONFIG_DIR
+        # from it: every helper call that needs a particular config dir holds this lock.
+        self._env_lock = threading.Lock()
+        for key, value in QUIET_ENV.items():
+            os.environ[key] = value
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="claude-driver-loop", daemon=True
+        )
+        self._loop_thread.start()
+
+    # ---- attestation and sessions -------------------------------------------------------
+
+    def _user_agent(self) -> str:
+        return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
+
+    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+        return {
+            "driverKind": DRIVER_KIND,
+            "driverVersion": sdk_version(),
+            "userAgent": self._user_agent(),
+            # The only resume cursor a Claude session accepts is its own provider session id.
+            "resumeCursor": {"resume": provider_session_id},
+        }
+
+    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        cli = self._config.cli_path or str(
+            Path(__import__("claude_agent_sdk").__file__).parent / "_bundled" / "claude"
+        )
+        if not os.access(cli, os.X_OK):
+            raise DriverError(f"Claude Code CLI is not executable: {cli}")
+        return {
+            "driverKind": DRIVER_KIND,
+            "driverVersion": sdk_version(),
+            "userAgent": self._user_agent(),
+            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
+            # provider_owned needs no host binder: the driver itself places the child's
+            # transcript in the child's own home before it answers `accepted`.
+            "binderAvailable": True,
+        }
+
+    def _session_env(
+        self, config_dir: Path, private_home: Path, extra: Mapping[str, Any]
+    ) -> dict[str, str]:
+        env = dict(QUIET_ENV)
+        env.update({"HOME": str(private_home), "CLAUDE_CONFIG_DIR": str(config_dir)})
+        env["ANTHROPIC_API_KEY"] = self._config.api_key
+        if self._config.model_base_url:
+            env["ANTHROPIC_BASE_URL"] = self._config.model_base_url
+        env.update({str(k): str(v) for k, v in extra.items()})
+        # The session's own dirs always win over anything passed in.
+        env.update({"HOME": str(private_home), "CLAUDE_CONFIG_DIR": str(config_dir)})
+        return env
+
+    def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        agent_session_id = _required(params, "agentSessionId")
+        home = Path(_required(params, "home"))
+        cwd = _required(params, "cwd")
+        if not os.path.isdir(cwd):
+            raise InvalidArgument("cwd", f"cwd is not a directory: {cwd}")
+        provider_session_id = str(params.get("providerSessionId") or "")
+        if provider_session_id and not is_uuid(provider_session_id):
+            raise InvalidArgument("providerSessionId", "a Claude session id is a UUID")
+        # A cursor inherited across a fork names the source's session: resuming it would
+        # continue in the source's namespace. Only the canonical provider session id counts.
+        cursor = (params.get("runtimeContext") or {}).get("resumeCursor") or {}
+        dropped = bool(cursor) and cursor.get("resume") != provider_session_id
+        if not provider_session_id:
+            provider_session_id = str(uuid.uuid4())
+        private_home = home / PRIVATE_HOME_DIR
+        private_home.mkdir(parents=True, exist_ok=True)
+        settings = params.get("settings") or {}
+        claude_settings = settings.get("claudeSettings") if isinstance(settings, dict) else None
+        session = _Session(
+            agent_session_id=agent_session_id,
+            provider_session_id=provider_session_id,
+            config_dir=home,
+            private_home=private_home,
+            cwd=cwd,
+            model=str(params.get("model") or self._config.model or "") or None,
+            claude_settings=json.dumps(claude_settings) if claude_settings else None,
+            env=self._session_env(home, private_home, params.get("env") or {}),
+        )
+        with self._sessions_lock:
+            old = self._sessions.get(agent_session_id)
+            if old is not None and old.active is not None:
+                raise SessionBusy(f"session {agent_session_id} has an active turn")
+            self._sessions[agent_session_id] = session
+        context = self._runtime_context(provider_session_id)
+        if dropped:
+            context["droppedResumeCursor"] = dict(cursor)
+        return {"providerSessionId": provider_session_id, "runtimeContext": context}
+
+    def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        agent_session_id = _required(params, "agentSessionId")
+        with self._sessions_lock:
+            session = self._sessions.pop(agent_session_id, None)
+        if session is not None and session.active is not None:
+            self._cancel(session.active)
+        return {}
+
+    def _session(self, agent_session_id: str) -> _Session:
+        with self._sessions_lock:
+            session = self._sessions.get(agent_session_id)
+        if session is None:
+            raise NotFound(f"session {agent_session_id} is not started in the Claude worker")
+        return session
+
+    # ---- turns ---------------------------------------------------------------------------
+
+    def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
+        session = self._session(_required(params, "agentSessionId"))
+        turn = _Turn(turn_id=_required(params, "turnId"), emit=emit)
+        text = str(params.get("text") or "")
+        with session.lock:
+            # Two concurrent turns on one Claude session both succeed and branch the
+            # transcript (PROVIDERS.md): one at a time, enforced here.
+            if session.active is not None:
+                raise SessionBusy(f"session {session.agent_session_id} already has an active turn")
+            session.active = turn
+        turn.task = asyncio.run_coroutine_threadsafe(
+            self._run_turn(session, turn, text), self._loop
+        )
+        try:
+            provider_turn_id = turn.started.result(timeout=TURN_START_TIMEOUT_S)
+        except FutureTimeout:
+            self._cancel(turn)
+            raise DriverError("Claude Code did not echo the user message in time") from None
+        return {"providerTurnId": provider_turn_id}
+
+    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session = self._session(_required(params, "agentSessionId"))
+        turn = session.active
+        wanted = params.get("providerTurnId")
+        if turn is None or (wanted and turn.provider_turn_id not in (None, wanted)):
+            raise NotFound("no such active turn", reason="turn_not_found")
+        self._cancel(turn)
+        return {}
+
+    def respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        # Approvals/questions need the SDK's streaming-input mode with `can_use_tool`; turns
+        # here run with the CLI's own non-interactive permissions, so none is ever pending.
+        raise NotFound(
+            f"no pending interaction {params.get('requestId')!r}", reason="turn_not_found"
+        )
+
+    def _cancel(self, turn: _Turn) -> None:
+        turn.interrupted = True
+        if turn.task is not None:
+            turn.task.cancel()
+
+    def _options(self, session: _Session) -> Any:
+        from claude_agent_sdk import ClaudeAgentOptions
+
+        exists = session.transcript.exists()
+        return ClaudeAgentOptions(
+            cwd=session.cwd,
+            env=dict(session.env),
+            # Resume only from this session's own id, and only once its transcript exists in
+            # its own home; a first turn claims the id instead (no source namespace, ever).
+            resume=session.provider_session_id if exists else None,
+            session_id=None if exists else session.provider_session_id,
+            setting_sources=[],
+            model=session.model,
+            cli_path=self._config.cli_path,
+            settings=session.claude_settings,
+            # Echo user messages with the UUIDs the CLI persisted: the observed identity.
+            extra_args={"replay-user-messages": None},
+        )
+
+    async def _run_turn(self, session: _Session, turn: _Turn, text: str) -> None:
+        from claude_agent_sdk import query
+
+        outcome = TurnOutcome.FAILED
+        error: str | None = None
+        try:
+            # aclosing: a cancelled turn must close the generator, which stops the CLI.
+            async with contextlib.aclosing(
+                query(prompt=text, options=self._options(session))
+            ) as messages:
+                async for message in messages:
+                    result = self._on_message(session, turn, message)
+                    if result is not None:
+                        outcome, error = result
+            if turn.provider_turn_id is None and error is None:
+                error = "Claude Code ended the turn without echoing the user message"
+                outcome = TurnOutcome.FAILED
+        except asyncio.CancelledError:
+            outcome, error = TurnOutcome.INTERRUPTED, None
+        except Exception as exc:  # the CLI failed: the turn fails, the worker lives on
+            outcome, error = TurnOutcome.FAILED, f"{type(exc).__name__}: {exc}"
+        self._finish_turn(session, turn, outcome, error)
+
+    def _finish_turn(
+        self, session: _Session, turn: _Turn, outcome: TurnOutcome, error: str | None
+    ) -> None:
+        if turn.provider_turn_id is None:
+            # No observed identity: the host learns it from start_turn's failure.
+            if not turn.started.done():
+                turn.started.set_exception(DriverError(error or "turn did not start"))
+            with session.lock:
+                session.active = None
+            return
+        self._reconcile_checkpoint(session, turn)
+        with session.lock:
+            # Cleared before `turn.completed` so the host's next turn.start is never busy.
+            session.active = None
+        event: dict[str, Any] = {
+            "type": "turn.completed",
+            "turnId": turn.turn_id,
+            "providerTurnId": turn.provider_turn_id,
+            "outcome": TurnOutcome.INTERRUPTED.value if turn.interrupted else outcome.value,
+        }
+        if error and not turn.interrupted:
+            event["error"] = error
+        turn.emit(session.agent_session_id, event)
+
+    def _reconcile_checkpoint(self, session: _Session, turn: _Turn) -> None:
+        """A streamed checkpoint the transcript does not hold would make fork fail later;
+        replace it with the transcript's own last message of this turn."""
+        try:
+            text = session.transcript.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        assert turn.provider_turn_id is not None
+        if turn.checkpoint and contains_uuid(text, turn.checkpoint):
+            return
+        recomputed = legacy_checkpoint(text, turn.provider_turn_id)
+        if recomputed and recomputed != turn.checkpoint:
+            self._set_checkpoint(session, turn, recomputed)
+
+    def _set_checkpoint(self, session: _Session, turn: _Turn, message_uuid: str) -> None:
+        if turn.checkpoint == message_uuid:
+            return
+        turn.checkpoint = message_uuid
+        turn.emit(
+            session.agent_session_id,
+            {
+                "type": "turn.binding",
+                "turnId": turn.turn_id,
+                "bindingJson": encode_binding(message_uuid),
+            },
+        )
+
+    def _on_message(
+        self, session: _Session, turn: _Turn, message: Any
+    ) -> tuple[TurnOutcome, str | None] | None:
+        """Maps one SDK message to turn events; returns the outcome on the ResultMessage."""
+        from claude_agent_sdk import (
+            AssistantMessage,
+            ResultMessage,
+            SystemMessage,
+            TextBlock,
+            ThinkingBlock,
+            ToolResultBlock,
+            ToolUseBlock,
+            UserMessage,
+        )
+
+        sid = session.agent_session_id
+        if isinstance(message, UserMessage):
+            if message.parent_tool_use_id is not None or not message.uuid:
+                return None  # sidechain (subagent) or unpersisted: not on the main chain
+            blocks = message.content if isinstance(message.content, list) else []
+            results = [b for b in blocks if isinstance(b, ToolResultBlock)]
+            if turn.provider_turn_id is None and not results:
+                # The observed root user-message UUID is the provider Turn identity.
+                turn.provider_turn_id = message.uuid
+                turn.emit(
+                    sid,
+                    {
+                        "type": "turn.started",
+                        "turnId": turn.turn_id,
+                        "providerTurnId": message.uuid,
+                    },
+                )
+                turn.started.set_result(message.uuid)
+            for block in results:
+                turn.emit(
+                    sid,
+                    {
+                        "type": "item",
+                        "turnId": turn.turn_id,
+                        "item": {
+                            "kind": "tool_result",
+                            "text": _text_of(block.content),
+                            "payload": {"toolUseId": block.tool_use_id, "uuid": message.uuid},
+                        },
+                    },
+                )
+            if turn.provider_turn_id is not None:
+                self._set_checkpoint(session, turn, message.uuid)
+        elif isinstance(message, AssistantMessage):
+            if message.parent_tool_use_id is not None:
+                return None
+            for block in message.content:
+                item: dict[str, Any] | None = None
+                if isinstance(block, TextBlock):
+                    item = {"kind": "assistant", "text": block.text, "payload": {}}
+                elif isinstance(block, ThinkingBlock):
+                    item = {"kind": "reasoning", "text": block.thinking, "payload": {}}
+                elif isinstance(block, ToolUseBlock):
+                    item = {
+                        "kind": "tool_call",
+                        "text": block.name,
+                        "payload": {"toolUseId": block.id, "input": block.input},
+                    }
+                if item is not None:
+                    item["payload"].update({"uuid": message.uuid, "messageId": message.message_id})
+                    turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+            if message.uuid and turn.provider_turn_id is not None:
+                self._set_checkpoint(session, turn, message.uuid)
+        elif isinstance(message, SystemMessage):
+            msg_uuid = message.data.get("uuid")
+            if (
+                message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
+                and isinstance(msg_uuid, str)
+                and turn.provider_turn_id is not None
+            ):
+                # A trailing system message (e.g. a Stop hook notice) extends the turn.
+                self._set_checkpoint(session, turn, msg_uuid)
+        elif isinstance(message, ResultMessage):
+            if message.is_error:
+                errors = getattr(message, "errors", None) or []
+                return TurnOutcome.FAILED, str(
+                    message.result or "; ".join(map(str, errors)) or message.subtype
+                )
+            return TurnOutcome.COMPLETED, None
+        return None
+
+    # ---- fork ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _config_env(self, config_dir: str, home: str) -> Iterator[None]:
+        """Points the process env at one session's config dir for an in-process SDK helper."""
+        with self._env_lock:
+            saved = {k: os.environ.get(k) for k in ("CLAUDE_CONFIG_DIR", "HOME")}
+            os.environ["CLAUDE_CONFIG_DIR"] = config_dir
+            os.environ["HOME"] = home
+            try:
+                yield
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+
+    def fork(self, request: ForkRequest) -> ForkResult:
+        try:
+            plan = self._plan_fork(request)
+        except _NotStarted as exc:
+            return ForkResult.not_started(str(exc))
+        try:
+            self._failpoints.hit("worker.fork.before_provider_call")
+        except Exception as exc:
+            return ForkResult.not_started(f"before provider call: {exc}")
+        # From here on the SDK may have written a child: every failure is `unknown`, and
+        # nothing is ever retried except the one "Message … not found" case below.
+        try:
+            child_id = self._call_fork_session(request, plan)
+        except Exception as exc:
+            return ForkResult.unknown(f"fork_session failed: {type(exc).__name__}: {exc}")
+        try:
+            self._failpoints.hit("worker.fork.after_provider_call")
+            self._relocate_child(request, child_id)
+            return self._verify_child(request, plan, child_id)
+        except Exception as exc:
+            return ForkResult.unknown(
+                f"child {child_id} unverified: {type(exc).__name__}: {exc}",
+                child=ForkChild(child_id, request.source.provider_session_id, ()),
+            )
+
+    def _plan_fork(self, request: ForkRequest) -> _ForkPlan:
+        src, tgt = request.source, request.target
+        if request.driver_kind and request.driver_kind != DRIVER_KIND:
+            raise _NotStarted(f"driver kind {request.driver_kind!r} is not {DRIVER_KIND}")
+        if request.driver_version and request.driver_version != sdk_version():
+            raise _NotStarted(
+                f"driver version changed: frozen {request.driver_version}, now {sdk_version()}"
+            )
+        if not is_uuid(src.provider_session_id):
+            raise _NotStarted(
+                f"source provider session id is not a UUID: {src.provider_session_id!r}"
+            )
+        if not request.provider_turn_ids:
+            raise _NotStarted("no provider turn ids: the boundary is unbound")
+        if not all(is_uuid(t) for t in request.provider_turn_ids):
+            raise _NotStarted("a provider turn id is not an observed Claude UUID")
+        if not tgt.home or not src.home or not src.cwd:
+            raise _NotStarted("source home, source cwd and target home are required")
+        if os.path.realpath(src.home) == os.path.realpath(tgt.home):
+            raise _NotStarted("the child needs its own home")
+        source_path = transcript_path(src.home, src.cwd, src.provider_session_id)
+        if not source_path.is_file():
+            raise _NotStarted(f"unknown session {src.provider_session_id}: no transcript")
+        bindings = request.extra.get("providerTurnBindings") or []
+        boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
+        checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
+        legacy = checkpoint is None
+        if legacy:
+            # A Turn bound before bindings existed: read the source transcript once.
+            text = source_path.read_text(encoding="utf-8", errors="replace")
+            checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
+            if checkpoint is None:
+                raise _NotStarted("boundary turn is not a root user message of the transcript")
+        return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
+
+    def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
+        from claude_agent_sdk import fork_session
+
+        src = request.source
+        home = str(Path(src.home) / PRIVATE_HOME_DIR)
+        title = request.title or None
+        with self._config_env(src.home, home):
+            try:
+                result = fork_session(
+                    src.provider_session_id,
+                    directory=src.cwd,
+                    up_to_message_id=plan.checkpoint,
+                    title=title,
+                )
+            except ValueError as exc:
+                # The SDK checks the cut point before it writes anything, so a stale
+                # checkpoint can be recomputed from the transcript and retried once.
+                if not _NOT_FOUND_RE.search(str(exc)):
+                    raise
+                text = plan.source_path.read_text(encoding="utf-8", errors="replace")
+                recomputed = legacy_checkpoint(text, request.provider_turn_ids[-1])
+                if recomputed is None or recomputed == plan.checkpoint:
+                    raise
+                plan.checkpoint = recomputed
+                result = fork_session(
+                    src.provider_session_id,
+                    directory=src.cwd,
+                    up_to_message_id=recomputed,
+                    title=title,
+                )
+        return str(result.session_id)
+
+    def _relocate_child(self, request: ForkRequest, child_id: str) -> None:
+        """Moves the child transcript from the source's config dir into the child's own home.
+
+        fork_session writes next to the source; the child must resume from its own home alone.
+        Crash-durable: copy to a temp file, fsync, rename, fsync the directory, then unlink.
+        """
+        src, tgt = request.source, request.target
+        written = transcript_path(src.home, src.cwd, child_id)
+        dest = transcript_path(tgt.home, src.cwd, child_id)
+        data = written.read_bytes()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            raise FileExistsError(f"child transcript already in target home: {dest}")
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, dest)
+        _fsync_dir(dest.parent)
+        written.unlink()
+        _fsync_dir(written.parent)
+
+    def _verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
+        """Reads only the child (from the target home): identity, readability, turn mapping."""
+        from claude_agent_sdk import get_session_info, get_session_messages
+
+        src, tgt = request.source, request.target
+        child = ForkChild(child_id, src.provider_session_id, ())
+        if not is_uuid(child_id) or child_id == src.provider_session_id:
+            return ForkResult.unknown(f"child id {child_id!r} is not a new UUID", child=child)
+        with self._config_env(tgt.home, str(Path(tgt.home) / PRIVATE_HOME_DIR)):
+            info = get_session_info(child_id, directory=src.cwd)
+            messages = get_session_messages(child_id, directory=src.cwd)
+        if info is None or not messages:
+            return ForkResult.unknown(
+                f"child {child_id} is not readable from its home", child=child
+            )
+        text = transcript_path(tgt.home, src.cwd, child_id).read_text(encoding="utf-8")
+        turns = split_turns(parse_entries(text))
+        roots_from = tuple(t.root_forked_from for t in turns)
+        if roots_from != request.provider_turn_ids:
+            return ForkResult.unknown(
+                f"child turns map to {list(roots_from)}, "
+                f"expected {list(request.provider_turn_ids)}",
+                child=child,
+            )
+        boundary = turns[-1]
+        if boundary.checkpoint_forked_from != plan.checkpoint:
+            return ForkResult.unknown("child does not end at the source checkpoint", child=child)
+        child = ForkChild(child_id, src.provider_session_id, tuple(t.root_uuid for t in turns))
+        turn_bindings = {
+            source_turn: {
+                "rootProviderTurnId": t.root_uuid,
+                "bindingJson": encode_binding(t.checkpoint_uuid),
+            }
+            for source_turn, t in zip(request.provider_turn_ids, turns, strict=True)
+        }
+        receipt_body = {
+            "schemaVersion": RECEIPT_SCHEMA_VERSION,
+            "sourceSessionId": src.provider_session_id,
+            "childSessionId": child_id,
+            "sourceBoundaryTurnId": request.provider_turn_ids[-1],
+            "childBoundaryTurnId": boundary.root_uuid,
+            "sourceCheckpointMessageId": plan.checkpoint,
+            "childCheckpointMessageId": boundary.checkpoint_uuid,
+        }
+        receipt = dict(receipt_body)
+        receipt["hash"] = receipt_hash(receipt_body)
+        receipt["legacyCheckpoint"] = plan.legacy
+        return ForkResult(
+            DeliveryDisposition.ACCEPTED,
+            child=child,
+            binding=ForkBinding(ProviderStateBindingMode.PROVIDER_OWNED, receipt, turn_bindings),
+        )
+
+    def close(self) -> None:
+        with self._sessions_lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            if session.active is not None:
+                self._cancel(session.active)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=10)
+
+
+@dataclass(slots=True)
+class _ForkPlan:
+    source_path: Path
+    checkpoint: str
+    legacy: bool
+
+
+class _NotStarted(Exception):
+    """A fork precondition failed before any provider call."""
+
+
+def receipt_hash(body: Mapping[str, Any]) -> str:
+    """sha256 over the canonical JSON of the receipt fields (sorted keys, no spaces)."""
+    canonical = json.dumps(dict(body), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _required(params: Mapping[str, Any], key: str) -> str:
+    value = params.get(key)
+    if not isinstance(value, str) or not value:
+        raise InvalidArgument(key, f"{key} is required")
+    return value
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    return ""
+
+
+def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ClaudeDriver:
+    """The worker's entry point for `--provider claude-code`."""
+    return ClaudeDriver(ClaudeDriverConfig.from_mapping(config), failpoints)
