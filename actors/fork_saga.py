@@ -1,0 +1,364 @@
+"""The durable Fork saga (seed 000 §2, §6, §7.1, §10), run inside the source's SessionActor.
+
+validate → runtime preparation → prepare (durable, fences the source) → re-attest → mark
+`dispatching` (durable) → one driver fork → classify the delivery disposition → binder
+evidence → `provider_accepted` (durable) → commit. Every checkpoint is written whether or
+not the caller is still waiting; a request that may have left the host is never re-sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply, runtime_key
+from actors.ports import (
+    DeliveryDisposition,
+    DeliveryUnknown,
+    DriverInfo,
+    NotDelivered,
+    WorkerFailed,
+)
+from storage.errors import ForkUnsupported, HostError
+from storage.models import (
+    ForkOperation,
+    ForkPrepareRequest,
+    ForkStatus,
+    ProviderForkEvidence,
+)
+
+if TYPE_CHECKING:
+    from actors.session_actor import PreparedRuntime, SessionActor
+
+log = logging.getLogger(__name__)
+
+TERMINAL = frozenset({ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN})
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """A caller waiting for this operation; answered once (202 at the budget or the end)."""
+
+    reply: Reply
+    answered: bool = False
+    timer: threading.Timer | None = None
+
+    def answer(self, operation: ForkOperation, final: bool) -> None:
+        if self.answered:
+            return
+        self.answered = True
+        if self.timer is not None:
+            self.timer.cancel()
+        self.reply(ForkReply(operation, final))
+
+
+@dataclass(eq=False)
+class ForkSaga:
+    actor: SessionActor
+    operation: ForkOperation
+    runtime: PreparedRuntime
+    info: DriverInfo
+    waiters: list[_Waiter] = field(default_factory=list)
+
+    # -- entry points ------------------------------------------------------------------------
+
+    @staticmethod
+    def start(actor: SessionActor, msg: ForkCreate) -> None:
+        session = actor.session()
+        info = actor.ctx.catalog.driver_info(session.provider)
+        if info.binding_mode == "host_copy" and not info.binder_available:
+            # Fail closed before any operation or dispatch (seed 000 §7).
+            raise ForkUnsupported(
+                f"provider {session.provider!r} needs a host_copy binder and none is available"
+            )
+
+        def _prepared(runtime: PreparedRuntime | HostError) -> None:
+            if isinstance(runtime, HostError):
+                msg.reply(runtime)
+                return
+            try:
+                ForkSaga._prepare(actor, msg, info, runtime)
+            except HostError as exc:
+                msg.reply(exc)
+
+        actor.prepare_runtime(session, _prepared)
+
+    @staticmethod
+    def _prepare(
+        actor: SessionActor, msg: ForkCreate, info: DriverInfo, runtime: PreparedRuntime
+    ) -> None:
+        ctx = actor.ctx
+        context = dict(runtime.runtime_context)
+        # Re-resolved at execution: a capability a client cached never bypasses the server.
+        if not ctx.catalog.fork_through_turn_capable(runtime.provider, context):
+            raise ForkUnsupported(
+                f"session {actor.sid} ({runtime.provider} "
+                f"{context.get('driverVersion', '?')}) cannot fork through a turn"
+            )
+        request = ForkPrepareRequest(
+            source_session_id=actor.sid,
+            request_id=msg.request_id,
+            target_session_id=msg.target_session_id,
+            turn_id=msg.turn_id,
+            driver_kind=str(context.get("driverKind") or runtime.provider),
+            driver_version=str(context.get("driverVersion") or ""),
+            binding_mode=info.binding_mode,
+            # Env and provider target refs are dispatch-only; never frozen (seed 000 §5).
+            runtime_identity={
+                "cwd": runtime.cwd,
+                "settings": dict(runtime.settings),
+                "runtime_context": context,
+            },
+        )
+        op, created = ctx.store.prepare_fork(actor.ws, request)
+        if not created:
+            live = actor.sagas.get(op.operation_id)
+            if live is not None:
+                live._wait(msg.reply)
+            else:
+                msg.reply(ForkReply(op, op.status in TERMINAL))
+            return
+        saga = ForkSaga(actor, op, runtime, info)
+        actor.sagas[op.operation_id] = saga
+        ctx.live_operations.add(op.operation_id)
+        saga._wait(msg.reply)
+        saga._step(saga._after_prepare)
+
+    @staticmethod
+    def advance_leftover(actor: SessionActor, msg: ForkAdvance) -> None:
+        """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
+        an operation no saga of this process owns is a leftover of a dead process:
+        `prepared → failed`, `dispatching → unknown` (never a live one; no provider call)."""
+        ctx = actor.ctx
+        op = ctx.store.get_fork_operation(actor.ws, msg.operation_id)
+        if op.operation_id in ctx.live_operations:
+            msg.reply(ForkReply(op, False))
+            return
+        if op.status is ForkStatus.PREPARED:
+            op, _ = ctx.store.mark_fork_failed(
+                actor.ws, op.operation_id, "not dispatched before the host restarted"
+            )
+        elif op.status is ForkStatus.DISPATCHING:
+            op, _ = ctx.store.mark_fork_unknown(
+                actor.ws, op.operation_id, "dispatch outcome lost with the previous host process"
+            )
+        elif op.status is ForkStatus.PROVIDER_ACCEPTED:
+            op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
+        msg.reply(ForkReply(op, op.status in TERMINAL))
+
+    # -- the steps ---------------------------------------------------------------------------
+
+    def _wait(self, reply: Reply) -> None:
+        waiter = _Waiter(reply)
+        self.waiters.append(waiter)
+        budget = self.actor.ctx.timeouts.fork_sync_budget_s
+        waiter.timer = self.actor.after(budget, lambda: self._answer_accepted(waiter))
+
+    def _answer_accepted(self, waiter: _Waiter) -> None:
+        if waiter.answered:
+            return
+        op = self.actor.ctx.store.get_fork_operation(self.actor.ws, self.operation.operation_id)
+        waiter.answer(op, op.status in TERMINAL)
+
+    def _step(self, fn: Any, *args: Any) -> None:
+        """Run one step; any unexpected error ends the saga with what the store holds, so a
+        dispatched operation is never left looking retryable."""
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("fork saga %s failed in %s", self.operation.operation_id, fn.__name__)
+            self._abort(exc)
+
+    def _hit(self, name: str) -> None:
+        self.actor.ctx.failpoints.hit(name)
+
+    def _after_prepare(self) -> None:
+        self._hit("host.fork.after_prepare")
+        # Re-attest the same prepared runtime identity before anything leaves the host.
+        fut = self.actor.ctx.workers.request(
+            self.runtime.provider,
+            "runtime.attest",
+            {
+                "agentSessionId": self.actor.key,
+                "home": self.runtime.home,
+                "cwd": self.runtime.cwd,
+                "settings": dict(self.runtime.settings),
+            },
+            self.actor.ctx.timeouts.control_s,
+        )
+        self.actor.later(fut, lambda f: self._step(self._attested, f))
+
+    def _attested(self, fut: Future[dict[str, Any]]) -> None:
+        op = self.operation
+        try:
+            result = fut.result()
+        except Exception as exc:  # noqa: BLE001 - attestation failed: nothing was dispatched
+            self._fail(f"re-attestation failed: {exc}")
+            return
+        kind, version = str(result.get("driverKind")), str(result.get("driverVersion"))
+        if (kind, version) != (op.driver_kind, op.driver_version):
+            self._fail(
+                f"driver changed since prepare: {op.driver_kind} {op.driver_version} → "
+                f"{kind} {version}"
+            )
+            return
+        if self.info.binding_mode == "host_copy" and not result.get("binderAvailable", True):
+            self._fail("provider-state binder unavailable")
+            return
+        ctx = self.actor.ctx
+        op, _ = ctx.store.mark_fork_dispatching(self.actor.ws, op.operation_id)
+        self.operation = op
+        # Law 1: the dispatching marker is durable before the request can leave the host.
+        self._hit("host.fork.after_dispatching")
+        target_home = ctx.runtime_home(self.actor.ws, op.target_session_id, self.runtime.provider)
+        params = {
+            "source": {
+                "agentSessionId": self.actor.key,
+                "providerSessionId": op.source_provider_session_id,
+                "home": self.runtime.home,
+                "cwd": self.runtime.cwd,
+            },
+            "target": {
+                "agentSessionId": runtime_key(self.actor.ws, op.target_session_id),
+                "home": str(target_home),
+            },
+            "providerTurnIds": list(op.source_provider_turn_ids),
+            "title": op.target_title,
+            "driverKind": op.driver_kind,
+            "driverVersion": op.driver_version,
+        }
+        fork = ctx.workers.request(self.runtime.provider, "fork", params, ctx.timeouts.fork_s)
+        self.actor.later(fork, lambda f: self._step(self._dispatched, f))
+
+    def _dispatched(self, fut: Future[dict[str, Any]]) -> None:
+        try:
+            result = fut.result()
+        except NotDelivered as exc:
+            self._hit("host.fork.after_provider_result")
+            self._fail(f"fork request never reached the worker: {exc}")
+            return
+        except DeliveryUnknown as exc:
+            self._hit("host.fork.after_provider_result")
+            self._unknown(f"fork request sent, no answer: {exc}")
+            return
+        except WorkerFailed as exc:
+            self._hit("host.fork.after_provider_result")
+            # The worker crashed inside the driver: the provider call may have started.
+            self._unknown(f"driver error after dispatch: {exc}")
+            return
+        self._hit("host.fork.after_provider_result")
+        disposition = str(result.get("disposition") or "")
+        error = str(result.get("error") or "")
+        if disposition in (DeliveryDisposition.NOT_STARTED, DeliveryDisposition.REJECTED):
+            self._fail(f"{disposition}: {error}")
+            return
+        if disposition != DeliveryDisposition.ACCEPTED:
+            self._unknown(f"{disposition or 'no disposition'}: {error}")
+            return
+        evidence = self._verify(result)
+        if isinstance(evidence, str):
+            self._unknown(f"unverifiable provider child: {evidence}")
+            return
+        ctx = self.actor.ctx
+        op, _ = ctx.store.mark_fork_provider_accepted(
+            self.actor.ws, self.operation.operation_id, evidence
+        )
+        self.operation = op
+        self._hit("host.fork.before_commit")
+        op, _ = ctx.store.commit_fork(self.actor.ws, op.operation_id)
+        self._hit("host.fork.after_commit")
+        self._finish(op)
+
+    def _verify(self, result: Mapping[str, Any]) -> ProviderForkEvidence | str:
+        """`accepted` is a hard gate (seed 000 §7.1): a child id alone proves nothing."""
+        op = self.operation
+        child = result.get("child") or {}
+        binding = result.get("binding") or {}
+        child_id = str(child.get("providerSessionId") or "")
+        if not child_id:
+            return "no child provider session id"
+        if child_id == op.source_provider_session_id:
+            return "child provider session id equals the source"
+        mode = str(binding.get("mode") or "")
+        if mode != self.info.binding_mode:
+            return f"binding mode {mode!r}, expected {self.info.binding_mode!r}"
+        receipt = binding.get("receipt")
+        if not isinstance(receipt, Mapping) or not receipt:
+            return "no binding receipt"
+        child_turns = tuple(str(t) for t in child.get("providerTurnIds") or ())
+        turn_bindings: dict[str, tuple[str, str | None]] | None = None
+        if mode == "host_copy":
+            if str(child.get("forkedFromId") or "") != op.source_provider_session_id:
+                return "forkedFromId does not name the source"
+            if child_turns != tuple(op.source_provider_turn_ids):
+                return "child turns are not exactly the frozen provider prefix"
+        else:
+            raw = binding.get("turnBindings")
+            if not isinstance(raw, Mapping) or not raw:
+                return "no turn bindings for a provider_owned child"
+            by_provider_turn = self._canonical_turns_by_provider_id()
+            turn_bindings = {}
+            for provider_turn_id, value in raw.items():
+                canonical = by_provider_turn.get(str(provider_turn_id))
+                if canonical is None or not isinstance(value, Mapping):
+                    return f"turn binding for unknown provider turn {provider_turn_id!r}"
+                root = str(value.get("rootProviderTurnId") or "")
+                if not root:
+                    return f"empty child turn id for {provider_turn_id!r}"
+                binding_json = value.get("bindingJson")
+                turn_bindings[canonical] = (
+                    root,
+                    None if binding_json is None else str(binding_json),
+                )
+        return ProviderForkEvidence(
+            child_provider_session_id=child_id,
+            provider_turn_ids=child_turns,
+            binding_mode=mode,
+            receipt=dict(receipt),
+            turn_bindings=turn_bindings,
+        )
+
+    def _canonical_turns_by_provider_id(self) -> dict[str, str]:
+        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
+        return {t.root_provider_turn_id: t.turn_id for t in turns if t.root_provider_turn_id}
+
+    # -- endings -----------------------------------------------------------------------------
+
+    def _fail(self, error: str) -> None:
+        op, _ = self.actor.ctx.store.mark_fork_failed(
+            self.actor.ws, self.operation.operation_id, error
+        )
+        self._finish(op)
+
+    def _unknown(self, error: str) -> None:
+        op, _ = self.actor.ctx.store.mark_fork_unknown(
+            self.actor.ws, self.operation.operation_id, error
+        )
+        self._finish(op)
+
+    def _abort(self, exc: Exception) -> None:
+        """An unexpected error: classify by the durable status, never re-dispatch."""
+        store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.operation.operation_id
+        try:
+            op = store.get_fork_operation(ws, op_id)
+            if op.status is ForkStatus.PREPARED:
+                op, _ = store.mark_fork_failed(ws, op_id, f"host error before dispatch: {exc}")
+            elif op.status is ForkStatus.DISPATCHING:
+                op, _ = store.mark_fork_unknown(ws, op_id, f"host error after dispatch: {exc}")
+            # provider_accepted stays: fork.get or recovery retries only the local commit.
+        except Exception:  # noqa: BLE001
+            log.exception("fork saga %s: could not record the abort", op_id)
+            op = self.operation
+        self._finish(op)
+
+    def _finish(self, op: ForkOperation) -> None:
+        self.operation = op
+        self.actor.sagas.pop(op.operation_id, None)
+        self.actor.ctx.live_operations.discard(op.operation_id)
+        for waiter in self.waiters:
+            waiter.answer(op, op.status in TERMINAL)

@@ -1,0 +1,93 @@
+"""The messages the HostActor and SessionActors exchange, and the reply callback they carry.
+
+A reply is called exactly once with either a domain value or a `HostError` instance; the API
+layer (agenthost/api.py) projects it onto the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from storage import Store
+
+Reply = Callable[[Any], None]
+
+
+def runtime_key(workspace_id: str, session_id: str) -> str:
+    """An opaque, workspace-unique key for a Session's runtime in a worker (session ids are
+    only unique within a workspace)."""
+    return f"{len(workspace_id)}:{workspace_id}:{session_id}"
+
+
+def parse_runtime_key(key: str) -> tuple[str, str]:
+    length, _, rest = key.partition(":")
+    n = int(length)
+    return rest[:n], rest[n + 1 :]
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """Run `fn` on the actor's own thread (continuations of driver futures and timers)."""
+
+    fn: Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Mutate:
+    """A plain store write serialised through the Session's actor (settings, title, goal…)."""
+
+    fn: Callable[[Store], Any]
+    reply: Reply
+    stop_runtime: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    request_id: str
+    text: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupt:
+    turn_id: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    turn_id: str
+    request_id: str
+    response: Mapping[str, Any]
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class DriverEvent:
+    event: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ForkCreate:
+    request_id: str
+    target_session_id: str
+    turn_id: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ForkAdvance:
+    """From `fork.get`: advance a non-terminal operation that no live saga owns."""
+
+    operation_id: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ForkReply:
+    """A fork operation plus whether the saga is over (200) or still running (202)."""
+
+    operation: Any
+    final: bool

@@ -1,0 +1,88 @@
+"""The narrow ports through which the actors reach the outside: driver workers, the provider
+catalog (version gates, binding modes) and failpoints.
+
+The composition root (`agenthost/`) adapts the real supervisor and catalog to these
+Protocols; the actors never import zmq or a driver module (ARCHITECTURE.md layering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+
+class BindingState(StrEnum):
+    """`providerForkBindingState` of a Turn (PROTOCOL.md)."""
+
+    BOUND = "bound"
+    RECOVERY_REQUIRED = "recovery_required"
+    UNAVAILABLE = "unavailable"
+
+
+class DeliveryDisposition(StrEnum):
+    """What the host knows about whether a provider fork request took effect (seed 000 §7.1)."""
+
+    NOT_STARTED = "not_started"
+    REJECTED = "rejected"
+    UNKNOWN = "unknown"
+    ACCEPTED = "accepted"
+
+
+class NotDelivered(Exception):
+    """The request never left the host (worker down before send): nothing happened."""
+
+
+class DeliveryUnknown(Exception):
+    """The request was sent but no answer came (worker died, timeout): it may have happened."""
+
+
+class WorkerFailed(Exception):
+    """The worker answered with an error map."""
+
+    def __init__(self, error: Mapping[str, Any]) -> None:
+        super().__init__(str(error.get("message", error)))
+        self.error = dict(error)
+
+
+class WorkerPort(Protocol):
+    """Requests to the provider worker processes; futures fail with the exceptions above."""
+
+    def request(
+        self, provider: str, method: str, params: Mapping[str, Any], timeout: float
+    ) -> Future[dict[str, Any]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DriverInfo:
+    """Static facts about a provider's driver that the saga checks before any dispatch."""
+
+    provider: str
+    binding_mode: str  # "host_copy" | "provider_owned"
+    binder_available: bool
+    home_dir_name: str
+
+
+class ProviderCatalog(Protocol):
+    """Provider-specific rules the Host must not hard-code (seed 000 §3.2)."""
+
+    def providers(self) -> tuple[str, ...]: ...
+
+    def driver_info(self, provider: str) -> DriverInfo: ...
+
+    def fork_through_turn_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
+        """From the persisted attestation only: projection never spawns a process."""
+        ...
+
+    def binding_state(
+        self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
+    ) -> BindingState: ...
+
+
+class Failpoints(Protocol):
+    def hit(self, name: str) -> None: ...
+
+
+EventSink = Callable[[str, str, Mapping[str, Any]], None]

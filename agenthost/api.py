@@ -1,0 +1,396 @@
+"""The method table of PROTOCOL.md: validates each request's params, hands the work to the
+actors (writes) or a small reader pool (reads), and projects the outcome onto the wire.
+
+Called on the transport thread, so nothing here blocks: every handler either raises a typed
+error at once or answers later through the responder.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pykka
+
+from actors.host_actor import GetFork, HostActor, Route
+from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
+from actors.ports import ProviderCatalog
+from agenthost import projection
+from storage import Store
+from storage.errors import HostError, InvalidArgument, InvalidRequest, Unavailable
+from transport.server import Responder
+from transport.wire import (
+    Request,
+    optional_int,
+    optional_map,
+    optional_str,
+    optional_uuid,
+    require_bool,
+    require_enum,
+    require_list,
+    require_map,
+    require_str,
+    require_uuid,
+)
+
+log = logging.getLogger(__name__)
+
+WORKSPACE_MAX = 128
+Handler = Callable[[Mapping[str, Any], Responder], None]
+
+
+class Api:
+    def __init__(
+        self,
+        *,
+        store: Store,
+        host: pykka.ActorRef[HostActor],
+        catalog: ProviderCatalog,
+        status: Callable[[], dict[str, Any]],
+        set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
+        default_cwd: str,
+        readers: int = 4,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.catalog = catalog
+        self._status = status
+        self._set_failpoints = set_failpoints
+        self._default_cwd = default_cwd
+        self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
+        self._methods: dict[str, Handler] = {
+            "host.status": self.host_status,
+            "session.create": self.session_create,
+            "session.get": self.session_get,
+            "session.list": self.session_list,
+            "session.timeline": self.session_timeline,
+            "session.updateSettings": self.session_update_settings,
+            "session.updateTitle": self.session_update_title,
+            "session.pin": self.session_pin,
+            "session.delete": self.session_delete,
+            "turn.submit": self.turn_submit,
+            "turn.interrupt": self.turn_interrupt,
+            "interaction.respond": self.interaction_respond,
+            "goal.set": self.goal_set,
+            "goal.clear": self.goal_clear,
+            "fork.create": self.fork_create,
+            "fork.get": self.fork_get,
+            "fork.acknowledge": self.fork_acknowledge,
+        }
+        if set_failpoints is not None:
+            self._methods["debug.failpoints"] = self.debug_failpoints
+        self._started = time.monotonic()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def __call__(self, request: Request, responder: Responder) -> None:
+        handler = self._methods.get(request.method)
+        if handler is None:
+            raise InvalidRequest(f"unknown method {request.method!r}", reason="unknown_method")
+        handler(request.params, responder)
+
+    def _read(
+        self, responder: Responder, fn: Callable[[], dict[str, Any]], status: int = 200
+    ) -> None:
+        """Run a read (or a write that needs no actor) on the pool."""
+
+        def _run() -> None:
+            try:
+                responder.result(status, fn())
+            except HostError as exc:
+                responder.error(exc)
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                log.exception("read failed")
+                responder.error(HostError(f"internal error: {exc}"))
+
+        try:
+            self._pool.submit(_run)
+        except RuntimeError:  # pool shut down: the daemon is stopping
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+
+    def _route(
+        self,
+        responder: Responder,
+        ws: str,
+        sid: str,
+        make: Callable[[Callable[[Any], None]], Any],
+        project: Callable[[Any], tuple[int, dict[str, Any]]],
+    ) -> None:
+        """Check the Session exists (so garbage ids never start actors), then hand the
+        message to its actor; the reply is projected on the actor's thread."""
+
+        def reply(outcome: Any) -> None:
+            if isinstance(outcome, HostError):
+                responder.error(outcome)
+                return
+            if isinstance(outcome, BaseException):
+                responder.error(HostError(f"internal error: {outcome}"))
+                return
+            try:
+                status, result = project(outcome)
+            except HostError as exc:
+                responder.error(exc)
+                return
+            except Exception as exc:  # noqa: BLE001
+                log.exception("projection failed")
+                responder.error(HostError(f"internal error: {exc}"))
+                return
+            responder.result(status, result)
+
+        def _check_and_route() -> None:
+            try:
+                self.store.get_session(ws, sid)
+                self.host.tell(Route(ws, sid, make(reply)))
+            except HostError as exc:
+                responder.error(exc)
+            except pykka.ActorDeadError:
+                responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+
+        try:
+            self._pool.submit(_check_and_route)
+        except RuntimeError:
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+
+    def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
+        return 200, {"session": projection.session(session, self.catalog)}
+
+    def _turn_result(
+        self, ws: str, sid: str, status: int
+    ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
+        def project(turn: Any) -> tuple[int, dict[str, Any]]:
+            provider = self.store.get_session(ws, sid).provider
+            return status, {"turn": projection.turn(turn, provider, self.catalog)}
+
+        return project
+
+    def _fork_result(self, outcome: ForkReply) -> tuple[int, dict[str, Any]]:
+        status = 200 if outcome.final else 202
+        return status, {"operation": projection.operation(outcome.operation, self.catalog)}
+
+    # -- methods ---------------------------------------------------------------------------
+
+    def host_status(self, params: Mapping[str, Any], responder: Responder) -> None:
+        self._read(responder, self._status)
+
+    def session_create(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws = _workspace(params)
+        sid = optional_uuid(params, "agentSessionId") or str(uuid.uuid4())
+        provider = require_enum(params, "provider", self.catalog.providers())
+        title = optional_str(params, "title", default="New session", max_len=512) or "New session"
+        cwd = optional_str(params, "cwd", default=self._default_cwd, min_len=1, max_len=4096)
+        settings = optional_map(params, "settings", default={}) or {}
+
+        def _create() -> dict[str, Any]:
+            session = self.store.create_session(
+                ws,
+                session_id=sid,
+                provider=provider,
+                title=title,
+                cwd=cwd or self._default_cwd,
+                settings=settings,
+            )
+            return {"session": projection.session(session, self.catalog)}
+
+        self._read(responder, _create)
+
+    def session_get(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        self._read(
+            responder,
+            lambda: {"session": projection.session(self.store.get_session(ws, sid), self.catalog)},
+        )
+
+    def session_list(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws = _workspace(params)
+        cursor = optional_str(params, "cursor", max_len=512)
+        limit = optional_int(params, "limit", default=50, min_value=1, max_value=200) or 50
+
+        def _list() -> dict[str, Any]:
+            sessions, next_cursor = self.store.list_sessions(ws, cursor=cursor, limit=limit)
+            return {
+                "sessions": [projection.session(s, self.catalog) for s in sessions],
+                "nextCursor": next_cursor,
+            }
+
+        self._read(responder, _list)
+
+    def session_timeline(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        after = optional_int(params, "afterSequence", default=0, min_value=0) or 0
+        limit = optional_int(params, "limit", default=100, min_value=1, max_value=1000) or 100
+
+        def _timeline() -> dict[str, Any]:
+            session = self.store.get_session(ws, sid)
+            turns, next_sequence = self.store.timeline(ws, sid, after_sequence=after, limit=limit)
+            return {
+                "turns": [projection.turn(t, session.provider, self.catalog) for t in turns],
+                "nextSequence": next_sequence,
+            }
+
+        self._read(responder, _timeline)
+
+    def _mutate(
+        self,
+        params: Mapping[str, Any],
+        responder: Responder,
+        fn: Callable[[Store, str, str], Any],
+        *,
+        result: Callable[[Any], tuple[int, dict[str, Any]]] | None = None,
+        stop_runtime: bool = False,
+    ) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        self._route(
+            responder,
+            ws,
+            sid,
+            lambda reply: Mutate(lambda store: fn(store, ws, sid), reply, stop_runtime),
+            result or self._session_result,
+        )
+
+    def session_update_settings(self, params: Mapping[str, Any], responder: Responder) -> None:
+        settings = require_map(params, "settings")
+        self._mutate(params, responder, lambda s, ws, sid: s.update_settings(ws, sid, settings))
+
+    def session_update_title(self, params: Mapping[str, Any], responder: Responder) -> None:
+        title = require_str(params, "title", max_len=512)
+        self._mutate(params, responder, lambda s, ws, sid: s.update_title(ws, sid, title))
+
+    def session_pin(self, params: Mapping[str, Any], responder: Responder) -> None:
+        pinned = require_bool(params, "pinned")
+        self._mutate(params, responder, lambda s, ws, sid: s.set_pinned(ws, sid, pinned))
+
+    def session_delete(self, params: Mapping[str, Any], responder: Responder) -> None:
+        self._mutate(
+            params,
+            responder,
+            lambda s, ws, sid: s.delete_session(ws, sid),
+            result=lambda _: (200, {"deleted": True}),
+            stop_runtime=True,
+        )
+
+    def goal_set(self, params: Mapping[str, Any], responder: Responder) -> None:
+        goal = require_str(params, "goal", max_len=16_384)
+        self._mutate(params, responder, lambda s, ws, sid: s.set_goal(ws, sid, goal))
+
+    def goal_clear(self, params: Mapping[str, Any], responder: Responder) -> None:
+        self._mutate(params, responder, lambda s, ws, sid: s.clear_goal(ws, sid))
+
+    def turn_submit(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        request_id = require_str(params, "requestId", max_len=128)
+        text = _input_text(params)
+        self._route(
+            responder,
+            ws,
+            sid,
+            lambda reply: Submit(request_id, text, reply),
+            self._turn_result(ws, sid, 202),
+        )
+
+    def turn_interrupt(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        turn_id = require_str(params, "turnId", max_len=128)
+        self._route(
+            responder,
+            ws,
+            sid,
+            lambda reply: Interrupt(turn_id, reply),
+            self._turn_result(ws, sid, 200),
+        )
+
+    def interaction_respond(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        turn_id = require_str(params, "turnId", max_len=128)
+        request_id = require_str(params, "requestId", max_len=256)
+        response = require_map(params, "response")
+        if "decision" in response:
+            if response["decision"] not in ("approve", "decline"):
+                raise InvalidArgument("response", "'response.decision' must be approve or decline")
+        elif not isinstance(response.get("text"), str):
+            raise InvalidArgument("response", "'response' needs 'text' or 'decision'")
+        self._route(
+            responder,
+            ws,
+            sid,
+            lambda reply: Respond(turn_id, request_id, response, reply),
+            lambda i: (200, {"interaction": projection.interaction(i)}),
+        )
+
+    def fork_create(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        request_id = require_str(params, "requestId", max_len=128)
+        target = require_uuid(params, "targetAgentSessionId")
+        point = require_map(params, "point")
+        if point.get("type") != "throughTurn":
+            raise InvalidArgument("point", "'point.type' must be 'throughTurn'")
+        turn_id = point.get("turnId")
+        if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128:
+            raise InvalidArgument("point", "'point.turnId' must be a 1..128 character string")
+        self._route(
+            responder,
+            ws,
+            sid,
+            lambda reply: ForkCreate(request_id, target, turn_id, reply),
+            self._fork_result,
+        )
+
+    def fork_get(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws = _workspace(params)
+        op_id = require_str(params, "operationId", max_len=128)
+
+        def reply(outcome: Any) -> None:
+            if isinstance(outcome, HostError):
+                responder.error(outcome)
+            elif isinstance(outcome, ForkReply):
+                responder.result(
+                    200, {"operation": projection.operation(outcome.operation, self.catalog)}
+                )
+            else:
+                responder.error(HostError(f"internal error: {outcome!r}"))
+
+        self.host.tell(GetFork(ws, op_id, reply))
+
+    def fork_acknowledge(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws = _workspace(params)
+        op_id = require_str(params, "operationId", max_len=128)
+
+        def _ack() -> dict[str, Any]:
+            op, _ = self.store.acknowledge_fork(ws, op_id)
+            return {"operation": projection.operation(op, self.catalog)}
+
+        self._read(responder, _ack)
+
+    def debug_failpoints(self, params: Mapping[str, Any], responder: Responder) -> None:
+        assert self._set_failpoints is not None
+        points = require_map(params, "points")
+        for name, action in points.items():
+            if not isinstance(action, str):
+                raise InvalidArgument("points", f"action of {name!r} must be a string")
+        set_failpoints = self._set_failpoints
+        self._read(responder, lambda: {"points": set_failpoints(dict(points))})
+
+
+def _workspace(params: Mapping[str, Any]) -> str:
+    return require_str(params, "workspaceId", max_len=WORKSPACE_MAX)
+
+
+def _input_text(params: Mapping[str, Any]) -> str:
+    items = require_list(params, "input", max_len=64)
+    texts: list[str] = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("type") != "text":
+            raise InvalidArgument("input", "each input item must be {type: 'text', text}")
+        text = item.get("text")
+        if not isinstance(text, str):
+            raise InvalidArgument("input", "'text' of an input item must be a string")
+        texts.append(text)
+    if not texts or not "".join(texts).strip():
+        raise InvalidArgument("input", "'input' must hold some text")
+    return "\n".join(texts)

@@ -1,0 +1,76 @@
+"""The provider catalog: which providers exist, how each binds a fork child's provider state,
+the version gates for `forkThroughTurn`, and how a Turn's binding projects.
+
+Capability comes from the exact Session's persisted attestation (driver kind + version),
+never from the provider's name alone (seed 000 §3.2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from actors.ports import BindingState, DriverInfo
+
+_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+
+# First versions whose app-server `thread/fork` takes `lastTurnId` (inclusive).
+FORK_GATES: dict[str, tuple[int, int, int]] = {
+    "tutti-agent": (0, 0, 10),
+    "codex": (0, 144, 0),
+}
+
+_INFO = {
+    "tutti-agent": DriverInfo("tutti-agent", "host_copy", True, "tutti-agent-home"),
+    "codex": DriverInfo("codex", "host_copy", True, "codex-home"),
+    "claude-code": DriverInfo("claude-code", "provider_owned", True, "claude-config"),
+}
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """`0.171.0`, `0.171.0-alpha.3` → (0, 171, 0); anything else → None."""
+    match = _VERSION.match(text.strip())
+    if match is None:
+        return None
+    return int(match[1]), int(match[2]), int(match[3])
+
+
+class Catalog:
+    def __init__(self, overrides: Mapping[str, DriverInfo] | None = None) -> None:
+        self._info = {**_INFO, **(overrides or {})}
+
+    def providers(self) -> tuple[str, ...]:
+        return tuple(self._info)
+
+    def driver_info(self, provider: str) -> DriverInfo:
+        return self._info[provider]
+
+    def fork_through_turn_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
+        kind = runtime_context.get("driverKind")
+        if kind != provider:
+            return False  # no attestation yet, or a different brand: never assume
+        if provider == "claude-code":
+            # Structural: the pinned SDK is the attested driver.
+            return bool(runtime_context.get("driverVersion"))
+        gate = FORK_GATES.get(provider)
+        version = parse_version(str(runtime_context.get("driverVersion") or ""))
+        return gate is not None and version is not None and version >= gate
+
+    def binding_state(
+        self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
+    ) -> BindingState:
+        if not root_provider_turn_id:
+            return BindingState.UNAVAILABLE
+        if provider != "claude-code":
+            return BindingState.BOUND
+        # Claude: only a real checkpoint in the adapter's JSON binds the Turn; a legacy row
+        # with an id but no checkpoint needs the one-time transcript recovery.
+        try:
+            data = json.loads(binding_json) if binding_json else {}
+        except ValueError:
+            return BindingState.RECOVERY_REQUIRED
+        if isinstance(data, dict) and data.get("checkpointMessageId"):
+            return BindingState.BOUND
+        return BindingState.RECOVERY_REQUIRED

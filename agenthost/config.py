@@ -1,0 +1,98 @@
+"""Daemon configuration: `AGENTHOST_HOME` and the optional `agenthost.toml` (PROTOCOL.md
+"Configuration"). Every key is optional; an unknown key is an error at start-up, named.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROVIDERS = ("tutti-agent", "codex", "claude-code")
+_PROVIDER_KEYS: dict[str, frozenset[str]] = {
+    "tutti-agent": frozenset({"command", "model", "model_base_url"}),
+    "codex": frozenset({"command", "model", "model_base_url"}),
+    "claude-code": frozenset({"cli_path", "model", "model_base_url"}),
+}
+_TOP_KEYS = frozenset({"providers", "daemon"})
+_DAEMON_KEYS = frozenset({"listen", "idle_actor_seconds", "fork_sync_budget_ms"})
+
+
+class ConfigError(ValueError):
+    """The configuration file is unreadable or names a key we do not know."""
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    home: Path
+    providers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    listen: tuple[str, ...] = ()
+    idle_actor_seconds: float = 30.0
+    fork_sync_budget_s: float = 2.0
+
+    @property
+    def store_path(self) -> Path:
+        return self.home / "store.sqlite3"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def runtimes_dir(self) -> Path:
+        return self.home / "runtimes"
+
+
+def default_home() -> Path:
+    env = os.environ.get("AGENTHOST_HOME")
+    if env:
+        return Path(env).expanduser().resolve()
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "agenthost"
+
+
+def load_config(home: Path | None = None, path: Path | None = None) -> Config:
+    home = (home or default_home()).expanduser().resolve()
+    path = path or home / "agenthost.toml"
+    if not path.exists():
+        return Config(home=home)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return parse_config(home, raw, source=str(path))
+
+
+def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") -> Config:
+    _reject_unknown(raw, _TOP_KEYS, source, "")
+    providers: dict[str, dict[str, str]] = {}
+    for name, table in (raw.get("providers") or {}).items():
+        if name not in _PROVIDER_KEYS:
+            raise ConfigError(f"{source}: unknown provider [providers.{name}]")
+        if not isinstance(table, Mapping):
+            raise ConfigError(f"{source}: [providers.{name}] must be a table")
+        _reject_unknown(table, _PROVIDER_KEYS[name], source, f"providers.{name}.")
+        providers[name] = {k: str(v) for k, v in table.items()}
+    daemon = raw.get("daemon") or {}
+    _reject_unknown(daemon, _DAEMON_KEYS, source, "daemon.")
+    listen = daemon.get("listen") or []
+    if isinstance(listen, str):
+        listen = [listen]
+    return Config(
+        home=home,
+        providers=providers,
+        listen=tuple(str(x) for x in listen),
+        idle_actor_seconds=float(daemon.get("idle_actor_seconds", 30.0)),
+        fork_sync_budget_s=float(daemon.get("fork_sync_budget_ms", 2000)) / 1000.0,
+    )
+
+
+def _reject_unknown(
+    table: Mapping[str, Any], known: frozenset[str], source: str, prefix: str
+) -> None:
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{source}: unknown key '{prefix}{key}'")

@@ -1,0 +1,217 @@
+"""The composition root of the daemon: opens the store, recovers fork operations, starts the
+worker supervisor, the actors and the API server, and wires store changes to events.
+
+`Daemon` is an ordinary object (no global state), so a test can run several in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from actors.context import HostContext, Timeouts
+from actors.host_actor import HostActor, WorkerEvent
+from actors.recovery import RecoveryReport, recover_fork_operations
+from agenthost import __version__, projection
+from agenthost.api import Api
+from agenthost.catalog import Catalog
+from agenthost.config import Config
+from agenthost.workers import SupervisorPort
+from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
+from drivers.supervisor import WorkerSupervisor
+from storage import Store
+from storage.errors import HostError, InvalidArgument
+from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from transport.server import ApiServer
+
+log = logging.getLogger(__name__)
+
+ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
+
+
+class Daemon:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        listen: tuple[str, ...] = (),
+        failpoints_enabled: bool | None = None,
+    ) -> None:
+        self.config = config
+        self.listen = tuple(config.listen) + tuple(listen)
+        if failpoints_enabled is None:
+            failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
+        self.failpoints_enabled = failpoints_enabled
+        self.recovery: RecoveryReport | None = None
+        self._started = time.monotonic()
+        self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._event_thread: threading.Thread | None = None
+        self.store: Store | None = None
+        self.server: ApiServer | None = None
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config
+        cfg.home.mkdir(parents=True, exist_ok=True)
+        cfg.run_dir.mkdir(mode=0o700, exist_ok=True)
+        os.chmod(cfg.run_dir, 0o700)
+        cfg.runtimes_dir.mkdir(exist_ok=True)
+
+        self.store = store = Store.open(cfg.store_path)
+        # Recovery finishes before any request is served, so no request sees a leftover.
+        self.recovery = recover_fork_operations(store)
+
+        fp_state = cfg.run_dir / "failpoints-host"
+        fp_state.mkdir(mode=0o700, exist_ok=True)
+        # The state dir makes a fired `once:` point survive the SIGKILL it causes, so the
+        # restarted daemon is not killed again by the same armed point.
+        env_points = os.environ.get(ENV_POINTS, "") if self.failpoints_enabled else ""
+        self.failpoints = Failpoints(
+            {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
+            state_dir=fp_state,
+        )
+        self.supervisor = WorkerSupervisor(
+            cfg.run_dir / "workers",
+            provider_config={k: dict(v) for k, v in cfg.providers.items()},
+            failpoints=format_points(
+                {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
+            ),
+        )
+        self.catalog = Catalog()
+        self.ctx = HostContext(
+            store=store,
+            workers=SupervisorPort(self.supervisor),
+            catalog=self.catalog,
+            failpoints=self.failpoints,
+            runtimes_dir=cfg.runtimes_dir,
+            timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
+        )
+        self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
+        host = self.host
+        self.supervisor.set_event_sink(
+            lambda provider, key, event: host.tell(WorkerEvent(key, event))
+        )
+        self._event_thread = threading.Thread(
+            target=self._publish_loop, name="agenthost-events", daemon=True
+        )
+        self._event_thread.start()
+        store.subscribe(self._events.put)
+
+        self.api = Api(
+            store=store,
+            host=self.host,
+            catalog=self.catalog,
+            status=self._status,
+            set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
+            default_cwd=str(Path.cwd()),
+        )
+        api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
+        self.server = ApiServer(api_endpoints, f"ipc://{cfg.run_dir / 'events.sock'}", self.api)
+        self.server.start()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        if getattr(self, "host", None) is not None:
+            try:
+                self.host.stop(timeout=15)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                log.exception("host actor did not stop cleanly")
+        if getattr(self, "api", None) is not None:
+            self.api.close()
+        if getattr(self, "supervisor", None) is not None:
+            self.supervisor.close()
+        self._events.put(None)
+        if self._event_thread is not None:
+            self._event_thread.join(5)
+        if self.store is not None:
+            self.store.close()
+
+    @property
+    def api_endpoint(self) -> str:
+        assert self.server is not None
+        return self.server.endpoints[0]
+
+    @property
+    def events_endpoint(self) -> str:
+        assert self.server is not None
+        return self.server.events_endpoint
+
+    def ready_line(self) -> dict[str, Any]:
+        return {
+            "ready": True,
+            "api": self.api_endpoint,
+            "events": self.events_endpoint,
+            "pid": os.getpid(),
+            "endpoints": self.server.endpoints if self.server else [],
+        }
+
+    # -- host.status, failpoints ------------------------------------------------------------
+
+    def _status(self) -> dict[str, Any]:
+        return {
+            "version": __version__,
+            "protocol": 1,
+            "home": str(self.config.home),
+            "workers": self.supervisor.status(),
+            "uptimeMs": int((time.monotonic() - self._started) * 1000),
+        }
+
+    def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:
+        host_points = {k: v for k, v in points.items() if k.startswith("host.")}
+        worker_points = {k: v for k, v in points.items() if not k.startswith("host.")}
+        try:
+            merged = dict(self.failpoints.set(host_points)) if host_points else {}
+            if worker_points:
+                merged.update(self.supervisor.set_failpoints(worker_points))
+        except ValueError as exc:
+            raise InvalidArgument("points", str(exc)) from exc
+        return merged
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _publish_loop(self) -> None:
+        """Project store changes onto PUB events in commit order, off the writers' threads."""
+        while True:
+            change = self._events.get()
+            if change is None:
+                return
+            try:
+                event = self._project_change(change)
+            except HostError:
+                continue  # e.g. the entity vanished before we read it back
+            except Exception:  # noqa: BLE001
+                log.exception("could not project %r", change)
+                continue
+            if event is not None and self.server is not None:
+                self.server.publish(change.workspace_id, event)
+
+    def _project_change(self, change: Any) -> dict[str, Any] | None:
+        store = self.store
+        assert store is not None
+        if isinstance(change, SessionChanged):
+            if change.removed:
+                return {"type": "session.removed", "agentSessionId": change.session_id}
+            session = store.get_session(change.workspace_id, change.session_id)
+            return {
+                "type": "session.upserted",
+                "session": projection.session(session, self.catalog),
+            }
+        if isinstance(change, TurnChanged):
+            session = store.get_session(change.workspace_id, change.session_id)
+            turn = store.get_turn(change.workspace_id, change.session_id, change.turn_id)
+            return {
+                "type": "turn.updated",
+                "agentSessionId": change.session_id,
+                "turn": projection.turn(turn, session.provider, self.catalog),
+            }
+        if isinstance(change, ForkOperationChanged):
+            op = store.get_fork_operation(change.workspace_id, change.operation_id)
+            return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
+        return None

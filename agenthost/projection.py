@@ -1,0 +1,112 @@
+"""The wire projection of store values (PROTOCOL.md "Objects"): Session, Turn, Message,
+Interaction, Operation and Lineage as camelCase maps.
+
+Capabilities are projected from the persisted runtime attestation through the provider
+catalog, so projecting never spawns a process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.ports import ProviderCatalog
+from storage.models import ForkOperation, Interaction, Lineage, Message, Session, Turn
+
+
+def lineage(value: Lineage | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {
+        "sourceAgentSessionId": value.source_session_id,
+        "sourceTurnId": value.source_turn_id,
+        "targetTurnId": value.target_turn_id,
+        "operationId": value.operation_id,
+        "forkedAtUnixMs": value.forked_at_ms,
+    }
+
+
+def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
+    fork_through_turn = value.kind == "root" and catalog.fork_through_turn_capable(
+        value.provider, value.runtime_context
+    )
+    return {
+        "workspaceId": value.workspace_id,
+        "agentSessionId": value.session_id,
+        "kind": value.kind,
+        "provider": value.provider,
+        "providerSessionId": value.provider_session_id,
+        "title": value.title,
+        "cwd": value.cwd,
+        "settings": dict(value.settings),
+        "model": value.model,
+        "pinned": value.pinned,
+        "goal": value.goal,
+        "activeTurnId": value.active_turn_id,
+        "parentAgentSessionId": value.parent_session_id,
+        "parentTurnId": value.parent_turn_id,
+        "createdAtUnixMs": value.created_at_ms,
+        "updatedAtUnixMs": value.updated_at_ms,
+        # `fork` (whole-session) is not implemented for any provider (seed 000 §1).
+        "lifecycleCapabilities": {"fork": False, "forkThroughTurn": fork_through_turn},
+        "forkedFrom": lineage(value.lineage),
+    }
+
+
+def message(value: Message) -> dict[str, Any]:
+    return {
+        "messageId": value.message_id,
+        "turnId": value.turn_id,
+        "kind": value.kind,
+        "text": value.text,
+        "payload": dict(value.payload),
+        "version": value.version,
+    }
+
+
+def interaction(value: Interaction) -> dict[str, Any]:
+    return {
+        "requestId": value.request_id,
+        "turnId": value.turn_id,
+        "kind": value.kind,
+        "status": value.status,
+        "input": dict(value.input),
+        "output": None if value.output is None else dict(value.output),
+    }
+
+
+def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]:
+    state = catalog.binding_state(
+        provider, value.root_provider_turn_id, value.provider_turn_binding_json
+    )
+    if value.phase != "settled" and state == "bound":
+        state = type(state)("unavailable")  # an active Turn is not a fork boundary yet
+    return {
+        "turnId": value.turn_id,
+        "sequence": value.sequence,
+        "phase": value.phase,
+        "outcome": value.outcome,
+        "error": value.error,
+        "rootProviderTurnId": value.root_provider_turn_id,
+        "providerForkBindingState": state.value,
+        "finalAssistantMessageId": value.final_assistant_message_id,
+        "messages": [message(m) for m in value.messages],
+        "interactions": [interaction(i) for i in value.interactions],
+        "createdAtUnixMs": value.created_at_ms,
+        "settledAtUnixMs": value.settled_at_ms,
+    }
+
+
+def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
+    committed = value.committed_session
+    return {
+        "operationId": value.operation_id,
+        "requestId": value.request_id,
+        "sourceAgentSessionId": value.source_session_id,
+        "targetAgentSessionId": value.target_session_id,
+        "point": {"type": "throughTurn", "turnId": value.source_turn_id},
+        "status": value.public_status.value,
+        "phase": value.phase.value,
+        "session": None if committed is None else session(committed, catalog),
+        "lineage": lineage(value.lineage),
+        "error": value.error,
+    }

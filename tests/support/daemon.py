@@ -1,0 +1,183 @@
+"""Runs a real `agenthost serve` subprocess for tests: its own AGENTHOST_HOME, the ready line,
+clients on its ipc socket, and SIGTERM/SIGKILL for crash tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from transport.client import Client
+
+WS = "ws-test"
+
+
+class DaemonProcess:
+    def __init__(
+        self,
+        home: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        failpoints: str | None = None,
+    ) -> None:
+        self.home = home
+        self.extra_env = dict(env or {})
+        self.args = args
+        self.failpoints = failpoints
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.ready: dict[str, Any] = {}
+        self._clients: list[Client] = []
+        self.log_path = home / "daemon.log"
+
+    def start(self, timeout: float = 30.0) -> DaemonProcess:
+        self.home.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env["AGENTHOST_HOME"] = str(self.home)
+        env["AGENTHOST_ENABLE_FAILPOINTS"] = "1"
+        if self.failpoints is not None:
+            env["AGENTHOST_FAILPOINTS"] = self.failpoints
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agenthost.cli", "--home", str(self.home), "serve", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=env,
+        )
+        log.close()
+        assert self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
+        line = b""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.tail_log()}")
+            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+            if ready:
+                line = self.proc.stdout.readline()
+                break
+        if not line:
+            self.kill()
+            raise RuntimeError(f"daemon not ready in {timeout}s: {self.tail_log()}")
+        self.ready = json.loads(line)
+        return self
+
+    def tail_log(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    @property
+    def api(self) -> str:
+        return str(self.ready["api"])
+
+    @property
+    def events(self) -> str:
+        return str(self.ready["events"])
+
+    def client(self, timeout: float = 30.0) -> Client:
+        c = Client(self.api, timeout=timeout)
+        self._clients.append(c)
+        return c
+
+    def _close_clients(self) -> None:
+        for c in self._clients:
+            with contextlib.suppress(Exception):
+                c.close()
+        self._clients.clear()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        self._close_clients()
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+    def kill(self) -> None:
+        self._close_clients()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def wait_exit(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        return self.proc.wait(timeout)
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def create_session(
+    client: Client, ws: str = WS, provider: str = "tutti-agent", **extra: Any
+) -> dict[str, Any]:
+    return dict(
+        client.call("session.create", {"workspaceId": ws, "provider": provider, **extra})["session"]
+    )
+
+
+def submit(
+    client: Client, sid: str, text: str, ws: str = WS, request_id: str | None = None
+) -> dict[str, Any]:
+    return dict(
+        client.call(
+            "turn.submit",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "requestId": request_id or str(uuid.uuid4()),
+                "input": [{"type": "text", "text": text}],
+            },
+        )["turn"]
+    )
+
+
+def timeline(client: Client, sid: str, ws: str = WS) -> list[dict[str, Any]]:
+    return list(
+        client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid, "limit": 1000})[
+            "turns"
+        ]
+    )
+
+
+def turn_of(client: Client, sid: str, turn_id: str, ws: str = WS) -> dict[str, Any]:
+    for turn in timeline(client, sid, ws):
+        if turn["turnId"] == turn_id:
+            return turn
+    raise AssertionError(f"turn {turn_id} not found")
+
+
+def settle(
+    client: Client, sid: str, turn_id: str, ws: str = WS, timeout: float = 60.0
+) -> dict[str, Any]:
+    return dict(
+        wait_for(
+            lambda: (t := turn_of(client, sid, turn_id, ws))["phase"] == "settled" and t,
+            timeout,
+        )
+    )
+
+
+def run_turn(client: Client, sid: str, text: str, ws: str = WS) -> dict[str, Any]:
+    return settle(client, sid, submit(client, sid, text, ws)["turnId"], ws)
