@@ -1,0 +1,64 @@
+"""The `tutti-agent` command: `tutti-agent app-server` serves the protocol on stdio.
+
+Reads `TUTTI_AGENT_HOME` (required), the model options and `TUTTI_AGENT_FAILPOINTS`, then
+builds the store, model and server and runs until stdin closes."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+from pathlib import Path
+
+from tutti_agent import __version__
+from tutti_agent.failpoints import FailpointHooks, parse_failpoints
+from tutti_agent.model import BuiltinModel, Model, ResponsesModel
+from tutti_agent.server import AppServer
+from tutti_agent.store import ThreadStore
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tutti-agent", description="Tutti Agent provider")
+    parser.add_argument("--version", action="version", version=f"tutti_agent {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    app = sub.add_parser("app-server", help="serve the app-server protocol on stdio")
+    app.add_argument(
+        "--model-base-url",
+        default=os.environ.get("TUTTI_AGENT_MODEL_BASE_URL"),
+        help="OpenAI Responses API base URL (e.g. http://127.0.0.1:PORT/v1); "
+        "default: the built-in deterministic model",
+    )
+    app.add_argument(
+        "--model",
+        default=os.environ.get("TUTTI_AGENT_MODEL", "mock-model"),
+        help="model name sent to the Responses API",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    home_env = os.environ.get("TUTTI_AGENT_HOME")
+    if not home_env:
+        print("tutti-agent: TUTTI_AGENT_HOME must be set", file=sys.stderr)
+        return 2
+    home = Path(home_env).absolute()
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        points = parse_failpoints(os.environ.get("TUTTI_AGENT_FAILPOINTS", ""))
+    except ValueError as exc:
+        print(f"tutti-agent: {exc}", file=sys.stderr)
+        return 2
+    model: Model = (
+        ResponsesModel(args.model_base_url, args.model) if args.model_base_url else BuiltinModel()
+    )
+    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
+    stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
+    server = AppServer(ThreadStore(home), model, stdout, hooks=FailpointHooks(points))
+    server.serve(stdin)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

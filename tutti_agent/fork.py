@@ -1,0 +1,268 @@
+"""Thread fork (seed 004 §1, §7-§10): named boundaries, PreparedFork with its source
+reservation, and materialization of a Copied or Referenced child rollout.
+
+Forking never writes to the source; a child whose initialization fails leaves no rollout;
+the source reservation is held until materialization ends, even if the caller gave up."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+from tutti_agent import __version__
+from tutti_agent.errors import (
+    AppServerError,
+    ForkInitFailed,
+    InvalidParams,
+    TurnInProgress,
+    TurnNotFound,
+    TurnStartMissing,
+)
+from tutti_agent.history import (
+    ForkSnapshot,
+    Interrupted,
+    InterruptedMarker,
+    TruncateBeforeNthUserMessage,
+    build_turns,
+    fork_history_from_snapshot,
+)
+from tutti_agent.ids import uuid7
+from tutti_agent.rollout import LineType, RolloutItem, now_iso
+from tutti_agent.store import (
+    HistoryPosition,
+    Reservation,
+    ThreadHistory,
+    ThreadStore,
+    remove_file_durably,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """The source's current durable position; may be mid-turn (then closed as Interrupted).
+
+    Rejected only when the lineage cannot be resolved."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughTurn:
+    """Through the latest visible instance of the turn, inclusive.
+
+    Rejected when the turn is unknown (`turn not found`) or still in progress / has no
+    persisted end (`identifies an in-progress turn`); never approximated."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class BeforeTurn:
+    """Strictly before the turn's original start (its `task_started` line).
+
+    Rejected when the turn is unknown or has no persisted start boundary (legacy turn)."""
+
+    turn_id: str
+
+
+ForkBoundary = Latest | ThroughTurn | BeforeTurn
+
+
+class ForkPersistence(StrEnum):
+    COPIED = "copied"  # the surviving prefix is written into the child: self-contained
+    REFERENCED = "referenced"  # the child holds only its own lines + a history_base
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedFork:
+    """A frozen boundary of the source; holds the source reservation until released."""
+
+    source_thread_id: str
+    source: ThreadHistory
+    end_ordinal_exclusive: int
+    history_base: HistoryPosition | None
+    model_context: tuple[RolloutItem, ...]
+    reservation: Reservation
+
+
+@dataclass(frozen=True, slots=True)
+class ForkOptions:
+    boundary: ForkBoundary = Latest()
+    snapshot: ForkSnapshot | None = None  # None: Interrupted (Codex's default for forks)
+    persistence: ForkPersistence = ForkPersistence.COPIED
+    marker: InterruptedMarker = InterruptedMarker.CONTEXTUAL_USER
+    cwd: str | None = None
+    model: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForkResult:
+    child: ThreadHistory
+    prepared_end: int
+
+
+class ForkHooks(Protocol):
+    """Test seams inside materialization (a fault or a gate at a precise step)."""
+
+    def before_materialize(self, prepared: PreparedFork) -> None: ...
+
+    def after_child_write(self, child_thread_id: str) -> None: ...
+
+
+class NoHooks:
+    def before_materialize(self, prepared: PreparedFork) -> None:
+        return None
+
+    def after_child_write(self, child_thread_id: str) -> None:
+        return None
+
+
+def resolve_boundary(history: ThreadHistory, boundary: ForkBoundary) -> int:
+    """Map a named boundary to an exclusive end ordinal of the logical history."""
+    if isinstance(boundary, Latest):
+        return history.next_ordinal
+    matches = [t for t in build_turns(history.items) if t.id == boundary.turn_id]
+    if not matches:
+        raise TurnNotFound(boundary.turn_id)
+    turn = matches[-1]
+    if isinstance(boundary, ThroughTurn):
+        if turn.end_index is None:
+            raise TurnInProgress(boundary.turn_id)
+        return turn.end_index
+    if turn.start_index is None:
+        raise TurnStartMissing(boundary.turn_id)
+    return turn.start_index
+
+
+class ForkService:
+    """Prepares and materializes forks against one ThreadStore."""
+
+    def __init__(self, store: ThreadStore, hooks: ForkHooks | None = None) -> None:
+        self.store = store
+        self.hooks: ForkHooks = hooks or NoHooks()
+
+    def prepare(self, source_thread_id: str, boundary: ForkBoundary) -> PreparedFork:
+        # Reserve first, then read: a delete that wins the race makes the load fail cleanly.
+        reservation = self.store.reserve(source_thread_id)
+        try:
+            source = self.store.load(source_thread_id)
+            end = resolve_boundary(source, boundary)
+            base = source.position_at(end)
+            return PreparedFork(
+                source_thread_id=source_thread_id,
+                source=source,
+                end_ordinal_exclusive=end,
+                history_base=base,
+                model_context=tuple(line.item for line in source.lines[:end]),
+                reservation=reservation,
+            )
+        except BaseException:
+            reservation.release()
+            raise
+
+    def fork(self, source_thread_id: str, options: ForkOptions) -> ForkResult:
+        return self.fork_async(source_thread_id, options).result()
+
+    def fork_async(
+        self, source_thread_id: str, options: ForkOptions
+    ) -> concurrent.futures.Future[ForkResult]:
+        """Prepare now; materialize on a detached thread that owns the reservation.
+
+        Abandoning the returned future (a cancelled request) does not release the source:
+        only the end of materialization does (seed 004 §10, §12.4)."""
+        prepared = self.prepare(source_thread_id, options.boundary)
+        future: concurrent.futures.Future[ForkResult] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                result = self.materialize(prepared, options)
+            except BaseException as exc:  # delivered to the waiter, never lost
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+            finally:
+                prepared.reservation.release()
+
+        threading.Thread(target=run, name=f"fork-{source_thread_id}", daemon=True).start()
+        return future
+
+    def materialize(self, prepared: PreparedFork, options: ForkOptions) -> ForkResult:
+        self.hooks.before_materialize(prepared)
+        snapshot = options.snapshot
+        items = list(prepared.model_context)
+        forked = fork_history_from_snapshot(
+            snapshot if snapshot is not None else Interrupted(), items, options.marker
+        )
+        settings = prepared.source.effective_settings()
+        cwd = options.cwd or settings.get("cwd")
+        model = options.model or settings.get("model")
+        child_id = uuid7()
+        meta: dict[str, Any] = {
+            "id": child_id,
+            "session_id": child_id,
+            "timestamp": now_iso(),
+            "cwd": cwd,
+            "originator": "tutti_agent",
+            "cli_version": __version__,
+            "source": "appServer",
+            "model_provider": settings.get("model_provider"),
+            "model": model,
+            "forked_from_id": prepared.source_thread_id,
+        }
+        settings_item = RolloutItem(
+            LineType.EVENT_MSG,
+            {
+                "type": "thread_settings_applied",
+                "thread_id": child_id,
+                "thread_settings": {"cwd": cwd, "model": model},
+            },
+        )
+        if options.persistence == ForkPersistence.COPIED:
+            body = [it for it in forked if it.type != LineType.SESSION_META]
+            # Settings after the copied prefix: a cold resume reads the child's own settings.
+            lines = [*body, settings_item]
+            first_ordinal = 0
+        else:
+            if isinstance(snapshot, TruncateBeforeNthUserMessage):
+                end, appended = len(forked), []
+            else:
+                end, appended = len(items), forked[len(items) :]
+            base = prepared.source.position_at(end)
+            first_ordinal = base.end_ordinal_exclusive if base is not None else 0
+            meta["forked_from_ordinal_exclusive"] = first_ordinal
+            meta["history_base"] = base.to_json() if base is not None else None
+            # Referenced: the inherited prefix stays in the ancestor; only the child's own
+            # settings and boundary items are written here.
+            lines = [settings_item, *appended]
+        writer = self.store.create_rollout(child_id, meta, first_ordinal=first_ordinal)
+        try:
+            for item in lines:
+                writer.append(item)
+            writer.close()
+            self.hooks.after_child_write(child_id)
+            child = self.store.load(child_id)  # prove the child readable on its own
+        except BaseException as exc:
+            # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
+            writer.close()
+            remove_file_durably(writer.path)
+            if isinstance(exc, AppServerError):
+                raise
+            raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
+        return ForkResult(child=child, prepared_end=prepared.end_ordinal_exclusive)
+
+
+def parse_snapshot(raw: object) -> ForkSnapshot | None:
+    """Wire form: absent/"interrupted"/{type: "interrupted"} or
+    {type: "truncateBeforeNthUserMessage", n}."""
+    if raw is None:
+        return None
+    kind = raw if isinstance(raw, str) else raw.get("type") if isinstance(raw, Mapping) else None
+    if kind == "interrupted":
+        return Interrupted()
+    if kind == "truncateBeforeNthUserMessage" and isinstance(raw, Mapping):
+        n = raw.get("n")
+        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+            return TruncateBeforeNthUserMessage(n)
+    raise InvalidParams(f"invalid snapshot: {raw!r}")

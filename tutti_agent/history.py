@@ -1,0 +1,376 @@
+"""History semantics of seed 004 §2, §4-§6: turns rebuilt from rollout items, the snapshot
+turn state, Nth-user-message truncation and the Interrupted boundary.
+
+Pure functions over `RolloutItem` sequences; nothing here touches files, so the fork code
+and the property tests exercise exactly the same rules."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tutti_agent.rollout import LineType, RolloutItem
+
+# Model-visible text of the marker a live interrupt records (observed in Codex 0.171).
+TURN_ABORTED_MARKER_TEXT = (
+    "<turn_aborted>\nThe user interrupted the previous turn on purpose. Any running unified "
+    "exec processes may still be running in the background. If any tools/commands were "
+    "aborted, they may have partially executed.\n</turn_aborted>"
+)
+
+# Harness-injected user-role fragments: model-visible, but never a user turn (seed 004 §5).
+CONTEXTUAL_USER_PREFIXES = (
+    "<environment_context>",
+    "<user_instructions>",
+    "# AGENTS.md instructions",
+    "<turn_aborted>",
+    "<user_shell_command>",
+    "<subagent_notification>",
+    "<skill>",
+)
+
+MODEL_VISIBLE_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output"})
+
+
+class TurnStatus(StrEnum):
+    COMPLETED = "completed"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+    IN_PROGRESS = "inProgress"
+
+
+class InterruptedMarker(StrEnum):
+    """Which model-visible marker precedes `turn_aborted` when a snapshot is closed."""
+
+    CONTEXTUAL_USER = "contextualUser"  # a `<turn_aborted>` user-role fragment (default)
+    DEVELOPER = "developer"  # the Multi-agent V2 variant: a developer-role message
+    DISABLED = "disabled"  # no marker; the `turn_aborted` event is still appended
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateBeforeNthUserMessage:
+    """Keep history strictly before the n-th (0-based) *real* user message.
+
+    In range: cut right before that message. `n` equal to or beyond the count: the whole
+    history when it ends at a stable boundary; when it ends mid-turn, cut at the active
+    turn's explicit start (or, for legacy history without lifecycle events, at the last
+    user message), dropping only the unfinished suffix. An empty result is a new history.
+    """
+
+    n: int
+
+
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """Snapshot as if the source were interrupted now, without interrupting it.
+
+    At a terminal boundary nothing is added. Mid-turn, the marker (if enabled) and a
+    `turn_aborted(interrupted)` event are appended; an explicit turn id is kept, a legacy
+    turn gets none. A re-fork of such a snapshot sees the terminal event and adds nothing.
+    """
+
+
+ForkSnapshot = TruncateBeforeNthUserMessage | Interrupted
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotTurnState:
+    ends_mid_turn: bool = False
+    active_turn_id: str | None = None
+    active_turn_started_at: int | None = None
+    active_turn_start_index: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """A turn as rebuilt from history; indices are positions in the item sequence."""
+
+    id: str | None
+    status: TurnStatus
+    items: tuple[Mapping[str, Any], ...]
+    error: str | None
+    started_at: int | None
+    completed_at: int | None
+    duration_ms: int | None
+    start_index: int | None  # the task_started item; None for legacy turns
+    end_index: int | None  # exclusive end after the terminal event; None while in progress
+    explicit: bool
+
+
+def message_text(payload: Mapping[str, Any]) -> str:
+    parts = payload.get("content") or []
+    return "".join(
+        str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and "text" in p
+    )
+
+
+def is_contextual_user_text(text: str) -> bool:
+    return text.lstrip().startswith(CONTEXTUAL_USER_PREFIXES)
+
+
+def is_real_user_message(item: RolloutItem) -> bool:
+    if item.type != LineType.RESPONSE_ITEM:
+        return False
+    p = item.payload
+    if p.get("type") != "message" or p.get("role") != "user":
+        return False
+    return not is_contextual_user_text(message_text(p))
+
+
+def user_message_positions(items: Sequence[RolloutItem]) -> list[int]:
+    return [i for i, item in enumerate(items) if is_real_user_message(item)]
+
+
+def is_terminal_event(item: RolloutItem) -> bool:
+    return item.event_type in ("task_complete", "turn_aborted")
+
+
+@dataclass(slots=True)
+class _OpenTurn:
+    id: str | None
+    explicit: bool
+    start_index: int | None
+    started_at: int | None
+    items: list[Mapping[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    status: TurnStatus = TurnStatus.IN_PROGRESS
+
+
+class ThreadHistoryBuilder:
+    """Reduces rollout items into turns, tracking the active (unfinished) turn."""
+
+    def __init__(self) -> None:
+        self._turns: list[TurnRecord] = []
+        self._active: _OpenTurn | None = None
+
+    def handle(self, index: int, item: RolloutItem) -> None:
+        ev = item.event_type
+        p = item.payload
+        if ev == "task_started":
+            if self._active is not None:
+                # A new start without a terminal event: the old task died (crash); it can
+                # never resume, so it projects as interrupted, ending where the new one starts.
+                self._close(TurnStatus.INTERRUPTED, index, None, None)
+            self._active = _OpenTurn(
+                id=_str_or_none(p.get("turn_id")),
+                explicit=p.get("turn_id") is not None,
+                start_index=index,
+                started_at=_int_or_none(p.get("started_at")),
+            )
+        elif ev == "item_completed":
+            self._ensure_legacy_turn()
+            assert self._active is not None
+            self._active.items.append(p.get("item") or {})
+        elif ev == "error":
+            if self._active is not None:
+                self._active.error = str(p.get("message", ""))
+                self._active.status = TurnStatus.FAILED
+        elif ev == "task_complete":
+            if self._active is not None:
+                status = (
+                    TurnStatus.FAILED if self._active.error is not None else TurnStatus.COMPLETED
+                )
+                self._close(
+                    status,
+                    index + 1,
+                    _int_or_none(p.get("completed_at")),
+                    _int_or_none(p.get("duration_ms")),
+                )
+        elif ev == "turn_aborted":
+            if self._active is not None:
+                self._close(
+                    TurnStatus.INTERRUPTED,
+                    index + 1,
+                    _int_or_none(p.get("completed_at")),
+                    _int_or_none(p.get("duration_ms")),
+                )
+        elif is_real_user_message(item) and self._active is None:
+            # Legacy history: no lifecycle events, a user message opens an implicit turn.
+            self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
+
+    def _ensure_legacy_turn(self) -> None:
+        if self._active is None:
+            self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
+
+    def _close(
+        self, status: TurnStatus, end: int, completed_at: int | None, duration_ms: int | None
+    ) -> None:
+        t = self._active
+        assert t is not None
+        self._turns.append(
+            TurnRecord(
+                id=t.id,
+                status=status,
+                items=tuple(t.items),
+                error=t.error,
+                started_at=t.started_at,
+                completed_at=completed_at,
+                duration_ms=duration_ms,
+                start_index=t.start_index,
+                end_index=end,
+                explicit=t.explicit,
+            )
+        )
+        self._active = None
+
+    def has_active_turn(self) -> bool:
+        return self._active is not None
+
+    def active_turn_id_if_explicit(self) -> str | None:
+        if self._active is not None and self._active.explicit:
+            return self._active.id
+        return None
+
+    def active_turn_snapshot(self) -> TurnRecord | None:
+        t = self._active
+        if t is None:
+            return None
+        return TurnRecord(
+            id=t.id,
+            status=t.status,
+            items=tuple(t.items),
+            error=t.error,
+            started_at=t.started_at,
+            completed_at=None,
+            duration_ms=None,
+            start_index=t.start_index,
+            end_index=None,
+            explicit=t.explicit,
+        )
+
+    def active_turn_start_index(self) -> int | None:
+        return self._active.start_index if self._active is not None else None
+
+    def turns(self) -> list[TurnRecord]:
+        active = self.active_turn_snapshot()
+        return [*self._turns, active] if active is not None else list(self._turns)
+
+
+def build_turns(items: Sequence[RolloutItem]) -> list[TurnRecord]:
+    builder = ThreadHistoryBuilder()
+    for i, item in enumerate(items):
+        builder.handle(i, item)
+    return builder.turns()
+
+
+def snapshot_turn_state(items: Sequence[RolloutItem]) -> SnapshotTurnState:
+    """Describe the persisted snapshot only: explicit lifecycle first, legacy fallback after."""
+    builder = ThreadHistoryBuilder()
+    for i, item in enumerate(items):
+        builder.handle(i, item)
+    active_id = builder.active_turn_id_if_explicit()
+    if builder.has_active_turn() and active_id is not None:
+        snap = builder.active_turn_snapshot()
+        if snap is not None and snap.status != TurnStatus.IN_PROGRESS:
+            # The reducer already reached a terminal status: residual structure is not mid-turn.
+            return SnapshotTurnState()
+        return SnapshotTurnState(
+            ends_mid_turn=True,
+            active_turn_id=active_id,
+            active_turn_started_at=snap.started_at if snap else None,
+            active_turn_start_index=builder.active_turn_start_index(),
+        )
+    positions = user_message_positions(items)
+    if not positions:
+        return SnapshotTurnState()
+    last = positions[-1]
+    # Legacy/synthetic history: mid-turn iff no terminal event follows the last user message.
+    return SnapshotTurnState(
+        ends_mid_turn=not any(is_terminal_event(it) for it in items[last + 1 :])
+    )
+
+
+def truncate_before_nth_user_message(
+    items: Sequence[RolloutItem], n: int, state: SnapshotTurnState
+) -> list[RolloutItem]:
+    positions = user_message_positions(items)
+    if state.ends_mid_turn and n >= len(positions):
+        cut = state.active_turn_start_index
+        if cut is None and positions:
+            cut = positions[-1]
+        return list(items[:cut]) if cut is not None else list(items)
+    if n < len(positions):
+        return list(items[: positions[n]])
+    return list(items)
+
+
+def interrupted_marker_item(marker: InterruptedMarker) -> RolloutItem | None:
+    if marker == InterruptedMarker.DISABLED:
+        return None
+    role = "developer" if marker == InterruptedMarker.DEVELOPER else "user"
+    return RolloutItem(
+        LineType.RESPONSE_ITEM,
+        {
+            "type": "message",
+            "role": role,
+            "content": [{"type": "input_text", "text": TURN_ABORTED_MARKER_TEXT}],
+        },
+    )
+
+
+def turn_aborted_item(
+    turn_id: str | None,
+    started_at: int | None,
+    *,
+    completed_at: int | None = None,
+    duration_ms: int | None = None,
+) -> RolloutItem:
+    return RolloutItem(
+        LineType.EVENT_MSG,
+        {
+            "type": "turn_aborted",
+            "turn_id": turn_id,
+            "reason": "interrupted",
+            "started_at": started_at,
+            "completed_at": completed_at,
+            "duration_ms": duration_ms,
+        },
+    )
+
+
+def append_interrupted_boundary(
+    items: Sequence[RolloutItem],
+    turn_id: str | None,
+    started_at: int | None,
+    marker: InterruptedMarker,
+) -> list[RolloutItem]:
+    """Close a child snapshot: marker (optional) strictly before the TurnAborted event."""
+    out = list(items)
+    marker_item = interrupted_marker_item(marker)
+    if marker_item is not None:
+        out.append(marker_item)
+    out.append(turn_aborted_item(turn_id, started_at))
+    return out
+
+
+def fork_history_from_snapshot(
+    snapshot: ForkSnapshot, items: Sequence[RolloutItem], marker: InterruptedMarker
+) -> list[RolloutItem]:
+    state = snapshot_turn_state(items)
+    if isinstance(snapshot, TruncateBeforeNthUserMessage):
+        return truncate_before_nth_user_message(items, snapshot.n, state)
+    if state.ends_mid_turn:
+        # Only the child snapshot is closed; the source gets no interrupt.
+        return append_interrupted_boundary(
+            items, state.active_turn_id, state.active_turn_started_at, marker
+        )
+    return list(items)
+
+
+def model_context(items: Sequence[RolloutItem]) -> list[Mapping[str, Any]]:
+    """The Responses-API `input` a model sees for this history (response items, in order)."""
+    return [
+        it.payload
+        for it in items
+        if it.type == LineType.RESPONSE_ITEM and it.payload.get("type") in MODEL_VISIBLE_TYPES
+    ]
+
+
+def _int_or_none(v: object) -> int | None:
+    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+def _str_or_none(v: object) -> str | None:
+    return str(v) if v is not None else None

@@ -1,0 +1,328 @@
+"""Thread store: rollout lineage resolution, source reservations and deletion.
+
+A thread's logical history is its own rollout segment preceded, for a Referenced fork, by
+the ancestor prefix named by `history_base`; this module resolves that chain (rejecting
+cycles, missing files and mismatched metadata) and guards deletion (seed 004 §9-§10)."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tutti_agent.errors import (
+    LineageError,
+    NoRolloutFound,
+    ThreadReferenced,
+    ThreadReserved,
+)
+from tutti_agent.rollout import (
+    LineType,
+    RolloutItem,
+    RolloutLine,
+    RolloutWriter,
+    find_rollout_path,
+    fsync_dir,
+    iter_rollout_paths,
+    new_rollout_path,
+    read_rollout,
+    thread_id_of_path,
+)
+
+_HEADER_EVENTS = frozenset({"thread_settings_applied"})
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryPosition:
+    """A frozen physical upper bound into one rollout: `[0, end_ordinal_exclusive)`."""
+
+    thread_id: str
+    end_ordinal_exclusive: int
+    end_byte_offset: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "thread_id": self.thread_id,
+            "end_ordinal_exclusive": self.end_ordinal_exclusive,
+            "end_byte_offset": self.end_byte_offset,
+        }
+
+    @staticmethod
+    def from_json(raw: object, owner: str) -> HistoryPosition:
+        if not isinstance(raw, Mapping):
+            raise LineageError(owner, "malformed history_base")
+        try:
+            return HistoryPosition(
+                str(raw["thread_id"]),
+                int(raw["end_ordinal_exclusive"]),
+                int(raw["end_byte_offset"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            raise LineageError(owner, "malformed history_base") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """The lines of one physical rollout inside a logical history."""
+
+    thread_id: str
+    path: Path
+    first_ordinal: int
+    length: int
+    content_start: int  # first ordinal after the header lines (session_meta, settings)
+    base: HistoryPosition | None
+
+    @property
+    def end_ordinal(self) -> int:
+        return self.first_ordinal + self.length
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHistory:
+    """A thread's full logical history, ordinals contiguous from 0 across its segments."""
+
+    thread_id: str
+    path: Path
+    meta: Mapping[str, Any]
+    lines: tuple[RolloutLine, ...]
+    segments: tuple[Segment, ...]
+
+    @property
+    def items(self) -> list[RolloutItem]:
+        return [line.item for line in self.lines]
+
+    @property
+    def own_segment(self) -> Segment:
+        return self.segments[-1]
+
+    @property
+    def next_ordinal(self) -> int:
+        return len(self.lines)
+
+    @property
+    def forked_from_id(self) -> str | None:
+        v = self.meta.get("forked_from_id")
+        return str(v) if v is not None else None
+
+    @property
+    def history_base(self) -> HistoryPosition | None:
+        return self.own_segment.base
+
+    def effective_settings(self) -> dict[str, Any]:
+        """cwd/model as last applied: the child's own settings win over the ancestors'."""
+        settings: dict[str, Any] = {
+            "cwd": self.meta.get("cwd"),
+            "model": self.meta.get("model"),
+            "model_provider": self.meta.get("model_provider"),
+        }
+        for line in self.lines:
+            if line.item.event_type == "thread_settings_applied":
+                ts = line.item.payload.get("thread_settings") or {}
+                settings["cwd"] = ts.get("cwd", settings["cwd"])
+                settings["model"] = ts.get("model", settings["model"])
+        return settings
+
+    def position_at(self, end_ordinal_exclusive: int) -> HistoryPosition | None:
+        """The physical position of a logical boundary (seed 004 §9).
+
+        A boundary at (or inside the header of) a segment's start falls back to the previous
+        segment's end, so a reference never points at an empty prefix of a segment."""
+        if end_ordinal_exclusive <= 0:
+            return None
+        last = end_ordinal_exclusive - 1
+        for seg in self.segments:
+            if seg.first_ordinal <= last < seg.end_ordinal:
+                if end_ordinal_exclusive <= seg.content_start:
+                    return seg.base
+                line = self.lines[last]
+                return HistoryPosition(seg.thread_id, end_ordinal_exclusive, line.end_byte_offset)
+        raise ValueError(f"boundary {end_ordinal_exclusive} beyond history of {self.thread_id}")
+
+
+class Reservation:
+    """Keeps a source undeletable while a fork that depends on it is being prepared."""
+
+    def __init__(self, store: ThreadStore, thread_id: str) -> None:
+        self._store = store
+        self.thread_id = thread_id
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._store._release(self.thread_id)
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+
+class ThreadStore:
+    """All rollouts under one `TUTTI_AGENT_HOME`; safe to share between threads."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._cond = threading.Condition()
+        self._reservations: dict[str, int] = {}
+
+    # -- files ------------------------------------------------------------------------
+    def create_rollout(
+        self, thread_id: str, meta: Mapping[str, Any], *, first_ordinal: int = 0
+    ) -> RolloutWriter:
+        path = new_rollout_path(self.home, thread_id)
+        writer = RolloutWriter(path, first_ordinal, create=True)
+        writer.append(RolloutItem(LineType.SESSION_META, dict(meta)))
+        return writer
+
+    def open_writer(self, history: ThreadHistory) -> RolloutWriter:
+        return RolloutWriter(history.path, history.next_ordinal, create=False)
+
+    def path_of(self, thread_id: str) -> Path:
+        path = find_rollout_path(self.home, thread_id)
+        if path is None:
+            raise NoRolloutFound(thread_id)
+        return path
+
+    def exists(self, thread_id: str) -> bool:
+        return find_rollout_path(self.home, thread_id) is not None
+
+    # -- lineage ----------------------------------------------------------------------
+    def load(self, thread_id: str) -> ThreadHistory:
+        """Resolve the full logical history; a missing own rollout is `NoRolloutFound`."""
+        path = find_rollout_path(self.home, thread_id)
+        if path is None:
+            raise NoRolloutFound(thread_id)
+        return self._load(thread_id, path, frozenset())
+
+    def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
+        if thread_id in visiting:
+            raise LineageError(thread_id, "lineage cycle")
+        own = read_rollout(path)
+        if not own or own[0].item.type != LineType.SESSION_META:
+            raise LineageError(thread_id, "rollout does not start with session_meta")
+        meta = own[0].item.payload
+        if str(meta.get("id")) != thread_id:
+            raise LineageError(thread_id, "session_meta id does not match the rollout")
+        base = (
+            HistoryPosition.from_json(meta["history_base"], thread_id)
+            if meta.get("history_base") is not None
+            else None
+        )
+        first = base.end_ordinal_exclusive if base is not None else 0
+        if own[0].ordinal != first:
+            raise LineageError(thread_id, "first ordinal does not match history_base")
+        for expected, line in enumerate(own, start=first):
+            if line.ordinal != expected:
+                raise LineageError(thread_id, f"ordinal gap at {expected}")
+        segment = Segment(
+            thread_id=thread_id,
+            path=path,
+            first_ordinal=first,
+            length=len(own),
+            content_start=first + _header_length(own),
+            base=base,
+        )
+        if base is None:
+            return ThreadHistory(thread_id, path, meta, tuple(own), (segment,))
+        parent_path = find_rollout_path(self.home, base.thread_id)
+        if parent_path is None:
+            raise LineageError(base.thread_id, "missing source rollout")
+        parent = self._load(base.thread_id, parent_path, visiting | {thread_id})
+        seg = parent.own_segment
+        end = base.end_ordinal_exclusive
+        if not (seg.first_ordinal < end <= seg.end_ordinal):
+            # Past the source's durable end, or into an ancestor's range: the reference
+            # would cover the wrong physical lines.
+            raise LineageError(base.thread_id, "history_base outside the source segment")
+        if parent.lines[end - 1].end_byte_offset != base.end_byte_offset:
+            raise LineageError(base.thread_id, "history_base byte offset does not match")
+        return ThreadHistory(
+            thread_id,
+            path,
+            meta,
+            parent.lines[:end] + tuple(own),
+            (*parent.segments, segment),
+        )
+
+    # -- reservations and deletion ----------------------------------------------------
+    def reserve(self, thread_id: str) -> Reservation:
+        with self._cond:
+            self._reservations[thread_id] = self._reservations.get(thread_id, 0) + 1
+        return Reservation(self, thread_id)
+
+    def _release(self, thread_id: str) -> None:
+        with self._cond:
+            left = self._reservations.get(thread_id, 0) - 1
+            if left <= 0:
+                self._reservations.pop(thread_id, None)
+            else:
+                self._reservations[thread_id] = left
+            self._cond.notify_all()
+
+    def is_reserved(self, thread_id: str) -> bool:
+        with self._cond:
+            return self._reservations.get(thread_id, 0) > 0
+
+    def referencing_children(self, thread_id: str) -> list[str]:
+        """Rollouts whose durable `history_base` points into this thread's file."""
+        children = []
+        for path in iter_rollout_paths(self.home):
+            meta = _first_meta(path)
+            base = meta.get("history_base") if meta else None
+            if isinstance(base, Mapping) and base.get("thread_id") == thread_id:
+                children.append(thread_id_of_path(path))
+        return children
+
+    def delete(self, thread_id: str, *, wait_s: float = 0.0) -> None:
+        """Delete a rollout; waits up to `wait_s` for reservations, then refuses.
+
+        A reservation or a durable Referenced child both protect the source: deleting it
+        would cut the child's logical history."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while self._reservations.get(thread_id, 0) > 0:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ThreadReserved(thread_id)
+                self._cond.wait(remaining)
+            path = self.path_of(thread_id)
+            if self.referencing_children(thread_id):
+                raise ThreadReferenced(thread_id)
+            path.unlink()
+            fsync_dir(path.parent)
+
+
+def _header_length(lines: Sequence[RolloutLine]) -> int:
+    n = 1  # session_meta
+    while n < len(lines) and lines[n].item.event_type in _HEADER_EVENTS:
+        n += 1
+    return n
+
+
+def _first_meta(path: Path) -> Mapping[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            first = f.readline()
+        obj = json.loads(first)
+    except (OSError, ValueError):
+        return None
+    payload = obj.get("payload") if isinstance(obj, dict) else None
+    return payload if isinstance(payload, Mapping) else None
+
+
+def iter_thread_ids(home: Path) -> Iterator[str]:
+    for path in iter_rollout_paths(home):
+        yield thread_id_of_path(path)
+
+
+def remove_file_durably(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)

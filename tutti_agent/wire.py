@@ -1,0 +1,82 @@
+"""Codex app-server v2 shapes of Thread and Turn, projected from a thread's history.
+
+Only the projection lives here; the JSON-RPC envelope is in server.py and the semantics
+of turns in history.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from tutti_agent import __version__
+from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
+from tutti_agent.store import ThreadHistory
+
+
+def turn_to_wire(turn: TurnRecord, index: int = 0) -> dict[str, Any]:
+    turn_id = turn.id if turn.id is not None else f"legacy-turn-{index}"
+    return {
+        "id": turn_id,
+        "rootTurnId": turn_id,
+        "items": [dict(item) for item in turn.items],
+        "itemsView": "full",
+        "status": str(turn.status),
+        "error": {"message": turn.error} if turn.error is not None else None,
+        "startedAt": turn.started_at,
+        "completedAt": turn.completed_at,
+        "durationMs": turn.duration_ms,
+    }
+
+
+def turns_to_wire(history: ThreadHistory) -> list[dict[str, Any]]:
+    return [turn_to_wire(t, i) for i, t in enumerate(build_turns(history.items))]
+
+
+def preview(history: ThreadHistory) -> str:
+    for line in history.lines:
+        if is_real_user_message(line.item):
+            return message_text(line.item.payload)[:200]
+    return ""
+
+
+def _unix(ts: object) -> int | None:
+    if not isinstance(ts, str):
+        return None
+    try:
+        return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp())
+    except ValueError:
+        return None
+
+
+def thread_to_wire(
+    history: ThreadHistory, *, status: str, include_turns: bool
+) -> dict[str, Any]:
+    meta: Mapping[str, Any] = history.meta
+    settings = history.effective_settings()
+    created = _unix(meta.get("timestamp"))
+    try:
+        updated = int(os.stat(history.path).st_mtime)
+    except OSError:
+        updated = created
+    return {
+        "id": history.thread_id,
+        "sessionId": history.thread_id,
+        "forkedFromId": history.forked_from_id,
+        "parentThreadId": None,
+        "preview": preview(history),
+        "ephemeral": False,
+        "historyMode": "paginated",
+        "modelProvider": settings.get("model_provider"),
+        "model": settings.get("model"),
+        "createdAt": created,
+        "updatedAt": updated,
+        "status": {"type": status},
+        "path": str(history.path),
+        "cwd": settings.get("cwd"),
+        "cliVersion": meta.get("cli_version", __version__),
+        "source": meta.get("source", "appServer"),
+        "name": None,
+        "turns": turns_to_wire(history) if include_turns else [],
+    }
