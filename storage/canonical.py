@@ -705,8 +705,8 @@ class CanonicalStore(StoreBase):
         self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
     ) -> tuple[list[Turn], int | None]:
         """Turns after `after_sequence` in order; `next_sequence` is set when more remain."""
-        if not 1 <= limit <= 1000:
-            raise InvalidArgument("limit", "limit must be between 1 and 1000")
+        if not 1 <= limit <= 100_000:
+            raise InvalidArgument("limit", "limit must be between 1 and 100000")
         with self._read() as conn:
             require_session(conn, ws, sid)
             rows = conn.execute(

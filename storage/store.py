@@ -10,9 +10,10 @@ from pathlib import Path
 
 from storage.base import Clock
 from storage.canonical import CanonicalStore
+from storage.fork_operations import ForkStore
 
 
-class Store(CanonicalStore):
+class Store(CanonicalStore, ForkStore):
     """The canonical store (see docs/design/store.md)."""
 
     @classmethod

@@ -1,0 +1,194 @@
+"""Deterministic child identities and the reference-safe rewrite of cloned history (law 5).
+
+Child ids are uuid5 over "v1|operation|workspace|source|target|entity_kind|source_id", so a
+replayed commit yields the same ids; payload references are rewritten only through a closed
+allowlist, and anything that looks like a typed reference but is not on it fails closed.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from storage.errors import ForkConflict
+
+# Fixed forever: changing it would change every child id a replay computes (law 5).
+IDENTITY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "agenthost:fork-identity")
+IDENTITY_RULE_VERSION = "v1"
+
+
+class EntityKind(StrEnum):
+    TURN = "turn"
+    MESSAGE = "message"
+    INTERACTION = "interaction"
+
+
+# The closed allowlist of typed payload references (docs/design/store.md, "Identity remap").
+REFERENCE_KEYS: Mapping[str, EntityKind] = {
+    "replyToMessageId": EntityKind.MESSAGE,
+    "toolCallMessageId": EntityKind.MESSAGE,
+    "parentMessageId": EntityKind.MESSAGE,
+    "turnId": EntityKind.TURN,
+    "interactionId": EntityKind.INTERACTION,
+}
+
+# Looks like a canonical typed reference: `messageId`, `fooMessageId`, `turnId`, `xTurnId`, ...
+_TYPED_KEY = re.compile(r"^(?:[a-z][A-Za-z0-9]*)?(?:MessageId|TurnId|InteractionId|messageId)$")
+# Provider and source lineage is deliberately left untouched (seed 000 §5).
+_LINEAGE_PREFIXES = ("provider", "source")
+REF_MARKER = "$ref"
+
+
+class ForkReferenceReason(StrEnum):
+    DANGLING_REFERENCE = "dangling_reference"
+    UNKNOWN_TYPED_REFERENCE = "unknown_typed_reference"
+    MALFORMED_REFERENCE = "malformed_reference"
+    DUPLICATE_KEY = "duplicate_key"
+    NON_INJECTIVE_MAPPING = "non_injective_mapping"
+
+
+class ForkReferenceError(ForkConflict):
+    """The cloned history cannot be rewritten safely; `params.forkReferenceError` says why."""
+
+    def __init__(self, reason: ForkReferenceReason, message: str) -> None:
+        super().__init__(message, params={"forkReferenceError": reason.value})
+        self.reference_reason = reason
+
+
+def child_id(
+    operation_id: str,
+    workspace_id: str,
+    source_session_id: str,
+    target_session_id: str,
+    kind: EntityKind,
+    source_id: str,
+) -> str:
+    name = "|".join(
+        (
+            IDENTITY_RULE_VERSION,
+            operation_id,
+            workspace_id,
+            source_session_id,
+            target_session_id,
+            kind.value,
+            source_id,
+        )
+    )
+    return str(uuid.uuid5(IDENTITY_NAMESPACE, name))
+
+
+@dataclass(frozen=True, slots=True)
+class IdentityMap:
+    """source id → child id per entity kind; built once per commit, checked injective."""
+
+    turns: Mapping[str, str]
+    messages: Mapping[str, str]
+    interactions: Mapping[str, str]
+
+    def for_kind(self, kind: EntityKind) -> Mapping[str, str]:
+        if kind is EntityKind.TURN:
+            return self.turns
+        if kind is EntityKind.MESSAGE:
+            return self.messages
+        return self.interactions
+
+
+def build_identity_map(
+    operation_id: str,
+    workspace_id: str,
+    source_session_id: str,
+    target_session_id: str,
+    turn_ids: Iterable[str],
+    message_ids: Iterable[str],
+    interaction_ids: Iterable[str],
+) -> IdentityMap:
+    """Map every source id; a duplicate source id or a colliding child id fails closed."""
+    seen_targets: set[str] = set()
+    maps: list[dict[str, str]] = []
+    for kind, ids in (
+        (EntityKind.TURN, turn_ids),
+        (EntityKind.MESSAGE, message_ids),
+        (EntityKind.INTERACTION, interaction_ids),
+    ):
+        mapping: dict[str, str] = {}
+        for source_id in ids:
+            if source_id in mapping:
+                raise ForkReferenceError(
+                    ForkReferenceReason.DUPLICATE_KEY, f"duplicate {kind} id {source_id!r}"
+                )
+            target = child_id(
+                operation_id, workspace_id, source_session_id, target_session_id, kind, source_id
+            )
+            if target in seen_targets:
+                raise ForkReferenceError(
+                    ForkReferenceReason.NON_INJECTIVE_MAPPING,
+                    f"child id {target} would be produced twice",
+                )
+            seen_targets.add(target)
+            mapping[source_id] = target
+        maps.append(mapping)
+    return IdentityMap(turns=maps[0], messages=maps[1], interactions=maps[2])
+
+
+def is_typed_reference_key(key: str) -> bool:
+    return bool(_TYPED_KEY.match(key)) and not key.startswith(_LINEAGE_PREFIXES)
+
+
+def remap_references(value: Any, ids: IdentityMap, *, where: str) -> Any:
+    """Return `value` with allowlisted references rewritten; fail closed on anything unsafe.
+
+    Strings are never searched (plain text, markdown and tool output stay byte-identical).
+    """
+    if isinstance(value, Mapping):
+        if REF_MARKER in value:
+            raise ForkReferenceError(
+                ForkReferenceReason.UNKNOWN_TYPED_REFERENCE, f"{where}: '$ref' is not allowlisted"
+            )
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            kind = REFERENCE_KEYS.get(key)
+            if kind is not None:
+                out[key] = _remap_one(key, item, ids.for_kind(kind), where=where)
+            elif is_typed_reference_key(key):
+                raise ForkReferenceError(
+                    ForkReferenceReason.UNKNOWN_TYPED_REFERENCE,
+                    f"{where}: typed reference {key!r} is not on the allowlist",
+                )
+            else:
+                out[key] = remap_references(item, ids, where=where)
+        return out
+    if isinstance(value, list):
+        return [remap_references(item, ids, where=where) for item in value]
+    return value
+
+
+def _remap_one(key: str, value: Any, mapping: Mapping[str, str], *, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ForkReferenceError(
+            ForkReferenceReason.MALFORMED_REFERENCE, f"{where}: {key} must be a string id"
+        )
+    target = mapping.get(value)
+    if target is None:
+        raise ForkReferenceError(
+            ForkReferenceReason.DANGLING_REFERENCE,
+            f"{where}: {key}={value!r} does not resolve inside the fork boundary",
+        )
+    return target
+
+
+def reject_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads(object_pairs_hook=...)`: a JSON object with a repeated key fails closed."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ForkReferenceError(
+                ForkReferenceReason.DUPLICATE_KEY, f"duplicate JSON key {key!r} in payload"
+            )
+        out[key] = value
+    return out
