@@ -138,6 +138,7 @@ class ApiServer:
         self._router: zmq.Socket[bytes] | None = None
         self._pub: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
+        self._loop_ident: int | None = None
         self._endpoints: list[str] = []
         self._events_endpoint = ""
         self._ipc_files: list[str] = []
@@ -215,6 +216,10 @@ class ApiServer:
         return self._send_pipe([_TAG_EVENT, topic.encode("utf-8"), payload])
 
     def _post_reply(self, token: int, frame: bytes) -> bool:
+        if threading.get_ident() == self._loop_ident:
+            # Answered during dispatch: send now, so synchronous replies on one connection
+            # keep request order and skip the pipe round trip.
+            return self._send_reply(token, frame)
         return self._send_pipe([_TAG_REPLY, token.to_bytes(8, "big"), frame])
 
     def _send_pipe(self, frames: list[bytes]) -> bool:
@@ -270,6 +275,7 @@ class ApiServer:
 
     def _run(self) -> None:
         assert self._router is not None and self._pull is not None
+        self._loop_ident = threading.get_ident()
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
@@ -347,11 +353,12 @@ class ApiServer:
             log.exception("dispatcher failed on %s %s", request.method, request.id)
             responder.error(internal_error(f"internal error handling {request.method!r}"))
 
-    def _send_reply(self, token: int, frame: bytes) -> None:
+    def _send_reply(self, token: int, frame: bytes) -> bool:
         entry = self._in_flight.pop(token, None)
         if entry is None:
-            return  # already answered with shutting_down
+            return False  # already answered with shutting_down
         self._send_now(entry[0], frame)
+        return True
 
     def _send_now(self, envelope: list[bytes], frame: bytes) -> None:
         assert self._router is not None
@@ -378,6 +385,7 @@ class ApiServer:
             for envelope, request_id in in_flight.values():
                 self._send_now(envelope, encode_error(request_id, _shutting_down()))
         finally:
+            self._loop_ident = None  # a later thread may reuse the ident
             self._close_sockets()
 
     def _close_sockets(self) -> None:
