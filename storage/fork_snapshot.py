@@ -75,16 +75,9 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
         reasons.append(ForkBoundaryReason.SOURCE_NOT_ROOT)
     if not session.provider_session_id:
         reasons.append(ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING)
+    # Most specific first: a pending Interaction or an unbound submit claim only exists while a
+    # Turn is active, so checking the Turn first would hide those reasons.
     checks = (
-        (
-            ForkBoundaryReason.SOURCE_TURN_ACTIVE,
-            "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND phase = 'active'",
-        ),
-        (
-            ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
-            "SELECT 1 FROM interactions WHERE workspace_id = ? AND session_id = ?"
-            " AND status = 'pending'",
-        ),
         (
             ForkBoundaryReason.SOURCE_GOAL_CONTROL_ACTIVE,
             "SELECT 1 FROM goal_controls WHERE workspace_id = ? AND session_id = ?"
@@ -96,9 +89,18 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
             " AND status = 'active'",
         ),
         (
+            ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
+            "SELECT 1 FROM interactions WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'pending'",
+        ),
+        (
             ForkBoundaryReason.SOURCE_SUBMIT_CLAIM_ACTIVE,
             "SELECT 1 FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
             " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_TURN_ACTIVE,
+            "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND phase = 'active'",
         ),
         (
             ForkBoundaryReason.SOURCE_FORK_ACTIVE,

@@ -1,0 +1,913 @@
+"""The store's fork contract on real SQLite files (issue 3): prepare, fence, barrier, ACK,
+transitions, commit from the frozen snapshot, deterministic remap and fail-closed references."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from store_builders import WS, new_session, settled_turn
+
+from storage import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkPrepareRequest,
+    ForkStatus,
+    ProviderForkEvidence,
+    SessionChanged,
+    Store,
+)
+from storage.canonical import SessionIdTaken
+from storage.errors import (
+    ForkAcknowledgeConflict,
+    ForkBoundaryError,
+    ForkConflict,
+    ForkInProgress,
+    ForkOperationNotFound,
+    ForkRequestConflict,
+    InvalidArgument,
+    InvalidTransition,
+    SessionNotFound,
+)
+from storage.fork_identity import ForkReferenceError
+from storage.fork_operations import ForkEvidenceRejected
+from storage.fork_snapshot import ForkSnapshotCorrupt, build_child
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def request(
+    sid: str,
+    turn_id: str,
+    *,
+    request_id: str | None = None,
+    target: str | None = None,
+    binding_mode: str = "host_copy",
+    runtime_identity: dict[str, Any] | None = None,
+) -> ForkPrepareRequest:
+    return ForkPrepareRequest(
+        source_session_id=sid,
+        request_id=request_id or f"req-{uuid.uuid4()}",
+        target_session_id=target or str(uuid.uuid4()),
+        turn_id=turn_id,
+        driver_kind="tutti-agent",
+        driver_version="0.0.10",
+        binding_mode=binding_mode,
+        runtime_identity=runtime_identity or {},
+    )
+
+
+def evidence(op: ForkOperation, **over: Any) -> ProviderForkEvidence:
+    fields: dict[str, Any] = {
+        "child_provider_session_id": f"child-of-{op.source_provider_session_id}-{op.operation_id}",
+        "provider_turn_ids": op.source_provider_turn_ids,
+        "binding_mode": op.binding_mode,
+        "receipt": {"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
+        "turn_bindings": None,
+    }
+    fields.update(over)
+    return ProviderForkEvidence(**fields)
+
+
+def run_to_commit(store: Store, op: ForkOperation, **over: Any) -> ForkOperation:
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
+    committed, changed = store.commit_fork(WS, op.operation_id)
+    assert changed
+    return committed
+
+
+@pytest.fixture
+def source(store: Store) -> tuple[str, list[str]]:
+    sid = new_session(store, title="123")
+    turns = [
+        settled_turn(store, sid, text=f"t{i}", provider_turn_id=f"p{i}").turn_id for i in (1, 2, 3)
+    ]
+    return sid, turns
+
+
+# -- prepare and commit --------------------------------------------------------------------------
+
+
+def test_through_turn_clone_is_inclusive_and_stops_at_the_selected_turn(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, created = store.prepare_fork(WS, request(sid, turns[1]))
+    assert created and op.status is ForkStatus.PREPARED and op.phase == "frozen"
+    assert op.source_provider_turn_ids == ("p1", "p2") and op.source_provider_turn_id == "p2"
+    committed = run_to_commit(store, op)
+    child_turns, _ = store.timeline(WS, op.target_session_id)
+    source_turns, _ = store.timeline(WS, sid)
+    assert [t.messages[0].text for t in child_turns] == ["t1", "t2"]
+    assert [t.sequence for t in child_turns] == [1, 2]
+    assert {t.sequence_provenance for t in child_turns} == {"fork_clone"}
+    assert [t.root_provider_turn_id for t in child_turns] == ["p1", "p2"]
+    for c, s in zip(child_turns, source_turns, strict=False):
+        assert c.turn_id != s.turn_id
+        assert [m.text for m in c.messages] == [m.text for m in s.messages]
+        assert {m.message_id for m in c.messages}.isdisjoint({m.message_id for m in s.messages})
+        # finalAssistantMessageId is rewritten to the child's own message.
+        assert c.final_assistant_message_id == c.messages[-1].message_id
+    assert committed.target_turn_id == child_turns[-1].turn_id
+    assert committed.lineage is not None
+    assert committed.lineage.source_turn_id == turns[1]
+    assert committed.lineage.target_turn_id == child_turns[-1].turn_id
+
+
+def test_child_is_an_independent_root_with_frozen_runtime_identity(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    store.set_pinned(WS, sid, True)
+    store.set_goal(WS, sid, "source goal")
+    identity = {
+        "cwd": "/prepared",
+        "settings": {"effort": "high"},
+        "runtime_context": {"driverKind": "tutti-agent", "resumeCursor": "prov-src"},
+    }
+    op, _ = store.prepare_fork(WS, request(sid, turns[0], runtime_identity=identity))
+    committed = run_to_commit(store, op)
+    child = store.get_session(WS, op.target_session_id)
+    assert child == committed.committed_session
+    assert (child.kind, child.parent_session_id, child.parent_turn_id) == ("root", None, None)
+    assert child.provider_session_id == f"child-of-prov-src-{op.operation_id}"
+    assert (child.cwd, child.settings) == ("/prepared", {"effort": "high"})
+    # A resume cursor into the source provider session must not cross the fork.
+    assert child.runtime_context == {"driverKind": "tutti-agent"}
+    assert (child.pinned, child.goal, child.active_turn_id) == (False, None, None)
+    assert child.lineage == committed.lineage
+
+
+def test_commit_replay_returns_same_result_unchanged(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[2]))
+    first = run_to_commit(store, op)
+    again, changed = store.commit_fork(WS, op.operation_id)
+    assert not changed and again == first
+    assert store.timeline(WS, op.target_session_id)[0][-1].turn_id == first.target_turn_id
+
+
+def test_child_ids_are_deterministic_from_operation_and_source_ids(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    committed = run_to_commit(store, op)
+    raw = (
+        store._conn()
+        .execute(
+            "SELECT snapshot_json, snapshot_hash FROM fork_operations WHERE operation_id = ?",
+            (op.operation_id,),
+        )
+        .fetchone()
+    )
+    from storage.fork_snapshot import load_snapshot
+
+    snapshot = load_snapshot(raw[0], raw[1])
+    plan = build_child(
+        snapshot,
+        child_provider_session_id="x",
+        binding_mode="host_copy",
+        turn_bindings=None,
+        committed_at_ms=1,
+    )
+    child_turn_ids = [t.turn_id for t in store.timeline(WS, op.target_session_id)[0]]
+    assert [r[2] for r in plan.turn_rows] == child_turn_ids
+    assert plan.lineage.target_turn_id == committed.target_turn_id
+
+
+def test_prepare_request_replay_returns_original_operation(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    req = request(sid, turns[0])
+    op, created = store.prepare_fork(WS, req)
+    again, created_again = store.prepare_fork(WS, req)
+    assert created and not created_again and again == op
+
+
+def test_same_request_id_with_different_body_is_request_conflict(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    store.prepare_fork(WS, request(sid, turns[0], request_id="same", target="t-a"))
+    with pytest.raises(ForkRequestConflict) as err:
+        store.prepare_fork(WS, request(sid, turns[1], request_id="same", target="t-a"))
+    assert err.value.reason == "agent_session_fork_request_conflict"
+
+
+def test_prepare_of_unknown_source_is_session_not_found(store: Store) -> None:
+    with pytest.raises(SessionNotFound):
+        store.prepare_fork(WS, request("nope", "turn"))
+
+
+def test_prepare_rejects_unsupported_point_kind(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    bad = request(sid, turns[0])
+    bad = ForkPrepareRequest(**{**{f: getattr(bad, f) for f in bad.__slots__}, "point_kind": "x"})
+    with pytest.raises(InvalidArgument):
+        store.prepare_fork(WS, bad)
+
+
+# -- titles and the frozen snapshot -------------------------------------------------------------
+
+
+def test_child_titles_count_non_failed_forks_of_the_source(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    first, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    assert first.target_title == "123 (2)"
+    run_to_commit(store, first)
+    store.acknowledge_fork(WS, first.operation_id)
+    failed, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    assert failed.target_title == "123 (3)"
+    store.mark_fork_failed(WS, failed.operation_id, "provider rejected")
+    second, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    assert second.target_title == "123 (3)"
+    committed = run_to_commit(store, second)
+    assert committed.committed_session is not None
+    assert committed.committed_session.title == "123 (3)"
+
+
+def test_snapshot_is_frozen_despite_later_source_title_drift(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    store.update_title(WS, sid, "renamed while forking")
+    committed = run_to_commit(store, op)
+    assert store.get_session(WS, op.target_session_id).title == "123 (2)"
+    store.update_title(WS, sid, "renamed again")
+    assert store.get_fork_operation(WS, op.operation_id) == committed
+
+
+def test_committed_projection_survives_deletion_of_the_child(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    committed = run_to_commit(store, op)
+    store.delete_session(WS, op.target_session_id)
+    got = store.get_fork_operation(WS, op.operation_id)
+    assert got.committed_session == committed.committed_session
+    assert got.lineage == committed.lineage
+
+
+def test_child_can_be_forked_again(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    committed = run_to_commit(store, op)
+    child = committed.target_session_id
+    grand, created = store.prepare_fork(WS, request(child, committed.target_turn_id or ""))
+    assert created and grand.target_title == "123 (2) (2)"
+    done = run_to_commit(store, grand)
+    assert done.lineage is not None and done.lineage.source_session_id == child
+
+
+# -- boundary reasons ----------------------------------------------------------------------------
+
+
+def _expect_boundary(store: Store, req: ForkPrepareRequest, reason: str) -> None:
+    with pytest.raises(ForkBoundaryError) as err:
+        store.prepare_fork(WS, req)
+    assert err.value.params == {"forkBoundaryReason": reason}
+    assert err.value.reason == "agent_session_fork_conflict"
+    assert store.fence_holder(WS, req.source_session_id) is None
+
+
+def test_boundary_source_not_root(store: Store) -> None:
+    sid = str(uuid.uuid4())
+    store.create_session(
+        WS, session_id=sid, provider="p", title="t", cwd="/", settings={}, kind="child"
+    )
+    store.update_runtime(WS, sid, provider_session_id="ps")
+    turn = settled_turn(store, sid)
+    _expect_boundary(store, request(sid, turn.turn_id), "source_not_root")
+
+
+def test_boundary_source_provider_session_missing(store: Store) -> None:
+    sid = new_session(store, provider_session_id=None)
+    turn = settled_turn(store, sid)
+    _expect_boundary(store, request(sid, turn.turn_id), "source_provider_session_missing")
+
+
+def test_boundary_turn_not_found_and_other_sessions_turn(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, _ = source
+    other = new_session(store)
+    foreign = settled_turn(store, other)
+    _expect_boundary(store, request(sid, "no-such-turn"), "turn_not_found")
+    _expect_boundary(store, request(sid, foreign.turn_id), "turn_not_found")
+
+
+def test_boundary_turn_not_settled(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, _ = source
+    active, _ = store.claim_submit(WS, sid, "r", "running")
+    _expect_boundary(store, request(sid, active.turn_id), "turn_not_settled")
+
+
+def test_boundary_source_turn_active(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    active, _ = store.claim_submit(WS, sid, "r", "running")
+    store.bind_provider_turn(WS, sid, active.turn_id, "p-active")  # finishes the claim
+    _expect_boundary(store, request(sid, turns[0]), "source_turn_active")
+
+
+def test_boundary_source_submit_claim_active(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    store.claim_submit(WS, sid, "r", "not yet bound")
+    _expect_boundary(store, request(sid, turns[0]), "source_submit_claim_active")
+
+
+def test_boundary_source_interaction_pending(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    active, _ = store.claim_submit(WS, sid, "r", "ask")
+    store.open_interaction(WS, sid, active.turn_id, request_id="q", kind="question", input={})
+    _expect_boundary(store, request(sid, turns[0]), "source_interaction_pending")
+
+
+def test_boundary_source_goal_control_active(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    control = store.begin_goal_control(WS, sid, "set", "g")
+    _expect_boundary(store, request(sid, turns[0]), "source_goal_control_active")
+    store.finish_goal_control(WS, control)
+    assert store.prepare_fork(WS, request(sid, turns[0]))[1]
+
+
+def test_boundary_source_runtime_operation_active(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op_id = store.begin_runtime_operation(WS, sid, "compact")
+    _expect_boundary(store, request(sid, turns[0]), "source_runtime_operation_active")
+    store.finish_runtime_operation(WS, op_id)
+    assert store.prepare_fork(WS, request(sid, turns[0]))[1]
+
+
+def test_boundary_source_fork_active_is_retryable_in_progress(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    store.prepare_fork(WS, request(sid, turns[0]))
+    with pytest.raises(ForkInProgress) as err:
+        store.prepare_fork(WS, request(sid, turns[1]))
+    assert err.value.retryable and err.value.params["forkBoundaryReason"] == "source_fork_active"
+    assert "source_fork_active" in store.fork_readiness(WS, sid, turns[1]).blocking
+
+
+def test_boundary_turn_sequence_unverified(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    # An imported (not host-assigned) sequence cannot be proven to mean the same prefix.
+    store._conn().execute(
+        "UPDATE turns SET sequence_provenance = 'imported' WHERE turn_id = ?", (turns[0],)
+    )
+    _expect_boundary(store, request(sid, turns[1]), "turn_sequence_unverified")
+
+
+def test_boundary_provider_turn_missing(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, _ = source
+    turn, _ = store.claim_submit(WS, sid, "r", "never reached the provider")
+    store.settle_turn(WS, sid, turn.turn_id, outcome="failed", error="worker down")
+    _expect_boundary(store, request(sid, turn.turn_id), "provider_turn_missing")
+
+
+@pytest.mark.parametrize(
+    ("kind", "payload"),
+    [("descendant_lane", {}), ("tool_call", {"descendantLane": {"threadId": "sub"}})],
+)
+def test_boundary_descendant_lane(store: Store, kind: str, payload: dict[str, Any]) -> None:
+    sid = new_session(store)
+    turn = settled_turn(store, sid, extra=[(kind, "lane", payload)])
+    _expect_boundary(store, request(sid, turn.turn_id), "descendant_lane_in_boundary")
+
+
+def test_boundary_session_local_attachment(store: Store) -> None:
+    sid = new_session(store)
+    local = {"attachments": [{"scope": "session_local", "path": "a.png"}]}
+    turn = settled_turn(store, sid, extra=[("user_attachment", "see", local)])
+    _expect_boundary(store, request(sid, turn.turn_id), "session_local_attachment_in_boundary")
+    # A workspace-scoped attachment is fine.
+    ok = new_session(store)
+    fine = settled_turn(store, ok, extra=[("x", "y", {"attachments": [{"scope": "workspace"}]})])
+    assert store.prepare_fork(WS, request(ok, fine.turn_id))[1]
+
+
+def test_boundary_content_after_the_selected_turn_does_not_block(store: Store) -> None:
+    sid = new_session(store)
+    first = settled_turn(store, sid)
+    settled_turn(store, sid, extra=[("descendant_lane", "later", {})])
+    assert store.prepare_fork(WS, request(sid, first.turn_id))[1]
+
+
+def test_fork_readiness_lists_blockers_without_writing(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    assert store.fork_readiness(WS, sid, turns[0]).blocking == ()
+    store.claim_submit(WS, sid, "r", "x")
+    ready = store.fork_readiness(WS, sid, turns[0])
+    assert ready.blocking == ("source_submit_claim_active", "source_turn_active")
+    assert ready.turn is not None and ready.turn.turn_id == turns[0]
+
+
+# -- target reservation --------------------------------------------------------------------------
+
+
+def test_target_id_of_existing_session_is_conflict(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    taken = new_session(store)
+    with pytest.raises(ForkConflict):
+        store.prepare_fork(WS, request(sid, turns[0], target=taken))
+    with pytest.raises(ForkConflict):
+        store.prepare_fork(WS, request(sid, turns[0], target=sid))
+
+
+def test_target_reservation_blocks_create_and_is_released_only_by_failure(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0], target="reserved-id"))
+    with pytest.raises(SessionIdTaken):
+        new_session(store, session_id="reserved-id")
+    other = new_session(store)
+    other_turn = settled_turn(store, other)
+    with pytest.raises(ForkConflict):
+        store.prepare_fork(WS, request(other, other_turn.turn_id, target="reserved-id"))
+    store.mark_fork_failed(WS, op.operation_id, "not started")
+    new_session(store, session_id="reserved-id")
+
+
+def test_unknown_operation_keeps_its_reservation(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0], target="kept"))
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_unknown(WS, op.operation_id, "timeout")
+    with pytest.raises(SessionIdTaken):
+        new_session(store, session_id="kept")
+
+
+# -- the fence -----------------------------------------------------------------------------------
+
+FENCED: dict[str, Callable[[Store, str, str], object]] = {
+    "update_settings": lambda s, sid, t: s.update_settings(WS, sid, {"x": 1}),
+    "delete_session": lambda s, sid, t: s.delete_session(WS, sid),
+    "update_runtime": lambda s, sid, t: s.update_runtime(WS, sid, model="m2"),
+    "set_goal": lambda s, sid, t: s.set_goal(WS, sid, "g"),
+    "clear_goal": lambda s, sid, t: s.clear_goal(WS, sid),
+    "begin_goal_control": lambda s, sid, t: s.begin_goal_control(WS, sid, "set", "g"),
+    "begin_runtime_operation": lambda s, sid, t: s.begin_runtime_operation(WS, sid, "k"),
+    "claim_submit": lambda s, sid, t: s.claim_submit(WS, sid, "new-request", "x"),
+    "bind_provider_turn": lambda s, sid, t: s.bind_provider_turn(WS, sid, t, "p1"),
+    "update_turn_binding": lambda s, sid, t: s.update_turn_binding(WS, sid, t, "{}"),
+    "append_message": lambda s, sid, t: s.append_message(WS, sid, t, kind="a", text="x"),
+    "open_interaction": lambda s, sid, t: s.open_interaction(
+        WS, sid, t, request_id="q", kind="question", input={}
+    ),
+    "prepare_fork_other_turn": lambda s, sid, t: s.prepare_fork(WS, request(sid, t)),
+}
+
+
+@pytest.mark.parametrize("path", sorted(FENCED))
+def test_fenced_write_fails_while_fork_is_active(
+    store: Store, source: tuple[str, list[str]], path: str
+) -> None:
+    sid, turns = source
+    store.prepare_fork(WS, request(sid, turns[1]))
+    before = store._conn().execute("SELECT total_changes()").fetchone()
+    with pytest.raises(ForkInProgress) as err:
+        FENCED[path](store, sid, turns[0])
+    assert err.value.to_wire()["reason"] == "agent_session_fork_in_progress"
+    assert store._conn().execute("SELECT total_changes()").fetchone() == before
+
+
+def test_settle_and_resolve_are_fenced_inside_the_transaction(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[2]))
+    # Simulate a turn left active by a crashed writer (only raw SQL can do this under a fence).
+    store._conn().execute(
+        "INSERT INTO turns (workspace_id, session_id, turn_id, sequence, sequence_provenance,"
+        " phase, created_at_ms) VALUES (?, ?, 'stray', 99, 'host', 'active', 0)",
+        (WS, sid),
+    )
+    with pytest.raises(ForkInProgress):
+        store.settle_turn(WS, sid, "stray", outcome="completed")
+    with pytest.raises(ForkInProgress):
+        store.resolve_interaction(WS, sid, "stray", "q", {"text": "a"})
+    assert store.get_fork_operation(WS, op.operation_id).is_active
+
+
+def test_title_and_pin_stay_writable_under_the_fence(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    store.prepare_fork(WS, request(sid, turns[0]))
+    assert store.update_title(WS, sid, "new").title == "new"
+    assert store.set_pinned(WS, sid, True).pinned
+
+
+def test_submit_replay_is_answered_under_the_fence(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    store.prepare_fork(WS, request(sid, turns[0]))
+    first = store.timeline(WS, sid)[0][0]
+    claim = (
+        store._conn()
+        .execute("SELECT request_id FROM submit_claims WHERE turn_id = ?", (first.turn_id,))
+        .fetchone()[0]
+    )
+    replay, created = store.claim_submit(WS, sid, claim, "t1")
+    assert not created and replay.turn_id == first.turn_id
+
+
+@pytest.mark.parametrize("terminal", ["failed_from_prepared", "failed", "unknown", "committed"])
+def test_each_terminal_state_releases_the_fence(
+    store: Store, source: tuple[str, list[str]], terminal: str
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    assert store.fence_holder(WS, sid) is not None
+    if terminal == "failed_from_prepared":
+        store.mark_fork_failed(WS, op.operation_id, "x")
+    elif terminal == "committed":
+        run_to_commit(store, op)
+    else:
+        store.mark_fork_dispatching(WS, op.operation_id)
+        mark = store.mark_fork_failed if terminal == "failed" else store.mark_fork_unknown
+        mark(WS, op.operation_id, "x")
+    assert store.fence_holder(WS, sid) is None
+    assert store.update_settings(WS, sid, {"after": True}).settings == {"after": True}
+
+
+# -- barrier and ACK -----------------------------------------------------------------------------
+
+
+def test_barrier_returns_original_operation_to_a_new_identity_until_ack(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    held, created = store.prepare_fork(WS, request(sid, turns[1]))
+    assert not created and held.operation_id == op.operation_id
+    committed = run_to_commit(store, op)
+    held, created = store.prepare_fork(WS, request(sid, turns[1]))
+    assert not created and held == committed  # committed but not yet observed
+    acked, changed = store.acknowledge_fork(WS, op.operation_id)
+    assert changed and acked.client_observed_at_ms is not None
+    again, changed = store.acknowledge_fork(WS, op.operation_id)
+    assert not changed and again.client_observed_at_ms == acked.client_observed_at_ms
+    branch, created = store.prepare_fork(WS, request(sid, turns[1]))
+    assert created and branch.operation_id != op.operation_id
+
+
+def test_unknown_holds_the_barrier_forever_and_cannot_be_acked(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    store.mark_fork_dispatching(WS, op.operation_id)
+    unknown, _ = store.mark_fork_unknown(WS, op.operation_id, "worker lost")
+    assert (unknown.public_status, unknown.phase) == ("unknown", "deliveryUnknown")
+    with pytest.raises(ForkAcknowledgeConflict):
+        store.acknowledge_fork(WS, op.operation_id)
+    held, created = store.prepare_fork(WS, request(sid, turns[0]))
+    assert not created and held.operation_id == op.operation_id
+    # Another boundary of the same source is not held (the fence was released).
+    assert store.prepare_fork(WS, request(sid, turns[1]))[1]
+
+
+def test_failed_releases_the_barrier(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    store.mark_fork_failed(WS, op.operation_id, "rejected")
+    with pytest.raises(ForkAcknowledgeConflict):
+        store.acknowledge_fork(WS, op.operation_id)
+    fresh, created = store.prepare_fork(WS, request(sid, turns[0]))
+    assert created and fresh.operation_id != op.operation_id
+
+
+# -- transitions and evidence --------------------------------------------------------------------
+
+
+def test_repeated_transitions_are_unchanged_and_wrong_ones_typed(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    with pytest.raises(InvalidTransition):
+        store.mark_fork_unknown(WS, op.operation_id, "x")  # prepared → unknown is not allowed
+    with pytest.raises(InvalidTransition):
+        store.commit_fork(WS, op.operation_id)
+    with pytest.raises(InvalidTransition):
+        store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    d1, c1 = store.mark_fork_dispatching(WS, op.operation_id)
+    d2, c2 = store.mark_fork_dispatching(WS, op.operation_id)
+    assert (c1, c2) == (True, False) and d1 == d2 and d1.phase == "dispatching"
+    a1, c1 = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    a2, c2 = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    assert (c1, c2) == (True, False) and a1.phase == "materializing"
+    with pytest.raises(InvalidTransition):
+        store.mark_fork_provider_accepted(
+            WS, op.operation_id, evidence(op, child_provider_session_id="another")
+        )
+    with pytest.raises(InvalidTransition):
+        store.mark_fork_failed(WS, op.operation_id, "too late")
+    with pytest.raises(InvalidTransition):
+        store.mark_fork_dispatching(WS, op.operation_id)
+    with pytest.raises(ForkOperationNotFound):
+        store.mark_fork_dispatching(WS, "missing")
+    with pytest.raises(ForkOperationNotFound):
+        store.get_fork_operation("other-workspace", op.operation_id)
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"provider_turn_ids": ("p1",)},  # truncated
+        {"provider_turn_ids": ("p2", "p1")},  # reordered
+        {"provider_turn_ids": ("p1", "p2", "p3")},  # extra
+        {"provider_turn_ids": ("p1", "p1")},  # duplicated
+        {"child_provider_session_id": ""},
+        {"child_provider_session_id": "prov-src"},
+        {"binding_mode": "provider_owned"},
+        {"receipt": {}},
+        {"receipt": {"forkedFromId": "someone-else"}},
+    ],
+)
+def test_unverifiable_provider_evidence_is_rejected_and_nothing_changes(
+    store: Store, source: tuple[str, list[str]], over: dict[str, Any]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    store.mark_fork_dispatching(WS, op.operation_id)
+    with pytest.raises(ForkEvidenceRejected) as err:
+        store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
+    assert err.value.reason == "agent_session_fork_delivery_unknown"
+    assert store.get_fork_operation(WS, op.operation_id).status is ForkStatus.DISPATCHING
+
+
+def test_provider_owned_child_gets_the_returned_turn_bindings(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[1], binding_mode="provider_owned"))
+    store.mark_fork_dispatching(WS, op.operation_id)
+    with pytest.raises(ForkEvidenceRejected):
+        store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    bindings = {turns[1]: ("child-uuid-2", '{"checkpointMessageId":"c2"}')}
+    committed = run_to_commit_from_dispatching(store, op, turn_bindings=bindings)
+    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    assert [t.root_provider_turn_id for t in child_turns] == [None, "child-uuid-2"]
+    assert child_turns[1].provider_turn_binding_json == '{"checkpointMessageId":"c2"}'
+
+
+def run_to_commit_from_dispatching(store: Store, op: ForkOperation, **over: Any) -> ForkOperation:
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
+    return store.commit_fork(WS, op.operation_id)[0]
+
+
+def test_commit_reproves_source_provider_identity(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    # The operation's provider identity no longer matches what the snapshot froze.
+    store._conn().execute(
+        "UPDATE fork_operations SET source_provider_session_id = 'swapped' WHERE operation_id = ?",
+        (op.operation_id,),
+    )
+    with pytest.raises(ForkSnapshotCorrupt):
+        store.commit_fork(WS, op.operation_id)
+    assert store.find_session(WS, op.target_session_id) is None
+
+
+def test_commit_refuses_a_snapshot_that_no_longer_matches_its_hash(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    store._conn().execute(
+        "UPDATE fork_operations SET snapshot_json = replace(snapshot_json, 't1', 'tX')"
+        " WHERE operation_id = ?",
+        (op.operation_id,),
+    )
+    with pytest.raises(ForkSnapshotCorrupt):
+        store.commit_fork(WS, op.operation_id)
+    assert store.get_fork_operation(WS, op.operation_id).status is ForkStatus.PROVIDER_ACCEPTED
+
+
+def test_commit_reads_only_the_snapshot_not_the_live_source(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    # Drift the live source behind the store's back: commit must not see it (law 4).
+    store._conn().execute("UPDATE messages SET text = 'drifted' WHERE session_id = ?", (sid,))
+    committed = run_to_commit(store, op)
+    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    assert child_turns[0].messages[0].text == "t1"
+
+
+# -- references ----------------------------------------------------------------------------------
+
+
+def test_allowlisted_references_are_rewritten_and_lineage_left_alone(store: Store) -> None:
+    sid = new_session(store)
+    first = settled_turn(store, sid, text="q")
+    user_msg = first.messages[0].message_id
+    payload = {
+        "replyToMessageId": user_msg,
+        "turnId": first.turn_id,
+        "nested": [{"parentMessageId": user_msg}],
+        "providerTurnId": "p-raw",
+        "sourceTurnId": first.turn_id,
+        "output": f"tool said {user_msg}",
+    }
+    second = settled_turn(store, sid, extra=[("tool_call", f"see {user_msg}", payload)])
+    op, _ = store.prepare_fork(WS, request(sid, second.turn_id))
+    committed = run_to_commit(store, op)
+    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    tool = child_turns[1].messages[1]
+    child_user = child_turns[0].messages[0].message_id
+    assert tool.payload["replyToMessageId"] == child_user
+    assert tool.payload["turnId"] == child_turns[0].turn_id
+    assert tool.payload["nested"] == [{"parentMessageId": child_user}]
+    # Provider/source lineage and free text are never rewritten.
+    assert tool.payload["providerTurnId"] == "p-raw"
+    assert tool.payload["sourceTurnId"] == first.turn_id
+    assert tool.payload["output"] == f"tool said {user_msg}"
+    assert tool.text == f"see {user_msg}"
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        ({"replyToMessageId": "not-in-boundary"}, "dangling_reference"),
+        ({"customMessageId": "x"}, "unknown_typed_reference"),
+        ({"messageId": "x"}, "unknown_typed_reference"),
+        ({"deep": [{"$ref": "turn:1"}]}, "unknown_typed_reference"),
+        ({"turnId": 7}, "malformed_reference"),
+    ],
+)
+def test_unsafe_references_fail_closed_at_prepare(
+    store: Store, payload: dict[str, Any], why: str
+) -> None:
+    sid = new_session(store)
+    turn = settled_turn(store, sid, extra=[("tool_call", "x", payload)])
+    with pytest.raises(ForkReferenceError) as err:
+        store.prepare_fork(WS, request(sid, turn.turn_id))
+    assert err.value.params["forkReferenceError"] == why
+    assert store.fence_holder(WS, sid) is None
+
+
+def test_reference_to_a_later_turn_is_dangling_in_the_child(store: Store) -> None:
+    sid = new_session(store)
+    first = settled_turn(store, sid)
+    later = settled_turn(store, sid)
+    store._conn().execute(
+        "UPDATE messages SET payload_json = ? WHERE message_id = ?",
+        (f'{{"replyToMessageId": "{later.messages[0].message_id}"}}', first.messages[1].message_id),
+    )
+    with pytest.raises(ForkReferenceError):
+        store.prepare_fork(WS, request(sid, first.turn_id))
+    # Through the later turn the same reference resolves.
+    assert store.prepare_fork(WS, request(sid, later.turn_id))[1]
+
+
+def test_duplicate_json_key_in_a_payload_fails_closed(store: Store) -> None:
+    sid = new_session(store)
+    turn = settled_turn(store, sid)
+    store._conn().execute(
+        'UPDATE messages SET payload_json = \'{"a": 1, "a": 2}\' WHERE message_id = ?',
+        (turn.messages[0].message_id,),
+    )
+    with pytest.raises(ForkReferenceError) as err:
+        store.prepare_fork(WS, request(sid, turn.turn_id))
+    assert err.value.params["forkReferenceError"] == "duplicate_key"
+
+
+def test_normalisation_settles_open_turns_and_supersedes_pending_interactions() -> None:
+    snapshot = {
+        "version": 1,
+        "operation_id": "op",
+        "workspace_id": WS,
+        "point": {"kind": "through_turn", "turn_id": "t1"},
+        "source": {"session_id": "s", "provider": "p", "provider_session_id": "ps", "title": "T"},
+        "target": {
+            "session_id": "c",
+            "title": "T (2)",
+            "provider": "p",
+            "model": None,
+            "cwd": "/",
+            "settings": {},
+            "runtime_context": {},
+            "rail_placement": None,
+            "visibility": "visible",
+        },
+        "provider_turn_ids": ["p1"],
+        "turns": [
+            {
+                "turn_id": "t1",
+                "sequence": 1,
+                "sequence_provenance": "host",
+                "phase": "active",
+                "outcome": None,
+                "root_provider_turn_id": "p1",
+                "provider_turn_binding_json": None,
+                "final_assistant_message_id": None,
+                "error": None,
+                "created_at_ms": 1,
+                "settled_at_ms": None,
+                "messages": [],
+                "interactions": [
+                    {
+                        "interaction_id": "i1",
+                        "request_id": "q",
+                        "kind": "question",
+                        "status": "pending",
+                        "input": {"interactionId": "i1"},
+                        "output": None,
+                    }
+                ],
+            }
+        ],
+    }
+    plan = build_child(
+        snapshot,
+        child_provider_session_id="pc",
+        binding_mode="host_copy",
+        turn_bindings=None,
+        committed_at_ms=5,
+    )
+    turn = plan.turn_rows[0]
+    assert (turn[5], turn[6], turn[12]) == ("settled", "interrupted", 5)
+    interaction = plan.interaction_rows[0]
+    assert interaction[6] == "superseded"
+    assert interaction[7] == f'{{"interactionId":"{plan.ids.interactions["i1"]}"}}'
+
+
+# -- queries and events --------------------------------------------------------------------------
+
+
+def test_recoverable_operations_page_across_workspaces_by_stable_cursor(store: Store) -> None:
+    created: list[str] = []
+    for ws in ("w1", "w2", "w3"):
+        for _ in range(3):
+            sid = new_session(store, ws)
+            turn = settled_turn(store, sid, ws)
+            op, _ = store.prepare_fork(ws, request(sid, turn.turn_id))
+            created.append(op.operation_id)
+    # Terminal ones are not recoverable.
+    store.mark_fork_failed("w2", created[3], "x")
+    seen: list[str] = []
+    cursor = None
+    while True:
+        page, cursor = store.recoverable_fork_operations(after=cursor, limit=2)
+        seen += [op.operation_id for op in page]
+        if cursor is None:
+            break
+    assert seen == [c for c in created if c != created[3]]
+
+
+def test_lineage_of_child_and_of_plain_root(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    committed = run_to_commit(store, op)
+    assert store.lineage_of(WS, sid) is None
+    assert store.lineage_of(WS, op.target_session_id) == committed.lineage
+    listed = {s.session_id: s for s in store.list_sessions(WS)[0]}
+    assert listed[op.target_session_id].lineage == committed.lineage
+
+
+def test_fork_events_follow_each_durable_step(store: Store, source: tuple[str, list[str]]) -> None:
+    sid, turns = source
+    events: list[object] = []
+    store.subscribe(events.append)
+    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    assert events == [ForkOperationChanged(WS, op.operation_id), SessionChanged(WS, sid)]
+    events.clear()
+    run_to_commit(store, op)
+    assert SessionChanged(WS, op.target_session_id) in events
+    assert events.count(ForkOperationChanged(WS, op.operation_id)) == 3
+    events.clear()
+    store.commit_fork(WS, op.operation_id)  # replay: nothing changed, nothing published
+    assert events == []
