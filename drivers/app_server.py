@@ -1,0 +1,331 @@
+"""A JSON-RPC client for Codex-style app-servers over a subprocess's stdio: newline-delimited JSON
+without a "jsonrpc" field, request/response matching, notifications, server→client requests
+(approvals, questions), timeouts and process-death detection.
+
+Shared by the tutti-agent driver and the Codex driver. It keeps the three failure kinds a fork
+must tell apart: an explicit error answer (`JsonRpcError`), a request that provably never left
+(`AppServerClosed(sent=False)`), and one whose fate is unknown (`sent=True`, `AppServerTimeout`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import subprocess
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+
+class AppServerFailure(Exception):
+    """Base of the client's failures."""
+
+
+class JsonRpcError(AppServerFailure):
+    """The server answered the request with an explicit error object."""
+
+    def __init__(self, method: str, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{method}: {message} (code {code})")
+        self.method = method
+        self.code = code
+        self.rpc_message = message
+        self.data = data
+
+
+class AppServerClosed(AppServerFailure):
+    """The process is gone or its pipe broke. `sent` says whether the request left first."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+class AppServerTimeout(AppServerFailure):
+    """The request was sent and no answer came in time (its fate is unknown)."""
+
+    sent = True
+
+
+@dataclass(frozen=True, slots=True)
+class ServerRequest:
+    """A server→client request (approval, question) that the client must answer once by id."""
+
+    id: int | str
+    method: str
+    params: Mapping[str, Any]
+
+
+NotificationHandler = Callable[[str, Mapping[str, Any]], None]
+ServerRequestHandler = Callable[[ServerRequest], None]
+ExitHandler = Callable[[str], None]
+
+
+class AppServerProcess:
+    """One app-server child process and the reader thread that demultiplexes its stdout.
+
+    Handlers run on the reader thread: they must not block and must not wait on `request`.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        cwd: str | None = None,
+        on_notification: NotificationHandler | None = None,
+        on_server_request: ServerRequestHandler | None = None,
+        on_exit: ExitHandler | None = None,
+        stderr_path: Path | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self._env = dict(env)
+        self._cwd = cwd
+        self._on_notification = on_notification
+        self._on_server_request = on_server_request
+        self._on_exit = on_exit
+        self._stderr_path = stderr_path
+        self._ids = itertools.count(1)
+        self._pending: dict[int, tuple[str, Future[dict[str, Any]]]] = {}
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        self._closed_reason: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._stderr_tail: deque[str] = deque(maxlen=20)
+        self.last_activity = time.monotonic()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        stderr: int | IO[bytes] = subprocess.DEVNULL
+        log: IO[bytes] | None = None
+        if self._stderr_path is not None:
+            self._stderr_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self._stderr_path, "ab")  # noqa: SIM115 - handed to the child
+            stderr = log
+        try:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                env=self._env,
+                cwd=self._cwd,
+            )
+        except OSError as exc:
+            raise AppServerClosed(f"cannot start {self.argv[0]}: {exc}", sent=False) from exc
+        finally:
+            if log is not None:
+                log.close()
+        self._reader = threading.Thread(
+            target=self._read_loop, name="app-server-reader", daemon=True
+        )
+        self._reader.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._closed_reason is None and self._proc is not None and self._proc.poll() is None
+
+    def initialize(
+        self, client_name: str, client_version: str, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """The handshake: `initialize` then the `initialized` notification."""
+        result = self.request(
+            "initialize",
+            {
+                "clientInfo": {
+                    "name": client_name,
+                    "title": client_name,
+                    "version": client_version,
+                },
+                "capabilities": {"experimentalApi": True},
+            },
+            timeout=timeout,
+        )
+        self.notify("initialized", {})
+        return result
+
+    def close(self, timeout: float = 3.0) -> None:
+        """Close stdin (app-servers exit on EOF), then terminate, then kill."""
+        proc = self._proc
+        if proc is None:
+            return
+        with self._write_lock:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout)
+        self._mark_closed("app-server closed by the client")
+
+    def kill(self) -> None:
+        """SIGKILL the process (tests and wedged servers); the reader reports the exit."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+
+    # ------------------------------------------------------------------ messages
+
+    def request_async(self, method: str, params: Mapping[str, Any]) -> Future[dict[str, Any]]:
+        fut: Future[dict[str, Any]] = Future()
+        req_id = next(self._ids)
+        with self._lock:
+            if self._closed_reason is not None:
+                fut.set_exception(AppServerClosed(self._closed_reason, sent=False))
+                return fut
+            self._pending[req_id] = (method, fut)
+        try:
+            self._write({"id": req_id, "method": method, "params": dict(params)})
+        except AppServerClosed as exc:
+            with self._lock:
+                self._pending.pop(req_id, None)
+            if not fut.done():
+                fut.set_exception(exc)
+        return fut
+
+    def request(
+        self, method: str, params: Mapping[str, Any], *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Send and wait. Raises `JsonRpcError`, `AppServerClosed` or `AppServerTimeout`."""
+        fut = self.request_async(method, params)
+        try:
+            return fut.result(timeout)
+        except FutureTimeout:
+            raise AppServerTimeout(f"{method}: no answer in {timeout:.1f} s") from None
+
+    def notify(self, method: str, params: Mapping[str, Any]) -> None:
+        self._write({"method": method, "params": dict(params)})
+
+    def respond(self, req_id: int | str, result: Mapping[str, Any]) -> None:
+        self._write({"id": req_id, "result": dict(result)})
+
+    def respond_error(self, req_id: int | str, code: int, message: str) -> None:
+        self._write({"id": req_id, "error": {"code": code, "message": message}})
+
+    def stderr_tail(self) -> str:
+        return "".join(self._stderr_tail)
+
+    # ------------------------------------------------------------------ internals
+
+    def _write(self, msg: Mapping[str, Any]) -> None:
+        line = (json.dumps(msg, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        with self._write_lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None or self._closed_reason is not None:
+                raise AppServerClosed(self._closed_reason or "app-server not started", sent=False)
+            try:
+                proc.stdin.write(line)
+                proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                # A broken pipe means the bytes never reached the server.
+                raise AppServerClosed(f"app-server pipe closed: {exc}", sent=False) from exc
+        self.last_activity = time.monotonic()
+
+    def _read_loop(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        stdout = self._proc.stdout
+        for raw in stdout:
+            self.last_activity = time.monotonic()
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                continue  # not a protocol line; app-servers log to stderr, but be tolerant
+            if not isinstance(msg, dict):
+                continue
+            try:
+                self._dispatch(msg)
+            except Exception:  # a handler bug must not kill the reader
+                import traceback
+
+                traceback.print_exc()
+        code = self._proc.wait()
+        self._mark_closed(f"app-server exited with status {code}")
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        method = msg.get("method")
+        if "id" in msg and method is None:
+            req_id = msg.get("id")
+            with self._lock:
+                entry = self._pending.pop(req_id, None) if isinstance(req_id, int) else None
+            if entry is None:
+                return
+            sent_method, fut = entry
+            if "error" in msg and msg["error"] is not None:
+                err = msg["error"] if isinstance(msg["error"], dict) else {}
+                fut.set_exception(
+                    JsonRpcError(
+                        sent_method,
+                        int(err.get("code", -32000)),
+                        str(err.get("message", "")),
+                        err.get("data"),
+                    )
+                )
+            else:
+                result = msg.get("result")
+                fut.set_result(result if isinstance(result, dict) else {"value": result})
+        elif isinstance(method, str) and "id" in msg:
+            params = msg.get("params")
+            request = ServerRequest(msg["id"], method, params if isinstance(params, dict) else {})
+            if self._on_server_request is not None:
+                self._on_server_request(request)
+            else:
+                with contextlib.suppress(AppServerClosed):
+                    self.respond_error(request.id, -32601, f"client cannot handle {method}")
+        elif isinstance(method, str):
+            params = msg.get("params")
+            if self._on_notification is not None:
+                self._on_notification(method, params if isinstance(params, dict) else {})
+
+    def _mark_closed(self, reason: str) -> None:
+        with self._lock:
+            if self._closed_reason is not None:
+                return
+            self._closed_reason = reason
+            pending = list(self._pending.values())
+            self._pending.clear()
+        for method, fut in pending:
+            if not fut.done():
+                # These were written to the pipe: the server may have acted on them.
+                fut.set_exception(AppServerClosed(f"{method}: {reason}", sent=True))
+        if self._on_exit is not None:
+            self._on_exit(reason)
+
+
+def private_env(
+    base: Mapping[str, str] | None,
+    home_var: str,
+    home: Path,
+    extra: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The env of a provider process: its own provider home, a private HOME and TMPDIR under it,
+    so it never reads or writes the user's real dot-directories."""
+    env = dict(os.environ if base is None else base)
+    private_home = home / ".home"
+    tmp = home / ".tmp"
+    private_home.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)
+    env[home_var] = str(home)
+    env["HOME"] = str(private_home)
+    env["TMPDIR"] = str(tmp)
+    env.update(extra or {})
+    return env
