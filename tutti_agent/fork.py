@@ -177,6 +177,8 @@ class ForkService:
 
         def run() -> None:
             try:
+                if not future.set_running_or_notify_cancel():
+                    return  # cancelled before any child write: nothing to wait for
                 result = self.materialize(prepared, options)
             except BaseException as exc:  # delivered to the waiter, never lost
                 future.set_exception(exc)
@@ -185,6 +187,8 @@ class ForkService:
             finally:
                 prepared.reservation.release()
 
+        # The thread is started only once the future exists, and marks it running first,
+        # so a caller's cancel() either prevents materialization entirely or is refused.
         threading.Thread(target=run, name=f"fork-{source_thread_id}", daemon=True).start()
         return future
 

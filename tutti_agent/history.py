@@ -169,6 +169,7 @@ class ThreadHistoryBuilder:
                 self._active.status = TurnStatus.FAILED
         elif ev == "task_complete":
             if self._active is not None:
+                self._adopt_id(p)
                 status = (
                     TurnStatus.FAILED if self._active.error is not None else TurnStatus.COMPLETED
                 )
@@ -180,6 +181,7 @@ class ThreadHistoryBuilder:
                 )
         elif ev == "turn_aborted":
             if self._active is not None:
+                self._adopt_id(p)
                 self._close(
                     TurnStatus.INTERRUPTED,
                     index + 1,
@@ -189,6 +191,12 @@ class ThreadHistoryBuilder:
         elif is_real_user_message(item) and self._active is None:
             # Legacy history: no lifecycle events, a user message opens an implicit turn.
             self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
+
+    def _adopt_id(self, payload: Mapping[str, Any]) -> None:
+        # A turn whose start was never persisted may still be named by its terminal event;
+        # it stays non-explicit (no start boundary), so BeforeTurn on it is rejected.
+        if self._active is not None and self._active.id is None:
+            self._active.id = _str_or_none(payload.get("turn_id"))
 
     def _ensure_legacy_turn(self) -> None:
         if self._active is None:

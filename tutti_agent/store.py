@@ -213,6 +213,8 @@ class ThreadStore:
             if meta.get("history_base") is not None
             else None
         )
+        if base is not None and (base.thread_id == thread_id or base.thread_id in visiting):
+            raise LineageError(base.thread_id, "lineage cycle")
         first = base.end_ordinal_exclusive if base is not None else 0
         if own[0].ordinal != first:
             raise LineageError(thread_id, "first ordinal does not match history_base")
