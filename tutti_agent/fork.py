@@ -29,6 +29,8 @@ from tutti_agent.history import (
     TruncateBeforeNthUserMessage,
     build_turns,
     fork_history_from_snapshot,
+    is_real_user_message,
+    snapshot_turn_state,
 )
 from tutti_agent.ids import uuid7
 from tutti_agent.rollout import LineType, RolloutItem, now_iso
@@ -199,6 +201,8 @@ class ForkService:
         forked = fork_history_from_snapshot(
             snapshot if snapshot is not None else Interrupted(), items, options.marker
         )
+        if isinstance(snapshot, TruncateBeforeNthUserMessage):
+            forked = drop_empty_turn_shell(forked)
         settings = prepared.source.effective_settings()
         cwd = options.cwd or settings.get("cwd")
         model = options.model or settings.get("model")
@@ -255,6 +259,23 @@ class ForkService:
                 raise
             raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
         return ForkResult(child=child, prepared_end=prepared.end_ordinal_exclusive)
+
+
+def drop_empty_turn_shell(items: list[RolloutItem]) -> list[RolloutItem]:
+    """Cut a trailing turn opening that holds no real user message.
+
+    A cut strictly before the n-th user message keeps that turn's `task_started` (and any
+    contextual items after it); the child would show a phantom in-progress turn, so the
+    cut moves back to the turn's start. The pure truncation rule is unchanged."""
+    state = snapshot_turn_state(items)
+    start = state.active_turn_start_index
+    if (
+        state.ends_mid_turn
+        and start is not None
+        and not any(is_real_user_message(it) for it in items[start:])
+    ):
+        return items[:start]
+    return items
 
 
 def parse_snapshot(raw: object) -> ForkSnapshot | None:

@@ -197,3 +197,20 @@ def test_copied_child_survives_source_deletion(store: ThreadStore) -> None:
     child = ForkService(store).fork(source, ForkOptions()).child
     store.delete(source)
     assert [t.id for t in build_turns(store.load(child.thread_id).items)] == ["t1"]
+
+
+def test_in_range_truncation_leaves_no_phantom_turn_in_the_child(store: ThreadStore) -> None:
+    source = _three_turns_then_mid_turn(store)
+    for n, expected in [(1, ["t1"]), (2, ["t1", "t2"]), (3, ["t1", "t2", "t3"])]:
+        for persistence in ForkPersistence:
+            child = (
+                ForkService(store)
+                .fork(
+                    source,
+                    ForkOptions(snapshot=TruncateBeforeNthUserMessage(n), persistence=persistence),
+                )
+                .child
+            )
+            turns = build_turns(child.items)
+            assert [t.id for t in turns] == expected
+            assert all(str(t.status) == "completed" for t in turns)
