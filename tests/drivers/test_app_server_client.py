@@ -1,0 +1,89 @@
+"""The JSON-RPC stdio client against the real `tutti-agent app-server`: matching, error answers,
+and the three failure kinds a fork must tell apart (answered error / never sent / sent, fate
+unknown)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from drv_helpers import TUTTI_BIN
+
+from drivers.app_server import (
+    AppServerClosed,
+    AppServerProcess,
+    AppServerTimeout,
+    JsonRpcError,
+    private_env,
+)
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[AppServerProcess]:
+    proc = AppServerProcess(
+        [TUTTI_BIN, "app-server"], env=private_env(None, "TUTTI_AGENT_HOME", tmp_path / "home")
+    )
+    proc.start()
+    proc.initialize("agenthost-test", "0")
+    yield proc
+    if proc.pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+    proc.close(1.0)
+
+
+@pytest.mark.timeout(30)
+def test_provider_process_gets_a_private_home_and_tmpdir(tmp_path: Path) -> None:
+    env = private_env({"PATH": "/bin"}, "TUTTI_AGENT_HOME", tmp_path / "h")
+    assert env["TUTTI_AGENT_HOME"] == str(tmp_path / "h")
+    assert env["HOME"].startswith(str(tmp_path / "h")) and env["TMPDIR"].startswith(
+        env["TUTTI_AGENT_HOME"]
+    )
+
+
+@pytest.mark.timeout(30)
+def test_concurrent_requests_are_matched_to_their_answers(server: AppServerProcess) -> None:
+    futures = [server.request_async("thread/start", {"cwd": f"/w{i}"}) for i in range(8)]
+    ids = [f.result(10)["thread"]["id"] for f in futures]
+    assert len(set(ids)) == 8
+
+
+@pytest.mark.timeout(30)
+def test_error_answer_raises_json_rpc_error_with_code_and_message(
+    server: AppServerProcess,
+) -> None:
+    with pytest.raises(JsonRpcError) as info:
+        server.request("thread/read", {"threadId": "not-a-uuid"})
+    assert info.value.code == -32600 and "invalid" in info.value.rpc_message.lower()
+
+
+@pytest.mark.timeout(30)
+def test_sent_request_to_a_silent_server_times_out(server: AppServerProcess) -> None:
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    with pytest.raises(AppServerTimeout):
+        server.request("thread/start", {}, timeout=0.3)
+
+
+@pytest.mark.timeout(30)
+def test_in_flight_request_fails_as_sent_when_the_server_dies(server: AppServerProcess) -> None:
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)  # hold the answer back, then kill
+    fut = server.request_async("thread/start", {})
+    server.kill()
+    with pytest.raises(AppServerClosed) as info:
+        fut.result(10)
+    assert info.value.sent is True
+    assert not server.alive
+
+
+@pytest.mark.timeout(30)
+def test_request_after_close_provably_never_left(server: AppServerProcess) -> None:
+    server.close()
+    with pytest.raises(AppServerClosed) as info:
+        server.request("thread/start", {})
+    assert info.value.sent is False

@@ -1,0 +1,334 @@
+"""The host_copy rollout binder, one test per rule of seed 000 §7/§10 and issue 6: exact copy,
+idempotence, identity checks, keep/repair/diverge, archived targets, corrupt sources, symlinks,
+Referenced lineage, and that every refusal writes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from drivers.binder import BindAction, BinderError, BindFailure, RolloutBinder, iter_rollouts
+from drivers.errors import FailpointError
+from drivers.failpoints import Failpoints
+
+CHILD = "01a228cc-0615-7000-9287-053cd6fa8a8d"
+PARENT = "01a228cc-0375-7000-bfc2-d5c618808a77"
+REL = Path("sessions/2026/11/29")
+
+
+def rollout_bytes(
+    thread_id: str,
+    lines: int,
+    *,
+    start: int = 0,
+    forked_from: str | None = None,
+    ordinal_exclusive: int | None = None,
+    tag: str = "src",
+) -> bytes:
+    meta: dict[str, object] = {"id": thread_id, "cwd": "/w"}
+    if forked_from:
+        meta["forked_from_id"] = forked_from
+    if ordinal_exclusive is not None:
+        meta["forked_from_ordinal_exclusive"] = ordinal_exclusive
+    out = [{"timestamp": "t", "ordinal": start, "type": "session_meta", "payload": meta}]
+    for i in range(1, lines):
+        out.append(
+            {
+                "timestamp": "t",
+                "ordinal": start + i,
+                "type": "response_item",
+                "payload": {"type": "message", "text": f"{tag}-{i}"},
+            }
+        )
+    return b"".join(json.dumps(o).encode() + b"\n" for o in out)
+
+
+def put(home: Path, thread_id: str, data: bytes, *, rel: Path = REL) -> Path:
+    path = home / rel / f"rollout-2026-11-29T19-33-09-{thread_id}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def homes(tmp_path: Path) -> tuple[Path, Path]:
+    src, dst = tmp_path / "a" / "tutti-agent-home", tmp_path / "b" / "tutti-agent-home"
+    src.mkdir(parents=True)
+    dst.mkdir(parents=True)
+    return src, dst
+
+
+def snapshot(home: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(home)): p.read_bytes() for p in home.rglob("*") if p.is_file()}
+
+
+def refuse(binder: RolloutBinder, src: Path, dst: Path, failure: BindFailure) -> None:
+    before = snapshot(dst)
+    with pytest.raises(BinderError) as info:
+        binder.bind(src, dst, CHILD)
+    assert info.value.failure is failure
+    assert snapshot(dst) == before  # every refusal writes nothing
+
+
+def test_exact_copy_lands_at_the_same_relative_path_with_a_matching_receipt(
+    homes: tuple[Path, Path],
+) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 5)
+    source = put(src, CHILD, data)
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    target = dst / source.relative_to(src)
+    assert target.read_bytes() == data
+    [r] = receipt.rollouts
+    assert r.action is BindAction.COPIED and r.role == "child"
+    assert (r.source_size, r.target_size) == (len(data), len(data))
+    assert r.source_sha256 == r.target_sha256
+    assert r.relative_path == str(source.relative_to(src))
+    assert not [p for p in target.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_rebinding_is_idempotent_and_rewrites_nothing(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    binder = RolloutBinder()
+    binder.bind(src, dst, CHILD)
+    [target] = list(iter_rollouts(dst))
+    inode = target.stat().st_ino
+    again = binder.bind(src, dst, CHILD)
+    assert again.rollouts[0].action is BindAction.IDENTICAL
+    assert target.stat().st_ino == inode
+
+
+def test_source_whose_session_meta_names_another_thread_is_refused(
+    homes: tuple[Path, Path],
+) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(PARENT, 3))  # file name says CHILD, content says PARENT
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_IDENTITY_MISMATCH)
+
+
+def test_target_with_other_metadata_at_the_same_path_is_refused(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    meta = json.loads(rollout_bytes(CHILD, 1))
+    meta["payload"]["cwd"] = "/elsewhere"
+    put(dst, CHILD, json.dumps(meta).encode() + b"\n")
+    refuse(RolloutBinder(), src, dst, BindFailure.TARGET_DIVERGED)
+
+
+def test_target_with_a_torn_tail_that_is_a_source_prefix_is_repaired(
+    homes: tuple[Path, Path],
+) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 6)
+    put(src, CHILD, data)
+    cut = data.index(b"\n", data.index(b"\n") + 1) + 10  # two lines and a partial third
+    target = put(dst, CHILD, data[:cut])
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert receipt.rollouts[0].action is BindAction.REPAIRED
+    assert target.read_bytes() == data
+
+
+def test_truncated_target_of_whole_lines_is_restored(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 6)
+    put(src, CHILD, data)
+    target = put(dst, CHILD, data[: data.index(b"\n") + 1])  # only session_meta survived
+    assert RolloutBinder().bind(src, dst, CHILD).rollouts[0].action is BindAction.REPAIRED
+    assert target.read_bytes() == data
+
+
+def test_archived_target_is_repaired_in_place_not_duplicated(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 4)
+    put(src, CHILD, data)
+    archived = put(dst, CHILD, data[:-5], rel=Path("archived_sessions"))
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert receipt.rollouts[0].relative_path.startswith("archived_sessions/")
+    assert archived.read_bytes() == data
+    assert list(iter_rollouts(dst)) == [archived]
+
+
+def test_target_whose_identity_cannot_be_proven_is_refused(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 4)
+    put(src, CHILD, data)
+    put(dst, CHILD, data[:20])  # a strict prefix, but not even one complete line
+    refuse(RolloutBinder(), src, dst, BindFailure.TARGET_IDENTITY_UNDETECTABLE)
+
+
+def test_post_fork_appends_in_the_target_are_kept(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 3)
+    put(src, CHILD, data)
+    grown = rollout_bytes(CHILD, 6)
+    assert grown.startswith(data)
+    target = put(dst, CHILD, grown)
+    assert RolloutBinder().bind(src, dst, CHILD).rollouts[0].action is BindAction.KEPT
+    assert target.read_bytes() == grown
+
+
+def test_post_fork_history_with_a_corrupt_tail_is_never_rolled_back(
+    homes: tuple[Path, Path],
+) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 3)
+    put(src, CHILD, data)
+    put(dst, CHILD, rollout_bytes(CHILD, 6) + b'{"timestamp": "t", "ordi')
+    refuse(RolloutBinder(), src, dst, BindFailure.TARGET_POST_FORK_CORRUPT)
+
+
+def test_divergent_target_is_refused(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 4, tag="source"))
+    put(dst, CHILD, rollout_bytes(CHILD, 4, tag="other"))
+    refuse(RolloutBinder(), src, dst, BindFailure.TARGET_DIVERGED)
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        lambda d: d[:-3],  # torn last line
+        lambda d: d.replace(b'"ordinal": 2', b'"ordinal": 1'),  # ordinals not increasing
+        lambda d: d + b"not json\n",
+        lambda d: d + b"[1, 2]\n",
+        lambda d: b"\n".join(reversed(d.rstrip(b"\n").split(b"\n"))) + b"\n",  # meta not first
+    ],
+)
+def test_corrupt_source_is_refused(homes: tuple[Path, Path], corrupt) -> None:  # type: ignore[no-untyped-def]
+    src, dst = homes
+    put(src, CHILD, corrupt(rollout_bytes(CHILD, 4)))
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_CORRUPT)
+
+
+def test_symlinked_target_rollout_is_refused(homes: tuple[Path, Path], tmp_path: Path) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 3)
+    put(src, CHILD, data)
+    elsewhere = tmp_path / "elsewhere.jsonl"
+    elsewhere.write_bytes(data[:10])
+    link = dst / REL / f"rollout-2026-11-29T19-33-09-{CHILD}.jsonl"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(elsewhere)
+    refuse(RolloutBinder(), src, dst, BindFailure.SYMLINKED_PATH)
+    assert elsewhere.read_bytes() == data[:10]
+
+
+def test_symlinked_target_ancestor_is_refused(homes: tuple[Path, Path], tmp_path: Path) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    real = tmp_path / "real-sessions"
+    real.mkdir()
+    (dst / "sessions").symlink_to(real)
+    refuse(RolloutBinder(), src, dst, BindFailure.SYMLINKED_PATH)
+    assert not any(real.rglob("*"))
+
+
+def test_symlinked_target_home_is_refused(homes: tuple[Path, Path], tmp_path: Path) -> None:
+    src, _ = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    real = tmp_path / "real-home"
+    real.mkdir()
+    link = tmp_path / "linked-home"
+    link.symlink_to(real)
+    with pytest.raises(BinderError) as info:
+        RolloutBinder().bind(src, link, CHILD)
+    assert info.value.failure is BindFailure.SYMLINKED_PATH
+    assert not any(real.rglob("*"))
+
+
+def test_symlinked_source_home_is_refused(homes: tuple[Path, Path], tmp_path: Path) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    link = tmp_path / "src-link"
+    link.symlink_to(src)
+    refuse(RolloutBinder(), link, dst, BindFailure.SYMLINKED_PATH)
+
+
+def test_missing_source_with_a_valid_target_is_accepted_as_is(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 3)
+    put(dst, CHILD, data)
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert receipt.rollouts[0].action is BindAction.KEPT
+    assert receipt.rollouts[0].source_sha256 is None
+
+
+def test_missing_source_and_missing_target_is_refused(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_MISSING)
+
+
+def test_two_source_rollouts_for_one_thread_are_ambiguous(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    put(src, CHILD, rollout_bytes(CHILD, 3), rel=Path("sessions/2026/11/30"))
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_AMBIGUOUS)
+
+
+def test_lookup_is_exact_and_ignores_ids_that_merely_end_alike(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, "x" + CHILD, rollout_bytes("x" + CHILD, 3))
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_MISSING)
+
+
+def test_referenced_child_brings_its_ancestor_rollouts(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    grand = "01a228cc-0000-7000-8000-000000000001"
+    put(src, grand, rollout_bytes(grand, 4))
+    put(src, PARENT, rollout_bytes(PARENT, 3, start=4, forked_from=grand, ordinal_exclusive=4))
+    put(src, CHILD, rollout_bytes(CHILD, 2, start=7, forked_from=PARENT, ordinal_exclusive=7))
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert [(r.thread_id, r.role) for r in receipt.rollouts] == [
+        (CHILD, "child"),
+        (PARENT, "ancestor"),
+        (grand, "ancestor"),
+    ]
+    assert snapshot(dst) == snapshot(src)
+
+
+def test_copied_child_does_not_need_its_parent(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    # A Copied fork names its parent but starts at ordinal 0 and holds its whole history.
+    put(src, CHILD, rollout_bytes(CHILD, 4, forked_from=PARENT))
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert [r.thread_id for r in receipt.rollouts] == [CHILD]
+
+
+def test_referenced_child_with_a_missing_ancestor_is_refused(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 2, start=5, forked_from=PARENT, ordinal_exclusive=5))
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_MISSING)
+
+
+def test_ancestor_shorter_than_the_referenced_prefix_is_refused(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    put(src, PARENT, rollout_bytes(PARENT, 3))  # ordinals 0..2
+    put(src, CHILD, rollout_bytes(CHILD, 2, start=5, forked_from=PARENT, ordinal_exclusive=5))
+    refuse(RolloutBinder(), src, dst, BindFailure.LINEAGE_INCOMPLETE)
+
+
+def test_failpoint_before_copy_stops_the_bind_with_nothing_written(
+    homes: tuple[Path, Path],
+) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    binder = RolloutBinder(Failpoints({"worker.bind.before_copy": "error"}))
+    with pytest.raises(FailpointError):
+        binder.bind(src, dst, CHILD)
+    assert list(iter_rollouts(dst)) == []
+
+
+def test_failpoint_after_copy_fires_once_the_copy_is_durable(homes: tuple[Path, Path]) -> None:
+    src, dst = homes
+    data = rollout_bytes(CHILD, 3)
+    put(src, CHILD, data)
+    binder = RolloutBinder(Failpoints({"worker.bind.after_copy": "error"}))
+    with pytest.raises(FailpointError):
+        binder.bind(src, dst, CHILD)
+    [target] = list(iter_rollouts(dst))
+    assert target.read_bytes() == data
+    assert oct(os.stat(target).st_mode & 0o777) == oct(0o600)
