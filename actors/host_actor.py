@@ -17,7 +17,14 @@ from typing import Any
 import pykka
 
 from actors.context import HostContext
-from actors.messages import DriverEvent, ForkAdvance, ForkReply, Reply, parse_runtime_key
+from actors.messages import (
+    DriverEvent,
+    ForkAdvance,
+    ForkReply,
+    Reply,
+    RuntimeLost,
+    parse_runtime_key,
+)
 from actors.session_actor import SessionActor
 from storage.errors import HostError
 
@@ -133,6 +140,10 @@ class HostActor(pykka.ThreadingActor):
                 if entry is not None:
                     entry.busy = busy
                     entry.last_used = time.monotonic()
+            case RuntimeLost():
+                for entry in self._actors.values():
+                    with contextlib.suppress(pykka.ActorDeadError):
+                        entry.ref.tell(message)
             case Reap():
                 self._reap()
             case CountActors(reply=reply):

@@ -91,3 +91,11 @@ class ForkReply:
 
     operation: Any
     final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeLost:
+    """A provider's worker died: its live runtimes (and their active Turns) are gone."""
+
+    provider: str
+    reason: str

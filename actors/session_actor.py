@@ -28,6 +28,7 @@ from actors.messages import (
     Interrupt,
     Mutate,
     Respond,
+    RuntimeLost,
     Submit,
     runtime_key,
 )
@@ -122,6 +123,8 @@ class SessionActor(pykka.ThreadingActor):
                 ForkSaga.start(self, message)
             case ForkAdvance():
                 ForkSaga.advance_leftover(self, message)
+            case RuntimeLost():
+                self._on_runtime_lost(message)
             case _:
                 log.warning("session actor %s: unknown message %r", self.key, message)
 
@@ -344,6 +347,14 @@ class SessionActor(pykka.ThreadingActor):
             self._settle(state, outcome, error=event.get("error"))
         else:
             log.warning("session %s: unknown driver event %r", self.key, kind)
+
+    def _on_runtime_lost(self, msg: RuntimeLost) -> None:
+        """No event will ever settle a Turn whose provider process died: settle it here."""
+        if not self._turns or self.session().provider != msg.provider:
+            return
+        for state in list(self._turns.values()):
+            if state.provider_turn_id is not None:
+                self._settle(state, "failed", error=f"provider worker lost: {msg.reason}")
 
     def _on_interrupt(self, msg: Interrupt) -> None:
         turn = self.ctx.store.get_turn(self.ws, self.sid, msg.turn_id)

@@ -8,33 +8,20 @@ never from the provider's name alone (seed 000 §3.2).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from actors.ports import BindingState, DriverInfo
-
-_VERSION = re.compile(r"^(\d+)\.(\d+)\.(\d+)")
+from drivers.versions import CODEX_MIN, TUTTI_AGENT_MIN, Version
 
 # First versions whose app-server `thread/fork` takes `lastTurnId` (inclusive).
-FORK_GATES: dict[str, tuple[int, int, int]] = {
-    "tutti-agent": (0, 0, 10),
-    "codex": (0, 144, 0),
-}
+FORK_GATES: dict[str, Version] = {"tutti-agent": TUTTI_AGENT_MIN, "codex": CODEX_MIN}
 
 _INFO = {
     "tutti-agent": DriverInfo("tutti-agent", "host_copy", True, "tutti-agent-home"),
     "codex": DriverInfo("codex", "host_copy", True, "codex-home"),
     "claude-code": DriverInfo("claude-code", "provider_owned", True, "claude-config"),
 }
-
-
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    """`0.171.0`, `0.171.0-alpha.3` → (0, 171, 0); anything else → None."""
-    match = _VERSION.match(text.strip())
-    if match is None:
-        return None
-    return int(match[1]), int(match[2]), int(match[3])
 
 
 class Catalog:
@@ -55,7 +42,7 @@ class Catalog:
             # Structural: the pinned SDK is the attested driver.
             return bool(runtime_context.get("driverVersion"))
         gate = FORK_GATES.get(provider)
-        version = parse_version(str(runtime_context.get("driverVersion") or ""))
+        version = Version.parse(str(runtime_context.get("driverVersion") or ""))
         return gate is not None and version is not None and version >= gate
 
     def binding_state(

@@ -16,6 +16,7 @@ from typing import Any
 
 from actors.context import HostContext, Timeouts
 from actors.host_actor import HostActor, WorkerEvent
+from actors.messages import RuntimeLost
 from actors.recovery import RecoveryReport, recover_fork_operations
 from agenthost import __version__, projection
 from agenthost.api import Api
@@ -96,6 +97,13 @@ class Daemon:
         host = self.host
         self.supervisor.set_event_sink(
             lambda provider, key, event: host.tell(WorkerEvent(key, event))
+        )
+        self.supervisor.set_lifecycle_sink(
+            lambda provider, event: (
+                host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
+                if event.get("type") == "worker.lost"
+                else None
+            )
         )
         self._event_thread = threading.Thread(
             target=self._publish_loop, name="agenthost-events", daemon=True

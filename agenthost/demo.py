@@ -1,0 +1,134 @@
+"""`make demo`: start a real daemon on its embedded defaults (SQLite + the built-in Tutti Agent),
+run a session of three turns, fork it through its second Turn, run a turn on the child, and
+print what happened — then stop the daemon cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agenthost.session_client import fork_and_wait, format_transcript, run_turn
+from transport.client import Client
+
+WS = "demo"
+
+
+def _banner(text: str) -> None:
+    print(f"\n=== {text} " + "=" * max(0, 70 - len(text)))
+
+
+def _start_daemon(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    env = dict(os.environ, AGENTHOST_HOME=str(home))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agenthost.cli", "--home", str(home), "serve"],
+        stdout=subprocess.PIPE,
+        stderr=open(home / "daemon.log", "ab"),  # noqa: SIM115 - the child owns it
+        env=env,
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"daemon exited early; see {home / 'daemon.log'}")
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            return proc, json.loads(proc.stdout.readline())
+    proc.kill()
+    raise SystemExit("daemon did not become ready within 30 s")
+
+
+def _show(client: Client, sid: str) -> dict[str, Any]:
+    session = client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+    turns = client.call(
+        "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+    )["turns"]
+    print(format_transcript(session, turns))
+    return {"session": session, "turns": turns}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agenthost-demo")
+    parser.add_argument("--provider", default="tutti-agent")
+    parser.add_argument("--home", type=Path, default=None, help="default: a fresh temp dir")
+    parser.add_argument("--keep", action="store_true", help="keep the demo home afterwards")
+    args = parser.parse_args(argv)
+    if args.provider != "tutti-agent":
+        print(f"demo: provider {args.provider!r} needs its model endpoint; see docs/providers.md")
+    home = args.home or Path(tempfile.mkdtemp(prefix="agenthost-demo-"))
+    home.mkdir(parents=True, exist_ok=True)
+
+    _banner(f"starting the daemon (AGENTHOST_HOME={home})")
+    proc, ready = _start_daemon(home)
+    print(json.dumps(ready))
+    client = Client(ready["api"], timeout=60)
+    try:
+        status = client.call("host.status")
+        print(f"agenthost {status['version']}, protocol {status['protocol']}")
+
+        _banner(f"a session on {args.provider}: three turns")
+        session = client.call(
+            "session.create",
+            {"workspaceId": WS, "provider": args.provider, "title": "Trip planning"},
+        )["session"]
+        sid = session["agentSessionId"]
+        texts = ["Plan a weekend in Lisbon", "/tool search_flights LIS", "Book a hotel in Alfama"]
+        turns = []
+        for text in texts:
+            print(f"> {text}")
+            turns.append(run_turn(client, WS, sid, text, echo=True))
+        source_before = _show(client, sid)
+
+        _banner("fork through Turn 2")
+        op = fork_and_wait(client, WS, sid, turns[1]["turnId"], progress=lambda p: print(f"… {p}"))
+        print(f"operation {op['operationId']}: {op['status']} ({op['phase']})")
+        if op["status"] != "committed":
+            print(f"fork did not commit: {op['error']}")
+            return 1
+        child = op["session"]["agentSessionId"]
+        print(f'child session {child}: "{op["session"]["title"]}"')
+        print(f"lineage: {json.dumps(op['lineage'])}")
+
+        _banner("a turn on the child: what the model sees")
+        text = "/history"
+        print(f"> {text}")
+        child_turn = run_turn(client, WS, child, text, echo=True)
+        reply = next((m["text"] for m in child_turn["messages"] if m["kind"] == "assistant"), "")
+        expected = [texts[0], texts[1]]
+        seen_ok = all(t in (reply or "") for t in expected) and texts[2] not in (reply or "")
+        print(
+            "child's model input holds Turns 1–2 only: "
+            + ("yes" if seen_ok else f"NO (model saw: {reply!r})")
+        )
+        _show(client, child)
+
+        _banner("the source is unchanged")
+        source_after = _show(client, sid)
+        unchanged = [t["turnId"] for t in source_after["turns"]] == [
+            t["turnId"] for t in source_before["turns"]
+        ]
+        print(f"source unchanged: {'yes' if unchanged else 'NO'}")
+        ok = seen_ok and unchanged
+    finally:
+        client.close()
+        _banner("stopping the daemon")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        print(f"daemon exited with {code}")
+        if not args.keep and args.home is None:
+            shutil.rmtree(home, ignore_errors=True)
+    return 0 if ok and code == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
