@@ -139,6 +139,7 @@ class ApiServer:
         self._pub: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None
+        self._term_in_loop = False
         self._endpoints: list[str] = []
         self._events_endpoint = ""
         self._ipc_files: list[str] = []
@@ -187,6 +188,11 @@ class ApiServer:
                 return
             self._closed = True
             thread = self._thread
+            if thread is not None and threading.get_ident() == self._loop_ident:
+                # Closed from a handler on the loop itself: the loop stops after this call.
+                self._term_in_loop = self._own_context
+                self._send_pipe([_TAG_STOP])
+                return
             if thread is not None:
                 self._send_pipe([_TAG_STOP])
                 thread.join(timeout)
@@ -290,6 +296,8 @@ class ApiServer:
             log.exception("transport loop failed")
         finally:
             self._shutdown()
+            if self._term_in_loop:
+                self._ctx.term()
 
     def _drain_pipe(self, limit: int = 10_000) -> bool:
         """Forward queued replies and events; True when a stop was requested."""

@@ -198,10 +198,11 @@ def test_responder_answers_once_and_a_late_raise_is_ignored(
 ) -> None:
     client = client_for(running.ipc)
     assert client.call("twice") == {"first": True}
-    assert running.dispatcher.second_answers == [False]
     assert client.call("raiseAfterAnswer") == {"answered": True}
     # Exactly one reply each: nothing unmatched is left over.
     assert client.call("echo", {"n": 3})["params"] == {"n": 3}
+    # The loop dispatches one request at a time, so "twice" has returned by now.
+    assert running.dispatcher.second_answers == [False]
     assert client.next_unmatched(timeout=0.2) is None
 
 
@@ -430,3 +431,18 @@ def test_start_fails_cleanly_when_a_tcp_port_is_taken(
         server.start()
     server.close()
     assert not os.path.exists(f"{short_tmp}/x/events.sock")
+
+
+def test_close_from_a_handler_on_the_loop_answers_it_and_stops(
+    make_server: Callable[..., Running], client_for: MakeClient
+) -> None:
+    running = make_server()
+    client = client_for(running.ipc, timeout=10)
+    held = client.submit("hold")
+    running.dispatcher.wait_held(1)
+    assert client.call("closeServer") == {"closing": True}
+    assert held.result(10)[1]["reason"] == "shutting_down"
+    assert running.server._thread is not None
+    running.server._thread.join(10)
+    assert not running.server._thread.is_alive()
+    assert not os.path.exists(running.ipc[len("ipc://"):])

@@ -57,6 +57,10 @@ class EchoDispatcher:
             sid = require_uuid(params, "agentSessionId")
             limit = optional_int(params, "limit", default=50, min_value=1, max_value=200)
             responder.result(200, {"agentSessionId": sid, "limit": limit})
+        elif method == "closeServer":
+            assert self.server is not None
+            self.server.close()
+            responder.result(200, {"closing": True})
         elif method == "publish":
             assert self.server is not None
             ok = self.server.publish(params["topic"], params["event"])
