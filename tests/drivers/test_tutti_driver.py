@@ -168,9 +168,7 @@ def test_question_round_trip_answers_with_the_given_text(
     replies = [
         e["item"]["text"]
         for e in log.of_turn("Q")
-        if e["item" if "item" in e else "type"]
-        and e["type"] == "item"
-        and e["item"]["kind"] == "assistant"
+        if e["type"] == "item" and e["item"]["kind"] == "assistant"
     ]
     assert replies == ["blue"]
     with pytest.raises(HostError):  # answered once; a second answer is a conflict
