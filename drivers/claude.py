@@ -132,6 +132,7 @@ class _Turn:
     provider_turn_id: str | None = None
     checkpoint: str | None = None
     task: Future[None] | None = None
+    transport: Any = None
     interrupted: bool = False
 
 
@@ -313,8 +314,20 @@ class ClaudeDriver:
 
     def _cancel(self, turn: _Turn) -> None:
         turn.interrupted = True
-        if turn.task is not None:
-            turn.task.cancel()
+        self._loop.call_soon_threadsafe(self._terminate, turn)
+
+    def _terminate(self, turn: _Turn) -> None:
+        """Stops the turn's CLI process (on the loop thread, which owns it).
+
+        Killing the process, not cancelling the task: a bare asyncio cancel skips the SDK's
+        terminate escalation and leaves the close waiting for the in-flight model call.
+        """
+        process = getattr(turn.transport, "_process", None)
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        elif turn.task is not None:
+            turn.task.cancel()  # not spawned yet: nothing to kill
 
     def _options(self, session: _Session) -> Any:
         from claude_agent_sdk import ClaudeAgentOptions
@@ -337,25 +350,36 @@ class ClaudeDriver:
 
     async def _run_turn(self, session: _Session, turn: _Turn, text: str) -> None:
         from claude_agent_sdk import query
+        from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
 
         outcome = TurnOutcome.FAILED
         error: str | None = None
         try:
-            # aclosing: a cancelled turn must close the generator, which stops the CLI.
+            offset = session.transcript.stat().st_size
+        except FileNotFoundError:
+            offset = 0
+        watcher = asyncio.ensure_future(self._watch_root(session, turn, offset))
+        try:
+            options = self._options(session)
+            # Our own transport handle (the SDK's default one, pinned version) so an interrupt
+            # can stop exactly this turn's CLI process; aclosing stops it on any exit.
+            turn.transport = SubprocessCLITransport(prompt=text, options=options)
             async with contextlib.aclosing(
-                query(prompt=text, options=self._options(session))
+                query(prompt=text, options=options, transport=turn.transport)
             ) as messages:
                 async for message in messages:
                     result = self._on_message(session, turn, message)
                     if result is not None:
                         outcome, error = result
             if turn.provider_turn_id is None and error is None:
-                error = "Claude Code ended the turn without echoing the user message"
+                error = "Claude Code ended the turn without persisting the user message"
                 outcome = TurnOutcome.FAILED
         except asyncio.CancelledError:
             outcome, error = TurnOutcome.INTERRUPTED, None
-        except Exception as exc:  # the CLI failed: the turn fails, the worker lives on
+        except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
             outcome, error = TurnOutcome.FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            watcher.cancel()
         self._finish_turn(session, turn, outcome, error)
 
     def _finish_turn(
@@ -396,6 +420,37 @@ class ClaudeDriver:
         if recomputed and recomputed != turn.checkpoint:
             self._set_checkpoint(session, turn, recomputed)
 
+    def _observe_root(self, session: _Session, turn: _Turn, root_uuid: str) -> None:
+        """Records the observed root user-message UUID: the provider Turn identity."""
+        if turn.provider_turn_id is not None:
+            return
+        turn.provider_turn_id = root_uuid
+        turn.emit(
+            session.agent_session_id,
+            {"type": "turn.started", "turnId": turn.turn_id, "providerTurnId": root_uuid},
+        )
+        turn.started.set_result(root_uuid)
+        self._set_checkpoint(session, turn, root_uuid)
+
+    async def _watch_root(self, session: _Session, turn: _Turn, offset: int) -> None:
+        """Finds the turn's root user message in the transcript as soon as the CLI writes it.
+
+        The CLI persists the prompt before it calls the model but echoes it only with the
+        reply, so the transcript is the earliest place the observed UUID appears.
+        """
+        while turn.provider_turn_id is None:
+            try:
+                with open(session.transcript, "rb") as fh:
+                    fh.seek(offset)
+                    tail = fh.read().decode("utf-8", errors="replace")
+            except FileNotFoundError:
+                tail = ""
+            root = next((e for e in parse_entries(tail) if e.is_root_user), None)
+            if root is not None:
+                self._observe_root(session, turn, root.uuid)
+                return
+            await asyncio.sleep(0.02)
+
     def _set_checkpoint(self, session: _Session, turn: _Turn, message_uuid: str) -> None:
         if turn.checkpoint == message_uuid:
             return
@@ -431,17 +486,7 @@ class ClaudeDriver:
             blocks = message.content if isinstance(message.content, list) else []
             results = [b for b in blocks if isinstance(b, ToolResultBlock)]
             if turn.provider_turn_id is None and not results:
-                # The observed root user-message UUID is the provider Turn identity.
-                turn.provider_turn_id = message.uuid
-                turn.emit(
-                    sid,
-                    {
-                        "type": "turn.started",
-                        "turnId": turn.turn_id,
-                        "providerTurnId": message.uuid,
-                    },
-                )
-                turn.started.set_result(message.uuid)
+                self._observe_root(session, turn, message.uuid)
             for block in results:
                 turn.emit(
                     sid,

@@ -7,6 +7,7 @@ every request body.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -31,9 +32,7 @@ def _block_texts(content: Any) -> list[str]:
     if not isinstance(content, list):
         return []
     return [
-        str(b.get("text", ""))
-        for b in content
-        if isinstance(b, dict) and b.get("type") == "text"
+        str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"
     ]
 
 
@@ -156,7 +155,9 @@ class MessagesServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                # A client that hung up (an interrupted turn) is not a server error.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
 
             def do_HEAD(self) -> None:  # noqa: N802
                 server._record(f"HEAD {self.path}", None)
@@ -254,7 +255,8 @@ class MessagesServer:
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(payload)
 
         return Handler
 

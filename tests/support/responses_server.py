@@ -6,6 +6,7 @@ It answers `POST /v1/responses` (SSE, possibly zstd-encoded bodies) and `GET /v1
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -146,7 +147,9 @@ class ResponsesServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                # A client that hung up (an interrupted turn) is not a server error.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
 
             def do_GET(self) -> None:  # noqa: N802
                 server._record(f"GET {self.path}", None)
@@ -204,7 +207,8 @@ class ResponsesServer:
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
-                self.wfile.write(payload)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(payload)
 
         return Handler
 

@@ -1,0 +1,127 @@
+"""Claude sessions and turns through the real SDK + CLI: observed provider Turn identity,
+checkpoint bindings (including a trailing system message), one turn at a time, interrupt."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+
+from drivers.base import DeliveryDisposition, ForkRequest
+from drivers.claude_transcript import decode_binding, parse_entries
+from storage.errors import NotFound, SessionBusy
+from tests.claude.conftest import SLOW_PREFIX, Harness
+
+pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
+
+STOP_HOOK_SETTINGS = {
+    "hooks": {
+        "Stop": [
+            {
+                "hooks": [
+                    {
+                        "type": "command",
+                        "command": 'echo \'{"systemMessage": "stop hook notice"}\'',
+                    }
+                ]
+            }
+        ]
+    }
+}
+
+
+def test_provider_turn_id_is_the_observed_root_user_uuid_of_the_transcript(
+    harness: Harness,
+) -> None:
+    session = harness.start("identity")
+    provider_turn_id, completed = harness.turn(session, "hello identity")
+    assert completed["outcome"] == "completed"
+    events = harness.recorder.for_turn(completed["turnId"])
+    kinds = [e["type"] for e in events]
+    assert kinds[0] == "turn.started" and kinds[-1] == "turn.completed"
+    assert events[0]["providerTurnId"] == provider_turn_id
+    raw = [json.loads(line) for line in harness.transcript(session).read_text().splitlines()]
+    [root] = [e for e in raw if e.get("uuid") == provider_turn_id]
+    assert root["type"] == "user" and root["message"]["content"] == "hello identity"
+    items = [e["item"] for e in events if e["type"] == "item"]
+    assert [(i["kind"], i["text"]) for i in items] == [("assistant", "echo: hello identity")]
+    # The binding's checkpoint is the last main-chain message streamed: the assistant reply.
+    last_binding = [e for e in events if e["type"] == "turn.binding"][-1]
+    assert decode_binding(last_binding["bindingJson"]) == items[0]["payload"]["uuid"]
+    attestation = harness.driver.attest({"home": str(session.home), "cwd": str(session.cwd)})
+    assert attestation["userAgent"].startswith("claude-agent-sdk/0.2.189 ")
+    assert {k: v for k, v in attestation.items() if k != "userAgent"} == {
+        "driverKind": "claude-code",
+        "driverVersion": "0.2.189",
+        "bindingMode": "provider_owned",
+        "binderAvailable": True,
+    }
+
+
+def test_new_session_claims_its_id_and_later_turns_resume_it(harness: Harness) -> None:
+    session = harness.start("resume")
+    harness.turn(session, "first")
+    harness.turn(session, "second")
+    files = list(harness.transcript(session).parent.glob("*.jsonl"))
+    assert [f.stem for f in files] == [session.provider_session_id]
+    roots = [e for e in parse_entries(harness.transcript(session).read_text()) if e.is_root_user]
+    assert [r.uuid for r in roots] == [t for t, _ in session.turns]
+
+
+def test_trailing_system_message_moves_the_checkpoint_past_the_reply(harness: Harness) -> None:
+    session = harness.start("trailing", settings={"claudeSettings": STOP_HOOK_SETTINGS})
+    provider_turn_id, completed = harness.turn(session, "with a stop hook")
+    events = harness.recorder.for_turn(completed["turnId"])
+    reply_uuid = next(e["item"]["payload"]["uuid"] for e in events if e["type"] == "item")
+    bindings = [decode_binding(e["bindingJson"]) for e in events if e["type"] == "turn.binding"]
+    assert reply_uuid in bindings
+    checkpoint = bindings[-1]
+    assert checkpoint != reply_uuid
+    order = [e.uuid for e in parse_entries(harness.transcript(session).read_text())]
+    assert order.index(checkpoint) > order.index(reply_uuid)
+    # A fork through that turn ends at the moved checkpoint.
+    params = harness.fork_params(session, "trailing-child", 1)
+    result = harness.driver.fork(ForkRequest.from_wire(params))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.binding is not None
+    assert result.binding.receipt["sourceCheckpointMessageId"] == checkpoint
+
+
+def test_second_turn_while_one_is_active_is_busy_and_interrupt_settles_it(
+    harness: Harness,
+) -> None:
+    session = harness.start("busy")
+    turn_id = f"turn-{uuid.uuid4()}"
+    started = harness.driver.start_turn(
+        {
+            "agentSessionId": session.agent_session_id,
+            "turnId": turn_id,
+            "text": f"{SLOW_PREFIX}wait for me",
+        },
+        harness.recorder,
+    )
+    assert started["providerTurnId"]
+    with pytest.raises(SessionBusy):
+        harness.driver.start_turn(
+            {"agentSessionId": session.agent_session_id, "turnId": "t2", "text": "no"},
+            harness.recorder,
+        )
+    harness.driver.interrupt_turn(
+        {"agentSessionId": session.agent_session_id, "providerTurnId": started["providerTurnId"]}
+    )
+    # The model is still holding its reply: only the interrupt can end this turn now.
+    completed = harness.recorder.wait_completed(turn_id, timeout=30)
+    assert completed["outcome"] == "interrupted"
+    assert not [e for e in harness.recorder.for_turn(turn_id) if e["type"] == "item"]
+    assert completed["providerTurnId"] == started["providerTurnId"]
+    # The session is usable again after the interrupt.
+    _, after = harness.turn(session, "after interrupt")
+    assert after["outcome"] == "completed"
+
+
+def test_turn_on_a_session_the_worker_never_started_is_not_found(harness: Harness) -> None:
+    with pytest.raises(NotFound):
+        harness.driver.start_turn(
+            {"agentSessionId": "agent-nobody", "turnId": "t", "text": "x"}, harness.recorder
+        )
