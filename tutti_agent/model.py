@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
@@ -122,7 +123,14 @@ class ResponsesModel:
             http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         )
         conn = conn_cls(url.hostname or "127.0.0.1", url.port, timeout=self.timeout_s)
-        io.on_cancel(conn.close)  # an interrupt unblocks a pending read by closing the socket
+
+        def abort() -> None:
+            # shutdown() (unlike close()) wakes a recv blocked in the turn thread.
+            sock = conn.sock
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+
+        io.on_cancel(abort)
         try:
             try:
                 conn.request(

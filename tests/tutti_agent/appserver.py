@@ -180,7 +180,7 @@ class AppServerProcess:
 
 def tutti_env(tmp: Path, home_name: str = "tutti-home", **extra: str) -> dict[str, str]:
     home = tmp / "home"
-    home.mkdir(exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
