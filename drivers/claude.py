@@ -202,6 +202,8 @@ class ClaudeDriver:
             "driverVersion": sdk_version(),
             "userAgent": self._user_agent(),
             "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
+            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
+            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
             # provider_owned needs no host binder: the driver itself places the child's
             # transcript in the child's own home before it answers `accepted`.
             "binderAvailable": True,

@@ -55,6 +55,7 @@ def test_provider_turn_id_is_the_observed_root_user_uuid_of_the_transcript(
         "driverKind": "claude-code",
         "driverVersion": "0.2.189",
         "bindingMode": "provider_owned",
+        "forkThroughTurn": True,
         "binderAvailable": True,
     }
 
