@@ -13,12 +13,14 @@ from typing import Any
 
 import apsw
 
-from storage.base import StoreBase, Tx, dumps, loads
+from storage.base import StoreBase, Tx, dumps
 from storage.errors import (
     Conflict,
+    InteractionNotFound,
     InvalidArgument,
     NotFound,
     SessionBusy,
+    SessionIdTaken,
     SessionNotFound,
     TurnNotFound,
 )
@@ -46,16 +48,6 @@ from storage.rows import (
     session_from_row,
     turn_from_row,
 )
-
-
-class SessionIdTaken(Conflict):
-    """The Session id already exists (even deleted) or is reserved by a fork operation."""
-
-    default_reason = "agent_session_id_taken"
-
-
-class InteractionNotFound(NotFound):
-    default_reason = "interaction_not_found"
 
 
 def _require_text(field: str, value: object) -> str:
@@ -739,4 +731,4 @@ class CanonicalStore(StoreBase):
             ]
 
 
-__all__ = ["CanonicalStore", "InteractionNotFound", "SessionIdTaken", "loads"]
+__all__ = ["CanonicalStore", "InteractionNotFound", "SessionIdTaken"]

@@ -157,3 +157,50 @@ class Unavailable(HostError):
     code = "unavailable"
     default_reason = "overloaded"
     retryable = True
+
+
+class SessionIdTaken(Conflict):
+    """The Session id already exists (even deleted) or is reserved by a fork operation."""
+
+    default_reason = "agent_session_id_taken"
+
+
+class InteractionNotFound(NotFound):
+    default_reason = "interaction_not_found"
+
+
+class ForkReferenceReason(StrEnum):
+    """Why cloned history cannot be rewritten safely (`params.forkReferenceError`)."""
+
+    DANGLING_REFERENCE = "dangling_reference"
+    UNKNOWN_TYPED_REFERENCE = "unknown_typed_reference"
+    MALFORMED_REFERENCE = "malformed_reference"
+    DUPLICATE_KEY = "duplicate_key"
+    NON_INJECTIVE_MAPPING = "non_injective_mapping"
+
+
+class ForkReferenceError(ForkConflict):
+    """Law 5 fail-closed: a dangling/unknown typed reference, duplicate key or non-injective
+    mapping in the boundary; raised at prepare, before anything is dispatched."""
+
+    def __init__(self, reason: ForkReferenceReason, message: str) -> None:
+        super().__init__(message, params={"forkReferenceError": reason.value})
+        self.reference_reason = reason
+
+
+class ForkEvidenceRejected(ProviderError):
+    """The provider's answer does not prove an independent child; the saga records `unknown`."""
+
+    default_reason = "agent_session_fork_delivery_unknown"
+
+
+class ForkSnapshotCorrupt(HostError):
+    """The stored snapshot no longer matches its hash or contradicts its operation (500)."""
+
+    default_reason = "agent_session_fork_snapshot_corrupt"
+
+
+class SchemaTooNew(HostError):
+    """The store file was written by a newer agenthost; opening it could corrupt it."""
+
+    default_reason = "store_schema_too_new"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from storage.errors import ForkConflict
+from storage.errors import ForkReferenceError, ForkReferenceReason
 
 # Fixed forever: changing it would change every child id a replay computes (law 5).
 IDENTITY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "agenthost:fork-identity")
@@ -41,22 +41,6 @@ _TYPED_KEY = re.compile(r"^(?:[a-z][A-Za-z0-9]*)?(?:MessageId|TurnId|Interaction
 # Provider and source lineage is deliberately left untouched (seed 000 §5).
 _LINEAGE_PREFIXES = ("provider", "source")
 REF_MARKER = "$ref"
-
-
-class ForkReferenceReason(StrEnum):
-    DANGLING_REFERENCE = "dangling_reference"
-    UNKNOWN_TYPED_REFERENCE = "unknown_typed_reference"
-    MALFORMED_REFERENCE = "malformed_reference"
-    DUPLICATE_KEY = "duplicate_key"
-    NON_INJECTIVE_MAPPING = "non_injective_mapping"
-
-
-class ForkReferenceError(ForkConflict):
-    """The cloned history cannot be rewritten safely; `params.forkReferenceError` says why."""
-
-    def __init__(self, reason: ForkReferenceReason, message: str) -> None:
-        super().__init__(message, params={"forkReferenceError": reason.value})
-        self.reference_reason = reason
 
 
 def child_id(

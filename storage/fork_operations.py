@@ -20,15 +20,15 @@ from storage.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
     ForkConflict,
+    ForkEvidenceRejected,
     ForkOperationNotFound,
     ForkRequestConflict,
+    ForkSnapshotCorrupt,
     InvalidArgument,
     InvalidTransition,
-    ProviderError,
 )
 from storage.fork_snapshot import (
     ChildPlan,
-    ForkSnapshotCorrupt,
     build_child,
     freeze_snapshot,
     load_boundary,
@@ -49,13 +49,6 @@ from storage.models import (
     SessionChanged,
     TurnChanged,
 )
-
-
-class ForkEvidenceRejected(ProviderError):
-    """The provider's answer does not prove the child; the saga must record `unknown`."""
-
-    default_reason = "agent_session_fork_delivery_unknown"
-
 
 _OP_COLUMNS = (
     "workspace_id, operation_id, request_id, request_hash, source_session_id,"

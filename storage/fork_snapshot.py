@@ -16,10 +16,14 @@ from typing import Any
 import apsw
 
 from storage.base import dumps
-from storage.errors import ForkBoundaryError, ForkBoundaryReason, HostError
-from storage.fork_identity import (
+from storage.errors import (
+    ForkBoundaryError,
+    ForkBoundaryReason,
     ForkReferenceError,
     ForkReferenceReason,
+    ForkSnapshotCorrupt,
+)
+from storage.fork_identity import (
     IdentityMap,
     build_identity_map,
     reject_duplicate_keys,
@@ -45,12 +49,6 @@ ATTACHMENTS_KEY = "attachments"
 SESSION_LOCAL_SCOPE = "session_local"
 # A runtime-context resume cursor naming the source provider session must not cross the fork.
 RESUME_CURSOR_KEY = "resumeCursor"
-
-
-class ForkSnapshotCorrupt(HostError):
-    """The stored snapshot no longer matches its hash, or contradicts its operation."""
-
-    default_reason = "agent_session_fork_snapshot_corrupt"
 
 
 def sha256_hex(text: str) -> str:

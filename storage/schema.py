@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import apsw
 
-from storage.errors import HostError
+from storage.errors import SchemaTooNew
 
 # v1: canonical entities (issue 2 item 2). Never edit a released migration: add a new one.
 _V1 = """
@@ -210,12 +210,6 @@ CREATE TABLE fork_lineage (
 
 MIGRATIONS: tuple[str, ...] = (_V1, _V2)
 SCHEMA_VERSION = len(MIGRATIONS)
-
-
-class SchemaTooNew(HostError):
-    """The file was written by a newer agenthost; opening it would risk silent corruption."""
-
-    default_reason = "store_schema_too_new"
 
 
 def user_version(conn: apsw.Connection) -> int:
