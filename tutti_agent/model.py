@@ -58,7 +58,7 @@ class Directive:
     rest: str
 
 
-_DIRECTIVES = ("slow", "ask", "approve", "tool", "fail")
+_DIRECTIVES = ("slow", "ask", "approve", "tool", "fail", "history")
 
 
 def parse_directive(text: str) -> Directive | None:
@@ -91,6 +91,10 @@ class BuiltinModel:
         elif d.name == "approve":
             verdict = "approved" if io.request_approval(d.rest) else "declined"
             io.agent_message(f"{verdict}: {d.rest}")
+        elif d.name == "history":
+            # What the model would see: the real user messages of the model-visible context
+            # (contextual wrappers excluded), so a fork's inherited history can be shown.
+            io.agent_message("history: " + " | ".join(_user_texts(io.model_input())))
         elif d.name == "tool":
             tool, _, args = d.rest.partition(" ")
             io.reasoning(f"The user asked for the {tool} tool.")
@@ -98,6 +102,18 @@ class BuiltinModel:
             io.agent_message(f"echo: {tool}")
         else:  # fail
             raise ModelError(d.rest or "failed")
+
+
+def _user_texts(items: list[Mapping[str, Any]]) -> list[str]:
+    texts = []
+    for item in items:
+        if item.get("type", "message") != "message" or item.get("role") != "user":
+            continue
+        for part in item.get("content") or []:
+            text = str(part.get("text", "")) if isinstance(part, Mapping) else ""
+            if text and not text.startswith("<"):
+                texts.append(text)
+    return texts
 
 
 class ResponsesModel:
