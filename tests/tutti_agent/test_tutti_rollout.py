@@ -1,0 +1,93 @@
+"""Rollout files: format, exact lookup, torn tails and corruption (seed 004 §10 first row)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.tutti_agent.items import explicit_turn, user_msg
+from tests.tutti_agent.storeutil import write_root
+from tutti_agent.errors import RolloutCorrupt
+from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService
+from tutti_agent.rollout import (
+    RolloutWriter,
+    find_rollout_path,
+    iter_rollout_paths,
+    read_rollout,
+)
+from tutti_agent.store import ThreadStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ThreadStore:
+    return ThreadStore(tmp_path / "tutti-home")
+
+
+def test_lines_carry_timestamp_ordinal_type_payload(store: ThreadStore) -> None:
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"))
+    raw = [json.loads(line) for line in store.path_of(tid).read_text().splitlines()]
+    assert all(set(obj) == {"timestamp", "ordinal", "type", "payload"} for obj in raw)
+    assert [obj["ordinal"] for obj in raw] == list(range(len(raw)))
+    assert raw[0]["type"] == "session_meta" and raw[0]["payload"]["id"] == tid
+
+
+def test_lookup_is_exact_by_thread_id(store: ThreadStore) -> None:
+    tid = write_root(store, [])
+    assert find_rollout_path(store.home, tid) == store.path_of(tid)
+    assert find_rollout_path(store.home, tid[:-1]) is None
+    assert find_rollout_path(store.home, tid[1:]) is None
+
+
+def test_torn_last_line_is_ignored_and_cut_before_the_next_append(store: ThreadStore) -> None:
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"))
+    path = store.path_of(tid)
+    with open(path, "ab") as f:
+        f.write(b'{"timestamp":"x","ordinal":5,"type":"resp')
+    assert len(read_rollout(path)) == 5
+    writer = RolloutWriter(path, 5, create=False)
+    writer.append(user_msg("next"))
+    writer.close()
+    lines = read_rollout(path)
+    assert [line.ordinal for line in lines] == list(range(6))
+    assert path.read_bytes().endswith(b"\n")
+
+
+def test_corrupt_line_before_the_end_is_an_error_not_a_guess(store: ThreadStore) -> None:
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"))
+    path = store.path_of(tid)
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = b"{not json"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(RolloutCorrupt):
+        read_rollout(path)
+
+
+def test_unreadable_source_creates_no_child(store: ThreadStore) -> None:
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"))
+    path = store.path_of(tid)
+    data = path.read_bytes().split(b"\n")
+    data[1] = b"garbage"
+    path.write_bytes(b"\n".join(data))
+    for persistence in ForkPersistence:
+        with pytest.raises(RolloutCorrupt):
+            ForkService(store).fork(tid, ForkOptions(persistence=persistence))
+    assert list(iter_rollout_paths(store.home)) == [path]
+    assert not store.is_reserved(tid)
+
+
+def test_referenced_child_reads_its_own_settings_on_cold_resume(
+    store: ThreadStore, tmp_path: Path
+) -> None:
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"), cwd="/source")
+    child = (
+        ForkService(store)
+        .fork(tid, ForkOptions(persistence=ForkPersistence.REFERENCED, cwd="/child"))
+        .child
+    )
+    cold = ThreadStore(tmp_path / "tutti-home").load(child.thread_id)
+    assert cold.effective_settings()["cwd"] == "/child"
+    assert ThreadStore(tmp_path / "tutti-home").load(tid).effective_settings()["cwd"] == "/source"
