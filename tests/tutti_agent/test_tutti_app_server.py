@@ -462,3 +462,23 @@ def test_failpoint_after_child_write_leaves_no_child_rollout(
         server.call("thread/fork", {"threadId": tid})
     assert len(list(iter_rollout_paths(tmp_path / "tutti-home"))) == 1
     assert server.run_turn(tid, "still fine")["status"] == "completed"
+
+
+def test_fork_copies_no_running_state_and_leaves_source_turn_running(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    server = tutti_server()  # server requests are answered by hand below
+    src = server.start_thread(str(tmp_path))
+    server.run_turn(src, "one")
+    asking = server.start_turn(src, "/ask still there?")
+    question = server.server_requests.get(timeout=30)
+    child = server.call("thread/fork", {"threadId": src})["thread"]
+    # The child has the turn closed as interrupted, is idle, and owes no answer.
+    assert child["status"] == {"type": "idle"}
+    assert [t["status"] for t in child["turns"]] == ["completed", "interrupted"]
+    assert agent_texts(server.run_turn(child["id"], "child turn")) == ["echo: child turn"]
+    assert server.server_requests.empty()
+    # The source's waiter was not copied away: answering it completes the source turn.
+    server.respond(question["id"], {"answers": {"answer": {"answers": ["yes"]}}})
+    turn = server.wait_turn_completed(asking)
+    assert (turn["status"], agent_texts(turn)) == ("completed", ["yes"])
