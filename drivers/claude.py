@@ -498,7 +498,10 @@ class ClaudeDriver:
                         "item": {
                             "kind": "tool_result",
                             "text": _text_of(block.content),
-                            "payload": {"toolUseId": block.tool_use_id, "uuid": message.uuid},
+                            "payload": {
+                                "providerToolUseId": block.tool_use_id,
+                                "providerMessageUuid": message.uuid,
+                            },
                         },
                     },
                 )
@@ -517,10 +520,17 @@ class ClaudeDriver:
                     item = {
                         "kind": "tool_call",
                         "text": block.name,
-                        "payload": {"toolUseId": block.id, "input": block.input},
+                        "payload": {"providerToolUseId": block.id, "input": block.input},
                     }
                 if item is not None:
-                    item["payload"].update({"uuid": message.uuid, "messageId": message.message_id})
+                    # provider* keys: the store leaves provider identities untouched when it clones
+                    # a Turn (a bare `messageId` would read as a canonical typed reference).
+                    item["payload"].update(
+                        {
+                            "providerMessageUuid": message.uuid,
+                            "providerApiMessageId": message.message_id,
+                        }
+                    )
                     turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
             if message.uuid and turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)

@@ -48,7 +48,7 @@ def test_provider_turn_id_is_the_observed_root_user_uuid_of_the_transcript(
     assert [(i["kind"], i["text"]) for i in items] == [("assistant", "echo: hello identity")]
     # The binding's checkpoint is the last main-chain message streamed: the assistant reply.
     last_binding = [e for e in events if e["type"] == "turn.binding"][-1]
-    assert decode_binding(last_binding["bindingJson"]) == items[0]["payload"]["uuid"]
+    assert decode_binding(last_binding["bindingJson"]) == items[0]["payload"]["providerMessageUuid"]
     attestation = harness.driver.attest({"home": str(session.home), "cwd": str(session.cwd)})
     assert attestation["userAgent"].startswith("claude-agent-sdk/0.2.189 ")
     assert {k: v for k, v in attestation.items() if k != "userAgent"} == {
@@ -74,7 +74,9 @@ def test_trailing_system_message_moves_the_checkpoint_past_the_reply(harness: Ha
     session = harness.start("trailing", settings={"claudeSettings": STOP_HOOK_SETTINGS})
     provider_turn_id, completed = harness.turn(session, "with a stop hook")
     events = harness.recorder.for_turn(completed["turnId"])
-    reply_uuid = next(e["item"]["payload"]["uuid"] for e in events if e["type"] == "item")
+    reply_uuid = next(
+        e["item"]["payload"]["providerMessageUuid"] for e in events if e["type"] == "item"
+    )
     bindings = [decode_binding(e["bindingJson"]) for e in events if e["type"] == "turn.binding"]
     assert reply_uuid in bindings
     checkpoint = bindings[-1]

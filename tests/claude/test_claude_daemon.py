@@ -1,0 +1,103 @@
+"""The whole fork saga through the daemon's socket with `provider: "claude-code"`: real daemon,
+real Claude worker, real SDK + CLI, the local MessagesServer; plus a SIGKILL of the Claude
+worker right after `fork_session` (→ unknown, never redispatched, exactly one child)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.messages_server import MessagesServer, model_input_texts
+
+pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
+
+
+@pytest.fixture
+def claude_daemon(tmp_path: Path) -> Iterator[tuple[DaemonProcess, MessagesServer]]:
+    with MessagesServer() as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            yield d, server
+        finally:
+            d.stop()
+
+
+def claude_source(d: DaemonProcess, cwd: Path) -> tuple[str, list[dict]]:
+    c = d.client()
+    sid = create_session(c, provider="claude-code", title="claude", cwd=str(cwd))["agentSessionId"]
+    turns = [run_turn(c, sid, text) for text in ("one", "two", "three")]
+    assert [t["outcome"] for t in turns] == ["completed"] * 3, turns
+    return sid, turns
+
+
+def child_transcripts(home: Path) -> list[Path]:
+    """Claude transcripts that are fork children (their entries carry `forkedFrom`)."""
+    out = []
+    for path in home.glob("runtimes/*/*/claude-config/projects/*/*.jsonl"):
+        if '"forkedFrom"' in path.read_text():
+            out.append(path)
+    return out
+
+
+def test_claude_fork_commits_through_the_socket_and_child_turn_sees_turns_one_and_two(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    d, server = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    assert all(t["providerForkBindingState"] == "bound" for t in turns), turns
+    _, op = fork(c, sid, turns[1]["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    child = op["session"]
+    assert child["providerSessionId"] not in (None, "")
+    child_turns = timeline(c, child["agentSessionId"])
+    assert len(child_turns) == 2
+    assert all(t["providerForkBindingState"] == "bound" for t in child_turns)
+    n = len(server.requests)
+    assert run_turn(c, child["agentSessionId"], "four")["outcome"] == "completed"
+    assert model_input_texts(server.requests[n]) == [
+        ("user", "one"),
+        ("assistant", "echo: one"),
+        ("user", "two"),
+        ("assistant", "echo: two"),
+        ("user", "four"),
+    ]
+    assert len(child_transcripts(d.home)) == 1
+
+
+def test_claude_worker_killed_after_fork_session_is_unknown_with_at_most_one_child(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    before = next(w for w in c.call("host.status")["workers"] if w["provider"] == "claude-code")
+    c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "once:kill"}})
+    rid, target = str(uuid.uuid4()), str(uuid.uuid4())
+    _, op = fork(c, sid, turns[1]["turnId"], request_id=rid, target=target)
+    op = until_terminal(c, op)
+    assert op["status"] == "unknown", op
+    after = next(w for w in c.call("host.status")["workers"] if w["provider"] == "claude-code")
+    assert after["pid"] != before["pid"] or after["restarts"] > before["restarts"]
+    # Killed right after fork_session returned: exactly the one child it wrote, still in
+    # the source's home (the move into the target home never ran).
+    assert len(child_transcripts(d.home)) == 1
+    # Never redispatched: a new identity on the same boundary gets the unknown operation back.
+    _, again = fork(c, sid, turns[1]["turnId"])
+    assert again["operationId"] == op["operationId"]
+    assert len(child_transcripts(d.home)) == 1
+    # The source is usable again (fence released, worker restarted).
+    assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
