@@ -144,8 +144,9 @@ def test_real_codex_turn_completes_against_responses_server(tmp_path: Path) -> N
                 )
                 turn_id = started["turn"]["id"]
                 done = app.wait_for(
-                    lambda m, tid=turn_id: m.get("method") == "turn/completed"
-                    and m["params"]["turn"]["id"] == tid
+                    lambda m, tid=turn_id: (
+                        m.get("method") == "turn/completed" and m["params"]["turn"]["id"] == tid
+                    )
                 )
                 turn = done["params"]["turn"]
                 assert turn["status"] == "completed", turn
