@@ -227,6 +227,9 @@ class ForkSaga:
                 "home": str(target_home),
             },
             "providerTurnIds": list(op.source_provider_turn_ids),
+            # Lined up with providerTurnIds: lets a provider_owned driver cut at a known
+            # checkpoint instead of re-reading the source transcript (seed 000 §7, Claude 3).
+            "providerTurnBindings": self._frozen_bindings(),
             "title": op.target_title,
             "driverKind": op.driver_kind,
             "driverVersion": op.driver_version,
@@ -321,6 +324,12 @@ class ForkSaga:
             receipt=dict(receipt),
             turn_bindings=turn_bindings,
         )
+
+    def _frozen_bindings(self) -> list[str | None]:
+        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
+        by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
+        return [by_id.get(pid) for pid in self.operation.source_provider_turn_ids]
 
     def _canonical_turns_by_provider_id(self) -> dict[str, str]:
         store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
