@@ -42,8 +42,10 @@ class Daemon:
         *,
         listen: tuple[str, ...] = (),
         failpoints_enabled: bool | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.config = config
+        self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
         if failpoints_enabled is None:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
@@ -84,7 +86,6 @@ class Daemon:
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
         )
-        self.catalog = Catalog()
         self.ctx = HostContext(
             store=store,
             workers=SupervisorPort(self.supervisor),

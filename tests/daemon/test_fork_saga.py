@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -354,3 +359,76 @@ def test_caller_gone_during_dispatch_still_commits_and_replay_recovers_it(
     )
     assert op["targetAgentSessionId"] == target
     assert len(child_rollouts(runtime_home(daemon.home, WS, sid))) == 1
+
+
+def _daemon_with_tutti_command(home: Path, command: str) -> DaemonProcess:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "agenthost.toml").write_text(
+        f"[providers.tutti-agent]\ncommand = {json.dumps(command)}\n"
+    )
+    return DaemonProcess(home).start()
+
+
+def test_driver_version_changed_between_prepare_and_dispatch_fails_without_dispatch(
+    tmp_path: Path,
+) -> None:
+    version_file = tmp_path / "version"
+    version_file.write_text("0.1.0")
+    wrapper = tmp_path / "versioned_tutti.py"
+    # The real Tutti Agent program, reporting the version the test writes (an upgrade).
+    wrapper.write_text(
+        "import sys, tutti_agent\n"
+        f"tutti_agent.__version__ = open({str(version_file)!r}).read().strip()\n"
+        "from tutti_agent.cli import main\n"
+        "sys.exit(main())\n"
+    )
+    d = _daemon_with_tutti_command(tmp_path / "home", f"{sys.executable} {wrapper}")
+    try:
+        c = d.client()
+        sid, turns = three_turn_source(c)
+        session = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        assert session["lifecycleCapabilities"]["forkThroughTurn"] is True
+        worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "tutti-agent")
+        c.call("debug.failpoints", {"points": {"host.fork.after_prepare": "sleep:2500"}})
+        pending = c.submit(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "throughTurn", "turnId": turns[1]["turnId"]},
+            },
+        )
+        time.sleep(0.8)  # inside the after_prepare window: upgrade the provider, drop the runtime
+        version_file.write_text("0.2.0")
+        os.kill(worker["pid"], signal.SIGKILL)
+        status, body = pending.result(timeout=30)
+        op = until_terminal(c, body["operation"])
+        assert op["status"] == "failed", op
+        assert "driver changed" in op["error"]
+        assert child_rollouts(runtime_home(d.home, WS, sid)) == []
+    finally:
+        d.stop()
+
+
+def test_accepted_answer_without_child_id_is_unknown(tmp_path: Path) -> None:
+    proxy = Path(__file__).parent.parent / "drivers" / "tamper_proxy.py"
+    tutti = Path(sys.executable).parent / "tutti-agent"
+    log = tmp_path / "proxy.log"
+    d = _daemon_with_tutti_command(
+        tmp_path / "home", f"{sys.executable} {proxy} empty_id {log} -- {tutti}"
+    )
+    try:
+        c = d.client()
+        sid, turns = three_turn_source(c)
+        op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+        assert op["status"] == "unknown", op
+        assert op["session"] is None
+        # One provider call was made and it is never repeated.
+        assert log.read_text().count("thread/fork") == 1
+        again = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+        assert again["operationId"] == op["operationId"]
+        assert log.read_text().count("thread/fork") == 1
+    finally:
+        d.stop()
