@@ -11,11 +11,12 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from actors.context import HostContext, Timeouts
-from actors.host_actor import HostActor, WorkerEvent
+from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
 from actors.recovery import RecoveryReport, recover_fork_operations
 from agenthost import __version__, projection
@@ -164,12 +165,17 @@ class Daemon:
     # -- host.status, failpoints ------------------------------------------------------------
 
     def _status(self) -> dict[str, Any]:
+        actors: Future[int] = Future()
+        self.host.tell(CountActors(actors.set_result))
         return {
             "version": __version__,
             "protocol": 1,
             "home": str(self.config.home),
             "workers": self.supervisor.status(),
             "uptimeMs": int((time.monotonic() - self._started) * 1000),
+            # Extensions: live Session actors and daemon threads (idle actors are stopped).
+            "sessionActors": actors.result(timeout=10),
+            "threads": threading.active_count(),
         }
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:
