@@ -23,7 +23,7 @@ from actors.ports import (
     NotDelivered,
     WorkerFailed,
 )
-from storage.errors import ForkUnsupported, HostError
+from storage.errors import ForkUnsupported, HostError, ProviderError
 from storage.models import (
     ForkOperation,
     ForkPrepareRequest,
@@ -77,6 +77,15 @@ class ForkSaga:
             )
 
         def _prepared(runtime: PreparedRuntime | HostError) -> None:
+            if isinstance(runtime, ProviderError):
+                # No operation exists yet: the typed 502 of PROTOCOL.md, nothing to recover.
+                msg.reply(
+                    ProviderError(
+                        f"fork failed before any operation: {runtime.message}",
+                        reason="agent_session_fork_failed",
+                    )
+                )
+                return
             if isinstance(runtime, HostError):
                 msg.reply(runtime)
                 return

@@ -432,3 +432,25 @@ def test_accepted_answer_without_child_id_is_unknown(tmp_path: Path) -> None:
         assert log.read_text().count("thread/fork") == 1
     finally:
         d.stop()
+
+
+def test_provider_unavailable_before_any_operation_is_a_typed_502(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    c = d.client()
+    sid, turns = three_turn_source(c)
+    d.stop()
+    # The provider is broken after a restart: runtime preparation cannot attach it.
+    (home / "agenthost.toml").write_text('[providers.tutti-agent]\ncommand = "/bin/false"\n')
+    d2 = DaemonProcess(home).start()
+    try:
+        c2 = d2.client()
+        rid = str(uuid.uuid4())
+        with pytest.raises(ApiError) as err:
+            fork(c2, sid, turns[1]["turnId"], request_id=rid)
+        assert err.value.status == 502
+        assert err.value.code == "provider_error"
+        assert err.value.reason == "agent_session_fork_failed"
+        assert c2.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+    finally:
+        d2.stop()
