@@ -140,12 +140,8 @@ def test_turn_submit_replay_returns_same_turn_and_runs_one_provider_turn(
     # One provider turn: the provider thread holds exactly one turn.
     rollouts = list((daemon.home / "runtimes").rglob("rollout-*.jsonl"))
     assert len(rollouts) == 1
-    starts = [
-        line
-        for line in rollouts[0].read_text().splitlines()
-        if '"turn_started"' in line or '"task_started"' in line
-    ]
-    assert len(starts) <= 1
+    starts = [line for line in rollouts[0].read_text().splitlines() if '"task_started"' in line]
+    assert len(starts) == 1
 
 
 def test_second_submit_while_turn_active_is_busy(daemon: DaemonProcess) -> None:
