@@ -347,6 +347,10 @@ def test_store_reopen_across_daemon_restart_keeps_everything(tmp_path: Path) -> 
         c2 = d2.client()
         session = c2.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
         assert session["title"] == "Persistent"
+        # Capability comes from the persisted attestation: projecting it spawned nothing.
+        assert session["lifecycleCapabilities"]["forkThroughTurn"] is True
+        assert [t["providerForkBindingState"] for t in timeline(c2, sid)] == ["bound", "bound"]
+        assert c2.call("host.status")["workers"] == []
         turns = timeline(c2, sid)
         assert [t["turnId"] for t in turns] == [t1["turnId"], t2["turnId"]]
         assert [m["text"] for m in turns[1]["messages"]] == ["two", "echo: two"]

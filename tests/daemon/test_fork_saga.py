@@ -358,6 +358,7 @@ def test_caller_gone_during_dispatch_still_commits_and_replay_recovers_it(
         30,
     )
     assert op["targetAgentSessionId"] == target
+    assert get_op(c, op["operationId"])["status"] == "committed"
     assert len(child_rollouts(runtime_home(daemon.home, WS, sid))) == 1
 
 
