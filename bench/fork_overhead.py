@@ -1,0 +1,205 @@
+"""Benchmark 1: fork overhead against the provider itself. Through the daemon socket,
+`fork.create` → committed on a live source of N turns; in the same run, interleaved, the bare
+provider calls the saga needs (`thread/read` + `thread/fork`) on an equally warm app-server
+this benchmark spawns itself. Reports p50/p99 of both, their ratio, and where the host's time
+goes (the operation's durable stage timestamps, and a py-spy/CPU profile of the process tree).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick, ratio
+from bench.harness import (
+    BenchDaemon,
+    acknowledge,
+    create_session,
+    fork_until_terminal,
+    last_settled_turn,
+    run_turn,
+)
+from bench.loadgen import now_ms
+from bench.profile import TreeProfile
+from bench.providers import PROVIDERS, ProviderEntry
+
+MODULE = "bench.fork_overhead"
+STAGES = ("prepare", "attest", "provider+bind", "commit", "reply")
+
+
+def stage_times(store_path: Path, ops: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
+    """Per-stage milliseconds from the operations' durable timestamps (read-only, after the
+    daemon stopped): send → prepared → dispatching → provider_accepted → committed → reply."""
+    conn = sqlite3.connect(f"file:{store_path}?mode=ro", uri=True)
+    out: dict[str, list[float]] = {s: [] for s in STAGES}
+    try:
+        for op in ops:
+            row = conn.execute(
+                "SELECT created_at_ms, dispatched_at_ms, accepted_at_ms, completed_at_ms"
+                " FROM fork_operations WHERE operation_id = ?",
+                (op["operationId"],),
+            ).fetchone()
+            if row is None or None in row:
+                continue
+            created, dispatched, accepted, completed = row
+            out["prepare"].append(created - op["t0"])
+            out["attest"].append(dispatched - created)
+            out["provider+bind"].append(accepted - dispatched)
+            out["commit"].append(completed - accepted)
+            out["reply"].append(op["t1"] - completed)
+    finally:
+        conn.close()
+    return out
+
+
+def measure(entry: ProviderEntry, tmp: Path, turns: int, samples: int, warmup: int) -> dict:
+    with entry.environment() as config:
+        return _measure(entry, config, tmp, turns, samples, warmup)
+
+
+def _measure(
+    entry: ProviderEntry,
+    config: dict[str, str],
+    tmp: Path,
+    turns: int,
+    samples: int,
+    warmup: int,
+) -> dict:
+    log(f"fork overhead: {entry.name}, source of {turns} turns, {samples} samples")
+    daemon = BenchDaemon(tmp / "home", providers={entry.name: config} if config else {}).start()
+    bare = None
+    host_ms: list[float] = []
+    bare_ms: list[float] = []
+    cold_ms: list[float] = []
+    ops: list[dict[str, Any]] = []
+    profile = TreeProfile(daemon.pid, tmp / "fork-overhead.pyspy.txt")
+    try:
+        c = daemon.client()
+        sid = create_session(c, "overhead", provider=entry.name)
+        for i in range(turns):
+            run_turn(c, sid, f"turn {i}")
+        boundary = last_settled_turn(c, sid)
+        bare = entry.bare(tmp / "bare-home", turns, config)
+        for _ in range(warmup):  # both sides warm: live app-servers, loaded threads
+            acknowledge(c, fork_until_terminal(c, sid, boundary)["operationId"])
+            bare.fork_once()
+        profile.start()
+        for _ in range(samples):
+            t0 = now_ms()
+            op = fork_until_terminal(c, sid, boundary)
+            t1 = now_ms()
+            if op["status"] != "committed":
+                raise RuntimeError(f"fork did not commit: {op}")
+            host_ms.append(t1 - t0)
+            ops.append({"operationId": op["operationId"], "t0": t0, "t1": t1})
+            acknowledge(c, op["operationId"])
+            bare_ms.append(bare.fork_once())
+        profile.stop()
+        for _ in range(max(3, samples // 5)):
+            cold_ms.append(bare.cold_read_once())
+    finally:
+        if bare is not None:
+            bare.close()
+        daemon.stop()
+    stages = stage_times(daemon.home / "store.sqlite3", ops)
+    return {
+        "host": Latency.of(host_ms),
+        "bare": Latency.of(bare_ms),
+        "coldRead": Latency.of(cold_ms),
+        "stages": {k: Latency.of(v) for k, v in stages.items()},
+        "cpu": profile.cpu,
+        "profile": profile.summary,
+        "forks": len(host_ms),
+    }
+
+
+def run(mode: Mode) -> BenchResult:
+    turns = pick(mode, 10, 5, 2)
+    samples = pick(mode, 150, 30, 4)
+    warmup = pick(mode, 5, 3, 1)
+    result = BenchResult("fork overhead vs the bare provider", "", mode.value)
+    rows, stage_rows, skipped = [], [], []
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp_text:
+        for entry in PROVIDERS:
+            why = entry.unavailable()
+            if why is not None:
+                skipped.append((entry.name, why))
+                continue
+            m = measure(entry, Path(tmp_text) / entry.name, turns, samples, warmup)
+            host, bare = m["host"], m["bare"]
+            r50, r99 = ratio(host.p50, bare.p50), ratio(host.p99, bare.p99)
+            cold = m["coldRead"]
+            rows.append(
+                (
+                    entry.name,
+                    turns,
+                    host.n,
+                    host.p50,
+                    host.p99,
+                    bare.p50,
+                    bare.p99,
+                    r50,
+                    r99,
+                    cold.p50,
+                )
+            )
+            for stage, lat in m["stages"].items():
+                stage_rows.append((entry.name, stage, lat.p50, lat.p99))
+            forks = max(1, m["forks"])
+            cpu = {k: round(1000 * v / forks, 2) for k, v in m["cpu"].items()}
+            result.figures[entry.name] = {
+                "turns": turns,
+                "host": host,
+                "bare": bare,
+                "coldRead": cold,
+                "ratioP50": r50,
+                "ratioP99": r99,
+                "stages": m["stages"],
+                "cpuMsPerFork": cpu,
+                "profile": m["profile"].to_json() if m["profile"] else None,
+            }
+            result.target(f"{entry.name}: host p50 / bare p50", r50, 1.3, higher_is_better=False)
+            if m["profile"] is not None:
+                result.notes += [f"{entry.name} profile: {x}" for x in m["profile"].lines(4)]
+            result.notes.append(f"{entry.name} CPU ms per fork by process kind: {cpu}")
+    result.tables.append(
+        Table(
+            "fork.create → committed (host) vs thread/read + thread/fork (bare), ms",
+            (
+                "provider",
+                "turns",
+                "n",
+                "host p50",
+                "host p99",
+                "bare p50",
+                "bare p99",
+                "p50 ratio",
+                "p99 ratio",
+                "cold spawn+read p50",
+            ),
+            tuple(rows),
+        )
+    )
+    result.tables.append(
+        Table(
+            "host stages from the operation's durable timestamps, ms",
+            ("provider", "stage", "p50", "p99"),
+            tuple(stage_rows),
+        )
+    )
+    for name, why in skipped:
+        result.notes.append(f"{name}: not measured: {why}")
+    result.figures["skipped"] = dict(skipped)
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return bench_main(MODULE, __doc__ or "", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,379 @@
+"""Load generators: each client is its own process (spawned, one DEALER each) running a closed
+loop against the daemon socket until a shared deadline, recording every request it makes.
+
+Separate processes keep the clients' own GIL out of the latencies we report; on 2 cores the
+clients still compete with the daemon for CPU, which every figure here includes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import queue
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Record = dict[str, Any]
+"""One request: `kind`, `t0`/`t1` (epoch ms), `status`, `reason`, plus loop-specific keys."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientSpec:
+    loop: str
+    """A loop name in `LOOPS`."""
+    args: Mapping[str, Any]
+
+
+def now_ms() -> float:
+    return time.time() * 1000.0
+
+
+def _call(c: Any, kind: str, method: str, params: Mapping[str, Any]) -> tuple[Record, dict]:
+    t0 = now_ms()
+    status, body = c.call_raw(method, params)
+    t1 = now_ms()
+    rec: Record = {"kind": kind, "t0": t0, "t1": t1, "status": status, "reason": ""}
+    if status >= 400:
+        rec["reason"] = str(body.get("reason", ""))
+    return rec, body
+
+
+def loop_mutate(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) -> list[Record]:
+    """Per cycle on the client's own Session: `turn.submit` (202), `session.updateTitle`,
+    `session.timeline`, then wait (unrecorded polls) until the Turn settles."""
+    ws, sid = args["ws"], args["sid"]
+    out: list[Record] = []
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        rec, body = _call(
+            c,
+            "turn.submit",
+            "turn.submit",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "input": [{"type": "text", "text": f"mutation {i}"}],
+            },
+        )
+        out.append(rec)
+        rec, _ = _call(
+            c,
+            "session.updateTitle",
+            "session.updateTitle",
+            {"workspaceId": ws, "agentSessionId": sid, "title": f"title {i}"},
+        )
+        out.append(rec)
+        rec, _ = _call(
+            c,
+            "session.timeline",
+            "session.timeline",
+            {"workspaceId": ws, "agentSessionId": sid, "limit": 20},
+        )
+        out.append(rec)
+        waiter.turn_settled(ws, sid, deadline + 60)
+    return out
+
+
+class Waiter:
+    """Waits for a Turn to settle or an operation to end from the events socket, as a GUI
+    would, so waiting adds no request load; a slow poll covers a missed event."""
+
+    def __init__(self, c: Any, events: str | None) -> None:
+        self.c = c
+        self.sub = None
+        if events:
+            from transport.client import EventSubscriber
+
+            self.sub = EventSubscriber(events)
+
+    def close(self) -> None:
+        if self.sub is not None:
+            self.sub.close()
+
+    def _next_event(self, timeout: float) -> dict[str, Any] | None:
+        if self.sub is None:
+            time.sleep(timeout)
+            return None
+        return self.sub.next(timeout)
+
+    def turn_settled(self, ws: str, sid: str, until: float) -> None:
+        next_poll = 0.0
+        while time.monotonic() < until:
+            if time.monotonic() >= next_poll:
+                status, body = self.c.call_raw(
+                    "session.get", {"workspaceId": ws, "agentSessionId": sid}
+                )
+                if status >= 400 or body["session"]["activeTurnId"] is None:
+                    return
+                next_poll = time.monotonic() + 0.2
+            event = self._next_event(0.05)
+            if (
+                event is not None
+                and event.get("type") == "turn.updated"
+                and event.get("agentSessionId") == sid
+                and event["turn"]["phase"] == "settled"
+            ):
+                next_poll = 0.0  # confirm with one read: the settled turn may be an older one
+
+    def operation_ended(self, ws: str, op: dict[str, Any], until: float) -> dict[str, Any]:
+        next_poll = time.monotonic() + 0.2
+        while op["status"] == "accepted" and time.monotonic() < until:
+            event = self._next_event(0.05)
+            if (
+                event is not None
+                and event.get("type") == "fork.operation"
+                and event["operation"]["operationId"] == op["operationId"]
+            ):
+                op = event["operation"]
+                continue
+            if time.monotonic() >= next_poll:
+                st, got = self.c.call_raw(
+                    "fork.get", {"workspaceId": ws, "operationId": op["operationId"]}
+                )
+                if st < 400:
+                    op = got["operation"]
+                next_poll = time.monotonic() + 0.2
+        return op
+
+
+def loop_fork(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) -> list[Record]:
+    """Fork the client's source through its last settled Turn until the deadline: create,
+    poll `fork.get` while `accepted`, ACK a commit (so the barrier lets the next one through).
+
+    With `follow_latest`, the boundary is re-read before each attempt (the source grows when
+    a racing client submits turns); a refusal is recorded and retried after a short pause.
+    """
+    ws, sid = args["ws"], args["sid"]
+    turn_id = str(args.get("turn_id") or "")
+    follow = bool(args.get("follow_latest"))
+    out: list[Record] = []
+    while time.monotonic() < deadline:
+        if follow or not turn_id:
+            turn_id = _last_settled(c, ws, sid) or turn_id
+        t0 = now_ms()
+        status, body = c.call_raw(
+            "fork.create",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "throughTurn", "turnId": turn_id},
+            },
+        )
+        rec: Record = {"kind": "fork", "t0": t0, "status": status, "turnId": turn_id}
+        if status >= 400:
+            rec.update(
+                t1=now_ms(),
+                reason=str(body.get("reason", "")),
+                boundary=str((body.get("params") or {}).get("forkBoundaryReason", "")),
+            )
+            out.append(rec)
+            time.sleep(0.005)
+            continue
+        op = waiter.operation_ended(ws, body["operation"], deadline + 120)
+        rec.update(
+            t1=now_ms(),
+            reason=op["status"],
+            operationId=op["operationId"],
+            targetAgentSessionId=op["targetAgentSessionId"],
+            error=op.get("error"),
+        )
+        out.append(rec)
+        if op["status"] == "committed":
+            c.call_raw("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})
+    return out
+
+
+def _last_settled(c: Any, ws: str, sid: str) -> str | None:
+    last, after = None, 0
+    while True:
+        status, body = c.call_raw(
+            "session.timeline",
+            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": after, "limit": 1000},
+        )
+        if status >= 400:
+            return last
+        for t in body["turns"]:
+            if t["phase"] == "settled":
+                last = str(t["turnId"])
+        if body.get("nextSequence") is None:
+            return last
+        after = int(body["nextSequence"])
+
+
+def loop_race_mutate(
+    c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float
+) -> list[Record]:
+    """Mutations aimed at a Session that another client keeps forking: a fenced `turn.submit`
+    (unique text) and a fenced `session.updateSettings` (increasing counter), plus the
+    unfenced `session.updateTitle`. Each record keeps the durable write time the reply shows
+    (`durableMs`), so the checker can place it against the fork operations' fence windows."""
+    ws, sid, tag = args["ws"], args["sid"], args["tag"]
+    out: list[Record] = []
+    i = 0
+    while time.monotonic() < deadline:
+        i += 1
+        text = f"race {tag} {i}"
+        rec, body = _call(
+            c,
+            "turn.submit",
+            "turn.submit",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "input": [{"type": "text", "text": text}],
+            },
+        )
+        rec["text"] = text
+        if rec["status"] < 400:
+            rec["durableMs"] = body["turn"]["createdAtUnixMs"]
+            rec["turnId"] = body["turn"]["turnId"]
+        out.append(rec)
+        rec, body = _call(
+            c,
+            "session.updateSettings",
+            "session.updateSettings",
+            {"workspaceId": ws, "agentSessionId": sid, "settings": {"bench": f"{tag}-{i}"}},
+        )
+        rec["value"] = f"{tag}-{i}"
+        if rec["status"] < 400:
+            rec["durableMs"] = body["session"]["updatedAtUnixMs"]
+        out.append(rec)
+        rec, body = _call(
+            c,
+            "session.updateTitle",
+            "session.updateTitle",
+            {"workspaceId": ws, "agentSessionId": sid, "title": f"race {tag} {i}"},
+        )
+        out.append(rec)
+        waiter.turn_settled(ws, sid, deadline + 60)
+    return out
+
+
+def loop_read(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) -> list[Record]:
+    """Alternate `session.get` over `sids` and `fork.get` over `ops`, one request in flight."""
+    ws = args["ws"]
+    sids: Sequence[str] = args["sids"]
+    ops: Sequence[str] = args["ops"]
+    out: list[Record] = []
+    i = int(args.get("offset", 0))
+    while time.monotonic() < deadline:
+        i += 1
+        if ops and i % 2:
+            rec, _ = _call(
+                c, "fork.get", "fork.get", {"workspaceId": ws, "operationId": ops[i % len(ops)]}
+            )
+        else:
+            rec, _ = _call(
+                c,
+                "session.get",
+                "session.get",
+                {"workspaceId": ws, "agentSessionId": sids[i % len(sids)]},
+            )
+        out.append(rec)
+    return out
+
+
+LOOPS: dict[str, Callable[[Any, Waiter, Mapping[str, Any], float], list[Record]]] = {
+    "mutate": loop_mutate,
+    "fork": loop_fork,
+    "race_mutate": loop_race_mutate,
+    "read": loop_read,
+}
+
+
+def _client_main(
+    endpoint: str,
+    events: str | None,
+    spec: ClientSpec,
+    duration_s: float,
+    index: int,
+    ready: Any,
+    go: Any,
+    results: Any,
+) -> None:
+    from transport.client import Client
+
+    client = Client(endpoint, timeout=120.0)
+    waiter = Waiter(client, events)
+    try:
+        ready.put(index)
+        go.wait(120)
+        deadline = time.monotonic() + duration_s
+        try:
+            records = LOOPS[spec.loop](client, waiter, spec.args, deadline)
+            results.put((index, records, None))
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+            results.put((index, [], f"{type(exc).__name__}: {exc}"))
+    finally:
+        waiter.close()
+        client.close()
+
+
+def run_clients(
+    endpoint: str,
+    specs: Sequence[ClientSpec],
+    duration_s: float,
+    *,
+    events: str | None = None,
+    on_start: Any = None,
+) -> list[list[Record]]:
+    """Start one process per spec, release them together, and return each one's records.
+
+    `on_start()` is called right after the release (e.g. to start a profiler); its return
+    value is ignored.
+    """
+    ctx = mp.get_context("spawn")
+    ready, results, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(
+            target=_client_main,
+            args=(endpoint, events, spec, duration_s, i, ready, go, results),
+            daemon=True,
+        )
+        for i, spec in enumerate(specs)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=120)
+        go.set()
+        if on_start is not None:
+            on_start()
+        out: dict[int, list[Record]] = {}
+        errors: list[str] = []
+        for _ in procs:
+            index, records, error = results.get(timeout=duration_s + 300)
+            out[index] = records
+            if error:
+                errors.append(f"client {index} ({specs[index].loop}): {error}")
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return [out[i] for i in range(len(specs))]
+    except queue.Empty as exc:
+        raise RuntimeError("a load client did not report in time") from exc
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                with contextlib.suppress(Exception):
+                    p.kill()
+                    p.join(5)
+
+
+def latencies(
+    records: Sequence[Record], kind: str | None = None, ok_only: bool = True
+) -> list[float]:
+    return [
+        r["t1"] - r["t0"]
+        for r in records
+        if (kind is None or r["kind"] == kind) and (not ok_only or r["status"] < 400)
+    ]

@@ -1,0 +1,159 @@
+"""Profiles of the daemon's process tree while a benchmark runs: py-spy (sampling, every
+subprocess, on-CPU only) when it is installed, summarised into top self/inclusive frames per
+process kind, plus exact per-kind CPU seconds from /proc (which needs no profiler at all).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.harness import cpu_by_kind, cpu_delta, tree
+
+
+def py_spy() -> str | None:
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def _kind_of(process_frame: str) -> str:
+    if "agenthost.cli" in process_frame:
+        return "daemon"
+    if "drivers.worker" in process_frame:
+        return "worker"
+    if "app-server" in process_frame:
+        return "app-server"
+    return "other"
+
+
+def _short(frame: str) -> str:
+    """`fn (path/to/file.py:12)` → `fn (file.py)`: lines vary, the function is what counts."""
+    name, _, loc = frame.partition(" (")
+    path = loc.rstrip(")").rsplit(":", 1)[0]
+    return f"{name} ({'/'.join(path.split('/')[-2:])})"
+
+
+@dataclass(slots=True)
+class ProfileSummary:
+    samples: dict[str, int] = field(default_factory=dict)
+    top_self: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+    top_inclusive: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "topSelf": {k: [list(x) for x in v] for k, v in self.top_self.items()},
+            "topInclusive": {k: [list(x) for x in v] for k, v in self.top_inclusive.items()},
+        }
+
+    def lines(self, per_kind: int = 5) -> list[str]:
+        out = []
+        total = sum(self.samples.values()) or 1
+        for kind, n in sorted(self.samples.items(), key=lambda kv: -kv[1]):
+            out.append(f"{kind}: {n} on-CPU samples ({100 * n / total:.0f}%)")
+            for frame, count in self.top_self.get(kind, [])[:per_kind]:
+                out.append(f"    self {100 * count / n:4.0f}%  {frame}")
+            for frame, count in self.top_inclusive.get(kind, [])[:per_kind]:
+                out.append(f"    incl {100 * count / n:4.0f}%  {frame}")
+        return out
+
+
+def summarise(raw: str, top: int = 12) -> ProfileSummary:
+    """Summarise py-spy `--format raw` output (collapsed stacks: `a;b;c count`)."""
+    samples: Counter[str] = Counter()
+    selfs: dict[str, Counter[str]] = {}
+    incl: dict[str, Counter[str]] = {}
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        procs = [f for f in frames if f.startswith("process ")]
+        code = [f for f in frames if not f.startswith("process ") and not f.startswith("thread ")]
+        if not code:
+            continue
+        kind = _kind_of(procs[-1]) if procs else "other"
+        samples[kind] += count
+        selfs.setdefault(kind, Counter())[_short(code[-1])] += count
+        seen = set()
+        for f in code:
+            s = _short(f)
+            if s not in seen and not s.startswith("<module>") and "bootstrap" not in s:
+                seen.add(s)
+                incl.setdefault(kind, Counter())[s] += count
+    # Inclusive frames that cover everything (thread run loops) say nothing: drop the top ones
+    # that are present in over 90 % of a kind's samples.
+    summary = ProfileSummary(samples=dict(samples))
+    for kind, counter in selfs.items():
+        summary.top_self[kind] = counter.most_common(top)
+    for kind, counter in incl.items():
+        n = samples[kind]
+        summary.top_inclusive[kind] = [
+            (f, c) for f, c in counter.most_common(top * 4) if c < 0.9 * n
+        ][:top]
+    return summary
+
+
+class TreeProfile:
+    """Wraps a measured window: CPU seconds per process kind from /proc, and (if available)
+    a py-spy recording of the whole tree, stopped with SIGINT at the end."""
+
+    def __init__(self, pid: int, out: Path, *, rate: int = 100, use_py_spy: bool = True):
+        self.pid = pid
+        self.out = out
+        self.rate = rate
+        self.use_py_spy = use_py_spy and py_spy() is not None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._cpu0: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.summary: ProfileSummary | None = None
+        self.error: str | None = None
+
+    def start(self) -> None:
+        self._cpu0 = cpu_by_kind(tree(self.pid))
+        if not self.use_py_spy:
+            return
+        spy = py_spy()
+        assert spy is not None
+        self._proc = subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--subprocesses",
+                "--nonblocking",
+                "--format",
+                "raw",
+                "--rate",
+                str(self.rate),
+                "-o",
+                str(self.out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        self.cpu = cpu_delta(self._cpu0, cpu_by_kind(tree(self.pid)))
+        if self._proc is None:
+            return
+        self._proc.send_signal(signal.SIGINT)
+        try:
+            self._proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            self._proc.wait(5)
+        try:
+            self.summary = summarise(self.out.read_text(errors="replace"))
+        except OSError as exc:
+            self.error = f"py-spy wrote no profile: {exc}"
