@@ -1,5 +1,8 @@
-"""The `agenthost` command: `serve` runs the daemon; the other subcommands are a small client
+"""The `agenthost` command: `serve` runs the daemon; the other subcommands are its client
 (human output by default, `--json` for scripts, a non-zero exit code with the error reason).
+
+Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did not succeed;
+2 usage; 3 the daemon cannot be reached; 4 a fork's delivery is unknown (retry reuses its ids).
 """
 
 from __future__ import annotations
@@ -11,15 +14,23 @@ import logging
 import signal
 import sys
 import threading
+import time
 import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 from agenthost.config import ConfigError, default_home, load_config
 
-EXIT_USAGE = 2
+EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_UNKNOWN = 4
+EXIT_INTERRUPTED = 130
+
+PROVIDERS = ("tutti-agent", "codex", "claude-code")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,11 +43,22 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="agenthost", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="agenthost",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
     p.add_argument("--connect", default=None, help="API endpoint (default: the home's ipc socket)")
+    p.add_argument(
+        "--events", default=None, help="events endpoint (default: the home's ipc events socket)"
+    )
     p.add_argument("--workspace", default="default", help="workspace id (default: default)")
+    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    # `--json` is accepted after the subcommand too; SUPPRESS keeps a global one intact.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command")
 
     s = sub.add_parser("serve", help="run the daemon in the foreground")
@@ -50,27 +72,41 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("-v", "--verbose", action="store_true")
     s.set_defaults(run=_serve)
 
-    sub.add_parser("status", help="daemon status").set_defaults(run=_status)
-    sub.add_parser("sessions", help="list sessions").set_defaults(run=_sessions)
-    n = sub.add_parser("new", help="create a session")
-    n.add_argument("--provider", default="tutti-agent")
+    sub.add_parser("status", parents=[common], help="daemon status").set_defaults(run=_status)
+    sub.add_parser(
+        "sessions", parents=[common], help="list sessions as a fork lineage tree"
+    ).set_defaults(run=_sessions)
+    n = sub.add_parser("new", parents=[common], help="create a session")
+    n.add_argument("--provider", default="tutti-agent", choices=PROVIDERS)
     n.add_argument("--title", default=None)
     n.add_argument("--cwd", default=None)
     n.set_defaults(run=_new)
-    y = sub.add_parser("say", help="run a turn and stream it")
-    y.add_argument("session")
+    y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
+    y.add_argument("session", help="session id or unique prefix")
     y.add_argument("text")
+    y.add_argument("--answer", default=None, help="reply to a question the turn asks")
+    y.add_argument(
+        "--approve", action="store_const", const="approve", dest="decision", default=None
+    )
+    y.add_argument("--decline", action="store_const", const="decline", dest="decision")
+    y.add_argument("--turn-timeout", type=float, default=600.0)
     y.set_defaults(run=_say)
-    w = sub.add_parser("show", help="show a session's transcript")
-    w.add_argument("session")
+    w = sub.add_parser("show", parents=[common], help="show a session's transcript")
+    w.add_argument("session", help="session id or unique prefix")
     w.set_defaults(run=_show)
-    f = sub.add_parser("fork", help="fork a session through a settled turn")
-    f.add_argument("session")
-    f.add_argument("--through", required=True, metavar="TURN")
+    f = sub.add_parser("fork", parents=[common], help="fork a session through a settled turn")
+    f.add_argument("session", help="session id or unique prefix")
+    f.add_argument(
+        "--through", required=True, metavar="TURN", help="turn id, unique prefix or sequence"
+    )
+    f.add_argument("--fork-timeout", type=float, default=120.0)
     f.set_defaults(run=_fork)
-    o = sub.add_parser("op", help="show a fork operation")
+    o = sub.add_parser("op", parents=[common], help="show a fork operation")
     o.add_argument("operation")
+    o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
     o.set_defaults(run=_op)
+    g = sub.add_parser("gui", help="the terminal GUI")
+    g.set_defaults(run=_gui)
     return p
 
 
@@ -123,143 +159,384 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- client commands ----------------------------------------------------------------------
+# -- client plumbing -----------------------------------------------------------------------
+
+
+class CliError(Exception):
+    """A failure reported to the user: its reason, message, exit code and wire error if any."""
+
+    def __init__(
+        self,
+        reason: str,
+        message: str,
+        *,
+        code: int = EXIT_ERROR,
+        error: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+        self.message = message
+        self.code = code
+        self.error = dict(error) if error else {"reason": reason, "message": message}
+
+
+def endpoints(args: argparse.Namespace) -> tuple[str, str]:
+    run = (args.home or default_home()).expanduser() / "run"
+    api = args.connect or f"ipc://{run / 'api.sock'}"
+    events = args.events or f"ipc://{run / 'events.sock'}"
+    return api, events
 
 
 def _client(args: argparse.Namespace) -> Any:
     from transport.client import Client
 
-    endpoint = args.connect or f"ipc://{(args.home or default_home()) / 'run' / 'api.sock'}"
-    return Client(endpoint, timeout=30.0)
-
-
-def _call(args: argparse.Namespace, method: str, params: dict[str, Any] | None = None) -> Any:
-    from transport.client import ApiError, ClientTimeout
-
-    client = _client(args)
-    try:
-        body = {"workspaceId": args.workspace, **(params or {})} if method != "host.status" else {}
-        return client.call(method, body)
-    except ApiError as exc:
-        raise CliError(f"{exc.reason}: {exc}") from exc
-    except ClientTimeout as exc:
+    api, _ = endpoints(args)
+    if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
+        # ZeroMQ would queue the request forever; say plainly that nobody is listening.
         raise CliError(
-            "timeout: the daemon did not answer (is `agenthost serve` running?)"
-        ) from exc
-    finally:
-        client.close()
+            "daemon_unreachable",
+            f"no daemon socket at {api} (is `agenthost serve` running?)",
+            code=EXIT_UNREACHABLE,
+        )
+    return Client(api, timeout=args.timeout)
 
 
-class CliError(Exception):
-    pass
+def _api_error(exc: Any) -> CliError:
+    return CliError(
+        exc.reason or exc.code,
+        exc.message,
+        error={
+            "status": exc.status,
+            "code": exc.code,
+            "reason": exc.reason,
+            "message": exc.message,
+            "retryable": exc.retryable,
+            "params": exc.params,
+        },
+    )
 
 
-def _guard(fn: Any) -> Any:
+def _with_client(
+    fn: Callable[[argparse.Namespace, Any], int],
+) -> Callable[[argparse.Namespace], int]:
+    """Run a command with a client; map every failure to a CliError with its exit code."""
+
     def run(args: argparse.Namespace) -> int:
+        from agenthost.session_client import ReferenceError_
+        from transport.client import ApiError, ClientTimeout
+
+        client = None
         try:
-            return int(fn(args) or 0)
+            client = _client(args)
+            return int(fn(args, client) or 0)
         except CliError as exc:
-            if args.json:
-                print(json.dumps({"error": str(exc)}))
-            else:
-                print(f"agenthost: {exc}", file=sys.stderr)
-            return EXIT_ERROR
+            return _fail(args, exc)
+        except ApiError as exc:
+            return _fail(args, _api_error(exc))
+        except ReferenceError_ as exc:
+            return _fail(args, CliError(exc.reason, exc.message))
+        except (ClientTimeout, TimeoutError) as exc:
+            return _fail(
+                args,
+                CliError("daemon_unreachable", f"no reply: {exc}", code=EXIT_UNREACHABLE),
+            )
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
+        finally:
+            if client is not None:
+                client.close()
 
     return run
 
 
+def _fail(args: argparse.Namespace, exc: CliError) -> int:
+    if args.json:
+        print(json.dumps({"error": exc.error}))
+    else:
+        print(f"agenthost: {exc.reason}: {exc.message}", file=sys.stderr)
+    return exc.code
+
+
 def _emit(args: argparse.Namespace, data: Any, human: str) -> None:
-    print(json.dumps(data, indent=None if args.json else 2) if args.json else human)
+    if args.json:
+        print(json.dumps(data))
+    elif human:
+        print(human)
 
 
-@_guard
-def _status(args: argparse.Namespace) -> int:
-    result = _call(args, "host.status")
-    workers = ", ".join(f"{w['provider']}({w['state']}, pid {w['pid']})" for w in result["workers"])
+def _call(args: argparse.Namespace, client: Any, method: str, **params: Any) -> dict[str, Any]:
+    body = {} if method == "host.status" else {"workspaceId": args.workspace, **params}
+    return dict(client.call(method, body))
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@_with_client
+def _status(args: argparse.Namespace, client: Any) -> int:
+    result = _call(args, client, "host.status")
+    workers = ", ".join(
+        f"{w['provider']} {w['state']} (pid {w['pid']}, {w['restarts']} restarts)"
+        for w in result["workers"]
+    )
     _emit(
         args,
         result,
-        f"agenthost {result['version']} at {result['home']}; workers: {workers or 'none'}",
+        f"agenthost {result['version']} (protocol {result['protocol']}) at {result['home']}, "
+        f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}",
     )
-    return 0
+    return EXIT_OK
 
 
-@_guard
-def _sessions(args: argparse.Namespace) -> int:
-    result = _call(args, "session.list", {"limit": 200})
-    lines = [
-        f"{s['agentSessionId']}  {s['provider']:<12} {s['title']}"
-        + (f"  (forked from {s['forkedFrom']['sourceAgentSessionId']})" if s["forkedFrom"] else "")
-        for s in result["sessions"]
-    ]
-    _emit(args, result, "\n".join(lines) or "(no sessions)")
-    return 0
+@_with_client
+def _sessions(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import list_sessions, session_tree
+
+    sessions = list_sessions(client, args.workspace)
+    lines = []
+    for row in session_tree(sessions):
+        s = row.session
+        indent = "  " * row.depth + ("└─ " if row.depth else "")
+        fork = "fork" if s["lifecycleCapabilities"]["forkThroughTurn"] else "no-fork"
+        active = "  (turn active)" if s.get("activeTurnId") else ""
+        lines.append(
+            f"{indent}{s['agentSessionId']}  {s['provider']:<11} {fork:<7} {s['title']}{active}"
+        )
+    _emit(args, {"sessions": sessions}, "\n".join(lines) or "(no sessions)")
+    return EXIT_OK
 
 
-@_guard
-def _new(args: argparse.Namespace) -> int:
+@_with_client
+def _new(args: argparse.Namespace, client: Any) -> int:
     params: dict[str, Any] = {"provider": args.provider}
     if args.title:
         params["title"] = args.title
     if args.cwd:
         params["cwd"] = args.cwd
-    session = _call(args, "session.create", params)["session"]
-    _emit(args, {"session": session}, session["agentSessionId"])
-    return 0
+    session = _call(args, client, "session.create", **params)["session"]
+    _emit(
+        args,
+        {"session": session},
+        f"{session['agentSessionId']}  {session['provider']}  {session['title']}",
+    )
+    return EXIT_OK
 
 
-@_guard
-def _say(args: argparse.Namespace) -> int:
-    from agenthost.session_client import run_turn
+@_with_client
+def _say(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import TurnPrinter, resolve_session, stream_turn
 
-    client = _client(args)
+    sid = resolve_session(client, args.workspace, args.session)
+    _, events = endpoints(args)
+    printer = TurnPrinter(print)
+    pending: list[Mapping[str, Any]] = []
+
+    def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
+        response = _interaction_response(args, interaction)
+        if response is None:
+            pending.append(interaction)
+            raise _InteractionPending()
+        return response
+
     try:
-        turn = run_turn(client, args.workspace, args.session, args.text, echo=not args.json)
-    finally:
-        client.close()
-    _emit(args, {"turn": turn}, "")
-    return 0 if turn["outcome"] == "completed" else EXIT_ERROR
-
-
-@_guard
-def _show(args: argparse.Namespace) -> int:
-    from agenthost.session_client import format_transcript
-
-    session = _call(args, "session.get", {"agentSessionId": args.session})["session"]
-    turns = _call(args, "session.timeline", {"agentSessionId": args.session, "limit": 1000})[
-        "turns"
-    ]
-    _emit(args, {"session": session, "turns": turns}, format_transcript(session, turns))
-    return 0
-
-
-@_guard
-def _fork(args: argparse.Namespace) -> int:
-    from agenthost.session_client import fork_and_wait
-
-    client = _client(args)
-    try:
-        op = fork_and_wait(
+        turn = stream_turn(
             client,
             args.workspace,
-            args.session,
-            args.through,
-            progress=None if args.json else lambda s: print(f"… fork {s}", file=sys.stderr),
+            sid,
+            args.text,
+            events_endpoint=events if Path(events.removeprefix("ipc://")).exists() else None,
+            on_update=None if args.json else printer.update,
+            on_interaction=on_interaction,
+            timeout=args.turn_timeout,
         )
-    finally:
-        client.close()
-    human = f"{op['status']}: {op['targetAgentSessionId']}" + (
-        f" ({op['error']})" if op["error"] else ""
+    except _InteractionPending:
+        interaction = pending[-1]
+        # Nobody can answer here: do not leave the session blocked on a turn nobody will finish.
+        _call(
+            args,
+            client,
+            "turn.interrupt",
+            agentSessionId=sid,
+            turnId=interaction["turnId"],
+        )
+        raise CliError(
+            "interaction_pending",
+            f"the turn asked for a {interaction['kind']} ({_describe(interaction)}) and was "
+            "interrupted; run it again with --answer TEXT, --approve or --decline",
+        ) from None
+    ok = turn["outcome"] == "completed"
+    if args.json:
+        data: dict[str, Any] = {"turn": turn}
+        if not ok:
+            data["error"] = {
+                "reason": f"turn_{turn['outcome']}",
+                "message": turn.get("error") or "",
+            }
+        _emit(args, data, "")
+    elif not ok:
+        print(
+            f"agenthost: turn_{turn['outcome']}: {turn.get('error') or ''}",
+            file=sys.stderr,
+        )
+    return EXIT_OK if ok else EXIT_ERROR
+
+
+class _InteractionPending(Exception):
+    pass
+
+
+def _describe(interaction: Mapping[str, Any]) -> str:
+    value = interaction.get("input") or {}
+    return str(value.get("text") or value.get("command") or value)
+
+
+def _interaction_response(
+    args: argparse.Namespace, interaction: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    kind = interaction.get("kind")
+    if kind == "approval" and args.decision:
+        return {"decision": args.decision}
+    if kind != "approval" and args.answer is not None:
+        return {"text": args.answer}
+    if sys.stdin.isatty() and not args.json:
+        prompt = _describe(interaction)
+        if kind == "approval":
+            reply = input(f"approve {prompt}? [y/N] ").strip().lower()
+            return {"decision": "approve" if reply in ("y", "yes") else "decline"}
+        return {"text": input(f"{kind}: {prompt} > ")}
+    return None
+
+
+@_with_client
+def _show(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import (
+        format_transcript,
+        resolve_session,
+        source_title,
+        timeline,
     )
-    _emit(args, {"operation": op}, human)
-    return 0 if op["status"] == "committed" else EXIT_ERROR
+
+    sid = resolve_session(client, args.workspace, args.session)
+    session = _call(args, client, "session.get", agentSessionId=sid)["session"]
+    turns = timeline(client, args.workspace, sid)
+    source = source_title(client, args.workspace, session)
+    _emit(
+        args,
+        {"session": session, "turns": turns},
+        format_transcript(session, turns, source),
+    )
+    return EXIT_OK
 
 
-@_guard
-def _op(args: argparse.Namespace) -> int:
-    op = _call(args, "fork.get", {"operationId": args.operation})["operation"]
-    _emit(args, {"operation": op}, f"{op['operationId']}: {op['status']} ({op['phase']})")
-    return 0
+@_with_client
+def _fork(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.engine import AckState, Engine, MutationStatus
+    from agenthost.session_client import resolve_session, resolve_turn, timeline
+
+    sid = resolve_session(client, args.workspace, args.session)
+    turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
+    _, events = endpoints(args)
+    engine = Engine(client, args.workspace)
+    try:
+        if Path(events.removeprefix("ipc://")).exists() or not events.startswith("ipc://"):
+            engine.attach_events(events)
+        record = engine.fork(sid, turn_id)
+        shown: str | None = None
+
+        def changed() -> bool:
+            return engine.mutation(sid, turn_id) != record
+
+        deadline = time.monotonic() + args.fork_timeout
+        while record.status is MutationStatus.IN_FLIGHT and time.monotonic() < deadline:
+            if not args.json and record.operation_id and record.phase != shown:
+                shown = record.phase
+                print(
+                    f"… fork accepted ({shown}), operation {record.operation_id}", file=sys.stderr
+                )
+            engine.wait_for(changed, 0.5)
+            record = engine.mutation(sid, turn_id) or record
+        if record.status is MutationStatus.SUCCEEDED:
+            # Give the client-observed ACK its deadline (and first retry) before we exit.
+            engine.wait_for(
+                lambda: engine.mutation(sid, turn_id).ack is AckState.OBSERVED,
+                engine.ack_deadline + 2,
+            )
+            record = engine.mutation(sid, turn_id) or record
+        operation = None
+        if record.operation_id:
+            operation = engine.request(
+                "fork.get", {"operationId": record.operation_id}, timeout=args.timeout
+            )["operation"]
+    finally:
+        engine.close()
+    return _report_fork(args, record, operation)
+
+
+def _report_fork(args: argparse.Namespace, record: Any, operation: Any) -> int:
+    from agenthost.engine import AckState, MutationStatus
+
+    data = {"mutation": record.to_dict(), "operation": operation}
+    status = record.status
+    if status is MutationStatus.SUCCEEDED:
+        child = (operation or {}).get("session") or {}
+        human = (
+            f"forked {record.source_session_id} through turn {record.turn_id}\n"
+            f"child {record.child_session_id}  {child.get('title', '')}\n"
+            f"operation {record.operation_id} committed"
+        )
+        if record.ack is not AckState.OBSERVED:
+            human += (
+                "\nwarning: acknowledgement still pending; the boundary stays held until a "
+                "client acknowledges it (`agenthost op --ack`)"
+            )
+        _emit(args, data, human)
+        return EXIT_OK
+    if status is MutationStatus.IN_FLIGHT:
+        reason, code = "fork_timeout", EXIT_UNKNOWN
+        message = f"operation {record.operation_id} still accepted; see `agenthost op`"
+    elif status is MutationStatus.UNKNOWN:
+        reason, code = "agent_session_fork_delivery_unknown", EXIT_UNKNOWN
+        message = f"{record.error}; a retry reuses the same identity and never forks twice"
+    else:
+        reason, code = record.error or "agent_session_fork_failed", EXIT_ERROR
+        message = f"fork failed: {(operation or {}).get('error') or record.error}"
+    if args.json:
+        print(json.dumps({**data, "error": {"reason": reason, "message": message}}))
+    else:
+        print(f"agenthost: {reason}: {message}", file=sys.stderr)
+    return code
+
+
+@_with_client
+def _op(args: argparse.Namespace, client: Any) -> int:
+    method = "fork.acknowledge" if args.ack else "fork.get"
+    op = _call(args, client, method, operationId=args.operation)["operation"]
+    point = op["point"]
+    lines = [
+        f"operation {op['operationId']}: {op['status']} ({op['phase']})",
+        f"  source {op['sourceAgentSessionId']} through turn {point['turnId']}",
+        f"  target {op['targetAgentSessionId']}  request {op['requestId']}",
+    ]
+    if op.get("error"):
+        lines.append(f"  error: {op['error']}")
+    if op.get("session"):
+        lines.append(f"  child: {op['session']['title']}")
+    _emit(args, {"operation": op}, "\n".join(lines))
+    return EXIT_OK
+
+
+def _gui(args: argparse.Namespace) -> int:
+    try:
+        from agenthost.gui.app import run_gui
+    except ImportError as exc:  # textual is the optional `gui` extra
+        return _fail(args, CliError("gui_unavailable", f"{exc} (pip install 'agenthost[gui]')"))
+    api, events = endpoints(args)
+    if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
+        return _fail(
+            args,
+            CliError("daemon_unreachable", f"no daemon socket at {api}", code=EXIT_UNREACHABLE),
+        )
+    return run_gui(api, events, args.workspace)
 
 
 def new_request_id() -> str:
