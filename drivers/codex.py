@@ -16,6 +16,7 @@ import platform
 import shlex
 import shutil
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -29,7 +30,7 @@ from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.tutti_agent import AppServerDriver, _Runtime, _Session
 from drivers.versions import CODEX_GATE
-from storage.errors import HostError, InvalidArgument
+from storage.errors import Conflict, HostError, InvalidArgument
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PINNED_PREFIX = REPO_ROOT / "build" / "providers" / "codex"
@@ -51,7 +52,7 @@ class ApprovalPolicy(StrEnum):
     NEVER = "never"
     ON_REQUEST = "on-request"
     ON_FAILURE = "on-failure"
-    UNTRUSTED = "untrusted"
+    # Codex 0.171 refuses to start with "untrusted" ("no longer supported").
 
 
 class SandboxMode(StrEnum):
@@ -478,6 +479,26 @@ class CodexDriver(AppServerDriver):
             entry["forkSource"] = spec.lineage.to_wire()
         result["runtimeContext"][CONTEXT_KEY] = entry
         return result
+
+    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Codex answers "no active turn to interrupt" until a just-started turn is running;
+        while the turn is still ours and unfinished, that answer means "not yet": retry."""
+        deadline = time.monotonic() + self.request_timeout
+        provider_turn_id = str(params.get("providerTurnId") or "")
+        while True:
+            try:
+                return super().interrupt_turn(params)
+            except Conflict as exc:
+                session = self._session(params)
+                with session.state_lock:
+                    unfinished = provider_turn_id in session.active
+                if (
+                    "no active turn" not in exc.message
+                    or not unfinished
+                    or time.monotonic() > deadline
+                ):
+                    raise
+                time.sleep(0.05)
 
     def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A live runtime attests itself; otherwise a transient one is probed, and its answer
