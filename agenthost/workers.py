@@ -80,4 +80,3 @@ class SupervisorPort:
                 out.set_exception(DeliveryUnknown(f"{type(exc).__name__}: {exc}"))
 
         inner.add_done_callback(_done)
-        return out

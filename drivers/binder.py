@@ -252,7 +252,7 @@ def _read_regular(path: Path) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise BinderError(BindFailure.TARGET_NOT_REGULAR, f"{path} is not a regular file")
-        chunks = []
+        chunks: list[bytes] = []
         while True:
             chunk = os.read(fd, 1 << 20)
             if not chunk:

@@ -474,7 +474,7 @@ class AppServerDriver:
         except FailpointError as exc:
             return ForkResult.unknown(str(exc))
 
-        thread = response.get("thread") if isinstance(response.get("thread"), Mapping) else {}
+        thread = _thread_of(response)
         child_id = str(thread.get("id") or "")
         forked_from = str(thread.get("forkedFromId") or "")
         if not child_id or child_id == source_id:
@@ -543,7 +543,7 @@ class AppServerDriver:
             {"threadId": thread_id, "includeTurns": True},
             timeout=self.request_timeout,
         )
-        thread = result.get("thread") if isinstance(result.get("thread"), Mapping) else {}
+        thread = _thread_of(result)
         turns = [t for t in thread.get("turns") or [] if isinstance(t, Mapping)]
         # Paginated histories may omit turns from thread/read: list them instead.
         return turns or self._list_turns(runtime, thread_id)
@@ -604,7 +604,7 @@ class AppServerDriver:
         except AppServerFailure as exc:
             runtime.proc.close()
             raise DriverError(f"app-server failed: {exc}", reason="provider_unavailable") from exc
-        thread = result.get("thread") if isinstance(result.get("thread"), Mapping) else {}
+        thread = _thread_of(result)
         thread_id = str(thread.get("id") or "")
         if not thread_id or (session.thread_id and thread_id != session.thread_id):
             runtime.proc.close()
@@ -802,6 +802,11 @@ class TuttiAgentDriver(AppServerDriver):
         if self.config.get("model"):
             argv += ["--model", str(self.config["model"])]
         return argv
+
+
+def _thread_of(result: Mapping[str, Any]) -> Mapping[str, Any]:
+    thread = result.get("thread")
+    return thread if isinstance(thread, Mapping) else {}
 
 
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ProviderDriver:

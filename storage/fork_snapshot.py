@@ -153,7 +153,7 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
             raise ForkBoundaryError(ForkBoundaryReason.TURN_SEQUENCE_UNVERIFIED)
         if not r[5]:
             raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_MISSING)
-        turn = {
+        turn: dict[str, Any] = {
             "turn_id": r[0],
             "sequence": r[1],
             "sequence_provenance": r[2],
@@ -169,7 +169,7 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
             "interactions": [],
         }
         turns.append(turn)
-        by_id[r[0]] = turn
+        by_id[str(r[0])] = turn
     for r in conn.execute(
         "SELECT m.message_id, m.turn_id, m.kind, m.text, m.payload_json, m.version, m.position"
         " FROM messages m JOIN turns t ON t.workspace_id = m.workspace_id"

@@ -263,7 +263,7 @@ class WorkerEnd:
         next_hb = time.monotonic() + HEARTBEAT_INTERVAL_S
         try:
             while True:
-                timeout_ms = max(0.0, (next_hb - time.monotonic()) * 1000)
+                timeout_ms = max(0, int((next_hb - time.monotonic()) * 1000))
                 ready = dict(poller.poll(timeout_ms))
                 if sock in ready:
                     self._read_all(sock)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from tutti_agent.errors import RolloutCorrupt
 
@@ -139,7 +139,7 @@ class RolloutWriter:
         self._next = next_ordinal
         if create:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "xb")  # noqa: SIM115 - lives as long as the writer
+            self._file: BinaryIO = open(path, "xb")  # noqa: SIM115 - lives as long as the writer
             fsync_dir(path.parent)
         else:
             self._file = open(path, "r+b")  # noqa: SIM115

@@ -106,7 +106,7 @@ class LiveThread:
                 )
             turn = ActiveTurn(uuid7())
             self.active = turn
-        wire = {
+        wire: dict[str, Any] = {
             "id": turn.turn_id,
             "rootTurnId": turn.turn_id,
             "items": [],
@@ -354,7 +354,7 @@ class _TurnIO:
         self._check()
         call_id = f"call_{uuid7()}"
         started_ms = int(time.time() * 1000)
-        item = {
+        item: dict[str, Any] = {
             "type": "commandExecution",
             "id": call_id,
             "command": command,

@@ -57,7 +57,7 @@ def thread_to_wire(
     settings = history.effective_settings()
     created = _unix(meta.get("timestamp"))
     try:
-        updated = int(os.stat(history.path).st_mtime)
+        updated: int | None = int(os.stat(history.path).st_mtime)
     except OSError:
         updated = created
     return {
