@@ -1,0 +1,173 @@
+"""The whole fork saga through the daemon's socket with `provider: "codex"`: real daemon, real
+codex worker, real `codex app-server` 0.171.0, the local ResponsesServer — commit, the child's
+model input from its own home, fork of a fork, capability from the persisted attestation after
+a restart, and a SIGKILL of the codex worker right after `thread/fork` (→ unknown, never
+redispatched, exactly one child rollout in the source home)."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from codex_helpers import codex_bin, conversation
+
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.homes import child_rollouts, rollouts, runtime_home
+from tests.support.responses_server import ResponsesServer
+from transport.client import Client
+
+pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
+
+SENT = {"one", "two", "three", "four", "five", "after the crash"}
+
+
+def write_config(home: Path, server: ResponsesServer) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "agenthost.toml").write_text(
+        "[providers.codex]\n"
+        f'command = "{codex_bin()}"\n'
+        'model = "mock-model"\n'
+        f'model_base_url = "{server.base_url}"\n'
+    )
+
+
+@pytest.fixture
+def model() -> Iterator[ResponsesServer]:
+    with ResponsesServer() as server:
+        yield server
+
+
+@pytest.fixture
+def codex_daemon(tmp_path: Path, model: ResponsesServer) -> Iterator[DaemonProcess]:
+    home = tmp_path / "home"
+    write_config(home, model)
+    d = DaemonProcess(home).start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def codex_home(d: DaemonProcess, sid: str) -> Path:
+    return runtime_home(d.home, WS, sid, "codex-home")
+
+
+def codex_source(c: Client, cwd: Path) -> tuple[str, list[dict[str, Any]]]:
+    cwd.mkdir(exist_ok=True)
+    sid = create_session(c, provider="codex", title="codex", cwd=str(cwd))["agentSessionId"]
+    turns = [run_turn(c, sid, text) for text in ("one", "two", "three")]
+    assert [t["outcome"] for t in turns] == ["completed"] * 3, turns
+    return sid, turns
+
+
+def test_codex_fork_commits_and_the_child_sees_turns_one_and_two_from_its_own_home(
+    codex_daemon: DaemonProcess, model: ResponsesServer, tmp_path: Path
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    session = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+    assert session["lifecycleCapabilities"]["forkThroughTurn"] is True
+    assert all(t["providerForkBindingState"] == "bound" for t in turns)
+
+    _, op = fork(c, sid, turns[1]["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    child = op["session"]
+    child_sid = child["agentSessionId"]
+    assert child["providerSessionId"] not in (None, "", session["providerSessionId"])
+    assert len(timeline(c, child_sid)) == 2
+    assert len(child_rollouts(codex_home(d, sid))) == 1
+    # The child's home holds its own rollout and the ancestor it reads through.
+    assert len(rollouts(codex_home(d, child_sid))) == 2
+
+    # The source's home is gone: the child runs from its own home alone.
+    c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    shutil.rmtree(codex_home(d, sid))
+    n = len(model.requests)
+    assert run_turn(c, child_sid, "four")["outcome"] == "completed"
+    assert conversation(model.requests[n], SENT) == [
+        ("user", "one"),
+        ("assistant", "echo: one"),
+        ("user", "two"),
+        ("assistant", "echo: two"),
+        ("user", "four"),
+    ]
+
+    # Fork of the fork, through its own turn.
+    child_turns = timeline(c, child_sid)
+    _, op2 = fork(c, child_sid, child_turns[-1]["turnId"])
+    op2 = until_terminal(c, op2)
+    assert op2["status"] == "committed", op2
+    grandchild = op2["session"]["agentSessionId"]
+    assert len(rollouts(codex_home(d, grandchild))) == 3
+    n = len(model.requests)
+    assert run_turn(c, grandchild, "five")["outcome"] == "completed"
+    assert [t for r, t in conversation(model.requests[n], SENT) if r == "user"] == [
+        "one",
+        "two",
+        "four",
+        "five",
+    ]
+
+
+def test_capability_after_restart_comes_from_the_persisted_attestation_without_spawning(
+    tmp_path: Path, model: ResponsesServer
+) -> None:
+    home = tmp_path / "home"
+    write_config(home, model)
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+        run_turn(c, sid, "one")
+        context_before = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
+    finally:
+        d.stop()
+    d2 = DaemonProcess(home).start()
+    try:
+        c2 = d2.client()
+        session = c2.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        assert session == context_before["session"]
+        assert session["lifecycleCapabilities"]["forkThroughTurn"] is True
+        listed = c2.call("session.list", {"workspaceId": WS})["sessions"]
+        assert [s["lifecycleCapabilities"]["forkThroughTurn"] for s in listed] == [True]
+        assert c2.call("host.status")["workers"] == []
+    finally:
+        d2.stop()
+
+
+def test_codex_worker_killed_after_thread_fork_is_unknown_with_exactly_one_child(
+    codex_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    before = next(w for w in c.call("host.status")["workers"] if w["provider"] == "codex")
+    c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "once:kill"}})
+    rid, target = str(uuid.uuid4()), str(uuid.uuid4())
+    _, op = fork(c, sid, turns[1]["turnId"], request_id=rid, target=target)
+    op = until_terminal(c, op)
+    assert op["status"] == "unknown", op
+    assert op["session"] is None
+    after = next(w for w in c.call("host.status")["workers"] if w["provider"] == "codex")
+    assert after["pid"] != before["pid"] or after["restarts"] > before["restarts"]
+    # Killed right after thread/fork answered: the one child Codex wrote, in the source home
+    # only (the binder never ran).
+    assert len(child_rollouts(codex_home(d, sid))) == 1
+    assert rollouts(codex_home(d, target)) == []
+    # Never redispatched: a replay and a new identity on the same boundary both get the
+    # unknown operation back, and Codex still holds exactly one child.
+    _, replay = fork(c, sid, turns[1]["turnId"], request_id=rid, target=target)
+    _, again = fork(c, sid, turns[1]["turnId"])
+    assert replay["operationId"] == again["operationId"] == op["operationId"]
+    assert again["status"] == "unknown"
+    assert len(child_rollouts(codex_home(d, sid))) == 1
+    # The source is usable again (fence released, worker restarted).
+    assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
+    assert len(child_rollouts(codex_home(d, sid))) == 1
