@@ -1,6 +1,10 @@
 """`make demo`: start a real daemon on its embedded defaults (SQLite + the built-in Tutti Agent),
 run a session of three turns, fork it through its second Turn, run a turn on the child, and
 print what happened — then stop the daemon cleanly.
+
+`make demo PROVIDER=codex` runs the same script on the pinned real Codex app-server against a
+local echo model (`agenthost.mock_model`), and checks the child's model input in that model's
+request log (Codex has no `/history` directive).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agenthost.mock_model import MockResponsesModel, user_texts
 from agenthost.session_client import fork_and_wait, format_transcript, run_turn
 from transport.client import Client
 
@@ -63,10 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--home", type=Path, default=None, help="default: a fresh temp dir")
     parser.add_argument("--keep", action="store_true", help="keep the demo home afterwards")
     args = parser.parse_args(argv)
-    if args.provider != "tutti-agent":
+    if args.provider not in ("tutti-agent", "codex"):
         print(f"demo: provider {args.provider!r} needs its model endpoint; see docs/providers.md")
     home = args.home or Path(tempfile.mkdtemp(prefix="agenthost-demo-"))
     home.mkdir(parents=True, exist_ok=True)
+    model: MockResponsesModel | None = None
+    if args.provider == "codex":
+        from drivers.codex import default_command
+
+        if shutil.which(default_command()[0]) is None:
+            raise SystemExit("demo: Codex is not installed; run `make providers` first")
+        # Codex needs a model endpoint: a local echo model, never the network.
+        model = MockResponsesModel()
+        (home / "agenthost.toml").write_text(
+            f'[providers.codex]\nmodel = "mock-model"\nmodel_base_url = "{model.base_url}"\n'
+        )
+        print(f"local echo model for Codex at {model.base_url}")
 
     _banner(f"starting the daemon (AGENTHOST_HOME={home})")
     proc, ready = _start_daemon(home)
@@ -83,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         )["session"]
         sid = session["agentSessionId"]
         texts = ["Plan a weekend in Lisbon", "/tool search_flights LIS", "Book a hotel in Alfama"]
+        if model is not None:
+            texts[1] = "Search flights to LIS"  # directives are Tutti Agent's built-in model
         turns = []
         for text in texts:
             print(f"> {text}")
@@ -100,15 +119,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lineage: {json.dumps(op['lineage'])}")
 
         _banner("a turn on the child: what the model sees")
-        text = "/history"
+        text = "/history" if model is None else "What have I asked so far?"
         print(f"> {text}")
+        before = len(model.requests) if model is not None else 0
         child_turn = run_turn(client, WS, child, text, echo=True)
         reply = next((m["text"] for m in child_turn["messages"] if m["kind"] == "assistant"), "")
         expected = [texts[0], texts[1]]
-        seen_ok = all(t in (reply or "") for t in expected) and texts[2] not in (reply or "")
+        if model is None:
+            seen_ok = all(t in (reply or "") for t in expected) and texts[2] not in (reply or "")
+            seen = repr(reply)
+        else:
+            # The model's own request log: the user messages of the child's turn.
+            asked = [t for r in model.requests[before:] for t in user_texts(r) if t in texts]
+            seen_ok = asked[:2] == expected and texts[2] not in asked
+            seen = repr(asked)
         print(
             "child's model input holds Turns 1–2 only: "
-            + ("yes" if seen_ok else f"NO (model saw: {reply!r})")
+            + ("yes" if seen_ok else f"NO (model saw: {seen})")
         )
         _show(client, child)
 
@@ -125,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(30)
         print(f"daemon exited with {code}")
+        if model is not None:
+            model.close()
         if not args.keep and args.home is None:
             shutil.rmtree(home, ignore_errors=True)
     return 0 if ok and code == 0 else 1
