@@ -1,0 +1,204 @@
+"""Shared plumbing of the reliability suite: the short/soak profile switch, which providers are
+wired into the worker, a per-provider environment (config + local model server), and the
+ledger every suite writes its tallies to (printed as one summary table at the end of the run).
+
+Nothing here is faked except the model servers; daemons, workers and providers are real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drivers.worker import DRIVER_MODULES
+from tests.support.daemon import WS, DaemonProcess
+from tests.support.invariants import provider_children
+from transport.client import ApiError, Client
+
+SOAK = os.environ.get("AGENTHOST_SOAK") == "1"
+"""`make soak` (AGENTHOST_SOAK=1): the long profile; otherwise the short one of `make test`."""
+
+PROVIDERS = ("tutti-agent", "codex", "claude-code")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def trials(short: int, soak: int) -> int:
+    return soak if SOAK else short
+
+
+def unwired_reason(provider: str) -> str | None:
+    """Why `provider` cannot run through the worker yet (checked at collection), or None."""
+    module = DRIVER_MODULES.get(provider)
+    if module is None:
+        return f"drivers/worker.py maps no driver module for {provider!r}"
+    if importlib.util.find_spec(module) is None:
+        return f"{module.replace('.', '/')}.py does not exist: the {provider} driver is not wired"
+    if provider == "claude-code" and importlib.util.find_spec("claude_agent_sdk") is None:
+        return "claude-agent-sdk is not installed (make test installs it)"
+    if provider == "codex" and codex_binary() is None:
+        return "the pinned codex binary is not installed (make test installs it)"
+    return None
+
+
+def codex_binary() -> str | None:
+    env = os.environ.get("AGENTHOST_CODEX_BIN")
+    if env and Path(env).exists():
+        return env
+    pinned = REPO / "build/providers/codex/node_modules/.bin/codex"
+    return str(pinned) if pinned.exists() else None
+
+
+@contextlib.contextmanager
+def provider_env(provider: str, home: Path) -> Iterator[Path]:
+    """Writes `home/agenthost.toml` for `provider` (pointing it at a local model server that
+    lives for the block) and yields a cwd for its sessions."""
+    home.mkdir(parents=True, exist_ok=True)
+    cwd = home.parent / f"cwd-{provider}"
+    cwd.mkdir(exist_ok=True)
+    if provider == "tutti-agent":
+        yield cwd  # the built-in deterministic model: no server
+        return
+    if provider == "claude-code":
+        from tests.support.messages_server import MessagesServer
+
+        with MessagesServer() as server:
+            (home / "agenthost.toml").write_text(
+                f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+            )
+            yield cwd
+        return
+    if provider == "codex":
+        from tests.support.responses_server import ResponsesServer
+
+        with ResponsesServer() as server:
+            (home / "agenthost.toml").write_text(
+                f'[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
+                f'model_base_url = "{server.base_url}"\n'
+            )
+            yield cwd
+        return
+    raise ValueError(provider)
+
+
+def children_of(home: Path, source_provider_session_id: str) -> set[str]:
+    """Distinct provider children of one source, counted in the provider homes."""
+    return {
+        c.child_id
+        for c in provider_children(home)
+        if c.source_provider_session_id == source_provider_session_id
+    }
+
+
+def fork_params(
+    sid: str,
+    turn_id: str,
+    *,
+    request_id: str | None = None,
+    target: str | None = None,
+    ws: str = WS,
+) -> dict[str, Any]:
+    return {
+        "workspaceId": ws,
+        "agentSessionId": sid,
+        "requestId": request_id or str(uuid.uuid4()),
+        "targetAgentSessionId": target or str(uuid.uuid4()),
+        "point": {"type": "throughTurn", "turnId": turn_id},
+    }
+
+
+def session_exists(c: Client, sid: str, ws: str = WS) -> bool:
+    try:
+        c.call("session.get", {"workspaceId": ws, "agentSessionId": sid})
+    except ApiError as err:
+        assert err.status == 404, err
+        return False
+    return True
+
+
+def worker_of(d: DaemonProcess, provider: str) -> dict[str, Any] | None:
+    workers = d.client().call("host.status")["workers"]
+    return next((w for w in workers if w["provider"] == provider), None)
+
+
+def host_fired(d: DaemonProcess, point: str) -> bool:
+    """The durable `once:` marker: proof that the host failpoint really fired."""
+    return (d.home / "run" / "failpoints-host" / f"fired.{point}").exists()
+
+
+def worker_fired(d: DaemonProcess, point: str) -> bool:
+    return (d.home / "run" / "workers" / "failpoints-state" / f"fired.{point}").exists()
+
+
+@dataclass
+class Ledger:
+    """Tallies every reliability suite reports; `pytest_terminal_summary` prints them."""
+
+    rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(
+        self,
+        suite: str,
+        cell: str,
+        *,
+        trials: int = 1,
+        outcomes: Counter[str] | None = None,
+        invariant_checks: int = 0,
+        violations: int = 0,
+        note: str = "",
+    ) -> None:
+        with self.lock:
+            row = self.rows.setdefault(
+                f"{suite} {cell}",
+                {
+                    "suite": suite,
+                    "cell": cell,
+                    "trials": 0,
+                    "outcomes": Counter(),
+                    "checks": 0,
+                    "violations": 0,
+                    "note": note,
+                },
+            )
+            row["trials"] += trials
+            row["outcomes"].update(outcomes or {})
+            row["checks"] += invariant_checks
+            row["violations"] += violations
+            if note:
+                row["note"] = note
+
+    def table(self) -> list[str]:
+        with self.lock:
+            rows = list(self.rows.values())
+        if not rows:
+            return []
+        lines = [
+            f"profile: {'soak (AGENTHOST_SOAK=1)' if SOAK else 'short'}",
+            f"{'suite':<12} {'cell':<46} {'trials':>6} {'checks':>6} {'viol':>4}  outcomes",
+        ]
+        for r in sorted(rows, key=lambda r: (r["suite"], r["cell"])):
+            outcomes = ", ".join(f"{k}={v}" for k, v in sorted(r["outcomes"].items()))
+            note = f"  ({r['note']})" if r["note"] else ""
+            lines.append(
+                f"{r['suite']:<12} {r['cell']:<46} {r['trials']:>6} {r['checks']:>6} "
+                f"{r['violations']:>4}  {outcomes}{note}"
+            )
+        total_trials = sum(r["trials"] for r in rows)
+        total_checks = sum(r["checks"] for r in rows)
+        total_viol = sum(r["violations"] for r in rows)
+        lines.append(
+            f"{'TOTAL':<12} {str(len(rows)) + ' cells':<46} {total_trials:>6} {total_checks:>6} "
+            f"{total_viol:>4}"
+        )
+        return lines
+
+
+LEDGER = Ledger()

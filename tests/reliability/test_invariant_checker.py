@@ -1,0 +1,172 @@
+"""The invariant checker itself: clean on a real daemon's home, and each law it guards is
+reported when a copy of that home is tampered with the way a bug would leave it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import apsw
+import pytest
+
+from tests.reliability.reliability_harness import fork_params
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.homes import child_rollouts, rollouts, runtime_home
+from tests.support.invariants import Law, check_invariants
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Base:
+    """A stopped daemon's home: one committed fork and one `unknown` fork with a child."""
+
+    def __init__(self, home: Path, source: str, committed: dict, unknown: dict) -> None:
+        self.home = home
+        self.source = source
+        self.committed = committed
+        self.unknown = unknown
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
+    home = tmp_path_factory.mktemp("inv") / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        t1, t2 = run_turn(c, sid, "one"), run_turn(c, sid, "two")
+
+        def terminal(op_id: str) -> dict:
+            def poll() -> dict | None:
+                op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+                return op if op["status"] != "accepted" else None
+
+            return dict(wait_for(poll))
+
+        committed = terminal(
+            c.call("fork.create", fork_params(sid, t1["turnId"]))["operation"]["operationId"]
+        )
+        c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "once:kill"}})
+        unknown = terminal(
+            c.call("fork.create", fork_params(sid, t2["turnId"]))["operation"]["operationId"]
+        )
+    finally:
+        d.stop()
+    assert committed["status"] == "committed" and unknown["status"] == "unknown"
+    return Base(home, sid, committed, unknown)
+
+
+def tampered(base: Base, tmp_path: Path, sql: str | None = None) -> Path:
+    home = tmp_path / "home"
+    shutil.copytree(base.home, home, symlinks=True, ignore=shutil.ignore_patterns("run"))
+    if sql:
+        conn = apsw.Connection(str(home / "store.sqlite3"))
+        conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute(sql)
+        conn.close()
+    return home
+
+
+def laws(home: Path) -> set[Law]:
+    return {v.law for v in check_invariants(home).violations}
+
+
+def test_real_home_after_committed_and_unknown_forks_is_clean(base: Base) -> None:
+    report = check_invariants(base.home)
+    assert report.ok, report.violations
+    assert report.operations == {"committed": 1, "unknown": 1}
+    assert report.provider_children == 2 and report.readable_children == 1
+
+
+def test_missing_lineage_row_breaks_child_iff_committed(base: Base, tmp_path: Path) -> None:
+    home = tampered(base, tmp_path, "DELETE FROM fork_lineage")
+    assert Law.CHILD_IFF_COMMITTED in laws(home)
+
+
+def test_child_session_of_uncommitted_operation_is_reported(base: Base, tmp_path: Path) -> None:
+    op = base.committed["operationId"]
+    home = tampered(
+        base, tmp_path, f"UPDATE fork_operations SET status = 'unknown' WHERE operation_id = '{op}'"
+    )
+    found = laws(home)
+    assert Law.CHILD_IFF_COMMITTED in found
+    assert Law.SINGLE_ACTIVE not in found  # different boundaries: still one holder each
+
+
+def test_reservation_kept_by_failed_operation_is_reported(base: Base, tmp_path: Path) -> None:
+    op = base.unknown["operationId"]
+    home = tampered(
+        base, tmp_path, f"UPDATE fork_operations SET status = 'failed' WHERE operation_id = '{op}'"
+    )
+    assert Law.RESERVATION in laws(home)
+
+
+def test_two_active_operations_on_one_source_are_reported(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET status = 'dispatching' WHERE status = 'unknown';"
+        "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
+        " source_session_id, target_session_id, source_turn_id, source_provider_session_id,"
+        " source_provider_turn_id, source_provider_turn_ids, target_title, driver_kind,"
+        " driver_version, binding_mode, snapshot_json, snapshot_hash, status, created_at_ms)"
+        " SELECT workspace_id, 'op-x', 'req-x', request_hash, source_session_id,"
+        f" '{uuid.uuid4()}', source_turn_id, source_provider_session_id,"
+        " source_provider_turn_id, source_provider_turn_ids, target_title, driver_kind,"
+        " driver_version, binding_mode, snapshot_json, snapshot_hash, 'prepared', created_at_ms"
+        " FROM fork_operations WHERE status = 'dispatching'",
+    )
+    assert Law.SINGLE_ACTIVE in laws(home)
+
+
+def test_second_provider_child_of_one_operation_is_reported(base: Base, tmp_path: Path) -> None:
+    home = tampered(base, tmp_path)
+    source_home = runtime_home(home, WS, base.source)
+    original = child_rollouts(source_home)[0]
+    meta_line, rest = original.read_text().split("\n", 1)
+    meta = json.loads(meta_line)
+    old_id = meta["payload"]["id"]
+    new_id = str(uuid.uuid4())
+    meta["payload"]["id"] = new_id
+    extra = original.with_name(original.name.replace(old_id, new_id))
+    extra.write_text(json.dumps(meta) + "\n" + rest)
+    assert Law.ONE_PROVIDER_CHILD in laws(home)
+
+
+def test_child_without_its_rollout_in_its_own_home_is_unreadable(
+    base: Base, tmp_path: Path
+) -> None:
+    home = tampered(base, tmp_path)
+    target = base.committed["targetAgentSessionId"]
+    for path in rollouts(runtime_home(home, WS, target)):
+        path.unlink()
+    assert Law.CHILD_READABLE in laws(home)
+
+
+def test_foreign_key_violation_is_a_store_integrity_failure(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        "INSERT INTO session_reservations VALUES ('no-such-ws', 'x', 'no-such-op')",
+    )
+    assert Law.STORE_INTEGRITY in laws(home)
+
+
+@pytest.mark.parametrize(
+    "stop",
+    [lambda d: d.stop(), lambda d: d.kill()],
+    ids=["after_clean_stop", "after_sigkill"],
+)
+def test_checker_reads_a_store_left_by_a_stopped_or_killed_daemon(
+    tmp_path: Path, stop: Callable[[DaemonProcess], object]
+) -> None:
+    d = DaemonProcess(tmp_path / "home").start()
+    c = d.client()
+    sid = create_session(c)["agentSessionId"]
+    run_turn(c, sid, "one")
+    stop(d)
+    report = check_invariants(tmp_path / "home")
+    assert report.ok and report.sessions == 1

@@ -1,0 +1,514 @@
+"""The invariant checker of the reliability suite: reads a daemon's store file and the provider
+homes under `$AGENTHOST_HOME/runtimes` and lists every broken law of ARCHITECTURE.md.
+
+It never trusts what the daemon says: the store is copied with SQLite's backup API (so a live
+or crashed daemon is never written to) and provider children are counted in the providers' own
+files. `check_invariants(home)` returns a report; `assert_invariants(home)` fails on violations.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from actors.context import _path_segment
+from storage import Store
+from storage.errors import ForkInProgress, HostError
+
+ACTIVE = ("prepared", "dispatching", "provider_accepted")
+# Statuses whose operation may have sent the provider fork (law 1: the marker is durable first).
+DISPATCHED = ("dispatching", "provider_accepted", "committed", "unknown")
+
+HOME_DIRS: Mapping[str, str] = {
+    "tutti-agent": "tutti-agent-home",
+    "codex": "codex-home",
+    "claude-code": "claude-config",
+}
+PROVIDER_OF_HOME: Mapping[str, str] = {v: k for k, v in HOME_DIRS.items()}
+
+
+class Law(StrEnum):
+    """The invariant each violation breaks (the names double as the summary table's rows)."""
+
+    STORE_INTEGRITY = "store_integrity"
+    """`PRAGMA integrity_check` is not `ok` or `foreign_key_check` reports rows."""
+    CHILD_IFF_COMMITTED = "child_iff_committed"
+    """A committed operation lacks its child/lineage, or a non-committed one has some (law 2)."""
+    ONE_PROVIDER_CHILD = "one_provider_child"
+    """A source has more provider children than operations that may have dispatched (law 1)."""
+    RESERVATION = "reservation"
+    """A failed operation still holds its target reservation, or a live one lost it."""
+    FENCE = "fence"
+    """A fenced write succeeds on a fenced source or fails on an unfenced one (law 3)."""
+    SINGLE_ACTIVE = "single_active"
+    """Two active operations on one source, or two barrier holders on one boundary."""
+    CHILD_READABLE = "child_readable"
+    """A committed child's provider state cannot be read from its own home alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    law: Law
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.law}] {self.detail}"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderChild:
+    """A fork child found in a provider's own files (a rollout with `forked_from_id`, or a
+    Claude transcript whose entries carry `forkedFrom`)."""
+
+    provider: str
+    child_id: str
+    source_provider_session_id: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class InvariantReport:
+    violations: tuple[Violation, ...]
+    operations: Mapping[str, int]
+    """Fork operations by internal status."""
+    sessions: int
+    provider_children: int
+    """Distinct provider child sessions counted in the provider homes."""
+    readable_children: int
+    """Committed, live children whose provider state was read from their own home."""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def summary(self) -> str:
+        ops = ", ".join(f"{k}={v}" for k, v in sorted(self.operations.items())) or "none"
+        return (
+            f"sessions={self.sessions} operations[{ops}] provider_children="
+            f"{self.provider_children} readable_children={self.readable_children} "
+            f"violations={len(self.violations)}"
+        )
+
+
+@dataclass
+class _Ctx:
+    home: Path
+    violations: list[Violation] = field(default_factory=list)
+
+    def fail(self, law: Law, detail: str) -> None:
+        self.violations.append(Violation(law, detail))
+
+
+# -- provider homes -------------------------------------------------------------------------
+
+
+def provider_home(home: Path, ws: str, sid: str, provider: str) -> Path:
+    """Where the daemon keeps one Session's provider state (actors/context.py's layout)."""
+    return home / "runtimes" / _path_segment(ws) / sid / HOME_DIRS[provider]
+
+
+def _first_json_line(path: Path) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as f:
+            line = f.readline()
+    except OSError:
+        return None
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None  # torn first line: the rollout was never created as far as anyone knows
+    return value if isinstance(value, dict) else None
+
+
+def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """Complete JSON lines of a JSONL file; a torn last line is skipped (writers may die)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return
+    for raw in data.split(b"\n"):
+        if not raw.strip():
+            continue
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            yield value
+
+
+def _rollout_children(provider: str, home_dir: Path) -> Iterator[ProviderChild]:
+    for path in sorted(home_dir.glob("sessions/**/rollout-*.jsonl")):
+        meta = _first_json_line(path)
+        payload = (meta or {}).get("payload") or {}
+        if not isinstance(payload, dict):
+            continue
+        source = payload.get("forked_from_id")
+        child = payload.get("id")
+        if isinstance(source, str) and source and isinstance(child, str):
+            yield ProviderChild(provider, child, source, path)
+
+
+def _claude_children(home_dir: Path) -> Iterator[ProviderChild]:
+    for path in sorted(home_dir.glob("projects/*/*.jsonl")):
+        try:
+            if b'"forkedFrom"' not in path.read_bytes():
+                continue
+        except OSError:
+            continue
+        for entry in _json_lines(path):
+            forked = entry.get("forkedFrom")
+            if isinstance(forked, dict) and isinstance(forked.get("sessionId"), str):
+                yield ProviderChild("claude-code", path.stem, forked["sessionId"], path)
+                break
+
+
+def provider_children(home: Path) -> list[ProviderChild]:
+    """Every provider fork child in every provider home under `home/runtimes` (a child copied
+    into its own home by the binder is listed once per copy; callers count distinct ids)."""
+    out: list[ProviderChild] = []
+    runtimes = home / "runtimes"
+    for home_dir in sorted(runtimes.glob("*/*/*")):
+        provider = PROVIDER_OF_HOME.get(home_dir.name)
+        if provider is None or not home_dir.is_dir():
+            continue
+        if provider == "claude-code":
+            out.extend(_claude_children(home_dir))
+        else:
+            out.extend(_rollout_children(provider, home_dir))
+    return out
+
+
+# -- readability of a committed child from its own home -------------------------------------
+
+
+def _tutti_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str | None:
+    from tutti_agent.store import ThreadStore
+
+    try:
+        history = ThreadStore(home_dir).load(child_id)
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the finding
+        return f"{type(exc).__name__}: {exc}"
+    turn_ids: list[str] = []
+    for line in history.lines:
+        payload = line.item.payload
+        if line.item.type == "event_msg" and payload.get("type") == "task_started":
+            turn_ids.append(str(payload.get("turn_id")))
+    if list(prefix) != turn_ids[: len(prefix)]:
+        return f"turns {turn_ids} do not start with the frozen prefix {list(prefix)}"
+    return None
+
+
+def _codex_readable(home_dir: Path, child_id: str) -> str | None:
+    """The child rollout and every rollout it references (Codex children are Referenced) must
+    be in the child's own home."""
+    seen: set[str] = set()
+    thread = child_id
+    while thread and thread not in seen:
+        seen.add(thread)
+        matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
+        if len(matches) != 1:
+            return f"{len(matches)} rollouts for thread {thread} in {home_dir}"
+        meta = _first_json_line(matches[0])
+        payload = (meta or {}).get("payload") or {}
+        if payload.get("id") != thread:
+            return f"rollout {matches[0].name} does not start with session_meta of {thread}"
+        parent = payload.get("forked_from_id")
+        thread = parent if payload.get("forked_from_ordinal_exclusive") is not None else ""
+    return None
+
+
+def _claude_readable(home_dir: Path, child_id: str) -> str | None:
+    matches = sorted(home_dir.glob(f"projects/*/{child_id}.jsonl"))
+    if len(matches) != 1:
+        return f"{len(matches)} transcripts for {child_id} in {home_dir}"
+    entries = list(_json_lines(matches[0]))
+    if not any(e.get("sessionId") == child_id for e in entries):
+        return f"transcript {matches[0]} holds no entry of session {child_id}"
+    return None
+
+
+def child_readable_problem(
+    home: Path, ws: str, sid: str, provider: str, provider_session_id: str, prefix: Sequence[str]
+) -> str | None:
+    """Why the child's provider state cannot be read from its own home, or None."""
+    home_dir = provider_home(home, ws, sid, provider)
+    if provider == "tutti-agent":
+        return _tutti_readable(home_dir, provider_session_id, prefix)
+    if provider == "codex":
+        return _codex_readable(home_dir, provider_session_id)
+    if provider == "claude-code":
+        return _claude_readable(home_dir, provider_session_id)
+    return f"unknown provider {provider!r}"
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
+def snapshot_store(store_path: Path, dest: Path) -> None:
+    """Copy a (possibly live, possibly crashed) store into `dest` with the backup API: the
+    copy is one consistent read transaction and the original is opened read-only."""
+    src = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        src.set_busy_timeout(10_000)
+        dst = apsw.Connection(str(dest))
+        try:
+            with dst.backup("main", src, "main") as backup:
+                while not backup.done:
+                    backup.step(-1)
+        finally:
+            dst.close()
+    finally:
+        src.close()
+
+
+def _rows(conn: apsw.Connection, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    cur = conn.execute(sql, params)
+    try:
+        names = [d[0] for d in cur.getdescription()]
+    except apsw.ExecutionCompleteError:
+        return []
+    return [dict(zip(names, row, strict=True)) for row in cur]
+
+
+def _check_integrity(ctx: _Ctx, conn: apsw.Connection) -> None:
+    result = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+    if result != ["ok"]:
+        ctx.fail(Law.STORE_INTEGRITY, f"integrity_check: {result[:5]}")
+    fk = list(conn.execute("PRAGMA foreign_key_check"))
+    if fk:
+        ctx.fail(Law.STORE_INTEGRITY, f"foreign_key_check: {fk[:5]}")
+
+
+def _check_children(
+    ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Law 2 from both sides; returns the committed operations whose child is alive."""
+    sessions = {
+        (r["workspace_id"], r["session_id"]): r for r in _rows(conn, "SELECT * FROM sessions")
+    }
+    lineage = {
+        (r["workspace_id"], r["target_session_id"]): r
+        for r in _rows(conn, "SELECT * FROM fork_lineage")
+    }
+    ops_by_id = {(o["workspace_id"], o["operation_id"]): o for o in ops}
+    clone_turns = Counter(
+        (r["workspace_id"], r["session_id"])
+        for r in _rows(
+            conn,
+            "SELECT workspace_id, session_id FROM turns WHERE sequence_provenance = 'fork_clone'",
+        )
+    )
+    alive: list[dict[str, Any]] = []
+    for op in ops:
+        key = (op["workspace_id"], op["target_session_id"])
+        name = f"operation {op['operation_id']} ({op['status']})"
+        row = lineage.get(key)
+        mine = row is not None and row["operation_id"] == op["operation_id"]
+        if op["status"] == "committed":
+            session = sessions.get(key)
+            if session is None or not mine:
+                ctx.fail(Law.CHILD_IFF_COMMITTED, f"{name}: child {key[1]} or its lineage missing")
+                continue
+            assert row is not None
+            if (row["source_session_id"], row["source_turn_id"], row["target_turn_id"]) != (
+                op["source_session_id"],
+                op["source_turn_id"],
+                op["target_turn_id"],
+            ):
+                ctx.fail(Law.CHILD_IFF_COMMITTED, f"{name}: lineage row {row} disagrees")
+            n_snapshot = len(json.loads(op["snapshot_json"]).get("turns") or [])
+            if clone_turns.get(key, 0) != n_snapshot:
+                ctx.fail(
+                    Law.CHILD_IFF_COMMITTED,
+                    f"{name}: child has {clone_turns.get(key, 0)} cloned turns, snapshot "
+                    f"{n_snapshot}",
+                )
+            if session["provider_session_id"] != op["target_provider_session_id"]:
+                ctx.fail(
+                    Law.CHILD_IFF_COMMITTED,
+                    f"{name}: child provider session {session['provider_session_id']} is not "
+                    f"the accepted {op['target_provider_session_id']}",
+                )
+            if not session["deleted"]:
+                alive.append(op)
+        elif mine:
+            ctx.fail(Law.CHILD_IFF_COMMITTED, f"{name}: has a lineage row but is not committed")
+    for key, row in lineage.items():
+        op = ops_by_id.get((key[0], row["operation_id"]))
+        if op is None or op["status"] != "committed" or op["target_session_id"] != key[1]:
+            ctx.fail(Law.CHILD_IFF_COMMITTED, f"lineage of {key[1]} without a committed operation")
+    for key, n in clone_turns.items():
+        if key not in lineage:
+            ctx.fail(Law.CHILD_IFF_COMMITTED, f"session {key[1]} has {n} cloned turns, no lineage")
+    return alive
+
+
+def _check_reservations(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
+    held = {
+        (r["workspace_id"], r["session_id"]): r["operation_id"]
+        for r in _rows(conn, "SELECT * FROM session_reservations")
+    }
+    for op in ops:
+        key = (op["workspace_id"], op["target_session_id"])
+        holds = held.get(key) == op["operation_id"]
+        if op["status"] == "failed" and holds:
+            ctx.fail(Law.RESERVATION, f"failed operation {op['operation_id']} holds {key[1]}")
+        if op["status"] != "failed" and not holds:
+            ctx.fail(
+                Law.RESERVATION, f"{op['status']} operation {op['operation_id']} lost {key[1]}"
+            )
+
+
+def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
+    active = Counter(
+        (o["workspace_id"], o["source_session_id"]) for o in ops if o["status"] in ACTIVE
+    )
+    for key, n in active.items():
+        if n > 1:
+            ctx.fail(Law.SINGLE_ACTIVE, f"{n} active operations on source {key[1]}")
+    barrier = Counter(
+        (o["workspace_id"], o["source_session_id"], o["point_kind"], o["source_turn_id"])
+        for o in ops
+        if o["status"] in (*ACTIVE, "unknown")
+        or (o["status"] == "committed" and o["client_observed_at_ms"] is None)
+    )
+    for key, n in barrier.items():
+        if n > 1:
+            ctx.fail(Law.SINGLE_ACTIVE, f"{n} barrier holders on {key[1]} turn {key[3]}")
+
+
+def _check_fence(ctx: _Ctx, copy_path: Path, ops: list[dict[str, Any]]) -> None:
+    """A real fenced write on the copy: refused exactly on sources with an active operation."""
+    fenced = {(o["workspace_id"], o["source_session_id"]) for o in ops if o["status"] in ACTIVE}
+    store = Store.open(copy_path)
+    try:
+        conn = apsw.Connection(str(copy_path))
+        try:
+            live = [
+                (r["workspace_id"], r["session_id"], r["settings_json"])
+                for r in _rows(conn, "SELECT * FROM sessions WHERE deleted = 0")
+            ]
+        finally:
+            conn.close()
+        for ws, sid, settings_json in live:
+            try:
+                store.update_settings(ws, sid, json.loads(settings_json))
+                refused = False
+            except ForkInProgress:
+                refused = True
+            except HostError as exc:
+                ctx.fail(Law.FENCE, f"fenced write on {sid} failed untyped-ly: {exc!r}")
+                continue
+            if refused != ((ws, sid) in fenced):
+                ctx.fail(
+                    Law.FENCE,
+                    f"source {sid}: fenced write {'refused' if refused else 'accepted'} with "
+                    f"{'an' if (ws, sid) in fenced else 'no'} active operation",
+                )
+    finally:
+        store.close()
+
+
+def _check_provider_children(
+    ctx: _Ctx, children: list[ProviderChild], ops: list[dict[str, Any]]
+) -> int:
+    by_source: dict[str, set[str]] = defaultdict(set)
+    for child in children:
+        by_source[child.source_provider_session_id].add(child.child_id)
+    dispatched = Counter(o["source_provider_session_id"] for o in ops if o["status"] in DISPATCHED)
+    for source, ids in by_source.items():
+        if len(ids) > dispatched.get(source, 0):
+            ctx.fail(
+                Law.ONE_PROVIDER_CHILD,
+                f"source provider session {source}: {len(ids)} provider children "
+                f"{sorted(ids)} for {dispatched.get(source, 0)} dispatched operations",
+            )
+    claimed = Counter(
+        o["target_provider_session_id"]
+        for o in ops
+        if o["status"] in ("provider_accepted", "committed") and o["target_provider_session_id"]
+    )
+    for child_id, n in claimed.items():
+        if n > 1:
+            ctx.fail(
+                Law.ONE_PROVIDER_CHILD, f"provider child {child_id} accepted by {n} operations"
+            )
+    for op in ops:
+        if op["status"] in ("provider_accepted", "committed"):
+            ids = by_source.get(op["source_provider_session_id"], set())
+            if op["target_provider_session_id"] not in ids:
+                ctx.fail(
+                    Law.ONE_PROVIDER_CHILD,
+                    f"operation {op['operation_id']}: accepted child "
+                    f"{op['target_provider_session_id']} is not in any provider home",
+                )
+    return sum(len(ids) for ids in by_source.values())
+
+
+def check_invariants(home: Path, *, probe_fence: bool = True) -> InvariantReport:
+    """Check every invariant over `home` (a daemon's AGENTHOST_HOME), live or stopped.
+
+    Provider homes are scanned *before* the store is copied: a child seen in a home then has
+    its operation's `dispatching` marker in the copy (law 1), even with forks in flight.
+    """
+    ctx = _Ctx(home)
+    children = provider_children(home)
+    tmp = Path(tempfile.mkdtemp(prefix="invariants-"))
+    try:
+        copy_path = tmp / "store.sqlite3"
+        snapshot_store(home / "store.sqlite3", copy_path)
+        conn = apsw.Connection(str(copy_path))
+        try:
+            _check_integrity(ctx, conn)
+            ops = _rows(conn, "SELECT * FROM fork_operations ORDER BY op_seq")
+            sessions = _rows(conn, "SELECT provider, workspace_id, session_id FROM sessions")
+            alive = _check_children(ctx, conn, ops)
+            _check_reservations(ctx, conn, ops)
+        finally:
+            conn.close()
+        _check_single_holders(ctx, ops)
+        n_children = _check_provider_children(ctx, children, ops)
+        provider_of = {(s["workspace_id"], s["session_id"]): s["provider"] for s in sessions}
+        readable = 0
+        for op in alive:
+            ws, target = op["workspace_id"], op["target_session_id"]
+            problem = child_readable_problem(
+                home,
+                ws,
+                target,
+                provider_of[(ws, target)],
+                str(op["target_provider_session_id"]),
+                json.loads(op["target_provider_turn_ids"] or "[]"),
+            )
+            if problem:
+                ctx.fail(Law.CHILD_READABLE, f"child {target}: {problem}")
+            else:
+                readable += 1
+        if probe_fence:
+            _check_fence(ctx, copy_path, ops)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return InvariantReport(
+        violations=tuple(ctx.violations),
+        operations=dict(Counter(o["status"] for o in ops)),
+        sessions=len(sessions),
+        provider_children=n_children,
+        readable_children=readable,
+    )
+
+
+def assert_invariants(home: Path, *, probe_fence: bool = True) -> InvariantReport:
+    """`check_invariants`, failing the test with every violation listed."""
+    report = check_invariants(home, probe_fence=probe_fence)
+    assert report.ok, "invariant violations:\n" + "\n".join(map(str, report.violations))
+    return report
