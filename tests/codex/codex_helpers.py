@@ -48,6 +48,22 @@ def calls(log_path: Path, method: str | None = None) -> list[dict[str, Any]]:
     return [c for c in out if method is None or c["method"] == method]
 
 
+def codex_pids(home: Path) -> list[int]:
+    """Live processes whose `CODEX_HOME` is `home` (app-servers serving that Session)."""
+    wanted = f"CODEX_HOME={home}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
 class EventLog:
     """Collects `emit(agent_session_id, event)` calls and lets a test wait for one."""
 

@@ -13,10 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from codex_helpers import codex_bin, conversation
+from codex_helpers import codex_bin, codex_pids, conversation
 
 from tests.daemon.test_fork_saga import fork, until_terminal
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    timeline,
+    wait_for,
+)
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.responses_server import ResponsesServer
 from transport.client import Client
@@ -88,6 +95,8 @@ def test_codex_fork_commits_and_the_child_sees_turns_one_and_two_from_its_own_ho
 
     # The source's home is gone: the child runs from its own home alone.
     c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    # Deleting stops the source's app-server; remove its home once nothing serves it.
+    wait_for(lambda: not codex_pids(codex_home(d, sid)))
     shutil.rmtree(codex_home(d, sid))
     n = len(model.requests)
     assert run_turn(c, child_sid, "four")["outcome"] == "completed"
