@@ -526,16 +526,16 @@ def _op(args: argparse.Namespace, client: Any) -> int:
 
 
 def _gui(args: argparse.Namespace) -> int:
-    try:
-        from agenthost.gui.app import run_gui
-    except ImportError as exc:  # textual is the optional `gui` extra
-        return _fail(args, CliError("gui_unavailable", f"{exc} (pip install 'agenthost[gui]')"))
     api, events = endpoints(args)
     if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
         return _fail(
             args,
             CliError("daemon_unreachable", f"no daemon socket at {api}", code=EXIT_UNREACHABLE),
         )
+    try:
+        from agenthost.gui.app import run_gui
+    except ImportError as exc:  # textual is the optional `gui` extra
+        return _fail(args, CliError("gui_unavailable", f"{exc} (pip install 'agenthost[gui]')"))
     return run_gui(api, events, args.workspace)
 
 

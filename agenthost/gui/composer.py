@@ -1,0 +1,23 @@
+"""The composer: one line of text sent as a new Turn of the open session."""
+
+from __future__ import annotations
+
+from textual.message import Message
+from textual.widgets import Input
+
+
+class Composer(Input):
+    class Send(Message):
+        def __init__(self, text: str) -> None:
+            super().__init__()
+            self.text = text
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(placeholder="Message the agent… (Enter sends)", id=id)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        text = event.value.strip()
+        if text:
+            self.post_message(self.Send(text))
+            self.value = ""

@@ -1,0 +1,67 @@
+"""The session list: every cached session as a tree in which each fork child sits under its
+source Session (seed 000 §8.4 lineage), rebuilt from the Engine's session cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Tree
+from textual.widgets.tree import TreeNode
+
+from agenthost.session_client import session_tree
+
+
+def session_label(session: Mapping[str, Any]) -> Text:
+    label = Text(str(session.get("title") or "Untitled"))
+    label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
+    if session.get("activeTurnId"):
+        label.append("  ●", style="bold green")
+    return label
+
+
+class SessionTree(Tree[str]):
+    """Node data is the agentSessionId."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__("Sessions", id=id)
+        self.show_root = False
+        self.guide_depth = 3
+
+    def show_sessions(self, sessions: Iterable[Mapping[str, Any]], selected: str | None) -> None:
+        self.clear()
+        stack: list[TreeNode[str]] = [self.root]
+        target: TreeNode[str] | None = None
+        for row in session_tree(sessions):
+            del stack[row.depth + 1 :]
+            node = stack[-1].add(
+                session_label(row.session), data=str(row.session["agentSessionId"]), expand=True
+            )
+            node.allow_expand = False
+            stack.append(node)
+            if row.session["agentSessionId"] == selected:
+                target = node
+        self.root.expand_all()
+        if target is not None:
+            self.move_cursor(target)
+
+    def node_for(self, session_id: str) -> TreeNode[str] | None:
+        def walk(node: TreeNode[str]) -> TreeNode[str] | None:
+            if node.data == session_id:
+                return node
+            for child in node.children:
+                found = walk(child)
+                if found is not None:
+                    return found
+            return None
+
+        return walk(self.root)
+
+    def depth_of(self, session_id: str) -> int | None:
+        node = self.node_for(session_id)
+        depth = 0
+        while node is not None and node.parent is not None and node.parent is not self.root:
+            node = node.parent
+            depth += 1
+        return None if node is None else depth

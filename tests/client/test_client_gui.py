@@ -1,0 +1,241 @@
+"""The Textual GUI, headless through `App.run_test()`'s pilot, against a real daemon: Fork shown
+and hidden by capability and binding, pending disables only its Turn, the child opens on
+success, the divider sits right after the boundary Turn, the composer sends a turn."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Button
+
+from agenthost.engine import Engine
+from agenthost.gui.app import AgentHostApp
+from agenthost.gui.session_list import SessionTree
+from agenthost.gui.transcript import (
+    DIVIDER_ID,
+    LOAD_MORE_ID,
+    TranscriptView,
+    TurnView,
+    fork_button_id,
+)
+from tests.client.conftest import source
+from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, wait_for
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(90)
+
+SIZE = (140, 48)
+
+
+async def until(pilot: Pilot[Any], pred: Callable[[], Any], timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError("GUI condition not met in time")
+        await pilot.pause(0.05)
+
+
+def run_app(
+    daemon: DaemonProcess,
+    ws: str,
+    scenario: Callable[[AgentHostApp, Pilot[Any]], Awaitable[None]],
+    **kwargs: Any,
+) -> None:
+    async def main() -> None:
+        engine = Engine.connect(daemon.api, daemon.events, ws)
+        app = AgentHostApp(engine, own_engine=True, **kwargs)
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.sessions_loaded)
+            await scenario(app, pilot)
+
+    asyncio.run(main())
+
+
+def turn_ids(app: AgentHostApp) -> list[str]:
+    return [str(v.turn["turnId"]) for v in app.query(TurnView)]
+
+
+def fork_button(app: AgentHostApp, turn_id: str) -> Button | None:
+    found = app.query(f"#{fork_button_id(turn_id)}")
+    return found.first(Button) if found else None
+
+
+def transcript_order(app: AgentHostApp) -> list[str]:
+    return [str(w.id) for w in app.query_one(TranscriptView).children]
+
+
+async def open_and_wait(app: AgentHostApp, pilot: Pilot[Any], sid: str, turns: int) -> None:
+    await until(pilot, lambda: app.engine.session(sid) is not None)
+    app.open_session(sid)
+    await until(pilot, lambda: len(turn_ids(app)) == turns)
+
+
+def test_fork_is_shown_on_settled_bound_turns_and_hidden_on_an_active_one(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid, turns = source(client, ws, turns=2)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 2)
+        for turn in turns:
+            button = fork_button(app, turn)
+            assert button is not None and not button.disabled
+        active = submit(client, sid, "/slow 2500 later", ws)["turnId"]
+        # The live event brings the active Turn in: no Fork on it (not settled, not bound).
+        await until(pilot, lambda: active in turn_ids(app))
+        assert fork_button(app, active) is None
+        assert all(fork_button(app, t) is not None for t in turns)
+        # Once it settles (bound), the same live update gives it its Fork action.
+        await until(pilot, lambda: fork_button(app, active) is not None)
+
+    run_app(daemon, ws, scenario)
+
+
+OLD_TUTTI = """\
+import sys
+import tutti_agent
+tutti_agent.__version__ = "0.0.9"  # below the forkThroughTurn gate (0.0.10)
+from tutti_agent.cli import main
+sys.exit(main())
+"""
+
+
+def test_fork_is_hidden_when_the_session_lacks_the_capability(
+    tmp_path_factory: pytest.TempPathFactory, ws: str
+) -> None:
+    home = tmp_path_factory.mktemp("old") / "home"
+    home.mkdir(parents=True)
+    script = home / "old_tutti.py"
+    script.write_text(OLD_TUTTI)
+    (home / "agenthost.toml").write_text(
+        f'[providers.tutti-agent]\ncommand = "{sys.executable} {script}"\n'
+    )
+    daemon = DaemonProcess(home).start()
+    try:
+        c = daemon.client()
+        sid = create_session(c, ws, title="Old agent")["agentSessionId"]
+        turn = run_turn(c, sid, "hello", ws)
+        assert turn["phase"] == "settled" and turn["providerForkBindingState"] == "bound"
+        session = c.call("session.get", {"workspaceId": ws, "agentSessionId": sid})["session"]
+        assert session["lifecycleCapabilities"]["forkThroughTurn"] is False
+
+        async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+            await open_and_wait(app, pilot, sid, 1)
+            await pilot.pause(0.2)
+            assert fork_button(app, turn["turnId"]) is None
+            assert not app.query("Button.fork")  # no Fork action anywhere
+
+        run_app(daemon, ws, scenario)
+    finally:
+        daemon.stop()
+
+
+def test_pending_fork_disables_only_its_turn_and_success_opens_the_child(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid, turns = source(client, ws, turns=2, title="Lisbon")
+    client.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:2500"}})
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 2)
+        await pilot.click(f"#{fork_button_id(turns[0])}")
+        await until(pilot, lambda: fork_button(app, turns[0]).disabled)
+        assert str(fork_button(app, turns[0]).label) == "Forking…"
+        assert not fork_button(app, turns[1]).disabled  # other Turns stay usable
+        # A second click on the disabled button sends nothing.
+        await pilot.click(f"#{fork_button_id(turns[0])}")
+        record = app.engine.mutation(sid, turns[0])
+        assert record is not None and record.create_attempts == 1
+        # Success opens the authoritative child.
+        child = await until(
+            pilot,
+            lambda: app.current != sid and app.current,
+            30,
+        )
+        assert child == app.engine.mutation(sid, turns[0]).child_session_id
+        await until(pilot, lambda: len(turn_ids(app)) == 1)
+        assert app.query_one(SessionTree).depth_of(child) == 1  # listed under its source
+        assert transcript_order(app)[-1] == DIVIDER_ID
+        assert "continued from Lisbon" in str(app.query_one(f"#{DIVIDER_ID}").render())
+
+    run_app(daemon, ws, scenario)
+
+
+def test_divider_sits_after_the_boundary_turn_and_hides_until_it_is_loaded(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid, turns = source(client, ws, turns=3, title="Source")
+    op = client.call(
+        "fork.create",
+        {
+            "workspaceId": ws,
+            "agentSessionId": sid,
+            "requestId": "gui-divider",
+            "targetAgentSessionId": "22222222-3333-4444-8555-666666666666",
+            "point": {"type": "throughTurn", "turnId": turns[1]},
+        },
+    )["operation"]
+    op = wait_for(
+        lambda: (
+            (
+                o := client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+                    "operation"
+                ]
+            )["status"]
+            == "committed"
+            and o
+        )
+    )
+    child = op["targetAgentSessionId"]
+    boundary = op["lineage"]["targetTurnId"]
+    run_turn(client, child, "after the fork", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await until(pilot, lambda: app.engine.session(child) is not None)
+        app.open_session(child)
+        # One Turn per page: the boundary (the 2nd) is not loaded, so no divider anywhere.
+        await until(pilot, lambda: len(turn_ids(app)) == 1)
+        assert DIVIDER_ID not in transcript_order(app)
+        assert LOAD_MORE_ID in transcript_order(app)
+        await pilot.click(f"#{LOAD_MORE_ID}")
+        await until(pilot, lambda: len(turn_ids(app)) == 2)
+        order = transcript_order(app)
+        assert order[order.index(f"turn-{boundary}") + 1] == DIVIDER_ID
+        await pilot.click(f"#{LOAD_MORE_ID}")
+        await until(pilot, lambda: len(turn_ids(app)) == 3)
+        order = transcript_order(app)
+        # Still right after the boundary Turn, not at the end of the timeline.
+        assert order[order.index(f"turn-{boundary}") + 1] == DIVIDER_ID
+        assert order[-1] != DIVIDER_ID
+        assert "continued from Source" in str(app.query_one(f"#{DIVIDER_ID}").render())
+
+    run_app(daemon, ws, scenario, page_size=1)
+
+
+def test_composer_sends_a_turn_and_the_transcript_follows_it_live(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid = create_session(client, ws, title="Chat")["agentSessionId"]
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await until(pilot, lambda: app.engine.session(sid) is not None)
+        app.open_session(sid)
+        await pilot.click("#composer")
+        await pilot.press(*"hi there", "enter")
+        await until(pilot, lambda: len(turn_ids(app)) == 1)
+        view = app.query(TurnView).first(TurnView)
+        await until(pilot, lambda: app.turns and app.turns[0]["phase"] == "settled")
+        texts = [m["text"] for m in app.turns[0]["messages"]]
+        assert texts == ["hi there", "echo: hi there"]
+        assert view.turn["turnId"] == app.turns[0]["turnId"]
+
+    run_app(daemon, ws, scenario)
