@@ -31,7 +31,10 @@ $(CODEX_STAMP):
 
 providers: $(CODEX_STAMP) $(DEPS_STAMP)
 
-demo: $(DEPS_STAMP)
+# The codex demo needs the pinned Codex; the default (tutti-agent) needs nothing else.
+DEMO_DEPS := $(DEPS_STAMP) $(if $(filter codex,$(PROVIDER)),$(CODEX_STAMP))
+
+demo: $(DEMO_DEPS)
 	$(PY) -m agenthost.demo --provider $(PROVIDER)
 
 lint: $(DEPS_STAMP)
