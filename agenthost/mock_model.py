@@ -124,7 +124,7 @@ class MockResponsesModel:
                     "output": [item],
                     "usage": usage,
                 }
-                events = [
+                events: list[tuple[str, dict[str, Any]]] = [
                     ("response.created", {"response": dict(resp, status="in_progress", output=[])}),
                     ("response.output_item.done", {"output_index": 0, "item": item}),
                     ("response.completed", {"response": resp}),

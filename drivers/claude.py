@@ -193,7 +193,7 @@ class ClaudeDriver:
 
     def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
         cli = self._config.cli_path or str(
-            Path(__import__("claude_agent_sdk").__file__).parent / "_bundled" / "claude"
+            Path(str(__import__("claude_agent_sdk").__file__)).parent / "_bundled" / "claude"
         )
         if not os.access(cli, os.X_OK):
             raise DriverError(f"Claude Code CLI is not executable: {cli}")
@@ -366,7 +366,7 @@ class ClaudeDriver:
             # Our own transport handle (the SDK's default one, pinned version) so an interrupt
             # can stop exactly this turn's CLI process; aclosing stops it on any exit.
             turn.transport = SubprocessCLITransport(prompt=text, options=options)
-            async with contextlib.aclosing(
+            async with contextlib.aclosing(  # type: ignore[type-var] # the SDK's iterator closes
                 query(prompt=text, options=options, transport=turn.transport)
             ) as messages:
                 async for message in messages:
@@ -489,7 +489,7 @@ class ClaudeDriver:
             results = [b for b in blocks if isinstance(b, ToolResultBlock)]
             if turn.provider_turn_id is None and not results:
                 self._observe_root(session, turn, message.uuid)
-            for block in results:
+            for result in results:
                 turn.emit(
                     sid,
                     {
@@ -497,9 +497,9 @@ class ClaudeDriver:
                         "turnId": turn.turn_id,
                         "item": {
                             "kind": "tool_result",
-                            "text": _text_of(block.content),
+                            "text": _text_of(result.content),
                             "payload": {
-                                "providerToolUseId": block.tool_use_id,
+                                "providerToolUseId": result.tool_use_id,
                                 "providerMessageUuid": message.uuid,
                             },
                         },
@@ -628,6 +628,7 @@ class ClaudeDriver:
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise _NotStarted("boundary turn is not a root user message of the transcript")
+        assert checkpoint is not None  # decoded from the binding, or recovered above
         return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
 
     def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
