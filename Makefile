@@ -49,7 +49,8 @@ soak: providers
 	AGENTHOST_SOAK=1 $(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
 
 bench: providers
-	$(PY) -m bench.run_all
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) -m bench.run_all $(BENCH_ARGS)
 
 clean:
 	rm -rf $(BUILD)

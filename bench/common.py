@@ -241,6 +241,7 @@ def machine() -> dict[str, Any]:
         "cpu": cpu,
         "python": platform.python_version(),
         "kernel": platform.release(),
+        "loadAverage1m": round(os.getloadavg()[0], 2),
     }
 
 

@@ -23,7 +23,7 @@ KINDS = ("turn.submit", "session.updateTitle", "session.timeline")
 def run(mode: Mode) -> BenchResult:
     mutators = pick(mode, 8, 8, 2)
     forkers = pick(mode, 8, 8, 2)
-    duration = pick(mode, 20.0, 5.0, 1.5)
+    duration = pick(mode, 20.0, 5.0, 1.0)
     result = BenchResult("mutations with and without fork load", "", mode.value)
     with tempfile.TemporaryDirectory(prefix="bench-mutations-") as tmp_text:
         tmp = Path(tmp_text)

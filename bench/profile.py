@@ -6,6 +6,7 @@ process kind, plus exact per-kind CPU seconds from /proc (which needs no profile
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import subprocess
@@ -102,6 +103,14 @@ def summarise(raw: str, top: int = 12) -> ProfileSummary:
     return summary
 
 
+def machine_busy() -> tuple[float, float]:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    with open("/proc/stat") as fh:
+        values = [int(x) for x in fh.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return float(sum(values) - idle), float(sum(values))
+
+
 class TreeProfile:
     """Wraps a measured window: CPU seconds per process kind from /proc, and (if available)
     a py-spy recording of the whole tree, stopped with SIGINT at the end."""
@@ -114,11 +123,15 @@ class TreeProfile:
         self._proc: subprocess.Popen[bytes] | None = None
         self._cpu0: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        self._machine0 = (0.0, 0.0)
+        self.machine_busy_cores = 0.0
+        """Cores busy machine-wide in the window (ours and anyone else's)."""
         self.summary: ProfileSummary | None = None
         self.error: str | None = None
 
     def start(self) -> None:
         self._cpu0 = cpu_by_kind(tree(self.pid))
+        self._machine0 = machine_busy()
         if not self.use_py_spy:
             return
         spy = py_spy()
@@ -144,6 +157,10 @@ class TreeProfile:
 
     def stop(self) -> None:
         self.cpu = cpu_delta(self._cpu0, cpu_by_kind(tree(self.pid)))
+        busy, total = machine_busy()
+        cores = os.cpu_count() or 1
+        d_total = total - self._machine0[1]
+        self.machine_busy_cores = cores * (busy - self._machine0[0]) / d_total if d_total else 0.0
         if self._proc is None:
             return
         self._proc.send_signal(signal.SIGINT)

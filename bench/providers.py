@@ -42,7 +42,15 @@ class BareAppServer:
     calls the driver makes on the source before binding; the child is unsubscribed after the
     timing, as the driver does, so the server stays equally warm."""
 
-    def __init__(self, argv: list[str], home_var: str, home: Path, env: Mapping[str, str]):
+    def __init__(
+        self,
+        argv: list[str],
+        home_var: str,
+        home: Path,
+        env: Mapping[str, str],
+        *,
+        resume: tuple[str, list[str]] | None = None,
+    ):
         self._argv, self._home_var, self._home, self._env = argv, home_var, home, dict(env)
         self._done: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
@@ -56,6 +64,11 @@ class BareAppServer:
         )
         self.proc.start()
         self.proc.initialize("agenthost-bench", "0.1.0")
+        if resume is not None:
+            # An existing thread (e.g. a copy of a big source's home), loaded warm.
+            self.thread_id, self.turn_ids = resume[0], list(resume[1])
+            self.proc.request("thread/resume", {"threadId": self.thread_id}, timeout=300)
+            return
         started = self.proc.request("thread/start", {"cwd": str(home)})
         self.thread_id = str(started["thread"]["id"])
         self.turn_ids: list[str] = []

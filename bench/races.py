@@ -136,7 +136,7 @@ def classify(
 
 def run(mode: Mode) -> BenchResult:
     sources = pick(mode, 4, 2, 1)
-    duration = pick(mode, 20.0, 5.0, 1.5)
+    duration = pick(mode, 20.0, 5.0, 1.0)
     result = BenchResult("same-source races: forks vs mutations on one Session", "", mode.value)
     with tempfile.TemporaryDirectory(prefix="bench-races-") as tmp_text:
         tmp = Path(tmp_text)

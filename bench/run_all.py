@@ -1,0 +1,100 @@
+"""`make bench`: runs every benchmark in one process tree, prints their tables, and writes
+`bench/results/<date>.json`, PNG plots beside it and `<date>.md` (the tables, for
+docs/performance.md). `--quick` runs each benchmark for seconds instead of minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from bench import fork_overhead, mutations, races, scale, throughput
+from bench.common import REPO, BenchResult, Mode, command_for, log, machine, mode_argv
+
+BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
+    ("bench.fork_overhead", fork_overhead.run),
+    ("bench.mutations", mutations.run),
+    ("bench.races", races.run),
+    ("bench.throughput", throughput.run),
+    ("bench.scale", scale.run),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--only", action="append", default=[], help="e.g. bench.races")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
+    argv_all = mode_argv(mode)
+    stamp = time.strftime("%Y-%m-%d")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = stamp if mode is Mode.FULL else f"{stamp}-{mode.value}"
+    started = time.monotonic()
+    results, failures = [], []
+    for module, run in BENCHMARKS:
+        if args.only and module not in args.only:
+            continue
+        log(f"running {module} ({mode.value})")
+        load = os.getloadavg()[0]
+        t0 = time.monotonic()
+        try:
+            result = run(mode)
+        except Exception as exc:  # noqa: BLE001 - report it and go on with the others
+            traceback.print_exc()
+            failures.append(f"{module}: {type(exc).__name__}: {exc}")
+            continue
+        result.seconds = time.monotonic() - t0
+        result.command = command_for(module, argv_all)
+        result.figures["loadAverage1mAtStart"] = round(load, 2)
+        print(result.render() + "\n", flush=True)
+        results.append(result)
+    doc = {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "mode": mode.value,
+        "command": command_for("bench.run_all", argv_all),
+        "machine": machine(),
+        "seconds": round(time.monotonic() - started, 1),
+        "failures": failures,
+        "benchmarks": [r.to_json() for r in results],
+    }
+    json_path = args.out / f"{stem}.json"
+    json_path.write_text(json.dumps(doc, indent=1))
+    md = [f"Run {doc['date']} ({mode.value}), `{doc['command']}`, machine {doc['machine']}", ""]
+    for r in results:
+        md += [f"### {r.name}", "", f"`{r.command}`", ""]
+        md += [t.markdown() + "\n" for t in r.tables]
+        if r.targets:
+            md += ["| target | value | limit | verdict |", "|---|---|---|---|"]
+            md += [
+                f"| {t['what']} | {t['value']} | {t['direction']} {t['limit']} | "
+                f"{'met' if t['met'] else 'MISSED'} |"
+                for t in r.targets
+            ]
+            md.append("")
+    (args.out / f"{stem}.md").write_text("\n".join(md))
+    written: list[Path] = []
+    if not args.no_plots:
+        try:
+            from bench.plots import plot_all
+
+            written = plot_all(doc, args.out, stem)
+        except ImportError as exc:
+            log(f"no plots: {exc} (install the bench extra: pip install -e '.[bench]')")
+    log(f"wrote {json_path}" + "".join(f", {p.name}" for p in written))
+    for failure in failures:
+        log(f"FAILED {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,493 @@
+"""Benchmark 5: scale. (a) A source of 1,000 Turns / 10,000 Messages: the store's prepare +
+commit time and peak RSS growth (in a fresh process), and the same fork end to end through
+the daemon; (b) start-up recovery of 10,000 non-terminal fork operations; (c) daemon RSS with
+10,000 idle Sessions, before and after each one's actor has run and idled out; (d)
+`session.get`/`fork.get` throughput and p99 with 8 clients.
+
+Fixtures are built with the storage API (and, for the big source, a real `tutti-agent
+app-server` whose thread holds the same 1,000 provider Turns) before the daemon starts. The
+builder turns fsync off on its own connection only, to build fast; everything measured runs
+with the store's normal `synchronous=FULL`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
+from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal, sample
+from bench.loadgen import ClientSpec, latencies, run_clients
+from bench.providers import BareAppServer, _tutti_argv
+from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+
+MODULE = "bench.scale"
+RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userAgent": "bench"}
+
+
+def _fast_builder(store: Store) -> None:
+    # Building fixtures only: this connection skips fsync; measured runs never use it.
+    store._conn().execute("PRAGMA synchronous=OFF")
+
+
+def _settled_turn(
+    store: Store, sid: str, i: int, provider_turn_id: str, extra_messages: int
+) -> str:
+    turn, _ = store.claim_submit(WS, sid, f"req-{i}", f"turn {i}: " + "u" * 60)
+    store.bind_provider_turn(WS, sid, turn.turn_id, provider_turn_id)
+    kinds = ("reasoning", "tool_call", "tool_result")
+    for k in range(extra_messages - 1):
+        store.append_message(
+            WS, sid, turn.turn_id, kind=kinds[k % 3], text=f"item {k} of turn {i}: " + "x" * 80
+        )
+    final = store.append_message(WS, sid, turn.turn_id, kind="assistant", text=f"echo: turn {i}")
+    store.settle_turn(
+        WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=final.message_id
+    )
+    return turn.turn_id
+
+
+def build_big_source(
+    home: Path, turns: int, messages_per_turn: int
+) -> tuple[str, str, str, list[str]]:
+    """A canonical source of `turns` Turns × `messages_per_turn` Messages whose provider
+    thread (a real tutti-agent rollout in the Session's own runtime home) has the same Turns."""
+    sid = str(uuid.uuid4())
+    runtime_home = home / "runtimes" / WS / sid / "tutti-agent-home"
+    bare = BareAppServer(_tutti_argv(), "TUTTI_AGENT_HOME", runtime_home, {})
+    try:
+        bare.run_turns(turns, lambda i: f"turn {i}")
+    finally:
+        bare.close()
+    store = Store.open(home / "store.sqlite3")
+    try:
+        _fast_builder(store)
+        store.create_session(
+            WS,
+            session_id=sid,
+            provider="tutti-agent",
+            title="big source",
+            cwd=str(home),
+            settings={},
+            provider_session_id=bare.thread_id,
+            runtime_context=RUNTIME_CONTEXT,
+        )
+        last = ""
+        for i, provider_turn in enumerate(bare.turn_ids):
+            last = _settled_turn(store, sid, i, provider_turn, messages_per_turn - 1)
+    finally:
+        store.close()
+    return sid, last, bare.thread_id, bare.turn_ids
+
+
+def bare_fork_at_scale(
+    runtime_home: Path, tmp: Path, thread_id: str, turn_ids: list[str], n: int
+) -> Latency:
+    """The bare provider calls on a copy of the big source's provider home (same thread)."""
+    copy = tmp / "bare-big-home"
+    shutil.copytree(runtime_home, copy)
+    bare = BareAppServer(_tutti_argv(), "TUTTI_AGENT_HOME", copy, {}, resume=(thread_id, turn_ids))
+    try:
+        bare.fork_once()  # warm
+        return Latency.of(bare.fork_once() for _ in range(n))
+    finally:
+        bare.close()
+
+
+def build_recovery_store(home: Path, operations: int) -> tuple[list[str], list[str]]:
+    """`operations` sources, each with one settled Turn and one non-terminal fork operation:
+    2/5 prepared, 2/5 dispatching, 1/5 provider_accepted. Returns (session ids, op ids)."""
+    store = Store.open(home / "store.sqlite3")
+    sids, ops = [], []
+    try:
+        _fast_builder(store)
+        for i in range(operations):
+            sid = str(uuid.uuid4())
+            store.create_session(
+                WS,
+                session_id=sid,
+                provider="tutti-agent",
+                title=f"idle {i}",
+                cwd=str(home),
+                settings={},
+                provider_session_id=f"thread-{i}",
+                runtime_context=RUNTIME_CONTEXT,
+            )
+            turn_id = _settled_turn(store, sid, i, f"pturn-{i}", 1)
+            op, _ = store.prepare_fork(
+                WS,
+                ForkPrepareRequest(
+                    source_session_id=sid,
+                    request_id=f"fork-{i}",
+                    target_session_id=str(uuid.uuid4()),
+                    turn_id=turn_id,
+                    driver_kind="tutti-agent",
+                    driver_version="0.1.0",
+                    binding_mode="host_copy",
+                    runtime_identity={"cwd": str(home), "settings": {}, "runtime_context": {}},
+                ),
+            )
+            if i % 5 >= 2:
+                store.mark_fork_dispatching(WS, op.operation_id)
+            if i % 5 == 4:
+                store.mark_fork_provider_accepted(
+                    WS,
+                    op.operation_id,
+                    ProviderForkEvidence(
+                        child_provider_session_id=f"child-{i}",
+                        provider_turn_ids=(f"pturn-{i}",),
+                        binding_mode="host_copy",
+                        receipt={"bench": True},
+                    ),
+                )
+            sids.append(sid)
+            ops.append(op.operation_id)
+    finally:
+        store.close()
+    return sids, ops
+
+
+# -- probes: run in a fresh process so RSS growth is the probe's own ---------------------------
+
+
+def _rss() -> tuple[float, float]:
+    s = sample(__import__("os").getpid())
+    assert s is not None
+    return s.rss_mb, s.hwm_mb
+
+
+def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
+    store = Store.open(path)
+    store.get_session(WS, sid)
+    rss0, _ = _rss()
+    t0 = time.perf_counter()
+    op, _ = store.prepare_fork(
+        WS,
+        ForkPrepareRequest(
+            source_session_id=sid,
+            request_id="probe",
+            target_session_id=str(uuid.uuid4()),
+            turn_id=turn_id,
+            driver_kind="tutti-agent",
+            driver_version="0.1.0",
+            binding_mode="host_copy",
+            runtime_identity={"cwd": "/", "settings": {}, "runtime_context": {}},
+        ),
+    )
+    t1 = time.perf_counter()
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_provider_accepted(
+        WS,
+        op.operation_id,
+        ProviderForkEvidence(
+            child_provider_session_id="probe-child",
+            provider_turn_ids=tuple(op.source_provider_turn_ids),
+            binding_mode="host_copy",
+            receipt={"bench": True},
+        ),
+    )
+    t2 = time.perf_counter()
+    committed, _ = store.commit_fork(WS, op.operation_id)
+    t3 = time.perf_counter()
+    _, hwm = _rss()
+    assert committed.status.value == "committed"
+    store.close()
+    return {
+        "prepareMs": (t1 - t0) * 1000,
+        "transitionsMs": (t2 - t1) * 1000,
+        "commitMs": (t3 - t2) * 1000,
+        "prepareCommitMs": (t1 - t0 + t3 - t2) * 1000,
+        "rssBeforeMb": rss0,
+        "peakGrowthMb": hwm - rss0,
+    }
+
+
+def probe_recovery(path: str) -> dict[str, Any]:
+    from actors.recovery import recover_fork_operations
+
+    store = Store.open(path)
+    t0 = time.perf_counter()
+    report = recover_fork_operations(store)
+    elapsed = time.perf_counter() - t0
+    store.close()
+    return {
+        "seconds": elapsed,
+        "failed": report.failed,
+        "unknown": report.unknown,
+        "committed": report.committed,
+        "errors": report.errors,
+    }
+
+
+def _run_probe(*args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", MODULE, "--probe", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=str(Path(__file__).resolve().parent.parent),
+    )
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def _copy_store(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True, exist_ok=True)
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{src}{suffix}").exists():
+            shutil.copy(f"{src}{suffix}", dst / f"store.sqlite3{suffix}")
+    return dst / "store.sqlite3"
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+
+def big_source(tmp: Path, turns: int, per_turn: int, forks: int) -> dict[str, Any]:
+    home = tmp / "big"
+    t0 = time.monotonic()
+    sid, last, thread_id, turn_ids = build_big_source(home, turns, per_turn)
+    built = time.monotonic() - t0
+    log(f"scale: big source of {turns} turns × {per_turn} messages built in {built:.0f} s")
+    runtime_home = home / "runtimes" / WS / sid / "tutti-agent-home"
+    bare = bare_fork_at_scale(runtime_home, tmp, thread_id, turn_ids, max(2, forks - 1))
+    copy = _copy_store(home / "store.sqlite3", tmp / "big-copy")
+    store_probe = _run_probe("store-fork", str(copy), sid, last)
+    daemon = BenchDaemon(home).start()
+    lat = []
+    try:
+        c = daemon.client(timeout=300)
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
+        before = sample(daemon.pid)
+        for _ in range(forks):
+            t = time.perf_counter()
+            op = fork_until_terminal(c, sid, last)
+            lat.append((time.perf_counter() - t) * 1000)
+            if op["status"] != "committed":
+                raise RuntimeError(f"big-source fork did not commit: {op}")
+            acknowledge(c, op["operationId"])
+        after = sample(daemon.pid)
+    finally:
+        daemon.stop()
+    assert before is not None and after is not None
+    return {
+        "turns": turns,
+        "messages": turns * per_turn,
+        "buildSeconds": built,
+        "store": store_probe,
+        "firstForkMs": lat[0],
+        "endToEnd": Latency.of(lat[1:] or lat),
+        "bare": bare,
+        "daemonRssBeforeMb": before.rss_mb,
+        "daemonPeakGrowthMb": after.hwm_mb - before.rss_mb,
+    }
+
+
+def recovery_and_idle(tmp: Path, operations: int, readers: int, read_s: float) -> dict[str, Any]:
+    empty = BenchDaemon(tmp / "empty").start()
+    baseline_ready = empty.ready_seconds
+    empty.stop()
+    home = tmp / "many"
+    t0 = time.monotonic()
+    sids, ops = build_recovery_store(home, operations)
+    built = time.monotonic() - t0
+    log(f"scale: {operations} sessions with non-terminal forks built in {built:.0f} s")
+    copy = _copy_store(home / "store.sqlite3", tmp / "many-copy")
+    recovery = _run_probe("recovery", str(copy))
+    daemon = BenchDaemon(home, idle_actor_seconds=2.0).start()
+    out: dict[str, Any] = {
+        "operations": operations,
+        "recoveryInProcessS": recovery["seconds"],
+        "recoveryReport": recovery,
+        "readySeconds": daemon.ready_seconds,
+        "emptyReadySeconds": baseline_ready,
+    }
+    try:
+        s0 = sample(daemon.pid)
+        assert s0 is not None
+        out["rssAfterStartMb"] = s0.rss_mb
+        # Every Session's actor runs once (a title update), then idles out.
+        c = daemon.client(timeout=300)
+        t = time.monotonic()
+        pending: list[Future[Any]] = []
+        threads_peak = 0
+        for i, sid in enumerate(sids):
+            pending.append(
+                c.submit(
+                    "session.updateTitle",
+                    {"workspaceId": WS, "agentSessionId": sid, "title": f"touched {i}"},
+                )
+            )
+            if len(pending) >= 200:
+                for f in pending:
+                    f.result(300)
+                pending.clear()
+                threads_peak = max(threads_peak, _threads(daemon.pid))
+        for f in pending:
+            f.result(300)
+        out["touchSeconds"] = time.monotonic() - t
+        s1 = sample(daemon.pid)
+        assert s1 is not None
+        out["rssAfterTouchMb"] = s1.rss_mb
+        out["threadsPeak"] = max(threads_peak, _threads(daemon.pid))
+        deadline = time.monotonic() + 60
+        while _threads(daemon.pid) > 100 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(1.0)
+        s2 = sample(daemon.pid)
+        assert s2 is not None
+        out["rssAfterIdleMb"] = s2.rss_mb
+        out["peakRssMb"] = s2.hwm_mb
+        out["threadsAfterIdle"] = _threads(daemon.pid)
+        log(f"scale: reads with {readers} clients for {read_s:.0f} s")
+        specs = [
+            ClientSpec("read", {"ws": WS, "sids": sids[:2000], "ops": ops[:2000], "offset": 97 * i})
+            for i in range(readers)
+        ]
+        records = run_clients(daemon.api, specs, read_s)
+        flat = [r for recs in records for r in recs]
+        for kind in ("session.get", "fork.get"):
+            out[kind] = Latency.of(latencies(flat, kind))
+        out["readErrors"] = sum(1 for r in flat if r["status"] >= 400)
+        out["readsPerSecond"] = len(flat) / read_s
+        out["readLatency"] = Latency.of(latencies(flat))
+    finally:
+        daemon.stop()
+    return out
+
+
+def _threads(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("Threads:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def run(mode: Mode) -> BenchResult:
+    turns = pick(mode, 1000, 200, 10)
+    per_turn = 10
+    forks = pick(mode, 6, 3, 2)  # the first one also starts the source's runtime
+    operations = pick(mode, 10_000, 1_000, 50)
+    readers = pick(mode, 8, 8, 2)
+    read_s = pick(mode, 10.0, 4.0, 0.5)
+    result = BenchResult("scale", "", mode.value)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp_text:
+        tmp = Path(tmp_text)
+        big = big_source(tmp, turns, per_turn, forks)
+        many = recovery_and_idle(tmp, operations, readers, read_s)
+    st = big["store"]
+    result.tables.append(
+        Table(
+            f"fork of a source of {big['turns']} Turns / {big['messages']} Messages",
+            (
+                "store prepare ms",
+                "store commit ms",
+                "prepare+commit ms",
+                "store peak growth MB",
+                "e2e first fork ms",
+                "e2e warm p50 ms",
+                "bare read+fork p50 ms",
+                "daemon peak growth MB",
+            ),
+            (
+                (
+                    st["prepareMs"],
+                    st["commitMs"],
+                    st["prepareCommitMs"],
+                    st["peakGrowthMb"],
+                    big["firstForkMs"],
+                    big["endToEnd"].p50,
+                    big["bare"].p50,
+                    big["daemonPeakGrowthMb"],
+                ),
+            ),
+        )
+    )
+    result.tables.append(
+        Table(
+            f"{operations} non-terminal operations / {operations} idle Sessions",
+            (
+                "recovery s (in process)",
+                "ready s",
+                "ready s (empty store)",
+                "RSS start MB",
+                "RSS all touched MB",
+                "threads peak",
+                "RSS idle again MB",
+            ),
+            (
+                (
+                    many["recoveryInProcessS"],
+                    many["readySeconds"],
+                    many["emptyReadySeconds"],
+                    many["rssAfterStartMb"],
+                    many["rssAfterTouchMb"],
+                    many["threadsPeak"],
+                    many["rssAfterIdleMb"],
+                ),
+            ),
+        )
+    )
+    sg, fg, all_ = many["session.get"], many["fork.get"], many["readLatency"]
+    result.tables.append(
+        Table(
+            f"reads with {readers} clients (one request in flight each), {read_s:.0f} s",
+            ("method", "req/s", "p50 ms", "p99 ms"),
+            (
+                ("session.get", sg.n / read_s, sg.p50, sg.p99),
+                ("fork.get", fg.n / read_s, fg.p50, fg.p99),
+                ("both", many["readsPerSecond"], all_.p50, all_.p99),
+            ),
+        )
+    )
+    result.figures = {"bigSource": big, "many": many}
+    result.target(
+        "prepare + commit ms (1,000-turn source)",
+        st["prepareCommitMs"],
+        300,
+        higher_is_better=False,
+    )
+    result.target("store peak RSS growth MB", st["peakGrowthMb"], 100, higher_is_better=False)
+    recovery_s = many["readySeconds"] - many["emptyReadySeconds"]
+    result.target(
+        "start-up recovery s (ready − empty ready)", recovery_s, 5.0, higher_is_better=False
+    )
+    result.target(
+        "daemon RSS MB, idle sessions after touch",
+        many["rssAfterIdleMb"],
+        300,
+        higher_is_better=False,
+    )
+    result.target("reads/s with 8 clients", many["readsPerSecond"], 3000, higher_is_better=True)
+    result.target("read p99 ms", all_.p99, 20, higher_is_better=False)
+    if mode is not Mode.FULL:
+        result.notes.append(
+            f"{mode.value} mode: {turns} turns and {operations} operations, not the issue's "
+            "1,000 / 10,000"
+        )
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--probe"]:
+        kind, rest = args[1], args[2:]
+        data = probe_store_fork(*rest) if kind == "store-fork" else probe_recovery(*rest)
+        print(json.dumps(data))
+        return 0
+    return bench_main(MODULE, __doc__ or "", run, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

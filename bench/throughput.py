@@ -1,0 +1,151 @@
+"""Benchmark 4: fork throughput. 1, 4 and 16 concurrent clients, each forking its own source
+Session (tutti-agent, 3 turns) continuously and ACKing each commit; forks committed per
+second at each level, with CPU seconds per fork by process kind (daemon, worker, app-servers)
+and, at the highest level, a py-spy profile of the whole process tree to name the bottleneck.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
+from bench.harness import WS, BenchDaemon, create_session, last_settled_turn, run_turn
+from bench.loadgen import ClientSpec, run_clients
+from bench.profile import TreeProfile
+
+MODULE = "bench.throughput"
+
+
+def name_bottleneck(
+    cpu_per_fork: dict[str, float], forks_per_s: float, cores: int, machine_busy: float
+) -> str:
+    """The verdict: CPU-bound (and on which process kind) when the tree uses nearly every core,
+    CPU-starved when the machine is saturated by other work, otherwise waiting (fsync, the
+    provider, or serialisation)."""
+    busy = sum(cpu_per_fork.values()) * forks_per_s / 1000.0
+    top = max(cpu_per_fork.items(), key=lambda kv: kv[1]) if cpu_per_fork else ("none", 0.0)
+    share = top[1] / (sum(cpu_per_fork.values()) or 1.0)
+    if busy < 0.8 * cores and machine_busy >= 0.9 * cores:
+        return (
+            f"CPU-starved: the machine was saturated ({machine_busy:.2f} of {cores} cores busy), "
+            f"{busy:.2f} of them ours; the largest share of ours is {top[0]} ({share:.0%}, "
+            f"{top[1]:.0f} ms per fork)"
+        )
+    if busy >= 0.8 * cores:
+        return (
+            f"CPU-bound: the tree keeps {busy:.2f} of {cores} cores busy; the largest share is "
+            f"{top[0]} ({share:.0%} of CPU per fork, {top[1]:.0f} ms)"
+        )
+    return (
+        f"not CPU-bound ({busy:.2f} of {cores} cores busy): forks wait (fsync, provider calls or "
+        f"serialisation); the largest CPU share is {top[0]} ({share:.0%})"
+    )
+
+
+def run(mode: Mode) -> BenchResult:
+    levels = pick(mode, (1, 4, 16), (1, 4, 16), (1, 2))
+    duration = pick(mode, 15.0, 4.0, 1.0)
+    cores = os.cpu_count() or 1
+    result = BenchResult("fork throughput vs concurrent clients", "", mode.value)
+    rows = []
+    figures: dict[str, Any] = {"levels": {}}
+    with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp_text:
+        tmp = Path(tmp_text)
+        daemon = BenchDaemon(tmp / "home").start()
+        try:
+            c = daemon.client()
+            n = max(levels)
+            log(f"throughput: {n} sources, levels {levels}, {duration:.0f} s each")
+            sids = [create_session(c, f"src {i}") for i in range(n)]
+            boundaries = {}
+            for sid in sids:
+                for i in range(3):
+                    run_turn(c, sid, f"turn {i}")
+                boundaries[sid] = last_settled_turn(c, sid)
+            for level in levels:
+                specs = [
+                    ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": boundaries[sid]})
+                    for sid in sids[:level]
+                ]
+                profile = TreeProfile(
+                    daemon.pid,
+                    tmp / f"throughput-{level}.pyspy.txt",
+                    use_py_spy=level == max(levels),
+                )
+                records = run_clients(
+                    daemon.api, specs, duration, events=daemon.events, on_start=profile.start
+                )
+                profile.stop()
+                flat = [r for recs in records for r in recs]
+                ok = [r for r in flat if r.get("reason") == "committed"]
+                lat = Latency.of(r["t1"] - r["t0"] for r in ok)
+                rate = len(ok) / duration
+                per_fork = {k: 1000 * v / max(1, len(ok)) for k, v in profile.cpu.items()}
+                verdict = name_bottleneck(per_fork, rate, cores, profile.machine_busy_cores)
+                rows.append(
+                    (
+                        level,
+                        len(ok),
+                        rate,
+                        lat.p50,
+                        lat.p99,
+                        sum(per_fork.values()),
+                        profile.machine_busy_cores,
+                    )
+                )
+                figures["levels"][str(level)] = {
+                    "committed": len(ok),
+                    "other": len(flat) - len(ok),
+                    "forksPerSecond": rate,
+                    "latency": lat,
+                    "cpuMsPerFork": per_fork,
+                    "bottleneck": verdict,
+                    "machineBusyCores": profile.machine_busy_cores,
+                    "profile": profile.summary.to_json() if profile.summary else None,
+                }
+                log(f"throughput: {level} clients → {rate:.1f} forks/s; {verdict}")
+                if profile.summary is not None:
+                    result.notes += [
+                        f"profile at {level} clients: {x}" for x in profile.summary.lines(4)
+                    ]
+                result.notes.append(
+                    f"{level} clients: CPU ms per fork: "
+                    + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_fork.items()))
+                    + f" → {verdict}"
+                )
+        finally:
+            daemon.stop()
+    result.tables.append(
+        Table(
+            f"forks committed per second, {duration:.0f} s per level, distinct sources",
+            (
+                "clients",
+                "committed",
+                "forks/s",
+                "p50 ms",
+                "p99 ms",
+                "CPU ms/fork",
+                "machine busy cores",
+            ),
+            tuple(rows),
+        )
+    )
+    result.figures = figures
+    top = figures["levels"][str(max(levels))]
+    result.target(
+        f"forks/s at {max(levels)} clients", top["forksPerSecond"], 50.0, higher_is_better=True
+    )
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return bench_main(MODULE, __doc__ or "", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

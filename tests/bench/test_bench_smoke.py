@@ -1,0 +1,84 @@
+"""The benchmarks run end to end against a real daemon (`run_all --smoke`: seconds, figures not
+asserted), and the pieces that turn raw samples into reported figures are right."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.common import BenchResult, Latency, percentile
+from bench.profile import summarise
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(180)
+def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_violations(
+    tmp_path: Path,
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.run_all", "--smoke", "--no-plots", "--out", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    (json_path,) = tmp_path.glob("*-smoke.json")
+    doc = json.loads(json_path.read_text())
+    assert doc["failures"] == []
+    names = [b["name"] for b in doc["benchmarks"]]
+    assert len(names) == 5
+    for bench in doc["benchmarks"]:
+        assert bench["command"].startswith("build/venv/bin/python -m bench.")
+        assert bench["tables"] and all(t["rows"] for t in bench["tables"])
+        assert f"command: {bench['command']}" in out.stdout
+    races = next(b for b in doc["benchmarks"] if b["name"].startswith("same-source races"))
+    # Lost, half-applied and fence breaches are correctness, not performance: always 0.
+    assert races["figures"]["violations"] == 0
+    overhead = next(b for b in doc["benchmarks"] if b["name"].startswith("fork overhead"))
+    assert overhead["figures"]["tutti-agent"]["host"]["n"] > 0
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([7.0], 99) == 7.0
+    assert math.isnan(percentile([], 50))
+
+
+def test_latency_keeps_a_thinned_sample_with_the_true_extremes() -> None:
+    lat = Latency.of(range(10_000), keep=100)
+    assert lat.n == 10_000 and len(lat.samples) == 100
+    assert lat.samples[0] == 0 and lat.samples[-1] == 9_999 and lat.max == 9_999
+
+
+def test_missed_target_reports_how_far_off() -> None:
+    result = BenchResult("x", "cmd", "full")
+    result.target("forks/s", 5.0, 50.0, higher_is_better=True)
+    result.target("p99 ratio", 1.5, 2.0, higher_is_better=False)
+    assert [t["met"] for t in result.targets] == [False, True]
+    assert result.targets[0]["valueOverLimit"] == 0.1
+
+
+def test_profile_summary_groups_samples_by_process_kind() -> None:
+    raw = "\n".join(
+        [
+            'process 1:"python -m agenthost.cli";run (a/b.py:1);_write (storage/base.py:9) 30',
+            'process 1:"python -m agenthost.cli";process 2:"python -m drivers.worker";'
+            "run (a/b.py:1);bind (drivers/binder.py:3) 10",
+            'process 1:"x -m agenthost.cli";process 3:"tutti-agent app-server";'
+            "main (t/cli.py:2) 60",
+        ]
+    )
+    summary = summarise(raw)
+    assert summary.samples == {"daemon": 30, "worker": 10, "app-server": 60}
+    assert summary.top_self["daemon"][0] == ("_write (storage/base.py)", 30)
+    assert summary.top_self["worker"][0] == ("bind (drivers/binder.py)", 10)
