@@ -223,7 +223,8 @@ class Api:
 
     def session_timeline(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
-        after = optional_int(params, "afterSequence", default=0, min_value=0) or 0
+        # Bounded well inside SQLite's int64 so a huge value is a 400, never a 500.
+        after = optional_int(params, "afterSequence", default=0, min_value=0, max_value=2**53) or 0
         limit = optional_int(params, "limit", default=100, min_value=1, max_value=1000) or 100
 
         def _timeline() -> dict[str, Any]:

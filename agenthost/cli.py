@@ -8,7 +8,6 @@ Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import signal
@@ -19,9 +18,8 @@ import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
-from agenthost.config import ConfigError, default_home, load_config
+from agenthost.config import ConfigError, check_listen, default_home, load_config
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -113,21 +111,6 @@ def _parser() -> argparse.ArgumentParser:
 # -- serve --------------------------------------------------------------------------------
 
 
-def check_listen(endpoint: str, allow_remote: bool) -> None:
-    """TCP listens on loopback only unless explicitly allowed."""
-    if not endpoint.startswith("tcp://"):
-        return
-    host = urlparse(endpoint).hostname or ""
-    if host == "localhost" or allow_remote:
-        return
-    try:
-        if ipaddress.ip_address(host).is_loopback:
-            return
-    except ValueError:
-        pass
-    raise ConfigError(f"--listen {endpoint}: not a loopback address (use --allow-remote)")
-
-
 def _serve(args: argparse.Namespace) -> int:
     from agenthost.daemon import Daemon
 
@@ -139,7 +122,7 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.home, args.config)
         for endpoint in args.listen:
-            check_listen(endpoint, args.allow_remote)
+            check_listen(endpoint, args.allow_remote or config.allow_remote)
     except ConfigError as exc:
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 PROVIDERS = ("tutti-agent", "codex", "claude-code")
 _PROVIDER_KEYS: dict[str, frozenset[str]] = {
@@ -18,7 +20,7 @@ _PROVIDER_KEYS: dict[str, frozenset[str]] = {
     "claude-code": frozenset({"cli_path", "model", "model_base_url"}),
 }
 _TOP_KEYS = frozenset({"providers", "daemon"})
-_DAEMON_KEYS = frozenset({"listen", "idle_actor_seconds", "fork_sync_budget_ms"})
+_DAEMON_KEYS = frozenset({"listen", "allow_remote", "idle_actor_seconds", "fork_sync_budget_ms"})
 
 
 class ConfigError(ValueError):
@@ -30,6 +32,7 @@ class Config:
     home: Path
     providers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     listen: tuple[str, ...] = ()
+    allow_remote: bool = False
     idle_actor_seconds: float = 30.0
     fork_sync_budget_s: float = 2.0
 
@@ -81,13 +84,33 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
     listen = daemon.get("listen") or []
     if isinstance(listen, str):
         listen = [listen]
+    allow_remote = bool(daemon.get("allow_remote", False))
+    for endpoint in listen:
+        check_listen(str(endpoint), allow_remote, source=f"{source}: daemon.listen")
     return Config(
         home=home,
         providers=providers,
         listen=tuple(str(x) for x in listen),
+        allow_remote=allow_remote,
         idle_actor_seconds=float(daemon.get("idle_actor_seconds", 30.0)),
         fork_sync_budget_s=float(daemon.get("fork_sync_budget_ms", 2000)) / 1000.0,
     )
+
+
+def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen") -> None:
+    """TCP listens on loopback only unless explicitly allowed (`--allow-remote` or
+    `daemon.allow_remote = true`)."""
+    if not endpoint.startswith("tcp://"):
+        return
+    host = urlparse(endpoint).hostname or ""
+    if host == "localhost" or allow_remote:
+        return
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return
+    except ValueError:
+        pass
+    raise ConfigError(f"{source} {endpoint}: not a loopback address (allow it with --allow-remote)")
 
 
 def _reject_unknown(

@@ -62,10 +62,11 @@ class Daemon:
 
     def start(self) -> None:
         cfg = self.config
-        cfg.home.mkdir(parents=True, exist_ok=True)
+        # Private data: a new home, the run dir and the runtimes are owner-only.
+        cfg.home.mkdir(parents=True, exist_ok=True, mode=0o700)
         cfg.run_dir.mkdir(mode=0o700, exist_ok=True)
         os.chmod(cfg.run_dir, 0o700)
-        cfg.runtimes_dir.mkdir(exist_ok=True)
+        cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
 
         self.store = store = Store.open(cfg.store_path)
         # Recovery finishes before any request is served, so no request sees a leftover.

@@ -6,6 +6,7 @@ over one write helper; `Store.open(path)` creates the file and runs migrations.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from storage.base import Clock
@@ -20,6 +21,9 @@ class Store(CanonicalStore, ForkStore):
     def open(cls, path: str | Path, *, clock: Clock | None = None) -> Store:
         """Open (creating if needed) and migrate the store at `path`."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
+        # Owner-only from birth: SQLite gives the -wal and -shm files the database's mode.
+        if not Path(path).exists():
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
         store = cls(path, clock=clock)
         try:
             store._migrate()

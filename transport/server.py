@@ -248,6 +248,9 @@ class ApiServer:
         push.setsockopt(zmq.SNDHWM, 0)
         push.setsockopt(zmq.LINGER, 0)
         push.connect(self._pipe_addr)
+        # Owned from here on, so a failed bind below still closes it (else term() hangs).
+        with self._push_lock:
+            self._push = push
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         self._router.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE)
@@ -261,8 +264,6 @@ class ApiServer:
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, _EVENTS_HWM)
         self._events_endpoint = self._bind(self._pub, self._events_requested)
-        with self._push_lock:
-            self._push = push
 
     def _bind(self, sock: zmq.Socket[bytes], endpoint: str) -> str:
         path = _ipc_path(endpoint)

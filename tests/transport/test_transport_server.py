@@ -433,6 +433,23 @@ def test_start_fails_cleanly_when_a_tcp_port_is_taken(
     assert not os.path.exists(f"{short_tmp}/x/events.sock")
 
 
+@pytest.mark.timeout(20)
+def test_close_after_a_failed_bind_returns_while_the_error_is_still_held(
+    running: Running, short_tmp: str
+) -> None:
+    # The daemon reports the start error and then closes: the held traceback keeps the
+    # bind frame alive, so close() must not rely on garbage collection to free sockets.
+    server = ApiServer([running.tcp], f"ipc://{short_tmp}/y/events.sock", lambda r, s: None)
+    try:
+        server.start()
+    except zmq.ZMQError as exc:
+        held = exc
+        server.close()
+        assert held.__traceback__ is not None
+    else:
+        pytest.fail("bind of a taken port succeeded")
+
+
 def test_close_from_a_handler_on_the_loop_answers_it_and_stops(
     make_server: Callable[..., Running], client_for: MakeClient
 ) -> None:
