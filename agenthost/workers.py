@@ -59,7 +59,9 @@ class SupervisorPort:
             exc = f.exception()
             if exc is None:
                 out.set_result(f.result())
-            elif isinstance(exc, WorkerUnavailable):
+            elif isinstance(exc, WorkerUnavailable) or (
+                isinstance(exc, WorkerLost) and method in IDEMPOTENT_METHODS
+            ):
                 if (
                     method not in NO_RETRY_METHODS
                     and time.monotonic() + RETRY_INTERVAL_S < deadline
