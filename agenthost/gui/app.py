@@ -7,6 +7,7 @@ come back with `call_from_thread`, and Engine changes arrive as `EngineChanged` 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -14,9 +15,10 @@ from typing import Any
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Static, Tree
 
-from agenthost.engine import ChangeKind, Engine, MutationStatus
+from agenthost.engine import ChangeKind, Engine, EngineChange, MutationStatus
 from agenthost.gui.bridge import EngineChanged, bridge
 from agenthost.gui.composer import Composer
 from agenthost.gui.session_list import SessionTree
@@ -201,13 +203,16 @@ class AgentHostApp(App[int]):
 
     # -- fork --------------------------------------------------------------------------------
 
-    def on_fork_requested(self, message: ForkRequested) -> None:
+    async def on_fork_requested(self, message: ForkRequested) -> None:
         key = (message.session_id, message.turn_id)
-        record = self.engine.fork(*key)
+        self.engine.fork(*key)  # never blocks; a click while in flight sends nothing
         self._clicked.add(key)
         self._after_mutation(key)
-        if record.status is MutationStatus.IN_FLIGHT:
-            self.query_one(TranscriptView).set_actions(self.action_for)
+        if key[0] == self.current:
+            await self._refresh_actions()
+
+    async def _refresh_actions(self) -> None:
+        await self.query_one(TranscriptView).set_actions(self.action_for)
 
     def _after_mutation(self, key: tuple[str, str]) -> None:
         record = self.engine.mutation(*key)
@@ -229,12 +234,15 @@ class AgentHostApp(App[int]):
     # -- live updates ------------------------------------------------------------------------
 
     async def on_engine_changed(self, message: EngineChanged) -> None:
-        change = message.change
+        if not self.is_running or not self.screen.is_mounted:
+            return  # shutting down: the widgets may already be gone
+        with contextlib.suppress(NoMatches):  # a change that raced the screen's teardown
+            await self._apply_change(message.change)
+
+    async def _apply_change(self, change: EngineChange) -> None:
         if change.kind is ChangeKind.MUTATION and change.key is not None:
-            if change.key[0] == self.current and not self.query_one(TranscriptView).set_actions(
-                self.action_for
-            ):
-                await self._render()
+            if change.key[0] == self.current:
+                await self._refresh_actions()
             self._after_mutation(change.key)
         elif change.kind is ChangeKind.SESSION:
             if self.sessions_loaded and not self._tree_dirty:

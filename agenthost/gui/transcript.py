@@ -11,12 +11,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import Button, Static
 
 from agenthost.session_client import ForkAction, divider_after, divider_text
 
 DIVIDER_ID = "continued-divider"
 LOAD_MORE_ID = "load-more"
+EMPTY_ID = "no-turns"
 
 
 def turn_widget_id(turn_id: str) -> str:
@@ -55,11 +57,16 @@ def _message_line(message: Mapping[str, Any]) -> Text:
 
 
 class TurnView(Vertical):
-    """One Turn; its Fork button exists only when the action is not HIDDEN."""
+    """One Turn; its Fork button exists only when the action is not HIDDEN.
+
+    Updated in place (header, messages, button state) so a live event never re-mounts the
+    button a user is about to click.
+    """
 
     DEFAULT_CSS = """
     TurnView { height: auto; padding: 0 1; margin-bottom: 1; border-left: tall $primary 30%; }
-    TurnView > Horizontal { height: auto; }
+    TurnView > .turn-head { height: auto; }
+    TurnView > .turn-body { height: auto; }
     TurnView .turn-header { width: 1fr; }
     TurnView Button { min-width: 10; height: 1; border: none; margin: 0 1; }
     """
@@ -70,46 +77,83 @@ class TurnView(Vertical):
         self.turn = dict(turn)
         self.action = action
 
+    @property
+    def turn_id(self) -> str:
+        return str(self.turn["turnId"])
+
     def compose(self) -> ComposeResult:
-        with Horizontal():
+        with Horizontal(classes="turn-head"):
             yield Static(_turn_header(self.turn), classes="turn-header")
             if self.action is not ForkAction.HIDDEN:
-                yield Button(
-                    *self._label(),
-                    id=fork_button_id(str(self.turn["turnId"])),
-                    classes="fork",
-                    disabled=self.action is ForkAction.DISABLED,
-                )
-        for message in self.turn.get("messages") or []:
-            yield Static(_message_line(message), classes="message")
-        for interaction in self.turn.get("interactions") or []:
-            value = interaction.get("input") or {}
-            yield Static(
-                Text(
-                    f"{interaction['kind']:>11}? {interaction['status']}: "
-                    f"{value.get('text') or value.get('command') or ''}",
-                    style="magenta",
-                )
-            )
+                yield self._button()
+        with Vertical(classes="turn-body"):
+            for line in _body_lines(self.turn):
+                yield Static(line, classes="line")
+
+    def _button(self) -> Button:
+        label, variant = self._label()
+        return Button(
+            label,
+            variant,  # type: ignore[arg-type]
+            id=fork_button_id(self.turn_id),
+            classes="fork",
+            disabled=self.action is ForkAction.DISABLED,
+        )
 
     def _label(self) -> tuple[str, str]:
         if self.action is ForkAction.DISABLED:
             return ("Forking…", "default")
         return ("Fork", "primary")
 
-    def set_action(self, action: ForkAction) -> None:
-        """Enable/disable in place; a change to or from HIDDEN needs a re-render instead."""
-        if action is self.action or ForkAction.HIDDEN in (action, self.action):
+    async def update(self, turn: Mapping[str, Any], action: ForkAction) -> None:
+        """Bring the view to this Turn and action, touching only what changed."""
+        if dict(turn) != self.turn:
+            self.turn = dict(turn)
+            self.query_one(".turn-header", Static).update(_turn_header(self.turn))
+            body = self.query_one(".turn-body", Vertical)
+            lines = _body_lines(self.turn)
+            statics = list(body.query(".line").results(Static))
+            for static, line in zip(statics, lines, strict=False):
+                static.update(line)
+            if len(lines) > len(statics):
+                await body.mount_all(Static(line, classes="line") for line in lines[len(statics) :])
+            for static in statics[len(lines) :]:
+                await static.remove()
+        await self.set_action(action)
+
+    async def set_action(self, action: ForkAction) -> None:
+        if action is self.action:
             return
-        self.action = action
-        button = self.query_one(f"#{fork_button_id(str(self.turn['turnId']))}", Button)
-        button.disabled = action is ForkAction.DISABLED
-        button.label, button.variant = self._label()  # type: ignore[assignment]
+        was_hidden, self.action = self.action is ForkAction.HIDDEN, action
+        if action is ForkAction.HIDDEN:
+            await self.query_one(f"#{fork_button_id(self.turn_id)}", Button).remove()
+        elif was_hidden:
+            await self.query_one(".turn-head", Horizontal).mount(self._button())
+        else:
+            button = self.query_one(f"#{fork_button_id(self.turn_id)}", Button)
+            button.disabled = action is ForkAction.DISABLED
+            label, variant = self._label()
+            button.label = label
+            button.variant = variant  # type: ignore[assignment]
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        if event.button.id == fork_button_id(str(self.turn["turnId"])):
-            self.post_message(ForkRequested(self.session_id, str(self.turn["turnId"])))
+        if event.button.id == fork_button_id(self.turn_id):
+            self.post_message(ForkRequested(self.session_id, self.turn_id))
+
+
+def _body_lines(turn: Mapping[str, Any]) -> list[Text]:
+    lines = [_message_line(m) for m in turn.get("messages") or []]
+    for interaction in turn.get("interactions") or []:
+        value = interaction.get("input") or {}
+        lines.append(
+            Text(
+                f"{interaction['kind']:>11}? {interaction['status']}: "
+                f"{value.get('text') or value.get('command') or ''}",
+                style="magenta",
+            )
+        )
+    return lines
 
 
 class Divider(Static):
@@ -119,11 +163,17 @@ class Divider(Static):
 
 
 class TranscriptView(VerticalScroll):
-    """Renders a session's loaded Turns; the app calls `show` and `set_actions`."""
+    """Renders a session's loaded Turns; the app calls `show` on every change."""
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.session_id: str | None = None
+        self._busy = 0
+
+    @property
+    def idle(self) -> bool:
+        """False while widgets are being reconciled (a half-updated transcript is visible)."""
+        return self._busy == 0
 
     async def show(
         self,
@@ -134,34 +184,90 @@ class TranscriptView(VerticalScroll):
         source_title: str | None,
         has_more: bool,
     ) -> None:
-        self.session_id = str(session["agentSessionId"])
-        at_end = self.scroll_y >= self.max_scroll_y - 1
-        widgets: list[Any] = []
-        boundary = divider_after(session, turns)
-        for index, turn in enumerate(turns):
-            widgets.append(TurnView(self.session_id, turn, action_for(turn)))
-            if index == boundary:
-                lineage = session.get("forkedFrom") or {}
-                title = source_title or str(lineage.get("sourceAgentSessionId", "the source"))
-                widgets.append(Divider(f"──── {divider_text(title)} ────", id=DIVIDER_ID))
-        if has_more:
-            widgets.append(Button("Load more turns", id=LOAD_MORE_ID))
-        if not turns:
-            widgets.append(Static(Text("No turns yet — say something below.", style="dim")))
-        async with self.batch():
-            await self.remove_children()
-            await self.mount_all(widgets)
+        """Reconcile the children with this state, reusing every widget that stays."""
+        self._busy += 1
+        try:
+            await self._show(session, turns, action_for, source_title, has_more)
+        finally:
+            self._busy -= 1
+
+    async def _show(
+        self,
+        session: Mapping[str, Any],
+        turns: Sequence[Mapping[str, Any]],
+        action_for: Callable[[Mapping[str, Any]], ForkAction],
+        source_title: str | None,
+        has_more: bool,
+    ) -> None:
+        async with self.lock:
+            session_id = str(session["agentSessionId"])
+            if session_id != self.session_id:
+                await self.remove_children()
+                self.session_id = session_id
+            at_end = self.scroll_y >= self.max_scroll_y - 1
+            existing = {str(w.id): w for w in self.children if w.id}
+            desired: list[Widget] = []
+            boundary = divider_after(session, turns)
+            for index, turn in enumerate(turns):
+                view = existing.get(turn_widget_id(str(turn["turnId"])))
+                if isinstance(view, TurnView):
+                    await view.update(turn, action_for(turn))
+                else:
+                    view = TurnView(session_id, turn, action_for(turn))
+                desired.append(view)
+                if index == boundary:
+                    lineage = session.get("forkedFrom") or {}
+                    title = source_title or str(lineage.get("sourceAgentSessionId", "the source"))
+                    text = f"──── {divider_text(title)} ────"
+                    divider = existing.get(DIVIDER_ID)
+                    if isinstance(divider, Divider):
+                        divider.update(text)
+                    else:
+                        divider = Divider(text, id=DIVIDER_ID)
+                    desired.append(divider)
+            if has_more:
+                more = existing.get(LOAD_MORE_ID)
+                desired.append(
+                    more if more is not None else Button("Load more turns", id=LOAD_MORE_ID)
+                )
+            if not turns:
+                empty = existing.get(EMPTY_ID)
+                desired.append(
+                    empty
+                    if empty is not None
+                    else Static(
+                        Text("No turns yet — say something below.", style="dim"), id=EMPTY_ID
+                    )
+                )
+            await self._arrange(desired)
         if at_end:
             self.scroll_end(animate=False)
 
-    def set_actions(self, action_for: Callable[[Mapping[str, Any]], ForkAction]) -> bool:
-        """Update Fork buttons in place; False when a re-render is needed (HIDDEN changed)."""
-        for view in self.query(TurnView):
-            action = action_for(view.turn)
-            if (action is ForkAction.HIDDEN) != (view.action is ForkAction.HIDDEN):
-                return False
-            view.set_action(action)
-        return True
+    async def _arrange(self, desired: list[Widget]) -> None:
+        keep = set(map(id, desired))
+        stale = [w for w in self.children if id(w) not in keep]
+        if stale:
+            await self.remove_children(stale)
+        for index, widget in enumerate(desired):
+            current = list(self.children)
+            if index < len(current) and current[index] is widget:
+                continue
+            if widget in current:
+                self.move_child(widget, before=current[index])
+            elif index < len(current):
+                await self.mount(widget, before=current[index])
+            else:
+                await self.mount(widget)
+
+    async def set_actions(self, action_for: Callable[[Mapping[str, Any]], ForkAction]) -> None:
+        """Update every Turn's Fork action in place."""
+        self._busy += 1
+        try:
+            async with self.lock:
+                for view in list(self.query(TurnView)):
+                    await view.set_action(action_for(view.turn))
+        finally:
+            self._busy -= 1
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == LOAD_MORE_ID:

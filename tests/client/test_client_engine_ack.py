@@ -207,15 +207,17 @@ def test_pruning_keeps_128_settled_records_and_every_unresolved_one(
     clock.advance(engine.create_deadline)
     assert engine.mutation(sid, turns[1]).status is MutationStatus.UNKNOWN
     # ...then 130 confirmed failures on boundaries the daemon rejects.
+    # Replies may come back in any order, so the two oldest settle before the rest are sent.
     bogus = [f"missing-turn-{i:03d}" for i in range(130)]
-    for turn in bogus:
-        engine.fork(sid, turn)
-    wait_until(
-        lambda: all(
-            (r := engine.mutation(sid, t)) is None or r.status is MutationStatus.FAILED
-            for t in bogus
+    for batch in (bogus[:2], bogus[2:]):
+        for turn in batch:
+            engine.fork(sid, turn)
+        wait_until(
+            lambda batch=batch: all(
+                (r := engine.mutation(sid, t)) is None or r.status is MutationStatus.FAILED
+                for t in batch
+            )
         )
-    )
     records = engine.mutations()
     settled = [r for r in records if r.settled]
     assert len(settled) == 128

@@ -34,9 +34,11 @@ SIZE = (140, 48)
 
 
 async def until(pilot: Pilot[Any], pred: Callable[[], Any], timeout: float = 20.0) -> Any:
+    """Wait for `pred` on a stable transcript (not in the middle of reconciling its widgets)."""
     deadline = time.monotonic() + timeout
+    transcript = pilot.app.query_one(TranscriptView)
     while True:
-        value = pred()
+        value = transcript.idle and pred()
         if value:
             return value
         if time.monotonic() > deadline:
@@ -58,6 +60,24 @@ def run_app(
             await scenario(app, pilot)
 
     asyncio.run(main())
+
+
+async def click(app: AgentHostApp, pilot: Pilot[Any], selector: str) -> None:
+    """Click once the widget is laid out where it is drawn (a fresh mount is not, for a frame)
+    and ready to take a click."""
+
+    def placed() -> bool:
+        widget = app.query_one(selector)
+        region = widget.region
+        # A Button ignores clicks during its 0.2 s "-active" effect after a press.
+        return (
+            bool(region.area)
+            and app.screen.get_widget_at(*region.offset)[0] is widget
+            and not widget.has_class("-active")
+        )
+
+    await until(pilot, placed)
+    assert await pilot.click(selector)
 
 
 def turn_ids(app: AgentHostApp) -> list[str]:
@@ -147,12 +167,12 @@ def test_pending_fork_disables_only_its_turn_and_success_opens_the_child(
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await open_and_wait(app, pilot, sid, 2)
-        await pilot.click(f"#{fork_button_id(turns[0])}")
+        await click(app, pilot, f"#{fork_button_id(turns[0])}")
         await until(pilot, lambda: fork_button(app, turns[0]).disabled)
         assert str(fork_button(app, turns[0]).label) == "Forking…"
         assert not fork_button(app, turns[1]).disabled  # other Turns stay usable
         # A second click on the disabled button sends nothing.
-        await pilot.click(f"#{fork_button_id(turns[0])}")
+        await click(app, pilot, f"#{fork_button_id(turns[0])}")
         record = app.engine.mutation(sid, turns[0])
         assert record is not None and record.create_attempts == 1
         # Success opens the authoritative child.
@@ -206,11 +226,11 @@ def test_divider_sits_after_the_boundary_turn_and_hides_until_it_is_loaded(
         await until(pilot, lambda: len(turn_ids(app)) == 1)
         assert DIVIDER_ID not in transcript_order(app)
         assert LOAD_MORE_ID in transcript_order(app)
-        await pilot.click(f"#{LOAD_MORE_ID}")
+        await click(app, pilot, f"#{LOAD_MORE_ID}")
         await until(pilot, lambda: len(turn_ids(app)) == 2)
         order = transcript_order(app)
         assert order[order.index(f"turn-{boundary}") + 1] == DIVIDER_ID
-        await pilot.click(f"#{LOAD_MORE_ID}")
+        await click(app, pilot, f"#{LOAD_MORE_ID}")
         await until(pilot, lambda: len(turn_ids(app)) == 3)
         order = transcript_order(app)
         # Still right after the boundary Turn, not at the end of the timeline.
@@ -229,7 +249,7 @@ def test_composer_sends_a_turn_and_the_transcript_follows_it_live(
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await until(pilot, lambda: app.engine.session(sid) is not None)
         app.open_session(sid)
-        await pilot.click("#composer")
+        await click(app, pilot, "#composer")
         await pilot.press(*"hi there", "enter")
         await until(pilot, lambda: len(turn_ids(app)) == 1)
         view = app.query(TurnView).first(TurnView)
