@@ -207,7 +207,7 @@ def test_config_file_listen_is_loopback_only_too(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        _, err = proc.communicate(timeout=10)
+        _, err = proc.communicate(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
