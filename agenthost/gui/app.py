@@ -116,7 +116,7 @@ class AgentHostApp(App[int]):
         tree = self.query_one(SessionTree)
         node = tree.node_for(session_id)
         if node is not None:
-            tree.move_cursor(node)
+            tree.show_cursor_on(node)
         self._load_page(session_id, 0)
 
     def _load_page(self, session_id: str, after: int) -> None:

@@ -44,7 +44,11 @@ class SessionTree(Tree[str]):
                 target = node
         self.root.expand_all()
         if target is not None:
-            self.move_cursor(target)
+            self.show_cursor_on(target)
+
+    def show_cursor_on(self, node: TreeNode[str]) -> None:
+        # Lines are rebuilt on the next refresh; moving the cursor before that lands on line 0.
+        self.call_after_refresh(self.move_cursor, node)
 
     def node_for(self, session_id: str) -> TreeNode[str] | None:
         def walk(node: TreeNode[str]) -> TreeNode[str] | None:

@@ -68,7 +68,7 @@ class TurnView(Vertical):
     TurnView > .turn-head { height: auto; }
     TurnView > .turn-body { height: auto; }
     TurnView .turn-header { width: 1fr; }
-    TurnView Button { min-width: 10; height: 1; border: none; margin: 0 1; }
+    TurnView Button.fork { min-width: 12; margin: 0 1; }
     """
 
     def __init__(self, session_id: str, turn: Mapping[str, Any], action: ForkAction) -> None:
@@ -97,6 +97,7 @@ class TurnView(Vertical):
             variant,  # type: ignore[arg-type]
             id=fork_button_id(self.turn_id),
             classes="fork",
+            compact=True,  # one line, no border: it sits on the Turn's header line
             disabled=self.action is ForkAction.DISABLED,
         )
 

@@ -1,0 +1,136 @@
+"""Regenerates docs/images/gui-fork.svg (and .png): a real daemon, a session of three turns
+forked through its second, a turn on the child, and the GUI showing the child.
+
+Run: `build/venv/bin/python -m tests.client.make_screenshot [OUT_DIR]`. The PNG is drawn from
+the same terminal cells with Pillow and DejaVu Sans Mono (no SVG renderer is needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.segment import Segment
+
+from agenthost.engine import AckState, Engine
+from agenthost.gui.app import AgentHostApp
+from tests.support.daemon import DaemonProcess, create_session, run_turn
+
+WS = "demo"
+SIZE = (150, 42)
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf"
+FONT_BOLD = "/usr/share/fonts/truetype/dejavu/DejaVuSansMono-Bold.ttf"
+
+
+def screen_segments(app: AgentHostApp) -> list[list[Segment]]:
+    """The current screen as lines of styled segments (what `export_screenshot` renders)."""
+    width, height = app.size
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
+    render = app.screen._compositor.render_update(  # noqa: SLF001 - as export_screenshot does
+        full=True, screen_stack=app._background_screens, simplify=True
+    )
+    console.print(render)
+    return list(Segment.split_lines(console._record_buffer))  # noqa: SLF001
+
+
+def to_png(lines: list[list[Segment]], path: Path) -> None:
+    from PIL import Image, ImageDraw, ImageFont
+
+    font = ImageFont.truetype(FONT, 15)
+    bold = ImageFont.truetype(FONT_BOLD, 15)
+    cell_w = int(round(font.getlength("M")))
+    cell_h = 19
+    cols = max(sum(len(s.text) for s in line if not s.control) for line in lines)
+    image = Image.new("RGB", (cols * cell_w, len(lines) * cell_h), (12, 12, 12))
+    draw = ImageDraw.Draw(image)
+    for row, line in enumerate(lines):
+        col = 0
+        for segment in line:
+            if segment.control:
+                continue  # cursor moves: the lines are already split
+            style = segment.style
+            fg = (220, 220, 220)
+            bg = None
+            if style is not None:
+                if style.color is not None and style.color.triplet is not None:
+                    fg = tuple(style.color.triplet)
+                if style.bgcolor is not None and style.bgcolor.triplet is not None:
+                    bg = tuple(style.bgcolor.triplet)
+                if style.reverse:
+                    fg, bg = bg or (12, 12, 12), fg
+            face = bold if style is not None and style.bold else font
+            for char in segment.text:
+                x, y = col * cell_w, row * cell_h
+                if bg is not None:
+                    draw.rectangle([x, y, x + cell_w - 1, y + cell_h - 1], fill=bg)
+                if char.strip():
+                    draw.text((x, y + 1), char, font=face, fill=fg)
+                col += 1
+    image.save(path)
+
+
+def build_fork(daemon: DaemonProcess) -> tuple[str, str]:
+    c = daemon.client()
+    sid = create_session(c, WS, title="Trip planning")["agentSessionId"]
+    for text in ("Plan a weekend in Lisbon", "/tool search_flights LIS", "Book a hotel in Alfama"):
+        run_turn(c, sid, text, WS)
+    turns = c.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})["turns"]
+    with Engine(c, WS) as engine:
+        engine.fork(sid, turns[1]["turnId"])
+        engine.wait_for(
+            lambda: (r := engine.mutation(sid, turns[1]["turnId"])).ack is AckState.OBSERVED and r,
+            60,
+        )
+        child = engine.mutation(sid, turns[1]["turnId"]).child_session_id
+    assert child
+    run_turn(c, child, "/history", WS)
+    return sid, child
+
+
+async def capture(daemon: DaemonProcess, child: str, out: Path) -> None:
+    engine = Engine.connect(daemon.api, daemon.events, WS)
+    app = AgentHostApp(engine, own_engine=True)
+    async with app.run_test(size=SIZE) as pilot:
+        deadline = time.monotonic() + 30
+        while not (app.sessions_loaded and engine.session(child)):
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        app.open_session(child)
+        while len(app.turns) < 3:
+            assert time.monotonic() < deadline
+            await pilot.pause(0.05)
+        await pilot.pause(0.5)
+        app.save_screenshot("gui-fork.svg", str(out))
+        to_png(screen_segments(app), out / "gui-fork.png")
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "docs/images").resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ah-shot-") as tmp:
+        daemon = DaemonProcess(Path(tmp) / "home").start()
+        try:
+            _, child = build_fork(daemon)
+            asyncio.run(capture(daemon, child, out))
+        finally:
+            daemon.stop()
+    print(f"wrote {out / 'gui-fork.svg'} and {out / 'gui-fork.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
