@@ -39,6 +39,7 @@ demo: $(DEMO_DEPS)
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check storage actors transport drivers tutti_agent agenthost tests bench
+	$(VENV)/bin/mypy --ignore-missing-imports storage actors transport drivers tutti_agent agenthost
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.
 test: providers lint

@@ -441,7 +441,7 @@ def _fork(args: argparse.Namespace, client: Any) -> int:
         if record.status is MutationStatus.SUCCEEDED:
             # Give the client-observed ACK its deadline (and first retry) before we exit.
             engine.wait_for(
-                lambda: engine.mutation(sid, turn_id).ack is AckState.OBSERVED,
+                lambda: getattr(engine.mutation(sid, turn_id), "ack", None) is AckState.OBSERVED,
                 engine.ack_deadline + 2,
             )
             record = engine.mutation(sid, turn_id) or record

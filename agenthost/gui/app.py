@@ -132,7 +132,7 @@ class AgentHostApp(App[int]):
             self.call_from_thread(self.notify, f"cannot load turns: {exc}", severity="error")
             return
         title = self._fetch_source_title(session_id)
-        self.call_from_thread(self._page_loaded, session_id, after, page, title)
+        self.call_from_thread(self._page_loaded, session_id, after, page, title)  # type: ignore[arg-type]
 
     def _fetch_source_title(self, session_id: str) -> str | None:
         session = self.engine.session(session_id) or {}
@@ -298,7 +298,7 @@ class AgentHostApp(App[int]):
         except (ApiError, TimeoutError) as exc:
             self.call_from_thread(self.notify, f"cannot send: {exc}", severity="error")
             return
-        self.call_from_thread(self.merge_turn, session_id, result["turn"])
+        self.call_from_thread(self.merge_turn, session_id, result["turn"])  # type: ignore[arg-type]
 
 
 def _staler(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:

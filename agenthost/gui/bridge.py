@@ -24,4 +24,8 @@ class EngineChanged(Message):
 
 def bridge(engine: Engine, target: MessagePump) -> Callable[[], None]:
     """Forward every Engine change to `target`; returns the function that stops it."""
-    return engine.subscribe(lambda change: target.post_message(EngineChanged(change)))
+
+    def forward(change: EngineChange) -> None:
+        target.post_message(EngineChanged(change))
+
+    return engine.subscribe(forward)

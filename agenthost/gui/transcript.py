@@ -135,7 +135,7 @@ class TurnView(Vertical):
             button.disabled = action is ForkAction.DISABLED
             label, variant = self._label()
             button.label = label
-            button.variant = variant  # type: ignore[assignment]
+            button.variant = variant
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
