@@ -58,7 +58,14 @@ def _show(client: Client, sid: str) -> dict[str, Any]:
     turns = client.call(
         "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
     )["turns"]
-    print(format_transcript(session, turns))
+    lineage = session.get("forkedFrom")
+    source = None
+    if lineage:
+        source = client.call(
+            "session.get",
+            {"workspaceId": WS, "agentSessionId": lineage["sourceAgentSessionId"]},
+        )["session"]["title"]
+    print(format_transcript(session, turns, source))
     return {"session": session, "turns": turns}
 
 
