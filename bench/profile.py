@@ -11,12 +11,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import cpu_by_kind, cpu_delta, tree
+from bench.harness import cpu_by_kind, cpu_delta, descendants, sample, tree
 
 
 def py_spy() -> str | None:
@@ -111,6 +112,20 @@ def machine_busy() -> tuple[float, float]:
     return float(sum(values) - idle), float(sum(values))
 
 
+def load_generator_cpu(daemon_pid: int) -> float:
+    """CPU seconds of this benchmark process and its other children (load clients, py-spy),
+    counting the reaped ones: what measuring costs, outside the daemon's tree."""
+    daemon_tree = set(descendants(daemon_pid))
+    total = 0.0
+    for pid in descendants(os.getpid()):
+        if pid in daemon_tree:
+            continue
+        s = sample(pid)
+        if s is not None:
+            total += s.cpu_s + s.children_cpu_s
+    return total
+
+
 class TreeProfile:
     """Wraps a measured window: CPU seconds per process kind from /proc, and (if available)
     a py-spy recording of the whole tree, stopped with SIGINT at the end."""
@@ -125,6 +140,10 @@ class TreeProfile:
         self.cpu: dict[str, float] = {}
         self._machine0 = (0.0, 0.0)
         self.machine_busy_cores = 0.0
+        self._load0 = 0.0
+        self.load_generator_cores = 0.0
+        """Cores used by the benchmark's own clients and profiler in the window."""
+        self._t0 = 0.0
         """Cores busy machine-wide in the window (ours and anyone else's)."""
         self.summary: ProfileSummary | None = None
         self.error: str | None = None
@@ -132,6 +151,8 @@ class TreeProfile:
     def start(self) -> None:
         self._cpu0 = cpu_by_kind(tree(self.pid))
         self._machine0 = machine_busy()
+        self._load0 = load_generator_cpu(self.pid)
+        self._t0 = time.monotonic()
         if not self.use_py_spy:
             return
         spy = py_spy()
@@ -157,6 +178,8 @@ class TreeProfile:
 
     def stop(self) -> None:
         self.cpu = cpu_delta(self._cpu0, cpu_by_kind(tree(self.pid)))
+        elapsed = max(1e-6, time.monotonic() - self._t0)
+        self.load_generator_cores = (load_generator_cpu(self.pid) - self._load0) / elapsed
         busy, total = machine_busy()
         cores = os.cpu_count() or 1
         d_total = total - self._machine0[1]

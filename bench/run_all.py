@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import fork_overhead, mutations, races, scale, throughput
-from bench.common import REPO, BenchResult, Mode, command_for, log, machine, mode_argv
+from bench.common import REPO, BenchResult, Mode, Table, command_for, log, machine, mode_argv
 
 BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.fork_overhead", fork_overhead.run),
@@ -58,6 +58,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.figures["loadAverage1mAtStart"] = round(load, 2)
         print(result.render() + "\n", flush=True)
         results.append(result)
+    json_path = args.out / f"{stem}.json"
+    merged = [r.to_json() for r in results]
+    if args.only and json_path.exists():
+        # Re-running some benchmarks keeps the others of the same day's result.
+        previous = json.loads(json_path.read_text())
+        rerun = {r.name for r in results}
+        kept = [b for b in previous["benchmarks"] if b["name"] not in rerun]
+        order = [m for m, _ in BENCHMARKS]
+        merged = sorted(
+            kept + merged,
+            key=lambda b: order.index(b["command"].split()[2]) if b["command"] else 0,
+        )
     doc = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "mode": mode.value,
@@ -65,20 +77,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "machine": machine(),
         "seconds": round(time.monotonic() - started, 1),
         "failures": failures,
-        "benchmarks": [r.to_json() for r in results],
+        "benchmarks": merged,
     }
-    json_path = args.out / f"{stem}.json"
+    if args.only:
+        doc["rerun"] = list(args.only)
     json_path.write_text(json.dumps(doc, indent=1))
     md = [f"Run {doc['date']} ({mode.value}), `{doc['command']}`, machine {doc['machine']}", ""]
-    for r in results:
-        md += [f"### {r.name}", "", f"`{r.command}`", ""]
-        md += [t.markdown() + "\n" for t in r.tables]
-        if r.targets:
+    for b in merged:
+        md += [f"### {b['name']}", "", f"`{b['command']}`", ""]
+        md += [_markdown_table(t) + "\n" for t in b["tables"]]
+        if b["targets"]:
             md += ["| target | value | limit | verdict |", "|---|---|---|---|"]
             md += [
                 f"| {t['what']} | {t['value']} | {t['direction']} {t['limit']} | "
                 f"{'met' if t['met'] else 'MISSED'} |"
-                for t in r.targets
+                for t in b["targets"]
             ]
             md.append("")
     (args.out / f"{stem}.md").write_text("\n".join(md))
@@ -94,6 +107,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for failure in failures:
         log(f"FAILED {failure}")
     return 1 if failures else 0
+
+
+def _markdown_table(t: dict) -> str:
+    return Table(t["title"], tuple(t["columns"]), tuple(tuple(r) for r in t["rows"])).markdown()
 
 
 if __name__ == "__main__":

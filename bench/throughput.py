@@ -22,7 +22,11 @@ MODULE = "bench.throughput"
 
 
 def name_bottleneck(
-    cpu_per_fork: dict[str, float], forks_per_s: float, cores: int, machine_busy: float
+    cpu_per_fork: dict[str, float],
+    forks_per_s: float,
+    cores: int,
+    machine_busy: float,
+    load_generators: float = 0.0,
 ) -> str:
     """The verdict: CPU-bound (and on which process kind) when the tree uses nearly every core,
     CPU-starved when the machine is saturated by other work, otherwise waiting (fsync, the
@@ -31,10 +35,12 @@ def name_bottleneck(
     top = max(cpu_per_fork.items(), key=lambda kv: kv[1]) if cpu_per_fork else ("none", 0.0)
     share = top[1] / (sum(cpu_per_fork.values()) or 1.0)
     if busy < 0.8 * cores and machine_busy >= 0.9 * cores:
+        others = max(0.0, machine_busy - busy - load_generators)
         return (
-            f"CPU-starved: the machine was saturated ({machine_busy:.2f} of {cores} cores busy), "
-            f"{busy:.2f} of them ours; the largest share of ours is {top[0]} ({share:.0%}, "
-            f"{top[1]:.0f} ms per fork)"
+            f"CPU-starved: the machine was saturated ({machine_busy:.2f} of {cores} cores busy: "
+            f"daemon tree {busy:.2f}, bench clients + profiler {load_generators:.2f}, other "
+            f"processes {others:.2f}); the largest share of the daemon tree's is {top[0]} "
+            f"({share:.0%}, {top[1]:.0f} ms per fork)"
         )
     if busy >= 0.8 * cores:
         return (
@@ -86,7 +92,13 @@ def run(mode: Mode) -> BenchResult:
                 lat = Latency.of(r["t1"] - r["t0"] for r in ok)
                 rate = len(ok) / duration
                 per_fork = {k: 1000 * v / max(1, len(ok)) for k, v in profile.cpu.items()}
-                verdict = name_bottleneck(per_fork, rate, cores, profile.machine_busy_cores)
+                verdict = name_bottleneck(
+                    per_fork,
+                    rate,
+                    cores,
+                    profile.machine_busy_cores,
+                    profile.load_generator_cores,
+                )
                 rows.append(
                     (
                         level,
@@ -106,6 +118,7 @@ def run(mode: Mode) -> BenchResult:
                     "cpuMsPerFork": per_fork,
                     "bottleneck": verdict,
                     "machineBusyCores": profile.machine_busy_cores,
+                    "loadGeneratorCores": profile.load_generator_cores,
                     "profile": profile.summary.to_json() if profile.summary else None,
                 }
                 log(f"throughput: {level} clients → {rate:.1f} forks/s; {verdict}")
