@@ -122,7 +122,9 @@ def run(mode: Mode) -> BenchResult:
     samples = pick(mode, 150, 30, 4)
     warmup = pick(mode, 5, 3, 1)
     result = BenchResult("fork overhead vs the bare provider", "", mode.value)
-    rows, stage_rows, skipped = [], [], []
+    rows: list[tuple[Any, ...]] = []
+    stage_rows: list[tuple[Any, ...]] = []
+    skipped: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp_text:
         for entry in PROVIDERS:
             why = entry.unavailable()

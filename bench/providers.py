@@ -64,6 +64,7 @@ class BareAppServer:
         )
         self.proc.start()
         self.proc.initialize("agenthost-bench", "0.1.0")
+        self.turn_ids: list[str] = []
         if resume is not None:
             # An existing thread (e.g. a copy of a big source's home), loaded warm.
             self.thread_id, self.turn_ids = resume[0], list(resume[1])
@@ -71,7 +72,6 @@ class BareAppServer:
             return
         started = self.proc.request("thread/start", {"cwd": str(home)})
         self.thread_id = str(started["thread"]["id"])
-        self.turn_ids: list[str] = []
 
     def _on_notification(self, method: str, params: Mapping[str, Any]) -> None:
         if method == "turn/completed":
