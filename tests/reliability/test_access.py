@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from agenthost.cli import check_listen
-from agenthost.config import ConfigError
+from agenthost.config import ConfigError, check_listen
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline, wait_for
 from transport.client import Client
@@ -106,11 +105,6 @@ def test_another_user_cannot_connect_to_the_api_socket(daemon: DaemonProcess) ->
         s.connect(str(sock_path))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (agenthost/daemon.py start / storage Store.open): the home is created 0755 and "
-    "store.sqlite3 (+ -wal/-shm) 0644 under umask 022, so any local user can read the store",
-)
 def test_another_user_cannot_read_the_store(daemon: DaemonProcess) -> None:
     store = daemon.home / "store.sqlite3"
     assert store.exists()
@@ -189,13 +183,6 @@ def test_serve_refuses_a_non_loopback_listen_and_serves_loopback_tcp(tmp_path: P
         d.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (agenthost/config.py + agenthost/cli.py _serve): `[daemon] listen` from "
-    "agenthost.toml skips cli.check_listen, so a non-loopback TCP address in the config "
-    "is bound without --allow-remote (and when that bind fails, serve prints 'cannot "
-    "start' but never exits)",
-)
 def test_config_file_listen_is_loopback_only_too(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
