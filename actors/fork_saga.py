@@ -23,6 +23,7 @@ from actors.ports import (
     NotDelivered,
     WorkerFailed,
 )
+from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
 from storage.errors import ForkUnsupported, HostError, ProviderError
 from storage.models import (
     ForkOperation,
@@ -148,13 +149,9 @@ class ForkSaga:
             msg.reply(ForkReply(op, False))
             return
         if op.status is ForkStatus.PREPARED:
-            op, _ = ctx.store.mark_fork_failed(
-                actor.ws, op.operation_id, "not dispatched before the host restarted"
-            )
+            op, _ = ctx.store.mark_fork_failed(actor.ws, op.operation_id, PREPARED_ERROR)
         elif op.status is ForkStatus.DISPATCHING:
-            op, _ = ctx.store.mark_fork_unknown(
-                actor.ws, op.operation_id, "dispatch outcome lost with the previous host process"
-            )
+            op, _ = ctx.store.mark_fork_unknown(actor.ws, op.operation_id, DISPATCHING_ERROR)
         elif op.status is ForkStatus.PROVIDER_ACCEPTED:
             op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
         msg.reply(ForkReply(op, op.status in TERMINAL))

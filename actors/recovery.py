@@ -25,27 +25,29 @@ class RecoveryReport:
     errors: int = 0
 
 
+PREPARED_ERROR = "not dispatched before the host restarted"
+DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
+
+
 def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryReport:
     failed = unknown = committed = errors = 0
     cursor = None
     while True:
         ops, cursor = store.recoverable_fork_operations(after=cursor, limit=page_size)
+        # One transaction (one fsync) per page for the two pure status changes.
+        page_failed, page_unknown = store.settle_leftover_fork_operations(
+            ops, prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
+        )
+        failed += page_failed
+        unknown += page_unknown
         for op in ops:
-            ws, op_id = op.workspace_id, op.operation_id
+            if op.status is not ForkStatus.PROVIDER_ACCEPTED:
+                continue
             try:
-                if op.status is ForkStatus.PREPARED:
-                    store.mark_fork_failed(ws, op_id, "not dispatched before the host restarted")
-                    failed += 1
-                elif op.status is ForkStatus.DISPATCHING:
-                    store.mark_fork_unknown(
-                        ws, op_id, "dispatch outcome lost with the previous host process"
-                    )
-                    unknown += 1
-                elif op.status is ForkStatus.PROVIDER_ACCEPTED:
-                    store.commit_fork(ws, op_id)
-                    committed += 1
+                store.commit_fork(op.workspace_id, op.operation_id)
+                committed += 1
             except Exception:  # noqa: BLE001 - one bad row must not stop recovery of the rest
-                log.exception("recovery of fork operation %s failed", op_id)
+                log.exception("recovery commit of fork operation %s failed", op.operation_id)
                 errors += 1
         if cursor is None:
             break

@@ -90,8 +90,13 @@ class SessionActor(pykka.ThreadingActor):
                 self._predecessor.get(timeout=30)
             self._predecessor = None
 
+    def on_stop(self) -> None:
+        # This thread ends now: its store connection (and file descriptors) must go with it.
+        self.ctx.store.release_thread_connection()
+
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)
+        self.ctx.store.release_thread_connection()
 
     def on_receive(self, message: Any) -> Any:
         try:

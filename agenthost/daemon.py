@@ -177,6 +177,7 @@ class Daemon:
             # Extensions: live Session actors and daemon threads (idle actors are stopped).
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
+            "storeConnections": self.store.open_connections() if self.store else 0,
         }
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:

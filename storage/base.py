@@ -57,13 +57,14 @@ def open_connection(path: str) -> apsw.Connection:
 class Tx:
     """One open write transaction: the cursor, its clock reading and its pending events."""
 
-    __slots__ = ("conn", "workspace_id", "now_ms", "events")
+    __slots__ = ("conn", "workspace_id", "now_ms", "events", "_seen")
 
     def __init__(self, conn: apsw.Connection, workspace_id: str | None, now_ms: int) -> None:
         self.conn = conn
         self.workspace_id = workspace_id
         self.now_ms = now_ms
         self.events: list[ChangeEvent] = []
+        self._seen: set[ChangeEvent] = set()
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> apsw.Cursor:
         return self.conn.execute(sql, params)
@@ -82,7 +83,9 @@ class Tx:
         return int(self.conn.changes())
 
     def emit(self, event: ChangeEvent) -> None:
-        if event not in self.events:
+        # A set beside the list: a commit of 1,000 cloned Turns emits 1,000 events.
+        if event not in self._seen:
+            self._seen.add(event)
             self.events.append(event)
 
     def check_fence(self, session_id: str) -> None:
@@ -128,6 +131,25 @@ class StoreBase:
             with self._lock:
                 self._connections.append(conn)
         return conn
+
+    def release_thread_connection(self) -> None:
+        """Close the calling thread's connection, if it has one. Threads that end (a stopped
+        Session actor) must call this, or their connections and file descriptors leak."""
+        conn: apsw.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return
+        self._local.conn = None
+        with self._lock:
+            if conn in self._connections:
+                self._connections.remove(conn)
+        try:
+            conn.close()
+        except apsw.Error:  # pragma: no cover - close of a busy connection
+            log.exception("closing store connection")
+
+    def open_connections(self) -> int:
+        with self._lock:
+            return len(self._connections)
 
     def _migrate(self) -> int:
         return migrate(self._conn())

@@ -8,7 +8,7 @@ returns `changed=False` and a transition the state machine forbids raises `Inval
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apsw
@@ -388,6 +388,46 @@ class ForkStore(StoreBase):
             if release:
                 tx.emit(SessionChanged(ws, op.source_session_id))
             return _load_op(tx.conn, ws, op_id), True
+
+    def settle_leftover_fork_operations(
+        self, ops: Sequence[ForkOperation], *, prepared_error: str, dispatching_error: str
+    ) -> tuple[int, int]:
+        """Start-up recovery of one page in one transaction: `prepared` → failed (reservation
+        released), `dispatching` → unknown. Each row is still guarded by its status, so a row
+        that moved on is left alone. Returns (failed, unknown)."""
+        failed = unknown = 0
+        with self._write(None) as tx:
+            for op in ops:
+                ws, op_id = op.workspace_id, op.operation_id
+                if op.status is ForkStatus.PREPARED:
+                    to, source, error = ForkStatus.FAILED, ForkStatus.PREPARED, prepared_error
+                elif op.status is ForkStatus.DISPATCHING:
+                    to, source, error = (
+                        ForkStatus.UNKNOWN,
+                        ForkStatus.DISPATCHING,
+                        dispatching_error,
+                    )
+                else:
+                    continue
+                tx.execute(
+                    "UPDATE fork_operations SET status = ?, error = ?, completed_at_ms = ?"
+                    " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
+                    (to.value, error, tx.now_ms, ws, op_id, source.value),
+                )
+                if tx.changes() != 1:
+                    continue
+                if to is ForkStatus.FAILED:
+                    tx.execute(
+                        "DELETE FROM session_reservations"
+                        " WHERE workspace_id = ? AND operation_id = ?",
+                        (ws, op_id),
+                    )
+                    failed += 1
+                else:
+                    unknown += 1
+                tx.emit(ForkOperationChanged(ws, op_id))
+                tx.emit(SessionChanged(ws, op.source_session_id))
+        return failed, unknown
 
     def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """The durable marker written before the provider call may leave the host (law 1)."""

@@ -30,8 +30,9 @@ def test_idle_session_actors_stop_and_threads_return(tmp_path: Path) -> None:
         status = c.call("host.status")
         assert status["sessionActors"] >= 1
         settled = wait_for(lambda: (s := c.call("host.status"))["sessionActors"] == 0 and s, 20)
-        # 30 sessions, no actor threads left for them.
+        # 30 sessions, no actor threads left for them, nor their store connections.
         assert settled["threads"] < 30
+        assert settled["storeConnections"] < 12
         # And they come back on demand.
         assert run_turn(c, sids[0], "again")["outcome"] == "completed"
     finally:

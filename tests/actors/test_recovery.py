@@ -1,0 +1,80 @@
+"""Start-up recovery over a real store file: every non-terminal operation ends as the contract
+says, page by page, and terminal ones are left alone (seed 000 §10)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from actors.recovery import recover_fork_operations
+from storage import Store
+from storage.models import ForkPrepareRequest, ForkStatus, ProviderForkEvidence
+from tests.storage.store_builders import WS, new_session, settled_turn
+
+
+def _prepare(store: Store) -> tuple[str, str]:
+    sid = new_session(store)
+    turn = settled_turn(store, sid)
+    op, created = store.prepare_fork(
+        WS,
+        ForkPrepareRequest(
+            source_session_id=sid,
+            request_id=str(uuid.uuid4()),
+            target_session_id=str(uuid.uuid4()),
+            turn_id=turn.turn_id,
+            driver_kind="tutti-agent",
+            driver_version="0.0.10",
+            binding_mode="host_copy",
+        ),
+    )
+    assert created
+    return op.operation_id, str(turn.root_provider_turn_id)
+
+
+def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        prepared = [_prepare(store)[0] for _ in range(7)]
+        dispatching = []
+        for _ in range(5):
+            op_id, _ = _prepare(store)
+            store.mark_fork_dispatching(WS, op_id)
+            dispatching.append(op_id)
+        accepted = []
+        for _ in range(3):
+            op_id, provider_turn = _prepare(store)
+            store.mark_fork_dispatching(WS, op_id)
+            store.mark_fork_provider_accepted(
+                WS,
+                op_id,
+                ProviderForkEvidence(
+                    child_provider_session_id=f"child-{uuid.uuid4().hex[:6]}",
+                    provider_turn_ids=(provider_turn,),
+                    binding_mode="host_copy",
+                    receipt={"sha256": "x"},
+                ),
+            )
+            accepted.append(op_id)
+        done, _ = _prepare(store)
+        store.mark_fork_dispatching(WS, done)
+        store.mark_fork_unknown(WS, done, "earlier")
+
+        # A small page size exercises the stable cursor across pages.
+        report = recover_fork_operations(store, page_size=4)
+        assert (report.failed, report.unknown, report.committed, report.errors) == (7, 5, 3, 0)
+        for op_id in prepared:
+            assert store.get_fork_operation(WS, op_id).status is ForkStatus.FAILED
+        for op_id in dispatching:
+            assert store.get_fork_operation(WS, op_id).status is ForkStatus.UNKNOWN
+        for op_id in accepted:
+            op = store.get_fork_operation(WS, op_id)
+            assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
+        assert store.get_fork_operation(WS, done).error == "earlier"
+        assert store.recoverable_fork_operations()[0] == []
+        # Running it again changes nothing.
+        again = recover_fork_operations(store)
+        assert (again.failed, again.unknown, again.committed) == (0, 0, 0)
+    finally:
+        store.close()
