@@ -70,6 +70,22 @@ class ForkSaga:
     @staticmethod
     def start(actor: SessionActor, msg: ForkCreate) -> None:
         session = actor.session()
+        # A replay, or a new identity on a held boundary, gets the original operation
+        # without touching the provider runtime (which may be down right now).
+        existing = actor.ctx.store.existing_fork(
+            actor.ws,
+            source_session_id=actor.sid,
+            request_id=msg.request_id,
+            target_session_id=msg.target_session_id,
+            turn_id=msg.turn_id,
+        )
+        if existing is not None:
+            live = actor.sagas.get(existing.operation_id)
+            if live is not None:
+                live._wait(msg.reply)
+            else:
+                msg.reply(ForkReply(existing, existing.status in TERMINAL))
+            return
         info = actor.ctx.catalog.driver_info(session.provider)
         if info.binding_mode == "host_copy" and not info.binder_available:
             # Fail closed before any operation or dispatch (seed 000 §7).

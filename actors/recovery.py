@@ -1,6 +1,7 @@
 """Start-up recovery of fork operations left non-terminal by a previous process (seed 000 §10).
 
-Runs before the daemon serves requests, paging by the store's stable cursor:
+Runs before the daemon serves requests (together with `settle_orphaned_turns`), paging by
+the store's stable cursor:
 `prepared` → failed (fence and reservation released), `dispatching` → unknown (no provider
 call: the request may have left), `provider_accepted` → commit. Terminal rows are untouched;
 a committed-but-unACKed operation keeps its barrier.
@@ -52,3 +53,22 @@ def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryRe
         if cursor is None:
             break
     return RecoveryReport(failed, unknown, committed, errors)
+
+
+ORPHANED_TURN_ERROR = "the host restarted during this turn"
+
+
+def settle_orphaned_turns(store: Store) -> int:
+    """Turns left active by a previous process can never receive their provider's events
+    (its runtimes died with it): settle them `interrupted`, which also finishes their submit
+    claims and supersedes pending Interactions, so the Session takes turns (and forks) again."""
+    settled = 0
+    for ws, sid, turn_id in store.all_active_turns():
+        try:
+            _, changed = store.settle_turn(
+                ws, sid, turn_id, outcome="interrupted", error=ORPHANED_TURN_ERROR
+            )
+            settled += int(changed)
+        except Exception:  # noqa: BLE001 - one bad row must not stop the rest
+            log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
+    return settled

@@ -18,7 +18,7 @@ from typing import Any
 from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
-from actors.recovery import RecoveryReport, recover_fork_operations
+from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from agenthost import __version__, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
@@ -71,6 +71,7 @@ class Daemon:
         self.store = store = Store.open(cfg.store_path)
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
+        self.orphaned_turns = settle_orphaned_turns(store)
 
         fp_state = cfg.run_dir / "failpoints-host"
         fp_state.mkdir(mode=0o700, exist_ok=True)

@@ -717,6 +717,15 @@ class CanonicalStore(StoreBase):
                 return None
             return load_turn(conn, ws, sid, session.active_turn_id)
 
+    def all_active_turns(self) -> list[tuple[str, str, str]]:
+        """(workspace, session, turn) of every active Turn, across workspaces: at start-up
+        these are orphans of the previous process, whose provider runtimes died with it."""
+        rows = self._conn().execute(
+            "SELECT workspace_id, session_id, turn_id FROM turns WHERE phase = 'active'"
+            " ORDER BY workspace_id, session_id, sequence"
+        )
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
     def session_messages(self, ws: str, sid: str) -> list[Message]:
         """Every Message of a Session in presentation order (session-level ones included)."""
         with self._read() as conn:

@@ -33,6 +33,7 @@ from storage.fork_snapshot import (
     freeze_snapshot,
     load_boundary,
     load_snapshot,
+    project_child,
     request_hash,
     source_blockers,
 )
@@ -46,6 +47,7 @@ from storage.models import (
     Lineage,
     ProviderForkEvidence,
     ProviderStateBindingMode,
+    Session,
     SessionChanged,
     TurnChanged,
 )
@@ -102,20 +104,15 @@ def _op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOp
     )
 
 
-def _plan_for(conn: apsw.Connection, r: Row) -> ChildPlan:
-    """Rebuild the committed child purely from the snapshot and the operation row (law 4)."""
+def _committed_projection(conn: apsw.Connection, r: Row) -> tuple[Session, Lineage]:
+    """Rebuild the committed child's Session and lineage purely from the snapshot and the
+    operation row (law 4), so the projection survives deletion of the child."""
     text_row = conn.execute(
         "SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],)
     ).fetchone()
     assert text_row is not None
     snapshot = load_snapshot(text_row[0], r[18])
-    return build_child(
-        snapshot,
-        child_provider_session_id=r[11],
-        binding_mode=r[16],
-        turn_bindings=loads(r[27]),
-        committed_at_ms=r[24],
-    )
+    return project_child(snapshot, child_provider_session_id=r[11], committed_at_ms=r[24])
 
 
 def _load_op(conn: apsw.Connection, ws: str, op_id: str, *, project: bool = True) -> ForkOperation:
@@ -130,8 +127,7 @@ def _load_op(conn: apsw.Connection, ws: str, op_id: str, *, project: bool = True
 
 def _decode(conn: apsw.Connection, r: Row, *, project: bool = True) -> ForkOperation:
     if project and r[19] == ForkStatus.COMMITTED:
-        plan = _plan_for(conn, r)
-        return _op_from_row(r, (plan.session, plan.lineage))
+        return _op_from_row(r, _committed_projection(conn, r))
     return _op_from_row(r)
 
 
@@ -220,6 +216,42 @@ class ForkStore(StoreBase):
         return None if r is None else _op_from_row(r)
 
     # -- prepare -------------------------------------------------------------------------------
+
+    def existing_fork(
+        self,
+        ws: str,
+        *,
+        source_session_id: str,
+        request_id: str,
+        target_session_id: str,
+        turn_id: str,
+        point_kind: str = ForkPointKind.THROUGH_TURN.value,
+    ) -> ForkOperation | None:
+        """The operation a `prepare_fork` of this request would return without creating one —
+        a replay of `request_id` or the holder of the `source + point` barrier — or None.
+        A pure read, so a replay never needs a provider runtime; `prepare_fork` re-checks
+        both inside its transaction."""
+        digest = request_hash(source_session_id, target_session_id, point_kind, turn_id)
+        with self._read() as conn:
+            existing = conn.execute(
+                f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND request_id = ?",
+                (ws, request_id),
+            ).fetchone()
+            if existing is not None:
+                if existing[3] != digest:
+                    raise ForkRequestConflict(
+                        f"request {request_id} was used for a different fork",
+                        params={"operationId": existing[1]},
+                    )
+                return _decode(conn, existing)
+            held = conn.execute(
+                f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
+                f" AND {_BARRIER_SQL} ORDER BY op_seq LIMIT 1",
+                (ws, source_session_id, point_kind, turn_id),
+            ).fetchone()
+            return None if held is None else _decode(conn, held)
 
     def prepare_fork(self, ws: str, req: ForkPrepareRequest) -> tuple[ForkOperation, bool]:
         """Create the operation, fence and reservation and freeze the snapshot in one

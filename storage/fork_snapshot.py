@@ -24,8 +24,10 @@ from storage.errors import (
     ForkSnapshotCorrupt,
 )
 from storage.fork_identity import (
+    EntityKind,
     IdentityMap,
     build_identity_map,
+    child_id,
     reject_duplicate_keys,
     remap_references,
 )
@@ -425,13 +427,53 @@ def build_child(
                     committed_at_ms if status != InteractionStatus.PENDING else None,
                 )
             )
-    source = snapshot["source"]
+    session, lineage = _child_session(
+        snapshot,
+        child_provider_session_id,
+        committed_at_ms,
+        ids.turns[snapshot["point"]["turn_id"]],
+    )
+    return ChildPlan(
+        session=session,
+        lineage=lineage,
+        ids=ids,
+        turn_rows=turn_rows,
+        message_rows=message_rows,
+        interaction_rows=interaction_rows,
+    )
+
+
+def project_child(
+    snapshot: Mapping[str, Any], *, child_provider_session_id: str, committed_at_ms: int
+) -> tuple[Session, Lineage]:
+    """The committed child's Session and lineage only (what an operation projects), without
+    remapping the whole history: one deterministic id instead of one per entity."""
     point_turn = snapshot["point"]["turn_id"]
+    target_turn_id = child_id(
+        snapshot["operation_id"],
+        snapshot["workspace_id"],
+        snapshot["source"]["session_id"],
+        snapshot["target"]["session_id"],
+        EntityKind.TURN,
+        point_turn,
+    )
+    return _child_session(snapshot, child_provider_session_id, committed_at_ms, target_turn_id)
+
+
+def _child_session(
+    snapshot: Mapping[str, Any],
+    child_provider_session_id: str,
+    committed_at_ms: int,
+    target_turn_id: str,
+) -> tuple[Session, Lineage]:
+    ws = snapshot["workspace_id"]
+    target = snapshot["target"]
+    sid = target["session_id"]
     lineage = Lineage(
-        source_session_id=source["session_id"],
-        source_turn_id=point_turn,
+        source_session_id=snapshot["source"]["session_id"],
+        source_turn_id=snapshot["point"]["turn_id"],
         target_session_id=sid,
-        target_turn_id=ids.turns[point_turn],
+        target_turn_id=target_turn_id,
         operation_id=snapshot["operation_id"],
         forked_at_ms=committed_at_ms,
     )
@@ -458,11 +500,4 @@ def build_child(
         rail_placement=target["rail_placement"],
         visibility=target["visibility"],
     )
-    return ChildPlan(
-        session=session,
-        lineage=lineage,
-        ids=ids,
-        turn_rows=turn_rows,
-        message_rows=message_rows,
-        interaction_rows=interaction_rows,
-    )
+    return session, lineage

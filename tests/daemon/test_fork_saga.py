@@ -440,6 +440,11 @@ def test_provider_unavailable_before_any_operation_is_a_typed_502(tmp_path: Path
     d = DaemonProcess(home).start()
     c = d.client()
     sid, turns = three_turn_source(c)
+    rid0, target0 = str(uuid.uuid4()), str(uuid.uuid4())
+    committed = until_terminal(
+        c, fork(c, sid, turns[0]["turnId"], request_id=rid0, target=target0)[1]
+    )
+    assert committed["status"] == "committed"
     d.stop()
     # The provider is broken after a restart: runtime preparation cannot attach it.
     (home / "agenthost.toml").write_text('[providers.tutti-agent]\ncommand = "/bin/false"\n')
@@ -453,5 +458,10 @@ def test_provider_unavailable_before_any_operation_is_a_typed_502(tmp_path: Path
         assert err.value.code == "provider_error"
         assert err.value.reason == "agent_session_fork_failed"
         assert c2.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        # A replay, and a new identity on the held boundary, need no runtime at all.
+        status, replay = fork(c2, sid, turns[0]["turnId"], request_id=rid0, target=target0)
+        assert (status, replay["operationId"]) == (200, committed["operationId"])
+        _, held = fork(c2, sid, turns[0]["turnId"])
+        assert held["operationId"] == committed["operationId"]
     finally:
         d2.stop()
