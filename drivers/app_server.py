@@ -10,9 +10,11 @@ must tell apart: an explicit error answer (`JsonRpcError`), a request that prova
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import json
 import os
+import signal
 import subprocess
 import threading
 import time
@@ -23,6 +25,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the worker that spawned it dies, so a killed
+    worker (or daemon) never leaves a provider process holding its thread's writer."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class AppServerFailure(Exception):
@@ -119,6 +130,7 @@ class AppServerProcess:
                 stderr=stderr,
                 env=self._env,
                 cwd=self._cwd,
+                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise AppServerClosed(f"cannot start {self.argv[0]}: {exc}", sent=False) from exc

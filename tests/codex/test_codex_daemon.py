@@ -6,7 +6,9 @@ redispatched, exactly one child rollout in the source home)."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -180,3 +182,27 @@ def test_codex_worker_killed_after_thread_fork_is_unknown_with_exactly_one_child
     # The source is usable again (fence released, worker restarted).
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
     assert len(child_rollouts(codex_home(d, sid))) == 1
+
+
+def test_a_killed_worker_takes_its_codex_app_servers_with_it(
+    codex_daemon: DaemonProcess, model: ResponsesServer
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid = create_session(c, provider="codex")["agentSessionId"]
+    assert run_turn(c, sid, "one")["outcome"] == "completed"
+    servers = codex_pids(codex_home(d, sid))
+    assert servers, "the session's codex app-server is running"
+    worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "codex")
+    os.kill(worker["pid"], signal.SIGKILL)
+    # Nothing of the dead worker may keep the thread's writer: a restarted one reopens it.
+    wait_for(lambda: not any(_alive(p) for p in servers), timeout=5)
+    assert run_turn(c, sid, "two")["outcome"] == "completed"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
