@@ -12,7 +12,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -127,9 +126,11 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_USAGE
     daemon = Daemon(config, listen=tuple(args.listen))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # The handlers only flip a flag: a handler taking a lock (Event.set) can deadlock with the
+    # main thread interrupted inside that same lock.
+    signalled: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: signalled.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
     try:
         daemon.start()
     except Exception as exc:  # noqa: BLE001 - report start-up failures plainly
@@ -137,7 +138,8 @@ def _serve(args: argparse.Namespace) -> int:
         daemon.close()
         return EXIT_ERROR
     print(json.dumps(daemon.ready_line()), flush=True)
-    stop.wait()
+    while not signalled:
+        time.sleep(0.1)
     daemon.close()
     return 0
 

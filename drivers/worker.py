@@ -198,8 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     install_parent_death_signal(parent)
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    # A signal handler must not take a lock: it runs on the main thread, which may be inside
+    # `stop.wait()` holding the Event's own lock (Event.set there deadlocks forever). The
+    # handler only flips a flag; the main loop below polls it.
+    signalled: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: signalled.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
     threading.Thread(target=_watch_parent, args=(parent, stop), daemon=True).start()
 
     config = json.loads(os.environ.get(ENV_PROVIDER_CONFIG) or "{}")
@@ -209,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.link = link
     link.start()
-    while not stop.wait(1.0):
+    while not signalled and not stop.wait(0.2):
         pass
     server.close()
     link.close()
