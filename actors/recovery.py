@@ -41,15 +41,11 @@ def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryRe
         )
         failed += page_failed
         unknown += page_unknown
-        for op in ops:
-            if op.status is not ForkStatus.PROVIDER_ACCEPTED:
-                continue
-            try:
-                store.commit_fork(op.workspace_id, op.operation_id)
-                committed += 1
-            except Exception:  # noqa: BLE001 - one bad row must not stop recovery of the rest
-                log.exception("recovery commit of fork operation %s failed", op.operation_id)
-                errors += 1
+        accepted = [op for op in ops if op.status is ForkStatus.PROVIDER_ACCEPTED]
+        if accepted:
+            page_committed, page_errors = store.commit_fork_operations(accepted)
+            committed += page_committed
+            errors += page_errors
         if cursor is None:
             break
     return RecoveryReport(failed, unknown, committed, errors)

@@ -7,6 +7,7 @@ returns `changed=False` and a transition the state machine forbids raises `Inval
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -51,6 +52,8 @@ from storage.models import (
     SessionChanged,
     TurnChanged,
 )
+
+log = logging.getLogger(__name__)
 
 _OP_COLUMNS = (
     "workspace_id, operation_id, request_id, request_hash, source_session_id,"
@@ -542,45 +545,65 @@ class ForkStore(StoreBase):
         """Law 2: child, cloned history, lineage and `committed` in one transaction, computed
         from the snapshot only; a replay returns the same result with `changed=False`."""
         with self._write(ws) as tx:
-            r = tx.one(
-                f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-                " AND operation_id = ?",
-                (ws, op_id),
+            return self._commit_in(tx, ws, op_id)
+
+    def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]:
+        """Start-up recovery: commit many `provider_accepted` operations in one transaction
+        (one fsync), each inside its own savepoint so a bad one is rolled back alone.
+        Returns (committed, errors)."""
+        committed = errors = 0
+        with self._write(None) as tx:
+            for op in ops:
+                tx.execute("SAVEPOINT recover_commit")
+                try:
+                    _, changed = self._commit_in(tx, op.workspace_id, op.operation_id)
+                except Exception:  # noqa: BLE001 - recovery goes on with the next row
+                    log.exception("recovery commit of fork operation %s failed", op.operation_id)
+                    tx.execute("ROLLBACK TO recover_commit")
+                    errors += 1
+                else:
+                    committed += int(changed)
+                tx.execute("RELEASE recover_commit")
+        return committed, errors
+
+    def _commit_in(self, tx: Tx, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        r = tx.one(
+            f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+            " AND operation_id = ?",
+            (ws, op_id),
+        )
+        if r is None:
+            raise ForkOperationNotFound(f"fork operation {op_id} not found")
+        status = ForkStatus(r[19])
+        if status is ForkStatus.COMMITTED:
+            return _decode(tx.conn, r), False
+        if status is not ForkStatus.PROVIDER_ACCEPTED:
+            raise InvalidTransition(
+                f"fork operation {op_id} cannot commit from {status}",
+                params={"operationId": op_id, "status": status.value},
             )
-            if r is None:
-                raise ForkOperationNotFound(f"fork operation {op_id} not found")
-            status = ForkStatus(r[19])
-            if status is ForkStatus.COMMITTED:
-                return _decode(tx.conn, r), False
-            if status is not ForkStatus.PROVIDER_ACCEPTED:
-                raise InvalidTransition(
-                    f"fork operation {op_id} cannot commit from {status}",
-                    params={"operationId": op_id, "status": status.value},
-                )
-            text_row = tx.one(
-                "SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],)
-            )
-            assert text_row is not None
-            snapshot = load_snapshot(text_row[0], r[18])
-            self._reprove_identity(tx, ws, r, snapshot)
-            plan = build_child(
-                snapshot,
-                child_provider_session_id=r[11],
-                binding_mode=r[16],
-                turn_bindings=loads(r[27]),
-                committed_at_ms=tx.now_ms,
-            )
-            self._insert_child(tx, plan)
-            tx.execute(
-                "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
-                " completed_at_ms = ? WHERE workspace_id = ? AND operation_id = ?"
-                " AND status = 'provider_accepted'",
-                (plan.lineage.target_turn_id, tx.now_ms, ws, op_id),
-            )
-            tx.emit(ForkOperationChanged(ws, op_id))
-            tx.emit(SessionChanged(ws, plan.session.session_id))
-            tx.emit(SessionChanged(ws, r[4]))
-            return _load_op(tx.conn, ws, op_id), True
+        text_row = tx.one("SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],))
+        assert text_row is not None
+        snapshot = load_snapshot(text_row[0], r[18])
+        self._reprove_identity(tx, ws, r, snapshot)
+        plan = build_child(
+            snapshot,
+            child_provider_session_id=r[11],
+            binding_mode=r[16],
+            turn_bindings=loads(r[27]),
+            committed_at_ms=tx.now_ms,
+        )
+        self._insert_child(tx, plan)
+        tx.execute(
+            "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
+            " completed_at_ms = ? WHERE workspace_id = ? AND operation_id = ?"
+            " AND status = 'provider_accepted'",
+            (plan.lineage.target_turn_id, tx.now_ms, ws, op_id),
+        )
+        tx.emit(ForkOperationChanged(ws, op_id))
+        tx.emit(SessionChanged(ws, plan.session.session_id))
+        tx.emit(SessionChanged(ws, r[4]))
+        return _load_op(tx.conn, ws, op_id), True
 
     @staticmethod
     def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:

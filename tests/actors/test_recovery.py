@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+import apsw
+
 from actors.recovery import recover_fork_operations
 from storage import Store
 from storage.models import ForkPrepareRequest, ForkStatus, ProviderForkEvidence
@@ -76,5 +78,46 @@ def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
         # Running it again changes nothing.
         again = recover_fork_operations(store)
         assert (again.failed, again.unknown, again.committed) == (0, 0, 0)
+    finally:
+        store.close()
+
+
+def test_a_bad_operation_in_a_recovery_page_is_rolled_back_alone(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        accepted = []
+        for _ in range(3):
+            op_id, provider_turn = _prepare(store)
+            store.mark_fork_dispatching(WS, op_id)
+            store.mark_fork_provider_accepted(
+                WS,
+                op_id,
+                ProviderForkEvidence(
+                    child_provider_session_id=f"child-{uuid.uuid4().hex[:6]}",
+                    provider_turn_ids=(provider_turn,),
+                    binding_mode="host_copy",
+                    receipt={"sha256": "x"},
+                ),
+            )
+            accepted.append(op_id)
+        # The middle one's frozen snapshot no longer matches its hash: its commit must fail
+        # closed without undoing the others in the same transaction.
+        conn = apsw.Connection(str(tmp_path / "store.sqlite3"))
+        conn.execute(
+            "UPDATE fork_operations SET snapshot_json = snapshot_json || ' '"
+            " WHERE operation_id = ?",
+            (accepted[1],),
+        )
+        conn.close()
+        report = recover_fork_operations(store)
+        assert (report.committed, report.errors) == (2, 1)
+        statuses = [store.get_fork_operation(WS, op_id).status for op_id in accepted]
+        assert statuses == [
+            ForkStatus.COMMITTED,
+            ForkStatus.PROVIDER_ACCEPTED,
+            ForkStatus.COMMITTED,
+        ]
+        bad = store.get_fork_operation(WS, accepted[1])
+        assert store.find_session(WS, bad.target_session_id) is None
     finally:
         store.close()
