@@ -208,7 +208,13 @@ CREATE TABLE fork_lineage (
 );
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2)
+# v3: the reservation's foreign key and its release look rows up by operation; without an
+# index every transition of an operation scanned the whole table (quadratic recovery).
+_V3 = """
+CREATE INDEX session_reservations_by_operation ON session_reservations (workspace_id, operation_id);
+"""
+
+MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
