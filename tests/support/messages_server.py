@@ -7,18 +7,13 @@ every request body.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import uuid
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-
-ReplyFn = Callable[[dict[str, Any]], str]
+from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn
 
 
 def _block_texts(content: Any) -> list[str]:
@@ -73,7 +68,7 @@ def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 
 
-class MessagesServer:
+class MessagesServer(FakeModelServer):
     """Context manager running the fake Messages API on an ephemeral 127.0.0.1 port.
 
     `reply` maps a request body to the assistant text (default `echo: <last user text>`).
@@ -81,95 +76,29 @@ class MessagesServer:
     `.base_url` has no `/v1`: it is what `ANTHROPIC_BASE_URL` expects.
     """
 
-    def __init__(self, reply: ReplyFn | None = None) -> None:
-        self._reply = reply or default_reply
-        self._lock = threading.Lock()
-        self._requests: list[dict[str, Any]] = []
-        self._paths: list[str] = []
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="messages-server", daemon=True
-        )
-        self._thread.start()
-        self._closed = False
+    thread_name = "messages-server"
 
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
+    def __init__(self, reply: ReplyFn | None = None) -> None:
+        super().__init__(reply or default_reply)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    @property
-    def requests(self) -> list[dict[str, Any]]:
-        """A snapshot copy of the recorded `/v1/messages` request bodies."""
-        with self._lock:
-            return list(self._requests)
-
-    @property
-    def paths(self) -> list[str]:
-        """Every `METHOD path` the server saw, including probes (for diagnostics)."""
-        with self._lock:
-            return list(self._paths)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> MessagesServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _record(self, line: str, body: dict[str, Any] | None) -> None:
-        with self._lock:
-            self._paths.append(line)
-            if body is not None:
-                self._requests.append(body)
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                # Keep test output clean; `.paths` is the log.
-                pass
-
-            def _send_json(self, status: int, obj: Any) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                # A client that hung up (an interrupted turn) is not a server error.
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(data)
-
+        class Handler(ModelHandler):
             def do_HEAD(self) -> None:  # noqa: N802
-                server._record(f"HEAD {self.path}", None)
+                server.record(f"HEAD {self.path}", None)
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
             def do_GET(self) -> None:  # noqa: N802
-                server._record(f"GET {self.path}", None)
-                path = self.path.split("?", 1)[0].rstrip("/")
-                if path.endswith("/v1/models"):
-                    self._send_json(
+                server.record(f"GET {self.path}", None)
+                if self.route().endswith("/v1/models"):
+                    self.send_json(
                         200,
                         {
                             "data": [
@@ -186,79 +115,68 @@ class MessagesServer:
                         },
                     )
                     return
-                self._send_json(404, _error("not_found_error", f"no route {self.path}"))
+                self.send_json(404, _error("not_found_error", f"no route {self.path}"))
 
             def do_POST(self) -> None:  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                path = self.path.split("?", 1)[0].rstrip("/")
+                raw = self.read_raw_body()
+                path = self.route()
                 try:
                     body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
                 except Exception as exc:  # a bad body is a 400 for the client, not a crash
-                    server._record(f"POST {self.path}", None)
-                    self._send_json(400, _error("invalid_request_error", f"bad body: {exc}"))
+                    server.record(f"POST {self.path}", None)
+                    self.send_json(400, _error("invalid_request_error", f"bad body: {exc}"))
                     return
                 if path.endswith("/v1/messages/count_tokens"):
-                    server._record(f"POST {self.path}", None)
+                    server.record(f"POST {self.path}", None)
                     n = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
-                    self._send_json(200, {"input_tokens": n})
+                    self.send_json(200, {"input_tokens": n})
                     return
                 if not path.endswith("/v1/messages"):
-                    server._record(f"POST {self.path}", None)
-                    self._send_json(404, _error("not_found_error", f"no route {self.path}"))
+                    server.record(f"POST {self.path}", None)
+                    self.send_json(404, _error("not_found_error", f"no route {self.path}"))
                     return
-                server._record(f"POST {self.path}", body)
-                text = server._reply(body)
+                server.record(f"POST {self.path}", body)
+                text = server.reply_to(body)
                 if body.get("stream"):
-                    self._stream(body, text)
+                    self.send_sse(_stream_events(_message_object(body, text), text))
                 else:
-                    self._send_json(200, _message_object(body, text))
-
-            def _stream(self, body: dict[str, Any], text: str) -> None:
-                msg = _message_object(body, text)
-                start = dict(msg, content=[], stop_reason=None)
-                start["usage"] = dict(msg["usage"], output_tokens=1)
-                events: list[tuple[str, dict[str, Any]]] = [
-                    ("message_start", {"type": "message_start", "message": start}),
-                    (
-                        "content_block_start",
-                        {
-                            "type": "content_block_start",
-                            "index": 0,
-                            "content_block": {"type": "text", "text": ""},
-                        },
-                    ),
-                    (
-                        "content_block_delta",
-                        {
-                            "type": "content_block_delta",
-                            "index": 0,
-                            "delta": {"type": "text_delta", "text": text},
-                        },
-                    ),
-                    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                    (
-                        "message_delta",
-                        {
-                            "type": "message_delta",
-                            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-                            "usage": {"output_tokens": msg["usage"]["output_tokens"]},
-                        },
-                    ),
-                    ("message_stop", {"type": "message_stop"}),
-                ]
-                payload = "".join(
-                    f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(payload)
+                    self.send_json(200, _message_object(body, text))
 
         return Handler
+
+
+def _stream_events(msg: dict[str, Any], text: str) -> list[tuple[str, dict[str, Any]]]:
+    start = dict(msg, content=[], stop_reason=None)
+    start["usage"] = dict(msg["usage"], output_tokens=1)
+    return [
+        ("message_start", {"type": "message_start", "message": start}),
+        (
+            "content_block_start",
+            {
+                "type": "content_block_start",
+                "index": 0,
+                "content_block": {"type": "text", "text": ""},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": text},
+            },
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "usage": {"output_tokens": msg["usage"]["output_tokens"]},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
 
 
 def _error(kind: str, message: str) -> dict[str, Any]:

@@ -6,18 +6,13 @@ It answers `POST /v1/responses` (SSE, possibly zstd-encoded bodies) and `GET /v1
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import uuid
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-
-ReplyFn = Callable[[dict[str, Any]], str]
+from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn
 
 
 def _content_text(content: Any) -> str:
@@ -66,96 +61,30 @@ def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 
 
-class ResponsesServer:
+class ResponsesServer(FakeModelServer):
     """Context manager running the fake Responses API on an ephemeral 127.0.0.1 port.
 
     `reply` maps a request body to the assistant text (default `echo: <last user text>`).
     `.requests` holds every parsed `/responses` body, in arrival order.
     """
 
-    def __init__(self, reply: ReplyFn | None = None) -> None:
-        self._reply = reply or default_reply
-        self._lock = threading.Lock()
-        self._requests: list[dict[str, Any]] = []
-        self._paths: list[str] = []
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever, name="responses-server", daemon=True
-        )
-        self._thread.start()
-        self._closed = False
+    thread_name = "responses-server"
 
-    @property
-    def port(self) -> int:
-        return int(self._httpd.server_address[1])
+    def __init__(self, reply: ReplyFn | None = None) -> None:
+        super().__init__(reply or default_reply)
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
-    @property
-    def requests(self) -> list[dict[str, Any]]:
-        """A snapshot copy of the recorded `/responses` request bodies."""
-        with self._lock:
-            return list(self._requests)
-
-    @property
-    def paths(self) -> list[str]:
-        """Every `METHOD path` the server saw, including probes (for diagnostics)."""
-        with self._lock:
-            return list(self._paths)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
-
-    def __enter__(self) -> ResponsesServer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _record(self, line: str, body: dict[str, Any] | None) -> None:
-        with self._lock:
-            self._paths.append(line)
-            if body is not None:
-                self._requests.append(body)
-
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                # Keep test output clean; `.paths` is the log.
-                pass
-
-            def _send_json(self, status: int, obj: Any) -> None:
-                data = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                # A client that hung up (an interrupted turn) is not a server error.
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(data)
-
+        class Handler(ModelHandler):
             def do_GET(self) -> None:  # noqa: N802
-                server._record(f"GET {self.path}", None)
-                path = self.path.split("?", 1)[0].rstrip("/")
-                if path.endswith("/models"):
-                    self._send_json(
+                server.record(f"GET {self.path}", None)
+                if self.route().endswith("/models"):
+                    self.send_json(
                         200,
                         {
                             "object": "list",
@@ -164,51 +93,41 @@ class ResponsesServer:
                         },
                     )
                     return
-                self._send_json(404, {"error": {"message": f"no route {self.path}"}})
+                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
 
             def do_POST(self) -> None:  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                path = self.path.split("?", 1)[0].rstrip("/")
-                if not path.endswith("/responses"):
-                    server._record(f"POST {self.path}", None)
-                    self._send_json(404, {"error": {"message": f"no route {self.path}"}})
+                raw = self.read_raw_body()
+                if not self.route().endswith("/responses"):
+                    server.record(f"POST {self.path}", None)
+                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
                     return
                 try:
                     body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
                 except Exception as exc:  # a bad body is a 400 for the client, not a crash
-                    server._record(f"POST {self.path}", None)
-                    self._send_json(400, {"error": {"message": f"bad body: {exc}"}})
+                    server.record(f"POST {self.path}", None)
+                    self.send_json(400, {"error": {"message": f"bad body: {exc}"}})
                     return
-                server._record(f"POST {self.path}", body)
-                text = server._reply(body)
-                if body.get("stream"):
-                    self._stream(body, text)
-                else:
-                    self._send_json(200, _response_object(body, text))
-
-            def _stream(self, body: dict[str, Any], text: str) -> None:
+                server.record(f"POST {self.path}", body)
+                text = server.reply_to(body)
+                if not body.get("stream"):
+                    self.send_json(200, _response_object(body, text))
+                    return
                 resp = _response_object(body, text)
-                item = resp["output"][0]
                 created = dict(resp, status="in_progress", output=[])
-                events: list[tuple[str, dict[str, Any]]] = [
-                    ("response.created", {"type": "response.created", "response": created}),
-                    (
-                        "response.output_item.done",
-                        {"type": "response.output_item.done", "output_index": 0, "item": item},
-                    ),
-                    ("response.completed", {"type": "response.completed", "response": resp}),
-                ]
-                payload = "".join(
-                    f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(payload)
+                self.send_sse(
+                    [
+                        ("response.created", {"type": "response.created", "response": created}),
+                        (
+                            "response.output_item.done",
+                            {
+                                "type": "response.output_item.done",
+                                "output_index": 0,
+                                "item": resp["output"][0],
+                            },
+                        ),
+                        ("response.completed", {"type": "response.completed", "response": resp}),
+                    ]
+                )
 
         return Handler
 

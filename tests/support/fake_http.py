@@ -1,0 +1,119 @@
+"""The HTTP plumbing shared by the fake model servers: an ephemeral 127.0.0.1 server on its own
+thread that records every request, and a handler base that sends JSON and SSE answers.
+
+Each API (Responses, Messages) subclasses `FakeModelServer` with its routes and payloads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, Self
+
+ReplyFn = Callable[[dict[str, Any]], str]
+
+
+class ModelHandler(BaseHTTPRequestHandler):
+    """Quiet handler with JSON and SSE senders; a client that hung up is not an error."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass  # keep test output clean; the server's `.paths` is the log
+
+    def route(self) -> str:
+        return self.path.split("?", 1)[0].rstrip("/")
+
+    def read_raw_body(self) -> bytes:
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+    def send_json(self, status: int, obj: Any) -> None:
+        self._send(status, "application/json", json.dumps(obj).encode())
+
+    def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+        self._send(200, "text/event-stream", payload.encode(), cache=False)
+
+    def _send(self, status: int, content_type: str, data: bytes, *, cache: bool = True) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        if not cache:
+            self.send_header("Cache-Control", "no-cache")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self.wfile.write(data)
+
+
+class FakeModelServer:
+    """Context manager serving `handler_class()` on an ephemeral 127.0.0.1 port.
+
+    `.requests` holds the recorded model request bodies in arrival order, `.paths` every
+    `METHOD path` seen (probes included).
+    """
+
+    thread_name = "fake-model-server"
+
+    def __init__(self, reply: ReplyFn) -> None:
+        self._reply = reply
+        self._lock = threading.Lock()
+        self._requests: list[dict[str, Any]] = []
+        self._paths: list[str] = []
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, name=self.thread_name, daemon=True
+        )
+        self._thread.start()
+        self._closed = False
+
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
+        raise NotImplementedError
+
+    @property
+    def port(self) -> int:
+        return int(self._httpd.server_address[1])
+
+    @property
+    def requests(self) -> list[dict[str, Any]]:
+        """A snapshot copy of the recorded model request bodies."""
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def paths(self) -> list[str]:
+        """Every `METHOD path` the server saw, including probes (for diagnostics)."""
+        with self._lock:
+            return list(self._paths)
+
+    def reply_to(self, body: dict[str, Any]) -> str:
+        return self._reply(body)
+
+    def record(self, line: str, body: dict[str, Any] | None) -> None:
+        with self._lock:
+            self._paths.append(line)
+            if body is not None:
+                self._requests.append(body)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
