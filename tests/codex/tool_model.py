@@ -6,15 +6,13 @@ is answered with an `exec_command` function call that asks to run outside the sa
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
+from tests.support.fake_http import FakeModelServer, ModelHandler
 from tests.support.responses_server import last_user_text
 
 RUN = "/run "
@@ -56,67 +54,29 @@ def _message(text: str) -> dict[str, Any]:
     }
 
 
-class ToolModel:
+class ToolModel(FakeModelServer):
     """Context manager; `.requests` holds every parsed `/responses` body."""
 
+    thread_name = "tool-model"
+
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._requests: list[dict[str, Any]] = []
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        super().__init__(last_user_text)  # replies are items here, built by `_reply_item`
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
 
-    @property
-    def requests(self) -> list[dict[str, Any]]:
-        with self._lock:
-            return list(self._requests)
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(5)
-
-    def __enter__(self) -> ToolModel:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
+    def handler_class(self) -> type[BaseHTTPRequestHandler]:
         model = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-                pass
-
-            def _send(self, status: int, ctype: str, data: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    self.wfile.write(data)
-
+        class Handler(ModelHandler):
             def do_GET(self) -> None:  # noqa: N802
-                self._send(200, "application/json", json.dumps({"data": [], "models": []}).encode())
+                self.send_json(200, {"data": [], "models": []})
 
             def do_POST(self) -> None:  # noqa: N802
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                raw = self.read_raw_body()
                 body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
-                with model._lock:
-                    model._requests.append(body)
+                model.record(f"POST {self.path}", body)
                 item = _reply_item(body)
                 resp = {
                     "id": f"resp_{uuid.uuid4().hex}",
@@ -132,15 +92,16 @@ class ToolModel:
                         "total_tokens": 2,
                     },
                 }
-                events = [
-                    ("response.created", {"response": dict(resp, status="in_progress", output=[])}),
-                    ("response.output_item.done", {"output_index": 0, "item": item}),
-                    ("response.completed", {"response": resp}),
-                ]
-                payload = "".join(
-                    f"event: {name}\ndata: {json.dumps(dict(data, type=name))}\n\n"
-                    for name, data in events
-                ).encode()
-                self._send(200, "text/event-stream", payload)
+                created = dict(resp, status="in_progress", output=[])
+                self.send_sse(
+                    [
+                        ("response.created", {"type": "response.created", "response": created}),
+                        (
+                            "response.output_item.done",
+                            {"type": "response.output_item.done", "output_index": 0, "item": item},
+                        ),
+                        ("response.completed", {"type": "response.completed", "response": resp}),
+                    ]
+                )
 
         return Handler
