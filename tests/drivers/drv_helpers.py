@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from drivers.supervisor import WorkerSupervisor
+from tests.support.events import EventLog, completed  # noqa: F401 - re-exported
 
 
 def pid_alive(pid: int) -> bool:
@@ -42,38 +41,3 @@ def worker_pid(sup: WorkerSupervisor, provider: str) -> int:
 
 TUTTI_BIN = str(Path(sys.executable).parent / "tutti-agent")
 PROXY = str(Path(__file__).with_name("tamper_proxy.py"))
-
-
-class EventLog:
-    """Collects `emit(agent_session_id, event)` calls and lets a test wait for one."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
-        self._cond = threading.Condition()
-
-    def __call__(self, sid: str, event: dict[str, Any]) -> None:
-        with self._cond:
-            self.events.append((sid, event))
-            self._cond.notify_all()
-
-    def wait_for(
-        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 20.0
-    ) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for _, event in self.events:
-                    if predicate(event):
-                        return event
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"no matching event in {self.events}")
-                self._cond.wait(remaining)
-
-    def of_turn(self, turn_id: str) -> list[dict[str, Any]]:
-        with self._cond:
-            return [e for _, e in self.events if e.get("turnId") == turn_id]
-
-
-def completed(turn_id: str) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: e.get("type") == "turn.completed" and e.get("turnId") == turn_id
