@@ -25,7 +25,7 @@ from tests.reliability.reliability_harness import LEDGER, fork_params, trials
 from tests.support.daemon import DaemonProcess, create_session, run_turn
 from tests.support.invariants import assert_invariants
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(trials(300, 2400))
 
 FRAMES = trials(10_000, 100_000)
 BATCH = 500

@@ -18,7 +18,7 @@ from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, ti
 from tests.support.invariants import assert_invariants
 from transport.client import Client
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(trials(300, 1800))
 
 
 @pytest.fixture(scope="module")
