@@ -7,6 +7,7 @@ allowlist, and anything that looks like a typed reference but is not on it fails
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -51,18 +52,34 @@ def child_id(
     kind: EntityKind,
     source_id: str,
 ) -> str:
-    name = "|".join(
-        (
-            IDENTITY_RULE_VERSION,
-            operation_id,
-            workspace_id,
-            source_session_id,
-            target_session_id,
-            kind.value,
-            source_id,
-        )
+    return ChildIdMinter(operation_id, workspace_id, source_session_id, target_session_id).mint(
+        kind, source_id
     )
-    return str(uuid.uuid5(IDENTITY_NAMESPACE, name))
+
+
+class ChildIdMinter:
+    """`child_id` for one operation, fast: the SHA-1 state of the uuid5 name's fixed prefix is
+    computed once and copied per entity (a 1,000-Turn fork mints ~11,000 ids). The result is
+    byte-for-byte `uuid.uuid5(IDENTITY_NAMESPACE, name)`; tests/storage pins that."""
+
+    __slots__ = ("_prefix",)
+
+    def __init__(
+        self, operation_id: str, workspace_id: str, source_session_id: str, target_session_id: str
+    ) -> None:
+        fields = (IDENTITY_RULE_VERSION, operation_id, workspace_id)
+        head = "|".join((*fields, source_session_id, target_session_id, ""))
+        # uuid5 is SHA-1 of namespace bytes + name, by definition (RFC 4122 §4.3).
+        self._prefix = hashlib.sha1(IDENTITY_NAMESPACE.bytes + head.encode())
+
+    def mint(self, kind: EntityKind, source_id: str) -> str:
+        h = self._prefix.copy()
+        h.update(f"{kind.value}|{source_id}".encode())
+        raw = bytearray(h.digest()[:16])
+        raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+        raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+        x = raw.hex()
+        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +108,7 @@ def build_identity_map(
     interaction_ids: Iterable[str],
 ) -> IdentityMap:
     """Map every source id; a duplicate source id or a colliding child id fails closed."""
+    minter = ChildIdMinter(operation_id, workspace_id, source_session_id, target_session_id)
     seen_targets: set[str] = set()
     maps: list[dict[str, str]] = []
     for kind, ids in (
@@ -104,9 +122,7 @@ def build_identity_map(
                 raise ForkReferenceError(
                     ForkReferenceReason.DUPLICATE_KEY, f"duplicate {kind} id {source_id!r}"
                 )
-            target = child_id(
-                operation_id, workspace_id, source_session_id, target_session_id, kind, source_id
-            )
+            target = minter.mint(kind, source_id)
             if target in seen_targets:
                 raise ForkReferenceError(
                     ForkReferenceReason.NON_INJECTIVE_MAPPING,

@@ -325,6 +325,7 @@ class ForkStore(StoreBase):
                 binding_mode=req.binding_mode,
                 turn_bindings=None,
                 committed_at_ms=tx.now_ms,
+                snapshot_hash=snapshot_hash,
             )
             assert source.provider_session_id is not None
             tx.execute(
@@ -592,6 +593,7 @@ class ForkStore(StoreBase):
             binding_mode=r[16],
             turn_bindings=loads(r[27]),
             committed_at_ms=tx.now_ms,
+            snapshot_hash=r[18],
         )
         self._insert_child(tx, plan)
         tx.execute(

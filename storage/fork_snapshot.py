@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,6 +126,8 @@ class Boundary:
 
 
 def _parse_payload(text: str) -> Any:
+    if text == "{}":  # most payloads: skip the parser (a 1,000-Turn boundary has ~10,000)
+        return {}
     return json.loads(text, object_pairs_hook=reject_duplicate_keys)
 
 
@@ -317,9 +321,18 @@ class ChildPlan:
     interaction_rows: list[tuple[Any, ...]]
 
 
-def identity_map_for(snapshot: Mapping[str, Any]) -> IdentityMap:
+def identity_map_for(snapshot: Mapping[str, Any], snapshot_hash: str | None = None) -> IdentityMap:
+    """The snapshot's identity map. With the frozen snapshot's hash it is memoised: the map is a
+    pure function of the snapshot's bytes, and prepare's dry run and the commit of the same
+    operation would otherwise mint every child id twice."""
+    if snapshot_hash is not None:
+        with _IDENTITY_CACHE_LOCK:
+            cached = _IDENTITY_CACHE.get(snapshot_hash)
+            if cached is not None:
+                _IDENTITY_CACHE.move_to_end(snapshot_hash)
+                return cached
     turns = snapshot["turns"]
-    return build_identity_map(
+    ids = build_identity_map(
         snapshot["operation_id"],
         snapshot["workspace_id"],
         snapshot["source"]["session_id"],
@@ -328,6 +341,17 @@ def identity_map_for(snapshot: Mapping[str, Any]) -> IdentityMap:
         (m["message_id"] for t in turns for m in t["messages"]),
         (i["interaction_id"] for t in turns for i in t["interactions"]),
     )
+    if snapshot_hash is not None:
+        with _IDENTITY_CACHE_LOCK:
+            _IDENTITY_CACHE[snapshot_hash] = ids
+            while len(_IDENTITY_CACHE) > _IDENTITY_CACHE_SIZE:
+                _IDENTITY_CACHE.popitem(last=False)
+    return ids
+
+
+_IDENTITY_CACHE_SIZE = 8  # operations between prepare and commit, per process
+_IDENTITY_CACHE: OrderedDict[str, IdentityMap] = OrderedDict()
+_IDENTITY_CACHE_LOCK = threading.Lock()
 
 
 def build_child(
@@ -337,12 +361,14 @@ def build_child(
     binding_mode: str,
     turn_bindings: Mapping[str, Sequence[Any]] | None,
     committed_at_ms: int,
+    snapshot_hash: str | None = None,
 ) -> ChildPlan:
-    """The child of seed 000 §5: an independent root with remapped, normalised history."""
+    """The child of seed 000 §5: an independent root with remapped, normalised history.
+    `snapshot_hash` (the frozen hash of `snapshot`) lets the identity map be reused."""
     ws = snapshot["workspace_id"]
     target = snapshot["target"]
     sid = target["session_id"]
-    ids = identity_map_for(snapshot)
+    ids = identity_map_for(snapshot, snapshot_hash)
     bindings = dict(turn_bindings or {})
     unknown = set(bindings) - set(ids.turns)
     if unknown:
@@ -400,7 +426,7 @@ def build_child(
                     new_turn_id,
                     m["kind"],
                     m["text"],
-                    dumps(remap_references(m["payload"], ids, where=f"message {m['message_id']}")),
+                    _remapped_json(m["payload"], ids, where=f"message {m['message_id']}"),
                     m["version"],
                     m["position"],
                     committed_at_ms,
@@ -421,8 +447,8 @@ def build_child(
                     new_turn_id,
                     i["kind"],
                     status,
-                    dumps(remap_references(i["input"], ids, where=where_i)),
-                    None if output is None else dumps(remap_references(output, ids, where=where_i)),
+                    _remapped_json(i["input"], ids, where=where_i),
+                    None if output is None else _remapped_json(output, ids, where=where_i),
                     committed_at_ms,
                     committed_at_ms if status != InteractionStatus.PENDING else None,
                 )
@@ -441,6 +467,12 @@ def build_child(
         message_rows=message_rows,
         interaction_rows=interaction_rows,
     )
+
+
+def _remapped_json(value: Any, ids: IdentityMap, *, where: str) -> str:
+    if isinstance(value, dict) and not value:  # the common empty payload holds no reference
+        return "{}"
+    return dumps(remap_references(value, ids, where=where))
 
 
 def project_child(

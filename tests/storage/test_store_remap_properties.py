@@ -17,9 +17,13 @@ from hypothesis import strategies as st
 
 from storage import ForkPrepareRequest, ProviderForkEvidence, Store
 from storage.fork_identity import (
+    IDENTITY_NAMESPACE,
+    IDENTITY_RULE_VERSION,
     REFERENCE_KEYS,
+    EntityKind,
     ForkReferenceError,
     build_identity_map,
+    child_id,
     is_typed_reference_key,
     remap_references,
 )
@@ -226,6 +230,22 @@ def test_identity_map_is_injective_across_kinds_and_deterministic(ids: list[str]
     assert set(targets).isdisjoint(ids)
     other = build_identity_map(op, "ws", "s", "other-target", ids, ids, ids)
     assert set(other.turns.values()).isdisjoint(first.turns.values())
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.lists(st.text(max_size=40), min_size=5, max_size=5), kind=st.sampled_from(EntityKind)
+)
+def test_child_ids_are_the_documented_uuid5(fields: list[str], kind: EntityKind) -> None:
+    # docs/design/store.md: uuid5(NS, "v1|<operation>|<workspace>|<source>|<target>|<kind>|<id>").
+    # The fast minter must never drift from it: a replayed commit recomputes these ids.
+    op, ws, source, target, source_id = fields
+    name = "|".join((IDENTITY_RULE_VERSION, op, ws, source, target, kind.value, source_id))
+    expected = str(uuid.uuid5(IDENTITY_NAMESPACE, name))
+    assert child_id(op, ws, source, target, kind, source_id) == expected
+    minted = build_identity_map(op, ws, source, target, [source_id], [], [])
+    if kind is EntityKind.TURN:
+        assert minted.turns[source_id] == expected
 
 
 @settings(max_examples=100, deadline=None)
