@@ -356,7 +356,27 @@ class Api:
             else:
                 responder.error(HostError(f"internal error: {outcome!r}"))
 
-        self.host.tell(GetFork(ws, op_id, reply))
+        def _get() -> None:
+            # A settled operation is answered here, on the reader pool; only an active one
+            # goes through the HostActor, which may advance it (leftover recovery).
+            try:
+                op = self.store.get_fork_operation(ws, op_id)
+                if op.is_active:
+                    self.host.tell(GetFork(ws, op_id, reply))
+                else:
+                    responder.result(200, {"operation": projection.operation(op, self.catalog)})
+            except HostError as exc:
+                responder.error(exc)
+            except pykka.ActorDeadError:
+                responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                log.exception("fork.get failed")
+                responder.error(HostError(f"internal error: {exc}"))
+
+        try:
+            self._pool.submit(_get)
+        except RuntimeError:
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
     def fork_acknowledge(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
