@@ -6,16 +6,18 @@ agent message, and may ask the client for an approval or an answer."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tutti_agent.errors import ModelError
+
+if TYPE_CHECKING:
+    import http.client
 
 
 class TurnCancelled(Exception):
@@ -127,6 +129,10 @@ class ResponsesModel:
         self.timeout_s = timeout_s
 
     def run(self, text: str, io: TurnIO) -> None:
+        # Imported here: every app-server spawn (one per fork, to prove the child readable)
+        # would otherwise pay for http.client + email (~17 ms) that only this model uses.
+        import http.client
+
         body = {
             "model": self.name,
             "stream": True,
