@@ -788,6 +788,9 @@ class ClaudeDriver:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():
             raise FileExistsError(f"child transcript already in target home: {dest}")
+        # This move is Claude's provider-state binding: the same crash points as the host_copy
+        # binder's copy (PROTOCOL.md), so every worker.bind.* cell of the crash matrix is reached.
+        self._failpoints.hit("worker.bind.before_copy")
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -797,6 +800,7 @@ class ClaudeDriver:
             os.close(fd)
         os.rename(tmp, dest)
         _fsync_dir(dest.parent)
+        self._failpoints.hit("worker.bind.after_copy")  # copied, not yet removed from the source
         written.unlink()
         _fsync_dir(written.parent)
 
