@@ -2,7 +2,8 @@
 (which runs the real bundled Claude Code CLI), and provider-owned forks via `fork_session`.
 
 It owns the per-session `CLAUDE_CONFIG_DIR`/private `HOME`, the observed provider Turn identity
-(the root user-message UUID) with its checkpoint binding, and the fork dispositions of seed 000 §7.
+(the root user-message UUID) with its checkpoint binding, the Interactions raised by the CLI's
+tool-permission requests (`can_use_tool`), and the fork dispositions of seed 000 §7.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from drivers.claude_transcript import (
 )
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
-from storage.errors import InvalidArgument, NotFound, SessionBusy
+from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 
 DRIVER_KIND = "claude-code"
 PINNED_SDK_VERSION = "0.2.189"
@@ -81,6 +82,12 @@ _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f
 _NOT_FOUND_RE = re.compile(r"Message \S+ not found in session")
 
 TURN_START_TIMEOUT_S = 120.0
+RESPOND_TIMEOUT_S = 10.0
+
+QUESTION_TOOL = "AskUserQuestion"
+"""The CLI's ask-the-user tool: its permission request is a `question`, answered by allowing it
+with `answers: {question text: answer}` added to its input (observed with CLI 2.1.332)."""
+DECLINED_MESSAGE = "The user declined this tool use."
 
 
 def is_uuid(value: str) -> bool:
@@ -123,6 +130,21 @@ class ClaudeDriverConfig:
 
 
 @dataclass(slots=True)
+class _Pending:
+    """One tool-permission request the CLI is blocked on, surfaced as an Interaction.
+
+    `answer` lives on the driver's loop and is resolved only there; the CLI's control request
+    waits on it, so cancelling it (interrupt, CLI death) unblocks the turn.
+    """
+
+    request_id: str
+    kind: str  # "approval" | "question"
+    tool: str
+    tool_input: dict[str, Any]
+    answer: asyncio.Future[Any]
+
+
+@dataclass(slots=True)
 class _Turn:
     """The one active turn of a session (mutable: filled in as the CLI streams)."""
 
@@ -134,6 +156,8 @@ class _Turn:
     task: Future[None] | None = None
     transport: Any = None
     interrupted: bool = False
+    transcript_offset: int = 0
+    pending: dict[str, _Pending] = field(default_factory=dict)  # guarded by the session lock
 
 
 @dataclass(slots=True)
@@ -228,7 +252,7 @@ class ClaudeDriver:
         cwd = _required(params, "cwd")
         if not os.path.isdir(cwd):
             raise InvalidArgument("cwd", f"cwd is not a directory: {cwd}")
-        provider_session_id = str(params.get("providerSessionId") or "")
+        requested = provider_session_id = str(params.get("providerSessionId") or "")
         if provider_session_id and not is_uuid(provider_session_id):
             raise InvalidArgument("providerSessionId", "a Claude session id is a UUID")
         # A cursor inherited across a fork names the source's session: resuming it would
@@ -253,9 +277,18 @@ class ClaudeDriver:
         )
         with self._sessions_lock:
             old = self._sessions.get(agent_session_id)
-            if old is not None and old.active is not None:
+            if old is None or old.active is None:
+                self._sessions[agent_session_id] = session
+            elif (old.config_dir, old.cwd) == (home, cwd) and requested in (
+                "",
+                old.provider_session_id,
+            ):
+                # The host re-prepares a live runtime (fork.create does, while a turn may be
+                # running or waiting on an Interaction) so it can answer with its own boundary
+                # reason: the running turn keeps its session; the next start applies the rest.
+                provider_session_id = old.provider_session_id
+            else:
                 raise SessionBusy(f"session {agent_session_id} has an active turn")
-            self._sessions[agent_session_id] = session
         context = self._runtime_context(provider_session_id)
         if dropped:
             context["droppedResumeCursor"] = dict(cursor)
@@ -308,11 +341,64 @@ class ClaudeDriver:
         return {}
 
     def respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        # Approvals/questions need the SDK's streaming-input mode with `can_use_tool`; turns
-        # here run with the CLI's own non-interactive permissions, so none is ever pending.
-        raise NotFound(
-            f"no pending interaction {params.get('requestId')!r}", reason="turn_not_found"
+        session = self._session(_required(params, "agentSessionId"))
+        request_id = str(params.get("requestId") or "")
+        response = params.get("response")
+        if not isinstance(response, Mapping):
+            raise InvalidArgument("response", "response must be a map")
+        with session.lock:
+            turn = session.active
+            pending = turn.pending.get(request_id) if turn is not None else None
+        if pending is None:
+            raise Conflict(
+                f"interaction {request_id} is not pending", reason="interaction_not_pending"
+            )
+        result = _permission_result(pending, response)
+        # Resolved on the loop (which owns the future); a request the CLI cancelled or a turn
+        # that ended meanwhile is not pending any more, and the caller must hear so.
+        resolved = asyncio.run_coroutine_threadsafe(_resolve(pending.answer, result), self._loop)
+        try:
+            delivered = resolved.result(timeout=RESPOND_TIMEOUT_S)
+        except FutureTimeout:
+            raise DriverError("the Claude driver loop did not take the answer in time") from None
+        if not delivered:
+            raise Conflict(
+                f"interaction {request_id} is not pending", reason="interaction_not_pending"
+            )
+        return {}
+
+    async def _can_use_tool(
+        self, session: _Session, turn: _Turn, tool: str, tool_input: dict[str, Any], context: Any
+    ) -> Any:
+        """The SDK's `can_use_tool` callback: raises an Interaction and waits for its answer.
+
+        Runs on the loop thread while the CLI blocks on the permission control request.
+        """
+        # The host binds an Interaction to a Turn it knows has started at the provider (an
+        # interrupt of an unstarted Turn never reaches us): observe the root first.
+        self._scan_root(session, turn)
+        request_id = str(getattr(context, "tool_use_id", None) or f"claude-{uuid.uuid4()}")
+        kind = "question" if tool == QUESTION_TOOL else "approval"
+        pending = _Pending(
+            request_id, kind, tool, dict(tool_input), asyncio.get_running_loop().create_future()
         )
+        with session.lock:
+            turn.pending[request_id] = pending
+        try:
+            turn.emit(
+                session.agent_session_id,
+                {
+                    "type": "interaction.requested",
+                    "turnId": turn.turn_id,
+                    "requestId": request_id,
+                    "kind": kind,
+                    "input": _interaction_input(tool, tool_input, context),
+                },
+            )
+            return await pending.answer
+        finally:
+            with session.lock:
+                turn.pending.pop(request_id, None)
 
     def _cancel(self, turn: _Turn) -> None:
         turn.interrupted = True
@@ -331,8 +417,11 @@ class ClaudeDriver:
         elif turn.task is not None:
             turn.task.cancel()  # not spawned yet: nothing to kill
 
-    def _options(self, session: _Session) -> Any:
+    def _options(self, session: _Session, turn: _Turn) -> Any:
         from claude_agent_sdk import ClaudeAgentOptions
+
+        async def can_use_tool(tool: str, tool_input: dict[str, Any], context: Any) -> Any:
+            return await self._can_use_tool(session, turn, tool, tool_input, context)
 
         exists = session.transcript.exists()
         return ClaudeAgentOptions(
@@ -348,6 +437,8 @@ class ClaudeDriver:
             settings=session.claude_settings,
             # Echo user messages with the UUIDs the CLI persisted: the observed identity.
             extra_args={"replay-user-messages": None},
+            # Every tool permission the CLI would ask a person for becomes an Interaction.
+            can_use_tool=can_use_tool,
         )
 
     async def _run_turn(self, session: _Session, turn: _Turn, text: str) -> None:
@@ -357,15 +448,20 @@ class ClaudeDriver:
         outcome = TurnOutcome.FAILED
         error: str | None = None
         try:
-            offset = session.transcript.stat().st_size
+            turn.transcript_offset = session.transcript.stat().st_size
         except FileNotFoundError:
-            offset = 0
-        watcher = asyncio.ensure_future(self._watch_root(session, turn, offset))
+            turn.transcript_offset = 0
+        watcher = asyncio.ensure_future(self._watch_root(session, turn))
         try:
-            options = self._options(session)
+            options = self._options(session, turn)
             # Our own transport handle (the SDK's default one, pinned version) so an interrupt
-            # can stop exactly this turn's CLI process; aclosing stops it on any exit.
-            turn.transport = SubprocessCLITransport(prompt=text, options=options)
+            # can stop exactly this turn's CLI process; aclosing stops it on any exit. The
+            # transport gets what `query()` would give its own: permission prompts over stdio
+            # (the control protocol); `query()` keeps `can_use_tool` and no prompt tool name,
+            # or the SDK refuses the pair.
+            turn.transport = SubprocessCLITransport(
+                prompt=text, options=replace(options, permission_prompt_tool_name="stdio")
+            )
             async with contextlib.aclosing(  # type: ignore[type-var] # the SDK's iterator closes
                 query(prompt=text, options=options, transport=turn.transport)
             ) as messages:
@@ -382,7 +478,17 @@ class ClaudeDriver:
             outcome, error = TurnOutcome.FAILED, f"{type(exc).__name__}: {exc}"
         finally:
             watcher.cancel()
+            self._drop_pending(session, turn)
         self._finish_turn(session, turn, outcome, error)
+
+    def _drop_pending(self, session: _Session, turn: _Turn) -> None:
+        """No answer can reach a CLI that is gone: cancel what it was waiting on (the host
+        supersedes the open Interactions when the Turn settles)."""
+        with session.lock:
+            pending = list(turn.pending.values())
+            turn.pending.clear()
+        for item in pending:
+            item.answer.cancel()
 
     def _finish_turn(
         self, session: _Session, turn: _Turn, outcome: TurnOutcome, error: str | None
@@ -434,24 +540,30 @@ class ClaudeDriver:
         turn.started.set_result(root_uuid)
         self._set_checkpoint(session, turn, root_uuid)
 
-    async def _watch_root(self, session: _Session, turn: _Turn, offset: int) -> None:
+    async def _watch_root(self, session: _Session, turn: _Turn) -> None:
         """Finds the turn's root user message in the transcript as soon as the CLI writes it.
 
         The CLI persists the prompt before it calls the model but echoes it only with the
         reply, so the transcript is the earliest place the observed UUID appears.
         """
-        while turn.provider_turn_id is None:
-            try:
-                with open(session.transcript, "rb") as fh:
-                    fh.seek(offset)
-                    tail = fh.read().decode("utf-8", errors="replace")
-            except FileNotFoundError:
-                tail = ""
-            root = next((e for e in parse_entries(tail) if e.is_root_user), None)
-            if root is not None:
-                self._observe_root(session, turn, root.uuid)
-                return
+        while not self._scan_root(session, turn):
             await asyncio.sleep(0.02)
+
+    def _scan_root(self, session: _Session, turn: _Turn) -> bool:
+        """One look for the root user message past the turn's start offset; True once known."""
+        if turn.provider_turn_id is not None:
+            return True
+        try:
+            with open(session.transcript, "rb") as fh:
+                fh.seek(turn.transcript_offset)
+                tail = fh.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return False
+        root = next((e for e in parse_entries(tail) if e.is_root_user), None)
+        if root is None:
+            return False
+        self._observe_root(session, turn, root.uuid)
+        return True
 
     def _set_checkpoint(self, session: _Session, turn: _Turn, message_uuid: str) -> None:
         if turn.checkpoint == message_uuid:
@@ -676,6 +788,9 @@ class ClaudeDriver:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.exists():
             raise FileExistsError(f"child transcript already in target home: {dest}")
+        # This move is Claude's provider-state binding: the same crash points as the host_copy
+        # binder's copy (PROTOCOL.md), so every worker.bind.* cell of the crash matrix is reached.
+        self._failpoints.hit("worker.bind.before_copy")
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -685,6 +800,7 @@ class ClaudeDriver:
             os.close(fd)
         os.rename(tmp, dest)
         _fsync_dir(dest.parent)
+        self._failpoints.hit("worker.bind.after_copy")  # copied, not yet removed from the source
         written.unlink()
         _fsync_dir(written.parent)
 
@@ -781,6 +897,77 @@ def _required(params: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidArgument(key, f"{key} is required")
     return value
+
+
+async def _resolve(answer: asyncio.Future[Any], result: Any) -> bool:
+    """Hands an answer to a waiting permission request; False if it stopped waiting."""
+    if answer.done():
+        return False
+    answer.set_result(result)
+    return True
+
+
+def _interaction_input(tool: str, tool_input: Mapping[str, Any], context: Any) -> dict[str, Any]:
+    """The Interaction `input` of one permission request: the tool, its input and a human text
+    (the Bash command, the question, the plan, else the CLI's own prompt sentence)."""
+    out: dict[str, Any] = {"tool": tool, "input": dict(tool_input)}
+    for key, attr in (
+        ("title", "title"),
+        ("description", "description"),
+        ("displayName", "display_name"),
+        ("blockedPath", "blocked_path"),
+        ("decisionReason", "decision_reason"),
+    ):
+        value = getattr(context, attr, None)
+        if isinstance(value, str) and value:
+            out[key] = value
+    questions = _questions(tool_input)
+    if tool == QUESTION_TOOL:
+        out["questions"] = questions
+        text = questions[0] if questions else ""
+    else:
+        text = next(
+            (
+                v
+                for v in (
+                    tool_input.get("command"),
+                    tool_input.get("plan"),
+                    out.get("title"),
+                    out.get("description"),
+                )
+                if isinstance(v, str) and v
+            ),
+            tool,
+        )
+    out["text"] = text
+    return out
+
+
+def _questions(tool_input: Mapping[str, Any]) -> list[str]:
+    """The question texts of an `AskUserQuestion` input, in order."""
+    raw = tool_input.get("questions")
+    items = raw if isinstance(raw, list) else []
+    return [str(q["question"]) for q in items if isinstance(q, Mapping) and "question" in q]
+
+
+def _permission_result(pending: _Pending, response: Mapping[str, Any]) -> Any:
+    """An Interaction response → the SDK's permission result (same rules as the app-server
+    drivers: an approval takes `{decision}`, a question `{text}`)."""
+    from claude_agent_sdk import PermissionResultAllow, PermissionResultDeny
+
+    if pending.kind == "approval":
+        decision = response.get("decision")
+        if decision not in ("approve", "decline"):
+            raise InvalidArgument("response.decision", "decision must be approve or decline")
+        if decision == "approve":
+            return PermissionResultAllow()
+        return PermissionResultDeny(message=DECLINED_MESSAGE)
+    text = response.get("text")
+    if not isinstance(text, str):
+        raise InvalidArgument("response.text", "a question needs a text answer")
+    # One answer text answers every question of the request (the Interaction shows the first).
+    answers = {question: text for question in _questions(pending.tool_input)}
+    return PermissionResultAllow(updated_input={**pending.tool_input, "answers": answers})
 
 
 def _text_of(content: Any) -> str:

@@ -54,7 +54,7 @@ def _message(text: str) -> dict[str, Any]:
     }
 
 
-class ToolModel(FakeModelServer):
+class ToolModel(FakeModelServer[str]):
     """Context manager; `.requests` holds every parsed `/responses` body."""
 
     thread_name = "tool-model"

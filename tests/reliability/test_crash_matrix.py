@@ -3,7 +3,7 @@
 recovery run, and asserts the end state written in docs/reliability.md plus every invariant.
 
 A trial proves it reached its point (the process died with SIGKILL and the point's durable
-`once:` marker exists); a cell the table marks "not reached" proves the opposite.
+`once:` marker exists): a cell whose provider never reaches its point fails.
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ class Expect:
     """Public operation status after recovery."""
     children: int
     """Provider children the fork leaves, counted in the provider's own files."""
-    reached: bool = True
-    """False: this provider's fork path has no such step, so the armed point never fires."""
 
 
 # Host points are the same for every provider: they are steps of the saga itself.
@@ -62,27 +60,17 @@ HOST: dict[str, Expect] = {
     "host.fork.before_commit": Expect("committed", 1),  # provider_accepted → commit at restart
     "host.fork.after_commit": Expect("committed", 1),
 }
-# The worker dies with the request in flight: the host cannot know, so always `unknown`.
-APP_SERVER_WORKER: dict[str, Expect] = {
+# The worker dies with the request in flight: the host cannot know, so always `unknown`. For
+# Claude (`provider_owned`) the SDK writes the child next to the source and the driver moves it
+# into the child's home; that move is its binding step and carries the `worker.bind.*` points.
+WORKER: dict[str, Expect] = {
     "worker.fork.before_provider_call": Expect("unknown", 0),
     "worker.fork.after_provider_call": Expect("unknown", 1),
     "worker.bind.before_copy": Expect("unknown", 1),
     "worker.bind.after_copy": Expect("unknown", 1),
 }
-# Claude is `provider_owned`: the SDK writes the child, the driver moves and verifies it; the
-# host_copy binder (and so `worker.bind.*`) is not on its path.
-CLAUDE_WORKER: dict[str, Expect] = {
-    "worker.fork.before_provider_call": Expect("unknown", 0),
-    "worker.fork.after_provider_call": Expect("unknown", 1),
-    "worker.bind.before_copy": Expect("committed", 1, reached=False),
-    "worker.bind.after_copy": Expect("committed", 1, reached=False),
-}
-EXPECTED: dict[str, dict[str, Expect]] = {
-    "tutti-agent": HOST | APP_SERVER_WORKER,
-    "codex": HOST | APP_SERVER_WORKER,
-    "claude-code": HOST | CLAUDE_WORKER,
-}
-POINTS = sorted(HOST) + sorted(APP_SERVER_WORKER)
+EXPECTED: dict[str, dict[str, Expect]] = {provider: HOST | WORKER for provider in PROVIDERS}
+POINTS = sorted(HOST) + sorted(WORKER)
 
 
 def _cells() -> list[Any]:
@@ -154,16 +142,8 @@ class Cell:
             worker = worker_of(self.d, self.provider)
             assert worker is not None
             c.call_raw("fork.create", params)
-            if self.expect.reached:
-                assert worker_fired(self.d, self.point)
-                wait_for(
-                    lambda: (w := worker_of(self.d, self.provider)) and w["pid"] != worker["pid"]
-                )
-            else:
-                # Proof the point is not on this provider's path: armed, never fired.
-                assert not worker_fired(self.d, self.point)
-                assert worker_of(self.d, self.provider)["pid"] == worker["pid"]
-                c.call("debug.failpoints", {"points": {self.point: "off"}})
+            assert worker_fired(self.d, self.point)
+            wait_for(lambda: (w := worker_of(self.d, self.provider)) and w["pid"] != worker["pid"])
         self.mark("point reached")
         # The Engine's retry: the same identity returns the durable, recovered operation.
         op = _until_terminal(c, c.call("fork.create", params)["operation"])
@@ -240,6 +220,5 @@ def test_kill_at_failpoint_ends_as_the_contract_table_says(
         trials=TRIALS,
         outcomes=outcomes,
         invariant_checks=TRIALS,
-        note="" if expect.reached else "point not on this path",
     )
     assert outcomes == Counter({expect.status: TRIALS})

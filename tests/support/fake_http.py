@@ -12,9 +12,12 @@ import threading
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar
+
+R = TypeVar("R")
 
 ReplyFn = Callable[[dict[str, Any]], str]
+"""The common reply function: request body → assistant text."""
 
 
 class ModelHandler(BaseHTTPRequestHandler):
@@ -49,16 +52,17 @@ class ModelHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-class FakeModelServer:
+class FakeModelServer(Generic[R]):
     """Context manager serving `handler_class()` on an ephemeral 127.0.0.1 port.
 
     `.requests` holds the recorded model request bodies in arrival order, `.paths` every
-    `METHOD path` seen (probes included).
+    `METHOD path` seen (probes included). `R` is what the reply function returns (text, or
+    for the Messages fake also a tool call).
     """
 
     thread_name = "fake-model-server"
 
-    def __init__(self, reply: ReplyFn) -> None:
+    def __init__(self, reply: Callable[[dict[str, Any]], R]) -> None:
         self._reply = reply
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
@@ -90,7 +94,7 @@ class FakeModelServer:
         with self._lock:
             return list(self._paths)
 
-    def reply_to(self, body: dict[str, Any]) -> str:
+    def reply_to(self, body: dict[str, Any]) -> R:
         return self._reply(body)
 
     def record(self, line: str, body: dict[str, Any] | None) -> None:

@@ -2,18 +2,34 @@
 
 It answers `POST /v1/messages` (SSE or JSON), `POST /v1/messages/count_tokens` and
 `GET /v1/models` on 127.0.0.1 with deterministic `echo: <last user text>` replies and records
-every request body.
+every request body. A reply function may return a `ToolUse` instead of text: the model then
+calls that tool (`stop_reason: "tool_use"`), and the CLI's next request carries its result.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn
+from tests.support.fake_http import FakeModelServer, ModelHandler
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """A model turn that calls one tool: a `tool_use` content block, `stop_reason: "tool_use"`."""
+
+    name: str
+    input: dict[str, Any]
+    id: str = field(default_factory=lambda: f"toolu_{uuid.uuid4().hex[:24]}")
+
+
+Reply = str | ToolUse
+MessagesReplyFn = Callable[[dict[str, Any]], Reply]
 
 
 def _block_texts(content: Any) -> list[str]:
@@ -64,21 +80,37 @@ def last_user_text(body: dict[str, Any]) -> str:
     return ""
 
 
+def tool_result(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The `tool_result` block of the request's last message, if that message answers a tool
+    call (the CLI's follow-up request after running — or refusing — the tool)."""
+    messages = [m for m in body.get("messages") or [] if isinstance(m, dict)]
+    if not messages or messages[-1].get("role") != "user":
+        return None
+    content = messages[-1].get("content")
+    blocks = content if isinstance(content, list) else []
+    return next((b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_result"), None)
+
+
+def tool_result_text(block: dict[str, Any]) -> str:
+    """The text of one `tool_result` block (its content is a string or text blocks)."""
+    return "\n".join(_block_texts(block.get("content")))
+
+
 def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 
 
-class MessagesServer(FakeModelServer):
+class MessagesServer(FakeModelServer[Reply]):
     """Context manager running the fake Messages API on an ephemeral 127.0.0.1 port.
 
-    `reply` maps a request body to the assistant text (default `echo: <last user text>`).
-    `.requests` holds every parsed `/v1/messages` body (not `count_tokens`), in order.
+    `reply` maps a request body to the assistant text (default `echo: <last user text>`) or to
+    a `ToolUse`. `.requests` holds every parsed `/v1/messages` body (not `count_tokens`), in order.
     `.base_url` has no `/v1`: it is what `ANTHROPIC_BASE_URL` expects.
     """
 
     thread_name = "messages-server"
 
-    def __init__(self, reply: ReplyFn | None = None) -> None:
+    def __init__(self, reply: MessagesReplyFn | None = None) -> None:
         super().__init__(reply or default_reply)
 
     @property
@@ -136,42 +168,44 @@ class MessagesServer(FakeModelServer):
                     self.send_json(404, _error("not_found_error", f"no route {self.path}"))
                     return
                 server.record(f"POST {self.path}", body)
-                text = server.reply_to(body)
+                reply = server.reply_to(body)
+                msg = _message_object(body, reply)
                 if body.get("stream"):
-                    self.send_sse(_stream_events(_message_object(body, text), text))
+                    self.send_sse(_stream_events(msg, reply))
                 else:
-                    self.send_json(200, _message_object(body, text))
+                    self.send_json(200, msg)
 
         return Handler
 
 
-def _stream_events(msg: dict[str, Any], text: str) -> list[tuple[str, dict[str, Any]]]:
+def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[str, Any]]]:
     start = dict(msg, content=[], stop_reason=None)
     start["usage"] = dict(msg["usage"], output_tokens=1)
+    if isinstance(reply, ToolUse):
+        block: dict[str, Any] = {
+            "type": "tool_use",
+            "id": reply.id,
+            "name": reply.name,
+            "input": {},
+        }
+        partial = json.dumps(reply.input)
+        delta: dict[str, Any] = {"type": "input_json_delta", "partial_json": partial}
+    else:
+        block = {"type": "text", "text": ""}
+        delta = {"type": "text_delta", "text": reply}
     return [
         ("message_start", {"type": "message_start", "message": start}),
         (
             "content_block_start",
-            {
-                "type": "content_block_start",
-                "index": 0,
-                "content_block": {"type": "text", "text": ""},
-            },
+            {"type": "content_block_start", "index": 0, "content_block": block},
         ),
-        (
-            "content_block_delta",
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": text},
-            },
-        ),
+        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
         (
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": None},
                 "usage": {"output_tokens": msg["usage"]["output_tokens"]},
             },
         ),
@@ -183,19 +217,25 @@ def _error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def _message_object(body: dict[str, Any], text: str) -> dict[str, Any]:
+def _message_object(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     in_tokens = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
+    if isinstance(reply, ToolUse):
+        content = [{"type": "tool_use", "id": reply.id, "name": reply.name, "input": reply.input}]
+        stop_reason, out_len = "tool_use", len(json.dumps(reply.input))
+    else:
+        content = [{"type": "text", "text": reply}]
+        stop_reason, out_len = "end_turn", len(reply)
     return {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
         "model": body.get("model", "claude-sonnet-4-5"),
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": "end_turn",
+        "content": content,
+        "stop_reason": stop_reason,
         "stop_sequence": None,
         "usage": {
             "input_tokens": in_tokens,
-            "output_tokens": len(text) // 4 + 1,
+            "output_tokens": out_len // 4 + 1,
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
         },

@@ -61,7 +61,7 @@ def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 
 
-class ResponsesServer(FakeModelServer):
+class ResponsesServer(FakeModelServer[str]):
     """Context manager running the fake Responses API on an ephemeral 127.0.0.1 port.
 
     `reply` maps a request body to the assistant text (default `echo: <last user text>`).

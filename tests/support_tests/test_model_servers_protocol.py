@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.messages_server import MessagesServer
+from tests.support.messages_server import MessagesServer, ToolUse, tool_result, tool_result_text
 from tests.support.messages_server import model_input_texts as messages_input_texts
 from tests.support.responses_server import ResponsesServer, last_user_text
 
@@ -119,3 +119,46 @@ def test_messages_stream_has_anthropic_event_sequence_and_ignores_reminders() ->
     assert events[2][1]["delta"] == {"type": "text_delta", "text": "echo: what now"}
     assert events[4][1]["delta"]["stop_reason"] == "end_turn"
     assert messages_input_texts(body) == [("user", "what now")]
+
+
+@pytest.mark.timeout(30)
+def test_messages_tool_use_reply_streams_input_json_and_stops_for_the_tool() -> None:
+    call = ToolUse("Bash", {"command": "echo hi > f", "description": "d"}, id="toolu_fixed")
+    body = {"model": "m", "messages": [{"role": "user", "content": "run it"}]}
+    with MessagesServer(reply=lambda _: call) as srv:
+        url = f"{srv.base_url}/v1/messages"
+        headers = {"Content-Type": "application/json"}
+        _, _, raw = post(url, json.dumps({**body, "stream": True}).encode(), headers)
+        _, ctype, plain = post(url, json.dumps(body).encode(), headers)
+    events = sse_events(raw)
+    assert events[1][1]["content_block"] == {
+        "type": "tool_use",
+        "id": "toolu_fixed",
+        "name": "Bash",
+        "input": {},
+    }
+    assert events[2][1]["delta"]["type"] == "input_json_delta"
+    assert json.loads(events[2][1]["delta"]["partial_json"]) == call.input
+    assert events[4][1]["delta"]["stop_reason"] == "tool_use"
+    assert ctype.startswith("application/json")
+    message = json.loads(plain)
+    assert message["stop_reason"] == "tool_use"
+    assert message["content"] == [
+        {"type": "tool_use", "id": "toolu_fixed", "name": "Bash", "input": call.input}
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_tool_result_is_read_only_from_the_last_user_message() -> None:
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t",
+        "content": [{"type": "text", "text": "ok"}],
+    }
+    answered = {
+        "messages": [{"role": "user", "content": "go"}, {"role": "user", "content": [result]}]
+    }
+    assert tool_result(answered) == result
+    assert tool_result_text(result) == "ok"
+    later = {"messages": [*answered["messages"], {"role": "user", "content": "next"}]}
+    assert tool_result(later) is None
