@@ -7,9 +7,12 @@ Adding a provider is one `ProviderEntry` in `PROVIDERS`: a bare harness and a da
 
 from __future__ import annotations
 
+import asyncio
+import os
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -29,8 +32,9 @@ class BareProvider(Protocol):
         ...
 
     def cold_read_once(self) -> float:
-        """Spawn a fresh server on the same home and read the source thread, timed in ms:
-        what the driver pays to prove a bound child readable from its home alone."""
+        """Read the source from its home alone, timed in ms: what the driver pays to prove a
+        bound child readable (app-servers: spawn a fresh server on the home + `thread/read`;
+        Claude Code: the SDK's in-process session read, no process)."""
         ...
 
     def close(self) -> None: ...
@@ -195,18 +199,185 @@ def _codex_bare(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
     return bare
 
 
+class BareClaude:
+    """A Claude Code session driven with the pinned SDK as the driver drives it: turns through
+    `query()` (the bundled CLI) in a private `CLAUDE_CONFIG_DIR` + `HOME`, forks in-process.
+
+    The timed part of a fork is exactly the provider calls `drivers/claude.py` makes per fork:
+    `fork_session(source, directory=cwd, up_to_message_id=checkpoint, title=...)` and the
+    in-process read of the child (`get_session_info` + `get_session_messages`), with
+    `CLAUDE_CONFIG_DIR`/`HOME` pointed at the config dir as the driver's `_config_env` does.
+    Not timed: the driver's move of the child into its own home (its binding step, which the
+    app-server harness leaves out too) and the transcript checks. The child transcript is
+    deleted after the timing, so the source's project dir does not grow.
+    """
+
+    def __init__(self, home: Path, config: Mapping[str, str]) -> None:
+        from drivers.claude import PRIVATE_HOME_DIR, QUIET_ENV
+
+        self.config_dir = home / "claude-config"
+        self.private_home = self.config_dir / PRIVATE_HOME_DIR
+        self.cwd = home / "workspace"
+        for path in (self.private_home, self.cwd):
+            path.mkdir(parents=True, exist_ok=True)
+        self._model = config.get("model") or None
+        self._cli_path = config.get("cli_path") or None
+        # What the driver's `_session_env` gives the CLI (api_key: the driver's default).
+        self._env = dict(QUIET_ENV)
+        self._env.update(
+            {
+                "HOME": str(self.private_home),
+                "CLAUDE_CONFIG_DIR": str(self.config_dir),
+                "ANTHROPIC_API_KEY": "dummy",
+            }
+        )
+        if config.get("model_base_url"):
+            self._env["ANTHROPIC_BASE_URL"] = config["model_base_url"]
+        self.session_id = str(uuid.uuid4())
+        self.turn_ids: list[str] = []
+        self.checkpoint: str | None = None
+        """The last turn's checkpoint message uuid: where every fork cuts."""
+        self.last_child: str | None = None
+        """The child of the latest `fork_once` (its transcript is already deleted)..."""
+        self.last_child_messages = 0
+        """... and how many messages the in-process read of it returned."""
+
+    @property
+    def transcript(self) -> Path:
+        from drivers.claude_transcript import transcript_path
+
+        return transcript_path(self.config_dir, str(self.cwd), self.session_id)
+
+    @contextmanager
+    def _config_env(self) -> Iterator[None]:
+        """The SDK's session helpers read `CLAUDE_CONFIG_DIR` from `os.environ` (the driver
+        points it, and `HOME`, at the session for each call the same way)."""
+        saved = {k: os.environ.get(k) for k in ("CLAUDE_CONFIG_DIR", "HOME")}
+        os.environ["CLAUDE_CONFIG_DIR"] = str(self.config_dir)
+        os.environ["HOME"] = str(self.private_home)
+        try:
+            yield
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    async def _turn(self, text: str) -> None:
+        from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query
+
+        exists = self.transcript.exists()
+        options = ClaudeAgentOptions(
+            cwd=str(self.cwd),
+            env=dict(self._env),
+            # As the driver: the first turn claims the session id, later ones resume it.
+            resume=self.session_id if exists else None,
+            session_id=None if exists else self.session_id,
+            setting_sources=[],
+            model=self._model,
+            cli_path=self._cli_path,
+        )
+        result: ResultMessage | None = None
+        async for message in query(prompt=text, options=options):
+            if isinstance(message, ResultMessage):
+                result = message
+        if result is None or result.is_error:
+            raise RuntimeError(f"bare Claude turn {text!r} failed: {result}")
+
+    def run_turns(self, n: int, text: Callable[[int], str]) -> None:
+        from drivers.claude_transcript import parse_entries, split_turns
+
+        for i in range(n):
+            asyncio.run(self._turn(text(i)))
+        # The checkpoint comes from the transcript, as the driver reconciles it at turn end.
+        turns = split_turns(parse_entries(self.transcript.read_text(encoding="utf-8")))
+        if len(turns) != n:
+            raise RuntimeError(f"bare Claude source has {len(turns)} turns, expected {n}")
+        self.turn_ids = [t.root_uuid for t in turns]
+        self.checkpoint = turns[-1].checkpoint_uuid
+
+    def fork_once(self) -> float:
+        from claude_agent_sdk import fork_session, get_session_info, get_session_messages
+
+        from drivers.claude_transcript import transcript_path
+
+        assert self.checkpoint is not None, "run_turns first"
+        cwd = str(self.cwd)
+        t0 = time.perf_counter()
+        with self._config_env():  # the driver's `_call_fork_session`
+            child = str(
+                fork_session(
+                    self.session_id,
+                    directory=cwd,
+                    up_to_message_id=self.checkpoint,
+                    title="bench fork",
+                ).session_id
+            )
+        # The driver's `_verify_child` reads the child in a second env switch (to the target
+        # home, where it has moved it); here it is read where `fork_session` wrote it.
+        with self._config_env():
+            info = get_session_info(child, directory=cwd)
+            messages = get_session_messages(child, directory=cwd)
+        elapsed = (time.perf_counter() - t0) * 1000.0
+        transcript_path(self.config_dir, cwd, child).unlink()
+        if info is None or not messages:
+            raise RuntimeError(f"bare Claude child {child} is not readable")
+        self.last_child, self.last_child_messages = child, len(messages)
+        return elapsed
+
+    def cold_read_once(self) -> float:
+        from claude_agent_sdk import get_session_info, get_session_messages
+
+        cwd = str(self.cwd)
+        t0 = time.perf_counter()
+        with self._config_env():
+            info = get_session_info(self.session_id, directory=cwd)
+            messages = get_session_messages(self.session_id, directory=cwd)
+        elapsed = (time.perf_counter() - t0) * 1000.0
+        if info is None or not messages:
+            raise RuntimeError(f"bare Claude source {self.session_id} is not readable")
+        return elapsed
+
+    def close(self) -> None:
+        """Nothing runs between calls: each turn's CLI process ended with its turn."""
+
+
 def _claude_unavailable() -> str | None:
-    return "bare `fork_session` harness not written yet (needs the turn's checkpoint uuid)"
+    from drivers.claude import PINNED_SDK_VERSION
+
+    try:
+        import claude_agent_sdk
+    except ImportError as exc:
+        return f"claude-agent-sdk is not importable ({exc}); install .[claude] (`make test`)"
+    version = str(getattr(claude_agent_sdk, "__version__", "?"))
+    if version != PINNED_SDK_VERSION:
+        return f"claude-agent-sdk {version} is not the pinned {PINNED_SDK_VERSION}"
+    cli = Path(str(claude_agent_sdk.__file__)).parent / "_bundled" / "claude"
+    if not os.access(cli, os.X_OK):
+        return f"the SDK's bundled Claude Code CLI is not executable: {cli}"
+    return None
 
 
-def _unbuilt(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
-    raise NotImplementedError("this provider's bare harness is not available here")
+@contextmanager
+def _claude_environment() -> Iterator[dict[str, str]]:
+    # The only faked part: the model, a Messages API on 127.0.0.1 (tests/support).
+    from tests.support.messages_server import MessagesServer
+
+    with MessagesServer() as server:
+        yield {"model_base_url": server.base_url}
+
+
+def _claude_bare(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
+    bare = BareClaude(home, config)
+    bare.run_turns(n, lambda i: f"turn {i}")
+    return bare
 
 
 PROVIDERS: tuple[ProviderEntry, ...] = (
     ProviderEntry("tutti-agent", lambda: None, _tutti_bare),
     ProviderEntry("codex", _codex_unavailable, _codex_bare, _codex_environment),
-    ProviderEntry("claude-code", _claude_unavailable, _unbuilt),
+    ProviderEntry("claude-code", _claude_unavailable, _claude_bare, _claude_environment),
 )
 
 

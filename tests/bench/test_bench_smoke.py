@@ -42,7 +42,11 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     # Lost, half-applied and fence breaches are correctness, not performance: always 0.
     assert races["figures"]["violations"] == 0
     overhead = next(b for b in doc["benchmarks"] if b["name"].startswith("fork overhead"))
-    assert overhead["figures"]["tutti-agent"]["host"]["n"] > 0
+    # Every provider runs in smoke mode too; claude-code needs only the pinned SDK (no install).
+    assert "claude-code" not in overhead["figures"]["skipped"]
+    for name in ("tutti-agent", "claude-code"):
+        assert overhead["figures"][name]["host"]["n"] > 0
+        assert overhead["figures"][name]["bare"]["n"] == overhead["figures"][name]["host"]["n"]
 
 
 def test_percentile_is_nearest_rank() -> None:
