@@ -33,7 +33,15 @@ from actors.messages import (
     runtime_key,
 )
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
-from storage.errors import Conflict, HostError, ProviderError, SessionBusy, TurnNotFound
+from storage.errors import (
+    Conflict,
+    HostError,
+    InvalidRequest,
+    NotFound,
+    ProviderError,
+    SessionBusy,
+    TurnNotFound,
+)
 from storage.models import Session, Turn
 
 log = logging.getLogger(__name__)
@@ -387,7 +395,7 @@ class SessionActor(pykka.ThreadingActor):
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
-                msg.reply(_provider_error(exc, "interrupt failed"))
+                msg.reply(_control_error(exc, "interrupt failed"))
                 return
             msg.reply(self.ctx.store.get_turn(self.ws, self.sid, turn.turn_id))
 
@@ -420,7 +428,7 @@ class SessionActor(pykka.ThreadingActor):
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
-                msg.reply(_provider_error(exc, "interaction response failed"))
+                msg.reply(_control_error(exc, "interaction response failed"))
                 return
             interaction = self.ctx.store.resolve_interaction(
                 self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response)
@@ -434,8 +442,33 @@ class SessionActor(pykka.ThreadingActor):
 
 
 def _internal(exc: Exception) -> HostError:
-    err = HostError(f"internal error: {type(exc).__name__}: {exc}")
-    return err
+    """An untyped failure, already logged with its traceback: the client gets a 500 whose
+    message never carries the exception's text (docs/protocol.md, "Internal errors")."""
+    return HostError(f"internal error ({type(exc).__name__}); see the daemon log")
+
+
+# A driver's client-side verdicts keep their status when they cross the worker link: an answer
+# the provider no longer waits for is a 409, a malformed answer a 400, not a provider failure.
+_PASSED_THROUGH: dict[str, type[HostError]] = {
+    "invalid_request": InvalidRequest,
+    "not_found": NotFound,
+    "conflict": Conflict,
+}
+
+
+def _control_error(exc: BaseException, what: str) -> HostError:
+    """`_provider_error` for turn controls (interrupt, interaction answers): a typed 4xx from
+    the driver reaches the client as that 4xx, with its reason and params."""
+    if isinstance(exc, WorkerFailed):
+        cls = _PASSED_THROUGH.get(str(exc.error.get("code")))
+        if cls is not None:
+            params = exc.error.get("params")
+            return cls(
+                f"{what}: {exc.error.get('message')}",
+                reason=str(exc.error.get("reason") or cls.default_reason),
+                params=dict(params) if isinstance(params, dict) else None,
+            )
+    return _provider_error(exc, what)
 
 
 def _provider_error(exc: BaseException, what: str) -> HostError:

@@ -108,7 +108,7 @@ class Api:
                 responder.error(exc)
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 log.exception("read failed")
-                responder.error(HostError(f"internal error: {exc}"))
+                responder.error(_internal_error(exc))
 
         try:
             self._pool.submit(_run)
@@ -131,7 +131,8 @@ class Api:
                 responder.error(outcome)
                 return
             if isinstance(outcome, BaseException):
-                responder.error(HostError(f"internal error: {outcome}"))
+                log.error("request failed", exc_info=outcome)
+                responder.error(_internal_error(outcome))
                 return
             try:
                 status, result = project(outcome)
@@ -140,7 +141,7 @@ class Api:
                 return
             except Exception as exc:  # noqa: BLE001
                 log.exception("projection failed")
-                responder.error(HostError(f"internal error: {exc}"))
+                responder.error(_internal_error(exc))
                 return
             responder.result(status, result)
 
@@ -354,7 +355,8 @@ class Api:
                     200, {"operation": projection.operation(outcome.operation, self.catalog)}
                 )
             else:
-                responder.error(HostError(f"internal error: {outcome!r}"))
+                log.error("fork.get: unexpected reply %r", outcome)
+                responder.error(_internal_error(outcome))
 
         def _get() -> None:
             # A settled operation is answered here, on the reader pool; only an active one
@@ -371,7 +373,7 @@ class Api:
                 responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 log.exception("fork.get failed")
-                responder.error(HostError(f"internal error: {exc}"))
+                responder.error(_internal_error(exc))
 
         try:
             self._pool.submit(_get)
@@ -396,6 +398,12 @@ class Api:
                 raise InvalidArgument("points", f"action of {name!r} must be a string")
         set_failpoints = self._set_failpoints
         self._read(responder, lambda: {"points": set_failpoints(dict(points))})
+
+
+def _internal_error(what: object) -> HostError:
+    """A 500 for an untyped failure (logged by the caller): its message never carries the
+    exception's text (docs/protocol.md, "Internal errors")."""
+    return HostError(f"internal error ({type(what).__name__}); see the daemon log")
 
 
 def _workspace(params: Mapping[str, Any]) -> str:

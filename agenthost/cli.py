@@ -309,7 +309,12 @@ def _new(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _say(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import TurnPrinter, resolve_session, stream_turn
+    from agenthost.session_client import (
+        TurnPrinter,
+        TurnWaitTimeout,
+        resolve_session,
+        stream_turn,
+    )
 
     sid = resolve_session(client, args.workspace, args.session)
     _, events = endpoints(args)
@@ -334,6 +339,13 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
         )
+    except TurnWaitTimeout as exc:
+        # The daemon is reachable (not exit 3): the Turn is just still running there.
+        raise CliError(
+            "turn_timeout",
+            f"{exc} (--turn-timeout); it keeps running in the daemon: "
+            f"`agenthost show {sid}` shows where it is",
+        ) from None
     except _InteractionPending:
         interaction = pending[-1]
         # Nobody can answer here: do not leave the session blocked on a turn nobody will finish.

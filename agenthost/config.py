@@ -17,7 +17,7 @@ PROVIDERS = ("tutti-agent", "codex", "claude-code")
 _PROVIDER_KEYS: dict[str, frozenset[str]] = {
     "tutti-agent": frozenset({"command", "model", "model_base_url"}),
     "codex": frozenset({"command", "model", "model_base_url"}),
-    "claude-code": frozenset({"cli_path", "model", "model_base_url"}),
+    "claude-code": frozenset({"cli_path", "model", "model_base_url", "api_key"}),
 }
 _TOP_KEYS = frozenset({"providers", "daemon"})
 _DAEMON_KEYS = frozenset({"listen", "allow_remote", "idle_actor_seconds", "fork_sync_budget_ms"})
@@ -30,7 +30,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Config:
     home: Path
-    providers: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    providers: Mapping[str, Mapping[str, str | list[str]]] = field(default_factory=dict)
+    """Per provider: string values, except `command`, which may also be an argv list."""
     listen: tuple[str, ...] = ()
     allow_remote: bool = False
     idle_actor_seconds: float = 30.0
@@ -58,7 +59,10 @@ def default_home() -> Path:
 
 
 def load_config(home: Path | None = None, path: Path | None = None) -> Config:
+    """`path` (`--config`) must exist; without it, `<home>/agenthost.toml` is optional."""
     home = (home or default_home()).expanduser().resolve()
+    if path is not None and not path.exists():
+        raise ConfigError(f"{path}: no such configuration file")
     path = path or home / "agenthost.toml"
     if not path.exists():
         return Config(home=home)
@@ -71,14 +75,16 @@ def load_config(home: Path | None = None, path: Path | None = None) -> Config:
 
 def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") -> Config:
     _reject_unknown(raw, _TOP_KEYS, source, "")
-    providers: dict[str, dict[str, str]] = {}
+    providers: dict[str, dict[str, str | list[str]]] = {}
     for name, table in (raw.get("providers") or {}).items():
         if name not in _PROVIDER_KEYS:
             raise ConfigError(f"{source}: unknown provider [providers.{name}]")
         if not isinstance(table, Mapping):
             raise ConfigError(f"{source}: [providers.{name}] must be a table")
         _reject_unknown(table, _PROVIDER_KEYS[name], source, f"providers.{name}.")
-        providers[name] = {k: str(v) for k, v in table.items()}
+        providers[name] = {
+            k: _provider_value(v, source, f"providers.{name}.{k}") for k, v in table.items()
+        }
     daemon = raw.get("daemon") or {}
     _reject_unknown(daemon, _DAEMON_KEYS, source, "daemon.")
     listen = daemon.get("listen") or []
@@ -111,6 +117,17 @@ def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen")
     except ValueError:
         pass
     raise ConfigError(f"{source} {endpoint}: not a loopback address (allow it with --allow-remote)")
+
+
+def _provider_value(value: Any, source: str, key: str) -> str | list[str]:
+    """A string, number or boolean becomes a string; `command` may also be an argv list."""
+    if key.endswith(".command") and isinstance(value, list):
+        if not value or not all(isinstance(part, str) for part in value):
+            raise ConfigError(f"{source}: {key} must be a string or a non-empty list of strings")
+        return list(value)
+    if isinstance(value, (Mapping, list)):
+        raise ConfigError(f"{source}: {key} must be a string")
+    return str(value)
 
 
 def _reject_unknown(

@@ -25,6 +25,15 @@ Json = dict[str, Any]
 # -- view rules (seed 000 §9) ---------------------------------------------------------------
 
 
+class TurnWaitTimeout(TimeoutError):
+    """The daemon answered, but the Turn was still active when the caller's wait ran out (the
+    Turn itself goes on in the daemon). Distinct from a `ClientTimeout` (no reply at all)."""
+
+    def __init__(self, turn_id: str, timeout: float) -> None:
+        super().__init__(f"turn {turn_id} still active after {timeout:g} s")
+        self.turn_id = turn_id
+
+
 class ForkAction(StrEnum):
     """How a Turn's Fork action is shown."""
 
@@ -282,7 +291,7 @@ def stream_turn(
                     },
                 )
             if time.monotonic() > deadline:
-                raise TimeoutError(f"turn {turn_id} still active after {timeout:g} s")
+                raise TurnWaitTimeout(turn_id, timeout)
             fresh = _next_turn_event(subscriber, ws, sid, turn_id)
             turn = fresh if fresh is not None else get_turn(client, ws, sid, turn_id, sequence)
     finally:

@@ -323,7 +323,8 @@ def test_approval_through_the_socket_fences_fork_and_resolves_in_the_timeline(
     }
     with pytest.raises(ApiError) as bad:
         c.call("interaction.respond", {**params, "response": {"decision": "maybe"}})
-    assert bad.value.reason == "invalid_argument"
+    assert (bad.value.status, bad.value.reason) == (400, "invalid_argument")
+    assert bad.value.params == {"field": "response"}
     resolved = c.call("interaction.respond", {**params, "response": {"decision": "approve"}})[
         "interaction"
     ]

@@ -184,6 +184,22 @@ def test_say_answers_interactions_or_interrupts_when_nobody_can(cli: Cli) -> Non
     assert approved["messages"][-1]["text"] == "approved: ls"
 
 
+def test_say_turn_timeout_is_turn_timeout_exit_1_not_unreachable(cli: Cli) -> None:
+    sid = new_session(cli)
+    out = cli.json("say", sid, "/slow 3000 late", "--turn-timeout", "0.5", code=1)
+    # The daemon answered; only the wait ran out: not `daemon_unreachable` (exit 3).
+    assert out["error"]["reason"] == "turn_timeout"
+    assert "still active after 0.5 s" in out["error"]["message"]
+    # The Turn goes on in the daemon and settles by itself.
+    shown = wait_for(lambda: (t := cli.json("show", sid)) and _settled_last(t), timeout=30)
+    assert shown["messages"][-1]["text"] == "echo: late"
+
+
+def _settled_last(shown: dict[str, Any]) -> dict[str, Any] | None:
+    turns = shown.get("turns") or []
+    return turns[-1] if turns and turns[-1]["phase"] == "settled" else None
+
+
 def say_with(cli: Cli, sid: str, text: str, answer: str) -> dict[str, Any]:
     return dict(cli.json("say", sid, text, "--answer", answer)["turn"])
 
