@@ -12,9 +12,11 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -45,6 +47,8 @@ from drivers.claude_transcript import (
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
+
+log = logging.getLogger(__name__)
 
 DRIVER_KIND = "claude-code"
 PINNED_SDK_VERSION = "0.2.189"
@@ -423,7 +427,7 @@ class ClaudeDriver:
         async def can_use_tool(tool: str, tool_input: dict[str, Any], context: Any) -> Any:
             return await self._can_use_tool(session, turn, tool, tool_input, context)
 
-        exists = session.transcript.exists()
+        exists = _resumable(session.transcript)
         return ClaudeAgentOptions(
             cwd=session.cwd,
             env=dict(session.env),
@@ -890,6 +894,26 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _resumable(transcript: Path) -> bool:
+    """Whether the CLI can resume this transcript: it holds a conversation message.
+
+    A CLI SIGKILLed before it flushed a first turn can leave only its queue bookkeeping
+    (observed: two `queue-operation` lines); resuming that fails with "No conversation found",
+    every turn after. Such a file holds nothing to keep: it is moved aside (never deleted) and
+    the next turn claims the session id afresh, as a first turn does.
+    """
+    try:
+        text = transcript.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return False
+    if any(e.type in ("user", "assistant") for e in parse_entries(text)):
+        return True
+    aside = transcript.with_name(f".{transcript.name}.no-messages-{time.time_ns()}")
+    os.rename(transcript, aside)
+    log.warning("transcript %s holds no message (a CLI died early); moved to %s", transcript, aside)
+    return False
 
 
 def _required(params: Mapping[str, Any], key: str) -> str:

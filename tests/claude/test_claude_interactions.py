@@ -4,6 +4,7 @@ calls a tool (Bash, AskUserQuestion), the CLI asks `can_use_tool`, the driver ra
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
@@ -220,6 +221,34 @@ def test_cli_death_while_pending_fails_the_turn_and_clears_the_interaction(
     assert not (session.cwd / "crash.txt").exists()
     _, after = tools.turn(session, "after the crash")
     assert after["outcome"] == "completed"
+
+
+def test_a_transcript_left_without_messages_by_a_cli_death_is_not_resumed(
+    tools: Harness,
+) -> None:
+    # SIGKILLed before it flushed the turn's messages, the CLI can leave its transcript holding
+    # only queue bookkeeping (the driver saw the prompt through the SDK's echo). Resuming such a
+    # file fails ("No conversation found"): the next turn must start the session afresh.
+    session = tools.start("bookkeeping")
+    turn_id, asked = begin(tools, session, f"{BASH}echo never > gone.txt")
+    active = tools.driver._session(session.agent_session_id).active
+    assert active is not None
+    os.kill(active.transport._process.pid, signal.SIGKILL)
+    assert tools.recorder.wait_completed(turn_id, timeout=30)["outcome"] == "failed"
+    # Whatever the kill left (nothing, or more), make it exactly that state: the two queue lines
+    # the CLI writes first (observed), no message.
+    transcript = tools.driver._session(session.agent_session_id).transcript
+    transcript.parent.mkdir(parents=True, exist_ok=True)
+    sid = session.provider_session_id
+    transcript.write_text(
+        json.dumps({"type": "queue-operation", "operation": "enqueue", "sessionId": sid})
+        + "\n"
+        + json.dumps({"type": "queue-operation", "operation": "dequeue", "sessionId": sid})
+        + "\n"
+    )
+    _, after = tools.turn(session, "after the crash")
+    assert after["outcome"] == "completed"
+    assert last_user_text(tools.server.requests[-1]) == "after the crash"
 
 
 def test_respond_to_unknown_request_or_with_a_bad_shape_is_a_typed_error(
