@@ -77,7 +77,11 @@ class Daemon:
         fp_state.mkdir(mode=0o700, exist_ok=True)
         # The state dir makes a fired `once:` point survive the SIGKILL it causes, so the
         # restarted daemon is not killed again by the same armed point.
-        env_points = os.environ.get(ENV_POINTS, "") if self.failpoints_enabled else ""
+        # PROTOCOL.md: AGENTHOST_FAILPOINTS arms points at start (setting it is the opt-in);
+        # only the run-time `debug.failpoints` method needs AGENTHOST_ENABLE_FAILPOINTS=1.
+        env_points = os.environ.get(ENV_POINTS, "")
+        if env_points:
+            log.warning("failpoints armed from %s: %s", ENV_POINTS, env_points)
         self.failpoints = Failpoints(
             {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
             state_dir=fp_state,

@@ -44,7 +44,8 @@ class DaemonProcess:
         env = dict(os.environ)
         env.update(self.extra_env)
         env["AGENTHOST_HOME"] = str(self.home)
-        env["AGENTHOST_ENABLE_FAILPOINTS"] = "1"
+        # `debug.failpoints` on unless the test passes AGENTHOST_ENABLE_FAILPOINTS itself.
+        env["AGENTHOST_ENABLE_FAILPOINTS"] = self.extra_env.get("AGENTHOST_ENABLE_FAILPOINTS", "1")
         if self.failpoints is not None:
             env["AGENTHOST_FAILPOINTS"] = self.failpoints
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
