@@ -248,21 +248,12 @@ class BareClaude:
 
         return transcript_path(self.config_dir, str(self.cwd), self.session_id)
 
-    @contextmanager
-    def _config_env(self) -> Iterator[None]:
-        """The SDK's session helpers read `CLAUDE_CONFIG_DIR` from `os.environ` (the driver
-        points it, and `HOME`, at the session for each call the same way)."""
-        saved = {k: os.environ.get(k) for k in ("CLAUDE_CONFIG_DIR", "HOME")}
-        os.environ["CLAUDE_CONFIG_DIR"] = str(self.config_dir)
-        os.environ["HOME"] = str(self.private_home)
-        try:
-            yield
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    def _config_env(self) -> AbstractContextManager[None]:
+        """The SDK's session helpers read `CLAUDE_CONFIG_DIR` from `os.environ`: point it (and
+        `HOME`) at this session, as the driver does for each call."""
+        from drivers.claude import claude_config_env
+
+        return claude_config_env(str(self.config_dir), str(self.private_home))
 
     async def _turn(self, text: str) -> None:
         from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query

@@ -673,18 +673,8 @@ class ClaudeDriver:
     @contextlib.contextmanager
     def _config_env(self, config_dir: str, home: str) -> Iterator[None]:
         """Points the process env at one session's config dir for an in-process SDK helper."""
-        with self._env_lock:
-            saved = {k: os.environ.get(k) for k in ("CLAUDE_CONFIG_DIR", "HOME")}
-            os.environ["CLAUDE_CONFIG_DIR"] = config_dir
-            os.environ["HOME"] = home
-            try:
-                yield
-            finally:
-                for key, value in saved.items():
-                    if value is None:
-                        os.environ.pop(key, None)
-                    else:
-                        os.environ[key] = value
+        with self._env_lock, claude_config_env(config_dir, home):
+            yield
 
     def fork(self, request: ForkRequest) -> ForkResult:
         try:
@@ -896,6 +886,23 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def claude_config_env(config_dir: str, home: str) -> Iterator[None]:
+    """Sets `CLAUDE_CONFIG_DIR` and `HOME` in `os.environ` for the block (the SDK's in-process
+    session helpers read them there), then restores them. Not locked: callers serialise."""
+    saved = {k: os.environ.get(k) for k in ("CLAUDE_CONFIG_DIR", "HOME")}
+    os.environ["CLAUDE_CONFIG_DIR"] = config_dir
+    os.environ["HOME"] = home
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _resumable(transcript: Path) -> bool:
     """Whether the CLI can resume this transcript: it holds a conversation message.
 
@@ -905,11 +912,13 @@ def _resumable(transcript: Path) -> bool:
     the next turn claims the session id afresh, as a first turn does.
     """
     try:
-        text = transcript.read_text(encoding="utf-8", errors="replace")
+        with open(transcript, encoding="utf-8", errors="replace") as fh:
+            # Stops at the first message (the third line of a normal transcript): every turn
+            # start asks, and transcripts grow without bound.
+            if any(e.type in ("user", "assistant") for line in fh for e in parse_entries(line)):
+                return True
     except FileNotFoundError:
         return False
-    if any(e.type in ("user", "assistant") for e in parse_entries(text)):
-        return True
     aside = transcript.with_name(f".{transcript.name}.no-messages-{time.time_ns()}")
     os.rename(transcript, aside)
     log.warning("transcript %s holds no message (a CLI died early); moved to %s", transcript, aside)

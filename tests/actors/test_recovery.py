@@ -33,6 +33,23 @@ def _prepare(store: Store) -> tuple[str, str]:
     return op.operation_id, str(turn.root_provider_turn_id)
 
 
+def _accepted(store: Store) -> str:
+    """A prepared operation taken to `provider_accepted` with evidence of one child."""
+    op_id, provider_turn = _prepare(store)
+    store.mark_fork_dispatching(WS, op_id)
+    store.mark_fork_provider_accepted(
+        WS,
+        op_id,
+        ProviderForkEvidence(
+            child_provider_session_id=f"child-{uuid.uuid4().hex[:6]}",
+            provider_turn_ids=(provider_turn,),
+            binding_mode="host_copy",
+            receipt={"sha256": "x"},
+        ),
+    )
+    return op_id
+
+
 def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
     tmp_path: Path,
 ) -> None:
@@ -46,19 +63,7 @@ def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
             dispatching.append(op_id)
         accepted = []
         for _ in range(3):
-            op_id, provider_turn = _prepare(store)
-            store.mark_fork_dispatching(WS, op_id)
-            store.mark_fork_provider_accepted(
-                WS,
-                op_id,
-                ProviderForkEvidence(
-                    child_provider_session_id=f"child-{uuid.uuid4().hex[:6]}",
-                    provider_turn_ids=(provider_turn,),
-                    binding_mode="host_copy",
-                    receipt={"sha256": "x"},
-                ),
-            )
-            accepted.append(op_id)
+            accepted.append(_accepted(store))
         done, _ = _prepare(store)
         store.mark_fork_dispatching(WS, done)
         store.mark_fork_unknown(WS, done, "earlier")
@@ -87,19 +92,7 @@ def test_a_bad_operation_in_a_recovery_page_is_rolled_back_alone(tmp_path: Path)
     try:
         accepted = []
         for _ in range(3):
-            op_id, provider_turn = _prepare(store)
-            store.mark_fork_dispatching(WS, op_id)
-            store.mark_fork_provider_accepted(
-                WS,
-                op_id,
-                ProviderForkEvidence(
-                    child_provider_session_id=f"child-{uuid.uuid4().hex[:6]}",
-                    provider_turn_ids=(provider_turn,),
-                    binding_mode="host_copy",
-                    receipt={"sha256": "x"},
-                ),
-            )
-            accepted.append(op_id)
+            accepted.append(_accepted(store))
         # The middle one's frozen snapshot no longer matches its hash: its commit must fail
         # closed without undoing the others in the same transaction.
         conn = apsw.Connection(str(tmp_path / "store.sqlite3"))

@@ -203,16 +203,24 @@ def test_interrupt_while_pending_interrupts_the_turn_and_clears_the_interaction(
     assert after["outcome"] == "completed"
 
 
+def kill_cli_while_pending(
+    h: Harness, name: str, command: str
+) -> tuple[ClaudeSession, dict[str, Any], dict[str, Any]]:
+    """Starts a Bash turn, waits for its approval Interaction, then SIGKILLs the turn's own CLI
+    process (it dies on its own, not through an interrupt). Returns (session, interaction
+    event, `turn.completed` event)."""
+    session = h.start(name)
+    turn_id, asked = begin(h, session, BASH + command)
+    active = h.driver._session(session.agent_session_id).active
+    assert active is not None
+    os.kill(active.transport._process.pid, signal.SIGKILL)
+    return session, asked, h.recorder.wait_completed(turn_id, timeout=30)
+
+
 def test_cli_death_while_pending_fails_the_turn_and_clears_the_interaction(
     tools: Harness,
 ) -> None:
-    session = tools.start("crash")
-    turn_id, asked = begin(tools, session, f"{BASH}echo never > crash.txt")
-    # The CLI process dies on its own (not an interrupt): reach the turn's real process.
-    active = tools.driver._session(session.agent_session_id).active
-    assert active is not None
-    os.kill(active.transport._process.pid, signal.SIGKILL)
-    completed = tools.recorder.wait_completed(turn_id, timeout=30)
+    session, asked, completed = kill_cli_while_pending(tools, "crash", "echo never > crash.txt")
     assert completed["outcome"] == "failed"
     assert completed.get("error")
     with pytest.raises(Conflict) as err:
@@ -229,12 +237,8 @@ def test_a_transcript_left_without_messages_by_a_cli_death_is_not_resumed(
     # SIGKILLed before it flushed the turn's messages, the CLI can leave its transcript holding
     # only queue bookkeeping (the driver saw the prompt through the SDK's echo). Resuming such a
     # file fails ("No conversation found"): the next turn must start the session afresh.
-    session = tools.start("bookkeeping")
-    turn_id, asked = begin(tools, session, f"{BASH}echo never > gone.txt")
-    active = tools.driver._session(session.agent_session_id).active
-    assert active is not None
-    os.kill(active.transport._process.pid, signal.SIGKILL)
-    assert tools.recorder.wait_completed(turn_id, timeout=30)["outcome"] == "failed"
+    session, _, completed = kill_cli_while_pending(tools, "bookkeeping", "echo never > gone.txt")
+    assert completed["outcome"] == "failed"
     # Whatever the kill left (nothing, or more), make it exactly that state: the two queue lines
     # the CLI writes first (observed), no message.
     transcript = tools.driver._session(session.agent_session_id).transcript

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon.test_fork_saga import fork, three_turn_source, until_terminal
+from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import WS, DaemonProcess, run_turn, timeline
 from tests.support.homes import child_rollouts, runtime_home
 from transport.client import ApiError
@@ -70,16 +71,8 @@ def test_daemon_killed_at_host_failpoint_recovers_per_contract(tmp_path: Path, p
     sid, turns = three_turn_source(c)
     c.call("debug.failpoints", {"points": {point: "once:kill"}})
     rid, target = str(uuid.uuid4()), str(uuid.uuid4())
-    c.submit(  # the reply never comes: the failpoint SIGKILLs the daemon
-        "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": rid,
-            "targetAgentSessionId": target,
-            "point": {"type": "throughTurn", "turnId": turns[1]["turnId"]},
-        },
-    )
+    # The reply never comes: the failpoint SIGKILLs the daemon.
+    c.submit("fork.create", fork_params(sid, turns[1]["turnId"], request_id=rid, target=target))
     assert d.wait_exit(30) == -signal.SIGKILL
     d.kill()
     d2 = DaemonProcess(home).start()
