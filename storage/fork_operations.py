@@ -369,6 +369,7 @@ class ForkStore(StoreBase):
     def _check_target_free(tx: Tx, ws: str, req: ForkPrepareRequest) -> None:
         if req.target_session_id == req.source_session_id:
             raise ForkConflict(
+                ForkBoundaryReason.TARGET_EQUALS_SOURCE,
                 "the fork target must differ from the source",
                 params={"field": "targetAgentSessionId"},
             )
@@ -380,6 +381,9 @@ class ForkStore(StoreBase):
         )
         if taken is not None:
             raise ForkConflict(
+                ForkBoundaryReason.TARGET_SESSION_EXISTS
+                if taken[0] == "session"
+                else ForkBoundaryReason.TARGET_SESSION_RESERVED,
                 f"target session id {req.target_session_id} is already {taken[0]}",
                 params={"field": "targetAgentSessionId"},
             )

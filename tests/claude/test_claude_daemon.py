@@ -4,6 +4,7 @@ worker right after `fork_session` (→ unknown, never redispatched, exactly one 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +13,13 @@ import pytest
 
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
-from tests.support.messages_server import MessagesServer, model_input_texts
+from tests.support.messages_server import (
+    MessagesServer,
+    ToolUse,
+    last_user_text,
+    model_input_texts,
+    tool_result,
+)
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 
@@ -101,3 +108,56 @@ def test_claude_worker_killed_after_fork_session_is_unknown_with_at_most_one_chi
     assert len(child_transcripts(d.home)) == 1
     # The source is usable again (fence released, worker restarted).
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
+
+
+def test_claude_tool_call_input_holding_typed_keys_forks_and_is_copied_byte_identical(
+    tmp_path: Path,
+) -> None:
+    """Seed 000 §5: a model's `tool_use.input` is model content. One holding `messageId` and a
+    canonical `turnId` neither blocks the fork (`unknown_typed_reference`) nor is rewritten in
+    the child: the child's tool-call payload is the source's, byte for byte."""
+    tool_input: dict[str, object] = {}
+
+    def reply(body: dict) -> str | ToolUse:
+        if tool_result(body) is not None:
+            return "done with the tool"
+        if last_user_text(body) == "call the tool":
+            return ToolUse("lookup_reference", dict(tool_input))
+        return f"echo: {last_user_text(body)}"
+
+    with MessagesServer(reply) as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", title="t", cwd=str(cwd))[
+                "agentSessionId"
+            ]
+            first = run_turn(c, sid, "one")
+            tool_input.update(
+                {"messageId": "abc", "turnId": first["turnId"], "nested": {"turnId": "x"}}
+            )
+            second = run_turn(c, sid, "call the tool")
+            assert second["outcome"] == "completed", second
+            source_calls = [m for m in timeline(c, sid)[1]["messages"] if m["kind"] == "tool_call"]
+            assert [m["payload"]["input"] for m in source_calls] == [tool_input]
+            _, op = fork(c, sid, second["turnId"])
+            op = until_terminal(c, op)
+            assert op["status"] == "committed", op
+            child_calls = [
+                m
+                for m in timeline(c, op["session"]["agentSessionId"])[1]["messages"]
+                if m["kind"] == "tool_call"
+            ]
+            assert [json.dumps(m["payload"], sort_keys=True) for m in child_calls] == [
+                json.dumps(m["payload"], sort_keys=True) for m in source_calls
+            ]
+            assert [m["text"] for m in child_calls] == [m["text"] for m in source_calls]
+        finally:
+            d.stop()

@@ -1,0 +1,84 @@
+"""Seed 000 strict-contract points through the daemon's socket (issue 16): model content is
+never rewritten by the fork, every fork conflict names a `forkBoundaryReason`, the binder and
+forkability verdicts fail closed, one provider call per operation, replay after delete."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.responses_server import FunctionCall, ResponsesServer, last_user_text
+from transport.client import ApiError
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def tutti_responses(tmp_path: Path) -> Iterator[tuple[DaemonProcess, dict[str, Any]]]:
+    """A daemon whose tutti-agent talks to a local Responses server; `state["arguments"]` is
+    what the model's `function_call` carries when the user says "call the tool"."""
+    state: dict[str, Any] = {"arguments": "{}"}
+
+    def reply(body: dict[str, Any]) -> str | FunctionCall:
+        if last_user_text(body) == "call the tool":
+            return FunctionCall("lookup_reference", state["arguments"])
+        return f"echo: {last_user_text(body)}"
+
+    with ResponsesServer(reply) as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.tutti-agent]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        try:
+            yield d, state
+        finally:
+            d.stop()
+
+
+def test_tutti_function_call_arguments_with_typed_keys_are_copied_byte_identical(
+    tutti_responses: tuple[DaemonProcess, dict[str, Any]],
+) -> None:
+    d, state = tutti_responses
+    c = d.client()
+    sid = create_session(c, title="t")["agentSessionId"]
+    first = run_turn(c, sid, "one")
+    state["arguments"] = json.dumps({"messageId": "abc", "turnId": first["turnId"]})
+    second = run_turn(c, sid, "call the tool")
+    assert second["outcome"] == "completed", second
+    source_calls = [m for m in timeline(c, sid)[1]["messages"] if m["kind"] == "tool_call"]
+    assert [m["payload"]["arguments"] for m in source_calls] == [state["arguments"]]
+    _, op = fork(c, sid, second["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    child = timeline(c, op["session"]["agentSessionId"])
+    child_calls = [m for m in child[1]["messages"] if m["kind"] == "tool_call"]
+    assert [json.dumps(m["payload"], sort_keys=True) for m in child_calls] == [
+        json.dumps(m["payload"], sort_keys=True) for m in source_calls
+    ]
+
+
+def test_every_fork_conflict_carries_a_fork_boundary_reason(daemon: DaemonProcess) -> None:
+    """PROTOCOL: 409 `agent_session_fork_conflict` always has `params.forkBoundaryReason`,
+    also for target-id conflicts (history-reference errors: tests/storage)."""
+    c = daemon.client()
+    sid = create_session(c, title="t")["agentSessionId"]
+    turn = run_turn(c, sid, "one")
+    other = create_session(c, title="o")["agentSessionId"]
+    for target, why in ((sid, "target_equals_source"), (other, "target_session_exists")):
+        with pytest.raises(ApiError) as err:
+            fork(c, sid, turn["turnId"], target=target)
+        assert err.value.reason == "agent_session_fork_conflict"
+        assert err.value.params["forkBoundaryReason"] == why
+        assert err.value.params["field"] == "targetAgentSessionId"
+    with pytest.raises(ApiError) as err:
+        fork(c, sid, str(uuid.uuid4()))
+    assert err.value.params["forkBoundaryReason"] == "turn_not_found"
