@@ -228,8 +228,13 @@ class ForkSaga:
                 f"{kind} {version}"
             )
             return
-        if self.info.binding_mode == "host_copy" and not result.get("binderAvailable", True):
-            self._fail("provider-state binder unavailable")
+        if result.get("binderAvailable") is not True:
+            # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
+            # a missing key, false or anything else is "no binder", decided before dispatch.
+            self._fail(
+                f"provider-state binder unavailable (binderAvailable="
+                f"{result.get('binderAvailable', '<missing>')!r})"
+            )
             return
         ctx = self.actor.ctx
         op, _ = ctx.store.mark_fork_dispatching(self.actor.ws, op.operation_id)

@@ -44,7 +44,7 @@ from drivers.claude_transcript import (
     split_turns,
     transcript_path,
 )
-from drivers.errors import DriverError
+from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 
@@ -233,9 +233,19 @@ class ClaudeDriver:
             # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
             "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
             # provider_owned needs no host binder: the driver itself places the child's
-            # transcript in the child's own home before it answers `accepted`.
-            "binderAvailable": True,
+            # transcript in the child's own home before it answers `accepted`; that placement
+            # is what this reports (the saga refuses unless it is `True`).
+            "binderAvailable": self._placement_available(),
         }
+
+    def _placement_available(self) -> bool:
+        """Whether the child-transcript placement can run (failpoint `worker.binder.available`
+        armed with `error` makes it false, for the fail-closed tests)."""
+        try:
+            self._failpoints.hit("worker.binder.available")
+        except FailpointError:
+            return False
+        return hasattr(os, "replace") and hasattr(os, "fsync")
 
     def _session_env(
         self, config_dir: Path, private_home: Path, extra: Mapping[str, Any]

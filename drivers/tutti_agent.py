@@ -234,7 +234,8 @@ class AppServerDriver:
             "driverVersion": runtime.gate.version,
             "userAgent": runtime.user_agent,
             "bindingMode": self.binding_mode.value,
-            "binderAvailable": True,
+            # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
+            "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
         }
 

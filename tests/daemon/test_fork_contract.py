@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from tests.daemon.test_fork_saga import fork, until_terminal
-from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.homes import child_rollouts, runtime_home
 from tests.support.responses_server import FunctionCall, ResponsesServer, last_user_text
 from transport.client import ApiError
 
@@ -82,3 +83,23 @@ def test_every_fork_conflict_carries_a_fork_boundary_reason(daemon: DaemonProces
     with pytest.raises(ApiError) as err:
         fork(c, sid, str(uuid.uuid4()))
     assert err.value.params["forkBoundaryReason"] == "turn_not_found"
+
+
+def test_binder_not_attested_available_fails_the_fork_before_dispatch(
+    daemon: DaemonProcess,
+) -> None:
+    """Seed 000 §7: a re-attestation that does not say `binderAvailable: true` refuses before
+    the provider is called: `failed`, no provider child, the source unfenced."""
+    c = daemon.client()
+    sid = create_session(c, title="t")["agentSessionId"]
+    turn = run_turn(c, sid, "one")
+    c.call("debug.failpoints", {"points": {"worker.binder.available": "error"}})
+    _, op = fork(c, sid, turn["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "failed", op
+    assert "binder unavailable" in op["error"]
+    assert child_rollouts(runtime_home(daemon.home, WS, sid)) == []
+    assert run_turn(c, sid, "two")["outcome"] == "completed"  # fence released
+    c.call("debug.failpoints", {"points": {"worker.binder.available": "off"}})
+    _, op = fork(c, sid, turn["turnId"])
+    assert until_terminal(c, op)["status"] == "committed"
