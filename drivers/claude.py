@@ -83,7 +83,6 @@ EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
 )
 
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
-_NOT_FOUND_RE = re.compile(r"Message \S+ not found in session")
 
 TURN_START_TIMEOUT_S = 120.0
 RESPOND_TIMEOUT_S = 10.0
@@ -696,7 +695,7 @@ class ClaudeDriver:
         except Exception as exc:
             return ForkResult.not_started(f"before provider call: {exc}")
         # From here on the SDK may have written a child: every failure is `unknown`, and
-        # nothing is ever retried except the one "Message … not found" case below.
+        # nothing is ever retried (at most one provider fork call per operation, law 1).
         try:
             child_id = self._call_fork_session(request, plan)
         except Exception as exc:
@@ -738,13 +737,17 @@ class ClaudeDriver:
         boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
         checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
         legacy = checkpoint is None
-        if legacy:
-            # A Turn bound before bindings existed: read the source transcript once.
-            text = source_path.read_text(encoding="utf-8", errors="replace")
+        text = source_path.read_text(encoding="utf-8", errors="replace")
+        if checkpoint is not None and not _holds_message(text, checkpoint):
+            # Law 1: fork_session is called at most once per operation, so a checkpoint the
+            # transcript does not hold is recomputed *before* that call, never after a refusal.
+            checkpoint = None
+        if checkpoint is None:
+            # A Turn bound before bindings existed (or a stale binding): the transcript's own
+            # checkpoint of the boundary Turn.
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise _NotStarted("boundary turn is not a root user message of the transcript")
-        assert checkpoint is not None  # decoded from the binding, or recovered above
         return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
 
     def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
@@ -754,29 +757,14 @@ class ClaudeDriver:
         home = str(Path(src.home) / PRIVATE_HOME_DIR)
         title = request.title or None
         with self._config_env(src.home, home):
-            try:
-                result = fork_session(
-                    src.provider_session_id,
-                    directory=src.cwd,
-                    up_to_message_id=plan.checkpoint,
-                    title=title,
-                )
-            except ValueError as exc:
-                # The SDK checks the cut point before it writes anything, so a stale
-                # checkpoint can be recomputed from the transcript and retried once.
-                if not _NOT_FOUND_RE.search(str(exc)):
-                    raise
-                text = plan.source_path.read_text(encoding="utf-8", errors="replace")
-                recomputed = legacy_checkpoint(text, request.provider_turn_ids[-1])
-                if recomputed is None or recomputed == plan.checkpoint:
-                    raise
-                plan.checkpoint = recomputed
-                result = fork_session(
-                    src.provider_session_id,
-                    directory=src.cwd,
-                    up_to_message_id=recomputed,
-                    title=title,
-                )
+            # Exactly one call: any failure from here on (even the SDK's "Message … not
+            # found") is `unknown` to the saga and is never retried (seed 000 §7, law 1).
+            result = fork_session(
+                src.provider_session_id,
+                directory=src.cwd,
+                up_to_message_id=plan.checkpoint,
+                title=title,
+            )
         return str(result.session_id)
 
     def _relocate_child(self, request: ForkRequest, child_id: str) -> None:
@@ -948,6 +936,12 @@ async def _resolve(answer: asyncio.Future[Any], result: Any) -> bool:
         return False
     answer.set_result(result)
     return True
+
+
+def _holds_message(text: str, message_uuid: str) -> bool:
+    """Whether a transcript has an entry whose own `uuid` is `message_uuid` (a scan of the
+    text, no JSON parse: the fork's O(1)-ish pre-check of a bound checkpoint)."""
+    return re.search(r'"uuid"\s*:\s*"' + re.escape(message_uuid) + '"', text) is not None
 
 
 def _interaction_input(tool: str, tool_input: Mapping[str, Any], context: Any) -> dict[str, Any]:
