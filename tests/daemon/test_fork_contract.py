@@ -103,3 +103,29 @@ def test_binder_not_attested_available_fails_the_fork_before_dispatch(
     c.call("debug.failpoints", {"points": {"worker.binder.available": "off"}})
     _, op = fork(c, sid, turn["turnId"])
     assert until_terminal(c, op)["status"] == "committed"
+
+
+def test_replay_after_the_source_was_deleted_answers_the_committed_operation(
+    daemon: DaemonProcess,
+) -> None:
+    """Seed 000 §8: same requestId, and a new identity on the held (unACKed) barrier, both
+    answer the durable committed operation after the source was deleted — never 404 — and
+    the operation can still be ACKed. A fork that never existed still gets 404."""
+    c = daemon.client()
+    sid = create_session(c, title="t")["agentSessionId"]
+    turn = run_turn(c, sid, "one")
+    rid, target = str(uuid.uuid4()), str(uuid.uuid4())
+    _, op = fork(c, sid, turn["turnId"], request_id=rid, target=target)
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    status, again = fork(c, sid, turn["turnId"], request_id=rid, target=target)
+    assert status == 200 and again["operationId"] == op["operationId"]
+    assert again["status"] == "committed" and again["session"]["agentSessionId"] == target
+    _, held = fork(c, sid, turn["turnId"])  # new identity: the barrier's original
+    assert held["operationId"] == op["operationId"]
+    acked = c.call("fork.acknowledge", {"workspaceId": WS, "operationId": op["operationId"]})
+    assert acked["operation"]["status"] == "committed"
+    with pytest.raises(ApiError) as err:
+        fork(c, sid, turn["turnId"])  # barrier released: nothing durable answers any more
+    assert err.value.status == 404
