@@ -253,6 +253,8 @@ class ForkSaga:
                 "agentSessionId": runtime_key(self.actor.ws, op.target_session_id),
                 "home": str(target_home),
             },
+            # The provider-neutral input of seed 000 §7 names the canonical boundary Turn too.
+            "sourceTurnId": op.source_turn_id,
             "providerTurnIds": list(op.source_provider_turn_ids),
             # Lined up with providerTurnIds: lets a provider_owned driver cut at a known
             # checkpoint instead of re-reading the source transcript (seed 000 §7, Claude 3).

@@ -836,6 +836,7 @@ class ClaudeDriver:
             "sourceSessionId": src.provider_session_id,
             "childSessionId": child_id,
             "sourceBoundaryTurnId": request.provider_turn_ids[-1],
+            "sourceCanonicalTurnId": request.source_turn_id,
             "childBoundaryTurnId": boundary.root_uuid,
             "sourceCheckpointMessageId": plan.checkpoint,
             "childCheckpointMessageId": boundary.checkpoint_uuid,

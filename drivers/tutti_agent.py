@@ -516,6 +516,7 @@ class AppServerDriver:
             runtime.proc.request("thread/unsubscribe", {"threadId": child_id}, timeout=5.0)
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
+        wire["sourceCanonicalTurnId"] = request.source_turn_id
         return ForkResult(
             DeliveryDisposition.ACCEPTED,
             child=child,

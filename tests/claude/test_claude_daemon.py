@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
-from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
 from tests.support.messages_server import (
     MessagesServer,
     ToolUse,
@@ -70,6 +71,13 @@ def test_claude_fork_commits_through_the_socket_and_child_turn_sees_turns_one_an
     assert op["status"] == "committed", op
     child = op["session"]
     assert child["providerSessionId"] not in (None, "")
+    # Seed 000 §7: the fork request named the canonical boundary Turn (echoed in the receipt).
+    store = Store.open(d.home / "store.sqlite3")
+    try:
+        receipt = store.get_fork_operation(WS, op["operationId"]).binding_receipt
+    finally:
+        store.close()
+    assert receipt["sourceCanonicalTurnId"] == turns[1]["turnId"]
     child_turns = timeline(c, child["agentSessionId"])
     assert len(child_turns) == 2
     assert all(t["providerForkBindingState"] == "bound" for t in child_turns)

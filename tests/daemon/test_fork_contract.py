@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
 from tests.support.homes import child_rollouts, runtime_home
@@ -129,3 +130,20 @@ def test_replay_after_the_source_was_deleted_answers_the_committed_operation(
     with pytest.raises(ApiError) as err:
         fork(c, sid, turn["turnId"])  # barrier released: nothing durable answers any more
     assert err.value.status == 404
+
+
+def test_fork_request_carries_the_source_canonical_turn_id(daemon: DaemonProcess) -> None:
+    """Seed 000 §7 provider-neutral input: the worker's fork request names the canonical
+    boundary Turn; the driver echoes it in the binding receipt the operation stores."""
+    c = daemon.client()
+    sid = create_session(c, title="t")["agentSessionId"]
+    turns = [run_turn(c, sid, text) for text in ("one", "two")]
+    _, op = fork(c, sid, turns[0]["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    store = Store.open(daemon.home / "store.sqlite3")
+    try:
+        stored = store.get_fork_operation(WS, op["operationId"])
+    finally:
+        store.close()
+    assert stored.binding_receipt["sourceCanonicalTurnId"] == turns[0]["turnId"]
