@@ -140,7 +140,12 @@ class ForkSaga:
                 "runtime_context": context,
             },
         )
-        op, created = ctx.store.prepare_fork(actor.ws, request)
+        provider = runtime.provider
+        op, created = ctx.store.prepare_fork(
+            actor.ws,
+            request,
+            turn_forkable=lambda root, binding: ctx.catalog.turn_forkable(provider, root, binding),
+        )
         if not created:
             live = actor.sagas.get(op.operation_id)
             if live is not None:
@@ -170,6 +175,8 @@ class ForkSaga:
             op, _ = ctx.store.mark_fork_unknown(actor.ws, op.operation_id, DISPATCHING_ERROR)
         elif op.status is ForkStatus.PROVIDER_ACCEPTED:
             op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
+        if op.status in TERMINAL:
+            actor.apply_late_bindings()
         msg.reply(ForkReply(op, op.status in TERMINAL))
 
     # -- the steps ---------------------------------------------------------------------------
@@ -227,6 +234,10 @@ class ForkSaga:
                 f"driver changed since prepare: {op.driver_kind} {op.driver_version} → "
                 f"{kind} {version}"
             )
+            return
+        if result.get("forkThroughTurn") is not True:
+            # The driver's own verdict (brand, version gate, SDK pin) at dispatch time.
+            self._fail("runtime no longer attests forkThroughTurn")
             return
         if result.get("binderAvailable") is not True:
             # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
@@ -398,5 +409,7 @@ class ForkSaga:
         self.operation = op
         self.actor.sagas.pop(op.operation_id, None)
         self.actor.ctx.live_operations.discard(op.operation_id)
+        if op.status in TERMINAL:  # the fence is released: late checkpoints land now
+            self.actor.apply_late_bindings()
         for waiter in self.waiters:
             waiter.answer(op, op.status in TERMINAL)

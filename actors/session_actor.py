@@ -35,6 +35,7 @@ from actors.messages import (
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from storage.errors import (
     Conflict,
+    ForkInProgress,
     HostError,
     InvalidRequest,
     NotFound,
@@ -86,6 +87,9 @@ class SessionActor(pykka.ThreadingActor):
         self._predecessor = predecessor
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
+        # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
+        # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
+        self._late_bindings: dict[str, str] = {}
         self._busy = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -141,8 +145,24 @@ class SessionActor(pykka.ThreadingActor):
             case _:
                 log.warning("session actor %s: unknown message %r", self.key, message)
 
+    def apply_late_bindings(self) -> None:
+        """Write the `turn.binding` checkpoints deferred by a fork fence; called when a fork
+        operation of this source ends. Still fenced (another operation) → kept for later."""
+        for turn_id, binding_json in list(self._late_bindings.items()):
+            try:
+                self.ctx.store.update_turn_binding(self.ws, self.sid, turn_id, binding_json)
+            except ForkInProgress:
+                return
+            except HostError as exc:  # e.g. the Session was deleted meanwhile
+                log.warning("session %s: late binding of %s dropped: %s", self.key, turn_id, exc)
+            del self._late_bindings[turn_id]
+
     def _update_busy(self) -> None:
-        busy = bool(self.sagas) or any(not t.settled for t in self._turns.values())
+        busy = (
+            bool(self.sagas)
+            or bool(self._late_bindings)  # stay alive until they are applied
+            or any(not t.settled for t in self._turns.values())
+        )
         if busy != self._busy:
             self._busy = busy
             if self.ctx.on_busy_change is not None:
@@ -322,9 +342,15 @@ class SessionActor(pykka.ThreadingActor):
             return
         if kind == "turn.binding":
             # A trailing system message may move the checkpoint after settlement (Claude).
-            self.ctx.store.update_turn_binding(
-                self.ws, self.sid, turn_id, str(event.get("bindingJson") or "")
-            )
+            binding_json = str(event.get("bindingJson") or "")
+            self._late_bindings.pop(turn_id, None)  # this one is newer than any deferred one
+            try:
+                self.ctx.store.update_turn_binding(self.ws, self.sid, turn_id, binding_json)
+            except ForkInProgress:
+                # A fork froze the source: the operation keeps the binding it froze, and this
+                # provider fact is applied when the fence is released — never lost.
+                log.info("session %s: turn %s binding deferred by a fork", self.key, turn_id)
+                self._late_bindings[turn_id] = binding_json
             return
         if state.settled:
             return

@@ -23,7 +23,6 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 from storage.errors import ProviderError
 
@@ -332,14 +331,10 @@ class RolloutBinder:
         self._failpoints = failpoints or Failpoints()
 
     def available(self) -> bool:
-        """What a re-attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
+        """What an attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
         without a working binder fails closed before dispatch). True only when this platform
         has what `bind` relies on: no-follow opens, directory fsync (crash-durable rename) and
-        atomic replace. Failpoint `worker.binder.available` armed with `error` makes it false."""
-        try:
-            self._failpoints.hit("worker.binder.available")
-        except FailpointError:
-            return False
+        atomic replace."""
         return all(hasattr(os, name) for name in ("O_NOFOLLOW", "O_DIRECTORY", "fsync", "replace"))
 
     def bind(self, source_home: Path, target_home: Path, child_id: str) -> BindReceipt:

@@ -209,11 +209,22 @@ class ClaudeDriver:
     def _user_agent(self) -> str:
         return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
 
-    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+    def _verdict(self) -> dict[str, Any]:
+        """This driver's attested forkability verdict: the only source of the Host's
+        capability (seed 000 §3.2), persisted with the runtime context at session start."""
         return {
             "driverKind": DRIVER_KIND,
             "driverVersion": sdk_version(),
             "userAgent": self._user_agent(),
+            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
+            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
+            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
+            "binderAvailable": self._placement_available(),
+        }
+
+    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+        return {
+            **self._verdict(),
             # The only resume cursor a Claude session accepts is its own provider session id.
             "resumeCursor": {"resume": provider_session_id},
         }
@@ -224,26 +235,19 @@ class ClaudeDriver:
         )
         if not os.access(cli, os.X_OK):
             raise DriverError(f"Claude Code CLI is not executable: {cli}")
-        return {
-            "driverKind": DRIVER_KIND,
-            "driverVersion": sdk_version(),
-            "userAgent": self._user_agent(),
-            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
-            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
-            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
-            # provider_owned needs no host binder: the driver itself places the child's
-            # transcript in the child's own home before it answers `accepted`; that placement
-            # is what this reports (the saga refuses unless it is `True`).
-            "binderAvailable": self._placement_available(),
-        }
-
-    def _placement_available(self) -> bool:
-        """Whether the child-transcript placement can run (failpoint `worker.binder.available`
-        armed with `error` makes it false, for the fail-closed tests)."""
+        verdict = self._verdict()
+        # provider_owned needs no host binder: the driver itself places the child's transcript
+        # in the child's own home before it answers `accepted`; that placement is what
+        # `binderAvailable` reports. Failpoint `worker.binder.available` (`error`) makes the
+        # re-attestation say it is unavailable (the fail-closed tests).
         try:
             self._failpoints.hit("worker.binder.available")
         except FailpointError:
-            return False
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _placement_available(self) -> bool:
+        """Whether the child-transcript placement (`_relocate_child`) can run here."""
         return hasattr(os, "replace") and hasattr(os, "fsync")
 
     def _session_env(

@@ -228,7 +228,9 @@ class AppServerDriver:
         user_agent = str(init.get("userAgent") or "")
         return _Runtime(proc, home, user_agent, self.gate.check(user_agent))
 
-    def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+    def _verdict(self, runtime: _Runtime) -> dict[str, Any]:
+        """This driver's attested forkability verdict (brand, version gate, binder): the only
+        source of the Host's capability (seed 000 §3.2), persisted with the runtime context."""
         return {
             "driverKind": self.kind,
             "driverVersion": runtime.gate.version,
@@ -238,6 +240,16 @@ class AppServerDriver:
             "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
         }
+
+    def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+        """The dispatch-time re-attestation; failpoint `worker.binder.available` armed with
+        `error` makes it report the binder unavailable (the fail-closed tests)."""
+        verdict = self._verdict(runtime)
+        try:
+            self.failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
 
     # ------------------------------------------------------------------ port methods
 
@@ -279,14 +291,7 @@ class AppServerDriver:
             stale.runtime.proc.close()
         with session.op_lock:
             runtime = self._ensure_runtime(session)
-        return {
-            "providerSessionId": session.thread_id,
-            "runtimeContext": {
-                "driverKind": self.kind,
-                "driverVersion": runtime.gate.version,
-                "userAgent": runtime.user_agent,
-            },
-        }
+        return {"providerSessionId": session.thread_id, "runtimeContext": self._verdict(runtime)}
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")

@@ -25,6 +25,9 @@ class ForkBoundaryReason(StrEnum):
     TURN_NOT_SETTLED = "turn_not_settled"
     TURN_SEQUENCE_UNVERIFIED = "turn_sequence_unverified"
     PROVIDER_TURN_MISSING = "provider_turn_missing"
+    # The selected Turn's provider binding is not `bound` by the provider's own hook (the same
+    # verdict the projection shows as `providerForkBindingState`, e.g. `recovery_required`).
+    PROVIDER_TURN_NOT_BOUND = "provider_turn_not_bound"
     DESCENDANT_LANE_IN_BOUNDARY = "descendant_lane_in_boundary"
     SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY = "session_local_attachment_in_boundary"
     # Not about the source's state, but still a 409 `agent_session_fork_conflict`: every one of

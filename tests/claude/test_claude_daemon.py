@@ -21,6 +21,7 @@ from tests.support.messages_server import (
     model_input_texts,
     tool_result,
 )
+from transport.client import ApiError
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 
@@ -169,3 +170,32 @@ def test_claude_tool_call_input_holding_typed_keys_forks_and_is_copied_byte_iden
             assert [m["text"] for m in child_calls] == [m["text"] for m in source_calls]
         finally:
             d.stop()
+
+
+def test_claude_turn_shown_recovery_required_is_refused_by_fork_create(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """Seed 000 §3.2: one per-Turn hook decides the projected providerForkBindingState and
+    what prepare accepts. A Claude binding whose schemaVersion the driver does not know is
+    `recovery_required` (the driver's own decoder), and fork.create refuses that Turn."""
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    store = Store.open(d.home / "store.sqlite3")
+    try:
+        binding = json.loads(store.get_turn(WS, sid, turns[1]["turnId"]).provider_turn_binding_json)
+        binding["schemaVersion"] = 99
+        store._conn().execute(
+            "UPDATE turns SET provider_turn_binding_json = ? WHERE turn_id = ?",
+            (json.dumps(binding), turns[1]["turnId"]),
+        )
+    finally:
+        store.close()
+    shown = {t["turnId"]: t["providerForkBindingState"] for t in timeline(c, sid)}
+    assert shown[turns[1]["turnId"]] == "recovery_required"
+    assert shown[turns[0]["turnId"]] == "bound"
+    with pytest.raises(ApiError) as err:
+        fork(c, sid, turns[1]["turnId"])
+    assert err.value.reason == "agent_session_fork_conflict"
+    assert err.value.params["forkBoundaryReason"] == "provider_turn_not_bound"
+    assert len(child_transcripts(d.home)) == 0

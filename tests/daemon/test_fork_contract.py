@@ -5,6 +5,7 @@ forkability verdicts fail closed, one provider call per operation, replay after 
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,12 +13,23 @@ from typing import Any
 
 import pytest
 
+from actors.host_actor import WorkerEvent
+from actors.messages import runtime_key
+from agenthost.config import Config
+from agenthost.daemon import Daemon
 from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    timeline,
+    wait_for,
+)
 from tests.support.homes import child_rollouts, runtime_home
 from tests.support.responses_server import FunctionCall, ResponsesServer, last_user_text
-from transport.client import ApiError
+from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -147,3 +159,112 @@ def test_fork_request_carries_the_source_canonical_turn_id(daemon: DaemonProcess
     finally:
         store.close()
     assert stored.binding_receipt["sourceCanonicalTurnId"] == turns[0]["turnId"]
+
+
+def _daemon_with_wrapped_tutti(tmp_path: Path, patch: str) -> DaemonProcess:
+    """A daemon whose tutti-agent is the real program with `patch` (Python) applied first."""
+    wrapper = tmp_path / "wrapped_tutti.py"
+    wrapper.write_text(f"import sys\n{patch}\nfrom tutti_agent.cli import main\nsys.exit(main())\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    command = f"{sys.executable} {wrapper}"
+    (home / "agenthost.toml").write_text(
+        f"[providers.tutti-agent]\ncommand = {json.dumps(command)}\n"
+    )
+    return DaemonProcess(home).start()
+
+
+WRONG_BRAND = """
+import tutti_agent.server as server
+_initialize = server.AppServer.initialize
+def initialize(self, params):
+    reply = _initialize(self, params)
+    reply.result["userAgent"] = "codex_cli_rs/0.200.0 (Linux; x86_64)"  # not tutti_agent/<v>
+    return reply
+server.AppServer.initialize = initialize
+"""
+
+
+def test_wrong_brand_runtime_shows_no_fork_and_is_refused_before_any_operation(
+    tmp_path: Path,
+) -> None:
+    """Seed 000 §3.2: the driver's attested verdict is the only capability. A runtime that
+    answers with another brand's user agent (a version above every gate) is not forkable:
+    no Fork shown, and `fork.create` is refused before an operation exists or the source is
+    fenced — not dispatched into a `failed` operation."""
+    d = _daemon_with_wrapped_tutti(tmp_path, WRONG_BRAND)
+    try:
+        c = d.client()
+        sid = create_session(c, title="t")["agentSessionId"]
+        turn = run_turn(c, sid, "one")
+        session = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        assert session["lifecycleCapabilities"]["forkThroughTurn"] is False
+        rid = str(uuid.uuid4())
+        with pytest.raises(ApiError) as err:
+            fork(c, sid, turn["turnId"], request_id=rid)
+        assert err.value.reason == "agent_session_fork_unsupported"
+        store = Store.open(d.home / "store.sqlite3")
+        try:
+            assert store.fork_operations_of(WS, sid) == []
+        finally:
+            store.close()
+        assert run_turn(c, sid, "two")["outcome"] == "completed"
+    finally:
+        d.stop()
+
+
+def test_late_turn_binding_while_fenced_is_applied_after_the_fence_releases(
+    tmp_path: Path,
+) -> None:
+    """Seed 000 §7 Claude 3: a trailing `turn.binding` (a late checkpoint) that arrives while a
+    fork fences the source is not lost: the operation dispatches the binding it froze, and
+    the late one is written as soon as the fence is released."""
+    home = tmp_path / "home"
+    daemon = Daemon(Config(home=home), failpoints_enabled=True)
+    daemon.start()
+    client = Client(daemon.api_endpoint, timeout=30)
+    try:
+        assert daemon.store is not None
+        sid = create_session(client)["agentSessionId"]
+        turns = [run_turn(client, sid, text) for text in ("one", "two")]
+        before = daemon.store.get_turn(WS, sid, turns[0]["turnId"]).provider_turn_binding_json
+        # Hold the fence: the worker sleeps before the provider call (the actor stays free).
+        client.call(
+            "debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:1500"}}
+        )
+        pending = client.submit(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "throughTurn", "turnId": turns[1]["turnId"]},
+            },
+        )
+        wait_for(lambda: daemon.store.fence_holder(WS, sid) is not None)  # type: ignore[union-attr]
+        late = json.dumps({"checkpoint": "late", "n": 1})
+        daemon.host.tell(
+            WorkerEvent(
+                runtime_key(WS, sid),
+                {"type": "turn.binding", "turnId": turns[0]["turnId"], "bindingJson": late},
+            )
+        )
+        status, body = pending.result(timeout=30)
+        op = until_terminal(client, body["operation"])
+        assert op["status"] == "committed", op
+        # The operation kept the binding it froze (the child's twin has it, not the late one)…
+        child_turns, _ = daemon.store.timeline(WS, op["targetAgentSessionId"], limit=10)
+        assert child_turns[0].provider_turn_binding_json == before != late
+        # …and the late checkpoint landed once the fence was released.
+        wait_for(
+            lambda: (
+                daemon.store.get_turn(  # type: ignore[union-attr]
+                    WS, sid, turns[0]["turnId"]
+                ).provider_turn_binding_json
+                == late
+            )
+        )
+    finally:
+        client.close()
+        daemon.close()
