@@ -82,6 +82,9 @@ EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
     }
 )
 
+# The canonical Message kind that marks a provider-native descendant lane in a Turn (the store's
+# `storage.fork_snapshot.DESCENDANT_LANE_KIND`; a fork boundary holding one fails closed).
+DESCENDANT_LANE_KIND = "descendant_lane"
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
 
 TURN_START_TIMEOUT_S = 120.0
@@ -161,6 +164,7 @@ class _Turn:
     interrupted: bool = False
     transcript_offset: int = 0
     pending: dict[str, _Pending] = field(default_factory=dict)  # guarded by the session lock
+    lanes: set[str] = field(default_factory=set)  # sidechain lanes already recorded
 
 
 @dataclass(slots=True)
@@ -611,9 +615,16 @@ class ClaudeDriver:
         )
 
         sid = session.agent_session_id
+        lane = getattr(message, "parent_tool_use_id", None)
+        if isinstance(message, (UserMessage, AssistantMessage)) and lane is not None:
+            # A sidechain (a Task sub-agent's own conversation): not on the main chain, so not
+            # in the canonical history — but recorded once per lane, so a fork boundary that
+            # holds it fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+            self._record_lane(sid, turn, str(lane))
+            return None
         if isinstance(message, UserMessage):
-            if message.parent_tool_use_id is not None or not message.uuid:
-                return None  # sidechain (subagent) or unpersisted: not on the main chain
+            if not message.uuid:
+                return None  # unpersisted: not on the main chain
             blocks = message.content if isinstance(message.content, list) else []
             results = [b for b in blocks if isinstance(b, ToolResultBlock)]
             if turn.provider_turn_id is None and not results:
@@ -637,8 +648,6 @@ class ClaudeDriver:
             if turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, AssistantMessage):
-            if message.parent_tool_use_id is not None:
-                return None
             for block in message.content:
                 item: dict[str, Any] | None = None
                 if isinstance(block, TextBlock):
@@ -680,6 +689,22 @@ class ClaudeDriver:
                 )
             return TurnOutcome.COMPLETED, None
         return None
+
+    @staticmethod
+    def _record_lane(sid: str, turn: _Turn, parent_tool_use_id: str) -> None:
+        if parent_tool_use_id in turn.lanes:
+            return
+        turn.lanes.add(parent_tool_use_id)
+        item = {
+            "kind": DESCENDANT_LANE_KIND,
+            "text": None,
+            "payload": {
+                "descendantLane": True,
+                "providerLane": "claude_sidechain",
+                "providerParentToolUseId": parent_tool_use_id,
+            },
+        }
+        turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
 
     # ---- fork ----------------------------------------------------------------------------
 

@@ -117,11 +117,20 @@ def _text_of(item: Mapping[str, Any], key: str) -> str:
     return "\n".join(out)
 
 
+# App-server ThreadItem types that open a provider-native descendant lane (a sub-agent thread
+# or a collaboration with another agent): recorded with `descendantLane: true`, so a fork
+# boundary that holds one fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+DESCENDANT_LANE_ITEM_TYPES = frozenset({"collabAgentToolCall", "collabToolCall", "subAgent"})
+
+
 def map_item(item: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A completed app-server ThreadItem → the `item` payloads of internals.md turn events."""
     kind = item.get("type")
     item_id = item.get("id")
     base = {"providerItemId": item_id, "providerItemType": kind}
+    if kind in DESCENDANT_LANE_ITEM_TYPES:
+        lane = {**base, "descendantLane": True, "item": dict(item)}
+        return [{"kind": str(kind), "text": None, "payload": lane}]
     if kind == "userMessage":
         text = "\n".join(
             str(c.get("text", ""))

@@ -13,7 +13,16 @@ import pytest
 
 from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    submit,
+    timeline,
+    turn_of,
+    wait_for,
+)
 from tests.support.messages_server import (
     MessagesServer,
     ToolUse,
@@ -199,3 +208,94 @@ def test_claude_turn_shown_recovery_required_is_refused_by_fork_create(
     assert err.value.reason == "agent_session_fork_conflict"
     assert err.value.params["forkBoundaryReason"] == "provider_turn_not_bound"
     assert len(child_transcripts(d.home)) == 0
+
+
+def test_claude_sidechain_in_the_boundary_is_a_descendant_lane(tmp_path: Path) -> None:
+    """Seed 000 §4: a Task sub-agent (a Claude sidechain) is a provider-native descendant
+    lane. The driver records it in the Turn's messages, so a fork whose boundary holds it is
+    refused with `descendant_lane_in_boundary`; a boundary before it still forks."""
+
+    def called_already(body: dict) -> bool:
+        return any(
+            isinstance(b, dict) and b.get("type") == "tool_use"
+            for m in body.get("messages") or []
+            if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+            for b in m["content"]
+        )
+
+    def reply(body: dict) -> str | ToolUse:
+        if tool_result(body) is not None or called_already(body):
+            return "delegated"
+        text = last_user_text(body)
+        if text == "delegate":
+            names = [t.get("name") for t in body.get("tools") or []]
+            task = next(n for n in ("Task", "Agent") if n in names)
+            return ToolUse(
+                task,
+                {
+                    "description": "look around",
+                    "prompt": "sub-agent: look around",
+                    "subagent_type": "general-purpose",
+                    "run_in_background": False,  # a foreground sidechain of this Turn
+                },
+            )
+        if text == "sub-agent: look around":
+            return "the sub-agent looked around"
+        return f"echo: {text}"
+
+    with MessagesServer(reply) as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", title="t", cwd=str(cwd))[
+                "agentSessionId"
+            ]
+            first = run_turn(c, sid, "one")
+            turn_id = submit(c, sid, "delegate")["turnId"]
+
+            def settled_or_approved() -> dict | None:
+                turn = turn_of(c, sid, turn_id)
+                for i in turn.get("interactions") or []:
+                    if i["status"] == "pending":  # the CLI may ask before running the tool
+                        c.call(
+                            "interaction.respond",
+                            {
+                                "workspaceId": WS,
+                                "agentSessionId": sid,
+                                "turnId": turn_id,
+                                "requestId": i["requestId"],
+                                "response": {"decision": "approve"},
+                            },
+                        )
+                return turn if turn["phase"] == "settled" else None
+
+            try:
+                second = wait_for(settled_or_approved, 40)
+            except AssertionError:
+                for r in server.requests:
+                    if isinstance(r, dict):
+                        print("REQ", json.dumps(r.get("messages"))[-600:])
+                    else:
+                        print("REQ", r)
+                print("TURN", json.dumps(turn_of(c, sid, turn_id))[:3000])
+                raise
+            assert second["outcome"] == "completed", second
+            assert any("sub-agent: look around" in json.dumps(r) for r in server.requests), (
+                "the sub-agent never ran"
+            )
+            lanes = [m for m in second["messages"] if m["kind"] == "descendant_lane"]
+            assert lanes and lanes[0]["payload"]["descendantLane"] is True
+            with pytest.raises(ApiError) as err:
+                fork(c, sid, turn_id)
+            assert err.value.params["forkBoundaryReason"] == "descendant_lane_in_boundary"
+            _, op = fork(c, sid, first["turnId"])
+            assert until_terminal(c, op)["status"] == "committed"
+        finally:
+            d.stop()

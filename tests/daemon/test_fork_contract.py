@@ -268,3 +268,38 @@ def test_late_turn_binding_while_fenced_is_applied_after_the_fence_releases(
     finally:
         client.close()
         daemon.close()
+
+
+SUB_AGENT_ITEM = """
+import tutti_agent.turns as turns
+_agent_message = turns._TurnIO.agent_message
+def agent_message(self, text, item_id=None):
+    if "delegate" in text:
+        # What a Codex app-server streams when the model spawns a sub-agent thread.
+        self.emit_item({"type": "collabAgentToolCall", "id": "collab_1", "tool": "spawnAgent",
+                        "status": "completed", "senderThreadId": "t-1",
+                        "receiverThreadIds": ["t-2"], "prompt": "look around"})
+    return _agent_message(self, text, item_id)
+turns._TurnIO.agent_message = agent_message
+"""
+
+
+def test_app_server_sub_agent_item_in_the_boundary_is_descendant_lane(tmp_path: Path) -> None:
+    """Seed 000 §4: an app-server sub-agent/collaboration item is recorded as a descendant
+    lane, so a boundary that holds it is refused (`descendant_lane_in_boundary`) while a
+    boundary before it still forks."""
+    d = _daemon_with_wrapped_tutti(tmp_path, SUB_AGENT_ITEM)
+    try:
+        c = d.client()
+        sid = create_session(c, title="t")["agentSessionId"]
+        turns = [run_turn(c, sid, text) for text in ("one", "delegate", "three")]
+        lanes = [m for m in timeline(c, sid)[1]["messages"] if m["kind"] == "collabAgentToolCall"]
+        assert len(lanes) == 1 and lanes[0]["payload"]["descendantLane"] is True
+        for turn in turns[1:]:
+            with pytest.raises(ApiError) as err:
+                fork(c, sid, turn["turnId"])
+            assert err.value.params["forkBoundaryReason"] == "descendant_lane_in_boundary"
+        _, op = fork(c, sid, turns[0]["turnId"])
+        assert until_terminal(c, op)["status"] == "committed"
+    finally:
+        d.stop()
