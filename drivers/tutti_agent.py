@@ -251,18 +251,21 @@ class AppServerDriver:
         }
 
     def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+        return self._verdict(runtime)
+
+    # ------------------------------------------------------------------ port methods
+
+    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The dispatch-time re-attestation; failpoint `worker.binder.available` armed with
         `error` makes it report the binder unavailable (the fail-closed tests)."""
-        verdict = self._verdict(runtime)
+        verdict = dict(self._probe(params))
         try:
             self.failpoints.hit("worker.binder.available")
         except FailpointError:
             verdict["binderAvailable"] = False
         return verdict
 
-    # ------------------------------------------------------------------ port methods
-
-    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
         home = Path(str(params.get("home") or ""))
         if not str(home) or not home.is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
