@@ -22,6 +22,15 @@ class Timeouts:
     fork_s: float = 60.0
     # fork.create answers 202 `accepted` when the saga has not ended within this budget.
     fork_sync_budget_s: float = 2.0
+    # A Turn's durable writes (its events, its settlement) are retried while the store is
+    # busy or full; past this limit the Turn settles `failed` once the store is writable.
+    store_retry_limit_s: float = 120.0
+    # A Turn with no provider event for this long (and no pending interaction) is hung: its
+    # runtime is stopped and the Turn settles `failed` with the reason.
+    turn_inactivity_s: float = 1800.0
+    # An interrupt the provider has not acknowledged within this budget means a hung
+    # runtime: it is stopped and the Turn settles `interrupted` (never a 502 after 30 s).
+    interrupt_s: float = 10.0
 
 
 @dataclass(eq=False)
@@ -69,6 +78,10 @@ def _path_segment(text: str) -> str:
     import hashlib
     import re
 
-    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}", text):
+    # Injective: a plain id that looks like a hashed one (`ws-` + 24 hex) is hashed too, so
+    # two different workspace ids never share a runtimes/ directory.
+    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}", text) and not re.fullmatch(
+        r"ws-[0-9a-f]{24}", text
+    ):
         return text
     return "ws-" + hashlib.sha256(text.encode()).hexdigest()[:24]

@@ -21,6 +21,7 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from actors.ports import ProviderCatalog
 from agenthost import projection
 from storage import Store
+from storage.base import typed_store_error
 from storage.errors import HostError, InvalidArgument, InvalidRequest, Unavailable
 from transport.server import Responder
 from transport.wire import (
@@ -402,7 +403,12 @@ class Api:
 
 def _internal_error(what: object) -> HostError:
     """A 500 for an untyped failure (logged by the caller): its message never carries the
-    exception's text (docs/protocol.md, "Internal errors")."""
+    exception's text (docs/protocol.md, "Internal errors"). A raw store contention or
+    full-disk error is a retryable 503 `store_busy`, never a 500."""
+    if isinstance(what, BaseException):
+        typed = typed_store_error(what)
+        if typed is not None:
+            return typed
     return HostError(f"internal error ({type(what).__name__}); see the daemon log")
 
 

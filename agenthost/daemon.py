@@ -68,7 +68,7 @@ class Daemon:
         os.chmod(cfg.run_dir, 0o700)
         cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
 
-        self.store = store = Store.open(cfg.store_path)
+        self.store = store = Store.open(cfg.store_path, busy_timeout_ms=cfg.store_busy_timeout_ms)
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         self.orphaned_turns = settle_orphaned_turns(store)
@@ -99,7 +99,12 @@ class Daemon:
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
-            timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
+            timeouts=Timeouts(
+                fork_sync_budget_s=cfg.fork_sync_budget_s,
+                store_retry_limit_s=cfg.store_retry_limit_s,
+                turn_inactivity_s=cfg.turn_inactivity_s,
+                interrupt_s=cfg.turn_interrupt_s,
+            ),
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
