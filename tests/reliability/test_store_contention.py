@@ -116,6 +116,7 @@ def test_turn_events_written_while_locked_all_land_in_order(daemon: DaemonProces
     assert done["finalAssistantMessageId"] == done["messages"][-1]["messageId"]
     assert done["rootProviderTurnId"]
     assert done["providerForkBindingState"] == "bound"
+    assert_invariants(daemon.home, live_grace_s=5)
     daemon.stop()
     assert_invariants(daemon.home)
 
@@ -194,14 +195,16 @@ def test_fork_checkpoint_on_a_locked_store_releases_its_fence_by_itself(tmp_path
         assert replies and replies[0][0] in (200, 202), replies
         op_id = replies[0][1]["operation"]["operationId"]
 
-        def title_accepted() -> bool:
+        def fenced_write_accepted() -> bool:
             status, _ = c.call_raw(
-                "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": "t"}
+                "session.updateSettings",
+                {"workspaceId": WS, "agentSessionId": sid, "settings": {"k": "v"}},
             )
             return status == 200
 
         # Without any fork.get: the fence goes by itself once the store is writable.
-        wait_for(title_accepted, 30, interval=0.2)
+        wait_for(fenced_write_accepted, 30, interval=0.2)
+        assert_invariants(d.home, live_grace_s=10)  # no fence without its saga, live
         op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
         assert op["status"] == "committed", op
     finally:
