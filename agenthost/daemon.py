@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from actors.context import HostContext, Timeouts
+from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
@@ -88,7 +88,7 @@ class Daemon:
         )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            provider_config={k: dict(v) for k, v in cfg.providers.items()},
+            provider_config=_provider_config(cfg),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
@@ -104,6 +104,8 @@ class Daemon:
                 store_retry_limit_s=cfg.store_retry_limit_s,
                 turn_inactivity_s=cfg.turn_inactivity_s,
                 interrupt_s=cfg.turn_interrupt_s,
+                fork_provider_call_s=cfg.fork_provider_call_s,
+                fork_s=fork_deadline_s(cfg.fork_provider_call_s),
             ),
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
@@ -242,3 +244,12 @@ class Daemon:
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
+
+
+def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Each provider's table, plus the worker's limit for a provider fork call (the host's
+    fork deadline is derived from it, so the worker always decides first)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
+    for provider in ("tutti-agent", "codex"):
+        out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
+    return out
