@@ -35,6 +35,7 @@ from actors.messages import (
     runtime_key,
 )
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from actors.rebind import CanonicalTurn, match_missing
 from storage.base import typed_store_error
 from storage.errors import (
     Conflict,
@@ -266,7 +267,7 @@ class SessionActor(pykka.ThreadingActor):
                     log.exception("session %s: recording the runtime failed", self.key)
                 on_ready(exc if isinstance(exc, HostError) else _internal(exc))
                 return
-            on_ready(prepared)
+            self._rebind_missing(prepared, lambda: on_ready(prepared))
 
         def _record(result: dict[str, Any]) -> PreparedRuntime:
             provider_session_id = str(result.get("providerSessionId") or "")
@@ -291,6 +292,62 @@ class SessionActor(pykka.ThreadingActor):
             )
 
         self.later(fut, _done)
+
+    def _rebind_missing(self, runtime: PreparedRuntime, then: Callable[[], None]) -> None:
+        """Re-bind settled completed Turns whose provider binding was never recorded, from
+        the provider's own history (by order and content, fail closed), then continue. Any
+        failure here only leaves those Turns unbound, as they were."""
+        try:
+            missing = self.ctx.store.turns_missing_binding(self.ws, self.sid)
+        except HostError as exc:
+            log.warning("session %s: re-bind check failed: %s", self.key, exc.message)
+            missing = []
+        if not missing:
+            then()
+            return
+        fut = self.ctx.workers.request(
+            runtime.provider,
+            "session.history",
+            {"agentSessionId": self.key},
+            self.ctx.timeouts.control_s,
+        )
+
+        def _done(f: Future[dict[str, Any]]) -> None:
+            try:
+                self._apply_rebind(set(missing), list(f.result().get("turns") or []))
+            except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
+                log.warning("session %s: re-bind from provider history failed: %s", self.key, exc)
+            then()
+
+        self.later(fut, _done)
+
+    def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
+        turns, _ = self.ctx.store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
+        canonical = [
+            CanonicalTurn(
+                t.turn_id,
+                t.root_provider_turn_id,
+                next((m.text for m in t.messages if m.kind == "user"), None),
+                t.turn_id in missing,
+            )
+            for t in turns
+        ]
+        matches = match_missing(canonical, provider_turns)
+        for turn_id, provider_turn_id in matches.items():
+            self.ctx.store.bind_provider_turn(self.ws, self.sid, turn_id, provider_turn_id)
+            log.warning(
+                "session %s: turn %s re-bound to provider turn %s from the provider's history",
+                self.key,
+                turn_id,
+                provider_turn_id,
+            )
+        for turn_id in sorted(missing - matches.keys()):
+            log.warning(
+                "session %s: turn %s has no provider binding and none can be proven; left "
+                "unbound (fail closed)",
+                self.key,
+                turn_id,
+            )
 
     # -- plain mutations -------------------------------------------------------------------
 

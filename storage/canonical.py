@@ -506,6 +506,17 @@ class CanonicalStore(StoreBase):
             tx.emit(TurnChanged(ws, sid, turn_id))
             return require_turn(tx.conn, ws, sid, turn_id)
 
+    def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
+        """Settled `completed` Turns with no provider turn id (a binding the host never
+        recorded), in sequence order: candidates for a re-bind from the provider's history."""
+        rows = self._conn().execute(
+            "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL"
+            " ORDER BY sequence",
+            (ws, sid),
+        )
+        return [str(r[0]) for r in rows]
+
     def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn:
         """Replace the opaque provider binding JSON; allowed on settled Turns (late checkpoints)."""
         with self._write(ws, fence=sid) as tx:
