@@ -9,7 +9,6 @@ not the caller is still waiting; a request that may have left the host is never 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from actors.ports import (
     WorkerFailed,
 )
 from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
+from actors.timers import TimerHandle
 from storage.base import typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
@@ -54,7 +54,7 @@ class _Waiter:
 
     reply: Reply
     answered: bool = False
-    timer: threading.Timer | None = None
+    timer: TimerHandle | None = None
 
     def answer(self, operation: ForkOperation, final: bool) -> None:
         if self.answered:

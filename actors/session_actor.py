@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from actors.messages import (
 )
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from actors.rebind import CanonicalTurn, match_missing
+from actors.timers import TIMERS, TimerHandle
 from storage.base import typed_store_error
 from storage.errors import (
     Conflict,
@@ -86,7 +86,7 @@ class _TurnState:
     settled: bool = False
     pending_events: list[Mapping[str, Any]] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
-    watchdog: threading.Timer | None = None
+    watchdog: TimerHandle | None = None
 
 
 @dataclass(eq=False)
@@ -121,7 +121,7 @@ class SessionActor(pykka.ThreadingActor):
         self.sagas: dict[str, ForkSaga] = {}
         self._busy = False
         self._durable: deque[_Durable] = deque()
-        self._retry_timer: threading.Timer | None = None
+        self._retry_timer: TimerHandle | None = None
         self._retry_delay = RETRY_FIRST_S
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -218,17 +218,15 @@ class SessionActor(pykka.ThreadingActor):
 
         future.add_done_callback(_done)
 
-    def after(self, seconds: float, fn: Callable[[], None]) -> threading.Timer:
+    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        """Run `fn` on this actor's thread in `seconds` (one shared timer thread for all)."""
         ref = self.actor_ref
 
         def _fire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(FollowUp(fn))
 
-        timer = threading.Timer(seconds, _fire)
-        timer.daemon = True
-        timer.start()
-        return timer
+        return TIMERS.call_later(seconds, _fire)
 
     def session(self) -> Session:
         return self.ctx.store.get_session(self.ws, self.sid)
@@ -533,9 +531,7 @@ class SessionActor(pykka.ThreadingActor):
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(_RetryDurable())
 
-        self._retry_timer = threading.Timer(delay, _fire)
-        self._retry_timer.daemon = True
-        self._retry_timer.start()
+        self._retry_timer = TIMERS.call_later(delay, _fire)
 
     def _give_up(self, item: _Durable, exc: StoreBusy) -> None:
         """The store stayed unwritable past the limit: the Turn's remaining writes are dropped
@@ -581,7 +577,12 @@ class SessionActor(pykka.ThreadingActor):
         if state.settling:
             return
         limit = self.ctx.timeouts.turn_inactivity_s
-        turn = self.ctx.store.get_turn(self.ws, self.sid, state.turn_id)
+        try:
+            turn = self.ctx.store.get_turn(self.ws, self.sid, state.turn_id)
+        except HostError as exc:
+            log.warning("session %s: watchdog read failed: %s", self.key, exc.message)
+            self._arm_watchdog(state, RETRY_MAX_S)
+            return
         waiting_on_user = any(i.status == "pending" for i in turn.interactions)
         idle = time.monotonic() - state.last_activity
         if waiting_on_user or idle < limit:
