@@ -195,7 +195,11 @@ class ForkSaga:
     def _answer_accepted(self, waiter: _Waiter) -> None:
         if waiter.answered:
             return
-        op = self.actor.ctx.store.get_fork_operation(self.actor.ws, self.operation.operation_id)
+        try:
+            op = self.actor.ctx.store.get_fork_operation(self.actor.ws, self.operation.operation_id)
+        except Exception:  # noqa: BLE001 - the caller is answered whatever the store does
+            log.warning("fork saga %s: budget read failed", self.operation.operation_id)
+            op = self.operation
         waiter.answer(op, op.status in TERMINAL)
 
     def _step(self, fn: Any, *args: Any) -> None:

@@ -154,6 +154,9 @@ class Api:
                 responder.error(exc)
             except pykka.ActorDeadError:
                 responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+            except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+                log.exception("routing %s failed", sid)
+                responder.error(_internal_error(exc))
 
         try:
             self._pool.submit(_check_and_route)

@@ -210,3 +210,48 @@ def test_fork_checkpoint_on_a_locked_store_releases_its_fence_by_itself(tmp_path
     finally:
         d.stop()
     assert_invariants(d.home)
+
+
+def _set_fsize(pid: int, limit: int | str) -> None:
+    import subprocess
+
+    # The soft limit only, so it can be raised again.
+    subprocess.run(["prlimit", f"--pid={pid}", f"--fsize={limit}:"], check=True)
+
+
+@pytest.mark.skipif(__import__("shutil").which("prlimit") is None, reason="needs prlimit")
+def test_full_disk_answers_503_and_turns_settle_once_space_returns(
+    daemon: DaemonProcess,
+) -> None:
+    """A full disk, made real with RLIMIT_FSIZE on the daemon process (its writes past the
+    limit fail with EFBIG, as on a full file system): requests that must write answer 503
+    `store_busy`, never 500; the Turn running meanwhile settles once space returns."""
+    c = daemon.client()
+    sid = create_session(c)["agentSessionId"]
+    run_turn(c, sid, "warm")
+    assert daemon.proc is not None
+    turn = submit(c, sid, "/slow 1500 through a full disk")
+    files = [p for p in daemon.home.glob("store.sqlite3*") if p.is_file()]
+    # No file of the store may grow any further.
+    _set_fsize(daemon.proc.pid, max(p.stat().st_size for p in files))
+    statuses = []
+    try:
+        for i in range(40):
+            status, body = c.call_raw(
+                "session.updateTitle",
+                {"workspaceId": WS, "agentSessionId": sid, "title": "t" * 400 + str(i)},
+            )
+            statuses.append((status, body.get("reason")))
+            assert status != 500, body
+            if status == 503:
+                break
+        time.sleep(2.0)  # the Turn completes at the provider meanwhile
+    finally:
+        _set_fsize(daemon.proc.pid, "unlimited")
+    assert (503, "store_busy") in statuses, statuses
+    done = settle(c, sid, turn["turnId"], timeout=60)
+    assert done["outcome"] == "completed", done
+    assert done["finalAssistantMessageId"]
+    assert run_turn(c, sid, "space again")["outcome"] == "completed"
+    daemon.stop()
+    assert_invariants(daemon.home)
