@@ -9,9 +9,11 @@ ZAP handler refuses the handshake: the peer's frames are never delivered to the 
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
@@ -22,6 +24,23 @@ ZAP_DOMAIN = "agenthost"
 def needs_curve(endpoint: str) -> bool:
     """True for an endpoint another machine (or user) can reach without file permissions."""
     return not (endpoint.startswith("ipc://") or endpoint.startswith("inproc://"))
+
+
+def is_loopback(endpoint: str) -> bool:
+    """True for a tcp endpoint on 127/8, ::1 or localhost."""
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = urlparse(endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class InsecureEndpoint(ValueError):
+    """A network endpoint other hosts can reach, asked for without CURVE keys."""
 
 
 @dataclass(frozen=True, slots=True)

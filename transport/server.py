@@ -22,9 +22,11 @@ import zmq
 
 from storage.errors import HostError, Unavailable
 from transport.security import (
+    InsecureEndpoint,
     ServerCurve,
     bind_order,
     configure_bind,
+    is_loopback,
     needs_curve,
     start_authenticator,
 )
@@ -307,6 +309,9 @@ class ApiServer:
         path = _ipc_path(endpoint)
         if path is not None:
             _prepare_ipc_path(path)
+        if self._curve is None and needs_curve(endpoint) and not is_loopback(endpoint):
+            # `allow_remote` is only ever honoured behind CURVE (issue 14 §2).
+            raise InsecureEndpoint(f"{endpoint}: a non-loopback endpoint needs CURVE keys")
         configure_bind(sock, endpoint, self._curve)
         sock.bind(endpoint)
         if path is not None:

@@ -30,7 +30,7 @@ from transport.security import ClientCurve
 pytestmark = pytest.mark.timeout(120)
 
 WS = "ws-curve"
-NO_REPLY_S = 1.5  # how long a refused client waits before we call it "nothing came back"
+NO_REPLY_S = 1.0  # how long a refused client waits before we call it "nothing came back"
 
 
 def _free_port() -> int:

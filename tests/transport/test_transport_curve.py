@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from transport.client import Client, ClientTimeout, EventSubscriber
-from transport.security import ClientCurve, ServerCurve, bind_order
+from transport.security import ClientCurve, InsecureEndpoint, ServerCurve, bind_order
 from transport.server import ApiServer, Responder
 from transport.wire import Request
 
@@ -88,3 +88,16 @@ def test_tcp_is_curve_and_ipc_is_unchanged_on_one_socket(short_tmp: str) -> None
         closer.start()
         closer.join(20)
         assert not closer.is_alive(), "close() hung: the ZAP handler kept the context alive"
+
+
+@pytest.mark.parametrize("endpoint", ["tcp://0.0.0.0:0", "tcp://*:0", "tcp://[::]:0"])
+def test_a_non_loopback_endpoint_is_refused_without_curve(short_tmp: str, endpoint: str) -> None:
+    server = ApiServer([endpoint], f"ipc://{short_tmp}/run/events.sock", echo)
+    with pytest.raises(InsecureEndpoint, match="needs CURVE"):
+        server.start()
+    server.close()
+    assert not Path(f"{short_tmp}/run/events.sock").exists()
+    # Loopback without keys stays possible for in-process tests of the transport itself.
+    local = ApiServer(["tcp://127.0.0.1:0"], f"ipc://{short_tmp}/run/events.sock", echo)
+    local.start()
+    local.close()
