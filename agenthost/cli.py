@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -191,8 +192,6 @@ class CliError(Exception):
 
 def connection(args: argparse.Namespace) -> Any:
     """The parsed `--connection` file (or $AGENTHOST_CONNECTION), None without one."""
-    import os
-
     from agenthost.keys import CONNECTION_ENV, KeyError_, load_connection
 
     path = getattr(args, "connection", None) or os.environ.get(CONNECTION_ENV) or None

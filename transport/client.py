@@ -20,7 +20,7 @@ from typing import Any
 import msgpack
 import zmq
 
-from transport.security import ClientCurve
+from transport.security import ClientCurve, needs_curve
 from transport.wire import PROTOCOL_VERSION
 
 _TAG_SEND = b"S"
@@ -110,7 +110,7 @@ class Client:
         self._dealer.setsockopt(zmq.LINGER, 0)
         self._dealer.setsockopt(zmq.SNDHWM, 0)
         self._dealer.setsockopt(zmq.RCVHWM, 0)
-        if curve is not None:
+        if curve is not None and needs_curve(endpoint):  # ipc stays NULL on both ends
             curve.apply(self._dealer)
         self._dealer.connect(endpoint)
         self._closed = False
@@ -308,7 +308,7 @@ class EventSubscriber:
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
-        if curve is not None:
+        if curve is not None and needs_curve(endpoint):
             curve.apply(self._sub)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 100_000)

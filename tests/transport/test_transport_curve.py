@@ -62,6 +62,8 @@ def test_tcp_is_curve_and_ipc_is_unchanged_on_one_socket(short_tmp: str) -> None
         assert calls == []
         with Client(tcp, timeout=5, curve=good) as c:
             assert c.call("b") == {"method": "b"}
+        with Client(ipc, timeout=5, curve=good) as c:  # keys are ignored on ipc
+            assert c.call("b2") == {"method": "b2"}
         assert calls == [public]
         for curve in (None, ClientCurve(server_public, *zmq.curve_keypair())):
             with Client(tcp, timeout=1, curve=curve) as c, pytest.raises(ClientTimeout):
