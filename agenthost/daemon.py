@@ -51,7 +51,7 @@ class Daemon:
         self.config = config
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
-        self.events_listen = tuple(events_listen)
+        self.events_listen = tuple(config.events_listen) + tuple(events_listen)
         if failpoints_enabled is None:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
         self.failpoints_enabled = failpoints_enabled
@@ -147,6 +147,8 @@ class Daemon:
         self.connection_file = self.keys.write_connection_file(
             _first_network(self.server.endpoints), _first_network(self.server.events_endpoints)
         )
+        if any(needs_curve(e) for e in (*self.listen, *self.events_listen)):
+            log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
 
     def close(self) -> None:
         if self.server is not None:

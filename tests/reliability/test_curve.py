@@ -305,11 +305,18 @@ def test_allow_remote_binds_a_wildcard_only_behind_curve(tmp_path: Path) -> None
 
 
 def test_keys_survive_a_restart_and_a_revoked_default_stays_revoked(tmp_path: Path) -> None:
-    port = _free_port()
+    port, events_port = _free_port(), _free_port()
     args = ("--listen", f"tcp://127.0.0.1:{port}")
-    d = DaemonProcess(tmp_path / "home", args=args).start()
+    home = tmp_path / "home"
+    home.mkdir()
+    # The events TCP endpoint from agenthost.toml this time.
+    (home / "agenthost.toml").write_text(
+        f'[daemon]\nevents_listen = "tcp://127.0.0.1:{events_port}"\n'
+    )
+    d = DaemonProcess(home, args=args).start()
     try:
         first = load_connection(d.home / "run" / "connection.json")
+        assert first.events == f"tcp://127.0.0.1:{events_port}"
     finally:
         d.stop()
     assert cli(d.home, "keys", "revoke", "default").returncode == 0
@@ -321,3 +328,13 @@ def test_keys_survive_a_restart_and_a_revoked_default_stays_revoked(tmp_path: Pa
         assert served(d.api, None)  # ipc unchanged
     finally:
         d.stop()
+
+
+def test_a_non_loopback_events_listen_needs_allow_remote(tmp_path: Path) -> None:
+    refused = cli(tmp_path / "h", "serve", "--events-listen", "tcp://192.0.2.1:7778")
+    assert refused.returncode == 2 and "not a loopback address" in refused.stderr, refused
+    home = tmp_path / "h2"
+    home.mkdir()
+    (home / "agenthost.toml").write_text('[daemon]\nevents_listen = ["tcp://192.0.2.1:7778"]\n')
+    refused = cli(home, "serve")
+    assert refused.returncode == 2 and "daemon.events_listen" in refused.stderr, refused
