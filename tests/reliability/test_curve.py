@@ -338,3 +338,28 @@ def test_a_non_loopback_events_listen_needs_allow_remote(tmp_path: Path) -> None
     (home / "agenthost.toml").write_text('[daemon]\nevents_listen = ["tcp://192.0.2.1:7778"]\n')
     refused = cli(home, "serve")
     assert refused.returncode == 2 and "daemon.events_listen" in refused.stderr, refused
+
+
+def test_the_gui_runs_over_tcp_with_the_connection_file(
+    daemon: DaemonProcess, conn: Connection
+) -> None:
+    import asyncio
+
+    from agenthost.gui.app import AgentHostApp
+
+    ws = "ws-curve-gui"
+    with Client(daemon.api, timeout=30) as c:
+        sid = create_session(c, ws=ws, title="over tcp")["agentSessionId"]
+
+    async def main() -> None:
+        # What `agenthost --connection FILE gui` builds (run_gui -> Engine.connect).
+        engine = Engine.connect(conn.api, conn.events, ws, curve=conn.curve)
+        app = AgentHostApp(engine, own_engine=True)
+        async with app.run_test(size=(120, 40)) as pilot:
+            for _ in range(400):
+                if app.sessions_loaded and engine.session(sid) is not None:
+                    break
+                await pilot.pause(0.05)
+            assert app.sessions_loaded and engine.session(sid) is not None
+
+    asyncio.run(main())
