@@ -679,12 +679,16 @@ class CanonicalStore(StoreBase):
         outcome: str,
         final_assistant_message_id: str | None = None,
         error: str | None = None,
+        include_deleted: bool = False,
     ) -> tuple[Turn, bool]:
-        """Settle an active Turn; a second settle is `changed=False` and keeps the first result."""
+        """Settle an active Turn; a second settle is `changed=False` and keeps the first result.
+        `include_deleted`: recovery settles a Turn a deleted Session left active (an older
+        daemon allowed deleting mid-turn), so it stops failing at every start."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            if load_session(tx.conn, ws, sid, include_deleted=include_deleted) is None:
+                raise SessionNotFound(f"session {sid} not found")
             turn = _turn_row(tx, ws, sid, turn_id)
             if turn.phase == TurnPhase.SETTLED:
                 return require_turn(tx.conn, ws, sid, turn_id), False

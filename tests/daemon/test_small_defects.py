@@ -69,3 +69,29 @@ def test_workspace_to_runtimes_dir_is_injective() -> None:
     assert _path_segment("team") == "team"
     assert _path_segment("ws-test") == "ws-test"
     assert Path(_path_segment("../x")).name == _path_segment("../x")
+
+
+def test_turn_left_active_by_a_deleted_session_is_settled_at_start(tmp_path: Path) -> None:
+    """What an older daemon left behind when a Session was deleted mid-turn: recovery settles
+    the Turn instead of logging a traceback at every start and leaving it active forever."""
+    import apsw
+
+    from tests.support.daemon import DaemonProcess as Daemon
+
+    home = tmp_path / "home"
+    d = Daemon(home).start()
+    c = d.client()
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/slow 20000 long")
+    d.kill()
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    conn.execute("UPDATE sessions SET deleted = 1 WHERE session_id = ?", (sid,))
+    conn.close()
+    for _ in range(2):
+        d = Daemon(home).start()
+        d.stop()
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    phase = conn.execute("SELECT phase FROM turns WHERE turn_id = ?", (turn["turnId"],)).fetchone()
+    conn.close()
+    assert phase == ("settled",)
+    assert "could not settle orphaned turn" not in d.tail_log(100_000)
