@@ -44,15 +44,22 @@ class ForkAction(StrEnum):
     ENABLED = "enabled"
     DISABLED = "disabled"
     """Shown but not clickable: a fork through this exact Turn is in flight."""
+    BLOCKED = "blocked"
+    """Shown but not clickable: the source is not quiet (a Turn is running or waiting for an
+    answer); `fork_blocked` gives the reason for the tooltip."""
 
 
-def fork_action(session: Mapping[str, Any], turn: Mapping[str, Any], pending: bool) -> ForkAction:
+def fork_action(
+    session: Mapping[str, Any], turn: Mapping[str, Any], pending: bool, blocked: bool = False
+) -> ForkAction:
     capabilities = session.get("lifecycleCapabilities") or {}
     if not capabilities.get("forkThroughTurn") or session.get("kind") != "root":
         return ForkAction.HIDDEN
     if turn.get("phase") != "settled" or turn.get("providerForkBindingState") != "bound":
         return ForkAction.HIDDEN
-    return ForkAction.DISABLED if pending else ForkAction.ENABLED
+    if pending:
+        return ForkAction.DISABLED
+    return ForkAction.BLOCKED if blocked else ForkAction.ENABLED
 
 
 def divider_after(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]) -> int | None:
@@ -638,3 +645,37 @@ def fork_blocked(
     if pending:
         return f"{label} is waiting for an answer (source_interaction_pending)"
     return f"{label} is still running (source_turn_active)"
+
+
+PROVIDERS = ("tutti-agent", "codex", "claude-code")
+
+_ERROR_WORDS: dict[str, str] = {
+    "agent_session_busy": "a turn is already running in this session (wait, or interrupt it)",
+    "agent_session_fork_in_progress": (
+        "a fork of this session is in progress (try again when it finishes)"
+    ),
+    "workspace_agent_session_not_found": "the session no longer exists",
+    "turn_not_found": "that turn no longer exists",
+    "interaction_not_pending": "that question was already answered, or its turn has ended",
+    "provider_unavailable": "the provider is not available (its worker could not start)",
+    "provider_lost": "the provider's worker stopped while handling it",
+    "shutting_down": "the daemon is shutting down",
+    "overloaded": "the daemon is overloaded (try again)",
+    "store_busy": "the daemon's store is busy (try again)",
+    "invalid_argument": "a value was not accepted",
+}
+
+
+def error_words(action: str, exc: BaseException) -> str:
+    """A sentence for a failed request, for a person: `cannot send: a turn is already running
+    in this session (wait, or interrupt it)`, not `409 conflict/agent_session_busy`."""
+    if isinstance(exc, ApiError):
+        if isinstance((exc.params or {}).get("forkBoundaryReason"), str):
+            return fork_refusal(exc.reason or exc.code, exc.params, turn_id=None)
+        words = _ERROR_WORDS.get(exc.reason or "") or exc.message or exc.reason or exc.code
+        if exc.reason == "invalid_argument" and exc.message:
+            words = exc.message
+        return f"cannot {action}: {words}"
+    if isinstance(exc, TimeoutError):
+        return f"cannot {action}: the daemon did not answer in time"
+    return f"cannot {action}: {exc}"
