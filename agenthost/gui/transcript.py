@@ -154,6 +154,8 @@ class TurnView(Vertical):
             return
         self.blocked = blocked
         was_hidden, self.action = self.action is ForkAction.HIDDEN, action
+        if was_hidden and action is ForkAction.HIDDEN:
+            return  # only the reason changed, and no button shows it
         if action is ForkAction.HIDDEN:
             await self.query_one(f"#{fork_button_id(self.turn_id)}", Button).remove()
         elif was_hidden:
