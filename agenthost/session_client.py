@@ -476,7 +476,9 @@ def describe_interaction(interaction: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in value.items()) or str(interaction.get("kind"))
 
 
-def format_interaction(interaction: Mapping[str, Any]) -> str:
+def format_interaction(
+    interaction: Mapping[str, Any], pending_hint: str = "answer with `agenthost answer`"
+) -> str:
     """One readable line: `approval: ls  → approved`, `question: color?  → "blue"`, or the
     pending one with a hint to answer it."""
     kind = str(interaction.get("kind") or "interaction")
@@ -484,7 +486,7 @@ def format_interaction(interaction: Mapping[str, Any]) -> str:
     status = str(interaction.get("status") or "")
     output = interaction.get("output") or {}
     if status == "pending":
-        return f"{head}  (pending — answer with `agenthost answer`)"
+        return f"{head}  (pending — {pending_hint})"
     if "decision" in output:
         verdict = {"approve": "approved", "decline": "declined"}.get(
             str(output["decision"]), str(output["decision"])

@@ -215,6 +215,10 @@ class AgentHostApp(App[int]):
             f"   {session['provider']} · fork through turn: {'yes' if can else 'no'}",
             style="dim",
         )
+        blocked = self.blocked_reason() if can else None
+        if blocked:
+            # Said here too, not only in the Fork tooltip: a keyboard user never hovers.
+            text.append(f" (not now: {blocked})", style="dim italic")
         widget.update(text)
 
     def action_for(self, turn: Mapping[str, Any]) -> ForkAction:
@@ -265,6 +269,7 @@ class AgentHostApp(App[int]):
         await self._update_controls()
 
     async def _update_controls(self) -> None:
+        self._update_title()
         self.query_one("#interrupt", Button).set_class(self.active_turn_id() is not None, "-shown")
         await self.query_one(InteractionBar).show_interaction(self.pending_interaction())
 

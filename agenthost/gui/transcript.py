@@ -180,7 +180,7 @@ def _body_lines(turn: Mapping[str, Any]) -> list[Text]:
         pending = interaction.get("status") == "pending"
         lines.append(
             Text(
-                f"{'':>11} {format_interaction(interaction)}",
+                f"{'':>11} {format_interaction(interaction, 'answer below')}",
                 style="bold magenta" if pending else "magenta",
             )
         )

@@ -172,6 +172,9 @@ def test_fork_is_disabled_with_the_reason_while_the_source_is_busy_and_refusals_
         assert str(button.tooltip) == (
             "Cannot fork now: Turn 3 is still running (source_turn_active)"
         )
+        # Said in the title bar too (a keyboard user never sees a tooltip).
+        title = str(app.query_one("#session-title").render())
+        assert "not now: Turn 3 is still running (source_turn_active)" in title
         # A refusal from the daemon (a click that raced the busy state) reads in words.
         app.post_message(ForkRequested(sid, turns[1]))
         await until(
