@@ -537,7 +537,8 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             turn = _stop_turn(args, client, sid, str(turn_id), printer)
         except KeyboardInterrupt:
             print(
-                f"\nagenthost: left the turn running; stop it with `agenthost interrupt {sid}`",
+                "\nagenthost: stopped waiting; the turn may still be running: "
+                f"`agenthost interrupt {sid}` stops it, `agenthost show {sid}` shows it",
                 file=sys.stderr,
             )
             return EXIT_INTERRUPTED

@@ -130,6 +130,10 @@ def test_new_sends_an_absolute_cwd_settings_and_rejects_a_missing_dir(
         capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert json.loads(plain.stdout)["session"]["cwd"] == str(tmp_path.resolve())
+    # --model goes out as session.create's `model` (kept once the daemon stores a per-Session
+    # model; a daemon without that keeps its default).
+    modelled = cli.json("new", "--model", "mock-model")["session"]
+    assert modelled["model"] in ("mock-model", None)
     missing = cli.run("--json", "new", "--cwd", str(tmp_path / "nope"))
     assert missing.returncode == 2
     assert json.loads(missing.stdout)["error"]["reason"] == "invalid_cwd"
@@ -264,21 +268,30 @@ def test_sigint_during_say_interrupts_the_turn_and_leaves_none_active(
     assert last_turn(client, ws, sid)["outcome"] == "interrupted"
 
 
-def test_second_sigint_leaves_the_turn_running_and_says_how_to_stop_it(
-    cli: Cli, client: Client, ws: str
+def test_second_sigint_stops_waiting_and_says_how_to_stop_the_turn(
+    cli: Cli, client: Client, ws: str, daemon: DaemonProcess
 ) -> None:
     sid = new_session(cli)
-    # The interrupt itself is held by a failpoint-free trick: a long --timeout wait on a turn
-    # that ignores nothing; we send the second SIGINT while `say` waits for the settle.
     proc = spawn_say(cli, sid, "/slow 30000 never")
     wait_for(lambda: session_of(client, ws, sid)["activeTurnId"])
-    proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130 and "Traceback" not in err, err
-    if "left the turn running" in err:
-        assert f"agenthost interrupt {sid}" in err
-    # Either way the session is usable: interrupt whatever is left.
+    assert daemon.proc is not None
+    # Hold the daemon still so `say` is surely waiting on its interrupt when Ctrl-C comes again.
+    daemon.proc.send_signal(signal.SIGSTOP)
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.stderr is not None
+        line = ""
+        while "interrupting the turn" not in line:
+            line = proc.stderr.readline()
+            assert line, "say ended before announcing the interrupt"
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=30) == 130
+    finally:
+        daemon.proc.send_signal(signal.SIGCONT)
+    assert "Traceback" not in err, err
+    assert "stopped waiting; the turn may still be running" in err
+    assert f"`agenthost interrupt {sid}` stops it" in err
     cli.run("interrupt", sid)
     assert session_of(client, ws, sid)["activeTurnId"] is None
 
