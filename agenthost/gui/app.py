@@ -41,6 +41,7 @@ from agenthost.session_client import (
     fork_refusal,
 )
 from transport.client import ApiError
+from transport.security import ClientCurve
 
 PAGE_SIZE = 200
 
@@ -576,9 +577,15 @@ def _staler(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
     return len(new.get("messages") or []) < len(old.get("messages") or [])
 
 
-def run_gui(api_endpoint: str, events_endpoint: str, workspace_id: str) -> int:
-    """`agenthost gui`: run the app until the user quits."""
-    engine = Engine.connect(api_endpoint, events_endpoint, workspace_id)
+def run_gui(
+    api_endpoint: str,
+    events_endpoint: str | None,
+    workspace_id: str,
+    *,
+    curve: ClientCurve | None = None,
+) -> int:
+    """`agenthost gui`: run the app until the user quits; `curve` for a tcp connection file."""
+    engine = Engine.connect(api_endpoint, events_endpoint, workspace_id, curve=curve)
     app = AgentHostApp(engine, own_engine=True)
     try:
         app.run()
