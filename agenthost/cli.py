@@ -2,7 +2,8 @@
 (human output by default, `--json` for scripts, a non-zero exit code with the error reason).
 
 Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did not succeed;
-2 usage; 3 the daemon cannot be reached; 4 a fork's delivery is unknown (retry reuses its ids).
+2 usage; 3 the daemon cannot be reached; 4 a fork's delivery is unknown (retry reuses its ids);
+130 `say` stopped by Ctrl-C.
 """
 
 from __future__ import annotations
