@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Button, Input
+from textual.widgets import Button, Input, Select
 
 from agenthost.engine import Engine
 from agenthost.gui.app import AgentHostApp
@@ -217,6 +217,9 @@ def test_new_rename_delete_and_the_command_palette(
         assert {"ctrl+g", "ctrl+n", "f2", "f8", "ctrl+y", "ctrl+o", "ctrl+t"} <= footer_keys
         await pilot.press("ctrl+n")
         await until(pilot, lambda: isinstance(app.screen, NewSessionScreen))
+        picker = app.screen.query_one("#provider", Select)
+        assert [str(o[1]) for o in picker._options] == ["tutti-agent", "codex", "claude-code"]  # noqa: SLF001
+        assert picker.value == "tutti-agent"
         await pilot.press(*"Fresh", "enter")
 
         def opened() -> dict[str, Any] | None:
