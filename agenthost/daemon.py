@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from actors.context import HostContext, Timeouts
+from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
@@ -23,12 +23,14 @@ from agenthost import __version__, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config
+from agenthost.keys import KeyStore
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
 from storage.errors import HostError, InvalidArgument
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from transport.security import needs_curve
 from transport.server import ApiServer
 
 log = logging.getLogger(__name__)
@@ -42,12 +44,14 @@ class Daemon:
         config: Config,
         *,
         listen: tuple[str, ...] = (),
+        events_listen: tuple[str, ...] = (),
         failpoints_enabled: bool | None = None,
         catalog: Catalog | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
+        self.events_listen = tuple(config.events_listen) + tuple(events_listen)
         if failpoints_enabled is None:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
         self.failpoints_enabled = failpoints_enabled
@@ -68,7 +72,7 @@ class Daemon:
         os.chmod(cfg.run_dir, 0o700)
         cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
 
-        self.store = store = Store.open(cfg.store_path)
+        self.store = store = Store.open(cfg.store_path, busy_timeout_ms=cfg.store_busy_timeout_ms)
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         self.orphaned_turns = settle_orphaned_turns(store)
@@ -88,7 +92,7 @@ class Daemon:
         )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            provider_config={k: dict(v) for k, v in cfg.providers.items()},
+            provider_config=_provider_config(cfg),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
@@ -99,7 +103,14 @@ class Daemon:
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
-            timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
+            timeouts=Timeouts(
+                fork_sync_budget_s=cfg.fork_sync_budget_s,
+                store_retry_limit_s=cfg.store_retry_limit_s,
+                turn_inactivity_s=cfg.turn_inactivity_s,
+                interrupt_s=cfg.turn_interrupt_s,
+                fork_provider_call_s=cfg.fork_provider_call_s,
+                fork_s=fork_deadline_s(cfg.fork_provider_call_s),
+            ),
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
@@ -128,8 +139,23 @@ class Daemon:
             default_cwd=str(Path.cwd()),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
-        self.server = ApiServer(api_endpoints, f"ipc://{cfg.run_dir / 'events.sock'}", self.api)
+        # Every non-ipc endpoint is a CURVE server admitting only run/keys/authorized/ (the
+        # keys are made at first start); ipc stays NULL, guarded by its 0600 file mode.
+        self.keys = KeyStore(cfg.run_dir)
+        self.keys.ensure()
+        self.server = ApiServer(
+            api_endpoints,
+            f"ipc://{cfg.run_dir / 'events.sock'}",
+            self.api,
+            events_listen=list(self.events_listen),
+            curve=self.keys.server_curve(),
+        )
         self.server.start()
+        self.connection_file = self.keys.write_connection_file(
+            _first_network(self.server.endpoints), _first_network(self.server.events_endpoints)
+        )
+        if any(needs_curve(e) for e in (*self.listen, *self.events_listen)):
+            log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
 
     def close(self) -> None:
         if self.server is not None:
@@ -166,6 +192,8 @@ class Daemon:
             "events": self.events_endpoint,
             "pid": os.getpid(),
             "endpoints": self.server.endpoints if self.server else [],
+            "eventsEndpoints": self.server.events_endpoints if self.server else [],
+            "connectionFile": str(self.connection_file),
         }
 
     # -- host.status, failpoints ------------------------------------------------------------
@@ -237,3 +265,23 @@ class Daemon:
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
+
+
+def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Each provider's table, plus the worker's limit for a provider fork call (the host's
+    fork deadline is derived from it, so the worker always decides first)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
+    for provider in ("tutti-agent", "codex"):
+        out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
+    return out
+
+
+def _first_network(endpoints: list[str]) -> str | None:
+    """The first CURVE (tcp) endpoint, as a client on this machine reaches it: a wildcard bind
+    is written as loopback (a remote client puts the host's name there)."""
+    for endpoint in endpoints:
+        if needs_curve(endpoint):
+            return endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace(
+                "tcp://[::]:", "tcp://[::1]:"
+            )
+    return None
