@@ -12,12 +12,13 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
-from actors.messages import RuntimeLost
+from actors.messages import RuntimeLost, parse_runtime_key
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from agenthost import __version__, projection
 from agenthost.api import Api
@@ -34,6 +35,15 @@ from transport.server import ApiServer
 log = logging.getLogger(__name__)
 
 ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A `message.delta` from a worker, published in order with the store's changes."""
+
+    workspace_id: str
+    session_id: str
+    event: dict[str, Any]
 
 
 class Daemon:
@@ -103,9 +113,7 @@ class Daemon:
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
-        self.supervisor.set_event_sink(
-            lambda provider, key, event: host.tell(WorkerEvent(key, event))
-        )
+        self.supervisor.set_event_sink(self._on_worker_event)
         self.supervisor.set_lifecycle_sink(
             lambda provider, event: (
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
@@ -130,6 +138,18 @@ class Daemon:
         api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
         self.server = ApiServer(api_endpoints, f"ipc://{cfg.run_dir / 'events.sock'}", self.api)
         self.server.start()
+
+    def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
+        if event.get("type") == "message.delta":
+            # Not durable and never stored: straight onto the events queue, behind every
+            # earlier change and ahead of the settlement the same worker reports after it.
+            try:
+                ws, sid = parse_runtime_key(key)
+            except ValueError:
+                return
+            self._events.put(StreamDelta(ws, sid, event))
+            return
+        self.host.tell(WorkerEvent(key, event))
 
     def close(self) -> None:
         if self.server is not None:
@@ -232,6 +252,15 @@ class Daemon:
                 "type": "turn.updated",
                 "agentSessionId": change.session_id,
                 "turn": projection.turn(turn, session.provider, self.catalog),
+            }
+        if isinstance(change, StreamDelta):
+            return {
+                "type": "message.delta",
+                "agentSessionId": change.session_id,
+                "turnId": str(change.event.get("turnId") or ""),
+                "itemId": str(change.event.get("itemId") or ""),
+                "kind": str(change.event.get("kind") or "assistant"),
+                "delta": str(change.event.get("delta") or ""),
             }
         if isinstance(change, ForkOperationChanged):
             op = store.get_fork_operation(change.workspace_id, change.operation_id)

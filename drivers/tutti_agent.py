@@ -40,6 +40,7 @@ from drivers.base import (
     TurnOutcome,
 )
 from drivers.binder import BinderError, RolloutBinder
+from drivers.credentials import credential_plan, file_key_env, model_failure_text
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from drivers.versions import TUTTI_AGENT_GATE, GateResult, VersionGate
@@ -58,6 +59,11 @@ APPROVAL_METHODS = frozenset(
     }
 )
 QUESTION_METHODS = frozenset({"item/tool/requestUserInput"})
+_DELTA_METHODS = {
+    "item/agentMessage/delta": "assistant",
+    "item/reasoning/summaryTextDelta": "reasoning",
+    "item/reasoning/textDelta": "reasoning",
+}
 _OUTCOMES = {
     "completed": TurnOutcome.COMPLETED,
     "interrupted": TurnOutcome.INTERRUPTED,
@@ -200,6 +206,11 @@ class AppServerDriver:
 
     def prepare_home(self, home: Path) -> None:
         """Provider-specific files in a fresh home (Codex writes its config.toml here)."""
+
+    def endpoint(self) -> str | None:
+        """The model endpoint named in a model failure."""
+        base = self.config.get("model_base_url")
+        return str(base) if base else None
 
     def _spawn(self, home: Path, cwd: str | None, session: _Session | None) -> _Runtime:
         home.mkdir(parents=True, exist_ok=True)
@@ -668,6 +679,23 @@ class AppServerDriver:
                 return
             for mapped in map_item(item):
                 self._send(session, {"type": "item", "turnId": canonical, "item": mapped})
+        elif method in _DELTA_METHODS:
+            # Streamed text of an item still being generated: not durable, the completed
+            # item is the record (the daemon publishes it as `message.delta`).
+            canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+            delta = params.get("delta")
+            if canonical is None or not isinstance(delta, str) or not delta:
+                return
+            self._send(
+                session,
+                {
+                    "type": "message.delta",
+                    "turnId": canonical,
+                    "itemId": str(params.get("itemId") or ""),
+                    "kind": _DELTA_METHODS[method],
+                    "delta": delta,
+                },
+            )
         elif method == "turn/completed":
             turn = params.get("turn") or {}
             provider_turn_id = str(turn.get("id") or "")
@@ -683,7 +711,9 @@ class AppServerDriver:
             }
             error = turn.get("error")
             if isinstance(error, Mapping) and error.get("message"):
-                event["error"] = str(error["message"])
+                event["error"] = model_failure_text(
+                    self.kind, self.endpoint(), str(error["message"])
+                )
             with session.state_lock:
                 session.active.discard(provider_turn_id)
                 for key in [
@@ -799,9 +829,19 @@ class TuttiAgentDriver(AppServerDriver):
         argv = [*base, "app-server"]
         if self.config.get("model_base_url"):
             argv += ["--model-base-url", str(self.config["model_base_url"])]
+            argv += ["--wire-api", str(self.config.get("wire_api") or "responses")]
+            # Only the variable's name: the app-server reads the key at each request.
+            plan = credential_plan(self.kind, self.config)
+            if plan.variable:
+                argv += ["--api-key-env", plan.variable]
         if self.config.get("model"):
             argv += ["--model", str(self.config["model"])]
+        if self.config.get("instructions"):
+            argv += ["--instructions", str(self.config["instructions"])]
         return argv
+
+    def extra_env(self, home: Path) -> dict[str, str]:
+        return {**super().extra_env(home), **file_key_env(self.config)}
 
 
 def _thread_of(result: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -20,6 +20,11 @@ ReplyFn = Callable[[dict[str, Any]], str]
 """The common reply function: request body → assistant text."""
 
 
+def chunks(text: str, size: int = 4) -> list[str]:
+    """A reply split the way a model streams it (several deltas, never empty)."""
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
 class ModelHandler(BaseHTTPRequestHandler):
     """Quiet handler with JSON and SSE senders; a client that hung up is not an error."""
 
@@ -36,6 +41,14 @@ class ModelHandler(BaseHTTPRequestHandler):
 
     def send_json(self, status: int, obj: Any) -> None:
         self._send(status, "application/json", json.dumps(obj).encode())
+
+    def send_unauthorized(self, payload: dict[str, Any] | None = None) -> None:
+        self.send_json(
+            401,
+            payload
+            or {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
+                          "code": "invalid_api_key"}},
+        )
 
     def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
@@ -62,8 +75,15 @@ class FakeModelServer(Generic[R]):
 
     thread_name = "fake-model-server"
 
-    def __init__(self, reply: Callable[[dict[str, Any]], R]) -> None:
+    def __init__(
+        self, reply: Callable[[dict[str, Any]], R], *, api_key: str | None = None
+    ) -> None:
         self._reply = reply
+        self.api_key = api_key
+        """When set, every model request must carry it (`Authorization: Bearer` or
+        `x-api-key`), else the answer is 401, like the hosted APIs."""
+        self.rejected = 0
+        """Requests answered 401 for a missing or wrong credential."""
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
         self._paths: list[str] = []
@@ -93,6 +113,20 @@ class FakeModelServer(Generic[R]):
         """Every `METHOD path` the server saw, including probes (for diagnostics)."""
         with self._lock:
             return list(self._paths)
+
+    def authorized(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Whether the request carries the required credential; counts the refusals."""
+        if self.api_key is None:
+            return True
+        bearer = handler.headers.get("Authorization") or ""
+        given = handler.headers.get("x-api-key") or (
+            bearer[7:] if bearer.startswith("Bearer ") else ""
+        )
+        if given == self.api_key:
+            return True
+        with self._lock:
+            self.rejected += 1
+        return False
 
     def reply_to(self, body: dict[str, Any]) -> R:
         return self._reply(body)

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn
+from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn, chunks
 
 
 def _content_text(content: Any) -> str:
@@ -70,8 +70,8 @@ class ResponsesServer(FakeModelServer[str]):
 
     thread_name = "responses-server"
 
-    def __init__(self, reply: ReplyFn | None = None) -> None:
-        super().__init__(reply or default_reply)
+    def __init__(self, reply: ReplyFn | None = None, *, api_key: str | None = None) -> None:
+        super().__init__(reply or default_reply, api_key=api_key)
 
     @property
     def base_url(self) -> str:
@@ -107,6 +107,10 @@ class ResponsesServer(FakeModelServer[str]):
                     server.record(f"POST {self.path}", None)
                     self.send_json(400, {"error": {"message": f"bad body: {exc}"}})
                     return
+                if not server.authorized(self):
+                    server.record(f"POST {self.path} 401", None)
+                    self.send_unauthorized()
+                    return
                 server.record(f"POST {self.path}", body)
                 text = server.reply_to(body)
                 if not body.get("stream"):
@@ -114,9 +118,30 @@ class ResponsesServer(FakeModelServer[str]):
                     return
                 resp = _response_object(body, text)
                 created = dict(resp, status="in_progress", output=[])
+                item = resp["output"][0]
+                added = dict(item, status="in_progress", content=[])
+                deltas = [
+                    (
+                        "response.output_text.delta",
+                        {
+                            "type": "response.output_text.delta",
+                            "item_id": item["id"],
+                            "output_index": 0,
+                            "content_index": 0,
+                            "delta": piece,
+                        },
+                    )
+                    for piece in chunks(text)
+                ]
                 self.send_sse(
                     [
                         ("response.created", {"type": "response.created", "response": created}),
+                        (
+                            "response.output_item.added",
+                            {"type": "response.output_item.added", "output_index": 0,
+                             "item": added},
+                        ),
+                        *deltas,
                         (
                             "response.output_item.done",
                             {
