@@ -20,7 +20,7 @@ from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost, parse_runtime_key
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
-from agenthost import __version__, projection
+from agenthost import __version__, projection, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config
@@ -134,6 +134,9 @@ class Daemon:
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(Path.cwd()),
+            check_provider=lambda provider: providers_info.check_installed(
+                provider, cfg.providers.get(provider, {})
+            ),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
         self.server = ApiServer(api_endpoints, f"ipc://{cfg.run_dir / 'events.sock'}", self.api)
@@ -203,6 +206,11 @@ class Daemon:
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
             "storeConnections": self.store.open_connections() if self.store else 0,
+            # Each provider's program, endpoint, model and credential source (never a key).
+            "providers": [
+                providers_info.describe(name, self.config.providers.get(name, {}))
+                for name in self.catalog.providers()
+            ],
         }
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:
