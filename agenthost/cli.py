@@ -77,6 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--provider", default="tutti-agent", choices=PROVIDERS)
     n.add_argument("--title", default=None)
     n.add_argument("--cwd", default=None)
+    n.add_argument("--model", default=None, help="the session's model (default: the provider's)")
     n.set_defaults(run=_new)
     y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
     y.add_argument("session", help="session id or unique prefix")
@@ -268,9 +269,33 @@ def _status(args: argparse.Namespace, client: Any) -> int:
         args,
         result,
         f"agenthost {result['version']} (protocol {result['protocol']}) at {result['home']}, "
-        f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}",
+        f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}"
+        + "".join(f"\n{_provider_line(p)}" for p in result.get("providers") or []),
     )
     return EXIT_OK
+
+
+def _provider_line(p: Mapping[str, Any]) -> str:
+    """One provider in words: program and version, endpoint, model, credential source (the
+    variable's name and whether it is set, never its value)."""
+    if not p.get("installed"):
+        return f"  {p['provider']}: NOT INSTALLED ({p.get('program')})"
+    cred = p.get("credential") or {}
+    source = cred.get("source")
+    if source == "env":
+        credential = f"${cred.get('variable')} ({'set' if cred.get('set') else 'NOT SET'})"
+    elif source == "file":
+        credential = "api_key in agenthost.toml"
+    elif source == "login":
+        credential = "the user's own login"
+    else:
+        credential = "none"
+    endpoint = p.get("endpoint") or "default"
+    wire = f" [{p['wireApi']}]" if p.get("wireApi") else ""
+    return (
+        f"  {p['provider']} {p.get('version') or '?'}: endpoint {endpoint}{wire}, "
+        f"model {p.get('model') or 'default'}, credential {credential}"
+    )
 
 
 @_with_client
@@ -298,6 +323,8 @@ def _new(args: argparse.Namespace, client: Any) -> int:
         params["title"] = args.title
     if args.cwd:
         params["cwd"] = args.cwd
+    if args.model:
+        params["model"] = args.model
     session = _call(args, client, "session.create", **params)["session"]
     _emit(
         args,
@@ -318,7 +345,12 @@ def _say(args: argparse.Namespace, client: Any) -> int:
 
     sid = resolve_session(client, args.workspace, args.session)
     _, events = endpoints(args)
-    printer = TurnPrinter(print)
+    def write(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    # The reply is printed as it streams (message.delta), then its line is ended.
+    printer = TurnPrinter(print, write)
     pending: list[Mapping[str, Any]] = []
 
     def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -338,6 +370,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             on_update=None if args.json else printer.update,
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
+            on_delta=None if args.json else printer.delta,
         )
     except TurnWaitTimeout as exc:
         # The daemon is reachable (not exit 3): the Turn is just still running there.

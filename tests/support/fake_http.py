@@ -42,12 +42,41 @@ class ModelHandler(BaseHTTPRequestHandler):
     def send_json(self, status: int, obj: Any) -> None:
         self._send(status, "application/json", json.dumps(obj).encode())
 
+    def send_sse_live(
+        self,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        hold_after: int,
+        gate: threading.Event,
+        timeout: float = 60.0,
+    ) -> None:
+        """Stream events one by one (no Content-Length; the connection closes at the end),
+        holding after the first `hold_after` until `gate` is set: a client can be seen
+        showing a reply while the model is still producing it."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for index, (name, data) in enumerate(events):
+                if index == hold_after:
+                    gate.wait(timeout)
+                self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+
     def send_unauthorized(self, payload: dict[str, Any] | None = None) -> None:
         self.send_json(
             401,
             payload
-            or {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error",
-                          "code": "invalid_api_key"}},
+            or {
+                "error": {
+                    "message": "Incorrect API key provided",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
         )
 
     def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
@@ -75,9 +104,7 @@ class FakeModelServer(Generic[R]):
 
     thread_name = "fake-model-server"
 
-    def __init__(
-        self, reply: Callable[[dict[str, Any]], R], *, api_key: str | None = None
-    ) -> None:
+    def __init__(self, reply: Callable[[dict[str, Any]], R], *, api_key: str | None = None) -> None:
         self._reply = reply
         self.api_key = api_key
         """When set, every model request must carry it (`Authorization: Bearer` or

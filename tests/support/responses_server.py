@@ -7,6 +7,7 @@ It answers `POST /v1/responses` (SSE, possibly zstd-encoded bodies) and `GET /v1
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -70,8 +71,16 @@ class ResponsesServer(FakeModelServer[str]):
 
     thread_name = "responses-server"
 
-    def __init__(self, reply: ReplyFn | None = None, *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        reply: ReplyFn | None = None,
+        *,
+        api_key: str | None = None,
+        gate: threading.Event | None = None,
+    ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
+        self.gate = gate
+        """When given, each streamed reply stops after its first text delta until it is set."""
 
     @property
     def base_url(self) -> str:
@@ -133,13 +142,23 @@ class ResponsesServer(FakeModelServer[str]):
                     )
                     for piece in chunks(text)
                 ]
-                self.send_sse(
+                send = self.send_sse
+                if server.gate is not None:
+                    gate = server.gate
+
+                    def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+                        self.send_sse_live(events, hold_after=3, gate=gate)
+
+                send(
                     [
                         ("response.created", {"type": "response.created", "response": created}),
                         (
                             "response.output_item.added",
-                            {"type": "response.output_item.added", "output_index": 0,
-                             "item": added},
+                            {
+                                "type": "response.output_item.added",
+                                "output_index": 0,
+                                "item": added,
+                            },
                         ),
                         *deltas,
                         (
