@@ -47,6 +47,7 @@ from drivers.claude_transcript import (
 from drivers.credentials import (
     ANTHROPIC_VAR,
     MODEL_AUTH_FAILED,
+    MODEL_UNREACHABLE,
     classify_model_failure,
     copy_login,
     model_failure_text,
@@ -736,9 +737,16 @@ class ClaudeDriver:
             return
         status = data.get("error_status")
         detail = json.dumps({k: v for k, v in data.items() if k != "uuid"}, default=str)
-        reason = classify_model_failure(detail)
+        # Classified on the error's own words (numbers such as retry_delay_ms could look like
+        # a status), plus the HTTP status.
+        reason = classify_model_failure(str(data.get("error") or ""))
         if status in (401, 403):
             reason = MODEL_AUTH_FAILED
+        elif status is None and int(data.get("attempt") or 0) >= 2:
+            # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
+            # reports it as `error: "unknown"`; a blip gets one retry).
+            reason = MODEL_UNREACHABLE
+            detail = f"no HTTP answer (connection failed), retry {data.get('attempt')}: {detail}"
         if reason is None:
             return
         turn.model_failure = (

@@ -124,3 +124,19 @@ def test_claude_use_user_login_reads_the_users_credentials(tmp_path: Path) -> No
         assert model.rejected == 0 and model.requests
         assert creds.read_bytes() == before  # the user's file is never written
         assert token.encode() not in (d.home / "store.sqlite3").read_bytes()
+
+
+def test_claude_with_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path: Path) -> None:
+    with MessagesServer() as closed:
+        pass  # closed now: its port refuses
+    d = start(tmp_path / "home", closed, "", {"ANTHROPIC_API_KEY": KEY})
+    try:
+        c = d.client()
+        sid = create_session(c, provider="claude-code", cwd=str(tmp_path))["agentSessionId"]
+        turn = run_turn(c, sid, "one")
+        assert turn["outcome"] == "failed", turn
+        assert turn["errorReason"] == "model_unreachable", turn["error"]
+        assert closed.base_url in turn["error"]
+    finally:
+        d.stop()
+    assert key_leaks(KEY, d, []) == []
