@@ -16,7 +16,7 @@ import pytest
 
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
-from tests.support.chat_server import ChatServer, conversation
+from tests.support.chat_server import ChatServer, ToolCall, conversation
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
 from tests.support.fake_http import FakeModelServer
 from tests.support.responses_server import ResponsesServer
@@ -213,3 +213,51 @@ def test_session_create_rejects_a_bad_model(tmp_path: Path) -> None:
         assert err.value.status == 400
     finally:
         d.stop()
+
+
+def test_chat_tool_call_and_fork_through_it_via_the_daemon(tmp_path: Path) -> None:
+    """wire_api = "chat" through the daemon: a tool call is a Turn's tool messages, and a fork
+    through that Turn sends the child's model exactly the prefix, tool call included."""
+
+    def reply(body: dict[str, Any]) -> str | ToolCall:
+        convo = conversation(body)
+        if convo[-1] == ("user", "use the tool"):
+            return ToolCall("lookup", {"q": "flights"})
+        if convo[-1][0] == "tool":
+            return f"tool said: {convo[-1][1]}"
+        return f"echo: {convo[-1][1]}"
+
+    with ChatServer(reply, api_key=KEY) as model:
+        d = start_daemon(tmp_path / "home", tutti_table(model, model.base_url, "chat"))
+        try:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            assert run_turn(c, sid, "one")["outcome"] == "completed"
+            tool_turn = run_turn(c, sid, "use the tool")
+            assert tool_turn["outcome"] == "completed", tool_turn
+            kinds = [m["kind"] for m in tool_turn["messages"]]
+            assert "tool_call" in kinds and "tool_result" in kinds
+            assert tool_turn["messages"][-1]["text"] == (
+                "tool said: tool unavailable in tutti_agent"
+            )
+            assert run_turn(c, sid, "three")["outcome"] == "completed"
+            _, op = fork(c, sid, tool_turn["turnId"])
+            op = until_terminal(c, op)
+            assert op["status"] == "committed", op
+            assert run_turn(c, op["session"]["agentSessionId"], "four")["outcome"] == "completed"
+            convo = [
+                (r, t)
+                for r, t in conversation(model.requests[-1])
+                if r != "system" and not t.startswith("<")
+            ]
+            assert convo == [
+                ("user", "one"),
+                ("assistant", "echo: one"),
+                ("user", "use the tool"),
+                ("assistant", "call:lookup"),
+                ("tool", "tool unavailable in tutti_agent"),
+                ("assistant", "tool said: tool unavailable in tutti_agent"),
+                ("user", "four"),
+            ]
+        finally:
+            d.stop()
