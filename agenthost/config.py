@@ -25,7 +25,9 @@ _PROVIDER_KEYS: dict[str, frozenset[str]] = {
 }
 WIRE_APIS = ("responses", "chat")
 _TOP_KEYS = frozenset({"providers", "daemon"})
-_DAEMON_KEYS = frozenset({"listen", "allow_remote", "idle_actor_seconds", "fork_sync_budget_ms"})
+_DAEMON_KEYS = frozenset(
+    {"listen", "events_listen", "allow_remote", "idle_actor_seconds", "fork_sync_budget_ms"}
+)
 
 
 class ConfigError(ValueError):
@@ -38,6 +40,8 @@ class Config:
     providers: Mapping[str, Mapping[str, str | list[str]]] = field(default_factory=dict)
     """Per provider: string values, except `command`, which may also be an argv list."""
     listen: tuple[str, ...] = ()
+    events_listen: tuple[str, ...] = ()
+    """Extra events (PUB) endpoints; like `listen`, a tcp one is CURVE-only."""
     allow_remote: bool = False
     idle_actor_seconds: float = 30.0
     fork_sync_budget_s: float = 2.0
@@ -113,13 +117,19 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
     listen = daemon.get("listen") or []
     if isinstance(listen, str):
         listen = [listen]
+    events_listen = daemon.get("events_listen") or []
+    if isinstance(events_listen, str):
+        events_listen = [events_listen]
     allow_remote = bool(daemon.get("allow_remote", False))
     for endpoint in listen:
         check_listen(str(endpoint), allow_remote, source=f"{source}: daemon.listen")
+    for endpoint in events_listen:
+        check_listen(str(endpoint), allow_remote, source=f"{source}: daemon.events_listen")
     return Config(
         home=home,
         providers=providers,
         listen=tuple(str(x) for x in listen),
+        events_listen=tuple(str(x) for x in events_listen),
         allow_remote=allow_remote,
         idle_actor_seconds=float(daemon.get("idle_actor_seconds", 30.0)),
         fork_sync_budget_s=float(daemon.get("fork_sync_budget_ms", 2000)) / 1000.0,

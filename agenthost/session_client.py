@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from transport.client import ApiError, Client, EventSubscriber
+from transport.security import ClientCurve
 
 POLL_S = 0.05
 STREAM_POLL_S = 0.25
@@ -279,6 +280,7 @@ def stream_turn(
     text: str,
     *,
     events_endpoint: str | None = None,
+    events_curve: ClientCurve | None = None,
     on_update: Callable[[Json], None] | None = None,
     on_interaction: InteractionHandler | None = None,
     timeout: float = 600.0,
@@ -288,7 +290,9 @@ def stream_turn(
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
     `on_delta` gets the turn's `message.delta` events as the reply streams."""
-    subscriber = EventSubscriber(events_endpoint, (ws,)) if events_endpoint else None
+    subscriber = (
+        EventSubscriber(events_endpoint, (ws,), curve=events_curve) if events_endpoint else None
+    )
     try:
         turn = client.call(
             "turn.submit",
