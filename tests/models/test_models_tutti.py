@@ -261,3 +261,23 @@ def test_chat_tool_call_and_fork_through_it_via_the_daemon(tmp_path: Path) -> No
             ]
         finally:
             d.stop()
+
+
+def test_a_long_streaming_reply_is_not_taken_for_a_hung_provider(tmp_path: Path) -> None:
+    """The inactivity watchdog (issue 15) counts streamed deltas as activity: a reply that
+    drips for longer than `turn_inactivity_seconds` completes."""
+    text = "x" * 60  # 15 deltas, 0.3 s apart: about 5 s of streaming, no item until the end
+    with ResponsesServer(lambda body: text, drip_s=0.3) as model:
+        d = start_daemon(
+            tmp_path / "home",
+            f'[providers.tutti-agent]\nmodel_base_url = "{model.base_url}"\n'
+            "[daemon]\nturn_inactivity_seconds = 2.5\n",
+        )
+        try:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["outcome"] == "completed", turn
+            assert turn["messages"][-1]["text"] == text
+        finally:
+            d.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -46,9 +47,10 @@ class ModelHandler(BaseHTTPRequestHandler):
         self,
         events: Sequence[tuple[str, dict[str, Any]]],
         *,
-        hold_after: int,
-        gate: threading.Event,
+        hold_after: int = -1,
+        gate: threading.Event | None = None,
         timeout: float = 60.0,
+        delay_s: float = 0.0,
     ) -> None:
         """Stream events one by one (no Content-Length; the connection closes at the end),
         holding after the first `hold_after` until `gate` is set: a client can be seen
@@ -61,8 +63,10 @@ class ModelHandler(BaseHTTPRequestHandler):
         self.close_connection = True
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             for index, (name, data) in enumerate(events):
-                if index == hold_after:
+                if index == hold_after and gate is not None:
                     gate.wait(timeout)
+                if delay_s and index:
+                    time.sleep(delay_s)  # a model that drips its reply
                 self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
                 self.wfile.flush()
 

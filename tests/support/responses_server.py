@@ -77,9 +77,12 @@ class ResponsesServer(FakeModelServer[str]):
         *,
         api_key: str | None = None,
         gate: threading.Event | None = None,
+        drip_s: float = 0.0,
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
         self.gate = gate
+        self.drip_s = drip_s
+        """When > 0, streamed replies send their events this many seconds apart."""
         """When given, each streamed reply stops after its first text delta until it is set."""
 
     @property
@@ -143,11 +146,11 @@ class ResponsesServer(FakeModelServer[str]):
                     for piece in chunks(text)
                 ]
                 send = self.send_sse
-                if server.gate is not None:
-                    gate = server.gate
+                if server.gate is not None or server.drip_s:
+                    gate, drip = server.gate, server.drip_s
 
                     def send(events: list[tuple[str, dict[str, Any]]]) -> None:
-                        self.send_sse_live(events, hold_after=3, gate=gate)
+                        self.send_sse_live(events, hold_after=3, gate=gate, delay_s=drip)
 
                 send(
                     [
