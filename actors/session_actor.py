@@ -655,6 +655,8 @@ class SessionActor(pykka.ThreadingActor):
             log.warning("session %s: event for unknown turn %r", self.key, turn_id)
             return
         state.last_activity = time.monotonic()
+        if kind == "turn.activity":
+            return  # a reply is streaming (message.delta, published by the daemon): not hung
         store, ws, sid = self.ctx.store, self.ws, self.sid
         if kind == "turn.binding":
             # A trailing system message may move the checkpoint after settlement (Claude).

@@ -62,8 +62,11 @@ class Api:
         set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
         default_cwd: str,
         readers: int = 4,
+        check_provider: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        # Raises `provider_not_installed` for a provider whose program is missing (issue 17).
+        self._check_provider = check_provider
         self.host = host
         self.catalog = catalog
         self._status = status
@@ -207,8 +210,11 @@ class Api:
         title = optional_str(params, "title", default="New session", max_len=512) or "New session"
         cwd = optional_str(params, "cwd", default=self._default_cwd, min_len=1, max_len=4096)
         settings = optional_map(params, "settings", default={}) or {}
+        model = optional_str(params, "model", min_len=1, max_len=256)
 
         def _create() -> dict[str, Any]:
+            if self._check_provider is not None:
+                self._check_provider(provider)
             session = self.store.create_session(
                 ws,
                 session_id=sid,
@@ -216,6 +222,7 @@ class Api:
                 title=title,
                 cwd=cwd or self._default_cwd,
                 settings=settings,
+                model=model,
             )
             return {"session": projection.session(session, self.catalog)}
 

@@ -44,6 +44,16 @@ from drivers.claude_transcript import (
     split_turns,
     transcript_path,
 )
+from drivers.credentials import (
+    ANTHROPIC_VAR,
+    MODEL_AUTH_FAILED,
+    MODEL_UNREACHABLE,
+    classify_model_failure,
+    copy_login,
+    model_failure_text,
+    truthy,
+    user_claude_credentials,
+)
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
@@ -119,7 +129,12 @@ class ClaudeDriverConfig:
     model_base_url: str | None = None
     model: str | None = None
     cli_path: str | None = None
-    api_key: str = "dummy"
+    api_key: str | None = None
+    """An in-file key (the less safe choice; the daemon requires the file to be 0600)."""
+    api_key_env: str = ANTHROPIC_VAR
+    """The daemon-env variable holding the key, read when a session's runtime is prepared."""
+    use_user_login: bool = False
+    """Use the user's own `claude` login (`~/.claude/.credentials.json`) instead of a key."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ClaudeDriverConfig:
@@ -131,8 +146,15 @@ class ClaudeDriverConfig:
             model_base_url=opt("model_base_url"),
             model=opt("model"),
             cli_path=opt("cli_path"),
-            api_key=opt("api_key") or "dummy",
+            api_key=opt("api_key"),
+            api_key_env=opt("api_key_env") or ANTHROPIC_VAR,
+            use_user_login=truthy(config.get("use_user_login", False)),
         )
+
+    def api_key_value(self) -> str | None:
+        """The key this daemon was given (never stored): the in-file one, else the named
+        variable of the daemon's own environment."""
+        return self.api_key or os.environ.get(self.api_key_env) or None
 
 
 @dataclass(slots=True)
@@ -165,6 +187,13 @@ class _Turn:
     transcript_offset: int = 0
     pending: dict[str, _Pending] = field(default_factory=dict)  # guarded by the session lock
     lanes: set[str] = field(default_factory=set)  # sidechain lanes already recorded
+    # Streaming (include_partial_messages): the API message being streamed, its block kinds,
+    # and how many blocks of each API message the settled AssistantMessages have shown.
+    model_failure: str | None = None
+    """A typed model failure (auth/unreachable) that made us stop the CLI's retries."""
+    stream_message_id: str | None = None
+    stream_blocks: dict[int, str] = field(default_factory=dict)
+    settled_blocks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -259,7 +288,20 @@ class ClaudeDriver:
     ) -> dict[str, str]:
         env = dict(QUIET_ENV)
         env.update({"HOME": str(private_home), "CLAUDE_CONFIG_DIR": str(config_dir)})
-        env["ANTHROPIC_API_KEY"] = self._config.api_key
+        if self._config.use_user_login:
+            # The user's own login, copied into this session's config dir; an exported key
+            # would take precedence over it in the CLI, so none is passed.
+            copy_login(
+                user_claude_credentials(),
+                config_dir / ".credentials.json",
+                provider="claude-code",
+            )
+            env["ANTHROPIC_API_KEY"] = ""
+        else:
+            key = self._config.api_key_value()
+            # A real key passes through untouched. Without one the CLI still needs a value to
+            # start: a placeholder that the endpoint refuses (→ model_auth_failed, fast).
+            env["ANTHROPIC_API_KEY"] = key or "unset-no-credential"
         if self._config.model_base_url:
             env["ANTHROPIC_BASE_URL"] = self._config.model_base_url
         env.update({str(k): str(v) for k, v in extra.items()})
@@ -460,6 +502,8 @@ class ClaudeDriver:
             extra_args={"replay-user-messages": None},
             # Every tool permission the CLI would ask a person for becomes an Interaction.
             can_use_tool=can_use_tool,
+            # Raw stream events: text arrives as it is generated (`message.delta`).
+            include_partial_messages=True,
         )
 
     async def _run_turn(self, session: _Session, turn: _Turn, text: str) -> None:
@@ -514,6 +558,8 @@ class ClaudeDriver:
     def _finish_turn(
         self, session: _Session, turn: _Turn, outcome: TurnOutcome, error: str | None
     ) -> None:
+        if turn.model_failure is not None:
+            error = turn.model_failure
         if turn.provider_turn_id is None:
             # No observed identity: the host learns it from start_turn's failure.
             if not turn.started.done():
@@ -533,6 +579,8 @@ class ClaudeDriver:
         }
         if error and not turn.interrupted:
             event["error"] = error
+        if turn.model_failure is not None and not turn.interrupted:
+            event["outcome"], event["error"] = TurnOutcome.FAILED.value, turn.model_failure
         turn.emit(session.agent_session_id, event)
 
     def _reconcile_checkpoint(self, session: _Session, turn: _Turn) -> None:
@@ -606,6 +654,7 @@ class ClaudeDriver:
         from claude_agent_sdk import (
             AssistantMessage,
             ResultMessage,
+            StreamEvent,
             SystemMessage,
             TextBlock,
             ThinkingBlock,
@@ -615,6 +664,10 @@ class ClaudeDriver:
         )
 
         sid = session.agent_session_id
+        if isinstance(message, StreamEvent):
+            if message.parent_tool_use_id is None:
+                self._on_stream_event(session, turn, message.event)
+            return None
         lane = getattr(message, "parent_tool_use_id", None)
         if isinstance(message, (UserMessage, AssistantMessage)) and lane is not None:
             # A sidechain (a Task sub-agent's own conversation): not on the main chain, so not
@@ -660,6 +713,11 @@ class ClaudeDriver:
                         "text": block.name,
                         "payload": {"providerToolUseId": block.id, "input": block.input},
                     }
+                # The CLI settles an API message block by block, in stream order: the n-th block
+                # seen for a message id is the stream's content block n (the delta item).
+                api_id = str(message.message_id or "")
+                index = turn.settled_blocks.get(api_id, 0)
+                turn.settled_blocks[api_id] = index + 1
                 if item is not None:
                     # provider* keys: the store leaves provider identities untouched when it clones
                     # a Turn (a bare `messageId` would read as a canonical typed reference).
@@ -667,12 +725,15 @@ class ClaudeDriver:
                         {
                             "providerMessageUuid": message.uuid,
                             "providerApiMessageId": message.message_id,
+                            "providerItemId": f"{api_id}:{index}",
                         }
                     )
                     turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
             if message.uuid and turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, SystemMessage):
+            if message.subtype == "api_retry":
+                self._on_api_retry(turn, message.data)
             msg_uuid = message.data.get("uuid")
             if (
                 message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
@@ -684,8 +745,9 @@ class ClaudeDriver:
         elif isinstance(message, ResultMessage):
             if message.is_error:
                 errors = getattr(message, "errors", None) or []
-                return TurnOutcome.FAILED, str(
-                    message.result or "; ".join(map(str, errors)) or message.subtype
+                text = str(message.result or "; ".join(map(str, errors)) or message.subtype)
+                return TurnOutcome.FAILED, model_failure_text(
+                    "claude-code", self._config.model_base_url, text
                 )
             return TurnOutcome.COMPLETED, None
         return None
@@ -705,6 +767,62 @@ class ClaudeDriver:
             },
         }
         turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+
+    def _on_api_retry(self, turn: _Turn, data: Mapping[str, Any]) -> None:
+        """The CLI retries a refused credential or an unreachable endpoint for minutes: a
+        retry whose cause is one of those fails the turn now, naming it."""
+        if turn.model_failure is not None:
+            return
+        status = data.get("error_status")
+        detail = json.dumps({k: v for k, v in data.items() if k != "uuid"}, default=str)
+        # Classified on the error's own words (numbers such as retry_delay_ms could look like
+        # a status), plus the HTTP status.
+        reason = classify_model_failure(str(data.get("error") or ""))
+        if status in (401, 403):
+            reason = MODEL_AUTH_FAILED
+        elif status is None and int(data.get("attempt") or 0) >= 2:
+            # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
+            # reports it as `error: "unknown"`; a blip gets one retry).
+            reason = MODEL_UNREACHABLE
+            detail = f"no HTTP answer (connection failed), retry {data.get('attempt')}: {detail}"
+        if reason is None:
+            return
+        turn.model_failure = (
+            f"{reason}: claude-code model endpoint "
+            f"{self._config.model_base_url or '(the default Anthropic API)'}: {detail}"
+        )
+        self._terminate(turn)  # on the loop thread already (messages are read there)
+
+    def _on_stream_event(self, session: _Session, turn: _Turn, event: Mapping[str, Any]) -> None:
+        """Raw API stream events → `message.delta` (text and thinking as they arrive)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            turn.stream_message_id = str(message.get("id") or "")
+            turn.stream_blocks = {}
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            turn.stream_blocks[int(event.get("index") or 0)] = str(block.get("type") or "")
+        elif kind == "content_block_delta" and turn.stream_message_id is not None:
+            delta = event.get("delta") or {}
+            index = int(event.get("index") or 0)
+            if delta.get("type") == "text_delta":
+                text, item_kind = delta.get("text"), "assistant"
+            elif delta.get("type") == "thinking_delta":
+                text, item_kind = delta.get("thinking"), "reasoning"
+            else:
+                return
+            if isinstance(text, str) and text:
+                turn.emit(
+                    session.agent_session_id,
+                    {
+                        "type": "message.delta",
+                        "turnId": turn.turn_id,
+                        "itemId": f"{turn.stream_message_id}:{index}",
+                        "kind": item_kind,
+                        "delta": text,
+                    },
+                )
 
     # ---- fork ----------------------------------------------------------------------------
 

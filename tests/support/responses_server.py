@@ -9,6 +9,7 @@ item (the model calling a tool) followed by a short assistant message.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler
+from tests.support.fake_http import FakeModelServer, ModelHandler, chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,8 +89,19 @@ class ResponsesServer(FakeModelServer[Reply]):
 
     thread_name = "responses-server"
 
-    def __init__(self, reply: ReplyFn | None = None) -> None:
-        super().__init__(reply or default_reply)
+    def __init__(
+        self,
+        reply: ReplyFn | None = None,
+        *,
+        api_key: str | None = None,
+        gate: threading.Event | None = None,
+        drip_s: float = 0.0,
+    ) -> None:
+        super().__init__(reply or default_reply, api_key=api_key)
+        self.gate = gate
+        self.drip_s = drip_s
+        """When > 0, streamed replies send their events this many seconds apart."""
+        """When given, each streamed reply stops after its first text delta until it is set."""
 
     @property
     def base_url(self) -> str:
@@ -125,6 +137,10 @@ class ResponsesServer(FakeModelServer[Reply]):
                     server.record(f"POST {self.path}", None)
                     self.send_json(400, {"error": {"message": f"bad body: {exc}"}})
                     return
+                if not server.authorized(self):
+                    server.record(f"POST {self.path} 401", None)
+                    self.send_unauthorized()
+                    return
                 server.record(f"POST {self.path}", body)
                 text = server.reply_to(body)
                 if not body.get("stream"):
@@ -132,7 +148,30 @@ class ResponsesServer(FakeModelServer[Reply]):
                     return
                 resp = _response_object(body, text)
                 created = dict(resp, status="in_progress", output=[])
-                self.send_sse(
+                msg_index = len(resp["output"]) - 1
+                item = resp["output"][msg_index]
+                added = dict(item, status="in_progress", content=[])
+                deltas = [
+                    (
+                        "response.output_text.delta",
+                        {
+                            "type": "response.output_text.delta",
+                            "item_id": item["id"],
+                            "output_index": msg_index,
+                            "content_index": 0,
+                            "delta": piece,
+                        },
+                    )
+                    for piece in chunks(item["content"][0]["text"])
+                ]
+                send = self.send_sse
+                if server.gate is not None or server.drip_s:
+                    gate, drip = server.gate, server.drip_s
+
+                    def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+                        self.send_sse_live(events, hold_after=3, gate=gate, delay_s=drip)
+
+                send(
                     [
                         ("response.created", {"type": "response.created", "response": created}),
                         *(
@@ -141,10 +180,27 @@ class ResponsesServer(FakeModelServer[Reply]):
                                 {
                                     "type": "response.output_item.done",
                                     "output_index": i,
-                                    "item": item,
+                                    "item": it,
                                 },
                             )
-                            for i, item in enumerate(resp["output"])
+                            for i, it in enumerate(resp["output"][:msg_index])
+                        ),
+                        (
+                            "response.output_item.added",
+                            {
+                                "type": "response.output_item.added",
+                                "output_index": msg_index,
+                                "item": added,
+                            },
+                        ),
+                        *deltas,
+                        (
+                            "response.output_item.done",
+                            {
+                                "type": "response.output_item.done",
+                                "output_index": msg_index,
+                                "item": item,
+                            },
                         ),
                         ("response.completed", {"type": "response.completed", "response": resp}),
                     ]
