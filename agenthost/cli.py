@@ -557,6 +557,11 @@ class _JsonLines:
                 self.interactions[interaction["requestId"]] = interaction["status"]
                 _jsonl({"type": "interaction", "interaction": interaction})
 
+    @staticmethod
+    def delta(event: Mapping[str, Any]) -> None:
+        """A streamed piece of a reply (not durable: the settled `message` line is the record)."""
+        _jsonl({**event, "type": "message.delta"})
+
 
 def _jsonl(obj: Mapping[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
@@ -599,7 +604,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             on_update=on_update,
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
-            on_delta=None if args.json else printer.delta,
+            on_delta=printer.delta,
         )
     except TurnWaitTimeout as exc:
         # The daemon is reachable (not exit 3): the Turn is just still running there.
