@@ -28,6 +28,7 @@ from drivers.base import ProviderDriver
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
+from drivers.readability import prove_codex_child
 from drivers.tutti_agent import AppServerDriver, _Runtime, _Session
 from drivers.versions import CODEX_GATE
 from storage.errors import Conflict, HostError, InvalidArgument
@@ -445,6 +446,13 @@ class CodexDriver(AppServerDriver):
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+    def _read_child_in_worker(
+        self, runtime: _Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> str | None:
+        """The bound child's lineage read from the target home alone, in this worker: every
+        referenced rollout present, the session_meta chain intact, turns = the prefix."""
+        return prove_codex_child(home, child_id, source_id, prefix)
 
     # ------------------------------------------------------------------ port methods
 
