@@ -89,14 +89,62 @@ def default_command() -> list[str]:
     return [shutil.which("codex") or "codex"]
 
 
-def resolve_command(configured: Any) -> list[str]:
+def native_behind_npm_shim(program: str) -> Path | None:
+    """The native `codex` that npm's `node` wrapper would run, or None when `program` is not
+    that wrapper (or its platform binary is missing).
+
+    The wrapper is `@openai/codex`'s `bin/codex.js` (usually reached through the
+    `node_modules/.bin/codex` symlink); it resolves `@openai/codex-<platform>` the way
+    `require.resolve` does — the package's own `node_modules`, then each enclosing
+    `node_modules` — falling back to the package's own `vendor/` dir, and then `execve`s
+    `vendor/<triple>/bin/codex` with the same arguments. Spawning that binary directly saves a
+    Node.js start per app-server (issue 20). The wrapper also exports `CODEX_MANAGED_BY_NPM` /
+    `CODEX_MANAGED_PACKAGE_ROOT`, which only `codex doctor` reads; they are not set here.
+    """
+    found = shutil.which(program) if os.sep not in program else program
+    if not found:
+        return None
+    real = Path(os.path.realpath(found))
+    if real.name != "codex.js" or real.parent.name != "bin":
+        return None
+    package = real.parent.parent
+    try:
+        manifest = json.loads((package / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("name") != "@openai/codex":
+        return None
+    for node_modules in [
+        package / "node_modules",
+        *(d for d in package.parents if d.name == "node_modules"),
+    ]:
+        native = native_binary(node_modules)
+        if native is not None:
+            return native
+    key = _NATIVE_PACKAGES.get((platform.system(), platform.machine()))
+    if key is not None:
+        vendored = package / "vendor" / key[1] / "bin" / "codex"
+        if vendored.is_file() and os.access(vendored, os.X_OK):
+            return vendored
+    return None
+
+
+def resolve_command(configured: Any, *, native: bool = True) -> list[str]:
     """`[providers.codex] command` (a string is split like a shell would, a list is taken as
-    is), else `default_command()`. The `app-server` argument is added by the driver."""
+    is), else `default_command()`. A configured npm `node` wrapper is replaced by the native
+    binary it would run (same arguments) unless `native` is false; without one, the wrapper is
+    kept. The `app-server` argument is added by the driver."""
     if isinstance(configured, str) and configured.strip():
-        return shlex.split(configured)
-    if isinstance(configured, Sequence) and not isinstance(configured, str) and configured:
-        return [str(part) for part in configured]
-    return default_command()
+        argv = shlex.split(configured)
+    elif isinstance(configured, Sequence) and not isinstance(configured, str) and configured:
+        argv = [str(part) for part in configured]
+    else:
+        return default_command()
+    if native:
+        binary = native_behind_npm_shim(argv[0])
+        if binary is not None:
+            return [str(binary), *argv[1:]]
+    return argv
 
 
 # --------------------------------------------------------------------------- config.toml
@@ -354,7 +402,8 @@ class CodexDriver(AppServerDriver):
     # ------------------------------------------------------------------ process
 
     def command(self) -> list[str]:
-        return [*resolve_command(self.config.get("command")), "app-server"]
+        native = bool(self.config.get("resolve_native_binary", True))
+        return [*resolve_command(self.config.get("command"), native=native), "app-server"]
 
     def prepare_home(self, home: Path) -> None:
         with self._homes_lock:
