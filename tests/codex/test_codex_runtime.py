@@ -439,4 +439,5 @@ def test_fork_unsubscribes_the_child_from_the_source_server(
     # In the source's server (the readability proof reads the child's home in the worker,
     # so no server there loaded it).
     assert unsubscribed.count(result.child.provider_session_id) == 1
-    assert src.thread_id in unsubscribed
+    # The live source Session keeps its own thread subscribed.
+    assert src.thread_id not in unsubscribed
