@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from drivers.app_server import AppServerFailure, private_env
-from drivers.base import ProviderDriver
+from drivers.base import ForkRequest, ProviderDriver
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
@@ -495,6 +495,22 @@ class CodexDriver(AppServerDriver):
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+    def _fork_runtime(self, request: ForkRequest) -> tuple[_Runtime | None, bool]:
+        """A transient fork runtime first loads the source's ancestors: Codex lists a thread's
+        inherited Turns only once it loaded them in that home, and a fork child that never ran
+        was loaded by no app-server there (its readability is proven in the worker)."""
+        runtime, transient = super()._fork_runtime(request)
+        if runtime is None or not transient:
+            return runtime, transient
+        home = Path(request.source.home)
+        ancestors = rollout_lineage(home, request.source.provider_session_id)[1:]
+        try:
+            self._project(runtime, reversed(ancestors))
+        except AppServerFailure:
+            runtime.proc.close()
+            return None, False
+        return runtime, transient
 
     def _read_child_in_worker(
         self, runtime: _Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]

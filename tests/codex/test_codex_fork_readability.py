@@ -8,7 +8,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from codex_helpers import EventLog, fork_request, home_of, open_session, run_turns, start
+from codex_helpers import (
+    CodexSession,
+    EventLog,
+    fork_request,
+    home_of,
+    open_session,
+    run_turns,
+    start,
+)
 from conftest import MakeDriver
 
 from drivers.base import DeliveryDisposition
@@ -53,3 +61,28 @@ def test_copy_tampered_between_bind_and_proof_is_unknown(
     copied = list(iter_rollouts(target))
     assert len(copied) == 2
     assert all(len(p.read_bytes().splitlines()) == 1 for p in copied)
+
+
+def test_a_child_never_started_can_be_forked_again_from_its_own_home(
+    make_driver: MakeDriver, log: EventLog, tmp_path: Path
+) -> None:
+    """No app-server loads the child's home at fork time any more, so Codex has not indexed
+    its inherited Turns there: the transient runtime that forks a never-started child loads
+    its lineage first (as every start of a child does)."""
+    driver = make_driver()
+    src = open_session(driver, log, tmp_path, texts=("one", "two"))
+    child_home = home_of(tmp_path, "child")
+    first = driver.fork(fork_request(src, src.turns[:1], child_home))
+    assert first.disposition is DeliveryDisposition.ACCEPTED, first.error
+    assert first.child is not None
+    child = CodexSession(
+        "child",
+        child_home,
+        first.child.provider_session_id,
+        src.version,
+        src.turns[:1],
+        dict(src.context),
+    )
+    second = make_driver().fork(fork_request(child, child.turns, home_of(tmp_path, "grand")))
+    assert second.disposition is DeliveryDisposition.ACCEPTED, second.error
+    assert second.child is not None and second.child.provider_turn_ids == tuple(src.turns[:1])
