@@ -17,6 +17,7 @@ whole-fork figures (benchmark 1); this one shows where those gains come from.
 
 from __future__ import annotations
 
+import os
 import resource
 import shutil
 import sys
@@ -194,6 +195,7 @@ def run(mode: Mode) -> BenchResult:
     n = pick(mode, 60, 15, 2)
     turns = pick(mode, 10, 10, 2)
     result = BenchResult("fork path costs (issue 20)", "", mode.value)
+    result.figures["loadAverage1mAtStart"] = round(os.getloadavg()[0], 2)
     rows: list[tuple[Any, ...]] = []
     log(f"readability proof: {n} samples per side, source of {turns} turns")
     proof = _proof_samples(n, turns)
