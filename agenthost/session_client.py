@@ -584,6 +584,16 @@ _BOUNDARY_SENTENCES: dict[str, str] = {
     "session_local_attachment_in_boundary": (
         "the history up to {turn} contains a session-local attachment, which cannot be copied"
     ),
+    "provider_turn_not_bound": (
+        "{turn} has no verified provider checkpoint (recovery required), so the provider's "
+        "history cannot be cut there"
+    ),
+    "target_equals_source": "the new session id is the source session's own id",
+    "target_session_exists": "the new session id is already used by a session",
+    "target_session_reserved": "the new session id is reserved by another fork",
+    "history_reference_unsafe": (
+        "the history up to {turn} holds a reference that cannot be rewritten safely"
+    ),
 }
 BOUNDARY_REASONS = tuple(_BOUNDARY_SENTENCES)
 

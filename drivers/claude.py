@@ -44,7 +44,7 @@ from drivers.claude_transcript import (
     split_turns,
     transcript_path,
 )
-from drivers.errors import DriverError
+from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 
@@ -82,8 +82,10 @@ EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
     }
 )
 
+# The canonical Message kind that marks a provider-native descendant lane in a Turn (the store's
+# `storage.fork_snapshot.DESCENDANT_LANE_KIND`; a fork boundary holding one fails closed).
+DESCENDANT_LANE_KIND = "descendant_lane"
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
-_NOT_FOUND_RE = re.compile(r"Message \S+ not found in session")
 
 TURN_START_TIMEOUT_S = 120.0
 RESPOND_TIMEOUT_S = 10.0
@@ -162,6 +164,7 @@ class _Turn:
     interrupted: bool = False
     transcript_offset: int = 0
     pending: dict[str, _Pending] = field(default_factory=dict)  # guarded by the session lock
+    lanes: set[str] = field(default_factory=set)  # sidechain lanes already recorded
 
 
 @dataclass(slots=True)
@@ -210,11 +213,22 @@ class ClaudeDriver:
     def _user_agent(self) -> str:
         return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
 
-    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+    def _verdict(self) -> dict[str, Any]:
+        """This driver's attested forkability verdict: the only source of the Host's
+        capability (seed 000 §3.2), persisted with the runtime context at session start."""
         return {
             "driverKind": DRIVER_KIND,
             "driverVersion": sdk_version(),
             "userAgent": self._user_agent(),
+            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
+            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
+            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
+            "binderAvailable": self._placement_available(),
+        }
+
+    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+        return {
+            **self._verdict(),
             # The only resume cursor a Claude session accepts is its own provider session id.
             "resumeCursor": {"resume": provider_session_id},
         }
@@ -225,17 +239,20 @@ class ClaudeDriver:
         )
         if not os.access(cli, os.X_OK):
             raise DriverError(f"Claude Code CLI is not executable: {cli}")
-        return {
-            "driverKind": DRIVER_KIND,
-            "driverVersion": sdk_version(),
-            "userAgent": self._user_agent(),
-            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
-            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
-            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
-            # provider_owned needs no host binder: the driver itself places the child's
-            # transcript in the child's own home before it answers `accepted`.
-            "binderAvailable": True,
-        }
+        verdict = self._verdict()
+        # provider_owned needs no host binder: the driver itself places the child's transcript
+        # in the child's own home before it answers `accepted`; that placement is what
+        # `binderAvailable` reports. Failpoint `worker.binder.available` (`error`) makes the
+        # re-attestation say it is unavailable (the fail-closed tests).
+        try:
+            self._failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _placement_available(self) -> bool:
+        """Whether the child-transcript placement (`_relocate_child`) can run here."""
+        return hasattr(os, "replace") and hasattr(os, "fsync")
 
     def _session_env(
         self, config_dir: Path, private_home: Path, extra: Mapping[str, Any]
@@ -598,9 +615,16 @@ class ClaudeDriver:
         )
 
         sid = session.agent_session_id
+        lane = getattr(message, "parent_tool_use_id", None)
+        if isinstance(message, (UserMessage, AssistantMessage)) and lane is not None:
+            # A sidechain (a Task sub-agent's own conversation): not on the main chain, so not
+            # in the canonical history — but recorded once per lane, so a fork boundary that
+            # holds it fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+            self._record_lane(sid, turn, str(lane))
+            return None
         if isinstance(message, UserMessage):
-            if message.parent_tool_use_id is not None or not message.uuid:
-                return None  # sidechain (subagent) or unpersisted: not on the main chain
+            if not message.uuid:
+                return None  # unpersisted: not on the main chain
             blocks = message.content if isinstance(message.content, list) else []
             results = [b for b in blocks if isinstance(b, ToolResultBlock)]
             if turn.provider_turn_id is None and not results:
@@ -624,8 +648,6 @@ class ClaudeDriver:
             if turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, AssistantMessage):
-            if message.parent_tool_use_id is not None:
-                return None
             for block in message.content:
                 item: dict[str, Any] | None = None
                 if isinstance(block, TextBlock):
@@ -668,6 +690,22 @@ class ClaudeDriver:
             return TurnOutcome.COMPLETED, None
         return None
 
+    @staticmethod
+    def _record_lane(sid: str, turn: _Turn, parent_tool_use_id: str) -> None:
+        if parent_tool_use_id in turn.lanes:
+            return
+        turn.lanes.add(parent_tool_use_id)
+        item = {
+            "kind": DESCENDANT_LANE_KIND,
+            "text": None,
+            "payload": {
+                "descendantLane": True,
+                "providerLane": "claude_sidechain",
+                "providerParentToolUseId": parent_tool_use_id,
+            },
+        }
+        turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+
     # ---- fork ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -686,7 +724,7 @@ class ClaudeDriver:
         except Exception as exc:
             return ForkResult.not_started(f"before provider call: {exc}")
         # From here on the SDK may have written a child: every failure is `unknown`, and
-        # nothing is ever retried except the one "Message … not found" case below.
+        # nothing is ever retried (at most one provider fork call per operation, law 1).
         try:
             child_id = self._call_fork_session(request, plan)
         except Exception as exc:
@@ -728,13 +766,17 @@ class ClaudeDriver:
         boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
         checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
         legacy = checkpoint is None
-        if legacy:
-            # A Turn bound before bindings existed: read the source transcript once.
-            text = source_path.read_text(encoding="utf-8", errors="replace")
+        text = source_path.read_text(encoding="utf-8", errors="replace")
+        if checkpoint is not None and not _holds_message(text, checkpoint):
+            # Law 1: fork_session is called at most once per operation, so a checkpoint the
+            # transcript does not hold is recomputed *before* that call, never after a refusal.
+            checkpoint = None
+        if checkpoint is None:
+            # A Turn bound before bindings existed (or a stale binding): the transcript's own
+            # checkpoint of the boundary Turn.
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise _NotStarted("boundary turn is not a root user message of the transcript")
-        assert checkpoint is not None  # decoded from the binding, or recovered above
         return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
 
     def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
@@ -744,29 +786,14 @@ class ClaudeDriver:
         home = str(Path(src.home) / PRIVATE_HOME_DIR)
         title = request.title or None
         with self._config_env(src.home, home):
-            try:
-                result = fork_session(
-                    src.provider_session_id,
-                    directory=src.cwd,
-                    up_to_message_id=plan.checkpoint,
-                    title=title,
-                )
-            except ValueError as exc:
-                # The SDK checks the cut point before it writes anything, so a stale
-                # checkpoint can be recomputed from the transcript and retried once.
-                if not _NOT_FOUND_RE.search(str(exc)):
-                    raise
-                text = plan.source_path.read_text(encoding="utf-8", errors="replace")
-                recomputed = legacy_checkpoint(text, request.provider_turn_ids[-1])
-                if recomputed is None or recomputed == plan.checkpoint:
-                    raise
-                plan.checkpoint = recomputed
-                result = fork_session(
-                    src.provider_session_id,
-                    directory=src.cwd,
-                    up_to_message_id=recomputed,
-                    title=title,
-                )
+            # Exactly one call: any failure from here on (even the SDK's "Message … not
+            # found") is `unknown` to the saga and is never retried (seed 000 §7, law 1).
+            result = fork_session(
+                src.provider_session_id,
+                directory=src.cwd,
+                up_to_message_id=plan.checkpoint,
+                title=title,
+            )
         return str(result.session_id)
 
     def _relocate_child(self, request: ForkRequest, child_id: str) -> None:
@@ -838,6 +865,7 @@ class ClaudeDriver:
             "sourceSessionId": src.provider_session_id,
             "childSessionId": child_id,
             "sourceBoundaryTurnId": request.provider_turn_ids[-1],
+            "sourceCanonicalTurnId": request.source_turn_id,
             "childBoundaryTurnId": boundary.root_uuid,
             "sourceCheckpointMessageId": plan.checkpoint,
             "childCheckpointMessageId": boundary.checkpoint_uuid,
@@ -938,6 +966,12 @@ async def _resolve(answer: asyncio.Future[Any], result: Any) -> bool:
         return False
     answer.set_result(result)
     return True
+
+
+def _holds_message(text: str, message_uuid: str) -> bool:
+    """Whether a transcript has an entry whose own `uuid` is `message_uuid` (a scan of the
+    text, no JSON parse: the fork's O(1)-ish pre-check of a bound checkpoint)."""
+    return re.search(r'"uuid"\s*:\s*"' + re.escape(message_uuid) + '"', text) is not None
 
 
 def _interaction_input(tool: str, tool_input: Mapping[str, Any], context: Any) -> dict[str, Any]:

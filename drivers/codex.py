@@ -573,7 +573,7 @@ class CodexDriver(AppServerDriver):
                     raise
                 time.sleep(0.05)
 
-    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A live runtime attests itself; otherwise a transient one is probed, and its answer
         is reused only for the exact same launch (seed 000 §6.3)."""
         home = Path(str(params.get("home") or ""))
@@ -591,7 +591,7 @@ class CodexDriver(AppServerDriver):
                 cached = self._attest_cache.get(fingerprint)
             if cached is not None:
                 return dict(cached)
-        result = super().attest(params)
+        result = super()._probe(params)
         if fingerprint is not None:
             with self._homes_lock:
                 self._attest_cache[fingerprint] = dict(result)

@@ -122,11 +122,20 @@ def _text_of(item: Mapping[str, Any], key: str) -> str:
     return "\n".join(out)
 
 
+# App-server ThreadItem types that open a provider-native descendant lane (a sub-agent thread
+# or a collaboration with another agent): recorded with `descendantLane: true`, so a fork
+# boundary that holds one fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+DESCENDANT_LANE_ITEM_TYPES = frozenset({"collabAgentToolCall", "collabToolCall", "subAgent"})
+
+
 def map_item(item: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A completed app-server ThreadItem → the `item` payloads of internals.md turn events."""
     kind = item.get("type")
     item_id = item.get("id")
     base = {"providerItemId": item_id, "providerItemType": kind}
+    if kind in DESCENDANT_LANE_ITEM_TYPES:
+        lane = {**base, "descendantLane": True, "item": dict(item)}
+        return [{"kind": str(kind), "text": None, "payload": lane}]
     if kind == "userMessage":
         text = "\n".join(
             str(c.get("text", ""))
@@ -241,19 +250,35 @@ class AppServerDriver:
         user_agent = str(init.get("userAgent") or "")
         return _Runtime(proc, home, user_agent, self.gate.check(user_agent))
 
-    def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+    def _verdict(self, runtime: _Runtime) -> dict[str, Any]:
+        """This driver's attested forkability verdict (brand, version gate, binder): the only
+        source of the Host's capability (seed 000 §3.2), persisted with the runtime context."""
         return {
             "driverKind": self.kind,
             "driverVersion": runtime.gate.version,
             "userAgent": runtime.user_agent,
             "bindingMode": self.binding_mode.value,
-            "binderAvailable": True,
+            # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
+            "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
         }
+
+    def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+        return self._verdict(runtime)
 
     # ------------------------------------------------------------------ port methods
 
     def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The dispatch-time re-attestation; failpoint `worker.binder.available` armed with
+        `error` makes it report the binder unavailable (the fail-closed tests)."""
+        verdict = dict(self._probe(params))
+        try:
+            self.failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
         home = Path(str(params.get("home") or ""))
         if not str(home) or not home.is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
@@ -291,14 +316,7 @@ class AppServerDriver:
             stale.runtime.proc.close()
         with session.op_lock:
             runtime = self._ensure_runtime(session)
-        return {
-            "providerSessionId": session.thread_id,
-            "runtimeContext": {
-                "driverKind": self.kind,
-                "driverVersion": runtime.gate.version,
-                "userAgent": runtime.user_agent,
-            },
-        }
+        return {"providerSessionId": session.thread_id, "runtimeContext": self._verdict(runtime)}
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
@@ -344,6 +362,28 @@ class AppServerDriver:
             self._claim_turn(session, provider_turn_id)
             session.last_used = time.monotonic()
         return {"providerTurnId": provider_turn_id}
+
+    def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.history {agentSessionId}` → `{turns: [{providerTurnId, status, userText}]}`
+        in the provider's order: what the host needs to re-bind a Turn whose provider binding
+        it never recorded (issue 15 defect 1), by order and content."""
+        session = self._session(params)
+        with session.op_lock:
+            runtime = self._ensure_runtime(session)
+        try:
+            turns = self._thread_turns(runtime, session.thread_id)
+        except AppServerFailure as exc:
+            raise DriverError(f"provider history unreadable: {exc}") from exc
+        return {
+            "turns": [
+                {
+                    "providerTurnId": str(t.get("id") or ""),
+                    "status": str(t.get("status") or ""),
+                    "userText": _user_text(t),
+                }
+                for t in turns
+            ]
+        }
 
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._session(params)
@@ -532,6 +572,7 @@ class AppServerDriver:
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
         wire["readabilityProof"] = proof
+        wire["sourceCanonicalTurnId"] = request.source_turn_id
         return ForkResult(
             DeliveryDisposition.ACCEPTED,
             child=child,
@@ -841,6 +882,19 @@ class TuttiAgentDriver(AppServerDriver):
         if self.config.get("model"):
             argv += ["--model", str(self.config["model"])]
         return argv
+
+
+def _user_text(turn: Mapping[str, Any]) -> str | None:
+    """The text of a provider turn's user message, or None when the turn shows none."""
+    for item in turn.get("items") or []:
+        if isinstance(item, Mapping) and item.get("type") == "userMessage":
+            parts = [
+                str(part.get("text") or "")
+                for part in item.get("content") or []
+                if isinstance(part, Mapping) and part.get("type") == "text"
+            ]
+            return "\n".join(parts)
+    return None
 
 
 def _thread_of(result: Mapping[str, Any]) -> Mapping[str, Any]:

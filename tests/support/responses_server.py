@@ -2,17 +2,35 @@
 
 It answers `POST /v1/responses` (SSE, possibly zstd-encoded bodies) and `GET /v1/models` on
 127.0.0.1 with deterministic `echo: <last user text>` replies and records every request body.
+A reply function may return a `FunctionCall`: the response then holds a `function_call` output
+item (the model calling a tool) followed by a short assistant message.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn
+from tests.support.fake_http import FakeModelServer, ModelHandler
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """A model reply that calls one tool: a `function_call` item with JSON-string `arguments`."""
+
+    name: str
+    arguments: str
+    text: str = "called the tool"
+    call_id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+Reply = str | FunctionCall
+ReplyFn = Callable[[dict[str, Any]], Reply]
 
 
 def _content_text(content: Any) -> str:
@@ -61,7 +79,7 @@ def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 
 
-class ResponsesServer(FakeModelServer[str]):
+class ResponsesServer(FakeModelServer[Reply]):
     """Context manager running the fake Responses API on an ephemeral 127.0.0.1 port.
 
     `reply` maps a request body to the assistant text (default `echo: <last user text>`).
@@ -117,13 +135,16 @@ class ResponsesServer(FakeModelServer[str]):
                 self.send_sse(
                     [
                         ("response.created", {"type": "response.created", "response": created}),
-                        (
-                            "response.output_item.done",
-                            {
-                                "type": "response.output_item.done",
-                                "output_index": 0,
-                                "item": resp["output"][0],
-                            },
+                        *(
+                            (
+                                "response.output_item.done",
+                                {
+                                    "type": "response.output_item.done",
+                                    "output_index": i,
+                                    "item": item,
+                                },
+                            )
+                            for i, item in enumerate(resp["output"])
                         ),
                         ("response.completed", {"type": "response.completed", "response": resp}),
                     ]
@@ -132,8 +153,23 @@ class ResponsesServer(FakeModelServer[str]):
         return Handler
 
 
-def _response_object(body: dict[str, Any], text: str) -> dict[str, Any]:
+def _response_object(body: dict[str, Any], reply: str | FunctionCall) -> dict[str, Any]:
     rid = f"resp_{uuid.uuid4().hex}"
+    output: list[dict[str, Any]] = []
+    if isinstance(reply, FunctionCall):
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": reply.call_id,
+                "name": reply.name,
+                "arguments": reply.arguments,
+                "status": "completed",
+            }
+        )
+        text = reply.text
+    else:
+        text = reply
     item = {
         "type": "message",
         "id": f"msg_{uuid.uuid4().hex}",
@@ -148,7 +184,7 @@ def _response_object(body: dict[str, Any], text: str) -> dict[str, Any]:
         "object": "response",
         "status": "completed",
         "model": body.get("model", "mock-model"),
-        "output": [item],
+        "output": [*output, item],
         "usage": {
             "input_tokens": in_tokens,
             "input_tokens_details": {"cached_tokens": 0},
