@@ -248,6 +248,8 @@ def _arm(c: Client, **points: str) -> None:
         ("worker.fork.before_provider_call", "error", "failed", 0),
         ("worker.fork.after_provider_call", "error", "unknown", 1),
         ("worker.bind.before_copy", "error", "unknown", 1),
+        # The copy damaged after the binder made it durable: the readability proof refuses it.
+        ("worker.bind.after_copy", "tamper", "unknown", 1),
     ],
 )
 def test_dispositions_from_worker_failpoints(
