@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
+from domain.enums import DeliveryDisposition as DeliveryDisposition
+
 
 class BindingState(StrEnum):
     """`providerForkBindingState` of a Turn (PROTOCOL.md)."""
@@ -20,15 +22,6 @@ class BindingState(StrEnum):
     BOUND = "bound"
     RECOVERY_REQUIRED = "recovery_required"
     UNAVAILABLE = "unavailable"
-
-
-class DeliveryDisposition(StrEnum):
-    """What the host knows about whether a provider fork request took effect (seed 000 §7.1)."""
-
-    NOT_STARTED = "not_started"
-    REJECTED = "rejected"
-    UNKNOWN = "unknown"
-    ACCEPTED = "accepted"
 
 
 class NotDelivered(Exception):

@@ -9,41 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
+from domain.enums import DeliveryDisposition as DeliveryDisposition
+from domain.enums import ProviderStateBindingMode as ProviderStateBindingMode
+from domain.enums import TurnOutcome as TurnOutcome
 from drivers.failpoints import Failpoints
 
 Emit = Callable[[str, dict[str, Any]], None]
 """`emit(agent_session_id, event)`: stream one turn event (internals.md "Turn events") to the host.
 Thread-safe; drivers call it from whatever thread observes the provider."""
-
-
-class DeliveryDisposition(StrEnum):
-    """What the host may conclude about a provider fork (seed 000 §7.1)."""
-
-    NOT_STARTED = "not_started"
-    """Failed before the provider call was sent: certainly no provider child. Host → failed."""
-    REJECTED = "rejected"
-    """The provider answered with an explicit JSON-RPC/SDK error. Host → failed."""
-    UNKNOWN = "unknown"
-    """Sent, then timeout/disconnect/unverifiable answer/binder failure. Host → unknown, never
-    redispatched."""
-    ACCEPTED = "accepted"
-    """A verified child exists and its provider state is bound. Host → provider_accepted."""
-
-
-class ProviderStateBindingMode(StrEnum):
-    HOST_COPY = "host_copy"
-    """The binder copies the child's provider state into the child's own home."""
-    PROVIDER_OWNED = "provider_owned"
-    """The provider keeps the child's state where the child's session will read it."""
-
-
-class TurnOutcome(StrEnum):
-    COMPLETED = "completed"
-    INTERRUPTED = "interrupted"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True, slots=True)

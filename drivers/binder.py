@@ -23,8 +23,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from domain.errors import ProviderError
 from drivers.failpoints import Failpoints
-from storage.errors import ProviderError
 
 ROLLOUT_DIRS = ("sessions", "archived_sessions")
 _THREAD_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$")

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 from drivers.base import (
     DeliveryDisposition,
     Emit,
@@ -56,7 +57,6 @@ from drivers.credentials import (
 )
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
-from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 
 log = logging.getLogger(__name__)
 

@@ -23,6 +23,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from domain.errors import Conflict, HostError, InvalidArgument
 from drivers.app_server import AppServerFailure, private_env
 from drivers.base import ForkRequest, ProviderDriver
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder
@@ -32,7 +33,6 @@ from drivers.failpoints import Failpoints
 from drivers.readability import prove_codex_child
 from drivers.tutti_agent import AppServerDriver, _Runtime, _Session
 from drivers.versions import CODEX_GATE
-from storage.errors import Conflict, HostError, InvalidArgument
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PINNED_PREFIX = REPO_ROOT / "build" / "providers" / "codex"

@@ -1,4 +1,4 @@
-"""Typed errors of the host↔worker link and of the drivers (`storage.errors.HostError` kinds).
+"""Typed errors of the host↔worker link and of the drivers (`domain.errors.HostError` kinds).
 
 The supervisor fails a request's future with exactly one of these, so the saga can tell "never sent"
 (`WorkerUnavailable`) from "sent, fate unknown" (`WorkerLost`, `WorkerTimeout`) from a typed answer.
@@ -9,17 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from storage.errors import HostError, ProviderError, Unavailable
-
-_STATUS_BY_CODE = {
-    "invalid_request": 400,
-    "not_found": 404,
-    "conflict": 409,
-    "payload_too_large": 413,
-    "internal": 500,
-    "provider_error": 502,
-    "unavailable": 503,
-}
+from domain.errors import HostError, ProviderError, Unavailable, status_for
 
 
 class WorkerUnavailable(Unavailable):
@@ -57,7 +47,7 @@ class WorkerError(HostError):
         # worker's identity unchanged (law 7: typed errors end to end).
         self.code = str(self.error.get("code") or "internal")  # type: ignore[misc]
         self.retryable = bool(self.error.get("retryable", False))  # type: ignore[misc]
-        self.status = _STATUS_BY_CODE.get(self.code, 500)  # type: ignore[misc]
+        self.status = status_for(self.code)  # type: ignore[misc]
 
 
 class FailpointError(HostError):

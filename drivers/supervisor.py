@@ -28,6 +28,7 @@ from typing import Any
 
 import zmq
 
+from domain.errors import HostError
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.failpoints import (
     ENV_POINTS,
@@ -39,7 +40,6 @@ from drivers.failpoints import (
     Failpoints as _Failpoints,
 )
 from drivers.worker import ENV_PARENT_PID, ENV_PROVIDER_CONFIG
-from storage.errors import HostError
 from transport.worker_link import (
     HB_MSG,
     HEARTBEAT_INTERVAL_S,

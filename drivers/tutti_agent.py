@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from domain.errors import Conflict, HostError, InvalidArgument, NotFound, SessionBusy
 from drivers.app_server import (
     AppServerClosed,
     AppServerFailure,
@@ -50,7 +51,6 @@ from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from drivers.readability import ReaderNotApplicable, prove_tutti_child
 from drivers.versions import TUTTI_AGENT_GATE, GateResult, VersionGate
-from storage.errors import Conflict, HostError, InvalidArgument, NotFound, SessionBusy
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"

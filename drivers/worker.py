@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from domain.errors import HostError, InvalidRequest
 from drivers.base import ForkRequest, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
-from storage.errors import HostError, InvalidRequest
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from domain.enums import ProviderStateBindingMode as ProviderStateBindingMode
+from domain.enums import TurnOutcome as TurnOutcome
+from domain.fork_states import ACTIVE, holds_barrier
+from domain.fork_states import ForkStatus as ForkStatus
+
 
 class SessionKind(StrEnum):
     """`root` Sessions are independent (fork children included); `child` is provider-native."""
@@ -23,12 +28,6 @@ class SessionKind(StrEnum):
 class TurnPhase(StrEnum):
     ACTIVE = "active"
     SETTLED = "settled"
-
-
-class TurnOutcome(StrEnum):
-    COMPLETED = "completed"
-    INTERRUPTED = "interrupted"
-    FAILED = "failed"
 
 
 class SequenceProvenance(StrEnum):
@@ -66,37 +65,8 @@ class ForkPointKind(StrEnum):
     THROUGH_TURN = "through_turn"
 
 
-class ProviderStateBindingMode(StrEnum):
-    """How the child's provider state becomes independently resumable (seed 000 §7).
-
-    - `host_copy`: the host's binder copies the child's provider state into the child's home;
-      the provider must return the exact frozen ordered prefix of provider Turn ids.
-    - `provider_owned`: the provider keeps the state (Claude SDK); it remaps Turn identities and
-      must return a binding for at least the selected Turn.
-    """
-
-    HOST_COPY = "host_copy"
-    PROVIDER_OWNED = "provider_owned"
-
-
-class ForkStatus(StrEnum):
-    """Internal fork operation status (seed 000 §6.1).
-
-    prepared → dispatching → provider_accepted → committed;
-    prepared|dispatching → failed; dispatching → unknown.
-    """
-
-    PREPARED = "prepared"
-    DISPATCHING = "dispatching"
-    PROVIDER_ACCEPTED = "provider_accepted"
-    COMMITTED = "committed"
-    FAILED = "failed"
-    UNKNOWN = "unknown"
-
-
-ACTIVE_FORK_STATUSES: frozenset[ForkStatus] = frozenset(
-    {ForkStatus.PREPARED, ForkStatus.DISPATCHING, ForkStatus.PROVIDER_ACCEPTED}
-)
+ACTIVE_FORK_STATUSES: frozenset[ForkStatus] = ACTIVE
+"""Re-export of `domain.fork_states.ACTIVE` for the store's own imports."""
 
 
 class ForkPublicStatus(StrEnum):
@@ -284,11 +254,7 @@ class ForkOperation:
     @property
     def holds_barrier(self) -> bool:
         """True while a new request identity on the same source + point gets this one back."""
-        return (
-            self.is_active
-            or self.status is ForkStatus.UNKNOWN
-            or (self.status is ForkStatus.COMMITTED and self.client_observed_at_ms is None)
-        )
+        return holds_barrier(self.status, self.client_observed_at_ms is not None)
 
 
 @dataclass(frozen=True, slots=True)

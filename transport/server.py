@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgpack
 import zmq
 
-from storage.errors import HostError, Unavailable
+from domain.errors import HostError, Unavailable
 from transport.security import (
     InsecureEndpoint,
     ServerCurve,

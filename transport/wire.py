@@ -15,7 +15,7 @@ from typing import Any
 
 import msgpack
 
-from storage.errors import HostError, InvalidArgument, InvalidRequest, PayloadTooLarge
+from domain.errors import HostError, InvalidArgument, InvalidRequest, PayloadTooLarge
 
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20

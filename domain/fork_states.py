@@ -1,0 +1,99 @@
+"""The fork operation state machine as data (seed 000 §6.1, ARCHITECTURE.md "Contract decision").
+
+One home for what used to be spelled in several places: the statuses, the allowed
+transitions, the active set (the source fence holds), the barrier rule (a new request identity
+on the same source + point gets the original operation back) and the restart rule (what a
+leftover of a dead process becomes). The store generates its SQL `IN (...)` lists from these
+sets; recovery and the saga ask `after_restart`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from enum import StrEnum
+
+
+class ForkStatus(StrEnum):
+    """Internal fork operation status (seed 000 §6.1).
+
+    prepared → dispatching → provider_accepted → committed;
+    prepared|dispatching → failed; dispatching → unknown.
+    """
+
+    PREPARED = "prepared"
+    DISPATCHING = "dispatching"
+    PROVIDER_ACCEPTED = "provider_accepted"
+    COMMITTED = "committed"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+
+TRANSITIONS: Mapping[ForkStatus, frozenset[ForkStatus]] = {
+    ForkStatus.PREPARED: frozenset({ForkStatus.DISPATCHING, ForkStatus.FAILED}),
+    ForkStatus.DISPATCHING: frozenset(
+        {ForkStatus.PROVIDER_ACCEPTED, ForkStatus.FAILED, ForkStatus.UNKNOWN}
+    ),
+    ForkStatus.PROVIDER_ACCEPTED: frozenset({ForkStatus.COMMITTED}),
+    ForkStatus.COMMITTED: frozenset(),
+    ForkStatus.FAILED: frozenset(),
+    ForkStatus.UNKNOWN: frozenset(),
+}
+"""`TRANSITIONS[a]` holds every status `a` may move to; terminal statuses map to nothing."""
+
+ACTIVE: frozenset[ForkStatus] = frozenset(
+    {ForkStatus.PREPARED, ForkStatus.DISPATCHING, ForkStatus.PROVIDER_ACCEPTED}
+)
+"""The source fence holds while an operation is in one of these (law 3)."""
+
+TERMINAL: frozenset[ForkStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+
+BARRIER_UNCONDITIONAL: frozenset[ForkStatus] = ACTIVE | {ForkStatus.UNKNOWN}
+"""Statuses that hold the `source + point` barrier whatever the client has seen; a `committed`
+operation also holds it until a client ACKs it (`holds_barrier`)."""
+
+
+def sources_of(to: ForkStatus) -> tuple[ForkStatus, ...]:
+    """Every status that may move to `to`, in declaration order (the guard of a transition)."""
+    return tuple(s for s in ForkStatus if to in TRANSITIONS[s])
+
+
+def can_transition(frm: ForkStatus, to: ForkStatus) -> bool:
+    return to in TRANSITIONS[frm]
+
+
+def after_restart(status: ForkStatus) -> ForkStatus | None:
+    """What an operation left in `status` by a dead host process becomes: `prepared` → failed
+    (never dispatched), `dispatching` → unknown (the request may have left; never redispatched),
+    `provider_accepted` → committed (only the local commit is left). `None`: terminal already."""
+    return _RESTART.get(status)
+
+
+_RESTART: dict[ForkStatus, ForkStatus] = {
+    ForkStatus.PREPARED: ForkStatus.FAILED,
+    ForkStatus.DISPATCHING: ForkStatus.UNKNOWN,
+    ForkStatus.PROVIDER_ACCEPTED: ForkStatus.COMMITTED,
+}
+
+
+def holds_barrier(status: ForkStatus, client_observed: bool) -> bool:
+    """The barrier rule: active, `unknown`, or committed but not yet ACKed by a client."""
+    if status in BARRIER_UNCONDITIONAL:
+        return True
+    return status is ForkStatus.COMMITTED and not client_observed
+
+
+def sql_in(statuses: Iterable[ForkStatus]) -> str:
+    """`('a', 'b', ...)` for a SQL `IN` clause, in declaration order (values are fixed enum
+    literals, never user input)."""
+    wanted = set(statuses)
+    return "(" + ", ".join(f"'{s.value}'" for s in ForkStatus if s in wanted) + ")"
+
+
+ACTIVE_SQL = sql_in(ACTIVE)
+"""`('prepared', 'dispatching', 'provider_accepted')`."""
+
+BARRIER_SQL = (
+    f"(status IN {sql_in(BARRIER_UNCONDITIONAL)}"
+    f" OR (status = '{ForkStatus.COMMITTED.value}' AND client_observed_at_ms IS NULL))"
+)
+"""The barrier rule as a SQL predicate over a `fork_operations` row."""
