@@ -24,6 +24,8 @@ from actors.ports import (
 )
 from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
 from actors.timers import TimerHandle
+from domain import fork_states
+from domain.fork_states import after_restart
 from storage.base import typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
@@ -38,7 +40,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TERMINAL = frozenset({ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN})
+TERMINAL = fork_states.TERMINAL
 _RETRY_MAX_S = 2.0
 
 
@@ -181,11 +183,13 @@ class ForkSaga:
         if op.operation_id in ctx.live_operations:
             msg.reply(ForkReply(op, False))
             return
-        if op.status is ForkStatus.PREPARED:
+        # The restart rule (domain.fork_states.after_restart); never a provider call.
+        to = after_restart(op.status)
+        if to is ForkStatus.FAILED:
             op, _ = ctx.store.mark_fork_failed(actor.ws, op.operation_id, PREPARED_ERROR)
-        elif op.status is ForkStatus.DISPATCHING:
+        elif to is ForkStatus.UNKNOWN:
             op, _ = ctx.store.mark_fork_unknown(actor.ws, op.operation_id, DISPATCHING_ERROR)
-        elif op.status is ForkStatus.PROVIDER_ACCEPTED:
+        elif to is ForkStatus.COMMITTED:
             op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
         if op.status in TERMINAL:
             actor.apply_late_bindings()
@@ -432,11 +436,13 @@ class ForkSaga:
         store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.operation.operation_id
         try:
             op = store.get_fork_operation(ws, op_id)
-            if op.status is ForkStatus.PREPARED:
+            # The same rule as a restart (domain.fork_states.after_restart).
+            to = after_restart(op.status)
+            if to is ForkStatus.FAILED:
                 op, _ = store.mark_fork_failed(ws, op_id, f"host error before dispatch: {exc}")
-            elif op.status is ForkStatus.DISPATCHING:
+            elif to is ForkStatus.UNKNOWN:
                 op, _ = store.mark_fork_unknown(ws, op_id, f"host error after dispatch: {exc}")
-            elif op.status is ForkStatus.PROVIDER_ACCEPTED:
+            elif to is ForkStatus.COMMITTED:
                 # The provider child is verified: only the local commit is left.
                 op, _ = store.commit_fork(ws, op_id)
         except Exception as record_exc:  # noqa: BLE001

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from domain.fork_states import after_restart
 from storage import Store
 from storage.models import ForkStatus
 
@@ -41,7 +42,7 @@ def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryRe
         )
         failed += page_failed
         unknown += page_unknown
-        accepted = [op for op in ops if op.status is ForkStatus.PROVIDER_ACCEPTED]
+        accepted = [op for op in ops if after_restart(op.status) is ForkStatus.COMMITTED]
         if accepted:
             page_committed, page_errors = store.commit_fork_operations(accepted)
             committed += page_committed

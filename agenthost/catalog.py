@@ -15,13 +15,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.ports import BindingState, DriverInfo
+from domain.providers import CLAUDE_CODE, CODEX, PROVIDERS, TUTTI_AGENT
 from drivers.claude_transcript import decode_binding
 
+# One entry per provider of the one list (domain.providers), in its order.
 _INFO = {
-    "tutti-agent": DriverInfo("tutti-agent", "host_copy", True, "tutti-agent-home"),
-    "codex": DriverInfo("codex", "host_copy", True, "codex-home"),
-    "claude-code": DriverInfo("claude-code", "provider_owned", True, "claude-config"),
+    TUTTI_AGENT: DriverInfo(TUTTI_AGENT, "host_copy", True, "tutti-agent-home"),
+    CODEX: DriverInfo(CODEX, "host_copy", True, "codex-home"),
+    CLAUDE_CODE: DriverInfo(CLAUDE_CODE, "provider_owned", True, "claude-config"),
 }
+assert tuple(_INFO) == PROVIDERS
 
 
 class Catalog:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agenthost.config import ConfigError, check_listen, default_home, load_config
+from domain.providers import PROVIDERS
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -30,7 +31,6 @@ EXIT_UNREACHABLE = 3
 EXIT_UNKNOWN = 4
 EXIT_INTERRUPTED = 130
 
-PROVIDERS = ("tutti-agent", "codex", "claude-code")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-PROVIDERS = ("tutti-agent", "codex", "claude-code")
+from domain.providers import PROVIDERS as PROVIDERS
+
 # Model credentials and wire keys (issue 17): `api_key_env` names the variable holding the key
 # (read by the provider at turn time, never stored); `api_key` is the less safe in-file key.
 _MODEL_KEYS = frozenset({"model", "model_base_url", "api_key_env", "api_key"})

@@ -710,7 +710,6 @@ def fork_blocked(
     return f"{label} is still running (source_turn_active)"
 
 
-PROVIDERS = ("tutti-agent", "codex", "claude-code")
 
 _ERROR_WORDS: dict[str, str] = {
     "agent_session_busy": "a turn is already running in this session (wait, or interrupt it)",

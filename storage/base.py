@@ -18,6 +18,7 @@ from typing import Any
 
 import apsw
 
+from domain.fork_states import ACTIVE_SQL
 from storage.errors import ForkInProgress, HostError, StoreBusy
 from storage.models import ChangeEvent
 from storage.schema import migrate
@@ -116,7 +117,7 @@ class Tx:
         row = self.one(
             "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
             " AND source_session_id = ?"
-            " AND status IN ('prepared', 'dispatching', 'provider_accepted') LIMIT 1",
+            f" AND status IN {ACTIVE_SQL} LIMIT 1",
             (self.workspace_id, session_id),
         )
         if row is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import apsw
 
+from domain.fork_states import ACTIVE_SQL, BARRIER_SQL, after_restart, sources_of
 from storage.base import Row, StoreBase, Tx, dumps, loads
 from storage.canonical import load_session, load_turn, require_session
 from storage.errors import (
@@ -65,12 +66,10 @@ _OP_COLUMNS = (
     " accepted_at_ms, completed_at_ms, client_observed_at_ms, target_title,"
     " target_turn_bindings, op_seq"
 )
-_ACTIVE_SQL = "('prepared', 'dispatching', 'provider_accepted')"
-# The barrier of seed 000 §6.1: active, unknown, or committed but not yet observed by a client.
-_BARRIER_SQL = (
-    "(status IN ('prepared', 'dispatching', 'provider_accepted', 'unknown')"
-    " OR (status = 'committed' AND client_observed_at_ms IS NULL))"
-)
+# Generated from the state machine (domain.fork_states): the active set, and the barrier of
+# seed 000 §6.1 (active, unknown, or committed but not yet observed by a client).
+_ACTIVE_SQL = ACTIVE_SQL
+_BARRIER_SQL = BARRIER_SQL
 
 
 def _op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOperation:
@@ -456,14 +455,13 @@ class ForkStore(StoreBase):
         with self._write(None) as tx:
             for op in ops:
                 ws, op_id = op.workspace_id, op.operation_id
-                if op.status is ForkStatus.PREPARED:
-                    to, source, error = ForkStatus.FAILED, ForkStatus.PREPARED, prepared_error
-                elif op.status is ForkStatus.DISPATCHING:
-                    to, source, error = (
-                        ForkStatus.UNKNOWN,
-                        ForkStatus.DISPATCHING,
-                        dispatching_error,
-                    )
+                # The restart rule lives in domain.fork_states; the commit of a
+                # provider_accepted leftover is not a pure status change (commit_fork does it).
+                source, to = op.status, after_restart(op.status)
+                if to is ForkStatus.FAILED:
+                    error = prepared_error
+                elif to is ForkStatus.UNKNOWN:
+                    error = dispatching_error
                 else:
                     continue
                 tx.execute(
@@ -493,7 +491,7 @@ class ForkStore(StoreBase):
             ws,
             op_id,
             to=ForkStatus.DISPATCHING,
-            sources=(ForkStatus.PREPARED,),
+            sources=sources_of(ForkStatus.DISPATCHING),
             assignments="dispatched_at_ms = ?",
             params=(now,),
         )
@@ -504,7 +502,7 @@ class ForkStore(StoreBase):
             ws,
             op_id,
             to=ForkStatus.FAILED,
-            sources=(ForkStatus.PREPARED, ForkStatus.DISPATCHING),
+            sources=sources_of(ForkStatus.FAILED),
             assignments="error = ?, completed_at_ms = ?",
             params=(str(error), now),
             release=True,
@@ -517,7 +515,7 @@ class ForkStore(StoreBase):
             ws,
             op_id,
             to=ForkStatus.UNKNOWN,
-            sources=(ForkStatus.DISPATCHING,),
+            sources=sources_of(ForkStatus.UNKNOWN),
             assignments="error = ?, completed_at_ms = ?",
             params=(str(error), now),
             release=True,

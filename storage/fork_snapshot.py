@@ -17,6 +17,7 @@ from typing import Any
 
 import apsw
 
+from domain.fork_states import ACTIVE_SQL
 from storage.base import dumps
 from storage.errors import (
     ForkBoundaryError,
@@ -107,7 +108,7 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
         (
             ForkBoundaryReason.SOURCE_FORK_ACTIVE,
             "SELECT 1 FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
-            " AND status IN ('prepared', 'dispatching', 'provider_accepted')",
+            f" AND status IN {ACTIVE_SQL}",
         ),
     )
     for reason, sql in checks:

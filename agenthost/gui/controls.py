@@ -13,7 +13,8 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from agenthost.session_client import PROVIDERS, describe_interaction
+from agenthost.session_client import describe_interaction
+from domain.providers import PROVIDERS
 
 APPROVE_ID = "approve"
 DECLINE_ID = "decline"

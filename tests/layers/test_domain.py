@@ -1,0 +1,102 @@
+"""The domain's words are defined once: every old home re-exports the same object, the one
+code → status table gives every typed error its status, and the fork state machine as data
+agrees with the contract (ARCHITECTURE.md "Contract decision") and with the store's SQL."""
+
+from __future__ import annotations
+
+import pytest
+
+import actors.ports
+import agenthost.catalog
+import drivers.base
+import drivers.errors
+import storage.errors
+import storage.models
+from domain import enums, errors, fork_states, providers
+from domain.fork_states import ForkStatus
+
+
+def test_each_enum_has_one_definition() -> None:
+    assert drivers.base.DeliveryDisposition is enums.DeliveryDisposition
+    assert actors.ports.DeliveryDisposition is enums.DeliveryDisposition
+    assert drivers.base.ProviderStateBindingMode is enums.ProviderStateBindingMode
+    assert storage.models.ProviderStateBindingMode is enums.ProviderStateBindingMode
+    assert drivers.base.TurnOutcome is enums.TurnOutcome
+    assert storage.models.TurnOutcome is enums.TurnOutcome
+    assert storage.models.ForkStatus is fork_states.ForkStatus
+    assert storage.models.ACTIVE_FORK_STATUSES is fork_states.ACTIVE
+
+
+def test_storage_errors_is_a_re_export_of_the_domain_errors() -> None:
+    assert storage.errors.HostError is errors.HostError
+    assert storage.errors.ForkBoundaryReason is errors.ForkBoundaryReason
+    assert set(storage.errors.__all__) >= {
+        name for name, value in vars(errors).items() if isinstance(value, type)
+        and value.__module__ == errors.__name__
+    }
+
+
+def test_every_typed_error_takes_its_status_from_the_one_table() -> None:
+    def subclasses(cls: type[errors.HostError]) -> list[type[errors.HostError]]:
+        found = [cls]
+        for sub in cls.__subclasses__():
+            found.extend(subclasses(sub))
+        return found
+
+    for cls in subclasses(errors.HostError):
+        if cls is drivers.errors.WorkerError:
+            continue  # takes code and status from the worker's answer, checked below
+        assert cls.status == errors.STATUS_BY_CODE[cls.code], cls
+
+
+@pytest.mark.parametrize("code", sorted(errors.STATUS_BY_CODE))
+def test_a_worker_error_map_gets_its_status_from_the_table(code: str) -> None:
+    err = drivers.errors.WorkerError({"code": code, "reason": "r", "message": "m"})
+    assert err.status == errors.STATUS_BY_CODE[code]
+    assert drivers.errors.WorkerError({"code": "no_such_code"}).status == 500
+
+
+def test_the_provider_list_is_one() -> None:
+    assert providers.PROVIDERS == ("tutti-agent", "codex", "claude-code")
+    assert agenthost.catalog.Catalog().providers() == providers.PROVIDERS
+
+
+def test_restart_rule() -> None:
+    assert fork_states.after_restart(ForkStatus.PREPARED) is ForkStatus.FAILED
+    assert fork_states.after_restart(ForkStatus.DISPATCHING) is ForkStatus.UNKNOWN
+    assert fork_states.after_restart(ForkStatus.PROVIDER_ACCEPTED) is ForkStatus.COMMITTED
+    for status in fork_states.TERMINAL:
+        assert fork_states.after_restart(status) is None
+    # Every restart move is an allowed transition; `unknown` is never left.
+    for status in fork_states.ACTIVE:
+        to = fork_states.after_restart(status)
+        assert to is not None and fork_states.can_transition(status, to)
+    assert fork_states.TRANSITIONS[ForkStatus.UNKNOWN] == frozenset()
+
+
+def test_transitions_and_sets() -> None:
+    assert fork_states.sources_of(ForkStatus.DISPATCHING) == (ForkStatus.PREPARED,)
+    assert fork_states.sources_of(ForkStatus.FAILED) == (
+        ForkStatus.PREPARED,
+        ForkStatus.DISPATCHING,
+    )
+    assert fork_states.sources_of(ForkStatus.UNKNOWN) == (ForkStatus.DISPATCHING,)
+    assert fork_states.sources_of(ForkStatus.COMMITTED) == (ForkStatus.PROVIDER_ACCEPTED,)
+    assert {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN} == fork_states.TERMINAL
+    assert set(ForkStatus) - fork_states.TERMINAL == fork_states.ACTIVE
+
+
+def test_barrier_rule() -> None:
+    for status in ForkStatus:
+        expected = status in fork_states.ACTIVE or status is ForkStatus.UNKNOWN
+        assert fork_states.holds_barrier(status, client_observed=True) is expected
+        expected_unacked = expected or status is ForkStatus.COMMITTED
+        assert fork_states.holds_barrier(status, client_observed=False) is expected_unacked
+
+
+def test_generated_sql_is_the_spelling_the_store_used() -> None:
+    assert fork_states.ACTIVE_SQL == "('prepared', 'dispatching', 'provider_accepted')"
+    assert fork_states.BARRIER_SQL == (
+        "(status IN ('prepared', 'dispatching', 'provider_accepted', 'unknown')"
+        " OR (status = 'committed' AND client_observed_at_ms IS NULL))"
+    )
