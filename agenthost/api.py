@@ -68,6 +68,7 @@ class Api:
             "session.get": self.session_get,
             "session.list": self.session_list,
             "session.timeline": self.session_timeline,
+            "session.lineage": self.session_lineage,
             "session.updateSettings": self.session_update_settings,
             "session.updateTitle": self.session_update_title,
             "session.pin": self.session_pin,
@@ -237,6 +238,13 @@ class Api:
             }
 
         self._read(responder, _timeline)
+
+    def session_lineage(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        self._read(
+            responder,
+            lambda: projection.lineage_tree(self.store.lineage_tree(ws, sid), self.catalog),
+        )
 
     def _mutate(
         self,

@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     f.add_argument("--fork-timeout", type=float, default=120.0)
     f.set_defaults(run=_fork)
+    t = sub.add_parser("tree", parents=[common], help="a session's fork tree (ancestors, forks)")
+    t.add_argument("session", help="session id or unique prefix")
+    t.set_defaults(run=_tree)
     o = sub.add_parser("op", parents=[common], help="show a fork operation")
     o.add_argument("operation")
     o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
@@ -490,6 +493,17 @@ def _show(args: argparse.Namespace, client: Any) -> int:
         {"session": session, "turns": turns},
         format_transcript(session, turns, source),
     )
+    return EXIT_OK
+
+
+@_with_client
+def _tree(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.lineage_view import format_tree
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    tree = _call(args, client, "session.lineage", agentSessionId=sid)
+    _emit(args, tree, format_tree(tree))
     return EXIT_OK
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from actors.ports import ProviderCatalog
+from storage.lineage_tree import LineageNode, LineageTree
 from storage.models import ForkOperation, Interaction, Lineage, Message, Session, Turn
 
 
@@ -109,4 +110,31 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
         "session": None if committed is None else session(committed, catalog),
         "lineage": lineage(value.lineage),
         "error": value.error,
+    }
+
+
+def lineage_node(value: LineageNode) -> dict[str, Any]:
+    return {
+        "agentSessionId": value.session_id,
+        "title": value.title,
+        "deleted": value.deleted,
+        "ordinal": value.ordinal,
+        "lineage": lineage(value.lineage),
+        "children": [lineage_node(c) for c in value.children],
+    }
+
+
+def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]:
+    """`session.lineage` (issue 21 §3): ancestors nearest first, then the descendant tree."""
+    return {
+        "session": session(value.session, catalog),
+        "ancestors": [
+            {
+                "agentSessionId": a.session_id,
+                "session": None if a.session is None else session(a.session, catalog),
+                "lineage": lineage(a.lineage),
+            }
+            for a in value.ancestors
+        ],
+        "descendants": [lineage_node(n) for n in value.descendants],
     }

@@ -12,9 +12,10 @@ from pathlib import Path
 from storage.base import Clock
 from storage.canonical import CanonicalStore
 from storage.fork_operations import ForkStore
+from storage.lineage_tree import LineageStore
 
 
-class Store(CanonicalStore, ForkStore):
+class Store(CanonicalStore, ForkStore, LineageStore):
     """The canonical store (see docs/design/store.md)."""
 
     @classmethod
