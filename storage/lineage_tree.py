@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import apsw
 
-from storage.base import StoreBase
+from storage.base import Row, StoreBase
 from storage.canonical import load_session, require_session
 from storage.models import Lineage, Session
 
@@ -49,6 +49,10 @@ class LineageTree:
     descendants: list[LineageNode]
 
 
+def _lineage(r: Row) -> Lineage:
+    return Lineage(str(r[0]), str(r[1]), str(r[2]), str(r[3]), str(r[4]), int(r[5]))
+
+
 def _lineage_row(conn: apsw.Connection, ws: str, sid: str) -> Lineage | None:
     r = conn.execute(
         "SELECT source_session_id, source_turn_id, target_session_id, target_turn_id,"
@@ -56,9 +60,7 @@ def _lineage_row(conn: apsw.Connection, ws: str, sid: str) -> Lineage | None:
         " AND target_session_id = ?",
         (ws, sid),
     ).fetchone()
-    if r is None:
-        return None
-    return Lineage(*r)
+    return None if r is None else _lineage(r)
 
 
 def _children(conn: apsw.Connection, ws: str, sid: str) -> list[tuple[Lineage, int]]:
@@ -70,7 +72,7 @@ def _children(conn: apsw.Connection, ws: str, sid: str) -> list[tuple[Lineage, i
         " WHERE l.workspace_id = ? AND l.source_session_id = ? ORDER BY o.op_seq",
         (ws, sid),
     ).fetchall()
-    return [(Lineage(*r), i + 1) for i, r in enumerate(rows)]
+    return [(_lineage(r), i + 1) for i, r in enumerate(rows)]
 
 
 def lineage_tree(conn: apsw.Connection, ws: str, sid: str) -> LineageTree:
