@@ -27,6 +27,7 @@ from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
 from storage.errors import ForkUnsupported, HostError, ProviderError
 from storage.models import (
     ForkOperation,
+    ForkPointKind,
     ForkPrepareRequest,
     ForkStatus,
     ProviderForkEvidence,
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TERMINAL = frozenset({ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN})
+
+
+def full_session_capable(catalog: Any, provider: str, context: Mapping[str, Any]) -> bool:
+    """`lifecycleCapabilities.forkFullSession` from the persisted attestation (issue 21 §2);
+    a catalog that knows nothing of it is false (never inferred from forkThroughTurn)."""
+    check = getattr(catalog, "fork_full_session_capable", None)
+    return bool(check is not None and check(provider, context))
 
 
 @dataclass(eq=False)
@@ -78,6 +86,7 @@ class ForkSaga:
             request_id=msg.request_id,
             target_session_id=msg.target_session_id,
             turn_id=msg.turn_id,
+            point_kind=msg.point_kind,
         )
         if existing is not None:
             live = actor.sagas.get(existing.operation_id)
@@ -120,16 +129,24 @@ class ForkSaga:
         ctx = actor.ctx
         context = dict(runtime.runtime_context)
         # Re-resolved at execution: a capability a client cached never bypasses the server.
-        if not ctx.catalog.fork_through_turn_capable(runtime.provider, context):
+        full = msg.point_kind == ForkPointKind.LATEST_SETTLED
+        capable = (
+            full_session_capable(ctx.catalog, runtime.provider, context)
+            if full
+            else ctx.catalog.fork_through_turn_capable(runtime.provider, context)
+        )
+        if not capable:
             raise ForkUnsupported(
                 f"session {actor.sid} ({runtime.provider} "
-                f"{context.get('driverVersion', '?')}) cannot fork through a turn"
+                f"{context.get('driverVersion', '?')}) cannot fork "
+                + ("the whole session" if full else "through a turn")
             )
         request = ForkPrepareRequest(
             source_session_id=actor.sid,
             request_id=msg.request_id,
             target_session_id=msg.target_session_id,
             turn_id=msg.turn_id,
+            point_kind=msg.point_kind,
             driver_kind=str(context.get("driverKind") or runtime.provider),
             driver_version=str(context.get("driverVersion") or ""),
             binding_mode=info.binding_mode,
@@ -230,6 +247,11 @@ class ForkSaga:
             return
         if self.info.binding_mode == "host_copy" and not result.get("binderAvailable", True):
             self._fail("provider-state binder unavailable")
+            return
+        full = op.point_kind == ForkPointKind.LATEST_SETTLED
+        if full and result.get("forkFullSession") is not True:
+            # The driver declares full-Session fork separately (seed 000 §11 step 2).
+            self._fail("the driver does not declare forkFullSession")
             return
         ctx = self.actor.ctx
         op, _ = ctx.store.mark_fork_dispatching(self.actor.ws, op.operation_id)

@@ -338,16 +338,23 @@ class Api:
         request_id = require_str(params, "requestId", max_len=128)
         target = require_uuid(params, "targetAgentSessionId")
         point = require_map(params, "point")
-        if point.get("type") != "throughTurn":
-            raise InvalidArgument("point", "'point.type' must be 'throughTurn'")
-        turn_id = point.get("turnId")
-        if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128:
-            raise InvalidArgument("point", "'point.turnId' must be a 1..128 character string")
+        if point.get("type") == "latestSettled":
+            # The whole Session (issue 21 §2): no turnId; resolved and frozen at prepare.
+            if "turnId" in point:
+                raise InvalidArgument("point", "'latestSettled' takes no 'point.turnId'")
+            turn_id, kind = "", "latest_settled"
+        elif point.get("type") == "throughTurn":
+            given = point.get("turnId")
+            if not isinstance(given, str) or not 1 <= len(given) <= 128:
+                raise InvalidArgument("point", "'point.turnId' must be a 1..128 character string")
+            turn_id, kind = given, "through_turn"
+        else:
+            raise InvalidArgument("point", "'point.type' must be 'throughTurn' or 'latestSettled'")
         self._route(
             responder,
             ws,
             sid,
-            lambda reply: ForkCreate(request_id, target, turn_id, reply),
+            lambda reply: ForkCreate(request_id, target, turn_id, reply, kind),
             self._fork_result,
         )
 

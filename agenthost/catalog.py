@@ -17,6 +17,9 @@ from drivers.versions import CODEX_MIN, TUTTI_AGENT_MIN, Version
 # First versions whose app-server `thread/fork` takes `lastTurnId` (inclusive).
 FORK_GATES: dict[str, Version] = {"tutti-agent": TUTTI_AGENT_MIN, "codex": CODEX_MIN}
 
+# Drivers whose attestation declares `forkFullSession` (drivers/tutti_agent.py, claude.py).
+FULL_SESSION_DRIVERS = frozenset({"tutti-agent", "codex", "claude-code"})
+
 _INFO = {
     "tutti-agent": DriverInfo("tutti-agent", "host_copy", True, "tutti-agent-home"),
     "codex": DriverInfo("codex", "host_copy", True, "codex-home"),
@@ -44,6 +47,15 @@ class Catalog:
         gate = FORK_GATES.get(provider)
         version = Version.parse(str(runtime_context.get("driverVersion") or ""))
         return gate is not None and version is not None and version >= gate
+
+    def fork_full_session_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
+        """Full-Session fork (issue 21 §2) cuts at the newest settled Turn with the same
+        verified mechanism, so a driver declares it (`forkFullSession` in its attestation,
+        re-checked at dispatch) only where the child's history is proven equal to the
+        canonical prefix: the exact-prefix `thread/fork` gates and Claude's pinned SDK."""
+        return provider in FULL_SESSION_DRIVERS and self.fork_through_turn_capable(
+            provider, runtime_context
+        )
 
     def binding_state(
         self, provider: str, root_provider_turn_id: str | None, binding_json: str | None

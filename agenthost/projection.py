@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from actors.fork_saga import full_session_capable
 from actors.ports import ProviderCatalog
+from storage.fork_points import wire_point
 from storage.lineage_tree import LineageNode, LineageTree
 from storage.models import ForkOperation, Interaction, Lineage, Message, Session, Turn
 
@@ -48,7 +50,12 @@ def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
         "createdAtUnixMs": value.created_at_ms,
         "updatedAtUnixMs": value.updated_at_ms,
         # `fork` (whole-session) is not implemented for any provider (seed 000 §1).
-        "lifecycleCapabilities": {"fork": False, "forkThroughTurn": fork_through_turn},
+        "lifecycleCapabilities": {
+            "fork": False,
+            "forkThroughTurn": fork_through_turn,
+            "forkFullSession": value.kind == "root"
+            and full_session_capable(catalog, value.provider, value.runtime_context),
+        },
         "forkedFrom": lineage(value.lineage),
     }
 
@@ -104,7 +111,7 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
         "requestId": value.request_id,
         "sourceAgentSessionId": value.source_session_id,
         "targetAgentSessionId": value.target_session_id,
-        "point": {"type": "throughTurn", "turnId": value.source_turn_id},
+        "point": wire_point(value.point_kind, value.source_turn_id),
         "status": value.public_status.value,
         "phase": value.phase.value,
         "session": None if committed is None else session(committed, catalog),

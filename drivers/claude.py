@@ -232,6 +232,8 @@ class ClaudeDriver:
             "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
             # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
             "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
+            # Full-Session fork: the same checkpoint cut at the newest settled Turn.
+            "forkFullSession": sdk_version() == PINNED_SDK_VERSION,
             # provider_owned needs no host binder: the driver itself places the child's
             # transcript in the child's own home before it answers `accepted`.
             "binderAvailable": True,

@@ -236,6 +236,8 @@ class AppServerDriver:
             "bindingMode": self.binding_mode.value,
             "binderAvailable": True,
             "forkThroughTurn": runtime.gate.fork_through_turn,
+            # Full-Session fork is the same exact-prefix fork at the newest settled Turn.
+            "forkFullSession": runtime.gate.fork_through_turn,
         }
 
     # ------------------------------------------------------------------ port methods

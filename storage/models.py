@@ -64,6 +64,8 @@ class ForkPointKind(StrEnum):
     """
 
     THROUGH_TURN = "through_turn"
+    # The whole Session: its newest settled Turn, resolved and frozen at prepare (issue 21).
+    LATEST_SETTLED = "latest_settled"
 
 
 class ProviderStateBindingMode(StrEnum):
