@@ -38,7 +38,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TERMINAL = frozenset({ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN})
+TERMINAL = frozenset(
+    {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN, ForkStatus.ABANDONED}
+)
 
 
 def full_session_capable(catalog: Any, provider: str, context: Mapping[str, Any]) -> bool:

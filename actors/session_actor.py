@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pykka
 
 from actors.context import HostContext
+from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.fork_saga import ForkSaga
 from actors.messages import (
     DriverEvent,
@@ -86,6 +87,7 @@ class SessionActor(pykka.ThreadingActor):
         self._predecessor = predecessor
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
+        self.resolves: dict[str, Any] = {}  # fork.resolve in flight (actors/fork_resolve.py)
         self._busy = False
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -136,13 +138,19 @@ class SessionActor(pykka.ThreadingActor):
                 ForkSaga.start(self, message)
             case ForkAdvance():
                 ForkSaga.advance_leftover(self, message)
+            case ForkResolve():
+                ForkResolver.start(self, message)
             case RuntimeLost():
                 self._on_runtime_lost(message)
             case _:
                 log.warning("session actor %s: unknown message %r", self.key, message)
 
     def _update_busy(self) -> None:
-        busy = bool(self.sagas) or any(not t.settled for t in self._turns.values())
+        busy = (
+            bool(self.sagas)
+            or bool(self.resolves)
+            or any(not t.settled for t in self._turns.values())
+        )
         if busy != self._busy:
             self._busy = busy
             if self.ctx.on_busy_change is not None:

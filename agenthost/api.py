@@ -16,6 +16,8 @@ from typing import Any
 
 import pykka
 
+from actors.fork_resolve import ACTIONS as RESOLVE_ACTIONS
+from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.host_actor import GetFork, HostActor, Route
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from actors.ports import ProviderCatalog
@@ -81,6 +83,7 @@ class Api:
             "fork.create": self.fork_create,
             "fork.get": self.fork_get,
             "fork.acknowledge": self.fork_acknowledge,
+            "fork.resolve": self.fork_resolve,
         }
         if set_failpoints is not None:
             self._methods["debug.failpoints"] = self.debug_failpoints
@@ -404,6 +407,40 @@ class Api:
             return {"operation": projection.operation(op, self.catalog)}
 
         self._read(responder, _ack)
+
+    def fork_resolve(self, params: Mapping[str, Any], responder: Responder) -> None:
+        """Issue 21 §1: inspect / adopt / abandon an `unknown` operation, in its source's actor."""
+        ws = _workspace(params)
+        op_id = require_str(params, "operationId", max_len=128)
+        request_id = require_str(params, "requestId", max_len=128)
+        action = require_enum(params, "action", RESOLVE_ACTIONS)
+
+        def project(outcome: Any) -> tuple[int, dict[str, Any]]:
+            if not isinstance(outcome, ResolveReply):
+                raise HostError("unexpected fork.resolve reply")
+            return 200, {
+                "operation": projection.operation(outcome.operation, self.catalog),
+                "evidence": None if outcome.evidence is None else dict(outcome.evidence),
+            }
+
+        def _go() -> None:
+            try:
+                op = self.store.get_fork_operation(ws, op_id)
+            except HostError as exc:
+                responder.error(exc)
+                return
+            self._route(
+                responder,
+                ws,
+                op.source_session_id,
+                lambda reply: ForkResolve(op_id, request_id, action, reply),
+                project,
+            )
+
+        try:
+            self._pool.submit(_go)
+        except RuntimeError:
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
     def debug_failpoints(self, params: Mapping[str, Any], responder: Responder) -> None:
         assert self._set_failpoints is not None

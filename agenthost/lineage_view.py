@@ -44,3 +44,35 @@ def format_tree(tree: Json) -> str:
 
     walk(list(tree.get("descendants") or []), depth + 1)
     return "\n".join(lines)
+
+
+def format_resolution(result: Json) -> str:
+    """`agenthost resolve`: the operation, then each provider child found and the verdict."""
+    op = result["operation"]
+    lines = [f"operation {op['operationId']}: {op['status']} ({op['phase']})"]
+    evidence = result.get("evidence") or {}
+    children = list(evidence.get("children") or [])
+    if evidence:
+        lines.append(f"  verdict: {evidence.get('verdict')}")
+    for child in children:
+        where = ", ".join(child.get("locations") or []) or "?"
+        lines.append(
+            f"  child {child['providerSessionId']} (in the {where} home): "
+            f"forked from {child.get('forkedFromId')}, "
+            f"turns {'equal' if child.get('turnsEqualPrefix') else 'DIFFER from'} the frozen "
+            f"prefix, {'reads' if child.get('readsFromOwnHome') else 'does not read'} "
+            "from its own home"
+        )
+    if evidence and not children:
+        lines.append("  no provider child for this operation")
+    for path in evidence.get("quarantinedNow") or evidence.get("quarantined") or []:
+        lines.append(f"  quarantined: {path}")
+    if op.get("session"):
+        lines.append(
+            f"  child session: {op['session']['agentSessionId']}  {op['session']['title']}"
+        )
+    if op["status"] == "unknown" and evidence.get("verdict") == "adoptable":
+        lines.append("  next: agenthost resolve OP --adopt (or --abandon)")
+    elif op["status"] == "unknown":
+        lines.append("  next: agenthost resolve OP --abandon")
+    return "\n".join(lines)

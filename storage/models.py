@@ -94,6 +94,8 @@ class ForkStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    # Terminal: an `unknown` operation settled by `fork.resolve` abandon (issue 21 §1).
+    ABANDONED = "abandoned"
 
 
 ACTIVE_FORK_STATUSES: frozenset[ForkStatus] = frozenset(
@@ -106,6 +108,7 @@ class ForkPublicStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    ABANDONED = "abandoned"
 
 
 class ForkPhase(StrEnum):
@@ -115,6 +118,7 @@ class ForkPhase(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     DELIVERY_UNKNOWN = "deliveryUnknown"
+    ABANDONED = "abandoned"
 
 
 _PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
@@ -124,6 +128,7 @@ _PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
     ForkStatus.COMMITTED: (ForkPublicStatus.COMMITTED, ForkPhase.COMMITTED),
     ForkStatus.FAILED: (ForkPublicStatus.FAILED, ForkPhase.FAILED),
     ForkStatus.UNKNOWN: (ForkPublicStatus.UNKNOWN, ForkPhase.DELIVERY_UNKNOWN),
+    ForkStatus.ABANDONED: (ForkPublicStatus.ABANDONED, ForkPhase.ABANDONED),
 }
 
 

@@ -12,10 +12,11 @@ from pathlib import Path
 from storage.base import Clock
 from storage.canonical import CanonicalStore
 from storage.fork_operations import ForkStore
+from storage.fork_resolution import ResolutionStore
 from storage.lineage_tree import LineageStore
 
 
-class Store(CanonicalStore, ForkStore, LineageStore):
+class Store(CanonicalStore, ForkStore, LineageStore, ResolutionStore):
     """The canonical store (see docs/design/store.md)."""
 
     @classmethod
