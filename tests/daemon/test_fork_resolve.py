@@ -178,3 +178,54 @@ def test_resolve_cli_and_typed_errors(daemon: DaemonProcess) -> None:
     with pytest.raises(ApiError) as err:
         resolve(c, op["operationId"], "explode")
     assert err.value.status == 400
+
+
+def _race(d: DaemonProcess, calls: list[tuple[str, str, str]]) -> list[Any]:
+    """Send every (op, action, request) at once on its own client; results or ApiErrors."""
+    import threading
+
+    out: list[Any] = [None] * len(calls)
+    clients = [d.client() for _ in calls]
+    go = threading.Barrier(len(calls))
+
+    def run(i: int) -> None:
+        op_id, action, rid = calls[i]
+        go.wait()
+        try:
+            out[i] = resolve(clients[i], op_id, action, rid)
+        except ApiError as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_concurrent_resolves_one_wins_others_get_its_result_or_409(
+    daemon: DaemonProcess,
+) -> None:
+    c = daemon.client()
+    sid, turns = three_turn_source(c)
+    # Different requests race: exactly one abandons, the others get a typed 409.
+    op = unknown_fork(c, sid, turns[0]["turnId"], "worker.fork.before_provider_call")
+    results = _race(daemon, [(op["operationId"], "abandon", str(uuid.uuid4())) for _ in range(3)])
+    won = [r for r in results if isinstance(r, dict)]
+    lost = [r for r in results if isinstance(r, ApiError)]
+    assert len(won) == 1 and won[0]["operation"]["status"] == "abandoned", results
+    assert len(lost) == 2
+    assert {e.status for e in lost} == {409}
+    assert {e.reason for e in lost} <= {
+        "agent_session_fork_resolve_in_progress",
+        "agent_session_fork_resolve_conflict",
+    }
+    # The same request raced: every caller gets the one result.
+    op2 = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.after_provider_call")
+    rid = str(uuid.uuid4())
+    results = _race(daemon, [(op2["operationId"], "adopt", rid) for _ in range(3)])
+    assert all(isinstance(r, dict) for r in results), results
+    assert {r["operation"]["status"] for r in results} == {"committed"}
+    assert len({r["operation"]["targetAgentSessionId"] for r in results}) == 1
+    assert len(child_rollouts(runtime_home(daemon.home, WS, sid))) == 1
