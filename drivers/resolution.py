@@ -83,6 +83,12 @@ def _turns_in(driver: Any, home: Path, thread_id: str) -> list[str] | str:
     except Exception as exc:  # noqa: BLE001 - evidence, not a failure of the inspection
         return str(exc)
     try:
+        project = getattr(driver, "_project", None)
+        if project is not None:
+            # Codex loads a thread (and the ancestors it reads through) only once projected.
+            from drivers.codex import rollout_lineage
+
+            project(runtime, reversed(rollout_lineage(home, thread_id)))
         return [str(t.get("id")) for t in driver._thread_turns(runtime, thread_id)]
     except Exception as exc:  # noqa: BLE001
         return str(exc)
