@@ -145,6 +145,7 @@ class ForkResolver:
                 "agentSessionId": self.actor.key,
                 "providerSessionId": op.source_provider_session_id,
                 "home": str(ctx.runtime_home(ws, self.actor.sid, self.provider)),
+                "cwd": self.actor.session().cwd,
             },
             "target": {
                 "agentSessionId": runtime_key(ws, op.target_session_id),
@@ -153,7 +154,17 @@ class ForkResolver:
             "providerTurnIds": list(op.source_provider_turn_ids),
             "excludeChildIds": [c for c in claimed if c != op.target_provider_session_id],
             "title": op.target_title,
+            # What a provider_owned driver needs to re-verify a child as its fork would.
+            "providerTurnBindings": self._frozen_bindings(),
+            "driverKind": op.driver_kind,
+            "driverVersion": op.driver_version,
         }
+
+    def _frozen_bindings(self) -> list[str | None]:
+        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
+        by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
+        return [by_id.get(pid) for pid in self.op.source_provider_turn_ids]
 
     def _worker(self, method: str, then: Callable[[dict[str, Any]], None]) -> None:
         ctx = self.actor.ctx

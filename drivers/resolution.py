@@ -33,6 +33,15 @@ def dispatch(driver: Any, method: str, params: Mapping[str, Any]) -> dict[str, A
     own = getattr(driver, "fork_resolution", None)
     if own is not None:
         return dict(own(method, params))
+    if hasattr(driver, "_relocate_child") and hasattr(driver, "_verify_child"):
+        from drivers import claude_resolution as claude
+
+        table = {
+            "fork.inspect": claude.inspect,
+            "fork.adopt": claude.adopt,
+            "fork.quarantine": claude.quarantine,
+        }
+        return table[method](driver, params)
     if not (hasattr(driver, "binder") and hasattr(driver, "_thread_turns")):
         raise DriverError(f"{type(driver).__name__} cannot resolve fork operations")
     fn = {"fork.inspect": inspect, "fork.adopt": adopt, "fork.quarantine": quarantine}[method]
