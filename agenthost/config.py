@@ -21,7 +21,21 @@ _PROVIDER_KEYS: dict[str, frozenset[str]] = {
 }
 _TOP_KEYS = frozenset({"providers", "daemon"})
 _DAEMON_KEYS = frozenset(
-    {"listen", "events_listen", "allow_remote", "idle_actor_seconds", "fork_sync_budget_ms"}
+    {
+        "listen",
+        "events_listen",
+        "allow_remote",
+        "idle_actor_seconds",
+        "fork_sync_budget_ms",
+        # Reliability limits (docs/reliability.md): how long a write waits for SQLite's lock,
+        # how long a Turn's durable writes are retried before it settles `failed`, how long a
+        # Turn may stay silent before its runtime is stopped, and the fork budgets.
+        "store_busy_timeout_ms",
+        "store_retry_limit_seconds",
+        "turn_inactivity_seconds",
+        "turn_interrupt_seconds",
+        "fork_provider_call_seconds",
+    }
 )
 
 
@@ -40,6 +54,11 @@ class Config:
     allow_remote: bool = False
     idle_actor_seconds: float = 30.0
     fork_sync_budget_s: float = 2.0
+    store_busy_timeout_ms: int = 10_000
+    store_retry_limit_s: float = 120.0
+    turn_inactivity_s: float = 1800.0
+    turn_interrupt_s: float = 10.0
+    fork_provider_call_s: float = 60.0
 
     @property
     def store_path(self) -> Path:
@@ -110,7 +129,20 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
         allow_remote=allow_remote,
         idle_actor_seconds=float(daemon.get("idle_actor_seconds", 30.0)),
         fork_sync_budget_s=float(daemon.get("fork_sync_budget_ms", 2000)) / 1000.0,
+        store_busy_timeout_ms=_positive(daemon, "store_busy_timeout_ms", 10_000, source, int),
+        store_retry_limit_s=_positive(daemon, "store_retry_limit_seconds", 120.0, source, float),
+        turn_inactivity_s=_positive(daemon, "turn_inactivity_seconds", 1800.0, source, float),
+        turn_interrupt_s=_positive(daemon, "turn_interrupt_seconds", 10.0, source, float),
+        fork_provider_call_s=_positive(daemon, "fork_provider_call_seconds", 60.0, source, float),
     )
+
+
+def _positive(table: Mapping[str, Any], key: str, default: Any, source: str, kind: type) -> Any:
+    """A positive number of the key's kind, or a named ConfigError (never a traceback)."""
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ConfigError(f"{source}: [daemon] {key} must be a positive number, got {value!r}")
+    return kind(value)
 
 
 def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen") -> None:
