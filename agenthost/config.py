@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -14,11 +15,15 @@ from typing import Any
 from urllib.parse import urlparse
 
 PROVIDERS = ("tutti-agent", "codex", "claude-code")
+# Model credentials and wire keys (issue 17): `api_key_env` names the variable holding the key
+# (read by the provider at turn time, never stored); `api_key` is the less safe in-file key.
+_MODEL_KEYS = frozenset({"model", "model_base_url", "api_key_env", "api_key"})
 _PROVIDER_KEYS: dict[str, frozenset[str]] = {
-    "tutti-agent": frozenset({"command", "model", "model_base_url"}),
-    "codex": frozenset({"command", "model", "model_base_url"}),
-    "claude-code": frozenset({"cli_path", "model", "model_base_url", "api_key"}),
+    "tutti-agent": frozenset({"command", "wire_api", "instructions"}) | _MODEL_KEYS,
+    "codex": frozenset({"command", "use_user_login"}) | _MODEL_KEYS,
+    "claude-code": frozenset({"cli_path", "use_user_login"}) | _MODEL_KEYS,
 }
+WIRE_APIS = ("responses", "chat")
 _TOP_KEYS = frozenset({"providers", "daemon"})
 _DAEMON_KEYS = frozenset(
     {
@@ -93,7 +98,24 @@ def load_config(home: Path | None = None, path: Path | None = None) -> Config:
         raw = tomllib.loads(path.read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
-    return parse_config(home, raw, source=str(path))
+    config = parse_config(home, raw, source=str(path))
+    check_secret_file(path, config)
+    return config
+
+
+def check_secret_file(path: Path, config: Config) -> None:
+    """A key written in the file (`api_key`) is only accepted from a file nobody else can read
+    (mode 0600 or stricter): the daemon refuses to start otherwise, naming the reason."""
+    holders = [name for name, table in config.providers.items() if "api_key" in table]
+    if not holders:
+        return
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{path}: [providers.{holders[0]}] api_key is set but the file is mode "
+            f"{mode:04o}; a file holding a key must be 0600 (chmod 600 {path}), or use "
+            "api_key_env to name an environment variable instead"
+        )
 
 
 def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") -> Config:
@@ -108,6 +130,7 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
         providers[name] = {
             k: _provider_value(v, source, f"providers.{name}.{k}") for k, v in table.items()
         }
+        _check_model_keys(providers[name], source, f"providers.{name}.")
     daemon = raw.get("daemon") or {}
     _reject_unknown(daemon, _DAEMON_KEYS, source, "daemon.")
     listen = daemon.get("listen") or []
@@ -170,6 +193,18 @@ def _provider_value(value: Any, source: str, key: str) -> str | list[str]:
     if isinstance(value, (Mapping, list)):
         raise ConfigError(f"{source}: {key} must be a string")
     return str(value)
+
+
+def _check_model_keys(table: Mapping[str, Any], source: str, prefix: str) -> None:
+    wire = table.get("wire_api")
+    if wire is not None and wire not in WIRE_APIS:
+        raise ConfigError(f"{source}: {prefix}wire_api must be one of {', '.join(WIRE_APIS)}")
+    var = table.get("api_key_env")
+    if var is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(var)):
+        raise ConfigError(f"{source}: {prefix}api_key_env must name an environment variable")
+    login = table.get("use_user_login")
+    if login is not None and login not in ("True", "False", "true", "false"):
+        raise ConfigError(f"{source}: {prefix}use_user_login must be true or false")
 
 
 def _reject_unknown(
