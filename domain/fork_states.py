@@ -17,7 +17,8 @@ class ForkStatus(StrEnum):
     """Internal fork operation status (seed 000 §6.1).
 
     prepared → dispatching → provider_accepted → committed;
-    prepared|dispatching → failed; dispatching → unknown.
+    prepared|dispatching → failed; dispatching → unknown;
+    unknown → provider_accepted (fork.resolve adopt) | abandoned (fork.resolve abandon).
     """
 
     PREPARED = "prepared"
@@ -26,6 +27,8 @@ class ForkStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    # Terminal: an `unknown` operation settled by `fork.resolve` abandon (issue 21 §1).
+    ABANDONED = "abandoned"
 
 
 TRANSITIONS: Mapping[ForkStatus, frozenset[ForkStatus]] = {
@@ -36,16 +39,23 @@ TRANSITIONS: Mapping[ForkStatus, frozenset[ForkStatus]] = {
     ForkStatus.PROVIDER_ACCEPTED: frozenset({ForkStatus.COMMITTED}),
     ForkStatus.COMMITTED: frozenset(),
     ForkStatus.FAILED: frozenset(),
-    ForkStatus.UNKNOWN: frozenset(),
+    # Only an explicit `fork.resolve` with evidence leaves `unknown`; the saga and recovery
+    # never do (law 1: never redispatched).
+    ForkStatus.UNKNOWN: frozenset({ForkStatus.PROVIDER_ACCEPTED, ForkStatus.ABANDONED}),
+    ForkStatus.ABANDONED: frozenset(),
 }
-"""`TRANSITIONS[a]` holds every status `a` may move to; terminal statuses map to nothing."""
+"""`TRANSITIONS[a]` holds every status `a` may move to."""
 
 ACTIVE: frozenset[ForkStatus] = frozenset(
     {ForkStatus.PREPARED, ForkStatus.DISPATCHING, ForkStatus.PROVIDER_ACCEPTED}
 )
 """The source fence holds while an operation is in one of these (law 3)."""
 
-TERMINAL: frozenset[ForkStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+TERMINAL: frozenset[ForkStatus] = frozenset(
+    {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN, ForkStatus.ABANDONED}
+)
+"""Where a fork saga ends: the statuses it never moves on from by itself (`unknown` included:
+only `fork.resolve` leaves it)."""
 
 BARRIER_UNCONDITIONAL: frozenset[ForkStatus] = ACTIVE | {ForkStatus.UNKNOWN}
 """Statuses that hold the `source + point` barrier whatever the client has seen; a `committed`

@@ -279,6 +279,8 @@ class AppServerDriver:
             # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
             "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
+            # Full-Session fork is the same exact-prefix fork at the newest settled Turn.
+            "forkFullSession": runtime.gate.fork_through_turn,
         }
 
     def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
@@ -833,10 +835,7 @@ class AppServerDriver:
             message = f"{message} ({extra})"
         provider_turn_id = str(params.get("turnId") or "")
         with session.state_lock:
-            if (
-                provider_turn_id not in session.active
-                or provider_turn_id in session.model_failures
-            ):
+            if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
                 return
             session.model_failures[provider_turn_id] = model_failure_text(
                 self.kind, self.endpoint(), message

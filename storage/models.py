@@ -63,6 +63,8 @@ class ForkPointKind(StrEnum):
     """
 
     THROUGH_TURN = "through_turn"
+    # The whole Session: its newest settled Turn, resolved and frozen at prepare (issue 21).
+    LATEST_SETTLED = "latest_settled"
 
 
 ACTIVE_FORK_STATUSES: frozenset[ForkStatus] = ACTIVE
@@ -74,6 +76,7 @@ class ForkPublicStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    ABANDONED = "abandoned"
 
 
 class ForkPhase(StrEnum):
@@ -83,6 +86,7 @@ class ForkPhase(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     DELIVERY_UNKNOWN = "deliveryUnknown"
+    ABANDONED = "abandoned"
 
 
 _PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
@@ -92,6 +96,7 @@ _PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
     ForkStatus.COMMITTED: (ForkPublicStatus.COMMITTED, ForkPhase.COMMITTED),
     ForkStatus.FAILED: (ForkPublicStatus.FAILED, ForkPhase.FAILED),
     ForkStatus.UNKNOWN: (ForkPublicStatus.UNKNOWN, ForkPhase.DELIVERY_UNKNOWN),
+    ForkStatus.ABANDONED: (ForkPublicStatus.ABANDONED, ForkPhase.ABANDONED),
 }
 
 

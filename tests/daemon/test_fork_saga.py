@@ -235,7 +235,7 @@ def test_fresh_session_without_attestation_is_not_forkable(daemon: DaemonProcess
     sid = create_session(c)["agentSessionId"]
     assert c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"][
         "lifecycleCapabilities"
-    ] == {"fork": False, "forkThroughTurn": False}
+    ] == {"fork": False, "forkThroughTurn": False, "forkFullSession": False}
 
 
 def _arm(c: Client, **points: str) -> None:

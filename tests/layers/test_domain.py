@@ -67,11 +67,15 @@ def test_restart_rule() -> None:
     assert fork_states.after_restart(ForkStatus.PROVIDER_ACCEPTED) is ForkStatus.COMMITTED
     for status in fork_states.TERMINAL:
         assert fork_states.after_restart(status) is None
-    # Every restart move is an allowed transition; `unknown` is never left.
+    # Every restart move is an allowed transition.
     for status in fork_states.ACTIVE:
         to = fork_states.after_restart(status)
         assert to is not None and fork_states.can_transition(status, to)
-    assert fork_states.TRANSITIONS[ForkStatus.UNKNOWN] == frozenset()
+    # `unknown` is left only by fork.resolve (adopt or abandon), never by a restart.
+    assert fork_states.TRANSITIONS[ForkStatus.UNKNOWN] == {
+        ForkStatus.PROVIDER_ACCEPTED,
+        ForkStatus.ABANDONED,
+    }
 
 
 def test_transitions_and_sets() -> None:
@@ -82,7 +86,8 @@ def test_transitions_and_sets() -> None:
     )
     assert fork_states.sources_of(ForkStatus.UNKNOWN) == (ForkStatus.DISPATCHING,)
     assert fork_states.sources_of(ForkStatus.COMMITTED) == (ForkStatus.PROVIDER_ACCEPTED,)
-    assert {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN} == fork_states.TERMINAL
+    terminal = {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN, ForkStatus.ABANDONED}
+    assert terminal == fork_states.TERMINAL
     assert set(ForkStatus) - fork_states.TERMINAL == fork_states.ACTIVE
 
 
