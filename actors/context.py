@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from storage import Store
 
@@ -54,6 +55,8 @@ class HostContext:
     runtimes_dir: Path
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)
+    # The bounded threads every Session actor runs on (issue 15 #5: not one thread each).
+    actor_pool: ActorPool = field(default_factory=ActorPool)
     # Called with (workspace_id, session_id, busy) so the host knows which actors may idle out.
     on_busy_change: Callable[[str, str, bool], None] | None = None
 

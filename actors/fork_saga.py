@@ -9,13 +9,13 @@ not the caller is still waiting; a request that may have left the host is never 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply, runtime_key
+from actors.pool import TimerHandle
 from actors.ports import (
     DeliveryDisposition,
     DeliveryUnknown,
@@ -46,7 +46,7 @@ class _Waiter:
 
     reply: Reply
     answered: bool = False
-    timer: threading.Timer | None = None
+    timer: TimerHandle | None = None
 
     def answer(self, operation: ForkOperation, final: bool) -> None:
         if self.answered:

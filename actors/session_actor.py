@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from actors.messages import (
     Submit,
     runtime_key,
 )
+from actors.pool import PooledActor, TimerHandle
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from storage.errors import (
     Conflict,
@@ -70,7 +70,7 @@ class _TurnState:
     pending_events: list[Mapping[str, Any]] = field(default_factory=list)
 
 
-class SessionActor(pykka.ThreadingActor):
+class SessionActor(PooledActor):
     def __init__(
         self,
         ctx: HostContext,
@@ -80,31 +80,21 @@ class SessionActor(pykka.ThreadingActor):
     ) -> None:
         super().__init__()
         self.ctx = ctx
+        self.actor_pool = ctx.actor_pool
         self.ws = workspace_id
         self.sid = session_id
         self.key = runtime_key(workspace_id, session_id)
-        self._predecessor = predecessor
+        # A previous actor for this Session may still drain its mailbox: start after it, so
+        # the Session's writes stay serialised across an idle stop and a restart.
+        self.wait_for(predecessor)
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
         self._busy = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def on_start(self) -> None:
-        # A previous actor for this Session may still drain its mailbox: wait, so the
-        # Session's writes stay serialised across an idle stop and a restart.
-        if self._predecessor is not None:
-            with contextlib.suppress(Exception):  # a dead predecessor has nothing left to drain
-                self._predecessor.get(timeout=30)
-            self._predecessor = None
-
-    def on_stop(self) -> None:
-        # This thread ends now: its store connection (and file descriptors) must go with it.
-        self.ctx.store.release_thread_connection()
-
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)
-        self.ctx.store.release_thread_connection()
 
     def on_receive(self, message: Any) -> Any:
         try:
@@ -162,17 +152,16 @@ class SessionActor(pykka.ThreadingActor):
 
         future.add_done_callback(_done)
 
-    def after(self, seconds: float, fn: Callable[[], None]) -> threading.Timer:
+    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        """Run `fn` on this actor after `seconds` (the pool's one timer thread, not a thread
+        per timer)."""
         ref = self.actor_ref
 
         def _fire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(FollowUp(fn))
 
-        timer = threading.Timer(seconds, _fire)
-        timer.daemon = True
-        timer.start()
-        return timer
+        return self.ctx.actor_pool.call_later(seconds, _fire)
 
     def session(self) -> Session:
         return self.ctx.store.get_session(self.ws, self.sid)

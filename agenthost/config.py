@@ -20,7 +20,18 @@ _PROVIDER_KEYS: dict[str, frozenset[str]] = {
     "claude-code": frozenset({"cli_path", "model", "model_base_url", "api_key"}),
 }
 _TOP_KEYS = frozenset({"providers", "daemon"})
-_DAEMON_KEYS = frozenset({"listen", "allow_remote", "idle_actor_seconds", "fork_sync_budget_ms"})
+_DAEMON_KEYS = frozenset(
+    {
+        "listen",
+        "allow_remote",
+        "idle_actor_seconds",
+        "fork_sync_budget_ms",
+        # Resource bounds (issue 15 #5, #7; issue 14 §6), independent of the number of Sessions.
+        "actor_threads",
+        "store_connections",
+        "max_runtimes_per_provider",
+    }
+)
 
 
 class ConfigError(ValueError):
@@ -36,6 +47,9 @@ class Config:
     allow_remote: bool = False
     idle_actor_seconds: float = 30.0
     fork_sync_budget_s: float = 2.0
+    actor_threads: int = 32
+    store_connections: int = 16
+    max_runtimes_per_provider: int = 64
 
     @property
     def store_path(self) -> Path:
@@ -100,7 +114,19 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
         allow_remote=allow_remote,
         idle_actor_seconds=float(daemon.get("idle_actor_seconds", 30.0)),
         fork_sync_budget_s=float(daemon.get("fork_sync_budget_ms", 2000)) / 1000.0,
+        actor_threads=_positive_int(daemon, "actor_threads", 32, source),
+        store_connections=_positive_int(daemon, "store_connections", 16, source),
+        max_runtimes_per_provider=_positive_int(daemon, "max_runtimes_per_provider", 64, source),
     )
+
+
+def _positive_int(table: Mapping[str, Any], key: str, default: int, source: str) -> int:
+    value = table.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+        raise ConfigError(
+            f"{source}: [daemon] {key} must be an integer from 1 to 100000, got {value!r}"
+        )
+    return value
 
 
 def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen") -> None:

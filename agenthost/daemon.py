@@ -18,6 +18,7 @@ from typing import Any
 from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
+from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from agenthost import __version__, projection
 from agenthost.api import Api
@@ -68,7 +69,7 @@ class Daemon:
         os.chmod(cfg.run_dir, 0o700)
         cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
 
-        self.store = store = Store.open(cfg.store_path)
+        self.store = store = Store.open(cfg.store_path, max_connections=cfg.store_connections)
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         self.orphaned_turns = settle_orphaned_turns(store)
@@ -100,6 +101,7 @@ class Daemon:
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
             timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
+            actor_pool=ActorPool(cfg.actor_threads, name="session"),
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
@@ -146,6 +148,8 @@ class Daemon:
         self._events.put(None)
         if self._event_thread is not None:
             self._event_thread.join(5)
+        if getattr(self, "ctx", None) is not None:
+            self.ctx.actor_pool.close()
         if self.store is not None:
             self.store.close()
 

@@ -211,10 +211,10 @@ class CanonicalStore(StoreBase):
             return require_session(tx.conn, ws, session_id)
 
     def get_session(self, ws: str, sid: str) -> Session:
-        return require_session(self._conn(), ws, sid)
+        return self._with_conn(lambda c: require_session(c, ws, sid))
 
     def find_session(self, ws: str, sid: str) -> Session | None:
-        return load_session(self._conn(), ws, sid)
+        return self._with_conn(lambda c: load_session(c, ws, sid))
 
     def list_sessions(
         self, ws: str, *, cursor: str | None = None, limit: int = 50
@@ -229,15 +229,11 @@ class CanonicalStore(StoreBase):
                 after_created = int(created_text)
             except ValueError:
                 raise InvalidArgument("cursor", "malformed cursor") from None
-        rows = (
-            self._conn()
-            .execute(
-                SESSION_SELECT + " WHERE s.workspace_id = ? AND s.deleted = 0"
-                " AND (s.created_at_ms > ? OR (s.created_at_ms = ? AND s.session_id > ?))"
-                " ORDER BY s.created_at_ms, s.session_id LIMIT ?",
-                (ws, after_created, after_created, after_id, limit + 1),
-            )
-            .fetchall()
+        rows = self._all(
+            SESSION_SELECT + " WHERE s.workspace_id = ? AND s.deleted = 0"
+            " AND (s.created_at_ms > ? OR (s.created_at_ms = ? AND s.session_id > ?))"
+            " ORDER BY s.created_at_ms, s.session_id LIMIT ?",
+            (ws, after_created, after_created, after_id, limit + 1),
         )
         sessions = [session_from_row(r) for r in rows[:limit]]
         next_cursor = None
@@ -720,7 +716,7 @@ class CanonicalStore(StoreBase):
     def all_active_turns(self) -> list[tuple[str, str, str]]:
         """(workspace, session, turn) of every active Turn, across workspaces: at start-up
         these are orphans of the previous process, whose provider runtimes died with it."""
-        rows = self._conn().execute(
+        rows = self._all(
             "SELECT workspace_id, session_id, turn_id FROM turns WHERE phase = 'active'"
             " ORDER BY workspace_id, session_id, sequence"
         )
