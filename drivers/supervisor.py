@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -49,6 +50,8 @@ from transport.worker_link import (
     MsgType,
     req_msg,
 )
+
+log = logging.getLogger(__name__)
 
 EventSink = Callable[[str, str, dict[str, Any]], None]
 """`sink(provider, agent_session_id, event)`; called on the delivery thread, in arrival order."""
@@ -100,6 +103,7 @@ class _Worker:
     last_hb: float = 0.0
     backoff: float = _BACKOFF_INITIAL_S
     restart_at: float | None = None
+    last_error: str | None = None
     queued: deque[_Pending] = field(default_factory=deque)
     inflight: dict[int, _Pending] = field(default_factory=dict)
 
@@ -238,29 +242,42 @@ class WorkerSupervisor:
         registered: dict[zmq.Socket[Any], _Worker] = {}
         try:
             while True:
-                ready = dict(poller.poll(100))
-                if self._mailbox.wake_socket in ready:
-                    for kind, item in self._mailbox.drain():
-                        if kind == "close":
-                            return
-                        if kind == "req":
-                            self._submit(item)
-                        elif kind == "failpoints":
-                            self._forward_failpoints(item)
-                for sock, worker in list(registered.items()):
-                    if sock in ready:
-                        self._read(worker)
-                self._tick()
+                try:
+                    if self._iterate(poller, registered):
+                        return
+                except Exception:  # noqa: BLE001 - this thread is every request's clock
+                    log.exception("worker supervisor loop iteration failed; continuing")
+                    time.sleep(0.05)  # an error that repeats at once must not spin a core
                 # Re-sync the poller with the current incarnations' sockets.
                 live = {w.end.socket: w for w in self._workers.values() if w.end is not None}
                 for sock in set(registered) - set(live):
-                    with contextlib.suppress(KeyError):
+                    with contextlib.suppress(KeyError, zmq.ZMQError):
                         poller.unregister(sock)
                 for sock in set(live) - set(registered):
                     poller.register(sock, zmq.POLLIN)
                 registered = live
         finally:
             self._shutdown()
+
+    def _iterate(self, poller: zmq.Poller, registered: dict[zmq.Socket[Any], _Worker]) -> bool:
+        """One pass of the loop; True when told to close."""
+        ready = dict(poller.poll(100))
+        if self._mailbox.wake_socket in ready:
+            for kind, item in self._mailbox.drain():
+                if kind == "close":
+                    return True
+                if kind == "req":
+                    try:
+                        self._submit(item)
+                    except Exception as exc:  # noqa: BLE001 - the waiter gets a typed error
+                        self._fail(item, WorkerUnavailable(f"{item.method} not sent: {exc}"))
+                elif kind == "failpoints":
+                    self._forward_failpoints(item)
+        for sock, worker in list(registered.items()):
+            if sock in ready:
+                self._read(worker)
+        self._tick()
+        return False
 
     def _submit(self, pending: _Pending) -> None:
         worker = self._workers.get(pending.provider)
@@ -298,6 +315,23 @@ class WorkerSupervisor:
                 worker.end.send(req_msg(req_id, "debug.failpoints", {"points": points}))
 
     def _spawn(self, worker: _Worker) -> None:
+        """Start an incarnation; any failure (EMFILE, ENOMEM, a missing python) is a death
+        with backoff, never an exception out of the loop thread (issue 15 #5: a raise here
+        once killed the supervisor, and with it every later turn and request timeout)."""
+        try:
+            self._spawn_once(worker)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any spawn failure
+            if worker.end is not None:
+                with contextlib.suppress(Exception):
+                    worker.end.close()
+                worker.end = None
+            if worker.proc is not None and worker.proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    worker.proc.kill()
+            worker.proc = None
+            self._on_death(worker, f"spawn failed: {type(exc).__name__}: {exc}")
+
+    def _spawn_once(self, worker: _Worker) -> None:
         worker.generation += 1
         endpoint = f"ipc://{self._sock_dir}/w-{worker.provider}-{worker.generation}.sock"
         worker.end = HostEnd(self._ctx, endpoint)
@@ -332,10 +366,9 @@ class WorkerSupervisor:
                     # Own process group: a terminal's Ctrl-C reaches the daemon, which closes us.
                     start_new_session=True,
                 )
-        except OSError as exc:
+        except OSError:
             worker.proc = None
-            self._on_death(worker, f"spawn failed: {exc}")
-            return
+            raise
         worker.state = WorkerState.STARTING
         worker.spawned_at = now
         worker.last_seen = now
@@ -449,6 +482,7 @@ class WorkerSupervisor:
         if worker.spawned_at and now - worker.spawned_at >= _STABLE_AFTER_S:
             worker.backoff = _BACKOFF_INITIAL_S
         worker.state = WorkerState.BACKOFF
+        worker.last_error = reason
         worker.restart_at = now + worker.backoff
         worker.backoff = min(worker.backoff * 2, _BACKOFF_MAX_S)
         self._publish_status(worker)
@@ -491,6 +525,9 @@ class WorkerSupervisor:
                 "pid": worker.proc.pid if worker.proc is not None else None,
                 "state": worker.state.value,
                 "restarts": worker.restarts,
+                # Why the last incarnation died or could not start (e.g. "spawn failed:
+                # OSError: [Errno 24] Too many open files"); null until one did.
+                "lastError": worker.last_error,
             }
 
     # ----------------------------------------------------------------- delivery thread

@@ -27,7 +27,13 @@ def test_request_spawns_worker_on_demand_and_status_lists_it(supervisor: WorkerS
     result = supervisor.request(P, "worker.ping", {}, 15).result(20)
     assert result["provider"] == P
     [row] = supervisor.status()
-    assert row == {"provider": P, "pid": result["pid"], "state": "ready", "restarts": 0}
+    assert row == {
+        "provider": P,
+        "pid": result["pid"],
+        "state": "ready",
+        "restarts": 0,
+        "lastError": None,
+    }
     assert pid_alive(result["pid"])
 
 
