@@ -90,6 +90,9 @@ class SessionActor(PooledActor):
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
         self._busy = False
+        # Runtime slot (issue 14 §6): held while preparing or busy, released when neither.
+        self._preparing = 0
+        self._slot_provider: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -133,6 +136,9 @@ class SessionActor(PooledActor):
 
     def _update_busy(self) -> None:
         busy = bool(self.sagas) or any(not t.settled for t in self._turns.values())
+        if not busy and self._preparing == 0 and self._slot_provider is not None:
+            self.ctx.runtime_slots.release(self._slot_provider, self.key)
+            self._slot_provider = None
         if busy != self._busy:
             self._busy = busy
             if self.ctx.on_busy_change is not None:
@@ -167,6 +173,27 @@ class SessionActor(PooledActor):
         return self.ctx.store.get_session(self.ws, self.sid)
 
     def prepare_runtime(
+        self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
+    ) -> None:
+        """Take one of the provider's runtime slots (queueing while all are busy), then
+        prepare the runtime; the slot is released when the Session has nothing in progress."""
+        ref = self.actor_ref
+        self._preparing += 1
+        self._slot_provider = session.provider
+
+        def _ready(runtime: PreparedRuntime | HostError) -> None:
+            self._preparing -= 1
+            on_ready(runtime)
+
+        def _granted() -> None:
+            try:
+                ref.tell(FollowUp(lambda: self._prepare_runtime_now(session, _ready)))
+            except pykka.ActorDeadError:
+                self.ctx.runtime_slots.release(session.provider, self.key)
+
+        self.ctx.runtime_slots.acquire(session.provider, self.key, _granted)
+
+    def _prepare_runtime_now(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
     ) -> None:
         """Attach (or reuse) the Session's runtime in its worker: the same preparation for a
@@ -230,6 +257,7 @@ class SessionActor(PooledActor):
         if provider is not None:
             # Deleted: its provider runtime has no further use.
             self.ctx.workers.request(provider, "session.stop", {"agentSessionId": self.key}, 10.0)
+            self.ctx.runtime_slots.forget(provider, self.key)
         msg.reply(result)
 
     # -- turns -----------------------------------------------------------------------------
@@ -244,6 +272,8 @@ class SessionActor(PooledActor):
         session = self.session()
 
         def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
+            if state.settled:
+                return  # interrupted while it waited for a runtime slot
             if isinstance(runtime, HostError):
                 self._settle(state, "failed", error=runtime.message)
                 return

@@ -20,6 +20,7 @@ from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
 from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
+from actors.runtime_slots import RuntimeSlots
 from agenthost import __version__, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
@@ -94,27 +95,35 @@ class Daemon:
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
         )
+        port = SupervisorPort(self.supervisor)
+        slots = RuntimeSlots(
+            cfg.max_runtimes_per_provider,
+            stop=lambda provider, key: port.request(
+                provider, "session.stop", {"agentSessionId": key}, 30.0
+            ),
+        )
         self.ctx = HostContext(
             store=store,
-            workers=SupervisorPort(self.supervisor),
+            workers=port,
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
             timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
+            runtime_slots=slots,
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
         self.supervisor.set_event_sink(
             lambda provider, key, event: host.tell(WorkerEvent(key, event))
         )
-        self.supervisor.set_lifecycle_sink(
-            lambda provider, event: (
+
+        def _lifecycle(provider: str, event: dict[str, Any]) -> None:
+            if event.get("type") == "worker.lost":
+                slots.reset(provider)  # its runtimes died with it
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
-                if event.get("type") == "worker.lost"
-                else None
-            )
-        )
+
+        self.supervisor.set_lifecycle_sink(_lifecycle)
         self._event_thread = threading.Thread(
             target=self._publish_loop, name="agenthost-events", daemon=True
         )
@@ -187,6 +196,8 @@ class Daemon:
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
             "storeConnections": self.store.open_connections() if self.store else 0,
+            # Live provider runtimes per provider: {live, busy, queued, limit}.
+            "runtimes": self.ctx.runtime_slots.status(),
         }
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:

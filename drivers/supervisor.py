@@ -64,6 +64,23 @@ _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep margin for the file 
 _BACKOFF_INITIAL_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _STABLE_AFTER_S = 10.0  # a worker alive this long resets the restart backoff
+BUSY_SILENCE_LIMIT_S = 60.0
+"""A silent worker whose process keeps using CPU is busy, not hung (its heartbeat thread is
+starved: 200 app-servers starting at once, a C call holding the GIL). It is killed only after
+this much silence, or sooner once its CPU time stops advancing (issue 14 §6)."""
+_CPU_WINDOW_S = 2.0  # no CPU progress for this long while silent: hung
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime of `pid` in clock ticks, read from the kernel (the worker cannot block
+    this); None when it cannot be read (not Linux, process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class WorkerState(StrEnum):
@@ -104,6 +121,9 @@ class _Worker:
     backoff: float = _BACKOFF_INITIAL_S
     restart_at: float | None = None
     last_error: str | None = None
+    cpu_ticks: int | None = None
+    cpu_sampled_at: float = 0.0
+    busy_silences: int = 0
     queued: deque[_Pending] = field(default_factory=deque)
     inflight: dict[int, _Pending] = field(default_factory=dict)
 
@@ -370,6 +390,7 @@ class WorkerSupervisor:
             worker.proc = None
             raise
         worker.state = WorkerState.STARTING
+        worker.cpu_ticks, worker.cpu_sampled_at = None, now
         worker.spawned_at = now
         worker.last_seen = now
         worker.last_hb = now
@@ -415,8 +436,7 @@ class WorkerSupervisor:
                 if proc is not None and proc.poll() is not None:
                     self._on_death(worker, f"worker exited with status {proc.returncode}")
                     continue
-                if worker.state is WorkerState.READY and now - worker.last_seen > SILENCE_LIMIT_S:
-                    self._on_death(worker, f"worker silent for {SILENCE_LIMIT_S:.0f} s")
+                if worker.state is WorkerState.READY and self._hung(worker, proc, now):
                     continue
                 if (
                     worker.state is WorkerState.STARTING
@@ -439,6 +459,30 @@ class WorkerSupervisor:
                 worker.restarts += 1
                 self._spawn(worker)
             self._expire(worker, now)
+
+    def _hung(self, worker: _Worker, proc: subprocess.Popen[bytes] | None, now: float) -> bool:
+        """The watchdog: declares the worker dead (and returns True) when it is silent and
+        its process makes no CPU progress, or silent past `BUSY_SILENCE_LIMIT_S`."""
+        silent = now - worker.last_seen
+        pid = proc.pid if proc is not None else None
+        if silent <= SILENCE_LIMIT_S:
+            if pid is not None and now - worker.cpu_sampled_at >= 1.0:
+                worker.cpu_ticks, worker.cpu_sampled_at = _cpu_ticks(pid), now
+            return False
+        if silent > BUSY_SILENCE_LIMIT_S:
+            self._on_death(worker, f"worker silent for {silent:.0f} s (busy limit)")
+            return True
+        if now - worker.cpu_sampled_at < _CPU_WINDOW_S:
+            return False  # judge over a whole window: a starved process runs in bursts
+        ticks = _cpu_ticks(pid) if pid is not None else None
+        progressed = ticks is not None and worker.cpu_ticks is not None and ticks > worker.cpu_ticks
+        worker.cpu_ticks, worker.cpu_sampled_at = ticks, now
+        if progressed:
+            worker.busy_silences += 1
+            self._publish_status(worker)
+            return False
+        self._on_death(worker, f"worker silent for {silent:.0f} s and not running (hung)")
+        return True
 
     def _expire(self, worker: _Worker, now: float) -> None:
         for req_id, pending in list(worker.inflight.items()):
@@ -528,6 +572,8 @@ class WorkerSupervisor:
                 # Why the last incarnation died or could not start (e.g. "spawn failed:
                 # OSError: [Errno 24] Too many open files"); null until one did.
                 "lastError": worker.last_error,
+                # Watchdog windows in which the worker was silent but running (busy, kept).
+                "busySilences": worker.busy_silences,
             }
 
     # ----------------------------------------------------------------- delivery thread

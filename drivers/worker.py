@@ -106,6 +106,7 @@ class WorkerServer:
             "debug.failpoints": self._set_failpoints,
             "worker.ping": self._ping,
             "debug.sleep": self._sleep,
+            "debug.hog": self._hog,
             "debug.hit": self._hit,
             "debug.emit": self._emit_events,
         }
@@ -197,6 +198,21 @@ class WorkerServer:
         ms = int(params.get("ms", 0))
         time.sleep(ms / 1000)
         return {"sleptMs": ms}
+
+    def _hog(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Burn CPU while holding the GIL for `ms` (tests of the watchdog: a busy worker whose
+        heartbeat thread is starved must not be taken for a hung one)."""
+        ms = int(params.get("ms", 0))
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(ms / 1000 + 1.0)  # no other thread runs until we are done
+        try:
+            deadline = time.monotonic() + ms / 1000
+            spins = 0
+            while time.monotonic() < deadline:
+                spins += 1
+        finally:
+            sys.setswitchinterval(previous)
+        return {"spins": spins}
 
     def _hit(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Hit a named failpoint, so tests can exercise kill/error/sleep/once on a live worker."""
