@@ -15,6 +15,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
 from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
@@ -31,7 +33,7 @@ from drivers.supervisor import WorkerSupervisor
 from storage import Store
 from storage.errors import HostError, InvalidArgument
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
-from transport.server import ApiServer
+from transport.server import MAX_EVENT_BYTES, ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +248,29 @@ class Daemon:
             return {
                 "type": "turn.updated",
                 "agentSessionId": change.session_id,
-                "turn": projection.turn(turn, session.provider, self.catalog),
+                "turn": _bounded_turn(projection.turn(turn, session.provider, self.catalog)),
             }
         if isinstance(change, ForkOperationChanged):
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
+
+
+def _bounded_turn(turn: dict[str, Any]) -> dict[str, Any]:
+    """A `turn.updated` Turn whose encoding fits `MAX_EVENT_BYTES` (issue 15 #6): a Turn too
+    big for one event keeps every field but only its latest messages that fit, and says so
+    with `messagesTruncated: true` and `messageCount`; the client reads the whole Turn with
+    `session.timeline`. Every other Turn is sent whole, exactly as before."""
+    if len(msgpack.packb(turn, use_bin_type=True)) <= MAX_EVENT_BYTES:
+        return turn
+    messages = list(turn.get("messages") or [])
+    kept: list[Any] = []
+    budget = MAX_EVENT_BYTES // 2  # room for the other fields and interactions
+    for message in reversed(messages):
+        size = len(msgpack.packb(message, use_bin_type=True))
+        if size > budget:
+            break
+        budget -= size
+        kept.append(message)
+    kept.reverse()
+    return {**turn, "messages": kept, "messagesTruncated": True, "messageCount": len(messages)}
