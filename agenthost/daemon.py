@@ -12,32 +12,47 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
-from actors.context import HostContext, Timeouts
+from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
-from actors.messages import RuntimeLost
+from actors.messages import RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from actors.runtime_slots import RuntimeSlots
-from agenthost import __version__, projection
+from agenthost import __version__, projection, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config
+from agenthost.keys import KeyStore
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
 from storage.errors import HostError, InvalidArgument
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from transport.security import needs_curve
 from transport.server import MAX_EVENT_BYTES, ApiServer
 
 log = logging.getLogger(__name__)
 
 ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A `message.delta` from a worker, published in order with the store's changes."""
+
+    workspace_id: str
+    session_id: str
+    event: dict[str, Any]
+
+
+STREAM_ACTIVITY_EVERY_S = 1.0
 
 
 class Daemon:
@@ -46,18 +61,21 @@ class Daemon:
         config: Config,
         *,
         listen: tuple[str, ...] = (),
+        events_listen: tuple[str, ...] = (),
         failpoints_enabled: bool | None = None,
         catalog: Catalog | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
+        self.events_listen = tuple(config.events_listen) + tuple(events_listen)
         if failpoints_enabled is None:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
         self.failpoints_enabled = failpoints_enabled
         self.recovery: RecoveryReport | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stream_activity: dict[str, float] = {}  # turn id → last activity forwarded
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
@@ -72,7 +90,11 @@ class Daemon:
         os.chmod(cfg.run_dir, 0o700)
         cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
 
-        self.store = store = Store.open(cfg.store_path, max_connections=cfg.store_connections)
+        self.store = store = Store.open(
+            cfg.store_path,
+            busy_timeout_ms=cfg.store_busy_timeout_ms,
+            max_connections=cfg.store_connections,
+        )
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         self.orphaned_turns = settle_orphaned_turns(store)
@@ -92,7 +114,7 @@ class Daemon:
         )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            provider_config={k: dict(v) for k, v in cfg.providers.items()},
+            provider_config=_provider_config(cfg),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
@@ -110,15 +132,20 @@ class Daemon:
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
-            timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
+            timeouts=Timeouts(
+                fork_sync_budget_s=cfg.fork_sync_budget_s,
+                store_retry_limit_s=cfg.store_retry_limit_s,
+                turn_inactivity_s=cfg.turn_inactivity_s,
+                interrupt_s=cfg.turn_interrupt_s,
+                fork_provider_call_s=cfg.fork_provider_call_s,
+                fork_s=fork_deadline_s(cfg.fork_provider_call_s),
+            ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
-        self.supervisor.set_event_sink(
-            lambda provider, key, event: host.tell(WorkerEvent(key, event))
-        )
+        self.supervisor.set_event_sink(self._on_worker_event)
 
         def _lifecycle(provider: str, event: dict[str, Any]) -> None:
             if event.get("type") == "worker.lost":
@@ -139,10 +166,49 @@ class Daemon:
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(Path.cwd()),
+            check_provider=lambda provider: providers_info.check_installed(
+                provider, cfg.providers.get(provider, {})
+            ),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
-        self.server = ApiServer(api_endpoints, f"ipc://{cfg.run_dir / 'events.sock'}", self.api)
+        # Every non-ipc endpoint is a CURVE server admitting only run/keys/authorized/ (the
+        # keys are made at first start); ipc stays NULL, guarded by its 0600 file mode.
+        self.keys = KeyStore(cfg.run_dir)
+        self.keys.ensure()
+        self.server = ApiServer(
+            api_endpoints,
+            f"ipc://{cfg.run_dir / 'events.sock'}",
+            self.api,
+            events_listen=list(self.events_listen),
+            curve=self.keys.server_curve(),
+        )
         self.server.start()
+        self.connection_file = self.keys.write_connection_file(
+            _first_network(self.server.endpoints), _first_network(self.server.events_endpoints)
+        )
+        if any(needs_curve(e) for e in (*self.listen, *self.events_listen)):
+            log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
+
+    def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
+        if event.get("type") == "message.delta":
+            # Not durable and never stored: straight onto the events queue, behind every
+            # earlier change and ahead of the settlement the same worker reports after it.
+            try:
+                ws, sid = parse_runtime_key(key)
+            except ValueError:
+                return
+            self._events.put(StreamDelta(ws, sid, event))
+            # The inactivity watchdog lives in the Session actor: tell it, at most every few
+            # seconds, that this Turn is streaming (a long reply is not a hung provider).
+            turn_id = str(event.get("turnId") or "")
+            now = time.monotonic()
+            if now - self._stream_activity.get(turn_id, 0.0) >= STREAM_ACTIVITY_EVERY_S:
+                if len(self._stream_activity) > 4096:
+                    self._stream_activity.clear()
+                self._stream_activity[turn_id] = now
+                self.host.tell(WorkerEvent(key, {"type": "turn.activity", "turnId": turn_id}))
+            return
+        self.host.tell(WorkerEvent(key, event))
 
     def close(self) -> None:
         if self.server is not None:
@@ -181,6 +247,8 @@ class Daemon:
             "events": self.events_endpoint,
             "pid": os.getpid(),
             "endpoints": self.server.endpoints if self.server else [],
+            "eventsEndpoints": self.server.events_endpoints if self.server else [],
+            "connectionFile": str(self.connection_file),
         }
 
     # -- host.status, failpoints ------------------------------------------------------------
@@ -200,6 +268,11 @@ class Daemon:
             "storeConnections": self.store.open_connections() if self.store else 0,
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
+            # Each provider's program, endpoint, model and credential source (never a key).
+            "providers": [
+                providers_info.describe(name, self.config.providers.get(name, {}))
+                for name in self.catalog.providers()
+            ],
         }
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:
@@ -250,6 +323,15 @@ class Daemon:
                 "agentSessionId": change.session_id,
                 "turn": _bounded_turn(projection.turn(turn, session.provider, self.catalog)),
             }
+        if isinstance(change, StreamDelta):
+            return {
+                "type": "message.delta",
+                "agentSessionId": change.session_id,
+                "turnId": str(change.event.get("turnId") or ""),
+                "itemId": str(change.event.get("itemId") or ""),
+                "kind": str(change.event.get("kind") or "assistant"),
+                "delta": str(change.event.get("delta") or ""),
+            }
         if isinstance(change, ForkOperationChanged):
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
@@ -274,3 +356,23 @@ def _bounded_turn(turn: dict[str, Any]) -> dict[str, Any]:
         kept.append(message)
     kept.reverse()
     return {**turn, "messages": kept, "messagesTruncated": True, "messageCount": len(messages)}
+
+
+def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Each provider's table, plus the worker's limit for a provider fork call (the host's
+    fork deadline is derived from it, so the worker always decides first)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
+    for provider in ("tutti-agent", "codex"):
+        out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
+    return out
+
+
+def _first_network(endpoints: list[str]) -> str | None:
+    """The first CURVE (tcp) endpoint, as a client on this machine reaches it: a wildcard bind
+    is written as loopback (a remote client puts the host's name there)."""
+    for endpoint in endpoints:
+        if needs_curve(endpoint):
+            return endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace(
+                "tcp://[::]:", "tcp://[::1]:"
+            )
+    return None

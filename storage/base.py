@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from storage.errors import ForkInProgress, Unavailable
+from storage.errors import ForkInProgress, HostError, StoreBusy, Unavailable
 from storage.models import ChangeEvent
 from storage.schema import migrate
 
@@ -51,9 +51,28 @@ def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def open_connection(path: str) -> apsw.Connection:
+# The transient store failures: the write lock held elsewhere past the busy timeout, a full
+# disk, an I/O error. Nothing was written; the caller may retry (503 `store_busy`).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    apsw.BusyError,
+    apsw.LockedError,
+    apsw.FullError,
+    apsw.IOError,
+)
+
+
+def typed_store_error(exc: BaseException) -> HostError | None:
+    """The typed error for a store failure that escaped as a raw apsw exception, or None."""
+    if isinstance(exc, StoreBusy):
+        return exc
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return StoreBusy(f"the store is busy or full, try again ({type(exc).__name__})")
+    return None
+
+
+def open_connection(path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> apsw.Connection:
     conn = apsw.Connection(path)
-    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    conn.set_busy_timeout(busy_timeout_ms)
     # WAL + synchronous=FULL: a COMMIT that returned survives power loss and SIGKILL.
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     conn.execute("PRAGMA synchronous=FULL")
@@ -123,8 +142,10 @@ class StoreBase:
         *,
         clock: Clock | None = None,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     ) -> None:
         self.path = str(path)
+        self.busy_timeout_ms = busy_timeout_ms
         self._clock: Clock = clock or wall_clock_ms
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -173,7 +194,7 @@ class StoreBase:
                         reason="store_busy",
                     )
                 self._pool.wait(remaining)
-            conn = open_connection(self.path)  # under the pool lock: counts stay exact
+            conn = open_connection(self.path, self.busy_timeout_ms)  # under the pool lock
             self._connections.append(conn)
             return conn
 
@@ -286,16 +307,25 @@ class StoreBase:
         An exception inside the block rolls everything back and delivers no events.
         """
         with self._lease() as conn:
-            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except TRANSIENT_ERRORS as exc:
+                raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
             tx = Tx(conn, workspace_id, self._clock())
             try:
                 if fence is not None:
                     tx.check_fence(fence)
                 yield tx
                 conn.execute("COMMIT")
-            except BaseException:
+            except BaseException as exc:
                 if not conn.getautocommit():
-                    conn.execute("ROLLBACK")
+                    try:
+                        conn.execute("ROLLBACK")
+                    except apsw.Error:  # a failed COMMIT may already have rolled back
+                        log.warning("rollback after %r failed", exc)
+                typed = typed_store_error(exc)
+                if typed is not None and typed is not exc:
+                    raise typed from exc
                 raise
         self._notify(tx.events)
 

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
@@ -20,6 +21,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from transport.security import ClientCurve, needs_curve
 from transport.wire import PROTOCOL_VERSION
 
 _TAG_SEND = b"S"
@@ -80,7 +82,10 @@ class Client:
         *,
         timeout: float = 10.0,
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
+        """`curve`: the keys of a connection file, needed on a tcp endpoint (a daemon drops a
+        tcp client without an authorized key: its calls time out)."""
         self.endpoint = endpoint
         self.timeout = timeout
         self._own_context = context is None
@@ -106,6 +111,8 @@ class Client:
         self._dealer.setsockopt(zmq.LINGER, 0)
         self._dealer.setsockopt(zmq.SNDHWM, 0)
         self._dealer.setsockopt(zmq.RCVHWM, 0)
+        if curve is not None and needs_curve(endpoint):  # ipc stays NULL on both ends
+            curve.apply(self._dealer)
         self._dealer.connect(endpoint)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="agenthost-client", daemon=True)
@@ -296,26 +303,38 @@ class EventSubscriber:
         topics: Iterable[str] = ("",),
         *,
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
+        if curve is not None and needs_curve(endpoint):
+            curve.apply(self._sub)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 100_000)
+        topics = tuple(topics)
+        # ZeroMQ topics are prefix matches: a subscription to workspace `team` also receives
+        # `team-secret`'s events. Keep exactly the subscribed workspaces ("" = all).
+        self._exact: frozenset[str] | None = None if "" in topics else frozenset(topics)
         for topic in topics:
             self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
         self._sub.connect(endpoint)
 
     def next_message(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
         """`(topic, event)` of the next event, or None after `timeout` seconds (None: wait)."""
-        poll_ms = None if timeout is None else max(0, int(timeout * 1000))
-        if not self._sub.poll(poll_ms, zmq.POLLIN):
-            return None
-        frames = self._sub.recv_multipart()
-        topic = frames[0].decode("utf-8", errors="replace")
-        event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
-        return topic, event if isinstance(event, dict) else {"value": event}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            poll_ms = None if left is None else int(left * 1000)
+            if not self._sub.poll(poll_ms, zmq.POLLIN):
+                return None
+            frames = self._sub.recv_multipart()
+            topic = frames[0].decode("utf-8", errors="replace")
+            if self._exact is not None and topic not in self._exact:
+                continue  # another workspace whose id merely starts with ours
+            event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
+            return topic, event if isinstance(event, dict) else {"value": event}
 
     def next(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The next event map, or None after `timeout` seconds (None: wait forever)."""

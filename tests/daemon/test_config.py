@@ -4,6 +4,7 @@ must exist. One daemon run proves a list `command` reaches the worker intact."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -78,3 +79,37 @@ def test_a_list_command_runs_the_provider(tmp_path: Path) -> None:
         d.stop()
     assert turn["outcome"] == "completed"
     assert turn["messages"][-1]["text"] == "echo: hello"
+
+
+def test_model_keys_are_validated(tmp_path: Path) -> None:
+    """Issue 17: the model keys of each provider, checked at start-up with the key named."""
+    cfg = parse_config(
+        tmp_path,
+        {
+            "providers": {
+                "tutti-agent": {"wire_api": "chat", "api_key_env": "MY_KEY", "instructions": "x"},
+                "codex": {"use_user_login": True},
+                "claude-code": {"api_key_env": "ANTHROPIC_API_KEY", "use_user_login": False},
+            }
+        },
+    )
+    assert cfg.providers["tutti-agent"]["wire_api"] == "chat"
+    with pytest.raises(ConfigError, match="wire_api must be one of responses, chat"):
+        parse_config(tmp_path, {"providers": {"tutti-agent": {"wire_api": "soap"}}})
+    with pytest.raises(ConfigError, match="api_key_env must name an environment variable"):
+        parse_config(tmp_path, {"providers": {"codex": {"api_key_env": "sk-abc def"}}})
+    with pytest.raises(ConfigError, match="use_user_login must be true or false"):
+        parse_config(tmp_path, {"providers": {"codex": {"use_user_login": "maybe"}}})
+    with pytest.raises(ConfigError, match="unknown key 'providers.tutti-agent.use_user_login'"):
+        parse_config(tmp_path, {"providers": {"tutti-agent": {"use_user_login": True}}})
+
+
+def test_a_key_in_a_readable_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agenthost.toml"
+    path.write_text('[providers.codex]\napi_key = "sk-secret-value"\n')
+    os.chmod(path, 0o640)
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert "must be 0600" in str(err.value) and "sk-secret-value" not in str(err.value)
+    os.chmod(path, 0o600)
+    assert load_config(tmp_path).providers["codex"]["api_key"] == "sk-secret-value"
