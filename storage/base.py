@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from storage.errors import ForkInProgress, HostError, StoreBusy, Unavailable
+from storage.errors import ForkInProgress, HostError, StoreBusy
 from storage.models import ChangeEvent
 from storage.schema import migrate
 
@@ -188,10 +188,9 @@ class StoreBase:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise Unavailable(
+                    raise StoreBusy(
                         f"all {self._max_connections} store connections stayed in use for"
-                        f" {LEASE_TIMEOUT_S:.0f} s",
-                        reason="store_busy",
+                        f" {LEASE_TIMEOUT_S:.0f} s"
                     )
                 self._pool.wait(remaining)
             conn = open_connection(self.path, self.busy_timeout_ms)  # under the pool lock
