@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import pykka
 
 from actors.context import HostContext
+from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.fork_saga import ForkSaga
 from actors.messages import (
     DriverEvent,
@@ -124,6 +125,7 @@ class SessionActor(PooledActor):
         self.wait_for(predecessor)
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
+        self.resolves: dict[str, Any] = {}  # fork.resolve in flight (actors/fork_resolve.py)
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
@@ -184,6 +186,8 @@ class SessionActor(PooledActor):
                 ForkSaga.start(self, message)
             case ForkAdvance():
                 ForkSaga.advance_leftover(self, message)
+            case ForkResolve():
+                ForkResolver.start(self, message)
             case RuntimeLost():
                 self._on_runtime_lost(message)
             case _:
@@ -217,6 +221,7 @@ class SessionActor(PooledActor):
     def _update_busy(self) -> None:
         busy = (
             bool(self.sagas)
+            or bool(self.resolves)
             or bool(self._durable)
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())

@@ -97,6 +97,8 @@ class Daemon:
         )
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
+        # Then fork.resolve (issue 21): finish or roll back a half-done resolution.
+        self.resolutions_recovered = store.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
 
         fp_state = cfg.run_dir / "failpoints-host"

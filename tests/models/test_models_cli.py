@@ -95,3 +95,39 @@ def test_say_prints_the_reply_as_it_streams_and_status_names_the_credential(
                 proc.kill()
                 proc.wait()
             d.stop()
+
+
+def test_say_json_writes_the_streamed_deltas_as_json_lines(tmp_path: Path) -> None:
+    with ResponsesServer(api_key=KEY) as model:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.tutti-agent]\nmodel_base_url = "{model.base_url}"\napi_key_env = "{VAR}"\n'
+        )
+        d = DaemonProcess(home, env={VAR: KEY}).start()
+        try:
+            new = subprocess.run(
+                cli(home, "--json", "new"), capture_output=True, text=True, timeout=60, check=True
+            )
+            sid = json.loads(new.stdout)["session"]["agentSessionId"]
+            done = subprocess.run(
+                cli(home, "--json", "say", sid, "stream me as lines"),
+                capture_output=True,
+                text=True,
+                timeout=90,
+            )
+            assert done.returncode == 0, done.stderr
+            lines = [json.loads(line) for line in done.stdout.splitlines()]
+            deltas = [line for line in lines if line["type"] == "message.delta"]
+            assert len(deltas) > 1  # the fake model streams the reply in several pieces
+            assert all(line["agentSessionId"] == sid for line in deltas)
+            settled = [
+                line["message"]
+                for line in lines
+                if line["type"] == "message" and line["message"]["kind"] == "assistant"
+            ]
+            assert "".join(line["delta"] for line in deltas) == settled[-1]["text"]
+            assert lines.index(deltas[-1]) < lines.index(lines[-1])
+            assert lines[-1]["type"] == "turn" and lines[-1]["turn"]["outcome"] == "completed"
+        finally:
+            d.stop()
