@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from agenthost.config import ConfigError, check_listen, default_home, load_config
+from agenthost.home import HomeInUse, HomeUnsafe, probe_home
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -133,6 +136,14 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
     try:
         daemon.start()
+    except HomeInUse as exc:
+        # The live daemon's lock: nothing of this home was touched (no store open, no write).
+        print(f"agenthost: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except HomeUnsafe as exc:
+        print(f"agenthost: cannot start: {exc}", file=sys.stderr)
+        daemon.close()
+        return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - report start-up failures plainly
         print(f"agenthost: cannot start: {exc}", file=sys.stderr)
         daemon.close()
@@ -176,14 +187,68 @@ def _client(args: argparse.Namespace) -> Any:
     from transport.client import Client
 
     api, _ = endpoints(args)
-    if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
-        # ZeroMQ would queue the request forever; say plainly that nobody is listening.
-        raise CliError(
-            "daemon_unreachable",
-            f"no daemon socket at {api} (is `agenthost serve` running?)",
-            code=EXIT_UNREACHABLE,
-        )
+    check_reachable(args, api)
     return Client(api, timeout=args.timeout)
+
+
+def _home(args: argparse.Namespace) -> Path:
+    return Path(os.path.abspath((args.home or default_home()).expanduser()))
+
+
+def _unreachable(message: str) -> CliError:
+    return CliError("daemon_unreachable", message, code=EXIT_UNREACHABLE)
+
+
+def check_reachable(args: argparse.Namespace, api: str) -> None:
+    """Tell a dead daemon from a slow one before sending anything: ZeroMQ would queue a
+    request to a dead endpoint until `--timeout`. The home's lock is held exactly while a
+    daemon lives (the kernel drops it with the process), so a free lock means dead, now."""
+    if args.connect is None:
+        home = _home(args)
+        probe = probe_home(home)
+        if not probe.served:
+            raise _unreachable(f"no agenthost is serving {home} (is `agenthost serve` running?)")
+        # Served: the socket appears once the daemon has finished its start-up recovery.
+        sock = Path(api[len("ipc://") :])
+        deadline = time.monotonic() + args.timeout
+        while not sock.exists():
+            if not probe_home(home).served:
+                raise _unreachable(f"the agenthost serving {home} has exited")
+            if time.monotonic() > deadline:
+                raise _unreachable(
+                    f"agenthost (pid {probe.pid}) holds {home} but has not opened {sock} "
+                    f"within {args.timeout:g} s (still starting?)"
+                )
+            time.sleep(0.05)
+        return
+    if not api.startswith("ipc://") or api.startswith("ipc://@"):
+        return
+    path = api[len("ipc://") :]
+    if not Path(path).exists():
+        raise _unreachable(f"no daemon socket at {api} (is `agenthost serve` running?)")
+    probe_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe_sock.connect(path)
+    except ConnectionRefusedError:
+        raise _unreachable(f"nothing listens on {api} (a daemon that died left it)") from None
+    except OSError:
+        pass  # e.g. no permission: let the real connection report it
+    finally:
+        probe_sock.close()
+
+
+def _no_reply(args: argparse.Namespace) -> CliError:
+    who = "the daemon"
+    if args.connect is None:
+        probe = probe_home(_home(args))
+        if not probe.served:
+            return _unreachable(f"the agenthost serving {_home(args)} exited without replying")
+        who = f"agenthost (pid {probe.pid})"
+    # No request id here: it means nothing to the user (the daemon logs it with `-v`).
+    return _unreachable(
+        f"no reply within {args.timeout:g} s; {who} is running but busy or hung "
+        "(--timeout waits longer)"
+    )
 
 
 def _api_error(exc: Any) -> CliError:
@@ -220,11 +285,8 @@ def _with_client(
             return _fail(args, _api_error(exc))
         except ReferenceError_ as exc:
             return _fail(args, CliError(exc.reason, exc.message))
-        except (ClientTimeout, TimeoutError) as exc:
-            return _fail(
-                args,
-                CliError("daemon_unreachable", f"no reply: {exc}", code=EXIT_UNREACHABLE),
-            )
+        except (ClientTimeout, TimeoutError):
+            return _fail(args, _no_reply(args))
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
         finally:
@@ -524,11 +586,10 @@ def _op(args: argparse.Namespace, client: Any) -> int:
 
 def _gui(args: argparse.Namespace) -> int:
     api, events = endpoints(args)
-    if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
-        return _fail(
-            args,
-            CliError("daemon_unreachable", f"no daemon socket at {api}", code=EXIT_UNREACHABLE),
-        )
+    try:
+        check_reachable(args, api)
+    except CliError as exc:
+        return _fail(args, exc)
     try:
         from agenthost.gui.app import run_gui
     except ImportError as exc:  # textual is the optional `gui` extra

@@ -23,6 +23,8 @@ from agenthost import __version__, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config
+from agenthost.home import HomeLock, make_private_dir, prepare_home
+from agenthost.home import acquire as acquire_home
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -57,16 +59,18 @@ class Daemon:
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
+        self._home_lock: HomeLock | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         cfg = self.config
-        # Private data: a new home, the run dir and the runtimes are owner-only.
-        cfg.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cfg.run_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(cfg.run_dir, 0o700)
-        cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
+        # Private data: the home and its run dir must be ours alone (refused otherwise), and
+        # one daemon per home: the lock is taken before the store is opened or anything in the
+        # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
+        prepare_home(cfg.home)
+        self._home_lock = acquire_home(cfg.home)
+        make_private_dir(cfg.runtimes_dir)
 
         self.store = store = Store.open(cfg.store_path)
         # Recovery finishes before any request is served, so no request sees a leftover.
@@ -148,6 +152,9 @@ class Daemon:
             self._event_thread.join(5)
         if self.store is not None:
             self.store.close()
+        if self._home_lock is not None:
+            self._home_lock.release()
+            self._home_lock = None
 
     @property
     def api_endpoint(self) -> str:
