@@ -145,9 +145,7 @@ def check_private_dir(path: Path, what: str, *, exact_0700: bool = False) -> boo
         )
     mode = stat.S_IMODE(st.st_mode)
     if exact_0700 and mode & 0o077:
-        raise HomeUnsafe(
-            f"{what} {path} has mode {mode:04o}; it must be 0700 (`chmod 700 {path}`)"
-        )
+        raise HomeUnsafe(f"{what} {path} has mode {mode:04o}; it must be 0700 (`chmod 700 {path}`)")
     if mode & 0o022:
         raise HomeUnsafe(
             f"{what} {path} is writable by others (mode {mode:04o}); "

@@ -33,9 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 REQUEST_ID = re.compile(r"[0-9a-f]{4,}-[0-9a-f]{4,}")
 
 
-def agenthost(
-    home: Path, *args: str, timeout: float = 60
-) -> subprocess.CompletedProcess[str]:
+def agenthost(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTHOST_")}
     return subprocess.run(
         [sys.executable, "-m", "agenthost.cli", "--home", str(home), *args],
