@@ -20,7 +20,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agenthost.config import ConfigError, check_listen, default_home, load_config
+from agenthost.config import (
+    ConfigError,
+    check_home_paths,
+    check_listen,
+    default_home,
+    load_config,
+)
 from agenthost.home import HomeInUse, HomeUnsafe, probe_home
 
 EXIT_OK = 0
@@ -114,8 +120,6 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from agenthost.daemon import Daemon
-
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         stream=sys.stderr,
@@ -125,9 +129,14 @@ def _serve(args: argparse.Namespace) -> int:
         config = load_config(args.home, args.config)
         for endpoint in args.listen:
             check_listen(endpoint, args.allow_remote or config.allow_remote)
+        check_home_paths(config)
     except ConfigError as exc:
+        # Every configuration mistake: one line naming what is wrong, exit 2, no traceback.
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # Imported only now: a configuration error is reported without loading the daemon.
+    from agenthost.daemon import Daemon
+
     daemon = Daemon(config, listen=tuple(args.listen))
     # The handlers only flip a flag: a handler taking a lock (Event.set) can deadlock with the
     # main thread interrupted inside that same lock.
@@ -140,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
         # The live daemon's lock: nothing of this home was touched (no store open, no write).
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    except HomeUnsafe as exc:
+    except (HomeUnsafe, ConfigError) as exc:
         print(f"agenthost: cannot start: {exc}", file=sys.stderr)
         daemon.close()
         return EXIT_USAGE

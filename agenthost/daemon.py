@@ -22,7 +22,7 @@ from actors.recovery import RecoveryReport, recover_fork_operations, settle_orph
 from agenthost import __version__, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
-from agenthost.config import Config
+from agenthost.config import Config, check_home_paths
 from agenthost.home import HomeLock, make_private_dir, prepare_home
 from agenthost.home import acquire as acquire_home
 from agenthost.workers import SupervisorPort
@@ -68,6 +68,7 @@ class Daemon:
         # Private data: the home and its run dir must be ours alone (refused otherwise), and
         # one daemon per home: the lock is taken before the store is opened or anything in the
         # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
+        check_home_paths(cfg)  # a too-long home is refused before anything is created
         prepare_home(cfg.home)
         self._home_lock = acquire_home(cfg.home)
         make_private_dir(cfg.runtimes_dir)
