@@ -23,7 +23,13 @@ from agenthost import __version__, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config, check_home_paths
-from agenthost.home import HomeLock, make_private_dir, prepare_home
+from agenthost.home import (
+    HomeLock,
+    check_ipc_endpoint,
+    make_private_dir,
+    prepare_home,
+    prepare_ipc_dir,
+)
 from agenthost.home import acquire as acquire_home
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
@@ -69,9 +75,13 @@ class Daemon:
         # one daemon per home: the lock is taken before the store is opened or anything in the
         # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
         check_home_paths(cfg)  # a too-long home is refused before anything is created
+        for endpoint in self.listen:
+            check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
         prepare_home(cfg.home)
         self._home_lock = acquire_home(cfg.home)
         make_private_dir(cfg.runtimes_dir)
+        for endpoint in self.listen:
+            prepare_ipc_dir(endpoint)
 
         self.store = store = Store.open(cfg.store_path)
         # Recovery finishes before any request is served, so no request sees a leftover.

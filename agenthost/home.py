@@ -191,3 +191,16 @@ def check_ipc_endpoint(endpoint: str) -> None:
         )
     parent = Path(os.path.abspath(path)).parent
     check_private_dir(parent, f"ipc endpoint {endpoint}: directory", exact_0700=True)
+
+
+def prepare_ipc_dir(endpoint: str) -> None:
+    """Create a missing socket directory 0700 and check it again: one that appeared in
+    between (another user's) is refused rather than used."""
+    if not endpoint.startswith("ipc://"):
+        return
+    parent = Path(os.path.abspath(endpoint[len("ipc://") :])).parent
+    what = f"ipc endpoint {endpoint}: directory"
+    if not check_private_dir(parent, what, exact_0700=True):
+        parent.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(parent)
+        check_private_dir(parent, what, exact_0700=True)
