@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pykka
 
+from actors import runtime_dirs
 from actors.context import HostContext
 from actors.fork_saga import ForkSaga
 from actors.messages import (
@@ -239,8 +240,22 @@ class SessionActor(pykka.ThreadingActor):
         provider = self.session().provider if msg.stop_runtime else None
         result = msg.fn(self.ctx.store)
         if provider is not None:
-            # Deleted: its provider runtime has no further use.
-            self.ctx.workers.request(provider, "session.stop", {"agentSessionId": self.key}, 10.0)
+            # Deleted (committed): its provider runtime and home have no further use. The home
+            # goes once the runtime has stopped, off this thread; a kill in between is
+            # finished by the next start (actors/runtime_dirs.py).
+            self.ctx.failpoints.hit("host.session.delete.after_commit")
+            stopped = self.ctx.workers.request(
+                provider, "session.stop", {"agentSessionId": self.key}, 10.0
+            )
+            runtimes, ws, sid = self.ctx.runtimes_dir, self.ws, self.sid
+            stopped.add_done_callback(
+                lambda _f: threading.Thread(
+                    target=runtime_dirs.discard,
+                    args=(runtimes, ws, sid),
+                    name="agenthost-discard",
+                    daemon=True,
+                ).start()
+            )
         msg.reply(result)
 
     # -- turns -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from actors import runtime_dirs
 from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
@@ -87,6 +88,8 @@ class Daemon:
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         self.orphaned_turns = settle_orphaned_turns(store)
+        # Deletes a killed daemon did not finish: their runtime dirs go now.
+        runtime_dirs.sweep(store, cfg.runtimes_dir)
 
         fp_state = cfg.run_dir / "failpoints-host"
         fp_state.mkdir(mode=0o700, exist_ok=True)
