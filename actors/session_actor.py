@@ -111,7 +111,11 @@ class SessionActor(pykka.ThreadingActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
-            log.exception("session actor %s failed on %r", self.key, type(message).__name__)
+            if isinstance(exc, HostError) and exc.status < 500:
+                # An ordinary refusal (busy, fenced, not found): the caller gets it typed.
+                log.debug("session actor %s refused %r: %s", self.key, type(message).__name__, exc)
+            else:
+                log.exception("session actor %s failed on %r", self.key, type(message).__name__)
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply(exc if isinstance(exc, HostError) else _internal(exc))

@@ -75,7 +75,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--allow-remote", action="store_true", help="allow a non-loopback --listen address"
     )
-    s.add_argument("-v", "--verbose", action="store_true")
+    s.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="-v: one log line per request, turn and fork transition; -vv: debug logs",
+    )
     s.set_defaults(run=_serve)
 
     sub.add_parser("status", parents=[common], help="daemon status").set_defaults(run=_status)
@@ -121,10 +127,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from agenthost import activity
+
+    activity.enable(args.verbose > 0)
     try:
         config = load_config(args.home, args.config)
         for endpoint in args.listen:

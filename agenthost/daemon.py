@@ -20,7 +20,7 @@ from actors.context import HostContext, Timeouts
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
-from agenthost import __version__, projection
+from agenthost import __version__, activity, projection
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config, check_home_paths
@@ -136,6 +136,7 @@ class Daemon:
         )
         self._event_thread.start()
         store.subscribe(self._events.put)
+        store.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
 
         self.api = Api(
             store=store,
