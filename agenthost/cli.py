@@ -225,6 +225,8 @@ def check_reachable(args: argparse.Namespace, api: str) -> None:
         home = _home(args)
         probe = probe_home(home)
         if not probe.served:
+            if _accepts(api[len("ipc://") :]):
+                return  # served without the lock (a daemon older than the lock file)
             raise _unreachable(f"no agenthost is serving {home} (is `agenthost serve` running?)")
         # Served: the socket appears once the daemon has finished its start-up recovery.
         sock = Path(api[len("ipc://") :])
@@ -244,15 +246,23 @@ def check_reachable(args: argparse.Namespace, api: str) -> None:
     path = api[len("ipc://") :]
     if not Path(path).exists():
         raise _unreachable(f"no daemon socket at {api} (is `agenthost serve` running?)")
-    probe_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    if _accepts(path) is False:
+        raise _unreachable(f"nothing listens on {api} (a daemon that died left it)")
+
+
+def _accepts(path: str) -> bool | None:
+    """Does a process accept connections on this Unix socket? None: cannot tell (e.g. no
+    permission; the real connection will report it)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        probe_sock.connect(path)
-    except ConnectionRefusedError:
-        raise _unreachable(f"nothing listens on {api} (a daemon that died left it)") from None
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
     except OSError:
-        pass  # e.g. no permission: let the real connection report it
+        return None
     finally:
-        probe_sock.close()
+        probe.close()
+    return True
 
 
 def _no_reply(args: argparse.Namespace) -> CliError:
