@@ -59,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--events", default=None, help="events endpoint (default: the home's ipc events socket)"
     )
+    p.add_argument(
+        "--connection",
+        type=Path,
+        default=None,
+        help="connection file for TCP (CURVE keys; default: $AGENTHOST_CONNECTION)",
+    )
     p.add_argument("--workspace", default="default", help="workspace id (default: default)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -71,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config", type=Path, default=None)
     s.add_argument(
         "--listen", action="append", default=[], help="extra endpoint, e.g. tcp://127.0.0.1:7777"
+    )
+    s.add_argument(
+        "--events-listen",
+        action="append",
+        default=[],
+        help="extra events endpoint, e.g. tcp://127.0.0.1:7778 (CURVE, like --listen)",
     )
     s.add_argument(
         "--allow-remote", action="store_true", help="allow a non-loopback --listen address"
@@ -119,6 +131,16 @@ def _parser() -> argparse.ArgumentParser:
     o.set_defaults(run=_op)
     g = sub.add_parser("gui", help="the terminal GUI")
     g.set_defaults(run=_gui)
+    k = sub.add_parser("keys", help="client keys for TCP access (CURVE)")
+    ksub = k.add_subparsers(dest="keys_command", required=True)
+    ka = ksub.add_parser("add", help="mint a client key and print its connection file")
+    ka.add_argument("name")
+    ka.add_argument(
+        "-o", "--output", type=Path, default=None, help="write the connection file here (0600)"
+    )
+    ksub.add_parser("revoke", help="remove a client key").add_argument("name")
+    ksub.add_parser("list", parents=[common], help="the authorized client keys")
+    k.set_defaults(run=_keys)
     return p
 
 
@@ -136,7 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
     activity.enable(args.verbose > 0)
     try:
         config = load_config(args.home, args.config)
-        for endpoint in args.listen:
+        for endpoint in [*args.listen, *args.events_listen]:
             check_listen(endpoint, args.allow_remote or config.allow_remote)
         check_home_paths(config)
     except ConfigError as exc:
@@ -146,7 +168,9 @@ def _serve(args: argparse.Namespace) -> int:
     # Imported only now: a configuration error is reported without loading the daemon.
     from agenthost.daemon import Daemon
 
-    daemon = Daemon(config, listen=tuple(args.listen))
+    # Every TCP endpoint is a CURVE server (run/keys/, run/connection.json): the daemon always
+    # gives its server the keys, so `allow_remote` never exposes an unauthenticated socket.
+    daemon = Daemon(config, listen=tuple(args.listen), events_listen=tuple(args.events_listen))
     # The handlers only flip a flag: a handler taking a lock (Event.set) can deadlock with the
     # main thread interrupted inside that same lock.
     signalled: list[int] = []
@@ -194,11 +218,46 @@ class CliError(Exception):
         self.error = dict(error) if error else {"reason": reason, "message": message}
 
 
+def connection(args: argparse.Namespace) -> Any:
+    """The parsed `--connection` file (or $AGENTHOST_CONNECTION), None without one."""
+    from agenthost.keys import CONNECTION_ENV, KeyError_, load_connection
+
+    path = getattr(args, "connection", None) or os.environ.get(CONNECTION_ENV) or None
+    if path is None:
+        return None
+    cached = getattr(args, "_connection_loaded", None)
+    if cached is None:
+        try:
+            cached = load_connection(Path(path))
+        except KeyError_ as exc:
+            raise CliError("bad_connection_file", str(exc), code=EXIT_USAGE) from None
+        args._connection_loaded = cached
+    return cached
+
+
 def endpoints(args: argparse.Namespace) -> tuple[str, str]:
+    """(api, events); events is "" when a connection file names no events endpoint."""
     run = (args.home or default_home()).expanduser() / "run"
+    conn = connection(args)
+    if conn is not None:
+        return args.connect or conn.api, args.events or conn.events or ""
     api = args.connect or f"ipc://{run / 'api.sock'}"
     events = args.events or f"ipc://{run / 'events.sock'}"
     return api, events
+
+
+def events_endpoint(args: argparse.Namespace) -> str | None:
+    """The events endpoint to subscribe to, or None (none named, or no ipc socket there)."""
+    _, events = endpoints(args)
+    if not events or (events.startswith("ipc://") and not Path(events[len("ipc://") :]).exists()):
+        return None
+    return events
+
+
+def curve(args: argparse.Namespace) -> Any:
+    """The CURVE keys of the connection file (None without one)."""
+    conn = connection(args)
+    return None if conn is None else conn.curve
 
 
 def _client(args: argparse.Namespace) -> Any:
@@ -206,7 +265,7 @@ def _client(args: argparse.Namespace) -> Any:
 
     api, _ = endpoints(args)
     check_reachable(args, api)
-    return Client(api, timeout=args.timeout)
+    return Client(api, timeout=args.timeout, curve=curve(args))
 
 
 def _home(args: argparse.Namespace) -> Path:
@@ -221,8 +280,8 @@ def check_reachable(args: argparse.Namespace, api: str) -> None:
     """Tell a dead daemon from a slow one before sending anything: ZeroMQ would queue a
     request to a dead endpoint until `--timeout`. The home's lock is held exactly while a
     daemon lives (the kernel drops it with the process), so a free lock means dead, now."""
-    if args.connect is None:
-        home = _home(args)
+    home = _home_of(args, api)
+    if home is not None:
         probe = probe_home(home)
         if not probe.served:
             if _accepts(api[len("ipc://") :]):
@@ -265,12 +324,30 @@ def _accepts(path: str) -> bool | None:
     return True
 
 
+def _home_of(args: argparse.Namespace, api: str) -> Path | None:
+    """The home whose own ipc socket `api` is (its lock then tells if a daemon lives)."""
+    home = _home(args)
+    if api.startswith("ipc://") and Path(os.path.abspath(api[len("ipc://") :])) == (
+        home / "run" / "api.sock"
+    ):
+        return home
+    return None
+
+
 def _no_reply(args: argparse.Namespace) -> CliError:
+    api = endpoints(args)[0]
+    if not api.startswith("ipc://"):
+        # A CURVE endpoint drops an unauthorized client silently: say what to check.
+        return _unreachable(
+            f"no reply from {api} within {args.timeout:g} s (a TCP endpoint answers only a "
+            "client with an authorized key: --connection FILE or $AGENTHOST_CONNECTION)"
+        )
     who = "the daemon"
-    if args.connect is None:
-        probe = probe_home(_home(args))
+    home = _home_of(args, api)
+    if home is not None:
+        probe = probe_home(home)
         if not probe.served:
-            return _unreachable(f"the agenthost serving {_home(args)} exited without replying")
+            return _unreachable(f"the agenthost serving {home} exited without replying")
         who = f"agenthost (pid {probe.pid})"
     # No request id here: it means nothing to the user (the daemon logs it with `-v`).
     return _unreachable(
@@ -407,7 +484,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
     )
 
     sid = resolve_session(client, args.workspace, args.session)
-    _, events = endpoints(args)
+    events = events_endpoint(args)
     printer = TurnPrinter(print)
     pending: list[Mapping[str, Any]] = []
 
@@ -424,7 +501,8 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             args.workspace,
             sid,
             args.text,
-            events_endpoint=events if Path(events.removeprefix("ipc://")).exists() else None,
+            events_endpoint=events,
+            events_curve=curve(args),
             on_update=None if args.json else printer.update,
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
@@ -522,11 +600,11 @@ def _fork(args: argparse.Namespace, client: Any) -> int:
 
     sid = resolve_session(client, args.workspace, args.session)
     turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
-    _, events = endpoints(args)
+    events = events_endpoint(args)
     engine = Engine(client, args.workspace)
     try:
-        if Path(events.removeprefix("ipc://")).exists() or not events.startswith("ipc://"):
-            engine.attach_events(events)
+        if events is not None:
+            engine.attach_events(events, curve=curve(args))
         record = engine.fork(sid, turn_id)
         shown: str | None = None
 
@@ -613,8 +691,9 @@ def _op(args: argparse.Namespace, client: Any) -> int:
 
 
 def _gui(args: argparse.Namespace) -> int:
-    api, events = endpoints(args)
     try:
+        api, _ = endpoints(args)
+        events = events_endpoint(args)
         check_reachable(args, api)
     except CliError as exc:
         return _fail(args, exc)
@@ -622,7 +701,37 @@ def _gui(args: argparse.Namespace) -> int:
         from agenthost.gui.app import run_gui
     except ImportError as exc:  # textual is the optional `gui` extra
         return _fail(args, CliError("gui_unavailable", f"{exc} (pip install 'agenthost[gui]')"))
-    return run_gui(api, events, args.workspace)
+    return run_gui(api, events, args.workspace, curve=curve(args))
+
+
+# -- keys -----------------------------------------------------------------------------------
+
+
+def _keys(args: argparse.Namespace) -> int:
+    """`agenthost keys add|revoke|list`: files under the home's run/keys/; the daemon reads
+    run/keys/authorized/ at each new TCP connection, so no restart is needed."""
+    from agenthost.keys import KeyError_, KeyStore
+
+    store = KeyStore((args.home or default_home()).expanduser().resolve() / "run")
+    try:
+        if args.keys_command == "add":
+            text = store.add(args.name)
+            if args.output is not None:
+                from agenthost.keys import write_private
+
+                write_private(args.output, text)
+                print(f"connection file for {args.name!r} written to {args.output}")
+            else:
+                sys.stdout.write(text)
+        elif args.keys_command == "revoke":
+            store.revoke(args.name)
+            print(f"revoked {args.name!r} (new connections with it are refused)")
+        else:
+            names = sorted(store.authorized())
+            _emit(args, {"keys": names}, "\n".join(names) or "(no authorized client keys)")
+    except KeyError_ as exc:
+        return _fail(args, CliError("bad_key", str(exc)))
+    return EXIT_OK
 
 
 def new_request_id() -> str:

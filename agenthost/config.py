@@ -214,6 +214,13 @@ class Key:
 SCHEMA: tuple[Key, ...] = (
     # [daemon]
     Key("daemon", "listen", Endpoints(), (), "extra API endpoints, beside the home's ipc socket"),
+    Key(
+        "daemon",
+        "events_listen",
+        Endpoints(),
+        (),
+        "extra events (PUB) endpoints; like `listen`, a `tcp://` one is CURVE-only",
+    ),
     Key("daemon", "allow_remote", Bool(), False, "allow a non-loopback `tcp://` listen address"),
     Key(
         "daemon",
@@ -296,6 +303,11 @@ class Config:
     @property
     def listen(self) -> tuple[str, ...]:
         return tuple(self.get("daemon", "listen"))
+
+    @property
+    def events_listen(self) -> tuple[str, ...]:
+        """Extra events (PUB) endpoints; like `listen`, a tcp one is CURVE-only."""
+        return tuple(self.get("daemon", "events_listen"))
 
     @property
     def allow_remote(self) -> bool:
@@ -383,6 +395,8 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
     config = Config(home=home, providers=providers, tables=values)
     for endpoint in config.listen:
         check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] listen")
+    for endpoint in config.events_listen:
+        check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] events_listen")
     return config
 
 

@@ -32,12 +32,14 @@ from agenthost.home import (
     prepare_ipc_dir,
 )
 from agenthost.home import acquire as acquire_home
+from agenthost.keys import KeyStore
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
 from storage.errors import HostError, InvalidArgument
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from transport.security import needs_curve
 from transport.server import ApiServer
 
 log = logging.getLogger(__name__)
@@ -51,12 +53,14 @@ class Daemon:
         config: Config,
         *,
         listen: tuple[str, ...] = (),
+        events_listen: tuple[str, ...] = (),
         failpoints_enabled: bool | None = None,
         catalog: Catalog | None = None,
     ) -> None:
         self.config = config
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
+        self.events_listen = tuple(config.events_listen) + tuple(events_listen)
         if failpoints_enabled is None:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
         self.failpoints_enabled = failpoints_enabled
@@ -76,12 +80,12 @@ class Daemon:
         # one daemon per home: the lock is taken before the store is opened or anything in the
         # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
         check_home_paths(cfg)  # a too-long home is refused before anything is created
-        for endpoint in self.listen:
+        for endpoint in (*self.listen, *self.events_listen):
             check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
         prepare_home(cfg.home)
         self._home_lock = acquire_home(cfg.home)
         make_private_dir(cfg.runtimes_dir)
-        for endpoint in self.listen:
+        for endpoint in (*self.listen, *self.events_listen):
             prepare_ipc_dir(endpoint)
 
         self.store = store = Store.open(cfg.store_path)
@@ -147,8 +151,23 @@ class Daemon:
             default_cwd=str(Path.cwd()),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
-        self.server = ApiServer(api_endpoints, f"ipc://{cfg.run_dir / 'events.sock'}", self.api)
+        # Every non-ipc endpoint is a CURVE server admitting only run/keys/authorized/ (the
+        # keys are made at first start); ipc stays NULL, guarded by its 0600 file mode.
+        self.keys = KeyStore(cfg.run_dir)
+        self.keys.ensure()
+        self.server = ApiServer(
+            api_endpoints,
+            f"ipc://{cfg.run_dir / 'events.sock'}",
+            self.api,
+            events_listen=list(self.events_listen),
+            curve=self.keys.server_curve(),
+        )
         self.server.start()
+        self.connection_file = self.keys.write_connection_file(
+            _first_network(self.server.endpoints), _first_network(self.server.events_endpoints)
+        )
+        if any(needs_curve(e) for e in (*self.listen, *self.events_listen)):
+            log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
 
     def close(self) -> None:
         if self.server is not None:
@@ -188,6 +207,8 @@ class Daemon:
             "events": self.events_endpoint,
             "pid": os.getpid(),
             "endpoints": self.server.endpoints if self.server else [],
+            "eventsEndpoints": self.server.events_endpoints if self.server else [],
+            "connectionFile": str(self.connection_file),
         }
 
     # -- host.status, failpoints ------------------------------------------------------------
@@ -259,3 +280,14 @@ class Daemon:
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
+
+
+def _first_network(endpoints: list[str]) -> str | None:
+    """The first CURVE (tcp) endpoint, as a client on this machine reaches it: a wildcard bind
+    is written as loopback (a remote client puts the host's name there)."""
+    for endpoint in endpoints:
+        if needs_curve(endpoint):
+            return endpoint.replace("tcp://0.0.0.0:", "tcp://127.0.0.1:").replace(
+                "tcp://[::]:", "tcp://[::1]:"
+            )
+    return None

@@ -22,6 +22,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from transport.client import ApiError, ClientClosed, EventSubscriber
+from transport.security import ClientCurve
 
 log = logging.getLogger(__name__)
 
@@ -291,23 +292,27 @@ class Engine:
         workspace_id: str,
         *,
         timeout: float = 10.0,
+        curve: ClientCurve | None = None,
         **kwargs: Any,
     ) -> Engine:
-        """An Engine that owns its Client and, if `events_endpoint` is given, an event pump."""
+        """An Engine that owns its Client and, if `events_endpoint` is given, an event pump.
+        `curve`: the keys of a connection file, for tcp endpoints."""
         from transport.client import Client
 
-        client = Client(api_endpoint, timeout=timeout)
+        client = Client(api_endpoint, timeout=timeout, curve=curve)
         engine = cls(client, workspace_id, **kwargs)
         engine._owned_client = client
         if events_endpoint:
-            engine.attach_events(events_endpoint)
+            engine.attach_events(events_endpoint, curve=curve)
         return engine
 
-    def attach_events(self, events_endpoint: str) -> None:
+    def attach_events(self, events_endpoint: str, *, curve: ClientCurve | None = None) -> None:
         """Follow the daemon's events (`fork.operation`, `session.*`, `turn.updated`)."""
         with self._lock:
             if self._pump is None:
-                self._pump = _EventPump(events_endpoint, self.workspace_id, self.handle_event)
+                self._pump = _EventPump(
+                    events_endpoint, self.workspace_id, self.handle_event, curve=curve
+                )
 
     # -- selectors ---------------------------------------------------------------------------
 
@@ -925,12 +930,17 @@ class _EventPump:
     """A thread reading the events socket for one workspace and handing events to the Engine."""
 
     def __init__(
-        self, endpoint: str, workspace_id: str, sink: Callable[[Mapping[str, Any]], None]
+        self,
+        endpoint: str,
+        workspace_id: str,
+        sink: Callable[[Mapping[str, Any]], None],
+        *,
+        curve: ClientCurve | None = None,
     ) -> None:
         self._workspace_id = workspace_id
         self._sink = sink
         self._stop = threading.Event()
-        self._subscriber = EventSubscriber(endpoint, (workspace_id,))
+        self._subscriber = EventSubscriber(endpoint, (workspace_id,), curve=curve)
         self._thread = threading.Thread(target=self._run, name="engine-events", daemon=True)
         self._thread.start()
 

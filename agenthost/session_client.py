@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from transport.client import ApiError, Client, EventSubscriber
+from transport.security import ClientCurve
 
 POLL_S = 0.05
 STREAM_POLL_S = 0.25
@@ -247,6 +248,7 @@ def stream_turn(
     text: str,
     *,
     events_endpoint: str | None = None,
+    events_curve: ClientCurve | None = None,
     on_update: Callable[[Json], None] | None = None,
     on_interaction: InteractionHandler | None = None,
     timeout: float = 600.0,
@@ -254,7 +256,9 @@ def stream_turn(
 ) -> Json:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join)."""
-    subscriber = EventSubscriber(events_endpoint, (ws,)) if events_endpoint else None
+    subscriber = (
+        EventSubscriber(events_endpoint, (ws,), curve=events_curve) if events_endpoint else None
+    )
     try:
         turn = client.call(
             "turn.submit",

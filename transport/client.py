@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import zmq
 
+from transport.security import ClientCurve, needs_curve
 from transport.wire import PROTOCOL_VERSION
 
 _TAG_SEND = b"S"
@@ -80,7 +81,10 @@ class Client:
         *,
         timeout: float = 10.0,
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
+        """`curve`: the keys of a connection file, needed on a tcp endpoint (a daemon drops a
+        tcp client without an authorized key: its calls time out)."""
         self.endpoint = endpoint
         self.timeout = timeout
         self._own_context = context is None
@@ -106,6 +110,8 @@ class Client:
         self._dealer.setsockopt(zmq.LINGER, 0)
         self._dealer.setsockopt(zmq.SNDHWM, 0)
         self._dealer.setsockopt(zmq.RCVHWM, 0)
+        if curve is not None and needs_curve(endpoint):  # ipc stays NULL on both ends
+            curve.apply(self._dealer)
         self._dealer.connect(endpoint)
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="agenthost-client", daemon=True)
@@ -296,11 +302,14 @@ class EventSubscriber:
         topics: Iterable[str] = ("",),
         *,
         context: zmq.Context[Any] | None = None,
+        curve: ClientCurve | None = None,
     ) -> None:
         self.endpoint = endpoint
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
+        if curve is not None and needs_curve(endpoint):
+            curve.apply(self._sub)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 100_000)
         for topic in topics:

@@ -21,6 +21,15 @@ import msgpack
 import zmq
 
 from storage.errors import HostError, Unavailable
+from transport.security import (
+    InsecureEndpoint,
+    ServerCurve,
+    bind_order,
+    configure_bind,
+    is_loopback,
+    needs_curve,
+    start_authenticator,
+)
 from transport.wire import (
     Request,
     WireReason,
@@ -122,11 +131,18 @@ class ApiServer:
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         context: zmq.Context[Any] | None = None,
+        events_listen: list[str] | tuple[str, ...] = (),
+        curve: ServerCurve | None = None,
     ) -> None:
+        """`events_listen`: further endpoints of the events PUB socket. With `curve`, every
+        non-ipc endpoint (API or events) is a CURVE server behind a ZAP handler."""
         if not api_endpoints:
             raise ValueError("at least one API endpoint is required")
         self._api_requested = list(api_endpoints)
         self._events_requested = events_endpoint
+        self._events_listen = list(events_listen)
+        self._curve = curve
+        self._auth: Any = None
         self._dispatcher = dispatcher
         self._max_in_flight = max_in_flight
         self._own_context = context is None
@@ -142,6 +158,7 @@ class ApiServer:
         self._term_in_loop = False
         self._endpoints: list[str] = []
         self._events_endpoint = ""
+        self._events_endpoints: list[str] = []
         self._ipc_files: list[str] = []
         # token -> (routing envelope, request id) of every request not yet answered.
         self._in_flight: dict[int, tuple[list[bytes], str]] = {}
@@ -162,6 +179,11 @@ class ApiServer:
         return self._events_endpoint
 
     @property
+    def events_endpoints(self) -> list[str]:
+        """Every bound events endpoint: `events_endpoint` first, then `events_listen`."""
+        return list(self._events_endpoints)
+
+    @property
     def in_flight(self) -> int:
         """Requests dispatched but not yet answered (read from any thread; approximate)."""
         return len(self._in_flight)
@@ -175,6 +197,7 @@ class ApiServer:
                 self._bind_all()
             except BaseException:
                 self._close_sockets()
+                self._stop_authenticator()
                 raise
             self._thread = threading.Thread(
                 target=self._run, name="agenthost-transport", daemon=True
@@ -200,8 +223,10 @@ class ApiServer:
                     log.error("transport thread did not stop within %.1fs", timeout)
             else:
                 self._close_sockets()
-            if self._own_context and (thread is None or not thread.is_alive()):
-                self._ctx.term()
+            if thread is None or not thread.is_alive():
+                self._stop_authenticator()
+                if self._own_context:
+                    self._ctx.term()
 
     def __enter__(self) -> ApiServer:
         self.start()
@@ -240,6 +265,11 @@ class ApiServer:
     # -- binding -----------------------------------------------------------------------------
 
     def _bind_all(self) -> None:
+        if self._curve is not None and any(
+            needs_curve(e) for e in (*self._api_requested, *self._events_listen)
+        ):
+            # Before any CURVE bind: without a ZAP handler libzmq would admit any client key.
+            self._auth = start_authenticator(self._ctx, self._curve)
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.setsockopt(zmq.RCVHWM, 0)
         self._pull.setsockopt(zmq.LINGER, 0)
@@ -258,17 +288,31 @@ class ApiServer:
         self._router.setsockopt(zmq.RCVHWM, 0)
         # A reply to a peer that went away is dropped rather than raising on the loop.
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        for endpoint in self._api_requested:
-            self._endpoints.append(self._bind(self._router, endpoint))
+        self._endpoints = self._bind_each(self._router, self._api_requested)
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.setsockopt(zmq.SNDHWM, _EVENTS_HWM)
-        self._events_endpoint = self._bind(self._pub, self._events_requested)
+        self._events_endpoints = self._bind_each(
+            self._pub, [self._events_requested, *self._events_listen]
+        )
+        self._events_endpoint = self._events_endpoints[0]
+
+    def _bind_each(self, sock: zmq.Socket[bytes], endpoints: list[str]) -> list[str]:
+        """Bind every endpoint (NULL ones first, see `configure_bind`); the bound addresses in
+        the order given."""
+        bound = list(endpoints)
+        for i in bind_order(endpoints):
+            bound[i] = self._bind(sock, endpoints[i])
+        return bound
 
     def _bind(self, sock: zmq.Socket[bytes], endpoint: str) -> str:
         path = _ipc_path(endpoint)
         if path is not None:
             _prepare_ipc_path(path)
+        if self._curve is None and needs_curve(endpoint) and not is_loopback(endpoint):
+            # `allow_remote` is only ever honoured behind CURVE (issue 14 §2).
+            raise InsecureEndpoint(f"{endpoint}: a non-loopback endpoint needs CURVE keys")
+        configure_bind(sock, endpoint, self._curve)
         sock.bind(endpoint)
         if path is not None:
             self._ipc_files.append(path)
@@ -298,6 +342,7 @@ class ApiServer:
         finally:
             self._shutdown()
             if self._term_in_loop:
+                self._stop_authenticator()
                 self._ctx.term()
 
     def _drain_pipe(self, limit: int = 10_000) -> bool:
@@ -396,6 +441,14 @@ class ApiServer:
         finally:
             self._loop_ident = None  # a later thread may reuse the ident
             self._close_sockets()
+
+    def _stop_authenticator(self) -> None:
+        auth, self._auth = self._auth, None
+        if auth is not None:
+            try:
+                auth.stop()
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                log.exception("ZAP handler did not stop cleanly")
 
     def _close_sockets(self) -> None:
         with self._push_lock:

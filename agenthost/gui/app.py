@@ -25,6 +25,7 @@ from agenthost.gui.session_list import SessionTree
 from agenthost.gui.transcript import ForkRequested, LoadMoreRequested, TranscriptView
 from agenthost.session_client import ForkAction, fork_action
 from transport.client import ApiError
+from transport.security import ClientCurve
 
 PAGE_SIZE = 200
 
@@ -309,9 +310,15 @@ def _staler(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
     return len(new.get("messages") or []) < len(old.get("messages") or [])
 
 
-def run_gui(api_endpoint: str, events_endpoint: str, workspace_id: str) -> int:
-    """`agenthost gui`: run the app until the user quits."""
-    engine = Engine.connect(api_endpoint, events_endpoint, workspace_id)
+def run_gui(
+    api_endpoint: str,
+    events_endpoint: str | None,
+    workspace_id: str,
+    *,
+    curve: ClientCurve | None = None,
+) -> int:
+    """`agenthost gui`: run the app until the user quits; `curve` for a tcp connection file."""
+    engine = Engine.connect(api_endpoint, events_endpoint, workspace_id, curve=curve)
     app = AgentHostApp(engine, own_engine=True)
     try:
         app.run()

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from agenthost.config import ConfigError, check_listen
+from agenthost.keys import load_connection
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline, wait_for
 from transport.client import Client
@@ -174,7 +175,10 @@ def test_serve_refuses_a_non_loopback_listen_and_serves_loopback_tcp(tmp_path: P
     port = _free_port()
     d = DaemonProcess(tmp_path / "h2", args=("--listen", f"tcp://127.0.0.1:{port}")).start()
     try:
-        with Client(f"tcp://127.0.0.1:{port}", timeout=30) as c:
+        # TCP needs the CURVE keys of the connection file (tests/reliability/test_curve.py).
+        conn = load_connection(d.home / "run" / "connection.json")
+        assert conn.api == f"tcp://127.0.0.1:{port}"
+        with Client(conn.api, timeout=30, curve=conn.curve) as c:
             assert c.call("host.status")["protocol"] == 1
         listeners = Path("/proc/net/tcp").read_text()
         assert f"0100007F:{port:04X}" in listeners  # bound to 127.0.0.1 only

@@ -1,0 +1,252 @@
+"""CURVE keys of a home and its connection files (issue 14 §2; docs/user-guide.md "Remote
+access with the connection file").
+
+Layout under `$AGENTHOST_HOME/run/keys/` (directories 0700, files 0600, pyzmq certificate
+format so `zmq.auth` reads them):
+
+    server.key, server.key_secret    the daemon's key pair (made at first start)
+    client.key, client.key_secret    the first client's pair, the one in run/connection.json
+    authorized/NAME.key              the public key of every client allowed in over TCP
+                                     ("default" is the first client's)
+
+`agenthost keys add NAME` mints a pair, authorizes its public key and prints a connection file
+(the secret key is not kept by the home); `agenthost keys revoke NAME` removes
+`authorized/NAME.key`. The ZAP handler reads `authorized/` at every new connection, so both take
+effect for new connections without a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq.auth
+from zmq.utils import z85
+
+from transport.security import ClientCurve, ServerCurve
+
+CONNECTION_ENV = "AGENTHOST_CONNECTION"
+DEFAULT_CLIENT = "default"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class KeyError_(ValueError):
+    """A key name that is invalid, taken or unknown; or an unreadable key or connection file."""
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A parsed connection file: where the daemon listens over TCP and the keys to get in."""
+
+    api: str
+    events: str | None
+    curve: ClientCurve
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write `path` 0600 atomically (never readable by others, not even for a moment)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)  # mkstemp makes 0600 already; say it anyway
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+class KeyStore:
+    """The key files of one home (see the module docstring)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.dir = run_dir / "keys"
+        self.authorized_dir = self.dir / "authorized"
+        self.connection_file = run_dir / "connection.json"
+
+    # -- creation ----------------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """At first start: the server pair, and the first client pair, authorized as
+        "default". Existing keys are kept (a revoked "default" stays revoked)."""
+        _private_dir(self.dir)
+        _private_dir(self.authorized_dir)
+        if not (self.dir / "server.key_secret").exists():
+            self._mint(self.dir, "server")
+        if not (self.dir / "client.key_secret").exists():
+            staging = Path(tempfile.mkdtemp(dir=self.dir, prefix=".first-"))
+            try:
+                public, _ = self._mint(staging, "client")
+                # Authorized before the pair is in place: a crash in between re-mints both.
+                self._write_public(DEFAULT_CLIENT, public)
+                for suffix in (".key", ".key_secret"):
+                    os.replace(staging / f"client{suffix}", self.dir / f"client{suffix}")
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _mint(self, directory: Path, name: str) -> tuple[bytes, bytes]:
+        """A new pair as `name.key` + `name.key_secret` (0600) in `directory`, via zmq.auth."""
+        staging = Path(tempfile.mkdtemp(dir=directory, prefix=".mint-"))  # 0700
+        try:
+            public_file, secret_file = zmq.auth.create_certificates(staging, name)
+            for made in (public_file, secret_file):
+                os.chmod(made, 0o600)
+            os.replace(public_file, directory / f"{name}.key")
+            os.replace(secret_file, directory / f"{name}.key_secret")
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return self._load(directory / f"{name}.key_secret")
+
+    def _write_public(self, name: str, public: bytes) -> None:
+        write_private(
+            self.authorized_dir / f"{name}.key",
+            "# agenthost client key (zmq.auth certificate)\n"
+            f'curve\n    public-key = "{public.decode()}"\n',
+        )
+
+    @staticmethod
+    def _load(path: Path) -> tuple[bytes, bytes]:
+        try:
+            public, secret = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise KeyError_(f"{path}: cannot read the key: {exc}") from exc
+        if public is None or secret is None:
+            raise KeyError_(f"{path}: no key pair in it")
+        return public, secret
+
+    # -- the daemon side ---------------------------------------------------------------------
+
+    def server_curve(self) -> ServerCurve:
+        _, secret = self._load(self.dir / "server.key_secret")
+        return ServerCurve(secret_key=secret, authorize=self.is_authorized)
+
+    def server_public_key(self) -> bytes:
+        return self._load(self.dir / "server.key_secret")[0]
+
+    def authorized(self) -> dict[str, bytes]:
+        """Name -> z85 public key of every authorized client, read from disk now."""
+        keys: dict[str, bytes] = {}
+        for path in sorted(self.authorized_dir.glob("*.key")):
+            with contextlib.suppress(OSError, ValueError):
+                public, _ = zmq.auth.load_certificate(path)
+                if public:
+                    keys[path.stem] = public
+        return keys
+
+    def is_authorized(self, public_key: bytes) -> bool:
+        """Read at each new connection, so `keys add` / `keys revoke` need no restart."""
+        return public_key in self.authorized().values()
+
+    def write_connection_file(self, api: str | None, events: str | None) -> Path:
+        """`run/connection.json` (0600) for the first client; `api` None: no TCP listen."""
+        public, secret = self._load(self.dir / "client.key_secret")
+        write_private(self.connection_file, self.connection_text(api, events, public, secret))
+        return self.connection_file
+
+    def connection_text(
+        self, api: str | None, events: str | None, public: bytes, secret: bytes
+    ) -> str:
+        return (
+            json.dumps(
+                {
+                    "transport": "tcp",
+                    "api": api,
+                    "events": events,
+                    "serverPublicKey": self.server_public_key().decode(),
+                    "clientPublicKey": public.decode(),
+                    "clientSecretKey": secret.decode(),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+
+    # -- `agenthost keys` --------------------------------------------------------------------
+
+    def add(self, name: str) -> str:
+        """Mint and authorize a client pair; its connection file's text (api/events copied
+        from the daemon's connection file when there is one)."""
+        _check_name(name)
+        if not (self.dir / "server.key_secret").exists():
+            raise KeyError_(
+                f"no server key under {self.dir}: start `agenthost serve` once on this home"
+            )
+        _private_dir(self.authorized_dir)
+        if (self.authorized_dir / f"{name}.key").exists():
+            raise KeyError_(f"a client key named {name!r} already exists")
+        staging = Path(tempfile.mkdtemp(dir=self.dir, prefix=".add-"))
+        try:
+            public, secret = self._mint(staging, name)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # the secret leaves only in the output
+        self._write_public(name, public)
+        api, events = self._listening()
+        return self.connection_text(api, events, public, secret)
+
+    def revoke(self, name: str) -> None:
+        _check_name(name)
+        try:
+            (self.authorized_dir / f"{name}.key").unlink()
+        except FileNotFoundError:
+            raise KeyError_(f"no client key named {name!r}") from None
+
+    def _listening(self) -> tuple[str | None, str | None]:
+        try:
+            data = json.loads(self.connection_file.read_text())
+        except (OSError, ValueError):
+            return None, None
+        if not isinstance(data, dict):
+            return None, None
+        api, events = data.get("api"), data.get("events")
+        return (api if isinstance(api, str) else None, events if isinstance(events, str) else None)
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise KeyError_(
+            f"invalid key name {name!r}: letters, digits, '_', '.', '-' (up to 64), "
+            "starting with a letter or digit"
+        )
+
+
+def load_connection(path: Path) -> Connection:
+    """Read a connection file; `KeyError_` names the file and what is wrong with it."""
+    try:
+        data: Any = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise KeyError_(f"{path}: cannot read the connection file: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise KeyError_(f"{path}: a connection file is a JSON object")
+    api = data.get("api")
+    if not isinstance(api, str) or not api:
+        raise KeyError_(f'{path}: no "api" endpoint (is the daemon listening on TCP?)')
+    events = data.get("events")
+    if events is not None and not isinstance(events, str):
+        raise KeyError_(f'{path}: "events" must be an endpoint or null')
+    keys: list[bytes] = []
+    for field in ("serverPublicKey", "clientPublicKey", "clientSecretKey"):
+        value = data.get(field)
+        try:
+            if not isinstance(value, str) or len(z85.decode(value.encode("ascii"))) != 32:
+                raise ValueError(value)
+        except (ValueError, KeyError):  # z85.decode: KeyError for a byte outside its alphabet
+            raise KeyError_(f"{path}: {field} must be a 40-character z85 key") from None
+        keys.append(value.encode("ascii"))
+    return Connection(api, events or None, ClientCurve(*keys))
