@@ -9,10 +9,15 @@ CODEX_VERSION := 0.171.0
 CODEX_PREFIX := $(BUILD)/providers/codex
 CODEX_STAMP := $(CODEX_PREFIX)/.installed-$(CODEX_VERSION)
 DEPS_STAMP := $(VENV)/.deps-installed
+# `make demo` needs only agenthost itself and the GUI: not the Claude SDK, not the test tools.
+DEMO_STAMP := $(VENV)/.demo-installed
+# `make install`: a venv of its own outside the checkout, and `agenthost` linked onto PATH.
+INSTALL_VENV ?= $(HOME)/.local/share/agenthost-venv
+INSTALL_BIN ?= $(HOME)/.local/bin
 PROVIDER ?= tutti-agent
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint soak bench venv providers clean
+.PHONY: demo test lint soak bench venv providers install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +25,12 @@ $(PY):
 
 $(DEPS_STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[test,claude,gui]'
+	touch $@ $(DEMO_STAMP)
+
+# A full install (DEPS_STAMP) also satisfies the demo; a demo install alone does not satisfy
+# `make test`, which then installs the rest.
+$(DEMO_STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[gui]'
 	touch $@
 
 venv: $(DEPS_STAMP)
@@ -31,8 +42,17 @@ $(CODEX_STAMP):
 
 providers: $(CODEX_STAMP) $(DEPS_STAMP)
 
+install:
+	$(PYTHON) -m venv $(INSTALL_VENV)
+	$(INSTALL_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(INSTALL_VENV)/bin/python -m pip install --quiet '.[gui]'
+	mkdir -p $(INSTALL_BIN)
+	ln -sf $(INSTALL_VENV)/bin/agenthost $(INSTALL_BIN)/agenthost
+	@echo "agenthost installed in $(INSTALL_VENV), linked as $(INSTALL_BIN)/agenthost"
+	@echo "(put $(INSTALL_BIN) on PATH if it is not there yet)"
+
 # The codex demo needs the pinned Codex; the default (tutti-agent) needs nothing else.
-DEMO_DEPS := $(DEPS_STAMP) $(if $(filter codex,$(PROVIDER)),$(CODEX_STAMP))
+DEMO_DEPS := $(DEMO_STAMP) $(if $(filter codex,$(PROVIDER)),$(CODEX_STAMP))
 
 demo: $(DEMO_DEPS)
 	$(PY) -m agenthost.demo --provider $(PROVIDER)

@@ -2,12 +2,14 @@
 (human output by default, `--json` for scripts, a non-zero exit code with the error reason).
 
 Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did not succeed;
-2 usage; 3 the daemon cannot be reached; 4 a fork's delivery is unknown (retry reuses its ids).
+2 usage; 3 the daemon cannot be reached; 4 a fork's delivery is unknown (retry reuses its ids);
+130 `say` stopped by Ctrl-C.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -45,15 +47,30 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
-    return int(args.run(args))
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # `agenthost show … | head`: the reader left. Say nothing, and stop Python's own
+        # flush at exit from raising again on the closed pipe.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
 
 
 def _parser() -> argparse.ArgumentParser:
+    from agenthost import __version__
+
     p = argparse.ArgumentParser(
         prog="agenthost",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"agenthost {__version__}")
     p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
     p.add_argument("--connect", default=None, help="API endpoint (default: the home's ipc socket)")
     p.add_argument(
@@ -66,15 +83,22 @@ def _parser() -> argparse.ArgumentParser:
         help="connection file for TCP (CURVE keys; default: $AGENTHOST_CONNECTION)",
     )
     p.add_argument("--workspace", default="default", help="workspace id (default: default)")
-    p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for a reply")
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default: 10)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     # `--json` is accepted after the subcommand too; SUPPRESS keeps a global one intact.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    sub = p.add_subparsers(dest="command")
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    session_help = "session id or unique id prefix"
 
     s = sub.add_parser("serve", help="run the daemon in the foreground")
-    s.add_argument("--config", type=Path, default=None)
+    s.add_argument(
+        "--config", type=Path, default=None, help="config file (default: HOME/agenthost.toml)"
+    )
     s.add_argument(
         "--listen", action="append", default=[], help="extra endpoint, e.g. tcp://127.0.0.1:7777"
     )
@@ -101,34 +125,113 @@ def _parser() -> argparse.ArgumentParser:
         "sessions", parents=[common], help="list sessions as a fork lineage tree"
     ).set_defaults(run=_sessions)
     n = sub.add_parser("new", parents=[common], help="create a session")
-    n.add_argument("--provider", default="tutti-agent", choices=PROVIDERS)
-    n.add_argument("--title", default=None)
-    n.add_argument("--cwd", default=None)
+    n.add_argument(
+        "--provider", default="tutti-agent", choices=PROVIDERS, help="default: tutti-agent"
+    )
+    n.add_argument("--title", default=None, help="default: New session")
+    n.add_argument(
+        "--cwd",
+        default=None,
+        help="the session's working directory (default: the current one; made absolute)",
+    )
+    n.add_argument("--model", default=None, help="the provider's model for this session")
+    n.add_argument(
+        "--settings",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a session setting (repeatable; V is parsed as JSON when it can be)",
+    )
     n.set_defaults(run=_new)
     y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
-    y.add_argument("session", help="session id or unique prefix")
-    y.add_argument("text")
+    y.add_argument("session", help=session_help)
+    y.add_argument("text", help="the user message")
     y.add_argument("--answer", default=None, help="reply to a question the turn asks")
     y.add_argument(
-        "--approve", action="store_const", const="approve", dest="decision", default=None
+        "--approve",
+        action="store_const",
+        const="approve",
+        dest="decision",
+        default=None,
+        help="approve an approval the turn asks for",
     )
-    y.add_argument("--decline", action="store_const", const="decline", dest="decision")
-    y.add_argument("--turn-timeout", type=float, default=600.0)
+    y.add_argument(
+        "--decline",
+        action="store_const",
+        const="decline",
+        dest="decision",
+        help="decline an approval the turn asks for",
+    )
+    y.add_argument(
+        "--turn-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to follow the turn (default: 600); it keeps running after",
+    )
     y.set_defaults(run=_say)
     w = sub.add_parser("show", parents=[common], help="show a session's transcript")
-    w.add_argument("session", help="session id or unique prefix")
+    w.add_argument("session", help=session_help)
     w.set_defaults(run=_show)
     f = sub.add_parser("fork", parents=[common], help="fork a session through a settled turn")
-    f.add_argument("session", help="session id or unique prefix")
+    f.add_argument("session", help=session_help)
     f.add_argument(
         "--through", required=True, metavar="TURN", help="turn id, unique prefix or sequence"
     )
-    f.add_argument("--fork-timeout", type=float, default=120.0)
+    f.add_argument(
+        "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
+    )
     f.set_defaults(run=_fork)
     o = sub.add_parser("op", parents=[common], help="show a fork operation")
-    o.add_argument("operation")
+    o.add_argument("operation", help="operation id or unique prefix (of a committed fork)")
     o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
     o.set_defaults(run=_op)
+    i = sub.add_parser("interrupt", parents=[common], help="interrupt the session's running turn")
+    i.add_argument("session", help=session_help)
+    i.set_defaults(run=_interrupt)
+    a = sub.add_parser(
+        "answer", parents=[common], help="answer the session's pending approval or question"
+    )
+    a.add_argument("session", help=session_help)
+    choice = a.add_mutually_exclusive_group(required=True)
+    choice.add_argument(
+        "--approve",
+        action="store_const",
+        const="approve",
+        dest="decision",
+        help="approve the pending approval",
+    )
+    choice.add_argument(
+        "--decline",
+        action="store_const",
+        const="decline",
+        dest="decision",
+        help="decline the pending approval",
+    )
+    choice.add_argument("--text", default=None, help="the reply to the pending question")
+    a.set_defaults(run=_answer)
+    d = sub.add_parser("delete", parents=[common], help="delete a session (asks first)")
+    d.add_argument("session", help=session_help)
+    d.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    d.set_defaults(run=_delete)
+    r = sub.add_parser("rename", parents=[common], help="change a session's title")
+    r.add_argument("session", help=session_help)
+    r.add_argument("title", help="the new title")
+    r.set_defaults(run=_rename)
+    for name, pinned in (("pin", True), ("unpin", False)):
+        q = sub.add_parser(name, parents=[common], help=f"{name} a session")
+        q.add_argument("session", help=session_help)
+        q.set_defaults(run=_pin, pinned=pinned)
+    t = sub.add_parser(
+        "settings", parents=[common], help="show or change a session's settings (merged)"
+    )
+    t.add_argument("session", help=session_help)
+    t.add_argument(
+        "pairs",
+        nargs="*",
+        metavar="K=V",
+        help="settings to set (V parsed as JSON when it can be; V=null removes K)",
+    )
+    t.set_defaults(run=_settings)
     g = sub.add_parser("gui", help="the terminal GUI")
     g.set_defaults(run=_gui)
     k = sub.add_parser("keys", help="client keys for TCP access (CURVE)")
@@ -445,7 +548,7 @@ def _sessions(args: argparse.Namespace, client: Any) -> int:
     from agenthost.session_client import list_sessions, session_tree
 
     sessions = list_sessions(client, args.workspace)
-    lines = []
+    lines = [f"{'SESSION':<36}  {'PROVIDER':<11} {'FORK':<7} TITLE"] if sessions else []
     for row in session_tree(sessions):
         s = row.session
         indent = "  " * row.depth + ("└─ " if row.depth else "")
@@ -458,13 +561,39 @@ def _sessions(args: argparse.Namespace, client: Any) -> int:
     return EXIT_OK
 
 
+def _parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:
+    """`k=v` pairs; `v` is JSON when it parses (`n=3`, `flag=true`), else the plain string."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise CliError("invalid_argument", f"{what} {pair!r} is not KEY=VALUE", code=EXIT_USAGE)
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
+def _absolute_cwd(value: str | None) -> str:
+    path = Path(value).expanduser() if value else Path.cwd()
+    path = path.resolve()
+    if not path.is_dir():
+        raise CliError(
+            "invalid_cwd", f"--cwd {value!r}: no such directory ({path})", code=EXIT_USAGE
+        )
+    return str(path)
+
+
 @_with_client
 def _new(args: argparse.Namespace, client: Any) -> int:
-    params: dict[str, Any] = {"provider": args.provider}
+    params: dict[str, Any] = {"provider": args.provider, "cwd": _absolute_cwd(args.cwd)}
     if args.title:
         params["title"] = args.title
-    if args.cwd:
-        params["cwd"] = args.cwd
+    if args.settings:
+        params["settings"] = _parse_pairs(args.settings, "--settings")
+    if args.model:
+        params["model"] = args.model  # only when given: a daemon without it keeps its default
     session = _call(args, client, "session.create", **params)["session"]
     _emit(
         args,
@@ -472,6 +601,41 @@ def _new(args: argparse.Namespace, client: Any) -> int:
         f"{session['agentSessionId']}  {session['provider']}  {session['title']}",
     )
     return EXIT_OK
+
+
+class _Followed:
+    """What `say` knows about its turn so far (for Ctrl-C: which turn to interrupt)."""
+
+    def __init__(self) -> None:
+        self.turn: dict[str, Any] | None = None
+
+
+class _JsonLines:
+    """`say --json`: one JSON object per event — each message once it can no longer grow,
+    each Interaction when it appears and when it is answered, then the settled turn."""
+
+    def __init__(self) -> None:
+        self.messages: set[str] = set()
+        self.interactions: dict[str, str] = {}
+
+    def update(self, turn: Mapping[str, Any]) -> None:
+        messages = list(turn.get("messages") or [])
+        settled = turn.get("phase") == "settled"
+        for index, message in enumerate(messages):
+            if message["messageId"] in self.messages:
+                continue
+            if not settled and index == len(messages) - 1 and message.get("kind") == "assistant":
+                continue  # may still be streaming
+            self.messages.add(message["messageId"])
+            _jsonl({"type": "message", "message": message})
+        for interaction in turn.get("interactions") or []:
+            if self.interactions.get(interaction["requestId"]) != interaction["status"]:
+                self.interactions[interaction["requestId"]] = interaction["status"]
+                _jsonl({"type": "interaction", "interaction": interaction})
+
+
+def _jsonl(obj: Mapping[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
 
 
 @_with_client
@@ -485,8 +649,13 @@ def _say(args: argparse.Namespace, client: Any) -> int:
 
     sid = resolve_session(client, args.workspace, args.session)
     events = events_endpoint(args)
-    printer = TurnPrinter(print)
+    printer: Any = _JsonLines() if args.json else TurnPrinter(print)
+    followed = _Followed()
     pending: list[Mapping[str, Any]] = []
+
+    def on_update(turn: dict[str, Any]) -> None:
+        followed.turn = turn
+        printer.update(turn)
 
     def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
         response = _interaction_response(args, interaction)
@@ -503,7 +672,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             args.text,
             events_endpoint=events,
             events_curve=curve(args),
-            on_update=None if args.json else printer.update,
+            on_update=on_update,
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
         )
@@ -512,38 +681,84 @@ def _say(args: argparse.Namespace, client: Any) -> int:
         raise CliError(
             "turn_timeout",
             f"{exc} (--turn-timeout); it keeps running in the daemon: "
-            f"`agenthost show {sid}` shows where it is",
+            f"`agenthost show {sid}` shows where it is, `agenthost interrupt {sid}` stops it",
         ) from None
     except _InteractionPending:
         interaction = pending[-1]
         # Nobody can answer here: do not leave the session blocked on a turn nobody will finish.
-        _call(
-            args,
-            client,
-            "turn.interrupt",
-            agentSessionId=sid,
-            turnId=interaction["turnId"],
-        )
+        turn = _stop_turn(args, client, sid, str(interaction["turnId"]), printer)
         raise CliError(
             "interaction_pending",
             f"the turn asked for a {interaction['kind']} ({_describe(interaction)}) and was "
-            "interrupted; run it again with --answer TEXT, --approve or --decline",
+            "interrupted; run it again with --answer TEXT, --approve or --decline "
+            "(or answer from another terminal with `agenthost answer`)",
         ) from None
-    ok = turn["outcome"] == "completed"
+    except KeyboardInterrupt:
+        # First Ctrl-C (or Ctrl-C at a prompt): interrupt the turn and wait for it to settle.
+        turn_id = (followed.turn or {}).get("turnId") or _active_turn(args, client, sid)
+        if not turn_id:
+            print("\nagenthost: interrupted before the turn started", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if not args.json:
+            print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
+        try:
+            turn = _stop_turn(args, client, sid, str(turn_id), printer)
+        except KeyboardInterrupt:
+            print(
+                "\nagenthost: stopped waiting; the turn may still be running: "
+                f"`agenthost interrupt {sid}` stops it, `agenthost show {sid}` shows it",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
+        code = _report_turn(args, turn)
+        return code if code == EXIT_OK else EXIT_INTERRUPTED
+    return _report_turn(args, turn)
+
+
+def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
+    ok = turn.get("outcome") == "completed"
     if args.json:
-        data: dict[str, Any] = {"turn": turn}
+        data: dict[str, Any] = {"type": "turn", "turn": turn}
         if not ok:
             data["error"] = {
-                "reason": f"turn_{turn['outcome']}",
+                "reason": f"turn_{turn.get('outcome') or 'unsettled'}",
                 "message": turn.get("error") or "",
             }
-        _emit(args, data, "")
+        _jsonl(data)
     elif not ok:
         print(
-            f"agenthost: turn_{turn['outcome']}: {turn.get('error') or ''}",
+            f"agenthost: turn_{turn.get('outcome') or 'unsettled'}: {turn.get('error') or ''}",
             file=sys.stderr,
         )
     return EXIT_OK if ok else EXIT_ERROR
+
+
+def _active_turn(args: argparse.Namespace, client: Any, sid: str) -> str | None:
+    session = _call(args, client, "session.get", agentSessionId=sid)["session"]
+    active = session.get("activeTurnId")
+    return str(active) if active else None
+
+
+def _stop_turn(
+    args: argparse.Namespace, client: Any, sid: str, turn_id: str, printer: Any | None = None
+) -> dict[str, Any]:
+    """turn.interrupt, then follow the turn until it settles (printing what is new)."""
+    from agenthost.session_client import get_turn
+    from transport.client import ApiError
+
+    try:
+        turn = _call(args, client, "turn.interrupt", agentSessionId=sid, turnId=turn_id)["turn"]
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        turn = get_turn(client, args.workspace, sid, turn_id)  # e.g. it settled meanwhile
+    deadline = time.monotonic() + max(args.timeout, 5.0)
+    while turn.get("phase") != "settled" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        turn = get_turn(client, args.workspace, sid, turn_id, int(turn["sequence"]))
+    if printer is not None:
+        printer.update(turn)
+    return dict(turn)
 
 
 class _InteractionPending(Exception):
@@ -551,8 +766,9 @@ class _InteractionPending(Exception):
 
 
 def _describe(interaction: Mapping[str, Any]) -> str:
-    value = interaction.get("input") or {}
-    return str(value.get("text") or value.get("command") or value)
+    from agenthost.session_client import describe_interaction
+
+    return describe_interaction(interaction)
 
 
 def _interaction_response(
@@ -565,16 +781,27 @@ def _interaction_response(
         return {"text": args.answer}
     if sys.stdin.isatty() and not args.json:
         prompt = _describe(interaction)
-        if kind == "approval":
-            reply = input(f"approve {prompt}? [y/N] ").strip().lower()
-            return {"decision": "approve" if reply in ("y", "yes") else "decline"}
-        return {"text": input(f"{kind}: {prompt} > ")}
+        try:
+            if kind == "approval":
+                reply = input(f"approve {prompt}? [y/N] ").strip().lower()
+                return {"decision": "approve" if reply in ("y", "yes") else "decline"}
+            return {"text": input(f"{kind}: {prompt} > ")}
+        except EOFError:
+            # End of input is not an answer: an approval is declined, a question can only be
+            # given up by interrupting the turn. Either way nothing stays pending.
+            print(file=sys.stderr)
+            if kind == "approval":
+                print("agenthost: end of input: declined", file=sys.stderr)
+                return {"decision": "decline"}
+            print("agenthost: end of input: interrupting the turn", file=sys.stderr)
+            raise KeyboardInterrupt from None
     return None
 
 
 @_with_client
 def _show(args: argparse.Namespace, client: Any) -> int:
     from agenthost.session_client import (
+        ancestry,
         format_transcript,
         resolve_session,
         source_title,
@@ -585,10 +812,11 @@ def _show(args: argparse.Namespace, client: Any) -> int:
     session = _call(args, client, "session.get", agentSessionId=sid)["session"]
     turns = timeline(client, args.workspace, sid)
     source = source_title(client, args.workspace, session)
+    chain = ancestry(client, args.workspace, session)
     _emit(
         args,
         {"session": session, "turns": turns},
-        format_transcript(session, turns, source),
+        format_transcript(session, turns, source, chain),
     )
     return EXIT_OK
 
@@ -632,13 +860,28 @@ def _fork(args: argparse.Namespace, client: Any) -> int:
             operation = engine.request(
                 "fork.get", {"operationId": record.operation_id}, timeout=args.timeout
             )["operation"]
+        session: Mapping[str, Any] | None = None
+        turns: list[dict[str, Any]] = []
+        if record.error_detail is not None:
+            # A refusal before any operation: read the source so the sentence can name turns.
+            with contextlib.suppress(Exception):
+                session = _call(args, client, "session.get", agentSessionId=sid)["session"]
+                turns = timeline(client, args.workspace, sid)
     finally:
         engine.close()
-    return _report_fork(args, record, operation)
+    return _report_fork(args, record, operation, session=session, turns=turns)
 
 
-def _report_fork(args: argparse.Namespace, record: Any, operation: Any) -> int:
+def _report_fork(
+    args: argparse.Namespace,
+    record: Any,
+    operation: Any,
+    *,
+    session: Mapping[str, Any] | None = None,
+    turns: list[dict[str, Any]] | None = None,
+) -> int:
     from agenthost.engine import AckState, MutationStatus
+    from agenthost.session_client import fork_refusal
 
     data = {"mutation": record.to_dict(), "operation": operation}
     status = record.status
@@ -662,6 +905,25 @@ def _report_fork(args: argparse.Namespace, record: Any, operation: Any) -> int:
     elif status is MutationStatus.UNKNOWN:
         reason, code = "agent_session_fork_delivery_unknown", EXIT_UNKNOWN
         message = f"{record.error}; a retry reuses the same identity and never forks twice"
+    elif record.error_detail is not None:
+        # Refused before any operation existed: the daemon's error reply, in words.
+        detail = dict(record.error_detail)
+        reason, code = str(detail.get("reason") or "agent_session_fork_failed"), EXIT_ERROR
+        message = fork_refusal(
+            reason,
+            detail.get("params"),
+            turn_id=record.turn_id,
+            turns=turns or [],
+            session=session,
+            message=detail.get("message"),
+        )
+        error = {**detail, "reason": reason, "message": message}
+        error.setdefault("retryable", False)
+        if args.json:
+            print(json.dumps({**data, "error": error}))
+        else:
+            print(f"agenthost: {message}", file=sys.stderr)
+        return code
     else:
         reason, code = record.error or "agent_session_fork_failed", EXIT_ERROR
         message = f"fork failed: {(operation or {}).get('error') or record.error}"
@@ -674,8 +936,11 @@ def _report_fork(args: argparse.Namespace, record: Any, operation: Any) -> int:
 
 @_with_client
 def _op(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import resolve_operation
+
     method = "fork.acknowledge" if args.ack else "fork.get"
-    op = _call(args, client, method, operationId=args.operation)["operation"]
+    operation_id = resolve_operation(client, args.workspace, args.operation)
+    op = _call(args, client, method, operationId=operation_id)["operation"]
     point = op["point"]
     lines = [
         f"operation {op['operationId']}: {op['status']} ({op['phase']})",
@@ -687,6 +952,139 @@ def _op(args: argparse.Namespace, client: Any) -> int:
     if op.get("session"):
         lines.append(f"  child: {op['session']['title']}")
     _emit(args, {"operation": op}, "\n".join(lines))
+    return EXIT_OK
+
+
+@_with_client
+def _interrupt(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    turn_id = _active_turn(args, client, sid)
+    if turn_id is None:
+        _emit(args, {"turn": None}, "nothing to interrupt: no turn is running")
+        return EXIT_OK
+    turn = _stop_turn(args, client, sid, turn_id)
+    why = f": {turn['error']}" if turn.get("error") else ""
+    _emit(
+        args,
+        {"turn": turn},
+        f"Turn {turn['sequence']} {turn.get('outcome') or turn['phase']}{why}",
+    )
+    return EXIT_OK
+
+
+@_with_client
+def _answer(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import get_turn, resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    turn_id = _active_turn(args, client, sid)
+    turn = get_turn(client, args.workspace, sid, turn_id) if turn_id else {}
+    waiting = [i for i in turn.get("interactions") or [] if i.get("status") == "pending"]
+    if not waiting:
+        raise CliError("no_pending_interaction", "the session is not waiting for an answer")
+    interaction = waiting[0]
+    kind = interaction.get("kind")
+    if kind == "approval" and args.decision is None:
+        raise CliError(
+            "wrong_answer_kind",
+            f"the turn asks for an approval ({_describe(interaction)}): use --approve or --decline",
+        )
+    if kind != "approval" and args.decision is not None:
+        raise CliError(
+            "wrong_answer_kind",
+            f"the turn asks a {kind} ({_describe(interaction)}): use --text",
+        )
+    response = {"decision": args.decision} if args.decision else {"text": args.text}
+    result = _call(
+        args,
+        client,
+        "interaction.respond",
+        agentSessionId=sid,
+        turnId=interaction["turnId"],
+        requestId=interaction["requestId"],
+        response=response,
+    )
+    what = {"approve": "approved", "decline": "declined"}.get(
+        str(args.decision), f"answered {json.dumps(args.text)}"
+    )
+    _emit(args, result, f"{kind}: {_describe(interaction)} → {what}")
+    return EXIT_OK
+
+
+@_with_client
+def _delete(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    session = _call(args, client, "session.get", agentSessionId=sid)["session"]
+    if not args.yes:
+        if args.json or not sys.stdin.isatty():
+            raise CliError(
+                "confirmation_required", "not a terminal: pass --yes to delete without asking"
+            )
+        try:
+            reply = input(f"delete session {session['title']!r} ({sid})? [y/N] ")
+        except EOFError:
+            reply = ""
+        if reply.strip().lower() not in ("y", "yes"):
+            print("not deleted", file=sys.stderr)
+            return EXIT_ERROR
+    result = _call(args, client, "session.delete", agentSessionId=sid)
+    _emit(args, {**result, "agentSessionId": sid}, f"deleted {sid}  {session['title']}")
+    return EXIT_OK
+
+
+@_with_client
+def _rename(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    session = _call(args, client, "session.updateTitle", agentSessionId=sid, title=args.title)[
+        "session"
+    ]
+    _emit(args, {"session": session}, f"{sid}  {session['title']}")
+    return EXIT_OK
+
+
+@_with_client
+def _pin(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    session = _call(args, client, "session.pin", agentSessionId=sid, pinned=args.pinned)["session"]
+    _emit(
+        args,
+        {"session": session},
+        f"{sid}  {'pinned' if session['pinned'] else 'unpinned'}",
+    )
+    return EXIT_OK
+
+
+@_with_client
+def _settings(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    session = _call(args, client, "session.get", agentSessionId=sid)["session"]
+    if args.pairs:
+        # session.updateSettings replaces the map: merge here so `k=v` changes only k.
+        merged = dict(session.get("settings") or {})
+        for key, value in _parse_pairs(args.pairs, "setting").items():
+            if value is None:
+                merged.pop(key, None)
+            else:
+                merged[key] = value
+        session = _call(
+            args, client, "session.updateSettings", agentSessionId=sid, settings=merged
+        )["session"]
+    settings = session.get("settings") or {}
+    _emit(
+        args,
+        {"session": session},
+        "\n".join(f"{k}={json.dumps(v)}" for k, v in sorted(settings.items())) or "(no settings)",
+    )
     return EXIT_OK
 
 

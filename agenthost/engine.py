@@ -161,6 +161,9 @@ class ForkMutation:
     create_attempts: int = 0
     error: str | None = None
     child_session_id: str | None = None
+    error_detail: Mapping[str, Any] | None = None
+    """The daemon's error reply when `fork.create` was refused before any operation:
+    `{status, code, reason, message, params}` (`params.forkBoundaryReason` says why)."""
 
     @property
     def key(self) -> BoundaryKey:
@@ -187,6 +190,7 @@ class ForkMutation:
             "createAttempts": self.create_attempts,
             "error": self.error,
             "childAgentSessionId": self.child_session_id,
+            "errorDetail": None if self.error_detail is None else dict(self.error_detail),
         }
 
 
@@ -521,6 +525,13 @@ class Engine:
                                 if confirmed
                                 else MutationStatus.UNKNOWN,
                                 error=reason,
+                                error_detail={
+                                    "status": status,
+                                    "code": body.get("code"),
+                                    "reason": reason,
+                                    "message": body.get("message"),
+                                    "params": dict(body.get("params") or {}),
+                                },
                             )
                         )
                         if confirmed:

@@ -7,6 +7,7 @@ can pin them without a terminal.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,15 +45,22 @@ class ForkAction(StrEnum):
     ENABLED = "enabled"
     DISABLED = "disabled"
     """Shown but not clickable: a fork through this exact Turn is in flight."""
+    BLOCKED = "blocked"
+    """Shown but not clickable: the source is not quiet (a Turn is running or waiting for an
+    answer); `fork_blocked` gives the reason for the tooltip."""
 
 
-def fork_action(session: Mapping[str, Any], turn: Mapping[str, Any], pending: bool) -> ForkAction:
+def fork_action(
+    session: Mapping[str, Any], turn: Mapping[str, Any], pending: bool, blocked: bool = False
+) -> ForkAction:
     capabilities = session.get("lifecycleCapabilities") or {}
     if not capabilities.get("forkThroughTurn") or session.get("kind") != "root":
         return ForkAction.HIDDEN
     if turn.get("phase") != "settled" or turn.get("providerForkBindingState") != "bound":
         return ForkAction.HIDDEN
-    return ForkAction.DISABLED if pending else ForkAction.ENABLED
+    if pending:
+        return ForkAction.DISABLED
+    return ForkAction.BLOCKED if blocked else ForkAction.ENABLED
 
 
 def divider_after(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]) -> int | None:
@@ -159,6 +167,27 @@ def resolve_session(client: Client, ws: str, ref: str) -> str:
     if not matches:
         raise ReferenceError_("workspace_agent_session_not_found", f"no session matches {ref!r}")
     raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} sessions")
+
+
+def resolve_operation(client: Client, ws: str, ref: str) -> str:
+    """A full operation id as given, or the one committed fork operation (named by a live
+    child's lineage) whose id starts with `ref`. A failed operation needs its full id: no wire
+    method lists operations."""
+    if _is_uuid(ref):
+        return ref
+    matches = sorted(
+        {
+            str(lineage["operationId"])
+            for s in list_sessions(client, ws)
+            if isinstance(lineage := s.get("forkedFrom"), Mapping)
+            and str(lineage.get("operationId", "")).startswith(ref)
+        }
+    )
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        return ref  # let the daemon say `agent_session_fork_operation_not_found`
+    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} operations")
 
 
 def timeline(client: Client, ws: str, sid: str) -> list[Json]:
@@ -396,10 +425,90 @@ def source_title(client: Client, ws: str, session: Mapping[str, Any]) -> str | N
     return str(source["title"])
 
 
-def format_transcript(
-    session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]], source: str | None = None
+@dataclass(frozen=True, slots=True)
+class Ancestor:
+    """One step of a fork child's ancestry: the session id, its title (None when deleted)."""
+
+    session_id: str
+    title: str | None
+
+
+def ancestry(
+    client: Client, ws: str, session: Mapping[str, Any], limit: int = 64
+) -> list[Ancestor]:
+    """The sources of a fork child, oldest first, ending with the session itself.
+
+    A deleted ancestor cannot be read any more: it is listed with `title=None` and the walk
+    stops there (its own source is unknown to a client).
+    """
+    chain = [Ancestor(str(session["agentSessionId"]), str(session["title"]))]
+    current: Mapping[str, Any] = session
+    seen = {chain[0].session_id}
+    while len(chain) < limit:
+        lineage = current.get("forkedFrom")
+        if not isinstance(lineage, Mapping):
+            break
+        source_id = str(lineage["sourceAgentSessionId"])
+        if source_id in seen:
+            break
+        seen.add(source_id)
+        try:
+            current = client.call("session.get", {"workspaceId": ws, "agentSessionId": source_id})[
+                "session"
+            ]
+        except ApiError:
+            chain.append(Ancestor(source_id, None))
+            break
+        chain.append(Ancestor(source_id, str(current["title"])))
+    chain.reverse()
+    return chain
+
+
+def format_ancestry(chain: Sequence[Ancestor]) -> str:
+    """`A → A (2) → A (3)`; a deleted ancestor reads `(deleted <id8>)`."""
+    return " → ".join(
+        a.title if a.title is not None else f"(deleted {a.session_id[:8]})" for a in chain
+    )
+
+
+def describe_interaction(interaction: Mapping[str, Any]) -> str:
+    """What an Interaction asks: the question, or the command/action awaiting approval."""
+    value = interaction.get("input") or {}
+    for key in ("text", "question", "command", "prompt", "title", "toolName"):
+        if value.get(key):
+            return str(value[key])
+    return ", ".join(f"{k}={v}" for k, v in value.items()) or str(interaction.get("kind"))
+
+
+def format_interaction(
+    interaction: Mapping[str, Any], pending_hint: str = "answer with `agenthost answer`"
 ) -> str:
-    """Human transcript: Turn ids, phases, binding states, lineage and the divider."""
+    """One readable line: `approval: ls  → approved`, `question: color?  → "blue"`, or the
+    pending one with a hint to answer it."""
+    kind = str(interaction.get("kind") or "interaction")
+    head = f"{kind}: {describe_interaction(interaction)}"
+    status = str(interaction.get("status") or "")
+    output = interaction.get("output") or {}
+    if status == "pending":
+        return f"{head}  (pending — {pending_hint})"
+    if "decision" in output:
+        verdict = {"approve": "approved", "decline": "declined"}.get(
+            str(output["decision"]), str(output["decision"])
+        )
+        return f"{head}  → {verdict}"
+    if "text" in output:
+        return f"{head}  → {json.dumps(str(output['text']), ensure_ascii=False)}"
+    return f"{head}  ({status})"
+
+
+def format_transcript(
+    session: Mapping[str, Any],
+    turns: Sequence[Mapping[str, Any]],
+    source: str | None = None,
+    chain: Sequence[Ancestor] | None = None,
+) -> str:
+    """Human transcript: Turn ids, phases, binding states, lineage, ancestry, the divider,
+    Interactions and why a Turn failed or was interrupted."""
     capabilities = session.get("lifecycleCapabilities") or {}
     lines = [
         f"Session {session['agentSessionId']} — {session['title']} [{session['provider']}]"
@@ -412,6 +521,8 @@ def format_transcript(
             f"({lineage['sourceAgentSessionId']}) through turn {lineage['sourceTurnId']}, "
             f"operation {lineage['operationId']}"
         )
+        if chain and len(chain) > 1:
+            lines.append(f"  ancestry: {format_ancestry(chain)}")
     boundary = divider_after(session, turns)
     for index, turn in enumerate(turns):
         outcome = f"/{turn['outcome']}" if turn.get("outcome") else ""
@@ -422,10 +533,155 @@ def format_transcript(
         for message in turn.get("messages") or []:
             lines.append("  " + format_message(message))
         for interaction in turn.get("interactions") or []:
-            lines.append(
-                f"    {interaction['kind']:>9}? {interaction['status']} {interaction['input']}"
-            )
+            lines.append(f"      {format_interaction(interaction)}")
+        why = turn_error_text(turn)
+        if why:
+            lines.append(f"      {why}")
         if index == boundary:
             title = source or (lineage or {}).get("sourceAgentSessionId", "the source")
             lines.append(f"    ──── {divider_text(str(title))} ────")
     return "\n".join(lines)
+
+
+def turn_error_text(turn: Mapping[str, Any]) -> str | None:
+    """`failed: <why>` / `interrupted: <why>` for a Turn that did not complete, else None."""
+    outcome = turn.get("outcome")
+    if turn.get("phase") != "settled" or outcome in (None, "completed"):
+        return None
+    why = turn.get("error")
+    return f"{outcome}: {why}" if why else f"{outcome} (no reason given)"
+
+
+# -- fork refusals in words ----------------------------------------------------------------
+
+_BOUNDARY_SENTENCES: dict[str, str] = {
+    "source_not_root": "the session is not a root session (only a root Session can be forked)",
+    "source_provider_session_missing": (
+        "the session has no provider session yet (no turn has run on the provider)"
+    ),
+    "source_turn_active": "{active} is still running",
+    "source_interaction_pending": (
+        "{active} is waiting for an answer (`agenthost answer` or interrupt it first)"
+    ),
+    "source_goal_control_active": "a goal control is running on the session",
+    "source_runtime_operation_active": (
+        "a runtime operation (such as a compaction) is running on the session"
+    ),
+    "source_submit_claim_active": "a new turn is being submitted to the session",
+    "source_fork_active": "another fork of this session is still in progress",
+    "turn_not_found": "the session has no such turn",
+    "turn_not_settled": "{turn} has not finished yet",
+    "turn_sequence_unverified": (
+        "the history up to {turn} was not recorded in order by agenthost, so it cannot be "
+        "copied safely"
+    ),
+    "provider_turn_missing": (
+        "a turn up to {turn} has no provider turn id, so the provider's history cannot be cut there"
+    ),
+    "descendant_lane_in_boundary": (
+        "the history up to {turn} contains a sub-agent lane, which cannot be forked"
+    ),
+    "session_local_attachment_in_boundary": (
+        "the history up to {turn} contains a session-local attachment, which cannot be copied"
+    ),
+}
+BOUNDARY_REASONS = tuple(_BOUNDARY_SENTENCES)
+
+_FORK_REASON_SENTENCES: dict[str, str] = {
+    "agent_session_fork_unsupported": "this session's provider cannot fork through a turn",
+    "agent_session_fork_in_progress": "another fork of this session is still in progress",
+    "agent_session_busy": "the session is busy",
+    "agent_session_fork_request_conflict": "that request id was already used for another fork",
+    "workspace_agent_session_not_found": "the session does not exist",
+}
+
+
+def _turn_label(turn_id: str | None, turns: Sequence[Mapping[str, Any]]) -> str:
+    for turn in turns:
+        if turn.get("turnId") == turn_id:
+            return f"Turn {turn['sequence']}"
+    return f"turn {turn_id[:8]}" if turn_id else "that turn"
+
+
+def fork_refusal(
+    reason: str,
+    params: Mapping[str, Any] | None,
+    *,
+    turn_id: str | None,
+    turns: Sequence[Mapping[str, Any]] = (),
+    session: Mapping[str, Any] | None = None,
+    message: str | None = None,
+) -> str:
+    """One sentence saying why a fork through `turn_id` was refused, ending with the machine
+    reason in parentheses, e.g. `cannot fork through Turn 2: Turn 3 is still running
+    (source_turn_active)`."""
+    params = params or {}
+    boundary = params.get("forkBoundaryReason")
+    active_id = (session or {}).get("activeTurnId")
+    active = _turn_label(active_id, turns) if active_id else "a turn"
+    if active == "a turn" and boundary == "source_turn_active":
+        active = "a turn of the session"
+    fields = {"turn": _turn_label(turn_id, turns), "active": active}
+    head = f"cannot fork through {fields['turn']}"
+    if isinstance(boundary, str):
+        template = _BOUNDARY_SENTENCES.get(boundary)
+        why = template.format(**fields) if template else (message or boundary)
+        return f"{head}: {why} ({boundary})"
+    if params.get("field") == "targetAgentSessionId":
+        return f"{head}: the target session id is already taken ({reason})"
+    if params.get("forkReferenceError"):
+        return (
+            f"{head}: the history cannot be rewritten safely "
+            f"({reason}/{params['forkReferenceError']})"
+        )
+    why = _FORK_REASON_SENTENCES.get(reason) or message or reason
+    return f"{head}: {why} ({reason})"
+
+
+def fork_blocked(
+    session: Mapping[str, Any] | None, turns: Sequence[Mapping[str, Any]]
+) -> str | None:
+    """Why no Turn of this session can be forked right now (the source is not quiet), as the
+    sentence a refusal would carry, or None when it is quiet."""
+    if not session or not session.get("activeTurnId"):
+        return None
+    active = next((t for t in turns if t.get("turnId") == session["activeTurnId"]), None)
+    pending = any(i.get("status") == "pending" for i in ((active or {}).get("interactions") or []))
+    label = _turn_label(str(session["activeTurnId"]), turns)
+    if pending:
+        return f"{label} is waiting for an answer (source_interaction_pending)"
+    return f"{label} is still running (source_turn_active)"
+
+
+PROVIDERS = ("tutti-agent", "codex", "claude-code")
+
+_ERROR_WORDS: dict[str, str] = {
+    "agent_session_busy": "a turn is already running in this session (wait, or interrupt it)",
+    "agent_session_fork_in_progress": (
+        "a fork of this session is in progress (try again when it finishes)"
+    ),
+    "workspace_agent_session_not_found": "the session no longer exists",
+    "turn_not_found": "that turn no longer exists",
+    "interaction_not_pending": "that question was already answered, or its turn has ended",
+    "provider_unavailable": "the provider is not available (its worker could not start)",
+    "provider_lost": "the provider's worker stopped while handling it",
+    "shutting_down": "the daemon is shutting down",
+    "overloaded": "the daemon is overloaded (try again)",
+    "store_busy": "the daemon's store is busy (try again)",
+    "invalid_argument": "a value was not accepted",
+}
+
+
+def error_words(action: str, exc: BaseException) -> str:
+    """A sentence for a failed request, for a person: `cannot send: a turn is already running
+    in this session (wait, or interrupt it)`, not `409 conflict/agent_session_busy`."""
+    if isinstance(exc, ApiError):
+        if isinstance((exc.params or {}).get("forkBoundaryReason"), str):
+            return fork_refusal(exc.reason or exc.code, exc.params, turn_id=None)
+        words = _ERROR_WORDS.get(exc.reason or "") or exc.message or exc.reason or exc.code
+        if exc.reason == "invalid_argument" and exc.message:
+            words = exc.message
+        return f"cannot {action}: {words}"
+    if isinstance(exc, TimeoutError):
+        return f"cannot {action}: the daemon did not answer in time"
+    return f"cannot {action}: {exc}"

@@ -38,6 +38,7 @@ from storage.fork_snapshot import (
     request_hash,
     source_blockers,
 )
+from storage.fork_titles import child_title
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -306,7 +307,7 @@ class ForkStore(StoreBase):
                 (ws, req.source_session_id),
             )
             ordinal = (int(count_row[0]) if count_row else 0) + 2
-            title = f"{source.title} ({ordinal})"
+            title = child_title(tx.conn, ws, source.title, source.lineage is not None, ordinal)
             op_id = str(uuid.uuid4())
             snapshot, snapshot_text, snapshot_hash = freeze_snapshot(
                 operation_id=op_id,

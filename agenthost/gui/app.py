@@ -8,22 +8,38 @@ come back with `call_from_thread`, and Engine changes arrive as `EngineChanged` 
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rich.text import Text
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
-from textual.widgets import Footer, Static, Tree
+from textual.screen import Screen
+from textual.widgets import Button, Footer, Input, Static, Tree
 
 from agenthost.engine import ChangeKind, Engine, EngineChange, MutationStatus
 from agenthost.gui.bridge import EngineChanged, bridge
 from agenthost.gui.composer import Composer
+from agenthost.gui.controls import (
+    ANSWER_INPUT_ID,
+    ConfirmScreen,
+    InteractionBar,
+    NewSessionScreen,
+    RenameScreen,
+)
 from agenthost.gui.session_list import SessionTree
 from agenthost.gui.transcript import ForkRequested, LoadMoreRequested, TranscriptView
-from agenthost.session_client import ForkAction, fork_action
+from agenthost.session_client import (
+    ForkAction,
+    error_words,
+    fork_action,
+    fork_blocked,
+    fork_refusal,
+)
 from transport.client import ApiError
 from transport.security import ClientCurve
 
@@ -36,13 +52,27 @@ class AgentHostApp(App[int]):
     TITLE = "agenthost"
     CSS = """
     #body { height: 1fr; }
-    #sessions { width: 40; border-right: solid $primary 40%; }
+    /* At 80 columns the list shrinks to a quarter; ids are shortened to 8 characters. */
+    #sessions { width: 40; max-width: 25%; border-right: solid $primary 40%; }
     #main { width: 1fr; }
-    #session-title { height: auto; padding: 0 1; background: $boost; text-style: bold; }
+    #session-bar { height: auto; background: $boost; }
+    #session-title { width: 1fr; height: auto; padding: 0 1; text-style: bold; }
+    #interrupt { margin: 0 1; min-width: 11; display: none; }
+    #interrupt.-shown { display: block; }
     #transcript { height: 1fr; }
     #composer { margin: 0 0; }
     """
-    BINDINGS = [("ctrl+q", "quit", "Quit"), ("ctrl+r", "reload", "Reload")]
+    BINDINGS = [
+        Binding("ctrl+q", "quit", "Quit"),
+        Binding("ctrl+g", "interrupt", "Interrupt", priority=True),
+        Binding("ctrl+y", "approve", "Approve", priority=True),
+        Binding("ctrl+o", "decline", "Decline", priority=True),
+        Binding("ctrl+t", "answer", "Answer", priority=True),
+        Binding("ctrl+n", "new_session", "New", priority=True),
+        Binding("f2", "rename_session", "Rename"),
+        Binding("f8", "delete_session", "Delete"),
+        Binding("ctrl+r", "reload", "Reload", show=False),
+    ]
 
     def __init__(
         self, engine: Engine, *, page_size: int = PAGE_SIZE, own_engine: bool = False
@@ -66,8 +96,13 @@ class AgentHostApp(App[int]):
         with Horizontal(id="body"):
             yield SessionTree(id="sessions")
             with Vertical(id="main"):
-                yield Static("Select a session", id="session-title")
+                with Horizontal(id="session-bar"):
+                    yield Static("Select a session", id="session-title")
+                    button = Button("Interrupt", "warning", id="interrupt", compact=True)
+                    button.tooltip = "Interrupt the running turn (ctrl+g)"
+                    yield button
                 yield TranscriptView(id="transcript")
+                yield InteractionBar(id="interaction")
                 yield Composer(id="composer")
         yield Footer()
 
@@ -87,7 +122,7 @@ class AgentHostApp(App[int]):
         try:
             self.engine.load_sessions()
         except (ApiError, TimeoutError) as exc:
-            self.call_from_thread(self.notify, f"cannot list sessions: {exc}", severity="error")
+            self.call_from_thread(self.notify, error_words("list sessions", exc), severity="error")
             return
         self.call_from_thread(self._sessions_ready)
 
@@ -130,7 +165,7 @@ class AgentHostApp(App[int]):
                 {"agentSessionId": session_id, "afterSequence": after, "limit": self.page_size},
             )
         except (ApiError, TimeoutError) as exc:
-            self.call_from_thread(self.notify, f"cannot load turns: {exc}", severity="error")
+            self.call_from_thread(self.notify, error_words("load turns", exc), severity="error")
             return
         title = self._fetch_source_title(session_id)
         self.call_from_thread(self._page_loaded, session_id, after, page, title)  # type: ignore[arg-type]
@@ -181,6 +216,10 @@ class AgentHostApp(App[int]):
             f"   {session['provider']} · fork through turn: {'yes' if can else 'no'}",
             style="dim",
         )
+        blocked = self.blocked_reason() if can else None
+        if blocked:
+            # Said here too, not only in the Fork tooltip: a keyboard user never hovers.
+            text.append(f" (not now: {blocked})", style="dim italic")
         widget.update(text)
 
     def action_for(self, turn: Mapping[str, Any]) -> ForkAction:
@@ -188,7 +227,33 @@ class AgentHostApp(App[int]):
         if session is None:
             return ForkAction.HIDDEN
         pending = self.engine.is_fork_pending(self.current or "", str(turn["turnId"]))
-        return fork_action(session, turn, pending)
+        return fork_action(session, turn, pending, self.blocked_reason() is not None)
+
+    def active_turn_id(self) -> str | None:
+        """The open session's running Turn: from the session, or a loaded unsettled Turn."""
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            return None
+        if session.get("activeTurnId"):
+            return str(session["activeTurnId"])
+        for turn in reversed(self.turns):
+            if turn.get("phase") != "settled":
+                return str(turn["turnId"])
+        return None
+
+    def blocked_reason(self) -> str | None:
+        """Why the open session cannot be forked now (it is not quiet), or None."""
+        active = self.active_turn_id()
+        return fork_blocked({"activeTurnId": active}, self.turns) if active else None
+
+    def pending_interaction(self) -> dict[str, Any] | None:
+        for turn in self.turns:
+            if turn.get("phase") == "settled":
+                continue
+            for interaction in turn.get("interactions") or []:
+                if interaction.get("status") == "pending":
+                    return dict(interaction)
+        return None
 
     async def _render(self) -> None:
         session = self.engine.session(self.current) if self.current else None
@@ -200,7 +265,14 @@ class AgentHostApp(App[int]):
             action_for=self.action_for,
             source_title=self.source_title,
             has_more=self.has_more,
+            blocked=self.blocked_reason(),
         )
+        await self._update_controls()
+
+    async def _update_controls(self) -> None:
+        self._update_title()
+        self.query_one("#interrupt", Button).set_class(self.active_turn_id() is not None, "-shown")
+        await self.query_one(InteractionBar).show_interaction(self.pending_interaction())
 
     # -- fork --------------------------------------------------------------------------------
 
@@ -213,7 +285,7 @@ class AgentHostApp(App[int]):
             await self._refresh_actions()
 
     async def _refresh_actions(self) -> None:
-        await self.query_one(TranscriptView).set_actions(self.action_for)
+        await self.query_one(TranscriptView).set_actions(self.action_for, self.blocked_reason())
 
     def _after_mutation(self, key: tuple[str, str]) -> None:
         record = self.engine.mutation(*key)
@@ -225,12 +297,24 @@ class AgentHostApp(App[int]):
             self.open_session(record.child_session_id)
         elif record.status in (MutationStatus.FAILED, MutationStatus.UNKNOWN):
             self._clicked.discard(key)
-            hint = (
-                " (retry reuses the same identity)"
-                if record.status is MutationStatus.UNKNOWN
-                else ""
-            )
-            self.notify(f"fork {record.status.value}: {record.error}{hint}", severity="error")
+            if record.error_detail is not None:
+                detail = record.error_detail
+                text = fork_refusal(
+                    str(detail.get("reason") or record.error),
+                    detail.get("params"),
+                    turn_id=record.turn_id,
+                    turns=self.turns if key[0] == self.current else [],
+                    session=self.engine.session(key[0]),
+                    message=detail.get("message"),
+                )
+            elif record.status is MutationStatus.UNKNOWN:
+                text = (
+                    f"the fork's result is unknown ({record.error}); "
+                    "Fork again to retry with the same identity (it never forks twice)"
+                )
+            else:
+                text = f"the fork failed: {record.error}"
+            self.notify(text, title="Fork", severity="error", timeout=10)
 
     # -- live updates ------------------------------------------------------------------------
 
@@ -297,9 +381,192 @@ class AgentHostApp(App[int]):
                 },
             )
         except (ApiError, TimeoutError) as exc:
-            self.call_from_thread(self.notify, f"cannot send: {exc}", severity="error")
+            self.call_from_thread(self.notify, error_words("send", exc), severity="error")
             return
         self.call_from_thread(self.merge_turn, session_id, result["turn"])  # type: ignore[arg-type]
+
+    # -- everyday controls -------------------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("New session", "Create a session (ctrl+n)", self.action_new_session)
+        yield SystemCommand(
+            "Interrupt", "Interrupt the open session's turn (ctrl+g)", self.action_interrupt
+        )
+        yield SystemCommand("Approve", "Approve the pending approval (ctrl+y)", self.action_approve)
+        yield SystemCommand("Decline", "Decline the pending approval (ctrl+o)", self.action_decline)
+        yield SystemCommand("Answer", "Answer the pending question (ctrl+t)", self.action_answer)
+        yield SystemCommand(
+            "Rename session", "Rename the open session (f2)", self.action_rename_session
+        )
+        yield SystemCommand(
+            "Delete session", "Delete the open session (f8)", self.action_delete_session
+        )
+
+    def _call(
+        self,
+        action: str,
+        method: str,
+        params: dict[str, Any],
+        then: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        """Run one request in a thread worker; a failure becomes a toast in words."""
+
+        def work() -> None:
+            try:
+                result = self.engine.request(method, params)
+            except (ApiError, TimeoutError) as exc:
+                self.call_from_thread(self.notify, error_words(action, exc), severity="error")
+                return
+            if then is not None:
+                self.call_from_thread(then, result)
+
+        self.run_worker(work, thread=True, group="controls")
+
+    def action_interrupt(self) -> None:
+        turn_id = self.active_turn_id()
+        if not self.current or turn_id is None:
+            self.notify("no turn is running", severity="warning")
+            return
+        self._call(
+            "interrupt",
+            "turn.interrupt",
+            {"agentSessionId": self.current, "turnId": turn_id},
+            lambda result: self.merge_turn(str(self.current), result["turn"]),
+        )
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "interrupt":
+            event.stop()
+            self.action_interrupt()
+
+    def _respond(self, response: dict[str, Any]) -> None:
+        if not self.query_one(InteractionBar).respond(response):
+            self.notify("nothing is waiting for an answer", severity="warning")
+
+    def action_approve(self) -> None:
+        bar = self.query_one(InteractionBar)
+        if bar.interaction is not None and bar.interaction.get("kind") != "approval":
+            self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
+            return
+        self._respond({"decision": "approve"})
+
+    def action_decline(self) -> None:
+        bar = self.query_one(InteractionBar)
+        if bar.interaction is not None and bar.interaction.get("kind") != "approval":
+            self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
+            return
+        self._respond({"decision": "decline"})
+
+    def action_answer(self) -> None:
+        found = self.query(f"#{ANSWER_INPUT_ID}")
+        if not found:
+            self.notify("no question is waiting for an answer", severity="warning")
+            return
+        found.first(Input).focus()
+
+    def on_interaction_bar_respond(self, message: InteractionBar.Respond) -> None:
+        interaction = message.interaction
+        if not self.current:
+            return
+        session_id = self.current
+        self._call(
+            "answer",
+            "interaction.respond",
+            {
+                "agentSessionId": session_id,
+                "turnId": interaction["turnId"],
+                "requestId": interaction["requestId"],
+                "response": message.response,
+            },
+            lambda result: (
+                self.merge_turn(session_id, result["turn"]) if "turn" in result else None
+            ),
+        )
+
+    def action_new_session(self) -> None:
+        def created(result: dict[str, Any]) -> None:
+            session = result["session"]
+            self.engine.upsert_session(session)
+            self._refresh_tree()
+            self.open_session(str(session["agentSessionId"]))
+
+        def chosen(choice: tuple[str, str] | None) -> None:
+            if choice is None:
+                return
+            provider, title = choice
+            params: dict[str, Any] = {"provider": provider, "cwd": os.getcwd()}
+            if title:
+                params["title"] = title
+            self._call("create the session", "session.create", params, created)
+
+        self.push_screen(NewSessionScreen(), chosen)
+
+    async def _clear_transcript(self) -> None:
+        transcript = self.query_one(TranscriptView)
+        await transcript.remove_children()
+        transcript.session_id = None
+        await self._update_controls()
+
+    def action_rename_session(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id = str(session["agentSessionId"])
+
+        def renamed(result: dict[str, Any]) -> None:
+            self.engine.upsert_session(result["session"])
+            self._refresh_tree()
+            self._update_title()
+
+        def chosen(title: str | None) -> None:
+            if title:
+                self._call(
+                    "rename the session",
+                    "session.updateTitle",
+                    {"agentSessionId": session_id, "title": title},
+                    renamed,
+                )
+
+        self.push_screen(RenameScreen(str(session["title"])), chosen)
+
+    def action_delete_session(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id = str(session["agentSessionId"])
+
+        def deleted(_: dict[str, Any]) -> None:
+            self.engine.handle_event(
+                {
+                    "type": "session.removed",
+                    "workspaceId": self.engine.workspace_id,
+                    "agentSessionId": session_id,
+                }
+            )
+            if self.current == session_id:
+                self.current = None
+                self.turns = []
+                self._update_title()
+                self.run_worker(self._clear_transcript())
+            self._refresh_tree()
+            self.notify(f"deleted {session['title']}")
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._call(
+                    "delete the session",
+                    "session.delete",
+                    {"agentSessionId": session_id},
+                    deleted,
+                )
+
+        self.push_screen(
+            ConfirmScreen(f"Delete session {session['title']!r}? This cannot be undone."),
+            confirmed,
+        )
 
 
 def _staler(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:

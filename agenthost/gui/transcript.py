@@ -14,7 +14,13 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
 
-from agenthost.session_client import ForkAction, divider_after, divider_text
+from agenthost.session_client import (
+    ForkAction,
+    divider_after,
+    divider_text,
+    format_interaction,
+    turn_error_text,
+)
 
 DIVIDER_ID = "continued-divider"
 LOAD_MORE_ID = "load-more"
@@ -44,7 +50,8 @@ def _turn_header(turn: Mapping[str, Any]) -> Text:
     text = Text(f"Turn {turn['sequence']}", style="bold")
     state = str(turn["phase"]) + (f"/{turn['outcome']}" if turn.get("outcome") else "")
     text.append(f"  {state}  binding {turn['providerForkBindingState']}", style="dim")
-    text.append(f"  {turn['turnId']}", style="dim italic")
+    # A short id: the full one does not fit at 80 columns (`agenthost show` prints it).
+    text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
     return text
 
 
@@ -71,11 +78,18 @@ class TurnView(Vertical):
     TurnView Button.fork { min-width: 12; margin: 0 1; }
     """
 
-    def __init__(self, session_id: str, turn: Mapping[str, Any], action: ForkAction) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        turn: Mapping[str, Any],
+        action: ForkAction,
+        blocked: str | None = None,
+    ) -> None:
         super().__init__(id=turn_widget_id(str(turn["turnId"])))
         self.session_id = session_id
         self.turn = dict(turn)
         self.action = action
+        self.blocked = blocked
 
     @property
     def turn_id(self) -> str:
@@ -92,21 +106,34 @@ class TurnView(Vertical):
 
     def _button(self) -> Button:
         label, variant = self._label()
-        return Button(
+        button = Button(
             label,
             variant,  # type: ignore[arg-type]
             id=fork_button_id(self.turn_id),
             classes="fork",
             compact=True,  # one line, no border: it sits on the Turn's header line
-            disabled=self.action is ForkAction.DISABLED,
+            disabled=self.action is not ForkAction.ENABLED,
         )
+        button.tooltip = self._fork_tooltip()
+        return button
 
     def _label(self) -> tuple[str, str]:
         if self.action is ForkAction.DISABLED:
             return ("Forking…", "default")
+        if self.action is ForkAction.BLOCKED:
+            return ("Fork", "default")
         return ("Fork", "primary")
 
-    async def update(self, turn: Mapping[str, Any], action: ForkAction) -> None:
+    def _fork_tooltip(self) -> str | None:
+        if self.action is ForkAction.BLOCKED:
+            return f"Cannot fork now: {self.blocked or 'the session is busy'}"
+        if self.action is ForkAction.DISABLED:
+            return "A fork through this turn is in progress"
+        return "Fork a new session through this turn"
+
+    async def update(
+        self, turn: Mapping[str, Any], action: ForkAction, blocked: str | None = None
+    ) -> None:
         """Bring the view to this Turn and action, touching only what changed."""
         if dict(turn) != self.turn:
             self.turn = dict(turn)
@@ -120,22 +147,26 @@ class TurnView(Vertical):
                 await body.mount_all(Static(line, classes="line") for line in lines[len(statics) :])
             for static in statics[len(lines) :]:
                 await static.remove()
-        await self.set_action(action)
+        await self.set_action(action, blocked)
 
-    async def set_action(self, action: ForkAction) -> None:
-        if action is self.action:
+    async def set_action(self, action: ForkAction, blocked: str | None = None) -> None:
+        if action is self.action and blocked == self.blocked:
             return
+        self.blocked = blocked
         was_hidden, self.action = self.action is ForkAction.HIDDEN, action
+        if was_hidden and action is ForkAction.HIDDEN:
+            return  # only the reason changed, and no button shows it
         if action is ForkAction.HIDDEN:
             await self.query_one(f"#{fork_button_id(self.turn_id)}", Button).remove()
         elif was_hidden:
             await self.query_one(".turn-head", Horizontal).mount(self._button())
         else:
             button = self.query_one(f"#{fork_button_id(self.turn_id)}", Button)
-            button.disabled = action is ForkAction.DISABLED
+            button.disabled = action is not ForkAction.ENABLED
             label, variant = self._label()
             button.label = label
             button.variant = variant
+            button.tooltip = self._fork_tooltip()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
@@ -146,14 +177,16 @@ class TurnView(Vertical):
 def _body_lines(turn: Mapping[str, Any]) -> list[Text]:
     lines = [_message_line(m) for m in turn.get("messages") or []]
     for interaction in turn.get("interactions") or []:
-        value = interaction.get("input") or {}
+        pending = interaction.get("status") == "pending"
         lines.append(
             Text(
-                f"{interaction['kind']:>11}? {interaction['status']}: "
-                f"{value.get('text') or value.get('command') or ''}",
-                style="magenta",
+                f"{'':>11} {format_interaction(interaction, 'answer below')}",
+                style="bold magenta" if pending else "magenta",
             )
         )
+    why = turn_error_text(turn)
+    if why:
+        lines.append(Text(f"{'':>11} {why}", style="bold red"))
     return lines
 
 
@@ -184,11 +217,12 @@ class TranscriptView(VerticalScroll):
         action_for: Callable[[Mapping[str, Any]], ForkAction],
         source_title: str | None,
         has_more: bool,
+        blocked: str | None = None,
     ) -> None:
         """Reconcile the children with this state, reusing every widget that stays."""
         self._busy += 1
         try:
-            await self._show(session, turns, action_for, source_title, has_more)
+            await self._show(session, turns, action_for, source_title, has_more, blocked)
         finally:
             self._busy -= 1
 
@@ -199,6 +233,7 @@ class TranscriptView(VerticalScroll):
         action_for: Callable[[Mapping[str, Any]], ForkAction],
         source_title: str | None,
         has_more: bool,
+        blocked: str | None,
     ) -> None:
         async with self.lock:
             session_id = str(session["agentSessionId"])
@@ -212,9 +247,9 @@ class TranscriptView(VerticalScroll):
             for index, turn in enumerate(turns):
                 view = existing.get(turn_widget_id(str(turn["turnId"])))
                 if isinstance(view, TurnView):
-                    await view.update(turn, action_for(turn))
+                    await view.update(turn, action_for(turn), blocked)
                 else:
-                    view = TurnView(session_id, turn, action_for(turn))
+                    view = TurnView(session_id, turn, action_for(turn), blocked)
                 desired.append(view)
                 if index == boundary:
                     lineage = session.get("forkedFrom") or {}
@@ -260,13 +295,17 @@ class TranscriptView(VerticalScroll):
             else:
                 await self.mount(widget)
 
-    async def set_actions(self, action_for: Callable[[Mapping[str, Any]], ForkAction]) -> None:
+    async def set_actions(
+        self,
+        action_for: Callable[[Mapping[str, Any]], ForkAction],
+        blocked: str | None = None,
+    ) -> None:
         """Update every Turn's Fork action in place."""
         self._busy += 1
         try:
             async with self.lock:
                 for view in list(self.query(TurnView)):
-                    await view.set_action(action_for(view.turn))
+                    await view.set_action(action_for(view.turn), blocked)
         finally:
             self._busy -= 1
 

@@ -1,5 +1,7 @@
 """Regenerates docs/images/gui-fork.svg (and .png): a real daemon, a session of three turns
-forked through its second, a turn on the child, and the GUI showing the child.
+forked through its second, a turn on the child, and the GUI showing the child; then
+gui-approval (a pending approval with Approve / Decline) and gui-fork-refused (a busy source:
+Fork disabled with its reason as the tooltip, and a refusal toast in words).
 
 Run: `build/venv/bin/python -m tests.client.make_screenshot [OUT_DIR]`. The PNG is drawn from
 the same terminal cells with Pillow and DejaVu Sans Mono (no SVG renderer is needed).
@@ -13,16 +15,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.segment import Segment
 
 from agenthost.engine import AckState, Engine
 from agenthost.gui.app import AgentHostApp
-from tests.support.daemon import DaemonProcess, create_session, run_turn
+from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
 
 WS = "demo"
 SIZE = (150, 42)
+SMALL = (110, 30)
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSansMono.ttf"
 FONT_BOLD = "/usr/share/fonts/truetype/dejavu/DejaVuSansMono-Bold.ttf"
 
@@ -118,6 +122,75 @@ async def capture(daemon: DaemonProcess, child: str, out: Path) -> None:
         to_png(screen_segments(app), out / "gui-fork.png")
 
 
+async def _open(app: AgentHostApp, pilot: Any, sid: str, turns: int) -> None:
+    deadline = time.monotonic() + 30
+    while not (app.sessions_loaded and app.engine.session(sid)):
+        assert time.monotonic() < deadline
+        await pilot.pause(0.05)
+    app.open_session(sid)
+    while len(app.turns) < turns:
+        assert time.monotonic() < deadline
+        await pilot.pause(0.05)
+
+
+async def _until(pilot: Any, pred: Any) -> None:
+    deadline = time.monotonic() + 30
+    while not pred():
+        assert time.monotonic() < deadline
+        await pilot.pause(0.05)
+
+
+async def capture_approval(daemon: DaemonProcess, out: Path) -> None:
+    """The GUI answering an approval: the bar with Approve / Decline, Approve focused."""
+    c = daemon.client()
+    sid = create_session(c, WS, title="Deploy the site")["agentSessionId"]
+    run_turn(c, sid, "Build the site", WS)
+    submit(c, sid, "/approve rsync -av public/ web:/srv/site", WS)
+    engine = Engine.connect(daemon.api, daemon.events, WS)
+    app = AgentHostApp(engine, own_engine=True)
+    async with app.run_test(size=SMALL, notifications=True) as pilot:
+        await _open(app, pilot, sid, 2)
+        await _until(pilot, lambda: app.query("#approve"))
+        app.query_one("#approve").focus()
+        await pilot.hover("#approve")
+        await pilot.pause(1.0)
+        app.save_screenshot("gui-approval.svg", str(out))
+        to_png(screen_segments(app), out / "gui-approval.png")
+
+
+async def capture_refused_fork(daemon: DaemonProcess, out: Path) -> None:
+    """A refused fork: a turn is running, so Fork is disabled with the reason as its tooltip,
+    and a refusal from the daemon reads as a sentence."""
+    from agenthost.gui.transcript import ForkRequested, fork_button_id
+
+    c = daemon.client()
+    sid = create_session(c, WS, title="Trip planning")["agentSessionId"]
+    for text in ("Plan a weekend in Lisbon", "Book a hotel in Alfama"):
+        run_turn(c, sid, text, WS)
+    turns = c.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})["turns"]
+    engine = Engine.connect(daemon.api, daemon.events, WS)
+    app = AgentHostApp(engine, own_engine=True)
+    async with app.run_test(size=SMALL, notifications=True) as pilot:
+        await _open(app, pilot, sid, 2)
+        submit(c, sid, "/slow 60000 Find a restaurant", WS)
+        await _until(pilot, lambda: len(app.turns) == 3)
+        button = f"#{fork_button_id(turns[1]['turnId'])}"
+        await _until(pilot, lambda: app.query(button) and app.query_one(button).disabled)
+        app.post_message(ForkRequested(sid, turns[1]["turnId"]))
+        await _until(
+            pilot, lambda: any("cannot fork" in str(n.message) for n in app._notifications)
+        )  # noqa: SLF001
+        await pilot.hover(button)
+        await pilot.pause(1.5)
+        app.save_screenshot("gui-fork-refused.svg", str(out))
+        to_png(screen_segments(app), out / "gui-fork-refused.png")
+        sessions = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        c.call(
+            "turn.interrupt",
+            {"workspaceId": WS, "agentSessionId": sid, "turnId": sessions["activeTurnId"]},
+        )
+
+
 def main(argv: list[str]) -> int:
     out = Path(argv[0] if argv else "docs/images").resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -126,9 +199,11 @@ def main(argv: list[str]) -> int:
         try:
             _, child = build_fork(daemon)
             asyncio.run(capture(daemon, child, out))
+            asyncio.run(capture_approval(daemon, out))
+            asyncio.run(capture_refused_fork(daemon, out))
         finally:
             daemon.stop()
-    print(f"wrote {out / 'gui-fork.svg'} and {out / 'gui-fork.png'}")
+    print(f"wrote gui-fork, gui-approval and gui-fork-refused (.svg, .png) to {out}")
     return 0
 
 

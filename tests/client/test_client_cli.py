@@ -73,6 +73,7 @@ MUTATION_KEYS = {
     "createAttempts",
     "error",
     "childAgentSessionId",
+    "errorDetail",
 }
 ERROR_KEYS = {"status", "code", "reason", "message", "retryable", "params"}
 
@@ -103,7 +104,8 @@ class Cli:
     def json(self, *args: str, code: int = 0) -> Any:
         done = self.run("--json", *args)
         assert done.returncode == code, (done.stdout, done.stderr)
-        return json.loads(done.stdout)
+        # `say --json` writes JSON Lines (one object per event): its result is the last one.
+        return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture
@@ -161,7 +163,7 @@ def test_say_streams_the_turn_and_resolves_a_session_prefix(cli: Cli) -> None:
         "assistant: echo: search",
     ]
     turn = cli.json("say", sid, "hello")
-    assert set(turn) == {"turn"} and set(turn["turn"]) >= TURN_KEYS
+    assert set(turn) == {"type", "turn"} and set(turn["turn"]) >= TURN_KEYS
     assert turn["turn"]["outcome"] == "completed" and turn["turn"]["sequence"] == 2
 
 

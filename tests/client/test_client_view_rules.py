@@ -89,3 +89,40 @@ def test_turn_references_resolve_by_id_sequence_or_unique_prefix() -> None:
         resolve_turn(turns, "ab")
     with pytest.raises(LookupError):
         resolve_turn(turns, "9")
+
+
+def test_a_busy_source_blocks_fork_with_its_reason() -> None:
+    from agenthost.session_client import fork_blocked
+
+    settled = turn("t1", seq=1)
+    running = {**turn("t2", phase="active", binding="unavailable", seq=2), "interactions": []}
+    assert fork_action(session(), settled, pending=False, blocked=True) is ForkAction.BLOCKED
+    # A fork in flight through this Turn still reads "Forking…" (DISABLED), not BLOCKED.
+    assert fork_action(session(), settled, pending=True, blocked=True) is ForkAction.DISABLED
+    assert fork_action(session(), running, pending=False, blocked=True) is ForkAction.HIDDEN
+    assert fork_blocked({"activeTurnId": None}, [settled]) is None
+    assert fork_blocked({"activeTurnId": "t2"}, [settled, running]) == (
+        "Turn 2 is still running (source_turn_active)"
+    )
+    asking = {**running, "interactions": [{"status": "pending", "kind": "question"}]}
+    assert fork_blocked({"activeTurnId": "t2"}, [settled, asking]) == (
+        "Turn 2 is waiting for an answer (source_interaction_pending)"
+    )
+
+
+def test_interactions_and_errors_read_as_words() -> None:
+    from agenthost.session_client import format_interaction, turn_error_text
+
+    approval = {"kind": "approval", "status": "resolved", "input": {"text": "ls"}}
+    assert format_interaction({**approval, "output": {"decision": "approve"}}) == (
+        "approval: ls  → approved"
+    )
+    question = {"kind": "question", "status": "resolved", "input": {"text": "colour?"}}
+    assert format_interaction({**question, "output": {"text": "blue"}}) == (
+        'question: colour?  → "blue"'
+    )
+    assert "pending" in format_interaction({**question, "status": "pending", "output": None})
+    assert turn_error_text({"phase": "settled", "outcome": "failed", "error": "boom"}) == (
+        "failed: boom"
+    )
+    assert turn_error_text({"phase": "settled", "outcome": "completed"}) is None

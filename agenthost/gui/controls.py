@@ -1,0 +1,228 @@
+"""Everyday controls of the GUI: the bar that answers a pending Interaction (Approve / Decline,
+or an answer field and Send), and the small dialogs (new session, rename, confirm delete)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Select, Static
+
+from agenthost.session_client import PROVIDERS, describe_interaction
+
+APPROVE_ID = "approve"
+DECLINE_ID = "decline"
+ANSWER_INPUT_ID = "answer-input"
+ANSWER_SEND_ID = "answer-send"
+
+
+class InteractionBar(Vertical):
+    """Shown only while the open session waits for an answer; rebuilt per Interaction."""
+
+    DEFAULT_CSS = """
+    InteractionBar { height: auto; background: $warning 15%; padding: 0 1; display: none; }
+    InteractionBar.-shown { display: block; }
+    InteractionBar .ask { height: auto; }
+    InteractionBar Horizontal { height: auto; }
+    InteractionBar Button { margin: 0 1 0 0; min-width: 10; }
+    InteractionBar Input { width: 1fr; }
+    """
+
+    class Respond(Message):
+        def __init__(self, interaction: Mapping[str, Any], response: dict[str, Any]) -> None:
+            super().__init__()
+            self.interaction = dict(interaction)
+            self.response = response
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.interaction: dict[str, Any] | None = None
+
+    @property
+    def request_id(self) -> str | None:
+        return None if self.interaction is None else str(self.interaction["requestId"])
+
+    async def show_interaction(self, interaction: Mapping[str, Any] | None) -> None:
+        if interaction is None:
+            self.interaction = None
+            self.remove_class("-shown")
+            await self.remove_children()
+            return
+        if self.interaction is not None and self.request_id == interaction["requestId"]:
+            return  # the same question: keep what the user is typing
+        self.interaction = dict(interaction)
+        await self.remove_children()
+        kind = str(interaction.get("kind") or "question")
+        ask = Text(f"{kind}: ", style="bold")
+        ask.append(describe_interaction(interaction))
+        if kind == "approval":
+            ask.append("   (ctrl+y approve · ctrl+o decline)", style="dim")
+            await self.mount(Static(ask, classes="ask"))
+            await self.mount(
+                Horizontal(
+                    Button("Approve", "success", id=APPROVE_ID, compact=True),
+                    Button("Decline", "error", id=DECLINE_ID, compact=True),
+                )
+            )
+        else:
+            ask.append("   (ctrl+t to answer)", style="dim")
+            await self.mount(Static(ask, classes="ask"))
+            await self.mount(
+                Horizontal(
+                    Input(placeholder="Your answer (Enter sends)", id=ANSWER_INPUT_ID),
+                    Button("Send", "primary", id=ANSWER_SEND_ID, compact=True),
+                )
+            )
+        self.add_class("-shown")
+
+    def respond(self, response: dict[str, Any]) -> bool:
+        if self.interaction is None:
+            return False
+        self.post_message(self.Respond(self.interaction, response))
+        return True
+
+    def send_answer(self) -> bool:
+        if self.interaction is None or self.interaction.get("kind") == "approval":
+            return False
+        field = self.query_one(f"#{ANSWER_INPUT_ID}", Input)
+        if not field.value.strip():
+            return False
+        return self.respond({"text": field.value})
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == APPROVE_ID:
+            self.respond({"decision": "approve"})
+        elif event.button.id == DECLINE_ID:
+            self.respond({"decision": "decline"})
+        elif event.button.id == ANSWER_SEND_ID:
+            self.send_answer()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        if event.input.id == ANSWER_INPUT_ID:
+            self.send_answer()
+
+
+_DIALOG_CSS = """
+{name} {{ align: center middle; }}
+{name} > Vertical {{
+    width: 60; max-width: 95%; height: auto; border: thick $primary; background: $surface;
+    padding: 1 2;
+}}
+{name} Horizontal {{ height: auto; margin-top: 1; }}
+{name} Button {{ margin-right: 2; }}
+"""
+
+
+class NewSessionScreen(ModalScreen[tuple[str, str] | None]):
+    """Provider picker and title; dismissed with `(provider, title)` or None."""
+
+    DEFAULT_CSS = _DIALOG_CSS.format(name="NewSessionScreen")
+    BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("New session")
+            yield Select(
+                [(p, p) for p in PROVIDERS], value=PROVIDERS[0], allow_blank=False, id="provider"
+            )
+            yield Input(placeholder="Title (optional)", id="new-title")
+            with Horizontal():
+                yield Button("Create", "primary", id="create")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#new-title", Input).focus()
+
+    def _create(self) -> None:
+        provider = self.query_one("#provider", Select).value
+        title = self.query_one("#new-title", Input).value.strip()
+        self.dismiss((str(provider), title))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._create()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "create":
+            self._create()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class RenameScreen(ModalScreen[str | None]):
+    DEFAULT_CSS = _DIALOG_CSS.format(name="RenameScreen")
+    BINDINGS = [("escape", "cancel", "Cancel")]
+
+    def __init__(self, title: str) -> None:
+        super().__init__()
+        self.current = title
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Rename session")
+            yield Input(value=self.current, id="rename-title")
+            with Horizontal():
+                yield Button("Rename", "primary", id="rename")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#rename-title", Input).focus()
+
+    def _done(self) -> None:
+        title = self.query_one("#rename-title", Input).value.strip()
+        self.dismiss(title or None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._done()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        if event.button.id == "rename":
+            self._done()
+        else:
+            self.dismiss(None)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    DEFAULT_CSS = _DIALOG_CSS.format(name="ConfirmScreen")
+    BINDINGS = [("escape", "cancel", "Cancel"), ("y", "confirm", "Yes")]
+
+    def __init__(self, question: str, confirm: str = "Delete") -> None:
+        super().__init__()
+        self.question = question
+        self.confirm_label = confirm
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question)
+            with Horizontal():
+                yield Button(self.confirm_label, "error", id="confirm")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "confirm")
+
+    def action_confirm(self) -> None:
+        self.dismiss(True)
+
+    def action_cancel(self) -> None:
+        self.dismiss(False)
