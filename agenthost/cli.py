@@ -699,9 +699,10 @@ def _say(args: argparse.Namespace, client: Any) -> int:
         if not turn_id:
             print("\nagenthost: interrupted before the turn started", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if not args.json:
-            print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
         try:
+            # Inside the try: a second Ctrl-C right after this line is already "stop waiting".
+            if not args.json:
+                print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
             turn = _stop_turn(args, client, sid, str(turn_id), printer)
         except KeyboardInterrupt:
             print(
