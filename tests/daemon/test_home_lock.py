@@ -82,9 +82,9 @@ def test_a_second_serve_on_a_live_home_exits_1_and_touches_nothing(tmp_path: Pat
         other = create_session(c)["agentSessionId"]
         run_turn(c, other, "warm")  # its runtime is up: the slow turn below only waits
         # A fork held inside the worker before its provider call, and a long running turn.
-        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:10000"}})
+        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:12000"}})
         _, op = fork(c, sid, turns[1]["turnId"])
-        slow = submit(c, other, "/slow 10000 still running")
+        slow = submit(c, other, "/slow 12000 still running")
         wait_for(lambda: get_op(c, op["operationId"])["phase"] == "dispatching")
         wait_for(lambda: turn_of(c, other, slow["turnId"])["rootProviderTurnId"])
         before = quiet_snapshot(home)
