@@ -13,15 +13,41 @@ from pathlib import Path
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from storage import Store
 
+# The worker's own limits for a fork's steps other than the provider's fork call: reading the
+# source, listing the child's turns, binding, and proving the child readable (an app-server
+# spawn and its reads). Each is bounded by the driver's `request_timeout_s` (30 s).
+WORKER_FORK_STEPS_S = 5 * 30.0
+# Slack so the worker's own typed timeout always reaches the host before the host's deadline.
+FORK_DEADLINE_MARGIN_S = 30.0
+
+
+def fork_deadline_s(provider_call_s: float) -> float:
+    """The host's deadline for a fork request: longer than the worker's whole budget for it
+    (issue 14 §4), so while the worker lives it is the worker, which knows whether the
+    provider call started, that decides `not_started` or `unknown` — never the host's clock."""
+    return provider_call_s + WORKER_FORK_STEPS_S + FORK_DEADLINE_MARGIN_S
+
 
 @dataclass(frozen=True, slots=True)
 class Timeouts:
     session_start_s: float = 60.0
     turn_start_s: float = 60.0
     control_s: float = 30.0
-    fork_s: float = 60.0
+    # The worker's limit for the provider's fork call, and the host's deadline for the whole
+    # fork request (always longer than the worker's budget; see `fork_deadline_s`).
+    fork_provider_call_s: float = 60.0
+    fork_s: float = fork_deadline_s(60.0)
     # fork.create answers 202 `accepted` when the saga has not ended within this budget.
     fork_sync_budget_s: float = 2.0
+    # A Turn's durable writes (its events, its settlement) are retried while the store is
+    # busy or full; past this limit the Turn settles `failed` once the store is writable.
+    store_retry_limit_s: float = 120.0
+    # A Turn with no provider event for this long (and no pending interaction) is hung: its
+    # runtime is stopped and the Turn settles `failed` with the reason.
+    turn_inactivity_s: float = 1800.0
+    # An interrupt the provider has not acknowledged within this budget means a hung
+    # runtime: it is stopped and the Turn settles `interrupted` (never a 502 after 30 s).
+    interrupt_s: float = 10.0
 
 
 @dataclass(eq=False)
@@ -69,6 +95,10 @@ def _path_segment(text: str) -> str:
     import hashlib
     import re
 
-    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}", text):
+    # Injective: a plain id that looks like a hashed one (`ws-` + 24 hex) is hashed too, so
+    # two different workspace ids never share a runtimes/ directory.
+    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}", text) and not re.fullmatch(
+        r"ws-[0-9a-f]{24}", text
+    ):
         return text
     return "ws-" + hashlib.sha256(text.encode()).hexdigest()[:24]

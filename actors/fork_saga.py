@@ -9,7 +9,6 @@ not the caller is still waiting; a request that may have left the host is never 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,7 +23,9 @@ from actors.ports import (
     WorkerFailed,
 )
 from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
-from storage.errors import ForkUnsupported, HostError, ProviderError
+from actors.timers import TimerHandle
+from storage.base import typed_store_error
+from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
     ForkOperation,
     ForkPrepareRequest,
@@ -38,6 +39,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TERMINAL = frozenset({ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN})
+_RETRY_MAX_S = 2.0
+
+
+def _typed(exc: BaseException) -> HostError:
+    from actors.session_actor import _internal
+
+    return _internal(exc) if isinstance(exc, Exception) else HostError("internal error")
 
 
 @dataclass(eq=False)
@@ -46,7 +54,7 @@ class _Waiter:
 
     reply: Reply
     answered: bool = False
-    timer: threading.Timer | None = None
+    timer: TimerHandle | None = None
 
     def answer(self, operation: ForkOperation, final: bool) -> None:
         if self.answered:
@@ -64,6 +72,7 @@ class ForkSaga:
     runtime: PreparedRuntime
     info: DriverInfo
     waiters: list[_Waiter] = field(default_factory=list)
+    _retry_delay: float = 0.05
 
     # -- entry points ------------------------------------------------------------------------
 
@@ -110,6 +119,9 @@ class ForkSaga:
                 ForkSaga._prepare(actor, msg, info, runtime)
             except HostError as exc:
                 msg.reply(exc)
+            except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+                log.exception("fork.create on %s failed before any operation", actor.key)
+                msg.reply(_typed(exc))
 
         actor.prepare_runtime(session, _prepared)
 
@@ -183,17 +195,39 @@ class ForkSaga:
     def _answer_accepted(self, waiter: _Waiter) -> None:
         if waiter.answered:
             return
-        op = self.actor.ctx.store.get_fork_operation(self.actor.ws, self.operation.operation_id)
+        try:
+            op = self.actor.ctx.store.get_fork_operation(self.actor.ws, self.operation.operation_id)
+        except Exception:  # noqa: BLE001 - the caller is answered whatever the store does
+            log.warning("fork saga %s: budget read failed", self.operation.operation_id)
+            op = self.operation
         waiter.answer(op, op.status in TERMINAL)
 
     def _step(self, fn: Any, *args: Any) -> None:
         """Run one step; any unexpected error ends the saga with what the store holds, so a
-        dispatched operation is never left looking retryable."""
+        dispatched operation is never left looking retryable. A busy or full store is not
+        unexpected: the step (its provider answer already in hand, never re-sent) is run
+        again with backoff until its checkpoint lands, so a verified child is not turned into
+        `unknown` by store contention and the fence stays held only by a live saga."""
         try:
             fn(*args)
+        except StoreBusy as exc:
+            delay = self._next_delay()
+            log.warning(
+                "fork saga %s: %s deferred %.2f s: %s",
+                self.operation.operation_id,
+                fn.__name__,
+                delay,
+                exc.message,
+            )
+            self.actor.after(delay, lambda: self._step(fn, *args))
         except Exception as exc:  # noqa: BLE001
             log.exception("fork saga %s failed in %s", self.operation.operation_id, fn.__name__)
             self._abort(exc)
+
+    def _next_delay(self) -> float:
+        delay = self._retry_delay
+        self._retry_delay = min(_RETRY_MAX_S, delay * 2)
+        return delay
 
     def _hit(self, name: str) -> None:
         self.actor.ctx.failpoints.hit(name)
@@ -373,7 +407,10 @@ class ForkSaga:
         self._finish(op)
 
     def _abort(self, exc: Exception) -> None:
-        """An unexpected error: classify by the durable status, never re-dispatch."""
+        """An unexpected error: classify by the durable status, never re-dispatch. If the
+        outcome cannot be recorded either, the saga stays alive and retries the record with
+        backoff, so the source's fence is released by itself (issue 15 defect 4) and never
+        held by an operation whose saga is gone."""
         store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.operation.operation_id
         try:
             op = store.get_fork_operation(ws, op_id)
@@ -381,10 +418,28 @@ class ForkSaga:
                 op, _ = store.mark_fork_failed(ws, op_id, f"host error before dispatch: {exc}")
             elif op.status is ForkStatus.DISPATCHING:
                 op, _ = store.mark_fork_unknown(ws, op_id, f"host error after dispatch: {exc}")
-            # provider_accepted stays: fork.get or recovery retries only the local commit.
-        except Exception:  # noqa: BLE001
-            log.exception("fork saga %s: could not record the abort", op_id)
-            op = self.operation
+            elif op.status is ForkStatus.PROVIDER_ACCEPTED:
+                # The provider child is verified: only the local commit is left.
+                op, _ = store.commit_fork(ws, op_id)
+        except Exception as record_exc:  # noqa: BLE001
+            if typed_store_error(record_exc) is None:
+                # Not the store being busy or full: retrying would fail the same way.
+                log.exception("fork saga %s: could not record the abort", op_id)
+                self._finish(self.operation)
+                return
+            delay = self._next_delay()
+            log.warning(
+                "fork saga %s: could not record the abort (%r); retrying in %.2f s",
+                op_id,
+                record_exc,
+                delay,
+            )
+            # Callers waiting now learn the operation is still running (202); fork.get sees
+            # it live and does not reclassify it.
+            for waiter in self.waiters:
+                waiter.answer(self.operation, False)
+            self.actor.after(delay, lambda: self._abort(exc))
+            return
         self._finish(op)
 
     def _finish(self, op: ForkOperation) -> None:

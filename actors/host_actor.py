@@ -25,7 +25,7 @@ from actors.messages import (
     RuntimeLost,
     parse_runtime_key,
 )
-from actors.session_actor import SessionActor
+from actors.session_actor import SessionActor, _internal
 from storage.errors import HostError
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class HostActor(pykka.ThreadingActor):
                 getattr(message, "message", None), "reply", None
             )
             if reply is not None:
-                reply(exc if isinstance(exc, HostError) else HostError(str(exc)))
+                reply(exc if isinstance(exc, HostError) else _internal(exc))
         return None
 
     def _dispatch(self, message: Any) -> None:

@@ -29,9 +29,11 @@ def parse_runtime_key(key: str) -> tuple[str, str]:
 
 @dataclass(frozen=True, slots=True)
 class FollowUp:
-    """Run `fn` on the actor's own thread (continuations of driver futures and timers)."""
+    """Run `fn` on the actor's own thread (continuations of driver futures and timers).
+    `reply`, when set, is the request's reply: answered with a typed error if `fn` raises."""
 
     fn: Callable[[], None]
+    reply: Reply | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,7 +62,12 @@ def settle_orphaned_turns(store: Store) -> int:
     for ws, sid, turn_id in store.all_active_turns():
         try:
             _, changed = store.settle_turn(
-                ws, sid, turn_id, outcome="interrupted", error=ORPHANED_TURN_ERROR
+                ws,
+                sid,
+                turn_id,
+                outcome="interrupted",
+                error=ORPHANED_TURN_ERROR,
+                include_deleted=True,
             )
             settled += int(changed)
         except Exception:  # noqa: BLE001 - one bad row must not stop the rest

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -34,6 +36,9 @@ from actors.messages import (
     runtime_key,
 )
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from actors.rebind import CanonicalTurn, match_missing
+from actors.timers import TIMERS, TimerHandle
+from storage.base import typed_store_error
 from storage.errors import (
     Conflict,
     HostError,
@@ -41,12 +46,22 @@ from storage.errors import (
     NotFound,
     ProviderError,
     SessionBusy,
+    StoreBusy,
     TurnNotFound,
 )
 from storage.models import Session, Turn
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# Backoff of a Turn's durable writes while the store is busy or full.
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryDurable:
+    """Timer tick: retry the Session's queued durable writes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +82,27 @@ class _TurnState:
     turn_id: str
     provider_turn_id: str | None = None
     last_assistant_message_id: str | None = None
+    # `settling`: the outcome is chosen (later provider events are ignored); `settled`: the
+    # settle write is durable. A Turn counts as live until it is settled.
+    settling: bool = False
     settled: bool = False
     pending_events: list[Mapping[str, Any]] = field(default_factory=list)
+    last_activity: float = field(default_factory=time.monotonic)
+    watchdog: TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _Durable:
+    """One durable write owed to a Turn (a driver event applied, a binding, a settlement),
+    retried in order while the store is busy or full (issue 15 defect 1)."""
+
+    turn_id: str
+    what: str
+    apply: Callable[[], object]
+    # A settlement is never given up on: it is retried until it lands.
+    final: bool = False
+    first_failure: float | None = None
+    then: Callable[[HostError | None], None] | None = None
 
 
 class SessionActor(pykka.ThreadingActor):
@@ -88,6 +122,9 @@ class SessionActor(pykka.ThreadingActor):
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
         self._busy = False
+        self._durable: deque[_Durable] = deque()
+        self._retry_timer: TimerHandle | None = None
+        self._retry_delay = RETRY_FIRST_S
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -100,6 +137,11 @@ class SessionActor(pykka.ThreadingActor):
             self._predecessor = None
 
     def on_stop(self) -> None:
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        for state in self._turns.values():
+            if state.watchdog is not None:
+                state.watchdog.cancel()
         # This thread ends now: its store connection (and file descriptors) must go with it.
         self.ctx.store.release_thread_connection()
 
@@ -116,6 +158,8 @@ class SessionActor(pykka.ThreadingActor):
                 log.debug("session actor %s refused %r: %s", self.key, type(message).__name__, exc)
             else:
                 log.exception("session actor %s failed on %r", self.key, type(message).__name__)
+            # Every message that owes a reply gets one, typed (issue 15 defect 2); a FollowUp
+            # carries the reply of the request it continues.
             reply = getattr(message, "reply", None)
             if reply is not None:
                 reply(exc if isinstance(exc, HostError) else _internal(exc))
@@ -127,6 +171,9 @@ class SessionActor(pykka.ThreadingActor):
         match message:
             case FollowUp(fn=fn):
                 fn()
+            case _RetryDurable():
+                self._retry_timer = None
+                self._drain()
             case Mutate():
                 self._on_mutate(message)
             case Submit():
@@ -147,7 +194,11 @@ class SessionActor(pykka.ThreadingActor):
                 log.warning("session actor %s: unknown message %r", self.key, message)
 
     def _update_busy(self) -> None:
-        busy = bool(self.sagas) or any(not t.settled for t in self._turns.values())
+        busy = (
+            bool(self.sagas)
+            or bool(self._durable)
+            or any(not t.settled for t in self._turns.values())
+        )
         if busy != self._busy:
             self._busy = busy
             if self.ctx.on_busy_change is not None:
@@ -155,29 +206,33 @@ class SessionActor(pykka.ThreadingActor):
 
     # -- helpers used by the saga ----------------------------------------------------------
 
-    def later(self, future: Future[T], on_done: Callable[[Future[T]], None]) -> None:
-        """Continue on this actor's thread when `future` completes."""
+    def later(
+        self,
+        future: Future[T],
+        on_done: Callable[[Future[T]], None],
+        reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        """Continue on this actor's thread when `future` completes; `reply` is the reply the
+        continuation owes, answered with a typed error if the continuation raises."""
         ref = self.actor_ref
 
         def _done(f: Future[T]) -> None:
             try:
-                ref.tell(FollowUp(lambda: on_done(f)))
+                ref.tell(FollowUp(lambda: on_done(f), reply))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
 
         future.add_done_callback(_done)
 
-    def after(self, seconds: float, fn: Callable[[], None]) -> threading.Timer:
+    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        """Run `fn` on this actor's thread in `seconds` (one shared timer thread for all)."""
         ref = self.actor_ref
 
         def _fire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(FollowUp(fn))
 
-        timer = threading.Timer(seconds, _fire)
-        timer.daemon = True
-        timer.start()
-        return timer
+        return TIMERS.call_later(seconds, _fire)
 
     def session(self) -> Session:
         return self.ctx.store.get_session(self.ws, self.sid)
@@ -209,34 +264,94 @@ class SessionActor(pykka.ThreadingActor):
             except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
                 on_ready(_provider_error(exc, "runtime preparation failed"))
                 return
+            try:
+                prepared = _record(result)
+            except Exception as exc:  # noqa: BLE001 - the waiter is always answered, typed
+                if not isinstance(exc, HostError):
+                    log.exception("session %s: recording the runtime failed", self.key)
+                on_ready(exc if isinstance(exc, HostError) else _internal(exc))
+                return
+            self._rebind_missing(prepared, lambda: on_ready(prepared))
+
+        def _record(result: dict[str, Any]) -> PreparedRuntime:
             provider_session_id = str(result.get("providerSessionId") or "")
             context = dict(result.get("runtimeContext") or {})
             current = self.session()
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
             ) != {**current.runtime_context, **context}:
-                try:
-                    current = self.ctx.store.update_runtime(
-                        self.ws,
-                        self.sid,
-                        provider_session_id=provider_session_id or None,
-                        runtime_context=context,
-                    )
-                except HostError as exc:
-                    on_ready(exc)
-                    return
-            on_ready(
-                PreparedRuntime(
-                    provider=current.provider,
-                    home=str(home),
-                    cwd=current.cwd,
-                    settings=dict(current.settings),
-                    provider_session_id=provider_session_id,
-                    runtime_context=dict(current.runtime_context),
+                current = self.ctx.store.update_runtime(
+                    self.ws,
+                    self.sid,
+                    provider_session_id=provider_session_id or None,
+                    runtime_context=context,
                 )
+            return PreparedRuntime(
+                provider=current.provider,
+                home=str(home),
+                cwd=current.cwd,
+                settings=dict(current.settings),
+                provider_session_id=provider_session_id,
+                runtime_context=dict(current.runtime_context),
             )
 
         self.later(fut, _done)
+
+    def _rebind_missing(self, runtime: PreparedRuntime, then: Callable[[], None]) -> None:
+        """Re-bind settled completed Turns whose provider binding was never recorded, from
+        the provider's own history (by order and content, fail closed), then continue. Any
+        failure here only leaves those Turns unbound, as they were."""
+        try:
+            missing = self.ctx.store.turns_missing_binding(self.ws, self.sid)
+        except HostError as exc:
+            log.warning("session %s: re-bind check failed: %s", self.key, exc.message)
+            missing = []
+        if not missing:
+            then()
+            return
+        fut = self.ctx.workers.request(
+            runtime.provider,
+            "session.history",
+            {"agentSessionId": self.key},
+            self.ctx.timeouts.control_s,
+        )
+
+        def _done(f: Future[dict[str, Any]]) -> None:
+            try:
+                self._apply_rebind(set(missing), list(f.result().get("turns") or []))
+            except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
+                log.warning("session %s: re-bind from provider history failed: %s", self.key, exc)
+            then()
+
+        self.later(fut, _done)
+
+    def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
+        turns, _ = self.ctx.store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
+        canonical = [
+            CanonicalTurn(
+                t.turn_id,
+                t.root_provider_turn_id,
+                next((m.text for m in t.messages if m.kind == "user"), None),
+                t.turn_id in missing,
+            )
+            for t in turns
+        ]
+        matches = match_missing(canonical, provider_turns)
+        for turn_id, provider_turn_id in matches.items():
+            self.ctx.store.bind_provider_turn(self.ws, self.sid, turn_id, provider_turn_id)
+            log.warning(
+                "session %s: turn %s re-bound to provider turn %s from the provider's history",
+                self.key,
+                turn_id,
+                provider_turn_id,
+            )
+        for turn_id in sorted(missing - matches.keys()):
+            log.warning(
+                "session %s: turn %s has no provider binding and none can be proven; left "
+                "unbound (fail closed)",
+                self.key,
+                turn_id,
+            )
 
     # -- plain mutations -------------------------------------------------------------------
 
@@ -271,9 +386,21 @@ class SessionActor(pykka.ThreadingActor):
             return
         state = _TurnState(turn.turn_id)
         self._turns[turn.turn_id] = state
+        self._arm_watchdog(state, self.ctx.timeouts.turn_inactivity_s)
         session = self.session()
 
+        started = time.monotonic()
+
         def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
+            if state.settling:
+                return  # interrupted (or timed out) while the runtime was being prepared
+            if (
+                isinstance(runtime, StoreBusy)
+                and time.monotonic() - started < self.ctx.timeouts.store_retry_limit_s
+            ):
+                # Recording the runtime met a busy store: prepare again (idempotent).
+                self.after(RETRY_MAX_S / 4, lambda: self.prepare_runtime(session, _runtime_ready))
+                return
             if isinstance(runtime, HostError):
                 self._settle(state, "failed", error=runtime.message)
                 return
@@ -293,30 +420,208 @@ class SessionActor(pykka.ThreadingActor):
         except Exception as exc:  # noqa: BLE001
             self._settle(state, "failed", error=f"turn start failed: {exc}")
             return
+        state.last_activity = time.monotonic()
         self._bind(state, str(result.get("providerTurnId") or ""))
         pending, state.pending_events = state.pending_events, []
         for event in pending:
             self._on_driver_event(event)
 
     def _bind(self, state: _TurnState, provider_turn_id: str) -> None:
-        if not provider_turn_id or state.provider_turn_id == provider_turn_id or state.settled:
+        if not provider_turn_id or state.provider_turn_id == provider_turn_id or state.settling:
             return
         state.provider_turn_id = provider_turn_id
-        self.ctx.store.bind_provider_turn(self.ws, self.sid, state.turn_id, provider_turn_id)
-
-    def _settle(self, state: _TurnState, outcome: str, *, error: str | None = None) -> None:
-        if state.settled:
-            return
-        state.settled = True
-        self.ctx.store.settle_turn(
-            self.ws,
-            self.sid,
-            state.turn_id,
-            outcome=outcome,
-            final_assistant_message_id=state.last_assistant_message_id,
-            error=error,
+        self._enqueue(
+            _Durable(
+                state.turn_id,
+                "bind provider turn",
+                lambda: self.ctx.store.bind_provider_turn(
+                    self.ws, self.sid, state.turn_id, provider_turn_id
+                ),
+            )
         )
+
+    def _settle(
+        self,
+        state: _TurnState,
+        outcome: str,
+        *,
+        error: str | None = None,
+        then: Callable[[HostError | None], None] | None = None,
+    ) -> None:
+        """Choose the Turn's outcome now; it is settled when the write is durable (issue 15
+        defect 3): the write is queued behind the Turn's earlier events and retried."""
+        if state.settling:
+            if then is not None:
+                then(None if state.settled else StoreBusy("the turn's settlement is pending"))
+            return
+        state.settling = True
+        if state.watchdog is not None:
+            state.watchdog.cancel()
+        self._enqueue(self._settle_item(state, outcome, error, then))
+
+    def _settle_item(
+        self,
+        state: _TurnState,
+        outcome: str,
+        error: str | None,
+        then: Callable[[HostError | None], None] | None,
+    ) -> _Durable:
+        def _apply() -> None:
+            try:
+                self.ctx.store.settle_turn(
+                    self.ws,
+                    self.sid,
+                    state.turn_id,
+                    outcome=outcome,
+                    # Read when the write lands: every earlier event has been applied.
+                    final_assistant_message_id=state.last_assistant_message_id,
+                    error=error,
+                )
+            except StoreBusy:
+                raise
+            except HostError:
+                # Not transient (the Session is gone, …): nothing will ever settle it here.
+                self._forget(state)
+                raise
+            self._forget(state)
+
+        return _Durable(state.turn_id, f"settle {outcome}", _apply, final=True, then=then)
+
+    def _forget(self, state: _TurnState) -> None:
+        state.settled = True
+        if state.watchdog is not None:
+            state.watchdog.cancel()
         self._turns.pop(state.turn_id, None)
+
+    # -- durable writes, in order, retried -------------------------------------------------
+
+    def _enqueue(self, item: _Durable) -> None:
+        self._durable.append(item)
+        if len(self._durable) == 1 and self._retry_timer is None:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Apply the queued writes in order; a busy or full store stops the queue and a timer
+        retries it with backoff, so no event is dropped and none overtakes another."""
+        limit = self.ctx.timeouts.store_retry_limit_s
+        while self._durable:
+            item = self._durable[0]
+            try:
+                item.apply()
+            except StoreBusy as exc:
+                now = time.monotonic()
+                if item.first_failure is None:
+                    item.first_failure = now
+                    log.warning("session %s: %s deferred: %s", self.key, item.what, exc.message)
+                elif not item.final and now - item.first_failure > limit:
+                    self._give_up(item, exc)
+                    continue
+                if item.then is not None:
+                    # The caller waiting on this write learns it is not durable yet; the
+                    # write itself stays queued.
+                    then, item.then = item.then, None
+                    then(exc)
+                self._schedule_retry()
+                return
+            except HostError as exc:
+                log.warning("session %s: %s failed: %s", self.key, item.what, exc.message)
+                self._durable.popleft()
+                if item.then is not None:
+                    item.then(exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - one bad write must not stop the queue
+                log.exception("session %s: %s failed", self.key, item.what)
+                self._durable.popleft()
+                if item.then is not None:
+                    item.then(_internal(exc))
+                continue
+            self._durable.popleft()
+            self._retry_delay = RETRY_FIRST_S
+            if item.then is not None:
+                item.then(None)
+
+    def _schedule_retry(self) -> None:
+        if self._retry_timer is not None:
+            return
+        delay = self._retry_delay
+        self._retry_delay = min(RETRY_MAX_S, delay * 2)
+        ref = self.actor_ref
+
+        def _fire() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(_RetryDurable())
+
+        self._retry_timer = TIMERS.call_later(delay, _fire)
+
+    def _give_up(self, item: _Durable, exc: StoreBusy) -> None:
+        """The store stayed unwritable past the limit: the Turn's remaining writes are dropped
+        and replaced by one settlement `failed` with the reason, retried until it lands."""
+        turn_id = item.turn_id
+        dropped = [d for d in self._durable if d.turn_id == turn_id]
+        self._durable = deque(d for d in self._durable if d.turn_id != turn_id)
+        state = self._turns.get(turn_id)
+        log.error(
+            "session %s: turn %s: %d write(s) could not be stored for %.0f s; settling it failed",
+            self.key,
+            turn_id,
+            len(dropped),
+            self.ctx.timeouts.store_retry_limit_s,
+        )
+        if state is None:
+            return  # a trailing binding of a settled Turn: nothing left to settle
+        state.settling = True
+        error = (
+            f"the store stayed unwritable for {self.ctx.timeouts.store_retry_limit_s:.0f} s "
+            f"({exc.message}); the turn's provider events could not be recorded"
+        )
+        # Its messages may be partial: the settlement names no final assistant Message.
+        state.last_assistant_message_id = None
+        thens = [d.then for d in dropped if d.then is not None]
+
+        def _then(err: HostError | None) -> None:
+            for fn in thens:
+                fn(err)
+
+        self._durable.appendleft(
+            self._settle_item(state, "failed", error, _then if thens else None)
+        )
+
+    # -- inactivity --------------------------------------------------------------------------
+
+    def _arm_watchdog(self, state: _TurnState, seconds: float) -> None:
+        state.watchdog = self.after(max(0.05, seconds), lambda: self._check_inactive(state))
+
+    def _check_inactive(self, state: _TurnState) -> None:
+        """A Turn whose provider has been silent past the limit is hung (issue 15 defect 8):
+        stop its runtime and settle it `failed`. A Turn waiting on the user is not hung."""
+        if state.settling:
+            return
+        limit = self.ctx.timeouts.turn_inactivity_s
+        try:
+            turn = self.ctx.store.get_turn(self.ws, self.sid, state.turn_id)
+        except HostError as exc:
+            log.warning("session %s: watchdog read failed: %s", self.key, exc.message)
+            self._arm_watchdog(state, RETRY_MAX_S)
+            return
+        waiting_on_user = any(i.status == "pending" for i in turn.interactions)
+        idle = time.monotonic() - state.last_activity
+        if waiting_on_user or idle < limit:
+            self._arm_watchdog(state, limit if waiting_on_user else limit - idle)
+            return
+        log.warning("session %s: turn %s silent %.0f s; stopping", self.key, state.turn_id, idle)
+        self._stop_runtime()
+        self._settle(
+            state,
+            "failed",
+            error=f"the provider sent nothing for {limit:g} s; its runtime was stopped",
+        )
+
+    def _stop_runtime(self) -> None:
+        """Stop the Session's provider runtime (it respawns at the next use)."""
+        provider = self.session().provider
+        self.ctx.workers.request(
+            provider, "session.stop", {"agentSessionId": self.key}, self.ctx.timeouts.control_s
+        )
 
     def _state_for_event(self, turn_id: str) -> _TurnState | None:
         state = self._turns.get(turn_id)
@@ -329,7 +634,7 @@ class SessionActor(pykka.ThreadingActor):
         except HostError:
             return None
         state = _TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
-        state.settled = turn.phase == "settled"
+        state.settled = state.settling = turn.phase == "settled"
         return state
 
     def _on_driver_event(self, event: Mapping[str, Any]) -> None:
@@ -339,13 +644,20 @@ class SessionActor(pykka.ThreadingActor):
         if state is None:
             log.warning("session %s: event for unknown turn %r", self.key, turn_id)
             return
+        state.last_activity = time.monotonic()
+        store, ws, sid = self.ctx.store, self.ws, self.sid
         if kind == "turn.binding":
             # A trailing system message may move the checkpoint after settlement (Claude).
-            self.ctx.store.update_turn_binding(
-                self.ws, self.sid, turn_id, str(event.get("bindingJson") or "")
+            binding = str(event.get("bindingJson") or "")
+            self._enqueue(
+                _Durable(
+                    turn_id,
+                    "turn binding",
+                    lambda: store.update_turn_binding(ws, sid, turn_id, binding),
+                )
             )
             return
-        if state.settled:
+        if state.settling:
             return
         if kind == "turn.started":
             self._bind(state, str(event.get("providerTurnId") or ""))
@@ -354,24 +666,27 @@ class SessionActor(pykka.ThreadingActor):
             item_kind = str(item.get("kind") or "assistant")
             if item_kind == "user":
                 return  # the canonical user Message was written by the submit claim
-            message = self.ctx.store.append_message(
-                self.ws,
-                self.sid,
-                turn_id,
-                kind=item_kind,
-                text=item.get("text"),
-                payload=dict(item.get("payload") or {}),
-            )
-            if item_kind == "assistant":
-                state.last_assistant_message_id = message.message_id
+            text, payload = item.get("text"), dict(item.get("payload") or {})
+
+            def _append() -> None:
+                message = store.append_message(
+                    ws, sid, turn_id, kind=item_kind, text=text, payload=payload
+                )
+                if item_kind == "assistant":
+                    state.last_assistant_message_id = message.message_id
+
+            self._enqueue(_Durable(turn_id, f"{item_kind} message", _append))
         elif kind == "interaction.requested":
-            self.ctx.store.open_interaction(
-                self.ws,
-                self.sid,
-                turn_id,
-                request_id=str(event.get("requestId")),
-                kind=str(event.get("kind") or "question"),
-                input=dict(event.get("input") or {}),
+            request_id, ikind = str(event.get("requestId")), str(event.get("kind") or "question")
+            payload = dict(event.get("input") or {})
+            self._enqueue(
+                _Durable(
+                    turn_id,
+                    "interaction",
+                    lambda: store.open_interaction(
+                        ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
+                    ),
+                )
             )
         elif kind == "turn.completed":
             self._bind(state, str(event.get("providerTurnId") or ""))
@@ -389,36 +704,65 @@ class SessionActor(pykka.ThreadingActor):
                 self._settle(state, "failed", error=f"provider worker lost: {msg.reason}")
 
     def _on_interrupt(self, msg: Interrupt) -> None:
+        """Works on any Turn the store shows active (issue 15 defect 3): one this actor runs,
+        one whose settlement is still pending, one nothing tracks any more, and one whose
+        provider runtime is hung (defect 8: the runtime is stopped)."""
         turn = self.ctx.store.get_turn(self.ws, self.sid, msg.turn_id)
         self.ctx.store.check_fence(self.ws, self.sid)
         if turn.phase != "active":
             msg.reply(turn)
             return
+
+        def _answer(err: HostError | None) -> None:
+            if err is not None:
+                msg.reply(err)
+                return
+            msg.reply(self.ctx.store.get_turn(self.ws, self.sid, turn.turn_id))
+
         state = self._turns.get(turn.turn_id)
-        provider_turn_id = (state.provider_turn_id if state else None) or turn.root_provider_turn_id
+        if state is None:
+            # Nothing in this process works on it: settle it here (with what the store has).
+            state = _TurnState(turn.turn_id, provider_turn_id=turn.root_provider_turn_id)
+            self._turns[turn.turn_id] = state
+            if turn.root_provider_turn_id:
+                self._stop_runtime()
+            self._settle(state, "interrupted", then=_answer)
+            return
+        if state.settling:
+            self._settle(state, "interrupted", then=_answer)  # answers with its pending write
+            return
+        provider_turn_id = state.provider_turn_id or turn.root_provider_turn_id
         if not provider_turn_id:
             # Not started at the provider yet: settle it here, nothing to stop there.
-            if state is not None:
-                self._settle(state, "interrupted")
-            msg.reply(self.ctx.store.get_turn(self.ws, self.sid, turn.turn_id))
+            self._settle(state, "interrupted", then=_answer)
             return
         provider = self.session().provider
         fut = self.ctx.workers.request(
             provider,
             "turn.interrupt",
             {"agentSessionId": self.key, "providerTurnId": provider_turn_id},
-            self.ctx.timeouts.control_s,
+            self.ctx.timeouts.interrupt_s,
         )
 
         def _done(f: Future[dict[str, Any]]) -> None:
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
-                msg.reply(_control_error(exc, "interrupt failed"))
+                if isinstance(exc, WorkerFailed) and exc.error.get("code") in (
+                    "invalid_request",
+                    "not_found",
+                ):
+                    msg.reply(_control_error(exc, "interrupt failed"))
+                    return
+                # The runtime did not take the interrupt (hung, gone, timed out): stop it
+                # and settle the Turn here, so an interrupt always ends the Turn.
+                log.warning("session %s: interrupt failed (%s); stopping runtime", self.key, exc)
+                self._stop_runtime()
+                self._settle(state, "interrupted", then=_answer)
                 return
             msg.reply(self.ctx.store.get_turn(self.ws, self.sid, turn.turn_id))
 
-        self.later(fut, _done)
+        self.later(fut, _done, msg.reply)
 
     def _on_respond(self, msg: Respond) -> None:
         turn = self.ctx.store.get_turn(self.ws, self.sid, msg.turn_id)
@@ -449,12 +793,15 @@ class SessionActor(pykka.ThreadingActor):
             except Exception as exc:  # noqa: BLE001
                 msg.reply(_control_error(exc, "interaction response failed"))
                 return
+            state = self._turns.get(msg.turn_id)
+            if state is not None:
+                state.last_activity = time.monotonic()
             interaction = self.ctx.store.resolve_interaction(
                 self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response)
             )
             msg.reply(interaction)
 
-        self.later(fut, _done)
+        self.later(fut, _done, msg.reply)
 
     def active_turn(self) -> Turn | None:
         return self.ctx.store.active_turn(self.ws, self.sid)
@@ -462,7 +809,11 @@ class SessionActor(pykka.ThreadingActor):
 
 def _internal(exc: Exception) -> HostError:
     """An untyped failure, already logged with its traceback: the client gets a 500 whose
-    message never carries the exception's text (docs/protocol.md, "Internal errors")."""
+    message never carries the exception's text (docs/protocol.md, "Internal errors").
+    A raw store contention or full-disk error is a retryable 503 `store_busy`."""
+    typed = typed_store_error(exc)
+    if typed is not None:
+        return typed
     return HostError(f"internal error ({type(exc).__name__}); see the daemon log")
 
 

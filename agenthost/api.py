@@ -21,6 +21,7 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from actors.ports import ProviderCatalog
 from agenthost import activity, projection
 from storage import Store
+from storage.base import typed_store_error
 from storage.errors import HostError, InvalidArgument, InvalidRequest, Unavailable
 from transport.server import Responder
 from transport.wire import (
@@ -158,6 +159,9 @@ class Api:
                 responder.error(exc)
             except pykka.ActorDeadError:
                 responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+            except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+                log.exception("routing %s failed", sid)
+                responder.error(_internal_error(exc))
 
         try:
             self._pool.submit(_check_and_route)
@@ -407,7 +411,12 @@ class Api:
 
 def _internal_error(what: object) -> HostError:
     """A 500 for an untyped failure (logged by the caller): its message never carries the
-    exception's text (docs/protocol.md, "Internal errors")."""
+    exception's text (docs/protocol.md, "Internal errors"). A raw store contention or
+    full-disk error is a retryable 503 `store_busy`, never a 500."""
+    if isinstance(what, BaseException):
+        typed = typed_store_error(what)
+        if typed is not None:
+            return typed
     return HostError(f"internal error ({type(what).__name__}); see the daemon log")
 
 

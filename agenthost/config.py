@@ -236,6 +236,44 @@ SCHEMA: tuple[Key, ...] = (
         2000,
         "`fork.create` answers 202 `accepted` after this long",
     ),
+    # Reliability limits (docs/reliability.md): how long a write waits for SQLite's lock, how
+    # long a Turn's durable writes are retried before it settles `failed`, how long a Turn may
+    # stay silent before its runtime is stopped, and the fork budgets.
+    Key(
+        "daemon",
+        "store_busy_timeout_ms",
+        Int(1, 3_600_000, "ms"),
+        10_000,
+        "a write waits this long for SQLite's lock, then answers 503 `store_busy`",
+    ),
+    Key(
+        "daemon",
+        "store_retry_limit_seconds",
+        Number(0.01, 86_400.0, "seconds"),
+        120.0,
+        "a Turn's durable writes are retried this long before it settles `failed`",
+    ),
+    Key(
+        "daemon",
+        "turn_inactivity_seconds",
+        Number(0.1, 604_800.0, "seconds"),
+        1800.0,
+        "a Turn silent this long has its runtime stopped and settles `failed`",
+    ),
+    Key(
+        "daemon",
+        "turn_interrupt_seconds",
+        Number(0.1, 3600.0, "seconds"),
+        10.0,
+        "an interrupt the provider does not acknowledge in this long stops the runtime",
+    ),
+    Key(
+        "daemon",
+        "fork_provider_call_seconds",
+        Number(0.1, 86_400.0, "seconds"),
+        60.0,
+        "the worker's limit for the provider's fork call (the host waits longer)",
+    ),
     # [providers.tutti-agent]
     Key("providers.tutti-agent", "command", Command(), None, "default: the installed script"),
     Key(
@@ -320,6 +358,26 @@ class Config:
     @property
     def fork_sync_budget_s(self) -> float:
         return int(self.get("daemon", "fork_sync_budget_ms")) / 1000.0
+
+    @property
+    def store_busy_timeout_ms(self) -> int:
+        return int(self.get("daemon", "store_busy_timeout_ms"))
+
+    @property
+    def store_retry_limit_s(self) -> float:
+        return float(self.get("daemon", "store_retry_limit_seconds"))
+
+    @property
+    def turn_inactivity_s(self) -> float:
+        return float(self.get("daemon", "turn_inactivity_seconds"))
+
+    @property
+    def turn_interrupt_s(self) -> float:
+        return float(self.get("daemon", "turn_interrupt_seconds"))
+
+    @property
+    def fork_provider_call_s(self) -> float:
+        return float(self.get("daemon", "fork_provider_call_seconds"))
 
     @property
     def store_path(self) -> Path:
@@ -419,6 +477,7 @@ def _check_table(
                 f"{source}: [{table}] {name} must be {exc}, got {describe(value)}"
             ) from None
     return out
+
 
 
 def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen") -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import runtime_dirs
-from actors.context import HostContext, Timeouts
+from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
@@ -88,7 +88,7 @@ class Daemon:
         for endpoint in (*self.listen, *self.events_listen):
             prepare_ipc_dir(endpoint)
 
-        self.store = store = Store.open(cfg.store_path)
+        self.store = store = Store.open(cfg.store_path, busy_timeout_ms=cfg.store_busy_timeout_ms)
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         self.orphaned_turns = settle_orphaned_turns(store)
@@ -110,7 +110,7 @@ class Daemon:
         )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            provider_config={k: dict(v) for k, v in cfg.providers.items()},
+            provider_config=_provider_config(cfg),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
@@ -121,7 +121,14 @@ class Daemon:
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
-            timeouts=Timeouts(fork_sync_budget_s=cfg.fork_sync_budget_s),
+            timeouts=Timeouts(
+                fork_sync_budget_s=cfg.fork_sync_budget_s,
+                store_retry_limit_s=cfg.store_retry_limit_s,
+                turn_inactivity_s=cfg.turn_inactivity_s,
+                interrupt_s=cfg.turn_interrupt_s,
+                fork_provider_call_s=cfg.fork_provider_call_s,
+                fork_s=fork_deadline_s(cfg.fork_provider_call_s),
+            ),
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
@@ -280,6 +287,15 @@ class Daemon:
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
+
+
+def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Each provider's table, plus the worker's limit for a provider fork call (the host's
+    fork deadline is derived from it, so the worker always decides first)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
+    for provider in ("tutti-agent", "codex"):
+        out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
+    return out
 
 
 def _first_network(endpoints: list[str]) -> str | None:

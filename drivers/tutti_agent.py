@@ -332,6 +332,28 @@ class AppServerDriver:
             session.last_used = time.monotonic()
         return {"providerTurnId": provider_turn_id}
 
+    def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.history {agentSessionId}` → `{turns: [{providerTurnId, status, userText}]}`
+        in the provider's order: what the host needs to re-bind a Turn whose provider binding
+        it never recorded (issue 15 defect 1), by order and content."""
+        session = self._session(params)
+        with session.op_lock:
+            runtime = self._ensure_runtime(session)
+        try:
+            turns = self._thread_turns(runtime, session.thread_id)
+        except AppServerFailure as exc:
+            raise DriverError(f"provider history unreadable: {exc}") from exc
+        return {
+            "turns": [
+                {
+                    "providerTurnId": str(t.get("id") or ""),
+                    "status": str(t.get("status") or ""),
+                    "userText": _user_text(t),
+                }
+                for t in turns
+            ]
+        }
+
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._session(params)
         provider_turn_id = str(params.get("providerTurnId") or "")
@@ -802,6 +824,19 @@ class TuttiAgentDriver(AppServerDriver):
         if self.config.get("model"):
             argv += ["--model", str(self.config["model"])]
         return argv
+
+
+def _user_text(turn: Mapping[str, Any]) -> str | None:
+    """The text of a provider turn's user message, or None when the turn shows none."""
+    for item in turn.get("items") or []:
+        if isinstance(item, Mapping) and item.get("type") == "userMessage":
+            parts = [
+                str(part.get("text") or "")
+                for part in item.get("content") or []
+                if isinstance(part, Mapping) and part.get("type") == "text"
+            ]
+            return "\n".join(parts)
+    return None
 
 
 def _thread_of(result: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -78,6 +78,7 @@ class WorkerServer:
             "session.stop": lambda p: self.driver().stop_session(p),
             "turn.start": lambda p: self.driver().start_turn(p, self.emit),
             "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
+            "session.history": self._history,
             "interaction.respond": lambda p: self.driver().respond_interaction(p),
             "fork": lambda p: self.driver().fork(ForkRequest.from_wire(p)).to_wire(),
             "debug.failpoints": self._set_failpoints,
@@ -139,6 +140,15 @@ class WorkerServer:
             )
         else:
             self.link.send_result(req_id, result)
+
+    def _history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The provider's own turn history, for drivers that can read it (app-servers)."""
+        history = getattr(self.driver(), "history", None)
+        if history is None:
+            raise InvalidRequest(
+                f"{self.provider} cannot list its history", reason="history_unsupported"
+            )
+        return dict(history(params))
 
     def _set_failpoints(self, params: Mapping[str, Any]) -> dict[str, Any]:
         points = params.get("points")

@@ -18,7 +18,7 @@ from typing import Any
 
 import apsw
 
-from storage.errors import ForkInProgress
+from storage.errors import ForkInProgress, HostError, StoreBusy
 from storage.models import ChangeEvent
 from storage.schema import migrate
 
@@ -44,9 +44,28 @@ def loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def open_connection(path: str) -> apsw.Connection:
+# The transient store failures: the write lock held elsewhere past the busy timeout, a full
+# disk, an I/O error. Nothing was written; the caller may retry (503 `store_busy`).
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    apsw.BusyError,
+    apsw.LockedError,
+    apsw.FullError,
+    apsw.IOError,
+)
+
+
+def typed_store_error(exc: BaseException) -> HostError | None:
+    """The typed error for a store failure that escaped as a raw apsw exception, or None."""
+    if isinstance(exc, StoreBusy):
+        return exc
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return StoreBusy(f"the store is busy or full, try again ({type(exc).__name__})")
+    return None
+
+
+def open_connection(path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> apsw.Connection:
     conn = apsw.Connection(path)
-    conn.set_busy_timeout(BUSY_TIMEOUT_MS)
+    conn.set_busy_timeout(busy_timeout_ms)
     # WAL + synchronous=FULL: a COMMIT that returned survives power loss and SIGKILL.
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     conn.execute("PRAGMA synchronous=FULL")
@@ -110,8 +129,15 @@ class Tx:
 class StoreBase:
     """Owns the file path, one apsw connection per thread, subscribers and the write helper."""
 
-    def __init__(self, path: str | Path, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        clock: Clock | None = None,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    ) -> None:
         self.path = str(path)
+        self.busy_timeout_ms = busy_timeout_ms
         self._clock: Clock = clock or wall_clock_ms
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -126,7 +152,7 @@ class StoreBase:
         if conn is None:
             if self._closed:
                 raise RuntimeError("store is closed")
-            conn = open_connection(self.path)
+            conn = open_connection(self.path, self.busy_timeout_ms)
             self._local.conn = conn
             with self._lock:
                 self._connections.append(conn)
@@ -207,16 +233,25 @@ class StoreBase:
         An exception inside the block rolls everything back and delivers no events.
         """
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except TRANSIENT_ERRORS as exc:
+            raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
         tx = Tx(conn, workspace_id, self._clock())
         try:
             if fence is not None:
                 tx.check_fence(fence)
             yield tx
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if not conn.getautocommit():
-                conn.execute("ROLLBACK")
+                try:
+                    conn.execute("ROLLBACK")
+                except apsw.Error:  # a failed COMMIT may already have rolled back
+                    log.warning("rollback after %r failed", exc)
+            typed = typed_store_error(exc)
+            if typed is not None and typed is not exc:
+                raise typed from exc
             raise
         self._notify(tx.events)
 

@@ -7,6 +7,7 @@ check), so an active fork operation on the Session rejects them inside the same 
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -48,6 +49,9 @@ from storage.rows import (
     session_from_row,
     turn_from_row,
 )
+
+# A session.list cursor's time part: at most 15 ASCII digits (well inside int64).
+_CURSOR_MS = re.compile(r"[0-9]{1,15}")
 
 
 def _require_text(field: str, value: object) -> str:
@@ -224,11 +228,12 @@ class CanonicalStore(StoreBase):
             raise InvalidArgument("limit", "limit must be between 1 and 1000")
         after_created, after_id = -1, ""
         if cursor is not None:
-            try:
-                created_text, after_id = cursor.split(":", 1)
-                after_created = int(created_text)
-            except ValueError:
-                raise InvalidArgument("cursor", "malformed cursor") from None
+            created_text, sep, after_id = cursor.partition(":")
+            # ASCII digits only (int() also takes '١٢٣' and '1_000'), and inside SQLite's
+            # int64 so an overflowing cursor is a 400, never a 500.
+            if not sep or not _CURSOR_MS.fullmatch(created_text):
+                raise InvalidArgument("cursor", "malformed cursor")
+            after_created = int(created_text)
         rows = (
             self._conn()
             .execute(
@@ -285,6 +290,18 @@ class CanonicalStore(StoreBase):
         """Soft delete: the id stays taken, history stays for committed fork projections."""
         with self._write(ws, fence=sid) as tx:
             require_session(tx.conn, ws, sid)
+            # A Turn still running would never settle once its Session is gone (issue 15
+            # defect 9): interrupt it first.
+            active = tx.one(
+                "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+                " AND phase = 'active' LIMIT 1",
+                (ws, sid),
+            )
+            if active is not None:
+                raise SessionBusy(
+                    f"session {sid} has an active turn ({active[0]}); interrupt it first",
+                    params={"turnId": active[0]},
+                )
             tx.execute(
                 "UPDATE sessions SET deleted = 1, updated_at_ms = ? WHERE workspace_id = ?"
                 " AND session_id = ?",
@@ -498,6 +515,17 @@ class CanonicalStore(StoreBase):
             tx.emit(TurnChanged(ws, sid, turn_id))
             return require_turn(tx.conn, ws, sid, turn_id)
 
+    def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
+        """Settled `completed` Turns with no provider turn id (a binding the host never
+        recorded), in sequence order: candidates for a re-bind from the provider's history."""
+        rows = self._conn().execute(
+            "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL"
+            " ORDER BY sequence",
+            (ws, sid),
+        )
+        return [str(r[0]) for r in rows]
+
     def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn:
         """Replace the opaque provider binding JSON; allowed on settled Turns (late checkpoints)."""
         with self._write(ws, fence=sid) as tx:
@@ -660,12 +688,16 @@ class CanonicalStore(StoreBase):
         outcome: str,
         final_assistant_message_id: str | None = None,
         error: str | None = None,
+        include_deleted: bool = False,
     ) -> tuple[Turn, bool]:
-        """Settle an active Turn; a second settle is `changed=False` and keeps the first result."""
+        """Settle an active Turn; a second settle is `changed=False` and keeps the first result.
+        `include_deleted`: recovery settles a Turn a deleted Session left active (an older
+        daemon allowed deleting mid-turn), so it stops failing at every start."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            if load_session(tx.conn, ws, sid, include_deleted=include_deleted) is None:
+                raise SessionNotFound(f"session {sid} not found")
             turn = _turn_row(tx, ws, sid, turn_id)
             if turn.phase == TurnPhase.SETTLED:
                 return require_turn(tx.conn, ws, sid, turn_id), False

@@ -159,6 +159,13 @@ class Unavailable(HostError):
     retryable = True
 
 
+class StoreBusy(Unavailable):
+    """The store could not take a write within its busy budget: another connection (or
+    process) holds SQLite's write lock, or the disk is full. Retryable: nothing was written."""
+
+    default_reason = "store_busy"
+
+
 class SessionIdTaken(Conflict):
     """The Session id already exists (even deleted) or is reserved by a fork operation."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage.base import Clock
+from storage.base import BUSY_TIMEOUT_MS, Clock
 from storage.canonical import CanonicalStore
 from storage.fork_operations import ForkStore
 
@@ -18,13 +18,19 @@ class Store(CanonicalStore, ForkStore):
     """The canonical store (see docs/design/store.md)."""
 
     @classmethod
-    def open(cls, path: str | Path, *, clock: Clock | None = None) -> Store:
+    def open(
+        cls,
+        path: str | Path,
+        *,
+        clock: Clock | None = None,
+        busy_timeout_ms: int = BUSY_TIMEOUT_MS,
+    ) -> Store:
         """Open (creating if needed) and migrate the store at `path`."""
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         # Owner-only from birth: SQLite gives the -wal and -shm files the database's mode.
         if not Path(path).exists():
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        store = cls(path, clock=clock)
+        store = cls(path, clock=clock, busy_timeout_ms=busy_timeout_ms)
         try:
             store._migrate()
         except BaseException:

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
@@ -312,19 +313,28 @@ class EventSubscriber:
             curve.apply(self._sub)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 100_000)
+        topics = tuple(topics)
+        # ZeroMQ topics are prefix matches: a subscription to workspace `team` also receives
+        # `team-secret`'s events. Keep exactly the subscribed workspaces ("" = all).
+        self._exact: frozenset[str] | None = None if "" in topics else frozenset(topics)
         for topic in topics:
             self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
         self._sub.connect(endpoint)
 
     def next_message(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
         """`(topic, event)` of the next event, or None after `timeout` seconds (None: wait)."""
-        poll_ms = None if timeout is None else max(0, int(timeout * 1000))
-        if not self._sub.poll(poll_ms, zmq.POLLIN):
-            return None
-        frames = self._sub.recv_multipart()
-        topic = frames[0].decode("utf-8", errors="replace")
-        event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
-        return topic, event if isinstance(event, dict) else {"value": event}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            poll_ms = None if left is None else int(left * 1000)
+            if not self._sub.poll(poll_ms, zmq.POLLIN):
+                return None
+            frames = self._sub.recv_multipart()
+            topic = frames[0].decode("utf-8", errors="replace")
+            if self._exact is not None and topic not in self._exact:
+                continue  # another workspace whose id merely starts with ours
+            event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
+            return topic, event if isinstance(event, dict) else {"value": event}
 
     def next(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The next event map, or None after `timeout` seconds (None: wait forever)."""

@@ -170,3 +170,57 @@ def test_checker_reads_a_store_left_by_a_stopped_or_killed_daemon(
     stop(d)
     report = check_invariants(tmp_path / "home")
     assert report.ok and report.sessions == 1
+
+
+# -- issue 15: the laws that see lost writes, orphaned Turns and orphaned fences ------------
+
+
+def test_completed_turn_without_assistant_message_is_reported(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE turns SET final_assistant_message_id = NULL WHERE session_id = '{base.source}'",
+    )
+    assert Law.COMPLETED_TURN_RECORDED in laws(home)
+
+
+def test_completed_turn_without_provider_binding_is_reported(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE turns SET root_provider_turn_id = NULL WHERE session_id = '{base.source}'",
+    )
+    assert Law.COMPLETED_TURN_RECORDED in laws(home)
+
+
+def test_active_turn_nothing_works_on_is_reported_when_live(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE turns SET phase = 'active', outcome = NULL, settled_at_ms = NULL,"
+        " created_at_ms = created_at_ms - 600000"
+        f" WHERE session_id = '{base.source}' AND sequence = 2;"
+        "UPDATE messages SET created_at_ms = created_at_ms - 600000",
+    )
+    live = {v.law for v in check_invariants(home, live_grace_s=30).violations}
+    assert Law.ACTIVE_TURN_WORKED in live
+    # A stopped home's active Turn is recovery's to settle at the next start: no violation.
+    assert Law.ACTIVE_TURN_WORKED not in laws(home)
+
+
+def test_fence_held_by_a_gone_saga_is_reported_when_live(base: Base, tmp_path: Path) -> None:
+    op = base.unknown["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET status = 'dispatching', completed_at_ms = NULL,"
+        " created_at_ms = created_at_ms - 600000, dispatched_at_ms = dispatched_at_ms - 600000"
+        f" WHERE operation_id = '{op}'",
+    )
+    live = {v.law for v in check_invariants(home, live_grace_s=30).violations}
+    assert Law.FENCE_HAS_SAGA in live
+    assert Law.FENCE_HAS_SAGA not in laws(home)
+
+
+def test_fresh_real_home_is_clean_under_the_live_laws(base: Base) -> None:
+    assert check_invariants(base.home, live_grace_s=0.0).ok

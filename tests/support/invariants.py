@@ -53,6 +53,15 @@ class Law(StrEnum):
     """Two active operations on one source, or two barrier holders on one boundary."""
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
+    COMPLETED_TURN_RECORDED = "completed_turn_recorded"
+    """A settled `completed` Turn lacks its provider binding or its final assistant Message
+    (a dropped driver event, issue 15 defect 1)."""
+    ACTIVE_TURN_WORKED = "active_turn_worked"
+    """A Turn is `active` with nothing written for it past the grace period and no pending
+    interaction: no live runtime works on it (checked on a live, quiescent daemon only)."""
+    FENCE_HAS_SAGA = "fence_has_saga"
+    """An active operation (holding its source's fence) has not moved past the grace period:
+    its saga is gone (checked on a live, quiescent daemon only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,8 +464,72 @@ def _check_provider_children(
     return sum(len(ids) for ids in by_source.values())
 
 
-def check_invariants(home: Path, *, probe_fence: bool = True) -> InvariantReport:
+def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """Every provider here is bound-capable: a completed Turn has its provider turn id and a
+    final assistant Message of its own."""
+    for t in _rows(
+        conn,
+        "SELECT t.workspace_id, t.session_id, t.turn_id, t.root_provider_turn_id,"
+        " t.final_assistant_message_id, m.kind AS final_kind, m.turn_id AS final_turn"
+        " FROM turns t LEFT JOIN messages m ON m.workspace_id = t.workspace_id"
+        " AND m.session_id = t.session_id AND m.message_id = t.final_assistant_message_id"
+        " WHERE t.phase = 'settled' AND t.outcome = 'completed'",
+    ):
+        where = f"session {t['session_id']} turn {t['turn_id']}"
+        if not t["root_provider_turn_id"]:
+            ctx.fail(Law.COMPLETED_TURN_RECORDED, f"{where}: completed with no provider binding")
+        if not t["final_assistant_message_id"]:
+            ctx.fail(Law.COMPLETED_TURN_RECORDED, f"{where}: completed with no assistant message")
+        elif t["final_kind"] != "assistant" or t["final_turn"] != t["turn_id"]:
+            ctx.fail(
+                Law.COMPLETED_TURN_RECORDED,
+                f"{where}: final message is not an assistant message of this turn",
+            )
+
+
+def _check_liveness(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
+    """On a live daemon with nothing in flight: no Turn stays active with nothing written for
+    it (and no interaction waiting on the user), no active operation stays unmoved."""
+    now = int(conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").fetchone()[0])
+    for t in _rows(
+        conn,
+        "SELECT t.session_id, t.turn_id, MAX(t.created_at_ms, COALESCE(MAX(m.created_at_ms), 0))"
+        " AS last_ms FROM turns t LEFT JOIN messages m ON m.workspace_id = t.workspace_id"
+        " AND m.session_id = t.session_id AND m.turn_id = t.turn_id"
+        " WHERE t.phase = 'active' AND NOT EXISTS (SELECT 1 FROM interactions i"
+        " WHERE i.workspace_id = t.workspace_id AND i.session_id = t.session_id"
+        " AND i.turn_id = t.turn_id AND i.status = 'pending')"
+        " GROUP BY t.workspace_id, t.session_id, t.turn_id",
+    ):
+        if now - int(t["last_ms"]) > grace_ms:
+            ctx.fail(
+                Law.ACTIVE_TURN_WORKED,
+                f"session {t['session_id']} turn {t['turn_id']}: active, nothing written for "
+                f"{(now - int(t['last_ms'])) / 1000:.1f} s",
+            )
+    for o in _rows(
+        conn,
+        "SELECT operation_id, source_session_id, status, MAX(created_at_ms,"
+        " COALESCE(dispatched_at_ms, 0), COALESCE(accepted_at_ms, 0)) AS last_ms"
+        " FROM fork_operations WHERE status IN ('prepared', 'dispatching', 'provider_accepted')",
+    ):
+        if now - int(o["last_ms"]) > grace_ms:
+            ctx.fail(
+                Law.FENCE_HAS_SAGA,
+                f"operation {o['operation_id']} ({o['status']}) fences source "
+                f"{o['source_session_id']} with no progress for "
+                f"{(now - int(o['last_ms'])) / 1000:.1f} s",
+            )
+
+
+def check_invariants(
+    home: Path, *, probe_fence: bool = True, live_grace_s: float | None = None
+) -> InvariantReport:
     """Check every invariant over `home` (a daemon's AGENTHOST_HOME), live or stopped.
+
+    `live_grace_s`: the daemon is alive and quiescent (no turn or fork in flight that the
+    caller started less than this ago): also check that no Turn stays active and no fence
+    stays held without a live runtime or saga behind it.
 
     Provider homes are scanned *before* the store is copied: a child seen in a home then has
     its operation's `dispatching` marker in the copy (law 1), even with forks in flight.
@@ -470,6 +543,9 @@ def check_invariants(home: Path, *, probe_fence: bool = True) -> InvariantReport
         conn = apsw.Connection(str(copy_path))
         try:
             _check_integrity(ctx, conn)
+            _check_completed_turns(ctx, conn)
+            if live_grace_s is not None:
+                _check_liveness(ctx, conn, int(live_grace_s * 1000))
             ops = _rows(conn, "SELECT * FROM fork_operations ORDER BY op_seq")
             sessions = _rows(conn, "SELECT provider, workspace_id, session_id FROM sessions")
             alive = _check_children(ctx, conn, ops)
@@ -507,8 +583,10 @@ def check_invariants(home: Path, *, probe_fence: bool = True) -> InvariantReport
     )
 
 
-def assert_invariants(home: Path, *, probe_fence: bool = True) -> InvariantReport:
+def assert_invariants(
+    home: Path, *, probe_fence: bool = True, live_grace_s: float | None = None
+) -> InvariantReport:
     """`check_invariants`, failing the test with every violation listed."""
-    report = check_invariants(home, probe_fence=probe_fence)
+    report = check_invariants(home, probe_fence=probe_fence, live_grace_s=live_grace_s)
     assert report.ok, "invariant violations:\n" + "\n".join(map(str, report.violations))
     return report

@@ -1,0 +1,91 @@
+"""Issue 14 §4, through the real daemon, worker and tutti-agent app-server: the host's fork
+deadline is longer than the worker's whole budget, so a fork slowed (by `sleep:` failpoints in
+the worker's fork and bind steps) past the worker's provider-call limit, the old host limit,
+still ends `committed`; a provider fork call that exceeds the worker's own limit ends
+`unknown` with the worker's reason, exactly once, never redispatched."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.invariants import assert_invariants
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _daemon(tmp_path: Path, *, failpoints: str, env: dict[str, str] | None = None) -> DaemonProcess:
+    home = tmp_path / "home"
+    home.mkdir(parents=True)
+    # The worker's provider-call limit, which was also the host's whole fork deadline.
+    (home / "agenthost.toml").write_text("[daemon]\nfork_provider_call_seconds = 2\n")
+    return DaemonProcess(home, failpoints=failpoints, env=env).start()
+
+
+def _fork(c: Client, sid: str, turn_id: str) -> dict[str, Any]:
+    op = c.call(
+        "fork.create",
+        {
+            "workspaceId": WS,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn_id},
+        },
+        timeout=30,
+    )["operation"]
+
+    def poll() -> dict[str, Any] | None:
+        got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
+        return got["operation"] if got["operation"]["status"] != "accepted" else None
+
+    return dict(op if op["status"] != "accepted" else wait_for(poll, 90, interval=0.2))
+
+
+def test_fork_slowed_past_the_provider_call_limit_commits(tmp_path: Path) -> None:
+    d = _daemon(
+        tmp_path,
+        failpoints="worker.fork.before_provider_call=sleep:2500;worker.bind.before_copy=sleep:2500",
+    )
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        boundary = run_turn(c, sid, "fork me")
+        started = time.monotonic()
+        op = _fork(c, sid, boundary["turnId"])
+        assert time.monotonic() - started > 4  # really slower than the old host limit
+        assert op["status"] == "committed", op
+    finally:
+        d.stop()
+    assert_invariants(d.home)
+
+
+def test_provider_call_past_the_workers_limit_is_unknown_once(tmp_path: Path) -> None:
+    # The app-server's own thread/fork is slow: the worker's limit (2 s) fires, after the call.
+    d = _daemon(
+        tmp_path,
+        failpoints="",
+        env={"TUTTI_AGENT_FAILPOINTS": "fork.before_materialize=sleep:4000"},
+    )
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        boundary = run_turn(c, sid, "fork me")
+        op = _fork(c, sid, boundary["turnId"])
+        assert op["status"] == "unknown", op
+        assert "no answer in 2.0 s" in (op["error"] or ""), op
+        time.sleep(3)  # the provider finishes its slow fork; nothing redispatches it
+        again = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
+        assert again["operation"]["status"] == "unknown"
+    finally:
+        d.stop()
+    # One dispatched operation, at most one provider child: never redispatched.
+    report = assert_invariants(d.home)
+    assert report.operations == {"unknown": 1}
+    assert report.provider_children <= 1

@@ -1,0 +1,107 @@
+"""Issue 15 defect 8, through the real daemon and a real tutti-agent app-server that is
+SIGSTOPped mid-turn (a hung provider): past `turn_inactivity_seconds` the runtime is stopped
+and the Turn settles `failed` with the reason; an interrupt of a hung runtime stops it and
+settles the Turn `interrupted` within `turn_interrupt_seconds`, not a 502 after 30 s. The
+Session works again afterwards (its runtime respawns)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    settle,
+    submit,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _app_servers(session_id: str) -> list[int]:
+    """Pids of the app-server processes whose provider home is this Session's."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"app-server" in cmdline and session_id.encode() in environ:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _daemon(tmp_path: Path, keys: str) -> DaemonProcess:
+    home = tmp_path / "home"
+    home.mkdir(parents=True)
+    (home / "agenthost.toml").write_text("[daemon]\n" + keys)
+    return DaemonProcess(home).start()
+
+
+def _stop_app_server(sid: str) -> list[int]:
+    pids = wait_for(lambda: _app_servers(sid), 10)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return list(pids)
+
+
+def _cleanup(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_hung_turn_settles_failed_after_inactivity_limit(tmp_path: Path) -> None:
+    d = _daemon(tmp_path, "turn_inactivity_seconds = 2\n")
+    pids: list[int] = []
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        turn = submit(c, sid, "/slow 60000 never")
+        pids = _stop_app_server(sid)
+        done = settle(c, sid, turn["turnId"], timeout=60)
+        assert done["outcome"] == "failed", done
+        assert "sent nothing" in (done["error"] or ""), done
+        assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        _cleanup(pids)
+        d.stop()
+
+
+def test_interrupt_of_hung_runtime_settles_interrupted(tmp_path: Path) -> None:
+    d = _daemon(tmp_path, "turn_interrupt_seconds = 2\n")
+    pids: list[int] = []
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        turn = submit(c, sid, "/slow 60000 never")
+        wait_for(
+            lambda: c.call(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 10}
+            )["turns"][-1]["rootProviderTurnId"]
+        )
+        pids = _stop_app_server(sid)
+        status, body = c.call_raw(
+            "turn.interrupt",
+            {"workspaceId": WS, "agentSessionId": sid, "turnId": turn["turnId"]},
+            timeout=20,
+        )
+        assert status == 200, body
+        assert body["turn"]["phase"] == "settled" and body["turn"]["outcome"] == "interrupted"
+        assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        _cleanup(pids)
+        d.stop()
