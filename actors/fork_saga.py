@@ -152,7 +152,12 @@ class ForkSaga:
                 "runtime_context": context,
             },
         )
-        op, created = ctx.store.prepare_fork(actor.ws, request)
+        provider = runtime.provider
+        op, created = ctx.store.prepare_fork(
+            actor.ws,
+            request,
+            turn_forkable=lambda root, binding: ctx.catalog.turn_forkable(provider, root, binding),
+        )
         if not created:
             live = actor.sagas.get(op.operation_id)
             if live is not None:
@@ -182,6 +187,8 @@ class ForkSaga:
             op, _ = ctx.store.mark_fork_unknown(actor.ws, op.operation_id, DISPATCHING_ERROR)
         elif op.status is ForkStatus.PROVIDER_ACCEPTED:
             op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
+        if op.status in TERMINAL:
+            actor.apply_late_bindings()
         msg.reply(ForkReply(op, op.status in TERMINAL))
 
     # -- the steps ---------------------------------------------------------------------------
@@ -262,8 +269,17 @@ class ForkSaga:
                 f"{kind} {version}"
             )
             return
-        if self.info.binding_mode == "host_copy" and not result.get("binderAvailable", True):
-            self._fail("provider-state binder unavailable")
+        if result.get("forkThroughTurn") is not True:
+            # The driver's own verdict (brand, version gate, SDK pin) at dispatch time.
+            self._fail("runtime no longer attests forkThroughTurn")
+            return
+        if result.get("binderAvailable") is not True:
+            # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
+            # a missing key, false or anything else is "no binder", decided before dispatch.
+            self._fail(
+                f"provider-state binder unavailable (binderAvailable="
+                f"{result.get('binderAvailable', '<missing>')!r})"
+            )
             return
         ctx = self.actor.ctx
         op, _ = ctx.store.mark_fork_dispatching(self.actor.ws, op.operation_id)
@@ -282,6 +298,8 @@ class ForkSaga:
                 "agentSessionId": runtime_key(self.actor.ws, op.target_session_id),
                 "home": str(target_home),
             },
+            # The provider-neutral input of seed 000 §7 names the canonical boundary Turn too.
+            "sourceTurnId": op.source_turn_id,
             "providerTurnIds": list(op.source_provider_turn_ids),
             # Lined up with providerTurnIds: lets a provider_owned driver cut at a known
             # checkpoint instead of re-reading the source transcript (seed 000 §7, Claude 3).
@@ -446,5 +464,7 @@ class ForkSaga:
         self.operation = op
         self.actor.sagas.pop(op.operation_id, None)
         self.actor.ctx.live_operations.discard(op.operation_id)
+        if op.status in TERMINAL:  # the fence is released: late checkpoints land now
+            self.actor.apply_late_bindings()
         for waiter in self.waiters:
             waiter.answer(op, op.status in TERMINAL)

@@ -80,6 +80,12 @@ class ProviderCatalog(Protocol):
         self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
     ) -> BindingState: ...
 
+    def turn_forkable(
+        self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
+    ) -> bool:
+        """The same per-Turn verdict as `binding_state == bound`, used by prepare."""
+        ...
+
 
 class Failpoints(Protocol):
     def hit(self, name: str) -> None: ...

@@ -41,6 +41,7 @@ from actors.timers import TIMERS, TimerHandle
 from storage.base import typed_store_error
 from storage.errors import (
     Conflict,
+    ForkInProgress,
     HostError,
     InvalidRequest,
     NotFound,
@@ -121,6 +122,9 @@ class SessionActor(pykka.ThreadingActor):
         self._predecessor = predecessor
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
+        # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
+        # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
+        self._late_bindings: dict[str, str] = {}
         self._busy = False
         self._durable: deque[_Durable] = deque()
         self._retry_timer: TimerHandle | None = None
@@ -193,10 +197,36 @@ class SessionActor(pykka.ThreadingActor):
             case _:
                 log.warning("session actor %s: unknown message %r", self.key, message)
 
+    def _binding_write(self, turn_id: str, binding: str) -> _Durable:
+        """The queued write of one `turn.binding`; one that meets a fork fence is kept in
+        `_late_bindings` instead of failing (seed 000 §7 Claude 3)."""
+        store, ws, sid = self.ctx.store, self.ws, self.sid
+
+        def _apply() -> None:
+            try:
+                store.update_turn_binding(ws, sid, turn_id, binding)
+            except ForkInProgress:
+                # A fork froze the source: the operation keeps the binding it froze, and this
+                # provider fact is applied when the fence is released — never lost.
+                log.info("session %s: turn %s binding deferred by a fork", self.key, turn_id)
+                self._late_bindings[turn_id] = binding
+                return
+            self._late_bindings.pop(turn_id, None)  # newer than any deferred one
+
+        return _Durable(turn_id, "turn binding", _apply)
+
+    def apply_late_bindings(self) -> None:
+        """Queue the `turn.binding` checkpoints deferred by a fork fence; called when a fork
+        operation of this source ends (still fenced by another one → deferred again)."""
+        late, self._late_bindings = self._late_bindings, {}
+        for turn_id, binding in late.items():
+            self._enqueue(self._binding_write(turn_id, binding))
+
     def _update_busy(self) -> None:
         busy = (
             bool(self.sagas)
             or bool(self._durable)
+            or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())
         )
         if busy != self._busy:
@@ -645,17 +675,12 @@ class SessionActor(pykka.ThreadingActor):
             log.warning("session %s: event for unknown turn %r", self.key, turn_id)
             return
         state.last_activity = time.monotonic()
+        if kind == "turn.activity":
+            return  # a reply is streaming (message.delta, published by the daemon): not hung
         store, ws, sid = self.ctx.store, self.ws, self.sid
         if kind == "turn.binding":
             # A trailing system message may move the checkpoint after settlement (Claude).
-            binding = str(event.get("bindingJson") or "")
-            self._enqueue(
-                _Durable(
-                    turn_id,
-                    "turn binding",
-                    lambda: store.update_turn_binding(ws, sid, turn_id, binding),
-                )
-            )
+            self._enqueue(self._binding_write(turn_id, str(event.get("bindingJson") or "")))
             return
         if state.settling:
             return

@@ -16,13 +16,20 @@ from typing import Any
 
 import pykka
 
+from actors.fork_saga import TERMINAL as _TERMINAL_FORK
 from actors.host_actor import GetFork, HostActor, Route
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from actors.ports import ProviderCatalog
 from agenthost import activity, projection
 from storage import Store
 from storage.base import typed_store_error
-from storage.errors import HostError, InvalidArgument, InvalidRequest, Unavailable
+from storage.errors import (
+    HostError,
+    InvalidArgument,
+    InvalidRequest,
+    SessionNotFound,
+    Unavailable,
+)
 from transport.server import Responder
 from transport.wire import (
     Request,
@@ -55,8 +62,11 @@ class Api:
         set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
         default_cwd: str,
         readers: int = 4,
+        check_provider: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        # Raises `provider_not_installed` for a provider whose program is missing (issue 17).
+        self._check_provider = check_provider
         self.host = host
         self.catalog = catalog
         self._status = status
@@ -128,9 +138,11 @@ class Api:
         sid: str,
         make: Callable[[Callable[[Any], None]], Any],
         project: Callable[[Any], tuple[int, dict[str, Any]]],
+        gone: Callable[[], tuple[int, dict[str, Any]] | None] | None = None,
     ) -> None:
         """Check the Session exists (so garbage ids never start actors), then hand the
-        message to its actor; the reply is projected on the actor's thread."""
+        message to its actor; the reply is projected on the actor's thread. When the Session
+        does not exist, `gone` may still answer from durable state (else the 404 stands)."""
 
         def reply(outcome: Any) -> None:
             if isinstance(outcome, HostError):
@@ -153,7 +165,14 @@ class Api:
 
         def _check_and_route() -> None:
             try:
-                self.store.get_session(ws, sid)
+                try:
+                    self.store.get_session(ws, sid)
+                except SessionNotFound:
+                    answer = gone() if gone is not None else None
+                    if answer is None:
+                        raise
+                    responder.result(*answer)
+                    return
                 self.host.tell(Route(ws, sid, make(reply)))
             except HostError as exc:
                 responder.error(exc)
@@ -196,8 +215,11 @@ class Api:
         title = optional_str(params, "title", default="New session", max_len=512) or "New session"
         cwd = optional_str(params, "cwd", default=self._default_cwd, min_len=1, max_len=4096)
         settings = optional_map(params, "settings", default={}) or {}
+        model = optional_str(params, "model", min_len=1, max_len=256)
 
         def _create() -> dict[str, Any]:
+            if self._check_provider is not None:
+                self._check_provider(provider)
             session = self.store.create_session(
                 ws,
                 session_id=sid,
@@ -205,6 +227,7 @@ class Api:
                 title=title,
                 cwd=cwd or self._default_cwd,
                 settings=settings,
+                model=model,
             )
             return {"session": projection.session(session, self.catalog)}
 
@@ -344,12 +367,29 @@ class Api:
         turn_id = point.get("turnId")
         if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128:
             raise InvalidArgument("point", "'point.turnId' must be a 1..128 character string")
+
+        def replay_after_delete() -> tuple[int, dict[str, Any]] | None:
+            # Seed 000 §8: a replay (same requestId, or a new identity on the held barrier)
+            # answers the durable operation even after the source was deleted, so the client
+            # can adopt a committed child and ACK it. Nothing new is ever created here.
+            op = self.store.existing_fork(
+                ws,
+                source_session_id=sid,
+                request_id=request_id,
+                target_session_id=target,
+                turn_id=turn_id,
+            )
+            if op is None:
+                return None
+            return self._fork_result(ForkReply(op, op.status in _TERMINAL_FORK))
+
         self._route(
             responder,
             ws,
             sid,
             lambda reply: ForkCreate(request_id, target, turn_id, reply),
             self._fork_result,
+            gone=replay_after_delete,
         )
 
     def fork_get(self, params: Mapping[str, Any], responder: Responder) -> None:

@@ -1,21 +1,21 @@
 """The provider catalog: which providers exist, how each binds a fork child's provider state,
-the version gates for `forkThroughTurn`, and how a Turn's binding projects.
+and the two forkability hooks (seed 000 §3.2).
 
-Capability comes from the exact Session's persisted attestation (driver kind + version),
-never from the provider's name alone (seed 000 §3.2).
+Capability is the exact Session's persisted driver attestation — its own verdict on brand,
+version gate, SDK pin and binder availability (`forkThroughTurn`, `binderAvailable`) — and
+nothing else: the Host never re-derives it from the provider's name or a version number.
+A Turn's forkability is one per-provider function (`binding_state`) that decides both the
+projected `providerForkBindingState` and what `fork.create` accepts (`turn_forkable`); for
+Claude it is the driver's own binding decoder, `schemaVersion` check included.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from actors.ports import BindingState, DriverInfo
-from drivers.versions import CODEX_MIN, TUTTI_AGENT_MIN, Version
-
-# First versions whose app-server `thread/fork` takes `lastTurnId` (inclusive).
-FORK_GATES: dict[str, Version] = {"tutti-agent": TUTTI_AGENT_MIN, "codex": CODEX_MIN}
+from drivers.claude_transcript import decode_binding
 
 _INFO = {
     "tutti-agent": DriverInfo("tutti-agent", "host_copy", True, "tutti-agent-home"),
@@ -35,15 +35,13 @@ class Catalog:
         return self._info[provider]
 
     def fork_through_turn_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
-        kind = runtime_context.get("driverKind")
-        if kind != provider:
-            return False  # no attestation yet, or a different brand: never assume
-        if provider == "claude-code":
-            # Structural: the pinned SDK is the attested driver.
-            return bool(runtime_context.get("driverVersion"))
-        gate = FORK_GATES.get(provider)
-        version = Version.parse(str(runtime_context.get("driverVersion") or ""))
-        return gate is not None and version is not None and version >= gate
+        """The driver's attested verdict, persisted with the runtime context at session start
+        and re-checked at dispatch: only an explicit `true` for both counts."""
+        return (
+            runtime_context.get("driverKind") == provider  # never another brand's attestation
+            and runtime_context.get("forkThroughTurn") is True
+            and runtime_context.get("binderAvailable") is True
+        )
 
     def binding_state(
         self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
@@ -52,12 +50,17 @@ class Catalog:
             return BindingState.UNAVAILABLE
         if provider != "claude-code":
             return BindingState.BOUND
-        # Claude: only a real checkpoint in the adapter's JSON binds the Turn; a legacy row
-        # with an id but no checkpoint needs the one-time transcript recovery.
-        try:
-            data = json.loads(binding_json) if binding_json else {}
-        except ValueError:
-            return BindingState.RECOVERY_REQUIRED
-        if isinstance(data, dict) and data.get("checkpointMessageId"):
+        # Claude: only a real checkpoint in the adapter's JSON (its schemaVersion included)
+        # binds the Turn; anything else needs the one-time transcript recovery.
+        if decode_binding(binding_json) is not None:
             return BindingState.BOUND
         return BindingState.RECOVERY_REQUIRED
+
+    def turn_forkable(
+        self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
+    ) -> bool:
+        """What `fork.create` accepts for the selected Turn: exactly what the projection
+        shows as `providerForkBindingState == "bound"`."""
+        return self.binding_state(provider, root_provider_turn_id, binding_json) is (
+            BindingState.BOUND
+        )

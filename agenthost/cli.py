@@ -538,9 +538,33 @@ def _status(args: argparse.Namespace, client: Any) -> int:
         args,
         result,
         f"agenthost {result['version']} (protocol {result['protocol']}) at {result['home']}, "
-        f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}",
+        f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}"
+        + "".join(f"\n{_provider_line(p)}" for p in result.get("providers") or []),
     )
     return EXIT_OK
+
+
+def _provider_line(p: Mapping[str, Any]) -> str:
+    """One provider in words: program and version, endpoint, model, credential source (the
+    variable's name and whether it is set, never its value)."""
+    if not p.get("installed"):
+        return f"  {p['provider']}: NOT INSTALLED ({p.get('program')})"
+    cred = p.get("credential") or {}
+    source = cred.get("source")
+    if source == "env":
+        credential = f"${cred.get('variable')} ({'set' if cred.get('set') else 'NOT SET'})"
+    elif source == "file":
+        credential = "api_key in agenthost.toml"
+    elif source == "login":
+        credential = "the user's own login"
+    else:
+        credential = "none"
+    endpoint = p.get("endpoint") or "default"
+    wire = f" [{p['wireApi']}]" if p.get("wireApi") else ""
+    return (
+        f"  {p['provider']} {p.get('version') or '?'}: endpoint {endpoint}{wire}, "
+        f"model {p.get('model') or 'default'}, credential {credential}"
+    )
 
 
 @_with_client
@@ -633,6 +657,11 @@ class _JsonLines:
                 self.interactions[interaction["requestId"]] = interaction["status"]
                 _jsonl({"type": "interaction", "interaction": interaction})
 
+    @staticmethod
+    def delta(event: Mapping[str, Any]) -> None:
+        """A streamed piece of a reply (not durable: the settled `message` line is the record)."""
+        _jsonl({**event, "type": "message.delta"})
+
 
 def _jsonl(obj: Mapping[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
@@ -649,7 +678,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
 
     sid = resolve_session(client, args.workspace, args.session)
     events = events_endpoint(args)
-    printer: Any = _JsonLines() if args.json else TurnPrinter(print)
+    printer: Any = _JsonLines() if args.json else TurnPrinter(print, _write)
     followed = _Followed()
     pending: list[Mapping[str, Any]] = []
 
@@ -675,6 +704,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             on_update=on_update,
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
+            on_delta=printer.delta,
         )
     except TurnWaitTimeout as exc:
         # The daemon is reachable (not exit 3): the Turn is just still running there.
@@ -760,6 +790,12 @@ def _stop_turn(
     if printer is not None:
         printer.update(turn)
     return dict(turn)
+
+
+def _write(text: str) -> None:
+    """Partial output (a streamed reply): written and flushed at once."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 class _InteractionPending(Exception):

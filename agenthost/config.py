@@ -21,6 +21,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 PROVIDERS = ("tutti-agent", "codex", "claude-code")
+WIRE_APIS = ("responses", "chat")
+_ENV_NAME = "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+_MODEL_DOC = {
+    "tutti-agent": 'model name sent to `model_base_url` (default "mock-model")',
+    "codex": "model name written into each config.toml",
+    "claude-code": "model name passed to the CLI",
+}
+_URL_DOC = {
+    "tutti-agent": "the model API (Responses or Chat Completions); absent = the built-in model",
+    "codex": "the model API Codex talks to",
+    "claude-code": "`ANTHROPIC_BASE_URL`",
+}
 
 # Linux `sun_path` is 108 bytes with its terminating NUL: an ipc endpoint's path must fit.
 IPC_PATH_MAX = 107
@@ -128,16 +141,23 @@ class Str(ValueType):
 
     choices: tuple[str, ...] = ()
     max_len: int = 4096
+    pattern: str = ""
+    """A regular expression the whole string must match (described by `what`)."""
+    what: str = ""
 
     def expected(self) -> str:
         if self.choices:
             return "one of " + ", ".join(json.dumps(c) for c in self.choices)
+        if self.what:
+            return self.what
         return "a non-empty string"
 
     def check(self, value: Any) -> str:
         if not isinstance(value, str) or not value or len(value) > self.max_len:
             raise ValueError(self.expected())
         if self.choices and value not in self.choices:
+            raise ValueError(self.expected())
+        if self.pattern and not re.fullmatch(self.pattern, value):
             raise ValueError(self.expected())
         return value
 
@@ -209,6 +229,8 @@ class Key:
     default: Any
     """Used when the key is absent (`None`: absent means "not configured")."""
     doc: str
+    secret: bool = False
+    """Never echo the value in an error (a key pasted into the wrong place stays unprinted)."""
 
 
 SCHEMA: tuple[Key, ...] = (
@@ -274,31 +296,68 @@ SCHEMA: tuple[Key, ...] = (
         60.0,
         "the worker's limit for the provider's fork call (the host waits longer)",
     ),
-    # [providers.tutti-agent]
-    Key("providers.tutti-agent", "command", Command(), None, "default: the installed script"),
-    Key(
-        "providers.tutti-agent",
-        "model",
-        Str(),
-        None,
-        'model name sent to `model_base_url` (default "mock-model")',
+    # Providers. Model credentials and wire keys (issue 17): `api_key_env` names the variable
+    # holding the key (read by the provider at turn time, never stored); `api_key` is the less
+    # safe in-file key (the file must then be 0600).
+    *(
+        key
+        for provider in PROVIDERS
+        for key in (
+            (
+                Key(f"providers.{provider}", "cli_path", Str(), None, "default: the SDK's CLI")
+                if provider == "claude-code"
+                else Key(
+                    f"providers.{provider}",
+                    "command",
+                    Command(),
+                    None,
+                    "default: the installed script"
+                    if provider == "tutti-agent"
+                    else "default: the pinned install, then PATH",
+                )
+            ),
+            Key(f"providers.{provider}", "model", Str(), None, _MODEL_DOC[provider]),
+            Key(f"providers.{provider}", "model_base_url", Url(), None, _URL_DOC[provider]),
+            Key(
+                f"providers.{provider}",
+                "api_key_env",
+                Str(pattern=r"[A-Za-z_][A-Za-z0-9_]*", what=_ENV_NAME),
+                None,
+                "the environment variable holding the model API key (read at turn time)",
+                secret=True,
+            ),
+            Key(
+                f"providers.{provider}",
+                "api_key",
+                Str(),
+                None,
+                "the model API key itself (the file must be 0600; prefer `api_key_env`)",
+                secret=True,
+            ),
+        )
     ),
     Key(
         "providers.tutti-agent",
-        "model_base_url",
-        Url(),
+        "wire_api",
+        Str(choices=WIRE_APIS),
         None,
-        "an OpenAI Responses API; absent = the built-in model",
+        'the model API\'s wire format (default "responses")',
     ),
-    # [providers.codex]
-    Key("providers.codex", "command", Command(), None, "default: the pinned install, then PATH"),
-    Key("providers.codex", "model", Str(), None, "model name written into each config.toml"),
-    Key("providers.codex", "model_base_url", Url(), None, "the model API Codex talks to"),
-    # [providers.claude-code]
-    Key("providers.claude-code", "cli_path", Str(), None, "default: the SDK's bundled CLI"),
-    Key("providers.claude-code", "model", Str(), None, "model name passed to the CLI"),
-    Key("providers.claude-code", "model_base_url", Url(), None, "`ANTHROPIC_BASE_URL`"),
-    Key("providers.claude-code", "api_key", Str(), None, '`ANTHROPIC_API_KEY` (default "dummy")'),
+    Key("providers.tutti-agent", "instructions", Str(), None, "system instructions for the model"),
+    Key(
+        "providers.codex",
+        "use_user_login",
+        Bool(),
+        False,
+        "use the user's own Codex login instead of a key",
+    ),
+    Key(
+        "providers.claude-code",
+        "use_user_login",
+        Bool(),
+        False,
+        "use the user's own Claude login instead of a key",
+    ),
 )
 
 
@@ -421,7 +480,24 @@ def load_config(home: Path | None = None, path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    return parse_config(home, raw, source=str(path))
+    config = parse_config(home, raw, source=str(path))
+    check_secret_file(path, config)
+    return config
+
+
+def check_secret_file(path: Path, config: Config) -> None:
+    """A key written in the file (`api_key`) is only accepted from a file nobody else can read
+    (mode 0600 or stricter): the daemon refuses to start otherwise, naming the reason."""
+    holders = [name for name, table in config.providers.items() if "api_key" in table]
+    if not holders:
+        return
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{path}: [providers.{holders[0]}] api_key is set but the file is mode "
+            f"{mode:04o}; a file holding a key must be 0600 (chmod 600 {path}), or use "
+            "api_key_env to name an environment variable instead"
+        )
 
 
 def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") -> Config:
@@ -473,11 +549,11 @@ def _check_table(
         try:
             out[name] = key.type.check(value)
         except ValueError as exc:
-            raise ConfigError(
-                f"{source}: [{table}] {name} must be {exc}, got {describe(value)}"
-            ) from None
+            got = describe(value)
+            if key.secret and isinstance(value, str):
+                got = f"a string of {len(value)} characters (not shown)"
+            raise ConfigError(f"{source}: [{table}] {name} must be {exc}, got {got}") from None
     return out
-
 
 
 def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen") -> None:

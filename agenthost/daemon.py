@@ -12,15 +12,16 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from actors import runtime_dirs
 from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
-from actors.messages import RuntimeLost
+from actors.messages import RuntimeLost, parse_runtime_key
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
-from agenthost import __version__, activity, projection
+from agenthost import __version__, activity, projection, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import Config, check_home_paths
@@ -47,6 +48,18 @@ log = logging.getLogger(__name__)
 ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
 
 
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A `message.delta` from a worker, published in order with the store's changes."""
+
+    workspace_id: str
+    session_id: str
+    event: dict[str, Any]
+
+
+STREAM_ACTIVITY_EVERY_S = 1.0
+
+
 class Daemon:
     def __init__(
         self,
@@ -67,6 +80,7 @@ class Daemon:
         self.recovery: RecoveryReport | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._stream_activity: dict[str, float] = {}  # turn id → last activity forwarded
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
@@ -132,9 +146,7 @@ class Daemon:
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
-        self.supervisor.set_event_sink(
-            lambda provider, key, event: host.tell(WorkerEvent(key, event))
-        )
+        self.supervisor.set_event_sink(self._on_worker_event)
         self.supervisor.set_lifecycle_sink(
             lambda provider, event: (
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
@@ -156,6 +168,9 @@ class Daemon:
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(Path.cwd()),
+            check_provider=lambda provider: providers_info.check_installed(
+                provider, cfg.providers.get(provider, {})
+            ),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
         # Every non-ipc endpoint is a CURVE server admitting only run/keys/authorized/ (the
@@ -175,6 +190,27 @@ class Daemon:
         )
         if any(needs_curve(e) for e in (*self.listen, *self.events_listen)):
             log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
+
+    def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
+        if event.get("type") == "message.delta":
+            # Not durable and never stored: straight onto the events queue, behind every
+            # earlier change and ahead of the settlement the same worker reports after it.
+            try:
+                ws, sid = parse_runtime_key(key)
+            except ValueError:
+                return
+            self._events.put(StreamDelta(ws, sid, event))
+            # The inactivity watchdog lives in the Session actor: tell it, at most every few
+            # seconds, that this Turn is streaming (a long reply is not a hung provider).
+            turn_id = str(event.get("turnId") or "")
+            now = time.monotonic()
+            if now - self._stream_activity.get(turn_id, 0.0) >= STREAM_ACTIVITY_EVERY_S:
+                if len(self._stream_activity) > 4096:
+                    self._stream_activity.clear()
+                self._stream_activity[turn_id] = now
+                self.host.tell(WorkerEvent(key, {"type": "turn.activity", "turnId": turn_id}))
+            return
+        self.host.tell(WorkerEvent(key, event))
 
     def close(self) -> None:
         if self.server is not None:
@@ -233,6 +269,11 @@ class Daemon:
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
             "storeConnections": self.store.open_connections() if self.store else 0,
+            # Each provider's program, endpoint, model and credential source (never a key).
+            "providers": [
+                providers_info.describe(name, self.config.providers.get(name, {}))
+                for name in self.catalog.providers()
+            ],
         }
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:
@@ -282,6 +323,15 @@ class Daemon:
                 "type": "turn.updated",
                 "agentSessionId": change.session_id,
                 "turn": projection.turn(turn, session.provider, self.catalog),
+            }
+        if isinstance(change, StreamDelta):
+            return {
+                "type": "message.delta",
+                "agentSessionId": change.session_id,
+                "turnId": str(change.event.get("turnId") or ""),
+                "itemId": str(change.event.get("itemId") or ""),
+                "kind": str(change.event.get("kind") or "assistant"),
+                "delta": str(change.event.get("delta") or ""),
             }
         if isinstance(change, ForkOperationChanged):
             op = store.get_fork_operation(change.workspace_id, change.operation_id)

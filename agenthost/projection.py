@@ -7,6 +7,7 @@ catalog, so projecting never spawns a process.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from actors.ports import ProviderCatalog
@@ -86,6 +87,7 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
         "phase": value.phase,
         "outcome": value.outcome,
         "error": value.error,
+        "errorReason": error_reason(value.error),
         "rootProviderTurnId": value.root_provider_turn_id,
         "providerForkBindingState": state.value,
         "finalAssistantMessageId": value.final_assistant_message_id,
@@ -94,6 +96,16 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
         "createdAtUnixMs": value.created_at_ms,
         "settledAtUnixMs": value.settled_at_ms,
     }
+
+
+_MODEL_REASON = re.compile(r"\b(model_unreachable|model_auth_failed): ")
+
+
+def error_reason(error: str | None) -> str | None:
+    """The typed reason of a failed Turn whose model could not be reached or refused the
+    credential (issue 17); the error text names the provider, the endpoint and the cause."""
+    match = _MODEL_REASON.search(error or "")
+    return match.group(1) if match else None
 
 
 def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:

@@ -242,12 +242,32 @@ def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | No
 
 
 class TurnPrinter:
-    """Prints each message of a turn once, when it can no longer grow."""
+    """Prints each message of a turn once, when it can no longer grow; with `write`, an
+    assistant reply is printed as it streams (`message.delta`) and its line is ended when
+    the settled message arrives."""
 
-    def __init__(self, emit: Callable[[str], None]) -> None:
+    def __init__(
+        self, emit: Callable[[str], None], write: Callable[[str], None] | None = None
+    ) -> None:
         self.emit = emit
+        self.write = write
         self.printed: set[str] = set()
         self.asked: set[str] = set()
+        self.streamed: dict[str, str] = {}  # provider item id → text written so far
+        self.open_item: str | None = None  # the item whose line is still open
+
+    def delta(self, event: Mapping[str, Any]) -> None:
+        if self.write is None or event.get("kind") != "assistant":
+            return
+        item = str(event.get("itemId") or "")
+        text = str(event.get("delta") or "")
+        if item != self.open_item:
+            if self.open_item is not None:
+                self.write("\n")
+            self.write(f"  {'assistant':>9}: ")
+            self.open_item = item
+        self.streamed[item] = self.streamed.get(item, "") + text
+        self.write(text)
 
     def update(self, turn: Mapping[str, Any]) -> None:
         messages = list(turn.get("messages") or [])
@@ -259,6 +279,18 @@ class TurnPrinter:
             if not settled and last and message.get("kind") == "assistant":
                 continue  # may still be streaming
             self.printed.add(message["messageId"])
+            item = str((message.get("payload") or {}).get("providerItemId") or "")
+            seen = self.streamed.pop(item, None) if item else None
+            text = str(message.get("text") or "")
+            if seen is not None and self.write is not None and text.startswith(seen):
+                # Already on screen as it streamed: finish the line (and any missed tail).
+                self.write(text[len(seen) :] + "\n")
+                if self.open_item == item:
+                    self.open_item = None
+                continue
+            if self.open_item is not None and self.write is not None:
+                self.write("\n")
+                self.open_item = None
             self.emit(format_message(message))
 
 
@@ -282,9 +314,11 @@ def stream_turn(
     on_interaction: InteractionHandler | None = None,
     timeout: float = 600.0,
     request_id: str | None = None,
+    on_delta: Callable[[Json], None] | None = None,
 ) -> Json:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
-    endpoint is given (polling as a fallback: a SUB socket misses what precedes its join)."""
+    endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
+    `on_delta` gets the turn's `message.delta` events as the reply streams."""
     subscriber = (
         EventSubscriber(events_endpoint, (ws,), curve=events_curve) if events_endpoint else None
     )
@@ -325,7 +359,7 @@ def stream_turn(
                 )
             if time.monotonic() > deadline:
                 raise TurnWaitTimeout(turn_id, timeout)
-            fresh = _next_turn_event(subscriber, ws, sid, turn_id)
+            fresh = _next_turn_event(subscriber, ws, sid, turn_id, on_delta)
             turn = fresh if fresh is not None else get_turn(client, ws, sid, turn_id, sequence)
     finally:
         if subscriber is not None:
@@ -333,7 +367,11 @@ def stream_turn(
 
 
 def _next_turn_event(
-    subscriber: EventSubscriber | None, ws: str, sid: str, turn_id: str
+    subscriber: EventSubscriber | None,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    on_delta: Callable[[Json], None] | None = None,
 ) -> Json | None:
     if subscriber is None:
         time.sleep(POLL_S)
@@ -344,6 +382,15 @@ def _next_turn_event(
         if message is None:
             return None
         topic, event = message
+        if (
+            on_delta is not None
+            and topic == ws
+            and event.get("type") == "message.delta"
+            and event.get("agentSessionId") == sid
+            and event.get("turnId") == turn_id
+        ):
+            on_delta(dict(event))
+            continue
         if (
             topic == ws
             and event.get("type") == "turn.updated"
@@ -583,6 +630,16 @@ _BOUNDARY_SENTENCES: dict[str, str] = {
     ),
     "session_local_attachment_in_boundary": (
         "the history up to {turn} contains a session-local attachment, which cannot be copied"
+    ),
+    "provider_turn_not_bound": (
+        "{turn} has no verified provider checkpoint (recovery required), so the provider's "
+        "history cannot be cut there"
+    ),
+    "target_equals_source": "the new session id is the source session's own id",
+    "target_session_exists": "the new session id is already used by a session",
+    "target_session_reserved": "the new session id is reserved by another fork",
+    "history_reference_unsafe": (
+        "the history up to {turn} holds a reference that cannot be rewritten safely"
     ),
 }
 BOUNDARY_REASONS = tuple(_BOUNDARY_SENTENCES)

@@ -72,12 +72,23 @@ class ForkRequest:
     driver_kind: str
     driver_version: str
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The source canonical Turn id of the boundary (seed 000 §7 provider-neutral input); the
+    # drivers echo it in their binding receipt, so the evidence names the Turn it binds.
+    source_turn_id: str = ""
 
     @classmethod
     def from_wire(cls, params: Mapping[str, Any]) -> ForkRequest:
         src = params.get("source") or {}
         tgt = params.get("target") or {}
-        known = {"source", "target", "providerTurnIds", "title", "driverKind", "driverVersion"}
+        known = {
+            "source",
+            "target",
+            "providerTurnIds",
+            "title",
+            "driverKind",
+            "driverVersion",
+            "sourceTurnId",
+        }
         return cls(
             source=ForkSource(
                 agent_session_id=str(src.get("agentSessionId", "")),
@@ -94,6 +105,7 @@ class ForkRequest:
             driver_kind=str(params.get("driverKind") or ""),
             driver_version=str(params.get("driverVersion") or ""),
             extra={k: v for k, v in params.items() if k not in known},
+            source_turn_id=str(params.get("sourceTurnId") or ""),
         )
 
 

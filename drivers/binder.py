@@ -330,6 +330,13 @@ class RolloutBinder:
     def __init__(self, failpoints: Failpoints | None = None) -> None:
         self._failpoints = failpoints or Failpoints()
 
+    def available(self) -> bool:
+        """What an attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
+        without a working binder fails closed before dispatch). True only when this platform
+        has what `bind` relies on: no-follow opens, directory fsync (crash-durable rename) and
+        atomic replace."""
+        return all(hasattr(os, name) for name in ("O_NOFOLLOW", "O_DIRECTORY", "fsync", "replace"))
+
     def bind(self, source_home: Path, target_home: Path, child_id: str) -> BindReceipt:
         source_home = Path(os.path.abspath(source_home))
         target_home = Path(os.path.abspath(target_home))

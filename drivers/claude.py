@@ -44,7 +44,17 @@ from drivers.claude_transcript import (
     split_turns,
     transcript_path,
 )
-from drivers.errors import DriverError
+from drivers.credentials import (
+    ANTHROPIC_VAR,
+    MODEL_AUTH_FAILED,
+    MODEL_UNREACHABLE,
+    classify_model_failure,
+    copy_login,
+    model_failure_text,
+    truthy,
+    user_claude_credentials,
+)
+from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 
@@ -82,8 +92,10 @@ EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
     }
 )
 
+# The canonical Message kind that marks a provider-native descendant lane in a Turn (the store's
+# `storage.fork_snapshot.DESCENDANT_LANE_KIND`; a fork boundary holding one fails closed).
+DESCENDANT_LANE_KIND = "descendant_lane"
 _UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$", re.I)
-_NOT_FOUND_RE = re.compile(r"Message \S+ not found in session")
 
 TURN_START_TIMEOUT_S = 120.0
 RESPOND_TIMEOUT_S = 10.0
@@ -117,7 +129,12 @@ class ClaudeDriverConfig:
     model_base_url: str | None = None
     model: str | None = None
     cli_path: str | None = None
-    api_key: str = "dummy"
+    api_key: str | None = None
+    """An in-file key (the less safe choice; the daemon requires the file to be 0600)."""
+    api_key_env: str = ANTHROPIC_VAR
+    """The daemon-env variable holding the key, read when a session's runtime is prepared."""
+    use_user_login: bool = False
+    """Use the user's own `claude` login (`~/.claude/.credentials.json`) instead of a key."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ClaudeDriverConfig:
@@ -129,8 +146,15 @@ class ClaudeDriverConfig:
             model_base_url=opt("model_base_url"),
             model=opt("model"),
             cli_path=opt("cli_path"),
-            api_key=opt("api_key") or "dummy",
+            api_key=opt("api_key"),
+            api_key_env=opt("api_key_env") or ANTHROPIC_VAR,
+            use_user_login=truthy(config.get("use_user_login", False)),
         )
+
+    def api_key_value(self) -> str | None:
+        """The key this daemon was given (never stored): the in-file one, else the named
+        variable of the daemon's own environment."""
+        return self.api_key or os.environ.get(self.api_key_env) or None
 
 
 @dataclass(slots=True)
@@ -162,6 +186,14 @@ class _Turn:
     interrupted: bool = False
     transcript_offset: int = 0
     pending: dict[str, _Pending] = field(default_factory=dict)  # guarded by the session lock
+    lanes: set[str] = field(default_factory=set)  # sidechain lanes already recorded
+    # Streaming (include_partial_messages): the API message being streamed, its block kinds,
+    # and how many blocks of each API message the settled AssistantMessages have shown.
+    model_failure: str | None = None
+    """A typed model failure (auth/unreachable) that made us stop the CLI's retries."""
+    stream_message_id: str | None = None
+    stream_blocks: dict[int, str] = field(default_factory=dict)
+    settled_blocks: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -210,11 +242,22 @@ class ClaudeDriver:
     def _user_agent(self) -> str:
         return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
 
-    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+    def _verdict(self) -> dict[str, Any]:
+        """This driver's attested forkability verdict: the only source of the Host's
+        capability (seed 000 §3.2), persisted with the runtime context at session start."""
         return {
             "driverKind": DRIVER_KIND,
             "driverVersion": sdk_version(),
             "userAgent": self._user_agent(),
+            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
+            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
+            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
+            "binderAvailable": self._placement_available(),
+        }
+
+    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+        return {
+            **self._verdict(),
             # The only resume cursor a Claude session accepts is its own provider session id.
             "resumeCursor": {"resume": provider_session_id},
         }
@@ -225,24 +268,40 @@ class ClaudeDriver:
         )
         if not os.access(cli, os.X_OK):
             raise DriverError(f"Claude Code CLI is not executable: {cli}")
-        return {
-            "driverKind": DRIVER_KIND,
-            "driverVersion": sdk_version(),
-            "userAgent": self._user_agent(),
-            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
-            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
-            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
-            # provider_owned needs no host binder: the driver itself places the child's
-            # transcript in the child's own home before it answers `accepted`.
-            "binderAvailable": True,
-        }
+        verdict = self._verdict()
+        # provider_owned needs no host binder: the driver itself places the child's transcript
+        # in the child's own home before it answers `accepted`; that placement is what
+        # `binderAvailable` reports. Failpoint `worker.binder.available` (`error`) makes the
+        # re-attestation say it is unavailable (the fail-closed tests).
+        try:
+            self._failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _placement_available(self) -> bool:
+        """Whether the child-transcript placement (`_relocate_child`) can run here."""
+        return hasattr(os, "replace") and hasattr(os, "fsync")
 
     def _session_env(
         self, config_dir: Path, private_home: Path, extra: Mapping[str, Any]
     ) -> dict[str, str]:
         env = dict(QUIET_ENV)
         env.update({"HOME": str(private_home), "CLAUDE_CONFIG_DIR": str(config_dir)})
-        env["ANTHROPIC_API_KEY"] = self._config.api_key
+        if self._config.use_user_login:
+            # The user's own login, copied into this session's config dir; an exported key
+            # would take precedence over it in the CLI, so none is passed.
+            copy_login(
+                user_claude_credentials(),
+                config_dir / ".credentials.json",
+                provider="claude-code",
+            )
+            env["ANTHROPIC_API_KEY"] = ""
+        else:
+            key = self._config.api_key_value()
+            # A real key passes through untouched. Without one the CLI still needs a value to
+            # start: a placeholder that the endpoint refuses (→ model_auth_failed, fast).
+            env["ANTHROPIC_API_KEY"] = key or "unset-no-credential"
         if self._config.model_base_url:
             env["ANTHROPIC_BASE_URL"] = self._config.model_base_url
         env.update({str(k): str(v) for k, v in extra.items()})
@@ -443,6 +502,8 @@ class ClaudeDriver:
             extra_args={"replay-user-messages": None},
             # Every tool permission the CLI would ask a person for becomes an Interaction.
             can_use_tool=can_use_tool,
+            # Raw stream events: text arrives as it is generated (`message.delta`).
+            include_partial_messages=True,
         )
 
     async def _run_turn(self, session: _Session, turn: _Turn, text: str) -> None:
@@ -497,6 +558,8 @@ class ClaudeDriver:
     def _finish_turn(
         self, session: _Session, turn: _Turn, outcome: TurnOutcome, error: str | None
     ) -> None:
+        if turn.model_failure is not None:
+            error = turn.model_failure
         if turn.provider_turn_id is None:
             # No observed identity: the host learns it from start_turn's failure.
             if not turn.started.done():
@@ -516,6 +579,8 @@ class ClaudeDriver:
         }
         if error and not turn.interrupted:
             event["error"] = error
+        if turn.model_failure is not None and not turn.interrupted:
+            event["outcome"], event["error"] = TurnOutcome.FAILED.value, turn.model_failure
         turn.emit(session.agent_session_id, event)
 
     def _reconcile_checkpoint(self, session: _Session, turn: _Turn) -> None:
@@ -589,6 +654,7 @@ class ClaudeDriver:
         from claude_agent_sdk import (
             AssistantMessage,
             ResultMessage,
+            StreamEvent,
             SystemMessage,
             TextBlock,
             ThinkingBlock,
@@ -598,9 +664,20 @@ class ClaudeDriver:
         )
 
         sid = session.agent_session_id
+        if isinstance(message, StreamEvent):
+            if message.parent_tool_use_id is None:
+                self._on_stream_event(session, turn, message.event)
+            return None
+        lane = getattr(message, "parent_tool_use_id", None)
+        if isinstance(message, (UserMessage, AssistantMessage)) and lane is not None:
+            # A sidechain (a Task sub-agent's own conversation): not on the main chain, so not
+            # in the canonical history — but recorded once per lane, so a fork boundary that
+            # holds it fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+            self._record_lane(sid, turn, str(lane))
+            return None
         if isinstance(message, UserMessage):
-            if message.parent_tool_use_id is not None or not message.uuid:
-                return None  # sidechain (subagent) or unpersisted: not on the main chain
+            if not message.uuid:
+                return None  # unpersisted: not on the main chain
             blocks = message.content if isinstance(message.content, list) else []
             results = [b for b in blocks if isinstance(b, ToolResultBlock)]
             if turn.provider_turn_id is None and not results:
@@ -624,8 +701,6 @@ class ClaudeDriver:
             if turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, AssistantMessage):
-            if message.parent_tool_use_id is not None:
-                return None
             for block in message.content:
                 item: dict[str, Any] | None = None
                 if isinstance(block, TextBlock):
@@ -638,6 +713,11 @@ class ClaudeDriver:
                         "text": block.name,
                         "payload": {"providerToolUseId": block.id, "input": block.input},
                     }
+                # The CLI settles an API message block by block, in stream order: the n-th block
+                # seen for a message id is the stream's content block n (the delta item).
+                api_id = str(message.message_id or "")
+                index = turn.settled_blocks.get(api_id, 0)
+                turn.settled_blocks[api_id] = index + 1
                 if item is not None:
                     # provider* keys: the store leaves provider identities untouched when it clones
                     # a Turn (a bare `messageId` would read as a canonical typed reference).
@@ -645,12 +725,15 @@ class ClaudeDriver:
                         {
                             "providerMessageUuid": message.uuid,
                             "providerApiMessageId": message.message_id,
+                            "providerItemId": f"{api_id}:{index}",
                         }
                     )
                     turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
             if message.uuid and turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, SystemMessage):
+            if message.subtype == "api_retry":
+                self._on_api_retry(turn, message.data)
             msg_uuid = message.data.get("uuid")
             if (
                 message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
@@ -662,11 +745,84 @@ class ClaudeDriver:
         elif isinstance(message, ResultMessage):
             if message.is_error:
                 errors = getattr(message, "errors", None) or []
-                return TurnOutcome.FAILED, str(
-                    message.result or "; ".join(map(str, errors)) or message.subtype
+                text = str(message.result or "; ".join(map(str, errors)) or message.subtype)
+                return TurnOutcome.FAILED, model_failure_text(
+                    "claude-code", self._config.model_base_url, text
                 )
             return TurnOutcome.COMPLETED, None
         return None
+
+    @staticmethod
+    def _record_lane(sid: str, turn: _Turn, parent_tool_use_id: str) -> None:
+        if parent_tool_use_id in turn.lanes:
+            return
+        turn.lanes.add(parent_tool_use_id)
+        item = {
+            "kind": DESCENDANT_LANE_KIND,
+            "text": None,
+            "payload": {
+                "descendantLane": True,
+                "providerLane": "claude_sidechain",
+                "providerParentToolUseId": parent_tool_use_id,
+            },
+        }
+        turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+
+    def _on_api_retry(self, turn: _Turn, data: Mapping[str, Any]) -> None:
+        """The CLI retries a refused credential or an unreachable endpoint for minutes: a
+        retry whose cause is one of those fails the turn now, naming it."""
+        if turn.model_failure is not None:
+            return
+        status = data.get("error_status")
+        detail = json.dumps({k: v for k, v in data.items() if k != "uuid"}, default=str)
+        # Classified on the error's own words (numbers such as retry_delay_ms could look like
+        # a status), plus the HTTP status.
+        reason = classify_model_failure(str(data.get("error") or ""))
+        if status in (401, 403):
+            reason = MODEL_AUTH_FAILED
+        elif status is None and int(data.get("attempt") or 0) >= 2:
+            # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
+            # reports it as `error: "unknown"`; a blip gets one retry).
+            reason = MODEL_UNREACHABLE
+            detail = f"no HTTP answer (connection failed), retry {data.get('attempt')}: {detail}"
+        if reason is None:
+            return
+        turn.model_failure = (
+            f"{reason}: claude-code model endpoint "
+            f"{self._config.model_base_url or '(the default Anthropic API)'}: {detail}"
+        )
+        self._terminate(turn)  # on the loop thread already (messages are read there)
+
+    def _on_stream_event(self, session: _Session, turn: _Turn, event: Mapping[str, Any]) -> None:
+        """Raw API stream events → `message.delta` (text and thinking as they arrive)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            turn.stream_message_id = str(message.get("id") or "")
+            turn.stream_blocks = {}
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            turn.stream_blocks[int(event.get("index") or 0)] = str(block.get("type") or "")
+        elif kind == "content_block_delta" and turn.stream_message_id is not None:
+            delta = event.get("delta") or {}
+            index = int(event.get("index") or 0)
+            if delta.get("type") == "text_delta":
+                text, item_kind = delta.get("text"), "assistant"
+            elif delta.get("type") == "thinking_delta":
+                text, item_kind = delta.get("thinking"), "reasoning"
+            else:
+                return
+            if isinstance(text, str) and text:
+                turn.emit(
+                    session.agent_session_id,
+                    {
+                        "type": "message.delta",
+                        "turnId": turn.turn_id,
+                        "itemId": f"{turn.stream_message_id}:{index}",
+                        "kind": item_kind,
+                        "delta": text,
+                    },
+                )
 
     # ---- fork ----------------------------------------------------------------------------
 
@@ -686,7 +842,7 @@ class ClaudeDriver:
         except Exception as exc:
             return ForkResult.not_started(f"before provider call: {exc}")
         # From here on the SDK may have written a child: every failure is `unknown`, and
-        # nothing is ever retried except the one "Message … not found" case below.
+        # nothing is ever retried (at most one provider fork call per operation, law 1).
         try:
             child_id = self._call_fork_session(request, plan)
         except Exception as exc:
@@ -728,13 +884,17 @@ class ClaudeDriver:
         boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
         checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
         legacy = checkpoint is None
-        if legacy:
-            # A Turn bound before bindings existed: read the source transcript once.
-            text = source_path.read_text(encoding="utf-8", errors="replace")
+        text = source_path.read_text(encoding="utf-8", errors="replace")
+        if checkpoint is not None and not _holds_message(text, checkpoint):
+            # Law 1: fork_session is called at most once per operation, so a checkpoint the
+            # transcript does not hold is recomputed *before* that call, never after a refusal.
+            checkpoint = None
+        if checkpoint is None:
+            # A Turn bound before bindings existed (or a stale binding): the transcript's own
+            # checkpoint of the boundary Turn.
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise _NotStarted("boundary turn is not a root user message of the transcript")
-        assert checkpoint is not None  # decoded from the binding, or recovered above
         return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
 
     def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
@@ -744,29 +904,14 @@ class ClaudeDriver:
         home = str(Path(src.home) / PRIVATE_HOME_DIR)
         title = request.title or None
         with self._config_env(src.home, home):
-            try:
-                result = fork_session(
-                    src.provider_session_id,
-                    directory=src.cwd,
-                    up_to_message_id=plan.checkpoint,
-                    title=title,
-                )
-            except ValueError as exc:
-                # The SDK checks the cut point before it writes anything, so a stale
-                # checkpoint can be recomputed from the transcript and retried once.
-                if not _NOT_FOUND_RE.search(str(exc)):
-                    raise
-                text = plan.source_path.read_text(encoding="utf-8", errors="replace")
-                recomputed = legacy_checkpoint(text, request.provider_turn_ids[-1])
-                if recomputed is None or recomputed == plan.checkpoint:
-                    raise
-                plan.checkpoint = recomputed
-                result = fork_session(
-                    src.provider_session_id,
-                    directory=src.cwd,
-                    up_to_message_id=recomputed,
-                    title=title,
-                )
+            # Exactly one call: any failure from here on (even the SDK's "Message … not
+            # found") is `unknown` to the saga and is never retried (seed 000 §7, law 1).
+            result = fork_session(
+                src.provider_session_id,
+                directory=src.cwd,
+                up_to_message_id=plan.checkpoint,
+                title=title,
+            )
         return str(result.session_id)
 
     def _relocate_child(self, request: ForkRequest, child_id: str) -> None:
@@ -838,6 +983,7 @@ class ClaudeDriver:
             "sourceSessionId": src.provider_session_id,
             "childSessionId": child_id,
             "sourceBoundaryTurnId": request.provider_turn_ids[-1],
+            "sourceCanonicalTurnId": request.source_turn_id,
             "childBoundaryTurnId": boundary.root_uuid,
             "sourceCheckpointMessageId": plan.checkpoint,
             "childCheckpointMessageId": boundary.checkpoint_uuid,
@@ -938,6 +1084,12 @@ async def _resolve(answer: asyncio.Future[Any], result: Any) -> bool:
         return False
     answer.set_result(result)
     return True
+
+
+def _holds_message(text: str, message_uuid: str) -> bool:
+    """Whether a transcript has an entry whose own `uuid` is `message_uuid` (a scan of the
+    text, no JSON parse: the fork's O(1)-ish pre-check of a bound checkpoint)."""
+    return re.search(r'"uuid"\s*:\s*"' + re.escape(message_uuid) + '"', text) is not None
 
 
 def _interaction_input(tool: str, tool_input: Mapping[str, Any], context: Any) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any
 from drivers.app_server import AppServerFailure, private_env
 from drivers.base import ProviderDriver
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder
+from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.tutti_agent import AppServerDriver, _Runtime, _Session
@@ -112,6 +113,8 @@ def render_config_toml(
     model_base_url: str | None,
     approval_policy: ApprovalPolicy,
     sandbox_mode: SandboxMode,
+    env_key: str | None = None,
+    requires_openai_auth: bool = False,
 ) -> str:
     """The offline `config.toml` of PROVIDERS.md: a local Responses endpoint, no retries, and
     the features that would reach the network (plugins) or the login shell (snapshots) off."""
@@ -131,7 +134,10 @@ def render_config_toml(
             'name = "agenthost model endpoint"',
             f"base_url = {_toml_string(model_base_url)}",
             'wire_api = "responses"',
-            "requires_openai_auth = false",
+            # Codex's own mechanism: it reads the key from this variable of its environment
+            # and sends it as a Bearer token; the key is never written here.
+            *([f"env_key = {_toml_string(env_key)}"] if env_key else []),
+            f"requires_openai_auth = {'true' if requires_openai_auth else 'false'}",
             "supports_websockets = false",
             "request_max_retries = 0",
             "stream_max_retries = 0",
@@ -355,6 +361,9 @@ class CodexDriver(AppServerDriver):
     def command(self) -> list[str]:
         return [*resolve_command(self.config.get("command")), "app-server"]
 
+    def extra_env(self, home: Path) -> dict[str, str]:
+        return {**super().extra_env(home), **file_key_env(self.config)}
+
     def prepare_home(self, home: Path) -> None:
         with self._homes_lock:
             spec = self._homes.get(home)
@@ -362,6 +371,10 @@ class CodexDriver(AppServerDriver):
         sandbox = spec.sandbox_mode if spec else SandboxMode.READ_ONLY
         base_url = self.config.get("model_base_url")
         model = self.config.get("model")
+        plan = credential_plan(self.kind, self.config)
+        if plan.source == "login":
+            # The user's own `codex login`, seen by this home only (a private copy).
+            copy_login(user_codex_auth(), home / "auth.json", provider=self.kind)
         _write_if_changed(
             home / "config.toml",
             render_config_toml(
@@ -369,6 +382,8 @@ class CodexDriver(AppServerDriver):
                 model_base_url=str(base_url) if base_url else None,
                 approval_policy=approval,
                 sandbox_mode=sandbox,
+                env_key=plan.variable,
+                requires_openai_auth=plan.source == "login",
             ),
         )
         if spec is not None and spec.lineage is not None and spec.thread_id:
@@ -500,7 +515,7 @@ class CodexDriver(AppServerDriver):
                     raise
                 time.sleep(0.05)
 
-    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A live runtime attests itself; otherwise a transient one is probed, and its answer
         is reused only for the exact same launch (seed 000 §6.3)."""
         home = Path(str(params.get("home") or ""))
@@ -518,7 +533,7 @@ class CodexDriver(AppServerDriver):
                 cached = self._attest_cache.get(fingerprint)
             if cached is not None:
                 return dict(cached)
-        result = super().attest(params)
+        result = super()._probe(params)
         if fingerprint is not None:
             with self._homes_lock:
                 self._attest_cache[fingerprint] = dict(result)

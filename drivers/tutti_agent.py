@@ -40,6 +40,12 @@ from drivers.base import (
     TurnOutcome,
 )
 from drivers.binder import BinderError, RolloutBinder
+from drivers.credentials import (
+    classify_model_failure,
+    credential_plan,
+    file_key_env,
+    model_failure_text,
+)
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from drivers.versions import TUTTI_AGENT_GATE, GateResult, VersionGate
@@ -58,6 +64,11 @@ APPROVAL_METHODS = frozenset(
     }
 )
 QUESTION_METHODS = frozenset({"item/tool/requestUserInput"})
+_DELTA_METHODS = {
+    "item/agentMessage/delta": "assistant",
+    "item/reasoning/summaryTextDelta": "reasoning",
+    "item/reasoning/textDelta": "reasoning",
+}
 _OUTCOMES = {
     "completed": TurnOutcome.COMPLETED,
     "interrupted": TurnOutcome.INTERRUPTED,
@@ -101,6 +112,8 @@ class _Session:
     turns: dict[str, str] = field(default_factory=dict)  # provider turn id → canonical
     active: set[str] = field(default_factory=set)  # provider turn ids in progress
     pending: dict[str, _Pending] = field(default_factory=dict)
+    # provider turn id → the typed model failure that made us stop the provider's retries
+    model_failures: dict[str, str] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
 
 
@@ -117,11 +130,20 @@ def _text_of(item: Mapping[str, Any], key: str) -> str:
     return "\n".join(out)
 
 
+# App-server ThreadItem types that open a provider-native descendant lane (a sub-agent thread
+# or a collaboration with another agent): recorded with `descendantLane: true`, so a fork
+# boundary that holds one fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+DESCENDANT_LANE_ITEM_TYPES = frozenset({"collabAgentToolCall", "collabToolCall", "subAgent"})
+
+
 def map_item(item: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A completed app-server ThreadItem → the `item` payloads of internals.md turn events."""
     kind = item.get("type")
     item_id = item.get("id")
     base = {"providerItemId": item_id, "providerItemType": kind}
+    if kind in DESCENDANT_LANE_ITEM_TYPES:
+        lane = {**base, "descendantLane": True, "item": dict(item)}
+        return [{"kind": str(kind), "text": None, "payload": lane}]
     if kind == "userMessage":
         text = "\n".join(
             str(c.get("text", ""))
@@ -201,6 +223,11 @@ class AppServerDriver:
     def prepare_home(self, home: Path) -> None:
         """Provider-specific files in a fresh home (Codex writes its config.toml here)."""
 
+    def endpoint(self) -> str | None:
+        """The model endpoint named in a model failure."""
+        base = self.config.get("model_base_url")
+        return str(base) if base else None
+
     def _spawn(self, home: Path, cwd: str | None, session: _Session | None) -> _Runtime:
         home.mkdir(parents=True, exist_ok=True)
         self.prepare_home(home)
@@ -228,19 +255,35 @@ class AppServerDriver:
         user_agent = str(init.get("userAgent") or "")
         return _Runtime(proc, home, user_agent, self.gate.check(user_agent))
 
-    def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+    def _verdict(self, runtime: _Runtime) -> dict[str, Any]:
+        """This driver's attested forkability verdict (brand, version gate, binder): the only
+        source of the Host's capability (seed 000 §3.2), persisted with the runtime context."""
         return {
             "driverKind": self.kind,
             "driverVersion": runtime.gate.version,
             "userAgent": runtime.user_agent,
             "bindingMode": self.binding_mode.value,
-            "binderAvailable": True,
+            # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
+            "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
         }
+
+    def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
+        return self._verdict(runtime)
 
     # ------------------------------------------------------------------ port methods
 
     def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The dispatch-time re-attestation; failpoint `worker.binder.available` armed with
+        `error` makes it report the binder unavailable (the fail-closed tests)."""
+        verdict = dict(self._probe(params))
+        try:
+            self.failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
         home = Path(str(params.get("home") or ""))
         if not str(home) or not home.is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
@@ -278,14 +321,7 @@ class AppServerDriver:
             stale.runtime.proc.close()
         with session.op_lock:
             runtime = self._ensure_runtime(session)
-        return {
-            "providerSessionId": session.thread_id,
-            "runtimeContext": {
-                "driverKind": self.kind,
-                "driverVersion": runtime.gate.version,
-                "userAgent": runtime.user_agent,
-            },
-        }
+        return {"providerSessionId": session.thread_id, "runtimeContext": self._verdict(runtime)}
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
@@ -537,6 +573,7 @@ class AppServerDriver:
             runtime.proc.request("thread/unsubscribe", {"threadId": child_id}, timeout=5.0)
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
+        wire["sourceCanonicalTurnId"] = request.source_turn_id
         return ForkResult(
             DeliveryDisposition.ACCEPTED,
             child=child,
@@ -690,6 +727,25 @@ class AppServerDriver:
                 return
             for mapped in map_item(item):
                 self._send(session, {"type": "item", "turnId": canonical, "item": mapped})
+        elif method == "error":
+            self._on_model_error(session, params)
+        elif method in _DELTA_METHODS:
+            # Streamed text of an item still being generated: not durable, the completed
+            # item is the record (the daemon publishes it as `message.delta`).
+            canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+            delta = params.get("delta")
+            if canonical is None or not isinstance(delta, str) or not delta:
+                return
+            self._send(
+                session,
+                {
+                    "type": "message.delta",
+                    "turnId": canonical,
+                    "itemId": str(params.get("itemId") or ""),
+                    "kind": _DELTA_METHODS[method],
+                    "delta": delta,
+                },
+            )
         elif method == "turn/completed":
             turn = params.get("turn") or {}
             provider_turn_id = str(turn.get("id") or "")
@@ -705,7 +761,15 @@ class AppServerDriver:
             }
             error = turn.get("error")
             if isinstance(error, Mapping) and error.get("message"):
-                event["error"] = str(error["message"])
+                event["error"] = model_failure_text(
+                    self.kind, self.endpoint(), str(error["message"])
+                )
+            with session.state_lock:
+                failure = session.model_failures.pop(provider_turn_id, None)
+            if failure is not None:
+                # We stopped the provider's retries: the turn failed, it was not interrupted.
+                event["outcome"] = TurnOutcome.FAILED.value
+                event["error"] = failure
             with session.state_lock:
                 session.active.discard(provider_turn_id)
                 for key in [
@@ -713,6 +777,44 @@ class AppServerDriver:
                 ]:
                     del session.pending[key]  # superseded by the turn's end
             self._send(session, event)
+
+    def _on_model_error(self, session: _Session, params: Mapping[str, Any]) -> None:
+        """Codex keeps retrying an endpoint that refuses connections (seconds apart, for
+        minutes). A retried error that names an unreachable model or a refused credential
+        fails the turn now: the failure is recorded, then the turn is interrupted."""
+        if not params.get("willRetry"):
+            return  # a final error arrives with turn/completed
+        error = params.get("error")
+        detail = json.dumps(error) if isinstance(error, Mapping) else str(error or "")
+        if classify_model_failure(detail) is None:
+            return
+        message = str(error.get("message") or detail) if isinstance(error, Mapping) else detail
+        extra = error.get("additionalDetails") if isinstance(error, Mapping) else None
+        if extra:
+            message = f"{message} ({extra})"
+        provider_turn_id = str(params.get("turnId") or "")
+        with session.state_lock:
+            if (
+                provider_turn_id not in session.active
+                or provider_turn_id in session.model_failures
+            ):
+                return
+            session.model_failures[provider_turn_id] = model_failure_text(
+                self.kind, self.endpoint(), message
+            )
+        # Not on the reader thread: it must stay free to read the interrupt's answer.
+        threading.Thread(
+            target=self._stop_retrying,
+            args=(session, provider_turn_id),
+            name="model-failure-interrupt",
+            daemon=True,
+        ).start()
+
+    def _stop_retrying(self, session: _Session, provider_turn_id: str) -> None:
+        with contextlib.suppress(HostError):
+            self.interrupt_turn(
+                {"agentSessionId": session.agent_session_id, "providerTurnId": provider_turn_id}
+            )
 
     def _on_server_request(self, session: _Session | None, request: ServerRequest) -> None:
         if session is None:
@@ -821,9 +923,19 @@ class TuttiAgentDriver(AppServerDriver):
         argv = [*base, "app-server"]
         if self.config.get("model_base_url"):
             argv += ["--model-base-url", str(self.config["model_base_url"])]
+            argv += ["--wire-api", str(self.config.get("wire_api") or "responses")]
+            # Only the variable's name: the app-server reads the key at each request.
+            plan = credential_plan(self.kind, self.config)
+            if plan.variable:
+                argv += ["--api-key-env", plan.variable]
         if self.config.get("model"):
             argv += ["--model", str(self.config["model"])]
+        if self.config.get("instructions"):
+            argv += ["--instructions", str(self.config["instructions"])]
         return argv
+
+    def extra_env(self, home: Path) -> dict[str, str]:
+        return {**super().extra_env(home), **file_key_env(self.config)}
 
 
 def _user_text(turn: Mapping[str, Any]) -> str | None:

@@ -25,8 +25,17 @@ class ForkBoundaryReason(StrEnum):
     TURN_NOT_SETTLED = "turn_not_settled"
     TURN_SEQUENCE_UNVERIFIED = "turn_sequence_unverified"
     PROVIDER_TURN_MISSING = "provider_turn_missing"
+    # The selected Turn's provider binding is not `bound` by the provider's own hook (the same
+    # verdict the projection shows as `providerForkBindingState`, e.g. `recovery_required`).
+    PROVIDER_TURN_NOT_BOUND = "provider_turn_not_bound"
     DESCENDANT_LANE_IN_BOUNDARY = "descendant_lane_in_boundary"
     SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY = "session_local_attachment_in_boundary"
+    # Not about the source's state, but still a 409 `agent_session_fork_conflict`: every one of
+    # them carries a reason (PROTOCOL.md), so a client never has to guess from the message.
+    TARGET_EQUALS_SOURCE = "target_equals_source"
+    TARGET_SESSION_EXISTS = "target_session_exists"
+    TARGET_SESSION_RESERVED = "target_session_reserved"
+    HISTORY_REFERENCE_UNSAFE = "history_reference_unsafe"
 
 
 class HostError(Exception):
@@ -117,9 +126,22 @@ class ForkBoundaryError(Conflict):
 
 
 class ForkConflict(Conflict):
-    """Generic fork conflict, e.g. the target id is already taken or reserved."""
+    """A fork conflict that is not the source's state, e.g. the target id is already taken or
+    reserved; it carries `params.forkBoundaryReason` like every `agent_session_fork_conflict`."""
 
     default_reason = "agent_session_fork_conflict"
+
+    def __init__(
+        self,
+        boundary_reason: ForkBoundaryReason,
+        message: str,
+        *,
+        params: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(
+            message, params={**(params or {}), "forkBoundaryReason": boundary_reason.value}
+        )
+        self.boundary_reason = boundary_reason
 
 
 class ForkUnsupported(Conflict):
@@ -191,7 +213,11 @@ class ForkReferenceError(ForkConflict):
     mapping in the boundary; raised at prepare, before anything is dispatched."""
 
     def __init__(self, reason: ForkReferenceReason, message: str) -> None:
-        super().__init__(message, params={"forkReferenceError": reason.value})
+        super().__init__(
+            ForkBoundaryReason.HISTORY_REFERENCE_UNSAFE,
+            message,
+            params={"forkReferenceError": reason.value},
+        )
         self.reference_reason = reason
 
 

@@ -2,7 +2,8 @@
 
 Child ids are uuid5 over "v1|operation|workspace|source|target|entity_kind|source_id", so a
 replayed commit yields the same ids; payload references are rewritten only through a closed
-allowlist, and anything that looks like a typed reference but is not on it fails closed.
+allowlist at the payload's own (host-owned) keys, and a host-owned key that looks like a typed
+reference but is not on it fails closed; nested model/provider content is copied verbatim.
 """
 
 from __future__ import annotations
@@ -139,31 +140,35 @@ def is_typed_reference_key(key: str) -> bool:
 
 
 def remap_references(value: Any, ids: IdentityMap, *, where: str) -> Any:
-    """Return `value` with allowlisted references rewritten; fail closed on anything unsafe.
+    """Return a host-owned payload map with its allowlisted references rewritten; fail closed
+    on anything unsafe.
 
-    Strings are never searched (plain text, markdown and tool output stay byte-identical).
+    Only the payload's own (top-level) keys are host-owned: that is where the allowlist's
+    references live. Every value below them — a model's tool call `input`/`arguments`, a raw
+    provider `item`, a question list — is model or provider content and is copied as it is,
+    never searched and never rewritten (seed 000 §5): a tool call whose arguments happen to hold
+    `{"turnId": ...}` must reach the child exactly as the model emitted it. Strings are never
+    searched either (plain text, markdown and tool output stay byte-identical).
     """
-    if isinstance(value, Mapping):
-        if REF_MARKER in value:
+    if not isinstance(value, Mapping):
+        return value
+    if REF_MARKER in value:
+        raise ForkReferenceError(
+            ForkReferenceReason.UNKNOWN_TYPED_REFERENCE, f"{where}: '$ref' is not allowlisted"
+        )
+    out: dict[str, Any] = {}
+    for key, item in value.items():
+        kind = REFERENCE_KEYS.get(key)
+        if kind is not None:
+            out[key] = _remap_one(key, item, ids.for_kind(kind), where=where)
+        elif is_typed_reference_key(key):
             raise ForkReferenceError(
-                ForkReferenceReason.UNKNOWN_TYPED_REFERENCE, f"{where}: '$ref' is not allowlisted"
+                ForkReferenceReason.UNKNOWN_TYPED_REFERENCE,
+                f"{where}: typed reference {key!r} is not on the allowlist",
             )
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            kind = REFERENCE_KEYS.get(key)
-            if kind is not None:
-                out[key] = _remap_one(key, item, ids.for_kind(kind), where=where)
-            elif is_typed_reference_key(key):
-                raise ForkReferenceError(
-                    ForkReferenceReason.UNKNOWN_TYPED_REFERENCE,
-                    f"{where}: typed reference {key!r} is not on the allowlist",
-                )
-            else:
-                out[key] = remap_references(item, ids, where=where)
-        return out
-    if isinstance(value, list):
-        return [remap_references(item, ids, where=where) for item in value]
-    return value
+        else:
+            out[key] = item  # model/provider content: verbatim
+    return out
 
 
 def _remap_one(key: str, value: Any, mapping: Mapping[str, str], *, where: str) -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import apsw
@@ -257,9 +257,20 @@ class ForkStore(StoreBase):
             ).fetchone()
             return None if held is None else _decode(conn, held)
 
-    def prepare_fork(self, ws: str, req: ForkPrepareRequest) -> tuple[ForkOperation, bool]:
+    def prepare_fork(
+        self,
+        ws: str,
+        req: ForkPrepareRequest,
+        *,
+        turn_forkable: Callable[[str | None, str | None], bool] | None = None,
+    ) -> tuple[ForkOperation, bool]:
         """Create the operation, fence and reservation and freeze the snapshot in one
-        transaction; a replay or a held barrier returns the original with `created=False`."""
+        transaction; a replay or a held barrier returns the original with `created=False`.
+
+        `turn_forkable(root_provider_turn_id, provider_turn_binding_json)` is the provider's
+        per-Turn hook (seed 000 §3.2 `CanForkProviderTurn`): the store never parses a
+        provider's binding JSON; the selected Turn is accepted only when the hook says so,
+        inside this transaction."""
         _validate_request(req)
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id
@@ -301,6 +312,11 @@ class ForkStore(StoreBase):
             boundary = load_boundary(tx.conn, ws, req.source_session_id, req.turn_id)
             if blockers:
                 raise ForkBoundaryError(blockers[0])
+            selected = boundary.selected
+            if turn_forkable is not None and not turn_forkable(
+                selected["root_provider_turn_id"], selected["provider_turn_binding_json"]
+            ):
+                raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_NOT_BOUND)
             count_row = tx.one(
                 "SELECT COUNT(*) FROM fork_operations WHERE workspace_id = ?"
                 " AND source_session_id = ? AND status != 'failed'",
@@ -370,6 +386,7 @@ class ForkStore(StoreBase):
     def _check_target_free(tx: Tx, ws: str, req: ForkPrepareRequest) -> None:
         if req.target_session_id == req.source_session_id:
             raise ForkConflict(
+                ForkBoundaryReason.TARGET_EQUALS_SOURCE,
                 "the fork target must differ from the source",
                 params={"field": "targetAgentSessionId"},
             )
@@ -381,6 +398,9 @@ class ForkStore(StoreBase):
         )
         if taken is not None:
             raise ForkConflict(
+                ForkBoundaryReason.TARGET_SESSION_EXISTS
+                if taken[0] == "session"
+                else ForkBoundaryReason.TARGET_SESSION_RESERVED,
                 f"target session id {req.target_session_id} is already {taken[0]}",
                 params={"field": "targetAgentSessionId"},
             )

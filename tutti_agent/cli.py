@@ -12,8 +12,9 @@ import sys
 from pathlib import Path
 
 from tutti_agent import __version__
+from tutti_agent.chat import ChatModel
 from tutti_agent.failpoints import FailpointHooks, parse_failpoints
-from tutti_agent.model import BuiltinModel, Model, ResponsesModel
+from tutti_agent.model import BuiltinModel, Endpoint, Model, ResponsesModel
 from tutti_agent.server import AppServer
 from tutti_agent.store import ThreadStore
 
@@ -32,9 +33,40 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument(
         "--model",
         default=os.environ.get("TUTTI_AGENT_MODEL", "mock-model"),
-        help="model name sent to the Responses API",
+        help="model name sent to the model endpoint (a thread's own model wins)",
+    )
+    app.add_argument(
+        "--wire-api",
+        choices=("responses", "chat"),
+        default=os.environ.get("TUTTI_AGENT_WIRE_API", "responses"),
+        help="the endpoint's API: OpenAI Responses (default) or Chat Completions",
+    )
+    app.add_argument(
+        "--api-key-env",
+        default=os.environ.get("TUTTI_AGENT_API_KEY_ENV"),
+        help="name of the environment variable holding the key, read at each request and "
+        "sent as `Authorization: Bearer` (the key itself is never an argument)",
+    )
+    app.add_argument(
+        "--instructions",
+        default=os.environ.get("TUTTI_AGENT_INSTRUCTIONS"),
+        help="system prompt sent with every request",
     )
     return parser
+
+
+def build_model(args: argparse.Namespace) -> Model:
+    if not args.model_base_url:
+        return BuiltinModel()
+    endpoint = Endpoint(
+        args.model_base_url,
+        args.model,
+        api_key_env=args.api_key_env or None,
+        instructions=args.instructions or None,
+    )
+    if args.wire_api == "chat":
+        return ChatModel(endpoint)
+    return ResponsesModel(endpoint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"tutti-agent: {exc}", file=sys.stderr)
         return 2
-    model: Model = (
-        ResponsesModel(args.model_base_url, args.model) if args.model_base_url else BuiltinModel()
-    )
+    model = build_model(args)
     stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
     stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
     server = AppServer(ThreadStore(home), model, stdout, hooks=FailpointHooks(points))

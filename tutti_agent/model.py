@@ -1,5 +1,6 @@
-"""Model backends: the built-in deterministic model (PROTOCOL.md directives) and an OpenAI
-Responses-API client (`--model-base-url`).
+"""Model backends: the built-in deterministic model (PROTOCOL.md directives) and the HTTP models
+behind one interface (`--model-base-url`): OpenAI Responses here, Chat Completions in
+`tutti_agent.chat` (`--wire-api chat`).
 
 A model drives one turn through the `TurnIO` port: it emits reasoning, tool calls and the
 agent message, and may ask the client for an approval or an answer."""
@@ -7,6 +8,7 @@ agent message, and may ask the client for an approval or an answer."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import urllib.parse
@@ -29,7 +31,7 @@ class TurnIO(Protocol):
 
     def model_input(self) -> list[Mapping[str, Any]]: ...
 
-    def reasoning(self, text: str) -> None: ...
+    def reasoning(self, text: str, item_id: str | None = None) -> None: ...
 
     def tool_call(self, name: str, arguments: str, output: str) -> None: ...
 
@@ -118,33 +120,76 @@ def _user_texts(items: list[Mapping[str, Any]]) -> list[str]:
     return texts
 
 
-class ResponsesModel:
-    """POST {base}/responses with `stream: true`; reads SSE until response.completed."""
+# Why a connect gets its own short deadline: an endpoint that refuses or does not route must fail
+# the turn within seconds (model_unreachable), while a slow model may stream for minutes.
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 300.0
+AUTH_FAILED = "model_auth_failed"
+UNREACHABLE = "model_unreachable"
 
-    provider = "responses"
 
-    def __init__(self, base_url: str, model: str = "mock-model", timeout_s: float = 300.0):
-        self.base_url = base_url.rstrip("/")
-        self.name = model
-        self.timeout_s = timeout_s
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how an HTTP model is reached. The key is never held here: `api_key_env` names
+    the environment variable read at each request (turn time), so it is never persisted."""
+
+    base_url: str
+    model: str = "mock-model"
+    api_key_env: str | None = None
+    instructions: str | None = None
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
+    read_timeout_s: float = READ_TIMEOUT_S
+
+    def api_key(self) -> str | None:
+        if not self.api_key_env:
+            return None
+        return os.environ.get(self.api_key_env) or None
+
+    def credential_note(self) -> str:
+        if not self.api_key_env:
+            return "no credential configured (set api_key_env)"
+        state = "set" if self.api_key() else "NOT set"
+        return f"credential from ${self.api_key_env}, which is {state}"
+
+
+class HttpModel:
+    """One model interface over HTTP+SSE: subclasses give the path, the request body and the
+    stream reader; this class owns the connection, the credential and the typed failures."""
+
+    provider = "http"
+    path = ""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.base_url = endpoint.base_url.rstrip("/")
+        self.name = endpoint.model
+
+    def model_for(self, io: TurnIO) -> str:
+        """The Session's own model (thread settings) wins over the provider's default."""
+        override = getattr(io, "model_name", None)
+        return str(override) if override else self.name
 
     def run(self, text: str, io: TurnIO) -> None:
+        raise NotImplementedError
+
+    def _fail(self, reason: str, cause: str) -> ModelError:
+        return ModelError(
+            f"{reason}: tutti-agent model endpoint {self.base_url + self.path} {cause}"
+        )
+
+    def post(self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Any], None]) -> None:
+        """POST `body`, then hand the 200 response to `consume`; every failure is typed."""
         # Imported here: every app-server spawn (one per fork, to prove the child readable)
         # would otherwise pay for http.client + email (~17 ms) that only this model uses.
         import http.client
 
-        body = {
-            "model": self.name,
-            "stream": True,
-            "store": False,
-            "input": io.model_input(),
-            "tools": [],
-        }
-        url = urllib.parse.urlsplit(self.base_url + "/responses")
+        url = urllib.parse.urlsplit(self.base_url + self.path)
         conn_cls = (
             http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
         )
-        conn = conn_cls(url.hostname or "127.0.0.1", url.port, timeout=self.timeout_s)
+        conn = conn_cls(
+            url.hostname or "127.0.0.1", url.port, timeout=self.endpoint.connect_timeout_s
+        )
 
         def abort() -> None:
             # shutdown() (unlike close()) wakes a recv blocked in the turn thread.
@@ -153,19 +198,34 @@ class ResponsesModel:
                 sock.shutdown(socket.SHUT_RDWR)
 
         io.on_cancel(abort)
+        headers = {"content-type": "application/json", "accept": "text/event-stream"}
+        key = self.endpoint.api_key()
+        if key:
+            headers["authorization"] = f"Bearer {key}"
         try:
             try:
-                conn.request(
-                    "POST",
-                    url.path,
-                    body=json.dumps(body).encode(),
-                    headers={"content-type": "application/json", "accept": "text/event-stream"},
-                )
+                conn.connect()
+            except OSError as exc:
+                if io.cancelled.is_set():
+                    raise TurnCancelled() from None
+                raise self._fail(UNREACHABLE, f"is unreachable: {exc}") from None
+            if conn.sock is not None:
+                conn.sock.settimeout(self.endpoint.read_timeout_s)
+            try:
+                path = url.path + (f"?{url.query}" if url.query else "")
+                conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
                 resp = conn.getresponse()
+                if resp.status in (401, 403):
+                    detail = resp.read(500).decode(errors="replace").strip()
+                    raise self._fail(
+                        AUTH_FAILED,
+                        f"answered HTTP {resp.status} ({self.endpoint.credential_note()}): "
+                        f"{detail}",
+                    )
                 if resp.status != 200:
                     detail = resp.read(2000).decode(errors="replace")
                     raise ModelError(f"model server returned HTTP {resp.status}: {detail}")
-                self._consume(resp, io)
+                consume(resp)
             except (OSError, http.client.HTTPException, AttributeError) as exc:
                 if io.cancelled.is_set():
                     raise TurnCancelled() from None
@@ -173,15 +233,55 @@ class ResponsesModel:
         finally:
             conn.close()
 
+
+class ResponsesModel(HttpModel):
+    """POST {base}/responses with `stream: true`; reads SSE until response.completed, streaming
+    `response.output_text.delta` as message deltas."""
+
+    provider = "responses"
+    path = "/responses"
+
+    def __init__(
+        self,
+        base_url: str | Endpoint,
+        model: str = "mock-model",
+        timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        endpoint = (
+            base_url
+            if isinstance(base_url, Endpoint)
+            else Endpoint(base_url, model, read_timeout_s=timeout_s)
+        )
+        super().__init__(endpoint)
+
+    def run(self, text: str, io: TurnIO) -> None:
+        body: dict[str, Any] = {
+            "model": self.model_for(io),
+            "stream": True,
+            "store": False,
+            "input": io.model_input(),
+            "tools": [],
+        }
+        if self.endpoint.instructions:
+            body["instructions"] = self.endpoint.instructions
+        self.post(body, io, lambda resp: self._consume(resp, io))
+
     def _consume(self, resp: http.client.HTTPResponse, io: TurnIO) -> None:
         completed = False
         for event in _sse_events(resp):
             if io.cancelled.is_set():
                 raise TurnCancelled()
             kind = event.get("type")
-            if kind == "response.output_item.done":
+            if kind == "response.output_text.delta":
+                _delta(io, str(event.get("item_id") or ""), "assistant", event.get("delta"))
+            elif kind == "response.reasoning_summary_text.delta":
+                _delta(io, str(event.get("item_id") or ""), "reasoning", event.get("delta"))
+            elif kind == "response.output_item.done":
                 self._item(event.get("item") or {}, io)
             elif kind == "response.completed":
+                usage = (event.get("response") or {}).get("usage")
+                if isinstance(usage, Mapping):
+                    _usage(io, usage.get("input_tokens"), usage.get("output_tokens"))
                 completed = True
                 break
             elif kind in ("response.failed", "error", "response.incomplete"):
@@ -216,8 +316,24 @@ class ResponsesModel:
             )
 
 
-def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
-    """Yield each SSE `data:` payload as it arrives (items stream into the turn live)."""
+def _delta(io: TurnIO, item_id: str, kind: str, delta: Any) -> None:
+    """Stream a text delta when the TurnIO can (a test double may not)."""
+    fn = getattr(io, "delta", None)
+    if fn is not None and isinstance(delta, str) and delta and item_id:
+        fn(item_id, kind, delta)
+
+
+def _usage(io: TurnIO, input_tokens: Any, output_tokens: Any) -> None:
+    fn = getattr(io, "usage", None)
+    if fn is not None and isinstance(input_tokens, int) and isinstance(output_tokens, int):
+        fn(input_tokens, output_tokens)
+
+
+def _sse_events(
+    resp: http.client.HTTPResponse, *, done_marker: bool = False
+) -> Iterator[dict[str, Any]]:
+    """Yield each SSE `data:` payload as it arrives (items stream into the turn live); with
+    `done_marker`, Chat Completions' final `data: [DONE]` is yielded as `{"type": "done"}`."""
     data: list[str] = []
     while True:
         raw = resp.readline()
@@ -226,8 +342,12 @@ def _sse_events(resp: http.client.HTTPResponse) -> Iterator[dict[str, Any]]:
         line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
         if not line:
             if data:
-                yield _decode_event("\n".join(data))
+                text = "\n".join(data)
                 data = []
+                if done_marker and text.strip() == "[DONE]":
+                    yield {"type": "done"}
+                    return
+                yield _decode_event(text)
             continue
         if line.startswith("data:"):
             data.append(line[5:].lstrip())

@@ -86,6 +86,9 @@ class LiveThread:
             _is_env_context(line.item) for line in history.lines
         )
         self.cwd = str(history.effective_settings().get("cwd") or ".")
+        # The Session's own model (thread/start `model`), which an HTTP model sends.
+        model_name = history.effective_settings().get("model")
+        self.model_name = str(model_name) if model_name else None
 
     # -- lifecycle --------------------------------------------------------------------
     def status(self) -> str:
@@ -290,9 +293,47 @@ class _TurnIO:
         history = self._thread.store.load(self._thread.thread_id)
         return model_context(history.items)
 
-    def reasoning(self, text: str) -> None:
+    @property
+    def model_name(self) -> str | None:
+        return self._thread.model_name
+
+    def delta(self, item_id: str, kind: str, text: str) -> None:
+        """Stream a piece of an item still being generated (not persisted: the completed item
+        is the record). Codex's notification names, so one driver maps both."""
+        method = "item/agentMessage/delta" if kind == "assistant" else (
+            "item/reasoning/summaryTextDelta"
+        )
+        params: dict[str, Any] = {
+            "threadId": self._thread.thread_id,
+            "turnId": self._turn.turn_id,
+            "itemId": item_id,
+            "delta": text,
+        }
+        if kind != "assistant":
+            params["summaryIndex"] = 0
+        self._thread.peer.notify(method, params)
+
+    def usage(self, input_tokens: int, output_tokens: int) -> None:
+        self._thread.append(
+            RolloutItem(
+                LineType.EVENT_MSG,
+                {
+                    "type": "token_count",
+                    "turn_id": self._turn.turn_id,
+                    "info": {
+                        "last_token_usage": {
+                            "input_tokens": input_tokens,
+                            "output_tokens": output_tokens,
+                            "total_tokens": input_tokens + output_tokens,
+                        }
+                    },
+                },
+            )
+        )
+
+    def reasoning(self, text: str, item_id: str | None = None) -> None:
         self._check()
-        item_id = f"rs_{uuid7()}"
+        item_id = item_id or f"rs_{uuid7()}"
         self._thread.append(
             RolloutItem(
                 LineType.RESPONSE_ITEM,

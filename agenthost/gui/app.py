@@ -83,6 +83,8 @@ class AgentHostApp(App[int]):
         self.own_engine = own_engine
         self.current: str | None = None
         self.turns: list[dict[str, Any]] = []
+        # Replies streaming in (message.delta) by (turn id, provider item id); not durable.
+        self._streams: dict[tuple[str, str], str] = {}
         self.has_more = False
         self.source_title: str | None = None
         self._clicked: set[tuple[str, str]] = set()
@@ -261,7 +263,7 @@ class AgentHostApp(App[int]):
             return
         await self.query_one(TranscriptView).show(
             session,
-            self.turns,
+            self._with_streams(self.turns),
             action_for=self.action_for,
             source_title=self.source_title,
             has_more=self.has_more,
@@ -342,6 +344,52 @@ class AgentHostApp(App[int]):
     async def _on_daemon_event(self, event: Mapping[str, Any]) -> None:
         if event.get("type") == "turn.updated":
             await self.merge_turn(str(event.get("agentSessionId")), event["turn"])
+        elif event.get("type") == "message.delta":
+            await self._on_delta(event)
+
+    async def _on_delta(self, event: Mapping[str, Any]) -> None:
+        """A streamed piece of a reply: the open Turn's reply grows in place until its settled
+        message (same provider item) replaces it."""
+        if event.get("agentSessionId") != self.current or event.get("kind") != "assistant":
+            return
+        key = (str(event.get("turnId")), str(event.get("itemId")))
+        self._streams[key] = self._streams.get(key, "") + str(event.get("delta") or "")
+        await self._render()
+
+    def _with_streams(self, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The loaded Turns, each active one with its replies streamed so far appended as
+        provisional assistant messages (until a message of that provider item exists)."""
+        if not self._streams:
+            return turns
+        out = []
+        for turn in turns:
+            streams = [(i, t) for (tid, i), t in self._streams.items() if tid == turn["turnId"]]
+            if not streams:
+                out.append(turn)
+                continue
+            if turn.get("phase") == "settled":
+                for item, _ in streams:
+                    self._streams.pop((str(turn["turnId"]), item), None)
+                out.append(turn)
+                continue
+            have = {
+                str((m.get("payload") or {}).get("providerItemId"))
+                for m in turn.get("messages") or []
+            }
+            extra = [
+                {
+                    "messageId": f"stream-{item}",
+                    "turnId": turn["turnId"],
+                    "kind": "assistant",
+                    "text": text,
+                    "payload": {"providerItemId": item, "streaming": True},
+                    "version": 0,
+                }
+                for item, text in streams
+                if item not in have
+            ]
+            out.append({**turn, "messages": [*(turn.get("messages") or []), *extra]})
+        return out
 
     async def merge_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
         """Apply a fresher copy of one Turn (event or submit reply) to the open transcript."""

@@ -4,15 +4,33 @@ worker right after `fork_session` (→ unknown, never redispatched, exactly one 
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
-from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
-from tests.support.messages_server import MessagesServer, model_input_texts
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    submit,
+    timeline,
+    turn_of,
+    wait_for,
+)
+from tests.support.messages_server import (
+    MessagesServer,
+    ToolUse,
+    last_user_text,
+    model_input_texts,
+    tool_result,
+)
+from transport.client import ApiError
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 
@@ -63,6 +81,13 @@ def test_claude_fork_commits_through_the_socket_and_child_turn_sees_turns_one_an
     assert op["status"] == "committed", op
     child = op["session"]
     assert child["providerSessionId"] not in (None, "")
+    # Seed 000 §7: the fork request named the canonical boundary Turn (echoed in the receipt).
+    store = Store.open(d.home / "store.sqlite3")
+    try:
+        receipt = store.get_fork_operation(WS, op["operationId"]).binding_receipt
+    finally:
+        store.close()
+    assert receipt["sourceCanonicalTurnId"] == turns[1]["turnId"]
     child_turns = timeline(c, child["agentSessionId"])
     assert len(child_turns) == 2
     assert all(t["providerForkBindingState"] == "bound" for t in child_turns)
@@ -101,3 +126,176 @@ def test_claude_worker_killed_after_fork_session_is_unknown_with_at_most_one_chi
     assert len(child_transcripts(d.home)) == 1
     # The source is usable again (fence released, worker restarted).
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
+
+
+def test_claude_tool_call_input_holding_typed_keys_forks_and_is_copied_byte_identical(
+    tmp_path: Path,
+) -> None:
+    """Seed 000 §5: a model's `tool_use.input` is model content. One holding `messageId` and a
+    canonical `turnId` neither blocks the fork (`unknown_typed_reference`) nor is rewritten in
+    the child: the child's tool-call payload is the source's, byte for byte."""
+    tool_input: dict[str, object] = {}
+
+    def reply(body: dict) -> str | ToolUse:
+        if tool_result(body) is not None:
+            return "done with the tool"
+        if last_user_text(body) == "call the tool":
+            return ToolUse("lookup_reference", dict(tool_input))
+        return f"echo: {last_user_text(body)}"
+
+    with MessagesServer(reply) as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", title="t", cwd=str(cwd))[
+                "agentSessionId"
+            ]
+            first = run_turn(c, sid, "one")
+            tool_input.update(
+                {"messageId": "abc", "turnId": first["turnId"], "nested": {"turnId": "x"}}
+            )
+            second = run_turn(c, sid, "call the tool")
+            assert second["outcome"] == "completed", second
+            source_calls = [m for m in timeline(c, sid)[1]["messages"] if m["kind"] == "tool_call"]
+            assert [m["payload"]["input"] for m in source_calls] == [tool_input]
+            _, op = fork(c, sid, second["turnId"])
+            op = until_terminal(c, op)
+            assert op["status"] == "committed", op
+            child_calls = [
+                m
+                for m in timeline(c, op["session"]["agentSessionId"])[1]["messages"]
+                if m["kind"] == "tool_call"
+            ]
+            assert [json.dumps(m["payload"], sort_keys=True) for m in child_calls] == [
+                json.dumps(m["payload"], sort_keys=True) for m in source_calls
+            ]
+            assert [m["text"] for m in child_calls] == [m["text"] for m in source_calls]
+        finally:
+            d.stop()
+
+
+def test_claude_turn_shown_recovery_required_is_refused_by_fork_create(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """Seed 000 §3.2: one per-Turn hook decides the projected providerForkBindingState and
+    what prepare accepts. A Claude binding whose schemaVersion the driver does not know is
+    `recovery_required` (the driver's own decoder), and fork.create refuses that Turn."""
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    store = Store.open(d.home / "store.sqlite3")
+    try:
+        binding = json.loads(store.get_turn(WS, sid, turns[1]["turnId"]).provider_turn_binding_json)
+        binding["schemaVersion"] = 99
+        store._conn().execute(
+            "UPDATE turns SET provider_turn_binding_json = ? WHERE turn_id = ?",
+            (json.dumps(binding), turns[1]["turnId"]),
+        )
+    finally:
+        store.close()
+    shown = {t["turnId"]: t["providerForkBindingState"] for t in timeline(c, sid)}
+    assert shown[turns[1]["turnId"]] == "recovery_required"
+    assert shown[turns[0]["turnId"]] == "bound"
+    with pytest.raises(ApiError) as err:
+        fork(c, sid, turns[1]["turnId"])
+    assert err.value.reason == "agent_session_fork_conflict"
+    assert err.value.params["forkBoundaryReason"] == "provider_turn_not_bound"
+    assert len(child_transcripts(d.home)) == 0
+
+
+def test_claude_sidechain_in_the_boundary_is_a_descendant_lane(tmp_path: Path) -> None:
+    """Seed 000 §4: a Task sub-agent (a Claude sidechain) is a provider-native descendant
+    lane. The driver records it in the Turn's messages, so a fork whose boundary holds it is
+    refused with `descendant_lane_in_boundary`; a boundary before it still forks."""
+
+    def called_already(body: dict) -> bool:
+        return any(
+            isinstance(b, dict) and b.get("type") == "tool_use"
+            for m in body.get("messages") or []
+            if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+            for b in m["content"]
+        )
+
+    def reply(body: dict) -> str | ToolUse:
+        if tool_result(body) is not None or called_already(body):
+            return "delegated"
+        text = last_user_text(body)
+        if text == "delegate":
+            names = [t.get("name") for t in body.get("tools") or []]
+            task = next(n for n in ("Task", "Agent") if n in names)
+            return ToolUse(
+                task,
+                {
+                    "description": "look around",
+                    "prompt": "sub-agent: look around",
+                    "subagent_type": "general-purpose",
+                    "run_in_background": False,  # a foreground sidechain of this Turn
+                },
+            )
+        if text == "sub-agent: look around":
+            return "the sub-agent looked around"
+        return f"echo: {text}"
+
+    with MessagesServer(reply) as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        cwd = tmp_path / "cwd"
+        cwd.mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", title="t", cwd=str(cwd))[
+                "agentSessionId"
+            ]
+            first = run_turn(c, sid, "one")
+            turn_id = submit(c, sid, "delegate")["turnId"]
+
+            def settled_or_approved() -> dict | None:
+                turn = turn_of(c, sid, turn_id)
+                for i in turn.get("interactions") or []:
+                    if i["status"] == "pending":  # the CLI may ask before running the tool
+                        c.call(
+                            "interaction.respond",
+                            {
+                                "workspaceId": WS,
+                                "agentSessionId": sid,
+                                "turnId": turn_id,
+                                "requestId": i["requestId"],
+                                "response": {"decision": "approve"},
+                            },
+                        )
+                return turn if turn["phase"] == "settled" else None
+
+            try:
+                second = wait_for(settled_or_approved, 40)
+            except AssertionError:
+                for r in server.requests:
+                    if isinstance(r, dict):
+                        print("REQ", json.dumps(r.get("messages"))[-600:])
+                    else:
+                        print("REQ", r)
+                print("TURN", json.dumps(turn_of(c, sid, turn_id))[:3000])
+                raise
+            assert second["outcome"] == "completed", second
+            assert any("sub-agent: look around" in json.dumps(r) for r in server.requests), (
+                "the sub-agent never ran"
+            )
+            lanes = [m for m in second["messages"] if m["kind"] == "descendant_lane"]
+            assert lanes and lanes[0]["payload"]["descendantLane"] is True
+            with pytest.raises(ApiError) as err:
+                fork(c, sid, turn_id)
+            assert err.value.params["forkBoundaryReason"] == "descendant_lane_in_boundary"
+            _, op = fork(c, sid, first["turnId"])
+            assert until_terminal(c, op)["status"] == "committed"
+        finally:
+            d.stop()

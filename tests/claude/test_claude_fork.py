@@ -1,5 +1,5 @@
 """Provider-owned forks of Claude sessions through a settled Turn, against the real SDK + CLI:
-child identity and bindings, model input after the fork, dispositions, the not-found retry."""
+child identity and bindings, model input after the fork, dispositions, one fork_session call."""
 
 from __future__ import annotations
 
@@ -199,9 +199,22 @@ def test_unverifiable_child_placement_is_unknown(
     assert len(set(harness.all_transcripts()) - before) == 1
 
 
-def test_message_not_found_recomputes_the_checkpoint_and_retries_once(
-    harness: Harness, three_turns: ClaudeSession
+def test_stale_checkpoint_is_recomputed_before_the_one_fork_session_call(
+    harness: Harness, three_turns: ClaudeSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Law 1 (seed 000 §7): at most one provider fork call per operation. A bound checkpoint
+    the transcript does not hold is replaced by the transcript's own checkpoint *before*
+    `fork_session` is called — never by a second call after "Message … not found"."""
+    import claude_agent_sdk
+
+    real = claude_agent_sdk.fork_session
+    cut_points: list[str | None] = []
+
+    def counting(*args: object, **kwargs: object) -> object:
+        cut_points.append(kwargs.get("up_to_message_id"))  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(claude_agent_sdk, "fork_session", counting)
     stale = encode_binding(str(uuid.uuid4()))  # a checkpoint the transcript never held
     params = harness.fork_params(
         three_turns, "child-i", 2, bindings=[three_turns.turns[0][1], stale]
@@ -211,6 +224,7 @@ def test_message_not_found_recomputes_the_checkpoint_and_retries_once(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert result.binding is not None
     assert result.binding.receipt["sourceCheckpointMessageId"] != decode_binding(stale)
+    assert cut_points == [result.binding.receipt["sourceCheckpointMessageId"]]
     assert len(set(harness.all_transcripts()) - before) == 1
 
 

@@ -376,3 +376,32 @@ def test_listeners_see_mutation_and_session_changes(
     done = settle(engine, clock, sid, turns[0])
     assert any(c.kind is ChangeKind.MUTATION and c.key == (sid, turns[0]) for c in seen)
     assert any(c.kind is ChangeKind.SESSION and c.session_id == done.child_session_id for c in seen)
+
+
+def test_replay_after_the_source_was_deleted_adopts_the_commit_and_acks(
+    make_engine: Callable[..., Engine],
+    client: Client,
+    relay: Relay,
+    clock: FakeClock,
+    ws: str,
+) -> None:
+    """Seed 000 §8: a fork committed but was never ACKed (the app died with the reply), then
+    the source was deleted. The restarted app's click (new identity, held barrier) gets the
+    durable committed operation — not 404 — so the Engine adopts the original child and ACKs
+    it instead of recording a committed fork as failed."""
+    sid, turns = source(client, ws)
+    committed = plain_fork(client, ws, sid, turns[1])
+    assert committed["status"] == "committed"
+    client.call("session.delete", {"workspaceId": ws, "agentSessionId": sid})
+    engine = make_engine()
+    engine.fork(sid, turns[1])
+    done = settle(engine, clock, sid, turns[1])
+    assert done.status is MutationStatus.SUCCEEDED, done
+    assert done.operation_id == committed["operationId"]
+    assert done.child_session_id == committed["targetAgentSessionId"]
+    done = engine.wait_for(
+        lambda: (r := engine.mutation(sid, turns[1])).ack is AckState.OBSERVED and r, 10
+    )
+    assert [a.params["operationId"] for a in relay.requests("fork.acknowledge")] == [
+        committed["operationId"]
+    ]

@@ -19,13 +19,16 @@ from agenthost.config import (
     SCHEMA,
     Bool,
     Command,
+    ConfigError,
     Endpoints,
     Int,
     Key,
     Number,
     Str,
     Url,
+    load_config,
     markdown_rows,
+    parse_config,
 )
 from tests.support.daemon import DaemonProcess, create_session, run_turn
 
@@ -200,3 +203,41 @@ def test_valid_values_start_and_a_list_command_runs_the_provider(tmp_path: Path)
         d.stop()
     assert turn["outcome"] == "completed"
     assert turn["messages"][-1]["text"] == "echo: hello"
+
+
+def test_model_keys_are_validated(tmp_path: Path) -> None:
+    """Issue 17: the model keys of each provider, checked at start-up with the key named; a
+    value given where a key name belongs is not echoed."""
+    cfg = parse_config(
+        tmp_path,
+        {
+            "providers": {
+                "tutti-agent": {"wire_api": "chat", "api_key_env": "MY_KEY", "instructions": "x"},
+                "codex": {"use_user_login": True},
+                "claude-code": {"api_key_env": "ANTHROPIC_API_KEY", "use_user_login": False},
+            }
+        },
+    )
+    assert cfg.providers["tutti-agent"]["wire_api"] == "chat"
+    with pytest.raises(ConfigError, match='wire_api must be one of "responses", "chat"'):
+        parse_config(tmp_path, {"providers": {"tutti-agent": {"wire_api": "soap"}}})
+    with pytest.raises(ConfigError, match="api_key_env must be an environment variable name") as e:
+        parse_config(tmp_path, {"providers": {"codex": {"api_key_env": "sk-abc def"}}})
+    assert "sk-abc" not in str(e.value)
+    with pytest.raises(ConfigError, match="use_user_login must be a boolean"):
+        parse_config(tmp_path, {"providers": {"codex": {"use_user_login": "maybe"}}})
+    with pytest.raises(
+        ConfigError, match=r'\[providers.tutti-agent\] unknown key "use_user_login"'
+    ):
+        parse_config(tmp_path, {"providers": {"tutti-agent": {"use_user_login": True}}})
+
+
+def test_a_key_in_a_readable_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "agenthost.toml"
+    path.write_text('[providers.codex]\napi_key = "sk-secret-value"\n')
+    os.chmod(path, 0o640)
+    with pytest.raises(ConfigError) as err:
+        load_config(tmp_path)
+    assert "must be 0600" in str(err.value) and "sk-secret-value" not in str(err.value)
+    os.chmod(path, 0o600)
+    assert load_config(tmp_path).providers["codex"]["api_key"] == "sk-secret-value"

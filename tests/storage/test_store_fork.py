@@ -428,10 +428,12 @@ def test_target_id_of_existing_session_is_conflict(
 ) -> None:
     sid, turns = source
     taken = new_session(store)
-    with pytest.raises(ForkConflict):
+    with pytest.raises(ForkConflict) as err:
         store.prepare_fork(WS, request(sid, turns[0], target=taken))
-    with pytest.raises(ForkConflict):
+    assert err.value.params["forkBoundaryReason"] == "target_session_exists"
+    with pytest.raises(ForkConflict) as err:
         store.prepare_fork(WS, request(sid, turns[0], target=sid))
+    assert err.value.params["forkBoundaryReason"] == "target_equals_source"
 
 
 def test_target_reservation_blocks_create_and_is_released_only_by_failure(
@@ -443,8 +445,9 @@ def test_target_reservation_blocks_create_and_is_released_only_by_failure(
         new_session(store, session_id="reserved-id")
     other = new_session(store)
     other_turn = settled_turn(store, other)
-    with pytest.raises(ForkConflict):
+    with pytest.raises(ForkConflict) as err:
         store.prepare_fork(WS, request(other, other_turn.turn_id, target="reserved-id"))
+    assert err.value.params["forkBoundaryReason"] == "target_session_reserved"
     store.mark_fork_failed(WS, op.operation_id, "not started")
     new_session(store, session_id="reserved-id")
 
@@ -738,7 +741,7 @@ def test_allowlisted_references_are_rewritten_and_lineage_left_alone(store: Stor
     payload = {
         "replyToMessageId": user_msg,
         "turnId": first.turn_id,
-        "nested": [{"parentMessageId": user_msg}],
+        "parentMessageId": user_msg,
         "providerTurnId": "p-raw",
         "sourceTurnId": first.turn_id,
         "output": f"tool said {user_msg}",
@@ -751,7 +754,7 @@ def test_allowlisted_references_are_rewritten_and_lineage_left_alone(store: Stor
     child_user = child_turns[0].messages[0].message_id
     assert tool.payload["replyToMessageId"] == child_user
     assert tool.payload["turnId"] == child_turns[0].turn_id
-    assert tool.payload["nested"] == [{"parentMessageId": child_user}]
+    assert tool.payload["parentMessageId"] == child_user
     # Provider/source lineage and free text are never rewritten.
     assert tool.payload["providerTurnId"] == "p-raw"
     assert tool.payload["sourceTurnId"] == first.turn_id
@@ -765,7 +768,7 @@ def test_allowlisted_references_are_rewritten_and_lineage_left_alone(store: Stor
         ({"replyToMessageId": "not-in-boundary"}, "dangling_reference"),
         ({"customMessageId": "x"}, "unknown_typed_reference"),
         ({"messageId": "x"}, "unknown_typed_reference"),
-        ({"deep": [{"$ref": "turn:1"}]}, "unknown_typed_reference"),
+        ({"$ref": "turn:1"}, "unknown_typed_reference"),
         ({"turnId": 7}, "malformed_reference"),
     ],
 )
@@ -777,7 +780,54 @@ def test_unsafe_references_fail_closed_at_prepare(
     with pytest.raises(ForkReferenceError) as err:
         store.prepare_fork(WS, request(sid, turn.turn_id))
     assert err.value.params["forkReferenceError"] == why
+    # Every agent_session_fork_conflict names a forkBoundaryReason (PROTOCOL.md).
+    assert err.value.reason == "agent_session_fork_conflict"
+    assert err.value.params["forkBoundaryReason"] == "history_reference_unsafe"
     assert store.fence_holder(WS, sid) is None
+
+
+def test_model_and_provider_content_below_the_payload_keys_is_copied_byte_identical(
+    store: Store,
+) -> None:
+    """Seed 000 §5: the allowlist names host-owned payload keys; a tool call's `input` or
+    `arguments` and a raw provider `item` are model/provider content — never refused, never
+    rewritten, even when they hold `messageId`/`turnId`/`$ref` keys or canonical ids."""
+    sid = new_session(store)
+    first = settled_turn(store, sid, text="q")
+    content = {
+        "messageId": "abc",
+        "turnId": first.turn_id,
+        "replyToMessageId": "not-an-id-here",
+        "deep": [{"$ref": "turn:1", "interactionId": 7}],
+    }
+    payloads = [
+        {"providerToolUseId": "toolu_1", "input": content},
+        {"providerItemId": "call_1", "tool": "t", "arguments": content},
+        {"providerItemType": "x", "item": {"type": "x", "payload": content}},
+    ]
+    second = settled_turn(store, sid, extra=[("tool_call", "t", p) for p in payloads])
+    op, _ = store.prepare_fork(WS, request(sid, second.turn_id))
+    committed = run_to_commit(store, op)
+    conn = store._conn()
+    source_json = [
+        r[0]
+        for r in conn.execute(
+            "SELECT payload_json FROM messages WHERE session_id = ? AND turn_id = ?"
+            " ORDER BY position",
+            (sid, second.turn_id),
+        )
+    ]
+    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    child_json = [
+        r[0]
+        for r in conn.execute(
+            "SELECT payload_json FROM messages WHERE session_id = ? AND turn_id = ?"
+            " ORDER BY position",
+            (committed.target_session_id, child_turns[1].turn_id),
+        )
+    ]
+    assert child_json == source_json
+    assert [m.payload for m in child_turns[1].messages[1:4]] == payloads
 
 
 def test_reference_to_a_later_turn_is_dangling_in_the_child(store: Store) -> None:

@@ -37,7 +37,8 @@ ref = st.tuples(
     st.integers(0, 4),
     st.integers(0, 2),
 )
-turn_plan = st.lists(st.lists(ref, max_size=2), min_size=0, max_size=3)
+# References are host-owned payload keys, so one message holds each key at most once.
+turn_plan = st.lists(st.lists(ref, max_size=2, unique_by=lambda r: r[0]), min_size=0, max_size=3)
 history_plan = st.tuples(st.lists(turn_plan, min_size=1, max_size=5), st.data())
 
 
@@ -85,7 +86,7 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
         store.bind_provider_turn(ws, sid, turn.turn_id, f"p{t}")
         for k in range(3):
             refs = messages[k] if k < len(messages) else []
-            payload: dict[str, Any] = {"refs": []}
+            payload: dict[str, Any] = {}
             for key, target_turn, slot in refs:
                 if key == "turnId":
                     target_turn = min(target_turn, t)  # turn ids exist only once created
@@ -93,7 +94,7 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
                 else:
                     target_turn = min(target_turn, n - 1)
                     value = message_ids[target_turn][slot]
-                payload["refs"].append({key: value, "text": value})
+                payload[key] = value
             store.append_message(
                 ws,
                 sid,

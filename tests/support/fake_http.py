@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -18,6 +19,11 @@ R = TypeVar("R")
 
 ReplyFn = Callable[[dict[str, Any]], str]
 """The common reply function: request body → assistant text."""
+
+
+def chunks(text: str, size: int = 4) -> list[str]:
+    """A reply split the way a model streams it (several deltas, never empty)."""
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
 class ModelHandler(BaseHTTPRequestHandler):
@@ -36,6 +42,46 @@ class ModelHandler(BaseHTTPRequestHandler):
 
     def send_json(self, status: int, obj: Any) -> None:
         self._send(status, "application/json", json.dumps(obj).encode())
+
+    def send_sse_live(
+        self,
+        events: Sequence[tuple[str, dict[str, Any]]],
+        *,
+        hold_after: int = -1,
+        gate: threading.Event | None = None,
+        timeout: float = 60.0,
+        delay_s: float = 0.0,
+    ) -> None:
+        """Stream events one by one (no Content-Length; the connection closes at the end),
+        holding after the first `hold_after` until `gate` is set: a client can be seen
+        showing a reply while the model is still producing it."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            for index, (name, data) in enumerate(events):
+                if index == hold_after and gate is not None:
+                    gate.wait(timeout)
+                if delay_s and index:
+                    time.sleep(delay_s)  # a model that drips its reply
+                self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.flush()
+
+    def send_unauthorized(self, payload: dict[str, Any] | None = None) -> None:
+        self.send_json(
+            401,
+            payload
+            or {
+                "error": {
+                    "message": "Incorrect API key provided",
+                    "type": "invalid_request_error",
+                    "code": "invalid_api_key",
+                }
+            },
+        )
 
     def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
@@ -62,8 +108,13 @@ class FakeModelServer(Generic[R]):
 
     thread_name = "fake-model-server"
 
-    def __init__(self, reply: Callable[[dict[str, Any]], R]) -> None:
+    def __init__(self, reply: Callable[[dict[str, Any]], R], *, api_key: str | None = None) -> None:
         self._reply = reply
+        self.api_key = api_key
+        """When set, every model request must carry it (`Authorization: Bearer` or
+        `x-api-key`), else the answer is 401, like the hosted APIs."""
+        self.rejected = 0
+        """Requests answered 401 for a missing or wrong credential."""
         self._lock = threading.Lock()
         self._requests: list[dict[str, Any]] = []
         self._paths: list[str] = []
@@ -93,6 +144,20 @@ class FakeModelServer(Generic[R]):
         """Every `METHOD path` the server saw, including probes (for diagnostics)."""
         with self._lock:
             return list(self._paths)
+
+    def authorized(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Whether the request carries the required credential; counts the refusals."""
+        if self.api_key is None:
+            return True
+        bearer = handler.headers.get("Authorization") or ""
+        given = handler.headers.get("x-api-key") or (
+            bearer[7:] if bearer.startswith("Bearer ") else ""
+        )
+        if given == self.api_key:
+            return True
+        with self._lock:
+            self.rejected += 1
+        return False
 
     def reply_to(self, body: dict[str, Any]) -> R:
         return self._reply(body)

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler
+from tests.support.fake_http import FakeModelServer, ModelHandler, chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +110,10 @@ class MessagesServer(FakeModelServer[Reply]):
 
     thread_name = "messages-server"
 
-    def __init__(self, reply: MessagesReplyFn | None = None) -> None:
-        super().__init__(reply or default_reply)
+    def __init__(
+        self, reply: MessagesReplyFn | None = None, *, api_key: str | None = None
+    ) -> None:
+        super().__init__(reply or default_reply, api_key=api_key)
 
     @property
     def base_url(self) -> str:
@@ -158,6 +160,10 @@ class MessagesServer(FakeModelServer[Reply]):
                     server.record(f"POST {self.path}", None)
                     self.send_json(400, _error("invalid_request_error", f"bad body: {exc}"))
                     return
+                if not server.authorized(self):
+                    server.record(f"POST {self.path} 401", None)
+                    self.send_unauthorized(_error("authentication_error", "invalid x-api-key"))
+                    return
                 if path.endswith("/v1/messages/count_tokens"):
                     server.record(f"POST {self.path}", None)
                     n = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
@@ -193,13 +199,21 @@ def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[st
     else:
         block = {"type": "text", "text": ""}
         delta = {"type": "text_delta", "text": reply}
+    deltas = (
+        [delta]
+        if isinstance(reply, ToolUse)
+        else [{"type": "text_delta", "text": piece} for piece in chunks(reply)]
+    )
     return [
         ("message_start", {"type": "message_start", "message": start}),
         (
             "content_block_start",
             {"type": "content_block_start", "index": 0, "content_block": block},
         ),
-        ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta}),
+        *(
+            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d})
+            for d in deltas
+        ),
         ("content_block_stop", {"type": "content_block_stop", "index": 0}),
         (
             "message_delta",

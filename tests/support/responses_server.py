@@ -2,17 +2,36 @@
 
 It answers `POST /v1/responses` (SSE, possibly zstd-encoded bodies) and `GET /v1/models` on
 127.0.0.1 with deterministic `echo: <last user text>` replies and records every request body.
+A reply function may return a `FunctionCall`: the response then holds a `function_call` output
+item (the model calling a tool) followed by a short assistant message.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, ReplyFn
+from tests.support.fake_http import FakeModelServer, ModelHandler, chunks
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """A model reply that calls one tool: a `function_call` item with JSON-string `arguments`."""
+
+    name: str
+    arguments: str
+    text: str = "called the tool"
+    call_id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
+
+
+Reply = str | FunctionCall
+ReplyFn = Callable[[dict[str, Any]], Reply]
 
 
 def _content_text(content: Any) -> str:
@@ -61,7 +80,7 @@ def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 
 
-class ResponsesServer(FakeModelServer[str]):
+class ResponsesServer(FakeModelServer[Reply]):
     """Context manager running the fake Responses API on an ephemeral 127.0.0.1 port.
 
     `reply` maps a request body to the assistant text (default `echo: <last user text>`).
@@ -70,8 +89,19 @@ class ResponsesServer(FakeModelServer[str]):
 
     thread_name = "responses-server"
 
-    def __init__(self, reply: ReplyFn | None = None) -> None:
-        super().__init__(reply or default_reply)
+    def __init__(
+        self,
+        reply: ReplyFn | None = None,
+        *,
+        api_key: str | None = None,
+        gate: threading.Event | None = None,
+        drip_s: float = 0.0,
+    ) -> None:
+        super().__init__(reply or default_reply, api_key=api_key)
+        self.gate = gate
+        self.drip_s = drip_s
+        """When > 0, streamed replies send their events this many seconds apart."""
+        """When given, each streamed reply stops after its first text delta until it is set."""
 
     @property
     def base_url(self) -> str:
@@ -107,6 +137,10 @@ class ResponsesServer(FakeModelServer[str]):
                     server.record(f"POST {self.path}", None)
                     self.send_json(400, {"error": {"message": f"bad body: {exc}"}})
                     return
+                if not server.authorized(self):
+                    server.record(f"POST {self.path} 401", None)
+                    self.send_unauthorized()
+                    return
                 server.record(f"POST {self.path}", body)
                 text = server.reply_to(body)
                 if not body.get("stream"):
@@ -114,15 +148,58 @@ class ResponsesServer(FakeModelServer[str]):
                     return
                 resp = _response_object(body, text)
                 created = dict(resp, status="in_progress", output=[])
-                self.send_sse(
+                msg_index = len(resp["output"]) - 1
+                item = resp["output"][msg_index]
+                added = dict(item, status="in_progress", content=[])
+                deltas = [
+                    (
+                        "response.output_text.delta",
+                        {
+                            "type": "response.output_text.delta",
+                            "item_id": item["id"],
+                            "output_index": msg_index,
+                            "content_index": 0,
+                            "delta": piece,
+                        },
+                    )
+                    for piece in chunks(item["content"][0]["text"])
+                ]
+                send = self.send_sse
+                if server.gate is not None or server.drip_s:
+                    gate, drip = server.gate, server.drip_s
+
+                    def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+                        self.send_sse_live(events, hold_after=3, gate=gate, delay_s=drip)
+
+                send(
                     [
                         ("response.created", {"type": "response.created", "response": created}),
+                        *(
+                            (
+                                "response.output_item.done",
+                                {
+                                    "type": "response.output_item.done",
+                                    "output_index": i,
+                                    "item": it,
+                                },
+                            )
+                            for i, it in enumerate(resp["output"][:msg_index])
+                        ),
+                        (
+                            "response.output_item.added",
+                            {
+                                "type": "response.output_item.added",
+                                "output_index": msg_index,
+                                "item": added,
+                            },
+                        ),
+                        *deltas,
                         (
                             "response.output_item.done",
                             {
                                 "type": "response.output_item.done",
-                                "output_index": 0,
-                                "item": resp["output"][0],
+                                "output_index": msg_index,
+                                "item": item,
                             },
                         ),
                         ("response.completed", {"type": "response.completed", "response": resp}),
@@ -132,8 +209,23 @@ class ResponsesServer(FakeModelServer[str]):
         return Handler
 
 
-def _response_object(body: dict[str, Any], text: str) -> dict[str, Any]:
+def _response_object(body: dict[str, Any], reply: str | FunctionCall) -> dict[str, Any]:
     rid = f"resp_{uuid.uuid4().hex}"
+    output: list[dict[str, Any]] = []
+    if isinstance(reply, FunctionCall):
+        output.append(
+            {
+                "type": "function_call",
+                "id": f"fc_{uuid.uuid4().hex}",
+                "call_id": reply.call_id,
+                "name": reply.name,
+                "arguments": reply.arguments,
+                "status": "completed",
+            }
+        )
+        text = reply.text
+    else:
+        text = reply
     item = {
         "type": "message",
         "id": f"msg_{uuid.uuid4().hex}",
@@ -148,7 +240,7 @@ def _response_object(body: dict[str, Any], text: str) -> dict[str, Any]:
         "object": "response",
         "status": "completed",
         "model": body.get("model", "mock-model"),
-        "output": [item],
+        "output": [*output, item],
         "usage": {
             "input_tokens": in_tokens,
             "input_tokens_details": {"cached_tokens": 0},

@@ -52,14 +52,22 @@ def test_responses_stream_echoes_last_user_text_from_gzip_body() -> None:
         assert srv.requests == [body]
     assert status == 200 and ctype.startswith("text/event-stream")
     events = sse_events(raw)
+    # The reply streams as text deltas ("echo", ": hi") inside its item (issue 17).
     assert [name for name, _ in events] == [
         "response.created",
+        "response.output_item.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
         "response.output_item.done",
         "response.completed",
     ]
-    item = events[1][1]["item"]
+    item = events[4][1]["item"]
     assert item["content"][0]["text"] == "echo: hi"
-    assert events[2][1]["response"]["usage"]["total_tokens"] > 0
+    assert "".join(e["delta"] for n, e in events if n == "response.output_text.delta") == (
+        "echo: hi"
+    )
+    assert {e["item_id"] for n, e in events if n.endswith(".delta")} == {item["id"]}
+    assert events[5][1]["response"]["usage"]["total_tokens"] > 0
 
 
 @pytest.mark.timeout(30)
@@ -108,16 +116,15 @@ def test_messages_stream_has_anthropic_event_sequence_and_ignores_reminders() ->
     assert status == 200 and ctype.startswith("text/event-stream")
     assert json.loads(counted)["input_tokens"] > 0
     events = sse_events(raw)
-    assert [name for name, _ in events] == [
-        "message_start",
-        "content_block_start",
-        "content_block_delta",
-        "content_block_stop",
-        "message_delta",
-        "message_stop",
-    ]
-    assert events[2][1]["delta"] == {"type": "text_delta", "text": "echo: what now"}
-    assert events[4][1]["delta"]["stop_reason"] == "end_turn"
+    names = [name for name, _ in events]
+    # The text streams in several deltas (issue 17) that join to the reply.
+    assert names[:2] == ["message_start", "content_block_start"]
+    assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    deltas = [e["delta"] for n, e in events if n == "content_block_delta"]
+    assert len(deltas) == len(names) - 5 > 1
+    assert all(d["type"] == "text_delta" for d in deltas)
+    assert "".join(d["text"] for d in deltas) == "echo: what now"
+    assert events[-2][1]["delta"]["stop_reason"] == "end_turn"
     assert messages_input_texts(body) == [("user", "what now")]
 
 
