@@ -128,7 +128,7 @@ def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -
     done = serve(home)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(
-        f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got the "
+        f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got "
     )
     assert "Traceback" not in done.stderr and not (home / "store.sqlite3").exists()
 
