@@ -28,6 +28,7 @@ from storage.base import typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
     ForkOperation,
+    ForkPointKind,
     ForkPrepareRequest,
     ForkStatus,
     ProviderForkEvidence,
@@ -38,7 +39,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TERMINAL = frozenset({ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN})
+TERMINAL = frozenset(
+    {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN, ForkStatus.ABANDONED}
+)
+
+
+def full_session_capable(catalog: Any, provider: str, context: Mapping[str, Any]) -> bool:
+    """`lifecycleCapabilities.forkFullSession` from the persisted attestation (issue 21 §2);
+    a catalog that knows nothing of it is false (never inferred from forkThroughTurn)."""
+    check = getattr(catalog, "fork_full_session_capable", None)
+    return bool(check is not None and check(provider, context))
+
+
 _RETRY_MAX_S = 2.0
 
 
@@ -87,6 +99,7 @@ class ForkSaga:
             request_id=msg.request_id,
             target_session_id=msg.target_session_id,
             turn_id=msg.turn_id,
+            point_kind=msg.point_kind,
         )
         if existing is not None:
             live = actor.sagas.get(existing.operation_id)
@@ -132,16 +145,24 @@ class ForkSaga:
         ctx = actor.ctx
         context = dict(runtime.runtime_context)
         # Re-resolved at execution: a capability a client cached never bypasses the server.
-        if not ctx.catalog.fork_through_turn_capable(runtime.provider, context):
+        full = msg.point_kind == ForkPointKind.LATEST_SETTLED
+        capable = (
+            full_session_capable(ctx.catalog, runtime.provider, context)
+            if full
+            else ctx.catalog.fork_through_turn_capable(runtime.provider, context)
+        )
+        if not capable:
             raise ForkUnsupported(
                 f"session {actor.sid} ({runtime.provider} "
-                f"{context.get('driverVersion', '?')}) cannot fork through a turn"
+                f"{context.get('driverVersion', '?')}) cannot fork "
+                + ("the whole session" if full else "through a turn")
             )
         request = ForkPrepareRequest(
             source_session_id=actor.sid,
             request_id=msg.request_id,
             target_session_id=msg.target_session_id,
             turn_id=msg.turn_id,
+            point_kind=msg.point_kind,
             driver_kind=str(context.get("driverKind") or runtime.provider),
             driver_version=str(context.get("driverVersion") or ""),
             binding_mode=info.binding_mode,
@@ -280,6 +301,11 @@ class ForkSaga:
                 f"provider-state binder unavailable (binderAvailable="
                 f"{result.get('binderAvailable', '<missing>')!r})"
             )
+            return
+        full = op.point_kind == ForkPointKind.LATEST_SETTLED
+        if full and result.get("forkFullSession") is not True:
+            # The driver declares full-Session fork separately (seed 000 §11 step 2).
+            self._fail("the driver does not declare forkFullSession")
             return
         ctx = self.actor.ctx
         op, _ = ctx.store.mark_fork_dispatching(self.actor.ws, op.operation_id)

@@ -77,6 +77,8 @@ class ForkCreate:
     target_session_id: str
     turn_id: str
     reply: Reply
+    # storage.models.ForkPointKind; `latest_settled` leaves turn_id "" (resolved at prepare).
+    point_kind: str = "through_turn"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ import pykka
 
 from actors import runtime_dirs
 from actors.context import HostContext
+from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.fork_saga import ForkSaga
 from actors.messages import (
     DriverEvent,
@@ -122,6 +123,7 @@ class SessionActor(pykka.ThreadingActor):
         self._predecessor = predecessor
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
+        self.resolves: dict[str, Any] = {}  # fork.resolve in flight (actors/fork_resolve.py)
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
@@ -192,6 +194,8 @@ class SessionActor(pykka.ThreadingActor):
                 ForkSaga.start(self, message)
             case ForkAdvance():
                 ForkSaga.advance_leftover(self, message)
+            case ForkResolve():
+                ForkResolver.start(self, message)
             case RuntimeLost():
                 self._on_runtime_lost(message)
             case _:
@@ -225,6 +229,7 @@ class SessionActor(pykka.ThreadingActor):
     def _update_busy(self) -> None:
         busy = (
             bool(self.sagas)
+            or bool(self.resolves)
             or bool(self._durable)
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())

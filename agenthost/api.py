@@ -16,6 +16,8 @@ from typing import Any
 
 import pykka
 
+from actors.fork_resolve import ACTIONS as RESOLVE_ACTIONS
+from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.fork_saga import TERMINAL as _TERMINAL_FORK
 from actors.host_actor import GetFork, HostActor, Route
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
@@ -79,6 +81,7 @@ class Api:
             "session.get": self.session_get,
             "session.list": self.session_list,
             "session.timeline": self.session_timeline,
+            "session.lineage": self.session_lineage,
             "session.updateSettings": self.session_update_settings,
             "session.updateTitle": self.session_update_title,
             "session.pin": self.session_pin,
@@ -91,6 +94,7 @@ class Api:
             "fork.create": self.fork_create,
             "fork.get": self.fork_get,
             "fork.acknowledge": self.fork_acknowledge,
+            "fork.resolve": self.fork_resolve,
         }
         if set_failpoints is not None:
             self._methods["debug.failpoints"] = self.debug_failpoints
@@ -270,6 +274,13 @@ class Api:
 
         self._read(responder, _timeline)
 
+    def session_lineage(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        self._read(
+            responder,
+            lambda: projection.lineage_tree(self.store.lineage_tree(ws, sid), self.catalog),
+        )
+
     def _mutate(
         self,
         params: Mapping[str, Any],
@@ -362,11 +373,18 @@ class Api:
         request_id = require_str(params, "requestId", max_len=128)
         target = require_uuid(params, "targetAgentSessionId")
         point = require_map(params, "point")
-        if point.get("type") != "throughTurn":
-            raise InvalidArgument("point", "'point.type' must be 'throughTurn'")
-        turn_id = point.get("turnId")
-        if not isinstance(turn_id, str) or not 1 <= len(turn_id) <= 128:
-            raise InvalidArgument("point", "'point.turnId' must be a 1..128 character string")
+        if point.get("type") == "latestSettled":
+            # The whole Session (issue 21 §2): no turnId; resolved and frozen at prepare.
+            if "turnId" in point:
+                raise InvalidArgument("point", "'latestSettled' takes no 'point.turnId'")
+            turn_id, kind = "", "latest_settled"
+        elif point.get("type") == "throughTurn":
+            given = point.get("turnId")
+            if not isinstance(given, str) or not 1 <= len(given) <= 128:
+                raise InvalidArgument("point", "'point.turnId' must be a 1..128 character string")
+            turn_id, kind = given, "through_turn"
+        else:
+            raise InvalidArgument("point", "'point.type' must be 'throughTurn' or 'latestSettled'")
 
         def replay_after_delete() -> tuple[int, dict[str, Any]] | None:
             # Seed 000 §8: a replay (same requestId, or a new identity on the held barrier)
@@ -378,6 +396,7 @@ class Api:
                 request_id=request_id,
                 target_session_id=target,
                 turn_id=turn_id,
+                point_kind=kind,
             )
             if op is None:
                 return None
@@ -387,7 +406,7 @@ class Api:
             responder,
             ws,
             sid,
-            lambda reply: ForkCreate(request_id, target, turn_id, reply),
+            lambda reply: ForkCreate(request_id, target, turn_id, reply, kind),
             self._fork_result,
             gone=replay_after_delete,
         )
@@ -438,6 +457,40 @@ class Api:
             return {"operation": projection.operation(op, self.catalog)}
 
         self._read(responder, _ack)
+
+    def fork_resolve(self, params: Mapping[str, Any], responder: Responder) -> None:
+        """Issue 21 §1: inspect / adopt / abandon an `unknown` operation, in its source's actor."""
+        ws = _workspace(params)
+        op_id = require_str(params, "operationId", max_len=128)
+        request_id = require_str(params, "requestId", max_len=128)
+        action = require_enum(params, "action", RESOLVE_ACTIONS)
+
+        def project(outcome: Any) -> tuple[int, dict[str, Any]]:
+            if not isinstance(outcome, ResolveReply):
+                raise HostError("unexpected fork.resolve reply")
+            return 200, {
+                "operation": projection.operation(outcome.operation, self.catalog),
+                "evidence": None if outcome.evidence is None else dict(outcome.evidence),
+            }
+
+        def _go() -> None:
+            try:
+                op = self.store.get_fork_operation(ws, op_id)
+            except HostError as exc:
+                responder.error(exc)
+                return
+            self._route(
+                responder,
+                ws,
+                op.source_session_id,
+                lambda reply: ForkResolve(op_id, request_id, action, reply),
+                project,
+            )
+
+        try:
+            self._pool.submit(_go)
+        except RuntimeError:
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
     def debug_failpoints(self, params: Mapping[str, Any], responder: Responder) -> None:
         assert self._set_failpoints is not None

@@ -17,6 +17,9 @@ from typing import Any
 from actors.ports import BindingState, DriverInfo
 from drivers.claude_transcript import decode_binding
 
+# Drivers whose attestation declares `forkFullSession` (drivers/tutti_agent.py, claude.py).
+FULL_SESSION_DRIVERS = frozenset({"tutti-agent", "codex", "claude-code"})
+
 _INFO = {
     "tutti-agent": DriverInfo("tutti-agent", "host_copy", True, "tutti-agent-home"),
     "codex": DriverInfo("codex", "host_copy", True, "codex-home"),
@@ -41,6 +44,15 @@ class Catalog:
             runtime_context.get("driverKind") == provider  # never another brand's attestation
             and runtime_context.get("forkThroughTurn") is True
             and runtime_context.get("binderAvailable") is True
+        )
+
+    def fork_full_session_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
+        """Full-Session fork (issue 21 §2) cuts at the newest settled Turn with the same
+        verified mechanism, so a driver declares it (`forkFullSession` in its attestation,
+        re-checked at dispatch) only where the child's history is proven equal to the
+        canonical prefix: the exact-prefix `thread/fork` gates and Claude's pinned SDK."""
+        return provider in FULL_SESSION_DRIVERS and self.fork_through_turn_capable(
+            provider, runtime_context
         )
 
     def binding_state(

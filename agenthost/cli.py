@@ -181,6 +181,18 @@ def _parser() -> argparse.ArgumentParser:
         "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
     )
     f.set_defaults(run=_fork)
+    t = sub.add_parser("tree", parents=[common], help="a session's fork tree (ancestors, forks)")
+    t.add_argument("session", help="session id or unique prefix")
+    t.set_defaults(run=_tree)
+    r = sub.add_parser(
+        "resolve", parents=[common], help="inspect, adopt or abandon an unknown fork operation"
+    )
+    r.add_argument("operation")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument("--adopt", action="store_const", const="adopt", dest="action")
+    how.add_argument("--abandon", action="store_const", const="abandon", dest="action")
+    r.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
+    r.set_defaults(run=_resolve, action="inspect")
     o = sub.add_parser("op", parents=[common], help="show a fork operation")
     o.add_argument("operation", help="operation id or unique prefix (of a committed fork)")
     o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
@@ -855,6 +867,33 @@ def _show(args: argparse.Namespace, client: Any) -> int:
         {"session": session, "turns": turns},
         format_transcript(session, turns, source, chain),
     )
+    return EXIT_OK
+
+
+@_with_client
+def _tree(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.lineage_view import format_tree
+    from agenthost.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    tree = _call(args, client, "session.lineage", agentSessionId=sid)
+    _emit(args, tree, format_tree(tree))
+    return EXIT_OK
+
+
+@_with_client
+def _resolve(args: argparse.Namespace, client: Any) -> int:
+    from agenthost.lineage_view import format_resolution
+
+    result = _call(
+        args,
+        client,
+        "fork.resolve",
+        operationId=args.operation,
+        requestId=args.request_id or str(uuid.uuid4()),
+        action=args.action,
+    )
+    _emit(args, result, format_resolution(result).replace("OP", args.operation))
     return EXIT_OK
 
 

@@ -105,6 +105,8 @@ class Daemon:
         self.store = store = Store.open(cfg.store_path, busy_timeout_ms=cfg.store_busy_timeout_ms)
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
+        # Then fork.resolve (issue 21): finish or roll back a half-done resolution.
+        self.resolutions_recovered = store.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
         # Deletes a killed daemon did not finish: their runtime dirs go now.
         runtime_dirs.sweep(store, cfg.runtimes_dir)

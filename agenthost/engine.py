@@ -691,7 +691,8 @@ class Engine:
             self._schedule_poll_locked(key)
         elif status == "committed":
             self._adopt_committed_locked(record, op.get("session"), op.get("lineage"))
-        elif status == "failed":
+        elif status in ("failed", "abandoned"):
+            # `abandoned` (fork.resolve, issue 21) frees the boundary exactly as `failed` does.
             slot.cancel_all()
             self._put_locked(
                 replace(

@@ -10,7 +10,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from actors.fork_saga import full_session_capable
 from actors.ports import ProviderCatalog
+from storage.fork_points import wire_point
+from storage.lineage_tree import LineageNode, LineageTree
 from storage.models import ForkOperation, Interaction, Lineage, Message, Session, Turn
 
 
@@ -48,7 +51,12 @@ def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
         "createdAtUnixMs": value.created_at_ms,
         "updatedAtUnixMs": value.updated_at_ms,
         # `fork` (whole-session) is not implemented for any provider (seed 000 §1).
-        "lifecycleCapabilities": {"fork": False, "forkThroughTurn": fork_through_turn},
+        "lifecycleCapabilities": {
+            "fork": False,
+            "forkThroughTurn": fork_through_turn,
+            "forkFullSession": value.kind == "root"
+            and full_session_capable(catalog, value.provider, value.runtime_context),
+        },
         "forkedFrom": lineage(value.lineage),
     }
 
@@ -115,10 +123,37 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
         "requestId": value.request_id,
         "sourceAgentSessionId": value.source_session_id,
         "targetAgentSessionId": value.target_session_id,
-        "point": {"type": "throughTurn", "turnId": value.source_turn_id},
+        "point": wire_point(value.point_kind, value.source_turn_id),
         "status": value.public_status.value,
         "phase": value.phase.value,
         "session": None if committed is None else session(committed, catalog),
         "lineage": lineage(value.lineage),
         "error": value.error,
+    }
+
+
+def lineage_node(value: LineageNode) -> dict[str, Any]:
+    return {
+        "agentSessionId": value.session_id,
+        "title": value.title,
+        "deleted": value.deleted,
+        "ordinal": value.ordinal,
+        "lineage": lineage(value.lineage),
+        "children": [lineage_node(c) for c in value.children],
+    }
+
+
+def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]:
+    """`session.lineage` (issue 21 §3): ancestors nearest first, then the descendant tree."""
+    return {
+        "session": session(value.session, catalog),
+        "ancestors": [
+            {
+                "agentSessionId": a.session_id,
+                "session": None if a.session is None else session(a.session, catalog),
+                "lineage": lineage(a.lineage),
+            }
+            for a in value.ancestors
+        ],
+        "descendants": [lineage_node(n) for n in value.descendants],
     }

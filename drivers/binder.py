@@ -17,7 +17,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -303,6 +303,15 @@ def _atomic_write(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def _tamper_with(paths: Iterable[Path]) -> None:
+    """The `tamper` failpoint's damage (tests only): cut each rollout just written to its
+    session_meta line, as a lost or damaged copy would look. Identity stays provable; the
+    history (a Copied child's turns, the prefix a Referenced child reads) is gone."""
+    for path in paths:
+        data = path.read_bytes()
+        path.write_bytes(data[: data.index(b"\n") + 1])
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -376,7 +385,9 @@ class RolloutBinder:
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
         if writes:
-            self._failpoints.hit("worker.bind.after_copy")
+            self._failpoints.hit(
+                "worker.bind.after_copy", tamper=lambda: _tamper_with(p.target for p in writes)
+            )
         return BindReceipt(
             child_id=child_id,
             source_home=str(source_home),

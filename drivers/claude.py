@@ -252,6 +252,8 @@ class ClaudeDriver:
             "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
             # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
             "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
+            # Full-Session fork (issue 21): the same checkpoint cut at the newest settled Turn.
+            "forkFullSession": sdk_version() == PINNED_SDK_VERSION,
             "binderAvailable": self._placement_available(),
         }
 

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from drivers.app_server import AppServerFailure, private_env
-from drivers.base import ProviderDriver
+from drivers.base import ForkRequest, ProviderDriver
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
+from drivers.readability import prove_codex_child
 from drivers.tutti_agent import AppServerDriver, _Runtime, _Session
 from drivers.versions import CODEX_GATE
 from storage.errors import Conflict, HostError, InvalidArgument
@@ -89,14 +90,62 @@ def default_command() -> list[str]:
     return [shutil.which("codex") or "codex"]
 
 
-def resolve_command(configured: Any) -> list[str]:
+def native_behind_npm_shim(program: str) -> Path | None:
+    """The native `codex` that npm's `node` wrapper would run, or None when `program` is not
+    that wrapper (or its platform binary is missing).
+
+    The wrapper is `@openai/codex`'s `bin/codex.js` (usually reached through the
+    `node_modules/.bin/codex` symlink); it resolves `@openai/codex-<platform>` the way
+    `require.resolve` does — the package's own `node_modules`, then each enclosing
+    `node_modules` — falling back to the package's own `vendor/` dir, and then `execve`s
+    `vendor/<triple>/bin/codex` with the same arguments. Spawning that binary directly saves a
+    Node.js start per app-server (issue 20). The wrapper also exports `CODEX_MANAGED_BY_NPM` /
+    `CODEX_MANAGED_PACKAGE_ROOT`, which only `codex doctor` reads; they are not set here.
+    """
+    found = shutil.which(program) if os.sep not in program else program
+    if not found:
+        return None
+    real = Path(os.path.realpath(found))
+    if real.name != "codex.js" or real.parent.name != "bin":
+        return None
+    package = real.parent.parent
+    try:
+        manifest = json.loads((package / "package.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or manifest.get("name") != "@openai/codex":
+        return None
+    for node_modules in [
+        package / "node_modules",
+        *(d for d in package.parents if d.name == "node_modules"),
+    ]:
+        native = native_binary(node_modules)
+        if native is not None:
+            return native
+    key = _NATIVE_PACKAGES.get((platform.system(), platform.machine()))
+    if key is not None:
+        vendored = package / "vendor" / key[1] / "bin" / "codex"
+        if vendored.is_file() and os.access(vendored, os.X_OK):
+            return vendored
+    return None
+
+
+def resolve_command(configured: Any, *, native: bool = True) -> list[str]:
     """`[providers.codex] command` (a string is split like a shell would, a list is taken as
-    is), else `default_command()`. The `app-server` argument is added by the driver."""
+    is), else `default_command()`. A configured npm `node` wrapper is replaced by the native
+    binary it would run (same arguments) unless `native` is false; without one, the wrapper is
+    kept. The `app-server` argument is added by the driver."""
     if isinstance(configured, str) and configured.strip():
-        return shlex.split(configured)
-    if isinstance(configured, Sequence) and not isinstance(configured, str) and configured:
-        return [str(part) for part in configured]
-    return default_command()
+        argv = shlex.split(configured)
+    elif isinstance(configured, Sequence) and not isinstance(configured, str) and configured:
+        argv = [str(part) for part in configured]
+    else:
+        return default_command()
+    if native:
+        binary = native_behind_npm_shim(argv[0])
+        if binary is not None:
+            return [str(binary), *argv[1:]]
+    return argv
 
 
 # --------------------------------------------------------------------------- config.toml
@@ -359,7 +408,8 @@ class CodexDriver(AppServerDriver):
     # ------------------------------------------------------------------ process
 
     def command(self) -> list[str]:
-        return [*resolve_command(self.config.get("command")), "app-server"]
+        native = bool(self.config.get("resolve_native_binary", True))
+        return [*resolve_command(self.config.get("command"), native=native), "app-server"]
 
     def extra_env(self, home: Path) -> dict[str, str]:
         return {**super().extra_env(home), **file_key_env(self.config)}
@@ -460,6 +510,29 @@ class CodexDriver(AppServerDriver):
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+    def _fork_runtime(self, request: ForkRequest) -> tuple[_Runtime | None, bool]:
+        """A transient fork runtime first loads the source's ancestors: Codex lists a thread's
+        inherited Turns only once it loaded them in that home, and a fork child that never ran
+        was loaded by no app-server there (its readability is proven in the worker)."""
+        runtime, transient = super()._fork_runtime(request)
+        if runtime is None or not transient:
+            return runtime, transient
+        home = Path(request.source.home)
+        ancestors = rollout_lineage(home, request.source.provider_session_id)[1:]
+        try:
+            self._project(runtime, reversed(ancestors))
+        except AppServerFailure:
+            runtime.proc.close()
+            return None, False
+        return runtime, transient
+
+    def _read_child_in_worker(
+        self, runtime: _Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> str | None:
+        """The bound child's lineage read from the target home alone, in this worker: every
+        referenced rollout present, the session_meta chain intact, turns = the prefix."""
+        return prove_codex_child(home, child_id, source_id, prefix)
 
     # ------------------------------------------------------------------ port methods
 

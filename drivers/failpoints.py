@@ -1,5 +1,6 @@
-"""The failpoint registry: named points armed with `kill`, `error`, `sleep:<ms>`, `hang` or `off`
-(optionally `once:`), parsed from `AGENTHOST_FAILPOINTS="name=action;…"` and settable at run time.
+"""The failpoint registry: named points armed with `kill`, `error`, `sleep:<ms>`, `hang`,
+`tamper` or `off` (optionally `once:`), parsed from `AGENTHOST_FAILPOINTS="name=action;…"` and
+settable at run time.
 
 It knows nothing of workers or the daemon, so both reuse it; `hit(name)` is the only call sites
 make. A `state_dir` makes `once:` survive the SIGKILL it causes, so a restarted process is not
@@ -13,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -33,6 +34,9 @@ class FailpointAction(StrEnum):
     """Sleep `sleep_ms` milliseconds, then continue."""
     HANG = "hang"
     """Block the hitting thread forever (until the process is killed)."""
+    TAMPER = "tamper"
+    """Run the site's tamper hook (a test hook that damages what the step just produced, e.g.
+    the binder's copied rollouts), then continue; a site without one ignores it."""
     OFF = "off"
     """Disarm: setting a point to `off` removes it."""
 
@@ -45,7 +49,7 @@ class FailpointSpec:
 
     @classmethod
     def parse(cls, text: str) -> FailpointSpec:
-        """`[once:]kill|error|hang|off|sleep:<ms>`; anything else is a ValueError."""
+        """`[once:]kill|error|hang|tamper|off|sleep:<ms>`; anything else is a ValueError."""
         raw = text.strip()
         once = raw.startswith("once:")
         if once:
@@ -155,8 +159,8 @@ class Failpoints:
         os.close(fd)
         return True
 
-    def hit(self, name: str) -> None:
-        """Run the action armed at `name`, if any."""
+    def hit(self, name: str, *, tamper: Callable[[], None] | None = None) -> None:
+        """Run the action armed at `name`, if any; `tamper` is the site's hook for `tamper`."""
         if not self._points:
             return
         with self._lock:
@@ -174,3 +178,5 @@ class Failpoints:
             time.sleep(spec.sleep_ms / 1000)
         elif spec.action is FailpointAction.HANG:
             threading.Event().wait()
+        elif spec.action is FailpointAction.TAMPER and tamper is not None:
+            tamper()

@@ -48,6 +48,7 @@ from drivers.credentials import (
 )
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
+from drivers.readability import ReaderNotApplicable, prove_tutti_child
 from drivers.versions import TUTTI_AGENT_GATE, GateResult, VersionGate
 from storage.errors import Conflict, HostError, InvalidArgument, NotFound, SessionBusy
 
@@ -69,6 +70,10 @@ _DELTA_METHODS = {
     "item/reasoning/summaryTextDelta": "reasoning",
     "item/reasoning/textDelta": "reasoning",
 }
+READABILITY_IN_WORKER = "in_worker"
+"""The bound child is proven readable by the provider's own reader inside the worker."""
+READABILITY_APP_SERVER = "app_server"
+"""... by a fresh app-server spawned on the target home (the fallback)."""
 _OUTCOMES = {
     "completed": TurnOutcome.COMPLETED,
     "interrupted": TurnOutcome.INTERRUPTED,
@@ -204,6 +209,14 @@ class AppServerDriver:
         self.fork_timeout = float(self.config.get("fork_timeout_s", 60.0))
         self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
         self.verify_bound_child = bool(self.config.get("verify_bound_child", True))
+        self.readability_proof = str(
+            self.config.get("readability_proof") or READABILITY_IN_WORKER
+        )
+        if self.readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
+            raise InvalidArgument(
+                "readability_proof",
+                f"readability_proof must be {READABILITY_IN_WORKER} or {READABILITY_APP_SERVER}",
+            )
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         self._emit: Emit | None = None
@@ -266,6 +279,8 @@ class AppServerDriver:
             # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
             "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
+            # Full-Session fork is the same exact-prefix fork at the newest settled Turn.
+            "forkFullSession": runtime.gate.fork_through_turn,
         }
 
     def _attestation(self, runtime: _Runtime) -> dict[str, Any]:
@@ -561,8 +576,11 @@ class AppServerDriver:
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
+        proof = "none"
         if self.verify_bound_child:
-            problem = self._verify_readable(Path(request.target.home), child_id, prefix)
+            problem, proof = self._prove_readable(
+                runtime, Path(request.target.home), child_id, source_id, prefix
+            )
             if problem is not None:
                 return ForkResult.unknown(
                     f"bound child not readable from its home: {problem}", child
@@ -573,12 +591,35 @@ class AppServerDriver:
             runtime.proc.request("thread/unsubscribe", {"threadId": child_id}, timeout=5.0)
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
+        wire["readabilityProof"] = proof
         wire["sourceCanonicalTurnId"] = request.source_turn_id
         return ForkResult(
             DeliveryDisposition.ACCEPTED,
             child=child,
             binding=ForkBinding(self.binding_mode, wire),
         )
+
+    def _prove_readable(
+        self, runtime: _Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> tuple[str | None, str]:
+        """(problem or None, how it was proven): the provider's own history reader in this
+        worker (no process spawned) where it can judge the child, else a fresh app-server on
+        the target home (`readability_proof = "app_server"` forces the latter)."""
+        if self.readability_proof == READABILITY_IN_WORKER:
+            try:
+                return (
+                    self._read_child_in_worker(runtime, home, child_id, source_id, prefix),
+                    READABILITY_IN_WORKER,
+                )
+            except ReaderNotApplicable:
+                pass
+        return self._verify_readable(home, child_id, prefix), READABILITY_APP_SERVER
+
+    def _read_child_in_worker(
+        self, runtime: _Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> str | None:
+        """The child's readability from `home` alone, judged by tutti_agent's own reader."""
+        return prove_tutti_child(home, child_id, source_id, prefix, runtime.gate.version)
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
         """Prove the child reads from the target home alone (lineage included)."""
@@ -794,10 +835,7 @@ class AppServerDriver:
             message = f"{message} ({extra})"
         provider_turn_id = str(params.get("turnId") or "")
         with session.state_lock:
-            if (
-                provider_turn_id not in session.active
-                or provider_turn_id in session.model_failures
-            ):
+            if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
                 return
             session.model_failures[provider_turn_id] = model_failure_text(
                 self.kind, self.endpoint(), message

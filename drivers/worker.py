@@ -24,6 +24,8 @@ from typing import Any
 from drivers.base import ForkRequest, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
+from drivers.resolution import METHODS as RESOLUTION_METHODS
+from drivers.resolution import dispatch as resolution_dispatch
 from storage.errors import HostError, InvalidRequest
 from transport.worker_link import WorkerEnd
 
@@ -81,12 +83,17 @@ class WorkerServer:
             "session.history": self._history,
             "interaction.respond": lambda p: self.driver().respond_interaction(p),
             "fork": lambda p: self.driver().fork(ForkRequest.from_wire(p)).to_wire(),
+            # fork.resolve (issue 21): inspect / adopt / quarantine an unknown fork's children.
+            **{m: self._resolution(m) for m in RESOLUTION_METHODS},
             "debug.failpoints": self._set_failpoints,
             "worker.ping": self._ping,
             "debug.sleep": self._sleep,
             "debug.hit": self._hit,
             "debug.emit": self._emit_events,
         }
+
+    def _resolution(self, method: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+        return lambda p: resolution_dispatch(self.driver(), method, p)
 
     def driver(self) -> ProviderDriver:
         with self._driver_lock:

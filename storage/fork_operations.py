@@ -28,6 +28,7 @@ from storage.errors import (
     InvalidArgument,
     InvalidTransition,
 )
+from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
 from storage.fork_snapshot import (
     ChildPlan,
     build_child,
@@ -143,9 +144,11 @@ def _validate_request(req: ForkPrepareRequest) -> None:
         ("point.turnId", req.turn_id),
         ("driverKind", req.driver_kind),
     ):
+        if field == "point.turnId" and req.point_kind == ForkPointKind.LATEST_SETTLED:
+            continue  # resolved inside the prepare transaction (storage/fork_points.py)
         if not isinstance(value, str) or not value:
             raise InvalidArgument(field, f"{field} must be a non-empty string")
-    if req.point_kind != ForkPointKind.THROUGH_TURN:
+    if req.point_kind not in (ForkPointKind.THROUGH_TURN, ForkPointKind.LATEST_SETTLED):
         raise InvalidArgument("point.type", f"unsupported fork point {req.point_kind!r}")
     if req.binding_mode not in ProviderStateBindingMode.__members__.values():
         raise InvalidArgument("bindingMode", f"unknown binding mode {req.binding_mode!r}")
@@ -249,6 +252,8 @@ class ForkStore(StoreBase):
                         params={"operationId": existing[1]},
                     )
                 return _decode(conn, existing)
+            if point_kind == ForkPointKind.LATEST_SETTLED:
+                turn_id = latest_settled_turn_id(conn, ws, source_session_id) or UNRESOLVED
             held = conn.execute(
                 f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
@@ -289,11 +294,13 @@ class ForkStore(StoreBase):
                     )
                 return _decode(tx.conn, existing), False
             source = require_session(tx.conn, ws, req.source_session_id)
+            # latestSettled: resolved here, in the same transaction, and frozen on the row.
+            turn_id = resolve_or_block(tx.conn, ws, source, req.point_kind, req.turn_id)
             held = tx.one(
                 f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
                 f" AND {_BARRIER_SQL} ORDER BY op_seq LIMIT 1",
-                (ws, req.source_session_id, req.point_kind, req.turn_id),
+                (ws, req.source_session_id, req.point_kind, turn_id),
             )
             if held is not None:
                 return _decode(tx.conn, held), False
@@ -309,7 +316,7 @@ class ForkStore(StoreBase):
             for reason in blockers:
                 if reason in static:
                     raise ForkBoundaryError(reason)
-            boundary = load_boundary(tx.conn, ws, req.source_session_id, req.turn_id)
+            boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id)
             if blockers:
                 raise ForkBoundaryError(blockers[0])
             selected = boundary.selected
@@ -360,7 +367,7 @@ class ForkStore(StoreBase):
                     req.source_session_id,
                     req.target_session_id,
                     req.point_kind,
-                    req.turn_id,
+                    turn_id,
                     source.provider_session_id,
                     boundary.selected["root_provider_turn_id"],
                     dumps(list(boundary.provider_turn_ids)),

@@ -64,6 +64,8 @@ class ForkPointKind(StrEnum):
     """
 
     THROUGH_TURN = "through_turn"
+    # The whole Session: its newest settled Turn, resolved and frozen at prepare (issue 21).
+    LATEST_SETTLED = "latest_settled"
 
 
 class ProviderStateBindingMode(StrEnum):
@@ -92,6 +94,8 @@ class ForkStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    # Terminal: an `unknown` operation settled by `fork.resolve` abandon (issue 21 §1).
+    ABANDONED = "abandoned"
 
 
 ACTIVE_FORK_STATUSES: frozenset[ForkStatus] = frozenset(
@@ -104,6 +108,7 @@ class ForkPublicStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
+    ABANDONED = "abandoned"
 
 
 class ForkPhase(StrEnum):
@@ -113,6 +118,7 @@ class ForkPhase(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     DELIVERY_UNKNOWN = "deliveryUnknown"
+    ABANDONED = "abandoned"
 
 
 _PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
@@ -122,6 +128,7 @@ _PUBLIC: dict[ForkStatus, tuple[ForkPublicStatus, ForkPhase]] = {
     ForkStatus.COMMITTED: (ForkPublicStatus.COMMITTED, ForkPhase.COMMITTED),
     ForkStatus.FAILED: (ForkPublicStatus.FAILED, ForkPhase.FAILED),
     ForkStatus.UNKNOWN: (ForkPublicStatus.UNKNOWN, ForkPhase.DELIVERY_UNKNOWN),
+    ForkStatus.ABANDONED: (ForkPublicStatus.ABANDONED, ForkPhase.ABANDONED),
 }
 
 

@@ -6,6 +6,8 @@ transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contr
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import apsw
 
 from storage.errors import SchemaTooNew
@@ -214,7 +216,46 @@ _V3 = """
 CREATE INDEX session_reservations_by_operation ON session_reservations (workspace_id, operation_id);
 """
 
-MIGRATIONS: tuple[str, ...] = (_V1, _V2, _V3)
+
+def _v4(conn: apsw.Connection) -> None:
+    """v4 (issue 21): the terminal status `abandoned` and the durable `fork.resolve` record.
+
+    SQLite cannot ALTER a CHECK; widening one changes no stored row, so the documented
+    writable_schema edit (with a schema_version bump so every connection reloads) is safe."""
+    row = conn.execute("PRAGMA schema_version").fetchone()
+    assert row is not None
+    version = int(row[0])
+    conn.execute("PRAGMA writable_schema = ON")
+    conn.execute(
+        "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
+        " AND name = 'fork_operations'",
+        ("'failed', 'unknown')", "'failed', 'unknown', 'abandoned')"),
+    )
+    conn.execute(f"PRAGMA schema_version = {version + 1}")
+    conn.execute("PRAGMA writable_schema = OFF")
+    conn.execute(_V4_RESOLUTIONS)
+
+
+# One row per resolved operation: the winning request, its action and where it got to.
+_V4_RESOLUTIONS = """
+CREATE TABLE fork_resolutions (
+    workspace_id    TEXT NOT NULL,
+    operation_id    TEXT NOT NULL,
+    request_id      TEXT NOT NULL,
+    action          TEXT NOT NULL CHECK (action IN ('adopt', 'abandon')),
+    state           TEXT NOT NULL CHECK (state IN ('started', 'done', 'rolled_back')),
+    child_id        TEXT,
+    evidence_json   TEXT,
+    result_json     TEXT,
+    created_at_ms   INTEGER NOT NULL,
+    updated_at_ms   INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, operation_id),
+    FOREIGN KEY (workspace_id, operation_id) REFERENCES fork_operations(workspace_id, operation_id)
+);
+CREATE INDEX fork_resolutions_by_state ON fork_resolutions (state);
+"""
+
+MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (_V1, _V2, _V3, _v4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -236,7 +277,11 @@ def migrate(conn: apsw.Connection, target: int = SCHEMA_VERSION) -> int:
                 f"store schema version {found} is newer than this build ({SCHEMA_VERSION})"
             )
         for version in range(found, target):
-            conn.execute(MIGRATIONS[version])
+            step = MIGRATIONS[version]
+            if callable(step):
+                step(conn)
+            else:
+                conn.execute(step)
         if target > found:
             conn.execute(f"PRAGMA user_version = {int(target)}")
         conn.execute("COMMIT")

@@ -12,9 +12,11 @@ from pathlib import Path
 from storage.base import BUSY_TIMEOUT_MS, Clock
 from storage.canonical import CanonicalStore
 from storage.fork_operations import ForkStore
+from storage.fork_resolution import ResolutionStore
+from storage.lineage_tree import LineageStore
 
 
-class Store(CanonicalStore, ForkStore):
+class Store(CanonicalStore, ForkStore, LineageStore, ResolutionStore):
     """The canonical store (see docs/design/store.md)."""
 
     @classmethod

@@ -13,9 +13,12 @@ from textual.widgets.tree import TreeNode
 from agenthost.session_client import session_tree
 
 
-def session_label(session: Mapping[str, Any]) -> Text:
+def session_label(session: Mapping[str, Any], *, source_deleted: bool = False) -> Text:
     label = Text(str(session.get("title") or "Untitled"))
     label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
+    if source_deleted:
+        # A fork whose source is gone (issue 21): say so instead of passing for a root.
+        label.append("  ↳ from a deleted session", style="dim italic")
     if session.get("activeTurnId"):
         label.append("  ●", style="bold green")
     return label
@@ -33,11 +36,13 @@ class SessionTree(Tree[str]):
         self.clear()
         stack: list[TreeNode[str]] = [self.root]
         target: TreeNode[str] | None = None
-        for row in session_tree(sessions):
+        rows = session_tree(sessions)
+        listed = {str(r.session["agentSessionId"]) for r in rows}
+        for row in rows:
             del stack[row.depth + 1 :]
-            node = stack[-1].add(
-                session_label(row.session), data=str(row.session["agentSessionId"]), expand=True
-            )
+            source = (row.session.get("forkedFrom") or {}).get("sourceAgentSessionId")
+            label = session_label(row.session, source_deleted=bool(source) and source not in listed)
+            node = stack[-1].add(label, data=str(row.session["agentSessionId"]), expand=True)
             node.allow_expand = False
             stack.append(node)
             if row.session["agentSessionId"] == selected:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -257,5 +258,43 @@ def test_composer_sends_a_turn_and_the_transcript_follows_it_live(
         texts = [m["text"] for m in app.turns[0]["messages"]]
         assert texts == ["hi there", "echo: hi there"]
         assert view.turn["turnId"] == app.turns[0]["turnId"]
+
+    run_app(daemon, ws, scenario)
+
+
+def test_fork_whose_source_was_deleted_is_marked_in_the_session_list(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid, turns = source(client, ws, turns=1, title="Gone")
+    op = client.call(
+        "fork.create",
+        {
+            "workspaceId": ws,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turns[0]},
+        },
+    )["operation"]
+    op = wait_for(
+        lambda: (
+            (
+                o := client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+                    "operation"
+                ]
+            )["status"]
+            == "committed"
+            and o
+        )
+    )
+    child = op["targetAgentSessionId"]
+    client.call("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})
+    client.call("session.delete", {"workspaceId": ws, "agentSessionId": sid})
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        tree = app.query_one(SessionTree)
+        node = await until(pilot, lambda: tree.node_for(child))
+        assert "from a deleted session" in str(node.label)
+        assert tree.depth_of(child) == 0
 
     run_app(daemon, ws, scenario)

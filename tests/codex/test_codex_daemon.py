@@ -28,7 +28,7 @@ from tests.support.daemon import (
 )
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.responses_server import ResponsesServer
-from transport.client import Client
+from transport.client import ApiError, Client
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
 
@@ -206,3 +206,26 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_codex_copy_tampered_before_the_readability_proof_is_unknown_not_committed(
+    codex_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The child is proven readable (in the worker, issue 20) before `provider_accepted`: a
+    copy damaged after the binder made it durable ends the fork `unknown`, no canonical child."""
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "tamper"}})
+    _, op = fork(c, sid, turns[1]["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "unknown", op
+    assert op["session"] is None and "not readable" in op["error"]
+    target = op["targetAgentSessionId"]
+    assert len(child_rollouts(codex_home(d, sid))) == 1
+    # The damaged copies stay where the binder wrote them; nothing was committed.
+    assert all(len(p.read_bytes().splitlines()) == 1 for p in rollouts(codex_home(d, target)))
+    with pytest.raises(ApiError):  # no canonical child exists
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": target})
+    c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "off"}})
+    assert run_turn(c, sid, "after the crash")["outcome"] == "completed"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import threading
 import tomllib
@@ -30,10 +31,12 @@ from tool_model import ToolModel
 
 from drivers.base import DeliveryDisposition
 from drivers.codex import (
+    _NATIVE_PACKAGES,
     PINNED_PREFIX,
     CodexDriver,
     default_command,
     launch_fingerprint,
+    native_behind_npm_shim,
     resolve_command,
 )
 from drivers.failpoints import Failpoints
@@ -323,19 +326,77 @@ def test_live_runtime_attests_without_spawning(
     assert att["driverVersion"] == "0.171.0" and driver.spawns == spawns
 
 
-def test_npm_node_shim_is_a_wrapper_and_never_cached(
-    make_driver: MakeDriver, tmp_path: Path
-) -> None:
+def _pinned_shim() -> Path:
     shim = PINNED_PREFIX / "node_modules" / ".bin" / "codex"
     env_shim = os.environ.get("AGENTHOST_CODEX_BIN")
     shim = Path(env_shim) if env_shim else shim
     if not shim.exists() or shutil.which("node") is None:
         pytest.fail(f"the npm install of Codex (with node) is required: {shim}")
-    driver = make_driver(command=[str(shim)])
+    return shim
+
+
+def test_npm_node_shim_is_a_wrapper_and_never_cached(
+    make_driver: MakeDriver, tmp_path: Path
+) -> None:
+    shim = _pinned_shim()
+    driver = make_driver(command=[str(shim)], resolve_native_binary=False)
+    assert driver.command() == [str(shim), "app-server"]
     params = {"home": str(tmp_path / "h"), "cwd": str(tmp_path)}
     assert driver.attest(params)["driverVersion"] == "0.171.0"
     driver.attest(params)
     assert driver.spawns == 2
+
+
+def test_configured_npm_shim_spawns_the_native_binary_behind_it(
+    make_driver: MakeDriver, tmp_path: Path
+) -> None:
+    """Issue 20: no `node` in front of every Codex spawn. The configured wrapper is replaced
+    by the platform binary it would `execve`, which is also an executable whose identity can
+    be fingerprinted, so the attestation of an unchanged launch is reused."""
+    shim = _pinned_shim()
+    native = native_behind_npm_shim(str(shim))
+    assert native is not None and "vendor" in native.parts
+    driver = make_driver(command=[str(shim)])
+    assert driver.command() == [str(native), "app-server"]
+    params = {"home": str(tmp_path / "h"), "cwd": str(tmp_path)}
+    assert driver.attest(params)["driverVersion"] == "0.171.0"
+    driver.attest(params)
+    assert driver.spawns == 1
+
+
+def _fake_npm_install(root: Path, *, platform_binary: str | None) -> Path:
+    """An npm layout with the real wrapper's shape; `platform_binary` places the platform
+    package under that node_modules dir (relative to `root`)."""
+    package = root / "node_modules" / "@openai" / "codex"
+    (package / "bin").mkdir(parents=True)
+    (package / "package.json").write_text(json.dumps({"name": "@openai/codex"}))
+    (package / "bin" / "codex.js").write_text("#!/usr/bin/env node\n")
+    (package / "bin" / "codex.js").chmod(0o755)
+    (root / "node_modules" / ".bin").mkdir()
+    shim = root / "node_modules" / ".bin" / "codex"
+    shim.symlink_to("../@openai/codex/bin/codex.js")
+    if platform_binary is not None:
+        package_name, triple = _NATIVE_PACKAGES[(platform.system(), platform.machine())]
+        target = root / platform_binary / "@openai" / package_name / "vendor" / triple / "bin"
+        target.mkdir(parents=True)
+        shutil.copy2("/bin/true", target / "codex")
+    return shim
+
+
+@pytest.mark.parametrize(
+    "where", ["node_modules", "node_modules/@openai/codex/node_modules", None]
+)
+def test_native_binary_is_found_where_the_wrapper_finds_it_else_the_wrapper_is_kept(
+    tmp_path: Path, where: str | None
+) -> None:
+    shim = _fake_npm_install(tmp_path, platform_binary=where)
+    resolved = resolve_command([str(shim), "--flag"])
+    if where is None:
+        assert resolved == [str(shim), "--flag"]  # no platform package: the wrapper stays
+    else:
+        assert Path(resolved[0]).is_relative_to(tmp_path / where) and resolved[1:] == ["--flag"]
+    assert resolve_command([str(shim)], native=False) == [str(shim)]
+    assert native_behind_npm_shim("/bin/true") is None
 
 
 def test_launch_fingerprint_changes_with_the_executable_identity(tmp_path: Path) -> None:
@@ -375,6 +436,8 @@ def test_fork_unsubscribes_the_child_from_the_source_server(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert result.child is not None
     unsubscribed = [c["params"]["threadId"] for c in calls(calls_log, "thread/unsubscribe")]
-    # In the child's home (after loading its lineage) and in the source's server.
-    assert unsubscribed.count(result.child.provider_session_id) == 2
-    assert src.thread_id in unsubscribed
+    # In the source's server (the readability proof reads the child's home in the worker,
+    # so no server there loaded it).
+    assert unsubscribed.count(result.child.provider_session_id) == 1
+    # The live source Session keeps its own thread subscribed.
+    assert src.thread_id not in unsubscribed

@@ -67,7 +67,11 @@ def test_session_create_get_list_title_pin_settings_delete(daemon: DaemonProcess
     assert s["agentSessionId"] == sid
     assert s["kind"] == "root" and s["provider"] == "tutti-agent"
     assert s["title"] == "Alpha" and s["settings"] == {"effort": "low"}
-    assert s["lifecycleCapabilities"] == {"fork": False, "forkThroughTurn": False}
+    assert s["lifecycleCapabilities"] == {
+        "fork": False,
+        "forkThroughTurn": False,
+        "forkFullSession": False,
+    }
     assert s["forkedFrom"] is None
     got = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
     assert got["title"] == "Alpha"

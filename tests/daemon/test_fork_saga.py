@@ -235,7 +235,7 @@ def test_fresh_session_without_attestation_is_not_forkable(daemon: DaemonProcess
     sid = create_session(c)["agentSessionId"]
     assert c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"][
         "lifecycleCapabilities"
-    ] == {"fork": False, "forkThroughTurn": False}
+    ] == {"fork": False, "forkThroughTurn": False, "forkFullSession": False}
 
 
 def _arm(c: Client, **points: str) -> None:
@@ -248,6 +248,8 @@ def _arm(c: Client, **points: str) -> None:
         ("worker.fork.before_provider_call", "error", "failed", 0),
         ("worker.fork.after_provider_call", "error", "unknown", 1),
         ("worker.bind.before_copy", "error", "unknown", 1),
+        # The copy damaged after the binder made it durable: the readability proof refuses it.
+        ("worker.bind.after_copy", "tamper", "unknown", 1),
     ],
 )
 def test_dispositions_from_worker_failpoints(

@@ -26,7 +26,9 @@ from storage.errors import ForkInProgress, HostError
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
 # Statuses whose operation may have sent the provider fork (law 1: the marker is durable first).
-DISPATCHED = ("dispatching", "provider_accepted", "committed", "unknown")
+DISPATCHED = ("dispatching", "provider_accepted", "committed", "unknown", "abandoned")
+# Statuses that released their target reservation (`abandoned`: fork.resolve, issue 21).
+RELEASED = ("failed", "abandoned")
 
 HOME_DIRS: Mapping[str, str] = {
     "tutti-agent": "tutti-agent-home",
@@ -53,6 +55,9 @@ class Law(StrEnum):
     """Two active operations on one source, or two barrier holders on one boundary."""
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
+    QUARANTINE = "quarantine"
+    """A quarantined provider file belongs to no `abandoned`/`unknown` operation, or was
+    emptied (abandon moves a child aside, never deletes or truncates it)."""
     COMPLETED_TURN_RECORDED = "completed_turn_recorded"
     """A settled `completed` Turn lacks its provider binding or its final assistant Message
     (a dropped driver event, issue 15 defect 1)."""
@@ -370,9 +375,11 @@ def _check_reservations(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, An
     for op in ops:
         key = (op["workspace_id"], op["target_session_id"])
         holds = held.get(key) == op["operation_id"]
-        if op["status"] == "failed" and holds:
-            ctx.fail(Law.RESERVATION, f"failed operation {op['operation_id']} holds {key[1]}")
-        if op["status"] != "failed" and not holds:
+        if op["status"] in RELEASED and holds:
+            ctx.fail(
+                Law.RESERVATION, f"{op['status']} operation {op['operation_id']} holds {key[1]}"
+            )
+        if op["status"] not in RELEASED and not holds:
             ctx.fail(
                 Law.RESERVATION, f"{op['status']} operation {op['operation_id']} lost {key[1]}"
             )
@@ -462,6 +469,27 @@ def _check_provider_children(
                     f"{op['target_provider_session_id']} is not in any provider home",
                 )
     return sum(len(ids) for ids in by_source.values())
+
+
+def quarantined_files(home: Path) -> list[tuple[str, Path]]:
+    """(operation id, file) for every file `fork.resolve` abandon moved aside:
+    `runtimes/<ws>/<sid>/<provider home>/quarantine/<operation id>/...`."""
+    out = []
+    for qdir in sorted((home / "runtimes").glob("*/*/*/quarantine/*")):
+        for path in sorted(qdir.rglob("*")):
+            if path.is_file():
+                out.append((qdir.name, path))
+    return out
+
+
+def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
+    status = {o["operation_id"]: o["status"] for o in ops}
+    for op_id, path in quarantined_files(home):
+        # `unknown`: a resolve that moved the child and then died is rolled back at start-up.
+        if status.get(op_id) not in ("abandoned", "unknown"):
+            ctx.fail(Law.QUARANTINE, f"{path} quarantined for {status.get(op_id, 'no')} operation")
+        elif path.stat().st_size == 0:
+            ctx.fail(Law.QUARANTINE, f"{path} was emptied in quarantine")
 
 
 def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
@@ -570,6 +598,7 @@ def check_invariants(
                 ctx.fail(Law.CHILD_READABLE, f"child {target}: {problem}")
             else:
                 readable += 1
+        _check_quarantine(ctx, home, ops)
         if probe_fence:
             _check_fence(ctx, copy_path, ops)
     finally:

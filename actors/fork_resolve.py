@@ -1,0 +1,357 @@
+"""`fork.resolve` (issue 21 §1): settle an `unknown` fork operation with evidence, inside the
+source Session's actor (serialised with its other mutations, like the saga).
+
+- `inspect`: ask the provider's worker which children this operation left (never calls the
+  provider's fork) → evidence + verdict `adoptable` | `absent` | `ambiguous`.
+- `adopt` (only `adoptable`): durable begin → worker `fork.adopt` (the idempotent binder, then
+  proof the child reads from its own home) → `unknown → provider_accepted` with the evidence
+  → the ordinary commit from the frozen snapshot → `committed` (the barrier waits for ACK).
+- `abandon`: durable begin → worker `fork.quarantine` (children moved aside, never deleted) →
+  `abandoned`, releasing the barrier and the target reservation.
+
+Failpoints `host.resolve.after_begin`, `host.resolve.after_bind`, `host.resolve.after_accept`,
+`host.resolve.after_quarantine`, `host.resolve.after_finish`. Start-up recovery
+(`Store.recover_fork_resolutions`, after the fork recovery that commits `provider_accepted`)
+finishes a resolution whose operation moved on and rolls back one whose operation is still
+`unknown`. A second adopt/abandon of the same operation while one runs gets 409
+`agent_session_fork_resolve_in_progress`; the same request again waits for the winner's result.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from actors.messages import Reply, runtime_key
+from storage.errors import HostError, InvalidArgument, ProviderError
+from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
+from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
+
+if TYPE_CHECKING:
+    from actors.session_actor import SessionActor
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("inspect", "adopt", "abandon")
+
+
+@dataclass(frozen=True, slots=True)
+class ForkResolve:
+    operation_id: str
+    request_id: str
+    action: str
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveReply:
+    operation: ForkOperation
+    evidence: Mapping[str, Any] | None
+
+
+@dataclass(eq=False)
+class _InFlight:
+    request_id: str
+    action: str
+    waiters: list[Reply] = field(default_factory=list)
+
+
+def verdict(children: Sequence[Mapping[str, Any]], source_id: str) -> str:
+    """`adoptable`: exactly one child, verified (lineage names the source and its turns are
+    exactly the frozen prefix); `absent`: none; `ambiguous`: anything else."""
+    if not children:
+        return "absent"
+    if len(children) == 1:
+        child = children[0]
+        if child.get("forkedFromId") == source_id and child.get("turnsEqualPrefix") is True:
+            return "adoptable"
+    return "ambiguous"
+
+
+def _in_flight(actor: SessionActor) -> dict[str, _InFlight]:
+    table: dict[str, _InFlight] | None = getattr(actor, "resolves", None)
+    if table is None:
+        table = {}
+        actor.resolves = table
+    return table
+
+
+class ForkResolver:
+    """One resolution on the actor thread; every continuation comes back as a FollowUp."""
+
+    def __init__(self, actor: SessionActor, op: ForkOperation, msg: ForkResolve) -> None:
+        self.actor = actor
+        self.op = op
+        self.msg = msg
+        self.provider = actor.session().provider
+        self.info = actor.ctx.catalog.driver_info(self.provider)
+
+    # -- entry --------------------------------------------------------------------------------
+
+    @staticmethod
+    def start(actor: SessionActor, msg: ForkResolve) -> None:
+        if msg.action not in ACTIONS:
+            raise InvalidArgument("action", "'action' must be inspect, adopt or abandon")
+        store = actor.ctx.store
+        op = store.get_fork_operation(actor.ws, msg.operation_id)
+        if op.source_session_id != actor.sid:  # pragma: no cover - routed by the source
+            raise InvalidArgument("operationId", "operation of another Session")
+        resolver = ForkResolver(actor, op, msg)
+        if msg.action == "inspect":
+            resolver._inspect(lambda ev: msg.reply(ResolveReply(resolver._current(), ev)))
+            return
+        table = _in_flight(actor)
+        running = table.get(op.operation_id)
+        if running is not None:
+            if (running.request_id, running.action) == (msg.request_id, msg.action):
+                running.waiters.append(msg.reply)
+                return
+            raise ForkResolveInProgress(
+                f"fork operation {op.operation_id} is being resolved by request"
+                f" {running.request_id}",
+                params={"operationId": op.operation_id, "action": running.action},
+            )
+        previous = store.get_fork_resolution(actor.ws, op.operation_id)
+        if (
+            previous is not None
+            and previous.state == "done"
+            and (previous.request_id, previous.action) == (msg.request_id, msg.action)
+        ):
+            msg.reply(ResolveReply(op, previous.evidence))  # a replay of the winner
+            return
+        if op.status is not ForkStatus.UNKNOWN and previous is None:
+            raise ForkResolveConflict(
+                f"fork operation {op.operation_id} is {op.public_status}; only unknown is resolved",
+                params={"operationId": op.operation_id, "status": op.public_status.value},
+            )
+        table[op.operation_id] = _InFlight(msg.request_id, msg.action, [msg.reply])
+        actor._update_busy()
+        resolver._inspect(lambda ev: resolver._guard(resolver._decide, ev))
+
+    # -- steps --------------------------------------------------------------------------------
+
+    def _current(self) -> ForkOperation:
+        return self.actor.ctx.store.get_fork_operation(self.actor.ws, self.op.operation_id)
+
+    def _params(self) -> dict[str, Any]:
+        ctx, ws, op = self.actor.ctx, self.actor.ws, self.op
+        claimed = ctx.store.claimed_provider_children(ws, self.actor.sid)
+        return {
+            "operationId": op.operation_id,
+            "source": {
+                "agentSessionId": self.actor.key,
+                "providerSessionId": op.source_provider_session_id,
+                "home": str(ctx.runtime_home(ws, self.actor.sid, self.provider)),
+                "cwd": self.actor.session().cwd,
+            },
+            "target": {
+                "agentSessionId": runtime_key(ws, op.target_session_id),
+                "home": str(ctx.runtime_home(ws, op.target_session_id, self.provider)),
+            },
+            "providerTurnIds": list(op.source_provider_turn_ids),
+            "excludeChildIds": [c for c in claimed if c != op.target_provider_session_id],
+            "title": op.target_title,
+            # What a provider_owned driver needs to re-verify a child as its fork would.
+            "providerTurnBindings": self._frozen_bindings(),
+            "driverKind": op.driver_kind,
+            "driverVersion": op.driver_version,
+        }
+
+    def _frozen_bindings(self) -> list[str | None]:
+        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
+        by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
+        return [by_id.get(pid) for pid in self.op.source_provider_turn_ids]
+
+    def _worker(self, method: str, then: Callable[[dict[str, Any]], None]) -> None:
+        ctx = self.actor.ctx
+        fut = ctx.workers.request(self.provider, method, self._params(), ctx.timeouts.fork_s)
+
+        def done(f: Future[dict[str, Any]]) -> None:
+            try:
+                result = f.result()
+            except HostError as exc:
+                self._error(
+                    ProviderError(f"{method} failed: {exc.message}", reason="fork_resolve_failed")
+                )
+                return
+            except Exception as exc:  # noqa: BLE001 - the worker died or never answered
+                self._error(ProviderError(f"{method} failed: {exc}", reason="fork_resolve_failed"))
+                return
+            self._guard(then, result)
+
+        self.actor.later(fut, done)
+
+    def _guard(self, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            fn(arg)
+        except HostError as exc:
+            self._error(exc)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("fork.resolve of %s failed", self.op.operation_id)
+            self._error(HostError(f"internal error ({type(exc).__name__}); see the daemon log"))
+
+    def _hit(self, name: str) -> None:
+        self.actor.ctx.failpoints.hit(name)
+
+    def _inspect(self, then: Callable[[dict[str, Any]], None]) -> None:
+        def shape(result: dict[str, Any]) -> None:
+            children = [dict(c) for c in result.get("children") or []]
+            evidence = {
+                "children": children,
+                "quarantined": list(result.get("quarantined") or []),
+                "verdict": verdict(children, self.op.source_provider_session_id),
+            }
+            then(evidence)
+
+        if self.msg.action == "inspect":
+            # Inspect is a read: its errors go straight to its caller.
+            ctx = self.actor.ctx
+            fut = ctx.workers.request(
+                self.provider, "fork.inspect", self._params(), ctx.timeouts.fork_s
+            )
+
+            def done(f: Future[dict[str, Any]]) -> None:
+                try:
+                    shape(f.result())
+                except HostError as exc:
+                    self.msg.reply(exc)
+                except Exception as exc:  # noqa: BLE001
+                    self.msg.reply(
+                        ProviderError(f"fork.inspect failed: {exc}", reason="fork_resolve_failed")
+                    )
+
+            self.actor.later(fut, done)
+            return
+        self._worker("fork.inspect", shape)
+
+    def _decide(self, evidence: dict[str, Any]) -> None:
+        store, ws, op_id, msg = self.actor.ctx.store, self.actor.ws, self.op.operation_id, self.msg
+        if msg.action == "adopt" and evidence["verdict"] != "adoptable":
+            raise ForkResolveConflict(
+                f"fork operation {op_id} is not adoptable ({evidence['verdict']})",
+                params={"operationId": op_id, "verdict": evidence["verdict"]},
+            )
+        child = evidence["children"][0]["providerSessionId"] if msg.action == "adopt" else None
+        store.begin_resolution(
+            ws,
+            op_id,
+            request_id=msg.request_id,
+            action=msg.action,
+            child_id=child,
+            evidence=evidence,
+        )
+        self.evidence = evidence
+        self._hit("host.resolve.after_begin")
+        if msg.action == "adopt":
+            self.child_id = str(child)
+            params_child = self.child_id
+            self._adopt_call(params_child)
+        else:
+            self._worker("fork.quarantine", self._quarantined)
+
+    def _adopt_call(self, child: str) -> None:
+        ctx = self.actor.ctx
+        params = {**self._params(), "childId": child}
+        fut = ctx.workers.request(self.provider, "fork.adopt", params, ctx.timeouts.fork_s)
+
+        def done(f: Future[dict[str, Any]]) -> None:
+            try:
+                result = f.result()
+            except HostError as exc:
+                self._rollback(ProviderError(exc.message, reason="fork_resolve_failed"))
+                return
+            except Exception as exc:  # noqa: BLE001
+                self._rollback(ProviderError(str(exc), reason="fork_resolve_failed"))
+                return
+            self._guard(self._bound, result)
+
+        self.actor.later(fut, done)
+
+    def _bound(self, result: Mapping[str, Any]) -> None:
+        self._hit("host.resolve.after_bind")
+        store, ws, op = self.actor.ctx.store, self.actor.ws, self.op
+        child = result.get("child") or {}
+        binding = result.get("binding") or {}
+        if result.get("disposition") != "accepted" or child.get("providerSessionId") != (
+            self.child_id
+        ):
+            self._rollback(ProviderError("adopt did not bind the inspected child"))
+            return
+        raw = binding.get("turnBindings")
+        turn_bindings = None
+        if isinstance(raw, Mapping):
+            by_provider = {
+                t.root_provider_turn_id: t.turn_id
+                for t in store.timeline(ws, self.actor.sid, after_sequence=0, limit=100_000)[0]
+                if t.root_provider_turn_id
+            }
+            turn_bindings = {
+                by_provider[str(k)]: (
+                    str(v.get("rootProviderTurnId")),
+                    None if v.get("bindingJson") is None else str(v.get("bindingJson")),
+                )
+                for k, v in raw.items()
+                if str(k) in by_provider and isinstance(v, Mapping)
+            }
+        evidence = ProviderForkEvidence(
+            child_provider_session_id=self.child_id,
+            provider_turn_ids=tuple(str(t) for t in child.get("providerTurnIds") or ()),
+            binding_mode=str(binding.get("mode") or ""),
+            receipt=dict(binding.get("receipt") or {}),
+            turn_bindings=turn_bindings,
+        )
+        store.adopt_unknown_fork(ws, op.operation_id, evidence)
+        self._hit("host.resolve.after_accept")
+        store.commit_fork(ws, op.operation_id)
+        self._finish({"action": "adopt", "childId": self.child_id, "evidence": self.evidence})
+
+    def _quarantined(self, result: Mapping[str, Any]) -> None:
+        self._hit("host.resolve.after_quarantine")
+        moved = list(result.get("moved") or [])
+        evidence = {**self.evidence, "quarantinedNow": moved}
+        self.evidence = evidence
+        self.actor.ctx.store.abandon_fork(
+            self.actor.ws, self.op.operation_id, {"action": "abandon", "evidence": evidence}
+        )
+        self._finish(None)
+
+    # -- endings ------------------------------------------------------------------------------
+
+    def _finish(self, result: Any) -> None:
+        store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.op.operation_id
+        if result is not None:
+            store.finish_resolution(ws, op_id, result)
+        self._hit("host.resolve.after_finish")
+        self._answer(ResolveReply(self._current(), self.evidence))
+
+    def _rollback(self, error: HostError) -> None:
+        """The worker step failed: the operation is still `unknown`; let a new resolve start."""
+        try:
+            self.actor.ctx.store.rollback_resolution(self.actor.ws, self.op.operation_id)
+        except Exception:  # noqa: BLE001 - start-up recovery rolls it back otherwise
+            log.exception("could not roll back resolution of %s", self.op.operation_id)
+        self._answer(error)
+
+    def _error(self, error: HostError) -> None:
+        current = self.actor.ctx.store.get_fork_resolution(self.actor.ws, self.op.operation_id)
+        if (
+            current is not None
+            and current.state == "started"
+            and current.request_id == self.msg.request_id
+        ):
+            self._rollback(error)
+        else:
+            self._answer(error)
+
+    def _answer(self, outcome: Any) -> None:
+        if self.msg.action == "inspect":
+            self.msg.reply(outcome)
+            return
+        running = _in_flight(self.actor).pop(self.op.operation_id, None)
+        self.actor._update_busy()
+        for reply in running.waiters if running is not None else [self.msg.reply]:
+            reply(outcome)

@@ -1,0 +1,141 @@
+"""Worker side of `fork.resolve` (issue 21 §1) for Claude Code (provider_owned): the children
+an `unknown` fork may have left are transcripts whose entries carry `forkedFrom.sessionId` =
+the source, next to the source (where `fork_session` writes) or in the target's home (where
+the driver moves it). Adopt finishes the driver's own relocation idempotently and runs its
+verification (turn bindings from the child's transcript); quarantine moves transcripts to
+`<home>/quarantine/<operationId>/projects/...`. Never calls `fork_session`."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from drivers.base import ForkRequest
+from drivers.claude_transcript import parse_entries, split_turns, transcript_path
+from drivers.errors import DriverError
+from drivers.resolution import QUARANTINE_DIR
+
+
+def _forked_from(path: Path) -> str | None:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if '"forkedFrom"' not in line:
+                    continue
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    continue
+                forked = entry.get("forkedFrom") if isinstance(entry, Mapping) else None
+                if isinstance(forked, Mapping) and isinstance(forked.get("sessionId"), str):
+                    return str(forked["sessionId"])
+    except OSError:
+        return None
+    return None
+
+
+def _children(home: Path, source_id: str, exclude: set[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    if not str(home) or not home.is_dir():
+        return out
+    for path in sorted(home.glob("projects/*/*.jsonl")):
+        if path.stem not in exclude and path.stem != source_id and _forked_from(path) == source_id:
+            out[path.stem] = path
+    return out
+
+
+def _roots(path: Path) -> tuple[str, ...]:
+    turns = split_turns(parse_entries(path.read_text(encoding="utf-8", errors="replace")))
+    return tuple(str(t.root_forked_from) for t in turns)
+
+
+def _request(params: Mapping[str, Any]) -> tuple[ForkRequest, Path, Path, str, set[str]]:
+    request = ForkRequest.from_wire(params)
+    src, tgt = request.source, request.target
+    if not Path(src.home).is_absolute() or not Path(tgt.home).is_absolute():
+        raise DriverError("fork resolution needs absolute homes")
+    if not src.provider_session_id:
+        raise DriverError("fork resolution needs the source provider session id")
+    exclude = {str(c) for c in params.get("excludeChildIds") or ()}
+    return request, Path(src.home), Path(tgt.home), src.provider_session_id, exclude
+
+
+def inspect(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    request, source_home, target_home, source_id, exclude = _request(params)
+    prefix = tuple(request.provider_turn_ids)
+    in_source = _children(source_home, source_id, exclude)
+    in_target = _children(target_home, source_id, exclude)
+    out = []
+    for child in sorted(set(in_source) | set(in_target)):
+        path = in_target.get(child) or in_source[child]
+        try:
+            roots: tuple[str, ...] | None = _roots(path)
+        except (OSError, ValueError):
+            roots = None
+        out.append(
+            {
+                "providerSessionId": child,
+                "forkedFromId": source_id,
+                "providerTurnIds": list(roots or ()),
+                "turnsEqualPrefix": roots == prefix,
+                "readsFromOwnHome": child in in_target and roots == prefix,
+                "locations": [
+                    n
+                    for n, found in (("source", in_source), ("target", in_target))
+                    if child in found
+                ],
+            }
+        )
+    op_id = str(params.get("operationId") or "-")
+    quarantined = [
+        str(p)
+        for home in (source_home, target_home)
+        for p in sorted((home / QUARANTINE_DIR / op_id).rglob("*.jsonl"))
+    ]
+    return {"children": out, "quarantined": quarantined}
+
+
+def adopt(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    request, source_home, target_home, source_id, exclude = _request(params)
+    child = str(params.get("childId") or "")
+    in_source = _children(source_home, source_id, exclude)
+    in_target = _children(target_home, source_id, exclude)
+    if child not in in_source and child not in in_target:
+        raise DriverError(f"provider child {child!r} of this operation is not there")
+    plan = driver._plan_fork(request)
+    if child in in_source:
+        dest = transcript_path(target_home, request.source.cwd, child)
+        if dest.exists():
+            # The move was cut between copy and unlink: finish it only if the copy is whole.
+            if dest.read_bytes() != in_source[child].read_bytes():
+                raise DriverError(f"child {child} differs between source and target homes")
+            in_source[child].unlink()
+        else:
+            driver._relocate_child(request, child)
+    result = driver._verify_child(request, plan, child).to_wire()
+    if result.get("disposition") != "accepted":
+        raise DriverError(f"adopted child does not verify: {result.get('error')}")
+    return dict(result)
+
+
+def quarantine(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    _, source_home, target_home, source_id, exclude = _request(params)
+    op_id = str(params.get("operationId") or "")
+    if not op_id or "/" in op_id or op_id.startswith("."):
+        raise DriverError("quarantine needs the operation id")
+    moved = []
+    for home in (source_home, target_home):
+        for path in _children(home, source_id, exclude).values():
+            dest = home / QUARANTINE_DIR / op_id / path.relative_to(home)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+            fd = os.open(dest.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            moved.append(str(dest))
+    return {"moved": moved}

@@ -1,0 +1,195 @@
+"""Worker side of `fork.resolve` (issue 21 §1) for the app-server drivers (Tutti Agent and
+Codex): find the provider children an `unknown` fork may have left, adopt one with the same
+idempotent binder a fork uses, or move them aside into a quarantine folder.
+
+Never calls `thread/fork`. The worker methods are `fork.inspect`, `fork.adopt` and
+`fork.quarantine`; each takes `{source: {home, providerSessionId}, target: {home},
+providerTurnIds, excludeChildIds, operationId}` (`fork.adopt` also `childId`).
+
+A child "of this operation" is a rollout whose `session_meta` names the source as
+`forked_from_id`, found in the source home (where `thread/fork` writes it) or the target home
+(where the binder copies it), and not claimed by another operation (`excludeChildIds`: the
+host passes every provider child its other operations recorded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from drivers.binder import ROLLOUT_DIRS, BinderError, iter_rollouts
+from drivers.errors import DriverError
+
+QUARANTINE_DIR = "quarantine"
+METHODS = ("fork.inspect", "fork.adopt", "fork.quarantine")
+
+
+def dispatch(driver: Any, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The worker's entry: a driver may bring its own (`fork_resolution(method, params)`);
+    the app-server drivers use this module; any other driver refuses, typed."""
+    own = getattr(driver, "fork_resolution", None)
+    if own is not None:
+        return dict(own(method, params))
+    if hasattr(driver, "_relocate_child") and hasattr(driver, "_verify_child"):
+        from drivers import claude_resolution as claude
+
+        table = {
+            "fork.inspect": claude.inspect,
+            "fork.adopt": claude.adopt,
+            "fork.quarantine": claude.quarantine,
+        }
+        return table[method](driver, params)
+    if not (hasattr(driver, "binder") and hasattr(driver, "_thread_turns")):
+        raise DriverError(f"{type(driver).__name__} cannot resolve fork operations")
+    fn = {"fork.inspect": inspect, "fork.adopt": adopt, "fork.quarantine": quarantine}[method]
+    return fn(driver, params)
+
+
+def _meta(path: Path) -> Mapping[str, Any]:
+    try:
+        with path.open("rb") as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return {}
+    payload = first.get("payload") if isinstance(first, Mapping) else None
+    return payload if isinstance(payload, Mapping) else {}
+
+
+def _child_rollouts(home: Path, source_id: str, exclude: set[str]) -> dict[str, list[Path]]:
+    out: dict[str, list[Path]] = {}
+    if not str(home) or not home.is_dir():
+        return out
+    for path in iter_rollouts(home):
+        meta = _meta(path)
+        child = str(meta.get("id") or "")
+        if meta.get("forked_from_id") == source_id and child and child not in exclude:
+            out.setdefault(child, []).append(path)
+    return out
+
+
+def _params(params: Mapping[str, Any]) -> tuple[Path, Path, str, list[str], set[str]]:
+    source = params.get("source") or {}
+    target = params.get("target") or {}
+    source_home = Path(str(source.get("home") or ""))
+    target_home = Path(str(target.get("home") or ""))
+    source_id = str(source.get("providerSessionId") or "")
+    prefix = [str(t) for t in params.get("providerTurnIds") or ()]
+    exclude = {str(c) for c in params.get("excludeChildIds") or ()}
+    if not source_home.is_absolute() or not target_home.is_absolute() or not source_id:
+        raise DriverError("fork resolution needs absolute homes and the source thread id")
+    return source_home, target_home, source_id, prefix, exclude
+
+
+def _turns_in(driver: Any, home: Path, thread_id: str) -> list[str] | str:
+    """The thread's provider Turn ids read by an app-server on `home` alone (the live one of
+    that home if any, else a transient one), or why not."""
+    live = driver._live_runtime_for_home(home)
+    try:
+        runtime = live or driver._spawn(home, None, None)
+    except Exception as exc:  # noqa: BLE001 - evidence, not a failure of the inspection
+        return str(exc)
+    try:
+        project = getattr(driver, "_project", None)
+        if project is not None:
+            # Codex loads a thread (and the ancestors it reads through) only once projected.
+            from drivers.codex import rollout_lineage
+
+            project(runtime, reversed(rollout_lineage(home, thread_id)))
+        return [str(t.get("id")) for t in driver._thread_turns(runtime, thread_id)]
+    except Exception as exc:  # noqa: BLE001
+        return str(exc)
+    finally:
+        if live is None:
+            runtime.proc.close()
+
+
+def inspect(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    source_home, target_home, source_id, prefix, exclude = _params(params)
+    in_source = _child_rollouts(source_home, source_id, exclude)
+    in_target = _child_rollouts(target_home, source_id, exclude)
+    children = []
+    for child in sorted(set(in_source) | set(in_target)):
+        locations = [
+            n for n, found in (("source", in_source), ("target", in_target)) if child in found
+        ]
+        # Read it where the provider wrote it (source home) or, failing that, the target's.
+        turns = _turns_in(driver, source_home if child in in_source else target_home, child)
+        own = _turns_in(driver, target_home, child) if child in in_target else "not in its home"
+        children.append(
+            {
+                "providerSessionId": child,
+                "forkedFromId": source_id,
+                "providerTurnIds": turns if isinstance(turns, list) else [],
+                "readError": None if isinstance(turns, list) else turns,
+                "turnsEqualPrefix": isinstance(turns, list) and turns == prefix,
+                "readsFromOwnHome": isinstance(own, list) and own == prefix,
+                "locations": locations,
+            }
+        )
+    quarantined = [
+        str(p)
+        for home in (source_home, target_home)
+        for p in sorted(
+            (home / QUARANTINE_DIR / str(params.get("operationId") or "-")).rglob("*.jsonl")
+        )
+    ]
+    return {"children": children, "quarantined": quarantined}
+
+
+def adopt(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The idempotent binder on a verified child; answers like `fork` (`accepted` + evidence)."""
+    source_home, target_home, source_id, prefix, exclude = _params(params)
+    child = str(params.get("childId") or "")
+    found = _child_rollouts(source_home, source_id, exclude)
+    if child not in found and child not in _child_rollouts(target_home, source_id, exclude):
+        raise DriverError(f"provider child {child!r} of this operation is not there")
+    turns = _turns_in(driver, source_home if child in found else target_home, child)
+    if turns != prefix:
+        raise DriverError(f"provider child {child!r} does not show the frozen prefix: {turns}")
+    if child in found:
+        try:
+            receipt = driver.binder.bind(source_home, target_home, child)
+        except (BinderError, OSError) as exc:
+            raise DriverError(f"provider-state binding failed: {exc}") from exc
+        wire = receipt.to_wire()
+    else:
+        wire = {"childId": child, "sourceHome": str(source_home), "targetHome": str(target_home)}
+    own = _turns_in(driver, target_home, child)
+    if own != prefix:
+        raise DriverError(f"adopted child not readable from its own home: {own}")
+    wire["verifiedReadable"] = True
+    wire["forkedFromId"] = source_id
+    return {
+        "disposition": "accepted",
+        "child": {"providerSessionId": child, "forkedFromId": source_id, "providerTurnIds": prefix},
+        "binding": {"mode": driver.binding_mode.value, "receipt": wire},
+    }
+
+
+def quarantine(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Move every child rollout of this operation aside (never delete): `<home>/quarantine/
+    <operationId>/<its relative path>`, atomically per file (rename on one filesystem)."""
+    source_home, target_home, source_id, _, exclude = _params(params)
+    op_id = str(params.get("operationId") or "")
+    if not op_id or "/" in op_id or op_id.startswith("."):
+        raise DriverError("quarantine needs the operation id")
+    moved = []
+    for home in (source_home, target_home):
+        for paths in _child_rollouts(home, source_id, exclude).values():
+            for path in paths:
+                rel = path.relative_to(home)
+                if rel.parts[0] not in ROLLOUT_DIRS:
+                    continue
+                dest = home / QUARANTINE_DIR / op_id / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, dest)
+                fd = os.open(dest.parent, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                moved.append(str(dest))
+    return {"moved": moved}

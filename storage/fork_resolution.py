@@ -1,0 +1,280 @@
+"""The durable side of `fork.resolve` (issue 21 §1): settle an `unknown` fork operation with
+evidence — adopt its one verified provider child, or abandon it.
+
+One `fork_resolutions` row per operation records the winning request (`requestId`), its action
+and its state: `started` (durable before any worker call), `done` (the operation reached its
+end), `rolled_back` (start-up recovery found it half done with the operation still `unknown`;
+a new resolve may start over). Transitions, each one guarded transaction:
+
+- adopt:   begin → `unknown → provider_accepted` with the evidence (`adopt_unknown_fork`) →
+           the ordinary `commit_fork` → `finish_resolution`.
+- abandon: begin → (worker quarantine) → `unknown → abandoned` + resolution done, releasing
+           the barrier and the target reservation in the same transaction (`abandon_fork`).
+
+A second request while one is `started` gets 409 `agent_session_fork_resolve_in_progress`
+(retryable); after `done`, the same action gets the result, another 409
+`agent_session_fork_resolve_conflict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from storage.base import StoreBase, Tx, dumps, loads
+from storage.errors import Conflict
+from storage.fork_operations import _load_op, _validate_evidence
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkStatus,
+    ProviderForkEvidence,
+    SessionChanged,
+)
+
+
+class ForkResolveInProgress(Conflict):
+    """Another `fork.resolve` of this operation is under way."""
+
+    default_reason = "agent_session_fork_resolve_in_progress"
+    retryable = True
+
+
+class ForkResolveConflict(Conflict):
+    """The operation is not `unknown` (any more), or was resolved another way."""
+
+    default_reason = "agent_session_fork_resolve_conflict"
+
+
+@dataclass(frozen=True, slots=True)
+class ForkResolution:
+    workspace_id: str
+    operation_id: str
+    request_id: str
+    action: str
+    state: str
+    child_id: str | None
+    evidence: Any
+    result: Any
+
+
+_COLUMNS = (
+    "workspace_id, operation_id, request_id, action, state, child_id, evidence_json, result_json"
+)
+
+
+def _resolution(r: Any) -> ForkResolution:
+    return ForkResolution(r[0], r[1], r[2], r[3], r[4], r[5], loads(r[6]), loads(r[7]))
+
+
+def _load(tx: Tx, ws: str, op_id: str) -> ForkResolution | None:
+    r = tx.one(
+        f"SELECT {_COLUMNS} FROM fork_resolutions WHERE workspace_id = ? AND operation_id = ?",
+        (ws, op_id),
+    )
+    return None if r is None else _resolution(r)
+
+
+class ResolutionStore(StoreBase):
+    """Mixed into `storage.Store`."""
+
+    def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None:
+        with self._read() as conn:
+            r = conn.execute(
+                f"SELECT {_COLUMNS} FROM fork_resolutions WHERE workspace_id = ?"
+                " AND operation_id = ?",
+                (ws, op_id),
+            ).fetchone()
+            return None if r is None else _resolution(r)
+
+    def begin_resolution(
+        self,
+        ws: str,
+        op_id: str,
+        *,
+        request_id: str,
+        action: str,
+        child_id: str | None,
+        evidence: Any,
+    ) -> tuple[ForkResolution, bool]:
+        """Record the resolution durably before anything moves; `(row, created)`. A replay of
+        the winning request returns its row; any other request while it runs is a 409."""
+        with self._write(ws) as tx:
+            op = _load_op(tx.conn, ws, op_id, project=False)
+            current = _load(tx, ws, op_id)
+            if current is not None and current.state != "rolled_back":
+                if current.request_id == request_id and current.action == action:
+                    return current, False
+                if current.state == "started":
+                    raise ForkResolveInProgress(
+                        f"fork operation {op_id} is being resolved by request {current.request_id}",
+                        params={"operationId": op_id, "action": current.action},
+                    )
+                raise ForkResolveConflict(
+                    f"fork operation {op_id} was already resolved ({current.action})",
+                    params={"operationId": op_id, "status": op.public_status.value},
+                )
+            if op.status is not ForkStatus.UNKNOWN:
+                raise ForkResolveConflict(
+                    f"fork operation {op_id} is {op.public_status}; only unknown is resolved",
+                    params={"operationId": op_id, "status": op.public_status.value},
+                )
+            tx.execute(
+                "INSERT INTO fork_resolutions (workspace_id, operation_id, request_id, action,"
+                " state, child_id, evidence_json, result_json, created_at_ms, updated_at_ms)"
+                " VALUES (?, ?, ?, ?, 'started', ?, ?, NULL, ?, ?)"
+                " ON CONFLICT (workspace_id, operation_id) DO UPDATE SET"
+                " request_id = excluded.request_id, action = excluded.action,"
+                " state = 'started', child_id = excluded.child_id,"
+                " evidence_json = excluded.evidence_json, result_json = NULL,"
+                " updated_at_ms = excluded.updated_at_ms",
+                (ws, op_id, request_id, action, child_id, dumps(evidence), tx.now_ms, tx.now_ms),
+            )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            row = _load(tx, ws, op_id)
+            assert row is not None
+            return row, True
+
+    def adopt_unknown_fork(
+        self, ws: str, op_id: str, evidence: ProviderForkEvidence
+    ) -> tuple[ForkOperation, bool]:
+        """`unknown → provider_accepted` under a started adopt; the evidence passes the same
+        gate as a fork's. Afterwards `commit_fork` (or start-up recovery) commits it."""
+        with self._write(ws) as tx:
+            op = _load_op(tx.conn, ws, op_id, project=False)
+            if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
+                if op.target_provider_session_id != evidence.child_provider_session_id:
+                    raise ForkResolveConflict(
+                        f"fork operation {op_id} already adopted another provider child",
+                        params={"operationId": op_id},
+                    )
+                return _load_op(tx.conn, ws, op_id), False
+            current = _load(tx, ws, op_id)
+            if (
+                op.status is not ForkStatus.UNKNOWN
+                or current is None
+                or (current.action, current.state) != ("adopt", "started")
+            ):
+                raise ForkResolveConflict(
+                    f"fork operation {op_id} is not being adopted",
+                    params={"operationId": op_id, "status": op.public_status.value},
+                )
+            _validate_evidence(op, evidence)
+            bindings = None
+            if evidence.turn_bindings is not None:
+                bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
+            tx.execute(
+                "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
+                " target_provider_session_id = ?, target_provider_turn_ids = ?,"
+                " target_turn_bindings = ?, binding_receipt = ?, error = NULL,"
+                " completed_at_ms = NULL"
+                " WHERE workspace_id = ? AND operation_id = ? AND status = 'unknown'",
+                (
+                    tx.now_ms,
+                    evidence.child_provider_session_id,
+                    dumps(list(evidence.provider_turn_ids)),
+                    None if bindings is None else dumps(bindings),
+                    dumps(dict(evidence.receipt)),
+                    ws,
+                    op_id,
+                ),
+            )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            return _load_op(tx.conn, ws, op_id), True
+
+    def abandon_fork(self, ws: str, op_id: str, result: Any) -> tuple[ForkOperation, bool]:
+        """`unknown → abandoned` + the resolution done, in one transaction: releases the
+        barrier (abandoned is not in it) and the target reservation."""
+        with self._write(ws) as tx:
+            op = _load_op(tx.conn, ws, op_id, project=False)
+            if op.status is ForkStatus.ABANDONED:
+                return _load_op(tx.conn, ws, op_id), False
+            current = _load(tx, ws, op_id)
+            if (
+                op.status is not ForkStatus.UNKNOWN
+                or current is None
+                or (current.action, current.state) != ("abandon", "started")
+            ):
+                raise ForkResolveConflict(
+                    f"fork operation {op_id} is not being abandoned",
+                    params={"operationId": op_id, "status": op.public_status.value},
+                )
+            tx.execute(
+                "UPDATE fork_operations SET status = 'abandoned', completed_at_ms = ?"
+                " WHERE workspace_id = ? AND operation_id = ? AND status = 'unknown'",
+                (tx.now_ms, ws, op_id),
+            )
+            tx.execute(
+                "DELETE FROM session_reservations WHERE workspace_id = ? AND operation_id = ?",
+                (ws, op_id),
+            )
+            self._set_state(tx, ws, op_id, "done", result)
+            tx.emit(ForkOperationChanged(ws, op_id))
+            tx.emit(SessionChanged(ws, op.source_session_id))
+            return _load_op(tx.conn, ws, op_id), True
+
+    def finish_resolution(self, ws: str, op_id: str, result: Any) -> ForkResolution | None:
+        with self._write(ws) as tx:
+            current = _load(tx, ws, op_id)
+            if current is not None and current.state == "started":
+                self._set_state(tx, ws, op_id, "done", result)
+            return _load(tx, ws, op_id)
+
+    def rollback_resolution(self, ws: str, op_id: str) -> None:
+        """A worker step failed with the operation still `unknown`: a new resolve may start."""
+        with self._write(ws) as tx:
+            tx.execute(
+                "UPDATE fork_resolutions SET state = 'rolled_back', updated_at_ms = ?"
+                " WHERE workspace_id = ? AND operation_id = ? AND state = 'started'",
+                (tx.now_ms, ws, op_id),
+            )
+
+    def recover_fork_resolutions(self) -> tuple[int, int]:
+        """Start-up (after fork recovery): a `started` resolution whose operation moved on is
+        finished; one whose operation is still `unknown` is rolled back (nothing of the
+        operation changed; a quarantined child stays in quarantine). Returns (done, rolled)."""
+        done = rolled = 0
+        with self._write(None) as tx:
+            rows = tx.conn.execute(
+                "SELECT r.workspace_id, r.operation_id, o.status FROM fork_resolutions r"
+                " JOIN fork_operations o ON o.workspace_id = r.workspace_id"
+                " AND o.operation_id = r.operation_id WHERE r.state = 'started'"
+            ).fetchall()
+            for r in rows:
+                ws, op_id, status = str(r[0]), str(r[1]), str(r[2])
+                if status == ForkStatus.UNKNOWN:
+                    self._set_state(tx, ws, op_id, "rolled_back", None)
+                    rolled += 1
+                else:
+                    self._set_state(tx, ws, op_id, "done", {"status": status})
+                    done += 1
+        return done, rolled
+
+    @staticmethod
+    def _set_state(tx: Tx, ws: str, op_id: str, state: str, result: Any) -> None:
+        tx.execute(
+            "UPDATE fork_resolutions SET state = ?, result_json = ?, updated_at_ms = ?"
+            " WHERE workspace_id = ? AND operation_id = ?",
+            (state, dumps(result), tx.now_ms, ws, op_id),
+        )
+
+    def claimed_provider_children(self, ws: str, source_session_id: str) -> list[str]:
+        """Provider children other operations of this source recorded (never this op's)."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT target_provider_session_id FROM fork_operations WHERE workspace_id = ?"
+                " AND source_session_id = ? AND target_provider_session_id IS NOT NULL",
+                (ws, source_session_id),
+            )
+            .fetchall()
+        )
+        return [str(r[0]) for r in rows]
+
+
+__all__ = [
+    "ForkResolution",
+    "ForkResolveConflict",
+    "ForkResolveInProgress",
+    "ResolutionStore",
+]

@@ -1,0 +1,59 @@
+"""Issue 21 with `provider: "codex"` through the daemon (real codex app-server, the local
+ResponsesServer): full-Session fork (`latestSettled`) commits and a replay after new Turns
+returns the original boundary; `fork.resolve` adopts an `unknown` fork's child and abandons
+one without a child."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_codex_daemon import codex_daemon, codex_home, codex_source, model  # noqa: F401
+
+from tests.daemon.test_fork_full_session import assert_full_session_fork
+from tests.daemon.test_fork_resolve import abandon_and_refork, adopt_and_use, unknown_fork
+from tests.support.daemon import WS, DaemonProcess, run_turn
+from tests.support.homes import child_rollouts
+from tests.support.invariants import assert_invariants
+
+pytestmark = [pytest.mark.codex, pytest.mark.timeout(240)]
+
+
+def test_codex_latest_settled_fork_commits_and_replays_original_boundary(
+    codex_daemon: DaemonProcess,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    op = assert_full_session_fork(c, sid, turns)
+    assert len(child_rollouts(codex_home(d, sid))) == 2
+    assert run_turn(c, op["targetAgentSessionId"], "four")["outcome"] == "completed"
+
+
+def test_codex_unknown_fork_with_child_is_adopted_and_its_child_runs(
+    codex_daemon: DaemonProcess,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    op = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.after_provider_call")
+    assert len(child_rollouts(codex_home(d, sid))) == 1
+    session = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+    adopt_and_use(
+        c, op, session["providerSessionId"], lambda: len(child_rollouts(codex_home(d, sid)))
+    )
+    assert_invariants(d.home)
+
+
+def test_codex_unknown_fork_without_child_is_abandoned_and_forks_again(
+    codex_daemon: DaemonProcess,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    op = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.before_provider_call")
+    abandon_and_refork(c, op, sid, turns[1]["turnId"], 0)
+    assert_invariants(d.home)

@@ -1,0 +1,225 @@
+"""The bound child's readability proof without a process spawn (issue 20): the tutti-agent
+driver proves the child readable from the target home with tutti_agent's own reader inside the
+worker, a damaged copy still makes the fork `unknown`, and the rollout lineage reader (the one
+the Codex driver proves with) judges real tutti-agent Referenced lineages — same file format —
+as the app-server does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drv_helpers import TUTTI_BIN, EventLog, completed
+from test_tutti_driver import fork_request, open_session
+
+from drivers.app_server import AppServerProcess, private_env
+from drivers.base import DeliveryDisposition
+from drivers.binder import RolloutBinder, iter_rollouts
+from drivers.failpoints import Failpoints
+from drivers.readability import (
+    ReaderNotApplicable,
+    codex_turns,
+    prove_codex_child,
+    prove_tutti_child,
+    read_rollout_lineage,
+)
+from drivers.tutti_agent import TuttiAgentDriver
+
+PROXY = str(Path(__file__).with_name("tamper_proxy.py"))
+Make = Callable[..., TuttiAgentDriver]
+
+
+@pytest.fixture
+def make_driver() -> Iterator[Make]:
+    made: list[TuttiAgentDriver] = []
+
+    def make(failpoints: dict[str, str] | None = None, **config: Any) -> TuttiAgentDriver:
+        config.setdefault("command", TUTTI_BIN)
+        driver = TuttiAgentDriver(config, Failpoints(failpoints))
+        made.append(driver)
+        return driver
+
+    yield make
+    for driver in made:
+        driver.close()
+
+
+def counted(log_path: Path) -> list[str]:
+    """The real app-server behind a relay that logs every client request method."""
+    return [sys.executable, PROXY, "none", str(log_path), "--", TUTTI_BIN]
+
+
+def spawns(log_path: Path) -> int:
+    """App-servers started through `counted` (each one is initialized exactly once)."""
+    return log_path.read_text().splitlines().count("initialize") if log_path.exists() else 0
+
+
+def run_child_turn(driver: TuttiAgentDriver, target: Path, root: Path, child_id: str) -> None:
+    child_log = EventLog()
+    driver.start_session(
+        {
+            "agentSessionId": "child",
+            "home": str(target),
+            "cwd": str(root),
+            "settings": {},
+            "model": None,
+            "providerSessionId": child_id,
+        }
+    )
+    driver.start_turn({"agentSessionId": "child", "turnId": "C1", "text": "next"}, child_log)
+    assert child_log.wait_for(completed("C1"))["outcome"] == "completed"
+
+
+@pytest.mark.timeout(60)
+def test_fork_proves_the_child_readable_in_the_worker_without_spawning_an_app_server(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.log"
+    driver = make_driver(command=counted(calls))
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path)
+    assert spawns(calls) == 1  # the source Session's own app-server
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    result = driver.fork(fork_request(home, thread_id, version, turns[:2], target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.binding is not None and result.child is not None
+    assert result.binding.receipt["verifiedReadable"] is True
+    assert result.binding.receipt["readabilityProof"] == "in_worker"
+    # Proven without a second process: the fork ran on the source's live app-server alone.
+    assert spawns(calls) == 1
+    # The proof is not weaker than the child's real use: it resumes and runs a turn.
+    run_child_turn(driver, target, tmp_path, result.child.provider_session_id)
+
+
+@pytest.mark.timeout(60)
+def test_app_server_proof_stays_available_as_a_setting(make_driver: Make, tmp_path: Path) -> None:
+    calls = tmp_path / "calls.log"
+    driver = make_driver(command=counted(calls), readability_proof="app_server")
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "t"))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.binding is not None
+    assert result.binding.receipt["readabilityProof"] == "app_server"
+    assert spawns(calls) == 2
+
+
+def test_unknown_readability_proof_setting_is_refused() -> None:
+    with pytest.raises(Exception, match="readability_proof"):
+        TuttiAgentDriver({"readability_proof": "trust_me"}, Failpoints())
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("proof", ["in_worker", "app_server"])
+def test_copy_tampered_between_bind_and_proof_is_unknown(
+    make_driver: Make, tmp_path: Path, proof: str
+) -> None:
+    """`worker.bind.after_copy=tamper` cuts the copied rollout back to its session_meta after
+    the binder made it durable: the proof must refuse the child, so the fork is `unknown`."""
+    driver = make_driver({"worker.bind.after_copy": "tamper"}, readability_proof=proof)
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a", "b"))
+    target = tmp_path / "t"
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.UNKNOWN
+    assert result.error is not None and "not readable from its home" in result.error
+    assert result.binding is None
+    assert result.child is not None and result.child.provider_turn_ids == tuple(turns)
+    # The tamper really happened: the copy holds only its first line.
+    [copied] = list(iter_rollouts(target))
+    assert len(copied.read_bytes().splitlines()) == 1
+
+
+# --------------------------------------------------------------------- the readers, directly
+
+
+def _referenced_child(tmp_path: Path, make_driver: Make) -> tuple[Path, str, str, list[str]]:
+    """A real tutti-agent Referenced child (the Codex 0.171 layout) bound into `tmp/target`."""
+    driver = make_driver()
+    home, thread_id, _, turns = open_session(driver, EventLog(), tmp_path, texts=("a", "b", "c"))
+    driver.stop_session({"agentSessionId": "src"})
+    server = AppServerProcess(
+        [TUTTI_BIN, "app-server"], env=private_env(None, "TUTTI_AGENT_HOME", home)
+    )
+    server.start()
+    try:
+        server.initialize("t", "0")
+        forked = server.request(
+            "thread/fork",
+            {"threadId": thread_id, "lastTurnId": turns[1], "persistence": "referenced"},
+        )
+    finally:
+        server.close()
+    child_id = forked["thread"]["id"]
+    target = tmp_path / "target"
+    RolloutBinder().bind(home, target, child_id)
+    return target, child_id, thread_id, turns[:2]
+
+
+def _rollout_of(home: Path, thread_id: str) -> Path:
+    [path] = [p for p in iter_rollouts(home) if p.name.endswith(f"-{thread_id}.jsonl")]
+    return path
+
+
+@pytest.mark.timeout(60)
+def test_lineage_reader_reads_a_referenced_child_from_its_home_alone(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    target, child_id, source_id, prefix = _referenced_child(tmp_path, make_driver)
+    lineage = read_rollout_lineage(target, child_id)
+    assert [s.thread_id for s in lineage.segments] == [source_id, child_id]
+    assert [t for t, _ in codex_turns(lineage.records)] == prefix
+    assert prove_codex_child(target, child_id, source_id, prefix) is None
+    import tutti_agent
+
+    assert prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__) is None
+    # Each reader refuses a prefix the child does not show, and a wrong source.
+    assert prove_codex_child(target, child_id, source_id, prefix[:1]) is not None
+    assert prove_codex_child(target, child_id, child_id, prefix) is not None
+    assert (
+        prove_tutti_child(target, child_id, source_id, prefix[::-1], tutti_agent.__version__)
+        is not None
+    )
+    with pytest.raises(ReaderNotApplicable):
+        prove_tutti_child(target, child_id, source_id, prefix, "0.0.0-other")
+
+
+def _shift_history_base(path: Path) -> None:
+    lines = path.read_bytes().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    first["payload"]["history_base"]["end_byte_offset"] += 1
+    path.write_bytes(json.dumps(first).encode() + b"\n" + b"".join(lines[1:]))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "damage",
+    ["ancestor_missing", "ancestor_cut", "ancestor_gap", "child_torn", "byte_offset_moved"],
+)
+def test_lineage_reader_and_tutti_reader_refuse_a_damaged_lineage(
+    make_driver: Make, tmp_path: Path, damage: str
+) -> None:
+    target, child_id, source_id, prefix = _referenced_child(tmp_path, make_driver)
+    ancestor, child = _rollout_of(target, source_id), _rollout_of(target, child_id)
+    if damage == "ancestor_missing":
+        ancestor.unlink()
+    elif damage == "ancestor_cut":
+        data = ancestor.read_bytes()
+        ancestor.write_bytes(data[: data.index(b"\n") + 1])
+    elif damage == "child_torn":
+        child.write_bytes(child.read_bytes()[:-3])
+    elif damage == "ancestor_gap":
+        lines = ancestor.read_bytes().splitlines(keepends=True)
+        ancestor.write_bytes(b"".join(lines[:3] + lines[4:]))
+    else:
+        _shift_history_base(child)
+    assert prove_codex_child(target, child_id, source_id, prefix) is not None
+    import tutti_agent
+
+    # The child's torn line is its settings header, past a complete session_meta: tutti_agent
+    # drops a torn tail (its writer truncates it on reopen), so for its own reader the child
+    # still reads with every turn; the stricter lineage reader refuses it. Every other damage
+    # is refused by both.
+    problem = prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__)
+    assert (problem is None) == (damage == "child_torn"), problem
