@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 import pykka
 
+from actors import runtime_dirs
 from actors.context import HostContext
 from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.fork_saga import ForkSaga
@@ -155,7 +157,11 @@ class SessionActor(PooledActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
-            log.exception("session actor %s failed on %r", self.key, type(message).__name__)
+            if isinstance(exc, HostError) and exc.status < 500:
+                # An ordinary refusal (busy, fenced, not found): the caller gets it typed.
+                log.debug("session actor %s refused %r: %s", self.key, type(message).__name__, exc)
+            else:
+                log.exception("session actor %s failed on %r", self.key, type(message).__name__)
             # Every message that owes a reply gets one, typed (issue 15 defect 2); a FollowUp
             # carries the reply of the request it continues.
             reply = getattr(message, "reply", None)
@@ -410,8 +416,22 @@ class SessionActor(PooledActor):
         provider = self.session().provider if msg.stop_runtime else None
         result = msg.fn(self.ctx.store)
         if provider is not None:
-            # Deleted: its provider runtime has no further use.
-            self.ctx.workers.request(provider, "session.stop", {"agentSessionId": self.key}, 10.0)
+            # Deleted (committed): its provider runtime and home have no further use. The home
+            # goes once the runtime has stopped, off this thread; a kill in between is
+            # finished by the next start (actors/runtime_dirs.py).
+            self.ctx.failpoints.hit("host.session.delete.after_commit")
+            stopped = self.ctx.workers.request(
+                provider, "session.stop", {"agentSessionId": self.key}, 10.0
+            )
+            runtimes, ws, sid = self.ctx.runtimes_dir, self.ws, self.sid
+            stopped.add_done_callback(
+                lambda _f: threading.Thread(
+                    target=runtime_dirs.discard,
+                    args=(runtimes, ws, sid),
+                    name="agenthost-discard",
+                    daemon=True,
+                ).start()
+            )
             self.ctx.runtime_slots.forget(provider, self.key)
         msg.reply(result)
 

@@ -18,16 +18,25 @@ from typing import Any
 
 import msgpack
 
+from actors import runtime_dirs
 from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from actors.runtime_slots import RuntimeSlots
-from agenthost import __version__, projection, providers_info
+from agenthost import __version__, activity, projection, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
-from agenthost.config import Config
+from agenthost.config import Config, check_home_paths
+from agenthost.home import (
+    HomeLock,
+    check_ipc_endpoint,
+    make_private_dir,
+    prepare_home,
+    prepare_ipc_dir,
+)
+from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
@@ -79,16 +88,23 @@ class Daemon:
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
+        self._home_lock: HomeLock | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         cfg = self.config
-        # Private data: a new home, the run dir and the runtimes are owner-only.
-        cfg.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cfg.run_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(cfg.run_dir, 0o700)
-        cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
+        # Private data: the home and its run dir must be ours alone (refused otherwise), and
+        # one daemon per home: the lock is taken before the store is opened or anything in the
+        # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
+        check_home_paths(cfg)  # a too-long home is refused before anything is created
+        for endpoint in (*self.listen, *self.events_listen):
+            check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
+        prepare_home(cfg.home)
+        self._home_lock = acquire_home(cfg.home)
+        make_private_dir(cfg.runtimes_dir)
+        for endpoint in (*self.listen, *self.events_listen):
+            prepare_ipc_dir(endpoint)
 
         self.store = store = Store.open(
             cfg.store_path,
@@ -100,6 +116,8 @@ class Daemon:
         # Then fork.resolve (issue 21): finish or roll back a half-done resolution.
         self.resolutions_recovered = store.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
+        # Deletes a killed daemon did not finish: their runtime dirs go now.
+        runtime_dirs.sweep(store, cfg.runtimes_dir)
 
         fp_state = cfg.run_dir / "failpoints-host"
         fp_state.mkdir(mode=0o700, exist_ok=True)
@@ -160,6 +178,7 @@ class Daemon:
         )
         self._event_thread.start()
         store.subscribe(self._events.put)
+        store.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
 
         self.api = Api(
             store=store,
@@ -231,6 +250,9 @@ class Daemon:
             self.ctx.actor_pool.close()
         if self.store is not None:
             self.store.close()
+        if self._home_lock is not None:
+            self._home_lock.release()
+            self._home_lock = None
 
     @property
     def api_endpoint(self) -> str:

@@ -305,6 +305,15 @@ class CanonicalStore(StoreBase):
             )
             tx.emit(SessionChanged(ws, sid, removed=True))
 
+    def deleted_sessions(self) -> list[tuple[str, str]]:
+        """`(workspace, session)` of every deleted Session (start-up sweeps their runtimes)."""
+        rows = (
+            self._conn()
+            .execute("SELECT workspace_id, session_id FROM sessions WHERE deleted = 1")
+            .fetchall()
+        )
+        return [(str(ws), str(sid)) for ws, sid in rows]
+
     def update_runtime(
         self,
         ws: str,
