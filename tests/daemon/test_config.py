@@ -136,7 +136,7 @@ def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, allow_remote, '),
+        ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, '),
         ("[providers.codex]\ncli_path = '/x'\n", '[providers.codex] unknown key "cli_path"'),
         ("[providers.gpt]\nmodel = 'm'\n", "unknown provider [providers.gpt]"),
         ("[deamon]\nlisten = []\n", 'unknown table or key "deamon"'),
