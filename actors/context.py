@@ -10,7 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
+from actors.runtime_slots import RuntimeSlots
 from storage import Store
 
 # The worker's own limits for a fork's steps other than the provider's fork call: reading the
@@ -80,6 +82,10 @@ class HostContext:
     runtimes_dir: Path
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)
+    # The bounded threads every Session actor runs on (issue 15 #5: not one thread each).
+    actor_pool: ActorPool = field(default_factory=ActorPool)
+    # Live provider runtimes per provider (issue 14 §6); the daemon wires its stopper.
+    runtime_slots: RuntimeSlots = field(default_factory=RuntimeSlots)
     # Called with (workspace_id, session_id, busy) so the host knows which actors may idle out.
     on_busy_change: Callable[[str, str, bool], None] | None = None
 

@@ -118,7 +118,10 @@ class HostActor(pykka.ThreadingActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001
-            log.exception("host actor failed on %r", type(message).__name__)
+            if isinstance(exc, HostError) and exc.status < 500:
+                log.debug("host actor refused %r: %s", type(message).__name__, exc)
+            else:
+                log.exception("host actor failed on %r", type(message).__name__)
             reply = getattr(message, "reply", None) or getattr(
                 getattr(message, "message", None), "reply", None
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from typing import Any, TypeVar
 
 import pykka
 
+from actors import runtime_dirs
 from actors.context import HostContext
 from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.fork_saga import ForkSaga
@@ -34,6 +36,7 @@ from actors.messages import (
     Submit,
     runtime_key,
 )
+from actors.pool import PooledActor
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from actors.rebind import CanonicalTurn, match_missing
 from actors.timers import TIMERS, TimerHandle
@@ -105,7 +108,7 @@ class _Durable:
     then: Callable[[HostError | None], None] | None = None
 
 
-class SessionActor(pykka.ThreadingActor):
+class SessionActor(PooledActor):
     def __init__(
         self,
         ctx: HostContext,
@@ -115,10 +118,13 @@ class SessionActor(pykka.ThreadingActor):
     ) -> None:
         super().__init__()
         self.ctx = ctx
+        self.actor_pool = ctx.actor_pool
         self.ws = workspace_id
         self.sid = session_id
         self.key = runtime_key(workspace_id, session_id)
-        self._predecessor = predecessor
+        # A previous actor for this Session may still drain its mailbox: start after it, so
+        # the Session's writes stay serialised across an idle stop and a restart.
+        self.wait_for(predecessor)
         self._turns: dict[str, _TurnState] = {}
         self.sagas: dict[str, ForkSaga] = {}
         self.resolves: dict[str, Any] = {}  # fork.resolve in flight (actors/fork_resolve.py)
@@ -126,19 +132,14 @@ class SessionActor(pykka.ThreadingActor):
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
         self._busy = False
+        # Runtime slot (issue 14 §6): held while preparing or busy, released when neither.
+        self._preparing = 0
+        self._slot_provider: str | None = None
         self._durable: deque[_Durable] = deque()
         self._retry_timer: TimerHandle | None = None
         self._retry_delay = RETRY_FIRST_S
 
     # -- lifecycle -------------------------------------------------------------------------
-
-    def on_start(self) -> None:
-        # A previous actor for this Session may still drain its mailbox: wait, so the
-        # Session's writes stay serialised across an idle stop and a restart.
-        if self._predecessor is not None:
-            with contextlib.suppress(Exception):  # a dead predecessor has nothing left to drain
-                self._predecessor.get(timeout=30)
-            self._predecessor = None
 
     def on_stop(self) -> None:
         if self._retry_timer is not None:
@@ -151,13 +152,16 @@ class SessionActor(pykka.ThreadingActor):
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)
-        self.ctx.store.release_thread_connection()
 
     def on_receive(self, message: Any) -> Any:
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
-            log.exception("session actor %s failed on %r", self.key, type(message).__name__)
+            if isinstance(exc, HostError) and exc.status < 500:
+                # An ordinary refusal (busy, fenced, not found): the caller gets it typed.
+                log.debug("session actor %s refused %r: %s", self.key, type(message).__name__, exc)
+            else:
+                log.exception("session actor %s failed on %r", self.key, type(message).__name__)
             # Every message that owes a reply gets one, typed (issue 15 defect 2); a FollowUp
             # carries the reply of the request it continues.
             reply = getattr(message, "reply", None)
@@ -228,6 +232,9 @@ class SessionActor(pykka.ThreadingActor):
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())
         )
+        if not busy and self._preparing == 0 and self._slot_provider is not None:
+            self.ctx.runtime_slots.release(self._slot_provider, self.key)
+            self._slot_provider = None
         if busy != self._busy:
             self._busy = busy
             if self.ctx.on_busy_change is not None:
@@ -267,6 +274,27 @@ class SessionActor(pykka.ThreadingActor):
         return self.ctx.store.get_session(self.ws, self.sid)
 
     def prepare_runtime(
+        self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
+    ) -> None:
+        """Take one of the provider's runtime slots (queueing while all are busy), then
+        prepare the runtime; the slot is released when the Session has nothing in progress."""
+        ref = self.actor_ref
+        self._preparing += 1
+        self._slot_provider = session.provider
+
+        def _ready(runtime: PreparedRuntime | HostError) -> None:
+            self._preparing -= 1
+            on_ready(runtime)
+
+        def _granted() -> None:
+            try:
+                ref.tell(FollowUp(lambda: self._prepare_runtime_now(session, _ready)))
+            except pykka.ActorDeadError:
+                self.ctx.runtime_slots.release(session.provider, self.key)
+
+        self.ctx.runtime_slots.acquire(session.provider, self.key, _granted)
+
+    def _prepare_runtime_now(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
     ) -> None:
         """Attach (or reuse) the Session's runtime in its worker: the same preparation for a
@@ -388,8 +416,23 @@ class SessionActor(pykka.ThreadingActor):
         provider = self.session().provider if msg.stop_runtime else None
         result = msg.fn(self.ctx.store)
         if provider is not None:
-            # Deleted: its provider runtime has no further use.
-            self.ctx.workers.request(provider, "session.stop", {"agentSessionId": self.key}, 10.0)
+            # Deleted (committed): its provider runtime and home have no further use. The home
+            # goes once the runtime has stopped, off this thread; a kill in between is
+            # finished by the next start (actors/runtime_dirs.py).
+            self.ctx.failpoints.hit("host.session.delete.after_commit")
+            stopped = self.ctx.workers.request(
+                provider, "session.stop", {"agentSessionId": self.key}, 10.0
+            )
+            runtimes, ws, sid = self.ctx.runtimes_dir, self.ws, self.sid
+            stopped.add_done_callback(
+                lambda _f: threading.Thread(
+                    target=runtime_dirs.discard,
+                    args=(runtimes, ws, sid),
+                    name="agenthost-discard",
+                    daemon=True,
+                ).start()
+            )
+            self.ctx.runtime_slots.forget(provider, self.key)
         msg.reply(result)
 
     # -- turns -----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from actors.fork_saga import TERMINAL as _TERMINAL_FORK
 from actors.host_actor import GetFork, HostActor, Route
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from actors.ports import ProviderCatalog
-from agenthost import projection
+from agenthost import activity, projection
 from storage import Store
 from storage.base import typed_store_error
 from storage.errors import (
@@ -106,10 +106,15 @@ class Api:
     # -- dispatch --------------------------------------------------------------------------
 
     def __call__(self, request: Request, responder: Responder) -> None:
+        if activity.enabled():  # `serve -v`: one line per request, when it is answered
+            responder = activity.LoggedResponder(responder, request)
         handler = self._methods.get(request.method)
-        if handler is None:
-            raise InvalidRequest(f"unknown method {request.method!r}", reason="unknown_method")
-        handler(request.params, responder)
+        try:
+            if handler is None:
+                raise InvalidRequest(f"unknown method {request.method!r}", reason="unknown_method")
+            handler(request.params, responder)
+        except HostError as exc:
+            responder.error(exc)
 
     def _read(
         self, responder: Responder, fn: Callable[[], dict[str, Any]], status: int = 200

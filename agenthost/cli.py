@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import uuid
@@ -21,7 +22,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agenthost.config import ConfigError, check_listen, default_home, load_config
+from agenthost.config import (
+    ConfigError,
+    check_home_paths,
+    check_listen,
+    default_home,
+    load_config,
+)
+from agenthost.home import HomeInUse, HomeUnsafe, probe_home
 from domain.providers import PROVIDERS
 
 EXIT_OK = 0
@@ -103,7 +111,13 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--allow-remote", action="store_true", help="allow a non-loopback --listen address"
     )
-    s.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    s.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="-v: one log line per request, turn and fork transition; -vv: debug logs",
+    )
     s.set_defaults(run=_serve)
 
     sub.add_parser("status", parents=[common], help="daemon status").set_defaults(run=_status)
@@ -249,20 +263,26 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from agenthost.daemon import Daemon
-
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from agenthost import activity
+
+    activity.enable(args.verbose > 0)
     try:
         config = load_config(args.home, args.config)
         for endpoint in [*args.listen, *args.events_listen]:
             check_listen(endpoint, args.allow_remote or config.allow_remote)
+        check_home_paths(config)
     except ConfigError as exc:
+        # Every configuration mistake: one line naming what is wrong, exit 2, no traceback.
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # Imported only now: a configuration error is reported without loading the daemon.
+    from agenthost.daemon import Daemon
+
     # Every TCP endpoint is a CURVE server (run/keys/, run/connection.json): the daemon always
     # gives its server the keys, so `allow_remote` never exposes an unauthenticated socket.
     daemon = Daemon(config, listen=tuple(args.listen), events_listen=tuple(args.events_listen))
@@ -273,6 +293,14 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
     try:
         daemon.start()
+    except HomeInUse as exc:
+        # The live daemon's lock: nothing of this home was touched (no store open, no write).
+        print(f"agenthost: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except (HomeUnsafe, ConfigError) as exc:
+        print(f"agenthost: cannot start: {exc}", file=sys.stderr)
+        daemon.close()
+        return EXIT_USAGE
     except Exception as exc:  # noqa: BLE001 - report start-up failures plainly
         print(f"agenthost: cannot start: {exc}", file=sys.stderr)
         daemon.close()
@@ -351,14 +379,96 @@ def _client(args: argparse.Namespace) -> Any:
     from transport.client import Client
 
     api, _ = endpoints(args)
-    if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
-        # ZeroMQ would queue the request forever; say plainly that nobody is listening.
-        raise CliError(
-            "daemon_unreachable",
-            f"no daemon socket at {api} (is `agenthost serve` running?)",
-            code=EXIT_UNREACHABLE,
-        )
+    check_reachable(args, api)
     return Client(api, timeout=args.timeout, curve=curve(args))
+
+
+def _home(args: argparse.Namespace) -> Path:
+    return Path(os.path.abspath((args.home or default_home()).expanduser()))
+
+
+def _unreachable(message: str) -> CliError:
+    return CliError("daemon_unreachable", message, code=EXIT_UNREACHABLE)
+
+
+def check_reachable(args: argparse.Namespace, api: str) -> None:
+    """Tell a dead daemon from a slow one before sending anything: ZeroMQ would queue a
+    request to a dead endpoint until `--timeout`. The home's lock is held exactly while a
+    daemon lives (the kernel drops it with the process), so a free lock means dead, now."""
+    home = _home_of(args, api)
+    if home is not None:
+        probe = probe_home(home)
+        if not probe.served:
+            if _accepts(api[len("ipc://") :]):
+                return  # served without the lock (a daemon older than the lock file)
+            raise _unreachable(f"no agenthost is serving {home} (is `agenthost serve` running?)")
+        # Served: the socket appears once the daemon has finished its start-up recovery.
+        sock = Path(api[len("ipc://") :])
+        deadline = time.monotonic() + args.timeout
+        while not sock.exists():
+            if not probe_home(home).served:
+                raise _unreachable(f"the agenthost serving {home} has exited")
+            if time.monotonic() > deadline:
+                raise _unreachable(
+                    f"agenthost (pid {probe.pid}) holds {home} but has not opened {sock} "
+                    f"within {args.timeout:g} s (still starting?)"
+                )
+            time.sleep(0.05)
+        return
+    if not api.startswith("ipc://") or api.startswith("ipc://@"):
+        return
+    path = api[len("ipc://") :]
+    if not Path(path).exists():
+        raise _unreachable(f"no daemon socket at {api} (is `agenthost serve` running?)")
+    if _accepts(path) is False:
+        raise _unreachable(f"nothing listens on {api} (a daemon that died left it)")
+
+
+def _accepts(path: str) -> bool | None:
+    """Does a process accept connections on this Unix socket? None: cannot tell (e.g. no
+    permission; the real connection will report it)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return True
+
+
+def _home_of(args: argparse.Namespace, api: str) -> Path | None:
+    """The home whose own ipc socket `api` is (its lock then tells if a daemon lives)."""
+    home = _home(args)
+    if api.startswith("ipc://") and Path(os.path.abspath(api[len("ipc://") :])) == (
+        home / "run" / "api.sock"
+    ):
+        return home
+    return None
+
+
+def _no_reply(args: argparse.Namespace) -> CliError:
+    api = endpoints(args)[0]
+    if not api.startswith("ipc://"):
+        # A CURVE endpoint drops an unauthorized client silently: say what to check.
+        return _unreachable(
+            f"no reply from {api} within {args.timeout:g} s (a TCP endpoint answers only a "
+            "client with an authorized key: --connection FILE or $AGENTHOST_CONNECTION)"
+        )
+    who = "the daemon"
+    home = _home_of(args, api)
+    if home is not None:
+        probe = probe_home(home)
+        if not probe.served:
+            return _unreachable(f"the agenthost serving {home} exited without replying")
+        who = f"agenthost (pid {probe.pid})"
+    # No request id here: it means nothing to the user (the daemon logs it with `-v`).
+    return _unreachable(
+        f"no reply within {args.timeout:g} s; {who} is running but busy or hung "
+        "(--timeout waits longer)"
+    )
 
 
 def _api_error(exc: Any) -> CliError:
@@ -395,18 +505,8 @@ def _with_client(
             return _fail(args, _api_error(exc))
         except ReferenceError_ as exc:
             return _fail(args, CliError(exc.reason, exc.message))
-        except (ClientTimeout, TimeoutError) as exc:
-            hint = ""
-            if not endpoints(args)[0].startswith("ipc://"):
-                # A CURVE endpoint drops an unauthorized client silently: say what to check.
-                hint = (
-                    " (a TCP endpoint answers only a client with an authorized key:"
-                    " --connection FILE or $AGENTHOST_CONNECTION)"
-                )
-            return _fail(
-                args,
-                CliError("daemon_unreachable", f"no reply: {exc}{hint}", code=EXIT_UNREACHABLE),
-            )
+        except (ClientTimeout, TimeoutError):
+            return _fail(args, _no_reply(args))
         except KeyboardInterrupt:
             return EXIT_INTERRUPTED
         finally:
@@ -641,9 +741,10 @@ def _say(args: argparse.Namespace, client: Any) -> int:
         if not turn_id:
             print("\nagenthost: interrupted before the turn started", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if not args.json:
-            print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
         try:
+            # Inside the try: a second Ctrl-C right after this line is already "stop waiting".
+            if not args.json:
+                print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
             turn = _stop_turn(args, client, sid, str(turn_id), printer)
         except KeyboardInterrupt:
             print(
@@ -1067,13 +1168,9 @@ def _gui(args: argparse.Namespace) -> int:
     try:
         api, _ = endpoints(args)
         events = events_endpoint(args)
+        check_reachable(args, api)
     except CliError as exc:
         return _fail(args, exc)
-    if api.startswith("ipc://") and not Path(api[len("ipc://") :]).exists():
-        return _fail(
-            args,
-            CliError("daemon_unreachable", f"no daemon socket at {api}", code=EXIT_UNREACHABLE),
-        )
     try:
         from agenthost.gui.app import run_gui
     except ImportError as exc:  # textual is the optional `gui` extra

@@ -16,14 +16,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgpack
+
+from actors import runtime_dirs
 from actors.context import HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost, parse_runtime_key
+from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
-from agenthost import __version__, projection, providers_info
+from actors.runtime_slots import RuntimeSlots
+from agenthost import __version__, activity, projection, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
-from agenthost.config import Config
+from agenthost.config import Config, check_home_paths
+from agenthost.home import (
+    HomeLock,
+    check_ipc_endpoint,
+    make_private_dir,
+    prepare_home,
+    prepare_ipc_dir,
+)
+from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
@@ -32,7 +45,7 @@ from storage import Store
 from storage.errors import HostError, InvalidArgument
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from transport.security import needs_curve
-from transport.server import ApiServer
+from transport.server import MAX_EVENT_BYTES, ApiServer
 
 log = logging.getLogger(__name__)
 
@@ -75,23 +88,36 @@ class Daemon:
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
+        self._home_lock: HomeLock | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
         cfg = self.config
-        # Private data: a new home, the run dir and the runtimes are owner-only.
-        cfg.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cfg.run_dir.mkdir(mode=0o700, exist_ok=True)
-        os.chmod(cfg.run_dir, 0o700)
-        cfg.runtimes_dir.mkdir(mode=0o700, exist_ok=True)
+        # Private data: the home and its run dir must be ours alone (refused otherwise), and
+        # one daemon per home: the lock is taken before the store is opened or anything in the
+        # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
+        check_home_paths(cfg)  # a too-long home is refused before anything is created
+        for endpoint in (*self.listen, *self.events_listen):
+            check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
+        prepare_home(cfg.home)
+        self._home_lock = acquire_home(cfg.home)
+        make_private_dir(cfg.runtimes_dir)
+        for endpoint in (*self.listen, *self.events_listen):
+            prepare_ipc_dir(endpoint)
 
-        self.store = store = Store.open(cfg.store_path, busy_timeout_ms=cfg.store_busy_timeout_ms)
+        self.store = store = Store.open(
+            cfg.store_path,
+            busy_timeout_ms=cfg.store_busy_timeout_ms,
+            max_connections=cfg.store_connections,
+        )
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         # Then fork.resolve (issue 21): finish or roll back a half-done resolution.
         self.resolutions_recovered = store.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
+        # Deletes a killed daemon did not finish: their runtime dirs go now.
+        runtime_dirs.sweep(store, cfg.runtimes_dir)
 
         fp_state = cfg.run_dir / "failpoints-host"
         fp_state.mkdir(mode=0o700, exist_ok=True)
@@ -113,9 +139,16 @@ class Daemon:
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
         )
+        port = SupervisorPort(self.supervisor)
+        slots = RuntimeSlots(
+            cfg.max_runtimes_per_provider,
+            stop=lambda provider, key: port.request(
+                provider, "session.stop", {"agentSessionId": key}, 30.0
+            ),
+        )
         self.ctx = HostContext(
             store=store,
-            workers=SupervisorPort(self.supervisor),
+            workers=port,
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
@@ -127,22 +160,25 @@ class Daemon:
                 fork_provider_call_s=cfg.fork_provider_call_s,
                 fork_s=fork_deadline_s(cfg.fork_provider_call_s),
             ),
+            actor_pool=ActorPool(cfg.actor_threads, name="session"),
+            runtime_slots=slots,
         )
         self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
         host = self.host
         self.supervisor.set_event_sink(self._on_worker_event)
-        self.supervisor.set_lifecycle_sink(
-            lambda provider, event: (
+
+        def _lifecycle(provider: str, event: dict[str, Any]) -> None:
+            if event.get("type") == "worker.lost":
+                slots.reset(provider)  # its runtimes died with it
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
-                if event.get("type") == "worker.lost"
-                else None
-            )
-        )
+
+        self.supervisor.set_lifecycle_sink(_lifecycle)
         self._event_thread = threading.Thread(
             target=self._publish_loop, name="agenthost-events", daemon=True
         )
         self._event_thread.start()
         store.subscribe(self._events.put)
+        store.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
 
         self.api = Api(
             store=store,
@@ -210,8 +246,13 @@ class Daemon:
         self._events.put(None)
         if self._event_thread is not None:
             self._event_thread.join(5)
+        if getattr(self, "ctx", None) is not None:
+            self.ctx.actor_pool.close()
         if self.store is not None:
             self.store.close()
+        if self._home_lock is not None:
+            self._home_lock.release()
+            self._home_lock = None
 
     @property
     def api_endpoint(self) -> str:
@@ -249,6 +290,8 @@ class Daemon:
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
             "storeConnections": self.store.open_connections() if self.store else 0,
+            # Live provider runtimes per provider: {live, busy, queued, limit}.
+            "runtimes": self.ctx.runtime_slots.status(),
             # Each provider's program, endpoint, model and credential source (never a key).
             "providers": [
                 providers_info.describe(name, self.config.providers.get(name, {}))
@@ -302,7 +345,7 @@ class Daemon:
             return {
                 "type": "turn.updated",
                 "agentSessionId": change.session_id,
-                "turn": projection.turn(turn, session.provider, self.catalog),
+                "turn": _bounded_turn(projection.turn(turn, session.provider, self.catalog)),
             }
         if isinstance(change, StreamDelta):
             return {
@@ -317,6 +360,26 @@ class Daemon:
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
+
+
+def _bounded_turn(turn: dict[str, Any]) -> dict[str, Any]:
+    """A `turn.updated` Turn whose encoding fits `MAX_EVENT_BYTES` (issue 15 #6): a Turn too
+    big for one event keeps every field but only its latest messages that fit, and says so
+    with `messagesTruncated: true` and `messageCount`; the client reads the whole Turn with
+    `session.timeline`. Every other Turn is sent whole, exactly as before."""
+    if len(msgpack.packb(turn, use_bin_type=True)) <= MAX_EVENT_BYTES:
+        return turn
+    messages = list(turn.get("messages") or [])
+    kept: list[Any] = []
+    budget = MAX_EVENT_BYTES // 2  # room for the other fields and interactions
+    for message in reversed(messages):
+        size = len(msgpack.packb(message, use_bin_type=True))
+        if size > budget:
+            break
+        budget -= size
+        kept.append(message)
+    kept.reverse()
+    return {**turn, "messages": kept, "messagesTruncated": True, "messageCount": len(messages)}
 
 
 def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -36,9 +36,11 @@ class BenchDaemon:
         home: Path,
         *,
         idle_actor_seconds: float | None = None,
-        providers: Mapping[str, Mapping[str, str]] | None = None,
+        providers: Mapping[str, Mapping[str, Any]] | None = None,
+        daemon: Mapping[str, Any] | None = None,
     ) -> None:
         self.home = home
+        self.daemon = dict(daemon or {})
         self.idle_actor_seconds = idle_actor_seconds
         self.providers = dict(providers or {})
         self.proc: subprocess.Popen[bytes] | None = None
@@ -48,8 +50,12 @@ class BenchDaemon:
 
     def _write_config(self) -> None:
         lines: list[str] = []
+        daemon = dict(self.daemon)
         if self.idle_actor_seconds is not None:
-            lines += ["[daemon]", f"idle_actor_seconds = {self.idle_actor_seconds}"]
+            daemon["idle_actor_seconds"] = self.idle_actor_seconds
+        if daemon:
+            lines.append("[daemon]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in daemon.items()]
         for name, table in self.providers.items():
             lines.append(f'[providers."{name}"]')
             lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import fork_overhead, fork_path, mutations, races, scale, throughput
+from bench import fork_overhead, fork_path, mutations, overload, races, scale, throughput
 from bench.common import REPO, BenchResult, Mode, Table, command_for, log, machine, mode_argv
 
 BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
@@ -24,6 +24,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.throughput", throughput.run),
     ("bench.scale", scale.run),
     ("bench.fork_path", fork_path.run),
+    ("bench.overload", overload.run),
 )
 
 

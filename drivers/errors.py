@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from domain.errors import HostError, ProviderError, Unavailable, status_for
+from domain.errors import HostError, InvalidRequest, ProviderError, Unavailable, status_for
 
 
 class WorkerUnavailable(Unavailable):
@@ -62,7 +62,5 @@ class DriverError(ProviderError):
     default_reason = "provider_error"
 
 
-class UnknownProvider(HostError):
-    status = 400
-    code = "invalid_request"
+class UnknownProvider(InvalidRequest):
     default_reason = "unknown_provider"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import queue
 import shutil
@@ -50,6 +51,8 @@ from transport.worker_link import (
     req_msg,
 )
 
+log = logging.getLogger(__name__)
+
 EventSink = Callable[[str, str, dict[str, Any]], None]
 """`sink(provider, agent_session_id, event)`; called on the delivery thread, in arrival order."""
 
@@ -61,6 +64,23 @@ _IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep margin for the file 
 _BACKOFF_INITIAL_S = 0.1
 _BACKOFF_MAX_S = 5.0
 _STABLE_AFTER_S = 10.0  # a worker alive this long resets the restart backoff
+BUSY_SILENCE_LIMIT_S = 60.0
+"""A silent worker whose process keeps using CPU is busy, not hung (its heartbeat thread is
+starved: 200 app-servers starting at once, a C call holding the GIL). It is killed only after
+this much silence, or sooner once its CPU time stops advancing (issue 14 §6)."""
+_CPU_WINDOW_S = 2.0  # no CPU progress for this long while silent: hung
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime of `pid` in clock ticks, read from the kernel (the worker cannot block
+    this); None when it cannot be read (not Linux, process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class WorkerState(StrEnum):
@@ -100,6 +120,10 @@ class _Worker:
     last_hb: float = 0.0
     backoff: float = _BACKOFF_INITIAL_S
     restart_at: float | None = None
+    last_error: str | None = None
+    cpu_ticks: int | None = None
+    cpu_sampled_at: float = 0.0
+    busy_silences: int = 0
     queued: deque[_Pending] = field(default_factory=deque)
     inflight: dict[int, _Pending] = field(default_factory=dict)
 
@@ -238,29 +262,42 @@ class WorkerSupervisor:
         registered: dict[zmq.Socket[Any], _Worker] = {}
         try:
             while True:
-                ready = dict(poller.poll(100))
-                if self._mailbox.wake_socket in ready:
-                    for kind, item in self._mailbox.drain():
-                        if kind == "close":
-                            return
-                        if kind == "req":
-                            self._submit(item)
-                        elif kind == "failpoints":
-                            self._forward_failpoints(item)
-                for sock, worker in list(registered.items()):
-                    if sock in ready:
-                        self._read(worker)
-                self._tick()
+                try:
+                    if self._iterate(poller, registered):
+                        return
+                except Exception:  # noqa: BLE001 - this thread is every request's clock
+                    log.exception("worker supervisor loop iteration failed; continuing")
+                    time.sleep(0.05)  # an error that repeats at once must not spin a core
                 # Re-sync the poller with the current incarnations' sockets.
                 live = {w.end.socket: w for w in self._workers.values() if w.end is not None}
                 for sock in set(registered) - set(live):
-                    with contextlib.suppress(KeyError):
+                    with contextlib.suppress(KeyError, zmq.ZMQError):
                         poller.unregister(sock)
                 for sock in set(live) - set(registered):
                     poller.register(sock, zmq.POLLIN)
                 registered = live
         finally:
             self._shutdown()
+
+    def _iterate(self, poller: zmq.Poller, registered: dict[zmq.Socket[Any], _Worker]) -> bool:
+        """One pass of the loop; True when told to close."""
+        ready = dict(poller.poll(100))
+        if self._mailbox.wake_socket in ready:
+            for kind, item in self._mailbox.drain():
+                if kind == "close":
+                    return True
+                if kind == "req":
+                    try:
+                        self._submit(item)
+                    except Exception as exc:  # noqa: BLE001 - the waiter gets a typed error
+                        self._fail(item, WorkerUnavailable(f"{item.method} not sent: {exc}"))
+                elif kind == "failpoints":
+                    self._forward_failpoints(item)
+        for sock, worker in list(registered.items()):
+            if sock in ready:
+                self._read(worker)
+        self._tick()
+        return False
 
     def _submit(self, pending: _Pending) -> None:
         worker = self._workers.get(pending.provider)
@@ -298,6 +335,23 @@ class WorkerSupervisor:
                 worker.end.send(req_msg(req_id, "debug.failpoints", {"points": points}))
 
     def _spawn(self, worker: _Worker) -> None:
+        """Start an incarnation; any failure (EMFILE, ENOMEM, a missing python) is a death
+        with backoff, never an exception out of the loop thread (issue 15 #5: a raise here
+        once killed the supervisor, and with it every later turn and request timeout)."""
+        try:
+            self._spawn_once(worker)
+        except Exception as exc:  # noqa: BLE001 - the loop must outlive any spawn failure
+            if worker.end is not None:
+                with contextlib.suppress(Exception):
+                    worker.end.close()
+                worker.end = None
+            if worker.proc is not None and worker.proc.poll() is None:
+                with contextlib.suppress(Exception):
+                    worker.proc.kill()
+            worker.proc = None
+            self._on_death(worker, f"spawn failed: {type(exc).__name__}: {exc}")
+
+    def _spawn_once(self, worker: _Worker) -> None:
         worker.generation += 1
         endpoint = f"ipc://{self._sock_dir}/w-{worker.provider}-{worker.generation}.sock"
         worker.end = HostEnd(self._ctx, endpoint)
@@ -332,11 +386,11 @@ class WorkerSupervisor:
                     # Own process group: a terminal's Ctrl-C reaches the daemon, which closes us.
                     start_new_session=True,
                 )
-        except OSError as exc:
+        except OSError:
             worker.proc = None
-            self._on_death(worker, f"spawn failed: {exc}")
-            return
+            raise
         worker.state = WorkerState.STARTING
+        worker.cpu_ticks, worker.cpu_sampled_at = None, now
         worker.spawned_at = now
         worker.last_seen = now
         worker.last_hb = now
@@ -382,8 +436,7 @@ class WorkerSupervisor:
                 if proc is not None and proc.poll() is not None:
                     self._on_death(worker, f"worker exited with status {proc.returncode}")
                     continue
-                if worker.state is WorkerState.READY and now - worker.last_seen > SILENCE_LIMIT_S:
-                    self._on_death(worker, f"worker silent for {SILENCE_LIMIT_S:.0f} s")
+                if worker.state is WorkerState.READY and self._hung(worker, proc, now):
                     continue
                 if (
                     worker.state is WorkerState.STARTING
@@ -406,6 +459,30 @@ class WorkerSupervisor:
                 worker.restarts += 1
                 self._spawn(worker)
             self._expire(worker, now)
+
+    def _hung(self, worker: _Worker, proc: subprocess.Popen[bytes] | None, now: float) -> bool:
+        """The watchdog: declares the worker dead (and returns True) when it is silent and
+        its process makes no CPU progress, or silent past `BUSY_SILENCE_LIMIT_S`."""
+        silent = now - worker.last_seen
+        pid = proc.pid if proc is not None else None
+        if silent <= SILENCE_LIMIT_S:
+            if pid is not None and now - worker.cpu_sampled_at >= 1.0:
+                worker.cpu_ticks, worker.cpu_sampled_at = _cpu_ticks(pid), now
+            return False
+        if silent > BUSY_SILENCE_LIMIT_S:
+            self._on_death(worker, f"worker silent for {silent:.0f} s (busy limit)")
+            return True
+        if now - worker.cpu_sampled_at < _CPU_WINDOW_S:
+            return False  # judge over a whole window: a starved process runs in bursts
+        ticks = _cpu_ticks(pid) if pid is not None else None
+        progressed = ticks is not None and worker.cpu_ticks is not None and ticks > worker.cpu_ticks
+        worker.cpu_ticks, worker.cpu_sampled_at = ticks, now
+        if progressed:
+            worker.busy_silences += 1
+            self._publish_status(worker)
+            return False
+        self._on_death(worker, f"worker silent for {silent:.0f} s and not running (hung)")
+        return True
 
     def _expire(self, worker: _Worker, now: float) -> None:
         for req_id, pending in list(worker.inflight.items()):
@@ -449,6 +526,7 @@ class WorkerSupervisor:
         if worker.spawned_at and now - worker.spawned_at >= _STABLE_AFTER_S:
             worker.backoff = _BACKOFF_INITIAL_S
         worker.state = WorkerState.BACKOFF
+        worker.last_error = reason
         worker.restart_at = now + worker.backoff
         worker.backoff = min(worker.backoff * 2, _BACKOFF_MAX_S)
         self._publish_status(worker)
@@ -491,6 +569,11 @@ class WorkerSupervisor:
                 "pid": worker.proc.pid if worker.proc is not None else None,
                 "state": worker.state.value,
                 "restarts": worker.restarts,
+                # Why the last incarnation died or could not start (e.g. "spawn failed:
+                # OSError: [Errno 24] Too many open files"); null until one did.
+                "lastError": worker.last_error,
+                # Watchdog windows in which the worker was silent but running (busy, kept).
+                "busySilences": worker.busy_silences,
             }
 
     # ----------------------------------------------------------------- delivery thread

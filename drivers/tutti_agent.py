@@ -311,6 +311,23 @@ class AppServerDriver:
         finally:
             runtime.proc.close()
 
+    def is_warm(self, method: str, params: Mapping[str, Any]) -> bool:
+        """True when `method` will not spawn or wait: the Session's app-server is live, on the
+        same home and thread, and no other operation holds it (the worker's fast lane)."""
+        sid = str(params.get("agentSessionId") or "")
+        with self._lock:
+            session = self._sessions.get(sid)
+        if session is None or session.op_lock.locked():
+            return False
+        runtime = session.runtime
+        if runtime is None or not runtime.proc.alive:
+            return False
+        if method == "session.start":
+            wanted = str(params.get("providerSessionId") or "")
+            home = str(params.get("home") or "")
+            return str(session.home) == home and (not wanted or wanted == session.thread_id)
+        return method == "turn.start"
+
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
         home_text = str(params.get("home") or "")

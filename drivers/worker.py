@@ -43,6 +43,25 @@ DRIVER_MODULES: dict[str, str] = {
 
 _PR_SET_PDEATHSIG = 1
 
+# Lanes (issue 15 #7): a call that may block for long (spawning an app-server, a fork, an
+# attestation) runs on the `slow` lane, so 64 of them cannot delay a warm Session's turn or
+# an interrupt, which run on the `fast` lane; stopping runtimes has a lane of its own, so
+# evictions under the runtime bound never wait behind either.
+FAST_METHODS = frozenset(
+    {
+        "worker.ping",
+        "turn.interrupt",
+        "interaction.respond",
+        "debug.failpoints",
+        "debug.hit",
+        "debug.emit",
+    }
+)
+WARM_METHODS = frozenset({"session.start", "turn.start"})
+"""Fast when the driver says the Session's runtime is live and idle (`is_warm`), else slow."""
+LIFECYCLE_METHODS = frozenset({"session.stop"})
+LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64}
+
 
 def install_parent_death_signal(expected_parent: int | None) -> None:
     """Ask Linux to SIGTERM us when the spawning thread dies, and close the race where the parent
@@ -65,7 +84,7 @@ class WorkerServer:
         config: Mapping[str, Any],
         failpoints: Failpoints,
         *,
-        max_threads: int = 64,
+        max_threads: int = LANE_THREADS["slow"],
     ) -> None:
         self.provider = provider
         self.config = dict(config)
@@ -73,7 +92,11 @@ class WorkerServer:
         self.link: WorkerEnd | None = None
         self._driver: ProviderDriver | None = None
         self._driver_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=max_threads, thread_name_prefix="req")
+        sizes = {**LANE_THREADS, "slow": max_threads}
+        self._lanes = {
+            lane: ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"req-{lane}")
+            for lane, n in sizes.items()
+        }
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self.driver().attest(p),
             "session.start": lambda p: self.driver().start_session(p),
@@ -88,6 +111,7 @@ class WorkerServer:
             "debug.failpoints": self._set_failpoints,
             "worker.ping": self._ping,
             "debug.sleep": self._sleep,
+            "debug.hog": self._hog,
             "debug.hit": self._hit,
             "debug.emit": self._emit_events,
         }
@@ -116,7 +140,25 @@ class WorkerServer:
 
     def on_request(self, msg: dict[str, Any]) -> None:
         """Called on the link thread: never block it."""
-        self._pool.submit(self._handle, msg)
+        self._lanes[self.lane_of(msg)].submit(self._handle, msg)
+
+    def lane_of(self, msg: Mapping[str, Any]) -> str:
+        method = msg.get("method")
+        if method in FAST_METHODS:
+            return "fast"
+        if method in LIFECYCLE_METHODS:
+            return "lifecycle"
+        if method in WARM_METHODS:
+            driver = self._driver  # never import a driver on the link thread
+            is_warm = getattr(driver, "is_warm", None)
+            params = msg.get("params")
+            if is_warm is not None and isinstance(params, Mapping):
+                try:
+                    if is_warm(str(method), params):
+                        return "fast"
+                except Exception:  # noqa: BLE001 - a wrong guess only costs the slow lane
+                    traceback.print_exc(file=sys.stderr)
+        return "slow"
 
     def _handle(self, msg: dict[str, Any]) -> None:
         assert self.link is not None
@@ -173,6 +215,21 @@ class WorkerServer:
         ms = int(params.get("ms", 0))
         time.sleep(ms / 1000)
         return {"sleptMs": ms}
+
+    def _hog(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Burn CPU while holding the GIL for `ms` (tests of the watchdog: a busy worker whose
+        heartbeat thread is starved must not be taken for a hung one)."""
+        ms = int(params.get("ms", 0))
+        previous = sys.getswitchinterval()
+        sys.setswitchinterval(ms / 1000 + 1.0)  # no other thread runs until we are done
+        try:
+            deadline = time.monotonic() + ms / 1000
+            spins = 0
+            while time.monotonic() < deadline:
+                spins += 1
+        finally:
+            sys.setswitchinterval(previous)
+        return {"spins": spins}
 
     def _hit(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """Hit a named failpoint, so tests can exercise kill/error/sleep/once on a live worker."""

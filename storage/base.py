@@ -7,6 +7,7 @@ subscribers only after `COMMIT` (laws 2 and 3).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import apsw
 
@@ -26,7 +27,13 @@ from storage.schema import migrate
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 10_000
+DEFAULT_MAX_CONNECTIONS = 16
+"""Connections one store opens at most, however many threads or Sessions use it (issue 15 #5:
+one connection per Session actor exhausted a 1,024 file-descriptor limit at ~500 Sessions)."""
+LEASE_TIMEOUT_S = 30.0
+"""How long a caller waits for a free connection before a retryable 503 `store_busy`."""
 
+T = TypeVar("T")
 Row = tuple[Any, ...]
 Subscriber = Callable[[ChangeEvent], None]
 Clock = Callable[[], int]
@@ -128,13 +135,14 @@ class Tx:
 
 
 class StoreBase:
-    """Owns the file path, one apsw connection per thread, subscribers and the write helper."""
+    """Owns the file path, a bounded pool of apsw connections, subscribers and the write helper."""
 
     def __init__(
         self,
         path: str | Path,
         *,
         clock: Clock | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     ) -> None:
         self.path = str(path)
@@ -145,47 +153,112 @@ class StoreBase:
         self._connections: list[apsw.Connection] = []
         self._subscribers: list[Subscriber] = []
         self._closed = False
+        # A bounded pool: a thread leases a connection for one read or write (re-entrantly, so
+        # a read inside a write sees the write's own rows) and returns it; file descriptors
+        # are bounded by `max_connections`, not by the number of threads or Sessions.
+        self._max_connections = max(1, int(max_connections))
+        self._pool = threading.Condition(threading.Lock())
+        self._idle: list[apsw.Connection] = []
 
     # -- connections -------------------------------------------------------------------------
 
+    @contextmanager
+    def _lease(self) -> Iterator[apsw.Connection]:
+        """This thread's connection for the duration of the block (re-entrant)."""
+        held: apsw.Connection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            yield held
+            return
+        conn = self._checkout()
+        self._local.conn = conn
+        try:
+            yield conn
+        finally:
+            self._local.conn = None
+            self._checkin(conn)
+
+    def _checkout(self) -> apsw.Connection:
+        deadline = time.monotonic() + LEASE_TIMEOUT_S
+        with self._pool:
+            while True:
+                if self._closed:
+                    raise RuntimeError("store is closed")
+                if self._idle:
+                    return self._idle.pop()
+                if len(self._connections) < self._max_connections:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise StoreBusy(
+                        f"all {self._max_connections} store connections stayed in use for"
+                        f" {LEASE_TIMEOUT_S:.0f} s"
+                    )
+                self._pool.wait(remaining)
+            conn = open_connection(self.path, self.busy_timeout_ms)  # under the pool lock
+            self._connections.append(conn)
+            return conn
+
+    def _checkin(self, conn: apsw.Connection) -> None:
+        with contextlib.suppress(apsw.Error):
+            if not conn.getautocommit():  # never hand a half-open transaction to another caller
+                conn.execute("ROLLBACK")
+        with self._pool:
+            if not self._closed:
+                self._idle.append(conn)
+                self._pool.notify()
+                return
+            if conn in self._connections:
+                self._connections.remove(conn)
+        with contextlib.suppress(apsw.Error):
+            conn.close()
+
+    def _with_conn(self, fn: Callable[[apsw.Connection], T]) -> T:
+        with self._lease() as conn:
+            return fn(conn)
+
+    def _one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        with self._lease() as conn:
+            return conn.execute(sql, params).fetchone()
+
+    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        with self._lease() as conn:
+            return conn.execute(sql, params).fetchall()
+
     def _conn(self) -> apsw.Connection:
-        conn: apsw.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise RuntimeError("store is closed")
-            conn = open_connection(self.path, self.busy_timeout_ms)
-            self._local.conn = conn
-            with self._lock:
-                self._connections.append(conn)
+        """Pin a connection to the calling thread until `release_thread_connection()` (tests
+        and tools that inspect the store directly); the store's own calls lease per call."""
+        held: apsw.Connection | None = getattr(self._local, "conn", None)
+        if held is not None:
+            return held
+        conn = self._checkout()
+        self._local.conn = conn
+        self._local.pinned = True
         return conn
 
     def release_thread_connection(self) -> None:
-        """Close the calling thread's connection, if it has one. Threads that end (a stopped
-        Session actor) must call this, or their connections and file descriptors leak."""
+        """Return a connection `_conn()` pinned to this thread (no-op otherwise)."""
         conn: apsw.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
+        if conn is None or not getattr(self._local, "pinned", False):
             return
         self._local.conn = None
-        with self._lock:
-            if conn in self._connections:
-                self._connections.remove(conn)
-        try:
-            conn.close()
-        except apsw.Error:  # pragma: no cover - close of a busy connection
-            log.exception("closing store connection")
+        self._local.pinned = False
+        self._checkin(conn)
 
     def open_connections(self) -> int:
-        with self._lock:
+        with self._pool:
             return len(self._connections)
 
     def _migrate(self) -> int:
-        return migrate(self._conn())
+        with self._lease() as conn:
+            return migrate(conn)
 
     def close(self) -> None:
         """Close every connection this store opened (in any thread)."""
-        with self._lock:
+        with self._pool:
             self._closed = True
             conns, self._connections = self._connections, []
+            self._idle = []
+            self._pool.notify_all()
         for conn in conns:
             try:
                 conn.close()
@@ -233,39 +306,39 @@ class StoreBase:
 
         An exception inside the block rolls everything back and delivers no events.
         """
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-        except TRANSIENT_ERRORS as exc:
-            raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
-        tx = Tx(conn, workspace_id, self._clock())
-        try:
-            if fence is not None:
-                tx.check_fence(fence)
-            yield tx
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if not conn.getautocommit():
-                try:
-                    conn.execute("ROLLBACK")
-                except apsw.Error:  # a failed COMMIT may already have rolled back
-                    log.warning("rollback after %r failed", exc)
-            typed = typed_store_error(exc)
-            if typed is not None and typed is not exc:
-                raise typed from exc
-            raise
+        with self._lease() as conn:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except TRANSIENT_ERRORS as exc:
+                raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
+            tx = Tx(conn, workspace_id, self._clock())
+            try:
+                if fence is not None:
+                    tx.check_fence(fence)
+                yield tx
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if not conn.getautocommit():
+                    try:
+                        conn.execute("ROLLBACK")
+                    except apsw.Error:  # a failed COMMIT may already have rolled back
+                        log.warning("rollback after %r failed", exc)
+                typed = typed_store_error(exc)
+                if typed is not None and typed is not exc:
+                    raise typed from exc
+                raise
         self._notify(tx.events)
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
         """A consistent read snapshot across several statements (a deferred transaction)."""
-        conn = self._conn()
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            if not conn.getautocommit():
-                conn.execute("COMMIT")
+        with self._lease() as conn:
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if not conn.getautocommit():
+                    conn.execute("COMMIT")
 
     def now_ms(self) -> int:
         return self._clock()

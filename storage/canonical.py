@@ -215,10 +215,10 @@ class CanonicalStore(StoreBase):
             return require_session(tx.conn, ws, session_id)
 
     def get_session(self, ws: str, sid: str) -> Session:
-        return require_session(self._conn(), ws, sid)
+        return self._with_conn(lambda c: require_session(c, ws, sid))
 
     def find_session(self, ws: str, sid: str) -> Session | None:
-        return load_session(self._conn(), ws, sid)
+        return self._with_conn(lambda c: load_session(c, ws, sid))
 
     def list_sessions(
         self, ws: str, *, cursor: str | None = None, limit: int = 50
@@ -234,15 +234,11 @@ class CanonicalStore(StoreBase):
             if not sep or not _CURSOR_MS.fullmatch(created_text):
                 raise InvalidArgument("cursor", "malformed cursor")
             after_created = int(created_text)
-        rows = (
-            self._conn()
-            .execute(
-                SESSION_SELECT + " WHERE s.workspace_id = ? AND s.deleted = 0"
-                " AND (s.created_at_ms > ? OR (s.created_at_ms = ? AND s.session_id > ?))"
-                " ORDER BY s.created_at_ms, s.session_id LIMIT ?",
-                (ws, after_created, after_created, after_id, limit + 1),
-            )
-            .fetchall()
+        rows = self._all(
+            SESSION_SELECT + " WHERE s.workspace_id = ? AND s.deleted = 0"
+            " AND (s.created_at_ms > ? OR (s.created_at_ms = ? AND s.session_id > ?))"
+            " ORDER BY s.created_at_ms, s.session_id LIMIT ?",
+            (ws, after_created, after_created, after_id, limit + 1),
         )
         sessions = [session_from_row(r) for r in rows[:limit]]
         next_cursor = None
@@ -308,6 +304,15 @@ class CanonicalStore(StoreBase):
                 (tx.now_ms, ws, sid),
             )
             tx.emit(SessionChanged(ws, sid, removed=True))
+
+    def deleted_sessions(self) -> list[tuple[str, str]]:
+        """`(workspace, session)` of every deleted Session (start-up sweeps their runtimes)."""
+        rows = (
+            self._conn()
+            .execute("SELECT workspace_id, session_id FROM sessions WHERE deleted = 1")
+            .fetchall()
+        )
+        return [(str(ws), str(sid)) for ws, sid in rows]
 
     def update_runtime(
         self,
@@ -509,7 +514,7 @@ class CanonicalStore(StoreBase):
     def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
         """Settled `completed` Turns with no provider turn id (a binding the host never
         recorded), in sequence order: candidates for a re-bind from the provider's history."""
-        rows = self._conn().execute(
+        rows = self._all(
             "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
             " AND phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL"
             " ORDER BY sequence",
@@ -752,7 +757,7 @@ class CanonicalStore(StoreBase):
     def all_active_turns(self) -> list[tuple[str, str, str]]:
         """(workspace, session, turn) of every active Turn, across workspaces: at start-up
         these are orphans of the previous process, whose provider runtimes died with it."""
-        rows = self._conn().execute(
+        rows = self._all(
             "SELECT workspace_id, session_id, turn_id FROM turns WHERE phase = 'active'"
             " ORDER BY workspace_id, session_id, sequence"
         )

@@ -210,14 +210,10 @@ class ForkStore(StoreBase):
 
     def fence_holder(self, ws: str, sid: str) -> ForkOperation | None:
         """The active operation holding `sid`'s fence, if any."""
-        r = (
-            self._conn()
-            .execute(
-                f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-                f" AND source_session_id = ? AND status IN {_ACTIVE_SQL} LIMIT 1",
-                (ws, sid),
-            )
-            .fetchone()
+        r = self._one(
+            f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+            f" AND source_session_id = ? AND status IN {_ACTIVE_SQL} LIMIT 1",
+            (ws, sid),
         )
         return None if r is None else _op_from_row(r)
 
@@ -773,33 +769,25 @@ class ForkStore(StoreBase):
             after_seq = int(after) if after is not None else 0
         except ValueError:
             raise InvalidArgument("cursor", "malformed cursor") from None
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE status IN {_ACTIVE_SQL}"
-                " AND op_seq > ? ORDER BY op_seq LIMIT ?",
-                (after_seq, limit + 1),
-            )
-            .fetchall()
+        rows = self._all(
+            f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE status IN {_ACTIVE_SQL}"
+            " AND op_seq > ? ORDER BY op_seq LIMIT ?",
+            (after_seq, limit + 1),
         )
         ops = [_op_from_row(r) for r in rows[:limit]]
         cursor = str(rows[limit - 1][28]) if len(rows) > limit else None
         return ops, cursor
 
     def lineage_of(self, ws: str, sid: str) -> Lineage | None:
-        session = load_session(self._conn(), ws, sid, include_deleted=True)
+        session = self._with_conn(lambda c: load_session(c, ws, sid, include_deleted=True))
         return None if session is None else session.lineage
 
     def fork_operations_of(self, ws: str, sid: str) -> list[ForkOperation]:
         """Every operation whose source is `sid`, oldest first (without projections)."""
-        rows = (
-            self._conn()
-            .execute(
-                f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-                " AND source_session_id = ? ORDER BY op_seq",
-                (ws, sid),
-            )
-            .fetchall()
+        rows = self._all(
+            f"SELECT {_OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+            " AND source_session_id = ? ORDER BY op_seq",
+            (ws, sid),
         )
         return [_op_from_row(r) for r in rows]
 

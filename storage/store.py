@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage.base import BUSY_TIMEOUT_MS, Clock
+from storage.base import BUSY_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, Clock
 from storage.canonical import CanonicalStore
 from storage.fork_operations import ForkStore
 from storage.fork_resolution import ResolutionStore
@@ -25,6 +25,7 @@ class Store(CanonicalStore, ForkStore, LineageStore, ResolutionStore):
         path: str | Path,
         *,
         clock: Clock | None = None,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         busy_timeout_ms: int = BUSY_TIMEOUT_MS,
     ) -> Store:
         """Open (creating if needed) and migrate the store at `path`."""
@@ -32,7 +33,9 @@ class Store(CanonicalStore, ForkStore, LineageStore, ResolutionStore):
         # Owner-only from birth: SQLite gives the -wal and -shm files the database's mode.
         if not Path(path).exists():
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-        store = cls(path, clock=clock, busy_timeout_ms=busy_timeout_ms)
+        store = cls(
+            path, clock=clock, busy_timeout_ms=busy_timeout_ms, max_connections=max_connections
+        )
         try:
             store._migrate()
         except BaseException:

@@ -48,7 +48,24 @@ DEFAULT_MAX_IN_FLIGHT = 10_000
 HARD_MAX_MESSAGE = 64 << 20
 _MAX_ENVELOPE_FRAMES = 32
 _CLOSE_LINGER_MS = 1000
-_EVENTS_HWM = 100_000
+_EVENTS_HWM = 1000
+"""Events queued per subscriber that does not read (PUB drops beyond it; a reading one keeps
+up with bursts of hundreds): with events capped at `MAX_EVENT_BYTES` a subscriber that never
+reads holds at most 1000 × 256 KiB of the daemon, typically far less (issue 15 #6: 100,000
+whole-Turn events took a daemon past 1 GB)."""
+MAX_EVENT_BYTES = 256 << 10
+PEER_REPLY_HWM = 32
+"""Replies queued in ZeroMQ per client connection; past it, replies wait in a per-client
+backlog counted in that client's in-flight budget."""
+DEFAULT_MAX_IN_FLIGHT_PER_CLIENT = 1024
+"""Requests in flight plus replies it has not read, per client connection: past it the
+client is refused (503 `overloaded`, retryable)."""
+MAX_UNREAD_BYTES = 16 << 20
+"""Reply bytes kept for a client that does not read, beyond the 32 replies ZeroMQ queues:
+while it has this much, its new requests are refused without being run, and a further reply
+to it is dropped (it is not reading) — so its unread replies cannot grow the daemon (issue
+15 #6: 5.9 GB from one DEALER sending `session.list` and never reading). A client that reads
+only drains its backlog, bursts of small replies included."""
 
 # Tags of the inproc pipe into the loop (first frame of each message).
 _TAG_REPLY = b"R"
@@ -130,6 +147,7 @@ class ApiServer:
         dispatcher: Dispatcher,
         *,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight_per_client: int = DEFAULT_MAX_IN_FLIGHT_PER_CLIENT,
         context: zmq.Context[Any] | None = None,
         events_listen: list[str] | tuple[str, ...] = (),
         curve: ServerCurve | None = None,
@@ -145,6 +163,11 @@ class ApiServer:
         self._auth: Any = None
         self._dispatcher = dispatcher
         self._max_in_flight = max_in_flight
+        self._max_per_client = max_in_flight_per_client
+        # Per client identity: requests in flight, and replies ZeroMQ could not queue yet.
+        self._peer_in_flight: dict[bytes, int] = {}
+        self._backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
+        self._backlog_bytes: dict[bytes, int] = {}
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._pipe_addr = f"inproc://agenthost-api-{id(self):x}"
@@ -284,10 +307,11 @@ class ApiServer:
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         self._router.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE)
-        self._router.setsockopt(zmq.SNDHWM, 0)
+        self._router.setsockopt(zmq.SNDHWM, PEER_REPLY_HWM)
         self._router.setsockopt(zmq.RCVHWM, 0)
-        # A reply to a peer that went away is dropped rather than raising on the loop.
-        self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Mandatory routing: a full peer pipe answers EAGAIN (the reply goes to that peer's
+        # backlog) and a vanished peer EHOSTUNREACH (dropped), never a silent drop or a block.
+        self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._endpoints = self._bind_each(self._router, self._api_requested)
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.setsockopt(zmq.LINGER, 0)
@@ -332,9 +356,14 @@ class ApiServer:
         poller.register(self._pull, zmq.POLLIN)
         try:
             while True:
-                events = dict(poller.poll())
+                # While some client has unread replies backlogged, retry them now and then.
+                events = dict(poller.poll(50 if self._backlog else None))
+                if self._backlog:
+                    self._flush_backlogs()
                 if self._pull in events and self._drain_pipe():
                     break
+                if self._backlog:
+                    self._flush_backlogs()
                 if self._router in events:
                     self._drain_router()
         except Exception:
@@ -394,9 +423,23 @@ class ApiServer:
             )
             self._send_now(envelope, encode_error(request.id, overloaded))
             return
+        peer = envelope[0]
+        if (
+            self._peer_load(peer) >= self._max_per_client
+            or self._backlog_bytes.get(peer, 0) >= MAX_UNREAD_BYTES
+        ):
+            overloaded = Unavailable(
+                f"more than {self._max_per_client} requests in flight or replies unread"
+                " on this connection",
+                reason=WireReason.OVERLOADED,
+            )
+            # Never backlogged: a client that does not read gets no further memory from us.
+            self._send_now(envelope, encode_error(request.id, overloaded), backlog=False)
+            return
         token = self._next_token
         self._next_token += 1
         self._in_flight[token] = (envelope, request.id)
+        self._peer_in_flight[peer] = self._peer_in_flight.get(peer, 0) + 1
         responder = _Responder(self, token, request.id)
         try:
             self._dispatcher(request, responder)
@@ -411,16 +454,58 @@ class ApiServer:
         entry = self._in_flight.pop(token, None)
         if entry is None:
             return False  # already answered with shutting_down
+        peer = entry[0][0]
+        left = self._peer_in_flight.get(peer, 1) - 1
+        if left > 0:
+            self._peer_in_flight[peer] = left
+        else:
+            self._peer_in_flight.pop(peer, None)
         self._send_now(entry[0], frame)
         return True
 
-    def _send_now(self, envelope: list[bytes], frame: bytes) -> None:
+    def _peer_load(self, peer: bytes) -> int:
+        """What counts against a client's budget: its requests in flight and its replies
+        that ZeroMQ could not queue because it does not read."""
+        return self._peer_in_flight.get(peer, 0) + len(self._backlog.get(peer, ()))
+
+    def _send_now(self, envelope: list[bytes], frame: bytes, *, backlog: bool = True) -> None:
         assert self._router is not None
+        peer = envelope[0]
+        pending = self._backlog.get(peer)
+        if pending is not None:
+            if backlog and self._backlog_bytes.get(peer, 0) < MAX_UNREAD_BYTES:
+                pending.append((envelope, frame))  # keep the connection's reply order
+                self._backlog_bytes[peer] = self._backlog_bytes.get(peer, 0) + len(frame)
+            elif backlog:
+                log.warning("a client that does not read: reply dropped (%d unread)", len(pending))
+            return
         try:
             self._router.send_multipart([*envelope, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            if backlog:
+                self._backlog[peer] = [(envelope, frame)]
+                self._backlog_bytes[peer] = len(frame)
         except zmq.ZMQError as exc:
-            # A vanished peer or a full pipe must never take the loop down.
+            # A vanished peer must never take the loop down.
             log.debug("reply dropped: %s", exc)
+
+    def _flush_backlogs(self) -> None:
+        assert self._router is not None
+        for peer, pending in list(self._backlog.items()):
+            while pending:
+                envelope, frame = pending[0]
+                try:
+                    self._router.send_multipart([*envelope, frame], zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    pending.clear()  # the peer is gone: its replies have no reader
+                    break
+                pending.pop(0)
+                self._backlog_bytes[peer] = self._backlog_bytes.get(peer, 0) - len(frame)
+            if not pending:
+                del self._backlog[peer]
+                self._backlog_bytes.pop(peer, None)
 
     def _send_event(self, topic: bytes, payload: bytes) -> None:
         assert self._pub is not None

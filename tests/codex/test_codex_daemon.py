@@ -7,7 +7,6 @@ redispatched, exactly one child rollout in the source home)."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import uuid
 from collections.abc import Iterator
@@ -97,9 +96,9 @@ def test_codex_fork_commits_and_the_child_sees_turns_one_and_two_from_its_own_ho
 
     # The source's home is gone: the child runs from its own home alone.
     c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
-    # Deleting stops the source's app-server; remove its home once nothing serves it.
+    # Deleting stops the source's app-server and removes its home (runtimes/<ws>/<sid>/).
     wait_for(lambda: not codex_pids(codex_home(d, sid)))
-    shutil.rmtree(codex_home(d, sid))
+    wait_for(lambda: not codex_home(d, sid).exists())
     n = len(model.requests)
     assert run_turn(c, child_sid, "four")["outcome"] == "completed"
     assert conversation(model.requests[n], SENT) == [

@@ -1,74 +1,198 @@
-"""`agenthost.toml` parsing (agenthost/config.py): unknown keys are named errors, provider values
-keep the types the drivers read (an argv list for `command`), and an explicit `--config` path
-must exist. One daemon run proves a list `command` reaches the worker intact."""
+"""`agenthost.toml` is typed and validated (issue 14 §3), through the real `agenthost serve`:
+every key of `agenthost.config.SCHEMA` given a value of the wrong type (and one out of its
+range) stops `serve` with exit 2 and one line naming the file, table, key, what was expected
+and what was given; never a traceback, never a started daemon. A too-long AGENTHOST_HOME is
+reported before anything is created. A list `command` reaches the worker intact."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from agenthost.config import ConfigError, load_config, parse_config
+from agenthost.config import (
+    SCHEMA,
+    Bool,
+    Command,
+    ConfigError,
+    Endpoints,
+    Int,
+    Key,
+    Number,
+    Str,
+    Url,
+    load_config,
+    markdown_rows,
+    parse_config,
+)
 from tests.support.daemon import DaemonProcess, create_session, run_turn
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Per type: a value of another TOML type, and a value of the right type out of range.
+WRONG_TYPE: dict[type, Any] = {
+    Bool: "false",
+    Int: "thirty",
+    Number: "thirty",
+    Str: 42,
+    Url: 42,
+    Command: 42,
+    Endpoints: 42,
+}
+OUT_OF_RANGE: dict[type, Any] = {
+    Bool: None,  # a boolean has no range
+    Int: -1,
+    Number: -5,
+    Str: "",
+    Url: "ftp://example.com",
+    Command: [],
+    Endpoints: ["udp://127.0.0.1:1"],
+}
 
 
-def test_unknown_keys_are_errors_that_name_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match=r"unknown key 'providers\.codex\.cli_path'"):
-        parse_config(tmp_path, {"providers": {"codex": {"cli_path": "/x"}}})
-    with pytest.raises(ConfigError, match=r"unknown key 'daemon\.port'"):
-        parse_config(tmp_path, {"daemon": {"port": 1}})
-    with pytest.raises(ConfigError, match=r"unknown provider \[providers\.gpt\]"):
-        parse_config(tmp_path, {"providers": {"gpt": {}}})
-
-
-def test_command_may_be_an_argv_list_and_other_values_are_strings(tmp_path: Path) -> None:
-    cfg = parse_config(
-        tmp_path,
-        {
-            "providers": {
-                "codex": {"command": ["/opt/codex", "--flag"], "model": "m"},
-                "tutti-agent": {"command": "tutti-agent --x"},
-                "claude-code": {"api_key": "sk-test", "model": 4},
-            }
-        },
+def serve(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`agenthost serve` expected to refuse: a daemon that starts instead is killed at the
+    subprocess timeout (and the test fails on it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTHOST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agenthost.cli", "--home", str(home), "serve", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        env=env,
     )
-    assert cfg.providers["codex"] == {"command": ["/opt/codex", "--flag"], "model": "m"}
-    assert cfg.providers["tutti-agent"] == {"command": "tutti-agent --x"}
-    assert cfg.providers["claude-code"] == {"api_key": "sk-test", "model": "4"}
+
+
+def toml_value(value: Any) -> str:
+    return json.dumps(value)  # strings, integers, booleans and arrays of them: valid TOML
+
+
+def write_config(home: Path, key: Key, value: Any) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "agenthost.toml"
+    path.write_text(f"[{key.table}]\n{key.name} = {toml_value(value)}\n")
+    return path
+
+
+def assert_refused(done: subprocess.CompletedProcess[str], home: Path, line: str) -> None:
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert done.stderr == f"agenthost: {line}\n"
+    assert "Traceback" not in done.stderr
+    # Refused before the daemon touched the home: no store, no run dir.
+    assert not (home / "store.sqlite3").exists()
+    assert not (home / "run").exists()
+
+
+def test_a_quoted_false_is_not_true(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    path = home / "agenthost.toml"
+    # Today `bool("false")` is True and this binds the API on every interface.
+    path.write_text('[daemon]\nallow_remote = "false"\nlisten = "tcp://0.0.0.0:0"\n')
+    done = serve(home)
+    assert_refused(
+        done,
+        home,
+        f'{path}: [daemon] allow_remote must be a boolean (true/false), got the string "false"',
+    )
+
+
+@pytest.mark.parametrize("key", SCHEMA, ids=lambda k: f"{k.table}.{k.name}")
+def test_every_key_of_the_wrong_type_exits_2_in_words(tmp_path: Path, key: Key) -> None:
+    home = tmp_path / "home"
+    wrong = WRONG_TYPE[type(key.type)]
+    path = write_config(home, key, wrong)
+    done = serve(home)
+    expected = key.type.expected()
+    got = f"the string {json.dumps(wrong)}" if isinstance(wrong, str) else f"the integer {wrong}"
+    assert_refused(done, home, f"{path}: [{key.table}] {key.name} must be {expected}, got {got}")
 
 
 @pytest.mark.parametrize(
-    "table",
+    "key",
+    [k for k in SCHEMA if OUT_OF_RANGE[type(k.type)] is not None],
+    ids=lambda k: f"{k.table}.{k.name}",
+)
+def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -> None:
+    home = tmp_path / "home"
+    value = OUT_OF_RANGE[type(key.type)]
+    path = write_config(home, key, value)
+    done = serve(home)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got "
+    )
+    assert "Traceback" not in done.stderr and not (home / "store.sqlite3").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
     [
-        {"command": []},
-        {"command": ["ok", 3]},
-        {"model": ["a", "b"]},
-        {"model": {"name": "m"}},
+        ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, '),
+        ("[providers.codex]\ncli_path = '/x'\n", '[providers.codex] unknown key "cli_path"'),
+        ("[providers.gpt]\nmodel = 'm'\n", "unknown provider [providers.gpt]"),
+        ("[deamon]\nlisten = []\n", 'unknown table or key "deamon"'),
+        ("daemon = 3\n", "[daemon] must be a table, got the integer 3"),
+        ("[daemon\n", "not valid TOML: "),
+        ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
+        ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
     ],
 )
-def test_values_of_the_wrong_shape_are_errors(tmp_path: Path, table: dict[str, object]) -> None:
-    with pytest.raises(ConfigError, match=r"providers\.codex\.(command|model) must be"):
-        parse_config(tmp_path, {"providers": {"codex": table}})
+def test_other_mistakes_exit_2_in_words(tmp_path: Path, text: str, message: str) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text(text)
+    done = serve(home)
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1
 
 
-def test_an_explicit_config_path_must_exist(tmp_path: Path) -> None:
-    missing = tmp_path / "nope.toml"
-    with pytest.raises(ConfigError, match="no such configuration file"):
-        load_config(tmp_path, missing)
-    # Without --config, the home's agenthost.toml is optional.
-    assert load_config(tmp_path).providers == {}
+def test_a_config_file_that_is_not_utf8_or_missing_exits_2(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_bytes(b"[daemon]\nlisten = '\xff'\n")
+    done = serve(home)
+    assert done.returncode == 2 and "not UTF-8 text" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = serve(home, "--config", str(tmp_path / "nope.toml"))
+    assert done.returncode == 2 and "no such configuration file" in done.stderr
 
 
-def test_a_list_command_runs_the_provider(tmp_path: Path) -> None:
+def test_a_too_long_home_is_reported_before_anything_is_created(tmp_path: Path) -> None:
+    home = tmp_path / ("h" * 90) / "home"
+    done = serve(home)
+    assert done.returncode == 2, done.stderr
+    sock = home / "run" / "events.sock"
+    assert done.stderr.startswith(f"agenthost: AGENTHOST_HOME {home} is too long: its socket ")
+    assert str(sock) in done.stderr or str(home / "run" / "api.sock") in done.stderr
+    assert "over the 107-byte limit of a Unix socket path" in done.stderr
+    assert f"at least {len(str(sock)) - 107} bytes shorter" in done.stderr
+    assert not (tmp_path / ("h" * 90)).exists()
+
+
+def test_every_key_is_documented_with_its_type_and_range() -> None:
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    missing = [row for row in markdown_rows() if row not in guide]
+    assert not missing, "regenerate with `python -m agenthost.config`:\n" + "\n".join(missing)
+
+
+def test_valid_values_start_and_a_list_command_runs_the_provider(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     script = Path(sys.executable).parent / "tutti-agent"
     (home / "agenthost.toml").write_text(
-        f'[providers.tutti-agent]\ncommand = ["{sys.executable}", "{script}"]\n'
+        "[daemon]\nallow_remote = false\nidle_actor_seconds = 5\nfork_sync_budget_ms = 0\n"
+        'listen = []\n[providers.tutti-agent]\nmodel = "m"\n'
+        f'command = ["{sys.executable}", "{script}"]\n'
     )
     d = DaemonProcess(home).start()
     try:
@@ -82,7 +206,8 @@ def test_a_list_command_runs_the_provider(tmp_path: Path) -> None:
 
 
 def test_model_keys_are_validated(tmp_path: Path) -> None:
-    """Issue 17: the model keys of each provider, checked at start-up with the key named."""
+    """Issue 17: the model keys of each provider, checked at start-up with the key named; a
+    value given where a key name belongs is not echoed."""
     cfg = parse_config(
         tmp_path,
         {
@@ -94,13 +219,16 @@ def test_model_keys_are_validated(tmp_path: Path) -> None:
         },
     )
     assert cfg.providers["tutti-agent"]["wire_api"] == "chat"
-    with pytest.raises(ConfigError, match="wire_api must be one of responses, chat"):
+    with pytest.raises(ConfigError, match='wire_api must be one of "responses", "chat"'):
         parse_config(tmp_path, {"providers": {"tutti-agent": {"wire_api": "soap"}}})
-    with pytest.raises(ConfigError, match="api_key_env must name an environment variable"):
+    with pytest.raises(ConfigError, match="api_key_env must be an environment variable name") as e:
         parse_config(tmp_path, {"providers": {"codex": {"api_key_env": "sk-abc def"}}})
-    with pytest.raises(ConfigError, match="use_user_login must be true or false"):
+    assert "sk-abc" not in str(e.value)
+    with pytest.raises(ConfigError, match="use_user_login must be a boolean"):
         parse_config(tmp_path, {"providers": {"codex": {"use_user_login": "maybe"}}})
-    with pytest.raises(ConfigError, match="unknown key 'providers.tutti-agent.use_user_login'"):
+    with pytest.raises(
+        ConfigError, match=r'\[providers.tutti-agent\] unknown key "use_user_login"'
+    ):
         parse_config(tmp_path, {"providers": {"tutti-agent": {"use_user_login": True}}})
 
 

@@ -27,7 +27,14 @@ def test_request_spawns_worker_on_demand_and_status_lists_it(supervisor: WorkerS
     result = supervisor.request(P, "worker.ping", {}, 15).result(20)
     assert result["provider"] == P
     [row] = supervisor.status()
-    assert row == {"provider": P, "pid": result["pid"], "state": "ready", "restarts": 0}
+    assert row == {
+        "provider": P,
+        "pid": result["pid"],
+        "state": "ready",
+        "restarts": 0,
+        "lastError": None,
+        "busySilences": 0,
+    }
     assert pid_alive(result["pid"])
 
 
@@ -96,6 +103,22 @@ def test_silent_worker_is_declared_dead_and_its_inflight_request_lost(
             os.kill(pid, signal.SIGCONT)
     assert wait_until(lambda: not pid_alive(pid))
     assert supervisor.request(P, "worker.ping", {}, 20).result(25)["pid"] != pid
+
+
+@pytest.mark.timeout(60)
+def test_busy_worker_whose_heartbeats_are_starved_is_not_taken_for_hung(
+    supervisor: WorkerSupervisor,
+) -> None:
+    """Issue 14 §6: the watchdog tells busy from hung by the worker's CPU time (read from the
+    kernel, which the work cannot block): 9 s without a heartbeat while the worker computes
+    is no death; a stopped worker (above) still is."""
+    pid = supervisor.request(P, "worker.ping", {}, 15).result(20)["pid"]
+    result = supervisor.request(P, "debug.hog", {"ms": 9_000}, 40).result(45)
+    assert result["spins"] > 0
+    [row] = supervisor.status()
+    assert row["pid"] == pid and row["restarts"] == 0 and row["state"] == "ready", row
+    assert row["busySilences"] >= 1, row
+    assert supervisor.request(P, "worker.ping", {}, 15).result(20)["pid"] == pid
 
 
 @pytest.mark.timeout(40)

@@ -337,7 +337,7 @@ def test_a_non_loopback_events_listen_needs_allow_remote(tmp_path: Path) -> None
     home.mkdir()
     (home / "agenthost.toml").write_text('[daemon]\nevents_listen = ["tcp://192.0.2.1:7778"]\n')
     refused = cli(home, "serve")
-    assert refused.returncode == 2 and "daemon.events_listen" in refused.stderr, refused
+    assert refused.returncode == 2 and "[daemon] events_listen" in refused.stderr, refused
 
 
 def test_the_gui_runs_over_tcp_with_the_connection_file(

@@ -29,8 +29,10 @@ class DaemonProcess:
         env: Mapping[str, str] | None = None,
         args: tuple[str, ...] = (),
         failpoints: str | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.home = home
+        self.preexec_fn = preexec_fn  # e.g. lower RLIMIT_NOFILE in the daemon only
         self.extra_env = dict(env or {})
         self.args = args
         self.failpoints = failpoints
@@ -54,6 +56,7 @@ class DaemonProcess:
             stdout=subprocess.PIPE,
             stderr=log,
             env=env,
+            preexec_fn=self.preexec_fn,
         )
         log.close()
         assert self.proc.stdout is not None

@@ -1,0 +1,261 @@
+"""Pooled actors: many pykka actors served by one bounded set of threads.
+
+A `pykka.ThreadingActor` owns a thread for its whole life, so 700 live Session actors meant
+700 threads (issue 15 #5). A `PooledActor` keeps pykka's contract — one message at a time, in
+order, `on_start`/`on_stop`/`on_failure`, `ActorRef.tell/ask/stop` — but runs on an
+`ActorPool`: when its inbox turns non-empty the actor is scheduled once on the pool, handles
+a small batch, and yields its thread to the next actor (round-robin, so a chatty Session
+cannot starve the others). An idle actor costs no thread.
+
+The pool also owns one timer thread for delayed messages (`call_later`), so per-actor
+timers do not mean one thread each either.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pykka
+from pykka import ActorDeadError, ActorRegistry, messages
+from pykka._envelope import Envelope
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ACTOR_THREADS = 32
+"""Threads that run every Session actor of one daemon (`[daemon] actor_threads`)."""
+
+_BATCH = 16
+"""Messages one actor handles before it yields its thread to the next scheduled actor."""
+
+
+class TimerHandle:
+    """What `ActorPool.call_later` returns: `cancel()` it, like a `threading.Timer`."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ActorPool:
+    """A bounded thread pool plus a single timer thread, shared by the actors of one daemon."""
+
+    def __init__(self, max_threads: int = DEFAULT_ACTOR_THREADS, *, name: str = "actor") -> None:
+        self.max_threads = max(1, int(max_threads))
+        self._executor = ThreadPoolExecutor(self.max_threads, thread_name_prefix=name)
+        self._timers: list[tuple[float, int, Callable[[], None]]] = []
+        self._timer_cond = threading.Condition()
+        self._seq = itertools.count()
+        self._closed = False
+        self._timer_thread: threading.Thread | None = None
+        self._name = name
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        try:
+            self._executor.submit(fn)
+        except RuntimeError:  # shut down: the daemon is closing, nothing runs any more
+            log.debug("actor pool closed; dropped a scheduled slice")
+
+    def call_later(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        """Run `fn` on the timer thread after `seconds` (it must not block)."""
+        handle = TimerHandle()
+
+        def run() -> None:
+            if not handle.cancelled:
+                fn()
+
+        with self._timer_cond:
+            if self._closed:
+                handle.cancel()
+                return handle
+            heapq.heappush(self._timers, (time.monotonic() + seconds, next(self._seq), run))
+            if self._timer_thread is None:
+                self._timer_thread = threading.Thread(
+                    target=self._timer_loop, name=f"{self._name}-timer", daemon=True
+                )
+                self._timer_thread.start()
+            self._timer_cond.notify()
+        return handle
+
+    def _timer_loop(self) -> None:
+        while True:
+            with self._timer_cond:
+                while not self._closed and (
+                    not self._timers or self._timers[0][0] > time.monotonic()
+                ):
+                    wait = self._timers[0][0] - time.monotonic() if self._timers else None
+                    self._timer_cond.wait(wait)
+                if self._closed:
+                    return
+                _, _, fn = heapq.heappop(self._timers)
+            try:
+                fn()
+            except Exception:  # a timer callback bug must not stop later timers
+                log.exception("actor pool timer callback failed")
+
+    def close(self) -> None:
+        with self._timer_cond:
+            self._closed = True
+            self._timers.clear()
+            self._timer_cond.notify_all()
+        self._executor.shutdown(wait=False, cancel_futures=False)
+
+
+class _PooledInbox:
+    """pykka's inbox protocol (`put`/`get`/`empty`); `put` schedules the owner on its pool."""
+
+    def __init__(self) -> None:
+        self._items: deque[Envelope[Any]] = deque()
+        self._lock = threading.Lock()
+        self._owner: PooledActor | None = None
+        # True while a slice is queued or running (and before the actor started), so an
+        # actor is never on two pool threads at once.
+        self._scheduled = True
+
+    def put(self, envelope: Envelope[Any], /) -> None:
+        with self._lock:
+            self._items.append(envelope)
+            if self._scheduled or self._owner is None:
+                return
+            self._scheduled = True
+            owner = self._owner
+        owner._schedule()
+
+    def get(self) -> Envelope[Any]:
+        with self._lock:
+            return self._items.popleft()
+
+    def empty(self) -> bool:
+        with self._lock:
+            return not self._items
+
+    def take_or_idle(self) -> Envelope[Any] | None:
+        """The next envelope, or None after marking the actor unscheduled (atomically)."""
+        with self._lock:
+            if self._items:
+                return self._items.popleft()
+            self._scheduled = False
+            return None
+
+
+class PooledActor(pykka.Actor):
+    """A pykka actor whose messages run on `self.actor_pool` instead of an own thread.
+
+    Subclasses set `actor_pool` in `__init__` (before `start()` returns) and may pass a
+    `predecessor` future: the actor handles nothing (not even `on_start`) until it is done,
+    without holding a pool thread while it waits.
+    """
+
+    actor_pool: ActorPool
+
+    @staticmethod
+    def _create_actor_inbox() -> Any:
+        return _PooledInbox()
+
+    @staticmethod
+    def _create_future() -> pykka.Future[Any]:
+        return pykka.ThreadingFuture()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._started = False
+        self._torn_down = False
+        self._gate: pykka.Future[Any] | None = None
+        self._gate_deadline = 0.0
+
+    def wait_for(self, predecessor: pykka.Future[Any] | None, timeout: float = 30.0) -> None:
+        """Handle nothing until `predecessor` completes (or `timeout` s pass)."""
+        self._gate = predecessor
+        self._gate_deadline = time.monotonic() + timeout
+
+    def _start_actor_loop(self) -> None:
+        inbox = self.actor_inbox
+        assert isinstance(inbox, _PooledInbox)
+        inbox._owner = self
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self.actor_pool.submit(self._run_slice)
+
+    def _gate_open(self) -> bool:
+        gate = self._gate
+        if gate is None:
+            return True
+        try:
+            gate.get(timeout=0)
+        except pykka.Timeout:
+            if time.monotonic() < self._gate_deadline:
+                return False
+        except Exception:  # noqa: BLE001 - a dead predecessor has nothing left to drain
+            pass
+        self._gate = None
+        return True
+
+    def _run_slice(self) -> None:
+        inbox = self.actor_inbox
+        assert isinstance(inbox, _PooledInbox)
+        if not self._gate_open():
+            # Poll again shortly from the timer thread; no pool thread waits meanwhile.
+            self.actor_pool.call_later(0.01, self._schedule)
+            return
+        if not self._started:
+            self._started = True
+            self._actor_loop_setup()
+        for _ in range(_BATCH):
+            if self.actor_stopped.is_set():
+                self._teardown(inbox)
+                return
+            envelope = inbox.take_or_idle()
+            if envelope is None:
+                return
+            self._handle_envelope(envelope)
+        if self.actor_stopped.is_set():
+            self._teardown(inbox)
+            return
+        self._schedule()  # more to do: go to the back of the pool's queue
+
+    def _teardown(self, inbox: _PooledInbox) -> None:
+        """pykka's `_actor_loop_teardown`: answer what is left (a stop with None, an ask with
+        ActorDeadError). A later put schedules another slice, which answers it too."""
+        while (envelope := inbox.take_or_idle()) is not None:
+            if envelope.reply_to is None:
+                continue
+            if isinstance(envelope.message, messages._ActorStop):
+                envelope.reply_to.set(None)
+            else:
+                dead = ActorDeadError(f"{self.actor_ref} stopped before handling the message")
+                envelope.reply_to.set_exception(exc_info=(ActorDeadError, dead, None))
+
+    def _handle_envelope(self, envelope: Envelope[Any]) -> None:
+        # The body of pykka's `_actor_loop_running`, for one envelope.
+        try:
+            response = self._handle_receive(envelope.message)
+            if envelope.reply_to is not None:
+                envelope.reply_to.set(response)
+        except Exception:
+            if envelope.reply_to is not None:
+                envelope.reply_to.set_exception()
+            else:
+                self._handle_failure(*sys.exc_info())
+                try:
+                    self.on_failure(*sys.exc_info())
+                except Exception:  # noqa: BLE001
+                    self._handle_failure(*sys.exc_info())
+        except BaseException:  # noqa: BLE001 - pykka's contract: stop everything
+            self._stop()
+            ActorRegistry.stop_all()
+
+
+__all__ = ["DEFAULT_ACTOR_THREADS", "ActorPool", "PooledActor", "TimerHandle"]

@@ -1,0 +1,66 @@
+"""A deleted Session's runtime directory, `runtimes/<workspace>/<session>/` (the provider's
+home: its full transcript), is removed once the delete is committed and its runtime stopped.
+
+No committed fork child depends on it: the binder copies a child's lineage into the child's
+own home, so a fork source can be removed too; while a fork of it is in flight the delete is
+refused (fenced). Crash-safe: the store's `deleted` flag is the durable intent. The directory
+is renamed into `runtimes/.trash/` (atomic; `.` never starts a workspace segment) and removed
+from there, and start-up (`sweep`) empties the trash and removes any deleted Session's
+directory a killed daemon left behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from actors.context import _path_segment as path_segment
+from storage import Store
+
+log = logging.getLogger(__name__)
+
+TRASH = ".trash"
+
+
+def session_dir(runtimes_dir: Path, workspace_id: str, session_id: str) -> Path:
+    return runtimes_dir / path_segment(workspace_id) / session_id
+
+
+def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
+    """Remove a deleted Session's directory; False when there was none."""
+    source = session_dir(runtimes_dir, workspace_id, session_id)
+    trash = runtimes_dir / TRASH
+    trash.mkdir(mode=0o700, exist_ok=True)
+    target = trash / f"{session_id}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(source, target)
+    except FileNotFoundError:
+        return False
+    _purge(target)
+    return True
+
+
+def sweep(store: Store, runtimes_dir: Path) -> int:
+    """Finish deletes a previous process was killed in; returns how many it finished."""
+    trash = runtimes_dir / TRASH
+    finished = 0
+    if trash.is_dir():
+        for entry in trash.iterdir():
+            _purge(entry)
+            finished += 1
+    for workspace_id, session_id in store.deleted_sessions():
+        if discard(runtimes_dir, workspace_id, session_id):
+            finished += 1
+    if finished:
+        log.info("removed %d deleted Session runtime dir(s) left by a previous run", finished)
+    return finished
+
+
+def _purge(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, onerror=lambda _f, p, e: log.warning("cannot remove %s: %s", p, e[1]))
+    else:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,206 @@
+"""The daemon's home, `AGENTHOST_HOME`: one daemon per home, and a home that is ours alone.
+
+- `HomeLock`: an exclusive `flock` on `run/daemon.lock`, held for the daemon's whole life and
+  taken before the store is opened or anything under the home is written, so a second
+  `serve` on a live home changes nothing. The kernel drops the lock when its holder dies
+  (SIGKILL included), so a stale lock file never blocks a restart. The holder writes its pid
+  into the file, for the message the second process prints.
+- `probe_home`: what a client sees without disturbing the holder: nobody serves the home
+  (the lock is free: a dead daemon), or pid N does.
+- `check_home` / `check_ipc_dir`: refuse a home or `run/` that another user owns, that others
+  may write, or that is a symlink, and an ipc endpoint in a directory that is not ours with
+  mode 0700. Directories are only ever chmod-ed by the code that has just created them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCK_NAME = "daemon.lock"
+# Clients probe the lock with a short shared flock; a daemon starting at that instant retries
+# its exclusive one for this long before it believes a live daemon holds the home.
+_CONTENDED_RETRY_S = 0.5
+
+
+class HomeInUse(RuntimeError):
+    """Another live daemon holds this home's lock (exit 1)."""
+
+    def __init__(self, home: Path, pid: int | None) -> None:
+        who = f"pid {pid}" if pid else "pid unknown"
+        super().__init__(f"another agenthost ({who}) is serving {home}")
+        self.home = home
+        self.pid = pid
+
+
+class HomeUnsafe(ValueError):
+    """The home, its run dir or an ipc directory is not ours alone (exit 2)."""
+
+
+def lock_path(home: Path) -> Path:
+    return home / "run" / LOCK_NAME
+
+
+@dataclass
+class HomeLock:
+    """The held lock; `release()` at the very end of the daemon's life."""
+
+    path: Path
+    fd: int | None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        fd, self.fd = self.fd, None
+        # The pid is cleared first so a reader never names a daemon that has gone.
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)  # closing the only descriptor drops the flock
+
+
+def acquire(home: Path) -> HomeLock:
+    """Take the home's lock or raise `HomeInUse`; `run/` must already exist (checked)."""
+    path = lock_path(home)
+    # Not inherited by worker processes (os.open is O_CLOEXEC): a surviving worker must not
+    # keep a dead daemon's home locked. O_NOFOLLOW: never lock through a planted symlink.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    deadline = time.monotonic() + _CONTENDED_RETRY_S
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+        if time.monotonic() > deadline:
+            pid = _read_pid(fd)
+            os.close(fd)
+            raise HomeInUse(home, pid)
+        # A client's probe holds a shared lock for microseconds; a daemon holds it for good.
+        time.sleep(0.02)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return HomeLock(path, fd)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """`served` False: no daemon holds the lock (a dead or never-started daemon)."""
+
+    served: bool
+    pid: int | None = None
+
+
+def probe_home(home: Path) -> Probe:
+    """Look without disturbing: a shared lock we get at once means nobody holds the home."""
+    try:
+        fd = os.open(lock_path(home), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return Probe(False)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return Probe(True, _read_pid(fd))
+            raise
+        return Probe(False)
+    finally:
+        os.close(fd)  # drops our shared lock, if we took it
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
+
+
+# -- ours alone ----------------------------------------------------------------------------
+
+
+def check_private_dir(path: Path, what: str, *, exact_0700: bool = False) -> bool:
+    """Refuse (`HomeUnsafe`) a directory that is a symlink, not ours, or writable by others
+    (with `exact_0700`, any access by others). Returns False when it does not exist yet."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode):
+        raise HomeUnsafe(f"{what} {path} is a symlink; use the real directory (refused)")
+    if not stat.S_ISDIR(st.st_mode):
+        raise HomeUnsafe(f"{what} {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise HomeUnsafe(
+            f"{what} {path} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}); "
+            "use a directory of your own"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if exact_0700 and mode & 0o077:
+        raise HomeUnsafe(f"{what} {path} has mode {mode:04o}; it must be 0700 (`chmod 700 {path}`)")
+    if mode & 0o022:
+        raise HomeUnsafe(
+            f"{what} {path} is writable by others (mode {mode:04o}); "
+            f"`chmod go-w {path}` or use another directory"
+        )
+    return True
+
+
+def make_private_dir(path: Path) -> None:
+    """Create `path` 0700. The chmod (umask masks mkdir's mode) only ever touches the
+    directory we have just created; an existing one is left as it is (it was checked)."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        return
+    os.chmod(path, 0o700)
+
+
+def prepare_home(home: Path) -> None:
+    """Check the home and `run/`, creating what is missing; raise `HomeUnsafe` on a home that
+    is not ours alone. Writes nothing into an existing home."""
+    if not check_private_dir(home, "AGENTHOST_HOME"):
+        home.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(home)
+        check_private_dir(home, "AGENTHOST_HOME")
+    run = home / "run"
+    if not check_private_dir(run, "run directory", exact_0700=True):
+        make_private_dir(run)
+        check_private_dir(run, "run directory", exact_0700=True)
+
+
+def check_ipc_endpoint(endpoint: str) -> None:
+    """An ipc endpoint's file permissions are its only protection: refuse the Linux abstract
+    namespace (`ipc://@name`, no permissions at all) and a socket directory that is not ours
+    with mode 0700. A missing directory is fine (it will be created 0700)."""
+    if not endpoint.startswith("ipc://"):
+        return
+    path = endpoint[len("ipc://") :]
+    if path.startswith("@") or path.startswith("\0"):
+        raise HomeUnsafe(
+            f"{endpoint}: an abstract-namespace ipc endpoint has no file permissions, so any "
+            "local user could connect; use a socket path in a directory of your own (0700)"
+        )
+    parent = Path(os.path.abspath(path)).parent
+    check_private_dir(parent, f"ipc endpoint {endpoint}: directory", exact_0700=True)
+
+
+def prepare_ipc_dir(endpoint: str) -> None:
+    """Create a missing socket directory 0700 and check it again: one that appeared in
+    between (another user's) is refused rather than used."""
+    if not endpoint.startswith("ipc://"):
+        return
+    parent = Path(os.path.abspath(endpoint[len("ipc://") :])).parent
+    what = f"ipc endpoint {endpoint}: directory"
+    if not check_private_dir(parent, what, exact_0700=True):
+        parent.parent.mkdir(parents=True, exist_ok=True)
+        make_private_dir(parent)
+        check_private_dir(parent, what, exact_0700=True)

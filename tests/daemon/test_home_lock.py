@@ -1,0 +1,166 @@
+"""One daemon per home (issue 14 §1), through real `agenthost serve` processes: a second
+`serve` on a live home exits 1 naming the live daemon and changes nothing (its turn
+completes, its fork commits); a SIGKILLed daemon's stale lock and socket do not block a
+restart; the CLI tells a dead daemon (lock free: exit 3 at once) from a hung one."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.test_fork_saga import fork, get_op, three_turn_source, until_terminal
+from tests.support.daemon import (
+    DaemonProcess,
+    create_session,
+    run_turn,
+    settle,
+    submit,
+    turn_of,
+    wait_for,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+# Request ids: UUIDs, and the client's own `<hex>-<hex>-<n>` ids.
+REQUEST_ID = re.compile(r"[0-9a-f]{4,}-[0-9a-f]{4,}")
+
+
+def agenthost(home: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTHOST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agenthost.cli", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def snapshot(home: Path) -> dict[str, str]:
+    """Every byte of the store and the provider homes. SQLite's -shm is left out: readers
+    update their read marks in it, and the live daemon reads while we look."""
+    out: dict[str, str] = {}
+    for root in (home, home / "runtimes"):
+        paths = root.rglob("*") if root.name == "runtimes" else root.glob("store.sqlite3*")
+        for path in sorted(paths):
+            if path.is_file() and not path.name.endswith("-shm"):
+                out[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+            elif path.is_dir():
+                out[str(path)] = "dir"
+    return out
+
+
+def quiet_snapshot(home: Path) -> dict[str, str]:
+    """A snapshot the live daemon is not in the middle of changing (two equal in a row)."""
+    last: list[dict[str, str]] = [snapshot(home)]
+
+    def stable() -> bool:
+        now = snapshot(home)
+        same = now == last[0]
+        last[0] = now
+        return same
+
+    wait_for(stable, 20, interval=0.3)
+    return last[0]
+
+
+def test_a_second_serve_on_a_live_home_exits_1_and_touches_nothing(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid, turns = three_turn_source(c)
+        other = create_session(c)["agentSessionId"]
+        run_turn(c, other, "warm")  # its runtime is up: the slow turn below only waits
+        # A fork held inside the worker before its provider call, and a long running turn.
+        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:12000"}})
+        _, op = fork(c, sid, turns[1]["turnId"])
+        slow = submit(c, other, "/slow 12000 still running")
+        wait_for(lambda: get_op(c, op["operationId"])["phase"] == "dispatching")
+        wait_for(lambda: turn_of(c, other, slow["turnId"])["rootProviderTurnId"])
+        before = quiet_snapshot(home)
+
+        second = agenthost(home, "serve")
+        after = snapshot(home)
+
+        assert second.returncode == 1, second.stderr
+        assert f"another agenthost (pid {d.proc.pid}) is serving {home}" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert after == before  # no recovery ran on the live store, no provider home changed
+        # The live daemon's work is untouched: its turn completes and its fork commits.
+        assert settle(c, other, slow["turnId"])["outcome"] == "completed"
+        assert until_terminal(c, op, timeout=60)["status"] == "committed"
+        assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        d.stop()
+    assert "InvalidTransition" not in d.tail_log(10**7)
+
+
+def test_a_sigkilled_daemons_stale_lock_and_socket_do_not_block_a_restart(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    lock = home / "run" / "daemon.lock"
+    d = DaemonProcess(home).start()
+    assert lock.read_text().strip() == str(d.proc.pid)
+    sid = create_session(d.client())["agentSessionId"]
+    d.kill()
+    # What a SIGKILL leaves behind: the socket file and the lock file naming a dead pid.
+    assert (home / "run" / "api.sock").exists()
+    assert lock.read_text().strip() == str(d.proc.pid)
+    d2 = DaemonProcess(home).start()
+    try:
+        assert lock.read_text().strip() == str(d2.proc.pid)
+        assert run_turn(d2.client(), sid, "back")["outcome"] == "completed"
+        # ... and the restarted daemon holds the home as exclusively as the first one did.
+        third = agenthost(home, "serve")
+        assert third.returncode == 1
+        assert f"another agenthost (pid {d2.proc.pid}) is serving {home}" in third.stderr
+    finally:
+        d2.stop()
+    assert lock.read_text() == ""  # a clean stop names no daemon
+
+
+def test_the_cli_tells_a_dead_daemon_at_once(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    create_session(d.client())
+    d.kill()
+    assert (home / "run" / "api.sock").exists()  # stale: ZeroMQ alone would wait --timeout
+    # --timeout is far beyond the subprocess limit: only the free lock can answer in time.
+    done = agenthost(home, "--timeout", "600", "status", timeout=45)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("agenthost: daemon_unreachable: no agenthost is serving")
+    assert not REQUEST_ID.search(done.stderr)
+    done = agenthost(home, "--timeout", "600", "--json", "sessions", timeout=45)
+    assert done.returncode == 3
+    error = json.loads(done.stdout)["error"]
+    assert error["reason"] == "daemon_unreachable" and not REQUEST_ID.search(error["message"])
+
+
+def test_a_hung_daemon_is_reported_without_an_internal_request_id(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        d.client().call("host.status", {})
+        assert d.proc is not None
+        os.kill(d.proc.pid, signal.SIGSTOP)  # alive and holding the home, but silent
+        try:
+            done = agenthost(home, "--timeout", "1", "status")
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        assert done.returncode == 3
+        assert "daemon_unreachable" in done.stderr
+        assert f"agenthost (pid {d.proc.pid}) is running but busy or hung" in done.stderr
+        assert not REQUEST_ID.search(done.stderr)
+    finally:
+        d.stop()

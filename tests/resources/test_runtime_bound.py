@@ -1,0 +1,106 @@
+"""Issue 14 §6 through the real daemon: many Sessions each running 3 turns at once, with the
+live provider runtimes bounded per provider (`max_runtimes_per_provider`, here 4). Turns
+beyond the bound queue (their Turn is accepted and stays `active` until a runtime slot frees;
+idle runtimes are stopped least-recently-used first). Every turn completes; no worker restart,
+no 500, no Turn left active; the worker never holds more than 4 app-servers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, create_session, settle, submit, timeline
+from transport.client import ApiError
+
+pytestmark = pytest.mark.timeout(300)
+
+SESSIONS = 12
+TURNS = 3
+LIMIT = 4
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            status = (proc / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("PPid:") and int(line.split()[1]) == pid:
+                out.append(int(proc.name))
+    return out
+
+
+def test_sessions_times_3_turns_complete_under_a_runtime_bound_of_4(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text(f"[daemon]\nmax_runtimes_per_provider = {LIMIT}\n")
+    d = DaemonProcess(home).start()
+    errors: list[str] = []
+    statuses: list[int] = []
+    peak = [0]
+    done = threading.Event()
+    try:
+        c = d.client(timeout=120)
+        sids = [create_session(c)["agentSessionId"] for _ in range(SESSIONS)]
+        worker_pid = [0]
+
+        def watch() -> None:
+            # Sample the worker's live app-servers throughout the run.
+            while not done.wait(0.05):
+                if not worker_pid[0]:
+                    for w in c.call("host.status")["workers"]:
+                        if w["provider"] == "tutti-agent" and w["pid"]:
+                            worker_pid[0] = w["pid"]
+                    continue
+                peak[0] = max(peak[0], len(_children(worker_pid[0])))
+
+        def drive(sid: str) -> None:
+            own = d.client(timeout=120)
+            for i in range(TURNS):
+                request_id = str(uuid.uuid4())
+                while True:
+                    try:
+                        turn = submit(own, sid, f"turn {i}", request_id=request_id)
+                        break
+                    except ApiError as exc:
+                        statuses.append(exc.status)
+                        if not exc.retryable:
+                            errors.append(f"{sid} turn {i}: {exc}")
+                            return
+                        time.sleep(0.1)
+                settled = settle(own, sid, turn["turnId"], timeout=240)
+                if settled["outcome"] != "completed":
+                    errors.append(f"{sid} turn {i}: {settled['outcome']} {settled.get('error')}")
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        threads = [threading.Thread(target=drive, args=(sid,)) for sid in sids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(280)
+        done.set()
+        watcher.join(5)
+        assert not errors, errors[:5]
+        assert 500 not in statuses
+        status: dict[str, Any] = c.call("host.status")
+        assert all(w["restarts"] == 0 for w in status["workers"]), status["workers"]
+        assert status["runtimes"]["tutti-agent"]["live"] <= LIMIT, status["runtimes"]
+        assert status["runtimes"]["tutti-agent"]["queued"] == 0
+        for sid in sids:
+            turns = timeline(c, sid)
+            assert [t["outcome"] for t in turns] == ["completed"] * TURNS, turns
+        assert 0 < peak[0] <= LIMIT, peak[0]
+    finally:
+        done.set()
+        d.stop()
