@@ -67,8 +67,12 @@ test: providers lint
 	AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
 		$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# The long profile: the reliability suite at soak size, then every test marked `long`.
 soak: providers
-	AGENTHOST_SOAK=1 $(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
+	AGENTHOST_SOAK=1 AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
+		$(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
+	AGENTHOST_SOAK=1 AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
+		$(PY) -m pytest -q -m long --ignore=tests/reliability $(PYTEST_ARGS)
 
 bench: providers
 	$(PY) -m pip install --quiet -e '.[bench]'

@@ -189,8 +189,20 @@ def _parser() -> argparse.ArgumentParser:
     )
     r.add_argument("operation")
     how = r.add_mutually_exclusive_group()
-    how.add_argument("--adopt", action="store_const", const="adopt", dest="action")
-    how.add_argument("--abandon", action="store_const", const="abandon", dest="action")
+    how.add_argument(
+        "--adopt",
+        action="store_const",
+        const="adopt",
+        dest="action",
+        help="bind and commit the one verified provider child (verdict adoptable)",
+    )
+    how.add_argument(
+        "--abandon",
+        action="store_const",
+        const="abandon",
+        dest="action",
+        help="quarantine any provider child and release the boundary (status abandoned)",
+    )
     r.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
     r.set_defaults(run=_resolve, action="inspect")
     o = sub.add_parser("op", parents=[common], help="show a fork operation")

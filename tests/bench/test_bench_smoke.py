@@ -17,6 +17,7 @@ from bench.profile import summarise
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # `make bench` runs the same code at full size
 @pytest.mark.timeout(180)
 def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_violations(
     tmp_path: Path,

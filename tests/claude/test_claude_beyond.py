@@ -16,7 +16,7 @@ from tests.support.daemon import WS, DaemonProcess, run_turn
 from tests.support.invariants import assert_invariants
 from tests.support.messages_server import MessagesServer, model_input_texts
 
-pytestmark = [pytest.mark.claude, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.claude, pytest.mark.long, pytest.mark.timeout(240)]
 
 
 def test_claude_latest_settled_fork_commits_and_replays_original_boundary(

@@ -57,6 +57,7 @@ def test_provider_turn_id_is_the_observed_root_user_uuid_of_the_transcript(
         "bindingMode": "provider_owned",
         "forkThroughTurn": True,
         "binderAvailable": True,
+        "forkFullSession": True,
     }
 
 

@@ -16,7 +16,7 @@ from tests.support.daemon import WS, DaemonProcess, run_turn
 from tests.support.homes import child_rollouts
 from tests.support.invariants import assert_invariants
 
-pytestmark = [pytest.mark.codex, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.codex, pytest.mark.long, pytest.mark.timeout(240)]
 
 
 def test_codex_latest_settled_fork_commits_and_replays_original_boundary(

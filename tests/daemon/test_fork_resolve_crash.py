@@ -15,7 +15,7 @@ from tests.daemon.test_fork_saga import three_turn_source
 from tests.support.daemon import WS, DaemonProcess, run_turn
 from tests.support.invariants import assert_invariants, quarantined_files
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.long, pytest.mark.timeout(240)]
 
 # (action, point) → status right after the restart's recovery
 CELLS = {

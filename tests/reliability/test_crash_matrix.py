@@ -37,7 +37,7 @@ from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, ti
 from tests.support.invariants import assert_invariants
 from transport.client import Client
 
-TRIALS = trials(3, 50)
+TRIALS = trials(1, 50)
 SLOW_TRACE = os.environ.get("AGENTHOST_TRACE") == "1"
 pytestmark = pytest.mark.timeout(900 if TRIALS > 3 else 240)
 
