@@ -63,9 +63,13 @@ lint: $(DEPS_STAMP)
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.
+# Most tests wait on real processes (daemons, app-servers, the Claude CLI) rather than compute,
+# so three xdist workers share the 2 cores; --dist loadfile keeps a file's tests (and its
+# module fixtures) on one worker, in order.
+TEST_WORKERS ?= 3
 test: providers lint
 	AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
-		$(PY) -m pytest -q $(PYTEST_ARGS)
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The long profile: the reliability suite at soak size, then every test marked `long`.
 soak: providers
