@@ -252,7 +252,9 @@ def test_fork_human_output_and_progress_line_while_accepted(cli: Cli, client: Cl
     sid = new_session(cli, "Slow")
     turn = say(cli, sid, "one")["turnId"]
     client.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:2500"}})
-    done = cli.run("fork", sid, "--through", turn[:8])
+    # An all-digit reference is a Turn sequence number: keep the '-' when the 8 hex are digits.
+    prefix = turn[:9] if turn[:8].isdigit() else turn[:8]
+    done = cli.run("fork", sid, "--through", prefix)
     assert done.returncode == 0, done.stderr
     assert "… fork accepted (" in done.stderr
     assert "committed" in done.stdout and "child " in done.stdout
