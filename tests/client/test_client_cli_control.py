@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import select
 import signal
 import subprocess
 import sys
@@ -186,16 +187,24 @@ def run_on_tty(
     os.close(slave)
     seen = b""
     typed = False
+    prompted_at: float | None = None
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        try:
-            chunk = os.read(master, 4096)
-        except OSError:
-            break  # the child closed the terminal
-        if not chunk:
-            break
-        seen += chunk
-        if not typed and after.encode() in seen:
+        # Never block on the terminal: the helper's own deadline must hold.
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break  # the child closed the terminal
+            if not chunk:
+                break
+            seen += chunk
+        if prompted_at is None and after.encode() in seen:
+            prompted_at = time.monotonic()
+        # A person answers a prompt after it is shown, not within the microseconds between
+        # the prompt's write and input()'s read (a signal there is lost in the C read).
+        if not typed and prompted_at is not None and time.monotonic() - prompted_at > 0.5:
             if keys is None:
                 proc.send_signal(signal.SIGINT)
             else:
