@@ -155,6 +155,34 @@ def _validate_request(req: ForkPrepareRequest) -> None:
         raise InvalidArgument("runtimeIdentity", "runtime identity must be a map")
 
 
+def _record_accepted(
+    tx: Tx, ws: str, op_id: str, evidence: ProviderForkEvidence, *, from_status: ForkStatus
+) -> None:
+    """Writes `from_status → provider_accepted` with the provider's evidence (the saga's
+    dispatch, or `fork.resolve` adopting an `unknown` operation, which also clears its outcome)."""
+    bindings = None
+    if evidence.turn_bindings is not None:
+        bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
+    clear = ", error = NULL, completed_at_ms = NULL" if from_status is ForkStatus.UNKNOWN else ""
+    tx.execute(
+        "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
+        " target_provider_session_id = ?, target_provider_turn_ids = ?,"
+        f" target_turn_bindings = ?, binding_receipt = ?{clear}"
+        " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
+        (
+            tx.now_ms,
+            evidence.child_provider_session_id,
+            dumps(list(evidence.provider_turn_ids)),
+            None if bindings is None else dumps(bindings),
+            dumps(dict(evidence.receipt)),
+            ws,
+            op_id,
+            from_status.value,
+        ),
+    )
+    tx.emit(ForkOperationChanged(ws, op_id))
+
+
 def _validate_evidence(op: ForkOperation, ev: ProviderForkEvidence) -> None:
     """Seed 000 §7: `accepted` only with typed evidence that proves an independent child."""
 
@@ -543,25 +571,7 @@ class ForkStore(StoreBase):
                     params={"operationId": op_id, "status": op.status.value},
                 )
             _validate_evidence(op, evidence)
-            bindings = None
-            if evidence.turn_bindings is not None:
-                bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
-            tx.execute(
-                "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
-                " target_provider_session_id = ?, target_provider_turn_ids = ?,"
-                " target_turn_bindings = ?, binding_receipt = ?"
-                " WHERE workspace_id = ? AND operation_id = ? AND status = 'dispatching'",
-                (
-                    tx.now_ms,
-                    evidence.child_provider_session_id,
-                    dumps(list(evidence.provider_turn_ids)),
-                    None if bindings is None else dumps(bindings),
-                    dumps(dict(evidence.receipt)),
-                    ws,
-                    op_id,
-                ),
-            )
-            tx.emit(ForkOperationChanged(ws, op_id))
+            _record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
             return _load_op(tx.conn, ws, op_id), True
 
     def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:

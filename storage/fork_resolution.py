@@ -23,7 +23,7 @@ from typing import Any
 
 from storage.base import StoreBase, Tx, dumps, loads
 from storage.errors import Conflict
-from storage.fork_operations import _load_op, _validate_evidence
+from storage.fork_operations import _load_op, _record_accepted, _validate_evidence
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -160,26 +160,7 @@ class ResolutionStore(StoreBase):
                     params={"operationId": op_id, "status": op.public_status.value},
                 )
             _validate_evidence(op, evidence)
-            bindings = None
-            if evidence.turn_bindings is not None:
-                bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
-            tx.execute(
-                "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
-                " target_provider_session_id = ?, target_provider_turn_ids = ?,"
-                " target_turn_bindings = ?, binding_receipt = ?, error = NULL,"
-                " completed_at_ms = NULL"
-                " WHERE workspace_id = ? AND operation_id = ? AND status = 'unknown'",
-                (
-                    tx.now_ms,
-                    evidence.child_provider_session_id,
-                    dumps(list(evidence.provider_turn_ids)),
-                    None if bindings is None else dumps(bindings),
-                    dumps(dict(evidence.receipt)),
-                    ws,
-                    op_id,
-                ),
-            )
-            tx.emit(ForkOperationChanged(ws, op_id))
+            _record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.UNKNOWN)
             return _load_op(tx.conn, ws, op_id), True
 
     def abandon_fork(self, ws: str, op_id: str, result: Any) -> tuple[ForkOperation, bool]:
