@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from test_claude_daemon import child_transcripts, claude_daemon, claude_source  # noqa: F401
 
+from model_fakes.messages import MessagesServer, model_input_texts
 from tests.daemon.test_fork_full_session import assert_full_session_fork
 from tests.daemon.test_fork_resolve import abandon_and_refork, adopt_and_use, unknown_fork
 from tests.support.daemon import WS, DaemonProcess, run_turn
 from tests.support.invariants import assert_invariants
-from tests.support.messages_server import MessagesServer, model_input_texts
 
 pytestmark = [pytest.mark.claude, pytest.mark.long, pytest.mark.timeout(240)]
 
