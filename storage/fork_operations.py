@@ -53,7 +53,6 @@ from storage.models import (
     ProviderStateBindingMode,
     Session,
     SessionChanged,
-    TurnChanged,
 )
 
 log = logging.getLogger(__name__)
@@ -731,8 +730,10 @@ class ForkStore(StoreBase):
                 lin.forked_at_ms,
             ),
         )
-        for row in plan.turn_rows:
-            tx.emit(TurnChanged(s.workspace_id, s.session_id, row[2]))
+        # No event per cloned Turn (issue 20): the child is new, so no client holds any of its
+        # Turns; `_commit_in`'s `SessionChanged` for it announces the whole child (a client
+        # reads its Turns with `session.timeline`). A 1,000-Turn fork used to publish 1,000
+        # `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
