@@ -202,8 +202,10 @@ class TreeProfile:
 
 def cpu_line(cpu: Mapping[str, float], unit: str) -> str:
     """`CPU ms per fork: 131.0 in the daemon tree (app-server 110.0, daemon 15.0, …)`."""
-    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
-    return f"CPU {unit}: {sum(cpu.values()):.1f} in the daemon tree ({parts or 'none'})"
+    total = sum(cpu.values())
+    digits = 1 if total >= 10 else 2  # a read costs a fraction of a millisecond
+    parts = ", ".join(f"{k} {v:.{digits}f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    return f"CPU {unit}: {total:.{digits}f} in the daemon tree ({parts or 'none'})"
 
 
 def spy_lines(profile: TreeProfile | None, per_kind: int = 3) -> list[str]:
