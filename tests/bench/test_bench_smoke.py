@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.long  # `make bench` runs the same code at full size
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_violations(
     tmp_path: Path,
 ) -> None:
@@ -28,7 +28,7 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=170,
+        timeout=580,  # seconds on a quiet machine; minutes when 2 cores are shared
     )
     assert out.returncode == 0, out.stderr[-3000:]
     (json_path,) = tmp_path.glob("*-smoke.json")
