@@ -523,7 +523,10 @@ def run(mode: Mode) -> BenchResult:
     ]
     if "cProfile" in st:
         cp = st["cProfile"]
-        prep_lines.append("cProfile of the same fork (fresh copy), top self ms:")
+        prep_lines.append(
+            "cProfile of the same probe on a fresh copy (open, prepare, transitions, commit,"
+            " close), top self ms:"
+        )
         prep_lines += [f"    {ms:8.1f}  ×{calls:<6} {f}" for f, calls, ms in cp["topSelf"][:8]]
         prep_lines.append("top cumulative ms:")
         prep_lines += [
