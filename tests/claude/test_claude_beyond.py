@@ -12,9 +12,15 @@ import pytest
 from test_claude_daemon import child_transcripts, claude_daemon, claude_source  # noqa: F401
 
 from tests.daemon.test_fork_full_session import assert_full_session_fork
-from tests.daemon.test_fork_resolve import abandon_and_refork, adopt_and_use, unknown_fork
+from tests.daemon.test_fork_resolve import (
+    abandon_and_refork,
+    adopt_and_use,
+    quarantine_and_refork,
+    unknown_fork,
+)
 from tests.daemon.test_lineage_tree import assert_three_level_tree
 from tests.support.daemon import WS, DaemonProcess, run_turn
+from tests.support.homes import runtime_home
 from tests.support.invariants import assert_invariants
 from tests.support.messages_server import MessagesServer, model_input_texts
 
@@ -71,4 +77,20 @@ def test_claude_lineage_three_levels_with_deleted_middle_node(
     c = d.client()
     root, turns = claude_source(d, tmp_path / "cwd")
     assert_three_level_tree(c, root, turns)
+    assert_invariants(d.home)
+
+
+def test_claude_abandoned_child_is_quarantined_not_deleted(
+    claude_daemon: tuple[DaemonProcess, MessagesServer],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    op = unknown_fork(c, sid, turns[0]["turnId"], "worker.fork.after_provider_call")
+    # `fork_session` writes the child next to the source; the refork's child moves to its home.
+    source_home = runtime_home(d.home, WS, sid, "claude-config")
+    quarantine_and_refork(
+        c, op, sid, turns[0]["turnId"], source_home, lambda: child_transcripts(d.home)
+    )
     assert_invariants(d.home)

@@ -13,7 +13,12 @@ import pytest
 from test_codex_daemon import codex_home, codex_source, write_config
 
 from tests.daemon.test_fork_full_session import assert_full_session_fork
-from tests.daemon.test_fork_resolve import abandon_and_refork, adopt_and_use, unknown_fork
+from tests.daemon.test_fork_resolve import (
+    abandon_and_refork,
+    adopt_and_use,
+    quarantine_and_refork,
+    unknown_fork,
+)
 from tests.daemon.test_lineage_tree import assert_three_level_tree
 from tests.support.daemon import WS, DaemonProcess, run_turn
 from tests.support.homes import child_rollouts
@@ -84,4 +89,17 @@ def test_codex_lineage_three_levels_with_deleted_middle_node(
     c = d.client()
     root, turns = codex_source(c, tmp_path / "cwd")
     assert_three_level_tree(c, root, turns)
+    assert_invariants(d.home)
+
+
+def test_codex_abandoned_child_is_quarantined_not_deleted(
+    codex_daemon: DaemonProcess,
+    tmp_path: Path,
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    op = unknown_fork(c, sid, turns[0]["turnId"], "worker.fork.after_provider_call")
+    home = codex_home(d, sid)
+    quarantine_and_refork(c, op, sid, turns[0]["turnId"], home, lambda: child_rollouts(home))
     assert_invariants(d.home)

@@ -124,19 +124,35 @@ def test_unknown_fork_without_child_is_abandoned_and_the_turn_forks_again(
     assert err.value.status == 409
 
 
+def quarantine_and_refork(
+    c: Client,
+    op: dict[str, Any],
+    sid: str,
+    turn_id: str,
+    source_home: Path,
+    children: Callable[[], list[Path]],
+) -> None:
+    """Abandon a fork whose provider child exists: the child file is moved into
+    `<source home>/quarantine/<operationId>/`, whole, not deleted; the Turn forks again."""
+    (child_file,) = children()
+    before = child_file.read_bytes()
+    abandoned = abandon_and_refork(c, op, sid, turn_id, 1)
+    moved = [Path(p) for p in abandoned["evidence"]["quarantinedNow"]]
+    assert len(moved) == 1 and moved[0].exists() and not child_file.exists()
+    assert moved[0].is_relative_to(source_home / "quarantine" / op["operationId"])
+    assert before and moved[0].read_bytes() == before  # the provider's data is kept whole
+    # Only the new fork's child is a child now.
+    assert len(children()) == 1
+
+
 def test_abandoned_child_is_quarantined_not_deleted(daemon: DaemonProcess) -> None:
     c = daemon.client()
     sid, turns = three_turn_source(c)
     op = unknown_fork(c, sid, turns[0]["turnId"], "worker.fork.after_provider_call")
     source_home = runtime_home(daemon.home, WS, sid)
-    (child_file,) = child_rollouts(source_home)
-    abandoned = abandon_and_refork(c, op, sid, turns[0]["turnId"], 1)
-    moved = [Path(p) for p in abandoned["evidence"]["quarantinedNow"]]
-    assert len(moved) == 1 and moved[0].exists() and not child_file.exists()
-    assert moved[0].is_relative_to(source_home / "quarantine" / op["operationId"])
-    assert moved[0].read_bytes()  # the provider's data is kept
-    # Only the new fork's child is a child in the home now.
-    assert len(child_rollouts(source_home)) == 1
+    quarantine_and_refork(
+        c, op, sid, turns[0]["turnId"], source_home, lambda: child_rollouts(source_home)
+    )
 
 
 def test_resolve_cli_and_typed_errors(daemon: DaemonProcess) -> None:
