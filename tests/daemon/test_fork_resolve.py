@@ -71,7 +71,7 @@ def adopt_and_use(
     assert run_turn(c, target, "the adopted child speaks")["outcome"] == "completed"
     assert child_count() == 1  # adopt never called the provider's fork again
     c.call("fork.acknowledge", {"workspaceId": WS, "operationId": op["operationId"]})
-    return done
+    return dict(done)
 
 
 def abandon_and_refork(
