@@ -15,6 +15,7 @@ from tests.daemon.test_fork_full_session import assert_full_session_fork
 from tests.daemon.test_fork_resolve import (
     abandon_and_refork,
     adopt_and_use,
+    adopt_fork_of_a_fork,
     quarantine_and_refork,
     unknown_fork,
 )
@@ -93,4 +94,15 @@ def test_claude_abandoned_child_is_quarantined_not_deleted(
     quarantine_and_refork(
         c, op, sid, turns[0]["turnId"], source_home, lambda: child_transcripts(d.home)
     )
+    assert_invariants(d.home)
+
+
+def test_claude_unknown_fork_of_a_fork_is_adopted(
+    claude_daemon: tuple[DaemonProcess, MessagesServer],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    d, _ = claude_daemon
+    c = d.client()
+    root, turns = claude_source(d, tmp_path / "cwd")
+    adopt_fork_of_a_fork(c, d.home, root, turns)
     assert_invariants(d.home)

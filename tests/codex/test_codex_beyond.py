@@ -16,6 +16,7 @@ from tests.daemon.test_fork_full_session import assert_full_session_fork
 from tests.daemon.test_fork_resolve import (
     abandon_and_refork,
     adopt_and_use,
+    adopt_fork_of_a_fork,
     quarantine_and_refork,
     unknown_fork,
 )
@@ -102,4 +103,14 @@ def test_codex_abandoned_child_is_quarantined_not_deleted(
     op = unknown_fork(c, sid, turns[0]["turnId"], "worker.fork.after_provider_call")
     home = codex_home(d, sid)
     quarantine_and_refork(c, op, sid, turns[0]["turnId"], home, lambda: child_rollouts(home))
+    assert_invariants(d.home)
+
+
+def test_codex_unknown_fork_of_a_fork_is_adopted(
+    codex_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    d = codex_daemon
+    c = d.client()
+    root, turns = codex_source(c, tmp_path / "cwd")
+    adopt_fork_of_a_fork(c, d.home, root, turns)
     assert_invariants(d.home)
