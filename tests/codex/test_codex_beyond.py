@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from test_codex_daemon import codex_home, codex_source, write_config
 
+from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_full_session import assert_full_session_fork
 from tests.daemon.test_fork_resolve import (
     abandon_and_refork,
@@ -24,7 +25,6 @@ from tests.daemon.test_lineage_tree import assert_three_level_tree
 from tests.support.daemon import WS, DaemonProcess, run_turn
 from tests.support.homes import child_rollouts
 from tests.support.invariants import assert_invariants
-from tests.support.responses_server import ResponsesServer
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(240)]
 
