@@ -394,8 +394,19 @@ class SessionActor(PooledActor):
             for t in turns
         ]
         matches = match_missing(canonical, provider_turns)
+        # A provider whose Turns carry a binding JSON (Claude's checkpoint) gives it with
+        # its history; one the Turn already holds (its own write landed) is kept.
+        bindings = {str(t.get("providerTurnId")): t.get("bindingJson") for t in provider_turns}
+        held = {t.turn_id: t.provider_turn_binding_json for t in turns}
         for turn_id, provider_turn_id in matches.items():
-            self.ctx.store.bind_provider_turn(self.ws, self.sid, turn_id, provider_turn_id)
+            binding = bindings.get(provider_turn_id)
+            self.ctx.store.bind_provider_turn(
+                self.ws,
+                self.sid,
+                turn_id,
+                provider_turn_id,
+                str(binding) if binding and held.get(turn_id) is None else None,
+            )
             log.warning(
                 "session %s: turn %s re-bound to provider turn %s from the provider's history",
                 self.key,
