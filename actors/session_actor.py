@@ -231,6 +231,9 @@ class SessionActor(PooledActor):
             or bool(self._durable)
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())
+            # A runtime preparation (a slot wait, `session.start`) may outlast the idle reap;
+            # a fork.create waiting on it is owed a reply by this actor (issue 15 defect 2).
+            or self._preparing > 0
         )
         if not busy and self._preparing == 0 and self._slot_provider is not None:
             self.ctx.runtime_slots.release(self._slot_provider, self.key)
