@@ -51,6 +51,7 @@ from storage.errors import (
     SessionBusy,
     StoreBusy,
     TurnNotFound,
+    Unavailable,
 )
 from storage.models import Session, Turn
 
@@ -260,6 +261,8 @@ class SessionActor(PooledActor):
                 ref.tell(FollowUp(lambda: on_done(f), reply))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
+                if reply is not None:  # still owed: typed and retryable, never silence
+                    reply(Unavailable("the session stopped; try again", reason="session_stopped"))
 
         future.add_done_callback(_done)
 
