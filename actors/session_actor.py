@@ -51,6 +51,7 @@ from storage.errors import (
     SessionBusy,
     StoreBusy,
     TurnNotFound,
+    Unavailable,
 )
 from storage.models import Session, Turn
 
@@ -231,6 +232,9 @@ class SessionActor(PooledActor):
             or bool(self._durable)
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())
+            # A runtime preparation (a slot wait, `session.start`) may outlast the idle reap;
+            # a fork.create waiting on it is owed a reply by this actor (issue 15 defect 2).
+            or self._preparing > 0
         )
         if not busy and self._preparing == 0 and self._slot_provider is not None:
             self.ctx.runtime_slots.release(self._slot_provider, self.key)
@@ -257,6 +261,8 @@ class SessionActor(PooledActor):
                 ref.tell(FollowUp(lambda: on_done(f), reply))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
+                if reply is not None:  # still owed: typed and retryable, never silence
+                    reply(Unavailable("the session stopped; try again", reason="session_stopped"))
 
         future.add_done_callback(_done)
 
@@ -394,8 +400,19 @@ class SessionActor(PooledActor):
             for t in turns
         ]
         matches = match_missing(canonical, provider_turns)
+        # A provider whose Turns carry a binding JSON (Claude's checkpoint) gives it with
+        # its history; one the Turn already holds (its own write landed) is kept.
+        bindings = {str(t.get("providerTurnId")): t.get("bindingJson") for t in provider_turns}
+        held = {t.turn_id: t.provider_turn_binding_json for t in turns}
         for turn_id, provider_turn_id in matches.items():
-            self.ctx.store.bind_provider_turn(self.ws, self.sid, turn_id, provider_turn_id)
+            binding = bindings.get(provider_turn_id)
+            self.ctx.store.bind_provider_turn(
+                self.ws,
+                self.sid,
+                turn_id,
+                provider_turn_id,
+                str(binding) if binding and held.get(turn_id) is None else None,
+            )
             log.warning(
                 "session %s: turn %s re-bound to provider turn %s from the provider's history",
                 self.key,
