@@ -22,11 +22,15 @@ def _stopper(stopped: list[str]) -> Any:
     return stop
 
 
+def _appender(out: list[str], key: str) -> Any:
+    return lambda: out.append(key)
+
+
 def test_cold_grants_wait_for_a_start_permit_in_fifo_order() -> None:
     granted: list[str] = []
     slots = RuntimeSlots(limit=3, stop=_stopper([]), start_limit=1)
     for key in ("a", "b", "c"):
-        slots.acquire(P, key, lambda key=key: granted.append(key))
+        slots.acquire(P, key, _appender(granted, key))
     assert granted == ["a"]
     assert slots.status()[P] == {
         "live": 1,
