@@ -93,6 +93,10 @@ class _TurnState:
     pending_events: list[Mapping[str, Any]] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
     watchdog: TimerHandle | None = None
+    # turn.start was sent: only from then does the inactivity limit run. Before, the Turn
+    # waits for a runtime slot (no limit: it is queued, not hung) or for its runtime's start
+    # (`session.start`, with its own timeout), issue 14 §6.
+    at_provider: bool = False
 
 
 @dataclass(eq=False)
@@ -290,11 +294,19 @@ class SessionActor(PooledActor):
 
         def _ready(runtime: PreparedRuntime | HostError) -> None:
             self._preparing -= 1
+            self.ctx.runtime_slots.started(session.provider, self.key)
             on_ready(runtime)
+
+        def _prepare_now() -> None:
+            try:
+                self._prepare_runtime_now(session, _ready)
+            except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
+                log.exception("session %s: preparing the runtime failed", self.key)
+                _ready(exc if isinstance(exc, HostError) else _internal(exc))
 
         def _granted() -> None:
             try:
-                ref.tell(FollowUp(lambda: self._prepare_runtime_now(session, _ready)))
+                ref.tell(FollowUp(_prepare_now))
             except pykka.ActorDeadError:
                 self.ctx.runtime_slots.release(session.provider, self.key)
 
@@ -322,6 +334,8 @@ class SessionActor(PooledActor):
         )
 
         def _done(f: Future[dict[str, Any]]) -> None:
+            # The start itself has ended: its permit goes to the next cold Session now.
+            self.ctx.runtime_slots.started(session.provider, self.key)
             try:
                 result = f.result()
             except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
@@ -479,6 +493,8 @@ class SessionActor(PooledActor):
             if isinstance(runtime, HostError):
                 self._settle(state, "failed", error=runtime.message)
                 return
+            state.at_provider = True
+            state.last_activity = time.monotonic()
             fut = self.ctx.workers.request(
                 session.provider,
                 "turn.start",
@@ -672,6 +688,11 @@ class SessionActor(PooledActor):
         if state.settling:
             return
         limit = self.ctx.timeouts.turn_inactivity_s
+        if not state.at_provider:
+            # Queued for a runtime slot or its runtime being started (issue 14 §6): not hung.
+            state.last_activity = time.monotonic()
+            self._arm_watchdog(state, limit)
+            return
         try:
             turn = self.ctx.store.get_turn(self.ws, self.sid, state.turn_id)
         except HostError as exc:
@@ -709,6 +730,7 @@ class SessionActor(PooledActor):
         except HostError:
             return None
         state = _TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
+        state.at_provider = True  # it sends events: the provider has it
         state.settled = state.settling = turn.phase == "settled"
         return state
 

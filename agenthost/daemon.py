@@ -19,7 +19,7 @@ from typing import Any
 import msgpack
 
 from actors import runtime_dirs
-from actors.context import HostContext, Timeouts, fork_deadline_s
+from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
@@ -142,9 +142,12 @@ class Daemon:
         port = SupervisorPort(self.supervisor)
         slots = RuntimeSlots(
             cfg.max_runtimes_per_provider,
+            # The worker's stop waits for a start of that runtime still in progress (so
+            # none outlives its slot); the grant waits for the stop, within the start budget.
             stop=lambda provider, key: port.request(
-                provider, "session.stop", {"agentSessionId": key}, 30.0
+                provider, "session.stop", {"agentSessionId": key}, SESSION_START_S
             ),
+            start_limit=cfg.max_runtime_starts_per_provider,
         )
         self.ctx = HostContext(
             store=store,
