@@ -1,0 +1,195 @@
+"""Issue 15 #6 through the real daemon: a `turn.updated` carries what changed, not the whole Turn.
+
+While a Turn runs, each `turn.updated` carries the Turn's fields plus only the messages added
+since that Turn's previous event (`messagesTruncated: true`, `messageCount`, `messagesFrom`);
+its first and its settling event carry the whole Turn. So a Turn of N messages costs O(N)
+bytes on the PUB, not O(N²) (before: every event carried every message). Clients merge by
+message id and read a Turn they cannot complete (they joined late, or missed an event) with
+`session.timeline`; the merged state equals `session.timeline` in `transport.client`,
+`session_client.stream_turn` (so `agenthost say`) and a late joiner.
+
+The model is the fake Responses API: a reply of many `reasoning` items, one Message each.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from agenthost.session_client import get_turn, stream_turn
+from tests.support.daemon import WS, DaemonProcess, create_session, submit, turn_of, wait_for
+from tests.support.responses_server import ResponsesServer, Steps, last_user_text
+from transport.client import EventSubscriber, merge_turn
+
+pytestmark = pytest.mark.timeout(120)
+
+STEPS = 60
+STEP_BYTES = 1000
+OVERHEAD_BYTES = 2048
+"""What a `turn.updated` may carry beside its messages: the Turn's other fields (two
+interactions at most here) and the event envelope."""
+
+
+def _size(value: Any) -> int:
+    return len(msgpack.packb(value, use_bin_type=True))
+
+
+def _reply(body: dict[str, Any]) -> str | Steps:
+    """`steps N SIZE` → N reasoning items of SIZE bytes each, then `done`; else an echo."""
+    words = last_user_text(body).split()
+    if len(words) == 3 and words[0] == "steps":
+        n, size = int(words[1]), int(words[2])
+        return Steps(tuple(f"step {i} " + "r" * size for i in range(n)))
+    return f"echo: {last_user_text(body)}"
+
+
+@contextmanager
+def steps_daemon(
+    home: Path, *, gate: threading.Event | None = None, hold_after: int = 3
+) -> Iterator[DaemonProcess]:
+    with ResponsesServer(_reply, gate=gate, hold_after=hold_after) as server:
+        home.mkdir(parents=True)
+        (home / "agenthost.toml").write_text(
+            f'[providers.tutti-agent]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        try:
+            yield d
+        finally:
+            if gate is not None:
+                gate.set()
+            d.stop()
+
+
+def _turn_events(
+    sub: EventSubscriber, sid: str, turn_id: str, timeout: float = 60.0
+) -> list[dict[str, Any]]:
+    """Every `turn.updated` of one Turn, up to and including its settling event."""
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = sub.next_message(1.0)
+        if message is None:
+            continue
+        topic, event = message
+        if (
+            topic == WS
+            and event.get("type") == "turn.updated"
+            and event.get("agentSessionId") == sid
+            and event["turn"]["turnId"] == turn_id
+        ):
+            out.append(event)
+            if event["turn"]["phase"] == "settled":
+                return out
+    raise AssertionError(f"no settling event in {timeout}s ({len(out)} events)")
+
+
+def test_a_long_turn_costs_linear_bytes_on_the_pub(tmp_path: Path) -> None:
+    with steps_daemon(tmp_path / "home") as d:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        sub = EventSubscriber(d.events, (WS,))
+        try:
+            time.sleep(0.5)  # ZeroMQ's slow joiner
+            turn = submit(c, sid, f"steps {STEPS} {STEP_BYTES}")
+            events = _turn_events(sub, sid, turn["turnId"])
+        finally:
+            sub.close()
+        whole = turn_of(c, sid, turn["turnId"])
+        assert len(whole["messages"]) == STEPS + 2  # the user text, the steps, the reply
+        active = [e for e in events if e["turn"]["phase"] == "active"]
+        assert len(active) > STEPS // 2, "one event per few messages"
+        # Each event while the Turn runs: bounded by the messages it adds, not by the Turn.
+        count = active[0]["turn"].get("messageCount", len(active[0]["turn"]["messages"]))
+        for event in active[1:]:
+            t = event["turn"]
+            assert t["messagesTruncated"] is True and t["messagesFrom"] == count, t
+            assert t["messageCount"] - t["messagesFrom"] == len(t["messages"])
+            carried = sum(_size(m) for m in t["messages"])
+            assert _size(event) <= carried + OVERHEAD_BYTES
+            count = t["messageCount"]
+        # The settling event is the whole Turn (a client that lost an event heals there).
+        settled = events[-1]["turn"]
+        assert "messagesTruncated" not in settled and settled == whole
+        # In all: linear in the Turn's size (every message about twice), where whole Turns
+        # per event cost ~N/2 times the Turn.
+        total = sum(_size(e) for e in events)
+        assert total <= 3 * _size(whole) + len(events) * OVERHEAD_BYTES, (total, _size(whole))
+        # A client merging the events by message id holds exactly what session.timeline says.
+        state: dict[str, Any] | None = None
+        for event in events:
+            state = merge_turn(state, event["turn"])
+            assert state is not None
+            assert len(state["messages"]) == event["turn"].get(
+                "messageCount", len(event["turn"]["messages"])
+            )
+            assert state["messages"] == whole["messages"][: len(state["messages"])]
+        assert state == whole
+
+
+def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
+    tmp_path: Path,
+) -> None:
+    """Joined mid-turn, a subscriber's events carry only new messages: it cannot build the
+    Turn from them, reads it whole with `session.timeline`, then merges what follows."""
+    gate = threading.Event()
+    n = 30
+    # The fake model holds after `response.created` and the n reasoning items.
+    with steps_daemon(tmp_path / "home", gate=gate, hold_after=1 + n) as d:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        turn = submit(c, sid, f"steps {n} 200")
+        wait_for(lambda: len(turn_of(c, sid, turn["turnId"])["messages"]) == n + 1)
+        late = EventSubscriber(d.events, (WS,))
+        try:
+            time.sleep(0.5)  # the subscription reaches the daemon
+            gate.set()
+            events = _turn_events(late, sid, turn["turnId"])
+        finally:
+            late.close()
+        whole = turn_of(c, sid, turn["turnId"])
+        first = events[0]["turn"]
+        assert first["phase"] == "active" and first["messagesFrom"] >= n + 1, first
+        assert merge_turn(None, first) is None  # a part of the Turn: read it whole
+        state = get_turn(c, WS, sid, turn["turnId"], turn["sequence"])
+        assert len(state["messages"]) >= n + 1
+        for event in events:
+            merged = merge_turn(state, event["turn"])
+            state = merged if merged is not None else get_turn(c, WS, sid, turn["turnId"])
+        assert state == whole
+
+
+def test_stream_turn_and_say_follow_a_multi_message_turn_to_the_timeline(
+    tmp_path: Path,
+) -> None:
+    """`session_client.stream_turn` (what `agenthost say` runs): every update it hands on is
+    the whole Turn so far, merged from events that carry only new messages."""
+    with steps_daemon(tmp_path / "home") as d:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        spy = EventSubscriber(d.events, (WS,))
+        updates: list[dict[str, Any]] = []
+        try:
+            time.sleep(0.5)
+            final = stream_turn(
+                c, WS, sid, "steps 60 300", events_endpoint=d.events, on_update=updates.append
+            )
+            seen = _turn_events(spy, sid, final["turnId"])
+        finally:
+            spy.close()
+        whole = turn_of(c, sid, final["turnId"])
+        assert final == whole
+        assert any(
+            e["turn"].get("messagesTruncated") and 0 < e["turn"]["messagesFrom"] for e in seen
+        ), "the events carried only what changed"
+        for update in updates:
+            assert "messagesTruncated" not in update
+            assert update["messages"] == whole["messages"][: len(update["messages"])]
+        assert len({len(u["messages"]) for u in updates}) > 2, "followed live, not polled"
