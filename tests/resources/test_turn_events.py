@@ -187,7 +187,7 @@ def test_stream_turn_and_say_follow_a_multi_message_turn_to_the_timeline(
         whole = turn_of(c, sid, final["turnId"])
         assert final == whole
         assert any(
-            e["turn"].get("messagesTruncated") and 0 < e["turn"]["messagesFrom"] for e in seen
+            e["turn"].get("messagesTruncated") and e["turn"]["messagesFrom"] > 0 for e in seen
         ), "the events carried only what changed"
         for update in updates:
             assert "messagesTruncated" not in update
