@@ -13,6 +13,7 @@ The model is the fake Responses API: a reply of many `reasoning` items, one Mess
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Iterator
@@ -193,3 +194,58 @@ def test_stream_turn_and_say_follow_a_multi_message_turn_to_the_timeline(
             assert "messagesTruncated" not in update
             assert update["messages"] == whole["messages"][: len(update["messages"])]
         assert len({len(u["messages"]) for u in updates}) > 2, "followed live, not polled"
+
+
+def test_the_gui_transcript_merges_a_multi_message_turn_to_the_timeline(tmp_path: Path) -> None:
+    """The GUI's open transcript, headless: while the Turn runs (held by the model after its
+    steps) and once it settles, its copy of the Turn equals `session.timeline`'s, built from
+    events that carried only new messages."""
+    pytest.importorskip("textual")
+    from agenthost.engine import Engine, EngineChange
+    from agenthost.gui.app import AgentHostApp
+
+    gate = threading.Event()
+    n = 40
+    with steps_daemon(tmp_path / "home", gate=gate, hold_after=1 + n) as d:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        seen: list[dict[str, Any]] = []
+
+        def spy(change: EngineChange) -> None:
+            if change.event is not None and change.event.get("type") == "turn.updated":
+                seen.append(dict(change.event["turn"]))
+
+        async def main() -> None:
+            engine = Engine.connect(d.api, d.events, WS)
+            engine.subscribe(spy)
+            app = AgentHostApp(engine, own_engine=True)
+            async with app.run_test(size=(140, 48)) as pilot:
+
+                async def until(pred: Any, timeout: float = 60.0) -> None:
+                    deadline = time.monotonic() + timeout
+                    while not pred():
+                        assert time.monotonic() < deadline, "GUI condition not met in time"
+                        await pilot.pause(0.1)
+
+                await until(lambda: app.sessions_loaded and app.engine.session(sid) is not None)
+                app.open_session(sid)
+                await pilot.pause(0.5)
+                turn = await asyncio.to_thread(submit, c, sid, f"steps {n} 200")
+
+                def shown() -> dict[str, Any] | None:
+                    return next((t for t in app.turns if t["turnId"] == turn["turnId"]), None)
+
+                def same_as_timeline() -> bool:
+                    return shown() == turn_of(c, sid, turn["turnId"])
+
+                await until(lambda: len((shown() or {}).get("messages") or []) == n + 1)
+                await until(same_as_timeline)
+                assert (shown() or {})["phase"] == "active"
+                gate.set()
+                await until(lambda: (shown() or {}).get("phase") == "settled")
+                await until(same_as_timeline)
+
+        asyncio.run(main())
+        assert any(t.get("messagesTruncated") and t["messagesFrom"] > 0 for t in seen), (
+            "the GUI got events that carried only what changed"
+        )
