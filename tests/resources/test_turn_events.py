@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +23,8 @@ import msgpack
 import pytest
 
 from agenthost.session_client import get_turn, stream_turn
-from tests.support.daemon import WS, DaemonProcess, create_session, submit, turn_of, wait_for
-from tests.support.responses_server import ResponsesServer, Steps, last_user_text
+from tests.resources.steps import steps_daemon
+from tests.support.daemon import WS, create_session, submit, turn_of, wait_for
 from transport.client import EventSubscriber, merge_turn
 
 pytestmark = pytest.mark.timeout(120)
@@ -40,33 +38,6 @@ interactions at most here) and the event envelope."""
 
 def _size(value: Any) -> int:
     return len(msgpack.packb(value, use_bin_type=True))
-
-
-def _reply(body: dict[str, Any]) -> str | Steps:
-    """`steps N SIZE` → N reasoning items of SIZE bytes each, then `done`; else an echo."""
-    words = last_user_text(body).split()
-    if len(words) == 3 and words[0] == "steps":
-        n, size = int(words[1]), int(words[2])
-        return Steps(tuple(f"step {i} " + "r" * size for i in range(n)))
-    return f"echo: {last_user_text(body)}"
-
-
-@contextmanager
-def steps_daemon(
-    home: Path, *, gate: threading.Event | None = None, hold_after: int = 3
-) -> Iterator[DaemonProcess]:
-    with ResponsesServer(_reply, gate=gate, hold_after=hold_after) as server:
-        home.mkdir(parents=True)
-        (home / "agenthost.toml").write_text(
-            f'[providers.tutti-agent]\nmodel_base_url = "{server.base_url}"\n'
-        )
-        d = DaemonProcess(home).start()
-        try:
-            yield d
-        finally:
-            if gate is not None:
-                gate.set()
-            d.stop()
 
 
 def _turn_events(
