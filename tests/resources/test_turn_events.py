@@ -220,3 +220,46 @@ def test_the_gui_transcript_merges_a_multi_message_turn_to_the_timeline(tmp_path
         assert any(t.get("messagesTruncated") and t["messagesFrom"] > 0 for t in seen), (
             "the GUI got events that carried only what changed"
         )
+
+
+def _message(i: int, text: str = "m", version: int = 1) -> dict[str, Any]:
+    return {
+        "messageId": f"m{i}",
+        "turnId": "t",
+        "kind": "reasoning",
+        "text": text,
+        "payload": {},
+        "version": version,
+    }
+
+
+def test_deltas_gaps_and_the_size_cap_without_a_daemon() -> None:
+    """The publisher's side (`TurnDeltas`) against the client's (`merge_turn`): a missed event
+    or a message past the cap is a gap the client sees; an in-place update is re-sent."""
+    from agenthost.turn_events import TurnDeltas
+
+    deltas, key, cap = TurnDeltas(), ("ws", "s", "t"), 64 << 10
+    base = {"turnId": "t", "sequence": 1, "phase": "active", "interactions": []}
+    msgs = [_message(0)]
+    first = deltas.event_turn(key, {**base, "messages": msgs}, cap)
+    assert "messagesTruncated" not in first  # a Turn's first event is whole
+    held = merge_turn(None, first)
+    msgs = [*msgs, _message(1), _message(2)]
+    second = deltas.event_turn(key, {**base, "messages": msgs}, cap)
+    assert (second["messagesFrom"], second["messageCount"]) == (1, 3)
+    held = merge_turn(held, second)
+    assert held is not None and held["messages"] == msgs
+    msgs = [*msgs[:1], _message(1, "edited", 2), *msgs[2:], _message(3)]
+    third = deltas.event_turn(key, {**base, "messages": msgs}, cap)
+    assert [m["messageId"] for m in third["messages"]] == ["m1", "m2", "m3"]
+    assert merge_turn(held, third) == {**base, "messages": msgs}
+    msgs = [*msgs, _message(4)]
+    missed = deltas.event_turn(key, {**base, "messages": msgs}, cap)
+    assert missed["messagesFrom"] == 4
+    msgs = [*msgs, _message(5, "x" * (cap + 1))]
+    huge = deltas.event_turn(key, {**base, "messages": msgs}, cap)
+    assert huge["messages"] == [] and huge["messagesFrom"] == huge["messageCount"] == 6
+    assert merge_turn(merge_turn(held, third), huge) is None  # missed m4, m5 too big: re-read
+    settled = deltas.event_turn(key, {**base, "phase": "settled", "messages": msgs}, 1 << 20)
+    assert "messagesTruncated" not in settled and settled["messages"] == msgs
+    assert len(deltas) == 0  # a settled Turn is forgotten
