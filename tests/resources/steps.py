@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from model_fakes.responses import ResponsesServer, Steps, last_user_text
 from tests.support.daemon import DaemonProcess
-from tests.support.responses_server import ResponsesServer, Steps, last_user_text
 
 
 def steps_reply(body: dict[str, Any]) -> str | Steps:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, chunks
+from model_fakes.bodies import decode_body
+from model_fakes.http import FakeModelServer, ModelHandler, chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +109,11 @@ class ResponsesServer(FakeModelServer[Reply]):
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
         self.gate = gate
+        """When given, each streamed reply stops after its first text delta until it is set."""
         self.drip_s = drip_s
+        """When > 0, streamed replies send their events this many seconds apart."""
         self.hold_after = hold_after
         """With `gate`: how many SSE events of a streamed reply are sent before it waits."""
-        """When > 0, streamed replies send their events this many seconds apart."""
-        """When given, each streamed reply stops after its first text delta until it is set."""
 
     @property
     def base_url(self) -> str:
@@ -180,7 +180,7 @@ class ResponsesServer(FakeModelServer[Reply]):
                 if server.gate is not None or server.drip_s:
                     gate, drip, hold = server.gate, server.drip_s, server.hold_after
 
-                    def send(events: list[tuple[str, dict[str, Any]]]) -> None:
+                    def send(events: Sequence[tuple[str, dict[str, Any]]]) -> None:
                         self.send_sse_live(events, hold_after=hold, gate=gate, delay_s=drip)
 
                 send(
