@@ -14,11 +14,11 @@ from pathlib import Path
 import apsw
 import pytest
 
+from model_fakes.messages import MessagesServer, model_input_texts
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.daemon.test_rebind import _fork, _unbind
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
 from tests.support.invariants import assert_invariants
-from tests.support.messages_server import MessagesServer, model_input_texts
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(240)]
 
