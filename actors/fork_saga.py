@@ -22,17 +22,15 @@ from actors.ports import (
     NotDelivered,
     WorkerFailed,
 )
-from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
+from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
-from domain.fork_states import after_restart
 from storage.base import typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
     ForkOperation,
     ForkPointKind,
     ForkPrepareRequest,
-    ForkStatus,
     ProviderForkEvidence,
 )
 
@@ -203,13 +201,7 @@ class ForkSaga:
             msg.reply(ForkReply(op, False))
             return
         # The restart rule (domain.fork_states.after_restart); never a provider call.
-        to = after_restart(op.status)
-        if to is ForkStatus.FAILED:
-            op, _ = ctx.store.mark_fork_failed(actor.ws, op.operation_id, PREPARED_ERROR)
-        elif to is ForkStatus.UNKNOWN:
-            op, _ = ctx.store.mark_fork_unknown(actor.ws, op.operation_id, DISPATCHING_ERROR)
-        elif to is ForkStatus.COMMITTED:
-            op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
+        op = apply_restart_rule(ctx.store, op)
         if op.status in TERMINAL:
             actor.apply_late_bindings()
         msg.reply(ForkReply(op, op.status in TERMINAL))
@@ -460,15 +452,14 @@ class ForkSaga:
         store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.operation.operation_id
         try:
             op = store.get_fork_operation(ws, op_id)
-            # The same rule as a restart (domain.fork_states.after_restart).
-            to = after_restart(op.status)
-            if to is ForkStatus.FAILED:
-                op, _ = store.mark_fork_failed(ws, op_id, f"host error before dispatch: {exc}")
-            elif to is ForkStatus.UNKNOWN:
-                op, _ = store.mark_fork_unknown(ws, op_id, f"host error after dispatch: {exc}")
-            elif to is ForkStatus.COMMITTED:
-                # The provider child is verified: only the local commit is left.
-                op, _ = store.commit_fork(ws, op_id)
+            # The same rule as a restart (domain.fork_states.after_restart); a verified
+            # provider child (`provider_accepted`) only needs its local commit.
+            op = apply_restart_rule(
+                store,
+                op,
+                prepared_error=f"host error before dispatch: {exc}",
+                dispatching_error=f"host error after dispatch: {exc}",
+            )
         except Exception as record_exc:  # noqa: BLE001
             if typed_store_error(record_exc) is None:
                 # Not the store being busy or full: retrying would fail the same way.
