@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from actors.messages import Reply, runtime_key
+from storage.base import host_error_of
 from storage.errors import HostError, InvalidArgument, ProviderError
 from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
 from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
@@ -191,8 +192,7 @@ class ForkResolver:
         except HostError as exc:
             self._error(exc)
         except Exception as exc:  # noqa: BLE001
-            log.exception("fork.resolve of %s failed", self.op.operation_id)
-            self._error(HostError(f"internal error ({type(exc).__name__}); see the daemon log"))
+            self._error(host_error_of(exc, f"fork.resolve of {self.op.operation_id}", logger=log))
 
     def _hit(self, name: str) -> None:
         self.actor.ctx.failpoints.hit(name)

@@ -25,7 +25,7 @@ from actors.ports import (
 from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
-from storage.base import typed_store_error
+from storage.base import host_error_of, typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
     ForkOperation,
@@ -50,12 +50,6 @@ def full_session_capable(catalog: Any, provider: str, context: Mapping[str, Any]
 
 
 _RETRY_MAX_S = 2.0
-
-
-def _typed(exc: BaseException) -> HostError:
-    from actors.session_actor import _internal
-
-    return _internal(exc) if isinstance(exc, Exception) else HostError("internal error")
 
 
 @dataclass(eq=False)
@@ -131,8 +125,8 @@ class ForkSaga:
             except HostError as exc:
                 msg.reply(exc)
             except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
-                log.exception("fork.create on %s failed before any operation", actor.key)
-                msg.reply(_typed(exc))
+                what = f"fork.create on {actor.key} before any operation"
+                msg.reply(host_error_of(exc, what, logger=log))
 
         actor.prepare_runtime(session, _prepared)
 

@@ -25,7 +25,8 @@ from actors.messages import (
     RuntimeLost,
     parse_runtime_key,
 )
-from actors.session_actor import SessionActor, _internal
+from actors.session_actor import SessionActor
+from storage.base import host_error_of
 from storage.errors import HostError
 
 log = logging.getLogger(__name__)
@@ -118,15 +119,18 @@ class HostActor(pykka.ThreadingActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001
+            what = f"host actor on {type(message).__name__}"
             if isinstance(exc, HostError) and exc.status < 500:
-                log.debug("host actor refused %r: %s", type(message).__name__, exc)
-            else:
-                log.exception("host actor failed on %r", type(message).__name__)
+                log.debug("%s: refused: %s", what, exc)
+            elif isinstance(exc, HostError):
+                log.exception("%s failed", what)
+            # An untyped failure is logged once, with a reference id, by the one builder.
+            typed = host_error_of(exc, what, logger=log)
             reply = getattr(message, "reply", None) or getattr(
                 getattr(message, "message", None), "reply", None
             )
             if reply is not None:
-                reply(exc if isinstance(exc, HostError) else _internal(exc))
+                reply(typed)
         return None
 
     def _dispatch(self, message: Any) -> None:

@@ -40,7 +40,7 @@ from actors.pool import PooledActor
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from actors.rebind import CanonicalTurn, match_missing
 from actors.timers import TIMERS, TimerHandle
-from storage.base import typed_store_error
+from storage.base import host_error_of
 from storage.errors import (
     Conflict,
     ForkInProgress,
@@ -157,16 +157,19 @@ class SessionActor(PooledActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
+            what = f"session actor {self.key} on {type(message).__name__}"
             if isinstance(exc, HostError) and exc.status < 500:
                 # An ordinary refusal (busy, fenced, not found): the caller gets it typed.
-                log.debug("session actor %s refused %r: %s", self.key, type(message).__name__, exc)
-            else:
-                log.exception("session actor %s failed on %r", self.key, type(message).__name__)
+                log.debug("%s: refused: %s", what, exc)
+            elif isinstance(exc, HostError):
+                log.exception("%s failed", what)
             # Every message that owes a reply gets one, typed (issue 15 defect 2); a FollowUp
-            # carries the reply of the request it continues.
+            # carries the reply of the request it continues. An untyped failure is logged
+            # once, with its reference id, by the one internal-error builder.
+            typed = host_error_of(exc, what, logger=log)
             reply = getattr(message, "reply", None)
             if reply is not None:
-                reply(exc if isinstance(exc, HostError) else _internal(exc))
+                reply(typed)
         finally:
             self._update_busy()
         return None
@@ -324,9 +327,7 @@ class SessionActor(PooledActor):
             try:
                 prepared = _record(result)
             except Exception as exc:  # noqa: BLE001 - the waiter is always answered, typed
-                if not isinstance(exc, HostError):
-                    log.exception("session %s: recording the runtime failed", self.key)
-                on_ready(exc if isinstance(exc, HostError) else _internal(exc))
+                on_ready(host_error_of(exc, f"session {self.key}: recording the runtime"))
                 return
             self._rebind_missing(prepared, lambda: on_ready(prepared))
 
@@ -588,10 +589,10 @@ class SessionActor(PooledActor):
                     item.then(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the queue
-                log.exception("session %s: %s failed", self.key, item.what)
+                error = host_error_of(exc, f"session {self.key}: {item.what}", logger=log)
                 self._durable.popleft()
                 if item.then is not None:
-                    item.then(_internal(exc))
+                    item.then(error)
                 continue
             self._durable.popleft()
             self._retry_delay = RETRY_FIRST_S
@@ -858,16 +859,6 @@ class SessionActor(PooledActor):
 
     def active_turn(self) -> Turn | None:
         return self.ctx.store.active_turn(self.ws, self.sid)
-
-
-def _internal(exc: Exception) -> HostError:
-    """An untyped failure, already logged with its traceback: the client gets a 500 whose
-    message never carries the exception's text (docs/protocol.md, "Internal errors").
-    A raw store contention or full-disk error is a retryable 503 `store_busy`."""
-    typed = typed_store_error(exc)
-    if typed is not None:
-        return typed
-    return HostError(f"internal error ({type(exc).__name__}); see the daemon log")
 
 
 # A driver's client-side verdicts keep their status when they cross the worker link: an answer

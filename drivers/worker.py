@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import importlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -21,7 +22,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from domain.errors import HostError, InvalidRequest
+from domain.errors import HostError, InvalidRequest, internal_error
 from drivers.base import ForkRequest, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
@@ -30,6 +31,8 @@ from drivers.resolution import dispatch as resolution_dispatch
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
+log = logging.getLogger("agenthost.worker")
+
 ENV_PROVIDER_CONFIG = "AGENTHOST_PROVIDER_CONFIG"
 ENV_PARENT_PID = "AGENTHOST_WORKER_PARENT_PID"
 
@@ -177,16 +180,10 @@ class WorkerServer:
         except HostError as exc:
             self.link.send_error(req_id, exc.to_wire())
         except Exception as exc:  # a driver bug must still answer, typed (law 7)
-            traceback.print_exc(file=sys.stderr)
-            self.link.send_error(
-                req_id,
-                {
-                    "code": "internal",
-                    "reason": "internal_error",
-                    "message": f"{type(exc).__name__}: {exc}",
-                    "retryable": False,
-                },
-            )
+            # Its text and traceback go to the worker's log (the daemon's run dir) under a
+            # reference id; the answer, which may reach a client, carries only the reference.
+            error = internal_error(exc, f"{self.provider} worker method {method}", logger=log)
+            self.link.send_error(req_id, error.to_wire())
         else:
             self.link.send_result(req_id, result)
 

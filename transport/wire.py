@@ -165,10 +165,6 @@ def encode_error(request_id: str | None, error: HostError) -> bytes:
         return msgpack.packb(body, use_bin_type=True)
 
 
-def internal_error(message: str = "internal error") -> HostError:
-    return HostError(message, reason=WireReason.INTERNAL_ERROR)
-
-
 def _type_name(value: Any) -> str:
     return "nil" if value is None else type(value).__name__
 

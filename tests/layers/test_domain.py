@@ -137,3 +137,25 @@ def test_the_store_sql_sets_decide_exactly_what_the_domain_rules_decide() -> Non
     }
     assert active == {s.value for s in fork_states.ACTIVE}
     assert not hasattr(storage.models.ForkOperation, "holds_barrier")
+
+
+def test_internal_errors_have_one_builder() -> None:
+    """Every 500 `internal` is built by `domain.errors.internal_error` (which logs the text under
+    a reference id and never sends it): no other module spells one."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spellings = ('"internal error', '"code": "internal"', "reason=WireReason.INTERNAL_ERROR")
+    offenders = [
+        f"{path.relative_to(root)}: {spelling}"
+        for pkg in ("domain", "storage", "actors", "transport", "drivers", "agenthost")
+        for path in sorted((root / pkg).rglob("*.py"))
+        if path != root / "domain" / "errors.py"
+        for spelling in spellings
+        if spelling in path.read_text()
+    ]
+    assert offenders == []
+    error = errors.internal_error(ValueError("secret /path"), "a test")
+    assert (error.status, error.code, error.reason) == (500, "internal", "internal_error")
+    assert "secret" not in error.message and "ValueError" in error.message
+    assert "(ref " in error.message
