@@ -16,14 +16,16 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pykka
 
-from actors import runtime_dirs
-from actors.context import HostContext
+from actors import fork_saga, runtime_dirs
+from actors.context import HostContext, LiveOperations, Timeouts
+from actors.fork_host import ForkStore, LiveSaga
+from actors.fork_host import PreparedRuntime as PreparedRuntime
 from actors.fork_resolve import ForkResolve, ForkResolver
-from actors.fork_saga import ForkSaga
 from actors.messages import (
     DriverEvent,
     FollowUp,
@@ -37,7 +39,14 @@ from actors.messages import (
     runtime_key,
 )
 from actors.pool import PooledActor
-from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from actors.ports import (
+    DeliveryUnknown,
+    Failpoints,
+    NotDelivered,
+    ProviderCatalog,
+    WorkerFailed,
+    WorkerPort,
+)
 from actors.rebind import CanonicalTurn, match_missing
 from actors.timers import TIMERS, TimerHandle
 from storage.base import host_error_of
@@ -65,19 +74,6 @@ RETRY_MAX_S = 2.0
 @dataclass(frozen=True, slots=True)
 class _RetryDurable:
     """Timer tick: retry the Session's queued durable writes."""
-
-
-@dataclass(frozen=True, slots=True)
-class PreparedRuntime:
-    """The runtime identity resolved once per attempt (seed 000 §6.3): used for attestation,
-    re-attestation, dispatch, and frozen into a fork child's cwd/settings/runtime context."""
-
-    provider: str
-    home: str
-    cwd: str
-    settings: Mapping[str, Any]
-    provider_session_id: str
-    runtime_context: Mapping[str, Any]
 
 
 @dataclass
@@ -126,8 +122,10 @@ class SessionActor(PooledActor):
         # the Session's writes stay serialised across an idle stop and a restart.
         self.wait_for(predecessor)
         self._turns: dict[str, _TurnState] = {}
-        self.sagas: dict[str, ForkSaga] = {}
-        self.resolves: dict[str, Any] = {}  # fork.resolve in flight (actors/fork_resolve.py)
+        # Fork sagas and fork.resolve requests in flight (actors/fork_saga.py, fork_resolve.py);
+        # both see this actor only through the `actors.fork_host.ForkHost` port.
+        self.sagas: dict[str, LiveSaga] = {}
+        self.resolves: dict[str, Any] = {}
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
@@ -192,9 +190,9 @@ class SessionActor(PooledActor):
             case DriverEvent(event=event):
                 self._on_driver_event(event)
             case ForkCreate():
-                ForkSaga.start(self, message)
+                fork_saga.start(self, message)
             case ForkAdvance():
-                ForkSaga.advance_leftover(self, message)
+                fork_saga.advance_leftover(self, message)
             case ForkResolve():
                 ForkResolver.start(self, message)
             case RuntimeLost():
@@ -242,6 +240,35 @@ class SessionActor(PooledActor):
             self._busy = busy
             if self.ctx.on_busy_change is not None:
                 self.ctx.on_busy_change(self.ws, self.sid, busy)
+
+    # -- the ForkHost port (actors/fork_host.py): what a fork saga or resolver may use ------
+
+    @property
+    def store(self) -> ForkStore:
+        return self.ctx.store
+
+    @property
+    def workers(self) -> WorkerPort:
+        return self.ctx.workers
+
+    @property
+    def catalog(self) -> ProviderCatalog:
+        return self.ctx.catalog
+
+    @property
+    def failpoints(self) -> Failpoints:
+        return self.ctx.failpoints
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return self.ctx.timeouts
+
+    @property
+    def live_operations(self) -> LiveOperations:
+        return self.ctx.live_operations
+
+    def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
+        return self.ctx.runtime_home(workspace_id, session_id, provider)
 
     # -- helpers used by the saga ----------------------------------------------------------
 
