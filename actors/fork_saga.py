@@ -23,10 +23,18 @@ from actors.ports import (
     NotDelivered,
     ProviderCatalog,
     WorkerFailed,
+    request_fork,
 )
 from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    ForkSource,
+    ForkTarget,
+    MalformedMessage,
+)
 from storage.base import host_error_of, typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
@@ -305,33 +313,33 @@ class ForkSaga:
         target_home = self.host.runtime_home(
             self.host.ws, op.target_session_id, self.runtime.provider
         )
-        params = {
-            "source": {
-                "agentSessionId": self.host.key,
-                "providerSessionId": op.source_provider_session_id,
-                "home": self.runtime.home,
-                "cwd": self.runtime.cwd,
-            },
-            "target": {
-                "agentSessionId": runtime_key(self.host.ws, op.target_session_id),
-                "home": str(target_home),
-            },
+        request = ForkRequest(
+            source=ForkSource(
+                agent_session_id=self.host.key,
+                provider_session_id=op.source_provider_session_id,
+                home=self.runtime.home,
+                cwd=self.runtime.cwd,
+            ),
+            target=ForkTarget(
+                agent_session_id=runtime_key(self.host.ws, op.target_session_id),
+                home=str(target_home),
+            ),
             # The provider-neutral input of seed 000 §7 names the canonical boundary Turn too.
-            "sourceTurnId": op.source_turn_id,
-            "providerTurnIds": list(op.source_provider_turn_ids),
+            source_turn_id=op.source_turn_id,
+            provider_turn_ids=tuple(op.source_provider_turn_ids),
             # Lined up with providerTurnIds: lets a provider_owned driver cut at a known
             # checkpoint instead of re-reading the source transcript (seed 000 §7, Claude 3).
-            "providerTurnBindings": self._frozen_bindings(),
-            "title": op.target_title,
-            "driverKind": op.driver_kind,
-            "driverVersion": op.driver_version,
-        }
-        fork = self.host.workers.request(
-            self.runtime.provider, "fork", params, self.host.timeouts.fork_s
+            extra={"providerTurnBindings": self._frozen_bindings()},
+            title=op.target_title,
+            driver_kind=op.driver_kind,
+            driver_version=op.driver_version,
+        )
+        fork = request_fork(
+            self.host.workers, self.runtime.provider, request, self.host.timeouts.fork_s
         )
         self.host.later(fork, lambda f: self._step(self._dispatched, f))
 
-    def _dispatched(self, fut: Future[dict[str, Any]]) -> None:
+    def _dispatched(self, fut: Future[ForkResult]) -> None:
         try:
             result = fut.result()
         except NotDelivered as exc:
@@ -347,14 +355,19 @@ class ForkSaga:
             # The worker crashed inside the driver: the provider call may have started.
             self._unknown(f"driver error after dispatch: {exc}")
             return
+        except MalformedMessage as exc:
+            self._hit("host.fork.after_provider_result")
+            # Not a ForkResult (no or an unknown disposition, `accepted` without a child or a
+            # binding): the provider call may have happened.
+            self._unknown(f"unverifiable provider answer: {exc}")
+            return
         self._hit("host.fork.after_provider_result")
-        disposition = str(result.get("disposition") or "")
-        error = str(result.get("error") or "")
+        disposition, error = result.disposition, result.error or ""
         if disposition in (DeliveryDisposition.NOT_STARTED, DeliveryDisposition.REJECTED):
             self._fail(f"{disposition}: {error}")
             return
-        if disposition != DeliveryDisposition.ACCEPTED:
-            self._unknown(f"{disposition or 'no disposition'}: {error}")
+        if disposition is not DeliveryDisposition.ACCEPTED:
+            self._unknown(f"{disposition}: {error}")
             return
         evidence = self._verify(result)
         if isinstance(evidence, str):
@@ -369,32 +382,33 @@ class ForkSaga:
         self._hit("host.fork.after_commit")
         self._finish(op)
 
-    def _verify(self, result: Mapping[str, Any]) -> ProviderForkEvidence | str:
+    def _verify(self, result: ForkResult) -> ProviderForkEvidence | str:
         """`accepted` is a hard gate (seed 000 §7.1): a child id alone proves nothing."""
         op = self.operation
-        child = result.get("child") or {}
-        binding = result.get("binding") or {}
-        child_id = str(child.get("providerSessionId") or "")
+        child, binding = result.child, result.binding
+        if child is None or binding is None:  # pragma: no cover - ForkResult's own gate
+            return "no child or no binding"
+        child_id = child.provider_session_id
         if not child_id:
             return "no child provider session id"
         if child_id == op.source_provider_session_id:
             return "child provider session id equals the source"
-        mode = str(binding.get("mode") or "")
+        mode = binding.mode.value
         if mode != self.info.binding_mode:
             return f"binding mode {mode!r}, expected {self.info.binding_mode!r}"
-        receipt = binding.get("receipt")
-        if not isinstance(receipt, Mapping) or not receipt:
+        receipt = binding.receipt
+        if not receipt:
             return "no binding receipt"
-        child_turns = tuple(str(t) for t in child.get("providerTurnIds") or ())
+        child_turns = child.provider_turn_ids
         turn_bindings: dict[str, tuple[str, str | None]] | None = None
         if mode == "host_copy":
-            if str(child.get("forkedFromId") or "") != op.source_provider_session_id:
+            if child.forked_from_id != op.source_provider_session_id:
                 return "forkedFromId does not name the source"
             if child_turns != tuple(op.source_provider_turn_ids):
                 return "child turns are not exactly the frozen provider prefix"
         else:
-            raw = binding.get("turnBindings")
-            if not isinstance(raw, Mapping) or not raw:
+            raw = binding.turn_bindings
+            if not raw:
                 return "no turn bindings for a provider_owned child"
             by_provider_turn = self._canonical_turns_by_provider_id()
             turn_bindings = {}

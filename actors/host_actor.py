@@ -26,6 +26,7 @@ from actors.messages import (
     parse_runtime_key,
 )
 from actors.session_actor import SessionActor
+from domain.worker_messages import MalformedMessage, turn_event_from_wire
 from storage.base import host_error_of
 from storage.errors import HostError
 
@@ -139,7 +140,13 @@ class HostActor(pykka.ThreadingActor):
                 self._route(ws, sid, inner)
             case WorkerEvent(key=key, event=event):
                 ws, sid = parse_runtime_key(key)
-                self._route(ws, sid, DriverEvent(event))
+                try:
+                    # from_wire at the link's host end: the actors see only typed events.
+                    typed = turn_event_from_wire(event)
+                except MalformedMessage as exc:
+                    log.warning("session %s: unreadable driver event: %s", key, exc)
+                    return
+                self._route(ws, sid, DriverEvent(typed))
             case GetFork():
                 self._get_fork(message)
             case BusyChange(workspace_id=ws, session_id=sid, busy=busy):

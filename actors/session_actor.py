@@ -49,6 +49,15 @@ from actors.ports import (
 )
 from actors.rebind import CanonicalTurn, match_missing
 from actors.timers import TIMERS, TimerHandle
+from domain.worker_messages import (
+    InteractionRequested,
+    TurnActivity,
+    TurnBindingMoved,
+    TurnCompleted,
+    TurnEvent,
+    TurnItem,
+    TurnStarted,
+)
 from storage.base import host_error_of
 from storage.errors import (
     Conflict,
@@ -85,7 +94,7 @@ class _TurnState:
     # settle write is durable. A Turn counts as live until it is settled.
     settling: bool = False
     settled: bool = False
-    pending_events: list[Mapping[str, Any]] = field(default_factory=list)
+    pending_events: list[TurnEvent] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
     watchdog: TimerHandle | None = None
 
@@ -723,58 +732,55 @@ class SessionActor(PooledActor):
         state.settled = state.settling = turn.phase == "settled"
         return state
 
-    def _on_driver_event(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        turn_id = str(event.get("turnId") or "")
+    def _on_driver_event(self, event: TurnEvent) -> None:
+        turn_id = event.turn_id
         state = self._state_for_event(turn_id)
         if state is None:
             log.warning("session %s: event for unknown turn %r", self.key, turn_id)
             return
         state.last_activity = time.monotonic()
-        if kind == "turn.activity":
+        if isinstance(event, TurnActivity):
             return  # a reply is streaming (message.delta, published by the daemon): not hung
         store, ws, sid = self.ctx.store, self.ws, self.sid
-        if kind == "turn.binding":
+        if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
-            self._enqueue(self._binding_write(turn_id, str(event.get("bindingJson") or "")))
+            self._enqueue(self._binding_write(turn_id, event.binding_json))
             return
         if state.settling:
             return
-        if kind == "turn.started":
-            self._bind(state, str(event.get("providerTurnId") or ""))
-        elif kind == "item":
-            item = event.get("item") or {}
-            item_kind = str(item.get("kind") or "assistant")
-            if item_kind == "user":
-                return  # the canonical user Message was written by the submit claim
-            text, payload = item.get("text"), dict(item.get("payload") or {})
+        match event:
+            case TurnStarted(provider_turn_id=provider_turn_id):
+                self._bind(state, provider_turn_id)
+            case TurnItem():
+                item_kind = event.kind
+                if item_kind == "user":
+                    return  # the canonical user Message was written by the submit claim
+                text, payload = event.text, event.payload
 
-            def _append() -> None:
-                message = store.append_message(
-                    ws, sid, turn_id, kind=item_kind, text=text, payload=payload
-                )
-                if item_kind == "assistant":
-                    state.last_assistant_message_id = message.message_id
+                def _append() -> None:
+                    message = store.append_message(
+                        ws, sid, turn_id, kind=item_kind, text=text, payload=payload
+                    )
+                    if item_kind == "assistant":
+                        state.last_assistant_message_id = message.message_id
 
-            self._enqueue(_Durable(turn_id, f"{item_kind} message", _append))
-        elif kind == "interaction.requested":
-            request_id, ikind = str(event.get("requestId")), str(event.get("kind") or "question")
-            payload = dict(event.get("input") or {})
-            self._enqueue(
-                _Durable(
-                    turn_id,
-                    "interaction",
-                    lambda: store.open_interaction(
-                        ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
-                    ),
+                self._enqueue(_Durable(turn_id, f"{item_kind} message", _append))
+            case InteractionRequested(request_id=request_id, kind=ikind):
+                payload = dict(event.input)
+                self._enqueue(
+                    _Durable(
+                        turn_id,
+                        "interaction",
+                        lambda: store.open_interaction(
+                            ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
+                        ),
+                    )
                 )
-            )
-        elif kind == "turn.completed":
-            self._bind(state, str(event.get("providerTurnId") or ""))
-            outcome = str(event.get("outcome") or "completed")
-            self._settle(state, outcome, error=event.get("error"))
-        else:
-            log.warning("session %s: unknown driver event %r", self.key, kind)
+            case TurnCompleted():
+                self._bind(state, event.provider_turn_id)
+                self._settle(state, event.outcome, error=event.error)
+            case _:
+                log.warning("session %s: unknown driver event %r", self.key, event.TYPE)
 
     def _on_runtime_lost(self, msg: RuntimeLost) -> None:
         """No event will ever settle a Turn whose provider process died: settle it here."""

@@ -23,7 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, internal_error
-from drivers.base import ForkRequest, ProviderDriver
+from domain.worker_messages import (
+    ForkRequest,
+    MalformedMessage,
+    TurnEvent,
+    turn_event_from_wire,
+)
+from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
 from drivers.resolution import METHODS as RESOLUTION_METHODS
@@ -137,9 +143,28 @@ class WorkerServer:
                 self._driver = module.create_driver(self.config, self.failpoints)
             return self._driver
 
-    def emit(self, agent_session_id: str, event: dict[str, Any]) -> None:
-        if self.link is not None:
-            self.link.send_event(agent_session_id, event)
+    def emit(self, agent_session_id: str, event: TurnEvent | Mapping[str, Any]) -> None:
+        """Send one turn event. A driver's map is read as its `TurnEvent` first, so what leaves
+        the worker is what the host will parse; the map itself is sent (the wire is the same
+        key for key), and one the type cannot read is logged, not dropped."""
+        if self.link is None:
+            return
+        if not isinstance(event, Mapping):
+            self.link.send_event(agent_session_id, event.to_wire())
+            return
+        try:
+            typed = turn_event_from_wire(event)
+        except MalformedMessage as exc:
+            log.warning("%s driver emitted an event the host cannot read: %s", self.provider, exc)
+        else:
+            if typed.to_wire() != dict(event):
+                log.warning(
+                    "%s driver event %r carries keys its type does not: %s",
+                    self.provider,
+                    typed.TYPE,
+                    sorted(set(event) - set(typed.to_wire())),
+                )
+        self.link.send_event(agent_session_id, event)
 
     def on_request(self, msg: dict[str, Any]) -> None:
         """Called on the link thread: never block it."""

@@ -55,7 +55,15 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
 
 
 @pytest.mark.parametrize(
-    "module", ["domain", "domain.errors", "domain.enums", "domain.fork_states", "domain.providers"]
+    "module",
+    [
+        "domain",
+        "domain.errors",
+        "domain.enums",
+        "domain.fork_states",
+        "domain.providers",
+        "domain.worker_messages",
+    ],
 )
 def test_domain_loads_only_the_standard_library(module: str) -> None:
     loaded = _loaded_after_import(module)
