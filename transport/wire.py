@@ -141,10 +141,11 @@ def encode_result(request_id: str, status: int, result: Mapping[str, Any]) -> by
     """A success reply (status 200 or 202). Raises TypeError if `result` is not msgpack-able."""
     if not 200 <= status < 300:
         raise ValueError(f"success status must be 2xx, not {status}")
-    return msgpack.packb(
+    frame: bytes = msgpack.packb(
         {"v": PROTOCOL_VERSION, "id": request_id, "status": status, "result": dict(result)},
         use_bin_type=True,
     )
+    return frame
 
 
 def encode_error(request_id: str | None, error: HostError) -> bytes:
@@ -155,14 +156,16 @@ def encode_error(request_id: str | None, error: HostError) -> bytes:
         "status": error.status,
         "error": error.to_wire(),
     }
+    frame: bytes
     try:
-        return msgpack.packb(body, use_bin_type=True)
+        frame = msgpack.packb(body, use_bin_type=True)
     except (TypeError, ValueError, OverflowError):
         # An error whose params cannot be encoded must still produce a reply.
         wire = error.to_wire()
         wire["params"] = {}
         body["error"] = wire
-        return msgpack.packb(body, use_bin_type=True)
+        frame = msgpack.packb(body, use_bin_type=True)
+    return frame
 
 
 def _type_name(value: Any) -> str:
