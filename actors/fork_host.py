@@ -47,7 +47,7 @@ class PreparedRuntime:
     runtime_context: Mapping[str, Any]
 
 
-class ForkStore(Protocol):
+class SagaStore(Protocol):
     """The store's fork operations (and the two reads they need) — the saga's and the
     resolver's whole view of `storage.Store`."""
 
@@ -136,7 +136,7 @@ class ForkHost(Protocol):
     """Operation id → the `fork.resolve` in flight for it (actors/fork_resolve.py)."""
 
     @property
-    def store(self) -> ForkStore: ...
+    def store(self) -> SagaStore: ...
 
     @property
     def workers(self) -> WorkerPort: ...

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from actors.fork_host import ForkStore
+from actors.fork_host import SagaStore
 from domain.fork_states import after_restart
 from storage import Store
 from storage.models import ForkOperation, ForkStatus
@@ -33,7 +33,7 @@ DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
 
 
 def apply_restart_rule(
-    store: ForkStore,
+    store: SagaStore,
     op: ForkOperation,
     *,
     prepared_error: str = PREPARED_ERROR,

@@ -23,7 +23,7 @@ import pykka
 
 from actors import fork_saga, runtime_dirs
 from actors.context import HostContext, LiveOperations, Timeouts
-from actors.fork_host import ForkStore, LiveSaga
+from actors.fork_host import LiveSaga, SagaStore
 from actors.fork_host import PreparedRuntime as PreparedRuntime
 from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.messages import (
@@ -253,7 +253,7 @@ class SessionActor(PooledActor):
     # -- the ForkHost port (actors/fork_host.py): what a fork saga or resolver may use ------
 
     @property
-    def store(self) -> ForkStore:
+    def store(self) -> SagaStore:
         return self.ctx.store
 
     @property

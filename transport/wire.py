@@ -137,15 +137,18 @@ def peek_id(frame: bytes) -> str | None:
     return None
 
 
+def _pack(obj: Mapping[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
+
+
 def encode_result(request_id: str, status: int, result: Mapping[str, Any]) -> bytes:
     """A success reply (status 200 or 202). Raises TypeError if `result` is not msgpack-able."""
     if not 200 <= status < 300:
         raise ValueError(f"success status must be 2xx, not {status}")
-    frame: bytes = msgpack.packb(
+    return _pack(
         {"v": PROTOCOL_VERSION, "id": request_id, "status": status, "result": dict(result)},
-        use_bin_type=True,
     )
-    return frame
 
 
 def encode_error(request_id: str | None, error: HostError) -> bytes:
@@ -156,16 +159,14 @@ def encode_error(request_id: str | None, error: HostError) -> bytes:
         "status": error.status,
         "error": error.to_wire(),
     }
-    frame: bytes
     try:
-        frame = msgpack.packb(body, use_bin_type=True)
+        return _pack(body)
     except (TypeError, ValueError, OverflowError):
         # An error whose params cannot be encoded must still produce a reply.
         wire = error.to_wire()
         wire["params"] = {}
         body["error"] = wire
-        frame = msgpack.packb(body, use_bin_type=True)
-    return frame
+        return _pack(body)
 
 
 def _type_name(value: Any) -> str:
