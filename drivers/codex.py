@@ -24,14 +24,15 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import Conflict, HostError, InvalidArgument
-from drivers.app_server import AppServerFailure, private_env
+from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.process import AppServerFailure, private_env
+from drivers.app_server.state import Runtime, SessionState
 from drivers.base import ForkRequest, ProviderDriver
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_codex_child
-from drivers.tutti_agent import AppServerDriver, _Runtime, _Session
 from drivers.versions import CODEX_GATE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -439,7 +440,7 @@ class CodexDriver(AppServerDriver):
         if spec is not None and spec.lineage is not None and spec.thread_id:
             self._rebind(home, spec.thread_id, spec.lineage)
 
-    def _spawn(self, home: Path, cwd: str | None, session: _Session | None) -> _Runtime:
+    def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
         runtime = super()._spawn(home, cwd, session)
         with self._homes_lock:
             self.spawns += 1
@@ -458,7 +459,7 @@ class CodexDriver(AppServerDriver):
                 ) from exc
         return runtime
 
-    def _project(self, runtime: _Runtime, thread_ids: Iterable[str]) -> None:
+    def _project(self, runtime: Runtime, thread_ids: Iterable[str]) -> None:
         """Resume, then unsubscribe, each thread: Codex 0.171 indexes a rollout's Turns in its
         home's history DB only when it loads that thread, and a copied rollout was never
         loaded there. Unsubscribing keeps the server from accumulating them."""
@@ -511,7 +512,7 @@ class CodexDriver(AppServerDriver):
             return f"target home shows turns {turns}"
         return None
 
-    def _fork_runtime(self, request: ForkRequest) -> tuple[_Runtime | None, bool]:
+    def _fork_runtime(self, request: ForkRequest) -> tuple[Runtime | None, bool]:
         """A transient fork runtime first loads the source's ancestors: Codex lists a thread's
         inherited Turns only once it loaded them in that home, and a fork child that never ran
         was loaded by no app-server there (its readability is proven in the worker)."""
@@ -528,7 +529,7 @@ class CodexDriver(AppServerDriver):
         return runtime, transient
 
     def _read_child_in_worker(
-        self, runtime: _Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
     ) -> str | None:
         """The bound child's lineage read from the target home alone, in this worker: every
         referenced rollout present, the session_meta chain intact, turns = the prefix."""
