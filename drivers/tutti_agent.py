@@ -1,7 +1,8 @@
 """The tutti-agent driver: the generic app-server driver (`drivers.app_server.driver`) over
 `tutti-agent app-server`, with its own `TUTTI_AGENT_HOME` per Session. What is tutti-agent's
 here: the command (configured, else the `tutti-agent` script next to this interpreter, with
-the model flags), the key-file environment and the version gate.
+the model flags), the key-file environment, the version gate and the in-worker readability
+proof with tutti_agent's own history reader.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.state import Runtime
 from drivers.base import ProviderDriver
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
+from drivers.readability import prove_tutti_child
 from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["AppServerDriver", "TuttiAgentDriver", "create_driver"]
@@ -51,6 +54,12 @@ class TuttiAgentDriver(AppServerDriver):
 
     def extra_env(self, home: Path) -> dict[str, str]:
         return {**super().extra_env(home), **file_key_env(self.config)}
+
+    def _read_child_in_worker(
+        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> str | None:
+        """The child's readability from `home` alone, judged by tutti_agent's own reader."""
+        return prove_tutti_child(home, child_id, source_id, prefix, runtime.gate.version)
 
 
 

@@ -23,6 +23,7 @@ from drivers.app_server.fork import (
     ForkThroughTurn,
 )
 from drivers.app_server.items import thread_of, user_text
+from drivers.app_server.launch import launch_fingerprint
 from drivers.app_server.process import (
     AppServerClosed,
     AppServerFailure,
@@ -48,6 +49,8 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
     home_var: ClassVar[str] = ""
     gate: ClassVar[VersionGate]
     binding_mode: ClassVar[ProviderStateBindingMode] = ProviderStateBindingMode.HOST_COPY
+    cache_attestations: ClassVar[bool] = False
+    """Reuse a transient probe's verdict for the exact same launch (`_probe`)."""
 
     def __init__(self, config: Mapping[str, Any], failpoints: Failpoints) -> None:
         self.config = dict(config)
@@ -68,6 +71,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         self._sessions: dict[str, SessionState] = {}
         self._lock = threading.Lock()
         self._emit: Emit | None = None
+        self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap_idle, name="idle-reaper", daemon=True)
         self._reaper.start()
@@ -147,17 +151,37 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         return verdict
 
     def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A live runtime attests itself; otherwise a transient one is probed. With
+        `cache_attestations`, a probe's answer is reused only for the exact same launch
+        (seed 000 §6.3: a launch whose program cannot be fingerprinted is always re-probed)."""
         home = Path(str(params.get("home") or ""))
         if not str(home) or not home.is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
         live = self._live_runtime_for_home(home)
         if live is not None:
             return self._attestation(live)
-        runtime = self._spawn(home, str(params.get("cwd") or ""), None)
+        cwd = str(params.get("cwd") or "")
+        fingerprint = self._launch_fingerprint(home, cwd) if self.cache_attestations else None
+        if fingerprint is not None:
+            with self._lock:
+                cached = self._attest_cache.get(fingerprint)
+            if cached is not None:
+                return dict(cached)
+        runtime = self._spawn(home, cwd, None)
         try:
-            return self._attestation(runtime)
+            result = self._attestation(runtime)
         finally:
             runtime.proc.close()
+        if fingerprint is not None:
+            with self._lock:
+                self._attest_cache[fingerprint] = dict(result)
+        return result
+
+    def _launch_fingerprint(self, home: Path, cwd: str) -> str | None:
+        """The fingerprint of the launch `_spawn(home, cwd)` would make (None: not cacheable)."""
+        launch_cwd = cwd if cwd and Path(cwd).is_dir() else str(home)
+        env = private_env(None, self.home_var, home, self.extra_env(home))
+        return launch_fingerprint(self.command(), launch_cwd, env)
 
     def is_warm(self, method: str, params: Mapping[str, Any]) -> bool:
         """True when `method` will not spawn or wait: the Session's app-server is live, on the

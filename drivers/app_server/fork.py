@@ -33,7 +33,7 @@ from drivers.base import (
 from drivers.binder import BinderError, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from drivers.readability import ReaderNotApplicable, prove_tutti_child
+from drivers.readability import ReaderNotApplicable
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
@@ -206,16 +206,24 @@ class ForkThroughTurn:
     def _read_child_in_worker(
         self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
     ) -> str | None:
-        """The child's readability from `home` alone, judged by tutti_agent's own reader."""
-        return prove_tutti_child(home, child_id, source_id, prefix, runtime.gate.version)
+        """The child's readability from `home` alone, judged in this worker by the provider's
+        own history reader (a problem, or None). A provider module supplies the reader; without
+        one the proof falls back to a fresh app-server."""
+        raise ReaderNotApplicable(f"no in-worker history reader for {self.kind}")
+
+    def _load_lineage(self, runtime: Runtime, home: Path, thread_id: str) -> None:
+        """Before a fresh app-server on `home` reads `thread_id`: load what it must have seen
+        first (Codex: the thread's rollout lineage). Nothing by default."""
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
-        """Prove the child reads from the target home alone (lineage included)."""
+        """Prove the child reads from the target home alone (lineage included): a fresh
+        app-server there lists exactly the frozen prefix."""
         try:
             runtime = self._spawn(home, None, None)
         except HostError as exc:
             return str(exc)
         try:
+            self._load_lineage(runtime, home, child_id)
             turns = [str(t.get("id")) for t in self._thread_turns(runtime, child_id)]
         except AppServerFailure as exc:
             return str(exc)
