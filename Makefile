@@ -57,11 +57,9 @@ DEMO_DEPS := $(DEMO_STAMP) $(if $(filter codex,$(PROVIDER)),$(CODEX_STAMP))
 demo: $(DEMO_DEPS)
 	$(PY) -m agenthost.demo --provider $(PROVIDER)
 
-# mypy: drivers and tutti_agent are held to --strict (issue 19); the other packages follow.
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost tests bench
-	$(VENV)/bin/mypy --ignore-missing-imports domain storage actors transport agenthost
-	$(VENV)/bin/mypy --strict --ignore-missing-imports drivers tutti_agent
+	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.

@@ -46,8 +46,8 @@ class LinkProtocolError(ValueError):
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:
-    frame: bytes = msgpack.packb(dict(msg), use_bin_type=True)
-    return frame
+    packed: bytes = msgpack.packb(dict(msg), use_bin_type=True)
+    return packed
 
 
 def decode(frame: bytes) -> dict[str, Any]:
