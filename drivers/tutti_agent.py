@@ -62,7 +62,5 @@ class TuttiAgentDriver(AppServerDriver):
         return prove_tutti_child(home, child_id, source_id, prefix, runtime.gate.version)
 
 
-
-
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ProviderDriver:
     return TuttiAgentDriver(config, failpoints)

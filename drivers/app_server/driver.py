@@ -60,9 +60,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         self.fork_timeout = float(self.config.get("fork_timeout_s", 60.0))
         self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
         self.verify_bound_child = bool(self.config.get("verify_bound_child", True))
-        self.readability_proof = str(
-            self.config.get("readability_proof") or READABILITY_IN_WORKER
-        )
+        self.readability_proof = str(self.config.get("readability_proof") or READABILITY_IN_WORKER)
         if self.readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
             raise InvalidArgument(
                 "readability_proof",
@@ -356,7 +354,6 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             if session.runtime is not None:
                 session.runtime.proc.close(1.0)
 
-
     # ------------------------------------------------------------------ runtime plumbing
 
     def _session(self, params: Mapping[str, Any]) -> SessionState:
@@ -409,7 +406,6 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         session.last_used = time.monotonic()
         return runtime
 
-
     def _reap_idle(self) -> None:
         """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use."""
         while not self._closed.wait(min(5.0, max(0.05, self.idle_timeout / 4))):
@@ -432,5 +428,3 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 finally:
                     session.op_lock.release()
                 runtime.proc.close()
-
-

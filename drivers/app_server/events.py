@@ -247,4 +247,3 @@ class TurnEvents:
                     },
                 )
         _ = awaiting  # turn/start raises to its caller; no event is owed
-

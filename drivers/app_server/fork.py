@@ -257,4 +257,3 @@ class ForkThroughTurn:
             if not cursor:
                 break
         return turns
-

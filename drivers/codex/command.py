@@ -25,8 +25,6 @@ _NATIVE_PACKAGES: dict[tuple[str, str], tuple[str, str]] = {
 }
 
 
-
-
 def native_binary(node_modules: Path) -> Path | None:
     """The platform's native `codex` inside an npm install (about 70 ms faster to start than
     the node shim, and an executable whose identity can be fingerprinted)."""
