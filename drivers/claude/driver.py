@@ -33,6 +33,7 @@ from drivers.claude.env import (
 from drivers.claude.fork import ClaudeFork
 from drivers.claude.state import SessionState, is_uuid, required
 from drivers.claude.turns import Turns
+from drivers.claude_transcript import history_turns
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 
@@ -153,6 +154,19 @@ class ClaudeDriver(Turns, ClaudeFork):
         if dropped:
             context["droppedResumeCursor"] = dict(cursor)
         return {"providerSessionId": provider_session_id, "runtimeContext": context}
+
+    def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.history {agentSessionId}` → `{turns: [{providerTurnId, userText,
+        bindingJson}]}` from the session's own transcript, in its order: what the host
+        re-binds a Turn whose binding it never recorded from (issue 15 defect 1)."""
+        session = self._session(required(params, "agentSessionId"))
+        try:
+            text = session.transcript.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return {"turns": []}  # no turn ever reached the CLI
+        except OSError as exc:
+            raise DriverError(f"provider history unreadable: {exc}") from exc
+        return {"turns": history_turns(text)}
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         agent_session_id = required(params, "agentSessionId")
