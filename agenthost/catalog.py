@@ -18,7 +18,7 @@ from actors.ports import BindingState, DriverInfo
 from domain.providers import CLAUDE_CODE, CODEX, PROVIDERS, TUTTI_AGENT
 from drivers.claude_transcript import decode_binding
 
-# Drivers whose attestation declares `forkFullSession` (drivers/tutti_agent.py, claude.py).
+# Drivers whose attestation declares `forkFullSession` (drivers/app_server, drivers/claude).
 FULL_SESSION_DRIVERS = frozenset({TUTTI_AGENT, CODEX, CLAUDE_CODE})
 
 # One entry per provider of the one list (domain.providers), in its order.

@@ -163,7 +163,7 @@ def _codex_unavailable() -> str | None:
     try:
         from drivers.codex import default_command
     except ImportError:
-        return "no Codex driver (drivers/codex.py) in this tree"
+        return "no Codex driver (drivers/codex/) in this tree"
     try:
         argv = default_command()
     except Exception as exc:  # noqa: BLE001 - any failure to resolve means "not installed"
@@ -203,7 +203,7 @@ class BareClaude:
     """A Claude Code session driven with the pinned SDK as the driver drives it: turns through
     `query()` (the bundled CLI) in a private `CLAUDE_CONFIG_DIR` + `HOME`, forks in-process.
 
-    The timed part of a fork is exactly the provider calls `drivers/claude.py` makes per fork:
+    The timed part of a fork is exactly the provider calls `drivers/claude/fork.py` makes per fork:
     `fork_session(source, directory=cwd, up_to_message_id=checkpoint, title=...)` and the
     in-process read of the child (`get_session_info` + `get_session_messages`), with
     `CLAUDE_CONFIG_DIR`/`HOME` pointed at the config dir as the driver's `_config_env` does.

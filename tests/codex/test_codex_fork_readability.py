@@ -86,3 +86,20 @@ def test_a_child_never_started_can_be_forked_again_from_its_own_home(
     second = make_driver().fork(fork_request(child, child.turns, home_of(tmp_path, "grand")))
     assert second.disposition is DeliveryDisposition.ACCEPTED, second.error
     assert second.child is not None and second.child.provider_turn_ids == tuple(src.turns[:1])
+
+
+def test_readability_proof_app_server_loads_the_child_lineage_in_a_fresh_app_server(
+    make_driver: MakeDriver, log: EventLog, tmp_path: Path
+) -> None:
+    """`readability_proof = "app_server"`: the generic driver's fallback proof, with Codex's
+    lineage-load hook (a fresh app-server on the target home loads the Referenced ancestors
+    before it lists the child's turns) — accepted, proven by one extra app-server."""
+    driver = make_driver(readability_proof="app_server")
+    src = open_session(driver, log, tmp_path, texts=("one", "two"))
+    spawned = driver.spawns
+    target = home_of(tmp_path, "child")
+    result = driver.fork(fork_request(src, src.turns[:2], target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.binding is not None
+    assert result.binding.receipt["readabilityProof"] == "app_server"
+    assert driver.spawns == spawned + 1

@@ -97,3 +97,72 @@ def test_the_fork_modules_never_import_the_session_actor(path: str) -> None:
     assert not {
         m for m in imported if m and m.startswith(("actors.session_actor", "actors.host_actor"))
     }
+
+
+# ---------------------------------------------------------------- every driver and tutti_agent
+
+
+def _modules_of(package: str) -> list[str]:
+    """Every module of `package`, found on disk (importing them here would hide what they load)."""
+    root = ROOT / package
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+WORKER_SIDE = _modules_of("drivers") + _modules_of("tutti_agent")
+HOST_SIDE = ("apsw", "storage", "actors")
+
+
+@pytest.fixture(scope="module")
+def worker_side_imports() -> dict[str, tuple[int, str, str]]:
+    """`import <module>` for each worker-side module, each in its own fresh interpreter, run
+    side by side (one after another would take tens of seconds): module → (rc, stdout, stderr).
+    """
+    procs = {
+        module: subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for module in WORKER_SIDE
+    }
+    done = {}
+    for module, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        done[module] = (proc.returncode, out, err)
+    return done
+
+
+@pytest.mark.parametrize("module", WORKER_SIDE)
+def test_a_driver_or_tutti_agent_module_loads_no_sqlite_store_or_actors(
+    module: str, worker_side_imports: dict[str, tuple[int, str, str]]
+) -> None:
+    """A worker process (drivers) and the tutti-agent program never load the host's SQLite, its
+    store or its actors (ARCHITECTURE.md's import table; issue 19)."""
+    rc, out, err = worker_side_imports[module]
+    assert rc == 0, err
+    loaded: list[str] = json.loads(out.strip().splitlines()[-1])
+    host = sorted(m for m in loaded if m.split(".")[0] in HOST_SIDE)
+    assert host == [], f"importing {module} loads {host}"
+
+
+def test_the_worker_side_list_holds_every_provider_module() -> None:
+    # The discovery above must see the split packages (an empty list would pass vacuously).
+    for module in (
+        "drivers.app_server.driver",
+        "drivers.tutti_agent",
+        "drivers.codex.driver",
+        "drivers.claude",
+        "drivers.worker",
+        "tutti_agent.server",
+    ):
+        assert module in WORKER_SIDE

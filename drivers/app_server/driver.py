@@ -1,0 +1,437 @@
+"""The generic app-server driver: one live Codex-style app-server per active Session (its own
+provider home, private HOME and TMPDIR), started or resumed on its thread, turns and
+Interactions over its JSON-RPC, the attested forkability verdict, and idle app-servers reaped.
+
+`AppServerDriver` is what the tutti-agent and Codex drivers share; a subclass sets `kind`,
+`home_var`, `gate` and `command()` (and may refine the hooks). Its reader-thread side is
+`TurnEvents` (events.py), its fork `ForkThroughTurn` (fork.py).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
+from drivers.app_server.events import TurnEvents
+from drivers.app_server.fork import (
+    READABILITY_APP_SERVER,
+    READABILITY_IN_WORKER,
+    ForkThroughTurn,
+)
+from drivers.app_server.items import thread_of, user_text
+from drivers.app_server.launch import launch_fingerprint
+from drivers.app_server.process import (
+    AppServerClosed,
+    AppServerFailure,
+    AppServerProcess,
+    JsonRpcError,
+    private_env,
+)
+from drivers.app_server.state import Runtime, SessionState
+from drivers.base import Emit, ProviderStateBindingMode
+from drivers.binder import RolloutBinder
+from drivers.errors import DriverError, FailpointError
+from drivers.failpoints import Failpoints
+from drivers.versions import VersionGate
+
+CLIENT_NAME = "agenthost"
+CLIENT_VERSION = "0.1.0"
+
+
+class AppServerDriver(TurnEvents, ForkThroughTurn):
+    """A `ProviderDriver` for Codex-style app-servers; subclasses set the class attributes."""
+
+    kind: ClassVar[str] = ""
+    home_var: ClassVar[str] = ""
+    gate: ClassVar[VersionGate]
+    binding_mode: ClassVar[ProviderStateBindingMode] = ProviderStateBindingMode.HOST_COPY
+    cache_attestations: ClassVar[bool] = False
+    """Reuse a transient probe's verdict for the exact same launch (`_probe`)."""
+
+    def __init__(self, config: Mapping[str, Any], failpoints: Failpoints) -> None:
+        self.config = dict(config)
+        self.failpoints = failpoints
+        self.binder = RolloutBinder(failpoints)
+        self.request_timeout = float(self.config.get("request_timeout_s", 30.0))
+        self.fork_timeout = float(self.config.get("fork_timeout_s", 60.0))
+        self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
+        self.verify_bound_child = bool(self.config.get("verify_bound_child", True))
+        self.readability_proof = str(self.config.get("readability_proof") or READABILITY_IN_WORKER)
+        if self.readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
+            raise InvalidArgument(
+                "readability_proof",
+                f"readability_proof must be {READABILITY_IN_WORKER} or {READABILITY_APP_SERVER}",
+            )
+        self._sessions: dict[str, SessionState] = {}
+        self._lock = threading.Lock()
+        self._emit: Emit | None = None
+        self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
+        self._closed = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_idle, name="idle-reaper", daemon=True)
+        self._reaper.start()
+
+    # ------------------------------------------------------------------ process
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def extra_env(self, home: Path) -> dict[str, str]:
+        env = self.config.get("env") or {}
+        return {str(k): str(v) for k, v in env.items()}
+
+    def prepare_home(self, home: Path) -> None:
+        """Provider-specific files in a fresh home (Codex writes its config.toml here)."""
+
+    def endpoint(self) -> str | None:
+        """The model endpoint named in a model failure."""
+        base = self.config.get("model_base_url")
+        return str(base) if base else None
+
+    def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
+        home.mkdir(parents=True, exist_ok=True)
+        self.prepare_home(home)
+        env = private_env(None, self.home_var, home, self.extra_env(home))
+        proc = AppServerProcess(
+            self.command(),
+            env=env,
+            cwd=cwd if cwd and Path(cwd).is_dir() else str(home),
+            on_notification=(
+                (lambda m, p: self._on_notification(session, m, p)) if session else None
+            ),
+            on_server_request=(lambda r: self._on_server_request(session, r)) if session else None,
+            on_exit=(lambda reason: self._on_exit(session, reason)) if session else None,
+            stderr_path=home / ".app-server.log",
+        )
+        try:
+            proc.start()
+            init = proc.initialize(CLIENT_NAME, CLIENT_VERSION, timeout=self.request_timeout)
+        except AppServerFailure as exc:
+            proc.close(1.0)
+            raise DriverError(
+                f"{self.kind} app-server failed to start: {exc} {proc.stderr_tail()}".strip(),
+                reason="provider_start_failed",
+            ) from exc
+        user_agent = str(init.get("userAgent") or "")
+        return Runtime(proc, home, user_agent, self.gate.check(user_agent))
+
+    def _verdict(self, runtime: Runtime) -> dict[str, Any]:
+        """This driver's attested forkability verdict (brand, version gate, binder): the only
+        source of the Host's capability (seed 000 §3.2), persisted with the runtime context."""
+        return {
+            "driverKind": self.kind,
+            "driverVersion": runtime.gate.version,
+            "userAgent": runtime.user_agent,
+            "bindingMode": self.binding_mode.value,
+            # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
+            "binderAvailable": self.binder.available(),
+            "forkThroughTurn": runtime.gate.fork_through_turn,
+            # Full-Session fork is the same exact-prefix fork at the newest settled Turn.
+            "forkFullSession": runtime.gate.fork_through_turn,
+        }
+
+    def _attestation(self, runtime: Runtime) -> dict[str, Any]:
+        return self._verdict(runtime)
+
+    # ------------------------------------------------------------------ port methods
+
+    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The dispatch-time re-attestation; failpoint `worker.binder.available` armed with
+        `error` makes it report the binder unavailable (the fail-closed tests)."""
+        verdict = dict(self._probe(params))
+        try:
+            self.failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _probe(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A live runtime attests itself; otherwise a transient one is probed. With
+        `cache_attestations`, a probe's answer is reused only for the exact same launch
+        (seed 000 §6.3: a launch whose program cannot be fingerprinted is always re-probed)."""
+        home = Path(str(params.get("home") or ""))
+        if not str(home) or not home.is_absolute():
+            raise InvalidArgument("home", "home must be an absolute path")
+        live = self._live_runtime_for_home(home)
+        if live is not None:
+            return self._attestation(live)
+        cwd = str(params.get("cwd") or "")
+        fingerprint = self._launch_fingerprint(home, cwd) if self.cache_attestations else None
+        if fingerprint is not None:
+            with self._lock:
+                cached = self._attest_cache.get(fingerprint)
+            if cached is not None:
+                return dict(cached)
+        runtime = self._spawn(home, cwd, None)
+        try:
+            result = self._attestation(runtime)
+        finally:
+            runtime.proc.close()
+        if fingerprint is not None:
+            with self._lock:
+                self._attest_cache[fingerprint] = dict(result)
+        return result
+
+    def _launch_fingerprint(self, home: Path, cwd: str) -> str | None:
+        """The fingerprint of the launch `_spawn(home, cwd)` would make (None: not cacheable)."""
+        launch_cwd = cwd if cwd and Path(cwd).is_dir() else str(home)
+        env = private_env(None, self.home_var, home, self.extra_env(home))
+        return launch_fingerprint(self.command(), launch_cwd, env)
+
+    def is_warm(self, method: str, params: Mapping[str, Any]) -> bool:
+        """True when `method` will not spawn or wait: the Session's app-server is live, on the
+        same home and thread, and no other operation holds it (the worker's fast lane)."""
+        sid = str(params.get("agentSessionId") or "")
+        with self._lock:
+            session = self._sessions.get(sid)
+        if session is None or session.op_lock.locked():
+            return False
+        runtime = session.runtime
+        if runtime is None or not runtime.proc.alive:
+            return False
+        if method == "session.start":
+            wanted = str(params.get("providerSessionId") or "")
+            home = str(params.get("home") or "")
+            return str(session.home) == home and (not wanted or wanted == session.thread_id)
+        return method == "turn.start"
+
+    def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        sid = str(params.get("agentSessionId") or "")
+        home_text = str(params.get("home") or "")
+        if not sid:
+            raise InvalidArgument("agentSessionId", "agentSessionId is required")
+        if not home_text or not Path(home_text).is_absolute():
+            raise InvalidArgument("home", "home must be an absolute path")
+        home = Path(home_text)
+        cwd = str(params.get("cwd") or "")
+        wanted = str(params.get("providerSessionId") or "")
+        model = params.get("model")
+        with self._lock:
+            session = self._sessions.get(sid)
+            if session is None or session.home != home or (wanted and session.thread_id != wanted):
+                stale = session
+                session = SessionState(
+                    sid, home, cwd, wanted, model if isinstance(model, str) else None
+                )
+                self._sessions[sid] = session
+            else:
+                stale = None
+        if stale is not None and stale.runtime is not None:
+            stale.runtime.proc.close()
+        with session.op_lock:
+            runtime = self._ensure_runtime(session)
+        return {"providerSessionId": session.thread_id, "runtimeContext": self._verdict(runtime)}
+
+    def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        sid = str(params.get("agentSessionId") or "")
+        with self._lock:
+            session = self._sessions.pop(sid, None)
+        if session is None:
+            return {}
+        # A start or turn start in progress finishes first: otherwise the app-server it is
+        # spawning is attached to a Session nobody holds any more and lives on, uncounted
+        # (the host's runtime bound was exceeded that way under load, issue 14 §6).
+        with session.op_lock:
+            runtime, session.runtime = session.runtime, None
+        if runtime is not None:
+            runtime.proc.close()
+        return {}
+
+    def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
+        self._emit = emit
+        session = self._session(params)
+        turn_id = str(params.get("turnId") or "")
+        if not turn_id:
+            raise InvalidArgument("turnId", "turnId is required")
+        text = str(params.get("text") or "")
+        with session.op_lock:
+            runtime = self._ensure_runtime(session)
+            with session.state_lock:
+                if session.active or session.awaiting_turn is not None:
+                    raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
+                session.awaiting_turn = turn_id
+            try:
+                result = runtime.proc.request(
+                    "turn/start",
+                    {
+                        "threadId": session.thread_id,
+                        "input": [{"type": "text", "text": text, "text_elements": []}],
+                    },
+                    timeout=self.request_timeout,
+                )
+            except JsonRpcError as exc:
+                with session.state_lock:
+                    session.awaiting_turn = None
+                raise DriverError(f"turn/start rejected: {exc.rpc_message}") from exc
+            except AppServerFailure as exc:
+                with session.state_lock:
+                    session.awaiting_turn = None
+                raise DriverError(
+                    f"turn/start failed: {exc}", reason="provider_unavailable"
+                ) from exc
+            provider_turn_id = str((result.get("turn") or {}).get("id") or "")
+            self._claim_turn(session, provider_turn_id)
+            session.last_used = time.monotonic()
+        return {"providerTurnId": provider_turn_id}
+
+    def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.history {agentSessionId}` → `{turns: [{providerTurnId, status, userText}]}`
+        in the provider's order: what the host needs to re-bind a Turn whose provider binding
+        it never recorded (issue 15 defect 1), by order and content."""
+        session = self._session(params)
+        with session.op_lock:
+            runtime = self._ensure_runtime(session)
+        try:
+            turns = self._thread_turns(runtime, session.thread_id)
+        except AppServerFailure as exc:
+            raise DriverError(f"provider history unreadable: {exc}") from exc
+        return {
+            "turns": [
+                {
+                    "providerTurnId": str(t.get("id") or ""),
+                    "status": str(t.get("status") or ""),
+                    "userText": user_text(t),
+                }
+                for t in turns
+            ]
+        }
+
+    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        provider_turn_id = str(params.get("providerTurnId") or "")
+        runtime = session.runtime
+        if runtime is None or not runtime.proc.alive:
+            raise Conflict("no live runtime for this session", reason="turn_not_active")
+        try:
+            runtime.proc.request(
+                "turn/interrupt",
+                {"threadId": session.thread_id, "turnId": provider_turn_id},
+                timeout=self.request_timeout,
+            )
+        except JsonRpcError as exc:
+            raise Conflict(f"turn/interrupt rejected: {exc.rpc_message}") from exc
+        except AppServerFailure as exc:
+            raise DriverError(f"turn/interrupt failed: {exc}") from exc
+        return {}
+
+    def respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session = self._session(params)
+        request_id = str(params.get("requestId") or "")
+        response = params.get("response")
+        if not isinstance(response, Mapping):
+            raise InvalidArgument("response", "response must be a map")
+        with session.state_lock:
+            pending = session.pending.get(request_id)
+        if pending is None:
+            raise Conflict(
+                f"interaction {request_id} is not pending", reason="interaction_not_pending"
+            )
+        if pending.kind == "approval":
+            decision = response.get("decision")
+            if decision not in ("approve", "decline"):
+                raise InvalidArgument("response.decision", "decision must be approve or decline")
+            result: dict[str, Any] = {"decision": "accept" if decision == "approve" else "decline"}
+        else:
+            text = response.get("text")
+            if not isinstance(text, str):
+                raise InvalidArgument("response.text", "a question needs a text answer")
+            questions = pending.request.params.get("questions") or []
+            ids = [str(q.get("id")) for q in questions if isinstance(q, Mapping)] or ["answer"]
+            result = {"answers": {qid: {"answers": [text]} for qid in ids}}
+        runtime = session.runtime
+        if runtime is None:
+            raise Conflict("no live runtime for this session", reason="interaction_not_pending")
+        try:
+            runtime.proc.respond(pending.request.id, result)
+        except AppServerClosed as exc:
+            raise DriverError(f"cannot answer interaction: {exc}") from exc
+        with session.state_lock:
+            session.pending.pop(request_id, None)
+        return {}
+
+    def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for session in sessions:
+            if session.runtime is not None:
+                session.runtime.proc.close(1.0)
+
+    # ------------------------------------------------------------------ runtime plumbing
+
+    def _session(self, params: Mapping[str, Any]) -> SessionState:
+        sid = str(params.get("agentSessionId") or "")
+        with self._lock:
+            session = self._sessions.get(sid)
+        if session is None:
+            raise NotFound(f"session {sid!r} is not started in the {self.kind} worker")
+        return session
+
+    def _live_runtime_for_home(self, home: Path) -> Runtime | None:
+        with self._lock:
+            for session in self._sessions.values():
+                runtime = session.runtime
+                if session.home == home and runtime is not None and runtime.proc.alive:
+                    return runtime
+        return None
+
+    def _ensure_runtime(self, session: SessionState) -> Runtime:
+        """The Session's live app-server, (re)spawned and its thread started or resumed."""
+        runtime = session.runtime
+        if runtime is not None and runtime.proc.alive:
+            return runtime
+        runtime = self._spawn(session.home, session.cwd, session)
+        try:
+            if session.thread_id:
+                params: dict[str, Any] = {"threadId": session.thread_id}
+                result = runtime.proc.request("thread/resume", params, timeout=self.request_timeout)
+            else:
+                params = {"cwd": session.cwd} if session.cwd else {}
+                if session.model:
+                    params["model"] = session.model
+                result = runtime.proc.request("thread/start", params, timeout=self.request_timeout)
+        except JsonRpcError as exc:
+            runtime.proc.close()
+            raise DriverError(
+                f"cannot open thread {session.thread_id or '(new)'}: {exc.rpc_message}",
+                reason="provider_session_unavailable",
+            ) from exc
+        except AppServerFailure as exc:
+            runtime.proc.close()
+            raise DriverError(f"app-server failed: {exc}", reason="provider_unavailable") from exc
+        thread = thread_of(result)
+        thread_id = str(thread.get("id") or "")
+        if not thread_id or (session.thread_id and thread_id != session.thread_id):
+            runtime.proc.close()
+            raise DriverError(f"app-server opened thread {thread_id!r}, not {session.thread_id!r}")
+        session.thread_id = thread_id
+        session.runtime = runtime
+        session.last_used = time.monotonic()
+        return runtime
+
+    def _reap_idle(self) -> None:
+        """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use."""
+        while not self._closed.wait(min(5.0, max(0.05, self.idle_timeout / 4))):
+            now = time.monotonic()
+            with self._lock:
+                sessions = list(self._sessions.values())
+            for session in sessions:
+                runtime = session.runtime
+                if runtime is None or not runtime.proc.alive:
+                    continue
+                with session.state_lock:
+                    busy = bool(session.active or session.pending or session.awaiting_turn)
+                idle_for = now - max(session.last_used, runtime.proc.last_activity)
+                if busy or idle_for < self.idle_timeout:
+                    continue
+                if not session.op_lock.acquire(blocking=False):
+                    continue
+                try:
+                    session.runtime = None
+                finally:
+                    session.op_lock.release()
+                runtime.proc.close()

@@ -1,0 +1,249 @@
+"""What the generic app-server driver does on its reader thread: a provider turn id bound to its
+canonical Turn on first sight, notifications turned into the turn events of internals.md
+(`turn.started`, `turn.binding`, `item`, `message.delta`, `turn.completed`), server→client
+requests raised as Interactions, a retried model failure stopped, and a dead app-server's turns
+failed. `TurnEvents` is a mixin of `AppServerDriver`; it owns no state of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from domain.errors import HostError
+from drivers.app_server.items import (
+    APPROVAL_METHODS,
+    DELTA_METHODS,
+    OUTCOMES,
+    QUESTION_METHODS,
+    map_item,
+)
+from drivers.app_server.process import AppServerClosed, ServerRequest
+from drivers.app_server.state import PendingRequest, SessionState
+from drivers.base import Emit, TurnOutcome
+from drivers.credentials import classify_model_failure, model_failure_text
+
+
+class TurnEvents:
+    """The reader-thread callbacks of one app-server (`on_notification`, `on_server_request`,
+    `on_exit`), bound to the Session it serves."""
+
+    kind: ClassVar[str]
+    _emit: Emit | None
+
+    def endpoint(self) -> str | None:
+        raise NotImplementedError
+
+    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _claim_turn(self, session: SessionState, provider_turn_id: str) -> str | None:
+        """Map a provider turn id to its canonical turn (first sight wins: the notification may
+        overtake the `turn/start` response). Emits `turn.started` once."""
+        emit_started = False
+        with session.state_lock:
+            canonical = session.turns.get(provider_turn_id)
+            if canonical is None and session.awaiting_turn is not None and provider_turn_id:
+                canonical = session.awaiting_turn
+                session.awaiting_turn = None
+                session.turns[provider_turn_id] = canonical
+                session.active.add(provider_turn_id)
+                emit_started = True
+        if emit_started and canonical is not None:
+            self._send(
+                session,
+                {"type": "turn.started", "turnId": canonical, "providerTurnId": provider_turn_id},
+            )
+            binding = {
+                "schemaVersion": 1,
+                "threadId": session.thread_id,
+                "providerTurnId": provider_turn_id,
+            }
+            self._send(
+                session,
+                {
+                    "type": "turn.binding",
+                    "turnId": canonical,
+                    "bindingJson": json.dumps(binding, sort_keys=True),
+                },
+            )
+        return canonical
+
+    def _send(self, session: SessionState, event: dict[str, Any]) -> None:
+        emit = self._emit
+        if emit is not None:
+            emit(session.agent_session_id, event)
+
+    def _on_notification(
+        self, session: SessionState | None, method: str, params: Mapping[str, Any]
+    ) -> None:
+        if session is None or params.get("threadId", session.thread_id) != session.thread_id:
+            return
+        session.last_used = time.monotonic()
+        if method == "turn/started":
+            turn = params.get("turn") or {}
+            self._claim_turn(session, str(turn.get("id") or ""))
+        elif method == "item/completed":
+            provider_turn_id = str(params.get("turnId") or "")
+            canonical = self._claim_turn(session, provider_turn_id)
+            item = params.get("item")
+            if canonical is None or not isinstance(item, Mapping):
+                return
+            for mapped in map_item(item):
+                self._send(session, {"type": "item", "turnId": canonical, "item": mapped})
+        elif method == "error":
+            self._on_model_error(session, params)
+        elif method in DELTA_METHODS:
+            # Streamed text of an item still being generated: not durable, the completed
+            # item is the record (the daemon publishes it as `message.delta`).
+            canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+            delta = params.get("delta")
+            if canonical is None or not isinstance(delta, str) or not delta:
+                return
+            self._send(
+                session,
+                {
+                    "type": "message.delta",
+                    "turnId": canonical,
+                    "itemId": str(params.get("itemId") or ""),
+                    "kind": DELTA_METHODS[method],
+                    "delta": delta,
+                },
+            )
+        elif method == "turn/completed":
+            turn = params.get("turn") or {}
+            provider_turn_id = str(turn.get("id") or "")
+            canonical = self._claim_turn(session, provider_turn_id)
+            if canonical is None:
+                return
+            outcome = OUTCOMES.get(str(turn.get("status")), TurnOutcome.FAILED)
+            event: dict[str, Any] = {
+                "type": "turn.completed",
+                "turnId": canonical,
+                "providerTurnId": provider_turn_id,
+                "outcome": outcome.value,
+            }
+            error = turn.get("error")
+            if isinstance(error, Mapping) and error.get("message"):
+                event["error"] = model_failure_text(
+                    self.kind, self.endpoint(), str(error["message"])
+                )
+            with session.state_lock:
+                failure = session.model_failures.pop(provider_turn_id, None)
+            if failure is not None:
+                # We stopped the provider's retries: the turn failed, it was not interrupted.
+                event["outcome"] = TurnOutcome.FAILED.value
+                event["error"] = failure
+            with session.state_lock:
+                session.active.discard(provider_turn_id)
+                for key in [
+                    k for k, p in session.pending.items() if p.provider_turn_id == provider_turn_id
+                ]:
+                    del session.pending[key]  # superseded by the turn's end
+            self._send(session, event)
+
+    def _on_model_error(self, session: SessionState, params: Mapping[str, Any]) -> None:
+        """Codex keeps retrying an endpoint that refuses connections (seconds apart, for
+        minutes). A retried error that names an unreachable model or a refused credential
+        fails the turn now: the failure is recorded, then the turn is interrupted."""
+        if not params.get("willRetry"):
+            return  # a final error arrives with turn/completed
+        error = params.get("error")
+        detail = json.dumps(error) if isinstance(error, Mapping) else str(error or "")
+        if classify_model_failure(detail) is None:
+            return
+        message = str(error.get("message") or detail) if isinstance(error, Mapping) else detail
+        extra = error.get("additionalDetails") if isinstance(error, Mapping) else None
+        if extra:
+            message = f"{message} ({extra})"
+        provider_turn_id = str(params.get("turnId") or "")
+        with session.state_lock:
+            if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
+                return
+            session.model_failures[provider_turn_id] = model_failure_text(
+                self.kind, self.endpoint(), message
+            )
+        # Not on the reader thread: it must stay free to read the interrupt's answer.
+        threading.Thread(
+            target=self._stop_retrying,
+            args=(session, provider_turn_id),
+            name="model-failure-interrupt",
+            daemon=True,
+        ).start()
+
+    def _stop_retrying(self, session: SessionState, provider_turn_id: str) -> None:
+        with contextlib.suppress(HostError):
+            self.interrupt_turn(
+                {"agentSessionId": session.agent_session_id, "providerTurnId": provider_turn_id}
+            )
+
+    def _on_server_request(self, session: SessionState | None, request: ServerRequest) -> None:
+        if session is None:
+            return
+        runtime = session.runtime
+        if request.method in APPROVAL_METHODS:
+            kind = "approval"
+        elif request.method in QUESTION_METHODS:
+            kind = "question"
+        else:
+            if runtime is not None:
+                with contextlib.suppress(AppServerClosed):
+                    runtime.proc.respond_error(request.id, -32601, f"unsupported {request.method}")
+            return
+        params = request.params
+        provider_turn_id = str(params.get("turnId") or "")
+        canonical = self._claim_turn(session, provider_turn_id)
+        if canonical is None:
+            return
+        request_id = str(params.get("itemId") or f"rpc-{request.id}")
+        input_: dict[str, Any] = {"method": request.method}
+        for key in ("command", "cwd", "reason", "questions", "itemId"):
+            if key in params:
+                input_[key] = params[key]
+        if kind == "question":
+            questions = params.get("questions") or []
+            first = questions[0] if questions and isinstance(questions[0], Mapping) else {}
+            input_["text"] = str(first.get("question") or "")
+        elif "command" in params:
+            command = params["command"]
+            input_["text"] = command if isinstance(command, str) else shlex.join(command)
+        with session.state_lock:
+            session.pending[request_id] = PendingRequest(request, kind, canonical, provider_turn_id)
+        self._send(
+            session,
+            {
+                "type": "interaction.requested",
+                "turnId": canonical,
+                "requestId": request_id,
+                "kind": kind,
+                "input": input_,
+            },
+        )
+
+    def _on_exit(self, session: SessionState | None, reason: str) -> None:
+        """The app-server died: every turn it was running ends as failed (nobody else will)."""
+        if session is None:
+            return
+        with session.state_lock:
+            active = [(p, session.turns.get(p)) for p in session.active]
+            session.active.clear()
+            session.pending.clear()
+            awaiting = session.awaiting_turn
+        for provider_turn_id, canonical in active:
+            if canonical is not None:
+                self._send(
+                    session,
+                    {
+                        "type": "turn.completed",
+                        "turnId": canonical,
+                        "providerTurnId": provider_turn_id,
+                        "outcome": TurnOutcome.FAILED.value,
+                        "error": f"{self.kind} app-server exited: {reason}",
+                    },
+                )
+        _ = awaiting  # turn/start raises to its caller; no event is owed

@@ -1,0 +1,259 @@
+"""The through-turn fork of the generic app-server driver (seed 000 §7, §7.1): the frozen
+prefix checked on the source before any mutation, exactly one `thread/fork`, the child verified
+against the prefix, the `host_copy` binder, and the proof that the bound child reads from its own
+home alone (in the worker with the provider's reader, else a fresh app-server there). Every
+provider outcome is a `ForkResult` disposition; nothing here raises for one.
+`ForkThroughTurn` is a mixin of `AppServerDriver`; subclasses refine its hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from domain.errors import HostError
+from drivers.app_server.items import thread_of, turn_ids
+from drivers.app_server.process import (
+    AppServerClosed,
+    AppServerFailure,
+    AppServerTimeout,
+    JsonRpcError,
+)
+from drivers.app_server.state import Runtime, SessionState
+from drivers.base import (
+    DeliveryDisposition,
+    ForkBinding,
+    ForkChild,
+    ForkRequest,
+    ForkResult,
+    ProviderStateBindingMode,
+)
+from drivers.binder import BinderError, RolloutBinder
+from drivers.errors import FailpointError
+from drivers.failpoints import Failpoints
+from drivers.readability import ReaderNotApplicable
+
+READABILITY_IN_WORKER = "in_worker"
+"""The bound child is proven readable by the provider's own reader inside the worker."""
+READABILITY_APP_SERVER = "app_server"
+"""... by a fresh app-server spawned on the target home (the fallback)."""
+
+
+class ForkThroughTurn:
+    """`fork(request) -> ForkResult` over the driver's app-servers."""
+
+    kind: ClassVar[str]
+    binding_mode: ClassVar[ProviderStateBindingMode]
+    failpoints: Failpoints
+    binder: RolloutBinder
+    request_timeout: float
+    fork_timeout: float
+    verify_bound_child: bool
+    readability_proof: str
+    _sessions: dict[str, SessionState]
+
+    def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
+        raise NotImplementedError
+
+    def fork(self, request: ForkRequest) -> ForkResult:
+        prefix = list(request.provider_turn_ids)
+        source_id = request.source.provider_session_id
+        if not prefix or not source_id:
+            return ForkResult.not_started("fork needs a source thread and a provider turn prefix")
+        if request.driver_kind != self.kind:
+            return ForkResult.not_started(f"driver kind {request.driver_kind!r} is not {self.kind}")
+        source_home = Path(request.source.home)
+        runtime, transient = self._fork_runtime(request)
+        if runtime is None:
+            return ForkResult.not_started("source runtime could not be prepared")
+        try:
+            return self._fork_on(runtime, request, source_id, prefix)
+        finally:
+            if transient:
+                runtime.proc.close()
+            _ = source_home
+
+    def _fork_runtime(self, request: ForkRequest) -> tuple[Runtime | None, bool]:
+        session = self._sessions.get(request.source.agent_session_id)
+        home = Path(request.source.home)
+        if (
+            session is not None
+            and session.home == home
+            and session.runtime is not None
+            and session.runtime.proc.alive
+        ):
+            return session.runtime, False
+        try:
+            return self._spawn(home, request.source.cwd, None), True
+        except HostError:
+            return None, False
+
+    def _fork_on(
+        self, runtime: Runtime, request: ForkRequest, source_id: str, prefix: list[str]
+    ) -> ForkResult:
+        # Exact driver identity: a runtime that changed since prepare must not be dispatched.
+        if runtime.gate.version != request.driver_version:
+            return ForkResult.not_started(
+                f"driver version {runtime.gate.version!r} != frozen {request.driver_version!r}"
+            )
+        if not runtime.gate.fork_through_turn:
+            return ForkResult.not_started(f"{self.kind} {runtime.gate.version} cannot fork")
+        # Before any mutation: the source must show the frozen ordered prefix, settled.
+        try:
+            source_turns = self._thread_turns(runtime, source_id)
+        except AppServerFailure as exc:
+            return ForkResult.not_started(f"source thread unreadable: {exc}")
+        ids = [str(t.get("id")) for t in source_turns]
+        if ids[: len(prefix)] != prefix:
+            return ForkResult.not_started("source thread does not show the frozen turn prefix")
+        if source_turns[len(prefix) - 1].get("status") == "inProgress":
+            return ForkResult.not_started("the boundary turn is still in progress")
+        try:
+            self.failpoints.hit("worker.fork.before_provider_call")
+        except FailpointError as exc:
+            return ForkResult.not_started(str(exc))
+
+        try:
+            response = runtime.proc.request(
+                "thread/fork",
+                {"threadId": source_id, "lastTurnId": prefix[-1]},
+                timeout=self.fork_timeout,
+            )
+        except JsonRpcError as exc:
+            return ForkResult.rejected(f"thread/fork rejected: {exc.rpc_message}")
+        except AppServerClosed as exc:
+            if not exc.sent:
+                return ForkResult.not_started(f"thread/fork not sent: {exc}")
+            return ForkResult.unknown(f"app-server lost after thread/fork was sent: {exc}")
+        except AppServerTimeout as exc:
+            return ForkResult.unknown(str(exc))
+
+        try:
+            self.failpoints.hit("worker.fork.after_provider_call")
+        except FailpointError as exc:
+            return ForkResult.unknown(str(exc))
+
+        thread = thread_of(response)
+        child_id = str(thread.get("id") or "")
+        forked_from = str(thread.get("forkedFromId") or "")
+        if not child_id or child_id == source_id:
+            return ForkResult.unknown(f"unverifiable child id {child_id!r}")
+        if forked_from != source_id:
+            child = ForkChild(child_id, forked_from, ())
+            return ForkResult.unknown(f"forkedFromId {forked_from!r} != source", child)
+        child_turns = turn_ids(thread.get("turns"))
+        if not child_turns:
+            try:
+                child_turns = [str(t.get("id")) for t in self._list_turns(runtime, child_id)]
+            except AppServerFailure as exc:
+                return ForkResult.unknown(
+                    f"child turns unreadable: {exc}", ForkChild(child_id, forked_from, ())
+                )
+        child = ForkChild(child_id, forked_from, tuple(child_turns))
+        if child_turns != prefix:
+            return ForkResult.unknown(
+                f"child turns {child_turns} are not exactly the frozen prefix {prefix}", child
+            )
+
+        # The binder runs before accepted; any failure now is unknown (law 1, seed §7).
+        try:
+            receipt = self.binder.bind(
+                Path(request.source.home), Path(request.target.home), child_id
+            )
+        except (BinderError, FailpointError, OSError) as exc:
+            return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
+        proof = "none"
+        if self.verify_bound_child:
+            problem, proof = self._prove_readable(
+                runtime, Path(request.target.home), child_id, source_id, prefix
+            )
+            if problem is not None:
+                return ForkResult.unknown(
+                    f"bound child not readable from its home: {problem}", child
+                )
+        # The source server loaded the child; release it so a long-lived server does not
+        # accumulate threads (and never writes to the child from the source home).
+        with contextlib.suppress(AppServerFailure):
+            runtime.proc.request("thread/unsubscribe", {"threadId": child_id}, timeout=5.0)
+        wire = receipt.to_wire()
+        wire["verifiedReadable"] = self.verify_bound_child
+        wire["readabilityProof"] = proof
+        wire["sourceCanonicalTurnId"] = request.source_turn_id
+        return ForkResult(
+            DeliveryDisposition.ACCEPTED,
+            child=child,
+            binding=ForkBinding(self.binding_mode, wire),
+        )
+
+    def _prove_readable(
+        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> tuple[str | None, str]:
+        """(problem or None, how it was proven): the provider's own history reader in this
+        worker (no process spawned) where it can judge the child, else a fresh app-server on
+        the target home (`readability_proof = "app_server"` forces the latter)."""
+        if self.readability_proof == READABILITY_IN_WORKER:
+            try:
+                return (
+                    self._read_child_in_worker(runtime, home, child_id, source_id, prefix),
+                    READABILITY_IN_WORKER,
+                )
+            except ReaderNotApplicable:
+                pass
+        return self._verify_readable(home, child_id, prefix), READABILITY_APP_SERVER
+
+    def _read_child_in_worker(
+        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    ) -> str | None:
+        """The child's readability from `home` alone, judged in this worker by the provider's
+        own history reader (a problem, or None). A provider module supplies the reader; without
+        one the proof falls back to a fresh app-server."""
+        raise ReaderNotApplicable(f"no in-worker history reader for {self.kind}")
+
+    def _load_lineage(self, runtime: Runtime, home: Path, thread_id: str) -> None:
+        """Before a fresh app-server on `home` reads `thread_id`: load what it must have seen
+        first (Codex: the thread's rollout lineage). Nothing by default."""
+
+    def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
+        """Prove the child reads from the target home alone (lineage included): a fresh
+        app-server there lists exactly the frozen prefix."""
+        try:
+            runtime = self._spawn(home, None, None)
+        except HostError as exc:
+            return str(exc)
+        try:
+            self._load_lineage(runtime, home, child_id)
+            turns = [str(t.get("id")) for t in self._thread_turns(runtime, child_id)]
+        except AppServerFailure as exc:
+            return str(exc)
+        finally:
+            runtime.proc.close()
+        if turns != prefix:
+            return f"target home shows turns {turns}"
+        return None
+
+    def _thread_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        result = runtime.proc.request(
+            "thread/read",
+            {"threadId": thread_id, "includeTurns": True},
+            timeout=self.request_timeout,
+        )
+        thread = thread_of(result)
+        turns = [t for t in thread.get("turns") or [] if isinstance(t, Mapping)]
+        # Paginated histories may omit turns from thread/read: list them instead.
+        return turns or self._list_turns(runtime, thread_id)
+
+    def _list_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        turns: list[Mapping[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(10_000):
+            params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc", "limit": 100}
+            if cursor:
+                params["cursor"] = cursor
+            page = runtime.proc.request("thread/turns/list", params, timeout=self.request_timeout)
+            turns.extend(t for t in page.get("data") or [] if isinstance(t, Mapping))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return turns

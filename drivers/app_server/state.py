@@ -1,0 +1,54 @@
+"""The worker-side state of the generic app-server driver: one app-server process serving one
+provider home (`Runtime`), one canonical Session (`SessionState`), and a server→client request
+awaiting the host's answer (`PendingRequest`). Plain data; the driver's locks guard it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from drivers.app_server.process import AppServerProcess, ServerRequest
+from drivers.versions import GateResult
+
+
+@dataclass(slots=True)
+class Runtime:
+    """One app-server process serving one provider home."""
+
+    proc: AppServerProcess
+    home: Path
+    user_agent: str
+    gate: GateResult
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    request: ServerRequest
+    kind: str
+    turn_id: str
+    provider_turn_id: str
+
+
+@dataclass(slots=True)
+class SessionState:
+    """Worker-side state of one canonical Session (mutable; guarded by its locks)."""
+
+    agent_session_id: str
+    home: Path
+    cwd: str
+    thread_id: str
+    model: str | None
+    runtime: Runtime | None = None
+    # Serializes start/resume/turn-start on this Session; never taken by the reader thread.
+    op_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Guards the maps below; taken briefly by the reader thread too.
+    state_lock: threading.Lock = field(default_factory=threading.Lock)
+    awaiting_turn: str | None = None  # canonical turn id whose provider id is not known yet
+    turns: dict[str, str] = field(default_factory=dict)  # provider turn id → canonical
+    active: set[str] = field(default_factory=set)  # provider turn ids in progress
+    pending: dict[str, PendingRequest] = field(default_factory=dict)
+    # provider turn id → the typed model failure that made us stop the provider's retries
+    model_failures: dict[str, str] = field(default_factory=dict)
+    last_used: float = field(default_factory=time.monotonic)

@@ -1,0 +1,114 @@
+"""The observed provider Turn identity of a Claude turn and its checkpoint binding: the root
+user-message UUID found in the session's transcript as soon as the CLI writes it (`turn.started`),
+each later persisted message moving the checkpoint (`turn.binding`), the checkpoint reconciled
+with the transcript when the turn ends, and whether a transcript can be resumed at all.
+`Checkpoints` is a mixin of `ClaudeDriver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from pathlib import Path
+
+from drivers.claude.state import SessionState, TurnState
+from drivers.claude_transcript import (
+    contains_uuid,
+    encode_binding,
+    legacy_checkpoint,
+    parse_entries,
+)
+
+log = logging.getLogger("drivers.claude")
+
+
+class Checkpoints:
+    """Turn identity and checkpoint binding, from the transcript and the streamed messages."""
+
+    def _reconcile_checkpoint(self, session: SessionState, turn: TurnState) -> None:
+        """A streamed checkpoint the transcript does not hold would make fork fail later;
+        replace it with the transcript's own last message of this turn."""
+        try:
+            text = session.transcript.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return
+        assert turn.provider_turn_id is not None
+        if turn.checkpoint and contains_uuid(text, turn.checkpoint):
+            return
+        recomputed = legacy_checkpoint(text, turn.provider_turn_id)
+        if recomputed and recomputed != turn.checkpoint:
+            self._set_checkpoint(session, turn, recomputed)
+
+    def _observe_root(self, session: SessionState, turn: TurnState, root_uuid: str) -> None:
+        """Records the observed root user-message UUID: the provider Turn identity."""
+        if turn.provider_turn_id is not None:
+            return
+        turn.provider_turn_id = root_uuid
+        turn.emit(
+            session.agent_session_id,
+            {"type": "turn.started", "turnId": turn.turn_id, "providerTurnId": root_uuid},
+        )
+        turn.started.set_result(root_uuid)
+        self._set_checkpoint(session, turn, root_uuid)
+
+    async def _watch_root(self, session: SessionState, turn: TurnState) -> None:
+        """Finds the turn's root user message in the transcript as soon as the CLI writes it.
+
+        The CLI persists the prompt before it calls the model but echoes it only with the
+        reply, so the transcript is the earliest place the observed UUID appears.
+        """
+        while not self._scan_root(session, turn):
+            await asyncio.sleep(0.02)
+
+    def _scan_root(self, session: SessionState, turn: TurnState) -> bool:
+        """One look for the root user message past the turn's start offset; True once known."""
+        if turn.provider_turn_id is not None:
+            return True
+        try:
+            with open(session.transcript, "rb") as fh:
+                fh.seek(turn.transcript_offset)
+                tail = fh.read().decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            return False
+        root = next((e for e in parse_entries(tail) if e.is_root_user), None)
+        if root is None:
+            return False
+        self._observe_root(session, turn, root.uuid)
+        return True
+
+    def _set_checkpoint(self, session: SessionState, turn: TurnState, message_uuid: str) -> None:
+        if turn.checkpoint == message_uuid:
+            return
+        turn.checkpoint = message_uuid
+        turn.emit(
+            session.agent_session_id,
+            {
+                "type": "turn.binding",
+                "turnId": turn.turn_id,
+                "bindingJson": encode_binding(message_uuid),
+            },
+        )
+
+
+def resumable(transcript: Path) -> bool:
+    """Whether the CLI can resume this transcript: it holds a conversation message.
+
+    A CLI SIGKILLed before it flushed a first turn can leave only its queue bookkeeping
+    (observed: two `queue-operation` lines); resuming that fails with "No conversation found",
+    every turn after. Such a file holds nothing to keep: it is moved aside (never deleted) and
+    the next turn claims the session id afresh, as a first turn does.
+    """
+    try:
+        with open(transcript, encoding="utf-8", errors="replace") as fh:
+            # Stops at the first message (the third line of a normal transcript): every turn
+            # start asks, and transcripts grow without bound.
+            if any(e.type in ("user", "assistant") for line in fh for e in parse_entries(line)):
+                return True
+    except FileNotFoundError:
+        return False
+    aside = transcript.with_name(f".{transcript.name}.no-messages-{time.time_ns()}")
+    os.rename(transcript, aside)
+    log.warning("transcript %s holds no message (a CLI died early); moved to %s", transcript, aside)
+    return False

@@ -1,0 +1,198 @@
+"""The Claude Code provider driver: sessions and turns through the pinned `claude-agent-sdk`
+(which runs the real bundled Claude Code CLI), and provider-owned forks via `fork_session`.
+
+`ClaudeDriver` here owns the attested verdict and the sessions (each with its own
+`CLAUDE_CONFIG_DIR` and private `HOME`, resumed only from its own provider session id); its
+turns (turns.py), Interactions (interactions.py), checkpoints (checkpoints.py) and fork
+(fork.py) are mixins, its configuration and environment in env.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from domain.errors import InvalidArgument, NotFound, SessionBusy
+from drivers.base import ProviderStateBindingMode
+from drivers.claude.env import (
+    DRIVER_KIND,
+    PINNED_SDK_VERSION,
+    PRIVATE_HOME_DIR,
+    QUIET_ENV,
+    ClaudeDriverConfig,
+    cli_version,
+    sdk_version,
+    session_env,
+)
+from drivers.claude.fork import ClaudeFork
+from drivers.claude.state import SessionState, is_uuid, required
+from drivers.claude.turns import Turns
+from drivers.claude_transcript import history_turns
+from drivers.errors import DriverError, FailpointError
+from drivers.failpoints import Failpoints
+
+
+class ClaudeDriver(Turns, ClaudeFork):
+    """`ProviderDriver` for `claude-code`; one instance per worker process.
+
+    Turns run on one private asyncio loop thread (the SDK is async); every other method is
+    called from the worker's thread pool and is safe to call concurrently.
+    """
+
+    def __init__(self, config: ClaudeDriverConfig, failpoints: Failpoints) -> None:
+        self._config = config
+        self._failpoints = failpoints
+        self._sessions: dict[str, SessionState] = {}
+        self._sessions_lock = threading.Lock()
+        # os.environ is process-wide and the SDK's session helpers read CLAUDE_CONFIG_DIR
+        # from it: every helper call that needs a particular config dir holds this lock.
+        self._env_lock = threading.Lock()
+        for key, value in QUIET_ENV.items():
+            os.environ[key] = value
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=self._loop.run_forever, name="claude-driver-loop", daemon=True
+        )
+        self._loop_thread.start()
+
+    def _user_agent(self) -> str:
+        return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
+
+    def _verdict(self) -> dict[str, Any]:
+        """This driver's attested forkability verdict: the only source of the Host's
+        capability (seed 000 §3.2), persisted with the runtime context at session start."""
+        return {
+            "driverKind": DRIVER_KIND,
+            "driverVersion": sdk_version(),
+            "userAgent": self._user_agent(),
+            "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
+            # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
+            "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
+            # Full-Session fork (issue 21): the same checkpoint cut at the newest settled Turn.
+            "forkFullSession": sdk_version() == PINNED_SDK_VERSION,
+            "binderAvailable": self._placement_available(),
+        }
+
+    def _runtime_context(self, provider_session_id: str) -> dict[str, Any]:
+        return {
+            **self._verdict(),
+            # The only resume cursor a Claude session accepts is its own provider session id.
+            "resumeCursor": {"resume": provider_session_id},
+        }
+
+    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        cli = self._config.cli_path or str(
+            Path(str(__import__("claude_agent_sdk").__file__)).parent / "_bundled" / "claude"
+        )
+        if not os.access(cli, os.X_OK):
+            raise DriverError(f"Claude Code CLI is not executable: {cli}")
+        verdict = self._verdict()
+        # provider_owned needs no host binder: the driver itself places the child's transcript
+        # in the child's own home before it answers `accepted`; that placement is what
+        # `binderAvailable` reports. Failpoint `worker.binder.available` (`error`) makes the
+        # re-attestation say it is unavailable (the fail-closed tests).
+        try:
+            self._failpoints.hit("worker.binder.available")
+        except FailpointError:
+            verdict["binderAvailable"] = False
+        return verdict
+
+    def _placement_available(self) -> bool:
+        """Whether the child-transcript placement (`_relocate_child`) can run here."""
+        return hasattr(os, "replace") and hasattr(os, "fsync")
+
+    def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        agent_session_id = required(params, "agentSessionId")
+        home = Path(required(params, "home"))
+        cwd = required(params, "cwd")
+        if not os.path.isdir(cwd):
+            raise InvalidArgument("cwd", f"cwd is not a directory: {cwd}")
+        requested = provider_session_id = str(params.get("providerSessionId") or "")
+        if provider_session_id and not is_uuid(provider_session_id):
+            raise InvalidArgument("providerSessionId", "a Claude session id is a UUID")
+        # A cursor inherited across a fork names the source's session: resuming it would
+        # continue in the source's namespace. Only the canonical provider session id counts.
+        cursor = (params.get("runtimeContext") or {}).get("resumeCursor") or {}
+        dropped = bool(cursor) and cursor.get("resume") != provider_session_id
+        if not provider_session_id:
+            provider_session_id = str(uuid.uuid4())
+        private_home = home / PRIVATE_HOME_DIR
+        private_home.mkdir(parents=True, exist_ok=True)
+        settings = params.get("settings") or {}
+        claude_settings = settings.get("claudeSettings") if isinstance(settings, dict) else None
+        session = SessionState(
+            agent_session_id=agent_session_id,
+            provider_session_id=provider_session_id,
+            config_dir=home,
+            private_home=private_home,
+            cwd=cwd,
+            model=str(params.get("model") or self._config.model or "") or None,
+            claude_settings=json.dumps(claude_settings) if claude_settings else None,
+            env=session_env(self._config, home, private_home, params.get("env") or {}),
+        )
+        with self._sessions_lock:
+            old = self._sessions.get(agent_session_id)
+            if old is None or old.active is None:
+                self._sessions[agent_session_id] = session
+            elif (old.config_dir, old.cwd) == (home, cwd) and requested in (
+                "",
+                old.provider_session_id,
+            ):
+                # The host re-prepares a live runtime (fork.create does, while a turn may be
+                # running or waiting on an Interaction) so it can answer with its own boundary
+                # reason: the running turn keeps its session; the next start applies the rest.
+                provider_session_id = old.provider_session_id
+            else:
+                raise SessionBusy(f"session {agent_session_id} has an active turn")
+        context = self._runtime_context(provider_session_id)
+        if dropped:
+            context["droppedResumeCursor"] = dict(cursor)
+        return {"providerSessionId": provider_session_id, "runtimeContext": context}
+
+    def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.history {agentSessionId}` → `{turns: [{providerTurnId, userText,
+        bindingJson}]}` from the session's own transcript, in its order: what the host
+        re-binds a Turn whose binding it never recorded from (issue 15 defect 1)."""
+        session = self._session(required(params, "agentSessionId"))
+        try:
+            text = session.transcript.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return {"turns": []}  # no turn ever reached the CLI
+        except OSError as exc:
+            raise DriverError(f"provider history unreadable: {exc}") from exc
+        return {"turns": history_turns(text)}
+
+    def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        agent_session_id = required(params, "agentSessionId")
+        with self._sessions_lock:
+            session = self._sessions.pop(agent_session_id, None)
+        if session is not None and session.active is not None:
+            self._cancel(session.active)
+        return {}
+
+    def _session(self, agent_session_id: str) -> SessionState:
+        with self._sessions_lock:
+            session = self._sessions.get(agent_session_id)
+        if session is None:
+            raise NotFound(f"session {agent_session_id} is not started in the Claude worker")
+        return session
+
+    def close(self) -> None:
+        with self._sessions_lock:
+            sessions = list(self._sessions.values())
+        for session in sessions:
+            if session.active is not None:
+                self._cancel(session.active)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop_thread.join(timeout=10)
+
+
+def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ClaudeDriver:
+    """The worker's entry point for `--provider claude-code`."""
+    return ClaudeDriver(ClaudeDriverConfig.from_mapping(config), failpoints)

@@ -1,0 +1,254 @@
+"""The provider-owned fork of a Claude Code session (seed 000 §7): the boundary's checkpoint
+planned from the source transcript before any provider call, exactly one SDK `fork_session`,
+the child's transcript moved crash-durably into the child's own home, and the child verified
+from that home alone (identity, turn mapping, checkpoint) with a hashed receipt. Every
+provider outcome is a `ForkResult` disposition. `ClaudeFork` is a mixin of `ClaudeDriver`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from drivers.base import (
+    DeliveryDisposition,
+    ForkBinding,
+    ForkChild,
+    ForkRequest,
+    ForkResult,
+    ProviderStateBindingMode,
+)
+from drivers.claude.env import (
+    DRIVER_KIND,
+    PRIVATE_HOME_DIR,
+    RECEIPT_SCHEMA_VERSION,
+    claude_config_env,
+    sdk_version,
+)
+from drivers.claude.state import is_uuid
+from drivers.claude_transcript import (
+    decode_binding,
+    encode_binding,
+    legacy_checkpoint,
+    parse_entries,
+    split_turns,
+    transcript_path,
+)
+from drivers.failpoints import Failpoints
+
+
+@dataclass(slots=True)
+class _ForkPlan:
+    source_path: Path
+    checkpoint: str
+    legacy: bool
+
+
+class _NotStarted(Exception):
+    """A fork precondition failed before any provider call."""
+
+
+class ClaudeFork:
+    """`fork(request) -> ForkResult` through the SDK's `fork_session`."""
+
+    _failpoints: Failpoints
+    _env_lock: threading.Lock
+
+    @contextlib.contextmanager
+    def _config_env(self, config_dir: str, home: str) -> Iterator[None]:
+        """Points the process env at one session's config dir for an in-process SDK helper."""
+        with self._env_lock, claude_config_env(config_dir, home):
+            yield
+
+    def fork(self, request: ForkRequest) -> ForkResult:
+        try:
+            plan = self._plan_fork(request)
+        except _NotStarted as exc:
+            return ForkResult.not_started(str(exc))
+        try:
+            self._failpoints.hit("worker.fork.before_provider_call")
+        except Exception as exc:
+            return ForkResult.not_started(f"before provider call: {exc}")
+        # From here on the SDK may have written a child: every failure is `unknown`, and
+        # nothing is ever retried (at most one provider fork call per operation, law 1).
+        try:
+            child_id = self._call_fork_session(request, plan)
+        except Exception as exc:
+            return ForkResult.unknown(f"fork_session failed: {type(exc).__name__}: {exc}")
+        try:
+            self._failpoints.hit("worker.fork.after_provider_call")
+            self._relocate_child(request, child_id)
+            return self._verify_child(request, plan, child_id)
+        except Exception as exc:
+            return ForkResult.unknown(
+                f"child {child_id} unverified: {type(exc).__name__}: {exc}",
+                child=ForkChild(child_id, request.source.provider_session_id, ()),
+            )
+
+    def _plan_fork(self, request: ForkRequest) -> _ForkPlan:
+        src, tgt = request.source, request.target
+        if request.driver_kind and request.driver_kind != DRIVER_KIND:
+            raise _NotStarted(f"driver kind {request.driver_kind!r} is not {DRIVER_KIND}")
+        if request.driver_version and request.driver_version != sdk_version():
+            raise _NotStarted(
+                f"driver version changed: frozen {request.driver_version}, now {sdk_version()}"
+            )
+        if not is_uuid(src.provider_session_id):
+            raise _NotStarted(
+                f"source provider session id is not a UUID: {src.provider_session_id!r}"
+            )
+        if not request.provider_turn_ids:
+            raise _NotStarted("no provider turn ids: the boundary is unbound")
+        if not all(is_uuid(t) for t in request.provider_turn_ids):
+            raise _NotStarted("a provider turn id is not an observed Claude UUID")
+        if not tgt.home or not src.home or not src.cwd:
+            raise _NotStarted("source home, source cwd and target home are required")
+        if os.path.realpath(src.home) == os.path.realpath(tgt.home):
+            raise _NotStarted("the child needs its own home")
+        source_path = transcript_path(src.home, src.cwd, src.provider_session_id)
+        if not source_path.is_file():
+            raise _NotStarted(f"unknown session {src.provider_session_id}: no transcript")
+        bindings = request.extra.get("providerTurnBindings") or []
+        boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
+        checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
+        legacy = checkpoint is None
+        text = source_path.read_text(encoding="utf-8", errors="replace")
+        if checkpoint is not None and not holds_message(text, checkpoint):
+            # Law 1: fork_session is called at most once per operation, so a checkpoint the
+            # transcript does not hold is recomputed *before* that call, never after a refusal.
+            checkpoint = None
+        if checkpoint is None:
+            # A Turn bound before bindings existed (or a stale binding): the transcript's own
+            # checkpoint of the boundary Turn.
+            checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
+            if checkpoint is None:
+                raise _NotStarted("boundary turn is not a root user message of the transcript")
+        return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
+
+    def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
+        from claude_agent_sdk import fork_session
+
+        src = request.source
+        home = str(Path(src.home) / PRIVATE_HOME_DIR)
+        title = request.title or None
+        with self._config_env(src.home, home):
+            # Exactly one call: any failure from here on (even the SDK's "Message … not
+            # found") is `unknown` to the saga and is never retried (seed 000 §7, law 1).
+            result = fork_session(
+                src.provider_session_id,
+                directory=src.cwd,
+                up_to_message_id=plan.checkpoint,
+                title=title,
+            )
+        return str(result.session_id)
+
+    def _relocate_child(self, request: ForkRequest, child_id: str) -> None:
+        """Moves the child transcript from the source's config dir into the child's own home.
+
+        fork_session writes next to the source; the child must resume from its own home alone.
+        Crash-durable: copy to a temp file, fsync, rename, fsync the directory, then unlink.
+        """
+        src, tgt = request.source, request.target
+        written = transcript_path(src.home, src.cwd, child_id)
+        dest = transcript_path(tgt.home, src.cwd, child_id)
+        data = written.read_bytes()
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.exists():
+            raise FileExistsError(f"child transcript already in target home: {dest}")
+        # This move is Claude's provider-state binding: the same crash points as the host_copy
+        # binder's copy (PROTOCOL.md), so every worker.bind.* cell of the crash matrix is reached.
+        self._failpoints.hit("worker.bind.before_copy")
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, dest)
+        fsync_dir(dest.parent)
+        self._failpoints.hit("worker.bind.after_copy")  # copied, not yet removed from the source
+        written.unlink()
+        fsync_dir(written.parent)
+
+    def _verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
+        """Reads only the child (from the target home): identity, readability, turn mapping."""
+        from claude_agent_sdk import get_session_info, get_session_messages
+
+        src, tgt = request.source, request.target
+        child = ForkChild(child_id, src.provider_session_id, ())
+        if not is_uuid(child_id) or child_id == src.provider_session_id:
+            return ForkResult.unknown(f"child id {child_id!r} is not a new UUID", child=child)
+        with self._config_env(tgt.home, str(Path(tgt.home) / PRIVATE_HOME_DIR)):
+            info = get_session_info(child_id, directory=src.cwd)
+            messages = get_session_messages(child_id, directory=src.cwd)
+        if info is None or not messages:
+            return ForkResult.unknown(
+                f"child {child_id} is not readable from its home", child=child
+            )
+        text = transcript_path(tgt.home, src.cwd, child_id).read_text(encoding="utf-8")
+        turns = split_turns(parse_entries(text))
+        roots_from = tuple(t.root_forked_from for t in turns)
+        if roots_from != request.provider_turn_ids:
+            return ForkResult.unknown(
+                f"child turns map to {list(roots_from)}, "
+                f"expected {list(request.provider_turn_ids)}",
+                child=child,
+            )
+        boundary = turns[-1]
+        if boundary.checkpoint_forked_from != plan.checkpoint:
+            return ForkResult.unknown("child does not end at the source checkpoint", child=child)
+        child = ForkChild(child_id, src.provider_session_id, tuple(t.root_uuid for t in turns))
+        turn_bindings = {
+            source_turn: {
+                "rootProviderTurnId": t.root_uuid,
+                "bindingJson": encode_binding(t.checkpoint_uuid),
+            }
+            for source_turn, t in zip(request.provider_turn_ids, turns, strict=True)
+        }
+        receipt_body = {
+            "schemaVersion": RECEIPT_SCHEMA_VERSION,
+            "sourceSessionId": src.provider_session_id,
+            "childSessionId": child_id,
+            "sourceBoundaryTurnId": request.provider_turn_ids[-1],
+            "sourceCanonicalTurnId": request.source_turn_id,
+            "childBoundaryTurnId": boundary.root_uuid,
+            "sourceCheckpointMessageId": plan.checkpoint,
+            "childCheckpointMessageId": boundary.checkpoint_uuid,
+        }
+        receipt = dict(receipt_body)
+        receipt["hash"] = receipt_hash(receipt_body)
+        receipt["legacyCheckpoint"] = plan.legacy
+        return ForkResult(
+            DeliveryDisposition.ACCEPTED,
+            child=child,
+            binding=ForkBinding(ProviderStateBindingMode.PROVIDER_OWNED, receipt, turn_bindings),
+        )
+
+
+def receipt_hash(body: Mapping[str, Any]) -> str:
+    """sha256 over the canonical JSON of the receipt fields (sorted keys, no spaces)."""
+    canonical = json.dumps(dict(body), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def holds_message(text: str, message_uuid: str) -> bool:
+    """Whether a transcript has an entry whose own `uuid` is `message_uuid` (a scan of the
+    text, no JSON parse: the fork's O(1)-ish pre-check of a bound checkpoint)."""
+    return re.search(r'"uuid"\s*:\s*"' + re.escape(message_uuid) + '"', text) is not None

@@ -1,0 +1,395 @@
+"""A Claude Code turn: run by the pinned SDK on the driver's private asyncio loop (one CLI process
+per turn, resumed from the session's own transcript), its streamed SDK messages mapped to the
+turn events of internals.md (`item`, `message.delta`, descendant lanes, `turn.completed`), a
+retried model failure stopped, and an interrupt that kills exactly this turn's CLI.
+`Turns` is a mixin of `ClaudeDriver`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
+from typing import Any
+
+from domain.errors import NotFound, SessionBusy
+from drivers.base import Emit, TurnOutcome
+from drivers.claude.checkpoints import resumable
+from drivers.claude.env import ClaudeDriverConfig
+from drivers.claude.interactions import Interactions
+from drivers.claude.state import SessionState, TurnState, required
+from drivers.credentials import (
+    MODEL_AUTH_FAILED,
+    MODEL_UNREACHABLE,
+    classify_model_failure,
+    model_failure_text,
+)
+from drivers.errors import DriverError
+
+# Streamed system messages that never reach the transcript: they are no checkpoint.
+EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
+    {
+        "init",
+        "status",
+        "hook_started",
+        "hook_progress",
+        "hook_response",
+        "task_started",
+        "task_progress",
+        "task_notification",
+        "task_updated",
+        "api_retry",
+        "files_persisted",
+    }
+)
+
+# The canonical Message kind that marks a provider-native descendant lane in a Turn (the store's
+# `storage.fork_snapshot.DESCENDANT_LANE_KIND`; a fork boundary holding one fails closed).
+DESCENDANT_LANE_KIND = "descendant_lane"
+
+TURN_START_TIMEOUT_S = 120.0
+
+
+class Turns(Interactions):
+    """Turn start, interrupt and the SDK message stream of the active turn."""
+
+    _config: ClaudeDriverConfig
+
+    def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
+        session = self._session(required(params, "agentSessionId"))
+        turn = TurnState(turn_id=required(params, "turnId"), emit=emit)
+        text = str(params.get("text") or "")
+        with session.lock:
+            # Two concurrent turns on one Claude session both succeed and branch the
+            # transcript (PROVIDERS.md): one at a time, enforced here.
+            if session.active is not None:
+                raise SessionBusy(f"session {session.agent_session_id} already has an active turn")
+            session.active = turn
+        turn.task = asyncio.run_coroutine_threadsafe(
+            self._run_turn(session, turn, text), self._loop
+        )
+        try:
+            provider_turn_id = turn.started.result(timeout=TURN_START_TIMEOUT_S)
+        except FutureTimeout:
+            self._cancel(turn)
+            raise DriverError("Claude Code did not echo the user message in time") from None
+        return {"providerTurnId": provider_turn_id}
+
+    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session = self._session(required(params, "agentSessionId"))
+        turn = session.active
+        wanted = params.get("providerTurnId")
+        if turn is None or (wanted and turn.provider_turn_id not in (None, wanted)):
+            raise NotFound("no such active turn", reason="turn_not_found")
+        self._cancel(turn)
+        return {}
+
+    def _cancel(self, turn: TurnState) -> None:
+        turn.interrupted = True
+        self._loop.call_soon_threadsafe(self._terminate, turn)
+
+    def _terminate(self, turn: TurnState) -> None:
+        """Stops the turn's CLI process (on the loop thread, which owns it).
+
+        Killing the process, not cancelling the task: a bare asyncio cancel skips the SDK's
+        terminate escalation and leaves the close waiting for the in-flight model call.
+        """
+        process = getattr(turn.transport, "_process", None)
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        elif turn.task is not None:
+            turn.task.cancel()  # not spawned yet: nothing to kill
+
+    def _options(self, session: SessionState, turn: TurnState) -> Any:
+        from claude_agent_sdk import ClaudeAgentOptions
+
+        async def can_use_tool(tool: str, tool_input: dict[str, Any], context: Any) -> Any:
+            return await self._can_use_tool(session, turn, tool, tool_input, context)
+
+        exists = resumable(session.transcript)
+        return ClaudeAgentOptions(
+            cwd=session.cwd,
+            env=dict(session.env),
+            # Resume only from this session's own id, and only once its transcript exists in
+            # its own home; a first turn claims the id instead (no source namespace, ever).
+            resume=session.provider_session_id if exists else None,
+            session_id=None if exists else session.provider_session_id,
+            setting_sources=[],
+            model=session.model,
+            cli_path=self._config.cli_path,
+            settings=session.claude_settings,
+            # Echo user messages with the UUIDs the CLI persisted: the observed identity.
+            extra_args={"replay-user-messages": None},
+            # Every tool permission the CLI would ask a person for becomes an Interaction.
+            can_use_tool=can_use_tool,
+            # Raw stream events: text arrives as it is generated (`message.delta`).
+            include_partial_messages=True,
+        )
+
+    async def _run_turn(self, session: SessionState, turn: TurnState, text: str) -> None:
+        from claude_agent_sdk import query
+        from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
+
+        outcome = TurnOutcome.FAILED
+        error: str | None = None
+        try:
+            turn.transcript_offset = session.transcript.stat().st_size
+        except FileNotFoundError:
+            turn.transcript_offset = 0
+        watcher = asyncio.ensure_future(self._watch_root(session, turn))
+        try:
+            options = self._options(session, turn)
+            # Our own transport handle (the SDK's default one, pinned version) so an interrupt
+            # can stop exactly this turn's CLI process; aclosing stops it on any exit. The
+            # transport gets what `query()` would give its own: permission prompts over stdio
+            # (the control protocol); `query()` keeps `can_use_tool` and no prompt tool name,
+            # or the SDK refuses the pair.
+            turn.transport = SubprocessCLITransport(
+                prompt=text, options=replace(options, permission_prompt_tool_name="stdio")
+            )
+            async with contextlib.aclosing(  # type: ignore[type-var] # the SDK's iterator closes
+                query(prompt=text, options=options, transport=turn.transport)
+            ) as messages:
+                async for message in messages:
+                    result = self._on_message(session, turn, message)
+                    if result is not None:
+                        outcome, error = result
+            if turn.provider_turn_id is None and error is None:
+                error = "Claude Code ended the turn without persisting the user message"
+                outcome = TurnOutcome.FAILED
+        except asyncio.CancelledError:
+            outcome, error = TurnOutcome.INTERRUPTED, None
+        except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
+            outcome, error = TurnOutcome.FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            watcher.cancel()
+            self._drop_pending(session, turn)
+        self._finish_turn(session, turn, outcome, error)
+
+    def _drop_pending(self, session: SessionState, turn: TurnState) -> None:
+        """No answer can reach a CLI that is gone: cancel what it was waiting on (the host
+        supersedes the open Interactions when the Turn settles)."""
+        with session.lock:
+            pending = list(turn.pending.values())
+            turn.pending.clear()
+        for item in pending:
+            item.answer.cancel()
+
+    def _finish_turn(
+        self, session: SessionState, turn: TurnState, outcome: TurnOutcome, error: str | None
+    ) -> None:
+        if turn.model_failure is not None:
+            error = turn.model_failure
+        if turn.provider_turn_id is None:
+            # No observed identity: the host learns it from start_turn's failure.
+            if not turn.started.done():
+                turn.started.set_exception(DriverError(error or "turn did not start"))
+            with session.lock:
+                session.active = None
+            return
+        self._reconcile_checkpoint(session, turn)
+        with session.lock:
+            # Cleared before `turn.completed` so the host's next turn.start is never busy.
+            session.active = None
+        event: dict[str, Any] = {
+            "type": "turn.completed",
+            "turnId": turn.turn_id,
+            "providerTurnId": turn.provider_turn_id,
+            "outcome": TurnOutcome.INTERRUPTED.value if turn.interrupted else outcome.value,
+        }
+        if error and not turn.interrupted:
+            event["error"] = error
+        if turn.model_failure is not None and not turn.interrupted:
+            event["outcome"], event["error"] = TurnOutcome.FAILED.value, turn.model_failure
+        turn.emit(session.agent_session_id, event)
+
+    def _on_message(
+        self, session: SessionState, turn: TurnState, message: Any
+    ) -> tuple[TurnOutcome, str | None] | None:
+        """Maps one SDK message to turn events; returns the outcome on the ResultMessage."""
+        from claude_agent_sdk import (
+            AssistantMessage,
+            ResultMessage,
+            StreamEvent,
+            SystemMessage,
+            TextBlock,
+            ThinkingBlock,
+            ToolResultBlock,
+            ToolUseBlock,
+            UserMessage,
+        )
+
+        sid = session.agent_session_id
+        if isinstance(message, StreamEvent):
+            if message.parent_tool_use_id is None:
+                self._on_stream_event(session, turn, message.event)
+            return None
+        lane = getattr(message, "parent_tool_use_id", None)
+        if isinstance(message, (UserMessage, AssistantMessage)) and lane is not None:
+            # A sidechain (a Task sub-agent's own conversation): not on the main chain, so not
+            # in the canonical history — but recorded once per lane, so a fork boundary that
+            # holds it fails closed (seed 000 §4 `descendant_lane_in_boundary`).
+            self._record_lane(sid, turn, str(lane))
+            return None
+        if isinstance(message, UserMessage):
+            if not message.uuid:
+                return None  # unpersisted: not on the main chain
+            blocks = message.content if isinstance(message.content, list) else []
+            results = [b for b in blocks if isinstance(b, ToolResultBlock)]
+            if turn.provider_turn_id is None and not results:
+                self._observe_root(session, turn, message.uuid)
+            for result in results:
+                turn.emit(
+                    sid,
+                    {
+                        "type": "item",
+                        "turnId": turn.turn_id,
+                        "item": {
+                            "kind": "tool_result",
+                            "text": _text_of(result.content),
+                            "payload": {
+                                "providerToolUseId": result.tool_use_id,
+                                "providerMessageUuid": message.uuid,
+                            },
+                        },
+                    },
+                )
+            if turn.provider_turn_id is not None:
+                self._set_checkpoint(session, turn, message.uuid)
+        elif isinstance(message, AssistantMessage):
+            for block in message.content:
+                item: dict[str, Any] | None = None
+                if isinstance(block, TextBlock):
+                    item = {"kind": "assistant", "text": block.text, "payload": {}}
+                elif isinstance(block, ThinkingBlock):
+                    item = {"kind": "reasoning", "text": block.thinking, "payload": {}}
+                elif isinstance(block, ToolUseBlock):
+                    item = {
+                        "kind": "tool_call",
+                        "text": block.name,
+                        "payload": {"providerToolUseId": block.id, "input": block.input},
+                    }
+                # The CLI settles an API message block by block, in stream order: the n-th block
+                # seen for a message id is the stream's content block n (the delta item).
+                api_id = str(message.message_id or "")
+                index = turn.settled_blocks.get(api_id, 0)
+                turn.settled_blocks[api_id] = index + 1
+                if item is not None:
+                    # provider* keys: the store leaves provider identities untouched when it clones
+                    # a Turn (a bare `messageId` would read as a canonical typed reference).
+                    item["payload"].update(
+                        {
+                            "providerMessageUuid": message.uuid,
+                            "providerApiMessageId": message.message_id,
+                            "providerItemId": f"{api_id}:{index}",
+                        }
+                    )
+                    turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+            if message.uuid and turn.provider_turn_id is not None:
+                self._set_checkpoint(session, turn, message.uuid)
+        elif isinstance(message, SystemMessage):
+            if message.subtype == "api_retry":
+                self._on_api_retry(turn, message.data)
+            msg_uuid = message.data.get("uuid")
+            if (
+                message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
+                and isinstance(msg_uuid, str)
+                and turn.provider_turn_id is not None
+            ):
+                # A trailing system message (e.g. a Stop hook notice) extends the turn.
+                self._set_checkpoint(session, turn, msg_uuid)
+        elif isinstance(message, ResultMessage):
+            if message.is_error:
+                errors = getattr(message, "errors", None) or []
+                text = str(message.result or "; ".join(map(str, errors)) or message.subtype)
+                return TurnOutcome.FAILED, model_failure_text(
+                    "claude-code", self._config.model_base_url, text
+                )
+            return TurnOutcome.COMPLETED, None
+        return None
+
+    @staticmethod
+    def _record_lane(sid: str, turn: TurnState, parent_tool_use_id: str) -> None:
+        if parent_tool_use_id in turn.lanes:
+            return
+        turn.lanes.add(parent_tool_use_id)
+        item = {
+            "kind": DESCENDANT_LANE_KIND,
+            "text": None,
+            "payload": {
+                "descendantLane": True,
+                "providerLane": "claude_sidechain",
+                "providerParentToolUseId": parent_tool_use_id,
+            },
+        }
+        turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+
+    def _on_api_retry(self, turn: TurnState, data: Mapping[str, Any]) -> None:
+        """The CLI retries a refused credential or an unreachable endpoint for minutes: a
+        retry whose cause is one of those fails the turn now, naming it."""
+        if turn.model_failure is not None:
+            return
+        status = data.get("error_status")
+        detail = json.dumps({k: v for k, v in data.items() if k != "uuid"}, default=str)
+        # Classified on the error's own words (numbers such as retry_delay_ms could look like
+        # a status), plus the HTTP status.
+        reason = classify_model_failure(str(data.get("error") or ""))
+        if status in (401, 403):
+            reason = MODEL_AUTH_FAILED
+        elif status is None and int(data.get("attempt") or 0) >= 2:
+            # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
+            # reports it as `error: "unknown"`; a blip gets one retry).
+            reason = MODEL_UNREACHABLE
+            detail = f"no HTTP answer (connection failed), retry {data.get('attempt')}: {detail}"
+        if reason is None:
+            return
+        turn.model_failure = (
+            f"{reason}: claude-code model endpoint "
+            f"{self._config.model_base_url or '(the default Anthropic API)'}: {detail}"
+        )
+        self._terminate(turn)  # on the loop thread already (messages are read there)
+
+    def _on_stream_event(
+        self, session: SessionState, turn: TurnState, event: Mapping[str, Any]
+    ) -> None:
+        """Raw API stream events → `message.delta` (text and thinking as they arrive)."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message") or {}
+            turn.stream_message_id = str(message.get("id") or "")
+            turn.stream_blocks = {}
+        elif kind == "content_block_start":
+            block = event.get("content_block") or {}
+            turn.stream_blocks[int(event.get("index") or 0)] = str(block.get("type") or "")
+        elif kind == "content_block_delta" and turn.stream_message_id is not None:
+            delta = event.get("delta") or {}
+            index = int(event.get("index") or 0)
+            if delta.get("type") == "text_delta":
+                text, item_kind = delta.get("text"), "assistant"
+            elif delta.get("type") == "thinking_delta":
+                text, item_kind = delta.get("thinking"), "reasoning"
+            else:
+                return
+            if isinstance(text, str) and text:
+                turn.emit(
+                    session.agent_session_id,
+                    {
+                        "type": "message.delta",
+                        "turnId": turn.turn_id,
+                        "itemId": f"{turn.stream_message_id}:{index}",
+                        "kind": item_kind,
+                        "delta": text,
+                    },
+                )
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    return ""
