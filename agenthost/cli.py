@@ -40,7 +40,6 @@ EXIT_UNKNOWN = 4
 EXIT_INTERRUPTED = 130
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -172,10 +171,19 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("show", parents=[common], help="show a session's transcript")
     w.add_argument("session", help=session_help)
     w.set_defaults(run=_show)
-    f = sub.add_parser("fork", parents=[common], help="fork a session through a settled turn")
+    f = sub.add_parser(
+        "fork",
+        parents=[common],
+        help="fork a session through a settled turn, or from its latest settled turn",
+    )
     f.add_argument("session", help=session_help)
-    f.add_argument(
-        "--through", required=True, metavar="TURN", help="turn id, unique prefix or sequence"
+    where = f.add_mutually_exclusive_group(required=True)
+    where.add_argument("--through", metavar="TURN", help="turn id, unique prefix or sequence")
+    where.add_argument(
+        "--latest",
+        action="store_true",
+        help="fork the whole session from where it is now: its newest settled turn "
+        "(needs lifecycleCapabilities.forkFullSession)",
     )
     f.add_argument(
         "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
@@ -911,17 +919,20 @@ def _resolve(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _fork(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.engine import AckState, Engine, MutationStatus
+    from agenthost.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
     from agenthost.session_client import resolve_session, resolve_turn, timeline
 
     sid = resolve_session(client, args.workspace, args.session)
-    turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
+    if args.latest:
+        turn_id = LATEST_SETTLED  # the daemon resolves the boundary; the Engine's key for it
+    else:
+        turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
     events = events_endpoint(args)
     engine = Engine(client, args.workspace)
     try:
         if events is not None:
             engine.attach_events(events, curve=curve(args))
-        record = engine.fork(sid, turn_id)
+        record = engine.fork_latest(sid) if args.latest else engine.fork(sid, turn_id)
         shown: str | None = None
 
         def changed() -> bool:
@@ -975,8 +986,9 @@ def _report_fork(
     status = record.status
     if status is MutationStatus.SUCCEEDED:
         child = (operation or {}).get("session") or {}
+        how = "from its latest settled turn, " if record.point != "throughTurn" else ""
         human = (
-            f"forked {record.source_session_id} through turn {record.turn_id}\n"
+            f"forked {record.source_session_id} {how}through turn {record.boundary}\n"
             f"child {record.child_session_id}  {child.get('title', '')}\n"
             f"operation {record.operation_id} committed"
         )
@@ -1001,6 +1013,7 @@ def _report_fork(
             reason,
             detail.get("params"),
             turn_id=record.turn_id,
+            latest=record.point != "throughTurn",
             turns=turns or [],
             session=session,
             message=detail.get("message"),
