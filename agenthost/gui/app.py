@@ -108,6 +108,12 @@ class AgentHostApp(App[int]):
 
     # -- layout ------------------------------------------------------------------------------
 
+    @property
+    def _main(self) -> Any:
+        """The main screen: its widgets are queried even while a dialog (resolve, rename, …) is
+        on top, so an Engine change that arrives then still updates them."""
+        return self.screen_stack[0] if self.screen_stack else self
+
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
             yield SessionTree(id="sessions")
@@ -152,7 +158,7 @@ class AgentHostApp(App[int]):
     def _refresh_tree(self) -> None:
         self._tree_dirty = False
         sessions = self.engine.sessions()
-        self.query_one(SessionTree).show_sessions(sessions, self.current, self.marks)
+        self._main.query_one(SessionTree).show_sessions(sessions, self.current, self.marks)
         shape = frozenset(
             (str(s["agentSessionId"]), (s.get("forkedFrom") or {}).get("operationId"))
             for s in sessions
@@ -185,7 +191,7 @@ class AgentHostApp(App[int]):
             return  # a newer list is being marked
         if marks != self.marks:
             self.marks = marks
-            self.query_one(SessionTree).show_sessions(
+            self._main.query_one(SessionTree).show_sessions(
                 self.engine.sessions(), self.current, self.marks
             )
 
@@ -204,7 +210,7 @@ class AgentHostApp(App[int]):
         self.current = session_id
         self.turns, self.has_more, self.source_title = [], False, None
         self._update_title()
-        tree = self.query_one(SessionTree)
+        tree = self._main.query_one(SessionTree)
         node = tree.node_for(session_id)
         if node is not None:
             tree.show_cursor_on(node)
@@ -261,7 +267,7 @@ class AgentHostApp(App[int]):
 
     def _update_title(self) -> None:
         session = self.engine.session(self.current) if self.current else None
-        widget = self.query_one("#session-title", Static)
+        widget = self._main.query_one("#session-title", Static)
         if session is None:
             widget.update("Select a session" if not self.current else "(session not available)")
             self._update_fork_session(None, None)
@@ -284,7 +290,7 @@ class AgentHostApp(App[int]):
         """The Session-level Fork (`latestSettled`, issue 21 §2): shown only when the Session's
         `lifecycleCapabilities.forkFullSession` is true; disabled while its fork is in flight
         or while the session is not quiet (the reason in the tooltip)."""
-        button = self.query_one(f"#{FORK_SESSION_ID}", Button)
+        button = self._main.query_one(f"#{FORK_SESSION_ID}", Button)
         caps = (session or {}).get("lifecycleCapabilities") or {}
         shown = session is not None and bool(caps.get("forkFullSession"))
         button.set_class(shown, "-shown")
@@ -343,7 +349,7 @@ class AgentHostApp(App[int]):
         session = self.engine.session(self.current) if self.current else None
         if session is None:
             return
-        await self.query_one(TranscriptView).show(
+        await self._main.query_one(TranscriptView).show(
             session,
             self._with_streams(self.turns),
             action_for=self.action_for,
@@ -356,8 +362,10 @@ class AgentHostApp(App[int]):
 
     async def _update_controls(self) -> None:
         self._update_title()
-        self.query_one("#interrupt", Button).set_class(self.active_turn_id() is not None, "-shown")
-        await self.query_one(InteractionBar).show_interaction(self.pending_interaction())
+        self._main.query_one("#interrupt", Button).set_class(
+            self.active_turn_id() is not None, "-shown"
+        )
+        await self._main.query_one(InteractionBar).show_interaction(self.pending_interaction())
 
     # -- fork --------------------------------------------------------------------------------
 
@@ -369,8 +377,13 @@ class AgentHostApp(App[int]):
         if key[0] == self.current:
             await self._refresh_actions()
 
+    async def _refresh_actions_later(self) -> None:
+        """`_refresh_actions` from a worker: the screen may be gone by the time it runs."""
+        with contextlib.suppress(NoMatches):
+            await self._refresh_actions()
+
     async def _refresh_actions(self) -> None:
-        await self.query_one(TranscriptView).set_actions(
+        await self._main.query_one(TranscriptView).set_actions(
             self.action_for, self.blocked_reason(), self.unknown_for
         )
         self._update_title()
@@ -392,7 +405,7 @@ class AgentHostApp(App[int]):
         self.engine.fork_latest(key[0])
         self._clicked.add(key)
         self._after_mutation(key)
-        self.run_worker(self._refresh_actions())
+        self.run_worker(self._refresh_actions_later())
 
     # -- resolve an unknown fork (issue 21 §1) ------------------------------------------------
 
@@ -404,7 +417,7 @@ class AgentHostApp(App[int]):
                 return
             self.notify(resolved_words(result, label), title="Fork")
             op = result.get("operation") or {}
-            self.run_worker(self._refresh_actions())
+            self.run_worker(self._refresh_actions_later())
             if op.get("status") == "committed" and op.get("targetAgentSessionId"):
                 self._refresh_tree()
                 self.open_session(str(op["targetAgentSessionId"]))
@@ -629,25 +642,25 @@ class AgentHostApp(App[int]):
             self.action_fork_session()
 
     def _respond(self, response: dict[str, Any]) -> None:
-        if not self.query_one(InteractionBar).respond(response):
+        if not self._main.query_one(InteractionBar).respond(response):
             self.notify("nothing is waiting for an answer", severity="warning")
 
     def action_approve(self) -> None:
-        bar = self.query_one(InteractionBar)
+        bar = self._main.query_one(InteractionBar)
         if bar.interaction is not None and bar.interaction.get("kind") != "approval":
             self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
             return
         self._respond({"decision": "approve"})
 
     def action_decline(self) -> None:
-        bar = self.query_one(InteractionBar)
+        bar = self._main.query_one(InteractionBar)
         if bar.interaction is not None and bar.interaction.get("kind") != "approval":
             self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
             return
         self._respond({"decision": "decline"})
 
     def action_answer(self) -> None:
-        found = self.query(f"#{ANSWER_INPUT_ID}")
+        found = self._main.query(f"#{ANSWER_INPUT_ID}")
         if not found:
             self.notify("no question is waiting for an answer", severity="warning")
             return
@@ -691,7 +704,7 @@ class AgentHostApp(App[int]):
         self.push_screen(NewSessionScreen(), chosen)
 
     async def _clear_transcript(self) -> None:
-        transcript = self.query_one(TranscriptView)
+        transcript = self._main.query_one(TranscriptView)
         await transcript.remove_children()
         transcript.session_id = None
         await self._update_controls()

@@ -108,7 +108,7 @@ class ResolveScreen(ModalScreen[dict[str, Any] | None]):
         self.query_one(f"#{CLOSE_ID}", Button).focus()
         self._run("inspect")
 
-    def _run(self, action: str) -> None:
+    def _run(self, action: str, *, refresh: bool = False) -> None:
         if self.busy:
             return
         if action == "adopt" and not self.adoptable:
@@ -124,25 +124,31 @@ class ResolveScreen(ModalScreen[dict[str, Any] | None]):
                 result = engine.resolve(op_id, action)
             except (ApiError, TimeoutError) as exc:
                 verb = {"inspect": "inspect", "adopt": "adopt", "abandon": "abandon"}[action]
-                self.app.call_from_thread(self._failed, error_words(f"{verb} the fork", exc))
+                self.app.call_from_thread(
+                    self._failed, action, error_words(f"{verb} the fork", exc)
+                )
                 return
-            self.app.call_from_thread(self._done, action, result)
+            self.app.call_from_thread(self._done, action, result, refresh)
 
         self.run_worker(work, thread=True, group="resolve")
 
-    def _failed(self, words: str) -> None:
+    def _failed(self, action: str, words: str) -> None:
         self.busy = False
         self._show_error(words)
         self._set_buttons()
+        if action != "inspect":
+            # Someone else may have resolved it meanwhile: show where it stands now.
+            self._run("inspect", refresh=True)
 
     def _show_error(self, words: str) -> None:
         error = self.query_one(f"#{ERROR_ID}", Static)
         error.update(words)
         error.add_class("-shown")
 
-    def _done(self, action: str, result: Mapping[str, Any]) -> None:
+    def _done(self, action: str, result: Mapping[str, Any], refresh: bool = False) -> None:
         self.busy = False
-        self.query_one(f"#{ERROR_ID}", Static).remove_class("-shown")
+        if not refresh:
+            self.query_one(f"#{ERROR_ID}", Static).remove_class("-shown")
         self.operation = dict(result.get("operation") or self.operation)
         self.evidence = dict(result.get("evidence") or {})
         if action != "inspect":
