@@ -110,8 +110,12 @@ def child_words(child: Json) -> str:
         f"provider session {child.get('providerSessionId')} in the {where} home: "
         f"forked from {child.get('forkedFromId') or '(not recorded)'}; its turns "
         f"{'equal' if child.get('turnsEqualPrefix') else 'do NOT equal'} the history up to "
-        f"the boundary; it {'reads' if child.get('readsFromOwnHome') else 'does NOT read'} "
-        "from its own home"
+        "the boundary; "
+        + (
+            "it reads from its own home"
+            if child.get("readsFromOwnHome")
+            else "it does not read from its own home yet (adopting binds it there)"
+        )
     )
 
 

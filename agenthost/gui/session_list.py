@@ -22,16 +22,20 @@ def session_label(
     mark: LineageMark | None = None,
 ) -> Text:
     label = Text()
+    gone = source_deleted or (mark is not None and mark.deleted_ancestor)
+    if gone:
+        # First, so a narrow list still shows it; the words follow the title.
+        label.append("† ", style="bold yellow")
     if mark is not None and mark.ordinal is not None:
         # Which of its source's forks this is (session.lineage's ordinal, issue 21 §3).
         label.append(f"#{mark.ordinal} ", style="bold")
     label.append(str(session.get("title") or "Untitled"))
-    label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
     if source_deleted:
         # A fork whose source is gone (issue 21): say so instead of passing for a root.
         label.append("  ↳ from a deleted session", style="dim italic")
-    elif mark is not None and mark.deleted_ancestor:
+    elif gone:
         label.append("  ↳ an ancestor was deleted", style="dim italic")
+    label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
     if session.get("activeTurnId"):
         label.append("  ●", style="bold green")
     return label

@@ -387,8 +387,8 @@ def test_session_list_shows_fork_ordinals_and_marks_deleted_ancestors(
 
         got = await wait(pilot, after)
         # D's source is gone; E's grandparent is: both say so, and keep their ordinals.
-        assert got[d].startswith("#1 ") and "↳ from a deleted session" in got[d]
-        assert got[e].startswith("#1 ") and "↳ an ancestor was deleted" in got[e]
+        assert got[d].startswith("† #1 ") and "↳ from a deleted session" in got[d]
+        assert got[e].startswith("† #1 ") and "↳ an ancestor was deleted" in got[e]
         assert got[c].startswith("#2 ") and "deleted" not in got[c]
         assert "deleted" not in got[a]
 
