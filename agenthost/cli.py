@@ -913,7 +913,11 @@ def _resolve(args: argparse.Namespace, client: Any) -> int:
         requestId=args.request_id or str(uuid.uuid4()),
         action=args.action,
     )
-    _emit(args, result, format_resolution(result).replace("OP", args.operation))
+    human = format_resolution(result).replace("OP", args.operation)
+    if args.action == "adopt" and result["operation"]["status"] == "committed":
+        # Adopted like any fork commit: the boundary stays held until a client ACKs it.
+        human += f"\n  next: agenthost op {args.operation} --ack (releases the turn for new forks)"
+    _emit(args, result, human)
     return EXIT_OK
 
 
@@ -1005,6 +1009,8 @@ def _report_fork(
     elif status is MutationStatus.UNKNOWN:
         reason, code = "agent_session_fork_delivery_unknown", EXIT_UNKNOWN
         message = f"{record.error}; a retry reuses the same identity and never forks twice"
+        if record.operation_id:
+            message += f"; or settle it: agenthost resolve {record.operation_id}"
     elif record.error_detail is not None:
         # Refused before any operation existed: the daemon's error reply, in words.
         detail = dict(record.error_detail)
