@@ -59,7 +59,7 @@ demo: $(DEMO_DEPS)
 
 lint: $(DEPS_STAMP)
 	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost tests bench
-	$(VENV)/bin/mypy --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost
+	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.

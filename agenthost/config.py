@@ -113,7 +113,7 @@ class Int(ValueType):
             raise ValueError(self.expected())
         if not self.min <= value <= self.max:
             raise ValueError(self.expected())
-        return value
+        return int(value)
 
 
 @dataclass(frozen=True)

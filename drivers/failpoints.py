@@ -97,6 +97,8 @@ class Failpoints:
         self, points: Mapping[str, str] | None = None, *, state_dir: Path | None = None
     ) -> None:
         self._lock = threading.Lock()
+        # Notified whenever the armed set changes: a `hang` waits on it to be disarmed.
+        self._changed = threading.Condition(self._lock)
         self._points: dict[str, FailpointSpec] = {}
         self._fired: set[str] = set()
         self._state_dir = state_dir
@@ -129,6 +131,7 @@ class Failpoints:
                     if marker is not None:
                         with contextlib.suppress(FileNotFoundError):
                             marker.unlink()
+            self._changed.notify_all()
             return self._snapshot_locked()
 
     def snapshot(self) -> dict[str, str]:
@@ -177,6 +180,10 @@ class Failpoints:
         elif spec.action is FailpointAction.SLEEP:
             time.sleep(spec.sleep_ms / 1000)
         elif spec.action is FailpointAction.HANG:
-            threading.Event().wait()
+            # Until this arming is replaced (`off` or another action): forever if it never is,
+            # so a test can hold a step exactly as long as it needs and then let it go on.
+            with self._changed:
+                while self._points.get(name) is spec:
+                    self._changed.wait()
         elif spec.action is FailpointAction.TAMPER and tamper is not None:
             tamper()

@@ -67,9 +67,8 @@ def prove_tutti_child(
 ) -> str | None:
     """Prove a tutti-agent child readable from `home` with tutti_agent's own reader."""
     import tutti_agent
-    from tutti_agent.errors import AppServerError
+    from tutti_agent.errors import AppServerError, RolloutCorrupt
     from tutti_agent.history import TurnStatus, build_turns
-    from tutti_agent.rollout import RolloutCorrupt
     from tutti_agent.store import ThreadStore
 
     if tutti_agent.__version__ != runtime_version:

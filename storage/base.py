@@ -71,9 +71,46 @@ def typed_store_error(exc: BaseException) -> HostError | None:
     return None
 
 
-def open_connection(path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS) -> apsw.Connection:
+# SQLite's own busy-wait schedule (sqlite3_busy_timeout), in ms: the sleeps between retries.
+_BUSY_DELAYS_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
+
+
+class BusyWaits:
+    """A busy handler with SQLite's schedule that also counts its sleeps.
+
+    Inside one store every writer first takes the store's writer lock, so a sleep here means
+    the lock is held by *another process* (a backup tool, a second reader gone wrong, a
+    test's external writer) — what `host.status`-style tools and tests want to see.
+    """
+
+    def __init__(self, timeout_ms: int) -> None:
+        self.timeout_ms = timeout_ms
+        self._count = 0
+        self._lock = threading.Lock()
+
+    @property
+    def sleeps(self) -> int:
+        return self._count
+
+    def __call__(self, prior_calls: int) -> bool:
+        waited = sum(_BUSY_DELAYS_MS[:prior_calls]) + max(0, prior_calls - 12) * 100
+        if waited >= self.timeout_ms:
+            return False
+        delay = _BUSY_DELAYS_MS[min(prior_calls, len(_BUSY_DELAYS_MS) - 1)]
+        with self._lock:
+            self._count += 1
+        time.sleep(min(delay, self.timeout_ms - waited) / 1000)
+        return True
+
+
+def open_connection(
+    path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, busy: BusyWaits | None = None
+) -> apsw.Connection:
     conn = apsw.Connection(path)
-    conn.set_busy_timeout(busy_timeout_ms)
+    if busy is None:
+        conn.set_busy_timeout(busy_timeout_ms)
+    else:
+        conn.set_busy_handler(busy)
     # WAL + synchronous=FULL: a COMMIT that returned survives power loss and SIGKILL.
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     conn.execute("PRAGMA synchronous=FULL")
@@ -159,6 +196,13 @@ class StoreBase:
         self._max_connections = max(1, int(max_connections))
         self._pool = threading.Condition(threading.Lock())
         self._idle: list[apsw.Connection] = []
+        # One writer at a time inside this process (issue 20 "one writer, no busy-handler
+        # sleeps"): writers queue on this lock, handed over the moment a COMMIT returns,
+        # instead of polling SQLite's write lock with backoff sleeps of up to 100 ms. The
+        # busy handler is left for other processes. Re-entrant only so that a mistaken
+        # nested write fails in SQLite as before instead of deadlocking here.
+        self._writer = threading.RLock()
+        self.busy_waits = BusyWaits(busy_timeout_ms)
 
     # -- connections -------------------------------------------------------------------------
 
@@ -194,7 +238,8 @@ class StoreBase:
                         f" {LEASE_TIMEOUT_S:.0f} s"
                     )
                 self._pool.wait(remaining)
-            conn = open_connection(self.path, self.busy_timeout_ms)  # under the pool lock
+            # Opened under the pool lock, so the bound holds.
+            conn = open_connection(self.path, self.busy_timeout_ms, self.busy_waits)
             self._connections.append(conn)
             return conn
 
@@ -304,8 +349,21 @@ class StoreBase:
     def _write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
         """The only way to write: BEGIN IMMEDIATE, optional fence check, COMMIT, then events.
 
-        An exception inside the block rolls everything back and delivers no events.
+        An exception inside the block rolls everything back and delivers no events. Writers
+        of this store take turns on its writer lock; one that waits past the busy timeout gets
+        the same retryable `StoreBusy` as one that waited on another process's lock.
         """
+        if not self._writer.acquire(timeout=self.busy_timeout_ms / 1000):
+            raise StoreBusy("the store is busy with other writes, try again")
+        try:
+            with self._write_locked(workspace_id, fence) as tx:
+                yield tx
+        finally:
+            self._writer.release()
+        self._notify(tx.events)
+
+    @contextmanager
+    def _write_locked(self, workspace_id: str | None, fence: str | None) -> Iterator[Tx]:
         with self._lease() as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
@@ -327,7 +385,6 @@ class StoreBase:
                 if typed is not None and typed is not exc:
                     raise typed from exc
                 raise
-        self._notify(tx.events)
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:

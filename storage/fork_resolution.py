@@ -23,7 +23,8 @@ from typing import Any
 
 from storage.base import StoreBase, Tx, dumps, loads
 from storage.errors import Conflict
-from storage.fork_operations import _load_op, _record_accepted, _validate_evidence
+from storage.fork_evidence import record_accepted, validate_evidence
+from storage.fork_rows import load_op
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -100,7 +101,7 @@ class ResolutionStore(StoreBase):
         """Record the resolution durably before anything moves; `(row, created)`. A replay of
         the winning request returns its row; any other request while it runs is a 409."""
         with self._write(ws) as tx:
-            op = _load_op(tx.conn, ws, op_id, project=False)
+            op = load_op(tx.conn, ws, op_id, project=False)
             current = _load(tx, ws, op_id)
             if current is not None and current.state != "rolled_back":
                 if current.request_id == request_id and current.action == action:
@@ -141,14 +142,14 @@ class ResolutionStore(StoreBase):
         """`unknown → provider_accepted` under a started adopt; the evidence passes the same
         gate as a fork's. Afterwards `commit_fork` (or start-up recovery) commits it."""
         with self._write(ws) as tx:
-            op = _load_op(tx.conn, ws, op_id, project=False)
+            op = load_op(tx.conn, ws, op_id, project=False)
             if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
                 if op.target_provider_session_id != evidence.child_provider_session_id:
                     raise ForkResolveConflict(
                         f"fork operation {op_id} already adopted another provider child",
                         params={"operationId": op_id},
                     )
-                return _load_op(tx.conn, ws, op_id), False
+                return load_op(tx.conn, ws, op_id), False
             current = _load(tx, ws, op_id)
             if (
                 op.status is not ForkStatus.UNKNOWN
@@ -159,17 +160,17 @@ class ResolutionStore(StoreBase):
                     f"fork operation {op_id} is not being adopted",
                     params={"operationId": op_id, "status": op.public_status.value},
                 )
-            _validate_evidence(op, evidence)
-            _record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.UNKNOWN)
-            return _load_op(tx.conn, ws, op_id), True
+            validate_evidence(op, evidence)
+            record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.UNKNOWN)
+            return load_op(tx.conn, ws, op_id), True
 
     def abandon_fork(self, ws: str, op_id: str, result: Any) -> tuple[ForkOperation, bool]:
         """`unknown → abandoned` + the resolution done, in one transaction: releases the
         barrier (abandoned is not in it) and the target reservation."""
         with self._write(ws) as tx:
-            op = _load_op(tx.conn, ws, op_id, project=False)
+            op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is ForkStatus.ABANDONED:
-                return _load_op(tx.conn, ws, op_id), False
+                return load_op(tx.conn, ws, op_id), False
             current = _load(tx, ws, op_id)
             if (
                 op.status is not ForkStatus.UNKNOWN
@@ -192,7 +193,7 @@ class ResolutionStore(StoreBase):
             self._set_state(tx, ws, op_id, "done", result)
             tx.emit(ForkOperationChanged(ws, op_id))
             tx.emit(SessionChanged(ws, op.source_session_id))
-            return _load_op(tx.conn, ws, op_id), True
+            return load_op(tx.conn, ws, op_id), True
 
     def finish_resolution(self, ws: str, op_id: str, result: Any) -> ForkResolution | None:
         with self._write(ws) as tx:

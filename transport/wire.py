@@ -137,13 +137,17 @@ def peek_id(frame: bytes) -> str | None:
     return None
 
 
+def _pack(obj: Mapping[str, Any]) -> bytes:
+    packed: bytes = msgpack.packb(obj, use_bin_type=True)
+    return packed
+
+
 def encode_result(request_id: str, status: int, result: Mapping[str, Any]) -> bytes:
     """A success reply (status 200 or 202). Raises TypeError if `result` is not msgpack-able."""
     if not 200 <= status < 300:
         raise ValueError(f"success status must be 2xx, not {status}")
-    return msgpack.packb(
+    return _pack(
         {"v": PROTOCOL_VERSION, "id": request_id, "status": status, "result": dict(result)},
-        use_bin_type=True,
     )
 
 
@@ -156,13 +160,13 @@ def encode_error(request_id: str | None, error: HostError) -> bytes:
         "error": error.to_wire(),
     }
     try:
-        return msgpack.packb(body, use_bin_type=True)
+        return _pack(body)
     except (TypeError, ValueError, OverflowError):
         # An error whose params cannot be encoded must still produce a reply.
         wire = error.to_wire()
         wire["params"] = {}
         body["error"] = wire
-        return msgpack.packb(body, use_bin_type=True)
+        return _pack(body)
 
 
 def internal_error(message: str = "internal error") -> HostError:

@@ -46,7 +46,8 @@ class LinkProtocolError(ValueError):
 
 
 def encode(msg: Mapping[str, Any]) -> bytes:
-    return msgpack.packb(dict(msg), use_bin_type=True)
+    packed: bytes = msgpack.packb(dict(msg), use_bin_type=True)
+    return packed
 
 
 def decode(frame: bytes) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import pytest
 
 from tests.daemon.test_fork_saga import fork, get_op, three_turn_source, until_terminal
 from tests.support.daemon import (
+    WS,
     DaemonProcess,
     create_session,
     run_turn,
@@ -80,13 +81,21 @@ def test_a_second_serve_on_a_live_home_exits_1_and_touches_nothing(tmp_path: Pat
         c = d.client()
         sid, turns = three_turn_source(c)
         other = create_session(c)["agentSessionId"]
-        run_turn(c, other, "warm")  # its runtime is up: the slow turn below only waits
-        # A fork held inside the worker before its provider call, and a long running turn.
-        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:12000"}})
+        run_turn(c, other, "warm")  # its runtime is up
+        # Held by events, not by timers, so a slow machine cannot let either finish while the
+        # second `serve` runs: the fork hangs inside the worker before its provider call until
+        # the point is disarmed, and the turn waits on a question until it is answered.
+        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "hang"}})
         _, op = fork(c, sid, turns[1]["turnId"])
-        slow = submit(c, other, "/slow 12000 still running")
+        asking = submit(c, other, "/ask still running?")
         wait_for(lambda: get_op(c, op["operationId"])["phase"] == "dispatching")
-        wait_for(lambda: turn_of(c, other, slow["turnId"])["rootProviderTurnId"])
+        pending = wait_for(
+            lambda: [
+                i
+                for i in turn_of(c, other, asking["turnId"])["interactions"]
+                if i["status"] == "pending"
+            ]
+        )
         before = quiet_snapshot(home)
 
         second = agenthost(home, "serve")
@@ -97,7 +106,18 @@ def test_a_second_serve_on_a_live_home_exits_1_and_touches_nothing(tmp_path: Pat
         assert "Traceback" not in second.stderr
         assert after == before  # no recovery ran on the live store, no provider home changed
         # The live daemon's work is untouched: its turn completes and its fork commits.
-        assert settle(c, other, slow["turnId"])["outcome"] == "completed"
+        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "off"}})
+        c.call(
+            "interaction.respond",
+            {
+                "workspaceId": WS,
+                "agentSessionId": other,
+                "turnId": asking["turnId"],
+                "requestId": pending[0]["requestId"],
+                "response": {"text": "yes"},
+            },
+        )
+        assert settle(c, other, asking["turnId"])["outcome"] == "completed"
         assert until_terminal(c, op, timeout=60)["status"] == "committed"
         assert run_turn(c, sid, "after")["outcome"] == "completed"
     finally:

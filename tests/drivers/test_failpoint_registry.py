@@ -3,6 +3,7 @@ state dir, run-time re-arming."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -90,3 +91,15 @@ def test_env_configures_points_and_state_dir(tmp_path: Path) -> None:
     with pytest.raises(FailpointError):
         fp.hit("x")
     assert (tmp_path / "fired.x").exists()
+
+
+def test_hang_holds_until_the_point_is_disarmed() -> None:
+    fp = Failpoints({"p": "hang"})
+    passed = threading.Event()
+    hung = threading.Thread(target=lambda: (fp.hit("p"), passed.set()), daemon=True)
+    hung.start()
+    assert not passed.wait(0.3)  # held while armed
+    fp.set({"other": "error"})  # a change to another point does not release it
+    assert not passed.wait(0.3)
+    fp.set({"p": "off"})
+    assert passed.wait(5)

@@ -1,0 +1,187 @@
+"""Law 2: the commit — child Session, cloned history and lineage written from the frozen
+snapshot alone, with `committed`, in one transaction; the source identity re-proved first."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from storage.base import Row, StoreBase, Tx, dumps, loads
+from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
+from storage.fork_evidence import receipt_forked_from
+from storage.fork_rows import OP_COLUMNS, decode_op, load_op
+from storage.fork_snapshot import ChildPlan, build_child, load_snapshot
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkStatus,
+    SessionChanged,
+    TurnChanged,
+)
+
+log = logging.getLogger(__name__)
+
+
+class ForkCommit(StoreBase):
+    """`commit_fork` and the batched commit start-up recovery uses."""
+
+    def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        """Law 2: child, cloned history, lineage and `committed` in one transaction, computed
+        from the snapshot only; a replay returns the same result with `changed=False`."""
+        with self._write(ws) as tx:
+            return self._commit_in(tx, ws, op_id)
+
+    def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]:
+        """Start-up recovery: commit many `provider_accepted` operations in one transaction
+        (one fsync), each inside its own savepoint so a bad one is rolled back alone.
+        Returns (committed, errors)."""
+        committed = errors = 0
+        with self._write(None) as tx:
+            for op in ops:
+                tx.execute("SAVEPOINT recover_commit")
+                try:
+                    _, changed = self._commit_in(tx, op.workspace_id, op.operation_id)
+                except Exception:  # noqa: BLE001 - recovery goes on with the next row
+                    log.exception("recovery commit of fork operation %s failed", op.operation_id)
+                    tx.execute("ROLLBACK TO recover_commit")
+                    errors += 1
+                else:
+                    committed += int(changed)
+                tx.execute("RELEASE recover_commit")
+        return committed, errors
+
+    def _commit_in(self, tx: Tx, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        r = tx.one(
+            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+            " AND operation_id = ?",
+            (ws, op_id),
+        )
+        if r is None:
+            raise ForkOperationNotFound(f"fork operation {op_id} not found")
+        status = ForkStatus(r[19])
+        if status is ForkStatus.COMMITTED:
+            return decode_op(tx.conn, r), False
+        if status is not ForkStatus.PROVIDER_ACCEPTED:
+            raise InvalidTransition(
+                f"fork operation {op_id} cannot commit from {status}",
+                params={"operationId": op_id, "status": status.value},
+            )
+        text_row = tx.one("SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],))
+        assert text_row is not None
+        snapshot = load_snapshot(text_row[0], r[18])
+        self._reprove_identity(tx, ws, r, snapshot)
+        plan = build_child(
+            snapshot,
+            child_provider_session_id=r[11],
+            binding_mode=r[16],
+            turn_bindings=loads(r[27]),
+            committed_at_ms=tx.now_ms,
+            snapshot_hash=r[18],
+        )
+        self._insert_child(tx, plan)
+        tx.execute(
+            "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
+            " completed_at_ms = ? WHERE workspace_id = ? AND operation_id = ?"
+            " AND status = 'provider_accepted'",
+            (plan.lineage.target_turn_id, tx.now_ms, ws, op_id),
+        )
+        tx.emit(ForkOperationChanged(ws, op_id))
+        tx.emit(SessionChanged(ws, plan.session.session_id))
+        tx.emit(SessionChanged(ws, r[4]))
+        return load_op(tx.conn, ws, op_id), True
+
+    @staticmethod
+    def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:
+        """Commit re-proves the source provider identity from the snapshot and the evidence."""
+        source = snapshot["source"]
+        if (
+            snapshot["operation_id"] != r[1]
+            or snapshot["workspace_id"] != ws
+            or source["session_id"] != r[4]
+            or snapshot["target"]["session_id"] != r[5]
+            or snapshot["point"]["turn_id"] != r[7]
+        ):
+            raise ForkSnapshotCorrupt("snapshot does not belong to this operation")
+        if source["provider_session_id"] != r[8]:
+            raise ForkSnapshotCorrupt("snapshot source provider session differs from operation")
+        if tuple(snapshot["provider_turn_ids"]) != tuple(loads(r[10])):
+            raise ForkSnapshotCorrupt("snapshot provider turn prefix differs from operation")
+        receipt = loads(r[17]) or {}
+        forked_from = receipt_forked_from(receipt)
+        if forked_from is not None and forked_from != source["provider_session_id"]:
+            raise ForkSnapshotCorrupt("evidence forkedFromId does not name the source")
+        if not r[11] or r[11] == source["provider_session_id"]:
+            raise ForkSnapshotCorrupt("provider child identity is not independent of the source")
+        reserved = tx.one(
+            "SELECT operation_id FROM session_reservations WHERE workspace_id = ?"
+            " AND session_id = ?",
+            (ws, r[5]),
+        )
+        if reserved is None or reserved[0] != r[1]:
+            raise ForkSnapshotCorrupt("target session id is not reserved by this operation")
+        if tx.one("SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, r[5])):
+            raise ForkSnapshotCorrupt("target session already exists before commit")
+
+    @staticmethod
+    def _insert_child(tx: Tx, plan: ChildPlan) -> None:
+        s = plan.session
+        tx.execute(
+            "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
+            " title, cwd, settings_json, runtime_context_json, model, pinned, deleted, goal,"
+            " parent_session_id, parent_turn_id, rail_placement, visibility, created_at_ms,"
+            " updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, NULL, NULL, ?,"
+            " ?, ?, ?)",
+            (
+                s.workspace_id,
+                s.session_id,
+                s.kind,
+                s.provider,
+                s.provider_session_id,
+                s.title,
+                s.cwd,
+                dumps(dict(s.settings)),
+                dumps(dict(s.runtime_context)),
+                s.model,
+                s.rail_placement,
+                s.visibility,
+                s.created_at_ms,
+                s.updated_at_ms,
+            ),
+        )
+        tx.executemany(
+            "INSERT INTO turns (workspace_id, session_id, turn_id, sequence, sequence_provenance,"
+            " phase, outcome, root_provider_turn_id, provider_turn_binding_json,"
+            " final_assistant_message_id, error, created_at_ms, settled_at_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            plan.turn_rows,
+        )
+        tx.executemany(
+            "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
+            " payload_json, version, position, created_at_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            plan.message_rows,
+        )
+        tx.executemany(
+            "INSERT INTO interactions (workspace_id, session_id, interaction_id, request_id,"
+            " turn_id, kind, status, input_json, output_json, created_at_ms, resolved_at_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            plan.interaction_rows,
+        )
+        lin = plan.lineage
+        tx.execute(
+            "INSERT INTO fork_lineage (workspace_id, target_session_id, source_session_id,"
+            " source_turn_id, target_turn_id, operation_id, forked_at_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                s.workspace_id,
+                lin.target_session_id,
+                lin.source_session_id,
+                lin.source_turn_id,
+                lin.target_turn_id,
+                lin.operation_id,
+                lin.forked_at_ms,
+            ),
+        )
+        for row in plan.turn_rows:
+            tx.emit(TurnChanged(s.workspace_id, s.session_id, row[2]))

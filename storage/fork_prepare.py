@@ -1,0 +1,247 @@
+"""Prepare (seed 000 §4–§6): idempotency by request id, the source + point barrier, the
+target reservation, the boundary checks and the frozen snapshot, in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+
+from storage.base import StoreBase, Tx, dumps
+from storage.canonical import require_session
+from storage.errors import (
+    ForkBoundaryError,
+    ForkBoundaryReason,
+    ForkConflict,
+    ForkRequestConflict,
+    InvalidArgument,
+)
+from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
+from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
+from storage.fork_snapshot import (
+    build_child,
+    freeze_snapshot,
+    load_boundary,
+    request_hash,
+    source_blockers,
+)
+from storage.fork_titles import child_title
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkPointKind,
+    ForkPrepareRequest,
+    ProviderStateBindingMode,
+    SessionChanged,
+)
+
+
+def validate_request(req: ForkPrepareRequest) -> None:
+    for field, value in (
+        ("agentSessionId", req.source_session_id),
+        ("requestId", req.request_id),
+        ("targetAgentSessionId", req.target_session_id),
+        ("point.turnId", req.turn_id),
+        ("driverKind", req.driver_kind),
+    ):
+        if field == "point.turnId" and req.point_kind == ForkPointKind.LATEST_SETTLED:
+            continue  # resolved inside the prepare transaction (storage/fork_points.py)
+        if not isinstance(value, str) or not value:
+            raise InvalidArgument(field, f"{field} must be a non-empty string")
+    if req.point_kind not in (ForkPointKind.THROUGH_TURN, ForkPointKind.LATEST_SETTLED):
+        raise InvalidArgument("point.type", f"unsupported fork point {req.point_kind!r}")
+    if req.binding_mode not in ProviderStateBindingMode.__members__.values():
+        raise InvalidArgument("bindingMode", f"unknown binding mode {req.binding_mode!r}")
+    if not isinstance(req.runtime_identity, Mapping):
+        raise InvalidArgument("runtimeIdentity", "runtime identity must be a map")
+
+
+class ForkPrepare(StoreBase):
+    """`prepare_fork` and its pure-read twin `existing_fork`."""
+
+    def existing_fork(
+        self,
+        ws: str,
+        *,
+        source_session_id: str,
+        request_id: str,
+        target_session_id: str,
+        turn_id: str,
+        point_kind: str = ForkPointKind.THROUGH_TURN.value,
+    ) -> ForkOperation | None:
+        """The operation a `prepare_fork` of this request would return without creating one —
+        a replay of `request_id` or the holder of the `source + point` barrier — or None.
+        A pure read, so a replay never needs a provider runtime; `prepare_fork` re-checks
+        both inside its transaction."""
+        digest = request_hash(source_session_id, target_session_id, point_kind, turn_id)
+        with self._read() as conn:
+            existing = conn.execute(
+                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND request_id = ?",
+                (ws, request_id),
+            ).fetchone()
+            if existing is not None:
+                if existing[3] != digest:
+                    raise ForkRequestConflict(
+                        f"request {request_id} was used for a different fork",
+                        params={"operationId": existing[1]},
+                    )
+                return decode_op(conn, existing)
+            if point_kind == ForkPointKind.LATEST_SETTLED:
+                turn_id = latest_settled_turn_id(conn, ws, source_session_id) or UNRESOLVED
+            held = conn.execute(
+                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
+                f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1",
+                (ws, source_session_id, point_kind, turn_id),
+            ).fetchone()
+            return None if held is None else decode_op(conn, held)
+
+    def prepare_fork(
+        self,
+        ws: str,
+        req: ForkPrepareRequest,
+        *,
+        turn_forkable: Callable[[str | None, str | None], bool] | None = None,
+    ) -> tuple[ForkOperation, bool]:
+        """Create the operation, fence and reservation and freeze the snapshot in one
+        transaction; a replay or a held barrier returns the original with `created=False`.
+
+        `turn_forkable(root_provider_turn_id, provider_turn_binding_json)` is the provider's
+        per-Turn hook (seed 000 §3.2 `CanForkProviderTurn`): the store never parses a
+        provider's binding JSON; the selected Turn is accepted only when the hook says so,
+        inside this transaction."""
+        validate_request(req)
+        digest = request_hash(
+            req.source_session_id, req.target_session_id, req.point_kind, req.turn_id
+        )
+        with self._write(ws) as tx:
+            existing = tx.one(
+                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND request_id = ?",
+                (ws, req.request_id),
+            )
+            if existing is not None:
+                if existing[3] != digest:
+                    raise ForkRequestConflict(
+                        f"request {req.request_id} was used for a different fork",
+                        params={"operationId": existing[1]},
+                    )
+                return decode_op(tx.conn, existing), False
+            source = require_session(tx.conn, ws, req.source_session_id)
+            # latestSettled: resolved here, in the same transaction, and frozen on the row.
+            turn_id = resolve_or_block(tx.conn, ws, source, req.point_kind, req.turn_id)
+            held = tx.one(
+                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
+                f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1",
+                (ws, req.source_session_id, req.point_kind, turn_id),
+            )
+            if held is not None:
+                return decode_op(tx.conn, held), False
+            tx.check_fence(req.source_session_id)  # another fork on this source: retryable
+            self._check_target_free(tx, ws, req)
+            blockers = source_blockers(tx.conn, ws, source)
+            # Static source facts first, then whether the Turn is a settled Turn of this source,
+            # then quiescence, then the boundary's content (load_boundary).
+            static = {
+                ForkBoundaryReason.SOURCE_NOT_ROOT,
+                ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING,
+            }
+            for reason in blockers:
+                if reason in static:
+                    raise ForkBoundaryError(reason)
+            boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id)
+            if blockers:
+                raise ForkBoundaryError(blockers[0])
+            selected = boundary.selected
+            if turn_forkable is not None and not turn_forkable(
+                selected["root_provider_turn_id"], selected["provider_turn_binding_json"]
+            ):
+                raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_NOT_BOUND)
+            count_row = tx.one(
+                "SELECT COUNT(*) FROM fork_operations WHERE workspace_id = ?"
+                " AND source_session_id = ? AND status != 'failed'",
+                (ws, req.source_session_id),
+            )
+            ordinal = (int(count_row[0]) if count_row else 0) + 2
+            title = child_title(tx.conn, ws, source.title, source.lineage is not None, ordinal)
+            op_id = str(uuid.uuid4())
+            snapshot, snapshot_text, snapshot_hash = freeze_snapshot(
+                operation_id=op_id,
+                workspace_id=ws,
+                source=source,
+                target_session_id=req.target_session_id,
+                target_title=title,
+                point_kind=req.point_kind,
+                boundary=boundary,
+                runtime_identity=req.runtime_identity,
+            )
+            # Prove now that commit can rewrite every reference (fail closed before dispatch).
+            build_child(
+                snapshot,
+                child_provider_session_id="prepare-dry-run",
+                binding_mode=req.binding_mode,
+                turn_bindings=None,
+                committed_at_ms=tx.now_ms,
+                snapshot_hash=snapshot_hash,
+            )
+            assert source.provider_session_id is not None
+            tx.execute(
+                "INSERT INTO fork_operations (workspace_id, operation_id, request_id,"
+                " request_hash, source_session_id, target_session_id, point_kind,"
+                " source_turn_id, source_provider_session_id, source_provider_turn_id,"
+                " source_provider_turn_ids, target_title, driver_kind, driver_version,"
+                " binding_mode, snapshot_json, snapshot_hash, status, created_at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?)",
+                (
+                    ws,
+                    op_id,
+                    req.request_id,
+                    digest,
+                    req.source_session_id,
+                    req.target_session_id,
+                    req.point_kind,
+                    turn_id,
+                    source.provider_session_id,
+                    boundary.selected["root_provider_turn_id"],
+                    dumps(list(boundary.provider_turn_ids)),
+                    title,
+                    req.driver_kind,
+                    req.driver_version,
+                    req.binding_mode,
+                    snapshot_text,
+                    snapshot_hash,
+                    tx.now_ms,
+                ),
+            )
+            tx.execute(
+                "INSERT INTO session_reservations (workspace_id, session_id, operation_id)"
+                " VALUES (?, ?, ?)",
+                (ws, req.target_session_id, op_id),
+            )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            tx.emit(SessionChanged(ws, req.source_session_id))
+            return load_op(tx.conn, ws, op_id), True
+
+    @staticmethod
+    def _check_target_free(tx: Tx, ws: str, req: ForkPrepareRequest) -> None:
+        if req.target_session_id == req.source_session_id:
+            raise ForkConflict(
+                ForkBoundaryReason.TARGET_EQUALS_SOURCE,
+                "the fork target must differ from the source",
+                params={"field": "targetAgentSessionId"},
+            )
+        taken = tx.one(
+            "SELECT 'session' FROM sessions WHERE workspace_id = ? AND session_id = ?"
+            " UNION ALL SELECT 'reserved' FROM session_reservations WHERE workspace_id = ?"
+            " AND session_id = ?",
+            (ws, req.target_session_id, ws, req.target_session_id),
+        )
+        if taken is not None:
+            raise ForkConflict(
+                ForkBoundaryReason.TARGET_SESSION_EXISTS
+                if taken[0] == "session"
+                else ForkBoundaryReason.TARGET_SESSION_RESERVED,
+                f"target session id {req.target_session_id} is already {taken[0]}",
+                params={"field": "targetAgentSessionId"},
+            )

@@ -1,0 +1,91 @@
+"""Reading a fork operation row: its columns, the barrier/active SQL generated from the
+state machine, and the decode (a committed operation carries its child rebuilt from the
+snapshot alone, law 4)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import apsw
+
+from domain.fork_states import ACTIVE_SQL, BARRIER_SQL
+from storage.base import Row, loads
+from storage.errors import ForkOperationNotFound
+from storage.fork_snapshot import load_snapshot, project_child
+from storage.models import ForkOperation, ForkStatus, Lineage, Session
+
+OP_COLUMNS = (
+    "workspace_id, operation_id, request_id, request_hash, source_session_id,"
+    " target_session_id, point_kind, source_turn_id, source_provider_session_id,"
+    " source_provider_turn_id, source_provider_turn_ids, target_provider_session_id,"
+    " target_provider_turn_ids, target_turn_id, driver_kind, driver_version, binding_mode,"
+    " binding_receipt, snapshot_hash, status, error, created_at_ms, dispatched_at_ms,"
+    " accepted_at_ms, completed_at_ms, client_observed_at_ms, target_title,"
+    " target_turn_bindings, op_seq"
+)
+# Generated from the state machine (domain.fork_states): the active set, and the barrier of
+# seed 000 §6.1 (active, unknown, or committed but not yet observed by a client).
+ACTIVE_OPS_SQL = ACTIVE_SQL
+BARRIER_OPS_SQL = BARRIER_SQL
+
+
+def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOperation:
+    target_turns = loads(r[12])
+    return ForkOperation(
+        workspace_id=r[0],
+        operation_id=r[1],
+        request_id=r[2],
+        request_hash=r[3],
+        source_session_id=r[4],
+        target_session_id=r[5],
+        point_kind=r[6],
+        source_turn_id=r[7],
+        source_provider_session_id=r[8],
+        source_provider_turn_id=r[9],
+        source_provider_turn_ids=tuple(loads(r[10])),
+        target_provider_session_id=r[11],
+        target_provider_turn_ids=None if target_turns is None else tuple(target_turns),
+        target_turn_id=r[13],
+        driver_kind=r[14],
+        driver_version=r[15],
+        binding_mode=r[16],
+        binding_receipt=loads(r[17]),
+        snapshot_hash=r[18],
+        status=ForkStatus(r[19]),
+        error=r[20],
+        created_at_ms=r[21],
+        dispatched_at_ms=r[22],
+        accepted_at_ms=r[23],
+        completed_at_ms=r[24],
+        client_observed_at_ms=r[25],
+        committed_session=None if committed is None else committed[0],
+        lineage=None if committed is None else committed[1],
+        target_title=r[26],
+    )
+
+
+def committed_projection(conn: apsw.Connection, r: Row) -> tuple[Session, Lineage]:
+    """Rebuild the committed child's Session and lineage purely from the snapshot and the
+    operation row (law 4), so the projection survives deletion of the child."""
+    text_row = conn.execute(
+        "SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],)
+    ).fetchone()
+    assert text_row is not None
+    snapshot = load_snapshot(text_row[0], r[18])
+    return project_child(snapshot, child_provider_session_id=r[11], committed_at_ms=r[24])
+
+
+def load_op(conn: apsw.Connection, ws: str, op_id: str, *, project: bool = True) -> ForkOperation:
+    r = conn.execute(
+        f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND operation_id = ?",
+        (ws, op_id),
+    ).fetchone()
+    if r is None:
+        raise ForkOperationNotFound(f"fork operation {op_id} not found")
+    return decode_op(conn, r, project=project)
+
+
+def decode_op(conn: apsw.Connection, r: Row, *, project: bool = True) -> ForkOperation:
+    if project and r[19] == ForkStatus.COMMITTED:
+        return op_from_row(r, committed_projection(conn, r))
+    return op_from_row(r)

@@ -1,0 +1,141 @@
+"""The guarded status transitions of an operation: each one `_write` transaction with
+`UPDATE ... WHERE status IN (sources)`, the sources taken from domain.fork_states; a repeat
+returns `changed=False`, a transition the state machine forbids raises `InvalidTransition`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from domain.fork_states import sources_of
+from storage.base import StoreBase
+from storage.errors import ForkAcknowledgeConflict, InvalidTransition
+from storage.fork_evidence import record_accepted, validate_evidence
+from storage.fork_rows import load_op
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkStatus,
+    ProviderForkEvidence,
+    SessionChanged,
+)
+
+
+class ForkTransitions(StoreBase):
+    """dispatching, failed, unknown, provider_accepted, and the client ACK."""
+
+    def _transition(
+        self,
+        ws: str,
+        op_id: str,
+        *,
+        to: ForkStatus,
+        sources: tuple[ForkStatus, ...],
+        assignments: str,
+        params: tuple[Any, ...],
+        release: bool = False,
+    ) -> tuple[ForkOperation, bool]:
+        with self._write(ws) as tx:
+            op = load_op(tx.conn, ws, op_id, project=False)
+            if op.status is to:
+                return load_op(tx.conn, ws, op_id), False
+            if op.status not in sources:
+                raise InvalidTransition(
+                    f"fork operation {op_id} cannot go from {op.status} to {to}",
+                    params={"operationId": op_id, "status": op.status.value, "to": to.value},
+                )
+            marks = ",".join("?" * len(sources))
+            tx.execute(
+                f"UPDATE fork_operations SET status = ?, {assignments}"
+                f" WHERE workspace_id = ? AND operation_id = ? AND status IN ({marks})",
+                (to.value, *params, ws, op_id, *(s.value for s in sources)),
+            )
+            if tx.changes() != 1:  # pragma: no cover - guarded by BEGIN IMMEDIATE above
+                raise InvalidTransition(f"fork operation {op_id} changed concurrently")
+            if to is ForkStatus.FAILED:
+                # Reservation iff not failed: a failed attempt frees the target id.
+                tx.execute(
+                    "DELETE FROM session_reservations WHERE workspace_id = ? AND operation_id = ?",
+                    (ws, op_id),
+                )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            if release:
+                tx.emit(SessionChanged(ws, op.source_session_id))
+            return load_op(tx.conn, ws, op_id), True
+
+    def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        """The durable marker written before the provider call may leave the host (law 1)."""
+        now = self.now_ms()
+        return self._transition(
+            ws,
+            op_id,
+            to=ForkStatus.DISPATCHING,
+            sources=sources_of(ForkStatus.DISPATCHING),
+            assignments="dispatched_at_ms = ?",
+            params=(now,),
+        )
+
+    def mark_fork_failed(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
+        now = self.now_ms()
+        return self._transition(
+            ws,
+            op_id,
+            to=ForkStatus.FAILED,
+            sources=sources_of(ForkStatus.FAILED),
+            assignments="error = ?, completed_at_ms = ?",
+            params=(str(error), now),
+            release=True,
+        )
+
+    def mark_fork_unknown(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
+        """Permanent: an unknown delivery keeps its barrier and is never redispatched."""
+        now = self.now_ms()
+        return self._transition(
+            ws,
+            op_id,
+            to=ForkStatus.UNKNOWN,
+            sources=sources_of(ForkStatus.UNKNOWN),
+            assignments="error = ?, completed_at_ms = ?",
+            params=(str(error), now),
+            release=True,
+        )
+
+    def mark_fork_provider_accepted(
+        self, ws: str, op_id: str, evidence: ProviderForkEvidence
+    ) -> tuple[ForkOperation, bool]:
+        """Persist verified provider evidence; after this only the local commit is retried."""
+        with self._write(ws) as tx:
+            op = load_op(tx.conn, ws, op_id, project=False)
+            if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
+                if op.target_provider_session_id != evidence.child_provider_session_id:
+                    raise InvalidTransition(
+                        f"fork operation {op_id} already accepted a different provider child",
+                        params={"operationId": op_id, "status": op.status.value},
+                    )
+                return load_op(tx.conn, ws, op_id), False
+            if op.status is not ForkStatus.DISPATCHING:
+                raise InvalidTransition(
+                    f"fork operation {op_id} cannot go from {op.status} to provider_accepted",
+                    params={"operationId": op_id, "status": op.status.value},
+                )
+            validate_evidence(op, evidence)
+            record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
+            return load_op(tx.conn, ws, op_id), True
+
+    def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        """Client-observed ACK: committed only; sets the time once and releases the barrier."""
+        with self._write(ws) as tx:
+            op = load_op(tx.conn, ws, op_id, project=False)
+            if op.status is not ForkStatus.COMMITTED:
+                raise ForkAcknowledgeConflict(
+                    f"fork operation {op_id} is {op.public_status}, only committed can be ACKed",
+                    params={"operationId": op_id, "status": op.public_status.value},
+                )
+            if op.client_observed_at_ms is not None:
+                return load_op(tx.conn, ws, op_id), False
+            tx.execute(
+                "UPDATE fork_operations SET client_observed_at_ms = ? WHERE workspace_id = ?"
+                " AND operation_id = ? AND client_observed_at_ms IS NULL",
+                (tx.now_ms, ws, op_id),
+            )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            return load_op(tx.conn, ws, op_id), True
