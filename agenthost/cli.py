@@ -1051,7 +1051,9 @@ def _op(args: argparse.Namespace, client: Any) -> int:
     point = op["point"]
     lines = [
         f"operation {op['operationId']}: {op['status']} ({op['phase']})",
-        f"  source {op['sourceAgentSessionId']} through turn {point['turnId']}",
+        f"  source {op['sourceAgentSessionId']}"
+        + (" from its latest settled turn," if point.get("type") == "latestSettled" else "")
+        + f" through turn {point['turnId']}",
         f"  target {op['targetAgentSessionId']}  request {op['requestId']}",
     ]
     if op.get("error"):

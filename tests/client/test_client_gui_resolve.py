@@ -301,10 +301,19 @@ def test_session_fork_shown_only_with_fork_full_session_and_forks_the_latest_tur
         button = fork_button_session(app)
         assert not button.disabled and str(button.label) == "Fork session"
         # While a Turn runs it is disabled with the reason.
-        active = submit(client, sid, "/slow 5000 three", ws)["turnId"]
+        active = submit(client, sid, "/slow 8000 three", ws)["turnId"]
         await until(pilot, lambda: fork_button_session(app).disabled)
         assert str(fork_button_session(app).tooltip) == (
             "Cannot fork now: Turn 3 is still running (source_turn_active)"
+        )
+        # The palette's "Fork session" while busy: the daemon's refusal reads in words.
+        app.action_fork_session()
+        await until(
+            pilot,
+            lambda: any(
+                t == "cannot fork the whole session: Turn 3 is still running (source_turn_active)"
+                for t in toasts(app)
+            ),
         )
         await until(pilot, lambda: not fork_button_session(app).disabled, timeout=30)
         await click(app, pilot, f"#{FORK_SESSION_ID}")
