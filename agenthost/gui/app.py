@@ -158,7 +158,11 @@ class AgentHostApp(App[int]):
     def _refresh_tree(self) -> None:
         self._tree_dirty = False
         sessions = self.engine.sessions()
-        self._main.query_one(SessionTree).show_sessions(sessions, self.current, self.marks)
+        try:
+            tree = self._main.query_one(SessionTree)
+        except NoMatches:
+            return  # shutting down (a refresh scheduled just before the screen went)
+        tree.show_sessions(sessions, self.current, self.marks)
         shape = frozenset(
             (str(s["agentSessionId"]), (s.get("forkedFrom") or {}).get("operationId"))
             for s in sessions
@@ -170,6 +174,7 @@ class AgentHostApp(App[int]):
                 thread=True,
                 group="lineage",
                 exclusive=True,
+                exit_on_error=False,  # marks are decoration: never take the GUI down
             )
 
     def _load_marks(
@@ -182,7 +187,8 @@ class AgentHostApp(App[int]):
                 return None  # deleted meanwhile: the next refresh asks again
 
         marks = lineage_marks(sessions, fetch)
-        self.call_from_thread(self._marks_loaded, marks, shape)
+        with contextlib.suppress(RuntimeError):  # the app stopped meanwhile
+            self.call_from_thread(self._marks_loaded, marks, shape)
 
     def _marks_loaded(
         self, marks: dict[str, LineageMark], shape: frozenset[tuple[str, str | None]]
@@ -191,9 +197,11 @@ class AgentHostApp(App[int]):
             return  # a newer list is being marked
         if marks != self.marks:
             self.marks = marks
-            self._main.query_one(SessionTree).show_sessions(
-                self.engine.sessions(), self.current, self.marks
-            )
+            # The answer may arrive while the app shuts down: its widgets may be gone.
+            with contextlib.suppress(NoMatches):
+                self._main.query_one(SessionTree).show_sessions(
+                    self.engine.sessions(), self.current, self.marks
+                )
 
     def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
         if event.node.data and event.node.data != self.current:
