@@ -58,8 +58,8 @@ demo: $(DEMO_DEPS)
 	$(PY) -m agenthost.demo --provider $(PROVIDER)
 
 lint: $(DEPS_STAMP)
-	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost tests bench
-	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost
+	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost model_fakes tests bench
+	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost model_fakes
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.

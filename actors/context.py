@@ -30,10 +30,18 @@ def fork_deadline_s(provider_call_s: float) -> float:
     return provider_call_s + WORKER_FORK_STEPS_S + FORK_DEADLINE_MARGIN_S
 
 
+SESSION_START_S = 120.0
+"""The host's limit for one `session.start` (and `turn.start`, which may start the runtime)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Timeouts:
-    session_start_s: float = 60.0
-    turn_start_s: float = 60.0
+    # Longer than the worker's own budget for starting a runtime (spawn, then `initialize`
+    # and the thread's start/resume, each within the driver's `request_timeout_s`, 30 s): a
+    # start slow under load ends with the worker's typed answer, not the host's clock. A
+    # Turn's wait for a runtime slot or a start permit is not counted (actors/runtime_slots).
+    session_start_s: float = SESSION_START_S
+    turn_start_s: float = SESSION_START_S
     control_s: float = 30.0
     # The worker's limit for the provider's fork call, and the host's deadline for the whole
     # fork request (always longer than the worker's budget; see `fork_deadline_s`).

@@ -9,6 +9,12 @@ holds a busy runtime, the next Session waits in FIFO order (its Turn is accepted
 `active` meanwhile; it is not refused). The choice — queue, not 503 — is documented in
 docs/user-guide.md ("Many Sessions at once").
 
+Starting a runtime (spawning an app-server) is the expensive step: 64 of them started at once
+on 2 cores all finished late together, past the provider's start timeouts, and failed their
+turns. A Session whose runtime is not live (a *cold* grant) therefore also needs one of
+`start_limit` start permits, held until `started()`; the waiting is done here, in the FIFO
+queue, where no clock runs against the Turn — only the start itself is timed.
+
 Thread-safe; callbacks run outside the lock.
 """
 
@@ -24,6 +30,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNTIMES = 64
+DEFAULT_MAX_STARTS = 4
 
 Granted = Callable[[], None]
 StopRuntime = Callable[[str, str], "Future[Any]"]
@@ -31,12 +38,20 @@ StopRuntime = Callable[[str, str], "Future[Any]"]
 
 
 class RuntimeSlots:
-    def __init__(self, limit: int = DEFAULT_MAX_RUNTIMES, stop: StopRuntime | None = None) -> None:
+    def __init__(
+        self,
+        limit: int = DEFAULT_MAX_RUNTIMES,
+        stop: StopRuntime | None = None,
+        start_limit: int = DEFAULT_MAX_STARTS,
+    ) -> None:
         self.limit = max(1, int(limit))
+        self.start_limit = max(1, int(start_limit))
         self._stop = stop
         self._lock = threading.Lock()
         # provider -> key -> busy; insertion order is least-recently-used first.
         self._live: dict[str, OrderedDict[str, bool]] = {}
+        # provider -> keys granted cold whose runtime start has not ended yet.
+        self._starting: dict[str, set[str]] = {}
         self._waiters: dict[str, deque[tuple[str, Granted]]] = {}
         self.evictions = 0
         self.queued_total = 0
@@ -58,13 +73,31 @@ class RuntimeSlots:
                     # Already waiting (a fork and a turn of one Session): chain the callbacks.
                     self._chain(waiters, key, granted)
                     return
-                victim = self._make_room(provider, live)
+                starting = self._starting.setdefault(provider, set())
+                victim = (
+                    self._make_room(provider, live)
+                    if not waiters and len(starting) < self.start_limit
+                    else False  # FIFO: nobody overtakes a waiter
+                )
                 if victim is False:
                     waiters.append((key, granted))
                     self.queued_total += 1
                     return
                 live[key] = True
+                starting.add(key)
         self._grant_after_stop(provider, victim if isinstance(victim, str) else None, granted)
+
+    def started(self, provider: str, key: str) -> None:
+        """`key`'s runtime start has ended (ready or failed): its start permit goes to the
+        next waiter."""
+        with self._lock:
+            starting = self._starting.get(provider)
+            if starting is None or key not in starting:
+                return
+            starting.discard(key)
+            handoffs = self._handoffs(provider, self._live.setdefault(provider, OrderedDict()))
+        for victim, granted in handoffs:
+            self._grant_after_stop(provider, victim, granted)
 
     def release(self, provider: str, key: str) -> None:
         """`key` has nothing in progress: its runtime stays warm but may be evicted."""
@@ -73,6 +106,7 @@ class RuntimeSlots:
             if key in live:
                 live[key] = False
                 live.move_to_end(key)
+            self._starting.get(provider, set()).discard(key)
             waiters = self._waiters.get(provider)
             if waiters:
                 # A Session released while queued (its Turn was interrupted) waits no more.
@@ -87,6 +121,7 @@ class RuntimeSlots:
         with self._lock:
             live = self._live.setdefault(provider, OrderedDict())
             live.pop(key, None)
+            self._starting.get(provider, set()).discard(key)
             handoffs = self._handoffs(provider, live)
         for victim, granted in handoffs:
             self._grant_after_stop(provider, victim, granted)
@@ -109,6 +144,8 @@ class RuntimeSlots:
                     "busy": sum(1 for b in live.values() if b),
                     "queued": len(self._waiters.get(provider) or ()),
                     "limit": self.limit,
+                    "starting": len(self._starting.get(provider) or ()),
+                    "startLimit": self.start_limit,
                 }
                 for provider, live in self._live.items()
             }
@@ -131,10 +168,19 @@ class RuntimeSlots:
     ) -> list[tuple[str | None, Granted]]:
         out: list[tuple[str | None, Granted]] = []
         waiters = self._waiters.get(provider)
+        starting = self._starting.setdefault(provider, set())
         while waiters:
-            victim = self._make_room(provider, live)
-            if victim is False:
+            key = waiters[0][0]
+            if key in live:
+                # Became live while queued (granted through another path): warm, no permit.
+                victim: str | bool | None = None
+            elif len(starting) >= self.start_limit:
                 break
+            else:
+                victim = self._make_room(provider, live)
+                if victim is False:
+                    break
+                starting.add(key)
             key, granted = waiters.popleft()
             live[key] = True
             out.append((victim if isinstance(victim, str) else None, granted))

@@ -51,6 +51,7 @@ from storage.errors import (
     SessionBusy,
     StoreBusy,
     TurnNotFound,
+    Unavailable,
 )
 from storage.models import Session, Turn
 
@@ -92,6 +93,10 @@ class _TurnState:
     pending_events: list[Mapping[str, Any]] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
     watchdog: TimerHandle | None = None
+    # turn.start was sent: only from then does the inactivity limit run. Before, the Turn
+    # waits for a runtime slot (no limit: it is queued, not hung) or for its runtime's start
+    # (`session.start`, with its own timeout), issue 14 §6.
+    at_provider: bool = False
 
 
 @dataclass(eq=False)
@@ -231,6 +236,9 @@ class SessionActor(PooledActor):
             or bool(self._durable)
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())
+            # A runtime preparation (a slot wait, `session.start`) may outlast the idle reap;
+            # a fork.create waiting on it is owed a reply by this actor (issue 15 defect 2).
+            or self._preparing > 0
         )
         if not busy and self._preparing == 0 and self._slot_provider is not None:
             self.ctx.runtime_slots.release(self._slot_provider, self.key)
@@ -257,6 +265,8 @@ class SessionActor(PooledActor):
                 ref.tell(FollowUp(lambda: on_done(f), reply))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
+                if reply is not None:  # still owed: typed and retryable, never silence
+                    reply(Unavailable("the session stopped; try again", reason="session_stopped"))
 
         future.add_done_callback(_done)
 
@@ -284,11 +294,19 @@ class SessionActor(PooledActor):
 
         def _ready(runtime: PreparedRuntime | HostError) -> None:
             self._preparing -= 1
+            self.ctx.runtime_slots.started(session.provider, self.key)
             on_ready(runtime)
+
+        def _prepare_now() -> None:
+            try:
+                self._prepare_runtime_now(session, _ready)
+            except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
+                log.exception("session %s: preparing the runtime failed", self.key)
+                _ready(exc if isinstance(exc, HostError) else _internal(exc))
 
         def _granted() -> None:
             try:
-                ref.tell(FollowUp(lambda: self._prepare_runtime_now(session, _ready)))
+                ref.tell(FollowUp(_prepare_now))
             except pykka.ActorDeadError:
                 self.ctx.runtime_slots.release(session.provider, self.key)
 
@@ -316,6 +334,8 @@ class SessionActor(PooledActor):
         )
 
         def _done(f: Future[dict[str, Any]]) -> None:
+            # The start itself has ended: its permit goes to the next cold Session now.
+            self.ctx.runtime_slots.started(session.provider, self.key)
             try:
                 result = f.result()
             except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
@@ -394,8 +414,19 @@ class SessionActor(PooledActor):
             for t in turns
         ]
         matches = match_missing(canonical, provider_turns)
+        # A provider whose Turns carry a binding JSON (Claude's checkpoint) gives it with
+        # its history; one the Turn already holds (its own write landed) is kept.
+        bindings = {str(t.get("providerTurnId")): t.get("bindingJson") for t in provider_turns}
+        held = {t.turn_id: t.provider_turn_binding_json for t in turns}
         for turn_id, provider_turn_id in matches.items():
-            self.ctx.store.bind_provider_turn(self.ws, self.sid, turn_id, provider_turn_id)
+            binding = bindings.get(provider_turn_id)
+            self.ctx.store.bind_provider_turn(
+                self.ws,
+                self.sid,
+                turn_id,
+                provider_turn_id,
+                str(binding) if binding and held.get(turn_id) is None else None,
+            )
             log.warning(
                 "session %s: turn %s re-bound to provider turn %s from the provider's history",
                 self.key,
@@ -462,6 +493,8 @@ class SessionActor(PooledActor):
             if isinstance(runtime, HostError):
                 self._settle(state, "failed", error=runtime.message)
                 return
+            state.at_provider = True
+            state.last_activity = time.monotonic()
             fut = self.ctx.workers.request(
                 session.provider,
                 "turn.start",
@@ -655,6 +688,11 @@ class SessionActor(PooledActor):
         if state.settling:
             return
         limit = self.ctx.timeouts.turn_inactivity_s
+        if not state.at_provider:
+            # Queued for a runtime slot or its runtime being started (issue 14 §6): not hung.
+            state.last_activity = time.monotonic()
+            self._arm_watchdog(state, limit)
+            return
         try:
             turn = self.ctx.store.get_turn(self.ws, self.sid, state.turn_id)
         except HostError as exc:
@@ -692,6 +730,7 @@ class SessionActor(PooledActor):
         except HostError:
             return None
         state = _TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
+        state.at_provider = True  # it sends events: the provider has it
         state.settled = state.settling = turn.phase == "settled"
         return state
 

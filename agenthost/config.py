@@ -319,6 +319,13 @@ SCHEMA: tuple[Key, ...] = (
         64,
         "live provider runtimes per provider; turns beyond it queue, idle ones stop LRU first",
     ),
+    Key(
+        "daemon",
+        "max_runtime_starts_per_provider",
+        Int(1, 100_000),
+        4,
+        "provider runtimes being started at once per provider; further cold turns queue",
+    ),
     # Providers. Model credentials and wire keys (issue 17): `api_key_env` names the variable
     # holding the key (read by the provider at turn time, never stored); `api_key` is the less
     # safe in-file key (the file must then be 0600).
@@ -472,6 +479,10 @@ class Config:
     @property
     def max_runtimes_per_provider(self) -> int:
         return int(self.get("daemon", "max_runtimes_per_provider"))
+
+    @property
+    def max_runtime_starts_per_provider(self) -> int:
+        return int(self.get("daemon", "max_runtime_starts_per_provider"))
 
     @property
     def store_path(self) -> Path:

@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgpack
-
 from actors import runtime_dirs
-from actors.context import HostContext, Timeouts, fork_deadline_s
+from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, WorkerEvent
 from actors.messages import RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
@@ -38,6 +36,7 @@ from agenthost.home import (
 )
 from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
+from agenthost.turn_events import TurnDeltas
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -84,6 +83,8 @@ class Daemon:
         self.recovery: RecoveryReport | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Owned by the publishing thread: what each active Turn's last event carried.
+        self._turn_deltas = TurnDeltas()
         self._stream_activity: dict[str, float] = {}  # turn id → last activity forwarded
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
@@ -142,9 +143,12 @@ class Daemon:
         port = SupervisorPort(self.supervisor)
         slots = RuntimeSlots(
             cfg.max_runtimes_per_provider,
+            # The worker's stop waits for a start of that runtime still in progress (so
+            # none outlives its slot); the grant waits for the stop, within the start budget.
             stop=lambda provider, key: port.request(
-                provider, "session.stop", {"agentSessionId": key}, 30.0
+                provider, "session.stop", {"agentSessionId": key}, SESSION_START_S
             ),
+            start_limit=cfg.max_runtime_starts_per_provider,
         )
         self.ctx = HostContext(
             store=store,
@@ -345,7 +349,11 @@ class Daemon:
             return {
                 "type": "turn.updated",
                 "agentSessionId": change.session_id,
-                "turn": _bounded_turn(projection.turn(turn, session.provider, self.catalog)),
+                "turn": self._turn_deltas.event_turn(
+                    (change.workspace_id, change.session_id, change.turn_id),
+                    projection.turn(turn, session.provider, self.catalog),
+                    MAX_EVENT_BYTES,
+                ),
             }
         if isinstance(change, StreamDelta):
             return {
@@ -360,26 +368,6 @@ class Daemon:
             op = store.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None
-
-
-def _bounded_turn(turn: dict[str, Any]) -> dict[str, Any]:
-    """A `turn.updated` Turn whose encoding fits `MAX_EVENT_BYTES` (issue 15 #6): a Turn too
-    big for one event keeps every field but only its latest messages that fit, and says so
-    with `messagesTruncated: true` and `messageCount`; the client reads the whole Turn with
-    `session.timeline`. Every other Turn is sent whole, exactly as before."""
-    if len(msgpack.packb(turn, use_bin_type=True)) <= MAX_EVENT_BYTES:
-        return turn
-    messages = list(turn.get("messages") or [])
-    kept: list[Any] = []
-    budget = MAX_EVENT_BYTES // 2  # room for the other fields and interactions
-    for message in reversed(messages):
-        size = len(msgpack.packb(message, use_bin_type=True))
-        if size > budget:
-            break
-        budget -= size
-        kept.append(message)
-    kept.reverse()
-    return {**turn, "messages": kept, "messagesTruncated": True, "messageCount": len(messages)}
 
 
 def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:

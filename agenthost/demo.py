@@ -3,8 +3,8 @@ run a session of three turns, fork it through its second Turn, run a turn on the
 print what happened — then stop the daemon cleanly.
 
 `make demo PROVIDER=codex` runs the same script on the pinned real Codex app-server against a
-local echo model (`agenthost.mock_model`), and checks the child's model input in that model's
-request log (Codex has no `/history` directive).
+local echo model (`model_fakes.responses`, the same fake the tests use), and checks the child's
+model input in that model's request log (Codex has no `/history` directive).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agenthost.mock_model import MockResponsesModel, user_texts
 from agenthost.session_client import fork_and_wait, format_transcript, run_turn
+from model_fakes.responses import ResponsesServer, model_input_texts
 from transport.client import Client
 
 WS = "demo"
@@ -79,14 +79,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"demo: provider {args.provider!r} needs its model endpoint; see docs/providers.md")
     home = args.home or Path(tempfile.mkdtemp(prefix="agenthost-demo-"))
     home.mkdir(parents=True, exist_ok=True)
-    model: MockResponsesModel | None = None
+    model: ResponsesServer | None = None
     if args.provider == "codex":
         from drivers.codex import default_command
 
         if shutil.which(default_command()[0]) is None:
             raise SystemExit("demo: Codex is not installed; run `make providers` first")
         # Codex needs a model endpoint: a local echo model, never the network.
-        model = MockResponsesModel()
+        model = ResponsesServer()
         (home / "agenthost.toml").write_text(
             f'[providers.codex]\nmodel = "mock-model"\nmodel_base_url = "{model.base_url}"\n'
         )
@@ -137,7 +137,12 @@ def main(argv: list[str] | None = None) -> int:
             seen = repr(reply)
         else:
             # The model's own request log: the user messages of the child's turn.
-            asked = [t for r in model.requests[before:] for t in user_texts(r) if t in texts]
+            asked = [
+                t
+                for r in model.requests[before:]
+                for role, t in model_input_texts(r)
+                if role == "user" and t in texts
+            ]
             seen_ok = asked[:2] == expected and texts[2] not in asked
             seen = repr(asked)
         print(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from transport.client import ApiError, Client, EventSubscriber
+from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
 POLL_S = 0.05
@@ -360,7 +360,10 @@ def stream_turn(
             if time.monotonic() > deadline:
                 raise TurnWaitTimeout(turn_id, timeout)
             fresh = _next_turn_event(subscriber, ws, sid, turn_id, on_delta)
-            turn = fresh if fresh is not None else get_turn(client, ws, sid, turn_id, sequence)
+            # An event carries the messages added since the previous one: merge it by message
+            # id; a gap (a missed event, a message too big for one) is read back whole.
+            merged = None if fresh is None else merge_turn(turn, fresh)
+            turn = merged if merged is not None else get_turn(client, ws, sid, turn_id, sequence)
     finally:
         if subscriber is not None:
             subscriber.close()

@@ -147,7 +147,41 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def target(self, what: str, value: float, limit: float, *, higher_is_better: bool) -> None:
+    def issue_target(
+        self,
+        key: str,
+        value: float,
+        *,
+        measured: str,
+        profile: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one of issue 20's targets (`bench.targets.ISSUE20`; the limit lives there):
+        `measured` says what was measured at what size, `profile` what bounds the figure
+        (`lines` for people, any other keys for the JSON)."""
+        from bench.targets import BY_KEY
+
+        t = BY_KEY[key]
+        self.target(
+            t.what,
+            value,
+            t.limit,
+            higher_is_better=t.higher_is_better,
+            key=key,
+            measured=measured,
+            profile=profile,
+        )
+
+    def target(
+        self,
+        what: str,
+        value: float,
+        limit: float,
+        *,
+        higher_is_better: bool,
+        key: str | None = None,
+        measured: str | None = None,
+        profile: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record a target from the issue: met or missed, and by how much."""
         if math.isnan(value):
             met = False
@@ -158,16 +192,21 @@ class BenchResult:
         else:
             met = value <= limit
             by = value / limit if limit else math.nan
-        self.targets.append(
-            {
-                "what": what,
-                "value": _round(float(value)),
-                "limit": limit,
-                "direction": ">=" if higher_is_better else "<=",
-                "met": met,
-                "valueOverLimit": _round(by),
-            }
-        )
+        record: dict[str, Any] = {
+            "what": what,
+            "value": _round(float(value)),
+            "limit": limit,
+            "direction": ">=" if higher_is_better else "<=",
+            "met": met,
+            "valueOverLimit": _round(by),
+        }
+        if key is not None:
+            record["key"] = key
+        if measured is not None:
+            record["measured"] = measured
+        if profile is not None:
+            record["profile"] = _jsonable(profile)
+        self.targets.append(record)
 
     def render(self) -> str:
         parts = [f"# {self.name} ({self.mode}, {self.seconds:.1f} s)"]

@@ -78,11 +78,22 @@ def _tutti_child(root: Path, turns: int) -> tuple[Path, str, str, list[str]]:
 
 
 def _run_turn(server: Any, thread: str, text: str) -> str:
-    """`turn/start`, then poll `thread/read` until that turn is no longer in progress."""
-    started = server.request(
-        "turn/start",
-        {"threadId": thread, "input": [{"type": "text", "text": text, "text_elements": []}]},
-    )
+    """`turn/start`, then poll `thread/read` until that turn is no longer in progress.
+
+    `thread/read` can show the previous turn settled a moment before the server lets the
+    thread take the next one (seen under heavy load): `turn/start` is retried for that."""
+    from drivers.app_server import JsonRpcError
+
+    params = {"threadId": thread, "input": [{"type": "text", "text": text, "text_elements": []}]}
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            started = server.request("turn/start", params)
+            break
+        except JsonRpcError as exc:
+            if "already has an active turn" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
     turn_id = str(started["turn"]["id"])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -95,11 +95,14 @@ class Waiter:
         if self.sub is not None:
             self.sub.close()
 
-    def _next_event(self, timeout: float) -> dict[str, Any] | None:
+    def _next_event(self, ws: str, timeout: float) -> dict[str, Any] | None:
+        """The next event of workspace `ws` (exact topic: ids are not unique across
+        workspaces, and ZeroMQ topics are prefixes)."""
         if self.sub is None:
             time.sleep(timeout)
             return None
-        return self.sub.next(timeout)
+        message = self.sub.next_message(timeout)
+        return None if message is None or message[0] != ws else message[1]
 
     def turn_settled(self, ws: str, sid: str, until: float) -> None:
         next_poll = 0.0
@@ -111,7 +114,7 @@ class Waiter:
                 if status >= 400 or body["session"]["activeTurnId"] is None:
                     return
                 next_poll = time.monotonic() + 0.2
-            event = self._next_event(0.05)
+            event = self._next_event(ws, 0.05)
             if (
                 event is not None
                 and event.get("type") == "turn.updated"
@@ -123,7 +126,7 @@ class Waiter:
     def operation_ended(self, ws: str, op: dict[str, Any], until: float) -> dict[str, Any]:
         next_poll = time.monotonic() + 0.2
         while op["status"] == "accepted" and time.monotonic() < until:
-            event = self._next_event(0.05)
+            event = self._next_event(ws, 0.05)
             if (
                 event is not None
                 and event.get("type") == "fork.operation"

@@ -159,7 +159,12 @@ def fairness(tmp: Path, slow_calls: int, warm_turns: int) -> dict[str, Any]:
     daemon = BenchDaemon(
         tmp / "fair",
         providers={"tutti-agent": {"command": ["/bin/sh", str(wrapper)]}},
-        daemon={"max_runtimes_per_provider": slow_calls + 8},
+        # All slow starts reach the worker at once (past the host's start gate): the case
+        # measured is the worker's lanes.
+        daemon={
+            "max_runtimes_per_provider": slow_calls + 8,
+            "max_runtime_starts_per_provider": slow_calls + 8,
+        },
     ).start()
     statuses: list[int] = []
     try:

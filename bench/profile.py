@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,3 +198,22 @@ class TreeProfile:
             self.summary = summarise(self.out.read_text(errors="replace"))
         except OSError as exc:
             self.error = f"py-spy wrote no profile: {exc}"
+
+
+def cpu_line(cpu: Mapping[str, float], unit: str) -> str:
+    """`CPU ms per fork: 131.0 in the daemon tree (app-server 110.0, daemon 15.0, …)`."""
+    total = sum(cpu.values())
+    digits = 1 if total >= 10 else 2  # a read costs a fraction of a millisecond
+    parts = ", ".join(f"{k} {v:.{digits}f}" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1]))
+    return f"CPU {unit}: {total:.{digits}f} in the daemon tree ({parts or 'none'})"
+
+
+def spy_lines(profile: TreeProfile | None, per_kind: int = 3) -> list[str]:
+    """The py-spy summary of a window, or why there is none."""
+    if profile is not None and profile.summary is not None:
+        return ["py-spy (on-CPU samples of the daemon tree):", *profile.summary.lines(per_kind)]
+    if py_spy() is None:
+        return ["py-spy: not installed (make bench installs it: pip install -e '.[bench]')"]
+    if profile is not None and profile.error:
+        return [f"py-spy: {profile.error}"]
+    return []

@@ -176,7 +176,7 @@ def _codex_unavailable() -> str | None:
 @contextmanager
 def _codex_environment() -> Iterator[dict[str, str]]:
     # The only faked part: the model, a Responses API on 127.0.0.1 (tests/support).
-    from tests.support.responses_server import ResponsesServer
+    from model_fakes.responses import ResponsesServer
 
     with ResponsesServer() as server:
         yield {"model": "mock-model", "model_base_url": server.base_url}
@@ -353,7 +353,7 @@ def _claude_unavailable() -> str | None:
 @contextmanager
 def _claude_environment() -> Iterator[dict[str, str]]:
     # The only faked part: the model, a Messages API on 127.0.0.1 (tests/support).
-    from tests.support.messages_server import MessagesServer
+    from model_fakes.messages import MessagesServer
 
     with MessagesServer() as server:
         yield {"model_base_url": server.base_url}

@@ -1,6 +1,10 @@
 """`make bench`: runs every benchmark in one process tree, prints their tables, and writes
 `bench/results/<date>.json`, PNG plots beside it and `<date>.md` (the tables, for
 docs/performance.md). `--quick` runs each benchmark for seconds instead of minutes.
+
+At the end it prints issue 20's targets in one table (value, limit, met/MISSED, value/limit,
+what measured it) and, for each missed one, the profile that bounds it (`bench.targets`);
+the JSON keeps the same rows as `issue20Targets`, the markdown as its first section.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import fork_overhead, fork_path, mutations, overload, races, scale, throughput
+from bench import fork_overhead, fork_path, mutations, overload, races, scale, targets, throughput
 from bench.common import REPO, BenchResult, Mode, Table, command_for, log, machine, mode_argv
 
 BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
@@ -83,8 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     if args.only:
         doc["rerun"] = list(args.only)
+    issue20 = targets.collect(merged)
+    doc["issue20Targets"] = issue20
     json_path.write_text(json.dumps(doc, indent=1))
+    loads = ", ".join(
+        f"{b['command'].split()[2] if b['command'] else b['name']} "
+        f"{b['figures'].get('loadAverage1mAtStart', 'n/a')}"
+        for b in merged
+    )
+    title = f"issue 20 targets ({mode.value} run, {doc['date']})"
+    bound_lines = targets.bounds(issue20)
     md = [f"Run {doc['date']} ({mode.value}), `{doc['command']}`, machine {doc['machine']}", ""]
+    md += [f"1-minute load average at each benchmark's start: {loads}", ""]
+    md += [targets.table(issue20, title).markdown(), ""]
+    md += ["Measured by:", "", *targets.measured_lines(issue20), ""]
+    if bound_lines:
+        md += ["What bounds each missed target:", "", "```", *bound_lines, "```", ""]
     for b in merged:
         md += [f"### {b['name']}", "", f"`{b['command']}`", ""]
         md += [_markdown_table(t) + "\n" for t in b["tables"]]
@@ -105,6 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             written = plot_all(doc, args.out, stem)
         except ImportError as exc:
             log(f"no plots: {exc} (install the bench extra: pip install -e '.[bench]')")
+    print(targets.table(issue20, title).render(), flush=True)
+    print("\nmeasured by:\n" + "\n".join(targets.measured_lines(issue20)), flush=True)
+    if bound_lines:
+        print("\nwhat bounds each missed target:\n" + "\n".join(bound_lines), flush=True)
+    print(f"\n1-minute load average at each benchmark's start: {loads}", flush=True)
     log(f"wrote {json_path}" + "".join(f", {p.name}" for p in written))
     for failure in failures:
         log(f"FAILED {failure}")

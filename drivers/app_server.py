@@ -29,11 +29,24 @@ from typing import IO, Any
 _PR_SET_PDEATHSIG = 1
 
 
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: the app-server still exits on stdin EOF
+    return prctl
+
+
+# Resolved once, in the parent: the child runs between fork and exec, where a dlopen/dlsym
+# could wait forever on a loader lock that another of the worker's threads held at fork time.
+_PRCTL = _libc_prctl()
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGKILL it when the worker that spawned it dies, so a killed
     worker (or daemon) never leaves a provider process holding its thread's writer."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class AppServerFailure(Exception):

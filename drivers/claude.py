@@ -40,6 +40,7 @@ from drivers.claude_transcript import (
     contains_uuid,
     decode_binding,
     encode_binding,
+    history_turns,
     legacy_checkpoint,
     parse_entries,
     split_turns,
@@ -395,6 +396,19 @@ class ClaudeDriver:
             self._cancel(turn)
             raise DriverError("Claude Code did not echo the user message in time") from None
         return {"providerTurnId": provider_turn_id}
+
+    def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.history {agentSessionId}` → `{turns: [{providerTurnId, userText,
+        bindingJson}]}` from the session's own transcript, in its order: what the host
+        re-binds a Turn whose binding it never recorded from (issue 15 defect 1)."""
+        session = self._session(_required(params, "agentSessionId"))
+        try:
+            text = session.transcript.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return {"turns": []}  # no turn ever reached the CLI
+        except OSError as exc:
+            raise DriverError(f"provider history unreadable: {exc}") from exc
+        return {"turns": history_turns(text)}
 
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._session(_required(params, "agentSessionId"))

@@ -154,6 +154,29 @@ def _turn(root: TranscriptEntry, last: TranscriptEntry) -> TranscriptTurn:
     )
 
 
+def history_turns(text: str) -> list[dict[str, Any]]:
+    """The transcript's Turns in order as `{providerTurnId, userText, bindingJson}`: the
+    provider's own history a Turn whose binding the host never recorded is re-bound from
+    (issue 15 defect 1; the host matches by order and content and fails closed)."""
+    prompts: dict[str, str] = {}
+    for line in text.splitlines():
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(raw, dict) and isinstance(raw.get("uuid"), str) and is_root_user(raw):
+            texts, _ = _content_texts(raw["message"].get("content"))
+            prompts[raw["uuid"]] = "\n".join(texts)
+    return [
+        {
+            "providerTurnId": t.root_uuid,
+            "userText": prompts.get(t.root_uuid),
+            "bindingJson": encode_binding(t.checkpoint_uuid),
+        }
+        for t in split_turns(parse_entries(text))
+    ]
+
+
 def legacy_checkpoint(text: str, root_uuid: str) -> str | None:
     """The checkpoint of the Turn rooted at `root_uuid`: the last message before the next
     root user message, or None if `root_uuid` is not a root user of this transcript."""

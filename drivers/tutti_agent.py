@@ -359,8 +359,15 @@ class AppServerDriver:
         sid = str(params.get("agentSessionId") or "")
         with self._lock:
             session = self._sessions.pop(sid, None)
-        if session is not None and session.runtime is not None:
-            session.runtime.proc.close()
+        if session is None:
+            return {}
+        # A start or turn start in progress finishes first: otherwise the app-server it is
+        # spawning is attached to a Session nobody holds any more and lives on, uncounted
+        # (the host's runtime bound was exceeded that way under load, issue 14 §6).
+        with session.op_lock:
+            runtime, session.runtime = session.runtime, None
+        if runtime is not None:
+            runtime.proc.close()
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import ctypes
 import importlib
 import json
 import os
+import queue
 import signal
 import sys
 import threading
@@ -97,6 +98,11 @@ class WorkerServer:
             lane: ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"req-{lane}")
             for lane, n in sizes.items()
         }
+        self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
+        self._dispatcher = threading.Thread(
+            target=self._dispatch_loop, name="req-dispatch", daemon=True
+        )
+        self._dispatcher.start()
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self.driver().attest(p),
             "session.start": lambda p: self.driver().start_session(p),
@@ -139,8 +145,24 @@ class WorkerServer:
             self.link.send_event(agent_session_id, event)
 
     def on_request(self, msg: dict[str, Any]) -> None:
-        """Called on the link thread: never block it."""
-        self._lanes[self.lane_of(msg)].submit(self._handle, msg)
+        """Called on the link thread, which also sends the heartbeats: never block it. It only
+        queues the request (a lock-free C call); the dispatcher thread picks the lane and
+        submits. `ThreadPoolExecutor.submit` takes a lock that every `fork()` in the process
+        also takes (concurrent.futures registers it as an at-fork hook) and may wait for a new
+        thread to start: with dozens of app-servers being spawned, a submit on the link thread
+        waited for seconds, the heartbeats stopped, and the supervisor killed a worker that
+        was merely busy (issue 14 §6, measured at 200 Sessions)."""
+        self._inbox.put(msg)
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            msg = self._inbox.get()
+            if msg is None:
+                return
+            try:
+                self._lanes[self.lane_of(msg)].submit(self._handle, msg)
+            except Exception:  # noqa: BLE001 - one bad request must not stop the dispatcher
+                traceback.print_exc(file=sys.stderr)
 
     def lane_of(self, msg: Mapping[str, Any]) -> str:
         method = msg.get("method")
@@ -245,6 +267,7 @@ class WorkerServer:
         return {"emitted": len(events)}
 
     def close(self) -> None:
+        self._inbox.put(None)
         with self._driver_lock:
             driver, self._driver = self._driver, None
         if driver is not None:

@@ -147,7 +147,7 @@ class Tx:
         return int(self.conn.changes())
 
     def emit(self, event: ChangeEvent) -> None:
-        # A set beside the list: a commit of 1,000 cloned Turns emits 1,000 events.
+        # A set beside the list: one transaction may emit the same change many times.
         if event not in self._seen:
             self._seen.add(event)
             self.events.append(event)

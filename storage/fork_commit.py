@@ -17,7 +17,6 @@ from storage.models import (
     ForkOperationChanged,
     ForkStatus,
     SessionChanged,
-    TurnChanged,
 )
 
 log = logging.getLogger(__name__)
@@ -183,5 +182,7 @@ class ForkCommit(StoreBase):
                 lin.forked_at_ms,
             ),
         )
-        for row in plan.turn_rows:
-            tx.emit(TurnChanged(s.workspace_id, s.session_id, row[2]))
+        # No event per cloned Turn (issue 20): the child is new, so no client holds any of its
+        # Turns; `_commit_in`'s `SessionChanged` for it announces the whole child (a client
+        # reads its Turns with `session.timeline`). A 1,000-Turn fork used to publish 1,000
+        # `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.

@@ -7,7 +7,6 @@ import uuid
 from collections.abc import Callable, Mapping
 
 from storage.base import StoreBase, Tx, dumps
-from storage.canonical import require_session
 from storage.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
@@ -33,6 +32,7 @@ from storage.models import (
     ProviderStateBindingMode,
     SessionChanged,
 )
+from storage.session_rows import require_session
 
 
 def validate_request(req: ForkPrepareRequest) -> None:

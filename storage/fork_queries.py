@@ -4,11 +4,11 @@ readiness of a Session (the inputs of capability/availability resolution)."""
 from __future__ import annotations
 
 from storage.base import StoreBase
-from storage.canonical import load_session, load_turn, require_session
 from storage.errors import ForkBoundaryError
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.fork_snapshot import load_boundary, source_blockers
 from storage.models import ForkOperation, ForkReadiness, Lineage
+from storage.session_rows import load_session, load_turn, require_session
 
 
 class ForkQueries(StoreBase):

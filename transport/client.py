@@ -357,3 +357,42 @@ class EventSubscriber:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+TURN_EVENT_KEYS = ("messagesTruncated", "messageCount", "messagesFrom")
+"""The fields a `turn.updated` adds to a Turn when it carries only some of its messages."""
+
+
+def merge_turn(known: Mapping[str, Any] | None, update: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The whole Turn after a `turn.updated` event's `turn` (`update`), merged by message id
+    into the copy the client holds (`known`, a whole Turn or None).
+
+    An update without `messagesTruncated` is the whole Turn. One with it carries every Turn
+    field but only the messages at ordinals `messagesFrom`.. of `messageCount` (the messages
+    added or changed since the Turn's previous event): each replaces the known message of its
+    id or is appended. None when that cannot give the whole Turn (the client missed an event,
+    joined late, or a message was too big for an event): read it with `session.timeline`.
+    The result never has the three event fields, so it compares equal to the Turn
+    `session.timeline` returns."""
+    turn = {k: v for k, v in update.items() if k not in TURN_EVENT_KEYS}
+    carried = [m for m in update.get("messages") or [] if isinstance(m, Mapping)]
+    if not update.get("messagesTruncated"):
+        return turn
+    count = update.get("messageCount")
+    if not isinstance(count, int):
+        return None
+    if known is None or known.get("turnId") != update.get("turnId"):
+        return turn if count == len(carried) else None
+    messages = [dict(m) for m in known.get("messages") or []]
+    where = {str(m.get("messageId")): i for i, m in enumerate(messages)}
+    for message in carried:
+        index = where.get(str(message.get("messageId")))
+        if index is None:
+            where[str(message.get("messageId"))] = len(messages)
+            messages.append(dict(message))
+        else:
+            messages[index] = dict(message)
+    if len(messages) != count:
+        return None
+    turn["messages"] = messages
+    return turn

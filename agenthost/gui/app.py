@@ -48,6 +48,7 @@ from agenthost.session_client import (
     fork_refusal,
 )
 from transport.client import ApiError
+from transport.client import merge_turn as merged_turn
 from transport.security import ClientCurve
 
 PAGE_SIZE = 200
@@ -545,22 +546,50 @@ class AgentHostApp(App[int]):
         return out
 
     async def merge_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
-        """Apply a fresher copy of one Turn (event or submit reply) to the open transcript."""
+        """Apply a fresher copy of one Turn (event or submit reply) to the open transcript. An
+        event carries only the messages added since the Turn's previous one: it is merged by
+        message id, and a Turn it cannot complete (a missed event) is read back whole."""
         if session_id != self.current:
             return
-        turn = dict(turn)
         for index, known in enumerate(self.turns):
             if known["turnId"] == turn["turnId"]:
                 if _staler(turn, known):
                     return  # e.g. a submit reply that arrives after the settled event
-                self.turns[index] = turn
+                merged = merged_turn(known, turn)
+                if merged is None:
+                    self._reload_turn(session_id, turn)
+                    return
+                self.turns[index] = merged
                 break
         else:
             if self.has_more:
                 return  # beyond the loaded pages: it shows up when they are loaded
-            self.turns.append(turn)
+            merged = merged_turn(None, turn)
+            if merged is None:
+                self._reload_turn(session_id, turn)
+                return
+            self.turns.append(merged)
             self.turns.sort(key=lambda t: int(t["sequence"]))
         await self._render()
+
+    def _reload_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
+        """Read one Turn whole (`session.timeline`) and merge it; for an event it missed."""
+        params = {
+            "agentSessionId": session_id,
+            "afterSequence": int(turn["sequence"]) - 1,
+            "limit": 1,
+        }
+
+        def work() -> None:
+            try:
+                page = self.engine.request("session.timeline", params)
+            except (ApiError, TimeoutError):
+                return  # the next event or a reload shows it
+            for fresh in page["turns"]:
+                if fresh["turnId"] == turn["turnId"]:
+                    self.call_from_thread(self.merge_turn, session_id, fresh)  # type: ignore[arg-type]
+
+        self.run_worker(work, thread=True, group="turns")
 
     # -- composer ----------------------------------------------------------------------------
 
@@ -783,7 +812,13 @@ def _staler(new: Mapping[str, Any], old: Mapping[str, Any]) -> bool:
         return new.get("phase") != "settled"
     if new.get("phase") == "settled":
         return False
-    return len(new.get("messages") or []) < len(old.get("messages") or [])
+    return _message_count(new) < _message_count(old)
+
+
+def _message_count(turn: Mapping[str, Any]) -> int:
+    """The Turn's message count (an event that carries some of them says how many there are)."""
+    count = turn.get("messageCount")
+    return count if isinstance(count, int) else len(turn.get("messages") or [])
 
 
 def run_gui(

@@ -14,7 +14,7 @@ import pytest
 
 from drivers.claude import ClaudeDriver, ClaudeDriverConfig
 from drivers.failpoints import Failpoints
-from tests.support.messages_server import MessagesServer, last_user_text
+from model_fakes.messages import MessagesServer, last_user_text
 
 SLOW_PREFIX = "/hold "
 

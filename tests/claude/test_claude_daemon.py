@@ -11,6 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from model_fakes.messages import (
+    MessagesServer,
+    ToolUse,
+    last_user_text,
+    model_input_texts,
+    tool_result,
+)
 from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
@@ -22,13 +29,6 @@ from tests.support.daemon import (
     timeline,
     turn_of,
     wait_for,
-)
-from tests.support.messages_server import (
-    MessagesServer,
-    ToolUse,
-    last_user_text,
-    model_input_texts,
-    tool_result,
 )
 from transport.client import ApiError
 

@@ -13,8 +13,8 @@ from drivers.base import DeliveryDisposition, ForkRequest
 from drivers.claude import receipt_hash
 from drivers.claude_transcript import decode_binding, encode_binding, parse_entries
 from drivers.failpoints import Failpoints
+from model_fakes.messages import model_input_texts
 from tests.claude.conftest import ClaudeSession, Harness
-from tests.support.messages_server import model_input_texts
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
 

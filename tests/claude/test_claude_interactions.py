@@ -15,6 +15,14 @@ from typing import Any
 import pytest
 
 from drivers.claude import DECLINED_MESSAGE
+from model_fakes.messages import (
+    MessagesServer,
+    Reply,
+    ToolUse,
+    last_user_text,
+    tool_result,
+    tool_result_text,
+)
 from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 from tests.claude.conftest import ClaudeSession, Harness
 from tests.daemon.test_fork_saga import fork
@@ -27,14 +35,6 @@ from tests.support.daemon import (
     submit,
     turn_of,
     wait_for,
-)
-from tests.support.messages_server import (
-    MessagesServer,
-    Reply,
-    ToolUse,
-    last_user_text,
-    tool_result,
-    tool_result_text,
 )
 from transport.client import ApiError
 

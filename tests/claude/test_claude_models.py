@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from model_fakes.messages import MessagesServer, model_input_texts
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
-from tests.support.messages_server import MessagesServer, model_input_texts
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 

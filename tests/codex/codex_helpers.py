@@ -153,7 +153,7 @@ def fork_request(
 def user_inputs(body: dict[str, Any], sent: set[str]) -> list[str]:
     """The user texts of one model request that the test itself sent (Codex adds its own
     environment/skills context messages; those are left out)."""
-    from tests.support.responses_server import model_input_texts
+    from model_fakes.responses import model_input_texts
 
     return [text for role, text in model_input_texts(body) if role == "user" and text in sent]
 
@@ -161,7 +161,7 @@ def user_inputs(body: dict[str, Any], sent: set[str]) -> list[str]:
 def conversation(body: dict[str, Any], sent: set[str]) -> list[tuple[str, str]]:
     """The user/assistant exchange of one model request, limited to the test's own texts and
     the model's echoes of them."""
-    from tests.support.responses_server import model_input_texts
+    from model_fakes.responses import model_input_texts
 
     echoes = {f"echo: {t}" for t in sent}
     return [

@@ -11,7 +11,7 @@ from codex_helpers import EventLog, codex_bin
 
 from drivers.codex import CodexDriver
 from drivers.failpoints import Failpoints
-from tests.support.responses_server import ResponsesServer
+from model_fakes.responses import ResponsesServer
 
 MakeDriver = Callable[..., CodexDriver]
 

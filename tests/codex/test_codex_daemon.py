@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from codex_helpers import codex_bin, codex_pids, conversation
 
+from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
     WS,
@@ -26,7 +27,6 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.homes import child_rollouts, rollouts, runtime_home
-from tests.support.responses_server import ResponsesServer
 from transport.client import ApiError, Client
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]

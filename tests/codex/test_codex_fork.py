@@ -25,7 +25,7 @@ from conftest import MakeDriver
 from drivers.base import DeliveryDisposition
 from drivers.binder import BinderError, iter_rollouts
 from drivers.codex import CONTEXT_KEY, CodexDriver, rollout_lineage
-from tests.support.responses_server import ResponsesServer
+from model_fakes.responses import ResponsesServer
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from codex_helpers import codex_bin, conversation
 
+from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
-from tests.support.responses_server import ResponsesServer
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
 

@@ -41,8 +41,8 @@ from drivers.codex import (
 )
 from drivers.failpoints import Failpoints
 from drivers.versions import CODEX_GATE
+from model_fakes.responses import ResponsesServer, last_user_text
 from storage.errors import InvalidArgument, SessionBusy
-from tests.support.responses_server import ResponsesServer, last_user_text
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 
@@ -111,7 +111,7 @@ def test_historical_session_resumes_its_thread_with_its_history(
 
 
 def _messages(body: dict) -> list[tuple[str, str]]:
-    from tests.support.responses_server import model_input_texts
+    from model_fakes.responses import model_input_texts
 
     return model_input_texts(body)
 

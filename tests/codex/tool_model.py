@@ -11,9 +11,9 @@ import uuid
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler
-from tests.support.responses_server import last_user_text
+from model_fakes.bodies import decode_body
+from model_fakes.http import FakeModelServer, ModelHandler
+from model_fakes.responses import last_user_text
 
 RUN = "/run "
 

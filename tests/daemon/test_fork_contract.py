@@ -17,6 +17,7 @@ from actors.host_actor import WorkerEvent
 from actors.messages import runtime_key
 from agenthost.config import Config
 from agenthost.daemon import Daemon
+from model_fakes.responses import FunctionCall, ResponsesServer, last_user_text
 from storage import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
@@ -28,7 +29,6 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.homes import child_rollouts, runtime_home
-from tests.support.responses_server import FunctionCall, ResponsesServer, last_user_text
 from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(180)

@@ -46,7 +46,11 @@ def unknown_fork(c: Client, sid: str, turn_id: str, point: str) -> dict[str, Any
 
 
 def adopt_and_use(
-    c: Client, op: dict[str, Any], source_id: str, child_count: Callable[[], int]
+    c: Client,
+    op: dict[str, Any],
+    source_id: str,
+    child_count: Callable[[], int],
+    boundary_turns: int = 2,
 ) -> dict[str, Any]:
     """Inspect → adoptable, adopt → committed (replay-safe), the child runs a turn, ACK."""
     inspected = resolve(c, op["operationId"], "inspect")
@@ -67,11 +71,11 @@ def adopt_and_use(
         resolve(c, op["operationId"], "abandon")
     assert err.value.status == 409 and err.value.reason == "agent_session_fork_resolve_conflict"
     target = done["targetAgentSessionId"]
-    assert len(timeline(c, target)) == 2
+    assert len(timeline(c, target)) == boundary_turns
     assert run_turn(c, target, "the adopted child speaks")["outcome"] == "completed"
     assert child_count() == 1  # adopt never called the provider's fork again
     c.call("fork.acknowledge", {"workspaceId": WS, "operationId": op["operationId"]})
-    return done
+    return dict(done)
 
 
 def abandon_and_refork(
@@ -98,6 +102,24 @@ def abandon_and_refork(
     return abandoned
 
 
+def adopt_fork_of_a_fork(c: Client, home: Path, root: str, turns: list[dict[str, Any]]) -> None:
+    """An `unknown` fork whose source is itself a committed fork child (its provider state
+    reads through the root's): inspected `adoptable` (only the new child, not the source's own
+    lineage), adopted, and the grandchild runs a turn."""
+    from tests.daemon.test_lineage_tree import committed_fork
+    from tests.reliability.reliability_harness import children_of
+
+    middle = committed_fork(c, root, turns[1]["turnId"])["targetAgentSessionId"]
+    middle_turn = run_turn(c, middle, "the middle speaks")
+    assert middle_turn["outcome"] == "completed", middle_turn
+    op = unknown_fork(c, middle, middle_turn["turnId"], "worker.fork.after_provider_call")
+    session = c.call("session.get", {"workspaceId": WS, "agentSessionId": middle})["session"]
+    psid = session["providerSessionId"]
+    assert len(children_of(home, psid)) == 1
+    done = adopt_and_use(c, op, psid, lambda: len(children_of(home, psid)), boundary_turns=3)
+    assert len(timeline(c, done["targetAgentSessionId"])) == 4  # 2 + the middle's + its own
+
+
 def test_unknown_fork_with_child_is_adopted_and_its_child_runs(daemon: DaemonProcess) -> None:
     c = daemon.client()
     sid, turns = three_turn_source(c)
@@ -108,6 +130,12 @@ def test_unknown_fork_with_child_is_adopted_and_its_child_runs(daemon: DaemonPro
     adopt_and_use(c, op, session["providerSessionId"], lambda: len(child_rollouts(source_home)))
     # The child reads from its own home.
     assert child_rollouts(runtime_home(daemon.home, WS, op["targetAgentSessionId"]))
+
+
+def test_unknown_fork_of_a_fork_is_adopted(daemon: DaemonProcess) -> None:
+    c = daemon.client()
+    root, turns = three_turn_source(c)
+    adopt_fork_of_a_fork(c, daemon.home, root, turns)
 
 
 def test_unknown_fork_without_child_is_abandoned_and_the_turn_forks_again(
@@ -124,19 +152,35 @@ def test_unknown_fork_without_child_is_abandoned_and_the_turn_forks_again(
     assert err.value.status == 409
 
 
+def quarantine_and_refork(
+    c: Client,
+    op: dict[str, Any],
+    sid: str,
+    turn_id: str,
+    source_home: Path,
+    children: Callable[[], list[Path]],
+) -> None:
+    """Abandon a fork whose provider child exists: the child file is moved into
+    `<source home>/quarantine/<operationId>/`, whole, not deleted; the Turn forks again."""
+    (child_file,) = children()
+    before = child_file.read_bytes()
+    abandoned = abandon_and_refork(c, op, sid, turn_id, 1)
+    moved = [Path(p) for p in abandoned["evidence"]["quarantinedNow"]]
+    assert len(moved) == 1 and moved[0].exists() and not child_file.exists()
+    assert moved[0].is_relative_to(source_home / "quarantine" / op["operationId"])
+    assert before and moved[0].read_bytes() == before  # the provider's data is kept whole
+    # Only the new fork's child is a child now.
+    assert len(children()) == 1
+
+
 def test_abandoned_child_is_quarantined_not_deleted(daemon: DaemonProcess) -> None:
     c = daemon.client()
     sid, turns = three_turn_source(c)
     op = unknown_fork(c, sid, turns[0]["turnId"], "worker.fork.after_provider_call")
     source_home = runtime_home(daemon.home, WS, sid)
-    (child_file,) = child_rollouts(source_home)
-    abandoned = abandon_and_refork(c, op, sid, turns[0]["turnId"], 1)
-    moved = [Path(p) for p in abandoned["evidence"]["quarantinedNow"]]
-    assert len(moved) == 1 and moved[0].exists() and not child_file.exists()
-    assert moved[0].is_relative_to(source_home / "quarantine" / op["operationId"])
-    assert moved[0].read_bytes()  # the provider's data is kept
-    # Only the new fork's child is a child in the home now.
-    assert len(child_rollouts(source_home)) == 1
+    quarantine_and_refork(
+        c, op, sid, turns[0]["turnId"], source_home, lambda: child_rollouts(source_home)
+    )
 
 
 def test_resolve_cli_and_typed_errors(daemon: DaemonProcess) -> None:

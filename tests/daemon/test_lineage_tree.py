@@ -28,13 +28,17 @@ def committed_fork(c: Client, sid: str, turn_id: str) -> dict[str, Any]:
     return op
 
 
-def test_three_level_tree_with_deleted_middle_node(daemon: DaemonProcess) -> None:
-    c = daemon.client()
-    root, turns = three_turn_source(c)
+def assert_three_level_tree(
+    c: Client, root: str, turns: list[dict[str, Any]], middle_text: str = "in the middle"
+) -> tuple[str, str]:
+    """Root forks twice (ordinals 1, 2), the first child forks once more after a Turn of its
+    own, the middle node is deleted: `session.lineage` from the leaf and from the root keeps
+    the deleted node's durable lineage on both sides. Returns (middle, leaf)."""
     first = committed_fork(c, root, turns[1]["turnId"])
     second = committed_fork(c, root, turns[0]["turnId"])
     middle = first["targetAgentSessionId"]
-    middle_turn = run_turn(c, middle, "in the middle")
+    middle_turn = run_turn(c, middle, middle_text)
+    assert middle_turn["outcome"] == "completed", middle_turn
     leaf_op = committed_fork(c, middle, middle_turn["turnId"])
     leaf = leaf_op["targetAgentSessionId"]
     c.call("session.delete", {"workspaceId": WS, "agentSessionId": middle})
@@ -64,6 +68,16 @@ def test_three_level_tree_with_deleted_middle_node(daemon: DaemonProcess) -> Non
     assert child["agentSessionId"] == leaf and child["ordinal"] == 1
     assert child["lineage"]["sourceTurnId"] == middle_turn["turnId"]
     assert child["children"] == []
+    # The leaf still runs on the provider with its deleted parent's history.
+    assert run_turn(c, leaf, "the leaf speaks")["outcome"] == "completed"
+    return middle, leaf
+
+
+def test_three_level_tree_with_deleted_middle_node(daemon: DaemonProcess) -> None:
+    c = daemon.client()
+    root, turns = three_turn_source(c)
+    middle, leaf = assert_three_level_tree(c, root, turns)
+    second = lineage(c, root)["descendants"][1]["agentSessionId"]
 
     # A deleted Session itself is not found (typed 404); a garbage id is a typed 400.
     with pytest.raises(ApiError) as err:
@@ -116,5 +130,5 @@ def test_three_level_tree_with_deleted_middle_node(daemon: DaemonProcess) -> Non
     assert done.returncode == 0, done.stderr
     text = done.stdout
     assert f"#1 {middle[:8]}  (deleted)" in text
-    assert f"#2 {second['targetAgentSessionId'][:8]}" in text
+    assert f"#2 {second[:8]}" in text
     assert f"#1 {leaf[:8]}" in text

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from model_fakes.responses import ResponsesServer
 from tests.support.daemon import WS, DaemonProcess
-from tests.support.responses_server import ResponsesServer
 
 pytestmark = pytest.mark.timeout(120)
 

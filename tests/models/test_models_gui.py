@@ -14,9 +14,9 @@ from textual.pilot import Pilot
 
 from agenthost.gui.app import AgentHostApp
 from agenthost.gui.transcript import TurnView
+from model_fakes.responses import ResponsesServer
 from tests.client.test_client_gui import run_app, until
 from tests.support.daemon import DaemonProcess, create_session, submit
-from tests.support.responses_server import ResponsesServer
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -14,12 +14,12 @@ from typing import Any
 
 import pytest
 
+from model_fakes.chat import ChatServer, ToolCall, conversation
+from model_fakes.http import FakeModelServer
+from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
-from tests.support.chat_server import ChatServer, ToolCall, conversation
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
-from tests.support.fake_http import FakeModelServer
-from tests.support.responses_server import ResponsesServer
 from tests.tutti_agent.scenario import normalized_input
 from transport.client import ApiError, Client
 
@@ -266,12 +266,14 @@ def test_chat_tool_call_and_fork_through_it_via_the_daemon(tmp_path: Path) -> No
 def test_a_long_streaming_reply_is_not_taken_for_a_hung_provider(tmp_path: Path) -> None:
     """The inactivity watchdog (issue 15) counts streamed deltas as activity: a reply that
     drips for longer than `turn_inactivity_seconds` completes."""
-    text = "x" * 60  # 15 deltas, 0.3 s apart: about 5 s of streaming, no item until the end
+    # 30 deltas, 0.3 s apart: about 9 s of streaming, no item until the end — more than twice
+    # the limit, while the limit is generous for the app-server's start on a loaded machine.
+    text = "x" * 120
     with ResponsesServer(lambda body: text, drip_s=0.3) as model:
         d = start_daemon(
             tmp_path / "home",
             f'[providers.tutti-agent]\nmodel_base_url = "{model.base_url}"\n'
-            "[daemon]\nturn_inactivity_seconds = 2.5\n",
+            "[daemon]\nturn_inactivity_seconds = 4\n",
         )
         try:
             c = d.client()

@@ -67,7 +67,7 @@ def provider_env(provider: str, home: Path) -> Iterator[Path]:
         yield cwd  # the built-in deterministic model: no server
         return
     if provider == "claude-code":
-        from tests.support.messages_server import MessagesServer
+        from model_fakes.messages import MessagesServer
 
         with MessagesServer() as server:
             (home / "agenthost.toml").write_text(
@@ -76,7 +76,7 @@ def provider_env(provider: str, home: Path) -> Iterator[Path]:
             yield cwd
         return
     if provider == "codex":
-        from tests.support.responses_server import ResponsesServer
+        from model_fakes.responses import ResponsesServer
 
         with ResponsesServer() as server:
             (home / "agenthost.toml").write_text(

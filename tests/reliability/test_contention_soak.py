@@ -6,7 +6,7 @@ settles and every operation ends, and the invariant checker — with the live la
 active without a runtime, no fence without its saga) — finds no violation, live and stopped.
 
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos. `make soak`: 8 clients,
-40 Sessions, ~120 s."""
+40 Sessions, ~120 s. Every Session is warm (one turn run) before the chaos starts."""
 
 from __future__ import annotations
 
@@ -16,20 +16,25 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.reliability.reliability_harness import LEDGER, fork_params, trials
-from tests.support.daemon import WS, DaemonProcess, wait_for
-from tests.support.invariants import assert_invariants
+from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
+from tests.support.invariants import Law, check_invariants
 from tests.support.store_lock import WriteLockHolder
 from transport.client import Client, ClientClosed, ClientTimeout
 
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
 CHAOS_S = trials(12.0, 120.0)
+WARM_AT_ONCE = 4
+
+NEW_LAWS = (Law.COMPLETED_TURN_RECORDED, Law.ACTIVE_TURN_WORKED, Law.FENCE_HAS_SAGA)
+"""The laws issue 15 added to the checker; the summary counts their violations one by one."""
 
 pytestmark = pytest.mark.timeout(trials(240, 1200))
 
@@ -50,7 +55,10 @@ class Tally:
                 self.calls[f"{method} unanswered"] += 1
                 self.failures.append(f"{method}: no reply ({type(exc).__name__})")
             return None
-        reason = "" if status < 400 else f" {body.get('reason')}"
+        boundary = (body.get("params") or {}).get("forkBoundaryReason") if status >= 400 else None
+        reason = (
+            "" if status < 400 else f" {body.get('reason')}" + (f"/{boundary}" if boundary else "")
+        )
         with self.lock:
             self.calls[f"{method} {status}{reason}"] += 1
             if status == 500:
@@ -105,6 +113,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     t = Tally()
     stop = threading.Event()
     locks = 0
+    locked_s = 0.0
+    began = time.monotonic()
     try:
         c = d.client(timeout=60)
         sids = [
@@ -113,6 +123,12 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             ]
             for _ in range(SESSIONS)
         ]
+        # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
+        # few at a time (all app-servers starting at once on 2 cores time `session.start`
+        # out, and a Turn that never reached the provider leaves its Session unforkable).
+        with ThreadPoolExecutor(WARM_AT_ONCE) as pool:
+            warm = list(pool.map(lambda sid: run_turn(d.client(timeout=120), sid, "warm"), sids))
+        assert [t["outcome"] for t in warm] == ["completed"] * SESSIONS, warm
         threads = [
             threading.Thread(target=client_loop, args=(d, t, sids, n, stop), daemon=True)
             for n in range(CLIENTS)
@@ -124,7 +140,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             time.sleep(rng.uniform(0.3, 1.5))
             with WriteLockHolder(home / "store.sqlite3"):
                 locks += 1
-                time.sleep(rng.uniform(0.1, 1.2))
+                held = rng.uniform(0.1, 1.2)
+                time.sleep(held)
+                locked_s += held
         stop.set()
         for th in threads:
             th.join(90)
@@ -142,16 +160,43 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             return True
 
         wait_for(quiet, 120, interval=0.5)
-        live = assert_invariants(home, live_grace_s=5)
+        turn_outcomes: Counter[str] = Counter()
+        for sid in sids:
+            body = c.call(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            turn_outcomes.update(str(x.get("outcome") or x["phase"]) for x in body["turns"])
+        fork_outcomes = Counter(
+            c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]["status"]
+            for op_id in t.ops
+        )
+        live = check_invariants(home, live_grace_s=5)
     finally:
         stop.set()
         d.stop()
-    final = assert_invariants(home)
-    assert not t.failures, (seed, t.failures[:10])
-    summary = [f"seed={seed} clients={CLIENTS} sessions={SESSIONS} lock_episodes={locks}"]
-    summary += [live.summary()] + [f"  {k}: {v}" for k, v in sorted(t.calls.items())]
-    print("\n".join(summary))
+    final = check_invariants(home)
+    elapsed = time.monotonic() - began
+    by_law = Counter(v.law.value for v in live.violations + final.violations)
+    requests = sum(t.calls.values())
+    unanswered = sum(v for k, v in t.calls.items() if k.endswith("unanswered"))
+    status_500 = sum(v for k, v in t.calls.items() if k.split()[1] == "500")
     busy = sum(v for k, v in t.calls.items() if k.endswith("store_busy"))
+    summary = [
+        f"contention soak: seed={seed} clients={CLIENTS} sessions={SESSIONS} "
+        f"chaos={CHAOS_S:.0f}s wall={elapsed:.0f}s",
+        f"  lock takes: {locks} (another process held the write lock {locked_s:.1f} s in all)",
+        f"  requests: {requests} unanswered={unanswered} status_500={status_500} "
+        f"503_store_busy={busy}",
+        f"  turns: {sum(turn_outcomes.values())} "
+        + " ".join(f"{k}={v}" for k, v in sorted(turn_outcomes.items())),
+        f"  forks: {len(t.ops)} " + " ".join(f"{k}={v}" for k, v in sorted(fork_outcomes.items())),
+        "  invariant checks: 2 (live, live_grace_s=5; stopped) violations="
+        f"{len(live.violations) + len(final.violations)}; new laws: "
+        + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
+        "  " + final.summary(),
+    ]
+    summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
+    print("\n".join(summary))
     LEDGER.record(
         "contention-soak",
         f"{CLIENTS} clients, {SESSIONS} sessions, seed {seed}",
@@ -161,5 +206,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         invariant_checks=2,
         violations=len(live.violations) + len(final.violations),
     )
-    # The run really met the fault and really ran turns.
-    assert locks > 0 and sum(t.calls.values()) > 0
+    assert live.ok and final.ok, "invariant violations:\n" + "\n".join(
+        map(str, live.violations + final.violations)
+    )
+    assert not t.failures, (seed, t.failures[:10])
+    # The run really met the fault and really ran turns and forks.
+    assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops

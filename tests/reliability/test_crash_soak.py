@@ -25,6 +25,8 @@ from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 
 ROUNDS = 60 if SOAK else 5
 CLIENTS = 4
+LIVE_GRACE_S = 10
+"""The live laws' grace: no turn of this soak (at most `/slow 150`) writes nothing that long."""
 pytestmark = pytest.mark.timeout(1800 if SOAK else 180)
 
 POINTS = (
@@ -276,7 +278,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 wait_for(lambda t=target: _idle(c, t), timeout=60)
                 assert run_turn(c, target, "resume")["outcome"] == "completed"
                 resumed += 1
-        final = assert_invariants(w.home)
+        # With the clients parked, the live laws of issue 15 too: no Turn stays active and no
+        # operation keeps its fence with nothing working on it (`active_turn_worked`,
+        # `fence_has_saga`); `completed_turn_recorded` runs in every check.
+        wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
+        final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S)
         checks += 1
     finally:
         w.stop.set()
@@ -344,6 +350,11 @@ def seed_fork(w: World, rng: random.Random) -> None:
                 w.ops[body["operation"]["operationId"]] = body["operation"]["status"]
 
     c.submit("fork.create", fork_params(sid, turn["turnId"])).add_done_callback(register)
+
+
+def _idle_or_gone(c: Client, sid: str) -> bool:
+    status, body = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
+    return status == 404 or (status == 200 and body["session"]["activeTurnId"] is None)
 
 
 def _idle(c: Client, sid: str) -> bool:

@@ -47,7 +47,9 @@ def test_warm_turn_completes_while_64_slow_calls_are_pending(tmp_path: Path) -> 
     wrapper.chmod(0o755)
     (home / "agenthost.toml").write_text(
         f'[providers.tutti-agent]\ncommand = ["/bin/sh", "{wrapper}"]\n'
-        "[daemon]\nmax_runtimes_per_provider = 200\n"
+        # Every slow start reaches the worker at once (the host's start gate would otherwise
+        # hold all but 4 of them back): this test is about the worker's lanes.
+        "[daemon]\nmax_runtimes_per_provider = 200\nmax_runtime_starts_per_provider = 200\n"
     )
     d = DaemonProcess(home).start()
     try:

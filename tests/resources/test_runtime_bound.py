@@ -3,10 +3,19 @@ live provider runtimes bounded per provider (`max_runtimes_per_provider`, here 4
 beyond the bound queue (their Turn is accepted and stays `active` until a runtime slot frees;
 idle runtimes are stopped least-recently-used first). Every turn completes; no worker restart,
 no 500, no Turn left active; the worker never holds more than 4 app-servers.
+
+The second test reproduces what failed at full size (200 × 3, bound 64) at test size: every
+runtime start is slow (a wrapper sleeps before the app-server starts) and the inactivity limit
+is short. Turns queued for a slot, and Turns whose runtime was still starting, were settled
+`failed` as "silent" by that limit; its runtime stop raced the start still in progress in the
+worker, which then attached the new app-server to a Session nobody held (alive, uncounted, past
+the bound). Now the wait for a slot or a start permit counts against no limit, only
+`max_runtime_starts_per_provider` runtimes start at once, and a stop waits for the start.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -44,6 +53,28 @@ def test_sessions_times_3_turns_complete_under_a_runtime_bound_of_4(tmp_path: Pa
     home = tmp_path / "home"
     home.mkdir()
     (home / "agenthost.toml").write_text(f"[daemon]\nmax_runtimes_per_provider = {LIMIT}\n")
+    _run_sessions(home, SESSIONS, TURNS, LIMIT)
+
+
+def test_slow_starts_under_a_small_bound_are_queued_not_failed(tmp_path: Path) -> None:
+    """6 Sessions × 2 turns, bound 2, each runtime start ≥ 1 s, `turn_inactivity_seconds = 2`:
+    most Turns wait longer than 2 s for a slot. All complete, no restart, never more than 2
+    app-servers, none left active."""
+    home = tmp_path / "home"
+    home.mkdir()
+    wrapper = tmp_path / "slow-tutti-agent.sh"
+    tutti = Path(sys.executable).parent / "tutti-agent"
+    wrapper.write_text(f'#!/bin/sh\nsleep 1\nexec "{tutti}" "$@"\n')
+    wrapper.chmod(0o755)
+    (home / "agenthost.toml").write_text(
+        "[daemon]\nmax_runtimes_per_provider = 2\n"
+        "turn_inactivity_seconds = 2\n"
+        f'[providers."tutti-agent"]\ncommand = ["/bin/sh", "{wrapper}"]\n'
+    )
+    _run_sessions(home, 6, 2, 2)
+
+
+def _run_sessions(home: Path, sessions: int, turns: int, limit: int) -> None:
     d = DaemonProcess(home).start()
     errors: list[str] = []
     statuses: list[int] = []
@@ -51,7 +82,7 @@ def test_sessions_times_3_turns_complete_under_a_runtime_bound_of_4(tmp_path: Pa
     done = threading.Event()
     try:
         c = d.client(timeout=120)
-        sids = [create_session(c)["agentSessionId"] for _ in range(SESSIONS)]
+        sids = [create_session(c)["agentSessionId"] for _ in range(sessions)]
         worker_pid = [0]
 
         def watch() -> None:
@@ -66,7 +97,7 @@ def test_sessions_times_3_turns_complete_under_a_runtime_bound_of_4(tmp_path: Pa
 
         def drive(sid: str) -> None:
             own = d.client(timeout=120)
-            for i in range(TURNS):
+            for i in range(turns):
                 request_id = str(uuid.uuid4())
                 while True:
                     try:
@@ -95,12 +126,13 @@ def test_sessions_times_3_turns_complete_under_a_runtime_bound_of_4(tmp_path: Pa
         assert 500 not in statuses
         status: dict[str, Any] = c.call("host.status")
         assert all(w["restarts"] == 0 for w in status["workers"]), status["workers"]
-        assert status["runtimes"]["tutti-agent"]["live"] <= LIMIT, status["runtimes"]
+        assert status["runtimes"]["tutti-agent"]["live"] <= limit, status["runtimes"]
         assert status["runtimes"]["tutti-agent"]["queued"] == 0
+        assert status["runtimes"]["tutti-agent"]["starting"] == 0
         for sid in sids:
-            turns = timeline(c, sid)
-            assert [t["outcome"] for t in turns] == ["completed"] * TURNS, turns
-        assert 0 < peak[0] <= LIMIT, peak[0]
+            settled = timeline(c, sid)
+            assert [t["outcome"] for t in settled] == ["completed"] * turns, settled
+        assert 0 < peak[0] <= limit, peak[0]
     finally:
         done.set()
         d.stop()

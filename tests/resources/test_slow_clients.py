@@ -3,6 +3,9 @@
 - An events subscriber that never reads: the PUB queue per subscriber is 1000 events, and a
   `turn.updated` is capped at 256 KiB (a bigger Turn carries its latest messages and
   `messagesTruncated`). Before: a 100,000-event queue of whole Turns, over 1 GB.
+- The same subscriber over Turns of many messages: each `turn.updated` carries only the
+  messages added since the Turn's previous one (first and settling events whole), so what it
+  holds grows with the Turns' size, not its square. Before: +84 MB over 15 such Turns.
 - A DEALER that sends many `session.list` and never reads: its unread replies count in its
   per-connection budget (1,024 in flight, 16 MiB of unread replies beyond the 32 ZeroMQ
   queues), past which it is refused and further replies dropped. Before: the ROUTER queued
@@ -22,6 +25,7 @@ import msgpack
 import pytest
 import zmq
 
+from tests.resources.steps import steps_daemon
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
 
 pytestmark = pytest.mark.timeout(300)
@@ -64,13 +68,14 @@ def _big_turns_growth(tmp: Path, stalled_subscriber: bool) -> float:
         sid = create_session(c)["agentSessionId"]
         run_turn(c, sid, "warm up")
         before = _rss_mb(d.proc.pid)
-        if stalled_subscriber:
-            _stalled(ctx, zmq.SUB, d.events)
-            time.sleep(0.5)  # the subscription reaches the daemon
+        # Held until the end: a socket that is garbage collected is closed (and reads no more).
+        stalled = _stalled(ctx, zmq.SUB, d.events) if stalled_subscriber else None
+        time.sleep(0.5)  # the subscription reaches the daemon
         big = "x" * 300_000  # every Turn's events carry ~1.5 MB in all
         for i in range(TURNS):
             assert run_turn(c, sid, f"{i} {big}")["outcome"] == "completed"
         grown = _rss_mb(d.proc.pid) - before
+        assert stalled is None or not stalled.closed  # connected, never read, to the end
         assert c.call("host.status")["version"]  # still serving
         return grown
     finally:
@@ -84,6 +89,52 @@ def test_a_subscriber_that_never_reads_does_not_grow_the_daemon(tmp_path: Path) 
     alone = _big_turns_growth(tmp_path, stalled_subscriber=False)
     stalled = _big_turns_growth(tmp_path, stalled_subscriber=True)
     assert stalled - alone < SUBSCRIBER_BOUND_MB, (
+        f"alone +{alone:.0f} MB, stalled +{stalled:.0f} MB"
+    )
+
+
+LONG_TURNS = 15
+LONG_TURN_TEXT = "steps 40 6000"
+"""Each Turn: the user text, 40 reasoning Messages of 6 KB and the reply (~250 KB, 42
+messages, ~45 `turn.updated`)."""
+LONG_TURNS_BOUND_MB = 30.0
+"""The most a subscriber that never reads may add to the daemon over 15 such Turns (stated in
+docs/protocol.md). All their events fit its 1,000-event queue: now each Turn about twice (its
+deltas, then its settling event), ~8 MB in all; when every event carried the whole Turn
+(~125 KB on average), ~85 MB."""
+
+
+def _long_turns_growth(home: Path, stalled_subscriber: bool) -> float:
+    """RSS growth of a fresh daemon over 15 long Turns, with or without a subscriber that never
+    reads."""
+    with steps_daemon(home) as d:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        try:
+            assert d.proc is not None
+            c = d.client(timeout=60)
+            sid = create_session(c)["agentSessionId"]
+            run_turn(c, sid, LONG_TURN_TEXT)  # warm: worker, runtime, the allocator's pools
+            before = _rss_mb(d.proc.pid)
+            # Held until the end: a socket that is garbage collected is closed.
+            stalled = _stalled(ctx, zmq.SUB, d.events) if stalled_subscriber else None
+            time.sleep(0.5)  # the subscription reaches the daemon
+            peak = 0.0
+            for _ in range(LONG_TURNS):
+                assert run_turn(c, sid, LONG_TURN_TEXT)["outcome"] == "completed"
+                peak = max(peak, _rss_mb(d.proc.pid) - before)
+            assert stalled is None or not stalled.closed  # connected, never read, to the end
+            assert c.call("host.status")["version"]  # still serving
+            return peak
+        finally:
+            ctx.destroy(linger=0)
+
+
+def test_a_subscriber_that_never_reads_while_long_turns_run(tmp_path: Path) -> None:
+    """Turns of many messages: what a stalled subscriber adds is linear in the Turns' size
+    (events carry what changed), not quadratic (the whole Turn at every message)."""
+    alone = _long_turns_growth(tmp_path / "alone", stalled_subscriber=False)
+    stalled = _long_turns_growth(tmp_path / "stalled", stalled_subscriber=True)
+    assert stalled - alone < LONG_TURNS_BOUND_MB, (
         f"alone +{alone:.0f} MB, stalled +{stalled:.0f} MB"
     )
 

@@ -18,6 +18,7 @@ from storage import (
     ProviderForkEvidence,
     SessionChanged,
     Store,
+    TurnChanged,
 )
 from storage.canonical import SessionIdTaken
 from storage.errors import (
@@ -962,3 +963,26 @@ def test_fork_events_follow_each_durable_step(store: Store, source: tuple[str, l
     events.clear()
     store.commit_fork(WS, op.operation_id)  # replay: nothing changed, nothing published
     assert events == []
+
+
+def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """Issue 20: a commit's events do not grow with the child's history (a 1,000-Turn fork
+    used to publish 1,000 `turn.updated`); the child's `SessionChanged` announces it."""
+    sid, turns = source
+    op, _ = store.prepare_fork(WS, request(sid, turns[-1]))  # through the 3rd: 3 cloned Turns
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    events: list[object] = []
+    store.subscribe(events.append)
+    _, changed = store.commit_fork(WS, op.operation_id)
+    assert changed
+    assert events == [
+        ForkOperationChanged(WS, op.operation_id),
+        SessionChanged(WS, op.target_session_id),
+        SessionChanged(WS, sid),
+    ]
+    assert not any(isinstance(e, TurnChanged) for e in events)
+    child_turns, _ = store.timeline(WS, op.target_session_id)
+    assert len(child_turns) == 3  # the Turns are there, read with the timeline

@@ -1,30 +1,12 @@
-"""Shared test support: local fake model servers and their small helpers.
+"""Shared test support: the daemon harness, provider fixtures and fake model servers.
 
 The model servers are the only fakes the suite allows; everything else (providers, SQLite,
-sockets, subprocesses) is real.
+sockets, subprocesses) is real. The Responses API fake and the HTTP plumbing every fake shares
+live in the installed `model_fakes` package (the demo uses them too).
 """
 
 from __future__ import annotations
 
-import gzip
-import zlib
+from model_fakes.bodies import decode_body
 
-
-def decode_body(raw: bytes, content_encoding: str | None) -> bytes:
-    """Undoes an HTTP `Content-Encoding` (identity, gzip, deflate, zstd) on a request body.
-
-    Codex compresses request bodies with zstd for some providers; an encoding we cannot
-    decode raises so the test fails loudly instead of seeing an empty conversation.
-    """
-    enc = (content_encoding or "identity").strip().lower()
-    if enc in ("", "identity"):
-        return raw
-    if enc == "gzip":
-        return gzip.decompress(raw)
-    if enc == "deflate":
-        return zlib.decompress(raw)
-    if enc == "zstd":
-        import zstandard  # only needed when a client really sends zstd
-
-        return zstandard.ZstdDecompressor().decompressobj().decompress(raw)
-    raise ValueError(f"unsupported Content-Encoding: {content_encoding}")
+__all__ = ["decode_body"]

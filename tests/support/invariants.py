@@ -436,7 +436,10 @@ def _check_fence(ctx: _Ctx, copy_path: Path, ops: list[dict[str, Any]]) -> None:
 
 
 def _check_provider_children(
-    ctx: _Ctx, children: list[ProviderChild], ops: list[dict[str, Any]]
+    ctx: _Ctx,
+    children: list[ProviderChild],
+    ops: list[dict[str, Any]],
+    alive: list[dict[str, Any]],
 ) -> int:
     by_source: dict[str, set[str]] = defaultdict(set)
     for child in children:
@@ -459,7 +462,12 @@ def _check_provider_children(
             ctx.fail(
                 Law.ONE_PROVIDER_CHILD, f"provider child {child_id} accepted by {n} operations"
             )
+    live = {o["operation_id"] for o in alive}
     for op in ops:
+        if op["status"] == "committed" and op["operation_id"] not in live:
+            # Its child Session was deleted with its home: a provider that moves the child
+            # there (Claude) keeps no other copy, and the user asked for it to go.
+            continue
         if op["status"] in ("provider_accepted", "committed"):
             ids = by_source.get(op["source_provider_session_id"], set())
             if op["target_provider_session_id"] not in ids:
@@ -581,7 +589,7 @@ def check_invariants(
         finally:
             conn.close()
         _check_single_holders(ctx, ops)
-        n_children = _check_provider_children(ctx, children, ops)
+        n_children = _check_provider_children(ctx, children, ops, alive)
         provider_of = {(s["workspace_id"], s["session_id"]): s["provider"] for s in sessions}
         readable = 0
         for op in alive:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.messages_server import MessagesServer, ToolUse, tool_result, tool_result_text
-from tests.support.messages_server import model_input_texts as messages_input_texts
-from tests.support.responses_server import ResponsesServer, last_user_text
+from model_fakes.messages import MessagesServer, ToolUse, tool_result, tool_result_text
+from model_fakes.messages import model_input_texts as messages_input_texts
+from model_fakes.responses import ResponsesServer, last_user_text
 
 
 def post(url: str, body: bytes, headers: dict[str, str]) -> tuple[int, str, bytes]:

@@ -16,12 +16,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.messages_server import MessagesServer
-from tests.support.messages_server import last_user_text as messages_last_user_text
-from tests.support.messages_server import model_input_texts as messages_input_texts
-from tests.support.responses_server import ResponsesServer
-from tests.support.responses_server import last_user_text as responses_last_user_text
-from tests.support.responses_server import model_input_texts as responses_input_texts
+from model_fakes.messages import MessagesServer
+from model_fakes.messages import last_user_text as messages_last_user_text
+from model_fakes.messages import model_input_texts as messages_input_texts
+from model_fakes.responses import ResponsesServer
+from model_fakes.responses import last_user_text as responses_last_user_text
+from model_fakes.responses import model_input_texts as responses_input_texts
 
 REPO = Path(__file__).resolve().parents[2]
 CODEX_NATIVE = (

@@ -7,7 +7,7 @@ import re
 import threading
 from typing import Any
 
-from tests.support.responses_server import ResponsesServer, last_user_text, model_input_texts
+from model_fakes.responses import ResponsesServer, last_user_text, model_input_texts
 from tests.tutti_agent.appserver import AppServerProcess, RpcError
 
 HOLD_TEXT = "hold"

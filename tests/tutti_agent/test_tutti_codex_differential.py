@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.responses_server import ResponsesServer
+from model_fakes.responses import ResponsesServer
 from tests.tutti_agent.appserver import REPO, TUTTI_AGENT, AppServerProcess, tutti_env
 from tests.tutti_agent.scenario import HeldModel, run_scenario
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.chat_server import ChatServer, ToolCall, conversation
-from tests.support.responses_server import ResponsesServer
+from model_fakes.chat import ChatServer, ToolCall, conversation
+from model_fakes.responses import ResponsesServer
 from tests.tutti_agent.appserver import AppServerProcess, agent_texts
 
 pytestmark = pytest.mark.timeout(60)

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.responses_server import ResponsesServer, last_user_text
+from model_fakes.responses import ResponsesServer, last_user_text
 from tests.tutti_agent.appserver import AppServerProcess, agent_texts
 from tests.tutti_agent.scenario import normalized_input
 

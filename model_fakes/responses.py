@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, chunks
+from model_fakes.bodies import decode_body
+from model_fakes.http import FakeModelServer, ModelHandler, chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,16 @@ class FunctionCall:
     call_id: str = field(default_factory=lambda: f"call_{uuid.uuid4().hex[:24]}")
 
 
-Reply = str | FunctionCall
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """A model reply of many output items: one `reasoning` item per step (each becomes a
+    Message of the Turn), then the assistant message `text`."""
+
+    reasoning: tuple[str, ...]
+    text: str = "done"
+
+
+Reply = str | FunctionCall | Steps
 ReplyFn = Callable[[dict[str, Any]], Reply]
 
 
@@ -96,12 +105,15 @@ class ResponsesServer(FakeModelServer[Reply]):
         api_key: str | None = None,
         gate: threading.Event | None = None,
         drip_s: float = 0.0,
+        hold_after: int = 3,
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
         self.gate = gate
+        """When given, each streamed reply stops after its first text delta until it is set."""
         self.drip_s = drip_s
         """When > 0, streamed replies send their events this many seconds apart."""
-        """When given, each streamed reply stops after its first text delta until it is set."""
+        self.hold_after = hold_after
+        """With `gate`: how many SSE events of a streamed reply are sent before it waits."""
 
     @property
     def base_url(self) -> str:
@@ -166,10 +178,10 @@ class ResponsesServer(FakeModelServer[Reply]):
                 ]
                 send = self.send_sse
                 if server.gate is not None or server.drip_s:
-                    gate, drip = server.gate, server.drip_s
+                    gate, drip, hold = server.gate, server.drip_s, server.hold_after
 
-                    def send(events: list[tuple[str, dict[str, Any]]]) -> None:
-                        self.send_sse_live(events, hold_after=3, gate=gate, delay_s=drip)
+                    def send(events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+                        self.send_sse_live(events, hold_after=hold, gate=gate, delay_s=drip)
 
                 send(
                     [
@@ -209,10 +221,20 @@ class ResponsesServer(FakeModelServer[Reply]):
         return Handler
 
 
-def _response_object(body: dict[str, Any], reply: str | FunctionCall) -> dict[str, Any]:
+def _response_object(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     rid = f"resp_{uuid.uuid4().hex}"
     output: list[dict[str, Any]] = []
-    if isinstance(reply, FunctionCall):
+    if isinstance(reply, Steps):
+        output.extend(
+            {
+                "type": "reasoning",
+                "id": f"rs_{uuid.uuid4().hex}",
+                "summary": [{"type": "summary_text", "text": step}],
+            }
+            for step in reply.reasoning
+        )
+        text = reply.text
+    elif isinstance(reply, FunctionCall):
         output.append(
             {
                 "type": "function_call",

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from tests.support import decode_body
-from tests.support.fake_http import FakeModelServer, ModelHandler, chunks
+from model_fakes.bodies import decode_body
+from model_fakes.http import FakeModelServer, ModelHandler, chunks
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,221 @@
+"""Sessions: create, read, list (by a stable cursor), settings, title, pin, delete, runtime
+facts. Each write one fenced transaction (`_write(ws, fence=sid)`), so an active fork
+operation on the Session rejects it inside the same transaction.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from storage.base import StoreBase, dumps
+from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken
+from storage.models import Session, SessionChanged, SessionKind
+from storage.rows import SESSION_SELECT, session_from_row
+from storage.session_rows import (
+    load_session,
+    require_mapping,
+    require_session,
+    require_text,
+    touch,
+)
+
+# A session.list cursor's time part: at most 15 ASCII digits (well inside int64).
+_CURSOR_MS = re.compile(r"[0-9]{1,15}")
+
+
+class SessionStore(StoreBase):
+    """Sessions and their own fields."""
+
+    def create_session(
+        self,
+        ws: str,
+        *,
+        session_id: str,
+        provider: str,
+        title: str,
+        cwd: str,
+        settings: Mapping[str, Any],
+        model: str | None = None,
+        kind: str = SessionKind.ROOT.value,
+        provider_session_id: str | None = None,
+        runtime_context: Mapping[str, Any] | None = None,
+        rail_placement: str | None = None,
+        visibility: str = "visible",
+        parent_session_id: str | None = None,
+        parent_turn_id: str | None = None,
+    ) -> Session:
+        require_text("workspaceId", ws)
+        require_text("agentSessionId", session_id)
+        require_text("provider", provider)
+        if kind not in SessionKind.__members__.values():
+            raise InvalidArgument("kind", f"unknown session kind {kind!r}")
+        settings = require_mapping("settings", settings)
+        with self._write(ws) as tx:
+            tx.execute(
+                "INSERT OR IGNORE INTO workspaces (workspace_id, created_at_ms) VALUES (?, ?)",
+                (ws, tx.now_ms),
+            )
+            taken = tx.one(
+                "SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ?"
+                " UNION ALL SELECT 1 FROM session_reservations WHERE workspace_id = ?"
+                " AND session_id = ?",
+                (ws, session_id, ws, session_id),
+            )
+            if taken is not None:
+                raise SessionIdTaken(
+                    f"session id {session_id} is taken or reserved",
+                    params={"field": "agentSessionId"},
+                )
+            tx.execute(
+                "INSERT INTO sessions (workspace_id, session_id, kind, provider,"
+                " provider_session_id, title, cwd, settings_json, runtime_context_json, model,"
+                " pinned, deleted, goal, parent_session_id, parent_turn_id, rail_placement,"
+                " visibility, created_at_ms, updated_at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?, ?, ?, ?, ?, ?)",
+                (
+                    ws,
+                    session_id,
+                    kind,
+                    provider,
+                    provider_session_id,
+                    title,
+                    cwd,
+                    dumps(dict(settings)),
+                    dumps(dict(runtime_context or {})),
+                    model,
+                    parent_session_id,
+                    parent_turn_id,
+                    rail_placement,
+                    visibility,
+                    tx.now_ms,
+                    tx.now_ms,
+                ),
+            )
+            tx.emit(SessionChanged(ws, session_id))
+            return require_session(tx.conn, ws, session_id)
+
+    def get_session(self, ws: str, sid: str) -> Session:
+        return self._with_conn(lambda c: require_session(c, ws, sid))
+
+    def find_session(self, ws: str, sid: str) -> Session | None:
+        return self._with_conn(lambda c: load_session(c, ws, sid))
+
+    def list_sessions(
+        self, ws: str, *, cursor: str | None = None, limit: int = 50
+    ) -> tuple[list[Session], str | None]:
+        """Live Sessions in stable (created, id) order; `cursor` is the opaque next page key."""
+        if not 1 <= limit <= 1000:
+            raise InvalidArgument("limit", "limit must be between 1 and 1000")
+        after_created, after_id = -1, ""
+        if cursor is not None:
+            created_text, sep, after_id = cursor.partition(":")
+            # ASCII digits only (int() also takes '١٢٣' and '1_000'), and inside SQLite's
+            # int64 so an overflowing cursor is a 400, never a 500.
+            if not sep or not _CURSOR_MS.fullmatch(created_text):
+                raise InvalidArgument("cursor", "malformed cursor")
+            after_created = int(created_text)
+        rows = self._all(
+            SESSION_SELECT + " WHERE s.workspace_id = ? AND s.deleted = 0"
+            " AND (s.created_at_ms > ? OR (s.created_at_ms = ? AND s.session_id > ?))"
+            " ORDER BY s.created_at_ms, s.session_id LIMIT ?",
+            (ws, after_created, after_created, after_id, limit + 1),
+        )
+        sessions = [session_from_row(r) for r in rows[:limit]]
+        next_cursor = None
+        if len(rows) > limit:
+            last = sessions[-1]
+            next_cursor = f"{last.created_at_ms}:{last.session_id}"
+        return sessions, next_cursor
+
+    def update_settings(self, ws: str, sid: str, settings: Mapping[str, Any]) -> Session:
+        settings = require_mapping("settings", settings)
+        with self._write(ws, fence=sid) as tx:
+            require_session(tx.conn, ws, sid)
+            tx.execute(
+                "UPDATE sessions SET settings_json = ? WHERE workspace_id = ? AND session_id = ?",
+                (dumps(dict(settings)), ws, sid),
+            )
+            touch(tx, ws, sid)
+            return require_session(tx.conn, ws, sid)
+
+    def update_title(self, ws: str, sid: str, title: str) -> Session:
+        # Not fenced: the snapshot froze the child title at prepare (seed 000 §6.2).
+        if not isinstance(title, str):
+            raise InvalidArgument("title", "title must be a string")
+        with self._write(ws) as tx:
+            require_session(tx.conn, ws, sid)
+            tx.execute(
+                "UPDATE sessions SET title = ? WHERE workspace_id = ? AND session_id = ?",
+                (title, ws, sid),
+            )
+            touch(tx, ws, sid)
+            return require_session(tx.conn, ws, sid)
+
+    def set_pinned(self, ws: str, sid: str, pinned: bool) -> Session:
+        # Not fenced: pin is never inherited by a fork child.
+        with self._write(ws) as tx:
+            require_session(tx.conn, ws, sid)
+            tx.execute(
+                "UPDATE sessions SET pinned = ? WHERE workspace_id = ? AND session_id = ?",
+                (1 if pinned else 0, ws, sid),
+            )
+            touch(tx, ws, sid)
+            return require_session(tx.conn, ws, sid)
+
+    def delete_session(self, ws: str, sid: str) -> None:
+        """Soft delete: the id stays taken, history stays for committed fork projections."""
+        with self._write(ws, fence=sid) as tx:
+            require_session(tx.conn, ws, sid)
+            # A Turn still running would never settle once its Session is gone (issue 15
+            # defect 9): interrupt it first.
+            active = tx.one(
+                "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+                " AND phase = 'active' LIMIT 1",
+                (ws, sid),
+            )
+            if active is not None:
+                raise SessionBusy(
+                    f"session {sid} has an active turn ({active[0]}); interrupt it first",
+                    params={"turnId": active[0]},
+                )
+            tx.execute(
+                "UPDATE sessions SET deleted = 1, updated_at_ms = ? WHERE workspace_id = ?"
+                " AND session_id = ?",
+                (tx.now_ms, ws, sid),
+            )
+            tx.emit(SessionChanged(ws, sid, removed=True))
+
+    def deleted_sessions(self) -> list[tuple[str, str]]:
+        """`(workspace, session)` of every deleted Session (start-up sweeps their runtimes)."""
+        rows = (
+            self._conn()
+            .execute("SELECT workspace_id, session_id FROM sessions WHERE deleted = 1")
+            .fetchall()
+        )
+        return [(str(ws), str(sid)) for ws, sid in rows]
+
+    def update_runtime(
+        self,
+        ws: str,
+        sid: str,
+        *,
+        provider_session_id: str | None = None,
+        runtime_context: Mapping[str, Any] | None = None,
+        model: str | None = None,
+    ) -> Session:
+        """Record what the provider runtime reported; `runtime_context` is merged (shallow)."""
+        with self._write(ws, fence=sid) as tx:
+            session = require_session(tx.conn, ws, sid)
+            context = dict(session.runtime_context)
+            if runtime_context is not None:
+                context.update(require_mapping("runtimeContext", runtime_context))
+            tx.execute(
+                "UPDATE sessions SET provider_session_id = COALESCE(?, provider_session_id),"
+                " runtime_context_json = ?, model = COALESCE(?, model)"
+                " WHERE workspace_id = ? AND session_id = ?",
+                (provider_session_id, dumps(context), model, ws, sid),
+            )
+            touch(tx, ws, sid)
+            return require_session(tx.conn, ws, sid)

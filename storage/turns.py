@@ -1,0 +1,201 @@
+"""Turns: the idempotent submit claim (Turn + user Message + claim in one transaction), provider
+turn bindings (seed 000 §10, including late re-binding), settle, and the Turn reads.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from storage.base import StoreBase
+from storage.errors import Conflict, InvalidArgument, SessionBusy, SessionNotFound
+from storage.models import SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
+from storage.rows import TURN_COLUMNS
+from storage.session_rows import (
+    finish_claims,
+    load_session,
+    load_turn,
+    next_position,
+    require_session,
+    require_text,
+    require_turn,
+    touch,
+    turn_row,
+)
+
+
+class TurnStore(StoreBase):
+    """Turns, their bindings and their settlement."""
+
+    def claim_submit(self, ws: str, sid: str, request_id: str, text: str) -> tuple[Turn, bool]:
+        """Idempotent `turn.submit`: a claim, an active Turn and its user Message, atomically."""
+        require_text("requestId", request_id)
+        if not isinstance(text, str):
+            raise InvalidArgument("input", "text must be a string")
+        with self._write(ws) as tx:
+            require_session(tx.conn, ws, sid)
+            claimed = tx.one(
+                "SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
+                " AND request_id = ?",
+                (ws, sid, request_id),
+            )
+            if claimed is not None:
+                # A replay is a read, so it is answered even while the fence holds.
+                return require_turn(tx.conn, ws, sid, claimed[0]), False
+            tx.check_fence(sid)
+            active = tx.one(
+                "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+                " AND phase = 'active' LIMIT 1",
+                (ws, sid),
+            )
+            if active is not None:
+                raise SessionBusy(
+                    f"session {sid} already has an active turn", params={"turnId": active[0]}
+                )
+            seq_row = tx.one(
+                "SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
+                " AND session_id = ?",
+                (ws, sid),
+            )
+            sequence = int(seq_row[0]) if seq_row else 1
+            turn_id = str(uuid.uuid4())
+            tx.execute(
+                f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
+                " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL)",
+                (ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, tx.now_ms),
+            )
+            tx.execute(
+                "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
+                " payload_json, version, position, created_at_ms)"
+                " VALUES (?, ?, ?, ?, 'user', ?, '{}', 1, ?, ?)",
+                (ws, sid, str(uuid.uuid4()), turn_id, text, next_position(tx, ws, sid), tx.now_ms),
+            )
+            tx.execute(
+                "INSERT INTO submit_claims (workspace_id, session_id, request_id, turn_id, text,"
+                " status, created_at_ms) VALUES (?, ?, ?, ?, ?, 'active', ?)",
+                (ws, sid, request_id, turn_id, text, tx.now_ms),
+            )
+            tx.emit(TurnChanged(ws, sid, turn_id))
+            touch(tx, ws, sid)
+            return require_turn(tx.conn, ws, sid, turn_id), True
+
+    def bind_provider_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        root_provider_turn_id: str,
+        binding_json: str | None = None,
+    ) -> Turn:
+        """Record the provider's own Turn id (and binding) and finish the submit claim."""
+        require_text("rootProviderTurnId", root_provider_turn_id)
+        with self._write(ws, fence=sid) as tx:
+            require_session(tx.conn, ws, sid)
+            turn = turn_row(tx, ws, sid, turn_id)
+            if turn.root_provider_turn_id not in (None, root_provider_turn_id):
+                raise Conflict(
+                    f"turn {turn_id} is already bound to provider turn {turn.root_provider_turn_id}"
+                )
+            tx.execute(
+                "UPDATE turns SET root_provider_turn_id = ?,"
+                " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
+                " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+                (root_provider_turn_id, binding_json, ws, sid, turn_id),
+            )
+            finish_claims(tx, ws, sid, turn_id)
+            tx.emit(TurnChanged(ws, sid, turn_id))
+            return require_turn(tx.conn, ws, sid, turn_id)
+
+    def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
+        """Settled `completed` Turns with no provider turn id (a binding the host never
+        recorded), in sequence order: candidates for a re-bind from the provider's history."""
+        rows = self._all(
+            "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL"
+            " ORDER BY sequence",
+            (ws, sid),
+        )
+        return [str(r[0]) for r in rows]
+
+    def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn:
+        """Replace the opaque provider binding JSON; allowed on settled Turns (late checkpoints)."""
+        with self._write(ws, fence=sid) as tx:
+            require_session(tx.conn, ws, sid)
+            turn_row(tx, ws, sid, turn_id)
+            tx.execute(
+                "UPDATE turns SET provider_turn_binding_json = ? WHERE workspace_id = ?"
+                " AND session_id = ? AND turn_id = ?",
+                (binding_json, ws, sid, turn_id),
+            )
+            tx.emit(TurnChanged(ws, sid, turn_id))
+            return require_turn(tx.conn, ws, sid, turn_id)
+
+    def settle_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        *,
+        outcome: str,
+        final_assistant_message_id: str | None = None,
+        error: str | None = None,
+        include_deleted: bool = False,
+    ) -> tuple[Turn, bool]:
+        """Settle an active Turn; a second settle is `changed=False` and keeps the first result.
+        `include_deleted`: recovery settles a Turn a deleted Session left active (an older
+        daemon allowed deleting mid-turn), so it stops failing at every start."""
+        if outcome not in TurnOutcome.__members__.values():
+            raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
+        with self._write(ws) as tx:
+            if load_session(tx.conn, ws, sid, include_deleted=include_deleted) is None:
+                raise SessionNotFound(f"session {sid} not found")
+            turn = turn_row(tx, ws, sid, turn_id)
+            if turn.phase == TurnPhase.SETTLED:
+                return require_turn(tx.conn, ws, sid, turn_id), False
+            tx.check_fence(sid)
+            if final_assistant_message_id is not None:
+                owner = tx.one(
+                    "SELECT turn_id FROM messages WHERE workspace_id = ? AND session_id = ?"
+                    " AND message_id = ?",
+                    (ws, sid, final_assistant_message_id),
+                )
+                # A dangling final message id would make the turn unforkable (law 5).
+                if owner is None or owner[0] != turn_id:
+                    raise InvalidArgument(
+                        "finalAssistantMessageId", "final assistant message is not in this turn"
+                    )
+            tx.execute(
+                "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+                " error = ?, settled_at_ms = ? WHERE workspace_id = ? AND session_id = ?"
+                " AND turn_id = ?",
+                (outcome, final_assistant_message_id, error, tx.now_ms, ws, sid, turn_id),
+            )
+            tx.execute(
+                "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
+                " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
+                (tx.now_ms, ws, sid, turn_id),
+            )
+            finish_claims(tx, ws, sid, turn_id)
+            tx.emit(TurnChanged(ws, sid, turn_id))
+            touch(tx, ws, sid)
+            return require_turn(tx.conn, ws, sid, turn_id), True
+
+    def get_turn(self, ws: str, sid: str, turn_id: str) -> Turn:
+        with self._read() as conn:
+            require_session(conn, ws, sid)
+            return require_turn(conn, ws, sid, turn_id)
+
+    def active_turn(self, ws: str, sid: str) -> Turn | None:
+        with self._read() as conn:
+            session = require_session(conn, ws, sid)
+            if session.active_turn_id is None:
+                return None
+            return load_turn(conn, ws, sid, session.active_turn_id)
+
+    def all_active_turns(self) -> list[tuple[str, str, str]]:
+        """(workspace, session, turn) of every active Turn, across workspaces: at start-up
+        these are orphans of the previous process, whose provider runtimes died with it."""
+        rows = self._all(
+            "SELECT workspace_id, session_id, turn_id FROM turns WHERE phase = 'active'"
+            " ORDER BY workspace_id, session_id, sequence"
+        )
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]

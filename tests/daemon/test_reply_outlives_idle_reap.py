@@ -1,0 +1,63 @@
+"""Issue 15 defect 2 (every request gets a reply), found by the contention soak at soak size:
+a `fork.create` waits for its source's runtime preparation (a provider runtime slot, then
+`session.start`) before any operation exists. The Session actor did not count that wait as
+work, so the idle reaper stopped it mid-wait and the preparation's answer found no actor
+("session actor … gone before a driver answer"): the request was never answered.
+
+Through the real daemon and tutti-agent: one runtime slot (`max_runtimes_per_provider = 1`)
+held by another Session's slow turn, an idle limit far shorter than that turn
+(`idle_actor_seconds`), and a fork of a third-party Session queued behind it."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.test_fork_saga import until_terminal
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, submit, wait_for
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_fork_waiting_for_a_runtime_slot_is_answered_after_the_idle_reap(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text(
+        "[daemon]\nmax_runtimes_per_provider = 1\nidle_actor_seconds = 0.2\n"
+    )
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        source = create_session(c)["agentSessionId"]
+        boundary = run_turn(c, source, "hello")
+        holder = create_session(c)["agentSessionId"]
+        slow = submit(c, holder, "/slow 3000 holds the only runtime slot")
+        # The holder's turn runs: it has the slot until it settles.
+        wait_for(
+            lambda: (
+                c.call("session.get", {"workspaceId": WS, "agentSessionId": holder})["session"][
+                    "activeTurnId"
+                ]
+                == slow["turnId"]
+            ),
+            30,
+        )
+        # Queued behind the slot far longer than the idle limit; on main the reaper stopped
+        # the source's actor meanwhile and this call got no reply (a client timeout here).
+        status, body = c.call_raw(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": source,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "throughTurn", "turnId": boundary["turnId"]},
+            },
+            timeout=60,
+        )
+        assert status in (200, 202), body
+        assert until_terminal(c, body["operation"])["status"] == "committed"
+    finally:
+        d.stop()
