@@ -268,7 +268,8 @@ class AgentHostApp(App[int]):
         self.turns = (self.turns if after else []) + fresh
         self.has_more = page.get("nextSequence") is not None
         self.source_title = source_title
-        await self._render()
+        with contextlib.suppress(NoMatches):  # a page that arrives while the app shuts down
+            await self._render()
 
     def on_load_more_requested(self, _: LoadMoreRequested) -> None:
         if self.current and self.turns:

@@ -226,6 +226,7 @@ def test_absent_unknown_fork_offers_no_adopt_refusals_are_words_and_abandon_free
         record = app.engine.mutation(sid, turns[0])
         assert record is not None and record.status is MutationStatus.SUCCEEDED
         assert record.operation_id != op["operationId"]
+        await until(pilot, lambda: len(turn_ids(app)) == 1)  # the child's transcript
 
     run_app(daemon, ws, scenario)
 
