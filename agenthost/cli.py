@@ -40,7 +40,6 @@ EXIT_UNKNOWN = 4
 EXIT_INTERRUPTED = 130
 
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -172,10 +171,19 @@ def _parser() -> argparse.ArgumentParser:
     w = sub.add_parser("show", parents=[common], help="show a session's transcript")
     w.add_argument("session", help=session_help)
     w.set_defaults(run=_show)
-    f = sub.add_parser("fork", parents=[common], help="fork a session through a settled turn")
+    f = sub.add_parser(
+        "fork",
+        parents=[common],
+        help="fork a session through a settled turn, or from its latest settled turn",
+    )
     f.add_argument("session", help=session_help)
-    f.add_argument(
-        "--through", required=True, metavar="TURN", help="turn id, unique prefix or sequence"
+    where = f.add_mutually_exclusive_group(required=True)
+    where.add_argument("--through", metavar="TURN", help="turn id, unique prefix or sequence")
+    where.add_argument(
+        "--latest",
+        action="store_true",
+        help="fork the whole session from where it is now: its newest settled turn "
+        "(needs lifecycleCapabilities.forkFullSession)",
     )
     f.add_argument(
         "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
@@ -905,23 +913,30 @@ def _resolve(args: argparse.Namespace, client: Any) -> int:
         requestId=args.request_id or str(uuid.uuid4()),
         action=args.action,
     )
-    _emit(args, result, format_resolution(result).replace("OP", args.operation))
+    human = format_resolution(result).replace("OP", args.operation)
+    if args.action == "adopt" and result["operation"]["status"] == "committed":
+        # Adopted like any fork commit: the boundary stays held until a client ACKs it.
+        human += f"\n  next: agenthost op {args.operation} --ack (releases the turn for new forks)"
+    _emit(args, result, human)
     return EXIT_OK
 
 
 @_with_client
 def _fork(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.engine import AckState, Engine, MutationStatus
+    from agenthost.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
     from agenthost.session_client import resolve_session, resolve_turn, timeline
 
     sid = resolve_session(client, args.workspace, args.session)
-    turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
+    if args.latest:
+        turn_id = LATEST_SETTLED  # the daemon resolves the boundary; the Engine's key for it
+    else:
+        turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
     events = events_endpoint(args)
     engine = Engine(client, args.workspace)
     try:
         if events is not None:
             engine.attach_events(events, curve=curve(args))
-        record = engine.fork(sid, turn_id)
+        record = engine.fork_latest(sid) if args.latest else engine.fork(sid, turn_id)
         shown: str | None = None
 
         def changed() -> bool:
@@ -975,8 +990,9 @@ def _report_fork(
     status = record.status
     if status is MutationStatus.SUCCEEDED:
         child = (operation or {}).get("session") or {}
+        how = "from its latest settled turn, " if record.point != "throughTurn" else ""
         human = (
-            f"forked {record.source_session_id} through turn {record.turn_id}\n"
+            f"forked {record.source_session_id} {how}through turn {record.boundary}\n"
             f"child {record.child_session_id}  {child.get('title', '')}\n"
             f"operation {record.operation_id} committed"
         )
@@ -993,6 +1009,8 @@ def _report_fork(
     elif status is MutationStatus.UNKNOWN:
         reason, code = "agent_session_fork_delivery_unknown", EXIT_UNKNOWN
         message = f"{record.error}; a retry reuses the same identity and never forks twice"
+        if record.operation_id:
+            message += f"; or settle it: agenthost resolve {record.operation_id}"
     elif record.error_detail is not None:
         # Refused before any operation existed: the daemon's error reply, in words.
         detail = dict(record.error_detail)
@@ -1001,6 +1019,7 @@ def _report_fork(
             reason,
             detail.get("params"),
             turn_id=record.turn_id,
+            latest=record.point != "throughTurn",
             turns=turns or [],
             session=session,
             message=detail.get("message"),
@@ -1032,7 +1051,9 @@ def _op(args: argparse.Namespace, client: Any) -> int:
     point = op["point"]
     lines = [
         f"operation {op['operationId']}: {op['status']} ({op['phase']})",
-        f"  source {op['sourceAgentSessionId']} through turn {point['turnId']}",
+        f"  source {op['sourceAgentSessionId']}"
+        + (" from its latest settled turn," if point.get("type") == "latestSettled" else "")
+        + f" through turn {point['turnId']}",
         f"  target {op['targetAgentSessionId']}  request {op['requestId']}",
     ]
     if op.get("error"):

@@ -37,6 +37,11 @@ CREATE_DEADLINE_S = 30.0
 POLL_INTERVAL_S = 0.25
 GET_DEADLINE_S = 10.0
 MAX_SETTLED = 128
+LATEST_SETTLED = "latestSettled"
+"""The turn component of a full-Session fork's boundary key: `(source, LATEST_SETTLED)`. The
+daemon resolves the real boundary (the newest settled Turn) at prepare; the record learns it
+from the operation (`boundary_turn_id`). Turn ids are UUIDs, so it never names a Turn."""
+THROUGH_TURN = "throughTurn"
 
 
 # -- ports -----------------------------------------------------------------------------------
@@ -164,6 +169,16 @@ class ForkMutation:
     error_detail: Mapping[str, Any] | None = None
     """The daemon's error reply when `fork.create` was refused before any operation:
     `{status, code, reason, message, params}` (`params.forkBoundaryReason` says why)."""
+    point: str = THROUGH_TURN
+    """`throughTurn`, or `latestSettled` for a full-Session fork (`turn_id` is then
+    `LATEST_SETTLED`)."""
+    boundary_turn_id: str | None = None
+    """The Turn the fork goes through: `turn_id` for `throughTurn`; for `latestSettled` the
+    Turn the daemon resolved (from the operation's point), None until an operation is known."""
+
+    @property
+    def boundary(self) -> str | None:
+        return self.turn_id if self.point == THROUGH_TURN else self.boundary_turn_id
 
     @property
     def key(self) -> BoundaryKey:
@@ -191,6 +206,8 @@ class ForkMutation:
             "error": self.error,
             "childAgentSessionId": self.child_session_id,
             "errorDetail": None if self.error_detail is None else dict(self.error_detail),
+            "point": self.point,
+            "boundaryTurnId": self.boundary,
         }
 
 
@@ -201,6 +218,8 @@ class ChangeKind(StrEnum):
     """A session was upserted into or removed from the cache (`session_id` names it)."""
     EVENT = "event"
     """A raw daemon event (`event`), e.g. `turn.updated`, for views that render it."""
+    OPERATION = "operation"
+    """The set of known `unknown` operations changed (`key` = source and boundary Turn)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +298,7 @@ class Engine:
         self._by_target: dict[str, BoundaryKey] = {}
         self._sessions: dict[str, dict[str, Any]] = {}
         self._removed: set[str] = set()
+        self._unknown: dict[str, dict[str, Any]] = {}
         self._listeners: list[Listener] = []
         self._settled_seq = itertools.count(1)
         self._outbox: list[EngineChange] = []
@@ -332,6 +352,17 @@ class Engine:
         """The GUI's pending selector: true while that exact Turn's fork is in flight."""
         record = self.mutation(source_session_id, turn_id)
         return record is not None and record.status is MutationStatus.IN_FLIGHT
+
+    def unknown_operations(self, source_session_id: str) -> dict[str, dict[str, Any]]:
+        """The `unknown` fork operations of a source this Engine has seen (its own forks'
+        replies, any client's `fork.operation` events, `fork.resolve` results), by boundary
+        Turn id: the Turns a view marks and offers Inspect / Adopt / Abandon for."""
+        with self._lock:
+            return {
+                str((op.get("point") or {}).get("turnId")): dict(op)
+                for op in self._unknown.values()
+                if op.get("sourceAgentSessionId") == source_session_id
+            }
 
     def session(self, session_id: str) -> dict[str, Any] | None:
         with self._lock:
@@ -406,6 +437,17 @@ class Engine:
         gets new request/target ids; a retry after `unknown` reuses them; while in flight or
         while an ACK is pending nothing is sent at all.
         """
+        return self._fork(source_session_id, turn_id, THROUGH_TURN)
+
+    def fork_latest(self, source_session_id: str) -> ForkMutation:
+        """The Session-level Fork ("from where we are now", issue 21 §2): `fork.create` with
+        `point: {type: "latestSettled"}`. The same record, identities, replay, reconciliation and
+        ACK rules as `fork`, on the boundary key `(source, LATEST_SETTLED)`; the daemon resolves
+        and freezes the Turn, and a replay of the same request returns that original boundary
+        even after new Turns. Read it back with `mutation(source, LATEST_SETTLED)`."""
+        return self._fork(source_session_id, LATEST_SETTLED, LATEST_SETTLED)
+
+    def _fork(self, source_session_id: str, turn_id: str, point: str) -> ForkMutation:
         key = (source_session_id, turn_id)
         with self._lock:
             if self._closed:
@@ -438,6 +480,7 @@ class Engine:
                     target_session_id=self._new_id(),
                     status=MutationStatus.IN_FLIGHT,
                     create_attempts=1,
+                    point=point,
                 )
                 slot = _Slot()
                 self._slots[key] = slot
@@ -445,6 +488,69 @@ class Engine:
             self._send_create_locked(key, slot, record)
         self._flush()
         return self.mutation(source_session_id, turn_id) or record
+
+    def resolve(
+        self,
+        operation_id: str,
+        action: str,
+        *,
+        request_id: str | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """`fork.resolve` (issue 21 §1), blocking: `inspect`, `adopt` or `abandon` an `unknown`
+        operation; returns `{operation, evidence}` or raises `ApiError`/`TimeoutError`.
+
+        The result goes through the fork machinery: an adopted (committed) operation becomes
+        the succeeded mutation of its boundary, its child upserted and ACKed exactly as a fork
+        commit; an abandoned one a confirmed failure (the boundary is free). Either is tracked
+        even when another client started the fork.
+        """
+        result = self.request(
+            "fork.resolve",
+            {
+                "operationId": operation_id,
+                "requestId": request_id or self._new_id(),
+                "action": action,
+            },
+            timeout=timeout,
+        )
+        op = result.get("operation")
+        if isinstance(op, dict):
+            with self._lock:
+                if not self._closed:
+                    self._note_operation_locked(op)
+                    if op.get("status") in ("committed", "abandoned"):
+                        self._track_resolved_locked(op)
+            self._flush()
+        return result
+
+    def _track_resolved_locked(self, op: Mapping[str, Any]) -> None:
+        key = operation_key(op)
+        record = self._records.get(key)
+        if record is not None and record.operation_id != op.get("operationId"):
+            busy = record.status is MutationStatus.IN_FLIGHT or (
+                record.status is MutationStatus.SUCCEEDED and record.ack is AckState.PENDING
+            )
+            if busy:
+                return  # another fork of that boundary is live; events will settle ours
+            self._forget_locked(key)
+            record = None
+        if record is None:
+            point = op.get("point") or {}
+            record = ForkMutation(
+                source_session_id=key[0],
+                turn_id=key[1],
+                request_id=str(op.get("requestId")),
+                target_session_id=str(op.get("targetAgentSessionId")),
+                status=MutationStatus.UNKNOWN,
+                operation_id=str(op.get("operationId")),
+                phase=op.get("phase"),
+                point=str(point.get("type") or THROUGH_TURN),
+                boundary_turn_id=str(point.get("turnId")),
+            )
+            self._slots[key] = _Slot()
+            self._put_locked(record)
+        self._apply_to_key_locked(key, op, adopt=True)
 
     def _send_create_locked(self, key: BoundaryKey, slot: _Slot, record: ForkMutation) -> None:
         slot.cancel_all()
@@ -455,7 +561,9 @@ class Engine:
             "agentSessionId": record.source_session_id,
             "requestId": record.request_id,
             "targetAgentSessionId": record.target_session_id,
-            "point": {"type": "throughTurn", "turnId": record.turn_id},
+            "point": {"type": "throughTurn", "turnId": record.turn_id}
+            if record.point == THROUGH_TURN
+            else {"type": LATEST_SETTLED},
         }
         slot.create_timer = self.scheduler.call_later(
             self.create_deadline, lambda: self._on_create_deadline(key, attempt)
@@ -641,8 +749,7 @@ class Engine:
         op_id = op.get("operationId")
         if isinstance(op_id, str) and op_id in self._by_operation:
             return self._by_operation[op_id]
-        point = op.get("point") or {}
-        key = (str(op.get("sourceAgentSessionId")), str(point.get("turnId")))
+        key = operation_key(op)
         record = self._records.get(key)
         if record is None or record.operation_id is not None:
             return None
@@ -651,21 +758,41 @@ class Engine:
         )
         return key if same_identity else None
 
+    def _note_operation_locked(self, op: Mapping[str, Any]) -> None:
+        """Keep the index of `unknown` operations (any client's, from replies and events) that
+        views mark on their boundary Turn; a later copy in another status drops it."""
+        op_id = op.get("operationId")
+        if not isinstance(op_id, str):
+            return
+        point = op.get("point") or {}
+        where = (str(op.get("sourceAgentSessionId")), str(point.get("turnId")))
+        if op.get("status") == "unknown":
+            if self._unknown.get(op_id) != op:
+                self._unknown[op_id] = dict(op)
+                self._outbox.append(EngineChange(ChangeKind.OPERATION, key=where))
+        elif self._unknown.pop(op_id, None) is not None:
+            self._outbox.append(EngineChange(ChangeKind.OPERATION, key=where))
+
     def _apply_operation_locked(self, op: Mapping[str, Any], *, adopt: bool) -> None:
+        self._note_operation_locked(op)
         key = self._key_for_operation_locked(op)
         if key is not None:
             self._apply_to_key_locked(key, op, adopt=adopt)
 
     def _apply_to_key_locked(self, key: BoundaryKey, op: Mapping[str, Any], *, adopt: bool) -> None:
+        self._note_operation_locked(op)
         record = self._records.get(key)
         if record is None:
             return
         point = op.get("point") or {}
-        if (op.get("sourceAgentSessionId"), point.get("turnId")) != key:
+        if operation_key(op) != key:
             self._put_locked(
                 replace(record, status=MutationStatus.UNKNOWN, error="mismatched_operation")
             )
             return
+        if record.point != THROUGH_TURN and record.boundary_turn_id != point.get("turnId"):
+            # A full-Session fork learns the Turn the daemon resolved and froze.
+            record = replace(record, boundary_turn_id=str(point.get("turnId")))
         if record.status is MutationStatus.SUCCEEDED:
             return  # adopted once; later copies of the operation change nothing
         if record.operation_id is not None and op.get("operationId") != record.operation_id:
@@ -748,6 +875,8 @@ class Engine:
                 replace(record, status=MutationStatus.UNKNOWN, error="invalid_committed_result")
             )
             return
+        if record.point != THROUGH_TURN and record.boundary_turn_id is None:
+            record = replace(record, boundary_turn_id=str(lineage.get("sourceTurnId")))
         slot = self._slots[key]
         slot.cancel_all()
         # Upsert first: the ACK must only go out once the child is in the canonical cache.
@@ -936,6 +1065,16 @@ class Engine:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def operation_key(op: Mapping[str, Any]) -> BoundaryKey:
+    """The boundary key of a wire operation: `(source, turnId)` for `throughTurn`,
+    `(source, LATEST_SETTLED)` for a full-Session fork."""
+    point = op.get("point") or {}
+    source = str(op.get("sourceAgentSessionId"))
+    if point.get("type") == LATEST_SETTLED:
+        return (source, LATEST_SETTLED)
+    return (source, str(point.get("turnId")))
 
 
 class _EventPump:

@@ -1,8 +1,11 @@
-"""Drawing `session.lineage` as text for `agenthost tree` (issue 21 §3)."""
+"""Lineage and fork resolution for people (issue 21): `session.lineage` drawn as text for
+`agenthost tree`, the ordinals and deleted-ancestor marks of the GUI's session list, and the
+`fork.resolve` evidence in words (CLI `resolve`, the GUI's resolve dialog)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 Json = Mapping[str, Any]
@@ -76,3 +79,108 @@ def format_resolution(result: Json) -> str:
     elif op["status"] == "unknown":
         lines.append("  next: agenthost resolve OP --abandon")
     return "\n".join(lines)
+
+
+VERDICT_WORDS: dict[str, str] = {
+    "adoptable": (
+        "adoptable: exactly one provider child matches this fork (its turns equal the history "
+        "up to here). Adopt makes it the fork's child session; Abandon moves it aside."
+    ),
+    "absent": (
+        "absent: the provider made no child for this fork. Abandon releases the turn so it "
+        "can be forked again."
+    ),
+    "ambiguous": (
+        "ambiguous: more than one provider child, or one that does not match the history, so "
+        "none can be adopted. Abandon moves them aside (never deleted) and releases the turn."
+    ),
+}
+
+
+def verdict_words(verdict: str | None) -> str:
+    """The evidence verdict of `fork.resolve` as a sentence for a person."""
+    return VERDICT_WORDS.get(str(verdict), f"{verdict}: unrecognised verdict")
+
+
+def child_words(child: Json) -> str:
+    """One provider child of an `unknown` fork, readable: where it is, what it forked from,
+    whether its turns equal the frozen prefix and whether it reads from its own home."""
+    where = " and ".join(child.get("locations") or []) or "an unknown"
+    return (
+        f"provider session {child.get('providerSessionId')} in the {where} home: "
+        f"forked from {child.get('forkedFromId') or '(not recorded)'}; its turns "
+        f"{'equal' if child.get('turnsEqualPrefix') else 'do NOT equal'} the history up to "
+        "the boundary; "
+        + (
+            "it reads from its own home"
+            if child.get("readsFromOwnHome")
+            else "it does not read from its own home yet (adopting binds it there)"
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LineageMark:
+    """What the session list shows of a Session's lineage: its ordinal among its source's
+    forks (None for a root, or when no live ancestor can tell), and whether any ancestor was
+    deleted."""
+
+    ordinal: int | None = None
+    deleted_ancestor: bool = False
+
+
+def lineage_marks(
+    sessions: Iterable[Json], fetch: Callable[[str], Json | None]
+) -> dict[str, LineageMark]:
+    """Ordinals and deleted-ancestor marks for the listed Sessions from `session.lineage`
+    (`fetch(id)` returns the result, or None when it failed), with few calls: one per
+    top-level tree that has forks (its descendants carry every ordinal below it, through
+    deleted nodes), one per fork whose source is not listed (its ancestors say which were
+    deleted) and, for its own ordinal, one for its nearest live ancestor."""
+    by_id = {str(s["agentSessionId"]): s for s in sessions}
+    ordinal: dict[str, int] = {}
+    deleted: set[str] = set()
+    cache: dict[str, Json | None] = {}
+
+    def get(sid: str) -> Json | None:
+        if sid not in cache:
+            cache[sid] = fetch(sid)
+        return cache[sid]
+
+    def walk(nodes: Iterable[Json], gone: bool) -> None:
+        for node in nodes:
+            sid = str(node["agentSessionId"])
+            ordinal.setdefault(sid, int(node["ordinal"]))
+            if gone:
+                deleted.add(sid)
+            walk(node.get("children") or [], gone or bool(node.get("deleted")))
+
+    def source_of(session: Json) -> str | None:
+        lineage = session.get("forkedFrom")
+        return str(lineage["sourceAgentSessionId"]) if isinstance(lineage, Mapping) else None
+
+    has_children = {source_of(s) for s in by_id.values()}
+    tops = [
+        sid for sid, s in by_id.items() if (source := source_of(s)) is None or source not in by_id
+    ]
+    for sid in tops:
+        if source_of(by_id[sid]) is None and sid not in has_children:
+            continue  # a root without forks: nothing to mark
+        tree = get(sid)
+        if tree is None:
+            continue
+        ancestors = list(tree.get("ancestors") or [])
+        gone = any(a.get("session") is None for a in ancestors)
+        if gone:
+            deleted.add(sid)
+        walk(tree.get("descendants") or [], gone)
+        live = next((a for a in ancestors if a.get("session") is not None), None)
+        if live is not None and sid not in ordinal:
+            above = get(str(live["agentSessionId"]))
+            if above is not None:
+                walk(above.get("descendants") or [], False)
+    return {
+        sid: LineageMark(ordinal.get(sid), sid in deleted)
+        for sid in by_id
+        if sid in ordinal or sid in deleted
+    }

@@ -671,18 +671,28 @@ def fork_refusal(
     turns: Sequence[Mapping[str, Any]] = (),
     session: Mapping[str, Any] | None = None,
     message: str | None = None,
+    latest: bool = False,
 ) -> str:
     """One sentence saying why a fork through `turn_id` was refused, ending with the machine
     reason in parentheses, e.g. `cannot fork through Turn 2: Turn 3 is still running
-    (source_turn_active)`."""
+    (source_turn_active)`. With `latest` (a full-Session fork, `point: latestSettled`) it reads
+    `cannot fork the whole session: …`."""
     params = params or {}
     boundary = params.get("forkBoundaryReason")
     active_id = (session or {}).get("activeTurnId")
     active = _turn_label(active_id, turns) if active_id else "a turn"
     if active == "a turn" and boundary == "source_turn_active":
         active = "a turn of the session"
-    fields = {"turn": _turn_label(turn_id, turns), "active": active}
-    head = f"cannot fork through {fields['turn']}"
+    turn = "its latest turn" if latest else _turn_label(turn_id, turns)
+    fields = {"turn": turn, "active": active}
+    head = "cannot fork the whole session" if latest else f"cannot fork through {turn}"
+    if latest and (boundary == "turn_not_found" or reason == "turn_not_found"):
+        return f"{head}: it has no settled turn yet ({boundary or reason})"
+    if latest and reason == "agent_session_fork_unsupported":
+        return (
+            f"{head}: it does not support a full-session fork (its provider does not declare "
+            f"forkFullSession for it, or no turn has been verified yet) ({reason})"
+        )
     if isinstance(boundary, str):
         template = _BOUNDARY_SENTENCES.get(boundary)
         why = template.format(**fields) if template else (message or boundary)
@@ -713,7 +723,6 @@ def fork_blocked(
     return f"{label} is still running (source_turn_active)"
 
 
-
 _ERROR_WORDS: dict[str, str] = {
     "agent_session_busy": "a turn is already running in this session (wait, or interrupt it)",
     "agent_session_fork_in_progress": (
@@ -728,6 +737,14 @@ _ERROR_WORDS: dict[str, str] = {
     "overloaded": "the daemon is overloaded (try again)",
     "store_busy": "the daemon's store is busy (try again)",
     "invalid_argument": "a value was not accepted",
+    "agent_session_fork_operation_not_found": "that fork operation does not exist",
+    "agent_session_fork_resolve_in_progress": (
+        "another resolve of this fork is running (try again when it finishes)"
+    ),
+    "agent_session_fork_resolve_conflict": "this fork was already resolved (inspect it again)",
+    "fork_resolve_failed": (
+        "the provider's worker failed while resolving; the fork is still unknown (try again)"
+    ),
 }
 
 
@@ -738,6 +755,14 @@ def error_words(action: str, exc: BaseException) -> str:
         if isinstance((exc.params or {}).get("forkBoundaryReason"), str):
             return fork_refusal(exc.reason or exc.code, exc.params, turn_id=None)
         words = _ERROR_WORDS.get(exc.reason or "") or exc.message or exc.reason or exc.code
+        params = exc.params or {}
+        if exc.reason == "agent_session_fork_resolve_conflict" and params.get("verdict"):
+            words = (
+                f"the evidence is {params['verdict']}, not adoptable "
+                "(only one verified provider child can be adopted; abandon it instead)"
+            )
+        elif exc.reason == "agent_session_fork_resolve_conflict" and params.get("status"):
+            words = f"this fork is already {params['status']}, not unknown"
         if exc.reason == "invalid_argument" and exc.message:
             words = exc.message
         return f"cannot {action}: {words}"

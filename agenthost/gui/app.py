@@ -21,7 +21,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Static, Tree
 
-from agenthost.engine import ChangeKind, Engine, EngineChange, MutationStatus
+from agenthost.engine import LATEST_SETTLED, ChangeKind, Engine, EngineChange, MutationStatus
 from agenthost.gui.bridge import EngineChanged, bridge
 from agenthost.gui.composer import Composer
 from agenthost.gui.controls import (
@@ -31,8 +31,15 @@ from agenthost.gui.controls import (
     NewSessionScreen,
     RenameScreen,
 )
+from agenthost.gui.resolve import ResolveScreen, resolved_words
 from agenthost.gui.session_list import SessionTree
-from agenthost.gui.transcript import ForkRequested, LoadMoreRequested, TranscriptView
+from agenthost.gui.transcript import (
+    ForkRequested,
+    InspectRequested,
+    LoadMoreRequested,
+    TranscriptView,
+)
+from agenthost.lineage_view import LineageMark, lineage_marks
 from agenthost.session_client import (
     ForkAction,
     error_words,
@@ -45,6 +52,7 @@ from transport.client import merge_turn as merged_turn
 from transport.security import ClientCurve
 
 PAGE_SIZE = 200
+FORK_SESSION_ID = "fork-session"
 
 
 class AgentHostApp(App[int]):
@@ -60,6 +68,8 @@ class AgentHostApp(App[int]):
     #session-title { width: 1fr; height: auto; padding: 0 1; text-style: bold; }
     #interrupt { margin: 0 1; min-width: 11; display: none; }
     #interrupt.-shown { display: block; }
+    #fork-session { margin: 0 1; min-width: 14; display: none; }
+    #fork-session.-shown { display: block; }
     #transcript { height: 1fr; }
     #composer { margin: 0 0; }
     """
@@ -92,8 +102,18 @@ class AgentHostApp(App[int]):
         self._unbridge: Any = None
         self._tree_dirty = False
         self.sessions_loaded = False
+        # session.lineage marks of the session list (ordinals, deleted ancestors), recomputed
+        # only when the set of sessions or their lineage changes.
+        self.marks: dict[str, LineageMark] = {}
+        self._marks_for: frozenset[tuple[str, str | None]] | None = None
 
     # -- layout ------------------------------------------------------------------------------
+
+    @property
+    def _main(self) -> Any:
+        """The main screen: its widgets are queried even while a dialog (resolve, rename, …) is
+        on top, so an Engine change that arrives then still updates them."""
+        return self.screen_stack[0] if self.screen_stack else self
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
@@ -101,6 +121,9 @@ class AgentHostApp(App[int]):
             with Vertical(id="main"):
                 with Horizontal(id="session-bar"):
                     yield Static("Select a session", id="session-title")
+                    fork = Button("Fork session", "primary", id=FORK_SESSION_ID, compact=True)
+                    fork.tooltip = "Fork the whole session from where it is now"
+                    yield fork
                     button = Button("Interrupt", "warning", id="interrupt", compact=True)
                     button.tooltip = "Interrupt the running turn (ctrl+g)"
                     yield button
@@ -135,7 +158,51 @@ class AgentHostApp(App[int]):
 
     def _refresh_tree(self) -> None:
         self._tree_dirty = False
-        self.query_one(SessionTree).show_sessions(self.engine.sessions(), self.current)
+        sessions = self.engine.sessions()
+        try:
+            tree = self._main.query_one(SessionTree)
+        except NoMatches:
+            return  # shutting down (a refresh scheduled just before the screen went)
+        tree.show_sessions(sessions, self.current, self.marks)
+        shape = frozenset(
+            (str(s["agentSessionId"]), (s.get("forkedFrom") or {}).get("operationId"))
+            for s in sessions
+        )
+        if shape != self._marks_for:
+            self._marks_for = shape
+            self.run_worker(
+                lambda: self._load_marks(sessions, shape),
+                thread=True,
+                group="lineage",
+                exclusive=True,
+                exit_on_error=False,  # marks are decoration: never take the GUI down
+            )
+
+    def _load_marks(
+        self, sessions: list[dict[str, Any]], shape: frozenset[tuple[str, str | None]]
+    ) -> None:
+        def fetch(sid: str) -> dict[str, Any] | None:
+            try:
+                return self.engine.request("session.lineage", {"agentSessionId": sid})
+            except (ApiError, TimeoutError):
+                return None  # deleted meanwhile: the next refresh asks again
+
+        marks = lineage_marks(sessions, fetch)
+        with contextlib.suppress(RuntimeError):  # the app stopped meanwhile
+            self.call_from_thread(self._marks_loaded, marks, shape)
+
+    def _marks_loaded(
+        self, marks: dict[str, LineageMark], shape: frozenset[tuple[str, str | None]]
+    ) -> None:
+        if shape != self._marks_for:
+            return  # a newer list is being marked
+        if marks != self.marks:
+            self.marks = marks
+            # The answer may arrive while the app shuts down: its widgets may be gone.
+            with contextlib.suppress(NoMatches):
+                self._main.query_one(SessionTree).show_sessions(
+                    self.engine.sessions(), self.current, self.marks
+                )
 
     def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
         if event.node.data and event.node.data != self.current:
@@ -152,7 +219,7 @@ class AgentHostApp(App[int]):
         self.current = session_id
         self.turns, self.has_more, self.source_title = [], False, None
         self._update_title()
-        tree = self.query_one(SessionTree)
+        tree = self._main.query_one(SessionTree)
         node = tree.node_for(session_id)
         if node is not None:
             tree.show_cursor_on(node)
@@ -201,7 +268,8 @@ class AgentHostApp(App[int]):
         self.turns = (self.turns if after else []) + fresh
         self.has_more = page.get("nextSequence") is not None
         self.source_title = source_title
-        await self._render()
+        with contextlib.suppress(NoMatches):  # a page that arrives while the app shuts down
+            await self._render()
 
     def on_load_more_requested(self, _: LoadMoreRequested) -> None:
         if self.current and self.turns:
@@ -209,9 +277,10 @@ class AgentHostApp(App[int]):
 
     def _update_title(self) -> None:
         session = self.engine.session(self.current) if self.current else None
-        widget = self.query_one("#session-title", Static)
+        widget = self._main.query_one("#session-title", Static)
         if session is None:
             widget.update("Select a session" if not self.current else "(session not available)")
+            self._update_fork_session(None, None)
             return
         can = session["lifecycleCapabilities"]["forkThroughTurn"]
         text = Text(str(session["title"]))
@@ -219,11 +288,33 @@ class AgentHostApp(App[int]):
             f"   {session['provider']} · fork through turn: {'yes' if can else 'no'}",
             style="dim",
         )
-        blocked = self.blocked_reason() if can else None
+        full = bool(session["lifecycleCapabilities"].get("forkFullSession"))
+        blocked = self.blocked_reason() if (can or full) else None
         if blocked:
             # Said here too, not only in the Fork tooltip: a keyboard user never hovers.
             text.append(f" (not now: {blocked})", style="dim italic")
         widget.update(text)
+        self._update_fork_session(session, blocked)
+
+    def _update_fork_session(self, session: Mapping[str, Any] | None, blocked: str | None) -> None:
+        """The Session-level Fork (`latestSettled`, issue 21 §2): shown only when the Session's
+        `lifecycleCapabilities.forkFullSession` is true; disabled while its fork is in flight
+        or while the session is not quiet (the reason in the tooltip)."""
+        button = self._main.query_one(f"#{FORK_SESSION_ID}", Button)
+        caps = (session or {}).get("lifecycleCapabilities") or {}
+        shown = session is not None and bool(caps.get("forkFullSession"))
+        button.set_class(shown, "-shown")
+        if not shown or session is None:
+            return
+        pending = self.engine.is_fork_pending(str(session["agentSessionId"]), LATEST_SETTLED)
+        button.label = "Forking…" if pending else "Fork session"
+        button.disabled = pending or blocked is not None
+        if pending:
+            button.tooltip = "A fork of this whole session is in progress"
+        elif blocked is not None:
+            button.tooltip = f"Cannot fork now: {blocked}"
+        else:
+            button.tooltip = "Fork the whole session from where it is now (its latest turn)"
 
     def action_for(self, turn: Mapping[str, Any]) -> ForkAction:
         session = self.engine.session(self.current) if self.current else None
@@ -231,6 +322,12 @@ class AgentHostApp(App[int]):
             return ForkAction.HIDDEN
         pending = self.engine.is_fork_pending(self.current or "", str(turn["turnId"]))
         return fork_action(session, turn, pending, self.blocked_reason() is not None)
+
+    def unknown_for(self, turn: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The `unknown` fork operation whose boundary is this Turn of the open session."""
+        if not self.current:
+            return None
+        return self.engine.unknown_operations(self.current).get(str(turn["turnId"]))
 
     def active_turn_id(self) -> str | None:
         """The open session's running Turn: from the session, or a loaded unsettled Turn."""
@@ -262,20 +359,23 @@ class AgentHostApp(App[int]):
         session = self.engine.session(self.current) if self.current else None
         if session is None:
             return
-        await self.query_one(TranscriptView).show(
+        await self._main.query_one(TranscriptView).show(
             session,
             self._with_streams(self.turns),
             action_for=self.action_for,
             source_title=self.source_title,
             has_more=self.has_more,
             blocked=self.blocked_reason(),
+            unknown_for=self.unknown_for,
         )
         await self._update_controls()
 
     async def _update_controls(self) -> None:
         self._update_title()
-        self.query_one("#interrupt", Button).set_class(self.active_turn_id() is not None, "-shown")
-        await self.query_one(InteractionBar).show_interaction(self.pending_interaction())
+        self._main.query_one("#interrupt", Button).set_class(
+            self.active_turn_id() is not None, "-shown"
+        )
+        await self._main.query_one(InteractionBar).show_interaction(self.pending_interaction())
 
     # -- fork --------------------------------------------------------------------------------
 
@@ -287,8 +387,58 @@ class AgentHostApp(App[int]):
         if key[0] == self.current:
             await self._refresh_actions()
 
+    async def _refresh_actions_later(self) -> None:
+        """`_refresh_actions` from a worker: the screen may be gone by the time it runs."""
+        with contextlib.suppress(NoMatches):
+            await self._refresh_actions()
+
     async def _refresh_actions(self) -> None:
-        await self.query_one(TranscriptView).set_actions(self.action_for, self.blocked_reason())
+        await self._main.query_one(TranscriptView).set_actions(
+            self.action_for, self.blocked_reason(), self.unknown_for
+        )
+        self._update_title()
+
+    def action_fork_session(self) -> None:
+        """The Session-level Fork: through the Engine's `latestSettled` entry (same identity,
+        replay and ACK rules as a Turn's Fork)."""
+        session = self.engine.session(self.current) if self.current else None
+        caps = (session or {}).get("lifecycleCapabilities") or {}
+        if session is None or not caps.get("forkFullSession"):
+            self.notify(
+                "this session cannot be forked as a whole (its provider does not declare "
+                "forkFullSession for it)",
+                title="Fork",
+                severity="warning",
+            )
+            return
+        key = (str(session["agentSessionId"]), LATEST_SETTLED)
+        self.engine.fork_latest(key[0])
+        self._clicked.add(key)
+        self._after_mutation(key)
+        self.run_worker(self._refresh_actions_later())
+
+    # -- resolve an unknown fork (issue 21 §1) ------------------------------------------------
+
+    def on_inspect_requested(self, message: InspectRequested) -> None:
+        label = self._turn_label(message.turn_id)
+
+        def resolved(result: dict[str, Any] | None) -> None:
+            if result is None:
+                return
+            self.notify(resolved_words(result, label), title="Fork")
+            op = result.get("operation") or {}
+            self.run_worker(self._refresh_actions_later())
+            if op.get("status") == "committed" and op.get("targetAgentSessionId"):
+                self._refresh_tree()
+                self.open_session(str(op["targetAgentSessionId"]))
+
+        self.push_screen(ResolveScreen(self.engine, message.operation, label), resolved)
+
+    def _turn_label(self, turn_id: str) -> str:
+        for turn in self.turns:
+            if turn.get("turnId") == turn_id:
+                return f"Turn {turn['sequence']}"
+        return f"turn {turn_id[:8]}"
 
     def _after_mutation(self, key: tuple[str, str]) -> None:
         record = self.engine.mutation(*key)
@@ -309,6 +459,7 @@ class AgentHostApp(App[int]):
                     turns=self.turns if key[0] == self.current else [],
                     session=self.engine.session(key[0]),
                     message=detail.get("message"),
+                    latest=record.point != "throughTurn",
                 )
             elif record.status is MutationStatus.UNKNOWN:
                 text = (
@@ -332,6 +483,9 @@ class AgentHostApp(App[int]):
             if change.key[0] == self.current:
                 await self._refresh_actions()
             self._after_mutation(change.key)
+        elif change.kind is ChangeKind.OPERATION and change.key is not None:
+            if change.key[0] == self.current:
+                await self._refresh_actions()
         elif change.kind is ChangeKind.SESSION:
             if self.sessions_loaded and not self._tree_dirty:
                 self._tree_dirty = True
@@ -470,6 +624,11 @@ class AgentHostApp(App[int]):
         yield SystemCommand(
             "Interrupt", "Interrupt the open session's turn (ctrl+g)", self.action_interrupt
         )
+        yield SystemCommand(
+            "Fork session",
+            "Fork the open session from its latest turn (when its provider supports it)",
+            self.action_fork_session,
+        )
         yield SystemCommand("Approve", "Approve the pending approval (ctrl+y)", self.action_approve)
         yield SystemCommand("Decline", "Decline the pending approval (ctrl+o)", self.action_decline)
         yield SystemCommand("Answer", "Answer the pending question (ctrl+t)", self.action_answer)
@@ -516,27 +675,30 @@ class AgentHostApp(App[int]):
         if event.button.id == "interrupt":
             event.stop()
             self.action_interrupt()
+        elif event.button.id == FORK_SESSION_ID:
+            event.stop()
+            self.action_fork_session()
 
     def _respond(self, response: dict[str, Any]) -> None:
-        if not self.query_one(InteractionBar).respond(response):
+        if not self._main.query_one(InteractionBar).respond(response):
             self.notify("nothing is waiting for an answer", severity="warning")
 
     def action_approve(self) -> None:
-        bar = self.query_one(InteractionBar)
+        bar = self._main.query_one(InteractionBar)
         if bar.interaction is not None and bar.interaction.get("kind") != "approval":
             self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
             return
         self._respond({"decision": "approve"})
 
     def action_decline(self) -> None:
-        bar = self.query_one(InteractionBar)
+        bar = self._main.query_one(InteractionBar)
         if bar.interaction is not None and bar.interaction.get("kind") != "approval":
             self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
             return
         self._respond({"decision": "decline"})
 
     def action_answer(self) -> None:
-        found = self.query(f"#{ANSWER_INPUT_ID}")
+        found = self._main.query(f"#{ANSWER_INPUT_ID}")
         if not found:
             self.notify("no question is waiting for an answer", severity="warning")
             return
@@ -580,7 +742,7 @@ class AgentHostApp(App[int]):
         self.push_screen(NewSessionScreen(), chosen)
 
     async def _clear_transcript(self) -> None:
-        transcript = self.query_one(TranscriptView)
+        transcript = self._main.query_one(TranscriptView)
         await transcript.remove_children()
         transcript.session_id = None
         await self._update_controls()

@@ -1,5 +1,6 @@
 """The session list: every cached session as a tree in which each fork child sits under its
-source Session (seed 000 §8.4 lineage), rebuilt from the Engine's session cache."""
+source Session (seed 000 §8.4 lineage), rebuilt from the Engine's session cache; each fork shows
+its ordinal among its source's forks and a mark when an ancestor was deleted (issue 21 §3)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,31 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
+from agenthost.lineage_view import LineageMark
 from agenthost.session_client import session_tree
 
 
-def session_label(session: Mapping[str, Any], *, source_deleted: bool = False) -> Text:
-    label = Text(str(session.get("title") or "Untitled"))
-    label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
+def session_label(
+    session: Mapping[str, Any],
+    *,
+    source_deleted: bool = False,
+    mark: LineageMark | None = None,
+) -> Text:
+    label = Text()
+    gone = source_deleted or (mark is not None and mark.deleted_ancestor)
+    if gone:
+        # First, so a narrow list still shows it; the words follow the title.
+        label.append("† ", style="bold yellow")
+    if mark is not None and mark.ordinal is not None:
+        # Which of its source's forks this is (session.lineage's ordinal, issue 21 §3).
+        label.append(f"#{mark.ordinal} ", style="bold")
+    label.append(str(session.get("title") or "Untitled"))
     if source_deleted:
         # A fork whose source is gone (issue 21): say so instead of passing for a root.
         label.append("  ↳ from a deleted session", style="dim italic")
+    elif gone:
+        label.append("  ↳ an ancestor was deleted", style="dim italic")
+    label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
     if session.get("activeTurnId"):
         label.append("  ●", style="bold green")
     return label
@@ -32,7 +49,13 @@ class SessionTree(Tree[str]):
         self.show_root = False
         self.guide_depth = 3
 
-    def show_sessions(self, sessions: Iterable[Mapping[str, Any]], selected: str | None) -> None:
+    def show_sessions(
+        self,
+        sessions: Iterable[Mapping[str, Any]],
+        selected: str | None,
+        marks: Mapping[str, LineageMark] | None = None,
+    ) -> None:
+        marks = marks or {}
         self.clear()
         stack: list[TreeNode[str]] = [self.root]
         target: TreeNode[str] | None = None
@@ -41,7 +64,12 @@ class SessionTree(Tree[str]):
         for row in rows:
             del stack[row.depth + 1 :]
             source = (row.session.get("forkedFrom") or {}).get("sourceAgentSessionId")
-            label = session_label(row.session, source_deleted=bool(source) and source not in listed)
+            sid = str(row.session["agentSessionId"])
+            label = session_label(
+                row.session,
+                source_deleted=bool(source) and source not in listed,
+                mark=marks.get(sid),
+            )
             node = stack[-1].add(label, data=str(row.session["agentSessionId"]), expand=True)
             node.allow_expand = False
             stack.append(node)

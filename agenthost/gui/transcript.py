@@ -1,5 +1,6 @@
-"""The transcript of one session: a block per loaded Turn with its messages and its Fork
-action, and in a fork child the "continued from <source title>" divider right after the boundary
+"""The transcript of one session: a block per loaded Turn with its messages, its Fork
+action and, when a fork through it is `unknown`, a mark with Inspect (issue 21 §1); in a fork
+child the "continued from <source title>" divider right after the boundary
 Turn (hidden while that Turn is not loaded, never moved to the end)."""
 
 from __future__ import annotations
@@ -35,6 +36,32 @@ def fork_button_id(turn_id: str) -> str:
     return f"fork-{turn_id}"
 
 
+def inspect_button_id(turn_id: str) -> str:
+    return f"inspect-{turn_id}"
+
+
+def unknown_row_id(turn_id: str) -> str:
+    return f"unknown-{turn_id}"
+
+
+UnknownFor = Callable[[Mapping[str, Any]], "Mapping[str, Any] | None"]
+"""The `unknown` fork operation whose boundary is this Turn, or None (issue 21 §1)."""
+
+
+def _no_unknown(_: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    return None
+
+
+class InspectRequested(Message):
+    """Inspect / Adopt / Abandon the `unknown` fork operation marked on a Turn."""
+
+    def __init__(self, session_id: str, turn_id: str, operation: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.session_id = session_id
+        self.turn_id = turn_id
+        self.operation = dict(operation)
+
+
 class ForkRequested(Message):
     def __init__(self, session_id: str, turn_id: str) -> None:
         super().__init__()
@@ -63,6 +90,46 @@ def _message_line(message: Mapping[str, Any]) -> Text:
     return line
 
 
+def unknown_text(operation: Mapping[str, Any]) -> Text:
+    """The mark on the boundary Turn of an `unknown` fork operation."""
+    text = Text("⚠ fork result unknown", style="bold yellow")
+    point = operation.get("point") or {}
+    full = " (full session)" if point.get("type") == "latestSettled" else ""
+    text.append(
+        f"{full}: operation {str(operation.get('operationId'))[:8]} may or may not have made a "
+        "provider child; this turn cannot be forked again until it is resolved",
+        style="yellow",
+    )
+    return text
+
+
+class UnknownForkRow(Horizontal):
+    """Shown on a Turn while a fork through it is `unknown`: the mark and an Inspect button
+    that opens Inspect / Adopt / Abandon."""
+
+    DEFAULT_CSS = """
+    UnknownForkRow { height: auto; background: $warning 12%; }
+    UnknownForkRow > Static { width: 1fr; }
+    UnknownForkRow > Button { min-width: 11; margin: 0 1; }
+    """
+
+    def __init__(self, turn_id: str, operation: Mapping[str, Any]) -> None:
+        super().__init__(id=unknown_row_id(turn_id), classes="unknown-fork")
+        self.turn_id = turn_id
+        self.operation = dict(operation)
+
+    def compose(self) -> ComposeResult:
+        yield Static(unknown_text(self.operation), classes="unknown-text")
+        button = Button("Inspect", "warning", id=inspect_button_id(self.turn_id), compact=True)
+        button.tooltip = "Inspect the evidence, then Adopt the provider child or Abandon the fork"
+        yield button
+
+    def set_operation(self, operation: Mapping[str, Any]) -> None:
+        if dict(operation) != self.operation:
+            self.operation = dict(operation)
+            self.query_one(".unknown-text", Static).update(unknown_text(self.operation))
+
+
 class TurnView(Vertical):
     """One Turn; its Fork button exists only when the action is not HIDDEN.
 
@@ -84,12 +151,14 @@ class TurnView(Vertical):
         turn: Mapping[str, Any],
         action: ForkAction,
         blocked: str | None = None,
+        unknown: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(id=turn_widget_id(str(turn["turnId"])))
         self.session_id = session_id
         self.turn = dict(turn)
         self.action = action
         self.blocked = blocked
+        self.unknown = None if unknown is None else dict(unknown)
 
     @property
     def turn_id(self) -> str:
@@ -100,6 +169,8 @@ class TurnView(Vertical):
             yield Static(_turn_header(self.turn), classes="turn-header")
             if self.action is not ForkAction.HIDDEN:
                 yield self._button()
+        if self.unknown is not None:
+            yield UnknownForkRow(self.turn_id, self.unknown)
         with Vertical(classes="turn-body"):
             for line in _body_lines(self.turn):
                 yield Static(line, classes="line")
@@ -131,8 +202,27 @@ class TurnView(Vertical):
             return "A fork through this turn is in progress"
         return "Fork a new session through this turn"
 
+    async def set_unknown(self, operation: Mapping[str, Any] | None) -> None:
+        """Show, update or remove the `unknown` fork mark (in place)."""
+        found = self.query(f"#{unknown_row_id(self.turn_id)}")
+        row = found.first(UnknownForkRow) if found else None
+        self.unknown = None if operation is None else dict(operation)
+        if operation is None:
+            if row is not None:
+                await row.remove()
+        elif row is not None:
+            row.set_operation(operation)
+        else:
+            await self.mount(
+                UnknownForkRow(self.turn_id, operation), after=self.query_one(".turn-head")
+            )
+
     async def update(
-        self, turn: Mapping[str, Any], action: ForkAction, blocked: str | None = None
+        self,
+        turn: Mapping[str, Any],
+        action: ForkAction,
+        blocked: str | None = None,
+        unknown: Mapping[str, Any] | None = None,
     ) -> None:
         """Bring the view to this Turn and action, touching only what changed."""
         if dict(turn) != self.turn:
@@ -148,6 +238,7 @@ class TurnView(Vertical):
             for static in statics[len(lines) :]:
                 await static.remove()
         await self.set_action(action, blocked)
+        await self.set_unknown(unknown)
 
     async def set_action(self, action: ForkAction, blocked: str | None = None) -> None:
         if action is self.action and blocked == self.blocked:
@@ -172,6 +263,8 @@ class TurnView(Vertical):
         event.stop()
         if event.button.id == fork_button_id(self.turn_id):
             self.post_message(ForkRequested(self.session_id, self.turn_id))
+        elif event.button.id == inspect_button_id(self.turn_id) and self.unknown is not None:
+            self.post_message(InspectRequested(self.session_id, self.turn_id, self.unknown))
 
 
 def _body_lines(turn: Mapping[str, Any]) -> list[Text]:
@@ -218,11 +311,14 @@ class TranscriptView(VerticalScroll):
         source_title: str | None,
         has_more: bool,
         blocked: str | None = None,
+        unknown_for: UnknownFor = _no_unknown,
     ) -> None:
         """Reconcile the children with this state, reusing every widget that stays."""
         self._busy += 1
         try:
-            await self._show(session, turns, action_for, source_title, has_more, blocked)
+            await self._show(
+                session, turns, action_for, source_title, has_more, blocked, unknown_for
+            )
         finally:
             self._busy -= 1
 
@@ -234,6 +330,7 @@ class TranscriptView(VerticalScroll):
         source_title: str | None,
         has_more: bool,
         blocked: str | None,
+        unknown_for: UnknownFor,
     ) -> None:
         async with self.lock:
             session_id = str(session["agentSessionId"])
@@ -247,9 +344,9 @@ class TranscriptView(VerticalScroll):
             for index, turn in enumerate(turns):
                 view = existing.get(turn_widget_id(str(turn["turnId"])))
                 if isinstance(view, TurnView):
-                    await view.update(turn, action_for(turn), blocked)
+                    await view.update(turn, action_for(turn), blocked, unknown_for(turn))
                 else:
-                    view = TurnView(session_id, turn, action_for(turn), blocked)
+                    view = TurnView(session_id, turn, action_for(turn), blocked, unknown_for(turn))
                 desired.append(view)
                 if index == boundary:
                     lineage = session.get("forkedFrom") or {}
@@ -299,13 +396,15 @@ class TranscriptView(VerticalScroll):
         self,
         action_for: Callable[[Mapping[str, Any]], ForkAction],
         blocked: str | None = None,
+        unknown_for: UnknownFor = _no_unknown,
     ) -> None:
-        """Update every Turn's Fork action in place."""
+        """Update every Turn's Fork action and `unknown` fork mark in place."""
         self._busy += 1
         try:
             async with self.lock:
                 for view in list(self.query(TurnView)):
                     await view.set_action(action_for(view.turn), blocked)
+                    await view.set_unknown(unknown_for(view.turn))
         finally:
             self._busy -= 1
 

@@ -22,6 +22,7 @@ from rich.segment import Segment
 
 from agenthost.engine import AckState, Engine
 from agenthost.gui.app import AgentHostApp
+from agenthost.gui.transcript import ForkRequested as ForkRequestedMsg
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
 
 WS = "demo"
@@ -191,19 +192,96 @@ async def capture_refused_fork(daemon: DaemonProcess, out: Path) -> None:
         )
 
 
+async def capture_resolve(daemon: DaemonProcess, out: Path) -> None:
+    """Issue 21: a fork through Turn 2 left `unknown` (the worker failed right after the
+    provider made the child), marked on Turn 2; Inspect shows the verdict and the child with
+    Adopt / Abandon. The session list shows fork ordinals and a deleted ancestor's mark, and
+    the title bar the Session-level Fork."""
+    from agenthost.gui.resolve import ResolveScreen
+    from agenthost.gui.transcript import inspect_button_id, unknown_row_id
+
+    c = daemon.client()
+    sid = create_session(c, WS, title="Release notes")["agentSessionId"]
+    for text in ("Draft the 2.0 notes", "/tool grep CHANGELOG", "Shorten the intro"):
+        run_turn(c, sid, text, WS)
+    turns = c.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})["turns"]
+    # Lineage for the list: two forks of the source, a fork of a fork whose source is deleted.
+    first = _fork_now(c, sid, turns[0]["turnId"])
+    _fork_now(c, sid, turns[2]["turnId"])
+    first_turns = c.call("session.timeline", {"workspaceId": WS, "agentSessionId": first})
+    grandchild = _fork_now(c, first, first_turns["turns"][-1]["turnId"])
+    c.call(
+        "session.updateTitle",
+        {"workspaceId": WS, "agentSessionId": grandchild, "title": "Release notes (short)"},
+    )
+    c.call("session.delete", {"workspaceId": WS, "agentSessionId": first})
+    boundary = turns[1]["turnId"]
+    engine = Engine.connect(daemon.api, daemon.events, WS)
+    app = AgentHostApp(engine, own_engine=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await _open(app, pilot, sid, 3)
+        c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "error"}})
+        app.post_message(ForkRequestedMsg(sid, boundary))
+        await _until(pilot, lambda: app.query(f"#{unknown_row_id(boundary)}"))
+        c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "off"}})
+        await _until(pilot, lambda: len(app.marks) >= 2)
+        await pilot.pause(6.0)  # let the "unknown" toast time out: the mark says it
+        app.save_screenshot("gui-unknown-fork.svg", str(out))
+        to_png(screen_segments(app), out / "gui-unknown-fork.png")
+        await pilot.click(f"#{inspect_button_id(boundary)}")
+        await _until(pilot, lambda: isinstance(app.screen, ResolveScreen))
+        await _until(
+            pilot, lambda: "Verdict" in str(app.screen.query_one("#resolve-verdict").render())
+        )
+        await pilot.hover("#resolve-adopt")
+        await pilot.pause(1.0)
+        app.save_screenshot("gui-resolve.svg", str(out))
+        to_png(screen_segments(app), out / "gui-resolve.png")
+
+
+def _fork_now(c: Any, sid: str, turn_id: str) -> str:
+    import uuid
+
+    op = c.call(
+        "fork.create",
+        {
+            "workspaceId": WS,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn_id},
+        },
+    )["operation"]
+    while op["status"] == "accepted":
+        time.sleep(0.05)
+        op = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})["operation"]
+    c.call("fork.acknowledge", {"workspaceId": WS, "operationId": op["operationId"]})
+    return str(op["targetAgentSessionId"])
+
+
+SHOTS = ("fork", "approval", "fork-refused", "resolve")
+
+
 def main(argv: list[str]) -> int:
+    """`make_screenshot [OUT_DIR] [SHOT…]`: SHOT is one of SHOTS (default: all)."""
     out = Path(argv[0] if argv else "docs/images").resolve()
+    wanted = set(argv[1:]) or set(SHOTS)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ah-shot-") as tmp:
         daemon = DaemonProcess(Path(tmp) / "home").start()
         try:
-            _, child = build_fork(daemon)
-            asyncio.run(capture(daemon, child, out))
-            asyncio.run(capture_approval(daemon, out))
-            asyncio.run(capture_refused_fork(daemon, out))
+            if "fork" in wanted:
+                _, child = build_fork(daemon)
+                asyncio.run(capture(daemon, child, out))
+            if "approval" in wanted:
+                asyncio.run(capture_approval(daemon, out))
+            if "fork-refused" in wanted:
+                asyncio.run(capture_refused_fork(daemon, out))
+            if "resolve" in wanted:
+                asyncio.run(capture_resolve(daemon, out))
         finally:
             daemon.stop()
-    print(f"wrote gui-fork, gui-approval and gui-fork-refused (.svg, .png) to {out}")
+    print(f"wrote {', '.join(sorted(wanted))} (.svg, .png) to {out}")
     return 0
 
 

@@ -74,6 +74,8 @@ MUTATION_KEYS = {
     "error",
     "childAgentSessionId",
     "errorDetail",
+    "point",
+    "boundaryTurnId",
 }
 ERROR_KEYS = {"status", "code", "reason", "message", "retryable", "params"}
 
