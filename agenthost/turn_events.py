@@ -148,8 +148,8 @@ class TurnDeltas:
             self._seen.popitem(last=False)
         if before is None:
             return bounded_turn(turn, max_bytes)
-        # A whole read is cut where it first differs from the last event; a partial read
-        # starts there already (the store found it), unless nothing at all changed before.
+        # A partial read starts at the first change already (the store found it); a read from
+        # ordinal 0 is cut where it first differs from the last event, as a whole one is.
         start = messages_from or _first_change(before.keys, keys)
         return bounded_turn(
             {
