@@ -36,7 +36,7 @@ from agenthost.home import (
 )
 from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
-from agenthost.turn_events import TurnDeltas
+from agenthost.turn_events import TurnDeltas, updated_turn
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -345,13 +345,15 @@ class Daemon:
             }
         if isinstance(change, TurnChanged):
             session = store.get_session(change.workspace_id, change.session_id)
-            turn = store.get_turn(change.workspace_id, change.session_id, change.turn_id)
+            # Read from the first message changed since this Turn's last event, not whole.
             return {
                 "type": "turn.updated",
                 "agentSessionId": change.session_id,
-                "turn": self._turn_deltas.event_turn(
+                "turn": updated_turn(
+                    store,
+                    self._turn_deltas,
                     (change.workspace_id, change.session_id, change.turn_id),
-                    projection.turn(turn, session.provider, self.catalog),
+                    lambda turn: projection.turn(turn, session.provider, self.catalog),
                     MAX_EVENT_BYTES,
                 ),
             }

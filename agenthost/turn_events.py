@@ -11,24 +11,50 @@ capped at `MAX_EVENT_BYTES` like before; so a client that lost an event heals at
 and a client that only looks at the settled event sees what it always saw.
 
 The daemon's single publishing thread owns a `TurnDeltas`: per active Turn, the (id, version)
-of every message the last event described. It is dropped when the Turn settles and bounded in
-number, so forgetting a Turn only makes its next event whole.
+and the store position of every message the last event described. It is dropped when the Turn
+settles and bounded in number, so forgetting a Turn only makes its next event whole.
+
+Reading, not only sending, is bounded by what changed (`updated_turn`): the publisher hands
+the store those positions with running version totals (`HistoryStore.turn_since`), which
+finds the first changed message with one-row aggregate statements and fetches only the
+messages from it on; the Turn row and its interactions are read whole. So a Turn of N
+messages no longer costs O(N) decoded rows and projected messages per change (O(N²) over its
+life), and the event is the one a whole read and a comparison would give.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import msgpack
+
+from storage.models import Turn, TurnTail
 
 MAX_TRACKED_TURNS = 4096
 """Active Turns whose last-published messages are remembered (far above the runtimes a
 daemon runs at once); the least recently published beyond it gets a whole event next."""
 
 _Key = tuple[str, str, str]
-_Seen = tuple[tuple[str, int], ...]
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What a Turn's last event described: (messageId, version) per message, and, when it was
+    read from the store, (position, running version total) per message for `turn_since`."""
+
+    keys: list[tuple[str, int]]
+    marks: list[tuple[int, int]] | None
+
+
+class TurnReader(Protocol):
+    """The store read `updated_turn` needs (`storage.Store` has it)."""
+
+    def turn_since(
+        self, ws: str, sid: str, turn_id: str, seen: Sequence[tuple[int, int]] | None
+    ) -> TurnTail: ...
 
 
 def _size(value: Any) -> int:
@@ -73,32 +99,91 @@ class TurnDeltas:
     def __len__(self) -> int:
         return len(self._seen)
 
+    def marks(self, key: _Key) -> Sequence[tuple[int, int]] | None:
+        """What `turn_since` needs of this Turn's last event (None: read the Turn whole)."""
+        seen = self._seen.get(key)
+        return None if seen is None else seen.marks
+
     def event_turn(self, key: _Key, turn: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
         """The `turn` of this Turn's next `turn.updated` (`turn` is its whole projection)."""
-        messages: Sequence[Mapping[str, Any]] = list(turn.get("messages") or [])
-        now: _Seen = tuple((str(m.get("messageId")), int(m.get("version") or 0)) for m in messages)
+        return self.event_tail(key, turn, messages_from=0, positions=None, max_bytes=max_bytes)
+
+    def event_tail(
+        self,
+        key: _Key,
+        turn: Mapping[str, Any],
+        *,
+        messages_from: int,
+        positions: Sequence[int] | None,
+        max_bytes: int,
+    ) -> dict[str, Any]:
+        """The `turn` of this Turn's next `turn.updated`, from a projection whose messages are
+        the Turn's from ordinal `messages_from` on (0: the whole Turn) and their store
+        `positions` (None: not read from the store)."""
+        tail: Sequence[Mapping[str, Any]] = list(turn.get("messages") or [])
         before = self._seen.pop(key, None)
         if turn.get("phase") != "active":
             return bounded_turn(turn, max_bytes)  # settled: whole, and forgotten
-        self._seen[key] = now
+        if messages_from and (before is None or before.marks is None):
+            raise ValueError("a partial read needs the marks it was read against")
+        # A partial read extends the last event's lists in place (O(messages read), not
+        # O(Turn)); a whole read builds new ones and keeps the old keys to compare with.
+        partial = before is not None and messages_from > 0
+        keys = before.keys if partial and before is not None else []
+        del keys[messages_from:]
+        added = [(str(m.get("messageId")), int(m.get("version") or 0)) for m in tail]
+        keys.extend(added)
+        marks: list[tuple[int, int]] | None = None
+        if positions is not None and len(positions) == len(tail):
+            marks = before.marks if partial and before is not None else None
+            if marks is None:
+                marks = []
+            del marks[messages_from:]
+            total = marks[-1][1] if marks else 0
+            for position, (_, version) in zip(positions, added, strict=True):
+                total += version
+                marks.append((position, total))
+        self._seen[key] = _Seen(keys, marks)
         if len(self._seen) > self._max_turns:
             self._seen.popitem(last=False)
         if before is None:
             return bounded_turn(turn, max_bytes)
-        start = _first_change(before, now)
+        # A partial read starts at the first change already (the store found it); a read from
+        # ordinal 0 is cut where it first differs from the last event, as a whole one is.
+        start = messages_from or _first_change(before.keys, keys)
         return bounded_turn(
             {
                 **turn,
-                "messages": list(messages[start:]),
+                "messages": list(tail[start - messages_from :]),
                 "messagesTruncated": True,
-                "messageCount": len(messages),
+                "messageCount": len(keys),
                 "messagesFrom": start,
             },
             max_bytes,
         )
 
 
-def _first_change(before: _Seen, now: _Seen) -> int:
+def updated_turn(
+    store: TurnReader,
+    deltas: TurnDeltas,
+    key: _Key,
+    project: Callable[[Turn], dict[str, Any]],
+    max_bytes: int,
+) -> dict[str, Any]:
+    """The `turn` of a `turn.updated` for a change of Turn `key` = (workspace, session, turn):
+    read from the store only from the first message changed since this Turn's last event
+    (whole for its first event and once settled), projected with `project`, then cut."""
+    tail = store.turn_since(*key, deltas.marks(key))
+    return deltas.event_tail(
+        key,
+        project(tail.turn),
+        messages_from=tail.messages_from,
+        positions=[m.position for m in tail.turn.messages],
+        max_bytes=max_bytes,
+    )
+
+
+def _first_change(before: Sequence[tuple[str, int]], now: Sequence[tuple[str, int]]) -> int:
     """The ordinal of the first message added or changed (or `len(now)`: none)."""
     for index, (old, new) in enumerate(zip(before, now, strict=False)):
         if old != new:

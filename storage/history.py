@@ -5,11 +5,13 @@ resolved), and the Session timeline that reads them back.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import apsw
+
 from storage.base import StoreBase, Tx, dumps
-from storage.errors import Conflict, InteractionNotFound, InvalidArgument
+from storage.errors import Conflict, InteractionNotFound, InvalidArgument, TurnNotFound
 from storage.models import (
     Interaction,
     InteractionStatus,
@@ -18,6 +20,7 @@ from storage.models import (
     Turn,
     TurnChanged,
     TurnPhase,
+    TurnTail,
 )
 from storage.rows import (
     INTERACTION_COLUMNS,
@@ -26,6 +29,7 @@ from storage.rows import (
     hydrate_turns,
     interaction_from_row,
     message_from_row,
+    turn_from_row,
 )
 from storage.session_rows import (
     next_position,
@@ -208,3 +212,88 @@ class HistoryStore(StoreBase):
                     (ws, sid),
                 )
             ]
+
+    def turn_since(
+        self, ws: str, sid: str, turn_id: str, seen: Sequence[tuple[int, int]] | None
+    ) -> TurnTail:
+        """An active Turn read from its first Message added or changed since `seen`; the whole
+        Turn when `seen` is None or the Turn is settled (issue 15 #6: the events publisher).
+
+        `seen[i]` = (position, running total of the versions of Messages 0..i) of the Turn's
+        Messages as last read. A Message keeps its position for life and its version only
+        grows, and a new Message takes a position after every existing one; so Messages
+        0..i-1 are unchanged exactly when this Turn has `i` Messages at or before `seen[i-1]`'s
+        position and their versions sum to `seen[i-1]`'s total. That test is one aggregate
+        statement (one row back); the first changed ordinal is found by galloping back from
+        the end (most updates touch the last Messages), and only the Messages from it on are
+        fetched. All in one read snapshot, so the cut is exactly the one a whole read and a
+        comparison would give.
+        """
+        with self._read() as conn:
+            require_session(conn, ws, sid)
+            row = conn.execute(
+                f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
+                " AND turn_id = ?",
+                (ws, sid, turn_id),
+            ).fetchone()
+            if row is None:
+                raise TurnNotFound(f"turn {turn_id} not found in session {sid}")
+            if seen is None or row[5] != TurnPhase.ACTIVE:
+                whole = hydrate_turns(conn, ws, sid, [row])[0]
+                return TurnTail(whole, len(whole.messages), 0)
+            start = _first_changed(conn, ws, sid, turn_id, seen)
+            after = seen[start - 1][0] if start else None
+            messages = [
+                message_from_row(r)
+                for r in conn.execute(
+                    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ?"
+                    " AND session_id = ? AND turn_id = ? AND (? IS NULL OR position > ?)"
+                    " ORDER BY position",
+                    (ws, sid, turn_id, after, after),
+                )
+            ]
+            interactions = [
+                interaction_from_row(r)
+                for r in conn.execute(
+                    f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
+                    " AND session_id = ? AND turn_id = ? ORDER BY created_at_ms, rowid",
+                    (ws, sid, turn_id),
+                )
+            ]
+        return TurnTail(turn_from_row(row, messages, interactions), start + len(messages), start)
+
+
+def _first_changed(
+    conn: apsw.Connection, ws: str, sid: str, turn_id: str, seen: Sequence[tuple[int, int]]
+) -> int:
+    """The ordinal of the Turn's first Message not as in `seen` (`len(seen)`: none)."""
+
+    def unchanged_before(i: int) -> bool:  # Messages 0..i-1 are as seen
+        if i == 0:
+            return True
+        position, total = seen[i - 1]
+        row = conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(version), 0) FROM messages WHERE workspace_id = ?"
+            " AND session_id = ? AND turn_id = ? AND position <= ?",
+            (ws, sid, turn_id, position),
+        ).fetchone()
+        return row is not None and (int(row[0]), int(row[1])) == (i, total)
+
+    # Gallop back from the end to a prefix known unchanged, then bisect the gap.
+    high = len(seen)
+    if unchanged_before(high):
+        return high
+    step = 1
+    while True:
+        low = max(high - step, 0)
+        if unchanged_before(low):
+            break
+        high, step = low, step * 2
+    # unchanged_before(low) and not unchanged_before(high): the answer is in [low, high).
+    while high - low > 1:
+        middle = (low + high) // 2
+        if unchanged_before(middle):
+            low = middle
+        else:
+            high = middle
+    return low

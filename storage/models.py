@@ -180,6 +180,17 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnTail:
+    """A Turn read from its first changed Message on (`HistoryStore.turn_since`): `turn` has
+    its row and all its Interactions, and its Messages at ordinals `messages_from` ..
+    `message_count - 1` (0-based, presentation order); `messages_from == 0` is the whole Turn."""
+
+    turn: Turn
+    message_count: int
+    messages_from: int
+
+
+@dataclass(frozen=True, slots=True)
 class ForkPrepareRequest:
     """What the saga asks the store to freeze. `runtime_identity` holds the prepared `cwd`,
     `settings` and `runtime_context` only (never env or provider target refs)."""
