@@ -497,7 +497,12 @@ class Api:
 
 
 def _workspace(params: Mapping[str, Any]) -> str:
-    return require_str(params, "workspaceId", max_len=WORKSPACE_MAX)
+    workspace = require_str(params, "workspaceId", max_len=WORKSPACE_MAX)
+    if "\0" in workspace:
+        # The terminated events topic is `workspaceId + "\0"` (issue 15 #9): an id holding
+        # NUL could prefix-match another workspace's topic there.
+        raise InvalidArgument("workspaceId", "'workspaceId' must not contain NUL (U+0000)")
+    return workspace
 
 
 def _input_text(params: Mapping[str, Any]) -> str:

@@ -108,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
         help="extra events endpoint, e.g. tcp://127.0.0.1:7778 (CURVE, like --listen)",
     )
     s.add_argument(
+        "--events-exact-listen",
+        action="append",
+        default=[],
+        help="extra endpoint of the events socket whose topic is the workspace id + NUL "
+        "(CURVE on tcp)",
+    )
+    s.add_argument(
         "--allow-remote", action="store_true", help="allow a non-loopback --listen address"
     )
     s.add_argument(
@@ -293,7 +300,7 @@ def _serve(args: argparse.Namespace) -> int:
     activity.enable(args.verbose > 0)
     try:
         config = load_config(args.home, args.config)
-        for endpoint in [*args.listen, *args.events_listen]:
+        for endpoint in [*args.listen, *args.events_listen, *args.events_exact_listen]:
             check_listen(endpoint, args.allow_remote or config.allow_remote)
         check_home_paths(config)
     except ConfigError as exc:
@@ -305,7 +312,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     # Every TCP endpoint is a CURVE server (run/keys/, run/connection.json): the daemon always
     # gives its server the keys, so `allow_remote` never exposes an unauthenticated socket.
-    daemon = Daemon(config, listen=tuple(args.listen), events_listen=tuple(args.events_listen))
+    daemon = Daemon(
+        config,
+        listen=tuple(args.listen),
+        events_listen=tuple(args.events_listen),
+        events_exact_listen=tuple(args.events_exact_listen),
+    )
     # The handlers only flip a flag: a handler taking a lock (Event.set) can deadlock with the
     # main thread interrupted inside that same lock.
     signalled: list[int] = []
@@ -383,10 +395,26 @@ def endpoints(args: argparse.Namespace) -> tuple[str, str]:
 
 def events_endpoint(args: argparse.Namespace) -> str | None:
     """The events endpoint to subscribe to, or None (none named, or no ipc socket there)."""
+    return events_source(args)[0]
+
+
+def events_source(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """(endpoint, exact): the events endpoint to subscribe to (None: none) and whether it is
+    the terminated-topic one (`eventsExact`, issue 15 #9), preferred wherever the daemon
+    advertises it — its connection file's `eventsExact`, or the home's `events-exact.sock` —
+    unless `--events` names an endpoint."""
+    if not args.events:
+        conn = connection(args)
+        if conn is not None and conn.events_exact:
+            return conn.events_exact, True
+        if conn is None:
+            run = (args.home or default_home()).expanduser() / "run"
+            if (run / "events-exact.sock").exists():
+                return f"ipc://{run / 'events-exact.sock'}", True
     _, events = endpoints(args)
     if not events or (events.startswith("ipc://") and not Path(events[len("ipc://") :]).exists()):
-        return None
-    return events
+        return None, False
+    return events, False
 
 
 def curve(args: argparse.Namespace) -> Any:
@@ -709,7 +737,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
     )
 
     sid = resolve_session(client, args.workspace, args.session)
-    events = events_endpoint(args)
+    events, exact = events_source(args)
     printer: Any = _JsonLines() if args.json else TurnPrinter(print, _write)
     followed = _Followed()
     pending: list[Mapping[str, Any]] = []
@@ -733,6 +761,7 @@ def _say(args: argparse.Namespace, client: Any) -> int:
             args.text,
             events_endpoint=events,
             events_curve=curve(args),
+            events_exact=exact,
             on_update=on_update,
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
@@ -931,11 +960,11 @@ def _fork(args: argparse.Namespace, client: Any) -> int:
         turn_id = LATEST_SETTLED  # the daemon resolves the boundary; the Engine's key for it
     else:
         turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
-    events = events_endpoint(args)
+    events, exact = events_source(args)
     engine = Engine(client, args.workspace)
     try:
         if events is not None:
-            engine.attach_events(events, curve=curve(args))
+            engine.attach_events(events, curve=curve(args), exact=exact)
         record = engine.fork_latest(sid) if args.latest else engine.fork(sid, turn_id)
         shown: str | None = None
 
@@ -1200,7 +1229,7 @@ def _settings(args: argparse.Namespace, client: Any) -> int:
 def _gui(args: argparse.Namespace) -> int:
     try:
         api, _ = endpoints(args)
-        events = events_endpoint(args)
+        events, exact = events_source(args)
         check_reachable(args, api)
     except CliError as exc:
         return _fail(args, exc)
@@ -1208,7 +1237,7 @@ def _gui(args: argparse.Namespace) -> int:
         from agenthost.gui.app import run_gui
     except ImportError as exc:  # textual is the optional `gui` extra
         return _fail(args, CliError("gui_unavailable", f"{exc} (pip install 'agenthost[gui]')"))
-    return run_gui(api, events, args.workspace, curve=curve(args))
+    return run_gui(api, events, args.workspace, curve=curve(args), events_exact=exact)
 
 
 # -- keys -----------------------------------------------------------------------------------

@@ -244,6 +244,13 @@ SCHEMA: tuple[Key, ...] = (
         (),
         "extra events (PUB) endpoints; like `listen`, a `tcp://` one is CURVE-only",
     ),
+    Key(
+        "daemon",
+        "events_exact_listen",
+        Endpoints(),
+        (),
+        "extra endpoints of the events socket whose topic is `workspaceId` + NUL (CURVE on tcp)",
+    ),
     Key("daemon", "allow_remote", Bool(), False, "allow a non-loopback `tcp://` listen address"),
     Key(
         "daemon",
@@ -437,6 +444,11 @@ class Config:
         return tuple(self.get("daemon", "events_listen"))
 
     @property
+    def events_exact_listen(self) -> tuple[str, ...]:
+        """Extra endpoints of the terminated-topic events socket (issue 15 #9)."""
+        return tuple(self.get("daemon", "events_exact_listen"))
+
+    @property
     def allow_remote(self) -> bool:
         return bool(self.get("daemon", "allow_remote"))
 
@@ -577,6 +589,10 @@ def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") 
         check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] listen")
     for endpoint in config.events_listen:
         check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] events_listen")
+    for endpoint in config.events_exact_listen:
+        check_listen(
+            endpoint, config.allow_remote, source=f"{source}: [daemon] events_exact_listen"
+        )
     return config
 
 

@@ -26,7 +26,7 @@ from actors.runtime_slots import RuntimeSlots
 from agenthost import __version__, activity, projection, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
-from agenthost.config import Config, check_home_paths
+from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
 from agenthost.home import (
     HomeLock,
     check_ipc_endpoint,
@@ -70,6 +70,7 @@ class Daemon:
         *,
         listen: tuple[str, ...] = (),
         events_listen: tuple[str, ...] = (),
+        events_exact_listen: tuple[str, ...] = (),
         failpoints_enabled: bool | None = None,
         catalog: Catalog | None = None,
     ) -> None:
@@ -77,6 +78,7 @@ class Daemon:
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
         self.events_listen = tuple(config.events_listen) + tuple(events_listen)
+        self.events_exact_listen = tuple(config.events_exact_listen) + tuple(events_exact_listen)
         if failpoints_enabled is None:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
         self.failpoints_enabled = failpoints_enabled
@@ -99,12 +101,12 @@ class Daemon:
         # one daemon per home: the lock is taken before the store is opened or anything in the
         # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
         check_home_paths(cfg)  # a too-long home is refused before anything is created
-        for endpoint in (*self.listen, *self.events_listen):
+        for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
         prepare_home(cfg.home)
         self._home_lock = acquire_home(cfg.home)
         make_private_dir(cfg.runtimes_dir)
-        for endpoint in (*self.listen, *self.events_listen):
+        for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)
 
         self.store = store = Store.open(
@@ -206,12 +208,18 @@ class Daemon:
             self.api,
             events_listen=list(self.events_listen),
             curve=self.keys.server_curve(),
+            events_exact_endpoint=_exact_ipc(cfg),
+            events_exact_listen=list(self.events_exact_listen),
         )
         self.server.start()
         self.connection_file = self.keys.write_connection_file(
-            _first_network(self.server.endpoints), _first_network(self.server.events_endpoints)
+            _first_network(self.server.endpoints),
+            _first_network(self.server.events_endpoints),
+            _first_network(self.server.events_exact_endpoints),
         )
-        if any(needs_curve(e) for e in (*self.listen, *self.events_listen)):
+        if any(
+            needs_curve(e) for e in (*self.listen, *self.events_listen, *self.events_exact_listen)
+        ):
             log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
 
     def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
@@ -268,6 +276,13 @@ class Daemon:
         assert self.server is not None
         return self.server.events_endpoint
 
+    @property
+    def events_exact_endpoint(self) -> str | None:
+        """The home's terminated-topic events socket (None if its path would not fit)."""
+        assert self.server is not None
+        exact = self.server.events_exact_endpoints
+        return exact[0] if exact and exact[0].startswith("ipc://") else None
+
     def ready_line(self) -> dict[str, Any]:
         return {
             "ready": True,
@@ -276,6 +291,9 @@ class Daemon:
             "pid": os.getpid(),
             "endpoints": self.server.endpoints if self.server else [],
             "eventsEndpoints": self.server.events_endpoints if self.server else [],
+            # Extension (issue 15 #9): the same events under `workspaceId + "\0"` topics.
+            "eventsExact": self.events_exact_endpoint,
+            "eventsExactEndpoints": self.server.events_exact_endpoints if self.server else [],
             "connectionFile": str(self.connection_file),
         }
 
@@ -379,6 +397,20 @@ def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
     for provider in ("tutti-agent", "codex"):
         out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
     return out
+
+
+EVENTS_EXACT_SOCKET = "events-exact.sock"
+
+
+def _exact_ipc(cfg: Config) -> str | None:
+    """The ipc endpoint of the terminated-topic events socket, beside `events.sock`; None when
+    its (longer) path would not fit a Unix socket address: a home that starts today keeps
+    starting, its clients fall back to `events.sock` and filter exactly."""
+    path = cfg.run_dir / EVENTS_EXACT_SOCKET
+    if len(os.fsencode(str(path))) > IPC_PATH_MAX:
+        log.warning("%s is too long for a Unix socket: no terminated-topic events socket", path)
+        return None
+    return f"ipc://{path}"
 
 
 def _first_network(endpoints: list[str]) -> str | None:

@@ -317,25 +317,30 @@ class Engine:
         *,
         timeout: float = 10.0,
         curve: ClientCurve | None = None,
+        events_exact: bool = False,
         **kwargs: Any,
     ) -> Engine:
         """An Engine that owns its Client and, if `events_endpoint` is given, an event pump.
-        `curve`: the keys of a connection file, for tcp endpoints."""
+        `curve`: the keys of a connection file, for tcp endpoints; `events_exact`: the
+        endpoint is the daemon's terminated-topic one (`eventsExact`)."""
         from transport.client import Client
 
         client = Client(api_endpoint, timeout=timeout, curve=curve)
         engine = cls(client, workspace_id, **kwargs)
         engine._owned_client = client
         if events_endpoint:
-            engine.attach_events(events_endpoint, curve=curve)
+            engine.attach_events(events_endpoint, curve=curve, exact=events_exact)
         return engine
 
-    def attach_events(self, events_endpoint: str, *, curve: ClientCurve | None = None) -> None:
-        """Follow the daemon's events (`fork.operation`, `session.*`, `turn.updated`)."""
+    def attach_events(
+        self, events_endpoint: str, *, curve: ClientCurve | None = None, exact: bool = False
+    ) -> None:
+        """Follow the daemon's events (`fork.operation`, `session.*`, `turn.updated`);
+        `exact`: `events_endpoint` is the terminated-topic endpoint (`eventsExact`)."""
         with self._lock:
             if self._pump is None:
                 self._pump = _EventPump(
-                    events_endpoint, self.workspace_id, self.handle_event, curve=curve
+                    events_endpoint, self.workspace_id, self.handle_event, curve=curve, exact=exact
                 )
 
     # -- selectors ---------------------------------------------------------------------------
@@ -1087,11 +1092,12 @@ class _EventPump:
         sink: Callable[[Mapping[str, Any]], None],
         *,
         curve: ClientCurve | None = None,
+        exact: bool = False,
     ) -> None:
         self._workspace_id = workspace_id
         self._sink = sink
         self._stop = threading.Event()
-        self._subscriber = EventSubscriber(endpoint, (workspace_id,), curve=curve)
+        self._subscriber = EventSubscriber(endpoint, (workspace_id,), curve=curve, exact=exact)
         self._thread = threading.Thread(target=self._run, name="engine-events", daemon=True)
         self._thread.start()
 

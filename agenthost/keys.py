@@ -49,6 +49,8 @@ class Connection:
     api: str
     events: str | None
     curve: ClientCurve
+    events_exact: str | None = None
+    """The terminated-topic events endpoint (`eventsExact`, issue 15 #9), when advertised."""
 
 
 def write_private(path: Path, text: str) -> None:
@@ -154,14 +156,23 @@ class KeyStore:
         """Read at each new connection, so `keys add` / `keys revoke` need no restart."""
         return public_key in self.authorized().values()
 
-    def write_connection_file(self, api: str | None, events: str | None) -> Path:
+    def write_connection_file(
+        self, api: str | None, events: str | None, events_exact: str | None = None
+    ) -> Path:
         """`run/connection.json` (0600) for the first client; `api` None: no TCP listen."""
         public, secret = self._load(self.dir / "client.key_secret")
-        write_private(self.connection_file, self.connection_text(api, events, public, secret))
+        write_private(
+            self.connection_file, self.connection_text(api, events, public, secret, events_exact)
+        )
         return self.connection_file
 
     def connection_text(
-        self, api: str | None, events: str | None, public: bytes, secret: bytes
+        self,
+        api: str | None,
+        events: str | None,
+        public: bytes,
+        secret: bytes,
+        events_exact: str | None = None,
     ) -> str:
         return (
             json.dumps(
@@ -169,6 +180,8 @@ class KeyStore:
                     "transport": "tcp",
                     "api": api,
                     "events": events,
+                    # Extension (issue 15 #9): topics `workspaceId + "\0"`; null: none.
+                    "eventsExact": events_exact,
                     "serverPublicKey": self.server_public_key().decode(),
                     "clientPublicKey": public.decode(),
                     "clientSecretKey": secret.decode(),
@@ -197,8 +210,8 @@ class KeyStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)  # the secret leaves only in the output
         self._write_public(name, public)
-        api, events = self._listening()
-        return self.connection_text(api, events, public, secret)
+        api, events, events_exact = self._listening()
+        return self.connection_text(api, events, public, secret, events_exact)
 
     def revoke(self, name: str) -> None:
         _check_name(name)
@@ -207,15 +220,16 @@ class KeyStore:
         except FileNotFoundError:
             raise KeyError_(f"no client key named {name!r}") from None
 
-    def _listening(self) -> tuple[str | None, str | None]:
+    def _listening(self) -> tuple[str | None, str | None, str | None]:
         try:
             data = json.loads(self.connection_file.read_text())
         except (OSError, ValueError):
-            return None, None
+            return None, None, None
         if not isinstance(data, dict):
-            return None, None
-        api, events = data.get("api"), data.get("events")
-        return (api if isinstance(api, str) else None, events if isinstance(events, str) else None)
+            return None, None, None
+        found = (data.get("api"), data.get("events"), data.get("eventsExact"))
+        api, events, exact = (value if isinstance(value, str) else None for value in found)
+        return api, events, exact
 
 
 def _check_name(name: str) -> None:
@@ -240,6 +254,9 @@ def load_connection(path: Path) -> Connection:
     events = data.get("events")
     if events is not None and not isinstance(events, str):
         raise KeyError_(f'{path}: "events" must be an endpoint or null')
+    events_exact = data.get("eventsExact")  # absent in files of older daemons
+    if events_exact is not None and not isinstance(events_exact, str):
+        raise KeyError_(f'{path}: "eventsExact" must be an endpoint or null')
     keys: list[bytes] = []
     for field in ("serverPublicKey", "clientPublicKey", "clientSecretKey"):
         value = data.get(field)
@@ -249,4 +266,4 @@ def load_connection(path: Path) -> Connection:
         except (ValueError, KeyError):  # z85.decode: KeyError for a byte outside its alphabet
             raise KeyError_(f"{path}: {field} must be a 40-character z85 key") from None
         keys.append(value.encode("ascii"))
-    return Connection(api, events or None, ClientCurve(*keys))
+    return Connection(api, events or None, ClientCurve(*keys), events_exact or None)

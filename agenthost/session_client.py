@@ -310,6 +310,7 @@ def stream_turn(
     *,
     events_endpoint: str | None = None,
     events_curve: ClientCurve | None = None,
+    events_exact: bool = False,
     on_update: Callable[[Json], None] | None = None,
     on_interaction: InteractionHandler | None = None,
     timeout: float = 600.0,
@@ -318,9 +319,12 @@ def stream_turn(
 ) -> Json:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
-    `on_delta` gets the turn's `message.delta` events as the reply streams."""
+    `on_delta` gets the turn's `message.delta` events as the reply streams; `events_exact`:
+    the endpoint is the daemon's terminated-topic one (`eventsExact`)."""
     subscriber = (
-        EventSubscriber(events_endpoint, (ws,), curve=events_curve) if events_endpoint else None
+        EventSubscriber(events_endpoint, (ws,), curve=events_curve, exact=events_exact)
+        if events_endpoint
+        else None
     )
     try:
         turn = client.call(

@@ -295,6 +295,12 @@ class EventSubscriber:
     Each event is `{type, ...}` published under a topic (the workspace id). Subscriptions
     take a moment to reach the PUB side (ZeroMQ's slow joiner): events published before
     that are not delivered.
+
+    `exact=True` is for the daemon's terminated-topic endpoint (`eventsExact` in the ready
+    line and the connection file, issue 15 #9), whose topic frame is `workspaceId + "\0"`:
+    the subscription is `ws + "\0"`, so ZeroMQ itself never delivers another workspace whose
+    id merely starts with `ws`. Either way only the subscribed workspaces are kept, and the
+    topic handed on is the bare workspace id (the NUL stripped).
     """
 
     def __init__(
@@ -304,8 +310,10 @@ class EventSubscriber:
         *,
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
+        exact: bool = False,
     ) -> None:
         self.endpoint = endpoint
+        self.exact = exact
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
@@ -314,15 +322,18 @@ class EventSubscriber:
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, 100_000)
         topics = tuple(topics)
-        # ZeroMQ topics are prefix matches: a subscription to workspace `team` also receives
-        # `team-secret`'s events. Keep exactly the subscribed workspaces ("" = all).
+        # ZeroMQ topics are prefix matches: on the bare-id endpoint a subscription to workspace
+        # `team` also receives `team-secret`'s events. Keep exactly the subscribed workspaces
+        # ("" = all), on either endpoint.
         self._exact: frozenset[str] | None = None if "" in topics else frozenset(topics)
         for topic in topics:
-            self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+            wire = topic + "\0" if exact and topic else topic
+            self._sub.setsockopt(zmq.SUBSCRIBE, wire.encode("utf-8"))
         self._sub.connect(endpoint)
 
     def next_message(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
-        """`(topic, event)` of the next event, or None after `timeout` seconds (None: wait)."""
+        """`(topic, event)` of the next event, or None after `timeout` seconds (None: wait).
+        `topic` is the bare workspace id on both endpoints."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -330,7 +341,12 @@ class EventSubscriber:
             if not self._sub.poll(poll_ms, zmq.POLLIN):
                 return None
             frames = self._sub.recv_multipart()
-            topic = frames[0].decode("utf-8", errors="replace")
+            raw = frames[0]
+            if raw.endswith(b"\0"):
+                # A terminated topic (workspace ids never hold NUL): the bare id is handed on,
+                # and a subscriber built without `exact` on that endpoint still filters right.
+                raw = raw[:-1]
+            topic = raw.decode("utf-8", errors="replace")
             if self._exact is not None and topic not in self._exact:
                 continue  # another workspace whose id merely starts with ours
             event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)

@@ -1,5 +1,6 @@
 """The daemon's client-facing API server: one transport thread owns the ROUTER (API) and PUB
-(events) sockets, decodes requests and hands each to a dispatcher with a one-shot responder.
+(events; optionally a second one with terminated topics) sockets, decodes requests and hands
+each to a dispatcher with a one-shot responder.
 
 It never blocks on work: replies and events from any thread reach the loop through an inproc
 PUSH/PULL pipe, and every failure of a request becomes a typed error reply (law 7).
@@ -150,14 +151,26 @@ class ApiServer:
         context: zmq.Context[Any] | None = None,
         events_listen: list[str] | tuple[str, ...] = (),
         curve: ServerCurve | None = None,
+        events_exact_endpoint: str | None = None,
+        events_exact_listen: list[str] | tuple[str, ...] = (),
     ) -> None:
         """`events_listen`: further endpoints of the events PUB socket. With `curve`, every
-        non-ipc endpoint (API or events) is a CURVE server behind a ZAP handler."""
+        non-ipc endpoint (API or events) is a CURVE server behind a ZAP handler.
+
+        `events_exact_endpoint` (and `events_exact_listen`): the endpoints of a second PUB
+        socket carrying the same events under a *terminated* topic, `workspaceId + "\0"`
+        (issue 15 #9): a subscription to `team\0` cannot prefix-match `team-secret\0`. None
+        and empty: no second socket."""
         if not api_endpoints:
             raise ValueError("at least one API endpoint is required")
         self._api_requested = list(api_endpoints)
         self._events_requested = events_endpoint
         self._events_listen = list(events_listen)
+        self._exact_requested = (
+            [events_exact_endpoint, *events_exact_listen]
+            if events_exact_endpoint is not None
+            else list(events_exact_listen)
+        )
         self._curve = curve
         self._auth: Any = None
         self._dispatcher = dispatcher
@@ -175,12 +188,14 @@ class ApiServer:
         self._pull: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
         self._pub: zmq.Socket[bytes] | None = None
+        self._pub_exact: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None
         self._term_in_loop = False
         self._endpoints: list[str] = []
         self._events_endpoint = ""
         self._events_endpoints: list[str] = []
+        self._events_exact_endpoints: list[str] = []
         self._ipc_files: list[str] = []
         # token -> (routing envelope, request id) of every request not yet answered.
         self._in_flight: dict[int, tuple[list[bytes], str]] = {}
@@ -204,6 +219,11 @@ class ApiServer:
     def events_endpoints(self) -> list[str]:
         """Every bound events endpoint: `events_endpoint` first, then `events_listen`."""
         return list(self._events_endpoints)
+
+    @property
+    def events_exact_endpoints(self) -> list[str]:
+        """Every bound endpoint of the terminated-topic events socket (empty: none)."""
+        return list(self._events_exact_endpoints)
 
     @property
     def in_flight(self) -> int:
@@ -288,7 +308,8 @@ class ApiServer:
 
     def _bind_all(self) -> None:
         if self._curve is not None and any(
-            needs_curve(e) for e in (*self._api_requested, *self._events_listen)
+            needs_curve(e)
+            for e in (*self._api_requested, *self._events_listen, *self._exact_requested)
         ):
             # Before any CURVE bind: without a ZAP handler libzmq would admit any client key.
             self._auth = start_authenticator(self._ctx, self._curve)
@@ -319,6 +340,12 @@ class ApiServer:
             self._pub, [self._events_requested, *self._events_listen]
         )
         self._events_endpoint = self._events_endpoints[0]
+        if self._exact_requested:
+            # The same bounds as the first PUB: a subscriber that never reads costs the same.
+            self._pub_exact = self._ctx.socket(zmq.PUB)
+            self._pub_exact.setsockopt(zmq.LINGER, 0)
+            self._pub_exact.setsockopt(zmq.SNDHWM, _EVENTS_HWM)
+            self._events_exact_endpoints = self._bind_each(self._pub_exact, self._exact_requested)
 
     def _bind_each(self, sock: zmq.Socket[bytes], endpoints: list[str]) -> list[str]:
         """Bind every endpoint (NULL ones first, see `configure_bind`); the bound addresses in
@@ -512,6 +539,15 @@ class ApiServer:
             self._pub.send_multipart([topic, payload], zmq.NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("event dropped: %s", exc)
+        if self._pub_exact is None or b"\0" in topic:
+            # A topic holding NUL could still prefix-match another (workspace ids never hold
+            # one: the API refuses it); such an event is not published terminated at all.
+            return
+        try:
+            # The one encoding of the event, under its terminated topic.
+            self._pub_exact.send_multipart([topic + b"\0", payload], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("event dropped (exact): %s", exc)
 
     def _shutdown(self) -> None:
         self._closing = True
@@ -537,11 +573,11 @@ class ApiServer:
     def _close_sockets(self) -> None:
         with self._push_lock:
             push, self._push = self._push, None
-        for sock in (push, self._pull, self._router, self._pub):
+        for sock in (push, self._pull, self._router, self._pub, self._pub_exact):
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     sock.close()
-        self._pull = self._router = self._pub = None
+        self._pull = self._router = self._pub = self._pub_exact = None
         for path in self._ipc_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

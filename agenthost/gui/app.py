@@ -828,9 +828,13 @@ def run_gui(
     workspace_id: str,
     *,
     curve: ClientCurve | None = None,
+    events_exact: bool = False,
 ) -> int:
-    """`agenthost gui`: run the app until the user quits; `curve` for a tcp connection file."""
-    engine = Engine.connect(api_endpoint, events_endpoint, workspace_id, curve=curve)
+    """`agenthost gui`: run the app until the user quits; `curve` for a tcp connection file;
+    `events_exact`: `events_endpoint` is the terminated-topic one (`eventsExact`)."""
+    engine = Engine.connect(
+        api_endpoint, events_endpoint, workspace_id, curve=curve, events_exact=events_exact
+    )
     app = AgentHostApp(engine, own_engine=True)
     try:
         app.run()

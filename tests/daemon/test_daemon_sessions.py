@@ -43,7 +43,7 @@ def test_ready_line_names_endpoints_and_pid(daemon: DaemonProcess) -> None:
 def test_run_dir_is_private_and_sockets_owner_only(daemon: DaemonProcess) -> None:
     run = daemon.home / "run"
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
-    for name in ("api.sock", "events.sock"):
+    for name in ("api.sock", "events.sock", "events-exact.sock"):
         assert stat.S_IMODE((run / name).stat().st_mode) == 0o600
 
 

@@ -78,7 +78,7 @@ def daemon(open_parent: Path) -> Iterator[DaemonProcess]:
 def test_run_dir_is_0700_and_sockets_are_0600(daemon: DaemonProcess) -> None:
     run = daemon.home / "run"
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
-    for name in ("api.sock", "events.sock"):
+    for name in ("api.sock", "events.sock", "events-exact.sock"):
         st = (run / name).stat()
         assert stat.S_ISSOCK(st.st_mode), name
         assert stat.S_IMODE(st.st_mode) == 0o600, (name, oct(st.st_mode))

@@ -112,11 +112,13 @@ def test_first_start_makes_keys_and_a_connection_file_all_0600(
         "transport",
         "api",
         "events",
+        "eventsExact",  # issue 15 #9: null here, no --events-exact-listen
         "serverPublicKey",
         "clientPublicKey",
         "clientSecretKey",
     }
     assert data["transport"] == "tcp"
+    assert data["eventsExact"] is None
     tcp_api = [e for e in daemon.ready["endpoints"] if e.startswith("tcp://")]
     tcp_events = [e for e in daemon.ready["eventsEndpoints"] if e.startswith("tcp://")]
     assert (data["api"], data["events"]) == (tcp_api[0], tcp_events[0])

@@ -89,6 +89,11 @@ class DaemonProcess:
     def events(self) -> str:
         return str(self.ready["events"])
 
+    @property
+    def events_exact(self) -> str:
+        """The terminated-topic events endpoint (`eventsExact`, issue 15 #9)."""
+        return str(self.ready["eventsExact"])
+
     def client(self, timeout: float = 30.0) -> Client:
         c = Client(self.api, timeout=timeout)
         self._clients.append(c)
