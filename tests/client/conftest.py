@@ -110,6 +110,6 @@ def events_live(engine: Engine, c: Client, ws: str) -> None:
     probe is not enough on a loaded machine: publish probes until one arrives."""
     for _ in range(20):
         probe = create_session(c, ws, title="probe")["agentSessionId"]
-        if engine.wait_for(lambda: engine.session(probe) is not None, 1):
+        if engine.wait_for(lambda probe=probe: engine.session(probe) is not None, 1):
             return
     raise AssertionError("the Engine saw none of 20 probe events in 20 s")
