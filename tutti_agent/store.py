@@ -172,11 +172,18 @@ class ThreadStore:
 
     # -- files ------------------------------------------------------------------------
     def create_rollout(
-        self, thread_id: str, meta: Mapping[str, Any], *, first_ordinal: int = 0
+        self,
+        thread_id: str,
+        meta: Mapping[str, Any],
+        *,
+        first_ordinal: int = 0,
+        items: Sequence[RolloutItem] = (),
     ) -> RolloutWriter:
+        """A new rollout of `session_meta` + `items`, durable on return (one write, one file
+        fsync, one fsync per changed directory: `RolloutWriter.create`)."""
         path = new_rollout_path(self.home, thread_id)
-        writer = RolloutWriter(path, first_ordinal, create=True)
-        writer.append(RolloutItem(LineType.SESSION_META, dict(meta)))
+        meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
+        writer, _ = RolloutWriter.create(path, first_ordinal, [meta_item, *items])
         return writer
 
     def open_writer(self, history: ThreadHistory) -> RolloutWriter:
