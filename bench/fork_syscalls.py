@@ -111,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for kind in ("worker", "app-server"):
                     for pid in kinds.get(kind, []):
                         out = tmp / f"spy-{kind}-{pid}.txt"
-                        cmd = [spy, "record", "--gil", "--format", "raw", "--rate", "500", "-o", str(out)]
+                        cmd = [spy, "record", "--gil", "--format", "raw", "--rate", "500"]
+                        cmd += ["-o", str(out)]
                         proc = subprocess.Popen(
                             [*cmd, "-p", str(pid)],
                             stdout=subprocess.DEVNULL,
