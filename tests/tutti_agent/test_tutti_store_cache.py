@@ -14,7 +14,7 @@ from tests.tutti_agent.items import explicit_turn, user_msg
 from tests.tutti_agent.storeutil import append, write_root
 from tutti_agent.errors import NoRolloutFound
 from tutti_agent.fork import ForkOptions, ForkService, ThroughTurn
-from tutti_agent.rollout import RolloutLine
+from tutti_agent.rollout import RolloutLine, find_rollout_path, read_rollout
 from tutti_agent.store import ThreadStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,7 +27,7 @@ def store(tmp_path: Path) -> ThreadStore:
 
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     parsed: list[Path] = []
-    real: Callable[[Path], list[RolloutLine]] = store_module.read_rollout
+    real: Callable[[Path], list[RolloutLine]] = read_rollout
 
     def counting(path: Path) -> list[RolloutLine]:
         parsed.append(path)
@@ -39,7 +39,7 @@ def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     scans: list[str] = []
-    real: Callable[[Path, str], Path | None] = store_module.find_rollout_path
+    real: Callable[[Path, str], Path | None] = find_rollout_path
 
     def counting(home: Path, thread_id: str) -> Path | None:
         scans.append(thread_id)
