@@ -101,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         if args.strace_log is not None:
                             args.strace_log.mkdir(parents=True, exist_ok=True)
                             log = args.strace_log / f"{kind}-{pid}.log"
-                            cmd = [strace, "-f", "-y", "-e", f"trace={SYSCALLS}", "-o", str(log)]
+                            cmd = [strace, "-f", "-y", "-T", "-e", f"trace={SYSCALLS}"]
+                            cmd += ["-o", str(log)]
                         proc = subprocess.Popen([*cmd, "-p", str(pid)], stderr=subprocess.DEVNULL)
                         tracers.append((kind, proc, out))
             if args.pyspy:
