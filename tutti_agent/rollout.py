@@ -138,7 +138,7 @@ def fsync_dir(path: Path) -> None:
 
 def make_dirs(path: Path) -> list[Path]:
     """`mkdir -p path`; returns the directories whose entries changed (the parent of each
-    directory created here), deepest first, each once — what must be fsynced for the new
+    directory that was missing), deepest first, each once — what must be fsynced for the new
     directories to survive a crash. Empty when `path` already existed."""
     missing: list[Path] = []
     probe = path
@@ -147,10 +147,9 @@ def make_dirs(path: Path) -> list[Path]:
         probe = probe.parent
     changed: list[Path] = []
     for directory in reversed(missing):
-        try:
+        # A concurrent creator may have made it but not fsynced its parent yet: ours does.
+        with contextlib.suppress(FileExistsError):
             directory.mkdir()
-        except FileExistsError:
-            continue  # a concurrent creator made it (and owns its durability)
         changed.append(directory.parent)
     changed.reverse()
     return changed
