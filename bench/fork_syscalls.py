@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness import (
@@ -34,7 +35,6 @@ from bench.harness import (
     create_session,
     fork_until_terminal,
     last_settled_turn,
-    process_kind,
     run_turn,
     tree,
 )
@@ -66,17 +66,37 @@ def _parse_strace_c(text: str) -> dict[str, int]:
     return counts
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--forks", type=int, default=50)
-    ap.add_argument("--turns", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--strace", action="store_true")
-    ap.add_argument("--py-spy", dest="pyspy", action="store_true")
-    ap.add_argument(
-        "--strace-log", type=Path, default=None, help="also write full strace logs (-y) here"
-    )
-    args = ap.parse_args(argv)
+@dataclass
+class Report:
+    forks: int
+    wall_ms_per_fork: float
+    cpu_ms_per_fork: dict[str, float]
+    calls_per_fork: dict[str, dict[str, float]] = field(default_factory=dict)  # kind → calls
+    spy_lines: dict[str, list[str]] = field(default_factory=dict)
+
+    def lines(self) -> list[str]:
+        out = [
+            f"{self.forks} forks, {self.wall_ms_per_fork:.1f} ms wall per fork"
+            " (load-dependent; tracers slow it)",
+            f"CPU ms per fork by process kind: {self.cpu_ms_per_fork}",
+        ]
+        out += [f"strace {k} calls per fork: {v}" for k, v in self.calls_per_fork.items()]
+        for kind, lines in self.spy_lines.items():
+            out.append(f"py-spy {kind}:")
+            out += [f"    {line}" for line in lines]
+        return out
+
+
+def measure(
+    *,
+    forks: int,
+    turns: int,
+    warmup: int = 3,
+    strace: bool = False,
+    pyspy: bool = False,
+    strace_log: Path | None = None,
+) -> Report:
+    """Fork a `turns`-Turn tutti-agent source `forks` times through a real daemon."""
     with tempfile.TemporaryDirectory(prefix="fork-syscalls-") as tmp_text:
         tmp = Path(tmp_text)
         daemon = BenchDaemon(tmp / "home").start()
@@ -84,31 +104,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             c = daemon.client()
             sid = create_session(c, "syscalls")
-            for i in range(args.turns):
+            for i in range(turns):
                 run_turn(c, sid, f"turn {i}")
             boundary = last_settled_turn(c, sid)
-            for _ in range(args.warmup):
+            for _ in range(warmup):
                 acknowledge(c, fork_until_terminal(c, sid, boundary)["operationId"])
             kinds = _pids_by_kind(daemon.pid)
-            if args.strace:
-                strace = shutil.which("strace")
-                if strace is None:
-                    raise SystemExit("strace is not installed")
+            if strace:
+                tool = shutil.which("strace")
+                if tool is None:
+                    raise RuntimeError("strace is not installed")
                 for kind in ("daemon", "worker", "app-server"):
                     for pid in kinds.get(kind, []):
                         out = tmp / f"strace-{kind}-{pid}.txt"
-                        cmd = [strace, "-f", "-c", "-e", f"trace={SYSCALLS}", "-o", str(out)]
-                        if args.strace_log is not None:
-                            args.strace_log.mkdir(parents=True, exist_ok=True)
-                            log = args.strace_log / f"{kind}-{pid}.log"
-                            cmd = [strace, "-f", "-y", "-T", "-e", f"trace={SYSCALLS}"]
+                        cmd = [tool, "-f", "-c", "-e", f"trace={SYSCALLS}", "-o", str(out)]
+                        if strace_log is not None:
+                            strace_log.mkdir(parents=True, exist_ok=True)
+                            log = strace_log / f"{kind}-{pid}.log"
+                            cmd = [tool, "-f", "-y", "-T", "-e", f"trace={SYSCALLS}"]
                             cmd += ["-o", str(log)]
                         proc = subprocess.Popen([*cmd, "-p", str(pid)], stderr=subprocess.DEVNULL)
                         tracers.append((kind, proc, out))
-            if args.pyspy:
+            if pyspy:
                 spy = py_spy()
                 if spy is None:
-                    raise SystemExit("py-spy is not installed")
+                    raise RuntimeError("py-spy is not installed")
                 for kind in ("worker", "app-server"):
                     for pid in kinds.get(kind, []):
                         out = tmp / f"spy-{kind}-{pid}.txt"
@@ -123,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(1.0 if tracers else 0.0)  # let the tracers attach
             before = cpu_by_kind(tree(daemon.pid))
             wall = time.monotonic()
-            for _ in range(args.forks):
+            for _ in range(forks):
                 op = fork_until_terminal(c, sid, boundary)
                 if op["status"] != "committed":
                     raise RuntimeError(f"fork did not commit: {op}")
@@ -135,39 +155,58 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _, proc, _ in tracers:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(30)
-            n = args.forks
-            print(f"{n} forks of a {args.turns}-turn tutti-agent source, {1000 * wall / n:.1f} ms"
-                  " wall per fork (load-dependent; tracers slow it)")
-            print("CPU ms per fork by process kind:", {
-                k: round(1000 * (after.get(k, 0.0) - before.get(k, 0.0)) / n, 1) for k in after
-            })
+            report = Report(
+                forks,
+                1000 * wall / forks,
+                {
+                    k: round(1000 * (after.get(k, 0.0) - before.get(k, 0.0)) / forks, 1)
+                    for k in after
+                },
+            )
             for kind, _, out in tracers:
                 if not out.exists():
-                    print(f"{kind}: no output")
                     continue
                 text = out.read_text(errors="replace")
                 if out.name.startswith("strace-"):
                     counts = _parse_strace_c(text)
-                    per = {k: round(v / n, 2) for k, v in sorted(counts.items())}
-                    print(f"strace {kind} ({process_kind_label(out)}) calls per fork: {per}")
+                    report.calls_per_fork[kind] = {
+                        k: round(v / forks, 2) for k, v in sorted(counts.items())
+                    }
                 else:
-                    print(f"py-spy {kind}:")
-                    for line in summarise(text).lines(10):
-                        print("   ", line)
+                    report.spy_lines[kind] = summarise(text).lines(10)
+            return report
         finally:
             for _, proc, _ in tracers:
                 if proc.poll() is None:
                     proc.kill()
                     proc.wait(10)
             daemon.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--forks", type=int, default=50)
+    ap.add_argument("--turns", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--strace", action="store_true")
+    ap.add_argument("--py-spy", dest="pyspy", action="store_true")
+    ap.add_argument(
+        "--strace-log", type=Path, default=None, help="also write full strace logs (-y -T) here"
+    )
+    args = ap.parse_args(argv)
+    report = measure(
+        forks=args.forks,
+        turns=args.turns,
+        warmup=args.warmup,
+        strace=args.strace,
+        pyspy=args.pyspy,
+        strace_log=args.strace_log,
+    )
+    print(f"source of {args.turns} turns (tutti-agent)")
+    for line in report.lines():
+        print(line)
     return 0
 
-
-def process_kind_label(path: Path) -> str:
-    return path.stem.split("-", 1)[1]
-
-
-_ = process_kind
 
 if __name__ == "__main__":
     sys.exit(main())
