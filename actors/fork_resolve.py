@@ -23,15 +23,14 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from actors.fork_host import ForkHost
 from actors.messages import Reply, runtime_key
+from storage.base import host_error_of
 from storage.errors import HostError, InvalidArgument, ProviderError
 from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
 from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
-
-if TYPE_CHECKING:
-    from actors.session_actor import SessionActor
 
 log = logging.getLogger(__name__)
 
@@ -71,39 +70,35 @@ def verdict(children: Sequence[Mapping[str, Any]], source_id: str) -> str:
     return "ambiguous"
 
 
-def _in_flight(actor: SessionActor) -> dict[str, _InFlight]:
-    table: dict[str, _InFlight] | None = getattr(actor, "resolves", None)
-    if table is None:
-        table = {}
-        actor.resolves = table
-    return table
+def _in_flight(host: ForkHost) -> dict[str, _InFlight]:
+    return host.resolves
 
 
 class ForkResolver:
     """One resolution on the actor thread; every continuation comes back as a FollowUp."""
 
-    def __init__(self, actor: SessionActor, op: ForkOperation, msg: ForkResolve) -> None:
-        self.actor = actor
+    def __init__(self, host: ForkHost, op: ForkOperation, msg: ForkResolve) -> None:
+        self.host = host
         self.op = op
         self.msg = msg
-        self.provider = actor.session().provider
-        self.info = actor.ctx.catalog.driver_info(self.provider)
+        self.provider = host.session().provider
+        self.info = host.catalog.driver_info(self.provider)
 
     # -- entry --------------------------------------------------------------------------------
 
     @staticmethod
-    def start(actor: SessionActor, msg: ForkResolve) -> None:
+    def start(host: ForkHost, msg: ForkResolve) -> None:
         if msg.action not in ACTIONS:
             raise InvalidArgument("action", "'action' must be inspect, adopt or abandon")
-        store = actor.ctx.store
-        op = store.get_fork_operation(actor.ws, msg.operation_id)
-        if op.source_session_id != actor.sid:  # pragma: no cover - routed by the source
+        store = host.store
+        op = store.get_fork_operation(host.ws, msg.operation_id)
+        if op.source_session_id != host.sid:  # pragma: no cover - routed by the source
             raise InvalidArgument("operationId", "operation of another Session")
-        resolver = ForkResolver(actor, op, msg)
+        resolver = ForkResolver(host, op, msg)
         if msg.action == "inspect":
             resolver._inspect(lambda ev: msg.reply(ResolveReply(resolver._current(), ev)))
             return
-        table = _in_flight(actor)
+        table = _in_flight(host)
         running = table.get(op.operation_id)
         if running is not None:
             if (running.request_id, running.action) == (msg.request_id, msg.action):
@@ -114,7 +109,7 @@ class ForkResolver:
                 f" {running.request_id}",
                 params={"operationId": op.operation_id, "action": running.action},
             )
-        previous = store.get_fork_resolution(actor.ws, op.operation_id)
+        previous = store.get_fork_resolution(host.ws, op.operation_id)
         if (
             previous is not None
             and previous.state == "done"
@@ -128,28 +123,27 @@ class ForkResolver:
                 params={"operationId": op.operation_id, "status": op.public_status.value},
             )
         table[op.operation_id] = _InFlight(msg.request_id, msg.action, [msg.reply])
-        actor._update_busy()
         resolver._inspect(lambda ev: resolver._guard(resolver._decide, ev))
 
     # -- steps --------------------------------------------------------------------------------
 
     def _current(self) -> ForkOperation:
-        return self.actor.ctx.store.get_fork_operation(self.actor.ws, self.op.operation_id)
+        return self.host.store.get_fork_operation(self.host.ws, self.op.operation_id)
 
     def _params(self) -> dict[str, Any]:
-        ctx, ws, op = self.actor.ctx, self.actor.ws, self.op
-        claimed = ctx.store.claimed_provider_children(ws, self.actor.sid)
+        ws, op = self.host.ws, self.op
+        claimed = self.host.store.claimed_provider_children(ws, self.host.sid)
         return {
             "operationId": op.operation_id,
             "source": {
-                "agentSessionId": self.actor.key,
+                "agentSessionId": self.host.key,
                 "providerSessionId": op.source_provider_session_id,
-                "home": str(ctx.runtime_home(ws, self.actor.sid, self.provider)),
-                "cwd": self.actor.session().cwd,
+                "home": str(self.host.runtime_home(ws, self.host.sid, self.provider)),
+                "cwd": self.host.session().cwd,
             },
             "target": {
                 "agentSessionId": runtime_key(ws, op.target_session_id),
-                "home": str(ctx.runtime_home(ws, op.target_session_id, self.provider)),
+                "home": str(self.host.runtime_home(ws, op.target_session_id, self.provider)),
             },
             "providerTurnIds": list(op.source_provider_turn_ids),
             "excludeChildIds": [c for c in claimed if c != op.target_provider_session_id],
@@ -161,14 +155,15 @@ class ForkResolver:
         }
 
     def _frozen_bindings(self) -> list[str | None]:
-        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        store, ws, sid = self.host.store, self.host.ws, self.host.sid
         turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
         by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
         return [by_id.get(pid) for pid in self.op.source_provider_turn_ids]
 
     def _worker(self, method: str, then: Callable[[dict[str, Any]], None]) -> None:
-        ctx = self.actor.ctx
-        fut = ctx.workers.request(self.provider, method, self._params(), ctx.timeouts.fork_s)
+        fut = self.host.workers.request(
+            self.provider, method, self._params(), self.host.timeouts.fork_s
+        )
 
         def done(f: Future[dict[str, Any]]) -> None:
             try:
@@ -183,7 +178,7 @@ class ForkResolver:
                 return
             self._guard(then, result)
 
-        self.actor.later(fut, done)
+        self.host.later(fut, done)
 
     def _guard(self, fn: Callable[[Any], None], arg: Any) -> None:
         try:
@@ -191,11 +186,10 @@ class ForkResolver:
         except HostError as exc:
             self._error(exc)
         except Exception as exc:  # noqa: BLE001
-            log.exception("fork.resolve of %s failed", self.op.operation_id)
-            self._error(HostError(f"internal error ({type(exc).__name__}); see the daemon log"))
+            self._error(host_error_of(exc, f"fork.resolve of {self.op.operation_id}", logger=log))
 
     def _hit(self, name: str) -> None:
-        self.actor.ctx.failpoints.hit(name)
+        self.host.failpoints.hit(name)
 
     def _inspect(self, then: Callable[[dict[str, Any]], None]) -> None:
         def shape(result: dict[str, Any]) -> None:
@@ -209,9 +203,8 @@ class ForkResolver:
 
         if self.msg.action == "inspect":
             # Inspect is a read: its errors go straight to its caller.
-            ctx = self.actor.ctx
-            fut = ctx.workers.request(
-                self.provider, "fork.inspect", self._params(), ctx.timeouts.fork_s
+            fut = self.host.workers.request(
+                self.provider, "fork.inspect", self._params(), self.host.timeouts.fork_s
             )
 
             def done(f: Future[dict[str, Any]]) -> None:
@@ -224,12 +217,12 @@ class ForkResolver:
                         ProviderError(f"fork.inspect failed: {exc}", reason="fork_resolve_failed")
                     )
 
-            self.actor.later(fut, done)
+            self.host.later(fut, done)
             return
         self._worker("fork.inspect", shape)
 
     def _decide(self, evidence: dict[str, Any]) -> None:
-        store, ws, op_id, msg = self.actor.ctx.store, self.actor.ws, self.op.operation_id, self.msg
+        store, ws, op_id, msg = self.host.store, self.host.ws, self.op.operation_id, self.msg
         if msg.action == "adopt" and evidence["verdict"] != "adoptable":
             raise ForkResolveConflict(
                 f"fork operation {op_id} is not adoptable ({evidence['verdict']})",
@@ -254,9 +247,10 @@ class ForkResolver:
             self._worker("fork.quarantine", self._quarantined)
 
     def _adopt_call(self, child: str) -> None:
-        ctx = self.actor.ctx
         params = {**self._params(), "childId": child}
-        fut = ctx.workers.request(self.provider, "fork.adopt", params, ctx.timeouts.fork_s)
+        fut = self.host.workers.request(
+            self.provider, "fork.adopt", params, self.host.timeouts.fork_s
+        )
 
         def done(f: Future[dict[str, Any]]) -> None:
             try:
@@ -269,11 +263,11 @@ class ForkResolver:
                 return
             self._guard(self._bound, result)
 
-        self.actor.later(fut, done)
+        self.host.later(fut, done)
 
     def _bound(self, result: Mapping[str, Any]) -> None:
         self._hit("host.resolve.after_bind")
-        store, ws, op = self.actor.ctx.store, self.actor.ws, self.op
+        store, ws, op = self.host.store, self.host.ws, self.op
         child = result.get("child") or {}
         binding = result.get("binding") or {}
         if result.get("disposition") != "accepted" or child.get("providerSessionId") != (
@@ -286,7 +280,7 @@ class ForkResolver:
         if isinstance(raw, Mapping):
             by_provider = {
                 t.root_provider_turn_id: t.turn_id
-                for t in store.timeline(ws, self.actor.sid, after_sequence=0, limit=100_000)[0]
+                for t in store.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)[0]
                 if t.root_provider_turn_id
             }
             turn_bindings = {
@@ -314,15 +308,15 @@ class ForkResolver:
         moved = list(result.get("moved") or [])
         evidence = {**self.evidence, "quarantinedNow": moved}
         self.evidence = evidence
-        self.actor.ctx.store.abandon_fork(
-            self.actor.ws, self.op.operation_id, {"action": "abandon", "evidence": evidence}
+        self.host.store.abandon_fork(
+            self.host.ws, self.op.operation_id, {"action": "abandon", "evidence": evidence}
         )
         self._finish(None)
 
     # -- endings ------------------------------------------------------------------------------
 
     def _finish(self, result: Any) -> None:
-        store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.op.operation_id
+        store, ws, op_id = self.host.store, self.host.ws, self.op.operation_id
         if result is not None:
             store.finish_resolution(ws, op_id, result)
         self._hit("host.resolve.after_finish")
@@ -331,13 +325,13 @@ class ForkResolver:
     def _rollback(self, error: HostError) -> None:
         """The worker step failed: the operation is still `unknown`; let a new resolve start."""
         try:
-            self.actor.ctx.store.rollback_resolution(self.actor.ws, self.op.operation_id)
+            self.host.store.rollback_resolution(self.host.ws, self.op.operation_id)
         except Exception:  # noqa: BLE001 - start-up recovery rolls it back otherwise
             log.exception("could not roll back resolution of %s", self.op.operation_id)
         self._answer(error)
 
     def _error(self, error: HostError) -> None:
-        current = self.actor.ctx.store.get_fork_resolution(self.actor.ws, self.op.operation_id)
+        current = self.host.store.get_fork_resolution(self.host.ws, self.op.operation_id)
         if (
             current is not None
             and current.state == "started"
@@ -351,7 +345,6 @@ class ForkResolver:
         if self.msg.action == "inspect":
             self.msg.reply(outcome)
             return
-        running = _in_flight(self.actor).pop(self.op.operation_id, None)
-        self.actor._update_busy()
+        running = _in_flight(self.host).pop(self.op.operation_id, None)
         for reply in running.waiters if running is not None else [self.msg.reply]:
             reply(outcome)

@@ -12,39 +12,46 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from actors.fork_host import ForkHost, PreparedRuntime
 from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply, runtime_key
 from actors.ports import (
     DeliveryDisposition,
     DeliveryUnknown,
     DriverInfo,
     NotDelivered,
+    ProviderCatalog,
     WorkerFailed,
+    request_fork,
 )
-from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR
+from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
-from domain.fork_states import after_restart
-from storage.base import typed_store_error
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    ForkSource,
+    ForkTarget,
+    MalformedMessage,
+)
+from storage.base import host_error_of, typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
     ForkOperation,
     ForkPointKind,
     ForkPrepareRequest,
-    ForkStatus,
     ProviderForkEvidence,
 )
-
-if TYPE_CHECKING:
-    from actors.session_actor import PreparedRuntime, SessionActor
 
 log = logging.getLogger(__name__)
 
 TERMINAL = fork_states.TERMINAL
 
 
-def full_session_capable(catalog: Any, provider: str, context: Mapping[str, Any]) -> bool:
+def full_session_capable(
+    catalog: ProviderCatalog, provider: str, context: Mapping[str, Any]
+) -> bool:
     """`lifecycleCapabilities.forkFullSession` from the persisted attestation (issue 21 §2);
     a catalog that knows nothing of it is false (never inferred from forkThroughTurn)."""
     check = getattr(catalog, "fork_full_session_capable", None)
@@ -52,12 +59,6 @@ def full_session_capable(catalog: Any, provider: str, context: Mapping[str, Any]
 
 
 _RETRY_MAX_S = 2.0
-
-
-def _typed(exc: BaseException) -> HostError:
-    from actors.session_actor import _internal
-
-    return _internal(exc) if isinstance(exc, Exception) else HostError("internal error")
 
 
 @dataclass(eq=False)
@@ -77,156 +78,152 @@ class _Waiter:
         self.reply(ForkReply(operation, final))
 
 
+def start(host: ForkHost, msg: ForkCreate) -> None:
+    """`fork.create` on this source: validate, prepare the runtime, then the durable prepare
+    that starts a `ForkSaga` (or answers a replay / a held boundary with the original)."""
+    session = host.session()
+    # A replay, or a new identity on a held boundary, gets the original operation
+    # without touching the provider runtime (which may be down right now).
+    existing = host.store.existing_fork(
+        host.ws,
+        source_session_id=host.sid,
+        request_id=msg.request_id,
+        target_session_id=msg.target_session_id,
+        turn_id=msg.turn_id,
+        point_kind=msg.point_kind,
+    )
+    if existing is not None:
+        _answer_existing(host, existing, msg.reply)
+        return
+    info = host.catalog.driver_info(session.provider)
+    if info.binding_mode == "host_copy" and not info.binder_available:
+        # Fail closed before any operation or dispatch (seed 000 §7).
+        raise ForkUnsupported(
+            f"provider {session.provider!r} needs a host_copy binder and none is available"
+        )
+
+    def _prepared(runtime: PreparedRuntime | HostError) -> None:
+        if isinstance(runtime, ProviderError):
+            # No operation exists yet: the typed 502 of PROTOCOL.md, nothing to recover.
+            msg.reply(
+                ProviderError(
+                    f"fork failed before any operation: {runtime.message}",
+                    reason="agent_session_fork_failed",
+                )
+            )
+            return
+        if isinstance(runtime, HostError):
+            msg.reply(runtime)
+            return
+        try:
+            _prepare(host, msg, info, runtime)
+        except HostError as exc:
+            msg.reply(exc)
+        except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+            what = f"fork.create on {host.key} before any operation"
+            msg.reply(host_error_of(exc, what, logger=log))
+
+    host.prepare_runtime(session, _prepared)
+
+
+def _answer_existing(host: ForkHost, op: ForkOperation, reply: Reply) -> None:
+    live = host.sagas.get(op.operation_id)
+    if live is not None:
+        live.join(reply)
+    else:
+        reply(ForkReply(op, op.status in TERMINAL))
+
+
+def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: PreparedRuntime) -> None:
+    context = dict(runtime.runtime_context)
+    # Re-resolved at execution: a capability a client cached never bypasses the server.
+    full = msg.point_kind == ForkPointKind.LATEST_SETTLED
+    catalog = host.catalog
+    capable = (
+        full_session_capable(catalog, runtime.provider, context)
+        if full
+        else catalog.fork_through_turn_capable(runtime.provider, context)
+    )
+    if not capable:
+        raise ForkUnsupported(
+            f"session {host.sid} ({runtime.provider} "
+            f"{context.get('driverVersion', '?')}) cannot fork "
+            + ("the whole session" if full else "through a turn")
+        )
+    request = ForkPrepareRequest(
+        source_session_id=host.sid,
+        request_id=msg.request_id,
+        target_session_id=msg.target_session_id,
+        turn_id=msg.turn_id,
+        point_kind=msg.point_kind,
+        driver_kind=str(context.get("driverKind") or runtime.provider),
+        driver_version=str(context.get("driverVersion") or ""),
+        binding_mode=info.binding_mode,
+        # Env and provider target refs are dispatch-only; never frozen (seed 000 §5).
+        runtime_identity={
+            "cwd": runtime.cwd,
+            "settings": dict(runtime.settings),
+            "runtime_context": context,
+        },
+    )
+    provider = runtime.provider
+    op, created = host.store.prepare_fork(
+        host.ws,
+        request,
+        turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
+    )
+    if not created:
+        _answer_existing(host, op, msg.reply)
+        return
+    saga = ForkSaga(host, op, runtime, info)
+    host.sagas[op.operation_id] = saga
+    host.live_operations.add(op.operation_id)
+    saga.join(msg.reply)
+    saga._step(saga._after_prepare)
+
+
+def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
+    """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
+    an operation no saga of this process owns is a leftover of a dead process:
+    `prepared → failed`, `dispatching → unknown` (never a live one; no provider call)."""
+    op = host.store.get_fork_operation(host.ws, msg.operation_id)
+    if op.operation_id in host.live_operations:
+        msg.reply(ForkReply(op, False))
+        return
+    # The restart rule (domain.fork_states.after_restart); never a provider call.
+    op = apply_restart_rule(host.store, op)
+    if op.status in TERMINAL:
+        host.apply_late_bindings()
+    msg.reply(ForkReply(op, op.status in TERMINAL))
+
+
 @dataclass(eq=False)
 class ForkSaga:
-    actor: SessionActor
+    """One fork operation from its durable prepare to its terminal status, on its source's
+    actor (`host`); every step is a method, every worker answer comes back through
+    `host.later`, every retry through `host.after`."""
+
+    host: ForkHost
     operation: ForkOperation
     runtime: PreparedRuntime
     info: DriverInfo
     waiters: list[_Waiter] = field(default_factory=list)
     _retry_delay: float = 0.05
 
-    # -- entry points ------------------------------------------------------------------------
-
-    @staticmethod
-    def start(actor: SessionActor, msg: ForkCreate) -> None:
-        session = actor.session()
-        # A replay, or a new identity on a held boundary, gets the original operation
-        # without touching the provider runtime (which may be down right now).
-        existing = actor.ctx.store.existing_fork(
-            actor.ws,
-            source_session_id=actor.sid,
-            request_id=msg.request_id,
-            target_session_id=msg.target_session_id,
-            turn_id=msg.turn_id,
-            point_kind=msg.point_kind,
-        )
-        if existing is not None:
-            live = actor.sagas.get(existing.operation_id)
-            if live is not None:
-                live._wait(msg.reply)
-            else:
-                msg.reply(ForkReply(existing, existing.status in TERMINAL))
-            return
-        info = actor.ctx.catalog.driver_info(session.provider)
-        if info.binding_mode == "host_copy" and not info.binder_available:
-            # Fail closed before any operation or dispatch (seed 000 §7).
-            raise ForkUnsupported(
-                f"provider {session.provider!r} needs a host_copy binder and none is available"
-            )
-
-        def _prepared(runtime: PreparedRuntime | HostError) -> None:
-            if isinstance(runtime, ProviderError):
-                # No operation exists yet: the typed 502 of PROTOCOL.md, nothing to recover.
-                msg.reply(
-                    ProviderError(
-                        f"fork failed before any operation: {runtime.message}",
-                        reason="agent_session_fork_failed",
-                    )
-                )
-                return
-            if isinstance(runtime, HostError):
-                msg.reply(runtime)
-                return
-            try:
-                ForkSaga._prepare(actor, msg, info, runtime)
-            except HostError as exc:
-                msg.reply(exc)
-            except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
-                log.exception("fork.create on %s failed before any operation", actor.key)
-                msg.reply(_typed(exc))
-
-        actor.prepare_runtime(session, _prepared)
-
-    @staticmethod
-    def _prepare(
-        actor: SessionActor, msg: ForkCreate, info: DriverInfo, runtime: PreparedRuntime
-    ) -> None:
-        ctx = actor.ctx
-        context = dict(runtime.runtime_context)
-        # Re-resolved at execution: a capability a client cached never bypasses the server.
-        full = msg.point_kind == ForkPointKind.LATEST_SETTLED
-        capable = (
-            full_session_capable(ctx.catalog, runtime.provider, context)
-            if full
-            else ctx.catalog.fork_through_turn_capable(runtime.provider, context)
-        )
-        if not capable:
-            raise ForkUnsupported(
-                f"session {actor.sid} ({runtime.provider} "
-                f"{context.get('driverVersion', '?')}) cannot fork "
-                + ("the whole session" if full else "through a turn")
-            )
-        request = ForkPrepareRequest(
-            source_session_id=actor.sid,
-            request_id=msg.request_id,
-            target_session_id=msg.target_session_id,
-            turn_id=msg.turn_id,
-            point_kind=msg.point_kind,
-            driver_kind=str(context.get("driverKind") or runtime.provider),
-            driver_version=str(context.get("driverVersion") or ""),
-            binding_mode=info.binding_mode,
-            # Env and provider target refs are dispatch-only; never frozen (seed 000 §5).
-            runtime_identity={
-                "cwd": runtime.cwd,
-                "settings": dict(runtime.settings),
-                "runtime_context": context,
-            },
-        )
-        provider = runtime.provider
-        op, created = ctx.store.prepare_fork(
-            actor.ws,
-            request,
-            turn_forkable=lambda root, binding: ctx.catalog.turn_forkable(provider, root, binding),
-        )
-        if not created:
-            live = actor.sagas.get(op.operation_id)
-            if live is not None:
-                live._wait(msg.reply)
-            else:
-                msg.reply(ForkReply(op, op.status in TERMINAL))
-            return
-        saga = ForkSaga(actor, op, runtime, info)
-        actor.sagas[op.operation_id] = saga
-        ctx.live_operations.add(op.operation_id)
-        saga._wait(msg.reply)
-        saga._step(saga._after_prepare)
-
-    @staticmethod
-    def advance_leftover(actor: SessionActor, msg: ForkAdvance) -> None:
-        """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
-        an operation no saga of this process owns is a leftover of a dead process:
-        `prepared → failed`, `dispatching → unknown` (never a live one; no provider call)."""
-        ctx = actor.ctx
-        op = ctx.store.get_fork_operation(actor.ws, msg.operation_id)
-        if op.operation_id in ctx.live_operations:
-            msg.reply(ForkReply(op, False))
-            return
-        # The restart rule (domain.fork_states.after_restart); never a provider call.
-        to = after_restart(op.status)
-        if to is ForkStatus.FAILED:
-            op, _ = ctx.store.mark_fork_failed(actor.ws, op.operation_id, PREPARED_ERROR)
-        elif to is ForkStatus.UNKNOWN:
-            op, _ = ctx.store.mark_fork_unknown(actor.ws, op.operation_id, DISPATCHING_ERROR)
-        elif to is ForkStatus.COMMITTED:
-            op, _ = ctx.store.commit_fork(actor.ws, op.operation_id)
-        if op.status in TERMINAL:
-            actor.apply_late_bindings()
-        msg.reply(ForkReply(op, op.status in TERMINAL))
-
     # -- the steps ---------------------------------------------------------------------------
 
-    def _wait(self, reply: Reply) -> None:
+    def join(self, reply: Reply) -> None:
+        """Another caller of this operation: answered at the end, or 202 at the budget."""
         waiter = _Waiter(reply)
         self.waiters.append(waiter)
-        budget = self.actor.ctx.timeouts.fork_sync_budget_s
-        waiter.timer = self.actor.after(budget, lambda: self._answer_accepted(waiter))
+        budget = self.host.timeouts.fork_sync_budget_s
+        waiter.timer = self.host.after(budget, lambda: self._answer_accepted(waiter))
 
     def _answer_accepted(self, waiter: _Waiter) -> None:
         if waiter.answered:
             return
         try:
-            op = self.actor.ctx.store.get_fork_operation(self.actor.ws, self.operation.operation_id)
+            op = self.host.store.get_fork_operation(self.host.ws, self.operation.operation_id)
         except Exception:  # noqa: BLE001 - the caller is answered whatever the store does
             log.warning("fork saga %s: budget read failed", self.operation.operation_id)
             op = self.operation
@@ -249,7 +246,7 @@ class ForkSaga:
                 delay,
                 exc.message,
             )
-            self.actor.after(delay, lambda: self._step(fn, *args))
+            self.host.after(delay, lambda: self._step(fn, *args))
         except Exception as exc:  # noqa: BLE001
             log.exception("fork saga %s failed in %s", self.operation.operation_id, fn.__name__)
             self._abort(exc)
@@ -260,23 +257,23 @@ class ForkSaga:
         return delay
 
     def _hit(self, name: str) -> None:
-        self.actor.ctx.failpoints.hit(name)
+        self.host.failpoints.hit(name)
 
     def _after_prepare(self) -> None:
         self._hit("host.fork.after_prepare")
         # Re-attest the same prepared runtime identity before anything leaves the host.
-        fut = self.actor.ctx.workers.request(
+        fut = self.host.workers.request(
             self.runtime.provider,
             "runtime.attest",
             {
-                "agentSessionId": self.actor.key,
+                "agentSessionId": self.host.key,
                 "home": self.runtime.home,
                 "cwd": self.runtime.cwd,
                 "settings": dict(self.runtime.settings),
             },
-            self.actor.ctx.timeouts.control_s,
+            self.host.timeouts.control_s,
         )
-        self.actor.later(fut, lambda f: self._step(self._attested, f))
+        self.host.later(fut, lambda f: self._step(self._attested, f))
 
     def _attested(self, fut: Future[dict[str, Any]]) -> None:
         op = self.operation
@@ -309,37 +306,40 @@ class ForkSaga:
             # The driver declares full-Session fork separately (seed 000 §11 step 2).
             self._fail("the driver does not declare forkFullSession")
             return
-        ctx = self.actor.ctx
-        op, _ = ctx.store.mark_fork_dispatching(self.actor.ws, op.operation_id)
+        op, _ = self.host.store.mark_fork_dispatching(self.host.ws, op.operation_id)
         self.operation = op
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
-        target_home = ctx.runtime_home(self.actor.ws, op.target_session_id, self.runtime.provider)
-        params = {
-            "source": {
-                "agentSessionId": self.actor.key,
-                "providerSessionId": op.source_provider_session_id,
-                "home": self.runtime.home,
-                "cwd": self.runtime.cwd,
-            },
-            "target": {
-                "agentSessionId": runtime_key(self.actor.ws, op.target_session_id),
-                "home": str(target_home),
-            },
+        target_home = self.host.runtime_home(
+            self.host.ws, op.target_session_id, self.runtime.provider
+        )
+        request = ForkRequest(
+            source=ForkSource(
+                agent_session_id=self.host.key,
+                provider_session_id=op.source_provider_session_id,
+                home=self.runtime.home,
+                cwd=self.runtime.cwd,
+            ),
+            target=ForkTarget(
+                agent_session_id=runtime_key(self.host.ws, op.target_session_id),
+                home=str(target_home),
+            ),
             # The provider-neutral input of seed 000 §7 names the canonical boundary Turn too.
-            "sourceTurnId": op.source_turn_id,
-            "providerTurnIds": list(op.source_provider_turn_ids),
+            source_turn_id=op.source_turn_id,
+            provider_turn_ids=tuple(op.source_provider_turn_ids),
             # Lined up with providerTurnIds: lets a provider_owned driver cut at a known
             # checkpoint instead of re-reading the source transcript (seed 000 §7, Claude 3).
-            "providerTurnBindings": self._frozen_bindings(),
-            "title": op.target_title,
-            "driverKind": op.driver_kind,
-            "driverVersion": op.driver_version,
-        }
-        fork = ctx.workers.request(self.runtime.provider, "fork", params, ctx.timeouts.fork_s)
-        self.actor.later(fork, lambda f: self._step(self._dispatched, f))
+            extra={"providerTurnBindings": self._frozen_bindings()},
+            title=op.target_title,
+            driver_kind=op.driver_kind,
+            driver_version=op.driver_version,
+        )
+        fork = request_fork(
+            self.host.workers, self.runtime.provider, request, self.host.timeouts.fork_s
+        )
+        self.host.later(fork, lambda f: self._step(self._dispatched, f))
 
-    def _dispatched(self, fut: Future[dict[str, Any]]) -> None:
+    def _dispatched(self, fut: Future[ForkResult]) -> None:
         try:
             result = fut.result()
         except NotDelivered as exc:
@@ -355,55 +355,60 @@ class ForkSaga:
             # The worker crashed inside the driver: the provider call may have started.
             self._unknown(f"driver error after dispatch: {exc}")
             return
+        except MalformedMessage as exc:
+            self._hit("host.fork.after_provider_result")
+            # Not a ForkResult (no or an unknown disposition, `accepted` without a child or a
+            # binding): the provider call may have happened.
+            self._unknown(f"unverifiable provider answer: {exc}")
+            return
         self._hit("host.fork.after_provider_result")
-        disposition = str(result.get("disposition") or "")
-        error = str(result.get("error") or "")
+        disposition, error = result.disposition, result.error or ""
         if disposition in (DeliveryDisposition.NOT_STARTED, DeliveryDisposition.REJECTED):
             self._fail(f"{disposition}: {error}")
             return
-        if disposition != DeliveryDisposition.ACCEPTED:
-            self._unknown(f"{disposition or 'no disposition'}: {error}")
+        if disposition is not DeliveryDisposition.ACCEPTED:
+            self._unknown(f"{disposition}: {error}")
             return
         evidence = self._verify(result)
         if isinstance(evidence, str):
             self._unknown(f"unverifiable provider child: {evidence}")
             return
-        ctx = self.actor.ctx
-        op, _ = ctx.store.mark_fork_provider_accepted(
-            self.actor.ws, self.operation.operation_id, evidence
+        op, _ = self.host.store.mark_fork_provider_accepted(
+            self.host.ws, self.operation.operation_id, evidence
         )
         self.operation = op
         self._hit("host.fork.before_commit")
-        op, _ = ctx.store.commit_fork(self.actor.ws, op.operation_id)
+        op, _ = self.host.store.commit_fork(self.host.ws, op.operation_id)
         self._hit("host.fork.after_commit")
         self._finish(op)
 
-    def _verify(self, result: Mapping[str, Any]) -> ProviderForkEvidence | str:
+    def _verify(self, result: ForkResult) -> ProviderForkEvidence | str:
         """`accepted` is a hard gate (seed 000 §7.1): a child id alone proves nothing."""
         op = self.operation
-        child = result.get("child") or {}
-        binding = result.get("binding") or {}
-        child_id = str(child.get("providerSessionId") or "")
+        child, binding = result.child, result.binding
+        if child is None or binding is None:  # pragma: no cover - ForkResult's own gate
+            return "no child or no binding"
+        child_id = child.provider_session_id
         if not child_id:
             return "no child provider session id"
         if child_id == op.source_provider_session_id:
             return "child provider session id equals the source"
-        mode = str(binding.get("mode") or "")
+        mode = binding.mode.value
         if mode != self.info.binding_mode:
             return f"binding mode {mode!r}, expected {self.info.binding_mode!r}"
-        receipt = binding.get("receipt")
-        if not isinstance(receipt, Mapping) or not receipt:
+        receipt = binding.receipt
+        if not receipt:
             return "no binding receipt"
-        child_turns = tuple(str(t) for t in child.get("providerTurnIds") or ())
+        child_turns = child.provider_turn_ids
         turn_bindings: dict[str, tuple[str, str | None]] | None = None
         if mode == "host_copy":
-            if str(child.get("forkedFromId") or "") != op.source_provider_session_id:
+            if child.forked_from_id != op.source_provider_session_id:
                 return "forkedFromId does not name the source"
             if child_turns != tuple(op.source_provider_turn_ids):
                 return "child turns are not exactly the frozen provider prefix"
         else:
-            raw = binding.get("turnBindings")
-            if not isinstance(raw, Mapping) or not raw:
+            raw = binding.turn_bindings
+            if not raw:
                 return "no turn bindings for a provider_owned child"
             by_provider_turn = self._canonical_turns_by_provider_id()
             turn_bindings = {}
@@ -428,28 +433,24 @@ class ForkSaga:
         )
 
     def _frozen_bindings(self) -> list[str | None]:
-        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        store, ws, sid = self.host.store, self.host.ws, self.host.sid
         turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
         by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
         return [by_id.get(pid) for pid in self.operation.source_provider_turn_ids]
 
     def _canonical_turns_by_provider_id(self) -> dict[str, str]:
-        store, ws, sid = self.actor.ctx.store, self.actor.ws, self.actor.sid
+        store, ws, sid = self.host.store, self.host.ws, self.host.sid
         turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
         return {t.root_provider_turn_id: t.turn_id for t in turns if t.root_provider_turn_id}
 
     # -- endings -----------------------------------------------------------------------------
 
     def _fail(self, error: str) -> None:
-        op, _ = self.actor.ctx.store.mark_fork_failed(
-            self.actor.ws, self.operation.operation_id, error
-        )
+        op, _ = self.host.store.mark_fork_failed(self.host.ws, self.operation.operation_id, error)
         self._finish(op)
 
     def _unknown(self, error: str) -> None:
-        op, _ = self.actor.ctx.store.mark_fork_unknown(
-            self.actor.ws, self.operation.operation_id, error
-        )
+        op, _ = self.host.store.mark_fork_unknown(self.host.ws, self.operation.operation_id, error)
         self._finish(op)
 
     def _abort(self, exc: Exception) -> None:
@@ -457,18 +458,17 @@ class ForkSaga:
         outcome cannot be recorded either, the saga stays alive and retries the record with
         backoff, so the source's fence is released by itself (issue 15 defect 4) and never
         held by an operation whose saga is gone."""
-        store, ws, op_id = self.actor.ctx.store, self.actor.ws, self.operation.operation_id
+        store, ws, op_id = self.host.store, self.host.ws, self.operation.operation_id
         try:
             op = store.get_fork_operation(ws, op_id)
-            # The same rule as a restart (domain.fork_states.after_restart).
-            to = after_restart(op.status)
-            if to is ForkStatus.FAILED:
-                op, _ = store.mark_fork_failed(ws, op_id, f"host error before dispatch: {exc}")
-            elif to is ForkStatus.UNKNOWN:
-                op, _ = store.mark_fork_unknown(ws, op_id, f"host error after dispatch: {exc}")
-            elif to is ForkStatus.COMMITTED:
-                # The provider child is verified: only the local commit is left.
-                op, _ = store.commit_fork(ws, op_id)
+            # The same rule as a restart (domain.fork_states.after_restart); a verified
+            # provider child (`provider_accepted`) only needs its local commit.
+            op = apply_restart_rule(
+                store,
+                op,
+                prepared_error=f"host error before dispatch: {exc}",
+                dispatching_error=f"host error after dispatch: {exc}",
+            )
         except Exception as record_exc:  # noqa: BLE001
             if typed_store_error(record_exc) is None:
                 # Not the store being busy or full: retrying would fail the same way.
@@ -486,15 +486,15 @@ class ForkSaga:
             # it live and does not reclassify it.
             for waiter in self.waiters:
                 waiter.answer(self.operation, False)
-            self.actor.after(delay, lambda: self._abort(exc))
+            self.host.after(delay, lambda: self._abort(exc))
             return
         self._finish(op)
 
     def _finish(self, op: ForkOperation) -> None:
         self.operation = op
-        self.actor.sagas.pop(op.operation_id, None)
-        self.actor.ctx.live_operations.discard(op.operation_id)
+        self.host.sagas.pop(op.operation_id, None)
+        self.host.live_operations.discard(op.operation_id)
         if op.status in TERMINAL:  # the fence is released: late checkpoints land now
-            self.actor.apply_late_bindings()
+            self.host.apply_late_bindings()
         for waiter in self.waiters:
             waiter.answer(op, op.status in TERMINAL)

@@ -25,7 +25,9 @@ from actors.messages import (
     RuntimeLost,
     parse_runtime_key,
 )
-from actors.session_actor import SessionActor, _internal
+from actors.session_actor import SessionActor
+from domain.worker_messages import MalformedMessage, turn_event_from_wire
+from storage.base import host_error_of
 from storage.errors import HostError
 
 log = logging.getLogger(__name__)
@@ -118,15 +120,18 @@ class HostActor(pykka.ThreadingActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001
+            what = f"host actor on {type(message).__name__}"
             if isinstance(exc, HostError) and exc.status < 500:
-                log.debug("host actor refused %r: %s", type(message).__name__, exc)
-            else:
-                log.exception("host actor failed on %r", type(message).__name__)
+                log.debug("%s: refused: %s", what, exc)
+            elif isinstance(exc, HostError):
+                log.exception("%s failed", what)
+            # An untyped failure is logged once, with a reference id, by the one builder.
+            typed = host_error_of(exc, what, logger=log)
             reply = getattr(message, "reply", None) or getattr(
                 getattr(message, "message", None), "reply", None
             )
             if reply is not None:
-                reply(exc if isinstance(exc, HostError) else _internal(exc))
+                reply(typed)
         return None
 
     def _dispatch(self, message: Any) -> None:
@@ -135,7 +140,13 @@ class HostActor(pykka.ThreadingActor):
                 self._route(ws, sid, inner)
             case WorkerEvent(key=key, event=event):
                 ws, sid = parse_runtime_key(key)
-                self._route(ws, sid, DriverEvent(event))
+                try:
+                    # from_wire at the link's host end: the actors see only typed events.
+                    typed = turn_event_from_wire(event)
+                except MalformedMessage as exc:
+                    log.warning("session %s: unreadable driver event: %s", key, exc)
+                    return
+                self._route(ws, sid, DriverEvent(typed))
             case GetFork():
                 self._get_fork(message)
             case BusyChange(workspace_id=ws, session_id=sid, busy=busy):

@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from domain.worker_messages import TurnEvent
 from storage import Store
 
 Reply = Callable[[Any], None]
@@ -68,7 +69,9 @@ class Respond:
 
 @dataclass(frozen=True, slots=True)
 class DriverEvent:
-    event: Mapping[str, Any]
+    """A turn event from the Session's worker, read from its wire map by the HostActor."""
+
+    event: TurnEvent
 
 
 @dataclass(frozen=True, slots=True)

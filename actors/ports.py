@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from domain.enums import DeliveryDisposition as DeliveryDisposition
+from domain.worker_messages import ForkRequest, ForkResult
 
 
 class BindingState(StrEnum):
@@ -46,6 +47,31 @@ class WorkerPort(Protocol):
     def request(
         self, provider: str, method: str, params: Mapping[str, Any], timeout: float
     ) -> Future[dict[str, Any]]: ...
+
+
+def request_fork(
+    workers: WorkerPort, provider: str, request: ForkRequest, timeout: float
+) -> Future[ForkResult]:
+    """The typed `fork` call: `ForkRequest.to_wire()` goes out over the port, the answer comes
+    back as `ForkResult.from_wire()` (the same maps the worker reads and writes with the same
+    types). A malformed answer fails the future with `domain.worker_messages.MalformedMessage`;
+    the port's delivery exceptions pass through unchanged."""
+    out: Future[ForkResult] = Future()
+
+    def _done(f: Future[dict[str, Any]]) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(ForkResult.from_wire(f.result()))
+        except Exception as parse_exc:  # noqa: BLE001 - the waiter always gets an outcome
+            out.set_exception(parse_exc)
+
+    workers.request(provider, ForkRequest.METHOD, request.to_wire(), timeout).add_done_callback(
+        _done
+    )
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from actors.fork_host import SagaStore
 from domain.fork_states import after_restart
 from storage import Store
-from storage.models import ForkStatus
+from storage.models import ForkOperation, ForkStatus
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,29 @@ class RecoveryReport:
 
 PREPARED_ERROR = "not dispatched before the host restarted"
 DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
+
+
+def apply_restart_rule(
+    store: SagaStore,
+    op: ForkOperation,
+    *,
+    prepared_error: str = PREPARED_ERROR,
+    dispatching_error: str = DISPATCHING_ERROR,
+) -> ForkOperation:
+    """The restart rule (`domain.fork_states.after_restart`) applied to one operation that no
+    live saga owns: `prepared` → failed, `dispatching` → unknown (never re-sent),
+    `provider_accepted` → committed; a terminal operation is returned as it is. Used by
+    `fork.get` on a leftover and by a saga's abort; start-up recovery applies the same rule a
+    page at a time (`Store.settle_leftover_fork_operations`, `commit_fork_operations`)."""
+    ws, op_id = op.workspace_id, op.operation_id
+    to = after_restart(op.status)
+    if to is ForkStatus.FAILED:
+        return store.mark_fork_failed(ws, op_id, prepared_error)[0]
+    if to is ForkStatus.UNKNOWN:
+        return store.mark_fork_unknown(ws, op_id, dispatching_error)[0]
+    if to is ForkStatus.COMMITTED:
+        return store.commit_fork(ws, op_id)[0]
+    return op
 
 
 def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryReport:

@@ -16,14 +16,16 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pykka
 
-from actors import runtime_dirs
-from actors.context import HostContext
+from actors import fork_saga, runtime_dirs
+from actors.context import HostContext, LiveOperations, Timeouts
+from actors.fork_host import LiveSaga, SagaStore
+from actors.fork_host import PreparedRuntime as PreparedRuntime
 from actors.fork_resolve import ForkResolve, ForkResolver
-from actors.fork_saga import ForkSaga
 from actors.messages import (
     DriverEvent,
     FollowUp,
@@ -37,10 +39,26 @@ from actors.messages import (
     runtime_key,
 )
 from actors.pool import PooledActor
-from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from actors.ports import (
+    DeliveryUnknown,
+    Failpoints,
+    NotDelivered,
+    ProviderCatalog,
+    WorkerFailed,
+    WorkerPort,
+)
 from actors.rebind import CanonicalTurn, match_missing
 from actors.timers import TIMERS, TimerHandle
-from storage.base import typed_store_error
+from domain.worker_messages import (
+    InteractionRequested,
+    TurnActivity,
+    TurnBindingMoved,
+    TurnCompleted,
+    TurnEvent,
+    TurnItem,
+    TurnStarted,
+)
+from storage.base import host_error_of
 from storage.errors import (
     Conflict,
     ForkInProgress,
@@ -68,19 +86,6 @@ class _RetryDurable:
     """Timer tick: retry the Session's queued durable writes."""
 
 
-@dataclass(frozen=True, slots=True)
-class PreparedRuntime:
-    """The runtime identity resolved once per attempt (seed 000 §6.3): used for attestation,
-    re-attestation, dispatch, and frozen into a fork child's cwd/settings/runtime context."""
-
-    provider: str
-    home: str
-    cwd: str
-    settings: Mapping[str, Any]
-    provider_session_id: str
-    runtime_context: Mapping[str, Any]
-
-
 @dataclass
 class _TurnState:
     turn_id: str
@@ -90,7 +95,7 @@ class _TurnState:
     # settle write is durable. A Turn counts as live until it is settled.
     settling: bool = False
     settled: bool = False
-    pending_events: list[Mapping[str, Any]] = field(default_factory=list)
+    pending_events: list[TurnEvent] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
     watchdog: TimerHandle | None = None
     # turn.start was sent: only from then does the inactivity limit run. Before, the Turn
@@ -131,8 +136,10 @@ class SessionActor(PooledActor):
         # the Session's writes stay serialised across an idle stop and a restart.
         self.wait_for(predecessor)
         self._turns: dict[str, _TurnState] = {}
-        self.sagas: dict[str, ForkSaga] = {}
-        self.resolves: dict[str, Any] = {}  # fork.resolve in flight (actors/fork_resolve.py)
+        # Fork sagas and fork.resolve requests in flight (actors/fork_saga.py, fork_resolve.py);
+        # both see this actor only through the `actors.fork_host.ForkHost` port.
+        self.sagas: dict[str, LiveSaga] = {}
+        self.resolves: dict[str, Any] = {}
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
@@ -162,16 +169,19 @@ class SessionActor(PooledActor):
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
+            what = f"session actor {self.key} on {type(message).__name__}"
             if isinstance(exc, HostError) and exc.status < 500:
                 # An ordinary refusal (busy, fenced, not found): the caller gets it typed.
-                log.debug("session actor %s refused %r: %s", self.key, type(message).__name__, exc)
-            else:
-                log.exception("session actor %s failed on %r", self.key, type(message).__name__)
+                log.debug("%s: refused: %s", what, exc)
+            elif isinstance(exc, HostError):
+                log.exception("%s failed", what)
             # Every message that owes a reply gets one, typed (issue 15 defect 2); a FollowUp
-            # carries the reply of the request it continues.
+            # carries the reply of the request it continues. An untyped failure is logged
+            # once, with its reference id, by the one internal-error builder.
+            typed = host_error_of(exc, what, logger=log)
             reply = getattr(message, "reply", None)
             if reply is not None:
-                reply(exc if isinstance(exc, HostError) else _internal(exc))
+                reply(typed)
         finally:
             self._update_busy()
         return None
@@ -194,9 +204,9 @@ class SessionActor(PooledActor):
             case DriverEvent(event=event):
                 self._on_driver_event(event)
             case ForkCreate():
-                ForkSaga.start(self, message)
+                fork_saga.start(self, message)
             case ForkAdvance():
-                ForkSaga.advance_leftover(self, message)
+                fork_saga.advance_leftover(self, message)
             case ForkResolve():
                 ForkResolver.start(self, message)
             case RuntimeLost():
@@ -247,6 +257,35 @@ class SessionActor(PooledActor):
             self._busy = busy
             if self.ctx.on_busy_change is not None:
                 self.ctx.on_busy_change(self.ws, self.sid, busy)
+
+    # -- the ForkHost port (actors/fork_host.py): what a fork saga or resolver may use ------
+
+    @property
+    def store(self) -> SagaStore:
+        return self.ctx.store
+
+    @property
+    def workers(self) -> WorkerPort:
+        return self.ctx.workers
+
+    @property
+    def catalog(self) -> ProviderCatalog:
+        return self.ctx.catalog
+
+    @property
+    def failpoints(self) -> Failpoints:
+        return self.ctx.failpoints
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return self.ctx.timeouts
+
+    @property
+    def live_operations(self) -> LiveOperations:
+        return self.ctx.live_operations
+
+    def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
+        return self.ctx.runtime_home(workspace_id, session_id, provider)
 
     # -- helpers used by the saga ----------------------------------------------------------
 
@@ -301,8 +340,9 @@ class SessionActor(PooledActor):
             try:
                 self._prepare_runtime_now(session, _ready)
             except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
-                log.exception("session %s: preparing the runtime failed", self.key)
-                _ready(exc if isinstance(exc, HostError) else _internal(exc))
+                if isinstance(exc, HostError):
+                    log.exception("session %s: preparing the runtime failed", self.key)
+                _ready(host_error_of(exc, f"session {self.key}: preparing the runtime", logger=log))
 
         def _granted() -> None:
             try:
@@ -344,9 +384,7 @@ class SessionActor(PooledActor):
             try:
                 prepared = _record(result)
             except Exception as exc:  # noqa: BLE001 - the waiter is always answered, typed
-                if not isinstance(exc, HostError):
-                    log.exception("session %s: recording the runtime failed", self.key)
-                on_ready(exc if isinstance(exc, HostError) else _internal(exc))
+                on_ready(host_error_of(exc, f"session {self.key}: recording the runtime"))
                 return
             self._rebind_missing(prepared, lambda: on_ready(prepared))
 
@@ -621,10 +659,10 @@ class SessionActor(PooledActor):
                     item.then(exc)
                 continue
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the queue
-                log.exception("session %s: %s failed", self.key, item.what)
+                error = host_error_of(exc, f"session {self.key}: {item.what}", logger=log)
                 self._durable.popleft()
                 if item.then is not None:
-                    item.then(_internal(exc))
+                    item.then(error)
                 continue
             self._durable.popleft()
             self._retry_delay = RETRY_FIRST_S
@@ -734,58 +772,55 @@ class SessionActor(PooledActor):
         state.settled = state.settling = turn.phase == "settled"
         return state
 
-    def _on_driver_event(self, event: Mapping[str, Any]) -> None:
-        kind = event.get("type")
-        turn_id = str(event.get("turnId") or "")
+    def _on_driver_event(self, event: TurnEvent) -> None:
+        turn_id = event.turn_id
         state = self._state_for_event(turn_id)
         if state is None:
             log.warning("session %s: event for unknown turn %r", self.key, turn_id)
             return
         state.last_activity = time.monotonic()
-        if kind == "turn.activity":
+        if isinstance(event, TurnActivity):
             return  # a reply is streaming (message.delta, published by the daemon): not hung
         store, ws, sid = self.ctx.store, self.ws, self.sid
-        if kind == "turn.binding":
+        if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
-            self._enqueue(self._binding_write(turn_id, str(event.get("bindingJson") or "")))
+            self._enqueue(self._binding_write(turn_id, event.binding_json))
             return
         if state.settling:
             return
-        if kind == "turn.started":
-            self._bind(state, str(event.get("providerTurnId") or ""))
-        elif kind == "item":
-            item = event.get("item") or {}
-            item_kind = str(item.get("kind") or "assistant")
-            if item_kind == "user":
-                return  # the canonical user Message was written by the submit claim
-            text, payload = item.get("text"), dict(item.get("payload") or {})
+        match event:
+            case TurnStarted(provider_turn_id=provider_turn_id):
+                self._bind(state, provider_turn_id)
+            case TurnItem():
+                item_kind = event.kind
+                if item_kind == "user":
+                    return  # the canonical user Message was written by the submit claim
+                text, payload = event.text, event.payload
 
-            def _append() -> None:
-                message = store.append_message(
-                    ws, sid, turn_id, kind=item_kind, text=text, payload=payload
-                )
-                if item_kind == "assistant":
-                    state.last_assistant_message_id = message.message_id
+                def _append() -> None:
+                    message = store.append_message(
+                        ws, sid, turn_id, kind=item_kind, text=text, payload=payload
+                    )
+                    if item_kind == "assistant":
+                        state.last_assistant_message_id = message.message_id
 
-            self._enqueue(_Durable(turn_id, f"{item_kind} message", _append))
-        elif kind == "interaction.requested":
-            request_id, ikind = str(event.get("requestId")), str(event.get("kind") or "question")
-            payload = dict(event.get("input") or {})
-            self._enqueue(
-                _Durable(
-                    turn_id,
-                    "interaction",
-                    lambda: store.open_interaction(
-                        ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
-                    ),
+                self._enqueue(_Durable(turn_id, f"{item_kind} message", _append))
+            case InteractionRequested(request_id=request_id, kind=ikind):
+                payload = dict(event.input)
+                self._enqueue(
+                    _Durable(
+                        turn_id,
+                        "interaction",
+                        lambda: store.open_interaction(
+                            ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
+                        ),
+                    )
                 )
-            )
-        elif kind == "turn.completed":
-            self._bind(state, str(event.get("providerTurnId") or ""))
-            outcome = str(event.get("outcome") or "completed")
-            self._settle(state, outcome, error=event.get("error"))
-        else:
-            log.warning("session %s: unknown driver event %r", self.key, kind)
+            case TurnCompleted():
+                self._bind(state, event.provider_turn_id)
+                self._settle(state, event.outcome, error=event.error)
+            case _:
+                log.warning("session %s: unknown driver event %r", self.key, event.TYPE)
 
     def _on_runtime_lost(self, msg: RuntimeLost) -> None:
         """No event will ever settle a Turn whose provider process died: settle it here."""
@@ -897,16 +932,6 @@ class SessionActor(PooledActor):
 
     def active_turn(self) -> Turn | None:
         return self.ctx.store.active_turn(self.ws, self.sid)
-
-
-def _internal(exc: Exception) -> HostError:
-    """An untyped failure, already logged with its traceback: the client gets a 500 whose
-    message never carries the exception's text (docs/protocol.md, "Internal errors").
-    A raw store contention or full-disk error is a retryable 503 `store_busy`."""
-    typed = typed_store_error(exc)
-    if typed is not None:
-        return typed
-    return HostError(f"internal error ({type(exc).__name__}); see the daemon log")
 
 
 # A driver's client-side verdicts keep their status when they cross the worker link: an answer

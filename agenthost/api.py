@@ -24,7 +24,7 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from actors.ports import ProviderCatalog
 from agenthost import activity, projection
 from storage import Store
-from storage.base import typed_store_error
+from storage.base import host_error_of
 from storage.errors import (
     HostError,
     InvalidArgument,
@@ -127,8 +127,7 @@ class Api:
             except HostError as exc:
                 responder.error(exc)
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-                log.exception("read failed")
-                responder.error(_internal_error(exc))
+                responder.error(host_error_of(exc, "read", logger=log))
 
         try:
             self._pool.submit(_run)
@@ -153,8 +152,7 @@ class Api:
                 responder.error(outcome)
                 return
             if isinstance(outcome, BaseException):
-                log.error("request failed", exc_info=outcome)
-                responder.error(_internal_error(outcome))
+                responder.error(host_error_of(outcome, "request", logger=log))
                 return
             try:
                 status, result = project(outcome)
@@ -162,8 +160,7 @@ class Api:
                 responder.error(exc)
                 return
             except Exception as exc:  # noqa: BLE001
-                log.exception("projection failed")
-                responder.error(_internal_error(exc))
+                responder.error(host_error_of(exc, "projection", logger=log))
                 return
             responder.result(status, result)
 
@@ -183,8 +180,7 @@ class Api:
             except pykka.ActorDeadError:
                 responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
             except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
-                log.exception("routing %s failed", sid)
-                responder.error(_internal_error(exc))
+                responder.error(host_error_of(exc, f"routing {sid}", logger=log))
 
         try:
             self._pool.submit(_check_and_route)
@@ -423,8 +419,7 @@ class Api:
                     200, {"operation": projection.operation(outcome.operation, self.catalog)}
                 )
             else:
-                log.error("fork.get: unexpected reply %r", outcome)
-                responder.error(_internal_error(outcome))
+                responder.error(host_error_of(outcome, "fork.get: unexpected reply", logger=log))
 
         def _get() -> None:
             # A settled operation is answered here, on the reader pool; only an active one
@@ -440,8 +435,7 @@ class Api:
             except pykka.ActorDeadError:
                 responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-                log.exception("fork.get failed")
-                responder.error(_internal_error(exc))
+                responder.error(host_error_of(exc, "fork.get", logger=log))
 
         try:
             self._pool.submit(_get)
@@ -500,17 +494,6 @@ class Api:
                 raise InvalidArgument("points", f"action of {name!r} must be a string")
         set_failpoints = self._set_failpoints
         self._read(responder, lambda: {"points": set_failpoints(dict(points))})
-
-
-def _internal_error(what: object) -> HostError:
-    """A 500 for an untyped failure (logged by the caller): its message never carries the
-    exception's text (docs/protocol.md, "Internal errors"). A raw store contention or
-    full-disk error is a retryable 503 `store_busy`, never a 500."""
-    if isinstance(what, BaseException):
-        typed = typed_store_error(what)
-        if typed is not None:
-            return typed
-    return HostError(f"internal error ({type(what).__name__}); see the daemon log")
 
 
 def _workspace(params: Mapping[str, Any]) -> str:

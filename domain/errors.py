@@ -11,6 +11,8 @@ Standard library only (the `domain` package): importing it never loads SQLite or
 
 from __future__ import annotations
 
+import logging
+import secrets
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -259,3 +261,29 @@ class SchemaTooNew(HostError):
     """The store file was written by a newer agenthost; opening it could corrupt it."""
 
     default_reason = "store_schema_too_new"
+
+
+_log = logging.getLogger("agenthost.internal")
+
+
+def internal_error(
+    failure: object, what: str = "", *, logger: logging.Logger | None = None
+) -> HostError:
+    """The one builder of a 500 `internal`/`internal_error` for an untyped failure (law 7):
+    an exception no layer typed, or a value where a reply was expected.
+
+    Its text (and an exception's traceback) goes to the log under a fresh reference id; the
+    client's message names only its type and that reference, never its text, which may hold
+    paths, keys or provider output (docs/protocol.md "Internal errors"). `what` says what
+    failed, for the log line."""
+    ref = secrets.token_hex(4)
+    kind = type(failure).__name__
+    (logger or _log).error(
+        "internal error [ref %s]%s: %s: %s",
+        ref,
+        f" in {what}" if what else "",
+        kind,
+        failure,
+        exc_info=failure if isinstance(failure, BaseException) else None,
+    )
+    return HostError(f"internal error ({kind}); see the daemon log (ref {ref})")

@@ -1,5 +1,6 @@
-"""The provider-driver port (`ProviderDriver`) and the typed values of a driver fork: request,
-delivery disposition, child evidence and binding receipt (seed 000 §7, §7.1).
+"""The provider-driver port (`ProviderDriver`). The typed values of a driver fork (request,
+delivery disposition, child evidence and binding receipt, seed 000 §7, §7.1) are the host's and
+the worker's shared `domain.worker_messages` types, re-exported here under their old names.
 
 The worker main dispatches every worker method to a `ProviderDriver`; each driver module exposes
 `create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ProviderDriver`.
@@ -8,142 +9,24 @@ The worker main dispatches every worker method to a `ProviderDriver`; each drive
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from domain.enums import DeliveryDisposition as DeliveryDisposition
 from domain.enums import ProviderStateBindingMode as ProviderStateBindingMode
 from domain.enums import TurnOutcome as TurnOutcome
+from domain.worker_messages import ForkBinding as ForkBinding
+from domain.worker_messages import ForkChild as ForkChild
+from domain.worker_messages import ForkRequest as ForkRequest
+from domain.worker_messages import ForkResult as ForkResult
+from domain.worker_messages import ForkSource as ForkSource
+from domain.worker_messages import ForkTarget as ForkTarget
+from domain.worker_messages import TurnEvent
 from drivers.failpoints import Failpoints
 
-Emit = Callable[[str, dict[str, Any]], None]
-"""`emit(agent_session_id, event)`: stream one turn event (internals.md "Turn events") to the host.
-Thread-safe; drivers call it from whatever thread observes the provider."""
-
-
-@dataclass(frozen=True, slots=True)
-class ForkSource:
-    agent_session_id: str
-    provider_session_id: str
-    home: str
-    cwd: str
-
-
-@dataclass(frozen=True, slots=True)
-class ForkTarget:
-    agent_session_id: str
-    home: str
-
-
-@dataclass(frozen=True, slots=True)
-class ForkRequest:
-    """The provider-neutral input of a driver fork: the frozen ordered provider Turn prefix
-    (`provider_turn_ids`, last = the boundary Turn) and the frozen driver identity."""
-
-    source: ForkSource
-    target: ForkTarget
-    provider_turn_ids: tuple[str, ...]
-    title: str
-    driver_kind: str
-    driver_version: str
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    # The source canonical Turn id of the boundary (seed 000 §7 provider-neutral input); the
-    # drivers echo it in their binding receipt, so the evidence names the Turn it binds.
-    source_turn_id: str = ""
-
-    @classmethod
-    def from_wire(cls, params: Mapping[str, Any]) -> ForkRequest:
-        src = params.get("source") or {}
-        tgt = params.get("target") or {}
-        known = {
-            "source",
-            "target",
-            "providerTurnIds",
-            "title",
-            "driverKind",
-            "driverVersion",
-            "sourceTurnId",
-        }
-        return cls(
-            source=ForkSource(
-                agent_session_id=str(src.get("agentSessionId", "")),
-                provider_session_id=str(src.get("providerSessionId") or ""),
-                home=str(src.get("home", "")),
-                cwd=str(src.get("cwd", "")),
-            ),
-            target=ForkTarget(
-                agent_session_id=str(tgt.get("agentSessionId", "")),
-                home=str(tgt.get("home", "")),
-            ),
-            provider_turn_ids=tuple(str(t) for t in params.get("providerTurnIds") or ()),
-            title=str(params.get("title") or ""),
-            driver_kind=str(params.get("driverKind") or ""),
-            driver_version=str(params.get("driverVersion") or ""),
-            extra={k: v for k, v in params.items() if k not in known},
-            source_turn_id=str(params.get("sourceTurnId") or ""),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ForkChild:
-    provider_session_id: str
-    forked_from_id: str
-    provider_turn_ids: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ForkBinding:
-    mode: ProviderStateBindingMode
-    receipt: Mapping[str, Any]
-    turn_bindings: Mapping[str, Any] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ForkResult:
-    """A driver's answer: `accepted` only with `child` and `binding` (the hard gate of §7.1)."""
-
-    disposition: DeliveryDisposition
-    error: str | None = None
-    child: ForkChild | None = None
-    binding: ForkBinding | None = None
-
-    def __post_init__(self) -> None:
-        if self.disposition is DeliveryDisposition.ACCEPTED and (
-            self.child is None or self.binding is None
-        ):
-            raise ValueError("an accepted fork needs a verified child and a binding")
-
-    @classmethod
-    def not_started(cls, error: str) -> ForkResult:
-        return cls(DeliveryDisposition.NOT_STARTED, error)
-
-    @classmethod
-    def rejected(cls, error: str) -> ForkResult:
-        return cls(DeliveryDisposition.REJECTED, error)
-
-    @classmethod
-    def unknown(cls, error: str, child: ForkChild | None = None) -> ForkResult:
-        return cls(DeliveryDisposition.UNKNOWN, error, child)
-
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"disposition": self.disposition.value}
-        if self.error is not None:
-            out["error"] = self.error
-        if self.child is not None:
-            out["child"] = {
-                "providerSessionId": self.child.provider_session_id,
-                "forkedFromId": self.child.forked_from_id,
-                "providerTurnIds": list(self.child.provider_turn_ids),
-            }
-        if self.binding is not None:
-            binding: dict[str, Any] = {
-                "mode": self.binding.mode.value,
-                "receipt": dict(self.binding.receipt),
-            }
-            if self.binding.turn_bindings is not None:
-                binding["turnBindings"] = dict(self.binding.turn_bindings)
-            out["binding"] = binding
-        return out
+Emit = Callable[[str, TurnEvent | dict[str, Any]], None]
+"""`emit(agent_session_id, event)`: stream one turn event (`domain.worker_messages.TurnEvent`,
+or its wire map) to the host. Thread-safe; drivers call it from whatever thread observes the
+provider. The worker end reads every map as a `TurnEvent` before it leaves."""
 
 
 class ProviderDriver(Protocol):

@@ -30,6 +30,9 @@ class FailpointAction(StrEnum):
     """SIGKILL the process that hits the point: nothing after it runs, no cleanup."""
     ERROR = "error"
     """Raise `FailpointError` at the point, as if the step failed."""
+    BUG = "bug"
+    """Raise a bare `RuntimeError` (not a typed error) at the point, as a programming error
+    would: tests of the one internal-error path (a 500 with a reference, never the text)."""
     SLEEP = "sleep"
     """Sleep `sleep_ms` milliseconds, then continue."""
     HANG = "hang"
@@ -49,7 +52,7 @@ class FailpointSpec:
 
     @classmethod
     def parse(cls, text: str) -> FailpointSpec:
-        """`[once:]kill|error|hang|tamper|off|sleep:<ms>`; anything else is a ValueError."""
+        """`[once:]kill|error|bug|hang|tamper|off|sleep:<ms>`; anything else is a ValueError."""
         raw = text.strip()
         once = raw.startswith("once:")
         if once:
@@ -177,6 +180,8 @@ class Failpoints:
             threading.Event().wait()  # SIGKILL is asynchronous; never run past the point
         elif spec.action is FailpointAction.ERROR:
             raise FailpointError(f"failpoint {name} fired", params={"failpoint": name})
+        elif spec.action is FailpointAction.BUG:
+            raise RuntimeError(f"failpoint {name} fired as a bug")
         elif spec.action is FailpointAction.SLEEP:
             time.sleep(spec.sleep_ms / 1000)
         elif spec.action is FailpointAction.HANG:

@@ -11,6 +11,7 @@ import argparse
 import ctypes
 import importlib
 import json
+import logging
 import os
 import queue
 import signal
@@ -22,8 +23,14 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from domain.errors import HostError, InvalidRequest
-from drivers.base import ForkRequest, ProviderDriver
+from domain.errors import HostError, InvalidRequest, internal_error
+from domain.worker_messages import (
+    ForkRequest,
+    MalformedMessage,
+    TurnEvent,
+    turn_event_from_wire,
+)
+from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
 from drivers.resolution import METHODS as RESOLUTION_METHODS
@@ -31,6 +38,8 @@ from drivers.resolution import dispatch as resolution_dispatch
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
+log = logging.getLogger("agenthost.worker")
+
 ENV_PROVIDER_CONFIG = "AGENTHOST_PROVIDER_CONFIG"
 ENV_PARENT_PID = "AGENTHOST_WORKER_PARENT_PID"
 
@@ -140,9 +149,28 @@ class WorkerServer:
                 self._driver = module.create_driver(self.config, self.failpoints)
             return self._driver
 
-    def emit(self, agent_session_id: str, event: dict[str, Any]) -> None:
-        if self.link is not None:
-            self.link.send_event(agent_session_id, event)
+    def emit(self, agent_session_id: str, event: TurnEvent | Mapping[str, Any]) -> None:
+        """Send one turn event. A driver's map is read as its `TurnEvent` first, so what leaves
+        the worker is what the host will parse; the map itself is sent (the wire is the same
+        key for key), and one the type cannot read is logged, not dropped."""
+        if self.link is None:
+            return
+        if not isinstance(event, Mapping):
+            self.link.send_event(agent_session_id, event.to_wire())
+            return
+        try:
+            typed = turn_event_from_wire(event)
+        except MalformedMessage as exc:
+            log.warning("%s driver emitted an event the host cannot read: %s", self.provider, exc)
+        else:
+            if typed.to_wire() != dict(event):
+                log.warning(
+                    "%s driver event %r carries keys its type does not: %s",
+                    self.provider,
+                    typed.TYPE,
+                    sorted(set(event) - set(typed.to_wire())),
+                )
+        self.link.send_event(agent_session_id, event)
 
     def on_request(self, msg: dict[str, Any]) -> None:
         """Called on the link thread, which also sends the heartbeats: never block it. It only
@@ -199,16 +227,10 @@ class WorkerServer:
         except HostError as exc:
             self.link.send_error(req_id, exc.to_wire())
         except Exception as exc:  # a driver bug must still answer, typed (law 7)
-            traceback.print_exc(file=sys.stderr)
-            self.link.send_error(
-                req_id,
-                {
-                    "code": "internal",
-                    "reason": "internal_error",
-                    "message": f"{type(exc).__name__}: {exc}",
-                    "retryable": False,
-                },
-            )
+            # Its text and traceback go to the worker's log (the daemon's run dir) under a
+            # reference id; the answer, which may reach a client, carries only the reference.
+            error = internal_error(exc, f"{self.provider} worker method {method}", logger=log)
+            self.link.send_error(req_id, error.to_wire())
         else:
             self.link.send_result(req_id, result)
 

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import apsw
 
 from domain.fork_states import ACTIVE_SQL
-from storage.errors import ForkInProgress, HostError, StoreBusy
+from storage.errors import ForkInProgress, HostError, StoreBusy, internal_error
 from storage.models import ChangeEvent
 from storage.schema import migrate
 
@@ -69,6 +69,21 @@ def typed_store_error(exc: BaseException) -> HostError | None:
     if isinstance(exc, TRANSIENT_ERRORS):
         return StoreBusy(f"the store is busy or full, try again ({type(exc).__name__})")
     return None
+
+
+def host_error_of(
+    failure: object, what: str = "", *, logger: logging.Logger | None = None
+) -> HostError:
+    """The typed error for any failure on the daemon side: a `HostError` as it is, a raw store
+    contention or full-disk error as the retryable 503 `store_busy`, anything else the one
+    500 of `domain.errors.internal_error` (logged with a reference id, its text never sent)."""
+    if isinstance(failure, HostError):
+        return failure
+    if isinstance(failure, BaseException):
+        typed = typed_store_error(failure)
+        if typed is not None:
+            return typed
+    return internal_error(failure, what, logger=logger)
 
 
 # SQLite's own busy-wait schedule (sqlite3_busy_timeout), in ms: the sleeps between retries.

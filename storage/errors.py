@@ -34,6 +34,7 @@ from domain.errors import (
     StoreBusy,
     TurnNotFound,
     Unavailable,
+    internal_error,
     status_for,
 )
 
@@ -67,5 +68,6 @@ __all__ = [
     "StoreBusy",
     "TurnNotFound",
     "Unavailable",
+    "internal_error",
     "status_for",
 ]

@@ -14,7 +14,7 @@ from typing import Any
 
 from domain.enums import ProviderStateBindingMode as ProviderStateBindingMode
 from domain.enums import TurnOutcome as TurnOutcome
-from domain.fork_states import ACTIVE, holds_barrier
+from domain.fork_states import ACTIVE
 from domain.fork_states import ForkStatus as ForkStatus
 
 
@@ -255,11 +255,6 @@ class ForkOperation:
     def is_active(self) -> bool:
         """True while the source fence holds (prepared, dispatching, provider_accepted)."""
         return self.status in ACTIVE_FORK_STATUSES
-
-    @property
-    def holds_barrier(self) -> bool:
-        """True while a new request identity on the same source + point gets this one back."""
-        return holds_barrier(self.status, self.client_observed_at_ms is not None)
 
 
 @dataclass(frozen=True, slots=True)

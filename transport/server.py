@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgpack
 import zmq
 
-from domain.errors import HostError, Unavailable
+from domain.errors import HostError, Unavailable, internal_error
 from transport.security import (
     InsecureEndpoint,
     ServerCurve,
@@ -36,7 +36,6 @@ from transport.wire import (
     decode_request,
     encode_error,
     encode_result,
-    internal_error,
     peek_id,
 )
 
@@ -120,9 +119,9 @@ class _Responder:
             return False
         try:
             frame = encode_result(self._request_id, status, result)
-        except Exception:
-            log.exception("result of request %s cannot be encoded", self._request_id)
-            frame = encode_error(self._request_id, internal_error("result cannot be encoded"))
+        except Exception as exc:  # noqa: BLE001 - the request is still answered, typed
+            what = f"encoding the result of request {self._request_id}"
+            frame = encode_error(self._request_id, internal_error(exc, what, logger=log))
         return self._server._post_reply(self._token, frame)
 
     def error(self, error: HostError) -> bool:
@@ -446,9 +445,9 @@ class ApiServer:
         except HostError as exc:
             if not responder.error(exc):
                 log.warning("dispatcher raised after answering %s: %r", request.id, exc)
-        except Exception:
-            log.exception("dispatcher failed on %s %s", request.method, request.id)
-            responder.error(internal_error(f"internal error handling {request.method!r}"))
+        except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+            what = f"dispatching {request.method} {request.id}"
+            responder.error(internal_error(exc, what, logger=log))
 
     def _send_reply(self, token: int, frame: bytes) -> bool:
         entry = self._in_flight.pop(token, None)

@@ -169,10 +169,6 @@ def encode_error(request_id: str | None, error: HostError) -> bytes:
         return _pack(body)
 
 
-def internal_error(message: str = "internal error") -> HostError:
-    return HostError(message, reason=WireReason.INTERNAL_ERROR)
-
-
 def _type_name(value: Any) -> str:
     return "nil" if value is None else type(value).__name__
 

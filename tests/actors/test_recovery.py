@@ -114,3 +114,30 @@ def test_a_bad_operation_in_a_recovery_page_is_rolled_back_alone(tmp_path: Path)
         assert store.find_session(WS, bad.target_session_id) is None
     finally:
         store.close()
+
+
+def test_one_restart_rule_for_a_single_leftover_and_for_a_recovery_page(tmp_path: Path) -> None:
+    """`apply_restart_rule` (fork.get on a leftover, a saga's abort) moves each status where
+    `domain.fork_states.after_restart` says, exactly as start-up recovery does a page."""
+    from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR, apply_restart_rule
+    from domain.fork_states import after_restart
+
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        prepared = _prepare(store)[0]
+        dispatching = _prepare(store)[0]
+        store.mark_fork_dispatching(WS, dispatching)
+        accepted = _accepted(store)
+        failed = _prepare(store)[0]
+        store.mark_fork_failed(WS, failed, "given up")
+        for op_id in (prepared, dispatching, accepted, failed):
+            before = store.get_fork_operation(WS, op_id)
+            after = apply_restart_rule(store, before)
+            assert after.status is (after_restart(before.status) or before.status)
+            assert store.get_fork_operation(WS, op_id).status is after.status
+        assert store.get_fork_operation(WS, prepared).error == PREPARED_ERROR
+        assert store.get_fork_operation(WS, dispatching).error == DISPATCHING_ERROR
+        assert store.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
+        assert store.get_fork_operation(WS, failed).error == "given up"
+    finally:
+        store.close()

@@ -104,6 +104,12 @@ def source(c: Client, ws: str, turns: int = 2, title: str = "Trip") -> tuple[str
 
 
 def events_live(engine: Engine, c: Client, ws: str) -> None:
-    """Beat ZeroMQ's slow joiner: wait until the Engine has seen an event of this workspace."""
-    probe = create_session(c, ws, title="probe")["agentSessionId"]
-    assert engine.wait_for(lambda: engine.session(probe) is not None, 10)
+    """Beat ZeroMQ's slow joiner: wait until the Engine has seen an event of this workspace.
+
+    An event published before the subscription reached the daemon is lost for good, so one
+    probe is not enough on a loaded machine: publish probes until one arrives."""
+    for _ in range(20):
+        probe = create_session(c, ws, title="probe")["agentSessionId"]
+        if engine.wait_for(lambda: engine.session(probe) is not None, 1):
+            return
+    raise AssertionError("the Engine saw none of 20 probe events in 20 s")

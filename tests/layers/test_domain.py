@@ -31,8 +31,9 @@ def test_storage_errors_is_a_re_export_of_the_domain_errors() -> None:
     assert storage.errors.HostError is errors.HostError
     assert storage.errors.ForkBoundaryReason is errors.ForkBoundaryReason
     assert set(storage.errors.__all__) >= {
-        name for name, value in vars(errors).items() if isinstance(value, type)
-        and value.__module__ == errors.__name__
+        name
+        for name, value in vars(errors).items()
+        if isinstance(value, type) and value.__module__ == errors.__name__
     }
 
 
@@ -105,3 +106,56 @@ def test_generated_sql_is_the_spelling_the_store_used() -> None:
         "(status IN ('prepared', 'dispatching', 'provider_accepted', 'unknown')"
         " OR (status = 'committed' AND client_observed_at_ms IS NULL))"
     )
+
+
+def test_the_store_sql_sets_decide_exactly_what_the_domain_rules_decide() -> None:
+    """The barrier and fence are decided in SQL (inside the write transaction); the SQL is
+    generated from the domain's rules and must agree with them on every status, ACKed or not
+    (there is no second, Python spelling of the barrier on `ForkOperation`)."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:")
+    conn.execute("CREATE TABLE fork_operations (status TEXT, client_observed_at_ms INTEGER)")
+    rows = [(s.value, acked) for s in ForkStatus for acked in (None, 1)]
+    conn.executemany("INSERT INTO fork_operations VALUES (?, ?)", rows)
+    barrier = set(
+        conn.execute(
+            "SELECT status, client_observed_at_ms FROM fork_operations"
+            f" WHERE {fork_states.BARRIER_SQL}"
+        )
+    )
+    assert barrier == {
+        (s, acked)
+        for s, acked in rows
+        if fork_states.holds_barrier(ForkStatus(s), acked is not None)
+    }
+    active = {
+        s
+        for (s,) in conn.execute(
+            f"SELECT status FROM fork_operations WHERE status IN {fork_states.ACTIVE_SQL}"
+        )
+    }
+    assert active == {s.value for s in fork_states.ACTIVE}
+    assert not hasattr(storage.models.ForkOperation, "holds_barrier")
+
+
+def test_internal_errors_have_one_builder() -> None:
+    """Every 500 `internal` is built by `domain.errors.internal_error` (which logs the text under
+    a reference id and never sends it): no other module spells one."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spellings = ('"internal error', '"code": "internal"', "reason=WireReason.INTERNAL_ERROR")
+    offenders = [
+        f"{path.relative_to(root)}: {spelling}"
+        for pkg in ("domain", "storage", "actors", "transport", "drivers", "agenthost")
+        for path in sorted((root / pkg).rglob("*.py"))
+        if path != root / "domain" / "errors.py"
+        for spelling in spellings
+        if spelling in path.read_text()
+    ]
+    assert offenders == []
+    error = errors.internal_error(ValueError("secret /path"), "a test")
+    assert (error.status, error.code, error.reason) == (500, "internal", "internal_error")
+    assert "secret" not in error.message and "ValueError" in error.message
+    assert "(ref " in error.message

@@ -50,13 +50,20 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
     loaded = _loaded_after_import(module)
     assert "apsw" not in loaded, f"importing {module} loads apsw"
     assert not any(m == "storage" or m.startswith("storage.") for m in loaded), (
-        f"importing {module} loads the store: "
-        f"{[m for m in loaded if m.split('.')[0] == 'storage']}"
+        f"importing {module} loads the store: {[m for m in loaded if m.split('.')[0] == 'storage']}"
     )
 
 
 @pytest.mark.parametrize(
-    "module", ["domain", "domain.errors", "domain.enums", "domain.fork_states", "domain.providers"]
+    "module",
+    [
+        "domain",
+        "domain.errors",
+        "domain.enums",
+        "domain.fork_states",
+        "domain.providers",
+        "domain.worker_messages",
+    ],
 )
 def test_domain_loads_only_the_standard_library(module: str) -> None:
     loaded = _loaded_after_import(module)
@@ -68,3 +75,25 @@ def test_domain_loads_only_the_standard_library(module: str) -> None:
     # baseline interpreter that imports nothing of ours.
     baseline = {m.split(".")[0] for m in _loaded_after_import("json")}
     assert [m for m in foreign if m not in baseline] == []
+
+
+FORK_MODULES = ("actors/fork_saga.py", "actors/fork_resolve.py", "actors/fork_host.py")
+
+
+@pytest.mark.parametrize("path", FORK_MODULES)
+def test_the_fork_modules_never_import_the_session_actor(path: str) -> None:
+    """The saga and fork.resolve see their Session actor only through `actors.fork_host`
+    (`ForkHost`), so `session_actor → fork_saga` is the only direction (no cycle, not even one
+    hidden under TYPE_CHECKING or inside a function)."""
+    import ast
+
+    tree = ast.parse((ROOT / path).read_text())
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        for alias in node.names
+    }
+    assert not {
+        m for m in imported if m and m.startswith(("actors.session_actor", "actors.host_actor"))
+    }

@@ -1,0 +1,68 @@
+"""Internal errors, through the real `agenthost serve` and a real worker process (issue 19 #8):
+one builder (`domain.errors.internal_error`) makes every 500 `internal`; the client's message
+names the failure's type and a reference id, never its text, and the log holds that reference
+with the text and traceback."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from drivers.errors import WorkerError
+from drivers.supervisor import WorkerSupervisor
+from tests.support.daemon import WS, DaemonProcess, create_session
+from transport.client import ApiError
+
+pytestmark = pytest.mark.timeout(90)
+
+REF = re.compile(r"\(ref ([0-9a-f]{8})\)")
+
+
+def test_an_untyped_daemon_failure_is_a_500_with_a_reference_and_no_text(
+    tmp_path: Path,
+) -> None:
+    daemon = DaemonProcess(tmp_path / "home").start()
+    try:
+        c = daemon.client()
+        sid = create_session(c)["agentSessionId"]
+        # A bare RuntimeError inside the Session's actor, after the delete committed.
+        c.call("debug.failpoints", {"points": {"host.session.delete.after_commit": "once:bug"}})
+        with pytest.raises(ApiError) as err:
+            c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+        e = err.value
+        assert (e.status, e.code, e.reason) == (500, "internal", "internal_error")
+        assert "failpoint" not in e.message and "fired" not in e.message, e.message
+        ref = REF.search(e.message)
+        assert ref is not None and "RuntimeError" in e.message, e.message
+        # The daemon keeps serving, the same Session's actor included.
+        assert create_session(c)
+        with pytest.raises(ApiError) as gone:
+            c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
+        assert gone.value.status == 404
+    finally:
+        daemon.stop()
+    log = daemon.log_path.read_text(errors="replace")
+    [line] = [ln for ln in log.splitlines() if f"[ref {ref.group(1)}]" in ln]
+    assert "failpoint host.session.delete.after_commit fired" in line, line
+    assert "Traceback" in log
+
+
+def test_a_driver_bug_in_the_worker_answers_a_reference_not_its_text(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    supervisor = WorkerSupervisor(run_dir)
+    try:
+        with pytest.raises(WorkerError) as err:
+            # `ms` must be an int: the worker's handler raises a bare ValueError on it.
+            supervisor.request("tutti-agent", "debug.sleep", {"ms": "soon-ish"}, 15).result(20)
+    finally:
+        supervisor.close()
+    error = err.value.error
+    assert (error["code"], error["reason"]) == ("internal", "internal_error")
+    assert "soon-ish" not in error["message"], error
+    ref = REF.search(error["message"])
+    assert ref is not None and "ValueError" in error["message"], error
+    log = (run_dir / "worker-tutti-agent.log").read_text(errors="replace")
+    assert f"[ref {ref.group(1)}]" in log and "soon-ish" in log, log

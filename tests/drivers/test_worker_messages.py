@@ -1,0 +1,157 @@
+"""The typed host↔worker messages (`domain.worker_messages`) are the wire, key for key: a real
+Tutti Agent driver's every turn event reads as its `TurnEvent` and writes back to the same
+msgpack bytes; the saga's `ForkRequest` is the map it always sent; a `ForkResult` round-trips,
+and an answer that is not one is `MalformedMessage` (the saga records it `unknown`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgpack
+import pytest
+from drv_helpers import EventLog, completed
+from test_tutti_driver import Make, make_driver, open_session  # noqa: F401 - fixture
+
+import actors.ports
+import drivers.base
+from domain import worker_messages as wm
+from domain.enums import DeliveryDisposition, ProviderStateBindingMode
+
+
+def _bytes(m: object) -> bytes:
+    return msgpack.packb(m, use_bin_type=True)
+
+
+@pytest.mark.timeout(90)
+def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
+    make_driver: Make, tmp_path: Path  # noqa: F811 - the fixture
+) -> None:
+    log = EventLog()
+    driver = make_driver()
+    open_session(driver, log, tmp_path, texts=("hello there", "/tool grep needle", "/fail boom"))
+    driver.start_turn({"agentSessionId": "src", "turnId": "Q", "text": "/ask colour?"}, log)
+    asked = log.wait_for(lambda e: e["type"] == "interaction.requested")
+    driver.respond_interaction(
+        {"agentSessionId": "src", "requestId": asked["requestId"], "response": {"text": "blue"}}
+    )
+    log.wait_for(completed("Q"))
+    seen = set()
+    for _, event in log.events:
+        typed = wm.turn_event_from_wire(event)
+        assert _bytes(typed.to_wire()) == _bytes(event), event
+        seen.add(type(typed))
+    assert {
+        wm.TurnStarted,
+        wm.TurnItem,
+        wm.TurnBindingMoved,
+        wm.TurnCompleted,
+        wm.InteractionRequested,
+    } <= seen
+
+
+def _request() -> wm.ForkRequest:
+    return wm.ForkRequest(
+        source=wm.ForkSource("1:w:s", "thread-1", "/h/src", "/cwd"),
+        target=wm.ForkTarget("1:w:t", "/h/tgt"),
+        source_turn_id="turn-3",
+        provider_turn_ids=("p1", "p2"),
+        extra={"providerTurnBindings": [None, '{"x": 1}']},
+        title="Source (2)",
+        driver_kind="tutti-agent",
+        driver_version="0.0.10",
+    )
+
+
+def test_the_fork_request_is_the_map_the_saga_always_sent() -> None:
+    request = _request()
+    # The literal the saga built by hand before the type existed, in its key order.
+    legacy = {
+        "source": {
+            "agentSessionId": "1:w:s",
+            "providerSessionId": "thread-1",
+            "home": "/h/src",
+            "cwd": "/cwd",
+        },
+        "target": {"agentSessionId": "1:w:t", "home": "/h/tgt"},
+        "sourceTurnId": "turn-3",
+        "providerTurnIds": ["p1", "p2"],
+        "providerTurnBindings": [None, '{"x": 1}'],
+        "title": "Source (2)",
+        "driverKind": "tutti-agent",
+        "driverVersion": "0.0.10",
+    }
+    assert _bytes(request.to_wire()) == _bytes(legacy)
+    assert wm.ForkRequest.from_wire(legacy) == request
+    assert request.provider_turn_bindings == (None, '{"x": 1}')
+    # One definition: the drivers' names are the domain's types.
+    assert drivers.base.ForkRequest is wm.ForkRequest
+    assert drivers.base.ForkResult is wm.ForkResult
+
+
+@pytest.mark.parametrize("mode", list(ProviderStateBindingMode))
+def test_a_fork_result_round_trips(mode: ProviderStateBindingMode) -> None:
+    result = wm.ForkResult(
+        DeliveryDisposition.ACCEPTED,
+        child=wm.ForkChild("child-1", "thread-1", ("p1", "p2")),
+        binding=wm.ForkBinding(
+            mode,
+            {"sha256": "x"},
+            {"p1": {"rootProviderTurnId": "c1", "bindingJson": None}}
+            if mode is ProviderStateBindingMode.PROVIDER_OWNED
+            else None,
+        ),
+    )
+    assert wm.ForkResult.from_wire(result.to_wire()) == result
+    for other in (wm.ForkResult.not_started("no"), wm.ForkResult.unknown("lost")):
+        assert wm.ForkResult.from_wire(other.to_wire()) == other
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {},
+        {"disposition": "maybe"},
+        {"disposition": "accepted"},
+        {"disposition": "accepted", "child": {"providerSessionId": "c"}},
+        {
+            "disposition": "accepted",
+            "child": {"providerSessionId": "c"},
+            "binding": {"mode": "telepathy", "receipt": {"a": 1}},
+        },
+    ],
+)
+def test_an_answer_that_is_not_a_fork_result_is_malformed(answer: dict[str, object]) -> None:
+    with pytest.raises(wm.MalformedMessage):
+        wm.ForkResult.from_wire(answer)
+
+
+@pytest.mark.timeout(60)
+def test_the_typed_fork_call_through_a_real_worker_answers_a_fork_result(tmp_path: Path) -> None:
+    """`actors.ports.request_fork` over the daemon's real port and a real worker process: the
+    request leaves as `ForkRequest.to_wire()`, the answer comes back a `ForkResult`."""
+    from agenthost.workers import SupervisorPort
+    from drivers.supervisor import WorkerSupervisor
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    supervisor = WorkerSupervisor(run_dir)
+    try:
+        port = SupervisorPort(supervisor)
+        request = wm.ForkRequest(
+            source=wm.ForkSource("1:w:s", "no-such-thread", str(tmp_path / "src"), str(tmp_path)),
+            target=wm.ForkTarget("1:w:t", str(tmp_path / "tgt")),
+            provider_turn_ids=("p1",),
+            title="t",
+            driver_kind="tutti-agent",
+            driver_version="0",
+        )
+        got = actors.ports.request_fork(port, "tutti-agent", request, 30).result(40)
+    finally:
+        supervisor.close()
+    assert isinstance(got, wm.ForkResult)
+    assert got.disposition is DeliveryDisposition.NOT_STARTED, got
+
+
+def test_an_unknown_event_type_is_malformed() -> None:
+    with pytest.raises(wm.MalformedMessage):
+        wm.turn_event_from_wire({"type": "turn.exploded", "turnId": "t"})
