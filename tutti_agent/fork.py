@@ -244,10 +244,18 @@ class ForkService:
             # Referenced: the inherited prefix stays in the ancestor; only the child's own
             # settings and boundary items are written here.
             lines = [settings_item, *appended]
-        writer = self.store.create_rollout(child_id, meta, first_ordinal=first_ordinal)
+        # The whole child in one write and one fsync (plus its directory's), not one fsync
+        # per line: it is durable before the response either way (issue 20). A failed
+        # creation leaves no file.
         try:
-            for item in lines:
-                writer.append(item)
+            writer = self.store.create_rollout(
+                child_id, meta, first_ordinal=first_ordinal, items=lines
+            )
+        except AppServerError:
+            raise
+        except Exception as exc:
+            raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
+        try:
             writer.close()
             self.hooks.after_child_write(child_id)
             child = self.store.load(child_id)  # prove the child readable on its own

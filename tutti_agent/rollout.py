@@ -2,14 +2,20 @@
 
 Owns the on-disk format (`{timestamp, ordinal, type, payload}` per line, first line
 `session_meta`), crash-safe appends (flush + fsync per line) and tolerant reading (a torn
-last line left by a killed process is ignored; any other bad line is corruption)."""
+last line left by a killed process is ignored; any other bad line is corruption).
+
+A new rollout whose first lines are all known up front (a fork child, a new thread's
+`session_meta`) is created with `RolloutWriter.create`: every line in one buffered write, one
+fsync of the file, then one fsync of each directory whose entries changed (issue 20: a forked
+10-turn child used to cost ~60 fsyncs, one per line)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -130,6 +136,25 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def make_dirs(path: Path) -> list[Path]:
+    """`mkdir -p path`; returns the directories whose entries changed (the parent of each
+    directory that was missing), deepest first, each once — what must be fsynced for the new
+    directories to survive a crash. Empty when `path` already existed."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.is_dir():
+        missing.append(probe)
+        probe = probe.parent
+    changed: list[Path] = []
+    for directory in reversed(missing):
+        # A concurrent creator may have made it but not fsynced its parent yet: ours does.
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir()
+        changed.append(directory.parent)
+    changed.reverse()
+    return changed
+
+
 class RolloutWriter:
     """Appends lines to one rollout; each append is durable before it returns."""
 
@@ -138,13 +163,56 @@ class RolloutWriter:
         self._lock = threading.Lock()
         self._next = next_ordinal
         if create:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            changed = make_dirs(path.parent)
             self._file: BinaryIO = open(path, "xb")  # noqa: SIM115 - lives as long as the writer
-            fsync_dir(path.parent)
+            for directory in [path.parent, *changed]:
+                fsync_dir(directory)
         else:
             self._file = open(path, "r+b")  # noqa: SIM115
             self._truncate_torn_tail()
         self._offset = self._file.seek(0, os.SEEK_END)
+
+    @classmethod
+    def create(
+        cls, path: Path, first_ordinal: int, items: Sequence[RolloutItem]
+    ) -> tuple[RolloutWriter, list[RolloutLine]]:
+        """Create a rollout holding `items` (the first one `session_meta`), durable on return.
+
+        Durability as with one `append` per line, for a fraction of the cost: all lines in one
+        write, one fsync of the file, then one fsync of its directory and of each parent whose
+        entries changed because a directory was created. A crash before the return leaves at
+        most an unreferenced, possibly torn file (a torn tail is ignored by readers, and the
+        rollout was never announced); a failure removes the file before it raises."""
+        changed = make_dirs(path.parent)
+        timestamp = now_iso()  # one instant for the batch: the lines are written together
+        lines: list[RolloutLine] = []
+        chunks: list[bytes] = []
+        offset = 0
+        for ordinal, item in enumerate(items, start=first_ordinal):
+            data = (RolloutLine(ordinal, timestamp, item, 0).to_json() + "\n").encode()
+            offset += len(data)
+            chunks.append(data)
+            lines.append(RolloutLine(ordinal, timestamp, item, offset))
+        file: BinaryIO = open(path, "xb")  # noqa: SIM115 - handed to the writer
+        try:
+            file.write(b"".join(chunks))
+            file.flush()
+            os.fsync(file.fileno())
+            for directory in [path.parent, *changed]:
+                fsync_dir(directory)
+        except BaseException:
+            file.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+                fsync_dir(path.parent)
+            raise
+        writer = cls.__new__(cls)
+        writer.path = path
+        writer._lock = threading.Lock()
+        writer._next = first_ordinal + len(lines)
+        writer._file = file
+        writer._offset = offset
+        return writer, lines
 
     def _truncate_torn_tail(self) -> None:
         # A torn last line would glue onto the next append and corrupt it: cut it first.

@@ -10,6 +10,7 @@ import json
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,39 +163,100 @@ class Reservation:
         return self._released
 
 
+PARSED_ROLLOUTS_CACHED = 32
+"""Parsed rollouts a store keeps (LRU): a fork reads its source twice (`thread/read`, then
+`thread/fork`'s prepare), and a warm app-server forks the same source again and again."""
+
+
 class ThreadStore:
-    """All rollouts under one `TUTTI_AGENT_HOME`; safe to share between threads."""
+    """All rollouts under one `TUTTI_AGENT_HOME`; safe to share between threads.
+
+    Two caches spare a warm app-server work that repeats on every request (issue 20): where
+    a thread's rollout lives (checked to still be a file before use, else looked up again),
+    and the parsed lines of recently read rollouts, reused only while the file's identity,
+    size and modification time are unchanged (rollouts only grow, and every write changes
+    size or mtime), so a read never returns lines the file does not hold."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
         self._cond = threading.Condition()
         self._reservations: dict[str, int] = {}
+        self._cache_lock = threading.Lock()
+        self._paths: dict[str, Path] = {}
+        self._parsed: OrderedDict[Path, tuple[tuple[int, int, int, int], list[RolloutLine]]] = (
+            OrderedDict()
+        )
+
+    def _find(self, thread_id: str) -> Path | None:
+        """Exact lookup (`find_rollout_path`), remembered while the file stays there."""
+        with self._cache_lock:
+            known = self._paths.get(thread_id)
+        if known is not None and known.is_file():
+            return known
+        path = find_rollout_path(self.home, thread_id)
+        with self._cache_lock:
+            if path is None:
+                self._paths.pop(thread_id, None)
+            else:
+                self._paths[thread_id] = path
+        return path
+
+    def _read(self, path: Path) -> list[RolloutLine]:
+        """`read_rollout`, reusing the last parse while the file is unchanged."""
+        key = _file_key(path)
+        with self._cache_lock:
+            hit = self._parsed.get(path)
+            if hit is not None and hit[0] == key:
+                self._parsed.move_to_end(path)
+                return hit[1]
+        lines = read_rollout(path)
+        if _file_key(path) == key:  # not written while we read: the parse matches the key
+            with self._cache_lock:
+                self._parsed[path] = (key, lines)
+                self._parsed.move_to_end(path)
+                while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
+                    self._parsed.popitem(last=False)
+        return lines
+
+    def _forget(self, thread_id: str, path: Path) -> None:
+        with self._cache_lock:
+            self._paths.pop(thread_id, None)
+            self._parsed.pop(path, None)
 
     # -- files ------------------------------------------------------------------------
     def create_rollout(
-        self, thread_id: str, meta: Mapping[str, Any], *, first_ordinal: int = 0
+        self,
+        thread_id: str,
+        meta: Mapping[str, Any],
+        *,
+        first_ordinal: int = 0,
+        items: Sequence[RolloutItem] = (),
     ) -> RolloutWriter:
+        """A new rollout of `session_meta` + `items`, durable on return (one write, one file
+        fsync, one fsync per changed directory: `RolloutWriter.create`)."""
         path = new_rollout_path(self.home, thread_id)
-        writer = RolloutWriter(path, first_ordinal, create=True)
-        writer.append(RolloutItem(LineType.SESSION_META, dict(meta)))
+        meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
+        writer, _ = RolloutWriter.create(path, first_ordinal, [meta_item, *items])
+        with self._cache_lock:
+            self._paths[thread_id] = path
         return writer
 
     def open_writer(self, history: ThreadHistory) -> RolloutWriter:
         return RolloutWriter(history.path, history.next_ordinal, create=False)
 
     def path_of(self, thread_id: str) -> Path:
-        path = find_rollout_path(self.home, thread_id)
+        path = self._find(thread_id)
         if path is None:
             raise NoRolloutFound(thread_id)
         return path
 
     def exists(self, thread_id: str) -> bool:
-        return find_rollout_path(self.home, thread_id) is not None
+        return self._find(thread_id) is not None
 
     # -- lineage ----------------------------------------------------------------------
     def load(self, thread_id: str) -> ThreadHistory:
         """Resolve the full logical history; a missing own rollout is `NoRolloutFound`."""
-        path = find_rollout_path(self.home, thread_id)
+        path = self._find(thread_id)
         if path is None:
             raise NoRolloutFound(thread_id)
         return self._load(thread_id, path, frozenset())
@@ -202,7 +264,7 @@ class ThreadStore:
     def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        own = read_rollout(path)
+        own = self._read(path)
         if not own or own[0].item.type != LineType.SESSION_META:
             raise LineageError(thread_id, "rollout does not start with session_meta")
         meta = own[0].item.payload
@@ -231,7 +293,7 @@ class ThreadStore:
         )
         if base is None:
             return ThreadHistory(thread_id, path, meta, tuple(own), (segment,))
-        parent_path = find_rollout_path(self.home, base.thread_id)
+        parent_path = self._find(base.thread_id)
         if parent_path is None:
             raise LineageError(base.thread_id, "missing source rollout")
         parent = self._load(base.thread_id, parent_path, visiting | {thread_id})
@@ -296,7 +358,13 @@ class ThreadStore:
             if self.referencing_children(thread_id):
                 raise ThreadReferenced(thread_id)
             path.unlink()
+            self._forget(thread_id, path)
             fsync_dir(path.parent)
+
+
+def _file_key(path: Path) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _header_length(lines: Sequence[RolloutLine]) -> int:

@@ -1,0 +1,38 @@
+"""Per-fork syscall counts through the real daemon (issue 20), with `strace -f -c` attached
+to the daemon, its worker and its tutti-agent app-server: the app-server makes a fork child
+durable with 2 fsyncs (the file, its directory), not one per copied line, and the worker's
+binder fsyncs at most the 7 changed directories + 1 file of a fresh target home. Counts, never
+timings. Needs `strace` (installed on the project's machine); without it this module skips,
+and `tests/tutti_agent/test_tutti_fork_fsyncs.py` + `tests/drivers/test_binder_fsyncs.py`
+pin the same counts in process."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from bench.fork_syscalls import _parse_strace_c, measure
+
+pytestmark = pytest.mark.timeout(180)
+
+STRACE_C = """% time     seconds  usecs/call     calls    errors syscall
+------ ----------- ----------- --------- --------- ----------------
+ 61.10    0.002441          40        60           fsync
+  9.31    0.000372           3       112        16 openat
+------ ----------- ----------- --------- --------- ----------------
+100.00    0.003995          18       172        16 total
+"""
+
+
+def test_strace_summary_is_parsed_per_syscall() -> None:
+    assert _parse_strace_c(STRACE_C) == {"fsync": 60, "openat": 112}
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace is not installed")
+def test_a_fork_costs_two_app_server_fsyncs_through_the_daemon() -> None:
+    report = measure(forks=4, turns=3, warmup=1, strace=True)
+    calls = report.calls_per_fork
+    assert calls["app-server"]["fsync"] == 2  # the child file and its directory
+    assert calls["app-server"]["write"] <= 8  # the child in one write (+ JSON-RPC replies)
+    assert calls["worker"]["fsync"] <= 8  # binder: each changed directory once + the file

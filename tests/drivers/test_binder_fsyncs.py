@@ -1,0 +1,65 @@
+"""The binder's fsyncs, counted (issue 20): a bind into a fresh target home fsyncs the copied
+file once and every directory whose entries changed exactly once, and the directories only
+after the file — created first, fsynced last, so the file's fsync commits the mkdirs and the
+directory fsyncs find little left to do. A Referenced child's ancestor is still made durable
+(its directory fsynced) before the child is written. Counts and order, never timings."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from drivers.binder import RolloutBinder
+from tests.drivers.test_rollout_binder import CHILD, PARENT, REL, put, rollout_bytes
+from tests.support.fsyncs import counting_fsyncs
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _key(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def test_fresh_target_each_changed_directory_once_after_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 60))
+    runtimes = tmp_path / "runtimes"
+    runtimes.mkdir()
+    dst = runtimes / "session-1" / "tutti-agent-home"  # nothing of it exists yet
+    with counting_fsyncs(monkeypatch) as log:
+        receipt = RolloutBinder().bind(src, dst, CHILD)
+    target = dst / receipt.rollouts[0].relative_path
+    day = target.parent
+    changed = [
+        runtimes, dst.parent, dst, dst / "sessions", day.parent.parent, day.parent, day
+    ]
+    assert day == dst / REL
+    assert [log.count(d) for d in changed] == [1] * len(changed)
+    assert log.count(target) == 1  # the temp file, renamed onto the target
+    assert (log.files, log.dirs) == (1, len(changed))
+    # The file first, then every directory: no fsync between two mkdirs.
+    assert [is_dir for *_, is_dir in log.calls] == [False] + [True] * len(changed)
+
+
+def test_referenced_child_ancestor_durable_before_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src" / "tutti-agent-home"
+    put(src, PARENT, rollout_bytes(PARENT, 8))
+    put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    with counting_fsyncs(monkeypatch) as log:
+        receipt = RolloutBinder().bind(src, dst, CHILD)
+    paths = {r.thread_id: dst / r.relative_path for r in receipt.rollouts}
+    day = paths[CHILD].parent
+    keys = [(d, i) for d, i, _ in log.calls]
+    # Ancestor file, its directory (and the created ones), then the child file, its directory.
+    first_child = keys.index(_key(paths[CHILD]))
+    assert keys.index(_key(paths[PARENT])) < keys.index(_key(day)) < first_child
+    assert keys[first_child + 1 :] == [_key(day)]
+    assert log.count(paths[PARENT]) == 1 and log.count(paths[CHILD]) == 1

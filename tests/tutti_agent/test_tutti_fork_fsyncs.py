@@ -1,0 +1,89 @@
+"""How many fsyncs a fork child and a new rollout cost, and which ones (issue 20).
+
+Durability is unchanged — every written file is fsynced before the fork returns, and every
+directory whose entries changed is fsynced once — but a fork child is written in one buffered
+write with one file fsync, not one fsync per line (a 10-turn child used to cost ~45 fsyncs).
+Counts, never timings: these fail if the per-line fsyncs come back or a directory fsync goes
+missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.fsyncs import counting_fsyncs
+from tests.tutti_agent.items import explicit_turn
+from tests.tutti_agent.storeutil import write_root
+from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, ThroughTurn
+from tutti_agent.rollout import RolloutItem, read_rollout
+from tutti_agent.store import ThreadStore
+
+pytestmark = pytest.mark.timeout(60)
+
+TURNS = 10
+
+
+def _ten_turn_source(store: ThreadStore) -> str:
+    items: list[RolloutItem] = []
+    for i in range(TURNS):
+        items += explicit_turn(f"t{i}", f"question {i}", f"answer {i}")
+    return write_root(store, items)
+
+
+@pytest.mark.parametrize("persistence", list(ForkPersistence))
+def test_fork_child_costs_one_file_fsync_and_one_directory_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, persistence: ForkPersistence
+) -> None:
+    store = ThreadStore(tmp_path / "tutti-home")
+    source = _ten_turn_source(store)
+    source_bytes = store.path_of(source).read_bytes()
+    with counting_fsyncs(monkeypatch) as log:
+        child = (
+            ForkService(store)
+            .fork(
+                source,
+                ForkOptions(boundary=ThroughTurn(f"t{TURNS - 1}"), persistence=persistence),
+            )
+            .child
+        )
+    path = store.path_of(child.thread_id)
+    # Exactly the child file once and its directory once: not one fsync per copied line.
+    assert log.count(path) == 1
+    assert log.count(path.parent) == 1
+    assert (log.total, log.files, log.dirs) == (2, 1, 1)
+    # ... and the child is complete and the source untouched.
+    assert sum(1 for t in child.lines if t.item.event_type == "task_complete") == TURNS
+    assert len(read_rollout(path)) == child.own_segment.length
+    assert store.path_of(source).read_bytes() == source_bytes
+
+
+def test_new_rollout_in_a_fresh_home_fsyncs_every_changed_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "tutti-home"
+    store = ThreadStore(home)
+    with counting_fsyncs(monkeypatch) as log:
+        thread_id = write_root(store, [])
+    path = store.path_of(thread_id)
+    day = path.parent
+    # Created: tutti-home, sessions, YYYY, MM, DD; changed: each one's parent and DD itself.
+    changed = [tmp_path, home, home / "sessions", day.parent.parent, day.parent, day]
+    assert [log.count(d) for d in changed] == [1] * len(changed)
+    assert log.count(path) == 1
+    assert (log.files, log.dirs) == (1, len(changed))
+
+
+def test_live_appends_stay_durable_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn's lines are announced one by one: each is fsynced before it returns (the
+    documented law the batch write does not relax for live appends)."""
+    store = ThreadStore(tmp_path / "tutti-home")
+    thread_id = write_root(store, [])
+    writer = store.open_writer(store.load(thread_id))
+    with counting_fsyncs(monkeypatch) as log:
+        for item in explicit_turn("t0", "u", "a"):
+            writer.append(item)
+    writer.close()
+    assert log.count(store.path_of(thread_id)) == 4 and log.total == 4

@@ -1,0 +1,102 @@
+"""ThreadStore's path and parse caches (issue 20): a warm app-server does not rescan the
+home or re-parse an unchanged rollout on every request, and never serves stale lines."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import tutti_agent.store as store_module
+from tests.tutti_agent.items import explicit_turn, user_msg
+from tests.tutti_agent.storeutil import append, write_root
+from tutti_agent.errors import NoRolloutFound
+from tutti_agent.fork import ForkOptions, ForkService, ThroughTurn
+from tutti_agent.rollout import RolloutLine, find_rollout_path, read_rollout
+from tutti_agent.store import ThreadStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ThreadStore:
+    return ThreadStore(tmp_path / "tutti-home")
+
+
+def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    parsed: list[Path] = []
+    real: Callable[[Path], list[RolloutLine]] = read_rollout
+
+    def counting(path: Path) -> list[RolloutLine]:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(store_module, "read_rollout", counting)
+    return parsed
+
+
+def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    scans: list[str] = []
+    real: Callable[[Path, str], Path | None] = find_rollout_path
+
+    def counting(home: Path, thread_id: str) -> Path | None:
+        scans.append(thread_id)
+        return real(home, thread_id)
+
+    monkeypatch.setattr(store_module, "find_rollout_path", counting)
+    return scans
+
+
+def test_repeated_forks_parse_the_unchanged_source_once_and_never_rescan(
+    store: ThreadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = write_root(store, explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2"))
+    parsed = _count_parses(monkeypatch)
+    scans = _count_scans(monkeypatch)
+    service = ForkService(store)
+    children = [service.fork(source, ForkOptions(boundary=ThroughTurn("t2"))).child for _ in "abc"]
+    source_path = store.path_of(source)
+    # One parse of the source for three forks (+ reads), each child read once to prove it.
+    assert parsed.count(source_path) == 1
+    assert sorted(parsed) == sorted([source_path] + [c.path for c in children])
+    assert scans == []  # the source's path was remembered, each child's path was created
+
+
+def test_an_append_is_seen_by_the_next_load(store: ThreadStore) -> None:
+    source = write_root(store, explicit_turn("t1", "u1", "a1"))
+    before = store.load(source)
+    append(store, source, [user_msg("more")])
+    after = store.load(source)
+    assert after.next_ordinal == before.next_ordinal + 1
+    assert after.lines[-1].item.payload["content"][0]["text"] == "more"
+
+
+def test_an_external_rewrite_of_the_same_size_is_seen(store: ThreadStore) -> None:
+    source = write_root(store, explicit_turn("t1", "u1", "a1"))
+    store.load(source)
+    path = store.path_of(source)
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"u1"', b'"U1"'))
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000))  # a later write, same size
+    texts = [
+        line.item.payload["content"][0]["text"]
+        for line in store.load(source).lines
+        if line.item.payload.get("role") == "user"
+    ]
+    assert texts == ["U1"]
+
+
+def test_a_removed_or_moved_rollout_is_looked_up_again(store: ThreadStore) -> None:
+    source = write_root(store, explicit_turn("t1", "u1", "a1"))
+    path = store.path_of(source)
+    store.load(source)
+    moved = path.parent.parent / "00" / path.name  # never a real day
+    moved.parent.mkdir()
+    path.rename(moved)
+    assert store.load(source).path == moved
+    moved.unlink()
+    with pytest.raises(NoRolloutFound):
+        store.load(source)
