@@ -374,8 +374,17 @@ def test_listeners_see_mutation_and_session_changes(
     sid, turns = source(client, ws, turns=1)
     engine.fork(sid, turns[0])
     done = settle(engine, clock, sid, turns[0])
-    assert any(c.kind is ChangeKind.MUTATION and c.key == (sid, turns[0]) for c in seen)
-    assert any(c.kind is ChangeKind.SESSION and c.session_id == done.child_session_id for c in seen)
+    # Listeners are called after the Engine's lock is released, so a change can reach them a
+    # moment after the record reads settled: wait for it rather than race it.
+    assert wait_until(
+        lambda: any(c.kind is ChangeKind.MUTATION and c.key == (sid, turns[0]) for c in seen), 10
+    )
+    assert wait_until(
+        lambda: any(
+            c.kind is ChangeKind.SESSION and c.session_id == done.child_session_id for c in seen
+        ),
+        10,
+    )
 
 
 def test_replay_after_the_source_was_deleted_adopts_the_commit_and_acks(
