@@ -309,10 +309,16 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         invariant_checks=checks,
         violations=violations,
     )
-    # The run really exercised the saga and the chaos.
-    assert (
-        sum(final.operations.values()) > 0 and chaos["kill_daemon"] + chaos["failpoint_fired"] > 0
+    # The run really exercised the saga and the chaos: a SIGKILL of the daemon or a worker, or a
+    # failpoint that killed one (in its round or later). The seed is random, so five short
+    # rounds may well draw no daemon kill (seen once: 3 worker kills, 2 late failpoints).
+    killed = (
+        chaos["kill_daemon"]
+        + chaos["kill_worker"]
+        + chaos["failpoint_fired"]
+        + chaos["failpoint_fired_late"]
     )
+    assert sum(final.operations.values()) > 0 and killed > 0, dict(chaos)
 
 
 def revive(w: World) -> bool:
