@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks
+from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +48,7 @@ def conversation(body: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def last_user_text(body: dict[str, Any]) -> str:
-    for role, text in reversed(conversation(body)):
-        if role == "user":
-            return text
-    return ""
+    return last_text_of(conversation(body))
 
 
 def default_reply(body: dict[str, Any]) -> str:

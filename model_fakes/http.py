@@ -21,6 +21,14 @@ ReplyFn = Callable[[dict[str, Any]], str]
 """The common reply function: request body → assistant text."""
 
 
+def last_text_of(conversation: Sequence[tuple[str, str]], role: str = "user") -> str:
+    """The text of the last `(role, text)` of `role` in a conversation ("" if there is none)."""
+    for who, text in reversed(conversation):
+        if who == role:
+            return text
+    return ""
+
+
 def chunks(text: str, size: int = 4) -> list[str]:
     """A reply split the way a model streams it (several deltas, never empty)."""
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]

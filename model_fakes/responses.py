@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks
+from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +79,7 @@ def model_input_texts(body: dict[str, Any]) -> list[tuple[str, str]]:
 
 def last_user_text(body: dict[str, Any]) -> str:
     """The text of the last user message in one request (empty if there is none)."""
-    for role, text in reversed(model_input_texts(body)):
-        if role == "user":
-            return text
-    return ""
+    return last_text_of(model_input_texts(body))
 
 
 def default_reply(body: dict[str, Any]) -> str:

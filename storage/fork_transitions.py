@@ -29,11 +29,11 @@ class ForkTransitions(StoreBase):
         op_id: str,
         *,
         to: ForkStatus,
-        sources: tuple[ForkStatus, ...],
         assignments: str,
         params: tuple[Any, ...],
         release: bool = False,
     ) -> tuple[ForkOperation, bool]:
+        sources = sources_of(to)  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is to:
@@ -69,7 +69,6 @@ class ForkTransitions(StoreBase):
             ws,
             op_id,
             to=ForkStatus.DISPATCHING,
-            sources=sources_of(ForkStatus.DISPATCHING),
             assignments="dispatched_at_ms = ?",
             params=(now,),
         )
@@ -80,7 +79,6 @@ class ForkTransitions(StoreBase):
             ws,
             op_id,
             to=ForkStatus.FAILED,
-            sources=sources_of(ForkStatus.FAILED),
             assignments="error = ?, completed_at_ms = ?",
             params=(str(error), now),
             release=True,
@@ -93,7 +91,6 @@ class ForkTransitions(StoreBase):
             ws,
             op_id,
             to=ForkStatus.UNKNOWN,
-            sources=sources_of(ForkStatus.UNKNOWN),
             assignments="error = ?, completed_at_ms = ?",
             params=(str(error), now),
             release=True,
