@@ -127,9 +127,11 @@ def test_turn_settles_failed_when_store_stays_unwritable(tmp_path: Path) -> None
         c = d.client()
         sid = create_session(c)["agentSessionId"]
         run_turn(c, sid, "warm")
-        turn = submit(c, sid, "/slow 300 late")
+        # The turn ends at the provider well after the lock is taken (a 300 ms turn once ended
+        # before it, on a loaded machine) and its writes then wait past the 1 s retry limit.
+        turn = submit(c, sid, "/slow 1500 late")
         with WriteLockHolder(store_path(d)):
-            time.sleep(3.0)
+            time.sleep(4.5)
         done = settle(c, sid, turn["turnId"], timeout=60)
         assert done["outcome"] == "failed", done
         assert "unwritable" in (done.get("error") or ""), done
