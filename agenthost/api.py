@@ -2,17 +2,22 @@
 actors (writes) or a small reader pool (reads), and projects the outcome onto the wire.
 
 Called on the transport thread, so nothing here blocks: every handler either raises a typed
-error at once or answers later through the responder.
+error at once or answers later through the responder. The two point reads, `session.get` and
+`fork.get` of a settled operation, are the exception (issue 20): they are answered right here
+from a read-only connection of their own (`storage.read_view`), with no thread hop and no
+actor — a primary-key lookup in SQLite's page cache, shorter than the hop it replaces. If that
+connection is ever busy (SQLite's rare WAL recovery) the read goes to the reader pool instead.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import pykka
 
@@ -24,7 +29,7 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from actors.ports import ProviderCatalog
 from agenthost import activity, projection
 from storage import Store
-from storage.base import host_error_of
+from storage.base import TRANSIENT_ERRORS, host_error_of
 from storage.errors import (
     HostError,
     InvalidArgument,
@@ -32,6 +37,8 @@ from storage.errors import (
     SessionNotFound,
     Unavailable,
 )
+from storage.models import ForkOperation, Session
+from storage.read_view import ReadView
 from transport.server import Responder
 from transport.wire import (
     Request,
@@ -51,6 +58,14 @@ log = logging.getLogger(__name__)
 
 WORKSPACE_MAX = 128
 Handler = Callable[[Mapping[str, Any], Responder], None]
+
+
+class PointReader(Protocol):
+    """What a point read needs: the `Store` (any thread) and a `ReadView` (its own) both are."""
+
+    def get_session(self, ws: str, sid: str) -> Session: ...
+
+    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
 
 
 class Api:
@@ -75,6 +90,12 @@ class Api:
         self._set_failpoints = set_failpoints
         self._default_cwd = default_cwd
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
+        # The point reads' own connection, used only by the first thread that dispatches (the
+        # transport thread); a call from any other thread reads through the pool.
+        self._view = ReadView(store.path)
+        self._view_thread: int | None = None
+        self.inline_reads = 0
+        """Point reads answered on the dispatching thread (tests pin the read path on it)."""
         self._methods: dict[str, Handler] = {
             "host.status": self.host_status,
             "session.create": self.session_create,
@@ -102,6 +123,7 @@ class Api:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._view.close()
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -128,6 +150,36 @@ class Api:
                 responder.error(exc)
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 responder.error(host_error_of(exc, "read", logger=log))
+
+        try:
+            self._pool.submit(_run)
+        except RuntimeError:  # pool shut down: the daemon is stopping
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+
+    def _read_now(self, responder: Responder, answer: Callable[[PointReader], None]) -> None:
+        """A point read of committed state: `answer(reader)` reads and answers. It runs here,
+        on the transport thread, with the read-only connection; on the reader pool with the
+        `Store` if this is not the thread that owns the connection or if SQLite reports that
+        connection busy. Whatever it raises becomes the typed error reply."""
+        me = threading.get_ident()
+        if self._view_thread is None:
+            self._view_thread = me
+        if me == self._view_thread:
+            try:
+                answer(self._view)
+                self.inline_reads += 1
+                return
+            except TRANSIENT_ERRORS:
+                pass  # answered below, on the pool
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                responder.error(_typed(exc, "read"))
+                return
+
+        def _run() -> None:
+            try:
+                answer(self.store)
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                responder.error(_typed(exc, "read"))
 
         try:
             self._pool.submit(_run)
@@ -235,10 +287,12 @@ class Api:
 
     def session_get(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
-        self._read(
-            responder,
-            lambda: {"session": projection.session(self.store.get_session(ws, sid), self.catalog)},
-        )
+
+        def _get(reader: PointReader) -> None:
+            session = reader.get_session(ws, sid)
+            responder.result(200, {"session": projection.session(session, self.catalog)})
+
+        self._read_now(responder, _get)
 
     def session_list(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
@@ -421,26 +475,17 @@ class Api:
             else:
                 responder.error(host_error_of(outcome, "fork.get: unexpected reply", logger=log))
 
-        def _get() -> None:
-            # A settled operation is answered here, on the reader pool; only an active one
-            # goes through the HostActor, which may advance it (leftover recovery).
-            try:
-                op = self.store.get_fork_operation(ws, op_id)
-                if op.is_active:
-                    self.host.tell(GetFork(ws, op_id, reply))
-                else:
-                    responder.result(200, {"operation": projection.operation(op, self.catalog)})
-            except HostError as exc:
-                responder.error(exc)
-            except pykka.ActorDeadError:
-                responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
-            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-                responder.error(host_error_of(exc, "fork.get", logger=log))
+        def _get(reader: PointReader) -> None:
+            # A settled operation is answered from committed state (on the transport thread);
+            # only an active one goes through the HostActor, which may advance it (leftover
+            # recovery) and answers through `reply`.
+            op = reader.get_fork_operation(ws, op_id)
+            if op.is_active:
+                self.host.tell(GetFork(ws, op_id, reply))
+            else:
+                responder.result(200, {"operation": projection.operation(op, self.catalog)})
 
-        try:
-            self._pool.submit(_get)
-        except RuntimeError:
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+        self._read_now(responder, _get)
 
     def fork_acknowledge(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
@@ -494,6 +539,13 @@ class Api:
                 raise InvalidArgument("points", f"action of {name!r} must be a string")
         set_failpoints = self._set_failpoints
         self._read(responder, lambda: {"points": set_failpoints(dict(points))})
+
+
+def _typed(exc: BaseException, what: str) -> HostError:
+    """The reply of a failed read: typed as it is, the actors gone as `shutting_down`."""
+    if isinstance(exc, pykka.ActorDeadError):
+        return Unavailable("daemon is shutting down", reason="shutting_down")
+    return host_error_of(exc, what, logger=log)
 
 
 def _workspace(params: Mapping[str, Any]) -> str:

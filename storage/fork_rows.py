@@ -4,6 +4,8 @@ snapshot alone, law 4)."""
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import apsw
@@ -64,15 +66,61 @@ def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOpe
     )
 
 
+PROJECTION_CACHE_SIZE = 4096
+"""Committed operations whose child projection is kept in memory (issue 20: a `fork.get` of a
+committed operation no longer re-reads, re-hashes and re-parses its snapshot every time)."""
+
+
+class _ProjectionCache:
+    """Bounded LRU of committed projections, keyed by what the projection is a pure function
+    of: the snapshot's hash (its verified bytes), the child's provider session id and the
+    commit time. A committed operation never changes any of them, so an entry never goes
+    stale; a copy of a store shares entries only with an identical snapshot."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[tuple[Any, ...], tuple[Session, Lineage]] = OrderedDict()
+        self._lock = threading.Lock()
+        self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> tuple[Session, Lineage] | None:
+        with self._lock:
+            hit = self._entries.get(key)
+            if hit is not None:
+                self._entries.move_to_end(key)
+            return hit
+
+    def put(self, key: tuple[Any, ...], value: tuple[Session, Lineage]) -> None:
+        with self._lock:
+            self.misses += 1
+            self._entries[key] = value
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+projection_cache = _ProjectionCache(PROJECTION_CACHE_SIZE)
+
+
 def committed_projection(conn: apsw.Connection, r: Row) -> tuple[Session, Lineage]:
     """Rebuild the committed child's Session and lineage purely from the snapshot and the
-    operation row (law 4), so the projection survives deletion of the child."""
+    operation row (law 4), so the projection survives deletion of the child. Built once per
+    process from the hash-verified snapshot, then served from `projection_cache`."""
+    key = (r[18], r[11], r[24])
+    cached = projection_cache.get(key)
+    if cached is not None:
+        return cached
     text_row = conn.execute(
         "SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],)
     ).fetchone()
     assert text_row is not None
     snapshot = load_snapshot(text_row[0], r[18])
-    return project_child(snapshot, child_provider_session_id=r[11], committed_at_ms=r[24])
+    built = project_child(snapshot, child_provider_session_id=r[11], committed_at_ms=r[24])
+    projection_cache.put(key, built)
+    return built
 
 
 def load_op(conn: apsw.Connection, ws: str, op_id: str, *, project: bool = True) -> ForkOperation:

@@ -14,7 +14,18 @@ import apsw
 from storage.base import Row, loads
 from storage.models import Interaction, Lineage, Message, Session, Turn
 
-SESSION_SELECT = """
+
+def _lineage_column(column: str) -> str:
+    return (
+        f"(SELECT l.{column} FROM fork_lineage l WHERE l.workspace_id = s.workspace_id"
+        " AND l.target_session_id = s.session_id)"
+    )
+
+
+# The lineage columns are scalar subqueries on fork_lineage's primary key (at most one row),
+# not a LEFT JOIN: the same values, but SQLite ran the join ~7x slower per point read
+# (issue 20: 110 vs 15 µs of CPU for one `session.get` on a 2,000-Session store).
+SESSION_SELECT = f"""
 SELECT s.workspace_id, s.session_id, s.kind, s.provider, s.provider_session_id, s.title, s.cwd,
        s.settings_json, s.runtime_context_json, s.model, s.pinned, s.deleted, s.goal,
        (SELECT t.turn_id FROM turns t WHERE t.workspace_id = s.workspace_id
@@ -22,10 +33,10 @@ SELECT s.workspace_id, s.session_id, s.kind, s.provider, s.provider_session_id, 
             ORDER BY t.sequence LIMIT 1),
        s.parent_session_id, s.parent_turn_id, s.created_at_ms, s.updated_at_ms,
        s.rail_placement, s.visibility,
-       l.source_session_id, l.source_turn_id, l.target_turn_id, l.operation_id, l.forked_at_ms
+       {_lineage_column("source_session_id")}, {_lineage_column("source_turn_id")},
+       {_lineage_column("target_turn_id")}, {_lineage_column("operation_id")},
+       {_lineage_column("forked_at_ms")}
 FROM sessions s
-LEFT JOIN fork_lineage l
-       ON l.workspace_id = s.workspace_id AND l.target_session_id = s.session_id
 """
 
 

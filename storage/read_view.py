@@ -1,0 +1,72 @@
+"""Point reads of committed state on a connection of their own (issue 20, the read path).
+
+The daemon answers `session.get` and `fork.get` on the transport thread with one of these
+instead of leasing a pooled connection on a reader thread: no thread hop, no pool lock, and
+SQLite's statement cache warm for the two queries. The connection is `query_only`: it can
+never write, so it never takes the write lock and never waits for the writer (WAL readers
+do not block the writer, nor it them).
+
+Read-your-writes: every read here starts its own read transaction and ends it before it
+returns, so it sees every transaction committed before it began — in particular any write
+the daemon acknowledged to a client before that client's read arrived. Nothing keeps a
+snapshot open between two reads.
+
+One `ReadView` belongs to one thread (its caller); it is not a pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import apsw
+
+from storage.base import open_connection
+from storage.fork_rows import load_op
+from storage.models import ForkOperation, Session
+from storage.session_rows import require_session
+
+READ_BUSY_TIMEOUT_MS = 50
+"""A WAL reader waits only in SQLite's rare recovery cases; past this the caller gets
+`apsw.BusyError` and may retry elsewhere (the daemon falls back to its reader pool)."""
+
+
+class ReadView:
+    """A read-only connection for point reads; see the module docstring."""
+
+    def __init__(self, path: str, *, busy_timeout_ms: int = READ_BUSY_TIMEOUT_MS) -> None:
+        self.path = path
+        self._busy_timeout_ms = busy_timeout_ms
+        self._conn: apsw.Connection | None = None
+        self._closed = False
+
+    def _connection(self) -> apsw.Connection:
+        conn = self._conn
+        if conn is None:
+            if self._closed:
+                raise RuntimeError("read view is closed")
+            conn = open_connection(self.path, self._busy_timeout_ms)
+            conn.execute("PRAGMA query_only=1")
+            self._conn = conn
+        return conn
+
+    def get_session(self, ws: str, sid: str) -> Session:
+        """The live Session, or `SessionNotFound`; one statement, so one snapshot."""
+        conn = self._connection()
+        return require_session(conn, ws, sid)
+
+    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation:
+        """The operation (a committed one with its child projection). Its row is one
+        statement; a committed one's snapshot, read by a second, never changes once written."""
+        return load_op(self._connection(), ws, op_id)
+
+    @property
+    def in_transaction(self) -> bool:
+        """True while a read holds a snapshot (never between two reads)."""
+        return self._conn is not None and self._conn.txn_state() != apsw.SQLITE_TXN_NONE
+
+    def close(self) -> None:
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            with contextlib.suppress(apsw.Error):
+                conn.close()
