@@ -12,7 +12,6 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from actors.messages import RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from actors.runtime_slots import RuntimeSlots
-from agenthost import __version__, activity, projection, providers_info
+from agenthost import __version__, activity, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
@@ -36,28 +35,18 @@ from agenthost.home import (
 )
 from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
-from agenthost.turn_events import TurnDeltas, updated_turn
+from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
-from storage.errors import HostError, InvalidArgument
-from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from storage.errors import InvalidArgument
 from transport.security import needs_curve
-from transport.server import MAX_EVENT_BYTES, ApiServer
+from transport.server import ApiServer
 
 log = logging.getLogger(__name__)
 
 ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
-
-
-@dataclass(frozen=True, slots=True)
-class StreamDelta:
-    """A `message.delta` from a worker, published in order with the store's changes."""
-
-    workspace_id: str
-    session_id: str
-    event: dict[str, Any]
 
 
 STREAM_ACTIVITY_EVERY_S = 1.0
@@ -85,8 +74,7 @@ class Daemon:
         self.recovery: RecoveryReport | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        # Owned by the publishing thread: what each active Turn's last event carried.
-        self._turn_deltas = TurnDeltas()
+        self.publisher: EventPublisher | None = None
         self._stream_activity: dict[str, float] = {}  # turn id → last activity forwarded
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
@@ -179,8 +167,9 @@ class Daemon:
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
 
         self.supervisor.set_lifecycle_sink(_lifecycle)
+        self.publisher = EventPublisher(store, self.catalog, lambda: self.server, self._events)
         self._event_thread = threading.Thread(
-            target=self._publish_loop, name="agenthost-events", daemon=True
+            target=self.publisher.run, name="agenthost-events", daemon=True
         )
         self._event_thread.start()
         store.subscribe(self._events.put)
@@ -331,63 +320,6 @@ class Daemon:
         except ValueError as exc:
             raise InvalidArgument("points", str(exc)) from exc
         return merged
-
-    # -- events -----------------------------------------------------------------------------
-
-    def _publish_loop(self) -> None:
-        """Project store changes onto PUB events in commit order, off the writers' threads."""
-        while True:
-            change = self._events.get()
-            if change is None:
-                return
-            try:
-                event = self._project_change(change)
-            except HostError:
-                continue  # e.g. the entity vanished before we read it back
-            except Exception:  # noqa: BLE001
-                log.exception("could not project %r", change)
-                continue
-            if event is not None and self.server is not None:
-                self.server.publish(change.workspace_id, event)
-
-    def _project_change(self, change: Any) -> dict[str, Any] | None:
-        store = self.store
-        assert store is not None
-        if isinstance(change, SessionChanged):
-            if change.removed:
-                return {"type": "session.removed", "agentSessionId": change.session_id}
-            session = store.get_session(change.workspace_id, change.session_id)
-            return {
-                "type": "session.upserted",
-                "session": projection.session(session, self.catalog),
-            }
-        if isinstance(change, TurnChanged):
-            session = store.get_session(change.workspace_id, change.session_id)
-            # Read from the first message changed since this Turn's last event, not whole.
-            return {
-                "type": "turn.updated",
-                "agentSessionId": change.session_id,
-                "turn": updated_turn(
-                    store,
-                    self._turn_deltas,
-                    (change.workspace_id, change.session_id, change.turn_id),
-                    lambda turn: projection.turn(turn, session.provider, self.catalog),
-                    MAX_EVENT_BYTES,
-                ),
-            }
-        if isinstance(change, StreamDelta):
-            return {
-                "type": "message.delta",
-                "agentSessionId": change.session_id,
-                "turnId": str(change.event.get("turnId") or ""),
-                "itemId": str(change.event.get("itemId") or ""),
-                "kind": str(change.event.get("kind") or "assistant"),
-                "delta": str(change.event.get("delta") or ""),
-            }
-        if isinstance(change, ForkOperationChanged):
-            op = store.get_fork_operation(change.workspace_id, change.operation_id)
-            return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
-        return None
 
 
 def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -99,6 +99,11 @@ class TurnDeltas:
     def __len__(self) -> int:
         return len(self._seen)
 
+    def forget(self, key: _Key) -> None:
+        """Drop what this Turn's last event carried: its next event is whole (an event of it
+        was not published, e.g. nobody subscribed)."""
+        self._seen.pop(key, None)
+
     def marks(self, key: _Key) -> Sequence[tuple[int, int]] | None:
         """What `turn_since` needs of this Turn's last event (None: read the Turn whole)."""
         seen = self._seen.get(key)

@@ -1,44 +1,55 @@
-"""The daemon's client-facing API server: one transport thread owns the ROUTER (API) and PUB
-(events; optionally a second one with terminated topics) sockets, decodes requests and hands
-each to a dispatcher with a one-shot responder.
+"""The daemon's client-facing API server: one transport thread owns the ROUTER (API) and the
+events sockets, decodes requests and hands each to a dispatcher with a one-shot responder.
 
 It never blocks on work: replies and events from any thread reach the loop through an inproc
-PUSH/PULL pipe, and every failure of a request becomes a typed error reply (law 7).
+PUSH/PULL pipe, and every failure of a request becomes a typed error reply (law 7). A reply
+given during dispatch (the point reads, every validation error) is sent at once, without the
+pipe. The loop blocks in one `zmq.Poller.poll` with no timeout while there is nothing to do
+(it wakes on a request, a reply or event from another thread, or a subscription); only a
+client with unread replies backlogged makes it retry every 50 ms.
+
+The parts, by concern: `transport.replies` (the responder, each client's reply budget and
+backlog), `transport.events` (the XPUB sockets and who is subscribed), `transport.endpoints`
+(ipc files, bind order), `transport.security` (CURVE, ZAP), `transport.wire` (the envelope).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import os
-import socket
-import stat
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import msgpack
 import zmq
 
 from domain.errors import HostError, Unavailable, internal_error
-from transport.security import (
-    InsecureEndpoint,
-    ServerCurve,
-    bind_order,
-    configure_bind,
-    is_loopback,
-    needs_curve,
-    start_authenticator,
+from transport.endpoints import Binder, EndpointInUse
+from transport.events import EVENTS_HWM, MAX_EVENT_BYTES, EventSockets
+from transport.replies import (
+    MAX_UNREAD_BYTES,
+    PEER_REPLY_HWM,
+    OneShotResponder,
+    ReplyRouter,
+    Responder,
 )
-from transport.wire import (
-    Request,
-    WireReason,
-    decode_request,
-    encode_error,
-    encode_result,
-    peek_id,
-)
+from transport.security import ServerCurve, needs_curve, start_authenticator
+from transport.wire import Request, WireReason, decode_request, encode_error, peek_id
+
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "DEFAULT_MAX_IN_FLIGHT_PER_CLIENT",
+    "EVENTS_HWM",
+    "HARD_MAX_MESSAGE",
+    "MAX_EVENT_BYTES",
+    "MAX_UNREAD_BYTES",
+    "PEER_REPLY_HWM",
+    "ApiServer",
+    "Dispatcher",
+    "EndpointInUse",
+    "Responder",
+]
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +59,10 @@ DEFAULT_MAX_IN_FLIGHT = 10_000
 HARD_MAX_MESSAGE = 64 << 20
 _MAX_ENVELOPE_FRAMES = 32
 _CLOSE_LINGER_MS = 1000
-_EVENTS_HWM = 1000
-"""Events queued per subscriber that does not read (PUB drops beyond it; a reading one keeps
-up with bursts of hundreds): with events capped at `MAX_EVENT_BYTES` a subscriber that never
-reads holds at most 1000 × 256 KiB of the daemon, typically far less (issue 15 #6: 100,000
-whole-Turn events took a daemon past 1 GB)."""
-MAX_EVENT_BYTES = 256 << 10
-PEER_REPLY_HWM = 32
-"""Replies queued in ZeroMQ per client connection; past it, replies wait in a per-client
-backlog counted in that client's in-flight budget."""
+_BACKLOG_RETRY_MS = 50
 DEFAULT_MAX_IN_FLIGHT_PER_CLIENT = 1024
 """Requests in flight plus replies it has not read, per client connection: past it the
 client is refused (503 `overloaded`, retryable)."""
-MAX_UNREAD_BYTES = 16 << 20
-"""Reply bytes kept for a client that does not read, beyond the 32 replies ZeroMQ queues:
-while it has this much, its new requests are refused without being run, and a further reply
-to it is dropped (it is not reading) — so its unread replies cannot grow the daemon (issue
-15 #6: 5.9 GB from one DEALER sending `session.list` and never reading). A client that reads
-only drains its backlog, bursts of small replies included."""
 
 # Tags of the inproc pipe into the loop (first frame of each message).
 _TAG_REPLY = b"R"
@@ -73,64 +70,9 @@ _TAG_EVENT = b"E"
 _TAG_STOP = b"S"
 
 
-class Responder(Protocol):
-    """Answers one request, exactly once, from any thread."""
-
-    def result(self, status: int, result: Mapping[str, Any]) -> bool: ...
-
-    def error(self, error: HostError) -> bool: ...
-
-
 Dispatcher = Callable[[Request, Responder], None]
 """Called on the transport thread for every decoded request; must not block. It answers
 through the responder now or later (from any thread), or raises a HostError synchronously."""
-
-
-class EndpointInUse(RuntimeError):
-    """An ipc endpoint is already served by a live process (another daemon)."""
-
-
-class _Responder:
-    """The responder handed to the dispatcher; the first answer wins, later ones are ignored."""
-
-    __slots__ = ("_server", "_token", "_request_id", "_answered", "_lock")
-
-    def __init__(self, server: ApiServer, token: int, request_id: str) -> None:
-        self._server = server
-        self._token = token
-        self._request_id = request_id
-        self._answered = False
-        self._lock = threading.Lock()
-
-    @property
-    def answered(self) -> bool:
-        return self._answered
-
-    def _claim(self) -> bool:
-        with self._lock:
-            if self._answered:
-                return False
-            self._answered = True
-            return True
-
-    def result(self, status: int, result: Mapping[str, Any]) -> bool:
-        """Send a 2xx reply. Returns False if this request was already answered."""
-        if not self._claim():
-            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
-            return False
-        try:
-            frame = encode_result(self._request_id, status, result)
-        except Exception as exc:  # noqa: BLE001 - the request is still answered, typed
-            what = f"encoding the result of request {self._request_id}"
-            frame = encode_error(self._request_id, internal_error(exc, what, logger=log))
-        return self._server._post_reply(self._token, frame)
-
-    def error(self, error: HostError) -> bool:
-        """Send an error reply. Returns False if this request was already answered."""
-        if not self._claim():
-            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
-            return False
-        return self._server._post_reply(self._token, encode_error(self._request_id, error))
 
 
 class ApiServer:
@@ -176,10 +118,11 @@ class ApiServer:
         self._dispatcher = dispatcher
         self._max_in_flight = max_in_flight
         self._max_per_client = max_in_flight_per_client
-        # Per client identity: requests in flight, and replies ZeroMQ could not queue yet.
-        self._peer_in_flight: dict[bytes, int] = {}
-        self._backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
-        self._backlog_bytes: dict[bytes, int] = {}
+        self._replies = ReplyRouter()
+        self._events = EventSockets()
+        self._binder = Binder(curve)
+        self.wakeups = 0
+        """Times the loop's poll returned (tests pin that an idle loop stays blocked)."""
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._pipe_addr = f"inproc://agenthost-api-{id(self):x}"
@@ -187,16 +130,10 @@ class ApiServer:
         self._push: zmq.Socket[bytes] | None = None
         self._pull: zmq.Socket[bytes] | None = None
         self._router: zmq.Socket[bytes] | None = None
-        self._pub: zmq.Socket[bytes] | None = None
-        self._pub_exact: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None
         self._term_in_loop = False
         self._endpoints: list[str] = []
-        self._events_endpoint = ""
-        self._events_endpoints: list[str] = []
-        self._events_exact_endpoints: list[str] = []
-        self._ipc_files: list[str] = []
         # token -> (routing envelope, request id) of every request not yet answered.
         self._in_flight: dict[int, tuple[list[bytes], str]] = {}
         self._next_token = 0
@@ -213,17 +150,17 @@ class ApiServer:
 
     @property
     def events_endpoint(self) -> str:
-        return self._events_endpoint
+        return self._events.endpoints[0] if self._events.endpoints else ""
 
     @property
     def events_endpoints(self) -> list[str]:
         """Every bound events endpoint: `events_endpoint` first, then `events_listen`."""
-        return list(self._events_endpoints)
+        return list(self._events.endpoints)
 
     @property
     def events_exact_endpoints(self) -> list[str]:
         """Every bound endpoint of the terminated-topic events socket (empty: none)."""
-        return list(self._events_exact_endpoints)
+        return list(self._events.exact_endpoints)
 
     @property
     def in_flight(self) -> int:
@@ -285,8 +222,22 @@ class ApiServer:
         Returns False if the server is not running. Raises TypeError if `event` cannot be
         encoded, in the caller's thread, so a bad event never reaches the loop.
         """
-        payload = msgpack.packb(dict(event), use_bin_type=True)
-        return self._send_pipe([_TAG_EVENT, topic.encode("utf-8"), payload])
+        return self.publish_many([(topic, event)])
+
+    def publish_many(self, events: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
+        """Publish several events, in order, with one hand-over to the loop (see `publish`)."""
+        if not events:
+            return True
+        frames = [_TAG_EVENT]
+        for topic, event in events:
+            frames.append(topic.encode("utf-8"))
+            frames.append(msgpack.packb(dict(event), use_bin_type=True))
+        return self._send_pipe(frames)
+
+    def wants(self, topic: str) -> bool:
+        """Whether a connected subscriber would receive an event under `topic` (any thread):
+        a publisher may skip building an event nobody receives (`transport.events`)."""
+        return self._events.wants(topic)
 
     def _post_reply(self, token: int, frame: bytes) -> bool:
         if threading.get_ident() == self._loop_ident:
@@ -332,65 +283,45 @@ class ApiServer:
         # Mandatory routing: a full peer pipe answers EAGAIN (the reply goes to that peer's
         # backlog) and a vanished peer EHOSTUNREACH (dropped), never a silent drop or a block.
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        self._endpoints = self._bind_each(self._router, self._api_requested)
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.setsockopt(zmq.SNDHWM, _EVENTS_HWM)
-        self._events_endpoints = self._bind_each(
-            self._pub, [self._events_requested, *self._events_listen]
+        self._replies.router = self._router
+        self._endpoints = self._binder.bind_each(self._router, self._api_requested)
+        self._events.bind(
+            self._ctx,
+            self._binder,
+            [self._events_requested, *self._events_listen],
+            self._exact_requested,
         )
-        self._events_endpoint = self._events_endpoints[0]
-        if self._exact_requested:
-            # The same bounds as the first PUB: a subscriber that never reads costs the same.
-            self._pub_exact = self._ctx.socket(zmq.PUB)
-            self._pub_exact.setsockopt(zmq.LINGER, 0)
-            self._pub_exact.setsockopt(zmq.SNDHWM, _EVENTS_HWM)
-            self._events_exact_endpoints = self._bind_each(self._pub_exact, self._exact_requested)
-
-    def _bind_each(self, sock: zmq.Socket[bytes], endpoints: list[str]) -> list[str]:
-        """Bind every endpoint (NULL ones first, see `configure_bind`); the bound addresses in
-        the order given."""
-        bound = list(endpoints)
-        for i in bind_order(endpoints):
-            bound[i] = self._bind(sock, endpoints[i])
-        return bound
-
-    def _bind(self, sock: zmq.Socket[bytes], endpoint: str) -> str:
-        path = _ipc_path(endpoint)
-        if path is not None:
-            _prepare_ipc_path(path)
-        if self._curve is None and needs_curve(endpoint) and not is_loopback(endpoint):
-            # `allow_remote` is only ever honoured behind CURVE (issue 14 §2).
-            raise InsecureEndpoint(f"{endpoint}: a non-loopback endpoint needs CURVE keys")
-        configure_bind(sock, endpoint, self._curve)
-        sock.bind(endpoint)
-        if path is not None:
-            self._ipc_files.append(path)
-            # The run dir is already 0700; the socket file gets 0600 as the contract says.
-            os.chmod(path, 0o600)
-            return endpoint
-        last = sock.getsockopt(zmq.LAST_ENDPOINT)
-        return last.decode() if isinstance(last, bytes) else str(last)
 
     # -- the transport loop ------------------------------------------------------------------
 
     def _run(self) -> None:
         assert self._router is not None and self._pull is not None
         self._loop_ident = threading.get_ident()
+        replies = self._replies
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         poller.register(self._pull, zmq.POLLIN)
+        for sock in self._events.sockets:
+            poller.register(sock, zmq.POLLIN)
         try:
             while True:
-                # While some client has unread replies backlogged, retry them now and then.
-                events = dict(poller.poll(50 if self._backlog else None))
-                if self._backlog:
-                    self._flush_backlogs()
-                if self._pull in events and self._drain_pipe():
-                    break
-                if self._backlog:
-                    self._flush_backlogs()
-                if self._router in events:
+                # Blocks until there is work; only a client's unread backlog sets a timeout.
+                ready = poller.poll(_BACKLOG_RETRY_MS if replies.backlog else None)
+                self.wakeups += 1
+                if replies.backlog:
+                    replies.flush_backlogs()
+                router_ready = False
+                for sock, _ in ready:
+                    if sock is self._pull:
+                        if self._drain_pipe():
+                            return
+                    elif sock is self._router:
+                        router_ready = True
+                    else:
+                        self._events.read_subscriptions(sock)
+                if replies.backlog:
+                    replies.flush_backlogs()
+                if router_ready:
                     self._drain_router()
         except Exception:
             log.exception("transport loop failed")
@@ -413,7 +344,8 @@ class ApiServer:
             if tag == _TAG_REPLY:
                 self._send_reply(int.from_bytes(frames[1], "big"), frames[2])
             elif tag == _TAG_EVENT:
-                self._send_event(frames[1], frames[2])
+                for i in range(1, len(frames) - 1, 2):
+                    self._events.send(frames[i], frames[i + 1])
             elif tag == _TAG_STOP:
                 stop = True
         return stop
@@ -437,36 +369,34 @@ class ApiServer:
         try:
             request = decode_request(body)
         except HostError as exc:
-            self._send_now(envelope, encode_error(peek_id(body), exc))
+            self._replies.send_now(envelope, encode_error(peek_id(body), exc))
             return
         if self._closing:
-            self._send_now(envelope, encode_error(request.id, _shutting_down()))
+            self._replies.send_now(envelope, encode_error(request.id, _shutting_down()))
             return
         if len(self._in_flight) >= self._max_in_flight:
             overloaded = Unavailable(
                 f"more than {self._max_in_flight} requests in flight",
                 reason=WireReason.OVERLOADED,
             )
-            self._send_now(envelope, encode_error(request.id, overloaded))
+            self._replies.send_now(envelope, encode_error(request.id, overloaded))
             return
         peer = envelope[0]
-        if (
-            self._peer_load(peer) >= self._max_per_client
-            or self._backlog_bytes.get(peer, 0) >= MAX_UNREAD_BYTES
-        ):
+        replies = self._replies
+        if replies.peer_load(peer) >= self._max_per_client or replies.not_reading(peer):
             overloaded = Unavailable(
                 f"more than {self._max_per_client} requests in flight or replies unread"
                 " on this connection",
                 reason=WireReason.OVERLOADED,
             )
             # Never backlogged: a client that does not read gets no further memory from us.
-            self._send_now(envelope, encode_error(request.id, overloaded), backlog=False)
+            replies.send_now(envelope, encode_error(request.id, overloaded), backlog=False)
             return
         token = self._next_token
         self._next_token += 1
         self._in_flight[token] = (envelope, request.id)
-        self._peer_in_flight[peer] = self._peer_in_flight.get(peer, 0) + 1
-        responder = _Responder(self, token, request.id)
+        replies.started(peer)
+        responder = OneShotResponder(self._post_reply, token, request.id)
         try:
             self._dispatcher(request, responder)
         except HostError as exc:
@@ -480,74 +410,9 @@ class ApiServer:
         entry = self._in_flight.pop(token, None)
         if entry is None:
             return False  # already answered with shutting_down
-        peer = entry[0][0]
-        left = self._peer_in_flight.get(peer, 1) - 1
-        if left > 0:
-            self._peer_in_flight[peer] = left
-        else:
-            self._peer_in_flight.pop(peer, None)
-        self._send_now(entry[0], frame)
+        self._replies.finished(entry[0][0])
+        self._replies.send_now(entry[0], frame)
         return True
-
-    def _peer_load(self, peer: bytes) -> int:
-        """What counts against a client's budget: its requests in flight and its replies
-        that ZeroMQ could not queue because it does not read."""
-        return self._peer_in_flight.get(peer, 0) + len(self._backlog.get(peer, ()))
-
-    def _send_now(self, envelope: list[bytes], frame: bytes, *, backlog: bool = True) -> None:
-        assert self._router is not None
-        peer = envelope[0]
-        pending = self._backlog.get(peer)
-        if pending is not None:
-            if backlog and self._backlog_bytes.get(peer, 0) < MAX_UNREAD_BYTES:
-                pending.append((envelope, frame))  # keep the connection's reply order
-                self._backlog_bytes[peer] = self._backlog_bytes.get(peer, 0) + len(frame)
-            elif backlog:
-                log.warning("a client that does not read: reply dropped (%d unread)", len(pending))
-            return
-        try:
-            self._router.send_multipart([*envelope, frame], zmq.NOBLOCK)
-        except zmq.Again:
-            if backlog:
-                self._backlog[peer] = [(envelope, frame)]
-                self._backlog_bytes[peer] = len(frame)
-        except zmq.ZMQError as exc:
-            # A vanished peer must never take the loop down.
-            log.debug("reply dropped: %s", exc)
-
-    def _flush_backlogs(self) -> None:
-        assert self._router is not None
-        for peer, pending in list(self._backlog.items()):
-            while pending:
-                envelope, frame = pending[0]
-                try:
-                    self._router.send_multipart([*envelope, frame], zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                except zmq.ZMQError:
-                    pending.clear()  # the peer is gone: its replies have no reader
-                    break
-                pending.pop(0)
-                self._backlog_bytes[peer] = self._backlog_bytes.get(peer, 0) - len(frame)
-            if not pending:
-                del self._backlog[peer]
-                self._backlog_bytes.pop(peer, None)
-
-    def _send_event(self, topic: bytes, payload: bytes) -> None:
-        assert self._pub is not None
-        try:
-            self._pub.send_multipart([topic, payload], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.debug("event dropped: %s", exc)
-        if self._pub_exact is None or b"\0" in topic:
-            # A topic holding NUL could still prefix-match another (workspace ids never hold
-            # one: the API refuses it); such an event is not published terminated at all.
-            return
-        try:
-            # The one encoding of the event, under its terminated topic.
-            self._pub_exact.send_multipart([topic + b"\0", payload], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.debug("event dropped (exact): %s", exc)
 
     def _shutdown(self) -> None:
         self._closing = True
@@ -557,7 +422,7 @@ class ApiServer:
             self._drain_router()
             in_flight, self._in_flight = self._in_flight, {}
             for envelope, request_id in in_flight.values():
-                self._send_now(envelope, encode_error(request_id, _shutting_down()))
+                self._replies.send_now(envelope, encode_error(request_id, _shutting_down()))
         finally:
             self._loop_ident = None  # a later thread may reuse the ident
             self._close_sockets()
@@ -573,49 +438,14 @@ class ApiServer:
     def _close_sockets(self) -> None:
         with self._push_lock:
             push, self._push = self._push, None
-        for sock in (push, self._pull, self._router, self._pub, self._pub_exact):
+        for sock in (push, self._pull, self._router):
             if sock is not None:
                 with contextlib.suppress(zmq.ZMQError):
                     sock.close()
-        self._pull = self._router = self._pub = self._pub_exact = None
-        for path in self._ipc_files:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        self._ipc_files.clear()
+        self._events.close()
+        self._pull = self._router = self._replies.router = None
+        self._binder.remove_ipc_files()
 
 
 def _shutting_down() -> Unavailable:
     return Unavailable("the daemon is shutting down", reason=WireReason.SHUTTING_DOWN)
-
-
-def _ipc_path(endpoint: str) -> str | None:
-    if not endpoint.startswith("ipc://"):
-        return None
-    path = endpoint[len("ipc://") :]
-    if not path or path.startswith("@"):
-        return None  # abstract namespace: no file
-    return path
-
-
-def _prepare_ipc_path(path: str) -> None:
-    """Create the run dir 0700 and refuse to steal a socket a live process still serves."""
-    run_dir = os.path.dirname(os.path.abspath(path))
-    os.makedirs(run_dir, mode=0o700, exist_ok=True)
-    os.chmod(run_dir, 0o700)  # makedirs' mode is masked by umask; the contract says 0700
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise EndpointInUse(f"{path} exists and is not a socket")
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        probe.connect(path)
-    except OSError as exc:
-        if exc.errno in (errno.ECONNREFUSED, errno.ENOENT):
-            os.unlink(path)  # stale socket of a process that died
-            return
-        raise
-    finally:
-        probe.close()
-    raise EndpointInUse(f"{path} is served by another live process")

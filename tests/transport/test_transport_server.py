@@ -8,6 +8,7 @@ import os
 import socket
 import stat
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -463,3 +464,40 @@ def test_close_from_a_handler_on_the_loop_answers_it_and_stops(
     running.server._thread.join(10)
     assert not running.server._thread.is_alive()
     assert not os.path.exists(running.ipc[len("ipc://"):])
+
+
+def test_an_idle_loop_blocks_in_poll(running: Running, client_for: MakeClient) -> None:
+    """Issue 20: with nothing to do the transport loop sleeps in one blocking poll (no timeout,
+    no busy polling): over a quiet half second it does not wake once."""
+    server = running.server
+    client_for(server.endpoints[0]).call("echo", {"x": 1})  # the loop has served a request
+    time.sleep(0.2)
+    before = server.wakeups
+    time.sleep(0.5)
+    assert server.wakeups == before
+    # Work still wakes it at once.
+    assert client_for(server.endpoints[0]).call("echo", {"x": 2})["params"] == {"x": 2}
+    assert server.wakeups > before
+
+
+def test_wants_follows_the_subscriptions_of_connected_subscribers(running: Running) -> None:
+    """The events sockets report who is subscribed: a workspace is wanted while a connected
+    subscriber's prefix matches it, and no longer once that subscriber is gone."""
+    server = running.server
+    assert not server.wants("ws-a")
+    with EventSubscriber(server.events_endpoint, ["ws-a"]):
+        wait_until(lambda: server.wants("ws-a"))
+        assert server.wants("ws-a-longer")  # a prefix match, as ZeroMQ delivers it
+        assert not server.wants("ws-b")
+        with EventSubscriber(server.events_endpoint):
+            wait_until(lambda: server.wants("ws-b"))  # "" subscribes to everything
+        wait_until(lambda: not server.wants("ws-b"))
+        assert server.wants("ws-a")
+    wait_until(lambda: not server.wants("ws-a"))
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)

@@ -1,0 +1,152 @@
+"""The daemon's event publisher: store changes (and streamed deltas) projected onto PUB events
+in commit order, on one thread of its own, off the writers' threads.
+
+Issue 20: it works in batches — everything queued when it wakes, up to `BATCH`, handed to the
+transport loop in one go — drops a change that repeats the one right before it (each event
+reads the current state, so the repeat would say the same), and builds no event for a
+workspace no connected subscriber wants (`ApiServer.wants`): no store read, no projection,
+no encoding. A Turn skipped that way is forgotten by `TurnDeltas`, so its next event, when
+someone listens, carries it whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from actors.ports import ProviderCatalog
+from agenthost import projection
+from agenthost.turn_events import TurnDeltas, updated_turn
+from storage import Store
+from storage.errors import HostError
+from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from transport.server import MAX_EVENT_BYTES
+
+log = logging.getLogger("agenthost.daemon")
+
+BATCH = 256
+"""Changes taken off the queue per wake-up, at most (one hand-over to the transport loop)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamDelta:
+    """A streamed `message.delta` from a worker: published, never stored."""
+
+    workspace_id: str
+    session_id: str
+    event: dict[str, Any]
+
+
+class EventSink(Protocol):
+    """Where events go (`transport.server.ApiServer`)."""
+
+    def wants(self, topic: str) -> bool: ...
+
+    def publish_many(self, events: list[tuple[str, Mapping[str, Any]]]) -> bool: ...
+
+
+class EventPublisher:
+    """Runs `run()` on one thread; `changes.put(change)` from any thread, `None` stops it."""
+
+    def __init__(
+        self,
+        store: Store,
+        catalog: ProviderCatalog,
+        sink: Callable[[], EventSink | None],
+        changes: queue.SimpleQueue[Any],
+    ) -> None:
+        self.store = store
+        self.catalog = catalog
+        self._sink = sink
+        self.queue = changes
+        # Owned by the publishing thread: what each active Turn's last event carried.
+        self.turn_deltas = TurnDeltas()
+        self.skipped = 0
+        """Changes no subscriber wanted (no event built); tests pin the skip on it."""
+        self.projected = 0
+
+    def run(self) -> None:
+        while True:
+            batch = [self.queue.get()]
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self.queue.get_nowait())
+                except queue.Empty:
+                    break
+            stop = self._publish(batch)
+            if stop:
+                return
+
+    def _publish(self, batch: list[Any]) -> bool:
+        sink = self._sink()
+        out: list[tuple[str, Mapping[str, Any]]] = []
+        previous: Any = None
+        stop = False
+        for change in batch:
+            if change is None:
+                stop = True
+                break
+            if change == previous and not isinstance(change, StreamDelta):
+                continue  # the same change again: its event would read the same state
+            previous = change
+            if sink is None or not sink.wants(change.workspace_id):
+                self.skipped += 1
+                if isinstance(change, TurnChanged):
+                    self.turn_deltas.forget(
+                        (change.workspace_id, change.session_id, change.turn_id)
+                    )
+                continue
+            try:
+                event = self.project(change)
+            except HostError:
+                continue  # e.g. the entity vanished before we read it back
+            except Exception:  # noqa: BLE001
+                log.exception("could not project %r", change)
+                continue
+            if event is not None:
+                self.projected += 1
+                out.append((change.workspace_id, event))
+        if out and sink is not None:
+            sink.publish_many(out)
+        return stop
+
+    def project(self, change: Any) -> dict[str, Any] | None:
+        store = self.store
+        if isinstance(change, SessionChanged):
+            if change.removed:
+                return {"type": "session.removed", "agentSessionId": change.session_id}
+            session = store.get_session(change.workspace_id, change.session_id)
+            return {
+                "type": "session.upserted",
+                "session": projection.session(session, self.catalog),
+            }
+        if isinstance(change, TurnChanged):
+            session = store.get_session(change.workspace_id, change.session_id)
+            # Read from the first message changed since this Turn's last event, not whole.
+            return {
+                "type": "turn.updated",
+                "agentSessionId": change.session_id,
+                "turn": updated_turn(
+                    store,
+                    self.turn_deltas,
+                    (change.workspace_id, change.session_id, change.turn_id),
+                    lambda turn: projection.turn(turn, session.provider, self.catalog),
+                    MAX_EVENT_BYTES,
+                ),
+            }
+        if isinstance(change, StreamDelta):
+            return {
+                "type": "message.delta",
+                "agentSessionId": change.session_id,
+                "turnId": str(change.event.get("turnId") or ""),
+                "itemId": str(change.event.get("itemId") or ""),
+                "kind": str(change.event.get("kind") or "assistant"),
+                "delta": str(change.event.get("delta") or ""),
+            }
+        if isinstance(change, ForkOperationChanged):
+            op = store.get_fork_operation(change.workspace_id, change.operation_id)
+            return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
+        return None

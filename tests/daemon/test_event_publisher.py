@@ -1,0 +1,79 @@
+"""The event publisher (issue 20): it builds no event for a workspace nobody subscribed to (no
+store read, no projection), and once a subscriber is connected it gets the events as before."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agenthost.config import load_config
+from agenthost.daemon import Daemon
+from transport.client import Client, EventSubscriber
+
+pytestmark = pytest.mark.timeout(60)
+
+WS = "ws-publisher"
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    daemon = Daemon(load_config(home))
+    try:
+        daemon.start()
+        client = Client(daemon.api_endpoint, timeout=20.0)
+        try:
+            yield daemon, client
+        finally:
+            client.close()
+    finally:
+        daemon.close()
+
+
+def _until(pred: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_no_event_is_built_for_a_workspace_nobody_listens_to(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, client = running
+    publisher, server = daemon.publisher, daemon.server
+    assert publisher is not None and server is not None
+    sid = str(uuid.uuid4())
+    status, _ = client.call_raw(
+        "session.create", {"workspaceId": WS, "agentSessionId": sid, "provider": "tutti-agent"}
+    )
+    assert status == 200
+    for i in range(5):
+        status, _ = client.call_raw(
+            "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": f"t{i}"}
+        )
+        assert status == 200
+    _until(lambda: publisher.skipped >= 6)
+    assert publisher.projected == 0 and not server.wants(WS)
+
+    # A subscriber of another workspace (a prefix of ours on the exact socket) changes nothing.
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        _until(lambda: server.wants(WS))
+        assert not server.wants("ws-other")
+        status, _ = client.call_raw(
+            "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": "heard"}
+        )
+        assert status == 200
+        while True:
+            event = sub.next(10)
+            assert event is not None, "no event for a subscribed workspace"
+            if event["type"] == "session.upserted" and event["session"]["title"] == "heard":
+                break
+        assert publisher.projected >= 1
+    # The subscriber left: its workspace is no longer wanted.
+    _until(lambda: not server.wants(WS))

@@ -1,0 +1,152 @@
+"""Replies: the one-shot responder a dispatcher answers through, and the ROUTER side that
+sends each reply to its client without ever blocking the transport loop.
+
+A client that does not read cannot grow the daemon: ZeroMQ queues `PEER_REPLY_HWM` replies per
+connection, then replies wait in a per-client backlog (kept in order, counted in that
+client's in-flight budget) up to `MAX_UNREAD_BYTES`, past which they are dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import zmq
+
+from domain.errors import HostError, internal_error
+from transport.wire import encode_error, encode_result
+
+log = logging.getLogger("transport.server")
+
+PEER_REPLY_HWM = 32
+"""Replies queued in ZeroMQ per client connection; past it, replies wait in a per-client
+backlog counted in that client's in-flight budget."""
+MAX_UNREAD_BYTES = 16 << 20
+"""Reply bytes kept for a client that does not read, beyond the 32 replies ZeroMQ queues:
+while it has this much, its new requests are refused without being run, and a further reply
+to it is dropped (it is not reading) — so its unread replies cannot grow the daemon (issue
+15 #6: 5.9 GB from one DEALER sending `session.list` and never reading). A client that reads
+only drains its backlog, bursts of small replies included."""
+
+
+class Responder(Protocol):
+    """Answers one request, exactly once, from any thread."""
+
+    def result(self, status: int, result: Mapping[str, Any]) -> bool: ...
+
+    def error(self, error: HostError) -> bool: ...
+
+
+class OneShotResponder:
+    """The responder handed to the dispatcher; the first answer wins, later ones are ignored.
+
+    `post(token, frame)` delivers the encoded reply (on the loop thread it is sent at once)."""
+
+    __slots__ = ("_post", "_token", "_request_id", "_answered", "_lock")
+
+    def __init__(self, post: Callable[[int, bytes], bool], token: int, request_id: str) -> None:
+        self._post = post
+        self._token = token
+        self._request_id = request_id
+        self._answered = False
+        self._lock = threading.Lock()
+
+    @property
+    def answered(self) -> bool:
+        return self._answered
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+            return True
+
+    def result(self, status: int, result: Mapping[str, Any]) -> bool:
+        """Send a 2xx reply. Returns False if this request was already answered."""
+        if not self._claim():
+            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
+            return False
+        try:
+            frame = encode_result(self._request_id, status, result)
+        except Exception as exc:  # noqa: BLE001 - the request is still answered, typed
+            what = f"encoding the result of request {self._request_id}"
+            frame = encode_error(self._request_id, internal_error(exc, what, logger=log))
+        return self._post(self._token, frame)
+
+    def error(self, error: HostError) -> bool:
+        """Send an error reply. Returns False if this request was already answered."""
+        if not self._claim():
+            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
+            return False
+        return self._post(self._token, encode_error(self._request_id, error))
+
+
+class ReplyRouter:
+    """The ROUTER's sending side and each client's budget; used by the loop thread only."""
+
+    def __init__(self) -> None:
+        self.router: zmq.Socket[bytes] | None = None
+        # Per client identity: requests in flight, and replies ZeroMQ could not queue yet.
+        self.peer_in_flight: dict[bytes, int] = {}
+        self.backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
+        self.backlog_bytes: dict[bytes, int] = {}
+
+    def peer_load(self, peer: bytes) -> int:
+        """What counts against a client's budget: its requests in flight and its replies
+        that ZeroMQ could not queue because it does not read."""
+        return self.peer_in_flight.get(peer, 0) + len(self.backlog.get(peer, ()))
+
+    def not_reading(self, peer: bytes) -> bool:
+        return self.backlog_bytes.get(peer, 0) >= MAX_UNREAD_BYTES
+
+    def started(self, peer: bytes) -> None:
+        self.peer_in_flight[peer] = self.peer_in_flight.get(peer, 0) + 1
+
+    def finished(self, peer: bytes) -> None:
+        left = self.peer_in_flight.get(peer, 1) - 1
+        if left > 0:
+            self.peer_in_flight[peer] = left
+        else:
+            self.peer_in_flight.pop(peer, None)
+
+    def send_now(self, envelope: list[bytes], frame: bytes, *, backlog: bool = True) -> None:
+        assert self.router is not None
+        peer = envelope[0]
+        pending = self.backlog.get(peer)
+        if pending is not None:
+            if backlog and self.backlog_bytes.get(peer, 0) < MAX_UNREAD_BYTES:
+                pending.append((envelope, frame))  # keep the connection's reply order
+                self.backlog_bytes[peer] = self.backlog_bytes.get(peer, 0) + len(frame)
+            elif backlog:
+                log.warning("a client that does not read: reply dropped (%d unread)", len(pending))
+            return
+        try:
+            self.router.send_multipart([*envelope, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            if backlog:
+                self.backlog[peer] = [(envelope, frame)]
+                self.backlog_bytes[peer] = len(frame)
+        except zmq.ZMQError as exc:
+            # A vanished peer must never take the loop down.
+            log.debug("reply dropped: %s", exc)
+
+    def flush_backlogs(self) -> None:
+        assert self.router is not None
+        for peer, pending in list(self.backlog.items()):
+            while pending:
+                envelope, frame = pending[0]
+                try:
+                    self.router.send_multipart([*envelope, frame], zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    pending.clear()  # the peer is gone: its replies have no reader
+                    break
+                pending.pop(0)
+                self.backlog_bytes[peer] = self.backlog_bytes.get(peer, 0) - len(frame)
+            if not pending:
+                del self.backlog[peer]
+                self.backlog_bytes.pop(peer, None)
