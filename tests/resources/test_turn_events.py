@@ -109,11 +109,49 @@ def test_a_long_turn_costs_linear_bytes_on_the_pub(tmp_path: Path) -> None:
 def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
     tmp_path: Path,
 ) -> None:
-    """Joined mid-turn, a subscriber's events carry only new messages: it cannot build the
-    Turn from them, reads it whole with `session.timeline`, then merges what follows."""
+    """Joined mid-turn while another client listens, a subscriber's events carry only new
+    messages: it cannot build the Turn from them, reads it whole with `session.timeline`,
+    then merges what follows."""
     gate = threading.Event()
     n = 30
     # The fake model holds after `response.created` and the n reasoning items.
+    with steps_daemon(tmp_path / "home", gate=gate, hold_after=1 + n) as d:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        # Someone listens from the start, so the Turn's events are built as it runs (with no
+        # subscriber at all none would be, issue 20, and a late joiner's first one is whole).
+        early = EventSubscriber(d.events, (WS,))
+        try:
+            time.sleep(0.5)  # the subscription reaches the daemon
+            turn = submit(c, sid, f"steps {n} 200")
+            wait_for(lambda: len(turn_of(c, sid, turn["turnId"])["messages"]) == n + 1)
+            _until_event_with(early, sid, turn["turnId"], n + 1)
+            late = EventSubscriber(d.events, (WS,))
+            try:
+                time.sleep(0.5)  # the subscription reaches the daemon
+                gate.set()
+                events = _turn_events(late, sid, turn["turnId"])
+            finally:
+                late.close()
+        finally:
+            early.close()
+        whole = turn_of(c, sid, turn["turnId"])
+        first = events[0]["turn"]
+        assert first["phase"] == "active" and first["messagesFrom"] >= n + 1, first
+        assert merge_turn(None, first) is None  # a part of the Turn: read it whole
+        state = get_turn(c, WS, sid, turn["turnId"], turn["sequence"])
+        assert len(state["messages"]) >= n + 1
+        for event in events:
+            merged = merge_turn(state, event["turn"])
+            state = merged if merged is not None else get_turn(c, WS, sid, turn["turnId"])
+        assert state == whole
+
+
+def test_with_nobody_listening_a_late_joiners_first_event_is_whole(tmp_path: Path) -> None:
+    """Issue 20: while no client subscribes, the daemon builds no event of the Turn; the
+    first one a late joiner receives carries the Turn whole (no timeline read needed)."""
+    gate = threading.Event()
+    n = 10
     with steps_daemon(tmp_path / "home", gate=gate, hold_after=1 + n) as d:
         c = d.client()
         sid = create_session(c)["agentSessionId"]
@@ -126,16 +164,25 @@ def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
             events = _turn_events(late, sid, turn["turnId"])
         finally:
             late.close()
-        whole = turn_of(c, sid, turn["turnId"])
         first = events[0]["turn"]
-        assert first["phase"] == "active" and first["messagesFrom"] >= n + 1, first
-        assert merge_turn(None, first) is None  # a part of the Turn: read it whole
-        state = get_turn(c, WS, sid, turn["turnId"], turn["sequence"])
-        assert len(state["messages"]) >= n + 1
-        for event in events:
-            merged = merge_turn(state, event["turn"])
-            state = merged if merged is not None else get_turn(c, WS, sid, turn["turnId"])
-        assert state == whole
+        assert "messagesTruncated" not in first and len(first["messages"]) >= n + 1, first
+        assert merge_turn(None, first) is not None
+
+
+def _until_event_with(sub: EventSubscriber, sid: str, turn_id: str, count: int) -> None:
+    """Read `sub` until a `turn.updated` of this Turn says it has `count` messages."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        event = sub.next(1.0)
+        if (
+            event is not None
+            and event.get("type") == "turn.updated"
+            and event.get("agentSessionId") == sid
+            and event["turn"]["turnId"] == turn_id
+            and event["turn"].get("messageCount", len(event["turn"]["messages"])) >= count
+        ):
+            return
+    raise AssertionError(f"no event of turn {turn_id} with {count} messages")
 
 
 def test_stream_turn_and_say_follow_a_multi_message_turn_to_the_timeline(
