@@ -579,8 +579,62 @@ def run(mode: Mode) -> BenchResult:
     return result
 
 
+def run_reads_only(mode: Mode) -> BenchResult:
+    """Only the read phase (d): the store of `operations` Sessions with one fork operation
+    each, a daemon on it, 8 clients alternating `session.get` / `fork.get` (issue 20's
+    targets 8-9), with the daemon's CPU per read."""
+    operations = pick(mode, 10_000, 2_000, 50)
+    readers = pick(mode, 8, 8, 2)
+    read_s = pick(mode, 10.0, 4.0, 0.5)
+    result = BenchResult("scale-reads", "", mode.value)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-reads-") as tmp_text:
+        home = Path(tmp_text) / "many"
+        sids, ops = build_recovery_store(home, operations)
+        daemon = BenchDaemon(home).start()
+        try:
+            specs = [
+                ClientSpec(
+                    "read", {"ws": WS, "sids": sids[:2000], "ops": ops[:2000], "offset": 97 * i}
+                )
+                for i in range(readers)
+            ]
+            load = os.getloadavg()[0]
+            profile = TreeProfile(daemon.pid, Path(tmp_text) / "reads.pyspy.txt", use_py_spy=False)
+            records = run_clients(daemon.api, specs, read_s, on_start=profile.start)
+            profile.stop()
+        finally:
+            daemon.stop()
+    flat = [r for recs in records for r in recs]
+    both = Latency.of(latencies(flat))
+    cpu = {k: 1000 * v / max(1, len(flat)) for k, v in profile.cpu.items()}
+    result.tables.append(
+        Table(
+            f"reads with {readers} clients, {read_s:g} s, {operations} Sessions"
+            f" (1-min load average at start {load:.2f})",
+            ("method", "req/s", "p50 ms", "p99 ms"),
+            tuple(
+                (kind, lat.n / read_s, lat.p50, lat.p99)
+                for kind, lat in (
+                    ("session.get", Latency.of(latencies(flat, "session.get"))),
+                    ("fork.get", Latency.of(latencies(flat, "fork.get"))),
+                    ("both", both),
+                )
+            ),
+        )
+    )
+    result.notes.append(cpu_line(cpu, "ms per read"))
+    result.notes.append(f"errors {sum(1 for r in flat if r['status'] >= 400)}")
+    quick = " --quick" if mode is Mode.QUICK else ""
+    result.notes.append(f"command: build/venv/bin/python -m bench.scale --only-reads{quick}")
+    result.figures = {"readsPerSecond": len(flat) / read_s, "cpuMsPerRead": cpu}
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--only-reads" in args:
+        args.remove("--only-reads")
+        return bench_main(MODULE, __doc__ or "", run_reads_only, args)
     if args[:1] == ["--probe"]:
         kind, rest = args[1], args[2:]
         probes: dict[str, Callable[..., dict[str, Any]]] = {
