@@ -107,9 +107,9 @@ def inspect(driver: Any, resolve: ResolveRequest) -> ResolveInspection:
     return ResolveInspection(tuple(out), quarantined)
 
 
-def adopt(driver: Any, adopt: ResolveAdopt) -> ForkResult:
-    request, source_home, target_home, source_id, exclude = _request(adopt.scope)
-    child = adopt.child_id
+def adopt(driver: Any, resolve: ResolveAdopt) -> ForkResult:
+    request, source_home, target_home, source_id, exclude = _request(resolve.scope)
+    child = resolve.child_id
     in_source = _children(source_home, source_id, exclude)
     in_target = _children(target_home, source_id, exclude)
     if child not in in_source and child not in in_target:

@@ -49,6 +49,41 @@ def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
     } <= seen
 
 
+class _RawLog(EventLog):
+    """Keeps what the driver handed `emit`, before any serialisation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[object] = []
+
+    def __call__(self, sid: str, event: wm.TurnEvent) -> None:
+        self.raw.append(event)
+        super().__call__(sid, event)
+
+
+@pytest.mark.timeout(90)
+def test_a_driver_emits_typed_turn_events_never_maps(
+    make_driver: Make, tmp_path: Path  # noqa: F811 - the fixture
+) -> None:
+    """Issue 19: the driver builds each event as its `TurnEvent`; the wire map is made once,
+    at the worker's edge (`to_wire`), and reads back as the same value."""
+    log = _RawLog()
+    driver = make_driver()
+    open_session(driver, log, tmp_path, texts=("hello there", "/tool grep needle"))
+    assert log.raw
+    kinds = (
+        wm.TurnStarted,
+        wm.TurnItem,
+        wm.InteractionRequested,
+        wm.TurnBindingMoved,
+        wm.TurnCompleted,
+        wm.MessageDelta,
+    )
+    for event in log.raw:
+        assert isinstance(event, kinds), event
+        assert wm.turn_event_from_wire(event.to_wire()) == event
+
+
 def _request() -> wm.ForkRequest:
     return wm.ForkRequest(
         source=wm.ForkSource("1:w:s", "thread-1", "/h/src", "/cwd"),
