@@ -24,7 +24,7 @@ import pytest
 import zmq
 
 from agenthost.cli import _parser, events_source
-from agenthost.engine import ChangeKind, Engine, EngineChange
+from client.engine import ChangeKind, Engine, EngineChange
 from agenthost.keys import Connection, load_connection
 from tests.support.daemon import DaemonProcess, create_session, run_turn, wait_for
 from transport.client import Client, EventSubscriber
