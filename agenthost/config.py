@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from domain.home_layout import default_home as default_home  # the home's place: shared
 from domain.providers import PROVIDERS
 
 WIRE_APIS = ("responses", "chat")
@@ -507,14 +508,6 @@ class Config:
     @property
     def runtimes_dir(self) -> Path:
         return self.home / "runtimes"
-
-
-def default_home() -> Path:
-    env = os.environ.get("AGENTHOST_HOME")
-    if env:
-        return _absolute(Path(env))
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "agenthost"
 
 
 def _absolute(path: Path) -> Path:
