@@ -1,6 +1,7 @@
 """Is the daemon there? Before sending anything, the client commands look at the home's lock
 (`domain.home_layout.probe_home`) and its socket, so a dead daemon is reported at once (exit 3)
-instead of after `--timeout`; and when no reply comes, they say which of the two it was.
+instead of after `--timeout`; and when no reply comes, they say whether the daemon has exited
+or is running but busy.
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
         "domain.errors",
         "domain.enums",
         "domain.fork_states",
+        "domain.home_layout",
         "domain.providers",
         "domain.worker_messages",
     ],

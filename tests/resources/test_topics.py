@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
+from bench.loadgen import Waiter
 from client.engine import ChangeKind, Engine, EngineChange
 from client.session_client import stream_turn
-from bench.loadgen import Waiter
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, turn_of
 from transport.client import EventSubscriber
 
