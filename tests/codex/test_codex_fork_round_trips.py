@@ -16,6 +16,7 @@ from conftest import MakeDriver
 
 from drivers.base import DeliveryDisposition
 from tests.support.events import EventLog
+from tests.support.fsyncs import counting_fsyncs
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,3 +58,33 @@ def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert result.child is not None and list(result.child.provider_turn_ids) == prefix
     assert methods(calls_log).count("thread/read") == 2
+
+
+def test_codex_fork_fsyncs_in_the_worker_only_the_bound_lineage(
+    make_driver: MakeDriver, log: EventLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own fsyncs for one Codex fork: the Referenced child and its source ancestor
+    once each, and each directory whose entries changed once per file written into it (the
+    ancestor is made durable before the child is written); the proof writes nothing."""
+    driver = make_driver()
+    src = open_session(driver, log, tmp_path, texts=("one",))
+    target = tmp_path / "child" / "codex-home"  # tmp_path exists
+    with counting_fsyncs(monkeypatch) as fsyncs:
+        result = driver.fork(fork_request(src, src.turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.binding is not None
+    rollouts = result.binding.receipt["rollouts"]
+    assert [r["role"] for r in rollouts] == ["child", "ancestor"]
+    assert fsyncs.files == 2
+    assert [fsyncs.count(target / r["relativePath"]) for r in rollouts] == [1, 1]
+    # Written ancestor first; each write fsyncs the directory it renamed into and the parent
+    # of every directory it created, once.
+    expected: Counter[Path] = Counter()
+    existing = {tmp_path}
+    for rollout in reversed(rollouts):
+        path = target / rollout["relativePath"]
+        missing = [d for d in path.parents if d not in existing and tmp_path in d.parents]
+        existing.update(missing)
+        expected.update({path.parent, *(d.parent for d in missing)})
+    assert fsyncs.dirs == sum(expected.values())
+    assert {d: fsyncs.count(d) for d in expected} == dict(expected)
