@@ -48,8 +48,15 @@ def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
         assert result.binding.receipt["readabilityProof"] == "in_worker"
     assert wait_until(lambda: methods(calls_log)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls_log)[before:])
-    # Before: thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
-    assert made == {"thread/read": 1, "thread/fork": 3, "thread/unsubscribe": 3}
+    # Before: thread/read + thread/fork + thread/unsubscribe per fork, all awaited. Now the
+    # source is read once, the child's turns are listed (`excludeTurns`: less Codex CPU than
+    # a hydrated fork answer) and the unsubscribe is not awaited.
+    assert made == {
+        "thread/read": 1,
+        "thread/fork": 3,
+        "thread/turns/list": 3,
+        "thread/unsubscribe": 3,
+    }
     assert driver.spawns == spawns  # no app-server started by a fork
 
     # A turn since the last read: the next fork reads the source again and sees it.
