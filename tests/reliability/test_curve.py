@@ -21,8 +21,8 @@ import msgpack
 import pytest
 import zmq
 
-from client.engine import Engine
 from agenthost.keys import Connection, load_connection
+from client.engine import Engine
 from tests.support.daemon import DaemonProcess, create_session, wait_for
 from transport.client import Client, ClientTimeout, EventSubscriber
 from transport.security import ClientCurve
