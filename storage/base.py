@@ -1,8 +1,10 @@
 """Connections, the single write-transaction helper (with the source fence) and change events.
 
-Every write in the store goes through `StoreBase._write`: `BEGIN IMMEDIATE`, the fence check
-inside the transaction, change events collected on the transaction and delivered to
-subscribers only after `COMMIT` (laws 2 and 3).
+Every write in the store goes through `StoreBase._write`: one SAVEPOINT inside a shared
+`BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
+change events collected on the transaction and delivered to subscribers only after the
+`COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
+its transaction and share its `COMMIT` (group commit: one fsync for several requests).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,6 +36,14 @@ DEFAULT_MAX_CONNECTIONS = 16
 one connection per Session actor exhausted a 1,024 file-descriptor limit at ~500 Sessions)."""
 LEASE_TIMEOUT_S = 30.0
 """How long a caller waits for a free connection before a retryable 503 `store_busy`."""
+GROUP_MAX_MEMBERS = 32
+"""Writes one group commit holds at most: a bound on how long its first member waits."""
+GROUP_MAX_AGE_S = 0.020
+"""A group open longer than this commits at its next member's end instead of taking more (a
+long body, e.g. a 1,000-Turn fork commit, does not hold the writes before it much longer)."""
+TIMING_ENV = "AGENTHOST_STORE_TIMING"
+"""When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
+summary per store method is written there as JSON at `close()` (issue 20 measurements)."""
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -186,6 +198,70 @@ class Tx:
             )
 
 
+class _Group:
+    """One shared write transaction: its members' savepoints, committed by one COMMIT."""
+
+    __slots__ = ("members", "opened", "done", "error")
+
+    def __init__(self) -> None:
+        self.members = 0
+        self.opened = time.monotonic()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class WriteStats:
+    """Counts of the store's writes (what tests pin): `transactions` written (savepoints
+    released), `commits` (each one fsync'd `COMMIT`), `rolled_back` member savepoints and
+    `group_failures` (a COMMIT or a transaction-aborting error that failed every member)."""
+
+    __slots__ = ("transactions", "commits", "rolled_back", "group_failures", "largest_group")
+
+    def __init__(self) -> None:
+        self.transactions = 0
+        self.commits = 0
+        self.rolled_back = 0
+        self.group_failures = 0
+        self.largest_group = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name in self.__slots__}
+
+
+class _Timings:
+    """Per-write durations by store method (only with `AGENTHOST_STORE_TIMING`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._rows: dict[str, list[tuple[float, float, float, float, int]]] = {}
+
+    def add(self, method: str, row: tuple[float, float, float, float, int]) -> None:
+        with self._lock:
+            rows = self._rows.setdefault(method, [])
+            if len(rows) < 100_000:
+                rows.append(row)
+
+    def write(self) -> None:
+        def pct(values: list[float], q: float) -> float:
+            ordered = sorted(values)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+        out: dict[str, Any] = {}
+        with self._lock:
+            for method, rows in self._rows.items():
+                cols = list(zip(*rows, strict=True))
+                out[method] = {"n": len(rows), "meanGroup": round(sum(cols[4]) / len(rows), 2)}
+                for i, name in enumerate(("waitMs", "bodyMs", "commitMs", "publishMs")):
+                    out[method][name] = {
+                        "p50": pct(list(cols[i]), 0.5),
+                        "p99": pct(list(cols[i]), 0.99),
+                        "mean": round(sum(cols[i]) / len(rows), 2),
+                    }
+        with contextlib.suppress(OSError):
+            Path(self.path).write_text(json.dumps(out, indent=1, sort_keys=True))
+
+
 class StoreBase:
     """Owns the file path, a bounded pool of apsw connections, subscribers and the write helper."""
 
@@ -211,12 +287,23 @@ class StoreBase:
         self._max_connections = max(1, int(max_connections))
         self._pool = threading.Condition(threading.Lock())
         self._idle: list[apsw.Connection] = []
-        # One writer at a time inside this process (issue 20 "one writer, no busy-handler
-        # sleeps"): writers queue on this lock, handed over the moment a COMMIT returns,
-        # instead of polling SQLite's write lock with backoff sleeps of up to 100 ms. The
-        # busy handler is left for other processes. Re-entrant only so that a mistaken
-        # nested write fails in SQLite as before instead of deadlocking here.
-        self._writer = threading.RLock()
+        # One writer (issue 20 "one writer, no busy-handler sleeps"): every write runs on one
+        # connection, one caller at a time (the baton below), instead of several connections
+        # polling SQLite's write lock with backoff sleeps of up to 100 ms; the busy handler is
+        # left for other processes. Group commit: a writer that finds others queued behind it
+        # hands the baton on with its savepoint released but the transaction open, and waits
+        # for the member that ends the group to COMMIT; that one COMMIT (one fsync) makes
+        # every member durable, and only then does any of them return.
+        self._baton = threading.Condition(threading.Lock())
+        self._baton_owner: int | None = None
+        self._baton_waiting = 0
+        self._group: _Group | None = None
+        self._writer_conn: apsw.Connection | None = None
+        self.write_stats = WriteStats()
+        self.group_max_members = GROUP_MAX_MEMBERS
+        self.group_max_age_s = GROUP_MAX_AGE_S
+        timing = os.environ.get(TIMING_ENV)
+        self._timings = _Timings(timing) if timing else None
         self.busy_waits = BusyWaits(busy_timeout_ms)
 
     # -- connections -------------------------------------------------------------------------
@@ -314,7 +401,10 @@ class StoreBase:
 
     def close(self) -> None:
         """Close every connection this store opened (in any thread)."""
+        if self._timings is not None:
+            self._timings.write()
         with self._pool:
+            self._writer_conn = None
             self._closed = True
             conns, self._connections = self._connections, []
             self._idle = []
@@ -360,46 +450,173 @@ class StoreBase:
 
     # -- transactions ------------------------------------------------------------------------
 
+    def _writer_connection(self) -> apsw.Connection:
+        """The one connection every write of this store runs on (leased once, kept)."""
+        if self._writer_conn is None:
+            self._writer_conn = self._checkout()
+        return self._writer_conn
+
+    def _take_baton(self) -> None:
+        me = threading.get_ident()
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        with self._baton:
+            if self._baton_owner == me:
+                # A write inside a write of the same thread: refused as SQLite refused it.
+                raise apsw.SQLError("cannot start a transaction within a transaction")
+            self._baton_waiting += 1
+            try:
+                while self._baton_owner is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StoreBusy("the store is busy with other writes, try again")
+                    self._baton.wait(remaining)
+                self._baton_owner = me
+            finally:
+                self._baton_waiting -= 1
+
+    def _pass_baton(self) -> None:
+        with self._baton:
+            self._baton_owner = None
+            self._baton.notify_all()
+
+    def _end_group(self, group: _Group, conn: apsw.Connection) -> None:
+        """COMMIT (or, with no member, roll back) the open group and wake its members."""
+        self._group = None
+        try:
+            if group.members == 0:
+                if not conn.getautocommit():
+                    conn.execute("ROLLBACK")
+                return
+            conn.execute("COMMIT")
+            with self._baton:
+                self.write_stats.commits += 1
+                self.write_stats.largest_group = max(self.write_stats.largest_group, group.members)
+        except BaseException as exc:
+            if not conn.getautocommit():
+                try:
+                    conn.execute("ROLLBACK")
+                except apsw.Error:  # a failed COMMIT may already have rolled back
+                    log.warning("rollback after %r failed", exc)
+            group.error = exc
+            with self._baton:
+                self.write_stats.group_failures += 1
+        finally:
+            group.done.set()
+
+    def _group_stays_open(self, group: _Group) -> bool:
+        """Whether the baton holder leaves the group open for the writer queued behind it."""
+        with self._baton:
+            waiting = self._baton_waiting
+        return (
+            waiting > 0
+            and group.members < self.group_max_members
+            and time.monotonic() - group.opened < self.group_max_age_s
+        )
+
     @contextmanager
     def _write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
-        """The only way to write: BEGIN IMMEDIATE, optional fence check, COMMIT, then events.
+        """The only way to write: a savepoint in the shared BEGIN IMMEDIATE transaction,
+        optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
 
-        An exception inside the block rolls everything back and delivers no events. Writers
-        of this store take turns on its writer lock; one that waits past the busy timeout gets
-        the same retryable `StoreBusy` as one that waited on another process's lock.
+        An exception inside the block rolls back this write's savepoint alone (the group's
+        other members are unaffected) and delivers no events. A caller returns only after the
+        COMMIT that holds its write returned; a failed COMMIT fails every member of the group.
+        One that waits for its turn past the busy timeout gets the same retryable `StoreBusy`
+        as one that waited on another process's lock.
         """
-        if not self._writer.acquire(timeout=self.busy_timeout_ms / 1000):
-            raise StoreBusy("the store is busy with other writes, try again")
+        t0 = time.perf_counter()
+        self._take_baton()
+        t1 = time.perf_counter()
+        group: _Group | None = None
+        tx: Tx | None = None
+        failure: BaseException | None = None
         try:
-            with self._write_locked(workspace_id, fence) as tx:
-                yield tx
-        finally:
-            self._writer.release()
-        self._notify(tx.events)
-
-    @contextmanager
-    def _write_locked(self, workspace_id: str | None, fence: str | None) -> Iterator[Tx]:
-        with self._lease() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except TRANSIENT_ERRORS as exc:
-                raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
+            conn = self._writer_connection()
+            if self._group is None:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except TRANSIENT_ERRORS as exc:
+                    raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
+                self._group = _Group()
+            group = self._group
             tx = Tx(conn, workspace_id, self._clock())
+            held = getattr(self._local, "conn", None)
+            self._local.conn = conn  # reads inside the write see its own rows
             try:
-                if fence is not None:
-                    tx.check_fence(fence)
-                yield tx
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if not conn.getautocommit():
-                    try:
-                        conn.execute("ROLLBACK")
-                    except apsw.Error:  # a failed COMMIT may already have rolled back
-                        log.warning("rollback after %r failed", exc)
-                typed = typed_store_error(exc)
-                if typed is not None and typed is not exc:
-                    raise typed from exc
-                raise
+                conn.execute("SAVEPOINT agenthost_write")
+                try:
+                    if fence is not None:
+                        tx.check_fence(fence)
+                    yield tx
+                except BaseException as exc:
+                    failure = exc
+                    self._undo_member(group, conn, exc)
+                    raise
+                conn.execute("RELEASE agenthost_write")
+                group.members += 1
+                with self._baton:
+                    self.write_stats.transactions += 1
+            finally:
+                self._local.conn = held
+        except BaseException as exc:
+            if failure is None:  # BEGIN, SAVEPOINT or RELEASE failed: this member is undone
+                failure = exc
+                if group is not None and self._group is group:
+                    self._undo_member(group, conn, exc)
+            typed = typed_store_error(exc)
+            if typed is not None and typed is not exc:
+                raise typed from exc
+            raise
+        finally:
+            t2 = time.perf_counter()
+            # End the group or leave it to the next member; then hand the baton on.
+            if group is not None and self._group is group and not self._group_stays_open(group):
+                self._end_group(group, self._writer_connection())
+            self._pass_baton()
+        assert group is not None and tx is not None
+        group.done.wait()
+        t4 = time.perf_counter()
+        if group.error is not None:
+            # Nothing of this write was kept; a fresh error per member (they share the cause).
+            raise StoreBusy(
+                f"the store could not commit this write, try again ({type(group.error).__name__})"
+            ) from group.error
+        self._notify(tx.events)
+        if self._timings is not None:
+            self._timings.add(
+                _caller_name(),
+                (
+                    (t1 - t0) * 1000,
+                    (t2 - t1) * 1000,
+                    (t4 - t2) * 1000,
+                    (time.perf_counter() - t4) * 1000,
+                    group.members,
+                ),
+            )
+
+    def _undo_member(self, group: _Group, conn: apsw.Connection, exc: BaseException) -> None:
+        """Roll back this member's savepoint only; if SQLite aborted the whole transaction
+        (a full disk, an I/O error), the group is lost and every member fails."""
+        with self._baton:
+            self.write_stats.rolled_back += 1
+        if not conn.getautocommit():
+            try:
+                conn.execute("ROLLBACK TO agenthost_write")
+                conn.execute("RELEASE agenthost_write")
+                return
+            except apsw.Error:
+                log.warning("rollback of a write after %r failed", exc)
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("ROLLBACK")
+        # The transaction is gone: the members before this one were not written.
+        self._group = None
+        if group.members:
+            group.error = StoreBusy(
+                f"the store failed the write group, try again ({type(exc).__name__})"
+            )
+            with self._baton:
+                self.write_stats.group_failures += 1
+        group.done.set()
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
@@ -414,3 +631,11 @@ class StoreBase:
 
     def now_ms(self) -> int:
         return self._clock()
+
+
+def _caller_name() -> str:
+    """The store method that wrote (the first frame outside this module and contextlib)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame.f_code.co_name if frame is not None else "?"
