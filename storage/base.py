@@ -41,6 +41,9 @@ GROUP_MAX_MEMBERS = 32
 GROUP_MAX_AGE_S = 0.020
 """A group open longer than this commits at its next member's end instead of taking more (a
 long body, e.g. a 1,000-Turn fork commit, does not hold the writes before it much longer)."""
+CHECKPOINT_PAGES = 1000
+"""WAL pages after which the background checkpointer copies the WAL into the database (the
+size SQLite's own auto-checkpoint uses; it would run inside the COMMIT that crossed it)."""
 TIMING_ENV = "AGENTHOST_STORE_TIMING"
 """When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
 summary per store method is written there as JSON at `close()` (issue 20 measurements)."""
@@ -215,7 +218,14 @@ class WriteStats:
     released), `commits` (each one fsync'd `COMMIT`), `rolled_back` member savepoints and
     `group_failures` (a COMMIT or a transaction-aborting error that failed every member)."""
 
-    __slots__ = ("transactions", "commits", "rolled_back", "group_failures", "largest_group")
+    __slots__ = (
+        "transactions",
+        "commits",
+        "rolled_back",
+        "group_failures",
+        "largest_group",
+        "checkpoints",
+    )
 
     def __init__(self) -> None:
         self.transactions = 0
@@ -223,6 +233,7 @@ class WriteStats:
         self.rolled_back = 0
         self.group_failures = 0
         self.largest_group = 0
+        self.checkpoints = 0
 
     def snapshot(self) -> dict[str, int]:
         return {name: int(getattr(self, name)) for name in self.__slots__}
@@ -301,6 +312,9 @@ class StoreBase:
         self._writer_conn: apsw.Connection | None = None
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
+        self.checkpoint_pages = CHECKPOINT_PAGES
+        self._checkpoint_due = threading.Event()
+        self._checkpointer: threading.Thread | None = None
         self.group_max_age_s = GROUP_MAX_AGE_S
         timing = os.environ.get(TIMING_ENV)
         self._timings = _Timings(timing) if timing else None
@@ -406,6 +420,11 @@ class StoreBase:
         with self._pool:
             self._writer_conn = None
             self._closed = True
+        self._checkpoint_due.set()  # the checkpointer sees `_closed` and ends
+        if self._checkpointer is not None and self._checkpointer is not threading.current_thread():
+            self._checkpointer.join(5)
+        with self._pool:
+            self._closed = True
             conns, self._connections = self._connections, []
             self._idle = []
             self._pool.notify_all()
@@ -453,8 +472,39 @@ class StoreBase:
     def _writer_connection(self) -> apsw.Connection:
         """The one connection every write of this store runs on (leased once, kept)."""
         if self._writer_conn is None:
-            self._writer_conn = self._checkout()
+            conn = self._checkout()
+            # No checkpoint inside a COMMIT: SQLite's auto-checkpoint would copy ~1,000 WAL
+            # pages into the database and fsync it in whichever write crossed the mark, with
+            # every queued writer waiting (a tail of the mutation p99). The hook only signals;
+            # a background thread checkpoints on its own connection (PASSIVE: no write lock).
+            conn.set_wal_hook(self._wal_grew)
+            self._writer_conn = conn
         return self._writer_conn
+
+    def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
+        if pages >= self.checkpoint_pages:
+            if self._checkpointer is None:
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="agenthost-store-checkpoint", daemon=True
+                )
+                self._checkpointer.start()
+            self._checkpoint_due.set()
+        return apsw.SQLITE_OK
+
+    def _checkpoint_loop(self) -> None:
+        while True:
+            self._checkpoint_due.wait()
+            self._checkpoint_due.clear()
+            if self._closed:
+                return
+            try:
+                with self._lease() as conn:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                with self._baton:
+                    self.write_stats.checkpoints += 1
+            except Exception as exc:  # noqa: BLE001 - the next commit past the mark retries
+                if not self._closed:
+                    log.warning("store checkpoint failed: %s", exc)
 
     def _take_baton(self) -> None:
         me = threading.get_ident()

@@ -175,3 +175,43 @@ def test_a_write_inside_a_write_of_the_same_thread_is_refused(tmp_path: Path) ->
         assert store.update_title(WS, sid, "after").title == "after"
     finally:
         store.close()
+
+
+def test_the_wal_is_checkpointed_off_the_write_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No COMMIT copies the WAL into the database (SQLite's auto-checkpoint would, inside the
+    write that crossed the mark, with every queued writer waiting): the writer's WAL hook only
+    signals, and the background checkpointer does it on its own connection."""
+    path = tmp_path / "store.sqlite3"
+    wal = Path(f"{path}-wal")
+
+    def frames() -> int:
+        return max(0, (wal.stat().st_size - 32) // (4096 + 24))
+
+    # First with the checkpointer held back: the WAL grows far past the mark, so no write
+    # checkpointed (and restarted the WAL) inline.
+    paused = threading.Event()
+    monkeypatch.setattr(Store, "_checkpoint_loop", lambda self: paused.set())
+    store = Store.open(path)
+    store.checkpoint_pages = 8
+    try:
+        ids = _sessions(store, 2)
+        for i in range(40):
+            store.update_title(WS, ids[i % 2], "x" * 3000 + str(i))
+        assert paused.is_set()  # the hook asked for a checkpoint
+        assert frames() > 3 * store.checkpoint_pages
+        assert store.write_stats.checkpoints == 0
+    finally:
+        store.close()
+    monkeypatch.undo()
+    # Then with it: the background pass runs and counts.
+    store = Store.open(path)
+    store.checkpoint_pages = 8
+    try:
+        for i in range(40):
+            store.update_title(WS, "s1", "y" * 3000 + str(i))
+        _wait_for(lambda: store.write_stats.checkpoints >= 1)
+        assert store.get_session(WS, "s1").title.endswith("39")
+    finally:
+        store.close()
