@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -27,6 +26,16 @@ from domain.fork_states import ACTIVE_SQL
 from storage.errors import ForkInProgress, HostError, StoreBusy, internal_error
 from storage.models import ChangeEvent
 from storage.schema import migrate
+from storage.write_group import (
+    CHECKPOINT_PAGES,
+    GROUP_MAX_AGE_S,
+    GROUP_MAX_MEMBERS,
+    TIMING_ENV,
+    WriteGroup,
+    WriteStats,
+    WriteTimings,
+    caller_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +45,6 @@ DEFAULT_MAX_CONNECTIONS = 16
 one connection per Session actor exhausted a 1,024 file-descriptor limit at ~500 Sessions)."""
 LEASE_TIMEOUT_S = 30.0
 """How long a caller waits for a free connection before a retryable 503 `store_busy`."""
-GROUP_MAX_MEMBERS = 32
-"""Writes one group commit holds at most: a bound on how long its first member waits."""
-GROUP_MAX_AGE_S = 0.020
-"""A group open longer than this commits at its next member's end instead of taking more (a
-long body, e.g. a 1,000-Turn fork commit, does not hold the writes before it much longer)."""
-CHECKPOINT_PAGES = 1000
-"""WAL pages after which the background checkpointer copies the WAL into the database (the
-size SQLite's own auto-checkpoint uses; it would run inside the COMMIT that crossed it)."""
-TIMING_ENV = "AGENTHOST_STORE_TIMING"
-"""When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
-summary per store method is written there as JSON at `close()` (issue 20 measurements)."""
 
 T = TypeVar("T")
 Row = tuple[Any, ...]
@@ -201,78 +199,6 @@ class Tx:
             )
 
 
-class _Group:
-    """One shared write transaction: its members' savepoints, committed by one COMMIT."""
-
-    __slots__ = ("members", "opened", "done", "error")
-
-    def __init__(self) -> None:
-        self.members = 0
-        self.opened = time.monotonic()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
-class WriteStats:
-    """Counts of the store's writes (what tests pin): `transactions` written (savepoints
-    released), `commits` (each one fsync'd `COMMIT`), `rolled_back` member savepoints and
-    `group_failures` (a COMMIT or a transaction-aborting error that failed every member)."""
-
-    __slots__ = (
-        "transactions",
-        "commits",
-        "rolled_back",
-        "group_failures",
-        "largest_group",
-        "checkpoints",
-    )
-
-    def __init__(self) -> None:
-        self.transactions = 0
-        self.commits = 0
-        self.rolled_back = 0
-        self.group_failures = 0
-        self.largest_group = 0
-        self.checkpoints = 0
-
-    def snapshot(self) -> dict[str, int]:
-        return {name: int(getattr(self, name)) for name in self.__slots__}
-
-
-class _Timings:
-    """Per-write durations by store method (only with `AGENTHOST_STORE_TIMING`)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._rows: dict[str, list[tuple[float, float, float, float, int]]] = {}
-
-    def add(self, method: str, row: tuple[float, float, float, float, int]) -> None:
-        with self._lock:
-            rows = self._rows.setdefault(method, [])
-            if len(rows) < 100_000:
-                rows.append(row)
-
-    def write(self) -> None:
-        def pct(values: list[float], q: float) -> float:
-            ordered = sorted(values)
-            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
-
-        out: dict[str, Any] = {}
-        with self._lock:
-            for method, rows in self._rows.items():
-                cols = list(zip(*rows, strict=True))
-                out[method] = {"n": len(rows), "meanGroup": round(sum(cols[4]) / len(rows), 2)}
-                for i, name in enumerate(("waitMs", "bodyMs", "commitMs", "publishMs")):
-                    out[method][name] = {
-                        "p50": pct(list(cols[i]), 0.5),
-                        "p99": pct(list(cols[i]), 0.99),
-                        "mean": round(sum(cols[i]) / len(rows), 2),
-                    }
-        with contextlib.suppress(OSError):
-            Path(self.path).write_text(json.dumps(out, indent=1, sort_keys=True))
-
-
 class StoreBase:
     """Owns the file path, a bounded pool of apsw connections, subscribers and the write helper."""
 
@@ -308,7 +234,7 @@ class StoreBase:
         self._baton = threading.Condition(threading.Lock())
         self._baton_owner: int | None = None
         self._baton_waiting = 0
-        self._group: _Group | None = None
+        self._group: WriteGroup | None = None
         self._writer_conn: apsw.Connection | None = None
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
@@ -317,7 +243,7 @@ class StoreBase:
         self._checkpointer: threading.Thread | None = None
         self.group_max_age_s = GROUP_MAX_AGE_S
         timing = os.environ.get(TIMING_ENV)
-        self._timings = _Timings(timing) if timing else None
+        self._timings = WriteTimings(timing) if timing else None
         self.busy_waits = BusyWaits(busy_timeout_ms)
 
     # -- connections -------------------------------------------------------------------------
@@ -529,7 +455,7 @@ class StoreBase:
             self._baton_owner = None
             self._baton.notify_all()
 
-    def _end_group(self, group: _Group, conn: apsw.Connection) -> None:
+    def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
         """COMMIT (or, with no member, roll back) the open group and wake its members."""
         self._group = None
         try:
@@ -553,7 +479,7 @@ class StoreBase:
         finally:
             group.done.set()
 
-    def _group_stays_open(self, group: _Group) -> bool:
+    def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
         with self._baton:
             waiting = self._baton_waiting
@@ -577,7 +503,7 @@ class StoreBase:
         t0 = time.perf_counter()
         self._take_baton()
         t1 = time.perf_counter()
-        group: _Group | None = None
+        group: WriteGroup | None = None
         tx: Tx | None = None
         failure: BaseException | None = None
         try:
@@ -587,7 +513,7 @@ class StoreBase:
                     conn.execute("BEGIN IMMEDIATE")
                 except TRANSIENT_ERRORS as exc:
                     raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
-                self._group = _Group()
+                self._group = WriteGroup()
             group = self._group
             tx = Tx(conn, workspace_id, self._clock())
             held = getattr(self._local, "conn", None)
@@ -634,7 +560,7 @@ class StoreBase:
         self._notify(tx.events)
         if self._timings is not None:
             self._timings.add(
-                _caller_name(),
+                caller_name(),
                 (
                     (t1 - t0) * 1000,
                     (t2 - t1) * 1000,
@@ -644,7 +570,7 @@ class StoreBase:
                 ),
             )
 
-    def _undo_member(self, group: _Group, conn: apsw.Connection, exc: BaseException) -> None:
+    def _undo_member(self, group: WriteGroup, conn: apsw.Connection, exc: BaseException) -> None:
         """Roll back this member's savepoint only; if SQLite aborted the whole transaction
         (a full disk, an I/O error), the group is lost and every member fails."""
         with self._baton:
@@ -681,11 +607,3 @@ class StoreBase:
 
     def now_ms(self) -> int:
         return self._clock()
-
-
-def _caller_name() -> str:
-    """The store method that wrote (the first frame outside this module and contextlib)."""
-    frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename in (__file__, contextlib.__file__):
-        frame = frame.f_back  # type: ignore[assignment]
-    return frame.f_code.co_name if frame is not None else "?"

@@ -59,14 +59,14 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
 
     monkeypatch.setattr(fork_snapshot, "load_snapshot", load)
     monkeypatch.setattr(ChildIdMinter, "mint_all", mint_all)
-    conns = store._connections
-    for conn in conns:
-        conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
+    # Prepare and commit run wholly inside a write: on the store's one writer connection
+    # (the background checkpointer may use a pooled one meanwhile).
+    conn = store._writer_connection()
+    conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
     try:
         yield counts
     finally:
-        for conn in conns:
-            conn.trace_v2(0, None)
+        conn.trace_v2(0, None)
 
 
 def _prepare_and_commit(
