@@ -253,6 +253,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 if session.active or session.awaiting_turn is not None:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
                 session.awaiting_turn = turn_id
+            session.history_changed()
             try:
                 result = runtime.proc.request(
                     "turn/start",
@@ -305,6 +306,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         runtime = session.runtime
         if runtime is None or not runtime.proc.alive:
             raise Conflict("no live runtime for this session", reason="turn_not_active")
+        session.history_changed()
         try:
             runtime.proc.request(
                 "turn/interrupt",
@@ -344,6 +346,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         runtime = session.runtime
         if runtime is None:
             raise Conflict("no live runtime for this session", reason="interaction_not_pending")
+        session.history_changed()
         try:
             runtime.proc.respond(pending.request.id, result)
         except AppServerClosed as exc:
