@@ -117,8 +117,8 @@ class WorkerServer:
         )
         self._dispatcher.start()
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-            "runtime.attest": lambda p: self._stamped(p, self.driver().attest(p)),
-            "session.start": lambda p: self._stamped(p, self.driver().start_session(p)),
+            "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
+            "session.start": lambda p: self._stamped(p, self.driver().start_session),
             "session.stop": lambda p: self.driver().stop_session(p),
             "turn.start": lambda p: self.driver().start_turn(p, self.emit),
             "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
@@ -148,14 +148,21 @@ class WorkerServer:
         value = hook(agent_session_id, home)
         return None if value is None else f"{INCARNATION}:{value}"
 
-    def _stamped(self, params: Mapping[str, Any], result: dict[str, Any]) -> dict[str, Any]:
+    def _stamped(
+        self,
+        params: Mapping[str, Any],
+        method: Callable[[Mapping[str, Any]], dict[str, Any]],
+    ) -> dict[str, Any]:
         """`session.start` / `runtime.attest` answer with the generation of the runtime whose
-        verdict they carry; the host skips the next fork's re-attestation while it holds."""
-        generation = self.runtime_generation(
-            str(params.get("agentSessionId") or ""), str(params.get("home") or "")
-        )
-        if generation is not None:
-            result = {**result, "runtimeGeneration": generation}
+        verdict they carry; the host skips the next fork's re-attestation while it holds. Only
+        a generation seen both before and after the call is stamped (generations are never
+        reused), so the verdict cannot come from a runtime replaced meanwhile; a call that
+        spawned the runtime carries none (the next fork attests it)."""
+        sid, home = str(params.get("agentSessionId") or ""), str(params.get("home") or "")
+        before = self.runtime_generation(sid, home)
+        result = method(params)
+        if before is not None and self.runtime_generation(sid, home) == before:
+            result = {**result, "runtimeGeneration": before}
         return result
 
     def _fork(self, params: Mapping[str, Any]) -> dict[str, Any]:
