@@ -11,7 +11,7 @@ from typing import Any
 from storage.base import Row, StoreBase, Tx, dumps, loads
 from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_rows import OP_COLUMNS, decode_op, load_op
+from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import ChildPlan, build_child, take_frozen_snapshot
 from storage.models import (
     ForkOperation,
@@ -90,13 +90,18 @@ class ForkCommit(StoreBase):
         tx.emit(ForkOperationChanged(ws, op_id))
         tx.emit(SessionChanged(ws, plan.session.session_id))
         tx.emit(SessionChanged(ws, r[4]))
-        # The committed projection is the plan's child (the same pure function of the snapshot
-        # that `decode_op` would rebuild by decoding the snapshot once more).
-        return replace(
-            load_op(tx.conn, ws, op_id, project=False),
+        # The row as written, projected from the plan just built from the snapshot (issue 20):
+        # the same Session and lineage `committed_projection` rebuilds on a read (law 4),
+        # without reading and re-hashing the snapshot a second time in this transaction.
+        committed = replace(
+            op_from_row(r),
+            status=ForkStatus.COMMITTED,
+            target_turn_id=plan.lineage.target_turn_id,
+            completed_at_ms=tx.now_ms,
             committed_session=plan.session,
             lineage=plan.lineage,
-        ), True
+        )
+        return committed, True
 
     @staticmethod
     def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:

@@ -198,6 +198,18 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             return str(session.home) == home and (not wanted or wanted == session.thread_id)
         return method == "turn.start"
 
+    def runtime_generation(self, agent_session_id: str, home: str) -> int | None:
+        """The generation of the Session's live app-server on `home` (None: none is live, or
+        it serves another home); the worker stamps its attestations with it (issue 20)."""
+        with self._lock:
+            session = self._sessions.get(agent_session_id)
+        if session is None or str(session.home) != home:
+            return None
+        runtime = session.runtime
+        if runtime is None or not runtime.proc.alive:
+            return None
+        return runtime.generation
+
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
         home_text = str(params.get("home") or "")

@@ -5,6 +5,7 @@ awaiting the host's answer (`PendingRequest`), and the source turns a fork last 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -12,6 +13,9 @@ from pathlib import Path
 
 from drivers.app_server.process import AppServerProcess, ServerRequest
 from drivers.versions import GateResult
+
+# Runtime generations (issue 20): every app-server this worker process starts gets the next one.
+_GENERATIONS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -22,6 +26,9 @@ class Runtime:
     home: Path
     user_agent: str
     gate: GateResult
+    # Never reused within the process: a respawned app-server is a new generation, so the host
+    # re-attests it before the next fork (drivers/worker.py `runtime_generation`).
+    generation: int = field(default_factory=lambda: next(_GENERATIONS))
 
 
 @dataclass(slots=True)
