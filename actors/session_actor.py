@@ -140,6 +140,8 @@ class SessionActor(PooledActor):
         # both see this actor only through the `actors.fork_host.ForkHost` port.
         self.sagas: dict[str, LiveSaga] = {}
         self.resolves: dict[str, Any] = {}
+        # The runtime this Session's last passed fork re-attestation proved (issue 20).
+        self.attested_runtime: tuple[str, ...] | None = None
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
@@ -408,6 +410,8 @@ class SessionActor(PooledActor):
                 settings=dict(current.settings),
                 provider_session_id=provider_session_id,
                 runtime_context=dict(current.runtime_context),
+                generation=_generation_of(result),
+                verdict=context,
             )
 
         self.later(fut, _done)
@@ -956,6 +960,13 @@ def _control_error(exc: BaseException, what: str) -> HostError:
                 params=dict(params) if isinstance(params, dict) else None,
             )
     return _provider_error(exc, what)
+
+
+def _generation_of(result: Mapping[str, Any]) -> str | None:
+    """`runtimeGeneration` of a worker answer (issue 20); anything but a non-empty string is
+    none, so the next fork re-attests."""
+    value = result.get("runtimeGeneration")
+    return value if isinstance(value, str) and value else None
 
 
 def _provider_error(exc: BaseException, what: str) -> HostError:
