@@ -40,6 +40,7 @@ from actors.messages import (
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.session_base import RetryDurable
 from actors.session_controls import SessionControls
+from actors.store_ports import ResolveStore
 from storage.base import host_error_of
 from storage.errors import HostError
 
@@ -71,7 +72,7 @@ class SessionActor(SessionControls):
             if state.watchdog is not None:
                 state.watchdog.cancel()
         # This thread ends now: its store connection (and file descriptors) must go with it.
-        self.ctx.store.release_thread_connection()
+        self.session_store.release_thread_connection()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)
@@ -148,6 +149,10 @@ class SessionActor(SessionControls):
 
     @property
     def store(self) -> SagaStore:
+        return self.ctx.store
+
+    @property
+    def resolve_store(self) -> ResolveStore:
         return self.ctx.store
 
     @property

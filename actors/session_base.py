@@ -24,6 +24,7 @@ import pykka
 from actors.context import HostContext
 from actors.messages import FollowUp, runtime_key
 from actors.pool import PooledActor
+from actors.store_ports import SessionActorStore
 from actors.timers import TIMERS, TimerHandle
 from domain.worker_messages import TurnEvent
 from storage.errors import HostError, Unavailable
@@ -86,6 +87,9 @@ class SessionActorBase(PooledActor):
     ) -> None:
         super().__init__()
         self.ctx = ctx
+        # The Session's own view of the store (its turns, interactions, runtime record); the
+        # fork saga and fork.resolve get theirs through the `ForkHost` port.
+        self.session_store: SessionActorStore = ctx.store
         self.actor_pool = ctx.actor_pool
         self.ws = workspace_id
         self.sid = session_id
@@ -138,7 +142,7 @@ class SessionActorBase(PooledActor):
         return TIMERS.call_later(seconds, _fire)
 
     def session(self) -> Session:
-        return self.ctx.store.get_session(self.ws, self.sid)
+        return self.session_store.get_session(self.ws, self.sid)
 
     def active_turn(self) -> Turn | None:
-        return self.ctx.store.active_turn(self.ws, self.sid)
+        return self.session_store.active_turn(self.ws, self.sid)

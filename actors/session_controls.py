@@ -33,7 +33,7 @@ class SessionControls(TurnRunner):
 
     def _on_mutate(self, msg: Mutate) -> None:
         provider = self.session().provider if msg.stop_runtime else None
-        result = msg.fn(self.ctx.store)
+        result = msg.fn()
         if provider is not None:
             # Deleted (committed): its provider runtime and home have no further use. The home
             # goes once the runtime has stopped, off this thread; a kill in between is
@@ -58,8 +58,8 @@ class SessionControls(TurnRunner):
         """Works on any Turn the store shows active (issue 15 defect 3): one this actor runs,
         one whose settlement is still pending, one nothing tracks any more, and one whose
         provider runtime is hung (defect 8: the runtime is stopped)."""
-        turn = self.ctx.store.get_turn(self.ws, self.sid, msg.turn_id)
-        self.ctx.store.check_fence(self.ws, self.sid)
+        turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
+        self.session_store.check_fence(self.ws, self.sid)
         if turn.phase != "active":
             msg.reply(turn)
             return
@@ -68,7 +68,7 @@ class SessionControls(TurnRunner):
             if err is not None:
                 msg.reply(err)
                 return
-            msg.reply(self.ctx.store.get_turn(self.ws, self.sid, turn.turn_id))
+            msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
 
         state = self._turns.get(turn.turn_id)
         if state is None:
@@ -111,12 +111,12 @@ class SessionControls(TurnRunner):
                 self._stop_runtime()
                 self._settle(state, "interrupted", then=_answer)
                 return
-            msg.reply(self.ctx.store.get_turn(self.ws, self.sid, turn.turn_id))
+            msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
 
         self.later(fut, _done, msg.reply)
 
     def _on_respond(self, msg: Respond) -> None:
-        turn = self.ctx.store.get_turn(self.ws, self.sid, msg.turn_id)
+        turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
         pending = [i for i in turn.interactions if i.request_id == msg.request_id]
         if not pending:
             raise TurnNotFound(
@@ -125,7 +125,7 @@ class SessionControls(TurnRunner):
             )
         if pending[0].status != "pending":
             raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
-        self.ctx.store.check_fence(self.ws, self.sid)
+        self.session_store.check_fence(self.ws, self.sid)
         provider = self.session().provider
         fut = self.ctx.workers.request(
             provider,
@@ -147,7 +147,7 @@ class SessionControls(TurnRunner):
             state = self._turns.get(msg.turn_id)
             if state is not None:
                 state.last_activity = time.monotonic()
-            interaction = self.ctx.store.resolve_interaction(
+            interaction = self.session_store.resolve_interaction(
                 self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response)
             )
             msg.reply(interaction)

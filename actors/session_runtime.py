@@ -104,7 +104,7 @@ class SessionRuntime(SessionActorBase):
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
             ) != {**current.runtime_context, **context}:
-                current = self.ctx.store.update_runtime(
+                current = self.session_store.update_runtime(
                     self.ws,
                     self.sid,
                     provider_session_id=provider_session_id or None,
@@ -126,7 +126,7 @@ class SessionRuntime(SessionActorBase):
         the provider's own history (by order and content, fail closed), then continue. Any
         failure here only leaves those Turns unbound, as they were."""
         try:
-            missing = self.ctx.store.turns_missing_binding(self.ws, self.sid)
+            missing = self.session_store.turns_missing_binding(self.ws, self.sid)
         except HostError as exc:
             log.warning("session %s: re-bind check failed: %s", self.key, exc.message)
             missing = []
@@ -150,7 +150,7 @@ class SessionRuntime(SessionActorBase):
         self.later(fut, _done)
 
     def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
-        turns, _ = self.ctx.store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
+        turns, _ = self.session_store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
         canonical = [
             CanonicalTurn(
                 t.turn_id,
@@ -167,7 +167,7 @@ class SessionRuntime(SessionActorBase):
         held = {t.turn_id: t.provider_turn_binding_json for t in turns}
         for turn_id, provider_turn_id in matches.items():
             binding = bindings.get(provider_turn_id)
-            self.ctx.store.bind_provider_turn(
+            self.session_store.bind_provider_turn(
                 self.ws,
                 self.sid,
                 turn_id,

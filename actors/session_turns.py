@@ -41,7 +41,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
     # -- turns -----------------------------------------------------------------------------
 
     def _on_submit(self, msg: Submit) -> None:
-        turn, created = self.ctx.store.claim_submit(self.ws, self.sid, msg.request_id, msg.text)
+        turn, created = self.session_store.claim_submit(self.ws, self.sid, msg.request_id, msg.text)
         msg.reply(turn)
         if not created:
             return
@@ -97,7 +97,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
             DurableWrite(
                 state.turn_id,
                 "bind provider turn",
-                lambda: self.ctx.store.bind_provider_turn(
+                lambda: self.session_store.bind_provider_turn(
                     self.ws, self.sid, state.turn_id, provider_turn_id
                 ),
             )
@@ -131,7 +131,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
     ) -> DurableWrite:
         def _apply() -> None:
             try:
-                self.ctx.store.settle_turn(
+                self.session_store.settle_turn(
                     self.ws,
                     self.sid,
                     state.turn_id,
@@ -206,7 +206,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
             self._arm_watchdog(state, limit)
             return
         try:
-            turn = self.ctx.store.get_turn(self.ws, self.sid, state.turn_id)
+            turn = self.session_store.get_turn(self.ws, self.sid, state.turn_id)
         except HostError as exc:
             log.warning("session %s: watchdog read failed: %s", self.key, exc.message)
             self._arm_watchdog(state, RETRY_MAX_S)
@@ -231,7 +231,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
         # An event for a Turn this actor did not start (e.g. the actor idled out and came
         # back while a trailing binding event was in flight): rebuild from the store.
         try:
-            turn = self.ctx.store.get_turn(self.ws, self.sid, turn_id)
+            turn = self.session_store.get_turn(self.ws, self.sid, turn_id)
         except HostError:
             return None
         state = TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
@@ -248,7 +248,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
         state.last_activity = time.monotonic()
         if isinstance(event, TurnActivity):
             return  # a reply is streaming (message.delta, published by the daemon): not hung
-        store, ws, sid = self.ctx.store, self.ws, self.sid
+        store, ws, sid = self.session_store, self.ws, self.sid
         if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
             self._enqueue(self._binding_write(turn_id, event.binding_json))

@@ -36,7 +36,7 @@ class TurnWrites(SessionActorBase):
     def _binding_write(self, turn_id: str, binding: str) -> DurableWrite:
         """The queued write of one `turn.binding`; one that meets a fork fence is kept in
         `_late_bindings` instead of failing (seed 000 §7 Claude 3)."""
-        store, ws, sid = self.ctx.store, self.ws, self.sid
+        store, ws, sid = self.session_store, self.ws, self.sid
 
         def _apply() -> None:
             try:
