@@ -30,6 +30,7 @@ from domain.worker_messages import TurnEvent
 from storage.errors import HostError, Unavailable
 from storage.models import Session, Turn
 
+# One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
 T = TypeVar("T")
 
@@ -45,6 +46,8 @@ class RetryDurable:
 
 @dataclass
 class TurnState:
+    """What the Session actor knows of one Turn it runs, until the Turn is settled."""
+
     turn_id: str
     provider_turn_id: str | None = None
     last_assistant_message_id: str | None = None
