@@ -55,11 +55,11 @@ install:
 DEMO_DEPS := $(DEMO_STAMP) $(if $(filter codex,$(PROVIDER)),$(CODEX_STAMP))
 
 demo: $(DEMO_DEPS)
-	$(PY) -m agenthost.demo --provider $(PROVIDER)
+	$(PY) -m client.demo --provider $(PROVIDER)
 
 lint: $(DEPS_STAMP)
-	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost model_fakes tests bench
-	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost model_fakes
+	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost client model_fakes tests bench
+	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost client model_fakes
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.

@@ -540,7 +540,7 @@ def _with_client(
     """Run a command with a client; map every failure to a CliError with its exit code."""
 
     def run(args: argparse.Namespace) -> int:
-        from agenthost.session_client import ReferenceError_
+        from client.session_client import ReferenceError_
         from transport.client import ApiError, ClientTimeout
 
         client = None
@@ -629,7 +629,7 @@ def _provider_line(p: Mapping[str, Any]) -> str:
 
 @_with_client
 def _sessions(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import list_sessions, session_tree
+    from client.session_client import list_sessions, session_tree
 
     sessions = list_sessions(client, args.workspace)
     lines = [f"{'SESSION':<36}  {'PROVIDER':<11} {'FORK':<7} TITLE"] if sessions else []
@@ -729,7 +729,7 @@ def _jsonl(obj: Mapping[str, Any]) -> None:
 
 @_with_client
 def _say(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import (
+    from client.session_client import (
         TurnPrinter,
         TurnWaitTimeout,
         resolve_session,
@@ -835,7 +835,7 @@ def _stop_turn(
     args: argparse.Namespace, client: Any, sid: str, turn_id: str, printer: Any | None = None
 ) -> dict[str, Any]:
     """turn.interrupt, then follow the turn until it settles (printing what is new)."""
-    from agenthost.session_client import get_turn
+    from client.session_client import get_turn
     from transport.client import ApiError
 
     try:
@@ -864,7 +864,7 @@ class _InteractionPending(Exception):
 
 
 def _describe(interaction: Mapping[str, Any]) -> str:
-    from agenthost.session_client import describe_interaction
+    from client.session_client import describe_interaction
 
     return describe_interaction(interaction)
 
@@ -898,7 +898,7 @@ def _interaction_response(
 
 @_with_client
 def _show(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import (
+    from client.session_client import (
         ancestry,
         format_transcript,
         resolve_session,
@@ -921,8 +921,8 @@ def _show(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _tree(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.lineage_view import format_tree
-    from agenthost.session_client import resolve_session
+    from client.lineage_view import format_tree
+    from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     tree = _call(args, client, "session.lineage", agentSessionId=sid)
@@ -932,7 +932,7 @@ def _tree(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _resolve(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.lineage_view import format_resolution
+    from client.lineage_view import format_resolution
 
     result = _call(
         args,
@@ -952,8 +952,8 @@ def _resolve(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _fork(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
-    from agenthost.session_client import resolve_session, resolve_turn, timeline
+    from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+    from client.session_client import resolve_session, resolve_turn, timeline
 
     sid = resolve_session(client, args.workspace, args.session)
     if args.latest:
@@ -1012,8 +1012,8 @@ def _report_fork(
     session: Mapping[str, Any] | None = None,
     turns: list[dict[str, Any]] | None = None,
 ) -> int:
-    from agenthost.engine import AckState, MutationStatus
-    from agenthost.session_client import fork_refusal
+    from client.engine import AckState, MutationStatus
+    from client.session_client import fork_refusal
 
     data = {"mutation": record.to_dict(), "operation": operation}
     status = record.status
@@ -1072,7 +1072,7 @@ def _report_fork(
 
 @_with_client
 def _op(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import resolve_operation
+    from client.session_client import resolve_operation
 
     method = "fork.acknowledge" if args.ack else "fork.get"
     operation_id = resolve_operation(client, args.workspace, args.operation)
@@ -1095,7 +1095,7 @@ def _op(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _interrupt(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import resolve_session
+    from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     turn_id = _active_turn(args, client, sid)
@@ -1114,7 +1114,7 @@ def _interrupt(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _answer(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import get_turn, resolve_session
+    from client.session_client import get_turn, resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     turn_id = _active_turn(args, client, sid)
@@ -1153,7 +1153,7 @@ def _answer(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _delete(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import resolve_session
+    from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     session = _call(args, client, "session.get", agentSessionId=sid)["session"]
@@ -1176,7 +1176,7 @@ def _delete(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _rename(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import resolve_session
+    from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     session = _call(args, client, "session.updateTitle", agentSessionId=sid, title=args.title)[
@@ -1188,7 +1188,7 @@ def _rename(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _pin(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import resolve_session
+    from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     session = _call(args, client, "session.pin", agentSessionId=sid, pinned=args.pinned)["session"]
@@ -1202,7 +1202,7 @@ def _pin(args: argparse.Namespace, client: Any) -> int:
 
 @_with_client
 def _settings(args: argparse.Namespace, client: Any) -> int:
-    from agenthost.session_client import resolve_session
+    from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
     session = _call(args, client, "session.get", agentSessionId=sid)["session"]
@@ -1234,7 +1234,7 @@ def _gui(args: argparse.Namespace) -> int:
     except CliError as exc:
         return _fail(args, exc)
     try:
-        from agenthost.gui.app import run_gui
+        from client.gui.app import run_gui
     except ImportError as exc:  # textual is the optional `gui` extra
         return _fail(args, CliError("gui_unavailable", f"{exc} (pip install 'agenthost[gui]')"))
     return run_gui(api, events, args.workspace, curve=curve(args), events_exact=exact)

@@ -20,9 +20,9 @@ from typing import Any
 from rich.console import Console
 from rich.segment import Segment
 
-from agenthost.engine import AckState, Engine
-from agenthost.gui.app import AgentHostApp
-from agenthost.gui.transcript import ForkRequested as ForkRequestedMsg
+from client.engine import AckState, Engine
+from client.gui.app import AgentHostApp
+from client.gui.transcript import ForkRequested as ForkRequestedMsg
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
 
 WS = "demo"
@@ -162,7 +162,7 @@ async def capture_approval(daemon: DaemonProcess, out: Path) -> None:
 async def capture_refused_fork(daemon: DaemonProcess, out: Path) -> None:
     """A refused fork: a turn is running, so Fork is disabled with the reason as its tooltip,
     and a refusal from the daemon reads as a sentence."""
-    from agenthost.gui.transcript import ForkRequested, fork_button_id
+    from client.gui.transcript import ForkRequested, fork_button_id
 
     c = daemon.client()
     sid = create_session(c, WS, title="Trip planning")["agentSessionId"]
@@ -197,8 +197,8 @@ async def capture_resolve(daemon: DaemonProcess, out: Path) -> None:
     provider made the child), marked on Turn 2; Inspect shows the verdict and the child with
     Adopt / Abandon. The session list shows fork ordinals and a deleted ancestor's mark, and
     the title bar the Session-level Fork."""
-    from agenthost.gui.resolve import ResolveScreen
-    from agenthost.gui.transcript import inspect_button_id, unknown_row_id
+    from client.gui.resolve import ResolveScreen
+    from client.gui.transcript import inspect_button_id, unknown_row_id
 
     c = daemon.client()
     sid = create_session(c, WS, title="Release notes")["agentSessionId"]

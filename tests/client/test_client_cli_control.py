@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from agenthost.session_client import BOUNDARY_REASONS, fork_refusal
+from client.session_client import BOUNDARY_REASONS, fork_refusal
 from tests.client.test_client_cli import Cli, new_session, say
 from tests.support.daemon import DaemonProcess, submit, wait_for
 from transport.client import Client

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agenthost.engine import AckState, ChangeKind, Engine, EngineChange, MutationStatus
+from client.engine import AckState, ChangeKind, Engine, EngineChange, MutationStatus
 from tests.client.conftest import events_live, source
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay, wait_until

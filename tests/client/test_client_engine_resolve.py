@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from agenthost.engine import Engine, MutationStatus
+from client.engine import Engine, MutationStatus
 from tests.client.conftest import source
 from tests.client.fakeclock import FakeClock
 from tests.client.test_client_engine import settle

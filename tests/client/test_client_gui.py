@@ -15,10 +15,10 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button
 
-from agenthost.engine import Engine
-from agenthost.gui.app import AgentHostApp
-from agenthost.gui.session_list import SessionTree
-from agenthost.gui.transcript import (
+from client.engine import Engine
+from client.gui.app import AgentHostApp
+from client.gui.session_list import SessionTree
+from client.gui.transcript import (
     DIVIDER_ID,
     LOAD_MORE_ID,
     TranscriptView,

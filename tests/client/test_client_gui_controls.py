@@ -13,9 +13,9 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Input, Select
 
-from agenthost.engine import Engine
-from agenthost.gui.app import AgentHostApp
-from agenthost.gui.controls import (
+from client.engine import Engine
+from client.gui.app import AgentHostApp
+from client.gui.controls import (
     ANSWER_INPUT_ID,
     APPROVE_ID,
     DECLINE_ID,
@@ -24,7 +24,7 @@ from agenthost.gui.controls import (
     NewSessionScreen,
     RenameScreen,
 )
-from agenthost.gui.transcript import ForkRequested, TurnView
+from client.gui.transcript import ForkRequested, TurnView
 from tests.client.conftest import source
 from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
 from tests.support.daemon import DaemonProcess, create_session, submit

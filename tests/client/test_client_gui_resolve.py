@@ -15,9 +15,9 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Static
 
-from agenthost.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
-from agenthost.gui.app import FORK_SESSION_ID, AgentHostApp
-from agenthost.gui.resolve import (
+from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+from client.gui.app import FORK_SESSION_ID, AgentHostApp
+from client.gui.resolve import (
     ABANDON_ID,
     ADOPT_ID,
     CHILDREN_ID,
@@ -25,8 +25,8 @@ from agenthost.gui.resolve import (
     VERDICT_ID,
     ResolveScreen,
 )
-from agenthost.gui.session_list import SessionTree
-from agenthost.gui.transcript import inspect_button_id, unknown_row_id
+from client.gui.session_list import SessionTree
+from client.gui.transcript import inspect_button_id, unknown_row_id
 from tests.client.conftest import source
 from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
 from tests.client.test_client_gui_controls import toasts
@@ -204,7 +204,7 @@ def test_absent_unknown_fork_offers_no_adopt_refusals_are_words_and_abandon_free
         # The daemon's refusal of adopt (verdict absent) reads in words, not codes.
         with pytest.raises(Exception) as refused:
             app.engine.resolve(op["operationId"], "adopt")
-        from agenthost.session_client import error_words
+        from client.session_client import error_words
 
         words = error_words("adopt the fork", refused.value)
         assert words == (

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from agenthost.session_client import (
+from client.session_client import (
     ForkAction,
     divider_after,
     fork_action,
@@ -92,7 +92,7 @@ def test_turn_references_resolve_by_id_sequence_or_unique_prefix() -> None:
 
 
 def test_a_busy_source_blocks_fork_with_its_reason() -> None:
-    from agenthost.session_client import fork_blocked
+    from client.session_client import fork_blocked
 
     settled = turn("t1", seq=1)
     running = {**turn("t2", phase="active", binding="unavailable", seq=2), "interactions": []}
@@ -111,7 +111,7 @@ def test_a_busy_source_blocks_fork_with_its_reason() -> None:
 
 
 def test_interactions_and_errors_read_as_words() -> None:
-    from agenthost.session_client import format_interaction, turn_error_text
+    from client.session_client import format_interaction, turn_error_text
 
     approval = {"kind": "approval", "status": "resolved", "input": {"text": "ls"}}
     assert format_interaction({**approval, "output": {"decision": "approve"}}) == (

@@ -19,10 +19,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # The client (issue 19: Engine, CLI, GUI, demo), the wire spec and every driver module.
 APSW_FREE = (
     "agenthost.cli",
-    "agenthost.engine",
-    "agenthost.session_client",
-    "agenthost.gui.app",
-    "agenthost.demo",
+    "client.engine",
+    "client.session_client",
+    "client.gui.app",
+    "client.demo",
     "transport.wire",
     "transport.client",
     "drivers.tutti_agent",
@@ -31,7 +31,19 @@ APSW_FREE = (
     "drivers.worker",
 )
 
-OUR_PACKAGES = ("storage", "actors", "transport", "drivers", "tutti_agent", "agenthost")
+OUR_PACKAGES = (
+    "storage",
+    "actors",
+    "transport",
+    "drivers",
+    "tutti_agent",
+    "agenthost",
+    "client",
+    "model_fakes",
+)
+
+CLIENT = ("client", "client.engine", "client.session_client", "client.gui.app", "client.demo")
+DAEMON_SIDE = ("agenthost", "actors", "storage", "drivers", "tutti_agent")
 
 
 def _loaded_after_import(module: str) -> list[str]:
@@ -52,6 +64,13 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
     assert not any(m == "storage" or m.startswith("storage.") for m in loaded), (
         f"importing {module} loads the store: {[m for m in loaded if m.split('.')[0] == 'storage']}"
     )
+
+
+@pytest.mark.parametrize("module", CLIENT)
+def test_importing_the_client_loads_nothing_of_the_daemon_side(module: str) -> None:
+    loaded = _loaded_after_import(module)
+    daemon = sorted(m for m in loaded if m.split(".")[0] in DAEMON_SIDE)
+    assert daemon == [], f"importing {module} loads the daemon side: {daemon}"
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
-from agenthost.gui.app import AgentHostApp
-from agenthost.gui.transcript import TurnView
+from client.gui.app import AgentHostApp
+from client.gui.transcript import TurnView
 from model_fakes.responses import ResponsesServer
 from tests.client.test_client_gui import run_app, until
 from tests.support.daemon import DaemonProcess, create_session, submit

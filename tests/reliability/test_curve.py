@@ -21,8 +21,8 @@ import msgpack
 import pytest
 import zmq
 
-from agenthost.engine import Engine
 from agenthost.keys import Connection, load_connection
+from client.engine import Engine
 from tests.support.daemon import DaemonProcess, create_session, wait_for
 from transport.client import Client, ClientTimeout, EventSubscriber
 from transport.security import ClientCurve
@@ -347,7 +347,7 @@ def test_the_gui_runs_over_tcp_with_the_connection_file(
 ) -> None:
     import asyncio
 
-    from agenthost.gui.app import AgentHostApp
+    from client.gui.app import AgentHostApp
 
     ws = "ws-curve-gui"
     with Client(daemon.api, timeout=30) as c:

@@ -221,13 +221,13 @@ def _set_fsize(pid: int, limit: int | str) -> None:
     subprocess.run(["prlimit", f"--pid={pid}", f"--fsize={limit}:"], check=True)
 
 
-@pytest.mark.skipif(__import__("shutil").which("prlimit") is None, reason="needs prlimit")
 def test_full_disk_answers_503_and_turns_settle_once_space_returns(
     daemon: DaemonProcess,
 ) -> None:
     """A full disk, made real with RLIMIT_FSIZE on the daemon process (its writes past the
     limit fail with EFBIG, as on a full file system): requests that must write answer 503
     `store_busy`, never 500; the Turn running meanwhile settles once space returns."""
+    assert __import__("shutil").which("prlimit") is not None, "needs prlimit (util-linux)"
     c = daemon.client()
     sid = create_session(c)["agentSessionId"]
     run_turn(c, sid, "warm")

@@ -24,8 +24,8 @@ import pytest
 import zmq
 
 from agenthost.cli import _parser, events_source
-from agenthost.engine import ChangeKind, Engine, EngineChange
 from agenthost.keys import Connection, load_connection
+from client.engine import ChangeKind, Engine, EngineChange
 from tests.support.daemon import DaemonProcess, create_session, run_turn, wait_for
 from transport.client import Client, EventSubscriber
 from transport.security import ClientCurve

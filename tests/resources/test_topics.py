@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from agenthost.engine import ChangeKind, Engine, EngineChange
-from agenthost.session_client import stream_turn
 from bench.loadgen import Waiter
+from client.engine import ChangeKind, Engine, EngineChange
+from client.session_client import stream_turn
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, turn_of
 from transport.client import EventSubscriber
 
@@ -87,8 +87,9 @@ def test_event_subscriber_keeps_only_its_workspace(daemon: DaemonProcess) -> Non
 
 
 def test_engine_and_gui_of_team_never_show_team_secret(daemon: DaemonProcess) -> None:
-    pytest.importorskip("textual")
-    from agenthost.gui.app import AgentHostApp
+    import textual  # noqa: F401  (the GUI extra; make test installs it: fail, never skip)
+
+    from client.gui.app import AgentHostApp
 
     sid = _twins(daemon)
     c = daemon.client()

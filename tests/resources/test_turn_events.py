@@ -22,7 +22,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from agenthost.session_client import get_turn, stream_turn
+from client.session_client import get_turn, stream_turn
 from tests.resources.steps import steps_daemon
 from tests.support.daemon import WS, create_session, submit, turn_of, wait_for
 from transport.client import EventSubscriber, merge_turn
@@ -171,9 +171,10 @@ def test_the_gui_transcript_merges_a_multi_message_turn_to_the_timeline(tmp_path
     """The GUI's open transcript, headless: while the Turn runs (held by the model after its
     steps) and once it settles, its copy of the Turn equals `session.timeline`'s, built from
     events that carried only new messages."""
-    pytest.importorskip("textual")
-    from agenthost.engine import Engine, EngineChange
-    from agenthost.gui.app import AgentHostApp
+    import textual  # noqa: F401  (the GUI extra; make test installs it: fail, never skip)
+
+    from client.engine import Engine, EngineChange
+    from client.gui.app import AgentHostApp
 
     gate = threading.Event()
     n = 40

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
 
-from agenthost.session_client import (
+from client.session_client import (
     ForkAction,
     divider_after,
     divider_text,

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agenthost.session_client import fork_and_wait, format_transcript, run_turn
+from client.session_client import fork_and_wait, format_transcript, run_turn
 from model_fakes.responses import ResponsesServer, model_input_texts
 from transport.client import Client
 
@@ -81,10 +81,6 @@ def main(argv: list[str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     model: ResponsesServer | None = None
     if args.provider == "codex":
-        from drivers.codex import default_command
-
-        if shutil.which(default_command()[0]) is None:
-            raise SystemExit("demo: Codex is not installed; run `make providers` first")
         # Codex needs a model endpoint: a local echo model, never the network.
         model = ResponsesServer()
         (home / "agenthost.toml").write_text(
@@ -99,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         status = client.call("host.status")
         print(f"agenthost {status['version']}, protocol {status['protocol']}")
+        wanted = [p for p in status.get("providers") or [] if p.get("provider") == args.provider]
+        if wanted and not wanted[0].get("installed"):
+            # The daemon knows where each provider's program lives; the client only asks.
+            print(f"demo: {args.provider} is not installed; run `make providers` first")
+            return 1
 
         _banner(f"a session on {args.provider}: three turns")
         session = client.call(

@@ -11,8 +11,8 @@ from rich.text import Text
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
-from agenthost.lineage_view import LineageMark
-from agenthost.session_client import session_tree
+from client.lineage_view import LineageMark
+from client.session_client import session_tree
 
 
 def session_label(

@@ -13,7 +13,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
-from agenthost.session_client import describe_interaction
+from client.session_client import describe_interaction
 from domain.providers import PROVIDERS
 
 APPROVE_ID = "approve"

@@ -18,9 +18,9 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from agenthost.engine import Engine
-from agenthost.lineage_view import child_words, verdict_words
-from agenthost.session_client import error_words
+from client.engine import Engine
+from client.lineage_view import child_words, verdict_words
+from client.session_client import error_words
 from transport.client import ApiError
 
 ADOPT_ID = "resolve-adopt"

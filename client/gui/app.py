@@ -21,26 +21,26 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Static, Tree
 
-from agenthost.engine import LATEST_SETTLED, ChangeKind, Engine, EngineChange, MutationStatus
-from agenthost.gui.bridge import EngineChanged, bridge
-from agenthost.gui.composer import Composer
-from agenthost.gui.controls import (
+from client.engine import LATEST_SETTLED, ChangeKind, Engine, EngineChange, MutationStatus
+from client.gui.bridge import EngineChanged, bridge
+from client.gui.composer import Composer
+from client.gui.controls import (
     ANSWER_INPUT_ID,
     ConfirmScreen,
     InteractionBar,
     NewSessionScreen,
     RenameScreen,
 )
-from agenthost.gui.resolve import ResolveScreen, resolved_words
-from agenthost.gui.session_list import SessionTree
-from agenthost.gui.transcript import (
+from client.gui.resolve import ResolveScreen, resolved_words
+from client.gui.session_list import SessionTree
+from client.gui.transcript import (
     ForkRequested,
     InspectRequested,
     LoadMoreRequested,
     TranscriptView,
 )
-from agenthost.lineage_view import LineageMark, lineage_marks
-from agenthost.session_client import (
+from client.lineage_view import LineageMark, lineage_marks
+from client.session_client import (
     ForkAction,
     error_words,
     fork_action,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from agenthost.engine import Engine, EngineChange
+from client.engine import Engine, EngineChange
 
 
 class EngineChanged(Message):
