@@ -27,6 +27,18 @@ from typing import Any
 
 from actors.fork_host import ForkHost
 from actors.messages import Reply, runtime_key
+from domain.enums import DeliveryDisposition
+from domain.worker_messages import (
+    ForkResult,
+    ForkSource,
+    ForkTarget,
+    MalformedMessage,
+    ResolveAdopt,
+    ResolvedChild,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
 from storage.base import host_error_of
 from storage.errors import HostError, InvalidArgument, ProviderError
 from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
@@ -58,14 +70,14 @@ class _InFlight:
     waiters: list[Reply] = field(default_factory=list)
 
 
-def verdict(children: Sequence[Mapping[str, Any]], source_id: str) -> str:
+def verdict(children: Sequence[ResolvedChild], source_id: str) -> str:
     """`adoptable`: exactly one child, verified (lineage names the source and its turns are
     exactly the frozen prefix); `absent`: none; `ambiguous`: anything else."""
     if not children:
         return "absent"
     if len(children) == 1:
         child = children[0]
-        if child.get("forkedFromId") == source_id and child.get("turnsEqualPrefix") is True:
+        if child.forked_from_id == source_id and child.turns_equal_prefix:
             return "adoptable"
     return "ambiguous"
 
@@ -130,39 +142,39 @@ class ForkResolver:
     def _current(self) -> ForkOperation:
         return self.host.resolve_store.get_fork_operation(self.host.ws, self.op.operation_id)
 
-    def _params(self) -> dict[str, Any]:
+    def _request(self) -> ResolveRequest:
         ws, op = self.host.ws, self.op
         claimed = self.host.resolve_store.claimed_provider_children(ws, self.host.sid)
-        return {
-            "operationId": op.operation_id,
-            "source": {
-                "agentSessionId": self.host.key,
-                "providerSessionId": op.source_provider_session_id,
-                "home": str(self.host.runtime_home(ws, self.host.sid, self.provider)),
-                "cwd": self.host.session().cwd,
-            },
-            "target": {
-                "agentSessionId": runtime_key(ws, op.target_session_id),
-                "home": str(self.host.runtime_home(ws, op.target_session_id, self.provider)),
-            },
-            "providerTurnIds": list(op.source_provider_turn_ids),
-            "excludeChildIds": [c for c in claimed if c != op.target_provider_session_id],
-            "title": op.target_title,
+        return ResolveRequest(
+            operation_id=op.operation_id,
+            source=ForkSource(
+                agent_session_id=self.host.key,
+                provider_session_id=op.source_provider_session_id,
+                home=str(self.host.runtime_home(ws, self.host.sid, self.provider)),
+                cwd=self.host.session().cwd,
+            ),
+            target=ForkTarget(
+                agent_session_id=runtime_key(ws, op.target_session_id),
+                home=str(self.host.runtime_home(ws, op.target_session_id, self.provider)),
+            ),
+            provider_turn_ids=tuple(op.source_provider_turn_ids),
+            exclude_child_ids=tuple(c for c in claimed if c != op.target_provider_session_id),
+            title=op.target_title,
             # What a provider_owned driver needs to re-verify a child as its fork would.
-            "providerTurnBindings": self._frozen_bindings(),
-            "driverKind": op.driver_kind,
-            "driverVersion": op.driver_version,
-        }
+            provider_turn_bindings=self._frozen_bindings(),
+            driver_kind=op.driver_kind,
+            driver_version=op.driver_version,
+        )
 
-    def _frozen_bindings(self) -> list[str | None]:
+    def _frozen_bindings(self) -> tuple[str | None, ...]:
         store, ws, sid = self.host.resolve_store, self.host.ws, self.host.sid
         turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
         by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
-        return [by_id.get(pid) for pid in self.op.source_provider_turn_ids]
+        return tuple(by_id.get(pid) for pid in self.op.source_provider_turn_ids)
 
     def _worker(self, method: str, then: Callable[[dict[str, Any]], None]) -> None:
         fut = self.host.workers.request(
-            self.provider, method, self._params(), self.host.timeouts.fork_s
+            self.provider, method, self._request().to_wire(), self.host.timeouts.fork_s
         )
 
         def done(f: Future[dict[str, Any]]) -> None:
@@ -193,18 +205,20 @@ class ForkResolver:
 
     def _inspect(self, then: Callable[[dict[str, Any]], None]) -> None:
         def shape(result: dict[str, Any]) -> None:
-            children = [dict(c) for c in result.get("children") or []]
+            inspection = ResolveInspection.from_wire(result)
             evidence = {
-                "children": children,
-                "quarantined": list(result.get("quarantined") or []),
-                "verdict": verdict(children, self.op.source_provider_session_id),
+                **inspection.to_wire(),
+                "verdict": verdict(inspection.children, self.op.source_provider_session_id),
             }
             then(evidence)
 
         if self.msg.action == "inspect":
             # Inspect is a read: its errors go straight to its caller.
             fut = self.host.workers.request(
-                self.provider, "fork.inspect", self._params(), self.host.timeouts.fork_s
+                self.provider,
+                ResolveRequest.INSPECT,
+                self._request().to_wire(),
+                self.host.timeouts.fork_s,
             )
 
             def done(f: Future[dict[str, Any]]) -> None:
@@ -219,15 +233,11 @@ class ForkResolver:
 
             self.host.later(fut, done)
             return
-        self._worker("fork.inspect", shape)
+        self._worker(ResolveRequest.INSPECT, shape)
 
     def _decide(self, evidence: dict[str, Any]) -> None:
-        store, ws, op_id, msg = (
-            self.host.resolve_store,
-            self.host.ws,
-            self.op.operation_id,
-            self.msg,
-        )
+        store, ws, msg = self.host.resolve_store, self.host.ws, self.msg
+        op_id = self.op.operation_id
         if msg.action == "adopt" and evidence["verdict"] != "adoptable":
             raise ForkResolveConflict(
                 f"fork operation {op_id} is not adoptable ({evidence['verdict']})",
@@ -249,12 +259,12 @@ class ForkResolver:
             params_child = self.child_id
             self._adopt_call(params_child)
         else:
-            self._worker("fork.quarantine", self._quarantined)
+            self._worker(ResolveRequest.QUARANTINE, self._quarantined)
 
     def _adopt_call(self, child: str) -> None:
-        params = {**self._params(), "childId": child}
+        params = ResolveAdopt(self._request(), child).to_wire()
         fut = self.host.workers.request(
-            self.provider, "fork.adopt", params, self.host.timeouts.fork_s
+            self.provider, ResolveAdopt.METHOD, params, self.host.timeouts.fork_s
         )
 
         def done(f: Future[dict[str, Any]]) -> None:
@@ -273,14 +283,21 @@ class ForkResolver:
     def _bound(self, result: Mapping[str, Any]) -> None:
         self._hit("host.resolve.after_bind")
         store, ws, op = self.host.resolve_store, self.host.ws, self.op
-        child = result.get("child") or {}
-        binding = result.get("binding") or {}
-        if result.get("disposition") != "accepted" or child.get("providerSessionId") != (
-            self.child_id
+        try:
+            adopted = ForkResult.from_wire(result)
+        except MalformedMessage:
+            adopted = None
+        if (
+            adopted is None
+            or adopted.disposition is not DeliveryDisposition.ACCEPTED
+            or adopted.child is None
+            or adopted.binding is None
+            or adopted.child.provider_session_id != self.child_id
         ):
             self._rollback(ProviderError("adopt did not bind the inspected child"))
             return
-        raw = binding.get("turnBindings")
+        child, binding = adopted.child, adopted.binding
+        raw = binding.turn_bindings
         turn_bindings = None
         if isinstance(raw, Mapping):
             by_provider = {
@@ -298,9 +315,9 @@ class ForkResolver:
             }
         evidence = ProviderForkEvidence(
             child_provider_session_id=self.child_id,
-            provider_turn_ids=tuple(str(t) for t in child.get("providerTurnIds") or ()),
-            binding_mode=str(binding.get("mode") or ""),
-            receipt=dict(binding.get("receipt") or {}),
+            provider_turn_ids=child.provider_turn_ids,
+            binding_mode=binding.mode.value,
+            receipt=dict(binding.receipt),
             turn_bindings=turn_bindings,
         )
         store.adopt_unknown_fork(ws, op.operation_id, evidence)
@@ -310,7 +327,7 @@ class ForkResolver:
 
     def _quarantined(self, result: Mapping[str, Any]) -> None:
         self._hit("host.resolve.after_quarantine")
-        moved = list(result.get("moved") or [])
+        moved = list(ResolveQuarantined.from_wire(result).moved)
         evidence = {**self.evidence, "quarantinedNow": moved}
         self.evidence = evidence
         self.host.resolve_store.abandon_fork(

@@ -38,6 +38,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.turn_events import TurnDeltas, updated_turn
 from agenthost.workers import SupervisorPort
+from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
@@ -239,7 +240,7 @@ class Daemon:
                 if len(self._stream_activity) > 4096:
                     self._stream_activity.clear()
                 self._stream_activity[turn_id] = now
-                self.host.tell(WorkerEvent(key, {"type": "turn.activity", "turnId": turn_id}))
+                self.host.tell(WorkerEvent(key, TurnActivity(turn_id).to_wire()))
             return
         self.host.tell(WorkerEvent(key, event))
 

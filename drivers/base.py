@@ -23,10 +23,10 @@ from domain.worker_messages import ForkTarget as ForkTarget
 from domain.worker_messages import TurnEvent
 from drivers.failpoints import Failpoints
 
-Emit = Callable[[str, TurnEvent | dict[str, Any]], None]
-"""`emit(agent_session_id, event)`: stream one turn event (`domain.worker_messages.TurnEvent`,
-or its wire map) to the host. Thread-safe; drivers call it from whatever thread observes the
-provider. The worker end reads every map as a `TurnEvent` before it leaves."""
+Emit = Callable[[str, TurnEvent], None]
+"""`emit(agent_session_id, event)`: stream one turn event (a `domain.worker_messages.TurnEvent`)
+to the host. Thread-safe; drivers call it from whatever thread observes the provider. Drivers
+never build the event's wire map: the worker serialises it (`to_wire`) as it leaves."""
 
 
 class ProviderDriver(Protocol):

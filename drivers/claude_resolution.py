@@ -13,7 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from drivers.base import ForkRequest
+from domain.enums import DeliveryDisposition
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    ResolveAdopt,
+    ResolvedChild,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
 from drivers.claude_transcript import parse_entries, split_turns, transcript_path
 from drivers.errors import DriverError
 from drivers.resolution import QUARANTINE_DIR
@@ -52,19 +61,19 @@ def _roots(path: Path) -> tuple[str, ...]:
     return tuple(str(t.root_forked_from) for t in turns)
 
 
-def _request(params: Mapping[str, Any]) -> tuple[ForkRequest, Path, Path, str, set[str]]:
-    request = ForkRequest.from_wire(params)
+def _request(resolve: ResolveRequest) -> tuple[ForkRequest, Path, Path, str, set[str]]:
+    request = resolve.fork_request()
     src, tgt = request.source, request.target
     if not Path(src.home).is_absolute() or not Path(tgt.home).is_absolute():
         raise DriverError("fork resolution needs absolute homes")
     if not src.provider_session_id:
         raise DriverError("fork resolution needs the source provider session id")
-    exclude = {str(c) for c in params.get("excludeChildIds") or ()}
+    exclude = set(resolve.exclude_child_ids)
     return request, Path(src.home), Path(tgt.home), src.provider_session_id, exclude
 
 
-def inspect(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    request, source_home, target_home, source_id, exclude = _request(params)
+def inspect(driver: Any, resolve: ResolveRequest) -> ResolveInspection:
+    request, source_home, target_home, source_id, exclude = _request(resolve)
     prefix = tuple(request.provider_turn_ids)
     in_source = _children(source_home, source_id, exclude)
     in_target = _children(target_home, source_id, exclude)
@@ -76,31 +85,31 @@ def inspect(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         except (OSError, ValueError):
             roots = None
         out.append(
-            {
-                "providerSessionId": child,
-                "forkedFromId": source_id,
-                "providerTurnIds": list(roots or ()),
-                "turnsEqualPrefix": roots == prefix,
-                "readsFromOwnHome": child in in_target and roots == prefix,
-                "locations": [
+            ResolvedChild(
+                provider_session_id=child,
+                forked_from_id=source_id,
+                provider_turn_ids=roots or (),
+                turns_equal_prefix=roots == prefix,
+                reads_from_own_home=child in in_target and roots == prefix,
+                locations=tuple(
                     n
                     for n, found in (("source", in_source), ("target", in_target))
                     if child in found
-                ],
-            }
+                ),
+            )
         )
-    op_id = str(params.get("operationId") or "-")
-    quarantined = [
+    op_id = resolve.operation_id or "-"
+    quarantined = tuple(
         str(p)
         for home in (source_home, target_home)
         for p in sorted((home / QUARANTINE_DIR / op_id).rglob("*.jsonl"))
-    ]
-    return {"children": out, "quarantined": quarantined}
+    )
+    return ResolveInspection(tuple(out), quarantined)
 
 
-def adopt(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    request, source_home, target_home, source_id, exclude = _request(params)
-    child = str(params.get("childId") or "")
+def adopt(driver: Any, resolve: ResolveAdopt) -> ForkResult:
+    request, source_home, target_home, source_id, exclude = _request(resolve.scope)
+    child = resolve.child_id
     in_source = _children(source_home, source_id, exclude)
     in_target = _children(target_home, source_id, exclude)
     if child not in in_source and child not in in_target:
@@ -115,15 +124,15 @@ def adopt(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
             in_source[child].unlink()
         else:
             driver._relocate_child(request, child)
-    result = driver._verify_child(request, plan, child).to_wire()
-    if result.get("disposition") != "accepted":
-        raise DriverError(f"adopted child does not verify: {result.get('error')}")
-    return dict(result)
+    result: ForkResult = driver._verify_child(request, plan, child)
+    if result.disposition is not DeliveryDisposition.ACCEPTED:
+        raise DriverError(f"adopted child does not verify: {result.error}")
+    return result
 
 
-def quarantine(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    _, source_home, target_home, source_id, exclude = _request(params)
-    op_id = str(params.get("operationId") or "")
+def quarantine(driver: Any, resolve: ResolveRequest) -> ResolveQuarantined:
+    _, source_home, target_home, source_id, exclude = _request(resolve)
+    op_id = resolve.operation_id
     if not op_id or "/" in op_id or op_id.startswith("."):
         raise DriverError("quarantine needs the operation id")
     moved = []
@@ -138,4 +147,4 @@ def quarantine(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
             finally:
                 os.close(fd)
             moved.append(str(dest))
-    return {"moved": moved}
+    return ResolveQuarantined(tuple(moved))

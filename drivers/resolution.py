@@ -3,8 +3,9 @@ Codex): find the provider children an `unknown` fork may have left, adopt one wi
 idempotent binder a fork uses, or move them aside into a quarantine folder.
 
 Never calls `thread/fork`. The worker methods are `fork.inspect`, `fork.adopt` and
-`fork.quarantine`; each takes `{source: {home, providerSessionId}, target: {home},
-providerTurnIds, excludeChildIds, operationId}` (`fork.adopt` also `childId`).
+`fork.quarantine`; each takes a `domain.worker_messages.ResolveRequest` (`fork.adopt` a
+`ResolveAdopt`: the same plus `childId`) and answers a `ResolveInspection`, a `ForkResult` or a
+`ResolveQuarantined`; `dispatch` reads and writes their wire maps, the handlers see the types.
 
 A child "of this operation" is a rollout whose `session_meta` names the source as
 `forked_from_id`, found in the source home (where `thread/fork` writes it) or the target home
@@ -16,36 +17,51 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from domain.enums import DeliveryDisposition
+from domain.worker_messages import (
+    ForkBinding,
+    ForkChild,
+    ForkResult,
+    ResolveAdopt,
+    ResolvedChild,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
 from drivers.binder import ROLLOUT_DIRS, BinderError, iter_rollouts
 from drivers.errors import DriverError
 
 QUARANTINE_DIR = "quarantine"
-METHODS = ("fork.inspect", "fork.adopt", "fork.quarantine")
+METHODS = (ResolveRequest.INSPECT, ResolveAdopt.METHOD, ResolveRequest.QUARANTINE)
 
 
 def dispatch(driver: Any, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The worker's entry: a driver may bring its own (`fork_resolution(method, params)`);
-    the app-server drivers use this module; any other driver refuses, typed."""
-    own = getattr(driver, "fork_resolution", None)
-    if own is not None:
-        return dict(own(method, params))
+    """The worker's entry: reads the request's type, runs the provider's handler (Claude's
+    `drivers.claude_resolution`, the app-server drivers' this module; any other driver refuses,
+    typed) and answers its result's wire map."""
+    on_inspect: Callable[[Any, ResolveRequest], ResolveInspection]
+    on_adopt: Callable[[Any, ResolveAdopt], ForkResult]
+    on_quarantine: Callable[[Any, ResolveRequest], ResolveQuarantined]
     if hasattr(driver, "_relocate_child") and hasattr(driver, "_verify_child"):
         from drivers import claude_resolution as claude
 
-        table = {
-            "fork.inspect": claude.inspect,
-            "fork.adopt": claude.adopt,
-            "fork.quarantine": claude.quarantine,
-        }
-        return table[method](driver, params)
-    if not (hasattr(driver, "binder") and hasattr(driver, "_thread_turns")):
+        on_inspect, on_adopt, on_quarantine = claude.inspect, claude.adopt, claude.quarantine
+    elif hasattr(driver, "binder") and hasattr(driver, "_thread_turns"):
+        on_inspect, on_adopt, on_quarantine = inspect, adopt, quarantine
+    else:
         raise DriverError(f"{type(driver).__name__} cannot resolve fork operations")
-    fn = {"fork.inspect": inspect, "fork.adopt": adopt, "fork.quarantine": quarantine}[method]
-    return fn(driver, params)
+    result: ResolveInspection | ForkResult | ResolveQuarantined
+    if method == ResolveAdopt.METHOD:
+        result = on_adopt(driver, ResolveAdopt.from_wire(params))
+    elif method == ResolveRequest.INSPECT:
+        result = on_inspect(driver, ResolveRequest.from_wire(params))
+    else:
+        result = on_quarantine(driver, ResolveRequest.from_wire(params))
+    return result.to_wire()
 
 
 def _meta(path: Path) -> Mapping[str, Any]:
@@ -70,14 +86,12 @@ def _child_rollouts(home: Path, source_id: str, exclude: set[str]) -> dict[str, 
     return out
 
 
-def _params(params: Mapping[str, Any]) -> tuple[Path, Path, str, list[str], set[str]]:
-    source = params.get("source") or {}
-    target = params.get("target") or {}
-    source_home = Path(str(source.get("home") or ""))
-    target_home = Path(str(target.get("home") or ""))
-    source_id = str(source.get("providerSessionId") or "")
-    prefix = [str(t) for t in params.get("providerTurnIds") or ()]
-    exclude = {str(c) for c in params.get("excludeChildIds") or ()}
+def _params(request: ResolveRequest) -> tuple[Path, Path, str, list[str], set[str]]:
+    source_home = Path(request.source.home)
+    target_home = Path(request.target.home)
+    source_id = request.source.provider_session_id
+    prefix = list(request.provider_turn_ids)
+    exclude = set(request.exclude_child_ids)
     if not source_home.is_absolute() or not target_home.is_absolute() or not source_id:
         raise DriverError("fork resolution needs absolute homes and the source thread id")
     return source_home, target_home, source_id, prefix, exclude
@@ -106,8 +120,8 @@ def _turns_in(driver: Any, home: Path, thread_id: str) -> list[str] | str:
             runtime.proc.close()
 
 
-def inspect(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    source_home, target_home, source_id, prefix, exclude = _params(params)
+def inspect(driver: Any, request: ResolveRequest) -> ResolveInspection:
+    source_home, target_home, source_id, prefix, exclude = _params(request)
     in_source = _child_rollouts(source_home, source_id, exclude)
     in_target = _child_rollouts(target_home, source_id, exclude)
     children = []
@@ -119,30 +133,29 @@ def inspect(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         turns = _turns_in(driver, source_home if child in in_source else target_home, child)
         own = _turns_in(driver, target_home, child) if child in in_target else "not in its home"
         children.append(
-            {
-                "providerSessionId": child,
-                "forkedFromId": source_id,
-                "providerTurnIds": turns if isinstance(turns, list) else [],
-                "readError": None if isinstance(turns, list) else turns,
-                "turnsEqualPrefix": isinstance(turns, list) and turns == prefix,
-                "readsFromOwnHome": isinstance(own, list) and own == prefix,
-                "locations": locations,
-            }
+            ResolvedChild(
+                provider_session_id=child,
+                forked_from_id=source_id,
+                provider_turn_ids=tuple(turns) if isinstance(turns, list) else (),
+                read_error=None if isinstance(turns, list) else turns,
+                reports_read_error=True,
+                turns_equal_prefix=isinstance(turns, list) and turns == prefix,
+                reads_from_own_home=isinstance(own, list) and own == prefix,
+                locations=tuple(locations),
+            )
         )
-    quarantined = [
+    quarantined = tuple(
         str(p)
         for home in (source_home, target_home)
-        for p in sorted(
-            (home / QUARANTINE_DIR / str(params.get("operationId") or "-")).rglob("*.jsonl")
-        )
-    ]
-    return {"children": children, "quarantined": quarantined}
+        for p in sorted((home / QUARANTINE_DIR / (request.operation_id or "-")).rglob("*.jsonl"))
+    )
+    return ResolveInspection(tuple(children), quarantined)
 
 
-def adopt(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+def adopt(driver: Any, request: ResolveAdopt) -> ForkResult:
     """The idempotent binder on a verified child; answers like `fork` (`accepted` + evidence)."""
-    source_home, target_home, source_id, prefix, exclude = _params(params)
-    child = str(params.get("childId") or "")
+    source_home, target_home, source_id, prefix, exclude = _params(request.scope)
+    child = request.child_id
     found = _child_rollouts(source_home, source_id, exclude)
     if child not in found and child not in _child_rollouts(target_home, source_id, exclude):
         raise DriverError(f"provider child {child!r} of this operation is not there")
@@ -162,18 +175,18 @@ def adopt(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         raise DriverError(f"adopted child not readable from its own home: {own}")
     wire["verifiedReadable"] = True
     wire["forkedFromId"] = source_id
-    return {
-        "disposition": "accepted",
-        "child": {"providerSessionId": child, "forkedFromId": source_id, "providerTurnIds": prefix},
-        "binding": {"mode": driver.binding_mode.value, "receipt": wire},
-    }
+    return ForkResult(
+        DeliveryDisposition.ACCEPTED,
+        child=ForkChild(child, source_id, tuple(prefix)),
+        binding=ForkBinding(driver.binding_mode, wire),
+    )
 
 
-def quarantine(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+def quarantine(driver: Any, request: ResolveRequest) -> ResolveQuarantined:
     """Move every child rollout of this operation aside (never delete): `<home>/quarantine/
     <operationId>/<its relative path>`, atomically per file (rename on one filesystem)."""
-    source_home, target_home, source_id, _, exclude = _params(params)
-    op_id = str(params.get("operationId") or "")
+    source_home, target_home, source_id, _, exclude = _params(request)
+    op_id = request.operation_id
     if not op_id or "/" in op_id or op_id.startswith("."):
         raise DriverError("quarantine needs the operation id")
     moved = []
@@ -192,4 +205,4 @@ def quarantine(driver: Any, params: Mapping[str, Any]) -> dict[str, Any]:
                 finally:
                     os.close(fd)
                 moved.append(str(dest))
-    return {"moved": moved}
+    return ResolveQuarantined(tuple(moved))

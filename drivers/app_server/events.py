@@ -16,6 +16,15 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from domain.errors import HostError
+from domain.worker_messages import (
+    InteractionRequested,
+    MessageDelta,
+    TurnBindingMoved,
+    TurnCompleted,
+    TurnEvent,
+    TurnItem,
+    TurnStarted,
+)
 from drivers.app_server.items import (
     APPROVAL_METHODS,
     DELTA_METHODS,
@@ -55,26 +64,16 @@ class TurnEvents:
                 session.active.add(provider_turn_id)
                 emit_started = True
         if emit_started and canonical is not None:
-            self._send(
-                session,
-                {"type": "turn.started", "turnId": canonical, "providerTurnId": provider_turn_id},
-            )
+            self._send(session, TurnStarted(canonical, provider_turn_id))
             binding = {
                 "schemaVersion": 1,
                 "threadId": session.thread_id,
                 "providerTurnId": provider_turn_id,
             }
-            self._send(
-                session,
-                {
-                    "type": "turn.binding",
-                    "turnId": canonical,
-                    "bindingJson": json.dumps(binding, sort_keys=True),
-                },
-            )
+            self._send(session, TurnBindingMoved(canonical, json.dumps(binding, sort_keys=True)))
         return canonical
 
-    def _send(self, session: SessionState, event: dict[str, Any]) -> None:
+    def _send(self, session: SessionState, event: TurnEvent) -> None:
         emit = self._emit
         if emit is not None:
             emit(session.agent_session_id, event)
@@ -95,7 +94,7 @@ class TurnEvents:
             if canonical is None or not isinstance(item, Mapping):
                 return
             for mapped in map_item(item):
-                self._send(session, {"type": "item", "turnId": canonical, "item": mapped})
+                self._send(session, TurnItem(canonical, mapped))
         elif method == "error":
             self._on_model_error(session, params)
         elif method in DELTA_METHODS:
@@ -105,16 +104,8 @@ class TurnEvents:
             delta = params.get("delta")
             if canonical is None or not isinstance(delta, str) or not delta:
                 return
-            self._send(
-                session,
-                {
-                    "type": "message.delta",
-                    "turnId": canonical,
-                    "itemId": str(params.get("itemId") or ""),
-                    "kind": DELTA_METHODS[method],
-                    "delta": delta,
-                },
-            )
+            item_id = str(params.get("itemId") or "")
+            self._send(session, MessageDelta(canonical, item_id, DELTA_METHODS[method], delta))
         elif method == "turn/completed":
             turn = params.get("turn") or {}
             provider_turn_id = str(turn.get("id") or "")
@@ -122,23 +113,18 @@ class TurnEvents:
             if canonical is None:
                 return
             outcome = OUTCOMES.get(str(turn.get("status")), TurnOutcome.FAILED)
-            event: dict[str, Any] = {
-                "type": "turn.completed",
-                "turnId": canonical,
-                "providerTurnId": provider_turn_id,
-                "outcome": outcome.value,
-            }
-            error = turn.get("error")
-            if isinstance(error, Mapping) and error.get("message"):
-                event["error"] = model_failure_text(
-                    self.kind, self.endpoint(), str(error["message"])
+            error: str | None = None
+            provider_error = turn.get("error")
+            if isinstance(provider_error, Mapping) and provider_error.get("message"):
+                error = model_failure_text(
+                    self.kind, self.endpoint(), str(provider_error["message"])
                 )
             with session.state_lock:
                 failure = session.model_failures.pop(provider_turn_id, None)
             if failure is not None:
                 # We stopped the provider's retries: the turn failed, it was not interrupted.
-                event["outcome"] = TurnOutcome.FAILED.value
-                event["error"] = failure
+                outcome, error = TurnOutcome.FAILED, failure
+            event = TurnCompleted(canonical, provider_turn_id, outcome.value, error)
             with session.state_lock:
                 session.active.discard(provider_turn_id)
                 for key in [
@@ -214,16 +200,7 @@ class TurnEvents:
             input_["text"] = command if isinstance(command, str) else shlex.join(command)
         with session.state_lock:
             session.pending[request_id] = PendingRequest(request, kind, canonical, provider_turn_id)
-        self._send(
-            session,
-            {
-                "type": "interaction.requested",
-                "turnId": canonical,
-                "requestId": request_id,
-                "kind": kind,
-                "input": input_,
-            },
-        )
+        self._send(session, InteractionRequested(canonical, request_id, kind, input_))
 
     def _on_exit(self, session: SessionState | None, reason: str) -> None:
         """The app-server died: every turn it was running ends as failed (nobody else will)."""
@@ -238,12 +215,11 @@ class TurnEvents:
             if canonical is not None:
                 self._send(
                     session,
-                    {
-                        "type": "turn.completed",
-                        "turnId": canonical,
-                        "providerTurnId": provider_turn_id,
-                        "outcome": TurnOutcome.FAILED.value,
-                        "error": f"{self.kind} app-server exited: {reason}",
-                    },
+                    TurnCompleted(
+                        canonical,
+                        provider_turn_id,
+                        TurnOutcome.FAILED.value,
+                        f"{self.kind} app-server exited: {reason}",
+                    ),
                 )
         _ = awaiting  # turn/start raises to its caller; no event is owed

@@ -13,6 +13,7 @@ import os
 import time
 from pathlib import Path
 
+from domain.worker_messages import TurnBindingMoved, TurnStarted
 from drivers.claude.state import SessionState, TurnState
 from drivers.claude_transcript import (
     contains_uuid,
@@ -46,10 +47,7 @@ class Checkpoints:
         if turn.provider_turn_id is not None:
             return
         turn.provider_turn_id = root_uuid
-        turn.emit(
-            session.agent_session_id,
-            {"type": "turn.started", "turnId": turn.turn_id, "providerTurnId": root_uuid},
-        )
+        turn.emit(session.agent_session_id, TurnStarted(turn.turn_id, root_uuid))
         turn.started.set_result(root_uuid)
         self._set_checkpoint(session, turn, root_uuid)
 
@@ -83,12 +81,7 @@ class Checkpoints:
             return
         turn.checkpoint = message_uuid
         turn.emit(
-            session.agent_session_id,
-            {
-                "type": "turn.binding",
-                "turnId": turn.turn_id,
-                "bindingJson": encode_binding(message_uuid),
-            },
+            session.agent_session_id, TurnBindingMoved(turn.turn_id, encode_binding(message_uuid))
         )
 
 

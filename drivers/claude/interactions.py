@@ -13,6 +13,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from domain.errors import Conflict, InvalidArgument
+from domain.worker_messages import InteractionRequested
 from drivers.claude.checkpoints import Checkpoints
 from drivers.claude.state import PendingPermission, SessionState, TurnState, required
 from drivers.errors import DriverError
@@ -87,13 +88,9 @@ class Interactions(Checkpoints):
         try:
             turn.emit(
                 session.agent_session_id,
-                {
-                    "type": "interaction.requested",
-                    "turnId": turn.turn_id,
-                    "requestId": request_id,
-                    "kind": kind,
-                    "input": interaction_input(tool, tool_input, context),
-                },
+                InteractionRequested(
+                    turn.turn_id, request_id, kind, interaction_input(tool, tool_input, context)
+                ),
             )
             return await pending.answer
         finally:

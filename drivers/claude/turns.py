@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 from domain.errors import NotFound, SessionBusy
+from domain.worker_messages import MessageDelta, TurnCompleted, TurnItem
 from drivers.base import Emit, TurnOutcome
 from drivers.claude.checkpoints import resumable
 from drivers.claude.env import ClaudeDriverConfig
@@ -195,17 +196,14 @@ class Turns(Interactions):
         with session.lock:
             # Cleared before `turn.completed` so the host's next turn.start is never busy.
             session.active = None
-        event: dict[str, Any] = {
-            "type": "turn.completed",
-            "turnId": turn.turn_id,
-            "providerTurnId": turn.provider_turn_id,
-            "outcome": TurnOutcome.INTERRUPTED.value if turn.interrupted else outcome.value,
-        }
-        if error and not turn.interrupted:
-            event["error"] = error
+        settled = TurnOutcome.INTERRUPTED if turn.interrupted else outcome
+        sent_error = error if error and not turn.interrupted else None
         if turn.model_failure is not None and not turn.interrupted:
-            event["outcome"], event["error"] = TurnOutcome.FAILED.value, turn.model_failure
-        turn.emit(session.agent_session_id, event)
+            settled, sent_error = TurnOutcome.FAILED, turn.model_failure
+        turn.emit(
+            session.agent_session_id,
+            TurnCompleted(turn.turn_id, turn.provider_turn_id, settled.value, sent_error),
+        )
 
     def _on_message(
         self, session: SessionState, turn: TurnState, message: Any
@@ -245,10 +243,9 @@ class Turns(Interactions):
             for result in results:
                 turn.emit(
                     sid,
-                    {
-                        "type": "item",
-                        "turnId": turn.turn_id,
-                        "item": {
+                    TurnItem(
+                        turn.turn_id,
+                        {
                             "kind": "tool_result",
                             "text": _text_of(result.content),
                             "payload": {
@@ -256,7 +253,7 @@ class Turns(Interactions):
                                 "providerMessageUuid": message.uuid,
                             },
                         },
-                    },
+                    ),
                 )
             if turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
@@ -288,7 +285,7 @@ class Turns(Interactions):
                             "providerItemId": f"{api_id}:{index}",
                         }
                     )
-                    turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+                    turn.emit(sid, TurnItem(turn.turn_id, item))
             if message.uuid and turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, SystemMessage):
@@ -326,7 +323,7 @@ class Turns(Interactions):
                 "providerParentToolUseId": parent_tool_use_id,
             },
         }
-        turn.emit(sid, {"type": "item", "turnId": turn.turn_id, "item": item})
+        turn.emit(sid, TurnItem(turn.turn_id, item))
 
     def _on_api_retry(self, turn: TurnState, data: Mapping[str, Any]) -> None:
         """The CLI retries a refused credential or an unreachable endpoint for minutes: a
@@ -375,15 +372,10 @@ class Turns(Interactions):
             else:
                 return
             if isinstance(text, str) and text:
+                item_id = f"{turn.stream_message_id}:{index}"
                 turn.emit(
                     session.agent_session_id,
-                    {
-                        "type": "message.delta",
-                        "turnId": turn.turn_id,
-                        "itemId": f"{turn.stream_message_id}:{index}",
-                        "kind": item_kind,
-                        "delta": text,
-                    },
+                    MessageDelta(turn.turn_id, item_id, item_kind, text),
                 )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from domain.worker_messages import TurnEvent
 from drivers.claude import ClaudeDriver, ClaudeDriverConfig
 from drivers.failpoints import Failpoints
 from model_fakes.messages import MessagesServer, last_user_text
@@ -26,9 +27,10 @@ class Recorder:
         self._cond = threading.Condition()
         self.events: list[tuple[str, dict[str, Any]]] = []
 
-    def __call__(self, agent_session_id: str, event: dict[str, Any]) -> None:
+    def __call__(self, agent_session_id: str, event: TurnEvent) -> None:
+        wire = event.to_wire()  # what the worker sends
         with self._cond:
-            self.events.append((agent_session_id, dict(event)))
+            self.events.append((agent_session_id, wire))
             self._cond.notify_all()
 
     def for_turn(self, turn_id: str) -> list[dict[str, Any]]:

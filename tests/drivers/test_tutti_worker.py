@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed
 
+from domain.worker_messages import turn_event_from_wire
 from drivers.binder import iter_rollouts
 from drivers.errors import WorkerLost
 from drivers.supervisor import WorkerSupervisor
@@ -18,7 +19,8 @@ P = "tutti-agent"
 
 
 def start_source(sup: WorkerSupervisor, root: Path, log: EventLog) -> dict[str, Any]:
-    sup.set_event_sink(lambda provider, sid, event: log(sid, event))
+    # Read as the host reads at its end of the link.
+    sup.set_event_sink(lambda provider, sid, event: log(sid, turn_event_from_wire(event)))
     home = root / "runtimes" / "ws" / "src" / "tutti-agent-home"
     started = sup.request(
         P,

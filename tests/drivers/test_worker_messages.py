@@ -49,6 +49,41 @@ def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
     } <= seen
 
 
+class _RawLog(EventLog):
+    """Keeps what the driver handed `emit`, before any serialisation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.raw: list[object] = []
+
+    def __call__(self, sid: str, event: wm.TurnEvent) -> None:
+        self.raw.append(event)
+        super().__call__(sid, event)
+
+
+@pytest.mark.timeout(90)
+def test_a_driver_emits_typed_turn_events_never_maps(
+    make_driver: Make, tmp_path: Path  # noqa: F811 - the fixture
+) -> None:
+    """Issue 19: the driver builds each event as its `TurnEvent`; the wire map is made once,
+    at the worker's edge (`to_wire`), and reads back as the same value."""
+    log = _RawLog()
+    driver = make_driver()
+    open_session(driver, log, tmp_path, texts=("hello there", "/tool grep needle"))
+    assert log.raw
+    kinds = (
+        wm.TurnStarted,
+        wm.TurnItem,
+        wm.InteractionRequested,
+        wm.TurnBindingMoved,
+        wm.TurnCompleted,
+        wm.MessageDelta,
+    )
+    for event in log.raw:
+        assert isinstance(event, kinds), event
+        assert wm.turn_event_from_wire(event.to_wire()) == event
+
+
 def _request() -> wm.ForkRequest:
     return wm.ForkRequest(
         source=wm.ForkSource("1:w:s", "thread-1", "/h/src", "/cwd"),
@@ -155,3 +190,95 @@ def test_the_typed_fork_call_through_a_real_worker_answers_a_fork_result(tmp_pat
 def test_an_unknown_event_type_is_malformed() -> None:
     with pytest.raises(wm.MalformedMessage):
         wm.turn_event_from_wire({"type": "turn.exploded", "turnId": "t"})
+
+
+def _resolve_request() -> wm.ResolveRequest:
+    return wm.ResolveRequest(
+        operation_id="op-1",
+        source=wm.ForkSource("1:w:s", "thread-1", "/h/src", "/cwd"),
+        target=wm.ForkTarget("1:w:t", "/h/tgt"),
+        provider_turn_ids=("p1", "p2"),
+        exclude_child_ids=("other-child",),
+        title="Source (2)",
+        provider_turn_bindings=(None, '{"x": 1}'),
+        driver_kind="claude-code",
+        driver_version="2.1.0",
+    )
+
+
+def test_the_resolve_requests_are_the_maps_fork_resolve_always_sent() -> None:
+    """fork.inspect / fork.quarantine / fork.adopt params, in the key order the resolver built
+    them by hand before the types existed; each reads back as its type, and the driver's
+    re-verification request carries what its fork would (bindings, the frozen prefix)."""
+    request = _resolve_request()
+    legacy = {
+        "operationId": "op-1",
+        "source": {
+            "agentSessionId": "1:w:s",
+            "providerSessionId": "thread-1",
+            "home": "/h/src",
+            "cwd": "/cwd",
+        },
+        "target": {"agentSessionId": "1:w:t", "home": "/h/tgt"},
+        "providerTurnIds": ["p1", "p2"],
+        "excludeChildIds": ["other-child"],
+        "title": "Source (2)",
+        "providerTurnBindings": [None, '{"x": 1}'],
+        "driverKind": "claude-code",
+        "driverVersion": "2.1.0",
+    }
+    assert _bytes(request.to_wire()) == _bytes(legacy)
+    assert wm.ResolveRequest.from_wire(legacy) == request
+    adopt = wm.ResolveAdopt(request, "child-1")
+    assert _bytes(adopt.to_wire()) == _bytes({**legacy, "childId": "child-1"})
+    assert wm.ResolveAdopt.from_wire({**legacy, "childId": "child-1"}) == adopt
+    fork = request.fork_request()
+    assert fork.provider_turn_ids == ("p1", "p2")
+    assert fork.provider_turn_bindings == (None, '{"x": 1}')
+    assert (fork.source, fork.target) == (request.source, request.target)
+
+
+@pytest.mark.parametrize("read_error", ["absent", None, "app-server would not start"])
+def test_an_inspection_answer_round_trips_with_or_without_a_read_error(
+    read_error: str | None,
+) -> None:
+    child: dict[str, object] = {
+        "providerSessionId": "child-1",
+        "forkedFromId": "thread-1",
+        "providerTurnIds": ["p1"],
+        "turnsEqualPrefix": True,
+        "readsFromOwnHome": False,
+        "locations": ["source"],
+    }
+    if read_error != "absent":
+        # The app-server drivers' key sits after the Turn ids (its place in their map).
+        child = {
+            **{k: child[k] for k in ("providerSessionId", "forkedFromId", "providerTurnIds")},
+            "readError": read_error,
+            **{k: child[k] for k in ("turnsEqualPrefix", "readsFromOwnHome", "locations")},
+        }
+    answer = {"children": [child], "quarantined": ["/h/src/quarantine/op-1/a.jsonl"]}
+    inspection = wm.ResolveInspection.from_wire(answer)
+    assert _bytes(inspection.to_wire()) == _bytes(answer)
+    assert inspection.children[0].turns_equal_prefix is True
+    quarantined = wm.ResolveQuarantined(("/h/tgt/quarantine/op-1/b.jsonl",))
+    assert wm.ResolveQuarantined.from_wire(quarantined.to_wire()) == quarantined
+
+
+def test_an_inspection_whose_children_are_not_maps_is_malformed() -> None:
+    with pytest.raises(wm.MalformedMessage):
+        wm.ResolveInspection.from_wire({"children": ["child-1"]})
+
+
+def test_the_resolver_verdict_reads_typed_children() -> None:
+    from actors.fork_resolve import verdict
+
+    def child(**over: object) -> wm.ResolvedChild:
+        raw = {"providerSessionId": "c", "forkedFromId": "thread-1", "turnsEqualPrefix": True}
+        return wm.ResolvedChild.from_wire({**raw, **over})
+
+    assert verdict((), "thread-1") == "absent"
+    assert verdict((child(),), "thread-1") == "adoptable"
+    assert verdict((child(turnsEqualPrefix="yes"),), "thread-1") == "ambiguous"
+    assert verdict((child(forkedFromId="x"),), "thread-1") == "ambiguous"
+    assert verdict((child(), child()), "thread-1") == "ambiguous"

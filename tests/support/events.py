@@ -1,4 +1,6 @@
-"""A recording `emit(agent_session_id, event)` for driver tests, and its wait helpers."""
+"""A recording `emit(agent_session_id, event)` for driver tests, and its wait helpers. Drivers
+emit typed `TurnEvent`s; the log keeps each one's wire map (what the worker sends), so tests
+read events as the host's link does."""
 
 from __future__ import annotations
 
@@ -6,6 +8,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from domain.worker_messages import TurnEvent
 
 
 class EventLog:
@@ -15,9 +19,10 @@ class EventLog:
         self.events: list[tuple[str, dict[str, Any]]] = []
         self._cond = threading.Condition()
 
-    def __call__(self, sid: str, event: dict[str, Any]) -> None:
+    def __call__(self, sid: str, event: TurnEvent) -> None:
+        wire = event.to_wire()
         with self._cond:
-            self.events.append((sid, event))
+            self.events.append((sid, wire))
             self._cond.notify_all()
 
     def wait_for(

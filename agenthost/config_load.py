@@ -1,0 +1,127 @@
+"""Loading the configuration: where the home is (`AGENTHOST_HOME`, else the XDG data dir), reading
+`agenthost.toml` (UTF-8 TOML), validating every table and key against `SCHEMA` (a
+`ConfigError` naming the file, table, key, what was expected and what was given), and the
+rule that a file holding a key must be private (mode 0600)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from agenthost.config_paths import check_listen
+from agenthost.config_schema import Config, defaults, schema_tables
+from agenthost.config_values import ConfigError, Key, describe
+from domain.providers import PROVIDERS
+
+
+def default_home() -> Path:
+    env = os.environ.get("AGENTHOST_HOME")
+    if env:
+        return _absolute(Path(env))
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data) / "agenthost"
+
+
+def _absolute(path: Path) -> Path:
+    # Not resolve(): a home that is a symlink must stay visible as one (it is refused).
+    return Path(os.path.abspath(path.expanduser()))
+
+
+def load_config(home: Path | None = None, path: Path | None = None) -> Config:
+    """`path` (`--config`) must exist; without it, `<home>/agenthost.toml` is optional."""
+    home = _absolute(home or default_home())
+    if path is not None and not path.exists():
+        raise ConfigError(f"{path}: no such configuration file")
+    path = path or home / "agenthost.toml"
+    if not path.exists():
+        return Config(home=home)
+    try:
+        raw = tomllib.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    config = parse_config(home, raw, source=str(path))
+    check_secret_file(path, config)
+    return config
+
+
+def check_secret_file(path: Path, config: Config) -> None:
+    """A key written in the file (`api_key`) is only accepted from a file nobody else can read
+    (mode 0600 or stricter): the daemon refuses to start otherwise, naming the reason."""
+    holders = [name for name, table in config.providers.items() if "api_key" in table]
+    if not holders:
+        return
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:
+        raise ConfigError(
+            f"{path}: [providers.{holders[0]}] api_key is set but the file is mode "
+            f"{mode:04o}; a file holding a key must be 0600 (chmod 600 {path}), or use "
+            "api_key_env to name an environment variable instead"
+        )
+
+
+def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") -> Config:
+    tables = schema_tables()
+    known_top = sorted({t.split(".")[0] for t in tables})
+    values: dict[str, dict[str, Any]] = defaults()
+    providers: dict[str, dict[str, str | list[str]]] = {}
+    for top, content in raw.items():
+        if top not in known_top:
+            raise ConfigError(
+                f"{source}: unknown table or key {json.dumps(top)} (known: {', '.join(known_top)})"
+            )
+        if not isinstance(content, Mapping):
+            raise ConfigError(f"{source}: [{top}] must be a table, got {describe(content)}")
+        if top == "providers":
+            for name, table in content.items():
+                if f"providers.{name}" not in tables:
+                    raise ConfigError(
+                        f"{source}: unknown provider [providers.{name}] "
+                        f"(known: {', '.join(PROVIDERS)})"
+                    )
+                if not isinstance(table, Mapping):
+                    raise ConfigError(
+                        f"{source}: [providers.{name}] must be a table, got {describe(table)}"
+                    )
+                providers[name] = _check_table(f"providers.{name}", table, tables, source)
+        else:
+            values[top] = {**values.get(top, {}), **_check_table(top, content, tables, source)}
+    config = Config(home=home, providers=providers, tables=values)
+    for endpoint in config.listen:
+        check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] listen")
+    for endpoint in config.events_listen:
+        check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] events_listen")
+    for endpoint in config.events_exact_listen:
+        check_listen(
+            endpoint, config.allow_remote, source=f"{source}: [daemon] events_exact_listen"
+        )
+    return config
+
+
+def _check_table(
+    table: str, content: Mapping[str, Any], tables: Mapping[str, Mapping[str, Key]], source: str
+) -> dict[str, Any]:
+    keys = tables[table]
+    out: dict[str, Any] = {}
+    for name, value in content.items():
+        key = keys.get(name)
+        if key is None:
+            raise ConfigError(
+                f"{source}: [{table}] unknown key {json.dumps(name)} "
+                f"(known: {', '.join(sorted(keys))})"
+            )
+        try:
+            out[name] = key.type.check(value)
+        except ValueError as exc:
+            got = describe(value)
+            if key.secret and isinstance(value, str):
+                got = f"a string of {len(value)} characters (not shown)"
+            raise ConfigError(f"{source}: [{table}] {name} must be {exc}, got {got}") from None
+    return out

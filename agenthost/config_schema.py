@@ -1,0 +1,334 @@
+"""The configuration schema and the parsed configuration: every key of every table as one `Key`
+in `SCHEMA` (table, name, type and range, default, one line of documentation), the defaults
+it gives, the docs/user-guide.md rows generated from it, and `Config`, the validated values
+with their typed accessors. To add a key: append one `Key(...)` to `SCHEMA`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agenthost.config_values import (
+    Bool,
+    Command,
+    Endpoints,
+    Int,
+    Key,
+    Number,
+    Str,
+    Url,
+)
+from domain.providers import PROVIDERS
+
+WIRE_APIS = ("responses", "chat")
+_ENV_NAME = "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+_MODEL_DOC = {
+    "tutti-agent": 'model name sent to `model_base_url` (default "mock-model")',
+    "codex": "model name written into each config.toml",
+    "claude-code": "model name passed to the CLI",
+}
+_URL_DOC = {
+    "tutti-agent": "the model API (Responses or Chat Completions); absent = the built-in model",
+    "codex": "the model API Codex talks to",
+    "claude-code": "`ANTHROPIC_BASE_URL`",
+}
+
+SCHEMA: tuple[Key, ...] = (
+    # [daemon]
+    Key("daemon", "listen", Endpoints(), (), "extra API endpoints, beside the home's ipc socket"),
+    Key(
+        "daemon",
+        "events_listen",
+        Endpoints(),
+        (),
+        "extra events (PUB) endpoints; like `listen`, a `tcp://` one is CURVE-only",
+    ),
+    Key(
+        "daemon",
+        "events_exact_listen",
+        Endpoints(),
+        (),
+        "extra endpoints of the events socket whose topic is `workspaceId` + NUL (CURVE on tcp)",
+    ),
+    Key("daemon", "allow_remote", Bool(), False, "allow a non-loopback `tcp://` listen address"),
+    Key(
+        "daemon",
+        "idle_actor_seconds",
+        Number(0.1, 86400.0, "seconds"),
+        30.0,
+        "a Session's actor stops after this long idle",
+    ),
+    Key(
+        "daemon",
+        "fork_sync_budget_ms",
+        Int(0, 600_000, "ms"),
+        2000,
+        "`fork.create` answers 202 `accepted` after this long",
+    ),
+    # Reliability limits (docs/reliability.md): how long a write waits for SQLite's lock, how
+    # long a Turn's durable writes are retried before it settles `failed`, how long a Turn may
+    # stay silent before its runtime is stopped, and the fork budgets.
+    Key(
+        "daemon",
+        "store_busy_timeout_ms",
+        Int(1, 3_600_000, "ms"),
+        10_000,
+        "a write waits this long for SQLite's lock, then answers 503 `store_busy`",
+    ),
+    Key(
+        "daemon",
+        "store_retry_limit_seconds",
+        Number(0.01, 86_400.0, "seconds"),
+        120.0,
+        "a Turn's durable writes are retried this long before it settles `failed`",
+    ),
+    Key(
+        "daemon",
+        "turn_inactivity_seconds",
+        Number(0.1, 604_800.0, "seconds"),
+        1800.0,
+        "a Turn silent this long has its runtime stopped and settles `failed`",
+    ),
+    Key(
+        "daemon",
+        "turn_interrupt_seconds",
+        Number(0.1, 3600.0, "seconds"),
+        10.0,
+        "an interrupt the provider does not acknowledge in this long stops the runtime",
+    ),
+    Key(
+        "daemon",
+        "fork_provider_call_seconds",
+        Number(0.1, 86_400.0, "seconds"),
+        60.0,
+        "the worker's limit for the provider's fork call (the host waits longer)",
+    ),
+    # Resource bounds (issue 15 #5, #7; issue 14 §6), independent of the number of Sessions.
+    Key(
+        "daemon",
+        "actor_threads",
+        Int(1, 100_000),
+        32,
+        "threads shared by every Session actor",
+    ),
+    Key(
+        "daemon",
+        "store_connections",
+        Int(1, 100_000),
+        16,
+        "SQLite connections the daemon opens at most",
+    ),
+    Key(
+        "daemon",
+        "max_runtimes_per_provider",
+        Int(1, 100_000),
+        64,
+        "live provider runtimes per provider; turns beyond it queue, idle ones stop LRU first",
+    ),
+    Key(
+        "daemon",
+        "max_runtime_starts_per_provider",
+        Int(1, 100_000),
+        4,
+        "provider runtimes being started at once per provider; further cold turns queue",
+    ),
+    # Providers. Model credentials and wire keys (issue 17): `api_key_env` names the variable
+    # holding the key (read by the provider at turn time, never stored); `api_key` is the less
+    # safe in-file key (the file must then be 0600).
+    *(
+        key
+        for provider in PROVIDERS
+        for key in (
+            (
+                Key(f"providers.{provider}", "cli_path", Str(), None, "default: the SDK's CLI")
+                if provider == "claude-code"
+                else Key(
+                    f"providers.{provider}",
+                    "command",
+                    Command(),
+                    None,
+                    "default: the installed script"
+                    if provider == "tutti-agent"
+                    else "default: the pinned install, then PATH",
+                )
+            ),
+            Key(f"providers.{provider}", "model", Str(), None, _MODEL_DOC[provider]),
+            Key(f"providers.{provider}", "model_base_url", Url(), None, _URL_DOC[provider]),
+            Key(
+                f"providers.{provider}",
+                "api_key_env",
+                Str(pattern=r"[A-Za-z_][A-Za-z0-9_]*", what=_ENV_NAME),
+                None,
+                "the environment variable holding the model API key (read at turn time)",
+                secret=True,
+            ),
+            Key(
+                f"providers.{provider}",
+                "api_key",
+                Str(),
+                None,
+                "the model API key itself (the file must be 0600; prefer `api_key_env`)",
+                secret=True,
+            ),
+        )
+    ),
+    Key(
+        "providers.tutti-agent",
+        "wire_api",
+        Str(choices=WIRE_APIS),
+        None,
+        'the model API\'s wire format (default "responses")',
+    ),
+    Key("providers.tutti-agent", "instructions", Str(), None, "system instructions for the model"),
+    Key(
+        "providers.codex",
+        "use_user_login",
+        Bool(),
+        False,
+        "use the user's own Codex login instead of a key",
+    ),
+    Key(
+        "providers.claude-code",
+        "use_user_login",
+        Bool(),
+        False,
+        "use the user's own Claude login instead of a key",
+    ),
+)
+
+
+def schema_tables() -> dict[str, dict[str, Key]]:
+    tables: dict[str, dict[str, Key]] = {}
+    for key in SCHEMA:
+        tables.setdefault(key.table, {})[key.name] = key
+    return tables
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    """Every non-provider table's keys at their defaults."""
+    return {
+        table: {name: key.default for name, key in keys.items()}
+        for table, keys in schema_tables().items()
+        if not table.startswith("providers.")
+    }
+
+
+# -- the parsed configuration --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    home: Path
+    providers: Mapping[str, Mapping[str, str | list[str]]] = field(default_factory=dict)
+    """Per provider, the keys given: strings, except `command`, which may be an argv list."""
+    tables: Mapping[str, Mapping[str, Any]] = field(default_factory=defaults)
+    """Every non-provider table of `SCHEMA`, validated, defaults filled in."""
+
+    def get(self, table: str, key: str) -> Any:
+        """A validated value (or its default); an undeclared key is a programming error."""
+        values = self.tables.get(table)
+        if values is not None and key in values:
+            return values[key]
+        declared = schema_tables().get(table, {}).get(key)
+        if declared is None:
+            raise KeyError(f"[{table}] {key} is not declared in agenthost.config.SCHEMA")
+        return declared.default
+
+    @property
+    def listen(self) -> tuple[str, ...]:
+        return tuple(self.get("daemon", "listen"))
+
+    @property
+    def events_listen(self) -> tuple[str, ...]:
+        """Extra events (PUB) endpoints; like `listen`, a tcp one is CURVE-only."""
+        return tuple(self.get("daemon", "events_listen"))
+
+    @property
+    def events_exact_listen(self) -> tuple[str, ...]:
+        """Extra endpoints of the terminated-topic events socket (issue 15 #9)."""
+        return tuple(self.get("daemon", "events_exact_listen"))
+
+    @property
+    def allow_remote(self) -> bool:
+        return bool(self.get("daemon", "allow_remote"))
+
+    @property
+    def idle_actor_seconds(self) -> float:
+        return float(self.get("daemon", "idle_actor_seconds"))
+
+    @property
+    def fork_sync_budget_s(self) -> float:
+        return int(self.get("daemon", "fork_sync_budget_ms")) / 1000.0
+
+    @property
+    def store_busy_timeout_ms(self) -> int:
+        return int(self.get("daemon", "store_busy_timeout_ms"))
+
+    @property
+    def store_retry_limit_s(self) -> float:
+        return float(self.get("daemon", "store_retry_limit_seconds"))
+
+    @property
+    def turn_inactivity_s(self) -> float:
+        return float(self.get("daemon", "turn_inactivity_seconds"))
+
+    @property
+    def turn_interrupt_s(self) -> float:
+        return float(self.get("daemon", "turn_interrupt_seconds"))
+
+    @property
+    def fork_provider_call_s(self) -> float:
+        return float(self.get("daemon", "fork_provider_call_seconds"))
+
+    @property
+    def actor_threads(self) -> int:
+        return int(self.get("daemon", "actor_threads"))
+
+    @property
+    def store_connections(self) -> int:
+        return int(self.get("daemon", "store_connections"))
+
+    @property
+    def max_runtimes_per_provider(self) -> int:
+        return int(self.get("daemon", "max_runtimes_per_provider"))
+
+    @property
+    def max_runtime_starts_per_provider(self) -> int:
+        return int(self.get("daemon", "max_runtime_starts_per_provider"))
+
+    @property
+    def store_path(self) -> Path:
+        return self.home / "store.sqlite3"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def runtimes_dir(self) -> Path:
+        return self.home / "runtimes"
+
+
+# -- docs/user-guide.md
+
+
+def markdown_rows() -> list[str]:
+    """One docs/user-guide.md table row per key (`| key | type and range | default | doc |`)."""
+    rows = []
+    for key in SCHEMA:
+        default = "—" if key.default is None else f"`{_toml(key.default)}`"
+        rows.append(f"| `{key.table}.{key.name}` | {key.type.expected()} | {default} | {key.doc} |")
+    return rows
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, str):
+        return json.dumps(value)
+    return f"{value:g}" if isinstance(value, float) else str(value)
