@@ -43,6 +43,11 @@ class PreparedRuntime:
     settings: Mapping[str, Any]
     provider_session_id: str
     runtime_context: Mapping[str, Any]
+    # Issue 20: the generation of the worker runtime `session.start` found or started (None:
+    # the driver has none) and that start's own attested verdict (its `runtimeContext`). A
+    # fork re-attests only when this generation is not the one its Session last attested.
+    generation: str | None = None
+    verdict: Mapping[str, Any] | None = None
 
 
 class LiveSaga(Protocol):
@@ -62,6 +67,9 @@ class ForkHost(Protocol):
     """Operation id → its saga in this actor (the actor stays busy while any runs)."""
     resolves: dict[str, Any]
     """Operation id → the `fork.resolve` in flight for it (actors/fork_resolve.py)."""
+    attested_runtime: tuple[str, ...] | None
+    """The runtime this Session's last passed `runtime.attest` proved — its generation and the
+    prepared home, cwd and settings it was asked about (actors/fork_saga.py, issue 20)."""
 
     @property
     def store(self) -> SagaStore:

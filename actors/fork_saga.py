@@ -8,6 +8,7 @@ not the caller is still waiting; a request that may have left the host is never 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -209,6 +210,12 @@ class ForkSaga:
     info: DriverInfo
     waiters: list[_Waiter] = field(default_factory=list)
     _retry_delay: float = 0.05
+    # The frozen prefix's (canonical Turn id, binding JSON), from prepare (issue 20).
+    frozen: tuple[tuple[str, str | None], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.frozen is None:
+            self.frozen = self.operation.frozen_turns
 
     # -- the steps ---------------------------------------------------------------------------
 
@@ -261,51 +268,70 @@ class ForkSaga:
 
     def _after_prepare(self) -> None:
         self._hit("host.fork.after_prepare")
+        runtime = self.runtime
+        if (
+            runtime.generation is not None
+            and runtime.verdict is not None
+            and self.host.attested_runtime == self._attestation_key(runtime.generation)
+        ):
+            # Issue 20: the runtime this fork's own `session.start` found is the one this
+            # Session's last re-attestation proved (same generation: the worker, its
+            # app-server or CLI did not change since). That start's verdict — fresh, from the
+            # same runtime — is checked exactly as an attestation's, and the fork carries the
+            # generation, so the worker refuses it (`not_started`) if another runtime is live
+            # by the time it arrives. No `runtime.attest` round trip.
+            self._step(self._check_verdict, dict(runtime.verdict), runtime.generation)
+            return
         # Re-attest the same prepared runtime identity before anything leaves the host.
         fut = self.host.workers.request(
-            self.runtime.provider,
+            runtime.provider,
             "runtime.attest",
             {
                 "agentSessionId": self.host.key,
-                "home": self.runtime.home,
-                "cwd": self.runtime.cwd,
-                "settings": dict(self.runtime.settings),
+                "home": runtime.home,
+                "cwd": runtime.cwd,
+                "settings": dict(runtime.settings),
             },
             self.host.timeouts.control_s,
         )
         self.host.later(fut, lambda f: self._step(self._attested, f))
 
+    def _attestation_key(self, generation: str) -> tuple[str, ...]:
+        """What a passed re-attestation proved: the runtime generation and the prepared
+        identity it was asked about (a changed cwd or settings re-attests too)."""
+        runtime = self.runtime
+        settings = json.dumps(dict(runtime.settings), sort_keys=True, default=str)
+        return (generation, runtime.home, runtime.cwd, settings)
+
     def _attested(self, fut: Future[dict[str, Any]]) -> None:
-        op = self.operation
         try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001 - attestation failed: nothing was dispatched
+            self.host.attested_runtime = None
             self._fail(f"re-attestation failed: {exc}")
             return
-        kind, version = str(result.get("driverKind")), str(result.get("driverVersion"))
-        if (kind, version) != (op.driver_kind, op.driver_version):
-            self._fail(
-                f"driver changed since prepare: {op.driver_kind} {op.driver_version} → "
-                f"{kind} {version}"
+        generation = result.get("runtimeGeneration")
+        self._check_verdict(
+            result, generation if isinstance(generation, str) and generation else None, True
+        )
+
+    def _check_verdict(
+        self, result: Mapping[str, Any], generation: str | None, attested: bool = False
+    ) -> None:
+        """The re-attestation's checks on a verdict (a `runtime.attest` answer, or the fresh
+        `session.start` verdict of an unchanged runtime); then `dispatching` and the fork."""
+        op = self.operation
+        error = self._verdict_error(result)
+        if error is not None:
+            self.host.attested_runtime = None
+            self._fail(error)
+            return
+        if attested:
+            # Remembered only for a runtime with a generation; the next fork skips the round
+            # trip while its session.start reports this same generation.
+            self.host.attested_runtime = (
+                None if generation is None else self._attestation_key(generation)
             )
-            return
-        if result.get("forkThroughTurn") is not True:
-            # The driver's own verdict (brand, version gate, SDK pin) at dispatch time.
-            self._fail("runtime no longer attests forkThroughTurn")
-            return
-        if result.get("binderAvailable") is not True:
-            # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
-            # a missing key, false or anything else is "no binder", decided before dispatch.
-            self._fail(
-                f"provider-state binder unavailable (binderAvailable="
-                f"{result.get('binderAvailable', '<missing>')!r})"
-            )
-            return
-        full = op.point_kind == ForkPointKind.LATEST_SETTLED
-        if full and result.get("forkFullSession") is not True:
-            # The driver declares full-Session fork separately (seed 000 §11 step 2).
-            self._fail("the driver does not declare forkFullSession")
-            return
         op, _ = self.host.store.mark_fork_dispatching(self.host.ws, op.operation_id)
         self.operation = op
         # Law 1: the dispatching marker is durable before the request can leave the host.
@@ -329,7 +355,7 @@ class ForkSaga:
             provider_turn_ids=tuple(op.source_provider_turn_ids),
             # Lined up with providerTurnIds: lets a provider_owned driver cut at a known
             # checkpoint instead of re-reading the source transcript (seed 000 §7, Claude 3).
-            extra={"providerTurnBindings": self._frozen_bindings()},
+            extra=self._dispatch_extra(generation),
             title=op.target_title,
             driver_kind=op.driver_kind,
             driver_version=op.driver_version,
@@ -338,6 +364,30 @@ class ForkSaga:
             self.host.workers, self.runtime.provider, request, self.host.timeouts.fork_s
         )
         self.host.later(fork, lambda f: self._step(self._dispatched, f))
+
+    def _verdict_error(self, result: Mapping[str, Any]) -> str | None:
+        op = self.operation
+        kind, version = str(result.get("driverKind")), str(result.get("driverVersion"))
+        if (kind, version) != (op.driver_kind, op.driver_version):
+            return (
+                f"driver changed since prepare: {op.driver_kind} {op.driver_version} → "
+                f"{kind} {version}"
+            )
+        if result.get("forkThroughTurn") is not True:
+            # The driver's own verdict (brand, version gate, SDK pin) at dispatch time.
+            return "runtime no longer attests forkThroughTurn"
+        if result.get("binderAvailable") is not True:
+            # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
+            # a missing key, false or anything else is "no binder", decided before dispatch.
+            return (
+                f"provider-state binder unavailable (binderAvailable="
+                f"{result.get('binderAvailable', '<missing>')!r})"
+            )
+        full = op.point_kind == ForkPointKind.LATEST_SETTLED
+        if full and result.get("forkFullSession") is not True:
+            # The driver declares full-Session fork separately (seed 000 §11 step 2).
+            return "the driver does not declare forkFullSession"
+        return None
 
     def _dispatched(self, fut: Future[ForkResult]) -> None:
         try:
@@ -432,16 +482,45 @@ class ForkSaga:
             turn_bindings=turn_bindings,
         )
 
-    def _frozen_bindings(self) -> list[str | None]:
+    def _dispatch_extra(self, generation: str | None) -> dict[str, Any]:
+        # providerTurnBindings, lined up with providerTurnIds: lets a provider_owned driver
+        # cut at a known checkpoint instead of re-reading the source transcript (seed 000 §7,
+        # Claude 3). runtimeGeneration: the runtime whose verdict let this fork leave (issue 20).
+        extra: dict[str, Any] = {"providerTurnBindings": self._frozen_bindings()}
+        if generation is not None:
+            extra["runtimeGeneration"] = generation
+        return extra
+
+    def _frozen_turns(self) -> tuple[tuple[str, str | None], ...]:
+        """(canonical Turn id, binding JSON) of each Turn of the frozen prefix, lined up with
+        `source_provider_turn_ids`: what `prepare_fork` froze into the snapshot, carried on the
+        operation it returned (issue 20: no full-timeline read at dispatch). The timeline is
+        read only if the operation came without them (never, for a saga this process began)."""
+        if self.frozen is not None:
+            return self.frozen
         store, ws, sid = self.host.store, self.host.ws, self.host.sid
         turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
-        by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
-        return [by_id.get(pid) for pid in self.operation.source_provider_turn_ids]
+        by_id = {t.root_provider_turn_id: t for t in turns}
+        out: list[tuple[str, str | None]] = []
+        for pid in self.operation.source_provider_turn_ids:
+            turn = by_id.get(pid)
+            if turn is None:
+                out.append(("", None))
+            else:
+                out.append((turn.turn_id, turn.provider_turn_binding_json))
+        return tuple(out)
+
+    def _frozen_bindings(self) -> list[str | None]:
+        return [binding for _, binding in self._frozen_turns()]
 
     def _canonical_turns_by_provider_id(self) -> dict[str, str]:
-        store, ws, sid = self.host.store, self.host.ws, self.host.sid
-        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
-        return {t.root_provider_turn_id: t.turn_id for t in turns if t.root_provider_turn_id}
+        return {
+            pid: turn_id
+            for pid, (turn_id, _) in zip(
+                self.operation.source_provider_turn_ids, self._frozen_turns(), strict=True
+            )
+            if turn_id
+        }
 
     # -- endings -----------------------------------------------------------------------------
 

@@ -62,6 +62,8 @@ class SessionActor(SessionControls):
         # both see this actor only through the `actors.fork_host.ForkHost` port.
         self.sagas: dict[str, LiveSaga] = {}
         self.resolves: dict[str, Any] = {}
+        # The runtime this Session's last passed fork re-attestation proved (issue 20).
+        self.attested_runtime: tuple[str, ...] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 

@@ -28,6 +28,13 @@ from storage.models import Session
 log = logging.getLogger("actors.session_actor")
 
 
+def _generation_of(result: Mapping[str, Any]) -> str | None:
+    """`runtimeGeneration` of a worker answer (issue 20); anything but a non-empty string is
+    none, so the next fork re-attests."""
+    value = result.get("runtimeGeneration")
+    return value if isinstance(value, str) and value else None
+
+
 class SessionRuntime(SessionActorBase):
     """Prepares, re-binds and stops the Session's provider runtime."""
 
@@ -117,6 +124,8 @@ class SessionRuntime(SessionActorBase):
                 settings=dict(current.settings),
                 provider_session_id=provider_session_id,
                 runtime_context=dict(current.runtime_context),
+                generation=_generation_of(result),
+                verdict=context,
             )
 
         self.later(fut, _done)

@@ -1,4 +1,5 @@
-"""Loading the configuration: where the home is (`AGENTHOST_HOME`, else the XDG data dir), reading
+"""Loading the configuration: where the home is (`AGENTHOST_HOME`, else the XDG data dir:
+`domain.home_layout.default_home`, which the client shares), reading
 `agenthost.toml` (UTF-8 TOML), validating every table and key against `SCHEMA` (a
 `ConfigError` naming the file, table, key, what was expected and what was given), and the
 rule that a file holding a key must be private (mode 0600)."""
@@ -15,15 +16,8 @@ from typing import Any
 from agenthost.config_paths import check_listen
 from agenthost.config_schema import Config, defaults, schema_tables
 from agenthost.config_values import ConfigError, Key, describe
+from domain.home_layout import default_home as default_home  # the home's place: shared
 from domain.providers import PROVIDERS
-
-
-def default_home() -> Path:
-    env = os.environ.get("AGENTHOST_HOME")
-    if env:
-        return _absolute(Path(env))
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "agenthost"
 
 
 def _absolute(path: Path) -> Path:

@@ -5,8 +5,9 @@
   `serve` on a live home changes nothing. The kernel drops the lock when its holder dies
   (SIGKILL included), so a stale lock file never blocks a restart. The holder writes its pid
   into the file, for the message the second process prints.
-- `probe_home`: what a client sees without disturbing the holder: nobody serves the home
-  (the lock is free: a dead daemon), or pid N does.
+- `probe_home` (from `domain.home_layout`, where the clients take it): what a client sees
+  without disturbing the holder: nobody serves the home (the lock is free: a dead daemon), or
+  pid N does.
 - `check_home` / `check_ipc_dir`: refuse a home or `run/` that another user owns, that others
   may write, or that is a symlink, and an ipc endpoint in a directory that is not ours with
   mode 0700. Directories are only ever chmod-ed by the code that has just created them.
@@ -23,7 +24,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-LOCK_NAME = "daemon.lock"
+from domain.home_layout import LOCK_NAME, Probe, lock_path, probe_home, read_pid
+
+__all__ = [
+    "LOCK_NAME",
+    "HomeInUse",
+    "HomeLock",
+    "HomeUnsafe",
+    "Probe",
+    "acquire",
+    "check_ipc_endpoint",
+    "check_private_dir",
+    "lock_path",
+    "make_private_dir",
+    "prepare_home",
+    "prepare_ipc_dir",
+    "probe_home",
+]
+
 # Clients probe the lock with a short shared flock; a daemon starting at that instant retries
 # its exclusive one for this long before it believes a live daemon holds the home.
 _CONTENDED_RETRY_S = 0.5
@@ -41,10 +59,6 @@ class HomeInUse(RuntimeError):
 
 class HomeUnsafe(ValueError):
     """The home, its run dir or an ipc directory is not ours alone (exit 2)."""
-
-
-def lock_path(home: Path) -> Path:
-    return home / "run" / LOCK_NAME
 
 
 @dataclass
@@ -80,7 +94,7 @@ def acquire(home: Path) -> HomeLock:
                 os.close(fd)
                 raise
         if time.monotonic() > deadline:
-            pid = _read_pid(fd)
+            pid = read_pid(fd)
             os.close(fd)
             raise HomeInUse(home, pid)
         # A client's probe holds a shared lock for microseconds; a daemon holds it for good.
@@ -88,40 +102,6 @@ def acquire(home: Path) -> HomeLock:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return HomeLock(path, fd)
-
-
-@dataclass(frozen=True)
-class Probe:
-    """`served` False: no daemon holds the lock (a dead or never-started daemon)."""
-
-    served: bool
-    pid: int | None = None
-
-
-def probe_home(home: Path) -> Probe:
-    """Look without disturbing: a shared lock we get at once means nobody holds the home."""
-    try:
-        fd = os.open(lock_path(home), os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return Probe(False)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return Probe(True, _read_pid(fd))
-            raise
-        return Probe(False)
-    finally:
-        os.close(fd)  # drops our shared lock, if we took it
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        return int(text) if text else None
-    except (OSError, ValueError):
-        return None
 
 
 # -- ours alone ----------------------------------------------------------------------------

@@ -23,34 +23,27 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import zmq.auth
-from zmq.utils import z85
 
-from transport.security import ClientCurve, ServerCurve
+from transport.connection_file import CONNECTION_ENV, Connection, KeyError_, load_connection
+from transport.security import ServerCurve
 
-CONNECTION_ENV = "AGENTHOST_CONNECTION"
+# The connection file's reader and its error live in `transport.connection_file` (clients read
+# it without importing the daemon); re-exported here, where the daemon writes it.
+__all__ = [
+    "CONNECTION_ENV",
+    "DEFAULT_CLIENT",
+    "Connection",
+    "KeyError_",
+    "KeyStore",
+    "load_connection",
+    "write_private",
+]
+
 DEFAULT_CLIENT = "default"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-class KeyError_(ValueError):
-    """A key name that is invalid, taken or unknown; or an unreadable key or connection file."""
-
-
-@dataclass(frozen=True, slots=True)
-class Connection:
-    """A parsed connection file: where the daemon listens over TCP and the keys to get in."""
-
-    api: str
-    events: str | None
-    curve: ClientCurve
-    events_exact: str | None = None
-    """The terminated-topic events endpoint (`eventsExact`, issue 15 #9), when advertised."""
 
 
 def write_private(path: Path, text: str) -> None:
@@ -238,32 +231,3 @@ def _check_name(name: str) -> None:
             f"invalid key name {name!r}: letters, digits, '_', '.', '-' (up to 64), "
             "starting with a letter or digit"
         )
-
-
-def load_connection(path: Path) -> Connection:
-    """Read a connection file; `KeyError_` names the file and what is wrong with it."""
-    try:
-        data: Any = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise KeyError_(f"{path}: cannot read the connection file: {exc}") from exc
-    if not isinstance(data, Mapping):
-        raise KeyError_(f"{path}: a connection file is a JSON object")
-    api = data.get("api")
-    if not isinstance(api, str) or not api:
-        raise KeyError_(f'{path}: no "api" endpoint (is the daemon listening on TCP?)')
-    events = data.get("events")
-    if events is not None and not isinstance(events, str):
-        raise KeyError_(f'{path}: "events" must be an endpoint or null')
-    events_exact = data.get("eventsExact")  # absent in files of older daemons
-    if events_exact is not None and not isinstance(events_exact, str):
-        raise KeyError_(f'{path}: "eventsExact" must be an endpoint or null')
-    keys: list[bytes] = []
-    for field in ("serverPublicKey", "clientPublicKey", "clientSecretKey"):
-        value = data.get(field)
-        try:
-            if not isinstance(value, str) or len(z85.decode(value.encode("ascii"))) != 32:
-                raise ValueError(value)
-        except (ValueError, KeyError):  # z85.decode: KeyError for a byte outside its alphabet
-            raise KeyError_(f"{path}: {field} must be a 40-character z85 key") from None
-        keys.append(value.encode("ascii"))
-    return Connection(api, events or None, ClientCurve(*keys), events_exact or None)

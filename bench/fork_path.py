@@ -10,6 +10,16 @@ interleaved sample by sample so both sides see the same machine load.
    (`node_modules/.bin/codex`) vs the native binary the driver now resolves behind it
    (`drivers.codex.native_behind_npm_shim`); CPU per launch from the reaped children's rusage.
 
+3. **The worker's fork, traced**: the real driver (`TuttiAgentDriver`, `CodexDriver`) in this
+   process, as the worker runs it, forking a live 10-turn source N times into fresh target
+   homes: wall and CPU ms per step (the source read, `thread/fork`, the binder, the
+   readability proof), JSON-RPC calls and fsyncs per fork, app-servers spawned, and the CPU
+   of the source's app-server (and of the children it reaped) per fork. Two sides,
+   interleaved: `reread` (the source's turns read before every fork, as before issue 20's
+   verified-read reuse: the Session's history generation bumped before each fork) and
+   `reuse` (what the driver does now for an unchanged source). The sessions' cwd is the repo
+   (a git work tree), as in the daemon.
+
 Each side reports p50/p99 ms and CPU ms per sample (the children's CPU for spawns; this
 process's CPU for the in-worker proof). Nothing here asserts a target: issue 20's targets are
 whole-fork figures (benchmark 1); this one shows where those gains come from.
@@ -17,13 +27,14 @@ whole-fork figures (benchmark 1); this one shows where those gains come from.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -189,10 +200,235 @@ def _launch_samples(n: int) -> dict[str, Any] | str:
     return {"walls": walls, "cpus": cpus, "argv": launchers}
 
 
+class _Trace:
+    """What the in-process driver did during one side's traced forks."""
+
+    def __init__(self) -> None:
+        self.rpc: dict[str, int] = {}
+        self.fsync_files = 0
+        self.fsync_dirs = 0
+        self.steps: dict[str, list[float]] = {}  # step -> [wall ms, cpu ms]
+
+
+class _Tracer:
+    """Counts and times into the active side's `_Trace` (None: not counting). The wrappers
+    only observe: every wrapped call still happens."""
+
+    def __init__(self) -> None:
+        self.active: _Trace | None = None
+
+    def count_rpc(self, method: str) -> None:
+        if self.active is not None:
+            self.active.rpc[method] = self.active.rpc.get(method, 0) + 1
+
+    def count_fsync(self, is_dir: bool) -> None:
+        if self.active is not None:
+            if is_dir:
+                self.active.fsync_dirs += 1
+            else:
+                self.active.fsync_files += 1
+
+    def add(self, step: str, wall_ms: float, cpu_ms: float) -> None:
+        if self.active is not None:
+            acc = self.active.steps.setdefault(step, [0.0, 0.0])
+            acc[0] += wall_ms
+            acc[1] += cpu_ms
+
+
+def _proc_cpu_ms(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU ms of a live process, from /proc."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    tick = 1000.0 / os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) * tick, (int(fields[13]) + int(fields[14])) * tick
+
+
+@contextlib.contextmanager
+def _instrumented(driver: Any, tracer: _Tracer) -> Iterator[None]:
+    """The driver's fork steps, its app-server client and `os.fsync`, wrapped while inside."""
+    import stat
+
+    from drivers.app_server.process import AppServerProcess
+
+    undo: list[Callable[[], None]] = []
+
+    def patch(owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        real = getattr(owner, name)
+        setattr(owner, name, make(real))
+        undo.append(lambda: setattr(owner, name, real))
+
+    def rpc(real: Any) -> Any:
+        def request_async(self: Any, method: str, params: Any) -> Any:
+            tracer.count_rpc(method)
+            return real(self, method, params)
+
+        return request_async
+
+    def fsync(real: Any) -> Any:
+        def counted(fd: int) -> None:
+            tracer.count_fsync(stat.S_ISDIR(os.fstat(fd).st_mode))
+            real(fd)
+
+        return counted
+
+    def step(label: str) -> Callable[[Any], Any]:
+        def make(real: Any) -> Any:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                c0, t0 = time.process_time(), time.perf_counter()
+                try:
+                    return real(*args, **kwargs)
+                finally:
+                    wall = (time.perf_counter() - t0) * 1000.0
+                    tracer.add(label, wall, (time.process_time() - c0) * 1000.0)
+
+            return timed
+
+        return make
+
+    patch(AppServerProcess, "request_async", rpc)
+    patch(os, "fsync", fsync)
+    patch(driver, "_source_turns", step("source read"))
+    patch(driver.binder, "bind", step("bind"))
+    patch(driver, "_prove_readable", step("proof"))
+    try:
+        yield
+    finally:
+        for fn in reversed(undo):
+            fn()
+
+
+def _driver_for(provider: str, model_config: dict[str, str]) -> Any:
+    from drivers.failpoints import Failpoints
+
+    if provider == "tutti-agent":
+        from drivers.tutti_agent import TuttiAgentDriver
+
+        return TuttiAgentDriver({}, Failpoints())
+    from drivers.codex import CodexDriver
+
+    return CodexDriver(dict(model_config), Failpoints())
+
+
+def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, Any]:
+    """N forks per side of one live source, in this process; the sides alternate."""
+    from bench.providers import REPO, _codex_environment
+    from drivers.base import ForkRequest
+    from tests.support.events import EventLog, completed
+
+    env: Any = _codex_environment() if provider == "codex" else contextlib.nullcontext({})
+    with env as model_config:
+        driver = _driver_for(provider, model_config)
+        try:
+            home = root / provider / "runtimes" / "source" / "home"
+            started = driver.start_session(
+                {"agentSessionId": "source", "home": str(home), "cwd": str(REPO), "settings": {}}
+            )
+            events = EventLog()
+            prefix = []
+            for i in range(turns):
+                done = driver.start_turn(
+                    {"agentSessionId": "source", "turnId": f"T{i}", "text": f"turn {i}"}, events
+                )
+                events.wait_for(completed(f"T{i}"), timeout=120)
+                prefix.append(str(done["providerTurnId"]))
+            session = driver._sessions["source"]
+            app_server = session.runtime.proc.pid
+            version = started["runtimeContext"]["driverVersion"]
+
+            def request(i: int) -> ForkRequest:
+                return ForkRequest.from_wire(
+                    {
+                        "source": {
+                            "agentSessionId": "source",
+                            "providerSessionId": started["providerSessionId"],
+                            "home": str(home),
+                            "cwd": str(REPO),
+                        },
+                        "target": {
+                            "agentSessionId": f"child-{i}",
+                            "home": str(root / provider / "runtimes" / f"child-{i}" / "home"),
+                        },
+                        "providerTurnIds": prefix,
+                        "title": "child",
+                        "driverKind": provider,
+                        "driverVersion": version,
+                    }
+                )
+
+            traces = {"reread": _Trace(), "reuse": _Trace()}
+            walls: dict[str, list[float]] = {k: [] for k in traces}
+            cpus: dict[str, list[float]] = {k: [] for k in traces}
+            app_cpu: dict[str, list[float]] = {k: [] for k in traces}
+            reaped: dict[str, list[float]] = {k: [] for k in traces}
+            spawned = {k: 0 for k in traces}
+            tracer = _Tracer()
+            count = 0
+            with _instrumented(driver, tracer):
+                for i in range(n + 1):  # the first round is an untimed warm-up
+                    for side, trace in traces.items():
+                        count += 1
+                        if side == "reread":
+                            session.history_changed()  # as if the source had changed
+                        spawns0 = getattr(driver, "spawns", 0)
+                        a0 = _proc_cpu_ms(app_server)
+                        tracer.active = trace if i > 0 else None
+                        c0, t0 = time.process_time(), time.perf_counter()
+                        result = driver.fork(request(count))
+                        wall = (time.perf_counter() - t0) * 1000.0
+                        cpu = (time.process_time() - c0) * 1000.0
+                        tracer.active = None
+                        a1 = _proc_cpu_ms(app_server)
+                        if result.disposition.value != "accepted":
+                            raise RuntimeError(f"{provider} fork not accepted: {result.error}")
+                        if i > 0:
+                            walls[side].append(wall)
+                            cpus[side].append(cpu)
+                            app_cpu[side].append(a1[0] - a0[0])
+                            reaped[side].append(a1[1] - a0[1])
+                            spawned[side] += getattr(driver, "spawns", 0) - spawns0
+            return {
+                "walls": walls,
+                "cpus": cpus,
+                "appServerCpu": app_cpu,
+                "appServerReapedCpu": reaped,
+                "spawns": spawned,
+                "traces": traces,
+                "n": n,
+            }
+        finally:
+            driver.close()
+
+
+def _trace_rows(provider: str, m: dict[str, Any]) -> list[tuple[Any, ...]]:
+    rows: list[tuple[Any, ...]] = []
+    n = max(1, m["n"])
+    for side, trace in m["traces"].items():
+        rpc = ", ".join(f"{k} {v / n:.2f}" for k, v in sorted(trace.rpc.items()))
+        steps = ", ".join(
+            f"{k} {w / n:.1f}/{c / n:.1f}" for k, (w, c) in sorted(trace.steps.items())
+        )
+        rows.append(
+            (
+                provider,
+                side,
+                m["n"],
+                Latency.of(m["walls"][side]).p50,
+                Latency.of(m["cpus"][side]).p50,
+                Latency.of(m["appServerCpu"][side]).mean,
+                Latency.of(m["appServerReapedCpu"][side]).mean,
+                rpc,
+                f"{trace.fsync_files / n:.1f} + {trace.fsync_dirs / n:.1f}",
+                m["spawns"][side],
+                steps,
+            )
+        )
+    return rows
+
+
 def _rows(
     label: str, walls: dict[str, list[float]], cpus: dict[str, list[float]], old: str, new: str
 ) -> list[tuple[Any, ...]]:
-    rows = []
+    rows: list[tuple[Any, ...]] = []
     for name in (old, new):
         lat = Latency.of(walls[name])
         cpu = Latency.of(cpus[name])
@@ -228,6 +464,58 @@ def run(mode: Mode) -> BenchResult:
         result.figures["launchArgv"] = launch["argv"]
     result.tables.append(
         Table("costs", ("what", "side", "n", "p50 ms", "p99 ms", "CPU ms p50"), tuple(rows))
+    )
+    trace_rows: list[tuple[Any, ...]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-trace-") as tmp:
+        for provider in ("tutti-agent", "codex"):
+            if provider == "codex":
+                from bench.providers import _codex_unavailable
+
+                why = _codex_unavailable()
+                if why is not None:
+                    result.notes.append(f"worker trace, codex: {why}")
+                    continue
+            log(f"worker fork trace: {provider}, {n} forks per side, source of {turns} turns")
+            m = _trace_provider(provider, n, turns, Path(tmp))
+            trace_rows += _trace_rows(provider, m)
+            result.figures[f"trace:{provider}"] = {
+                side: {
+                    "wallMs": Latency.of(m["walls"][side]),
+                    "workerCpuMs": Latency.of(m["cpus"][side]),
+                    "appServerCpuMsMean": Latency.of(m["appServerCpu"][side]).mean,
+                    "appServerReapedCpuMsMean": Latency.of(m["appServerReapedCpu"][side]).mean,
+                    "rpcPerFork": {k: v / m["n"] for k, v in m["traces"][side].rpc.items()},
+                    "fsyncsPerFork": {
+                        "files": m["traces"][side].fsync_files / m["n"],
+                        "dirs": m["traces"][side].fsync_dirs / m["n"],
+                    },
+                    "spawns": m["spawns"][side],
+                    "stepsMsPerFork": {
+                        k: {"wall": w / m["n"], "cpu": c / m["n"]}
+                        for k, (w, c) in m["traces"][side].steps.items()
+                    },
+                }
+                for side in m["walls"]
+            }
+    result.tables.append(
+        Table(
+            "the worker's fork, traced (in-process driver; wall/CPU ms; app-server CPU ms per"
+            " fork, mean; fsyncs files + dirs; steps wall/CPU ms)",
+            (
+                "provider",
+                "side",
+                "n",
+                "wall p50",
+                "worker CPU p50",
+                "app-server CPU",
+                "its reaped children",
+                "JSON-RPC per fork",
+                "fsyncs per fork",
+                "spawns",
+                "steps",
+            ),
+            tuple(trace_rows),
+        )
     )
     return result
 

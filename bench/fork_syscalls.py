@@ -6,8 +6,9 @@ warm-up forks, then F forks of the same boundary Turn. Reported per fork:
 
 - CPU ms per process kind (daemon, worker, app-server) from /proc — CPU time, unlike wall
   time, is not inflated much by other processes sharing the cores;
-- with `--strace`: syscall counts (fsync, fdatasync, openat, rename, mkdir, write, …) per
-  process kind, from `strace -f -c` attached to the daemon, its worker and its app-server;
+- with `--strace`: syscall counts (fsync, fdatasync, openat, rename, mkdir, write, execve —
+  a process spawned on the fork path —, …) per process kind, from `strace -f -c` attached to
+  the daemon, its worker and its app-server;
 - with `--py-spy`: the top self/inclusive frames of the worker and the app-server.
 
     build/venv/bin/python -m bench.fork_syscalls [--forks 50] [--turns 10] [--strace] [--py-spy]
@@ -42,7 +43,7 @@ from bench.profile import py_spy, summarise
 
 SYSCALLS = (
     "fsync,fdatasync,openat,open,rename,renameat,renameat2,mkdir,mkdirat,unlink,unlinkat,"
-    "write,read,lseek,newfstatat,fstat,getdents64"
+    "write,read,lseek,newfstatat,fstat,getdents64,execve"
 )
 
 

@@ -74,7 +74,10 @@ class BareAppServer:
             self.thread_id, self.turn_ids = resume[0], list(resume[1])
             self.proc.request("thread/resume", {"threadId": self.thread_id}, timeout=300)
             return
-        started = self.proc.request("thread/start", {"cwd": str(home)})
+        # The same cwd as the daemon's Sessions (its default cwd is the directory it runs in,
+        # REPO, a git work tree): Codex's `thread/fork` collects the child's git info there
+        # (about 12 `git` processes per fork), so a bare thread elsewhere would skip that cost.
+        started = self.proc.request("thread/start", {"cwd": str(REPO)})
         self.thread_id = str(started["thread"]["id"])
 
     def _on_notification(self, method: str, params: Mapping[str, Any]) -> None:

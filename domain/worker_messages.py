@@ -88,6 +88,14 @@ class ForkRequest:
         raw = self.extra.get("providerTurnBindings") or ()
         return tuple(None if b is None else str(b) for b in raw)
 
+    @property
+    def runtime_generation(self) -> str | None:
+        """`runtimeGeneration`: the generation of the source runtime whose attested verdict
+        let this fork leave the host (issue 20); the worker refuses it (`not_started`) when
+        another runtime is live by now. None: no such check (fork.resolve, older hosts)."""
+        value = self.extra.get("runtimeGeneration")
+        return value if isinstance(value, str) and value else None
+
     def to_wire(self) -> dict[str, Any]:
         # The key order is the one the saga always sent (a msgpack map, byte for byte).
         out: dict[str, Any] = {

@@ -19,12 +19,17 @@ import sys
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, internal_error
-from domain.worker_messages import ForkRequest, TurnEvent
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    TurnEvent,
+)
 from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
@@ -33,6 +38,8 @@ from drivers.resolution import dispatch as resolution_dispatch
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
+# This worker process's identity in a runtime generation: a restarted worker never repeats one.
+INCARNATION = uuid.uuid4().hex[:12]
 log = logging.getLogger("agenthost.worker")
 
 ENV_PROVIDER_CONFIG = "AGENTHOST_PROVIDER_CONFIG"
@@ -108,14 +115,14 @@ class WorkerServer:
         )
         self._dispatcher.start()
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
-            "runtime.attest": lambda p: self.driver().attest(p),
-            "session.start": lambda p: self.driver().start_session(p),
+            "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
+            "session.start": lambda p: self._stamped(p, self.driver().start_session),
             "session.stop": lambda p: self.driver().stop_session(p),
             "turn.start": lambda p: self.driver().start_turn(p, self.emit),
             "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
             "session.history": self._history,
             "interaction.respond": lambda p: self.driver().respond_interaction(p),
-            "fork": lambda p: self.driver().fork(ForkRequest.from_wire(p)).to_wire(),
+            "fork": self._fork,
             # fork.resolve (issue 21): inspect / adopt / quarantine an unknown fork's children.
             **{m: self._resolution(m) for m in RESOLUTION_METHODS},
             "debug.failpoints": self._set_failpoints,
@@ -125,6 +132,52 @@ class WorkerServer:
             "debug.hit": self._hit,
             "debug.emit": self._emit_events,
         }
+
+    # -- the runtime generation (issue 20): re-attest only a runtime that changed ----------------
+
+    def runtime_generation(self, agent_session_id: str, home: str) -> str | None:
+        """The generation of the Session's live runtime in this worker: this worker process's
+        incarnation and the driver's own runtime counter (`runtime_generation(agent_session_id,
+        home)`, a new value whenever it (re)spawns or re-attaches the runtime). None when the
+        driver has none or no runtime is live: the host then re-attests before every fork."""
+        hook = getattr(self.driver(), "runtime_generation", None)
+        if hook is None:
+            return None
+        value = hook(agent_session_id, home)
+        return None if value is None else f"{INCARNATION}:{value}"
+
+    def _stamped(
+        self,
+        params: Mapping[str, Any],
+        method: Callable[[Mapping[str, Any]], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """`session.start` / `runtime.attest` answer with the generation of the runtime whose
+        verdict they carry; the host skips the next fork's re-attestation while it holds. Only
+        a generation seen both before and after the call is stamped (generations are never
+        reused), so the verdict cannot come from a runtime replaced meanwhile; a call that
+        spawned the runtime carries none (the next fork attests it)."""
+        sid, home = str(params.get("agentSessionId") or ""), str(params.get("home") or "")
+        before = self.runtime_generation(sid, home)
+        result = method(params)
+        if before is not None and self.runtime_generation(sid, home) == before:
+            result = {**result, "runtimeGeneration": before}
+        return result
+
+    def _fork(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A fork whose request names the runtime generation its verdict came from is handed
+        to the driver only while that runtime is still the live one; otherwise the provider is
+        never called and the answer is `not_started` (the host records `failed`)."""
+        request = ForkRequest.from_wire(params)
+        expected = request.runtime_generation
+        if expected is not None:
+            current = self.runtime_generation(
+                request.source.agent_session_id, request.source.home
+            )
+            if current != expected:
+                return ForkResult.not_started(
+                    f"runtime changed since its attestation ({expected} -> {current})"
+                ).to_wire()
+        return self.driver().fork(request).to_wire()
 
     def _resolution(self, method: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
         return lambda p: resolution_dispatch(self.driver(), method, p)

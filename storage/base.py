@@ -1,8 +1,10 @@
 """Connections, the single write-transaction helper (with the source fence) and change events.
 
-Every write in the store goes through `StoreBase._write`: `BEGIN IMMEDIATE`, the fence check
-inside the transaction, change events collected on the transaction and delivered to
-subscribers only after `COMMIT` (laws 2 and 3).
+Every write in the store goes through `StoreBase._write`: one SAVEPOINT inside a shared
+`BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
+change events collected on the transaction and delivered to subscribers only after the
+`COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
+its transaction and share its `COMMIT` (group commit: one fsync for several requests).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -23,6 +26,16 @@ from domain.fork_states import ACTIVE_SQL
 from storage.errors import ForkInProgress, HostError, StoreBusy, internal_error
 from storage.models import ChangeEvent
 from storage.schema import migrate
+from storage.write_group import (
+    CHECKPOINT_PAGES,
+    GROUP_MAX_AGE_S,
+    GROUP_MAX_MEMBERS,
+    TIMING_ENV,
+    WriteGroup,
+    WriteStats,
+    WriteTimings,
+    caller_name,
+)
 
 log = logging.getLogger(__name__)
 
@@ -211,12 +224,26 @@ class StoreBase:
         self._max_connections = max(1, int(max_connections))
         self._pool = threading.Condition(threading.Lock())
         self._idle: list[apsw.Connection] = []
-        # One writer at a time inside this process (issue 20 "one writer, no busy-handler
-        # sleeps"): writers queue on this lock, handed over the moment a COMMIT returns,
-        # instead of polling SQLite's write lock with backoff sleeps of up to 100 ms. The
-        # busy handler is left for other processes. Re-entrant only so that a mistaken
-        # nested write fails in SQLite as before instead of deadlocking here.
-        self._writer = threading.RLock()
+        # One writer (issue 20 "one writer, no busy-handler sleeps"): every write runs on one
+        # connection, one caller at a time (the baton below), instead of several connections
+        # polling SQLite's write lock with backoff sleeps of up to 100 ms; the busy handler is
+        # left for other processes. Group commit: a writer that finds others queued behind it
+        # hands the baton on with its savepoint released but the transaction open, and waits
+        # for the member that ends the group to COMMIT; that one COMMIT (one fsync) makes
+        # every member durable, and only then does any of them return.
+        self._baton = threading.Condition(threading.Lock())
+        self._baton_owner: int | None = None
+        self._baton_waiting = 0
+        self._group: WriteGroup | None = None
+        self._writer_conn: apsw.Connection | None = None
+        self.write_stats = WriteStats()
+        self.group_max_members = GROUP_MAX_MEMBERS
+        self.checkpoint_pages = CHECKPOINT_PAGES
+        self._checkpoint_due = threading.Event()
+        self._checkpointer: threading.Thread | None = None
+        self.group_max_age_s = GROUP_MAX_AGE_S
+        timing = os.environ.get(TIMING_ENV)
+        self._timings = WriteTimings(timing) if timing else None
         self.busy_waits = BusyWaits(busy_timeout_ms)
 
     # -- connections -------------------------------------------------------------------------
@@ -314,6 +341,14 @@ class StoreBase:
 
     def close(self) -> None:
         """Close every connection this store opened (in any thread)."""
+        if self._timings is not None:
+            self._timings.write()
+        with self._pool:
+            self._writer_conn = None
+            self._closed = True
+        self._checkpoint_due.set()  # the checkpointer sees `_closed` and ends
+        if self._checkpointer is not None and self._checkpointer is not threading.current_thread():
+            self._checkpointer.join(5)
         with self._pool:
             self._closed = True
             conns, self._connections = self._connections, []
@@ -360,46 +395,204 @@ class StoreBase:
 
     # -- transactions ------------------------------------------------------------------------
 
+    def _writer_connection(self) -> apsw.Connection:
+        """The one connection every write of this store runs on (leased once, kept)."""
+        if self._writer_conn is None:
+            conn = self._checkout()
+            # No checkpoint inside a COMMIT: SQLite's auto-checkpoint would copy ~1,000 WAL
+            # pages into the database and fsync it in whichever write crossed the mark, with
+            # every queued writer waiting (a tail of the mutation p99). The hook only signals;
+            # a background thread checkpoints on its own connection (PASSIVE: no write lock).
+            conn.set_wal_hook(self._wal_grew)
+            self._writer_conn = conn
+        return self._writer_conn
+
+    def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
+        if pages >= self.checkpoint_pages:
+            if self._checkpointer is None:
+                self._checkpointer = threading.Thread(
+                    target=self._checkpoint_loop, name="agenthost-store-checkpoint", daemon=True
+                )
+                self._checkpointer.start()
+            self._checkpoint_due.set()
+        return apsw.SQLITE_OK
+
+    def _checkpoint_loop(self) -> None:
+        while True:
+            self._checkpoint_due.wait()
+            self._checkpoint_due.clear()
+            if self._closed:
+                return
+            try:
+                with self._lease() as conn:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                with self._baton:
+                    self.write_stats.checkpoints += 1
+            except Exception as exc:  # noqa: BLE001 - the next commit past the mark retries
+                if not self._closed:
+                    log.warning("store checkpoint failed: %s", exc)
+
+    def _take_baton(self) -> None:
+        me = threading.get_ident()
+        deadline = time.monotonic() + self.busy_timeout_ms / 1000
+        with self._baton:
+            if self._baton_owner == me:
+                # A write inside a write of the same thread: refused as SQLite refused it.
+                raise apsw.SQLError("cannot start a transaction within a transaction")
+            self._baton_waiting += 1
+            try:
+                while self._baton_owner is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise StoreBusy("the store is busy with other writes, try again")
+                    self._baton.wait(remaining)
+                self._baton_owner = me
+            finally:
+                self._baton_waiting -= 1
+
+    def _pass_baton(self) -> None:
+        with self._baton:
+            self._baton_owner = None
+            self._baton.notify_all()
+
+    def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
+        """COMMIT (or, with no member, roll back) the open group and wake its members."""
+        self._group = None
+        try:
+            if group.members == 0:
+                if not conn.getautocommit():
+                    conn.execute("ROLLBACK")
+                return
+            conn.execute("COMMIT")
+            with self._baton:
+                self.write_stats.commits += 1
+                self.write_stats.largest_group = max(self.write_stats.largest_group, group.members)
+        except BaseException as exc:
+            if not conn.getautocommit():
+                try:
+                    conn.execute("ROLLBACK")
+                except apsw.Error:  # a failed COMMIT may already have rolled back
+                    log.warning("rollback after %r failed", exc)
+            group.error = exc
+            with self._baton:
+                self.write_stats.group_failures += 1
+        finally:
+            group.done.set()
+
+    def _group_stays_open(self, group: WriteGroup) -> bool:
+        """Whether the baton holder leaves the group open for the writer queued behind it."""
+        with self._baton:
+            waiting = self._baton_waiting
+        return (
+            waiting > 0
+            and group.members < self.group_max_members
+            and time.monotonic() - group.opened < self.group_max_age_s
+        )
+
     @contextmanager
     def _write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
-        """The only way to write: BEGIN IMMEDIATE, optional fence check, COMMIT, then events.
+        """The only way to write: a savepoint in the shared BEGIN IMMEDIATE transaction,
+        optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
 
-        An exception inside the block rolls everything back and delivers no events. Writers
-        of this store take turns on its writer lock; one that waits past the busy timeout gets
-        the same retryable `StoreBusy` as one that waited on another process's lock.
+        An exception inside the block rolls back this write's savepoint alone (the group's
+        other members are unaffected) and delivers no events. A caller returns only after the
+        COMMIT that holds its write returned; a failed COMMIT fails every member of the group.
+        One that waits for its turn past the busy timeout gets the same retryable `StoreBusy`
+        as one that waited on another process's lock.
         """
-        if not self._writer.acquire(timeout=self.busy_timeout_ms / 1000):
-            raise StoreBusy("the store is busy with other writes, try again")
+        t0 = time.perf_counter()
+        self._take_baton()
+        t1 = time.perf_counter()
+        group: WriteGroup | None = None
+        tx: Tx | None = None
+        failure: BaseException | None = None
         try:
-            with self._write_locked(workspace_id, fence) as tx:
-                yield tx
-        finally:
-            self._writer.release()
-        self._notify(tx.events)
-
-    @contextmanager
-    def _write_locked(self, workspace_id: str | None, fence: str | None) -> Iterator[Tx]:
-        with self._lease() as conn:
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-            except TRANSIENT_ERRORS as exc:
-                raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
+            conn = self._writer_connection()
+            if self._group is None:
+                try:
+                    conn.execute("BEGIN IMMEDIATE")
+                except TRANSIENT_ERRORS as exc:
+                    raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
+                self._group = WriteGroup()
+            group = self._group
             tx = Tx(conn, workspace_id, self._clock())
+            held = getattr(self._local, "conn", None)
+            self._local.conn = conn  # reads inside the write see its own rows
             try:
-                if fence is not None:
-                    tx.check_fence(fence)
-                yield tx
-                conn.execute("COMMIT")
-            except BaseException as exc:
-                if not conn.getautocommit():
-                    try:
-                        conn.execute("ROLLBACK")
-                    except apsw.Error:  # a failed COMMIT may already have rolled back
-                        log.warning("rollback after %r failed", exc)
-                typed = typed_store_error(exc)
-                if typed is not None and typed is not exc:
-                    raise typed from exc
-                raise
+                conn.execute("SAVEPOINT agenthost_write")
+                try:
+                    if fence is not None:
+                        tx.check_fence(fence)
+                    yield tx
+                except BaseException as exc:
+                    failure = exc
+                    self._undo_member(group, conn, exc)
+                    raise
+                conn.execute("RELEASE agenthost_write")
+                group.members += 1
+                with self._baton:
+                    self.write_stats.transactions += 1
+            finally:
+                self._local.conn = held
+        except BaseException as exc:
+            if failure is None:  # BEGIN, SAVEPOINT or RELEASE failed: this member is undone
+                failure = exc
+                if group is not None and self._group is group:
+                    self._undo_member(group, conn, exc)
+            typed = typed_store_error(exc)
+            if typed is not None and typed is not exc:
+                raise typed from exc
+            raise
+        finally:
+            t2 = time.perf_counter()
+            # End the group or leave it to the next member; then hand the baton on.
+            if group is not None and self._group is group and not self._group_stays_open(group):
+                self._end_group(group, self._writer_connection())
+            self._pass_baton()
+        assert group is not None and tx is not None
+        group.done.wait()
+        t4 = time.perf_counter()
+        if group.error is not None:
+            # Nothing of this write was kept; a fresh error per member (they share the cause).
+            raise StoreBusy(
+                f"the store could not commit this write, try again ({type(group.error).__name__})"
+            ) from group.error
+        self._notify(tx.events)
+        if self._timings is not None:
+            self._timings.add(
+                caller_name(),
+                (
+                    (t1 - t0) * 1000,
+                    (t2 - t1) * 1000,
+                    (t4 - t2) * 1000,
+                    (time.perf_counter() - t4) * 1000,
+                    group.members,
+                ),
+            )
+
+    def _undo_member(self, group: WriteGroup, conn: apsw.Connection, exc: BaseException) -> None:
+        """Roll back this member's savepoint only; if SQLite aborted the whole transaction
+        (a full disk, an I/O error), the group is lost and every member fails."""
+        with self._baton:
+            self.write_stats.rolled_back += 1
+        if not conn.getautocommit():
+            try:
+                conn.execute("ROLLBACK TO agenthost_write")
+                conn.execute("RELEASE agenthost_write")
+                return
+            except apsw.Error:
+                log.warning("rollback of a write after %r failed", exc)
+                with contextlib.suppress(apsw.Error):
+                    conn.execute("ROLLBACK")
+        # The transaction is gone: the members before this one were not written.
+        self._group = None
+        if group.members:
+            group.error = StoreBusy(
+                f"the store failed the write group, try again ({type(exc).__name__})"
+            )
+            with self._baton:
+                self.write_stats.group_failures += 1
+        group.done.set()
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from storage.base import Row, StoreBase, Tx, dumps, loads
 from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_rows import OP_COLUMNS, decode_op, load_op
-from storage.fork_snapshot import ChildPlan, build_child, load_snapshot
+from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
+from storage.fork_snapshot import ChildPlan, build_child, take_frozen_snapshot
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -52,8 +53,7 @@ class ForkCommit(StoreBase):
 
     def _commit_in(self, tx: Tx, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         r = tx.one(
-            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-            " AND operation_id = ?",
+            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND operation_id = ?",
             (ws, op_id),
         )
         if r is None:
@@ -68,7 +68,9 @@ class ForkCommit(StoreBase):
             )
         text_row = tx.one("SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],))
         assert text_row is not None
-        snapshot = load_snapshot(text_row[0], r[18])
+        # The stored bytes are hashed here; their parse may be the document prepare froze
+        # (same hash, same bytes) instead of a second decode of a multi-MB text.
+        snapshot = take_frozen_snapshot(text_row[0], r[18])
         self._reprove_identity(tx, ws, r, snapshot)
         plan = build_child(
             snapshot,
@@ -88,7 +90,18 @@ class ForkCommit(StoreBase):
         tx.emit(ForkOperationChanged(ws, op_id))
         tx.emit(SessionChanged(ws, plan.session.session_id))
         tx.emit(SessionChanged(ws, r[4]))
-        return load_op(tx.conn, ws, op_id), True
+        # The row as written, projected from the plan just built from the snapshot (issue 20):
+        # the same Session and lineage `committed_projection` rebuilds on a read (law 4),
+        # without reading and re-hashing the snapshot a second time in this transaction.
+        committed = replace(
+            op_from_row(r),
+            status=ForkStatus.COMMITTED,
+            target_turn_id=plan.lineage.target_turn_id,
+            completed_at_ms=tx.now_ms,
+            committed_session=plan.session,
+            lineage=plan.lineage,
+        )
+        return committed, True
 
     @staticmethod
     def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:

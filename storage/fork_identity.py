@@ -74,13 +74,24 @@ class ChildIdMinter:
         self._prefix = hashlib.sha1(IDENTITY_NAMESPACE.bytes + head.encode())
 
     def mint(self, kind: EntityKind, source_id: str) -> str:
-        h = self._prefix.copy()
-        h.update(f"{kind.value}|{source_id}".encode())
-        raw = bytearray(h.digest()[:16])
-        raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
-        raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-        x = raw.hex()
-        return f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}"
+        return self.mint_all(kind, (source_id,))[0]
+
+    def mint_all(self, kind: EntityKind, source_ids: Iterable[str]) -> list[str]:
+        """`mint` for many ids of one kind: one loop with its lookups hoisted (the enum's
+        `.value` and the prefix bound once per kind, not once per entity)."""
+        head = f"{kind.value}|".encode()
+        prefix = self._prefix
+        out: list[str] = []
+        append = out.append
+        for source_id in source_ids:
+            h = prefix.copy()
+            h.update(head + source_id.encode())
+            raw = bytearray(h.digest()[:16])
+            raw[6] = (raw[6] & 0x0F) | 0x50  # version 5
+            raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+            x = raw.hex()
+            append(f"{x[:8]}-{x[8:12]}-{x[12:16]}-{x[16:20]}-{x[20:]}")
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,20 +128,31 @@ def build_identity_map(
         (EntityKind.MESSAGE, message_ids),
         (EntityKind.INTERACTION, interaction_ids),
     ):
-        mapping: dict[str, str] = {}
-        for source_id in ids:
-            if source_id in mapping:
-                raise ForkReferenceError(
-                    ForkReferenceReason.DUPLICATE_KEY, f"duplicate {kind} id {source_id!r}"
-                )
-            target = minter.mint(kind, source_id)
-            if target in seen_targets:
-                raise ForkReferenceError(
-                    ForkReferenceReason.NON_INJECTIVE_MAPPING,
-                    f"child id {target} would be produced twice",
-                )
-            seen_targets.add(target)
-            mapping[source_id] = target
+        sources = list(ids)
+        targets = minter.mint_all(kind, sources)
+        mapping = dict(zip(sources, targets, strict=True))
+        if len(mapping) != len(sources):
+            seen: set[str] = set()
+            for source_id in sources:
+                if source_id in seen:
+                    raise ForkReferenceError(
+                        ForkReferenceReason.DUPLICATE_KEY, f"duplicate {kind} id {source_id!r}"
+                    )
+                seen.add(source_id)
+        before = len(seen_targets)
+        seen_targets.update(targets)
+        if len(seen_targets) != before + len(targets):
+            # Which one: only on the (practically impossible) failure path.
+            check: set[str] = set()
+            for target in (t for m in maps for t in m.values()):
+                check.add(target)
+            for target in targets:
+                if target in check:
+                    raise ForkReferenceError(
+                        ForkReferenceReason.NON_INJECTIVE_MAPPING,
+                        f"child id {target} would be produced twice",
+                    )
+                check.add(target)
         maps.append(mapping)
     return IdentityMap(turns=maps[0], messages=maps[1], interactions=maps[2])
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
 from storage.base import StoreBase, Tx, dumps
 from storage.errors import (
@@ -221,7 +222,12 @@ class ForkPrepare(StoreBase):
             )
             tx.emit(ForkOperationChanged(ws, op_id))
             tx.emit(SessionChanged(ws, req.source_session_id))
-            return load_op(tx.conn, ws, op_id), True
+            # The snapshot's own frozen bindings ride along (issue 20): the saga dispatches
+            # and verifies from them, without re-reading the source timeline.
+            frozen = tuple(
+                (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
+            )
+            return replace(load_op(tx.conn, ws, op_id), frozen_turns=frozen), True
 
     @staticmethod
     def _check_target_free(tx: Tx, ws: str, req: ForkPrepareRequest) -> None:

@@ -184,13 +184,16 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
         " WHERE m.workspace_id = ? AND m.session_id = ? AND t.sequence <= ? ORDER BY m.position",
         (ws, sid, through),
     ):
-        payload = _parse_payload(r[4])
-        if r[2] == DESCENDANT_LANE_KIND or (
-            isinstance(payload, Mapping) and payload.get(DESCENDANT_LANE_KEY)
-        ):
+        if r[2] == DESCENDANT_LANE_KIND:
             raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
-        if _has_session_local_attachment(payload):
-            raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
+        payload = _parse_payload(r[4])
+        # Parsed JSON: an object is a plain dict (no ABC isinstance per Message), and the
+        # common empty payload carries no marker.
+        if type(payload) is dict and payload:
+            if payload.get(DESCENDANT_LANE_KEY):
+                raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
+            if _has_session_local_attachment(payload):
+                raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
         by_id[r[1]]["messages"].append(
             {
                 "message_id": r[0],
@@ -294,7 +297,43 @@ def freeze_snapshot(
         "turns": boundary.turns,
     }
     text = dumps(document)
-    return document, text, sha256_hex(text)
+    digest = sha256_hex(text)
+    _remember_frozen(digest, document, len(text))
+    return document, text, digest
+
+
+# The documents prepare froze, by hash, for the commit of the same operation in this process:
+# the commit still reads and hashes the stored bytes (law 2), but a hash match means those bytes
+# are exactly `dumps(document)`, whose parse equals `document` — so a 1,000-Turn commit skips a
+# second decode of its multi-MB snapshot. Bounded by text size; a miss (another process, after a
+# restart, evicted) decodes as before. Taken once: the commit is the only consumer, and no
+# reader can mutate a document another reader holds.
+_FROZEN_BUDGET_CHARS = 8_000_000
+_FROZEN: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
+_FROZEN_LOCK = threading.Lock()
+
+
+def _remember_frozen(digest: str, document: dict[str, Any], size: int) -> None:
+    if size > _FROZEN_BUDGET_CHARS:
+        return
+    with _FROZEN_LOCK:
+        _FROZEN[digest] = (document, size)
+        total = sum(n for _, n in _FROZEN.values())
+        while total > _FROZEN_BUDGET_CHARS:
+            _, (_, n) = _FROZEN.popitem(last=False)
+            total -= n
+
+
+def take_frozen_snapshot(text: str, expected_hash: str) -> dict[str, Any]:
+    """`load_snapshot` for a commit: the stored bytes are hashed and must match; their parse is
+    the document prepare froze when this process still holds it, else decoded."""
+    if sha256_hex(text) != expected_hash:
+        raise ForkSnapshotCorrupt("fork snapshot does not match its hash")
+    with _FROZEN_LOCK:
+        held = _FROZEN.pop(expected_hash, None)
+    if held is None:
+        return load_snapshot(text, expected_hash)
+    return dict(held[0])
 
 
 def load_snapshot(text: str, expected_hash: str) -> dict[str, Any]:
@@ -377,6 +416,12 @@ def build_child(
     turn_rows: list[tuple[Any, ...]] = []
     message_rows: list[tuple[Any, ...]] = []
     interaction_rows: list[tuple[Any, ...]] = []
+    # Enum values bound once: a 1,000-Turn child would read them ~15,000 times.
+    fork_clone = SequenceProvenance.FORK_CLONE.value
+    settled = TurnPhase.SETTLED.value
+    interrupted = TurnOutcome.INTERRUPTED.value
+    message_ids = ids.messages
+    append_message = message_rows.append
     for turn in snapshot["turns"]:
         source_turn_id = turn["turn_id"]
         new_turn_id = ids.turns[source_turn_id]
@@ -400,16 +445,16 @@ def build_child(
                     ForkReferenceReason.DANGLING_REFERENCE,
                     f"{where}: final assistant message is outside the boundary",
                 )
-        active = turn["phase"] != TurnPhase.SETTLED
+        active = turn["phase"] != settled
         turn_rows.append(
             (
                 ws,
                 sid,
                 new_turn_id,
                 turn["sequence"],
-                SequenceProvenance.FORK_CLONE.value,
-                TurnPhase.SETTLED.value,
-                TurnOutcome.INTERRUPTED.value if active else turn["outcome"],
+                fork_clone,
+                settled,
+                interrupted if active else turn["outcome"],
                 root_id,
                 binding_json,
                 final_id,
@@ -419,15 +464,19 @@ def build_child(
             )
         )
         for m in turn["messages"]:
-            message_rows.append(
+            payload = m["payload"]
+            append_message(
                 (
                     ws,
                     sid,
-                    ids.messages[m["message_id"]],
+                    message_ids[m["message_id"]],
                     new_turn_id,
                     m["kind"],
                     m["text"],
-                    _remapped_json(m["payload"], ids, where=f"message {m['message_id']}"),
+                    # The common empty payload holds no reference (no call, no f-string).
+                    "{}"
+                    if type(payload) is dict and not payload
+                    else _remapped_json(payload, ids, where=f"message {m['message_id']}"),
                     m["version"],
                     m["position"],
                     committed_at_ms,

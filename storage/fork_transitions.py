@@ -4,6 +4,8 @@ returns `changed=False`, a transition the state machine forbids raises `InvalidT
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from domain.fork_states import sources_of
@@ -29,10 +31,11 @@ class ForkTransitions(StoreBase):
         op_id: str,
         *,
         to: ForkStatus,
-        assignments: str,
-        params: tuple[Any, ...],
+        values: Mapping[str, Any],
         release: bool = False,
     ) -> tuple[ForkOperation, bool]:
+        """`values`: column → value, each column a `ForkOperation` field of the same name, so
+        the row written is returned as read plus what was written (issue 20: no re-read)."""
         sources = sources_of(to)  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
             op = load_op(tx.conn, ws, op_id, project=False)
@@ -44,10 +47,11 @@ class ForkTransitions(StoreBase):
                     params={"operationId": op_id, "status": op.status.value, "to": to.value},
                 )
             marks = ",".join("?" * len(sources))
+            assignments = ", ".join(f"{column} = ?" for column in values)
             tx.execute(
                 f"UPDATE fork_operations SET status = ?, {assignments}"
                 f" WHERE workspace_id = ? AND operation_id = ? AND status IN ({marks})",
-                (to.value, *params, ws, op_id, *(s.value for s in sources)),
+                (to.value, *values.values(), ws, op_id, *(s.value for s in sources)),
             )
             if tx.changes() != 1:  # pragma: no cover - guarded by BEGIN IMMEDIATE above
                 raise InvalidTransition(f"fork operation {op_id} changed concurrently")
@@ -60,39 +64,31 @@ class ForkTransitions(StoreBase):
             tx.emit(ForkOperationChanged(ws, op_id))
             if release:
                 tx.emit(SessionChanged(ws, op.source_session_id))
-            return load_op(tx.conn, ws, op_id), True
+            # Never `committed` here, so the row needs no projection: what was read + written.
+            return replace(op, status=to, **values), True
 
     def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """The durable marker written before the provider call may leave the host (law 1)."""
-        now = self.now_ms()
         return self._transition(
-            ws,
-            op_id,
-            to=ForkStatus.DISPATCHING,
-            assignments="dispatched_at_ms = ?",
-            params=(now,),
+            ws, op_id, to=ForkStatus.DISPATCHING, values={"dispatched_at_ms": self.now_ms()}
         )
 
     def mark_fork_failed(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
-        now = self.now_ms()
         return self._transition(
             ws,
             op_id,
             to=ForkStatus.FAILED,
-            assignments="error = ?, completed_at_ms = ?",
-            params=(str(error), now),
+            values={"error": str(error), "completed_at_ms": self.now_ms()},
             release=True,
         )
 
     def mark_fork_unknown(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
         """Permanent: an unknown delivery keeps its barrier and is never redispatched."""
-        now = self.now_ms()
         return self._transition(
             ws,
             op_id,
             to=ForkStatus.UNKNOWN,
-            assignments="error = ?, completed_at_ms = ?",
-            params=(str(error), now),
+            values={"error": str(error), "completed_at_ms": self.now_ms()},
             release=True,
         )
 

@@ -253,6 +253,13 @@ class ForkOperation:
     lineage: Lineage | None
     # The frozen child title, so the saga can pass it to the provider (seed 000 §7).
     target_title: str = ""
+    # Issue 20: (canonical Turn id, provider binding JSON) of each Turn of the frozen prefix,
+    # lined up with `source_provider_turn_ids` — the snapshot's own values, handed back by
+    # `prepare_fork` (None on every other read) so the saga dispatches without re-reading the
+    # source timeline. Not part of the operation's identity.
+    frozen_turns: tuple[tuple[str, str | None], ...] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def public_status(self) -> ForkPublicStatus:

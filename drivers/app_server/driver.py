@@ -198,6 +198,18 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             return str(session.home) == home and (not wanted or wanted == session.thread_id)
         return method == "turn.start"
 
+    def runtime_generation(self, agent_session_id: str, home: str) -> int | None:
+        """The generation of the Session's live app-server on `home` (None: none is live, or
+        it serves another home); the worker stamps its attestations with it (issue 20)."""
+        with self._lock:
+            session = self._sessions.get(agent_session_id)
+        if session is None or str(session.home) != home:
+            return None
+        runtime = session.runtime
+        if runtime is None or not runtime.proc.alive:
+            return None
+        return runtime.generation
+
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
         home_text = str(params.get("home") or "")
@@ -253,6 +265,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 if session.active or session.awaiting_turn is not None:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
                 session.awaiting_turn = turn_id
+            session.history_changed()
             try:
                 result = runtime.proc.request(
                     "turn/start",
@@ -305,6 +318,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         runtime = session.runtime
         if runtime is None or not runtime.proc.alive:
             raise Conflict("no live runtime for this session", reason="turn_not_active")
+        session.history_changed()
         try:
             runtime.proc.request(
                 "turn/interrupt",
@@ -344,6 +358,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         runtime = session.runtime
         if runtime is None:
             raise Conflict("no live runtime for this session", reason="interaction_not_pending")
+        session.history_changed()
         try:
             runtime.proc.respond(pending.request.id, result)
         except AppServerClosed as exc:

@@ -37,6 +37,26 @@ from drivers.app_server.state import PendingRequest, SessionState
 from drivers.base import Emit, TurnOutcome
 from drivers.credentials import classify_model_failure, model_failure_text
 
+# Notifications that name no thread and never change one's turns (a fork child's
+# `thread/started`, server-wide notices): they leave a fork's verified source read valid.
+# Any other notification reaching a Session counts as a possible change of its thread.
+_THREADLESS_BENIGN = frozenset(
+    {
+        "thread/started",
+        "deprecationNotice",
+        "configWarning",
+        "account/rateLimits/updated",
+        "remoteControl/status/changed",
+    }
+)
+
+
+def _changes_history(session: SessionState, method: str, params: Mapping[str, Any]) -> bool:
+    if "threadId" in params or method not in _THREADLESS_BENIGN:
+        return True
+    thread = params.get("thread")
+    return isinstance(thread, Mapping) and thread.get("id") == session.thread_id
+
 
 class TurnEvents:
     """The reader-thread callbacks of one app-server (`on_notification`, `on_server_request`,
@@ -84,6 +104,8 @@ class TurnEvents:
         if session is None or params.get("threadId", session.thread_id) != session.thread_id:
             return
         session.last_used = time.monotonic()
+        if _changes_history(session, method, params):
+            session.history_changed()
         if method == "turn/started":
             turn = params.get("turn") or {}
             self._claim_turn(session, str(turn.get("id") or ""))

@@ -1,9 +1,11 @@
 """The worker-side state of the generic app-server driver: one app-server process serving one
-provider home (`Runtime`), one canonical Session (`SessionState`), and a server→client request
-awaiting the host's answer (`PendingRequest`). Plain data; the driver's locks guard it."""
+provider home (`Runtime`), one canonical Session (`SessionState`), a server→client request
+awaiting the host's answer (`PendingRequest`), and the source turns a fork last read
+(`VerifiedTurns`). Plain data; the driver's locks guard it."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from dataclasses import dataclass, field
@@ -11,6 +13,9 @@ from pathlib import Path
 
 from drivers.app_server.process import AppServerProcess, ServerRequest
 from drivers.versions import GateResult
+
+# Runtime generations (issue 20): every app-server this worker process starts gets the next one.
+_GENERATIONS = itertools.count(1)
 
 
 @dataclass(slots=True)
@@ -21,6 +26,9 @@ class Runtime:
     home: Path
     user_agent: str
     gate: GateResult
+    # Never reused within the process: a respawned app-server is a new generation, so the host
+    # re-attests it before the next fork (drivers/worker.py `runtime_generation`).
+    generation: int = field(default_factory=lambda: next(_GENERATIONS))
 
 
 @dataclass(slots=True)
@@ -29,6 +37,18 @@ class PendingRequest:
     kind: str
     turn_id: str
     provider_turn_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class VerifiedTurns:
+    """The thread's turns as one `thread/read` on `proc` showed them, `(id, status)` in order,
+    valid while the Session's `history_generation` is still `generation` (issue 20: a fork of
+    an unchanged source skips its re-read; any turn call or thread notification since then
+    makes the next fork read again)."""
+
+    proc: AppServerProcess
+    generation: int
+    turns: tuple[tuple[str, str], ...]
 
 
 @dataclass(slots=True)
@@ -52,3 +72,13 @@ class SessionState:
     # provider turn id → the typed model failure that made us stop the provider's retries
     model_failures: dict[str, str] = field(default_factory=dict)
     last_used: float = field(default_factory=time.monotonic)
+    # Bumped (under state_lock) by every call that may change the thread's turns and by every
+    # notification about the thread: a `VerifiedTurns` of another generation is stale.
+    history_generation: int = 0
+    verified_turns: VerifiedTurns | None = None
+
+    def history_changed(self) -> None:
+        """Something may have changed the thread's turns: the last fork's read is stale."""
+        with self.state_lock:
+            self.history_generation += 1
+            self.verified_turns = None

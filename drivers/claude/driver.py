@@ -86,10 +86,30 @@ class ClaudeDriver(Turns, ClaudeFork):
             "resumeCursor": {"resume": provider_session_id},
         }
 
-    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        cli = self._config.cli_path or str(
+    def _cli(self) -> str:
+        return self._config.cli_path or str(
             Path(str(__import__("claude_agent_sdk").__file__)).parent / "_bundled" / "claude"
         )
+
+    def runtime_generation(self, agent_session_id: str, home: str) -> str | None:
+        """Issue 20: the SDK runs in this process, so what an attestation proves changes only
+        with the Claude Code CLI it launches: its identity (inode, size, mtime) is the
+        generation; an absent or non-executable CLI has none (re-attested, and refused there)."""
+        with self._sessions_lock:
+            session = self._sessions.get(agent_session_id)
+        if session is None or str(session.config_dir) != home:
+            return None
+        cli = self._cli()
+        try:
+            st = os.stat(cli)
+        except OSError:
+            return None
+        if not os.access(cli, os.X_OK):
+            return None
+        return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+
+    def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        cli = self._cli()
         if not os.access(cli, os.X_OK):
             raise DriverError(f"Claude Code CLI is not executable: {cli}")
         verdict = self._verdict()

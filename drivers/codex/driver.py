@@ -70,6 +70,7 @@ class CodexDriver(AppServerDriver):
     home_var = "CODEX_HOME"
     gate = CODEX_GATE
     cache_attestations = True
+    fork_exclude_turns = True
 
     def __init__(self, config: Mapping[str, Any], failpoints: Failpoints) -> None:
         super().__init__(config, failpoints)

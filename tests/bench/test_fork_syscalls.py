@@ -37,3 +37,9 @@ def test_a_fork_costs_two_app_server_fsyncs_through_the_daemon() -> None:
     assert calls["app-server"]["fsync"] == 2  # the child file and its directory
     assert calls["app-server"]["write"] <= 8  # the child in one write (+ JSON-RPC replies)
     assert calls["worker"]["fsync"] <= 8  # binder: each changed directory once + the file
+    # No process is spawned on the fork path (issue 20): not by the daemon, not by the worker
+    # (the readability proof is in-process), not by the app-server; strace -f would count the
+    # execve of any child they started.
+    assert {kind: per_kind.get("execve", 0) for kind, per_kind in calls.items()} == {
+        kind: 0 for kind in calls
+    }

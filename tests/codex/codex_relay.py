@@ -9,7 +9,10 @@ client request (`{"method", "params"}`) to LOG as one JSON line. MODE:
   does not hold, so the real provider answers with its own JSON-RPC error;
 - `die_on_fork` — the `thread/fork` request reaches Codex, then the relay dies before any answer;
 - `hang_on_fork` — the `thread/fork` answer is swallowed (the driver times out);
-- anything else rewrites the `thread/fork` answer (see `tamper`).
+- anything else rewrites the `thread/fork` answer (see `tamper`), and for the turn modes
+  (`drop_first_turn`, `extra_turn`, `reorder`) also the `thread/turns/list` answer of a thread
+  that a `thread/fork` answer named as its child (the driver lists a child's turns there when
+  it forks with `excludeTurns`).
 
 The provider stays real: only what the driver sees is changed.
 """
@@ -26,15 +29,24 @@ from typing import Any
 UNKNOWN_TURN = "01a228cc-ffff-7000-8000-00000000dead"
 
 
+TURN_MODES = ("drop_first_turn", "extra_turn", "reorder")
+
+
+def tamper_turns(mode: str, turns: list[Any]) -> list[Any]:
+    if mode == "drop_first_turn":
+        return turns[1:]
+    if mode == "extra_turn":
+        return [*turns, dict(turns[-1], id=UNKNOWN_TURN)] if turns else turns
+    if mode == "reorder":
+        return list(reversed(turns))
+    return turns
+
+
 def tamper(mode: str, result: dict[str, Any], source_id: str) -> dict[str, Any]:
     thread = dict(result.get("thread") or {})
     turns = list(thread.get("turns") or [])
-    if mode == "drop_first_turn":
-        thread["turns"] = turns[1:]
-    elif mode == "extra_turn":
-        thread["turns"] = [*turns, dict(turns[-1], id=UNKNOWN_TURN)]
-    elif mode == "reorder":
-        thread["turns"] = list(reversed(turns))
+    if mode in TURN_MODES:
+        thread["turns"] = tamper_turns(mode, turns)
     elif mode == "child_is_source":
         thread["id"] = source_id
     elif mode == "wrong_parent":
@@ -55,6 +67,7 @@ def main() -> int:
     pending: dict[object, tuple[str, str]] = {}  # request id → (method, source thread)
     lock = threading.Lock()
     dying = threading.Event()
+    children: set[str] = set()  # thread ids named as children by thread/fork answers
 
     def pump_in() -> None:
         assert child.stdin is not None
@@ -103,7 +116,12 @@ def main() -> int:
             elif method == "thread/fork" and mode == "hang_on_fork":
                 continue
             elif method == "thread/fork" and mode not in ("none", "bogus_last_turn"):
+                children.add(str((msg["result"].get("thread") or {}).get("id")))
                 msg["result"] = tamper(mode, msg["result"], source)
+                line = (json.dumps(msg) + "\n").encode()
+            elif method == "thread/turns/list" and mode in TURN_MODES and source in children:
+                # `source` is the listed thread here: a child the fork answer named.
+                msg["result"]["data"] = tamper_turns(mode, list(msg["result"].get("data") or []))
                 line = (json.dumps(msg) + "\n").encode()
         out.write(line)
         out.flush()

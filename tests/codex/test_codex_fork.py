@@ -32,16 +32,26 @@ pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 SENT = {"one", "two", "three", "four", "five", "six"}
 
 
-def test_fork_request_carries_only_thread_id_and_last_turn_id(
+def test_fork_request_carries_only_thread_id_last_turn_id_and_exclude_turns(
     make_driver: MakeDriver, log: EventLog, tmp_path: Path
 ) -> None:
+    """Nothing but the boundary (`lastTurnId`, seed 000 §7) and, since issue 20, the answer's
+    shape: `excludeTurns` (the child's turns are listed with `thread/turns/list`, a third less
+    Codex CPU than the deprecated full hydration)."""
     calls_log = tmp_path / "calls.jsonl"
     driver = make_driver(command=relayed("none", calls_log))
     src = open_session(driver, log, tmp_path)
     result = driver.fork(fork_request(src, src.turns[:2], home_of(tmp_path, "child")))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     [fork_call] = calls(calls_log, "thread/fork")
-    assert fork_call["params"] == {"threadId": src.thread_id, "lastTurnId": src.turns[1]}
+    assert fork_call["params"] == {
+        "threadId": src.thread_id,
+        "lastTurnId": src.turns[1],
+        "excludeTurns": True,
+    }
+    assert result.child is not None
+    [listed] = calls(calls_log, "thread/turns/list")
+    assert listed["params"]["threadId"] == result.child.provider_session_id
     # The source was read (the frozen prefix proven) before the one mutation.
     methods = [c["method"] for c in calls(calls_log)]
     assert "thread/read" in methods[: methods.index("thread/fork")]
@@ -150,6 +160,9 @@ def test_unverified_fork_answer_is_unknown_and_nothing_is_bound(
     assert result.binding is None
     assert len(calls(calls_log, "thread/fork")) == 1
     assert list(iter_rollouts(target)) == []
+    if mode in ("drop_first_turn", "extra_turn", "reorder"):
+        # Refused for the listed turns (the relay tampered with them), not a lost relay.
+        assert result.error is not None and "not exactly the frozen prefix" in result.error
 
 
 def test_provider_lost_after_thread_fork_was_sent_is_unknown(

@@ -7,6 +7,7 @@ dependency. (The static contracts are import-linter's, in `make lint`.)
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # The client (issue 19: Engine, CLI, GUI, demo), the wire spec and every driver module.
 APSW_FREE = (
     "agenthost.cli",
+    "client.cli.parser",
     "client.engine",
     "client.session_client",
     "client.gui.app",
@@ -42,7 +44,6 @@ OUR_PACKAGES = (
     "model_fakes",
 )
 
-CLIENT = ("client", "client.engine", "client.session_client", "client.gui.app", "client.demo")
 DAEMON_SIDE = ("agenthost", "actors", "storage", "drivers", "tutti_agent")
 
 
@@ -66,13 +67,6 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
     )
 
 
-@pytest.mark.parametrize("module", CLIENT)
-def test_importing_the_client_loads_nothing_of_the_daemon_side(module: str) -> None:
-    loaded = _loaded_after_import(module)
-    daemon = sorted(m for m in loaded if m.split(".")[0] in DAEMON_SIDE)
-    assert daemon == [], f"importing {module} loads the daemon side: {daemon}"
-
-
 @pytest.mark.parametrize(
     "module",
     [
@@ -80,6 +74,7 @@ def test_importing_the_client_loads_nothing_of_the_daemon_side(module: str) -> N
         "domain.errors",
         "domain.enums",
         "domain.fork_states",
+        "domain.home_layout",
         "domain.providers",
         "domain.worker_messages",
     ],
@@ -131,15 +126,16 @@ def _modules_of(package: str) -> list[str]:
     return found
 
 
-WORKER_SIDE = _modules_of("drivers") + _modules_of("tutti_agent")
-HOST_SIDE = ("apsw", "storage", "actors")
+# --------------------------------------------------------------------------------- the client
+
+# Every module of the client package (Engine, session helpers, the `agenthost` command's client
+# part, GUI, demo), found on disk so a module added later is checked too.
+CLIENT = _modules_of("client")
 
 
-@pytest.fixture(scope="module")
-def worker_side_imports() -> dict[str, tuple[int, str, str]]:
-    """`import <module>` for each worker-side module, each in its own fresh interpreter, run
-    side by side (one after another would take tens of seconds): module → (rc, stdout, stderr).
-    """
+def _import_each(modules: list[str]) -> dict[str, tuple[int, str, str]]:
+    """`import <module>` for each module, each in its own fresh interpreter, run side by side
+    (one after another would take tens of seconds): module → (rc, stdout, stderr)."""
     procs = {
         module: subprocess.Popen(
             [
@@ -152,13 +148,85 @@ def worker_side_imports() -> dict[str, tuple[int, str, str]]:
             stderr=subprocess.PIPE,
             text=True,
         )
-        for module in WORKER_SIDE
+        for module in modules
     }
     done = {}
     for module, proc in procs.items():
         out, err = proc.communicate(timeout=120)
         done[module] = (proc.returncode, out, err)
     return done
+
+
+@pytest.fixture(scope="module")
+def client_imports() -> dict[str, tuple[int, str, str]]:
+    return _import_each(CLIENT)
+
+
+@pytest.mark.parametrize("module", CLIENT)
+def test_importing_the_client_loads_nothing_of_the_daemon_side(
+    module: str, client_imports: dict[str, tuple[int, str, str]]
+) -> None:
+    """The client (issue 19) never loads the daemon's composition root, actors, store, drivers
+    or the tutti-agent program, nor SQLite."""
+    rc, out, err = client_imports[module]
+    assert rc == 0, err
+    loaded: list[str] = json.loads(out.strip().splitlines()[-1])
+    daemon = sorted(m for m in loaded if m.split(".")[0] in DAEMON_SIDE)
+    assert daemon == [], f"importing {module} loads the daemon side: {daemon}"
+    assert "apsw" not in loaded, f"importing {module} loads apsw"
+
+
+def test_the_client_list_holds_every_client_part() -> None:
+    # The discovery above must see the client and its command modules (an empty or partial
+    # list would pass vacuously).
+    for module in (
+        "client",
+        "client.engine",
+        "client.session_client",
+        "client.gui.app",
+        "client.demo",
+        "client.cli",
+        "client.cli.parser",
+        "client.cli.endpoints",
+        "client.cli.reach",
+        "client.cli.command",
+        "client.cli.output",
+        "client.cli.sessions",
+        "client.cli.turns",
+        "client.cli.forks",
+        "client.cli.manage",
+        "client.cli.launch_gui",
+    ):
+        assert module in CLIENT
+
+
+# ---------------------------------------------------------------- the daemon's command entry
+
+
+def test_the_agenthost_command_builds_the_client_parser_and_adds_only_serve_and_keys() -> None:
+    """`agenthost.cli` (the composition root's entry) keeps only the subcommands that need the
+    daemon side; every other one is the client's parser, importable without the daemon."""
+    from agenthost.cli import _parser
+    from client.cli.parser import build_parser
+
+    def commands(parser: argparse.ArgumentParser) -> list[str]:
+        action = next(a for a in parser._actions if a.dest == "command")  # noqa: SLF001
+        return list(action.choices or ())
+
+    full = commands(_parser())
+    client = commands(build_parser("0", None))
+    assert full == ["serve", *client, "keys"]
+    assert "serve" not in client and "keys" not in client
+    assert "status" in client and "say" in client and "fork" in client and "gui" in client
+
+
+WORKER_SIDE = _modules_of("drivers") + _modules_of("tutti_agent")
+HOST_SIDE = ("apsw", "storage", "actors")
+
+
+@pytest.fixture(scope="module")
+def worker_side_imports() -> dict[str, tuple[int, str, str]]:
+    return _import_each(WORKER_SIDE)
 
 
 @pytest.mark.parametrize("module", WORKER_SIDE)

@@ -23,8 +23,9 @@ import msgpack
 import pytest
 import zmq
 
-from agenthost.cli import _parser, events_source
+from agenthost.cli import _parser
 from agenthost.keys import Connection, load_connection
+from client.cli.endpoints import events_source
 from client.engine import ChangeKind, Engine, EngineChange
 from tests.support.daemon import DaemonProcess, create_session, run_turn, wait_for
 from transport.client import Client, EventSubscriber

@@ -996,3 +996,44 @@ def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
     assert not any(isinstance(e, TurnChanged) for e in events)
     child_turns, _ = store.timeline(WS, op.target_session_id)
     assert len(child_turns) == 3  # the Turns are there, read with the timeline
+
+
+def test_each_transition_and_the_commit_answer_with_the_row_a_read_returns(store: Store) -> None:
+    """Issue 20: a transition answers with the row it read plus what it wrote, and the commit
+    with the child projected from the plan it built — exactly what a fresh read returns (the
+    projection rebuilt from the snapshot alone, law 4); prepare hands back the snapshot's
+    frozen (Turn id, binding JSON) of the prefix, which no other read carries."""
+    sid = new_session(store, title="123")
+    turns = [
+        settled_turn(
+            store, sid, text=f"t{i}", provider_turn_id=f"p{i}", binding_json=f'{{"b":{i}}}'
+        )
+        for i in (1, 2, 3)
+    ]
+    op, created = store.prepare_fork(WS, request(sid, turns[1].turn_id))
+    assert created
+    assert op.frozen_turns == ((turns[0].turn_id, '{"b":1}'), (turns[1].turn_id, '{"b":2}'))
+    assert store.get_fork_operation(WS, op.operation_id).frozen_turns is None
+    op, _ = store.mark_fork_dispatching(WS, op.operation_id)
+    assert op == store.get_fork_operation(WS, op.operation_id)
+    assert op.status is ForkStatus.DISPATCHING and op.dispatched_at_ms is not None
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    op, changed = store.commit_fork(WS, op.operation_id)
+    assert changed and op.status is ForkStatus.COMMITTED
+    read = store.get_fork_operation(WS, op.operation_id)
+    assert op == read
+    assert op.committed_session == read.committed_session and op.lineage == read.lineage
+    assert op.committed_session is not None
+
+
+def test_a_failed_or_unknown_transition_answers_with_the_row_it_wrote(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    for dispatched, mark in ((False, store.mark_fork_failed), (True, store.mark_fork_unknown)):
+        op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+        if dispatched:
+            store.mark_fork_dispatching(WS, op.operation_id)
+        op, changed = mark(WS, op.operation_id, "why")
+        assert changed and op.error == "why" and op.completed_at_ms is not None
+        assert op == store.get_fork_operation(WS, op.operation_id)

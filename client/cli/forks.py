@@ -1,0 +1,192 @@
+"""The fork commands: `fork` (through a settled turn or from the latest one, followed through
+its acknowledgement), `tree`, `resolve` (an unknown fork operation), `op`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from client.cli.command import call, with_client
+from client.cli.endpoints import curve, events_source
+from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNKNOWN, emit
+
+
+@with_client
+def run_tree(args: argparse.Namespace, client: Any) -> int:
+    from client.lineage_view import format_tree
+    from client.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    tree = call(args, client, "session.lineage", agentSessionId=sid)
+    emit(args, tree, format_tree(tree))
+    return EXIT_OK
+
+
+@with_client
+def run_resolve(args: argparse.Namespace, client: Any) -> int:
+    from client.lineage_view import format_resolution
+
+    result = call(
+        args,
+        client,
+        "fork.resolve",
+        operationId=args.operation,
+        requestId=args.request_id or str(uuid.uuid4()),
+        action=args.action,
+    )
+    human = format_resolution(result).replace("OP", args.operation)
+    if args.action == "adopt" and result["operation"]["status"] == "committed":
+        # Adopted like any fork commit: the boundary stays held until a client ACKs it.
+        human += f"\n  next: agenthost op {args.operation} --ack (releases the turn for new forks)"
+    emit(args, result, human)
+    return EXIT_OK
+
+
+@with_client
+def run_fork(args: argparse.Namespace, client: Any) -> int:
+    from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+    from client.session_client import resolve_session, resolve_turn, timeline
+
+    sid = resolve_session(client, args.workspace, args.session)
+    if args.latest:
+        turn_id = LATEST_SETTLED  # the daemon resolves the boundary; the Engine's key for it
+    else:
+        turn_id = resolve_turn(timeline(client, args.workspace, sid), args.through)
+    events, exact = events_source(args)
+    engine = Engine(client, args.workspace)
+    try:
+        if events is not None:
+            engine.attach_events(events, curve=curve(args), exact=exact)
+        record = engine.fork_latest(sid) if args.latest else engine.fork(sid, turn_id)
+        shown: str | None = None
+
+        def changed() -> bool:
+            return engine.mutation(sid, turn_id) != record
+
+        deadline = time.monotonic() + args.fork_timeout
+        while record.status is MutationStatus.IN_FLIGHT and time.monotonic() < deadline:
+            if not args.json and record.operation_id and record.phase != shown:
+                shown = record.phase
+                print(
+                    f"… fork accepted ({shown}), operation {record.operation_id}", file=sys.stderr
+                )
+            engine.wait_for(changed, 0.5)
+            record = engine.mutation(sid, turn_id) or record
+        if record.status is MutationStatus.SUCCEEDED:
+            # Give the client-observed ACK its deadline (and first retry) before we exit.
+            engine.wait_for(
+                lambda: getattr(engine.mutation(sid, turn_id), "ack", None) is AckState.OBSERVED,
+                engine.ack_deadline + 2,
+            )
+            record = engine.mutation(sid, turn_id) or record
+        operation = None
+        if record.operation_id:
+            operation = engine.request(
+                "fork.get", {"operationId": record.operation_id}, timeout=args.timeout
+            )["operation"]
+        session: Mapping[str, Any] | None = None
+        turns: list[dict[str, Any]] = []
+        if record.error_detail is not None:
+            # A refusal before any operation: read the source so the sentence can name turns.
+            with contextlib.suppress(Exception):
+                session = call(args, client, "session.get", agentSessionId=sid)["session"]
+                turns = timeline(client, args.workspace, sid)
+    finally:
+        engine.close()
+    return _report_fork(args, record, operation, session=session, turns=turns)
+
+
+def _report_fork(
+    args: argparse.Namespace,
+    record: Any,
+    operation: Any,
+    *,
+    session: Mapping[str, Any] | None = None,
+    turns: list[dict[str, Any]] | None = None,
+) -> int:
+    from client.engine import AckState, MutationStatus
+    from client.session_client import fork_refusal
+
+    data = {"mutation": record.to_dict(), "operation": operation}
+    status = record.status
+    if status is MutationStatus.SUCCEEDED:
+        child = (operation or {}).get("session") or {}
+        how = "from its latest settled turn, " if record.point != "throughTurn" else ""
+        human = (
+            f"forked {record.source_session_id} {how}through turn {record.boundary}\n"
+            f"child {record.child_session_id}  {child.get('title', '')}\n"
+            f"operation {record.operation_id} committed"
+        )
+        if record.ack is not AckState.OBSERVED:
+            human += (
+                "\nwarning: acknowledgement still pending; the boundary stays held until a "
+                "client acknowledges it (`agenthost op --ack`)"
+            )
+        emit(args, data, human)
+        return EXIT_OK
+    if status is MutationStatus.IN_FLIGHT:
+        reason, code = "fork_timeout", EXIT_UNKNOWN
+        message = f"operation {record.operation_id} still accepted; see `agenthost op`"
+    elif status is MutationStatus.UNKNOWN:
+        reason, code = "agent_session_fork_delivery_unknown", EXIT_UNKNOWN
+        message = f"{record.error}; a retry reuses the same identity and never forks twice"
+        if record.operation_id:
+            message += f"; or settle it: agenthost resolve {record.operation_id}"
+    elif record.error_detail is not None:
+        # Refused before any operation existed: the daemon's error reply, in words.
+        detail = dict(record.error_detail)
+        reason, code = str(detail.get("reason") or "agent_session_fork_failed"), EXIT_ERROR
+        message = fork_refusal(
+            reason,
+            detail.get("params"),
+            turn_id=record.turn_id,
+            latest=record.point != "throughTurn",
+            turns=turns or [],
+            session=session,
+            message=detail.get("message"),
+        )
+        error = {**detail, "reason": reason, "message": message}
+        error.setdefault("retryable", False)
+        if args.json:
+            print(json.dumps({**data, "error": error}))
+        else:
+            print(f"agenthost: {message}", file=sys.stderr)
+        return code
+    else:
+        reason, code = record.error or "agent_session_fork_failed", EXIT_ERROR
+        message = f"fork failed: {(operation or {}).get('error') or record.error}"
+    if args.json:
+        print(json.dumps({**data, "error": {"reason": reason, "message": message}}))
+    else:
+        print(f"agenthost: {reason}: {message}", file=sys.stderr)
+    return code
+
+
+@with_client
+def run_op(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import resolve_operation
+
+    method = "fork.acknowledge" if args.ack else "fork.get"
+    operation_id = resolve_operation(client, args.workspace, args.operation)
+    op = call(args, client, method, operationId=operation_id)["operation"]
+    point = op["point"]
+    lines = [
+        f"operation {op['operationId']}: {op['status']} ({op['phase']})",
+        f"  source {op['sourceAgentSessionId']}"
+        + (" from its latest settled turn," if point.get("type") == "latestSettled" else "")
+        + f" through turn {point['turnId']}",
+        f"  target {op['targetAgentSessionId']}  request {op['requestId']}",
+    ]
+    if op.get("error"):
+        lines.append(f"  error: {op['error']}")
+    if op.get("session"):
+        lines.append(f"  child: {op['session']['title']}")
+    emit(args, {"operation": op}, "\n".join(lines))
+    return EXIT_OK

@@ -1,0 +1,249 @@
+"""The `agenthost` command's parser, as far as the client's part goes: the global options (where
+the daemon is, the workspace, `--timeout`, `--json`) and every client subcommand with its
+flags, each run by its module (`sessions`, `turns`, `forks`, `manage`, `launch_gui`).
+
+The daemon's composition root (`agenthost.cli`) builds the whole command with `build_parser`,
+adding its own subcommands (`serve`, `keys`) before and after the client's, and runs it with
+`run_command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from client.cli import forks, launch_gui, manage, sessions, turns
+from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from domain.providers import PROVIDERS
+
+SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse names no public type for it
+AddCommands = Callable[["SubParsers[argparse.ArgumentParser]", argparse.ArgumentParser], None]
+"""Adds subcommands: `(subparsers, common)`, `common` being the parent of every subcommand that
+takes `--json` after its name."""
+
+
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
+    """Parse `argv` and run the subcommand; its exit code (2 and the help without one)."""
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        code = int(args.run(args))
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # `agenthost show … | head`: the reader left. Say nothing, and stop Python's own
+        # flush at exit from raising again on the closed pipe.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def build_parser(
+    version: str,
+    description: str | None,
+    *,
+    before: Iterable[AddCommands] = (),
+    after: Iterable[AddCommands] = (),
+) -> argparse.ArgumentParser:
+    """The `agenthost` parser: the global options, the subcommands `before` adds, the client's,
+    then those `after` adds (the order `--help` lists them in)."""
+    p = argparse.ArgumentParser(
+        prog="agenthost",
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"agenthost {version}")
+    p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
+    p.add_argument("--connect", default=None, help="API endpoint (default: the home's ipc socket)")
+    p.add_argument(
+        "--events", default=None, help="events endpoint (default: the home's ipc events socket)"
+    )
+    p.add_argument(
+        "--connection",
+        type=Path,
+        default=None,
+        help="connection file for TCP (CURVE keys; default: $AGENTHOST_CONNECTION)",
+    )
+    p.add_argument("--workspace", default="default", help="workspace id (default: default)")
+    p.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default: 10)"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    # `--json` is accepted after the subcommand too; SUPPRESS keeps a global one intact.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for add in before:
+        add(sub, common)
+    add_client_commands(sub, common)
+    for add in after:
+        add(sub, common)
+    return p
+
+
+def add_client_commands(
+    sub: SubParsers[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    """Every client subcommand, in the order `--help` lists them."""
+    session_help = "session id or unique id prefix"
+
+    sub.add_parser("status", parents=[common], help="daemon status").set_defaults(
+        run=sessions.run_status
+    )
+    sub.add_parser(
+        "sessions", parents=[common], help="list sessions as a fork lineage tree"
+    ).set_defaults(run=sessions.run_sessions)
+    n = sub.add_parser("new", parents=[common], help="create a session")
+    n.add_argument(
+        "--provider", default="tutti-agent", choices=PROVIDERS, help="default: tutti-agent"
+    )
+    n.add_argument("--title", default=None, help="default: New session")
+    n.add_argument(
+        "--cwd",
+        default=None,
+        help="the session's working directory (default: the current one; made absolute)",
+    )
+    n.add_argument("--model", default=None, help="the provider's model for this session")
+    n.add_argument(
+        "--settings",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="a session setting (repeatable; V is parsed as JSON when it can be)",
+    )
+    n.set_defaults(run=sessions.run_new)
+    y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
+    y.add_argument("session", help=session_help)
+    y.add_argument("text", help="the user message")
+    y.add_argument("--answer", default=None, help="reply to a question the turn asks")
+    y.add_argument(
+        "--approve",
+        action="store_const",
+        const="approve",
+        dest="decision",
+        default=None,
+        help="approve an approval the turn asks for",
+    )
+    y.add_argument(
+        "--decline",
+        action="store_const",
+        const="decline",
+        dest="decision",
+        help="decline an approval the turn asks for",
+    )
+    y.add_argument(
+        "--turn-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to follow the turn (default: 600); it keeps running after",
+    )
+    y.set_defaults(run=turns.run_say)
+    w = sub.add_parser("show", parents=[common], help="show a session's transcript")
+    w.add_argument("session", help=session_help)
+    w.set_defaults(run=sessions.run_show)
+    f = sub.add_parser(
+        "fork",
+        parents=[common],
+        help="fork a session through a settled turn, or from its latest settled turn",
+    )
+    f.add_argument("session", help=session_help)
+    where = f.add_mutually_exclusive_group(required=True)
+    where.add_argument("--through", metavar="TURN", help="turn id, unique prefix or sequence")
+    where.add_argument(
+        "--latest",
+        action="store_true",
+        help="fork the whole session from where it is now: its newest settled turn "
+        "(needs lifecycleCapabilities.forkFullSession)",
+    )
+    f.add_argument(
+        "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
+    )
+    f.set_defaults(run=forks.run_fork)
+    t = sub.add_parser("tree", parents=[common], help="a session's fork tree (ancestors, forks)")
+    t.add_argument("session", help="session id or unique prefix")
+    t.set_defaults(run=forks.run_tree)
+    r = sub.add_parser(
+        "resolve", parents=[common], help="inspect, adopt or abandon an unknown fork operation"
+    )
+    r.add_argument("operation")
+    how = r.add_mutually_exclusive_group()
+    how.add_argument(
+        "--adopt",
+        action="store_const",
+        const="adopt",
+        dest="action",
+        help="bind and commit the one verified provider child (verdict adoptable)",
+    )
+    how.add_argument(
+        "--abandon",
+        action="store_const",
+        const="abandon",
+        dest="action",
+        help="quarantine any provider child and release the boundary (status abandoned)",
+    )
+    r.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
+    r.set_defaults(run=forks.run_resolve, action="inspect")
+    o = sub.add_parser("op", parents=[common], help="show a fork operation")
+    o.add_argument("operation", help="operation id or unique prefix (of a committed fork)")
+    o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
+    o.set_defaults(run=forks.run_op)
+    i = sub.add_parser("interrupt", parents=[common], help="interrupt the session's running turn")
+    i.add_argument("session", help=session_help)
+    i.set_defaults(run=turns.run_interrupt)
+    a = sub.add_parser(
+        "answer", parents=[common], help="answer the session's pending approval or question"
+    )
+    a.add_argument("session", help=session_help)
+    choice = a.add_mutually_exclusive_group(required=True)
+    choice.add_argument(
+        "--approve",
+        action="store_const",
+        const="approve",
+        dest="decision",
+        help="approve the pending approval",
+    )
+    choice.add_argument(
+        "--decline",
+        action="store_const",
+        const="decline",
+        dest="decision",
+        help="decline the pending approval",
+    )
+    choice.add_argument("--text", default=None, help="the reply to the pending question")
+    a.set_defaults(run=turns.run_answer)
+    d = sub.add_parser("delete", parents=[common], help="delete a session (asks first)")
+    d.add_argument("session", help=session_help)
+    d.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    d.set_defaults(run=manage.run_delete)
+    r = sub.add_parser("rename", parents=[common], help="change a session's title")
+    r.add_argument("session", help=session_help)
+    r.add_argument("title", help="the new title")
+    r.set_defaults(run=manage.run_rename)
+    for name, pinned in (("pin", True), ("unpin", False)):
+        q = sub.add_parser(name, parents=[common], help=f"{name} a session")
+        q.add_argument("session", help=session_help)
+        q.set_defaults(run=manage.run_pin, pinned=pinned)
+    t = sub.add_parser(
+        "settings", parents=[common], help="show or change a session's settings (merged)"
+    )
+    t.add_argument("session", help=session_help)
+    t.add_argument(
+        "pairs",
+        nargs="*",
+        metavar="K=V",
+        help="settings to set (V parsed as JSON when it can be; V=null removes K)",
+    )
+    t.set_defaults(run=manage.run_settings)
+    g = sub.add_parser("gui", help="the terminal GUI")
+    g.set_defaults(run=launch_gui.run_gui_command)

@@ -1,0 +1,120 @@
+"""The session commands: `status`, `sessions`, `new`, `show`."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from client.cli.command import call, parse_pairs, with_client
+from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
+
+
+@with_client
+def run_status(args: argparse.Namespace, client: Any) -> int:
+    result = call(args, client, "host.status")
+    workers = ", ".join(
+        f"{w['provider']} {w['state']} (pid {w['pid']}, {w['restarts']} restarts)"
+        for w in result["workers"]
+    )
+    emit(
+        args,
+        result,
+        f"agenthost {result['version']} (protocol {result['protocol']}) at {result['home']}, "
+        f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}"
+        + "".join(f"\n{provider_line(p)}" for p in result.get("providers") or []),
+    )
+    return EXIT_OK
+
+
+def provider_line(p: Mapping[str, Any]) -> str:
+    """One provider in words: program and version, endpoint, model, credential source (the
+    variable's name and whether it is set, never its value)."""
+    if not p.get("installed"):
+        return f"  {p['provider']}: NOT INSTALLED ({p.get('program')})"
+    cred = p.get("credential") or {}
+    source = cred.get("source")
+    if source == "env":
+        credential = f"${cred.get('variable')} ({'set' if cred.get('set') else 'NOT SET'})"
+    elif source == "file":
+        credential = "api_key in agenthost.toml"
+    elif source == "login":
+        credential = "the user's own login"
+    else:
+        credential = "none"
+    endpoint = p.get("endpoint") or "default"
+    wire = f" [{p['wireApi']}]" if p.get("wireApi") else ""
+    return (
+        f"  {p['provider']} {p.get('version') or '?'}: endpoint {endpoint}{wire}, "
+        f"model {p.get('model') or 'default'}, credential {credential}"
+    )
+
+
+@with_client
+def run_sessions(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import list_sessions, session_tree
+
+    sessions = list_sessions(client, args.workspace)
+    lines = [f"{'SESSION':<36}  {'PROVIDER':<11} {'FORK':<7} TITLE"] if sessions else []
+    for row in session_tree(sessions):
+        s = row.session
+        indent = "  " * row.depth + ("└─ " if row.depth else "")
+        fork = "fork" if s["lifecycleCapabilities"]["forkThroughTurn"] else "no-fork"
+        active = "  (turn active)" if s.get("activeTurnId") else ""
+        lines.append(
+            f"{indent}{s['agentSessionId']}  {s['provider']:<11} {fork:<7} {s['title']}{active}"
+        )
+    emit(args, {"sessions": sessions}, "\n".join(lines) or "(no sessions)")
+    return EXIT_OK
+
+
+def _absolute_cwd(value: str | None) -> str:
+    path = Path(value).expanduser() if value else Path.cwd()
+    path = path.resolve()
+    if not path.is_dir():
+        raise CliError(
+            "invalid_cwd", f"--cwd {value!r}: no such directory ({path})", code=EXIT_USAGE
+        )
+    return str(path)
+
+
+@with_client
+def run_new(args: argparse.Namespace, client: Any) -> int:
+    params: dict[str, Any] = {"provider": args.provider, "cwd": _absolute_cwd(args.cwd)}
+    if args.title:
+        params["title"] = args.title
+    if args.settings:
+        params["settings"] = parse_pairs(args.settings, "--settings")
+    if args.model:
+        params["model"] = args.model  # only when given: a daemon without it keeps its default
+    session = call(args, client, "session.create", **params)["session"]
+    emit(
+        args,
+        {"session": session},
+        f"{session['agentSessionId']}  {session['provider']}  {session['title']}",
+    )
+    return EXIT_OK
+
+
+@with_client
+def run_show(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import (
+        ancestry,
+        format_transcript,
+        resolve_session,
+        source_title,
+        timeline,
+    )
+
+    sid = resolve_session(client, args.workspace, args.session)
+    session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    turns = timeline(client, args.workspace, sid)
+    source = source_title(client, args.workspace, session)
+    chain = ancestry(client, args.workspace, session)
+    emit(
+        args,
+        {"session": session, "turns": turns},
+        format_transcript(session, turns, source, chain),
+    )
+    return EXIT_OK

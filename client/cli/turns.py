@@ -1,0 +1,283 @@
+"""The turn commands: `say` (run a turn and stream it, answering what it asks), `interrupt`,
+`answer`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from client.cli.command import call, with_client
+from client.cli.endpoints import curve, events_source
+from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError, emit
+
+
+class _Followed:
+    """What `say` knows about its turn so far (for Ctrl-C: which turn to interrupt)."""
+
+    def __init__(self) -> None:
+        self.turn: dict[str, Any] | None = None
+
+
+class _JsonLines:
+    """`say --json`: one JSON object per event — each message once it can no longer grow,
+    each Interaction when it appears and when it is answered, then the settled turn."""
+
+    def __init__(self) -> None:
+        self.messages: set[str] = set()
+        self.interactions: dict[str, str] = {}
+
+    def update(self, turn: Mapping[str, Any]) -> None:
+        messages = list(turn.get("messages") or [])
+        settled = turn.get("phase") == "settled"
+        for index, message in enumerate(messages):
+            if message["messageId"] in self.messages:
+                continue
+            if not settled and index == len(messages) - 1 and message.get("kind") == "assistant":
+                continue  # may still be streaming
+            self.messages.add(message["messageId"])
+            _jsonl({"type": "message", "message": message})
+        for interaction in turn.get("interactions") or []:
+            if self.interactions.get(interaction["requestId"]) != interaction["status"]:
+                self.interactions[interaction["requestId"]] = interaction["status"]
+                _jsonl({"type": "interaction", "interaction": interaction})
+
+    @staticmethod
+    def delta(event: Mapping[str, Any]) -> None:
+        """A streamed piece of a reply (not durable: the settled `message` line is the record)."""
+        _jsonl({**event, "type": "message.delta"})
+
+
+def _jsonl(obj: Mapping[str, Any]) -> None:
+    print(json.dumps(obj), flush=True)
+
+
+@with_client
+def run_say(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import (
+        TurnPrinter,
+        TurnWaitTimeout,
+        resolve_session,
+        stream_turn,
+    )
+
+    sid = resolve_session(client, args.workspace, args.session)
+    events, exact = events_source(args)
+    printer: Any = _JsonLines() if args.json else TurnPrinter(print, _write)
+    followed = _Followed()
+    pending: list[Mapping[str, Any]] = []
+
+    def on_update(turn: dict[str, Any]) -> None:
+        followed.turn = turn
+        printer.update(turn)
+
+    def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
+        response = _interaction_response(args, interaction)
+        if response is None:
+            pending.append(interaction)
+            raise _InteractionPending()
+        return response
+
+    try:
+        turn = stream_turn(
+            client,
+            args.workspace,
+            sid,
+            args.text,
+            events_endpoint=events,
+            events_curve=curve(args),
+            events_exact=exact,
+            on_update=on_update,
+            on_interaction=on_interaction,
+            timeout=args.turn_timeout,
+            on_delta=printer.delta,
+        )
+    except TurnWaitTimeout as exc:
+        # The daemon is reachable (not exit 3): the Turn is just still running there.
+        raise CliError(
+            "turn_timeout",
+            f"{exc} (--turn-timeout); it keeps running in the daemon: "
+            f"`agenthost show {sid}` shows where it is, `agenthost interrupt {sid}` stops it",
+        ) from None
+    except _InteractionPending:
+        interaction = pending[-1]
+        # Nobody can answer here: do not leave the session blocked on a turn nobody will finish.
+        turn = _stop_turn(args, client, sid, str(interaction["turnId"]), printer)
+        raise CliError(
+            "interaction_pending",
+            f"the turn asked for a {interaction['kind']} ({_describe(interaction)}) and was "
+            "interrupted; run it again with --answer TEXT, --approve or --decline "
+            "(or answer from another terminal with `agenthost answer`)",
+        ) from None
+    except KeyboardInterrupt:
+        # First Ctrl-C (or Ctrl-C at a prompt): interrupt the turn and wait for it to settle.
+        turn_id = (followed.turn or {}).get("turnId") or _active_turn(args, client, sid)
+        if not turn_id:
+            print("\nagenthost: interrupted before the turn started", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        try:
+            # Inside the try: a second Ctrl-C right after this line is already "stop waiting".
+            if not args.json:
+                print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
+            turn = _stop_turn(args, client, sid, str(turn_id), printer)
+        except KeyboardInterrupt:
+            print(
+                "\nagenthost: stopped waiting; the turn may still be running: "
+                f"`agenthost interrupt {sid}` stops it, `agenthost show {sid}` shows it",
+                file=sys.stderr,
+            )
+            return EXIT_INTERRUPTED
+        code = _report_turn(args, turn)
+        return code if code == EXIT_OK else EXIT_INTERRUPTED
+    return _report_turn(args, turn)
+
+
+def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
+    ok = turn.get("outcome") == "completed"
+    if args.json:
+        data: dict[str, Any] = {"type": "turn", "turn": turn}
+        if not ok:
+            data["error"] = {
+                "reason": f"turn_{turn.get('outcome') or 'unsettled'}",
+                "message": turn.get("error") or "",
+            }
+        _jsonl(data)
+    elif not ok:
+        print(
+            f"agenthost: turn_{turn.get('outcome') or 'unsettled'}: {turn.get('error') or ''}",
+            file=sys.stderr,
+        )
+    return EXIT_OK if ok else EXIT_ERROR
+
+
+def _active_turn(args: argparse.Namespace, client: Any, sid: str) -> str | None:
+    session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    active = session.get("activeTurnId")
+    return str(active) if active else None
+
+
+def _stop_turn(
+    args: argparse.Namespace, client: Any, sid: str, turn_id: str, printer: Any | None = None
+) -> dict[str, Any]:
+    """turn.interrupt, then follow the turn until it settles (printing what is new)."""
+    from client.session_client import get_turn
+    from transport.client import ApiError
+
+    try:
+        turn = call(args, client, "turn.interrupt", agentSessionId=sid, turnId=turn_id)["turn"]
+    except ApiError as exc:
+        if exc.status >= 500:
+            raise
+        turn = get_turn(client, args.workspace, sid, turn_id)  # e.g. it settled meanwhile
+    deadline = time.monotonic() + max(args.timeout, 5.0)
+    while turn.get("phase") != "settled" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        turn = get_turn(client, args.workspace, sid, turn_id, int(turn["sequence"]))
+    if printer is not None:
+        printer.update(turn)
+    return dict(turn)
+
+
+def _write(text: str) -> None:
+    """Partial output (a streamed reply): written and flushed at once."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class _InteractionPending(Exception):
+    pass
+
+
+def _describe(interaction: Mapping[str, Any]) -> str:
+    from client.session_client import describe_interaction
+
+    return describe_interaction(interaction)
+
+
+def _interaction_response(
+    args: argparse.Namespace, interaction: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    kind = interaction.get("kind")
+    if kind == "approval" and args.decision:
+        return {"decision": args.decision}
+    if kind != "approval" and args.answer is not None:
+        return {"text": args.answer}
+    if sys.stdin.isatty() and not args.json:
+        prompt = _describe(interaction)
+        try:
+            if kind == "approval":
+                reply = input(f"approve {prompt}? [y/N] ").strip().lower()
+                return {"decision": "approve" if reply in ("y", "yes") else "decline"}
+            return {"text": input(f"{kind}: {prompt} > ")}
+        except EOFError:
+            # End of input is not an answer: an approval is declined, a question can only be
+            # given up by interrupting the turn. Either way nothing stays pending.
+            print(file=sys.stderr)
+            if kind == "approval":
+                print("agenthost: end of input: declined", file=sys.stderr)
+                return {"decision": "decline"}
+            print("agenthost: end of input: interrupting the turn", file=sys.stderr)
+            raise KeyboardInterrupt from None
+    return None
+
+
+@with_client
+def run_interrupt(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    turn_id = _active_turn(args, client, sid)
+    if turn_id is None:
+        emit(args, {"turn": None}, "nothing to interrupt: no turn is running")
+        return EXIT_OK
+    turn = _stop_turn(args, client, sid, turn_id)
+    why = f": {turn['error']}" if turn.get("error") else ""
+    emit(
+        args,
+        {"turn": turn},
+        f"Turn {turn['sequence']} {turn.get('outcome') or turn['phase']}{why}",
+    )
+    return EXIT_OK
+
+
+@with_client
+def run_answer(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import get_turn, resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    turn_id = _active_turn(args, client, sid)
+    turn = get_turn(client, args.workspace, sid, turn_id) if turn_id else {}
+    waiting = [i for i in turn.get("interactions") or [] if i.get("status") == "pending"]
+    if not waiting:
+        raise CliError("no_pending_interaction", "the session is not waiting for an answer")
+    interaction = waiting[0]
+    kind = interaction.get("kind")
+    if kind == "approval" and args.decision is None:
+        raise CliError(
+            "wrong_answer_kind",
+            f"the turn asks for an approval ({_describe(interaction)}): use --approve or --decline",
+        )
+    if kind != "approval" and args.decision is not None:
+        raise CliError(
+            "wrong_answer_kind",
+            f"the turn asks a {kind} ({_describe(interaction)}): use --text",
+        )
+    response = {"decision": args.decision} if args.decision else {"text": args.text}
+    result = call(
+        args,
+        client,
+        "interaction.respond",
+        agentSessionId=sid,
+        turnId=interaction["turnId"],
+        requestId=interaction["requestId"],
+        response=response,
+    )
+    what = {"approve": "approved", "decline": "declined"}.get(
+        str(args.decision), f"answered {json.dumps(args.text)}"
+    )
+    emit(args, result, f"{kind}: {_describe(interaction)} → {what}")
+    return EXIT_OK

@@ -1,0 +1,59 @@
+"""The client Engine: the single source of truth for fork mutations (seed 000 §8.3, §9) on top of
+the transport client, plus the client-side session cache the GUI and CLI read.
+
+It allocates and reuses request/target identities, reconciles accepted operations through
+`fork.get` and `fork.operation` events, adopts the durable identity the daemon returns, and sends
+the client-observed ACK with a deadline and capped backoff on an injectable scheduler.
+
+One concern per module: `values` (records, statuses, change notices), `ports` (the request
+port, the clock, the events socket thread), `cache` (state, session cache, listeners,
+bookkeeping), `acks` (the ACK state machine), `reconcile` (events, polls and adoption merged
+into records), `forks` (fork, fork_latest, resolve), `lifecycle` (the assembled `Engine`, its
+connection and close). Import the names from here.
+"""
+
+from client.engine.lifecycle import Engine
+from client.engine.ports import ApiPort, Reply, Scheduler, ThreadScheduler, Timer
+from client.engine.values import (
+    ACK_BACKOFF_S,
+    ACK_DEADLINE_S,
+    CREATE_DEADLINE_S,
+    GET_DEADLINE_S,
+    LATEST_SETTLED,
+    MAX_SETTLED,
+    POLL_INTERVAL_S,
+    THROUGH_TURN,
+    AckState,
+    BoundaryKey,
+    ChangeKind,
+    EngineChange,
+    ForkMutation,
+    Listener,
+    MutationStatus,
+    operation_key,
+)
+
+__all__ = [
+    "ACK_BACKOFF_S",
+    "ACK_DEADLINE_S",
+    "CREATE_DEADLINE_S",
+    "GET_DEADLINE_S",
+    "LATEST_SETTLED",
+    "MAX_SETTLED",
+    "POLL_INTERVAL_S",
+    "THROUGH_TURN",
+    "AckState",
+    "ApiPort",
+    "BoundaryKey",
+    "ChangeKind",
+    "Engine",
+    "EngineChange",
+    "ForkMutation",
+    "Listener",
+    "MutationStatus",
+    "Reply",
+    "Scheduler",
+    "ThreadScheduler",
+    "Timer",
+    "operation_key",
+]

@@ -1,0 +1,241 @@
+"""The fork mutation: the Fork click (`fork`, `fork_latest`) with its identities (new after a
+confirmed outcome, reused after `unknown`, nothing sent while in flight), `fork.create` with
+its deadline and reply, and `resolve` of an `unknown` operation (`fork.resolve`, issue 21 §1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from client.engine.cache import _Slot
+from client.engine.ports import Reply
+from client.engine.reconcile import Reconciliation
+from client.engine.values import (
+    LATEST_SETTLED,
+    THROUGH_TURN,
+    AckState,
+    BoundaryKey,
+    ForkMutation,
+    MutationStatus,
+    operation_key,
+)
+from transport.client import ClientClosed
+
+
+class ForkRequests(Reconciliation):
+    """Starts, retries and resolves fork mutations; their news is merged by `Reconciliation`."""
+
+    # -- the fork mutation -------------------------------------------------------------------
+
+    def fork(self, source_session_id: str, turn_id: str) -> ForkMutation:
+        """The Fork click on one boundary. Returns the record; never blocks on the network.
+
+        Identities: a first attempt, or one after a confirmed failure or an observed success,
+        gets new request/target ids; a retry after `unknown` reuses them; while in flight or
+        while an ACK is pending nothing is sent at all.
+        """
+        return self._fork(source_session_id, turn_id, THROUGH_TURN)
+
+    def fork_latest(self, source_session_id: str) -> ForkMutation:
+        """The Session-level Fork ("from where we are now", issue 21 §2): `fork.create` with
+        `point: {type: "latestSettled"}`. The same record, identities, replay, reconciliation and
+        ACK rules as `fork`, on the boundary key `(source, LATEST_SETTLED)`; the daemon resolves
+        and freezes the Turn, and a replay of the same request returns that original boundary
+        even after new Turns. Read it back with `mutation(source, LATEST_SETTLED)`."""
+        return self._fork(source_session_id, LATEST_SETTLED, LATEST_SETTLED)
+
+    def _fork(self, source_session_id: str, turn_id: str, point: str) -> ForkMutation:
+        key = (source_session_id, turn_id)
+        with self._lock:
+            if self._closed:
+                raise ClientClosed("engine is closed")
+            record = self._records.get(key)
+            if record is not None and (
+                record.status is MutationStatus.IN_FLIGHT
+                or (
+                    record.status is MutationStatus.SUCCEEDED
+                    and record.ack is not AckState.OBSERVED
+                )
+            ):
+                return record
+            if record is not None and record.status is MutationStatus.UNKNOWN:
+                # The first request may have happened: only the same identity is safe to resend.
+                record = replace(
+                    record,
+                    status=MutationStatus.IN_FLIGHT,
+                    error=None,
+                    create_attempts=record.create_attempts + 1,
+                )
+                slot = self._slots[key]
+            else:
+                if record is not None:
+                    self._forget_locked(key)
+                record = ForkMutation(
+                    source_session_id=source_session_id,
+                    turn_id=turn_id,
+                    request_id=self._new_id(),
+                    target_session_id=self._new_id(),
+                    status=MutationStatus.IN_FLIGHT,
+                    create_attempts=1,
+                    point=point,
+                )
+                slot = _Slot()
+                self._slots[key] = slot
+            self._put_locked(record)
+            self._send_create_locked(key, slot, record)
+        self._flush()
+        return self.mutation(source_session_id, turn_id) or record
+
+    def resolve(
+        self,
+        operation_id: str,
+        action: str,
+        *,
+        request_id: str | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """`fork.resolve` (issue 21 §1), blocking: `inspect`, `adopt` or `abandon` an `unknown`
+        operation; returns `{operation, evidence}` or raises `ApiError`/`TimeoutError`.
+
+        The result goes through the fork machinery: an adopted (committed) operation becomes
+        the succeeded mutation of its boundary, its child upserted and ACKed exactly as a fork
+        commit; an abandoned one a confirmed failure (the boundary is free). Either is tracked
+        even when another client started the fork.
+        """
+        result = self.request(
+            "fork.resolve",
+            {
+                "operationId": operation_id,
+                "requestId": request_id or self._new_id(),
+                "action": action,
+            },
+            timeout=timeout,
+        )
+        op = result.get("operation")
+        if isinstance(op, dict):
+            with self._lock:
+                if not self._closed:
+                    self._note_operation_locked(op)
+                    if op.get("status") in ("committed", "abandoned"):
+                        self._track_resolved_locked(op)
+            self._flush()
+        return result
+
+    def _track_resolved_locked(self, op: Mapping[str, Any]) -> None:
+        key = operation_key(op)
+        record = self._records.get(key)
+        if record is not None and record.operation_id != op.get("operationId"):
+            busy = record.status is MutationStatus.IN_FLIGHT or (
+                record.status is MutationStatus.SUCCEEDED and record.ack is AckState.PENDING
+            )
+            if busy:
+                return  # another fork of that boundary is live; events will settle ours
+            self._forget_locked(key)
+            record = None
+        if record is None:
+            point = op.get("point") or {}
+            record = ForkMutation(
+                source_session_id=key[0],
+                turn_id=key[1],
+                request_id=str(op.get("requestId")),
+                target_session_id=str(op.get("targetAgentSessionId")),
+                status=MutationStatus.UNKNOWN,
+                operation_id=str(op.get("operationId")),
+                phase=op.get("phase"),
+                point=str(point.get("type") or THROUGH_TURN),
+                boundary_turn_id=str(point.get("turnId")),
+            )
+            self._slots[key] = _Slot()
+            self._put_locked(record)
+        self._apply_to_key_locked(key, op, adopt=True)
+
+    def _send_create_locked(self, key: BoundaryKey, slot: _Slot, record: ForkMutation) -> None:
+        slot.cancel_all()
+        slot.attempt += 1
+        attempt = slot.attempt
+        params = {
+            "workspaceId": self.workspace_id,
+            "agentSessionId": record.source_session_id,
+            "requestId": record.request_id,
+            "targetAgentSessionId": record.target_session_id,
+            "point": {"type": "throughTurn", "turnId": record.turn_id}
+            if record.point == THROUGH_TURN
+            else {"type": LATEST_SETTLED},
+        }
+        slot.create_timer = self.scheduler.call_later(
+            self.create_deadline, lambda: self._on_create_deadline(key, attempt)
+        )
+        future = self._submit("fork.create", params)
+        if future is not None:
+            future.add_done_callback(lambda f: self._on_create_reply(key, attempt, f))
+
+    def _on_create_deadline(self, key: BoundaryKey, attempt: int) -> None:
+        with self._lock:
+            slot, record = self._slots.get(key), self._records.get(key)
+            if slot is None or record is None or slot.attempt != attempt:
+                return
+            slot.create_timer = None
+            if record.status is MutationStatus.IN_FLIGHT and record.operation_id is None:
+                self._put_locked(
+                    replace(
+                        record,
+                        status=MutationStatus.UNKNOWN,
+                        error=f"no reply to fork.create within {self.create_deadline:g} s",
+                    )
+                )
+        self._flush()
+
+    def _on_create_reply(self, key: BoundaryKey, attempt: int, future: Future[Reply]) -> None:
+        try:
+            status, body = future.result()
+        except ClientClosed:
+            return
+        except Exception as exc:  # noqa: BLE001 - a transport failure is delivery-unknown
+            status, body = 599, {"reason": "transport_error", "message": str(exc)}
+        with self._lock:
+            if self._closed:
+                return
+            slot, record = self._slots.get(key), self._records.get(key)
+            operation = body.get("operation") if status < 400 else None
+            current = slot is not None and record is not None and slot.attempt == attempt
+            if not current:
+                # A stale reply can still tell us about an operation we track.
+                if isinstance(operation, dict):
+                    self._apply_operation_locked(operation, adopt=False)
+            else:
+                assert slot is not None and record is not None
+                if slot.create_timer is not None:
+                    slot.create_timer.cancel()
+                    slot.create_timer = None
+                if isinstance(operation, dict):
+                    self._apply_to_key_locked(key, operation, adopt=True)
+                elif status < 400:
+                    self._put_locked(
+                        replace(record, status=MutationStatus.UNKNOWN, error="malformed_reply")
+                    )
+                else:
+                    reason = str(body.get("reason", "")) or "error"
+                    confirmed = status < 500 or reason == "agent_session_fork_failed"
+                    if record.status is not MutationStatus.SUCCEEDED:
+                        self._put_locked(
+                            replace(
+                                record,
+                                status=MutationStatus.FAILED
+                                if confirmed
+                                else MutationStatus.UNKNOWN,
+                                error=reason,
+                                error_detail={
+                                    "status": status,
+                                    "code": body.get("code"),
+                                    "reason": reason,
+                                    "message": body.get("message"),
+                                    "params": dict(body.get("params") or {}),
+                                },
+                            )
+                        )
+                        if confirmed:
+                            self._settle_locked(key)
+        self._flush()

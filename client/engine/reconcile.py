@@ -1,0 +1,293 @@
+"""Merging what the daemon says about fork operations into the Engine's records: daemon events
+(`fork.operation`, `session.*`, `turn.updated`), `fork.get` polls of accepted operations, the
+adoption of a committed child, and the index of `unknown` operations views mark.
+
+Every source of news about an operation (a reply, a poll, an event, a child's upsert) ends in
+`_apply_to_key_locked`, the one place a record's status moves.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from client.engine.acks import Acknowledgements
+from client.engine.ports import Reply
+from client.engine.values import (
+    THROUGH_TURN,
+    AckState,
+    BoundaryKey,
+    ChangeKind,
+    EngineChange,
+    ForkMutation,
+    MutationStatus,
+    operation_key,
+)
+from transport.client import ClientClosed
+
+
+class Reconciliation(Acknowledgements):
+    """Applies events, poll replies and committed results to the records and the cache."""
+
+    def unknown_operations(self, source_session_id: str) -> dict[str, dict[str, Any]]:
+        """The `unknown` fork operations of a source this Engine has seen (its own forks'
+        replies, any client's `fork.operation` events, `fork.resolve` results), by boundary
+        Turn id: the Turns a view marks and offers Inspect / Adopt / Abandon for."""
+        with self._lock:
+            return {
+                str((op.get("point") or {}).get("turnId")): dict(op)
+                for op in self._unknown.values()
+                if op.get("sourceAgentSessionId") == source_session_id
+            }
+
+    # -- events ------------------------------------------------------------------------------
+
+    def handle_event(self, event: Mapping[str, Any]) -> None:
+        """Apply one daemon event (the event pump calls this; tests may too)."""
+        kind = event.get("type")
+        with self._lock:
+            if self._closed:
+                return
+            if kind == "fork.operation" and isinstance(event.get("operation"), dict):
+                self._apply_operation_locked(event["operation"], adopt=False)
+            elif kind == "session.upserted" and isinstance(event.get("session"), dict):
+                session = event["session"]
+                self._upsert_locked(session)
+                self._adopt_from_session_locked(session)
+            elif kind == "session.removed" and isinstance(event.get("agentSessionId"), str):
+                # A removal only leaves the cache: it does not revoke an observation or
+                # cancel a pending ACK (seed 000 §8.3).
+                sid = event["agentSessionId"]
+                self._removed.add(sid)
+                if self._sessions.pop(sid, None) is not None:
+                    self._outbox.append(EngineChange(ChangeKind.SESSION, session_id=sid))
+            self._outbox.append(EngineChange(ChangeKind.EVENT, event=event))
+        self._flush()
+
+    # -- reconciliation ----------------------------------------------------------------------
+
+    def _schedule_poll_locked(self, key: BoundaryKey) -> None:
+        slot = self._slots[key]
+        if slot.poll_timer is not None:
+            return
+        slot.poll_timer = self.scheduler.call_later(self.poll_interval, lambda: self._poll(key))
+
+    def _poll(self, key: BoundaryKey) -> None:
+        with self._lock:
+            slot, record = self._slots.get(key), self._records.get(key)
+            if self._closed or slot is None or record is None:
+                return
+            slot.poll_timer = None
+            if record.status is not MutationStatus.IN_FLIGHT or record.operation_id is None:
+                return
+            op_id, attempt = record.operation_id, slot.attempt
+            done = threading.Event()
+            slot.poll_timer = self.scheduler.call_later(
+                self.get_deadline, lambda: self._on_poll_failed(key, attempt, done, "timeout")
+            )
+            future = self._submit(
+                "fork.get", {"workspaceId": self.workspace_id, "operationId": op_id}
+            )
+        if future is not None:
+            future.add_done_callback(lambda f: self._on_poll_reply(key, attempt, done, f))
+
+    def _on_poll_reply(
+        self, key: BoundaryKey, attempt: int, done: threading.Event, future: Future[Reply]
+    ) -> None:
+        try:
+            status, body = future.result()
+        except ClientClosed:
+            return
+        except Exception as exc:  # noqa: BLE001
+            self._on_poll_failed(key, attempt, done, str(exc))
+            return
+        operation = body.get("operation") if status < 400 else None
+        if not isinstance(operation, dict):
+            self._on_poll_failed(key, attempt, done, str(body.get("reason", "error")))
+            return
+        with self._lock:
+            if done.is_set():
+                self._apply_operation_locked(operation, adopt=False)
+            else:
+                done.set()
+                slot = self._slots.get(key)
+                if slot is not None and slot.poll_timer is not None:
+                    slot.poll_timer.cancel()
+                    slot.poll_timer = None
+                if slot is not None and slot.attempt == attempt:
+                    self._apply_to_key_locked(key, operation, adopt=False)
+                else:
+                    self._apply_operation_locked(operation, adopt=False)
+        self._flush()
+
+    def _on_poll_failed(
+        self, key: BoundaryKey, attempt: int, done: threading.Event, why: str
+    ) -> None:
+        with self._lock:
+            if done.is_set():
+                return
+            done.set()
+            slot, record = self._slots.get(key), self._records.get(key)
+            if slot is None or record is None or slot.attempt != attempt:
+                return
+            slot.poll_timer = None
+            if record.status is MutationStatus.IN_FLIGHT:
+                # Seed 000 §8.2: a failed reconciliation hands delivery-unknown to the Engine;
+                # events may still complete it, and a retry reuses the identity.
+                self._put_locked(
+                    replace(record, status=MutationStatus.UNKNOWN, error=f"fork.get failed: {why}")
+                )
+        self._flush()
+
+    # -- merging an operation into its record -----------------------------------------------
+
+    def _key_for_operation_locked(self, op: Mapping[str, Any]) -> BoundaryKey | None:
+        op_id = op.get("operationId")
+        if isinstance(op_id, str) and op_id in self._by_operation:
+            return self._by_operation[op_id]
+        key = operation_key(op)
+        record = self._records.get(key)
+        if record is None or record.operation_id is not None:
+            return None
+        same_identity = record.request_id == op.get("requestId") or (
+            record.target_session_id == op.get("targetAgentSessionId")
+        )
+        return key if same_identity else None
+
+    def _note_operation_locked(self, op: Mapping[str, Any]) -> None:
+        """Keep the index of `unknown` operations (any client's, from replies and events) that
+        views mark on their boundary Turn; a later copy in another status drops it."""
+        op_id = op.get("operationId")
+        if not isinstance(op_id, str):
+            return
+        point = op.get("point") or {}
+        where = (str(op.get("sourceAgentSessionId")), str(point.get("turnId")))
+        if op.get("status") == "unknown":
+            if self._unknown.get(op_id) != op:
+                self._unknown[op_id] = dict(op)
+                self._outbox.append(EngineChange(ChangeKind.OPERATION, key=where))
+        elif self._unknown.pop(op_id, None) is not None:
+            self._outbox.append(EngineChange(ChangeKind.OPERATION, key=where))
+
+    def _apply_operation_locked(self, op: Mapping[str, Any], *, adopt: bool) -> None:
+        self._note_operation_locked(op)
+        key = self._key_for_operation_locked(op)
+        if key is not None:
+            self._apply_to_key_locked(key, op, adopt=adopt)
+
+    def _apply_to_key_locked(self, key: BoundaryKey, op: Mapping[str, Any], *, adopt: bool) -> None:
+        self._note_operation_locked(op)
+        record = self._records.get(key)
+        if record is None:
+            return
+        point = op.get("point") or {}
+        if operation_key(op) != key:
+            self._put_locked(
+                replace(record, status=MutationStatus.UNKNOWN, error="mismatched_operation")
+            )
+            return
+        if record.point != THROUGH_TURN and record.boundary_turn_id != point.get("turnId"):
+            # A full-Session fork learns the Turn the daemon resolved and froze.
+            record = replace(record, boundary_turn_id=str(point.get("turnId")))
+        if record.status is MutationStatus.SUCCEEDED:
+            return  # adopted once; later copies of the operation change nothing
+        if record.operation_id is not None and op.get("operationId") != record.operation_id:
+            return
+        if adopt or record.operation_id is None:
+            # The daemon may return the durable operation of an earlier identity on this
+            # boundary (barrier): that identity, not ours, is the truth from now on.
+            record = replace(
+                record,
+                request_id=str(op.get("requestId") or record.request_id),
+                target_session_id=str(op.get("targetAgentSessionId") or record.target_session_id),
+                operation_id=str(op.get("operationId")),
+            )
+            self._index_locked(record)
+        status = op.get("status")
+        slot = self._slots[key]
+        if status == "accepted":
+            if record.status is MutationStatus.FAILED:
+                return
+            self._put_locked(
+                replace(record, status=MutationStatus.IN_FLIGHT, phase=op.get("phase"), error=None)
+            )
+            self._schedule_poll_locked(key)
+        elif status == "committed":
+            self._adopt_committed_locked(record, op.get("session"), op.get("lineage"))
+        elif status in ("failed", "abandoned"):
+            # `abandoned` (fork.resolve, issue 21) frees the boundary exactly as `failed` does.
+            slot.cancel_all()
+            self._put_locked(
+                replace(
+                    record,
+                    status=MutationStatus.FAILED,
+                    phase=op.get("phase"),
+                    error=str(op.get("error") or "failed"),
+                )
+            )
+            self._settle_locked(key)
+        elif status == "unknown":
+            slot.cancel_all()
+            self._put_locked(
+                replace(
+                    record,
+                    status=MutationStatus.UNKNOWN,
+                    phase=op.get("phase"),
+                    error=str(op.get("error") or "delivery unknown"),
+                )
+            )
+        else:
+            self._put_locked(replace(record, status=MutationStatus.UNKNOWN, error="bad_status"))
+
+    def _adopt_from_session_locked(self, session: Mapping[str, Any]) -> None:
+        """A canonical child upsert completes its mutation even before any reply (seed 000 §9)."""
+        lineage = session.get("forkedFrom")
+        if not isinstance(lineage, dict):
+            return
+        key = self._by_operation.get(str(lineage.get("operationId")))
+        if key is None:
+            key = self._by_target.get(str(session.get("agentSessionId")))
+        record = None if key is None else self._records.get(key)
+        if record is None or record.status is MutationStatus.SUCCEEDED:
+            return
+        if record.target_session_id != session.get("agentSessionId"):
+            return
+        if record.operation_id is None:
+            record = replace(record, operation_id=str(lineage.get("operationId")))
+            self._index_locked(record)
+        self._adopt_committed_locked(record, session, lineage)
+
+    def _adopt_committed_locked(self, record: ForkMutation, session: Any, lineage: Any) -> None:
+        key = record.key
+        valid = (
+            isinstance(session, dict)
+            and isinstance(lineage, dict)
+            and session.get("agentSessionId") == record.target_session_id
+            and lineage.get("operationId") == record.operation_id
+            and lineage.get("sourceAgentSessionId") == record.source_session_id
+        )
+        if not valid:
+            self._put_locked(
+                replace(record, status=MutationStatus.UNKNOWN, error="invalid_committed_result")
+            )
+            return
+        if record.point != THROUGH_TURN and record.boundary_turn_id is None:
+            record = replace(record, boundary_turn_id=str(lineage.get("sourceTurnId")))
+        slot = self._slots[key]
+        slot.cancel_all()
+        # Upsert first: the ACK must only go out once the child is in the canonical cache.
+        self._upsert_locked(session)
+        self._put_locked(
+            replace(
+                record,
+                status=MutationStatus.SUCCEEDED,
+                phase="committed",
+                ack=AckState.PENDING,
+                error=None,
+                child_session_id=record.target_session_id,
+            )
+        )
+        self._send_ack_locked(key)

@@ -1,0 +1,265 @@
+"""Following one request to its end without an Engine: a Turn submitted and streamed to its
+settlement (events first, polling as the fallback; pending Interactions answered through a
+handler), printed as it goes, and a one-shot fork followed to its commit and ACK.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from client.references import timeline
+from client.transcript_text import format_message
+from transport.client import Client, EventSubscriber, merge_turn
+from transport.security import ClientCurve
+
+POLL_S = 0.05
+STREAM_POLL_S = 0.25
+
+Json = dict[str, Any]
+
+
+class TurnWaitTimeout(TimeoutError):
+    """The daemon answered, but the Turn was still active when the caller's wait ran out (the
+    Turn itself goes on in the daemon). Distinct from a `ClientTimeout` (no reply at all)."""
+
+    def __init__(self, turn_id: str, timeout: float) -> None:
+        super().__init__(f"turn {turn_id} still active after {timeout:g} s")
+        self.turn_id = turn_id
+
+
+# -- turns ---------------------------------------------------------------------------------
+
+
+def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | None = None) -> Json:
+    if sequence is not None:
+        page = client.call(
+            "session.timeline",
+            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": sequence - 1, "limit": 1},
+        )
+        for turn in page["turns"]:
+            if turn["turnId"] == turn_id:
+                return dict(turn)
+    for turn in timeline(client, ws, sid):
+        if turn["turnId"] == turn_id:
+            return dict(turn)
+    raise LookupError(f"turn {turn_id} not in session {sid}")
+
+
+class TurnPrinter:
+    """Prints each message of a turn once, when it can no longer grow; with `write`, an
+    assistant reply is printed as it streams (`message.delta`) and its line is ended when
+    the settled message arrives."""
+
+    def __init__(
+        self, emit: Callable[[str], None], write: Callable[[str], None] | None = None
+    ) -> None:
+        self.emit = emit
+        self.write = write
+        self.printed: set[str] = set()
+        self.asked: set[str] = set()
+        self.streamed: dict[str, str] = {}  # provider item id → text written so far
+        self.open_item: str | None = None  # the item whose line is still open
+
+    def delta(self, event: Mapping[str, Any]) -> None:
+        if self.write is None or event.get("kind") != "assistant":
+            return
+        item = str(event.get("itemId") or "")
+        text = str(event.get("delta") or "")
+        if item != self.open_item:
+            if self.open_item is not None:
+                self.write("\n")
+            self.write(f"  {'assistant':>9}: ")
+            self.open_item = item
+        self.streamed[item] = self.streamed.get(item, "") + text
+        self.write(text)
+
+    def update(self, turn: Mapping[str, Any]) -> None:
+        messages = list(turn.get("messages") or [])
+        settled = turn.get("phase") == "settled"
+        for index, message in enumerate(messages):
+            if message["messageId"] in self.printed:
+                continue
+            last = index == len(messages) - 1
+            if not settled and last and message.get("kind") == "assistant":
+                continue  # may still be streaming
+            self.printed.add(message["messageId"])
+            item = str((message.get("payload") or {}).get("providerItemId") or "")
+            seen = self.streamed.pop(item, None) if item else None
+            text = str(message.get("text") or "")
+            if seen is not None and self.write is not None and text.startswith(seen):
+                # Already on screen as it streamed: finish the line (and any missed tail).
+                self.write(text[len(seen) :] + "\n")
+                if self.open_item == item:
+                    self.open_item = None
+                continue
+            if self.open_item is not None and self.write is not None:
+                self.write("\n")
+                self.open_item = None
+            self.emit(format_message(message))
+
+
+InteractionHandler = Callable[[Mapping[str, Any]], "Json | None"]
+"""Given a pending Interaction, the `response` to send, or None to leave it pending."""
+
+
+def stream_turn(
+    client: Client,
+    ws: str,
+    sid: str,
+    text: str,
+    *,
+    events_endpoint: str | None = None,
+    events_curve: ClientCurve | None = None,
+    events_exact: bool = False,
+    on_update: Callable[[Json], None] | None = None,
+    on_interaction: InteractionHandler | None = None,
+    timeout: float = 600.0,
+    request_id: str | None = None,
+    on_delta: Callable[[Json], None] | None = None,
+) -> Json:
+    """Submit a turn and follow it to settlement, from `turn.updated` events when an events
+    endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
+    `on_delta` gets the turn's `message.delta` events as the reply streams; `events_exact`:
+    the endpoint is the daemon's terminated-topic one (`eventsExact`)."""
+    subscriber = (
+        EventSubscriber(events_endpoint, (ws,), curve=events_curve, exact=events_exact)
+        if events_endpoint
+        else None
+    )
+    try:
+        turn = client.call(
+            "turn.submit",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "requestId": request_id or str(uuid.uuid4()),
+                "input": [{"type": "text", "text": text}],
+            },
+        )["turn"]
+        turn_id, sequence = turn["turnId"], int(turn["sequence"])
+        answered: set[str] = set()
+        deadline = time.monotonic() + timeout
+        while True:
+            if on_update is not None:
+                on_update(turn)
+            if turn["phase"] == "settled":
+                return dict(turn)
+            for interaction in turn.get("interactions") or []:
+                if interaction["status"] != "pending" or interaction["requestId"] in answered:
+                    continue
+                response = None if on_interaction is None else on_interaction(interaction)
+                if response is None:
+                    continue
+                answered.add(interaction["requestId"])
+                client.call(
+                    "interaction.respond",
+                    {
+                        "workspaceId": ws,
+                        "agentSessionId": sid,
+                        "turnId": turn_id,
+                        "requestId": interaction["requestId"],
+                        "response": response,
+                    },
+                )
+            if time.monotonic() > deadline:
+                raise TurnWaitTimeout(turn_id, timeout)
+            fresh = _next_turn_event(subscriber, ws, sid, turn_id, on_delta)
+            # An event carries the messages added since the previous one: merge it by message
+            # id; a gap (a missed event, a message too big for one) is read back whole.
+            merged = None if fresh is None else merge_turn(turn, fresh)
+            turn = merged if merged is not None else get_turn(client, ws, sid, turn_id, sequence)
+    finally:
+        if subscriber is not None:
+            subscriber.close()
+
+
+def _next_turn_event(
+    subscriber: EventSubscriber | None,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    on_delta: Callable[[Json], None] | None = None,
+) -> Json | None:
+    if subscriber is None:
+        time.sleep(POLL_S)
+        return None
+    deadline = time.monotonic() + STREAM_POLL_S
+    while (left := deadline - time.monotonic()) > 0:
+        message = subscriber.next_message(left)
+        if message is None:
+            return None
+        topic, event = message
+        if (
+            on_delta is not None
+            and topic == ws
+            and event.get("type") == "message.delta"
+            and event.get("agentSessionId") == sid
+            and event.get("turnId") == turn_id
+        ):
+            on_delta(dict(event))
+            continue
+        if (
+            topic == ws
+            and event.get("type") == "turn.updated"
+            and event.get("agentSessionId") == sid
+            and (event.get("turn") or {}).get("turnId") == turn_id
+        ):
+            return dict(event["turn"])
+    return None
+
+
+def run_turn(
+    client: Client, ws: str, sid: str, text: str, *, echo: bool = False, timeout: float = 120.0
+) -> Json:
+    """Submit a turn and poll until it settles; with `echo`, print messages as they settle."""
+    printer = TurnPrinter(print)
+    return stream_turn(
+        client, ws, sid, text, on_update=printer.update if echo else None, timeout=timeout
+    )
+
+
+# -- forks (without an Engine: the demo and scripts) ---------------------------------------
+
+
+def fork_and_wait(
+    client: Client,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    *,
+    progress: Callable[[str], None] | None = None,
+    timeout: float = 120.0,
+    acknowledge: bool = True,
+) -> Json:
+    """fork.create, then fork.get while accepted; a committed result is ACKed (seed 000 §8.3).
+
+    A one-shot helper: a lost reply is not retried here. Interactive clients use the Engine.
+    """
+    op = client.call(
+        "fork.create",
+        {
+            "workspaceId": ws,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn_id},
+        },
+    )["operation"]
+    deadline = time.monotonic() + timeout
+    while op["status"] == "accepted":
+        if progress is not None:
+            progress(op["phase"])
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fork {op['operationId']} still accepted after {timeout} s")
+        time.sleep(POLL_S * 2)
+        op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+            "operation"
+        ]
+    if op["status"] == "committed" and acknowledge:
+        op = client.call("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})[
+            "operation"
+        ]
+    return dict(op)

@@ -1,0 +1,209 @@
+"""The GUI's everyday controls: send a message, interrupt the running Turn, approve, decline
+or answer a pending Interaction, and create, rename or delete a session. Each request runs in
+a thread worker; a failure becomes a toast in words.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from textual.widgets import Input
+
+from client.gui.composer import Composer
+from client.gui.controls import (
+    ANSWER_INPUT_ID,
+    ConfirmScreen,
+    InteractionBar,
+    NewSessionScreen,
+    RenameScreen,
+)
+from client.gui.view import SessionView
+from client.session_client import error_words
+from transport.client import ApiError
+
+
+class ControlActions(SessionView):
+    """Composer, interrupt, interaction answers and session management."""
+
+    # -- composer ----------------------------------------------------------------------------
+
+    def on_composer_send(self, message: Composer.Send) -> None:
+        if not self.current:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id, text = self.current, message.text
+        self.run_worker(lambda: self._submit(session_id, text), thread=True)
+
+    def _submit(self, session_id: str, text: str) -> None:
+        try:
+            result = self.engine.request(
+                "turn.submit",
+                {
+                    "agentSessionId": session_id,
+                    "requestId": str(uuid.uuid4()),
+                    "input": [{"type": "text", "text": text}],
+                },
+            )
+        except (ApiError, TimeoutError) as exc:
+            self.call_from_thread(self.notify, error_words("send", exc), severity="error")
+            return
+        self.call_from_thread(self.merge_turn, session_id, result["turn"])  # type: ignore[arg-type]
+
+    # -- everyday controls -------------------------------------------------------------------
+
+    def _call(
+        self,
+        action: str,
+        method: str,
+        params: dict[str, Any],
+        then: Callable[[dict[str, Any]], Any] | None = None,
+    ) -> None:
+        """Run one request in a thread worker; a failure becomes a toast in words."""
+
+        def work() -> None:
+            try:
+                result = self.engine.request(method, params)
+            except (ApiError, TimeoutError) as exc:
+                self.call_from_thread(self.notify, error_words(action, exc), severity="error")
+                return
+            if then is not None:
+                self.call_from_thread(then, result)
+
+        self.run_worker(work, thread=True, group="controls")
+
+    def action_interrupt(self) -> None:
+        turn_id = self.active_turn_id()
+        if not self.current or turn_id is None:
+            self.notify("no turn is running", severity="warning")
+            return
+        self._call(
+            "interrupt",
+            "turn.interrupt",
+            {"agentSessionId": self.current, "turnId": turn_id},
+            lambda result: self.merge_turn(str(self.current), result["turn"]),
+        )
+
+    def _respond(self, response: dict[str, Any]) -> None:
+        if not self._main.query_one(InteractionBar).respond(response):
+            self.notify("nothing is waiting for an answer", severity="warning")
+
+    def action_approve(self) -> None:
+        bar = self._main.query_one(InteractionBar)
+        if bar.interaction is not None and bar.interaction.get("kind") != "approval":
+            self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
+            return
+        self._respond({"decision": "approve"})
+
+    def action_decline(self) -> None:
+        bar = self._main.query_one(InteractionBar)
+        if bar.interaction is not None and bar.interaction.get("kind") != "approval":
+            self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
+            return
+        self._respond({"decision": "decline"})
+
+    def action_answer(self) -> None:
+        found = self._main.query(f"#{ANSWER_INPUT_ID}")
+        if not found:
+            self.notify("no question is waiting for an answer", severity="warning")
+            return
+        found.first(Input).focus()
+
+    def on_interaction_bar_respond(self, message: InteractionBar.Respond) -> None:
+        interaction = message.interaction
+        if not self.current:
+            return
+        session_id = self.current
+        self._call(
+            "answer",
+            "interaction.respond",
+            {
+                "agentSessionId": session_id,
+                "turnId": interaction["turnId"],
+                "requestId": interaction["requestId"],
+                "response": message.response,
+            },
+            lambda result: (
+                self.merge_turn(session_id, result["turn"]) if "turn" in result else None
+            ),
+        )
+
+    def action_new_session(self) -> None:
+        def created(result: dict[str, Any]) -> None:
+            session = result["session"]
+            self.engine.upsert_session(session)
+            self._refresh_tree()
+            self.open_session(str(session["agentSessionId"]))
+
+        def chosen(choice: tuple[str, str] | None) -> None:
+            if choice is None:
+                return
+            provider, title = choice
+            params: dict[str, Any] = {"provider": provider, "cwd": os.getcwd()}
+            if title:
+                params["title"] = title
+            self._call("create the session", "session.create", params, created)
+
+        self.push_screen(NewSessionScreen(), chosen)
+
+    def action_rename_session(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id = str(session["agentSessionId"])
+
+        def renamed(result: dict[str, Any]) -> None:
+            self.engine.upsert_session(result["session"])
+            self._refresh_tree()
+            self._update_title()
+
+        def chosen(title: str | None) -> None:
+            if title:
+                self._call(
+                    "rename the session",
+                    "session.updateTitle",
+                    {"agentSessionId": session_id, "title": title},
+                    renamed,
+                )
+
+        self.push_screen(RenameScreen(str(session["title"])), chosen)
+
+    def action_delete_session(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id = str(session["agentSessionId"])
+
+        def deleted(_: dict[str, Any]) -> None:
+            self.engine.handle_event(
+                {
+                    "type": "session.removed",
+                    "workspaceId": self.engine.workspace_id,
+                    "agentSessionId": session_id,
+                }
+            )
+            if self.current == session_id:
+                self.current = None
+                self.turns = []
+                self._update_title()
+                self.run_worker(self._clear_transcript())
+            self._refresh_tree()
+            self.notify(f"deleted {session['title']}")
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self._call(
+                    "delete the session",
+                    "session.delete",
+                    {"agentSessionId": session_id},
+                    deleted,
+                )
+
+        self.push_screen(
+            ConfirmScreen(f"Delete session {session['title']!r}? This cannot be undone."),
+            confirmed,
+        )

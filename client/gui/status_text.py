@@ -1,0 +1,87 @@
+"""What the GUI says about the open session and its forks, as pure functions: the session
+bar's text, the Session-level Fork button's label/state/tooltip, the notice of a fork that
+failed or whose result is unknown, and a Turn's short label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+
+from client.engine import ForkMutation, MutationStatus
+from client.session_client import fork_refusal
+
+
+def session_bar_text(session: Mapping[str, Any], blocked: str | None) -> Text:
+    """The session's title, provider and whether it forks through a Turn; with `blocked`, why
+    it cannot be forked now."""
+    can = session["lifecycleCapabilities"]["forkThroughTurn"]
+    text = Text(str(session["title"]))
+    text.append(
+        f"   {session['provider']} · fork through turn: {'yes' if can else 'no'}",
+        style="dim",
+    )
+    if blocked:
+        # Said here too, not only in the Fork tooltip: a keyboard user never hovers.
+        text.append(f" (not now: {blocked})", style="dim italic")
+    return text
+
+
+@dataclass(frozen=True, slots=True)
+class ButtonState:
+    label: str
+    disabled: bool
+    tooltip: str
+
+
+def fork_session_button(pending: bool, blocked: str | None) -> ButtonState:
+    """The shown Session-level Fork (`latestSettled`, issue 21 §2): disabled while its fork is
+    in flight or while the session is not quiet (the reason in the tooltip)."""
+    if pending:
+        tooltip = "A fork of this whole session is in progress"
+    elif blocked is not None:
+        tooltip = f"Cannot fork now: {blocked}"
+    else:
+        tooltip = "Fork the whole session from where it is now (its latest turn)"
+    return ButtonState(
+        label="Forking…" if pending else "Fork session",
+        disabled=pending or blocked is not None,
+        tooltip=tooltip,
+    )
+
+
+def fork_failure_words(
+    record: ForkMutation,
+    *,
+    turns: Sequence[Mapping[str, Any]],
+    session: Mapping[str, Any] | None,
+) -> str:
+    """The notice for a fork that failed (its refusal in words) or whose result is unknown."""
+    if record.error_detail is not None:
+        detail = record.error_detail
+        return fork_refusal(
+            str(detail.get("reason") or record.error),
+            detail.get("params"),
+            turn_id=record.turn_id,
+            turns=turns,
+            session=session,
+            message=detail.get("message"),
+            latest=record.point != "throughTurn",
+        )
+    if record.status is MutationStatus.UNKNOWN:
+        return (
+            f"the fork's result is unknown ({record.error}); "
+            "Fork again to retry with the same identity (it never forks twice)"
+        )
+    return f"the fork failed: {record.error}"
+
+
+def turn_label(turns: Sequence[Mapping[str, Any]], turn_id: str) -> str:
+    """`Turn 3` for a loaded Turn, else the start of its id."""
+    for turn in turns:
+        if turn.get("turnId") == turn_id:
+            return f"Turn {turn['sequence']}"
+    return f"turn {turn_id[:8]}"

@@ -1,0 +1,362 @@
+"""What the GUI's main screen shows, kept current: the session list (with its lineage marks),
+the open session's pages of Turns, its title bar and Session-level Fork button, each Turn's
+Fork action, the interaction bar, and Turn updates (events, streamed replies, submit replies)
+merged into the open transcript.
+
+`SessionView` is the base of the app (`client.gui.app.AgentHostApp`); the actions the user
+takes live in `client.gui.fork_actions` and `client.gui.control_actions`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from textual.app import App
+from textual.css.query import NoMatches
+from textual.widgets import Button, Static, Tree
+
+from client.engine import LATEST_SETTLED, Engine
+from client.gui.controls import InteractionBar
+from client.gui.session_list import SessionTree
+from client.gui.status_text import fork_session_button, session_bar_text
+from client.gui.transcript import LoadMoreRequested, TranscriptView
+from client.gui.turn_merge import staler, with_streams
+from client.lineage_view import LineageMark, lineage_marks
+from client.session_client import ForkAction, error_words, fork_action, fork_blocked
+from transport.client import ApiError
+from transport.client import merge_turn as merged_turn
+
+PAGE_SIZE = 200
+FORK_SESSION_ID = "fork-session"
+
+
+class SessionView(App[int]):
+    """The main screen's state and rendering (see the module docstring)."""
+
+    def __init__(self, engine: Engine, *, page_size: int = PAGE_SIZE) -> None:
+        super().__init__()
+        self.engine = engine
+        self.page_size = page_size
+        self.current: str | None = None
+        self.turns: list[dict[str, Any]] = []
+        # Replies streaming in (message.delta) by (turn id, provider item id); not durable.
+        self._streams: dict[tuple[str, str], str] = {}
+        self.has_more = False
+        self.source_title: str | None = None
+        self._tree_dirty = False
+        self.sessions_loaded = False
+        # session.lineage marks of the session list (ordinals, deleted ancestors), recomputed
+        # only when the set of sessions or their lineage changes.
+        self.marks: dict[str, LineageMark] = {}
+        self._marks_for: frozenset[tuple[str, str | None]] | None = None
+
+    @property
+    def _main(self) -> Any:
+        """The main screen: its widgets are queried even while a dialog (resolve, rename, …) is
+        on top, so an Engine change that arrives then still updates them."""
+        return self.screen_stack[0] if self.screen_stack else self
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def _load_sessions(self) -> None:
+        try:
+            self.engine.load_sessions()
+        except (ApiError, TimeoutError) as exc:
+            self.call_from_thread(self.notify, error_words("list sessions", exc), severity="error")
+            return
+        self.call_from_thread(self._sessions_ready)
+
+    def _sessions_ready(self) -> None:
+        self.sessions_loaded = True
+        self._refresh_tree()
+
+    def _refresh_tree(self) -> None:
+        self._tree_dirty = False
+        sessions = self.engine.sessions()
+        try:
+            tree = self._main.query_one(SessionTree)
+        except NoMatches:
+            return  # shutting down (a refresh scheduled just before the screen went)
+        tree.show_sessions(sessions, self.current, self.marks)
+        shape = frozenset(
+            (str(s["agentSessionId"]), (s.get("forkedFrom") or {}).get("operationId"))
+            for s in sessions
+        )
+        if shape != self._marks_for:
+            self._marks_for = shape
+            self.run_worker(
+                lambda: self._load_marks(sessions, shape),
+                thread=True,
+                group="lineage",
+                exclusive=True,
+                exit_on_error=False,  # marks are decoration: never take the GUI down
+            )
+
+    def _load_marks(
+        self, sessions: list[dict[str, Any]], shape: frozenset[tuple[str, str | None]]
+    ) -> None:
+        def fetch(sid: str) -> dict[str, Any] | None:
+            try:
+                return self.engine.request("session.lineage", {"agentSessionId": sid})
+            except (ApiError, TimeoutError):
+                return None  # deleted meanwhile: the next refresh asks again
+
+        marks = lineage_marks(sessions, fetch)
+        with contextlib.suppress(RuntimeError):  # the app stopped meanwhile
+            self.call_from_thread(self._marks_loaded, marks, shape)
+
+    def _marks_loaded(
+        self, marks: dict[str, LineageMark], shape: frozenset[tuple[str, str | None]]
+    ) -> None:
+        if shape != self._marks_for:
+            return  # a newer list is being marked
+        if marks != self.marks:
+            self.marks = marks
+            # The answer may arrive while the app shuts down: its widgets may be gone.
+            with contextlib.suppress(NoMatches):
+                self._main.query_one(SessionTree).show_sessions(
+                    self.engine.sessions(), self.current, self.marks
+                )
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
+        if event.node.data and event.node.data != self.current:
+            self.open_session(event.node.data)
+
+    def action_reload(self) -> None:
+        self.run_worker(self._load_sessions, thread=True, group="sessions")
+        if self.current:
+            self.open_session(self.current)
+
+    # -- the open session --------------------------------------------------------------------
+
+    def open_session(self, session_id: str) -> None:
+        self.current = session_id
+        self.turns, self.has_more, self.source_title = [], False, None
+        self._update_title()
+        tree = self._main.query_one(SessionTree)
+        node = tree.node_for(session_id)
+        if node is not None:
+            tree.show_cursor_on(node)
+        self._load_page(session_id, 0)
+
+    def _load_page(self, session_id: str, after: int) -> None:
+        self.run_worker(lambda: self._fetch_page(session_id, after), thread=True)
+
+    def _fetch_page(self, session_id: str, after: int) -> None:
+        try:
+            page = self.engine.request(
+                "session.timeline",
+                {"agentSessionId": session_id, "afterSequence": after, "limit": self.page_size},
+            )
+        except (ApiError, TimeoutError) as exc:
+            self.call_from_thread(self.notify, error_words("load turns", exc), severity="error")
+            return
+        title = self._fetch_source_title(session_id)
+        self.call_from_thread(self._page_loaded, session_id, after, page, title)  # type: ignore[arg-type]
+
+    def _fetch_source_title(self, session_id: str) -> str | None:
+        session = self.engine.session(session_id) or {}
+        lineage = session.get("forkedFrom")
+        if not isinstance(lineage, Mapping):
+            return None
+        source_id = str(lineage["sourceAgentSessionId"])
+        cached = self.engine.session(source_id)
+        if cached is not None:
+            return str(cached["title"])
+        try:
+            return str(
+                self.engine.request("session.get", {"agentSessionId": source_id})["session"][
+                    "title"
+                ]
+            )
+        except (ApiError, TimeoutError):
+            return None  # the source is gone: the divider names its id instead
+
+    async def _page_loaded(
+        self, session_id: str, after: int, page: Mapping[str, Any], source_title: str | None
+    ) -> None:
+        if session_id != self.current:
+            return
+        known = {t["turnId"] for t in self.turns} if after else set()
+        fresh = [dict(t) for t in page["turns"] if t["turnId"] not in known]
+        self.turns = (self.turns if after else []) + fresh
+        self.has_more = page.get("nextSequence") is not None
+        self.source_title = source_title
+        with contextlib.suppress(NoMatches):  # a page that arrives while the app shuts down
+            await self._render()
+
+    def on_load_more_requested(self, _: LoadMoreRequested) -> None:
+        if self.current and self.turns:
+            self._load_page(self.current, int(self.turns[-1]["sequence"]))
+
+    def _update_title(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        widget = self._main.query_one("#session-title", Static)
+        if session is None:
+            widget.update("Select a session" if not self.current else "(session not available)")
+            self._update_fork_session(None, None)
+            return
+        can = session["lifecycleCapabilities"]["forkThroughTurn"]
+        full = bool(session["lifecycleCapabilities"].get("forkFullSession"))
+        blocked = self.blocked_reason() if (can or full) else None
+        widget.update(session_bar_text(session, blocked))
+        self._update_fork_session(session, blocked)
+
+    def _update_fork_session(self, session: Mapping[str, Any] | None, blocked: str | None) -> None:
+        """The Session-level Fork (`latestSettled`, issue 21 §2): shown only when the Session's
+        `lifecycleCapabilities.forkFullSession` is true; disabled while its fork is in flight
+        or while the session is not quiet (the reason in the tooltip)."""
+        button = self._main.query_one(f"#{FORK_SESSION_ID}", Button)
+        caps = (session or {}).get("lifecycleCapabilities") or {}
+        shown = session is not None and bool(caps.get("forkFullSession"))
+        button.set_class(shown, "-shown")
+        if not shown or session is None:
+            return
+        pending = self.engine.is_fork_pending(str(session["agentSessionId"]), LATEST_SETTLED)
+        state = fork_session_button(pending, blocked)
+        button.label = state.label
+        button.disabled = state.disabled
+        button.tooltip = state.tooltip
+
+    def action_for(self, turn: Mapping[str, Any]) -> ForkAction:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            return ForkAction.HIDDEN
+        pending = self.engine.is_fork_pending(self.current or "", str(turn["turnId"]))
+        return fork_action(session, turn, pending, self.blocked_reason() is not None)
+
+    def unknown_for(self, turn: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The `unknown` fork operation whose boundary is this Turn of the open session."""
+        if not self.current:
+            return None
+        return self.engine.unknown_operations(self.current).get(str(turn["turnId"]))
+
+    def active_turn_id(self) -> str | None:
+        """The open session's running Turn: from the session, or a loaded unsettled Turn."""
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            return None
+        if session.get("activeTurnId"):
+            return str(session["activeTurnId"])
+        for turn in reversed(self.turns):
+            if turn.get("phase") != "settled":
+                return str(turn["turnId"])
+        return None
+
+    def blocked_reason(self) -> str | None:
+        """Why the open session cannot be forked now (it is not quiet), or None."""
+        active = self.active_turn_id()
+        return fork_blocked({"activeTurnId": active}, self.turns) if active else None
+
+    def pending_interaction(self) -> dict[str, Any] | None:
+        for turn in self.turns:
+            if turn.get("phase") == "settled":
+                continue
+            for interaction in turn.get("interactions") or []:
+                if interaction.get("status") == "pending":
+                    return dict(interaction)
+        return None
+
+    async def _render(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            return
+        await self._main.query_one(TranscriptView).show(
+            session,
+            with_streams(self.turns, self._streams),
+            action_for=self.action_for,
+            source_title=self.source_title,
+            has_more=self.has_more,
+            blocked=self.blocked_reason(),
+            unknown_for=self.unknown_for,
+        )
+        await self._update_controls()
+
+    async def _update_controls(self) -> None:
+        self._update_title()
+        self._main.query_one("#interrupt", Button).set_class(
+            self.active_turn_id() is not None, "-shown"
+        )
+        await self._main.query_one(InteractionBar).show_interaction(self.pending_interaction())
+
+    async def _refresh_actions_later(self) -> None:
+        """`_refresh_actions` from a worker: the screen may be gone by the time it runs."""
+        with contextlib.suppress(NoMatches):
+            await self._refresh_actions()
+
+    async def _refresh_actions(self) -> None:
+        await self._main.query_one(TranscriptView).set_actions(
+            self.action_for, self.blocked_reason(), self.unknown_for
+        )
+        self._update_title()
+
+    # -- live updates ------------------------------------------------------------------------
+
+    async def _on_daemon_event(self, event: Mapping[str, Any]) -> None:
+        if event.get("type") == "turn.updated":
+            await self.merge_turn(str(event.get("agentSessionId")), event["turn"])
+        elif event.get("type") == "message.delta":
+            await self._on_delta(event)
+
+    async def _on_delta(self, event: Mapping[str, Any]) -> None:
+        """A streamed piece of a reply: the open Turn's reply grows in place until its settled
+        message (same provider item) replaces it."""
+        if event.get("agentSessionId") != self.current or event.get("kind") != "assistant":
+            return
+        key = (str(event.get("turnId")), str(event.get("itemId")))
+        self._streams[key] = self._streams.get(key, "") + str(event.get("delta") or "")
+        await self._render()
+
+    async def merge_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
+        """Apply a fresher copy of one Turn (event or submit reply) to the open transcript. An
+        event carries only the messages added since the Turn's previous one: it is merged by
+        message id, and a Turn it cannot complete (a missed event) is read back whole."""
+        if session_id != self.current:
+            return
+        for index, known in enumerate(self.turns):
+            if known["turnId"] == turn["turnId"]:
+                if staler(turn, known):
+                    return  # e.g. a submit reply that arrives after the settled event
+                merged = merged_turn(known, turn)
+                if merged is None:
+                    self._reload_turn(session_id, turn)
+                    return
+                self.turns[index] = merged
+                break
+        else:
+            if self.has_more:
+                return  # beyond the loaded pages: it shows up when they are loaded
+            merged = merged_turn(None, turn)
+            if merged is None:
+                self._reload_turn(session_id, turn)
+                return
+            self.turns.append(merged)
+            self.turns.sort(key=lambda t: int(t["sequence"]))
+        await self._render()
+
+    def _reload_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
+        """Read one Turn whole (`session.timeline`) and merge it; for an event it missed."""
+        params = {
+            "agentSessionId": session_id,
+            "afterSequence": int(turn["sequence"]) - 1,
+            "limit": 1,
+        }
+
+        def work() -> None:
+            try:
+                page = self.engine.request("session.timeline", params)
+            except (ApiError, TimeoutError):
+                return  # the next event or a reload shows it
+            for fresh in page["turns"]:
+                if fresh["turnId"] == turn["turnId"]:
+                    self.call_from_thread(self.merge_turn, session_id, fresh)  # type: ignore[arg-type]
+
+        self.run_worker(work, thread=True, group="turns")
+
+    async def _clear_transcript(self) -> None:
+        transcript = self._main.query_one(TranscriptView)
+        await transcript.remove_children()
+        transcript.session_id = None
+        await self._update_controls()

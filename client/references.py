@@ -1,0 +1,118 @@
+"""Session, Turn and fork-operation references as a person types them (a full id, a unique id
+prefix, a Turn's sequence number) resolved to full ids, with the paged reads they need
+(`list_sessions`, `timeline`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from transport.client import Client
+
+Json = dict[str, Any]
+
+
+class ReferenceError_(LookupError):
+    """A session or turn reference that matches nothing, or more than one thing."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def list_sessions(client: Client, ws: str) -> list[Json]:
+    sessions: list[Json] = []
+    cursor: str | None = None
+    while True:
+        params: Json = {"workspaceId": ws, "limit": 200}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.call("session.list", params)
+        sessions.extend(page["sessions"])
+        cursor = page.get("nextCursor")
+        if not cursor:
+            return sessions
+
+
+def resolve_session(client: Client, ws: str, ref: str) -> str:
+    """A full session id as given, or the one session whose id starts with `ref`."""
+    if _is_uuid(ref):
+        return ref
+    matches = [
+        s["agentSessionId"]
+        for s in list_sessions(client, ws)
+        if s["agentSessionId"].startswith(ref)
+    ]
+    if len(matches) == 1:
+        return str(matches[0])
+    if not matches:
+        raise ReferenceError_("workspace_agent_session_not_found", f"no session matches {ref!r}")
+    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} sessions")
+
+
+def resolve_operation(client: Client, ws: str, ref: str) -> str:
+    """A full operation id as given, or the one committed fork operation (named by a live
+    child's lineage) whose id starts with `ref`. A failed operation needs its full id: no wire
+    method lists operations."""
+    if _is_uuid(ref):
+        return ref
+    matches = sorted(
+        {
+            str(lineage["operationId"])
+            for s in list_sessions(client, ws)
+            if isinstance(lineage := s.get("forkedFrom"), Mapping)
+            and str(lineage.get("operationId", "")).startswith(ref)
+        }
+    )
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        return ref  # let the daemon say `agent_session_fork_operation_not_found`
+    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} operations")
+
+
+def timeline(client: Client, ws: str, sid: str) -> list[Json]:
+    turns: list[Json] = []
+    after = 0
+    while True:
+        page = client.call(
+            "session.timeline",
+            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": after, "limit": 200},
+        )
+        turns.extend(page["turns"])
+        nxt = page.get("nextSequence")
+        if not nxt or not page["turns"]:
+            return turns
+        after = int(page["turns"][-1]["sequence"])
+
+
+def resolve_turn(turns: Sequence[Mapping[str, Any]], ref: str) -> str:
+    """A Turn by id, by sequence number (`2`), or by unique id prefix."""
+    for turn in turns:
+        if turn["turnId"] == ref:
+            return str(turn["turnId"])
+    if ref.isdigit():
+        for turn in turns:
+            if int(turn["sequence"]) == int(ref):
+                return str(turn["turnId"])
+        raise ReferenceError_("turn_not_found", f"no turn with sequence {ref}")
+    matches = [t["turnId"] for t in turns if str(t["turnId"]).startswith(ref)]
+    if len(matches) == 1:
+        return str(matches[0])
+    if not matches:
+        raise ReferenceError_("turn_not_found", f"no turn matches {ref!r}")
+    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} turns")
+
+
+# -- turns ---------------------------------------------------------------------------------

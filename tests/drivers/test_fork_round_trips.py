@@ -1,0 +1,120 @@
+"""What one tutti-agent fork costs the worker, counted (issue 20): app-server spawns, JSON-RPC
+round trips and fsyncs. A fork of a source whose live app-server already showed its turns, with
+nothing since that could change them, does not read the source again; anything that could (a
+turn started, a turn in progress) makes the next fork read it. `thread/unsubscribe` of the
+child is still sent, without waiting for its answer. Counts, never timings."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drv_helpers import TUTTI_BIN, EventLog, completed, wait_until
+from test_tutti_driver import fork_calls, fork_request, open_session, proxied
+
+from drivers.base import DeliveryDisposition
+from drivers.failpoints import Failpoints
+from drivers.tutti_agent import TuttiAgentDriver
+from tests.support.fsyncs import counting_fsyncs
+
+Make = Callable[..., TuttiAgentDriver]
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture
+def make_driver() -> Iterator[Make]:
+    made: list[TuttiAgentDriver] = []
+
+    def make(**config: Any) -> TuttiAgentDriver:
+        config.setdefault("command", TUTTI_BIN)
+        driver = TuttiAgentDriver(config, Failpoints())
+        made.append(driver)
+        return driver
+
+    yield make
+    for driver in made:
+        driver.close()
+
+
+def methods(log_path: Path) -> list[str]:
+    return log_path.read_text().splitlines() if log_path.exists() else []
+
+
+def test_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.log"
+    driver = make_driver(command=proxied("none", calls))
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path)
+    before = len(methods(calls))
+    for i in range(3):
+        target = tmp_path / "runtimes" / f"child-{i}" / "tutti-agent-home"
+        result = driver.fork(fork_request(home, thread_id, version, turns, target))
+        assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    # The unsubscribes are sent without waiting: let the relay log the last one.
+    assert wait_until(lambda: methods(calls)[before:].count("thread/unsubscribe") == 3)
+    made = Counter(methods(calls)[before:])
+    # Before: thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
+    assert made == {"thread/read": 1, "thread/fork": 3, "thread/unsubscribe": 3}
+    assert "initialize" not in made  # no app-server spawned: not for the fork, nor the proof
+
+
+def test_a_turn_after_a_fork_makes_the_next_fork_read_the_source_again(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.log"
+    driver = make_driver(command=proxied("none", calls))
+    log = EventLog()
+    home, thread_id, version, turns = open_session(driver, log, tmp_path, texts=("a", "b"))
+    first = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "c1"))
+    assert first.disposition is DeliveryDisposition.ACCEPTED, first.error
+    started = driver.start_turn({"agentSessionId": "src", "turnId": "T3", "text": "c"}, log)
+    log.wait_for(completed("T3"))
+    prefix = [*turns, started["providerTurnId"]]
+    # A stale read would not show the new turn: the fork would be refused (not_started).
+    second = driver.fork(fork_request(home, thread_id, version, prefix, tmp_path / "c2"))
+    assert second.disposition is DeliveryDisposition.ACCEPTED, second.error
+    assert second.child is not None and list(second.child.provider_turn_ids) == prefix
+    assert methods(calls).count("thread/read") == 2
+
+
+def test_a_turn_in_progress_after_a_verified_read_is_still_not_started(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.log"
+    driver = make_driver(command=proxied("none", calls))
+    log = EventLog()
+    home, thread_id, version, turns = open_session(driver, log, tmp_path, texts=("a",))
+    first = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "c1"))
+    assert first.disposition is DeliveryDisposition.ACCEPTED, first.error
+    slow = driver.start_turn({"agentSessionId": "src", "turnId": "S", "text": "/slow 60000 z"}, log)
+    log.wait_for(lambda e: e["type"] == "turn.started" and e["turnId"] == "S")
+    prefix = [*turns, slow["providerTurnId"]]
+    result = driver.fork(fork_request(home, thread_id, version, prefix, tmp_path / "c2"))
+    assert result.disposition is DeliveryDisposition.NOT_STARTED, result.error
+    assert fork_calls(calls) == 1  # only the first fork reached the provider
+    assert methods(calls).count("thread/read") == 2
+
+
+def test_a_fork_fsyncs_in_the_worker_only_the_bound_copy(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker's own fsyncs for one fork (the binder's copy; the proof and the rest write
+    nothing): the copied rollout once, and each directory whose entries changed once."""
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"  # runtimes/ exists
+    with counting_fsyncs(monkeypatch) as fsyncs:
+        result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    [receipt] = result.binding.receipt["rollouts"] if result.binding else []
+    day = target / Path(receipt["relativePath"]).parent
+    # runtimes/, child/, the home, sessions/, YYYY/, MM/ gained an entry; DD/ got the file.
+    changed = [target.parent.parent, target.parent, target, target / "sessions"]
+    changed += [day.parent.parent, day.parent, day]
+    assert (fsyncs.files, fsyncs.dirs) == (1, len(changed))
+    assert [fsyncs.count(d) for d in changed] == [1] * len(changed)
+    assert fsyncs.count(day / Path(receipt["relativePath"]).name) == 1

@@ -1,0 +1,217 @@
+"""Group commit (issue 20): writes queued behind one another share one fsync'd COMMIT.
+
+Each write is a savepoint of the shared `BEGIN IMMEDIATE` transaction on the store's one
+writer connection; a failing write rolls back its own savepoint alone; every member returns
+only after the COMMIT that made it durable returned. Counted (`Store.write_stats`), never timed.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import apsw
+import pytest
+
+from storage import Store
+from storage.errors import SessionNotFound, StoreBusy
+
+pytestmark = pytest.mark.timeout(60)
+
+WS = "ws-group"
+
+
+def _sessions(store: Store, n: int) -> list[str]:
+    ids = [f"s{i}" for i in range(n)]
+    for sid in ids:
+        store.create_session(WS, session_id=sid, provider="p", title=sid, cwd="/", settings={})
+    return ids
+
+
+def _wait_for(predicate: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 20
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.005)
+
+
+def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> list[BaseException]:
+    """Hold one write open until every writer is queued behind it, then let them all run."""
+    inside, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with store._write(WS) as tx:
+                tx.execute("UPDATE sessions SET title = 'held' WHERE session_id = 's0'")
+                inside.set()
+                release.wait(20)
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted by the caller
+            errors.append(exc)
+
+    def run(fn: Callable[[], None]) -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - collected and asserted by the caller
+            errors.append(exc)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(20)
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in writers]
+    for t in threads:
+        t.start()
+    _wait_for(lambda: store._baton_waiting == len(writers))
+    release.set()
+    for t in [holder, *threads]:
+        t.join(20)
+    return errors
+
+
+def test_queued_writes_share_one_commit_and_each_returns_only_when_durable(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path)
+    store.group_max_age_s = 60.0  # a slow machine must not split the group the test builds
+    observer = apsw.Connection(str(path))
+    seen_at_return: dict[str, str] = {}
+    try:
+        ids = _sessions(store, 9)
+        before = store.write_stats.snapshot()
+
+        def writer(sid: str) -> Callable[[], None]:
+            def write() -> None:
+                store.update_title(WS, sid, f"{sid} titled")
+                # Acknowledged: another connection must already see it (it was committed).
+                row = observer.execute(
+                    "SELECT title FROM sessions WHERE workspace_id = ? AND session_id = ?",
+                    (WS, sid),
+                ).fetchone()
+                seen_at_return[sid] = row[0]
+
+            return write
+
+        errors = _behind_a_held_write(store, [writer(sid) for sid in ids[1:]])
+        assert errors == []
+        after = store.write_stats.snapshot()
+        assert after["transactions"] - before["transactions"] == 9  # the held write + 8
+        assert after["commits"] - before["commits"] == 1  # one fsync'd COMMIT for all nine
+        assert after["largest_group"] == 9
+        assert seen_at_return == {sid: f"{sid} titled" for sid in ids[1:]}
+        assert store.get_session(WS, "s0").title == "held"
+    finally:
+        observer.close()
+        store.close()
+
+
+def test_a_failing_write_rolls_back_its_own_savepoint_and_the_others_land(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "store.sqlite3")
+    store.group_max_age_s = 60.0
+    try:
+        ids = _sessions(store, 4)
+        before = store.write_stats.snapshot()
+
+        def failing() -> None:
+            # Writes a row, then fails: its savepoint alone is rolled back.
+            with store._write(WS) as tx:
+                tx.execute("UPDATE sessions SET title = 'half' WHERE session_id = 's2'")
+                raise SessionNotFound("deliberate failure after a write")
+
+        writers = [
+            lambda: store.update_title(WS, "s1", "first landed"),
+            failing,
+            lambda: store.update_title(WS, "s3", "third landed"),
+        ]
+        errors = _behind_a_held_write(store, writers)
+        assert [type(e) for e in errors] == [SessionNotFound]
+        after = store.write_stats.snapshot()
+        assert after["commits"] - before["commits"] == 1
+        assert after["transactions"] - before["transactions"] == 3  # held, first, third
+        assert after["rolled_back"] - before["rolled_back"] == 1
+        titles = [store.get_session(WS, sid).title for sid in ids]
+        assert titles == ["held", "first landed", "s2", "third landed"]
+    finally:
+        store.close()
+
+
+def test_a_failed_commit_fails_every_member_and_writes_nothing(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "store.sqlite3")
+    store.group_max_age_s = 60.0
+    try:
+        ids = _sessions(store, 3)
+        refuse = threading.Event()
+        store._writer_connection().set_commit_hook(lambda: refuse.is_set())
+        refuse.set()  # SQLite turns the next COMMIT into a rollback
+        errors = _behind_a_held_write(
+            store,
+            [
+                lambda: store.update_title(WS, "s1", "lost 1"),
+                lambda: store.update_title(WS, "s2", "lost 2"),
+            ],
+        )
+        refuse.clear()
+        # Every member of the group — the held write and both queued ones — is told, with a
+        # retryable error, and none of their writes exists.
+        assert [type(e) for e in errors] == [StoreBusy] * 3
+        assert all(e.retryable for e in errors if isinstance(e, StoreBusy))
+        assert store.write_stats.group_failures == 1
+        assert [store.get_session(WS, sid).title for sid in ids] == ["s0", "s1", "s2"]
+        assert store.update_title(WS, "s1", "after").title == "after"
+    finally:
+        store.close()
+
+
+def test_a_write_inside_a_write_of_the_same_thread_is_refused(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        (sid,) = _sessions(store, 1)
+        with pytest.raises(apsw.SQLError), store._write(WS):
+            store.update_title(WS, sid, "nested")
+        assert store.update_title(WS, sid, "after").title == "after"
+    finally:
+        store.close()
+
+
+def test_the_wal_is_checkpointed_off_the_write_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No COMMIT copies the WAL into the database (SQLite's auto-checkpoint would, inside the
+    write that crossed the mark, with every queued writer waiting): the writer's WAL hook only
+    signals, and the background checkpointer does it on its own connection."""
+    path = tmp_path / "store.sqlite3"
+    wal = Path(f"{path}-wal")
+
+    def frames() -> int:
+        return max(0, (wal.stat().st_size - 32) // (4096 + 24))
+
+    # First with the checkpointer held back: the WAL grows far past the mark, so no write
+    # checkpointed (and restarted the WAL) inline.
+    paused = threading.Event()
+    monkeypatch.setattr(Store, "_checkpoint_loop", lambda self: paused.set())
+    store = Store.open(path)
+    store.checkpoint_pages = 8
+    try:
+        ids = _sessions(store, 2)
+        for i in range(40):
+            store.update_title(WS, ids[i % 2], "x" * 3000 + str(i))
+        assert paused.is_set()  # the hook asked for a checkpoint
+        assert frames() > 3 * store.checkpoint_pages
+        assert store.write_stats.checkpoints == 0
+    finally:
+        store.close()
+    monkeypatch.undo()
+    # Then with it: the background pass runs and counts.
+    store = Store.open(path)
+    store.checkpoint_pages = 8
+    try:
+        for i in range(40):
+            store.update_title(WS, "s1", "y" * 3000 + str(i))
+        _wait_for(lambda: store.write_stats.checkpoints >= 1)
+        assert store.get_session(WS, "s1").title.endswith("39")
+    finally:
+        store.close()
