@@ -13,7 +13,7 @@ from pathlib import Path
 from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.runtime_slots import RuntimeSlots
-from storage import Store
+from actors.store_ports import ActorStore
 
 # The worker's own limits for a fork's steps other than the provider's fork call: reading the
 # source, listing the child's turns, binding, and proving the child readable (an app-server
@@ -83,7 +83,8 @@ class LiveOperations:
 
 @dataclass(eq=False)
 class HostContext:
-    store: Store
+    # The daemon passes `storage.Store`; each actor keeps to its own port of it.
+    store: ActorStore
     workers: WorkerPort
     catalog: ProviderCatalog
     failpoints: Failpoints

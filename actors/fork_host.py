@@ -4,7 +4,8 @@ else: the narrow seam between `actors/fork_saga.py`, `actors/fork_resolve.py` an
 import-linter contract).
 
 Why a port of its own: the saga is the crash-safety core (seed 000 §6–§10); pinning what it may
-touch — the fork operations in the store, the worker port, the catalog's fork rules, failpoints,
+touch — the fork operations in the store (`SagaStore`; `fork.resolve`'s `ResolveStore`: both
+in actors/store_ports.py), the worker port, the catalog's fork rules, failpoints,
 the actor's continuation and timer, the runtime preparation it shares with turns — keeps a
 change to turn handling from reaching it by accident, and lets it be read on its own.
 """
@@ -20,15 +21,12 @@ from typing import Any, Protocol, TypeVar
 from actors.context import LiveOperations, Timeouts
 from actors.messages import Reply
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
+from actors.store_ports import ResolveStore
+from actors.store_ports import SagaStore as SagaStore
 from actors.timers import TimerHandle
 from domain.errors import HostError
-from storage.fork_resolution import ForkResolution
 from storage.models import (
-    ForkOperation,
-    ForkPrepareRequest,
-    ProviderForkEvidence,
     Session,
-    Turn,
 )
 
 T = TypeVar("T")
@@ -50,76 +48,6 @@ class PreparedRuntime:
     # fork re-attests only when this generation is not the one its Session last attested.
     generation: str | None = None
     verdict: Mapping[str, Any] | None = None
-
-
-class SagaStore(Protocol):
-    """The store's fork operations (and the two reads they need) — the saga's and the
-    resolver's whole view of `storage.Store`."""
-
-    def get_session(self, ws: str, sid: str) -> Session: ...
-
-    def timeline(
-        self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
-    ) -> tuple[list[Turn], int | None]: ...
-
-    def existing_fork(
-        self,
-        ws: str,
-        *,
-        source_session_id: str,
-        request_id: str,
-        target_session_id: str,
-        turn_id: str,
-        point_kind: str = ...,
-    ) -> ForkOperation | None: ...
-
-    def prepare_fork(
-        self,
-        ws: str,
-        req: ForkPrepareRequest,
-        *,
-        turn_forkable: Callable[[str | None, str | None], bool] | None = None,
-    ) -> tuple[ForkOperation, bool]: ...
-
-    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
-
-    def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
-
-    def mark_fork_failed(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]: ...
-
-    def mark_fork_unknown(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]: ...
-
-    def mark_fork_provider_accepted(
-        self, ws: str, op_id: str, evidence: ProviderForkEvidence
-    ) -> tuple[ForkOperation, bool]: ...
-
-    def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
-
-    # fork.resolve (issue 21 §1)
-    def claimed_provider_children(self, ws: str, source_session_id: str) -> list[str]: ...
-
-    def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None: ...
-
-    def begin_resolution(
-        self,
-        ws: str,
-        op_id: str,
-        *,
-        request_id: str,
-        action: str,
-        child_id: str | None,
-        evidence: Any,
-    ) -> tuple[ForkResolution, bool]: ...
-
-    def adopt_unknown_fork(
-        self, ws: str, op_id: str, evidence: ProviderForkEvidence
-    ) -> tuple[ForkOperation, bool]: ...
-
-    def abandon_fork(self, ws: str, op_id: str, result: Any) -> tuple[ForkOperation, bool]: ...
-
-    def finish_resolution(self, ws: str, op_id: str, result: Any) -> ForkResolution | None: ...
-
-    def rollback_resolution(self, ws: str, op_id: str) -> None: ...
 
 
 class LiveSaga(Protocol):
@@ -144,7 +72,14 @@ class ForkHost(Protocol):
     prepared home, cwd and settings it was asked about (actors/fork_saga.py, issue 20)."""
 
     @property
-    def store(self) -> SagaStore: ...
+    def store(self) -> SagaStore:
+        """The saga's store port (actors/store_ports.py)."""
+        ...
+
+    @property
+    def resolve_store(self) -> ResolveStore:
+        """`fork.resolve`'s store port (actors/store_ports.py)."""
+        ...
 
     @property
     def workers(self) -> WorkerPort: ...

@@ -102,7 +102,7 @@ class ForkResolver:
     def start(host: ForkHost, msg: ForkResolve) -> None:
         if msg.action not in ACTIONS:
             raise InvalidArgument("action", "'action' must be inspect, adopt or abandon")
-        store = host.store
+        store = host.resolve_store
         op = store.get_fork_operation(host.ws, msg.operation_id)
         if op.source_session_id != host.sid:  # pragma: no cover - routed by the source
             raise InvalidArgument("operationId", "operation of another Session")
@@ -140,11 +140,11 @@ class ForkResolver:
     # -- steps --------------------------------------------------------------------------------
 
     def _current(self) -> ForkOperation:
-        return self.host.store.get_fork_operation(self.host.ws, self.op.operation_id)
+        return self.host.resolve_store.get_fork_operation(self.host.ws, self.op.operation_id)
 
     def _request(self) -> ResolveRequest:
         ws, op = self.host.ws, self.op
-        claimed = self.host.store.claimed_provider_children(ws, self.host.sid)
+        claimed = self.host.resolve_store.claimed_provider_children(ws, self.host.sid)
         return ResolveRequest(
             operation_id=op.operation_id,
             source=ForkSource(
@@ -167,7 +167,7 @@ class ForkResolver:
         )
 
     def _frozen_bindings(self) -> tuple[str | None, ...]:
-        store, ws, sid = self.host.store, self.host.ws, self.host.sid
+        store, ws, sid = self.host.resolve_store, self.host.ws, self.host.sid
         turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
         by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
         return tuple(by_id.get(pid) for pid in self.op.source_provider_turn_ids)
@@ -236,7 +236,8 @@ class ForkResolver:
         self._worker(ResolveRequest.INSPECT, shape)
 
     def _decide(self, evidence: dict[str, Any]) -> None:
-        store, ws, op_id, msg = self.host.store, self.host.ws, self.op.operation_id, self.msg
+        store, ws, msg = self.host.resolve_store, self.host.ws, self.msg
+        op_id = self.op.operation_id
         if msg.action == "adopt" and evidence["verdict"] != "adoptable":
             raise ForkResolveConflict(
                 f"fork operation {op_id} is not adoptable ({evidence['verdict']})",
@@ -281,7 +282,7 @@ class ForkResolver:
 
     def _bound(self, result: Mapping[str, Any]) -> None:
         self._hit("host.resolve.after_bind")
-        store, ws, op = self.host.store, self.host.ws, self.op
+        store, ws, op = self.host.resolve_store, self.host.ws, self.op
         try:
             adopted = ForkResult.from_wire(result)
         except MalformedMessage:
@@ -329,7 +330,7 @@ class ForkResolver:
         moved = list(ResolveQuarantined.from_wire(result).moved)
         evidence = {**self.evidence, "quarantinedNow": moved}
         self.evidence = evidence
-        self.host.store.abandon_fork(
+        self.host.resolve_store.abandon_fork(
             self.host.ws, self.op.operation_id, {"action": "abandon", "evidence": evidence}
         )
         self._finish(None)
@@ -337,7 +338,7 @@ class ForkResolver:
     # -- endings ------------------------------------------------------------------------------
 
     def _finish(self, result: Any) -> None:
-        store, ws, op_id = self.host.store, self.host.ws, self.op.operation_id
+        store, ws, op_id = self.host.resolve_store, self.host.ws, self.op.operation_id
         if result is not None:
             store.finish_resolution(ws, op_id, result)
         self._hit("host.resolve.after_finish")
@@ -346,13 +347,13 @@ class ForkResolver:
     def _rollback(self, error: HostError) -> None:
         """The worker step failed: the operation is still `unknown`; let a new resolve start."""
         try:
-            self.host.store.rollback_resolution(self.host.ws, self.op.operation_id)
+            self.host.resolve_store.rollback_resolution(self.host.ws, self.op.operation_id)
         except Exception:  # noqa: BLE001 - start-up recovery rolls it back otherwise
             log.exception("could not roll back resolution of %s", self.op.operation_id)
         self._answer(error)
 
     def _error(self, error: HostError) -> None:
-        current = self.host.store.get_fork_resolution(self.host.ws, self.op.operation_id)
+        current = self.host.resolve_store.get_fork_resolution(self.host.ws, self.op.operation_id)
         if (
             current is not None
             and current.state == "started"

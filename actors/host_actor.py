@@ -26,6 +26,7 @@ from actors.messages import (
     parse_runtime_key,
 )
 from actors.session_actor import SessionActor
+from actors.store_ports import HostActorStore
 from domain.worker_messages import MalformedMessage, turn_event_from_wire
 from storage.base import host_error_of
 from storage.errors import HostError
@@ -81,6 +82,8 @@ class HostActor(pykka.ThreadingActor):
     def __init__(self, ctx: HostContext, *, idle_after_s: float = 30.0) -> None:
         super().__init__()
         self.ctx = ctx
+        # Routing reads one fork operation, never writes (actors/store_ports.py).
+        self.store: HostActorStore = ctx.store
         self.idle_after_s = idle_after_s
         self._actors: dict[tuple[str, str], _Entry] = {}
         self._stopping: dict[tuple[str, str], pykka.Future[Any]] = {}
@@ -180,7 +183,7 @@ class HostActor(pykka.ThreadingActor):
             ref.tell(inner)
 
     def _get_fork(self, msg: GetFork) -> None:
-        op = self.ctx.store.get_fork_operation(msg.workspace_id, msg.operation_id)
+        op = self.store.get_fork_operation(msg.workspace_id, msg.operation_id)
         if op.is_active:
             self._route(
                 msg.workspace_id, op.source_session_id, ForkAdvance(op.operation_id, msg.reply)

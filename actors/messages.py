@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.worker_messages import TurnEvent
-from storage import Store
 
 Reply = Callable[[Any], None]
 
@@ -39,9 +38,12 @@ class FollowUp:
 
 @dataclass(frozen=True, slots=True)
 class Mutate:
-    """A plain store write serialised through the Session's actor (settings, title, goal…)."""
+    """A plain store write serialised through the Session's actor (settings, title, goal…).
 
-    fn: Callable[[Store], Any]
+    `fn` is the write itself, closed over the caller's store (the API's): the actor only runs
+    it in turn with the Session's other writes, and never needs the whole store for it."""
+
+    fn: Callable[[], Any]
     reply: Reply
     stop_runtime: bool = False
 

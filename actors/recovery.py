@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from actors.fork_host import SagaStore
+from actors.store_ports import RestartRuleStore, StartupRecoveryStore
 from domain.fork_states import after_restart
-from storage import Store
 from storage.models import ForkOperation, ForkStatus
 
 log = logging.getLogger(__name__)
@@ -33,7 +32,7 @@ DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
 
 
 def apply_restart_rule(
-    store: SagaStore,
+    store: RestartRuleStore,
     op: ForkOperation,
     *,
     prepared_error: str = PREPARED_ERROR,
@@ -55,7 +54,7 @@ def apply_restart_rule(
     return op
 
 
-def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryReport:
+def recover_fork_operations(store: StartupRecoveryStore, *, page_size: int = 500) -> RecoveryReport:
     failed = unknown = committed = errors = 0
     cursor = None
     while True:
@@ -79,7 +78,7 @@ def recover_fork_operations(store: Store, *, page_size: int = 500) -> RecoveryRe
 ORPHANED_TURN_ERROR = "the host restarted during this turn"
 
 
-def settle_orphaned_turns(store: Store) -> int:
+def settle_orphaned_turns(store: StartupRecoveryStore) -> int:
     """Turns left active by a previous process can never receive their provider's events
     (its runtimes died with it): settle them `interrupted`, which also finishes their submit
     claims and supersedes pending Interactions, so the Session takes turns (and forks) again."""

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from actors.context import _path_segment as path_segment
-from storage import Store
+from actors.store_ports import DeletedSessionsStore
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
     return True
 
 
-def sweep(store: Store, runtimes_dir: Path) -> int:
+def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
     """Finish deletes a previous process was killed in; returns how many it finished."""
     trash = runtimes_dir / TRASH
     finished = 0

@@ -345,7 +345,7 @@ class Api:
             responder,
             ws,
             sid,
-            lambda reply: Mutate(lambda store: fn(store, ws, sid), reply, stop_runtime),
+            lambda reply: Mutate(lambda: fn(self.store, ws, sid), reply, stop_runtime),
             result or self._session_result,
         )
 

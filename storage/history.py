@@ -200,19 +200,6 @@ class HistoryStore(StoreBase):
         next_sequence = turns[-1].sequence if len(rows) > limit else None
         return turns, next_sequence
 
-    def session_messages(self, ws: str, sid: str) -> list[Message]:
-        """Every Message of a Session in presentation order (session-level ones included)."""
-        with self._read() as conn:
-            require_session(conn, ws, sid)
-            return [
-                message_from_row(r)
-                for r in conn.execute(
-                    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ?"
-                    " AND session_id = ? ORDER BY position",
-                    (ws, sid),
-                )
-            ]
-
     def turn_since(
         self, ws: str, sid: str, turn_id: str, seen: Sequence[tuple[int, int]] | None
     ) -> TurnTail:

@@ -14,7 +14,6 @@ from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (
-    load_session,
     require_mapping,
     require_session,
     require_text,
@@ -98,9 +97,6 @@ class SessionStore(StoreBase):
 
     def get_session(self, ws: str, sid: str) -> Session:
         return self._with_conn(lambda c: require_session(c, ws, sid))
-
-    def find_session(self, ws: str, sid: str) -> Session | None:
-        return self._with_conn(lambda c: load_session(c, ws, sid))
 
     def list_sessions(
         self, ws: str, *, cursor: str | None = None, limit: int = 50

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
-from actors.session_actor import _control_error
+from actors.provider_errors import control_error as _control_error
 from storage.errors import ProviderError
 
 

@@ -12,6 +12,7 @@ from actors.recovery import recover_fork_operations
 from storage import Store
 from storage.models import ForkPrepareRequest, ForkStatus, ProviderForkEvidence
 from tests.storage.store_builders import WS, new_session, settled_turn
+from tests.support.store_reads import find_session
 
 
 def _prepare(store: Store) -> tuple[str, str]:
@@ -111,7 +112,7 @@ def test_a_bad_operation_in_a_recovery_page_is_rolled_back_alone(tmp_path: Path)
             ForkStatus.COMMITTED,
         ]
         bad = store.get_fork_operation(WS, accepted[1])
-        assert store.find_session(WS, bad.target_session_id) is None
+        assert find_session(store, WS, bad.target_session_id) is None
     finally:
         store.close()
 

@@ -29,6 +29,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.homes import child_rollouts, runtime_home
+from tests.support.store_reads import fence_holder, fork_operations_of
 from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(180)
@@ -205,7 +206,7 @@ def test_wrong_brand_runtime_shows_no_fork_and_is_refused_before_any_operation(
         assert err.value.reason == "agent_session_fork_unsupported"
         store = Store.open(d.home / "store.sqlite3")
         try:
-            assert store.fork_operations_of(WS, sid) == []
+            assert fork_operations_of(store, WS, sid) == []
         finally:
             store.close()
         assert run_turn(c, sid, "two")["outcome"] == "completed"
@@ -242,7 +243,7 @@ def test_late_turn_binding_while_fenced_is_applied_after_the_fence_releases(
                 "point": {"type": "throughTurn", "turnId": turns[1]["turnId"]},
             },
         )
-        wait_for(lambda: daemon.store.fence_holder(WS, sid) is not None)  # type: ignore[union-attr]
+        wait_for(lambda: fence_holder(daemon.store, WS, sid) is not None)  # type: ignore[arg-type]
         late = json.dumps({"checkpoint": "late", "n": 1})
         daemon.host.tell(
             WorkerEvent(

@@ -15,6 +15,7 @@ from agenthost.daemon import Daemon
 from storage import Store
 from tests.support.daemon import WS, create_session, run_turn
 from tests.support.homes import child_rollouts, runtime_home
+from tests.support.store_reads import find_fork_operation_by_request, fork_operations_of
 from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,8 +49,8 @@ def test_host_copy_provider_without_binder_is_unsupported_before_any_operation(
         assert err.value.status == 409
         assert err.value.reason == "agent_session_fork_unsupported"
         assert daemon.store is not None
-        assert daemon.store.find_fork_operation_by_request(WS, rid) is None
-        assert daemon.store.fork_operations_of(WS, sid) == []
+        assert find_fork_operation_by_request(daemon.store, WS, rid) is None
+        assert fork_operations_of(daemon.store, WS, sid) == []
         assert child_rollouts(runtime_home(home, WS, sid)) == []
         # The source is not fenced: it keeps taking turns.
         assert run_turn(client, sid, "two")["outcome"] == "completed"
@@ -59,6 +60,6 @@ def test_host_copy_provider_without_binder_is_unsupported_before_any_operation(
     # Nothing durable either.
     store = Store.open(home / "store.sqlite3")
     try:
-        assert store.fork_operations_of(WS, sid) == []
+        assert fork_operations_of(store, WS, sid) == []
     finally:
         store.close()

@@ -20,6 +20,13 @@ from storage.errors import (
     SessionNotFound,
     TurnNotFound,
 )
+from tests.support.store_reads import (
+    begin_goal_control,
+    begin_runtime_operation,
+    find_session,
+    finish_goal_control,
+    finish_runtime_operation,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -66,7 +73,7 @@ def test_session_id_taken_even_after_delete_is_conflict(store: Store) -> None:
 def test_deleted_session_is_not_found_and_not_listed(store: Store) -> None:
     sid = new_session(store)
     store.delete_session(WS, sid)
-    assert store.find_session(WS, sid) is None
+    assert find_session(store, WS, sid) is None
     with pytest.raises(SessionNotFound):
         store.get_session(WS, sid)
     assert store.list_sessions(WS) == ([], None)
@@ -227,9 +234,9 @@ def test_goal_set_and_clear_record_goal_controls(store: Store) -> None:
     assert store.clear_goal(WS, sid).goal is None
     rows = store._conn().execute("SELECT action, status FROM goal_controls").fetchall()
     assert sorted(rows) == [("clear", "finished"), ("set", "finished")]
-    control = store.begin_goal_control(WS, sid, "set", "later")
+    control = begin_goal_control(store, WS, sid, "set", "later")
     assert store.get_session(WS, sid).goal is None
-    assert store.finish_goal_control(WS, control).goal == "later"
+    assert finish_goal_control(store, WS, control).goal == "later"
 
 
 def test_runtime_context_is_merged_and_provider_identity_kept(store: Store) -> None:
@@ -245,11 +252,11 @@ def test_runtime_context_is_merged_and_provider_identity_kept(store: Store) -> N
 
 def test_runtime_operation_begin_and_finish(store: Store) -> None:
     sid = new_session(store)
-    op = store.begin_runtime_operation(WS, sid, "compact")
-    store.finish_runtime_operation(WS, op)
-    store.finish_runtime_operation(WS, op)  # idempotent
+    op = begin_runtime_operation(store, WS, sid, "compact")
+    finish_runtime_operation(store, WS, op)
+    finish_runtime_operation(store, WS, op)  # idempotent
     with pytest.raises(NotFound):
-        store.finish_runtime_operation(WS, "nope")
+        finish_runtime_operation(store, WS, "nope")
 
 
 def test_events_are_delivered_after_commit_and_not_on_rollback(store: Store) -> None:
@@ -260,7 +267,7 @@ def test_events_are_delivered_after_commit_and_not_on_rollback(store: Store) -> 
         seen.append(event)
         # A fresh thread has its own connection: it sees only committed data.
         out: list[bool] = []
-        t = threading.Thread(target=lambda: out.append(store.find_session(WS, "s1") is not None))
+        t = threading.Thread(target=lambda: out.append(find_session(store, WS, "s1") is not None))
         t.start()
         t.join()
         visible_at_delivery.append(out[0])

@@ -35,6 +35,16 @@ from storage.errors import (
 from storage.fork_identity import ForkReferenceError
 from storage.fork_operations import ForkEvidenceRejected
 from storage.fork_snapshot import ForkSnapshotCorrupt, build_child
+from tests.support.store_reads import (
+    begin_goal_control,
+    begin_runtime_operation,
+    fence_holder,
+    find_session,
+    finish_goal_control,
+    finish_runtime_operation,
+    fork_readiness,
+    lineage_of,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -282,7 +292,7 @@ def _expect_boundary(store: Store, req: ForkPrepareRequest, reason: str) -> None
         store.prepare_fork(WS, req)
     assert err.value.params == {"forkBoundaryReason": reason}
     assert err.value.reason == "agent_session_fork_conflict"
-    assert store.fence_holder(WS, req.source_session_id) is None
+    assert fence_holder(store, WS, req.source_session_id) is None
 
 
 def test_boundary_source_not_root(store: Store) -> None:
@@ -339,9 +349,9 @@ def test_boundary_source_interaction_pending(store: Store, source: tuple[str, li
 
 def test_boundary_source_goal_control_active(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    control = store.begin_goal_control(WS, sid, "set", "g")
+    control = begin_goal_control(store, WS, sid, "set", "g")
     _expect_boundary(store, request(sid, turns[0]), "source_goal_control_active")
-    store.finish_goal_control(WS, control)
+    finish_goal_control(store, WS, control)
     assert store.prepare_fork(WS, request(sid, turns[0]))[1]
 
 
@@ -349,9 +359,9 @@ def test_boundary_source_runtime_operation_active(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op_id = store.begin_runtime_operation(WS, sid, "compact")
+    op_id = begin_runtime_operation(store, WS, sid, "compact")
     _expect_boundary(store, request(sid, turns[0]), "source_runtime_operation_active")
-    store.finish_runtime_operation(WS, op_id)
+    finish_runtime_operation(store, WS, op_id)
     assert store.prepare_fork(WS, request(sid, turns[0]))[1]
 
 
@@ -363,7 +373,7 @@ def test_boundary_source_fork_active_is_retryable_in_progress(
     with pytest.raises(ForkInProgress) as err:
         store.prepare_fork(WS, request(sid, turns[1]))
     assert err.value.retryable and err.value.params["forkBoundaryReason"] == "source_fork_active"
-    assert "source_fork_active" in store.fork_readiness(WS, sid, turns[1]).blocking
+    assert "source_fork_active" in fork_readiness(store, WS, sid, turns[1]).blocking
 
 
 def test_boundary_turn_sequence_unverified(store: Store, source: tuple[str, list[str]]) -> None:
@@ -414,9 +424,9 @@ def test_fork_readiness_lists_blockers_without_writing(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    assert store.fork_readiness(WS, sid, turns[0]).blocking == ()
+    assert fork_readiness(store, WS, sid, turns[0]).blocking == ()
     store.claim_submit(WS, sid, "r", "x")
-    ready = store.fork_readiness(WS, sid, turns[0])
+    ready = fork_readiness(store, WS, sid, turns[0])
     assert ready.blocking == ("source_submit_claim_active", "source_turn_active")
     assert ready.turn is not None and ready.turn.turn_id == turns[0]
 
@@ -472,8 +482,8 @@ FENCED: dict[str, Callable[[Store, str, str], object]] = {
     "update_runtime": lambda s, sid, t: s.update_runtime(WS, sid, model="m2"),
     "set_goal": lambda s, sid, t: s.set_goal(WS, sid, "g"),
     "clear_goal": lambda s, sid, t: s.clear_goal(WS, sid),
-    "begin_goal_control": lambda s, sid, t: s.begin_goal_control(WS, sid, "set", "g"),
-    "begin_runtime_operation": lambda s, sid, t: s.begin_runtime_operation(WS, sid, "k"),
+    "begin_goal_control": lambda s, sid, t: begin_goal_control(s, WS, sid, "set", "g"),
+    "begin_runtime_operation": lambda s, sid, t: begin_runtime_operation(s, WS, sid, "k"),
     "claim_submit": lambda s, sid, t: s.claim_submit(WS, sid, "new-request", "x"),
     "bind_provider_turn": lambda s, sid, t: s.bind_provider_turn(WS, sid, t, "p1"),
     "update_turn_binding": lambda s, sid, t: s.update_turn_binding(WS, sid, t, "{}"),
@@ -546,7 +556,7 @@ def test_each_terminal_state_releases_the_fence(
 ) -> None:
     sid, turns = source
     op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-    assert store.fence_holder(WS, sid) is not None
+    assert fence_holder(store, WS, sid) is not None
     if terminal == "failed_from_prepared":
         store.mark_fork_failed(WS, op.operation_id, "x")
     elif terminal == "committed":
@@ -555,7 +565,7 @@ def test_each_terminal_state_releases_the_fence(
         store.mark_fork_dispatching(WS, op.operation_id)
         mark = store.mark_fork_failed if terminal == "failed" else store.mark_fork_unknown
         mark(WS, op.operation_id, "x")
-    assert store.fence_holder(WS, sid) is None
+    assert fence_holder(store, WS, sid) is None
     assert store.update_settings(WS, sid, {"after": True}).settings == {"after": True}
 
 
@@ -700,7 +710,7 @@ def test_commit_reproves_source_provider_identity(
     )
     with pytest.raises(ForkSnapshotCorrupt):
         store.commit_fork(WS, op.operation_id)
-    assert store.find_session(WS, op.target_session_id) is None
+    assert find_session(store, WS, op.target_session_id) is None
 
 
 def test_commit_refuses_a_snapshot_that_no_longer_matches_its_hash(
@@ -784,7 +794,7 @@ def test_unsafe_references_fail_closed_at_prepare(
     # Every agent_session_fork_conflict names a forkBoundaryReason (PROTOCOL.md).
     assert err.value.reason == "agent_session_fork_conflict"
     assert err.value.params["forkBoundaryReason"] == "history_reference_unsafe"
-    assert store.fence_holder(WS, sid) is None
+    assert fence_holder(store, WS, sid) is None
 
 
 def test_model_and_provider_content_below_the_payload_keys_is_copied_byte_identical(
@@ -944,8 +954,8 @@ def test_lineage_of_child_and_of_plain_root(store: Store, source: tuple[str, lis
     sid, turns = source
     op, _ = store.prepare_fork(WS, request(sid, turns[0]))
     committed = run_to_commit(store, op)
-    assert store.lineage_of(WS, sid) is None
-    assert store.lineage_of(WS, op.target_session_id) == committed.lineage
+    assert lineage_of(store, WS, sid) is None
+    assert lineage_of(store, WS, op.target_session_id) == committed.lineage
     listed = {s.session_id: s for s in store.list_sessions(WS)[0]}
     assert listed[op.target_session_id].lineage == committed.lineage
 

@@ -1,0 +1,155 @@
+"""The client's controls of a live Session: plain mutations, interrupt, interaction answers.
+
+One concern: the requests that act on a Session or its active Turn from outside — a store
+mutation serialised through the actor (with the runtime stop a delete needs), an interrupt
+that always ends the Turn, and an answer to a pending Interaction — each checked against the
+fork fence before it reaches the provider.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from actors import runtime_dirs
+from actors.messages import Interrupt, Mutate, Respond
+from actors.ports import WorkerFailed
+from actors.provider_errors import control_error
+from actors.session_base import TurnState
+from actors.session_turns import TurnRunner
+from storage.errors import Conflict, HostError, TurnNotFound
+
+# One logger for every concern of the Session actor (operators filter on it).
+log = logging.getLogger("actors.session_actor")
+
+
+class SessionControls(TurnRunner):
+    """Mutations, interrupts and interaction answers of one Session."""
+
+    # -- plain mutations -------------------------------------------------------------------
+
+    def _on_mutate(self, msg: Mutate) -> None:
+        provider = self.session().provider if msg.stop_runtime else None
+        result = msg.fn()
+        if provider is not None:
+            # Deleted (committed): its provider runtime and home have no further use. The home
+            # goes once the runtime has stopped, off this thread; a kill in between is
+            # finished by the next start (actors/runtime_dirs.py).
+            self.ctx.failpoints.hit("host.session.delete.after_commit")
+            stopped = self.ctx.workers.request(
+                provider, "session.stop", {"agentSessionId": self.key}, 10.0
+            )
+            runtimes, ws, sid = self.ctx.runtimes_dir, self.ws, self.sid
+            stopped.add_done_callback(
+                lambda _f: threading.Thread(
+                    target=runtime_dirs.discard,
+                    args=(runtimes, ws, sid),
+                    name="agenthost-discard",
+                    daemon=True,
+                ).start()
+            )
+            self.ctx.runtime_slots.forget(provider, self.key)
+        msg.reply(result)
+
+    def _on_interrupt(self, msg: Interrupt) -> None:
+        """Works on any Turn the store shows active (issue 15 defect 3): one this actor runs,
+        one whose settlement is still pending, one nothing tracks any more, and one whose
+        provider runtime is hung (defect 8: the runtime is stopped)."""
+        turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
+        self.session_store.check_fence(self.ws, self.sid)
+        if turn.phase != "active":
+            msg.reply(turn)
+            return
+
+        def _answer(err: HostError | None) -> None:
+            if err is not None:
+                msg.reply(err)
+                return
+            msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
+
+        state = self._turns.get(turn.turn_id)
+        if state is None:
+            # Nothing in this process works on it: settle it here (with what the store has).
+            state = TurnState(turn.turn_id, provider_turn_id=turn.root_provider_turn_id)
+            self._turns[turn.turn_id] = state
+            if turn.root_provider_turn_id:
+                self._stop_runtime()
+            self._settle(state, "interrupted", then=_answer)
+            return
+        if state.settling:
+            self._settle(state, "interrupted", then=_answer)  # answers with its pending write
+            return
+        provider_turn_id = state.provider_turn_id or turn.root_provider_turn_id
+        if not provider_turn_id:
+            # Not started at the provider yet: settle it here, nothing to stop there.
+            self._settle(state, "interrupted", then=_answer)
+            return
+        provider = self.session().provider
+        fut = self.ctx.workers.request(
+            provider,
+            "turn.interrupt",
+            {"agentSessionId": self.key, "providerTurnId": provider_turn_id},
+            self.ctx.timeouts.interrupt_s,
+        )
+
+        def _done(f: Future[dict[str, Any]]) -> None:
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001
+                if isinstance(exc, WorkerFailed) and exc.error.get("code") in (
+                    "invalid_request",
+                    "not_found",
+                ):
+                    msg.reply(control_error(exc, "interrupt failed"))
+                    return
+                # The runtime did not take the interrupt (hung, gone, timed out): stop it
+                # and settle the Turn here, so an interrupt always ends the Turn.
+                log.warning("session %s: interrupt failed (%s); stopping runtime", self.key, exc)
+                self._stop_runtime()
+                self._settle(state, "interrupted", then=_answer)
+                return
+            msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
+
+        self.later(fut, _done, msg.reply)
+
+    def _on_respond(self, msg: Respond) -> None:
+        turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
+        pending = [i for i in turn.interactions if i.request_id == msg.request_id]
+        if not pending:
+            raise TurnNotFound(
+                f"no interaction {msg.request_id!r} in turn {msg.turn_id!r}",
+                reason="turn_not_found",
+            )
+        if pending[0].status != "pending":
+            raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
+        self.session_store.check_fence(self.ws, self.sid)
+        provider = self.session().provider
+        fut = self.ctx.workers.request(
+            provider,
+            "interaction.respond",
+            {
+                "agentSessionId": self.key,
+                "requestId": msg.request_id,
+                "response": dict(msg.response),
+            },
+            self.ctx.timeouts.control_s,
+        )
+
+        def _done(f: Future[dict[str, Any]]) -> None:
+            try:
+                f.result()
+            except Exception as exc:  # noqa: BLE001
+                msg.reply(control_error(exc, "interaction response failed"))
+                return
+            state = self._turns.get(msg.turn_id)
+            if state is not None:
+                state.last_activity = time.monotonic()
+            interaction = self.session_store.resolve_interaction(
+                self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response)
+            )
+            msg.reply(interaction)
+
+        self.later(fut, _done, msg.reply)

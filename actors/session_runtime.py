@@ -1,0 +1,205 @@
+"""The Session's provider runtime: its lifecycle in the worker.
+
+One concern: taking a runtime slot, starting (or reusing) the runtime with `session.start`
+and recording what it reports, re-binding settled Turns from the provider's own history,
+and stopping the runtime. Turns and fork sagas both prepare their runtime here
+(`prepare_runtime` is part of the `ForkHost` port).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import pykka
+
+from actors.fork_host import PreparedRuntime
+from actors.messages import FollowUp
+from actors.provider_errors import provider_error
+from actors.rebind import CanonicalTurn, match_missing
+from actors.session_base import SessionActorBase
+from storage.base import host_error_of
+from storage.errors import HostError
+from storage.models import Session
+
+# One logger for every concern of the Session actor (operators filter on it).
+log = logging.getLogger("actors.session_actor")
+
+
+def _generation_of(result: Mapping[str, Any]) -> str | None:
+    """`runtimeGeneration` of a worker answer (issue 20); anything but a non-empty string is
+    none, so the next fork re-attests."""
+    value = result.get("runtimeGeneration")
+    return value if isinstance(value, str) and value else None
+
+
+class SessionRuntime(SessionActorBase):
+    """Prepares, re-binds and stops the Session's provider runtime."""
+
+    def prepare_runtime(
+        self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
+    ) -> None:
+        """Take one of the provider's runtime slots (queueing while all are busy), then
+        prepare the runtime; the slot is released when the Session has nothing in progress."""
+        ref = self.actor_ref
+        self._preparing += 1
+        self._slot_provider = session.provider
+
+        def _ready(runtime: PreparedRuntime | HostError) -> None:
+            self._preparing -= 1
+            self.ctx.runtime_slots.started(session.provider, self.key)
+            on_ready(runtime)
+
+        def _prepare_now() -> None:
+            try:
+                self._prepare_runtime_now(session, _ready)
+            except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
+                if isinstance(exc, HostError):
+                    log.exception("session %s: preparing the runtime failed", self.key)
+                _ready(host_error_of(exc, f"session {self.key}: preparing the runtime", logger=log))
+
+        def _granted() -> None:
+            try:
+                ref.tell(FollowUp(_prepare_now))
+            except pykka.ActorDeadError:
+                self.ctx.runtime_slots.release(session.provider, self.key)
+
+        self.ctx.runtime_slots.acquire(session.provider, self.key, _granted)
+
+    def _prepare_runtime_now(
+        self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
+    ) -> None:
+        """Attach (or reuse) the Session's runtime in its worker: the same preparation for a
+        live, a historical and a resumed Session; the result is persisted as runtime context
+        so capability projection never has to spawn a process."""
+        home = self.ctx.runtime_home(self.ws, self.sid, session.provider)
+        home.mkdir(parents=True, exist_ok=True)
+        params = {
+            "agentSessionId": self.key,
+            "home": str(home),
+            "cwd": session.cwd,
+            "settings": dict(session.settings),
+            "model": session.model,
+            "providerSessionId": session.provider_session_id,
+            "runtimeContext": dict(session.runtime_context),
+        }
+        fut = self.ctx.workers.request(
+            session.provider, "session.start", params, self.ctx.timeouts.session_start_s
+        )
+
+        def _done(f: Future[dict[str, Any]]) -> None:
+            # The start itself has ended: its permit goes to the next cold Session now.
+            self.ctx.runtime_slots.started(session.provider, self.key)
+            try:
+                result = f.result()
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
+                on_ready(provider_error(exc, "runtime preparation failed"))
+                return
+            try:
+                prepared = _record(result)
+            except Exception as exc:  # noqa: BLE001 - the waiter is always answered, typed
+                on_ready(host_error_of(exc, f"session {self.key}: recording the runtime"))
+                return
+            self._rebind_missing(prepared, lambda: on_ready(prepared))
+
+        def _record(result: dict[str, Any]) -> PreparedRuntime:
+            provider_session_id = str(result.get("providerSessionId") or "")
+            context = dict(result.get("runtimeContext") or {})
+            current = self.session()
+            if current.provider_session_id != provider_session_id or dict(
+                current.runtime_context
+            ) != {**current.runtime_context, **context}:
+                current = self.session_store.update_runtime(
+                    self.ws,
+                    self.sid,
+                    provider_session_id=provider_session_id or None,
+                    runtime_context=context,
+                )
+            return PreparedRuntime(
+                provider=current.provider,
+                home=str(home),
+                cwd=current.cwd,
+                settings=dict(current.settings),
+                provider_session_id=provider_session_id,
+                runtime_context=dict(current.runtime_context),
+                generation=_generation_of(result),
+                verdict=context,
+            )
+
+        self.later(fut, _done)
+
+    def _rebind_missing(self, runtime: PreparedRuntime, then: Callable[[], None]) -> None:
+        """Re-bind settled completed Turns whose provider binding was never recorded, from
+        the provider's own history (by order and content, fail closed), then continue. Any
+        failure here only leaves those Turns unbound, as they were."""
+        try:
+            missing = self.session_store.turns_missing_binding(self.ws, self.sid)
+        except HostError as exc:
+            log.warning("session %s: re-bind check failed: %s", self.key, exc.message)
+            missing = []
+        if not missing:
+            then()
+            return
+        fut = self.ctx.workers.request(
+            runtime.provider,
+            "session.history",
+            {"agentSessionId": self.key},
+            self.ctx.timeouts.control_s,
+        )
+
+        def _done(f: Future[dict[str, Any]]) -> None:
+            try:
+                self._apply_rebind(set(missing), list(f.result().get("turns") or []))
+            except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
+                log.warning("session %s: re-bind from provider history failed: %s", self.key, exc)
+            then()
+
+        self.later(fut, _done)
+
+    def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
+        turns, _ = self.session_store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
+        canonical = [
+            CanonicalTurn(
+                t.turn_id,
+                t.root_provider_turn_id,
+                next((m.text for m in t.messages if m.kind == "user"), None),
+                t.turn_id in missing,
+            )
+            for t in turns
+        ]
+        matches = match_missing(canonical, provider_turns)
+        # A provider whose Turns carry a binding JSON (Claude's checkpoint) gives it with
+        # its history; one the Turn already holds (its own write landed) is kept.
+        bindings = {str(t.get("providerTurnId")): t.get("bindingJson") for t in provider_turns}
+        held = {t.turn_id: t.provider_turn_binding_json for t in turns}
+        for turn_id, provider_turn_id in matches.items():
+            binding = bindings.get(provider_turn_id)
+            self.session_store.bind_provider_turn(
+                self.ws,
+                self.sid,
+                turn_id,
+                provider_turn_id,
+                str(binding) if binding and held.get(turn_id) is None else None,
+            )
+            log.warning(
+                "session %s: turn %s re-bound to provider turn %s from the provider's history",
+                self.key,
+                turn_id,
+                provider_turn_id,
+            )
+        for turn_id in sorted(missing - matches.keys()):
+            log.warning(
+                "session %s: turn %s has no provider binding and none can be proven; left "
+                "unbound (fail closed)",
+                self.key,
+                turn_id,
+            )
+
+    def _stop_runtime(self) -> None:
+        """Stop the Session's provider runtime (it respawns at the next use)."""
+        provider = self.session().provider
+        self.ctx.workers.request(
+            provider, "session.stop", {"agentSessionId": self.key}, self.ctx.timeouts.control_s
+        )

@@ -1,0 +1,298 @@
+"""Running a Turn: submit, start at the provider, apply its driver events, settle it.
+
+One concern: a Turn's life in the Session actor — the submit claim, `turn.start` once the
+runtime is ready, the typed driver events (`domain.worker_messages.TurnEvent`) turned into
+durable writes, the settlement (chosen at once, durable when its write lands), the
+inactivity watchdog, and settling the Turns a lost worker can never finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from actors.fork_host import PreparedRuntime
+from actors.messages import RuntimeLost, Submit
+from actors.session_base import RETRY_MAX_S, DurableWrite, TurnState
+from actors.session_runtime import SessionRuntime
+from actors.turn_writes import TurnWrites
+from domain.worker_messages import (
+    InteractionRequested,
+    TurnActivity,
+    TurnBindingMoved,
+    TurnCompleted,
+    TurnEvent,
+    TurnItem,
+    TurnStarted,
+)
+from storage.errors import HostError, StoreBusy
+
+# One logger for every concern of the Session actor (operators filter on it).
+log = logging.getLogger("actors.session_actor")
+
+
+class TurnRunner(TurnWrites, SessionRuntime):
+    """Runs the Session's Turns from submit to settlement."""
+
+    # -- turns -----------------------------------------------------------------------------
+
+    def _on_submit(self, msg: Submit) -> None:
+        turn, created = self.session_store.claim_submit(self.ws, self.sid, msg.request_id, msg.text)
+        msg.reply(turn)
+        if not created:
+            return
+        state = TurnState(turn.turn_id)
+        self._turns[turn.turn_id] = state
+        self._arm_watchdog(state, self.ctx.timeouts.turn_inactivity_s)
+        session = self.session()
+
+        started = time.monotonic()
+
+        def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
+            if state.settling:
+                return  # interrupted (or timed out) while the runtime was being prepared
+            if (
+                isinstance(runtime, StoreBusy)
+                and time.monotonic() - started < self.ctx.timeouts.store_retry_limit_s
+            ):
+                # Recording the runtime met a busy store: prepare again (idempotent).
+                self.after(RETRY_MAX_S / 4, lambda: self.prepare_runtime(session, _runtime_ready))
+                return
+            if isinstance(runtime, HostError):
+                self._settle(state, "failed", error=runtime.message)
+                return
+            state.at_provider = True
+            state.last_activity = time.monotonic()
+            fut = self.ctx.workers.request(
+                session.provider,
+                "turn.start",
+                {"agentSessionId": self.key, "turnId": turn.turn_id, "text": msg.text},
+                self.ctx.timeouts.turn_start_s,
+            )
+            self.later(fut, lambda f: self._turn_started(state, f))
+
+        self.prepare_runtime(session, _runtime_ready)
+
+    def _turn_started(self, state: TurnState, fut: Future[dict[str, Any]]) -> None:
+        try:
+            result = fut.result()
+        except Exception as exc:  # noqa: BLE001
+            self._settle(state, "failed", error=f"turn start failed: {exc}")
+            return
+        state.last_activity = time.monotonic()
+        self._bind(state, str(result.get("providerTurnId") or ""))
+        pending, state.pending_events = state.pending_events, []
+        for event in pending:
+            self._on_driver_event(event)
+
+    def _bind(self, state: TurnState, provider_turn_id: str) -> None:
+        if not provider_turn_id or state.provider_turn_id == provider_turn_id or state.settling:
+            return
+        state.provider_turn_id = provider_turn_id
+        self._enqueue(
+            DurableWrite(
+                state.turn_id,
+                "bind provider turn",
+                lambda: self.session_store.bind_provider_turn(
+                    self.ws, self.sid, state.turn_id, provider_turn_id
+                ),
+            )
+        )
+
+    def _settle(
+        self,
+        state: TurnState,
+        outcome: str,
+        *,
+        error: str | None = None,
+        then: Callable[[HostError | None], None] | None = None,
+    ) -> None:
+        """Choose the Turn's outcome now; it is settled when the write is durable (issue 15
+        defect 3): the write is queued behind the Turn's earlier events and retried."""
+        if state.settling:
+            if then is not None:
+                then(None if state.settled else StoreBusy("the turn's settlement is pending"))
+            return
+        state.settling = True
+        if state.watchdog is not None:
+            state.watchdog.cancel()
+        self._enqueue(self._settle_item(state, outcome, error, then))
+
+    def _settle_item(
+        self,
+        state: TurnState,
+        outcome: str,
+        error: str | None,
+        then: Callable[[HostError | None], None] | None,
+    ) -> DurableWrite:
+        def _apply() -> None:
+            try:
+                self.session_store.settle_turn(
+                    self.ws,
+                    self.sid,
+                    state.turn_id,
+                    outcome=outcome,
+                    # Read when the write lands: every earlier event has been applied.
+                    final_assistant_message_id=state.last_assistant_message_id,
+                    error=error,
+                )
+            except StoreBusy:
+                raise
+            except HostError:
+                # Not transient (the Session is gone, …): nothing will ever settle it here.
+                self._forget(state)
+                raise
+            self._forget(state)
+
+        return DurableWrite(state.turn_id, f"settle {outcome}", _apply, final=True, then=then)
+
+    def _forget(self, state: TurnState) -> None:
+        state.settled = True
+        if state.watchdog is not None:
+            state.watchdog.cancel()
+        self._turns.pop(state.turn_id, None)
+
+    def _give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
+        """The store stayed unwritable past the limit: the Turn's remaining writes are dropped
+        and replaced by one settlement `failed` with the reason, retried until it lands."""
+        turn_id = item.turn_id
+        dropped = [d for d in self._durable if d.turn_id == turn_id]
+        self._durable = deque(d for d in self._durable if d.turn_id != turn_id)
+        state = self._turns.get(turn_id)
+        log.error(
+            "session %s: turn %s: %d write(s) could not be stored for %.0f s; settling it failed",
+            self.key,
+            turn_id,
+            len(dropped),
+            self.ctx.timeouts.store_retry_limit_s,
+        )
+        if state is None:
+            return  # a trailing binding of a settled Turn: nothing left to settle
+        state.settling = True
+        error = (
+            f"the store stayed unwritable for {self.ctx.timeouts.store_retry_limit_s:.0f} s "
+            f"({exc.message}); the turn's provider events could not be recorded"
+        )
+        # Its messages may be partial: the settlement names no final assistant Message.
+        state.last_assistant_message_id = None
+        thens = [d.then for d in dropped if d.then is not None]
+
+        def _then(err: HostError | None) -> None:
+            for fn in thens:
+                fn(err)
+
+        self._durable.appendleft(
+            self._settle_item(state, "failed", error, _then if thens else None)
+        )
+
+    # -- inactivity --------------------------------------------------------------------------
+
+    def _arm_watchdog(self, state: TurnState, seconds: float) -> None:
+        state.watchdog = self.after(max(0.05, seconds), lambda: self._check_inactive(state))
+
+    def _check_inactive(self, state: TurnState) -> None:
+        """A Turn whose provider has been silent past the limit is hung (issue 15 defect 8):
+        stop its runtime and settle it `failed`. A Turn waiting on the user is not hung."""
+        if state.settling:
+            return
+        limit = self.ctx.timeouts.turn_inactivity_s
+        if not state.at_provider:
+            # Queued for a runtime slot or its runtime being started (issue 14 §6): not hung.
+            state.last_activity = time.monotonic()
+            self._arm_watchdog(state, limit)
+            return
+        try:
+            turn = self.session_store.get_turn(self.ws, self.sid, state.turn_id)
+        except HostError as exc:
+            log.warning("session %s: watchdog read failed: %s", self.key, exc.message)
+            self._arm_watchdog(state, RETRY_MAX_S)
+            return
+        waiting_on_user = any(i.status == "pending" for i in turn.interactions)
+        idle = time.monotonic() - state.last_activity
+        if waiting_on_user or idle < limit:
+            self._arm_watchdog(state, limit if waiting_on_user else limit - idle)
+            return
+        log.warning("session %s: turn %s silent %.0f s; stopping", self.key, state.turn_id, idle)
+        self._stop_runtime()
+        self._settle(
+            state,
+            "failed",
+            error=f"the provider sent nothing for {limit:g} s; its runtime was stopped",
+        )
+
+    def _state_for_event(self, turn_id: str) -> TurnState | None:
+        state = self._turns.get(turn_id)
+        if state is not None:
+            return state
+        # An event for a Turn this actor did not start (e.g. the actor idled out and came
+        # back while a trailing binding event was in flight): rebuild from the store.
+        try:
+            turn = self.session_store.get_turn(self.ws, self.sid, turn_id)
+        except HostError:
+            return None
+        state = TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
+        state.at_provider = True  # it sends events: the provider has it
+        state.settled = state.settling = turn.phase == "settled"
+        return state
+
+    def _on_driver_event(self, event: TurnEvent) -> None:
+        turn_id = event.turn_id
+        state = self._state_for_event(turn_id)
+        if state is None:
+            log.warning("session %s: event for unknown turn %r", self.key, turn_id)
+            return
+        state.last_activity = time.monotonic()
+        if isinstance(event, TurnActivity):
+            return  # a reply is streaming (message.delta, published by the daemon): not hung
+        store, ws, sid = self.session_store, self.ws, self.sid
+        if isinstance(event, TurnBindingMoved):
+            # A trailing system message may move the checkpoint after settlement (Claude).
+            self._enqueue(self._binding_write(turn_id, event.binding_json))
+            return
+        if state.settling:
+            return
+        match event:
+            case TurnStarted(provider_turn_id=provider_turn_id):
+                self._bind(state, provider_turn_id)
+            case TurnItem():
+                item_kind = event.kind
+                if item_kind == "user":
+                    return  # the canonical user Message was written by the submit claim
+                text, payload = event.text, event.payload
+
+                def _append() -> None:
+                    message = store.append_message(
+                        ws, sid, turn_id, kind=item_kind, text=text, payload=payload
+                    )
+                    if item_kind == "assistant":
+                        state.last_assistant_message_id = message.message_id
+
+                self._enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
+            case InteractionRequested(request_id=request_id, kind=ikind):
+                payload = dict(event.input)
+                self._enqueue(
+                    DurableWrite(
+                        turn_id,
+                        "interaction",
+                        lambda: store.open_interaction(
+                            ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
+                        ),
+                    )
+                )
+            case TurnCompleted():
+                self._bind(state, event.provider_turn_id)
+                self._settle(state, event.outcome, error=event.error)
+            case _:
+                log.warning("session %s: unknown driver event %r", self.key, event.TYPE)
+
+    def _on_runtime_lost(self, msg: RuntimeLost) -> None:
+        """No event will ever settle a Turn whose provider process died: settle it here."""
+        if not self._turns or self.session().provider != msg.provider:
+            return
+        for state in list(self._turns.values()):
+            if state.provider_turn_id is not None:
+                self._settle(state, "failed", error=f"provider worker lost: {msg.reason}")

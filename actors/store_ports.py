@@ -1,0 +1,271 @@
+"""The store as each actor sees it: one narrow port per actor, listing only what it calls.
+
+`storage.Store` has some sixty public methods; no actor needs more than a handful. Each port
+here is a `typing.Protocol` naming exactly the methods (and the parameters) one actor uses, so
+what an actor may read or write is visible in one place, a change to one actor cannot start
+leaning on another's durability boundary by accident, and a test (or another store) can stand
+in for it without implementing the rest. The composition root (`agenthost/daemon.py`) hands
+over the real `storage.Store`; it fits every port structurally, which `mypy --strict` checks
+where `HostContext` is built. The actors import `storage` only for its values and errors,
+never the `Store` class (an import-linter contract in pyproject.toml).
+
+Who uses which port (each port's docstring says why it is separate):
+
+- `SessionActorStore`: `SessionActor` (actors/session_*.py, turn_writes.py);
+- `SagaStore`: the fork saga (actors/fork_saga.py), through `ForkHost.store`;
+- `ResolveStore`: `fork.resolve` (actors/fork_resolve.py), through `ForkHost.resolve_store`;
+- `HostActorStore`: `HostActor` (actors/host_actor.py);
+- `RestartRuleStore`: `actors.recovery.apply_restart_rule` (and, inside `SagaStore`, the saga);
+- `StartupRecoveryStore`: `recover_fork_operations`, `settle_orphaned_turns`;
+- `DeletedSessionsStore`: `actors.runtime_dirs.sweep`.
+
+`ActorStore` is their union: what `HostContext.store` must be (the Session actor hands its
+store to the saga and the resolver it runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from storage.fork_resolution import ForkResolution
+from storage.models import (
+    ForkOperation,
+    ForkPrepareRequest,
+    Interaction,
+    Message,
+    ProviderForkEvidence,
+    Session,
+    Turn,
+)
+
+
+class SessionActorStore(Protocol):
+    """The Session actor's view: the submit claim, the Turn's durable writes (binding,
+    Messages, Interactions, settlement), the runtime record, the fence check of a control,
+    and the reads these need. Separate from the fork ports so turn handling and the saga
+    each show their own durable steps (the saga never settles a Turn; a Turn never moves a
+    fork operation)."""
+
+    # -- reads
+    def get_session(self, ws: str, sid: str) -> Session: ...
+
+    def get_turn(self, ws: str, sid: str, turn_id: str) -> Turn: ...
+
+    def active_turn(self, ws: str, sid: str) -> Turn | None: ...
+
+    def timeline(
+        self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
+    ) -> tuple[list[Turn], int | None]: ...
+
+    def turns_missing_binding(self, ws: str, sid: str) -> list[str]: ...
+
+    def check_fence(self, ws: str, sid: str) -> None: ...
+
+    # -- a Turn's writes (actors/session_turns.py, turn_writes.py)
+    def claim_submit(self, ws: str, sid: str, request_id: str, text: str) -> tuple[Turn, bool]: ...
+
+    def bind_provider_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        root_provider_turn_id: str,
+        binding_json: str | None = None,
+    ) -> Turn: ...
+
+    def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn: ...
+
+    def append_message(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str | None,
+        *,
+        kind: str,
+        text: str | None,
+        payload: Mapping[str, Any] | None = None,
+    ) -> Message: ...
+
+    def open_interaction(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        *,
+        request_id: str,
+        kind: str,
+        input: Mapping[str, Any],
+    ) -> Interaction: ...
+
+    def resolve_interaction(
+        self, ws: str, sid: str, turn_id: str, request_id: str, output: Mapping[str, Any]
+    ) -> Interaction: ...
+
+    def settle_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        *,
+        outcome: str,
+        final_assistant_message_id: str | None = None,
+        error: str | None = None,
+    ) -> tuple[Turn, bool]: ...
+
+    # -- the runtime record (actors/session_runtime.py)
+    def update_runtime(
+        self,
+        ws: str,
+        sid: str,
+        *,
+        provider_session_id: str | None = None,
+        runtime_context: Mapping[str, Any] | None = None,
+    ) -> Session: ...
+
+    def release_thread_connection(self) -> None:
+        """An actor's pool thread ends: its connection goes with it."""
+        ...
+
+
+class RestartRuleStore(Protocol):
+    """The three moves of the restart rule (`domain.fork_states.after_restart`). Separate
+    because three callers apply it — start-up recovery, `fork.get` on a leftover, a saga's
+    abort — and each must be able to hand over only this, whatever else it holds."""
+
+    def mark_fork_failed(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]: ...
+
+    def mark_fork_unknown(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]: ...
+
+    def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
+
+
+class SagaStore(RestartRuleStore, Protocol):
+    """The fork saga's whole view of the store (seed 000 §6–§10): idempotent prepare, the
+    guarded status moves, the commit, and the two reads the dispatch needs (the existing
+    operation of a request, the source's Turns for their frozen bindings). Separate because
+    the saga is the crash-safety core: what it may touch is pinned here, apart from the
+    Session's turn writes and from `fork.resolve`."""
+
+    def timeline(
+        self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
+    ) -> tuple[list[Turn], int | None]: ...
+
+    def existing_fork(
+        self,
+        ws: str,
+        *,
+        source_session_id: str,
+        request_id: str,
+        target_session_id: str,
+        turn_id: str,
+        point_kind: str = ...,
+    ) -> ForkOperation | None: ...
+
+    def prepare_fork(
+        self,
+        ws: str,
+        req: ForkPrepareRequest,
+        *,
+        turn_forkable: Callable[[str | None, str | None], bool] | None = None,
+    ) -> tuple[ForkOperation, bool]: ...
+
+    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
+
+    def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
+
+    def mark_fork_provider_accepted(
+        self, ws: str, op_id: str, evidence: ProviderForkEvidence
+    ) -> tuple[ForkOperation, bool]: ...
+
+
+class ResolveStore(Protocol):
+    """`fork.resolve`'s view (issue 21 §1): its own durable resolution record (begin, finish,
+    roll back), the two ways out of `unknown` (adopt with evidence, abandon), the commit an
+    adoption leads to, and the reads its provider calls need. Separate from `SagaStore`
+    because a resolution never dispatches nor moves a live operation: it only settles one
+    the saga left `unknown`."""
+
+    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
+
+    def timeline(
+        self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
+    ) -> tuple[list[Turn], int | None]: ...
+
+    def claimed_provider_children(self, ws: str, source_session_id: str) -> list[str]: ...
+
+    def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None: ...
+
+    def begin_resolution(
+        self,
+        ws: str,
+        op_id: str,
+        *,
+        request_id: str,
+        action: str,
+        child_id: str | None,
+        evidence: Any,
+    ) -> tuple[ForkResolution, bool]: ...
+
+    def adopt_unknown_fork(
+        self, ws: str, op_id: str, evidence: ProviderForkEvidence
+    ) -> tuple[ForkOperation, bool]: ...
+
+    def abandon_fork(self, ws: str, op_id: str, result: Any) -> tuple[ForkOperation, bool]: ...
+
+    def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
+
+    def finish_resolution(self, ws: str, op_id: str, result: Any) -> ForkResolution | None: ...
+
+    def rollback_resolution(self, ws: str, op_id: str) -> None: ...
+
+
+class HostActorStore(Protocol):
+    """The HostActor's view: it only routes, and reads a fork operation to route `fork.get`
+    to the operation's source (or to answer a settled one directly). Separate so routing can
+    never grow a write."""
+
+    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
+
+
+class StartupRecoveryStore(Protocol):
+    """Start-up recovery (seed 000 §10), before any request is served: the leftover fork
+    operations a page at a time (workspace-wide: recovery cannot guess workspaces), their
+    batched settle and commit, and the Turns a dead process left active. Separate because it
+    runs once, outside any actor, over every workspace."""
+
+    def recoverable_fork_operations(
+        self, *, after: str | None = None, limit: int = 500
+    ) -> tuple[list[ForkOperation], str | None]: ...
+
+    def settle_leftover_fork_operations(
+        self, ops: Sequence[ForkOperation], *, prepared_error: str, dispatching_error: str
+    ) -> tuple[int, int]: ...
+
+    def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]: ...
+
+    def all_active_turns(self) -> list[tuple[str, str, str]]: ...
+
+    def settle_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        *,
+        outcome: str,
+        error: str | None = None,
+        include_deleted: bool = False,
+    ) -> tuple[Turn, bool]: ...
+
+
+class DeletedSessionsStore(Protocol):
+    """The start-up sweep of runtime directories (actors/runtime_dirs.py): which Sessions are
+    deleted. Separate because it is a file-system chore that must not reach anything else."""
+
+    def deleted_sessions(self) -> list[tuple[str, str]]: ...
+
+
+class ActorStore(SessionActorStore, SagaStore, ResolveStore, HostActorStore, Protocol):
+    """What `actors.context.HostContext.store` must be: every actor's port at once (the
+    Session actor runs the saga and the resolver, the HostActor shares its context). Only
+    the composition root sees it whole; each actor keeps to its own port."""

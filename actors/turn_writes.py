@@ -1,0 +1,124 @@
+"""A Turn's durable writes, in order, retried.
+
+One concern: every write a Turn owes the store (a driver event applied, a binding, its
+settlement) goes through one queue per Session, applied in order; a busy or full store stops
+the queue and a timer retries it with backoff, so no event is dropped and none overtakes
+another (issue 15 defect 1). A late `turn.binding` that meets a fork fence is kept aside and
+applied when the fence is released (seed 000 §7 Claude 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+import pykka
+
+from actors.session_base import (
+    RETRY_FIRST_S,
+    RETRY_MAX_S,
+    DurableWrite,
+    RetryDurable,
+    SessionActorBase,
+)
+from actors.timers import TIMERS
+from storage.base import host_error_of
+from storage.errors import ForkInProgress, HostError, StoreBusy
+
+# One logger for every concern of the Session actor (operators filter on it).
+log = logging.getLogger("actors.session_actor")
+
+
+class TurnWrites(SessionActorBase):
+    """The Session's queue of durable Turn writes."""
+
+    def _binding_write(self, turn_id: str, binding: str) -> DurableWrite:
+        """The queued write of one `turn.binding`; one that meets a fork fence is kept in
+        `_late_bindings` instead of failing (seed 000 §7 Claude 3)."""
+        store, ws, sid = self.session_store, self.ws, self.sid
+
+        def _apply() -> None:
+            try:
+                store.update_turn_binding(ws, sid, turn_id, binding)
+            except ForkInProgress:
+                # A fork froze the source: the operation keeps the binding it froze, and this
+                # provider fact is applied when the fence is released — never lost.
+                log.info("session %s: turn %s binding deferred by a fork", self.key, turn_id)
+                self._late_bindings[turn_id] = binding
+                return
+            self._late_bindings.pop(turn_id, None)  # newer than any deferred one
+
+        return DurableWrite(turn_id, "turn binding", _apply)
+
+    def apply_late_bindings(self) -> None:
+        """Queue the `turn.binding` checkpoints deferred by a fork fence; called when a fork
+        operation of this source ends (still fenced by another one → deferred again)."""
+        late, self._late_bindings = self._late_bindings, {}
+        for turn_id, binding in late.items():
+            self._enqueue(self._binding_write(turn_id, binding))
+
+    # -- durable writes, in order, retried -------------------------------------------------
+
+    def _enqueue(self, item: DurableWrite) -> None:
+        self._durable.append(item)
+        if len(self._durable) == 1 and self._retry_timer is None:
+            self._drain()
+
+    def _drain(self) -> None:
+        """Apply the queued writes in order; a busy or full store stops the queue and a timer
+        retries it with backoff, so no event is dropped and none overtakes another."""
+        limit = self.ctx.timeouts.store_retry_limit_s
+        while self._durable:
+            item = self._durable[0]
+            try:
+                item.apply()
+            except StoreBusy as exc:
+                now = time.monotonic()
+                if item.first_failure is None:
+                    item.first_failure = now
+                    log.warning("session %s: %s deferred: %s", self.key, item.what, exc.message)
+                elif not item.final and now - item.first_failure > limit:
+                    self._give_up(item, exc)
+                    continue
+                if item.then is not None:
+                    # The caller waiting on this write learns it is not durable yet; the
+                    # write itself stays queued.
+                    then, item.then = item.then, None
+                    then(exc)
+                self._schedule_retry()
+                return
+            except HostError as exc:
+                log.warning("session %s: %s failed: %s", self.key, item.what, exc.message)
+                self._durable.popleft()
+                if item.then is not None:
+                    item.then(exc)
+                continue
+            except Exception as exc:  # noqa: BLE001 - one bad write must not stop the queue
+                error = host_error_of(exc, f"session {self.key}: {item.what}", logger=log)
+                self._durable.popleft()
+                if item.then is not None:
+                    item.then(error)
+                continue
+            self._durable.popleft()
+            self._retry_delay = RETRY_FIRST_S
+            if item.then is not None:
+                item.then(None)
+
+    def _schedule_retry(self) -> None:
+        if self._retry_timer is not None:
+            return
+        delay = self._retry_delay
+        self._retry_delay = min(RETRY_MAX_S, delay * 2)
+        ref = self.actor_ref
+
+        def _fire() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(RetryDurable())
+
+        self._retry_timer = TIMERS.call_later(delay, _fire)
+
+    def _give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
+        """The store stayed unwritable past the limit for `item` (not a settlement): the Turn
+        runner (`actors/session_turns.py`) replaces the Turn's writes by a settlement."""
+        raise NotImplementedError
