@@ -117,7 +117,13 @@ def test_question_field_send_button_and_key(
         assert (await settled(pilot, client, ws, sid))["messages"][-1]["text"] == "teal"
         # By key: ctrl+t focuses the answer field, Enter sends.
         submit(client, sid, "/ask and now?", ws)
-        await until(pilot, lambda: app.query(f"#{ANSWER_INPUT_ID}"))
+        # The bar of the second question (the first one's field may still be on screen until
+        # its answer's event arrives, and is then replaced, taking focus with it).
+        await until(
+            pilot,
+            lambda: app.query(f"#{ANSWER_INPUT_ID}")
+            and any("and now?" in str(ask.render()) for ask in app.query(".ask")),
+        )
         app.query_one("#composer").focus()
         await pilot.press("ctrl+t")
         assert isinstance(app.focused, Input) and app.focused.id == ANSWER_INPUT_ID
