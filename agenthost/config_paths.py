@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from agenthost.config_values import ConfigError
+from domain.home_layout import API_SOCKET, EVENTS_SOCKET
 
 if TYPE_CHECKING:
     from agenthost.config_schema import Config
@@ -54,11 +55,11 @@ def check_ipc_length(path: str, what: str) -> None:
 def check_home_paths(config: Config) -> None:
     """The home's own ipc sockets must fit a Unix socket address; checked before anything is
     created, so a too-long `AGENTHOST_HOME` leaves no half-made home behind."""
-    for name in ("api.sock", "events.sock"):
+    for name in (API_SOCKET, EVENTS_SOCKET):
         path = config.run_dir / name
         size = len(os.fsencode(str(path)))
         if size > IPC_PATH_MAX:
-            longest = len(os.fsencode(str(config.run_dir / "events.sock")))
+            longest = len(os.fsencode(str(config.run_dir / EVENTS_SOCKET)))
             raise ConfigError(
                 f"AGENTHOST_HOME {config.home} is too long: its socket {path} would be "
                 f"{size} bytes, over the {IPC_PATH_MAX}-byte limit of a Unix socket path; "

@@ -37,6 +37,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort
+from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -187,14 +188,14 @@ class Daemon:
                 provider, cfg.providers.get(provider, {})
             ),
         )
-        api_endpoints = [f"ipc://{cfg.run_dir / 'api.sock'}", *self.listen]
+        api_endpoints = [f"ipc://{cfg.run_dir / API_SOCKET}", *self.listen]
         # Every non-ipc endpoint is a CURVE server admitting only run/keys/authorized/ (the
         # keys are made at first start); ipc stays NULL, guarded by its 0600 file mode.
         self.keys = KeyStore(cfg.run_dir)
         self.keys.ensure()
         self.server = ApiServer(
             api_endpoints,
-            f"ipc://{cfg.run_dir / 'events.sock'}",
+            f"ipc://{cfg.run_dir / EVENTS_SOCKET}",
             self.api,
             events_listen=list(self.events_listen),
             curve=self.keys.server_curve(),
@@ -331,8 +332,6 @@ def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
         out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
     return out
 
-
-EVENTS_EXACT_SOCKET = "events-exact.sock"
 
 
 def _exact_ipc(cfg: Config) -> str | None:
