@@ -39,10 +39,10 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from storage.base import host_error_of
 from storage.errors import HostError, InvalidArgument, ProviderError
 from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
 from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
+from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)
 

@@ -36,7 +36,6 @@ from domain.worker_messages import (
     ForkTarget,
     MalformedMessage,
 )
-from storage.base import host_error_of, typed_store_error
 from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
 from storage.models import (
     ForkOperation,
@@ -44,6 +43,7 @@ from storage.models import (
     ForkPrepareRequest,
     ProviderForkEvidence,
 )
+from storage.sqlite import host_error_of, typed_store_error
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from actors.messages import (
 from actors.session_actor import SessionActor
 from actors.store_ports import HostActorStore
 from domain.worker_messages import MalformedMessage, turn_event_from_wire
-from storage.base import host_error_of
 from storage.errors import HostError
+from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)
 

@@ -41,8 +41,8 @@ from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.session_base import RetryDurable
 from actors.session_controls import SessionControls
 from actors.store_ports import ResolveStore
-from storage.base import host_error_of
 from storage.errors import HostError
+from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
 from actors.session_base import SessionActorBase
-from storage.base import host_error_of
 from storage.errors import HostError
 from storage.models import Session
+from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")

@@ -23,8 +23,8 @@ from actors.session_base import (
     SessionActorBase,
 )
 from actors.timers import TIMERS
-from storage.base import host_error_of
 from storage.errors import ForkInProgress, HostError, StoreBusy
+from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")

@@ -29,7 +29,6 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from actors.ports import ProviderCatalog
 from agenthost import activity, projection
 from storage import Store
-from storage.base import TRANSIENT_ERRORS, host_error_of
 from storage.errors import (
     HostError,
     InvalidArgument,
@@ -39,6 +38,7 @@ from storage.errors import (
 )
 from storage.models import ForkOperation, Session
 from storage.read_view import ReadView
+from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from transport.server import Responder
 from transport.wire import (
     Request,

@@ -10,7 +10,6 @@ its transaction and share its `COMMIT` (group commit: one fsync for several requ
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -22,10 +21,19 @@ from typing import Any, TypeVar
 
 import apsw
 
-from domain.fork_states import ACTIVE_SQL
-from storage.errors import ForkInProgress, HostError, StoreBusy, internal_error
+from storage.errors import StoreBusy
 from storage.models import ChangeEvent
 from storage.schema import migrate
+from storage.sqlite import (
+    BUSY_TIMEOUT_MS,
+    TRANSIENT_ERRORS,
+    BusyWaits,
+    Row,
+    open_connection,
+    typed_store_error,
+    wall_clock_ms,
+)
+from storage.tx import Tx
 from storage.write_group import (
     CHECKPOINT_PAGES,
     GROUP_MAX_AGE_S,
@@ -39,7 +47,6 @@ from storage.write_group import (
 
 log = logging.getLogger(__name__)
 
-BUSY_TIMEOUT_MS = 10_000
 DEFAULT_MAX_CONNECTIONS = 16
 """Connections one store opens at most, however many threads or Sessions use it (issue 15 #5:
 one connection per Session actor exhausted a 1,024 file-descriptor limit at ~500 Sessions)."""
@@ -47,156 +54,9 @@ LEASE_TIMEOUT_S = 30.0
 """How long a caller waits for a free connection before a retryable 503 `store_busy`."""
 
 T = TypeVar("T")
-Row = tuple[Any, ...]
+
 Subscriber = Callable[[ChangeEvent], None]
 Clock = Callable[[], int]
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def dumps(value: Any) -> str:
-    """Canonical JSON: sorted keys, no whitespace, UTF-8 kept (hash input for snapshots)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-# The transient store failures: the write lock held elsewhere past the busy timeout, a full
-# disk, an I/O error. Nothing was written; the caller may retry (503 `store_busy`).
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    apsw.BusyError,
-    apsw.LockedError,
-    apsw.FullError,
-    apsw.IOError,
-)
-
-
-def typed_store_error(exc: BaseException) -> HostError | None:
-    """The typed error for a store failure that escaped as a raw apsw exception, or None."""
-    if isinstance(exc, StoreBusy):
-        return exc
-    if isinstance(exc, TRANSIENT_ERRORS):
-        return StoreBusy(f"the store is busy or full, try again ({type(exc).__name__})")
-    return None
-
-
-def host_error_of(
-    failure: object, what: str = "", *, logger: logging.Logger | None = None
-) -> HostError:
-    """The typed error for any failure on the daemon side: a `HostError` as it is, a raw store
-    contention or full-disk error as the retryable 503 `store_busy`, anything else the one
-    500 of `domain.errors.internal_error` (logged with a reference id, its text never sent)."""
-    if isinstance(failure, HostError):
-        return failure
-    if isinstance(failure, BaseException):
-        typed = typed_store_error(failure)
-        if typed is not None:
-            return typed
-    return internal_error(failure, what, logger=logger)
-
-
-# SQLite's own busy-wait schedule (sqlite3_busy_timeout), in ms: the sleeps between retries.
-_BUSY_DELAYS_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
-
-
-class BusyWaits:
-    """A busy handler with SQLite's schedule that also counts its sleeps.
-
-    Inside one store every writer first takes the store's writer lock, so a sleep here means
-    the lock is held by *another process* (a backup tool, a second reader gone wrong, a
-    test's external writer) — what `host.status`-style tools and tests want to see.
-    """
-
-    def __init__(self, timeout_ms: int) -> None:
-        self.timeout_ms = timeout_ms
-        self._count = 0
-        self._lock = threading.Lock()
-
-    @property
-    def sleeps(self) -> int:
-        return self._count
-
-    def __call__(self, prior_calls: int) -> bool:
-        waited = sum(_BUSY_DELAYS_MS[:prior_calls]) + max(0, prior_calls - 12) * 100
-        if waited >= self.timeout_ms:
-            return False
-        delay = _BUSY_DELAYS_MS[min(prior_calls, len(_BUSY_DELAYS_MS) - 1)]
-        with self._lock:
-            self._count += 1
-        time.sleep(min(delay, self.timeout_ms - waited) / 1000)
-        return True
-
-
-def open_connection(
-    path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, busy: BusyWaits | None = None
-) -> apsw.Connection:
-    conn = apsw.Connection(path)
-    if busy is None:
-        conn.set_busy_timeout(busy_timeout_ms)
-    else:
-        conn.set_busy_handler(busy)
-    # WAL + synchronous=FULL: a COMMIT that returned survives power loss and SIGKILL.
-    conn.execute("PRAGMA journal_mode=WAL").fetchall()
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA foreign_keys=ON")
-    return conn
-
-
-class Tx:
-    """One open write transaction: the cursor, its clock reading and its pending events."""
-
-    __slots__ = ("conn", "workspace_id", "now_ms", "events", "_seen")
-
-    def __init__(self, conn: apsw.Connection, workspace_id: str | None, now_ms: int) -> None:
-        self.conn = conn
-        self.workspace_id = workspace_id
-        self.now_ms = now_ms
-        self.events: list[ChangeEvent] = []
-        self._seen: set[ChangeEvent] = set()
-
-    def execute(self, sql: str, params: Sequence[Any] = ()) -> apsw.Cursor:
-        return self.conn.execute(sql, params)
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        if rows:
-            self.conn.executemany(sql, rows)
-
-    def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        return self.conn.execute(sql, params).fetchone()
-
-    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        return self.conn.execute(sql, params).fetchall()
-
-    def changes(self) -> int:
-        return int(self.conn.changes())
-
-    def emit(self, event: ChangeEvent) -> None:
-        # A set beside the list: one transaction may emit the same change many times.
-        if event not in self._seen:
-            self._seen.add(event)
-            self.events.append(event)
-
-    def check_fence(self, session_id: str) -> None:
-        """Fail with `ForkInProgress` if an active fork operation holds `session_id`'s fence.
-
-        Runs inside the caller's write transaction, so no fork can be prepared between the
-        check and the write it guards (law 3).
-        """
-        row = self.one(
-            "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
-            " AND source_session_id = ?"
-            f" AND status IN {ACTIVE_SQL} LIMIT 1",
-            (self.workspace_id, session_id),
-        )
-        if row is not None:
-            raise ForkInProgress(
-                f"session {session_id} is being forked (operation {row[0]})",
-                params={"operationId": row[0], "forkBoundaryReason": "source_fork_active"},
-            )
 
 
 class StoreBase:

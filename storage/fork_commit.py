@@ -8,17 +8,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from storage.base import Row, StoreBase, Tx, dumps, loads
+from storage.base import StoreBase
 from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
+from storage.fork_child import ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
-from storage.fork_snapshot import ChildPlan, build_child, take_frozen_snapshot
+from storage.fork_snapshot import take_frozen_snapshot
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
     ForkStatus,
     SessionChanged,
 )
+from storage.sqlite import Row, dumps, loads
+from storage.tx import Tx
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from storage.base import Tx, dumps
 from storage.errors import ForkEvidenceRejected
 from storage.models import (
     ForkOperation,
@@ -15,6 +14,8 @@ from storage.models import (
     ProviderForkEvidence,
     ProviderStateBindingMode,
 )
+from storage.sqlite import dumps
+from storage.tx import Tx
 
 
 def record_accepted(

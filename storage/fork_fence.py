@@ -4,7 +4,8 @@ operation holds it is a test's question (tests/support/store_reads.py `fence_hol
 
 from __future__ import annotations
 
-from storage.base import StoreBase, Tx
+from storage.base import StoreBase
+from storage.tx import Tx
 
 
 class ForkFence(StoreBase):

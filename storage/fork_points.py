@@ -13,7 +13,7 @@ from __future__ import annotations
 import apsw
 
 from storage.errors import ForkBoundaryError, ForkBoundaryReason
-from storage.fork_snapshot import source_blockers
+from storage.fork_boundary import source_blockers
 from storage.models import ForkPointKind, Session, TurnPhase
 
 # The turn id a `latestSettled` request carries before resolution (and in its request hash).

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from storage.base import StoreBase, Tx, dumps
+from storage.base import StoreBase
 from storage.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
@@ -15,15 +15,11 @@ from storage.errors import (
     ForkRequestConflict,
     InvalidArgument,
 )
+from storage.fork_boundary import load_boundary, source_blockers
+from storage.fork_child import build_child
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
-from storage.fork_snapshot import (
-    build_child,
-    freeze_snapshot,
-    load_boundary,
-    request_hash,
-    source_blockers,
-)
+from storage.fork_snapshot import freeze_snapshot, request_hash
 from storage.fork_titles import child_title
 from storage.models import (
     ForkOperation,
@@ -34,6 +30,8 @@ from storage.models import (
     SessionChanged,
 )
 from storage.session_rows import require_session
+from storage.sqlite import dumps
+from storage.tx import Tx
 
 
 def validate_request(req: ForkPrepareRequest) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from storage.base import StoreBase, Tx, dumps, loads
+from storage.base import StoreBase
 from storage.errors import Conflict
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
@@ -32,6 +32,8 @@ from storage.models import (
     ProviderForkEvidence,
     SessionChanged,
 )
+from storage.sqlite import dumps, loads
+from storage.tx import Tx
 
 
 class ForkResolveInProgress(Conflict):

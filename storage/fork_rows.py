@@ -11,10 +11,11 @@ from typing import Any
 import apsw
 
 from domain.fork_states import ACTIVE_SQL, BARRIER_SQL
-from storage.base import Row, loads
 from storage.errors import ForkOperationNotFound
-from storage.fork_snapshot import load_snapshot, project_child
+from storage.fork_child import project_child
+from storage.fork_snapshot import load_snapshot
 from storage.models import ForkOperation, ForkStatus, Lineage, Session
+from storage.sqlite import Row, loads
 
 OP_COLUMNS = (
     "workspace_id, operation_id, request_id, request_hash, source_session_id,"

@@ -10,7 +10,7 @@ from typing import Any
 
 import apsw
 
-from storage.base import StoreBase, Tx, dumps
+from storage.base import StoreBase
 from storage.errors import Conflict, InteractionNotFound, InvalidArgument, TurnNotFound
 from storage.models import (
     Interaction,
@@ -38,6 +38,8 @@ from storage.session_rows import (
     require_text,
     turn_row,
 )
+from storage.sqlite import dumps
+from storage.tx import Tx
 
 
 class HistoryStore(StoreBase):

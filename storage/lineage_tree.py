@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import apsw
 
-from storage.base import Row, StoreBase
+from storage.base import StoreBase
 from storage.models import Lineage, Session
 from storage.session_rows import load_session, require_session
+from storage.sqlite import Row
 
 # A lineage chain deeper than this is corrupt (a cycle cannot be written by commit_fork,
 # but a bound keeps a damaged file from looping the reader forever).

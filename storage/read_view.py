@@ -20,10 +20,10 @@ import contextlib
 
 import apsw
 
-from storage.base import open_connection
 from storage.fork_rows import load_op
 from storage.models import ForkOperation, Session
 from storage.session_rows import require_session
+from storage.sqlite import open_connection
 
 READ_BUSY_TIMEOUT_MS = 50
 """A WAL reader waits only in SQLite's rare recovery cases; past this the caller gets

@@ -11,8 +11,8 @@ from typing import Any
 
 import apsw
 
-from storage.base import Row, loads
 from storage.models import Interaction, Lineage, Message, Session, Turn
+from storage.sqlite import Row, loads
 
 
 def _lineage_column(column: str) -> str:

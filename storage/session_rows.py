@@ -9,7 +9,6 @@ from typing import Any
 
 import apsw
 
-from storage.base import Tx
 from storage.errors import InvalidArgument, SessionNotFound, TurnNotFound
 from storage.models import Session, SessionChanged, Turn
 from storage.rows import (
@@ -19,6 +18,7 @@ from storage.rows import (
     session_from_row,
     turn_from_row,
 )
+from storage.tx import Tx
 
 
 def require_text(field: str, value: object) -> str:

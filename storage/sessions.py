@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from storage.base import StoreBase, dumps
+from storage.base import StoreBase
 from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
@@ -19,6 +19,7 @@ from storage.session_rows import (
     require_text,
     touch,
 )
+from storage.sqlite import dumps
 
 # A session.list cursor's time part: at most 15 ASCII digits (well inside int64).
 _CURSOR_MS = re.compile(r"[0-9]{1,15}")

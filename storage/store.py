@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage.base import BUSY_TIMEOUT_MS, DEFAULT_MAX_CONNECTIONS, Clock
+from storage.base import DEFAULT_MAX_CONNECTIONS, Clock
 from storage.canonical import CanonicalStore
 from storage.fork_operations import ForkStore
 from storage.fork_resolution import ResolutionStore
 from storage.lineage_tree import LineageStore
+from storage.sqlite import BUSY_TIMEOUT_MS
 
 
 class Store(CanonicalStore, ForkStore, LineageStore, ResolutionStore):

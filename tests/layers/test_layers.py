@@ -77,6 +77,9 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
         "domain.home_layout",
         "domain.providers",
         "domain.worker_messages",
+        "domain.fork_messages",
+        "domain.resolve_messages",
+        "domain.turn_events",
     ],
 )
 def test_domain_loads_only_the_standard_library(module: str) -> None:

@@ -32,9 +32,10 @@ from storage.errors import (
     InvalidTransition,
     SessionNotFound,
 )
+from storage.fork_child import build_child
 from storage.fork_identity import ForkReferenceError
 from storage.fork_operations import ForkEvidenceRejected
-from storage.fork_snapshot import ForkSnapshotCorrupt, build_child
+from storage.fork_snapshot import ForkSnapshotCorrupt
 from tests.support.store_reads import (
     begin_goal_control,
     begin_runtime_operation,

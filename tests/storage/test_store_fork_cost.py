@@ -18,6 +18,7 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
+import storage.fork_child as fork_child
 import storage.fork_snapshot as fork_snapshot
 from storage import Store
 from storage.fork_identity import ChildIdMinter
@@ -80,7 +81,7 @@ def _prepare_and_commit(
     store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     if forget:  # as after a restart: this process no longer holds what prepare froze
         fork_snapshot._FROZEN.clear()
-        fork_snapshot._IDENTITY_CACHE.clear()
+        fork_child._IDENTITY_CACHE.clear()
     with _counting(monkeypatch, store) as commit_counts:
         committed, changed = store.commit_fork(WS, op.operation_id)
     assert changed

@@ -9,8 +9,8 @@ import pytest
 from store_builders import WS, settled_turn
 
 from storage import Store
-from storage.base import open_connection
 from storage.schema import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate, user_version
+from storage.sqlite import open_connection
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from storage.fork_child import build_child
 from storage.fork_identity import (
     IDENTITY_NAMESPACE,
     IDENTITY_RULE_VERSION,
@@ -27,7 +28,7 @@ from storage.fork_identity import (
     is_typed_reference_key,
     remap_references,
 )
-from storage.fork_snapshot import build_child, load_snapshot
+from storage.fork_snapshot import load_snapshot
 
 pytestmark = pytest.mark.timeout(120)
 

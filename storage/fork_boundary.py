@@ -1,0 +1,211 @@
+"""The fork boundary checks (seed 000 §4): what in the source blocks a fork (an active fork, a
+running Turn, a pending Interaction), and the Turn boundary a fork may go through — settled,
+bound to its provider turn, free of descendant lanes, session-local attachments and a resume
+cursor of the source — loaded with its history for the snapshot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import apsw
+
+from domain.fork_states import ACTIVE_SQL
+from storage.errors import (
+    ForkBoundaryError,
+    ForkBoundaryReason,
+)
+from storage.fork_identity import (
+    reject_duplicate_keys,
+)
+from storage.models import (
+    VERIFIABLE_PROVENANCE,
+    Session,
+    SessionKind,
+    TurnPhase,
+)
+
+# Message markers that the boundary must not contain (seed 000 §4, both fail closed today).
+DESCENDANT_LANE_KIND = "descendant_lane"
+DESCENDANT_LANE_KEY = "descendantLane"
+ATTACHMENTS_KEY = "attachments"
+SESSION_LOCAL_SCOPE = "session_local"
+# A runtime-context resume cursor naming the source provider session must not cross the fork.
+RESUME_CURSOR_KEY = "resumeCursor"
+
+
+# -- boundary checks ------------------------------------------------------------------------
+
+
+def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[ForkBoundaryReason]:
+    """Quiescence of the source (seed 000 §4), in a fixed order; empty when forkable."""
+    sid = session.session_id
+    reasons: list[ForkBoundaryReason] = []
+    if session.kind != SessionKind.ROOT:
+        reasons.append(ForkBoundaryReason.SOURCE_NOT_ROOT)
+    if not session.provider_session_id:
+        reasons.append(ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING)
+    # Most specific first: a pending Interaction or an unbound submit claim only exists while a
+    # Turn is active, so checking the Turn first would hide those reasons.
+    checks = (
+        (
+            ForkBoundaryReason.SOURCE_GOAL_CONTROL_ACTIVE,
+            "SELECT 1 FROM goal_controls WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_RUNTIME_OPERATION_ACTIVE,
+            "SELECT 1 FROM runtime_operations WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
+            "SELECT 1 FROM interactions WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'pending'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_SUBMIT_CLAIM_ACTIVE,
+            "SELECT 1 FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_TURN_ACTIVE,
+            "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND phase = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_FORK_ACTIVE,
+            "SELECT 1 FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
+            f" AND status IN {ACTIVE_SQL}",
+        ),
+    )
+    for reason, sql in checks:
+        if conn.execute(sql + " LIMIT 1", (ws, sid)).fetchone() is not None:
+            reasons.append(reason)
+    return reasons
+
+
+@dataclass(frozen=True, slots=True)
+class Boundary:
+    """The source history through the selected Turn, as frozen into the snapshot."""
+
+    turns: list[dict[str, Any]]
+    provider_turn_ids: tuple[str, ...]
+    selected: dict[str, Any]
+
+
+def _parse_payload(text: str) -> Any:
+    if text == "{}":  # most payloads: skip the parser (a 1,000-Turn boundary has ~10,000)
+        return {}
+    return json.loads(text, object_pairs_hook=reject_duplicate_keys)
+
+
+def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Boundary:
+    """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error."""
+    selected = conn.execute(
+        "SELECT sequence, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
+        " AND turn_id = ?",
+        (ws, sid, turn_id),
+    ).fetchone()
+    if selected is None:
+        raise ForkBoundaryError(ForkBoundaryReason.TURN_NOT_FOUND)
+    if selected[1] != TurnPhase.SETTLED:
+        raise ForkBoundaryError(ForkBoundaryReason.TURN_NOT_SETTLED)
+    through = int(selected[0])
+    turn_rows = conn.execute(
+        "SELECT turn_id, sequence, sequence_provenance, phase, outcome, root_provider_turn_id,"
+        " provider_turn_binding_json, final_assistant_message_id, error, created_at_ms,"
+        " settled_at_ms FROM turns WHERE workspace_id = ? AND session_id = ? AND sequence <= ?"
+        " ORDER BY sequence",
+        (ws, sid, through),
+    ).fetchall()
+    turns: list[dict[str, Any]] = []
+    by_id: dict[str, dict[str, Any]] = {}
+    for expected, r in enumerate(turn_rows, start=1):
+        # Verifiable provenance: host-assigned and gap-free 1..n, so "through" means the same
+        # prefix to the provider as to us.
+        if r[2] not in VERIFIABLE_PROVENANCE or r[1] != expected:
+            raise ForkBoundaryError(ForkBoundaryReason.TURN_SEQUENCE_UNVERIFIED)
+        if not r[5]:
+            raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_MISSING)
+        turn: dict[str, Any] = {
+            "turn_id": r[0],
+            "sequence": r[1],
+            "sequence_provenance": r[2],
+            "phase": r[3],
+            "outcome": r[4],
+            "root_provider_turn_id": r[5],
+            "provider_turn_binding_json": r[6],
+            "final_assistant_message_id": r[7],
+            "error": r[8],
+            "created_at_ms": r[9],
+            "settled_at_ms": r[10],
+            "messages": [],
+            "interactions": [],
+        }
+        turns.append(turn)
+        by_id[str(r[0])] = turn
+    for r in conn.execute(
+        "SELECT m.message_id, m.turn_id, m.kind, m.text, m.payload_json, m.version, m.position"
+        " FROM messages m JOIN turns t ON t.workspace_id = m.workspace_id"
+        " AND t.session_id = m.session_id AND t.turn_id = m.turn_id"
+        " WHERE m.workspace_id = ? AND m.session_id = ? AND t.sequence <= ? ORDER BY m.position",
+        (ws, sid, through),
+    ):
+        if r[2] == DESCENDANT_LANE_KIND:
+            raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
+        payload = _parse_payload(r[4])
+        # Parsed JSON: an object is a plain dict (no ABC isinstance per Message), and the
+        # common empty payload carries no marker.
+        if type(payload) is dict and payload:
+            if payload.get(DESCENDANT_LANE_KEY):
+                raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
+            if _has_session_local_attachment(payload):
+                raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
+        by_id[r[1]]["messages"].append(
+            {
+                "message_id": r[0],
+                "kind": r[2],
+                "text": r[3],
+                "payload": payload,
+                "version": r[5],
+                "position": r[6],
+            }
+        )
+    for r in conn.execute(
+        "SELECT i.interaction_id, i.request_id, i.turn_id, i.kind, i.status, i.input_json,"
+        " i.output_json FROM interactions i JOIN turns t ON t.workspace_id = i.workspace_id"
+        " AND t.session_id = i.session_id AND t.turn_id = i.turn_id"
+        " WHERE i.workspace_id = ? AND i.session_id = ? AND t.sequence <= ?"
+        " ORDER BY t.sequence, i.created_at_ms, i.rowid",
+        (ws, sid, through),
+    ):
+        by_id[r[2]]["interactions"].append(
+            {
+                "interaction_id": r[0],
+                "request_id": r[1],
+                "kind": r[3],
+                "status": r[4],
+                "input": _parse_payload(r[5]),
+                "output": None if r[6] is None else _parse_payload(r[6]),
+            }
+        )
+    return Boundary(
+        turns=turns,
+        provider_turn_ids=tuple(t["root_provider_turn_id"] for t in turns),
+        selected=by_id[turn_id],
+    )
+
+
+def _has_session_local_attachment(payload: Any) -> bool:
+    if not isinstance(payload, Mapping):
+        return False
+    attachments = payload.get(ATTACHMENTS_KEY)
+    if not isinstance(attachments, list):
+        return False
+    return any(
+        isinstance(a, Mapping) and a.get("scope") == SESSION_LOCAL_SCOPE for a in attachments
+    )
+
+
