@@ -94,7 +94,12 @@ def test_domain_loads_only_the_standard_library(module: str) -> None:
     assert [m for m in foreign if m not in baseline] == []
 
 
-FORK_MODULES = ("actors/fork_saga.py", "actors/fork_resolve.py", "actors/fork_host.py")
+FORK_MODULES = (
+    "actors/fork_saga.py",
+    "actors/fork_start.py",
+    "actors/fork_resolve.py",
+    "actors/fork_host.py",
+)
 
 
 @pytest.mark.parametrize("path", FORK_MODULES)
