@@ -1,4 +1,5 @@
-"""The durable Fork saga (seed 000 §2, §6, §7.1, §10), run inside the source's SessionActor.
+"""The durable Fork saga (seed 000 §2, §6, §7.1, §10), run inside the source's SessionActor
+(it is started by `actors.fork_start` once the prepare is durable).
 
 validate → runtime preparation → prepare (durable, fences the source) → re-attest → mark
 `dispatching` (durable) → one driver fork → classify the delivery disposition → binder
@@ -16,13 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.fork_host import ForkHost, PreparedRuntime
-from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply, runtime_key
+from actors.messages import ForkReply, Reply, runtime_key
 from actors.ports import (
     DeliveryDisposition,
     DeliveryUnknown,
     DriverInfo,
     NotDelivered,
-    ProviderCatalog,
     WorkerFailed,
     request_fork,
 )
@@ -36,34 +36,24 @@ from domain.worker_messages import (
     ForkTarget,
     MalformedMessage,
 )
-from storage.errors import ForkUnsupported, HostError, ProviderError, StoreBusy
+from storage.errors import StoreBusy
 from storage.models import (
     ForkOperation,
     ForkPointKind,
-    ForkPrepareRequest,
     ProviderForkEvidence,
 )
-from storage.sqlite import host_error_of, typed_store_error
+from storage.sqlite import typed_store_error
 
 log = logging.getLogger(__name__)
 
 TERMINAL = fork_states.TERMINAL
 
 
-def full_session_capable(
-    catalog: ProviderCatalog, provider: str, context: Mapping[str, Any]
-) -> bool:
-    """`lifecycleCapabilities.forkFullSession` from the persisted attestation (issue 21 §2);
-    a catalog that knows nothing of it is false (never inferred from forkThroughTurn)."""
-    check = getattr(catalog, "fork_full_session_capable", None)
-    return bool(check is not None and check(provider, context))
-
-
 _RETRY_MAX_S = 2.0
 
 
 @dataclass(eq=False)
-class _Waiter:
+class Waiter:
     """A caller waiting for this operation; answered once (202 at the budget or the end)."""
 
     reply: Reply
@@ -79,125 +69,6 @@ class _Waiter:
         self.reply(ForkReply(operation, final))
 
 
-def start(host: ForkHost, msg: ForkCreate) -> None:
-    """`fork.create` on this source: validate, prepare the runtime, then the durable prepare
-    that starts a `ForkSaga` (or answers a replay / a held boundary with the original)."""
-    session = host.session()
-    # A replay, or a new identity on a held boundary, gets the original operation
-    # without touching the provider runtime (which may be down right now).
-    existing = host.store.existing_fork(
-        host.ws,
-        source_session_id=host.sid,
-        request_id=msg.request_id,
-        target_session_id=msg.target_session_id,
-        turn_id=msg.turn_id,
-        point_kind=msg.point_kind,
-    )
-    if existing is not None:
-        _answer_existing(host, existing, msg.reply)
-        return
-    info = host.catalog.driver_info(session.provider)
-    if info.binding_mode == "host_copy" and not info.binder_available:
-        # Fail closed before any operation or dispatch (seed 000 §7).
-        raise ForkUnsupported(
-            f"provider {session.provider!r} needs a host_copy binder and none is available"
-        )
-
-    def _prepared(runtime: PreparedRuntime | HostError) -> None:
-        if isinstance(runtime, ProviderError):
-            # No operation exists yet: the typed 502 of PROTOCOL.md, nothing to recover.
-            msg.reply(
-                ProviderError(
-                    f"fork failed before any operation: {runtime.message}",
-                    reason="agent_session_fork_failed",
-                )
-            )
-            return
-        if isinstance(runtime, HostError):
-            msg.reply(runtime)
-            return
-        try:
-            _prepare(host, msg, info, runtime)
-        except HostError as exc:
-            msg.reply(exc)
-        except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
-            what = f"fork.create on {host.key} before any operation"
-            msg.reply(host_error_of(exc, what, logger=log))
-
-    host.prepare_runtime(session, _prepared)
-
-
-def _answer_existing(host: ForkHost, op: ForkOperation, reply: Reply) -> None:
-    live = host.sagas.get(op.operation_id)
-    if live is not None:
-        live.join(reply)
-    else:
-        reply(ForkReply(op, op.status in TERMINAL))
-
-
-def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: PreparedRuntime) -> None:
-    context = dict(runtime.runtime_context)
-    # Re-resolved at execution: a capability a client cached never bypasses the server.
-    full = msg.point_kind == ForkPointKind.LATEST_SETTLED
-    catalog = host.catalog
-    capable = (
-        full_session_capable(catalog, runtime.provider, context)
-        if full
-        else catalog.fork_through_turn_capable(runtime.provider, context)
-    )
-    if not capable:
-        raise ForkUnsupported(
-            f"session {host.sid} ({runtime.provider} "
-            f"{context.get('driverVersion', '?')}) cannot fork "
-            + ("the whole session" if full else "through a turn")
-        )
-    request = ForkPrepareRequest(
-        source_session_id=host.sid,
-        request_id=msg.request_id,
-        target_session_id=msg.target_session_id,
-        turn_id=msg.turn_id,
-        point_kind=msg.point_kind,
-        driver_kind=str(context.get("driverKind") or runtime.provider),
-        driver_version=str(context.get("driverVersion") or ""),
-        binding_mode=info.binding_mode,
-        # Env and provider target refs are dispatch-only; never frozen (seed 000 §5).
-        runtime_identity={
-            "cwd": runtime.cwd,
-            "settings": dict(runtime.settings),
-            "runtime_context": context,
-        },
-    )
-    provider = runtime.provider
-    op, created = host.store.prepare_fork(
-        host.ws,
-        request,
-        turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
-    )
-    if not created:
-        _answer_existing(host, op, msg.reply)
-        return
-    saga = ForkSaga(host, op, runtime, info)
-    host.sagas[op.operation_id] = saga
-    host.live_operations.add(op.operation_id)
-    saga.join(msg.reply)
-    saga._step(saga._after_prepare)
-
-
-def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
-    """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
-    an operation no saga of this process owns is a leftover of a dead process:
-    `prepared → failed`, `dispatching → unknown` (never a live one; no provider call)."""
-    op = host.store.get_fork_operation(host.ws, msg.operation_id)
-    if op.operation_id in host.live_operations:
-        msg.reply(ForkReply(op, False))
-        return
-    # The restart rule (domain.fork_states.after_restart); never a provider call.
-    op = apply_restart_rule(host.store, op)
-    if op.status in TERMINAL:
-        host.apply_late_bindings()
-    msg.reply(ForkReply(op, op.status in TERMINAL))
-
-
 @dataclass(eq=False)
 class ForkSaga:
     """One fork operation from its durable prepare to its terminal status, on its source's
@@ -208,7 +79,7 @@ class ForkSaga:
     operation: ForkOperation
     runtime: PreparedRuntime
     info: DriverInfo
-    waiters: list[_Waiter] = field(default_factory=list)
+    waiters: list[Waiter] = field(default_factory=list)
     _retry_delay: float = 0.05
     # The frozen prefix's (canonical Turn id, binding JSON), from prepare (issue 20).
     frozen: tuple[tuple[str, str | None], ...] | None = None
@@ -221,12 +92,12 @@ class ForkSaga:
 
     def join(self, reply: Reply) -> None:
         """Another caller of this operation: answered at the end, or 202 at the budget."""
-        waiter = _Waiter(reply)
+        waiter = Waiter(reply)
         self.waiters.append(waiter)
         budget = self.host.timeouts.fork_sync_budget_s
         waiter.timer = self.host.after(budget, lambda: self._answer_accepted(waiter))
 
-    def _answer_accepted(self, waiter: _Waiter) -> None:
+    def _answer_accepted(self, waiter: Waiter) -> None:
         if waiter.answered:
             return
         try:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pykka
 
-from actors import fork_saga
+from actors import fork_start
 from actors.context import HostContext, LiveOperations, Timeouts
 from actors.fork_host import LiveSaga, SagaStore
 from actors.fork_host import PreparedRuntime as PreparedRuntime
@@ -118,9 +118,9 @@ class SessionActor(SessionControls):
             case DriverEvent(event=event):
                 self._on_driver_event(event)
             case ForkCreate():
-                fork_saga.start(self, message)
+                fork_start.start(self, message)
             case ForkAdvance():
-                fork_saga.advance_leftover(self, message)
+                fork_start.advance_leftover(self, message)
             case ForkResolve():
                 ForkResolver.start(self, message)
             case RuntimeLost():

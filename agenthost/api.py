@@ -11,37 +11,29 @@ connection is ever busy (SQLite's rare WAL recovery) the read goes to the reader
 
 from __future__ import annotations
 
-import logging
-import threading
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import pykka
 
 from actors.fork_resolve import ACTIONS as RESOLVE_ACTIONS
 from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.fork_saga import TERMINAL as _TERMINAL_FORK
-from actors.host_actor import GetFork, HostActor, Route
+from actors.host_actor import GetFork, HostActor
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from actors.ports import ProviderCatalog
-from agenthost import activity, projection
+from agenthost import projection
+from agenthost.api_base import WORKSPACE_MAX, ApiBase, PointReader, log
 from storage import Store
 from storage.errors import (
     HostError,
     InvalidArgument,
-    InvalidRequest,
-    SessionNotFound,
     Unavailable,
 )
-from storage.models import ForkOperation, Session
-from storage.read_view import ReadView
-from storage.sqlite import TRANSIENT_ERRORS, host_error_of
+from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
-    Request,
     optional_int,
     optional_map,
     optional_str,
@@ -54,21 +46,10 @@ from transport.wire import (
     require_uuid,
 )
 
-log = logging.getLogger(__name__)
 
-WORKSPACE_MAX = 128
-Handler = Callable[[Mapping[str, Any], Responder], None]
+class Api(ApiBase):
+    """PROTOCOL.md's methods, each validating its params and answering through `ApiBase`."""
 
-
-class PointReader(Protocol):
-    """What a point read needs: the `Store` (any thread) and a `ReadView` (its own) both are."""
-
-    def get_session(self, ws: str, sid: str) -> Session: ...
-
-    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
-
-
-class Api:
     def __init__(
         self,
         *,
@@ -81,179 +62,41 @@ class Api:
         readers: int = 4,
         check_provider: Callable[[str], None] | None = None,
     ) -> None:
-        self.store = store
-        # Raises `provider_not_installed` for a provider whose program is missing (issue 17).
-        self._check_provider = check_provider
-        self.host = host
-        self.catalog = catalog
-        self._status = status
-        self._set_failpoints = set_failpoints
-        self._default_cwd = default_cwd
-        self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
-        # The point reads' own connection, used only by the first thread that dispatches (the
-        # transport thread); a call from any other thread reads through the pool.
-        self._view = ReadView(store.path)
-        self._view_thread: int | None = None
-        self.inline_reads = 0
-        """Point reads answered on the dispatching thread (tests pin the read path on it)."""
-        self._methods: dict[str, Handler] = {
-            "host.status": self.host_status,
-            "session.create": self.session_create,
-            "session.get": self.session_get,
-            "session.list": self.session_list,
-            "session.timeline": self.session_timeline,
-            "session.lineage": self.session_lineage,
-            "session.updateSettings": self.session_update_settings,
-            "session.updateTitle": self.session_update_title,
-            "session.pin": self.session_pin,
-            "session.delete": self.session_delete,
-            "turn.submit": self.turn_submit,
-            "turn.interrupt": self.turn_interrupt,
-            "interaction.respond": self.interaction_respond,
-            "goal.set": self.goal_set,
-            "goal.clear": self.goal_clear,
-            "fork.create": self.fork_create,
-            "fork.get": self.fork_get,
-            "fork.acknowledge": self.fork_acknowledge,
-            "fork.resolve": self.fork_resolve,
-        }
+        super().__init__(
+            store=store,
+            host=host,
+            catalog=catalog,
+            status=status,
+            set_failpoints=set_failpoints,
+            default_cwd=default_cwd,
+            readers=readers,
+            check_provider=check_provider,
+        )
+        self._methods.update(
+            {
+                "host.status": self.host_status,
+                "session.create": self.session_create,
+                "session.get": self.session_get,
+                "session.list": self.session_list,
+                "session.timeline": self.session_timeline,
+                "session.lineage": self.session_lineage,
+                "session.updateSettings": self.session_update_settings,
+                "session.updateTitle": self.session_update_title,
+                "session.pin": self.session_pin,
+                "session.delete": self.session_delete,
+                "turn.submit": self.turn_submit,
+                "turn.interrupt": self.turn_interrupt,
+                "interaction.respond": self.interaction_respond,
+                "goal.set": self.goal_set,
+                "goal.clear": self.goal_clear,
+                "fork.create": self.fork_create,
+                "fork.get": self.fork_get,
+                "fork.acknowledge": self.fork_acknowledge,
+                "fork.resolve": self.fork_resolve,
+            }
+        )
         if set_failpoints is not None:
             self._methods["debug.failpoints"] = self.debug_failpoints
-        self._started = time.monotonic()
-
-    def close(self) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        self._view.close()
-
-    # -- dispatch --------------------------------------------------------------------------
-
-    def __call__(self, request: Request, responder: Responder) -> None:
-        if activity.enabled():  # `serve -v`: one line per request, when it is answered
-            responder = activity.LoggedResponder(responder, request)
-        handler = self._methods.get(request.method)
-        try:
-            if handler is None:
-                raise InvalidRequest(f"unknown method {request.method!r}", reason="unknown_method")
-            handler(request.params, responder)
-        except HostError as exc:
-            responder.error(exc)
-
-    def _read(
-        self, responder: Responder, fn: Callable[[], dict[str, Any]], status: int = 200
-    ) -> None:
-        """Run a read (or a write that needs no actor) on the pool."""
-
-        def _run() -> None:
-            try:
-                responder.result(status, fn())
-            except HostError as exc:
-                responder.error(exc)
-            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-                responder.error(host_error_of(exc, "read", logger=log))
-
-        try:
-            self._pool.submit(_run)
-        except RuntimeError:  # pool shut down: the daemon is stopping
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
-
-    def _read_now(self, responder: Responder, answer: Callable[[PointReader], None]) -> None:
-        """A point read of committed state: `answer(reader)` reads and answers. It runs here,
-        on the transport thread, with the read-only connection; on the reader pool with the
-        `Store` if this is not the thread that owns the connection or if SQLite reports that
-        connection busy. Whatever it raises becomes the typed error reply."""
-        me = threading.get_ident()
-        if self._view_thread is None:
-            self._view_thread = me
-        if me == self._view_thread:
-            try:
-                answer(self._view)
-                self.inline_reads += 1
-                return
-            except TRANSIENT_ERRORS:
-                pass  # answered below, on the pool
-            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-                responder.error(_typed(exc, "read"))
-                return
-
-        def _run() -> None:
-            try:
-                answer(self.store)
-            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-                responder.error(_typed(exc, "read"))
-
-        try:
-            self._pool.submit(_run)
-        except RuntimeError:  # pool shut down: the daemon is stopping
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
-
-    def _route(
-        self,
-        responder: Responder,
-        ws: str,
-        sid: str,
-        make: Callable[[Callable[[Any], None]], Any],
-        project: Callable[[Any], tuple[int, dict[str, Any]]],
-        gone: Callable[[], tuple[int, dict[str, Any]] | None] | None = None,
-    ) -> None:
-        """Check the Session exists (so garbage ids never start actors), then hand the
-        message to its actor; the reply is projected on the actor's thread. When the Session
-        does not exist, `gone` may still answer from durable state (else the 404 stands)."""
-
-        def reply(outcome: Any) -> None:
-            if isinstance(outcome, HostError):
-                responder.error(outcome)
-                return
-            if isinstance(outcome, BaseException):
-                responder.error(host_error_of(outcome, "request", logger=log))
-                return
-            try:
-                status, result = project(outcome)
-            except HostError as exc:
-                responder.error(exc)
-                return
-            except Exception as exc:  # noqa: BLE001
-                responder.error(host_error_of(exc, "projection", logger=log))
-                return
-            responder.result(status, result)
-
-        def _check_and_route() -> None:
-            try:
-                try:
-                    self.store.get_session(ws, sid)
-                except SessionNotFound:
-                    answer = gone() if gone is not None else None
-                    if answer is None:
-                        raise
-                    responder.result(*answer)
-                    return
-                self.host.tell(Route(ws, sid, make(reply)))
-            except HostError as exc:
-                responder.error(exc)
-            except pykka.ActorDeadError:
-                responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
-            except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
-                responder.error(host_error_of(exc, f"routing {sid}", logger=log))
-
-        try:
-            self._pool.submit(_check_and_route)
-        except RuntimeError:
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
-
-    def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
-        return 200, {"session": projection.session(session, self.catalog)}
-
-    def _turn_result(
-        self, ws: str, sid: str, status: int
-    ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
-        def project(turn: Any) -> tuple[int, dict[str, Any]]:
-            provider = self.store.get_session(ws, sid).provider
-            return status, {"turn": projection.turn(turn, provider, self.catalog)}
-
-        return project
-
-    def _fork_result(self, outcome: ForkReply) -> tuple[int, dict[str, Any]]:
-        status = 200 if outcome.final else 202
-        return status, {"operation": projection.operation(outcome.operation, self.catalog)}
 
     # -- methods ---------------------------------------------------------------------------
 
@@ -539,13 +382,6 @@ class Api:
                 raise InvalidArgument("points", f"action of {name!r} must be a string")
         set_failpoints = self._set_failpoints
         self._read(responder, lambda: {"points": set_failpoints(dict(points))})
-
-
-def _typed(exc: BaseException, what: str) -> HostError:
-    """The reply of a failed read: typed as it is, the actors gone as `shutting_down`."""
-    if isinstance(exc, pykka.ActorDeadError):
-        return Unavailable("daemon is shutting down", reason="shutting_down")
-    return host_error_of(exc, what, logger=log)
 
 
 def _workspace(params: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from actors.fork_saga import full_session_capable
+from actors.fork_start import full_session_capable
 from actors.ports import ProviderCatalog
 from storage.fork_points import wire_point
 from storage.lineage_tree import LineageNode, LineageTree

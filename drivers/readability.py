@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.binder import BinderError, _read_regular, _rollout_matches
+from drivers.rollout_files import BinderError, read_regular, rollout_matches
 
 MAX_LINEAGE_DEPTH = 64
 
@@ -185,14 +185,14 @@ def _fork_point(meta: Mapping[str, Any], first_ordinal: int, where: str) -> tupl
 
 def _segment(home: Path, thread_id: str) -> RolloutSegment:
     try:
-        matches = _rollout_matches(home, thread_id)
+        matches = rollout_matches(home, thread_id)
     except OSError as exc:
         raise LineageBroken(f"{thread_id}: {exc}") from exc
     if len(matches) != 1:
         raise LineageBroken(f"{len(matches)} rollouts of {thread_id} under {home}")
     path = matches[0]
     try:
-        data = _read_regular(path)
+        data = read_regular(path)
     except (BinderError, OSError) as exc:
         raise LineageBroken(f"{path}: {exc}") from exc
     records = _records(data, thread_id, path.name)

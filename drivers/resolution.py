@@ -32,8 +32,8 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from drivers.binder import ROLLOUT_DIRS, BinderError, iter_rollouts
 from drivers.errors import DriverError
+from drivers.rollout_files import ROLLOUT_DIRS, BinderError, iter_rollouts
 
 QUARANTINE_DIR = "quarantine"
 METHODS = (ResolveRequest.INSPECT, ResolveAdopt.METHOD, ResolveRequest.QUARANTINE)

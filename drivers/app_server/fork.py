@@ -29,10 +29,11 @@ from drivers.base import (
     ForkResult,
     ProviderStateBindingMode,
 )
-from drivers.binder import BinderError, RolloutBinder
+from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 from drivers.readability import ReaderNotApplicable
+from drivers.rollout_files import BinderError
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""

@@ -21,7 +21,7 @@ from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerFailure
 from drivers.app_server.state import Runtime, SessionState
 from drivers.base import ForkRequest, ProviderDriver
-from drivers.binder import BinderError, RolloutBinder
+from drivers.binder import RolloutBinder
 from drivers.codex.command import resolve_command
 from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml, write_if_changed
 from drivers.codex.lineage import (
@@ -36,6 +36,7 @@ from drivers.credentials import copy_login, credential_plan, file_key_env, user_
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_codex_child
+from drivers.rollout_files import BinderError
 from drivers.versions import CODEX_GATE
 
 

@@ -23,8 +23,8 @@ from codex_helpers import (
 from conftest import MakeDriver
 
 from drivers.base import DeliveryDisposition
-from drivers.binder import BinderError, iter_rollouts
 from drivers.codex import CONTEXT_KEY, CodexDriver, rollout_lineage
+from drivers.rollout_files import BinderError, iter_rollouts
 from model_fakes.responses import ResponsesServer
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]

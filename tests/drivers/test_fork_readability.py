@@ -18,7 +18,7 @@ from test_tutti_driver import fork_request, open_session
 
 from drivers.app_server import AppServerProcess, private_env
 from drivers.base import DeliveryDisposition
-from drivers.binder import RolloutBinder, iter_rollouts
+from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
 from drivers.readability import (
     ReaderNotApplicable,
@@ -27,6 +27,7 @@ from drivers.readability import (
     prove_tutti_child,
     read_rollout_lineage,
 )
+from drivers.rollout_files import iter_rollouts
 from drivers.tutti_agent import TuttiAgentDriver
 
 PROXY = str(Path(__file__).with_name("tamper_proxy.py"))

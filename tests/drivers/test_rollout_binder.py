@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from drivers.binder import BindAction, BinderError, BindFailure, RolloutBinder, iter_rollouts
+from drivers.binder import BindAction, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
+from drivers.rollout_files import BinderError, BindFailure, iter_rollouts
 
 CHILD = "01a228cc-0615-7000-9287-053cd6fa8a8d"
 PARENT = "01a228cc-0375-7000-bfc2-d5c618808a77"

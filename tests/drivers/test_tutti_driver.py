@@ -17,8 +17,9 @@ from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
 
 from drivers.app_server import AppServerProcess, private_env
 from drivers.base import DeliveryDisposition, ForkRequest, ForkResult
-from drivers.binder import RolloutBinder, iter_rollouts
+from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
+from drivers.rollout_files import iter_rollouts
 from drivers.tutti_agent import TuttiAgentDriver
 from storage.errors import HostError, SessionBusy
 

@@ -67,6 +67,13 @@ def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> No
     )
 
 
+def test_the_wire_spec_loads_no_sockets() -> None:
+    """The envelope, params and errors shared by client and server (`transport.wire`) are
+    plain data: importing them loads neither ZeroMQ nor SQLite."""
+    loaded = _loaded_after_import("transport.wire")
+    assert not [m for m in loaded if m.split(".")[0] in ("zmq", "apsw")]
+
+
 @pytest.mark.parametrize(
     "module",
     [
@@ -94,7 +101,12 @@ def test_domain_loads_only_the_standard_library(module: str) -> None:
     assert [m for m in foreign if m not in baseline] == []
 
 
-FORK_MODULES = ("actors/fork_saga.py", "actors/fork_resolve.py", "actors/fork_host.py")
+FORK_MODULES = (
+    "actors/fork_saga.py",
+    "actors/fork_start.py",
+    "actors/fork_resolve.py",
+    "actors/fork_host.py",
+)
 
 
 @pytest.mark.parametrize("path", FORK_MODULES)

@@ -1,0 +1,157 @@
+"""Where a fork begins and where a leftover one is advanced, on the source's SessionActor:
+`fork.create` validated, the provider runtime prepared, the durable prepare that fences the
+source and starts a `ForkSaga` (or answers a replay / a held boundary with the original); and
+`fork.get` of an operation no saga of this process owns (the restart rule, never a provider
+call)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from actors.fork_host import ForkHost, PreparedRuntime
+from actors.fork_saga import TERMINAL, ForkSaga
+from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply
+from actors.ports import (
+    DriverInfo,
+    ProviderCatalog,
+)
+from actors.recovery import apply_restart_rule
+from storage.errors import ForkUnsupported, HostError, ProviderError
+from storage.models import (
+    ForkOperation,
+    ForkPointKind,
+    ForkPrepareRequest,
+)
+from storage.sqlite import host_error_of
+
+log = logging.getLogger(__name__)
+
+
+def full_session_capable(
+    catalog: ProviderCatalog, provider: str, context: Mapping[str, Any]
+) -> bool:
+    """`lifecycleCapabilities.forkFullSession` from the persisted attestation (issue 21 §2);
+    a catalog that knows nothing of it is false (never inferred from forkThroughTurn)."""
+    check = getattr(catalog, "fork_full_session_capable", None)
+    return bool(check is not None and check(provider, context))
+
+
+def start(host: ForkHost, msg: ForkCreate) -> None:
+    """`fork.create` on this source: validate, prepare the runtime, then the durable prepare
+    that starts a `ForkSaga` (or answers a replay / a held boundary with the original)."""
+    session = host.session()
+    # A replay, or a new identity on a held boundary, gets the original operation
+    # without touching the provider runtime (which may be down right now).
+    existing = host.store.existing_fork(
+        host.ws,
+        source_session_id=host.sid,
+        request_id=msg.request_id,
+        target_session_id=msg.target_session_id,
+        turn_id=msg.turn_id,
+        point_kind=msg.point_kind,
+    )
+    if existing is not None:
+        _answer_existing(host, existing, msg.reply)
+        return
+    info = host.catalog.driver_info(session.provider)
+    if info.binding_mode == "host_copy" and not info.binder_available:
+        # Fail closed before any operation or dispatch (seed 000 §7).
+        raise ForkUnsupported(
+            f"provider {session.provider!r} needs a host_copy binder and none is available"
+        )
+
+    def _prepared(runtime: PreparedRuntime | HostError) -> None:
+        if isinstance(runtime, ProviderError):
+            # No operation exists yet: the typed 502 of PROTOCOL.md, nothing to recover.
+            msg.reply(
+                ProviderError(
+                    f"fork failed before any operation: {runtime.message}",
+                    reason="agent_session_fork_failed",
+                )
+            )
+            return
+        if isinstance(runtime, HostError):
+            msg.reply(runtime)
+            return
+        try:
+            _prepare(host, msg, info, runtime)
+        except HostError as exc:
+            msg.reply(exc)
+        except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+            what = f"fork.create on {host.key} before any operation"
+            msg.reply(host_error_of(exc, what, logger=log))
+
+    host.prepare_runtime(session, _prepared)
+
+
+def _answer_existing(host: ForkHost, op: ForkOperation, reply: Reply) -> None:
+    live = host.sagas.get(op.operation_id)
+    if live is not None:
+        live.join(reply)
+    else:
+        reply(ForkReply(op, op.status in TERMINAL))
+
+
+def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: PreparedRuntime) -> None:
+    context = dict(runtime.runtime_context)
+    # Re-resolved at execution: a capability a client cached never bypasses the server.
+    full = msg.point_kind == ForkPointKind.LATEST_SETTLED
+    catalog = host.catalog
+    capable = (
+        full_session_capable(catalog, runtime.provider, context)
+        if full
+        else catalog.fork_through_turn_capable(runtime.provider, context)
+    )
+    if not capable:
+        raise ForkUnsupported(
+            f"session {host.sid} ({runtime.provider} "
+            f"{context.get('driverVersion', '?')}) cannot fork "
+            + ("the whole session" if full else "through a turn")
+        )
+    request = ForkPrepareRequest(
+        source_session_id=host.sid,
+        request_id=msg.request_id,
+        target_session_id=msg.target_session_id,
+        turn_id=msg.turn_id,
+        point_kind=msg.point_kind,
+        driver_kind=str(context.get("driverKind") or runtime.provider),
+        driver_version=str(context.get("driverVersion") or ""),
+        binding_mode=info.binding_mode,
+        # Env and provider target refs are dispatch-only; never frozen (seed 000 §5).
+        runtime_identity={
+            "cwd": runtime.cwd,
+            "settings": dict(runtime.settings),
+            "runtime_context": context,
+        },
+    )
+    provider = runtime.provider
+    op, created = host.store.prepare_fork(
+        host.ws,
+        request,
+        turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
+    )
+    if not created:
+        _answer_existing(host, op, msg.reply)
+        return
+    saga = ForkSaga(host, op, runtime, info)
+    host.sagas[op.operation_id] = saga
+    host.live_operations.add(op.operation_id)
+    saga.join(msg.reply)
+    saga._step(saga._after_prepare)
+
+
+def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
+    """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
+    an operation no saga of this process owns is a leftover of a dead process:
+    `prepared → failed`, `dispatching → unknown` (never a live one; no provider call)."""
+    op = host.store.get_fork_operation(host.ws, msg.operation_id)
+    if op.operation_id in host.live_operations:
+        msg.reply(ForkReply(op, False))
+        return
+    # The restart rule (domain.fork_states.after_restart); never a provider call.
+    op = apply_restart_rule(host.store, op)
+    if op.status in TERMINAL:
+        host.apply_late_bindings()
+    msg.reply(ForkReply(op, op.status in TERMINAL))

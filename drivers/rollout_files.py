@@ -1,0 +1,278 @@
+"""Rollout files on disk as the binder and the readability proof read and write them: every
+JSONL line validated, `session_meta` identity and lineage read, exact lookup by thread id,
+symlink-free regular reads, and crash-durable writes (temp, fsync, rename, fsync dir). A
+refusal is a `BinderError` naming its `BindFailure`; nothing here writes on a refusal."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from domain.errors import ProviderError
+
+ROLLOUT_DIRS = ("sessions", "archived_sessions")
+_THREAD_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$")
+_MAX_LINEAGE_DEPTH = 64
+
+
+class BindFailure(StrEnum):
+    """Why the binder refused; every refusal writes nothing."""
+
+    SYMLINKED_PATH = "symlinked_path"
+    BAD_THREAD_ID = "bad_thread_id"
+    SOURCE_ROLLOUT_MISSING = "source_rollout_missing"
+    SOURCE_ROLLOUT_AMBIGUOUS = "source_rollout_ambiguous"
+    SOURCE_ROLLOUT_CORRUPT = "source_rollout_corrupt"
+    SOURCE_IDENTITY_MISMATCH = "source_identity_mismatch"
+    TARGET_ROLLOUT_AMBIGUOUS = "target_rollout_ambiguous"
+    TARGET_NOT_REGULAR = "target_not_regular"
+    TARGET_IDENTITY_UNDETECTABLE = "target_identity_undetectable"
+    TARGET_POST_FORK_CORRUPT = "target_post_fork_corrupt"
+    TARGET_DIVERGED = "target_diverged"
+    LINEAGE_INCOMPLETE = "lineage_incomplete"
+    IO_ERROR = "io_error"
+
+
+class BinderError(ProviderError):
+    """The binder refused or failed; after a provider fork this makes the operation unknown."""
+
+    default_reason = "provider_state_binding_failed"
+
+    def __init__(self, failure: BindFailure, message: str) -> None:
+        super().__init__(f"{failure.value}: {message}", params={"bindFailure": failure.value})
+        self.failure = failure
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutMeta:
+    """What the first line says about a thread's identity and lineage."""
+
+    thread_id: str
+    first_ordinal: int
+    last_ordinal: int
+    forked_from_id: str | None
+    referenced: bool
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def parse_line(raw: bytes) -> dict[str, Any]:
+    obj = json.loads(raw)
+    if not isinstance(obj, dict):
+        raise ValueError("line is not a JSON object")
+    for key in ("timestamp", "ordinal", "type", "payload"):
+        if key not in obj:
+            raise ValueError(f"line lacks {key!r}")
+    if not isinstance(obj["ordinal"], int) or isinstance(obj["ordinal"], bool):
+        raise ValueError("ordinal is not an integer")
+    if not isinstance(obj["type"], str) or not isinstance(obj["payload"], dict):
+        raise ValueError("bad type or payload")
+    return obj
+
+
+def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
+    """Validate a complete rollout: every line a JSON object `{timestamp, ordinal, type,
+    payload}` ending in a newline, ordinals strictly increasing, first line `session_meta` with
+    `payload.id == thread_id`. Raises ValueError describing the first defect."""
+    if not data:
+        raise ValueError("empty rollout")
+    if not data.endswith(b"\n"):
+        raise ValueError("torn last line")
+    lines = data[:-1].split(b"\n")
+    first: dict[str, Any] | None = None
+    previous: int | None = None
+    for index, raw in enumerate(lines):
+        try:
+            obj = parse_line(raw)
+        except ValueError as exc:
+            raise ValueError(f"line {index + 1}: {exc}") from None
+        if previous is not None and obj["ordinal"] <= previous:
+            raise ValueError(f"line {index + 1}: ordinal not increasing")
+        previous = obj["ordinal"]
+        if first is None:
+            first = obj
+    assert first is not None and previous is not None
+    if first["type"] != "session_meta":
+        raise ValueError("first line is not session_meta")
+    payload = first["payload"]
+    if payload.get("id") != thread_id:
+        raise ValueError(f"session_meta.id is {payload.get('id')!r}, expected {thread_id!r}")
+    forked_from = payload.get("forked_from_id")
+    # Referenced children start past ordinal 0 and name the ordinal they read through.
+    referenced = bool(forked_from) and (
+        payload.get("forked_from_ordinal_exclusive") is not None
+        or payload.get("history_base") is not None
+        or first["ordinal"] > 0
+    )
+    return RolloutMeta(
+        thread_id=thread_id,
+        first_ordinal=first["ordinal"],
+        last_ordinal=previous,
+        forked_from_id=str(forked_from) if forked_from else None,
+        referenced=referenced,
+    )
+
+
+def first_line_identity(data: bytes) -> str | None:
+    """The `session_meta.id` of a complete first line, or None when it cannot be proven."""
+    newline = data.find(b"\n")
+    if newline < 0:
+        return None
+    try:
+        obj = parse_line(data[:newline])
+    except ValueError:
+        return None
+    if obj["type"] != "session_meta":
+        return None
+    ident = obj["payload"].get("id")
+    return ident if isinstance(ident, str) else None
+
+
+def referenced_ordinal(data: bytes) -> int | None:
+    newline = data.find(b"\n")
+    obj = parse_line(data[:newline])
+    payload = obj["payload"]
+    value = payload.get("forked_from_ordinal_exclusive")
+    if isinstance(value, int):
+        return value
+    base = payload.get("history_base")
+    if isinstance(base, dict) and isinstance(base.get("ordinal_exclusive"), int):
+        return int(base["ordinal_exclusive"])
+    return int(obj["ordinal"])
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def assert_no_symlink(path: Path, *, must_exist: bool) -> None:
+    """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
+    read from, another session's home)."""
+    path = Path(os.path.abspath(path))
+    for part in [*reversed(path.parents), path]:
+        try:
+            st = os.lstat(part)
+        except FileNotFoundError:
+            if must_exist and part == path:
+                raise BinderError(
+                    BindFailure.SOURCE_ROLLOUT_MISSING, f"{part} does not exist"
+                ) from None
+            return  # nothing below a missing component can be a link yet
+        if stat.S_ISLNK(st.st_mode):
+            raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
+
+
+def rollout_matches(home: Path, thread_id: str) -> list[Path]:
+    """Exact lookup: `<dir>/**/rollout-<ts>-<thread_id>.jsonl` under sessions and archives."""
+    suffix = f"-{thread_id}.jsonl"
+    found: list[Path] = []
+    for dirname in ROLLOUT_DIRS:
+        root = home / dirname
+        if not root.is_dir() or root.is_symlink():
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            for name in filenames:
+                if name.startswith("rollout-") and name.endswith(suffix):
+                    found.append(Path(dirpath) / name)
+            dirnames.sort()
+    return sorted(found)
+
+
+def read_regular(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BinderError(BindFailure.TARGET_NOT_REGULAR, f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def makedirs(path: Path) -> list[Path]:
+    """Create `path` and its missing ancestors; returns the directories whose entries
+    changed (each created directory's parent), deepest first — the caller fsyncs each once."""
+    missing: list[Path] = []
+    probe = path
+    while not probe.exists():
+        missing.append(probe)
+        probe = probe.parent
+    changed: list[Path] = []
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            directory.mkdir(mode=0o700)
+        changed.append(directory.parent)
+    changed.reverse()
+    return changed
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename over, fsync the directory: a crash leaves old or new bytes.
+
+    Every directory whose entries changed (the file's, and each created directory's parent)
+    is fsynced exactly once, after the rename and before this returns. The directories are
+    all created first and fsynced last, not each right after its mkdir (issue 20): the same
+    fsyncs, but the file's fsync commits the mkdirs in the same filesystem journal
+    transaction, so the directory fsyncs find little left to do (one journal commit per
+    fsync in a row was most of a fork's binder time). A crash before the last fsync leaves
+    at most an unaccepted partial tree, which a re-bind completes (idempotent)."""
+    changed = makedirs(path.parent)
+    tmp = path.parent / f".{path.name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    for directory in [path.parent, *changed]:
+        fsync_dir(directory)
+
+
+def tamper_with(paths: Iterable[Path]) -> None:
+    """The `tamper` failpoint's damage (tests only): cut each rollout just written to its
+    session_meta line, as a lost or damaged copy would look. Identity stays provable; the
+    history (a Copied child's turns, the prefix a Referenced child reads) is gone."""
+    for path in paths:
+        data = path.read_bytes()
+        path.write_bytes(data[: data.index(b"\n") + 1])
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def iter_rollouts(home: Path) -> Iterator[Path]:
+    """Every rollout file in a home (tests count provider children with it)."""
+    for dirname in ROLLOUT_DIRS:
+        root = home / dirname
+        if root.is_dir():
+            yield from sorted(root.rglob("rollout-*.jsonl"))
