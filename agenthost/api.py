@@ -15,16 +15,13 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import pykka
-
 from actors.fork_resolve import ACTIONS as RESOLVE_ACTIONS
 from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.fork_saga import TERMINAL as _TERMINAL_FORK
-from actors.host_actor import GetFork, HostActor
+from actors.host_actor import GetFork
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
-from actors.ports import ProviderCatalog
 from agenthost import projection
-from agenthost.api_base import WORKSPACE_MAX, ApiBase, PointReader, log
+from agenthost.api_base import WORKSPACE_MAX, ApiBase, Handler, PointReader, log
 from storage import Store
 from storage.errors import (
     HostError,
@@ -48,55 +45,34 @@ from transport.wire import (
 
 
 class Api(ApiBase):
-    """PROTOCOL.md's methods, each validating its params and answering through `ApiBase`."""
+    """PROTOCOL.md's methods, each validating its params and answering through `ApiBase`
+    (constructed with `ApiBase`'s arguments)."""
 
-    def __init__(
-        self,
-        *,
-        store: Store,
-        host: pykka.ActorRef[HostActor],
-        catalog: ProviderCatalog,
-        status: Callable[[], dict[str, Any]],
-        set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
-        default_cwd: str,
-        readers: int = 4,
-        check_provider: Callable[[str], None] | None = None,
-    ) -> None:
-        super().__init__(
-            store=store,
-            host=host,
-            catalog=catalog,
-            status=status,
-            set_failpoints=set_failpoints,
-            default_cwd=default_cwd,
-            readers=readers,
-            check_provider=check_provider,
-        )
-        self._methods.update(
-            {
-                "host.status": self.host_status,
-                "session.create": self.session_create,
-                "session.get": self.session_get,
-                "session.list": self.session_list,
-                "session.timeline": self.session_timeline,
-                "session.lineage": self.session_lineage,
-                "session.updateSettings": self.session_update_settings,
-                "session.updateTitle": self.session_update_title,
-                "session.pin": self.session_pin,
-                "session.delete": self.session_delete,
-                "turn.submit": self.turn_submit,
-                "turn.interrupt": self.turn_interrupt,
-                "interaction.respond": self.interaction_respond,
-                "goal.set": self.goal_set,
-                "goal.clear": self.goal_clear,
-                "fork.create": self.fork_create,
-                "fork.get": self.fork_get,
-                "fork.acknowledge": self.fork_acknowledge,
-                "fork.resolve": self.fork_resolve,
-            }
-        )
-        if set_failpoints is not None:
-            self._methods["debug.failpoints"] = self.debug_failpoints
+    def method_table(self) -> dict[str, Handler]:
+        table: dict[str, Handler] = {
+            "host.status": self.host_status,
+            "session.create": self.session_create,
+            "session.get": self.session_get,
+            "session.list": self.session_list,
+            "session.timeline": self.session_timeline,
+            "session.lineage": self.session_lineage,
+            "session.updateSettings": self.session_update_settings,
+            "session.updateTitle": self.session_update_title,
+            "session.pin": self.session_pin,
+            "session.delete": self.session_delete,
+            "turn.submit": self.turn_submit,
+            "turn.interrupt": self.turn_interrupt,
+            "interaction.respond": self.interaction_respond,
+            "goal.set": self.goal_set,
+            "goal.clear": self.goal_clear,
+            "fork.create": self.fork_create,
+            "fork.get": self.fork_get,
+            "fork.acknowledge": self.fork_acknowledge,
+            "fork.resolve": self.fork_resolve,
+        }
+        if self._set_failpoints is not None:
+            table["debug.failpoints"] = self.debug_failpoints
+        return table
 
     # -- methods ---------------------------------------------------------------------------
 

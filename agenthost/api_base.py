@@ -77,8 +77,12 @@ class ApiBase:
         self._view_thread: int | None = None
         self.inline_reads = 0
         """Point reads answered on the dispatching thread (tests pin the read path on it)."""
-        self._methods: dict[str, Handler] = {}
         self._started = time.monotonic()
+        self._methods: dict[str, Handler] = self.method_table()
+
+    def method_table(self) -> dict[str, Handler]:
+        """The handlers by method name (`agenthost.api.Api` gives PROTOCOL.md's)."""
+        return {}
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
