@@ -3,18 +3,28 @@ loop against the daemon socket until a shared deadline, recording every request 
 
 Separate processes keep the clients' own GIL out of the latencies we report; on 2 cores the
 clients still compete with the daemon for CPU, which every figure here includes.
+
+The read loop uses `LeanClient`, not `transport.client.Client`: on 2 cores the load clients'
+own CPU bounds the wall rate of the reads benchmark, and the full client spends ~0.5 ms of CPU
+per call on its socket thread, pipe and futures (issue 20; docs/performance.md). The lean one
+is what an efficient real client is: one DEALER used from the calling thread, each request
+its pre-encoded params plus a fresh id, each reply decoded and checked to answer that id.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import queue
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgpack
+import zmq
 
 Record = dict[str, Any]
 """One request: `kind`, `t0`/`t1` (epoch ms), `status`, `reason`, plus loop-specific keys."""
@@ -31,7 +41,7 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
-def _call(c: Any, kind: str, method: str, params: Mapping[str, Any]) -> tuple[Record, dict]:
+def _call(c: Any, kind: str, method: str, params: Mapping[str, Any]) -> tuple[Record, dict[str, Any]]:
     t0 = now_ms()
     status, body = c.call_raw(method, params)
     t1 = now_ms()
@@ -39,6 +49,66 @@ def _call(c: Any, kind: str, method: str, params: Mapping[str, Any]) -> tuple[Re
     if status >= 400:
         rec["reason"] = str(body.get("reason", ""))
     return rec, body
+
+
+class LeanClient:
+    """A synchronous request client as lean as an efficient real one (see the module
+    docstring): no background thread, no futures, no per-call encode of the params.
+
+    `head(method, params)` encodes a request once, without its id; `call_raw(head)` sends it
+    under a fresh id and returns `(status, body)` like `Client.call_raw`, after checking the
+    reply is a version-1 reply to that id (anything else raises: the run fails, it is never
+    counted as a read). ipc endpoints only (a tcp endpoint would need CURVE keys)."""
+
+    def __init__(self, endpoint: str, *, timeout: float = 120.0) -> None:
+        if not endpoint.startswith("ipc://"):
+            raise ValueError(f"LeanClient speaks ipc only, not {endpoint!r}")
+        self._ctx: zmq.Context[Any] = zmq.Context()
+        self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+        self._sock.connect(endpoint)
+        self._prefix = f"lean-{os.getpid():x}-"
+        self._n = 0
+
+    @staticmethod
+    def head(method: str, params: Mapping[str, Any]) -> bytes:
+        """The request as a 4-entry msgpack map whose last key is `id`: a call appends the
+        encoded id to these bytes."""
+        pack = msgpack.packb
+        return b"".join(
+            (
+                b"\x84",
+                pack("v"),
+                pack(1),
+                pack("method"),
+                pack(method),
+                pack("params"),
+                pack(dict(params), use_bin_type=True),
+                pack("id"),
+            )
+        )
+
+    def call_raw(self, head: bytes) -> tuple[int, dict[str, Any]]:
+        self._n += 1
+        request_id = f"{self._prefix}{self._n}"
+        self._sock.send(head + msgpack.packb(request_id))
+        try:
+            frame = self._sock.recv()
+        except zmq.Again:
+            raise TimeoutError(f"no reply to {request_id}") from None
+        reply = msgpack.unpackb(frame, raw=False)
+        if not isinstance(reply, dict) or reply.get("v") != 1 or reply.get("id") != request_id:
+            raise RuntimeError(f"reply {reply!r:.200} does not answer request {request_id}")
+        status = reply.get("status")
+        if not isinstance(status, int):
+            raise RuntimeError(f"reply to {request_id} without an integer status")
+        body = reply.get("result") if status < 400 else reply.get("error")
+        return status, body if isinstance(body, dict) else {}
+
+    def close(self) -> None:
+        self._sock.close()
+        self._ctx.term()
 
 
 def loop_mutate(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) -> list[Record]:
@@ -261,25 +331,31 @@ def loop_race_mutate(
 
 
 def loop_read(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) -> list[Record]:
-    """Alternate `session.get` over `sids` and `fork.get` over `ops`, one request in flight."""
+    """Alternate `session.get` over `sids` and `fork.get` over `ops`, one request in flight,
+    through the `LeanClient` `c` (see the module docstring)."""
     ws = args["ws"]
-    sids: Sequence[str] = args["sids"]
-    ops: Sequence[str] = args["ops"]
+    heads = [
+        ("session.get", LeanClient.head("session.get", {"workspaceId": ws, "agentSessionId": s}))
+        for s in args["sids"]
+    ]
+    op_heads = [
+        ("fork.get", LeanClient.head("fork.get", {"workspaceId": ws, "operationId": op}))
+        for op in args["ops"]
+    ]
+    call = c.call_raw
     out: list[Record] = []
     i = int(args.get("offset", 0))
     while time.monotonic() < deadline:
         i += 1
-        if ops and i % 2:
-            rec, _ = _call(
-                c, "fork.get", "fork.get", {"workspaceId": ws, "operationId": ops[i % len(ops)]}
-            )
+        if op_heads and i % 2:
+            kind, head = op_heads[i % len(op_heads)]
         else:
-            rec, _ = _call(
-                c,
-                "session.get",
-                "session.get",
-                {"workspaceId": ws, "agentSessionId": sids[i % len(sids)]},
-            )
+            kind, head = heads[i % len(heads)]
+        t0 = now_ms()
+        status, body = call(head)
+        rec: Record = {"kind": kind, "t0": t0, "t1": now_ms(), "status": status, "reason": ""}
+        if status >= 400:
+            rec["reason"] = str(body.get("reason", ""))
         out.append(rec)
     return out
 
@@ -290,6 +366,8 @@ LOOPS: dict[str, Callable[[Any, Waiter, Mapping[str, Any], float], list[Record]]
     "race_mutate": loop_race_mutate,
     "read": loop_read,
 }
+LEAN_LOOPS = frozenset({"read"})
+"""Loops run with a `LeanClient` instead of `transport.client.Client`."""
 
 
 def _client_main(
@@ -304,7 +382,13 @@ def _client_main(
 ) -> None:
     from transport.client import Client
 
-    client = Client(endpoint, timeout=120.0)
+    # The read loop's client is the lean one (see the module docstring), connected before the
+    # release like the others.
+    client: Client | LeanClient = (
+        LeanClient(endpoint, timeout=120.0)
+        if spec.loop in LEAN_LOOPS
+        else Client(endpoint, timeout=120.0)
+    )
     waiter = Waiter(client, events)
     try:
         ready.put(index)

@@ -562,7 +562,7 @@ def run(mode: Mode) -> BenchResult:
         f" errors {many['readErrors']}",
         cpu_line(many["readCpuMsPerRequest"], "ms per read"),
         f"machine busy: {many['readMachineBusyCores']:.2f} cores, of which the {readers} load"
-        f" clients {many['readLoadGeneratorCores']:.2f}",
+        f" clients (bench.loadgen.LeanClient) {many['readLoadGeneratorCores']:.2f}",
         *many["readSpyLines"],
     ]
     read_profile = {"lines": read_lines, "cpuMsPerRequest": many["readCpuMsPerRequest"]}
@@ -623,10 +623,20 @@ def run_reads_only(mode: Mode) -> BenchResult:
         )
     )
     result.notes.append(cpu_line(cpu, "ms per read"))
+    result.notes.append(
+        f"machine busy: {profile.machine_busy_cores:.2f} cores, of which the {readers} load"
+        f" clients (bench.loadgen.LeanClient) {profile.load_generator_cores:.2f}"
+        f" ({1000 * profile.load_generator_cores * read_s / max(1, len(flat)):.3f} ms per read)"
+    )
     result.notes.append(f"errors {sum(1 for r in flat if r['status'] >= 400)}")
     quick = " --quick" if mode is Mode.QUICK else ""
     result.notes.append(f"command: build/venv/bin/python -m bench.scale --only-reads{quick}")
-    result.figures = {"readsPerSecond": len(flat) / read_s, "cpuMsPerRead": cpu}
+    result.figures = {
+        "readsPerSecond": len(flat) / read_s,
+        "cpuMsPerRead": cpu,
+        "machineBusyCores": profile.machine_busy_cores,
+        "loadGeneratorCores": profile.load_generator_cores,
+    }
     return result
 
 
