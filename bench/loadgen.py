@@ -41,7 +41,9 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
-def _call(c: Any, kind: str, method: str, params: Mapping[str, Any]) -> tuple[Record, dict[str, Any]]:
+def _call(
+    c: Any, kind: str, method: str, params: Mapping[str, Any]
+) -> tuple[Record, dict[str, Any]]:
     t0 = now_ms()
     status, body = c.call_raw(method, params)
     t1 = now_ms()
