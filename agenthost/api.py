@@ -107,11 +107,10 @@ class Api(ApiBase):
     def session_get(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
 
-        def _get(reader: PointReader) -> None:
-            session = reader.get_session(ws, sid)
-            responder.result(200, {"session": projection.session(session, self.catalog)})
+        def _get(reader: PointReader) -> dict[str, Any]:
+            return {"session": projection.session(reader.get_session(ws, sid), self.catalog)}
 
-        self._read_now(responder, _get)
+        self._read_now(responder, ("session.get", ws, sid), _get)
 
     def session_list(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
@@ -294,17 +293,17 @@ class Api(ApiBase):
             else:
                 responder.error(host_error_of(outcome, "fork.get: unexpected reply", logger=log))
 
-        def _get(reader: PointReader) -> None:
+        def _get(reader: PointReader) -> dict[str, Any] | None:
             # A settled operation is answered from committed state (on the transport thread);
             # only an active one goes through the HostActor, which may advance it (leftover
-            # recovery) and answers through `reply`.
+            # recovery) and answers through `reply` (never cached).
             op = reader.get_fork_operation(ws, op_id)
             if op.is_active:
                 self.host.tell(GetFork(ws, op_id, reply))
-            else:
-                responder.result(200, {"operation": projection.operation(op, self.catalog)})
+                return None
+            return {"operation": projection.operation(op, self.catalog)}
 
-        self._read_now(responder, _get)
+        self._read_now(responder, ("fork.get", ws, op_id), _get)
 
     def fork_acknowledge(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)

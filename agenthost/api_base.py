@@ -18,6 +18,7 @@ from actors.host_actor import HostActor, Route
 from actors.messages import ForkReply
 from actors.ports import ProviderCatalog
 from agenthost import activity, projection
+from agenthost.reply_cache import ReplyCache
 from storage import Store
 from storage.errors import (
     HostError,
@@ -28,10 +29,9 @@ from storage.errors import (
 from storage.models import ForkOperation, Session
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
+from transport.replies import OneShotResponder
 from transport.server import Responder
-from transport.wire import (
-    Request,
-)
+from transport.wire import Request, pack_result
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class ApiBase:
         default_cwd: str,
         readers: int = 4,
         check_provider: Callable[[str], None] | None = None,
+        reply_cache: ReplyCache | None = None,
     ) -> None:
         self.store = store
         # Raises `provider_not_installed` for a provider whose program is missing (issue 17).
@@ -77,6 +78,8 @@ class ApiBase:
         self._view_thread: int | None = None
         self.inline_reads = 0
         """Point reads answered on the dispatching thread (tests pin the read path on it)."""
+        self.reply_cache = ReplyCache() if reply_cache is None else reply_cache
+        """The point reads' encoded replies (`agenthost.reply_cache`), transport thread only."""
         self._started = time.monotonic()
         self._methods: dict[str, Handler] = self.method_table()
 
@@ -119,17 +122,25 @@ class ApiBase:
         except RuntimeError:  # pool shut down: the daemon is stopping
             responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
-    def _read_now(self, responder: Responder, answer: Callable[[PointReader], None]) -> None:
-        """A point read of committed state: `answer(reader)` reads and answers. It runs here,
-        on the transport thread, with the read-only connection; on the reader pool with the
-        `Store` if this is not the thread that owns the connection or if SQLite reports that
-        connection busy. Whatever it raises becomes the typed error reply."""
+    def _read_now(
+        self,
+        responder: Responder,
+        key: tuple[str, str, str],
+        read: Callable[[PointReader], dict[str, Any] | None],
+    ) -> None:
+        """A point read of committed state: `read(reader)` returns the 200 reply's result, or
+        None when it has arranged the answer itself. It runs here, on the transport thread,
+        with the read-only connection, and its result is kept in the reply cache under `key`
+        (`agenthost.reply_cache`: answered from there while nothing was committed since); on
+        the reader pool with the `Store` if this is not the thread that owns the connection
+        or if SQLite reports that connection busy. Whatever it raises becomes the typed error
+        reply."""
         me = threading.get_ident()
         if self._view_thread is None:
             self._view_thread = me
         if me == self._view_thread:
             try:
-                answer(self._view)
+                self._read_on_view(responder, key, read)
                 self.inline_reads += 1
                 return
             except TRANSIENT_ERRORS:
@@ -140,7 +151,9 @@ class ApiBase:
 
         def _run() -> None:
             try:
-                answer(self.store)
+                result = read(self.store)
+                if result is not None:
+                    responder.result(200, result)
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 responder.error(read_error(exc, "read"))
 
@@ -148,6 +161,31 @@ class ApiBase:
             self._pool.submit(_run)
         except RuntimeError:  # pool shut down: the daemon is stopping
             responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+
+    def _read_on_view(
+        self,
+        responder: Responder,
+        key: tuple[str, str, str],
+        read: Callable[[PointReader], dict[str, Any] | None],
+    ) -> None:
+        view, cache = self._view, self.reply_cache
+        if not isinstance(responder, OneShotResponder):
+            # A wrapped responder (`serve -v` logs each result map): no cache on this path.
+            result = read(view)
+            if result is not None:
+                responder.result(200, result)
+            return
+        # The generation before the read: a commit during it can only make the entry stale
+        # for the next lookup, never kept as current (`storage.read_view`).
+        generation = view.generation()
+        packed = cache.get(generation, key)
+        if packed is None:
+            result = read(view)
+            if result is None:
+                return
+            packed = pack_result(result)
+            cache.put(generation, key, packed)
+        responder.result_packed(200, packed)
 
     def _route(
         self,

@@ -333,7 +333,6 @@ def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
     return out
 
 
-
 def _exact_ipc(cfg: Config) -> str | None:
     """The ipc endpoint of the terminated-topic events socket, beside `events.sock`; None when
     its (longer) path would not fit a Unix socket address: a home that starts today keeps

@@ -11,6 +11,12 @@ returns, so it sees every transaction committed before it began — in particula
 the daemon acknowledged to a client before that client's read arrived. Nothing keeps a
 snapshot open between two reads.
 
+The generation (`generation()`, SQLite's `PRAGMA data_version`) lets a caller keep what it
+read: it changes whenever any other connection, in this process or another, commits to the
+database (and never because of this connection, which cannot write). A value taken *before*
+a read and found unchanged later proves that nothing was committed since, so what the read
+returned is still the committed state (the daemon's reply cache, `agenthost.reply_cache`).
+
 One `ReadView` belongs to one thread (its caller); it is not a pool.
 """
 
@@ -48,6 +54,14 @@ class ReadView:
             conn.execute("PRAGMA query_only=1")
             self._conn = conn
         return conn
+
+    def generation(self) -> int:
+        """The database's commit generation as this connection sees it now (a read
+        transaction of its own, ended before it returns); see the module docstring. Take it
+        before the reads it stamps: a commit between the two then only makes it stale."""
+        row = self._connection().execute("PRAGMA data_version").fetchone()
+        assert row is not None
+        return int(row[0])
 
     def get_session(self, ws: str, sid: str) -> Session:
         """The live Session, or `SessionNotFound`; one statement, so one snapshot."""

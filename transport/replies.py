@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import zmq
 
 from domain.errors import HostError, internal_error
-from transport.wire import encode_error, encode_result
+from transport.wire import encode_error, encode_result, encode_result_packed
 
 log = logging.getLogger("transport.server")
 
@@ -75,6 +75,15 @@ class OneShotResponder:
             what = f"encoding the result of request {self._request_id}"
             frame = encode_error(self._request_id, internal_error(exc, what, logger=log))
         return self._post(self._token, frame)
+
+    def result_packed(self, status: int, packed_result: bytes) -> bool:
+        """`result` of a result map already packed (`transport.wire.pack_result`)."""
+        if not self._claim():
+            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
+            return False
+        return self._post(
+            self._token, encode_result_packed(self._request_id, status, packed_result)
+        )
 
     def error(self, error: HostError) -> bool:
         """Send an error reply. Returns False if this request was already answered."""

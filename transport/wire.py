@@ -142,12 +142,46 @@ def _pack(obj: Mapping[str, Any]) -> bytes:
     return packed
 
 
+def _pack_value(value: str | int) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
+
+
 def encode_result(request_id: str, status: int, result: Mapping[str, Any]) -> bytes:
     """A success reply (status 200 or 202). Raises TypeError if `result` is not msgpack-able."""
     if not 200 <= status < 300:
         raise ValueError(f"success status must be 2xx, not {status}")
     return _pack(
         {"v": PROTOCOL_VERSION, "id": request_id, "status": status, "result": dict(result)},
+    )
+
+
+_RESULT_HEAD = b"\x84" + _pack_value("v") + _pack_value(PROTOCOL_VERSION) + _pack_value("id")
+_STATUS_KEY = _pack_value("status")
+_RESULT_KEY = _pack_value("result")
+
+
+def pack_result(result: Mapping[str, Any]) -> bytes:
+    """The msgpack bytes of a success reply's `result` map, for `encode_result_packed` (a
+    reply that is sent again, e.g. from a cache, is encoded once). Raises TypeError like
+    `encode_result`."""
+    return _pack(dict(result))
+
+
+def encode_result_packed(request_id: str, status: int, packed_result: bytes) -> bytes:
+    """`encode_result` of a result already packed by `pack_result`: the same bytes, without
+    encoding the result map again."""
+    if not 200 <= status < 300:
+        raise ValueError(f"success status must be 2xx, not {status}")
+    return b"".join(
+        (
+            _RESULT_HEAD,
+            _pack_value(request_id),
+            _STATUS_KEY,
+            _pack_value(status),
+            _RESULT_KEY,
+            packed_result,
+        )
     )
 
 
