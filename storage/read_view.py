@@ -59,9 +59,9 @@ class ReadView:
         """The database's commit generation as this connection sees it now (a read
         transaction of its own, ended before it returns); see the module docstring. Take it
         before the reads it stamps: a commit between the two then only makes it stale."""
-        row = self._connection().execute("PRAGMA data_version").fetchone()
-        assert row is not None
-        return int(row[0])
+        value = self._connection().execute("PRAGMA data_version").get
+        assert isinstance(value, int)
+        return value
 
     def get_session(self, ws: str, sid: str) -> Session:
         """The live Session, or `SessionNotFound`; one statement, so one snapshot."""

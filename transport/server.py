@@ -64,9 +64,8 @@ DEFAULT_MAX_IN_FLIGHT_PER_CLIENT = 1024
 """Requests in flight plus replies it has not read, per client connection: past it the
 client is refused (503 `overloaded`, retryable)."""
 
-# Plain ints: pyzmq's flag enums cost an enum construction per `|` on the hot path.
+# A plain int: pyzmq's flag enums cost an enum construction per use on the hot path.
 _NOBLOCK = int(zmq.NOBLOCK)
-_RCVMORE = int(zmq.RCVMORE)
 
 # Tags of the inproc pipe into the loop (first frame of each message).
 _TAG_REPLY = b"R"
@@ -356,20 +355,22 @@ class ApiServer:
 
     def _drain_router(self) -> None:
         # Bounded batch so replies from the pipe are not starved by a flood of requests.
-        # Every request ready is taken in this one wakeup. The frames are read with the
-        # socket's own recv and int flags, not `recv_multipart` (its per-frame Python and
-        # flag-enum arithmetic were a measurable part of a point read, issue 20); a message's
-        # frames arrive together, so the frames after the first are never waited for.
+        # Every request ready is taken in this one wakeup. The frames are read as zero-copy
+        # Frames whose `more` ends the message, with an int flag, not `recv_multipart` (its
+        # per-frame Python, RCVMORE getsockopt and flag enums were a measurable part of a point
+        # read, issue 20); a message's frames arrive together, so none is waited for.
         router = self._router
         assert router is not None
-        recv, more = router.recv, router.get
+        recv = router.recv
         for _ in range(1000):
             try:
-                frames = [recv(_NOBLOCK)]
+                part = recv(_NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            while more(_RCVMORE):
-                frames.append(recv(_NOBLOCK))
+            frames = [part.bytes]
+            while part.more:
+                part = recv(_NOBLOCK, copy=False)
+                frames.append(part.bytes)
             self._handle(frames)
 
     def _handle(self, frames: list[bytes]) -> None:

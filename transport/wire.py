@@ -29,6 +29,7 @@ _UUID_RE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE
 )
 _SCALARS = (str, int, float, bool, type(None), bytes)
+_SCALAR_TYPES = frozenset(_SCALARS)
 # Only this prefix of an unreadable frame is examined to echo its id; clients put `id` early.
 _ID_PEEK_BYTES = 4096
 _ID_PEEK_KEYS = 8
@@ -108,9 +109,13 @@ def decode_request(frame: bytes) -> Request:
         params = {}
     elif not isinstance(params, dict):
         raise malformed(f"'params' must be a map, not {_type_name(params)}")
-    problem = _check_plain(params)
-    if problem:
-        raise malformed(f"'params' {problem}")
+    # Most requests' params are flat maps of scalars: one pass, no traversal stack.
+    for value in params.values():
+        if type(value) not in _SCALAR_TYPES:
+            problem = _check_plain(params)
+            if problem:
+                raise malformed(f"'params' {problem}")
+            break
     return Request(id=request_id, method=method, params=params)
 
 
