@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import apsw
 import pytest
 
 from agenthost.config import load_config
@@ -138,6 +139,51 @@ def test_a_read_after_an_acknowledged_write_sees_it(
             "session.get", {"workspaceId": WS, "agentSessionId": sid}
         )
         assert status == 200 and result["session"]["title"] == f"t{i}"
+
+
+def test_repeat_point_reads_come_from_the_reply_cache_and_never_outlive_a_commit(
+    running: tuple[Daemon, Client, str, str],
+) -> None:
+    """A repeated `session.get` / `fork.get` is answered from the reply cache (the same
+    reply, no SELECT); a commit by the daemon's writer, or by any other connection to the
+    store, empties it, so the next read is the new committed state, never the kept one."""
+    daemon, client, sid, op_id = running
+    cache = daemon.api.reply_cache
+    get_session = {"workspaceId": WS, "agentSessionId": sid}
+    get_fork = {"workspaceId": WS, "operationId": op_id}
+    first = client.call_raw("session.get", get_session)
+    fork_first = client.call_raw("fork.get", get_fork)
+    hits = cache.hits
+    assert client.call_raw("session.get", get_session) == first
+    assert client.call_raw("fork.get", get_fork) == fork_first
+    assert cache.hits == hits + 2
+    # The daemon's own write: the next read is fresh.
+    for i in range(5):
+        status, _ = client.call_raw(
+            "session.updateTitle", {**get_session, "title": f"cached {i}"}
+        )
+        assert status == 200
+        hits = cache.hits
+        status, result = client.call_raw("session.get", get_session)
+        assert status == 200 and result["session"]["title"] == f"cached {i}"
+        assert cache.hits == hits  # read, not served from before the write
+        assert client.call_raw("session.get", get_session) == (status, result)
+        assert cache.hits == hits + 1
+    # Another connection's commit (another process would be the same): seen at once.
+    other = apsw.Connection(str(daemon.store.path))
+    try:
+        other.execute("UPDATE sessions SET title = 'from outside' WHERE session_id = ?", (sid,))
+    finally:
+        other.close()
+    status, result = client.call_raw("session.get", get_session)
+    assert status == 200 and result["session"]["title"] == "from outside"
+    # The operation's reply after its acknowledgement equals the store's own projection.
+    status, acked = client.call_raw("fork.acknowledge", get_fork)
+    assert status == 200
+    assert client.call_raw("fork.get", get_fork) == (200, acked)
+    # An error is never kept: a Session that appears later is found.
+    missing = {"workspaceId": WS, "agentSessionId": str(uuid.uuid4())}
+    assert client.call_raw("session.get", missing)[0] == 404
 
 
 def _count(out: list[int]) -> object:

@@ -106,3 +106,30 @@ def test_a_committed_projection_is_built_once(store: Store, view: ReadView) -> N
         assert again == first
         assert store.get_fork_operation(WS, op.operation_id) == first
     assert projection_cache.misses == misses  # no snapshot re-read, re-hashed, re-parsed
+
+
+def test_the_generation_changes_with_every_commit_by_anyone_and_only_then(
+    store: Store, view: ReadView, store_path: Path
+) -> None:
+    """`generation()` stamps what the view read (the daemon's reply cache): unchanged while
+    nothing is committed (reads, a rolled-back write), changed by each commit of the store's
+    writer or of another connection."""
+    sid = new_session(store, title="first")
+    g0 = view.generation()
+    view.get_session(WS, sid)
+    assert view.generation() == g0
+    store.update_title(WS, sid, "second")
+    g1 = view.generation()
+    assert g1 != g0
+    other = apsw.Connection(str(store_path))
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("UPDATE sessions SET title = 'never' WHERE session_id = ?", (sid,))
+        assert view.generation() == g1  # not committed: nothing changed for a reader
+        other.execute("ROLLBACK")
+        assert view.generation() == g1
+        other.execute("UPDATE sessions SET title = 'third' WHERE session_id = ?", (sid,))
+        assert view.generation() != g1
+    finally:
+        other.close()
+    assert not view.in_transaction

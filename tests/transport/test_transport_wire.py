@@ -25,12 +25,14 @@ from transport.wire import (
     decode_request,
     encode_error,
     encode_result,
+    encode_result_packed,
     optional_bool,
     optional_enum,
     optional_int,
     optional_map,
     optional_str,
     optional_uuid,
+    pack_result,
     peek_id,
     require_bool,
     require_enum,
@@ -263,3 +265,31 @@ def test_valid_requests_round_trip(request_id: str, method: str, params: dict[st
     frame = pack({"v": 1, "id": request_id, "method": method, "params": params})
     assert decode_request(frame) == Request(request_id, method, params)
     assert peek_id(frame) == request_id
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    request_id=st.text(min_size=1, max_size=128),
+    status=st.sampled_from([200, 202]),
+    result=st.dictionaries(
+        st.text(max_size=20),
+        st.recursive(
+            st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=50),
+            lambda inner: st.lists(inner, max_size=4)
+            | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+            max_leaves=12,
+        ),
+        max_size=6,
+    ),
+)
+def test_a_reply_from_a_packed_result_is_byte_identical_to_encode_result(
+    request_id: str, status: int, result: dict[str, Any]
+) -> None:
+    """The reply cache sends `encode_result_packed` of a kept result: the very bytes
+    `encode_result` gives, so a cached reply cannot differ on the wire."""
+    packed = pack_result(result)
+    assert encode_result_packed(request_id, status, packed) == encode_result(
+        request_id, status, result
+    )
+    with pytest.raises(ValueError):
+        encode_result_packed(request_id, 404, packed)
