@@ -217,27 +217,28 @@ class ApiBase:
         gone: Callable[[], tuple[int, dict[str, Any]] | None] | None,
     ) -> bool:
         """`_route` on the transport thread (issue 20, fork fast path): the Session's existence
-        is a point read of committed state on the read-only connection, then the message goes
-        to the HostActor from here — no reader-pool hop before the actor, and requests are
-        routed in the order they arrived. False (nothing answered) when this is not the
-        thread that owns the read connection, when SQLite reports it busy, or when the Session
-        is gone and `gone` may still answer from the store: the pool path does it then."""
+        is a point read of committed state on the read-only connection (no Session built),
+        then the message goes to the HostActor from here — no reader-pool hop before the
+        actor, and requests are routed in the order they arrived. False (nothing answered)
+        when this is not the thread that owns the read connection, when SQLite reports it
+        busy, or when the Session is gone and `gone` may still answer from the store: the
+        pool path does it then."""
         me = threading.get_ident()
         if self._view_thread is None:
             self._view_thread = me
         if me != self._view_thread:
             return False
         try:
-            self._view.get_session(ws, sid)
-        except SessionNotFound as exc:
-            if gone is not None:
-                return False  # a replay may still answer (seed 000 §8): on the pool
-            responder.error(exc)
-            return True
+            exists = self._view.session_exists(ws, sid)
         except TRANSIENT_ERRORS:
             return False
         except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
             responder.error(read_error(exc, f"routing {sid}"))
+            return True
+        if not exists:
+            if gone is not None:
+                return False  # a replay may still answer (seed 000 §8): on the pool
+            responder.error(SessionNotFound(f"session {sid} not found"))
             return True
         self.routed_now += 1
         try:
