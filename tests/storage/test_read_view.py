@@ -5,6 +5,7 @@ the `Store`'s reads field for field; a committed operation's child projection is
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
-def view(store: Store, store_path: Path) -> ReadView:
+def view(store: Store, store_path: Path) -> Iterator[ReadView]:
     v = ReadView(str(store_path))
-    yield v  # type: ignore[misc]
+    yield v
     v.close()
 
 
