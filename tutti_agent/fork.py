@@ -248,7 +248,7 @@ class ForkService:
         # per line: it is durable before the response either way (issue 20). A failed
         # creation leaves no file.
         try:
-            writer = self.store.create_rollout(
+            writer, written = self.store.create_rollout_lines(
                 child_id, meta, first_ordinal=first_ordinal, items=lines
             )
         except AppServerError:
@@ -258,7 +258,10 @@ class ForkService:
         try:
             writer.close()
             self.hooks.after_child_write(child_id)
-            child = self.store.load(child_id)  # prove the child readable on its own
+            # The child's history from the lines just written, checked as a load checks it
+            # (identity, ordinals, history_base into the frozen source), not re-read from disk.
+            parent = prepared.source if first_ordinal > 0 else None
+            child = self.store.adopt_created(child_id, writer.path, written, parent)
         except BaseException as exc:
             # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
             writer.close()

@@ -12,6 +12,7 @@ fsync of the file, then one fsync of each directory whose entries changed (issue
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import threading
@@ -93,26 +94,49 @@ def thread_id_of_path(path: Path) -> str:
 
 
 def find_rollout_path(home: Path, thread_id: str) -> Path | None:
-    """Exact lookup by the thread id in the file name (never a prefix or fuzzy match)."""
-    for path in iter_rollout_paths(home):
+    """Exact lookup by the thread id in the file name (never a prefix or fuzzy match).
+
+    Only names ending in the id are listed (one `glob` of strings, not a `Path` per rollout
+    of the home: a source home holds every child it ever forked, issue 20); the same exact
+    comparison then decides."""
+    root = sessions_dir(home)
+    name = f"rollout-*{glob.escape(thread_id)}.jsonl"
+    pattern = os.path.join(glob.escape(str(root)), "*", "*", "*", name)
+    for found in sorted(glob.glob(pattern, include_hidden=True)):
+        path = Path(found)
         if thread_id_of_path(path) == thread_id:
             return path
     return None
 
 
+_DECODER = json.JSONDecoder()
+
+
 def read_rollout(path: Path) -> list[RolloutLine]:
-    """Read every complete line; a torn last line (no newline, bad JSON) is dropped."""
+    """Read every complete line; a torn last line (no newline, bad JSON) is dropped.
+
+    An all-ASCII file (the usual case) is decoded once and parsed line by line from the text,
+    its character offsets being its byte offsets; any other file line by line from the bytes.
+    Same lines, same offsets, same errors either way (issue 20: a fork reads its child back
+    on both sides of the worker pipe)."""
     data = path.read_bytes()
+    if data.isascii():
+        return _read_lines(data.decode("ascii"), path, _DECODER.decode)
+    return _read_lines(data, path, json.loads)
+
+
+def _read_lines(data: Any, path: Path, loads: Any) -> list[RolloutLine]:
     lines: list[RolloutLine] = []
     offset = 0
-    while offset < len(data):
-        newline = data.find(b"\n", offset)
+    size = len(data)
+    newline_char = "\n" if isinstance(data, str) else b"\n"
+    while offset < size:
+        newline = data.find(newline_char, offset)
         if newline < 0:
             break  # torn tail from a crash mid-write: the valid prefix stands
-        raw = data[offset:newline]
         end = newline + 1
         try:
-            obj = json.loads(raw)
+            obj = loads(data[offset:newline])
             line = RolloutLine(
                 ordinal=int(obj["ordinal"]),
                 timestamp=str(obj["timestamp"]),
