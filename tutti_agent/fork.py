@@ -165,7 +165,16 @@ class ForkService:
             raise
 
     def fork(self, source_thread_id: str, options: ForkOptions) -> ForkResult:
-        return self.fork_async(source_thread_id, options).result()
+        """Prepare and materialize in the calling thread, holding the reservation until
+        materialization ends. A caller that waits for the result cannot abandon it, so the
+        detached thread of `fork_async` buys it nothing (issue 20: starting one per fork, and
+        handing the interpreter lock to it and back, cost the app-server's request loop
+        milliseconds per fork on a loaded machine)."""
+        prepared = self.prepare(source_thread_id, options.boundary)
+        try:
+            return self.materialize(prepared, options)
+        finally:
+            prepared.reservation.release()
 
     def fork_async(
         self, source_thread_id: str, options: ForkOptions

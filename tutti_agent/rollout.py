@@ -12,7 +12,6 @@ fsync of the file, then one fsync of each directory whose entries changed (issue
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
 import threading
@@ -56,16 +55,19 @@ class RolloutLine:
     end_byte_offset: int  # offset just after this line in its physical file
 
     def to_json(self) -> str:
-        return json.dumps(
+        return _ENCODE(
             {
                 "timestamp": self.timestamp,
                 "ordinal": self.ordinal,
                 "type": self.item.type,
                 "payload": self.item.payload,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
+            }
         )
+
+
+# One encoder for every line (`json.dumps` with options builds a new one per call: issue 20,
+# a forked child encodes every line of its prefix).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def now_iso() -> str:
@@ -96,17 +98,33 @@ def thread_id_of_path(path: Path) -> str:
 def find_rollout_path(home: Path, thread_id: str) -> Path | None:
     """Exact lookup by the thread id in the file name (never a prefix or fuzzy match).
 
-    Only names ending in the id are listed (one `glob` of strings, not a `Path` per rollout
-    of the home: a source home holds every child it ever forked, issue 20); the same exact
-    comparison then decides."""
-    root = sessions_dir(home)
-    name = f"rollout-*{glob.escape(thread_id)}.jsonl"
-    pattern = os.path.join(glob.escape(str(root)), "*", "*", "*", name)
-    for found in sorted(glob.glob(pattern, include_hidden=True)):
-        path = Path(found)
-        if thread_id_of_path(path) == thread_id:
-            return path
+    The same files as `iter_rollout_paths` (`sessions/*/*/*/rollout-*.jsonl`, first in sorted
+    order wins), listed with `os.scandir` and matched on the name's end before any `Path` is
+    built (issue 20: a source home holds every child it ever forked, and a glob per lookup
+    compiled a pattern and built a `Path` per rollout)."""
+    suffix = f"{thread_id}.jsonl"
+    level = [str(sessions_dir(home))]
+    for _ in range(3):  # year, month, day
+        level = sorted(entry.path for d in level for entry in _entries(d) if entry.is_dir())
+    for day in level:
+        names = sorted(
+            e.name
+            for e in _entries(day)
+            if e.name.endswith(suffix) and e.name.startswith("rollout-") and e.is_file()
+        )
+        for name in names:
+            path = Path(day, name)
+            if thread_id_of_path(path) == thread_id:
+                return path
     return None
+
+
+def _entries(directory: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
 
 
 _DECODER = json.JSONDecoder()

@@ -120,3 +120,29 @@ def test_fork_child_is_not_read_back_and_equals_a_cold_load(
     assert reads == []  # the written lines are the file's cached parse
     cold = ThreadStore(tmp_path / "tutti-home").load(child.thread_id)
     assert cold == child
+
+
+def test_a_waited_fork_materializes_in_the_calling_thread(tmp_path: Path) -> None:
+    """Issue 20: `ForkService.fork` (what `thread/fork` calls and waits for) prepares and
+    materializes in the caller's thread — no thread started per fork — and still holds the
+    source's reservation until materialization ends (`fork_async` keeps the detached one)."""
+    import threading
+
+    from tutti_agent.fork import PreparedFork
+
+    store = ThreadStore(tmp_path / "tutti-home")
+    source = _ten_turn_source(store)
+    seen: list[tuple[threading.Thread, bool]] = []
+
+    class Hooks:
+        def before_materialize(self, prepared: PreparedFork) -> None:
+            seen.append((threading.current_thread(), store.is_reserved(source)))
+
+        def after_child_write(self, child_thread_id: str) -> None:
+            seen.append((threading.current_thread(), store.is_reserved(source)))
+
+    threads = threading.active_count()
+    ForkService(store, Hooks()).fork(source, ForkOptions(boundary=ThroughTurn(f"t{TURNS - 1}")))
+    assert seen == [(threading.current_thread(), True)] * 2
+    assert threading.active_count() == threads
+    assert not store.is_reserved(source)
