@@ -157,10 +157,11 @@ class ClaudeFork:
 
         fork_session writes next to the source; the child must resume from its own home alone.
         Crash-durable, and a move, not a copy (issue 20): the SDK's file is fsynced where it
-        was written, hard-linked into the target home (one filesystem: no bytes read or
-        written; `link` never replaces an existing file), the target's directories fsynced
-        (each created one's parent too), then the source name unlinked and its directory
-        fsynced. Across filesystems (EXDEV) it is copied: temp file, fsync, rename.
+        was written (the SDK does not), renamed into the target home (one filesystem: no bytes
+        read or written, and after a crash the file is in exactly one of the two places), the
+        target's directory and the parent of each directory created for it fsynced, then the
+        source's. Across filesystems (EXDEV) it is copied — temp file, fsync, rename — and the
+        source name unlinked after the target is durable.
         """
         src, tgt = request.source, request.target
         written = transcript_path(src.home, src.cwd, child_id)
@@ -173,20 +174,25 @@ class ClaudeFork:
         self._failpoints.hit("worker.bind.before_copy")
         fd = os.open(written, os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            os.fsync(fd)  # the SDK does not fsync what it writes
+            os.fsync(fd)  # its bytes durable before any name of it in the target is
         finally:
             os.close(fd)
+        moved = True
         try:
-            os.link(written, dest, follow_symlinks=False)
+            os.rename(written, dest)
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
             _copy_durably(written, dest)
+            moved = False
+        # The rename's commit makes both directories' entries durable on a journaling file
+        # system; each is still fsynced, as POSIX asks, and the created ones' parents once.
         durable: list[Path | str] = [dest.parent, *changed]
         for directory in durable:
             fsync_dir(directory)
-        self._failpoints.hit("worker.bind.after_copy")  # in the target, not yet out of the source
-        written.unlink()
+        self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
+        if not moved:
+            written.unlink()
         fsync_dir(written.parent)
 
     def _verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
