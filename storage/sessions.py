@@ -14,6 +14,7 @@ from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (
+    require_live_session,
     require_mapping,
     require_session,
     require_text,
@@ -129,7 +130,7 @@ class SessionStore(StoreBase):
     def update_settings(self, ws: str, sid: str, settings: Mapping[str, Any]) -> Session:
         settings = require_mapping("settings", settings)
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "UPDATE sessions SET settings_json = ? WHERE workspace_id = ? AND session_id = ?",
                 (dumps(dict(settings)), ws, sid),
@@ -142,7 +143,7 @@ class SessionStore(StoreBase):
         if not isinstance(title, str):
             raise InvalidArgument("title", "title must be a string")
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "UPDATE sessions SET title = ? WHERE workspace_id = ? AND session_id = ?",
                 (title, ws, sid),
@@ -153,7 +154,7 @@ class SessionStore(StoreBase):
     def set_pinned(self, ws: str, sid: str, pinned: bool) -> Session:
         # Not fenced: pin is never inherited by a fork child.
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "UPDATE sessions SET pinned = ? WHERE workspace_id = ? AND session_id = ?",
                 (1 if pinned else 0, ws, sid),
@@ -164,7 +165,7 @@ class SessionStore(StoreBase):
     def delete_session(self, ws: str, sid: str) -> None:
         """Soft delete: the id stays taken, history stays for committed fork projections."""
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             # A Turn still running would never settle once its Session is gone (issue 15
             # defect 9): interrupt it first.
             active = tx.one(
