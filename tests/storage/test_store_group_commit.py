@@ -233,10 +233,9 @@ def test_a_batch_of_writes_is_one_commit_and_a_failing_one_rolls_back_alone(
         before = store.write_stats.snapshot()
         with store.write_batch():
             store.update_title(WS, "s0", "one")
-            with pytest.raises(SessionNotFound):
-                with store._write(WS) as tx:
-                    tx.execute("UPDATE sessions SET title = 'half' WHERE session_id = 's1'")
-                    raise SessionNotFound("deliberate failure after a write")
+            with pytest.raises(SessionNotFound), store._write(WS) as tx:
+                tx.execute("UPDATE sessions SET title = 'half' WHERE session_id = 's1'")
+                raise SessionNotFound("deliberate failure after a write")
             store.update_title(WS, "s2", "three")
             # Not durable yet, not published yet: nothing else sees the batch.
             seen = observer.execute("SELECT title FROM sessions ORDER BY session_id").fetchall()
@@ -299,7 +298,8 @@ def test_queued_writers_get_the_baton_in_arrival_order(tmp_path: Path) -> None:
             t = threading.Thread(target=write, args=(sid,))
             t.start()
             threads.append(t)
-            _wait_for(lambda n=n: store._baton_waiting == n + 1)  # queued in this order
+            queued = n + 1
+            _wait_for(lambda: store._baton_waiting == queued)  # queued in this order
         release.set()
         for t in [holder, *threads]:
             t.join(20)
