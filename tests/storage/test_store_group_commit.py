@@ -37,6 +37,10 @@ def _wait_for(predicate: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
+def _queued(store: Store, n: int) -> Callable[[], bool]:
+    return lambda: store._baton_waiting == n
+
+
 def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> list[BaseException]:
     """Hold one write open until every writer is queued behind it, then let them all run."""
     inside, release = threading.Event(), threading.Event()
@@ -298,8 +302,7 @@ def test_queued_writers_get_the_baton_in_arrival_order(tmp_path: Path) -> None:
             t = threading.Thread(target=write, args=(sid,))
             t.start()
             threads.append(t)
-            queued = n + 1
-            _wait_for(lambda: store._baton_waiting == queued)  # queued in this order
+            _wait_for(_queued(store, n + 1))  # queued in this order
         release.set()
         for t in [holder, *threads]:
             t.join(20)
