@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from storage.base import StoreBase
-from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken
+from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken, SessionNotFound
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (
@@ -99,6 +99,22 @@ class SessionStore(StoreBase):
 
     def get_session(self, ws: str, sid: str) -> Session:
         return self._with_conn(lambda c: require_session(c, ws, sid))
+
+    def require_session_live(self, ws: str, sid: str) -> None:
+        """Raise `SessionNotFound` unless the Session exists and is not deleted: a primary-key
+        lookup, for a caller that needs no more (a request's check before it is routed)."""
+        self._with_conn(lambda c: require_live_session(c, ws, sid))
+
+    def session_provider(self, ws: str, sid: str) -> str:
+        """The Session's provider (fixed at create) without reading the whole Session;
+        `SessionNotFound` as `get_session` raises it."""
+        row = self._one(
+            "SELECT provider, deleted FROM sessions WHERE workspace_id = ? AND session_id = ?",
+            (ws, sid),
+        )
+        if row is None or row[1]:
+            raise SessionNotFound(f"session {sid} not found")
+        return str(row[0])
 
     def list_sessions(
         self, ws: str, *, cursor: str | None = None, limit: int = 50
