@@ -17,7 +17,7 @@ from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pic
 from bench.fork_overhead import stage_times
 from bench.harness import WS, BenchDaemon, create_session, last_settled_turn, run_turn
 from bench.loadgen import ClientSpec, run_clients
-from bench.profile import TreeProfile, cpu_line, spy_lines
+from bench.profile import TreeProfile, cpu_line, py_spy, spy_lines
 
 MODULE = "bench.throughput"
 
@@ -54,6 +54,18 @@ def name_bottleneck(
     )
 
 
+def _missed(top: dict[str, Any]) -> bool:
+    """Whether the top level misses either throughput target of issue 20."""
+    committed = int(top["committed"])
+    tree_ms = sum(top["cpuMsPerFork"].values()) if committed else float("inf")
+    from bench.targets import BY_KEY
+
+    return (
+        float(top["forksPerSecond"]) < BY_KEY["forks-per-s"].limit
+        or tree_ms > BY_KEY["cpu-per-fork"].limit
+    )
+
+
 def run(mode: Mode) -> BenchResult:
     levels = pick(mode, (1, 4, 16), (1, 4, 16), (1, 2))
     duration = pick(mode, 15.0, 4.0, 1.0)
@@ -81,10 +93,10 @@ def run(mode: Mode) -> BenchResult:
                     ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": boundaries[sid]})
                     for sid in sids[:level]
                 ]
+                # The measured window runs without the sampler: py-spy takes CPU from the
+                # same two cores. A missed target gets its profile from a second run below.
                 profile = TreeProfile(
-                    daemon.pid,
-                    tmp / f"throughput-{level}.pyspy.txt",
-                    use_py_spy=level == max(levels),
+                    daemon.pid, tmp / f"throughput-{level}.pyspy.txt", use_py_spy=False
                 )
                 records = run_clients(
                     daemon.api, specs, duration, events=daemon.events, on_start=profile.start
@@ -116,7 +128,6 @@ def run(mode: Mode) -> BenchResult:
                 ops_by_level[level] = [
                     {"operationId": r["operationId"], "t0": r["t0"], "t1": r["t1"]} for r in ok
                 ]
-                spy_by_level[level] = spy_lines(profile)
                 figures["levels"][str(level)] = {
                     "committed": len(ok),
                     "other": len(flat) - len(ok),
@@ -138,6 +149,26 @@ def run(mode: Mode) -> BenchResult:
                     + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per_fork.items()))
                     + f" → {verdict}"
                 )
+            top = figures["levels"][str(max(levels))]
+            if _missed(top) and py_spy() is not None:
+                log(f"throughput: a target is missed: {max(levels)} clients again under py-spy")
+                spied = TreeProfile(daemon.pid, tmp / "throughput-spied.pyspy.txt")
+                run_clients(
+                    daemon.api,
+                    [
+                        ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": boundaries[sid]})
+                        for sid in sids[: max(levels)]
+                    ],
+                    duration / 2,
+                    events=daemon.events,
+                    on_start=spied.start,
+                )
+                spied.stop()
+                spy_by_level[max(levels)] = [
+                    f"(py-spy from a second {duration / 2:.0f} s run at {max(levels)} clients;"
+                    " the measured window ran without it)",
+                    *spy_lines(spied),
+                ]
         finally:
             daemon.stop()
         for level, ops in ops_by_level.items():
