@@ -1,7 +1,8 @@
 """How the API answers a request, whatever its method: dispatch by name, the reader pool, a
 point read on the transport thread from the read-only connection (issue 20), a message routed
-to its Session actor with the reply projected on the actor's thread, and every failure turned
-into a typed reply (law 7). The methods themselves are `agenthost.api`'s."""
+to its Session actor with the reply projected on the actor's thread (the Session's existence
+checked on the transport thread too, so no reader-pool hop before the actor), and every
+failure turned into a typed reply (law 7). The methods themselves are `agenthost.api`'s."""
 
 from __future__ import annotations
 
@@ -77,6 +78,8 @@ class ApiBase:
         self._view_thread: int | None = None
         self.inline_reads = 0
         """Point reads answered on the dispatching thread (tests pin the read path on it)."""
+        self.routed_now = 0
+        """Actor-bound requests routed from the dispatching thread, no reader-pool hop."""
         self._started = time.monotonic()
         self._methods: dict[str, Handler] = self.method_table()
 
@@ -160,7 +163,8 @@ class ApiBase:
     ) -> None:
         """Check the Session exists (so garbage ids never start actors), then hand the
         message to its actor; the reply is projected on the actor's thread. When the Session
-        does not exist, `gone` may still answer from durable state (else the 404 stands)."""
+        does not exist, `gone` may still answer from durable state (else the 404 stands).
+        The check runs on the transport thread when it can (`_route_now`), else on the pool."""
 
         def reply(outcome: Any) -> None:
             if isinstance(outcome, HostError):
@@ -197,10 +201,55 @@ class ApiBase:
             except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
                 responder.error(host_error_of(exc, f"routing {sid}", logger=log))
 
+        if self._route_now(responder, ws, sid, lambda: Route(ws, sid, make(reply)), gone):
+            return
         try:
             self._pool.submit(_check_and_route)
         except RuntimeError:
             responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+
+    def _route_now(
+        self,
+        responder: Responder,
+        ws: str,
+        sid: str,
+        route: Callable[[], Route],
+        gone: Callable[[], tuple[int, dict[str, Any]] | None] | None,
+    ) -> bool:
+        """`_route` on the transport thread (issue 20, fork fast path): the Session's existence
+        is a point read of committed state on the read-only connection (no Session built),
+        then the message goes to the HostActor from here — no reader-pool hop before the
+        actor, and requests are routed in the order they arrived. False (nothing answered)
+        when this is not the thread that owns the read connection, when SQLite reports it
+        busy, or when the Session is gone and `gone` may still answer from the store: the
+        pool path does it then."""
+        me = threading.get_ident()
+        if self._view_thread is None:
+            self._view_thread = me
+        if me != self._view_thread:
+            return False
+        try:
+            exists = self._view.session_exists(ws, sid)
+        except TRANSIENT_ERRORS:
+            return False
+        except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+            responder.error(read_error(exc, f"routing {sid}"))
+            return True
+        if not exists:
+            if gone is not None:
+                return False  # a replay may still answer (seed 000 §8): on the pool
+            responder.error(SessionNotFound(f"session {sid} not found"))
+            return True
+        self.routed_now += 1
+        try:
+            self.host.tell(route())
+        except pykka.ActorDeadError:
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+        except HostError as exc:
+            responder.error(exc)
+        except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+            responder.error(host_error_of(exc, f"routing {sid}", logger=log))
+        return True
 
     def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
         return 200, {"session": projection.session(session, self.catalog)}

@@ -174,7 +174,7 @@ class Daemon:
             target=self.publisher.run, name="agenthost-events", daemon=True
         )
         self._event_thread.start()
-        store.subscribe(self._events.put)
+        store.subscribe(self.publisher.offer)
         store.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
 
         self.api = Api(

@@ -6,13 +6,15 @@ transport loop in one go — drops a change that repeats the one right before it
 reads the current state, so the repeat would say the same), and builds no event for a
 workspace no connected subscriber wants (`ApiServer.wants`): no store read, no projection,
 no encoding. A Turn skipped that way is forgotten by `TurnDeltas`, so its next event, when
-someone listens, carries it whole.
+someone listens, carries it whole. A Session or fork operation change nobody wants is dropped
+before it is even queued (`offer`), so it does not wake the thread at all.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,10 +69,28 @@ class EventPublisher:
         self.skipped = 0
         """Changes no subscriber wanted (no event built); tests pin the skip on it."""
         self.projected = 0
+        self.batches = 0
+        """Times the publishing thread woke up with work (tests pin the `offer` filter)."""
+        self._count_lock = threading.Lock()
+
+    def offer(self, change: Any) -> None:
+        """The store's subscriber (any writer's thread, after its COMMIT): queue `change`.
+        A Session or fork operation change of a workspace no connected subscriber wants is
+        dropped here (issue 20, fork fast path): a fork's four transitions and its commit would
+        otherwise wake this thread five times only to skip each. A Turn change always goes
+        to the thread, which owns `TurnDeltas` and must forget the Turn it skips."""
+        if isinstance(change, (SessionChanged, ForkOperationChanged)):
+            sink = self._sink()
+            if sink is None or not sink.wants(change.workspace_id):
+                with self._count_lock:
+                    self.skipped += 1
+                return
+        self.queue.put(change)
 
     def run(self) -> None:
         while True:
             batch = [self.queue.get()]
+            self.batches += 1
             while len(batch) < BATCH:
                 try:
                     batch.append(self.queue.get_nowait())
@@ -93,7 +113,8 @@ class EventPublisher:
                 continue  # the same change again: its event would read the same state
             previous = change
             if sink is None or not sink.wants(change.workspace_id):
-                self.skipped += 1
+                with self._count_lock:
+                    self.skipped += 1
                 if isinstance(change, TurnChanged):
                     self.turn_deltas.forget(
                         (change.workspace_id, change.session_id, change.turn_id)

@@ -54,6 +54,19 @@ class ReadView:
         conn = self._connection()
         return require_session(conn, ws, sid)
 
+    def session_exists(self, ws: str, sid: str) -> bool:
+        """Whether the live (not deleted) Session exists — `get_session` without building
+        the Session: what routing a request to its Session actor needs (issue 20)."""
+        row = (
+            self._connection()
+            .execute(
+                "SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ? AND deleted = 0",
+                (ws, sid),
+            )
+            .fetchone()
+        )
+        return row is not None
+
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation:
         """The operation (a committed one with its child projection). Its row is one
         statement; a committed one's snapshot, read by a second, never changes once written."""

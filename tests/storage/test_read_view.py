@@ -5,6 +5,7 @@ the `Store`'s reads field for field; a committed operation's child projection is
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
@@ -22,9 +23,9 @@ pytestmark = pytest.mark.timeout(30)
 
 
 @pytest.fixture
-def view(store: Store, store_path: Path) -> ReadView:
+def view(store: Store, store_path: Path) -> Iterator[ReadView]:
     v = ReadView(str(store_path))
-    yield v  # type: ignore[misc]
+    yield v
     v.close()
 
 
@@ -39,6 +40,20 @@ def test_a_read_after_a_committed_write_sees_it(store: Store, view: ReadView) ->
     store.delete_session(WS, sid)
     with pytest.raises(SessionNotFound):
         view.get_session(WS, sid)
+
+
+def test_session_exists_agrees_with_get_session(store: Store, view: ReadView) -> None:
+    """What routing a request to its Session actor asks (issue 20): live → True; deleted,
+    unknown, or another workspace's → False, exactly where `get_session` is not found."""
+    sid = new_session(store)
+    assert view.session_exists(WS, sid) and view.get_session(WS, sid).session_id == sid
+    assert not view.session_exists("ws-other", sid)
+    assert not view.session_exists(WS, str(uuid.uuid4()))
+    store.delete_session(WS, sid)
+    assert not view.session_exists(WS, sid)
+    with pytest.raises(SessionNotFound):
+        view.get_session(WS, sid)
+    assert not view.in_transaction
 
 
 def test_the_read_connection_cannot_write(store: Store, view: ReadView) -> None:

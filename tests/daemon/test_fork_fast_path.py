@@ -1,0 +1,170 @@
+"""Issue 20, fork fast path (the daemon side): a `fork.create` — like every request bound for a
+Session actor — is routed from the transport thread after a point read of the Session on the
+read-only connection, with no reader-pool hop in front of the actor; and a fork's operation
+and Session changes do not wake the event publisher when nobody subscribed to the workspace.
+An in-process daemon (real store, real worker and tutti-agent app-server), so the tests can
+count what crossed the reader pool and how often the publisher woke — never a timing."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agenthost.config import load_config
+from agenthost.daemon import Daemon
+from tests.support.daemon import WS, create_session, run_turn
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    daemon = Daemon(load_config(home))
+    try:
+        daemon.start()
+        client = Client(daemon.api_endpoint, timeout=30.0)
+        try:
+            yield daemon, client
+        finally:
+            client.close()
+    finally:
+        daemon.close()
+
+
+class _PoolCount:
+    """Counts what is handed to the API's reader pool (still run there, unchanged)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        assert daemon.api is not None
+        self.pool = daemon.api._pool
+        self.submitted = 0
+        self._lock = threading.Lock()
+        self._real: Callable[..., Any] = self.pool.submit
+
+        def submit(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.submitted += 1
+            return self._real(fn, *args, **kwargs)
+
+        self.pool.submit = submit  # type: ignore[method-assign]
+
+
+def _source(c: Client) -> tuple[str, str]:
+    sid = create_session(c, title="fast")["agentSessionId"]
+    return sid, run_turn(c, sid, "one")["turnId"]
+
+
+def fork(c: Client, sid: str, turn_id: str) -> tuple[int, dict[str, Any]]:
+    """`fork.create` through `turn_id`, the raw (status, body) of the reply."""
+    status, body = c.call_raw(
+        "fork.create",
+        {
+            "workspaceId": WS,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn_id},
+        },
+    )
+    return status, dict(body)
+
+
+def _until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_fork_create_and_turn_submit_reach_the_actor_without_the_reader_pool(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, c = running
+    sid, turn_id = _source(c)
+    pool = _PoolCount(daemon)
+    assert daemon.api is not None
+    routed = getattr(daemon.api, "routed_now", 0)
+    status, body = fork(c, sid, turn_id)
+    assert status == 200 and body["operation"]["status"] == "committed", body
+    # The reply came from the source's actor (a committed child), routed with no pool task.
+    assert body["operation"]["session"] is not None
+    assert pool.submitted == 0
+    assert daemon.api.routed_now == routed + 1
+    child = body["operation"]["targetAgentSessionId"]
+    c.call("fork.acknowledge", {"workspaceId": WS, "operationId": body["operation"]["operationId"]})
+    before = pool.submitted
+    # Any Session-bound mutation takes the same path (here a turn on the child).
+    status, submitted = c.call_raw(
+        "turn.submit",
+        {
+            "workspaceId": WS,
+            "agentSessionId": child,
+            "requestId": str(uuid.uuid4()),
+            "input": [{"type": "text", "text": "two"}],
+        },
+    )
+    assert status == 202 and submitted["turn"]["phase"] == "active", submitted
+    assert pool.submitted == before
+    assert daemon.api.routed_now == routed + 2
+
+
+def test_a_routed_request_for_a_missing_session_is_still_a_typed_404(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, c = running
+    missing = str(uuid.uuid4())
+    status, error = c.call_raw(
+        "turn.submit",
+        {
+            "workspaceId": WS,
+            "agentSessionId": missing,
+            "requestId": str(uuid.uuid4()),
+            "input": [{"type": "text", "text": "x"}],
+        },
+    )
+    assert status == 404 and error["reason"] == "workspace_agent_session_not_found", error
+    # fork.create of a missing source may still be a replay (seed 000 §8): asked of the store
+    # on the pool, and a 404 when there is none.
+    status, error = fork(c, missing, str(uuid.uuid4()))
+    assert status == 404 and error["reason"] == "workspace_agent_session_not_found", error
+    sid = create_session(c, title="alive")["agentSessionId"]
+    assert daemon.api is not None and daemon.api.routed_now == 0
+    status, _ = c.call_raw(
+        "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": "renamed"}
+    )
+    assert status == 200
+    assert (
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]["title"]
+        == "renamed"
+    )
+
+
+def test_a_fork_wakes_no_event_publisher_when_nobody_subscribed(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, c = running
+    publisher, server = daemon.publisher, daemon.server
+    assert publisher is not None and server is not None and not server.wants(WS)
+    sid, turn_id = _source(c)
+    # The source's Turn changes went to the publisher thread (it must forget each Turn it
+    # skips); wait until it has drained them.
+    _until(lambda: publisher.queue.empty())
+    time.sleep(0.2)
+    batches, skipped = publisher.batches, publisher.skipped
+    status, body = fork(c, sid, turn_id)
+    assert status == 200 and body["operation"]["status"] == "committed", body
+    # prepared, dispatching, provider_accepted and the commit's three changes: every one
+    # dropped before the queue, none woke the thread.
+    _until(lambda: publisher.skipped >= skipped + 6)
+    time.sleep(0.2)
+    assert publisher.batches == batches
+    assert publisher.projected == 0
