@@ -141,6 +141,11 @@ class _PooledInbox:
         with self._lock:
             return not self._items
 
+    def peek(self) -> Any:
+        """The next message without taking it (None if there is none)."""
+        with self._lock:
+            return self._items[0].message if self._items else None
+
     def take_or_idle(self) -> Envelope[Any] | None:
         """The next envelope, or None after marking the actor unscheduled (atomically)."""
         with self._lock:
@@ -185,6 +190,11 @@ class PooledActor(pykka.Actor):
         assert isinstance(inbox, _PooledInbox)
         inbox._owner = self
         self._schedule()
+
+    def next_message(self) -> Any:
+        """The message this actor handles next, if one is already queued (else None)."""
+        inbox = self.actor_inbox
+        return inbox.peek() if isinstance(inbox, _PooledInbox) else None
 
     def _schedule(self) -> None:
         self.actor_pool.submit(self._run_slice)

@@ -80,6 +80,11 @@ class SessionActor(SessionControls):
         log.error("session actor %s crashed: %r", self.key, exception_value)
 
     def on_receive(self, message: Any) -> Any:
+        # A Turn's driver events come in bursts (item, binding, completion): while the next
+        # queued message is another driver event, this one's durable writes wait for it, and
+        # the burst's writes land as one transaction (one baton turn, one COMMIT). Any other
+        # message finds them durable, as before.
+        self._hold_durable = isinstance(self.next_message(), DriverEvent)
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
@@ -97,6 +102,9 @@ class SessionActor(SessionControls):
             if reply is not None:
                 reply(typed)
         finally:
+            held, self._hold_durable = self._hold_durable, False
+            if not held and self._durable and self._retry_timer is None:
+                self._drain()  # what the events before this message held back
             self._update_busy()
         return None
 

@@ -76,6 +76,8 @@ class DurableWrite:
     final: bool = False
     first_failure: float | None = None
     then: Callable[[HostError | None], None] | None = None
+    # Run once the write is durable (its COMMIT returned), before `then`.
+    landed: Callable[[], None] | None = None
 
 
 class SessionActorBase(PooledActor):
@@ -109,6 +111,9 @@ class SessionActorBase(PooledActor):
         self._preparing = 0
         self._slot_provider: str | None = None
         self._durable: deque[DurableWrite] = deque()
+        # True while the message being handled is followed by a driver event already queued:
+        # its durable writes wait for that event's, and all land in one transaction.
+        self._hold_durable = False
         self._retry_timer: TimerHandle | None = None
         self._retry_delay = RETRY_FIRST_S
 

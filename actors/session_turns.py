@@ -146,9 +146,16 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 # Not transient (the Session is gone, …): nothing will ever settle it here.
                 self._forget(state)
                 raise
-            self._forget(state)
 
-        return DurableWrite(state.turn_id, f"settle {outcome}", _apply, final=True, then=then)
+        return DurableWrite(
+            state.turn_id,
+            f"settle {outcome}",
+            _apply,
+            final=True,
+            then=then,
+            # Settled only once durable: a batch's COMMIT may still fail after the apply.
+            landed=lambda: self._forget(state),
+        )
 
     def _forget(self, state: TurnState) -> None:
         state.settled = True

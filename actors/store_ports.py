@@ -26,6 +26,7 @@ store to the saga and the resolver it runs).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from storage.fork_resolution import ForkResolution
@@ -75,6 +76,10 @@ class SessionActorStore(Protocol):
     ) -> Turn: ...
 
     def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn: ...
+
+    def write_batch(self) -> AbstractContextManager[None]:
+        """The queued writes of one drain as one transaction (turn_writes.py)."""
+        ...
 
     def append_message(
         self,

@@ -62,48 +62,102 @@ class TurnWrites(SessionActorBase):
 
     def _enqueue(self, item: DurableWrite) -> None:
         self._durable.append(item)
-        if len(self._durable) == 1 and self._retry_timer is None:
+        if len(self._durable) == 1 and self._retry_timer is None and not self._hold_durable:
             self._drain()
 
     def _drain(self) -> None:
         """Apply the queued writes in order; a busy or full store stops the queue and a timer
-        retries it with backoff, so no event is dropped and none overtakes another."""
-        limit = self.ctx.timeouts.store_retry_limit_s
+        retries it with backoff, so no event is dropped and none overtakes another. Several
+        queued writes are applied as one store transaction (`Store.write_batch`)."""
         while self._durable:
+            if len(self._durable) > 1:
+                if not self._drain_batch():
+                    return
+                continue
             item = self._durable[0]
             try:
                 item.apply()
             except StoreBusy as exc:
-                now = time.monotonic()
-                if item.first_failure is None:
-                    item.first_failure = now
-                    log.warning("session %s: %s deferred: %s", self.key, item.what, exc.message)
-                elif not item.final and now - item.first_failure > limit:
-                    self._give_up(item, exc)
+                if self._stalled(item, exc):
                     continue
-                if item.then is not None:
-                    # The caller waiting on this write learns it is not durable yet; the
-                    # write itself stays queued.
-                    then, item.then = item.then, None
-                    then(exc)
-                self._schedule_retry()
                 return
-            except HostError as exc:
-                log.warning("session %s: %s failed: %s", self.key, item.what, exc.message)
-                self._durable.popleft()
-                if item.then is not None:
-                    item.then(exc)
-                continue
             except Exception as exc:  # noqa: BLE001 - one bad write must not stop the queue
-                error = host_error_of(exc, f"session {self.key}: {item.what}", logger=log)
                 self._durable.popleft()
-                if item.then is not None:
-                    item.then(error)
+                self._failed(item, exc)
                 continue
             self._durable.popleft()
-            self._retry_delay = RETRY_FIRST_S
-            if item.then is not None:
-                item.then(None)
+            self._landed(item)
+
+    def _drain_batch(self) -> bool:
+        """Apply every queued write inside one `write_batch` (one baton turn, one COMMIT);
+        False if the queue stopped on a busy or full store (a retry is scheduled). A write
+        that fails on its own is rolled back alone and answered as in `_drain`; a write that
+        meets a busy store ends the batch there (the ones before it land, it is retried)."""
+        items = list(self._durable)
+        applied: list[tuple[DurableWrite, BaseException | None]] = []
+        busy: StoreBusy | None = None
+        try:
+            with self.session_store.write_batch():
+                for item in items:
+                    try:
+                        item.apply()
+                    except StoreBusy as exc:
+                        busy = exc
+                        break
+                    except Exception as exc:  # noqa: BLE001 - answered after the COMMIT
+                        applied.append((item, exc))
+                        continue
+                    applied.append((item, None))
+        except StoreBusy as exc:
+            # The batch's transaction or its COMMIT was lost: none of it exists. The head
+            # write stalls the queue exactly as if it had failed alone.
+            return self._stalled(items[0], exc)
+        except Exception as exc:  # noqa: BLE001 - e.g. the batch could not even begin
+            return self._stalled(items[0], StoreBusy(f"the store failed a batch: {exc}"))
+        for item, outcome in applied:
+            self._durable.popleft()
+            if outcome is None:
+                self._landed(item)
+            else:
+                self._failed(item, outcome)
+        if busy is not None:
+            return self._stalled(self._durable[0], busy)
+        return True
+
+    def _landed(self, item: DurableWrite) -> None:
+        self._retry_delay = RETRY_FIRST_S
+        if item.landed is not None:
+            item.landed()
+        if item.then is not None:
+            item.then(None)
+
+    def _failed(self, item: DurableWrite, exc: BaseException) -> None:
+        if isinstance(exc, HostError):
+            log.warning("session %s: %s failed: %s", self.key, item.what, exc.message)
+            error = exc
+        else:
+            error = host_error_of(exc, f"session {self.key}: {item.what}", logger=log)
+        if item.then is not None:
+            item.then(error)
+
+    def _stalled(self, item: DurableWrite, exc: StoreBusy) -> bool:
+        """`item` (the queue's head) met a busy or full store: True if the Turn's writes were
+        given up on (the queue goes on), else False with a retry scheduled."""
+        now = time.monotonic()
+        limit = self.ctx.timeouts.store_retry_limit_s
+        if item.first_failure is None:
+            item.first_failure = now
+            log.warning("session %s: %s deferred: %s", self.key, item.what, exc.message)
+        elif not item.final and now - item.first_failure > limit:
+            self._give_up(item, exc)
+            return True
+        if item.then is not None:
+            # The caller waiting on this write learns it is not durable yet; the write
+            # itself stays queued.
+            then, item.then = item.then, None
+            then(exc)
+        self._schedule_retry()
+        return False
 
     def _schedule_retry(self) -> None:
         if self._retry_timer is not None:

@@ -224,7 +224,7 @@ class ApiBase:
         def _check_and_route() -> None:
             try:
                 try:
-                    self.store.get_session(ws, sid)
+                    self.store.require_session_live(ws, sid)
                 except SessionNotFound:
                     answer = gone() if gone is not None else None
                     if answer is None:
@@ -296,7 +296,7 @@ class ApiBase:
         self, ws: str, sid: str, status: int
     ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
         def project(turn: Any) -> tuple[int, dict[str, Any]]:
-            provider = self.store.get_session(ws, sid).provider
+            provider = self.store.session_provider(ws, sid)
             return status, {"turn": projection.turn(turn, provider, self.catalog)}
 
         return project

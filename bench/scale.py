@@ -4,6 +4,11 @@ the daemon; (b) start-up recovery of 10,000 non-terminal fork operations; (c) da
 10,000 idle Sessions, before and after each one's actor has run and idled out; (d)
 `session.get`/`fork.get` throughput and p99 with 8 clients.
 
+`--only-big-fork` runs the store part of (a) alone, several times (issue 20 row 10): a store-only
+copy of the big source (no provider thread: the store never reads it), then prepare +
+transitions + commit in a fresh process on a fresh copy per round, wall and CPU time each.
+`--only-reads` runs (d) alone.
+
 Fixtures are built with the storage API (and, for the big source, a real `tutti-agent
 app-server` whose thread holds the same 1,000 provider Turns) before the daemon starts. The
 builder turns fsync off on its own connection only, to build fast; everything measured runs
@@ -172,6 +177,7 @@ def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
     store = Store.open(path)
     store.get_session(WS, sid)
     rss0, _ = _rss()
+    c0 = time.process_time()
     t0 = time.perf_counter()
     op, _ = store.prepare_fork(
         WS,
@@ -187,6 +193,7 @@ def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
         ),
     )
     t1 = time.perf_counter()
+    c1 = time.process_time()
     store.mark_fork_dispatching(WS, op.operation_id)
     store.mark_fork_provider_accepted(
         WS,
@@ -198,9 +205,11 @@ def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
             receipt={"bench": True},
         ),
     )
+    c2 = time.process_time()
     t2 = time.perf_counter()
     committed, _ = store.commit_fork(WS, op.operation_id)
     t3 = time.perf_counter()
+    c3 = time.process_time()
     _, hwm = _rss()
     assert committed.status.value == "committed"
     store.close()
@@ -209,6 +218,8 @@ def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
         "transitionsMs": (t2 - t1) * 1000,
         "commitMs": (t3 - t2) * 1000,
         "prepareCommitMs": (t1 - t0 + t3 - t2) * 1000,
+        "prepareCpuMs": (c1 - c0) * 1000,
+        "commitCpuMs": (c3 - c2) * 1000,
         "rssBeforeMb": rss0,
         "peakGrowthMb": hwm - rss0,
     }
@@ -640,8 +651,101 @@ def run_reads_only(mode: Mode) -> BenchResult:
     return result
 
 
+def build_store_source(home: Path, turns: int, messages_per_turn: int) -> tuple[str, str]:
+    """`build_big_source`'s store side alone (synthetic provider Turn ids, no app-server): what
+    the store's prepare + commit read and write is the same."""
+    sid = str(uuid.uuid4())
+    store = Store.open(home / "store.sqlite3")
+    try:
+        _fast_builder(store)
+        store.create_session(
+            WS,
+            session_id=sid,
+            provider="tutti-agent",
+            title="big source",
+            cwd=str(home),
+            settings={},
+            provider_session_id=f"thread-{sid}",
+            runtime_context=RUNTIME_CONTEXT,
+        )
+        last = ""
+        for i in range(turns):
+            last = _settled_turn(store, sid, i, f"provider-turn-{i}", messages_per_turn - 1)
+    finally:
+        store.close()
+    return sid, last
+
+
+def run_big_fork_only(mode: Mode) -> BenchResult:
+    """Only the store's prepare + commit of the big source (issue 20 row 10), `rounds` times,
+    each in a fresh process on a fresh copy of the store: wall and CPU ms."""
+    turns = pick(mode, 1000, 1000, 10)
+    per_turn = 10
+    rounds = pick(mode, 7, 3, 1)
+    result = BenchResult("scale-big-fork", "", mode.value)
+    with tempfile.TemporaryDirectory(prefix="bench-scale-big-fork-") as tmp_text:
+        tmp = Path(tmp_text)
+        t0 = time.monotonic()
+        sid, last = build_store_source(tmp / "big", turns, per_turn)
+        log(f"scale: store-only source of {turns} turns built in {time.monotonic() - t0:.0f} s")
+        load = os.getloadavg()[0]
+        probes = []
+        for i in range(rounds):
+            copy = _copy_store(tmp / "big" / "store.sqlite3", tmp / f"copy-{i}")
+            probes.append(_run_probe("store-fork", str(copy), sid, last))
+            shutil.rmtree(copy.parent)
+        load_end = os.getloadavg()[0]
+    rows = tuple(
+        (
+            i + 1,
+            p["prepareMs"],
+            p["commitMs"],
+            p["prepareCommitMs"],
+            p["prepareCpuMs"],
+            p["commitCpuMs"],
+            p["prepareCpuMs"] + p["commitCpuMs"],
+            p["transitionsMs"],
+        )
+        for i, p in enumerate(probes)
+    )
+    median = Latency.of(p["prepareCommitMs"] for p in probes).p50
+    median_cpu = Latency.of(p["prepareCpuMs"] + p["commitCpuMs"] for p in probes).p50
+    result.tables.append(
+        Table(
+            f"store prepare + commit of a {turns}-Turn / {turns * per_turn}-Message source,"
+            f" fresh process per round (1-min load average {load:.2f} at start,"
+            f" {load_end:.2f} at end)",
+            (
+                "round",
+                "prepare ms",
+                "commit ms",
+                "prepare+commit ms",
+                "prepare CPU ms",
+                "commit CPU ms",
+                "prepare+commit CPU ms",
+                "transitions ms (not counted)",
+            ),
+            rows,
+        )
+    )
+    result.notes.append(f"median prepare+commit {median:.1f} ms wall, {median_cpu:.1f} ms CPU")
+    quick = {Mode.QUICK: " --quick", Mode.SMOKE: " --smoke"}.get(mode, "")
+    result.notes.append(f"command: build/venv/bin/python -m bench.scale --only-big-fork{quick}")
+    result.issue_target(
+        "prepare-commit",
+        median,
+        measured=f"bench.scale --only-big-fork: median of {rounds} store prepare + commit of a"
+        f" {turns}-Turn / {turns * per_turn}-Message source, fresh process each",
+    )
+    result.figures = {"probes": probes, "loadAverage": [load, load_end]}
+    return result
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--only-big-fork" in args:
+        args.remove("--only-big-fork")
+        return bench_main(MODULE, __doc__ or "", run_big_fork_only, args)
     if "--only-reads" in args:
         args.remove("--only-reads")
         return bench_main(MODULE, __doc__ or "", run_reads_only, args)

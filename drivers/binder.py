@@ -105,6 +105,23 @@ class _Plan:
     target_bytes: bytes
 
 
+def _receipt(plan: _Plan) -> RolloutReceipt:
+    source, target = plan.source_bytes, plan.target_bytes
+    target_sha = sha(target)
+    # A copy writes the source's very bytes object: hash it once (issue 20).
+    source_sha = None if source is None else target_sha if source is target else sha(source)
+    return RolloutReceipt(
+        thread_id=plan.thread_id,
+        role=plan.role,
+        relative_path=str(plan.relative),
+        action=plan.action,
+        source_size=len(source) if source is not None else None,
+        source_sha256=source_sha,
+        target_size=len(target),
+        target_sha256=target_sha,
+    )
+
+
 class RolloutBinder:
     """Binds fork children between rollout homes; stateless, safe to call concurrently for
     different targets and idempotent for the same one."""
@@ -153,7 +170,8 @@ class RolloutBinder:
         try:
             # Ancestors first: a crash mid-bind never leaves a child whose lineage is missing.
             for plan in reversed(writes):
-                assert_no_symlink(plan.target, must_exist=False)
+                # Again just before the write: a link planted since the plan is still refused.
+                assert_no_symlink(plan.target, must_exist=False, below=target_home)
                 atomic_write(plan.target, plan.target_bytes)
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
@@ -165,19 +183,7 @@ class RolloutBinder:
             child_id=child_id,
             source_home=str(source_home),
             target_home=str(target_home),
-            rollouts=tuple(
-                RolloutReceipt(
-                    thread_id=p.thread_id,
-                    role=p.role,
-                    relative_path=str(p.relative),
-                    action=p.action,
-                    source_size=len(p.source_bytes) if p.source_bytes is not None else None,
-                    source_sha256=sha(p.source_bytes) if p.source_bytes is not None else None,
-                    target_size=len(p.target_bytes),
-                    target_sha256=sha(p.target_bytes),
-                )
-                for p in plans
-            ),
+            rollouts=tuple(_receipt(p) for p in plans),
         )
 
     def _plan(
@@ -220,7 +226,7 @@ class RolloutBinder:
             )
 
         source = sources[0]
-        assert_no_symlink(source, must_exist=True)
+        assert_no_symlink(source, must_exist=True, below=source_home)
         source_bytes = self._read(source)
         try:
             meta = validate_rollout(source_bytes, thread_id)
@@ -235,7 +241,7 @@ class RolloutBinder:
         # An archived target is repaired where it lives, never duplicated into sessions/.
         target = target_existing if target_existing is not None else target_home / relative
         relative_target = target.relative_to(target_home)
-        assert_no_symlink(target, must_exist=False)
+        assert_no_symlink(target, must_exist=False, below=target_home)
 
         def plan(action: BindAction, data: bytes) -> tuple[_Plan, RolloutMeta]:
             return _Plan(thread_id, role, relative_target, target, action, source_bytes, data), meta

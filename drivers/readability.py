@@ -36,6 +36,7 @@ from typing import Any
 from drivers.rollout_files import BinderError, read_regular, rollout_matches
 
 MAX_LINEAGE_DEPTH = 64
+_DECODER = json.JSONDecoder()
 
 
 class ReaderNotApplicable(Exception):
@@ -136,10 +137,18 @@ def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
         raise LineageBroken(f"{where}: torn last line")
     out: list[RolloutRecord] = []
     offset = 0
-    for number, raw in enumerate(data[:-1].split(b"\n"), 1):
+    # An all-ASCII file (the usual case) is decoded once: its character offsets are its byte
+    # offsets, and each line goes straight to the decoder (issue 20); else line by line.
+    lines: list[str] | list[bytes]
+    loads: Any
+    if data.isascii():
+        lines, loads = data[:-1].decode("ascii").split("\n"), _DECODER.decode
+    else:
+        lines, loads = data[:-1].split(b"\n"), json.loads
+    for number, raw in enumerate(lines, 1):
         offset += len(raw) + 1
         try:
-            obj = json.loads(raw)
+            obj = loads(raw)
         except ValueError as exc:
             raise LineageBroken(f"{where}: line {number} is not JSON ({exc})") from None
         if not isinstance(obj, dict):

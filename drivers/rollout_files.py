@@ -67,7 +67,11 @@ class RolloutMeta:
 
 
 def parse_line(raw: bytes) -> dict[str, Any]:
-    obj = json.loads(raw)
+    return _checked_line(json.loads(raw))
+
+
+def _checked_line(obj: Any) -> dict[str, Any]:
+    """`obj` if it is a rollout record `{timestamp, ordinal, type, payload}`, else ValueError."""
     if not isinstance(obj, dict):
         raise ValueError("line is not a JSON object")
     for key in ("timestamp", "ordinal", "type", "payload"):
@@ -80,25 +84,39 @@ def parse_line(raw: bytes) -> dict[str, Any]:
     return obj
 
 
+_DECODER = json.JSONDecoder()
+
+
 def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
     """Validate a complete rollout: every line a JSON object `{timestamp, ordinal, type,
     payload}` ending in a newline, ordinals strictly increasing, first line `session_meta` with
-    `payload.id == thread_id`. Raises ValueError describing the first defect."""
+    `payload.id == thread_id`. Raises ValueError describing the first defect.
+
+    Every line is still parsed on its own (a line holding two objects, or half of one, is a
+    defect); the bytes are decoded as UTF-8 once for the whole file and each line is handed to
+    one decoder, not through `json.loads`' per-call encoding detection (issue 20: most of the
+    binder's CPU per fork was that per-line overhead)."""
     if not data:
         raise ValueError("empty rollout")
     if not data.endswith(b"\n"):
         raise ValueError("torn last line")
-    lines = data[:-1].split(b"\n")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"line {line}: not UTF-8") from None
+    decode = _DECODER.decode
     first: dict[str, Any] | None = None
     previous: int | None = None
-    for index, raw in enumerate(lines):
+    for index, raw in enumerate(text[:-1].split("\n")):
         try:
-            obj = parse_line(raw)
+            obj = _checked_line(decode(raw))
         except ValueError as exc:
             raise ValueError(f"line {index + 1}: {exc}") from None
-        if previous is not None and obj["ordinal"] <= previous:
+        ordinal = obj["ordinal"]
+        if previous is not None and ordinal <= previous:
             raise ValueError(f"line {index + 1}: ordinal not increasing")
-        previous = obj["ordinal"]
+        previous = ordinal
         if first is None:
             first = obj
     assert first is not None and previous is not None
@@ -154,11 +172,22 @@ def referenced_ordinal(data: bytes) -> int | None:
 # --------------------------------------------------------------------------- paths
 
 
-def assert_no_symlink(path: Path, *, must_exist: bool) -> None:
+def assert_no_symlink(
+    path: Path | str, *, must_exist: bool, below: Path | str | None = None
+) -> None:
     """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
-    read from, another session's home)."""
-    path = Path(os.path.abspath(path))
-    for part in [*reversed(path.parents), path]:
+    read from, another session's home). `below`: an ancestor of `path` this bind already
+    checked (its home): only the components under it are looked at again (issue 20: a bind
+    used to lstat every component of every path, home included, five times over)."""
+    path = os.path.abspath(path)
+    start = 1
+    if below is not None:
+        base = os.path.abspath(below).rstrip("/")
+        if path.startswith(base + "/"):
+            start = len(base) + 1
+    # Each component's own path, shallowest first: "/a", "/a/b", ..., path.
+    ends = [i for i in range(start, len(path)) if path[i] == "/"]
+    for part in [*(path[:i] for i in ends), path]:
         try:
             st = os.lstat(part)
         except FileNotFoundError:
@@ -174,17 +203,17 @@ def assert_no_symlink(path: Path, *, must_exist: bool) -> None:
 def rollout_matches(home: Path, thread_id: str) -> list[Path]:
     """Exact lookup: `<dir>/**/rollout-<ts>-<thread_id>.jsonl` under sessions and archives."""
     suffix = f"-{thread_id}.jsonl"
-    found: list[Path] = []
+    found: list[str] = []
     for dirname in ROLLOUT_DIRS:
-        root = home / dirname
-        if not root.is_dir() or root.is_symlink():
+        root = os.path.join(home, dirname)
+        if not os.path.isdir(root) or os.path.islink(root):
             continue
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             for name in filenames:
-                if name.startswith("rollout-") and name.endswith(suffix):
-                    found.append(Path(dirpath) / name)
+                if name.endswith(suffix) and name.startswith("rollout-"):
+                    found.append(os.path.join(dirpath, name))
             dirnames.sort()
-    return sorted(found)
+    return [Path(p) for p in sorted(found)]
 
 
 def read_regular(path: Path) -> bytes:
@@ -202,7 +231,7 @@ def read_regular(path: Path) -> bytes:
         os.close(fd)
 
 
-def fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -210,19 +239,19 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def makedirs(path: Path) -> list[Path]:
+def makedirs(path: Path | str) -> list[str]:
     """Create `path` and its missing ancestors; returns the directories whose entries
     changed (each created directory's parent), deepest first — the caller fsyncs each once."""
-    missing: list[Path] = []
-    probe = path
-    while not probe.exists():
+    missing: list[str] = []
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
         missing.append(probe)
-        probe = probe.parent
-    changed: list[Path] = []
+        probe = os.path.dirname(probe)
+    changed: list[str] = []
     for directory in reversed(missing):
         with contextlib.suppress(FileExistsError):
-            directory.mkdir(mode=0o700)
-        changed.append(directory.parent)
+            os.mkdir(directory, 0o700)
+        changed.append(os.path.dirname(directory))
     changed.reverse()
     return changed
 
@@ -237,8 +266,10 @@ def atomic_write(path: Path, data: bytes) -> None:
     transaction, so the directory fsyncs find little left to do (one journal commit per
     fsync in a row was most of a fork's binder time). A crash before the last fsync leaves
     at most an unaccepted partial tree, which a re-bind completes (idempotent)."""
-    changed = makedirs(path.parent)
-    tmp = path.parent / f".{path.name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp"
+    target = os.path.abspath(path)
+    parent, name = os.path.split(target)
+    changed = makedirs(parent)
+    tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         view = memoryview(data)
@@ -249,11 +280,11 @@ def atomic_write(path: Path, data: bytes) -> None:
     except BaseException:
         os.close(fd)
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
         raise
     os.close(fd)
-    os.replace(tmp, path)
-    for directory in [path.parent, *changed]:
+    os.replace(tmp, target)
+    for directory in [parent, *changed]:
         fsync_dir(directory)
 
 

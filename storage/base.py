@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,6 +40,7 @@ from storage.write_group import (
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
+    WriteBatch,
     WriteGroup,
     WriteStats,
     WriteTimings,
@@ -93,7 +95,10 @@ class StoreBase:
         # every member durable, and only then does any of them return.
         self._baton = threading.Condition(threading.Lock())
         self._baton_owner: int | None = None
-        self._baton_waiting = 0
+        # The writers waiting for the baton, first come first served: each blocks on its own
+        # lock and the holder hands the baton to the first one only (no herd of waking
+        # threads fighting over the GIL and the lock; no writer overtaken again and again).
+        self._baton_queue: deque[tuple[int, threading.Lock]] = deque()
         self._group: WriteGroup | None = None
         self._writer_conn: apsw.Connection | None = None
         self.write_stats = WriteStats()
@@ -292,28 +297,40 @@ class StoreBase:
                 if not self._closed:
                     log.warning("store checkpoint failed: %s", exc)
 
+    @property
+    def _baton_waiting(self) -> int:
+        """Writers queued for the baton."""
+        return len(self._baton_queue)
+
     def _take_baton(self) -> None:
         me = threading.get_ident()
-        deadline = time.monotonic() + self.busy_timeout_ms / 1000
         with self._baton:
             if self._baton_owner == me:
                 # A write inside a write of the same thread: refused as SQLite refused it.
                 raise apsw.SQLError("cannot start a transaction within a transaction")
-            self._baton_waiting += 1
-            try:
-                while self._baton_owner is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise StoreBusy("the store is busy with other writes, try again")
-                    self._baton.wait(remaining)
+            if self._baton_owner is None and not self._baton_queue:
                 self._baton_owner = me
-            finally:
-                self._baton_waiting -= 1
+                return
+            entry = (me, threading.Lock())
+            entry[1].acquire()
+            self._baton_queue.append(entry)
+        # `_pass_baton` makes this thread the owner, then releases its lock.
+        if entry[1].acquire(timeout=max(0.0, self.busy_timeout_ms / 1000)):
+            return
+        with self._baton:
+            if self._baton_owner == me:  # handed over just as the wait timed out
+                return
+            self._baton_queue.remove(entry)
+        raise StoreBusy("the store is busy with other writes, try again")
 
     def _pass_baton(self) -> None:
         with self._baton:
-            self._baton_owner = None
-            self._baton.notify_all()
+            if self._baton_queue:
+                owner, wake = self._baton_queue.popleft()
+                self._baton_owner = owner
+                wake.release()
+            else:
+                self._baton_owner = None
 
     def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
         """COMMIT (or, with no member, roll back) the open group and wake its members."""
@@ -360,6 +377,11 @@ class StoreBase:
         One that waits for its turn past the busy timeout gets the same retryable `StoreBusy`
         as one that waited on another process's lock.
         """
+        batch: WriteBatch | None = getattr(self._local, "batch", None)
+        if batch is not None and batch.thread == threading.get_ident():
+            with self._batch_item(batch, workspace_id, fence) as item:
+                yield item
+            return
         t0 = time.perf_counter()
         self._take_baton()
         t1 = time.perf_counter()
@@ -429,6 +451,71 @@ class StoreBase:
                     group.members,
                 ),
             )
+
+    @contextmanager
+    def write_batch(self) -> Iterator[None]:
+        """Several writes of this thread as one member of the group: one baton turn and one
+        COMMIT for all of them (issue 20: a Turn's queued writes land together).
+
+        Each `_write` inside the block is a nested savepoint of the batch's own: one that
+        raises rolls back alone (the caller sees its error and may go on with the next), the
+        others stay. Nothing of the batch is durable, and no event is published, before the
+        block ended and the COMMIT holding it returned; if that COMMIT fails, or SQLite aborts
+        the transaction (a full disk, an I/O error), the block raises `StoreBusy` and none of
+        its writes exists — after such an abort every later write inside raises `StoreBusy`.
+        A batch inside a batch is the same batch."""
+        if getattr(self._local, "batch", None) is not None:
+            yield
+            return
+        with self._write(None) as tx:
+            batch = WriteBatch(tx)
+            self._local.batch = batch
+            try:
+                yield
+            finally:
+                self._local.batch = None
+            if batch.broken is not None:
+                raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
+
+    @contextmanager
+    def _batch_item(
+        self, batch: WriteBatch, workspace_id: str | None, fence: str | None
+    ) -> Iterator[Tx]:
+        """One write inside `write_batch`: a nested savepoint; events go to the batch."""
+        if batch.broken is not None:
+            raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
+        conn = batch.tx.conn
+        tx = Tx(conn, workspace_id, self._clock())
+        try:
+            conn.execute("SAVEPOINT agenthost_item")
+            try:
+                if fence is not None:
+                    tx.check_fence(fence)
+                yield tx
+            except BaseException as exc:
+                with self._baton:
+                    self.write_stats.rolled_back += 1
+                try:
+                    if conn.getautocommit():
+                        raise apsw.SQLError("the transaction was rolled back")
+                    conn.execute("ROLLBACK TO agenthost_item")
+                    conn.execute("RELEASE agenthost_item")
+                except apsw.Error:
+                    # The whole transaction is gone: nothing of the batch will be written.
+                    batch.broken = type(exc).__name__
+                raise
+            conn.execute("RELEASE agenthost_item")
+        except BaseException as exc:
+            if conn.getautocommit() and batch.broken is None:
+                batch.broken = type(exc).__name__
+            typed = typed_store_error(exc)
+            if typed is not None and typed is not exc:
+                raise typed from exc
+            raise
+        for event in tx.events:
+            batch.tx.emit(event)
+        with self._baton:
+            self.write_stats.batched += 1
 
     def _undo_member(self, group: WriteGroup, conn: apsw.Connection, exc: BaseException) -> None:
         """Roll back this member's savepoint only; if SQLite aborted the whole transaction

@@ -101,6 +101,17 @@ def _parse_payload(text: str) -> Any:
     return json.loads(text, object_pairs_hook=reject_duplicate_keys)
 
 
+_MESSAGES_SQL = (
+    "SELECT message_id, turn_id, kind, text, payload_json, version, position FROM messages"
+    " WHERE workspace_id = ?1 AND session_id = ?2{cut} ORDER BY position"
+)
+# The Turns through the selected one (`?3` its sequence), looked up once as a list.
+_MESSAGES_CUT = (
+    " AND turn_id IN (SELECT turn_id FROM turns WHERE workspace_id = ?1 AND session_id = ?2"
+    " AND sequence <= ?3)"
+)
+
+
 def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Boundary:
     """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error."""
     selected = conn.execute(
@@ -146,13 +157,22 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
         }
         turns.append(turn)
         by_id[str(r[0])] = turn
-    for r in conn.execute(
-        "SELECT m.message_id, m.turn_id, m.kind, m.text, m.payload_json, m.version, m.position"
-        " FROM messages m JOIN turns t ON t.workspace_id = m.workspace_id"
-        " AND t.session_id = m.session_id AND t.turn_id = m.turn_id"
-        " WHERE m.workspace_id = ? AND m.session_id = ? AND t.sequence <= ? ORDER BY m.position",
+    # Through the last Turn (a fork of the whole history, the usual case) every Message with a
+    # Turn is in the boundary: read them in position order alone. A join to `turns` for each
+    # Message's sequence cost a second index search per row (~40 % of this read at 10,000).
+    later = conn.execute(
+        "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND sequence > ? LIMIT 1",
         (ws, sid, through),
-    ):
+    ).fetchone()
+    message_args: tuple[str | int, ...]
+    if later is None:
+        message_sql, message_args = _MESSAGES_SQL.format(cut=""), (ws, sid)
+    else:
+        message_sql, message_args = _MESSAGES_SQL.format(cut=_MESSAGES_CUT), (ws, sid, through)
+    for r in conn.execute(message_sql, message_args):
+        owner = by_id.get(r[1])
+        if owner is None:  # a Message of no Turn is not part of any Turn's history
+            continue
         if r[2] == DESCENDANT_LANE_KIND:
             raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
         payload = _parse_payload(r[4])
@@ -163,7 +183,7 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
                 raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
             if _has_session_local_attachment(payload):
                 raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
-        by_id[r[1]]["messages"].append(
+        owner["messages"].append(
             {
                 "message_id": r[0],
                 "kind": r[2],

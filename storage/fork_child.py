@@ -39,25 +39,56 @@ from storage.sqlite import dumps
 
 @dataclass(frozen=True, slots=True)
 class ChildPlan:
-    """Every row of the canonical child, computed purely from snapshot + evidence."""
+    """Every row of the canonical child, computed purely from snapshot + evidence.
+
+    `message_rows` carry every column but `created_at_ms`, which is `committed_at_ms` for all of
+    them (the commit binds it once per statement, not once per row): so the rows are a pure
+    function of the snapshot, built once per process at prepare and reused by the commit."""
 
     session: Session
     lineage: Lineage
     ids: IdentityMap
     turn_rows: list[tuple[Any, ...]]
-    message_rows: list[tuple[Any, ...]]
+    message_rows: Sequence[tuple[Any, ...]]
     interaction_rows: list[tuple[Any, ...]]
+    committed_at_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChildHistory:
+    """What of the child is a pure function of the snapshot's bytes: its identity map and its
+    Message rows (`MESSAGE_COLUMNS`), remapped and proven reference-safe."""
+
+    ids: IdentityMap
+    message_rows: tuple[tuple[Any, ...], ...]
+
+
+# The columns of `ChildPlan.message_rows`, in order (`created_at_ms` is bound per statement).
+MESSAGE_COLUMNS = (
+    "workspace_id, session_id, message_id, turn_id, kind, text, payload_json, version, position"
+)
 
 
 def identity_map_for(snapshot: Mapping[str, Any], snapshot_hash: str | None = None) -> IdentityMap:
-    """The snapshot's identity map. With the frozen snapshot's hash it is memoised: the map is a
-    pure function of the snapshot's bytes, and prepare's dry run and the commit of the same
-    operation would otherwise mint every child id twice."""
+    """The snapshot's identity map (memoised with the frozen hash, see `child_history`)."""
+    return child_history(snapshot, snapshot_hash).ids
+
+
+def child_history(
+    snapshot: Mapping[str, Any], snapshot_hash: str | None = None, *, last_use: bool = False
+) -> ChildHistory:
+    """The child's ids and Message rows. With the frozen snapshot's hash they are memoised:
+    both are a pure function of the snapshot's bytes, and prepare's dry run and the commit of
+    the same operation would otherwise mint every child id and remap every Message twice (a
+    1,000-Turn fork: ~11,000 ids, ~10,000 rows). `last_use` (the commit) drops the entry."""
     if snapshot_hash is not None:
-        with _IDENTITY_CACHE_LOCK:
-            cached = _IDENTITY_CACHE.get(snapshot_hash)
+        with _HISTORY_LOCK:
+            cached = (
+                _HISTORY.pop(snapshot_hash, None) if last_use else _HISTORY.get(snapshot_hash)
+            )
             if cached is not None:
-                _IDENTITY_CACHE.move_to_end(snapshot_hash)
+                if not last_use:
+                    _HISTORY.move_to_end(snapshot_hash)
                 return cached
     turns = snapshot["turns"]
     ids = build_identity_map(
@@ -69,17 +100,53 @@ def identity_map_for(snapshot: Mapping[str, Any], snapshot_hash: str | None = No
         (m["message_id"] for t in turns for m in t["messages"]),
         (i["interaction_id"] for t in turns for i in t["interactions"]),
     )
-    if snapshot_hash is not None:
-        with _IDENTITY_CACHE_LOCK:
-            _IDENTITY_CACHE[snapshot_hash] = ids
-            while len(_IDENTITY_CACHE) > _IDENTITY_CACHE_SIZE:
-                _IDENTITY_CACHE.popitem(last=False)
-    return ids
+    history = ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
+    if snapshot_hash is not None and not last_use:
+        with _HISTORY_LOCK:
+            _HISTORY[snapshot_hash] = history
+            rows = sum(len(h.message_rows) for h in _HISTORY.values())
+            while len(_HISTORY) > 1 and (
+                len(_HISTORY) > _HISTORY_SIZE or rows > _HISTORY_BUDGET_ROWS
+            ):
+                _, dropped = _HISTORY.popitem(last=False)
+                rows -= len(dropped.message_rows)
+    return history
 
 
-_IDENTITY_CACHE_SIZE = 8  # operations between prepare and commit, per process
-_IDENTITY_CACHE: OrderedDict[str, IdentityMap] = OrderedDict()
-_IDENTITY_CACHE_LOCK = threading.Lock()
+_HISTORY_SIZE = 8  # operations between prepare and commit, per process
+_HISTORY_BUDGET_ROWS = 60_000  # Message rows held in all, ~20 MB at most
+_HISTORY: OrderedDict[str, ChildHistory] = OrderedDict()
+_HISTORY_LOCK = threading.Lock()
+
+
+def _message_rows(snapshot: Mapping[str, Any], ids: IdentityMap) -> tuple[tuple[Any, ...], ...]:
+    ws = snapshot["workspace_id"]
+    sid = snapshot["target"]["session_id"]
+    message_ids = ids.messages
+    turn_ids = ids.turns
+    rows: list[tuple[Any, ...]] = []
+    append = rows.append
+    for turn in snapshot["turns"]:
+        new_turn_id = turn_ids[turn["turn_id"]]
+        for m in turn["messages"]:
+            payload = m["payload"]
+            append(
+                (
+                    ws,
+                    sid,
+                    message_ids[m["message_id"]],
+                    new_turn_id,
+                    m["kind"],
+                    m["text"],
+                    # The common empty payload holds no reference (no call, no f-string).
+                    "{}"
+                    if type(payload) is dict and not payload
+                    else _remapped_json(payload, ids, where=f"message {m['message_id']}"),
+                    m["version"],
+                    m["position"],
+                )
+            )
+    return tuple(rows)
 
 
 def build_child(
@@ -90,33 +157,34 @@ def build_child(
     turn_bindings: Mapping[str, Sequence[Any]] | None,
     committed_at_ms: int,
     snapshot_hash: str | None = None,
+    last_use: bool = False,
 ) -> ChildPlan:
     """The child of seed 000 §5: an independent root with remapped, normalised history.
-    `snapshot_hash` (the frozen hash of `snapshot`) lets the identity map be reused."""
+    `snapshot_hash` (the frozen hash of `snapshot`) lets the ids and Message rows prepare's
+    dry run built be reused; `last_use` (the commit) releases them."""
     ws = snapshot["workspace_id"]
     target = snapshot["target"]
     sid = target["session_id"]
-    ids = identity_map_for(snapshot, snapshot_hash)
+    history = child_history(snapshot, snapshot_hash, last_use=last_use)
+    ids = history.ids
     bindings = dict(turn_bindings or {})
     unknown = set(bindings) - set(ids.turns)
     if unknown:
         raise ForkSnapshotCorrupt(f"turn bindings name turns outside the boundary: {unknown}")
     turn_rows: list[tuple[Any, ...]] = []
-    message_rows: list[tuple[Any, ...]] = []
     interaction_rows: list[tuple[Any, ...]] = []
-    # Enum values bound once: a 1,000-Turn child would read them ~15,000 times.
+    # Enum values bound once: a 1,000-Turn child would read them thousands of times.
     fork_clone = SequenceProvenance.FORK_CLONE.value
     settled = TurnPhase.SETTLED.value
     interrupted = TurnOutcome.INTERRUPTED.value
+    host_copy = binding_mode == ProviderStateBindingMode.HOST_COPY
     message_ids = ids.messages
-    append_message = message_rows.append
     for turn in snapshot["turns"]:
         source_turn_id = turn["turn_id"]
         new_turn_id = ids.turns[source_turn_id]
-        where = f"turn {source_turn_id}"
         if source_turn_id in bindings:
             root_id, binding_json = bindings[source_turn_id][0], bindings[source_turn_id][1]
-        elif binding_mode == ProviderStateBindingMode.HOST_COPY:
+        elif host_copy:
             # host_copy providers keep their own Turn ids in the child (PROVIDERS.md).
             root_id, binding_json = (
                 turn["root_provider_turn_id"],
@@ -127,11 +195,11 @@ def build_child(
             root_id, binding_json = None, None
         final_id = turn["final_assistant_message_id"]
         if final_id is not None:
-            final_id = ids.messages.get(final_id)
+            final_id = message_ids.get(final_id)
             if final_id is None:
                 raise ForkReferenceError(
                     ForkReferenceReason.DANGLING_REFERENCE,
-                    f"{where}: final assistant message is outside the boundary",
+                    f"turn {source_turn_id}: final assistant message is outside the boundary",
                 )
         active = turn["phase"] != settled
         turn_rows.append(
@@ -151,25 +219,6 @@ def build_child(
                 committed_at_ms if active else turn["settled_at_ms"],
             )
         )
-        for m in turn["messages"]:
-            payload = m["payload"]
-            append_message(
-                (
-                    ws,
-                    sid,
-                    message_ids[m["message_id"]],
-                    new_turn_id,
-                    m["kind"],
-                    m["text"],
-                    # The common empty payload holds no reference (no call, no f-string).
-                    "{}"
-                    if type(payload) is dict and not payload
-                    else _remapped_json(payload, ids, where=f"message {m['message_id']}"),
-                    m["version"],
-                    m["position"],
-                    committed_at_ms,
-                )
-            )
         for i in turn["interactions"]:
             where_i = f"interaction {i['interaction_id']}"
             status = i["status"]
@@ -202,8 +251,9 @@ def build_child(
         lineage=lineage,
         ids=ids,
         turn_rows=turn_rows,
-        message_rows=message_rows,
+        message_rows=history.message_rows,
         interaction_rows=interaction_rows,
+        committed_at_ms=committed_at_ms,
     )
 
 

@@ -10,9 +10,9 @@ from typing import Any
 
 from storage.base import StoreBase
 from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
-from storage.fork_child import ChildPlan, build_child
+from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
+from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache
 from storage.fork_snapshot import take_frozen_snapshot
 from storage.models import (
     ForkOperation,
@@ -69,7 +69,7 @@ class ForkCommit(StoreBase):
                 f"fork operation {op_id} cannot commit from {status}",
                 params={"operationId": op_id, "status": status.value},
             )
-        text_row = tx.one("SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],))
+        text_row = tx.one("SELECT snapshot_json FROM fork_snapshots WHERE op_seq = ?", (r[28],))
         assert text_row is not None
         # The stored bytes are hashed here; their parse may be the document prepare froze
         # (same hash, same bytes) instead of a second decode of a multi-MB text.
@@ -82,6 +82,7 @@ class ForkCommit(StoreBase):
             turn_bindings=loads(r[27]),
             committed_at_ms=tx.now_ms,
             snapshot_hash=r[18],
+            last_use=True,
         )
         self._insert_child(tx, plan)
         tx.execute(
@@ -96,6 +97,11 @@ class ForkCommit(StoreBase):
         # The row as written, projected from the plan just built from the snapshot (issue 20):
         # the same Session and lineage `committed_projection` rebuilds on a read (law 4),
         # without reading and re-hashing the snapshot a second time in this transaction.
+        # Readers of this operation (its ACK first) find the projection without decoding the
+        # snapshot: the key is what `committed_projection` rebuilds it from, and the value is
+        # that same pure function's result (should this transaction roll back, a retry commits
+        # at another time, a different key).
+        projection_cache.put((r[18], r[11], tx.now_ms), (plan.session, plan.lineage), miss=False)
         committed = replace(
             op_from_row(r),
             status=ForkStatus.COMMITTED,
@@ -171,10 +177,11 @@ class ForkCommit(StoreBase):
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             plan.turn_rows,
         )
+        # Every cloned Message is created at the commit: one integer in the statement (`int`,
+        # so nothing but digits reaches the SQL text), the rows as prepare built them.
         tx.executemany(
-            "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
-            " payload_json, version, position, created_at_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms)"
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {int(plan.committed_at_ms)})",
             plan.message_rows,
         )
         tx.executemany(

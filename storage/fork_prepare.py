@@ -190,8 +190,8 @@ class ForkPrepare(StoreBase):
                 " request_hash, source_session_id, target_session_id, point_kind,"
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
-                " binding_mode, snapshot_json, snapshot_hash, status, created_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?)",
+                " binding_mode, snapshot_hash, status, created_at_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?)",
                 (
                     ws,
                     op_id,
@@ -208,10 +208,15 @@ class ForkPrepare(StoreBase):
                     req.driver_kind,
                     req.driver_version,
                     req.binding_mode,
-                    snapshot_text,
                     snapshot_hash,
                     tx.now_ms,
                 ),
+            )
+            # The frozen bytes in their own row (schema v5): written once here, only read
+            # after, so no status UPDATE of the operation row rewrites them.
+            tx.execute(
+                "INSERT INTO fork_snapshots (op_seq, snapshot_json) VALUES (?, ?)",
+                (tx.conn.last_insert_rowid(), snapshot_text),
             )
             tx.execute(
                 "INSERT INTO session_reservations (workspace_id, session_id, operation_id)"

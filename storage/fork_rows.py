@@ -91,9 +91,12 @@ class _ProjectionCache:
                 self._entries.move_to_end(key)
             return hit
 
-    def put(self, key: tuple[Any, ...], value: tuple[Session, Lineage]) -> None:
+    def put(
+        self, key: tuple[Any, ...], value: tuple[Session, Lineage], *, miss: bool = True
+    ) -> None:
+        """`miss=False`: seeded by the commit that built the same value (not a reader's miss)."""
         with self._lock:
-            self.misses += 1
+            self.misses += int(miss)
             self._entries[key] = value
             while len(self._entries) > self._size:
                 self._entries.popitem(last=False)
@@ -115,7 +118,7 @@ def committed_projection(conn: apsw.Connection, r: Row) -> tuple[Session, Lineag
     if cached is not None:
         return cached
     text_row = conn.execute(
-        "SELECT snapshot_json FROM fork_operations WHERE op_seq = ?", (r[28],)
+        "SELECT snapshot_json FROM fork_snapshots WHERE op_seq = ?", (r[28],)
     ).fetchone()
     assert text_row is not None
     snapshot = load_snapshot(text_row[0], r[18])

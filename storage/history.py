@@ -33,8 +33,8 @@ from storage.rows import (
 )
 from storage.session_rows import (
     next_position,
+    require_live_session,
     require_mapping,
-    require_session,
     require_text,
     turn_row,
 )
@@ -61,7 +61,7 @@ class HistoryStore(StoreBase):
         require_text("kind", kind)
         payload_json = dumps(dict(require_mapping("payload", payload or {})))
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             if turn_id is not None:
                 turn_row(tx, ws, sid, turn_id)
             if message_id is not None:
@@ -129,7 +129,7 @@ class HistoryStore(StoreBase):
         require_text("kind", kind)
         input_json = dumps(dict(require_mapping("input", input)))
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             turn = turn_row(tx, ws, sid, turn_id)
             existing = tx.one(
                 f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
@@ -161,7 +161,7 @@ class HistoryStore(StoreBase):
     ) -> Interaction:
         output_json = dumps(dict(require_mapping("response", output)))
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             row = tx.one(
                 "SELECT interaction_id, status FROM interactions WHERE workspace_id = ?"
                 " AND session_id = ? AND turn_id = ? AND request_id = ?",
@@ -192,7 +192,7 @@ class HistoryStore(StoreBase):
         if not 1 <= limit <= 100_000:
             raise InvalidArgument("limit", "limit must be between 1 and 100000")
         with self._read() as conn:
-            require_session(conn, ws, sid)
+            require_live_session(conn, ws, sid)
             rows = conn.execute(
                 f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
                 " AND sequence > ? ORDER BY sequence LIMIT ?",
@@ -219,7 +219,7 @@ class HistoryStore(StoreBase):
         comparison would give.
         """
         with self._read() as conn:
-            require_session(conn, ws, sid)
+            require_live_session(conn, ws, sid)
             row = conn.execute(
                 f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
                 " AND turn_id = ?",

@@ -1,7 +1,8 @@
 """The store's SQL schema as an ordered list of migrations keyed by `PRAGMA user_version`.
 
 Version N is reached by applying MIGRATIONS[0:N] in order inside one `BEGIN IMMEDIATE`
-transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract.
+transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract, v3 an
+index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a table of its own.
 """
 
 from __future__ import annotations
@@ -255,7 +256,23 @@ CREATE TABLE fork_resolutions (
 CREATE INDEX fork_resolutions_by_state ON fork_resolutions (state);
 """
 
-MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (_V1, _V2, _V3, _v4)
+# v5 (issue 20): the frozen snapshot in a table of its own, one row per operation written once
+# at prepare and only read after. On the operation row, every status UPDATE (dispatching,
+# provider_accepted, committed, the ACK) rewrote the whole row: a 1,000-Turn snapshot is
+# ~2.5 MB, so each transition put 2.5 MB into the WAL and through its fsync. Existing rows move
+# over unchanged (same bytes, so their frozen hash still verifies); the column is then dropped
+# (SQLite >= 3.35 rewrites the table without it).
+_V5 = """
+CREATE TABLE fork_snapshots (
+    op_seq         INTEGER PRIMARY KEY REFERENCES fork_operations(op_seq),
+    snapshot_json  TEXT NOT NULL
+);
+INSERT INTO fork_snapshots (op_seq, snapshot_json)
+    SELECT op_seq, snapshot_json FROM fork_operations ORDER BY op_seq;
+ALTER TABLE fork_operations DROP COLUMN snapshot_json;
+"""
+
+MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (_V1, _V2, _V3, _v4, _V5)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -12,7 +12,7 @@ import uuid
 
 from storage.base import StoreBase
 from storage.models import Session
-from storage.session_rows import require_session, require_text, touch
+from storage.session_rows import require_live_session, require_session, require_text, touch
 
 
 class SessionControls(StoreBase):
@@ -27,7 +27,7 @@ class SessionControls(StoreBase):
 
     def _apply_goal(self, ws: str, sid: str, action: str, goal: str | None) -> Session:
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "INSERT INTO goal_controls (workspace_id, session_id, control_id, action, goal,"
                 " status, created_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, 'finished', ?, ?)",

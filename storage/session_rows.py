@@ -54,6 +54,17 @@ def require_session(conn: apsw.Connection, ws: str, sid: str) -> Session:
     return session
 
 
+def require_live_session(conn: apsw.Connection, ws: str, sid: str) -> None:
+    """`require_session` when the caller needs only to know the Session exists and is not
+    deleted: one primary-key lookup, without the lineage, active-Turn and JSON work of a whole
+    Session (issue 20: every write checked this inside the writer's baton)."""
+    row = conn.execute(
+        "SELECT deleted FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, sid)
+    ).fetchone()
+    if row is None or row[0]:
+        raise SessionNotFound(f"session {sid} not found")
+
+
 def load_turn(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Turn | None:
     row = conn.execute(
         f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"

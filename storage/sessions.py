@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from storage.base import StoreBase
-from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken
+from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken, SessionNotFound
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (
+    require_live_session,
     require_mapping,
     require_session,
     require_text,
@@ -99,6 +100,22 @@ class SessionStore(StoreBase):
     def get_session(self, ws: str, sid: str) -> Session:
         return self._with_conn(lambda c: require_session(c, ws, sid))
 
+    def require_session_live(self, ws: str, sid: str) -> None:
+        """Raise `SessionNotFound` unless the Session exists and is not deleted: a primary-key
+        lookup, for a caller that needs no more (a request's check before it is routed)."""
+        self._with_conn(lambda c: require_live_session(c, ws, sid))
+
+    def session_provider(self, ws: str, sid: str) -> str:
+        """The Session's provider (fixed at create) without reading the whole Session;
+        `SessionNotFound` as `get_session` raises it."""
+        row = self._one(
+            "SELECT provider, deleted FROM sessions WHERE workspace_id = ? AND session_id = ?",
+            (ws, sid),
+        )
+        if row is None or row[1]:
+            raise SessionNotFound(f"session {sid} not found")
+        return str(row[0])
+
     def list_sessions(
         self, ws: str, *, cursor: str | None = None, limit: int = 50
     ) -> tuple[list[Session], str | None]:
@@ -129,7 +146,7 @@ class SessionStore(StoreBase):
     def update_settings(self, ws: str, sid: str, settings: Mapping[str, Any]) -> Session:
         settings = require_mapping("settings", settings)
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "UPDATE sessions SET settings_json = ? WHERE workspace_id = ? AND session_id = ?",
                 (dumps(dict(settings)), ws, sid),
@@ -142,7 +159,7 @@ class SessionStore(StoreBase):
         if not isinstance(title, str):
             raise InvalidArgument("title", "title must be a string")
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "UPDATE sessions SET title = ? WHERE workspace_id = ? AND session_id = ?",
                 (title, ws, sid),
@@ -153,7 +170,7 @@ class SessionStore(StoreBase):
     def set_pinned(self, ws: str, sid: str, pinned: bool) -> Session:
         # Not fenced: pin is never inherited by a fork child.
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             tx.execute(
                 "UPDATE sessions SET pinned = ? WHERE workspace_id = ? AND session_id = ?",
                 (1 if pinned else 0, ws, sid),
@@ -164,7 +181,7 @@ class SessionStore(StoreBase):
     def delete_session(self, ws: str, sid: str) -> None:
         """Soft delete: the id stays taken, history stays for committed fork projections."""
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             # A Turn still running would never settle once its Session is gone (issue 15
             # defect 9): interrupt it first.
             active = tx.one(

@@ -15,6 +15,7 @@ from storage.session_rows import (
     load_session,
     load_turn,
     next_position,
+    require_live_session,
     require_session,
     require_text,
     require_turn,
@@ -32,7 +33,7 @@ class TurnStore(StoreBase):
         if not isinstance(text, str):
             raise InvalidArgument("input", "text must be a string")
         with self._write(ws) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             claimed = tx.one(
                 "SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
                 " AND request_id = ?",
@@ -89,7 +90,7 @@ class TurnStore(StoreBase):
         """Record the provider's own Turn id (and binding) and finish the submit claim."""
         require_text("rootProviderTurnId", root_provider_turn_id)
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             turn = turn_row(tx, ws, sid, turn_id)
             if turn.root_provider_turn_id not in (None, root_provider_turn_id):
                 raise Conflict(
@@ -119,7 +120,7 @@ class TurnStore(StoreBase):
     def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn:
         """Replace the opaque provider binding JSON; allowed on settled Turns (late checkpoints)."""
         with self._write(ws, fence=sid) as tx:
-            require_session(tx.conn, ws, sid)
+            require_live_session(tx.conn, ws, sid)
             turn_row(tx, ws, sid, turn_id)
             tx.execute(
                 "UPDATE turns SET provider_turn_binding_json = ? WHERE workspace_id = ?"
@@ -181,7 +182,7 @@ class TurnStore(StoreBase):
 
     def get_turn(self, ws: str, sid: str, turn_id: str) -> Turn:
         with self._read() as conn:
-            require_session(conn, ws, sid)
+            require_live_session(conn, ws, sid)
             return require_turn(conn, ws, sid, turn_id)
 
     def active_turn(self, ws: str, sid: str) -> Turn | None:

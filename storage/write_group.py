@@ -9,7 +9,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.tx import Tx
 
 GROUP_MAX_MEMBERS = 32
 """Writes one group commit holds at most: a bound on how long its first member waits."""
@@ -36,10 +39,23 @@ class WriteGroup:
         self.error: BaseException | None = None
 
 
+class WriteBatch:
+    """One thread's `StoreBase.write_batch`: the member transaction its writes nest in, and
+    why the batch was lost (set when SQLite aborted the transaction under it)."""
+
+    __slots__ = ("tx", "thread", "broken")
+
+    def __init__(self, tx: Tx) -> None:
+        self.tx = tx
+        self.thread = threading.get_ident()
+        self.broken: str | None = None
+
+
 class WriteStats:
     """Counts of the store's writes (what tests pin): `transactions` written (savepoints
-    released), `commits` (each one fsync'd `COMMIT`), `rolled_back` member savepoints and
-    `group_failures` (a COMMIT or a transaction-aborting error that failed every member)."""
+    released), `commits` (each one fsync'd `COMMIT`), `rolled_back` member savepoints,
+    `group_failures` (a COMMIT or a transaction-aborting error that failed every member) and
+    `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
 
     __slots__ = (
         "transactions",
@@ -48,6 +64,7 @@ class WriteStats:
         "group_failures",
         "largest_group",
         "checkpoints",
+        "batched",
     )
 
     def __init__(self) -> None:
@@ -57,6 +74,7 @@ class WriteStats:
         self.group_failures = 0
         self.largest_group = 0
         self.checkpoints = 0
+        self.batched = 0
 
     def snapshot(self) -> dict[str, int]:
         return {name: int(getattr(self, name)) for name in self.__slots__}

@@ -165,7 +165,16 @@ class ForkService:
             raise
 
     def fork(self, source_thread_id: str, options: ForkOptions) -> ForkResult:
-        return self.fork_async(source_thread_id, options).result()
+        """Prepare and materialize in the calling thread, holding the reservation until
+        materialization ends. A caller that waits for the result cannot abandon it, so the
+        detached thread of `fork_async` buys it nothing (issue 20: starting one per fork, and
+        handing the interpreter lock to it and back, cost the app-server's request loop
+        milliseconds per fork on a loaded machine)."""
+        prepared = self.prepare(source_thread_id, options.boundary)
+        try:
+            return self.materialize(prepared, options)
+        finally:
+            prepared.reservation.release()
 
     def fork_async(
         self, source_thread_id: str, options: ForkOptions
@@ -248,7 +257,7 @@ class ForkService:
         # per line: it is durable before the response either way (issue 20). A failed
         # creation leaves no file.
         try:
-            writer = self.store.create_rollout(
+            writer, written = self.store.create_rollout_lines(
                 child_id, meta, first_ordinal=first_ordinal, items=lines
             )
         except AppServerError:
@@ -258,7 +267,10 @@ class ForkService:
         try:
             writer.close()
             self.hooks.after_child_write(child_id)
-            child = self.store.load(child_id)  # prove the child readable on its own
+            # The child's history from the lines just written, checked as a load checks it
+            # (identity, ordinals, history_base into the frozen source), not re-read from disk.
+            parent = prepared.source if first_ordinal > 0 else None
+            child = self.store.adopt_created(child_id, writer.path, written, parent)
         except BaseException as exc:
             # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
             writer.close()

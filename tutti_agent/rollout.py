@@ -55,16 +55,19 @@ class RolloutLine:
     end_byte_offset: int  # offset just after this line in its physical file
 
     def to_json(self) -> str:
-        return json.dumps(
+        return _ENCODE(
             {
                 "timestamp": self.timestamp,
                 "ordinal": self.ordinal,
                 "type": self.item.type,
                 "payload": self.item.payload,
-            },
-            separators=(",", ":"),
-            ensure_ascii=False,
+            }
         )
+
+
+# One encoder for every line (`json.dumps` with options builds a new one per call: issue 20,
+# a forked child encodes every line of its prefix).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def now_iso() -> str:
@@ -93,26 +96,65 @@ def thread_id_of_path(path: Path) -> str:
 
 
 def find_rollout_path(home: Path, thread_id: str) -> Path | None:
-    """Exact lookup by the thread id in the file name (never a prefix or fuzzy match)."""
-    for path in iter_rollout_paths(home):
-        if thread_id_of_path(path) == thread_id:
-            return path
+    """Exact lookup by the thread id in the file name (never a prefix or fuzzy match).
+
+    The same files as `iter_rollout_paths` (`sessions/*/*/*/rollout-*.jsonl`, first in sorted
+    order wins), listed with `os.scandir` and matched on the name's end before any `Path` is
+    built (issue 20: a source home holds every child it ever forked, and a glob per lookup
+    compiled a pattern and built a `Path` per rollout)."""
+    suffix = f"{thread_id}.jsonl"
+    level = [str(sessions_dir(home))]
+    for _ in range(3):  # year, month, day
+        level = sorted(entry.path for d in level for entry in _entries(d) if entry.is_dir())
+    for day in level:
+        names = sorted(
+            e.name
+            for e in _entries(day)
+            if e.name.endswith(suffix) and e.name.startswith("rollout-") and e.is_file()
+        )
+        for name in names:
+            path = Path(day, name)
+            if thread_id_of_path(path) == thread_id:
+                return path
     return None
 
 
+def _entries(directory: str) -> list[os.DirEntry[str]]:
+    try:
+        with os.scandir(directory) as it:
+            return list(it)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+_DECODER = json.JSONDecoder()
+
+
 def read_rollout(path: Path) -> list[RolloutLine]:
-    """Read every complete line; a torn last line (no newline, bad JSON) is dropped."""
+    """Read every complete line; a torn last line (no newline, bad JSON) is dropped.
+
+    An all-ASCII file (the usual case) is decoded once and parsed line by line from the text,
+    its character offsets being its byte offsets; any other file line by line from the bytes.
+    Same lines, same offsets, same errors either way (issue 20: a fork reads its child back
+    on both sides of the worker pipe)."""
     data = path.read_bytes()
+    if data.isascii():
+        return _read_lines(data.decode("ascii"), path, _DECODER.decode)
+    return _read_lines(data, path, json.loads)
+
+
+def _read_lines(data: Any, path: Path, loads: Any) -> list[RolloutLine]:
     lines: list[RolloutLine] = []
     offset = 0
-    while offset < len(data):
-        newline = data.find(b"\n", offset)
+    size = len(data)
+    newline_char = "\n" if isinstance(data, str) else b"\n"
+    while offset < size:
+        newline = data.find(newline_char, offset)
         if newline < 0:
             break  # torn tail from a crash mid-write: the valid prefix stands
-        raw = data[offset:newline]
         end = newline + 1
         try:
-            obj = json.loads(raw)
+            obj = loads(data[offset:newline])
             line = RolloutLine(
                 ordinal=int(obj["ordinal"]),
                 timestamp=str(obj["timestamp"]),

@@ -234,12 +234,25 @@ class ThreadStore:
     ) -> RolloutWriter:
         """A new rollout of `session_meta` + `items`, durable on return (one write, one file
         fsync, one fsync per changed directory: `RolloutWriter.create`)."""
+        return self.create_rollout_lines(
+            thread_id, meta, first_ordinal=first_ordinal, items=items
+        )[0]
+
+    def create_rollout_lines(
+        self,
+        thread_id: str,
+        meta: Mapping[str, Any],
+        *,
+        first_ordinal: int = 0,
+        items: Sequence[RolloutItem] = (),
+    ) -> tuple[RolloutWriter, list[RolloutLine]]:
+        """`create_rollout`, and the lines it wrote (with their byte offsets)."""
         path = new_rollout_path(self.home, thread_id)
         meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
-        writer, _ = RolloutWriter.create(path, first_ordinal, [meta_item, *items])
+        writer, lines = RolloutWriter.create(path, first_ordinal, [meta_item, *items])
         with self._cache_lock:
             self._paths[thread_id] = path
-        return writer
+        return writer, lines
 
     def open_writer(self, history: ThreadHistory) -> RolloutWriter:
         return RolloutWriter(history.path, history.next_ordinal, create=False)
@@ -264,7 +277,39 @@ class ThreadStore:
     def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        own = self._read(path)
+        return self._assemble(thread_id, path, self._read(path), visiting, None)
+
+    def adopt_created(
+        self, thread_id: str, path: Path, own: list[RolloutLine], parent: ThreadHistory | None
+    ) -> ThreadHistory:
+        """The history of a rollout this store just created (`create_rollout`) from the lines
+        it wrote, with the same checks as `load` — identity, history_base, ordinals, the
+        parent's boundary offset — but without reading back and re-parsing the file it just
+        fsynced (issue 20: a fork used to read its whole child again). `parent`: the history a
+        Referenced child's history_base points into (the fork's frozen source), else None.
+        The parse is remembered as the file's, so a later read of the unchanged file reuses it."""
+        key = _file_key(path)
+        if key[2] != (own[-1].end_byte_offset if own else 0):
+            raise LineageError(thread_id, "rollout does not hold the lines written")
+        history = self._assemble(thread_id, path, own, frozenset(), parent)
+        with self._cache_lock:
+            self._paths[thread_id] = path
+            self._parsed[path] = (key, own)
+            self._parsed.move_to_end(path)
+            while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
+                self._parsed.popitem(last=False)
+        return history
+
+    def _assemble(
+        self,
+        thread_id: str,
+        path: Path,
+        own: list[RolloutLine],
+        visiting: frozenset[str],
+        parent: ThreadHistory | None,
+    ) -> ThreadHistory:
+        """A logical history from a rollout's own lines; a Referenced rollout's parent is
+        loaded from this home unless given (then it must be the thread history_base names)."""
         if not own or own[0].item.type != LineType.SESSION_META:
             raise LineageError(thread_id, "rollout does not start with session_meta")
         meta = own[0].item.payload
@@ -293,10 +338,13 @@ class ThreadStore:
         )
         if base is None:
             return ThreadHistory(thread_id, path, meta, tuple(own), (segment,))
-        parent_path = self._find(base.thread_id)
-        if parent_path is None:
-            raise LineageError(base.thread_id, "missing source rollout")
-        parent = self._load(base.thread_id, parent_path, visiting | {thread_id})
+        if parent is not None and parent.thread_id != base.thread_id:
+            parent = None  # the boundary lies in an ancestor of the given thread: load it
+        if parent is None:
+            parent_path = self._find(base.thread_id)
+            if parent_path is None:
+                raise LineageError(base.thread_id, "missing source rollout")
+            parent = self._load(base.thread_id, parent_path, visiting | {thread_id})
         seg = parent.own_segment
         end = base.end_ordinal_exclusive
         if not (seg.first_ordinal < end <= seg.end_ordinal):

@@ -8,6 +8,7 @@ provider outcome is a `ForkResult` disposition. `ClaudeFork` is a mixin of `Clau
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ from drivers.claude_transcript import (
     transcript_path,
 )
 from drivers.failpoints import Failpoints
+from drivers.rollout_files import fsync_dir, makedirs
 
 
 @dataclass(slots=True)
@@ -154,29 +156,43 @@ class ClaudeFork:
         """Moves the child transcript from the source's config dir into the child's own home.
 
         fork_session writes next to the source; the child must resume from its own home alone.
-        Crash-durable: copy to a temp file, fsync, rename, fsync the directory, then unlink.
+        Crash-durable, and a move, not a copy (issue 20): the SDK's file is fsynced where it
+        was written (the SDK does not), renamed into the target home (one filesystem: no bytes
+        read or written, and after a crash the file is in exactly one of the two places), the
+        target's directory and the parent of each directory created for it fsynced, then the
+        source's. Across filesystems (EXDEV) it is copied — temp file, fsync, rename — and the
+        source name unlinked after the target is durable.
         """
         src, tgt = request.source, request.target
         written = transcript_path(src.home, src.cwd, child_id)
         dest = transcript_path(tgt.home, src.cwd, child_id)
-        data = written.read_bytes()
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        if dest.exists():
+        changed = makedirs(dest.parent)
+        if os.path.lexists(dest):
             raise FileExistsError(f"child transcript already in target home: {dest}")
         # This move is Claude's provider-state binding: the same crash points as the host_copy
         # binder's copy (PROTOCOL.md), so every worker.bind.* cell of the crash matrix is reached.
         self._failpoints.hit("worker.bind.before_copy")
-        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(written, os.O_RDONLY | os.O_NOFOLLOW)
         try:
-            os.write(fd, data)
-            os.fsync(fd)
+            os.fsync(fd)  # its bytes durable before any name of it in the target is
         finally:
             os.close(fd)
-        os.rename(tmp, dest)
-        fsync_dir(dest.parent)
-        self._failpoints.hit("worker.bind.after_copy")  # copied, not yet removed from the source
-        written.unlink()
+        moved = True
+        try:
+            os.rename(written, dest)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            _copy_durably(written, dest)
+            moved = False
+        # The rename's commit makes both directories' entries durable on a journaling file
+        # system; each is still fsynced, as POSIX asks, and the created ones' parents once.
+        durable: list[Path | str] = [dest.parent, *changed]
+        for directory in durable:
+            fsync_dir(directory)
+        self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
+        if not moved:
+            written.unlink()
         fsync_dir(written.parent)
 
     def _verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
@@ -240,12 +256,17 @@ def receipt_hash(body: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+def _copy_durably(source: Path, dest: Path) -> None:
+    """A copy of `source` at `dest` (temp file, fsync, rename; the caller fsyncs the dir)."""
+    data = source.read_bytes()
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
+        os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
+    os.rename(tmp, dest)
 
 
 def holds_message(text: str, message_uuid: str) -> bool:

@@ -98,8 +98,8 @@ def test_a_bad_operation_in_a_recovery_page_is_rolled_back_alone(tmp_path: Path)
         # closed without undoing the others in the same transaction.
         conn = apsw.Connection(str(tmp_path / "store.sqlite3"))
         conn.execute(
-            "UPDATE fork_operations SET snapshot_json = snapshot_json || ' '"
-            " WHERE operation_id = ?",
+            "UPDATE fork_snapshots SET snapshot_json = snapshot_json || ' ' WHERE op_seq ="
+            " (SELECT op_seq FROM fork_operations WHERE operation_id = ?)",
             (accepted[1],),
         )
         conn.close()

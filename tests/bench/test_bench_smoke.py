@@ -133,3 +133,29 @@ def test_issue20_targets_take_their_limit_from_the_issue_and_report_unmeasured_o
     assert why[0].startswith("4. MISSED forks committed/s at 16 clients")
     assert "    CPU-bound: app-server" in why
     assert not any("CPU ms per fork" in line for line in why)
+
+
+@pytest.mark.timeout(120)
+def test_the_big_fork_part_of_scale_runs_alone(tmp_path: Path) -> None:
+    """`bench.scale --only-big-fork`: the store prepare + commit of issue 20 row 10, alone."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.scale",
+            "--only-big-fork",
+            "--smoke",
+            "--json",
+            str(tmp_path / "big.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "big.json").read_text())
+    (probe,) = doc["figures"]["probes"]
+    assert probe["prepareCpuMs"] > 0 and probe["commitCpuMs"] > 0
+    assert "command: build/venv/bin/python -m bench.scale --only-big-fork --smoke" in out.stdout
+    assert "prepare+commit CPU ms" in out.stdout

@@ -258,3 +258,41 @@ def test_accepted_result_crosses_the_wire_with_turn_bindings(
     assert wire["binding"]["mode"] == "provider_owned"
     assert list(wire["binding"]["turnBindings"]) == [three_turns.turns[0][0]]
     assert wire["child"]["forkedFromId"] == three_turns.provider_session_id
+
+
+def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durable(
+    harness: Harness, three_turns: ClaudeSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: the child's transcript reaches its own home by a rename within the file
+    system (the very file the SDK wrote, fsynced once), not read and rewritten; every
+    directory the move created in the target home is fsynced (its parent's entry), and the
+    source's directory once."""
+    from drivers.claude_transcript import transcript_path
+    from tests.support.fsyncs import counting_fsyncs
+
+    driver = harness.driver
+    written: dict[str, tuple[int, int]] = {}
+    call = driver._call_fork_session
+
+    def recording(request, plan):  # type: ignore[no-untyped-def]
+        child_id = call(request, plan)
+        st = transcript_path(three_turns.home, str(harness.cwd), child_id).stat()
+        written[child_id] = (st.st_dev, st.st_ino)
+        return child_id
+
+    monkeypatch.setattr(driver, "_call_fork_session", recording)
+    with counting_fsyncs(monkeypatch) as log:
+        result = fork(harness, harness.fork_params(three_turns, "child-move", 2))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.child is not None
+    child_id = result.child.provider_session_id
+    dest = transcript_path(harness.home("child-move"), str(harness.cwd), child_id)
+    st = dest.stat()
+    assert (st.st_dev, st.st_ino) == written[child_id]  # the SDK's file itself
+    assert st.st_nlink == 1  # and no longer in the source home
+    assert log.count(dest) == 1
+    home = harness.home("child-move")
+    created = [p for p in [dest.parent, *dest.parent.parents] if home in [p, *p.parents]]
+    for directory in [dest.parent, *(p.parent for p in created)]:
+        assert log.count(directory) == 1, directory
+    assert log.count(harness.transcript(three_turns).parent) == 1

@@ -63,3 +63,31 @@ def test_referenced_child_ancestor_durable_before_the_child(
     assert keys.index(_key(paths[PARENT])) < keys.index(_key(day)) < first_child
     assert keys[first_child + 1 :] == [_key(day)]
     assert log.count(paths[PARENT]) == 1 and log.count(paths[CHILD]) == 1
+
+
+def test_each_path_component_is_checked_for_links_once_per_write_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: the symlink checks lstat each home's own ancestors once, and below a home
+    only the components under it (the plan, then again right before the write) — not every
+    component from the root five times over. A link anywhere is still refused
+    (test_rollout_binder's symlink tests)."""
+    import drivers.rollout_files as rollout_files
+
+    src = tmp_path / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 5))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    dst.mkdir(parents=True)
+    seen: list[str] = []
+    real = os.lstat
+
+    def lstat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        seen.append(os.fspath(path))  # type: ignore[arg-type]
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rollout_files.os, "lstat", lstat)
+    RolloutBinder().bind(src, dst, CHILD)
+    for ancestor in [*tmp_path.parents[:-1], tmp_path]:  # "/" is never looked at
+        assert seen.count(str(ancestor)) == 2, ancestor  # once per home
+    assert seen.count(str(src)) == 1 and seen.count(str(dst)) == 1
+    assert seen.count(str(dst / "sessions")) == 2  # the plan, and right before the write

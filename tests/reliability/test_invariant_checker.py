@@ -112,11 +112,11 @@ def test_two_active_operations_on_one_source_are_reported(base: Base, tmp_path: 
         "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
         " source_session_id, target_session_id, source_turn_id, source_provider_session_id,"
         " source_provider_turn_id, source_provider_turn_ids, target_title, driver_kind,"
-        " driver_version, binding_mode, snapshot_json, snapshot_hash, status, created_at_ms)"
+        " driver_version, binding_mode, snapshot_hash, status, created_at_ms)"
         " SELECT workspace_id, 'op-x', 'req-x', request_hash, source_session_id,"
         f" '{uuid.uuid4()}', source_turn_id, source_provider_session_id,"
         " source_provider_turn_id, source_provider_turn_ids, target_title, driver_kind,"
-        " driver_version, binding_mode, snapshot_json, snapshot_hash, 'prepared', created_at_ms"
+        " driver_version, binding_mode, snapshot_hash, 'prepared', created_at_ms"
         " FROM fork_operations WHERE status = 'dispatching'",
     )
     assert Law.SINGLE_ACTIVE in laws(home)

@@ -26,7 +26,8 @@ def check_invariants(store: Store) -> dict[str, int]:
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     ops = conn.execute(
         "SELECT operation_id, source_session_id, target_session_id, source_turn_id, status,"
-        " client_observed_at_ms, snapshot_json FROM fork_operations WHERE workspace_id = ?",
+        " client_observed_at_ms, snapshot_json FROM fork_operations JOIN fork_snapshots"
+        " USING (op_seq) WHERE workspace_id = ?",
         (WS,),
     ).fetchall()
     counts: dict[str, int] = {}

@@ -173,7 +173,8 @@ def test_child_ids_are_deterministic_from_operation_and_source_ids(
     raw = (
         store._conn()
         .execute(
-            "SELECT snapshot_json, snapshot_hash FROM fork_operations WHERE operation_id = ?",
+            "SELECT s.snapshot_json, o.snapshot_hash FROM fork_operations o JOIN fork_snapshots s"
+            " USING (op_seq) WHERE o.operation_id = ?",
             (op.operation_id,),
         )
         .fetchone()
@@ -722,8 +723,8 @@ def test_commit_refuses_a_snapshot_that_no_longer_matches_its_hash(
     store.mark_fork_dispatching(WS, op.operation_id)
     store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     store._conn().execute(
-        "UPDATE fork_operations SET snapshot_json = replace(snapshot_json, 't1', 'tX')"
-        " WHERE operation_id = ?",
+        "UPDATE fork_snapshots SET snapshot_json = replace(snapshot_json, 't1', 'tX')"
+        " WHERE op_seq = (SELECT op_seq FROM fork_operations WHERE operation_id = ?)",
         (op.operation_id,),
     )
     with pytest.raises(ForkSnapshotCorrupt):

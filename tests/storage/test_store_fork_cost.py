@@ -1,8 +1,9 @@
 """The big prepare + commit's work, counted (issue 20: 1,000-Turn prepare + commit ≤ 200 ms).
 
-Counts, never timings: how many times a snapshot is decoded, how many child ids are minted,
-and how many SQL statements prepare and commit run — none of them may grow with the history
-except the child's bulk inserts (one `executemany` per table).
+Counts, never timings: how many times a snapshot is decoded, how many child ids are minted and
+Message payloads remapped, how many SQL statements prepare and commit run — none of them may
+grow with the history except the child's bulk inserts (one `executemany` per table) — and how
+many WAL pages a status change writes (none of the frozen snapshot's).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 import storage.fork_child as fork_child
+import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_snapshot
 from storage import Store
 from storage.fork_identity import ChildIdMinter
@@ -59,6 +61,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
                 counts["message inserts"] += 1
 
     monkeypatch.setattr(fork_snapshot, "load_snapshot", load)
+    monkeypatch.setattr(fork_rows, "load_snapshot", load)  # a committed operation's projection
     monkeypatch.setattr(ChildIdMinter, "mint_all", mint_all)
     # Prepare and commit run wholly inside a write: on the store's one writer connection
     # (the background checkpointer may use a pooled one meanwhile).
@@ -81,7 +84,7 @@ def _prepare_and_commit(
     store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     if forget:  # as after a restart: this process no longer holds what prepare froze
         fork_snapshot._FROZEN.clear()
-        fork_child._IDENTITY_CACHE.clear()
+        fork_child._HISTORY.clear()
     with _counting(monkeypatch, store) as commit_counts:
         committed, changed = store.commit_fork(WS, op.operation_id)
     assert changed
@@ -123,3 +126,84 @@ def test_prepare_and_commit_statements_do_not_grow_with_the_history(
     fixed = small_c["statements"] - small_c["message inserts"] - 2  # turns: one per Turn
     assert big_c["statements"] - big_c["message inserts"] - 30 == fixed
     assert fixed <= 16, small_c
+
+
+def test_the_child_history_is_built_once_per_process_and_the_ack_decodes_nothing(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepare's dry run remaps every Message; the commit inserts those rows (issue 20: main
+    remapped each payload twice), and the ACK answers from the projection the commit built."""
+    remaps: Counter[str] = Counter()
+    real_remap = fork_child._remapped_json
+
+    def remap(value: Any, ids: Any, *, where: str) -> str:
+        remaps[where.split()[0]] += 1
+        return real_remap(value, ids, where=where)
+
+    monkeypatch.setattr(fork_child, "_remapped_json", remap)
+    sid = new_session(store)
+    last = ""
+    turns = 6
+    for i in range(turns):
+        turn = settled_turn(store, sid, text=f"turn {i}")
+        user = turn.messages[0].message_id
+        last = store.append_message(
+            WS, sid, turn.turn_id, kind="reasoning", text="r", payload={"replyToMessageId": user}
+        ).turn_id or ""
+    assert last
+    op, _ = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    assert remaps["message"] == turns
+    store.mark_fork_dispatching(WS, op.operation_id)
+    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, _ = store.commit_fork(WS, op.operation_id)
+    assert remaps["message"] == turns  # not one more
+    child = store.timeline(WS, committed.target_session_id, limit=turns)[0]
+    for turn in child:
+        reply = turn.messages[-1]
+        assert reply.payload == {"replyToMessageId": turn.messages[0].message_id}
+    created = store._conn().execute(
+        "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
+        (WS, committed.target_session_id),
+    ).fetchall()
+    assert created == [(committed.completed_at_ms,)]  # every cloned Message: the commit's time
+    with _counting(monkeypatch, store) as ack_counts:
+        acked, changed = store.acknowledge_fork(WS, op.operation_id)
+    assert changed and ack_counts["snapshot decodes"] == 0
+    assert acked.committed_session == committed.committed_session
+    assert acked.lineage == committed.lineage
+
+
+def test_status_changes_write_none_of_the_frozen_snapshot(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The snapshot is written once, at prepare (schema v5: a table of its own). On the
+    operation row every UPDATE rewrote it: ~2.5 MB of WAL per transition at 1,000 Turns."""
+    store.checkpoint_pages = 1 << 30  # no checkpoint: the WAL's frame count only grows
+    frames: list[int] = []
+    monkeypatch.setattr(store, "_wal_grew", lambda _c, _d, pages: frames.append(pages) or 0)
+    sid = new_session(store)
+    last = ""
+    for i in range(40):
+        last = settled_turn(store, sid, text=f"turn {i}: " + "x" * 4000).turn_id
+    op, _ = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    # The snapshot holds every Message's text: at least this many 4 KiB pages.
+    texts = store._conn().execute(
+        "SELECT SUM(length(text)) FROM messages WHERE session_id = ?", (sid,)
+    ).fetchone()[0]
+    snapshot_pages = texts // 4096
+    assert snapshot_pages >= 39
+
+    def frames_of(step: Any) -> int:
+        before = frames[-1]
+        step()
+        return frames[-1] - before
+
+    written = {
+        "dispatching": frames_of(lambda: store.mark_fork_dispatching(WS, op.operation_id)),
+        "provider_accepted": frames_of(
+            lambda: store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+        ),
+    }
+    store.commit_fork(WS, op.operation_id)
+    written["ack"] = frames_of(lambda: store.acknowledge_fork(WS, op.operation_id))
+    assert all(n < 10 for n in written.values()), (written, snapshot_pages)

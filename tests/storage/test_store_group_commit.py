@@ -37,6 +37,10 @@ def _wait_for(predicate: Callable[[], bool]) -> None:
         time.sleep(0.005)
 
 
+def _queued(store: Store, n: int) -> Callable[[], bool]:
+    return lambda: store._baton_waiting == n
+
+
 def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> list[BaseException]:
     """Hold one write open until every writer is queued behind it, then let them all run."""
     inside, release = threading.Event(), threading.Event()
@@ -213,5 +217,95 @@ def test_the_wal_is_checkpointed_off_the_write_path(
             store.update_title(WS, "s1", "y" * 3000 + str(i))
         _wait_for(lambda: store.write_stats.checkpoints >= 1)
         assert store.get_session(WS, "s1").title.endswith("39")
+    finally:
+        store.close()
+
+
+def test_a_batch_of_writes_is_one_commit_and_a_failing_one_rolls_back_alone(
+    tmp_path: Path,
+) -> None:
+    """`write_batch` (a Session actor's queued Turn writes, issue 20): nested savepoints of
+    one member, one COMMIT; the failing write alone is undone; events only after the COMMIT."""
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path)
+    observer = apsw.Connection(str(path))
+    events: list[object] = []
+    store.subscribe(events.append)
+    try:
+        ids = _sessions(store, 3)
+        events.clear()
+        before = store.write_stats.snapshot()
+        with store.write_batch():
+            store.update_title(WS, "s0", "one")
+            with pytest.raises(SessionNotFound), store._write(WS) as tx:
+                tx.execute("UPDATE sessions SET title = 'half' WHERE session_id = 's1'")
+                raise SessionNotFound("deliberate failure after a write")
+            store.update_title(WS, "s2", "three")
+            # Not durable yet, not published yet: nothing else sees the batch.
+            seen = observer.execute("SELECT title FROM sessions ORDER BY session_id").fetchall()
+            assert [r[0] for r in seen] == ids
+            assert events == []
+        after = store.write_stats.snapshot()
+        assert after["commits"] - before["commits"] == 1
+        assert after["batched"] - before["batched"] == 2
+        assert after["rolled_back"] - before["rolled_back"] == 1
+        seen = observer.execute("SELECT title FROM sessions ORDER BY session_id").fetchall()
+        assert [r[0] for r in seen] == ["one", "s1", "three"]
+        assert len(events) >= 2
+    finally:
+        observer.close()
+        store.close()
+
+
+def test_a_batch_whose_commit_fails_writes_nothing_and_says_so(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        ids = _sessions(store, 2)
+        refuse = threading.Event()
+        store._writer_connection().set_commit_hook(lambda: refuse.is_set())
+        refuse.set()
+        with pytest.raises(StoreBusy) as caught, store.write_batch():
+            store.update_title(WS, "s0", "lost 0")
+            store.update_title(WS, "s1", "lost 1")
+        refuse.clear()
+        assert caught.value.retryable
+        assert [store.get_session(WS, sid).title for sid in ids] == ids
+        assert store.update_title(WS, "s0", "after").title == "after"
+    finally:
+        store.close()
+
+
+def test_queued_writers_get_the_baton_in_arrival_order(tmp_path: Path) -> None:
+    """One waiter woken per hand-off, first come first served (no writer overtaken)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    store.group_max_age_s = 60.0
+    try:
+        ids = _sessions(store, 8)
+        order: list[str] = []
+        inside, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with store._write(WS):
+                inside.set()
+                release.wait(20)
+
+        def write(sid: str) -> None:
+            with store._write(WS) as tx:
+                order.append(sid)
+                tx.execute("UPDATE sessions SET title = ? WHERE session_id = ?", (sid, sid))
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert inside.wait(20)
+        threads = []
+        for n, sid in enumerate(ids):
+            t = threading.Thread(target=write, args=(sid,))
+            t.start()
+            threads.append(t)
+            _wait_for(_queued(store, n + 1))  # queued in this order
+        release.set()
+        for t in [holder, *threads]:
+            t.join(20)
+        assert order == ids
     finally:
         store.close()

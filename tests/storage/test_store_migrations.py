@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import gzip
+import hashlib
+import json
+import shutil
 from pathlib import Path
 
 import apsw
 import pytest
 from store_builders import WS, settled_turn
 
-from storage import Store
+from storage import ForkPrepareRequest, Store
 from storage.schema import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate, user_version
 from storage.sqlite import open_connection
 
 pytestmark = pytest.mark.timeout(30)
+
+WS_V4 = "ws-v4"  # the fixture's workspace
 
 
 def _at_version(path: Path, version: int) -> apsw.Connection:
@@ -64,8 +71,6 @@ def test_store_opens_every_older_schema_version(tmp_path: Path, version: int) ->
         assert old.lineage is None and old.provider_session_id == "prov-old"
         assert store.get_turn(WS, "old", "turn-1").messages[0].text == "hello from v1"
         # The upgraded history is usable by the newest features: it can be forked.
-        from storage import ForkPrepareRequest
-
         op, created = store.prepare_fork(
             WS,
             ForkPrepareRequest(
@@ -104,3 +109,106 @@ def test_a_newer_schema_than_this_build_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(SchemaTooNew):
         Store.open(path)
+
+
+# -- v4 -> v5 on a file the v4 build wrote (tests/storage/fixtures/make_v4_store.py) ---------
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _v4_copy(tmp_path: Path) -> Path:
+    path = tmp_path / "store.sqlite3"
+    with gzip.open(FIXTURES / "store_v4.sqlite3.gz", "rb") as src, open(path, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    return path
+
+
+def _plain(op: object) -> object:
+    return json.loads(json.dumps(dataclasses.asdict(op), default=str))  # type: ignore[call-overload]
+
+
+def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path: Path) -> None:
+    path = _v4_copy(tmp_path)
+    raw = open_connection(str(path))
+    assert user_version(raw) == 4
+    before = {
+        r[0]: (r[1], r[2])
+        for r in raw.execute("SELECT op_seq, snapshot_json, snapshot_hash FROM fork_operations")
+    }
+    raw.close()
+    assert len(before) == 6
+    expected = json.loads((FIXTURES / "store_v4.json").read_text())
+
+    store = Store.open(path)
+    conn = store._conn()
+    assert user_version(conn) == SCHEMA_VERSION >= 5
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    columns = {r[1] for r in conn.execute("PRAGMA table_info(fork_operations)")}
+    assert "snapshot_json" not in columns and "snapshot_hash" in columns
+    moved = dict(conn.execute("SELECT op_seq, snapshot_json FROM fork_snapshots").fetchall())
+    # The same bytes under the same op_seq: every frozen hash still verifies.
+    assert moved == {seq: text for seq, (text, _) in before.items()}
+    for text, digest in before.values():
+        assert hashlib.sha256(text.encode()).hexdigest() == digest
+
+    # fork.get answers every operation as the v4 build did (committed: from the snapshot).
+    for state, old in expected.items():
+        assert _plain(store.get_fork_operation(WS_V4, old["operation_id"])) == old, state
+
+    # The saga goes on from each state on the migrated file.
+    accepted = expected["provider_accepted"]["operation_id"]
+    committed, changed = store.commit_fork(WS_V4, accepted)
+    assert changed and committed.status.value == "committed"
+    assert store.get_fork_operation(WS_V4, accepted) == committed
+    child = store.get_session(WS_V4, committed.target_session_id)
+    assert child.lineage is not None and child.lineage.operation_id == accepted
+    assert len(store.timeline(WS_V4, child.session_id)[0]) == 3
+    acked, _ = store.acknowledge_fork(WS_V4, expected["committed"]["operation_id"])
+    assert acked.client_observed_at_ms is not None
+    assert acked.committed_session == store.get_fork_operation(
+        WS_V4, acked.operation_id
+    ).committed_session
+    dispatching = expected["dispatching"]["operation_id"]
+    unknown, _ = store.mark_fork_unknown(WS_V4, dispatching, "lost at restart")
+    assert unknown.status.value == "unknown"
+    # A new fork of a migrated source freezes its snapshot into the new table.
+    src = expected["failed"]["source_session_id"]
+    op, created = store.prepare_fork(
+        WS_V4,
+        ForkPrepareRequest(
+            source_session_id=src,
+            request_id="after-migration",
+            target_session_id="child-new",
+            turn_id=expected["failed"]["source_turn_id"],
+            driver_kind="tutti-agent",
+            driver_version="0.0.10",
+            binding_mode="host_copy",
+        ),
+    )
+    assert created
+    assert conn.execute("SELECT COUNT(*) FROM fork_snapshots").fetchone()[0] == 7
+    store.close()
+
+
+def test_recovery_on_a_migrated_v4_store_settles_and_commits(tmp_path: Path) -> None:
+    from actors.recovery import recover_fork_operations
+
+    path = _v4_copy(tmp_path)
+    expected = json.loads((FIXTURES / "store_v4.json").read_text())
+    store = Store.open(path)
+    report = recover_fork_operations(store)
+    assert (report.committed, report.errors) == (1, 0)
+    status = {
+        state: store.get_fork_operation(WS_V4, old["operation_id"]).status.value
+        for state, old in expected.items()
+    }
+    assert status == {
+        "acknowledged": "committed",
+        "committed": "committed",
+        "provider_accepted": "committed",
+        "dispatching": "unknown",
+        "prepared": "failed",
+        "failed": "failed",
+    }
+    store.close()

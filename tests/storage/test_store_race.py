@@ -113,7 +113,7 @@ def test_mutations_racing_a_prepare_are_in_the_snapshot_or_rejected(store_path: 
         t.join()
     store = Store.open(store_path)
     final = store.get_session(WS, sid).settings
-    raw = store._conn().execute("SELECT snapshot_json FROM fork_operations").fetchone()[0]
+    raw = store._conn().execute("SELECT snapshot_json FROM fork_snapshots").fetchone()[0]
     import json
 
     frozen = json.loads(raw)["target"]["settings"]

@@ -178,8 +178,8 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
     raw = (
         store._conn()
         .execute(
-            "SELECT snapshot_json, snapshot_hash FROM fork_operations WHERE workspace_id = ?"
-            " AND operation_id = ?",
+            "SELECT s.snapshot_json, o.snapshot_hash FROM fork_operations o JOIN fork_snapshots s"
+            " USING (op_seq) WHERE o.workspace_id = ? AND o.operation_id = ?",
             (ws, op.operation_id),
         )
         .fetchone()

@@ -582,7 +582,11 @@ def check_invariants(
             _check_completed_turns(ctx, conn)
             if live_grace_s is not None:
                 _check_liveness(ctx, conn, int(live_grace_s * 1000))
-            ops = _rows(conn, "SELECT * FROM fork_operations ORDER BY op_seq")
+            ops = _rows(
+                conn,
+                "SELECT o.*, s.snapshot_json FROM fork_operations o"
+                " LEFT JOIN fork_snapshots s USING (op_seq) ORDER BY o.op_seq",
+            )
             sessions = _rows(conn, "SELECT provider, workspace_id, session_id FROM sessions")
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)

@@ -87,3 +87,62 @@ def test_live_appends_stay_durable_line_by_line(
             writer.append(item)
     writer.close()
     assert log.count(store.path_of(thread_id)) == 4 and log.total == 4
+
+
+@pytest.mark.parametrize("persistence", list(ForkPersistence))
+def test_fork_child_is_not_read_back_and_equals_a_cold_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, persistence: ForkPersistence
+) -> None:
+    """Issue 20: the fork builds the child's history from the lines it just wrote and
+    fsynced (checked as a load checks them), instead of reading and parsing the file again;
+    what it returns is exactly what a cold load of the home reads, and a later read of the
+    unchanged file reuses that parse."""
+    import tutti_agent.store as store_module
+
+    store = ThreadStore(tmp_path / "tutti-home")
+    source = _ten_turn_source(store)
+    store.load(source)  # the source's parse is cached, as in a warm app-server
+    reads: list[Path] = []
+    real = store_module.read_rollout
+
+    def counted(path: Path) -> list[object]:
+        reads.append(path)
+        return real(path)  # type: ignore[return-value]
+
+    monkeypatch.setattr(store_module, "read_rollout", counted)
+    child = (
+        ForkService(store)
+        .fork(source, ForkOptions(boundary=ThroughTurn(f"t{TURNS - 1}"), persistence=persistence))
+        .child
+    )
+    assert reads == []  # neither the child nor the source read again
+    assert store.load(child.thread_id) == child
+    assert reads == []  # the written lines are the file's cached parse
+    cold = ThreadStore(tmp_path / "tutti-home").load(child.thread_id)
+    assert cold == child
+
+
+def test_a_waited_fork_materializes_in_the_calling_thread(tmp_path: Path) -> None:
+    """Issue 20: `ForkService.fork` (what `thread/fork` calls and waits for) prepares and
+    materializes in the caller's thread — no thread started per fork — and still holds the
+    source's reservation until materialization ends (`fork_async` keeps the detached one)."""
+    import threading
+
+    from tutti_agent.fork import PreparedFork
+
+    store = ThreadStore(tmp_path / "tutti-home")
+    source = _ten_turn_source(store)
+    seen: list[tuple[threading.Thread, bool]] = []
+
+    class Hooks:
+        def before_materialize(self, prepared: PreparedFork) -> None:
+            seen.append((threading.current_thread(), store.is_reserved(source)))
+
+        def after_child_write(self, child_thread_id: str) -> None:
+            seen.append((threading.current_thread(), store.is_reserved(source)))
+
+    threads = threading.active_count()
+    ForkService(store, Hooks()).fork(source, ForkOptions(boundary=ThroughTurn(f"t{TURNS - 1}")))
+    assert seen == [(threading.current_thread(), True)] * 2
+    assert threading.active_count() == threads
+    assert not store.is_reserved(source)
