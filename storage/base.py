@@ -14,7 +14,6 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import apsw
 
+from storage.baton import Baton
 from storage.errors import StoreBusy
 from storage.models import ChangeEvent
 from storage.schema import migrate
@@ -35,12 +35,12 @@ from storage.sqlite import (
     wall_clock_ms,
 )
 from storage.tx import Tx
+from storage.write_batch import WriteBatch, batch_item
 from storage.write_group import (
     CHECKPOINT_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
-    WriteBatch,
     WriteGroup,
     WriteStats,
     WriteTimings,
@@ -93,12 +93,8 @@ class StoreBase:
         # hands the baton on with its savepoint released but the transaction open, and waits
         # for the member that ends the group to COMMIT; that one COMMIT (one fsync) makes
         # every member durable, and only then does any of them return.
-        self._baton = threading.Condition(threading.Lock())
-        self._baton_owner: int | None = None
-        # The writers waiting for the baton, first come first served: each blocks on its own
-        # lock and the holder hands the baton to the first one only (no herd of waking
-        # threads fighting over the GIL and the lock; no writer overtaken again and again).
-        self._baton_queue: deque[tuple[int, threading.Lock]] = deque()
+        self._fifo = Baton()
+        self._baton = self._fifo.lock  # also guards write_stats
         self._group: WriteGroup | None = None
         self._writer_conn: apsw.Connection | None = None
         self.write_stats = WriteStats()
@@ -300,37 +296,13 @@ class StoreBase:
     @property
     def _baton_waiting(self) -> int:
         """Writers queued for the baton."""
-        return len(self._baton_queue)
+        return self._fifo.waiting
 
     def _take_baton(self) -> None:
-        me = threading.get_ident()
-        with self._baton:
-            if self._baton_owner == me:
-                # A write inside a write of the same thread: refused as SQLite refused it.
-                raise apsw.SQLError("cannot start a transaction within a transaction")
-            if self._baton_owner is None and not self._baton_queue:
-                self._baton_owner = me
-                return
-            entry = (me, threading.Lock())
-            entry[1].acquire()
-            self._baton_queue.append(entry)
-        # `_pass_baton` makes this thread the owner, then releases its lock.
-        if entry[1].acquire(timeout=max(0.0, self.busy_timeout_ms / 1000)):
-            return
-        with self._baton:
-            if self._baton_owner == me:  # handed over just as the wait timed out
-                return
-            self._baton_queue.remove(entry)
-        raise StoreBusy("the store is busy with other writes, try again")
+        self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
 
     def _pass_baton(self) -> None:
-        with self._baton:
-            if self._baton_queue:
-                owner, wake = self._baton_queue.popleft()
-                self._baton_owner = owner
-                wake.release()
-            else:
-                self._baton_owner = None
+        self._fifo.pass_on()
 
     def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
         """COMMIT (or, with no member, roll back) the open group and wake its members."""
@@ -379,7 +351,7 @@ class StoreBase:
         """
         batch: WriteBatch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.thread == threading.get_ident():
-            with self._batch_item(batch, workspace_id, fence) as item:
+            with batch_item(batch, workspace_id, fence, self._clock(), self._count_batched) as item:
                 yield item
             return
         t0 = time.perf_counter()
@@ -477,45 +449,12 @@ class StoreBase:
             if batch.broken is not None:
                 raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
 
-    @contextmanager
-    def _batch_item(
-        self, batch: WriteBatch, workspace_id: str | None, fence: str | None
-    ) -> Iterator[Tx]:
-        """One write inside `write_batch`: a nested savepoint; events go to the batch."""
-        if batch.broken is not None:
-            raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
-        conn = batch.tx.conn
-        tx = Tx(conn, workspace_id, self._clock())
-        try:
-            conn.execute("SAVEPOINT agenthost_item")
-            try:
-                if fence is not None:
-                    tx.check_fence(fence)
-                yield tx
-            except BaseException as exc:
-                with self._baton:
-                    self.write_stats.rolled_back += 1
-                try:
-                    if conn.getautocommit():
-                        raise apsw.SQLError("the transaction was rolled back")
-                    conn.execute("ROLLBACK TO agenthost_item")
-                    conn.execute("RELEASE agenthost_item")
-                except apsw.Error:
-                    # The whole transaction is gone: nothing of the batch will be written.
-                    batch.broken = type(exc).__name__
-                raise
-            conn.execute("RELEASE agenthost_item")
-        except BaseException as exc:
-            if conn.getautocommit() and batch.broken is None:
-                batch.broken = type(exc).__name__
-            typed = typed_store_error(exc)
-            if typed is not None and typed is not exc:
-                raise typed from exc
-            raise
-        for event in tx.events:
-            batch.tx.emit(event)
+    def _count_batched(self, rolled_back: bool) -> None:
         with self._baton:
-            self.write_stats.batched += 1
+            if rolled_back:
+                self.write_stats.rolled_back += 1
+            else:
+                self.write_stats.batched += 1
 
     def _undo_member(self, group: WriteGroup, conn: apsw.Connection, exc: BaseException) -> None:
         """Roll back this member's savepoint only; if SQLite aborted the whole transaction

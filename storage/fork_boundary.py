@@ -227,5 +227,3 @@ def _has_session_local_attachment(payload: Any) -> bool:
     return any(
         isinstance(a, Mapping) and a.get("scope") == SESSION_LOCAL_SCOPE for a in attachments
     )
-
-

@@ -83,9 +83,7 @@ def child_history(
     1,000-Turn fork: ~11,000 ids, ~10,000 rows). `last_use` (the commit) drops the entry."""
     if snapshot_hash is not None:
         with _HISTORY_LOCK:
-            cached = (
-                _HISTORY.pop(snapshot_hash, None) if last_use else _HISTORY.get(snapshot_hash)
-            )
+            cached = _HISTORY.pop(snapshot_hash, None) if last_use else _HISTORY.get(snapshot_hash)
             if cached is not None:
                 if not last_use:
                     _HISTORY.move_to_end(snapshot_hash)
@@ -321,4 +319,3 @@ def _child_session(
         visibility=target["visibility"],
     )
     return session, lineage
-

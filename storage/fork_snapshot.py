@@ -138,5 +138,3 @@ def load_snapshot(text: str, expected_hash: str) -> dict[str, Any]:
     if document.get("version") != SNAPSHOT_VERSION:
         raise ForkSnapshotCorrupt(f"unsupported snapshot version {document.get('version')!r}")
     return dict(document)
-
-

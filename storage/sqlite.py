@@ -66,7 +66,6 @@ def host_error_of(
     return internal_error(failure, what, logger=logger)
 
 
-
 # SQLite's own busy-wait schedule (sqlite3_busy_timeout), in ms: the sleeps between retries.
 _BUSY_DELAYS_MS = (1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, 100)
 

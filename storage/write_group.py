@@ -9,10 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from storage.tx import Tx
+from typing import Any
 
 GROUP_MAX_MEMBERS = 32
 """Writes one group commit holds at most: a bound on how long its first member waits."""
@@ -37,18 +34,6 @@ class WriteGroup:
         self.opened = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None
-
-
-class WriteBatch:
-    """One thread's `StoreBase.write_batch`: the member transaction its writes nest in, and
-    why the batch was lost (set when SQLite aborted the transaction under it)."""
-
-    __slots__ = ("tx", "thread", "broken")
-
-    def __init__(self, tx: Tx) -> None:
-        self.tx = tx
-        self.thread = threading.get_ident()
-        self.broken: str | None = None
 
 
 class WriteStats:
