@@ -46,6 +46,10 @@ from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)
 
+MAX_HELD_WRITES = 4
+"""Durable writes a burst of driver events may hold back to land as one batch (a Turn's usual
+burst: item, binding, message, settle)."""
+
 
 class SessionActor(SessionControls):
     """One live Session (see the module docstring); `HostActor` starts and stops it."""
@@ -83,8 +87,12 @@ class SessionActor(SessionControls):
         # A Turn's driver events come in bursts (item, binding, completion): while the next
         # queued message is another driver event, this one's durable writes wait for it, and
         # the burst's writes land as one transaction (one baton turn, one COMMIT). Any other
-        # message finds them durable, as before.
-        self._hold_durable = isinstance(self.next_message(), DriverEvent)
+        # message finds them durable, as before. At most MAX_HELD_WRITES wait: a provider
+        # that streams faster than the store commits still has its Turn land (and its
+        # `turn.updated` events go out) every few messages, and the queue stays bounded.
+        self._hold_durable = len(self._durable) < MAX_HELD_WRITES and isinstance(
+            self.next_message(), DriverEvent
+        )
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
