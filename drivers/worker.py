@@ -221,6 +221,12 @@ class WorkerServer:
             if msg is None:
                 return
             try:
+                if msg.get("method") == "debug.failpoints":
+                    # Armed before any later request is dispatched: a fault-injection test
+                    # arms a point, then sends the call it must hit, and the lanes' threads
+                    # would otherwise race the two.
+                    self._handle(msg)
+                    continue
                 self._lanes[self.lane_of(msg)].submit(self._handle, msg)
             except Exception:  # noqa: BLE001 - one bad request must not stop the dispatcher
                 traceback.print_exc(file=sys.stderr)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -56,6 +57,16 @@ def _jsonl(obj: Mapping[str, Any]) -> None:
     print(json.dumps(obj), flush=True)
 
 
+def _ctrl_c_interrupts() -> None:
+    """Ctrl-C is how a person stops `say`'s turn: make sure it arrives. A parent may hand this
+    process SIGINT blocked (a signal mask is inherited across exec: a launcher thread that
+    blocked it, as multiprocessing's does while it spawns) or ignored; either way Ctrl-C would
+    silently do nothing while the turn runs on."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @with_client
 def run_say(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import (
@@ -65,6 +76,7 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
         stream_turn,
     )
 
+    _ctrl_c_interrupts()
     sid = resolve_session(client, args.workspace, args.session)
     events, exact = events_source(args)
     printer: Any = _JsonLines() if args.json else TurnPrinter(print, _write)

@@ -277,6 +277,35 @@ def test_sigint_during_say_interrupts_the_turn_and_leaves_none_active(
     assert last_turn(client, ws, sid)["outcome"] == "interrupted"
 
 
+@pytest.mark.parametrize("parent", ["blocked", "ignored"])
+def test_sigint_interrupts_say_even_when_its_parent_blocked_or_ignored_it(
+    cli: Cli, client: Client, ws: str, parent: str
+) -> None:
+    """A signal mask and an ignored SIGINT survive exec: a launcher that had SIGINT blocked
+    (or ignored) must not leave `say` deaf to Ctrl-C while its turn runs on."""
+    sid = new_session(cli)
+    arm = (
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})"
+        if parent == "blocked"
+        else "signal.signal(signal.SIGINT, signal.SIG_IGN)"
+    )
+    launcher = f"import os, signal, sys; {arm}; os.execv(sys.executable, sys.argv[1:])"
+    command = [sys.executable, "-m", "agenthost", "--home", str(cli.home), "--workspace", ws]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launcher, *command, "say", sid, "/slow 30000 never"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for(lambda: session_of(client, ws, sid)["activeTurnId"])
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (out, err)
+    assert "interrupting the turn" in err
+    assert session_of(client, ws, sid)["activeTurnId"] is None
+
+
 def test_second_sigint_stops_waiting_and_says_how_to_stop_the_turn(
     cli: Cli, client: Client, ws: str, daemon: DaemonProcess
 ) -> None:
