@@ -120,9 +120,14 @@ class ApiBase:
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 responder.error(host_error_of(exc, "read", logger=log))
 
+        self._on_pool(responder, _run)
+
+    def _on_pool(self, responder: Responder, fn: Callable[[], None]) -> None:
+        """Run `fn` on the reader pool; once the pool is shut down (the daemon is stopping)
+        the request is answered `shutting_down` instead."""
         try:
-            self._pool.submit(_run)
-        except RuntimeError:  # pool shut down: the daemon is stopping
+            self._pool.submit(fn)
+        except RuntimeError:
             responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
     def _read_now(
@@ -160,10 +165,7 @@ class ApiBase:
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 responder.error(read_error(exc, "read"))
 
-        try:
-            self._pool.submit(_run)
-        except RuntimeError:  # pool shut down: the daemon is stopping
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+        self._on_pool(responder, _run)
 
     def _read_on_view(
         self,
@@ -241,10 +243,7 @@ class ApiBase:
 
         if self._route_now(responder, ws, sid, lambda: Route(ws, sid, make(reply)), gone):
             return
-        try:
-            self._pool.submit(_check_and_route)
-        except RuntimeError:
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+        self._on_pool(responder, _check_and_route)
 
     def _route_now(
         self,
