@@ -127,14 +127,16 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
         ) from None
     except KeyboardInterrupt:
         # First Ctrl-C (or Ctrl-C at a prompt): interrupt the turn and wait for it to settle.
-        turn_id = (followed.turn or {}).get("turnId") or _active_turn(args, client, sid)
-        if not turn_id:
-            print("\nagenthost: interrupted before the turn started", file=sys.stderr)
-            return EXIT_INTERRUPTED
+        # Said at once, before any call to the daemon: Ctrl-C may come while turn.submit's reply
+        # is still on its way (the turn exists, `say` does not know its id yet), and from here
+        # on a second Ctrl-C is "stop waiting" even while the turn is still being looked up.
         try:
-            # Inside the try: a second Ctrl-C right after this line is already "stop waiting".
             if not args.json:
                 print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
+            turn_id = (followed.turn or {}).get("turnId") or _active_turn(args, client, sid)
+            if not turn_id:
+                print("agenthost: interrupted before the turn started", file=sys.stderr)
+                return EXIT_INTERRUPTED
             turn = _stop_turn(args, client, sid, str(turn_id), printer)
         except KeyboardInterrupt:
             print(

@@ -318,10 +318,10 @@ def test_second_sigint_stops_waiting_and_says_how_to_stop_the_turn(
     try:
         proc.send_signal(signal.SIGINT)
         assert proc.stderr is not None
-        line = ""
-        while "interrupting the turn" not in line:
-            line = proc.stderr.readline()
-            assert line, "say ended before announcing the interrupt"
+        said: list[str] = []
+        while not said or "interrupting the turn" not in said[-1]:
+            said.append(proc.stderr.readline())
+            assert said[-1], f"say ended before announcing the interrupt: {said}"
         proc.send_signal(signal.SIGINT)
         err = proc.stderr.read()
         assert proc.wait(timeout=30) == 130

@@ -102,9 +102,7 @@ def test_approval_buttons_and_keys(daemon: DaemonProcess, client: Client, ws: st
     run_app(daemon, ws, scenario)
 
 
-def test_question_field_send_button_and_key(
-    daemon: DaemonProcess, client: Client, ws: str
-) -> None:
+def test_question_field_send_button_and_key(daemon: DaemonProcess, client: Client, ws: str) -> None:
     sid = create_session(client, ws, title="Questions")["agentSessionId"]
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
@@ -121,8 +119,10 @@ def test_question_field_send_button_and_key(
         # its answer's event arrives, and is then replaced, taking focus with it).
         await until(
             pilot,
-            lambda: app.query(f"#{ANSWER_INPUT_ID}")
-            and any("and now?" in str(ask.render()) for ask in app.query(".ask")),
+            lambda: (
+                app.query(f"#{ANSWER_INPUT_ID}")
+                and any("and now?" in str(ask.render()) for ask in app.query(".ask"))
+            ),
         )
         app.query_one("#composer").focus()
         await pilot.press("ctrl+t")
@@ -242,10 +242,12 @@ def test_new_rename_delete_and_the_command_palette(
         got = client.call("session.get", {"workspaceId": ws, "agentSessionId": sid})["session"]
         await until(
             pilot,
-            lambda: client.call("session.get", {"workspaceId": ws, "agentSessionId": sid})[
-                "session"
-            ]["title"]
-            == "Renamed",
+            lambda: (
+                client.call("session.get", {"workspaceId": ws, "agentSessionId": sid})["session"][
+                    "title"
+                ]
+                == "Renamed"
+            ),
         )
         assert got["agentSessionId"] == sid
         # Delete asks first: Cancel keeps it, Delete removes it.
