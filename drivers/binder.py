@@ -25,7 +25,7 @@ from drivers.rollout_files import (
     BindFailure,
     RolloutMeta,
     assert_no_symlink,
-    atomic_write,
+    atomic_write_all,
     first_line_identity,
     read_regular,
     referenced_ordinal,
@@ -169,10 +169,13 @@ class RolloutBinder:
             self._failpoints.hit("worker.bind.before_copy")
         try:
             # Ancestors first: a crash mid-bind never leaves a child whose lineage is missing.
-            for plan in reversed(writes):
+            ordered = list(reversed(writes))
+            for plan in ordered:
                 # Again just before the write: a link planted since the plan is still refused.
                 assert_no_symlink(plan.target, must_exist=False, below=target_home)
-                atomic_write(plan.target, plan.target_bytes)
+            # In rounds (issue 20): every file's bytes fsynced together, then each renamed in
+            # this order with its directories fsynced before the next name appears.
+            atomic_write_all([(plan.target, plan.target_bytes) for plan in ordered])
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
         if writes:

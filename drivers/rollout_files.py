@@ -11,9 +11,12 @@ import json
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +242,50 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
+_SYNC_THREADS = 8
+_sync_pool: ThreadPoolExecutor | None = None
+_sync_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _sync_pool
+    with _sync_pool_lock:
+        if _sync_pool is None:
+            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="fsync")
+        return _sync_pool
+
+
+def sync_together(calls: Sequence[Callable[[], None]]) -> None:
+    """Run independent syncs at the same time and return when every one has ended (the first
+    error, if any, is raised then). Why (issue 20): each `fsync` in a row waited for a journal
+    commit of its own (~1 ms on this disk, most of a fork's binder time); fsyncs issued
+    together join the same ext4/jbd2 commit. Only syncs with no order between them may be
+    passed: a caller that needs "A durable before B exists" runs two rounds."""
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    futures = [_pool().submit(call) for call in calls[1:]]
+    error: BaseException | None = None
+    try:
+        calls[0]()
+    except BaseException as exc:  # noqa: BLE001 - raised once every sync has ended
+        error = exc
+    for future in futures:
+        try:
+            future.result()
+        except BaseException as exc:  # noqa: BLE001
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def fsync_dirs(paths: Iterable[Path | str]) -> None:
+    """fsync each distinct directory once, all at the same time (`sync_together`)."""
+    unique = list(dict.fromkeys(os.fspath(p) for p in paths))
+    sync_together([partial(fsync_dir, d) for d in unique])
+
+
 def makedirs(path: Path | str) -> list[str]:
     """Create `path` and its missing ancestors; returns the directories whose entries
     changed (each created directory's parent), deepest first — the caller fsyncs each once."""
@@ -257,35 +304,64 @@ def makedirs(path: Path | str) -> list[str]:
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Temp file, fsync, rename over, fsync the directory: a crash leaves old or new bytes.
+    """Temp file, fsync, rename over, fsync the directory: a crash leaves old or new bytes
+    (`atomic_write_all` of one file)."""
+    atomic_write_all([(path, data)])
 
-    Every directory whose entries changed (the file's, and each created directory's parent)
-    is fsynced exactly once, after the rename and before this returns. The directories are
-    all created first and fsynced last, not each right after its mkdir (issue 20): the same
-    fsyncs, but the file's fsync commits the mkdirs in the same filesystem journal
-    transaction, so the directory fsyncs find little left to do (one journal commit per
-    fsync in a row was most of a fork's binder time). A crash before the last fsync leaves
-    at most an unaccepted partial tree, which a re-bind completes (idempotent)."""
-    target = os.path.abspath(path)
-    parent, name = os.path.split(target)
-    changed = makedirs(parent)
-    tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
+    """Write each file crash-durably, in the given order: when this returns every file and
+    every directory whose entries changed (each file's, each created directory's parent) is
+    durable, and no file's name appears before the files ahead of it are durable — a crash
+    leaves each target with its old or its new bytes and a later file never without the
+    earlier ones (the binder passes ancestors first).
+
+    Rounds, not one fsync after another (issue 20: a Referenced child's bind was eight
+    fsyncs in a row, each a journal commit): (1) every directory created and every temp file
+    written, then all temp files fsynced together — their names are not the targets yet, so
+    there is no order between them; (2) the first file renamed onto its target, then its
+    directory and every created directory's parent fsynced together; (3) each later file
+    renamed, then its directory fsynced (again in one round with any directory not yet
+    durable). A crash before the last round leaves at most an unaccepted partial tree, which
+    a re-bind completes (idempotent)."""
+    staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
+    changed: list[str] = []
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
+        for path, data in files:
+            target = os.path.abspath(path)
+            parent, name = os.path.split(target)
+            changed.extend(makedirs(parent))
+            tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            staged.append((target, tmp, fd))
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        sync_together([partial(os.fsync, fd) for _, _, fd in staged])
     except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        for _, tmp, fd in staged:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
-    os.close(fd)
-    os.replace(tmp, target)
-    for directory in [parent, *changed]:
-        fsync_dir(directory)
+    for _, _, fd in staged:
+        os.close(fd)
+    durable: set[str] = set()
+    for index, (target, tmp, _) in enumerate(staged):
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            for _, later, _ in staged[index:]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(later)
+            raise
+        parent = os.path.dirname(target)
+        pending = [d for d in dict.fromkeys([parent, *changed]) if d not in durable]
+        fsync_dirs(pending)
+        # The file's own directory is fsynced after each rename into it; a created
+        # directory's parent needs it once.
+        durable.update(d for d in pending if d != parent)
 
 
 def tamper_with(paths: Iterable[Path]) -> None:

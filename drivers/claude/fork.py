@@ -44,7 +44,7 @@ from drivers.claude_transcript import (
     transcript_path,
 )
 from drivers.failpoints import Failpoints
-from drivers.rollout_files import fsync_dir, makedirs
+from drivers.rollout_files import fsync_dir, fsync_dirs, makedirs
 
 
 @dataclass(slots=True)
@@ -186,14 +186,15 @@ class ClaudeFork:
             _copy_durably(written, dest)
             moved = False
         # The rename's commit makes both directories' entries durable on a journaling file
-        # system; each is still fsynced, as POSIX asks, and the created ones' parents once.
+        # system; each is still fsynced, as POSIX asks, and the created ones' parents once —
+        # all together (issue 20: one journal commit, not one per directory in a row). After
+        # a move the source's directory joins them: its entry is gone by the same rename.
         durable: list[Path | str] = [dest.parent, *changed]
-        for directory in durable:
-            fsync_dir(directory)
+        fsync_dirs([*durable, written.parent] if moved else durable)
         self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
         if not moved:
             written.unlink()
-        fsync_dir(written.parent)
+            fsync_dir(written.parent)
 
     def _verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
         """Reads only the child (from the target home): identity, readability, turn mapping."""

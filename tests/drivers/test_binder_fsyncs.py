@@ -1,8 +1,9 @@
 """The binder's fsyncs, counted (issue 20): a bind into a fresh target home fsyncs the copied
 file once and every directory whose entries changed exactly once, and the directories only
 after the file — created first, fsynced last, so the file's fsync commits the mkdirs and the
-directory fsyncs find little left to do. A Referenced child's ancestor is still made durable
-(its directory fsynced) before the child is written. Counts and order, never timings."""
+directory fsyncs find little left to do. Syncs with no order between them run together (one
+journal commit, not one each); a Referenced child's ancestor is still made durable (its
+directory fsynced) before the child's name appears. Counts and order, never timings."""
 
 from __future__ import annotations
 
@@ -49,20 +50,78 @@ def test_fresh_target_each_changed_directory_once_after_the_file(
 def test_referenced_child_ancestor_durable_before_the_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The law of the rounds: the child's name appears in the target only after the
+    ancestor's file and directory are durable; the child's bytes may be fsynced earlier
+    (under a temp name, with the ancestor's), and its directory is fsynced after its rename."""
+    import drivers.rollout_files as rollout_files
+
     src = tmp_path / "src" / "tutti-agent-home"
     put(src, PARENT, rollout_bytes(PARENT, 8))
     put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
     dst = tmp_path / "dst" / "tutti-agent-home"
+    events: list[tuple[str, object]] = []
+    real_replace = os.replace
+
+    def replace(a: str, b: str) -> None:
+        real_replace(a, b)
+        events.append(("replace", _key(Path(b))))
+
+    monkeypatch.setattr(rollout_files.os, "replace", replace)
     with counting_fsyncs(monkeypatch) as log:
+        real_fsync = os.fsync
+
+        def fsync(fd: int) -> None:
+            real_fsync(fd)
+            st = os.fstat(fd)
+            events.append(("fsync", (st.st_dev, st.st_ino)))
+
+        monkeypatch.setattr(os, "fsync", fsync)
         receipt = RolloutBinder().bind(src, dst, CHILD)
     paths = {r.thread_id: dst / r.relative_path for r in receipt.rollouts}
     day = paths[CHILD].parent
-    keys = [(d, i) for d, i, _ in log.calls]
-    # Ancestor file, its directory (and the created ones), then the child file, its directory.
-    first_child = keys.index(_key(paths[CHILD]))
-    assert keys.index(_key(paths[PARENT])) < keys.index(_key(day)) < first_child
-    assert keys[first_child + 1 :] == [_key(day)]
+    child_named = events.index(("replace", _key(paths[CHILD])))
+    before = events[:child_named]
+    # Ancestor's bytes, its name, then its directory: all before the child's name exists.
+    assert ("fsync", _key(paths[PARENT])) in before
+    assert before.index(("replace", _key(paths[PARENT]))) < before.index(("fsync", _key(day)))
+    # The child's directory once more after its rename, and nothing else after it.
+    assert events[child_named + 1 :] == [("fsync", _key(day))]
     assert log.count(paths[PARENT]) == 1 and log.count(paths[CHILD]) == 1
+
+
+def test_the_syncs_of_a_round_are_in_flight_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: a Referenced child's two files are fsynced at the same time (neither name
+    exists yet), and so are the directories made durable after the ancestor's rename — each
+    sync of a round waits at a barrier for the others, which a one-after-the-other bind never
+    reaches (the barrier breaks at its timeout, and the bind fails)."""
+    import stat
+    import threading
+
+    src = tmp_path / "src" / "tutti-agent-home"
+    put(src, PARENT, rollout_bytes(PARENT, 8))
+    put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    dst.mkdir(parents=True)  # created: sessions, 2026, 11, 29 → dirs dst, sessions, 2026, 11
+    files = threading.Barrier(2, timeout=10)
+    dirs = threading.Barrier(5, timeout=10)  # the day (after the rename) and 4 parents
+    seen_dirs: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            seen_dirs.append(fd)
+            if len(seen_dirs) <= 5:
+                dirs.wait()
+        else:
+            files.wait()
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert [r.action.value for r in receipt.rollouts] == ["copied", "copied"]
+    assert len(seen_dirs) == 6  # the first round's five, then the day again for the child
 
 
 def test_each_path_component_is_checked_for_links_once_per_write_step(
