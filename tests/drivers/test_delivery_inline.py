@@ -1,0 +1,87 @@
+"""The delivery thread's one shortcut (issue 20): the result of a fork, `runtime.attest` or
+`session.start` — whose waiters only hand it to a Session actor — is delivered on the
+supervisor's loop thread when nothing is queued ahead of it, one thread hand-off fewer on a
+fork's path; behind a queued event or result it waits its turn (arrival order holds), and every
+other method's result still goes through the delivery thread. Real threads, no timings."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from drivers.delivery import Deliveries
+from drivers.worker_state import Pending
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _pending(method: str) -> Pending:
+    future: Future[dict[str, Any]] = Future()
+    return Pending(1, "tutti-agent", method, {}, future, None)
+
+
+def _thread_of_callback(pending: Pending) -> list[str]:
+    names: list[str] = []
+    pending.future.add_done_callback(lambda f: names.append(threading.current_thread().name))
+    return names
+
+
+@pytest.mark.parametrize("method", ["fork", "runtime.attest", "session.start"])
+def test_a_fork_path_result_with_nothing_queued_is_delivered_on_the_calling_thread(
+    method: str,
+) -> None:
+    deliveries = Deliveries()
+    try:
+        pending = _pending(method)
+        names = _thread_of_callback(pending)
+        deliveries.complete(pending, {"ok": True})
+        # Delivered before complete() returned, on this (the loop's) thread.
+        assert pending.future.done() and pending.future.result() == {"ok": True}
+        assert names == [threading.current_thread().name]
+        assert deliveries.inlined == 1
+    finally:
+        deliveries.close(5)
+
+
+def test_other_results_still_go_through_the_delivery_thread() -> None:
+    deliveries = Deliveries()
+    try:
+        pending = _pending("turn.start")
+        names = _thread_of_callback(pending)
+        deliveries.complete(pending, {"ok": True})
+        assert pending.future.result(10) == {"ok": True}
+        assert names == ["worker-delivery"] and deliveries.inlined == 0
+    finally:
+        deliveries.close(5)
+
+
+def test_a_fork_result_behind_a_queued_event_keeps_arrival_order() -> None:
+    deliveries = Deliveries()
+    order: list[str] = []
+    release = threading.Event()
+    entered = threading.Event()
+
+    def sink(provider: str, sid: str, event: dict[str, Any]) -> None:
+        entered.set()
+        release.wait(10)
+        order.append("event")
+
+    deliveries.event_sink = sink
+    try:
+        deliveries.event("tutti-agent", "ws/s", {"type": "turn.binding"})
+        assert entered.wait(10)  # the event is running on the delivery thread
+        pending = _pending("fork")
+        names = _thread_of_callback(pending)
+        pending.future.add_done_callback(lambda f: order.append("fork"))
+        deliveries.complete(pending, {"ok": True})
+        assert not pending.future.done()  # not overtaking the event still running
+        release.set()
+        assert pending.future.result(10) == {"ok": True}
+        assert order == ["event", "fork"]
+        assert names == ["worker-delivery"] and deliveries.inlined == 0
+    finally:
+        release.set()
+        deliveries.close(5)
