@@ -3,15 +3,15 @@ store read, no projection), and once a subscriber is connected it gets the event
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agenthost.config import load_config
 from agenthost.daemon import Daemon
+from tests.support.daemon import wait_for
+from tests.support.in_process import in_process_daemon
 from transport.client import Client, EventSubscriber
 
 pytestmark = pytest.mark.timeout(60)
@@ -21,25 +21,8 @@ WS = "ws-publisher"
 
 @pytest.fixture
 def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    daemon = Daemon(load_config(home))
-    try:
-        daemon.start()
-        client = Client(daemon.api_endpoint, timeout=20.0)
-        try:
-            yield daemon, client
-        finally:
-            client.close()
-    finally:
-        daemon.close()
-
-
-def _until(pred: object, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    with in_process_daemon(tmp_path / "home") as running:
+        yield running
 
 
 def test_no_event_is_built_for_a_workspace_nobody_listens_to(
@@ -58,12 +41,12 @@ def test_no_event_is_built_for_a_workspace_nobody_listens_to(
             "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": f"t{i}"}
         )
         assert status == 200
-    _until(lambda: publisher.skipped >= 6)
+    wait_for(lambda: publisher.skipped >= 6)
     assert publisher.projected == 0 and not server.wants(WS)
 
     # A subscriber of another workspace (a prefix of ours on the exact socket) changes nothing.
     with EventSubscriber(server.events_endpoint, (WS,)) as sub:
-        _until(lambda: server.wants(WS))
+        wait_for(lambda: server.wants(WS))
         assert not server.wants("ws-other")
         status, _ = client.call_raw(
             "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": "heard"}
@@ -76,4 +59,4 @@ def test_no_event_is_built_for_a_workspace_nobody_listens_to(
                 break
         assert publisher.projected >= 1
     # The subscriber left: its workspace is no longer wanted.
-    _until(lambda: not server.wants(WS))
+    wait_for(lambda: not server.wants(WS))

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from agenthost.config import load_config
 from agenthost.daemon import Daemon
-from tests.support.daemon import WS, create_session, run_turn
+from tests.support.daemon import WS, create_session, run_turn, wait_for
+from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -26,18 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture
 def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    daemon = Daemon(load_config(home))
-    try:
-        daemon.start()
-        client = Client(daemon.api_endpoint, timeout=30.0)
-        try:
-            yield daemon, client
-        finally:
-            client.close()
-    finally:
-        daemon.close()
+    with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
+        yield running
 
 
 class _PoolCount:
@@ -76,13 +66,6 @@ def fork(c: Client, sid: str, turn_id: str) -> tuple[int, dict[str, Any]]:
         },
     )
     return status, dict(body)
-
-
-def _until(pred: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def test_fork_create_and_turn_submit_reach_the_actor_without_the_reader_pool(
@@ -157,14 +140,14 @@ def test_a_fork_wakes_no_event_publisher_when_nobody_subscribed(
     sid, turn_id = _source(c)
     # The source's Turn changes went to the publisher thread (it must forget each Turn it
     # skips); wait until it has drained them.
-    _until(lambda: publisher.queue.empty())
+    wait_for(lambda: publisher.queue.empty())
     time.sleep(0.2)
     batches, skipped = publisher.batches, publisher.skipped
     status, body = fork(c, sid, turn_id)
     assert status == 200 and body["operation"]["status"] == "committed", body
     # prepared, dispatching, provider_accepted and the commit's three changes: every one
     # dropped before the queue, none woke the thread.
-    _until(lambda: publisher.skipped >= skipped + 6)
+    wait_for(lambda: publisher.skipped >= skipped + 6)
     time.sleep(0.2)
     assert publisher.batches == batches
     assert publisher.projected == 0

@@ -16,9 +16,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from agenthost.config import load_config
 from agenthost.daemon import Daemon
 from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,16 +82,8 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client, str, str]]:
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     sid, op_id = _store_with_committed_fork(home)
-    daemon = Daemon(load_config(home))
-    try:
-        daemon.start()
-        client = Client(daemon.api_endpoint, timeout=20.0)
-        try:
-            yield daemon, client, sid, op_id
-        finally:
-            client.close()
-    finally:
-        daemon.close()
+    with in_process_daemon(home) as (daemon, client):
+        yield daemon, client, sid, op_id
 
 
 def _reader_pool_threads() -> list[str]:
@@ -104,9 +96,7 @@ def test_point_reads_need_no_reader_thread_and_no_actor(
     daemon, client, sid, op_id = running
     before = daemon.api.inline_reads
     for _ in range(5):
-        status, result = client.call_raw(
-            "session.get", {"workspaceId": WS, "agentSessionId": sid}
-        )
+        status, result = client.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
         assert status == 200 and result["session"]["agentSessionId"] == sid
         status, result = client.call_raw("fork.get", {"workspaceId": WS, "operationId": op_id})
         assert status == 200 and result["operation"]["status"] == "committed"
@@ -135,9 +125,7 @@ def test_a_read_after_an_acknowledged_write_sees_it(
             "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": f"t{i}"}
         )
         assert status == 200
-        status, result = client.call_raw(
-            "session.get", {"workspaceId": WS, "agentSessionId": sid}
-        )
+        status, result = client.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
         assert status == 200 and result["session"]["title"] == f"t{i}"
 
 
@@ -159,9 +147,7 @@ def test_repeat_point_reads_come_from_the_reply_cache_and_never_outlive_a_commit
     assert cache.hits == hits + 2
     # The daemon's own write: the next read is fresh.
     for i in range(5):
-        status, _ = client.call_raw(
-            "session.updateTitle", {**get_session, "title": f"cached {i}"}
-        )
+        status, _ = client.call_raw("session.updateTitle", {**get_session, "title": f"cached {i}"})
         assert status == 200
         hits = cache.hits
         status, result = client.call_raw("session.get", get_session)

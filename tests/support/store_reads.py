@@ -39,8 +39,7 @@ def fence_holder(store: Store, ws: str, sid: str) -> ForkOperation | None:
 def find_fork_operation_by_request(store: Store, ws: str, request_id: str) -> ForkOperation | None:
     with store._read() as conn:
         r = conn.execute(
-            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-            " AND request_id = ?",
+            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND request_id = ?",
             (ws, request_id),
         ).fetchone()
         return None if r is None else decode_op(conn, r)
