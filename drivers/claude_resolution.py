@@ -8,7 +8,6 @@ verification (turn bindings from the child's transcript); quarantine moves trans
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from domain.worker_messages import (
 )
 from drivers.claude_transcript import parse_entries, split_turns, transcript_path
 from drivers.errors import DriverError
-from drivers.resolution import QUARANTINE_DIR
+from drivers.resolution import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
 
 
 def _forked_from(path: Path) -> str | None:
@@ -132,19 +131,9 @@ def adopt(driver: Any, resolve: ResolveAdopt) -> ForkResult:
 
 def quarantine(driver: Any, resolve: ResolveRequest) -> ResolveQuarantined:
     _, source_home, target_home, source_id, exclude = _request(resolve)
-    op_id = resolve.operation_id
-    if not op_id or "/" in op_id or op_id.startswith("."):
-        raise DriverError("quarantine needs the operation id")
+    op_id = quarantine_operation_id(resolve)
     moved = []
     for home in (source_home, target_home):
         for path in _children(home, source_id, exclude).values():
-            dest = home / QUARANTINE_DIR / op_id / path.relative_to(home)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(path, dest)
-            fd = os.open(dest.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            moved.append(str(dest))
+            moved.append(move_to_quarantine(home, op_id, path))
     return ResolveQuarantined(tuple(moved))

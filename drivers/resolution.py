@@ -33,7 +33,7 @@ from domain.worker_messages import (
     ResolveRequest,
 )
 from drivers.errors import DriverError
-from drivers.rollout_files import ROLLOUT_DIRS, BinderError, iter_rollouts
+from drivers.rollout_files import ROLLOUT_DIRS, BinderError, fsync_dir, iter_rollouts
 
 QUARANTINE_DIR = "quarantine"
 METHODS = (ResolveRequest.INSPECT, ResolveAdopt.METHOD, ResolveRequest.QUARANTINE)
@@ -186,9 +186,7 @@ def quarantine(driver: Any, request: ResolveRequest) -> ResolveQuarantined:
     """Move every child rollout of this operation aside (never delete): `<home>/quarantine/
     <operationId>/<its relative path>`, atomically per file (rename on one filesystem)."""
     source_home, target_home, source_id, _, exclude = _params(request)
-    op_id = request.operation_id
-    if not op_id or "/" in op_id or op_id.startswith("."):
-        raise DriverError("quarantine needs the operation id")
+    op_id = quarantine_operation_id(request)
     moved = []
     for home in (source_home, target_home):
         for paths in _child_rollouts(home, source_id, exclude).values():
@@ -196,13 +194,23 @@ def quarantine(driver: Any, request: ResolveRequest) -> ResolveQuarantined:
                 rel = path.relative_to(home)
                 if rel.parts[0] not in ROLLOUT_DIRS:
                     continue
-                dest = home / QUARANTINE_DIR / op_id / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(path, dest)
-                fd = os.open(dest.parent, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-                moved.append(str(dest))
+                moved.append(move_to_quarantine(home, op_id, path))
     return ResolveQuarantined(tuple(moved))
+
+
+def quarantine_operation_id(request: ResolveRequest) -> str:
+    """The operation id that names a quarantine folder: present, and one path component."""
+    op_id = request.operation_id
+    if not op_id or "/" in op_id or op_id.startswith("."):
+        raise DriverError("quarantine needs the operation id")
+    return op_id
+
+
+def move_to_quarantine(home: Path, op_id: str, path: Path) -> str:
+    """Move one child file of `home` aside to `<home>/quarantine/<op_id>/<its relative path>`:
+    atomically (a rename on one filesystem) and durably (its new directory fsync'd)."""
+    dest = home / QUARANTINE_DIR / op_id / path.relative_to(home)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(path, dest)
+    fsync_dir(dest.parent)
+    return str(dest)

@@ -95,7 +95,7 @@ def child_history(
         snapshot["source"]["session_id"],
         snapshot["target"]["session_id"],
         (t["turn_id"] for t in turns),
-        (m["message_id"] for t in turns for m in t["messages"]),
+        (m[0] for t in turns for m in t["messages"]),  # MESSAGE_FIELDS: message_id first
         (i["interaction_id"] for t in turns for i in t["interactions"]),
     )
     history = ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
@@ -126,22 +126,23 @@ def _message_rows(snapshot: Mapping[str, Any], ids: IdentityMap) -> tuple[tuple[
     append = rows.append
     for turn in snapshot["turns"]:
         new_turn_id = turn_ids[turn["turn_id"]]
-        for m in turn["messages"]:
-            payload = m["payload"]
+        # Snapshot v2 Messages (`MESSAGE_FIELDS`): message_id, kind, text, payload, version,
+        # position; a v1 snapshot's objects were turned into these by `load_snapshot`.
+        for message_id, kind, text, payload, version, position in turn["messages"]:
             append(
                 (
                     ws,
                     sid,
-                    message_ids[m["message_id"]],
+                    message_ids[message_id],
                     new_turn_id,
-                    m["kind"],
-                    m["text"],
+                    kind,
+                    text,
                     # The common empty payload holds no reference (no call, no f-string).
                     "{}"
                     if type(payload) is dict and not payload
-                    else _remapped_json(payload, ids, where=f"message {m['message_id']}"),
-                    m["version"],
-                    m["position"],
+                    else _remapped_json(payload, ids, where=f"message {message_id}"),
+                    version,
+                    position,
                 )
             )
     return tuple(rows)
