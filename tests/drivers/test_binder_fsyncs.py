@@ -36,9 +36,7 @@ def test_fresh_target_each_changed_directory_once_after_the_file(
         receipt = RolloutBinder().bind(src, dst, CHILD)
     target = dst / receipt.rollouts[0].relative_path
     day = target.parent
-    changed = [
-        runtimes, dst.parent, dst, dst / "sessions", day.parent.parent, day.parent, day
-    ]
+    changed = [runtimes, dst.parent, dst, dst / "sessions", day.parent.parent, day.parent, day]
     assert day == dst / REL
     assert [log.count(d) for d in changed] == [1] * len(changed)
     assert log.count(target) == 1  # the temp file, renamed onto the target
