@@ -133,10 +133,12 @@ class Api(ApiBase):
         limit = optional_int(params, "limit", default=100, min_value=1, max_value=1000) or 100
 
         def _timeline() -> dict[str, Any]:
-            session = self.store.get_session(ws, sid)
+            # The provider is all the projection needs of the Session (a primary-key read;
+            # the same `SessionNotFound` as `get_session` for a missing or deleted one).
+            provider = self.store.session_provider(ws, sid)
             turns, next_sequence = self.store.timeline(ws, sid, after_sequence=after, limit=limit)
             return {
-                "turns": [projection.turn(t, session.provider, self.catalog) for t in turns],
+                "turns": [projection.turn(t, provider, self.catalog) for t in turns],
                 "nextSequence": next_sequence,
             }
 

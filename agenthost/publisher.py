@@ -145,7 +145,10 @@ class EventPublisher:
                 "session": projection.session(session, self.catalog),
             }
         if isinstance(change, TurnChanged):
-            session = store.get_session(change.workspace_id, change.session_id)
+            # The provider only (fixed at create): a primary-key read, not the whole Session
+            # with its lineage and active-Turn subqueries (issue 20: a Turn's every write
+            # published one event, and each read the whole Session for this one field).
+            provider = store.session_provider(change.workspace_id, change.session_id)
             # Read from the first message changed since this Turn's last event, not whole.
             return {
                 "type": "turn.updated",
@@ -154,7 +157,7 @@ class EventPublisher:
                     store,
                     self.turn_deltas,
                     (change.workspace_id, change.session_id, change.turn_id),
-                    lambda turn: projection.turn(turn, session.provider, self.catalog),
+                    lambda turn: projection.turn(turn, provider, self.catalog),
                     MAX_EVENT_BYTES,
                 ),
             }

@@ -54,14 +54,17 @@ def require_session(conn: apsw.Connection, ws: str, sid: str) -> Session:
     return session
 
 
-def require_live_session(conn: apsw.Connection, ws: str, sid: str) -> None:
+def require_live_session(
+    conn: apsw.Connection, ws: str, sid: str, *, include_deleted: bool = False
+) -> None:
     """`require_session` when the caller needs only to know the Session exists and is not
-    deleted: one primary-key lookup, without the lineage, active-Turn and JSON work of a whole
-    Session (issue 20: every write checked this inside the writer's baton)."""
+    deleted (or, `include_deleted`, exists at all): one primary-key lookup, without the
+    lineage, active-Turn and JSON work of a whole Session (issue 20: every write checked this
+    inside the writer's baton)."""
     row = conn.execute(
         "SELECT deleted FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, sid)
     ).fetchone()
-    if row is None or row[0]:
+    if row is None or (row[0] and not include_deleted):
         raise SessionNotFound(f"session {sid} not found")
 
 

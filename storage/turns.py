@@ -7,12 +7,11 @@ from __future__ import annotations
 import uuid
 
 from storage.base import StoreBase
-from storage.errors import Conflict, InvalidArgument, SessionBusy, SessionNotFound
-from storage.models import SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
+from storage.errors import Conflict, InvalidArgument, SessionBusy
+from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
 from storage.rows import TURN_COLUMNS
 from storage.session_rows import (
     finish_claims,
-    load_session,
     load_turn,
     next_position,
     require_live_session,
@@ -58,7 +57,8 @@ class TurnStore(StoreBase):
                 (ws, sid),
             )
             sequence = int(seq_row[0]) if seq_row else 1
-            turn_id = str(uuid.uuid4())
+            turn_id, message_id = str(uuid.uuid4()), str(uuid.uuid4())
+            position = next_position(tx, ws, sid)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
                 " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL)",
@@ -68,7 +68,7 @@ class TurnStore(StoreBase):
                 "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
                 " payload_json, version, position, created_at_ms)"
                 " VALUES (?, ?, ?, ?, 'user', ?, '{}', 1, ?, ?)",
-                (ws, sid, str(uuid.uuid4()), turn_id, text, next_position(tx, ws, sid), tx.now_ms),
+                (ws, sid, message_id, turn_id, text, position, tx.now_ms),
             )
             tx.execute(
                 "INSERT INTO submit_claims (workspace_id, session_id, request_id, turn_id, text,"
@@ -77,7 +77,15 @@ class TurnStore(StoreBase):
             )
             tx.emit(TurnChanged(ws, sid, turn_id))
             touch(tx, ws, sid)
-            return require_turn(tx.conn, ws, sid, turn_id), True
+            # The Turn as just inserted, built here instead of read back (issue 20: the
+            # read-back and its hydration ran inside the writer's baton on every submit);
+            # `test_store_canonical` pins it equal to a fresh read.
+            user = Message(message_id, turn_id, "user", text, {}, 1, position)
+            turn = Turn(
+                ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, TurnPhase.ACTIVE.value,
+                None, None, None, None, None, tx.now_ms, None, (user,), (),
+            )  # fmt: skip
+            return turn, True
 
     def bind_provider_turn(
         self,
@@ -147,8 +155,7 @@ class TurnStore(StoreBase):
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         with self._write(ws) as tx:
-            if load_session(tx.conn, ws, sid, include_deleted=include_deleted) is None:
-                raise SessionNotFound(f"session {sid} not found")
+            require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
             turn = turn_row(tx, ws, sid, turn_id)
             if turn.phase == TurnPhase.SETTLED:
                 return require_turn(tx.conn, ws, sid, turn_id), False

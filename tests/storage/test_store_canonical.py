@@ -116,6 +116,37 @@ def test_submit_claim_replay_returns_same_turn_without_second_turn(store: Store)
     assert [m.kind for m in t1.messages] == ["user"] and t1.messages[0].text == "hi"
 
 
+def test_a_new_submit_claim_returns_the_turn_exactly_as_stored(store: Store) -> None:
+    # claim_submit builds the Turn it inserted instead of reading it back (issue 20): it must
+    # equal a fresh read field for field, its user Message included, after earlier Turns too.
+    sid = new_session(store)
+    first, _ = store.claim_submit(WS, sid, "r1", "first")
+    store.append_message(WS, sid, first.turn_id, kind="assistant", text="ok", payload={"a": 1})
+    store.settle_turn(WS, sid, first.turn_id, outcome="completed")
+    turn, created = store.claim_submit(WS, sid, "r2", "second")
+    assert created
+    assert turn == store.get_turn(WS, sid, turn.turn_id)
+    assert turn.sequence == 2 and turn.messages[0].position == 3
+    assert store.claim_submit(WS, sid, "r2", "second") == (turn, False)
+
+
+def test_settle_turn_of_a_deleted_session_only_with_include_deleted(store: Store) -> None:
+    sid = new_session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    store._conn().execute("UPDATE sessions SET deleted = 1 WHERE session_id = ?", (sid,))
+    store.release_thread_connection()
+    with pytest.raises(SessionNotFound):
+        store.settle_turn(WS, sid, turn.turn_id, outcome="failed")
+    settled, changed = store.settle_turn(
+        WS, sid, turn.turn_id, outcome="failed", include_deleted=True
+    )
+    assert changed and settled.phase == "settled"
+    with pytest.raises(SessionNotFound):
+        store.settle_turn(
+            WS, "no-such-session", turn.turn_id, outcome="failed", include_deleted=True
+        )
+
+
 def test_submit_while_turn_active_is_busy(store: Store) -> None:
     sid = new_session(store)
     store.claim_submit(WS, sid, "r1", "a")
