@@ -3,23 +3,25 @@ host fork must wait for beyond the bare provider's own call even if every other 
 
 The saga's laws make a fork wait, one after the other, for the store's fsync'd transactions
 (prepared, dispatching, provider_accepted, committed: one `fdatasync` of the WAL each) and for
-the worker's crash-durable copy of the child into its own home (each new directory and the
-file fsync'd, seed 000 §8). `bench.fork_syscalls --strace` counts those syncs per fork; this
-module times the two kinds of sync on the same filesystem — an SQLite COMMIT in WAL mode with
-`synchronous=FULL`, and a `mkdir` + `fsync` of the parent directory — and multiplies:
+the worker's crash-durable copy of the child into its own home (seed 000 §8). The binder issues
+its fsyncs in rounds (`drivers.rollout_files.atomic_write_all`): the syncs of a round run
+together, the rounds one after the other — a Referenced child (its ancestor's rollout and its
+own) takes three: both files' bytes, the ancestor's rename with the new directories, the
+child's rename. `bench.fork_syscalls --strace` counts the store's COMMITs per fork; this module
+times an SQLite COMMIT in WAL mode with `synchronous=FULL`, and a round of five directory fsyncs
+issued together (`sync_together`, as the binder does) on the same filesystem, and adds:
 
-    floor = bare p50 + daemon syncs × COMMIT p50 + worker syncs × directory-fsync p50
+    floor = bare p50 + store COMMITs × COMMIT p50 + worker rounds × round p50
 
 `floor / bare` is then the best p50 ratio a host fork can reach on this disk without weakening a
 durability law (the acknowledgement's sync is not on the fork's path and is left out).
 
-    build/venv/bin/python -m bench.sync_floor [--bare-ms 8.5] [--forks 10]
+    build/venv/bin/python -m bench.sync_floor [--bare-ms 8.5] [--forks 10] [--worker-rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -32,6 +34,10 @@ import apsw
 from bench.common import Latency
 
 SAMPLES = 200
+WORKER_ROUNDS = 3
+"""A Referenced child's bind: its files' bytes, the ancestor's rename, the child's rename."""
+ROUND_WIDTH = 5
+"""Directories fsynced together in the binder's widest round (tests/drivers/test_binder_fsyncs)."""
 
 
 def commit_latency(directory: Path, samples: int = SAMPLES) -> Latency:
@@ -52,18 +58,20 @@ def commit_latency(directory: Path, samples: int = SAMPLES) -> Latency:
         conn.close()
 
 
-def dir_fsync_latency(directory: Path, samples: int = SAMPLES) -> Latency:
-    """A new directory made durable: `mkdir`, then `fsync` of its parent — what the worker's
-    binder does for every directory of a fresh child home."""
+def round_latency(directory: Path, samples: int = SAMPLES, width: int = ROUND_WIDTH) -> Latency:
+    """One round of the binder's syncs: a new directory in each of `width` parents, then every
+    parent fsync'd at the same time (`drivers.rollout_files.sync_together`)."""
+    from drivers.rollout_files import fsync_dir, sync_together
+
+    parents = [directory / f"p{k}" for k in range(width)]
+    for parent in parents:
+        parent.mkdir()
     times: list[float] = []
     for i in range(samples):
         t0 = time.perf_counter()
-        (directory / f"d{i}").mkdir()
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        for parent in parents:
+            (parent / f"d{i}").mkdir()
+        sync_together([lambda p=parent: fsync_dir(p) for parent in parents])  # type: ignore[misc]
         times.append(1000 * (time.perf_counter() - t0))
     return Latency.of(times)
 
@@ -71,14 +79,14 @@ def dir_fsync_latency(directory: Path, samples: int = SAMPLES) -> Latency:
 @dataclass(frozen=True, slots=True)
 class Floor:
     bare_ms: float
-    daemon_syncs: float
-    worker_syncs: float
+    store_commits: float
+    worker_rounds: int
     commit: Latency
-    dir_fsync: Latency
+    sync_round: Latency
 
     @property
     def sync_ms(self) -> float:
-        return self.daemon_syncs * self.commit.p50 + self.worker_syncs * self.dir_fsync.p50
+        return self.store_commits * self.commit.p50 + self.worker_rounds * self.sync_round.p50
 
     @property
     def floor_ms(self) -> float:
@@ -90,9 +98,9 @@ class Floor:
 
     def line(self) -> str:
         return (
-            f"durability floor on this disk: {self.daemon_syncs:g} store COMMITs ×"
-            f" {self.commit.p50:.2f} ms + {self.worker_syncs:g} worker fsyncs ×"
-            f" {self.dir_fsync.p50:.2f} ms = {self.sync_ms:.1f} ms of syncs a fork waits for in"
+            f"durability floor on this disk: {self.store_commits:g} store COMMITs ×"
+            f" {self.commit.p50:.2f} ms + {self.worker_rounds} rounds of the worker's fsyncs ×"
+            f" {self.sync_round.p50:.2f} ms = {self.sync_ms:.1f} ms of syncs a fork waits for in"
             f" turn, beyond the bare {self.bare_ms:.1f} ms: no host fork can beat"
             f" {self.floor_ms:.1f} ms, a ratio of {self.best_ratio:.2f}, without weakening a"
             " durability law"
@@ -101,46 +109,45 @@ class Floor:
     def to_json(self) -> dict[str, object]:
         return {
             "bareMs": self.bare_ms,
-            "daemonSyncsPerFork": self.daemon_syncs,
-            "workerSyncsPerFork": self.worker_syncs,
+            "storeCommitsPerFork": self.store_commits,
+            "workerSyncRounds": self.worker_rounds,
             "commitMs": self.commit.brief(),
-            "dirFsyncMs": self.dir_fsync.brief(),
+            "syncRoundMs": self.sync_round.brief(),
             "floorMs": round(self.floor_ms, 2),
             "bestRatio": round(self.best_ratio, 2),
         }
 
 
-def syncs_on_the_fork_path(
-    calls_per_fork: Mapping[str, Mapping[str, float]],
-) -> tuple[float, float]:
-    """(daemon, worker) syncs per fork from `bench.fork_syscalls`' strace counts; the daemon's
-    count less the one of the acknowledgement, which comes after the fork's reply."""
+def store_commits_on_the_fork_path(calls_per_fork: Mapping[str, Mapping[str, float]]) -> float:
+    """The daemon's syncs per fork from `bench.fork_syscalls`' strace counts, less the one of
+    the acknowledgement, which comes after the fork's reply."""
     daemon = calls_per_fork.get("daemon", {})
-    worker = calls_per_fork.get("worker", {})
-    daemon_syncs = daemon.get("fdatasync", 0.0) + daemon.get("fsync", 0.0)
-    worker_syncs = worker.get("fdatasync", 0.0) + worker.get("fsync", 0.0)
-    return max(0.0, round(daemon_syncs - 1, 2)), round(worker_syncs, 2)
+    syncs = daemon.get("fdatasync", 0.0) + daemon.get("fsync", 0.0)
+    return max(0.0, round(syncs - 1, 2))
 
 
-def measure(bare_ms: float, forks: int = 10, turns: int = 5) -> Floor:
-    """Count the syncs of `forks` tutti-agent forks through a real daemon (strace), then time
-    each kind of sync in a fresh directory of the same temporary filesystem."""
+def measure(
+    bare_ms: float, forks: int = 10, turns: int = 5, worker_rounds: int = WORKER_ROUNDS
+) -> Floor:
+    """Count the store's COMMITs of `forks` tutti-agent forks through a real daemon (strace),
+    then time a COMMIT and a round of fsyncs in a fresh directory of the same filesystem."""
     from bench.fork_syscalls import measure as count_syscalls
 
     report = count_syscalls(forks=forks, turns=turns, warmup=2, strace=True)
-    daemon_syncs, worker_syncs = syncs_on_the_fork_path(report.calls_per_fork)
+    commits = store_commits_on_the_fork_path(report.calls_per_fork)
     with tempfile.TemporaryDirectory(prefix="bench-sync-floor-") as tmp:
         commit = commit_latency(Path(tmp))
-        dir_fsync = dir_fsync_latency(Path(tmp))
-    return Floor(bare_ms, daemon_syncs, worker_syncs, commit, dir_fsync)
+        sync_round = round_latency(Path(tmp))
+    return Floor(bare_ms, commits, worker_rounds, commit, sync_round)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.sync_floor", description=__doc__)
     ap.add_argument("--bare-ms", type=float, default=8.5, help="the bare provider's fork p50")
     ap.add_argument("--forks", type=int, default=10)
+    ap.add_argument("--worker-rounds", type=int, default=WORKER_ROUNDS)
     args = ap.parse_args(argv)
-    floor = measure(args.bare_ms, forks=args.forks)
+    floor = measure(args.bare_ms, forks=args.forks, worker_rounds=args.worker_rounds)
     print(floor.line())
     print(f"command: {sys.executable} -m bench.sync_floor", *(argv or sys.argv[1:]))
     return 0
