@@ -267,11 +267,7 @@ class StoreBase:
             # every queued writer waiting (a tail of the mutation p99). The hook only signals;
             # a background thread checkpoints on its own connection (PASSIVE: no write lock).
             conn.set_wal_hook(self._wal_grew)
-            # A bigger page cache on the writer only (issue 20 row 10): a 1,000-Turn fork's
-            # commit dirties ~1,400 pages (5.7 MB); with SQLite's default 2 MB cache it spills
-            # dirty pages into the WAL mid-transaction and reads them back for every later
-            # index insert that lands on them. Durability is unchanged (the COMMIT still
-            # writes and fsyncs every frame); only where the pages wait differs.
+            # Big forks' commits fit in the writer's cache (issue 20 row 10; docs/design/store.md).
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             self._writer_conn = conn
         return self._writer_conn
