@@ -300,7 +300,8 @@ def store_probes(store: Path, tmp: Path, sid: str, last: str, rounds: int) -> li
 def median_store_probe(store: Path, tmp: Path, sid: str, last: str, rounds: int) -> dict[str, Any]:
     """The store's prepare + commit of the big source `rounds` times, each in a fresh process on
     a fresh copy of the store; the median round (by prepare + commit), with every round's figure
-    beside it. One round alone moved by a third between runs on the same code."""
+    beside it. One probe alone is too noisy to decide the row (267 and 354 ms in two runs of a
+    day)."""
     probes = store_probes(store, tmp, sid, last, rounds)
     ordered = sorted(probes, key=lambda p: float(p["prepareCommitMs"]))
     median = dict(ordered[(len(ordered) - 1) // 2])
