@@ -76,6 +76,15 @@ def build_big_source(
         bare.run_turns(turns, lambda i: f"turn {i}")
     finally:
         bare.close()
+    last = store_big_source(home, sid, bare.thread_id, bare.turn_ids, messages_per_turn)
+    return sid, last, bare.thread_id, bare.turn_ids
+
+
+def store_big_source(
+    home: Path, sid: str, thread_id: str, provider_turn_ids: list[str], messages_per_turn: int
+) -> str:
+    """The big source's canonical side: Session `sid` bound to `thread_id`, one settled Turn
+    per provider Turn id with `messages_per_turn` Messages; returns the last Turn's id."""
     store = Store.open(home / "store.sqlite3")
     try:
         _fast_builder(store)
@@ -86,15 +95,15 @@ def build_big_source(
             title="big source",
             cwd=str(home),
             settings={},
-            provider_session_id=bare.thread_id,
+            provider_session_id=thread_id,
             runtime_context=RUNTIME_CONTEXT,
         )
         last = ""
-        for i, provider_turn in enumerate(bare.turn_ids):
+        for i, provider_turn in enumerate(provider_turn_ids):
             last = _settled_turn(store, sid, i, provider_turn, messages_per_turn - 1)
     finally:
         store.close()
-    return sid, last, bare.thread_id, bare.turn_ids
+    return last
 
 
 def bare_fork_at_scale(
@@ -677,25 +686,9 @@ def build_store_source(home: Path, turns: int, messages_per_turn: int) -> tuple[
     """`build_big_source`'s store side alone (synthetic provider Turn ids, no app-server): what
     the store's prepare + commit read and write is the same."""
     sid = str(uuid.uuid4())
-    store = Store.open(home / "store.sqlite3")
-    try:
-        _fast_builder(store)
-        store.create_session(
-            WS,
-            session_id=sid,
-            provider="tutti-agent",
-            title="big source",
-            cwd=str(home),
-            settings={},
-            provider_session_id=f"thread-{sid}",
-            runtime_context=RUNTIME_CONTEXT,
-        )
-        last = ""
-        for i in range(turns):
-            last = _settled_turn(store, sid, i, f"provider-turn-{i}", messages_per_turn - 1)
-    finally:
-        store.close()
-    return sid, last
+    turn_ids = [f"provider-turn-{i}" for i in range(turns)]
+    home.mkdir(parents=True, exist_ok=True)
+    return sid, store_big_source(home, sid, f"thread-{sid}", turn_ids, messages_per_turn)
 
 
 def run_big_fork_only(mode: Mode) -> BenchResult:
