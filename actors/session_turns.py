@@ -97,7 +97,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
             DurableWrite(
                 state.turn_id,
                 "bind provider turn",
-                lambda: self.session_store.bind_provider_turn(
+                lambda: self.session_store.record_provider_turn(
                     self.ws, self.sid, state.turn_id, provider_turn_id
                 ),
             )
@@ -131,7 +131,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
     ) -> DurableWrite:
         def _apply() -> None:
             try:
-                self.session_store.settle_turn(
+                self.session_store.record_settlement(
                     self.ws,
                     self.sid,
                     state.turn_id,

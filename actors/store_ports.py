@@ -73,9 +73,22 @@ class SessionActorStore(Protocol):
         turn_id: str,
         root_provider_turn_id: str,
         binding_json: str | None = None,
-    ) -> Turn: ...
+    ) -> Turn:
+        """The re-bind from the provider's history (actors/session_runtime.py)."""
+        ...
 
-    def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn: ...
+    # A Turn's own writes answer nothing back (issue 20 rows 5-7: no read-back of the whole
+    # Turn inside the writer's baton); the actor never used what they returned.
+    def record_provider_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        root_provider_turn_id: str,
+        binding_json: str | None = None,
+    ) -> None: ...
+
+    def record_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> None: ...
 
     def write_batch(self) -> AbstractContextManager[None]:
         """The queued writes of one drain as one transaction (turn_writes.py)."""
@@ -107,7 +120,7 @@ class SessionActorStore(Protocol):
         self, ws: str, sid: str, turn_id: str, request_id: str, output: Mapping[str, Any]
     ) -> Interaction: ...
 
-    def settle_turn(
+    def record_settlement(
         self,
         ws: str,
         sid: str,
@@ -116,7 +129,7 @@ class SessionActorStore(Protocol):
         outcome: str,
         final_assistant_message_id: str | None = None,
         error: str | None = None,
-    ) -> tuple[Turn, bool]: ...
+    ) -> bool: ...
 
     # -- the runtime record (actors/session_runtime.py)
     def update_runtime(

@@ -40,7 +40,7 @@ class TurnWrites(SessionActorBase):
 
         def _apply() -> None:
             try:
-                store.update_turn_binding(ws, sid, turn_id, binding)
+                store.record_turn_binding(ws, sid, turn_id, binding)
             except ForkInProgress:
                 # A fork froze the source: the operation keeps the binding it froze, and this
                 # provider fact is applied when the fence is released — never lost.

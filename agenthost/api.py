@@ -133,9 +133,10 @@ class Api(ApiBase):
         limit = optional_int(params, "limit", default=100, min_value=1, max_value=1000) or 100
 
         def _timeline() -> dict[str, Any]:
-            # The provider is all the projection needs of the Session (a primary-key read;
-            # the same `SessionNotFound` as `get_session` for a missing or deleted one).
-            provider = self.store.session_provider(ws, sid)
+            # The provider is all the projection needs of the Session (from the store's
+            # memory after its first read); `timeline` refuses a missing or deleted one with
+            # the same `SessionNotFound` as `get_session`.
+            provider = self.store.provider_of(ws, sid)
             turns, next_sequence = self.store.timeline(ws, sid, after_sequence=after, limit=limit)
             return {
                 "turns": [projection.turn(t, provider, self.catalog) for t in turns],

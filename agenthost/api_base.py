@@ -295,7 +295,9 @@ class ApiBase:
         self, ws: str, sid: str, status: int
     ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
         def project(turn: Any) -> tuple[int, dict[str, Any]]:
-            provider = self.store.session_provider(ws, sid)
+            # From the store's memory (fixed at create): the actor has just written or read
+            # this Session's Turn, so it exists; no read per reply (issue 20 rows 5-7).
+            provider = self.store.provider_of(ws, sid)
             return status, {"turn": projection.turn(turn, provider, self.catalog)}
 
         return project

@@ -145,10 +145,10 @@ class EventPublisher:
                 "session": projection.session(session, self.catalog),
             }
         if isinstance(change, TurnChanged):
-            # The provider only (fixed at create): a primary-key read, not the whole Session
-            # with its lineage and active-Turn subqueries (issue 20: a Turn's every write
-            # published one event, and each read the whole Session for this one field).
-            provider = store.session_provider(change.workspace_id, change.session_id)
+            # The provider only (fixed at create), from the store's memory after the first
+            # read (issue 20: a Turn's every write published one event, and each read the
+            # Session for this one field). A deleted Session is refused by `turn_since`.
+            provider = store.provider_of(change.workspace_id, change.session_id)
             # Read from the first message changed since this Turn's last event, not whole.
             return {
                 "type": "turn.updated",

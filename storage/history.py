@@ -38,7 +38,7 @@ from storage.session_rows import (
     require_text,
     turn_row,
 )
-from storage.sqlite import dumps
+from storage.sqlite import dumps, loads
 from storage.tx import Tx
 
 
@@ -81,6 +81,7 @@ class HistoryStore(StoreBase):
                     )
                     return self._message_after(tx, ws, sid, message_id, turn_id)
             message_id = message_id or str(uuid.uuid4())
+            position = next_position(tx, ws, sid)
             tx.execute(
                 "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
                 " payload_json, version, position, created_at_ms)"
@@ -93,11 +94,18 @@ class HistoryStore(StoreBase):
                     kind,
                     text,
                     payload_json,
-                    next_position(tx, ws, sid),
+                    position,
                     tx.now_ms,
                 ),
             )
-            return self._message_after(tx, ws, sid, message_id, turn_id)
+            tx.emit(
+                TurnChanged(ws, sid, turn_id) if turn_id is not None else SessionChanged(ws, sid)
+            )
+            # The row as just inserted, built here instead of read back inside the writer's
+            # baton (issue 20 rows 5-7; `test_store_canonical` pins it equal to a fresh read).
+            return Message(
+                message_id, turn_id, kind, text, loads(payload_json), 1, position
+            )  # fmt: skip
 
     def _message_after(
         self, tx: Tx, ws: str, sid: str, message_id: str, turn_id: str | None

@@ -26,8 +26,19 @@ from storage.sqlite import dumps
 _CURSOR_MS = re.compile(r"[0-9]{1,15}")
 
 
+PROVIDERS_REMEMBERED = 65_536
+"""Sessions whose provider `provider_of` keeps in memory (a few MiB at most); past it the
+memory starts over."""
+
+
 class SessionStore(StoreBase):
     """Sessions and their own fields."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # (workspace, session) → provider: fixed at create, and a Session's row is never
+        # removed nor its id reused (a delete is soft), so an entry never goes stale.
+        self._providers: dict[tuple[str, str], str] = {}
 
     def create_session(
         self,
@@ -105,16 +116,26 @@ class SessionStore(StoreBase):
         lookup, for a caller that needs no more (a request's check before it is routed)."""
         self._with_conn(lambda c: require_live_session(c, ws, sid))
 
-    def session_provider(self, ws: str, sid: str) -> str:
-        """The Session's provider (fixed at create) without reading the whole Session;
-        `SessionNotFound` as `get_session` raises it."""
-        row = self._one(
-            "SELECT provider, deleted FROM sessions WHERE workspace_id = ? AND session_id = ?",
-            (ws, sid),
-        )
-        if row is None or row[1]:
-            raise SessionNotFound(f"session {sid} not found")
-        return str(row[0])
+    def provider_of(self, ws: str, sid: str) -> str:
+        """The provider of a Session that exists or existed (deleted ones too): read once,
+        then from memory (issue 20 rows 5-7: every Turn event the publisher projects, and
+        every `turn.submit` reply, read it). A caller that must refuse a deleted Session
+        checks that itself, as its read of the Session's rows does. `SessionNotFound` for an
+        id no Session ever had."""
+        key = (ws, sid)
+        provider = self._providers.get(key)
+        if provider is None:
+            row = self._one(
+                "SELECT provider FROM sessions WHERE workspace_id = ? AND session_id = ?",
+                (ws, sid),
+            )
+            if row is None:
+                raise SessionNotFound(f"session {sid} not found")
+            provider = str(row[0])
+            if len(self._providers) >= PROVIDERS_REMEMBERED:
+                self._providers.clear()
+            self._providers[key] = provider
+        return provider
 
     def list_sessions(
         self, ws: str, *, cursor: str | None = None, limit: int = 50

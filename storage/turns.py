@@ -21,6 +21,7 @@ from storage.session_rows import (
     touch,
     turn_row,
 )
+from storage.tx import Tx
 
 
 class TurnStore(StoreBase):
@@ -98,21 +99,23 @@ class TurnStore(StoreBase):
         """Record the provider's own Turn id (and binding) and finish the submit claim."""
         require_text("rootProviderTurnId", root_provider_turn_id)
         with self._write(ws, fence=sid) as tx:
-            require_live_session(tx.conn, ws, sid)
-            turn = turn_row(tx, ws, sid, turn_id)
-            if turn.root_provider_turn_id not in (None, root_provider_turn_id):
-                raise Conflict(
-                    f"turn {turn_id} is already bound to provider turn {turn.root_provider_turn_id}"
-                )
-            tx.execute(
-                "UPDATE turns SET root_provider_turn_id = ?,"
-                " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
-                " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
-                (root_provider_turn_id, binding_json, ws, sid, turn_id),
-            )
-            finish_claims(tx, ws, sid, turn_id)
-            tx.emit(TurnChanged(ws, sid, turn_id))
+            _bind(tx, ws, sid, turn_id, root_provider_turn_id, binding_json)
             return require_turn(tx.conn, ws, sid, turn_id)
+
+    def record_provider_turn(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        root_provider_turn_id: str,
+        binding_json: str | None = None,
+    ) -> None:
+        """`bind_provider_turn` for a caller that needs nothing back (the Session actor): the
+        same write and event, without reading the whole Turn back inside the writer's baton
+        (issue 20 rows 5-7: its Messages and Interactions were hydrated and dropped)."""
+        require_text("rootProviderTurnId", root_provider_turn_id)
+        with self._write(ws, fence=sid) as tx:
+            _bind(tx, ws, sid, turn_id, root_provider_turn_id, binding_json)
 
     def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
         """Settled `completed` Turns with no provider turn id (a binding the host never
@@ -125,18 +128,11 @@ class TurnStore(StoreBase):
         )
         return [str(r[0]) for r in rows]
 
-    def update_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> Turn:
-        """Replace the opaque provider binding JSON; allowed on settled Turns (late checkpoints)."""
+    def record_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
+        """Replace the opaque provider binding JSON; allowed on settled Turns (late
+        checkpoints). Nothing is read back (the Session actor's, as `record_provider_turn`)."""
         with self._write(ws, fence=sid) as tx:
-            require_live_session(tx.conn, ws, sid)
-            turn_row(tx, ws, sid, turn_id)
-            tx.execute(
-                "UPDATE turns SET provider_turn_binding_json = ? WHERE workspace_id = ?"
-                " AND session_id = ? AND turn_id = ?",
-                (binding_json, ws, sid, turn_id),
-            )
-            tx.emit(TurnChanged(ws, sid, turn_id))
-            return require_turn(tx.conn, ws, sid, turn_id)
+            _rebind(tx, ws, sid, turn_id, binding_json)
 
     def settle_turn(
         self,
@@ -155,37 +151,27 @@ class TurnStore(StoreBase):
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         with self._write(ws) as tx:
-            require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
-            turn = turn_row(tx, ws, sid, turn_id)
-            if turn.phase == TurnPhase.SETTLED:
-                return require_turn(tx.conn, ws, sid, turn_id), False
-            tx.check_fence(sid)
-            if final_assistant_message_id is not None:
-                owner = tx.one(
-                    "SELECT turn_id FROM messages WHERE workspace_id = ? AND session_id = ?"
-                    " AND message_id = ?",
-                    (ws, sid, final_assistant_message_id),
-                )
-                # A dangling final message id would make the turn unforkable (law 5).
-                if owner is None or owner[0] != turn_id:
-                    raise InvalidArgument(
-                        "finalAssistantMessageId", "final assistant message is not in this turn"
-                    )
-            tx.execute(
-                "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
-                " error = ?, settled_at_ms = ? WHERE workspace_id = ? AND session_id = ?"
-                " AND turn_id = ?",
-                (outcome, final_assistant_message_id, error, tx.now_ms, ws, sid, turn_id),
+            changed = _settle(
+                tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, include_deleted
             )
-            tx.execute(
-                "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
-                " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
-                (tx.now_ms, ws, sid, turn_id),
-            )
-            finish_claims(tx, ws, sid, turn_id)
-            tx.emit(TurnChanged(ws, sid, turn_id))
-            touch(tx, ws, sid)
-            return require_turn(tx.conn, ws, sid, turn_id), True
+            return require_turn(tx.conn, ws, sid, turn_id), changed
+
+    def record_settlement(
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        *,
+        outcome: str,
+        final_assistant_message_id: str | None = None,
+        error: str | None = None,
+    ) -> bool:
+        """`settle_turn` without the read-back (the Session actor's, as
+        `record_provider_turn`): whether this write settled it (False: it already was)."""
+        if outcome not in TurnOutcome.__members__.values():
+            raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
+        with self._write(ws) as tx:
+            return _settle(tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, False)
 
     def get_turn(self, ws: str, sid: str, turn_id: str) -> Turn:
         with self._read() as conn:
@@ -207,3 +193,82 @@ class TurnStore(StoreBase):
             " ORDER BY workspace_id, session_id, sequence"
         )
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
+def _bind(
+    tx: Tx,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    root_provider_turn_id: str,
+    binding_json: str | None,
+) -> None:
+    require_live_session(tx.conn, ws, sid)
+    turn = turn_row(tx, ws, sid, turn_id)
+    if turn.root_provider_turn_id not in (None, root_provider_turn_id):
+        raise Conflict(
+            f"turn {turn_id} is already bound to provider turn {turn.root_provider_turn_id}"
+        )
+    tx.execute(
+        "UPDATE turns SET root_provider_turn_id = ?,"
+        " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
+        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+        (root_provider_turn_id, binding_json, ws, sid, turn_id),
+    )
+    finish_claims(tx, ws, sid, turn_id)
+    tx.emit(TurnChanged(ws, sid, turn_id))
+
+
+def _rebind(tx: Tx, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
+    require_live_session(tx.conn, ws, sid)
+    turn_row(tx, ws, sid, turn_id)
+    tx.execute(
+        "UPDATE turns SET provider_turn_binding_json = ? WHERE workspace_id = ?"
+        " AND session_id = ? AND turn_id = ?",
+        (binding_json, ws, sid, turn_id),
+    )
+    tx.emit(TurnChanged(ws, sid, turn_id))
+
+
+def _settle(
+    tx: Tx,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    outcome: str,
+    final_assistant_message_id: str | None,
+    error: str | None,
+    include_deleted: bool,
+) -> bool:
+    """The settle write; False (nothing written) if the Turn was already settled."""
+    require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
+    turn = turn_row(tx, ws, sid, turn_id)
+    if turn.phase == TurnPhase.SETTLED:
+        return False
+    tx.check_fence(sid)
+    if final_assistant_message_id is not None:
+        owner = tx.one(
+            "SELECT turn_id FROM messages WHERE workspace_id = ? AND session_id = ?"
+            " AND message_id = ?",
+            (ws, sid, final_assistant_message_id),
+        )
+        # A dangling final message id would make the turn unforkable (law 5).
+        if owner is None or owner[0] != turn_id:
+            raise InvalidArgument(
+                "finalAssistantMessageId", "final assistant message is not in this turn"
+            )
+    tx.execute(
+        "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+        " error = ?, settled_at_ms = ? WHERE workspace_id = ? AND session_id = ?"
+        " AND turn_id = ?",
+        (outcome, final_assistant_message_id, error, tx.now_ms, ws, sid, turn_id),
+    )
+    tx.execute(
+        "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
+        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
+        (tx.now_ms, ws, sid, turn_id),
+    )
+    finish_claims(tx, ws, sid, turn_id)
+    tx.emit(TurnChanged(ws, sid, turn_id))
+    touch(tx, ws, sid)
+    return True

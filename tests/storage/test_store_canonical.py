@@ -228,8 +228,8 @@ def test_bind_provider_turn_refuses_rebinding_to_another_id(store: Store) -> Non
     assert same.provider_turn_binding_json == '{"c":1}'
     with pytest.raises(Conflict):
         store.bind_provider_turn(WS, sid, turn.turn_id, "p2")
-    updated = store.update_turn_binding(WS, sid, turn.turn_id, '{"c":2}')
-    assert updated.provider_turn_binding_json == '{"c":2}'
+    store.record_turn_binding(WS, sid, turn.turn_id, '{"c":2}')
+    assert store.get_turn(WS, sid, turn.turn_id).provider_turn_binding_json == '{"c":2}'
 
 
 def test_unknown_turn_is_typed_not_found(store: Store) -> None:

@@ -488,7 +488,7 @@ FENCED: dict[str, Callable[[Store, str, str], object]] = {
     "begin_runtime_operation": lambda s, sid, t: begin_runtime_operation(s, WS, sid, "k"),
     "claim_submit": lambda s, sid, t: s.claim_submit(WS, sid, "new-request", "x"),
     "bind_provider_turn": lambda s, sid, t: s.bind_provider_turn(WS, sid, t, "p1"),
-    "update_turn_binding": lambda s, sid, t: s.update_turn_binding(WS, sid, t, "{}"),
+    "record_turn_binding": lambda s, sid, t: s.record_turn_binding(WS, sid, t, "{}"),
     "append_message": lambda s, sid, t: s.append_message(WS, sid, t, kind="a", text="x"),
     "open_interaction": lambda s, sid, t: s.open_interaction(
         WS, sid, t, request_id="q", kind="question", input={}

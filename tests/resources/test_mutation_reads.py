@@ -1,0 +1,194 @@
+"""Issue 20 rows 5-7 (mutation p99 with 8 clients): the store work a `turn.submit` and an
+`updateTitle` do not need, cut — pinned by what runs, never by timings.
+
+- A Session read (`get_session`: the actor's, the publisher's `session.upserted`, every
+  `session.get`) finds the active Turn through `turns_by_phase`; SQLite used to walk the
+  Session's (session, sequence) index to avoid a sort, reading every Turn it ever had.
+- The settled, completed Turns with no provider binding (looked for after every runtime
+  start, so once per Turn) are found through a partial index of exactly those, not by reading
+  every settled Turn of the Session.
+- The Session actor's Turn writes (binding, checkpoint, settlement) read nothing back, and an
+  appended Message is built from what was inserted: the same rows and change events as
+  before, and the same Message a fresh read returns.
+- The provider of a Session (fixed at create) is read once: the publisher's `turn.updated`
+  and a `turn.submit` reply take it from memory, and a deleted Session is still refused by
+  the reads that follow it.
+"""
+
+from __future__ import annotations
+
+import queue
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+
+from agenthost.catalog import Catalog
+from agenthost.publisher import EventPublisher
+from storage import Store
+from storage.errors import SessionNotFound
+from storage.models import ChangeEvent, SessionChanged, TurnChanged
+from storage.rows import INTERACTION_COLUMNS, MESSAGE_COLUMNS, SESSION_SELECT
+
+WS = "ws-mutation"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(tmp_path / "home" / "store.sqlite3")
+    yield s
+    s.close()
+
+
+def _session(store: Store, provider: str = "tutti-agent") -> str:
+    sid = str(uuid.uuid4())
+    store.create_session(WS, session_id=sid, provider=provider, title="t", cwd="/w", settings={})
+    return sid
+
+
+def _settled(store: Store, sid: str, text: str, *, bound: bool = True) -> str:
+    turn, _ = store.claim_submit(WS, sid, str(uuid.uuid4()), text)
+    if bound:
+        store.record_provider_turn(WS, sid, turn.turn_id, f"p-{turn.turn_id}")
+    reply = store.append_message(WS, sid, turn.turn_id, kind="assistant", text="ok")
+    store.record_settlement(
+        WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
+    )
+    return turn.turn_id
+
+
+def _plan(store: Store, sql: str, params: tuple[Any, ...]) -> list[str]:
+    conn = store._conn()
+    try:
+        return [str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    finally:
+        store.release_thread_connection()
+
+
+@contextmanager
+def _writer_statements(store: Store) -> Iterator[list[str]]:
+    """Every statement the store's one writer connection runs inside the block."""
+    seen: list[str] = []
+
+    def trace(event: dict[str, Any]) -> None:
+        if event.get("code") == apsw.SQLITE_TRACE_STMT:
+            seen.append(" ".join(str(event["sql"]).split()))
+
+    conn = store._writer_connection()
+    conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
+    try:
+        yield seen
+    finally:
+        conn.trace_v2(0, None)
+
+
+def test_a_session_read_looks_its_active_turn_up_by_phase(store: Store) -> None:
+    sid = _session(store)
+    for i in range(3):
+        _settled(store, sid, f"turn {i}")
+    active, _ = store.claim_submit(WS, sid, "r-active", "now")
+    where = " WHERE s.workspace_id = ? AND s.session_id = ?"
+    plan = _plan(store, SESSION_SELECT + where, (WS, sid))
+    turn_steps = [step for step in plan if step.startswith("SEARCH t ")]
+    assert turn_steps and all("turns_by_phase" in step for step in turn_steps), plan
+    # And it is still the active Turn, before and after it settles.
+    assert store.get_session(WS, sid).active_turn_id == active.turn_id
+    store.record_settlement(WS, sid, active.turn_id, outcome="interrupted")
+    assert store.get_session(WS, sid).active_turn_id is None
+
+
+def test_turns_missing_a_binding_are_found_through_their_own_index(store: Store) -> None:
+    sid = _session(store)
+    bound = [_settled(store, sid, f"bound {i}") for i in range(3)]
+    unbound = [_settled(store, sid, f"unbound {i}", bound=False) for i in range(2)]
+    failed, _ = store.claim_submit(WS, sid, "r-failed", "x")
+    store.record_settlement(WS, sid, failed.turn_id, outcome="failed", error="e")
+    active, _ = store.claim_submit(WS, sid, "r-active", "y")
+    assert store.turns_missing_binding(WS, sid) == unbound
+    store.record_provider_turn(WS, sid, unbound[0], "p-late")
+    assert store.turns_missing_binding(WS, sid) == unbound[1:]
+    assert bound and active
+    sql = (
+        "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+        " AND phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL"
+        " ORDER BY sequence"
+    )
+    plan = _plan(store, sql, (WS, sid))
+    assert any("turns_unbound" in step for step in plan), plan
+    assert not any("TEMP B-TREE" in step for step in plan), plan
+
+
+def test_the_actors_turn_writes_read_nothing_back(store: Store) -> None:
+    sid = _session(store)
+    events: list[ChangeEvent] = []
+    store.subscribe(events.append)
+    turn, _ = store.claim_submit(WS, sid, "r", "hello")
+    events.clear()
+    with _writer_statements(store) as statements:
+        store.record_provider_turn(WS, sid, turn.turn_id, "p-1", '{"c":1}')
+        with store.write_batch():
+            message = store.append_message(
+                WS, sid, turn.turn_id, kind="assistant", text="hi", payload={"k": [1, "é"]}
+            )
+            store.record_turn_binding(WS, sid, turn.turn_id, '{"c":2}')
+            changed = store.record_settlement(
+                WS, sid, turn.turn_id, outcome="completed",
+                final_assistant_message_id=message.message_id,
+            )  # fmt: skip
+    read_backs = [
+        s for s in statements if s.startswith(f"SELECT {MESSAGE_COLUMNS}")
+        or s.startswith(f"SELECT {INTERACTION_COLUMNS}")
+    ]  # fmt: skip
+    assert read_backs == [], read_backs
+    assert changed is True
+    assert store.record_settlement(WS, sid, turn.turn_id, outcome="failed") is False
+    # The same change events as the reading writes gave (one TurnChanged per write, the
+    # settle's Session touch), in commit order.
+    assert events == [
+        TurnChanged(WS, sid, turn.turn_id),
+        TurnChanged(WS, sid, turn.turn_id),
+        SessionChanged(WS, sid),
+    ]
+    fresh = store.get_turn(WS, sid, turn.turn_id)
+    assert fresh.phase == "settled" and fresh.outcome == "completed"
+    assert fresh.root_provider_turn_id == "p-1"
+    assert fresh.provider_turn_binding_json == '{"c":2}'
+    assert fresh.final_assistant_message_id == message.message_id
+    # The Message built from the insert is the one a fresh read returns, field for field.
+    assert fresh.messages[-1] == message
+
+
+def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sid = _session(store, provider="codex")
+    other = _session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    store.record_settlement(WS, sid, turn.turn_id, outcome="interrupted")
+    with pytest.raises(SessionNotFound):
+        store.provider_of(WS, "no-such-session")
+    assert store.provider_of(WS, sid) == "codex"
+    publisher = EventPublisher(store, Catalog(), lambda: None, queue.SimpleQueue())
+    event = publisher.project(TurnChanged(WS, sid, turn.turn_id))
+    assert event is not None and event["turn"]["turnId"] == turn.turn_id
+
+    def no_read(*_: Any) -> Any:
+        raise AssertionError("the provider was read again")
+
+    monkeypatch.setattr(store, "_one", no_read)
+    assert store.provider_of(WS, sid) == "codex"
+    assert publisher.project(TurnChanged(WS, sid, turn.turn_id)) is not None
+    monkeypatch.undo()
+    assert store.provider_of(WS, other) == "tutti-agent"
+    # Deleted: the provider is still known (it never changes), but the reads that follow it
+    # refuse the Session as before — no `turn.updated` is built for it, no timeline served.
+    store.delete_session(WS, sid)
+    assert store.provider_of(WS, sid) == "codex"
+    with pytest.raises(SessionNotFound):
+        publisher.project(TurnChanged(WS, sid, turn.turn_id))
+    with pytest.raises(SessionNotFound):
+        store.timeline(WS, sid)
