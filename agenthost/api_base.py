@@ -6,6 +6,7 @@ failure turned into a typed reply (law 7). The methods themselves are `agenthost
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -27,7 +28,7 @@ from storage.errors import (
     SessionNotFound,
     Unavailable,
 )
-from storage.models import ForkOperation, Session
+from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from transport.replies import OneShotResponder
@@ -37,6 +38,8 @@ from transport.wire import Request, pack_result
 log = logging.getLogger(__name__)
 
 WORKSPACE_MAX = 128
+LIVE_SESSIONS_REMEMBERED = 65_536
+"""Sessions `ApiBase` remembers as live for routing; past it the memory starts over."""
 Handler = Callable[[Mapping[str, Any], Responder], None]
 
 
@@ -83,6 +86,16 @@ class ApiBase:
         """Actor-bound requests routed from the dispatching thread, no reader-pool hop."""
         self.reply_cache = ReplyCache() if reply_cache is None else reply_cache
         """The point reads' encoded replies (`agenthost.reply_cache`), transport thread only."""
+        self.live_sessions: set[tuple[str, str]] = set()
+        """Sessions `_route_now` found live (issue 20 rows 5-7): a mutation of one of them is
+        routed without reading the store again. A Session leaves when its delete commits
+        (`_on_change`, before the delete is answered); none ever comes back (a delete is
+        final and ids are never reused), so a Session found here is live or being deleted,
+        and its actor's own write refuses a deleted one as the read would have."""
+        # Deletes seen (a fresh number each): a check that raced one remembers nothing.
+        self._delete_seq = itertools.count(1)
+        self._deletes = 0
+        self._unsubscribe = store.subscribe(self._on_change)
         self._started = time.monotonic()
         self._methods: dict[str, Handler] = self.method_table()
 
@@ -91,6 +104,7 @@ class ApiBase:
         return {}
 
     def close(self) -> None:
+        self._unsubscribe()
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._view.close()
 
@@ -265,18 +279,28 @@ class ApiBase:
             self._view_thread = me
         if me != self._view_thread:
             return False
-        try:
-            exists = self._view.session_exists(ws, sid)
-        except TRANSIENT_ERRORS:
-            return False
-        except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
-            responder.error(read_error(exc, f"routing {sid}"))
-            return True
-        if not exists:
-            if gone is not None:
-                return False  # a replay may still answer (seed 000 §8): on the pool
-            responder.error(SessionNotFound(f"session {sid} not found"))
-            return True
+        key = (ws, sid)
+        # A method that may answer a gone Session otherwise (`gone`: a fork replay) always
+        # reads: the memory is for the plain mutations, which the actor refuses by itself.
+        if gone is not None or key not in self.live_sessions:
+            deletes = self._deletes
+            try:
+                exists = self._view.session_exists(ws, sid)
+            except TRANSIENT_ERRORS:
+                return False
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                responder.error(read_error(exc, f"routing {sid}"))
+                return True
+            if not exists:
+                if gone is not None:
+                    return False  # a replay may still answer (seed 000 §8): on the pool
+                responder.error(SessionNotFound(f"session {sid} not found"))
+                return True
+            if len(self.live_sessions) >= LIVE_SESSIONS_REMEMBERED:
+                self.live_sessions.clear()
+            # Remembered only if no delete committed meanwhile: the read may predate it.
+            if self._deletes == deletes:
+                self.live_sessions.add(key)
         self.routed_now += 1
         try:
             self.host.tell(route())
@@ -287,6 +311,13 @@ class ApiBase:
         except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
             responder.error(host_error_of(exc, f"routing {sid}", logger=log))
         return True
+
+    def _on_change(self, change: ChangeEvent) -> None:
+        """The store's subscriber (the writer's thread, after the COMMIT): a deleted Session
+        is no longer routed from memory."""
+        if isinstance(change, SessionChanged) and change.removed:
+            self._deletes = next(self._delete_seq)
+            self.live_sessions.discard((change.workspace_id, change.session_id))
 
     def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
         return 200, {"session": projection.session(session, self.catalog)}

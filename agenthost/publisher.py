@@ -12,6 +12,7 @@ before it is even queued (`offer`), so it does not wake the thread at all.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -25,9 +26,13 @@ from agenthost.turn_events import TurnDeltas, updated_turn
 from storage import Store
 from storage.errors import HostError
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from storage.sqlite import TRANSIENT_ERRORS
 from transport.server import MAX_EVENT_BYTES
 
 log = logging.getLogger("agenthost.daemon")
+
+_READ_BACK = (SessionChanged, TurnChanged, ForkOperationChanged)
+"""The changes whose event is read from the store (a `StreamDelta` carries its own)."""
 
 BATCH = 256
 """Changes taken off the queue per wake-up, at most (one hand-over to the transport loop)."""
@@ -103,6 +108,33 @@ class EventPublisher:
     def _publish(self, batch: list[Any]) -> bool:
         sink = self._sink()
         out: list[tuple[str, Mapping[str, Any]]] = []
+        # The batch's reads in one read transaction (`Store.read_snapshot`): each change was
+        # committed before it was queued, so the snapshot is the current state for all of
+        # them, and their pages are loaded once instead of once per event (issue 20 rows 5-7).
+        # Each projection's own failure is handled in `_project_all`, as before; a snapshot
+        # that cannot be begun or ended (SQLite busy in a WAL recovery) costs only itself.
+        reads = sum(1 for change in batch if isinstance(change, _READ_BACK)) > 1
+        snapshot = contextlib.ExitStack()
+        if reads:
+            try:
+                snapshot.enter_context(self.store.read_snapshot())
+            except TRANSIENT_ERRORS as exc:
+                log.warning("events: no read snapshot for a batch (%s)", exc)
+        try:
+            stop = self._project_all(batch, sink, out)
+        finally:
+            try:
+                snapshot.close()
+            except TRANSIENT_ERRORS as exc:
+                log.warning("events: ending a batch's read snapshot failed (%s)", exc)
+        if out and sink is not None:
+            sink.publish_many(out)
+        return stop
+
+    def _project_all(
+        self, batch: list[Any], sink: EventSink | None, out: list[tuple[str, Mapping[str, Any]]]
+    ) -> bool:
+        """Project `batch` into `out`; True when it held the stop marker."""
         previous: Any = None
         stop = False
         for change in batch:
@@ -130,8 +162,6 @@ class EventPublisher:
             if event is not None:
                 self.projected += 1
                 out.append((change.workspace_id, event))
-        if out and sink is not None:
-            sink.publish_many(out)
         return stop
 
     def project(self, change: Any) -> dict[str, Any] | None:

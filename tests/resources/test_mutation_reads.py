@@ -192,3 +192,70 @@ def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused
         publisher.project(TurnChanged(WS, sid, turn.turn_id))
     with pytest.raises(SessionNotFound):
         store.timeline(WS, sid)
+
+
+def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`updateTitle`, `turn.submit` and the other plain mutations check the Session exists
+    before routing it to its actor; once found live it is remembered, and its delete takes it
+    out of that memory before the delete is answered: the next mutation reads the store
+    again and is refused 404 (a stale memory would route it unread)."""
+    from tests.support.in_process import in_process_daemon
+    from transport.client import ApiError
+
+    with in_process_daemon(tmp_path / "home") as (daemon, client):
+        api = daemon.api
+        assert api is not None
+        checks: list[tuple[str, str]] = []
+        real = api._view.session_exists
+
+        def counted(ws: str, sid: str) -> bool:
+            checks.append((ws, sid))
+            return real(ws, sid)
+
+        monkeypatch.setattr(api._view, "session_exists", counted)
+        sid = client.call("session.create", {"workspaceId": WS, "provider": "tutti-agent"})[
+            "session"
+        ]["agentSessionId"]
+        title = {"workspaceId": WS, "agentSessionId": sid}
+        client.call("session.updateTitle", {**title, "title": "one"})
+        assert checks == [(WS, sid)] and (WS, sid) in api.live_sessions
+        client.call("session.updateTitle", {**title, "title": "two"})
+        client.call("session.pin", {**title, "pinned": True})
+        assert checks == [(WS, sid)]  # routed from memory
+        assert client.call("session.get", title)["session"]["title"] == "two"
+        client.call("session.delete", title)
+        assert (WS, sid) not in api.live_sessions
+        with pytest.raises(ApiError) as refused:
+            client.call("session.updateTitle", {**title, "title": "three"})
+        assert refused.value.status == 404
+        assert refused.value.reason == "workspace_agent_session_not_found"
+        assert checks == [(WS, sid), (WS, sid)]  # read again after the delete
+        # A never-seen id is read (and refused) every time, never remembered.
+        ghost = {"workspaceId": WS, "agentSessionId": str(uuid.uuid4()), "title": "x"}
+        for _ in range(2):
+            with pytest.raises(ApiError):
+                client.call("session.updateTitle", ghost)
+        assert len(checks) == 4 and (WS, ghost["agentSessionId"]) not in api.live_sessions
+
+
+def test_a_read_snapshot_holds_one_state_for_every_read_inside_it(store: Store) -> None:
+    """The events publisher projects a batch inside `Store.read_snapshot`: every read of the
+    thread in it (nested snapshot reads included) sees one state, the one committed when it
+    began; a write committed by another thread meanwhile is seen after it."""
+    import threading
+
+    sid = _session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    with store.read_snapshot():
+        before = store.get_session(WS, sid).title
+        writer = threading.Thread(target=lambda: store.update_title(WS, sid, "renamed"))
+        writer.start()
+        writer.join()
+        assert store.get_session(WS, sid).title == before == "t"
+        tail = store.turn_since(WS, sid, turn.turn_id, None)  # its own `_read`, nested
+        assert tail.turn.phase == "active"
+        with store.read_snapshot():  # a snapshot inside a snapshot is the same one
+            assert store.get_session(WS, sid).title == "t"
+    assert store.get_session(WS, sid).title == "renamed"
