@@ -486,35 +486,14 @@ class StoreBase:
 
     @contextmanager
     def _read(self) -> Iterator[apsw.Connection]:
-        """A consistent read snapshot across several statements (a deferred transaction);
-        inside `read_snapshot` it is that snapshot's transaction."""
+        """A consistent read snapshot across several statements (a deferred transaction)."""
         with self._lease() as conn:
-            if getattr(self._local, "snapshot", None) is conn:
-                yield conn
-                return
             conn.execute("BEGIN")
             try:
                 yield conn
             finally:
                 if not conn.getautocommit():
                     conn.execute("COMMIT")
-
-    @contextmanager
-    def read_snapshot(self) -> Iterator[None]:
-        """Every read this thread makes inside the block in one read transaction, on one
-        connection (issue 20 rows 5-7: the events publisher's batch). A read transaction that
-        begins after any COMMIT of another connection starts with an empty page cache (WAL:
-        the cache is dropped whenever the database changed), so reads done one by one each
-        load their pages again; inside one snapshot they load them once. Not inside a write."""
-        if getattr(self._local, "snapshot", None) is not None:
-            yield
-            return
-        with self._read() as conn:
-            self._local.snapshot = conn
-            try:
-                yield
-            finally:
-                self._local.snapshot = None
 
     def now_ms(self) -> int:
         return self._clock()

@@ -5,7 +5,8 @@ resolved), and the Session timeline that reads them back.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import apsw
@@ -43,7 +44,35 @@ from storage.tx import Tx
 
 
 class HistoryStore(StoreBase):
-    """Messages, Interactions and the timeline."""
+    """Messages, Interactions, the timeline, and the read snapshot of the events publisher."""
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """Every read this thread makes inside the block in one read transaction, on one
+        connection (issue 20 rows 5-7: the events publisher's batch). A read transaction that
+        begins after any COMMIT of another connection starts with an empty page cache (WAL:
+        the cache is dropped whenever the database changed), so reads done one by one each
+        load their pages again; inside one snapshot they load them once. Not inside a write;
+        a snapshot inside a snapshot is the same one."""
+        if getattr(self._local, "snapshot", None) is not None:
+            yield
+            return
+        with super()._read() as conn:
+            self._local.snapshot = conn
+            try:
+                yield
+            finally:
+                self._local.snapshot = None
+
+    @contextmanager
+    def _read(self) -> Iterator[apsw.Connection]:
+        # Inside `read_snapshot` a read is part of that snapshot (no BEGIN of its own).
+        conn: apsw.Connection | None = getattr(self._local, "snapshot", None)
+        if conn is not None:
+            yield conn
+            return
+        with super()._read() as conn:
+            yield conn
 
     def append_message(
         self,
