@@ -47,6 +47,10 @@ _BY_TURN = "CREATE INDEX messages_by_turn ON messages (workspace_id, session_id,
 _ID_KEY = ", PRIMARY KEY (workspace_id, session_id, message_id)"
 _POSITION_KEY = ", UNIQUE (workspace_id, session_id, position)"
 
+SESSION_KEY = "the same keys on an integer Session key"
+_BY_SESSION_KEY = (
+    "session_key = (SELECT rowid FROM sessions WHERE workspace_id = ? AND session_id = ?)"
+)
 # name -> (keys in the CREATE TABLE, table options, indexes, foreign keys enforced)
 VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
     "schema v5 (today)": (_ID_KEY + _POSITION_KEY, "", (_BY_TURN,), True),
@@ -62,6 +66,14 @@ VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
     ),
     "today's keys, foreign keys off": (_ID_KEY + _POSITION_KEY, "", (_BY_TURN,), False),
     "no key, no index (the table alone)": ("", "", (), True),
+    # The same three keys on an integer per Session (the sessions row's rowid) instead of the
+    # two 36-character ids; the row keeps its ids (the foreign keys and every query use them).
+    SESSION_KEY: (
+        ", PRIMARY KEY (session_key, message_id), UNIQUE (session_key, position)",
+        "",
+        ("CREATE INDEX messages_by_turn ON messages (session_key, turn_id, position)",),
+        True,
+    ),
 }
 
 _MESSAGE_SELECT = (
@@ -89,9 +101,12 @@ def prepare_variant(src: Path, dst: Path, name: str) -> Path:
     conn = apsw.Connection(str(_copy(src, dst)))
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     conn.execute("BEGIN")
-    conn.execute(f"CREATE TABLE m2 ({_COLUMNS}{keys}{_FOREIGN}){options}")
+    extra = ", session_key INTEGER NOT NULL" if name == SESSION_KEY else ""
+    conn.execute(f"CREATE TABLE m2 ({_COLUMNS}{extra}{keys}{_FOREIGN}){options}")
     conn.execute(
-        "INSERT INTO m2 SELECT * FROM messages ORDER BY workspace_id, session_id, position"
+        f"INSERT INTO m2 SELECT m.*{', s.rowid' if extra else ''} FROM messages m"
+        " JOIN sessions s USING (workspace_id, session_id)"
+        " ORDER BY m.workspace_id, m.session_id, m.position"
     )
     conn.execute("DROP TABLE messages")
     conn.execute("ALTER TABLE m2 RENAME TO messages")
@@ -104,7 +119,9 @@ def prepare_variant(src: Path, dst: Path, name: str) -> Path:
     return dst
 
 
-def insert_child(path: Path, ws: str, sid: str, foreign_keys: bool) -> dict[str, Any]:
+def insert_child(
+    path: Path, ws: str, sid: str, foreign_keys: bool, session_key: bool = False
+) -> dict[str, Any]:
     """Write a 10,000-Message child of `sid` as a fork's commit does; time the Messages."""
     conn = apsw.Connection(str(path))
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
@@ -126,18 +143,21 @@ def insert_child(path: Path, ws: str, sid: str, foreign_keys: bool) -> dict[str,
         " updated_at_ms FROM sessions WHERE workspace_id = ? AND session_id = ?",
         (child, ws, sid),
     )
+    key = conn.last_insert_rowid()
     conn.executemany(
         "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(t[0], child, turn_ids[str(t[2])], *t[3:]) for t in turns],
     )
     conn.execute("COMMIT")
-    messages = [(r[0], child, str(uuid.uuid4()), turn_ids[str(r[3])], *r[4:]) for r in rows]
+    tail = (key,) if session_key else ()
+    messages = [(r[0], child, str(uuid.uuid4()), turn_ids[str(r[3])], *r[4:], *tail) for r in rows]
     wal_before = os.path.getsize(f"{path}-wal")
     c0, t0 = time.process_time(), time.perf_counter()
     conn.execute("BEGIN IMMEDIATE")
     conn.executemany(
         "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
-        " payload_json, version, position, created_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1)",
+        f" payload_json, version, position, created_at_ms{', session_key' if tail else ''})"
+        f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1{', ?' if tail else ''})",
         messages,
     )
     c1, t1 = time.process_time(), time.perf_counter()
@@ -163,8 +183,11 @@ def _best(fn: Callable[[], object], n: int = 9) -> float:
     return min(times)
 
 
-def time_reads(path: Path, ws: str, sid: str) -> tuple[dict[str, float], dict[str, str]]:
-    """The reads that use `messages`' keys, on `sid` (best of 9, ms), and their query plans."""
+def time_reads(
+    path: Path, ws: str, sid: str, session_key: bool = False
+) -> tuple[dict[str, float], dict[str, str]]:
+    """The reads that use `messages`' keys, on `sid` (best of 9, ms), and their query plans;
+    with `session_key` they find the Session's integer key first (one primary-key lookup)."""
     conn = apsw.Connection(str(path))
     turns = [
         str(r[0])
@@ -210,7 +233,15 @@ def time_reads(path: Path, ws: str, sid: str) -> tuple[dict[str, float], dict[st
     }
     timings: dict[str, float] = {}
     plans: dict[str, str] = {}
-    for label, (sql, params, read) in reads.items():
+    for label, (text, params, read) in reads.items():
+        sql = (
+            text.replace(
+                "workspace_id = ? AND session_id = ?",
+                _BY_SESSION_KEY,
+            )
+            if session_key
+            else text
+        )
         timings[label] = _best(lambda: read(sql, params))  # noqa: B023 - called right here
         plan = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
         plans[label] = "; ".join(str(step[3]) for step in plan)
@@ -242,9 +273,10 @@ def run(mode: Mode) -> BenchResult:
             log(f"message_indexes: round {r + 1} of {rounds}")
             for name, base in bases.items():
                 copy = _copy(base, tmp / "round.sqlite3")
-                samples[name].append(insert_child(copy, ws, sid, VARIANTS[name][3]))
+                keyed = name == SESSION_KEY
+                samples[name].append(insert_child(copy, ws, sid, VARIANTS[name][3], keyed))
                 if r == 0:
-                    reads[name], plans[name] = time_reads(copy, ws, sid)
+                    reads[name], plans[name] = time_reads(copy, ws, sid, keyed)
         load_end = os.getloadavg()[0]
 
     def med(name: str, key: str) -> float:
