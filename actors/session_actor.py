@@ -93,6 +93,8 @@ class SessionActor(SessionControls):
         self._hold_durable = len(self._durable) < MAX_HELD_WRITES and isinstance(
             self.next_message(), DriverEvent
         )
+        if isinstance(message, RuntimeLost):
+            self.forget_warm_runtime()
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message

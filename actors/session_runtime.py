@@ -9,13 +9,15 @@ and stopping the runtime. Turns and fork sagas both prepare their runtime here
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import pykka
 
-from actors.fork_host import PreparedRuntime
+from actors.fork_host import PreparedRuntime, attestation_key
 from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
@@ -35,8 +37,67 @@ def _generation_of(result: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (not gone, not a zombie): the host's check that a
+    runtime the worker named is still there, without a round trip (issue 20)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    # The state is the first field after the command's closing parenthesis.
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X", b"x", b"")
+
+
 class SessionRuntime(SessionActorBase):
     """Prepares, re-binds and stops the Session's provider runtime."""
+
+    # Issue 20, the fork fast path. `_warm`: the runtime the last `session.start` reported
+    # with a generation, and when (monotonic).
+    _warm: tuple[PreparedRuntime, float] | None = None
+    attested_runtime: tuple[str, ...] | None = None
+
+    def forget_warm_runtime(self) -> None:
+        self._warm = None
+
+    def warm_runtime(self, session: Session) -> PreparedRuntime | None:
+        warm = self._warm
+        if warm is None:
+            return None
+        runtime, at = warm
+        window = self.ctx.timeouts.fork_warm_runtime_s
+        if runtime.idle_s is not None:
+            window = min(window, runtime.idle_s / 2)
+        generation = runtime.generation
+        if (
+            generation is None
+            or time.monotonic() - at > window
+            or self.attested_runtime != attestation_key(runtime, generation)
+            or session.provider != runtime.provider
+            or session.cwd != runtime.cwd
+            or dict(session.settings) != dict(runtime.settings)
+            or (session.provider_session_id or "") != runtime.provider_session_id
+            or dict(session.runtime_context) != dict(runtime.runtime_context)
+            or (runtime.pid is not None and not process_alive(runtime.pid))
+        ):
+            return None
+        if not self.ctx.runtime_slots.hold_warm(session.provider, self.key):
+            return None  # evicted or lost with its worker: start it again
+        self._slot_provider = session.provider
+        return runtime
 
     def prepare_runtime(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
@@ -117,7 +178,7 @@ class SessionRuntime(SessionActorBase):
                     provider_session_id=provider_session_id or None,
                     runtime_context=context,
                 )
-            return PreparedRuntime(
+            prepared = PreparedRuntime(
                 provider=current.provider,
                 home=str(home),
                 cwd=current.cwd,
@@ -126,7 +187,11 @@ class SessionRuntime(SessionActorBase):
                 runtime_context=dict(current.runtime_context),
                 generation=_generation_of(result),
                 verdict=context,
+                pid=int(result["runtimePid"]) if _number(result.get("runtimePid")) else None,
+                idle_s=_number(result.get("runtimeIdleS")),
             )
+            self._warm = None if prepared.generation is None else (prepared, time.monotonic())
+            return prepared
 
         self.later(fut, _done)
 
@@ -199,6 +264,7 @@ class SessionRuntime(SessionActorBase):
 
     def _stop_runtime(self) -> None:
         """Stop the Session's provider runtime (it respawns at the next use)."""
+        self._warm = None
         provider = self.session().provider
         self.ctx.workers.request(
             provider, "session.stop", {"agentSessionId": self.key}, self.ctx.timeouts.control_s
