@@ -47,20 +47,11 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
     warm = None if no_binder else host.warm_runtime(session)
     if warm is not None:
         # Issue 20: the runtime this Session's last fork attested is still live, unchanged and
-        # its slot held: no `session.start`. The fork carries the runtime's generation; the
-        # worker refuses it (`not_started`, so `failed`, never a provider call) if that
-        # runtime is gone by then.
-        existing = host.store.existing_fork(
-            host.ws,
-            source_session_id=host.sid,
-            request_id=msg.request_id,
-            target_session_id=msg.target_session_id,
-            turn_id=msg.turn_id,
-            point_kind=msg.point_kind,
-        )
-        if existing is not None:
-            _answer_existing(host, existing, msg.reply)
-            return
+        # its slot held: no `session.start`, and no separate replay read — `prepare_fork`
+        # answers a replay or a held boundary with the original inside its own transaction
+        # (the replay read below exists so a replay never waits on a runtime to start).
+        # The fork carries the runtime's generation; the worker refuses it (`not_started`,
+        # so `failed`, never a provider call) if that runtime is gone by then.
         try:
             _prepare(host, msg, info, warm)
         except HostError as exc:

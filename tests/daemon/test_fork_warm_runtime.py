@@ -103,12 +103,13 @@ def _committed(c: Client, sid: str, turn_id: str) -> dict[str, Any]:
     return op
 
 
-def test_a_warm_fork_sends_no_session_start(
+def test_a_warm_fork_sends_no_session_start_and_reads_no_replay_before_prepare(
     running: tuple[Daemon, Client],
 ) -> None:
     daemon, c = running
     sid, turn_id = _source(c)
     sent = _Sent(daemon)
+    replay_reads = _Calls(daemon, "existing_fork")
     _committed(c, sid, turn_id)  # the first fork attests the runtime: remembered
     first = sent.take()
     assert first["fork"] == 1, first
@@ -117,6 +118,38 @@ def test_a_warm_fork_sends_no_session_start(
     warm = sent.take()
     # One request per fork: the fork itself (no session.start, no runtime.attest).
     assert warm == Counter({"fork": 3}), warm
+    assert replay_reads.count <= 1  # only the first (cold) fork asked before preparing
+
+
+def test_a_warm_forks_replay_still_answers_the_same_operation(
+    running: tuple[Daemon, Client],
+) -> None:
+    """No replay read before `prepare_fork` on the warm path: `prepare_fork` itself answers a
+    replayed `requestId` with the original operation, and a different fork under the same
+    `requestId` with a typed conflict."""
+    daemon, c = running
+    sid, turn_id = _source(c)
+    _committed(c, sid, turn_id)
+    replay_reads = _Calls(daemon, "existing_fork")
+    request_id = str(uuid.uuid4())
+    target = str(uuid.uuid4())
+    params = {
+        "workspaceId": WS,
+        "agentSessionId": sid,
+        "requestId": request_id,
+        "targetAgentSessionId": target,
+        "point": {"type": "throughTurn", "turnId": turn_id},
+    }
+    first = until_terminal(c, c.call("fork.create", params)["operation"])
+    assert first["status"] == "committed", first
+    again = c.call("fork.create", params)["operation"]
+    assert again["operationId"] == first["operationId"], (first, again)
+    assert again["status"] == "committed"
+    status, error = c.call_raw(
+        "fork.create", {**params, "targetAgentSessionId": str(uuid.uuid4())}
+    )
+    assert status == 409 and error["params"]["operationId"] == first["operationId"], error
+    assert replay_reads.count == 0
 
 
 def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
