@@ -113,6 +113,11 @@ class ForkHost(Protocol):
 
     def session(self) -> Session: ...
 
+    def cached_session(self) -> Session:
+        """The Session row for a fork's start, from the actor's row cache (issue 20: emptied
+        by every message that may write the row, replaced by the actor's own runtime write)."""
+        ...
+
     def warm_runtime(self, session: Session) -> PreparedRuntime | None:
         """The runtime a fork may use without `session.start` (issue 20), its slot held, or
         None: then `prepare_runtime`. Only a runtime whose generation this Session's last

@@ -41,7 +41,7 @@ def full_session_capable(
 def start(host: ForkHost, msg: ForkCreate) -> None:
     """`fork.create` on this source: validate, prepare the runtime, then the durable prepare
     that starts a `ForkSaga` (or answers a replay / a held boundary with the original)."""
-    session = host.session()
+    session = host.cached_session()
     info = host.catalog.driver_info(session.provider)
     no_binder = info.binding_mode == "host_copy" and not info.binder_available
     warm = None if no_binder else host.warm_runtime(session)

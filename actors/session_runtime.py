@@ -66,9 +66,17 @@ class SessionRuntime(SessionActorBase):
     """Prepares, re-binds and stops the Session's provider runtime."""
 
     # Issue 20, the fork fast path. `_warm`: the runtime the last `session.start` reported
-    # with a generation, and when (monotonic).
+    # with a generation, and when (monotonic); `_session_row`: the Session row as this actor
+    # last read or wrote it, emptied by every message that may write it (SessionActor).
     _warm: tuple[PreparedRuntime, float] | None = None
+    _session_row: Session | None = None
     attested_runtime: tuple[str, ...] | None = None
+
+    def cached_session(self) -> Session:
+        row = self._session_row
+        if row is None:
+            row = self._session_row = self.session()
+        return row
 
     def forget_warm_runtime(self) -> None:
         self._warm = None
@@ -168,7 +176,7 @@ class SessionRuntime(SessionActorBase):
         def _record(result: dict[str, Any]) -> PreparedRuntime:
             provider_session_id = str(result.get("providerSessionId") or "")
             context = dict(result.get("runtimeContext") or {})
-            current = self.session()
+            current = self.cached_session()
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
             ) != {**current.runtime_context, **context}:
@@ -178,6 +186,7 @@ class SessionRuntime(SessionActorBase):
                     provider_session_id=provider_session_id or None,
                     runtime_context=context,
                 )
+            self._session_row = current
             prepared = PreparedRuntime(
                 provider=current.provider,
                 home=str(home),
@@ -224,6 +233,7 @@ class SessionRuntime(SessionActorBase):
         self.later(fut, _done)
 
     def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
+        self._session_row = None  # a re-bind writes the Session's Turns (and its row)
         turns, _ = self.session_store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
         canonical = [
             CanonicalTurn(

@@ -190,6 +190,28 @@ def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
     assert again["fork"] == 1, again
 
 
+def test_a_settings_change_between_forks_is_not_answered_from_the_row_cache(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The fork's Session row is cached in its actor; `session.updateSettings` (a mutation
+    through the same actor) empties it, so the next fork starts the runtime with the new
+    settings and freezes them into its child. A stale row would reuse the old runtime and
+    give the child the old settings."""
+    daemon, c = running
+    sid, turn_id = _source(c)
+    _committed(c, sid, turn_id)
+    _committed(c, sid, turn_id)  # warm: the row is cached now
+    base = {"workspaceId": WS, "agentSessionId": sid}
+    assert c.call("session.updateSettings", {**base, "settings": {"x": 2}})["session"]
+    sent = _Sent(daemon)
+    op = _committed(c, sid, turn_id)
+    assert sent.take()["session.start"] == 1
+    child = c.call(
+        "session.get", {"workspaceId": WS, "agentSessionId": op["targetAgentSessionId"]}
+    )["session"]
+    assert child["settings"] == {"x": 2}, child
+
+
 def _status_of_last_fork(daemon: Daemon, sid: str) -> str | None:
     conn = sqlite3.connect(f"file:{daemon.config.store_path}?mode=ro", uri=True, timeout=5)
     try:
