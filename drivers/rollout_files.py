@@ -341,9 +341,9 @@ class DirsAhead:
                 os.mkdir(directory, 0o700)
             with self._lock:
                 self._parents.append(os.path.dirname(directory))
-        # One after another on this background thread (its fsyncs wait on no one's pool).
-        for parent in reversed(self._parents):
-            fsync_dir(parent)
+        # All together, one journal commit (`sync_together` on the fsync pool; this thread
+        # is not one of that pool's, so it may wait for it).
+        fsync_dirs(reversed(self._parents))
 
     def ready(self) -> None:
         """Wait until every directory this created is durable (see the class docstring)."""
