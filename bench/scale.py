@@ -7,6 +7,8 @@ the daemon; (b) start-up recovery of 10,000 non-terminal fork operations; (c) da
 `--only-big-fork` runs the store part of (a) alone, several times (issue 20 row 10): a store-only
 copy of the big source (no provider thread: the store never reads it), then prepare +
 transitions + commit in a fresh process on a fresh copy per round, wall and CPU time each.
+`--rounds N` sets how many rounds (default 7 full, 3 quick, 1 smoke); `--profile` adds one more
+round under cProfile (not counted) and prints the functions that bound it.
 `--only-reads` runs (d) alone.
 
 Fixtures are built with the storage API (and, for the big source, a real `tutti-agent
@@ -691,12 +693,14 @@ def build_store_source(home: Path, turns: int, messages_per_turn: int) -> tuple[
     return sid, store_big_source(home, sid, f"thread-{sid}", turn_ids, messages_per_turn)
 
 
-def run_big_fork_only(mode: Mode) -> BenchResult:
+def run_big_fork_only(mode: Mode, rounds: int | None = None, profile: bool = False) -> BenchResult:
     """Only the store's prepare + commit of the big source (issue 20 row 10), `rounds` times,
-    each in a fresh process on a fresh copy of the store: wall and CPU ms."""
+    each in a fresh process on a fresh copy of the store: wall and CPU ms. `profile`: one more
+    round under cProfile, reported beside (its figures are not in the median)."""
     turns = pick(mode, 1000, 1000, 10)
     per_turn = 10
-    rounds = pick(mode, 7, 3, 1)
+    rounds = max(1, rounds) if rounds is not None else pick(mode, 7, 3, 1)
+    profiled: dict[str, Any] | None = None
     result = BenchResult("scale-big-fork", "", mode.value)
     with tempfile.TemporaryDirectory(prefix="bench-scale-big-fork-") as tmp_text:
         tmp = Path(tmp_text)
@@ -706,6 +710,9 @@ def run_big_fork_only(mode: Mode) -> BenchResult:
         load = os.getloadavg()[0]
         probes = store_probes(tmp / "big" / "store.sqlite3", tmp, sid, last, rounds)
         load_end = os.getloadavg()[0]
+        if profile:
+            again = _copy_store(tmp / "big" / "store.sqlite3", tmp / "copy-profile")
+            profiled = _run_probe("store-fork-profile", str(again), sid, last)
     rows = tuple(
         (
             i + 1,
@@ -741,7 +748,20 @@ def run_big_fork_only(mode: Mode) -> BenchResult:
     )
     result.notes.append(f"median prepare+commit {median:.1f} ms wall, {median_cpu:.1f} ms CPU")
     quick = {Mode.QUICK: " --quick", Mode.SMOKE: " --smoke"}.get(mode, "")
-    result.notes.append(f"command: build/venv/bin/python -m bench.scale --only-big-fork{quick}")
+    extra = f" --rounds {rounds}" if rounds != pick(mode, 7, 3, 1) else ""
+    extra += " --profile" if profile else ""
+    result.notes.append(
+        f"command: build/venv/bin/python -m bench.scale --only-big-fork{quick}{extra}"
+    )
+    if profiled is not None:
+        result.notes.append("cProfile of one more round (not counted), by own time:")
+        result.notes.extend(
+            f"  {ms:8.2f} ms  {calls:6d}x  {fn}" for fn, calls, ms in profiled["topSelf"]
+        )
+        result.notes.append("… by cumulative time:")
+        result.notes.extend(
+            f"  {ms:8.2f} ms  {calls:6d}x  {fn}" for fn, calls, ms in profiled["topCumulative"]
+        )
     result.issue_target(
         "prepare-commit",
         median,
@@ -749,14 +769,38 @@ def run_big_fork_only(mode: Mode) -> BenchResult:
         f" {turns}-Turn / {turns * per_turn}-Message source, fresh process each",
     )
     result.figures = {"probes": probes, "loadAverage": [load, load_end]}
+    if profiled is not None:
+        result.figures["cProfile"] = profiled
     return result
+
+
+def _take_option(args: list[str], flag: str) -> str | None:
+    """Remove `flag VALUE` from `args`; the VALUE, or None when the flag is absent."""
+    if flag not in args:
+        return None
+    at = args.index(flag)
+    if at + 1 >= len(args):
+        raise SystemExit(f"{flag} needs a value")
+    value = args[at + 1]
+    del args[at : at + 2]
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if "--only-big-fork" in args:
         args.remove("--only-big-fork")
-        return bench_main(MODULE, __doc__ or "", run_big_fork_only, args)
+        rounds_text = _take_option(args, "--rounds")
+        profile = "--profile" in args
+        if profile:
+            args.remove("--profile")
+        rounds = None if rounds_text is None else int(rounds_text)
+        return bench_main(
+            MODULE,
+            __doc__ or "",
+            lambda mode: run_big_fork_only(mode, rounds=rounds, profile=profile),
+            args,
+        )
     if "--only-reads" in args:
         args.remove("--only-reads")
         return bench_main(MODULE, __doc__ or "", run_reads_only, args)

@@ -81,7 +81,7 @@ class Deliveries:
         finally:
             with self._count_lock:
                 self._backlog -= 1
-        self.inlined += 1
+                self.inlined += 1
         return True
 
     def fail(self, pending: Pending, exc: HostError) -> None:

@@ -159,3 +159,61 @@ def test_the_big_fork_part_of_scale_runs_alone(tmp_path: Path) -> None:
     assert probe["prepareCpuMs"] > 0 and probe["commitCpuMs"] > 0
     assert "command: build/venv/bin/python -m bench.scale --only-big-fork --smoke" in out.stdout
     assert "prepare+commit CPU ms" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_big_fork_takes_a_round_count_and_a_profile(tmp_path: Path) -> None:
+    """`--rounds N` runs N counted probes; `--profile` adds one uncounted cProfile round whose
+    functions are printed and kept in the JSON (issue 20 row 10's A/B and profile runs)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.scale",
+            "--only-big-fork",
+            "--smoke",
+            "--rounds",
+            "2",
+            "--profile",
+            "--json",
+            str(tmp_path / "big.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "big.json").read_text())
+    assert len(doc["figures"]["probes"]) == 2
+    assert doc["figures"]["cProfile"]["topSelf"]
+    assert "--only-big-fork --smoke --rounds 2 --profile" in out.stdout
+    assert "cProfile of one more round (not counted)" in out.stdout
+    assert "prepare_fork (storage/fork_prepare.py" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_message_index_experiment_runs(tmp_path: Path) -> None:
+    """`bench.message_indexes`: each `messages` key variant's child insert + COMMIT and the
+    reads that need the keys, with their query plans (issue 20 row 10's schema question)."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.message_indexes",
+            "--smoke",
+            "--json",
+            str(tmp_path / "mi.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "mi.json").read_text())
+    today = doc["figures"]["samples"]["schema v5 (today)"][0]
+    assert today["insertCpuMs"] > 0 and today["walMb"] > 0
+    plans = doc["figures"]["plans"]["schema v5 (today)"]
+    assert "message_id=?" in plans["2,000 lookups by id"]
+    assert "command: build/venv/bin/python -m bench.message_indexes --smoke" in out.stdout
