@@ -168,7 +168,7 @@ def test_dirs_ahead_that_fails_part_way_still_makes_what_it_created_durable(
 ) -> None:
     """A failure in the background (here the second mkdir) leaves the first directory
     created; `ready()` fsyncs its parent itself before the caller writes anything."""
-    import drivers.rollout_files as rollout_files
+    from drivers.rollout_files import DirsAhead
 
     real_mkdir = os.mkdir
     made: list[str] = []
@@ -179,10 +179,9 @@ def test_dirs_ahead_that_fails_part_way_still_makes_what_it_created_durable(
         real_mkdir(path, mode)
         made.append(path)
 
-    monkeypatch.setattr(rollout_files.os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "mkdir", mkdir)
     path = tmp_path / "a" / "b" / "c"
     with counting_fsyncs(monkeypatch) as log:
-        DirsAhead = rollout_files.DirsAhead
         DirsAhead(path).ready()
     assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()
     assert log.count(tmp_path) == 1 and log.dirs == 1
