@@ -49,6 +49,10 @@ class Timeouts:
     fork_s: float = fork_deadline_s(60.0)
     # fork.create answers 202 `accepted` when the saga has not ended within this budget.
     fork_sync_budget_s: float = 2.0
+    # Issue 20: a fork reuses its Session's runtime without `session.start` for at most this
+    # long after that runtime's last start answered (and at most half the driver's idle
+    # limit); 0 turns the reuse off.
+    fork_warm_runtime_s: float = 10.0
     # A Turn's durable writes (its events, its settlement) are retried while the store is
     # busy or full; past this limit the Turn settles `failed` once the store is writable.
     store_retry_limit_s: float = 120.0

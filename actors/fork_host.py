@@ -12,6 +12,7 @@ change to turn handling from reaching it by accident, and lets it be read on its
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -48,6 +49,18 @@ class PreparedRuntime:
     # fork re-attests only when this generation is not the one its Session last attested.
     generation: str | None = None
     verdict: Mapping[str, Any] | None = None
+    # Issue 20: what lets the next fork reuse this runtime without `session.start`: the pid
+    # of the process that is the runtime (checked alive first; None: the driver has none) and
+    # the driver's idle limit (the reuse window stays inside it).
+    pid: int | None = None
+    idle_s: float | None = None
+
+
+def attestation_key(runtime: PreparedRuntime, generation: str) -> tuple[str, ...]:
+    """What a passed fork re-attestation proved: the runtime generation and the prepared
+    identity it was asked about (a changed cwd or settings re-attests too)."""
+    settings = json.dumps(dict(runtime.settings), sort_keys=True, default=str)
+    return (generation, runtime.home, runtime.cwd, settings)
 
 
 class LiveSaga(Protocol):
@@ -99,6 +112,22 @@ class ForkHost(Protocol):
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path: ...
 
     def session(self) -> Session: ...
+
+    def cached_session(self) -> Session:
+        """The Session row for a fork's start, from the actor's row cache (issue 20: emptied
+        by every message that may write the row, replaced by the actor's own runtime write)."""
+        ...
+
+    def warm_runtime(self, session: Session) -> PreparedRuntime | None:
+        """The runtime a fork may use without `session.start` (issue 20), its slot held, or
+        None: then `prepare_runtime`. Only a runtime whose generation this Session's last
+        fork attestation proved, still at the identity `session` asks for, its process alive
+        and its start recent; the worker still refuses the fork if the generation moved."""
+        ...
+
+    def forget_warm_runtime(self) -> None:
+        """A fork did not commit: its next one starts the runtime again."""
+        ...
 
     def prepare_runtime(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]

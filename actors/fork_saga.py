@@ -9,14 +9,13 @@ not the caller is still waiting; a request that may have left the host is never 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.fork_host import ForkHost, PreparedRuntime
+from actors.fork_host import ForkHost, PreparedRuntime, attestation_key
 from actors.messages import ForkReply, Reply, runtime_key
 from actors.ports import (
     DeliveryDisposition,
@@ -168,11 +167,7 @@ class ForkSaga:
         self.host.later(fut, lambda f: self._step(self._attested, f))
 
     def _attestation_key(self, generation: str) -> tuple[str, ...]:
-        """What a passed re-attestation proved: the runtime generation and the prepared
-        identity it was asked about (a changed cwd or settings re-attests too)."""
-        runtime = self.runtime
-        settings = json.dumps(dict(runtime.settings), sort_keys=True, default=str)
-        return (generation, runtime.home, runtime.cwd, settings)
+        return attestation_key(self.runtime, generation)
 
     def _attested(self, fut: Future[dict[str, Any]]) -> None:
         try:
@@ -442,6 +437,10 @@ class ForkSaga:
 
     def _finish(self, op: ForkOperation) -> None:
         self.operation = op
+        if op.status != fork_states.ForkStatus.COMMITTED:
+            # Whatever went wrong (a refused generation among it), the next fork of this
+            # source starts its runtime again instead of reusing it (issue 20).
+            self.host.forget_warm_runtime()
         self.host.sagas.pop(op.operation_id, None)
         self.host.live_operations.discard(op.operation_id)
         if op.status in TERMINAL:  # the fence is released: late checkpoints land now

@@ -41,7 +41,22 @@ def full_session_capable(
 def start(host: ForkHost, msg: ForkCreate) -> None:
     """`fork.create` on this source: validate, prepare the runtime, then the durable prepare
     that starts a `ForkSaga` (or answers a replay / a held boundary with the original)."""
-    session = host.session()
+    session = host.cached_session()
+    info = host.catalog.driver_info(session.provider)
+    no_binder = info.binding_mode == "host_copy" and not info.binder_available
+    warm = None if no_binder else host.warm_runtime(session)
+    if warm is not None:
+        # Issue 20: the runtime this Session's last fork attested is still live, unchanged and
+        # its slot held: no `session.start`, and no separate replay read — `prepare_fork`
+        # answers a replay or a held boundary with the original inside its own transaction
+        # (the replay read below exists so a replay never waits on a runtime to start).
+        # The fork carries the runtime's generation; the worker refuses it (`not_started`,
+        # so `failed`, never a provider call) if that runtime is gone by then.
+        try:
+            _prepare(host, msg, info, warm)
+        except HostError as exc:
+            msg.reply(exc)
+        return
     # A replay, or a new identity on a held boundary, gets the original operation
     # without touching the provider runtime (which may be down right now).
     existing = host.store.existing_fork(
@@ -55,8 +70,7 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
     if existing is not None:
         _answer_existing(host, existing, msg.reply)
         return
-    info = host.catalog.driver_info(session.provider)
-    if info.binding_mode == "host_copy" and not info.binder_available:
+    if no_binder:
         # Fail closed before any operation or dispatch (seed 000 §7).
         raise ForkUnsupported(
             f"provider {session.provider!r} needs a host_copy binder and none is available"

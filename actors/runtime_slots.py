@@ -87,6 +87,18 @@ class RuntimeSlots:
                 starting.add(key)
         self._grant_after_stop(provider, victim if isinstance(victim, str) else None, granted)
 
+    def hold_warm(self, provider: str, key: str) -> bool:
+        """Mark `key`'s slot busy if its runtime still holds one (it was neither evicted nor
+        lost with its worker), and say so; never waits, never evicts (issue 20: a fork that
+        reuses a warm runtime without `session.start`). False: acquire as usual."""
+        with self._lock:
+            live = self._live.get(provider)
+            if live is None or key not in live or key in self._starting.get(provider, ()):
+                return False
+            live[key] = True
+            live.move_to_end(key)
+            return True
+
     def started(self, provider: str, key: str) -> None:
         """`key`'s runtime start has ended (ready or failed): its start permit goes to the
         next waiter."""

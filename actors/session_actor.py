@@ -93,6 +93,9 @@ class SessionActor(SessionControls):
         self._hold_durable = len(self._durable) < MAX_HELD_WRITES and isinstance(
             self.next_message(), DriverEvent
         )
+        if isinstance(message, RuntimeLost):
+            self.forget_warm_runtime()
+        self._expire_row_cache(message)
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
@@ -110,11 +113,32 @@ class SessionActor(SessionControls):
             if reply is not None:
                 reply(typed)
         finally:
+            self._expire_row_cache(message)
             held, self._hold_durable = self._hold_durable, False
             if not held and self._durable and self._retry_timer is None:
                 self._drain()  # what the events before this message held back
             self._update_busy()
         return None
+
+    def _expire_row_cache(self, message: Any) -> None:
+        """The Session row cache (issue 20, `cached_session`) survives only messages that
+        cannot write the row: a fork's start and its saga's steps while no Turn and no durable
+        write is in flight (a fork's transitions and commit never write the source's row).
+        Everything else — mutations, Turns and their events, retries, `fork.resolve`, a lost
+        runtime — may, so it empties the cache before and after it runs; the actor's own
+        runtime write (`update_runtime`) replaces it with the row it wrote."""
+        if (
+            not isinstance(message, (ForkCreate, ForkAdvance, FollowUp))
+            or self._turns
+            or self._durable
+            or self._late_bindings
+        ):
+            self._session_row = None
+
+    def _drain(self) -> None:
+        # A Turn's durable writes may touch the row (its `updated_at`): never cached across.
+        self._session_row = None
+        super()._drain()
 
     def _dispatch(self, message: Any) -> None:
         match message:

@@ -9,13 +9,15 @@ and stopping the runtime. Turns and fork sagas both prepare their runtime here
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any
 
 import pykka
 
-from actors.fork_host import PreparedRuntime
+from actors.fork_host import PreparedRuntime, attestation_key
 from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
@@ -35,8 +37,75 @@ def _generation_of(result: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (not gone, not a zombie): the host's check that a
+    runtime the worker named is still there, without a round trip (issue 20)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    # The state is the first field after the command's closing parenthesis.
+    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+    return state not in (b"Z", b"X", b"x", b"")
+
+
 class SessionRuntime(SessionActorBase):
     """Prepares, re-binds and stops the Session's provider runtime."""
+
+    # Issue 20, the fork fast path. `_warm`: the runtime the last `session.start` reported
+    # with a generation, and when (monotonic); `_session_row`: the Session row as this actor
+    # last read or wrote it, emptied by every message that may write it (SessionActor).
+    _warm: tuple[PreparedRuntime, float] | None = None
+    _session_row: Session | None = None
+    attested_runtime: tuple[str, ...] | None = None
+
+    def cached_session(self) -> Session:
+        row = self._session_row
+        if row is None:
+            row = self._session_row = self.session()
+        return row
+
+    def forget_warm_runtime(self) -> None:
+        self._warm = None
+
+    def warm_runtime(self, session: Session) -> PreparedRuntime | None:
+        warm = self._warm
+        if warm is None:
+            return None
+        runtime, at = warm
+        window = self.ctx.timeouts.fork_warm_runtime_s
+        if runtime.idle_s is not None:
+            window = min(window, runtime.idle_s / 2)
+        generation = runtime.generation
+        if (
+            generation is None
+            or time.monotonic() - at > window
+            or self.attested_runtime != attestation_key(runtime, generation)
+            or session.provider != runtime.provider
+            or session.cwd != runtime.cwd
+            or dict(session.settings) != dict(runtime.settings)
+            or (session.provider_session_id or "") != runtime.provider_session_id
+            or dict(session.runtime_context) != dict(runtime.runtime_context)
+            or (runtime.pid is not None and not process_alive(runtime.pid))
+        ):
+            return None
+        if not self.ctx.runtime_slots.hold_warm(session.provider, self.key):
+            return None  # evicted or lost with its worker: start it again
+        self._slot_provider = session.provider
+        return runtime
 
     def prepare_runtime(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
@@ -107,7 +176,7 @@ class SessionRuntime(SessionActorBase):
         def _record(result: dict[str, Any]) -> PreparedRuntime:
             provider_session_id = str(result.get("providerSessionId") or "")
             context = dict(result.get("runtimeContext") or {})
-            current = self.session()
+            current = self.cached_session()
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
             ) != {**current.runtime_context, **context}:
@@ -117,7 +186,8 @@ class SessionRuntime(SessionActorBase):
                     provider_session_id=provider_session_id or None,
                     runtime_context=context,
                 )
-            return PreparedRuntime(
+            self._session_row = current
+            prepared = PreparedRuntime(
                 provider=current.provider,
                 home=str(home),
                 cwd=current.cwd,
@@ -126,7 +196,11 @@ class SessionRuntime(SessionActorBase):
                 runtime_context=dict(current.runtime_context),
                 generation=_generation_of(result),
                 verdict=context,
+                pid=int(result["runtimePid"]) if _number(result.get("runtimePid")) else None,
+                idle_s=_number(result.get("runtimeIdleS")),
             )
+            self._warm = None if prepared.generation is None else (prepared, time.monotonic())
+            return prepared
 
         self.later(fut, _done)
 
@@ -159,6 +233,7 @@ class SessionRuntime(SessionActorBase):
         self.later(fut, _done)
 
     def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
+        self._session_row = None  # a re-bind writes the Session's Turns (and its row)
         turns, _ = self.session_store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
         canonical = [
             CanonicalTurn(
@@ -199,6 +274,7 @@ class SessionRuntime(SessionActorBase):
 
     def _stop_runtime(self) -> None:
         """Stop the Session's provider runtime (it respawns at the next use)."""
+        self._warm = None
         provider = self.session().provider
         self.ctx.workers.request(
             provider, "session.stop", {"agentSessionId": self.key}, self.ctx.timeouts.control_s

@@ -303,6 +303,62 @@ def makedirs(path: Path | str) -> list[str]:
     return changed
 
 
+_ahead_pool: ThreadPoolExecutor | None = None
+
+
+class DirsAhead:
+    """A directory chain created and made durable in the background while the caller does
+    something else (issue 20: a fork child's target directories while the provider call
+    runs), so the `atomic_write_all` that follows finds them existing and durable and only
+    fsyncs the file's own directory after its rename.
+
+    Durability is never assumed: `ready()` waits for the background work and, if it failed
+    part-way, fsyncs the parent of every directory it created (or found appearing) itself —
+    raising if that fails, so the caller's write fails closed. A path with a symlinked
+    component is left alone (the binder refuses it anyway). A wrong guess of the path costs
+    only empty directories; a caller that never calls `ready()` leaves them, harmlessly."""
+
+    def __init__(self, path: Path | str) -> None:
+        self._parents: list[str] = []
+        self._lock = threading.Lock()
+        global _ahead_pool
+        with _sync_pool_lock:
+            if _ahead_pool is None:
+                _ahead_pool = ThreadPoolExecutor(4, thread_name_prefix="dirs-ahead")
+            pool = _ahead_pool
+        self._future = pool.submit(self._run, os.path.abspath(path))
+
+    def _run(self, path: str) -> None:
+        assert_no_symlink(path, must_exist=False)
+        missing: list[str] = []
+        probe = path
+        while not os.path.exists(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                # Created here or concurrently by another: its entry is fsynced here either way.
+                os.mkdir(directory, 0o700)
+            with self._lock:
+                self._parents.append(os.path.dirname(directory))
+        # One after another on this thread: they overlap the provider call, not each other
+        # (measured: handing them to the fsync pool to join one journal commit saved no wall
+        # time here and cost ~0.4 ms of CPU per fork in thread hand-offs).
+        for parent in reversed(self._parents):
+            fsync_dir(parent)
+
+    def ready(self) -> None:
+        """Wait until every directory this created is durable (see the class docstring)."""
+        try:
+            self._future.result()
+        except BinderError:
+            return  # a symlinked path: nothing was created; the binder refuses it
+        except Exception:  # noqa: BLE001 - made durable below, or the caller fails closed
+            with self._lock:
+                parents = list(reversed(self._parents))
+            fsync_dirs(parents)
+
+
 def atomic_write(path: Path, data: bytes) -> None:
     """Temp file, fsync, rename over, fsync the directory: a crash leaves old or new bytes
     (`atomic_write_all` of one file)."""

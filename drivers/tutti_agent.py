@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,13 @@ class TuttiAgentDriver(AppServerDriver):
         if self.config.get("instructions"):
             argv += ["--instructions", str(self.config["instructions"])]
         return argv
+
+    def child_rollout_dir(self, target_home: Path) -> Path | None:
+        """tutti-agent files a new rollout under `sessions/YYYY/MM/DD` of the UTC day it is
+        created (`tutti_agent.rollout.new_rollout_path`): the child's, made during the fork,
+        is today's (a fork across midnight only leaves an empty directory behind)."""
+        now = datetime.now(UTC)
+        return target_home / "sessions" / f"{now:%Y}" / f"{now:%m}" / f"{now:%d}"
 
     def extra_env(self, home: Path) -> dict[str, str]:
         return {**super().extra_env(home), **file_key_env(self.config)}

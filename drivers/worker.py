@@ -160,8 +160,25 @@ class WorkerServer:
         before = self.runtime_generation(sid, home)
         result = method(params)
         if before is not None and self.runtime_generation(sid, home) == before:
-            result = {**result, "runtimeGeneration": before}
+            result = {**result, "runtimeGeneration": before, **self._liveness(sid, home)}
         return result
+
+    def _liveness(self, agent_session_id: str, home: str) -> dict[str, Any]:
+        """What lets the host reuse a stamped runtime for the next fork without another
+        `session.start` (issue 20): the pid of the process that is the runtime (the host sees
+        its death without a round trip) and how long the driver keeps an idle runtime (the
+        host's reuse window stays well inside it). A driver without the hooks gives neither;
+        the worker still refuses a fork whose generation is no longer the live one."""
+        driver = self.driver()
+        out: dict[str, Any] = {}
+        pid_of = getattr(driver, "runtime_pid", None)
+        pid = pid_of(agent_session_id, home) if pid_of is not None else None
+        if isinstance(pid, int) and pid > 0:
+            out["runtimePid"] = pid
+        idle = getattr(driver, "runtime_idle_s", None)
+        if isinstance(idle, (int, float)) and idle > 0:
+            out["runtimeIdleS"] = float(idle)
+        return out
 
     def _fork(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A fork whose request names the runtime generation its verdict came from is handed

@@ -10,9 +10,9 @@ from typing import Any
 
 from domain.fork_states import sources_of
 from storage.base import StoreBase
-from storage.errors import ForkAcknowledgeConflict, InvalidTransition
+from storage.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
 from storage.fork_evidence import record_accepted, validate_evidence
-from storage.fork_rows import load_op
+from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -20,6 +20,7 @@ from storage.models import (
     ProviderForkEvidence,
     SessionChanged,
 )
+from storage.sqlite import dumps, loads
 
 
 class ForkTransitions(StoreBase):
@@ -112,23 +113,42 @@ class ForkTransitions(StoreBase):
                 )
             validate_evidence(op, evidence)
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
-            return load_op(tx.conn, ws, op_id), True
+            # The row as written (issue 20: no re-read): the columns record_accepted set, each
+            # as a read decodes it (JSON round trip included).
+            return replace(
+                op,
+                status=ForkStatus.PROVIDER_ACCEPTED,
+                accepted_at_ms=tx.now_ms,
+                target_provider_session_id=evidence.child_provider_session_id,
+                target_provider_turn_ids=tuple(loads(dumps(list(evidence.provider_turn_ids)))),
+                binding_receipt=loads(dumps(dict(evidence.receipt))),
+            ), True
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
         with self._write(ws) as tx:
-            op = load_op(tx.conn, ws, op_id, project=False)
-            if op.status is not ForkStatus.COMMITTED:
+            # One read of the row (issue 20): the answer is it, projected, plus the time set.
+            r = tx.one(
+                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+                " AND operation_id = ?",
+                (ws, op_id),
+            )
+            if r is None:
+                raise ForkOperationNotFound(f"fork operation {op_id} not found")
+            status = ForkStatus(r[19])
+            if status is not ForkStatus.COMMITTED:
+                public = op_from_row(r).public_status
                 raise ForkAcknowledgeConflict(
-                    f"fork operation {op_id} is {op.public_status}, only committed can be ACKed",
-                    params={"operationId": op_id, "status": op.public_status.value},
+                    f"fork operation {op_id} is {public}, only committed can be ACKed",
+                    params={"operationId": op_id, "status": public.value},
                 )
+            op = decode_op(tx.conn, r)
             if op.client_observed_at_ms is not None:
-                return load_op(tx.conn, ws, op_id), False
+                return op, False
             tx.execute(
                 "UPDATE fork_operations SET client_observed_at_ms = ? WHERE workspace_id = ?"
                 " AND operation_id = ? AND client_observed_at_ms IS NULL",
                 (tx.now_ms, ws, op_id),
             )
             tx.emit(ForkOperationChanged(ws, op_id))
-            return load_op(tx.conn, ws, op_id), True
+            return replace(op, client_observed_at_ms=tx.now_ms), True

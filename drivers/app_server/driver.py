@@ -210,6 +210,23 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             return None
         return runtime.generation
 
+    def runtime_pid(self, agent_session_id: str, home: str) -> int | None:
+        """The pid of the Session's live app-server on `home` (issue 20: the host checks it is
+        alive before reusing that runtime for a fork without `session.start`)."""
+        with self._lock:
+            session = self._sessions.get(agent_session_id)
+        if session is None or str(session.home) != home:
+            return None
+        runtime = session.runtime
+        if runtime is None or not runtime.proc.alive:
+            return None
+        return runtime.proc.pid
+
+    @property
+    def runtime_idle_s(self) -> float:
+        """How long an idle app-server lives before `_reap_idle` stops it."""
+        return self.idle_timeout
+
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
         home_text = str(params.get("home") or "")

@@ -33,7 +33,7 @@ from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 from drivers.readability import ReaderNotApplicable
-from drivers.rollout_files import BinderError
+from drivers.rollout_files import BinderError, DirsAhead
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
@@ -61,6 +61,11 @@ class ForkThroughTurn:
 
     def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
         raise NotImplementedError
+
+    def child_rollout_dir(self, target_home: Path) -> Path | None:
+        """Where the child's rollout will land in its own home, if the provider's layout lets
+        it be known before the provider call (None: not guessed, nothing made ahead)."""
+        return None
 
     def fork(self, request: ForkRequest) -> ForkResult:
         prefix = list(request.provider_turn_ids)
@@ -119,6 +124,10 @@ class ForkThroughTurn:
             self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
+        # Issue 20: the child's target directories are created and made durable while the
+        # provider call runs; the binder waits for them (ready) and writes only the file.
+        ahead_dir = self.child_rollout_dir(Path(request.target.home))
+        ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}
@@ -163,6 +172,8 @@ class ForkThroughTurn:
 
         # The binder runs before accepted; any failure now is unknown (law 1, seed §7).
         try:
+            if ahead is not None:
+                ahead.ready()
             receipt = self.binder.bind(
                 Path(request.source.home), Path(request.target.home), child_id
             )

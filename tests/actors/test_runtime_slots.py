@@ -67,3 +67,28 @@ def test_a_warm_session_needs_no_permit_and_a_cold_one_evicts_lru_only_when_gran
     assert stopped == ["a"]  # the idle one was stopped before `c` was granted
     slots.forget(P, "c")
     assert slots.status()[P]["starting"] == 0
+
+
+def test_hold_warm_holds_only_a_runtime_still_in_its_slot() -> None:
+    """Issue 20: a fork reuses a warm runtime without `session.start` only while its slot
+    still holds it — never one evicted for another Session, lost with its worker, or still
+    starting; holding marks it busy, so it is not evicted while the fork runs."""
+    stopped: list[str] = []
+    granted: list[str] = []
+    slots = RuntimeSlots(limit=1, stop=_stopper(stopped), start_limit=1)
+    assert not slots.hold_warm(P, "a")  # never started
+    slots.acquire(P, "a", _appender(granted, "a"))
+    assert not slots.hold_warm(P, "a")  # its start has not ended
+    slots.started(P, "a")
+    slots.release(P, "a")
+    assert slots.hold_warm(P, "a")
+    assert slots.status()[P]["busy"] == 1
+    slots.acquire(P, "b", _appender(granted, "b"))
+    assert granted == ["a"] and stopped == []  # held busy: "b" waits, "a" is not evicted
+    slots.release(P, "a")  # "a" idle: evicted for "b"
+    assert stopped == ["a"] and granted == ["a", "b"]
+    assert not slots.hold_warm(P, "a")
+    slots.started(P, "b")
+    slots.release(P, "b")
+    slots.reset(P)  # the worker died with "b"'s runtime
+    assert not slots.hold_warm(P, "b")

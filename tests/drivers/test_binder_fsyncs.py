@@ -148,3 +148,50 @@ def test_each_path_component_is_checked_for_links_once_per_write_step(
         assert seen.count(str(ancestor)) == 2, ancestor  # once per home
     assert seen.count(str(src)) == 1 and seen.count(str(dst)) == 1
     assert seen.count(str(dst / "sessions")) == 2  # the plan, and right before the write
+
+
+def test_dirs_ahead_makes_each_created_directory_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drivers.rollout_files import DirsAhead
+
+    path = tmp_path / "home" / "sessions" / "2026" / "11"
+    with counting_fsyncs(monkeypatch) as log:
+        DirsAhead(path).ready()
+    assert path.is_dir()
+    parents = [tmp_path, tmp_path / "home", tmp_path / "home" / "sessions", path.parent]
+    assert [log.count(d) for d in parents] == [1] * 4 and log.dirs == 4
+
+
+def test_dirs_ahead_that_fails_part_way_still_makes_what_it_created_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure in the background (here the second mkdir) leaves the first directory
+    created; `ready()` fsyncs its parent itself before the caller writes anything."""
+    from drivers.rollout_files import DirsAhead
+
+    real_mkdir = os.mkdir
+    made: list[str] = []
+
+    def mkdir(path: str, mode: int = 0o777) -> None:
+        if made:
+            raise PermissionError(13, "refused", path)
+        real_mkdir(path, mode)
+        made.append(path)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    path = tmp_path / "a" / "b" / "c"
+    with counting_fsyncs(monkeypatch) as log:
+        DirsAhead(path).ready()
+    assert (tmp_path / "a").is_dir() and not (tmp_path / "a" / "b").exists()
+    assert log.count(tmp_path) == 1 and log.dirs == 1
+
+
+def test_dirs_ahead_creates_nothing_through_a_symlink(tmp_path: Path) -> None:
+    from drivers.rollout_files import DirsAhead
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "home").symlink_to(elsewhere)
+    DirsAhead(tmp_path / "home" / "sessions" / "2026").ready()
+    assert list(elsewhere.iterdir()) == []

@@ -118,3 +118,35 @@ def test_a_fork_fsyncs_in_the_worker_only_the_bound_copy(
     assert (fsyncs.files, fsyncs.dirs) == (1, len(changed))
     assert [fsyncs.count(d) for d in changed] == [1] * len(changed)
     assert fsyncs.count(day / Path(receipt["relativePath"]).name) == 1
+
+
+def test_the_childs_directories_are_durable_before_the_bind_begins(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: the child's target directories are created and fsynced while the provider
+    call runs (`DirsAhead`), so when the binder starts they exist and every created
+    directory's parent is already durable; the binder then fsyncs only the file and its own
+    directory — the same syncs in all, each once."""
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"  # runtimes/ exists
+    seen: dict[str, Any] = {}
+    real_bind = driver.binder.bind
+
+    def bind(source_home: Path, target_home: Path, child_id: str) -> Any:
+        seen["dirs fsynced"] = fsyncs.dirs
+        seen["sessions"] = sorted(p.relative_to(target) for p in target.rglob("*"))
+        return real_bind(source_home, target_home, child_id)
+
+    monkeypatch.setattr(driver.binder, "bind", bind)
+    with counting_fsyncs(monkeypatch) as fsyncs:
+        result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    [receipt] = result.binding.receipt["rollouts"] if result.binding else []
+    day = Path(receipt["relativePath"]).parent
+    # Before the bind: sessions/YYYY/MM/DD exist, and runtimes/, child/, the home, sessions/,
+    # YYYY/ and MM/ (each a created directory's parent) were fsynced.
+    assert seen["sessions"] == [day.parents[2], day.parents[1], day.parents[0], day], seen
+    assert seen["dirs fsynced"] == 6
+    assert (fsyncs.files, fsyncs.dirs) == (1, 7)
+    assert fsyncs.count(target / day) == 1  # after the rename, by the binder
