@@ -116,9 +116,12 @@ def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
     messages: it cannot build the Turn from them, reads it whole with `session.timeline`,
     then merges what follows."""
     gate = threading.Event()
-    n = 30
-    # The fake model holds after `response.created` and the n reasoning items.
-    with steps_daemon(tmp_path / "home", gate=gate, hold_after=1 + n) as d:
+    n, held = 30, 20
+    # The fake model holds after `response.created` and `held` of the n reasoning items; the
+    # rest come after the gate, more than one write batch (MAX_HELD_WRITES), so the late
+    # joiner sees the Turn active before it settles however the batches fall.
+    assert n - held > MAX_HELD_WRITES
+    with steps_daemon(tmp_path / "home", gate=gate, hold_after=1 + held) as d:
         c = d.client()
         sid = create_session(c)["agentSessionId"]
         # Someone listens from the start, so the Turn's events are built as it runs (with no
@@ -127,8 +130,8 @@ def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
         try:
             time.sleep(0.5)  # the subscription reaches the daemon
             turn = submit(c, sid, f"steps {n} 200")
-            wait_for(lambda: len(turn_of(c, sid, turn["turnId"])["messages"]) == n + 1)
-            _until_event_with(early, sid, turn["turnId"], n + 1)
+            wait_for(lambda: len(turn_of(c, sid, turn["turnId"])["messages"]) == held + 1)
+            _until_event_with(early, sid, turn["turnId"], held + 1)
             late = EventSubscriber(d.events, (WS,))
             try:
                 time.sleep(0.5)  # the subscription reaches the daemon
@@ -140,10 +143,10 @@ def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
             early.close()
         whole = turn_of(c, sid, turn["turnId"])
         first = events[0]["turn"]
-        assert first["phase"] == "active" and first["messagesFrom"] >= n + 1, first
+        assert first["phase"] == "active" and first["messagesFrom"] >= held + 1, first
         assert merge_turn(None, first) is None  # a part of the Turn: read it whole
         state = get_turn(c, WS, sid, turn["turnId"], turn["sequence"])
-        assert len(state["messages"]) >= n + 1
+        assert len(state["messages"]) >= held + 1
         for event in events:
             merged = merge_turn(state, event["turn"])
             state = merged if merged is not None else get_turn(c, WS, sid, turn["turnId"])
