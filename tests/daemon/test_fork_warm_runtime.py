@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import threading
 import uuid
 from collections import Counter
@@ -21,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from agenthost.daemon import Daemon
@@ -213,8 +213,13 @@ def test_a_settings_change_between_forks_is_not_answered_from_the_row_cache(
 
 
 def _status_of_last_fork(daemon: Daemon, sid: str) -> str | None:
-    conn = sqlite3.connect(f"file:{daemon.config.store_path}?mode=ro", uri=True, timeout=5)
+    # Through apsw, the daemon's own SQLite library: the stdlib's `sqlite3` is a second
+    # copy in this process, whose fcntl locks cannot see the daemon's (one process), so it
+    # took itself for the first connection, re-initialised the `-shm` the daemon has mapped,
+    # and the daemon died of SIGBUS (a full-suite run, 2026-11-30).
+    conn = apsw.Connection(str(daemon.config.store_path), flags=apsw.SQLITE_OPEN_READONLY)
     try:
+        conn.set_busy_timeout(5000)
         row = conn.execute(
             "SELECT status FROM fork_operations WHERE source_session_id = ?"
             " ORDER BY op_seq DESC LIMIT 1",
