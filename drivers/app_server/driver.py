@@ -198,9 +198,9 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             return str(session.home) == home and (not wanted or wanted == session.thread_id)
         return method == "turn.start"
 
-    def runtime_generation(self, agent_session_id: str, home: str) -> int | None:
-        """The generation of the Session's live app-server on `home` (None: none is live, or
-        it serves another home); the worker stamps its attestations with it (issue 20)."""
+    def _live_runtime(self, agent_session_id: str, home: str) -> Runtime | None:
+        """The Session's live app-server runtime on `home`, or None (none is live, or it
+        serves another home)."""
         with self._lock:
             session = self._sessions.get(agent_session_id)
         if session is None or str(session.home) != home:
@@ -208,19 +208,19 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         runtime = session.runtime
         if runtime is None or not runtime.proc.alive:
             return None
-        return runtime.generation
+        return runtime
+
+    def runtime_generation(self, agent_session_id: str, home: str) -> int | None:
+        """The generation of the Session's live app-server on `home` (None: none is live, or
+        it serves another home); the worker stamps its attestations with it (issue 20)."""
+        runtime = self._live_runtime(agent_session_id, home)
+        return None if runtime is None else runtime.generation
 
     def runtime_pid(self, agent_session_id: str, home: str) -> int | None:
         """The pid of the Session's live app-server on `home` (issue 20: the host checks it is
         alive before reusing that runtime for a fork without `session.start`)."""
-        with self._lock:
-            session = self._sessions.get(agent_session_id)
-        if session is None or str(session.home) != home:
-            return None
-        runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
-            return None
-        return runtime.proc.pid
+        runtime = self._live_runtime(agent_session_id, home)
+        return None if runtime is None else runtime.proc.pid
 
     @property
     def runtime_idle_s(self) -> float:
