@@ -11,15 +11,22 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import uuid
 from typing import Any
 
 import pytest
 
+from actors.session_runtime import process_alive
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.daemon.test_hung_provider import _app_servers
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    status_of_last_fork,
+    wait_for,
+)
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(180)
@@ -65,7 +72,10 @@ def test_a_respawned_app_server_is_re_attested_before_dispatch(daemon: DaemonPro
     pids = wait_for(lambda: _app_servers(sid), 10)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: not (set(_app_servers(sid)) & set(pids)), 10)
+    # Gone as the host sees it (`process_alive`: missing or a zombie). A process in the middle
+    # of its exit has no environ any more, so `_app_servers` stops listing it a moment before
+    # its state turns Z; a fork in that moment finds the runtime still warm and is refused.
+    wait_for(lambda: not any(process_alive(pid) for pid in pids), 10)
     c.call("debug.failpoints", {"points": BINDER_OFF})
     op = until_terminal(c, fork(c, sid, turn_id)[1])
     assert op["status"] == "failed" and "binder unavailable" in op["error"], op
@@ -116,7 +126,7 @@ def test_a_runtime_that_changes_after_its_unattested_start_is_refused_by_the_wor
     )
     # Inside the after_prepare window: session.start answered, the operation is prepared
     # (durable), nothing dispatched yet.
-    wait_for(lambda: _status_of_fork(daemon, sid) == "prepared", 10)
+    wait_for(lambda: status_of_last_fork(daemon.home / "store.sqlite3", sid) == "prepared", 10)
     for pid in _app_servers(sid):
         os.kill(pid, signal.SIGKILL)
     status, body = pending.result(timeout=30)
@@ -124,16 +134,3 @@ def test_a_runtime_that_changes_after_its_unattested_start_is_refused_by_the_wor
     assert op["status"] == "failed", op
     assert "runtime changed since its attestation" in op["error"], op
     assert op["session"] is None
-
-
-def _status_of_fork(daemon: DaemonProcess, sid: str) -> str | None:
-    conn = sqlite3.connect(f"file:{daemon.home / 'store.sqlite3'}?mode=ro", uri=True, timeout=5)
-    try:
-        row = conn.execute(
-            "SELECT status FROM fork_operations WHERE source_session_id = ?"
-            " ORDER BY op_seq DESC LIMIT 1",
-            (sid,),
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else str(row[0])

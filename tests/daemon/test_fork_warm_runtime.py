@@ -20,13 +20,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 
 from agenthost.daemon import Daemon
 from tests.daemon.test_fork_saga import until_terminal
 from tests.daemon.test_hung_provider import _app_servers
-from tests.support.daemon import WS, create_session, run_turn, wait_for
+from tests.support.daemon import WS, create_session, run_turn, status_of_last_fork, wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -174,7 +173,7 @@ def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
             "point": {"type": "throughTurn", "turnId": turn_id},
         },
     )
-    wait_for(lambda: _status_of_last_fork(daemon, sid) == "prepared", 10)
+    wait_for(lambda: status_of_last_fork(daemon.config.store_path, sid) == "prepared", 10)
     for pid in _app_servers(sid):
         os.kill(pid, signal.SIGKILL)
     status, body = pending.result(timeout=30)
@@ -210,21 +209,3 @@ def test_a_settings_change_between_forks_is_not_answered_from_the_row_cache(
         "session.get", {"workspaceId": WS, "agentSessionId": op["targetAgentSessionId"]}
     )["session"]
     assert child["settings"] == {"x": 2}, child
-
-
-def _status_of_last_fork(daemon: Daemon, sid: str) -> str | None:
-    # Through apsw, the daemon's own SQLite library: the stdlib's `sqlite3` is a second
-    # copy in this process, whose fcntl locks cannot see the daemon's (one process), so it
-    # took itself for the first connection, re-initialised the `-shm` the daemon has mapped,
-    # and the daemon died of SIGBUS (a full-suite run, 2026-11-30).
-    conn = apsw.Connection(str(daemon.config.store_path), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        conn.set_busy_timeout(5000)
-        row = conn.execute(
-            "SELECT status FROM fork_operations WHERE source_session_id = ?"
-            " ORDER BY op_seq DESC LIMIT 1",
-            (sid,),
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else str(row[0])

@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import apsw
+
 from transport.client import Client
 
 WS = "ws-test"
@@ -125,6 +127,25 @@ class DaemonProcess:
     def wait_exit(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         return self.proc.wait(timeout)
+
+
+def status_of_last_fork(store_path: Path, sid: str) -> str | None:
+    """The status of the newest fork operation of source `sid`, read-only. Through apsw, the
+    daemon's own SQLite library: the stdlib's `sqlite3` is a second copy, and inside the
+    process of an in-process daemon its fcntl locks cannot see the daemon's (one process),
+    so it took itself for the first connection, re-initialised the `-shm` the daemon had
+    mapped, and the daemon died of SIGBUS (a full-suite run, 2026-11-30)."""
+    conn = apsw.Connection(str(store_path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        conn.set_busy_timeout(5000)
+        row = conn.execute(
+            "SELECT status FROM fork_operations WHERE source_session_id = ?"
+            " ORDER BY op_seq DESC LIMIT 1",
+            (sid,),
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 30.0, interval: float = 0.05) -> Any:
