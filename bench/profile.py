@@ -113,6 +113,34 @@ def machine_busy() -> tuple[float, float]:
     return float(sum(values) - idle), float(sum(values))
 
 
+def busy_cores(window_s: float) -> float:
+    """Cores busy machine-wide over the next `window_s` seconds (ours and anyone else's)."""
+    busy0, total0 = machine_busy()
+    time.sleep(window_s)
+    busy1, total1 = machine_busy()
+    cores = os.cpu_count() or 1
+    return cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+
+
+QUIET_TIMEOUT_S = {"full": 30.0, "quick": 10.0, "smoke": 0.0}
+"""How long a benchmark of each mode waits for a quiet machine (smoke runs in test suites,
+where the machine is never quiet and the figures are not read)."""
+
+
+def wait_until_quiet(
+    limit_cores: float = 0.3, window_s: float = 0.5, timeout_s: float = 30.0
+) -> float:
+    """Wait (at most `timeout_s`) until less than `limit_cores` of the machine is busy over a
+    window: what a previous benchmark left behind (its daemon's tree exiting, the page cache's
+    write-back of its stores) must not be measured as this one's cost. Returns the busy cores
+    of the last window, which the caller reports beside its figures either way."""
+    deadline = time.monotonic() + timeout_s
+    busy = busy_cores(window_s)
+    while busy >= limit_cores and time.monotonic() < deadline:
+        busy = busy_cores(window_s)
+    return busy
+
+
 def load_generator_cpu(daemon_pid: int) -> float:
     """CPU seconds of this benchmark process and its other children (load clients, py-spy),
     counting the reaped ones: what measuring costs, outside the daemon's tree."""

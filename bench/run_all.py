@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench import fork_overhead, fork_path, mutations, overload, races, scale, targets, throughput
 from bench.common import REPO, BenchResult, Mode, Table, command_for, log, machine, mode_argv
+from bench.profile import QUIET_TIMEOUT_S, wait_until_quiet
 
 BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.fork_overhead", fork_overhead.run),
@@ -50,7 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for module, run in BENCHMARKS:
         if args.only and module not in args.only:
             continue
-        log(f"running {module} ({mode.value})")
+        # What the previous benchmark left running (its daemon tree exiting, write-back of its
+        # stores) is not this one's load: start each on a quiet machine, as far as it gets.
+        quiet = wait_until_quiet(timeout_s=2 * QUIET_TIMEOUT_S[mode.value])
+        log(f"running {module} ({mode.value}); {quiet:.2f} cores busy at start")
         load = os.getloadavg()[0]
         t0 = time.monotonic()
         try:
@@ -62,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.seconds = time.monotonic() - t0
         result.command = command_for(module, argv_all)
         result.figures["loadAverage1mAtStart"] = round(load, 2)
+        result.figures["busyCoresAtStart"] = round(quiet, 2)
         print(result.render() + "\n", flush=True)
         results.append(result)
     json_path = args.out / f"{stem}.json"

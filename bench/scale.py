@@ -35,7 +35,15 @@ from typing import Any
 from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
 from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal, sample
 from bench.loadgen import ClientSpec, latencies, run_clients
-from bench.profile import TreeProfile, cpu_line, py_spy, spy_lines
+from bench.profile import (
+    QUIET_TIMEOUT_S,
+    TreeProfile,
+    cpu_line,
+    machine_busy,
+    py_spy,
+    spy_lines,
+    wait_until_quiet,
+)
 from bench.providers import BareAppServer, _tutti_argv
 from bench.targets import BY_KEY
 from storage import ForkPrepareRequest, ProviderForkEvidence, Store
@@ -298,29 +306,47 @@ def _copy_store(src: Path, dst: Path) -> Path:
 # -- the benchmark ----------------------------------------------------------------------------
 
 
-def store_probes(store: Path, tmp: Path, sid: str, last: str, rounds: int) -> list[dict[str, Any]]:
+def store_probes(
+    store: Path, tmp: Path, sid: str, last: str, rounds: int, quiet_s: float = 30.0
+) -> list[dict[str, Any]]:
     """`probe_store_fork` `rounds` times, each in a fresh process on a fresh copy of `store`."""
     probes = []
     for i in range(max(1, rounds)):
         copy = _copy_store(store, tmp / f"copy-{i}")
-        probes.append(_run_probe("store-fork", str(copy), sid, last))
+        # The copy's own write-back and whatever ran before (the fixture's app-server, an
+        # earlier benchmark's tree) are not the store's cost: start each round on a quiet
+        # machine, and record how busy the machine was during it.
+        quiet = wait_until_quiet(timeout_s=quiet_s)
+        busy0 = machine_busy()
+        probe = _run_probe("store-fork", str(copy), sid, last)
+        busy1 = machine_busy()
+        probe["busyCoresBefore"] = round(quiet, 2)
+        probe["busyCoresDuring"] = round(
+            (os.cpu_count() or 1) * (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]), 2
+        )
+        probes.append(probe)
         shutil.rmtree(copy.parent)
     return probes
 
 
-def median_store_probe(store: Path, tmp: Path, sid: str, last: str, rounds: int) -> dict[str, Any]:
+def median_store_probe(
+    store: Path, tmp: Path, sid: str, last: str, rounds: int, quiet_s: float = 30.0
+) -> dict[str, Any]:
     """The store's prepare + commit of the big source `rounds` times, each in a fresh process on
     a fresh copy of the store; the median round (by prepare + commit), with every round's figure
     beside it. One probe alone is too noisy to decide the row (267 and 354 ms in two runs of a
     day)."""
-    probes = store_probes(store, tmp, sid, last, rounds)
+    probes = store_probes(store, tmp, sid, last, rounds, quiet_s)
     ordered = sorted(probes, key=lambda p: float(p["prepareCommitMs"]))
     median = dict(ordered[(len(ordered) - 1) // 2])
     median["roundsPrepareCommitMs"] = [round(float(p["prepareCommitMs"]), 1) for p in probes]
+    median["roundsBusyCores"] = [[p["busyCoresBefore"], p["busyCoresDuring"]] for p in probes]
     return median
 
 
-def big_source(tmp: Path, turns: int, per_turn: int, forks: int, probes: int = 3) -> dict[str, Any]:
+def big_source(
+    tmp: Path, turns: int, per_turn: int, forks: int, probes: int = 3, quiet_s: float = 30.0
+) -> dict[str, Any]:
     home = tmp / "big"
     t0 = time.monotonic()
     sid, last, thread_id, turn_ids = build_big_source(home, turns, per_turn)
@@ -328,7 +354,7 @@ def big_source(tmp: Path, turns: int, per_turn: int, forks: int, probes: int = 3
     log(f"scale: big source of {turns} turns × {per_turn} messages built in {built:.0f} s")
     runtime_home = home / "runtimes" / WS / sid / "tutti-agent-home"
     bare = bare_fork_at_scale(runtime_home, tmp, thread_id, turn_ids, max(2, forks - 1))
-    store_probe = median_store_probe(home / "store.sqlite3", tmp, sid, last, probes)
+    store_probe = median_store_probe(home / "store.sqlite3", tmp, sid, last, probes, quiet_s)
     if not store_probe["prepareCommitMs"] <= BY_KEY["prepare-commit"].limit:
         # Missed: the same fork again, on a fresh copy, under cProfile.
         again = _copy_store(home / "store.sqlite3", tmp / "big-copy-profiled")
@@ -488,7 +514,7 @@ def run(mode: Mode) -> BenchResult:
     result = BenchResult("scale", "", mode.value)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp_text:
         tmp = Path(tmp_text)
-        big = big_source(tmp, turns, per_turn, forks)
+        big = big_source(tmp, turns, per_turn, forks, quiet_s=QUIET_TIMEOUT_S[mode.value])
         many = recovery_and_idle(tmp, operations, readers, read_s)
     st = big["store"]
     result.tables.append(
@@ -580,7 +606,9 @@ def run(mode: Mode) -> BenchResult:
         st["prepareCommitMs"],
         measured=f"bench.scale: store prepare + commit of a {big['turns']}-Turn /"
         f" {big['messages']}-Message source, median of"
-        f" {len(st['roundsPrepareCommitMs'])} fresh processes {st['roundsPrepareCommitMs']}",
+        f" {len(st['roundsPrepareCommitMs'])} fresh processes {st['roundsPrepareCommitMs']},"
+        " each started on a quiet machine (busy cores before / during:"
+        f" {st['roundsBusyCores']})",
         profile={"lines": prep_lines, "cProfile": st.get("cProfile")},
     )
     result.target("store peak RSS growth MB", st["peakGrowthMb"], 100, higher_is_better=False)
@@ -708,7 +736,9 @@ def run_big_fork_only(mode: Mode, rounds: int | None = None, profile: bool = Fal
         sid, last = build_store_source(tmp / "big", turns, per_turn)
         log(f"scale: store-only source of {turns} turns built in {time.monotonic() - t0:.0f} s")
         load = os.getloadavg()[0]
-        probes = store_probes(tmp / "big" / "store.sqlite3", tmp, sid, last, rounds)
+        probes = store_probes(
+            tmp / "big" / "store.sqlite3", tmp, sid, last, rounds, QUIET_TIMEOUT_S[mode.value]
+        )
         load_end = os.getloadavg()[0]
         if profile:
             again = _copy_store(tmp / "big" / "store.sqlite3", tmp / "copy-profile")
@@ -723,6 +753,8 @@ def run_big_fork_only(mode: Mode, rounds: int | None = None, profile: bool = Fal
             p["commitCpuMs"],
             p["prepareCpuMs"] + p["commitCpuMs"],
             p["transitionsMs"],
+            p["busyCoresBefore"],
+            p["busyCoresDuring"],
         )
         for i, p in enumerate(probes)
     )
@@ -742,6 +774,8 @@ def run_big_fork_only(mode: Mode, rounds: int | None = None, profile: bool = Fal
                 "commit CPU ms",
                 "prepare+commit CPU ms",
                 "transitions ms (not counted)",
+                "busy cores before",
+                "busy cores during (its own ~1 in)",
             ),
             rows,
         )

@@ -7,12 +7,13 @@ import json
 import math
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.common import BenchResult, Latency, percentile
-from bench.profile import summarise
+from bench.profile import busy_cores, summarise, wait_until_quiet
 from bench.targets import ISSUE20, bounds, collect, table
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,6 +108,22 @@ def test_profile_summary_groups_samples_by_process_kind() -> None:
     assert summary.samples == {"daemon": 30, "worker": 10, "app-server": 60}
     assert summary.top_self["daemon"][0] == ("_write (storage/base.py)", 30)
     assert summary.top_self["worker"][0] == ("bind (drivers/binder.py)", 10)
+
+
+def test_a_busy_machine_is_seen_busy_and_the_quiet_wait_gives_up_at_its_timeout() -> None:
+    """`wait_until_quiet` (each benchmark, each store probe round) must see another process's
+    load, and must not wait past its timeout for a machine that never gets quiet."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        assert busy_cores(0.5) >= 0.6
+        t0 = time.monotonic()
+        busy = wait_until_quiet(limit_cores=0.5, window_s=0.25, timeout_s=1.0)
+        waited = time.monotonic() - t0
+        assert busy >= 0.5
+        assert 1.0 <= waited < 5.0
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_issue20_targets_take_their_limit_from_the_issue_and_report_unmeasured_ones() -> None:
