@@ -1,6 +1,8 @@
 """Benchmark 2: mutations under fork load. 8 clients each submit turns, update the title and read
 the timeline of their own Session; measured once alone and once while 8 other clients fork 8
 other Sessions continuously. Reports p50/p99 per mutation and the p99 ratio (target ≤ 2).
+First, phase 0 runs the same loop with one client alone: the service time, and the daemon's CPU
+per request, that phase A's eight clients queue behind.
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ def run(mode: Mode) -> BenchResult:
                 ClientSpec("fork", {"ws": ws, "sid": sid, "turn_id": boundaries[sid]})
                 for sid in fork_sids
             ]
+            # Phase 0: the same loop with one client alone, what a request costs without any
+            # queue in front of the daemon (the service time phase A's 8 clients wait behind).
+            solo_s = max(1.0, duration / 4)
+            log(f"mutations: phase 0 (one client alone, {solo_s:.0f} s)")
+            profile_0 = TreeProfile(daemon.pid, tmp / "mutations-0.pyspy.txt", use_py_spy=False)
+            solo = run_clients(
+                daemon.api, mut_specs[:1], solo_s, events=daemon.events, on_start=profile_0.start
+            )
+            profile_0.stop()
             log("mutations: phase A (no fork load)")
             profile_a = TreeProfile(daemon.pid, tmp / "mutations-a.pyspy.txt", use_py_spy=False)
             alone = run_clients(
@@ -105,6 +116,24 @@ def run(mode: Mode) -> BenchResult:
             daemon.stop()
 
     forks = [r for recs in loaded[mutators:] for r in recs]
+    alone_0 = [r for recs in solo for r in recs]
+    solo_cpu = {k: 1000 * v / max(1, len(alone_0)) for k, v in profile_0.cpu.items()}
+    result.tables.append(
+        Table(
+            f"phase 0: one mutation client alone, {solo_s:.0f} s, ms (the service time; daemon"
+            f" CPU {solo_cpu.get('daemon', 0.0):.2f} ms per request)",
+            ("request", "req/s", "p50", "p99"),
+            tuple(
+                (
+                    kind,
+                    len(latencies(alone_0, kind)) / solo_s,
+                    Latency.of(latencies(alone_0, kind)).p50,
+                    Latency.of(latencies(alone_0, kind)).p99,
+                )
+                for kind in KINDS
+            ),
+        )
+    )
     rows = []
     figures: dict[str, Any] = {"alone": {}, "underForkLoad": {}}
     for kind in (*KINDS, "all"):
@@ -149,6 +178,11 @@ def run(mode: Mode) -> BenchResult:
         errors={"alone": errors_a, "underForkLoad": errors_b},
         cpuSecondsPhaseB=profile.cpu,
         clients={"mutators": mutators, "forkers": forkers, "durationS": duration},
+        solo={
+            "seconds": solo_s,
+            **{kind: Latency.of(latencies(alone_0, kind)) for kind in KINDS},
+            "cpuMsPerRequest": solo_cpu,
+        },
     )
     result.figures = figures
     start_a = min((r["t0"] for r in a), default=0.0)
@@ -162,6 +196,12 @@ def run(mode: Mode) -> BenchResult:
         + f"; requests over 50 ms: {over}",
         "slowest in phase A: " + "; ".join(_slowest(a, start_a)),
         cpu_line(per_request_cpu, "ms per request in phase A"),
+        "one client alone (phase 0) p50 / p99 ms: "
+        + ", ".join(
+            f"{k} {figures['solo'][k].p50:.1f} / {figures['solo'][k].p99:.1f}" for k in KINDS
+        )
+        + "; "
+        + cpu_line(solo_cpu, "ms per request alone"),
         f"machine busy in phase A: {profile_a.machine_busy_cores:.2f} cores (load clients"
         f" {profile_a.load_generator_cores:.2f})",
         *(spy_lines(spied) if spied is not None else []),
