@@ -140,6 +140,16 @@ def _chunks(items: Sequence[str], size: int = 400) -> Iterable[Sequence[str]]:
         yield items[start : start + size]
 
 
+# The Messages of some Turns, each Turn's in position order. Ordered by (turn, position), the
+# order of `messages_by_turn`, so SQLite looks each Turn up in it: ordered by position alone it
+# walked the Session's position key over every Message the Session ever had (a 20-Turn
+# timeline page: 0.67 ms at 300 Turns, 1.3-2.0 ms at 1,500; 0.55 ms at either this way).
+HYDRATE_MESSAGES_SQL = (
+    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ? AND session_id = ?"
+    " AND turn_id IN ({marks}) ORDER BY turn_id, position"
+)
+
+
 def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]) -> list[Turn]:
     """Attach each Turn's Messages and Interactions (presentation order) to its row."""
     ids = [r[2] for r in turn_rows]
@@ -148,11 +158,7 @@ def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
         params: list[Any] = [ws, sid, *chunk]
-        for r in conn.execute(
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ? AND session_id = ?"
-            f" AND turn_id IN ({marks}) ORDER BY position",
-            params,
-        ):
+        for r in conn.execute(HYDRATE_MESSAGES_SQL.format(marks=marks), params):
             messages[r[1]].append(message_from_row(r))
         for r in conn.execute(
             f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"

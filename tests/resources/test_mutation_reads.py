@@ -32,7 +32,12 @@ from agenthost.publisher import EventPublisher
 from storage import Store
 from storage.errors import SessionNotFound
 from storage.models import ChangeEvent, SessionChanged, TurnChanged
-from storage.rows import INTERACTION_COLUMNS, MESSAGE_COLUMNS, SESSION_SELECT
+from storage.rows import (
+    HYDRATE_MESSAGES_SQL,
+    INTERACTION_COLUMNS,
+    MESSAGE_COLUMNS,
+    SESSION_SELECT,
+)
 
 WS = "ws-mutation"
 
@@ -99,6 +104,26 @@ def test_a_session_read_looks_its_active_turn_up_by_phase(store: Store) -> None:
     assert store.get_session(WS, sid).active_turn_id == active.turn_id
     store.record_settlement(WS, sid, active.turn_id, outcome="interrupted")
     assert store.get_session(WS, sid).active_turn_id is None
+
+
+def test_a_timeline_page_looks_its_messages_up_by_turn(store: Store) -> None:
+    """A page of Turns reads each Turn's Messages through `messages_by_turn`, not by walking
+    the Session's position key over its whole history; each Turn's Messages stay in order."""
+    sid = _session(store)
+    for i in range(30):
+        turn = _settled(store, sid, f"turn {i}")
+        store.append_message(WS, sid, turn, kind="reasoning", text=f"after {i}")
+    page, more = store.timeline(WS, sid, limit=20)
+    assert more == page[-1].sequence and len(page) == 20
+    for turn in page:
+        positions = [m.position for m in turn.messages]
+        assert positions == sorted(positions) and len(positions) == 3, turn
+        assert [m.kind for m in turn.messages] == ["user", "assistant", "reasoning"]
+    ids = tuple(t.turn_id for t in page)
+    sql = HYDRATE_MESSAGES_SQL.format(marks=",".join("?" * len(ids)))
+    plan = _plan(store, sql, (WS, sid, *ids))
+    assert any("messages_by_turn" in step for step in plan), plan
+    assert not any("autoindex_messages" in step for step in plan), plan
 
 
 def test_turns_missing_a_binding_are_found_through_their_own_index(store: Store) -> None:
