@@ -1,7 +1,9 @@
 """The HostActor: routes each Session-scoped message to that Session's actor, starting actors
 on demand and stopping them when idle (10,000 stored Sessions must not mean 10,000 threads).
 
-It also receives the workers' streamed turn events and forwards them to the owning actor.
+It also receives the workers' streamed turn events and forwards them to the owning actor. The
+live actors are kept in `SessionRoutes`, which the transport and worker threads share: a
+message for a live actor goes straight to it; only the rest comes through here.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from actors.messages import (
     parse_runtime_key,
 )
 from actors.session_actor import SessionActor
+from actors.session_routes import SessionRoutes
 from actors.store_ports import HostActorStore
 from domain.worker_messages import MalformedMessage, turn_event_from_wire
 from storage.errors import HostError
@@ -39,6 +41,8 @@ class Route:
     workspace_id: str
     session_id: str
     message: Any
+    counted: bool = False
+    """Sent because `SessionRoutes.tell` said so (it counts it until delivered)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,21 +75,20 @@ class CountActors:
     reply: Reply
 
 
-@dataclass
-class _Entry:
-    ref: pykka.ActorRef[SessionActor]
-    last_used: float
-    busy: bool = False
-
-
 class HostActor(pykka.ThreadingActor):
-    def __init__(self, ctx: HostContext, *, idle_after_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        ctx: HostContext,
+        *,
+        idle_after_s: float = 30.0,
+        routes: SessionRoutes | None = None,
+    ) -> None:
         super().__init__()
         self.ctx = ctx
         # Routing reads one fork operation, never writes (actors/store_ports.py).
         self.store: HostActorStore = ctx.store
         self.idle_after_s = idle_after_s
-        self._actors: dict[tuple[str, str], _Entry] = {}
+        self.routes = routes if routes is not None else SessionRoutes()
         self._stopping: dict[tuple[str, str], pykka.Future[Any]] = {}
         self._reaper: threading.Thread | None = None
         self._closed = threading.Event()
@@ -112,12 +115,12 @@ class HostActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         self._closed.set()
-        for entry in self._actors.values():
-            entry.ref.stop(block=False)
-        for entry in list(self._actors.values()):
+        refs = self.routes.take_all()
+        for ref in refs:
+            ref.stop(block=False)
+        for ref in refs:
             with contextlib.suppress(Exception):  # best effort at shutdown
-                entry.ref.stop(block=True, timeout=10)
-        self._actors.clear()
+                ref.stop(block=True, timeout=10)
 
     def on_receive(self, message: Any) -> Any:
         try:
@@ -140,47 +143,39 @@ class HostActor(pykka.ThreadingActor):
     def _dispatch(self, message: Any) -> None:
         match message:
             case Route(workspace_id=ws, session_id=sid, message=inner):
-                self._route(ws, sid, inner)
+                self._route(ws, sid, inner, via_host=message.counted)
             case WorkerEvent(key=key, event=event):
                 ws, sid = parse_runtime_key(key)
-                try:
-                    # from_wire at the link's host end: the actors see only typed events.
-                    typed = turn_event_from_wire(event)
-                except MalformedMessage as exc:
-                    log.warning("session %s: unreadable driver event: %s", key, exc)
-                    return
-                self._route(ws, sid, DriverEvent(typed))
+                typed = driver_event(key, event)
+                if typed is not None:
+                    self._route(ws, sid, typed)
             case GetFork():
                 self._get_fork(message)
             case BusyChange(workspace_id=ws, session_id=sid, busy=busy):
-                entry = self._actors.get((ws, sid))
-                if entry is not None:
-                    entry.busy = busy
-                    entry.last_used = time.monotonic()
+                self.routes.set_busy(ws, sid, busy)
             case RuntimeLost():
-                for entry in self._actors.values():
+                for ref in self.routes.refs():
                     with contextlib.suppress(pykka.ActorDeadError):
-                        entry.ref.tell(message)
+                        ref.tell(message)
             case Reap():
                 self._reap()
             case CountActors(reply=reply):
-                reply(len(self._actors))
+                reply(len(self.routes))
 
-    def _route(self, ws: str, sid: str, inner: Any) -> None:
+    def _route(self, ws: str, sid: str, inner: Any, *, via_host: bool = False) -> None:
+        """Deliver `inner` to the Session's actor, starting one if none is live. `via_host`:
+        a message `SessionRoutes.tell` handed here (`Route.counted`)."""
         key = (ws, sid)
-        entry = self._actors.get(key)
-        if entry is None or not entry.ref.is_alive():
-            predecessor = self._stopping.pop(key, None)
-            ref = SessionActor.start(self.ctx, ws, sid, predecessor)
-            entry = _Entry(ref, time.monotonic())
-            self._actors[key] = entry
-        entry.last_used = time.monotonic()
-        try:
-            entry.ref.tell(inner)
-        except pykka.ActorDeadError:
-            ref = SessionActor.start(self.ctx, ws, sid, None)
-            self._actors[key] = _Entry(ref, time.monotonic())
-            ref.tell(inner)
+        first = [True]
+
+        def start() -> pykka.ActorRef[Any]:
+            # The first start waits for a reaped predecessor; a replacement of an actor that
+            # died while this message was delivered does not.
+            predecessor = self._stopping.pop(key, None) if first[0] else None
+            first[0] = False
+            return SessionActor.start(self.ctx, ws, sid, predecessor)
+
+        self.routes.start_or_tell(ws, sid, inner, start, via_host=via_host)
 
     def _get_fork(self, msg: GetFork) -> None:
         op = self.store.get_fork_operation(msg.workspace_id, msg.operation_id)
@@ -192,13 +187,9 @@ class HostActor(pykka.ThreadingActor):
             msg.reply(ForkReply(op, True))
 
     def _reap(self) -> None:
-        now = time.monotonic()
-        for key, entry in list(self._actors.items()):
-            if entry.busy or now - entry.last_used < self.idle_after_s:
-                continue
-            del self._actors[key]
+        for key, stopped in self.routes.reap(self.idle_after_s):
             # The successor waits for this future, keeping the Session's writes serialised.
-            self._stopping[key] = entry.ref.stop(block=False)
+            self._stopping[key] = stopped
         for key, fut in list(self._stopping.items()):
             try:
                 fut.get(timeout=0)
@@ -207,3 +198,22 @@ class HostActor(pykka.ThreadingActor):
                 pass
             except Exception:  # noqa: BLE001
                 del self._stopping[key]
+
+
+def driver_event(key: str, event: Mapping[str, Any]) -> DriverEvent | None:
+    """A worker's turn event as the actor's typed message (parsed once, at the link's host
+    end); None, logged, for one that cannot be read."""
+    try:
+        return DriverEvent(turn_event_from_wire(event))
+    except MalformedMessage as exc:
+        log.warning("session %s: unreadable driver event: %s", key, exc)
+        return None
+
+
+def route(
+    routes: SessionRoutes, host: pykka.ActorRef[HostActor], ws: str, sid: str, message: Any
+) -> None:
+    """Deliver a Session's message: straight to its live actor, else through the HostActor
+    (which starts one). Raises `pykka.ActorDeadError` once the HostActor is stopped."""
+    if not routes.tell(ws, sid, message):
+        host.tell(Route(ws, sid, message, counted=True))

@@ -8,6 +8,7 @@ controls, the driver's own 4xx verdict passed through with its status.
 from __future__ import annotations
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from domain.errors import RuntimeChanged
 from storage.errors import (
     Conflict,
     HostError,
@@ -39,6 +40,14 @@ def control_error(exc: BaseException, what: str) -> HostError:
                 params=dict(params) if isinstance(params, dict) else None,
             )
     return provider_error(exc, what)
+
+
+def runtime_changed(exc: BaseException) -> bool:
+    """Whether the worker refused a request because it named a runtime generation that is no
+    longer the live one (`RuntimeChanged`): refused before the provider saw anything."""
+    return (
+        isinstance(exc, WorkerFailed) and exc.error.get("reason") == RuntimeChanged.default_reason
+    )
 
 
 def provider_error(exc: BaseException, what: str) -> HostError:

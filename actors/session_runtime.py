@@ -82,6 +82,27 @@ class SessionRuntime(SessionActorBase):
         self._warm = None
 
     def warm_runtime(self, session: Session) -> PreparedRuntime | None:
+        """The fork's warm runtime (`ForkHost.warm_runtime`): one its Session's last fork
+        attested, else None."""
+        return self._hold_warm(session, attested=True)
+
+    def warm_turn_runtime(self, session: Session) -> PreparedRuntime | None:
+        """The runtime a Turn may start on without `session.start` (issue 20 rows 5-6): the
+        one the last `session.start` reported, under the same rules as a fork's, unattested
+        (a Turn needs no fork verdict); None while a settled Turn of the Session lacks its
+        provider binding, so the cold path's re-bind from the provider's history runs first.
+        The Turn's `turn.start` carries the generation: the worker refuses it, before the
+        provider sees anything, if another runtime is live by then."""
+        if self._warm is None:
+            return None
+        try:
+            if self.session_store.turns_missing_binding(self.ws, self.sid):
+                return None
+        except HostError:
+            return None
+        return self._hold_warm(session, attested=False)
+
+    def _hold_warm(self, session: Session, *, attested: bool) -> PreparedRuntime | None:
         warm = self._warm
         if warm is None:
             return None
@@ -93,7 +114,7 @@ class SessionRuntime(SessionActorBase):
         if (
             generation is None
             or time.monotonic() - at > window
-            or self.attested_runtime != attestation_key(runtime, generation)
+            or (attested and self.attested_runtime != attestation_key(runtime, generation))
             or session.provider != runtime.provider
             or session.cwd != runtime.cwd
             or dict(session.settings) != dict(runtime.settings)

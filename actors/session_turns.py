@@ -17,6 +17,7 @@ from typing import Any
 
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
+from actors.provider_errors import runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
@@ -52,6 +53,24 @@ class TurnRunner(TurnWrites, SessionRuntime):
 
         started = time.monotonic()
 
+        def _start(runtime: PreparedRuntime, warm: bool) -> None:
+            state.at_provider = True
+            state.last_activity = time.monotonic()
+            params: dict[str, Any] = {
+                "agentSessionId": self.key,
+                "turnId": turn.turn_id,
+                "text": msg.text,
+            }
+            if warm:
+                # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
+                # before the provider sees anything; then it is prepared and started once more.
+                params.update(home=runtime.home, runtimeGeneration=runtime.generation)
+            fut = self.ctx.workers.request(
+                session.provider, "turn.start", params, self.ctx.timeouts.turn_start_s
+            )
+            again = _prepare if warm else None
+            self.later(fut, lambda f: self._turn_started(state, f, again))
+
         def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
             if state.settling:
                 return  # interrupted (or timed out) while the runtime was being prepared
@@ -65,22 +84,39 @@ class TurnRunner(TurnWrites, SessionRuntime):
             if isinstance(runtime, HostError):
                 self._settle(state, "failed", error=runtime.message)
                 return
-            state.at_provider = True
-            state.last_activity = time.monotonic()
-            fut = self.ctx.workers.request(
-                session.provider,
-                "turn.start",
-                {"agentSessionId": self.key, "turnId": turn.turn_id, "text": msg.text},
-                self.ctx.timeouts.turn_start_s,
-            )
-            self.later(fut, lambda f: self._turn_started(state, f))
+            _start(runtime, False)
 
-        self.prepare_runtime(session, _runtime_ready)
+        def _prepare() -> None:
+            self.prepare_runtime(session, _runtime_ready)
 
-    def _turn_started(self, state: TurnState, fut: Future[dict[str, Any]]) -> None:
+        # Issue 20 rows 5-6: the runtime the last `session.start` reported is still live and
+        # unchanged: no `session.start` round trip before this Turn.
+        warm = self.warm_turn_runtime(session)
+        if warm is None:
+            _prepare()
+            return
+        self.ctx.failpoints.hit("host.turn.before_warm_start")
+        _start(warm, True)
+
+    def _turn_started(
+        self,
+        state: TurnState,
+        fut: Future[dict[str, Any]],
+        again: Callable[[], None] | None = None,
+    ) -> None:
+        """`turn.start` answered. `again`: the Turn went to a warm runtime; if the worker
+        refused it because that runtime is no longer the live one, nothing was started at the
+        provider, so the runtime is prepared (`session.start`) and the Turn started once more,
+        without a generation (it cannot be refused that way twice)."""
         try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001
+            if again is not None and runtime_changed(exc):
+                self.forget_warm_runtime()
+                if not state.settling:
+                    state.at_provider = False  # waiting for its runtime again, not hung
+                    again()
+                return
             self._settle(state, "failed", error=f"turn start failed: {exc}")
             return
         state.last_activity = time.monotonic()

@@ -16,9 +16,10 @@ from typing import Any, Protocol
 
 import pykka
 
-from actors.host_actor import HostActor, Route
+from actors.host_actor import HostActor, route
 from actors.messages import ForkReply
 from actors.ports import ProviderCatalog
+from actors.session_routes import SessionRoutes
 from agenthost import activity, projection
 from agenthost.reply_cache import ReplyCache
 from storage import Store
@@ -59,6 +60,7 @@ class ApiBase:
         *,
         store: Store,
         host: pykka.ActorRef[HostActor],
+        routes: SessionRoutes | None = None,
         catalog: ProviderCatalog,
         status: Callable[[], dict[str, Any]],
         set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
@@ -71,6 +73,9 @@ class ApiBase:
         # Raises `provider_not_installed` for a provider whose program is missing (issue 17).
         self._check_provider = check_provider
         self.host = host
+        # The live Session actors (`actors.session_routes`): a request for one goes straight
+        # to it; the rest through the HostActor (which starts them).
+        self.routes = routes if routes is not None else SessionRoutes()
         self.catalog = catalog
         self._status = status
         self._set_failpoints = set_failpoints
@@ -247,7 +252,7 @@ class ApiBase:
                         raise
                     responder.result(*answer)
                     return
-                self.host.tell(Route(ws, sid, make(reply)))
+                route(self.routes, self.host, ws, sid, make(reply))
             except HostError as exc:
                 responder.error(exc)
             except pykka.ActorDeadError:
@@ -255,7 +260,7 @@ class ApiBase:
             except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
                 responder.error(host_error_of(exc, f"routing {sid}", logger=log))
 
-        if self._route_now(responder, ws, sid, lambda: Route(ws, sid, make(reply)), gone):
+        if self._route_now(responder, ws, sid, lambda: make(reply), gone):
             return
         self._on_pool(responder, _check_and_route)
 
@@ -264,13 +269,14 @@ class ApiBase:
         responder: Responder,
         ws: str,
         sid: str,
-        route: Callable[[], Route],
+        message: Callable[[], Any],
         gone: Callable[[], tuple[int, dict[str, Any]] | None] | None,
     ) -> bool:
         """`_route` on the transport thread (issue 20, fork fast path): the Session's existence
         is a point read of committed state on the read-only connection (no Session built),
-        then the message goes to the HostActor from here — no reader-pool hop before the
-        actor, and requests are routed in the order they arrived. False (nothing answered)
+        then the message goes from here to the Session's live actor (or to the HostActor,
+        which starts one) — no reader-pool hop before the actor, and requests are routed in
+        the order they arrived. False (nothing answered)
         when this is not the thread that owns the read connection, when SQLite reports it
         busy, or when the Session is gone and `gone` may still answer from the store: the
         pool path does it then."""
@@ -303,7 +309,7 @@ class ApiBase:
                 self.live_sessions.add(key)
         self.routed_now += 1
         try:
-            self.host.tell(route())
+            route(self.routes, self.host, ws, sid, message())
         except pykka.ActorDeadError:
             responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
         except HostError as exc:

@@ -17,11 +17,12 @@ from typing import Any
 
 from actors import runtime_dirs
 from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
-from actors.host_actor import CountActors, HostActor, WorkerEvent
-from actors.messages import RuntimeLost, parse_runtime_key
+from actors.host_actor import CountActors, HostActor, driver_event, route
+from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from actors.runtime_slots import RuntimeSlots
+from actors.session_routes import SessionRoutes
 from agenthost import __version__, activity, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
@@ -159,7 +160,12 @@ class Daemon:
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
         )
-        self.host = HostActor.start(self.ctx, idle_after_s=cfg.idle_actor_seconds)
+        # The live Session actors, shared with the API and the worker events: a message for
+        # a live one goes straight to it, not through the HostActor's thread (issue 20).
+        self.routes = SessionRoutes()
+        self.host = HostActor.start(
+            self.ctx, idle_after_s=cfg.idle_actor_seconds, routes=self.routes
+        )
         host = self.host
         self.supervisor.set_event_sink(self._on_worker_event)
 
@@ -180,6 +186,7 @@ class Daemon:
         self.api = Api(
             store=store,
             host=self.host,
+            routes=self.routes,
             catalog=self.catalog,
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
@@ -214,13 +221,14 @@ class Daemon:
             log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
 
     def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
+        try:
+            ws, sid = parse_runtime_key(key)
+        except ValueError:
+            log.warning("worker event for an unreadable session key %r", key)
+            return
         if event.get("type") == "message.delta":
             # Not durable and never stored: straight onto the events queue, behind every
             # earlier change and ahead of the settlement the same worker reports after it.
-            try:
-                ws, sid = parse_runtime_key(key)
-            except ValueError:
-                return
             self._events.put(StreamDelta(ws, sid, event))
             # The inactivity watchdog lives in the Session actor: tell it, at most every few
             # seconds, that this Turn is streaming (a long reply is not a hung provider).
@@ -230,9 +238,11 @@ class Daemon:
                 if len(self._stream_activity) > 4096:
                     self._stream_activity.clear()
                 self._stream_activity[turn_id] = now
-                self.host.tell(WorkerEvent(key, TurnActivity(turn_id).to_wire()))
+                route(self.routes, self.host, ws, sid, DriverEvent(TurnActivity(turn_id)))
             return
-        self.host.tell(WorkerEvent(key, event))
+        typed = driver_event(key, event)
+        if typed is not None:
+            route(self.routes, self.host, ws, sid, typed)
 
     def close(self) -> None:
         if self.server is not None:

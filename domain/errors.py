@@ -198,6 +198,14 @@ class ProviderError(HostError):
     default_reason = "provider_error"
 
 
+class RuntimeChanged(ProviderError):
+    """A worker refused a request that named the runtime generation the host prepared (issue
+    20), because another runtime (or none) is live by now; nothing reached the provider, so
+    the host may prepare the runtime and send the request once more."""
+
+    default_reason = "runtime_changed"
+
+
 class Unavailable(HostError):
     code = "unavailable"
     status = STATUS_BY_CODE[code]

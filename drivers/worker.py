@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from domain.errors import HostError, InvalidRequest, internal_error
+from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.worker_messages import (
     ForkRequest,
     ForkResult,
@@ -118,7 +118,7 @@ class WorkerServer:
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": lambda p: self._stamped(p, self.driver().start_session),
             "session.stop": lambda p: self.driver().stop_session(p),
-            "turn.start": lambda p: self.driver().start_turn(p, self.emit),
+            "turn.start": self._start_turn,
             "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
             "session.history": self._history,
             "interaction.respond": lambda p: self.driver().respond_interaction(p),
@@ -195,6 +195,24 @@ class WorkerServer:
                     f"runtime changed since its attestation ({expected} -> {current})"
                 ).to_wire()
         return self.driver().fork(request).to_wire()
+
+    def _start_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """A Turn the host sends to the warm runtime it last prepared, without `session.start`,
+        names that runtime's generation (issue 20 rows 5-6): it is handed to the driver only
+        while that runtime is still the live one; otherwise it is refused (`RuntimeChanged`)
+        before the provider sees anything, and the host prepares the runtime and sends it
+        again. (A runtime that dies after this check is respawned by the driver, as it would
+        be after a `session.start`.)"""
+        expected = params.get("runtimeGeneration")
+        if expected is not None:
+            current = self.runtime_generation(
+                str(params.get("agentSessionId") or ""), str(params.get("home") or "")
+            )
+            if current != expected:
+                raise RuntimeChanged(
+                    f"runtime changed since the host prepared it ({expected} -> {current})"
+                )
+        return self.driver().start_turn(params, self.emit)
 
     def _resolution(self, method: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
         return lambda p: resolution_dispatch(self.driver(), method, p)

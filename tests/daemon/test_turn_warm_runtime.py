@@ -1,0 +1,134 @@
+"""Issue 20 rows 5-6, a Turn on a warm runtime: a Session whose last `session.start` reported a
+runtime generation that is still live and unchanged starts its next Turn with `turn.start`
+alone (no `session.start` round trip), naming that generation. If the runtime was replaced
+after the host chose it, the worker refuses the Turn before the provider sees it; the host
+prepares the runtime and starts the Turn once more — the provider runs it exactly once. A
+settled Turn that lacks its provider binding sends the next Turn down the cold path, so the
+re-bind from the provider's history still runs first.
+
+An in-process daemon (real store file, real worker and tutti-agent app-server); the worker
+port is wrapped to count the requests the daemon sent (each still goes to the real worker)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+
+from actors.messages import runtime_key
+from agenthost.daemon import Daemon
+from tests.daemon.test_fork_warm_runtime import _Sent
+from tests.daemon.test_hung_provider import _app_servers
+from tests.support.daemon import (
+    WS,
+    create_session,
+    run_turn,
+    settle,
+    submit,
+    turn_of,
+    wait_for,
+)
+from tests.support.in_process import in_process_daemon
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Daemon, Client]]:
+    monkeypatch.setenv("AGENTHOST_ENABLE_FAILPOINTS", "1")
+    with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
+        yield running
+
+
+def _warm_session(c: Client) -> str:
+    """A Session whose runtime the last `session.start` reported with a generation: the first
+    Turn spawns the app-server (no generation), the second's start finds it live (stamped)."""
+    sid = create_session(c, title="warm turns")["agentSessionId"]
+    run_turn(c, sid, "spawn")
+    run_turn(c, sid, "stamp")
+    return sid
+
+
+def _provider_turns(daemon: Daemon, sid: str) -> list[dict[str, str]]:
+    """The provider's own history of the Session's thread, through the real worker."""
+    fut = daemon.ctx.workers.request(
+        "tutti-agent", "session.history", {"agentSessionId": runtime_key(WS, sid)}, 30.0
+    )
+    return list(fut.result(timeout=30)["turns"])
+
+
+def test_a_turn_on_a_warm_runtime_sends_no_session_start(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, c = running
+    sid = _warm_session(c)
+    sent = _Sent(daemon)
+    turns = [run_turn(c, sid, f"warm {i}") for i in range(3)]
+    assert [t["phase"] for t in turns] == ["settled"] * 3
+    assert [t["outcome"] for t in turns] == ["completed"] * 3, turns
+    assert all(t["rootProviderTurnId"] for t in turns), turns
+    requests = sent.take()
+    assert requests["session.start"] == 0, requests
+    assert requests["turn.start"] == 3, requests
+
+
+def test_a_warm_turn_whose_runtime_was_replaced_is_refused_then_started_once(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The host chose the warm runtime; its app-server dies before `turn.start` leaves (held
+    in `host.turn.before_warm_start`). The worker refuses the Turn (the generation is no
+    longer live), the host starts the runtime again and sends the Turn once more: it
+    completes, and the provider's history holds it once."""
+    daemon, c = running
+    sid = _warm_session(c)
+    sent = _Sent(daemon)
+    c.call("debug.failpoints", {"points": {"host.turn.before_warm_start": "once:sleep:1500"}})
+    turn_id = submit(c, sid, "only once")["turnId"]
+    # The runtime dies while the warm `turn.start` is held at the failpoint (its `once:`
+    # marker is written when it fires, before the sleep).
+    fired = daemon.config.run_dir / "failpoints-host" / "fired.host.turn.before_warm_start"
+    wait_for(fired.exists, 10)
+    pids = _app_servers(sid)
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    turn = settle(c, sid, turn_id)
+    assert turn["outcome"] == "completed", turn
+    requests = sent.take()
+    assert requests["turn.start"] == 2, requests  # refused once, then started
+    assert requests["session.start"] == 1, requests
+    texts = [t["userText"] for t in _provider_turns(daemon, sid)]
+    assert texts.count("only once") == 1, texts
+    assert turn_of(c, sid, turn_id)["rootProviderTurnId"], turn
+
+
+def test_a_turn_after_an_unbound_settled_turn_takes_the_cold_path_and_rebinds_it(
+    running: tuple[Daemon, Client],
+) -> None:
+    """A settled completed Turn without its provider binding (as a lost binding write leaves
+    it) must be re-bound from the provider's history before the next Turn: the warm path is
+    not taken while one exists, so `session.start` and the re-bind run."""
+    daemon, c = running
+    sid = _warm_session(c)
+    lost = run_turn(c, sid, "lost binding")["turnId"]
+    conn = apsw.Connection(str(daemon.config.store_path))
+    try:
+        conn.execute(
+            "UPDATE turns SET root_provider_turn_id = NULL, provider_turn_binding_json = NULL"
+            " WHERE turn_id = ?",
+            (lost,),
+        )
+    finally:
+        conn.close()
+    assert turn_of(c, sid, lost)["rootProviderTurnId"] is None
+    sent = _Sent(daemon)
+    assert run_turn(c, sid, "next")["outcome"] == "completed"
+    requests = sent.take()
+    assert requests["session.start"] == 1, requests
+    assert requests["session.history"] == 1, requests
+    assert turn_of(c, sid, lost)["rootProviderTurnId"], "the lost binding was not re-bound"
