@@ -98,12 +98,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = ", ".join(
         f"{b['command'].split()[2] if b['command'] else b['name']} "
         f"{b['figures'].get('loadAverage1mAtStart', 'n/a')}"
+        f" ({b['figures'].get('busyCoresAtStart', 'n/a')} cores busy)"
         for b in merged
     )
     title = f"issue 20 targets ({mode.value} run, {doc['date']})"
     bound_lines = targets.bounds(issue20)
     md = [f"Run {doc['date']} ({mode.value}), `{doc['command']}`, machine {doc['machine']}", ""]
-    md += [f"1-minute load average at each benchmark's start: {loads}", ""]
+    md += [f"1-minute load average (cores busy) at each benchmark's start: {loads}", ""]
     md += [targets.table(issue20, title).markdown(), ""]
     md += ["Measured by:", "", *targets.measured_lines(issue20), ""]
     if bound_lines:
@@ -132,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nmeasured by:\n" + "\n".join(targets.measured_lines(issue20)), flush=True)
     if bound_lines:
         print("\nwhat bounds each missed target:\n" + "\n".join(bound_lines), flush=True)
-    print(f"\n1-minute load average at each benchmark's start: {loads}", flush=True)
+    print(f"\n1-minute load average (cores busy) at each benchmark's start: {loads}", flush=True)
     log(f"wrote {json_path}" + "".join(f", {p.name}" for p in written))
     for failure in failures:
         log(f"FAILED {failure}")
