@@ -113,6 +113,15 @@ class ActorPool:
         self._executor.shutdown(wait=False, cancel_futures=False)
 
 
+MAX_AHEAD = 8
+"""How many messages may go ahead of an actor's background messages before one of those is
+handled: a stream of requests cannot hold a Turn's driver events back for longer."""
+
+
+def _is_background(owner: PooledActor, envelope: Envelope[Any]) -> bool:
+    return envelope.reply_to is None and owner.is_background(envelope.message)
+
+
 class _PooledInbox:
     """pykka's inbox protocol (`put`/`get`/`empty`); `put` schedules the owner on its pool."""
 
@@ -123,19 +132,43 @@ class _PooledInbox:
         # True while a slice is queued or running (and before the actor started), so an
         # actor is never on two pool threads at once.
         self._scheduled = True
+        # Messages put ahead of background ones since a background one was last taken
+        # (`PooledActor.goes_ahead`); at `MAX_AHEAD` the next one queues at the back.
+        self._ahead = 0
 
     def put(self, envelope: Envelope[Any], /) -> None:
         with self._lock:
-            self._items.append(envelope)
-            if self._scheduled or self._owner is None:
+            owner = self._owner
+            if (
+                owner is not None
+                and envelope.reply_to is None
+                and self._ahead < MAX_AHEAD
+                and owner.goes_ahead(envelope.message)
+            ):
+                # In front of the background messages at the back of the queue, never in
+                # front of anything else (another request keeps its place).
+                at = len(self._items)
+                while at and _is_background(owner, self._items[at - 1]):
+                    at -= 1
+                if at < len(self._items):
+                    self._ahead += 1
+                self._items.insert(at, envelope)
+            else:
+                self._items.append(envelope)
+            if self._scheduled or owner is None:
                 return
             self._scheduled = True
-            owner = self._owner
         owner._schedule()
+
+    def _taken(self, envelope: Envelope[Any]) -> Envelope[Any]:
+        owner = self._owner
+        if owner is not None and _is_background(owner, envelope):
+            self._ahead = 0
+        return envelope
 
     def get(self) -> Envelope[Any]:
         with self._lock:
-            return self._items.popleft()
+            return self._taken(self._items.popleft())
 
     def empty(self) -> bool:
         with self._lock:
@@ -150,7 +183,7 @@ class _PooledInbox:
         """The next envelope, or None after marking the actor unscheduled (atomically)."""
         with self._lock:
             if self._items:
-                return self._items.popleft()
+                return self._taken(self._items.popleft())
             self._scheduled = False
             return None
 
@@ -190,6 +223,16 @@ class PooledActor(pykka.Actor):
         assert isinstance(inbox, _PooledInbox)
         inbox._owner = self
         self._schedule()
+
+    def goes_ahead(self, message: Any) -> bool:
+        """Whether `message` (a `tell`) is queued in front of the background messages waiting
+        at the back of the inbox (`is_background`), up to `MAX_AHEAD` in a row. Called on the
+        sender's thread: it must only look at the message."""
+        return False
+
+    def is_background(self, message: Any) -> bool:
+        """Whether a `goes_ahead` message may be handled before `message`."""
+        return False
 
     def next_message(self) -> Any:
         """The message this actor handles next, if one is already queued (else None)."""

@@ -83,13 +83,28 @@ class SessionActor(SessionControls):
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)
 
+    def goes_ahead(self, message: Any) -> bool:
+        """A client's plain mutation (title, pin, settings, goal; not a delete) is queued in
+        front of the Turn's driver events and continuations waiting at the back of the inbox
+        (issue 20 row 6): its write is independent of theirs, and a rename sent while a Turn
+        starts would otherwise wait for the Turn's start to be written first. It never goes
+        in front of another request, so requests keep their order (`actors.pool`)."""
+        return type(message) is Mutate and not message.stop_runtime
+
+    def is_background(self, message: Any) -> bool:
+        return type(message) in (DriverEvent, RetryDurable) or (
+            type(message) is FollowUp and message.reply is None
+        )
+
     def on_receive(self, message: Any) -> Any:
         # A Turn's driver events come in bursts (item, binding, completion): while the next
         # queued message is another driver event, this one's durable writes wait for it, and
         # the burst's writes land as one transaction (one baton turn, one COMMIT). Any other
-        # message finds them durable, as before. At most MAX_HELD_WRITES wait: a provider
-        # that streams faster than the store commits still has its Turn land (and its
-        # `turn.updated` events go out) every few messages, and the queue stays bounded.
+        # message finds them durable, as before — but a plain mutation that went ahead of
+        # the burst (`goes_ahead`), which does not read or depend on a Turn's writes. At most
+        # MAX_HELD_WRITES wait: a provider that streams faster than the store commits still
+        # has its Turn land (and its `turn.updated` events go out) every few messages, and
+        # the queue stays bounded.
         self._hold_durable = len(self._durable) < MAX_HELD_WRITES and isinstance(
             self.next_message(), DriverEvent
         )
