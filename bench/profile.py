@@ -113,13 +113,17 @@ def machine_busy() -> tuple[float, float]:
     return float(sum(values) - idle), float(sum(values))
 
 
+def cores_busy_between(start: tuple[float, float], end: tuple[float, float]) -> float:
+    """Cores busy machine-wide between two `machine_busy()` readings."""
+    total = end[1] - start[1]
+    return (os.cpu_count() or 1) * (end[0] - start[0]) / total if total > 0 else 0.0
+
+
 def busy_cores(window_s: float) -> float:
     """Cores busy machine-wide over the next `window_s` seconds (ours and anyone else's)."""
-    busy0, total0 = machine_busy()
+    start = machine_busy()
     time.sleep(window_s)
-    busy1, total1 = machine_busy()
-    cores = os.cpu_count() or 1
-    return cores * (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+    return cores_busy_between(start, machine_busy())
 
 
 QUIET_TIMEOUT_S = {"full": 30.0, "quick": 10.0, "smoke": 0.0}
@@ -209,10 +213,7 @@ class TreeProfile:
         self.cpu = cpu_delta(self._cpu0, cpu_by_kind(tree(self.pid)))
         elapsed = max(1e-6, time.monotonic() - self._t0)
         self.load_generator_cores = (load_generator_cpu(self.pid) - self._load0) / elapsed
-        busy, total = machine_busy()
-        cores = os.cpu_count() or 1
-        d_total = total - self._machine0[1]
-        self.machine_busy_cores = cores * (busy - self._machine0[0]) / d_total if d_total else 0.0
+        self.machine_busy_cores = cores_busy_between(self._machine0, machine_busy())
         if self._proc is None:
             return
         self._proc.send_signal(signal.SIGINT)

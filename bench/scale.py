@@ -38,6 +38,7 @@ from bench.loadgen import ClientSpec, latencies, run_clients
 from bench.profile import (
     QUIET_TIMEOUT_S,
     TreeProfile,
+    cores_busy_between,
     cpu_line,
     machine_busy,
     py_spy,
@@ -321,9 +322,7 @@ def store_probes(
         probe = _run_probe("store-fork", str(copy), sid, last)
         busy1 = machine_busy()
         probe["busyCoresBefore"] = round(quiet, 2)
-        probe["busyCoresDuring"] = round(
-            (os.cpu_count() or 1) * (busy1[0] - busy0[0]) / max(1.0, busy1[1] - busy0[1]), 2
-        )
+        probe["busyCoresDuring"] = round(cores_busy_between(busy0, busy1), 2)
         probes.append(probe)
         shutil.rmtree(copy.parent)
     return probes
