@@ -147,8 +147,10 @@ class SessionControls(TurnRunner):
             state = self._turns.get(msg.turn_id)
             if state is not None:
                 state.last_activity = time.monotonic()
+            # The worker answered the provider: the Turn may already have settled (its end
+            # can reach us before this reply), and the answer is still what happened.
             interaction = self.session_store.resolve_interaction(
-                self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response)
+                self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response), delivered=True
             )
             msg.reply(interaction)
 

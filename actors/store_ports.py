@@ -117,7 +117,14 @@ class SessionActorStore(Protocol):
     ) -> Interaction: ...
 
     def resolve_interaction(
-        self, ws: str, sid: str, turn_id: str, request_id: str, output: Mapping[str, Any]
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        request_id: str,
+        output: Mapping[str, Any],
+        *,
+        delivered: bool = False,
     ) -> Interaction: ...
 
     def record_settlement(

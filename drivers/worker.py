@@ -121,7 +121,7 @@ class WorkerServer:
             "turn.start": self._start_turn,
             "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
             "session.history": self._history,
-            "interaction.respond": lambda p: self.driver().respond_interaction(p),
+            "interaction.respond": self._respond_interaction,
             "fork": self._fork,
             # fork.resolve (issue 21): inspect / adopt / quarantine an unknown fork's children.
             **{m: self._resolution(m) for m in RESOLUTION_METHODS},
@@ -316,6 +316,12 @@ class WorkerServer:
                 f"{self.provider} cannot list its history", reason="history_unsupported"
             )
         return dict(history(params))
+
+    def _respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        answered = self.driver().respond_interaction(params)
+        # `sleep` here lets the provider's end of the Turn reach the host before this reply.
+        self.failpoints.hit("worker.interaction.after_answer")
+        return answered
 
     def _set_failpoints(self, params: Mapping[str, Any]) -> dict[str, Any]:
         points = params.get("points")

@@ -194,8 +194,19 @@ class HistoryStore(StoreBase):
             return interaction_from_row(row)
 
     def resolve_interaction(
-        self, ws: str, sid: str, turn_id: str, request_id: str, output: Mapping[str, Any]
+        self,
+        ws: str,
+        sid: str,
+        turn_id: str,
+        request_id: str,
+        output: Mapping[str, Any],
+        *,
+        delivered: bool = False,
     ) -> Interaction:
+        """Record the answer to a pending Interaction. `delivered`: the provider has taken
+        this answer (its worker said so), so an Interaction the Turn's settlement superseded
+        meanwhile is resolved all the same: the provider's end of the Turn can overtake the
+        worker's reply to the answer that let the Turn end."""
         output_json = dumps(dict(require_mapping("response", output)))
         with self._write(ws, fence=sid) as tx:
             require_live_session(tx.conn, ws, sid)
@@ -206,7 +217,10 @@ class HistoryStore(StoreBase):
             )
             if row is None:
                 raise InteractionNotFound(f"interaction {request_id} not found in turn {turn_id}")
-            if row[1] != InteractionStatus.PENDING:
+            answerable = (InteractionStatus.PENDING,) + (
+                (InteractionStatus.SUPERSEDED,) if delivered else ()
+            )
+            if row[1] not in answerable:
                 raise Conflict(f"interaction {request_id} is {row[1]}, not pending")
             tx.execute(
                 "UPDATE interactions SET status = 'resolved', output_json = ?, resolved_at_ms = ?"

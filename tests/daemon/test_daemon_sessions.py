@@ -215,6 +215,36 @@ def test_approval_interaction_round_trip(daemon: DaemonProcess, decision: str, r
     assert _assistant_texts(done) == [f"{reply}: rm -rf build"]
 
 
+def test_an_answer_whose_turn_ends_before_its_reply_is_still_resolved(
+    daemon: DaemonProcess,
+) -> None:
+    """The answer lets the provider end the Turn at once; its `turn/completed` can reach the
+    Session before the worker's reply to `interaction.respond` (held back here). The caller
+    still hears the Interaction resolved, and the record says so, not `superseded`."""
+    c = daemon.client()
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/approve ls")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+    c.call("debug.failpoints", {"points": {"worker.interaction.after_answer": "sleep:1500"}})
+    try:
+        answered = c.call(
+            "interaction.respond",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "turnId": turn["turnId"],
+                "requestId": pending[0]["requestId"],
+                "response": {"decision": "approve"},
+            },
+        )["interaction"]
+    finally:
+        c.call("debug.failpoints", {"points": {"worker.interaction.after_answer": "off"}})
+    assert (answered["status"], answered["output"]) == ("resolved", {"decision": "approve"})
+    done = settle(c, sid, turn["turnId"])
+    assert _assistant_texts(done) == ["approved: ls"]
+    assert [i["status"] for i in done["interactions"]] == ["resolved"]
+
+
 def test_turn_interrupt_settles_interrupted(daemon: DaemonProcess) -> None:
     c = daemon.client()
     sid = create_session(c)["agentSessionId"]

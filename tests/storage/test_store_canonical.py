@@ -208,6 +208,23 @@ def test_resolve_interaction_only_when_pending(store: Store) -> None:
         store.resolve_interaction(WS, sid, turn.turn_id, "nope", {})
 
 
+def test_a_delivered_answer_resolves_an_interaction_its_turns_end_superseded(
+    store: Store,
+) -> None:
+    sid = new_session(store)
+    turn, _ = store.claim_submit(WS, sid, "r", "x")
+    store.open_interaction(WS, sid, turn.turn_id, request_id="q", kind="approval", input={})
+    store.record_settlement(WS, sid, turn.turn_id, outcome="completed")
+    with pytest.raises(Conflict):  # an answer nobody delivered does not rewrite the end
+        store.resolve_interaction(WS, sid, turn.turn_id, "q", {"decision": "approve"})
+    done = store.resolve_interaction(
+        WS, sid, turn.turn_id, "q", {"decision": "approve"}, delivered=True
+    )
+    assert (done.status, done.output) == ("resolved", {"decision": "approve"})
+    with pytest.raises(Conflict):  # answered once
+        store.resolve_interaction(WS, sid, turn.turn_id, "q", {"decision": "x"}, delivered=True)
+
+
 def test_append_message_with_same_id_updates_in_place_and_bumps_version(store: Store) -> None:
     sid = new_session(store)
     turn, _ = store.claim_submit(WS, sid, "r", "x")
