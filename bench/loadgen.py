@@ -29,6 +29,9 @@ import zmq
 Record = dict[str, Any]
 """One request: `kind`, `t0`/`t1` (epoch ms), `status`, `reason`, plus loop-specific keys."""
 
+FALLBACK_POLL_S = 1.0
+"""How long a client waiting on events for its Turn's settlement waits before it asks."""
+
 
 @dataclass(frozen=True, slots=True)
 class ClientSpec:
@@ -41,11 +44,20 @@ def now_ms() -> float:
     return time.time() * 1000.0
 
 
+def request(c: Any, method: str, params: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """`(status, body)` of one call through either client: a `LeanClient` encodes the request
+    on the calling thread, a `transport.client.Client` through its socket thread."""
+    if isinstance(c, LeanClient):
+        return c.call_raw(LeanClient.head(method, params))
+    status, body = c.call_raw(method, params)
+    return int(status), body
+
+
 def _call(
     c: Any, kind: str, method: str, params: Mapping[str, Any]
 ) -> tuple[Record, dict[str, Any]]:
     t0 = now_ms()
-    status, body = c.call_raw(method, params)
+    status, body = request(c, method, params)
     t1 = now_ms()
     rec: Record = {"kind": kind, "t0": t0, "t1": t1, "status": status, "reason": ""}
     if status >= 400:
@@ -133,6 +145,7 @@ def loop_mutate(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float
             },
         )
         out.append(rec)
+        turn_id = body["turn"]["turnId"] if rec["status"] < 400 else None
         rec, _ = _call(
             c,
             "session.updateTitle",
@@ -147,7 +160,7 @@ def loop_mutate(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float
             {"workspaceId": ws, "agentSessionId": sid, "limit": 20},
         )
         out.append(rec)
-        waiter.turn_settled(ws, sid, deadline + 60)
+        waiter.turn_settled(ws, sid, deadline + 60, turn_id)
     return out
 
 
@@ -176,24 +189,35 @@ class Waiter:
         message = self.sub.next_message(timeout)
         return None if message is None or message[0] != ws else message[1]
 
-    def turn_settled(self, ws: str, sid: str, until: float) -> None:
-        next_poll = 0.0
+    def turn_settled(self, ws: str, sid: str, until: float, turn_id: str | None = None) -> None:
+        """Until the Session has no active Turn. With the Turn's id and the events socket,
+        its settled `turn.updated` ends the wait, with no request at all (a GUI's wait); a
+        `session.get` every `FALLBACK_POLL_S` covers a missed event. Without the id (its
+        submit was refused) or without events, `session.get` decides, at once and then
+        every 0.2 s."""
+        evented = turn_id is not None and self.sub is not None
+        next_poll = time.monotonic() + FALLBACK_POLL_S if evented else 0.0
         while time.monotonic() < until:
             if time.monotonic() >= next_poll:
-                status, body = self.c.call_raw(
-                    "session.get", {"workspaceId": ws, "agentSessionId": sid}
+                status, body = request(
+                    self.c, "session.get", {"workspaceId": ws, "agentSessionId": sid}
                 )
-                if status >= 400 or body["session"]["activeTurnId"] is None:
+                active = None if status >= 400 else body["session"]["activeTurnId"]
+                if active is None or (evented and active != turn_id):
                     return
-                next_poll = time.monotonic() + 0.2
+                next_poll = time.monotonic() + (FALLBACK_POLL_S if evented else 0.2)
             event = self._next_event(ws, 0.05)
             if (
-                event is not None
-                and event.get("type") == "turn.updated"
-                and event.get("agentSessionId") == sid
-                and event["turn"]["phase"] == "settled"
+                event is None
+                or event.get("type") != "turn.updated"
+                or event.get("agentSessionId") != sid
+                or event["turn"]["phase"] != "settled"
             ):
+                continue
+            if not evented:
                 next_poll = 0.0  # confirm with one read: the settled turn may be an older one
+            elif event["turn"]["turnId"] == turn_id:
+                return
 
     def operation_ended(self, ws: str, op: dict[str, Any], until: float) -> dict[str, Any]:
         next_poll = time.monotonic() + 0.2
@@ -207,8 +231,8 @@ class Waiter:
                 op = event["operation"]
                 continue
             if time.monotonic() >= next_poll:
-                st, got = self.c.call_raw(
-                    "fork.get", {"workspaceId": ws, "operationId": op["operationId"]}
+                st, got = request(
+                    self.c, "fork.get", {"workspaceId": ws, "operationId": op["operationId"]}
                 )
                 if st < 400:
                     op = got["operation"]
@@ -231,7 +255,8 @@ def loop_fork(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) 
         if follow or not turn_id:
             turn_id = _last_settled(c, ws, sid) or turn_id
         t0 = now_ms()
-        status, body = c.call_raw(
+        status, body = request(
+            c,
             "fork.create",
             {
                 "workspaceId": ws,
@@ -261,14 +286,15 @@ def loop_fork(c: Any, waiter: Waiter, args: Mapping[str, Any], deadline: float) 
         )
         out.append(rec)
         if op["status"] == "committed":
-            c.call_raw("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})
+            request(c, "fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})
     return out
 
 
 def _last_settled(c: Any, ws: str, sid: str) -> str | None:
     last, after = None, 0
     while True:
-        status, body = c.call_raw(
+        status, body = request(
+            c,
             "session.timeline",
             {"workspaceId": ws, "agentSessionId": sid, "afterSequence": after, "limit": 1000},
         )
@@ -307,9 +333,10 @@ def loop_race_mutate(
             },
         )
         rec["text"] = text
+        turn_id = None
         if rec["status"] < 400:
             rec["durableMs"] = body["turn"]["createdAtUnixMs"]
-            rec["turnId"] = body["turn"]["turnId"]
+            rec["turnId"] = turn_id = body["turn"]["turnId"]
         out.append(rec)
         rec, body = _call(
             c,
@@ -328,7 +355,7 @@ def loop_race_mutate(
             {"workspaceId": ws, "agentSessionId": sid, "title": f"race {tag} {i}"},
         )
         out.append(rec)
-        waiter.turn_settled(ws, sid, deadline + 60)
+        waiter.turn_settled(ws, sid, deadline + 60, turn_id)
     return out
 
 
@@ -368,7 +395,7 @@ LOOPS: dict[str, Callable[[Any, Waiter, Mapping[str, Any], float], list[Record]]
     "race_mutate": loop_race_mutate,
     "read": loop_read,
 }
-LEAN_LOOPS = frozenset({"read"})
+LEAN_LOOPS = frozenset({"read", "mutate", "fork", "race_mutate"})
 """Loops run with a `LeanClient` instead of `transport.client.Client`."""
 
 

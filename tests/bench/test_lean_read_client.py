@@ -76,3 +76,54 @@ def test_a_reply_to_another_request_is_never_counted(tmp_path: Path) -> None:
         ctx.term()
     with pytest.raises(ValueError):
         LeanClient("tcp://127.0.0.1:1")
+
+
+class _Counting(LeanClient):
+    """A LeanClient that remembers which methods it was asked to call."""
+
+    def __init__(self, endpoint: str) -> None:
+        super().__init__(endpoint, timeout=20.0)
+        self.methods: list[str] = []
+
+    def call_raw(self, head: bytes) -> tuple[int, dict]:
+        import msgpack
+
+        unpacker = msgpack.Unpacker(raw=False)
+        unpacker.feed(head[1:])  # the map header, then key/value pairs up to `id`
+        fields = list(unpacker)
+        self.methods.append(str(fields[fields.index("method") + 1]))
+        return super().call_raw(head)
+
+
+def test_the_mutation_loop_waits_for_its_turn_on_events_without_asking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mutation benchmark's client (lean, like the reads'): each cycle's three requests
+    answered, and its wait for the Turn it submitted ends on that Turn's settled event — no
+    `session.get` on the daemon while events arrive (the fallback poll is pushed out of reach
+    here, so a missed event would hang the wait, not pass)."""
+    import bench.loadgen as loadgen
+
+    monkeypatch.setattr(loadgen, "FALLBACK_POLL_S", 60.0)
+    daemon = DaemonProcess(tmp_path / "home").start()
+    lean = _Counting(daemon.api)
+    waiter = loadgen.Waiter(lean, daemon.events)
+    try:
+        sid = create_session(daemon.client())["agentSessionId"]
+        records = loadgen.loop_mutate(lean, waiter, {"ws": WS, "sid": sid}, time.monotonic() + 1)
+        kinds = [r["kind"] for r in records]
+        assert kinds[:3] == ["turn.submit", "session.updateTitle", "session.timeline"]
+        assert len(kinds) % 3 == 0 and all(r["status"] < 400 for r in records)
+        assert "session.get" not in lean.methods
+        turns = daemon.client().call(
+            "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 100}
+        )["turns"]
+        assert len(turns) == len(kinds) // 3
+        assert all(t["phase"] == "settled" for t in turns)
+        # Without the Turn's id (a refused submit) the waiter asks the daemon, at once.
+        waiter.turn_settled(WS, sid, time.monotonic() + 10)
+        assert lean.methods[-1] == "session.get"
+    finally:
+        waiter.close()
+        lean.close()
+        daemon.stop()
