@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
@@ -41,9 +42,16 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
+PF_EXITING = 0x4
+"""The kernel's flag on a task that has begun to exit (`/proc/PID/stat` field 9)."""
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+
 def process_alive(pid: int) -> bool:
-    """Whether `pid` is a running process (not gone, not a zombie): the host's check that a
-    runtime the worker named is still there, without a round trip (issue 20)."""
+    """Whether `pid` is a running process (not gone, not a zombie, not exiting, no SIGKILL
+    waiting for it): the host's check that a runtime the worker named is still there, without
+    a round trip (issue 20). A process killed a moment ago is already dead here, so the next
+    fork or Turn on it takes the cold path instead of being refused by the worker."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -57,9 +65,41 @@ def process_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-    # The state is the first field after the command's closing parenthesis.
-    state = stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
-    return state not in (b"Z", b"X", b"x", b"")
+    if not alive_in_stat(stat):
+        return False
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError:
+        return False  # gone between the two reads
+    return not sigkill_pending(status)
+
+
+def alive_in_stat(stat: bytes) -> bool:
+    """`/proc/PID/stat`: not a zombie or dead, and not exiting (`PF_EXITING`)."""
+    # The fields after the command's closing parenthesis: state, ppid, pgrp, session,
+    # tty_nr, tpgid, flags, ...
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] in (b"Z", b"X", b"x"):
+        return False
+    try:
+        flags = int(fields[6])
+    except (IndexError, ValueError):
+        return True  # an unreadable flags word is not evidence of an exit
+    return not flags & PF_EXITING
+
+
+def sigkill_pending(status: bytes) -> bool:
+    """`/proc/PID/status`: a SIGKILL queued for the process (`ShdPnd`) or its main thread
+    (`SigPnd`), delivered but not yet acted on."""
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            try:
+                if int(line.split(b":", 1)[1].strip(), 16) & _SIGKILL_BIT:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 class SessionRuntime(SessionActorBase):

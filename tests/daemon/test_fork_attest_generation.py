@@ -72,9 +72,8 @@ def test_a_respawned_app_server_is_re_attested_before_dispatch(daemon: DaemonPro
     pids = wait_for(lambda: _app_servers(sid), 10)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    # Gone as the host sees it (`process_alive`: missing or a zombie). A process in the middle
-    # of its exit has no environ any more, so `_app_servers` stops listing it a moment before
-    # its state turns Z; a fork in that moment finds the runtime still warm and is refused.
+    # Gone as the host sees it (`process_alive`: missing, a zombie, exiting, or a SIGKILL
+    # pending — so from the moment the kill returned; tests/actors/test_process_alive.py).
     wait_for(lambda: not any(process_alive(pid) for pid in pids), 10)
     c.call("debug.failpoints", {"points": BINDER_OFF})
     op = until_terminal(c, fork(c, sid, turn_id)[1])
