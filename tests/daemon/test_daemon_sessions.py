@@ -17,6 +17,7 @@ from tests.support.daemon import (
     WS,
     DaemonProcess,
     create_session,
+    respond,
     run_turn,
     settle,
     submit,
@@ -178,16 +179,7 @@ def test_active_turn_and_pending_interaction_are_visible_in_timeline(
         ]
     )
     assert pending[0]["kind"] == "question"
-    resolved = c.call(
-        "interaction.respond",
-        {
-            "workspaceId": WS,
-            "agentSessionId": ask_sid,
-            "turnId": ask["turnId"],
-            "requestId": pending[0]["requestId"],
-            "response": {"text": "blue"},
-        },
-    )["interaction"]
+    resolved = respond(c, ask_sid, ask["turnId"], pending[0]["requestId"], {"text": "blue"})
     assert resolved["status"] == "resolved"
     done = settle(c, ask_sid, ask["turnId"])
     assert _assistant_texts(done) == ["blue"]
@@ -201,16 +193,7 @@ def test_approval_interaction_round_trip(daemon: DaemonProcess, decision: str, r
     turn = submit(c, sid, "/approve rm -rf build")
     pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
     assert pending[0]["kind"] == "approval"
-    c.call(
-        "interaction.respond",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "turnId": turn["turnId"],
-            "requestId": pending[0]["requestId"],
-            "response": {"decision": decision},
-        },
-    )
+    respond(c, sid, turn["turnId"], pending[0]["requestId"], {"decision": decision})
     done = settle(c, sid, turn["turnId"])
     assert _assistant_texts(done) == [f"{reply}: rm -rf build"]
 
@@ -227,16 +210,7 @@ def test_an_answer_whose_turn_ends_before_its_reply_is_still_resolved(
     pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
     c.call("debug.failpoints", {"points": {"worker.interaction.after_answer": "sleep:1500"}})
     try:
-        answered = c.call(
-            "interaction.respond",
-            {
-                "workspaceId": WS,
-                "agentSessionId": sid,
-                "turnId": turn["turnId"],
-                "requestId": pending[0]["requestId"],
-                "response": {"decision": "approve"},
-            },
-        )["interaction"]
+        answered = respond(c, sid, turn["turnId"], pending[0]["requestId"], {"decision": "approve"})
     finally:
         c.call("debug.failpoints", {"points": {"worker.interaction.after_answer": "off"}})
     assert (answered["status"], answered["output"]) == ("resolved", {"decision": "approve"})

@@ -167,6 +167,24 @@ def create_session(
     )
 
 
+def respond(
+    client: Client, sid: str, turn_id: str, request_id: str, response: dict[str, Any], ws: str = WS
+) -> dict[str, Any]:
+    """`interaction.respond`: the Interaction as the daemon recorded it."""
+    return dict(
+        client.call(
+            "interaction.respond",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "turnId": turn_id,
+                "requestId": request_id,
+                "response": response,
+            },
+        )["interaction"]
+    )
+
+
 def submit(
     client: Client, sid: str, text: str, ws: str = WS, request_id: str | None = None
 ) -> dict[str, Any]:
