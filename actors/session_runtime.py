@@ -65,41 +65,29 @@ def process_alive(pid: int) -> bool:
         except PermissionError:
             return True
         return True
-    if not alive_in_stat(stat):
-        return False
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            status = f.read()
-    except OSError:
-        return False  # gone between the two reads
-    return not sigkill_pending(status)
+    return alive_in_stat(stat)
 
 
 def alive_in_stat(stat: bytes) -> bool:
-    """`/proc/PID/stat`: not a zombie or dead, and not exiting (`PF_EXITING`)."""
-    # The fields after the command's closing parenthesis: state, ppid, pgrp, session,
-    # tty_nr, tpgid, flags, ...
+    """`/proc/PID/stat`: not a zombie or dead, not exiting (`PF_EXITING` in its flags) and no
+    SIGKILL pending (a fatal signal is queued on every thread of the process before `kill`
+    returns). Left unseen: the instant between the kernel taking the SIGKILL and marking the
+    task exiting."""
+    fields = stat_fields(stat)
+    if fields is None:
+        return True  # an unreadable line is not evidence of an exit
+    state, flags, pending = fields
+    return state not in (b"Z", b"X", b"x") and not (flags & PF_EXITING or pending & _SIGKILL_BIT)
+
+
+def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
+    """(state, flags, pending signals) of a `/proc/PID/stat` line: fields 3, 9 and 31 (the
+    command, field 2, may hold spaces and parentheses: counted from its last `)`)."""
     fields = stat[stat.rfind(b")") + 2 :].split()
-    if not fields or fields[0] in (b"Z", b"X", b"x"):
-        return False
     try:
-        flags = int(fields[6])
+        return fields[3 - 3], int(fields[9 - 3]), int(fields[31 - 3])
     except (IndexError, ValueError):
-        return True  # an unreadable flags word is not evidence of an exit
-    return not flags & PF_EXITING
-
-
-def sigkill_pending(status: bytes) -> bool:
-    """`/proc/PID/status`: a SIGKILL queued for the process (`ShdPnd`) or its main thread
-    (`SigPnd`), delivered but not yet acted on."""
-    for line in status.splitlines():
-        if line.startswith((b"SigPnd:", b"ShdPnd:")):
-            try:
-                if int(line.split(b":", 1)[1].strip(), 16) & _SIGKILL_BIT:
-                    return True
-            except ValueError:
-                continue
-    return False
+        return None
 
 
 class SessionRuntime(SessionActorBase):
