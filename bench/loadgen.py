@@ -4,11 +4,12 @@ loop against the daemon socket until a shared deadline, recording every request 
 Separate processes keep the clients' own GIL out of the latencies we report; on 2 cores the
 clients still compete with the daemon for CPU, which every figure here includes.
 
-The read loop uses `LeanClient`, not `transport.client.Client`: on 2 cores the load clients'
-own CPU bounds the wall rate of the reads benchmark, and the full client spends ~0.5 ms of CPU
-per call on its socket thread, pipe and futures (issue 20; docs/performance.md). The lean one
+Every loop (`LEAN_LOOPS`) uses `LeanClient`, not `transport.client.Client`: on 2 cores the
+load clients' own CPU competes with the daemon's, and the full client spends ~0.5 ms of CPU per
+call on its socket thread, pipe and futures (issue 20; docs/performance.md §15). The lean one
 is what an efficient real client is: one DEALER used from the calling thread, each request
-its pre-encoded params plus a fresh id, each reply decoded and checked to answer that id.
+encoded on that thread with a fresh id, each reply decoded and checked to answer that id. A
+client waiting for its Turn to settle waits for that Turn's event, as a GUI does.
 """
 
 from __future__ import annotations
