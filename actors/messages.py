@@ -34,6 +34,10 @@ class FollowUp:
 
     fn: Callable[[], None]
     reply: Reply | None = None
+    turn_event: bool = False
+    """The provider's answer to a Turn's `turn.start`: it only queues that Turn's writes (its
+    binding, the events that came before it), so the Turn's held writes may wait for it as
+    for a driver event (`SessionActor.on_receive`)."""
 
 
 @dataclass(frozen=True, slots=True)

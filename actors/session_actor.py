@@ -98,15 +98,18 @@ class SessionActor(SessionControls):
 
     def on_receive(self, message: Any) -> Any:
         # A Turn's driver events come in bursts (item, binding, completion): while the next
-        # queued message is another driver event, this one's durable writes wait for it, and
-        # the burst's writes land as one transaction (one baton turn, one COMMIT). Any other
-        # message finds them durable, as before — but a plain mutation that went ahead of
-        # the burst (`goes_ahead`), which does not read or depend on a Turn's writes. At most
-        # MAX_HELD_WRITES wait: a provider that streams faster than the store commits still
-        # has its Turn land (and its `turn.updated` events go out) every few messages, and
-        # the queue stays bounded.
-        self._hold_durable = len(self._durable) < MAX_HELD_WRITES and isinstance(
-            self.next_message(), DriverEvent
+        # queued message is another driver event, or the provider's answer to the Turn's
+        # `turn.start` (which only queues more of its writes; `FollowUp.turn_event`), this
+        # one's durable writes wait for it, and the burst's writes land as one transaction
+        # (one baton turn, one COMMIT). Any other message finds them durable, as before — but
+        # a plain mutation that went ahead of the burst (`goes_ahead`), which does not read or
+        # depend on a Turn's writes. At most MAX_HELD_WRITES wait: a provider that streams
+        # faster than the store commits still has its Turn land (and its `turn.updated`
+        # events go out) every few messages, and the queue stays bounded.
+        following = self.next_message()
+        self._hold_durable = len(self._durable) < MAX_HELD_WRITES and (
+            isinstance(following, DriverEvent)
+            or (isinstance(following, FollowUp) and following.turn_event)
         )
         if isinstance(message, RuntimeLost):
             self.forget_warm_runtime()

@@ -124,14 +124,17 @@ class SessionActorBase(PooledActor):
         future: Future[T],
         on_done: Callable[[Future[T]], None],
         reply: Callable[[Any], None] | None = None,
+        *,
+        turn_event: bool = False,
     ) -> None:
         """Continue on this actor's thread when `future` completes; `reply` is the reply the
-        continuation owes, answered with a typed error if the continuation raises."""
+        continuation owes, answered with a typed error if the continuation raises;
+        `turn_event`: see `FollowUp.turn_event`."""
         ref = self.actor_ref
 
         def _done(f: Future[T]) -> None:
             try:
-                ref.tell(FollowUp(lambda: on_done(f), reply))
+                ref.tell(FollowUp(lambda: on_done(f), reply, turn_event))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
                 if reply is not None:  # still owed: typed and retryable, never silence

@@ -69,7 +69,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 session.provider, "turn.start", params, self.ctx.timeouts.turn_start_s
             )
             again = _prepare if warm else None
-            self.later(fut, lambda f: self._turn_started(state, f, again))
+            self.later(fut, lambda f: self._turn_started(state, f, again), turn_event=True)
 
         def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
             if state.settling:

@@ -187,9 +187,7 @@ class WorkerServer:
         request = ForkRequest.from_wire(params)
         expected = request.runtime_generation
         if expected is not None:
-            current = self.runtime_generation(
-                request.source.agent_session_id, request.source.home
-            )
+            current = self.runtime_generation(request.source.agent_session_id, request.source.home)
             if current != expected:
                 return ForkResult.not_started(
                     f"runtime changed since its attestation ({expected} -> {current})"
@@ -203,6 +201,7 @@ class WorkerServer:
         before the provider sees anything, and the host prepares the runtime and sends it
         again. (A runtime that dies after this check is respawned by the driver, as it would
         be after a `session.start`.)"""
+        self.failpoints.hit("worker.turn.before_start")
         expected = params.get("runtimeGeneration")
         if expected is not None:
             current = self.runtime_generation(

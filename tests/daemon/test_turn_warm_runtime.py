@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import apsw
 import pytest
 
-from actors.messages import runtime_key
+from actors.messages import Mutate, runtime_key
 from agenthost.daemon import Daemon
 from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.daemon.test_hung_provider import _app_servers
@@ -132,3 +134,32 @@ def test_a_turn_after_an_unbound_settled_turn_takes_the_cold_path_and_rebinds_it
     assert requests["session.start"] == 1, requests
     assert requests["session.history"] == 1, requests
     assert turn_of(c, sid, lost)["rootProviderTurnId"], "the lost binding was not re-bound"
+
+
+def test_a_turns_start_answer_queued_among_its_events_does_not_split_their_batch(
+    running: tuple[Daemon, Client],
+) -> None:
+    """Issue 20 rows 5-6: the provider's answer to `turn.start` only queues more of the Turn's
+    writes, so the writes held for the Turn's queued events wait for it too. The worker holds
+    `turn.start` (`worker.turn.before_start`) while a mutation keeps the Session's actor busy:
+    the Turn's events and that answer queue behind it, in the provider's order (the answer
+    after the start and binding events, before the items). Their writes land as one store
+    transaction, not one before the answer and one after."""
+    daemon, c = running
+    sid = _warm_session(c)
+    assert daemon.store is not None
+    stats = daemon.store.write_stats
+    c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:sleep:400"}})
+    turn_id = submit(c, sid, "one batch")["turnId"]
+    before = (stats.transactions, stats.batched)
+    answered = threading.Event()
+    held = Mutate(lambda: time.sleep(1.5), lambda _reply: answered.set())
+    assert daemon.routes.tell(WS, sid, held)  # straight into the live actor's inbox
+    turn = settle(c, sid, turn_id)
+    assert answered.wait(10)
+    assert turn["outcome"] == "completed", turn
+    assert [m["text"] for m in turn["messages"]] == ["one batch", "echo: one batch"]
+    assert turn["rootProviderTurnId"], turn
+    transactions, batched = stats.transactions - before[0], stats.batched - before[1]
+    assert transactions == 1, (transactions, batched)
+    assert batched >= 3, (transactions, batched)  # the binding, the reply, the settlement
