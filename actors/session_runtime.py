@@ -50,8 +50,10 @@ _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 def process_alive(pid: int) -> bool:
     """Whether `pid` is a running process (not gone, not a zombie, not exiting, no SIGKILL
     waiting for it): the host's check that a runtime the worker named is still there, without
-    a round trip (issue 20). A process killed a moment ago is already dead here, so the next
-    fork or Turn on it takes the cold path instead of being refused by the worker."""
+    a round trip (issue 20). A process killed a moment ago is dead here from the moment its
+    SIGKILL is pending, so the next fork or Turn on it takes the cold path instead of being
+    refused by the worker — all but the kernel's own instant between taking the signal and
+    marking the task exiting (a fork then is refused safely: `failed`, no child)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()

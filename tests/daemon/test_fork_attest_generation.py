@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 
-from actors.session_runtime import process_alive
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (
@@ -63,6 +62,16 @@ def test_a_second_fork_on_a_warm_unchanged_runtime_sends_no_runtime_attest(
     assert op["status"] == "failed" and "binder unavailable" in op["error"], op
 
 
+def _exited(pid: int) -> bool:
+    """A zombie or gone (the process has finished its exit)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except FileNotFoundError:
+        return True
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X", b"x")
+
+
 def test_a_respawned_app_server_is_re_attested_before_dispatch(daemon: DaemonProcess) -> None:
     """Provider state lost: the Session's app-server dies; the next fork's `session.start`
     spawns a new one (a new generation), so the saga re-attests before `dispatching`."""
@@ -72,9 +81,11 @@ def test_a_respawned_app_server_is_re_attested_before_dispatch(daemon: DaemonPro
     pids = wait_for(lambda: _app_servers(sid), 10)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    # Gone as the host sees it (`process_alive`: missing, a zombie, exiting, or a SIGKILL
-    # pending — so from the moment the kill returned; tests/actors/test_process_alive.py).
-    wait_for(lambda: not any(process_alive(pid) for pid in pids), 10)
+    # Wait until each is a zombie or gone: `process_alive` calls a process dead from the
+    # moment its SIGKILL is pending, but cannot see the kernel's own instant between taking
+    # the signal and marking the task exiting (tests/actors/test_process_alive.py); a fork in
+    # that instant would find the runtime still warm and be refused by the worker.
+    wait_for(lambda: all(_exited(pid) for pid in pids), 10)
     c.call("debug.failpoints", {"points": BINDER_OFF})
     op = until_terminal(c, fork(c, sid, turn_id)[1])
     assert op["status"] == "failed" and "binder unavailable" in op["error"], op
