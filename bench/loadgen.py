@@ -4,7 +4,7 @@ loop against the daemon socket until a shared deadline, recording every request 
 Separate processes keep the clients' own GIL out of the latencies we report; on 2 cores the
 clients still compete with the daemon for CPU, which every figure here includes.
 
-Every loop (`LEAN_LOOPS`) uses `LeanClient`, not `transport.client.Client`: on 2 cores the
+Every loop uses `LeanClient`, not `transport.client.Client`: on 2 cores the
 load clients' own CPU competes with the daemon's, and the full client spends ~0.5 ms of CPU per
 call on its socket thread, pipe and futures (issue 20; docs/performance.md §15). The lean one
 is what an efficient real client is: one DEALER used from the calling thread, each request
@@ -396,8 +396,6 @@ LOOPS: dict[str, Callable[[Any, Waiter, Mapping[str, Any], float], list[Record]]
     "race_mutate": loop_race_mutate,
     "read": loop_read,
 }
-LEAN_LOOPS = frozenset({"read", "mutate", "fork", "race_mutate"})
-"""Loops run with a `LeanClient` instead of `transport.client.Client`."""
 
 
 def _client_main(
@@ -410,15 +408,9 @@ def _client_main(
     go: Any,
     results: Any,
 ) -> None:
-    from transport.client import Client
-
-    # The read loop's client is the lean one (see the module docstring), connected before the
+    # Every loop's client is the lean one (see the module docstring), connected before the
     # release like the others.
-    client: Client | LeanClient = (
-        LeanClient(endpoint, timeout=120.0)
-        if spec.loop in LEAN_LOOPS
-        else Client(endpoint, timeout=120.0)
-    )
+    client = LeanClient(endpoint, timeout=120.0)
     waiter = Waiter(client, events)
     try:
         ready.put(index)

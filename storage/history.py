@@ -217,10 +217,8 @@ class HistoryStore(StoreBase):
             )
             if row is None:
                 raise InteractionNotFound(f"interaction {request_id} not found in turn {turn_id}")
-            answerable = (InteractionStatus.PENDING,) + (
-                (InteractionStatus.SUPERSEDED,) if delivered else ()
-            )
-            if row[1] not in answerable:
+            superseded_but_delivered = delivered and row[1] == InteractionStatus.SUPERSEDED
+            if row[1] != InteractionStatus.PENDING and not superseded_but_delivered:
                 raise Conflict(f"interaction {request_id} is {row[1]}, not pending")
             tx.execute(
                 "UPDATE interactions SET status = 'resolved', output_json = ?, resolved_at_ms = ?"
