@@ -31,7 +31,8 @@ class ForkRequests(Reconciliation):
     # -- the fork mutation -------------------------------------------------------------------
 
     def fork(self, source_session_id: str, turn_id: str) -> ForkMutation:
-        """The Fork click on one boundary. Returns the record; never blocks on the network.
+        """The Fork click on one boundary. Returns the record as the click left it (in flight,
+        or the untouched record when nothing was sent); never blocks on the network.
 
         Identities: a first attempt, or one after a confirmed failure or an observed success,
         gets new request/target ids; a retry after `unknown` reuses them; while in flight or
@@ -87,7 +88,9 @@ class ForkRequests(Reconciliation):
             self._put_locked(record)
             self._send_create_locked(key, slot, record)
         self._flush()
-        return self.mutation(source_session_id, turn_id) or record
+        # The record as this click left it: the create's reply may already have moved the live
+        # one on (a replayed `unknown` operation answers at once); `mutation()` reads that.
+        return record
 
     def resolve(
         self,

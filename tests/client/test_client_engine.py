@@ -4,6 +4,7 @@ identity, and the child upserted before its single ACK."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -208,8 +209,21 @@ def test_retry_after_durable_unknown_reuses_identity_and_never_reforks(
     unknown = settle(engine, clock, sid, turns[0])
     assert unknown.status is MutationStatus.UNKNOWN and unknown.operation_id
     client.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "off"}})
+    # The replayed create answers `unknown` at once; hold the click's own flush until that
+    # answer has landed, so the click returns after it (the race a loaded CI run once lost).
+    clicker = threading.current_thread()
+
+    def answered(change: EngineChange) -> None:
+        if threading.current_thread() is clicker:
+            wait_until(
+                lambda: engine.mutation(sid, turns[0]).status is not MutationStatus.IN_FLIGHT, 10
+            )
+
+    unsubscribe = engine.subscribe(answered)
     retry = engine.fork(sid, turns[0])
-    assert retry.status is MutationStatus.IN_FLIGHT
+    unsubscribe()
+    assert retry.status is MutationStatus.IN_FLIGHT  # the click's record, as it left it
+    assert retry.create_attempts == 2
     again = settle(engine, clock, sid, turns[0])
     assert again.status is MutationStatus.UNKNOWN
     assert again.operation_id == unknown.operation_id
