@@ -198,7 +198,8 @@ class ForkSaga:
             self.host.attested_runtime = (
                 None if generation is None else self._attestation_key(generation)
             )
-        op, _ = self.host.store.mark_fork_dispatching(self.host.ws, op.operation_id)
+        with self.host.store.background():
+            op, _ = self.host.store.mark_fork_dispatching(self.host.ws, op.operation_id)
         self.operation = op
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
@@ -289,12 +290,14 @@ class ForkSaga:
         if isinstance(evidence, str):
             self._unknown(f"unverifiable provider child: {evidence}")
             return
-        op, _ = self.host.store.mark_fork_provider_accepted(
-            self.host.ws, self.operation.operation_id, evidence
-        )
+        with self.host.store.background():
+            op, _ = self.host.store.mark_fork_provider_accepted(
+                self.host.ws, self.operation.operation_id, evidence
+            )
         self.operation = op
         self._hit("host.fork.before_commit")
-        op, _ = self.host.store.commit_fork(self.host.ws, op.operation_id)
+        with self.host.store.background():
+            op, _ = self.host.store.commit_fork(self.host.ws, op.operation_id)
         self._hit("host.fork.after_commit")
         self._finish(op)
 

@@ -203,6 +203,11 @@ class SagaStore(RestartRuleStore, Protocol):
         self, ws: str, op_id: str, evidence: ProviderForkEvidence
     ) -> tuple[ForkOperation, bool]: ...
 
+    def background(self) -> AbstractContextManager[None]:
+        """The block's writes are background ones: no request waits on them, so a client's
+        write queued meanwhile goes ahead, for a bounded time (`storage.baton`)."""
+        ...
+
 
 class ResolveStore(Protocol):
     """`fork.resolve`'s view (issue 21 §1): its own durable resolution record (begin, finish,

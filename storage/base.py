@@ -303,7 +303,21 @@ class StoreBase:
         return self._fifo.waiting
 
     def _take_baton(self) -> None:
-        self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
+        self._fifo.take(
+            max(0.0, self.busy_timeout_ms / 1000),
+            background=getattr(self._local, "background", False),
+        )
+
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """The writes of this block, in this thread, are background ones: no client request
+        waits on them, so a client's write queued meanwhile goes first (`Baton`)."""
+        held = getattr(self._local, "background", False)
+        self._local.background = True
+        try:
+            yield
+        finally:
+            self._local.background = held
 
     def _pass_baton(self) -> None:
         self._fifo.pass_on()

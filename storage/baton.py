@@ -4,28 +4,42 @@ first come, first served (issue 20 "one writer, no busy-handler sleeps")."""
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 
 import apsw
 
 from storage.errors import StoreBusy
 
+BACKGROUND_MAX_WAIT_S = 0.1
+"""How long a background writer may be overtaken by foreground ones before it goes next."""
+
+_Entry = tuple[int, threading.Lock, float]
+
 
 class Baton:
     """Each queued writer blocks on its own lock and the holder hands the baton to the first
     one only: no herd of waking threads fighting over the GIL and the lock, no writer
-    overtaken again and again. `lock` guards the queue (and, for the store, its counters)."""
+    overtaken again and again. `lock` guards the queue (and, for the store, its counters).
+
+    Two queues, each first come, first served: a client's request waits on a *foreground*
+    write, while a *background* one (a fork saga's steps after its prepare: `dispatching`,
+    `provider_accepted`, the commit) has no request waiting on it, only its own pipeline. A foreground writer goes ahead of queued
+    background ones, unless the first of those has waited `BACKGROUND_MAX_WAIT_S` already:
+    then it goes next, so background writes are delayed by at most that, never starved."""
 
     def __init__(self) -> None:
         self.lock = threading.Condition(threading.Lock())
         self.owner: int | None = None
-        self._queue: deque[tuple[int, threading.Lock]] = deque()
+        self._queue: deque[_Entry] = deque()
+        self._background: deque[_Entry] = deque()
+        self.background_max_wait_s = BACKGROUND_MAX_WAIT_S
 
     @property
     def waiting(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + len(self._background)
 
-    def take(self, timeout_s: float) -> None:
+    def take(self, timeout_s: float, *, background: bool = False) -> None:
         """Become the writer, waiting up to `timeout_s` behind the others (then a retryable
         `StoreBusy`, as a wait on another process's lock ends)."""
         me = threading.get_ident()
@@ -33,26 +47,33 @@ class Baton:
             if self.owner == me:
                 # A write inside a write of the same thread: refused as SQLite refused it.
                 raise apsw.SQLError("cannot start a transaction within a transaction")
-            if self.owner is None and not self._queue:
+            if self.owner is None and not self.waiting:
                 self.owner = me
                 return
-            entry = (me, threading.Lock())
+            entry = (me, threading.Lock(), time.monotonic())
             entry[1].acquire()
-            self._queue.append(entry)
+            queue = self._background if background else self._queue
+            queue.append(entry)
         # `pass_on` makes this thread the owner, then releases its lock.
         if entry[1].acquire(timeout=timeout_s):
             return
         with self.lock:
             if self.owner == me:  # handed over just as the wait timed out
                 return
-            self._queue.remove(entry)
+            queue.remove(entry)
         raise StoreBusy("the store is busy with other writes, try again")
 
     def pass_on(self) -> None:
         with self.lock:
-            if self._queue:
-                owner, wake = self._queue.popleft()
-                self.owner = owner
-                wake.release()
+            later = self._background
+            if later and (
+                not self._queue or time.monotonic() - later[0][2] >= self.background_max_wait_s
+            ):
+                owner, wake, _ = later.popleft()
+            elif self._queue:
+                owner, wake, _ = self._queue.popleft()
             else:
                 self.owner = None
+                return
+            self.owner = owner
+            wake.release()

@@ -7,6 +7,7 @@ only after the COMMIT that made it durable returned. Counted (`Store.write_stats
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -307,5 +308,69 @@ def test_queued_writers_get_the_baton_in_arrival_order(tmp_path: Path) -> None:
         for t in [holder, *threads]:
             t.join(20)
         assert order == ids
+    finally:
+        store.close()
+
+
+def _body_order(store: Store, queued: list[tuple[str, bool, float]]) -> list[str]:
+    """Hold one write, queue each `(name, background, pause before the next)` writer behind
+    it in that order, release, and return the order their bodies ran in."""
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hold() -> None:
+        with store._write(WS):
+            inside.set()
+            release.wait(20)
+
+    def write(name: str, background: bool) -> None:
+        with contextlib.ExitStack() as stack:
+            if background:
+                stack.enter_context(store.background())
+            with store._write(WS):
+                order.append(name)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(20)
+    threads = []
+    for name, background, pause in queued:
+        t = threading.Thread(target=write, args=(name, background))
+        t.start()
+        threads.append(t)
+        _wait_for(_queued(store, len(threads)))
+        time.sleep(pause)
+    release.set()
+    for t in [holder, *threads]:
+        t.join(20)
+    return order
+
+
+def test_a_clients_write_goes_ahead_of_queued_background_writes(tmp_path: Path) -> None:
+    """A fork saga's later steps are background writes: a client's rename queued after them
+    runs first, and the background ones keep their own order."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    store.group_max_age_s = 60.0
+    try:
+        _sessions(store, 1)
+        order = _body_order(
+            store,
+            [("bg1", True, 0.0), ("bg2", True, 0.0), ("fg1", False, 0.0), ("fg2", False, 0.0)],
+        )
+        assert order == ["fg1", "fg2", "bg1", "bg2"]
+    finally:
+        store.close()
+
+
+def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path) -> None:
+    """Once the first background writer has waited `background_max_wait_s`, it goes next:
+    background writes are delayed, never starved by a stream of client writes."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    store.group_max_age_s = 60.0
+    store._fifo.background_max_wait_s = 0.2
+    try:
+        _sessions(store, 1)
+        order = _body_order(store, [("bg", True, 0.3), ("fg1", False, 0.0), ("fg2", False, 0.0)])
+        assert order == ["bg", "fg1", "fg2"]
     finally:
         store.close()
