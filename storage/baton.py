@@ -24,9 +24,10 @@ class Baton:
 
     Two queues, each first come, first served: a client's request waits on a *foreground*
     write, while a *background* one (a fork saga's steps after its prepare: `dispatching`,
-    `provider_accepted`, the commit) has no request waiting on it, only its own pipeline. A foreground writer goes ahead of queued
-    background ones, unless the first of those has waited `BACKGROUND_MAX_WAIT_S` already:
-    then it goes next, so background writes are delayed by at most that, never starved."""
+    `provider_accepted`, the commit) has no request waiting on it, only its own pipeline. A
+    foreground writer goes ahead of queued background ones, unless the first of those has
+    waited `background_max_wait_s` already: then it goes next, so background writes are
+    delayed by at most that, never starved."""
 
     def __init__(self) -> None:
         self.lock = threading.Condition(threading.Lock())
