@@ -284,6 +284,29 @@ def machine() -> dict[str, Any]:
     }
 
 
+def cpu_probe_ms(rounds: int = 3) -> float:
+    """The host's single-thread Python speed now: the median ms of a fixed pure-Python workload
+    (integer loop, SHA-1 and JSON, ~0.1-0.2 s). This 2-core VM's speed swings ~1.3-2x between
+    minutes on a quiet machine (2026-12-01: the same loop 380-500 ms seconds apart, row 10's
+    store probe 170 ms in one run and 327 ms in the next on the same code), so each benchmark
+    records it beside its figures: two runs compare only at a similar probe."""
+    import hashlib
+    import json as json_module
+
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        total = 0
+        for i in range(300_000):
+            total += i & 7
+        h = hashlib.sha1()
+        for i in range(20_000):
+            h.update(str(i).encode())
+        json_module.dumps([{"id": i, "text": "x" * 20} for i in range(5_000)])
+        times.append((time.perf_counter() - t0) * 1000)
+    return round(sorted(times)[len(times) // 2], 1)
+
+
 def command_for(module: str, argv: Sequence[str]) -> str:
     """The exact command line, runnable from the repository root."""
     return shlex.join(["build/venv/bin/python", "-m", module, *argv])

@@ -19,9 +19,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench import fork_overhead, fork_path, mutations, overload, races, scale, targets, throughput
-from bench.common import REPO, BenchResult, Mode, Table, command_for, log, machine, mode_argv
+from bench.common import (
+    REPO,
+    BenchResult,
+    Mode,
+    Table,
+    command_for,
+    cpu_probe_ms,
+    log,
+    machine,
+    mode_argv,
+)
 from bench.profile import QUIET_TIMEOUT_S, wait_until_quiet
 
+LOADS_TITLE = (
+    "1-minute load average (cores busy; CPU probe, bench.common.cpu_probe_ms, lower is faster)"
+    " at each benchmark's start"
+)
 BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.fork_overhead", fork_overhead.run),
     ("bench.mutations", mutations.run),
@@ -54,7 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # What the previous benchmark left running (its daemon tree exiting, write-back of its
         # stores) is not this one's load: start each on a quiet machine, as far as it gets.
         quiet = wait_until_quiet(timeout_s=2 * QUIET_TIMEOUT_S[mode.value])
-        log(f"running {module} ({mode.value}); {quiet:.2f} cores busy at start")
+        probe = cpu_probe_ms()
+        log(
+            f"running {module} ({mode.value}); {quiet:.2f} cores busy at start,"
+            f" CPU probe {probe:.0f} ms"
+        )
         load = os.getloadavg()[0]
         t0 = time.monotonic()
         try:
@@ -67,6 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result.command = command_for(module, argv_all)
         result.figures["loadAverage1mAtStart"] = round(load, 2)
         result.figures["busyCoresAtStart"] = round(quiet, 2)
+        result.figures["cpuProbeMsAtStart"] = probe
         print(result.render() + "\n", flush=True)
         results.append(result)
     json_path = args.out / f"{stem}.json"
@@ -98,13 +117,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     loads = ", ".join(
         f"{b['command'].split()[2] if b['command'] else b['name']} "
         f"{b['figures'].get('loadAverage1mAtStart', 'n/a')}"
-        f" ({b['figures'].get('busyCoresAtStart', 'n/a')} cores busy)"
+        f" ({b['figures'].get('busyCoresAtStart', 'n/a')} cores busy,"
+        f" CPU probe {b['figures'].get('cpuProbeMsAtStart', 'n/a')} ms)"
         for b in merged
     )
     title = f"issue 20 targets ({mode.value} run, {doc['date']})"
     bound_lines = targets.bounds(issue20)
     md = [f"Run {doc['date']} ({mode.value}), `{doc['command']}`, machine {doc['machine']}", ""]
-    md += [f"1-minute load average (cores busy) at each benchmark's start: {loads}", ""]
+    md += [f"{LOADS_TITLE}: {loads}", ""]
     md += [targets.table(issue20, title).markdown(), ""]
     md += ["Measured by:", "", *targets.measured_lines(issue20), ""]
     if bound_lines:
@@ -133,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nmeasured by:\n" + "\n".join(targets.measured_lines(issue20)), flush=True)
     if bound_lines:
         print("\nwhat bounds each missed target:\n" + "\n".join(bound_lines), flush=True)
-    print(f"\n1-minute load average (cores busy) at each benchmark's start: {loads}", flush=True)
+    print(f"\n{LOADS_TITLE}: {loads}", flush=True)
     log(f"wrote {json_path}" + "".join(f", {p.name}" for p in written))
     for failure in failures:
         log(f"FAILED {failure}")

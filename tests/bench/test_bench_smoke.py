@@ -41,6 +41,8 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
         assert bench["command"].startswith("build/venv/bin/python -m bench.")
         assert bench["tables"] and all(t["rows"] for t in bench["tables"])
         assert f"command: {bench['command']}" in out.stdout
+        # The host's speed at its start: runs compare only at a similar probe.
+        assert bench["figures"]["cpuProbeMsAtStart"] > 0
     races = next(b for b in doc["benchmarks"] if b["name"].startswith("same-source races"))
     # Lost, half-applied and fence breaches are correctness, not performance: always 0.
     assert races["figures"]["violations"] == 0
