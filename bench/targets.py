@@ -131,6 +131,7 @@ def collect(benchmarks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 measured=t.get("measured") or t["what"],
                 command=bench.get("command", ""),
                 profile=t.get("profile") or {},
+                cpuProbeMs=(bench.get("figures") or {}).get("cpuProbeMsAtStart"),
             )
         else:
             row.update(
@@ -170,7 +171,13 @@ def table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
 
 
 def measured_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    return [f"{i}. {r['measured']}" for i, r in enumerate(rows, 1)]
+    """What measured each row, with the host's speed when its benchmark started (a `make
+    bench` run records `cpuProbeMsAtStart`; this VM's speed swings ~2x between minutes)."""
+    return [
+        f"{i}. {r['measured']}"
+        + (f"; CPU probe {r['cpuProbeMs']:.0f} ms at its start" if r.get("cpuProbeMs") else "")
+        for i, r in enumerate(rows, 1)
+    ]
 
 
 def bounds(rows: Sequence[Mapping[str, Any]]) -> list[str]:

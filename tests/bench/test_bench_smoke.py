@@ -14,7 +14,7 @@ import pytest
 
 from bench.common import BenchResult, Latency, percentile
 from bench.profile import busy_cores, summarise, wait_until_quiet
-from bench.targets import ISSUE20, bounds, collect, table
+from bench.targets import ISSUE20, bounds, collect, measured_lines, table
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,6 +56,8 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     # issue's order, printed at the end of the run, and in the markdown.
     rows = doc["issue20Targets"]
     assert [r["key"] for r in rows] == [t.key for t in ISSUE20]
+    for line, row in zip(measured_lines(rows), rows, strict=True):
+        assert row["value"] is None or "CPU probe" in line, line
     for row in rows:
         if row["key"] == "fork-ratio:codex" and "codex" in overhead["figures"]["skipped"]:
             continue
@@ -152,6 +154,16 @@ def test_issue20_targets_take_their_limit_from_the_issue_and_report_unmeasured_o
     assert why[0].startswith("4. MISSED forks committed/s at 16 clients")
     assert "    CPU-bound: app-server" in why
     assert not any("CPU ms per fork" in line for line in why)
+
+
+def test_each_measured_target_says_how_fast_the_host_was_when_its_benchmark_started() -> None:
+    result = BenchResult("throughput", "build/venv/bin/python -m bench.throughput", "full")
+    result.issue_target("forks-per-s", 60.0, measured="16 clients")
+    result.figures["cpuProbeMsAtStart"] = 36.4
+    rows = collect([result.to_json()])
+    lines = dict(zip((r["key"] for r in rows), measured_lines(rows), strict=True))
+    assert lines["forks-per-s"] == "4. 16 clients; CPU probe 36 ms at its start"
+    assert "CPU probe" not in lines["fork-ratio:codex"]  # not measured: no start to speak of
 
 
 @pytest.mark.timeout(120)
