@@ -297,27 +297,12 @@ class StoreBase:
                 if not self._closed:
                     log.warning("store checkpoint failed: %s", exc)
 
-    @property
-    def _baton_waiting(self) -> int:
-        """Writers queued for the baton."""
-        return self._fifo.waiting
-
     def _take_baton(self) -> None:
-        self._fifo.take(
-            max(0.0, self.busy_timeout_ms / 1000),
-            background=getattr(self._local, "background", False),
-        )
+        self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
 
-    @contextmanager
-    def background(self) -> Iterator[None]:
-        """The writes of this block, in this thread, are background ones: no client request
-        waits on them, so a client's write queued meanwhile goes first (`Baton`)."""
-        held = getattr(self._local, "background", False)
-        self._local.background = True
-        try:
-            yield
-        finally:
-            self._local.background = held
+    def background(self) -> contextlib.AbstractContextManager[None]:
+        """This thread's writes in the block are background ones (`storage.baton.Baton`)."""
+        return self._fifo.background()
 
     def _pass_baton(self) -> None:
         self._fifo.pass_on()
@@ -349,7 +334,7 @@ class StoreBase:
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
         with self._baton:
-            waiting = self._baton_waiting
+            waiting = self._fifo.waiting
         return (
             waiting > 0
             and group.members < self.group_max_members

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import apsw
 
@@ -35,15 +37,28 @@ class Baton:
         self._queue: deque[_Entry] = deque()
         self._background: deque[_Entry] = deque()
         self.background_max_wait_s = BACKGROUND_MAX_WAIT_S
+        self._local = threading.local()
 
     @property
     def waiting(self) -> int:
         return len(self._queue) + len(self._background)
 
-    def take(self, timeout_s: float, *, background: bool = False) -> None:
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """This thread's `take`s in the block queue as background writers: no client request
+        waits on them, so a client's write queued meanwhile goes first."""
+        held = getattr(self._local, "background", False)
+        self._local.background = True
+        try:
+            yield
+        finally:
+            self._local.background = held
+
+    def take(self, timeout_s: float) -> None:
         """Become the writer, waiting up to `timeout_s` behind the others (then a retryable
         `StoreBusy`, as a wait on another process's lock ends)."""
         me = threading.get_ident()
+        background = getattr(self._local, "background", False)
         with self.lock:
             if self.owner == me:
                 # A write inside a write of the same thread: refused as SQLite refused it.

@@ -39,7 +39,7 @@ def _wait_for(predicate: Callable[[], bool]) -> None:
 
 
 def _queued(store: Store, n: int) -> Callable[[], bool]:
-    return lambda: store._baton_waiting == n
+    return lambda: store._fifo.waiting == n
 
 
 def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> list[BaseException]:
@@ -68,7 +68,7 @@ def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> lis
     threads = [threading.Thread(target=run, args=(fn,)) for fn in writers]
     for t in threads:
         t.start()
-    _wait_for(lambda: store._baton_waiting == len(writers))
+    _wait_for(lambda: store._fifo.waiting == len(writers))
     release.set()
     for t in [holder, *threads]:
         t.join(20)
