@@ -294,9 +294,8 @@ class ForkSaga:
             op, _ = self.host.store.mark_fork_provider_accepted(
                 self.host.ws, self.operation.operation_id, evidence
             )
-        self.operation = op
-        self._hit("host.fork.before_commit")
-        with self.host.store.background():
+            self.operation = op
+            self._hit("host.fork.before_commit")
             op, _ = self.host.store.commit_fork(self.host.ws, op.operation_id)
         self._hit("host.fork.after_commit")
         self._finish(op)

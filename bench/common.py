@@ -8,6 +8,7 @@ the exact command that reproduces it, so every printed figure names its command.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -286,13 +287,10 @@ def machine() -> dict[str, Any]:
 
 def cpu_probe_ms(rounds: int = 3) -> float:
     """The host's single-thread Python speed now: the median ms of a fixed pure-Python workload
-    (integer loop, SHA-1 and JSON, ~0.1-0.2 s). This 2-core VM's speed swings ~1.3-2x between
-    minutes on a quiet machine (2026-12-01: the same loop 380-500 ms seconds apart, row 10's
-    store probe 170 ms in one run and 327 ms in the next on the same code), so each benchmark
-    records it beside its figures: two runs compare only at a similar probe."""
-    import hashlib
-    import json as json_module
-
+    (integer loop, SHA-1 and JSON; ~25-40 ms a round here). This 2-core VM's speed swings up to
+    ~2x between minutes (`make bench` of 2026-12-01 10:53 UTC: 21-22 ms at its first two
+    benchmarks, 35-38 ms from the third on), so each benchmark records it beside its figures:
+    two runs compare only at a similar probe."""
     times = []
     for _ in range(rounds):
         t0 = time.perf_counter()
@@ -302,7 +300,7 @@ def cpu_probe_ms(rounds: int = 3) -> float:
         h = hashlib.sha1()
         for i in range(20_000):
             h.update(str(i).encode())
-        json_module.dumps([{"id": i, "text": "x" * 20} for i in range(5_000)])
+        json.dumps([{"id": i, "text": "x" * 20} for i in range(5_000)])
         times.append((time.perf_counter() - t0) * 1000)
     return round(sorted(times)[len(times) // 2], 1)
 
