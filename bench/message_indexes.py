@@ -47,13 +47,13 @@ _BY_TURN = "CREATE INDEX messages_by_turn ON messages (workspace_id, session_id,
 _ID_KEY = ", PRIMARY KEY (workspace_id, session_id, message_id)"
 _POSITION_KEY = ", UNIQUE (workspace_id, session_id, position)"
 
-SESSION_KEY = "the same keys on an integer Session key"
+SESSION_KEY = "schema v7 (today): the keys on an integer Session key"
 _BY_SESSION_KEY = (
-    "session_key = (SELECT rowid FROM sessions WHERE workspace_id = ? AND session_id = ?)"
+    "session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?)"
 )
 # name -> (keys in the CREATE TABLE, table options, indexes, foreign keys enforced)
 VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
-    "schema v5 (today)": (_ID_KEY + _POSITION_KEY, "", (_BY_TURN,), True),
+    "schema v6 (the text keys)": (_ID_KEY + _POSITION_KEY, "", (_BY_TURN,), True),
     "without the id key": (_POSITION_KEY, "", (_BY_TURN,), True),
     "without the position key": (_ID_KEY, "", (_BY_TURN,), True),
     "without messages_by_turn": (_ID_KEY + _POSITION_KEY, "", (), True),
@@ -64,9 +64,9 @@ VARIANTS: dict[str, tuple[str, str, tuple[str, ...], bool]] = {
         (_BY_TURN,),
         True,
     ),
-    "today's keys, foreign keys off": (_ID_KEY + _POSITION_KEY, "", (_BY_TURN,), False),
+    "the text keys, foreign keys off": (_ID_KEY + _POSITION_KEY, "", (_BY_TURN,), False),
     "no key, no index (the table alone)": ("", "", (), True),
-    # The same three keys on an integer per Session (the sessions row's rowid) instead of the
+    # The same three keys on an integer per Session (`session_keys`, schema v7) instead of the
     # two 36-character ids; the row keeps its ids (the foreign keys and every query use them).
     SESSION_KEY: (
         ", PRIMARY KEY (session_key, message_id), UNIQUE (session_key, position)",
@@ -104,8 +104,10 @@ def prepare_variant(src: Path, dst: Path, name: str) -> Path:
     extra = ", session_key INTEGER NOT NULL" if name == SESSION_KEY else ""
     conn.execute(f"CREATE TABLE m2 ({_COLUMNS}{extra}{keys}{_FOREIGN}){options}")
     conn.execute(
-        f"INSERT INTO m2 SELECT m.*{', s.rowid' if extra else ''} FROM messages m"
-        " JOIN sessions s USING (workspace_id, session_id)"
+        "INSERT INTO m2 SELECT m.workspace_id, m.session_id, m.message_id, m.turn_id, m.kind,"
+        " m.text, m.payload_json, m.version, m.position,"
+        f" m.created_at_ms{', k.session_key' if extra else ''} FROM messages m"
+        " JOIN session_keys k USING (workspace_id, session_id)"
         " ORDER BY m.workspace_id, m.session_id, m.position"
     )
     conn.execute("DROP TABLE messages")
@@ -143,7 +145,11 @@ def insert_child(
         " updated_at_ms FROM sessions WHERE workspace_id = ? AND session_id = ?",
         (child, ws, sid),
     )
-    key = conn.last_insert_rowid()
+    key_row = conn.execute(
+        "SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?",
+        (ws, child),
+    ).fetchone()
+    key = key_row[0] if key_row is not None else None
     conn.executemany(
         "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [(t[0], child, turn_ids[str(t[2])], *t[3:]) for t in turns],

@@ -111,7 +111,8 @@ def _parse_payload(text: str) -> Any:
 
 _MESSAGES_SQL = (
     "SELECT message_id, turn_id, kind, text, payload_json, version, position FROM messages"
-    " WHERE workspace_id = ?1 AND session_id = ?2{cut} ORDER BY position"
+    " WHERE session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ?1"
+    " AND session_id = ?2){cut} ORDER BY position"
 )
 # The Turns through the selected one (`?3` its sequence), looked up once as a list.
 _MESSAGES_CUT = (

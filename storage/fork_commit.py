@@ -13,7 +13,7 @@ from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTr
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache
-from storage.fork_snapshot import take_frozen_snapshot
+from storage.fork_snapshot import FROZEN_SELECT, stored_frozen, take_frozen_snapshot
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -69,11 +69,10 @@ class ForkCommit(StoreBase):
                 f"fork operation {op_id} cannot commit from {status}",
                 params={"operationId": op_id, "status": status.value},
             )
-        text_row = tx.one("SELECT snapshot_json FROM fork_snapshots WHERE op_seq = ?", (r[28],))
-        assert text_row is not None
+        stored = stored_frozen(tx.one(FROZEN_SELECT, (r[28],)))
         # The stored bytes are hashed here; their parse may be the document prepare froze
         # (same hash, same bytes) instead of a second decode of a multi-MB text.
-        snapshot = take_frozen_snapshot(text_row[0], r[18])
+        snapshot = take_frozen_snapshot(stored, r[18])
         self._reprove_identity(tx, ws, r, snapshot)
         plan = build_child(
             snapshot,
@@ -177,11 +176,17 @@ class ForkCommit(StoreBase):
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             plan.turn_rows,
         )
-        # Every cloned Message is created at the commit: one integer in the statement (`int`,
-        # so nothing but digits reaches the SQL text), the rows as prepare built them.
+        # Every cloned Message is created at the commit, in the child's Session (its key, schema
+        # v7, made by the trigger on the insert above): two integers in the statement (`int`, so
+        # nothing but digits reaches the SQL text), the rows as prepare built them.
+        key = tx.one(
+            "SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?",
+            (s.workspace_id, s.session_id),
+        )
+        assert key is not None
         tx.executemany(
-            f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms)"
-            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {int(plan.committed_at_ms)})",
+            f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms, session_key)"
+            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {int(plan.committed_at_ms)}, {int(key[0])})",
             plan.message_rows,
         )
         tx.executemany(

@@ -165,7 +165,7 @@ class ForkPrepare(StoreBase):
             ordinal = (int(count_row[0]) if count_row else 0) + 2
             title = child_title(tx.conn, ws, source.title, source.lineage is not None, ordinal)
             op_id = str(uuid.uuid4())
-            snapshot, snapshot_text, snapshot_hash = freeze_snapshot(
+            snapshot, stored, snapshot_hash = freeze_snapshot(
                 operation_id=op_id,
                 workspace_id=ws,
                 source=source,
@@ -216,7 +216,7 @@ class ForkPrepare(StoreBase):
             # after, so no status UPDATE of the operation row rewrites them.
             tx.execute(
                 "INSERT INTO fork_snapshots (op_seq, snapshot_json) VALUES (?, ?)",
-                (tx.conn.last_insert_rowid(), snapshot_text),
+                (tx.conn.last_insert_rowid(), stored),
             )
             tx.execute(
                 "INSERT INTO session_reservations (workspace_id, session_id, operation_id)"

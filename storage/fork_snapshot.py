@@ -1,12 +1,14 @@
-"""The immutable snapshot frozen at prepare: canonical JSON (sorted keys) hashed with SHA-256
-(law 5); commit and the committed projection read only it (and the operation row), never the
-live source. The documents this process froze are kept by hash for its own commit.
+"""The immutable snapshot frozen at prepare, hashed with SHA-256 over its stored bytes (law 5);
+commit and the committed projection read only it (and the operation row), never the live source.
+The documents this process froze are kept by hash for its own commit.
 
-Version 2 (issue 20) writes each Message as a compact array in `MESSAGE_FIELDS` order instead
-of an object: a 1,000-Turn / 10,000-Message snapshot is ~23 % smaller, and neither prepare nor
-the decode sorts and writes (or reads) ten thousand objects' keys. Version 1 snapshots stored by
-older builds still load: `load_snapshot` verifies their bytes' hash as stored, then turns their
-Message objects into the same arrays, so everything past it reads one shape."""
+Version 3 (issue 20 row 10) stores the document as MessagePack bytes (a BLOB): a 1,000-Turn /
+10,000-Message snapshot packs ~4x faster than its canonical JSON encodes, and unpacks faster
+than JSON parses. Version 2 was canonical JSON text (sorted keys, no whitespace) with each
+Message a compact array in `MESSAGE_FIELDS` order, version 1 the same with Messages as objects.
+Both are still read: an operation prepared by an older build may be committed or projected by
+this one. A document MessagePack cannot hold (an integer beyond 64 bits in a payload, which JSON
+allows) is frozen as version 2 JSON instead; the stored value's type says which it is."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import msgpack
+
 from storage.errors import (
     ForkSnapshotCorrupt,
 )
@@ -26,10 +30,16 @@ from storage.models import (
 )
 from storage.sqlite import dumps
 
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
+# The version of the JSON text form: what builds before MessagePack froze, and what this one
+# freezes for a document MessagePack cannot hold.
+JSON_VERSION = 2
 # The versions `load_snapshot` reads: 1 (Messages as objects) is what builds before issue 20
-# froze; an operation prepared by one may still be committed or read by this build.
-READABLE_VERSIONS = (1, 2)
+# froze, 2 what builds before MessagePack froze; their operations may still be committed or read.
+READABLE_VERSIONS = (1, 2, 3)
+
+Frozen = str | bytes
+"""A stored snapshot: version 3 MessagePack bytes, or version 1 / 2 JSON text."""
 
 # `dumps`'s canonical form (sorted keys, no whitespace, UTF-8 kept) without the per-container
 # cycle check: a snapshot is built from fresh containers and parsed JSON, never cyclic, and the
@@ -41,12 +51,21 @@ _ENCODER = json.JSONEncoder(
 
 
 def encode_snapshot(document: Mapping[str, Any]) -> str:
-    """The canonical JSON text of a snapshot document (the bytes that are hashed)."""
+    """The canonical JSON text of a snapshot document (version 1 and 2; hashed as UTF-8)."""
     return _ENCODER.encode(document)
 
 
-def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+def pack_snapshot(document: Mapping[str, Any]) -> bytes:
+    """The MessagePack bytes of a version 3 snapshot document (the bytes that are hashed).
+    Maps keep the document's own order, which prepare builds the same way every time; nothing
+    re-encodes a document to compare it, the stored bytes are what the hash covers."""
+    packed: bytes = msgpack.packb(document, use_bin_type=True)
+    return packed
+
+
+def sha256_hex(frozen: Frozen) -> str:
+    data = frozen.encode("utf-8") if isinstance(frozen, str) else frozen
+    return hashlib.sha256(data).hexdigest()
 
 
 def request_hash(source: str, target: str, point_kind: str, turn_id: str) -> str:
@@ -82,8 +101,8 @@ def freeze_snapshot(
     point_kind: str,
     boundary: Boundary,
     runtime_identity: Mapping[str, Any],
-) -> tuple[dict[str, Any], str, str]:
-    """Build the snapshot document; returns (document, canonical JSON, SHA-256 hex)."""
+) -> tuple[dict[str, Any], Frozen, str]:
+    """Build the snapshot document; returns (document, its stored form, SHA-256 hex)."""
     assert source.provider_session_id is not None
     settings = runtime_identity.get("settings", source.settings)
     context = runtime_identity.get("runtime_context", source.runtime_context)
@@ -113,15 +132,21 @@ def freeze_snapshot(
         "provider_turn_ids": list(boundary.provider_turn_ids),
         "turns": boundary.turns,
     }
-    text = encode_snapshot(document)
-    digest = sha256_hex(text)
-    _remember_frozen(digest, document, len(text))
-    return document, text, digest
+    frozen: Frozen
+    try:
+        frozen = pack_snapshot(document)
+    except (OverflowError, TypeError, ValueError):
+        # E.g. a payload's integer beyond 64 bits: JSON holds it, MessagePack cannot.
+        document["version"] = JSON_VERSION
+        frozen = encode_snapshot(document)
+    digest = sha256_hex(frozen)
+    _remember_frozen(digest, document, len(frozen))
+    return document, frozen, digest
 
 
 # The documents prepare froze, by hash, for the commit of the same operation in this process:
 # the commit still reads and hashes the stored bytes (law 2), but a hash match means those bytes
-# are exactly `encode_snapshot(document)`, whose parse equals `document` — so a 1,000-Turn
+# are exactly the encoding of `document`, whose decode equals `document` — so a 1,000-Turn
 # commit skips a second decode of its multi-MB snapshot. Bounded by text size; a miss (another
 # process, after a restart, evicted) decodes as before. Taken once: the commit is the only
 # consumer, and no reader can mutate a document another reader holds.
@@ -141,7 +166,7 @@ def _remember_frozen(digest: str, document: dict[str, Any], size: int) -> None:
             total -= n
 
 
-def take_frozen_snapshot(text: str, expected_hash: str) -> dict[str, Any]:
+def take_frozen_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
     """`load_snapshot` for a commit: the stored bytes are hashed and must match; their parse is
     the document prepare froze when this process still holds it, else decoded."""
     if sha256_hex(text) != expected_hash:
@@ -153,17 +178,48 @@ def take_frozen_snapshot(text: str, expected_hash: str) -> dict[str, Any]:
     return dict(held[0])
 
 
-def load_snapshot(text: str, expected_hash: str) -> dict[str, Any]:
+# The stored value as its bytes and its type: a text value whose bytes are not UTF-8 (a damaged
+# store) is then a corrupt snapshot, not a decode error inside SQLite's driver.
+FROZEN_SELECT = (
+    "SELECT CAST(snapshot_json AS BLOB), typeof(snapshot_json) FROM fork_snapshots WHERE op_seq = ?"
+)
+
+
+def stored_frozen(row: Any) -> Frozen:
+    """What `FROZEN_SELECT` read, as `load_snapshot` takes it."""
+    if row is None:
+        raise ForkSnapshotCorrupt("fork snapshot row is missing")
+    data, kind = row
+    if kind == "blob":
+        return bytes(data)
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ForkSnapshotCorrupt(f"fork snapshot text is not UTF-8: {exc}") from exc
+
+
+def decode_frozen(frozen: Frozen) -> Any:
+    """The stored value decoded by its type (bytes: MessagePack, text: JSON), unchecked: what
+    `load_snapshot` verifies and reads (tools that inspect a store use it as it is)."""
+    return msgpack.unpackb(frozen, raw=False) if isinstance(frozen, bytes) else json.loads(frozen)
+
+
+def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
     """Parse a stored snapshot, refusing one whose bytes no longer match the frozen hash."""
     if sha256_hex(text) != expected_hash:
         raise ForkSnapshotCorrupt("fork snapshot does not match its hash")
-    document = json.loads(text)
+    packed = isinstance(text, bytes)
+    try:
+        document = decode_frozen(text)
+    except ValueError as exc:  # msgpack's and json's decode errors are ValueErrors
+        raise ForkSnapshotCorrupt(f"fork snapshot does not decode: {exc}") from exc
     if not isinstance(document, dict):
-        raise ForkSnapshotCorrupt("fork snapshot is not a JSON object")
+        raise ForkSnapshotCorrupt("fork snapshot is not a map")
     version = document.get("version")
-    if version == 1:
+    if version == 1 and not packed:
         return _upgrade_v1(document)
-    if version != SNAPSHOT_VERSION or document.get("message_fields") != list(MESSAGE_FIELDS):
+    expected = SNAPSHOT_VERSION if packed else JSON_VERSION
+    if version != expected or document.get("message_fields") != list(MESSAGE_FIELDS):
         raise ForkSnapshotCorrupt(f"unsupported snapshot version {version!r}")
     return document
 

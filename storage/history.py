@@ -32,6 +32,7 @@ from storage.rows import (
     message_from_row,
     turn_from_row,
 )
+from storage.schema import SESSION_KEY_OF
 from storage.session_rows import (
     next_position,
     require_live_session,
@@ -95,7 +96,7 @@ class HistoryStore(StoreBase):
                 turn_row(tx, ws, sid, turn_id)
             if message_id is not None:
                 existing = tx.one(
-                    "SELECT turn_id FROM messages WHERE workspace_id = ? AND session_id = ?"
+                    f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF}"
                     " AND message_id = ?",
                     (ws, sid, message_id),
                 )
@@ -104,7 +105,7 @@ class HistoryStore(StoreBase):
                         raise Conflict(f"message {message_id} belongs to another turn")
                     tx.execute(
                         "UPDATE messages SET kind = ?, text = ?, payload_json = ?,"
-                        " version = version + 1 WHERE workspace_id = ? AND session_id = ?"
+                        f" version = version + 1 WHERE session_key = {SESSION_KEY_OF}"
                         " AND message_id = ?",
                         (kind, text, payload_json, ws, sid, message_id),
                     )
@@ -112,10 +113,12 @@ class HistoryStore(StoreBase):
             message_id = message_id or str(uuid.uuid4())
             position = next_position(tx, ws, sid)
             tx.execute(
-                "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
-                " payload_json, version, position, created_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                "INSERT INTO messages (session_key, workspace_id, session_id, message_id, turn_id,"
+                " kind, text, payload_json, version, position, created_at_ms)"
+                f" VALUES ({SESSION_KEY_OF}, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
                 (
+                    ws,
+                    sid,
                     ws,
                     sid,
                     message_id,
@@ -140,7 +143,7 @@ class HistoryStore(StoreBase):
         self, tx: Tx, ws: str, sid: str, message_id: str, turn_id: str | None
     ) -> Message:
         row = tx.one(
-            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ? AND session_id = ?"
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = {SESSION_KEY_OF}"
             " AND message_id = ?",
             (ws, sid, message_id),
         )
@@ -284,8 +287,8 @@ class HistoryStore(StoreBase):
             messages = [
                 message_from_row(r)
                 for r in conn.execute(
-                    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ?"
-                    " AND session_id = ? AND turn_id = ? AND (? IS NULL OR position > ?)"
+                    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = {SESSION_KEY_OF}"
+                    " AND turn_id = ? AND (? IS NULL OR position > ?)"
                     " ORDER BY position",
                     (ws, sid, turn_id, after, after),
                 )
@@ -311,8 +314,8 @@ def _first_changed(
             return True
         position, total = seen[i - 1]
         row = conn.execute(
-            "SELECT COUNT(*), COALESCE(SUM(version), 0) FROM messages WHERE workspace_id = ?"
-            " AND session_id = ? AND turn_id = ? AND position <= ?",
+            "SELECT COUNT(*), COALESCE(SUM(version), 0) FROM messages"
+            f" WHERE session_key = {SESSION_KEY_OF} AND turn_id = ? AND position <= ?",
             (ws, sid, turn_id, position),
         ).fetchone()
         return row is not None and (int(row[0]), int(row[1])) == (i, total)

@@ -12,6 +12,7 @@ from typing import Any
 import apsw
 
 from storage.models import Interaction, Lineage, Message, Session, Turn
+from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, loads
 
 
@@ -145,7 +146,7 @@ def _chunks(items: Sequence[str], size: int = 400) -> Iterable[Sequence[str]]:
 # walked the Session's position key over every Message the Session ever had (a 20-Turn
 # timeline page: 0.67 ms at 300 Turns, 1.3-2.0 ms at 1,500; 0.55 ms at either this way).
 HYDRATE_MESSAGES_SQL = (
-    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE workspace_id = ? AND session_id = ?"
+    f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_key = {SESSION_KEY_OF}"
     " AND turn_id IN ({marks}) ORDER BY turn_id, position"
 )
 

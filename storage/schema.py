@@ -2,7 +2,8 @@
 
 Version N is reached by applying MIGRATIONS[0:N] in order inside one `BEGIN IMMEDIATE`
 transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract, v3 an
-index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a table of its own.
+index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a table of its own,
+v6 an index of unbound Turns, v7 keys `messages` by an integer per Session.
 """
 
 from __future__ import annotations
@@ -281,6 +282,59 @@ CREATE INDEX turns_unbound ON turns (workspace_id, session_id, sequence)
     WHERE phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL;
 """
 
+# v7 (issue 20 row 10): `messages` keyed by an integer per Session instead of its two text ids.
+# Each of the table's three keys (by id, by position, by Turn) repeated the workspace and Session
+# ids, ~45 bytes of text in every entry, compared byte by byte on every insert: a 10,000-Message
+# fork child wrote 5.3 MB of WAL. `session_keys` gives every Session a stable integer (an
+# INTEGER PRIMARY KEY: VACUUM keeps it), filled by a trigger when the Session is inserted;
+# `messages` keeps its text ids (its foreign keys and every reader use them) and adds
+# `session_key`, which its keys lead with. A query names the key with `SESSION_KEY_OF` (the same
+# two parameters, workspace then Session, that it bound before). The rebuild copies every row
+# as it is, in rowid order.
+_V7 = """
+CREATE TABLE session_keys (
+    session_key    INTEGER PRIMARY KEY,
+    workspace_id   TEXT NOT NULL,
+    session_id     TEXT NOT NULL,
+    UNIQUE (workspace_id, session_id)
+);
+INSERT INTO session_keys (workspace_id, session_id)
+    SELECT workspace_id, session_id FROM sessions ORDER BY rowid;
+CREATE TRIGGER session_keys_of_new_sessions AFTER INSERT ON sessions BEGIN
+    INSERT INTO session_keys (workspace_id, session_id) VALUES (NEW.workspace_id, NEW.session_id);
+END;
+
+CREATE TABLE messages_v7 (
+    workspace_id   TEXT NOT NULL,
+    session_id     TEXT NOT NULL,
+    message_id     TEXT NOT NULL,
+    turn_id        TEXT,
+    kind           TEXT NOT NULL,
+    text           TEXT,
+    payload_json   TEXT NOT NULL,
+    version        INTEGER NOT NULL DEFAULT 1,
+    position       INTEGER NOT NULL,
+    created_at_ms  INTEGER NOT NULL,
+    session_key    INTEGER NOT NULL,
+    PRIMARY KEY (session_key, message_id),
+    UNIQUE (session_key, position),
+    FOREIGN KEY (workspace_id, session_id) REFERENCES sessions(workspace_id, session_id),
+    FOREIGN KEY (workspace_id, session_id, turn_id)
+        REFERENCES turns(workspace_id, session_id, turn_id)
+);
+INSERT INTO messages_v7
+    SELECT m.workspace_id, m.session_id, m.message_id, m.turn_id, m.kind, m.text,
+        m.payload_json, m.version, m.position, m.created_at_ms, k.session_key
+    FROM messages m JOIN session_keys k USING (workspace_id, session_id) ORDER BY m.rowid;
+DROP TABLE messages;
+ALTER TABLE messages_v7 RENAME TO messages;
+CREATE INDEX messages_by_turn ON messages (session_key, turn_id, position);
+"""
+
+SESSION_KEY_OF = "(SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?)"
+"""The integer key of the Session `(workspace, Session)` names (schema v7): what a `messages`
+query compares `session_key` with, binding the two ids it bound before."""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -288,6 +342,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v4,
     _V5,
     _V6,
+    _V7,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,6 +18,7 @@ from storage.rows import (
     session_from_row,
     turn_from_row,
 )
+from storage.schema import SESSION_KEY_OF
 from storage.tx import Tx
 
 
@@ -115,8 +116,7 @@ def finish_claims(tx: Tx, ws: str, sid: str, turn_id: str) -> None:
 
 def next_position(tx: Tx, ws: str, sid: str) -> int:
     row = tx.one(
-        "SELECT COALESCE(MAX(position), 0) + 1 FROM messages WHERE workspace_id = ?"
-        " AND session_id = ?",
+        f"SELECT COALESCE(MAX(position), 0) + 1 FROM messages WHERE session_key = {SESSION_KEY_OF}",
         (ws, sid),
     )
     return int(row[0]) if row else 1

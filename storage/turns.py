@@ -10,6 +10,7 @@ from storage.base import StoreBase
 from storage.errors import Conflict, InvalidArgument, SessionBusy
 from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
 from storage.rows import TURN_COLUMNS
+from storage.schema import SESSION_KEY_OF
 from storage.session_rows import (
     finish_claims,
     load_turn,
@@ -66,10 +67,10 @@ class TurnStore(StoreBase):
                 (ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, tx.now_ms),
             )
             tx.execute(
-                "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
-                " payload_json, version, position, created_at_ms)"
-                " VALUES (?, ?, ?, ?, 'user', ?, '{}', 1, ?, ?)",
-                (ws, sid, message_id, turn_id, text, position, tx.now_ms),
+                "INSERT INTO messages (session_key, workspace_id, session_id, message_id, turn_id,"
+                " kind, text, payload_json, version, position, created_at_ms)"
+                f" VALUES ({SESSION_KEY_OF}, ?, ?, ?, ?, 'user', ?, '{{}}', 1, ?, ?)",
+                (ws, sid, ws, sid, message_id, turn_id, text, position, tx.now_ms),
             )
             tx.execute(
                 "INSERT INTO submit_claims (workspace_id, session_id, request_id, turn_id, text,"
@@ -248,8 +249,7 @@ def _settle(
     tx.check_fence(sid)
     if final_assistant_message_id is not None:
         owner = tx.one(
-            "SELECT turn_id FROM messages WHERE workspace_id = ? AND session_id = ?"
-            " AND message_id = ?",
+            f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF} AND message_id = ?",
             (ws, sid, final_assistant_message_id),
         )
         # A dangling final message id would make the turn unforkable (law 5).

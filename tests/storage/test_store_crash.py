@@ -3,7 +3,6 @@ must be intact and every fork invariant must hold (laws 2 and 3, reservation rul
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 from storage import Store
 from storage.errors import ForkInProgress
+from storage.fork_snapshot import decode_frozen
 
 WORKER = Path(__file__).with_name("store_crash_worker.py")
 WS = "crash-ws"
@@ -50,7 +50,7 @@ def check_invariants(store: Store) -> dict[str, int]:
         assert (child, lineage) == ((1, 1) if status == "committed" else (0, 0)), op_id
         assert reserved == (0 if status == "failed" else 1), op_id
         if status == "committed":
-            frozen = json.loads(snapshot)["turns"]
+            frozen = decode_frozen(snapshot)["turns"]
             turns = conn.execute(
                 "SELECT COUNT(*) FROM turns WHERE workspace_id = ? AND session_id = ?"
                 " AND sequence_provenance = 'fork_clone'",

@@ -166,9 +166,10 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
     assert len(store.timeline(WS_V4, child.session_id)[0]) == 3
     acked, _ = store.acknowledge_fork(WS_V4, expected["committed"]["operation_id"])
     assert acked.client_observed_at_ms is not None
-    assert acked.committed_session == store.get_fork_operation(
-        WS_V4, acked.operation_id
-    ).committed_session
+    assert (
+        acked.committed_session
+        == store.get_fork_operation(WS_V4, acked.operation_id).committed_session
+    )
     dispatching = expected["dispatching"]["operation_id"]
     unknown, _ = store.mark_fork_unknown(WS_V4, dispatching, "lost at restart")
     assert unknown.status.value == "unknown"

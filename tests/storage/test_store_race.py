@@ -10,6 +10,7 @@ from store_builders import WS, new_session, settled_turn
 
 from storage import ForkOperation, ForkPrepareRequest, Store
 from storage.errors import ForkInProgress
+from storage.fork_snapshot import decode_frozen
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,9 +115,7 @@ def test_mutations_racing_a_prepare_are_in_the_snapshot_or_rejected(store_path: 
     store = Store.open(store_path)
     final = store.get_session(WS, sid).settings
     raw = store._conn().execute("SELECT snapshot_json FROM fork_snapshots").fetchone()[0]
-    import json
-
-    frozen = json.loads(raw)["target"]["settings"]
+    frozen = decode_frozen(raw)["target"]["settings"]
     # Whatever was applied before prepare is what the snapshot froze; nothing after it landed.
     assert frozen == final
     applied = outcome["applied"]

@@ -23,6 +23,7 @@ import apsw
 from actors.context import _path_segment
 from storage import Store
 from storage.errors import ForkInProgress, HostError
+from storage.fork_snapshot import decode_frozen
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
 # Statuses whose operation may have sent the provider fork (law 1: the marker is durable first).
@@ -340,7 +341,7 @@ def _check_children(
                 op["target_turn_id"],
             ):
                 ctx.fail(Law.CHILD_IFF_COMMITTED, f"{name}: lineage row {row} disagrees")
-            n_snapshot = len(json.loads(op["snapshot_json"]).get("turns") or [])
+            n_snapshot = len(decode_frozen(op["snapshot_json"]).get("turns") or [])
             if clone_turns.get(key, 0) != n_snapshot:
                 ctx.fail(
                     Law.CHILD_IFF_COMMITTED,
@@ -507,8 +508,9 @@ def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
         conn,
         "SELECT t.workspace_id, t.session_id, t.turn_id, t.root_provider_turn_id,"
         " t.final_assistant_message_id, m.kind AS final_kind, m.turn_id AS final_turn"
-        " FROM turns t LEFT JOIN messages m ON m.workspace_id = t.workspace_id"
-        " AND m.session_id = t.session_id AND m.message_id = t.final_assistant_message_id"
+        " FROM turns t JOIN session_keys k USING (workspace_id, session_id)"
+        " LEFT JOIN messages m ON m.session_key = k.session_key"
+        " AND m.message_id = t.final_assistant_message_id"
         " WHERE t.phase = 'settled' AND t.outcome = 'completed'",
     ):
         where = f"session {t['session_id']} turn {t['turn_id']}"
@@ -530,8 +532,8 @@ def _check_liveness(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
     for t in _rows(
         conn,
         "SELECT t.session_id, t.turn_id, MAX(t.created_at_ms, COALESCE(MAX(m.created_at_ms), 0))"
-        " AS last_ms FROM turns t LEFT JOIN messages m ON m.workspace_id = t.workspace_id"
-        " AND m.session_id = t.session_id AND m.turn_id = t.turn_id"
+        " AS last_ms FROM turns t JOIN session_keys k USING (workspace_id, session_id)"
+        " LEFT JOIN messages m ON m.session_key = k.session_key AND m.turn_id = t.turn_id"
         " WHERE t.phase = 'active' AND NOT EXISTS (SELECT 1 FROM interactions i"
         " WHERE i.workspace_id = t.workspace_id AND i.session_id = t.session_id"
         " AND i.turn_id = t.turn_id AND i.status = 'pending')"
