@@ -284,9 +284,10 @@ CREATE INDEX turns_unbound ON turns (workspace_id, session_id, sequence)
 
 # v7 (issue 20 row 10): `messages` keyed by an integer per Session instead of its two text ids.
 # Each of the table's three keys (by id, by position, by Turn) repeated the workspace and Session
-# ids, ~45 bytes of text in every entry, compared byte by byte on every insert: a 10,000-Message
-# fork child wrote 5.3 MB of WAL. `session_keys` gives every Session a stable integer (an
-# INTEGER PRIMARY KEY: VACUUM keeps it), filled by a trigger when the Session is inserted;
+# ids (a Session id alone is 36 characters) in every entry, compared on every insert; a fork's
+# 10,000-Message child is the table's largest write. `session_keys` gives every Session a
+# stable integer (an INTEGER PRIMARY KEY: VACUUM keeps it), filled by a trigger when the Session
+# is inserted;
 # `messages` keeps its text ids (its foreign keys and every reader use them) and adds
 # `session_key`, which its keys lead with. A query names the key with `SESSION_KEY_OF` (the same
 # two parameters, workspace then Session, that it bound before). The rebuild copies every row

@@ -213,3 +213,70 @@ def test_recovery_on_a_migrated_v4_store_settles_and_commits(tmp_path: Path) -> 
         "failed": "failed",
     }
     store.close()
+
+
+# -- v6 -> v7: `messages` keyed by an integer per Session ------------------------------------
+
+
+def test_v7_keys_every_message_by_its_sessions_integer_and_new_sessions_get_one(
+    tmp_path: Path,
+) -> None:
+    path = _v4_copy(tmp_path)
+    raw = open_connection(str(path))
+    old_rows = sorted(
+        raw.execute(
+            "SELECT workspace_id, session_id, message_id, turn_id, kind, text, payload_json,"
+            " version, position, created_at_ms FROM messages"
+        ).fetchall()
+    )
+    sessions = raw.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    raw.close()
+    assert old_rows and sessions > 1
+
+    store = Store.open(path)
+    conn = store._conn()
+    new_rows = sorted(
+        conn.execute(
+            "SELECT workspace_id, session_id, message_id, turn_id, kind, text, payload_json,"
+            " version, position, created_at_ms FROM messages"
+        ).fetchall()
+    )
+    assert new_rows == old_rows  # every row as it was
+    # One key per Session, and every Message carries its own Session's.
+    assert conn.execute("SELECT COUNT(*) FROM session_keys").fetchone()[0] == sessions
+    mismatched = conn.execute(
+        "SELECT COUNT(*) FROM messages m LEFT JOIN session_keys k"
+        " ON k.session_key = m.session_key AND k.workspace_id = m.workspace_id"
+        " AND k.session_id = m.session_id WHERE k.session_key IS NULL"
+    ).fetchone()[0]
+    assert mismatched == 0
+    # The keys lead with the integer: a Turn's Messages are read through `messages_by_turn`.
+    plan = " ".join(
+        str(r[3])
+        for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT text FROM messages WHERE session_key = 1 AND turn_id = 't'"
+            " ORDER BY position"
+        )
+    )
+    assert "messages_by_turn" in plan, plan
+
+    # A Session created after the upgrade gets the next key from the trigger, and its
+    # Messages land under it.
+    sid = store.create_session(
+        WS_V4, session_id="after-v7", provider="p", title="t", cwd="/", settings={}
+    ).session_id
+    store.update_runtime(WS_V4, sid, provider_session_id="x")
+    turn = settled_turn(store, sid, WS_V4, text="new")
+    key = conn.execute(
+        "SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?",
+        (WS_V4, sid),
+    ).fetchone()[0]
+    assert key == conn.execute("SELECT MAX(session_key) FROM session_keys").fetchone()[0]
+    assert {
+        r[0] for r in conn.execute("SELECT session_key FROM messages WHERE session_id = ?", (sid,))
+    } == {key}
+    assert [m.text for m in store.get_turn(WS_V4, sid, turn.turn_id).messages] == [
+        "new",
+        "echo: new",
+    ]
+    store.close()
