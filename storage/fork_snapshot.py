@@ -3,8 +3,8 @@ commit and the committed projection read only it (and the operation row), never 
 The documents this process froze are kept by hash for its own commit.
 
 Version 3 (issue 20 row 10) stores the document as MessagePack bytes (a BLOB): a 1,000-Turn /
-10,000-Message snapshot packs ~4x faster than its canonical JSON encodes, and unpacks faster
-than JSON parses. Version 2 was canonical JSON text (sorted keys, no whitespace) with each
+10,000-Message snapshot packs in a fraction of the CPU its canonical JSON encode took
+(docs/performance.md §18). Version 2 was canonical JSON text (sorted keys, no whitespace) with each
 Message a compact array in `MESSAGE_FIELDS` order, version 1 the same with Messages as objects.
 Both are still read: an operation prepared by an older build may be committed or projected by
 this one. A document MessagePack cannot hold (an integer beyond 64 bits in a payload, which JSON
