@@ -26,6 +26,7 @@ from storage.models import (
     SessionKind,
     TurnPhase,
 )
+from storage.schema import SESSION_KEY_OF
 
 # Message markers that the boundary must not contain (seed 000 §4, both fail closed today).
 DESCENDANT_LANE_KIND = "descendant_lane"
@@ -109,10 +110,11 @@ def _parse_payload(text: str) -> Any:
     return json.loads(text, object_pairs_hook=reject_duplicate_keys)
 
 
+# The key's subquery takes parameters 1 and 2 (workspace, Session): its `?`s are numbered in
+# order, and `_MESSAGES_CUT` names them as `?1` and `?2`.
 _MESSAGES_SQL = (
     "SELECT message_id, turn_id, kind, text, payload_json, version, position FROM messages"
-    " WHERE session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ?1"
-    " AND session_id = ?2){cut} ORDER BY position"
+    f" WHERE session_key = {SESSION_KEY_OF}{{cut}} ORDER BY position"
 )
 # The Turns through the selected one (`?3` its sequence), looked up once as a list.
 _MESSAGES_CUT = (

@@ -13,13 +13,14 @@ from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTr
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache
-from storage.fork_snapshot import FROZEN_SELECT, stored_frozen, take_frozen_snapshot
+from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
     ForkStatus,
     SessionChanged,
 )
+from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, dumps, loads
 from storage.tx import Tx
 
@@ -69,7 +70,7 @@ class ForkCommit(StoreBase):
                 f"fork operation {op_id} cannot commit from {status}",
                 params={"operationId": op_id, "status": status.value},
             )
-        stored = stored_frozen(tx.one(FROZEN_SELECT, (r[28],)))
+        stored = read_frozen(tx.conn, r[28])
         # The stored bytes are hashed here; their parse may be the document prepare froze
         # (same hash, same bytes) instead of a second decode of a multi-MB text.
         snapshot = take_frozen_snapshot(stored, r[18])
@@ -179,10 +180,7 @@ class ForkCommit(StoreBase):
         # Every cloned Message is created at the commit, in the child's Session (its key, schema
         # v7, made by the trigger on the insert above): two integers in the statement (`int`, so
         # nothing but digits reaches the SQL text), the rows as prepare built them.
-        key = tx.one(
-            "SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?",
-            (s.workspace_id, s.session_id),
-        )
+        key = tx.one(f"SELECT {SESSION_KEY_OF}", (s.workspace_id, s.session_id))
         assert key is not None
         tx.executemany(
             f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms, session_key)"

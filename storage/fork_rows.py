@@ -13,7 +13,7 @@ import apsw
 from domain.fork_states import ACTIVE_SQL, BARRIER_SQL
 from storage.errors import ForkOperationNotFound
 from storage.fork_child import project_child
-from storage.fork_snapshot import FROZEN_SELECT, load_snapshot, stored_frozen
+from storage.fork_snapshot import load_snapshot, read_frozen
 from storage.models import ForkOperation, ForkStatus, Lineage, Session
 from storage.sqlite import Row, loads
 
@@ -117,8 +117,7 @@ def committed_projection(conn: apsw.Connection, r: Row) -> tuple[Session, Lineag
     cached = projection_cache.get(key)
     if cached is not None:
         return cached
-    stored = stored_frozen(conn.execute(FROZEN_SELECT, (r[28],)).fetchone())
-    snapshot = load_snapshot(stored, r[18])
+    snapshot = load_snapshot(read_frozen(conn, r[28]), r[18])
     built = project_child(snapshot, child_provider_session_id=r[11], committed_at_ms=r[24])
     projection_cache.put(key, built)
     return built

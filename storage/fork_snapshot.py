@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import apsw
 import msgpack
 
 from storage.errors import (
@@ -180,13 +181,14 @@ def take_frozen_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
 
 # The stored value as its bytes and its type: a text value whose bytes are not UTF-8 (a damaged
 # store) is then a corrupt snapshot, not a decode error inside SQLite's driver.
-FROZEN_SELECT = (
+_FROZEN_SELECT = (
     "SELECT CAST(snapshot_json AS BLOB), typeof(snapshot_json) FROM fork_snapshots WHERE op_seq = ?"
 )
 
 
-def stored_frozen(row: Any) -> Frozen:
-    """What `FROZEN_SELECT` read, as `load_snapshot` takes it."""
+def read_frozen(conn: apsw.Connection, op_seq: int) -> Frozen:
+    """The stored snapshot of operation `op_seq`, as `load_snapshot` takes it."""
+    row = conn.execute(_FROZEN_SELECT, (op_seq,)).fetchone()
     if row is None:
         raise ForkSnapshotCorrupt("fork snapshot row is missing")
     data, kind = row

@@ -147,17 +147,9 @@ def test_the_child_history_is_built_once_per_process_and_the_ack_decodes_nothing
     for i in range(turns):
         turn = settled_turn(store, sid, text=f"turn {i}")
         user = turn.messages[0].message_id
-        last = (
-            store.append_message(
-                WS,
-                sid,
-                turn.turn_id,
-                kind="reasoning",
-                text="r",
-                payload={"replyToMessageId": user},
-            ).turn_id
-            or ""
-        )
+        last = store.append_message(
+            WS, sid, turn.turn_id, kind="reasoning", text="r", payload={"replyToMessageId": user}
+        ).turn_id or ""
     assert last
     op, _ = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     assert remaps["message"] == turns
@@ -169,14 +161,10 @@ def test_the_child_history_is_built_once_per_process_and_the_ack_decodes_nothing
     for turn in child:
         reply = turn.messages[-1]
         assert reply.payload == {"replyToMessageId": turn.messages[0].message_id}
-    created = (
-        store._conn()
-        .execute(
-            "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
-            (WS, committed.target_session_id),
-        )
-        .fetchall()
-    )
+    created = store._conn().execute(
+        "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
+        (WS, committed.target_session_id),
+    ).fetchall()
     assert created == [(committed.completed_at_ms,)]  # every cloned Message: the commit's time
     with _counting(monkeypatch, store) as ack_counts:
         acked, changed = store.acknowledge_fork(WS, op.operation_id)
@@ -199,11 +187,9 @@ def test_status_changes_write_none_of_the_frozen_snapshot(
         last = settled_turn(store, sid, text=f"turn {i}: " + "x" * 4000).turn_id
     op, _ = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     # The snapshot holds every Message's text: at least this many 4 KiB pages.
-    texts = (
-        store._conn()
-        .execute("SELECT SUM(length(text)) FROM messages WHERE session_id = ?", (sid,))
-        .fetchone()[0]
-    )
+    texts = store._conn().execute(
+        "SELECT SUM(length(text)) FROM messages WHERE session_id = ?", (sid,)
+    ).fetchone()[0]
     snapshot_pages = texts // 4096
     assert snapshot_pages >= 39
 
