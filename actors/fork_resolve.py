@@ -39,7 +39,7 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from storage.errors import HostError, InvalidArgument, ProviderError
+from storage.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
 from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
 from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
 from storage.sqlite import host_error_of
@@ -106,6 +106,14 @@ class ForkResolver:
         op = store.get_fork_operation(host.ws, msg.operation_id)
         if op.source_session_id != host.sid:  # pragma: no cover - routed by the source
             raise InvalidArgument("operationId", "operation of another Session")
+        live = [op_id for op_id in host.sagas if op_id != op.operation_id]
+        if live:
+            # A running fork of this source may be writing its provider child next to the
+            # source right now: evidence read or moved meanwhile could take its child (law 9).
+            raise ForkInProgress(
+                f"a fork of this Session is running (operation {live[0]}); resolve after it ends",
+                params={"operationId": live[0]},
+            )
         resolver = ForkResolver(host, op, msg)
         if msg.action == "inspect":
             resolver._inspect(lambda ev: msg.reply(ResolveReply(resolver._current(), ev)))
@@ -142,9 +150,10 @@ class ForkResolver:
     def _current(self) -> ForkOperation:
         return self.host.resolve_store.get_fork_operation(self.host.ws, self.op.operation_id)
 
-    def _request(self) -> ResolveRequest:
+    def _request(self, child_ids: Sequence[str] = ()) -> ResolveRequest:
         ws, op = self.host.ws, self.op
         claimed = self.host.resolve_store.claimed_provider_children(ws, self.host.sid)
+        others = self.host.resolve_store.other_fork_prefixes(ws, self.host.sid, op.operation_id)
         return ResolveRequest(
             operation_id=op.operation_id,
             source=ForkSource(
@@ -164,6 +173,8 @@ class ForkResolver:
             provider_turn_bindings=self._frozen_bindings(),
             driver_kind=op.driver_kind,
             driver_version=op.driver_version,
+            other_prefixes=tuple(others),
+            child_ids=tuple(child_ids),
         )
 
     def _frozen_bindings(self) -> tuple[str | None, ...]:
@@ -172,9 +183,14 @@ class ForkResolver:
         by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
         return tuple(by_id.get(pid) for pid in self.op.source_provider_turn_ids)
 
-    def _worker(self, method: str, then: Callable[[dict[str, Any]], None]) -> None:
+    def _worker(
+        self,
+        method: str,
+        then: Callable[[dict[str, Any]], None],
+        child_ids: Sequence[str] = (),
+    ) -> None:
         fut = self.host.workers.request(
-            self.provider, method, self._request().to_wire(), self.host.timeouts.fork_s
+            self.provider, method, self._request(child_ids).to_wire(), self.host.timeouts.fork_s
         )
 
         def done(f: Future[dict[str, Any]]) -> None:
@@ -259,7 +275,8 @@ class ForkResolver:
             params_child = self.child_id
             self._adopt_call(params_child)
         else:
-            self._worker(ResolveRequest.QUARANTINE, self._quarantined)
+            attributed = [str(c["providerSessionId"]) for c in evidence["children"]]
+            self._worker(ResolveRequest.QUARANTINE, self._quarantined, attributed)
 
     def _adopt_call(self, child: str) -> None:
         params = ResolveAdopt(self._request(), child).to_wire()

@@ -18,7 +18,7 @@ from actors.ports import (
     ProviderCatalog,
 )
 from actors.recovery import apply_restart_rule
-from storage.errors import ForkUnsupported, HostError, ProviderError
+from storage.errors import ForkInProgress, ForkUnsupported, HostError, ProviderError
 from storage.models import (
     ForkOperation,
     ForkPointKind,
@@ -141,6 +141,14 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
         },
     )
     provider = runtime.provider
+    if host.resolves:
+        # A fork.resolve moving this source's provider children is under way: a new provider
+        # child written next to them now could be taken for its operation's (law 9).
+        running = next(iter(host.resolves))
+        raise ForkInProgress(
+            f"fork.resolve of operation {running} is running on this Session; fork after it ends",
+            params={"operationId": running},
+        )
     op, created = host.store.prepare_fork(
         host.ws,
         request,

@@ -6,7 +6,9 @@ own home, so a fork source can be removed too; while a fork of it is in flight t
 refused (fenced). Crash-safe: the store's `deleted` flag is the durable intent. The directory
 is renamed into `runtimes/.trash/` (atomic; `.` never starts a workspace segment) and removed
 from there, and start-up (`sweep`) empties the trash and removes any deleted Session's
-directory a killed daemon left behind.
+directory a killed daemon left behind. Quarantined provider children (of `abandoned` forks)
+are moved to `runtimes/.evidence/` first and never removed; a source with an `unknown` fork is
+not deletable at all (`session.delete` answers `agent_session_fork_unresolved`).
 """
 
 from __future__ import annotations
@@ -23,15 +25,48 @@ from actors.store_ports import DeletedSessionsStore
 log = logging.getLogger(__name__)
 
 TRASH = ".trash"
+EVIDENCE = ".evidence"
+QUARANTINE = "quarantine"  # the drivers' quarantine folder name (drivers/resolution.py)
 
 
 def session_dir(runtimes_dir: Path, workspace_id: str, session_id: str) -> Path:
     return runtimes_dir / path_segment(workspace_id) / session_id
 
 
-def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
-    """Remove a deleted Session's directory; False when there was none."""
+def evidence_dir(runtimes_dir: Path, workspace_id: str, session_id: str) -> Path:
+    """Where a deleted source's quarantined provider children are kept."""
+    return runtimes_dir / EVIDENCE / path_segment(workspace_id) / session_id
+
+
+def keep_evidence(runtimes_dir: Path, workspace_id: str, session_id: str) -> list[Path]:
+    """Move every `<provider home>/quarantine/<operation>` folder of the Session's directory
+    to `runtimes/.evidence/<workspace>/<session>/<provider home>/quarantine/<operation>`: an
+    abandoned operation's provider child is moved aside, never deleted (law 9), even when its
+    source is. A rename per folder; a rerun after a kill finishes what is left."""
     source = session_dir(runtimes_dir, workspace_id, session_id)
+    kept: list[Path] = []
+    for folder in sorted(source.glob(f"*/{QUARANTINE}/*")):
+        home = folder.parent.parent.name
+        dest = evidence_dir(runtimes_dir, workspace_id, session_id) / home / QUARANTINE
+        dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = dest / folder.name
+        if target.exists():
+            target = dest / f"{folder.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(folder, target)
+        kept.append(target)
+    return kept
+
+
+def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
+    """Remove a deleted Session's directory, keeping its quarantined provider children
+    (`keep_evidence`); False when there was none."""
+    source = session_dir(runtimes_dir, workspace_id, session_id)
+    try:
+        keep_evidence(runtimes_dir, workspace_id, session_id)
+    except OSError as exc:
+        # Never trash what could not be kept aside: the sweep at the next start retries.
+        log.warning("cannot keep the quarantine of %s aside, not removing it: %s", source, exc)
+        return False
     trash = runtimes_dir / TRASH
     trash.mkdir(mode=0o700, exist_ok=True)
     target = trash / f"{session_id}-{uuid.uuid4().hex[:8]}"

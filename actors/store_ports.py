@@ -224,6 +224,10 @@ class ResolveStore(Protocol):
 
     def claimed_provider_children(self, ws: str, source_session_id: str) -> list[str]: ...
 
+    def other_fork_prefixes(
+        self, ws: str, source_session_id: str, operation_id: str
+    ) -> list[tuple[str, ...]]: ...
+
     def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None: ...
 
     def begin_resolution(

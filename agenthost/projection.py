@@ -33,6 +33,9 @@ def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
     fork_through_turn = value.kind == "root" and catalog.fork_through_turn_capable(
         value.provider, value.runtime_context
     )
+    full = value.kind == "root" and full_session_capable(
+        catalog, value.provider, value.runtime_context
+    )
     return {
         "workspaceId": value.workspace_id,
         "agentSessionId": value.session_id,
@@ -50,12 +53,12 @@ def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
         "parentTurnId": value.parent_turn_id,
         "createdAtUnixMs": value.created_at_ms,
         "updatedAtUnixMs": value.updated_at_ms,
-        # `fork` (whole-session) is not implemented for any provider (seed 000 §1).
+        # `fork` gates the whole-Session entry (seed 000 §3.2, §11 step 5): true only where the
+        # driver declares full-Session support; `forkFullSession` is its alias for old clients.
         "lifecycleCapabilities": {
-            "fork": False,
+            "fork": full,
             "forkThroughTurn": fork_through_turn,
-            "forkFullSession": value.kind == "root"
-            and full_session_capable(catalog, value.provider, value.runtime_context),
+            "forkFullSession": full,
         },
         "forkedFrom": lineage(value.lineage),
     }

@@ -136,6 +136,14 @@ class ForkInProgress(Conflict):
     retryable = True
 
 
+class ForkUnresolved(Conflict):
+    """`session.delete` of a Session that is the source of an `unknown` fork operation: its
+    runtime folder holds that operation's evidence (the provider child it may have left), kept
+    until a person resolves it (`fork.resolve`); `params.operationIds` names them."""
+
+    default_reason = "agent_session_fork_unresolved"
+
+
 class ForkBoundaryError(Conflict):
     """The source or boundary is not forkable; `params.forkBoundaryReason` says why."""
 

@@ -2,7 +2,8 @@
 
 One home for what used to be spelled in several places: the statuses, the allowed
 transitions, the active set (the source fence holds), the barrier rule (a new request identity
-on the same source + point gets the original operation back) and the restart rule (what a
+on the same source + boundary Turn gets the original operation back, whatever its point
+kind) and the restart rule (what a
 leftover of a dead process becomes). The store generates its SQL `IN (...)` lists from these
 sets; recovery and the saga ask `after_restart`.
 """
@@ -57,9 +58,15 @@ TERMINAL: frozenset[ForkStatus] = frozenset(
 """Where a fork saga ends: the statuses it never moves on from by itself (`unknown` included:
 only `fork.resolve` leaves it)."""
 
+NOT_A_FORK: frozenset[ForkStatus] = frozenset({ForkStatus.FAILED, ForkStatus.ABANDONED})
+"""Operations that never became (and never will become) a child: they neither hold a boundary
+nor count as a valid fork of their source (the child title's ordinal, seed 000 §5)."""
+
 BARRIER_UNCONDITIONAL: frozenset[ForkStatus] = ACTIVE | {ForkStatus.UNKNOWN}
-"""Statuses that hold the `source + point` barrier whatever the client has seen; a `committed`
-operation also holds it until a client ACKs it (`holds_barrier`)."""
+"""Statuses that hold the boundary barrier whatever the client has seen; a `committed`
+operation also holds it until a client ACKs it (`holds_barrier`). The barrier is keyed on the
+resolved boundary — source + Turn — whatever point kind (`throughTurn`, `latestSettled`)
+asked for it (ARCHITECTURE.md law 8)."""
 
 
 def sources_of(to: ForkStatus) -> tuple[ForkStatus, ...]:
@@ -98,6 +105,9 @@ def sql_in(statuses: Iterable[ForkStatus]) -> str:
     wanted = set(statuses)
     return "(" + ", ".join(f"'{s.value}'" for s in ForkStatus if s in wanted) + ")"
 
+
+NOT_A_FORK_SQL = sql_in(NOT_A_FORK)
+"""`('failed', 'abandoned')`."""
 
 ACTIVE_SQL = sql_in(ACTIVE)
 """`('prepared', 'dispatching', 'provider_accepted')`."""

@@ -34,6 +34,14 @@ class ResolveRequest:
     provider_turn_bindings: tuple[str | None, ...]
     driver_kind: str
     driver_version: str
+    other_prefixes: tuple[tuple[str, ...], ...] = ()
+    """The frozen provider Turn prefixes of the source's other operations that may own a child
+    (not failed, not abandoned). A child showing one of them is that operation's, never this
+    one's; a child that cannot be attributed by its Turns is this operation's evidence only
+    when no other operation could own it (law 9)."""
+    child_ids: tuple[str, ...] = ()
+    """`fork.quarantine` only: the children the inspection attributed to this operation; no
+    other file is moved."""
 
     def fork_request(self) -> ForkRequest:
         return ForkRequest.from_wire(self.to_wire())
@@ -50,7 +58,17 @@ class ResolveRequest:
             "providerTurnBindings": list(self.provider_turn_bindings),
             "driverKind": self.driver_kind,
             "driverVersion": self.driver_version,
+            "otherPrefixes": [list(p) for p in self.other_prefixes],
+            "childIds": list(self.child_ids),
         }
+
+    def attributes(self, turns: tuple[str, ...] | None) -> bool:
+        """Whether a provider child of the source whose Turns read as `turns` (None: could
+        not be read) is this operation's: its Turns are this operation's frozen prefix, or
+        they are no other operation's and no other operation could own it."""
+        if turns is not None and turns == self.provider_turn_ids:
+            return True
+        return not self.other_prefixes
 
     @classmethod
     def from_wire(cls, params: Mapping[str, Any]) -> ResolveRequest:
@@ -65,6 +83,12 @@ class ResolveRequest:
             provider_turn_bindings=fork.provider_turn_bindings,
             driver_kind=fork.driver_kind,
             driver_version=fork.driver_version,
+            other_prefixes=tuple(
+                tuple(str(t) for t in p)
+                for p in params.get("otherPrefixes") or ()
+                if isinstance(p, (list, tuple))
+            ),
+            child_ids=tuple(str(c) for c in params.get("childIds") or ()),
         )
 
 

@@ -83,6 +83,8 @@ def inspect(driver: Any, resolve: ResolveRequest) -> ResolveInspection:
             roots: tuple[str, ...] | None = _roots(path)
         except (OSError, ValueError):
             roots = None
+        if not resolve.attributes(roots):
+            continue  # another operation's child (law 9): never this one's evidence
         out.append(
             ResolvedChild(
                 provider_session_id=child,
@@ -132,8 +134,10 @@ def adopt(driver: Any, resolve: ResolveAdopt) -> ForkResult:
 def quarantine(driver: Any, resolve: ResolveRequest) -> ResolveQuarantined:
     _, source_home, target_home, source_id, exclude = _request(resolve)
     op_id = quarantine_operation_id(resolve)
+    wanted = set(resolve.child_ids)
     moved = []
     for home in (source_home, target_home):
-        for path in _children(home, source_id, exclude).values():
-            moved.append(move_to_quarantine(home, op_id, path))
+        for child, path in _children(home, source_id, exclude).items():
+            if child in wanted:  # only what the inspection attributed to this operation
+                moved.append(move_to_quarantine(home, op_id, path))
     return ResolveQuarantined(tuple(moved))

@@ -9,8 +9,9 @@ Never calls `thread/fork`. The worker methods are `fork.inspect`, `fork.adopt` a
 
 A child "of this operation" is a rollout whose `session_meta` names the source as
 `forked_from_id`, found in the source home (where `thread/fork` writes it) or the target home
-(where the binder copies it), and not claimed by another operation (`excludeChildIds`: the
-host passes every provider child its other operations recorded).
+(where the binder copies it), not claimed by another operation (`excludeChildIds`: the host
+passes every provider child its other operations recorded), and attributed to it by its Turns
+(`ResolveRequest.attributes`: the frozen prefix, or no other operation that could own it).
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ def inspect(driver: Any, request: ResolveRequest) -> ResolveInspection:
         ]
         # Read it where the provider wrote it (source home) or, failing that, the target's.
         turns = _turns_in(driver, source_home if child in in_source else target_home, child)
+        if not request.attributes(tuple(turns) if isinstance(turns, list) else None):
+            continue  # another operation's child (law 9): never this one's evidence
         own = _turns_in(driver, target_home, child) if child in in_target else "not in its home"
         children.append(
             ResolvedChild(
@@ -183,13 +186,17 @@ def adopt(driver: Any, request: ResolveAdopt) -> ForkResult:
 
 
 def quarantine(driver: Any, request: ResolveRequest) -> ResolveQuarantined:
-    """Move every child rollout of this operation aside (never delete): `<home>/quarantine/
-    <operationId>/<its relative path>`, atomically per file (rename on one filesystem)."""
+    """Move the child rollouts the inspection attributed to this operation (`child_ids`)
+    aside, never delete: `<home>/quarantine/<operationId>/<its relative path>`, atomically per
+    file (rename on one filesystem). Any other child of the source stays where it is."""
     source_home, target_home, source_id, _, exclude = _params(request)
     op_id = quarantine_operation_id(request)
+    wanted = set(request.child_ids)
     moved = []
     for home in (source_home, target_home):
-        for paths in _child_rollouts(home, source_id, exclude).values():
+        for child, paths in _child_rollouts(home, source_id, exclude).items():
+            if child not in wanted:
+                continue
             for path in paths:
                 rel = path.relative_to(home)
                 if rel.parts[0] not in ROLLOUT_DIRS:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
+
+import apsw
 
 from storage.base import StoreBase
 from storage.errors import (
@@ -32,6 +35,20 @@ from storage.models import (
 from storage.session_rows import require_session
 from storage.sqlite import dumps
 from storage.tx import Tx
+
+
+def barrier_holder(conn: apsw.Connection, ws: str, source_session_id: str, turn_id: str) -> Any:
+    """The operation row holding the boundary barrier of `source + turn_id`, or None.
+
+    Keyed on the resolved boundary, not on the point kind (law 8): an `unknown` or un-ACKed
+    `throughTurn(N)` holds Turn N against a `latestSettled` request that resolves to N, and the
+    reverse, so one boundary is never dispatched twice."""
+    return conn.execute(
+        f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+        " AND source_session_id = ? AND source_turn_id = ?"
+        f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1",
+        (ws, source_session_id, turn_id),
+    ).fetchone()
 
 
 def validate_request(req: ForkPrepareRequest) -> None:
@@ -68,7 +85,8 @@ class ForkPrepare(StoreBase):
         point_kind: str = ForkPointKind.THROUGH_TURN.value,
     ) -> ForkOperation | None:
         """The operation a `prepare_fork` of this request would return without creating one —
-        a replay of `request_id` or the holder of the `source + point` barrier — or None.
+        a replay of `request_id` or the holder of the boundary barrier (source + resolved
+        Turn) — or None.
         A pure read, so a replay never needs a provider runtime; `prepare_fork` re-checks
         both inside its transaction."""
         digest = request_hash(source_session_id, target_session_id, point_kind, turn_id)
@@ -87,12 +105,7 @@ class ForkPrepare(StoreBase):
                 return decode_op(conn, existing)
             if point_kind == ForkPointKind.LATEST_SETTLED:
                 turn_id = latest_settled_turn_id(conn, ws, source_session_id) or UNRESOLVED
-            held = conn.execute(
-                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-                " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
-                f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1",
-                (ws, source_session_id, point_kind, turn_id),
-            ).fetchone()
+            held = barrier_holder(conn, ws, source_session_id, turn_id)
             return None if held is None else decode_op(conn, held)
 
     def prepare_fork(
@@ -129,12 +142,7 @@ class ForkPrepare(StoreBase):
             source = require_session(tx.conn, ws, req.source_session_id)
             # latestSettled: resolved here, in the same transaction, and frozen on the row.
             turn_id = resolve_or_block(tx.conn, ws, source, req.point_kind, req.turn_id)
-            held = tx.one(
-                f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-                " AND source_session_id = ? AND point_kind = ? AND source_turn_id = ?"
-                f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1",
-                (ws, req.source_session_id, req.point_kind, turn_id),
-            )
+            held = barrier_holder(tx.conn, ws, req.source_session_id, turn_id)
             if held is not None:
                 return decode_op(tx.conn, held), False
             tx.check_fence(req.source_session_id)  # another fork on this source: retryable
@@ -157,13 +165,7 @@ class ForkPrepare(StoreBase):
                 selected["root_provider_turn_id"], selected["provider_turn_binding_json"]
             ):
                 raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_NOT_BOUND)
-            count_row = tx.one(
-                "SELECT COUNT(*) FROM fork_operations WHERE workspace_id = ?"
-                " AND source_session_id = ? AND status != 'failed'",
-                (ws, req.source_session_id),
-            )
-            ordinal = (int(count_row[0]) if count_row else 0) + 2
-            title = child_title(tx.conn, ws, source.title, source.lineage is not None, ordinal)
+            title = child_title(tx.conn, ws, req.source_session_id, source.title)
             op_id = str(uuid.uuid4())
             snapshot, stored, snapshot_hash = freeze_snapshot(
                 operation_id=op_id,

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from domain.fork_states import NOT_A_FORK_SQL
 from storage.base import StoreBase
 from storage.errors import Conflict
 from storage.fork_evidence import record_accepted, validate_evidence
@@ -241,6 +242,23 @@ class ResolutionStore(StoreBase):
             " WHERE workspace_id = ? AND operation_id = ?",
             (state, dumps(result), tx.now_ms, ws, op_id),
         )
+
+    def other_fork_prefixes(
+        self, ws: str, source_session_id: str, operation_id: str
+    ) -> list[tuple[str, ...]]:
+        """The frozen provider Turn prefixes of the source's other operations that may own a
+        provider child (every status but failed and abandoned): what attributes a child."""
+        rows = (
+            self._conn()
+            .execute(
+                "SELECT source_provider_turn_ids FROM fork_operations WHERE workspace_id = ?"
+                f" AND source_session_id = ? AND operation_id != ? AND status NOT IN"
+                f" {NOT_A_FORK_SQL}",
+                (ws, source_session_id, operation_id),
+            )
+            .fetchall()
+        )
+        return [tuple(str(t) for t in (loads(str(r[0])) or ())) for r in rows]
 
     def claimed_provider_children(self, ws: str, source_session_id: str) -> list[str]:
         """Provider children other operations of this source recorded (never this op's)."""

@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from storage.base import StoreBase
-from storage.errors import InvalidArgument, SessionBusy, SessionIdTaken, SessionNotFound
+from storage.errors import (
+    ForkUnresolved,
+    InvalidArgument,
+    SessionBusy,
+    SessionIdTaken,
+    SessionNotFound,
+)
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (
@@ -214,6 +220,23 @@ class SessionStore(StoreBase):
                 raise SessionBusy(
                     f"session {sid} has an active turn ({active[0]}); interrupt it first",
                     params={"turnId": active[0]},
+                )
+            # Seed 000 §10: `unknown` is kept for good, awaiting a person's decision; its
+            # evidence lives in this Session's runtime folder, which a delete removes (law 9).
+            unresolved = [
+                str(r[0])
+                for r in tx.conn.execute(
+                    "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
+                    " AND source_session_id = ? AND status = 'unknown' ORDER BY op_seq",
+                    (ws, sid),
+                )
+            ]
+            if unresolved:
+                raise ForkUnresolved(
+                    f"session {sid} has {len(unresolved)} unresolved fork operation(s)"
+                    f" ({', '.join(unresolved)}): resolve them first (fork.resolve inspect,"
+                    " then adopt or abandon)",
+                    params={"operationIds": unresolved},
                 )
             tx.execute(
                 "UPDATE sessions SET deleted = 1, updated_at_ms = ? WHERE workspace_id = ?"

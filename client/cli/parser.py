@@ -164,7 +164,7 @@ def add_client_commands(
         "--latest",
         action="store_true",
         help="fork the whole session from where it is now: its newest settled turn "
-        "(needs lifecycleCapabilities.forkFullSession)",
+        "(needs lifecycleCapabilities.fork)",
     )
     f.add_argument(
         "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"

@@ -53,6 +53,16 @@ class ForkRequests(Reconciliation):
         with self._lock:
             if self._closed:
                 raise ClientClosed("engine is closed")
+            latest = self._records.get((source_session_id, LATEST_SETTLED))
+            if (
+                point == THROUGH_TURN
+                and latest is not None
+                and latest.boundary == turn_id
+                and not latest.settled
+            ):
+                # The barrier is the boundary, not the point kind (law 8): a Turn Fork on the
+                # Turn a live full-Session fork resolved to is that fork's click.
+                key, point = latest.key, LATEST_SETTLED
             record = self._records.get(key)
             if record is not None and (
                 record.status is MutationStatus.IN_FLIGHT
@@ -76,7 +86,7 @@ class ForkRequests(Reconciliation):
                     self._forget_locked(key)
                 record = ForkMutation(
                     source_session_id=source_session_id,
-                    turn_id=turn_id,
+                    turn_id=key[1],
                     request_id=self._new_id(),
                     target_session_id=self._new_id(),
                     status=MutationStatus.IN_FLIGHT,

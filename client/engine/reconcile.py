@@ -17,6 +17,7 @@ from typing import Any
 from client.engine.acks import Acknowledgements
 from client.engine.ports import Reply
 from client.engine.values import (
+    LATEST_SETTLED,
     THROUGH_TURN,
     AckState,
     BoundaryKey,
@@ -25,6 +26,7 @@ from client.engine.values import (
     ForkMutation,
     MutationStatus,
     operation_key,
+    same_boundary,
 )
 from transport.client import ClientClosed
 
@@ -144,18 +146,28 @@ class Reconciliation(Acknowledgements):
 
     # -- merging an operation into its record -----------------------------------------------
 
-    def _key_for_operation_locked(self, op: Mapping[str, Any]) -> BoundaryKey | None:
+    def _keys_for_operation_locked(self, op: Mapping[str, Any]) -> list[BoundaryKey]:
+        """Every record tracking this operation. One boundary (source + Turn) has one operation
+        whatever point kind asked (law 8), so a `throughTurn` record and a `latestSettled` one
+        that the daemon's barrier answered with the same operation both follow it."""
         op_id = op.get("operationId")
-        if isinstance(op_id, str) and op_id in self._by_operation:
-            return self._by_operation[op_id]
-        key = operation_key(op)
-        record = self._records.get(key)
-        if record is None or record.operation_id is not None:
-            return None
-        same_identity = record.request_id == op.get("requestId") or (
-            record.target_session_id == op.get("targetAgentSessionId")
-        )
-        return key if same_identity else None
+        keys = [k for k, r in self._records.items() if r.operation_id == op_id]
+        if keys or not isinstance(op_id, str):
+            return keys
+        point = op.get("point") or {}
+        source = str(op.get("sourceAgentSessionId"))
+        for key in dict.fromkeys(
+            (operation_key(op), (source, str(point.get("turnId"))), (source, LATEST_SETTLED))
+        ):
+            record = self._records.get(key)
+            if record is None or record.operation_id is not None:
+                continue
+            same_identity = record.request_id == op.get("requestId") or (
+                record.target_session_id == op.get("targetAgentSessionId")
+            )
+            if same_identity:
+                return [key]
+        return []
 
     def _note_operation_locked(self, op: Mapping[str, Any]) -> None:
         """Keep the index of `unknown` operations (any client's, from replies and events) that
@@ -174,8 +186,7 @@ class Reconciliation(Acknowledgements):
 
     def _apply_operation_locked(self, op: Mapping[str, Any], *, adopt: bool) -> None:
         self._note_operation_locked(op)
-        key = self._key_for_operation_locked(op)
-        if key is not None:
+        for key in self._keys_for_operation_locked(op):
             self._apply_to_key_locked(key, op, adopt=adopt)
 
     def _apply_to_key_locked(self, key: BoundaryKey, op: Mapping[str, Any], *, adopt: bool) -> None:
@@ -184,7 +195,7 @@ class Reconciliation(Acknowledgements):
         if record is None:
             return
         point = op.get("point") or {}
-        if operation_key(op) != key:
+        if not same_boundary(record, op):
             self._put_locked(
                 replace(record, status=MutationStatus.UNKNOWN, error="mismatched_operation")
             )

@@ -142,3 +142,14 @@ def operation_key(op: Mapping[str, Any]) -> BoundaryKey:
     if point.get("type") == LATEST_SETTLED:
         return (source, LATEST_SETTLED)
     return (source, str(point.get("turnId")))
+
+
+def same_boundary(record: ForkMutation, op: Mapping[str, Any]) -> bool:
+    """Whether a wire operation may be this record's: same source, and the same boundary Turn
+    once the record knows it, whatever point kind created the operation (the daemon's barrier
+    answers a `latestSettled` request with the `throughTurn` operation holding the Turn, and
+    the reverse). A full-Session record learns its Turn from the first operation it gets."""
+    if op.get("sourceAgentSessionId") != record.source_session_id:
+        return False
+    boundary = record.boundary
+    return boundary is None or boundary == (op.get("point") or {}).get("turnId")

@@ -35,7 +35,7 @@ class ForkActions(SessionView):
         replay and ACK rules as a Turn's Fork)."""
         session = self.engine.session(self.current) if self.current else None
         caps = (session or {}).get("lifecycleCapabilities") or {}
-        if session is None or not caps.get("forkFullSession"):
+        if session is None or not caps.get("fork"):
             self.notify(
                 "this session cannot be forked as a whole (its provider does not declare "
                 "forkFullSession for it)",

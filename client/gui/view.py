@@ -199,18 +199,18 @@ class SessionView(App[int]):
             self._update_fork_session(None, None)
             return
         can = session["lifecycleCapabilities"]["forkThroughTurn"]
-        full = bool(session["lifecycleCapabilities"].get("forkFullSession"))
+        full = bool(session["lifecycleCapabilities"].get("fork"))
         blocked = self.blocked_reason() if (can or full) else None
         widget.update(session_bar_text(session, blocked))
         self._update_fork_session(session, blocked)
 
     def _update_fork_session(self, session: Mapping[str, Any] | None, blocked: str | None) -> None:
         """The Session-level Fork (`latestSettled`, issue 21 §2): shown only when the Session's
-        `lifecycleCapabilities.forkFullSession` is true; disabled while its fork is in flight
+        `lifecycleCapabilities.fork` is true; disabled while its fork is in flight
         or while the session is not quiet (the reason in the tooltip)."""
         button = self._main.query_one(f"#{FORK_SESSION_ID}", Button)
         caps = (session or {}).get("lifecycleCapabilities") or {}
-        shown = session is not None and bool(caps.get("forkFullSession"))
+        shown = session is not None and bool(caps.get("fork"))
         button.set_class(shown, "-shown")
         if not shown or session is None:
             return

@@ -442,14 +442,14 @@ def test_show_renders_interactions_errors_and_the_whole_ancestry(
     assert "approval: ls -la  → approved" in text
     assert 'question: colour?  → "blue"' in text
     assert "failed: the model broke" in text
-    # A → A (2) → A (3): the fork of a fork does not stack " (2) (2)".
+    # A → A (2) → A (2) (2): a child's title numbers the valid forks of its own source.
     child = cli.json("fork", sid, "--through", "1")["mutation"]["childAgentSessionId"]
     grandchild = cli.json("fork", child, "--through", "1")["mutation"]["childAgentSessionId"]
     assert session_of(client, ws, child)["title"] == "A (2)"
-    assert session_of(client, ws, grandchild)["title"] == "A (3)"
-    assert "ancestry: A → A (2) → A (3)" in cli.run("show", grandchild).stdout
+    assert session_of(client, ws, grandchild)["title"] == "A (2) (2)"
+    assert "ancestry: A → A (2) → A (2) (2)" in cli.run("show", grandchild).stdout
     cli.json("delete", child, "--yes")
-    assert f"ancestry: (deleted {child[:8]}) → A (3)" in cli.run("show", grandchild).stdout
+    assert f"ancestry: (deleted {child[:8]}) → A (2) (2)" in cli.run("show", grandchild).stdout
 
 
 def test_op_accepts_an_id_prefix(cli: Cli) -> None:

@@ -5,6 +5,7 @@ and an answer that is not one is `MalformedMessage` (the saga records it `unknow
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import msgpack
@@ -24,7 +25,8 @@ def _bytes(m: object) -> bytes:
 
 @pytest.mark.timeout(90)
 def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
-    make_driver: Make, tmp_path: Path  # noqa: F811 - the fixture
+    make_driver: Make,
+    tmp_path: Path,  # noqa: F811 - the fixture
 ) -> None:
     log = EventLog()
     driver = make_driver()
@@ -63,7 +65,8 @@ class _RawLog(EventLog):
 
 @pytest.mark.timeout(90)
 def test_a_driver_emits_typed_turn_events_never_maps(
-    make_driver: Make, tmp_path: Path  # noqa: F811 - the fixture
+    make_driver: Make,
+    tmp_path: Path,  # noqa: F811 - the fixture
 ) -> None:
     """Issue 19: the driver builds each event as its `TurnEvent`; the wire map is made once,
     at the worker's edge (`to_wire`), and reads back as the same value."""
@@ -226,9 +229,16 @@ def test_the_resolve_requests_are_the_maps_fork_resolve_always_sent() -> None:
         "providerTurnBindings": [None, '{"x": 1}'],
         "driverKind": "claude-code",
         "driverVersion": "2.1.0",
+        # Attribution (law 9): the other operations' prefixes, and quarantine's scope.
+        "otherPrefixes": [],
+        "childIds": [],
     }
     assert _bytes(request.to_wire()) == _bytes(legacy)
     assert wm.ResolveRequest.from_wire(legacy) == request
+    scoped = replace(request, other_prefixes=(("p1",),), child_ids=("c",))
+    assert wm.ResolveRequest.from_wire(scoped.to_wire()) == scoped
+    assert scoped.attributes(("p1", "p2")) and not scoped.attributes(("p1",))
+    assert not scoped.attributes(None) and request.attributes(None)
     adopt = wm.ResolveAdopt(request, "child-1")
     assert _bytes(adopt.to_wire()) == _bytes({**legacy, "childId": "child-1"})
     assert wm.ResolveAdopt.from_wire({**legacy, "childId": "child-1"}) == adopt

@@ -224,3 +224,112 @@ def test_fence_held_by_a_gone_saga_is_reported_when_live(base: Base, tmp_path: P
 
 def test_fresh_real_home_is_clean_under_the_live_laws(base: Base) -> None:
     assert check_invariants(base.home, live_grace_s=0.0).ok
+
+
+# -- the laws beyond the seed: one boundary, one dispatch, no evidence lost ------------------
+
+
+def _unknown_child(base: Base, home: Path) -> Path:
+    """The `unknown` operation's provider child, where the provider wrote it (the source home)."""
+    committed_child = base.committed["session"]["providerSessionId"]
+    found = [
+        p
+        for p in child_rollouts(runtime_home(home, WS, base.source))
+        if committed_child not in p.name
+    ]
+    assert len(found) == 1, found
+    return found[0]
+
+
+_COPY_OP = (
+    "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
+    " source_session_id, target_session_id, point_kind, source_turn_id,"
+    " source_provider_session_id, source_provider_turn_id, source_provider_turn_ids,"
+    " target_title, driver_kind, driver_version, binding_mode, snapshot_hash, status,"
+    " created_at_ms, completed_at_ms)"
+    " SELECT workspace_id, '{new}', 'req-{new}', request_hash, source_session_id,"
+    " '{target}', {point}, source_turn_id, source_provider_session_id,"
+    " source_provider_turn_id, {prefix}, target_title, driver_kind, driver_version,"
+    " binding_mode, snapshot_hash, '{status}', created_at_ms, completed_at_ms"
+    " FROM fork_operations WHERE operation_id = '{of}'"
+)
+
+
+def test_latest_settled_operation_on_an_unknown_boundary_is_a_second_barrier_holder(
+    base: Base, tmp_path: Path
+) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        _COPY_OP.format(
+            new="op-latest",
+            target=uuid.uuid4(),
+            point="'latest_settled'",
+            prefix="source_provider_turn_ids",
+            status="dispatching",
+            of=base.unknown["operationId"],
+        ),
+    )
+    assert Law.BOUNDARY_BARRIER in laws(home)
+
+
+def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:
+    op = base.unknown["operationId"]
+    # The child stays, its operation is recorded as having never dispatched a fork.
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE fork_operations SET status = 'failed' WHERE operation_id = '{op}';"
+        f"DELETE FROM session_reservations WHERE operation_id = '{op}'",
+    )
+    assert Law.CHILD_OWNED in laws(home)
+
+
+def test_provider_child_showing_another_prefix_than_its_owner_froze_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    op = base.unknown["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET source_provider_turn_ids = '[\"not-a-turn\"]'"
+        f" WHERE operation_id = '{op}'",
+    )
+    assert Law.CHILD_OWNED in laws(home)
+
+
+def test_deleted_source_of_an_unknown_operation_is_lost_evidence(
+    base: Base, tmp_path: Path
+) -> None:
+    home = tampered(
+        base, tmp_path, f"UPDATE sessions SET deleted = 1 WHERE session_id = '{base.source}'"
+    )
+    assert Law.UNKNOWN_EVIDENCE in laws(home)
+    home2 = tampered(base, tmp_path / "2")
+    shutil.rmtree(runtime_home(home2, WS, base.source))
+    assert Law.UNKNOWN_EVIDENCE in laws(home2)
+
+
+def test_another_operations_child_in_an_abandoned_quarantine_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # An abandoned operation through Turn 1 whose quarantine took the unknown fork's child
+    # (through Turn 2): the abandon claimed a child of another live operation.
+    home = tampered(
+        base,
+        tmp_path,
+        _COPY_OP.format(
+            new="op-abandoned",
+            target=uuid.uuid4(),
+            point="point_kind",
+            prefix="source_provider_turn_ids",
+            status="abandoned",
+            of=base.committed["operationId"],
+        ),
+    )
+    child = _unknown_child(base, home)
+    source_home = runtime_home(home, WS, base.source)
+    dest = source_home / "quarantine" / "op-abandoned" / child.relative_to(source_home)
+    dest.parent.mkdir(parents=True)
+    child.rename(dest)
+    assert Law.QUARANTINE in laws(home)

@@ -280,8 +280,8 @@ def test_child_can_be_forked_again(store: Store, source: tuple[str, list[str]]) 
     committed = run_to_commit(store, op)
     child = committed.target_session_id
     grand, created = store.prepare_fork(WS, request(child, committed.target_turn_id or ""))
-    # The fork of a fork does not stack " (2) (2)" (storage/fork_titles.py).
-    assert created and grand.target_title == "123 (3)"
+    # Seed 000 §5: the fork of a fork stacks the suffix; its ordinal counts its own source's forks.
+    assert created and grand.target_title == "123 (2) (2)"
     done = run_to_commit(store, grand)
     assert done.lineage is not None and done.lineage.source_session_id == child
 

@@ -54,6 +54,15 @@ class Law(StrEnum):
     """A fenced write succeeds on a fenced source or fails on an unfenced one (law 3)."""
     SINGLE_ACTIVE = "single_active"
     """Two active operations on one source, or two barrier holders on one boundary."""
+    BOUNDARY_BARRIER = "boundary_barrier"
+    """Two operations hold the barrier of one boundary (source + Turn), whatever point kinds
+    asked for them (law 8): a boundary was dispatched twice."""
+    CHILD_OWNED = "child_owned"
+    """A provider child in a provider home belongs to no operation that may own it, or its
+    Turns are no such operation's frozen prefix (law 9)."""
+    UNKNOWN_EVIDENCE = "unknown_evidence"
+    """An `unknown` operation's source Session was deleted or its provider home is gone: the
+    evidence a person must decide on is lost (law 9, seed 000 §10)."""
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
     QUARANTINE = "quarantine"
@@ -393,15 +402,16 @@ def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
     for key, n in active.items():
         if n > 1:
             ctx.fail(Law.SINGLE_ACTIVE, f"{n} active operations on source {key[1]}")
+    # Law 8: keyed on the resolved boundary, not the point kind.
     barrier = Counter(
-        (o["workspace_id"], o["source_session_id"], o["point_kind"], o["source_turn_id"])
+        (o["workspace_id"], o["source_session_id"], o["source_turn_id"])
         for o in ops
         if o["status"] in (*ACTIVE, "unknown")
         or (o["status"] == "committed" and o["client_observed_at_ms"] is None)
     )
     for key, n in barrier.items():
         if n > 1:
-            ctx.fail(Law.SINGLE_ACTIVE, f"{n} barrier holders on {key[1]} turn {key[3]}")
+            ctx.fail(Law.BOUNDARY_BARRIER, f"{n} barrier holders on {key[1]} turn {key[2]}")
 
 
 def _check_fence(ctx: _Ctx, copy_path: Path, ops: list[dict[str, Any]]) -> None:
@@ -482,23 +492,139 @@ def _check_provider_children(
 
 def quarantined_files(home: Path) -> list[tuple[str, Path]]:
     """(operation id, file) for every file `fork.resolve` abandon moved aside:
-    `runtimes/<ws>/<sid>/<provider home>/quarantine/<operation id>/...`."""
+    `runtimes/<ws>/<sid>/<provider home>/quarantine/<operation id>/...`, and where a deleted
+    source's quarantine is kept, `runtimes/.evidence/<ws>/<sid>/<provider home>/quarantine/`."""
     out = []
-    for qdir in sorted((home / "runtimes").glob("*/*/*/quarantine/*")):
+    runtimes = home / "runtimes"
+    qdirs = [*runtimes.glob("*/*/*/quarantine/*"), *runtimes.glob(".evidence/*/*/*/quarantine/*")]
+    for qdir in sorted(qdirs):
+        if qdir.parts[len(runtimes.parts)] == ".trash":
+            continue
         for path in sorted(qdir.rglob("*")):
             if path.is_file():
                 out.append((qdir.name, path))
     return out
 
 
+def _tutti_turns(path: Path) -> tuple[str, ...] | None:
+    """The Turn ids a Tutti Agent rollout shows (`task_started` events), or None if unreadable.
+    A Tutti Agent fork child holds its whole history, so until it runs a Turn of its own (only
+    a committed child does) these are exactly its operation's frozen prefix."""
+    turns = [
+        str((e.get("payload") or {}).get("turn_id"))
+        for e in _json_lines(path)
+        if e.get("type") == "event_msg" and (e.get("payload") or {}).get("type") == "task_started"
+    ]
+    return tuple(turns) if turns else None
+
+
+def _quarantined_lineage(path: Path) -> str | None:
+    """The source a quarantined child names (rollout `forked_from_id` / Claude `forkedFrom`)."""
+    if path.suffix != ".jsonl":
+        return None
+    if path.name.startswith("rollout-"):
+        payload = (_first_json_line(path) or {}).get("payload") or {}
+        found = payload.get("forked_from_id") if isinstance(payload, dict) else None
+        return found if isinstance(found, str) else None
+    for entry in _json_lines(path):
+        forked = entry.get("forkedFrom")
+        if isinstance(forked, dict) and isinstance(forked.get("sessionId"), str):
+            return str(forked["sessionId"])
+    return None
+
+
 def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
-    status = {o["operation_id"]: o["status"] for o in ops}
+    by_id = {o["operation_id"]: o for o in ops}
     for op_id, path in quarantined_files(home):
+        op = by_id.get(op_id)
+        status = None if op is None else op["status"]
         # `unknown`: a resolve that moved the child and then died is rolled back at start-up.
-        if status.get(op_id) not in ("abandoned", "unknown"):
-            ctx.fail(Law.QUARANTINE, f"{path} quarantined for {status.get(op_id, 'no')} operation")
-        elif path.stat().st_size == 0:
+        if op is None or status not in ("abandoned", "unknown"):
+            ctx.fail(Law.QUARANTINE, f"{path} quarantined for {status or 'no'} operation")
+            continue
+        if path.stat().st_size == 0:
             ctx.fail(Law.QUARANTINE, f"{path} was emptied in quarantine")
+            continue
+        # Law 9: an operation's quarantine holds its own child only.
+        source = _quarantined_lineage(path)
+        if source is not None and source != op["source_provider_session_id"]:
+            ctx.fail(Law.QUARANTINE, f"{path} is a child of {source}, not of {op_id}'s source")
+        if "tutti-agent-home" in path.parts and path.name.startswith("rollout-"):
+            prefix = tuple(json.loads(op["source_provider_turn_ids"] or "[]"))
+            turns = _tutti_turns(path)
+            if turns is not None and turns != prefix:
+                ctx.fail(
+                    Law.QUARANTINE,
+                    f"{path} in {op_id}'s quarantine shows turns {list(turns)}, not its frozen "
+                    f"prefix {list(prefix)}: another operation's child",
+                )
+
+
+# Operations that may own a provider child no operation recorded: the request may have left,
+# and no resolve has moved its child aside yet.
+MAY_OWN_UNRECORDED = ("dispatching", "unknown")
+
+
+def _check_child_owners(
+    ctx: _Ctx, children: list[ProviderChild], ops: list[dict[str, Any]]
+) -> None:
+    """Law 9: every provider child on disk (outside quarantine) is recorded by one operation,
+    or may be owned by a dispatched, unrecorded one of its source whose frozen prefix its Turns
+    show (read for Tutti Agent, whose children hold their whole history)."""
+    recorded = {o["target_provider_session_id"] for o in ops if o["target_provider_session_id"]}
+    owners: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for o in ops:
+        if o["status"] in MAY_OWN_UNRECORDED:
+            owners[o["source_provider_session_id"]].append(o)
+    unrecorded: dict[str, dict[str, ProviderChild]] = defaultdict(dict)
+    for child in children:
+        if child.child_id not in recorded:
+            unrecorded[child.source_provider_session_id][child.child_id] = child
+    for source, found in unrecorded.items():
+        candidates = owners.get(source, [])
+        if len(found) > len(candidates):
+            ctx.fail(
+                Law.CHILD_OWNED,
+                f"source provider session {source}: {len(found)} unrecorded provider children "
+                f"{sorted(found)} for {len(candidates)} dispatched, unresolved operations",
+            )
+            continue
+        prefixes = [tuple(json.loads(o["source_provider_turn_ids"] or "[]")) for o in candidates]
+        for child in found.values():
+            if child.provider != "tutti-agent":
+                continue
+            turns = _tutti_turns(child.path)
+            if turns is not None and turns not in prefixes:
+                ctx.fail(
+                    Law.CHILD_OWNED,
+                    f"provider child {child.child_id} at {child.path} shows turns {list(turns)}:"
+                    " no dispatched, unresolved operation of its source froze that prefix",
+                )
+
+
+def _check_unknown_evidence(
+    ctx: _Ctx, home: Path, ops: list[dict[str, Any]], sessions: list[dict[str, Any]]
+) -> None:
+    """Law 9 / seed 000 §10: an `unknown` operation keeps its evidence until resolved: its
+    source Session is not deleted and the source's provider home is still there."""
+    by_key = {(s["workspace_id"], s["session_id"]): s for s in sessions}
+    for op in ops:
+        if op["status"] != "unknown":
+            continue
+        ws, source = op["workspace_id"], op["source_session_id"]
+        session = by_key.get((ws, source))
+        if session is None or session["deleted"]:
+            ctx.fail(
+                Law.UNKNOWN_EVIDENCE,
+                f"unknown operation {op['operation_id']}: its source {source} was deleted",
+            )
+            continue
+        provider = session["provider"]
+        if provider in HOME_DIRS and not provider_home(home, ws, source, provider).is_dir():
+            ctx.fail(
+                Law.UNKNOWN_EVIDENCE,
+                f"unknown operation {op['operation_id']}: source {source}'s provider home is gone",
+            )
 
 
 def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
@@ -589,7 +715,9 @@ def check_invariants(
                 "SELECT o.*, s.snapshot_json FROM fork_operations o"
                 " LEFT JOIN fork_snapshots s USING (op_seq) ORDER BY o.op_seq",
             )
-            sessions = _rows(conn, "SELECT provider, workspace_id, session_id FROM sessions")
+            sessions = _rows(
+                conn, "SELECT provider, workspace_id, session_id, deleted FROM sessions"
+            )
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
         finally:
@@ -613,6 +741,8 @@ def check_invariants(
             else:
                 readable += 1
         _check_quarantine(ctx, home, ops)
+        _check_child_owners(ctx, children, ops)
+        _check_unknown_evidence(ctx, home, ops, sessions)
         if probe_fence:
             _check_fence(ctx, copy_path, ops)
     finally:
