@@ -169,6 +169,14 @@ def error_words(action: str, exc: BaseException) -> str:
             )
         elif exc.reason == "agent_session_fork_resolve_conflict" and params.get("status"):
             words = f"this fork is already {params['status']}, not unknown"
+        if exc.reason == "agent_session_fork_unresolved":
+            ops = [str(o) for o in params.get("operationIds") or ()]
+            words = (
+                f"it has {len(ops)} unresolved fork(s) whose outcome is unknown "
+                f"({', '.join(o[:8] for o in ops)}); their evidence lives with this session. "
+                "Resolve them first: `agenthost resolve <operation>` (inspect), then "
+                "`--adopt` or `--abandon`"
+            )
         if exc.reason == "invalid_argument" and exc.message:
             words = exc.message
         return f"cannot {action}: {words}"

@@ -234,8 +234,9 @@ class SessionStore(StoreBase):
             if unresolved:
                 raise ForkUnresolved(
                     f"session {sid} has {len(unresolved)} unresolved fork operation(s)"
-                    f" ({', '.join(unresolved)}): resolve them first (fork.resolve inspect,"
-                    " then adopt or abandon)",
+                    f" ({', '.join(unresolved)}) whose evidence lives with it: resolve them"
+                    " first (fork.resolve: inspect, then adopt or abandon; in the CLI"
+                    " `agenthost resolve <operation>`)",
                     params={"operationIds": unresolved},
                 )
             tx.execute(
