@@ -114,6 +114,27 @@ def fork_params(
     }
 
 
+def fork_latest_params(sid: str, *, ws: str = WS) -> dict[str, Any]:
+    """`fork.create` of the whole Session (`latestSettled`), new identities."""
+    return {
+        "workspaceId": ws,
+        "agentSessionId": sid,
+        "requestId": str(uuid.uuid4()),
+        "targetAgentSessionId": str(uuid.uuid4()),
+        "point": {"type": "latestSettled"},
+    }
+
+
+def resolve_params(op_id: str, action: str, *, ws: str = WS) -> dict[str, Any]:
+    """`fork.resolve` of one operation, a new request id."""
+    return {
+        "workspaceId": ws,
+        "operationId": op_id,
+        "requestId": str(uuid.uuid4()),
+        "action": action,
+    }
+
+
 def session_exists(c: Client, sid: str, ws: str = WS) -> bool:
     try:
         c.call("session.get", {"workspaceId": ws, "agentSessionId": sid})

@@ -1,4 +1,6 @@
-"""Contention soak (issue 15): many Sessions, concurrent turns and forks from several clients,
+"""Contention soak: many Sessions, concurrent turns, forks of both point kinds, ACKs,
+`fork.resolve` of unknown forks (some forced by a one-shot failpoint) and deletes of fork
+children and, rarely, of sources, from several clients,
 while an external process takes SQLite's write lock on the store at random (a real fault,
 `tests/support/store_lock.py`) and the daemon's busy budget is short. Every request is
 answered (no client timeout), none with status 500; once the lock is gone for good every Turn
@@ -22,7 +24,13 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.reliability_harness import LEDGER, fork_params, trials
+from tests.reliability.reliability_harness import (
+    LEDGER,
+    fork_latest_params,
+    fork_params,
+    resolve_params,
+    trials,
+)
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.invariants import Law, check_invariants
 from tests.support.store_lock import WriteLockHolder
@@ -46,6 +54,18 @@ class Tally:
         self.failures: list[str] = []
         self.turns: dict[str, list[str]] = {}  # session -> settled-or-not turn ids
         self.ops: set[str] = set()
+        self.unknown: set[str] = set()
+        self.children: list[str] = []  # committed fork children, alive as far as we know
+
+    def note(self, op: dict[str, Any]) -> None:
+        with self.lock:
+            self.ops.add(op["operationId"])
+            if op["status"] == "unknown":
+                self.unknown.add(op["operationId"])
+            else:
+                self.unknown.discard(op["operationId"])
+            if op["status"] == "committed" and op["targetAgentSessionId"] not in self.children:
+                self.children.append(op["targetAgentSessionId"])
 
     def call(self, c: Client, method: str, params: dict[str, Any]) -> dict[str, Any] | None:
         try:
@@ -72,7 +92,10 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
     while not stop.is_set():
         sid = rng.choice(sids)
         s = {"workspaceId": WS, "agentSessionId": sid}
-        action = rng.choice(["submit", "submit", "submit", "fork", "settings", "get"])
+        action = rng.choices(
+            ["submit", "fork", "fork_latest", "resolve", "ack", "delete", "settings", "get"],
+            weights=[6, 2, 1, 1, 1, 0.5, 1, 1],
+        )[0]
         if action == "submit":
             text = rng.choice(["hello", "/slow 200 slow", "/tool grep x"])
             body = t.call(
@@ -89,10 +112,38 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                 x["turnId"] for x in (body or {}).get("turns", []) if x["phase"] == "settled"
             ]
             if settled:
+                if rng.random() < 0.2:
+                    # A fork whose reply is lost in the worker: `unknown`, for resolve to settle.
+                    t.call(
+                        c,
+                        "debug.failpoints",
+                        {"points": {"worker.fork.after_provider_call": "once:error"}},
+                    )
                 got = t.call(c, "fork.create", fork_params(sid, rng.choice(settled)))
                 if got:
-                    with t.lock:
-                        t.ops.add(got["operation"]["operationId"])
+                    t.note(got["operation"])
+        elif action == "fork_latest":
+            got = t.call(c, "fork.create", fork_latest_params(sid))
+            if got:
+                t.note(got["operation"])
+        elif action == "resolve" and t.unknown:
+            with t.lock:
+                op_id = rng.choice(sorted(t.unknown))
+            how = rng.choice(["inspect", "adopt", "abandon"])
+            got = t.call(c, "fork.resolve", resolve_params(op_id, how))
+            if got:
+                t.note(got["operation"])
+        elif action == "ack" and t.ops:
+            with t.lock:
+                op_id = rng.choice(sorted(t.ops))
+            got = t.call(c, "fork.acknowledge", {"workspaceId": WS, "operationId": op_id})
+            if got:
+                t.note(got["operation"])
+        elif action == "delete":
+            # Mostly a fork child; now and then a source (refused while it has an unknown fork).
+            with t.lock:
+                victim = t.children.pop() if t.children and rng.random() < 0.8 else sid
+            t.call(c, "session.delete", {"workspaceId": WS, "agentSessionId": victim})
         elif action == "settings":
             t.call(c, "session.updateSettings", s | {"settings": {"r": rng.randrange(100)}})
         else:
@@ -150,7 +201,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         # The lock is gone for good: every Turn settles, every operation ends.
         def quiet() -> bool:
             for sid in sids:
-                body = c.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})
+                status, body = c.call_raw(
+                    "session.timeline", {"workspaceId": WS, "agentSessionId": sid}
+                )
+                if status == 404:
+                    continue  # deleted by a client
                 if any(x["phase"] != "settled" for x in body["turns"]):
                     return False
             for op_id in t.ops:
@@ -162,9 +217,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         wait_for(quiet, 120, interval=0.5)
         turn_outcomes: Counter[str] = Counter()
         for sid in sids:
-            body = c.call(
+            status, body = c.call_raw(
                 "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
             )
+            if status == 404:
+                continue
             turn_outcomes.update(str(x.get("outcome") or x["phase"]) for x in body["turns"])
         fork_outcomes = Counter(
             c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]["status"]

@@ -1,7 +1,9 @@
-"""Crash soak (issue 9 item 3): several client threads run random sessions, turns, forks, ACKs,
-mutations and deletes against a real daemon while a chaos loop SIGKILLs the daemon or its
-worker at random moments (or arms a random `once:kill` failpoint); after every kill the
-invariant checker runs. Seeded: the seed is printed and `AGENTHOST_SOAK_SEED` replays it.
+"""Crash soak: several client threads run random sessions, turns, forks of both point kinds
+(`throughTurn`, `latestSettled`), ACKs, `fork.resolve` (inspect / adopt / abandon) of unknown
+operations, mutations and deletes of sources and children against a real daemon while a chaos
+loop SIGKILLs the daemon or its worker at random moments (or arms a random `once:kill`
+failpoint, the resolve's among them); after every kill the invariant checker runs. Seeded: the
+seed is printed and `AGENTHOST_SOAK_SEED` replays it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ from typing import Any
 
 import pytest
 
-from tests.reliability.reliability_harness import LEDGER, SOAK, fork_params, worker_of
+from tests.reliability.reliability_harness import (
+    LEDGER,
+    SOAK,
+    fork_latest_params,
+    fork_params,
+    resolve_params,
+    worker_of,
+)
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.invariants import assert_invariants, check_invariants
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
@@ -39,6 +48,11 @@ POINTS = (
     "worker.fork.after_provider_call",
     "worker.bind.before_copy",
     "worker.bind.after_copy",
+    "host.resolve.after_begin",
+    "host.resolve.after_bind",
+    "host.resolve.after_accept",
+    "host.resolve.after_quarantine",
+    "host.resolve.after_finish",
 )
 
 
@@ -127,6 +141,8 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             "submit",
             "refresh",
             "fork",
+            "fork_latest",
+            "resolve",
             "ack",
             "get",
             "settings",
@@ -135,7 +151,7 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             "goal",
             "delete",
         ],
-        weights=[3 if len(sessions) < 30 else 0, 4, 6, 10, 3, 3, 2, 2, 1, 1, 0.4],
+        weights=[3 if len(sessions) < 30 else 0, 4, 6, 10, 4, 3, 3, 3, 2, 2, 1, 1, 0.6],
     )[0]
     s = {"workspaceId": WS, "agentSessionId": sid}
     if action == "create" or sid is None:
@@ -177,6 +193,18 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
                     w.ops[op["operationId"]] = op["status"]
                     if op["status"] == "committed":
                         w.sessions.setdefault(op["targetAgentSessionId"], [])
+    elif action == "fork_latest":
+        body = call(w, c, tag, "fork.create", fork_latest_params(sid))
+        if body:
+            note_operation(w, body["operation"])
+    elif action == "resolve":
+        with w.lock:
+            unknown = [o for o, status in w.ops.items() if status == "unknown"]
+        if unknown:
+            how = rng.choice(["inspect", "inspect", "adopt", "abandon"])
+            body = call(w, c, tag, "fork.resolve", resolve_params(rng.choice(unknown), how))
+            if body:
+                note_operation(w, body["operation"])
     elif action in ("ack", "get") and ops:
         op_id = rng.choice(ops)
         method = "fork.acknowledge" if action == "ack" else "fork.get"
@@ -201,6 +229,13 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
     elif action == "delete" and call(w, c, tag, "session.delete", s) is not None:
         with w.lock:
             w.sessions.pop(sid, None)
+
+
+def note_operation(w: World, op: dict[str, Any]) -> None:
+    with w.lock:
+        w.ops[op["operationId"]] = op["status"]
+        if op["status"] == "committed":
+            w.sessions.setdefault(op["targetAgentSessionId"], [])
 
 
 def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
