@@ -18,7 +18,17 @@ import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from bench import fork_overhead, fork_path, mutations, overload, races, scale, targets, throughput
+from bench import (
+    checkpoint,
+    fork_overhead,
+    fork_path,
+    mutations,
+    overload,
+    races,
+    scale,
+    targets,
+    throughput,
+)
 from bench.common import (
     REPO,
     BenchResult,
@@ -44,6 +54,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.scale", scale.run),
     ("bench.fork_path", fork_path.run),
     ("bench.overload", overload.run),
+    ("bench.checkpoint", checkpoint.run),
 )
 
 

@@ -255,3 +255,22 @@ def test_the_message_index_experiment_runs(tmp_path: Path) -> None:
     plans = doc["figures"]["plans"][SESSION_KEY]
     assert "session_key=? AND message_id=?" in plans["2,000 lookups by id"]
     assert "command: build/venv/bin/python -m bench.message_indexes --smoke" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_checkpoint_benchmark_runs(tmp_path: Path) -> None:
+    """`bench.checkpoint`: incremental workspace checkpoints of a real repository beside an
+    idle `git status` of the same tree, the cold checkpoint and a materialize."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.checkpoint", "--smoke", "--json", str(tmp_path / "c.json")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads((tmp_path / "c.json").read_text())
+    figures = doc["figures"]
+    assert figures["checkpoint"]["n"] == 3 and figures["gitStatus"]["n"] == 3
+    assert figures["coldMs"] > 0 and figures["materializeMs"] > 0
+    assert "command: build/venv/bin/python -m bench.checkpoint --quick --smoke" in out.stdout

@@ -42,6 +42,7 @@ OUR_PACKAGES = (
     "agenthost",
     "client",
     "model_fakes",
+    "workspace",
 )
 
 DAEMON_SIDE = ("agenthost", "actors", "storage", "drivers", "tutti_agent")

@@ -76,6 +76,7 @@ PACKAGES = (
     "agenthost",
     "client",
     "model_fakes",
+    "workspace",
 )
 
 

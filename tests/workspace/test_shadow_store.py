@@ -1,0 +1,223 @@
+"""Workspace checkpoints against real git and real repositories made here: what a checkpoint
+captures (the user's .gitignore, the default excludes, the size limit, binary files, symlinks,
+untracked and deleted files), that it never writes the user's repository, and that its files
+come back byte for byte (materialize), as changes and diffs, and in place (restore)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from workspace.shadow import ChangeKind, Checkpoint, ShadowStore, Unavailable
+
+pytestmark = pytest.mark.timeout(60)
+
+BINARY = bytes(range(256)) * 4
+
+
+def git(repo: Path, *args: str) -> str:
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(repo.parent),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "u",
+        "GIT_AUTHOR_EMAIL": "u@x",
+        "GIT_COMMITTER_NAME": "u",
+        "GIT_COMMITTER_EMAIL": "u@x",
+        # `git status` would otherwise refresh the index it reads (the test's own write).
+        "GIT_OPTIONAL_LOCKS": "0",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A user's repository: committed files, a .gitignore with an ignored directory, a
+    binary file, a symlink, a big file, then uncommitted work (modified, untracked, deleted)."""
+    r = tmp_path / "project"
+    r.mkdir()
+    git(r, "init", "-q", "-b", "main")
+    (r / ".gitignore").write_text("ignored/\n*.log\n")
+    (r / "src").mkdir()
+    (r / "src" / "app.py").write_text("print('v1')\n")
+    (r / "doomed.txt").write_text("to be deleted\n")
+    (r / "logo.bin").write_bytes(BINARY)
+    (r / "link").symlink_to("src/app.py")
+    git(r, "add", "-A")
+    git(r, "commit", "-q", "-m", "first")
+    (r / "src" / "app.py").write_text("print('v2')\n")
+    (r / "notes.md").write_text("untracked\n")
+    (r / "doomed.txt").unlink()
+    (r / "ignored").mkdir()
+    (r / "ignored" / "cache.dat").write_text("not captured\n")
+    (r / "run.log").write_text("not captured\n")
+    (r / "node_modules").mkdir()
+    (r / "node_modules" / "dep.js").write_text("excluded by default\n")
+    (r / ".env").write_text("SECRET=1\n")
+    (r / "big.dat").write_bytes(b"x" * 2048)
+    return r
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ShadowStore:
+    return ShadowStore(tmp_path / "home" / "checkpoints", size_limit=1024)
+
+
+def tree_files(root: Path) -> dict[str, bytes | str]:
+    """Every file and symlink under `root` (not `.git`): bytes, or `-> target` for links."""
+    out: dict[str, bytes | str] = {}
+    for dirpath, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for name in files + [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            out[rel] = f"-> {os.readlink(path)}" if path.is_symlink() else path.read_bytes()
+    return out
+
+
+def repo_state(r: Path) -> dict[str, str]:
+    """What of the user's repository a checkpoint must never change."""
+    gitdir = r / ".git"
+    refs = git(r, "for-each-ref", "--format=%(refname) %(objectname)")
+    return {
+        "HEAD": (gitdir / "HEAD").read_text(),
+        "head_commit": git(r, "rev-parse", "HEAD"),
+        "index": hashlib.sha256((gitdir / "index").read_bytes()).hexdigest(),
+        "refs": refs,
+        "config": (gitdir / "config").read_text(),
+        "stash": git(r, "stash", "list"),
+        "status": git(r, "status", "--porcelain", "--ignored"),
+    }
+
+
+def test_checkpoint_captures_what_git_would_see_and_leaves_the_repository_alone(
+    repo: Path, store: ShadowStore, tmp_path: Path
+) -> None:
+    before = repo_state(repo)
+    cp = store.capture(repo)
+    assert isinstance(cp, Checkpoint), cp
+    assert repo_state(repo) == before
+    assert cp.head_commit == git(repo, "rev-parse", "HEAD")
+    assert cp.repo_root == str(repo.resolve())
+    assert cp.too_large == ("big.dat",)
+    out = store.materialize(repo, cp.commit, tmp_path / "copy")
+    expected = {
+        k: v
+        for k, v in tree_files(repo).items()
+        if not k.startswith(("ignored/", "node_modules/"))
+        and k not in ("run.log", ".env", "big.dat")
+    }
+    assert tree_files(out) == expected
+    assert (out / "logo.bin").read_bytes() == BINARY and (out / "link").is_symlink()
+    assert "doomed.txt" not in tree_files(out)
+
+
+def test_unchanged_tree_gives_the_same_checkpoint_and_changes_are_listed(
+    repo: Path, store: ShadowStore
+) -> None:
+    first = store.capture(repo)
+    again = store.capture(repo)
+    assert isinstance(first, Checkpoint) and isinstance(again, Checkpoint)
+    assert again.tree == first.tree
+    (repo / "src" / "app.py").write_text("print('v3')\n")
+    (repo / "notes.md").unlink()
+    (repo / "new.txt").write_text("new\n")
+    (repo / "logo.bin").write_bytes(BINARY[::-1])
+    later = store.capture(repo)
+    assert isinstance(later, Checkpoint)
+    changes = {c.path: c.kind for c in store.changed_files(repo, first.commit, later.commit)}
+    assert changes == {
+        "src/app.py": ChangeKind.MODIFIED,
+        "notes.md": ChangeKind.DELETED,
+        "new.txt": ChangeKind.ADDED,
+        "logo.bin": ChangeKind.MODIFIED,
+    }
+    text, truncated = store.diff(repo, first.commit, later.commit)
+    assert not truncated
+    assert "-print('v2')" in text and "+print('v3')" in text
+    assert "Binary files" in text
+    _, cut = store.diff(repo, first.commit, later.commit, max_bytes=10)
+    assert cut
+
+
+def test_restore_puts_the_files_back_and_can_itself_be_undone(
+    repo: Path, store: ShadowStore
+) -> None:
+    start = store.capture(repo)
+    assert isinstance(start, Checkpoint)
+    wanted = tree_files(repo)
+    (repo / "src" / "app.py").write_text("broken by the agent\n")
+    (repo / "src" / "extra").mkdir()
+    (repo / "src" / "extra" / "gen.py").write_text("generated\n")
+    (repo / "notes.md").unlink()
+    (repo / "link").unlink()
+    (repo / "link").write_text("a file where the link was\n")
+    (repo / "ignored" / "cache.dat").write_text("changed, but never captured\n")
+    damaged = tree_files(repo)
+    undo = store.restore(repo, start.commit)
+    assert isinstance(undo, Checkpoint)
+    restored = tree_files(repo)
+    assert restored == {**wanted, "ignored/cache.dat": damaged["ignored/cache.dat"]}
+    assert not (repo / "src" / "extra").exists()
+    # The restore's own checkpoint brings the damaged state back.
+    store.restore(repo, undo.commit)
+    assert tree_files(repo) == damaged
+
+
+def test_refs_keep_checkpoints_until_dropped_and_collected(repo: Path, store: ShadowStore) -> None:
+    cp = store.capture(repo)
+    assert isinstance(cp, Checkpoint)
+    store.keep(repo, "s1/t1/after", cp.commit)
+    (repo / "src" / "app.py").write_text("only in a dropped checkpoint\n")
+    gone = store.capture(repo)
+    assert isinstance(gone, Checkpoint)
+    store.keep(repo, "s2/t1/after", gone.commit)
+    # The shadow index keeps the newest state too: move it on before collecting.
+    (repo / "src" / "app.py").write_text("print('v2')\n")
+    store.capture(repo)
+    assert store.drop(repo, "s2") == 1
+    store.gc(repo)
+    repo_dir = store.repo_dir(repo)
+    env = {**os.environ, "GIT_DIR": str(repo_dir), "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def exists(obj: str) -> bool:
+        return (
+            subprocess.run(["git", "cat-file", "-e", obj], env=env, capture_output=True).returncode
+            == 0
+        )
+
+    assert exists(cp.commit)
+    assert not exists(gone.commit)
+
+
+def test_unavailable_is_a_reason_not_an_exception(tmp_path: Path) -> None:
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    missing = store.capture(tmp_path / "nowhere")
+    assert isinstance(missing, Unavailable) and missing.reason == "cwd_missing"
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "a.txt").write_text("a\n")
+    cp = store.capture(plain)
+    assert isinstance(cp, Checkpoint) and cp.head_commit is None and cp.repo_root is None
+    slow = ShadowStore(tmp_path / "home" / "slow", timeout_s=0.000001)
+    timed = slow.capture(plain)
+    assert isinstance(timed, Unavailable) and timed.reason == "timed_out"
+
+
+def test_a_workspace_holding_the_home_never_checkpoints_the_checkpoints(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    store = ShadowStore(work / ".agenthost" / "checkpoints")
+    first = store.capture(work)
+    second = store.capture(work)
+    assert isinstance(first, Checkpoint) and isinstance(second, Checkpoint)
+    assert first.tree == second.tree
+    out = store.materialize(work, second.commit, tmp_path / "out")
+    assert tree_files(out) == {"a.txt": b"a\n"}

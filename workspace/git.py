@@ -1,0 +1,123 @@
+"""Running `git` for the workspace checkpoints, isolated from the person's own setup: no system
+or global config, no hooks, no pager, no prompts, no editor, a fixed identity, and a time
+bound on every call. The user's repository is only ever read through this runner, except
+where a worktree fork adds its worktree and branch (law 10).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class GitUnavailable(Exception):
+    """`git` is not installed, or a call failed or ran out of time; `reason` is a short word
+    for the wire (`git_missing`, `git_failed`, `timed_out`) and the message says the rest."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+# Config that holds for every call: nothing of the person's may run or prompt.
+_CONFIG = (
+    "core.hooksPath=/dev/null",
+    "core.pager=cat",
+    "core.fsmonitor=false",
+    "core.autocrlf=false",
+    "core.symlinks=true",
+    "core.quotePath=false",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "advice.detachedHead=false",
+    "init.defaultBranch=main",
+)
+
+
+def git_binary() -> str | None:
+    return shutil.which("git")
+
+
+@dataclass(frozen=True, slots=True)
+class Git:
+    """One git invocation context: the binary, a private HOME and a deadline per call."""
+
+    binary: str
+    home: Path
+    timeout_s: float = 5.0
+
+    @classmethod
+    def find(cls, home: Path, timeout_s: float = 5.0) -> Git:
+        binary = git_binary()
+        if binary is None:
+            raise GitUnavailable("git_missing", "git is not installed (install git to checkpoint)")
+        return cls(binary, home, timeout_s)
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(self.home),
+            "XDG_CONFIG_HOME": str(self.home),
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_TERMINAL_PROMPT": "0",
+            "GIT_PAGER": "cat",
+            "PAGER": "cat",
+            "GIT_EDITOR": "true",
+            "GIT_ASKPASS": "true",
+            "GIT_OPTIONAL_LOCKS": "0",
+            "GIT_AUTHOR_NAME": "agenthost",
+            "GIT_AUTHOR_EMAIL": "agenthost@localhost",
+            "GIT_COMMITTER_NAME": "agenthost",
+            "GIT_COMMITTER_EMAIL": "agenthost@localhost",
+            "GIT_AUTHOR_DATE": "1700000000 +0000",
+            "GIT_COMMITTER_DATE": "1700000000 +0000",
+            "LC_ALL": "C",
+        }
+        if extra:
+            env.update(extra)
+        return env
+
+    def run(
+        self,
+        args: Sequence[str],
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+        input_bytes: bytes | None = None,
+        check: bool = True,
+        timeout_s: float | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        cmd = [self.binary]
+        for item in _CONFIG:
+            cmd += ["-c", item]
+        cmd += list(args)
+        try:
+            done = subprocess.run(
+                cmd,
+                cwd=cwd,
+                env=self.env(env),
+                input=input_bytes,
+                capture_output=True,
+                timeout=self.timeout_s if timeout_s is None else timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise GitUnavailable(
+                "timed_out", f"git {args[0]} took longer than {exc.timeout:g} s"
+            ) from None
+        except OSError as exc:
+            raise GitUnavailable("git_missing", f"cannot run git: {exc}") from None
+        if check and done.returncode != 0:
+            err = done.stderr.decode(errors="replace").strip().splitlines()
+            raise GitUnavailable(
+                "git_failed", f"git {args[0]} failed: {err[-1] if err else done.returncode}"
+            )
+        return done
+
+    def out(self, args: Sequence[str], **kw: object) -> str:
+        return self.run(args, **kw).stdout.decode(errors="surrogateescape").strip()  # type: ignore[arg-type]

@@ -1,0 +1,364 @@
+"""The shadow object store of workspace checkpoints: one bare git repository per workspace
+directory under the agenthost home (`checkpoints/<key>/`), with its own persistent index, so a
+checkpoint of a large tree with few changes costs what `git status` costs. It reads the
+working tree and writes only under the home; nothing of the person's repository (index, HEAD,
+refs, config, hooks) is written or run (law 10).
+
+A checkpoint is the git tree of what git would see in that directory — the person's
+`.gitignore` files respected — minus a default exclude list (`DEFAULT_EXCLUDES`, configurable)
+and minus files over a size limit, which are listed instead. Checkpoints are kept by refs to
+their trees (`refs/agenthost/<session>/<turn>/<before|after>`); `drop` removes a Session's refs
+and `gc` collects what no ref (nor the shadow index's newest state) keeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from workspace.git import Git, GitUnavailable
+
+DEFAULT_EXCLUDES: tuple[str, ...] = (
+    ".git/",
+    "node_modules/",
+    ".venv/",
+    "venv/",
+    "__pycache__/",
+    "build/",
+    "dist/",
+    "target/",
+    ".env",
+    ".env.*",
+)
+"""What a checkpoint never captures (gitignore syntax): VCS data, dependency and build
+output, virtualenvs, and `.env*` files (secrets)."""
+
+DEFAULT_SIZE_LIMIT = 10 * 1024 * 1024
+REF_ROOT = "refs/agenthost"
+
+
+class ChangeKind(StrEnum):
+    ADDED = "added"
+    MODIFIED = "modified"
+    DELETED = "deleted"
+
+
+_KIND = {"A": ChangeKind.ADDED, "M": ChangeKind.MODIFIED, "D": ChangeKind.DELETED}
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    path: str
+    kind: ChangeKind
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """The working tree of `cwd` at one moment: its git `tree` in the shadow store (`commit`
+    names the same object: what refs keep and reads take), the HEAD commit of the repository
+    `cwd` lies in (None outside one), and the files left out for their size."""
+
+    commit: str
+    tree: str
+    head_commit: str | None
+    repo_root: str | None
+    too_large: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """No checkpoint: `reason` is one word (`git_missing`, `cwd_missing`, `timed_out`,
+    `git_failed`), `message` says it in words."""
+
+    reason: str
+    message: str
+
+
+def _prune_empty(directory: Path, stop: Path) -> None:
+    """Remove now-empty directories from `directory` up to (not including) `stop`."""
+    while directory != stop and stop in directory.parents:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+        directory = directory.parent
+
+
+def _key(cwd: Path) -> str:
+    return hashlib.sha256(os.fsencode(os.path.realpath(cwd))).hexdigest()[:20]
+
+
+def _nul(items: Sequence[str]) -> bytes:
+    return b"".join(os.fsencode(i) + b"\0" for i in items)
+
+
+def _split_nul(data: bytes) -> list[str]:
+    return [os.fsdecode(p) for p in data.split(b"\0") if p]
+
+
+class ShadowStore:
+    """Checkpoints of any number of workspace directories under `root`."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        excludes: Sequence[str] = DEFAULT_EXCLUDES,
+        size_limit: int = DEFAULT_SIZE_LIMIT,
+        timeout_s: float = 5.0,
+    ) -> None:
+        self.root = root
+        self.excludes = tuple(excludes)
+        self.size_limit = size_limit
+        self.timeout_s = timeout_s
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _git(self) -> Git:
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return Git.find(self.root, self.timeout_s)
+
+    def repo_dir(self, cwd: Path) -> Path:
+        return self.root / _key(cwd)
+
+    def _repo(self, git: Git, cwd: Path) -> Path:
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            tmp = self.root / f".init-{uuid.uuid4().hex}"
+            git.run(["init", "-q", "--bare", str(tmp)])
+            (tmp / "agenthost-workdir").write_text(os.path.realpath(cwd) + "\n")
+            try:
+                os.rename(tmp, repo)
+            except OSError:
+                shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
+        exclude = repo / "info" / "exclude"
+        patterns = list(self.excludes)
+        inside = os.path.relpath(os.path.realpath(self.root), os.path.realpath(cwd))
+        if not inside.startswith(".."):
+            patterns.append(f"/{inside}/")  # never checkpoint the checkpoints themselves
+        wanted = "\n".join(patterns) + "\n"
+        if not exclude.is_file() or exclude.read_text() != wanted:
+            exclude.parent.mkdir(exist_ok=True)
+            exclude.write_text(wanted)
+        return repo
+
+    @staticmethod
+    def _env(repo: Path, cwd: Path, index: Path | None = None) -> dict[str, str]:
+        return {
+            "GIT_DIR": str(repo),
+            "GIT_WORK_TREE": str(cwd),
+            "GIT_INDEX_FILE": str(index or repo / "index"),
+        }
+
+    # -- capture ---------------------------------------------------------------------------
+
+    def capture(self, cwd: Path) -> Checkpoint | Unavailable:
+        """Record the working tree of `cwd` now; never raises for a missing git, directory or
+        a slow tree (the answer is `Unavailable`)."""
+        try:
+            if not cwd.is_dir():
+                return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
+            git = self._git()
+            repo = self._repo(git, cwd)
+            env = self._env(repo, cwd)
+            # Only what may have changed since the last checkpoint of this directory, in one
+            # call as cheap as `git status`: tracked files whose stat differs from the shadow
+            # index (deleted ones too) and untracked ones; the rest is in the index as it is.
+            candidates = _split_nul(
+                git.run(
+                    ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
+                    env=env,
+                    cwd=cwd,
+                ).stdout
+            )
+            too_large = self._too_large(cwd, candidates)
+            left_out = set(too_large)
+            keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
+            if too_large:
+                git.run(
+                    [
+                        "rm",
+                        "-q",
+                        "--cached",
+                        "--ignore-unmatch",
+                        "--pathspec-from-file=-",
+                        "--pathspec-file-nul",
+                    ],
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul([f":(literal){p}" for p in too_large]),
+                )
+            if keep:
+                git.run(
+                    ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul([f":(literal){p}" for p in keep]),
+                )
+            tree = git.out(["write-tree"], env=env, cwd=cwd)
+            head, root = self._head_of(git, cwd)
+            return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
+        except GitUnavailable as exc:
+            return Unavailable(exc.reason, str(exc))
+
+    def _too_large(self, cwd: Path, paths: Sequence[str]) -> list[str]:
+        out = []
+        for rel in paths:
+            try:
+                st = (cwd / rel).lstat()
+            except OSError:
+                continue  # deleted: `add -A` records that
+            if stat.S_ISREG(st.st_mode) and st.st_size > self.size_limit:
+                out.append(rel)
+        return out
+
+    @staticmethod
+    def _head_of(git: Git, cwd: Path) -> tuple[str | None, str | None]:
+        """The HEAD commit and top of the repository `cwd` lies in, read only (one call)."""
+        done = git.run(["rev-parse", "--show-toplevel", "HEAD"], cwd=cwd, check=False)
+        lines = done.stdout.decode(errors="surrogateescape").splitlines()
+        if not lines or lines[0] == "HEAD" or not os.path.isabs(lines[0]):
+            return None, None  # not in a repository
+        head = lines[1].strip() if done.returncode == 0 and len(lines) > 1 else None
+        return head or None, lines[0].strip()
+
+    # -- refs and space --------------------------------------------------------------------
+
+    def keep(self, cwd: Path, name: str, commit: str) -> str:
+        """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`)."""
+        git = self._git()
+        ref = f"{REF_ROOT}/{name}"
+        git.run(["update-ref", ref, commit], env={"GIT_DIR": str(self._repo(git, cwd))})
+        return ref
+
+    def drop(self, cwd: Path, prefix: str) -> int:
+        """Delete every ref under `refs/agenthost/<prefix>/`; returns how many."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return 0
+        git = self._git()
+        env = {"GIT_DIR": str(repo)}
+        refs = git.out(
+            ["for-each-ref", "--format=%(refname)", f"{REF_ROOT}/{prefix}/"], env=env
+        ).split()
+        if refs:
+            git.run(
+                ["update-ref", "--stdin"],
+                env=env,
+                input_bytes="".join(f"delete {r}\n" for r in refs).encode(),
+            )
+        return len(refs)
+
+    def gc(self, cwd: Path) -> None:
+        """Collect what no ref keeps (a dropped Session's checkpoints)."""
+        repo = self.repo_dir(cwd)
+        if (repo / "HEAD").is_file():
+            self._git().run(["gc", "-q", "--prune=now"], env={"GIT_DIR": str(repo)}, timeout_s=120)
+
+    def size_bytes(self) -> int:
+        total = 0
+        for dirpath, _, files in os.walk(self.root):
+            for f in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, f)).st_size
+        return total
+
+    # -- reading checkpoints ---------------------------------------------------------------
+
+    def changed_files(self, cwd: Path, before: str, after: str) -> list[FileChange]:
+        git = self._git()
+        out = git.run(
+            ["diff-tree", "-r", "-z", "--no-renames", "--name-status", before, after],
+            env={"GIT_DIR": str(self.repo_dir(cwd))},
+        ).stdout
+        parts = _split_nul(out)
+        return [
+            FileChange(path, _KIND.get(status[:1], ChangeKind.MODIFIED))
+            for status, path in zip(parts[::2], parts[1::2], strict=False)
+        ]
+
+    def diff(
+        self, cwd: Path, before: str, after: str, max_bytes: int = 256_000
+    ) -> tuple[str, bool]:
+        """A unified diff between two checkpoints (binary files named, not shown), cut at
+        `max_bytes`; `(text, truncated)`."""
+        out = (
+            self._git()
+            .run(
+                ["diff", "--no-ext-diff", "--no-color", "--no-renames", before, after],
+                env={"GIT_DIR": str(self.repo_dir(cwd))},
+            )
+            .stdout
+        )
+        truncated = len(out) > max_bytes
+        return out[:max_bytes].decode(errors="replace"), truncated
+
+    # -- writing a checkpoint's files ------------------------------------------------------
+
+    def materialize(self, cwd: Path, commit: str, dest: Path) -> Path:
+        """Write the checkpoint's files into a new directory `dest` (must not exist): into a
+        temporary sibling first, renamed into place, so `dest` is whole or absent."""
+        git = self._git()
+        repo = self.repo_dir(cwd)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        index = tmp.with_name(tmp.name + ".index")
+        try:
+            env = self._env(repo, tmp, index)
+            git.run(["read-tree", commit], env=env, cwd=tmp)
+            git.run(["checkout-index", "-a", "-f"], env=env, cwd=tmp, timeout_s=120)
+            os.rename(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        finally:
+            index.unlink(missing_ok=True)
+        return dest
+
+    def restore(self, cwd: Path, commit: str) -> Checkpoint | Unavailable:
+        """Put `cwd`'s captured files back to the checkpoint `commit`. First checkpoints the
+        current state (returned: a restore can itself be undone); files the checkpoints never
+        capture (ignored, excluded, too large) are never touched."""
+        now = self.capture(cwd)
+        if isinstance(now, Unavailable):
+            return now
+        changes = self.changed_files(cwd, now.commit, commit)
+        git = self._git()
+        repo = self.repo_dir(cwd)
+        index = repo / f"restore-{uuid.uuid4().hex}.index"
+        try:
+            env = self._env(repo, cwd, index)
+            git.run(["read-tree", commit], env=env, cwd=cwd)
+            wanted = [c.path for c in changes if c.kind is not ChangeKind.DELETED]
+            for change in changes:
+                if change.kind is ChangeKind.DELETED:
+                    target = cwd / change.path
+                    if target.is_symlink() or target.is_file():
+                        target.unlink()
+                    _prune_empty(target.parent, cwd)
+            if wanted:
+                for path in wanted:
+                    target = cwd / path
+                    if target.is_symlink() or target.is_file():
+                        target.unlink()  # a symlink or file is replaced, never written through
+                git.run(
+                    ["checkout-index", "-f", "-z", "--stdin"],
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul(wanted),
+                    timeout_s=120,
+                )
+        finally:
+            index.unlink(missing_ok=True)
+        # The shadow index learns the restored state (the next capture starts from it).
+        self.capture(cwd)
+        return now
