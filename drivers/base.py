@@ -20,7 +20,13 @@ from domain.worker_messages import ForkRequest as ForkRequest
 from domain.worker_messages import ForkResult as ForkResult
 from domain.worker_messages import ForkSource as ForkSource
 from domain.worker_messages import ForkTarget as ForkTarget
-from domain.worker_messages import TurnEvent
+from domain.worker_messages import (
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+    TurnEvent,
+)
 from drivers.failpoints import Failpoints
 
 Emit = Callable[[str, TurnEvent], None]
@@ -59,6 +65,19 @@ class ProviderDriver(Protocol):
 
     def fork(self, request: ForkRequest) -> ForkResult:
         """Never raises for a provider outcome: every failure is a disposition."""
+        ...
+
+    def inspect_fork(self, request: ResolveRequest) -> ResolveInspection:
+        """`fork.inspect`: the provider children this operation may have left (those its
+        Turns attribute to it), each with what the provider reads in it. Never forks."""
+        ...
+
+    def adopt_fork(self, request: ResolveAdopt) -> ForkResult:
+        """`fork.adopt`: the idempotent binder on one verified child; answers like `fork`."""
+        ...
+
+    def quarantine_fork(self, request: ResolveRequest) -> ResolveQuarantined:
+        """`fork.quarantine`: move `request.child_ids` aside, never delete."""
         ...
 
     def close(self) -> None: ...

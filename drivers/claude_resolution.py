@@ -24,7 +24,7 @@ from domain.worker_messages import (
 )
 from drivers.claude_transcript import parse_entries, split_turns, transcript_path
 from drivers.errors import DriverError
-from drivers.resolution import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
+from drivers.quarantine import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
 
 
 def _forked_from(path: Path) -> str | None:

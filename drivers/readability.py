@@ -47,9 +47,7 @@ class ReaderNotApplicable(Exception):
 # --------------------------------------------------------------------------- common checks
 
 
-def _turn_problem(
-    turns: Sequence[tuple[str | None, bool]], prefix: Sequence[str]
-) -> str | None:
+def _turn_problem(turns: Sequence[tuple[str | None, bool]], prefix: Sequence[str]) -> str | None:
     """`turns` as (id, in_progress) in history order; None when they are exactly `prefix`."""
     ids = [t for t, _ in turns]
     if ids != list(prefix):

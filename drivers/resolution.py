@@ -1,11 +1,9 @@
-"""Worker side of `fork.resolve` (issue 21 §1) for the app-server drivers (Tutti Agent and
-Codex): find the provider children an `unknown` fork may have left, adopt one with the same
-idempotent binder a fork uses, or move them aside into a quarantine folder.
+"""Worker side of `fork.resolve` for the app-server drivers (Tutti Agent and Codex): find the
+provider children an `unknown` fork may have left, adopt one with the same idempotent binder a
+fork uses, or move them aside into a quarantine folder. `AppServerDriver.inspect_fork`,
+`adopt_fork` and `quarantine_fork` (the driver port's resolve methods) call these.
 
-Never calls `thread/fork`. The worker methods are `fork.inspect`, `fork.adopt` and
-`fork.quarantine`; each takes a `domain.worker_messages.ResolveRequest` (`fork.adopt` a
-`ResolveAdopt`: the same plus `childId`) and answers a `ResolveInspection`, a `ForkResult` or a
-`ResolveQuarantined`; `dispatch` reads and writes their wire maps, the handlers see the types.
+Never calls `thread/fork`.
 
 A child "of this operation" is a rollout whose `session_meta` names the source as
 `forked_from_id`, found in the source home (where `thread/fork` writes it) or the target home
@@ -17,8 +15,7 @@ passes every provider child its other operations recorded), and attributed to it
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,35 +31,8 @@ from domain.worker_messages import (
     ResolveRequest,
 )
 from drivers.errors import DriverError
-from drivers.rollout_files import ROLLOUT_DIRS, BinderError, fsync_dir, iter_rollouts
-
-QUARANTINE_DIR = "quarantine"
-METHODS = (ResolveRequest.INSPECT, ResolveAdopt.METHOD, ResolveRequest.QUARANTINE)
-
-
-def dispatch(driver: Any, method: str, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The worker's entry: reads the request's type, runs the provider's handler (Claude's
-    `drivers.claude_resolution`, the app-server drivers' this module; any other driver refuses,
-    typed) and answers its result's wire map."""
-    on_inspect: Callable[[Any, ResolveRequest], ResolveInspection]
-    on_adopt: Callable[[Any, ResolveAdopt], ForkResult]
-    on_quarantine: Callable[[Any, ResolveRequest], ResolveQuarantined]
-    if hasattr(driver, "_relocate_child") and hasattr(driver, "_verify_child"):
-        from drivers import claude_resolution as claude
-
-        on_inspect, on_adopt, on_quarantine = claude.inspect, claude.adopt, claude.quarantine
-    elif hasattr(driver, "binder") and hasattr(driver, "_thread_turns"):
-        on_inspect, on_adopt, on_quarantine = inspect, adopt, quarantine
-    else:
-        raise DriverError(f"{type(driver).__name__} cannot resolve fork operations")
-    result: ResolveInspection | ForkResult | ResolveQuarantined
-    if method == ResolveAdopt.METHOD:
-        result = on_adopt(driver, ResolveAdopt.from_wire(params))
-    elif method == ResolveRequest.INSPECT:
-        result = on_inspect(driver, ResolveRequest.from_wire(params))
-    else:
-        result = on_quarantine(driver, ResolveRequest.from_wire(params))
-    return result.to_wire()
+from drivers.quarantine import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
+from drivers.rollout_files import ROLLOUT_DIRS, BinderError, iter_rollouts
 
 
 def _meta(path: Path) -> Mapping[str, Any]:
@@ -203,21 +173,3 @@ def quarantine(driver: Any, request: ResolveRequest) -> ResolveQuarantined:
                     continue
                 moved.append(move_to_quarantine(home, op_id, path))
     return ResolveQuarantined(tuple(moved))
-
-
-def quarantine_operation_id(request: ResolveRequest) -> str:
-    """The operation id that names a quarantine folder: present, and one path component."""
-    op_id = request.operation_id
-    if not op_id or "/" in op_id or op_id.startswith("."):
-        raise DriverError("quarantine needs the operation id")
-    return op_id
-
-
-def move_to_quarantine(home: Path, op_id: str, path: Path) -> str:
-    """Move one child file of `home` aside to `<home>/quarantine/<op_id>/<its relative path>`:
-    atomically (a rename on one filesystem) and durably (its new directory fsync'd)."""
-    dest = home / QUARANTINE_DIR / op_id / path.relative_to(home)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(path, dest)
-    fsync_dir(dest.parent)
-    return str(dest)

@@ -28,13 +28,13 @@ from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_er
 from domain.worker_messages import (
     ForkRequest,
     ForkResult,
+    ResolveAdopt,
+    ResolveRequest,
     TurnEvent,
 )
 from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
-from drivers.resolution import METHODS as RESOLUTION_METHODS
-from drivers.resolution import dispatch as resolution_dispatch
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
@@ -123,8 +123,16 @@ class WorkerServer:
             "session.history": self._history,
             "interaction.respond": self._respond_interaction,
             "fork": self._fork,
-            # fork.resolve (issue 21): inspect / adopt / quarantine an unknown fork's children.
-            **{m: self._resolution(m) for m in RESOLUTION_METHODS},
+            # fork.resolve: inspect / adopt / quarantine an unknown fork's children.
+            ResolveRequest.INSPECT: lambda p: (
+                self.driver().inspect_fork(ResolveRequest.from_wire(p)).to_wire()
+            ),
+            ResolveAdopt.METHOD: lambda p: (
+                self.driver().adopt_fork(ResolveAdopt.from_wire(p)).to_wire()
+            ),
+            ResolveRequest.QUARANTINE: lambda p: (
+                self.driver().quarantine_fork(ResolveRequest.from_wire(p)).to_wire()
+            ),
             "debug.failpoints": self._set_failpoints,
             "worker.ping": self._ping,
             "debug.sleep": self._sleep,
@@ -212,9 +220,6 @@ class WorkerServer:
                     f"runtime changed since the host prepared it ({expected} -> {current})"
                 )
         return self.driver().start_turn(params, self.emit)
-
-    def _resolution(self, method: str) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-        return lambda p: resolution_dispatch(self.driver(), method, p)
 
     def driver(self) -> ProviderDriver:
         with self._driver_lock:

@@ -16,6 +16,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
+from domain.worker_messages import (
+    ForkResult,
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
+from drivers import resolution
 from drivers.app_server.events import TurnEvents
 from drivers.app_server.fork import (
     READABILITY_APP_SERVER,
@@ -383,6 +391,17 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         with session.state_lock:
             session.pending.pop(request_id, None)
         return {}
+
+    # -- fork.resolve (drivers/resolution.py) ------------------------------------------------
+
+    def inspect_fork(self, request: ResolveRequest) -> ResolveInspection:
+        return resolution.inspect(self, request)
+
+    def adopt_fork(self, request: ResolveAdopt) -> ForkResult:
+        return resolution.adopt(self, request)
+
+    def quarantine_fork(self, request: ResolveRequest) -> ResolveQuarantined:
+        return resolution.quarantine(self, request)
 
     def close(self) -> None:
         self._closed.set()

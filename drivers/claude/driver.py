@@ -19,6 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import InvalidArgument, NotFound, SessionBusy
+from domain.worker_messages import (
+    ForkResult,
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
+from drivers import claude_resolution
 from drivers.base import ProviderStateBindingMode
 from drivers.claude.env import (
     DRIVER_KIND,
@@ -202,6 +210,17 @@ class ClaudeDriver(Turns, ClaudeFork):
         if session is None:
             raise NotFound(f"session {agent_session_id} is not started in the Claude worker")
         return session
+
+    # -- fork.resolve (drivers/claude_resolution.py) -----------------------------------------
+
+    def inspect_fork(self, request: ResolveRequest) -> ResolveInspection:
+        return claude_resolution.inspect(self, request)
+
+    def adopt_fork(self, request: ResolveAdopt) -> ForkResult:
+        return claude_resolution.adopt(self, request)
+
+    def quarantine_fork(self, request: ResolveRequest) -> ResolveQuarantined:
+        return claude_resolution.quarantine(self, request)
 
     def close(self) -> None:
         with self._sessions_lock:
