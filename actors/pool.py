@@ -7,14 +7,12 @@ order, `on_start`/`on_stop`/`on_failure`, `ActorRef.tell/ask/stop` — but runs 
 a small batch, and yields its thread to the next actor (round-robin, so a chatty Session
 cannot starve the others). An idle actor costs no thread.
 
-The pool also owns one timer thread for delayed messages (`call_later`), so per-actor
-timers do not mean one thread each either.
+The pool also owns the daemon's one timer service (`actors.timers.Timers`, `call_later`), so
+per-actor timers do not mean one thread each either.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import sys
 import threading
@@ -28,6 +26,8 @@ import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 from pykka._envelope import Envelope
 
+from actors.timers import TimerHandle, Timers
+
 log = logging.getLogger(__name__)
 
 DEFAULT_ACTOR_THREADS = 32
@@ -37,30 +37,13 @@ _BATCH = 16
 """Messages one actor handles before it yields its thread to the next scheduled actor."""
 
 
-class TimerHandle:
-    """What `ActorPool.call_later` returns: `cancel()` it, like a `threading.Timer`."""
-
-    __slots__ = ("cancelled",)
-
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
 class ActorPool:
     """A bounded thread pool plus a single timer thread, shared by the actors of one daemon."""
 
     def __init__(self, max_threads: int = DEFAULT_ACTOR_THREADS, *, name: str = "actor") -> None:
         self.max_threads = max(1, int(max_threads))
         self._executor = ThreadPoolExecutor(self.max_threads, thread_name_prefix=name)
-        self._timers: list[tuple[float, int, Callable[[], None]]] = []
-        self._timer_cond = threading.Condition()
-        self._seq = itertools.count()
-        self._closed = False
-        self._timer_thread: threading.Thread | None = None
-        self._name = name
+        self.timers = Timers(f"{name}-timer")
 
     def submit(self, fn: Callable[[], None]) -> None:
         try:
@@ -69,47 +52,11 @@ class ActorPool:
             log.debug("actor pool closed; dropped a scheduled slice")
 
     def call_later(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
-        """Run `fn` on the timer thread after `seconds` (it must not block)."""
-        handle = TimerHandle()
-
-        def run() -> None:
-            if not handle.cancelled:
-                fn()
-
-        with self._timer_cond:
-            if self._closed:
-                handle.cancel()
-                return handle
-            heapq.heappush(self._timers, (time.monotonic() + seconds, next(self._seq), run))
-            if self._timer_thread is None:
-                self._timer_thread = threading.Thread(
-                    target=self._timer_loop, name=f"{self._name}-timer", daemon=True
-                )
-                self._timer_thread.start()
-            self._timer_cond.notify()
-        return handle
-
-    def _timer_loop(self) -> None:
-        while True:
-            with self._timer_cond:
-                while not self._closed and (
-                    not self._timers or self._timers[0][0] > time.monotonic()
-                ):
-                    wait = self._timers[0][0] - time.monotonic() if self._timers else None
-                    self._timer_cond.wait(wait)
-                if self._closed:
-                    return
-                _, _, fn = heapq.heappop(self._timers)
-            try:
-                fn()
-            except Exception:  # a timer callback bug must not stop later timers
-                log.exception("actor pool timer callback failed")
+        """Run `fn` on the pool's timer thread after `seconds` (it must not block)."""
+        return self.timers.call_later(seconds, fn)
 
     def close(self) -> None:
-        with self._timer_cond:
-            self._closed = True
-            self._timers.clear()
-            self._timer_cond.notify_all()
+        self.timers.close()
         self._executor.shutdown(wait=False, cancel_futures=False)
 
 
@@ -311,4 +258,4 @@ class PooledActor(pykka.Actor):
             ActorRegistry.stop_all()
 
 
-__all__ = ["DEFAULT_ACTOR_THREADS", "ActorPool", "PooledActor", "TimerHandle"]
+__all__ = ["DEFAULT_ACTOR_THREADS", "ActorPool", "PooledActor"]

@@ -25,7 +25,7 @@ from actors.context import HostContext
 from actors.messages import FollowUp, runtime_key
 from actors.pool import PooledActor
 from actors.store_ports import SessionActorStore
-from actors.timers import TIMERS, TimerHandle
+from actors.timers import TimerHandle
 from domain.worker_messages import TurnEvent
 from storage.errors import HostError, Unavailable
 from storage.models import Session, Turn
@@ -150,7 +150,7 @@ class SessionActorBase(PooledActor):
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(FollowUp(fn))
 
-        return TIMERS.call_later(seconds, _fire)
+        return self.ctx.actor_pool.call_later(seconds, _fire)
 
     def session(self) -> Session:
         return self.session_store.get_session(self.ws, self.sid)

@@ -22,7 +22,6 @@ from actors.session_base import (
     RetryDurable,
     SessionActorBase,
 )
-from actors.timers import TIMERS
 from storage.errors import ForkInProgress, HostError, StoreBusy
 from storage.sqlite import host_error_of
 
@@ -170,7 +169,7 @@ class TurnWrites(SessionActorBase):
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(RetryDurable())
 
-        self._retry_timer = TIMERS.call_later(delay, _fire)
+        self._retry_timer = self.ctx.actor_pool.call_later(delay, _fire)
 
     def _give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
         """The store stayed unwritable past the limit for `item` (not a settlement): the Turn
