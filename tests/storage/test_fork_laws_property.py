@@ -26,7 +26,7 @@ from actors.recovery import recover_fork_operations
 from storage import Store
 from storage.errors import HostError
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, ProviderForkEvidence
-from tests.support.invariants import Law, check_invariants, provider_home
+from tests.support.invariants import STORE_LAWS, check_invariants, provider_home
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,21 +53,6 @@ def _evidence(op: ForkOperation) -> ProviderForkEvidence:
         receipt={"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
         turn_bindings=None,
     )
-
-
-STORE_LAWS = frozenset(
-    {
-        Law.STORE_INTEGRITY,
-        Law.CHILD_IFF_COMMITTED,
-        Law.RESERVATION,
-        Law.FENCE,
-        Law.SINGLE_ACTIVE,
-        Law.BOUNDARY_BARRIER,
-        Law.UNKNOWN_EVIDENCE,
-    }
-)
-"""The laws the store alone decides; the provider-file laws (one child, readable, owned,
-quarantine) need real provider homes and are the soaks' (tests/reliability)."""
 
 
 class ForkLaws(RuleBasedStateMachine):

@@ -79,6 +79,21 @@ class Law(StrEnum):
     its saga is gone (checked on a live, quiescent daemon only)."""
 
 
+STORE_LAWS = frozenset(
+    {
+        Law.STORE_INTEGRITY,
+        Law.CHILD_IFF_COMMITTED,
+        Law.RESERVATION,
+        Law.FENCE,
+        Law.SINGLE_ACTIVE,
+        Law.BOUNDARY_BARRIER,
+        Law.UNKNOWN_EVIDENCE,
+    }
+)
+"""The laws the store alone decides: what a test over a store without real provider homes
+checks (the provider-file laws — one child, readable, owned, quarantine — are the soaks')."""
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     law: Law

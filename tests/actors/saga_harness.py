@@ -1,0 +1,256 @@
+"""The fork saga in-process: a real `ForkSaga` over a real store file, a host that runs every
+continuation at once on the test's thread, a worker that answers each call from a script, and
+failpoints where `crash` stops the saga dead as a SIGKILL would (a `BaseException` no step
+catches). A "restart" is start-up recovery on the same store. No daemon, no threads, no
+processes: a whole scenario takes milliseconds."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from actors.context import LiveOperations, Timeouts
+from actors.fork_host import LiveSaga, PreparedRuntime
+from actors.fork_saga import ForkSaga
+from actors.messages import ForkReply
+from actors.ports import DriverInfo
+from actors.recovery import recover_fork_operations
+from actors.timers import TimerHandle
+from storage import Store
+from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, Session
+from tests.support.invariants import provider_home
+
+WS = "ws-saga"
+PROVIDER = "tutti-agent"
+DRIVER = ("tutti-agent", "0.0.10")
+
+
+class Crash(BaseException):
+    """The process died at a failpoint: nothing after it runs (not an `Exception`, so the
+    saga's own error handling never sees it, exactly as with a SIGKILL)."""
+
+
+@dataclass
+class ScriptedFailpoints:
+    """`hit(name)`: `crash` raises `Crash`, `error` raises an ordinary error; else nothing."""
+
+    armed: dict[str, str] = field(default_factory=dict)
+    hits: list[str] = field(default_factory=list)
+
+    def hit(self, name: str) -> None:
+        self.hits.append(name)
+        action = self.armed.get(name)
+        if action == "crash":
+            raise Crash(name)
+        if action == "error":
+            raise RuntimeError(f"failpoint {name} fired")
+
+
+Answer = Callable[[str, Mapping[str, Any]], Mapping[str, Any] | BaseException]
+
+
+@dataclass
+class ScriptedWorker:
+    """The worker port: `answers[method](method, params)` is the map it answers, or the
+    exception its future fails with; every call is recorded."""
+
+    answers: dict[str, Answer]
+    calls: list[tuple[str, Mapping[str, Any]]] = field(default_factory=list)
+
+    def request(
+        self, provider: str, method: str, params: Mapping[str, Any], timeout: float
+    ) -> Future[dict[str, Any]]:
+        self.calls.append((method, dict(params)))
+        out: Future[dict[str, Any]] = Future()
+        answer = self.answers[method](method, params)
+        if isinstance(answer, BaseException):
+            out.set_exception(answer)
+        else:
+            out.set_result(dict(answer))
+        return out
+
+    def forks(self) -> int:
+        return sum(1 for method, _ in self.calls if method == "fork")
+
+
+@dataclass
+class InlineHost:
+    """`ForkHost` for one source Session, every continuation run at once."""
+
+    store: Store
+    workers: ScriptedWorker
+    failpoints: ScriptedFailpoints
+    home: Path
+    sid: str
+    ws: str = WS
+    sagas: dict[str, LiveSaga] = field(default_factory=dict)
+    resolves: dict[str, Any] = field(default_factory=dict)
+    attested_runtime: tuple[str, ...] | None = None
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    live_operations: LiveOperations = field(default_factory=LiveOperations)
+    timers: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+
+    @property
+    def key(self) -> str:
+        return f"1:{self.ws}:{self.sid}"
+
+    @property
+    def resolve_store(self) -> Store:
+        return self.store
+
+    @property
+    def catalog(self) -> Any:  # the saga never asks the catalog
+        raise AssertionError("the saga does not use the catalog")
+
+    def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
+        return provider_home(self.home, workspace_id, session_id, provider)
+
+    def session(self) -> Session:
+        return self.store.get_session(self.ws, self.sid)
+
+    def cached_session(self) -> Session:
+        return self.session()
+
+    def warm_runtime(self, session: Session) -> None:
+        return None
+
+    def forget_warm_runtime(self) -> None:
+        pass
+
+    def prepare_runtime(self, session: Session, on_ready: Callable[[Any], None]) -> None:
+        raise AssertionError("the saga is given its runtime")
+
+    def later(
+        self,
+        future: Future[Any],
+        on_done: Callable[[Future[Any]], None],
+        reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        future.add_done_callback(on_done)
+
+    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        self.timers.append((seconds, fn))
+        return TimerHandle()
+
+    def apply_late_bindings(self) -> None:
+        pass
+
+
+def verdict(**over: Any) -> dict[str, Any]:
+    """A passing `runtime.attest` answer for the operation's driver."""
+    return {
+        "driverKind": DRIVER[0],
+        "driverVersion": DRIVER[1],
+        "forkThroughTurn": True,
+        "forkFullSession": True,
+        "binderAvailable": True,
+        "runtimeGeneration": "gen-1",
+        **over,
+    }
+
+
+def accepted(params: Mapping[str, Any], **child_over: Any) -> dict[str, Any]:
+    """A verified `accepted` answer: a child showing exactly the frozen prefix."""
+    child = {
+        "providerSessionId": f"child-{uuid.uuid4().hex[:8]}",
+        "forkedFromId": params["source"]["providerSessionId"],
+        "providerTurnIds": list(params["providerTurnIds"]),
+        **child_over,
+    }
+    return {
+        "disposition": "accepted",
+        "child": child,
+        "binding": {
+            "mode": "host_copy",
+            "receipt": {"sha256": "ab", "childId": child["providerSessionId"]},
+        },
+    }
+
+
+@dataclass
+class Run:
+    """One scenario's outcome: the operation as the store holds it (after a restart when the
+    saga crashed), whether it crashed and where, the worker's calls and the replies given."""
+
+    operation: ForkOperation
+    crashed_at: str | None
+    worker: ScriptedWorker
+    replies: list[Any]
+    host: InlineHost
+
+
+def source(store: Store, home: Path) -> tuple[str, list[str]]:
+    """A root Session with two settled, bound Turns."""
+    from tests.storage.store_builders import new_session, settled_turn
+
+    sid = new_session(store, WS, provider_session_id=f"prov-{uuid.uuid4().hex[:6]}")
+    provider_home(home, WS, sid, PROVIDER).mkdir(parents=True)  # a real source has one
+    turns = [settled_turn(store, sid, WS, text=t).turn_id for t in ("one", "two")]
+    return sid, turns
+
+
+def run_saga(
+    store: Store,
+    home: Path,
+    *,
+    fork_answer: Answer,
+    attest_answer: Answer = lambda m, p: verdict(),
+    crash_at: str | None = None,
+    error_at: str | None = None,
+    point: str = ForkPointKind.THROUGH_TURN,
+) -> Run:
+    sid, turns = source(store, home)
+    armed = {}
+    if crash_at:
+        armed[crash_at] = "crash"
+    if error_at:
+        armed[error_at] = "error"
+    worker = ScriptedWorker({"runtime.attest": attest_answer, "fork": fork_answer})
+    host = InlineHost(store, worker, ScriptedFailpoints(armed), home, sid)
+    op, created = store.prepare_fork(
+        WS,
+        ForkPrepareRequest(
+            source_session_id=sid,
+            request_id=str(uuid.uuid4()),
+            target_session_id=str(uuid.uuid4()),
+            turn_id="" if point == ForkPointKind.LATEST_SETTLED else turns[0],
+            point_kind=point,
+            driver_kind=DRIVER[0],
+            driver_version=DRIVER[1],
+            binding_mode="host_copy",
+            runtime_identity={},
+        ),
+    )
+    assert created
+    session = store.get_session(WS, sid)
+    runtime = PreparedRuntime(
+        provider=PROVIDER,
+        home=str(host.runtime_home(WS, sid, PROVIDER)),
+        cwd="/work",
+        settings={},
+        provider_session_id=str(session.provider_session_id),
+        runtime_context={"driverKind": DRIVER[0], "driverVersion": DRIVER[1]},
+    )
+    saga = ForkSaga(host, op, runtime, DriverInfo(PROVIDER, "host_copy", True, "tutti-agent-home"))
+    host.sagas[op.operation_id] = saga
+    replies: list[Any] = []
+    saga.join(replies.append)
+    crashed_at = None
+    try:
+        saga._step(saga._after_prepare)
+    except Crash as exc:
+        crashed_at = str(exc)
+        recover_fork_operations(store)  # the restart: start-up recovery on the same store
+    return Run(store.get_fork_operation(WS, op.operation_id), crashed_at, worker, replies, host)
+
+
+def final_status(run: Run) -> str:
+    return run.operation.status.value
+
+
+def replied(run: Run) -> ForkReply | None:
+    return run.replies[-1] if run.replies else None
