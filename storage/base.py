@@ -23,6 +23,7 @@ import apsw
 
 from storage.baton import Baton
 from storage.errors import StoreBusy
+from storage.fork_memo import ForkMemo
 from storage.models import ChangeEvent
 from storage.schema import migrate
 from storage.sqlite import (
@@ -76,6 +77,8 @@ class StoreBase:
     ) -> None:
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms
+        # Values a fork's prepare computes for its commit, owned by this store (fork_memo.py).
+        self.fork_memo = ForkMemo()
         self._clock: Clock = clock or wall_clock_ms
         self._local = threading.local()
         self._lock = threading.Lock()

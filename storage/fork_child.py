@@ -4,11 +4,9 @@ lineage; the same plan at commit and in every committed projection."""
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from storage.errors import (
     ForkReferenceError,
@@ -22,6 +20,7 @@ from storage.fork_identity import (
     child_id,
     remap_references,
 )
+from storage.fork_memo import ForkMemo
 from storage.models import (
     InteractionStatus,
     Lineage,
@@ -75,19 +74,21 @@ def identity_map_for(snapshot: Mapping[str, Any], snapshot_hash: str | None = No
 
 
 def child_history(
-    snapshot: Mapping[str, Any], snapshot_hash: str | None = None, *, last_use: bool = False
+    snapshot: Mapping[str, Any],
+    snapshot_hash: str | None = None,
+    *,
+    last_use: bool = False,
+    memo: ForkMemo | None = None,
 ) -> ChildHistory:
     """The child's ids and Message rows. With the frozen snapshot's hash they are memoised:
     both are a pure function of the snapshot's bytes, and prepare's dry run and the commit of
     the same operation would otherwise mint every child id and remap every Message twice (a
-    1,000-Turn fork: ~11,000 ids, ~10,000 rows). `last_use` (the commit) drops the entry."""
-    if snapshot_hash is not None:
-        with _HISTORY_LOCK:
-            cached = _HISTORY.pop(snapshot_hash, None) if last_use else _HISTORY.get(snapshot_hash)
-            if cached is not None:
-                if not last_use:
-                    _HISTORY.move_to_end(snapshot_hash)
-                return cached
+    1,000-Turn fork: ~11,000 ids, ~10,000 rows). The store's `memo` holds them; `last_use`
+    (the commit) drops the entry."""
+    if snapshot_hash is not None and memo is not None:
+        cached = memo.histories.get(snapshot_hash, take=last_use)
+        if cached is not None:
+            return cast(ChildHistory, cached)
     turns = snapshot["turns"]
     ids = build_identity_map(
         snapshot["operation_id"],
@@ -99,22 +100,9 @@ def child_history(
         (i["interaction_id"] for t in turns for i in t["interactions"]),
     )
     history = ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
-    if snapshot_hash is not None and not last_use:
-        with _HISTORY_LOCK:
-            _HISTORY[snapshot_hash] = history
-            rows = sum(len(h.message_rows) for h in _HISTORY.values())
-            while len(_HISTORY) > 1 and (
-                len(_HISTORY) > _HISTORY_SIZE or rows > _HISTORY_BUDGET_ROWS
-            ):
-                _, dropped = _HISTORY.popitem(last=False)
-                rows -= len(dropped.message_rows)
+    if snapshot_hash is not None and memo is not None and not last_use:
+        memo.histories.put(snapshot_hash, history, len(history.message_rows))
     return history
-
-
-_HISTORY_SIZE = 8  # operations between prepare and commit, per process
-_HISTORY_BUDGET_ROWS = 60_000  # Message rows held in all, ~20 MB at most
-_HISTORY: OrderedDict[str, ChildHistory] = OrderedDict()
-_HISTORY_LOCK = threading.Lock()
 
 
 def _message_rows(snapshot: Mapping[str, Any], ids: IdentityMap) -> tuple[tuple[Any, ...], ...]:
@@ -157,6 +145,7 @@ def build_child(
     committed_at_ms: int,
     snapshot_hash: str | None = None,
     last_use: bool = False,
+    memo: ForkMemo | None = None,
 ) -> ChildPlan:
     """The child of seed 000 §5: an independent root with remapped, normalised history.
     `snapshot_hash` (the frozen hash of `snapshot`) lets the ids and Message rows prepare's
@@ -164,7 +153,7 @@ def build_child(
     ws = snapshot["workspace_id"]
     target = snapshot["target"]
     sid = target["session_id"]
-    history = child_history(snapshot, snapshot_hash, last_use=last_use)
+    history = child_history(snapshot, snapshot_hash, last_use=last_use, memo=memo)
     ids = history.ids
     bindings = dict(turn_bindings or {})
     unknown = set(bindings) - set(ids.turns)

@@ -73,7 +73,7 @@ class ForkCommit(StoreBase):
         stored = read_frozen(tx.conn, r[28])
         # The stored bytes are hashed here; their parse may be the document prepare froze
         # (same hash, same bytes) instead of a second decode of a multi-MB text.
-        snapshot = take_frozen_snapshot(stored, r[18])
+        snapshot = take_frozen_snapshot(stored, r[18], self.fork_memo)
         self._reprove_identity(tx, ws, r, snapshot)
         plan = build_child(
             snapshot,
@@ -83,6 +83,7 @@ class ForkCommit(StoreBase):
             committed_at_ms=tx.now_ms,
             snapshot_hash=r[18],
             last_use=True,
+            memo=self.fork_memo,
         )
         self._insert_child(tx, plan)
         tx.execute(

@@ -176,6 +176,7 @@ class ForkPrepare(StoreBase):
                 point_kind=req.point_kind,
                 boundary=boundary,
                 runtime_identity=req.runtime_identity,
+                memo=self.fork_memo,
             )
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
             build_child(
@@ -185,6 +186,7 @@ class ForkPrepare(StoreBase):
                 turn_bindings=None,
                 committed_at_ms=tx.now_ms,
                 snapshot_hash=snapshot_hash,
+                memo=self.fork_memo,
             )
             assert source.provider_session_id is not None
             tx.execute(

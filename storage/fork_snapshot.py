@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,6 +24,7 @@ from storage.errors import (
     ForkSnapshotCorrupt,
 )
 from storage.fork_boundary import MESSAGE_FIELDS, RESUME_CURSOR_KEY, Boundary
+from storage.fork_memo import ForkMemo
 from storage.models import (
     Session,
 )
@@ -102,6 +101,7 @@ def freeze_snapshot(
     point_kind: str,
     boundary: Boundary,
     runtime_identity: Mapping[str, Any],
+    memo: ForkMemo | None = None,
 ) -> tuple[dict[str, Any], Frozen, str]:
     """Build the snapshot document; returns (document, its stored form, SHA-256 hex)."""
     assert source.provider_session_id is not None
@@ -141,42 +141,23 @@ def freeze_snapshot(
         document["version"] = JSON_VERSION
         frozen = encode_snapshot(document)
     digest = sha256_hex(frozen)
-    _remember_frozen(digest, document, len(frozen))
+    if memo is not None:
+        memo.remember_frozen(digest, document, len(frozen))
     return document, frozen, digest
 
 
-# The documents prepare froze, by hash, for the commit of the same operation in this process:
-# the commit still reads and hashes the stored bytes (law 2), but a hash match means those bytes
-# are exactly the encoding of `document`, whose decode equals `document` — so a 1,000-Turn
-# commit skips a second decode of its multi-MB snapshot. Bounded by text size; a miss (another
-# process, after a restart, evicted) decodes as before. Taken once: the commit is the only
-# consumer, and no reader can mutate a document another reader holds.
-_FROZEN_BUDGET_CHARS = 8_000_000
-_FROZEN: OrderedDict[str, tuple[dict[str, Any], int]] = OrderedDict()
-_FROZEN_LOCK = threading.Lock()
-
-
-def _remember_frozen(digest: str, document: dict[str, Any], size: int) -> None:
-    if size > _FROZEN_BUDGET_CHARS:
-        return
-    with _FROZEN_LOCK:
-        _FROZEN[digest] = (document, size)
-        total = sum(n for _, n in _FROZEN.values())
-        while total > _FROZEN_BUDGET_CHARS:
-            _, (_, n) = _FROZEN.popitem(last=False)
-            total -= n
-
-
-def take_frozen_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
+def take_frozen_snapshot(
+    text: Frozen, expected_hash: str, memo: ForkMemo | None = None
+) -> dict[str, Any]:
     """`load_snapshot` for a commit: the stored bytes are hashed and must match; their parse is
-    the document prepare froze when this process still holds it, else decoded."""
+    the document prepare froze when the store's `memo` still holds it (a hash match means the
+    bytes are exactly its encoding, whose decode equals it), else decoded."""
     if sha256_hex(text) != expected_hash:
         raise ForkSnapshotCorrupt("fork snapshot does not match its hash")
-    with _FROZEN_LOCK:
-        held = _FROZEN.pop(expected_hash, None)
+    held = None if memo is None else memo.take_frozen(expected_hash)
     if held is None:
         return load_snapshot(text, expected_hash)
-    return dict(held[0])
+    return dict(held)
 
 
 # The stored value as its bytes and its type: a text value whose bytes are not UTF-8 (a damaged

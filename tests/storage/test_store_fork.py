@@ -1039,3 +1039,22 @@ def test_a_failed_or_unknown_transition_answers_with_the_row_it_wrote(
         op, changed = mark(WS, op.operation_id, "why")
         assert changed and op.error == "why" and op.completed_at_ms is not None
         assert op == store.get_fork_operation(WS, op.operation_id)
+
+
+def test_what_prepare_remembers_for_the_commit_belongs_to_its_store(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """The frozen document and the child's history live in the store instance that prepared
+    (no process-global cache): another store on the same file holds none, and the commit
+    releases both."""
+    sid, turns = source
+    other = Store.open(store.path)
+    try:
+        op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+        assert len(store.fork_memo.frozen) == 1 and len(store.fork_memo.histories) == 1
+        assert len(other.fork_memo.frozen) == 0 and len(other.fork_memo.histories) == 0
+        committed = run_to_commit(store, op)
+        assert committed.status == "committed"
+        assert len(store.fork_memo.frozen) == 0 and len(store.fork_memo.histories) == 0
+    finally:
+        other.close()

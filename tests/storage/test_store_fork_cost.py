@@ -24,6 +24,7 @@ import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_snapshot
 from storage import Store
 from storage.fork_identity import ChildIdMinter
+from storage.fork_memo import ForkMemo
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,8 +84,7 @@ def _prepare_and_commit(
     store.mark_fork_dispatching(WS, op.operation_id)
     store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     if forget:  # as after a restart: this process no longer holds what prepare froze
-        fork_snapshot._FROZEN.clear()
-        fork_child._HISTORY.clear()
+        store.fork_memo = ForkMemo()
     with _counting(monkeypatch, store) as commit_counts:
         committed, changed = store.commit_fork(WS, op.operation_id)
     assert changed

@@ -19,14 +19,13 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
-import storage.fork_child as fork_child
 import storage.fork_rows as fork_rows
-import storage.fork_snapshot as fork_snapshot
 from storage import Store
 from storage.base import WRITER_CACHE_KIB
 from storage.errors import ForkSnapshotCorrupt
 from storage.fork_boundary import MESSAGE_FIELDS
 from storage.fork_child import build_child
+from storage.fork_memo import ForkMemo
 from storage.fork_snapshot import (
     JSON_VERSION,
     SNAPSHOT_VERSION,
@@ -84,10 +83,9 @@ def _restore(store: Store, op_id: str, frozen: Frozen) -> str:
     return digest
 
 
-def _forget() -> None:
-    """As after a restart: this process holds nothing prepare froze or a read projected."""
-    fork_snapshot._FROZEN.clear()
-    fork_child._HISTORY.clear()
+def _forget(store: Store) -> None:
+    """As after a restart: the store holds nothing prepare froze or a read projected."""
+    store.fork_memo = ForkMemo()
     fork_rows.projection_cache.clear()
 
 
@@ -144,7 +142,7 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     old = dumps(_as_v1(v3)) if version == 1 else _as_v2(v3)
     assert isinstance(old, str) and ('"message_id":' in old) == (version == 1)
     old_hash = _restore(store, op.operation_id, old)
-    _forget()
+    _forget(store)
     loaded = load_snapshot(old, old_hash)
     assert loaded["version"] == version and loaded["turns"] == v3["turns"]
 
@@ -172,7 +170,7 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     assert child[1].messages[1].payload == {"replyToMessageId": child[0].messages[0].message_id}
     assert child[0].messages[1].payload == {"k": [1, "é"]}
     # A reader in a fresh process projects the committed child from the old bytes alone.
-    _forget()
+    _forget(store)
     assert store.get_fork_operation(WS, op.operation_id) == committed
 
 
@@ -184,7 +182,7 @@ def test_a_payload_messagepack_cannot_hold_is_frozen_as_v2_json_and_commits(stor
     text, digest = _stored(store, op.operation_id)
     assert isinstance(text, str) and json.loads(text)["version"] == JSON_VERSION
     assert sha256_hex(text) == digest
-    _forget()  # the commit decodes the stored text, as after a restart
+    _forget(store)  # the commit decodes the stored text, as after a restart
     store.mark_fork_dispatching(WS, op.operation_id)
     store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     committed, _ = store.commit_fork(WS, op.operation_id)
