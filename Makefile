@@ -58,8 +58,8 @@ demo: $(DEMO_DEPS)
 	$(PY) -m client.demo --provider $(PROVIDER)
 
 lint: $(DEPS_STAMP)
-	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost client model_fakes workspace tests bench
-	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost client model_fakes workspace
+	$(VENV)/bin/ruff check domain storage actors transport drivers tutti_agent agenthost client model_fakes workspace protocol tests bench
+	$(VENV)/bin/mypy --strict --ignore-missing-imports domain storage actors transport drivers tutti_agent agenthost client model_fakes workspace protocol
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.

@@ -25,8 +25,8 @@ def _bytes(m: object) -> bytes:
 
 @pytest.mark.timeout(90)
 def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
-    make_driver: Make,
-    tmp_path: Path,  # noqa: F811 - the fixture
+    make_driver: Make,  # noqa: F811 - the fixture
+    tmp_path: Path,
 ) -> None:
     log = EventLog()
     driver = make_driver()
@@ -65,8 +65,8 @@ class _RawLog(EventLog):
 
 @pytest.mark.timeout(90)
 def test_a_driver_emits_typed_turn_events_never_maps(
-    make_driver: Make,
-    tmp_path: Path,  # noqa: F811 - the fixture
+    make_driver: Make,  # noqa: F811 - the fixture
+    tmp_path: Path,
 ) -> None:
     """Issue 19: the driver builds each event as its `TurnEvent`; the wire map is made once,
     at the worker's edge (`to_wire`), and reads back as the same value."""

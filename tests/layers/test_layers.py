@@ -43,6 +43,7 @@ OUR_PACKAGES = (
     "client",
     "model_fakes",
     "workspace",
+    "protocol",
 )
 
 DAEMON_SIDE = ("agenthost", "actors", "storage", "drivers", "tutti_agent")

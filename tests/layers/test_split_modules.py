@@ -74,6 +74,7 @@ PACKAGES = (
     "client",
     "model_fakes",
     "workspace",
+    "protocol",
 )
 
 

@@ -1,0 +1,299 @@
+"""Every wire method in one table: its name, its params and result types, and the error
+reasons it may answer beyond the ones every method may (`COMMON_ERRORS`). `METHODS` is what
+the daemon's handlers and the clients' calls are checked against; a test walks it against
+docs/protocol.md's method table so neither can drift.
+
+A method is named once, here (`FORK_CREATE.name`); a params type says which keys a request
+carries (`workspaceId` in all of them), a result type what the reply's body holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, NotRequired, TypedDict, TypeVar
+
+from protocol.objects import (
+    Ancestor,
+    Evidence,
+    ForkPoint,
+    Interaction,
+    LineageNode,
+    Operation,
+    ResolveAction,
+    Session,
+    Turn,
+    WorkerStatus,
+)
+
+P = TypeVar("P")
+R = TypeVar("R")
+
+COMMON_ERRORS = (
+    "invalid_request",
+    "invalid_argument",
+    "unknown_method",
+    "payload_too_large",
+    "store_busy",
+    "internal_error",
+)
+"""Reasons any method may answer: a malformed or oversized request, a busy store, a bug."""
+
+NOT_FOUND = ("workspace_agent_session_not_found",)
+FENCED = ("agent_session_fork_in_progress",)
+
+
+@dataclass(frozen=True, slots=True)
+class Method(Generic[P, R]):
+    name: str
+    params: type[P]
+    result: type[R]
+    errors: tuple[str, ...] = ()
+    fenced: bool = False
+    """A fenced write: refused with `agent_session_fork_in_progress` while a fork of the
+    Session is active (law 3)."""
+
+
+class WorkspaceParams(TypedDict):
+    workspaceId: str
+
+
+class SessionParams(WorkspaceParams):
+    agentSessionId: str
+
+
+class HostStatusResult(TypedDict):
+    version: str
+    protocol: int
+    home: str
+    workers: list[WorkerStatus]
+    uptimeMs: int
+
+
+class SessionCreateParams(WorkspaceParams):
+    agentSessionId: NotRequired[str]
+    provider: str
+    title: NotRequired[str]
+    cwd: NotRequired[str]
+    settings: NotRequired[dict[str, Any]]
+    model: NotRequired[str]
+
+
+class SessionResult(TypedDict):
+    session: Session
+
+
+class SessionListParams(WorkspaceParams):
+    cursor: NotRequired[str | None]
+    limit: NotRequired[int]
+
+
+class SessionListResult(TypedDict):
+    sessions: list[Session]
+    nextCursor: str | None
+
+
+class TimelineParams(SessionParams):
+    afterSequence: NotRequired[int]
+    limit: NotRequired[int]
+
+
+class TimelineResult(TypedDict):
+    turns: list[Turn]
+    nextSequence: int | None
+
+
+class LineageResult(TypedDict):
+    session: Session
+    ancestors: list[Ancestor]
+    descendants: list[LineageNode]
+
+
+class UpdateSettingsParams(SessionParams):
+    settings: dict[str, Any]
+
+
+class UpdateTitleParams(SessionParams):
+    title: str
+
+
+class PinParams(SessionParams):
+    pinned: bool
+
+
+class DeleteResult(TypedDict):
+    deleted: bool
+
+
+class TextInput(TypedDict):
+    type: Literal["text"]
+    text: str
+
+
+class TurnSubmitParams(SessionParams):
+    requestId: str
+    input: list[TextInput]
+
+
+class TurnResult(TypedDict):
+    turn: Turn
+
+
+class TurnInterruptParams(SessionParams):
+    turnId: str
+
+
+class InteractionRespondParams(SessionParams):
+    turnId: str
+    requestId: str
+    response: dict[str, Any]
+
+
+class InteractionResult(TypedDict):
+    interaction: Interaction
+
+
+class GoalSetParams(SessionParams):
+    goal: str
+
+
+class ForkCreateParams(SessionParams):
+    requestId: str
+    targetAgentSessionId: str
+    point: ForkPoint
+
+
+class OperationParams(WorkspaceParams):
+    operationId: str
+
+
+class OperationResult(TypedDict):
+    operation: Operation
+
+
+class ForkResolveParams(OperationParams):
+    requestId: str
+    action: ResolveAction
+
+
+class ForkResolveResult(TypedDict):
+    operation: Operation
+    evidence: Evidence | None
+
+
+class FailpointsParams(TypedDict):
+    points: dict[str, str]
+
+
+class FailpointsResult(TypedDict):
+    points: dict[str, str]
+
+
+HOST_STATUS = Method("host.status", WorkspaceParams, HostStatusResult)
+SESSION_CREATE = Method(
+    "session.create",
+    SessionCreateParams,
+    SessionResult,
+    ("agent_session_id_taken", "provider_not_installed"),
+)
+SESSION_GET = Method("session.get", SessionParams, SessionResult, NOT_FOUND)
+SESSION_LIST = Method("session.list", SessionListParams, SessionListResult)
+SESSION_TIMELINE = Method("session.timeline", TimelineParams, TimelineResult, NOT_FOUND)
+SESSION_LINEAGE = Method("session.lineage", SessionParams, LineageResult, NOT_FOUND)
+SESSION_UPDATE_SETTINGS = Method(
+    "session.updateSettings",
+    UpdateSettingsParams,
+    SessionResult,
+    NOT_FOUND + FENCED,
+    fenced=True,
+)
+SESSION_UPDATE_TITLE = Method("session.updateTitle", UpdateTitleParams, SessionResult, NOT_FOUND)
+SESSION_PIN = Method("session.pin", PinParams, SessionResult, NOT_FOUND)
+SESSION_DELETE = Method(
+    "session.delete",
+    SessionParams,
+    DeleteResult,
+    NOT_FOUND + FENCED + ("agent_session_busy", "agent_session_fork_unresolved"),
+    fenced=True,
+)
+TURN_SUBMIT = Method(
+    "turn.submit",
+    TurnSubmitParams,
+    TurnResult,
+    NOT_FOUND + FENCED + ("agent_session_busy",),
+    fenced=True,
+)
+TURN_INTERRUPT = Method(
+    "turn.interrupt", TurnInterruptParams, TurnResult, NOT_FOUND + FENCED + ("turn_not_found",)
+)
+INTERACTION_RESPOND = Method(
+    "interaction.respond",
+    InteractionRespondParams,
+    InteractionResult,
+    NOT_FOUND + FENCED + ("interaction_not_found",),
+    fenced=True,
+)
+GOAL_SET = Method("goal.set", GoalSetParams, SessionResult, NOT_FOUND + FENCED, fenced=True)
+GOAL_CLEAR = Method("goal.clear", SessionParams, SessionResult, NOT_FOUND + FENCED, fenced=True)
+FORK_CREATE = Method(
+    "fork.create",
+    ForkCreateParams,
+    OperationResult,
+    NOT_FOUND
+    + FENCED
+    + (
+        "agent_session_fork_conflict",
+        "agent_session_fork_unsupported",
+        "agent_session_fork_request_conflict",
+        "agent_session_fork_failed",
+    ),
+)
+FORK_GET = Method(
+    "fork.get", OperationParams, OperationResult, ("agent_session_fork_operation_not_found",)
+)
+FORK_ACKNOWLEDGE = Method(
+    "fork.acknowledge",
+    OperationParams,
+    OperationResult,
+    ("agent_session_fork_operation_not_found", "agent_session_fork_acknowledge_conflict"),
+)
+FORK_RESOLVE = Method(
+    "fork.resolve",
+    ForkResolveParams,
+    ForkResolveResult,
+    FENCED
+    + (
+        "agent_session_fork_operation_not_found",
+        "agent_session_fork_resolve_in_progress",
+        "agent_session_fork_resolve_conflict",
+        "fork_resolve_failed",
+    ),
+)
+DEBUG_FAILPOINTS = Method("debug.failpoints", FailpointsParams, FailpointsResult)
+
+METHODS: Mapping[str, Method[Any, Any]] = {
+    m.name: m
+    for m in (
+        HOST_STATUS,
+        SESSION_CREATE,
+        SESSION_GET,
+        SESSION_LIST,
+        SESSION_TIMELINE,
+        SESSION_LINEAGE,
+        SESSION_UPDATE_SETTINGS,
+        SESSION_UPDATE_TITLE,
+        SESSION_PIN,
+        SESSION_DELETE,
+        TURN_SUBMIT,
+        TURN_INTERRUPT,
+        INTERACTION_RESPOND,
+        GOAL_SET,
+        GOAL_CLEAR,
+        FORK_CREATE,
+        FORK_GET,
+        FORK_ACKNOWLEDGE,
+        FORK_RESOLVE,
+        DEBUG_FAILPOINTS,
+    )
+}
+"""Every wire method by name."""

@@ -1,0 +1,160 @@
+"""The objects the wire carries (docs/protocol.md "Objects"), as `TypedDict`s: what a reply or
+an event holds under `session`, `turn`, `operation` and the rest. Fields marked `NotRequired`
+are absent from some replies; `None` is a value the wire sends (msgpack nil)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+SessionKind = Literal["root", "child"]
+TurnPhase = Literal["active", "settled"]
+TurnOutcome = Literal["completed", "interrupted", "failed"]
+BindingState = Literal["bound", "recovery_required", "unavailable"]
+InteractionKind = Literal["approval", "question", "plan"]
+InteractionStatus = Literal["pending", "resolved", "superseded"]
+PointType = Literal["throughTurn", "latestSettled"]
+OperationStatus = Literal["accepted", "committed", "failed", "unknown", "abandoned"]
+OperationPhase = Literal[
+    "frozen", "dispatching", "materializing", "committed", "failed", "deliveryUnknown", "abandoned"
+]
+ResolveAction = Literal["inspect", "adopt", "abandon"]
+Verdict = Literal["adoptable", "absent", "ambiguous"]
+
+
+class Lineage(TypedDict):
+    sourceAgentSessionId: str
+    sourceTurnId: str
+    targetTurnId: str
+    operationId: str
+    forkedAtUnixMs: int
+
+
+class LifecycleCapabilities(TypedDict):
+    fork: bool
+    """Whole-Session fork (`point: latestSettled`); canonical."""
+    forkThroughTurn: bool
+    forkFullSession: bool
+    """Alias of `fork`, kept for clients that read it."""
+
+
+class Session(TypedDict):
+    workspaceId: str
+    agentSessionId: str
+    kind: SessionKind
+    provider: str
+    providerSessionId: str | None
+    title: str
+    cwd: str
+    settings: dict[str, Any]
+    model: str | None
+    pinned: bool
+    goal: str | None
+    activeTurnId: str | None
+    parentAgentSessionId: str | None
+    parentTurnId: str | None
+    createdAtUnixMs: int
+    updatedAtUnixMs: int
+    lifecycleCapabilities: LifecycleCapabilities
+    forkedFrom: Lineage | None
+
+
+class Message(TypedDict):
+    messageId: str
+    turnId: str | None
+    kind: str
+    text: str | None
+    payload: dict[str, Any]
+    version: int
+
+
+class Interaction(TypedDict):
+    requestId: str
+    turnId: str
+    kind: InteractionKind
+    status: InteractionStatus
+    input: dict[str, Any]
+    output: dict[str, Any] | None
+
+
+class Turn(TypedDict):
+    turnId: str
+    sequence: int
+    phase: TurnPhase
+    outcome: TurnOutcome | None
+    error: str | None
+    errorReason: str | None
+    rootProviderTurnId: str | None
+    providerForkBindingState: BindingState
+    finalAssistantMessageId: str | None
+    messages: list[Message]
+    interactions: list[Interaction]
+    createdAtUnixMs: int
+    settledAtUnixMs: int | None
+
+
+class ForkPoint(TypedDict):
+    type: PointType
+    turnId: NotRequired[str]
+    """Required for `throughTurn` in a request; always present in an operation."""
+
+
+class Operation(TypedDict):
+    operationId: str
+    requestId: str
+    sourceAgentSessionId: str
+    targetAgentSessionId: str
+    point: ForkPoint
+    status: OperationStatus
+    phase: OperationPhase
+    session: Session | None
+    lineage: Lineage | None
+    error: str | None
+
+
+class ResolvedChild(TypedDict):
+    providerSessionId: str
+    forkedFromId: str
+    providerTurnIds: list[str]
+    turnsEqualPrefix: bool
+    readsFromOwnHome: bool
+    locations: list[Literal["source", "target"]]
+    readError: NotRequired[str | None]
+
+
+class Evidence(TypedDict):
+    children: list[ResolvedChild]
+    quarantined: list[str]
+    verdict: Verdict
+    quarantinedNow: NotRequired[list[str]]
+
+
+class LineageNode(TypedDict):
+    agentSessionId: str
+    title: str
+    deleted: bool
+    ordinal: int
+    lineage: Lineage | None
+    children: list[LineageNode]
+
+
+class Ancestor(TypedDict):
+    agentSessionId: str
+    session: Session | None
+    lineage: Lineage | None
+
+
+class WorkerStatus(TypedDict):
+    provider: str
+    pid: int | None
+    state: str
+    restarts: int
+
+
+class Error(TypedDict):
+    """The body of every error reply (law 7: never a bare exception)."""
+
+    code: str
+    reason: str
+    message: str
+    retryable: bool
+    params: NotRequired[dict[str, Any]]

@@ -1,0 +1,58 @@
+"""The protocol table (`protocol.methods.METHODS`) is the contract docs/protocol.md states: the
+same method names, every one of them served by the daemon, and no client calling a method the
+table does not have."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from protocol.events import EVENT_TYPES
+from protocol.methods import COMMON_ERRORS, METHODS
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+
+
+def _documented_methods() -> set[str]:
+    """The first column of the method tables under "## Methods" (`a` / `b` rows name two)."""
+    section = DOC.split("\n## Methods", 1)[1].split("\n## Objects", 1)[0]
+    names: set[str] = set()
+    for line in section.splitlines():
+        cell = line.split("|")[1] if line.startswith("| `") else ""
+        names.update(re.findall(r"`([a-z]+\.[A-Za-z]+)`", cell))
+    return names
+
+
+def test_the_table_names_exactly_the_documented_methods() -> None:
+    assert set(METHODS) == _documented_methods()
+
+
+def test_every_method_of_the_table_is_served_by_the_daemon() -> None:
+    api = (ROOT / "agenthost" / "api.py").read_text(encoding="utf-8")
+    served = set(re.findall(r'"([a-z]+\.[A-Za-z]+)": self\.', api))
+    served |= set(re.findall(r'table\["([a-z]+\.[A-Za-z]+)"\] = self\.', api))
+    assert set(METHODS) == served
+
+
+def test_no_client_calls_a_method_outside_the_table() -> None:
+    called: set[str] = set()
+    pattern = re.compile(
+        r'(?:call|call_raw|submit|request|_call|_submit)\(\s*"([a-z]+\.[A-Za-z]+)"'
+    )
+    for path in [*(ROOT / "client").rglob("*.py"), *(ROOT / "transport").rglob("*.py")]:
+        called.update(pattern.findall(path.read_text(encoding="utf-8")))
+    assert called, "the scan found no call at all"
+    assert called <= set(METHODS), called - set(METHODS)
+
+
+def test_documented_error_reasons_and_events_are_in_the_tables() -> None:
+    errors = DOC.split("\n## Errors", 1)[1].split("\n## Events", 1)[0]
+    methods = DOC.split("\n## Methods", 1)[1].split("\n## Objects", 1)[0]
+    documented = set(re.findall(r"`([a-z_]+)`", errors + methods))
+    declared = {r for m in METHODS.values() for r in m.errors} | set(COMMON_ERRORS)
+    # Every reason a method declares is one docs/protocol.md documents.
+    assert declared <= documented, declared - documented
+    events = DOC.split("\n## Events (PUB)", 1)[1].split("\n## ", 1)[0]
+    for event in EVENT_TYPES:
+        assert f'"{event}"' in events, event
