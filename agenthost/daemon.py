@@ -252,7 +252,7 @@ class Daemon:
                         "daemon; its store is out of reach, so the daemon stops"
                     )
                     return
-                if _dir_id(self.config.run_dir) != self._run_id:
+                if _dir_id(self.config.run_dir) != self._run_id or self._run_incomplete():
                     self._restore_run_dir()
             except (HomeUnsafe, HomeInUse) as exc:
                 self._must_stop(
@@ -261,6 +261,13 @@ class Daemon:
                 return
             except Exception:  # noqa: BLE001 - the keeper must outlive one failed attempt
                 log.exception("restoring %s failed; trying again", self.config.run_dir)
+
+    def _run_incomplete(self) -> bool:
+        """The same `run/`, but its lock file or API socket gone: a removal that raced our
+        restoring (`rm -r` unlinking what we had just made again) leaves such a directory."""
+        lock = self._home_lock
+        api = self.config.run_dir / API_SOCKET
+        return (lock is not None and not lock.path.exists()) or not api.exists()
 
     def _restore_run_dir(self) -> None:
         cfg = self.config

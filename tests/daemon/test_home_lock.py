@@ -179,6 +179,25 @@ def test_removing_run_under_a_live_daemon_neither_frees_the_home_nor_ends_its_tu
     assert "interrupted" not in log and "InvalidTransition" not in log
 
 
+def test_files_removed_from_run_are_made_again(tmp_path: Path) -> None:
+    """A removal that leaves `run/` itself (or races the daemon's own restoring): the socket
+    is bound again and the lock file rewritten; the connection already made keeps working."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        for name in ("api.sock", "daemon.lock"):
+            (home / "run" / name).unlink()
+        lock = home / "run" / "daemon.lock"
+        wait_for(lambda: lock.exists() and lock.read_text().strip() == str(d.proc.pid))
+        wait_for(lambda: (home / "run" / "api.sock").exists())
+        assert run_turn(d.client(), sid, "new connection")["outcome"] == "completed"
+        assert run_turn(c, sid, "old connection")["outcome"] == "completed"
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_daemon_whose_home_is_moved_away_stops(tmp_path: Path) -> None:
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
