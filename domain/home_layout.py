@@ -6,12 +6,15 @@ Standard library only, so the client finds and probes the daemon without importi
 daemon's side of the lock (taking it, writing its pid) is `agenthost.home`.
 
 The lock is an exclusive `flock` on the home directory itself, held by a daemon for its whole
-life: the directory cannot be removed or replaced while its store is in it, so the lock cannot be
-lost the way a lock file can (a cleaner of old files removing `run/` used to free it under a
-live daemon). The kernel drops it when the holder dies (SIGKILL included), so a free lock means
-no daemon serves the home, now. The holder also holds `run/daemon.lock` (a daemon of an older
-version locks only that file, and its clients probe only it) and writes its pid there, for
-the messages that name it.
+life. A lock file can be removed under its holder (a cleaner of old files removing `run/`),
+after which a second daemon would lock a new file; the directory holds the store, so it cannot
+go without the store going with it (and a daemon whose home is moved or removed stops). Not on
+the store file: SQLite holds POSIX (fcntl) locks there, which the kernel drops when the process
+closes *any* descriptor of that file, so a second descriptor kept for a lock would put SQLite's
+own locks at the mercy of its close. The kernel drops the flock when its holder dies (SIGKILL
+included), so a free lock means no daemon serves the home, now. The holder also holds
+`run/daemon.lock` (a daemon of an older version locks only that file, and its clients probe
+only it) and writes its pid there, for the messages that name it.
 """
 
 from __future__ import annotations
