@@ -282,6 +282,7 @@ class Daemon:
         (run / "failpoints-host").mkdir(mode=0o700, exist_ok=True)
         self.supervisor.restore_dirs()
         self.keys.restore_server(self._server_keys)
+        minted = not (self.keys.dir / "client.key_secret").exists()
         self.keys.ensure()
         again = self.server.rebind_missing_ipc().result(timeout=10)
         self.connection_file = self.keys.write_connection_file(
@@ -292,11 +293,14 @@ class Daemon:
         self._run_id = _dir_id(run)
         self.run_dir_restored += 1
         log.warning(
-            "%s was removed under the live daemon: made it again (lock and pid, sockets %s "
-            "bound again, a new first client key in connection.json; other TCP client keys "
-            "must be added again with `agenthost keys add`)",
+            "%s was removed under the live daemon: made it again (lock and pid; sockets bound "
+            "again: %s)%s",
             run,
             ", ".join(again) or "none",
+            "; a new first client key is in connection.json, and other TCP client keys must be"
+            " added again with `agenthost keys add`"
+            if minted
+            else "",
         )
 
     def _must_stop(self, why: str) -> None:
