@@ -28,6 +28,12 @@ from storage.errors import (
     InvalidArgument,
     Unavailable,
 )
+from storage.lineage_tree import (
+    DEFAULT_MAX_DEPTH,
+    DEFAULT_MAX_NODES,
+    MAX_DEPTH_LIMIT,
+    MAX_NODES_LIMIT,
+)
 from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
@@ -147,9 +153,27 @@ class Api(ApiBase):
 
     def session_lineage(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        # One read lists a bounded part of a tree of any size (`truncated` says where it
+        # stopped; a read rooted at a truncated node, or a later `afterOrdinal`, goes on).
+        depth = optional_int(
+            params, "maxDepth", default=DEFAULT_MAX_DEPTH, min_value=1, max_value=MAX_DEPTH_LIMIT
+        )
+        nodes = optional_int(
+            params, "maxNodes", default=DEFAULT_MAX_NODES, min_value=1, max_value=MAX_NODES_LIMIT
+        )
+        after = optional_int(params, "afterOrdinal", default=0, min_value=0, max_value=2**53)
         self._read(
             responder,
-            lambda: projection.lineage_tree(self.store.lineage_tree(ws, sid), self.catalog),
+            lambda: projection.lineage_tree(
+                self.store.lineage_tree(
+                    ws,
+                    sid,
+                    max_depth=depth or DEFAULT_MAX_DEPTH,
+                    max_nodes=nodes or DEFAULT_MAX_NODES,
+                    after_ordinal=after or 0,
+                ),
+                self.catalog,
+            ),
         )
 
     def _mutate(

@@ -136,10 +136,10 @@ def _serve(args: argparse.Namespace) -> int:
         daemon.close()
         return EXIT_ERROR
     print(json.dumps(daemon.ready_line()), flush=True)
-    while not signalled:
+    while not signalled and not daemon.stop_requested.is_set():
         time.sleep(0.1)
     daemon.close()
-    return 0
+    return EXIT_ERROR if daemon.stop_requested.is_set() and not signalled else 0
 
 
 # -- keys -----------------------------------------------------------------------------------

@@ -28,8 +28,11 @@ from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
 from agenthost.home import (
+    HomeInUse,
     HomeLock,
+    HomeUnsafe,
     check_ipc_endpoint,
+    check_private_dir,
     make_private_dir,
     prepare_home,
     prepare_ipc_dir,
@@ -53,6 +56,8 @@ ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
 
 
 STREAM_ACTIVITY_EVERY_S = 1.0
+RUN_DIR_CHECK_S = 0.5
+"""How often the daemon looks for its `run/` (removed under it: made again) and its home."""
 
 
 class Daemon:
@@ -83,6 +88,13 @@ class Daemon:
         self.store: Store | None = None
         self.server: ApiServer | None = None
         self._home_lock: HomeLock | None = None
+        self.stop_requested = threading.Event()
+        """Set when the daemon cannot go on serving its home (`serve` then stops it)."""
+        self.run_dir_restored = 0
+        self._closing = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self._run_id: tuple[int, int] | None = None
+        self._server_keys: dict[str, bytes] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -219,6 +231,81 @@ class Daemon:
             needs_curve(e) for e in (*self.listen, *self.events_listen, *self.events_exact_listen)
         ):
             log.info("TCP endpoints require CURVE; connection file: %s", self.connection_file)
+        self._server_keys = self.keys.server_files()
+        self._run_id = _dir_id(cfg.run_dir)
+        self._keeper = threading.Thread(target=self._keep_home, name="agenthost-home", daemon=True)
+        self._keeper.start()
+
+    # -- the home under the live daemon -----------------------------------------------------
+
+    def _keep_home(self) -> None:
+        """`run/` removed under the live daemon (a cleaner of old files may do it): made again
+        with everything in it, so the daemon keeps serving new clients too. The home itself
+        removed or replaced: nothing the daemon writes can be found there any more, so it
+        stops (`stop_requested`). The home's lock is held all along either way."""
+        while not self._closing.wait(RUN_DIR_CHECK_S):
+            try:
+                lock = self._home_lock
+                if lock is not None and lock.home_replaced():
+                    self._must_stop(
+                        f"the home {self.config.home} was removed or replaced under the live "
+                        "daemon; its store is out of reach, so the daemon stops"
+                    )
+                    return
+                if _dir_id(self.config.run_dir) != self._run_id or self._run_incomplete():
+                    self._restore_run_dir()
+            except (HomeUnsafe, HomeInUse) as exc:
+                self._must_stop(
+                    f"{self.config.run_dir} was removed and cannot be made again: {exc}"
+                )
+                return
+            except Exception:  # noqa: BLE001 - the keeper must outlive one failed attempt
+                log.exception("restoring %s failed; trying again", self.config.run_dir)
+
+    def _run_incomplete(self) -> bool:
+        """The same `run/`, but its lock file or API socket gone: a removal that raced our
+        restoring (`rm -r` unlinking what we had just made again) leaves such a directory."""
+        lock = self._home_lock
+        api = self.config.run_dir / API_SOCKET
+        return (lock is not None and not lock.path.exists()) or not api.exists()
+
+    def _restore_run_dir(self) -> None:
+        cfg = self.config
+        run = cfg.run_dir
+        if not check_private_dir(run, "run directory", exact_0700=True):
+            make_private_dir(run)
+            check_private_dir(run, "run directory", exact_0700=True)
+        if self._closing.is_set():
+            return
+        assert self._home_lock is not None and self.server is not None
+        self._home_lock.renew()
+        (run / "failpoints-host").mkdir(mode=0o700, exist_ok=True)
+        self.supervisor.restore_dirs()
+        self.keys.restore_server(self._server_keys)
+        minted = not (self.keys.dir / "client.key_secret").exists()
+        self.keys.ensure()
+        again = self.server.rebind_missing_ipc().result(timeout=10)
+        self.connection_file = self.keys.write_connection_file(
+            _first_network(self.server.endpoints),
+            _first_network(self.server.events_endpoints),
+            _first_network(self.server.events_exact_endpoints),
+        )
+        self._run_id = _dir_id(run)
+        self.run_dir_restored += 1
+        log.warning(
+            "%s was removed under the live daemon: made it again (lock and pid; sockets bound "
+            "again: %s)%s",
+            run,
+            ", ".join(again) or "none",
+            "; a new first client key is in connection.json, and other TCP client keys must be"
+            " added again with `agenthost keys add`"
+            if minted
+            else "",
+        )
+
+    def _must_stop(self, why: str) -> None:
+        log.error("%s", why)
+        self.stop_requested.set()
 
     def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
         try:
@@ -245,6 +332,9 @@ class Daemon:
             route(self.routes, self.host, ws, sid, typed)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._keeper is not None and self._keeper is not threading.current_thread():
+            self._keeper.join(15)
         if self.server is not None:
             self.server.close()
         if getattr(self, "host", None) is not None:
@@ -332,6 +422,15 @@ class Daemon:
         except ValueError as exc:
             raise InvalidArgument("points", str(exc)) from exc
         return merged
+
+
+def _dir_id(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of a directory, None when it is missing: a new one is another id."""
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:

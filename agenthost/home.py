@@ -1,10 +1,13 @@
 """The daemon's home, `AGENTHOST_HOME`: one daemon per home, and a home that is ours alone.
 
-- `HomeLock`: an exclusive `flock` on `run/daemon.lock`, held for the daemon's whole life and
-  taken before the store is opened or anything under the home is written, so a second
-  `serve` on a live home changes nothing. The kernel drops the lock when its holder dies
-  (SIGKILL included), so a stale lock file never blocks a restart. The holder writes its pid
-  into the file, for the message the second process prints.
+- `HomeLock`: an exclusive `flock` on the home directory itself (and on `run/daemon.lock`, for
+  daemons and clients of older versions), held for the daemon's whole life and taken before
+  the store is opened or anything under the home is written, so a second `serve` on a live
+  home changes nothing. The directory holds the store, so it cannot go while the lock matters:
+  removing `run/` (as a cleaner of old files may) does not free the home. The kernel drops the
+  lock when its holder dies (SIGKILL included), so a stale lock never blocks a restart. The
+  holder writes its pid into `run/daemon.lock`, for the message the second process prints,
+  and writes the file again when `run/` is made again (`HomeLock.renew`).
 - `probe_home` (from `domain.home_layout`, where the clients take it): what a client sees
   without disturbing the holder: nobody serves the home (the lock is free: a dead daemon), or
   pid N does.
@@ -24,7 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from domain.home_layout import LOCK_NAME, Probe, lock_path, probe_home, read_pid
+from domain.home_layout import (
+    LOCK_NAME,
+    Probe,
+    lock_path,
+    open_home_dir,
+    probe_home,
+    read_pid_file,
+)
 
 __all__ = [
     "LOCK_NAME",
@@ -63,45 +73,95 @@ class HomeUnsafe(ValueError):
 
 @dataclass
 class HomeLock:
-    """The held lock; `release()` at the very end of the daemon's life."""
+    """The held locks; `release()` at the very end of the daemon's life."""
 
+    home: Path
+    home_fd: int | None
     path: Path
     fd: int | None
 
+    def renew(self) -> None:
+        """After `run/` was removed and made again: lock and fill a new `run/daemon.lock`.
+        The home's own lock was held all along, so no other daemon of this version can hold
+        the new file; one of an older version could, and is refused (`HomeInUse`)."""
+        old, self.fd = self.fd, None
+        if old is not None:
+            os.close(old)
+        self.fd = _lock_file(self.home, self.path)
+        _write_pid(self.fd)
+
     def release(self) -> None:
-        if self.fd is None:
-            return
         fd, self.fd = self.fd, None
-        # The pid is cleared first so a reader never names a daemon that has gone.
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-        os.close(fd)  # closing the only descriptor drops the flock
+        if fd is not None:
+            # The pid is cleared first so a reader never names a daemon that has gone.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the only descriptor drops the flock
+        home_fd, self.home_fd = self.home_fd, None
+        if home_fd is not None:
+            os.close(home_fd)
+
+    def home_replaced(self) -> bool:
+        """Whether the home path no longer names the directory we locked (removed, moved, or
+        another put in its place): our store is then out of every other process's reach."""
+        if self.home_fd is None:
+            return False
+        held = os.fstat(self.home_fd)
+        try:
+            now = os.stat(self.home, follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return (now.st_dev, now.st_ino) != (held.st_dev, held.st_ino)
 
 
-def acquire(home: Path) -> HomeLock:
-    """Take the home's lock or raise `HomeInUse`; `run/` must already exist (checked)."""
-    path = lock_path(home)
-    # Not inherited by worker processes (os.open is O_CLOEXEC): a surviving worker must not
-    # keep a dead daemon's home locked. O_NOFOLLOW: never lock through a planted symlink.
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+def _flock_retrying(fd: int) -> bool:
+    """An exclusive flock on `fd`; False when another process keeps holding it."""
     deadline = time.monotonic() + _CONTENDED_RETRY_S
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
+            return True
         except OSError as exc:
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
                 raise
         if time.monotonic() > deadline:
-            pid = read_pid(fd)
-            os.close(fd)
-            raise HomeInUse(home, pid)
+            return False
         # A client's probe holds a shared lock for microseconds; a daemon holds it for good.
         time.sleep(0.02)
+
+
+def _lock_file(home: Path, path: Path) -> int:
+    # Not inherited by worker processes (O_CLOEXEC): a surviving worker must not keep a dead
+    # daemon's home locked. O_NOFOLLOW: never lock through a planted symlink.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        if not _flock_retrying(fd):
+            raise HomeInUse(home, read_pid_file(home))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _write_pid(fd: int) -> None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return HomeLock(path, fd)
+
+
+def acquire(home: Path) -> HomeLock:
+    """Take the home's lock or raise `HomeInUse`; `run/` must already exist (checked). The
+    home directory first: a second `serve` stops there, before it creates any file."""
+    home_fd = open_home_dir(home)
+    try:
+        if not _flock_retrying(home_fd):
+            raise HomeInUse(home, read_pid_file(home))
+        path = lock_path(home)
+        fd = _lock_file(home, path)
+    except BaseException:
+        os.close(home_fd)
+        raise
+    _write_pid(fd)
+    return HomeLock(home, home_fd, path, fd)
 
 
 # -- ours alone ----------------------------------------------------------------------------

@@ -128,6 +128,23 @@ class KeyStore:
 
     # -- the daemon side ---------------------------------------------------------------------
 
+    def server_files(self) -> dict[str, bytes]:
+        """The server pair's files as they are now (kept by the daemon to `restore_server`)."""
+        return {
+            name: (self.dir / name).read_bytes() for name in ("server.key", "server.key_secret")
+        }
+
+    def restore_server(self, files: dict[str, bytes]) -> None:
+        """Put the live server pair back after `run/keys/` was removed under the daemon: its
+        sockets keep the key they were bound with, so a new pair would mismatch them. The
+        authorized client keys went with the directory and are not brought back (a revoked
+        key must stay revoked); `ensure()` then authorizes a new first client, as at a first
+        start."""
+        _private_dir(self.dir)
+        for name, data in files.items():
+            if not (self.dir / name).exists():
+                write_private(self.dir / name, data.decode())
+
     def server_curve(self) -> ServerCurve:
         _, secret = self._load(self.dir / "server.key_secret")
         return ServerCurve(secret_key=secret, authorize=self.is_authorized)

@@ -13,7 +13,7 @@ from typing import Any
 from actors.fork_start import full_session_capable
 from actors.ports import ProviderCatalog
 from storage.fork_points import wire_point
-from storage.lineage_tree import LineageNode, LineageTree
+from storage.lineage_tree import LineageNode, LineageTree, Truncation
 from storage.models import ForkOperation, Interaction, Lineage, Message, Session, Turn
 
 
@@ -135,19 +135,43 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
     }
 
 
-def lineage_node(value: LineageNode) -> dict[str, Any]:
-    return {
+def _truncation(value: Truncation | None) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    return {"reason": value.reason, "omittedChildren": value.omitted_children}
+
+
+def _node_fields(value: LineageNode, children: list[dict[str, Any]]) -> dict[str, Any]:
+    node: dict[str, Any] = {
         "agentSessionId": value.session_id,
         "title": value.title,
         "deleted": value.deleted,
         "ordinal": value.ordinal,
         "lineage": lineage(value.lineage),
-        "children": [lineage_node(c) for c in value.children],
+        "children": children,
     }
+    if value.truncated is not None:
+        node["truncated"] = _truncation(value.truncated)
+    return node
+
+
+def lineage_nodes(values: list[LineageNode]) -> list[dict[str, Any]]:
+    """The descendant tree on the wire, built with a stack of its own (no recursion): each
+    node's `children` list is filled as its children are reached."""
+    out: list[dict[str, Any]] = []
+    stack: list[tuple[LineageNode, list[dict[str, Any]]]] = [(v, out) for v in reversed(values)]
+    while stack:
+        value, siblings = stack.pop()
+        children: list[dict[str, Any]] = []
+        siblings.append(_node_fields(value, children))
+        stack.extend((c, children) for c in reversed(value.children))
+    return out
 
 
 def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]:
-    """`session.lineage` (issue 21 §3): ancestors nearest first, then the descendant tree."""
+    """`session.lineage` (issue 21 §3): ancestors nearest first, then the descendant tree;
+    `truncated` null, or why the read stopped (docs/protocol.md)."""
+    cut = value.truncated
     return {
         "session": session(value.session, catalog),
         "ancestors": [
@@ -158,5 +182,14 @@ def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]
             }
             for a in value.ancestors
         ],
-        "descendants": [lineage_node(n) for n in value.descendants],
+        "descendants": lineage_nodes(value.descendants),
+        "truncated": None
+        if cut is None
+        else {
+            "reason": cut.reason,
+            "maxDepth": cut.max_depth,
+            "maxNodes": cut.max_nodes,
+            "omittedChildren": cut.omitted_children,
+            "ancestors": cut.ancestors,
+        },
     }

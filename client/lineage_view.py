@@ -33,20 +33,31 @@ def format_tree(tree: Json) -> str:
     me = tree["session"]
     line(depth, f"{_short(me['agentSessionId'])}  {me['title']}  <- this session")
 
-    def walk(nodes: list[Json], level: int) -> None:
-        for node in nodes:
-            lin = node.get("lineage") or {}
-            title = "(deleted)" if node.get("deleted") else node["title"]
-            through = str(lin.get("sourceTurnId") or "")[:8]
-            line(
-                level,
-                f"#{node['ordinal']} {_short(node['agentSessionId'])}  {title}"
-                f"  (through turn {through})",
-            )
-            walk(list(node.get("children") or []), level + 1)
-
-    walk(list(tree.get("descendants") or []), depth + 1)
+    # A stack, not recursion: a reply may list hundreds of levels.
+    stack = [(node, depth + 1) for node in reversed(list(tree.get("descendants") or []))]
+    while stack:
+        node, level = stack.pop()
+        lin = node.get("lineage") or {}
+        title = "(deleted)" if node.get("deleted") else node["title"]
+        through = str(lin.get("sourceTurnId") or "")[:8]
+        line(
+            level,
+            f"#{node['ordinal']} {_short(node['agentSessionId'])}  {title}"
+            f"  (through turn {through})",
+        )
+        cut = node.get("truncated")
+        if cut:
+            line(level + 1, f"… {_forks(cut)} below: agenthost tree {node['agentSessionId']}")
+        stack.extend((child, level + 1) for child in reversed(list(node.get("children") or [])))
+    cut = tree.get("truncated")
+    if cut and cut.get("omittedChildren"):
+        line(depth + 1, f"… {_forks(cut)} of this session not listed")
     return "\n".join(lines)
+
+
+def _forks(cut: Json) -> str:
+    n = int(cut.get("omittedChildren") or 0)
+    return f"{n} more fork{'' if n == 1 else 's'}"
 
 
 def format_resolution(result: Json) -> str:
@@ -148,12 +159,15 @@ def lineage_marks(
         return cache[sid]
 
     def walk(nodes: Iterable[Json], gone: bool) -> None:
-        for node in nodes:
+        stack = [(node, gone) for node in nodes]
+        while stack:
+            node, below_gone = stack.pop()
             sid = str(node["agentSessionId"])
             ordinal.setdefault(sid, int(node["ordinal"]))
-            if gone:
+            if below_gone:
                 deleted.add(sid)
-            walk(node.get("children") or [], gone or bool(node.get("deleted")))
+            down = below_gone or bool(node.get("deleted"))
+            stack.extend((child, down) for child in node.get("children") or [])
 
     def source_of(session: Json) -> str | None:
         lineage = session.get("forkedFrom")

@@ -5,9 +5,16 @@ the look at that lock that tells a client whether a daemon lives (`probe_home`).
 Standard library only, so the client finds and probes the daemon without importing it; the
 daemon's side of the lock (taking it, writing its pid) is `agenthost.home`.
 
-The lock is an exclusive `flock` on `run/daemon.lock` that a daemon holds for its whole life;
-the kernel drops it when the holder dies (SIGKILL included), so a free lock means no daemon
-serves the home, now. The holder writes its pid into the file, for the messages that name it.
+The lock is an exclusive `flock` on the home directory itself, held by a daemon for its whole
+life. A lock file can be removed under its holder (a cleaner of old files removing `run/`),
+after which a second daemon would lock a new file; the directory holds the store, so it cannot
+go without the store going with it (and a daemon whose home is moved or removed stops). Not on
+the store file: SQLite holds POSIX (fcntl) locks there, which the kernel drops when the process
+closes *any* descriptor of that file, so a second descriptor kept for a lock would put SQLite's
+own locks at the mercy of its close. The kernel drops the flock when its holder dies (SIGKILL
+included), so a free lock means no daemon serves the home, now. The holder also holds
+`run/daemon.lock` (a daemon of an older version locks only that file, and its clients probe
+only it) and writes its pid there, for the messages that name it.
 """
 
 from __future__ import annotations
@@ -54,22 +61,50 @@ class Probe:
     pid: int | None = None
 
 
-def probe_home(home: Path) -> Probe:
-    """Look without disturbing: a shared lock we get at once means nobody holds the home."""
+def open_home_dir(home: Path) -> int:
+    """A descriptor of the home directory itself, the lock's object (never through a symlink;
+    not inherited by child processes)."""
+    return os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+
+
+def _held(path: Path, flags: int) -> bool | None:
+    """Whether another process holds an exclusive flock on `path` (None: it cannot be opened)."""
     try:
-        fd = os.open(lock_path(home), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, flags)
     except OSError:
-        return Probe(False)
+        return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                return Probe(True, read_pid(fd))
+                return True
             raise
-        return Probe(False)
+        return False
     finally:
         os.close(fd)  # drops our shared lock, if we took it
+
+
+def probe_home(home: Path) -> Probe:
+    """Look without disturbing: a shared lock we get at once means nobody holds the home.
+    The home directory's lock decides; the lock file too, for a daemon of an older version."""
+    dir_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    file_flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    if _held(home, dir_flags) or _held(lock_path(home), file_flags):
+        return Probe(True, read_pid_file(home))
+    return Probe(False)
+
+
+def read_pid_file(home: Path) -> int | None:
+    """The pid the holder wrote into `run/daemon.lock` (None: no such file, or none in it)."""
+    try:
+        fd = os.open(lock_path(home), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return read_pid(fd)
+    finally:
+        os.close(fd)
 
 
 def read_pid(fd: int) -> int | None:

@@ -97,6 +97,16 @@ class WorkerSupervisor:
 
     # ----------------------------------------------------------------- public API
 
+    def restore_dirs(self) -> None:
+        """Make the run dir and the failpoint state dir again after they were removed under
+        the live daemon (its parent must exist: never made here with a looser mode). Running
+        workers are unaffected (a connected ipc socket needs no file); the next spawn binds
+        its socket and opens its log here."""
+        self._run_dir.mkdir(mode=0o700, exist_ok=True)
+        self._fp_state.mkdir(mode=0o700, exist_ok=True)
+        if self._own_sock_dir:
+            self._sock_dir.mkdir(mode=0o700, exist_ok=True)
+
     def request(
         self,
         provider: str,

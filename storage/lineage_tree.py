@@ -6,10 +6,18 @@ appears with `session=None` and the chain goes on through it. Descendants are th
 lineage rows whose source is a node of the tree; each carries its ordinal among its source's
 committed forks (1 = the first fork ever committed from that source, by operation order), so
 ordinals never shift when a sibling is deleted.
+
+Both are built without recursion, whatever the depth: the chain upwards one row at a time,
+the tree downwards one query per level (every child of the level's nodes at once, through the
+`fork_lineage_by_source` index, with its title and ordinal). A read is bounded: at most
+`max_depth` levels and `max_nodes` descendants; where it stops, the node whose children are
+not listed carries a `Truncation` (continue with a read rooted there), and the tree says why it
+stopped. The Session's own forks can be paged with `after_ordinal`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import apsw
@@ -19,9 +27,18 @@ from storage.models import Lineage, Session
 from storage.session_rows import load_session, require_session
 from storage.sqlite import Row
 
-# A lineage chain deeper than this is corrupt (a cycle cannot be written by commit_fork,
-# but a bound keeps a damaged file from looping the reader forever).
-MAX_DEPTH = 10_000
+MAX_ANCESTORS = 10_000
+"""A chain upwards longer than this is listed to here (`truncated.ancestors`); a cycle cannot
+be written by commit_fork, but the bound keeps a damaged file from looping the reader."""
+DEFAULT_MAX_DEPTH = 100
+MAX_DEPTH_LIMIT = 300
+"""Levels of descendants one read may list: the reply nests two containers per level, and
+msgpack packs and unpacks at most 1,024 nested ones."""
+DEFAULT_MAX_NODES = 10_000
+MAX_NODES_LIMIT = 10_000
+
+DEPTH = "depth"
+NODES = "nodes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +51,15 @@ class LineageAncestor:
 
 
 @dataclass(frozen=True, slots=True)
+class Truncation:
+    """Children of a node not listed: `reason` is the bound that stopped the read (`depth` or
+    `nodes`); `omitted_children` how many direct children were left out."""
+
+    reason: str
+    omitted_children: int
+
+
+@dataclass(slots=True)
 class LineageNode:
     session_id: str
     title: str
@@ -41,6 +67,20 @@ class LineageNode:
     lineage: Lineage
     ordinal: int
     children: list[LineageNode] = field(default_factory=list)
+    truncated: Truncation | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TreeTruncation:
+    """Why a read did not list the whole tree: `reason` (`depth`, `nodes`, or `ancestors`
+    alone), the bounds it ran with, how many of the Session's own forks were left out (page
+    on with `after_ordinal` = the last ordinal listed) and whether the ancestors were cut."""
+
+    reason: str
+    max_depth: int
+    max_nodes: int
+    omitted_children: int
+    ancestors: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +88,7 @@ class LineageTree:
     session: Session
     ancestors: list[LineageAncestor]
     descendants: list[LineageNode]
+    truncated: TreeTruncation | None = None
 
 
 def _lineage(r: Row) -> Lineage:
@@ -64,63 +105,175 @@ def _lineage_row(conn: apsw.Connection, ws: str, sid: str) -> Lineage | None:
     return None if r is None else _lineage(r)
 
 
-def _children(conn: apsw.Connection, ws: str, sid: str) -> list[tuple[Lineage, int]]:
-    """Committed fork children of `sid` with their ordinals, by operation order."""
-    rows = conn.execute(
-        "SELECT l.source_session_id, l.source_turn_id, l.target_session_id, l.target_turn_id,"
-        " l.operation_id, l.forked_at_ms FROM fork_lineage l JOIN fork_operations o"
-        " ON o.workspace_id = l.workspace_id AND o.operation_id = l.operation_id"
-        " WHERE l.workspace_id = ? AND l.source_session_id = ? ORDER BY o.op_seq",
-        (ws, sid),
-    ).fetchall()
-    return [(_lineage(r), i + 1) for i, r in enumerate(rows)]
+# Every committed fork child of a level's nodes, with its ordinal among its own source's forks
+# (by operation order) and the columns a node shows; the source ids come as one JSON array.
+_LEVEL = (
+    "SELECT l.source_session_id, l.source_turn_id, l.target_session_id, l.target_turn_id,"
+    " l.operation_id, l.forked_at_ms, s.title, s.deleted,"
+    " ROW_NUMBER() OVER (PARTITION BY l.source_session_id ORDER BY o.op_seq)"
+    " FROM fork_lineage l JOIN fork_operations o"
+    " ON o.workspace_id = l.workspace_id AND o.operation_id = l.operation_id"
+    " LEFT JOIN sessions s ON s.workspace_id = l.workspace_id"
+    " AND s.session_id = l.target_session_id"
+    " WHERE l.workspace_id = ? AND l.source_session_id IN (SELECT value FROM json_each(?))"
+)
+_COUNTS = (
+    "SELECT source_session_id, count(*) FROM fork_lineage WHERE workspace_id = ?"
+    " AND source_session_id IN (SELECT value FROM json_each(?)) GROUP BY source_session_id"
+)
 
 
-def lineage_tree(conn: apsw.Connection, ws: str, sid: str) -> LineageTree:
-    session = require_session(conn, ws, sid)
+def _ancestors(
+    conn: apsw.Connection, ws: str, session: Session, seen: set[str]
+) -> tuple[list[LineageAncestor], bool]:
     ancestors: list[LineageAncestor] = []
-    seen = {sid}
     current = session.lineage
-    while current is not None and len(ancestors) < MAX_DEPTH:
+    while current is not None:
         up = current.source_session_id
         if up in seen:
             break
+        if len(ancestors) >= MAX_ANCESTORS:
+            return ancestors, True
         seen.add(up)
         ancestor = load_session(conn, ws, up, include_deleted=True)
         own = _lineage_row(conn, ws, up)
         visible = None if ancestor is None or ancestor.deleted else ancestor
         ancestors.append(LineageAncestor(up, visible, own))
         current = own
+    return ancestors, False
 
-    def build(source: str, depth: int) -> list[LineageNode]:
-        nodes = []
-        for lin, ordinal in _children(conn, ws, source):
-            child_id = lin.target_session_id
-            if child_id in seen or depth >= MAX_DEPTH:
-                continue
-            seen.add(child_id)
-            child = load_session(conn, ws, child_id, include_deleted=True)
-            nodes.append(
-                LineageNode(
+
+def _descendants(
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    seen: set[str],
+    max_depth: int,
+    max_nodes: int,
+    after_ordinal: int,
+) -> tuple[list[LineageNode], str | None, int]:
+    """(the Session's listed children, the bound that stopped the read or None, how many of
+    the Session's own children were left out)."""
+    top: list[LineageNode] = []
+    # The nodes whose children the next level lists: (id, its node (None: the Session), the
+    # list its children go into).
+    frontier: list[tuple[str, LineageNode | None, list[LineageNode]]] = [(sid, None, top)]
+    listed = 0
+    depth = 0
+    stopped: str | None = None
+    omitted_top = 0
+    while frontier:
+        if depth >= max_depth:
+            stopped = DEPTH
+            break
+        by_source: dict[str, list[Row]] = {}
+        ids = json.dumps([node_id for node_id, _, _ in frontier])
+        for row in conn.execute(_LEVEL, (ws, ids)):
+            if row[0] == sid and int(row[8]) <= after_ordinal:
+                continue  # an earlier page of the Session's own forks
+            by_source.setdefault(str(row[0]), []).append(row)
+        following: list[tuple[str, LineageNode | None, list[LineageNode]]] = []
+        for node_id, node, children in frontier:
+            rows = sorted(by_source.get(node_id, ()), key=lambda r: int(r[8]))
+            for i, row in enumerate(rows):
+                child_id = str(row[2])
+                if child_id in seen:
+                    continue
+                if listed >= max_nodes:
+                    left = len(rows) - i
+                    stopped = NODES
+                    if node is None:
+                        omitted_top = left
+                    else:
+                        node.truncated = Truncation(NODES, left)
+                    break
+                seen.add(child_id)
+                listed += 1
+                child = LineageNode(
                     session_id=child_id,
-                    title="" if child is None else child.title,
-                    deleted=child is None or child.deleted,
-                    lineage=lin,
-                    ordinal=ordinal,
-                    children=build(child_id, depth + 1),
+                    title="" if row[6] is None else str(row[6]),
+                    deleted=row[7] is None or bool(row[7]),
+                    lineage=_lineage(row),
+                    ordinal=int(row[8]),
                 )
-            )
-        return nodes
+                children.append(child)
+                following.append((child_id, child, child.children))
+        frontier = following
+        depth += 1
+        if stopped is not None:
+            break
+    if stopped is not None and frontier:
+        # The last level listed: its nodes' children were not read; say how many each has.
+        ids = json.dumps([node_id for node_id, _, _ in frontier])
+        counts = {str(r[0]): int(r[1]) for r in conn.execute(_COUNTS, (ws, ids))}
+        for node_id, node, _ in frontier:
+            if node is not None and counts.get(node_id):
+                node.truncated = Truncation(stopped, counts[node_id])
+        if stopped == DEPTH and not counts:
+            stopped = None  # the last level listed has no children: nothing was cut
+    return top, stopped, omitted_top
 
-    return LineageTree(session=session, ancestors=ancestors, descendants=build(sid, 0))
+
+def lineage_tree(
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    *,
+    max_depth: int = DEFAULT_MAX_DEPTH,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    after_ordinal: int = 0,
+) -> LineageTree:
+    session = require_session(conn, ws, sid)
+    seen = {sid}
+    ancestors, ancestors_cut = _ancestors(conn, ws, session, seen)
+    descendants, stopped, omitted = _descendants(
+        conn, ws, sid, seen, max_depth, max_nodes, after_ordinal
+    )
+    truncated = None
+    if stopped is not None or ancestors_cut:
+        truncated = TreeTruncation(
+            reason=stopped or "ancestors",
+            max_depth=max_depth,
+            max_nodes=max_nodes,
+            omitted_children=omitted,
+            ancestors=ancestors_cut,
+        )
+    return LineageTree(session, ancestors, descendants, truncated)
 
 
 class LineageStore(StoreBase):
     """`Store.lineage_tree`: one consistent read snapshot; mixed into `storage.Store`."""
 
-    def lineage_tree(self, ws: str, sid: str) -> LineageTree:
+    def lineage_tree(
+        self,
+        ws: str,
+        sid: str,
+        *,
+        max_depth: int = DEFAULT_MAX_DEPTH,
+        max_nodes: int = DEFAULT_MAX_NODES,
+        after_ordinal: int = 0,
+    ) -> LineageTree:
         with self._read() as conn:
-            return lineage_tree(conn, ws, sid)
+            return lineage_tree(
+                conn,
+                ws,
+                sid,
+                max_depth=max_depth,
+                max_nodes=max_nodes,
+                after_ordinal=after_ordinal,
+            )
 
 
-__all__ = ["LineageAncestor", "LineageNode", "LineageStore", "LineageTree", "lineage_tree"]
+__all__ = [
+    "DEFAULT_MAX_DEPTH",
+    "DEFAULT_MAX_NODES",
+    "MAX_DEPTH_LIMIT",
+    "MAX_NODES_LIMIT",
+    "LineageAncestor",
+    "LineageNode",
+    "LineageStore",
+    "LineageTree",
+    "TreeTruncation",
+    "Truncation",
+    "lineage_tree",
+]

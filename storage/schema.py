@@ -3,7 +3,8 @@
 Version N is reached by applying MIGRATIONS[0:N] in order inside one `BEGIN IMMEDIATE`
 transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract, v3 an
 index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a table of its own,
-v6 an index of unbound Turns, v7 keys `messages` by an integer per Session.
+v6 an index of unbound Turns, v7 keys `messages` by an integer per Session, v8 indexes the
+fork tree by source.
 """
 
 from __future__ import annotations
@@ -336,6 +337,12 @@ SESSION_KEY_OF = "(SELECT session_key FROM session_keys WHERE workspace_id = ? A
 """The integer key of the Session `(workspace, Session)` names (schema v7): what a `messages`
 query compares `session_key` with, binding the two ids it bound before."""
 
+# v8: a Session's fork children are read by source (`session.lineage`, one query per level of
+# the tree); without an index each read scanned every lineage row of the store, per node.
+_V8 = """
+CREATE INDEX fork_lineage_by_source ON fork_lineage (workspace_id, source_session_id);
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -344,6 +351,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V5,
     _V6,
     _V7,
+    _V8,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

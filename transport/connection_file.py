@@ -11,6 +11,8 @@ clients read them here, without importing the daemon. A JSON object:
 from __future__ import annotations
 
 import json
+import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,11 +40,32 @@ class Connection:
     """The terminated-topic events endpoint (`eventsExact`, issue 15 #9), when advertised."""
 
 
+def _read_private(path: Path) -> str:
+    """The file's text, refused (as ssh refuses a private key) when others may read or write
+    it: it holds this client's secret key, so anyone who can read it can connect as us. The
+    mode is taken from the descriptor that is read, so a swap after the check cannot slip in."""
+    with open(path, "rb") as f:
+        mode = stat.S_IMODE(os.fstat(f.fileno()).st_mode)
+        if mode & 0o077:
+            raise KeyError_(
+                f"{path}: permissions {mode:04o} are too open: this connection file holds the "
+                "client's CURVE secret key, and others on this machine can read it. Run "
+                f"`chmod 600 {path}` (and, if someone else may have read it, mint a new key "
+                "with `agenthost keys add NAME` and `agenthost keys revoke` this one)"
+            )
+        return f.read().decode("utf-8")
+
+
 def load_connection(path: Path) -> Connection:
-    """Read a connection file; `KeyError_` names the file and what is wrong with it."""
+    """Read a connection file; `KeyError_` names the file and what is wrong with it, and
+    refuses one that others may read (`_read_private`)."""
     try:
-        data: Any = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
+        text = _read_private(Path(path))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KeyError_(f"{path}: cannot read the connection file: {exc}") from exc
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
         raise KeyError_(f"{path}: cannot read the connection file: {exc}") from exc
     if not isinstance(data, Mapping):
         raise KeyError_(f"{path}: a connection file is a JSON object")

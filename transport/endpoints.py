@@ -51,7 +51,8 @@ class Binder:
         configure_bind(sock, endpoint, self._curve)
         sock.bind(endpoint)
         if path is not None:
-            self.ipc_files.append(path)
+            if path not in self.ipc_files:  # bound again after its directory was removed
+                self.ipc_files.append(path)
             # The run dir is already 0700; the socket file gets 0600 as the contract says.
             os.chmod(path, 0o600)
             return endpoint
@@ -63,6 +64,20 @@ class Binder:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self.ipc_files.clear()
+
+
+def rebind_missing(binder: Binder, bound: list[tuple[Any, list[str]]]) -> list[str]:
+    """Bind each (socket, its endpoints) again on every ipc endpoint whose file has gone; the
+    endpoints bound anew. The old listener stays: unbinding it would drop the connections it
+    accepted, which still work (a connected Unix socket needs no file)."""
+    again: list[str] = []
+    for sock, endpoints in bound:
+        for endpoint in endpoints:
+            path = ipc_path(endpoint)
+            if sock is not None and path is not None and not os.path.exists(path):
+                binder.bind(sock, endpoint)
+                again.append(endpoint)
+    return again
 
 
 def ipc_path(endpoint: str) -> str | None:

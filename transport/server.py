@@ -19,13 +19,14 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import msgpack
 import zmq
 
 from domain.errors import HostError, Unavailable, internal_error
-from transport.endpoints import Binder, EndpointInUse
+from transport.endpoints import Binder, EndpointInUse, rebind_missing
 from transport.events import EVENTS_HWM, MAX_EVENT_BYTES, EventSockets
 from transport.replies import (
     MAX_UNREAD_BYTES,
@@ -71,6 +72,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _TAG_REPLY = b"R"
 _TAG_EVENT = b"E"
 _TAG_STOP = b"S"
+_TAG_REBIND = b"B"
 
 
 Dispatcher = Callable[[Request, Responder], None]
@@ -143,6 +145,7 @@ class ApiServer:
         self._closing = False
         self._closed = False
         self._lifecycle_lock = threading.Lock()
+        self._rebinds: list[Future[list[str]]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -241,6 +244,33 @@ class ApiServer:
         """Whether a connected subscriber would receive an event under `topic` (any thread):
         a publisher may skip building an event nobody receives (`transport.events`)."""
         return self._events.wants(topic)
+
+    def rebind_missing_ipc(self) -> Future[list[str]]:
+        """Bind again, on the loop thread, every ipc endpoint whose file has gone (its directory
+        removed and made again); the result: those endpoints (`endpoints.rebind_missing`)."""
+        fut: Future[list[str]] = Future()
+        self._rebinds.append(fut)
+        if not self._send_pipe([_TAG_REBIND]):
+            self._rebinds.remove(fut)
+            fut.set_exception(RuntimeError("the API server is not running"))
+        return fut
+
+    def _rebind_missing(self) -> None:
+        while self._rebinds:
+            fut = self._rebinds.pop(0)
+            try:
+                fut.set_result(
+                    rebind_missing(
+                        self._binder,
+                        [
+                            (self._router, self._endpoints),
+                            (self._events.pub, self._events.endpoints),
+                            (self._events.pub_exact, self._events.exact_endpoints),
+                        ],
+                    )
+                )
+            except Exception as exc:  # noqa: BLE001 - reported to the caller, not the loop
+                fut.set_exception(exc)
 
     def _post_reply(self, token: int, frame: bytes) -> bool:
         if threading.get_ident() == self._loop_ident:
@@ -351,6 +381,8 @@ class ApiServer:
                     self._events.send(frames[i], frames[i + 1])
             elif tag == _TAG_STOP:
                 stop = True
+            elif tag == _TAG_REBIND:
+                self._rebind_missing()
         return stop
 
     def _drain_router(self) -> None:

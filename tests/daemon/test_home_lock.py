@@ -1,7 +1,9 @@
 """One daemon per home (issue 14 §1), through real `agenthost serve` processes: a second
 `serve` on a live home exits 1 naming the live daemon and changes nothing (its turn
-completes, its fork commits); a SIGKILLed daemon's stale lock and socket do not block a
-restart; the CLI tells a dead daemon (lock free: exit 3 at once) from a hung one."""
+completes, its fork commits), even after `run/` was removed under the live daemon (the lock is
+on the home directory; the daemon makes `run/` again and serves new clients); a daemon whose
+home is moved away stops; a SIGKILLed daemon's stale lock and socket do not block a restart;
+the CLI tells a dead daemon (lock free: exit 3 at once) from a hung one."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +24,7 @@ from tests.support.daemon import (
     WS,
     DaemonProcess,
     create_session,
+    respond,
     run_turn,
     settle,
     submit,
@@ -123,6 +127,88 @@ def test_a_second_serve_on_a_live_home_exits_1_and_touches_nothing(tmp_path: Pat
     finally:
         d.stop()
     assert "InvalidTransition" not in d.tail_log(10**7)
+
+
+def test_removing_run_under_a_live_daemon_neither_frees_the_home_nor_ends_its_turn(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")  # its worker and runtime are up
+        asking = submit(c, sid, "/ask still running?")  # held by a question, not a timer
+        pending = wait_for(
+            lambda: [
+                i
+                for i in turn_of(c, sid, asking["turnId"])["interactions"]
+                if i["status"] == "pending"
+            ]
+        )
+        before = quiet_snapshot(home)
+
+        shutil.rmtree(home / "run")  # what a cleaner of old /tmp entries does
+        second = agenthost(home, "serve", timeout=30)
+        after = snapshot(home)
+
+        assert second.returncode == 1, second.stderr
+        assert f"is serving {home}" in second.stderr and "another agenthost" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert after == before  # no recovery ran on the live store, no provider home changed
+        # The live daemon's Turn goes on, on the connection it already had.
+        respond(c, sid, asking["turnId"], pending[0]["requestId"], {"text": "yes"})
+        assert settle(c, sid, asking["turnId"])["outcome"] == "completed"
+
+        # `run/` is made again, 0700, with the lock naming the live daemon and a socket a new
+        # client reaches; the CLI finds the daemon there, and a third `serve` names its pid.
+        lock = home / "run" / "daemon.lock"
+        wait_for(lambda: lock.exists() and lock.read_text().strip() == str(d.proc.pid))
+        assert (home / "run").stat().st_mode & 0o777 == 0o700
+        assert (home / "run" / "connection.json").stat().st_mode & 0o777 == 0o600
+        status = agenthost(home, "--json", "status")
+        assert status.returncode == 0, status.stderr
+        assert run_turn(d.client(), sid, "after")["outcome"] == "completed"  # a new connection
+        third = agenthost(home, "serve", timeout=30)
+        assert third.returncode == 1
+        assert f"another agenthost (pid {d.proc.pid}) is serving {home}" in third.stderr
+    finally:
+        assert d.stop() == 0
+    log = d.tail_log(10**7)
+    assert "was removed under the live daemon: made it again" in log
+    assert "interrupted" not in log and "InvalidTransition" not in log
+
+
+def test_files_removed_from_run_are_made_again(tmp_path: Path) -> None:
+    """A removal that leaves `run/` itself (or races the daemon's own restoring): the socket
+    is bound again and the lock file rewritten; the connection already made keeps working."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        for name in ("api.sock", "daemon.lock"):
+            (home / "run" / name).unlink()
+        lock = home / "run" / "daemon.lock"
+        wait_for(lambda: lock.exists() and lock.read_text().strip() == str(d.proc.pid))
+        wait_for(lambda: (home / "run" / "api.sock").exists())
+        assert run_turn(d.client(), sid, "new connection")["outcome"] == "completed"
+        assert run_turn(c, sid, "old connection")["outcome"] == "completed"
+    finally:
+        assert d.stop() == 0
+
+
+def test_a_daemon_whose_home_is_moved_away_stops(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    moved = tmp_path / "moved"
+    try:
+        create_session(d.client())
+        os.rename(home, moved)  # its store is no longer where any client or daemon looks
+        assert d.wait_exit(20) == 1
+    finally:
+        d.kill()
+    assert "removed or replaced under the live daemon" in (moved / "daemon.log").read_text()
 
 
 def test_a_sigkilled_daemons_stale_lock_and_socket_do_not_block_a_restart(

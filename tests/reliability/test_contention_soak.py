@@ -7,13 +7,23 @@ answered (no client timeout), none with status 500; once the lock is gone for go
 settles and every operation ends, and the invariant checker — with the live laws (no Turn
 active without a runtime, no fence without its saga) — finds no violation, live and stopped.
 
-Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos. `make soak`: 8 clients,
-40 Sessions, ~120 s. Every Session is warm (one turn run) before the chaos starts."""
+A `run/`-deletion phase runs in the same chaos: `run/` is removed under the live daemon (as a
+cleaner of old /tmp entries would) and a second `agenthost serve` is started on the home at
+once. Every such `serve` must be refused (exit 1), no Turn may end with the "host restarted"
+error of a startup recovery (none ran on the live store), the clients already connected keep
+being answered, and the daemon makes `run/` again so a new client gets in.
+
+Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
+`make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
+before the chaos starts."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -24,6 +34,7 @@ from typing import Any
 
 import pytest
 
+from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -39,6 +50,7 @@ from transport.client import Client, ClientClosed, ClientTimeout
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
 CHAOS_S = trials(12.0, 120.0)
+RUN_DELETIONS = trials(2, 12)
 WARM_AT_ONCE = 4
 
 NEW_LAWS = (Law.COMPLETED_TURN_RECORDED, Law.ACTIVE_TURN_WORKED, Law.FENCE_HAS_SAGA)
@@ -165,6 +177,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     stop = threading.Event()
     locks = 0
     locked_s = 0.0
+    deletions = 0
+    second_serves: Counter[str] = Counter()
     began = time.monotonic()
     try:
         c = d.client(timeout=60)
@@ -186,9 +200,26 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         ]
         for th in threads:
             th.start()
-        deadline = time.monotonic() + CHAOS_S
-        while time.monotonic() < deadline:
+        started = time.monotonic()
+        deadline = started + CHAOS_S
+        # The deletions spread over the chaos, one at each of these times from its start.
+        delete_at = sorted(rng.uniform(0, CHAOS_S * 0.8) for _ in range(RUN_DELETIONS))
+        while time.monotonic() < deadline or delete_at:
             time.sleep(rng.uniform(0.3, 1.5))
+            if delete_at and time.monotonic() - started >= delete_at[0]:
+                delete_at.pop(0)
+                shutil.rmtree(home / "run", ignore_errors=True)
+                deletions += 1
+                second = subprocess.run(
+                    [sys.executable, "-m", "agenthost.cli", "--home", str(home), "serve"],
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    stdin=subprocess.DEVNULL,
+                )
+                refused = second.returncode == 1 and "is serving" in second.stderr
+                second_serves["refused" if refused else f"exit {second.returncode}"] += 1
+                continue
             with WriteLockHolder(home / "store.sqlite3"):
                 locks += 1
                 held = rng.uniform(0.1, 1.2)
@@ -216,6 +247,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
 
         wait_for(quiet, 120, interval=0.5)
         turn_outcomes: Counter[str] = Counter()
+        recovered = 0  # Turns a startup recovery settled: none, as no daemon restarted
         for sid in sids:
             status, body = c.call_raw(
                 "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
@@ -223,6 +255,13 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             if status == 404:
                 continue
             turn_outcomes.update(str(x.get("outcome") or x["phase"]) for x in body["turns"])
+            recovered += sum(x.get("error") == ORPHANED_TURN_ERROR for x in body["turns"])
+        # `run/` is back, naming the live daemon, and a new client gets in through it.
+        lock = home / "run" / "daemon.lock"
+        assert d.proc is not None
+        wait_for(lambda: lock.exists() and lock.read_text().strip() == str(d.proc.pid), 10)
+        with Client(d.api, timeout=30) as fresh:
+            assert fresh.call("host.status", {})["protocol"] == 1
         fork_outcomes = Counter(
             c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]["status"]
             for op_id in t.ops
@@ -242,6 +281,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         f"contention soak: seed={seed} clients={CLIENTS} sessions={SESSIONS} "
         f"chaos={CHAOS_S:.0f}s wall={elapsed:.0f}s",
         f"  lock takes: {locks} (another process held the write lock {locked_s:.1f} s in all)",
+        f"  run/ deletions: {deletions}; second serve: "
+        + " ".join(f"{k}={v}" for k, v in sorted(second_serves.items()))
+        + f"; turns settled by a startup recovery: {recovered}",
         f"  requests: {requests} unanswered={unanswered} status_500={status_500} "
         f"503_store_busy={busy}",
         f"  turns: {sum(turn_outcomes.values())} "
@@ -259,7 +301,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         f"{CLIENTS} clients, {SESSIONS} sessions, seed {seed}",
         trials=locks,
         outcomes=Counter({f"op_{k}": v for k, v in final.operations.items()})
-        + Counter({"store_busy_503": busy}),
+        + Counter({"store_busy_503": busy, "run_deleted": deletions}),
         invariant_checks=2,
         violations=len(live.violations) + len(final.violations),
     )
@@ -269,3 +311,6 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     assert not t.failures, (seed, t.failures[:10])
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
+    # Removing `run/` never let a second daemon serve the home or recover its store.
+    assert deletions == RUN_DELETIONS and second_serves == {"refused": RUN_DELETIONS}
+    assert recovered == 0

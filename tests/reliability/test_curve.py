@@ -187,6 +187,7 @@ def test_keys_add_serves_a_new_client_and_revoke_refuses_it(
     )  # the new secret leaves only in the printed file
     out = tmp_path / "laptop.json"
     out.write_text(added.stdout)
+    out.chmod(0o600)  # a redirect under umask 022 makes it 0644, which clients refuse
     laptop_conn = load_connection(out)
     assert served(laptop_conn.api, laptop_conn.curve)  # no restart needed
     assert cli(daemon.home, "keys", "add", "laptop").returncode == 1  # name taken
@@ -267,6 +268,7 @@ def test_cli_and_engine_over_tcp_with_the_connection_file(
     assert bare.returncode == 3 and "--connection" in bare.stderr, bare.stderr
     bad = tmp_path / "bad.json"
     bad.write_text('{"api": "tcp://127.0.0.1:1", "serverPublicKey": "short"}')
+    bad.chmod(0o600)
     broken = cli(elsewhere, "--connection", str(bad), "status")
     assert broken.returncode == 2 and "serverPublicKey" in broken.stderr, broken.stderr
 
@@ -365,3 +367,29 @@ def test_the_gui_runs_over_tcp_with_the_connection_file(
             assert app.sessions_loaded and engine.session(sid) is not None
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o666, 0o640, 0o604])
+def test_a_connection_file_others_can_read_is_refused_with_the_fix_in_words(
+    daemon: DaemonProcess, conn: Connection, tmp_path: Path, mode: int
+) -> None:
+    """It holds the client's secret key: like ssh with a private key, a client refuses a file
+    that others may read, and says what to do; after `chmod 600` the same file is served."""
+    path = tmp_path / "shared.json"
+    path.write_text((daemon.home / "run" / "connection.json").read_text())
+    path.chmod(mode)
+    with pytest.raises(ValueError) as refused:
+        load_connection(path)
+    words = str(refused.value)
+    assert f"permissions {mode:04o} are too open" in words
+    assert "secret key" in words and f"chmod 600 {path}" in words
+    done = cli(daemon.home, "--connection", str(path), "status")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "bad_connection_file" in done.stderr and f"chmod 600 {path}" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = cli(daemon.home, "status", env={"AGENTHOST_CONNECTION": str(path)})
+    assert done.returncode == 2 and "too open" in done.stderr
+
+    path.chmod(0o600)
+    assert served(load_connection(path).api, load_connection(path).curve)
+    assert cli(daemon.home, "--connection", str(path), "status").returncode == 0

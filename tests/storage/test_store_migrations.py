@@ -43,10 +43,15 @@ def _seed_v1(conn: apsw.Connection) -> None:
         " VALUES (?, 'old', 'turn-1', 1, 'host', 'settled', 'completed', 'p1', 1, 2)",
         (WS,),
     )
+    # From v7 on a Message also carries its Session's integer key.
+    keyed = user_version(conn) >= 7
     conn.execute(
         "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
-        " payload_json, version, position, created_at_ms)"
-        " VALUES (?, 'old', 'm1', 'turn-1', 'user', 'hello from v1', '{}', 1, 1, 1)",
+        " payload_json, version, position, created_at_ms"
+        + (", session_key" if keyed else "")
+        + ") VALUES (?, 'old', 'm1', 'turn-1', 'user', 'hello from v1', '{}', 1, 1, 1"
+        + (", (SELECT session_key FROM session_keys WHERE session_id = 'old')" if keyed else "")
+        + ")",
         (WS,),
     )
 
