@@ -1,0 +1,354 @@
+"""What the daemon's listeners may hold: every connection libzmq accepts is counted (a socket
+monitor per listening socket, read on a thread of its own), capped globally and per network
+endpoint, and refused or shed before the process nears its descriptor limit.
+
+Why: libzmq 4.3.5 aborts the process when accept() on an ipc listener fails with EMFILE
+(`errno_assert` in `ipc_listener_t::accept`, src/ipc_listener.cpp:297: EMFILE is missing from
+the tolerated list, unlike the tcp listener's), and it accepts every connection a peer makes,
+on its own I/O thread, with no cap. So the daemon must never be at its limit while a listener
+is bound: the cap and a reserve keep accepted connections far below it, a connection over the
+cap is shut down at once (libzmq then closes it: its engine reads EOF), and the oldest idle one
+makes room for a new one. docs/design/internals.md has the reasoning and the residual window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import socket
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+from zmq.utils.monitor import parse_monitor_message
+
+from transport.security import needs_curve
+
+log = logging.getLogger("transport.server")
+
+MIN_FD_RESERVE = 96
+"""Descriptors never given to connections: the store's connections (3 each), worker links and
+spawns (pipes), log files, module imports, the ZeroMQ context's own."""
+IDLE_S = 1.0
+"""A connection that delivered a message this recently is not idle (never shed)."""
+_SUMMARY_S = 5.0
+_FD_SAMPLE_S = 0.1
+_POLL_MS = 200
+
+_EVENTS = int(
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_ACCEPT_FAILED
+    | zmq.EVENT_MONITOR_STOPPED
+)
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (bounded by the kernel's `nr_open`);
+    return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        target = _nr_open()
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _nr_open() -> int:
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def open_fds() -> int:
+    """Descriptors this process holds (a failing count reads as 'at the limit')."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Caps derived from the descriptor limit (see `for_fd_limit`)."""
+
+    fd_limit: int
+    fd_reserve: int
+    """Descriptors connections never take; past `fd_limit - fd_reserve` in use, every new
+    connection is refused."""
+    max_connections: int
+    """Accepted connections held by all listeners together."""
+    max_network_connections: int
+    """Per network (CURVE) endpoint."""
+    max_unproven: int
+    """Per network API endpoint: connections that have not yet delivered a message (an
+    unfinished or refused CURVE handshake, or an authenticated client not yet talking)."""
+
+    @classmethod
+    def for_fd_limit(cls, fd_limit: int) -> ConnectionLimits:
+        """Half of what the reserve leaves goes to connections; the other half is margin for
+        what libzmq accepts between our reading its monitor and shedding."""
+        reserve = max(MIN_FD_RESERVE, fd_limit // 4)
+        total = max(8, (fd_limit - reserve) // 2)
+        return cls(
+            fd_limit=fd_limit,
+            fd_reserve=reserve,
+            max_connections=total,
+            max_network_connections=max(4, total // 4),
+            max_unproven=max(2, min(64, total // 16)),
+        )
+
+
+class Connection:
+    """One accepted connection, keyed by its descriptor (libzmq's monitor reports the fd)."""
+
+    __slots__ = ("fd", "endpoint", "network", "api", "inode", "accepted", "last_active", "peer")
+
+    def __init__(self, fd: int, endpoint: str, api: bool, inode: int, now: float) -> None:
+        self.fd = fd
+        self.endpoint = endpoint
+        self.network = needs_curve(endpoint)
+        self.api = api
+        self.inode = inode
+        self.accepted = now
+        self.last_active = 0.0
+        """When it last delivered a message (0: never); written by the transport loop."""
+        self.peer: bytes | None = None
+        """Its ROUTER routing id once it sent a request (transport loop)."""
+
+
+class ConnectionGuard:
+    """Counts and caps the connections of the sockets it watches; see the module docstring.
+
+    `watch` each listening socket (on its owner's thread, before its first bind), `start`, then
+    the transport loop calls `active(fd, peer)` for every message it reads; `busy(peer)` tells
+    the guard a connection is waiting on its replies (never shed). `stop` before the watched
+    sockets close.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        limits: ConnectionLimits,
+        busy: Callable[[bytes], bool] = lambda peer: False,
+    ) -> None:
+        self.limits = limits
+        self._ctx = ctx
+        self._busy = busy
+        self.conns: dict[int, Connection] = {}
+        self._order: OrderedDict[int, Connection] = OrderedDict()
+        self._monitors: list[tuple[zmq.Socket[bytes], bool]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fds = 0
+        self._fds_at = 0.0
+        self.refused: Counter[str] = Counter()
+        """Connections shut down at once, by why (whole life; host.status and tests read it)."""
+        self.shed = 0
+        """Idle connections shut down to make room for a new one."""
+        self._reported: Counter[str] = Counter()
+        self._reported_shed = 0
+        self._summary_at = 0.0
+
+    def watch(self, sock: zmq.Socket[Any], *, api: bool) -> None:
+        """Monitor `sock`'s accepted connections (call before it binds, on its thread)."""
+        addr = f"inproc://agenthost-monitor-{id(self):x}-{len(self._monitors)}"
+        sock.monitor(addr, _EVENTS)
+        monitor: zmq.Socket[bytes] = self._ctx.socket(zmq.PAIR)
+        # Unbounded before connecting: libzmq sends monitor events without blocking and drops
+        # them at a full pipe, and a dropped `accepted` would be a connection never counted.
+        monitor.setsockopt(zmq.RCVHWM, 0)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(addr)
+        self._monitors.append((monitor, api))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="agenthost-connections", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            self._close_monitors()
+
+    def _close_monitors(self) -> None:
+        for monitor, _ in self._monitors:
+            with contextlib.suppress(zmq.ZMQError):
+                monitor.close(linger=0)
+        self._monitors.clear()
+
+    # -- the transport loop's side -----------------------------------------------------------
+
+    def active(self, fd: int, peer: bytes | None) -> None:
+        conn = self.conns.get(fd)
+        if conn is not None:
+            conn.last_active = time.monotonic()
+            if peer is not None:
+                conn.peer = peer
+
+    def stats(self) -> dict[str, Any]:
+        """For host.status: what is held, what was refused and shed, and the limits."""
+        return {
+            "open": len(self.conns),
+            "max": self.limits.max_connections,
+            "refused": sum(self.refused.values()),
+            "shed": self.shed,
+            "fdLimit": self.limits.fd_limit,
+            "fdReserve": self.limits.fd_reserve,
+        }
+
+    # -- the guard thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for monitor, _ in self._monitors:
+            poller.register(monitor, zmq.POLLIN)
+        api_of = {monitor: api for monitor, api in self._monitors}
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(_POLL_MS):
+                    self._drain(sock, api_of[sock])
+                self._tick()
+        except Exception:  # noqa: BLE001 - the guard must never take the daemon down
+            log.exception("connection guard failed; connections are no longer capped")
+
+    def _drain(self, monitor: zmq.Socket[Any], api: bool) -> None:
+        for _ in range(10_000):
+            try:
+                frames = monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                message = parse_monitor_message(frames)
+            except Exception:  # noqa: BLE001 - a frame we do not understand is skipped
+                continue
+            event, fd = int(message["event"]), int(message["value"])
+            if event == zmq.EVENT_ACCEPTED:
+                endpoint = message["endpoint"]
+                if isinstance(endpoint, bytes):
+                    endpoint = endpoint.decode(errors="replace")
+                self._accepted(fd, str(endpoint), api)
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+                self._forget(fd)
+            elif event == zmq.EVENT_ACCEPT_FAILED:
+                self.refused["accept failed"] += 1
+
+    def _forget(self, fd: int) -> Connection | None:
+        self._order.pop(fd, None)
+        return self.conns.pop(fd, None)
+
+    def _accepted(self, fd: int, endpoint: str, api: bool) -> None:
+        now = time.monotonic()
+        try:
+            inode = os.fstat(fd).st_ino
+        except OSError:
+            return  # already closed by libzmq
+        self._forget(fd)  # a reused descriptor: its old connection is gone
+        conn = Connection(fd, endpoint, api, inode, now)
+        self.conns[fd] = self._order[fd] = conn
+        limits = self.limits
+        if self._fds_in_use(now) >= limits.fd_limit - limits.fd_reserve:
+            self._refuse(conn, "descriptors")
+            return
+        if conn.network:
+            mine = [c for c in self._order.values() if c.endpoint == endpoint]
+            if api and conn.network:
+                unproven = [c for c in mine if c.last_active == 0.0]
+                if len(unproven) > limits.max_unproven:
+                    # The oldest unfinished handshake goes: a real client finishes in ms.
+                    self._refuse(unproven[0], f"pending handshakes on {endpoint}")
+            mine = [c for c in self._order.values() if c.endpoint == endpoint]
+            if len(mine) > limits.max_network_connections and not self._shed_idle(
+                now, endpoint
+            ):
+                self._refuse(conn, f"cap of {endpoint}")
+                return
+        if len(self.conns) > limits.max_connections and not self._shed_idle(now, None):
+            self._refuse(conn, "connection cap")
+
+    def _shed_idle(self, now: float, endpoint: str | None) -> bool:
+        """Shut the oldest idle connection (of `endpoint`, or any) down; False if none is."""
+        for conn in list(self._order.values())[:-1]:  # never the one just accepted
+            if endpoint is not None and conn.endpoint != endpoint:
+                continue
+            if now - conn.last_active < IDLE_S:
+                continue
+            if conn.peer is not None and self._busy(conn.peer):
+                continue  # requests in flight or replies unread: not idle
+            if self._shutdown(conn):
+                self.shed += 1
+                return True
+        return False
+
+    def _refuse(self, conn: Connection, why: str) -> None:
+        self._shutdown(conn)
+        self.refused[why] += 1
+
+    def _shutdown(self, conn: Connection) -> bool:
+        """Shut `conn`'s socket down (libzmq reads EOF and closes it). Checked first to still
+        be the socket accepted: a descriptor libzmq closed meanwhile may be reused."""
+        self._forget(conn.fd)
+        try:
+            sock = socket.socket(fileno=conn.fd)
+        except OSError:
+            return False
+        try:
+            if os.fstat(conn.fd).st_ino != conn.inode:
+                return False
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.detach()  # the descriptor stays libzmq's
+
+    def _fds_in_use(self, now: float) -> int:
+        if now - self._fds_at >= _FD_SAMPLE_S:
+            self._fds, self._fds_at = open_fds(), now
+        return self._fds
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        limits = self.limits
+        # Still at the threshold (the daemon's own use grew): idle connections make room.
+        if self._fds_in_use(now) >= limits.fd_limit - limits.fd_reserve:
+            for _ in range(16):
+                if not self._shed_idle(now, None):
+                    break
+        if now - self._summary_at < _SUMMARY_S:
+            return
+        self._summary_at = now
+        new = self.refused - self._reported
+        shed = self.shed - self._reported_shed
+        if new or shed:
+            what = ", ".join(f"{why}: {n}" for why, n in sorted(new.items())) or "none"
+            log.warning(
+                "connections refused in the last %.0f s: %s; idle connections shed: %d;"
+                " held %d of %d, descriptors %d of %d (reserve %d)",
+                _SUMMARY_S,
+                what,
+                shed,
+                len(self.conns),
+                limits.max_connections,
+                self._fds,
+                limits.fd_limit,
+                limits.fd_reserve,
+            )
+            self._reported = Counter(self.refused)
+            self._reported_shed = self.shed
