@@ -307,9 +307,7 @@ class ApiServer:
             resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         )
         replies = self._replies
-        self._guard = guard = ConnectionGuard(
-            self._ctx, limits, busy=lambda peer: replies.peer_load(peer) > 0
-        )
+        self._guard = guard = ConnectionGuard(self._ctx, limits, busy=replies.unread)
         # Watched before binding, so no connection is accepted uncounted.
         guard.watch(self._router, api=True)
         self._endpoints = self._binder.bind_each(self._router, self._api_requested)
