@@ -14,10 +14,13 @@ makes room for a new one. docs/design/internals.md has the reasoning and the res
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import resource
 import socket
+import sys
+import termios
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -128,6 +131,16 @@ class Connection:
         """Its ROUTER routing id once it sent a request (transport loop)."""
 
 
+def _unread_input(fd: int) -> bool:
+    """Whether bytes wait in the socket's receive queue (a request libzmq has not read yet)."""
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return False
+    return int.from_bytes(buf, sys.byteorder) > 0
+
+
 class ConnectionGuard:
     """Counts and caps the connections of the sockets it watches; see the module docstring.
 
@@ -174,9 +187,7 @@ class ConnectionGuard:
         self._monitors.append((monitor, api))
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="agenthost-connections", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, name="agenthost-connections", daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -240,10 +251,9 @@ class ConnectionGuard:
                 continue
             event, fd = int(message["event"]), int(message["value"])
             if event == zmq.EVENT_ACCEPTED:
-                endpoint = message["endpoint"]
-                if isinstance(endpoint, bytes):
-                    endpoint = endpoint.decode(errors="replace")
-                self._accepted(fd, str(endpoint), api)
+                raw: Any = message["endpoint"]
+                endpoint = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+                self._accepted(fd, endpoint, api)
             elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
                 self._forget(fd)
             elif event == zmq.EVENT_ACCEPT_FAILED:
@@ -274,9 +284,7 @@ class ConnectionGuard:
                     # The oldest unfinished handshake goes: a real client finishes in ms.
                     self._refuse(unproven[0], f"pending handshakes on {endpoint}")
             mine = [c for c in self._order.values() if c.endpoint == endpoint]
-            if len(mine) > limits.max_network_connections and not self._shed_idle(
-                now, endpoint
-            ):
+            if len(mine) > limits.max_network_connections and not self._shed_idle(now, endpoint):
                 self._refuse(conn, f"cap of {endpoint}")
                 return
         if len(self.conns) > limits.max_connections and not self._shed_idle(now, None):
@@ -291,6 +299,8 @@ class ConnectionGuard:
                 continue
             if conn.peer is not None and self._busy(conn.peer):
                 continue  # requests in flight or replies unread: not idle
+            if _unread_input(conn.fd):
+                continue  # a request on its way in: not idle
             if self._shutdown(conn):
                 self.shed += 1
                 return True
