@@ -100,10 +100,10 @@ class ConnectionLimits:
 
     @classmethod
     def for_fd_limit(cls, fd_limit: int) -> ConnectionLimits:
-        """Half of what the reserve leaves goes to connections; the other half is margin for
+        """A third of what the reserve leaves goes to connections; the rest is margin for
         what libzmq accepts between our reading its monitor and shedding."""
         reserve = max(MIN_FD_RESERVE, fd_limit // 4)
-        total = max(8, (fd_limit - reserve) // 2)
+        total = max(8, (fd_limit - reserve) // 3)
         return cls(
             fd_limit=fd_limit,
             fd_reserve=reserve,
@@ -278,12 +278,11 @@ class ConnectionGuard:
             return
         if conn.network:
             mine = [c for c in self._order.values() if c.endpoint == endpoint]
-            if api and conn.network:
-                unproven = [c for c in mine if c.last_active == 0.0]
-                if len(unproven) > limits.max_unproven:
-                    # The oldest unfinished handshake goes: a real client finishes in ms.
-                    self._refuse(unproven[0], f"pending handshakes on {endpoint}")
-            mine = [c for c in self._order.values() if c.endpoint == endpoint]
+            unproven = [c for c in mine if c.last_active == 0.0] if api else []
+            if len(unproven) > limits.max_unproven:
+                # The oldest unfinished handshake goes: a real client finishes in ms.
+                self._refuse(unproven[0], f"pending handshakes on {endpoint}")
+                mine.remove(unproven[0])
             if len(mine) > limits.max_network_connections and not self._shed_idle(now, endpoint):
                 self._refuse(conn, f"cap of {endpoint}")
                 return
@@ -292,19 +291,27 @@ class ConnectionGuard:
 
     def _shed_idle(self, now: float, endpoint: str | None) -> bool:
         """Shut the oldest idle connection (of `endpoint`, or any) down; False if none is."""
-        for conn in list(self._order.values())[:-1]:  # never the one just accepted
-            if endpoint is not None and conn.endpoint != endpoint:
-                continue
-            if now - conn.last_active < IDLE_S:
-                continue
-            if conn.peer is not None and self._busy(conn.peer):
-                continue  # requests in flight or replies unread: not idle
-            if _unread_input(conn.fd):
-                continue  # a request on its way in: not idle
-            if self._shutdown(conn):
+        newest = next(reversed(self._order), None)  # the one just accepted: never shed
+        while True:
+            victim = None
+            for fd, conn in self._order.items():
+                if fd == newest:
+                    break
+                if endpoint is not None and conn.endpoint != endpoint:
+                    continue
+                if now - conn.last_active < IDLE_S:
+                    continue
+                if conn.peer is not None and self._busy(conn.peer):
+                    continue  # requests in flight or replies unread: not idle
+                if _unread_input(conn.fd):
+                    continue  # a request on its way in: not idle
+                victim = conn
+                break
+            if victim is None:
+                return False
+            if self._shutdown(victim):
                 self.shed += 1
                 return True
-        return False
 
     def _refuse(self, conn: Connection, why: str) -> None:
         self._shutdown(conn)

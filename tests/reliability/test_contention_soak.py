@@ -46,9 +46,9 @@ from tests.support.invariants import Law, check_invariants
 from tests.support.store_lock import WriteLockHolder
 from transport.client import Client, ClientClosed, ClientTimeout
 
-FD_LIMIT = 512
+FD_LIMIT = 1024
 """The daemon's descriptor limit, soft and hard (it cannot raise it)."""
-FLOOD = trials(300, 1024)
+FLOOD = trials(300, 1000)
 """Connections of each kind per flood burst."""
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
@@ -189,6 +189,7 @@ class FdPressure:
 
     def run(self, stop: threading.Event) -> None:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        ctx.setsockopt(zmq.MAX_SOCKETS, 4 * FLOOD)
         try:
             while not stop.wait(self.rng.uniform(0.5, 2.0)):
                 with (

@@ -26,7 +26,7 @@ SESSIONS = 20
 SETTINGS_BYTES = 900_000
 """Each Session's settings (a request frame is at most 1 MiB)."""
 REQUESTS = 200
-HELD_BOUND_MB = 30.0
+HELD_BOUND_MB = 32.0
 """What the daemon may hold for one connection that does not read (docs/protocol.md): 8 MiB
 of large replies in ZeroMQ, 16 MiB of backlog, one reply over each, the socket buffers."""
 RSS_BOUND_MB = 100.0
