@@ -161,6 +161,7 @@ class ConnectionGuard:
         self._busy = busy
         self.conns: dict[int, Connection] = {}
         self._order: OrderedDict[int, Connection] = OrderedDict()
+        self._early: dict[int, tuple[float, bytes | None]] = {}
         self._monitors: list[tuple[zmq.Socket[bytes], bool]] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -208,10 +209,14 @@ class ConnectionGuard:
 
     def active(self, fd: int, peer: bytes | None) -> None:
         conn = self.conns.get(fd)
-        if conn is not None:
-            conn.last_active = time.monotonic()
-            if peer is not None:
-                conn.peer = peer
+        if conn is None:
+            # Its `accepted` event is not read yet: remembered, so the guard does not take a
+            # client that is already talking for an idle newcomer.
+            self._early[fd] = (time.monotonic(), peer)
+            return
+        conn.last_active = time.monotonic()
+        if peer is not None:
+            conn.peer = peer
 
     def stats(self) -> dict[str, Any]:
         """For host.status: what is held, what was refused and shed, and the limits."""
@@ -271,6 +276,9 @@ class ConnectionGuard:
             return  # already closed by libzmq
         self._forget(fd)  # a reused descriptor: its old connection is gone
         conn = Connection(fd, endpoint, api, inode, now)
+        early = self._early.pop(fd, None)
+        if early is not None:
+            conn.last_active, conn.peer = early
         self.conns[fd] = self._order[fd] = conn
         limits = self.limits
         if self._fds_in_use(now) >= limits.fd_limit - limits.fd_reserve:
@@ -284,10 +292,23 @@ class ConnectionGuard:
                 self._refuse(unproven[0], f"pending handshakes on {endpoint}")
                 mine.remove(unproven[0])
             if len(mine) > limits.max_network_connections and not self._shed_idle(now, endpoint):
-                self._refuse(conn, f"cap of {endpoint}")
+                if not self._talking(conn, now):
+                    self._refuse(conn, f"cap of {endpoint}")
                 return
-        if len(self.conns) > limits.max_connections and not self._shed_idle(now, None):
+        # A client already talking keeps its connection (the margin covers it): its replies
+        # would be lost with it.
+        if (
+            len(self.conns) > limits.max_connections
+            and not self._shed_idle(now, None)
+            and not self._talking(conn, now)
+        ):
             self._refuse(conn, "connection cap")
+
+    def _talking(self, conn: Connection, now: float) -> bool:
+        """Delivered a message lately, or waits on its replies (never shed)."""
+        if now - conn.last_active < IDLE_S:
+            return True
+        return conn.peer is not None and self._busy(conn.peer)
 
     def _shed_idle(self, now: float, endpoint: str | None) -> bool:
         """Shut the oldest idle connection (of `endpoint`, or any) down; False if none is."""
@@ -299,10 +320,8 @@ class ConnectionGuard:
                     break
                 if endpoint is not None and conn.endpoint != endpoint:
                     continue
-                if now - conn.last_active < IDLE_S:
+                if self._talking(conn, now):
                     continue
-                if conn.peer is not None and self._busy(conn.peer):
-                    continue  # requests in flight or replies unread: not idle
                 if _unread_input(conn.fd):
                     continue  # a request on its way in: not idle
                 victim = conn
