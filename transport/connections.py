@@ -19,6 +19,7 @@ import logging
 import os
 import resource
 import socket
+import struct
 import sys
 import termios
 import threading
@@ -29,7 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import zmq
-from zmq.utils.monitor import parse_monitor_message
 
 from transport.security import needs_curve
 
@@ -44,6 +44,12 @@ _SUMMARY_S = 5.0
 _FD_SAMPLE_S = 0.1
 _POLL_MS = 200
 
+# A monitor event's first frame: the event (uint16) and its value, here a descriptor (int32).
+_HEAD = struct.Struct("=Hi")
+_NOBLOCK = int(zmq.NOBLOCK)
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
+_ACCEPT_FAILED = int(zmq.EVENT_ACCEPT_FAILED)
+_GONE = frozenset((int(zmq.EVENT_DISCONNECTED), int(zmq.EVENT_CLOSED)))
 _EVENTS = int(
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
@@ -161,6 +167,10 @@ class ConnectionGuard:
         self._busy = busy
         self.conns: dict[int, Connection] = {}
         self._order: OrderedDict[int, Connection] = OrderedDict()
+        # Per network endpoint, in accept order: its connections, and those not yet proven
+        # (an entry proven since is skipped when met): O(1) per accept under a flood.
+        self._network: dict[str, OrderedDict[int, Connection]] = {}
+        self._unproven: dict[str, OrderedDict[int, Connection]] = {}
         self._early: dict[int, tuple[float, bytes | None]] = {}
         self._monitors: list[tuple[zmq.Socket[bytes], bool]] = []
         self._stop = threading.Event()
@@ -245,28 +255,30 @@ class ConnectionGuard:
             log.exception("connection guard failed; connections are no longer capped")
 
     def _drain(self, monitor: zmq.Socket[Any], api: bool) -> None:
+        # Parsed by hand (pyzmq's parser builds an enum per event): the guard must keep up with
+        # libzmq's accepts, one Python thread against its I/O thread.
         for _ in range(10_000):
             try:
-                frames = monitor.recv_multipart(zmq.NOBLOCK)
+                frames = monitor.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
-            try:
-                message = parse_monitor_message(frames)
-            except Exception:  # noqa: BLE001 - a frame we do not understand is skipped
+            if len(frames) < 2 or len(frames[0]) < _HEAD.size:
                 continue
-            event, fd = int(message["event"]), int(message["value"])
-            if event == zmq.EVENT_ACCEPTED:
-                raw: Any = message["endpoint"]
-                endpoint = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-                self._accepted(fd, endpoint, api)
-            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_CLOSED):
+            event, fd = _HEAD.unpack_from(frames[0])
+            if event == _ACCEPTED:
+                self._accepted(fd, frames[1].decode(errors="replace"), api)
+            elif event in _GONE:
                 self._forget(fd)
-            elif event == zmq.EVENT_ACCEPT_FAILED:
+            elif event == _ACCEPT_FAILED:
                 self.refused["accept failed"] += 1
 
     def _forget(self, fd: int) -> Connection | None:
         self._order.pop(fd, None)
-        return self.conns.pop(fd, None)
+        conn = self.conns.pop(fd, None)
+        if conn is not None and conn.network:
+            self._network.get(conn.endpoint, {}).pop(fd, None)
+            self._unproven.get(conn.endpoint, {}).pop(fd, None)
+        return conn
 
     def _accepted(self, fd: int, endpoint: str, api: bool) -> None:
         now = time.monotonic()
@@ -285,12 +297,18 @@ class ConnectionGuard:
             self._refuse(conn, "descriptors")
             return
         if conn.network:
-            mine = [c for c in self._order.values() if c.endpoint == endpoint]
-            unproven = [c for c in mine if c.last_active == 0.0] if api else []
-            if len(unproven) > limits.max_unproven:
-                # The oldest unfinished handshake goes: a real client finishes in ms.
-                self._refuse(unproven[0], f"pending handshakes on {endpoint}")
-                mine.remove(unproven[0])
+            mine = self._network.setdefault(endpoint, OrderedDict())
+            mine[fd] = conn
+            unproven = self._unproven.setdefault(endpoint, OrderedDict())
+            if api and conn.last_active == 0.0:
+                unproven[fd] = conn
+            while len(unproven) > limits.max_unproven:
+                _, oldest = unproven.popitem(last=False)
+                if oldest.last_active == 0.0:
+                    # The oldest unfinished handshake goes: a real client finishes in ms.
+                    self._refuse(oldest, f"pending handshakes on {endpoint}")
+                    if oldest is conn:
+                        return
             if len(mine) > limits.max_network_connections and not self._shed_idle(now, endpoint):
                 if not self._talking(conn, now):
                     self._refuse(conn, f"cap of {endpoint}")
@@ -312,14 +330,13 @@ class ConnectionGuard:
 
     def _shed_idle(self, now: float, endpoint: str | None) -> bool:
         """Shut the oldest idle connection (of `endpoint`, or any) down; False if none is."""
+        scope = self._order if endpoint is None else self._network.get(endpoint, OrderedDict())
         newest = next(reversed(self._order), None)  # the one just accepted: never shed
         while True:
             victim = None
-            for fd, conn in self._order.items():
+            for fd, conn in scope.items():
                 if fd == newest:
                     break
-                if endpoint is not None and conn.endpoint != endpoint:
-                    continue
                 if self._talking(conn, now):
                     continue
                 if _unread_input(conn.fd):
@@ -341,7 +358,8 @@ class ConnectionGuard:
         be the socket accepted: a descriptor libzmq closed meanwhile may be reused."""
         self._forget(conn.fd)
         try:
-            sock = socket.socket(fileno=conn.fd)
+            # Family and type given: no getsockopt calls to detect them (shutdown ignores both).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=conn.fd)
         except OSError:
             return False
         try:
