@@ -49,7 +49,9 @@ from transport.client import Client, ClientClosed, ClientTimeout
 FD_LIMIT = 1024
 """The daemon's descriptor limit, soft and hard (it cannot raise it)."""
 FLOOD = trials(300, 1000)
-"""Connections of each kind per flood burst."""
+"""Raw connections of each kind (ipc, unauthenticated TCP) per flood burst."""
+DEALERS = trials(100, 200)
+"""Idle ZeroMQ clients per burst (a shed one reconnects: they churn while over the cap)."""
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
 CHAOS_S = trials(12.0, 120.0)
@@ -189,11 +191,11 @@ class FdPressure:
 
     def run(self, stop: threading.Event) -> None:
         ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
-        ctx.setsockopt(zmq.MAX_SOCKETS, 4 * FLOOD)
+        ctx.setsockopt(zmq.MAX_SOCKETS, 4 * DEALERS)
         try:
             while not stop.wait(self.rng.uniform(0.5, 2.0)):
                 with (
-                    dealer_flood(ctx, self.d.api, FLOOD),
+                    dealer_flood(ctx, self.d.api, DEALERS),
                     raw_flood(self.d.api[len("ipc://") :], FLOOD) as ipc,
                     raw_flood(("127.0.0.1", self.port), FLOOD) as tcp,
                 ):
@@ -201,7 +203,7 @@ class FdPressure:
                     time.sleep(self.rng.uniform(0.2, 1.5))
                     self._sample()
                 self.bursts += 1
-                self.attempted += FLOOD + ipc.attempted + tcp.attempted
+                self.attempted += DEALERS + ipc.attempted + tcp.attempted
         finally:
             ctx.destroy(linger=0)
 
