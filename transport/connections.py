@@ -276,8 +276,10 @@ class ConnectionGuard:
         self._order.pop(fd, None)
         conn = self.conns.pop(fd, None)
         if conn is not None and conn.network:
-            self._network.get(conn.endpoint, {}).pop(fd, None)
-            self._unproven.get(conn.endpoint, {}).pop(fd, None)
+            for index in (self._network, self._unproven):
+                group = index.get(conn.endpoint)
+                if group is not None:
+                    group.pop(fd, None)
         return conn
 
     def _accepted(self, fd: int, endpoint: str, api: bool) -> None:
