@@ -8,7 +8,7 @@ the tolerated list, unlike the tcp listener's), and it accepts every connection 
 on its own I/O thread, with no cap. So the daemon must never be at its limit while a listener
 is bound: the cap and a reserve keep accepted connections far below it, a connection over the
 cap is shut down at once (libzmq then closes it: its engine reads EOF), and the oldest idle one
-makes room for a new one. docs/design/internals.md has the reasoning and the residual window.
+makes room for a new one. docs/design/connections.md has the reasoning and the residual window.
 """
 
 from __future__ import annotations

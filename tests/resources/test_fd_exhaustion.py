@@ -5,7 +5,7 @@ endpoint, then serves a fresh client and runs a Turn.
 Before: the flood took the daemon to its limit, `host.status` answered 500 (EMFILE importing a
 module) and the next ipc connection aborted it inside libzmq (`Too many open files
 (src/ipc_listener.cpp:297)`, SIGABRT): libzmq asserts on EMFILE from accept() on an ipc
-listener. The daemon now caps what its listeners hold (docs/design/internals.md).
+listener. The daemon now caps what its listeners hold (docs/design/connections.md).
 """
 
 from __future__ import annotations
