@@ -11,6 +11,8 @@ listener. The daemon now caps what its listeners hold (docs/design/connections.m
 from __future__ import annotations
 
 import resource
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,6 +102,15 @@ def test_the_daemon_survives_ipc_and_unauthenticated_tcp_floods_at_a_low_fd_limi
         sid = create_session(c)["agentSessionId"]
         assert run_turn(c, sid, "after the flood")["outcome"] == "completed"
         assert "connections refused" in d.tail_log(200_000)  # what was refused is logged
+        # ... and `agenthost status` says it in words.
+        status = subprocess.run(
+            [sys.executable, "-m", "agenthost.cli", "--home", str(d.home), "status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert f"descriptor limit {FD_LIMIT}" in status and " refused, " in status, status
         _alive(d)
     finally:
         ctx.destroy(linger=0)
