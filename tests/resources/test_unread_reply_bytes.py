@@ -22,7 +22,7 @@ from tests.support.daemon import WS, DaemonProcess, create_session
 
 pytestmark = pytest.mark.timeout(240)
 
-SESSIONS = 20
+SESSIONS = 12
 SETTINGS_BYTES = 900_000
 """Each Session's settings (a request frame is at most 1 MiB)."""
 REQUESTS = 200
@@ -65,14 +65,13 @@ def test_a_client_that_never_reads_large_replies_holds_a_bounded_number_of_bytes
         before = _rss_mb(d.proc.pid)
         dealer = ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.RCVHWM, 1)
-        dealer.setsockopt(zmq.RCVBUF, 4096)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(d.api)
         frame = {"v": 1, "method": "session.list", "params": {"workspaceId": WS, "limit": 200}}
         for _ in range(REQUESTS):
             dealer.send(msgpack.packb({**frame, "id": str(uuid.uuid4())}), zmq.NOBLOCK)
         peak = 0.0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 3  # the 200 replies take well under a second to make
         while time.monotonic() < deadline:
             peak = max(peak, _rss_mb(d.proc.pid) - before)
             time.sleep(0.2)
@@ -80,7 +79,7 @@ def test_a_client_that_never_reads_large_replies_holds_a_bounded_number_of_bytes
         assert c.call("host.status")["version"]
         # What the daemon held for the client is what it reads now.
         held = 0
-        while dealer.poll(2000):
+        while dealer.poll(1000):
             held += len(dealer.recv())
         held_mb = held / (1 << 20)
         print(f"held for the client: {held_mb:.1f} MB; daemon RSS peak +{peak:.0f} MB")
