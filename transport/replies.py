@@ -28,8 +28,8 @@ PEER_REPLY_HWM = 32
 backlog counted in that client's in-flight budget."""
 MAX_QUEUED_BYTES = 8 << 20
 """Bytes of large replies (`TRACKED_BYTES` and up) a client may have in ZeroMQ's queue not yet
-written to its socket: a further reply waits in its backlog until they are (a pipe bounded in
-messages alone held 32 replies of any size: 20 `session.list` of ~200 MB took 4.7 GB)."""
+written to its socket: a further reply waits in its backlog until they are (ZeroMQ bounds its
+pipe in messages only, whatever their size)."""
 TRACKED_BYTES = 256 << 10
 """Replies from this size on are handed to ZeroMQ without a copy and tracked until it has
 written them; smaller ones (at most `PEER_REPLY_HWM` of them queued) are not."""
