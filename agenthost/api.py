@@ -49,6 +49,11 @@ from transport.wire import (
     require_uuid,
 )
 
+LIST_PAGE_BYTES = 1 << 20
+"""A `session.list` page ends before the Session that would take it past ~1 MiB (never before
+its first): a page of Sessions with huge settings is a few of them and a `nextCursor`, not
+hundreds of MB for a client that may never read it."""
+
 
 class Api(ApiBase):
     """PROTOCOL.md's methods, each validating its params and answering through `ApiBase`
@@ -124,7 +129,9 @@ class Api(ApiBase):
         limit = optional_int(params, "limit", default=50, min_value=1, max_value=200) or 50
 
         def _list() -> dict[str, Any]:
-            sessions, next_cursor = self.store.list_sessions(ws, cursor=cursor, limit=limit)
+            sessions, next_cursor = self.store.list_sessions(
+                ws, cursor=cursor, limit=limit, max_bytes=LIST_PAGE_BYTES
+            )
             return {
                 "sessions": [projection.session(s, self.catalog) for s in sessions],
                 "nextCursor": next_cursor,

@@ -47,6 +47,7 @@ from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_poin
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
 from storage.errors import InvalidArgument
+from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
 from transport.server import ApiServer
 
@@ -87,6 +88,7 @@ class Daemon:
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
+        self.fd_limit = 0
         self._home_lock: HomeLock | None = None
         self.stop_requested = threading.Event()
         """Set when the daemon cannot go on serving its home (`serve` then stops it)."""
@@ -104,6 +106,9 @@ class Daemon:
         # one daemon per home: the lock is taken before the store is opened or anything in the
         # home is written, so a second `serve` on a live home changes nothing (HomeInUse).
         check_home_paths(cfg)  # a too-long home is refused before anything is created
+        # Every descriptor the hard limit allows: the listeners' caps and the reserve kept for
+        # the store, workers and providers are derived from it (`transport.connections`).
+        self.fd_limit = raise_fd_limit()
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
         prepare_home(cfg.home)
@@ -405,12 +410,17 @@ class Daemon:
             "storeConnections": self.store.open_connections() if self.store else 0,
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
+            # What the listeners hold, refused and shed, and the descriptor limit and reserve.
+            "connections": guard.stats() if (guard := self._connections()) else None,
             # Each provider's program, endpoint, model and credential source (never a key).
             "providers": [
                 providers_info.describe(name, self.config.providers.get(name, {}))
                 for name in self.catalog.providers()
             ],
         }
+
+    def _connections(self) -> ConnectionGuard | None:
+        return self.server.connections if self.server is not None else None
 
     def _set_failpoints(self, points: dict[str, str]) -> dict[str, str]:
         host_points = {k: v for k, v in points.items() if k.startswith("host.")}

@@ -28,6 +28,8 @@ from storage.session_rows import (
 )
 from storage.sqlite import dumps
 
+# What a listed Session adds to a page beyond its stored text (ids, enums, times, lineage).
+_SESSION_OVERHEAD = 512
 # A session.list cursor's time part: at most 15 ASCII digits (well inside int64).
 _CURSOR_MS = re.compile(r"[0-9]{1,15}")
 
@@ -144,9 +146,13 @@ class SessionStore(StoreBase):
         return provider
 
     def list_sessions(
-        self, ws: str, *, cursor: str | None = None, limit: int = 50
+        self, ws: str, *, cursor: str | None = None, limit: int = 50, max_bytes: int | None = None
     ) -> tuple[list[Session], str | None]:
-        """Live Sessions in stable (created, id) order; `cursor` is the opaque next page key."""
+        """Live Sessions in stable (created, id) order; `cursor` is the opaque next page key.
+
+        `max_bytes`: the page ends before the Session that would take its stored text (settings,
+        runtime context, title, cwd, goal) past it — never before the first — and `nextCursor`
+        continues from there; only the Sessions of the page are read whole."""
         if not 1 <= limit <= 1000:
             raise InvalidArgument("limit", "limit must be between 1 and 1000")
         after_created, after_id = -1, ""
@@ -157,15 +163,33 @@ class SessionStore(StoreBase):
             if not sep or not _CURSOR_MS.fullmatch(created_text):
                 raise InvalidArgument("cursor", "malformed cursor")
             after_created = int(created_text)
-        rows = self._all(
-            SESSION_SELECT + " WHERE s.workspace_id = ? AND s.deleted = 0"
+        where = (
+            " WHERE s.workspace_id = ? AND s.deleted = 0"
             " AND (s.created_at_ms > ? OR (s.created_at_ms = ? AND s.session_id > ?))"
-            " ORDER BY s.created_at_ms, s.session_id LIMIT ?",
-            (ws, after_created, after_created, after_id, limit + 1),
+            " ORDER BY s.created_at_ms, s.session_id LIMIT ?"
         )
+        args = (ws, after_created, after_created, after_id)
+        more = False
+        if max_bytes is not None:
+            # Sizes first: a page of huge settings is not read whole only to be cut.
+            sizes = self._all(
+                "SELECT length(s.settings_json) + length(s.runtime_context_json)"
+                " + length(s.title) + length(s.cwd) + coalesce(length(s.goal), 0)"
+                " FROM sessions s" + where,
+                (*args, limit + 1),
+            )
+            fit, total = 0, 0
+            for (size,) in sizes[:limit]:
+                total += int(size or 0) + _SESSION_OVERHEAD
+                if fit and total > max_bytes:
+                    break
+                fit += 1
+            more = len(sizes) > fit
+            limit = fit
+        rows = self._all(SESSION_SELECT + where, (*args, limit + 1))
         sessions = [session_from_row(r) for r in rows[:limit]]
         next_cursor = None
-        if len(rows) > limit:
+        if (more or len(rows) > limit) and sessions:
             last = sessions[-1]
             next_cursor = f"{last.created_at_ms}:{last.session_id}"
         return sessions, next_cursor

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -53,12 +54,19 @@ class EventSockets:
         binder: Binder,
         endpoints: list[str],
         exact_endpoints: list[str],
+        watch: Callable[[zmq.Socket[bytes]], None] | None = None,
     ) -> None:
+        """Bind the sockets; `watch` is called with each before it binds (the connection
+        guard counts what it accepts)."""
         self.pub = self._socket(ctx)
+        if watch is not None:
+            watch(self.pub)
         self.endpoints = binder.bind_each(self.pub, endpoints)
         if exact_endpoints:
             # The same bounds as the first socket: a subscriber that never reads costs the same.
             self.pub_exact = self._socket(ctx)
+            if watch is not None:
+                watch(self.pub_exact)
             self.exact_endpoints = binder.bind_each(self.pub_exact, exact_endpoints)
 
     def _socket(self, ctx: zmq.Context[Any]) -> zmq.Socket[bytes]:

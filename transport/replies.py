@@ -1,9 +1,12 @@
 """Replies: the one-shot responder a dispatcher answers through, and the ROUTER side that
 sends each reply to its client without ever blocking the transport loop.
 
-A client that does not read cannot grow the daemon: ZeroMQ queues `PEER_REPLY_HWM` replies per
-connection, then replies wait in a per-client backlog (kept in order, counted in that
-client's in-flight budget) up to `MAX_UNREAD_BYTES`, past which they are dropped.
+A client that does not read cannot grow the daemon: ZeroMQ queues at most `PEER_REPLY_HWM`
+replies per connection and, of large ones, at most `MAX_QUEUED_BYTES` not yet written to its
+socket (each tracked until ZeroMQ has written it); further replies wait in a per-client backlog
+(kept in order, counted in that client's in-flight budget) up to `MAX_UNREAD_BYTES`, past which
+they are dropped. So one connection holds at most 8 MiB of small replies, 8 MiB of large ones
+and 16 MiB of backlog, plus one reply over each bound.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ log = logging.getLogger("transport.server")
 PEER_REPLY_HWM = 32
 """Replies queued in ZeroMQ per client connection; past it, replies wait in a per-client
 backlog counted in that client's in-flight budget."""
+MAX_QUEUED_BYTES = 8 << 20
+"""Bytes of large replies (`TRACKED_BYTES` and up) a client may have in ZeroMQ's queue not yet
+written to its socket: a further reply waits in its backlog until they are (ZeroMQ bounds its
+pipe in messages only, whatever their size)."""
+TRACKED_BYTES = 256 << 10
+"""Replies from this size on are handed to ZeroMQ without a copy and tracked until it has
+written them; smaller ones (at most `PEER_REPLY_HWM` of them queued) are not."""
 MAX_UNREAD_BYTES = 16 << 20
 """Reply bytes kept for a client that does not read, beyond the 32 replies ZeroMQ queues:
 while it has this much, its new requests are refused without being run, and a further reply
@@ -38,13 +48,17 @@ _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 _send: Callable[..., Any] = zmq.backend.Socket.send
 
 
-def send_parts(router: zmq.Socket[bytes], envelope: list[bytes], frame: bytes) -> None:
+def send_parts(router: zmq.Socket[bytes], envelope: list[bytes], frame: bytes) -> Any:
     """`router.send_multipart([*envelope, frame], NOBLOCK)` with int flags and the backend's
     send. With ROUTER_MANDATORY only the first part (the identity) can fail — EAGAIN for a
-    full peer pipe, EHOSTUNREACH for a vanished peer — and then nothing was sent."""
+    full peer pipe, EHOSTUNREACH for a vanished peer — and then nothing was sent. Returns the
+    `zmq.MessageTracker` of a frame of `TRACKED_BYTES` or more, else None."""
     for part in envelope:
         _send(router, part, _SNDMORE_NOBLOCK)
+    if len(frame) >= TRACKED_BYTES:
+        return _send(router, frame, _NOBLOCK, copy=False, track=True)
     _send(router, frame, _NOBLOCK)
+    return None
 
 
 class Responder(Protocol):
@@ -118,6 +132,35 @@ class ReplyRouter:
         self.peer_in_flight: dict[bytes, int] = {}
         self.backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
         self.backlog_bytes: dict[bytes, int] = {}
+        # Per client: large replies ZeroMQ holds, until its tracker says they are written.
+        self.queued: dict[bytes, list[tuple[Any, int]]] = {}
+
+    def queued_bytes(self, peer: bytes) -> int:
+        """Bytes of this client's large replies ZeroMQ has not yet written to its socket."""
+        held = self.queued.get(peer)
+        if held is None:
+            return 0
+        held[:] = [(tracker, size) for tracker, size in held if not tracker.done]
+        if not held:
+            del self.queued[peer]
+            return 0
+        return sum(size for _, size in held)
+
+    def _room(self, peer: bytes, size: int) -> bool:
+        """Whether ZeroMQ may take a reply of `size` for this client now: one at a time past
+        `MAX_QUEUED_BYTES` (a single large reply always goes once the queue is written)."""
+        if size < TRACKED_BYTES and peer not in self.queued:
+            return True
+        queued = self.queued_bytes(peer)
+        return queued == 0 or queued + size <= MAX_QUEUED_BYTES
+
+    def _sent(self, peer: bytes, tracker: Any, size: int) -> None:
+        if tracker is not None:
+            self.queued.setdefault(peer, []).append((tracker, size))
+
+    def unread(self, peer: bytes) -> bool:
+        """Whether a request or a reply of this client is pending (any thread; approximate)."""
+        return self.peer_load(peer) > 0 or peer in self.queued
 
     def peer_load(self, peer: bytes) -> int:
         """What counts against a client's budget: its requests in flight and its replies
@@ -141,6 +184,10 @@ class ReplyRouter:
         assert self.router is not None
         peer = envelope[0]
         pending = self.backlog.get(peer)
+        if pending is None and not self._room(peer, len(frame)):
+            if not backlog:
+                return  # an overload refusal to a client that does not read: not kept
+            pending = self.backlog[peer] = []  # ZeroMQ holds enough of its bytes: wait
         if pending is not None:
             if backlog and self.backlog_bytes.get(peer, 0) < MAX_UNREAD_BYTES:
                 pending.append((envelope, frame))  # keep the connection's reply order
@@ -149,7 +196,7 @@ class ReplyRouter:
                 log.warning("a client that does not read: reply dropped (%d unread)", len(pending))
             return
         try:
-            send_parts(self.router, envelope, frame)
+            self._sent(peer, send_parts(self.router, envelope, frame), len(frame))
         except zmq.Again:
             if backlog:
                 self.backlog[peer] = [(envelope, frame)]
@@ -163,8 +210,10 @@ class ReplyRouter:
         for peer, pending in list(self.backlog.items()):
             while pending:
                 envelope, frame = pending[0]
+                if not self._room(peer, len(frame)):
+                    break
                 try:
-                    send_parts(self.router, envelope, frame)
+                    self._sent(peer, send_parts(self.router, envelope, frame), len(frame))
                 except zmq.Again:
                     break
                 except zmq.ZMQError:

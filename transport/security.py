@@ -19,6 +19,10 @@ import zmq
 from zmq.auth.thread import ThreadAuthenticator
 
 ZAP_DOMAIN = "agenthost"
+NETWORK_HANDSHAKE_MS = 5000
+"""How long a network connection may take to finish its CURVE handshake before libzmq drops it
+(its default, 30 s, lets an unauthenticated flood pile up; a real client takes milliseconds)."""
+_DEFAULT_HANDSHAKE_MS = 30_000
 
 
 def needs_curve(endpoint: str) -> bool:
@@ -80,8 +84,10 @@ def configure_bind(sock: zmq.Socket[Any], endpoint: str, curve: ServerCurve | No
         sock.setsockopt(zmq.CURVE_SECRETKEY, curve.secret_key)
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.ZAP_DOMAIN, ZAP_DOMAIN.encode())
+        sock.setsockopt(zmq.HANDSHAKE_IVL, NETWORK_HANDSHAKE_MS)
     else:
         sock.setsockopt(zmq.CURVE_SERVER, 0)  # the NULL mechanism
+        sock.setsockopt(zmq.HANDSHAKE_IVL, _DEFAULT_HANDSHAKE_MS)
 
 
 def bind_order(endpoints: list[str]) -> list[int]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import resource
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -26,6 +27,7 @@ import msgpack
 import zmq
 
 from domain.errors import HostError, Unavailable, internal_error
+from transport.connections import ConnectionGuard, ConnectionLimits
 from transport.endpoints import Binder, EndpointInUse, rebind_missing
 from transport.events import EVENTS_HWM, MAX_EVENT_BYTES, EventSockets
 from transport.replies import (
@@ -67,6 +69,7 @@ client is refused (503 `overloaded`, retryable)."""
 
 # A plain int: pyzmq's flag enums cost an enum construction per use on the hot path.
 _NOBLOCK = int(zmq.NOBLOCK)
+_SRCFD = int(zmq.SRCFD)
 
 # Tags of the inproc pipe into the loop (first frame of each message).
 _TAG_REPLY = b"R"
@@ -100,6 +103,7 @@ class ApiServer:
         curve: ServerCurve | None = None,
         events_exact_endpoint: str | None = None,
         events_exact_listen: list[str] | tuple[str, ...] = (),
+        connection_limits: ConnectionLimits | None = None,
     ) -> None:
         """`events_listen`: further endpoints of the events PUB socket. With `curve`, every
         non-ipc endpoint (API or events) is a CURVE server behind a ZAP handler.
@@ -107,7 +111,10 @@ class ApiServer:
         `events_exact_endpoint` (and `events_exact_listen`): the endpoints of a second PUB
         socket carrying the same events under a *terminated* topic, `workspaceId + "\0"`
         (issue 15 #9): a subscription to `team\0` cannot prefix-match `team-secret\0`. None
-        and empty: no second socket."""
+        and empty: no second socket.
+
+        `connection_limits`: what the listeners may hold (`transport.connections`); None:
+        derived from the soft descriptor limit at `start()`."""
         if not api_endpoints:
             raise ValueError("at least one API endpoint is required")
         self._api_requested = list(api_endpoints)
@@ -126,6 +133,8 @@ class ApiServer:
         self._replies = ReplyRouter()
         self._events = EventSockets()
         self._binder = Binder(curve)
+        self._connection_limits = connection_limits
+        self._guard: ConnectionGuard | None = None
         self.wakeups = 0
         """Times the loop's poll returned (tests pin that an idle loop stays blocked)."""
         self._own_context = context is None
@@ -169,6 +178,11 @@ class ApiServer:
         return list(self._events.exact_endpoints)
 
     @property
+    def connections(self) -> ConnectionGuard | None:
+        """What the listeners hold and refused (None before `start()`)."""
+        return self._guard
+
+    @property
     def in_flight(self) -> int:
         """Requests dispatched but not yet answered (read from any thread; approximate)."""
         return len(self._in_flight)
@@ -184,6 +198,8 @@ class ApiServer:
                 self._close_sockets()
                 self._stop_authenticator()
                 raise
+            assert self._guard is not None
+            self._guard.start()
             self._thread = threading.Thread(
                 target=self._run, name="agenthost-transport", daemon=True
             )
@@ -317,12 +333,20 @@ class ApiServer:
         # backlog) and a vanished peer EHOSTUNREACH (dropped), never a silent drop or a block.
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self._replies.router = self._router
+        limits = self._connection_limits or ConnectionLimits.for_fd_limit(
+            resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        )
+        replies = self._replies
+        self._guard = guard = ConnectionGuard(self._ctx, limits, busy=replies.unread)
+        # Watched before binding, so no connection is accepted uncounted.
+        guard.watch(self._router, api=True)
         self._endpoints = self._binder.bind_each(self._router, self._api_requested)
         self._events.bind(
             self._ctx,
             self._binder,
             [self._events_requested, *self._events_listen],
             self._exact_requested,
+            watch=lambda sock: guard.watch(sock, api=False),
         )
 
     # -- the transport loop ------------------------------------------------------------------
@@ -394,6 +418,7 @@ class ApiServer:
         router = self._router
         assert router is not None
         recv = router.recv
+        active = self._guard.active if self._guard is not None else None
         for _ in range(1000):
             try:
                 part = recv(_NOBLOCK, copy=False)
@@ -403,6 +428,9 @@ class ApiServer:
             while part.more:
                 part = recv(_NOBLOCK, copy=False)
                 frames.append(part.bytes)
+            if active is not None:
+                # The connection it came on is not idle (the guard sheds only idle ones).
+                active(part.get(_SRCFD), frames[0])
             self._handle(frames)
 
     def _handle(self, frames: list[bytes]) -> None:
@@ -481,6 +509,9 @@ class ApiServer:
                 log.exception("ZAP handler did not stop cleanly")
 
     def _close_sockets(self) -> None:
+        # The guard's monitor sockets first: the context cannot terminate while they live.
+        if self._guard is not None:
+            self._guard.stop()
         with self._push_lock:
             push, self._push = self._push, None
         for sock in (push, self._pull, self._router):

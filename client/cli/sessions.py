@@ -23,9 +23,21 @@ def run_status(args: argparse.Namespace, client: Any) -> int:
         result,
         f"agenthost {result['version']} (protocol {result['protocol']}) at {result['home']}, "
         f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}"
-        + "".join(f"\n{provider_line(p)}" for p in result.get("providers") or []),
+        + "".join(f"\n{provider_line(p)}" for p in result.get("providers") or [])
+        + connections_line(result.get("connections")),
     )
     return EXIT_OK
+
+
+def connections_line(c: Mapping[str, Any] | None) -> str:
+    """What the daemon's listeners hold and refused, and its descriptor limit (older daemons
+    do not say: nothing)."""
+    if not c:
+        return ""
+    return (
+        f"\nconnections: {c['open']} of {c['max']} held, {c['refused']} refused, {c['shed']} idle"
+        f" shed (descriptor limit {c['fdLimit']}, {c['fdReserve']} kept in reserve)"
+    )
 
 
 def provider_line(p: Mapping[str, Any]) -> str:

@@ -13,14 +13,22 @@ once. Every such `serve` must be refused (exit 1), no Turn may end with the "hos
 error of a startup recovery (none ran on the live store), the clients already connected keep
 being answered, and the daemon makes `run/` again so a new client gets in.
 
+Descriptor pressure joins the chaos: the daemon runs with a low fd limit (soft and hard
+`FD_LIMIT`) and listens on a CURVE TCP endpoint too; a flooder opens bursts of connections —
+idle ZeroMQ clients and raw never-greeting connections on ipc, unauthenticated ones on TCP —
+each several times what the daemon may hold, holds them, drops them. The daemon must refuse or
+shed what it cannot hold and stay alive; the clients' own connections keep being answered.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -33,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.reliability_harness import (
@@ -43,10 +52,17 @@ from tests.reliability.reliability_harness import (
     trials,
 )
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
+from tests.support.floods import dealer_flood, free_port, raw_flood
 from tests.support.invariants import Law, check_invariants
 from tests.support.store_lock import WriteLockHolder
 from transport.client import Client, ClientClosed, ClientTimeout
 
+FD_LIMIT = 1024
+"""The daemon's descriptor limit, soft and hard (it cannot raise it)."""
+FLOOD = trials(300, 1000)
+"""Raw connections of each kind (ipc, unauthenticated TCP) per flood burst."""
+DEALERS = trials(100, 200)
+"""Idle ZeroMQ clients per burst (a shed one reconnects: they churn while over the cap)."""
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
 CHAOS_S = trials(12.0, 120.0)
@@ -163,6 +179,47 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         time.sleep(rng.uniform(0.0, 0.1))
 
 
+def _limit_fds() -> None:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
+
+
+class FdPressure:
+    """Flood bursts against the daemon's ipc and CURVE TCP listeners until `stop`."""
+
+    def __init__(self, d: DaemonProcess, port: int, seed: int) -> None:
+        self.d, self.port, self.rng = d, port, random.Random(seed)
+        self.bursts = 0
+        self.attempted = 0
+        self.peak_fds = 0
+        self.dead: str | None = None
+
+    def _sample(self) -> None:
+        assert self.d.proc is not None
+        if self.d.proc.poll() is not None:
+            self.dead = f"daemon exited {self.d.proc.returncode}"
+            return
+        with contextlib.suppress(OSError):
+            self.peak_fds = max(self.peak_fds, len(os.listdir(f"/proc/{self.d.proc.pid}/fd")))
+
+    def run(self, stop: threading.Event) -> None:
+        ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        ctx.setsockopt(zmq.MAX_SOCKETS, 4 * DEALERS)
+        try:
+            while not stop.wait(self.rng.uniform(0.5, 2.0)):
+                with (
+                    dealer_flood(ctx, self.d.api, DEALERS),
+                    raw_flood(self.d.api[len("ipc://") :], FLOOD) as ipc,
+                    raw_flood(("127.0.0.1", self.port), FLOOD) as tcp,
+                ):
+                    self._sample()
+                    time.sleep(self.rng.uniform(0.2, 1.5))
+                    self._sample()
+                self.bursts += 1
+                self.attempted += DEALERS + ipc.attempted + tcp.attempted
+        finally:
+            ctx.destroy(linger=0)
+
+
 def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) -> None:
     seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
     print(f"contention soak seed: {seed}")
@@ -172,7 +229,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     (home / "agenthost.toml").write_text(
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
     )
-    d = DaemonProcess(home).start()
+    port = free_port()
+    d = DaemonProcess(
+        home, args=("--listen", f"tcp://127.0.0.1:{port}"), preexec_fn=_limit_fds
+    ).start()
+    pressure = FdPressure(d, port, seed)
     t = Tally()
     stop = threading.Event()
     locks = 0
@@ -198,6 +259,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             threading.Thread(target=client_loop, args=(d, t, sids, n, stop), daemon=True)
             for n in range(CLIENTS)
         ]
+        threads.append(threading.Thread(target=pressure.run, args=(stop,), daemon=True))
         for th in threads:
             th.start()
         started = time.monotonic()
@@ -245,6 +307,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
                     return False
             return True
 
+        assert pressure.dead is None, (pressure.dead, d.tail_log())
+        connections = c.call("host.status")["connections"]
         wait_for(quiet, 120, interval=0.5)
         turn_outcomes: Counter[str] = Counter()
         recovered = 0  # Turns a startup recovery settled: none, as no daemon restarted
@@ -284,6 +348,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         f"  run/ deletions: {deletions}; second serve: "
         + " ".join(f"{k}={v}" for k, v in sorted(second_serves.items()))
         + f"; turns settled by a startup recovery: {recovered}",
+        f"  fd pressure: limit {FD_LIMIT}, {pressure.bursts} bursts, {pressure.attempted}"
+        f" connections opened, peak {pressure.peak_fds} descriptors; daemon refused"
+        f" {connections['refused']}, shed {connections['shed']} (holds at most"
+        f" {connections['max']}, reserve {connections['fdReserve']})",
         f"  requests: {requests} unanswered={unanswered} status_500={status_500} "
         f"503_store_busy={busy}",
         f"  turns: {sum(turn_outcomes.values())} "
@@ -314,3 +382,6 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     # Removing `run/` never let a second daemon serve the home or recover its store.
     assert deletions == RUN_DELETIONS and second_serves == {"refused": RUN_DELETIONS}
     assert recovered == 0
+    # ... and really met descriptor pressure, inside its limit.
+    assert pressure.bursts > 0 and connections["refused"] + connections["shed"] > 0
+    assert pressure.peak_fds < FD_LIMIT

@@ -1,0 +1,410 @@
+"""What the daemon's listeners may hold: every connection libzmq accepts is counted (a socket
+monitor per listening socket, read on a thread of its own), capped globally and per network
+endpoint, and refused or shed before the process nears its descriptor limit.
+
+Why: libzmq 4.3.5 aborts the process when accept() on an ipc listener fails with EMFILE
+(`errno_assert` in `ipc_listener_t::accept`, src/ipc_listener.cpp:297: EMFILE is missing from
+the tolerated list, unlike the tcp listener's), and it accepts every connection a peer makes,
+on its own I/O thread, with no cap. So the daemon must never be at its limit while a listener
+is bound: the cap and a reserve keep accepted connections far below it, a connection over the
+cap is shut down at once (libzmq then closes it: its engine reads EOF), and the oldest idle one
+makes room for a new one. docs/design/connections.md has the reasoning and the residual window.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import resource
+import socket
+import struct
+import sys
+import termios
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from transport.security import needs_curve
+
+log = logging.getLogger("transport.server")
+
+MIN_FD_RESERVE = 96
+"""Descriptors never given to connections: the store's connections (3 each), worker links and
+spawns (pipes), log files, module imports, the ZeroMQ context's own."""
+IDLE_S = 1.0
+"""A connection that delivered a message this recently is not idle (never shed)."""
+_SUMMARY_S = 5.0
+_FD_SAMPLE_S = 0.1
+_POLL_MS = 200
+
+# A monitor event's first frame: the event (uint16) and its value, here a descriptor (int32).
+_HEAD = struct.Struct("=Hi")
+_NOBLOCK = int(zmq.NOBLOCK)
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
+_ACCEPT_FAILED = int(zmq.EVENT_ACCEPT_FAILED)
+_GONE = frozenset((int(zmq.EVENT_DISCONNECTED), int(zmq.EVENT_CLOSED)))
+_EVENTS = int(
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CLOSED
+    | zmq.EVENT_ACCEPT_FAILED
+    | zmq.EVENT_MONITOR_STOPPED
+)
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (bounded by the kernel's `nr_open`);
+    return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard
+    if hard == resource.RLIM_INFINITY:
+        target = _nr_open()
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def _nr_open() -> int:
+    try:
+        with open("/proc/sys/fs/nr_open") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def open_fds() -> int:
+    """Descriptors this process holds (a failing count reads as 'at the limit')."""
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """Caps derived from the descriptor limit (see `for_fd_limit`)."""
+
+    fd_limit: int
+    fd_reserve: int
+    """Descriptors connections never take; past `fd_limit - fd_reserve` in use, every new
+    connection is refused."""
+    max_connections: int
+    """Accepted connections held by all listeners together."""
+    max_network_connections: int
+    """Per network (CURVE) endpoint."""
+    max_unproven: int
+    """Per network API endpoint: connections that have not yet delivered a message (an
+    unfinished or refused CURVE handshake, or an authenticated client not yet talking)."""
+
+    @classmethod
+    def for_fd_limit(cls, fd_limit: int) -> ConnectionLimits:
+        """A third of what the reserve leaves goes to connections; the rest is margin for
+        what libzmq accepts between our reading its monitor and shedding."""
+        reserve = max(MIN_FD_RESERVE, fd_limit // 4)
+        total = max(8, (fd_limit - reserve) // 3)
+        return cls(
+            fd_limit=fd_limit,
+            fd_reserve=reserve,
+            max_connections=total,
+            max_network_connections=max(4, total // 4),
+            max_unproven=max(2, min(64, total // 16)),
+        )
+
+
+class Connection:
+    """One accepted connection, keyed by its descriptor (libzmq's monitor reports the fd)."""
+
+    __slots__ = ("fd", "endpoint", "network", "api", "inode", "accepted", "last_active", "peer")
+
+    def __init__(self, fd: int, endpoint: str, api: bool, inode: int, now: float) -> None:
+        self.fd = fd
+        self.endpoint = endpoint
+        self.network = needs_curve(endpoint)
+        self.api = api
+        self.inode = inode
+        self.accepted = now
+        self.last_active = 0.0
+        """When it last delivered a message (0: never); written by the transport loop."""
+        self.peer: bytes | None = None
+        """Its ROUTER routing id once it sent a request (transport loop)."""
+
+
+def _unread_input(fd: int) -> bool:
+    """Whether bytes wait in the socket's receive queue (a request libzmq has not read yet)."""
+    buf = bytearray(4)
+    try:
+        fcntl.ioctl(fd, termios.FIONREAD, buf)
+    except OSError:
+        return False
+    return int.from_bytes(buf, sys.byteorder) > 0
+
+
+class ConnectionGuard:
+    """Counts and caps the connections of the sockets it watches; see the module docstring.
+
+    `watch` each listening socket (on its owner's thread, before its first bind), `start`, then
+    the transport loop calls `active(fd, peer)` for every message it reads; `busy(peer)` tells
+    the guard a connection is waiting on its replies (never shed). `stop` before the watched
+    sockets close.
+    """
+
+    def __init__(
+        self,
+        ctx: zmq.Context[Any],
+        limits: ConnectionLimits,
+        busy: Callable[[bytes], bool] = lambda peer: False,
+    ) -> None:
+        self.limits = limits
+        self._ctx = ctx
+        self._busy = busy
+        self.conns: dict[int, Connection] = {}
+        self._order: OrderedDict[int, Connection] = OrderedDict()
+        # Per network endpoint, in accept order: its connections, and those not yet proven
+        # (an entry proven since is skipped when met): O(1) per accept under a flood.
+        self._network: dict[str, OrderedDict[int, Connection]] = {}
+        self._unproven: dict[str, OrderedDict[int, Connection]] = {}
+        self._early: dict[int, tuple[float, bytes | None]] = {}
+        self._monitors: list[tuple[zmq.Socket[bytes], bool]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._fds = 0
+        self._fds_at = 0.0
+        self.refused: Counter[str] = Counter()
+        """Connections shut down at once, by why (whole life; host.status and tests read it)."""
+        self.shed = 0
+        """Idle connections shut down to make room for a new one."""
+        self._reported: Counter[str] = Counter()
+        self._reported_shed = 0
+        self._summary_at = 0.0
+
+    def watch(self, sock: zmq.Socket[Any], *, api: bool) -> None:
+        """Monitor `sock`'s accepted connections (call before it binds, on its thread)."""
+        addr = f"inproc://agenthost-monitor-{id(self):x}-{len(self._monitors)}"
+        sock.monitor(addr, _EVENTS)
+        monitor: zmq.Socket[bytes] = self._ctx.socket(zmq.PAIR)
+        # Unbounded before connecting: libzmq sends monitor events without blocking and drops
+        # them at a full pipe, and a dropped `accepted` would be a connection never counted.
+        monitor.setsockopt(zmq.RCVHWM, 0)
+        monitor.setsockopt(zmq.LINGER, 0)
+        monitor.connect(addr)
+        self._monitors.append((monitor, api))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="agenthost-connections", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+        if thread is None or not thread.is_alive():
+            self._close_monitors()
+
+    def _close_monitors(self) -> None:
+        for monitor, _ in self._monitors:
+            with contextlib.suppress(zmq.ZMQError):
+                monitor.close(linger=0)
+        self._monitors.clear()
+
+    # -- the transport loop's side -----------------------------------------------------------
+
+    def active(self, fd: int, peer: bytes | None) -> None:
+        conn = self.conns.get(fd)
+        if conn is None:
+            # Its `accepted` event is not read yet: remembered, so the guard does not take a
+            # client that is already talking for an idle newcomer.
+            self._early[fd] = (time.monotonic(), peer)
+            return
+        conn.last_active = time.monotonic()
+        if peer is not None:
+            conn.peer = peer
+
+    def stats(self) -> dict[str, Any]:
+        """For host.status: what is held, what was refused and shed, and the limits."""
+        return {
+            "open": len(self.conns),
+            "max": self.limits.max_connections,
+            "refused": sum(self.refused.values()),
+            "shed": self.shed,
+            "fdLimit": self.limits.fd_limit,
+            "fdReserve": self.limits.fd_reserve,
+        }
+
+    # -- the guard thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        poller = zmq.Poller()
+        for monitor, _ in self._monitors:
+            poller.register(monitor, zmq.POLLIN)
+        api_of = {monitor: api for monitor, api in self._monitors}
+        try:
+            while not self._stop.is_set():
+                for sock, _ in poller.poll(_POLL_MS):
+                    self._drain(sock, api_of[sock])
+                self._tick()
+        except Exception:  # noqa: BLE001 - the guard must never take the daemon down
+            log.exception("connection guard failed; connections are no longer capped")
+
+    def _drain(self, monitor: zmq.Socket[Any], api: bool) -> None:
+        # Parsed by hand (pyzmq's parser builds an enum per event): the guard must keep up with
+        # libzmq's accepts, one Python thread against its I/O thread.
+        for _ in range(10_000):
+            try:
+                frames = monitor.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) < 2 or len(frames[0]) < _HEAD.size:
+                continue
+            event, fd = _HEAD.unpack_from(frames[0])
+            if event == _ACCEPTED:
+                self._accepted(fd, frames[1].decode(errors="replace"), api)
+            elif event in _GONE:
+                self._forget(fd)
+            elif event == _ACCEPT_FAILED:
+                self.refused["accept failed"] += 1
+
+    def _forget(self, fd: int) -> Connection | None:
+        self._order.pop(fd, None)
+        conn = self.conns.pop(fd, None)
+        if conn is not None and conn.network:
+            for index in (self._network, self._unproven):
+                group = index.get(conn.endpoint)
+                if group is not None:
+                    group.pop(fd, None)
+        return conn
+
+    def _accepted(self, fd: int, endpoint: str, api: bool) -> None:
+        now = time.monotonic()
+        try:
+            inode = os.fstat(fd).st_ino
+        except OSError:
+            return  # already closed by libzmq
+        self._forget(fd)  # a reused descriptor: its old connection is gone
+        conn = Connection(fd, endpoint, api, inode, now)
+        early = self._early.pop(fd, None)
+        if early is not None:
+            conn.last_active, conn.peer = early
+        self.conns[fd] = self._order[fd] = conn
+        limits = self.limits
+        if self._fds_in_use(now) >= limits.fd_limit - limits.fd_reserve:
+            self._refuse(conn, "descriptors")
+            return
+        if conn.network:
+            mine = self._network.setdefault(endpoint, OrderedDict())
+            mine[fd] = conn
+            unproven = self._unproven.setdefault(endpoint, OrderedDict())
+            if api and conn.last_active == 0.0:
+                unproven[fd] = conn
+            while len(unproven) > limits.max_unproven:
+                _, oldest = unproven.popitem(last=False)
+                if oldest.last_active == 0.0:
+                    # The oldest unfinished handshake goes: a real client finishes in ms.
+                    self._refuse(oldest, f"pending handshakes on {endpoint}")
+                    if oldest is conn:
+                        return
+            if len(mine) > limits.max_network_connections and not self._shed_idle(now, endpoint):
+                if not self._talking(conn, now):
+                    self._refuse(conn, f"cap of {endpoint}")
+                return
+        # A client already talking keeps its connection (the margin covers it): its replies
+        # would be lost with it.
+        if (
+            len(self.conns) > limits.max_connections
+            and not self._shed_idle(now, None)
+            and not self._talking(conn, now)
+        ):
+            self._refuse(conn, "connection cap")
+
+    def _talking(self, conn: Connection, now: float) -> bool:
+        """Delivered a message lately, or waits on its replies (never shed)."""
+        if now - conn.last_active < IDLE_S:
+            return True
+        return conn.peer is not None and self._busy(conn.peer)
+
+    def _shed_idle(self, now: float, endpoint: str | None) -> bool:
+        """Shut the oldest idle connection (of `endpoint`, or any) down; False if none is."""
+        scope = self._order if endpoint is None else self._network.get(endpoint, OrderedDict())
+        newest = next(reversed(self._order), None)  # the one just accepted: never shed
+        while True:
+            victim = None
+            for fd, conn in scope.items():
+                if fd == newest:
+                    break
+                if self._talking(conn, now):
+                    continue
+                if _unread_input(conn.fd):
+                    continue  # a request on its way in: not idle
+                victim = conn
+                break
+            if victim is None:
+                return False
+            if self._shutdown(victim):
+                self.shed += 1
+                return True
+
+    def _refuse(self, conn: Connection, why: str) -> None:
+        self._shutdown(conn)
+        self.refused[why] += 1
+
+    def _shutdown(self, conn: Connection) -> bool:
+        """Shut `conn`'s socket down (libzmq reads EOF and closes it). Checked first to still
+        be the socket accepted: a descriptor libzmq closed meanwhile may be reused."""
+        self._forget(conn.fd)
+        try:
+            # Family and type given: no getsockopt calls to detect them (shutdown ignores both).
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=conn.fd)
+        except OSError:
+            return False
+        try:
+            if os.fstat(conn.fd).st_ino != conn.inode:
+                return False
+            sock.shutdown(socket.SHUT_RDWR)
+            return True
+        except OSError:
+            return False
+        finally:
+            sock.detach()  # the descriptor stays libzmq's
+
+    def _fds_in_use(self, now: float) -> int:
+        if now - self._fds_at >= _FD_SAMPLE_S:
+            self._fds, self._fds_at = open_fds(), now
+        return self._fds
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        limits = self.limits
+        # Still at the threshold (the daemon's own use grew): idle connections make room.
+        if self._fds_in_use(now) >= limits.fd_limit - limits.fd_reserve:
+            for _ in range(16):
+                if not self._shed_idle(now, None):
+                    break
+        if now - self._summary_at < _SUMMARY_S:
+            return
+        self._summary_at = now
+        new = self.refused - self._reported
+        shed = self.shed - self._reported_shed
+        if new or shed:
+            what = ", ".join(f"{why}: {n}" for why, n in sorted(new.items())) or "none"
+            log.warning(
+                "connections refused in the last %.0f s: %s; idle connections shed: %d;"
+                " held %d of %d, descriptors %d of %d (reserve %d)",
+                _SUMMARY_S,
+                what,
+                shed,
+                len(self.conns),
+                limits.max_connections,
+                self._fds,
+                limits.fd_limit,
+                limits.fd_reserve,
+            )
+            self._reported = Counter(self.refused)
+            self._reported_shed = self.shed
