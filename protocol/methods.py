@@ -19,6 +19,7 @@ from protocol.objects import (
     ForkPoint,
     Interaction,
     LineageNode,
+    LineageTruncation,
     Operation,
     ResolveAction,
     Session,
@@ -103,10 +104,17 @@ class TimelineResult(TypedDict):
     nextSequence: int | None
 
 
+class LineageParams(SessionParams):
+    maxDepth: NotRequired[int]
+    maxNodes: NotRequired[int]
+    afterOrdinal: NotRequired[int]
+
+
 class LineageResult(TypedDict):
     session: Session
     ancestors: list[Ancestor]
     descendants: list[LineageNode]
+    truncated: LineageTruncation | None
 
 
 class UpdateSettingsParams(SessionParams):
@@ -199,7 +207,7 @@ SESSION_CREATE = Method(
 SESSION_GET = Method("session.get", SessionParams, SessionResult, NOT_FOUND)
 SESSION_LIST = Method("session.list", SessionListParams, SessionListResult)
 SESSION_TIMELINE = Method("session.timeline", TimelineParams, TimelineResult, NOT_FOUND)
-SESSION_LINEAGE = Method("session.lineage", SessionParams, LineageResult, NOT_FOUND)
+SESSION_LINEAGE = Method("session.lineage", LineageParams, LineageResult, NOT_FOUND)
 SESSION_UPDATE_SETTINGS = Method(
     "session.updateSettings",
     UpdateSettingsParams,

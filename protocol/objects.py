@@ -128,6 +128,11 @@ class Evidence(TypedDict):
     quarantinedNow: NotRequired[list[str]]
 
 
+class NodeTruncation(TypedDict):
+    reason: Literal["depth", "nodes"]
+    omittedChildren: int
+
+
 class LineageNode(TypedDict):
     agentSessionId: str
     title: str
@@ -135,6 +140,18 @@ class LineageNode(TypedDict):
     ordinal: int
     lineage: Lineage | None
     children: list[LineageNode]
+    truncated: NotRequired[NodeTruncation]
+    """Present when this node's children are not listed."""
+
+
+class LineageTruncation(TypedDict):
+    """Why a `session.lineage` read stopped (null on a whole tree)."""
+
+    reason: Literal["depth", "nodes", "ancestors"]
+    maxDepth: int
+    maxNodes: int
+    omittedChildren: int
+    ancestors: bool
 
 
 class Ancestor(TypedDict):
