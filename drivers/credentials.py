@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from domain.model_limits import MODEL_TIMEOUT
+
 OPENAI_VAR = "OPENAI_API_KEY"
 ANTHROPIC_VAR = "ANTHROPIC_API_KEY"
 FILE_KEY_VAR = "AGENTHOST_MODEL_API_KEY"
@@ -27,7 +29,7 @@ FILE_KEY_VAR = "AGENTHOST_MODEL_API_KEY"
 
 MODEL_UNREACHABLE = "model_unreachable"
 MODEL_AUTH_FAILED = "model_auth_failed"
-MODEL_REASONS = (MODEL_UNREACHABLE, MODEL_AUTH_FAILED)
+MODEL_REASONS = (MODEL_UNREACHABLE, MODEL_AUTH_FAILED, MODEL_TIMEOUT)
 
 
 def truthy(value: Any) -> bool:
@@ -146,7 +148,7 @@ _UNREACHABLE = re.compile(
     r"api_connection|connection error|enotfound",
     re.IGNORECASE,
 )
-_PREFIXED = re.compile(r"^(model_unreachable|model_auth_failed): ")
+_PREFIXED = re.compile(r"^(model_unreachable|model_auth_failed|model_timeout): ")
 
 
 def classify_model_failure(text: str) -> str | None:
