@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from domain.model_limits import ModelLimits
 
 from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
@@ -62,6 +65,10 @@ class Timeouts:
     # An interrupt the provider has not acknowledged within this budget means a hung
     # runtime: it is stopped and the Turn settles `interrupted` (never a 502 after 30 s).
     interrupt_s: float = 10.0
+    # Per provider: its limits on the model (the host's backstop for a first byte that never
+    # comes) and the endpoint a `model_timeout` names. A provider absent here gets defaults.
+    model_limits: Mapping[str, ModelLimits] = field(default_factory=dict)
+    model_endpoints: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

@@ -39,6 +39,8 @@ from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
+from domain.model_limits import ModelLimits
+from domain.providers import PROVIDERS, TUTTI_AGENT
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -156,6 +158,12 @@ class Daemon:
                 interrupt_s=cfg.turn_interrupt_s,
                 fork_provider_call_s=cfg.fork_provider_call_s,
                 fork_s=fork_deadline_s(cfg.fork_provider_call_s),
+                model_limits=_model_limits(cfg),
+                model_endpoints={
+                    provider: str(table["model_base_url"])
+                    for provider, table in cfg.providers.items()
+                    if table.get("model_base_url")
+                },
             ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
@@ -332,6 +340,16 @@ class Daemon:
         except ValueError as exc:
             raise InvalidArgument("points", str(exc)) from exc
         return merged
+
+
+def _model_limits(cfg: Config) -> dict[str, ModelLimits]:
+    """The limits the host's first-byte backstop applies, per provider that talks to a model
+    endpoint (every one but tutti-agent on its built-in model, which is not a network call)."""
+    return {
+        provider: ModelLimits.from_mapping(cfg.providers.get(provider, {}))
+        for provider in PROVIDERS
+        if provider != TUTTI_AGENT or cfg.providers.get(provider, {}).get("model_base_url")
+    }
 
 
 def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
 from domain.errors import NotFound, SessionBusy
+from domain.model_limits import first_byte_timeout, stream_idle_timeout
 from domain.worker_messages import MessageDelta, TurnCompleted, TurnItem
 from drivers.base import Emit, TurnOutcome
 from drivers.claude.checkpoints import resumable
@@ -52,6 +54,9 @@ EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
 DESCENDANT_LANE_KIND = "descendant_lane"
 
 TURN_START_TIMEOUT_S = 120.0
+
+# How the CLI words its own request timeouts (API_TIMEOUT_MS, the first-byte watchdog).
+_TIMED_OUT = re.compile(r"request timed out|timed out waiting|no_response", re.IGNORECASE)
 
 
 class Turns(Interactions):
@@ -165,7 +170,13 @@ class Turns(Interactions):
         except asyncio.CancelledError:
             outcome, error = TurnOutcome.INTERRUPTED, None
         except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
-            outcome, error = TurnOutcome.FAILED, f"{type(exc).__name__}: {exc}"
+            text = f"{type(exc).__name__}: {exc}"
+            if _TIMED_OUT.search(text):
+                error = self._timeout_text(turn)
+            elif error is None:
+                error = model_failure_text("claude-code", self._config.model_base_url, text)
+            # else: the error result already named the cause; the exit that follows adds none.
+            outcome = TurnOutcome.FAILED
         finally:
             watcher.cancel()
             self._drop_pending(session, turn)
@@ -303,6 +314,8 @@ class Turns(Interactions):
             if message.is_error:
                 errors = getattr(message, "errors", None) or []
                 text = str(message.result or "; ".join(map(str, errors)) or message.subtype)
+                if _TIMED_OUT.search(text):
+                    return TurnOutcome.FAILED, self._timeout_text(turn)
                 return TurnOutcome.FAILED, model_failure_text(
                     "claude-code", self._config.model_base_url, text
                 )
@@ -325,6 +338,14 @@ class Turns(Interactions):
         }
         turn.emit(sid, TurnItem(turn.turn_id, item))
 
+    def _timeout_text(self, turn: TurnState) -> str:
+        """The CLI's own limit ended the request: the first byte never came, or the stream
+        began (a `message_start` was seen) and then went silent."""
+        limits, endpoint = self._config.limits, self._config.model_base_url
+        if turn.stream_message_id is None:
+            return first_byte_timeout("claude-code", endpoint, limits.first_byte_budget_s)
+        return stream_idle_timeout("claude-code", endpoint, limits.stream_idle_s)
+
     def _on_api_retry(self, turn: TurnState, data: Mapping[str, Any]) -> None:
         """The CLI retries a refused credential or an unreachable endpoint for minutes: a
         retry whose cause is one of those fails the turn now, naming it."""
@@ -335,6 +356,10 @@ class Turns(Interactions):
         # Classified on the error's own words (numbers such as retry_delay_ms could look like
         # a status), plus the HTTP status.
         reason = classify_model_failure(str(data.get("error") or ""))
+        if data.get("no_response") or _TIMED_OUT.search(str(data.get("error") or "")):
+            # The endpoint accepted the request and sent nothing: the CLI retries it within
+            # `model_retries`, then ends the turn with its timeout (named in `_timeout_text`).
+            return
         if status in (401, 403):
             reason = MODEL_AUTH_FAILED
         elif status is None and int(data.get("attempt") or 0) >= 2:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from model_fakes.messages import MessagesServer, model_input_texts
+from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
@@ -140,3 +141,32 @@ def test_claude_with_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path
     finally:
         d.stop()
     assert key_leaks(KEY, d, []) == []
+
+
+def test_claude_with_a_silent_endpoint_fails_as_model_timeout_within_the_first_byte_limit(
+    tmp_path: Path,
+) -> None:
+    # The CLI's API_TIMEOUT_MS ends the wait at the configured limit (its first-byte watchdog
+    # alone would not go below 10 s); the driver names the cause in our words.
+    first_byte = 2
+    with SilentServer(path="") as silent:
+        d = start(
+            tmp_path / "home",
+            silent,  # type: ignore[arg-type]
+            f"model_first_byte_seconds = {first_byte}\n",
+            {"ANTHROPIC_API_KEY": KEY},
+        )
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", cwd=str(tmp_path))["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert silent.base_url in turn["error"] and "claude-code" in turn["error"]
+            assert f"{first_byte} s" in turn["error"], turn["error"]
+            assert "model_first_byte_seconds" in turn["error"]
+            assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < (first_byte + 20) * 1000
+            assert silent.accepted >= 1
+        finally:
+            d.stop()
+        assert key_leaks(KEY, d, []) == []

@@ -14,6 +14,7 @@ import pytest
 from codex_helpers import codex_bin, conversation
 
 from model_fakes.responses import ResponsesServer
+from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
 from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
@@ -134,3 +135,34 @@ def test_codex_with_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path:
         assert closed.base_url in turn["error"]
     finally:
         d.stop()
+
+
+def test_codex_with_a_silent_endpoint_fails_as_model_timeout_within_the_first_byte_limit(
+    tmp_path: Path,
+) -> None:
+    with SilentServer() as silent:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            "[providers.codex]\n"
+            f'command = "{codex_bin()}"\n'
+            'model = "mock-model"\n'
+            f'model_base_url = "{silent.base_url}"\n'
+            "model_first_byte_seconds = 2\n"
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert silent.base_url in turn["error"] and "codex" in turn["error"]
+            assert "2 s" in turn["error"] and "model_first_byte_seconds" in turn["error"]
+            # Settled by the configured limit, not Codex's own 300 s stream timeout.
+            assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < 30_000
+            assert silent.accepted >= 1
+            # The Session keeps working: the next turn is accepted and settles.
+            assert run_turn(c, sid, "two")["phase"] == "settled"
+        finally:
+            d.stop()
