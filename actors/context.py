@@ -6,17 +6,15 @@ One `HostContext` per daemon; no module-level state, so tests can build many dae
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from domain.model_limits import ModelLimits
 
 from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.runtime_slots import RuntimeSlots
 from actors.store_ports import ActorStore
+from domain.model_limits import ModelLimits
 
 # The worker's own limits for a fork's steps other than the provider's fork call: reading the
 # source, listing the child's turns, binding, and proving the child readable (an app-server

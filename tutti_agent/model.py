@@ -201,8 +201,8 @@ class HttpModel:
                     limit = self.endpoint.first_byte_timeout_s
                     tries = f", {attempt + 1} attempts" if attempt else ""
                     raise self._fail(
-                        TIMEOUT, f"sent nothing within {limit:g} s of the request "
-                        f"({FIRST_BYTE_KEY}{tries})",
+                        TIMEOUT,
+                        f"sent nothing within {limit:g} s of the request ({FIRST_BYTE_KEY}{tries})",
                     ) from None
 
     def _post_once(

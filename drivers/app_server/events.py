@@ -35,7 +35,7 @@ from drivers.app_server.items import (
 from drivers.app_server.process import AppServerClosed, ServerRequest
 from drivers.app_server.state import PendingRequest, SessionState
 from drivers.base import Emit, TurnOutcome
-from drivers.credentials import classify_model_failure, model_failure_text
+from drivers.credentials import CredentialPlan, classify_model_failure, model_failure_text
 
 # Notifications that name no thread and never change one's turns (a fork child's
 # `thread/started`, server-wide notices): they leave a fork's verified source read valid.
@@ -66,6 +66,9 @@ class TurnEvents:
     _emit: Emit | None
 
     def endpoint(self) -> str | None:
+        raise NotImplementedError
+
+    def credential(self) -> CredentialPlan | None:
         raise NotImplementedError
 
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,7 +142,7 @@ class TurnEvents:
             provider_error = turn.get("error")
             if isinstance(provider_error, Mapping) and provider_error.get("message"):
                 error = model_failure_text(
-                    self.kind, self.endpoint(), str(provider_error["message"])
+                    self.kind, self.endpoint(), str(provider_error["message"]), self.credential()
                 )
             with session.state_lock:
                 failure = session.model_failures.pop(provider_turn_id, None)
@@ -174,7 +177,7 @@ class TurnEvents:
             if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
                 return
             session.model_failures[provider_turn_id] = model_failure_text(
-                self.kind, self.endpoint(), message
+                self.kind, self.endpoint(), message, self.credential()
             )
         # Not on the reader thread: it must stay free to read the interrupt's answer.
         threading.Thread(

@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from domain.model_limits import ModelLimits
-from drivers.credentials import ANTHROPIC_VAR, copy_login, truthy, user_claude_credentials
+from drivers.credentials import (
+    ANTHROPIC_VAR,
+    FILE_KEY_VAR,
+    CredentialPlan,
+    copy_login,
+    truthy,
+    user_claude_credentials,
+)
 
 DRIVER_KIND = "claude-code"
 PINNED_SDK_VERSION = "0.2.189"
@@ -75,6 +82,14 @@ class ClaudeDriverConfig:
             use_user_login=truthy(config.get("use_user_login", False)),
             limits=ModelLimits.from_mapping(config),
         )
+
+    def credential(self) -> CredentialPlan:
+        """Where this driver's key comes from (named in a refused credential's failure)."""
+        if self.use_user_login:
+            return CredentialPlan("login")
+        if self.api_key:
+            return CredentialPlan("file", FILE_KEY_VAR)
+        return CredentialPlan("env", self.api_key_env)
 
     def api_key_value(self) -> str | None:
         """The key this daemon was given (never stored): the in-file one, else the named

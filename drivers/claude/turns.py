@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -28,6 +27,7 @@ from drivers.credentials import (
     MODEL_AUTH_FAILED,
     MODEL_UNREACHABLE,
     classify_model_failure,
+    credential_note,
     model_failure_text,
 )
 from drivers.errors import DriverError
@@ -174,7 +174,9 @@ class Turns(Interactions):
             if _TIMED_OUT.search(text):
                 error = self._timeout_text(turn)
             elif error is None:
-                error = model_failure_text("claude-code", self._config.model_base_url, text)
+                error = model_failure_text(
+                    "claude-code", self._config.model_base_url, text, self._config.credential()
+                )
             # else: the error result already named the cause; the exit that follows adds none.
             outcome = TurnOutcome.FAILED
         finally:
@@ -317,7 +319,7 @@ class Turns(Interactions):
                 if _TIMED_OUT.search(text):
                     return TurnOutcome.FAILED, self._timeout_text(turn)
                 return TurnOutcome.FAILED, model_failure_text(
-                    "claude-code", self._config.model_base_url, text
+                    "claude-code", self._config.model_base_url, text, self._config.credential()
                 )
             return TurnOutcome.COMPLETED, None
         return None
@@ -352,27 +354,37 @@ class Turns(Interactions):
         if turn.model_failure is not None:
             return
         status = data.get("error_status")
-        detail = json.dumps({k: v for k, v in data.items() if k != "uuid"}, default=str)
+        cause = str(data.get("error") or "")
         # Classified on the error's own words (numbers such as retry_delay_ms could look like
         # a status), plus the HTTP status.
-        reason = classify_model_failure(str(data.get("error") or ""))
-        if data.get("no_response") or _TIMED_OUT.search(str(data.get("error") or "")):
+        reason = classify_model_failure(cause)
+        if data.get("no_response") or _TIMED_OUT.search(cause):
             # The endpoint accepted the request and sent nothing: the CLI retries it within
             # `model_retries`, then ends the turn with its timeout (named in `_timeout_text`).
             return
+        endpoint = self._config.model_base_url or "(the default Anthropic API)"
+        attempt = int(data.get("attempt") or 0)
         if status in (401, 403):
-            reason = MODEL_AUTH_FAILED
-        elif status is None and int(data.get("attempt") or 0) >= 2:
+            note = credential_note("claude-code", self._config.credential())
+            failure = (
+                f"{MODEL_AUTH_FAILED}: claude-code model endpoint {endpoint} answered HTTP "
+                f"{status} ({note}): {cause or 'the credential was refused'}"
+            )
+        elif status is None and attempt >= 2:
             # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
             # reports it as `error: "unknown"`; a blip gets one retry).
-            reason = MODEL_UNREACHABLE
-            detail = f"no HTTP answer (connection failed), retry {data.get('attempt')}: {detail}"
-        if reason is None:
+            failure = (
+                f"{MODEL_UNREACHABLE}: claude-code model endpoint {endpoint} is unreachable: "
+                f"no HTTP answer to {attempt} attempts (the connection failed"
+                + (f": {cause})" if cause and cause != "unknown" else ")")
+            )
+        elif reason is not None:
+            failure = model_failure_text(
+                "claude-code", self._config.model_base_url, cause, self._config.credential()
+            )
+        else:
             return
-        turn.model_failure = (
-            f"{reason}: claude-code model endpoint "
-            f"{self._config.model_base_url or '(the default Anthropic API)'}: {detail}"
-        )
+        turn.model_failure = failure
         self._terminate(turn)  # on the loop thread already (messages are read there)
 
     def _on_stream_event(

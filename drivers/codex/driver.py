@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import Conflict, InvalidArgument
+from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerFailure
 from drivers.app_server.state import Runtime, SessionState
-from domain.model_limits import ModelLimits
 from drivers.base import ForkRequest, ProviderDriver
 from drivers.binder import RolloutBinder
 from drivers.codex.command import resolve_command

@@ -90,6 +90,12 @@ def test_claude_without_the_key_fails_fast_as_model_auth_failed(tmp_path: Path) 
             assert turn["outcome"] == "failed", turn
             assert turn["errorReason"] == "model_auth_failed", turn["error"]
             assert "claude-code" in turn["error"] and model.base_url in turn["error"]
+            # In tutti-agent's words, never the SDK's raw JSON.
+            assert (
+                f"claude-code model endpoint {model.base_url} refused the key "
+                "(credential from $ANTHROPIC_API_KEY, which is NOT set)"
+            ) in turn["error"], turn["error"]
+            assert "{" not in turn["error"], turn["error"]
         finally:
             d.stop()
 
@@ -137,7 +143,8 @@ def test_claude_with_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path
         turn = run_turn(c, sid, "one")
         assert turn["outcome"] == "failed", turn
         assert turn["errorReason"] == "model_unreachable", turn["error"]
-        assert closed.base_url in turn["error"]
+        assert f"claude-code model endpoint {closed.base_url} is unreachable: " in turn["error"]
+        assert "{" not in turn["error"], turn["error"]  # words, not the SDK's retry JSON
     finally:
         d.stop()
     assert key_leaks(KEY, d, []) == []

@@ -93,6 +93,30 @@ def test_codex_without_the_key_fails_fast_as_model_auth_failed(
             assert turn["outcome"] == "failed", turn
             assert turn["errorReason"] == "model_auth_failed", turn["error"]
             assert "codex" in turn["error"] and model.base_url in turn["error"]
+            # In tutti-agent's words: what happened, then where the key came from.
+            what = (
+                "answered HTTP 401 (credential from ${VAR}, which is set)"
+                if env
+                else "was not called: the provider has no key to send "
+                "(credential from ${VAR}, which is NOT set)"
+            ).replace("${VAR}", f"${VAR}")
+            assert f"codex model endpoint {model.base_url} {what}" in turn["error"], turn["error"]
+        finally:
+            d.stop()
+
+
+def test_codex_without_any_credential_configured_says_so(tmp_path: Path) -> None:
+    with ResponsesServer(api_key=KEY) as model:
+        d = start(tmp_path / "home", model, "", {})
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["errorReason"] == "model_auth_failed", turn["error"]
+            assert f"codex model endpoint {model.base_url} answered HTTP 401 (no credential " in (
+                turn["error"]
+            ), turn["error"]
+            assert "set api_key_env (or use_user_login) in [providers.codex]" in turn["error"]
         finally:
             d.stop()
 
