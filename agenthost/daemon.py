@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from actors.runtime_slots import RuntimeSlots
 from actors.session_routes import SessionRoutes
-from agenthost import __version__, activity, providers_info
+from agenthost import __version__, activity, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
@@ -69,6 +70,9 @@ class Daemon:
         catalog: Catalog | None = None,
     ) -> None:
         self.config = config
+        # The provider tables with what `agenthost providers install` put under the home
+        # (read once: the workers, `host.status` and `session.create` see the same programs).
+        self.providers = provider_install.with_installed(config.home, config.providers)
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
         self.events_listen = tuple(config.events_listen) + tuple(events_listen)
@@ -130,7 +134,7 @@ class Daemon:
         )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            provider_config=_provider_config(cfg),
+            provider_config=_provider_config(cfg, self.providers),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
@@ -200,7 +204,7 @@ class Daemon:
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(Path.cwd()),
             check_provider=lambda provider: providers_info.check_installed(
-                provider, cfg.providers.get(provider, {})
+                provider, self.providers.get(provider, {})
             ),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / API_SOCKET}", *self.listen]
@@ -325,7 +329,7 @@ class Daemon:
             "runtimes": self.ctx.runtime_slots.status(),
             # Each provider's program, endpoint, model and credential source (never a key).
             "providers": [
-                providers_info.describe(name, self.config.providers.get(name, {}))
+                providers_info.describe(name, self.providers.get(name, {}))
                 for name in self.catalog.providers()
             ],
         }
@@ -352,10 +356,13 @@ def _model_limits(cfg: Config) -> dict[str, ModelLimits]:
     }
 
 
-def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Each provider's table, plus the worker's limit for a provider fork call (the host's
-    fork deadline is derived from it, so the worker always decides first)."""
-    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
+def _provider_config(
+    cfg: Config, providers: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each provider's table (with the home's installs), plus the worker's limit for a provider
+    fork call (the host's fork deadline is derived from it, so the worker always decides
+    first)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in providers.items()}
     for provider in ("tutti-agent", "codex"):
         out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
     return out
