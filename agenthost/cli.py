@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     from agenthost import __version__
 
-    return build_parser(__version__, __doc__, before=[_add_serve], after=[_add_keys, _add_providers])
+    return build_parser(
+        __version__, __doc__, before=[_add_serve], after=[_add_keys, _add_providers]
+    )
 
 
 def _add_serve(sub: SubParsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -211,9 +213,7 @@ def _providers(args: argparse.Namespace) -> int:
     except pi.InstallError as exc:
         return fail(args, CliError("install_failed", str(exc)))
     where = entry.get("command") or entry.get("location") or entry.get("python")
-    restart = (
-        "; restart the daemon to use it" if probe_home(home).served else ""
-    )
+    restart = "; restart the daemon to use it" if probe_home(home).served else ""
     emit(
         args,
         {"provider": plan.provider, "installed": entry, "record": str(pi.record_path(home))},

@@ -271,6 +271,9 @@ class Turns(Interactions):
             if turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, AssistantMessage):
+            # An `error` message is the CLI's own wording of a failed API call ("Request timed
+            # out… set API_TIMEOUT_MS"): not a reply; the Turn's error says it in ours. It stays
+            # a checkpoint (it is on the transcript's chain).
             for block in message.content:
                 item: dict[str, Any] | None = None
                 if isinstance(block, TextBlock):
@@ -288,7 +291,7 @@ class Turns(Interactions):
                 api_id = str(message.message_id or "")
                 index = turn.settled_blocks.get(api_id, 0)
                 turn.settled_blocks[api_id] = index + 1
-                if item is not None:
+                if item is not None and message.error is None:
                     # provider* keys: the store leaves provider identities untouched when it clones
                     # a Turn (a bare `messageId` would read as a canonical typed reference).
                     item["payload"].update(

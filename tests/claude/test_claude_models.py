@@ -174,6 +174,8 @@ def test_claude_with_a_silent_endpoint_fails_as_model_timeout_within_the_first_b
             assert "model_first_byte_seconds" in turn["error"]
             assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < (first_byte + 20) * 1000
             assert silent.accepted >= 1
+            # The CLI's own "Request timed out… set API_TIMEOUT_MS" is no assistant reply.
+            assert [m["kind"] for m in turn["messages"]] == ["user"], turn["messages"]
         finally:
             d.stop()
         assert key_leaks(KEY, d, []) == []

@@ -22,7 +22,9 @@ from transport.client import ApiError
 pytestmark = pytest.mark.timeout(120)
 
 
-def cli(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def cli(
+    home: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "agenthost.cli", "--home", str(home), "--workspace", WS, *args],
         capture_output=True,
@@ -152,8 +154,7 @@ def test_install_claude_code_runs_pip_of_the_interpreter_and_records_it(tmp_path
     site = tmp_path / "site-packages" / "claude_agent_sdk"
     python = executable(
         tmp_path / "python",
-        "#!/bin/sh\n"
-        f'if [ "$1" = "-c" ]; then echo "{site}"; else echo "$@" >> "{log}"; fi\n',
+        f'#!/bin/sh\nif [ "$1" = "-c" ]; then echo "{site}"; else echo "$@" >> "{log}"; fi\n',
     )
     entry = pi.install(pi.plan("claude-code", home, python=str(python)), home)
     assert log.read_text().split() == [
