@@ -101,9 +101,15 @@ class TurnCompleted:
         return out
 
 
+PROGRESS = "progress"
+"""The `MessageDelta` kind of a provider's note about its own work on the Turn (a retry of the
+model request): one line per delta, for a person; never settled into a message."""
+
+
 @dataclass(frozen=True, slots=True)
 class MessageDelta:
-    """A piece of a reply as it streams: published, never stored."""
+    """A piece of a reply as it streams (`kind` `assistant` or `reasoning`), or a `progress`
+    note: published, never stored."""
 
     TYPE: ClassVar[str] = "message.delta"
     turn_id: str

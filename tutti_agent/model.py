@@ -197,13 +197,20 @@ class HttpModel:
                 self._post_once(body, io, consume)
                 return
             except _NoFirstByte:
-                if attempt == self.endpoint.retries:
+                if attempt < self.endpoint.retries:
                     limit = self.endpoint.first_byte_timeout_s
-                    tries = f", {attempt + 1} attempts" if attempt else ""
-                    raise self._fail(
-                        TIMEOUT,
-                        f"sent nothing within {limit:g} s of the request ({FIRST_BYTE_KEY}{tries})",
-                    ) from None
+                    _retrying(
+                        io,
+                        f"{self.base_url + self.path} sent nothing within {limit:g} s "
+                        f"(attempt {attempt + 1} of {self.endpoint.retries + 1})",
+                    )
+                    continue
+                limit = self.endpoint.first_byte_timeout_s
+                tries = f", {attempt + 1} attempts" if attempt else ""
+                raise self._fail(
+                    TIMEOUT,
+                    f"sent nothing within {limit:g} s of the request ({FIRST_BYTE_KEY}{tries})",
+                ) from None
 
     def _post_once(
         self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Any], None]
@@ -369,6 +376,13 @@ def _delta(io: TurnIO, item_id: str, kind: str, delta: Any) -> None:
     fn = getattr(io, "delta", None)
     if fn is not None and isinstance(delta, str) and delta and item_id:
         fn(item_id, kind, delta)
+
+
+def _retrying(io: TurnIO, message: str) -> None:
+    """Tell the client a model request is being sent again (when the TurnIO can)."""
+    fn = getattr(io, "retrying", None)
+    if fn is not None:
+        fn(message)
 
 
 def _usage(io: TurnIO, input_tokens: Any, output_tokens: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import threading
 import time
@@ -16,6 +17,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from domain.errors import HostError
+from domain.model_limits import ModelLimits, stream_idle_timeout
+from domain.turn_events import PROGRESS
 from domain.worker_messages import (
     InteractionRequested,
     MessageDelta,
@@ -58,12 +61,17 @@ def _changes_history(session: SessionState, method: str, params: Mapping[str, An
     return isinstance(thread, Mapping) and thread.get("id") == session.thread_id
 
 
+# How Codex words the end of a stream that went silent past its `stream_idle_timeout_ms`.
+_STREAM_IDLE = re.compile(r"idle timeout waiting for SSE", re.IGNORECASE)
+
+
 class TurnEvents:
     """The reader-thread callbacks of one app-server (`on_notification`, `on_server_request`,
     `on_exit`), bound to the Session it serves."""
 
     kind: ClassVar[str]
     _emit: Emit | None
+    config: Mapping[str, Any]
 
     def endpoint(self) -> str | None:
         raise NotImplementedError
@@ -141,9 +149,13 @@ class TurnEvents:
             error: str | None = None
             provider_error = turn.get("error")
             if isinstance(provider_error, Mapping) and provider_error.get("message"):
-                error = model_failure_text(
-                    self.kind, self.endpoint(), str(provider_error["message"]), self.credential()
-                )
+                text = str(provider_error["message"])
+                if _STREAM_IDLE.search(text):
+                    # The provider's own stream-idle limit (Codex's stream_idle_timeout_ms).
+                    idle = ModelLimits.from_mapping(self.config).stream_idle_s
+                    error = stream_idle_timeout(self.kind, self.endpoint(), idle)
+                else:
+                    error = model_failure_text(self.kind, self.endpoint(), text, self.credential())
             with session.state_lock:
                 failure = session.model_failures.pop(provider_turn_id, None)
             if failure is not None:
@@ -166,13 +178,21 @@ class TurnEvents:
             return  # a final error arrives with turn/completed
         error = params.get("error")
         detail = json.dumps(error) if isinstance(error, Mapping) else str(error or "")
-        if classify_model_failure(detail) is None:
-            return
         message = str(error.get("message") or detail) if isinstance(error, Mapping) else detail
         extra = error.get("additionalDetails") if isinstance(error, Mapping) else None
         if extra:
             message = f"{message} ({extra})"
         provider_turn_id = str(params.get("turnId") or "")
+        if classify_model_failure(detail) is None:
+            # A retry the provider makes on its own (`model_retries`): shown, not silence.
+            canonical = self._claim_turn(session, provider_turn_id)
+            if canonical is not None:
+                with session.state_lock:
+                    session.retries += 1
+                    item_id = f"retry-{session.retries}"
+                note = f"{self.kind} retries the model request: {message}"
+                self._send(session, MessageDelta(canonical, item_id, PROGRESS, note))
+            return
         with session.state_lock:
             if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
                 return

@@ -17,6 +17,7 @@ from typing import Any
 
 from domain.errors import NotFound, SessionBusy
 from domain.model_limits import first_byte_timeout, stream_idle_timeout
+from domain.turn_events import PROGRESS
 from domain.worker_messages import MessageDelta, TurnCompleted, TurnItem
 from drivers.base import Emit, TurnOutcome
 from drivers.claude.checkpoints import resumable
@@ -306,7 +307,7 @@ class Turns(Interactions):
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, SystemMessage):
             if message.subtype == "api_retry":
-                self._on_api_retry(turn, message.data)
+                self._on_api_retry(sid, turn, message.data)
             msg_uuid = message.data.get("uuid")
             if (
                 message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
@@ -351,7 +352,7 @@ class Turns(Interactions):
             return first_byte_timeout("claude-code", endpoint, limits.first_byte_budget_s)
         return stream_idle_timeout("claude-code", endpoint, limits.stream_idle_s)
 
-    def _on_api_retry(self, turn: TurnState, data: Mapping[str, Any]) -> None:
+    def _on_api_retry(self, sid: str, turn: TurnState, data: Mapping[str, Any]) -> None:
         """The CLI retries a refused credential or an unreachable endpoint for minutes: a
         retry whose cause is one of those fails the turn now, naming it."""
         if turn.model_failure is not None:
@@ -361,12 +362,13 @@ class Turns(Interactions):
         # Classified on the error's own words (numbers such as retry_delay_ms could look like
         # a status), plus the HTTP status.
         reason = classify_model_failure(cause)
+        attempt = int(data.get("attempt") or 0)
         if data.get("no_response") or _TIMED_OUT.search(cause):
             # The endpoint accepted the request and sent nothing: the CLI retries it within
             # `model_retries`, then ends the turn with its timeout (named in `_timeout_text`).
+            self._progress(sid, turn, data, "the endpoint sent nothing in time")
             return
         endpoint = self._config.model_base_url or "(the default Anthropic API)"
-        attempt = int(data.get("attempt") or 0)
         if status in (401, 403):
             note = credential_note("claude-code", self._config.credential())
             failure = (
@@ -386,9 +388,18 @@ class Turns(Interactions):
                 "claude-code", self._config.model_base_url, cause, self._config.credential()
             )
         else:
+            self._progress(sid, turn, data, cause or f"HTTP {status}")
             return
         turn.model_failure = failure
         self._terminate(turn)  # on the loop thread already (messages are read there)
+
+    @staticmethod
+    def _progress(sid: str, turn: TurnState, data: Mapping[str, Any], why: str) -> None:
+        """A retry the CLI makes on its own, shown to the user as it happens (not silence)."""
+        attempt, limit = data.get("attempt"), data.get("max_retries")
+        of = f" (attempt {attempt} of {limit})" if attempt and limit else ""
+        note = f"claude-code retries the model request{of}: {why}"
+        turn.emit(sid, MessageDelta(turn.turn_id, f"retry-{attempt}", PROGRESS, note))
 
     def _on_stream_event(
         self, session: SessionState, turn: TurnState, event: Mapping[str, Any]

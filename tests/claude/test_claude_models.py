@@ -8,6 +8,8 @@ fake HOME); the key's bytes appear nowhere the daemon writes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,7 @@ from model_fakes.messages import MessagesServer, model_input_texts
 from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
-from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 
@@ -179,3 +181,35 @@ def test_claude_with_a_silent_endpoint_fails_as_model_timeout_within_the_first_b
         finally:
             d.stop()
         assert key_leaks(KEY, d, []) == []
+
+
+def test_claude_retries_of_a_silent_endpoint_show_as_progress_in_say(tmp_path: Path) -> None:
+    # One retry of its own (`model_retries = 1`): `say` prints it as it happens, then the
+    # Turn fails model_timeout after both attempts.
+    with SilentServer(path="") as silent:
+        d = start(
+            tmp_path / "home",
+            silent,  # type: ignore[arg-type]
+            "model_first_byte_seconds = 2\nmodel_retries = 1\n",
+            {"ANTHROPIC_API_KEY": KEY},
+        )
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", cwd=str(tmp_path))["agentSessionId"]
+            argv = [sys.executable, "-m", "agenthost.cli", "--home", str(d.home)]
+            say = subprocess.run(
+                [*argv, "--workspace", WS, "say", sid, "one"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert say.returncode == 1, (say.stdout, say.stderr)
+            assert "progress: claude-code retries the model request (attempt 1 of 1)" in (
+                say.stdout
+            ), say.stdout
+            assert "turn_failed: model_timeout: claude-code model endpoint" in say.stderr
+            assert "sent nothing within 4 s of the request" in say.stderr, say.stderr
+            assert silent.accepted >= 2
+        finally:
+            d.stop()

@@ -187,6 +187,34 @@ def test_a_silent_endpoint_fails_the_turn_as_model_timeout_within_the_first_byte
             d.stop()
 
 
+def test_a_retry_of_a_silent_endpoint_is_shown_as_progress(tmp_path: Path) -> None:
+    with SilentServer() as silent:
+        d = start_daemon(
+            tmp_path / "home",
+            "[providers.tutti-agent]\n"
+            f'model_base_url = "{silent.base_url}"\n'
+            "model_first_byte_seconds = 1\n"
+            "model_retries = 1\n",
+        )
+        try:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            turn, deltas = settle_with_events(d, c, sid, "one")
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert (
+                "sent nothing within 1 s of the request (model_first_byte_seconds, 2 attempts)"
+                in (turn["error"])
+            )
+            notes = [e["delta"] for e in deltas if e["kind"] == "progress"]
+            assert notes == [
+                "tutti-agent retries the model request: "
+                f"{silent.base_url}/responses sent nothing within 1 s (attempt 1 of 2)"
+            ], deltas
+            assert silent.accepted == 2
+        finally:
+            d.stop()
+
+
 def test_a_provider_that_is_not_installed_fails_session_create(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-tutti-agent"
     d = start_daemon(tmp_path / "home", f'[providers.tutti-agent]\ncommand = "{missing}"\n')
