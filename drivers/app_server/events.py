@@ -22,6 +22,7 @@ from domain.turn_events import PROGRESS
 from domain.worker_messages import (
     InteractionRequested,
     MessageDelta,
+    TurnActivity,
     TurnBindingMoved,
     TurnCompleted,
     TurnEvent,
@@ -120,6 +121,15 @@ class TurnEvents:
         if method == "turn/started":
             turn = params.get("turn") or {}
             self._claim_turn(session, str(turn.get("id") or ""))
+        elif method == "item/started":
+            # The model has answered (a tool it called starts to run, perhaps for minutes, with
+            # nothing else to show): the host's first-byte backstop must not take that silence
+            # for a model that never answered.
+            item = params.get("item")
+            if isinstance(item, Mapping) and item.get("type") not in ("userMessage", None):
+                canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+                if canonical is not None:
+                    self._send(session, TurnActivity(canonical))
         elif method == "item/completed":
             provider_turn_id = str(params.get("turnId") or "")
             canonical = self._claim_turn(session, provider_turn_id)
