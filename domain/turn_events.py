@@ -129,7 +129,8 @@ class MessageDelta:
 
 @dataclass(frozen=True, slots=True)
 class TurnActivity:
-    """The host's own note that a reply is streaming (the Turn is not hung)."""
+    """A note that the Turn is not hung: from the host, a reply is streaming; from a driver, the
+    model has answered with a tool that is now running (nothing else to show meanwhile)."""
 
     TYPE: ClassVar[str] = "turn.activity"
     turn_id: str
