@@ -6,7 +6,7 @@ One `HostContext` per daemon; no module-level state, so tests can build many dae
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +14,7 @@ from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.runtime_slots import RuntimeSlots
 from actors.store_ports import ActorStore
+from domain.model_limits import ModelLimits
 
 # The worker's own limits for a fork's steps other than the provider's fork call: reading the
 # source, listing the child's turns, binding, and proving the child readable (an app-server
@@ -62,6 +63,10 @@ class Timeouts:
     # An interrupt the provider has not acknowledged within this budget means a hung
     # runtime: it is stopped and the Turn settles `interrupted` (never a 502 after 30 s).
     interrupt_s: float = 10.0
+    # Per provider: its limits on the model (the host's backstop for a first byte that never
+    # comes) and the endpoint a `model_timeout` names. A provider absent here gets defaults.
+    model_limits: Mapping[str, ModelLimits] = field(default_factory=dict)
+    model_endpoints: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(eq=False)

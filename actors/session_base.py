@@ -62,6 +62,10 @@ class TurnState:
     # waits for a runtime slot (no limit: it is queued, not hung) or for its runtime's start
     # (`session.start`, with its own timeout), issue 14 §6.
     at_provider: bool = False
+    # When turn.start was last sent, and whether the model has answered since (an item, a
+    # delta, an interaction or the end): the host's first-byte backstop runs until it has.
+    model_asked_at: float | None = None
+    model_answered: bool = False
 
 
 @dataclass(eq=False)

@@ -21,6 +21,7 @@ from actors.provider_errors import runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
+from domain.model_limits import BACKSTOP_GRACE_S, ModelLimits, first_byte_timeout
 from domain.worker_messages import (
     InteractionRequested,
     TurnActivity,
@@ -120,6 +121,9 @@ class TurnRunner(TurnWrites, SessionRuntime):
             self._settle(state, "failed", error=f"turn start failed: {exc}")
             return
         state.last_activity = time.monotonic()
+        # From here the provider holds the turn (Claude Code answers once the CLI runs, so its
+        # start-up is not counted against the model).
+        self._arm_first_byte(state, self.session().provider)
         self._bind(state, str(result.get("providerTurnId") or ""))
         pending, state.pending_events = state.pending_events, []
         for event in pending:
@@ -267,6 +271,39 @@ class TurnRunner(TurnWrites, SessionRuntime):
             error=f"the provider sent nothing for {limit:g} s; its runtime was stopped",
         )
 
+    # -- the model's first byte ------------------------------------------------------------
+
+    def _arm_first_byte(self, state: TurnState, provider: str) -> None:
+        """The host's backstop for a model that accepts a request and never answers: each
+        provider enforces its own limit first (with a better message); this one fires a
+        little later, for a provider that has no such setting or does not honour it."""
+        limits = self.ctx.timeouts.model_limits.get(provider)
+        if limits is None:
+            return  # no model endpoint (tutti-agent's built-in model)
+        state.model_asked_at = asked = time.monotonic()
+        wait = limits.first_byte_budget_s + BACKSTOP_GRACE_S
+        self.after(wait, lambda: self._check_first_byte(state, provider, asked, limits))
+
+    def _check_first_byte(
+        self, state: TurnState, provider: str, asked: float, limits: ModelLimits
+    ) -> None:
+        if state.settling or state.model_answered or state.model_asked_at != asked:
+            return  # answered, settled, or started again (that start armed its own check)
+        endpoint = self.ctx.timeouts.model_endpoints.get(provider)
+        log.warning(
+            "session %s: turn %s: no answer from the model in %.1f s; stopping its runtime",
+            self.key,
+            state.turn_id,
+            time.monotonic() - asked,
+        )
+        self._stop_runtime()
+        self._settle(
+            state,
+            "failed",
+            error=first_byte_timeout(provider, endpoint, limits.first_byte_budget_s)
+            + "; agenthost stopped the provider's runtime",
+        )
+
     def _state_for_event(self, turn_id: str) -> TurnState | None:
         state = self._turns.get(turn_id)
         if state is not None:
@@ -289,6 +326,10 @@ class TurnRunner(TurnWrites, SessionRuntime):
             log.warning("session %s: event for unknown turn %r", self.key, turn_id)
             return
         state.last_activity = time.monotonic()
+        if not (isinstance(event, TurnItem) and event.kind == "user") and not isinstance(
+            event, (TurnStarted, TurnBindingMoved)
+        ):
+            state.model_answered = True
         if isinstance(event, TurnActivity):
             return  # a reply is streaming (message.delta, published by the daemon): not hung
         store, ws, sid = self.session_store, self.ws, self.sid

@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
 def _parser() -> argparse.ArgumentParser:
     from agenthost import __version__
 
-    return build_parser(__version__, __doc__, before=[_add_serve], after=[_add_keys])
+    return build_parser(
+        __version__, __doc__, before=[_add_serve], after=[_add_keys, _add_providers]
+    )
 
 
 def _add_serve(sub: SubParsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
@@ -82,6 +84,25 @@ def _add_keys(sub: SubParsers[argparse.ArgumentParser], common: argparse.Argumen
     ksub.add_parser("revoke", help="remove a client key").add_argument("name")
     ksub.add_parser("list", parents=[common], help="the authorized client keys")
     k.set_defaults(run=_keys)
+
+
+def _add_providers(
+    sub: SubParsers[argparse.ArgumentParser], common: argparse.ArgumentParser
+) -> None:
+    from agenthost.provider_install import INSTALLABLE
+
+    p = sub.add_parser("providers", help="install the pinned Codex or Claude Code")
+    psub = p.add_subparsers(dest="providers_command", required=True)
+    pi = psub.add_parser(
+        "install",
+        parents=[common],
+        help="install a provider's pinned version for this home's daemon (npm or pip)",
+    )
+    pi.add_argument("provider", choices=INSTALLABLE)
+    pi.add_argument(
+        "--dry-run", action="store_true", help="print the command line, install nothing"
+    )
+    p.set_defaults(run=_providers)
 
 
 # -- serve --------------------------------------------------------------------------------
@@ -169,6 +190,36 @@ def _keys(args: argparse.Namespace) -> int:
             emit(args, {"keys": names}, "\n".join(names) or "(no authorized client keys)")
     except KeyError_ as exc:
         return fail(args, CliError("bad_key", str(exc)))
+    return EXIT_OK
+
+
+def _providers(args: argparse.Namespace) -> int:
+    """`agenthost providers install codex|claude-code`: runs npm or pip for the pinned version
+    and records where it went (`<home>/providers/installed.json`), which the daemon reads when
+    it starts."""
+    from agenthost import provider_install as pi
+    from domain.home_layout import probe_home
+
+    home = (args.home or default_home()).expanduser().absolute()
+    plan = pi.plan(args.provider, home)
+    line = " ".join(plan.argv)
+    if args.dry_run:
+        emit(args, {"provider": plan.provider, "argv": plan.argv}, line)
+        return EXIT_OK
+    if not args.json:
+        print(f"installing {plan.provider}: {line}", flush=True)
+    try:
+        entry = pi.install(plan, home)
+    except pi.InstallError as exc:
+        return fail(args, CliError("install_failed", str(exc)))
+    where = entry.get("command") or entry.get("location") or entry.get("python")
+    restart = "; restart the daemon to use it" if probe_home(home).served else ""
+    emit(
+        args,
+        {"provider": plan.provider, "installed": entry, "record": str(pi.record_path(home))},
+        f"{plan.provider} {entry['version']} installed: {where} "
+        f"(recorded in {pi.record_path(home)}){restart}",
+    )
     return EXIT_OK
 
 

@@ -21,6 +21,14 @@ from agenthost.config_values import (
     Str,
     Url,
 )
+from domain.model_limits import (
+    DEFAULT_FIRST_BYTE_S,
+    DEFAULT_RETRIES,
+    DEFAULT_STREAM_IDLE_S,
+    FIRST_BYTE_KEY,
+    RETRIES_KEY,
+    STREAM_IDLE_KEY,
+)
 from domain.providers import PROVIDERS
 
 WIRE_APIS = ("responses", "chat")
@@ -164,6 +172,27 @@ SCHEMA: tuple[Key, ...] = (
                 None,
                 "the environment variable holding the model API key (read at turn time)",
                 secret=True,
+            ),
+            Key(
+                f"providers.{provider}",
+                FIRST_BYTE_KEY,
+                Number(0.1, 3600.0, "seconds"),
+                DEFAULT_FIRST_BYTE_S,
+                "a model request that gets no answer in this long fails the Turn `model_timeout`",
+            ),
+            Key(
+                f"providers.{provider}",
+                STREAM_IDLE_KEY,
+                Number(0.1, 86_400.0, "seconds"),
+                DEFAULT_STREAM_IDLE_S,
+                "a model reply that pauses this long mid-stream fails the Turn `model_timeout`",
+            ),
+            Key(
+                f"providers.{provider}",
+                RETRIES_KEY,
+                Int(0, 10),
+                DEFAULT_RETRIES,
+                "retries the provider makes itself of a failed or silent model request",
             ),
             Key(
                 f"providers.{provider}",

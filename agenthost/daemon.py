@@ -11,6 +11,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from actors.pool import ActorPool
 from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
 from actors.runtime_slots import RuntimeSlots
 from actors.session_routes import SessionRoutes
-from agenthost import __version__, activity, providers_info
+from agenthost import __version__, activity, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
@@ -42,6 +43,8 @@ from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
+from domain.model_limits import ModelLimits
+from domain.providers import PROVIDERS, TUTTI_AGENT
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -73,6 +76,9 @@ class Daemon:
         catalog: Catalog | None = None,
     ) -> None:
         self.config = config
+        # The provider tables with what `agenthost providers install` put under the home
+        # (read once: the workers, `host.status` and `session.create` see the same programs).
+        self.providers = provider_install.with_installed(config.home, config.providers)
         self.catalog = catalog or Catalog()
         self.listen = tuple(config.listen) + tuple(listen)
         self.events_listen = tuple(config.events_listen) + tuple(events_listen)
@@ -145,7 +151,7 @@ class Daemon:
         )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            provider_config=_provider_config(cfg),
+            provider_config=_provider_config(cfg, self.providers),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
             ),
@@ -173,6 +179,12 @@ class Daemon:
                 interrupt_s=cfg.turn_interrupt_s,
                 fork_provider_call_s=cfg.fork_provider_call_s,
                 fork_s=fork_deadline_s(cfg.fork_provider_call_s),
+                model_limits=_model_limits(cfg),
+                model_endpoints={
+                    provider: str(table["model_base_url"])
+                    for provider, table in cfg.providers.items()
+                    if table.get("model_base_url")
+                },
             ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
@@ -209,7 +221,7 @@ class Daemon:
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(Path.cwd()),
             check_provider=lambda provider: providers_info.check_installed(
-                provider, cfg.providers.get(provider, {})
+                provider, self.providers.get(provider, {})
             ),
         )
         api_endpoints = [f"ipc://{cfg.run_dir / API_SOCKET}", *self.listen]
@@ -414,7 +426,7 @@ class Daemon:
             "connections": guard.stats() if (guard := self._connections()) else None,
             # Each provider's program, endpoint, model and credential source (never a key).
             "providers": [
-                providers_info.describe(name, self.config.providers.get(name, {}))
+                providers_info.describe(name, self.providers.get(name, {}))
                 for name in self.catalog.providers()
             ],
         }
@@ -434,6 +446,7 @@ class Daemon:
         return merged
 
 
+<<<<<<< HEAD
 def _dir_id(path: Path) -> tuple[int, int] | None:
     """(device, inode) of a directory, None when it is missing: a new one is another id."""
     try:
@@ -447,6 +460,25 @@ def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
     """Each provider's table, plus the worker's limit for a provider fork call (the host's
     fork deadline is derived from it, so the worker always decides first)."""
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
+=======
+def _model_limits(cfg: Config) -> dict[str, ModelLimits]:
+    """The limits the host's first-byte backstop applies, per provider that talks to a model
+    endpoint (every one but tutti-agent on its built-in model, which is not a network call)."""
+    return {
+        provider: ModelLimits.from_mapping(cfg.providers.get(provider, {}))
+        for provider in PROVIDERS
+        if provider != TUTTI_AGENT or cfg.providers.get(provider, {}).get("model_base_url")
+    }
+
+
+def _provider_config(
+    cfg: Config, providers: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Each provider's table (with the home's installs), plus the worker's limit for a provider
+    fork call (the host's fork deadline is derived from it, so the worker always decides
+    first)."""
+    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in providers.items()}
+>>>>>>> use-models
     for provider in ("tutti-agent", "codex"):
         out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
     return out

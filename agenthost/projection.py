@@ -109,12 +109,13 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
     }
 
 
-_MODEL_REASON = re.compile(r"\b(model_unreachable|model_auth_failed): ")
+_MODEL_REASON = re.compile(r"\b(model_unreachable|model_auth_failed|model_timeout): ")
 
 
 def error_reason(error: str | None) -> str | None:
-    """The typed reason of a failed Turn whose model could not be reached or refused the
-    credential (issue 17); the error text names the provider, the endpoint and the cause."""
+    """The typed reason of a failed Turn whose model could not be reached, refused the
+    credential or did not answer in time; the error text names the provider, the endpoint and
+    the cause (for a timeout, the limit and its config key)."""
     match = _MODEL_REASON.search(error or "")
     return match.group(1) if match else None
 

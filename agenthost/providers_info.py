@@ -93,12 +93,23 @@ def installed_version(provider: str, path: str) -> str | None:
     return version
 
 
+def install_hint(provider: str) -> str | None:
+    """The command that installs `provider` (None for tutti-agent, which ships with agenthost)."""
+    from agenthost.provider_install import INSTALLABLE, install_command
+
+    return install_command(provider) if provider in INSTALLABLE else None
+
+
 def check_installed(provider: str, config: Mapping[str, Any]) -> None:
     path, wanted = program(provider, config)
     if path is None:
+        from agenthost.provider_install import GUIDE
+
+        hint = install_hint(provider)
+        how = f"; install it with `{hint}`, then restart the daemon" if hint else ""
+        guide = GUIDE if hint else "docs/user-guide.md, 'Use a real model'"
         raise ProviderNotInstalled(
-            f"provider {provider} is not installed: {wanted} not found "
-            "(see docs/user-guide.md, 'Use a real model')"
+            f"provider {provider} is not installed: {wanted} not found{how} (see {guide})"
         )
 
 
@@ -113,6 +124,8 @@ def describe(provider: str, config: Mapping[str, Any]) -> dict[str, Any]:
         "endpoint": str(endpoint) if endpoint else None,
         "model": str(config["model"]) if config.get("model") else None,
         "credential": credential_plan(provider, config).describe(),
+        # How to install it, when it is not (a command line for a person).
+        "install": None if path is not None else install_hint(provider),
     }
     if provider == "tutti-agent":
         entry["wireApi"] = str(config.get("wire_api") or "responses") if endpoint else "builtin"

@@ -64,6 +64,13 @@ class TurnPrinter:
         self.open_item: str | None = None  # the item whose line is still open
 
     def delta(self, event: Mapping[str, Any]) -> None:
+        if event.get("kind") == "progress":
+            # The provider's note about its own retry: a line of its own, as it happens.
+            if self.open_item is not None and self.write is not None:
+                self.write("\n")
+                self.open_item = None
+            self.emit(f"  {'progress':>9}: {event.get('delta') or ''}")
+            return
         if self.write is None or event.get("kind") != "assistant":
             return
         item = str(event.get("itemId") or "")

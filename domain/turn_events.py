@@ -101,9 +101,15 @@ class TurnCompleted:
         return out
 
 
+PROGRESS = "progress"
+"""The `MessageDelta` kind of a provider's note about its own work on the Turn (a retry of the
+model request): one line per delta, for a person; never settled into a message."""
+
+
 @dataclass(frozen=True, slots=True)
 class MessageDelta:
-    """A piece of a reply as it streams: published, never stored."""
+    """A piece of a reply as it streams (`kind` `assistant` or `reasoning`), or a `progress`
+    note: published, never stored."""
 
     TYPE: ClassVar[str] = "message.delta"
     turn_id: str
@@ -123,7 +129,8 @@ class MessageDelta:
 
 @dataclass(frozen=True, slots=True)
 class TurnActivity:
-    """The host's own note that a reply is streaming (the Turn is not hung)."""
+    """A note that the Turn is not hung: from the host, a reply is streaming; from a driver, the
+    model has answered with a tool that is now running (nothing else to show meanwhile)."""
 
     TYPE: ClassVar[str] = "turn.activity"
     turn_id: str

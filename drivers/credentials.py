@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from domain.model_limits import MODEL_TIMEOUT
+
 OPENAI_VAR = "OPENAI_API_KEY"
 ANTHROPIC_VAR = "ANTHROPIC_API_KEY"
 FILE_KEY_VAR = "AGENTHOST_MODEL_API_KEY"
@@ -27,7 +29,7 @@ FILE_KEY_VAR = "AGENTHOST_MODEL_API_KEY"
 
 MODEL_UNREACHABLE = "model_unreachable"
 MODEL_AUTH_FAILED = "model_auth_failed"
-MODEL_REASONS = (MODEL_UNREACHABLE, MODEL_AUTH_FAILED)
+MODEL_REASONS = (MODEL_UNREACHABLE, MODEL_AUTH_FAILED, MODEL_TIMEOUT)
 
 
 def truthy(value: Any) -> bool:
@@ -146,7 +148,7 @@ _UNREACHABLE = re.compile(
     r"api_connection|connection error|enotfound",
     re.IGNORECASE,
 )
-_PREFIXED = re.compile(r"^(model_unreachable|model_auth_failed): ")
+_PREFIXED = re.compile(r"^(model_unreachable|model_auth_failed|model_timeout): ")
 
 
 def classify_model_failure(text: str) -> str | None:
@@ -161,11 +163,48 @@ def classify_model_failure(text: str) -> str | None:
     return None
 
 
-def model_failure_text(provider: str, endpoint: str | None, text: str) -> str:
-    """A turn error that names the reason, the provider, the endpoint and the cause; other
-    failures are returned unchanged."""
+def credential_note(provider: str, plan: CredentialPlan | None) -> str:
+    """Where the provider's key came from, in the words tutti-agent uses: `credential from
+    $ANTHROPIC_API_KEY, which is NOT set`; the variable's name, never its value."""
+    if plan is None:
+        return "credential unknown"
+    if plan.source == "login":
+        return f"credential from the user's own {provider} login (use_user_login)"
+    if plan.source == "file":
+        return "credential from api_key in agenthost.toml"
+    if plan.source == "env" and plan.variable:
+        state = "set" if plan.is_set() else "NOT set"
+        return f"credential from ${plan.variable}, which is {state}"
+    return (
+        f"no credential configured: set api_key_env (or use_user_login) in "
+        f"[providers.{provider}] of agenthost.toml"
+    )
+
+
+_STATUS = re.compile(r"\b(401|403)\b")
+_MISSING_VAR = re.compile(r"missing environment variable", re.IGNORECASE)
+
+
+def model_failure_text(
+    provider: str, endpoint: str | None, text: str, plan: CredentialPlan | None = None
+) -> str:
+    """A turn error in tutti-agent's sentence shape: the reason, the provider, the endpoint,
+    what happened (with the credential's source for a refused one), then the provider's own
+    words. Other failures are returned unchanged."""
     reason = classify_model_failure(text)
     if reason is None or _PREFIXED.match(text):
         return text
     where = endpoint or "(the provider's default endpoint)"
-    return f"{reason}: {provider} model endpoint {where}: {text}"
+    if reason == MODEL_AUTH_FAILED:
+        status = _STATUS.search(text)
+        if status:
+            what = f"answered HTTP {status.group(1)}"
+        elif _MISSING_VAR.search(text):
+            what = "was not called: the provider has no key to send"
+        else:
+            what = "refused the key"
+        return (
+            f"{reason}: {provider} model endpoint {where} {what} "
+            f"({credential_note(provider, plan)}): {text}"
+        )
+    return f"{reason}: {provider} model endpoint {where} is unreachable: {text}"

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.state import Runtime
 from drivers.base import ProviderDriver
@@ -47,6 +48,15 @@ class TuttiAgentDriver(AppServerDriver):
             plan = credential_plan(self.kind, self.config)
             if plan.variable:
                 argv += ["--api-key-env", plan.variable]
+            limits = ModelLimits.from_mapping(self.config)
+            argv += [
+                "--first-byte-seconds",
+                f"{limits.first_byte_s:g}",
+                "--stream-idle-seconds",
+                f"{limits.stream_idle_s:g}",
+                "--retries",
+                str(limits.retries),
+            ]
         if self.config.get("model"):
             argv += ["--model", str(self.config["model"])]
         if self.config.get("instructions"):

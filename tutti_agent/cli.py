@@ -14,7 +14,14 @@ from pathlib import Path
 from tutti_agent import __version__
 from tutti_agent.chat import ChatModel
 from tutti_agent.failpoints import FailpointHooks, parse_failpoints
-from tutti_agent.model import BuiltinModel, Endpoint, Model, ResponsesModel
+from tutti_agent.model import (
+    FIRST_BYTE_TIMEOUT_S,
+    STREAM_IDLE_TIMEOUT_S,
+    BuiltinModel,
+    Endpoint,
+    Model,
+    ResponsesModel,
+)
 from tutti_agent.server import AppServer
 from tutti_agent.store import ThreadStore
 
@@ -52,6 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("TUTTI_AGENT_INSTRUCTIONS"),
         help="system prompt sent with every request",
     )
+    app.add_argument(
+        "--first-byte-seconds",
+        type=float,
+        default=float(os.environ.get("TUTTI_AGENT_FIRST_BYTE_SECONDS") or FIRST_BYTE_TIMEOUT_S),
+        help="a request that gets no answer in this long fails the turn (model_timeout)",
+    )
+    app.add_argument(
+        "--stream-idle-seconds",
+        type=float,
+        default=float(os.environ.get("TUTTI_AGENT_STREAM_IDLE_SECONDS") or STREAM_IDLE_TIMEOUT_S),
+        help="a reply that pauses this long mid-stream fails the turn (model_timeout)",
+    )
+    app.add_argument(
+        "--retries",
+        type=int,
+        default=int(os.environ.get("TUTTI_AGENT_MODEL_RETRIES") or 0),
+        help="retries of a request that got no answer at all (each waits its own limit)",
+    )
     return parser
 
 
@@ -63,6 +88,9 @@ def build_model(args: argparse.Namespace) -> Model:
         args.model,
         api_key_env=args.api_key_env or None,
         instructions=args.instructions or None,
+        first_byte_timeout_s=args.first_byte_seconds,
+        read_timeout_s=args.stream_idle_seconds,
+        retries=max(0, args.retries),
     )
     if args.wire_api == "chat":
         return ChatModel(endpoint)

@@ -121,11 +121,19 @@ def _user_texts(items: list[Mapping[str, Any]]) -> list[str]:
 
 
 # Why a connect gets its own short deadline: an endpoint that refuses or does not route must fail
-# the turn within seconds (model_unreachable), while a slow model may stream for minutes.
+# the turn within seconds (model_unreachable), while a slow model may stream for minutes. One
+# that accepts and then says nothing fails after the first-byte limit (model_timeout), one that
+# stops mid-reply after the stream-idle limit.
 CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 300.0
+FIRST_BYTE_TIMEOUT_S = 30.0
+STREAM_IDLE_TIMEOUT_S = 120.0
+READ_TIMEOUT_S = STREAM_IDLE_TIMEOUT_S
 AUTH_FAILED = "model_auth_failed"
 UNREACHABLE = "model_unreachable"
+TIMEOUT = "model_timeout"
+# The daemon's config keys, named in the timeout sentence so a user knows what to raise.
+FIRST_BYTE_KEY = "model_first_byte_seconds"
+STREAM_IDLE_KEY = "model_stream_idle_seconds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +146,11 @@ class Endpoint:
     api_key_env: str | None = None
     instructions: str | None = None
     connect_timeout_s: float = CONNECT_TIMEOUT_S
+    first_byte_timeout_s: float = FIRST_BYTE_TIMEOUT_S
     read_timeout_s: float = READ_TIMEOUT_S
+    """The stream-idle limit: the longest pause between two reads of a reply."""
+    retries: int = 0
+    """Retries of a request that got no answer at all (a first-byte timeout)."""
 
     def api_key(self) -> str | None:
         if not self.api_key_env:
@@ -178,7 +190,31 @@ class HttpModel:
         )
 
     def post(self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Any], None]) -> None:
-        """POST `body`, then hand the 200 response to `consume`; every failure is typed."""
+        """POST `body`, then hand the 200 response to `consume`; every failure is typed. A
+        request that gets no answer at all is sent again, `endpoint.retries` times."""
+        for attempt in range(self.endpoint.retries + 1):
+            try:
+                self._post_once(body, io, consume)
+                return
+            except _NoFirstByte:
+                if attempt < self.endpoint.retries:
+                    limit = self.endpoint.first_byte_timeout_s
+                    _retrying(
+                        io,
+                        f"{self.base_url + self.path} sent nothing within {limit:g} s "
+                        f"(attempt {attempt + 1} of {self.endpoint.retries + 1})",
+                    )
+                    continue
+                limit = self.endpoint.first_byte_timeout_s
+                tries = f", {attempt + 1} attempts" if attempt else ""
+                raise self._fail(
+                    TIMEOUT,
+                    f"sent nothing within {limit:g} s of the request ({FIRST_BYTE_KEY}{tries})",
+                ) from None
+
+    def _post_once(
+        self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Any], None]
+    ) -> None:
         # Imported here: every app-server spawn (one per fork, to prove the child readable)
         # would otherwise pay for http.client + email (~17 ms) that only this model uses.
         import http.client
@@ -202,6 +238,7 @@ class HttpModel:
         key = self.endpoint.api_key()
         if key:
             headers["authorization"] = f"Bearer {key}"
+        answered = False
         try:
             try:
                 conn.connect()
@@ -210,11 +247,14 @@ class HttpModel:
                     raise TurnCancelled() from None
                 raise self._fail(UNREACHABLE, f"is unreachable: {exc}") from None
             if conn.sock is not None:
-                conn.sock.settimeout(self.endpoint.read_timeout_s)
+                conn.sock.settimeout(self.endpoint.first_byte_timeout_s)
             try:
                 path = url.path + (f"?{url.query}" if url.query else "")
                 conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
                 resp = conn.getresponse()
+                answered = True
+                if conn.sock is not None:
+                    conn.sock.settimeout(self.endpoint.read_timeout_s)
                 if resp.status in (401, 403):
                     detail = resp.read(500).decode(errors="replace").strip()
                     raise self._fail(
@@ -226,12 +266,27 @@ class HttpModel:
                     detail = resp.read(2000).decode(errors="replace")
                     raise ModelError(f"model server returned HTTP {resp.status}: {detail}")
                 consume(resp)
+            except TimeoutError:
+                if io.cancelled.is_set():
+                    raise TurnCancelled() from None
+                if not answered:
+                    raise _NoFirstByte() from None
+                limit = self.endpoint.read_timeout_s
+                raise self._fail(
+                    TIMEOUT,
+                    f"stopped answering for {limit:g} s in the middle of its reply "
+                    f"({STREAM_IDLE_KEY})",
+                ) from None
             except (OSError, http.client.HTTPException, AttributeError) as exc:
                 if io.cancelled.is_set():
                     raise TurnCancelled() from None
                 raise ModelError(f"model request failed: {exc}") from None
         finally:
             conn.close()
+
+
+class _NoFirstByte(Exception):
+    """One attempt got no answer within the first-byte limit (retried, then `model_timeout`)."""
 
 
 class ResponsesModel(HttpModel):
@@ -321,6 +376,13 @@ def _delta(io: TurnIO, item_id: str, kind: str, delta: Any) -> None:
     fn = getattr(io, "delta", None)
     if fn is not None and isinstance(delta, str) and delta and item_id:
         fn(item_id, kind, delta)
+
+
+def _retrying(io: TurnIO, message: str) -> None:
+    """Tell the client a model request is being sent again (when the TurnIO can)."""
+    fn = getattr(io, "retrying", None)
+    if fn is not None:
+        fn(message)
 
 
 def _usage(io: TurnIO, input_tokens: Any, output_tokens: Any) -> None:

@@ -124,6 +124,19 @@ class LiveTurnIO:
     def model_name(self) -> str | None:
         return self._thread.model_name
 
+    def retrying(self, message: str) -> None:
+        """A model request is sent again: Codex's `error` notification with `willRetry`, so
+        one driver shows both as progress."""
+        self._thread.peer.notify(
+            "error",
+            {
+                "error": {"message": message},
+                "willRetry": True,
+                "threadId": self._thread.thread_id,
+                "turnId": self._turn.turn_id,
+            },
+        )
+
     def delta(self, item_id: str, kind: str, text: str) -> None:
         """Stream a piece of an item still being generated (not persisted: the completed item
         is the record). Codex's notification names, so one driver maps both."""

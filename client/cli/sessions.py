@@ -44,7 +44,8 @@ def provider_line(p: Mapping[str, Any]) -> str:
     """One provider in words: program and version, endpoint, model, credential source (the
     variable's name and whether it is set, never its value)."""
     if not p.get("installed"):
-        return f"  {p['provider']}: NOT INSTALLED ({p.get('program')})"
+        how = f"; install it with `{p['install']}`" if p.get("install") else ""
+        return f"  {p['provider']}: NOT INSTALLED ({p.get('program')}){how}"
     cred = p.get("credential") or {}
     source = cred.get("source")
     if source == "env":

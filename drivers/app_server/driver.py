@@ -42,6 +42,7 @@ from drivers.app_server.process import (
 from drivers.app_server.state import Runtime, SessionState
 from drivers.base import Emit, ProviderStateBindingMode
 from drivers.binder import RolloutBinder
+from drivers.credentials import CredentialPlan, credential_plan
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from drivers.versions import VersionGate
@@ -98,6 +99,10 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         """The model endpoint named in a model failure."""
         base = self.config.get("model_base_url")
         return str(base) if base else None
+
+    def credential(self) -> CredentialPlan | None:
+        """Where the key comes from, named in a refused credential's failure."""
+        return credential_plan(self.kind, self.config)
 
     def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
         home.mkdir(parents=True, exist_ok=True)

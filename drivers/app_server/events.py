@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import threading
 import time
@@ -16,9 +17,12 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from domain.errors import HostError
+from domain.model_limits import ModelLimits, stream_idle_timeout
+from domain.turn_events import PROGRESS
 from domain.worker_messages import (
     InteractionRequested,
     MessageDelta,
+    TurnActivity,
     TurnBindingMoved,
     TurnCompleted,
     TurnEvent,
@@ -35,7 +39,7 @@ from drivers.app_server.items import (
 from drivers.app_server.process import AppServerClosed, ServerRequest
 from drivers.app_server.state import PendingRequest, SessionState
 from drivers.base import Emit, TurnOutcome
-from drivers.credentials import classify_model_failure, model_failure_text
+from drivers.credentials import CredentialPlan, classify_model_failure, model_failure_text
 
 # Notifications that name no thread and never change one's turns (a fork child's
 # `thread/started`, server-wide notices): they leave a fork's verified source read valid.
@@ -58,14 +62,22 @@ def _changes_history(session: SessionState, method: str, params: Mapping[str, An
     return isinstance(thread, Mapping) and thread.get("id") == session.thread_id
 
 
+# How Codex words the end of a stream that went silent past its `stream_idle_timeout_ms`.
+_STREAM_IDLE = re.compile(r"idle timeout waiting for SSE", re.IGNORECASE)
+
+
 class TurnEvents:
     """The reader-thread callbacks of one app-server (`on_notification`, `on_server_request`,
     `on_exit`), bound to the Session it serves."""
 
     kind: ClassVar[str]
     _emit: Emit | None
+    config: Mapping[str, Any]
 
     def endpoint(self) -> str | None:
+        raise NotImplementedError
+
+    def credential(self) -> CredentialPlan | None:
         raise NotImplementedError
 
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,6 +121,15 @@ class TurnEvents:
         if method == "turn/started":
             turn = params.get("turn") or {}
             self._claim_turn(session, str(turn.get("id") or ""))
+        elif method == "item/started":
+            # The model has answered (a tool it called starts to run, perhaps for minutes, with
+            # nothing else to show): the host's first-byte backstop must not take that silence
+            # for a model that never answered.
+            item = params.get("item")
+            if isinstance(item, Mapping) and item.get("type") not in ("userMessage", None):
+                canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+                if canonical is not None:
+                    self._send(session, TurnActivity(canonical))
         elif method == "item/completed":
             provider_turn_id = str(params.get("turnId") or "")
             canonical = self._claim_turn(session, provider_turn_id)
@@ -138,9 +159,13 @@ class TurnEvents:
             error: str | None = None
             provider_error = turn.get("error")
             if isinstance(provider_error, Mapping) and provider_error.get("message"):
-                error = model_failure_text(
-                    self.kind, self.endpoint(), str(provider_error["message"])
-                )
+                text = str(provider_error["message"])
+                if _STREAM_IDLE.search(text):
+                    # The provider's own stream-idle limit (Codex's stream_idle_timeout_ms).
+                    idle = ModelLimits.from_mapping(self.config).stream_idle_s
+                    error = stream_idle_timeout(self.kind, self.endpoint(), idle)
+                else:
+                    error = model_failure_text(self.kind, self.endpoint(), text, self.credential())
             with session.state_lock:
                 failure = session.model_failures.pop(provider_turn_id, None)
             if failure is not None:
@@ -163,18 +188,26 @@ class TurnEvents:
             return  # a final error arrives with turn/completed
         error = params.get("error")
         detail = json.dumps(error) if isinstance(error, Mapping) else str(error or "")
-        if classify_model_failure(detail) is None:
-            return
         message = str(error.get("message") or detail) if isinstance(error, Mapping) else detail
         extra = error.get("additionalDetails") if isinstance(error, Mapping) else None
         if extra:
             message = f"{message} ({extra})"
         provider_turn_id = str(params.get("turnId") or "")
+        if classify_model_failure(detail) is None:
+            # A retry the provider makes on its own (`model_retries`): shown, not silence.
+            canonical = self._claim_turn(session, provider_turn_id)
+            if canonical is not None:
+                with session.state_lock:
+                    session.retries += 1
+                    item_id = f"retry-{session.retries}"
+                note = f"{self.kind} retries the model request: {message}"
+                self._send(session, MessageDelta(canonical, item_id, PROGRESS, note))
+            return
         with session.state_lock:
             if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
                 return
             session.model_failures[provider_turn_id] = model_failure_text(
-                self.kind, self.endpoint(), message
+                self.kind, self.endpoint(), message, self.credential()
             )
         # Not on the reader thread: it must stay free to read the interrupt's answer.
         threading.Thread(

@@ -71,6 +71,8 @@ class SessionState:
     pending: dict[str, PendingRequest] = field(default_factory=dict)
     # provider turn id → the typed model failure that made us stop the provider's retries
     model_failures: dict[str, str] = field(default_factory=dict)
+    retries: int = 0
+    """The provider's own retries seen so far (each one's progress note has its own item id)."""
     last_used: float = field(default_factory=time.monotonic)
     # Bumped (under state_lock) by every call that may change the thread's turns and by every
     # notification about the thread: a `VerifiedTurns` of another generation is stale.

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.credentials import ANTHROPIC_VAR, copy_login, truthy, user_claude_credentials
+from domain.model_limits import ModelLimits
+from drivers.credentials import (
+    ANTHROPIC_VAR,
+    FILE_KEY_VAR,
+    CredentialPlan,
+    copy_login,
+    truthy,
+    user_claude_credentials,
+)
 
 DRIVER_KIND = "claude-code"
 PINNED_SDK_VERSION = "0.2.189"
@@ -56,6 +64,8 @@ class ClaudeDriverConfig:
     """The daemon-env variable holding the key, read when a session's runtime is prepared."""
     use_user_login: bool = False
     """Use the user's own `claude` login (`~/.claude/.credentials.json`) instead of a key."""
+    limits: ModelLimits = ModelLimits()
+    """The model limits, given to the CLI through its own variables (`limit_env`)."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ClaudeDriverConfig:
@@ -70,7 +80,16 @@ class ClaudeDriverConfig:
             api_key=opt("api_key"),
             api_key_env=opt("api_key_env") or ANTHROPIC_VAR,
             use_user_login=truthy(config.get("use_user_login", False)),
+            limits=ModelLimits.from_mapping(config),
         )
+
+    def credential(self) -> CredentialPlan:
+        """Where this driver's key comes from (named in a refused credential's failure)."""
+        if self.use_user_login:
+            return CredentialPlan("login")
+        if self.api_key:
+            return CredentialPlan("file", FILE_KEY_VAR)
+        return CredentialPlan("env", self.api_key_env)
 
     def api_key_value(self) -> str | None:
         """The key this daemon was given (never stored): the in-file one, else the named
@@ -102,10 +121,24 @@ def session_env(
         env["ANTHROPIC_API_KEY"] = key or "unset-no-credential"
     if config.model_base_url:
         env["ANTHROPIC_BASE_URL"] = config.model_base_url
+    env.update(limit_env(config.limits))
     env.update({str(k): str(v) for k, v in extra.items()})
     # The session's own dirs always win over anything passed in.
     env.update({"HOME": str(private_home), "CLAUDE_CONFIG_DIR": str(config_dir)})
     return env
+
+
+def limit_env(limits: ModelLimits) -> dict[str, str]:
+    """The CLI's own settings for `limits`: the wait for response headers (the API client's
+    timeout and the stream's first-byte watchdog, which the CLI raises to at least 10 s), the
+    longest pause mid-stream, and its retries of a failed request."""
+    first_byte_ms = str(int(limits.first_byte_s * 1000))
+    return {
+        "API_TIMEOUT_MS": first_byte_ms,
+        "CLAUDE_STREAM_FIRST_BYTE_TIMEOUT_MS": first_byte_ms,
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(int(limits.stream_idle_s * 1000)),
+        "CLAUDE_CODE_MAX_RETRIES": str(limits.retries),
+    }
 
 
 @contextlib.contextmanager

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import re
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
 from domain.errors import NotFound, SessionBusy
+from domain.model_limits import first_byte_timeout, stream_idle_timeout
+from domain.turn_events import PROGRESS
 from domain.worker_messages import MessageDelta, TurnCompleted, TurnItem
 from drivers.base import Emit, TurnOutcome
 from drivers.claude.checkpoints import resumable
@@ -26,6 +28,7 @@ from drivers.credentials import (
     MODEL_AUTH_FAILED,
     MODEL_UNREACHABLE,
     classify_model_failure,
+    credential_note,
     model_failure_text,
 )
 from drivers.errors import DriverError
@@ -52,6 +55,9 @@ EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
 DESCENDANT_LANE_KIND = "descendant_lane"
 
 TURN_START_TIMEOUT_S = 120.0
+
+# How the CLI words its own request timeouts (API_TIMEOUT_MS, the first-byte watchdog).
+_TIMED_OUT = re.compile(r"request timed out|timed out waiting|no_response", re.IGNORECASE)
 
 
 class Turns(Interactions):
@@ -165,7 +171,15 @@ class Turns(Interactions):
         except asyncio.CancelledError:
             outcome, error = TurnOutcome.INTERRUPTED, None
         except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
-            outcome, error = TurnOutcome.FAILED, f"{type(exc).__name__}: {exc}"
+            text = f"{type(exc).__name__}: {exc}"
+            if _TIMED_OUT.search(text):
+                error = self._timeout_text(turn)
+            elif error is None:
+                error = model_failure_text(
+                    "claude-code", self._config.model_base_url, text, self._config.credential()
+                )
+            # else: the error result already named the cause; the exit that follows adds none.
+            outcome = TurnOutcome.FAILED
         finally:
             watcher.cancel()
             self._drop_pending(session, turn)
@@ -258,6 +272,9 @@ class Turns(Interactions):
             if turn.provider_turn_id is not None:
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, AssistantMessage):
+            # An `error` message is the CLI's own wording of a failed API call ("Request timed
+            # out… set API_TIMEOUT_MS"): not a reply; the Turn's error says it in ours. It stays
+            # a checkpoint (it is on the transcript's chain).
             for block in message.content:
                 item: dict[str, Any] | None = None
                 if isinstance(block, TextBlock):
@@ -275,7 +292,7 @@ class Turns(Interactions):
                 api_id = str(message.message_id or "")
                 index = turn.settled_blocks.get(api_id, 0)
                 turn.settled_blocks[api_id] = index + 1
-                if item is not None:
+                if item is not None and message.error is None:
                     # provider* keys: the store leaves provider identities untouched when it clones
                     # a Turn (a bare `messageId` would read as a canonical typed reference).
                     item["payload"].update(
@@ -290,7 +307,7 @@ class Turns(Interactions):
                 self._set_checkpoint(session, turn, message.uuid)
         elif isinstance(message, SystemMessage):
             if message.subtype == "api_retry":
-                self._on_api_retry(turn, message.data)
+                self._on_api_retry(sid, turn, message.data)
             msg_uuid = message.data.get("uuid")
             if (
                 message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
@@ -303,8 +320,10 @@ class Turns(Interactions):
             if message.is_error:
                 errors = getattr(message, "errors", None) or []
                 text = str(message.result or "; ".join(map(str, errors)) or message.subtype)
+                if _TIMED_OUT.search(text):
+                    return TurnOutcome.FAILED, self._timeout_text(turn)
                 return TurnOutcome.FAILED, model_failure_text(
-                    "claude-code", self._config.model_base_url, text
+                    "claude-code", self._config.model_base_url, text, self._config.credential()
                 )
             return TurnOutcome.COMPLETED, None
         return None
@@ -325,30 +344,62 @@ class Turns(Interactions):
         }
         turn.emit(sid, TurnItem(turn.turn_id, item))
 
-    def _on_api_retry(self, turn: TurnState, data: Mapping[str, Any]) -> None:
+    def _timeout_text(self, turn: TurnState) -> str:
+        """The CLI's own limit ended the request: the first byte never came, or the stream
+        began (a `message_start` was seen) and then went silent."""
+        limits, endpoint = self._config.limits, self._config.model_base_url
+        if turn.stream_message_id is None:
+            return first_byte_timeout("claude-code", endpoint, limits.first_byte_budget_s)
+        return stream_idle_timeout("claude-code", endpoint, limits.stream_idle_s)
+
+    def _on_api_retry(self, sid: str, turn: TurnState, data: Mapping[str, Any]) -> None:
         """The CLI retries a refused credential or an unreachable endpoint for minutes: a
         retry whose cause is one of those fails the turn now, naming it."""
         if turn.model_failure is not None:
             return
         status = data.get("error_status")
-        detail = json.dumps({k: v for k, v in data.items() if k != "uuid"}, default=str)
+        cause = str(data.get("error") or "")
         # Classified on the error's own words (numbers such as retry_delay_ms could look like
         # a status), plus the HTTP status.
-        reason = classify_model_failure(str(data.get("error") or ""))
+        reason = classify_model_failure(cause)
+        attempt = int(data.get("attempt") or 0)
+        if data.get("no_response") or _TIMED_OUT.search(cause):
+            # The endpoint accepted the request and sent nothing: the CLI retries it within
+            # `model_retries`, then ends the turn with its timeout (named in `_timeout_text`).
+            self._progress(sid, turn, data, "the endpoint sent nothing in time")
+            return
+        endpoint = self._config.model_base_url or "(the default Anthropic API)"
         if status in (401, 403):
-            reason = MODEL_AUTH_FAILED
-        elif status is None and int(data.get("attempt") or 0) >= 2:
+            note = credential_note("claude-code", self._config.credential())
+            failure = (
+                f"{MODEL_AUTH_FAILED}: claude-code model endpoint {endpoint} answered HTTP "
+                f"{status} ({note}): {cause or 'the credential was refused'}"
+            )
+        elif status is None and attempt >= 2:
             # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
             # reports it as `error: "unknown"`; a blip gets one retry).
-            reason = MODEL_UNREACHABLE
-            detail = f"no HTTP answer (connection failed), retry {data.get('attempt')}: {detail}"
-        if reason is None:
+            failure = (
+                f"{MODEL_UNREACHABLE}: claude-code model endpoint {endpoint} is unreachable: "
+                f"no HTTP answer to {attempt} attempts (the connection failed"
+                + (f": {cause})" if cause and cause != "unknown" else ")")
+            )
+        elif reason is not None:
+            failure = model_failure_text(
+                "claude-code", self._config.model_base_url, cause, self._config.credential()
+            )
+        else:
+            self._progress(sid, turn, data, cause or f"HTTP {status}")
             return
-        turn.model_failure = (
-            f"{reason}: claude-code model endpoint "
-            f"{self._config.model_base_url or '(the default Anthropic API)'}: {detail}"
-        )
+        turn.model_failure = failure
         self._terminate(turn)  # on the loop thread already (messages are read there)
+
+    @staticmethod
+    def _progress(sid: str, turn: TurnState, data: Mapping[str, Any], why: str) -> None:
+        """A retry the CLI makes on its own, shown to the user as it happens (not silence)."""
+        attempt, limit = data.get("attempt"), data.get("max_retries")
+        of = f" (attempt {attempt} of {limit})" if attempt and limit else ""
+        note = f"claude-code retries the model request{of}: {why}"
+        turn.emit(sid, MessageDelta(turn.turn_id, f"retry-{attempt}", PROGRESS, note))
 
     def _on_stream_event(
         self, session: SessionState, turn: TurnState, event: Mapping[str, Any]

@@ -9,6 +9,8 @@ import threading
 from enum import StrEnum
 from pathlib import Path
 
+from domain.model_limits import ModelLimits
+
 
 class ApprovalPolicy(StrEnum):
     """When Codex asks before acting; anything but `never` raises approval Interactions."""
@@ -38,9 +40,12 @@ def render_config_toml(
     sandbox_mode: SandboxMode,
     env_key: str | None = None,
     requires_openai_auth: bool = False,
+    limits: ModelLimits | None = None,
 ) -> str:
-    """The offline `config.toml` of PROVIDERS.md: a local Responses endpoint, no retries, and
-    the features that would reach the network (plugins) or the login shell (snapshots) off."""
+    """The offline `config.toml` of PROVIDERS.md: a local Responses endpoint with the
+    provider's own stream-idle limit and retries (`limits`), and the features that would reach
+    the network (plugins) or the login shell (snapshots) off."""
+    limits = limits or ModelLimits()
     lines: list[str] = []
     if model:
         lines.append(f"model = {_toml_string(model)}")
@@ -62,8 +67,11 @@ def render_config_toml(
             *([f"env_key = {_toml_string(env_key)}"] if env_key else []),
             f"requires_openai_auth = {'true' if requires_openai_auth else 'false'}",
             "supports_websockets = false",
-            "request_max_retries = 0",
-            "stream_max_retries = 0",
+            # Codex's own limit on a silent stream; its time to a first byte has no setting of
+            # its own, so the driver and the host enforce `model_first_byte_seconds`.
+            f"stream_idle_timeout_ms = {int(limits.stream_idle_s * 1000)}",
+            f"request_max_retries = {limits.retries}",
+            f"stream_max_retries = {limits.retries}",
         ]
     lines += [
         "",

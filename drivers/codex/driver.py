@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import Conflict, InvalidArgument
+from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerFailure
 from drivers.app_server.state import Runtime, SessionState
@@ -111,6 +112,7 @@ class CodexDriver(AppServerDriver):
                 sandbox_mode=sandbox,
                 env_key=plan.variable,
                 requires_openai_auth=plan.source == "login",
+                limits=ModelLimits.from_mapping(self.config),
             ),
         )
         if spec is not None and spec.lineage is not None and spec.thread_id:

@@ -8,6 +8,8 @@ fake HOME); the key's bytes appear nowhere the daemon writes."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,10 @@ from typing import Any
 import pytest
 
 from model_fakes.messages import MessagesServer, model_input_texts
+from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
-from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 
@@ -89,6 +92,12 @@ def test_claude_without_the_key_fails_fast_as_model_auth_failed(tmp_path: Path) 
             assert turn["outcome"] == "failed", turn
             assert turn["errorReason"] == "model_auth_failed", turn["error"]
             assert "claude-code" in turn["error"] and model.base_url in turn["error"]
+            # In tutti-agent's words, never the SDK's raw JSON.
+            assert (
+                f"claude-code model endpoint {model.base_url} refused the key "
+                "(credential from $ANTHROPIC_API_KEY, which is NOT set)"
+            ) in turn["error"], turn["error"]
+            assert "{" not in turn["error"], turn["error"]
         finally:
             d.stop()
 
@@ -136,7 +145,71 @@ def test_claude_with_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path
         turn = run_turn(c, sid, "one")
         assert turn["outcome"] == "failed", turn
         assert turn["errorReason"] == "model_unreachable", turn["error"]
-        assert closed.base_url in turn["error"]
+        assert f"claude-code model endpoint {closed.base_url} is unreachable: " in turn["error"]
+        assert "{" not in turn["error"], turn["error"]  # words, not the SDK's retry JSON
     finally:
         d.stop()
     assert key_leaks(KEY, d, []) == []
+
+
+def test_claude_with_a_silent_endpoint_fails_as_model_timeout_within_the_first_byte_limit(
+    tmp_path: Path,
+) -> None:
+    # The CLI's API_TIMEOUT_MS ends the wait at the configured limit (its first-byte watchdog
+    # alone would not go below 10 s); the driver names the cause in our words.
+    first_byte = 2
+    with SilentServer(path="") as silent:
+        d = start(
+            tmp_path / "home",
+            silent,  # type: ignore[arg-type]
+            f"model_first_byte_seconds = {first_byte}\n",
+            {"ANTHROPIC_API_KEY": KEY},
+        )
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", cwd=str(tmp_path))["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert silent.base_url in turn["error"] and "claude-code" in turn["error"]
+            assert f"{first_byte} s" in turn["error"], turn["error"]
+            assert "model_first_byte_seconds" in turn["error"]
+            assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < (first_byte + 20) * 1000
+            assert silent.accepted >= 1
+            # The CLI's own "Request timed out… set API_TIMEOUT_MS" is no assistant reply.
+            assert [m["kind"] for m in turn["messages"]] == ["user"], turn["messages"]
+        finally:
+            d.stop()
+        assert key_leaks(KEY, d, []) == []
+
+
+def test_claude_retries_of_a_silent_endpoint_show_as_progress_in_say(tmp_path: Path) -> None:
+    # One retry of its own (`model_retries = 1`): `say` prints it as it happens, then the
+    # Turn fails model_timeout after both attempts.
+    with SilentServer(path="") as silent:
+        d = start(
+            tmp_path / "home",
+            silent,  # type: ignore[arg-type]
+            "model_first_byte_seconds = 2\nmodel_retries = 1\n",
+            {"ANTHROPIC_API_KEY": KEY},
+        )
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", cwd=str(tmp_path))["agentSessionId"]
+            argv = [sys.executable, "-m", "agenthost.cli", "--home", str(d.home)]
+            say = subprocess.run(
+                [*argv, "--workspace", WS, "say", sid, "one"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+            assert say.returncode == 1, (say.stdout, say.stderr)
+            assert "progress: claude-code retries the model request (attempt 1 of 1)" in (
+                say.stdout
+            ), say.stdout
+            assert "turn_failed: model_timeout: claude-code model endpoint" in say.stderr
+            assert "sent nothing within 4 s of the request" in say.stderr, say.stderr
+            assert silent.accepted >= 2
+        finally:
+            d.stop()

@@ -7,6 +7,7 @@ as `message.delta` events ahead of the settled Turn, a missing key fails fast as
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import pytest
 from codex_helpers import codex_bin, conversation
 
 from model_fakes.responses import ResponsesServer
+from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
-from tests.support.daemon import DaemonProcess, create_session, run_turn, timeline
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from transport.client import EventSubscriber
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
 
@@ -92,6 +95,31 @@ def test_codex_without_the_key_fails_fast_as_model_auth_failed(
             assert turn["outcome"] == "failed", turn
             assert turn["errorReason"] == "model_auth_failed", turn["error"]
             assert "codex" in turn["error"] and model.base_url in turn["error"]
+            # In tutti-agent's words: what happened, then where the key came from.
+            what = (
+                "answered HTTP 401 (credential from ${VAR}, which is set)"
+                if env
+                else "was not called: the provider has no key to send "
+                "(credential from ${VAR}, which is NOT set)"
+            ).replace("${VAR}", f"${VAR}")
+            assert f"codex model endpoint {model.base_url} {what}" in turn["error"], turn["error"]
+        finally:
+            d.stop()
+
+
+def test_codex_without_any_credential_configured_says_so(tmp_path: Path) -> None:
+    with ResponsesServer(api_key=KEY) as model:
+        d = start(tmp_path / "home", model, "", {})
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["errorReason"] == "model_auth_failed", turn["error"]
+            assert (
+                f"codex model endpoint {model.base_url} answered HTTP 401 (no credential "
+                in (turn["error"])
+            ), turn["error"]
+            assert "set api_key_env (or use_user_login) in [providers.codex]" in turn["error"]
         finally:
             d.stop()
 
@@ -134,3 +162,68 @@ def test_codex_with_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path:
         assert closed.base_url in turn["error"]
     finally:
         d.stop()
+
+
+def test_codex_with_a_silent_endpoint_fails_as_model_timeout_within_the_first_byte_limit(
+    tmp_path: Path,
+) -> None:
+    with SilentServer() as silent:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            "[providers.codex]\n"
+            f'command = "{codex_bin()}"\n'
+            'model = "mock-model"\n'
+            f'model_base_url = "{silent.base_url}"\n'
+            "model_first_byte_seconds = 2\n"
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert silent.base_url in turn["error"] and "codex" in turn["error"]
+            assert "2 s" in turn["error"] and "model_first_byte_seconds" in turn["error"]
+            # Settled by the configured limit, not Codex's own 300 s stream timeout.
+            assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < 30_000
+            assert silent.accepted >= 1
+            # The Session keeps working: the next turn is accepted and settles.
+            assert run_turn(c, sid, "two")["phase"] == "settled"
+        finally:
+            d.stop()
+
+
+def test_codex_a_stream_that_stalls_is_retried_as_progress_then_fails_as_model_timeout(
+    tmp_path: Path,
+) -> None:
+    gate = threading.Event()  # never set while the turn runs: every reply stalls mid-stream
+    with ResponsesServer(gate=gate) as model:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            "[providers.codex]\n"
+            f'command = "{codex_bin()}"\n'
+            'model = "mock-model"\n'
+            f'model_base_url = "{model.base_url}"\n'
+            "model_stream_idle_seconds = 1\n"
+            "model_retries = 1\n"
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+            with EventSubscriber(d.events, [WS]) as sub:
+                turn = run_turn(c, sid, "one")
+                progress = []
+                while (event := sub.next(0.5)) is not None:
+                    if event.get("type") == "message.delta" and event["kind"] == "progress":
+                        progress.append(event["delta"])
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert "model_stream_idle_seconds" in turn["error"], turn["error"]
+            assert progress and progress[0].startswith("codex retries the model request: ")
+        finally:
+            gate.set()
+            d.stop()

@@ -5,6 +5,7 @@ Turn shows the reply exactly once."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 from typing import Any
@@ -12,11 +13,14 @@ from typing import Any
 import pytest
 from textual.pilot import Pilot
 
+from client.engine import Engine
 from client.gui.app import AgentHostApp
-from client.gui.transcript import TurnView
+from client.gui.transcript import TranscriptView, TurnView
 from model_fakes.responses import ResponsesServer
+from model_fakes.silent import SilentServer
+from tests.client.make_screenshot import screen_segments
 from tests.client.test_client_gui import run_app, until
-from tests.support.daemon import DaemonProcess, create_session, submit
+from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -69,4 +73,54 @@ def test_the_gui_grows_a_streamed_reply_in_place(tmp_path: Path) -> None:
             run_app(d, WS, scenario)
         finally:
             gate.set()
+            d.stop()
+
+
+def transcript_words(app: AgentHostApp) -> str:
+    """The words on screen inside the transcript pane (line wraps and borders removed)."""
+    region = app.query_one(TranscriptView).region
+    rows = [
+        "".join(segment.text for segment in line if not segment.control)
+        for line in screen_segments(app)
+    ]
+    cells = [row[region.x : region.x + region.width] for row in rows[region.y : region.bottom]]
+    return " ".join(" ".join(c.replace("▊", " ").replace("▎", " ").split()) for c in cells)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)], ids=["80x24", "200x50"])
+def test_the_gui_shows_a_model_timeout_in_words(tmp_path: Path, size: tuple[int, int]) -> None:
+    with SilentServer() as silent:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            "[providers.tutti-agent]\n"
+            f'model_base_url = "{silent.base_url}"\n'
+            "model_first_byte_seconds = 1\n"
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, WS, title="silent")["agentSessionId"]
+            turn_id = run_turn(c, sid, "hello", WS)["turnId"]
+
+            async def main() -> None:
+                engine = Engine.connect(d.api, d.events, WS)
+                app = AgentHostApp(engine, own_engine=True)
+                async with app.run_test(size=size) as pilot:
+                    await until(pilot, lambda: app.engine.session(sid) is not None)
+                    app.open_session(sid)
+                    await until(
+                        pilot,
+                        lambda: any(v.turn["turnId"] == turn_id for v in app.query(TurnView)),
+                    )
+                    await pilot.pause(0.2)
+                    words = transcript_words(app)
+                    assert (
+                        "failed: model_timeout: tutti-agent model endpoint "
+                        f"{silent.base_url}/responses sent nothing within 1 s of the request "
+                        "(model_first_byte_seconds)"
+                    ) in words, words
+
+            asyncio.run(main())
+        finally:
             d.stop()

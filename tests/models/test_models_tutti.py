@@ -17,6 +17,7 @@ import pytest
 from model_fakes.chat import ChatServer, ToolCall, conversation
 from model_fakes.http import FakeModelServer
 from model_fakes.responses import ResponsesServer
+from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
@@ -155,6 +156,63 @@ def test_an_unreachable_endpoint_fails_as_model_unreachable(tmp_path: Path) -> N
         assert url in turn["error"] and "tutti-agent" in turn["error"]
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("wire_api", ["responses", "chat"])
+def test_a_silent_endpoint_fails_the_turn_as_model_timeout_within_the_first_byte_limit(
+    tmp_path: Path, wire_api: str
+) -> None:
+    with SilentServer() as silent:
+        d = start_daemon(
+            tmp_path / "home",
+            "[providers.tutti-agent]\n"
+            f'model_base_url = "{silent.base_url}"\n'
+            f'wire_api = "{wire_api}"\n'
+            "model_first_byte_seconds = 1.5\n",
+        )
+        try:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            turn = run_turn(c, sid, "one")
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert silent.base_url in turn["error"] and "tutti-agent" in turn["error"]
+            assert "1.5 s" in turn["error"] and "model_first_byte_seconds" in turn["error"]
+            # Settled by the configured limit, not the old 300 s read timeout.
+            assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < 30_000
+            assert silent.accepted == 1
+            # The daemon keeps serving.
+            assert c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        finally:
+            d.stop()
+
+
+def test_a_retry_of_a_silent_endpoint_is_shown_as_progress(tmp_path: Path) -> None:
+    with SilentServer() as silent:
+        d = start_daemon(
+            tmp_path / "home",
+            "[providers.tutti-agent]\n"
+            f'model_base_url = "{silent.base_url}"\n'
+            "model_first_byte_seconds = 1\n"
+            "model_retries = 1\n",
+        )
+        try:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            turn, deltas = settle_with_events(d, c, sid, "one")
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            assert (
+                "sent nothing within 1 s of the request (model_first_byte_seconds, 2 attempts)"
+                in (turn["error"])
+            )
+            notes = [e["delta"] for e in deltas if e["kind"] == "progress"]
+            assert notes == [
+                "tutti-agent retries the model request: "
+                f"{silent.base_url}/responses sent nothing within 1 s (attempt 1 of 2)"
+            ], deltas
+            assert silent.accepted == 2
+        finally:
+            d.stop()
 
 
 def test_a_provider_that_is_not_installed_fails_session_create(tmp_path: Path) -> None:
