@@ -446,7 +446,6 @@ class Daemon:
         return merged
 
 
-<<<<<<< HEAD
 def _dir_id(path: Path) -> tuple[int, int] | None:
     """(device, inode) of a directory, None when it is missing: a new one is another id."""
     try:
@@ -456,11 +455,6 @@ def _dir_id(path: Path) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino)
 
 
-def _provider_config(cfg: Config) -> dict[str, dict[str, Any]]:
-    """Each provider's table, plus the worker's limit for a provider fork call (the host's
-    fork deadline is derived from it, so the worker always decides first)."""
-    out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in cfg.providers.items()}
-=======
 def _model_limits(cfg: Config) -> dict[str, ModelLimits]:
     """The limits the host's first-byte backstop applies, per provider that talks to a model
     endpoint (every one but tutti-agent on its built-in model, which is not a network call)."""
@@ -478,7 +472,6 @@ def _provider_config(
     fork call (the host's fork deadline is derived from it, so the worker always decides
     first)."""
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in providers.items()}
->>>>>>> use-models
     for provider in ("tutti-agent", "codex"):
         out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
     return out
