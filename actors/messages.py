@@ -63,6 +63,8 @@ class Submit:
 class Interrupt:
     turn_id: str
     reply: Reply
+    # The Turn's `error` once it settles interrupted: who stopped it and why.
+    why: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,8 @@ class Respond:
     request_id: str
     response: Mapping[str, Any]
     reply: Reply
+    # Who answered (`interaction.respond`'s `by`), recorded beside the answer, never sent on.
+    by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from actors.store_ports import RestartRuleStore, StartupRecoveryStore
 from domain.fork_states import after_restart
+from domain.interrupts import HOST_RESTART_ERROR
 from storage.models import ForkOperation, ForkStatus
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def recover_fork_operations(store: StartupRecoveryStore, *, page_size: int = 500
     return RecoveryReport(failed, unknown, committed, errors)
 
 
-ORPHANED_TURN_ERROR = "the host restarted during this turn"
+ORPHANED_TURN_ERROR = HOST_RESTART_ERROR
 
 
 def settle_orphaned_turns(store: StartupRecoveryStore) -> int:

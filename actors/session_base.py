@@ -66,6 +66,9 @@ class TurnState:
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
     model_asked_at: float | None = None
     model_answered: bool = False
+    # Who interrupted it and why, once someone did: the provider's end of the Turn says only
+    # that it was interrupted.
+    interrupted_why: str | None = None
 
 
 @dataclass(eq=False)

@@ -77,15 +77,17 @@ class SessionControls(TurnRunner):
             self._turns[turn.turn_id] = state
             if turn.root_provider_turn_id:
                 self._stop_runtime()
-            self._settle(state, "interrupted", then=_answer)
+            self._settle(state, "interrupted", error=msg.why, then=_answer)
             return
         if state.settling:
-            self._settle(state, "interrupted", then=_answer)  # answers with its pending write
+            # Answers with its pending write.
+            self._settle(state, "interrupted", error=msg.why, then=_answer)
             return
+        state.interrupted_why = msg.why
         provider_turn_id = state.provider_turn_id or turn.root_provider_turn_id
         if not provider_turn_id:
             # Not started at the provider yet: settle it here, nothing to stop there.
-            self._settle(state, "interrupted", then=_answer)
+            self._settle(state, "interrupted", error=msg.why, then=_answer)
             return
         provider = self.session().provider
         fut = self.ctx.workers.request(
@@ -109,7 +111,7 @@ class SessionControls(TurnRunner):
                 # and settle the Turn here, so an interrupt always ends the Turn.
                 log.warning("session %s: interrupt failed (%s); stopping runtime", self.key, exc)
                 self._stop_runtime()
-                self._settle(state, "interrupted", then=_answer)
+                self._settle(state, "interrupted", error=msg.why, then=_answer)
                 return
             msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
 
@@ -149,8 +151,9 @@ class SessionControls(TurnRunner):
                 state.last_activity = time.monotonic()
             # The worker answered the provider: the Turn may already have settled (its end
             # can reach us before this reply), and the answer is still what happened.
+            output = dict(msg.response) if msg.by is None else {**msg.response, "by": msg.by}
             interaction = self.session_store.resolve_interaction(
-                self.ws, self.sid, msg.turn_id, msg.request_id, dict(msg.response), delivered=True
+                self.ws, self.sid, msg.turn_id, msg.request_id, output, delivered=True
             )
             msg.reply(interaction)
 

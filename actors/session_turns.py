@@ -369,7 +369,10 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 )
             case TurnCompleted():
                 self._bind(state, event.provider_turn_id)
-                self._settle(state, event.outcome, error=event.error)
+                error = event.error
+                if event.outcome == "interrupted" and state.interrupted_why:
+                    error = state.interrupted_why  # who stopped it says more than the provider
+                self._settle(state, event.outcome, error=error)
             case _:
                 log.warning("session %s: unknown driver event %r", self.key, event.TYPE)
 

@@ -22,6 +22,7 @@ from actors.host_actor import GetFork
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from agenthost import projection
 from agenthost.api_base import WORKSPACE_MAX, ApiBase, Handler, PointReader, log
+from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
 from storage import Store
 from storage.errors import (
     HostError,
@@ -37,6 +38,7 @@ from storage.lineage_tree import (
 from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
+    optional_enum,
     optional_int,
     optional_map,
     optional_str,
@@ -244,11 +246,14 @@ class Api(ApiBase):
     def turn_interrupt(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = require_str(params, "turnId", max_len=128)
+        by = optional_enum(params, "by", INTERRUPTED_BY)
+        reason = optional_str(params, "reason", max_len=REASON_MAX)
+        why = interrupt_error(by, reason or None)
         self._route(
             responder,
             ws,
             sid,
-            lambda reply: Interrupt(turn_id, reply),
+            lambda reply: Interrupt(turn_id, reply, why),
             self._turn_result(ws, sid, 200),
         )
 
@@ -262,11 +267,12 @@ class Api(ApiBase):
                 raise InvalidArgument("response", "'response.decision' must be approve or decline")
         elif not isinstance(response.get("text"), str):
             raise InvalidArgument("response", "'response' needs 'text' or 'decision'")
+        by = optional_enum(params, "by", ANSWERED_BY)
         self._route(
             responder,
             ws,
             sid,
-            lambda reply: Respond(turn_id, request_id, response, reply),
+            lambda reply: Respond(turn_id, request_id, response, reply, by),
             lambda i: (200, {"interaction": projection.interaction(i)}),
         )
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from client.references import timeline
-from client.transcript_text import format_message
+from client.transcript_text import format_message, says_nothing
 from transport.client import Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
@@ -102,6 +102,8 @@ class TurnPrinter:
                 if self.open_item == item:
                     self.open_item = None
                 continue
+            if says_nothing(message):
+                continue
             if self.open_item is not None and self.write is not None:
                 self.write("\n")
                 self.open_item = None
@@ -109,7 +111,13 @@ class TurnPrinter:
 
 
 InteractionHandler = Callable[[Mapping[str, Any]], "Json | None"]
-"""Given a pending Interaction, the `response` to send, or None to leave it pending."""
+"""Given a pending Interaction, the `response` to send, or None to leave it pending; it raises
+`AnsweredElsewhere` when another client answered it meanwhile."""
+
+
+class AnsweredElsewhere(Exception):  # noqa: N818 - an outcome the handler reports, not a fault
+    """Raised by an `InteractionHandler`: another client answered the Interaction first, so
+    there is nothing to send and the Turn goes on."""
 
 
 def stream_turn(
@@ -126,11 +134,13 @@ def stream_turn(
     timeout: float = 600.0,
     request_id: str | None = None,
     on_delta: Callable[[Json], None] | None = None,
+    answered_by: str | None = None,
 ) -> Json:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
     `on_delta` gets the turn's `message.delta` events as the reply streams; `events_exact`:
-    the endpoint is the daemon's terminated-topic one (`eventsExact`)."""
+    the endpoint is the daemon's terminated-topic one (`eventsExact`); `answered_by`: who this
+    client is, recorded with each answer it sends (`interaction.respond`'s `by`)."""
     subscriber = (
         EventSubscriber(events_endpoint, (ws,), curve=events_curve, exact=events_exact)
         if events_endpoint
@@ -157,10 +167,15 @@ def stream_turn(
             for interaction in turn.get("interactions") or []:
                 if interaction["status"] != "pending" or interaction["requestId"] in answered:
                     continue
-                response = None if on_interaction is None else on_interaction(interaction)
+                try:
+                    response = None if on_interaction is None else on_interaction(interaction)
+                except AnsweredElsewhere:
+                    answered.add(interaction["requestId"])
+                    continue
                 if response is None:
                     continue
                 answered.add(interaction["requestId"])
+                by = {"by": answered_by} if answered_by else {}
                 client.call(
                     "interaction.respond",
                     {
@@ -169,6 +184,7 @@ def stream_turn(
                         "turnId": turn_id,
                         "requestId": interaction["requestId"],
                         "response": response,
+                        **by,
                     },
                 )
             if time.monotonic() > deadline:

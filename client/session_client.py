@@ -13,6 +13,7 @@ from client.failure_words import BOUNDARY_REASONS, error_words, fork_blocked, fo
 from client.follow import (
     POLL_S,
     STREAM_POLL_S,
+    AnsweredElsewhere,
     InteractionHandler,
     TurnPrinter,
     TurnWaitTimeout,
@@ -55,6 +56,7 @@ __all__ = [
     "POLL_S",
     "STREAM_POLL_S",
     "Ancestor",
+    "AnsweredElsewhere",
     "ForkAction",
     "InteractionHandler",
     "Json",

@@ -11,11 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.view_rules import divider_after, divider_text
+from domain.interrupts import ANSWERED_BY
 from transport.client import ApiError, Client
 
 
 def format_message(message: Mapping[str, Any]) -> str:
     return f"  {message.get('kind', ''):>9}: {message.get('text') or ''}"
+
+
+def says_nothing(message: Mapping[str, Any]) -> bool:
+    """A tool result with no text (an approved command that printed nothing): its line would
+    read `tool_result:` and nothing more, so it is left out."""
+    return message.get("kind") == "tool_result" and not str(message.get("text") or "").strip()
 
 
 def source_title(client: Client, ws: str, session: Mapping[str, Any]) -> str | None:
@@ -98,13 +105,14 @@ def format_interaction(
     output = interaction.get("output") or {}
     if status == "pending":
         return f"{head}  (pending — {pending_hint})"
+    by = f" (by {ANSWERED_BY.get(str(output['by']), 'a client')})" if output.get("by") else ""
     if "decision" in output:
         verdict = {"approve": "approved", "decline": "declined"}.get(
             str(output["decision"]), str(output["decision"])
         )
-        return f"{head}  → {verdict}"
+        return f"{head}  → {verdict}{by}"
     if "text" in output:
-        return f"{head}  → {json.dumps(str(output['text']), ensure_ascii=False)}"
+        return f"{head}  → {json.dumps(str(output['text']), ensure_ascii=False)}{by}"
     return f"{head}  ({status})"
 
 
@@ -138,7 +146,8 @@ def format_transcript(
             f"binding {turn['providerForkBindingState']}]"
         )
         for message in turn.get("messages") or []:
-            lines.append("  " + format_message(message))
+            if not says_nothing(message):
+                lines.append("  " + format_message(message))
         for interaction in turn.get("interactions") or []:
             lines.append(f"      {format_interaction(interaction)}")
         why = turn_error_text(turn)

@@ -125,9 +125,10 @@ def add_client_commands(
     n.set_defaults(run=sessions.run_new)
     y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
     y.add_argument("session", help=session_help)
-    y.add_argument("text", help="the user message")
+    y.add_argument("text", help="the user message (`-`: read it from standard input)")
     y.add_argument("--answer", default=None, help="reply to a question the turn asks")
-    y.add_argument(
+    decide = y.add_mutually_exclusive_group()
+    decide.add_argument(
         "--approve",
         action="store_const",
         const="approve",
@@ -135,7 +136,7 @@ def add_client_commands(
         default=None,
         help="approve an approval the turn asks for",
     )
-    y.add_argument(
+    decide.add_argument(
         "--decline",
         action="store_const",
         const="decline",
@@ -200,6 +201,9 @@ def add_client_commands(
     o.set_defaults(run=forks.run_op)
     i = sub.add_parser("interrupt", parents=[common], help="interrupt the session's running turn")
     i.add_argument("session", help=session_help)
+    i.add_argument(
+        "--reason", default=None, help="why (recorded on the turn and shown by `show`)"
+    )
     i.set_defaults(run=turns.run_interrupt)
     a = sub.add_parser(
         "answer", parents=[common], help="answer the session's pending approval or question"

@@ -6,22 +6,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import select
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
-from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError, emit
+from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
 
 
 class _Followed:
-    """What `say` knows about its turn so far (for Ctrl-C: which turn to interrupt)."""
+    """What `say` knows about its turn so far (for Ctrl-C: which turn to interrupt, and why
+    when it was not Ctrl-C itself but the end of input at a question)."""
 
     def __init__(self) -> None:
         self.turn: dict[str, Any] | None = None
+        self.by = "ctrl_c"
+        self.reason: str | None = None
 
 
 class _JsonLines:
@@ -72,11 +76,18 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import (
         TurnPrinter,
         TurnWaitTimeout,
+        get_turn,
         resolve_session,
         stream_turn,
     )
 
     _ctrl_c_interrupts()
+    if args.text == "-":
+        # The message from a pipe or a file (`say SID - < prompt.txt`); the prompt of an
+        # Interaction then has no terminal, as with any redirected input.
+        args.text = sys.stdin.read().rstrip("\n")
+        if not args.text.strip():
+            raise CliError("invalid_argument", "say -: standard input was empty", code=EXIT_USAGE)
     sid = resolve_session(client, args.workspace, args.session)
     events, exact = events_source(args)
     printer: Any = _JsonLines() if args.json else TurnPrinter(print, _write)
@@ -87,8 +98,23 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
         followed.turn = turn
         printer.update(turn)
 
+    def still_pending(interaction: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        """The Interaction as the daemon has it now, or None while it is still pending."""
+        sequence = (followed.turn or {}).get("sequence")
+        turn = get_turn(
+            client,
+            args.workspace,
+            sid,
+            str(interaction["turnId"]),
+            int(sequence) if sequence is not None else None,
+        )
+        for now in turn.get("interactions") or []:
+            if now["requestId"] == interaction["requestId"] and now["status"] != "pending":
+                return dict(now)
+        return None
+
     def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
-        response = _interaction_response(args, interaction)
+        response = _interaction_response(args, interaction, followed, still_pending)
         if response is None:
             pending.append(interaction)
             raise _InteractionPending()
@@ -107,6 +133,7 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
             on_interaction=on_interaction,
             timeout=args.turn_timeout,
             on_delta=printer.delta,
+            answered_by="cli",
         )
     except TurnWaitTimeout as exc:
         # The daemon is reachable (not exit 3): the Turn is just still running there.
@@ -117,11 +144,20 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
         ) from None
     except _InteractionPending:
         interaction = pending[-1]
+        asked = _asked(interaction)
         # Nobody can answer here: do not leave the session blocked on a turn nobody will finish.
-        turn = _stop_turn(args, client, sid, str(interaction["turnId"]), printer)
+        turn = _stop_turn(
+            args,
+            client,
+            sid,
+            str(interaction["turnId"]),
+            printer,
+            by="cli",
+            reason=f"it {asked} and `agenthost say` had no terminal or option to answer it",
+        )
         raise CliError(
             "interaction_pending",
-            f"the turn asked for a {interaction['kind']} ({_describe(interaction)}) and was "
+            f"the turn {asked} ({_describe(interaction)}) and was "
             "interrupted; run it again with --answer TEXT, --approve or --decline "
             "(or answer from another terminal with `agenthost answer`)",
         ) from None
@@ -137,7 +173,9 @@ def run_say(args: argparse.Namespace, client: Any) -> int:
             if not turn_id:
                 print("agenthost: interrupted before the turn started", file=sys.stderr)
                 return EXIT_INTERRUPTED
-            turn = _stop_turn(args, client, sid, str(turn_id), printer)
+            turn = _stop_turn(
+                args, client, sid, str(turn_id), printer, by=followed.by, reason=followed.reason
+            )
         except KeyboardInterrupt:
             print(
                 "\nagenthost: stopped waiting; the turn may still be running: "
@@ -175,14 +213,25 @@ def _active_turn(args: argparse.Namespace, client: Any, sid: str) -> str | None:
 
 
 def _stop_turn(
-    args: argparse.Namespace, client: Any, sid: str, turn_id: str, printer: Any | None = None
+    args: argparse.Namespace,
+    client: Any,
+    sid: str,
+    turn_id: str,
+    printer: Any | None = None,
+    *,
+    by: str,
+    reason: str | None = None,
 ) -> dict[str, Any]:
-    """turn.interrupt, then follow the turn until it settles (printing what is new)."""
+    """turn.interrupt (saying who and why), then follow the turn until it settles (printing
+    what is new)."""
     from client.session_client import get_turn
     from transport.client import ApiError
 
+    why = {"reason": reason} if reason else {}
     try:
-        turn = call(args, client, "turn.interrupt", agentSessionId=sid, turnId=turn_id)["turn"]
+        turn = call(
+            args, client, "turn.interrupt", agentSessionId=sid, turnId=turn_id, by=by, **why
+        )["turn"]
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -212,8 +261,19 @@ def _describe(interaction: Mapping[str, Any]) -> str:
     return describe_interaction(interaction)
 
 
+def _asked(interaction: Mapping[str, Any]) -> str:
+    """`asked for an approval`, `asked a question`."""
+    kind = str(interaction.get("kind") or "interaction")
+    if kind == "question":
+        return "asked a question"
+    return f"asked for an {kind}" if kind[:1] in "aeiou" else f"asked for a {kind}"
+
+
 def _interaction_response(
-    args: argparse.Namespace, interaction: Mapping[str, Any]
+    args: argparse.Namespace,
+    interaction: Mapping[str, Any],
+    followed: _Followed,
+    still_pending: Callable[[Mapping[str, Any]], Mapping[str, Any] | None],
 ) -> dict[str, Any] | None:
     kind = interaction.get("kind")
     if kind == "approval" and args.decision:
@@ -222,21 +282,56 @@ def _interaction_response(
         return {"text": args.answer}
     if sys.stdin.isatty() and not args.json:
         prompt = _describe(interaction)
+        ask = f"approve {prompt}? [y/N] " if kind == "approval" else f"{kind}: {prompt} > "
         try:
-            if kind == "approval":
-                reply = input(f"approve {prompt}? [y/N] ").strip().lower()
-                return {"decision": "approve" if reply in ("y", "yes") else "decline"}
-            return {"text": input(f"{kind}: {prompt} > ")}
+            reply = _prompt(ask, lambda: still_pending(interaction))
         except EOFError:
             # End of input is not an answer: an approval is declined, a question can only be
             # given up by interrupting the turn. Either way nothing stays pending.
             print(file=sys.stderr)
             if kind == "approval":
-                print("agenthost: end of input: declined", file=sys.stderr)
+                print("agenthost: end of input (Ctrl-D): declined the approval", file=sys.stderr)
                 return {"decision": "decline"}
-            print("agenthost: end of input: interrupting the turn", file=sys.stderr)
+            print(
+                "agenthost: end of input (Ctrl-D): no answer to the question, so the turn is "
+                "interrupted",
+                file=sys.stderr,
+            )
+            followed.by, followed.reason = "cli", "end of input (Ctrl-D) at its question"
             raise KeyboardInterrupt from None
+        if isinstance(reply, str):
+            if kind == "approval":
+                yes = reply.strip().lower() in ("y", "yes")
+                return {"decision": "approve" if yes else "decline"}
+            return {"text": reply}
+        # Answered from another terminal or the GUI while this prompt waited: say so, and
+        # follow the reply it lets the turn give.
+        from client.session_client import AnsweredElsewhere, format_interaction
+
+        print(f"\n  answered elsewhere: {format_interaction(reply)}", flush=True)
+        raise AnsweredElsewhere()
     return None
+
+
+PROMPT_POLL_S = 0.25
+
+
+def _prompt(ask: str, answered: Callable[[], Mapping[str, Any] | None]) -> str | Mapping[str, Any]:
+    """Show `ask` and wait for a line from the terminal; the Interaction as answered, when
+    someone else answers it first. A line-buffered terminal makes stdin readable only once a
+    whole line (or end of input) is there, so each wait is short and never cuts a line."""
+    sys.stdout.write(ask)
+    sys.stdout.flush()
+    while True:
+        ready, _, _ = select.select([sys.stdin], [], [], PROMPT_POLL_S)
+        if ready:
+            line = sys.stdin.readline()
+            if not line:
+                raise EOFError
+            return line.rstrip("\n")
+        done = answered()
+        if done is not None:
+            return done
 
 
 @with_client
@@ -248,8 +343,8 @@ def run_interrupt(args: argparse.Namespace, client: Any) -> int:
     if turn_id is None:
         emit(args, {"turn": None}, "nothing to interrupt: no turn is running")
         return EXIT_OK
-    turn = _stop_turn(args, client, sid, turn_id)
-    why = f": {turn['error']}" if turn.get("error") else ""
+    turn = _stop_turn(args, client, sid, turn_id, by="cli", reason=args.reason)
+    why = f" {turn['error']}" if turn.get("error") else ""
     emit(
         args,
         {"turn": turn},
@@ -289,6 +384,7 @@ def run_answer(args: argparse.Namespace, client: Any) -> int:
         turnId=interaction["turnId"],
         requestId=interaction["requestId"],
         response=response,
+        by="cli",
     )
     what = {"approve": "approved", "decline": "declined"}.get(
         str(args.decision), f"answered {json.dumps(args.text)}"

@@ -337,8 +337,8 @@ def test_second_sigint_stops_waiting_and_says_how_to_stop_the_turn(
 @pytest.mark.parametrize(
     ("text", "outcome", "said"),
     [
-        ("/approve ls", "completed", "end of input: declined"),
-        ("/ask colour?", "interrupted", "end of input: interrupting the turn"),
+        ("/approve ls", "completed", "end of input (Ctrl-D): declined the approval"),
+        ("/ask colour?", "interrupted", "no answer to the question, so the turn is interrupted"),
     ],
 )
 def test_eof_at_a_prompt_leaves_no_pending_interaction(

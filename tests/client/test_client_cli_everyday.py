@@ -1,0 +1,228 @@
+"""Everyday use of the CLI against a real daemon, each command a real `agenthost` subprocess:
+a prompt that notices an answer given elsewhere, interrupts that say who and why, the session
+list's marks and aligned columns, and the small things a new user trips over."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.client.test_client_cli import Cli, new_session, say
+from tests.client.test_client_cli_control import (
+    last_turn,
+    pending_interaction,
+    session_of,
+    spawn_say,
+)
+from tests.support.daemon import DaemonProcess, submit, wait_for
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def cli(daemon: DaemonProcess, ws: str) -> Cli:
+    return Cli(daemon.home, ws)
+
+
+def on_tty(cli: Cli, args: list[str], after: str, act: Callable[[], None]) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal; once `after` shows, call `act` (and type nothing)."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agenthost", "--home", str(cli.home), "--workspace", cli.ws, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen = b""
+    acted = False
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        if not acted and after.encode() in seen:
+            act()
+            acted = True
+    code = proc.wait(timeout=30)
+    os.close(master)
+    return code, seen.decode(errors="replace")
+
+
+def respond(client: Client, ws: str, sid: str, response: dict[str, Any], by: str) -> None:
+    waiting = wait_for(lambda: pending_interaction(client, ws, sid))
+    client.call(
+        "interaction.respond",
+        {
+            "workspaceId": ws,
+            "agentSessionId": sid,
+            "turnId": waiting["turnId"],
+            "requestId": waiting["requestId"],
+            "response": response,
+            "by": by,
+        },
+    )
+
+
+# -- a prompt answered elsewhere --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "after", "response", "said", "reply"),
+    [
+        (
+            "/approve make deploy",
+            "[y/N] ",
+            {"decision": "approve"},
+            "answered elsewhere: approval: make deploy  → approved (by the GUI)",
+            "approved: make deploy",
+        ),
+        (
+            "/ask which colour?",
+            "> ",
+            {"text": "teal"},
+            'answered elsewhere: question: which colour?  → "teal" (by the GUI)',
+            "assistant: teal",
+        ),
+    ],
+)
+def test_a_prompt_closes_when_the_interaction_is_answered_elsewhere_and_the_reply_streams_on(
+    cli: Cli,
+    client: Client,
+    ws: str,
+    text: str,
+    after: str,
+    response: dict[str, Any],
+    said: str,
+    reply: str,
+) -> None:
+    sid = new_session(cli)
+    code, out = on_tty(
+        cli, ["say", sid, text], after, lambda: respond(client, ws, sid, response, "gui")
+    )
+    assert code == 0, out
+    assert said in out
+    assert reply in out.split(said, 1)[1]  # the reply after the prompt closed
+    assert "conflict" not in out and "Traceback" not in out
+    assert last_turn(client, ws, sid)["outcome"] == "completed"
+
+
+def test_an_answer_records_who_gave_it(cli: Cli, client: Client, ws: str) -> None:
+    sid = new_session(cli)
+    submit(client, sid, "/approve ls", ws)
+    wait_for(lambda: pending_interaction(client, ws, sid))
+    assert cli.run("answer", sid, "--approve").returncode == 0
+    turn = wait_for(lambda: (t := last_turn(client, ws, sid))["phase"] == "settled" and t)
+    assert turn["interactions"][0]["output"] == {"decision": "approve", "by": "cli"}
+    assert "approval: ls  → approved (by the CLI)" in cli.run("show", sid).stdout
+
+
+# -- interrupts say who and why ---------------------------------------------------------------
+
+
+def test_ctrl_c_in_say_records_who_interrupted(cli: Cli, client: Client, ws: str) -> None:
+    import signal
+
+    sid = new_session(cli)
+    proc = spawn_say(cli, sid, "/slow 30000 never")
+    wait_for(lambda: session_of(client, ws, sid)["activeTurnId"])
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "turn_interrupted: by Ctrl-C in the CLI" in err
+    assert last_turn(client, ws, sid)["error"] == "by Ctrl-C in the CLI"
+    assert "interrupted: by Ctrl-C in the CLI" in cli.run("show", sid).stdout
+
+
+def test_interrupt_command_and_other_clients_give_who_and_why(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    sid = new_session(cli)
+    submit(client, sid, "/slow 30000 never", ws)
+    done = cli.run("interrupt", sid, "--reason", "taking too long")
+    assert done.stdout.strip() == "Turn 1 interrupted by the CLI: taking too long"
+    assert "interrupted: by the CLI: taking too long" in cli.run("show", sid).stdout
+    turn = submit(client, sid, "/slow 30000 never", ws)
+    got = client.call(
+        "turn.interrupt",
+        {"workspaceId": ws, "agentSessionId": sid, "turnId": turn["turnId"], "by": "gui"},
+    )["turn"]
+    assert got["error"] == "by the GUI"
+    turn = submit(client, sid, "/slow 30000 never", ws)
+    # An old client says nothing: the Turn still says it was a client, not "no reason".
+    got = client.call(
+        "turn.interrupt", {"workspaceId": ws, "agentSessionId": sid, "turnId": turn["turnId"]}
+    )["turn"]
+    assert got["error"] == "by a client"
+    # Who must be a word the daemon knows; the daemon refuses anything else and keeps serving.
+    from transport.client import ApiError
+
+    turn = submit(client, sid, "/slow 30000 never", ws)
+    with pytest.raises(ApiError) as refused:
+        client.call(
+            "turn.interrupt",
+            {"workspaceId": ws, "agentSessionId": sid, "turnId": turn["turnId"], "by": "x"},
+        )
+    assert refused.value.reason == "invalid_argument"
+    assert cli.run("interrupt", sid).returncode == 0
+
+
+def test_eof_at_a_question_says_what_it_did(cli: Cli, client: Client, ws: str) -> None:
+    from tests.client.test_client_cli_control import run_on_tty
+
+    sid = new_session(cli)
+    code, out = run_on_tty(cli, ["say", sid, "/ask colour?"], b"\x04", after="> ")
+    assert code == 130
+    assert "no answer to the question, so the turn is interrupted" in out
+    assert "turn_interrupted: by the CLI: end of input (Ctrl-D) at its question" in out
+
+
+# -- the small things --------------------------------------------------------------------------
+
+
+def test_say_refuses_approve_with_decline_as_usage(cli: Cli) -> None:
+    sid = new_session(cli)
+    done = cli.run("say", sid, "/approve ls", "--approve", "--decline")
+    assert done.returncode == 2 and "not allowed with argument" in done.stderr
+
+
+def test_say_dash_reads_the_message_from_stdin(cli: Cli, daemon: DaemonProcess) -> None:
+    sid = new_session(cli)
+    done = subprocess.run(
+        [sys.executable, "-m", "agenthost", "--home", str(cli.home), "--workspace", cli.ws]
+        + ["say", sid, "-"],
+        input="from a pipe\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "assistant: echo: from a pipe" in done.stdout
+
+
+def test_say_words_an_approval_and_prints_no_empty_tool_result(cli: Cli) -> None:
+    sid = new_session(cli)
+    done = cli.run("say", sid, "/approve ls")
+    assert "the turn asked for an approval (ls)" in done.stderr
+    ok = cli.run("say", sid, "/approve ls", "--approve")
+    assert ok.returncode == 0 and "approved: ls" in ok.stdout
+    assert "tool_result:" not in ok.stdout
+    assert "tool_result:" not in cli.run("show", sid).stdout
+    asked = cli.run("say", sid, "/ask colour?")
+    assert "the turn asked a question (colour?)" in asked.stderr
+    say(cli, sid, "done")
