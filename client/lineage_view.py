@@ -60,10 +60,16 @@ def _forks(cut: Json) -> str:
     return f"{n} more fork{'' if n == 1 else 's'}"
 
 
+def status_words(op: Json) -> str:
+    """`committed`, `accepted (dispatching)`: the status, and the phase when it says more."""
+    status, phase = str(op.get("status")), str(op.get("phase"))
+    return status if phase in (status, "None") else f"{status} ({phase})"
+
+
 def format_resolution(result: Json) -> str:
     """`agenthost resolve`: the operation, then each provider child found and the verdict."""
     op = result["operation"]
-    lines = [f"operation {op['operationId']}: {op['status']} ({op['phase']})"]
+    lines = [f"operation {op['operationId']}: {status_words(op)}"]
     evidence = result.get("evidence") or {}
     children = list(evidence.get("children") or [])
     if evidence:

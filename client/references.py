@@ -49,16 +49,20 @@ def resolve_session(client: Client, ws: str, ref: str) -> str:
     """A full session id as given, or the one session whose id starts with `ref`."""
     if _is_uuid(ref):
         return ref
-    matches = [
-        s["agentSessionId"]
-        for s in list_sessions(client, ws)
-        if s["agentSessionId"].startswith(ref)
-    ]
-    if len(matches) == 1:
-        return str(matches[0])
-    if not matches:
-        raise ReferenceError_("workspace_agent_session_not_found", f"no session matches {ref!r}")
-    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} sessions")
+    found = [s for s in list_sessions(client, ws) if s["agentSessionId"].startswith(ref)]
+    if len(found) == 1:
+        return str(found[0]["agentSessionId"])
+    if not found:
+        raise ReferenceError_(
+            "workspace_agent_session_not_found",
+            f"no session matches {ref!r} in workspace {ws!r} (`agenthost sessions` lists them)",
+        )
+    shown = ", ".join(f"{s['agentSessionId'][:12]} {s['title']!r}" for s in found[:5])
+    more = f" and {len(found) - 5} more" if len(found) > 5 else ""
+    raise ReferenceError_(
+        "ambiguous_reference",
+        f"{ref!r} matches {len(found)} sessions ({shown}{more}); type more of the id",
+    )
 
 
 def resolve_operation(client: Client, ws: str, ref: str) -> str:
@@ -78,8 +82,18 @@ def resolve_operation(client: Client, ws: str, ref: str) -> str:
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        return ref  # let the daemon say `agent_session_fork_operation_not_found`
-    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} operations")
+        return ref  # the daemon's own 404 says it; `OPERATION_HINT` is the hint beside it
+    raise ReferenceError_(
+        "ambiguous_reference",
+        f"{ref!r} matches {len(matches)} operations ({', '.join(m[:12] for m in matches[:5])})"
+        "; type more of the id",
+    )
+
+
+OPERATION_HINT = (
+    "an id prefix finds only the committed forks of live sessions; give the full operation id "
+    "(`agenthost fork` and `agenthost show` print it)"
+)
 
 
 def timeline(client: Client, ws: str, sid: str) -> list[Json]:
@@ -106,13 +120,23 @@ def resolve_turn(turns: Sequence[Mapping[str, Any]], ref: str) -> str:
         for turn in turns:
             if int(turn["sequence"]) == int(ref):
                 return str(turn["turnId"])
-        raise ReferenceError_("turn_not_found", f"no turn with sequence {ref}")
+        raise ReferenceError_("turn_not_found", f"no turn with sequence {ref}{_turn_range(turns)}")
     matches = [t["turnId"] for t in turns if str(t["turnId"]).startswith(ref)]
     if len(matches) == 1:
         return str(matches[0])
     if not matches:
-        raise ReferenceError_("turn_not_found", f"no turn matches {ref!r}")
-    raise ReferenceError_("ambiguous_reference", f"{ref!r} matches {len(matches)} turns")
+        raise ReferenceError_("turn_not_found", f"no turn matches {ref!r}{_turn_range(turns)}")
+    raise ReferenceError_(
+        "ambiguous_reference", f"{ref!r} matches {len(matches)} turns; type more of the id"
+    )
+
+
+def _turn_range(turns: Sequence[Mapping[str, Any]]) -> str:
+    """The hint after a Turn reference that matched nothing."""
+    if not turns:
+        return " (the session has no turns yet)"
+    first, last = int(turns[0]["sequence"]), int(turns[-1]["sequence"])
+    return f" (its turns are {first}..{last}; a sequence number or an id prefix names one)"
 
 
 # -- turns ---------------------------------------------------------------------------------

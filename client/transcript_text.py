@@ -78,11 +78,36 @@ def ancestry(
     return chain
 
 
+def lineage_ancestry(client: Client, ws: str, session: Mapping[str, Any]) -> list[Ancestor]:
+    """The ancestry from the daemon's `session.lineage`, oldest first, ending with the session
+    itself: unlike the walk of `ancestry`, it goes on past a deleted ancestor to the live
+    ones above it (the store keeps the lineage of a deleted Session)."""
+    if not isinstance(session.get("forkedFrom"), Mapping):
+        return [Ancestor(str(session["agentSessionId"]), str(session["title"]))]
+    try:
+        tree = client.call(
+            "session.lineage", {"workspaceId": ws, "agentSessionId": session["agentSessionId"]}
+        )
+    except ApiError:
+        return ancestry(client, ws, session)
+    chain = [Ancestor(str(session["agentSessionId"]), str(session["title"]))]
+    for step in tree.get("ancestors") or []:
+        live = step.get("session")
+        chain.append(Ancestor(str(step["agentSessionId"]), None if live is None else live["title"]))
+    chain.reverse()
+    return chain
+
+
+def ancestor_name(ancestor: Ancestor) -> str:
+    """Its title, or `(deleted <id8>)`."""
+    if ancestor.title is not None:
+        return ancestor.title
+    return f"(deleted {ancestor.session_id[:8]})"
+
+
 def format_ancestry(chain: Sequence[Ancestor]) -> str:
     """`A → A (2) → A (3)`; a deleted ancestor reads `(deleted <id8>)`."""
-    return " → ".join(
-        a.title if a.title is not None else f"(deleted {a.session_id[:8]})" for a in chain
-    )
+    return " → ".join(ancestor_name(a) for a in chain)
 
 
 def describe_interaction(interaction: Mapping[str, Any]) -> str:
@@ -131,13 +156,18 @@ def format_transcript(
     ]
     lineage = session.get("forkedFrom")
     if isinstance(lineage, Mapping):
+        source_id = str(lineage["sourceAgentSessionId"])
+        # A deleted source has no title: named once, by its short id, never as "id (id)".
+        named = f"{source} ({source_id})" if source else f"(deleted {source_id[:8]})"
         lines.append(
-            f"  forked from {source or lineage['sourceAgentSessionId']} "
-            f"({lineage['sourceAgentSessionId']}) through turn {lineage['sourceTurnId']}, "
+            f"  forked from {named} through turn {lineage['sourceTurnId']}, "
             f"operation {lineage['operationId']}"
         )
         if chain and len(chain) > 1:
             lines.append(f"  ancestry: {format_ancestry(chain)}")
+            root = chain[0]
+            if source is None and root.title is not None:
+                lines.append(f"  live root: {root.title} ({root.session_id})")
     boundary = divider_after(session, turns)
     for index, turn in enumerate(turns):
         outcome = f"/{turn['outcome']}" if turn.get("outcome") else ""
@@ -154,7 +184,8 @@ def format_transcript(
         if why:
             lines.append(f"      {why}")
         if index == boundary:
-            title = source or (lineage or {}).get("sourceAgentSessionId", "the source")
+            source_id = str((lineage or {}).get("sourceAgentSessionId", ""))
+            title = source or (f"(deleted {source_id[:8]})" if source_id else "the source")
             lines.append(f"    ──── {divider_text(str(title))} ────")
     return "\n".join(lines)
 

@@ -31,22 +31,60 @@ def run_tree(args: argparse.Namespace, client: Any) -> int:
 
 @with_client
 def run_resolve(args: argparse.Namespace, client: Any) -> int:
-    from client.lineage_view import format_resolution
+    from client.lineage_view import format_resolution, status_words
 
+    operation_id = _operation_id(args, client)
+    if args.action == "inspect":
+        # Only an `unknown` operation has anything to resolve: say what the others are instead
+        # of the evidence's verdict (a committed fork's child reads as "adoptable").
+        op = _get_operation(args, client, operation_id)
+        if op["status"] != "unknown":
+            human = f"operation {operation_id} is {status_words(op)}: nothing to resolve"
+            human += " (only a fork whose outcome is unknown can be resolved)"
+            if op.get("session"):
+                child = op["session"]
+                human += f"\n  child session: {child['agentSessionId']}  {child['title']}"
+            emit(args, {"operation": op, "evidence": None}, human)
+            return EXIT_OK
     result = call(
         args,
         client,
         "fork.resolve",
-        operationId=args.operation,
+        operationId=operation_id,
         requestId=args.request_id or str(uuid.uuid4()),
         action=args.action,
     )
-    human = format_resolution(result).replace("OP", args.operation)
+    human = format_resolution(result).replace("OP", operation_id)
     if args.action == "adopt" and result["operation"]["status"] == "committed":
         # Adopted like any fork commit: the boundary stays held until a client ACKs it.
-        human += f"\n  next: agenthost op {args.operation} --ack (releases the turn for new forks)"
+        human += f"\n  next: agenthost op {operation_id} --ack (releases the turn for new forks)"
     emit(args, result, human)
     return EXIT_OK
+
+
+def _operation_id(args: argparse.Namespace, client: Any) -> str:
+    from client.session_client import resolve_operation
+
+    return resolve_operation(client, args.workspace, args.operation)
+
+
+def _get_operation(
+    args: argparse.Namespace, client: Any, operation_id: str, method: str = "fork.get"
+) -> dict[str, Any]:
+    """fork.get (or fork.acknowledge); a 404 gets the hint about id prefixes."""
+    from client.cli.command import api_error
+    from client.references import OPERATION_HINT
+    from transport.client import ApiError
+
+    try:
+        return dict(call(args, client, method, operationId=operation_id)["operation"])
+    except ApiError as exc:
+        if exc.reason != "agent_session_fork_operation_not_found":
+            raise
+        error = api_error(exc)
+        error.message = f"{exc.message}: {OPERATION_HINT}"
+        error.error["message"] = error.message
+        raise error from None
 
 
 @with_client
@@ -171,14 +209,13 @@ def _report_fork(
 
 @with_client
 def run_op(args: argparse.Namespace, client: Any) -> int:
-    from client.session_client import resolve_operation
+    from client.lineage_view import status_words
 
-    method = "fork.acknowledge" if args.ack else "fork.get"
-    operation_id = resolve_operation(client, args.workspace, args.operation)
-    op = call(args, client, method, operationId=operation_id)["operation"]
+    operation_id = _operation_id(args, client)
+    op = _get_operation(args, client, operation_id, "fork.acknowledge" if args.ack else "fork.get")
     point = op["point"]
     lines = [
-        f"operation {op['operationId']}: {op['status']} ({op['phase']})",
+        f"operation {op['operationId']}: {status_words(op)}",
         f"  source {op['sourceAgentSessionId']}"
         + (" from its latest settled turn," if point.get("type") == "latestSettled" else "")
         + f" through turn {point['turnId']}",
@@ -188,5 +225,11 @@ def run_op(args: argparse.Namespace, client: Any) -> int:
         lines.append(f"  error: {op['error']}")
     if op.get("session"):
         lines.append(f"  child: {op['session']['title']}")
+    if args.ack:
+        lines.insert(
+            0,
+            f"acknowledged: the fork is committed and its turn {point['turnId']} is free for "
+            "new forks",
+        )
     emit(args, {"operation": op}, "\n".join(lines))
     return EXIT_OK

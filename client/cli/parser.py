@@ -201,9 +201,7 @@ def add_client_commands(
     o.set_defaults(run=forks.run_op)
     i = sub.add_parser("interrupt", parents=[common], help="interrupt the session's running turn")
     i.add_argument("session", help=session_help)
-    i.add_argument(
-        "--reason", default=None, help="why (recorded on the turn and shown by `show`)"
-    )
+    i.add_argument("--reason", default=None, help="why (recorded on the turn and shown by `show`)")
     i.set_defaults(run=turns.run_interrupt)
     a = sub.add_parser(
         "answer", parents=[common], help="answer the session's pending approval or question"

@@ -66,20 +66,43 @@ def provider_line(p: Mapping[str, Any]) -> str:
 
 @with_client
 def run_sessions(args: argparse.Namespace, client: Any) -> int:
-    from client.session_client import list_sessions, session_tree
+    from client.session_client import list_sessions
 
     sessions = list_sessions(client, args.workspace)
-    lines = [f"{'SESSION':<36}  {'PROVIDER':<11} {'FORK':<7} TITLE"] if sessions else []
+    emit(args, {"sessions": sessions}, session_table(sessions) or "(no sessions)")
+    return EXIT_OK
+
+
+def session_table(sessions: list[dict[str, Any]]) -> str:
+    """One row a Session in lineage order: the id, provider and fork columns stay aligned for
+    every row (the tree is drawn in the title column), a pinned Session is marked, and so is a
+    fork whose source was deleted (it is listed at the top level, having no source to sit
+    under)."""
+    from client.session_client import session_tree
+
+    if not sessions:
+        return ""
+    listed = {str(s["agentSessionId"]) for s in sessions}
+    width = max(len(str(s["provider"])) for s in sessions)
+    lines = [f"{'SESSION':<36}  {'PROVIDER':<{width}}  {'FORK':<8}  TITLE"]
     for row in session_tree(sessions):
         s = row.session
-        indent = "  " * row.depth + ("└─ " if row.depth else "")
-        fork = "fork" if s["lifecycleCapabilities"]["forkThroughTurn"] else "no-fork"
-        active = "  (turn active)" if s.get("activeTurnId") else ""
+        branch = "   " * (row.depth - 1) + "└─ " if row.depth else ""
+        fork = "can fork" if s["lifecycleCapabilities"]["forkThroughTurn"] else "no fork"
+        marks = []
+        if s.get("pinned"):
+            marks.append("pinned")
+        source = (s.get("forkedFrom") or {}).get("sourceAgentSessionId")
+        if source and source not in listed:
+            marks.append(f"source {str(source)[:8]} deleted")
+        if s.get("activeTurnId"):
+            marks.append("turn active")
+        tail = "".join(f"  ({m})" for m in marks)
         lines.append(
-            f"{indent}{s['agentSessionId']}  {s['provider']:<11} {fork:<7} {s['title']}{active}"
+            f"{s['agentSessionId']:<36}  {s['provider']:<{width}}  {fork:<8}  "
+            f"{branch}{s['title']}{tail}"
         )
-    emit(args, {"sessions": sessions}, "\n".join(lines) or "(no sessions)")
-    return EXIT_OK
+    return "\n".join(lines)
 
 
 def _absolute_cwd(value: str | None) -> str:
@@ -113,18 +136,18 @@ def run_new(args: argparse.Namespace, client: Any) -> int:
 @with_client
 def run_show(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import (
-        ancestry,
         format_transcript,
         resolve_session,
         source_title,
         timeline,
     )
+    from client.transcript_text import lineage_ancestry
 
     sid = resolve_session(client, args.workspace, args.session)
     session = call(args, client, "session.get", agentSessionId=sid)["session"]
     turns = timeline(client, args.workspace, sid)
     source = source_title(client, args.workspace, session)
-    chain = ancestry(client, args.workspace, session)
+    chain = lineage_ancestry(client, args.workspace, session)
     emit(
         args,
         {"session": session, "turns": turns},

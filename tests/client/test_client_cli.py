@@ -244,7 +244,7 @@ def test_fork_through_a_turn_by_sequence_then_show_and_sessions(cli: Cli) -> Non
     # sessions: the child sits under its source.
     tree = cli.run("sessions").stdout.splitlines()
     src_line = next(i for i, line in enumerate(tree) if line.startswith(sid))
-    assert tree[src_line + 1].strip().startswith(f"└─ {child}")
+    assert tree[src_line + 1].startswith(child) and "└─ Lisbon (2)" in tree[src_line + 1]
     listed = cli.json("sessions")
     assert set(listed) == {"sessions"}
     assert {s["agentSessionId"] for s in listed["sessions"]} == {sid, child}

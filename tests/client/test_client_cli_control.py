@@ -449,7 +449,7 @@ def test_show_renders_interactions_errors_and_the_whole_ancestry(
     assert session_of(client, ws, grandchild)["title"] == "A (2) (2)"
     assert "ancestry: A → A (2) → A (2) (2)" in cli.run("show", grandchild).stdout
     cli.json("delete", child, "--yes")
-    assert f"ancestry: (deleted {child[:8]}) → A (2) (2)" in cli.run("show", grandchild).stdout
+    assert f"ancestry: A → (deleted {child[:8]}) → A (2) (2)" in cli.run("show", grandchild).stdout
 
 
 def test_op_accepts_an_id_prefix(cli: Cli) -> None:

@@ -226,3 +226,73 @@ def test_say_words_an_approval_and_prints_no_empty_tool_result(cli: Cli) -> None
     asked = cli.run("say", sid, "/ask colour?")
     assert "the turn asked a question (colour?)" in asked.stderr
     say(cli, sid, "done")
+
+
+# -- sessions, show, resolve, op ---------------------------------------------------------------
+
+
+def test_sessions_marks_pinned_and_orphaned_forks_and_keeps_columns_aligned(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    sid = new_session(cli, "Root")
+    say(cli, sid, "one")
+    child = cli.json("fork", sid, "--through", "1")["mutation"]["childAgentSessionId"]
+    say(cli, child, "two")
+    grandchild = cli.json("fork", child, "--through", "1")["mutation"]["childAgentSessionId"]
+    assert cli.run("pin", sid).returncode == 0
+    rows = cli.run("sessions").stdout.splitlines()
+    header, body = rows[0], rows[1:]
+    title_at = header.index("TITLE")
+    by_id = {line.split()[0]: line for line in body}
+    assert set(by_id) == {sid, child, grandchild}
+    for line in body:  # every row's columns start where the header's do
+        assert line.index("can fork") == header.index("FORK")
+        assert line[title_at - 2 : title_at] == "  "
+    assert by_id[sid][title_at:] == "Root  (pinned)"
+    assert by_id[child][title_at:] == "└─ Root (2)"
+    assert by_id[grandchild][title_at:] == "   └─ Root (3)"
+    cli.json("delete", child, "--yes")
+    orphan = next(line for line in cli.run("sessions").stdout.splitlines() if grandchild in line)
+    assert orphan[title_at:] == f"Root (3)  (source {child[:8]} deleted)"
+
+
+def test_show_names_a_deleted_source_once_and_shows_the_live_root(cli: Cli) -> None:
+    sid = new_session(cli, "Root")
+    say(cli, sid, "one")
+    child = cli.json("fork", sid, "--through", "1")["mutation"]["childAgentSessionId"]
+    say(cli, child, "two")
+    grandchild = cli.json("fork", child, "--through", "1")["mutation"]["childAgentSessionId"]
+    cli.json("delete", child, "--yes")
+    text = cli.run("show", grandchild).stdout
+    assert text.count(child) == 0  # the short id names it; the full id is not repeated
+    assert f"forked from (deleted {child[:8]}) through turn" in text
+    assert f"ancestry: Root → (deleted {child[:8]}) → Root (3)" in text
+    assert f"live root: Root ({sid})" in text
+
+
+def test_resolve_on_a_committed_fork_says_committed_and_op_ack_confirms(cli: Cli) -> None:
+    sid = new_session(cli, "Ops")
+    say(cli, sid, "one")
+    op_id = cli.json("fork", sid, "--through", "1")["operation"]["operationId"]
+    done = cli.run("resolve", op_id[:8])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"operation {op_id} is committed: nothing to resolve")
+    assert "adoptable" not in done.stdout
+    acked = cli.run("op", op_id, "--ack").stdout.splitlines()
+    assert acked[0].startswith("acknowledged: the fork is committed and its turn ")
+    assert acked[1] == f"operation {op_id}: committed"  # not "committed (committed)"
+
+
+def test_references_that_match_nothing_give_a_hint(cli: Cli) -> None:
+    sid = new_session(cli, "Hints")
+    say(cli, sid, "one")
+    missing = cli.run("show", "ffffffffff")
+    assert "`agenthost sessions` lists them" in missing.stderr
+    turn = cli.run("fork", sid, "--through", "7")
+    assert "its turns are 1..1" in turn.stderr
+    op = cli.json("op", "no-such-op", code=1)["error"]
+    assert op["status"] == 404 and "give the full operation id" in op["message"]
+    new_session(cli, "Second")
+    new_session(cli, "Third")
+    ambiguous = cli.run("show", "")
+    assert "type more of the id" in ambiguous.stderr and "'Hints'" in ambiguous.stderr
