@@ -26,11 +26,20 @@ from client.engine import ChangeKind, Engine, EngineChange
 from client.gui.bridge import EngineChanged, bridge
 from client.gui.composer import Composer
 from client.gui.control_actions import ControlActions
-from client.gui.controls import InteractionBar
+from client.gui.controls import ConfirmScreen, InteractionBar
 from client.gui.fork_actions import ForkActions
+from client.gui.keyboard import (
+    DetailsScreen,
+    HelpScreen,
+    TurnPickerScreen,
+    help_lines,
+    turn_choice,
+)
 from client.gui.session_list import SessionTree
-from client.gui.transcript import TranscriptView
+from client.gui.status_text import details_text
+from client.gui.transcript import ForkRequested, TranscriptView
 from client.gui.view import FORK_SESSION_ID, PAGE_SIZE
+from client.session_client import ForkAction
 from transport.security import ClientCurve
 
 __all__ = ["FORK_SESSION_ID", "PAGE_SIZE", "AgentHostApp", "run_gui"]
@@ -46,7 +55,11 @@ class AgentHostApp(ForkActions, ControlActions):
     #sessions { width: 40; max-width: 25%; border-right: solid $primary 40%; }
     #main { width: 1fr; }
     #session-bar { height: auto; background: $boost; }
-    #session-title { width: 1fr; height: auto; padding: 0 1; text-style: bold; }
+    /* One line whatever it says (a blocked fork's reason included): elided with "…". */
+    #session-title {
+        width: 1fr; height: 1; padding: 0 1; text-style: bold;
+        text-wrap: nowrap; text-overflow: ellipsis;
+    }
     #interrupt { margin: 0 1; min-width: 11; display: none; }
     #interrupt.-shown { display: block; }
     #fork-session { margin: 0 1; min-width: 14; display: none; }
@@ -55,6 +68,8 @@ class AgentHostApp(ForkActions, ControlActions):
     #composer { margin: 0 0; }
     """
     BINDINGS = [
+        # First: at 80 columns the footer shows only its first few keys; F1 lists them all.
+        Binding("f1", "help", "Keys", priority=True),
         Binding("ctrl+q", "quit", "Quit"),
         Binding("ctrl+g", "interrupt", "Interrupt", priority=True),
         Binding("ctrl+y", "approve", "Approve", priority=True),
@@ -63,8 +78,25 @@ class AgentHostApp(ForkActions, ControlActions):
         Binding("ctrl+n", "new_session", "New", priority=True),
         Binding("f2", "rename_session", "Rename"),
         Binding("f8", "delete_session", "Delete"),
+        Binding("f5", "fork_turn", "Fork…", priority=True),
+        Binding("f3", "details", "Details", priority=True),
+        Binding("question_mark", "help", "Keys", show=False),
         Binding("ctrl+r", "reload", "Reload", show=False),
     ]
+    HELP = {
+        "quit": "Quit",
+        "interrupt": "Interrupt the running turn",
+        "approve": "Approve the pending approval",
+        "decline": "Decline the pending approval",
+        "answer": "Type the answer to the pending question",
+        "new_session": "New session",
+        "rename_session": "Rename the open session",
+        "delete_session": "Delete the open session (asks first)",
+        "fork_turn": "Fork through a turn: pick it, then confirm",
+        "details": "Details: the daemon's names for the session and its turns",
+        "help": "This list of keys",
+        "reload": "Reload the session list",
+    }
 
     def __init__(
         self, engine: Engine, *, page_size: int = PAGE_SIZE, own_engine: bool = False
@@ -83,9 +115,13 @@ class AgentHostApp(ForkActions, ControlActions):
                     yield Static("Select a session", id="session-title")
                     fork = Button("Fork session", "primary", id=FORK_SESSION_ID, compact=True)
                     fork.tooltip = "Fork the whole session from where it is now"
+                    # Out of the Tab order (list → transcript → message box): the palette
+                    # and ctrl+g reach them from the keyboard.
+                    fork.can_focus = False
                     yield fork
                     button = Button("Interrupt", "warning", id="interrupt", compact=True)
                     button.tooltip = "Interrupt the running turn (ctrl+g)"
+                    button.can_focus = False
                     yield button
                 yield TranscriptView(id="transcript")
                 yield InteractionBar(id="interaction")
@@ -150,6 +186,69 @@ class AgentHostApp(ForkActions, ControlActions):
         yield SystemCommand(
             "Delete session", "Delete the open session (f8)", self.action_delete_session
         )
+        yield SystemCommand(
+            "Fork a turn", "Pick a turn to fork through, then confirm (f5)", self.action_fork_turn
+        )
+        yield SystemCommand(
+            "Details", "The daemon's names for the session (f3)", self.action_details
+        )
+        yield SystemCommand("Keys", "Every key of the GUI (f1)", self.action_help)
+
+    # -- keys beyond the Tab order ----------------------------------------------------------
+
+    def action_help(self) -> None:
+        bindings = [
+            Binding(b.key, b.action, self.HELP.get(b.action, b.description))
+            for b in self.BINDINGS
+            if isinstance(b, Binding)
+        ]
+        bindings.append(Binding("ctrl+p", "palette", "Command palette (every action by name)"))
+        bindings.append(Binding("enter", "send", "Send the message / open the selected session"))
+        self.push_screen(HelpScreen(help_lines(bindings)))
+
+    def action_details(self) -> None:
+        session = self.engine.session(self.current) if self.current else None
+        if session is None:
+            self.notify("open a session first", severity="warning")
+            return
+        self.push_screen(DetailsScreen(details_text(session, self.turns)))
+
+    def action_fork_turn(self) -> None:
+        """F5: pick a Turn, then confirm a fork that names it (a keyboard user never forks by
+        landing on a button)."""
+        if not self.current:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id = self.current
+        forkable = [t for t in self.turns if self.action_for(t) is ForkAction.ENABLED]
+        if not forkable:
+            blocked = self.blocked_reason()
+            self.notify(
+                f"no turn can be forked now{': ' + blocked if blocked else ''}",
+                title="Fork",
+                severity="warning",
+            )
+            return
+
+        def picked(turn_id: str | None) -> None:
+            turn = next((t for t in forkable if t["turnId"] == turn_id), None)
+            if turn is None:
+                return
+
+            def confirmed(yes: bool | None) -> None:
+                if yes:
+                    self.post_message(ForkRequested(session_id, str(turn["turnId"])))
+
+            self.push_screen(
+                ConfirmScreen(
+                    f"Fork through {turn_choice(turn)}? A new session starts with the "
+                    "conversation up to the end of that turn.",
+                    confirm="Fork",
+                ),
+                confirmed,
+            )
+
+        self.push_screen(TurnPickerScreen(forkable), picked)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "interrupt":

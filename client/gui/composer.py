@@ -1,4 +1,5 @@
-"""The composer: one line of text sent as a new Turn of the open session."""
+"""The composer: one line of text sent as a new Turn of the open session. The text stays in
+the box until the daemon accepts the Turn (`sent`): a refused send keeps what was typed."""
 
 from __future__ import annotations
 
@@ -20,4 +21,8 @@ class Composer(Input):
         text = event.value.strip()
         if text:
             self.post_message(self.Send(text))
+
+    def sent(self, text: str) -> None:
+        """The Turn with `text` was accepted: clear the box, unless the user typed on."""
+        if self.value.strip() == text:
             self.value = ""

@@ -5,11 +5,13 @@ a thread worker; a failure becomes a toast in words.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+from textual.css.query import NoMatches
 from textual.widgets import Input
 
 from client.gui.composer import Composer
@@ -50,7 +52,17 @@ class ControlActions(SessionView):
         except (ApiError, TimeoutError) as exc:
             self.call_from_thread(self.notify, error_words("send", exc), severity="error")
             return
-        self.call_from_thread(self.merge_turn, session_id, result["turn"])  # type: ignore[arg-type]
+        self.call_from_thread(self._sent, session_id, text, result["turn"])
+
+    async def _sent(self, session_id: str, text: str, turn: dict[str, Any]) -> None:
+        with contextlib.suppress(NoMatches):
+            self._main.query_one(Composer).sent(text)
+        await self.merge_turn(session_id, turn)
+
+    def focus_composer(self) -> None:
+        """Where a keyboard user goes next after opening, creating or answering: typing."""
+        with contextlib.suppress(NoMatches):
+            self._main.query_one(Composer).focus()
 
     # -- everyday controls -------------------------------------------------------------------
 
@@ -82,7 +94,7 @@ class ControlActions(SessionView):
         self._call(
             "interrupt",
             "turn.interrupt",
-            {"agentSessionId": self.current, "turnId": turn_id},
+            {"agentSessionId": self.current, "turnId": turn_id, "by": "gui"},
             lambda result: self.merge_turn(str(self.current), result["turn"]),
         )
 
@@ -124,11 +136,13 @@ class ControlActions(SessionView):
                 "turnId": interaction["turnId"],
                 "requestId": interaction["requestId"],
                 "response": message.response,
+                "by": "gui",
             },
             lambda result: (
                 self.merge_turn(session_id, result["turn"]) if "turn" in result else None
             ),
         )
+        self.focus_composer()
 
     def action_new_session(self) -> None:
         def created(result: dict[str, Any]) -> None:
@@ -136,6 +150,7 @@ class ControlActions(SessionView):
             self.engine.upsert_session(session)
             self._refresh_tree()
             self.open_session(str(session["agentSessionId"]))
+            self.focus_composer()
 
         def chosen(choice: tuple[str, str] | None) -> None:
             if choice is None:

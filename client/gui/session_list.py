@@ -70,6 +70,10 @@ class SessionTree(Tree[str]):
                 source_deleted=bool(source) and source not in listed,
                 mark=marks.get(sid),
             )
+            # A label wider than the list is elided with "…", never cut mid-word unmarked.
+            room = self.scrollable_content_region.width - self.guide_depth * row.depth - 1
+            if room > 4 and label.cell_len > room:
+                label.truncate(room, overflow="ellipsis")
             node = stack[-1].add(label, data=str(row.session["agentSessionId"]), expand=True)
             node.allow_expand = False
             stack.append(node)

@@ -19,15 +19,54 @@ def session_bar_text(session: Mapping[str, Any], blocked: str | None) -> Text:
     """The session's title, provider and whether it forks through a Turn; with `blocked`, why
     it cannot be forked now."""
     can = session["lifecycleCapabilities"]["forkThroughTurn"]
-    text = Text(str(session["title"]))
-    text.append(
-        f"   {session['provider']} · fork through turn: {'yes' if can else 'no'}",
-        style="dim",
-    )
+    text = Text(str(session["title"]), no_wrap=True, overflow="ellipsis")
+    text.append(f"  {session['provider']} · {'can fork' if can else 'cannot fork'}", style="dim")
     if blocked:
-        # Said here too, not only in the Fork tooltip: a keyboard user never hovers.
-        text.append(f" (not now: {blocked})", style="dim italic")
+        # Said here too, not only in the Fork tooltip: a keyboard user never hovers. One line
+        # (the bar never grows); the details pane (F3) has the whole sentence.
+        text.append(f" · not now: {blocked}", style="dim italic")
     return text
+
+
+def turn_state_words(turn: Mapping[str, Any], can_fork: bool = False) -> str:
+    """A Turn's state for a person: `done`, `running`, `waiting for an answer`, `interrupted`,
+    `failed`; `can fork` when its Fork is usable, and why not when its binding forbids it. The
+    internal names (phase, outcome, binding) are in `show --json` and the details pane."""
+    if turn.get("phase") != "settled":
+        pending = any(i.get("status") == "pending" for i in turn.get("interactions") or [])
+        return "waiting for an answer" if pending else "running"
+    words = {"completed": "done"}.get(str(turn.get("outcome")), str(turn.get("outcome")))
+    binding = turn.get("providerForkBindingState")
+    if binding == "recovery_required":
+        words += " · fork needs recovery"
+    elif binding == "unavailable":
+        words += " · cannot be forked"
+    elif can_fork:
+        words += " · can fork"
+    return words
+
+
+def details_text(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]) -> str:
+    """The details pane: the internal names the rest of the GUI puts into words."""
+    caps = session.get("lifecycleCapabilities") or {}
+    lines = [
+        f"session {session['agentSessionId']}  kind {session.get('kind')}",
+        f"provider {session['provider']}  providerSessionId {session.get('providerSessionId')}",
+        "lifecycleCapabilities " + ", ".join(f"{k}={v}" for k, v in sorted(caps.items())),
+        f"activeTurnId {session.get('activeTurnId')}",
+    ]
+    lineage = session.get("forkedFrom")
+    if isinstance(lineage, Mapping):
+        lines.append(
+            f"forkedFrom {lineage.get('sourceAgentSessionId')} through "
+            f"{lineage.get('sourceTurnId')} (operation {lineage.get('operationId')})"
+        )
+    for turn in turns:
+        lines.append(
+            f"Turn {turn['sequence']} {turn['turnId']}: phase {turn['phase']}, outcome "
+            f"{turn.get('outcome')}, binding {turn['providerForkBindingState']}"
+        )
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
 
+from client.gui.status_text import turn_state_words
 from client.session_client import (
     ForkAction,
     divider_after,
@@ -73,10 +74,9 @@ class LoadMoreRequested(Message):
     pass
 
 
-def _turn_header(turn: Mapping[str, Any]) -> Text:
-    text = Text(f"Turn {turn['sequence']}", style="bold")
-    state = str(turn["phase"]) + (f"/{turn['outcome']}" if turn.get("outcome") else "")
-    text.append(f"  {state}  binding {turn['providerForkBindingState']}", style="dim")
+def _turn_header(turn: Mapping[str, Any], can_fork: bool = False) -> Text:
+    text = Text(f"Turn {turn['sequence']}", style="bold", no_wrap=True, overflow="ellipsis")
+    text.append(f"  {turn_state_words(turn, can_fork)}", style="dim")
     # A short id: the full one does not fit at 80 columns (`agenthost show` prints it).
     text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
     return text
@@ -166,7 +166,7 @@ class TurnView(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal(classes="turn-head"):
-            yield Static(_turn_header(self.turn), classes="turn-header")
+            yield Static(self._header(), classes="turn-header")
             if self.action is not ForkAction.HIDDEN:
                 yield self._button()
         if self.unknown is not None:
@@ -174,6 +174,9 @@ class TurnView(Vertical):
         with Vertical(classes="turn-body"):
             for line in _body_lines(self.turn):
                 yield Static(line, classes="line")
+
+    def _header(self) -> Text:
+        return _turn_header(self.turn, self.action is ForkAction.ENABLED)
 
     def _button(self) -> Button:
         label, variant = self._label()
@@ -185,6 +188,9 @@ class TurnView(Vertical):
             compact=True,  # one line, no border: it sits on the Turn's header line
             disabled=self.action is not ForkAction.ENABLED,
         )
+        # Not in the Tab order (Tab goes from the list to the message box); the keyboard
+        # forks with F5, which names the Turn and asks first.
+        button.can_focus = False
         button.tooltip = self._fork_tooltip()
         return button
 
@@ -227,7 +233,7 @@ class TurnView(Vertical):
         """Bring the view to this Turn and action, touching only what changed."""
         if dict(turn) != self.turn:
             self.turn = dict(turn)
-            self.query_one(".turn-header", Static).update(_turn_header(self.turn))
+            self.query_one(".turn-header", Static).update(self._header())
             body = self.query_one(".turn-body", Vertical)
             lines = _body_lines(self.turn)
             statics = list(body.query(".line").results(Static))
@@ -245,6 +251,7 @@ class TurnView(Vertical):
             return
         self.blocked = blocked
         was_hidden, self.action = self.action is ForkAction.HIDDEN, action
+        self.query_one(".turn-header", Static).update(self._header())
         if was_hidden and action is ForkAction.HIDDEN:
             return  # only the reason changed, and no button shows it
         if action is ForkAction.HIDDEN:
@@ -373,8 +380,14 @@ class TranscriptView(VerticalScroll):
                     )
                 )
             await self._arrange(desired)
+        self.follow(at_end)
+
+    def follow(self, at_end: bool) -> None:
+        """Keep the newest Turn in view as it grows, unless the user scrolled up: scrolled once
+        the new widgets are laid out (before that the end is where it was)."""
         if at_end:
             self.scroll_end(animate=False)
+            self.call_after_refresh(self.scroll_end, animate=False)
 
     async def _arrange(self, desired: list[Widget]) -> None:
         keep = set(map(id, desired))
@@ -402,7 +415,7 @@ class TranscriptView(VerticalScroll):
         self._busy += 1
         try:
             async with self.lock:
-                for view in list(self.query(TurnView)):
+                for view in list(self.query(TurnView)):  # in place: the scroll stays
                     await view.set_action(action_for(view.turn), blocked)
                     await view.set_unknown(unknown_for(view.turn))
         finally:
