@@ -116,6 +116,7 @@ _DIALOG_CSS = """
     width: 60; max-width: 95%; height: auto; border: thick $primary; background: $surface;
     padding: 1 2;
 }}
+{name} Label {{ width: 100%; }}
 {name} Horizontal {{ height: auto; margin-top: 1; }}
 {name} Button {{ margin-right: 2; }}
 """

@@ -20,7 +20,10 @@ def session_label(
     *,
     source_deleted: bool = False,
     mark: LineageMark | None = None,
+    room: int | None = None,
 ) -> Text:
+    """The row of one Session; with `room` (cells), a title too long for it is elided with
+    "…" so the marks after it stay in view."""
     label = Text()
     gone = source_deleted or (mark is not None and mark.deleted_ancestor)
     if gone:
@@ -29,7 +32,14 @@ def session_label(
     if mark is not None and mark.ordinal is not None:
         # Which of its source's forks this is (session.lineage's ordinal, issue 21 §3).
         label.append(f"#{mark.ordinal} ", style="bold")
-    label.append(str(session.get("title") or "Untitled"))
+    title = Text(str(session.get("title") or "Untitled"))
+    if room is not None:
+        # What the marks and id around the title take, the title gets the rest (at least 8).
+        around = len(label) + 12 + (27 if gone else 0) + (3 if session.get("activeTurnId") else 0)
+        fits = max(8, room - around)
+        if title.cell_len > fits:
+            title.truncate(fits, overflow="ellipsis")
+    label.append_text(title)
     if source_deleted:
         # A fork whose source is gone (issue 21): say so instead of passing for a root.
         label.append("  ↳ from a deleted session", style="dim italic")
@@ -60,6 +70,7 @@ class SessionTree(Tree[str]):
         stack: list[TreeNode[str]] = [self.root]
         target: TreeNode[str] | None = None
         rows = session_tree(sessions)
+        width = self.scrollable_content_region.width  # 0 until laid out: nothing to elide for
         listed = {str(r.session["agentSessionId"]) for r in rows}
         for row in rows:
             del stack[row.depth + 1 :]
@@ -69,11 +80,9 @@ class SessionTree(Tree[str]):
                 row.session,
                 source_deleted=bool(source) and source not in listed,
                 mark=marks.get(sid),
+                # A title wider than the list is elided with "…", not cut unmarked.
+                room=(width - self.guide_depth * row.depth - 1) if width > 0 else None,
             )
-            # A label wider than the list is elided with "…", never cut mid-word unmarked.
-            room = self.scrollable_content_region.width - self.guide_depth * row.depth - 1
-            if room > 4 and label.cell_len > room:
-                label.truncate(room, overflow="ellipsis")
             node = stack[-1].add(label, data=str(row.session["agentSessionId"]), expand=True)
             node.allow_expand = False
             stack.append(node)

@@ -1,7 +1,8 @@
 """Regenerates docs/images/gui-fork.svg (and .png): a real daemon, a session of three turns
 forked through its second, a turn on the child, and the GUI showing the child; then
-gui-approval (a pending approval with Approve / Decline) and gui-fork-refused (a busy source:
-Fork disabled with its reason as the tooltip, and a refusal toast in words).
+gui-approval (a pending approval with Approve / Decline), gui-fork-refused (a busy source:
+Fork disabled with its reason as the tooltip, and a refusal toast in words), and the sizes: the
+fork child at 80x24 and 200x50, with the keys screen and a fork confirmation at 80x24.
 
 Run: `build/venv/bin/python -m tests.client.make_screenshot [OUT_DIR]`. The PNG is drawn from
 the same terminal cells with Pillow and DejaVu Sans Mono (no SVG renderer is needed).
@@ -259,7 +260,41 @@ def _fork_now(c: Any, sid: str, turn_id: str) -> str:
     return str(op["targetAgentSessionId"])
 
 
-SHOTS = ("fork", "approval", "fork-refused", "resolve")
+async def capture_sizes(daemon: DaemonProcess, child: str, out: Path) -> None:
+    """The fork child at 80x24 and 200x50 (keyboard focus in the message box), and at 80x24
+    the keys screen (F1) and the Fork picker's confirmation that names the Turn (F5)."""
+    from client.gui.controls import ConfirmScreen
+    from client.gui.keyboard import HelpScreen, TurnPickerScreen
+
+    for size in ((80, 24), (200, 50)):
+        name = f"gui-{size[0]}x{size[1]}"
+        engine = Engine.connect(daemon.api, daemon.events, WS)
+        app = AgentHostApp(engine, own_engine=True)
+        async with app.run_test(size=size) as pilot:
+            await _open(app, pilot, child, 3)
+            await _until(pilot, lambda: len(app.query("TurnView")) == 3)
+            app.focus_composer()
+            await pilot.pause(0.8)
+            app.save_screenshot(f"{name}.svg", str(out))
+            to_png(screen_segments(app), out / f"{name}.png")
+            if size != (80, 24):
+                continue
+            await pilot.press("f1")
+            await _until(pilot, lambda: isinstance(app.screen, HelpScreen))
+            await pilot.pause(0.5)
+            app.save_screenshot(f"{name}-keys.svg", str(out))
+            to_png(screen_segments(app), out / f"{name}-keys.png")
+            await pilot.press("escape", "f5")
+            await _until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
+            await pilot.press("enter")
+            await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            await pilot.pause(0.5)
+            app.save_screenshot(f"{name}-fork-confirm.svg", str(out))
+            to_png(screen_segments(app), out / f"{name}-fork-confirm.png")
+            await pilot.press("escape")
+
+
+SHOTS = ("fork", "approval", "fork-refused", "resolve", "sizes")
 
 
 def main(argv: list[str]) -> int:
@@ -270,9 +305,12 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="ah-shot-") as tmp:
         daemon = DaemonProcess(Path(tmp) / "home").start()
         try:
-            if "fork" in wanted:
+            if wanted & {"fork", "sizes"}:
                 _, child = build_fork(daemon)
-                asyncio.run(capture(daemon, child, out))
+                if "fork" in wanted:
+                    asyncio.run(capture(daemon, child, out))
+                if "sizes" in wanted:
+                    asyncio.run(capture_sizes(daemon, child, out))
             if "approval" in wanted:
                 asyncio.run(capture_approval(daemon, out))
             if "fork-refused" in wanted:
