@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from textual.app import ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -83,7 +83,7 @@ class AgentHostApp(ForkActions, ControlActions):
         Binding("question_mark", "help", "Keys", show=False),
         Binding("ctrl+r", "reload", "Reload", show=False),
     ]
-    HELP = {
+    KEY_HELP: ClassVar[dict[str, str]] = {
         "quit": "Quit",
         "interrupt": "Interrupt the running turn",
         "approve": "Approve the pending approval",
@@ -198,7 +198,7 @@ class AgentHostApp(ForkActions, ControlActions):
 
     def action_help(self) -> None:
         bindings = [
-            Binding(b.key, b.action, self.HELP.get(b.action, b.description))
+            Binding(b.key, b.action, self.KEY_HELP.get(b.action, b.description))
             for b in self.BINDINGS
             if isinstance(b, Binding)
         ]

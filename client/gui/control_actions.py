@@ -52,7 +52,7 @@ class ControlActions(SessionView):
         except (ApiError, TimeoutError) as exc:
             self.call_from_thread(self.notify, error_words("send", exc), severity="error")
             return
-        self.call_from_thread(self._sent, session_id, text, result["turn"])
+        self.call_from_thread(self._sent, session_id, text, result["turn"])  # type: ignore[arg-type]
 
     async def _sent(self, session_id: str, text: str, turn: dict[str, Any]) -> None:
         with contextlib.suppress(NoMatches):

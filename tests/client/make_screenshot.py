@@ -263,35 +263,41 @@ def _fork_now(c: Any, sid: str, turn_id: str) -> str:
 async def capture_sizes(daemon: DaemonProcess, child: str, out: Path) -> None:
     """The fork child at 80x24 and 200x50 (keyboard focus in the message box), and at 80x24
     the keys screen (F1) and the Fork picker's confirmation that names the Turn (F5)."""
+    for size in ((80, 24), (200, 50)):
+        await _capture_size(daemon, child, out, size)
+
+
+async def _capture_size(
+    daemon: DaemonProcess, child: str, out: Path, size: tuple[int, int]
+) -> None:
     from client.gui.controls import ConfirmScreen
     from client.gui.keyboard import HelpScreen, TurnPickerScreen
 
-    for size in ((80, 24), (200, 50)):
-        name = f"gui-{size[0]}x{size[1]}"
-        engine = Engine.connect(daemon.api, daemon.events, WS)
-        app = AgentHostApp(engine, own_engine=True)
-        async with app.run_test(size=size) as pilot:
-            await _open(app, pilot, child, 3)
-            await _until(pilot, lambda: len(app.query("TurnView")) == 3)
-            app.focus_composer()
-            await pilot.pause(0.8)
-            app.save_screenshot(f"{name}.svg", str(out))
-            to_png(screen_segments(app), out / f"{name}.png")
-            if size != (80, 24):
-                continue
-            await pilot.press("f1")
-            await _until(pilot, lambda: isinstance(app.screen, HelpScreen))
-            await pilot.pause(0.5)
-            app.save_screenshot(f"{name}-keys.svg", str(out))
-            to_png(screen_segments(app), out / f"{name}-keys.png")
-            await pilot.press("escape", "f5")
-            await _until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
-            await pilot.press("enter")
-            await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
-            await pilot.pause(0.5)
-            app.save_screenshot(f"{name}-fork-confirm.svg", str(out))
-            to_png(screen_segments(app), out / f"{name}-fork-confirm.png")
-            await pilot.press("escape")
+    name = f"gui-{size[0]}x{size[1]}"
+    engine = Engine.connect(daemon.api, daemon.events, WS)
+    app = AgentHostApp(engine, own_engine=True)
+    async with app.run_test(size=size) as pilot:
+        await _open(app, pilot, child, 3)
+        await _until(pilot, lambda: len(app.query("TurnView")) == 3)
+        app.focus_composer()
+        await pilot.pause(0.8)
+        app.save_screenshot(f"{name}.svg", str(out))
+        to_png(screen_segments(app), out / f"{name}.png")
+        if size != (80, 24):
+            return
+        await pilot.press("f1")
+        await _until(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.pause(0.5)
+        app.save_screenshot(f"{name}-keys.svg", str(out))
+        to_png(screen_segments(app), out / f"{name}-keys.png")
+        await pilot.press("escape", "f5")
+        await _until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
+        await pilot.press("enter")
+        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.pause(0.5)
+        app.save_screenshot(f"{name}-fork-confirm.svg", str(out))
+        to_png(screen_segments(app), out / f"{name}-fork-confirm.png")
+        await pilot.press("escape")
 
 
 SHOTS = ("fork", "approval", "fork-refused", "resolve", "sizes")

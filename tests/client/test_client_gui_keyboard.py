@@ -197,7 +197,7 @@ def test_every_key_is_listed_the_bar_stays_one_line_and_titles_are_elided(
         await pilot.press("f1")
         await until(pilot, lambda: isinstance(app.screen, HelpScreen))
         listed = "\n".join(app.screen.lines)
-        for action, words in AgentHostApp.HELP.items():
+        for action, words in AgentHostApp.KEY_HELP.items():
             assert words in listed, action
         assert _fits(app)
         await pilot.press("escape")
