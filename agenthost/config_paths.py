@@ -28,9 +28,17 @@ def check_listen(endpoint: str, allow_remote: bool, *, source: str = "--listen")
     if not endpoint.startswith("tcp://"):
         raise ConfigError(f"{source} {endpoint}: not a tcp:// or ipc:// endpoint")
     try:
-        host = urlparse(endpoint).hostname or ""
-    except ValueError:
-        raise ConfigError(f"{source} {endpoint}: not a valid tcp:// endpoint") from None
+        parsed = urlparse(endpoint)
+        host = parsed.hostname or ""
+        # `*` asks the system for a free port; anything else must be a port number.
+        port = parsed.port if not endpoint.endswith(":*") else 1
+    except ValueError as exc:
+        raise ConfigError(f"{source} {endpoint}: not a valid tcp:// endpoint ({exc})") from None
+    if port is None or not 1 <= port <= 65535:
+        raise ConfigError(
+            f"{source} {endpoint}: needs a port from 1 to 65535 (tcp://127.0.0.1:7777), or * "
+            "for any free one"
+        )
     if host == "localhost" or allow_remote:
         return
     try:

@@ -170,8 +170,8 @@ SCHEMA: tuple[Key, ...] = (
                 "api_key_env",
                 Str(pattern=r"[A-Za-z_][A-Za-z0-9_]*", what=_ENV_NAME),
                 None,
+                # A name, not a secret: shown in errors and `status` like any other value.
                 "the environment variable holding the model API key (read at turn time)",
-                secret=True,
             ),
             Key(
                 f"providers.{provider}",

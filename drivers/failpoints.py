@@ -75,6 +75,20 @@ class FailpointSpec:
         return f"once:{body}" if self.once else str(body)
 
 
+def normalize(name: str, action: str) -> tuple[str, FailpointSpec]:
+    """One armed point: `once:` may prefix the name as well as the action (`once:NAME=error`
+    is `NAME=once:error`), so the spelling a person tries first arms the point instead of a
+    name that nothing ever hits."""
+    name = name.strip()
+    spec = FailpointSpec.parse(action)
+    if name.startswith("once:"):
+        name = name[len("once:") :].strip()
+        spec = FailpointSpec(spec.action, True, spec.sleep_ms)
+    if not name:
+        raise ValueError(f"bad failpoint name: {name!r}")
+    return name, spec
+
+
 def parse_points(text: str) -> dict[str, str]:
     """Parse `name=action;name=action` into a map (validating each action)."""
     points: dict[str, str] = {}
@@ -85,7 +99,8 @@ def parse_points(text: str) -> dict[str, str]:
         name, sep, action = part.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"bad failpoint entry: {part!r}")
-        points[name.strip()] = str(FailpointSpec.parse(action))
+        name, spec = normalize(name, action)
+        points[name] = str(spec)
     return points
 
 
@@ -121,7 +136,7 @@ class Failpoints:
 
         Validates every action first, so a bad map changes nothing.
         """
-        parsed = {name: FailpointSpec.parse(action) for name, action in points.items()}
+        parsed = dict(normalize(name, action) for name, action in points.items())
         with self._lock:
             for name, spec in parsed.items():
                 if spec.action is FailpointAction.OFF:

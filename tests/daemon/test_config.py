@@ -144,6 +144,8 @@ def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -
         ("[daemon\n", "not valid TOML: "),
         ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
         ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
+        # A variable's name is no secret: the mistake is shown as typed.
+        ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
     ],
 )
 def test_other_mistakes_exit_2_in_words(tmp_path: Path, text: str, message: str) -> None:
@@ -154,6 +156,24 @@ def test_other_mistakes_exit_2_in_words(tmp_path: Path, text: str, message: str)
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "said"),
+    [
+        ("tcp://127.0.0.1:99999", "Port out of range"),
+        ("tcp://127.0.0.1", "needs a port from 1 to 65535"),
+        ("tcp://127.0.0.1:0", "needs a port from 1 to 65535"),
+    ],
+)
+def test_a_listen_endpoint_with_a_bad_port_exits_2_before_the_home_is_touched(
+    tmp_path: Path, endpoint: str, said: str
+) -> None:
+    home = tmp_path / "home"
+    done = serve(home, "--listen", endpoint)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"agenthost: --listen {endpoint}: ") and said in done.stderr
+    assert not home.exists()
 
 
 def test_a_config_file_that_is_not_utf8_or_missing_exits_2(tmp_path: Path) -> None:

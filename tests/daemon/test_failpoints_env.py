@@ -15,11 +15,13 @@ from transport.client import ApiError
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_env_failpoints_fire_without_the_debug_method_enabled(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "spec", ["host.fork.after_prepare=once:kill", "once:host.fork.after_prepare=kill"]
+)
+def test_env_failpoints_fire_without_the_debug_method_enabled(tmp_path: Path, spec: str) -> None:
+    """`once:` before the name is the same as before the action: either spelling arms it."""
     d = DaemonProcess(
-        tmp_path / "home",
-        env={"AGENTHOST_ENABLE_FAILPOINTS": "0"},
-        failpoints="host.fork.after_prepare=once:kill",
+        tmp_path / "home", env={"AGENTHOST_ENABLE_FAILPOINTS": "0"}, failpoints=spec
     ).start()
     try:
         c = d.client()

@@ -20,6 +20,14 @@ def test_env_string_parses_every_action_and_round_trips() -> None:
     assert parse_points(format_points(points)) == points
 
 
+def test_once_before_the_name_arms_the_named_point_once() -> None:
+    assert parse_points("once:a=error;once:b=sleep:5") == {"a": "once:error", "b": "once:sleep:5"}
+    fp = Failpoints({"once:a": "error"})
+    assert fp.snapshot() == {"a": "once:error"}
+    with pytest.raises(ValueError):
+        parse_points("once:=kill")
+
+
 @pytest.mark.parametrize("bad", ["a=boom", "a=sleep:x", "a=sleep", "=kill", "a"])
 def test_malformed_entries_are_rejected(bad: str) -> None:
     with pytest.raises(ValueError):
