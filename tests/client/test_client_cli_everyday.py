@@ -250,10 +250,10 @@ def test_sessions_marks_pinned_and_orphaned_forks_and_keeps_columns_aligned(
         assert line[title_at - 2 : title_at] == "  "
     assert by_id[sid][title_at:] == "Root  (pinned)"
     assert by_id[child][title_at:] == "└─ Root (2)"
-    assert by_id[grandchild][title_at:] == "   └─ Root (3)"
+    assert by_id[grandchild][title_at:] == "   └─ Root (2) (2)"
     cli.json("delete", child, "--yes")
     orphan = next(line for line in cli.run("sessions").stdout.splitlines() if grandchild in line)
-    assert orphan[title_at:] == f"Root (3)  (source {child[:8]} deleted)"
+    assert orphan[title_at:] == f"Root (2) (2)  (source {child[:8]} deleted)"
 
 
 def test_show_names_a_deleted_source_once_and_shows_the_live_root(cli: Cli) -> None:
@@ -266,7 +266,7 @@ def test_show_names_a_deleted_source_once_and_shows_the_live_root(cli: Cli) -> N
     text = cli.run("show", grandchild).stdout
     assert text.count(child) == 0  # the short id names it; the full id is not repeated
     assert f"forked from (deleted {child[:8]}) through turn" in text
-    assert f"ancestry: Root → (deleted {child[:8]}) → Root (3)" in text
+    assert f"ancestry: Root → (deleted {child[:8]}) → Root (2) (2)" in text
     assert f"live root: Root ({sid})" in text
 
 
