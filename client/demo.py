@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from client.lineage_view import status_words
 from client.session_client import fork_and_wait, format_transcript, run_turn
 from model_fakes.responses import ResponsesServer, model_input_texts
 from transport.client import Client
@@ -90,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
 
     _banner(f"starting the daemon (AGENTHOST_HOME={home})")
     proc, ready = _start_daemon(home)
-    print(json.dumps(ready))
+    print(f"daemon {ready['pid']} ready: API {ready['api']}, events {ready['events']}")
     client = Client(ready["api"], timeout=60)
     try:
         status = client.call("host.status")
@@ -118,13 +119,17 @@ def main(argv: list[str] | None = None) -> int:
 
         _banner("fork through Turn 2")
         op = fork_and_wait(client, WS, sid, turns[1]["turnId"], progress=lambda p: print(f"… {p}"))
-        print(f"operation {op['operationId']}: {op['status']} ({op['phase']})")
+        print(f"operation {op['operationId']}: {status_words(op)}")
         if op["status"] != "committed":
             print(f"fork did not commit: {op['error']}")
             return 1
         child = op["session"]["agentSessionId"]
         print(f'child session {child}: "{op["session"]["title"]}"')
-        print(f"lineage: {json.dumps(op['lineage'])}")
+        lineage = op["lineage"]
+        print(
+            f"lineage: forked from {lineage['sourceAgentSessionId']} through turn "
+            f"{lineage['sourceTurnId']}; the child's copy of it is turn {lineage['targetTurnId']}"
+        )
 
         _banner("a turn on the child: what the model sees")
         text = "/history" if model is None else "What have I asked so far?"

@@ -296,3 +296,19 @@ def test_references_that_match_nothing_give_a_hint(cli: Cli) -> None:
     new_session(cli, "Third")
     ambiguous = cli.run("show", "")
     assert "type more of the id" in ambiguous.stderr and "'Hints'" in ambiguous.stderr
+
+
+def test_the_demo_prints_words_not_raw_json() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "client.demo", "--provider", "tutti-agent"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert not [line for line in lines if line.lstrip().startswith("{")]
+    assert "committed (committed)" not in done.stdout
+    assert any(line.startswith("operation ") and line.endswith(": committed") for line in lines)
+    assert any(line.startswith("lineage: forked from ") for line in lines)
