@@ -46,6 +46,34 @@ def turn_state_words(turn: Mapping[str, Any], can_fork: bool = False) -> str:
     return words
 
 
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+def turn_glance(turn: Mapping[str, Any]) -> str:
+    """What a Turn did, at a glance: `2 tool calls · approval approved · question`, empty
+    when it only talked."""
+    parts = []
+    calls = sum(1 for m in turn.get("messages") or [] if m.get("kind") == "tool_call")
+    if calls:
+        parts.append(_count(calls, "tool call"))
+    for interaction in turn.get("interactions") or []:
+        kind = str(interaction.get("kind") or "interaction")
+        output = interaction.get("output") or {}
+        if interaction.get("status") == "pending":
+            parts.append(f"{kind} waiting")
+        elif "decision" in output:
+            verdict = {"approve": "approved", "decline": "declined"}.get(str(output["decision"]))
+            parts.append(f"{kind} {verdict or output['decision']}")
+        elif interaction.get("status") == "resolved":
+            parts.append(f"{kind} answered")
+        else:
+            parts.append(f"{kind} {interaction.get('status')}")
+    if turn.get("outcome") == "failed":
+        parts.append("error")
+    return " · ".join(parts)
+
+
 def details_text(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]) -> str:
     """The details pane: the internal names the rest of the GUI puts into words."""
     caps = session.get("lifecycleCapabilities") or {}

@@ -15,7 +15,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
 
-from client.gui.status_text import turn_state_words
+from client.gui.status_text import turn_glance, turn_state_words
 from client.session_client import (
     ForkAction,
     divider_after,
@@ -77,6 +77,10 @@ class LoadMoreRequested(Message):
 def _turn_header(turn: Mapping[str, Any], can_fork: bool = False) -> Text:
     text = Text(f"Turn {turn['sequence']}", style="bold", no_wrap=True, overflow="ellipsis")
     text.append(f"  {turn_state_words(turn, can_fork)}", style="dim")
+    glance = turn_glance(turn)
+    if glance:
+        failed = turn.get("outcome") == "failed"
+        text.append(f"  {glance}", style="bold red" if failed else "yellow")
     # A short id: the full one does not fit at 80 columns (`agenthost show` prints it).
     text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
     return text

@@ -254,3 +254,34 @@ def test_turns_read_in_words_and_the_details_pane_keeps_the_names(
         await pilot.press("escape")
 
     run_app(daemon, ws, size, scenario)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_each_turn_shows_what_it_did_at_a_glance(
+    daemon: DaemonProcess, client: Client, ws: str, size: tuple[int, int]
+) -> None:
+    sid = create_session(client, ws, title="Glance")["agentSessionId"]
+    run_turn(client, sid, "just talk", ws)
+    run_turn(client, sid, "/tool search_flights LIS", ws)
+    run_turn(client, sid, "/fail the model broke", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 3)
+        submit(client, sid, "/approve make deploy", ws)
+        await until(pilot, lambda: app.query("#approve"))
+        await pilot.press("ctrl+y")
+        await settled(pilot, client, ws, sid)
+
+        def headers() -> list[str]:
+            return [
+                str(view.query_one(".turn-header", Static).render()) for view in app.query(TurnView)
+            ]
+
+        await until(pilot, lambda: "approval approved" in headers()[-1])
+        talk, tool, failed, approved = headers()
+        assert "tool call" not in talk and "approval" not in talk
+        assert "1 tool call" in tool
+        assert "failed" in failed and "error" in failed
+        assert "1 tool call · approval approved" in approved
+
+    run_app(daemon, ws, size, scenario)
