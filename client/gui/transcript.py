@@ -394,12 +394,16 @@ class TranscriptView(VerticalScroll):
             self.call_after_refresh(self.scroll_end, animate=False)
 
     async def _arrange(self, desired: list[Widget]) -> None:
+        if len(self.children) == len(desired) and all(
+            a is b for a, b in zip(self.children, desired, strict=True)
+        ):
+            return  # the usual update (a streamed piece, a settled Turn): nothing moves
         keep = set(map(id, desired))
         stale = [w for w in self.children if id(w) not in keep]
         if stale:
             await self.remove_children(stale)
+        current = list(self.children)
         for index, widget in enumerate(desired):
-            current = list(self.children)
             if index < len(current) and current[index] is widget:
                 continue
             if widget in current:
@@ -408,6 +412,7 @@ class TranscriptView(VerticalScroll):
                 await self.mount(widget, before=current[index])
             else:
                 await self.mount(widget)
+            current = list(self.children)  # re-read only after a change: O(n), not O(n²)
 
     async def set_actions(
         self,

@@ -1,0 +1,158 @@
+"""How the GUI copes with a long transcript: a 1,000-Turn session opened, paged in whole,
+scrolled, left and re-opened, and a streamed reply rendered at its end, through Textual's pilot
+at 80x24 and 200x50 against a real daemon (tutti-agent's built-in model). Not part of `make
+bench`: an experiment whose figures are in docs/performance.md "The GUI with 1,000 Turns".
+
+Every figure is wall time in the pilot's process (headless: the terminal's own drawing is not
+counted), the median (and worst) of the repetitions:
+
+- open: `open_session` until the first page's Turns are mounted;
+- load all: every further page (Load more) until all Turns are mounted;
+- scroll: a jump to each tenth of the transcript and the frame after it (top to bottom, back
+  to the top), as a scroll bar drag or PageDown lands;
+- switch: to a one-Turn session and back, until the long one's Turns are mounted again;
+- stream: one `message.delta` rendered at the end of the loaded transcript (`_on_delta`).
+
+    build/venv/bin/python -m bench.gui_transcript [--turns N] [--repeat R]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from bench.common import log
+from bench.harness import WS, BenchDaemon, create_session, run_turn
+from client.engine import Engine
+from client.gui.app import AgentHostApp
+from client.gui.transcript import LoadMoreRequested, TranscriptView, TurnView
+
+COMMAND = "build/venv/bin/python -m bench.gui_transcript"
+SIZES = ((80, 24), (200, 50))
+
+
+async def _until(pilot: Any, pred: Callable[[], Any], timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise TimeoutError("GUI condition not met")
+        await pilot.pause(0.005)
+
+
+async def _timed(step: Callable[[], Awaitable[None]]) -> float:
+    t0 = time.perf_counter()
+    await step()
+    return (time.perf_counter() - t0) * 1000
+
+
+def _mounted(app: AgentHostApp) -> int:
+    return len(app.query(TurnView))
+
+
+async def measure(
+    daemon: BenchDaemon, big: str, small: str, size: tuple[int, int], repeat: int
+) -> dict[str, list[float]]:
+    figures: dict[str, list[float]] = {
+        "open": [],
+        "load all": [],
+        "scroll": [],
+        "switch": [],
+        "stream": [],
+    }
+    engine = Engine.connect(daemon.api, daemon.events, WS)
+    app = AgentHostApp(engine, own_engine=True)
+    async with app.run_test(size=size) as pilot:
+        await _until(pilot, lambda: app.sessions_loaded and engine.session(big) is not None)
+        for _ in range(repeat):
+
+            async def open_big() -> None:
+                app.open_session(big)
+                await _until(
+                    pilot, lambda: app.current == big and _mounted(app) == len(app.turns) > 0
+                )
+
+            app.open_session(small)
+            await _until(pilot, lambda: app.current == small and _mounted(app) == 1)
+            figures["open"].append(await _timed(open_big))
+
+            async def load_all() -> None:
+                while app.has_more:
+                    count = len(app.turns)
+                    app.post_message(LoadMoreRequested())
+                    await _until(pilot, lambda count=count: len(app.turns) > count)
+                await _until(pilot, lambda: _mounted(app) == len(app.turns))
+
+            figures["load all"].append(await _timed(load_all))
+            transcript = app.query_one(TranscriptView)
+            steps = [0.0, *[transcript.max_scroll_y * i / 10 for i in range(1, 11)], 0.0]
+            for y in steps:
+
+                async def scroll(y: float = y, view: TranscriptView = transcript) -> None:
+                    view.scroll_to(y=y, animate=False)
+                    await pilot.pause()
+
+                figures["scroll"].append(await _timed(scroll))
+            last = app.turns[-1]
+
+            async def stream(last: dict[str, Any] = last) -> None:
+                await app._on_delta(  # noqa: SLF001 - the handler a live delta reaches
+                    {
+                        "type": "message.delta",
+                        "agentSessionId": big,
+                        "turnId": last["turnId"],
+                        "itemId": "bench-item",
+                        "kind": "assistant",
+                        "delta": "more ",
+                    }
+                )
+
+            for _ in range(5):
+                figures["stream"].append(await _timed(stream))
+
+            async def switch() -> None:
+                app.open_session(small)
+                await _until(pilot, lambda: app.current == small and _mounted(app) == 1)
+                await open_big()
+
+            figures["switch"].append(await _timed(switch))
+    return figures
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="bench.gui_transcript")
+    parser.add_argument("--turns", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args(argv)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-gui-") as tmp,
+        BenchDaemon(Path(tmp) / "home").start() as daemon,
+    ):
+        c = daemon.client()
+        big = create_session(c, "Long transcript")
+        small = create_session(c, "Short")
+        run_turn(c, small, "hello")
+        t0 = time.monotonic()
+        for i in range(args.turns):
+            run_turn(c, big, f"/tool step_{i} arg" if i % 10 == 0 else f"message {i}")
+        log(f"{args.turns} turns in {time.monotonic() - t0:.0f} s")
+        print(f"command: {COMMAND} --turns {args.turns} --repeat {args.repeat}")
+        print(f"{'size':<8} {'step':<11} {'median ms':>10} {'worst ms':>10} {'n':>4}")
+        for size in SIZES:
+            figures = asyncio.run(measure(daemon, big, small, size, args.repeat))
+            for step, values in figures.items():
+                print(
+                    f"{size[0]}x{size[1]:<5} {step:<11} {statistics.median(values):>10.1f} "
+                    f"{max(values):>10.1f} {len(values):>4}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
