@@ -312,3 +312,24 @@ def test_the_demo_prints_words_not_raw_json() -> None:
     assert "committed (committed)" not in done.stdout
     assert any(line.startswith("operation ") and line.endswith(": committed") for line in lines)
     assert any(line.startswith("lineage: forked from ") for line in lines)
+
+
+def test_a_turn_the_host_stopped_says_the_host_interrupted_it(tmp_path: Any) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = str(
+            c.call("session.create", {"workspaceId": "default", "provider": "tutti-agent"})[
+                "session"
+            ]["agentSessionId"]
+        )
+        submit(c, sid, "/slow 30000 never", "default")
+    finally:
+        d.stop()
+    d = DaemonProcess(home).start()
+    try:
+        shown = Cli(home, "default").run("show", sid).stdout
+        assert "interrupted: by the host: it stopped while this turn ran" in shown
+    finally:
+        d.stop()
