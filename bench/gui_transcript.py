@@ -43,7 +43,8 @@ async def _until(pilot: Any, pred: Callable[[], Any], timeout: float = 300.0) ->
     while not pred():
         if time.monotonic() > deadline:
             raise TimeoutError("GUI condition not met")
-        await pilot.pause(0.005)
+        # Not `pilot.pause`: it gives up after 30 s of pending messages, which a slow step is.
+        await asyncio.sleep(0.005)
 
 
 async def _timed(step: Callable[[], Awaitable[None]]) -> float:
@@ -129,6 +130,9 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench.gui_transcript")
     parser.add_argument("--turns", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--size", action="append", default=None, help="WxH (repeatable; default 80x24 and 200x50)"
+    )
     args = parser.parse_args(argv)
     with (
         tempfile.TemporaryDirectory(prefix="bench-gui-") as tmp,
@@ -142,10 +146,12 @@ def main(argv: list[str]) -> int:
         for i in range(args.turns):
             run_turn(c, big, f"/tool step_{i} arg" if i % 10 == 0 else f"message {i}")
         log(f"{args.turns} turns in {time.monotonic() - t0:.0f} s")
-        print(f"command: {COMMAND} --turns {args.turns} --repeat {args.repeat}")
+        shown = "".join(f" --size {z}" for z in args.size or [])
+        print(f"command: {COMMAND} --turns {args.turns} --repeat {args.repeat}{shown}")
         print(f"{'size':<8} {'step':<11} {'median ms':>10} {'worst ms':>10} {'n':>4}")
-        for size in SIZES:
-            figures = asyncio.run(measure(daemon, big, small, size, args.repeat))
+        sizes = [tuple(map(int, z.split("x"))) for z in args.size] if args.size else SIZES
+        for size in sizes:
+            figures = asyncio.run(measure(daemon, big, small, (size[0], size[1]), args.repeat))
             for step, values in figures.items():
                 print(
                     f"{size[0]}x{size[1]:<5} {step:<11} {statistics.median(values):>10.1f} "

@@ -175,9 +175,9 @@ class TurnView(Vertical):
                 yield self._button()
         if self.unknown is not None:
             yield UnknownForkRow(self.turn_id, self.unknown)
-        with Vertical(classes="turn-body"):
-            for line in _body_lines(self.turn):
-                yield Static(line, classes="line")
+        # One widget for the whole body (not one per line): a long transcript's every frame
+        # lays out each widget, so fewer widgets is what keeps it smooth.
+        yield Static(_body(self.turn), classes="turn-body line")
 
     def _header(self) -> Text:
         return _turn_header(self.turn, self.action is ForkAction.ENABLED)
@@ -238,15 +238,7 @@ class TurnView(Vertical):
         if dict(turn) != self.turn:
             self.turn = dict(turn)
             self.query_one(".turn-header", Static).update(self._header())
-            body = self.query_one(".turn-body", Vertical)
-            lines = _body_lines(self.turn)
-            statics = list(body.query(".line").results(Static))
-            for static, line in zip(statics, lines, strict=False):
-                static.update(line)
-            if len(lines) > len(statics):
-                await body.mount_all(Static(line, classes="line") for line in lines[len(statics) :])
-            for static in statics[len(lines) :]:
-                await static.remove()
+            self.query_one(".turn-body", Static).update(_body(self.turn))
         await self.set_action(action, blocked)
         await self.set_unknown(unknown)
 
@@ -276,6 +268,10 @@ class TurnView(Vertical):
             self.post_message(ForkRequested(self.session_id, self.turn_id))
         elif event.button.id == inspect_button_id(self.turn_id) and self.unknown is not None:
             self.post_message(InspectRequested(self.session_id, self.turn_id, self.unknown))
+
+
+def _body(turn: Mapping[str, Any]) -> Text:
+    return Text("\n").join(_body_lines(turn))
 
 
 def _body_lines(turn: Mapping[str, Any]) -> list[Text]:
@@ -407,7 +403,10 @@ class TranscriptView(VerticalScroll):
             if index < len(current) and current[index] is widget:
                 continue
             if widget in current:
-                self.move_child(widget, before=current[index])
+                if index < len(current):
+                    self.move_child(widget, before=current[index])
+                else:
+                    self.move_child(widget, after=current[-1])
             elif index < len(current):
                 await self.mount(widget, before=current[index])
             else:
