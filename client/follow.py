@@ -12,7 +12,7 @@ from typing import Any
 
 from client.references import timeline
 from client.transcript_text import format_message, says_nothing
-from transport.client import Client, EventSubscriber, merge_turn
+from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
 POLL_S = 0.05
@@ -176,17 +176,23 @@ def stream_turn(
                     continue
                 answered.add(interaction["requestId"])
                 by = {"by": answered_by} if answered_by else {}
-                client.call(
-                    "interaction.respond",
-                    {
-                        "workspaceId": ws,
-                        "agentSessionId": sid,
-                        "turnId": turn_id,
-                        "requestId": interaction["requestId"],
-                        "response": response,
-                        **by,
-                    },
-                )
+                try:
+                    client.call(
+                        "interaction.respond",
+                        {
+                            "workspaceId": ws,
+                            "agentSessionId": sid,
+                            "turnId": turn_id,
+                            "requestId": interaction["requestId"],
+                            "response": response,
+                            **by,
+                        },
+                    )
+                except ApiError as exc:
+                    # Answered elsewhere in the same instant: that answer stands and the Turn
+                    # goes on; the printed Interaction says whose it was.
+                    if (exc.status, exc.reason) != (409, "conflict"):
+                        raise
             if time.monotonic() > deadline:
                 raise TurnWaitTimeout(turn_id, timeout)
             fresh = _next_turn_event(subscriber, ws, sid, turn_id, on_delta)
