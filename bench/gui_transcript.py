@@ -47,10 +47,13 @@ async def _until(pilot: Any, pred: Callable[[], Any], timeout: float = 300.0) ->
         await asyncio.sleep(0.005)
 
 
-async def _timed(step: Callable[[], Awaitable[None]]) -> float:
+async def _timed(step: Callable[[], Awaitable[None]], name: str = "") -> float:
     t0 = time.perf_counter()
     await step()
-    return (time.perf_counter() - t0) * 1000
+    ms = (time.perf_counter() - t0) * 1000
+    if name:
+        log(f"{name}: {ms:.0f} ms")  # as it goes: a slow run still leaves its figures
+    return ms
 
 
 def _mounted(app: AgentHostApp) -> int:
@@ -81,16 +84,19 @@ async def measure(
 
             app.open_session(small)
             await _until(pilot, lambda: app.current == small and _mounted(app) == 1)
-            figures["open"].append(await _timed(open_big))
+            figures["open"].append(await _timed(open_big, f"{size} open"))
 
             async def load_all() -> None:
                 while app.has_more:
                     count = len(app.turns)
+                    t0 = time.perf_counter()
                     app.post_message(LoadMoreRequested())
                     await _until(pilot, lambda count=count: len(app.turns) > count)
-                await _until(pilot, lambda: _mounted(app) == len(app.turns))
+                    await _until(pilot, lambda: _mounted(app) == len(app.turns))
+                    ms = (time.perf_counter() - t0) * 1000
+                    log(f"{size} page to {len(app.turns)} turns: {ms:.0f} ms")
 
-            figures["load all"].append(await _timed(load_all))
+            figures["load all"].append(await _timed(load_all, f"{size} load all"))
             transcript = app.query_one(TranscriptView)
             steps = [0.0, *[transcript.max_scroll_y * i / 10 for i in range(1, 11)], 0.0]
             for y in steps:
@@ -99,7 +105,7 @@ async def measure(
                     view.scroll_to(y=y, animate=False)
                     await pilot.pause()
 
-                figures["scroll"].append(await _timed(scroll))
+                figures["scroll"].append(await _timed(scroll, f"{size} scroll"))
             last = app.turns[-1]
 
             async def stream(last: dict[str, Any] = last) -> None:
@@ -115,14 +121,14 @@ async def measure(
                 )
 
             for _ in range(5):
-                figures["stream"].append(await _timed(stream))
+                figures["stream"].append(await _timed(stream, f"{size} stream"))
 
             async def switch() -> None:
                 app.open_session(small)
                 await _until(pilot, lambda: app.current == small and _mounted(app) == 1)
                 await open_big()
 
-            figures["switch"].append(await _timed(switch))
+            figures["switch"].append(await _timed(switch, f"{size} switch"))
     return figures
 
 

@@ -33,10 +33,14 @@ def session_label(
         # Which of its source's forks this is (session.lineage's ordinal, issue 21 §3).
         label.append(f"#{mark.ordinal} ", style="bold")
     title = Text(str(session.get("title") or "Untitled"))
+    short_id = f"  {str(session['agentSessionId'])[:8]}"
     if room is not None:
-        # What the marks and id around the title take, the title gets the rest (at least 8).
-        around = len(label) + 12 + (27 if gone else 0) + (3 if session.get("activeTurnId") else 0)
-        fits = max(8, room - around)
+        # What the marks around the title take; the title gets the rest (at least 8 cells),
+        # and in a list too narrow for both the id gives way to the title.
+        around = len(label) + (27 if gone else 0) + (3 if session.get("activeTurnId") else 0) + 1
+        if room - around - len(short_id) < 8:
+            short_id = ""
+        fits = max(8, room - around - len(short_id))
         if title.cell_len > fits:
             title.truncate(fits, overflow="ellipsis")
     label.append_text(title)
@@ -45,7 +49,7 @@ def session_label(
         label.append("  ↳ from a deleted session", style="dim italic")
     elif gone:
         label.append("  ↳ an ancestor was deleted", style="dim italic")
-    label.append(f"  {str(session['agentSessionId'])[:8]}", style="dim")
+    label.append(short_id, style="dim")
     if session.get("activeTurnId"):
         label.append("  ●", style="bold green")
     return label

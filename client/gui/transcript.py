@@ -81,7 +81,7 @@ def _turn_header(turn: Mapping[str, Any], can_fork: bool = False) -> Text:
     if glance:
         failed = turn.get("outcome") == "failed"
         text.append(f"  {glance}", style="bold red" if failed else "yellow")
-    # A short id: the full one does not fit at 80 columns (`agenthost show` prints it).
+    # A short id, last: the first thing elided when the line is narrow (`show` prints it whole).
     text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
     return text
 
@@ -145,7 +145,7 @@ class TurnView(Vertical):
     TurnView { height: auto; padding: 0 1; margin-bottom: 1; border-left: tall $primary 30%; }
     TurnView > .turn-head { height: auto; }
     TurnView > .turn-body { height: auto; }
-    TurnView .turn-header { width: 1fr; }
+    TurnView .turn-header { width: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
     TurnView Button.fork { min-width: 12; margin: 0 1; }
     """
 

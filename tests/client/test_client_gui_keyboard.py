@@ -211,7 +211,9 @@ def test_every_key_is_listed_the_bar_stays_one_line_and_titles_are_elided(
         # Titles too wide are elided with "…" (the list, and a dialog that fits the screen).
         label = str(app.query_one(SessionTree).root.children[0].label)
         assert "…" in label and len(label) < len(long_title)
-        assert sid[:8] in label  # the id after the elided title stays in view
+        # The id follows the title where the list has room for both; at 80 columns it gives
+        # way to the title.
+        assert (sid[:8] in label) is (size[0] >= 200)
         await pilot.press("ctrl+g")
         await settled(pilot, client, ws, sid)
         await pilot.press("f5")
