@@ -387,7 +387,12 @@ class TranscriptView(VerticalScroll):
         the new widgets are laid out (before that the end is where it was)."""
         if at_end:
             self.scroll_end(animate=False)
-            self.call_after_refresh(self.scroll_end, animate=False)
+            self.call_after_refresh(self._follow_after, self.scroll_y)
+
+    def _follow_after(self, was: float) -> None:
+        # Not if the user scrolled up in between: their place wins over the newest Turn.
+        if self.scroll_y >= was:
+            self.scroll_end(animate=False)
 
     async def _arrange(self, desired: list[Widget]) -> None:
         if len(self.children) == len(desired) and all(
@@ -399,18 +404,32 @@ class TranscriptView(VerticalScroll):
         if stale:
             await self.remove_children(stale)
         current = list(self.children)
-        for index, widget in enumerate(desired):
-            if index < len(current) and current[index] is widget:
-                continue
-            if widget in current:
+        present = set(map(id, current))
+        index = 0
+        while index < len(desired):
+            widget = desired[index]
+            if id(widget) not in present:
+                # A run of new widgets (a page of Turns, a session just opened) is mounted in
+                # one call: one layout for the run instead of one per Turn.
+                end = index
+                while end < len(desired) and id(desired[end]) not in present:
+                    end += 1
+                batch = desired[index:end]
+                if index < len(current):
+                    await self.mount_all(batch, before=current[index])
+                else:
+                    await self.mount_all(batch)
+                present.update(map(id, batch))
+                index = end
+            else:
+                if index < len(current) and current[index] is widget:
+                    index += 1
+                    continue
                 if index < len(current):
                     self.move_child(widget, before=current[index])
                 else:
                     self.move_child(widget, after=current[-1])
-            elif index < len(current):
-                await self.mount(widget, before=current[index])
-            else:
-                await self.mount(widget)
+                index += 1
             current = list(self.children)  # re-read only after a change: O(n), not O(n²)
 
     async def set_actions(
