@@ -158,16 +158,19 @@ def test_interrupt_command_and_other_clients_give_who_and_why(
     assert done.stdout.strip() == "Turn 1 interrupted by the CLI: taking too long"
     assert "interrupted: by the CLI: taking too long" in cli.run("show", sid).stdout
     turn = submit(client, sid, "/slow 30000 never", ws)
-    got = client.call(
+    client.call(
         "turn.interrupt",
         {"workspaceId": ws, "agentSessionId": sid, "turnId": turn["turnId"], "by": "gui"},
-    )["turn"]
+    )
+    # The reply may come before the provider's end of the Turn: read it once settled.
+    got = wait_for(lambda: (t := last_turn(client, ws, sid))["phase"] == "settled" and t)
     assert got["error"] == "by the GUI"
     turn = submit(client, sid, "/slow 30000 never", ws)
     # An old client says nothing: the Turn still says it was a client, not "no reason".
-    got = client.call(
+    client.call(
         "turn.interrupt", {"workspaceId": ws, "agentSessionId": sid, "turnId": turn["turnId"]}
-    )["turn"]
+    )
+    got = wait_for(lambda: (t := last_turn(client, ws, sid))["phase"] == "settled" and t)
     assert got["error"] == "by a client"
     # Who must be a word the daemon knows; the daemon refuses anything else and keeps serving.
     from transport.client import ApiError
