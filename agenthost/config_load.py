@@ -115,7 +115,16 @@ def _check_table(
             out[name] = key.type.check(value)
         except ValueError as exc:
             got = describe(value)
-            if key.secret and isinstance(value, str):
+            if isinstance(value, str) and (key.secret or _looks_like_a_key(name, value)):
                 got = f"a string of {len(value)} characters (not shown)"
             raise ConfigError(f"{source}: [{table}] {name} must be {exc}, got {got}") from None
     return out
+
+
+def _looks_like_a_key(name: str, value: str) -> bool:
+    """`api_key_env` names a variable and is shown like any value (`MY-KEY` is a typo worth
+    seeing), unless what was written there looks like the key itself: a space, a provider's
+    key prefix, or a length no variable name has."""
+    if name != "api_key_env":
+        return False
+    return any(c.isspace() for c in value) or value.startswith("sk-") or len(value) > 64
