@@ -149,12 +149,15 @@ class TurnResult(TypedDict):
 
 class TurnInterruptParams(SessionParams):
     turnId: str
+    by: NotRequired[Literal["ctrl_c", "cli", "gui", "host", "client"]]
+    reason: NotRequired[str]
 
 
 class InteractionRespondParams(SessionParams):
     turnId: str
     requestId: str
     response: dict[str, Any]
+    by: NotRequired[Literal["cli", "gui", "client"]]
 
 
 class InteractionResult(TypedDict):
