@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Mapping
@@ -289,6 +290,7 @@ class Daemon:
     def _restore_run_dir(self) -> None:
         cfg = self.config
         run = cfg.run_dir
+        _tighten_own_dir(run)
         if not check_private_dir(run, "run directory", exact_0700=True):
             make_private_dir(run)
             check_private_dir(run, "run directory", exact_0700=True)
@@ -444,6 +446,19 @@ class Daemon:
         except ValueError as exc:
             raise InvalidArgument("points", str(exc)) from exc
         return merged
+
+
+def _tighten_own_dir(path: Path) -> None:
+    """A `run/` made again by one of our own writers racing the restore (a worker's socket
+    directory, `mkdir(parents=True)` under the umask) may be 0755: a real directory of ours
+    under our held home lock is set back to 0700 rather than stopping the daemon. A symlink,
+    another owner's directory or a file is left for the check to refuse."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
 
 
 def _dir_id(path: Path) -> tuple[int, int] | None:

@@ -198,6 +198,26 @@ def test_files_removed_from_run_are_made_again(tmp_path: Path) -> None:
         assert d.stop() == 0
 
 
+def test_a_run_dir_one_of_our_writers_made_0755_is_tightened_not_fatal(tmp_path: Path) -> None:
+    """`run/` removed, then made again under the umask (0755) by one of the daemon's own
+    writers before the daemon restored it (a worker's failpoint state directory, say): the
+    daemon sets it back to 0700 and keeps serving, it does not stop."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run = home / "run"
+        shutil.rmtree(run)
+        run.mkdir(mode=0o755)
+        os.chmod(run, 0o755)
+        wait_for(lambda: (run / "api.sock").exists() and (run.stat().st_mode & 0o777) == 0o700)
+        assert d.proc is not None and d.proc.poll() is None
+        assert run_turn(d.client(), sid, "after the race")["outcome"] == "completed"
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_daemon_whose_home_is_moved_away_stops(tmp_path: Path) -> None:
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
