@@ -9,6 +9,9 @@ Interactions over its JSON-RPC, the attested forkability verdict, and idle app-s
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -22,6 +25,7 @@ from domain.worker_messages import (
     ResolveInspection,
     ResolveQuarantined,
     ResolveRequest,
+    TurnCompleted,
 )
 from drivers import resolution
 from drivers.app_server.events import TurnEvents
@@ -32,6 +36,7 @@ from drivers.app_server.fork import (
 )
 from drivers.app_server.items import thread_of, user_text
 from drivers.app_server.launch import launch_fingerprint
+from drivers.app_server.liveness import process_state, stopped_process
 from drivers.app_server.process import (
     AppServerClosed,
     AppServerFailure,
@@ -40,7 +45,7 @@ from drivers.app_server.process import (
     private_env,
 )
 from drivers.app_server.state import Runtime, SessionState
-from drivers.base import Emit, ProviderStateBindingMode
+from drivers.base import Emit, ProviderStateBindingMode, TurnOutcome
 from drivers.binder import RolloutBinder
 from drivers.credentials import CredentialPlan, credential_plan
 from drivers.errors import DriverError, FailpointError
@@ -49,6 +54,11 @@ from drivers.versions import VersionGate
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
+
+DEFAULT_STOPPED_LIMIT_S = 30.0
+"""How long an app-server running a Turn may stay stopped before the Turn fails
+`provider_stopped` (the daemon's `provider_stopped_seconds`)."""
+PROVIDER_STOPPED = "provider_stopped"
 
 
 class AppServerDriver(TurnEvents, ForkThroughTurn):
@@ -68,6 +78,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         self.request_timeout = float(self.config.get("request_timeout_s", 30.0))
         self.fork_timeout = float(self.config.get("fork_timeout_s", 60.0))
         self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
+        self.stopped_limit = float(self.config.get("stopped_limit_s", DEFAULT_STOPPED_LIMIT_S))
         self.verify_bound_child = bool(self.config.get("verify_bound_child", True))
         self.readability_proof = str(self.config.get("readability_proof") or READABILITY_IN_WORKER)
         if self.readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
@@ -470,8 +481,10 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         return runtime
 
     def _reap_idle(self) -> None:
-        """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use."""
-        while not self._closed.wait(min(5.0, max(0.05, self.idle_timeout / 4))):
+        """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use.
+        On the same tick, fail the Turns of an app-server stopped past `stopped_limit_s`."""
+        tick = min(5.0, self.idle_timeout / 4, self.stopped_limit / 4)
+        while not self._closed.wait(max(0.05, tick)):
             now = time.monotonic()
             with self._lock:
                 sessions = list(self._sessions.values())
@@ -481,6 +494,11 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                     continue
                 with session.state_lock:
                     busy = bool(session.active or session.pending or session.awaiting_turn)
+                    running = bool(session.active)
+                if running:
+                    self._check_stopped(session, runtime, now)
+                else:
+                    session.stopped_since = None
                 idle_for = now - max(session.last_used, runtime.proc.last_activity)
                 if busy or idle_for < self.idle_timeout:
                     continue
@@ -491,3 +509,43 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 finally:
                     session.op_lock.release()
                 runtime.proc.close()
+
+    def _check_stopped(self, session: SessionState, runtime: Runtime, now: float) -> None:
+        """A Turn's app-server (or a process under it) stopped for `stopped_limit_s`: it can
+        never finish the Turn, and no exit or timeout would say so before the host's
+        inactivity limit (half an hour by default). Fail its Turns, naming the process, and
+        kill it; the next Turn starts a new one."""
+        pid = runtime.proc.pid
+        stopped = None if pid is None else stopped_process(pid)
+        if stopped is None:
+            session.stopped_since = None
+            return
+        if session.stopped_since is None:
+            session.stopped_since = now
+        if now - session.stopped_since < self.stopped_limit:
+            return
+        state = (process_state(stopped) or b"?").decode("ascii", "replace")
+        which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
+        for_s = now - session.stopped_since
+        error = (
+            f"{PROVIDER_STOPPED}: the {self.kind} app-server ({which}) was stopped (process "
+            f"state {state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s during the "
+            "Turn; it was killed and starts again at the next Turn"
+        )
+        with session.state_lock:
+            active = [(p, session.turns.get(p)) for p in session.active]
+            session.active.clear()
+            session.pending.clear()
+        session.stopped_since = None
+        for provider_turn_id, canonical in active:
+            if canonical is not None:
+                self._send(
+                    session,
+                    TurnCompleted(canonical, provider_turn_id, TurnOutcome.FAILED.value, error),
+                )
+        # SIGKILL ends a stopped process too; its exit is reported by the reader thread, with
+        # no Turn left to fail. The whole tree: a stopped child may hold the launcher's pipes.
+        for victim in {stopped, pid}:
+            if victim is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(victim, signal.SIGKILL)

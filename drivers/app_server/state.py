@@ -78,6 +78,9 @@ class SessionState:
     # notification about the thread: a `VerifiedTurns` of another generation is stale.
     history_generation: int = 0
     verified_turns: VerifiedTurns | None = None
+    # When the idle reaper first saw this Session's app-server stopped during a Turn
+    # (monotonic); None while it runs.
+    stopped_since: float | None = None
 
     def history_changed(self) -> None:
         """Something may have changed the thread's turns: the last fork's read is stale."""
