@@ -422,6 +422,9 @@ class Daemon:
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
             "storeConnections": self.store.open_connections() if self.store else 0,
+            # Delayed messages pending on the shared timer thread (watchdogs, retries, fork
+            # budgets): bounded by the live ones, whatever the number of Turns run.
+            "timers": len(self.ctx.actor_pool.timers),
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
             # What the listeners hold, refused and shed, and the descriptor limit and reserve.

@@ -14,6 +14,9 @@ from pathlib import Path
 from drivers.app_server.process import AppServerProcess, ServerRequest
 from drivers.versions import GateResult
 
+SETTLED_TURN_IDS_KEPT = 16
+"""Settled provider turn ids a Session's `turns` map keeps (oldest out first)."""
+
 # Runtime generations (issue 20): every app-server this worker process starts gets the next one.
 _GENERATIONS = itertools.count(1)
 
@@ -81,6 +84,20 @@ class SessionState:
     # When the idle reaper first saw this Session's app-server stopped during a Turn
     # (monotonic); None while it runs.
     stopped_since: float | None = None
+
+    def forget_settled_turns(self) -> None:
+        """Keep `turns` to the active ones and the newest `SETTLED_TURN_IDS_KEPT` others (a
+        late notification of a just-settled turn still finds its Turn); the map grew by one
+        entry per Turn for the life of the worker. Under `state_lock`."""
+        extra = len(self.turns) - len(self.active) - SETTLED_TURN_IDS_KEPT
+        if extra <= 0:
+            return
+        for provider_turn_id in list(self.turns):
+            if extra <= 0:
+                break
+            if provider_turn_id not in self.active:
+                del self.turns[provider_turn_id]
+                extra -= 1
 
     def history_changed(self) -> None:
         """Something may have changed the thread's turns: the last fork's read is stale."""
