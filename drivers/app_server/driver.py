@@ -324,7 +324,8 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 with session.state_lock:
                     session.awaiting_turn = None
                 raise DriverError(
-                    f"turn/start failed: {exc}", reason="provider_unavailable"
+                    f"turn/start failed: {runtime.stopped_error or exc}",
+                    reason="provider_unavailable",
                 ) from exc
             provider_turn_id = str((result.get("turn") or {}).get("id") or "")
             self._claim_turn(session, provider_turn_id)
@@ -492,13 +493,10 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 runtime = session.runtime
                 if runtime is None or not runtime.proc.alive:
                     continue
+                if self._check_stopped(session, runtime, now):
+                    continue
                 with session.state_lock:
                     busy = bool(session.active or session.pending or session.awaiting_turn)
-                    running = bool(session.active)
-                if running:
-                    self._check_stopped(session, runtime, now)
-                else:
-                    session.stopped_since = None
                 idle_for = now - max(session.last_used, runtime.proc.last_activity)
                 if busy or idle_for < self.idle_timeout:
                     continue
@@ -510,33 +508,36 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                     session.op_lock.release()
                 runtime.proc.close()
 
-    def _check_stopped(self, session: SessionState, runtime: Runtime, now: float) -> None:
-        """A Turn's app-server (or a process under it) stopped for `stopped_limit_s`: it can
-        never finish the Turn, and no exit or timeout would say so before the host's
-        inactivity limit (half an hour by default). Fail its Turns, naming the process, and
-        kill it; the next Turn starts a new one."""
+    def _check_stopped(self, session: SessionState, runtime: Runtime, now: float) -> bool:
+        """The app-server (or a process under it) stopped for `stopped_limit_s`: it can never
+        finish a Turn, and no exit or timeout would say so before the host's inactivity limit
+        (half an hour by default); a stopped idle one would take the next Turn or fork down
+        with it. Fail its Turns, naming the process, and kill it (the next use starts a new
+        one). True when it was killed."""
         pid = runtime.proc.pid
         stopped = None if pid is None else stopped_process(pid)
         if stopped is None:
             session.stopped_since = None
-            return
+            return False
         if session.stopped_since is None:
             session.stopped_since = now
         if now - session.stopped_since < self.stopped_limit:
-            return
+            return False
         state = (process_state(stopped) or b"?").decode("ascii", "replace")
         which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
         for_s = now - session.stopped_since
         error = (
             f"{PROVIDER_STOPPED}: the {self.kind} app-server ({which}) was stopped (process "
-            f"state {state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s during the "
-            "Turn; it was killed and starts again at the next Turn"
+            f"state {state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s and could not "
+            "finish the Turn; it was killed, and a new one starts at the next Turn"
         )
         with session.state_lock:
             active = [(p, session.turns.get(p)) for p in session.active]
             session.active.clear()
             session.pending.clear()
         session.stopped_since = None
+        # A `turn/start` waiting on it fails with this reason, not a bare "closed".
+        runtime.stopped_error = error
         for provider_turn_id, canonical in active:
             if canonical is not None:
                 self._send(
@@ -549,3 +550,4 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             if victim is not None:
                 with contextlib.suppress(OSError):
                     os.kill(victim, signal.SIGKILL)
+        return True

@@ -32,6 +32,8 @@ class Runtime:
     # Never reused within the process: a respawned app-server is a new generation, so the host
     # re-attests it before the next fork (drivers/worker.py `runtime_generation`).
     generation: int = field(default_factory=lambda: next(_GENERATIONS))
+    # Set when the worker killed it for staying stopped (SIGSTOP): the reason in words.
+    stopped_error: str | None = None
 
 
 @dataclass(slots=True)

@@ -133,3 +133,25 @@ def test_a_stopped_app_server_fails_its_turn_provider_stopped(tmp_path: Path) ->
     finally:
         _cleanup(pids)
         d.stop()
+
+
+def test_an_idle_stopped_app_server_is_replaced_before_the_next_turn_needs_it(
+    tmp_path: Path,
+) -> None:
+    """Stopped between Turns (nothing to fail yet): the worker kills it once it has been
+    stopped `provider_stopped_seconds`, and the next Turn runs on a new app-server instead of
+    waiting on the stopped one's `turn/start`."""
+    d = _daemon(tmp_path, "provider_stopped_seconds = 1\n")
+    pids: list[int] = []
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        pids = _stop_app_server(sid)
+        wait_for(lambda: not set(_app_servers(sid)) & set(pids), 30)
+        after = run_turn(c, sid, "after")
+        assert after["outcome"] == "completed", after
+        assert not set(_app_servers(sid)) & set(pids)
+    finally:
+        _cleanup(pids)
+        d.stop()
