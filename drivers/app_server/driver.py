@@ -36,7 +36,7 @@ from drivers.app_server.fork import (
 )
 from drivers.app_server.items import thread_of, user_text
 from drivers.app_server.launch import launch_fingerprint
-from drivers.app_server.liveness import process_state, stopped_process
+from drivers.app_server.liveness import process_state, process_tree, stopped_process
 from drivers.app_server.process import (
     AppServerClosed,
     AppServerFailure,
@@ -214,7 +214,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         if session is None or session.op_lock.locked():
             return False
         runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
+        if runtime is None or not runtime.alive:
             return False
         if method == "session.start":
             wanted = str(params.get("providerSessionId") or "")
@@ -230,7 +230,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         if session is None or str(session.home) != home:
             return None
         runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
+        if runtime is None or not runtime.alive:
             return None
         return runtime
 
@@ -358,7 +358,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         session = self._session(params)
         provider_turn_id = str(params.get("providerTurnId") or "")
         runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
+        if runtime is None or not runtime.alive:
             raise Conflict("no live runtime for this session", reason="turn_not_active")
         session.history_changed()
         try:
@@ -443,14 +443,14 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         with self._lock:
             for session in self._sessions.values():
                 runtime = session.runtime
-                if session.home == home and runtime is not None and runtime.proc.alive:
+                if session.home == home and runtime is not None and runtime.alive:
                     return runtime
         return None
 
     def _ensure_runtime(self, session: SessionState) -> Runtime:
         """The Session's live app-server, (re)spawned and its thread started or resumed."""
         runtime = session.runtime
-        if runtime is not None and runtime.proc.alive:
+        if runtime is not None and runtime.alive:
             return runtime
         runtime = self._spawn(session.home, session.cwd, session)
         try:
@@ -491,7 +491,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 sessions = list(self._sessions.values())
             for session in sessions:
                 runtime = session.runtime
-                if runtime is None or not runtime.proc.alive:
+                if runtime is None or not runtime.alive:
                     continue
                 if self._check_stopped(session, runtime, now):
                     continue
@@ -538,16 +538,19 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         session.stopped_since = None
         # A `turn/start` waiting on it fails with this reason, not a bare "closed".
         runtime.stopped_error = error
+        # Killed before its Turns are failed, so the host's next Turn finds it gone (its pid
+        # check) and starts a new one. SIGKILL ends a stopped process too; the reader thread
+        # reports the exit, with no Turn left to fail. The whole tree, leaves first: a stopped
+        # child left behind (no parent-death signal reaches Codex's native child) would keep
+        # the thread's files.
+        victims = [] if pid is None else list(process_tree(pid))
+        for victim in reversed(victims):
+            with contextlib.suppress(OSError):
+                os.kill(victim, signal.SIGKILL)
         for provider_turn_id, canonical in active:
             if canonical is not None:
                 self._send(
                     session,
                     TurnCompleted(canonical, provider_turn_id, TurnOutcome.FAILED.value, error),
                 )
-        # SIGKILL ends a stopped process too; its exit is reported by the reader thread, with
-        # no Turn left to fail. The whole tree: a stopped child may hold the launcher's pipes.
-        for victim in {stopped, pid}:
-            if victim is not None:
-                with contextlib.suppress(OSError):
-                    os.kill(victim, signal.SIGKILL)
         return True

@@ -25,7 +25,7 @@ def process_state(pid: int) -> bytes | None:
     return fields[0] if fields else None
 
 
-def _descendants(pid: int) -> Iterator[int]:
+def process_tree(pid: int) -> Iterator[int]:
     """`pid` and every process below it (`/proc/PID/task/TID/children`; empty where the
     kernel does not provide it)."""
     todo = [pid]
@@ -50,7 +50,7 @@ def _descendants(pid: int) -> Iterator[int]:
 
 def stopped_process(pid: int) -> int | None:
     """The pid of a stopped process in `pid`'s tree (itself first), or None while all run."""
-    for current in _descendants(pid):
+    for current in process_tree(pid):
         if process_state(current) in STOPPED_STATES:
             return current
     return None

@@ -35,6 +35,12 @@ class Runtime:
     # Set when the worker killed it for staying stopped (SIGSTOP): the reason in words.
     stopped_error: str | None = None
 
+    @property
+    def alive(self) -> bool:
+        """Running and usable: not exited, and not killed for staying stopped (its exit may
+        not have been seen yet; a Turn sent to it then would fail for nothing)."""
+        return self.stopped_error is None and self.proc.alive
+
 
 @dataclass(slots=True)
 class PendingRequest:

@@ -265,7 +265,8 @@ def test_a_stopped_codex_app_server_fails_its_turn_provider_stopped(tmp_path: Pa
             assert done["errorReason"] == "provider_stopped", done
             assert "the codex app-server (pid " in done["error"], done
             gate.set()
-            assert run_turn(c, sid, "after")["outcome"] == "completed"
+            after = run_turn(c, sid, "after")
+            assert after["outcome"] == "completed", str(after.get("error"))
         finally:
             gate.set()
             for pid in pids:
