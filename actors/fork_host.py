@@ -130,9 +130,14 @@ class ForkHost(Protocol):
         ...
 
     def prepare_runtime(
-        self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
+        self,
+        session: Session,
+        on_ready: Callable[[PreparedRuntime | HostError], None],
+        *,
+        fork: bool = False,
     ) -> None:
-        """The runtime preparation turns use (`session.start`, slots, re-bind)."""
+        """The runtime preparation turns use (`session.start`, slots, re-bind); a `fork`
+        takes its slot within the forks' share (actors/runtime_slots)."""
         ...
 
     def later(

@@ -97,7 +97,7 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
             what = f"fork.create on {host.key} before any operation"
             msg.reply(host_error_of(exc, what, logger=log))
 
-    host.prepare_runtime(session, _prepared)
+    host.prepare_runtime(session, _prepared, fork=True)
 
 
 def _answer_existing(host: ForkHost, op: ForkOperation, reply: Reply) -> None:

@@ -15,6 +15,12 @@ turns. A Session whose runtime is not live (a *cold* grant) therefore also needs
 `start_limit` start permits, held until `started()`; the waiting is done here, in the FIFO
 queue, where no clock runs against the Turn — only the start itself is timed.
 
+Forks get their own share of the slots (`fork_limit`, a quarter fewer than `limit`): a fork
+can sit in a slow provider call for minutes, and when forks could hold every slot, each cold
+one evicted an idle warm runtime and that Session's next Turn queued behind all of them. A
+fork that needs a new slot while the forks' share is full waits, without holding back the
+Turns queued after it; a fork on a runtime already in its slot takes nothing new.
+
 Thread-safe; callbacks run outside the lock.
 """
 
@@ -25,6 +31,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -37,6 +44,20 @@ StopRuntime = Callable[[str, str], "Future[Any]"]
 """`stop(provider, key)`: ask the worker to stop that Session's runtime."""
 
 
+def fork_share(limit: int) -> int:
+    """How many of `limit` slots forks may hold: all but a quarter (at least one slot stays
+    out of their reach once there are two)."""
+    return max(1, limit - max(1, limit // 4))
+
+
+@dataclass(slots=True)
+class _Waiter:
+    key: str
+    granted: Granted
+    fork: bool
+    """Waiting for a slot for a fork only (a Turn of the same Session waiting too clears it)."""
+
+
 class RuntimeSlots:
     def __init__(
         self,
@@ -45,6 +66,7 @@ class RuntimeSlots:
         start_limit: int = DEFAULT_MAX_STARTS,
     ) -> None:
         self.limit = max(1, int(limit))
+        self.fork_limit = fork_share(self.limit)
         self.start_limit = max(1, int(start_limit))
         self._stop = stop
         self._lock = threading.Lock()
@@ -52,42 +74,45 @@ class RuntimeSlots:
         self._live: dict[str, OrderedDict[str, bool]] = {}
         # provider -> keys granted cold whose runtime start has not ended yet.
         self._starting: dict[str, set[str]] = {}
-        self._waiters: dict[str, deque[tuple[str, Granted]]] = {}
+        # provider -> keys whose slot a fork holds (busy until `release`).
+        self._forking: dict[str, set[str]] = {}
+        self._waiters: dict[str, deque[_Waiter]] = {}
         self.evictions = 0
         self.queued_total = 0
 
     def set_stopper(self, stop: StopRuntime) -> None:
         self._stop = stop
 
-    def acquire(self, provider: str, key: str, granted: Granted) -> None:
-        """Call `granted()` once `key` holds one of `provider`'s slots (now or later)."""
+    def acquire(self, provider: str, key: str, granted: Granted, *, fork: bool = False) -> None:
+        """Call `granted()` once `key` holds one of `provider`'s slots (now or later); a
+        `fork` takes a new slot only within the forks' share (`fork_limit`)."""
         with self._lock:
             live = self._live.setdefault(provider, OrderedDict())
             if key in live:
                 live[key] = True
                 live.move_to_end(key)
-                victim = None
+                if fork:
+                    self._forking.setdefault(provider, set()).add(key)
+                handoffs: list[tuple[str | None, Granted]] = [(None, granted)]
             else:
                 waiters = self._waiters.setdefault(provider, deque())
-                if any(k == key for k, _ in waiters):
-                    # Already waiting (a fork and a turn of one Session): chain the callbacks.
-                    self._chain(waiters, key, granted)
-                    return
-                starting = self._starting.setdefault(provider, set())
-                victim = (
-                    self._make_room(provider, live)
-                    if not waiters and len(starting) < self.start_limit
-                    else False  # FIFO: nobody overtakes a waiter
-                )
-                if victim is False:
-                    waiters.append((key, granted))
-                    self.queued_total += 1
-                    return
-                live[key] = True
-                starting.add(key)
-        self._grant_after_stop(provider, victim if isinstance(victim, str) else None, granted)
+                entry = next((w for w in waiters if w.key == key), None)
+                if entry is not None:
+                    # Already waiting (a fork and a turn of one Session): chain the
+                    # callbacks; a Turn among them waits as a Turn, not in the forks' share.
+                    entry.granted = _both(entry.granted, granted)
+                    entry.fork = entry.fork and fork
+                    handoffs = self._handoffs(provider, live)
+                else:
+                    entry = _Waiter(key, granted, fork)
+                    waiters.append(entry)  # FIFO: nobody overtakes a waiter it may not skip
+                    handoffs = self._handoffs(provider, live)
+                    if any(w is entry for w in waiters):
+                        self.queued_total += 1
+        for victim, then in handoffs:
+            self._grant_after_stop(provider, victim, then)
 
-    def hold_warm(self, provider: str, key: str) -> bool:
+    def hold_warm(self, provider: str, key: str, *, fork: bool = False) -> bool:
         """Mark `key`'s slot busy if its runtime still holds one (it was neither evicted nor
         lost with its worker), and say so; never waits, never evicts (issue 20: a fork that
         reuses a warm runtime without `session.start`). False: acquire as usual."""
@@ -97,6 +122,8 @@ class RuntimeSlots:
                 return False
             live[key] = True
             live.move_to_end(key)
+            if fork:
+                self._forking.setdefault(provider, set()).add(key)
             return True
 
     def started(self, provider: str, key: str) -> None:
@@ -119,10 +146,11 @@ class RuntimeSlots:
                 live[key] = False
                 live.move_to_end(key)
             self._starting.get(provider, set()).discard(key)
+            self._forking.get(provider, set()).discard(key)
             waiters = self._waiters.get(provider)
             if waiters:
                 # A Session released while queued (its Turn was interrupted) waits no more.
-                for entry in [w for w in waiters if w[0] == key]:
+                for entry in [w for w in waiters if w.key == key]:
                     waiters.remove(entry)
             handoffs = self._handoffs(provider, live)
         for victim, granted in handoffs:
@@ -134,6 +162,7 @@ class RuntimeSlots:
             live = self._live.setdefault(provider, OrderedDict())
             live.pop(key, None)
             self._starting.get(provider, set()).discard(key)
+            self._forking.get(provider, set()).discard(key)
             handoffs = self._handoffs(provider, live)
         for victim, granted in handoffs:
             self._grant_after_stop(provider, victim, granted)
@@ -144,6 +173,7 @@ class RuntimeSlots:
             live = self._live.setdefault(provider, OrderedDict())
             for key in [k for k, busy in live.items() if not busy]:
                 del live[key]
+                self._forking.get(provider, set()).discard(key)
             handoffs = self._handoffs(provider, live)
         for victim, granted in handoffs:
             self._grant_after_stop(provider, victim, granted)
@@ -155,7 +185,10 @@ class RuntimeSlots:
                     "live": len(live),
                     "busy": sum(1 for b in live.values() if b),
                     "queued": len(self._waiters.get(provider) or ()),
+                    "queuedForks": sum(1 for w in self._waiters.get(provider) or () if w.fork),
+                    "forks": len(self._forking.get(provider) or ()),
                     "limit": self.limit,
+                    "forkLimit": self.fork_limit,
                     "starting": len(self._starting.get(provider) or ()),
                     "startLimit": self.start_limit,
                 }
@@ -178,37 +211,39 @@ class RuntimeSlots:
     def _handoffs(
         self, provider: str, live: OrderedDict[str, bool]
     ) -> list[tuple[str | None, Granted]]:
+        """Grant waiters in FIFO order while there is room and a start permit; a fork waiting
+        for the forks' share is passed over (it keeps its place), anything else stops it."""
         out: list[tuple[str | None, Granted]] = []
         waiters = self._waiters.get(provider)
+        if not waiters:
+            return out
         starting = self._starting.setdefault(provider, set())
+        forking = self._forking.setdefault(provider, set())
+        kept: list[_Waiter] = []
         while waiters:
-            key = waiters[0][0]
+            waiter = waiters.popleft()
+            key = waiter.key
             if key in live:
                 # Became live while queued (granted through another path): warm, no permit.
                 victim: str | bool | None = None
+            elif waiter.fork and len(forking) >= self.fork_limit:
+                kept.append(waiter)
+                continue
             elif len(starting) >= self.start_limit:
+                waiters.appendleft(waiter)
                 break
             else:
                 victim = self._make_room(provider, live)
                 if victim is False:
+                    waiters.appendleft(waiter)
                     break
                 starting.add(key)
-            key, granted = waiters.popleft()
             live[key] = True
-            out.append((victim if isinstance(victim, str) else None, granted))
+            if waiter.fork:
+                forking.add(key)
+            out.append((victim if isinstance(victim, str) else None, waiter.granted))
+        waiters.extendleft(reversed(kept))
         return out
-
-    @staticmethod
-    def _chain(waiters: deque[tuple[str, Granted]], key: str, granted: Granted) -> None:
-        for i, (k, first) in enumerate(waiters):
-            if k == key:
-
-                def both(first: Granted = first) -> None:
-                    first()
-                    granted()
-
-                waiters[i] = (k, both)
-                return
 
     # -- outside the lock -------------------------------------------------------------------
 
@@ -232,3 +267,11 @@ class RuntimeSlots:
             granted()
         except Exception:  # noqa: BLE001 - one Session's bug must not block the others
             log.exception("runtime slot callback failed")
+
+
+def _both(first: Granted, then: Granted) -> Granted:
+    def both() -> None:
+        first()
+        then()
+
+    return both

@@ -153,16 +153,21 @@ class SessionRuntime(SessionActorBase):
             or (runtime.pid is not None and not process_alive(runtime.pid))
         ):
             return None
-        if not self.ctx.runtime_slots.hold_warm(session.provider, self.key):
+        if not self.ctx.runtime_slots.hold_warm(session.provider, self.key, fork=attested):
             return None  # evicted or lost with its worker: start it again
         self._slot_provider = session.provider
         return runtime
 
     def prepare_runtime(
-        self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
+        self,
+        session: Session,
+        on_ready: Callable[[PreparedRuntime | HostError], None],
+        *,
+        fork: bool = False,
     ) -> None:
-        """Take one of the provider's runtime slots (queueing while all are busy), then
-        prepare the runtime; the slot is released when the Session has nothing in progress."""
+        """Take one of the provider's runtime slots (queueing while all are busy; a `fork`
+        within the forks' share), then prepare the runtime; the slot is released when the
+        Session has nothing in progress."""
         ref = self.actor_ref
         self._preparing += 1
         self._slot_provider = session.provider
@@ -186,7 +191,7 @@ class SessionRuntime(SessionActorBase):
             except pykka.ActorDeadError:
                 self.ctx.runtime_slots.release(session.provider, self.key)
 
-        self.ctx.runtime_slots.acquire(session.provider, self.key, _granted)
+        self.ctx.runtime_slots.acquire(session.provider, self.key, _granted, fork=fork)
 
     def _prepare_runtime_now(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]

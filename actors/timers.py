@@ -3,6 +3,12 @@
 messages). A `threading.Timer` per pending delay would be a thread per active Turn, which does
 not scale to hundreds of Sessions. The `ActorPool` owns one; actors reach it through their
 context (`ctx.actor_pool.call_later`).
+
+A cancelled timer lets go of its callback at once and leaves the heap soon after: every Turn
+arms a watchdog of `turn_inactivity_seconds` (30 min) and cancels it when it settles, and a
+cancelled entry left in the heap until its due time kept the Turn's whole state (through the
+callback's closure) for those 30 minutes — the daemon grew with every tiny Turn. The heap
+holds at most twice its live timers (plus `COMPACT_MIN`).
 """
 
 from __future__ import annotations
@@ -16,37 +22,61 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+COMPACT_MIN = 32
+"""Cancelled entries the heap may hold before it is compacted, whatever its size."""
+
 
 class TimerHandle:
-    """What `call_later` returns: `cancel()` it, like a `threading.Timer`."""
+    """What `call_later` returns: `cancel()` it, like a `threading.Timer`; cancelling drops
+    the callback (and what it holds)."""
 
-    __slots__ = ("cancelled",)
+    __slots__ = ("_fn", "_owner")
 
-    def __init__(self) -> None:
-        self.cancelled = False
+    def __init__(self, fn: Callable[[], None] | None = None, owner: Timers | None = None) -> None:
+        self._fn = fn
+        self._owner = owner
+
+    @property
+    def cancelled(self) -> bool:
+        return self._fn is None
 
     def cancel(self) -> None:
-        self.cancelled = True
+        if self._fn is None:
+            return
+        self._fn = None
+        owner, self._owner = self._owner, None
+        if owner is not None:
+            owner._cancelled_one()
+
+    def _take(self) -> Callable[[], None] | None:
+        """The callback, once: a timer that fired is spent (a later `cancel` is a no-op)."""
+        fn, self._fn, self._owner = self._fn, None, None
+        return fn
 
 
 class Timers:
     """`call_later(seconds, fn)` runs `fn` on the timer thread (keep it short: a `tell`)."""
 
     def __init__(self, name: str = "agenthost-timers") -> None:
-        self._heap: list[tuple[float, int, TimerHandle, Callable[[], None]]] = []
+        self._heap: list[tuple[float, int, TimerHandle]] = []
+        self._cancelled = 0  # cancelled entries still in the heap
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._name = name
 
+    def __len__(self) -> int:
+        """Entries in the heap, cancelled ones not yet compacted away included."""
+        with self._cond:
+            return len(self._heap)
+
     def call_later(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
-        handle = TimerHandle()
         with self._cond:
             if self._closed:
-                handle.cancel()
-                return handle
-            heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._seq), handle, fn))
+                return TimerHandle()  # born cancelled
+            handle = TimerHandle(fn, self)
+            heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._seq), handle))
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -55,13 +85,23 @@ class Timers:
 
     def pending(self) -> int:
         with self._cond:
-            return sum(1 for _, _, h, _ in self._heap if not h.cancelled)
+            return sum(1 for _, _, h in self._heap if not h.cancelled)
 
     def close(self) -> None:
         with self._cond:
             self._closed = True
             self._heap.clear()
+            self._cancelled = 0
             self._cond.notify_all()
+
+    def _cancelled_one(self) -> None:
+        with self._cond:
+            self._cancelled += 1
+            if self._cancelled > max(COMPACT_MIN, len(self._heap) // 2):
+                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+                heapq.heapify(self._heap)
+                self._cancelled = 0
+                self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -72,15 +112,20 @@ class Timers:
                     if not self._heap:
                         self._cond.wait()
                         continue
-                    due, _, handle, fn = self._heap[0]
+                    due, _, handle = self._heap[0]
+                    if handle.cancelled:
+                        heapq.heappop(self._heap)
+                        self._cancelled = max(0, self._cancelled - 1)
+                        continue
                     left = due - time.monotonic()
                     if left > 0:
                         self._cond.wait(left)
                         continue
                     heapq.heappop(self._heap)
                     break
-            if handle.cancelled:
-                continue
+            fn = handle._take()
+            if fn is None:
+                continue  # cancelled between the pop and here
             try:
                 fn()
             except Exception:  # noqa: BLE001 - one bad callback must not stop every timer

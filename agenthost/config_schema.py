@@ -102,6 +102,13 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key(
         "daemon",
+        "provider_stopped_seconds",
+        Number(0.1, 86_400.0, "seconds"),
+        30.0,
+        "a Turn whose app-server stays stopped (SIGSTOP) this long settles `failed`",
+    ),
+    Key(
+        "daemon",
         "turn_interrupt_seconds",
         Number(0.1, 3600.0, "seconds"),
         10.0,
@@ -303,6 +310,10 @@ class Config:
     @property
     def turn_inactivity_s(self) -> float:
         return float(self.get("daemon", "turn_inactivity_seconds"))
+
+    @property
+    def provider_stopped_s(self) -> float:
+        return float(self.get("daemon", "provider_stopped_seconds"))
 
     @property
     def turn_interrupt_s(self) -> float:

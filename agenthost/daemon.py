@@ -422,6 +422,9 @@ class Daemon:
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
             "storeConnections": self.store.open_connections() if self.store else 0,
+            # Delayed messages pending on the shared timer thread (watchdogs, retries, fork
+            # budgets): bounded by the live ones, whatever the number of Turns run.
+            "timers": len(self.ctx.actor_pool.timers),
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
             # What the listeners hold, refused and shed, and the descriptor limit and reserve.
@@ -485,10 +488,12 @@ def _provider_config(
 ) -> dict[str, dict[str, Any]]:
     """Each provider's table (with the home's installs), plus the worker's limit for a provider
     fork call (the host's fork deadline is derived from it, so the worker always decides
-    first)."""
+    first) and how long an app-server may stay stopped during a Turn."""
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in providers.items()}
     for provider in ("tutti-agent", "codex"):
-        out.setdefault(provider, {}).setdefault("fork_timeout_s", cfg.fork_provider_call_s)
+        table = out.setdefault(provider, {})
+        table.setdefault("fork_timeout_s", cfg.fork_provider_call_s)
+        table.setdefault("stopped_limit_s", cfg.provider_stopped_s)
     return out
 
 

@@ -63,7 +63,20 @@ def write_private(path: Path, text: str) -> None:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    """`path` 0700, and every missing parent made 0700 too: `mkdir(parents=True)` makes them
+    with the umask's 0755, and a `run/` removed under the live daemon while it restores it was
+    made again that way, which the daemon then refused as not private and stopped."""
+    missing = []
+    parent = path
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another (the daemon makes `run/` 0700 itself)
+        os.chmod(directory, 0o700)
     os.chmod(path, 0o700)
 
 

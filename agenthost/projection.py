@@ -109,14 +109,17 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
     }
 
 
-_MODEL_REASON = re.compile(r"\b(model_unreachable|model_auth_failed|model_timeout): ")
+_TURN_REASON = re.compile(
+    r"\b(model_unreachable|model_auth_failed|model_timeout|provider_stopped): "
+)
 
 
 def error_reason(error: str | None) -> str | None:
     """The typed reason of a failed Turn whose model could not be reached, refused the
-    credential or did not answer in time; the error text names the provider, the endpoint and
-    the cause (for a timeout, the limit and its config key)."""
-    match = _MODEL_REASON.search(error or "")
+    credential or did not answer in time (the error text names the provider, the endpoint and
+    the cause; for a timeout, the limit and its config key), or whose app-server stayed
+    stopped (it names the provider and the process)."""
+    match = _TURN_REASON.search(error or "")
     return match.group(1) if match else None
 
 

@@ -70,12 +70,25 @@ def _params(request: ResolveRequest) -> tuple[Path, Path, str, list[str], set[st
 
 def _turns_in(driver: Any, home: Path, thread_id: str) -> list[str] | str:
     """The thread's provider Turn ids read by an app-server on `home` alone (the live one of
-    that home if any, else a transient one), or why not."""
+    that home if any, else a transient one), or why not. A live one whose read fails is asked
+    no more: a transient one reads it again (the live one may have been stopped and killed
+    under the read, and an unread child is no evidence)."""
     live = driver._live_runtime_for_home(home)
+    if live is not None:
+        turns = _read_turns(driver, live, home, thread_id)
+        if isinstance(turns, list):
+            return turns
     try:
-        runtime = live or driver._spawn(home, None, None)
+        runtime = driver._spawn(home, None, None)
     except Exception as exc:  # noqa: BLE001 - evidence, not a failure of the inspection
         return str(exc)
+    try:
+        return _read_turns(driver, runtime, home, thread_id)
+    finally:
+        runtime.proc.close()
+
+
+def _read_turns(driver: Any, runtime: Any, home: Path, thread_id: str) -> list[str] | str:
     try:
         project = getattr(driver, "_project", None)
         if project is not None:
@@ -86,9 +99,6 @@ def _turns_in(driver: Any, home: Path, thread_id: str) -> list[str] | str:
         return [str(t.get("id")) for t in driver._thread_turns(runtime, thread_id)]
     except Exception as exc:  # noqa: BLE001
         return str(exc)
-    finally:
-        if live is None:
-            runtime.proc.close()
 
 
 def inspect(driver: Any, request: ResolveRequest) -> ResolveInspection:

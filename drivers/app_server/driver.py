@@ -9,6 +9,9 @@ Interactions over its JSON-RPC, the attested forkability verdict, and idle app-s
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 import time
 from collections.abc import Mapping
@@ -22,6 +25,7 @@ from domain.worker_messages import (
     ResolveInspection,
     ResolveQuarantined,
     ResolveRequest,
+    TurnCompleted,
 )
 from drivers import resolution
 from drivers.app_server.events import TurnEvents
@@ -32,6 +36,7 @@ from drivers.app_server.fork import (
 )
 from drivers.app_server.items import thread_of, user_text
 from drivers.app_server.launch import launch_fingerprint
+from drivers.app_server.liveness import process_state, process_tree, stopped_process
 from drivers.app_server.process import (
     AppServerClosed,
     AppServerFailure,
@@ -40,7 +45,7 @@ from drivers.app_server.process import (
     private_env,
 )
 from drivers.app_server.state import Runtime, SessionState
-from drivers.base import Emit, ProviderStateBindingMode
+from drivers.base import Emit, ProviderStateBindingMode, TurnOutcome
 from drivers.binder import RolloutBinder
 from drivers.credentials import CredentialPlan, credential_plan
 from drivers.errors import DriverError, FailpointError
@@ -49,6 +54,11 @@ from drivers.versions import VersionGate
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
+
+DEFAULT_STOPPED_LIMIT_S = 30.0
+"""How long an app-server running a Turn may stay stopped before the Turn fails
+`provider_stopped` (the daemon's `provider_stopped_seconds`)."""
+PROVIDER_STOPPED = "provider_stopped"
 
 
 class AppServerDriver(TurnEvents, ForkThroughTurn):
@@ -68,6 +78,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         self.request_timeout = float(self.config.get("request_timeout_s", 30.0))
         self.fork_timeout = float(self.config.get("fork_timeout_s", 60.0))
         self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
+        self.stopped_limit = float(self.config.get("stopped_limit_s", DEFAULT_STOPPED_LIMIT_S))
         self.verify_bound_child = bool(self.config.get("verify_bound_child", True))
         self.readability_proof = str(self.config.get("readability_proof") or READABILITY_IN_WORKER)
         if self.readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
@@ -203,7 +214,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         if session is None or session.op_lock.locked():
             return False
         runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
+        if runtime is None or not runtime.alive:
             return False
         if method == "session.start":
             wanted = str(params.get("providerSessionId") or "")
@@ -219,7 +230,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         if session is None or str(session.home) != home:
             return None
         runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
+        if runtime is None or not runtime.alive:
             return None
         return runtime
 
@@ -313,7 +324,8 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 with session.state_lock:
                     session.awaiting_turn = None
                 raise DriverError(
-                    f"turn/start failed: {exc}", reason="provider_unavailable"
+                    f"turn/start failed: {runtime.stopped_error or exc}",
+                    reason="provider_unavailable",
                 ) from exc
             provider_turn_id = str((result.get("turn") or {}).get("id") or "")
             self._claim_turn(session, provider_turn_id)
@@ -346,7 +358,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         session = self._session(params)
         provider_turn_id = str(params.get("providerTurnId") or "")
         runtime = session.runtime
-        if runtime is None or not runtime.proc.alive:
+        if runtime is None or not runtime.alive:
             raise Conflict("no live runtime for this session", reason="turn_not_active")
         session.history_changed()
         try:
@@ -431,14 +443,14 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         with self._lock:
             for session in self._sessions.values():
                 runtime = session.runtime
-                if session.home == home and runtime is not None and runtime.proc.alive:
+                if session.home == home and runtime is not None and runtime.alive:
                     return runtime
         return None
 
     def _ensure_runtime(self, session: SessionState) -> Runtime:
         """The Session's live app-server, (re)spawned and its thread started or resumed."""
         runtime = session.runtime
-        if runtime is not None and runtime.proc.alive:
+        if runtime is not None and runtime.alive:
             return runtime
         runtime = self._spawn(session.home, session.cwd, session)
         try:
@@ -470,14 +482,18 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         return runtime
 
     def _reap_idle(self) -> None:
-        """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use."""
-        while not self._closed.wait(min(5.0, max(0.05, self.idle_timeout / 4))):
+        """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use.
+        On the same tick, fail the Turns of an app-server stopped past `stopped_limit_s`."""
+        tick = min(5.0, self.idle_timeout / 4, self.stopped_limit / 4)
+        while not self._closed.wait(max(0.05, tick)):
             now = time.monotonic()
             with self._lock:
                 sessions = list(self._sessions.values())
             for session in sessions:
                 runtime = session.runtime
-                if runtime is None or not runtime.proc.alive:
+                if runtime is None or not runtime.alive:
+                    continue
+                if self._check_stopped(session, runtime, now):
                     continue
                 with session.state_lock:
                     busy = bool(session.active or session.pending or session.awaiting_turn)
@@ -491,3 +507,50 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 finally:
                     session.op_lock.release()
                 runtime.proc.close()
+
+    def _check_stopped(self, session: SessionState, runtime: Runtime, now: float) -> bool:
+        """The app-server (or a process under it) stopped for `stopped_limit_s`: it can never
+        finish a Turn, and no exit or timeout would say so before the host's inactivity limit
+        (half an hour by default); a stopped idle one would take the next Turn or fork down
+        with it. Fail its Turns, naming the process, and kill it (the next use starts a new
+        one). True when it was killed."""
+        pid = runtime.proc.pid
+        stopped = None if pid is None else stopped_process(pid)
+        if stopped is None:
+            session.stopped_since = None
+            return False
+        if session.stopped_since is None:
+            session.stopped_since = now
+        if now - session.stopped_since < self.stopped_limit:
+            return False
+        state = (process_state(stopped) or b"?").decode("ascii", "replace")
+        which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
+        for_s = now - session.stopped_since
+        error = (
+            f"{PROVIDER_STOPPED}: the {self.kind} app-server ({which}) was stopped (process "
+            f"state {state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s and could not "
+            "finish the Turn; it was killed, and a new one starts at the next Turn"
+        )
+        with session.state_lock:
+            active = [(p, session.turns.get(p)) for p in session.active]
+            session.active.clear()
+            session.pending.clear()
+        session.stopped_since = None
+        # A `turn/start` waiting on it fails with this reason, not a bare "closed".
+        runtime.stopped_error = error
+        # Killed before its Turns are failed, so the host's next Turn finds it gone (its pid
+        # check) and starts a new one. SIGKILL ends a stopped process too; the reader thread
+        # reports the exit, with no Turn left to fail. The whole tree, leaves first: a stopped
+        # child left behind (no parent-death signal reaches Codex's native child) would keep
+        # the thread's files.
+        victims = [] if pid is None else list(process_tree(pid))
+        for victim in reversed(victims):
+            with contextlib.suppress(OSError):
+                os.kill(victim, signal.SIGKILL)
+        for provider_turn_id, canonical in active:
+            if canonical is not None:
+                self._send(
+                    session,
+                    TurnCompleted(canonical, provider_turn_id, TurnOutcome.FAILED.value, error),
+                )
+        return True

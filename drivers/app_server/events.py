@@ -174,6 +174,7 @@ class TurnEvents:
             event = TurnCompleted(canonical, provider_turn_id, outcome.value, error)
             with session.state_lock:
                 session.active.discard(provider_turn_id)
+                session.forget_settled_turns()
                 for key in [
                     k for k, p in session.pending.items() if p.provider_turn_id == provider_turn_id
                 ]:

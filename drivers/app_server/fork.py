@@ -92,7 +92,7 @@ class ForkThroughTurn:
             session is not None
             and session.home == home
             and session.runtime is not None
-            and session.runtime.proc.alive
+            and session.runtime.alive
         ):
             return session.runtime, False
         try:

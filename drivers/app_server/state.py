@@ -14,6 +14,9 @@ from pathlib import Path
 from drivers.app_server.process import AppServerProcess, ServerRequest
 from drivers.versions import GateResult
 
+SETTLED_TURN_IDS_KEPT = 16
+"""Settled provider turn ids a Session's `turns` map keeps (oldest out first)."""
+
 # Runtime generations (issue 20): every app-server this worker process starts gets the next one.
 _GENERATIONS = itertools.count(1)
 
@@ -29,6 +32,14 @@ class Runtime:
     # Never reused within the process: a respawned app-server is a new generation, so the host
     # re-attests it before the next fork (drivers/worker.py `runtime_generation`).
     generation: int = field(default_factory=lambda: next(_GENERATIONS))
+    # Set when the worker killed it for staying stopped (SIGSTOP): the reason in words.
+    stopped_error: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        """Running and usable: not exited, and not killed for staying stopped (its exit may
+        not have been seen yet; a Turn sent to it then would fail for nothing)."""
+        return self.stopped_error is None and self.proc.alive
 
 
 @dataclass(slots=True)
@@ -78,6 +89,23 @@ class SessionState:
     # notification about the thread: a `VerifiedTurns` of another generation is stale.
     history_generation: int = 0
     verified_turns: VerifiedTurns | None = None
+    # When the idle reaper first saw this Session's app-server stopped during a Turn
+    # (monotonic); None while it runs.
+    stopped_since: float | None = None
+
+    def forget_settled_turns(self) -> None:
+        """Keep `turns` to the active ones and the newest `SETTLED_TURN_IDS_KEPT` others (a
+        late notification of a just-settled turn still finds its Turn); the map grew by one
+        entry per Turn for the life of the worker. Under `state_lock`."""
+        extra = len(self.turns) - len(self.active) - SETTLED_TURN_IDS_KEPT
+        if extra <= 0:
+            return
+        for provider_turn_id in list(self.turns):
+            if extra <= 0:
+                break
+            if provider_turn_id not in self.active:
+                del self.turns[provider_turn_id]
+                extra -= 1
 
     def history_changed(self) -> None:
         """Something may have changed the thread's turns: the last fork's read is stale."""

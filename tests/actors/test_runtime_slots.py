@@ -36,7 +36,10 @@ def test_cold_grants_wait_for_a_start_permit_in_fifo_order() -> None:
         "live": 1,
         "busy": 1,
         "queued": 2,
+        "queuedForks": 0,
+        "forks": 0,
         "limit": 3,
+        "forkLimit": 2,
         "starting": 1,
         "startLimit": 1,
     }
@@ -92,3 +95,40 @@ def test_hold_warm_holds_only_a_runtime_still_in_its_slot() -> None:
     slots.release(P, "b")
     slots.reset(P)  # the worker died with "b"'s runtime
     assert not slots.hold_warm(P, "b")
+
+
+def test_forks_never_take_the_last_slot_from_an_idle_warm_session() -> None:
+    """Forks held in a slow provider call may hold only `fork_limit` slots: a cold fork past
+    that waits (without evicting the idle warm runtime), the warm Session's Turn is granted at
+    once, and a cold Turn queued behind the waiting fork is not held back by it."""
+    granted: list[str] = []
+    stopped: list[str] = []
+    slots = RuntimeSlots(limit=4, stop=_stopper(stopped), start_limit=4)
+    assert slots.fork_limit == 3
+    slots.acquire(P, "warm", _appender(granted, "warm"))
+    slots.started(P, "warm")
+    slots.release(P, "warm")  # idle, warm, least recently used from here on
+    for key in ("f1", "f2", "f3", "f4"):
+        slots.acquire(P, key, _appender(granted, key), fork=True)
+        slots.started(P, key)
+    assert granted == ["warm", "f1", "f2", "f3"]  # f4 waits: the forks' share is full
+    assert stopped == []  # ... and "warm" was not evicted for it
+    assert slots.status()[P]["queuedForks"] == 1
+    slots.acquire(P, "warm", _appender(granted, "warm-turn"))
+    assert granted[-1] == "warm-turn"
+    slots.release(P, "warm")
+    slots.acquire(P, "cold", _appender(granted, "cold-turn"))  # behind f4, but not held by it
+    assert granted[-1] == "cold-turn" and stopped == ["warm"]
+    slots.release(P, "f1")  # a fork ends: the waiting fork takes its share
+    assert granted[-1] == "f4" and stopped == ["warm", "f1"]
+    assert slots.status()[P]["forks"] == 3
+
+
+def test_a_turn_chained_onto_a_waiting_fork_waits_as_a_turn() -> None:
+    granted: list[str] = []
+    slots = RuntimeSlots(limit=2, stop=_stopper([]), start_limit=2)
+    slots.acquire(P, "f1", _appender(granted, "f1"), fork=True)
+    slots.acquire(P, "s", _appender(granted, "s-fork"), fork=True)  # share (1) full: waits
+    assert granted == ["f1"]
+    slots.acquire(P, "s", _appender(granted, "s-turn"))  # the same Session's Turn: a free slot
+    assert granted == ["f1", "s-fork", "s-turn"]

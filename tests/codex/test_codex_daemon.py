@@ -6,8 +6,10 @@ redispatched, exactly one child rollout in the source home)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +25,8 @@ from tests.support.daemon import (
     DaemonProcess,
     create_session,
     run_turn,
+    settle,
+    submit,
     timeline,
     wait_for,
 )
@@ -228,3 +232,44 @@ def test_codex_copy_tampered_before_the_readability_proof_is_unknown_not_committ
         c.call("session.get", {"workspaceId": WS, "agentSessionId": target})
     c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "off"}})
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
+
+
+def test_a_stopped_codex_app_server_fails_its_turn_provider_stopped(tmp_path: Path) -> None:
+    """The model holds the Turn's reply; every process of the Session's `codex app-server`
+    (the Node launcher and its native child) is SIGSTOPped: past `provider_stopped_seconds`
+    the Turn fails `provider_stopped`, naming codex, and the next Turn runs on a new one."""
+    gate = threading.Event()
+    gate.set()
+    with ResponsesServer(gate=gate, hold_after=1) as server:
+        home = tmp_path / "home"
+        write_config(home, server)
+        with (home / "agenthost.toml").open("a") as f:
+            f.write("[daemon]\nprovider_stopped_seconds = 1\n")
+        d = DaemonProcess(home).start()
+        pids: list[int] = []
+        try:
+            c = d.client()
+            cwd = tmp_path / "cwd"
+            cwd.mkdir()
+            sid = create_session(c, provider="codex", cwd=str(cwd))["agentSessionId"]
+            assert run_turn(c, sid, "warm")["outcome"] == "completed"
+            gate.clear()
+            turn = submit(c, sid, "held")
+            wait_for(lambda: timeline(c, sid)[-1]["rootProviderTurnId"], 60)
+            pids = codex_pids(codex_home(d, sid))
+            assert pids
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            done = settle(c, sid, turn["turnId"], timeout=60)
+            assert done["outcome"] == "failed", done
+            assert done["errorReason"] == "provider_stopped", done
+            assert "the codex app-server (pid " in done["error"], done
+            gate.set()
+            after = run_turn(c, sid, "after")
+            assert after["outcome"] == "completed", str(after.get("error"))
+        finally:
+            gate.set()
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            d.stop()

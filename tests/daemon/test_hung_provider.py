@@ -105,3 +105,53 @@ def test_interrupt_of_hung_runtime_settles_interrupted(tmp_path: Path) -> None:
     finally:
         _cleanup(pids)
         d.stop()
+
+
+def test_a_stopped_app_server_fails_its_turn_provider_stopped(tmp_path: Path) -> None:
+    """The inactivity limit left at its default (30 min): the worker sees the app-server
+    stopped (process state `T`) and, past `provider_stopped_seconds`, fails the Turn with
+    the typed reason `provider_stopped`, naming the provider and the process."""
+    d = _daemon(tmp_path, "provider_stopped_seconds = 1\n")
+    pids: list[int] = []
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        turn = submit(c, sid, "/slow 600000 never")
+        wait_for(
+            lambda: c.call(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 10}
+            )["turns"][-1]["rootProviderTurnId"]
+        )
+        pids = _stop_app_server(sid)
+        done = settle(c, sid, turn["turnId"], timeout=60)
+        assert done["outcome"] == "failed", done
+        assert done["errorReason"] == "provider_stopped", done
+        assert f"tutti-agent app-server (pid {pids[0]})" in done["error"], done
+        assert "stopped" in done["error"], done
+        assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        _cleanup(pids)
+        d.stop()
+
+
+def test_an_idle_stopped_app_server_is_replaced_before_the_next_turn_needs_it(
+    tmp_path: Path,
+) -> None:
+    """Stopped between Turns (nothing to fail yet): the worker kills it once it has been
+    stopped `provider_stopped_seconds`, and the next Turn runs on a new app-server instead of
+    waiting on the stopped one's `turn/start`."""
+    d = _daemon(tmp_path, "provider_stopped_seconds = 1\n")
+    pids: list[int] = []
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        pids = _stop_app_server(sid)
+        wait_for(lambda: not set(_app_servers(sid)) & set(pids), 30)
+        after = run_turn(c, sid, "after")
+        assert after["outcome"] == "completed", after
+        assert not set(_app_servers(sid)) & set(pids)
+    finally:
+        _cleanup(pids)
+        d.stop()

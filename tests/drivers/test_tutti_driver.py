@@ -16,6 +16,7 @@ import pytest
 from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
 
 from drivers.app_server import AppServerProcess, private_env
+from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
 from drivers.base import DeliveryDisposition, ForkRequest, ForkResult
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
@@ -512,3 +513,16 @@ def test_referenced_child_is_readable_from_the_target_home_only_with_its_lineage
     ancestor.unlink()
     with pytest.raises(Exception):  # noqa: B017 - any provider failure proves the dependency
         read_child()
+
+
+def test_a_sessions_provider_turn_ids_are_bounded_by_the_newest_settled(
+    make_driver: Make, log: EventLog, tmp_path: Path
+) -> None:
+    """The worker's map of provider turn ids to canonical Turns keeps the newest settled ones
+    only: it grew by one entry per Turn for the life of the worker."""
+    driver = make_driver()
+    texts = tuple(f"t{i}" for i in range(SETTLED_TURN_IDS_KEPT + 2))
+    _, _, _, provider_turns = open_session(driver, log, tmp_path, texts=texts)
+    session = driver._sessions["src"]
+    assert list(session.turns) == provider_turns[-SETTLED_TURN_IDS_KEPT:]
+    assert not session.active

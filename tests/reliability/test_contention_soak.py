@@ -19,6 +19,13 @@ idle ZeroMQ clients and raw never-greeting connections on ipc, unauthenticated o
 each several times what the daemon may hold, holds them, drops them. The daemon must refuse or
 shed what it cannot hold and stay alive; the clients' own connections keep being answered.
 
+Stopped providers too: at every third lock take one of the daemon's app-servers is SIGSTOPped;
+the worker kills it within `provider_stopped_seconds` (its Turn, if any, settles `failed`
+`provider_stopped`). At soak size there are fewer runtime slots than Sessions (32 for 40:
+turns and forks contend for them, forks within their share; in the short profile each cold
+start costs too much of its few seconds). At the end, the daemon's timer heap holds no entry
+per Turn run.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -30,6 +37,7 @@ import os
 import random
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -44,6 +52,7 @@ import pytest
 import zmq
 
 from actors.recovery import ORPHANED_TURN_ERROR
+from actors.timers import COMPACT_MIN
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -73,6 +82,8 @@ SESSIONS = trials(8, 40)
 CHAOS_S = trials(12.0, 120.0)
 RUN_DELETIONS = trials(2, 12)
 WARM_AT_ONCE = 4
+SLOTS = trials(64, 32)
+STOPPED_LIMIT_S = 2
 
 NEW_LAWS = (Law.COMPLETED_TURN_RECORDED, Law.ACTIVE_TURN_WORKED, Law.FENCE_HAS_SAGA)
 """The laws issue 15 added to the checker; the summary counts their violations one by one."""
@@ -184,6 +195,42 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         time.sleep(rng.uniform(0.0, 0.1))
 
 
+def app_servers(home: Path) -> list[int]:
+    """Pids of the running (not stopped, not exited) app-servers serving this home."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if b"app-server" in cmdline and str(home).encode() in environ and state not in b"TtZX":
+            out.append(int(entry.name))
+    return out
+
+
+def _stopped_or_alive(pid: int) -> bool:
+    """The process still exists and is not a zombie (its worker has not killed it yet)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def _timers_left(c: Client) -> int:
+    """`host.status` `timers` once it is down to what is still pending (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while (n := int(c.call("host.status")["timers"])) > COMPACT_MIN + 16:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return n
+
+
 def _limit_fds() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
 
@@ -233,6 +280,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     home.mkdir()
     (home / "agenthost.toml").write_text(
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
+        f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
     )
     port = free_port()
     d = DaemonProcess(
@@ -244,6 +292,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     locks = 0
     locked_s = 0.0
     deletions = 0
+    stopped: list[int] = []
     second_serves: Counter[str] = Counter()
     began = time.monotonic()
     try:
@@ -287,6 +336,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
                 refused = second.returncode == 1 and "is serving" in second.stderr
                 second_serves["refused" if refused else f"exit {second.returncode}"] += 1
                 continue
+            if locks % 3 == 1 and (running := app_servers(home)):
+                victim = rng.choice(running)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGSTOP)
+                    stopped.append(victim)
             with WriteLockHolder(home / "store.sqlite3"):
                 locks += 1
                 held = rng.uniform(0.1, 1.2)
@@ -315,7 +369,13 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         assert pressure.dead is None, (pressure.dead, d.tail_log())
         connections = c.call("host.status")["connections"]
         wait_for(quiet, 120, interval=0.5)
+        # Every stopped app-server was killed by its worker, none left stopped.
+        wait_for(lambda: not [p for p in stopped if _stopped_or_alive(p)], 30, interval=0.5)
+        # No timer is left per Turn run: only what is still pending (short fork budgets).
+        timers = _timers_left(c)
         turn_outcomes: Counter[str] = Counter()
+        provider_stopped = 0
+        failed_why: Counter[str] = Counter()
         recovered = 0  # Turns a startup recovery settled: none, as no daemon restarted
         for sid in sids:
             status, body = c.call_raw(
@@ -324,6 +384,14 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             if status == 404:
                 continue
             turn_outcomes.update(str(x.get("outcome") or x["phase"]) for x in body["turns"])
+            provider_stopped += sum(
+                1 for x in body["turns"] if x.get("errorReason") == "provider_stopped"
+            )
+            failed_why.update(
+                str(x.get("errorReason") or x.get("error") or "")[:90]
+                for x in body["turns"]
+                if x.get("outcome") == "failed"
+            )
             recovered += sum(x.get("error") == ORPHANED_TURN_ERROR for x in body["turns"])
         # `run/` is back, naming the live daemon, and a new client gets in through it.
         lock = home / "run" / "daemon.lock"
@@ -338,6 +406,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         live = check_invariants(home, live_grace_s=5)
     finally:
         stop.set()
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         d.stop()
     final = check_invariants(home)
     elapsed = time.monotonic() - began
@@ -350,6 +421,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         f"contention soak: seed={seed} clients={CLIENTS} sessions={SESSIONS} "
         f"chaos={CHAOS_S:.0f}s wall={elapsed:.0f}s",
         f"  lock takes: {locks} (another process held the write lock {locked_s:.1f} s in all)",
+        f"  app-servers SIGSTOPped: {len(stopped)} (each killed by its worker; "
+        f"provider_stopped turns: {provider_stopped}); runtime slots: {SLOTS}; "
+        f"timers left: {timers}",
         f"  run/ deletions: {deletions}; second serve: "
         + " ".join(f"{k}={v}" for k, v in sorted(second_serves.items()))
         + f"; turns settled by a startup recovery: {recovered}",
@@ -362,6 +436,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         f"  turns: {sum(turn_outcomes.values())} "
         + " ".join(f"{k}={v}" for k, v in sorted(turn_outcomes.items())),
         f"  forks: {len(t.ops)} " + " ".join(f"{k}={v}" for k, v in sorted(fork_outcomes.items())),
+        *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
         "  invariant checks: 2 (live, live_grace_s=5; stopped) violations="
         f"{len(live.violations) + len(final.violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
@@ -390,3 +465,6 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     # ... and really met descriptor pressure, inside its limit.
     assert pressure.bursts > 0 and connections["refused"] + connections["shed"] > 0
     assert pressure.peak_fds < FD_LIMIT
+    # ... and stopped app-servers, each replaced, leaving no timer per Turn behind.
+    assert stopped, "no app-server was stopped"
+    assert timers <= COMPACT_MIN + 16, timers

@@ -1,0 +1,54 @@
+"""The shared timer heap stays bounded by its live timers: every Turn arms a 30-minute
+inactivity watchdog and cancels it when it settles, and a cancelled entry must neither stay
+in the heap until its due time nor keep its callback (the Turn's state, through the closure)
+alive meanwhile."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+from actors.timers import COMPACT_MIN, Timers
+
+
+class _TurnState:
+    """Stands for what a watchdog's closure holds."""
+
+
+def test_cancelled_timers_leave_the_heap_and_let_go_of_their_callbacks() -> None:
+    timers = Timers()
+    held: list[weakref.ref[_TurnState]] = []
+    for _ in range(10_000):
+        state = _TurnState()
+        held.append(weakref.ref(state))
+        handle = timers.call_later(1800.0, lambda state=state: None)  # type: ignore[misc]
+        handle.cancel()
+        del state
+    gc.collect()
+    assert len(timers) <= COMPACT_MIN + 1
+    assert sum(1 for ref in held if ref() is not None) == 0
+
+
+def test_live_timers_are_kept_and_still_fire_among_cancelled_ones() -> None:
+    timers = Timers()
+    fired = threading.Event()
+    live = [timers.call_later(1800.0, lambda: None) for _ in range(100)]
+    for _ in range(1_000):
+        timers.call_later(1800.0, lambda: None).cancel()
+    timers.call_later(0.01, fired.set)
+    assert fired.wait(5)
+    assert 100 <= len(timers) <= 2 * (100 + COMPACT_MIN)
+    for handle in live:
+        handle.cancel()
+    assert len(timers) <= COMPACT_MIN + 1
+
+
+def test_a_timer_that_fired_cannot_be_cancelled_into_the_count() -> None:
+    timers = Timers()
+    fired = threading.Event()
+    handle = timers.call_later(0.0, fired.set)
+    assert fired.wait(5)
+    handle.cancel()
+    assert handle.cancelled
+    assert len(timers) == 0
