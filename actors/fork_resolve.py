@@ -40,7 +40,11 @@ from domain.worker_messages import (
     ResolveRequest,
 )
 from storage.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
-from storage.fork_resolution import ForkResolveConflict, ForkResolveInProgress
+from storage.fork_resolution import (
+    ForkEvidenceUnreadable,
+    ForkResolveConflict,
+    ForkResolveInProgress,
+)
 from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
 from storage.sqlite import host_error_of
 
@@ -259,6 +263,20 @@ class ForkResolver:
                 f"fork operation {op_id} is not adoptable ({evidence['verdict']})",
                 params={"operationId": op_id, "verdict": evidence["verdict"]},
             )
+        if msg.action == "abandon":
+            undecided = [
+                str(c["providerSessionId"])
+                for c in evidence["children"]
+                if c.get("readError") or not (c.get("providerTurnIds") or c.get("turnsEqualPrefix"))
+            ]
+            if undecided and self._request().other_prefixes:
+                # Law 9: a child whose Turns cannot be read now may be another operation's;
+                # moving it would take that operation's evidence. Retry once it reads.
+                raise ForkEvidenceUnreadable(
+                    f"provider child(ren) {', '.join(undecided)} of this source cannot be read"
+                    " now and may belong to another fork of it; abandon again once they read",
+                    params={"operationId": op_id, "children": undecided},
+                )
         child = evidence["children"][0]["providerSessionId"] if msg.action == "adopt" else None
         store.begin_resolution(
             ws,

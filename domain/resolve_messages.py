@@ -64,9 +64,13 @@ class ResolveRequest:
 
     def attributes(self, turns: tuple[str, ...] | None) -> bool:
         """Whether a provider child of the source whose Turns read as `turns` (None: could
-        not be read) is this operation's: its Turns are this operation's frozen prefix, or
-        they are no other operation's and no other operation could own it."""
-        if turns is not None and turns == self.provider_turn_ids:
+        not be read) may be this operation's evidence: its Turns are this operation's frozen
+        prefix; or they could not be read (then it is listed, undecided: an abandon refuses
+        while another operation could own it, and it is never adoptable); or no other
+        operation could own it."""
+        if turns is None:
+            return True
+        if turns == self.provider_turn_ids:
             return True
         return not self.other_prefixes
 

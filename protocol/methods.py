@@ -277,6 +277,7 @@ FORK_RESOLVE = Method(
         "agent_session_fork_operation_not_found",
         "agent_session_fork_resolve_in_progress",
         "agent_session_fork_resolve_conflict",
+        "agent_session_fork_evidence_unreadable",
         "fork_resolve_failed",
     ),
 )

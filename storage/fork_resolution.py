@@ -50,6 +50,14 @@ class ForkResolveConflict(Conflict):
     default_reason = "agent_session_fork_resolve_conflict"
 
 
+class ForkEvidenceUnreadable(Conflict):
+    """An abandon whose inspection found a provider child of the source that cannot be read
+    now while another fork of the source could own it: nothing is moved; retry."""
+
+    default_reason = "agent_session_fork_evidence_unreadable"
+    retryable = True
+
+
 @dataclass(frozen=True, slots=True)
 class ForkResolution:
     workspace_id: str
@@ -275,6 +283,7 @@ class ResolutionStore(StoreBase):
 
 
 __all__ = [
+    "ForkEvidenceUnreadable",
     "ForkResolution",
     "ForkResolveConflict",
     "ForkResolveInProgress",

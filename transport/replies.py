@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -21,6 +22,11 @@ import zmq
 from domain.errors import HostError, internal_error
 from transport.wire import encode_error, encode_result, encode_result_packed
 
+RECENTLY_ANSWERED_S = 10.0
+"""A client answered this recently is talking: the fd guard never sheds its connection (a
+request it sent right after the answer may be in ZeroMQ's pipe, not yet read)."""
+MAX_ANSWERED_PEERS = 4096
+"""Past this many clients remembered, the ones answered long ago are forgotten."""
 log = logging.getLogger("transport.server")
 
 PEER_REPLY_HWM = 32
@@ -130,6 +136,9 @@ class ReplyRouter:
         self.router: zmq.Socket[bytes] | None = None
         # Per client identity: requests in flight, and replies ZeroMQ could not queue yet.
         self.peer_in_flight: dict[bytes, int] = {}
+        # When each client last got an answer: a connection answered this recently is not idle
+        # (its next request may already sit in ZeroMQ's pipe; shedding it would lose that).
+        self.answered_at: dict[bytes, float] = {}
         self.backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
         self.backlog_bytes: dict[bytes, int] = {}
         # Per client: large replies ZeroMQ holds, until its tracker says they are written.
@@ -159,8 +168,12 @@ class ReplyRouter:
             self.queued.setdefault(peer, []).append((tracker, size))
 
     def unread(self, peer: bytes) -> bool:
-        """Whether a request or a reply of this client is pending (any thread; approximate)."""
-        return self.peer_load(peer) > 0 or peer in self.queued
+        """Whether a request or a reply of this client is pending, or it was answered within
+        `RECENTLY_ANSWERED_S` (any thread; approximate)."""
+        if self.peer_load(peer) > 0 or peer in self.queued:
+            return True
+        at = self.answered_at.get(peer)
+        return at is not None and time.monotonic() - at < RECENTLY_ANSWERED_S
 
     def peer_load(self, peer: bytes) -> int:
         """What counts against a client's budget: its requests in flight and its replies
@@ -179,6 +192,12 @@ class ReplyRouter:
             self.peer_in_flight[peer] = left
         else:
             self.peer_in_flight.pop(peer, None)
+        now = time.monotonic()
+        self.answered_at[peer] = now
+        if len(self.answered_at) > MAX_ANSWERED_PEERS:
+            self.answered_at = {
+                p: t for p, t in self.answered_at.items() if now - t < RECENTLY_ANSWERED_S
+            }
 
     def send_now(self, envelope: list[bytes], frame: bytes, *, backlog: bool = True) -> None:
         assert self.router is not None

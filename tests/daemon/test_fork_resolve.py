@@ -215,7 +215,7 @@ def test_resolve_cli_and_typed_errors(daemon: DaemonProcess) -> None:
     assert done.returncode == 1 and "agent_session_fork_resolve_conflict" in done.stderr
     done = cli("--abandon")
     assert done.returncode == 0, done.stderr
-    assert "abandoned (abandoned)" in done.stdout
+    assert ": abandoned\n" in done.stdout and "(abandoned)" not in done.stdout
     with pytest.raises(ApiError) as err:
         resolve(c, str(uuid.uuid4()), "inspect")
     assert err.value.status == 404

@@ -239,7 +239,7 @@ def test_the_resolve_requests_are_the_maps_fork_resolve_always_sent() -> None:
     scoped = replace(request, other_prefixes=(("p1",),), child_ids=("c",))
     assert wm.ResolveRequest.from_wire(scoped.to_wire()) == scoped
     assert scoped.attributes(("p1", "p2")) and not scoped.attributes(("p1",))
-    assert not scoped.attributes(None) and request.attributes(None)
+    assert scoped.attributes(None) and request.attributes(None)  # unread: listed, undecided
     adopt = wm.ResolveAdopt(request, "child-1")
     assert _bytes(adopt.to_wire()) == _bytes({**legacy, "childId": "child-1"})
     assert wm.ResolveAdopt.from_wire({**legacy, "childId": "child-1"}) == adopt
