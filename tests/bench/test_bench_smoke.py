@@ -37,7 +37,8 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     doc = json.loads(json_path.read_text())
     assert doc["failures"] == []
     names = [b["name"] for b in doc["benchmarks"]]
-    assert len(names) == 7
+    assert len(names) == 8  # bench.run_all.BENCHMARKS, bench.checkpoint among them
+    assert "checkpoint" in names
     for bench in doc["benchmarks"]:
         assert bench["command"].startswith("build/venv/bin/python -m bench.")
         assert bench["tables"] and all(t["rows"] for t in bench["tables"])
