@@ -173,7 +173,7 @@ def lineage_nodes(values: list[LineageNode]) -> list[dict[str, Any]]:
 
 
 def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]:
-    """`session.lineage` (issue 21 §3): ancestors nearest first, then the descendant tree;
+    """`session.lineage`: ancestors nearest first, then the descendant tree;
     `truncated` null, or why the read stopped (docs/protocol.md)."""
     cut = value.truncated
     return {

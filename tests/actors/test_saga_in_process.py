@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from domain.fork_states import TRANSITIONS, ForkStatus
 from storage import Store
-from storage.models import ForkPointKind, ProviderForkEvidence
+from storage.models import ForkPointKind
 from tests.actors.saga_harness import (
     WS,
     Answer,
@@ -31,6 +31,7 @@ from tests.actors.saga_harness import (
     run_saga,
     verdict,
 )
+from tests.storage.store_builders import fork_evidence as _evidence
 from tests.support.invariants import STORE_LAWS, check_invariants
 
 pytestmark = pytest.mark.timeout(60)
@@ -207,14 +208,6 @@ def test_an_error_at_each_failpoint_is_classified_by_the_durable_status(
 # -- every transition of the state machine ------------------------------------------------------
 
 
-def _evidence(op: Any) -> ProviderForkEvidence:
-    return ProviderForkEvidence(
-        child_provider_session_id=f"child-{op.operation_id}",
-        provider_turn_ids=op.source_provider_turn_ids,
-        binding_mode=op.binding_mode,
-        receipt={"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
-        turn_bindings=None,
-    )
 
 
 def test_every_transition_of_the_state_machine_is_taken(store: Store, home: Path) -> None:

@@ -56,3 +56,16 @@ def settled_turn(
         ws, sid, turn.turn_id, outcome=outcome, final_assistant_message_id=reply.message_id
     )
     return settled
+
+
+def fork_evidence(op: Any) -> Any:
+    """A verified provider child for `op`: its turns are exactly the frozen prefix."""
+    from storage.models import ProviderForkEvidence
+
+    return ProviderForkEvidence(
+        child_provider_session_id=f"child-{op.operation_id}",
+        provider_turn_ids=op.source_provider_turn_ids,
+        binding_mode=op.binding_mode,
+        receipt={"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
+        turn_bindings=None,
+    )

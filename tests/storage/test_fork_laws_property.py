@@ -21,11 +21,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from store_builders import WS, new_session, settled_turn
+from store_builders import fork_evidence as _evidence
 
 from actors.recovery import recover_fork_operations
 from storage import Store
 from storage.errors import HostError
-from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, ProviderForkEvidence
+from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest
 from tests.support.invariants import STORE_LAWS, check_invariants, provider_home
 
 pytestmark = pytest.mark.timeout(300)
@@ -45,14 +46,6 @@ def _request(sid: str, turn_id: str, kind: str) -> ForkPrepareRequest:
     )
 
 
-def _evidence(op: ForkOperation) -> ProviderForkEvidence:
-    return ProviderForkEvidence(
-        child_provider_session_id=f"child-{op.operation_id}",
-        provider_turn_ids=op.source_provider_turn_ids,
-        binding_mode=op.binding_mode,
-        receipt={"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
-        turn_bindings=None,
-    )
 
 
 class ForkLaws(RuleBasedStateMachine):
