@@ -269,7 +269,7 @@ class ForkResolver:
                 for c in evidence["children"]
                 if c.get("readError") or not (c.get("providerTurnIds") or c.get("turnsEqualPrefix"))
             ]
-            if undecided and self._request().other_prefixes:
+            if undecided and store.other_fork_prefixes(ws, self.host.sid, op_id):
                 # Law 9: a child whose Turns cannot be read now may be another operation's;
                 # moving it would take that operation's evidence. Retry once it reads.
                 raise ForkEvidenceUnreadable(
