@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import ssl
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -116,8 +117,16 @@ class FakeModelServer(Generic[R]):
 
     thread_name = "fake-model-server"
 
-    def __init__(self, reply: Callable[[dict[str, Any]], R], *, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        reply: Callable[[dict[str, Any]], R],
+        *,
+        api_key: str | None = None,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self._reply = reply
+        self.scheme = "https" if tls is not None else "http"
+        """`https` when served over TLS with `tls` (a server-side context)."""
         self.api_key = api_key
         """When set, every model request must carry it (`Authorization: Bearer` or
         `x-api-key`), else the answer is 401, like the hosted APIs."""
@@ -128,6 +137,8 @@ class FakeModelServer(Generic[R]):
         self._paths: list[str] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self.handler_class())
         self._httpd.daemon_threads = True
+        if tls is not None:
+            self._httpd.socket = tls.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, name=self.thread_name, daemon=True
         )

@@ -9,6 +9,7 @@ item (the model calling a tool) followed by a short assistant message.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -103,8 +104,9 @@ class ResponsesServer(FakeModelServer[Reply]):
         gate: threading.Event | None = None,
         drip_s: float = 0.0,
         hold_after: int = 3,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(reply or default_reply, api_key=api_key)
+        super().__init__(reply or default_reply, api_key=api_key, tls=tls)
         self.gate = gate
         """When given, each streamed reply stops after its first text delta until it is set."""
         self.drip_s = drip_s
@@ -114,7 +116,7 @@ class ResponsesServer(FakeModelServer[Reply]):
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.scheme}://127.0.0.1:{self.port}/v1"
 
     def handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self

@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tutti_agent.errors import ModelError
 from tutti_agent.ids import uuid7
 from tutti_agent.model import (
     HttpModel,
+    Lines,
     TurnCancelled,
     TurnIO,
     _delta,
     _sse_events,
     _usage,
 )
-
-if TYPE_CHECKING:
-    import http.client
 
 MAX_ROUNDS = 8
 TOOL_UNAVAILABLE = "tool unavailable in tutti_agent"
@@ -116,11 +114,11 @@ class _Round:
         self.reasoning: list[str] = []
         self.tool_calls: dict[int, dict[str, str]] = {}
 
-    def consume(self, resp: http.client.HTTPResponse) -> None:
+    def consume(self, lines: Lines) -> None:
         io = self.io
         done = False
         usage: Mapping[str, Any] | None = None
-        for event in _sse_events(resp, done_marker=True):
+        for event in _sse_events(lines, done_marker=True):
             if io.cancelled.is_set():
                 raise TurnCancelled()
             if event.get("type") == "done":

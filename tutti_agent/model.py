@@ -7,11 +7,11 @@ agent message, and may ask the client for an approval or an answer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import threading
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tutti_agent.errors import ModelError
 
 if TYPE_CHECKING:
-    import http.client
+    import httpx
 
 
 class TurnCancelled(Exception):
@@ -175,6 +175,8 @@ class HttpModel:
         self.endpoint = endpoint
         self.base_url = endpoint.base_url.rstrip("/")
         self.name = endpoint.model
+        self._client_lock = threading.Lock()
+        self._http: httpx.Client | None = None
 
     def model_for(self, io: TurnIO) -> str:
         """The Session's own model (thread settings) wins over the provider's default."""
@@ -184,12 +186,34 @@ class HttpModel:
     def run(self, text: str, io: TurnIO) -> None:
         raise NotImplementedError
 
+    def _client(self) -> httpx.Client:
+        """One client per model for the process: building one loads the CA bundle (a quarter
+        of a second), which no turn should pay again. No connection is kept alive between
+        requests, so every request's socket is a new one an interrupt can find and shut."""
+        import httpx
+
+        with self._client_lock:
+            if self._http is None:
+                # trust_env: HTTP(S)_PROXY / ALL_PROXY / NO_PROXY and SSL_CERT_FILE /
+                # SSL_CERT_DIR are honoured as curl and the other providers honour them, so a
+                # model behind a corporate proxy or a private CA is reached with no setting
+                # of ours.
+                self._http = httpx.Client(
+                    timeout=httpx.Timeout(
+                        self.endpoint.first_byte_timeout_s,
+                        connect=self.endpoint.connect_timeout_s,
+                    ),
+                    limits=httpx.Limits(max_keepalive_connections=0),
+                    trust_env=True,
+                )
+            return self._http
+
     def _fail(self, reason: str, cause: str) -> ModelError:
         return ModelError(
             f"{reason}: tutti-agent model endpoint {self.base_url + self.path} {cause}"
         )
 
-    def post(self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Any], None]) -> None:
+    def post(self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Lines], None]) -> None:
         """POST `body`, then hand the 200 response to `consume`; every failure is typed. A
         request that gets no answer at all is sent again, `endpoint.retries` times."""
         for attempt in range(self.endpoint.retries + 1):
@@ -213,76 +237,116 @@ class HttpModel:
                 ) from None
 
     def _post_once(
-        self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Any], None]
+        self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Lines], None]
     ) -> None:
         # Imported here: every app-server spawn (one per fork, to prove the child readable)
-        # would otherwise pay for http.client + email (~17 ms) that only this model uses.
-        import http.client
+        # would otherwise pay for httpx that only this model uses.
+        import httpx
 
-        url = urllib.parse.urlsplit(self.base_url + self.path)
-        conn_cls = (
-            http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-        )
-        conn = conn_cls(
-            url.hostname or "127.0.0.1", url.port, timeout=self.endpoint.connect_timeout_s
-        )
-
-        def abort() -> None:
-            # shutdown() (unlike close()) wakes a recv blocked in the turn thread.
-            sock = conn.sock
-            if sock is not None:
-                sock.shutdown(socket.SHUT_RDWR)
-
-        io.on_cancel(abort)
+        limits = self.endpoint
         headers = {"content-type": "application/json", "accept": "text/event-stream"}
-        key = self.endpoint.api_key()
+        key = limits.api_key()
         if key:
             headers["authorization"] = f"Bearer {key}"
+        sockets = _Sockets(io)
         answered = False
+        client = self._client()
+        request = client.build_request(
+            "POST",
+            self.base_url + self.path,
+            content=json.dumps(body).encode(),
+            headers=headers,
+            extensions={"trace": sockets.trace},
+        )
         try:
+            resp = client.send(request, stream=True)
+            answered = True
             try:
-                conn.connect()
-            except OSError as exc:
-                if io.cancelled.is_set():
-                    raise TurnCancelled() from None
-                raise self._fail(UNREACHABLE, f"is unreachable: {exc}") from None
-            if conn.sock is not None:
-                conn.sock.settimeout(self.endpoint.first_byte_timeout_s)
-            try:
-                path = url.path + (f"?{url.query}" if url.query else "")
-                conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
-                resp = conn.getresponse()
-                answered = True
-                if conn.sock is not None:
-                    conn.sock.settimeout(self.endpoint.read_timeout_s)
-                if resp.status in (401, 403):
-                    detail = resp.read(500).decode(errors="replace").strip()
+                # From the first byte on, the limit is the pause between two reads of the
+                # reply; httpcore reads it from the request when the body is first read.
+                request.extensions["timeout"] = {
+                    **request.extensions.get("timeout", {}),
+                    "read": limits.read_timeout_s,
+                }
+                if resp.status_code in (401, 403):
                     raise self._fail(
                         AUTH_FAILED,
-                        f"answered HTTP {resp.status} ({self.endpoint.credential_note()}): "
-                        f"{detail}",
+                        f"answered HTTP {resp.status_code} "
+                        f"({limits.credential_note()}): {_head(resp, 500)}",
                     )
-                if resp.status != 200:
-                    detail = resp.read(2000).decode(errors="replace")
-                    raise ModelError(f"model server returned HTTP {resp.status}: {detail}")
-                consume(resp)
-            except TimeoutError:
-                if io.cancelled.is_set():
-                    raise TurnCancelled() from None
-                if not answered:
-                    raise _NoFirstByte() from None
-                limit = self.endpoint.read_timeout_s
-                raise self._fail(
-                    TIMEOUT,
-                    f"stopped answering for {limit:g} s in the middle of its reply "
-                    f"({STREAM_IDLE_KEY})",
-                ) from None
-            except (OSError, http.client.HTTPException, AttributeError) as exc:
-                if io.cancelled.is_set():
-                    raise TurnCancelled() from None
-                raise ModelError(f"model request failed: {exc}") from None
-        finally:
-            conn.close()
+                if resp.status_code != 200:
+                    raise ModelError(
+                        f"model server returned HTTP {resp.status_code}: {_head(resp, 2000)}"
+                    )
+                consume(resp.iter_lines())
+            finally:
+                resp.close()
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if io.cancelled.is_set():
+                raise TurnCancelled() from None
+            raise self._fail(UNREACHABLE, f"is unreachable: {_cause(exc)}") from None
+        except httpx.TimeoutException:
+            if io.cancelled.is_set():
+                raise TurnCancelled() from None
+            if not answered:
+                raise _NoFirstByte() from None
+            raise self._fail(
+                TIMEOUT,
+                f"stopped answering for {limits.read_timeout_s:g} s in the middle of its "
+                f"reply ({STREAM_IDLE_KEY})",
+            ) from None
+        except (httpx.HTTPError, OSError) as exc:
+            if io.cancelled.is_set():
+                raise TurnCancelled() from None
+            raise ModelError(f"model request failed: {_cause(exc)}") from None
+
+
+Lines = Iterator[str]
+"""A reply's lines as they arrive (no line ends)."""
+
+
+class _Sockets:
+    """The sockets a request opens, found through httpcore's documented `trace` extension, so
+    an interrupt can shut them down: shutdown() (unlike close()) wakes a read blocked in the
+    turn thread, whether on the model's socket or on a proxy's."""
+
+    def __init__(self, io: TurnIO) -> None:
+        self.io = io
+        self.open: list[socket.socket] = []
+        io.on_cancel(self.abort)
+
+    def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        if event.endswith((".connect_tcp.complete", ".start_tls.complete")):
+            stream = info.get("return_value")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if isinstance(sock, socket.socket):
+                self.open.append(sock)
+                if self.io.cancelled.is_set():
+                    self.abort()
+
+    def abort(self) -> None:
+        for sock in self.open:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+def _head(resp: Any, limit: int) -> str:
+    """The first `limit` bytes of an error reply's body, as text."""
+    data = b""
+    for chunk in resp.iter_bytes():
+        data += chunk
+        if len(data) >= limit:
+            break
+    return data[:limit].decode(errors="replace").strip()
+
+
+def _cause(exc: BaseException) -> str:
+    """httpx's words for a failure, or the OS error under it when httpx has none."""
+    text = str(exc)
+    if text:
+        return text
+    inner = exc.__cause__ or exc.__context__
+    return str(inner) if inner is not None else type(exc).__name__
 
 
 class _NoFirstByte(Exception):
@@ -321,9 +385,9 @@ class ResponsesModel(HttpModel):
             body["instructions"] = self.endpoint.instructions
         self.post(body, io, lambda resp: self._consume(resp, io))
 
-    def _consume(self, resp: http.client.HTTPResponse, io: TurnIO) -> None:
+    def _consume(self, lines: Lines, io: TurnIO) -> None:
         completed = False
-        for event in _sse_events(resp):
+        for event in _sse_events(lines):
             if io.cancelled.is_set():
                 raise TurnCancelled()
             kind = event.get("type")
@@ -391,17 +455,12 @@ def _usage(io: TurnIO, input_tokens: Any, output_tokens: Any) -> None:
         fn(input_tokens, output_tokens)
 
 
-def _sse_events(
-    resp: http.client.HTTPResponse, *, done_marker: bool = False
-) -> Iterator[dict[str, Any]]:
+def _sse_events(lines: Lines, *, done_marker: bool = False) -> Iterator[dict[str, Any]]:
     """Yield each SSE `data:` payload as it arrives (items stream into the turn live); with
     `done_marker`, Chat Completions' final `data: [DONE]` is yielded as `{"type": "done"}`."""
     data: list[str] = []
-    while True:
-        raw = resp.readline()
-        if not raw:
-            break
-        line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+    for raw in lines:
+        line = raw.rstrip("\r\n")
         if not line:
             if data:
                 text = "\n".join(data)
