@@ -35,14 +35,18 @@ LOCK_NAME = "daemon.lock"
 
 
 def default_home() -> Path:
-    """`$AGENTHOST_HOME` (made absolute), else `$XDG_DATA_HOME/agenthost`
-    (`~/.local/share/agenthost`)."""
+    """`$AGENTHOST_HOME` (made absolute), else the platform's own data directory for
+    agenthost: `$XDG_DATA_HOME/agenthost` (`~/.local/share/agenthost`) on Linux,
+    `~/Library/Application Support/agenthost` on macOS."""
     env = os.environ.get(HOME_ENV)
     if env:
         # Not resolve(): a home that is a symlink must stay visible as one (it is refused).
         return Path(os.path.abspath(Path(env).expanduser()))
-    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-    return Path(data) / "agenthost"
+    # Imported here, the one call outside the standard library in `domain`: importing the
+    # layout (as every client does) must not load it.
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("agenthost", appauthor=False))
 
 
 def run_dir(home: Path) -> Path:

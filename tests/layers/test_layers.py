@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,33 @@ def test_the_worker_side_list_holds_every_provider_module() -> None:
         "tutti_agent.server",
     ):
         assert module in WORKER_SIDE
+
+
+def _home_in_subprocess(platform: str, env: dict[str, str]) -> str:
+    code = (
+        "import sys; sys.platform = sys.argv[1]\n"
+        "from domain.home_layout import default_home\n"
+        "print(default_home())\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("AGENTHOST_HOME", "XDG_DATA_HOME")}
+    out = subprocess.run(
+        [sys.executable, "-c", code, platform],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_the_default_home_is_the_platforms_data_directory(tmp_path: Path) -> None:
+    """Linux: XDG's data directory; macOS: Application Support; `$AGENTHOST_HOME` wins."""
+    home = {"HOME": str(tmp_path)}
+    assert _home_in_subprocess("linux", home) == f"{tmp_path}/.local/share/agenthost"
+    xdg = {**home, "XDG_DATA_HOME": str(tmp_path / "data")}
+    assert _home_in_subprocess("linux", xdg) == f"{tmp_path}/data/agenthost"
+    mac = _home_in_subprocess("darwin", home)
+    assert mac == f"{tmp_path}/Library/Application Support/agenthost"
+    chosen = {**home, "AGENTHOST_HOME": str(tmp_path / "mine")}
+    assert _home_in_subprocess("darwin", chosen) == f"{tmp_path}/mine"
