@@ -55,6 +55,9 @@ class Model(Protocol):
 
     def run(self, text: str, io: TurnIO) -> None: ...
 
+    def warm(self) -> None:
+        """Get ready for a first turn soon, without blocking the caller."""
+
 
 @dataclass(frozen=True, slots=True)
 class Directive:
@@ -77,6 +80,9 @@ class BuiltinModel:
 
     name = "tutti-builtin"
     provider = "tutti"
+
+    def warm(self) -> None:
+        pass  # nothing to ready: no network
 
     def run(self, text: str, io: TurnIO) -> None:
         d = parse_directive(text)
@@ -177,6 +183,7 @@ class HttpModel:
         self.name = endpoint.model
         self._client_lock = threading.Lock()
         self._http: httpx.Client | None = None
+        self._warming = False
 
     def model_for(self, io: TurnIO) -> str:
         """The Session's own model (thread settings) wins over the provider's default."""
@@ -185,6 +192,17 @@ class HttpModel:
 
     def run(self, text: str, io: TurnIO) -> None:
         raise NotImplementedError
+
+    def warm(self) -> None:
+        """Build the client on a thread of its own, once. A Session's runtime starts (thread
+        start or resume) before its first turn, so that turn does not pay for importing httpx
+        and loading the CA bundle (a quarter of a second quiet, seconds on a loaded machine:
+        enough to lose a short first-byte limit to the host's backstop)."""
+        with self._client_lock:
+            if self._http is not None or self._warming:
+                return
+            self._warming = True
+        threading.Thread(target=self._client, name="model-client", daemon=True).start()
 
     def _client(self) -> httpx.Client:
         """One client per model for the process: building one loads the CA bundle (a quarter

@@ -199,6 +199,7 @@ class AppServer:
             return self.threads.get(thread_id)
 
     def _load_live(self, history: ThreadHistory) -> LiveThread:
+        self.model.warm()  # an HTTP model readies its client while the Session starts
         with self._threads_lock:
             live = self.threads.get(history.thread_id)
             if live is None:
