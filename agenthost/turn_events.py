@@ -1,4 +1,4 @@
-"""What a `turn.updated` event carries (issue 15 #6): the Turn's fields plus only the messages
+"""What a `turn.updated` event carries: the Turn's fields plus only the messages
 added or changed since that Turn's previous `turn.updated`, not the whole Turn every time.
 
 Wire form (docs/protocol.md "Events"): an event whose `turn` has `messagesTruncated: true`

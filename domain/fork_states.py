@@ -28,7 +28,7 @@ class ForkStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
-    # Terminal: an `unknown` operation settled by `fork.resolve` abandon (issue 21 §1).
+    # Terminal: an `unknown` operation settled by `fork.resolve` abandon.
     ABANDONED = "abandoned"
 
 

@@ -1,6 +1,6 @@
 """The typed messages between the host and its driver workers, standard library only: the fork
 request and answer (seed 000 §7, §7.1), fork.resolve's inspect / adopt / quarantine requests and
-answers (issue 21 §1), and the turn events a driver streams (docs/design/internals.md "Turn
+answers, and the turn events a driver streams (docs/design/internals.md "Turn
 events").
 
 Both ends use these types: the saga builds a `ForkRequest` and reads a `ForkResult`, the worker
