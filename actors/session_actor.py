@@ -101,7 +101,7 @@ class SessionActor(SessionControls):
         # queued message is another driver event, or the provider's answer to the Turn's
         # `turn.start` (which only queues more of its writes; `FollowUp.turn_event`), this
         # one's durable writes wait for it, and the burst's writes land as one transaction
-        # (one baton turn, one COMMIT). Any other message finds them durable, as before — but
+        # (one baton turn, one COMMIT). Any other message finds them durable — all but
         # a plain mutation that went ahead of the burst (`goes_ahead`), which does not read or
         # depend on a Turn's writes. At most MAX_HELD_WRITES wait: a provider that streams
         # faster than the store commits still has its Turn land (and its `turn.updated`

@@ -18,7 +18,7 @@ Reading, not only sending, is bounded by what changed (`updated_turn`): the publ
 the store those positions with running version totals (`HistoryStore.turn_since`), which
 finds the first changed message with one-row aggregate statements and fetches only the
 messages from it on; the Turn row and its interactions are read whole. So a Turn of N
-messages no longer costs O(N) decoded rows and projected messages per change (O(N²) over its
+messages does not cost O(N) decoded rows and projected messages per change (O(N²) over its
 life), and the event is the one a whole read and a comparison would give.
 """
 

@@ -211,5 +211,5 @@ class ForkCommit(StoreBase):
         )
         # No event per cloned Turn: the child is new, so no client holds any of its
         # Turns; `_commit_in`'s `SessionChanged` for it announces the whole child (a client
-        # reads its Turns with `session.timeline`). A 1,000-Turn fork used to publish 1,000
-        # `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
+        # reads its Turns with `session.timeline`). With one, a 1,000-Turn fork would publish
+        # 1,000 `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.

@@ -29,7 +29,7 @@ def _lineage_column(column: str) -> str:
 # The active Turn is looked up by `turns_by_phase` (the Session's active Turns: at most one),
 # sorted by `+t.sequence`: with a plain `t.sequence` SQLite walked the (session, sequence)
 # index to skip the sort, reading every Turn the Session ever had (70 µs
-# of CPU per Session read at 300 Turns, 250 µs at 1,500; now ~18 µs at any size).
+# of CPU per Session read at 300 Turns, 250 µs at 1,500; ~18 µs at any size with `+`).
 SESSION_SELECT = f"""
 SELECT s.workspace_id, s.session_id, s.kind, s.provider, s.provider_session_id, s.title, s.cwd,
        s.settings_json, s.runtime_context_json, s.model, s.pinned, s.deleted, s.goal,
