@@ -57,7 +57,7 @@ class SessionControls(TurnRunner):
     def _on_interrupt(self, msg: Interrupt) -> None:
         """Works on any Turn the store shows active: one this actor runs,
         one whose settlement is still pending, one nothing tracks any more, and one whose
-        provider runtime is hung (its runtime is stopped)."""
+        provider runtime is hung (that runtime is stopped)."""
         turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
         self.session_store.check_fence(self.ws, self.sid)
         if turn.phase != "active":

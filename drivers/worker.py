@@ -250,8 +250,8 @@ class WorkerServer:
         submits. `ThreadPoolExecutor.submit` takes a lock that every `fork()` in the process
         also takes (concurrent.futures registers it as an at-fork hook) and may wait for a new
         thread to start: with dozens of app-servers being spawned, a submit on the link thread
-        waited for seconds, the heartbeats stopped, and the supervisor killed a worker that
-        was merely busy (measured at 200 Sessions)."""
+        waits for seconds, the heartbeats stop, and the supervisor kills a worker that is
+        merely busy (measured at 200 Sessions)."""
         self._inbox.put(msg)
 
     def _dispatch_loop(self) -> None:

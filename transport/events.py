@@ -29,7 +29,7 @@ EVENTS_HWM = 1000
 """Events queued per subscriber that does not read (PUB drops beyond it; a reading one keeps
 up with bursts of hundreds): with events capped at `MAX_EVENT_BYTES` a subscriber that never
 reads holds at most 1000 × 256 KiB of the daemon, typically far less (100,000 whole-Turn
-events unbounded took a daemon past 1 GB)."""
+events, unbounded, would take a daemon past 1 GB)."""
 MAX_EVENT_BYTES = 256 << 10
 
 _SUBSCRIBE = 1

@@ -413,7 +413,7 @@ class ApiServer:
         # Bounded batch so replies from the pipe are not starved by a flood of requests.
         # Every request ready is taken in this one wakeup. The frames are read as zero-copy
         # Frames whose `more` ends the message, with an int flag, not `recv_multipart` (its
-        # per-frame Python, RCVMORE getsockopt and flag enums were a measurable part of a point
+        # per-frame Python, RCVMORE getsockopt and flag enums are a measurable part of a point
         # read); a message's frames arrive together, so none is waited for.
         router = self._router
         assert router is not None
