@@ -25,8 +25,8 @@ FORK_DEADLINE_MARGIN_S = 30.0
 
 
 def fork_deadline_s(provider_call_s: float) -> float:
-    """The host's deadline for a fork request: longer than the worker's whole budget for it
-    (issue 14 §4), so while the worker lives it is the worker, which knows whether the
+    """The host's deadline for a fork request: longer than the worker's whole budget for it,
+    so while the worker lives it is the worker, which knows whether the
     provider call started, that decides `not_started` or `unknown` — never the host's clock."""
     return provider_call_s + WORKER_FORK_STEPS_S + FORK_DEADLINE_MARGIN_S
 
@@ -50,7 +50,7 @@ class Timeouts:
     fork_s: float = fork_deadline_s(60.0)
     # fork.create answers 202 `accepted` when the saga has not ended within this budget.
     fork_sync_budget_s: float = 2.0
-    # Issue 20: a fork reuses its Session's runtime without `session.start` for at most this
+    # A fork reuses its Session's runtime without `session.start` for at most this
     # long after that runtime's last start answered (and at most half the driver's idle
     # limit); 0 turns the reuse off.
     fork_warm_runtime_s: float = 10.0
@@ -100,9 +100,9 @@ class HostContext:
     runtimes_dir: Path
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)
-    # The bounded threads every Session actor runs on (issue 15 #5: not one thread each).
+    # The bounded threads every Session actor runs on (not one thread each).
     actor_pool: ActorPool = field(default_factory=ActorPool)
-    # Live provider runtimes per provider (issue 14 §6); the daemon wires its stopper.
+    # Live provider runtimes per provider; the daemon wires its stopper.
     runtime_slots: RuntimeSlots = field(default_factory=RuntimeSlots)
     # Called with (workspace_id, session_id, busy) so the host knows which actors may idle out.
     on_busy_change: Callable[[str, str, bool], None] | None = None

@@ -44,12 +44,12 @@ class PreparedRuntime:
     settings: Mapping[str, Any]
     provider_session_id: str
     runtime_context: Mapping[str, Any]
-    # Issue 20: the generation of the worker runtime `session.start` found or started (None:
+    # The generation of the worker runtime `session.start` found or started (None:
     # the driver has none) and that start's own attested verdict (its `runtimeContext`). A
     # fork re-attests only when this generation is not the one its Session last attested.
     generation: str | None = None
     verdict: Mapping[str, Any] | None = None
-    # Issue 20: what lets the next fork reuse this runtime without `session.start`: the pid
+    # What lets the next fork reuse this runtime without `session.start`: the pid
     # of the process that is the runtime (checked alive first; None: the driver has none) and
     # the driver's idle limit (the reuse window stays inside it).
     pid: int | None = None
@@ -82,7 +82,7 @@ class ForkHost(Protocol):
     """Operation id → the `fork.resolve` in flight for it (actors/fork_resolve.py)."""
     attested_runtime: tuple[str, ...] | None
     """The runtime this Session's last passed `runtime.attest` proved — its generation and the
-    prepared home, cwd and settings it was asked about (actors/fork_saga.py, issue 20)."""
+    prepared home, cwd and settings it was asked about (actors/fork_saga.py)."""
 
     @property
     def store(self) -> SagaStore:
@@ -114,12 +114,12 @@ class ForkHost(Protocol):
     def session(self) -> Session: ...
 
     def cached_session(self) -> Session:
-        """The Session row for a fork's start, from the actor's row cache (issue 20: emptied
+        """The Session row for a fork's start, from the actor's row cache (emptied
         by every message that may write the row, replaced by the actor's own runtime write)."""
         ...
 
     def warm_runtime(self, session: Session) -> PreparedRuntime | None:
-        """The runtime a fork may use without `session.start` (issue 20), its slot held, or
+        """The runtime a fork may use without `session.start`, its slot held, or
         None: then `prepare_runtime`. Only a runtime whose generation this Session's last
         fork attestation proved, still at the identity `session` asks for, its process alive
         and its start recent; the worker still refuses the fork if the generation moved."""

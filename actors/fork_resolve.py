@@ -1,4 +1,4 @@
-"""`fork.resolve` (issue 21 §1): settle an `unknown` fork operation with evidence, inside the
+"""`fork.resolve`: settle an `unknown` fork operation with evidence, inside the
 source Session's actor (serialised with its other mutations, like the saga).
 
 - `inspect`: ask the provider's worker which children this operation left (never calls the

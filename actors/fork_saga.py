@@ -80,7 +80,7 @@ class ForkSaga:
     info: DriverInfo
     waiters: list[Waiter] = field(default_factory=list)
     _retry_delay: float = 0.05
-    # The frozen prefix's (canonical Turn id, binding JSON), from prepare (issue 20).
+    # The frozen prefix's (canonical Turn id, binding JSON), from prepare.
     frozen: tuple[tuple[str, str | None], ...] | None = None
 
     def __post_init__(self) -> None:
@@ -144,7 +144,7 @@ class ForkSaga:
             and runtime.verdict is not None
             and self.host.attested_runtime == self._attestation_key(runtime.generation)
         ):
-            # Issue 20: the runtime this fork's own `session.start` found is the one this
+            # The runtime this fork's own `session.start` found is the one this
             # Session's last re-attestation proved (same generation: the worker, its
             # app-server or CLI did not change since). That start's verdict — fresh, from the
             # same runtime — is checked exactly as an attestation's, and the fork carries the
@@ -353,7 +353,7 @@ class ForkSaga:
     def _dispatch_extra(self, generation: str | None) -> dict[str, Any]:
         # providerTurnBindings, lined up with providerTurnIds: lets a provider_owned driver
         # cut at a known checkpoint instead of re-reading the source transcript (seed 000 §7,
-        # Claude 3). runtimeGeneration: the runtime whose verdict let this fork leave (issue 20).
+        # Claude 3). runtimeGeneration: the runtime whose verdict let this fork leave.
         extra: dict[str, Any] = {"providerTurnBindings": self._frozen_bindings()}
         if generation is not None:
             extra["runtimeGeneration"] = generation
@@ -362,7 +362,7 @@ class ForkSaga:
     def _frozen_turns(self) -> tuple[tuple[str, str | None], ...]:
         """(canonical Turn id, binding JSON) of each Turn of the frozen prefix, lined up with
         `source_provider_turn_ids`: what `prepare_fork` froze into the snapshot, carried on the
-        operation it returned (issue 20: no full-timeline read at dispatch). The timeline is
+        operation it returned, so dispatch needs no full-timeline read. The timeline is
         read only if the operation came without them (never, for a saga this process began)."""
         if self.frozen is not None:
             return self.frozen
@@ -403,7 +403,7 @@ class ForkSaga:
     def _abort(self, exc: Exception) -> None:
         """An unexpected error: classify by the durable status, never re-dispatch. If the
         outcome cannot be recorded either, the saga stays alive and retries the record with
-        backoff, so the source's fence is released by itself (issue 15 defect 4) and never
+        backoff, so the source's fence is released by itself and never
         held by an operation whose saga is gone."""
         store, ws, op_id = self.host.store, self.host.ws, self.operation.operation_id
         try:
@@ -441,7 +441,7 @@ class ForkSaga:
         self.operation = op
         if op.status != fork_states.ForkStatus.COMMITTED:
             # Whatever went wrong (a refused generation among it), the next fork of this
-            # source starts its runtime again instead of reusing it (issue 20).
+            # source starts its runtime again instead of reusing it.
             self.host.forget_warm_runtime()
         self.host.sagas.pop(op.operation_id, None)
         self.host.live_operations.discard(op.operation_id)

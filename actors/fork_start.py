@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 def full_session_capable(
     catalog: ProviderCatalog, provider: str, context: Mapping[str, Any]
 ) -> bool:
-    """`lifecycleCapabilities.forkFullSession` from the persisted attestation (issue 21 §2);
+    """`lifecycleCapabilities.forkFullSession` from the persisted attestation;
     a catalog that knows nothing of it is false (never inferred from forkThroughTurn)."""
     check = getattr(catalog, "fork_full_session_capable", None)
     return bool(check is not None and check(provider, context))
@@ -46,7 +46,7 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
     no_binder = info.binding_mode == "host_copy" and not info.binder_available
     warm = None if no_binder else host.warm_runtime(session)
     if warm is not None:
-        # Issue 20: the runtime this Session's last fork attested is still live, unchanged and
+        # The runtime this Session's last fork attested is still live, unchanged and
         # its slot held: no `session.start`, and no separate replay read — `prepare_fork`
         # answers a replay or a held boundary with the original inside its own transaction
         # (the replay read below exists so a replay never waits on a runtime to start).

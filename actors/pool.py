@@ -1,7 +1,7 @@
 """Pooled actors: many pykka actors served by one bounded set of threads.
 
-A `pykka.ThreadingActor` owns a thread for its whole life, so 700 live Session actors meant
-700 threads (issue 15 #5). A `PooledActor` keeps pykka's contract — one message at a time, in
+A `pykka.ThreadingActor` owns a thread for its whole life, so 700 live Session actors would
+mean 700 threads. A `PooledActor` keeps pykka's contract — one message at a time, in
 order, `on_start`/`on_stop`/`on_failure`, `ActorRef.tell/ask/stop` — but runs on an
 `ActorPool`: when its inbox turns non-empty the actor is scheduled once on the pool, handles
 a small batch, and yields its thread to the next actor (round-robin, so a chatty Session

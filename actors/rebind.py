@@ -1,4 +1,4 @@
-"""Re-binding a Turn whose provider binding the host never recorded (issue 15 defect 1), from
+"""Re-binding a Turn whose provider binding the host never recorded, from
 the provider's own history, as seed 000 §10 does for Codex: by order and content, and fail
 closed — a Turn is re-bound only when exactly one provider turn can be it.
 

@@ -1,4 +1,4 @@
-"""`RuntimeSlots`: at most N live provider runtimes per provider (issue 14 §6).
+"""`RuntimeSlots`: at most N live provider runtimes per provider.
 
 200 Sessions each starting a turn at once meant 200 app-servers starting at once in one
 worker: the machine thrashed, heartbeats went silent and the worker was killed over and over.
@@ -114,7 +114,7 @@ class RuntimeSlots:
 
     def hold_warm(self, provider: str, key: str, *, fork: bool = False) -> bool:
         """Mark `key`'s slot busy if its runtime still holds one (it was neither evicted nor
-        lost with its worker), and say so; never waits, never evicts (issue 20: a fork that
+        lost with its worker), and say so; never waits, never evicts (for a fork that
         reuses a warm runtime without `session.start`). False: acquire as usual."""
         with self._lock:
             live = self._live.get(provider)

@@ -66,7 +66,7 @@ class SessionActor(SessionControls):
         # both see this actor only through the `actors.fork_host.ForkHost` port.
         self.sagas: dict[str, LiveSaga] = {}
         self.resolves: dict[str, Any] = {}
-        # The runtime this Session's last passed fork re-attestation proved (issue 20).
+        # The runtime this Session's last passed fork re-attestation proved.
         self.attested_runtime: tuple[str, ...] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -85,8 +85,8 @@ class SessionActor(SessionControls):
 
     def goes_ahead(self, message: Any) -> bool:
         """A client's plain mutation (title, pin, settings, goal; not a delete) is queued in
-        front of the Turn's driver events and continuations waiting at the back of the inbox
-        (issue 20 row 6): its write is independent of theirs, and a rename sent while a Turn
+        front of the Turn's driver events and continuations waiting at the back of the inbox:
+        its write is independent of theirs, and a rename sent while a Turn
         starts would otherwise wait for the Turn's start to be written first. It never goes
         in front of another request, so requests keep their order (`actors.pool`)."""
         return type(message) is Mutate and not message.stop_runtime
@@ -101,7 +101,7 @@ class SessionActor(SessionControls):
         # queued message is another driver event, or the provider's answer to the Turn's
         # `turn.start` (which only queues more of its writes; `FollowUp.turn_event`), this
         # one's durable writes wait for it, and the burst's writes land as one transaction
-        # (one baton turn, one COMMIT). Any other message finds them durable, as before — but
+        # (one baton turn, one COMMIT). Any other message finds them durable — all but
         # a plain mutation that went ahead of the burst (`goes_ahead`), which does not read or
         # depend on a Turn's writes. At most MAX_HELD_WRITES wait: a provider that streams
         # faster than the store commits still has its Turn land (and its `turn.updated`
@@ -123,7 +123,7 @@ class SessionActor(SessionControls):
                 log.debug("%s: refused: %s", what, exc)
             elif isinstance(exc, HostError):
                 log.exception("%s failed", what)
-            # Every message that owes a reply gets one, typed (issue 15 defect 2); a FollowUp
+            # Every message that owes a reply gets one, typed; a FollowUp
             # carries the reply of the request it continues. An untyped failure is logged
             # once, with its reference id, by the one internal-error builder.
             typed = host_error_of(exc, what, logger=log)
@@ -139,7 +139,7 @@ class SessionActor(SessionControls):
         return None
 
     def _expire_row_cache(self, message: Any) -> None:
-        """The Session row cache (issue 20, `cached_session`) survives only messages that
+        """The Session row cache (`cached_session`) survives only messages that
         cannot write the row: a fork's start and its saga's steps while no Turn and no durable
         write is in flight (a fork's transitions and commit never write the source's row).
         Everything else — mutations, Turns and their events, retries, `fork.resolve`, a lost
@@ -194,7 +194,7 @@ class SessionActor(SessionControls):
             or bool(self._late_bindings)  # stay alive until they are applied
             or any(not t.settled for t in self._turns.values())
             # A runtime preparation (a slot wait, `session.start`) may outlast the idle reap;
-            # a fork.create waiting on it is owed a reply by this actor (issue 15 defect 2).
+            # a fork.create waiting on it is owed a reply by this actor.
             or self._preparing > 0
         )
         if not busy and self._preparing == 0 and self._slot_provider is not None:

@@ -60,7 +60,7 @@ class TurnState:
     watchdog: TimerHandle | None = None
     # turn.start was sent: only from then does the inactivity limit run. Before, the Turn
     # waits for a runtime slot (no limit: it is queued, not hung) or for its runtime's start
-    # (`session.start`, with its own timeout), issue 14 §6.
+    # (`session.start`, with its own timeout).
     at_provider: bool = False
     # When turn.start was last sent, and whether the model has answered since (an item, a
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
@@ -74,7 +74,7 @@ class TurnState:
 @dataclass(eq=False)
 class DurableWrite:
     """One durable write owed to a Turn (a driver event applied, a binding, a settlement),
-    retried in order while the store is busy or full (issue 15 defect 1)."""
+    retried in order while the store is busy or full."""
 
     turn_id: str
     what: str
@@ -114,7 +114,7 @@ class SessionActorBase(PooledActor):
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
         self._busy = False
-        # Runtime slot (issue 14 §6): held while preparing or busy, released when neither.
+        # Runtime slot: held while preparing or busy, released when neither.
         self._preparing = 0
         self._slot_provider: str | None = None
         self._durable: deque[DurableWrite] = deque()

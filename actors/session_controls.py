@@ -55,9 +55,9 @@ class SessionControls(TurnRunner):
         msg.reply(result)
 
     def _on_interrupt(self, msg: Interrupt) -> None:
-        """Works on any Turn the store shows active (issue 15 defect 3): one this actor runs,
+        """Works on any Turn the store shows active: one this actor runs,
         one whose settlement is still pending, one nothing tracks any more, and one whose
-        provider runtime is hung (defect 8: the runtime is stopped)."""
+        provider runtime is hung (that runtime is stopped)."""
         turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
         self.session_store.check_fence(self.ws, self.sid)
         if turn.phase != "active":

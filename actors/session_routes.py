@@ -1,7 +1,7 @@
 """The live Session actors by Session, shared by the `HostActor` (which starts, reaps and
 replaces them) and the threads that route to them — the transport thread's Session requests
 and the worker supervisor's driver events — so a message for a live actor goes straight into
-its inbox, without a hop through the HostActor's thread (issue 20 rows 5-6).
+its inbox, without a hop through the HostActor's thread.
 
 Order per Session is kept: once a message of a Session went to the HostActor (no live actor,
 or one it must start), later ones follow it there until the HostActor has delivered it, so a

@@ -32,7 +32,7 @@ log = logging.getLogger("actors.session_actor")
 
 
 def _generation_of(result: Mapping[str, Any]) -> str | None:
-    """`runtimeGeneration` of a worker answer (issue 20); anything but a non-empty string is
+    """`runtimeGeneration` of a worker answer; anything but a non-empty string is
     none, so the next fork re-attests."""
     value = result.get("runtimeGeneration")
     return value if isinstance(value, str) and value else None
@@ -50,7 +50,7 @@ _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 def process_alive(pid: int) -> bool:
     """Whether `pid` is a running process (not gone, not a zombie, not exiting, no SIGKILL
     waiting for it): the host's check that a runtime the worker named is still there, without
-    a round trip (issue 20). A process killed a moment ago is dead here from the moment its
+    a round trip. A process killed a moment ago is dead here from the moment its
     SIGKILL is pending, so the next fork or Turn on it takes the cold path instead of being
     refused by the worker — all but the kernel's own instant between taking the signal and
     marking the task exiting (a fork then is refused safely: `failed`, no child)."""
@@ -95,7 +95,7 @@ def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
 class SessionRuntime(SessionActorBase):
     """Prepares, re-binds and stops the Session's provider runtime."""
 
-    # Issue 20, the fork fast path. `_warm`: the runtime the last `session.start` reported
+    # The fork fast path. `_warm`: the runtime the last `session.start` reported
     # with a generation, and when (monotonic); `_session_row`: the Session row as this actor
     # last read or wrote it, emptied by every message that may write it (SessionActor).
     _warm: tuple[PreparedRuntime, float] | None = None
@@ -117,7 +117,7 @@ class SessionRuntime(SessionActorBase):
         return self._hold_warm(session, attested=True)
 
     def warm_turn_runtime(self, session: Session) -> PreparedRuntime | None:
-        """The runtime a Turn may start on without `session.start` (issue 20 rows 5-6): the
+        """The runtime a Turn may start on without `session.start`: the
         one the last `session.start` reported, under the same rules as a fork's, unattested
         (a Turn needs no fork verdict); None while a settled Turn of the Session lacks its
         provider binding, so the cold path's re-bind from the provider's history runs first.

@@ -90,7 +90,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
         def _prepare() -> None:
             self.prepare_runtime(session, _runtime_ready)
 
-        # Issue 20 rows 5-6: the runtime the last `session.start` reported is still live and
+        # The runtime the last `session.start` reported is still live and
         # unchanged: no `session.start` round trip before this Turn.
         warm = self.warm_turn_runtime(session)
         if warm is None:
@@ -151,8 +151,8 @@ class TurnRunner(TurnWrites, SessionRuntime):
         error: str | None = None,
         then: Callable[[HostError | None], None] | None = None,
     ) -> None:
-        """Choose the Turn's outcome now; it is settled when the write is durable (issue 15
-        defect 3): the write is queued behind the Turn's earlier events and retried."""
+        """Choose the Turn's outcome now; it is settled when the write is durable:
+        the write is queued behind the Turn's earlier events and retried."""
         if state.settling:
             if then is not None:
                 then(None if state.settled else StoreBusy("the turn's settlement is pending"))
@@ -242,13 +242,13 @@ class TurnRunner(TurnWrites, SessionRuntime):
         state.watchdog = self.after(max(0.05, seconds), lambda: self._check_inactive(state))
 
     def _check_inactive(self, state: TurnState) -> None:
-        """A Turn whose provider has been silent past the limit is hung (issue 15 defect 8):
+        """A Turn whose provider has been silent past the limit is hung:
         stop its runtime and settle it `failed`. A Turn waiting on the user is not hung."""
         if state.settling:
             return
         limit = self.ctx.timeouts.turn_inactivity_s
         if not state.at_provider:
-            # Queued for a runtime slot or its runtime being started (issue 14 §6): not hung.
+            # Queued for a runtime slot or its runtime being started: not hung.
             state.last_activity = time.monotonic()
             self._arm_watchdog(state, limit)
             return

@@ -77,8 +77,8 @@ class SessionActorStore(Protocol):
         """The re-bind from the provider's history (actors/session_runtime.py)."""
         ...
 
-    # A Turn's own writes answer nothing back (issue 20 rows 5-7: no read-back of the whole
-    # Turn inside the writer's baton); the actor never used what they returned.
+    # A Turn's own writes answer nothing back (no read-back of the whole Turn
+    # inside the writer's baton); the actor has no use for it.
     def record_provider_turn(
         self,
         ws: str,
@@ -210,7 +210,7 @@ class SagaStore(RestartRuleStore, Protocol):
 
 
 class ResolveStore(Protocol):
-    """`fork.resolve`'s view (issue 21 §1): its own durable resolution record (begin, finish,
+    """`fork.resolve`'s view: its own durable resolution record (begin, finish,
     roll back), the two ways out of `unknown` (adopt with evidence, abandon), the commit an
     adoption leads to, and the reads its provider calls need. Separate from `SagaStore`
     because a resolution never dispatches nor moves a live operation: it only settles one

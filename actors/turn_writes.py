@@ -3,7 +3,7 @@
 One concern: every write a Turn owes the store (a driver event applied, a binding, its
 settlement) goes through one queue per Session, applied in order; a busy or full store stops
 the queue and a timer retries it with backoff, so no event is dropped and none overtakes
-another (issue 15 defect 1). A late `turn.binding` that meets a fork fence is kept aside and
+another. A late `turn.binding` that meets a fork fence is kept aside and
 applied when the fence is released (seed 000 §7 Claude 3).
 """
 

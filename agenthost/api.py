@@ -3,7 +3,7 @@ actors (writes) or a small reader pool (reads), and projects the outcome onto th
 
 Called on the transport thread, so nothing here blocks: every handler either raises a typed
 error at once or answers later through the responder. The two point reads, `session.get` and
-`fork.get` of a settled operation, are the exception (issue 20): they are answered right here
+`fork.get` of a settled operation, are the exception: they are answered right here
 from a read-only connection of their own (`storage.read_view`), with no thread hop and no
 actor — a primary-key lookup in SQLite's page cache, shorter than the hop it replaces. If that
 connection is ever busy (SQLite's rare WAL recovery) the read goes to the reader pool instead.
@@ -282,7 +282,7 @@ class Api(ApiBase):
         target = require_uuid(params, "targetAgentSessionId")
         point = require_map(params, "point")
         if point.get("type") == "latestSettled":
-            # The whole Session (issue 21 §2): no turnId; resolved and frozen at prepare.
+            # The whole Session: no turnId; resolved and frozen at prepare.
             if "turnId" in point:
                 raise InvalidArgument("point", "'latestSettled' takes no 'point.turnId'")
             turn_id, kind = "", "latest_settled"
@@ -356,7 +356,7 @@ class Api(ApiBase):
         self._read(responder, _ack)
 
     def fork_resolve(self, params: Mapping[str, Any], responder: Responder) -> None:
-        """Issue 21 §1: inspect / adopt / abandon an `unknown` operation, in its source's actor."""
+        """Inspect / adopt / abandon an `unknown` operation, in its source's actor."""
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
         request_id = require_str(params, "requestId", max_len=128)
@@ -402,7 +402,7 @@ class Api(ApiBase):
 def _workspace(params: Mapping[str, Any]) -> str:
     workspace = require_str(params, "workspaceId", max_len=WORKSPACE_MAX)
     if "\0" in workspace:
-        # The terminated events topic is `workspaceId + "\0"` (issue 15 #9): an id holding
+        # The terminated events topic is `workspaceId + "\0"`: an id holding
         # NUL could prefix-match another workspace's topic there.
         raise InvalidArgument("workspaceId", "'workspaceId' must not contain NUL (U+0000)")
     return workspace

@@ -1,5 +1,5 @@
 """How the API answers a request, whatever its method: dispatch by name, the reader pool, a
-point read on the transport thread from the read-only connection (issue 20), a message routed
+point read on the transport thread from the read-only connection, a message routed
 to its Session actor with the reply projected on the actor's thread (the Session's existence
 checked on the transport thread too, so no reader-pool hop before the actor), and every
 failure turned into a typed reply (law 7). The methods themselves are `agenthost.api`'s."""
@@ -70,7 +70,7 @@ class ApiBase:
         reply_cache: ReplyCache | None = None,
     ) -> None:
         self.store = store
-        # Raises `provider_not_installed` for a provider whose program is missing (issue 17).
+        # Raises `provider_not_installed` for a provider whose program is missing.
         self._check_provider = check_provider
         self.host = host
         # The live Session actors (`actors.session_routes`): a request for one goes straight
@@ -92,7 +92,7 @@ class ApiBase:
         self.reply_cache = ReplyCache() if reply_cache is None else reply_cache
         """The point reads' encoded replies (`agenthost.reply_cache`), transport thread only."""
         self.live_sessions: set[tuple[str, str]] = set()
-        """Sessions `_route_now` found live (issue 20 rows 5-7): a mutation of one of them is
+        """Sessions `_route_now` found live: a mutation of one of them is
         routed without reading the store again. A Session leaves when its delete commits
         (`_on_change`, before the delete is answered); none ever comes back (a delete is
         final and ids are never reused), so a Session found here is live or being deleted,
@@ -272,7 +272,7 @@ class ApiBase:
         message: Callable[[], Any],
         gone: Callable[[], tuple[int, dict[str, Any]] | None] | None,
     ) -> bool:
-        """`_route` on the transport thread (issue 20, fork fast path): the Session's existence
+        """`_route` on the transport thread (the fork fast path): the Session's existence
         is a point read of committed state on the read-only connection (no Session built),
         then the message goes from here to the Session's live actor (or to the HostActor,
         which starts one) — no reader-pool hop before the actor, and requests are routed in
@@ -333,7 +333,7 @@ class ApiBase:
     ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
         def project(turn: Any) -> tuple[int, dict[str, Any]]:
             # From the store's memory (fixed at create): the actor has just written or read
-            # this Session's Turn, so it exists; no read per reply (issue 20 rows 5-7).
+            # this Session's Turn, so it exists; no read per reply.
             provider = self.store.provider_of(ws, sid)
             return status, {"turn": projection.turn(turn, provider, self.catalog)}
 

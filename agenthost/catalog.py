@@ -50,7 +50,7 @@ class Catalog:
         )
 
     def fork_full_session_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
-        """Full-Session fork (issue 21 §2) cuts at the newest settled Turn with the same
+        """Full-Session fork cuts at the newest settled Turn with the same
         verified mechanism, so a driver declares it (`forkFullSession` in its attestation,
         re-checked at dispatch) only where the child's history is proven equal to the
         canonical prefix: the exact-prefix `thread/fork` gates and Claude's pinned SDK."""

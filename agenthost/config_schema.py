@@ -121,7 +121,7 @@ SCHEMA: tuple[Key, ...] = (
         60.0,
         "the worker's limit for the provider's fork call (the host waits longer)",
     ),
-    # Resource bounds (issue 15 #5, #7; issue 14 §6), independent of the number of Sessions.
+    # Resource bounds, independent of the number of Sessions.
     Key(
         "daemon",
         "actor_threads",
@@ -150,7 +150,7 @@ SCHEMA: tuple[Key, ...] = (
         4,
         "provider runtimes being started at once per provider; further cold turns queue",
     ),
-    # Providers. Model credentials and wire keys (issue 17): `api_key_env` names the variable
+    # Providers. Model credentials and wire keys: `api_key_env` names the variable
     # holding the key (read by the provider at turn time, never stored); `api_key` is the less
     # safe in-file key (the file must then be 0600).
     *(
@@ -284,7 +284,7 @@ class Config:
 
     @property
     def events_exact_listen(self) -> tuple[str, ...]:
-        """Extra endpoints of the terminated-topic events socket (issue 15 #9)."""
+        """Extra endpoints of the terminated-topic events socket."""
         return tuple(self.get("daemon", "events_exact_listen"))
 
     @property

@@ -131,7 +131,7 @@ class Daemon:
         )
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
-        # Then fork.resolve (issue 21): finish or roll back a half-done resolution.
+        # Then fork.resolve: finish or roll back a half-done resolution.
         self.resolutions_recovered = store.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
         # Deletes a killed daemon did not finish: their runtime dirs go now.
@@ -191,7 +191,7 @@ class Daemon:
             runtime_slots=slots,
         )
         # The live Session actors, shared with the API and the worker events: a message for
-        # a live one goes straight to it, not through the HostActor's thread (issue 20).
+        # a live one goes straight to it, not through the HostActor's thread.
         self.routes = SessionRoutes()
         self.host = HostActor.start(
             self.ctx, idle_after_s=cfg.idle_actor_seconds, routes=self.routes
@@ -401,7 +401,7 @@ class Daemon:
             "pid": os.getpid(),
             "endpoints": self.server.endpoints if self.server else [],
             "eventsEndpoints": self.server.events_endpoints if self.server else [],
-            # Extension (issue 15 #9): the same events under `workspaceId + "\0"` topics.
+            # Extension: the same events under `workspaceId + "\0"` topics.
             "eventsExact": self.events_exact_endpoint,
             "eventsExactEndpoints": self.server.events_exact_endpoints if self.server else [],
             "connectionFile": str(self.connection_file),

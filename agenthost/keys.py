@@ -1,4 +1,4 @@
-"""CURVE keys of a home and its connection files (issue 14 §2; docs/user-guide.md "Remote
+"""CURVE keys of a home and its connection files (docs/user-guide.md "Remote
 access with the connection file").
 
 Layout under `$AGENTHOST_HOME/run/keys/` (directories 0700, files 0600, pyzmq certificate
@@ -203,7 +203,7 @@ class KeyStore:
                     "transport": "tcp",
                     "api": api,
                     "events": events,
-                    # Extension (issue 15 #9): topics `workspaceId + "\0"`; null: none.
+                    # Extension: topics `workspaceId + "\0"`; null: none.
                     "eventsExact": events_exact,
                     "serverPublicKey": self.server_public_key().decode(),
                     "clientPublicKey": public.decode(),

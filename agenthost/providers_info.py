@@ -1,4 +1,4 @@
-"""What the daemon can say about each configured provider without starting a Session (issue 17):
+"""What the daemon can say about each configured provider without starting a Session:
 whether its program is installed (else `session.create` fails `provider_not_installed`), its
 version, endpoint, model, wire API, and which credential it will use — the variable's *name*
 and whether it is set, never its value — for `host.status` and `agenthost status`.

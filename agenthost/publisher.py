@@ -1,7 +1,7 @@
 """The daemon's event publisher: store changes (and streamed deltas) projected onto PUB events
 in commit order, on one thread of its own, off the writers' threads.
 
-Issue 20: it works in batches — everything queued when it wakes, up to `BATCH`, handed to the
+It works in batches — everything queued when it wakes, up to `BATCH`, handed to the
 transport loop in one go — drops a change that repeats the one right before it (each event
 reads the current state, so the repeat would say the same), and builds no event for a
 workspace no connected subscriber wants (`ApiServer.wants`): no store read, no projection,
@@ -81,7 +81,7 @@ class EventPublisher:
     def offer(self, change: Any) -> None:
         """The store's subscriber (any writer's thread, after its COMMIT): queue `change`.
         A Session or fork operation change of a workspace no connected subscriber wants is
-        dropped here (issue 20, fork fast path): a fork's four transitions and its commit would
+        dropped here (the fork fast path): a fork's four transitions and its commit would
         otherwise wake this thread five times only to skip each. A Turn change always goes
         to the thread, which owns `TurnDeltas` and must forget the Turn it skips."""
         if isinstance(change, (SessionChanged, ForkOperationChanged)):
@@ -110,8 +110,8 @@ class EventPublisher:
         out: list[tuple[str, Mapping[str, Any]]] = []
         # The batch's reads in one read transaction (`Store.read_snapshot`): each change was
         # committed before it was queued, so the snapshot is the current state for all of
-        # them, and their pages are loaded once instead of once per event (issue 20 rows 5-7).
-        # Each projection's own failure is handled in `_project_all`, as before; a snapshot
+        # them, and their pages are loaded once instead of once per event.
+        # Each projection's own failure is handled in `_project_all`; a snapshot
         # that cannot be begun or ended (SQLite busy in a WAL recovery) costs only itself.
         reads = sum(1 for change in batch if isinstance(change, _READ_BACK)) > 1
         snapshot = contextlib.ExitStack()
@@ -176,7 +176,7 @@ class EventPublisher:
             }
         if isinstance(change, TurnChanged):
             # The provider only (fixed at create), from the store's memory after the first
-            # read (issue 20: a Turn's every write published one event, and each read the
+            # read (every write of a Turn publishes one event, and each would read the
             # Session for this one field). A deleted Session is refused by `turn_since`.
             provider = store.provider_of(change.workspace_id, change.session_id)
             # Read from the first message changed since this Turn's last event, not whole.

@@ -1,4 +1,4 @@
-"""Encoded replies of the point reads, kept while the database is unchanged (issue 20).
+"""Encoded replies of the point reads, kept while the database is unchanged.
 
 A `session.get` and the `fork.get` of a settled operation are functions of committed state
 alone (and of the provider catalog, fixed for the daemon's life). The transport thread keeps

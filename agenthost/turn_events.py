@@ -1,4 +1,4 @@
-"""What a `turn.updated` event carries (issue 15 #6): the Turn's fields plus only the messages
+"""What a `turn.updated` event carries: the Turn's fields plus only the messages
 added or changed since that Turn's previous `turn.updated`, not the whole Turn every time.
 
 Wire form (docs/protocol.md "Events"): an event whose `turn` has `messagesTruncated: true`
@@ -18,7 +18,7 @@ Reading, not only sending, is bounded by what changed (`updated_turn`): the publ
 the store those positions with running version totals (`HistoryStore.turn_since`), which
 finds the first changed message with one-row aggregate statements and fetches only the
 messages from it on; the Turn row and its interactions are read whole. So a Turn of N
-messages no longer costs O(N) decoded rows and projected messages per change (O(N²) over its
+messages does not cost O(N) decoded rows and projected messages per change (O(N²) over its
 life), and the event is the one a whole read and a comparison would give.
 """
 

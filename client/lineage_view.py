@@ -1,4 +1,4 @@
-"""Lineage and fork resolution for people (issue 21): `session.lineage` drawn as text for
+"""Lineage and fork resolution for people: `session.lineage` drawn as text for
 `agenthost tree`, the ordinals and deleted-ancestor marks of the GUI's session list, and the
 `fork.resolve` evidence in words (CLI `resolve`, the GUI's resolve dialog)."""
 

@@ -1,5 +1,5 @@
-"""Enums that more than one layer speaks: defined once here, re-exported where they used to
-live (`storage.models`, `actors.ports`, `drivers.base`) so existing imports keep working."""
+"""Enums that more than one layer speaks: defined once here (`storage.models`,
+`actors.ports` and `drivers.base` re-export them for their own importers)."""
 
 from __future__ import annotations
 

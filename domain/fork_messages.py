@@ -78,7 +78,7 @@ class ForkRequest:
     @property
     def runtime_generation(self) -> str | None:
         """`runtimeGeneration`: the generation of the source runtime whose attested verdict
-        let this fork leave the host (issue 20); the worker refuses it (`not_started`) when
+        let this fork leave the host; the worker refuses it (`not_started`) when
         another runtime is live by now. None: no such check (fork.resolve, older hosts)."""
         value = self.extra.get("runtimeGeneration")
         return value if isinstance(value, str) and value else None

@@ -1,6 +1,6 @@
 """The fork operation state machine as data (seed 000 §6.1, ARCHITECTURE.md "Contract decision").
 
-One home for what used to be spelled in several places: the statuses, the allowed
+One home for the statuses, the allowed
 transitions, the active set (the source fence holds), the barrier rule (a new request identity
 on the same source + boundary Turn gets the original operation back, whatever its point
 kind) and the restart rule (what a
@@ -28,7 +28,7 @@ class ForkStatus(StrEnum):
     COMMITTED = "committed"
     FAILED = "failed"
     UNKNOWN = "unknown"
-    # Terminal: an `unknown` operation settled by `fork.resolve` abandon (issue 21 §1).
+    # Terminal: an `unknown` operation settled by `fork.resolve` abandon.
     ABANDONED = "abandoned"
 
 

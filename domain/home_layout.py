@@ -30,7 +30,7 @@ RUN_DIR = "run"
 API_SOCKET = "api.sock"
 EVENTS_SOCKET = "events.sock"
 EVENTS_EXACT_SOCKET = "events-exact.sock"
-"""The terminated-topic events socket (topic `workspaceId + "\\0"`, issue 15 #9)."""
+"""The terminated-topic events socket (topic `workspaceId + "\\0"`)."""
 LOCK_NAME = "daemon.lock"
 
 

@@ -1,4 +1,4 @@
-"""fork.resolve's worker messages (issue 21 §1), standard library only: fork.resolve sends a
+"""fork.resolve's worker messages, standard library only: fork.resolve sends a
 `ResolveRequest` (`fork.inspect`, `fork.quarantine`) or a `ResolveAdopt` (`fork.adopt`) and
 reads a `ResolveInspection` / `ForkResult` / `ResolveQuarantined`, which the worker's resolution
 handlers take and give."""
@@ -14,7 +14,7 @@ from domain.fork_messages import ForkRequest, ForkSource, ForkTarget, MalformedM
 
 @dataclass(frozen=True, slots=True)
 class ResolveRequest:
-    """The params of `fork.inspect` and `fork.quarantine` (issue 21 §1): which operation's
+    """The params of `fork.inspect` and `fork.quarantine`: which operation's
     provider children to look for (those whose lineage names the source and that no other
     operation claimed: `exclude_child_ids`), and what a verified child must show (the frozen
     provider Turn prefix, and for a provider_owned driver the frozen Turn bindings).

@@ -1,6 +1,6 @@
 """The typed messages between the host and its driver workers, standard library only: the fork
 request and answer (seed 000 §7, §7.1), fork.resolve's inspect / adopt / quarantine requests and
-answers (issue 21 §1), and the turn events a driver streams (docs/design/internals.md "Turn
+answers, and the turn events a driver streams (docs/design/internals.md "Turn
 events").
 
 Both ends use these types: the saga builds a `ForkRequest` and reads a `ForkResult`, the worker
@@ -10,7 +10,7 @@ hands the driver a `ForkRequest` and sends its `ForkResult`; fork.resolve sends 
 its turn events as `TurnEvent`s, the worker sends them, and the Session actor reads them as such
 (the host parses each once, at its end of the link). `to_wire`/`from_wire` convert
 at the link (the msgpack maps of `transport/worker_link.py` are unchanged, key for key).
-`drivers.base` re-exports the fork types under their old names.
+`drivers.base` re-exports the fork types.
 
 The types live by concern: `domain.fork_messages` (the fork and `MalformedMessage`),
 `domain.resolve_messages` (fork.resolve), `domain.turn_events` (the turn events); this module

@@ -1,6 +1,6 @@
 """The provider-driver port (`ProviderDriver`). The typed values of a driver fork (request,
 delivery disposition, child evidence and binding receipt, seed 000 §7, §7.1) are the host's and
-the worker's shared `domain.worker_messages` types, re-exported here under their old names.
+the worker's shared `domain.worker_messages` types, re-exported here.
 
 The worker main dispatches every worker method to a `ProviderDriver`; each driver module exposes
 `create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ProviderDriver`.

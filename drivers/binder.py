@@ -108,7 +108,7 @@ class _Plan:
 def _receipt(plan: _Plan) -> RolloutReceipt:
     source, target = plan.source_bytes, plan.target_bytes
     target_sha = sha(target)
-    # A copy writes the source's very bytes object: hash it once (issue 20).
+    # A copy writes the source's very bytes object: hash it once.
     source_sha = None if source is None else target_sha if source is target else sha(source)
     return RolloutReceipt(
         thread_id=plan.thread_id,
@@ -173,7 +173,7 @@ class RolloutBinder:
             for plan in ordered:
                 # Again just before the write: a link planted since the plan is still refused.
                 assert_no_symlink(plan.target, must_exist=False, below=target_home)
-            # In rounds (issue 20): every file's bytes fsynced together, then each renamed in
+            # In rounds: every file's bytes fsynced together, then each renamed in
             # this order with its directories fsynced before the next name appears.
             atomic_write_all([(plan.target, plan.target_bytes) for plan in ordered])
         except OSError as exc:

@@ -157,7 +157,7 @@ def _turn(root: TranscriptEntry, last: TranscriptEntry) -> TranscriptTurn:
 def history_turns(text: str) -> list[dict[str, Any]]:
     """The transcript's Turns in order as `{providerTurnId, userText, bindingJson}`: the
     provider's own history a Turn whose binding the host never recorded is re-bound from
-    (issue 15 defect 1; the host matches by order and content and fails closed)."""
+    (the host matches by order and content and fails closed)."""
     prompts: dict[str, str] = {}
     for line in text.splitlines():
         try:

@@ -1,4 +1,4 @@
-"""How a provider reaches its model (issue 17): which credential it uses, where the user's own
+"""How a provider reaches its model: which credential it uses, where the user's own
 login lives, and how a model failure is named.
 
 The key itself is never stored by agenthost: a provider is told the *name* of the environment

@@ -3,7 +3,7 @@ handed to their waiters and sinks in arrival order on a thread of their own, so 
 can never starve the loop thread (heartbeats, deadlines) and a sink bug never stops later
 deliveries.
 
-One exception (issue 20, fewer thread hand-offs on a fork's path): the result of a method
+One exception, for fewer thread hand-offs on a fork's path: the result of a method
 whose every waiter only hands it on — `INLINE_METHODS`, answered to a Session actor by a
 `tell` — is delivered on the loop thread itself when nothing is queued or running here, so
 arrival order still holds; a fork then reaches its actor in one hop (loop → actor) instead of

@@ -1,9 +1,9 @@
-"""In-worker proof that a bound fork child is readable from its own home alone (issue 20).
+"""In-worker proof that a bound fork child is readable from its own home alone.
 
 Seed 000 §7 and ARCHITECTURE.md require, before a fork may be `accepted`, that the child the
-binder copied is readable from the target home with nothing from the source home. That proof
-used to spawn a fresh app-server on the target home per fork (~80 ms of interpreter start-up
-for tutti-agent, more for Codex). Here it is made with the provider's own history reader, in
+binder copied is readable from the target home with nothing from the source home. A fresh
+app-server on the target home per fork would cost ~80 ms of interpreter start-up for
+tutti-agent, more for Codex, so the proof is made with the provider's own history reader, in
 the worker process, from the files of the target home only:
 
 - **tutti-agent**: `tutti_agent.store.ThreadStore(target_home).load(child)` — the very lineage
@@ -136,7 +136,7 @@ def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
     out: list[RolloutRecord] = []
     offset = 0
     # An all-ASCII file (the usual case) is decoded once: its character offsets are its byte
-    # offsets, and each line goes straight to the decoder (issue 20); else line by line.
+    # offsets, and each line goes straight to the decoder; else line by line.
     lines: list[str] | list[bytes]
     loads: Any
     if data.isascii():

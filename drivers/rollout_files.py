@@ -97,8 +97,8 @@ def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
 
     Every line is still parsed on its own (a line holding two objects, or half of one, is a
     defect); the bytes are decoded as UTF-8 once for the whole file and each line is handed to
-    one decoder, not through `json.loads`' per-call encoding detection (issue 20: most of the
-    binder's CPU per fork was that per-line overhead)."""
+    one decoder, not through `json.loads`' per-call encoding detection (that per-line overhead
+    was most of the binder's CPU per fork)."""
     if not data:
         raise ValueError("empty rollout")
     if not data.endswith(b"\n"):
@@ -180,8 +180,8 @@ def assert_no_symlink(
 ) -> None:
     """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
     read from, another session's home). `below`: an ancestor of `path` this bind already
-    checked (its home): only the components under it are looked at again (issue 20: a bind
-    used to lstat every component of every path, home included, five times over)."""
+    checked (its home): only the components under it are looked at again (otherwise a
+    bind would lstat every component of every path, home included, five times over)."""
     path = os.path.abspath(path)
     start = 1
     if below is not None:
@@ -257,7 +257,7 @@ def _pool() -> ThreadPoolExecutor:
 
 def sync_together(calls: Sequence[Callable[[], None]]) -> None:
     """Run independent syncs at the same time and return when every one has ended (the first
-    error, if any, is raised then). Why (issue 20): each `fsync` in a row waited for a journal
+    error, if any, is raised then). Why: each `fsync` in a row waited for a journal
     commit of its own (~1 ms on this disk, most of a fork's binder time); fsyncs issued
     together join the same ext4/jbd2 commit. Only syncs with no order between them may be
     passed: a caller that needs "A durable before B exists" runs two rounds."""
@@ -308,7 +308,7 @@ _ahead_pool: ThreadPoolExecutor | None = None
 
 class DirsAhead:
     """A directory chain created and made durable in the background while the caller does
-    something else (issue 20: a fork child's target directories while the provider call
+    something else (a fork child's target directories while the provider call
     runs), so the `atomic_write_all` that follows finds them existing and durable and only
     fsyncs the file's own directory after its rename.
 
@@ -372,7 +372,7 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
     leaves each target with its old or its new bytes and a later file never without the
     earlier ones (the binder passes ancestors first).
 
-    Rounds, not one fsync after another (issue 20: a Referenced child's bind was eight
+    Rounds, not one fsync after another (a Referenced child's bind would be eight
     fsyncs in a row, each a journal commit): (1) every directory created and every temp file
     written, then all temp files fsynced together — their names are not the targets yet, so
     there is no order between them; (2) the first file renamed onto its target, then its

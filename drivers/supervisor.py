@@ -259,8 +259,8 @@ class WorkerSupervisor:
 
     def _spawn(self, worker: WorkerRecord) -> None:
         """Start an incarnation; any failure (EMFILE, ENOMEM, a missing python) is a death
-        with backoff, never an exception out of the loop thread (issue 15 #5: a raise here
-        once killed the supervisor, and with it every later turn and request timeout)."""
+        with backoff, never an exception out of the loop thread (a raise here
+        would kill the supervisor, and with it every later turn and request timeout)."""
         try:
             self._spawn_once(worker)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any spawn failure

@@ -1,4 +1,4 @@
-"""The supervisor's hung-worker judgement (issue 14 §6): a worker silent past the link's limit
+"""The supervisor's hung-worker judgement: a worker silent past the link's limit
 is dead only when its process makes no CPU progress over a whole window, or once it has been
 silent past `BUSY_SILENCE_LIMIT_S`; a silent worker that keeps running is busy (its heartbeat
 thread starved: 200 app-servers starting at once, a C call holding the GIL) and is kept."""
@@ -13,7 +13,7 @@ from transport.worker_link import SILENCE_LIMIT_S
 BUSY_SILENCE_LIMIT_S = 60.0
 """A silent worker whose process keeps using CPU is busy, not hung (its heartbeat thread is
 starved: 200 app-servers starting at once, a C call holding the GIL). It is killed only after
-this much silence, or sooner once its CPU time stops advancing (issue 14 §6)."""
+this much silence, or sooner once its CPU time stops advancing."""
 CPU_WINDOW_S = 2.0  # no CPU progress for this long while silent: hung
 
 

@@ -55,7 +55,7 @@ DRIVER_MODULES: dict[str, str] = {
 
 _PR_SET_PDEATHSIG = 1
 
-# Lanes (issue 15 #7): a call that may block for long (spawning an app-server, a fork, an
+# Lanes: a call that may block for long (spawning an app-server, a fork, an
 # attestation) runs on the `slow` lane, so 64 of them cannot delay a warm Session's turn or
 # an interrupt, which run on the `fast` lane; stopping runtimes has a lane of its own, so
 # evictions under the runtime bound never wait behind either.
@@ -141,7 +141,7 @@ class WorkerServer:
             "debug.emit": self._emit_events,
         }
 
-    # -- the runtime generation (issue 20): re-attest only a runtime that changed ----------------
+    # -- the runtime generation: re-attest only a runtime that changed ---------------------------
 
     def runtime_generation(self, agent_session_id: str, home: str) -> str | None:
         """The generation of the Session's live runtime in this worker: this worker process's
@@ -173,7 +173,7 @@ class WorkerServer:
 
     def _liveness(self, agent_session_id: str, home: str) -> dict[str, Any]:
         """What lets the host reuse a stamped runtime for the next fork without another
-        `session.start` (issue 20): the pid of the process that is the runtime (the host sees
+        `session.start`: the pid of the process that is the runtime (the host sees
         its death without a round trip) and how long the driver keeps an idle runtime (the
         host's reuse window stays well inside it). A driver without the hooks gives neither;
         the worker still refuses a fork whose generation is no longer the live one."""
@@ -204,7 +204,7 @@ class WorkerServer:
 
     def _start_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A Turn the host sends to the warm runtime it last prepared, without `session.start`,
-        names that runtime's generation (issue 20 rows 5-6): it is handed to the driver only
+        names that runtime's generation: it is handed to the driver only
         while that runtime is still the live one; otherwise it is refused (`RuntimeChanged`)
         before the provider sees anything, and the host prepares the runtime and sends it
         again. (A runtime that dies after this check is respawned by the driver, as it would
@@ -250,8 +250,8 @@ class WorkerServer:
         submits. `ThreadPoolExecutor.submit` takes a lock that every `fork()` in the process
         also takes (concurrent.futures registers it as an at-fork hook) and may wait for a new
         thread to start: with dozens of app-servers being spawned, a submit on the link thread
-        waited for seconds, the heartbeats stopped, and the supervisor killed a worker that
-        was merely busy (issue 14 §6, measured at 200 Sessions)."""
+        waits for seconds, the heartbeats stop, and the supervisor kills a worker that is
+        merely busy (measured at 200 Sessions)."""
         self._inbox.put(msg)
 
     def _dispatch_loop(self) -> None:

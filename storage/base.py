@@ -51,8 +51,8 @@ from storage.write_group import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_CONNECTIONS = 16
-"""Connections one store opens at most, however many threads or Sessions use it (issue 15 #5:
-one connection per Session actor exhausted a 1,024 file-descriptor limit at ~500 Sessions)."""
+"""Connections one store opens at most, however many threads or Sessions use it
+(one connection per Session actor would exhaust a 1,024 file-descriptor limit at ~500 Sessions)."""
 LEASE_TIMEOUT_S = 30.0
 """How long a caller waits for a free connection before a retryable 503 `store_busy`."""
 WRITER_CACHE_KIB = 8192
@@ -91,7 +91,7 @@ class StoreBase:
         self._max_connections = max(1, int(max_connections))
         self._pool = threading.Condition(threading.Lock())
         self._idle: list[apsw.Connection] = []
-        # One writer (issue 20 "one writer, no busy-handler sleeps"): every write runs on one
+        # One writer, no busy-handler sleeps: every write runs on one
         # connection, one caller at a time (the baton below), instead of several connections
         # polling SQLite's write lock with backoff sleeps of up to 100 ms; the busy handler is
         # left for other processes. Group commit: a writer that finds others queued behind it
@@ -270,7 +270,7 @@ class StoreBase:
             # every queued writer waiting (a tail of the mutation p99). The hook only signals;
             # a background thread checkpoints on its own connection (PASSIVE: no write lock).
             conn.set_wal_hook(self._wal_grew)
-            # Big forks' commits fit in the writer's cache (issue 20 row 10; docs/design/store.md).
+            # Big forks' commits fit in the writer's cache (docs/design/store.md).
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             self._writer_conn = conn
         return self._writer_conn
@@ -433,7 +433,7 @@ class StoreBase:
     @contextmanager
     def write_batch(self) -> Iterator[None]:
         """Several writes of this thread as one member of the group: one baton turn and one
-        COMMIT for all of them (issue 20: a Turn's queued writes land together).
+        COMMIT for all of them, so a Turn's queued writes land together.
 
         Each `_write` inside the block is a nested savepoint of the batch's own: one that
         raises rolls back alone (the caller sees its error and may go on with the next), the

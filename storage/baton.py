@@ -1,5 +1,5 @@
 """The writer baton: one writer at a time on the store's one writer connection, handed on
-first come, first served (issue 20 "one writer, no busy-handler sleeps")."""
+first come, first served: one writer, no busy-handler sleeps."""
 
 from __future__ import annotations
 

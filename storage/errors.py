@@ -1,4 +1,4 @@
-"""Re-export of `domain.errors`, so the store's own imports keep working. New code outside
+"""Re-export of `domain.errors` for the store's own imports. New code outside
 `storage/` imports `domain.errors` directly (transport, drivers and the client never import
 `storage`: an import-linter contract in `make lint`)."""
 

@@ -95,7 +95,7 @@ class ForkCommit(StoreBase):
         tx.emit(ForkOperationChanged(ws, op_id))
         tx.emit(SessionChanged(ws, plan.session.session_id))
         tx.emit(SessionChanged(ws, r[4]))
-        # The row as written, projected from the plan just built from the snapshot (issue 20):
+        # The row as written, projected from the plan just built from the snapshot:
         # the same Session and lineage `committed_projection` rebuilds on a read (law 4),
         # without reading and re-hashing the snapshot a second time in this transaction.
         # Readers of this operation (its ACK first) find the projection without decoding the
@@ -209,7 +209,7 @@ class ForkCommit(StoreBase):
                 lin.forked_at_ms,
             ),
         )
-        # No event per cloned Turn (issue 20): the child is new, so no client holds any of its
+        # No event per cloned Turn: the child is new, so no client holds any of its
         # Turns; `_commit_in`'s `SessionChanged` for it announces the whole child (a client
-        # reads its Turns with `session.timeline`). A 1,000-Turn fork used to publish 1,000
-        # `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
+        # reads its Turns with `session.timeline`). With one, a 1,000-Turn fork would publish
+        # 1,000 `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.

@@ -1,4 +1,4 @@
-"""Fork points beyond `throughTurn` (issue 21 §2, seed 000 §11): `latestSettled`, the whole
+"""Fork points beyond `throughTurn` (seed 000 §11): `latestSettled`, the whole
 Session as it stands, resolved to a concrete settled Turn inside the prepare transaction and
 frozen on the operation (`source_turn_id`), so a replay after new Turns returns the same
 original boundary.

@@ -229,7 +229,7 @@ class ForkPrepare(StoreBase):
             )
             tx.emit(ForkOperationChanged(ws, op_id))
             tx.emit(SessionChanged(ws, req.source_session_id))
-            # The snapshot's own frozen bindings ride along (issue 20): the saga dispatches
+            # The snapshot's own frozen bindings ride along: the saga dispatches
             # and verifies from them, without re-reading the source timeline.
             frozen = tuple(
                 (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns

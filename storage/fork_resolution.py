@@ -1,4 +1,4 @@
-"""The durable side of `fork.resolve` (issue 21 §1): settle an `unknown` fork operation with
+"""The durable side of `fork.resolve`: settle an `unknown` fork operation with
 evidence — adopt its one verified provider child, or abandon it.
 
 One `fork_resolutions` row per operation records the winning request (`requestId`), its action

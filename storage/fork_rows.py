@@ -68,8 +68,8 @@ def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOpe
 
 
 PROJECTION_CACHE_SIZE = 4096
-"""Committed operations whose child projection is kept in memory (issue 20: a `fork.get` of a
-committed operation no longer re-reads, re-hashes and re-parses its snapshot every time)."""
+"""Committed operations whose child projection is kept in memory, so a `fork.get` of a
+committed operation does not re-read, re-hash and re-parse its snapshot every time."""
 
 
 class _ProjectionCache:

@@ -2,7 +2,7 @@
 commit and the committed projection read only it (and the operation row), never the live source.
 The documents this process froze are kept by hash for its own commit.
 
-Version 3 (issue 20 row 10) stores the document as MessagePack bytes (a BLOB): a 1,000-Turn /
+Version 3 stores the document as MessagePack bytes (a BLOB): a 1,000-Turn /
 10,000-Message snapshot packs in a fraction of the CPU its canonical JSON encode took
 (docs/performance.md §18). Version 2 was canonical JSON text (sorted keys, no whitespace) with each
 Message a compact array in `MESSAGE_FIELDS` order, version 1 the same with Messages as objects.
@@ -34,8 +34,8 @@ SNAPSHOT_VERSION = 3
 # The version of the JSON text form: what builds before MessagePack froze, and what this one
 # freezes for a document MessagePack cannot hold.
 JSON_VERSION = 2
-# The versions `load_snapshot` reads: 1 (Messages as objects) is what builds before issue 20
-# froze, 2 what builds before MessagePack froze; their operations may still be committed or read.
+# The versions `load_snapshot` reads: 1 (Messages as objects) and 2 (canonical JSON) are still
+# found in stores written by older builds; their operations may still be committed or read.
 READABLE_VERSIONS = (1, 2, 3)
 
 Frozen = str | bytes
@@ -208,7 +208,7 @@ def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
 
 
 def _upgrade_v1(document: dict[str, Any]) -> dict[str, Any]:
-    """A v1 document (Messages as objects, stored by a build before issue 20) in the v2 shape
+    """A v1 document (Messages as objects, stored by an older build) in the v2 shape
     the child is built from. Only the in-memory form changes: the stored bytes and their hash
     stay as frozen, and the child built from either shape is the same."""
     try:

@@ -36,7 +36,7 @@ class ForkTransitions(StoreBase):
         release: bool = False,
     ) -> tuple[ForkOperation, bool]:
         """`values`: column → value, each column a `ForkOperation` field of the same name, so
-        the row written is returned as read plus what was written (issue 20: no re-read)."""
+        the row written is returned as read plus what was written, without a re-read."""
         sources = sources_of(to)  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
             op = load_op(tx.conn, ws, op_id, project=False)
@@ -113,7 +113,7 @@ class ForkTransitions(StoreBase):
                 )
             validate_evidence(op, evidence)
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
-            # The row as written (issue 20: no re-read): the columns record_accepted set, each
+            # The row as written, without a re-read: the columns record_accepted set, each
             # as a read decodes it (JSON round trip included).
             return replace(
                 op,
@@ -127,7 +127,7 @@ class ForkTransitions(StoreBase):
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
         with self._write(ws) as tx:
-            # One read of the row (issue 20): the answer is it, projected, plus the time set.
+            # One read of the row: the answer is it, projected, plus the time set.
             r = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND operation_id = ?",

@@ -50,7 +50,7 @@ class HistoryStore(StoreBase):
     @contextmanager
     def read_snapshot(self) -> Iterator[None]:
         """Every read this thread makes inside the block in one read transaction, on one
-        connection (issue 20 rows 5-7: the events publisher's batch). A read transaction that
+        connection (the events publisher's batch). A read transaction that
         begins after any COMMIT of another connection starts with an empty page cache (WAL:
         the cache is dropped whenever the database changed), so reads done one by one each
         load their pages again; inside one snapshot they load them once. Not inside a write;
@@ -134,7 +134,7 @@ class HistoryStore(StoreBase):
                 TurnChanged(ws, sid, turn_id) if turn_id is not None else SessionChanged(ws, sid)
             )
             # The row as just inserted, built here instead of read back inside the writer's
-            # baton (issue 20 rows 5-7; `test_store_canonical` pins it equal to a fresh read).
+            # baton (`test_store_canonical` pins it equal to a fresh read).
             return Message(
                 message_id, turn_id, kind, text, loads(payload_json), 1, position
             )  # fmt: skip
@@ -258,7 +258,7 @@ class HistoryStore(StoreBase):
         self, ws: str, sid: str, turn_id: str, seen: Sequence[tuple[int, int]] | None
     ) -> TurnTail:
         """An active Turn read from its first Message added or changed since `seen`; the whole
-        Turn when `seen` is None or the Turn is settled (issue 15 #6: the events publisher).
+        Turn when `seen` is None or the Turn is settled (for the events publisher).
 
         `seen[i]` = (position, running total of the versions of Messages 0..i) of the Turn's
         Messages as last read. A Message keeps its position for life and its version only

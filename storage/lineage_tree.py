@@ -1,4 +1,4 @@
-"""The fork tree of a Session (issue 21 §3): its ancestors up to the root and its descendants
+"""The fork tree of a Session: its ancestors up to the root and its descendants
 from committed fork operations, read from durable rows only.
 
 Ancestors follow `fork_lineage` upwards; a soft-deleted ancestor keeps its lineage row, so it

@@ -63,7 +63,7 @@ class ForkPointKind(StrEnum):
     """
 
     THROUGH_TURN = "through_turn"
-    # The whole Session: its newest settled Turn, resolved and frozen at prepare (issue 21).
+    # The whole Session: its newest settled Turn, resolved and frozen at prepare.
     LATEST_SETTLED = "latest_settled"
 
 
@@ -253,7 +253,7 @@ class ForkOperation:
     lineage: Lineage | None
     # The frozen child title, so the saga can pass it to the provider (seed 000 §7).
     target_title: str = ""
-    # Issue 20: (canonical Turn id, provider binding JSON) of each Turn of the frozen prefix,
+    # (canonical Turn id, provider binding JSON) of each Turn of the frozen prefix,
     # lined up with `source_provider_turn_ids` — the snapshot's own values, handed back by
     # `prepare_fork` (None on every other read) so the saga dispatches without re-reading the
     # source timeline. Not part of the operation's identity.

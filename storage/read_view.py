@@ -1,4 +1,4 @@
-"""Point reads of committed state on a connection of their own (issue 20, the read path).
+"""Point reads of committed state on a connection of their own: the read path.
 
 The daemon answers `session.get` and `fork.get` on the transport thread with one of these
 instead of leasing a pooled connection on a reader thread: no thread hop, no pool lock, and
@@ -70,7 +70,7 @@ class ReadView:
 
     def session_exists(self, ws: str, sid: str) -> bool:
         """Whether the live (not deleted) Session exists — `get_session` without building
-        the Session: what routing a request to its Session actor needs (issue 20)."""
+        the Session: what routing a request to its Session actor needs."""
         row = (
             self._connection()
             .execute(

@@ -25,11 +25,11 @@ def _lineage_column(column: str) -> str:
 
 # The lineage columns are scalar subqueries on fork_lineage's primary key (at most one row),
 # not a LEFT JOIN: the same values, but SQLite ran the join ~7x slower per point read
-# (issue 20: 110 vs 15 µs of CPU for one `session.get` on a 2,000-Session store).
+# (110 vs 15 µs of CPU for one `session.get` on a 2,000-Session store).
 # The active Turn is looked up by `turns_by_phase` (the Session's active Turns: at most one),
 # sorted by `+t.sequence`: with a plain `t.sequence` SQLite walked the (session, sequence)
-# index to skip the sort, reading every Turn the Session ever had (issue 20 rows 5-7: 70 µs
-# of CPU per Session read at 300 Turns, 250 µs at 1,500; now ~18 µs at any size).
+# index to skip the sort, reading every Turn the Session ever had (70 µs
+# of CPU per Session read at 300 Turns, 250 µs at 1,500; ~18 µs at any size with `+`).
 SESSION_SELECT = f"""
 SELECT s.workspace_id, s.session_id, s.kind, s.provider, s.provider_session_id, s.title, s.cwd,
        s.settings_json, s.runtime_context_json, s.model, s.pinned, s.deleted, s.goal,

@@ -15,7 +15,7 @@ import apsw
 
 from storage.errors import SchemaTooNew
 
-# v1: canonical entities (issue 2 item 2). Never edit a released migration: add a new one.
+# v1: canonical entities. Never edit a released migration: add a new one.
 _V1 = """
 CREATE TABLE workspaces (
     workspace_id   TEXT PRIMARY KEY,
@@ -147,7 +147,7 @@ CREATE TABLE submit_claims (
 CREATE INDEX submit_claims_active ON submit_claims (workspace_id, session_id, status);
 """
 
-# v2: the fork contract (issue 3). The operation row *is* the source fence (law 3).
+# v2: the fork contract. The operation row *is* the source fence (law 3).
 _V2 = """
 CREATE TABLE fork_operations (
     op_seq                       INTEGER PRIMARY KEY,  -- stable recovery cursor
@@ -221,7 +221,7 @@ CREATE INDEX session_reservations_by_operation ON session_reservations (workspac
 
 
 def _v4(conn: apsw.Connection) -> None:
-    """v4 (issue 21): the terminal status `abandoned` and the durable `fork.resolve` record.
+    """v4: the terminal status `abandoned` and the durable `fork.resolve` record.
 
     SQLite cannot ALTER a CHECK; widening one changes no stored row, so the documented
     writable_schema edit (with a schema_version bump so every connection reloads) is safe."""
@@ -258,7 +258,7 @@ CREATE TABLE fork_resolutions (
 CREATE INDEX fork_resolutions_by_state ON fork_resolutions (state);
 """
 
-# v5 (issue 20): the frozen snapshot in a table of its own, one row per operation written once
+# v5: the frozen snapshot in a table of its own, one row per operation written once
 # at prepare and only read after. On the operation row, every status UPDATE (dispatching,
 # provider_accepted, committed, the ACK) rewrote the whole row: a 1,000-Turn snapshot is
 # ~2.5 MB, so each transition put 2.5 MB into the WAL and through its fsync. Existing rows move
@@ -274,7 +274,7 @@ INSERT INTO fork_snapshots (op_seq, snapshot_json)
 ALTER TABLE fork_operations DROP COLUMN snapshot_json;
 """
 
-# v6 (issue 20 rows 5-7): the settled, completed Turns no provider binding was recorded for
+# v6: the settled, completed Turns no provider binding was recorded for
 # (`TurnStore.turns_missing_binding`, asked after every runtime start, so once per Turn). With
 # only `turns_by_phase` SQLite read every settled Turn of the Session to find none (0.15 ms of
 # CPU per Turn at 300 Turns, 1 ms at 1,500); this partial index holds only those rows.
@@ -283,7 +283,7 @@ CREATE INDEX turns_unbound ON turns (workspace_id, session_id, sequence)
     WHERE phase = 'settled' AND outcome = 'completed' AND root_provider_turn_id IS NULL;
 """
 
-# v7 (issue 20 row 10): `messages` keyed by an integer per Session instead of its two text ids.
+# v7: `messages` keyed by an integer per Session instead of its two text ids.
 # Each of the table's three keys (by id, by position, by Turn) repeated the workspace and Session
 # ids (a Session id alone is 36 characters) in every entry, compared on every insert; a fork's
 # 10,000-Message child is the table's largest write. `session_keys` gives every Session a

@@ -60,8 +60,8 @@ def require_live_session(
 ) -> None:
     """`require_session` when the caller needs only to know the Session exists and is not
     deleted (or, `include_deleted`, exists at all): one primary-key lookup, without the
-    lineage, active-Turn and JSON work of a whole Session (issue 20: every write checked this
-    inside the writer's baton)."""
+    lineage, active-Turn and JSON work of a whole Session (every write checks this inside the
+    writer's baton)."""
     row = conn.execute(
         "SELECT deleted FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, sid)
     ).fetchone()

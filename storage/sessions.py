@@ -126,8 +126,8 @@ class SessionStore(StoreBase):
 
     def provider_of(self, ws: str, sid: str) -> str:
         """The provider of a Session that exists or existed (deleted ones too): read once,
-        then from memory (issue 20 rows 5-7: every Turn event the publisher projects, and
-        every `turn.submit` reply, read it). A caller that must refuse a deleted Session
+        then from memory (every Turn event the publisher projects, and every `turn.submit`
+        reply, reads it). A caller that must refuse a deleted Session
         checks that itself, as its read of the Session's rows does. `SessionNotFound` for an
         id no Session ever had."""
         key = (ws, sid)
@@ -233,8 +233,8 @@ class SessionStore(StoreBase):
         """Soft delete: the id stays taken, history stays for committed fork projections."""
         with self._write(ws, fence=sid) as tx:
             require_live_session(tx.conn, ws, sid)
-            # A Turn still running would never settle once its Session is gone (issue 15
-            # defect 9): interrupt it first.
+            # A Turn still running would never settle once its Session is gone:
+            # interrupt it first.
             active = tx.one(
                 "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
                 " AND phase = 'active' LIMIT 1",

@@ -79,8 +79,8 @@ class TurnStore(StoreBase):
             )
             tx.emit(TurnChanged(ws, sid, turn_id))
             touch(tx, ws, sid)
-            # The Turn as just inserted, built here instead of read back (issue 20: the
-            # read-back and its hydration ran inside the writer's baton on every submit);
+            # The Turn as just inserted, built here instead of read back (a
+            # read-back and its hydration would run inside the writer's baton on every submit);
             # `test_store_canonical` pins it equal to a fresh read.
             user = Message(message_id, turn_id, "user", text, {}, 1, position)
             turn = Turn(
@@ -113,7 +113,7 @@ class TurnStore(StoreBase):
     ) -> None:
         """`bind_provider_turn` for a caller that needs nothing back (the Session actor): the
         same write and event, without reading the whole Turn back inside the writer's baton
-        (issue 20 rows 5-7: its Messages and Interactions were hydrated and dropped)."""
+        (its Messages and Interactions would be hydrated only to be dropped)."""
         require_text("rootProviderTurnId", root_provider_turn_id)
         with self._write(ws, fence=sid) as tx:
             _bind(tx, ws, sid, turn_id, root_provider_turn_id, binding_json)

@@ -1,6 +1,6 @@
 """One thread's batch of writes (`StoreBase.write_batch`): each write a nested savepoint of
 the batch's one group member, its events handed to the batch and published after the COMMIT
-that holds them all (issue 20: a Session actor's queued Turn writes land together)."""
+that holds them all, so a Session actor's queued Turn writes land together."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Group commit's bookkeeping for `storage.base`: the open group, the write counters tests pin,
-and the optional per-write timings (issue 20). No SQL here; `StoreBase._write` drives them."""
+and the optional per-write timings. No SQL here; `StoreBase._write` drives them."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ CHECKPOINT_PAGES = 1000
 size SQLite's own auto-checkpoint uses; it would run inside the COMMIT that crossed it)."""
 TIMING_ENV = "AGENTHOST_STORE_TIMING"
 """When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
-summary per store method is written there as JSON at `close()` (issue 20 measurements)."""
+summary per store method is written there as JSON at `close()` (docs/performance.md)."""
 
 
 class WriteGroup:

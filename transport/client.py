@@ -297,7 +297,7 @@ class EventSubscriber:
     that are not delivered.
 
     `exact=True` is for the daemon's terminated-topic endpoint (`eventsExact` in the ready
-    line and the connection file, issue 15 #9), whose topic frame is `workspaceId + "\0"`:
+    line and the connection file), whose topic frame is `workspaceId + "\0"`:
     the subscription is `ws + "\0"`, so ZeroMQ itself never delivers another workspace whose
     id merely starts with `ws`. Either way only the subscribed workspaces are kept, and the
     topic handed on is the bare workspace id (the NUL stripped).

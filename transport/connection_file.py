@@ -1,4 +1,4 @@
-"""The connection file a client uses to reach a daemon over TCP (issue 14 §2; docs/user-guide.md
+"""The connection file a client uses to reach a daemon over TCP (docs/user-guide.md
 "Remote access with the connection file"): the daemon's endpoints and the CURVE keys to get in.
 
 The daemon writes them (`run/connection.json`, and `agenthost keys add`: `agenthost.keys`);
@@ -37,7 +37,7 @@ class Connection:
     events: str | None
     curve: ClientCurve
     events_exact: str | None = None
-    """The terminated-topic events endpoint (`eventsExact`, issue 15 #9), when advertised."""
+    """The terminated-topic events endpoint (`eventsExact`), when advertised."""
 
 
 def _read_private(path: Path) -> str:

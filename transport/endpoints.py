@@ -46,7 +46,7 @@ class Binder:
         if path is not None:
             prepare_ipc_path(path)
         if self._curve is None and needs_curve(endpoint) and not is_loopback(endpoint):
-            # `allow_remote` is only ever honoured behind CURVE (issue 14 §2).
+            # `allow_remote` is only ever honoured behind CURVE.
             raise InsecureEndpoint(f"{endpoint}: a non-loopback endpoint needs CURVE keys")
         configure_bind(sock, endpoint, self._curve)
         sock.bind(endpoint)

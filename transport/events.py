@@ -1,5 +1,5 @@
 """The events side of the API server: the PUB sockets (one with bare workspace topics, an
-optional second one with terminated topics `workspaceId + "\\0"`, issue 15 #9) and who is
+optional second one with terminated topics `workspaceId + "\\0"`) and who is
 subscribed to what.
 
 They are XPUB sockets: publishing is exactly PUB's (prefix filtering by ZeroMQ, `_EVENTS_HWM`
@@ -8,7 +8,7 @@ verbose mode ZeroMQ reports a topic's first subscriber and its last unsubscripti
 disconnecting subscriber's subscriptions are dropped for it), so the set of topics read from
 them is "some connected client wants this prefix". `wants(topic)` answers from that set, from
 any thread, and the daemon's publisher skips the store reads and projection of an event no
-one would receive (issue 20). A subscription that reaches the daemon after an event was
+one would receive. A subscription that reaches the daemon after an event was
 skipped misses it, as it would miss it on a plain PUB (ZeroMQ's slow joiner).
 """
 
@@ -28,8 +28,8 @@ log = logging.getLogger("transport.server")
 EVENTS_HWM = 1000
 """Events queued per subscriber that does not read (PUB drops beyond it; a reading one keeps
 up with bursts of hundreds): with events capped at `MAX_EVENT_BYTES` a subscriber that never
-reads holds at most 1000 × 256 KiB of the daemon, typically far less (issue 15 #6: 100,000
-whole-Turn events took a daemon past 1 GB)."""
+reads holds at most 1000 × 256 KiB of the daemon, typically far less (100,000 whole-Turn
+events, unbounded, would take a daemon past 1 GB)."""
 MAX_EVENT_BYTES = 256 << 10
 
 _SUBSCRIBE = 1

@@ -1,4 +1,4 @@
-"""ZeroMQ CURVE security for the network endpoints (issue 14 §2).
+"""ZeroMQ CURVE security for the network endpoints.
 
 Everything here is libzmq's own CURVE (CurveZMQ) and pyzmq's `zmq.auth` ZAP handler; this
 module only decides which endpoints need it and carries the keys. An ipc endpoint keeps the

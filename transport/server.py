@@ -109,8 +109,8 @@ class ApiServer:
         non-ipc endpoint (API or events) is a CURVE server behind a ZAP handler.
 
         `events_exact_endpoint` (and `events_exact_listen`): the endpoints of a second PUB
-        socket carrying the same events under a *terminated* topic, `workspaceId + "\0"`
-        (issue 15 #9): a subscription to `team\0` cannot prefix-match `team-secret\0`. None
+        socket carrying the same events under a *terminated* topic, `workspaceId + "\0"`:
+        a subscription to `team\0` cannot prefix-match `team-secret\0`. None
         and empty: no second socket.
 
         `connection_limits`: what the listeners may hold (`transport.connections`); None:
@@ -413,8 +413,8 @@ class ApiServer:
         # Bounded batch so replies from the pipe are not starved by a flood of requests.
         # Every request ready is taken in this one wakeup. The frames are read as zero-copy
         # Frames whose `more` ends the message, with an int flag, not `recv_multipart` (its
-        # per-frame Python, RCVMORE getsockopt and flag enums were a measurable part of a point
-        # read, issue 20); a message's frames arrive together, so none is waited for.
+        # per-frame Python, RCVMORE getsockopt and flag enums are a measurable part of a point
+        # read); a message's frames arrive together, so none is waited for.
         router = self._router
         assert router is not None
         recv = router.recv

@@ -167,8 +167,8 @@ class ForkService:
     def fork(self, source_thread_id: str, options: ForkOptions) -> ForkResult:
         """Prepare and materialize in the calling thread, holding the reservation until
         materialization ends. A caller that waits for the result cannot abandon it, so the
-        detached thread of `fork_async` buys it nothing (issue 20: starting one per fork, and
-        handing the interpreter lock to it and back, cost the app-server's request loop
+        detached thread of `fork_async` buys it nothing (starting one per fork, and
+        handing the interpreter lock to it and back, costs the app-server's request loop
         milliseconds per fork on a loaded machine)."""
         prepared = self.prepare(source_thread_id, options.boundary)
         try:
@@ -254,7 +254,7 @@ class ForkService:
             # settings and boundary items are written here.
             lines = [settings_item, *appended]
         # The whole child in one write and one fsync (plus its directory's), not one fsync
-        # per line: it is durable before the response either way (issue 20). A failed
+        # per line: it is durable before the response either way. A failed
         # creation leaves no file.
         try:
             writer, written = self.store.create_rollout_lines(

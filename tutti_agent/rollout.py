@@ -6,8 +6,8 @@ last line left by a killed process is ignored; any other bad line is corruption)
 
 A new rollout whose first lines are all known up front (a fork child, a new thread's
 `session_meta`) is created with `RolloutWriter.create`: every line in one buffered write, one
-fsync of the file, then one fsync of each directory whose entries changed (issue 20: a forked
-10-turn child used to cost ~60 fsyncs, one per line)."""
+fsync of the file, then one fsync of each directory whose entries changed (a forked 10-turn
+child written line by line would cost ~60 fsyncs)."""
 
 from __future__ import annotations
 
@@ -65,8 +65,8 @@ class RolloutLine:
         )
 
 
-# One encoder for every line (`json.dumps` with options builds a new one per call: issue 20,
-# a forked child encodes every line of its prefix).
+# One encoder for every line (`json.dumps` with options builds a new one per call,
+# and a forked child encodes every line of its prefix).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -100,8 +100,8 @@ def find_rollout_path(home: Path, thread_id: str) -> Path | None:
 
     The same files as `iter_rollout_paths` (`sessions/*/*/*/rollout-*.jsonl`, first in sorted
     order wins), listed with `os.scandir` and matched on the name's end before any `Path` is
-    built (issue 20: a source home holds every child it ever forked, and a glob per lookup
-    compiled a pattern and built a `Path` per rollout)."""
+    built (a source home holds every child it ever forked, and a glob per lookup
+    would compile a pattern and build a `Path` per rollout)."""
     suffix = f"{thread_id}.jsonl"
     level = [str(sessions_dir(home))]
     for _ in range(3):  # year, month, day
@@ -135,7 +135,7 @@ def read_rollout(path: Path) -> list[RolloutLine]:
 
     An all-ASCII file (the usual case) is decoded once and parsed line by line from the text,
     its character offsets being its byte offsets; any other file line by line from the bytes.
-    Same lines, same offsets, same errors either way (issue 20: a fork reads its child back
+    Same lines, same offsets, same errors either way (a fork reads its child back
     on both sides of the worker pipe)."""
     data = path.read_bytes()
     if data.isascii():

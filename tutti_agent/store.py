@@ -171,7 +171,7 @@ PARSED_ROLLOUTS_CACHED = 32
 class ThreadStore:
     """All rollouts under one `TUTTI_AGENT_HOME`; safe to share between threads.
 
-    Two caches spare a warm app-server work that repeats on every request (issue 20): where
+    Two caches spare a warm app-server work that repeats on every request: where
     a thread's rollout lives (checked to still be a file before use, else looked up again),
     and the parsed lines of recently read rollouts, reused only while the file's identity,
     size and modification time are unchanged (rollouts only grow, and every write changes
@@ -285,7 +285,7 @@ class ThreadStore:
         """The history of a rollout this store just created (`create_rollout`) from the lines
         it wrote, with the same checks as `load` — identity, history_base, ordinals, the
         parent's boundary offset — but without reading back and re-parsing the file it just
-        fsynced (issue 20: a fork used to read its whole child again). `parent`: the history a
+        fsynced (a fork would otherwise read its whole child again). `parent`: the history a
         Referenced child's history_base points into (the fork's frozen source), else None.
         The parse is remembered as the file's, so a later read of the unchanged file reuses it."""
         key = _file_key(path)

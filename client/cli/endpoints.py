@@ -55,7 +55,7 @@ def events_endpoint(args: argparse.Namespace) -> str | None:
 
 def events_source(args: argparse.Namespace) -> tuple[str | None, bool]:
     """(endpoint, exact): the events endpoint to subscribe to (None: none) and whether it is
-    the terminated-topic one (`eventsExact`, issue 15 #9), preferred wherever the daemon
+    the terminated-topic one (`eventsExact`), preferred wherever the daemon
     advertises it — its connection file's `eventsExact`, or the home's `events-exact.sock` —
     unless `--events` names an endpoint."""
     if not args.events:

@@ -1,6 +1,6 @@
 """The fork mutation: the Fork click (`fork`, `fork_latest`) with its identities (new after a
 confirmed outcome, reused after `unknown`, nothing sent while in flight), `fork.create` with
-its deadline and reply, and `resolve` of an `unknown` operation (`fork.resolve`, issue 21 §1).
+its deadline and reply, and `resolve` of an `unknown` operation (`fork.resolve`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class ForkRequests(Reconciliation):
         return self._fork(source_session_id, turn_id, THROUGH_TURN)
 
     def fork_latest(self, source_session_id: str) -> ForkMutation:
-        """The Session-level Fork ("from where we are now", issue 21 §2): `fork.create` with
+        """The Session-level Fork ("from where we are now"): `fork.create` with
         `point: {type: "latestSettled"}`. The same record, identities, replay, reconciliation and
         ACK rules as `fork`, on the boundary key `(source, LATEST_SETTLED)`; the daemon resolves
         and freezes the Turn, and a replay of the same request returns that original boundary
@@ -110,7 +110,7 @@ class ForkRequests(Reconciliation):
         request_id: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """`fork.resolve` (issue 21 §1), blocking: `inspect`, `adopt` or `abandon` an `unknown`
+        """`fork.resolve`, blocking: `inspect`, `adopt` or `abandon` an `unknown`
         operation; returns `{operation, evidence}` or raises `ApiError`/`TimeoutError`.
 
         The result goes through the fork machinery: an adopted (committed) operation becomes

@@ -229,7 +229,7 @@ class Reconciliation(Acknowledgements):
         elif status == "committed":
             self._adopt_committed_locked(record, op.get("session"), op.get("lineage"))
         elif status in ("failed", "abandoned"):
-            # `abandoned` (fork.resolve, issue 21) frees the boundary exactly as `failed` does.
+            # `abandoned` (fork.resolve) frees the boundary exactly as `failed` does.
             slot.cancel_all()
             self._put_locked(
                 replace(

@@ -49,7 +49,7 @@ class ForkActions(SessionView):
         self._after_mutation(key)
         self.run_worker(self._refresh_actions_later())
 
-    # -- resolve an unknown fork (issue 21 §1) ------------------------------------------------
+    # -- resolve an unknown fork -------------------------------------------------------------
 
     def on_inspect_requested(self, message: InspectRequested) -> None:
         label = turn_label(self.turns, message.turn_id)

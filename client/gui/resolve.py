@@ -1,4 +1,4 @@
-"""The resolve dialog (issue 21 §1): for the `unknown` fork operation marked on a Turn, it
+"""The resolve dialog: for the `unknown` fork operation marked on a Turn, it
 inspects the evidence (`fork.resolve` action `inspect`), shows the verdict and every provider
 child in words, and offers Adopt (only when the verdict is `adoptable`) and Abandon.
 

@@ -1,6 +1,6 @@
 """The session list: every cached session as a tree in which each fork child sits under its
 source Session (seed 000 §8.4 lineage), rebuilt from the Engine's session cache; each fork shows
-its ordinal among its source's forks and a mark when an ancestor was deleted (issue 21 §3)."""
+its ordinal among its source's forks and a mark when an ancestor was deleted."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def session_label(
         # First, so a narrow list still shows it; the words follow the title.
         label.append("† ", style="bold yellow")
     if mark is not None and mark.ordinal is not None:
-        # Which of its source's forks this is (session.lineage's ordinal, issue 21 §3).
+        # Which of its source's forks this is (session.lineage's ordinal).
         label.append(f"#{mark.ordinal} ", style="bold")
     title = Text(str(session.get("title") or "Untitled"))
     short_id = f"  {str(session['agentSessionId'])[:8]}"
@@ -45,7 +45,7 @@ def session_label(
             title.truncate(fits, overflow="ellipsis")
     label.append_text(title)
     if source_deleted:
-        # A fork whose source is gone (issue 21): say so instead of passing for a root.
+        # A fork whose source is gone: say so instead of passing for a root.
         label.append("  ↳ from a deleted session", style="dim italic")
     elif gone:
         label.append("  ↳ an ancestor was deleted", style="dim italic")

@@ -105,7 +105,7 @@ class ButtonState:
 
 
 def fork_session_button(pending: bool, blocked: str | None) -> ButtonState:
-    """The shown Session-level Fork (`latestSettled`, issue 21 §2): disabled while its fork is
+    """The shown Session-level Fork (`latestSettled`): disabled while its fork is
     in flight or while the session is not quiet (the reason in the tooltip)."""
     if pending:
         tooltip = "A fork of this whole session is in progress"

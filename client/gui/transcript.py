@@ -1,5 +1,5 @@
 """The transcript of one session: a block per loaded Turn with its messages, its Fork
-action and, when a fork through it is `unknown`, a mark with Inspect (issue 21 §1); in a fork
+action and, when a fork through it is `unknown`, a mark with Inspect; in a fork
 child the "continued from <source title>" divider right after the boundary
 Turn (hidden while that Turn is not loaded, never moved to the end)."""
 
@@ -46,7 +46,7 @@ def unknown_row_id(turn_id: str) -> str:
 
 
 UnknownFor = Callable[[Mapping[str, Any]], "Mapping[str, Any] | None"]
-"""The `unknown` fork operation whose boundary is this Turn, or None (issue 21 §1)."""
+"""The `unknown` fork operation whose boundary is this Turn, or None."""
 
 
 def _no_unknown(_: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -205,7 +205,7 @@ class SessionView(App[int]):
         self._update_fork_session(session, blocked)
 
     def _update_fork_session(self, session: Mapping[str, Any] | None, blocked: str | None) -> None:
-        """The Session-level Fork (`latestSettled`, issue 21 §2): shown only when the Session's
+        """The Session-level Fork (`latestSettled`): shown only when the Session's
         `lifecycleCapabilities.fork` is true; disabled while its fork is in flight
         or while the session is not quiet (the reason in the tooltip)."""
         button = self._main.query_one(f"#{FORK_SESSION_ID}", Button)

@@ -236,12 +236,12 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
 
     def runtime_generation(self, agent_session_id: str, home: str) -> int | None:
         """The generation of the Session's live app-server on `home` (None: none is live, or
-        it serves another home); the worker stamps its attestations with it (issue 20)."""
+        it serves another home); the worker stamps its attestations with it."""
         runtime = self._live_runtime(agent_session_id, home)
         return None if runtime is None else runtime.generation
 
     def runtime_pid(self, agent_session_id: str, home: str) -> int | None:
-        """The pid of the Session's live app-server on `home` (issue 20: the host checks it is
+        """The pid of the Session's live app-server on `home` (the host checks it is
         alive before reusing that runtime for a fork without `session.start`)."""
         runtime = self._live_runtime(agent_session_id, home)
         return None if runtime is None else runtime.proc.pid
@@ -286,7 +286,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             return {}
         # A start or turn start in progress finishes first: otherwise the app-server it is
         # spawning is attached to a Session nobody holds any more and lives on, uncounted
-        # (the host's runtime bound was exceeded that way under load, issue 14 §6).
+        # (the host's runtime bound would be exceeded that way under load).
         with session.op_lock:
             runtime, session.runtime = session.runtime, None
         if runtime is not None:
@@ -335,7 +335,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
     def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """`session.history {agentSessionId}` → `{turns: [{providerTurnId, status, userText}]}`
         in the provider's order: what the host needs to re-bind a Turn whose provider binding
-        it never recorded (issue 15 defect 1), by order and content."""
+        it never recorded, by order and content."""
         session = self._session(params)
         with session.op_lock:
             runtime = self._ensure_runtime(session)

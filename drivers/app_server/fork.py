@@ -56,7 +56,7 @@ class ForkThroughTurn:
     fork_exclude_turns: ClassVar[bool] = False
     """Ask `thread/fork` for no turns and list the child's with `thread/turns/list` instead:
     one round trip more, but for Codex 0.171 a third less app-server CPU per fork than the
-    deprecated full hydration (issue 20, measured). tutti-agent gains nothing: it keeps the
+    deprecated full hydration (docs/performance.md). tutti-agent gains nothing: it keeps the
     one call."""
 
     def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
@@ -124,7 +124,7 @@ class ForkThroughTurn:
             self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        # Issue 20: the child's target directories are created and made durable while the
+        # The child's target directories are created and made durable while the
         # provider call runs; the binder waits for them (ready) and writes only the file.
         ahead_dir = self.child_rollout_dir(Path(request.target.home))
         ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
@@ -190,7 +190,7 @@ class ForkThroughTurn:
                 )
         # The source server loaded the child; release it so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
-        # awaited (issue 20: one round trip less per fork): the outcome is already decided and
+        # awaited (one round trip less per fork): the outcome is already decided and
         # a failed unsubscribe changes nothing of it; the pipe keeps it ahead of later calls.
         self._release(runtime, child_id)
         wire = receipt.to_wire()

@@ -17,7 +17,7 @@ from drivers.versions import GateResult
 SETTLED_TURN_IDS_KEPT = 16
 """Settled provider turn ids a Session's `turns` map keeps (oldest out first)."""
 
-# Runtime generations (issue 20): every app-server this worker process starts gets the next one.
+# Runtime generations: every app-server this worker process starts gets the next one.
 _GENERATIONS = itertools.count(1)
 
 
@@ -53,7 +53,7 @@ class PendingRequest:
 @dataclass(frozen=True, slots=True)
 class VerifiedTurns:
     """The thread's turns as one `thread/read` on `proc` showed them, `(id, status)` in order,
-    valid while the Session's `history_generation` is still `generation` (issue 20: a fork of
+    valid while the Session's `history_generation` is still `generation` (a fork of
     an unchanged source skips its re-read; any turn call or thread notification since then
     makes the next fork read again)."""
 

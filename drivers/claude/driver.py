@@ -82,7 +82,7 @@ class ClaudeDriver(Turns, ClaudeFork):
             "bindingMode": ProviderStateBindingMode.PROVIDER_OWNED.value,
             # Structural capability only (seed §7 Claude 3): the pinned SDK; never a transcript.
             "forkThroughTurn": sdk_version() == PINNED_SDK_VERSION,
-            # Full-Session fork (issue 21): the same checkpoint cut at the newest settled Turn.
+            # Full-Session fork: the same checkpoint cut at the newest settled Turn.
             "forkFullSession": sdk_version() == PINNED_SDK_VERSION,
             "binderAvailable": self._placement_available(),
         }
@@ -100,7 +100,7 @@ class ClaudeDriver(Turns, ClaudeFork):
         )
 
     def runtime_generation(self, agent_session_id: str, home: str) -> str | None:
-        """Issue 20: the SDK runs in this process, so what an attestation proves changes only
+        """The SDK runs in this process, so what an attestation proves changes only
         with the Claude Code CLI it launches: its identity (inode, size, mtime) is the
         generation; an absent or non-executable CLI has none (re-attested, and refused there)."""
         with self._sessions_lock:
@@ -186,7 +186,7 @@ class ClaudeDriver(Turns, ClaudeFork):
     def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """`session.history {agentSessionId}` → `{turns: [{providerTurnId, userText,
         bindingJson}]}` from the session's own transcript, in its order: what the host
-        re-binds a Turn whose binding it never recorded from (issue 15 defect 1)."""
+        re-binds a Turn whose binding it never recorded from."""
         session = self._session(required(params, "agentSessionId"))
         try:
             text = session.transcript.read_text(encoding="utf-8", errors="replace")

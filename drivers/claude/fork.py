@@ -156,7 +156,7 @@ class ClaudeFork:
         """Moves the child transcript from the source's config dir into the child's own home.
 
         fork_session writes next to the source; the child must resume from its own home alone.
-        Crash-durable, and a move, not a copy (issue 20): the SDK's file is fsynced where it
+        Crash-durable, and a move, not a copy: the SDK's file is fsynced where it
         was written (the SDK does not), renamed into the target home (one filesystem: no bytes
         read or written, and after a crash the file is in exactly one of the two places), the
         target's directory and the parent of each directory created for it fsynced, then the
@@ -187,7 +187,7 @@ class ClaudeFork:
             moved = False
         # The rename's commit makes both directories' entries durable on a journaling file
         # system; each is still fsynced, as POSIX asks, and the created ones' parents once —
-        # all together (issue 20: one journal commit, not one per directory in a row). After
+        # all together (one journal commit, not one per directory in a row). After
         # a move the source's directory joins them: its entry is gone by the same rename.
         durable: list[Path | str] = [dest.parent, *changed]
         fsync_dirs([*durable, written.parent] if moved else durable)

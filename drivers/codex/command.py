@@ -58,7 +58,7 @@ def native_behind_npm_shim(program: str) -> Path | None:
     `require.resolve` does — the package's own `node_modules`, then each enclosing
     `node_modules` — falling back to the package's own `vendor/` dir, and then `execve`s
     `vendor/<triple>/bin/codex` with the same arguments. Spawning that binary directly saves a
-    Node.js start per app-server (issue 20). The wrapper also exports `CODEX_MANAGED_BY_NPM` /
+    Node.js start per app-server. The wrapper also exports `CODEX_MANAGED_BY_NPM` /
     `CODEX_MANAGED_PACKAGE_ROOT`, which only `codex doctor` reads; they are not set here.
     """
     found = shutil.which(program) if os.sep not in program else program
