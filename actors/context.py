@@ -10,11 +10,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actors.checkpoints import TurnCheckpoints
 from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.runtime_slots import RuntimeSlots
 from actors.store_ports import ActorStore
 from domain.model_limits import ModelLimits
+from workspace.shadow import ShadowStore
 
 # The worker's own limits for a fork's steps other than the provider's fork call: reading the
 # source, listing the child's turns, binding, and proving the child readable (an app-server
@@ -106,6 +108,13 @@ class HostContext:
     runtime_slots: RuntimeSlots = field(default_factory=RuntimeSlots)
     # Called with (workspace_id, session_id, busy) so the host knows which actors may idle out.
     on_busy_change: Callable[[str, str, bool], None] | None = None
+    # The home's one shadow store of workspace checkpoints (`$AGENTHOST_HOME/checkpoints`,
+    # docs/design/workspace.md): what Turns capture into and a fork or a restore reads.
+    # None only where no daemon built one (in-process tests).
+    checkpoints: ShadowStore | None = None
+    # The captures at each Turn's start and end, over `checkpoints`; None when
+    # `[workspace] checkpoints = false` (each Turn is then recorded `unavailable: disabled`).
+    turn_checkpoints: TurnCheckpoints | None = None
 
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
         """`runtimes/<workspace>/<session>/<provider home>`; workspace ids are free text, so

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import pykka
 
+from actors.checkpoints import Capture
 from actors.context import HostContext
 from actors.messages import FollowUp, runtime_key
 from actors.pool import PooledActor
@@ -69,6 +70,14 @@ class TurnState:
     # Who interrupted it and why, once someone did: the provider's end of the Turn says only
     # that it was interrupted.
     interrupted_why: str | None = None
+    # Workspace checkpoints (actors/checkpoints.py): the directory captured, the `before`
+    # and `after` captures once answered, and what waits for `before` (the provider's start,
+    # the `after` capture) while it is taken.
+    cwd: str | None = None
+    before: Capture | None = None
+    after: Capture | None = None
+    before_pending: bool = False
+    after_before: list[Callable[[], None]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -122,6 +131,9 @@ class SessionActorBase(PooledActor):
         # its durable writes wait for that event's, and all land in one transaction.
         self._hold_durable = False
         self._retry_timer: TimerHandle | None = None
+        # `after` checkpoints being taken: the Turn's trailing writes wait for its settlement
+        # (which carries the checkpoint), so they still land as one transaction.
+        self._capture_holds = 0
         self._retry_delay = RETRY_FIRST_S
 
     # -- helpers used by the saga ----------------------------------------------------------

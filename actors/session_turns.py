@@ -8,6 +8,7 @@ inactivity watchdog, and settling the Turns a lost worker can never finish.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import deque
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
 from actors.provider_errors import runtime_changed
@@ -51,10 +53,16 @@ class TurnRunner(TurnWrites, SessionRuntime):
         self._turns[turn.turn_id] = state
         self._arm_watchdog(state, self.ctx.timeouts.turn_inactivity_s)
         session = self.session()
+        # The files as they were before the provider got the Turn (taken off this thread,
+        # alongside the runtime's preparation; the start waits for it, within its bound).
+        self._capture_before(state, session.cwd)
 
         started = time.monotonic()
 
         def _start(runtime: PreparedRuntime, warm: bool) -> None:
+            if state.before_pending:
+                state.after_before.append(lambda: None if state.settling else _start(runtime, warm))
+                return
             state.at_provider = True
             state.last_activity = time.monotonic()
             params: dict[str, Any] = {
@@ -160,7 +168,94 @@ class TurnRunner(TurnWrites, SessionRuntime):
         state.settling = True
         if state.watchdog is not None:
             state.watchdog.cancel()
-        self._enqueue(self._settle_item(state, outcome, error, then))
+        # The settlement carries the `after` checkpoint in its own transaction: a settled
+        # Turn is never seen (nor forked through) without it or its `unavailable` record.
+        self._capture_after(
+            state, lambda: self._enqueue(self._settle_item(state, outcome, error, then))
+        )
+
+    # -- workspace checkpoints ---------------------------------------------------------------
+
+    def _capture_before(self, state: TurnState, cwd: str) -> None:
+        checkpoints = self.ctx.turn_checkpoints
+        if checkpoints is None:
+            return
+        state.cwd = cwd
+        state.before_pending = True
+        fut = checkpoints.capture(cwd, self.sid, state.turn_id, "before")
+        bound = checkpoints.bound_s
+
+        def _answered(capture: Capture | None) -> None:
+            if not state.before_pending:
+                return  # the bound ran out first (or the capture answered first)
+            state.before_pending = False
+            timer.cancel()
+            # Kept here until the settlement writes the whole record (nothing forks through,
+            # diffs or restores a running Turn, and it saves the Turn a transaction).
+            state.before = capture or _timed_out(cwd, "before", bound)
+            waiting, state.after_before = state.after_before, []
+            for fn in waiting:
+                fn()
+
+        timer = self.after(bound, lambda: _answered(None))
+        self.later(fut, lambda f: _answered(f.result()))
+
+    def _capture_after(self, state: TurnState, then: Callable[[], None]) -> None:
+        """Capture the files as the Turn leaves them, then `then()` (within the bound)."""
+        checkpoints = self.ctx.turn_checkpoints
+        if checkpoints is None:
+            then()
+            return
+        checkpoints_ = checkpoints
+        self._capture_holds += 1
+
+        def _release() -> None:
+            self._capture_holds -= 1
+            then()
+            if not self._capture_holds and self._durable and self._retry_timer is None:
+                self._drain()
+
+        def _capture() -> None:
+            if state.cwd is None:
+                # A Turn this actor did not start (it idled out and came back): no `before`.
+                try:
+                    state.cwd = self.session().cwd
+                except HostError:
+                    _release()
+                    return
+            cwd = state.cwd
+            before = state.before.checkpoint if state.before is not None else None
+            tree = getattr(before, "tree", None)
+            fut = checkpoints_.capture(cwd, self.sid, state.turn_id, "after", tree)
+            bound = checkpoints_.bound_s
+            done = [False]
+
+            def _answered(capture: Capture | None) -> None:
+                if done[0]:
+                    return
+                done[0] = True
+                timer.cancel()
+                state.after = capture or _timed_out(cwd, "after", bound)
+                _release()
+
+            timer = self.after(bound, lambda: _answered(None))
+            self.later(fut, lambda f: _answered(f.result()))
+
+        if state.before_pending:
+            state.after_before.append(_capture)
+        else:
+            _capture()
+
+    def _checkpoint_json(self, state: TurnState) -> str:
+        """The record the settlement writes (actors/checkpoints.py `turn_record`)."""
+        if self.ctx.turn_checkpoints is None:
+            return json.dumps(
+                unavailable("disabled", "workspace checkpoints are off ([workspace] checkpoints)")
+            )
+        after = state.after or Capture.missing(
+            state.cwd or "", "not_captured", "the turn settled before its files were captured"
+        )
+        return json.dumps(turn_record(state.before, after))
 
     def _settle_item(
         self,
@@ -179,6 +274,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
                     # Read when the write lands: every earlier event has been applied.
                     final_assistant_message_id=state.last_assistant_message_id,
                     error=error,
+                    checkpoint_json=self._checkpoint_json(state),
                 )
             except StoreBusy:
                 raise
@@ -383,3 +479,11 @@ class TurnRunner(TurnWrites, SessionRuntime):
         for state in list(self._turns.values()):
             if state.provider_turn_id is not None:
                 self._settle(state, "failed", error=f"provider worker lost: {msg.reason}")
+
+
+def _timed_out(cwd: str, which: str, bound: float) -> Capture:
+    return Capture.missing(
+        cwd,
+        "timed_out",
+        f"the {which} checkpoint of {cwd} took longer than {bound:g} s ([workspace] timeout_s)",
+    )

@@ -136,6 +136,7 @@ class SessionActorStore(Protocol):
         outcome: str,
         final_assistant_message_id: str | None = None,
         error: str | None = None,
+        checkpoint_json: str | None = None,
     ) -> bool: ...
 
     # -- the runtime record (actors/session_runtime.py)
@@ -196,6 +197,11 @@ class SagaStore(RestartRuleStore, Protocol):
     ) -> tuple[ForkOperation, bool]: ...
 
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
+
+    def turn_checkpoint(self, ws: str, sid: str, turn_id: str) -> dict[str, Any] | None:
+        """The Turn's workspace checkpoint record (actors/checkpoints.py), None if it has
+        none (settled before checkpoints existed, or a cloned Turn of a fork child)."""
+        ...
 
     def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
 

@@ -67,7 +67,10 @@ class TurnWrites(SessionActorBase):
     def _drain(self) -> None:
         """Apply the queued writes in order; a busy or full store stops the queue and a timer
         retries it with backoff, so no event is dropped and none overtakes another. Several
-        queued writes are applied as one store transaction (`Store.write_batch`)."""
+        queued writes are applied as one store transaction (`Store.write_batch`). Held while
+        a Turn's `after` checkpoint is taken (actors/session_turns.py `_capture_after`)."""
+        if self._capture_holds:
+            return
         while self._durable:
             if len(self._durable) > 1:
                 if not self._drain_batch():

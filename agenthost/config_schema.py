@@ -19,6 +19,7 @@ from agenthost.config_values import (
     Key,
     Number,
     Str,
+    Strings,
     Url,
 )
 from domain.model_limits import (
@@ -30,6 +31,7 @@ from domain.model_limits import (
     STREAM_IDLE_KEY,
 )
 from domain.providers import PROVIDERS
+from workspace.shadow import DEFAULT_EXCLUDES, DEFAULT_SIZE_LIMIT
 
 WIRE_APIS = ("responses", "chat")
 _ENV_NAME = "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
@@ -149,6 +151,35 @@ SCHEMA: tuple[Key, ...] = (
         Int(1, 100_000),
         4,
         "provider runtimes being started at once per provider; further cold turns queue",
+    ),
+    # Workspace checkpoints (docs/design/workspace.md): the files of each Turn's `cwd`.
+    Key(
+        "workspace",
+        "checkpoints",
+        Bool(),
+        True,
+        "checkpoint each Turn's working directory at its start and end",
+    ),
+    Key(
+        "workspace",
+        "excludes",
+        Strings(),
+        DEFAULT_EXCLUDES,
+        "gitignore patterns a checkpoint never captures (replaces the default list)",
+    ),
+    Key(
+        "workspace",
+        "max_file_bytes",
+        Int(1, 1 << 40, "bytes"),
+        DEFAULT_SIZE_LIMIT,
+        "files larger than this are left out of a checkpoint and listed (`tooLarge`)",
+    ),
+    Key(
+        "workspace",
+        "timeout_s",
+        Number(0.1, 3600.0, "seconds"),
+        5.0,
+        "a checkpoint taking longer is recorded `unavailable: timed_out` (the Turn goes on)",
     ),
     # Providers. Model credentials and wire keys: `api_key_env` names the variable
     # holding the key (read by the provider at turn time, never stored); `api_key` is the less
@@ -338,6 +369,26 @@ class Config:
     @property
     def max_runtime_starts_per_provider(self) -> int:
         return int(self.get("daemon", "max_runtime_starts_per_provider"))
+
+    @property
+    def checkpoints(self) -> bool:
+        return bool(self.get("workspace", "checkpoints"))
+
+    @property
+    def checkpoint_excludes(self) -> tuple[str, ...]:
+        return tuple(self.get("workspace", "excludes"))
+
+    @property
+    def checkpoint_max_file_bytes(self) -> int:
+        return int(self.get("workspace", "max_file_bytes"))
+
+    @property
+    def checkpoint_timeout_s(self) -> float:
+        return float(self.get("workspace", "timeout_s"))
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.home / "checkpoints"
 
     @property
     def store_path(self) -> Path:

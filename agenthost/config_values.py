@@ -185,6 +185,19 @@ class Endpoints(ValueType):
 
 
 @dataclass(frozen=True)
+class Strings(ValueType):
+    """An array of non-empty strings (gitignore patterns, …); `[]` is allowed."""
+
+    def expected(self) -> str:
+        return "an array of non-empty strings"
+
+    def check(self, value: Any) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+            raise ValueError(self.expected())
+        return tuple(value)
+
+
+@dataclass(frozen=True)
 class Key:
     table: str
     """`daemon`, `providers.codex`, …: the TOML table the key lives in."""

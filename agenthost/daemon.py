@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from actors import runtime_dirs
+from actors.checkpoints import TurnCheckpoints
 from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
@@ -54,6 +55,7 @@ from storage.errors import InvalidArgument
 from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
 from transport.server import ApiServer
+from workspace.shadow import ShadowStore
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +77,11 @@ class Daemon:
         events_exact_listen: tuple[str, ...] = (),
         failpoints_enabled: bool | None = None,
         catalog: Catalog | None = None,
+        default_cwd: Path | None = None,
     ) -> None:
         self.config = config
+        # The `cwd` of a Session created without one (default: where the daemon runs).
+        self.default_cwd = default_cwd
         # The provider tables with what `agenthost providers install` put under the home
         # (read once: the workers, `host.status` and `session.create` see the same programs).
         self.providers = provider_install.with_installed(config.home, config.providers)
@@ -167,6 +172,13 @@ class Daemon:
             ),
             start_limit=cfg.max_runtime_starts_per_provider,
         )
+        # One shadow store of workspace checkpoints per home, shared by every Session.
+        shadow = ShadowStore(
+            cfg.checkpoints_dir,
+            excludes=cfg.checkpoint_excludes,
+            size_limit=cfg.checkpoint_max_file_bytes,
+            timeout_s=cfg.checkpoint_timeout_s,
+        )
         self.ctx = HostContext(
             store=store,
             workers=port,
@@ -189,6 +201,8 @@ class Daemon:
             ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
+            checkpoints=shadow,
+            turn_checkpoints=TurnCheckpoints(shadow) if cfg.checkpoints else None,
         )
         # The live Session actors, shared with the API and the worker events: a message for
         # a live one goes straight to it, not through the HostActor's thread.
@@ -220,7 +234,7 @@ class Daemon:
             catalog=self.catalog,
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
-            default_cwd=str(Path.cwd()),
+            default_cwd=str(self.default_cwd or Path.cwd()),
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),
@@ -370,6 +384,8 @@ class Daemon:
             self._event_thread.join(5)
         if getattr(self, "ctx", None) is not None:
             self.ctx.actor_pool.close()
+            if self.ctx.turn_checkpoints is not None:
+                self.ctx.turn_checkpoints.close()
         if self.store is not None:
             self.store.close()
         if self._home_lock is not None:

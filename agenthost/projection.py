@@ -7,6 +7,7 @@ catalog, so projecting never spawns a process.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -106,7 +107,19 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
         "interactions": [interaction(i) for i in value.interactions],
         "createdAtUnixMs": value.created_at_ms,
         "settledAtUnixMs": value.settled_at_ms,
+        # The Turn's workspace checkpoint record (docs/design/workspace.md), null if none.
+        "workspace": _workspace(value.checkpoint_json),
     }
+
+
+def _workspace(text: str | None) -> dict[str, Any] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 _TURN_REASON = re.compile(

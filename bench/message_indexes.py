@@ -151,7 +151,7 @@ def insert_child(
     ).fetchone()
     key = key_row[0] if key_row is not None else None
     conn.executemany(
-        "INSERT INTO turns VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO turns VALUES (" + ", ".join("?" * len(turns[0])) + ")",
         [(t[0], child, turn_ids[str(t[2])], *t[3:]) for t in turns],
     )
     conn.execute("COMMIT")

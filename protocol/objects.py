@@ -76,6 +76,28 @@ class Interaction(TypedDict):
     output: dict[str, Any] | None
 
 
+class ChangedFile(TypedDict):
+    path: str
+    kind: Literal["added", "modified", "deleted"]
+
+
+class TurnWorkspace(TypedDict, total=False):
+    """A Turn's workspace checkpoint record: either the checkpoint (`cwd`, `before`, `after`,
+    `changedFiles`, `headCommit`, `repoRoot`, `tooLarge`; `after` is null while the Turn runs)
+    or `{state: "unavailable", reason, message}`."""
+
+    cwd: str
+    before: str | None
+    after: str | None
+    changedFiles: list[ChangedFile]
+    headCommit: str | None
+    repoRoot: str | None
+    tooLarge: list[str]
+    state: Literal["unavailable"]
+    reason: str
+    message: str
+
+
 class Turn(TypedDict):
     turnId: str
     sequence: int
@@ -90,6 +112,8 @@ class Turn(TypedDict):
     interactions: list[Interaction]
     createdAtUnixMs: int
     settledAtUnixMs: int | None
+    workspace: NotRequired[TurnWorkspace | None]
+    """The Turn's workspace checkpoint record; null when it has none."""
 
 
 class ForkPoint(TypedDict):

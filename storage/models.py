@@ -177,6 +177,8 @@ class Turn:
     settled_at_ms: int | None
     messages: tuple[Message, ...] = ()
     interactions: tuple[Interaction, ...] = ()
+    # The workspace checkpoint record (JSON; docs/design/workspace.md), None before any.
+    checkpoint_json: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

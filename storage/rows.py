@@ -84,7 +84,7 @@ def session_from_row(r: Row) -> Session:
 TURN_COLUMNS = (
     "workspace_id, session_id, turn_id, sequence, sequence_provenance, phase, outcome,"
     " root_provider_turn_id, provider_turn_binding_json, final_assistant_message_id, error,"
-    " created_at_ms, settled_at_ms"
+    " created_at_ms, settled_at_ms, checkpoint_json"
 )
 MESSAGE_COLUMNS = "message_id, turn_id, kind, text, payload_json, version, position"
 INTERACTION_COLUMNS = "interaction_id, request_id, turn_id, kind, status, input_json, output_json"
@@ -133,6 +133,7 @@ def turn_from_row(
         settled_at_ms=r[12],
         messages=tuple(messages),
         interactions=tuple(interactions),
+        checkpoint_json=r[13],
     )
 
 

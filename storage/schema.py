@@ -4,7 +4,7 @@ Version N is reached by applying MIGRATIONS[0:N] in order inside one `BEGIN IMME
 transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract, v3 an
 index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a table of its own,
 v6 an index of unbound Turns, v7 keys `messages` by an integer per Session, v8 indexes the
-fork tree by source.
+fork tree by source, v9 adds each Turn's workspace checkpoint record.
 """
 
 from __future__ import annotations
@@ -343,6 +343,13 @@ _V8 = """
 CREATE INDEX fork_lineage_by_source ON fork_lineage (workspace_id, source_session_id);
 """
 
+# v9: the workspace checkpoint record of a Turn (docs/design/workspace.md): JSON, its `before`
+# and `after` trees in the shadow store, the files it changed, or why there is none. NULL on
+# Turns settled before checkpoints existed and on a fork child's cloned Turns.
+_V9 = """
+ALTER TABLE turns ADD COLUMN checkpoint_json TEXT;
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -352,6 +359,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V6,
     _V7,
     _V8,
+    _V9,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

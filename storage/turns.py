@@ -4,10 +4,12 @@ turn bindings (seed 000 §10, including late re-binding), settle, and the Turn r
 
 from __future__ import annotations
 
+import json
 import uuid
+from typing import Any
 
 from storage.base import StoreBase
-from storage.errors import Conflict, InvalidArgument, SessionBusy
+from storage.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
 from storage.rows import TURN_COLUMNS
 from storage.schema import SESSION_KEY_OF
@@ -63,7 +65,7 @@ class TurnStore(StoreBase):
             position = next_position(tx, ws, sid)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
-                " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL)",
+                " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL)",
                 (ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, tx.now_ms),
             )
             tx.execute(
@@ -166,13 +168,40 @@ class TurnStore(StoreBase):
         outcome: str,
         final_assistant_message_id: str | None = None,
         error: str | None = None,
+        checkpoint_json: str | None = None,
     ) -> bool:
         """`settle_turn` without the read-back (the Session actor's, as
-        `record_provider_turn`): whether this write settled it (False: it already was)."""
+        `record_provider_turn`): whether this write settled it (False: it already was).
+        `checkpoint_json`: the Turn's workspace checkpoint record, written in the same
+        transaction, so a settled Turn is never seen without its `after` checkpoint."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         with self._write(ws) as tx:
-            return _settle(tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, False)
+            settled = _settle(
+                tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, False
+            )
+            if settled and checkpoint_json is not None:
+                _set_checkpoint(tx, ws, sid, turn_id, checkpoint_json)
+            return settled
+
+    def turn_checkpoint(self, ws: str, sid: str, turn_id: str) -> dict[str, Any] | None:
+        """The Turn's workspace checkpoint record (docs/design/workspace.md), or None when it
+        has none (settled before checkpoints existed, or a fork child's cloned Turn). Unknown
+        Session or Turn: `NotFound`."""
+        with self._read() as conn:
+            require_session(conn, ws, sid)
+            row = conn.execute(
+                "SELECT checkpoint_json FROM turns WHERE workspace_id = ? AND session_id = ?"
+                " AND turn_id = ?",
+                (ws, sid, turn_id),
+            ).fetchone()
+        if row is None:
+            raise TurnNotFound(f"turn {turn_id} not found in session {sid}")
+        text = row[0]
+        if not text:
+            return None
+        value = json.loads(text)
+        return value if isinstance(value, dict) else None
 
     def get_turn(self, ws: str, sid: str, turn_id: str) -> Turn:
         with self._read() as conn:
@@ -218,6 +247,14 @@ def _bind(
     )
     finish_claims(tx, ws, sid, turn_id)
     tx.emit(TurnChanged(ws, sid, turn_id))
+
+
+def _set_checkpoint(tx: Tx, ws: str, sid: str, turn_id: str, checkpoint_json: str) -> None:
+    tx.execute(
+        "UPDATE turns SET checkpoint_json = ? WHERE workspace_id = ? AND session_id = ?"
+        " AND turn_id = ?",
+        (checkpoint_json, ws, sid, turn_id),
+    )
 
 
 def _rebind(tx: Tx, ws: str, sid: str, turn_id: str, binding_json: str) -> None:

@@ -25,6 +25,7 @@ from agenthost.config import (
     Key,
     Number,
     Str,
+    Strings,
     Url,
     load_config,
     markdown_rows,
@@ -45,6 +46,7 @@ WRONG_TYPE: dict[type, Any] = {
     Url: 42,
     Command: 42,
     Endpoints: 42,
+    Strings: "node_modules/",
 }
 OUT_OF_RANGE: dict[type, Any] = {
     Bool: None,  # a boolean has no range
@@ -54,6 +56,7 @@ OUT_OF_RANGE: dict[type, Any] = {
     Url: "ftp://example.com",
     Command: [],
     Endpoints: ["udp://127.0.0.1:1"],
+    Strings: [""],
 }
 
 

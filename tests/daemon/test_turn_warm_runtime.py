@@ -136,8 +136,23 @@ def test_a_turn_after_an_unbound_settled_turn_takes_the_cold_path_and_rebinds_it
     assert turn_of(c, sid, lost)["rootProviderTurnId"], "the lost binding was not re-bound"
 
 
+@pytest.fixture
+def running_without_checkpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Daemon, Client]]:
+    """Workspace checkpoints off: the `before` checkpoint is taken off the actor's thread and
+    `turn.start` waits for it, so a mutation told right after the submit would run before the
+    start is even sent, not while the worker holds it, as the next test needs."""
+    monkeypatch.setenv("AGENTHOST_ENABLE_FAILPOINTS", "1")
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "agenthost.toml").write_text("[workspace]\ncheckpoints = false\n")
+    with in_process_daemon(home, timeout=30.0) as running:
+        yield running
+
+
 def test_a_turns_start_answer_queued_among_its_events_does_not_split_their_batch(
-    running: tuple[Daemon, Client],
+    running_without_checkpoints: tuple[Daemon, Client],
 ) -> None:
     """Issue 20 rows 5-6: the provider's answer to `turn.start` only queues more of the Turn's
     writes, so the writes held for the Turn's queued events wait for it too. The worker holds
@@ -145,7 +160,7 @@ def test_a_turns_start_answer_queued_among_its_events_does_not_split_their_batch
     the Turn's events and that answer queue behind it, in the provider's order (the answer
     after the start and binding events, before the items). Their writes land as one store
     transaction, not one before the answer and one after."""
-    daemon, c = running
+    daemon, c = running_without_checkpoints
     sid = _warm_session(c)
     assert daemon.store is not None
     stats = daemon.store.write_stats

@@ -3,6 +3,7 @@ goal control, runtime operations, events and reopen."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -354,3 +355,31 @@ def test_closed_store_refuses_new_connections(store_path: Path) -> None:
     s.close()
     with pytest.raises((RuntimeError, apsw.Error)):
         s.get_session(WS, "x")
+
+
+def test_a_turn_checkpoint_record_lands_with_its_settlement_and_is_read_back(
+    store: Store,
+) -> None:
+    new_session(store, session_id="s1")
+    turn, _ = store.claim_submit(WS, "s1", "r1", "hi")
+    assert store.turn_checkpoint(WS, "s1", turn.turn_id) is None  # none taken yet
+    after = {
+        "cwd": "/w",
+        "before": "t1",
+        "after": "t2",
+        "changedFiles": [{"path": "a", "kind": "added"}],
+    }
+    assert store.record_settlement(
+        WS, "s1", turn.turn_id, outcome="completed", checkpoint_json=json.dumps(after)
+    )
+    assert store.turn_checkpoint(WS, "s1", turn.turn_id) == after
+    assert store.get_turn(WS, "s1", turn.turn_id).checkpoint_json == json.dumps(after)
+    # A second settlement changes nothing, its record included.
+    assert not store.record_settlement(
+        WS, "s1", turn.turn_id, outcome="failed", checkpoint_json='{"state": "unavailable"}'
+    )
+    assert store.turn_checkpoint(WS, "s1", turn.turn_id) == after
+    with pytest.raises(TurnNotFound):
+        store.turn_checkpoint(WS, "s1", "no-such-turn")
+    with pytest.raises(SessionNotFound):
+        store.turn_checkpoint(WS, "nope", turn.turn_id)

@@ -151,6 +151,10 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     columns = {r[1] for r in conn.execute("PRAGMA table_info(fork_operations)")}
     assert "snapshot_json" not in columns and "snapshot_hash" in columns
+    # v9: every Turn has a workspace checkpoint column, empty on the Turns it found.
+    assert "checkpoint_json" in {r[1] for r in conn.execute("PRAGMA table_info(turns)")}
+    recorded = "SELECT COUNT(*) FROM turns WHERE checkpoint_json IS NOT NULL"
+    assert conn.execute(recorded).fetchall() == [(0,)]
     moved = dict(conn.execute("SELECT op_seq, snapshot_json FROM fork_snapshots").fetchall())
     # The same bytes under the same op_seq: every frozen hash still verifies.
     assert moved == {seq: text for seq, (text, _) in before.items()}

@@ -21,6 +21,7 @@ import apsw
 from transport.client import Client
 
 WS = "ws-test"
+REPO = Path(__file__).resolve().parents[2]
 
 
 class DaemonProcess:
@@ -42,12 +43,20 @@ class DaemonProcess:
         self.ready: dict[str, Any] = {}
         self._clients: list[Client] = []
         self.log_path = home / "daemon.log"
+        # The daemon runs in a small directory of its own: it is the `cwd` of every Session
+        # created without one, and each Turn checkpoints that directory (the repository would
+        # make every test's first Turn wait for a cold checkpoint of all its files).
+        self.workdir = home.parent / f"{home.name}-work"
 
     def start(self, timeout: float = 30.0) -> DaemonProcess:
         self.home.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(self.extra_env)
         env["AGENTHOST_HOME"] = str(self.home)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+        )
         # `debug.failpoints` on unless the test passes AGENTHOST_ENABLE_FAILPOINTS itself.
         env["AGENTHOST_ENABLE_FAILPOINTS"] = self.extra_env.get("AGENTHOST_ENABLE_FAILPOINTS", "1")
         if self.failpoints is not None:
@@ -58,6 +67,7 @@ class DaemonProcess:
             stdout=subprocess.PIPE,
             stderr=log,
             env=env,
+            cwd=self.workdir,
             preexec_fn=self.preexec_fn,
         )
         log.close()

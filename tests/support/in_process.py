@@ -18,7 +18,10 @@ def in_process_daemon(home: Path, timeout: float = 20.0) -> Iterator[tuple[Daemo
     """Start a daemon on `home` (created 0700 if missing) and yield it with a client whose calls
     wait up to `timeout` seconds."""
     home.mkdir(mode=0o700, exist_ok=True)
-    daemon = Daemon(load_config(home))
+    # A small directory of its own as the default Session `cwd` (see DaemonProcess.workdir).
+    workdir = home.parent / f"{home.name}-work"
+    workdir.mkdir(exist_ok=True)
+    daemon = Daemon(load_config(home), default_cwd=workdir)
     try:
         daemon.start()
         client = Client(daemon.api_endpoint, timeout=timeout)

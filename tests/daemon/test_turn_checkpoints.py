@@ -1,0 +1,180 @@
+"""Every Turn checkpoints its Session's working directory at its start and when it settles
+(docs/design/workspace.md), through the real daemon on the Tutti Agent: the record on the
+Turn (`workspace` in `session.timeline`), the refs in the home's shadow store, and a Turn
+that completes whatever happens to its checkpoint (missing directory, checkpoints off)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    respond,
+    run_turn,
+    settle,
+    submit,
+    turn_of,
+    wait_for,
+)
+from workspace.shadow import ShadowStore
+
+GIT_ENV = {
+    **os.environ,
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@example.invalid",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@example.invalid",
+}
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=repo, env=GIT_ENV, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def make_repo(path: Path) -> Path:
+    """A small committed repository with an ignored directory and an untracked file."""
+    path.mkdir(parents=True)
+    _git(path, "init", "-q", "-b", "main")
+    (path / ".gitignore").write_text("ignored/\n")
+    (path / "a.txt").write_text("one\n")
+    (path / "b.txt").write_text("two\n")
+    (path / "ignored").mkdir()
+    (path / "ignored" / "x.log").write_text("noise\n")
+    _git(path, "add", "-A")
+    _git(path, "commit", "-q", "-m", "first")
+    (path / "untracked.txt").write_text("mine\n")
+    return path
+
+
+def _pending_request(client: Any, sid: str, turn_id: str) -> str:
+    def _find() -> str | None:
+        for interaction in turn_of(client, sid, turn_id)["interactions"]:
+            if interaction["status"] == "pending":
+                return str(interaction["requestId"])
+        return None
+
+    return str(wait_for(_find, 60))
+
+
+def test_a_turn_that_changes_files_records_before_after_and_changed_files(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    head = _git(repo, "rev-parse", "HEAD")
+    index_before = (repo / ".git" / "index").read_bytes()
+    client = daemon.client()
+    sid = create_session(client, cwd=str(repo))["agentSessionId"]
+
+    # The Turn waits on a question: its `before` was taken before the provider got it (the
+    # record is written with the settlement).
+    turn_id = submit(client, sid, "/ask go on?")["turnId"]
+    request_id = _pending_request(client, sid, turn_id)
+    assert turn_of(client, sid, turn_id)["workspace"] is None
+
+    # What the Turn does to the files, once the provider has it (its tools would do the same).
+    (repo / "a.txt").write_text("one, changed\n")
+    (repo / "b.txt").unlink()
+    (repo / "new.txt").write_text("added\n")
+    (repo / "ignored" / "y.log").write_text("still ignored\n")
+    respond(client, sid, turn_id, request_id, {"text": "yes"})
+    turn = settle(client, sid, turn_id)
+    assert turn["outcome"] == "completed", turn
+
+    ws = turn["workspace"]
+    assert ws["cwd"] == os.path.realpath(repo)
+    assert ws["before"] and ws["after"] and ws["after"] != ws["before"]
+    assert sorted((c["path"], c["kind"]) for c in ws["changedFiles"]) == [
+        ("a.txt", "modified"),
+        ("b.txt", "deleted"),
+        ("new.txt", "added"),
+    ]
+    assert ws["headCommit"] == head
+    assert ws["repoRoot"] == os.path.realpath(repo)
+    assert ws["tooLarge"] == []
+
+    # The refs that keep both checkpoints are in the home's shadow store.
+    shadow = ShadowStore(daemon.home / "checkpoints")
+    refs = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname) %(objectname)"],
+        env={**GIT_ENV, "GIT_DIR": str(shadow.repo_dir(repo))},
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
+    assert f"refs/agenthost/{sid}/{turn_id}/before {ws['before']}" in refs
+    assert f"refs/agenthost/{sid}/{turn_id}/after {ws['after']}" in refs
+    # The checkpoint is the Turn's files: the diff between them says what changed.
+    text, _ = shadow.diff(repo, ws["before"], ws["after"])
+    assert "+one, changed" in text and "+added" in text
+
+    # Nothing of the person's repository was written.
+    assert _git(repo, "rev-parse", "HEAD") == head
+    assert (repo / ".git" / "index").read_bytes() == index_before
+    assert _git(repo, "for-each-ref", "--format=%(refname)") == "refs/heads/main"
+
+    # The next Turn's `before` is the previous one's `after`: nothing changed between them.
+    nxt = run_turn(client, sid, "hello")["workspace"]
+    assert nxt["before"] == ws["after"] == nxt["after"] and nxt["changedFiles"] == []
+
+
+def test_a_missing_working_directory_is_recorded_unavailable_and_the_turn_completes(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    client = daemon.client()
+    sid = create_session(client, cwd=str(gone))["agentSessionId"]
+    shutil.rmtree(gone)
+    turn = run_turn(client, sid, "hello")
+    assert turn["outcome"] == "completed", turn
+    assert turn["workspace"]["state"] == "unavailable", turn["workspace"]
+    assert turn["workspace"]["reason"] == "cwd_missing"
+    assert str(gone) in turn["workspace"]["message"]
+
+
+def test_checkpoints_off_record_disabled_and_the_turn_completes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ncheckpoints = false\n")
+    repo = make_repo(tmp_path / "repo")
+    daemon = DaemonProcess(home).start()
+    try:
+        client = daemon.client()
+        sid = create_session(client, cwd=str(repo))["agentSessionId"]
+        turn = run_turn(client, sid, "hello")
+        assert turn["outcome"] == "completed", turn
+        assert turn["workspace"] == {
+            "state": "unavailable",
+            "reason": "disabled",
+            "message": turn["workspace"]["message"],
+        }
+        assert not (home / "checkpoints").exists() or not any((home / "checkpoints").iterdir())
+    finally:
+        daemon.stop()
+
+
+def test_the_workspace_record_is_on_the_timeline_of_every_client(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A plain directory (not a repository) is checkpointed too: no HEAD, no repository."""
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.md").write_text("hi\n")
+    client = daemon.client()
+    sid = create_session(client, cwd=str(plain))["agentSessionId"]
+    turn = run_turn(client, sid, "hello")
+    ws = turn["workspace"]
+    assert ws["after"] and ws["headCommit"] is None and ws["repoRoot"] is None
+    other = daemon.client()
+    page = other.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})
+    assert page["turns"][-1]["workspace"] == ws
