@@ -1,11 +1,12 @@
 """The transcript of one session: a block per loaded Turn with its messages, its Fork
-action and, when a fork through it is `unknown`, a mark with Inspect; in a fork
-child the "continued from <source title>" divider right after the boundary
-Turn (hidden while that Turn is not loaded, never moved to the end)."""
+action and, when a fork through it is `unknown`, a mark with Inspect; in a fork child the
+"continued from <source title>" divider right after the boundary Turn (hidden while that Turn is
+not loaded, never moved to the end). Only the rows near the viewport are mounted."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
@@ -15,22 +16,42 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
 
-from client.gui.status_text import turn_glance, turn_state_words
-from client.session_client import (
-    ForkAction,
-    divider_after,
-    divider_text,
-    format_interaction,
-    turn_error_text,
+from client.gui.transcript_rows import (
+    DIVIDER_ID,
+    EMPTY_ID,
+    LOAD_MORE_ID,
+    MOUNT_ALL,
+    OVERSCAN_MIN,
+    Row,
+    RowKind,
+    band,
+    build_rows,
+    estimate_height,
+    turn_widget_id,
 )
+from client.gui.turn_text import turn_body, turn_header, unknown_text
+from client.session_client import ForkAction
 
-DIVIDER_ID = "continued-divider"
-LOAD_MORE_ID = "load-more"
-EMPTY_ID = "no-turns"
+__all__ = [
+    "DIVIDER_ID",
+    "EMPTY_ID",
+    "LOAD_MORE_ID",
+    "Divider",
+    "ForkRequested",
+    "InspectRequested",
+    "LoadMoreRequested",
+    "TranscriptGap",
+    "TranscriptView",
+    "TurnView",
+    "UnknownForkRow",
+    "fork_button_id",
+    "inspect_button_id",
+    "turn_widget_id",
+    "unknown_row_id",
+]
 
-
-def turn_widget_id(turn_id: str) -> str:
-    return f"turn-{turn_id}"
+ABOVE_ID = "transcript-above"
+BELOW_ID = "transcript-below"
 
 
 def fork_button_id(turn_id: str) -> str:
@@ -72,39 +93,6 @@ class ForkRequested(Message):
 
 class LoadMoreRequested(Message):
     pass
-
-
-def _turn_header(turn: Mapping[str, Any], can_fork: bool = False) -> Text:
-    text = Text(f"Turn {turn['sequence']}", style="bold", no_wrap=True, overflow="ellipsis")
-    text.append(f"  {turn_state_words(turn, can_fork)}", style="dim")
-    glance = turn_glance(turn)
-    if glance:
-        failed = turn.get("outcome") == "failed"
-        text.append(f"  {glance}", style="bold red" if failed else "yellow")
-    # A short id, last: the first thing elided when the line is narrow (`show` prints it whole).
-    text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
-    return text
-
-
-def _message_line(message: Mapping[str, Any]) -> Text:
-    kind = str(message.get("kind") or "")
-    style = {"user": "bold cyan", "assistant": "green"}.get(kind, "yellow")
-    line = Text(f"{kind:>11} ", style=style)
-    line.append(str(message.get("text") or ""))
-    return line
-
-
-def unknown_text(operation: Mapping[str, Any]) -> Text:
-    """The mark on the boundary Turn of an `unknown` fork operation."""
-    text = Text("⚠ fork result unknown", style="bold yellow")
-    point = operation.get("point") or {}
-    full = " (full session)" if point.get("type") == "latestSettled" else ""
-    text.append(
-        f"{full}: operation {str(operation.get('operationId'))[:8]} may or may not have made a "
-        "provider child; this turn cannot be forked again until it is resolved",
-        style="yellow",
-    )
-    return text
 
 
 class UnknownForkRow(Horizontal):
@@ -177,10 +165,10 @@ class TurnView(Vertical):
             yield UnknownForkRow(self.turn_id, self.unknown)
         # One widget for the whole body (not one per line): a long transcript's every frame
         # lays out each widget, so fewer widgets is what keeps it smooth.
-        yield Static(_body(self.turn), classes="turn-body line")
+        yield Static(turn_body(self.turn), classes="turn-body line")
 
     def _header(self) -> Text:
-        return _turn_header(self.turn, self.action is ForkAction.ENABLED)
+        return turn_header(self.turn, self.action is ForkAction.ENABLED)
 
     def _button(self) -> Button:
         label, variant = self._label()
@@ -238,7 +226,7 @@ class TurnView(Vertical):
         if dict(turn) != self.turn:
             self.turn = dict(turn)
             self.query_one(".turn-header", Static).update(self._header())
-            self.query_one(".turn-body", Static).update(_body(self.turn))
+            self.query_one(".turn-body", Static).update(turn_body(self.turn))
         await self.set_action(action, blocked)
         await self.set_unknown(unknown)
 
@@ -270,44 +258,56 @@ class TurnView(Vertical):
             self.post_message(InspectRequested(self.session_id, self.turn_id, self.unknown))
 
 
-def _body(turn: Mapping[str, Any]) -> Text:
-    return Text("\n").join(_body_lines(turn))
-
-
-def _body_lines(turn: Mapping[str, Any]) -> list[Text]:
-    lines = [_message_line(m) for m in turn.get("messages") or []]
-    for interaction in turn.get("interactions") or []:
-        pending = interaction.get("status") == "pending"
-        lines.append(
-            Text(
-                f"{'':>11} {format_interaction(interaction, 'answer below')}",
-                style="bold magenta" if pending else "magenta",
-            )
-        )
-    why = turn_error_text(turn)
-    if why:
-        lines.append(Text(f"{'':>11} {why}", style="bold red"))
-    return lines
-
-
 class Divider(Static):
     DEFAULT_CSS = """
     Divider { color: $accent; text-style: italic; margin: 0 1 1 1; }
     """
 
 
+class TranscriptGap(Widget):
+    """Stands in for the rows above or below the mounted ones: exactly the lines they take, so
+    the scroll bar and every position are those of the whole transcript."""
+
+    DEFAULT_CSS = """
+    TranscriptGap { height: 0; }
+    """
+
+
 class TranscriptView(VerticalScroll):
-    """Renders a session's loaded Turns; the app calls `show` on every change."""
+    """Renders a session's loaded Turns; the app calls `show` on every change.
+
+    Only the rows near the viewport are mounted (`client.gui.transcript_rows`): every frame lays
+    out every mounted widget, so a streamed piece or a scroll step costs what is on screen, not
+    what is loaded. A streamed piece updates only its own Turn's widget; a scroll that nears the
+    edge of the mounted rows mounts the next ones and unmounts those far away.
+    """
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.session_id: str | None = None
         self._busy = 0
+        self._rows: list[Row] = []
+        # Lines each row takes (margins included) at a width, for the rows not mounted: measured
+        # when it was last mounted, else estimated; forgotten when the row's look changes.
+        self._heights: dict[str, tuple[int, int]] = {}
+        self._window = (0, 0)  # the mounted rows, [lo, hi)
+        self._gaps = (0, 0)  # lines above and below them
+        self._rewindow_queued = False
 
     @property
     def idle(self) -> bool:
         """False while widgets are being reconciled (a half-updated transcript is visible)."""
-        return self._busy == 0
+        return self._busy == 0 and not self._rewindow_queued
+
+    @property
+    def turn_count(self) -> int:
+        """The loaded Turns the transcript shows (mounted or counted in a gap)."""
+        return sum(1 for row in self._rows if row.kind is RowKind.TURN)
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """The mounted rows `[lo, hi)` of `turn_count` Turns and the other rows."""
+        return self._window
 
     async def show(
         self,
@@ -323,64 +323,61 @@ class TranscriptView(VerticalScroll):
         """Reconcile the children with this state, reusing every widget that stays."""
         self._busy += 1
         try:
-            await self._show(
-                session, turns, action_for, source_title, has_more, blocked, unknown_for
-            )
+            async with self.lock:
+                session_id = str(session["agentSessionId"])
+                if session_id != self.session_id:
+                    await self._reset()
+                    self.session_id = session_id
+                at_end = self.scroll_y >= self.max_scroll_y - 1
+                rows = build_rows(
+                    session,
+                    turns,
+                    action_for=action_for,
+                    unknown_for=unknown_for,
+                    source_title=source_title,
+                    has_more=has_more,
+                    blocked=blocked,
+                )
+                await self._place(rows, at_end)
+            self.follow(at_end)
         finally:
             self._busy -= 1
 
-    async def _show(
+    async def set_actions(
         self,
-        session: Mapping[str, Any],
-        turns: Sequence[Mapping[str, Any]],
         action_for: Callable[[Mapping[str, Any]], ForkAction],
-        source_title: str | None,
-        has_more: bool,
-        blocked: str | None,
-        unknown_for: UnknownFor,
+        blocked: str | None = None,
+        unknown_for: UnknownFor = _no_unknown,
     ) -> None:
-        async with self.lock:
-            session_id = str(session["agentSessionId"])
-            if session_id != self.session_id:
-                await self.remove_children()
-                self.session_id = session_id
-            at_end = self.scroll_y >= self.max_scroll_y - 1
-            existing = {str(w.id): w for w in self.children if w.id}
-            desired: list[Widget] = []
-            boundary = divider_after(session, turns)
-            for index, turn in enumerate(turns):
-                view = existing.get(turn_widget_id(str(turn["turnId"])))
-                if isinstance(view, TurnView):
-                    await view.update(turn, action_for(turn), blocked, unknown_for(turn))
-                else:
-                    view = TurnView(session_id, turn, action_for(turn), blocked, unknown_for(turn))
-                desired.append(view)
-                if index == boundary:
-                    lineage = session.get("forkedFrom") or {}
-                    title = source_title or str(lineage.get("sourceAgentSessionId", "the source"))
-                    text = f"──── {divider_text(title)} ────"
-                    divider = existing.get(DIVIDER_ID)
-                    if isinstance(divider, Divider):
-                        divider.update(text)
-                    else:
-                        divider = Divider(text, id=DIVIDER_ID)
-                    desired.append(divider)
-            if has_more:
-                more = existing.get(LOAD_MORE_ID)
-                desired.append(
-                    more if more is not None else Button("Load more turns", id=LOAD_MORE_ID)
-                )
-            if not turns:
-                empty = existing.get(EMPTY_ID)
-                desired.append(
-                    empty
-                    if empty is not None
-                    else Static(
-                        Text("No turns yet — say something below.", style="dim"), id=EMPTY_ID
+        """Update every Turn's Fork action and `unknown` fork mark in place."""
+        self._busy += 1
+        try:
+            async with self.lock:
+                rows = [
+                    replace(
+                        row,
+                        action=action_for(row.turn),
+                        blocked=blocked,
+                        unknown=unknown_for(row.turn),
                     )
-                )
-            await self._arrange(desired)
-        self.follow(at_end)
+                    if row.turn is not None
+                    else row
+                    for row in self._rows
+                ]
+                await self._place(rows, at_end=False, keep_scroll=True)
+        finally:
+            self._busy -= 1
+
+    async def clear(self) -> None:
+        """Show nothing (the open session is gone)."""
+        async with self.lock:
+            await self._reset()
+
+    async def _reset(self) -> None:
+        await self.remove_children()
+        self.session_id = None
+        self._rows, self._window, self._gaps = [], (0, 0), (0, 0)
+        self._heights.clear()
 
     def follow(self, at_end: bool) -> None:
         """Keep the newest Turn in view as it grows, unless the user scrolled up: scrolled once
@@ -394,61 +391,177 @@ class TranscriptView(VerticalScroll):
         if self.scroll_y >= was:
             self.scroll_end(animate=False)
 
-    async def _arrange(self, desired: list[Widget]) -> None:
+    # -- which rows are mounted ------------------------------------------------------------
+
+    def _row_width(self) -> int:
+        """The width a row is laid out at (a windowed transcript always shows its scroll bar)."""
+        width = self.size.width - self.styles.gutter.width
+        if len(self._rows) > MOUNT_ALL or self.show_vertical_scrollbar:
+            width -= self.styles.scrollbar_size_vertical
+        return max(1, width)
+
+    def _height(self, row: Row, width: int, widget: Widget | None) -> int:
+        """Lines `row` takes: its widget's own when it is mounted and laid out, else the last
+        measured (at this width, with this look), else an estimate."""
+        if widget is not None and widget.size.height and not widget._layout_required:  # noqa: SLF001
+            margin = widget.styles.margin
+            if widget.outer_size.width + margin.width == width:
+                lines = widget.outer_size.height + margin.top + margin.bottom
+                self._heights[row.key] = (width, lines)
+                return lines
+        known = self._heights.get(row.key)
+        if known is not None and known[0] == width:
+            return known[1]
+        lines = estimate_height(row, width)
+        self._heights[row.key] = (width, lines)
+        return lines
+
+    def _band_for(self, heights: list[int], at_end: bool) -> tuple[int, int]:
+        if len(heights) <= MOUNT_ALL:
+            return 0, len(heights)
+        view = self.scrollable_content_region.height or self.app.size.height
+        over = max(view, OVERSCAN_MIN)
+        if at_end:
+            total = sum(heights)
+            return band(heights, total - view - over, total + 1)
+        y = round(self.scroll_y)
+        return band(heights, y - over, y + view + over)
+
+    async def _place(self, rows: list[Row], at_end: bool, keep_scroll: bool = False) -> None:
+        """Mount the rows near the viewport (all of a short transcript), update those already
+        mounted, and size the gaps for the rest."""
+        before = {row.key: row for row in self._rows}
+        changed = set()
+        for row in rows:
+            old = before.get(row.key)
+            if old is None or not old.same_look(row):
+                changed.add(row.key)
+                self._heights.pop(row.key, None)
+        self._rows = rows
+        mounted = {str(w.id): w for w in self.children if w.id}
+        width = self._row_width()
+        heights = [
+            self._height(row, width, None if row.key in changed else mounted.get(row.key))
+            for row in rows
+        ]
+        # Rows about to be unmounted keep their measured height (read above, before they go).
+        lo, hi = self._band_for(heights, at_end)
+        above, below = sum(heights[:lo]), sum(heights[hi:])
+        y = self.scroll_y
+        desired: list[Widget] = []
+        if lo > 0:
+            desired.append(self._gap(mounted, ABOVE_ID, above))
+        for row in rows[lo:hi]:
+            widget = mounted.get(row.key)
+            if widget is None:
+                widget = _make_row_widget(self.session_id or "", row)
+            elif row.key in changed:
+                await _update_row_widget(widget, row)
+            desired.append(widget)
+        if hi < len(rows):
+            desired.append(self._gap(mounted, BELOW_ID, below))
+        self._window, self._gaps = (lo, hi), (above, below)
+        moved = await self._arrange(desired)
+        if moved and (keep_scroll or not at_end) and self.scroll_y != y:
+            # The gaps take exactly the lines of the rows they replace: the same place shows.
+            self.scroll_to(y=y, animate=False, immediate=True)
+
+    def _gap(self, mounted: dict[str, Widget], gap_id: str, lines: int) -> Widget:
+        gap = mounted.get(gap_id)
+        if not isinstance(gap, TranscriptGap):
+            gap = TranscriptGap(id=gap_id)
+        if gap.styles.height is None or gap.styles.height.value != lines:
+            gap.styles.height = lines
+        return gap
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        lo, hi = self._window
+        if self._rewindow_queued or (lo == 0 and hi == len(self._rows)):
+            return
+        view = self.scrollable_content_region.height
+        slack = max(view, OVERSCAN_MIN) // 2
+        above, below = self._gaps
+        if (lo > 0 and new_value - slack < above) or (
+            hi < len(self._rows) and new_value + view + slack > self.virtual_size.height - below
+        ):
+            # Near the edge of the mounted rows: mount the next ones before they are on screen.
+            self._rewindow_queued = True
+            self.call_later(self._rewindow)
+
+    def on_resize(self) -> None:
+        if self._rows and not self._rewindow_queued:
+            self._rewindow_queued = True  # the rows' heights at the new width
+            self.call_later(self._rewindow)
+
+    async def _rewindow(self) -> None:
+        self._busy += 1
+        try:
+            self._rewindow_queued = False
+            async with self.lock:
+                at_end = self.max_scroll_y > 0 and self.scroll_y >= self.max_scroll_y - 1
+                await self._place(list(self._rows), at_end, keep_scroll=not at_end)
+        finally:
+            self._busy -= 1
+
+    async def _arrange(self, desired: list[Widget]) -> bool:
+        """Make the children `desired`, in order; whether anything changed. New widgets are
+        mounted before stale ones go, so the transcript never shrinks under the scroll."""
         if len(self.children) == len(desired) and all(
             a is b for a, b in zip(self.children, desired, strict=True)
         ):
-            return  # the usual update (a streamed piece, a settled Turn): nothing moves
+            return False  # the usual update (a streamed piece, a settled Turn): nothing moves
+        present = set(map(id, self.children))
+        index = 0
+        while index < len(desired):
+            if id(desired[index]) in present:
+                index += 1
+                continue
+            # A run of new widgets (a page of Turns, a session just opened, the rows a scroll
+            # reaches) is mounted in one call: one layout for the run instead of one per row.
+            end = index
+            while end < len(desired) and id(desired[end]) not in present:
+                end += 1
+            batch = desired[index:end]
+            if index > 0:
+                await self.mount_all(batch, after=desired[index - 1])
+            elif end < len(desired):
+                await self.mount_all(batch, before=desired[end])
+            elif self.children:
+                await self.mount_all(batch, before=self.children[0])
+            else:
+                await self.mount_all(batch)
+            present.update(map(id, batch))
+            index = end
         keep = set(map(id, desired))
         stale = [w for w in self.children if id(w) not in keep]
         if stale:
             await self.remove_children(stale)
         current = list(self.children)
-        present = set(map(id, current))
-        index = 0
-        while index < len(desired):
-            widget = desired[index]
-            if id(widget) not in present:
-                # A run of new widgets (a page of Turns, a session just opened) is mounted in
-                # one call: one layout for the run instead of one per Turn.
-                end = index
-                while end < len(desired) and id(desired[end]) not in present:
-                    end += 1
-                batch = desired[index:end]
-                if index < len(current):
-                    await self.mount_all(batch, before=current[index])
-                else:
-                    await self.mount_all(batch)
-                present.update(map(id, batch))
-                index = end
-            else:
-                if index < len(current) and current[index] is widget:
-                    index += 1
-                    continue
-                if index < len(current):
-                    self.move_child(widget, before=current[index])
-                else:
-                    self.move_child(widget, after=current[-1])
-                index += 1
-            current = list(self.children)  # re-read only after a change: O(n), not O(n²)
-
-    async def set_actions(
-        self,
-        action_for: Callable[[Mapping[str, Any]], ForkAction],
-        blocked: str | None = None,
-        unknown_for: UnknownFor = _no_unknown,
-    ) -> None:
-        """Update every Turn's Fork action and `unknown` fork mark in place."""
-        self._busy += 1
-        try:
-            async with self.lock:
-                for view in list(self.query(TurnView)):  # in place: the scroll stays
-                    await view.set_action(action_for(view.turn), blocked)
-                    await view.set_unknown(unknown_for(view.turn))
-        finally:
-            self._busy -= 1
+        for index, widget in enumerate(desired):
+            if current[index] is not widget:  # a row that moved (rare): put it in its place
+                self.move_child(widget, before=current[index])
+                current = list(self.children)
+        return True
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == LOAD_MORE_ID:
             event.stop()
             self.post_message(LoadMoreRequested())
+
+
+def _make_row_widget(session_id: str, row: Row) -> Widget:
+    if row.kind is RowKind.TURN and row.turn is not None:
+        return TurnView(session_id, row.turn, row.action, row.blocked, row.unknown)
+    if row.kind is RowKind.DIVIDER:
+        return Divider(row.text, id=DIVIDER_ID)
+    if row.kind is RowKind.LOAD_MORE:
+        return Button("Load more turns", id=LOAD_MORE_ID)
+    return Static(Text("No turns yet — say something below.", style="dim"), id=EMPTY_ID)
+
+
+async def _update_row_widget(widget: Widget, row: Row) -> None:
+    if isinstance(widget, TurnView) and row.turn is not None:
+        await widget.update(row.turn, row.action, row.blocked, row.unknown)
+    elif isinstance(widget, Divider):
+        widget.update(row.text)

@@ -1,7 +1,7 @@
 """How the GUI merges copies of a Turn: which of two copies is staler (a late submit reply
 must not undo a settled event), and the replies streaming in (`message.delta`) shown as
-provisional assistant messages until the settled message of that provider item arrives.
-Pure functions over wire dicts.
+provisional assistant messages until the settled message of that provider item arrives, and the
+provider's retry note while it retries. Pure functions over wire dicts.
 """
 
 from __future__ import annotations
@@ -9,24 +9,33 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from client.gui.turn_text import PROGRESS_KEY
+
 
 def with_streams(
-    turns: list[dict[str, Any]], streams: dict[tuple[str, str], str]
+    turns: list[dict[str, Any]],
+    streams: dict[tuple[str, str], str],
+    progress: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The loaded Turns, each active one with its replies streamed so far appended as
-    provisional assistant messages (until a message of that provider item exists). The streams
-    of a Turn that has settled are dropped from `streams`."""
-    if not streams:
+    provisional assistant messages (until a message of that provider item exists) and the
+    provider's latest retry note (`progress`, by Turn id) under `PROGRESS_KEY`. The streams and
+    notes of a Turn that has settled are dropped from `streams` and `progress`."""
+    if not streams and not progress:
         return turns
+    notes = progress if progress is not None else {}
     out = []
     for turn in turns:
-        mine = [(i, t) for (tid, i), t in streams.items() if tid == turn["turnId"]]
-        if not mine:
+        turn_id = str(turn["turnId"])
+        mine = [(i, t) for (tid, i), t in streams.items() if tid == turn_id]
+        note = notes.get(turn_id)
+        if not mine and note is None:
             out.append(turn)
             continue
         if turn.get("phase") == "settled":
             for item, _ in mine:
-                streams.pop((str(turn["turnId"]), item), None)
+                streams.pop((turn_id, item), None)
+            notes.pop(turn_id, None)
             out.append(turn)
             continue
         have = {
@@ -44,7 +53,10 @@ def with_streams(
             for item, text in mine
             if item not in have
         ]
-        out.append({**turn, "messages": [*(turn.get("messages") or []), *extra]})
+        shown = {**turn, "messages": [*(turn.get("messages") or []), *extra]}
+        if note is not None:
+            shown[PROGRESS_KEY] = note
+        out.append(shown)
     return out
 
 

@@ -22,7 +22,7 @@ from client.gui.controls import InteractionBar
 from client.gui.session_list import SessionTree
 from client.gui.status_text import fork_session_button, session_bar_text
 from client.gui.transcript import LoadMoreRequested, TranscriptView
-from client.gui.turn_merge import staler, with_streams
+from client.gui.turn_merge import message_count, staler, with_streams
 from client.lineage_view import LineageMark, lineage_marks
 from client.session_client import ForkAction, error_words, fork_action, fork_blocked
 from transport.client import ApiError
@@ -43,6 +43,9 @@ class SessionView(App[int]):
         self.turns: list[dict[str, Any]] = []
         # Replies streaming in (message.delta) by (turn id, provider item id); not durable.
         self._streams: dict[tuple[str, str], str] = {}
+        # The provider's latest retry note (`message.delta` of kind `progress`) by Turn id,
+        # until that Turn streams again or settles; not durable.
+        self._progress: dict[str, str] = {}
         self.has_more = False
         self.source_title: str | None = None
         self._tree_dirty = False
@@ -265,7 +268,7 @@ class SessionView(App[int]):
             return
         await self._main.query_one(TranscriptView).show(
             session,
-            with_streams(self.turns, self._streams),
+            with_streams(self.turns, self._streams, self._progress),
             action_for=self.action_for,
             source_title=self.source_title,
             has_more=self.has_more,
@@ -302,11 +305,22 @@ class SessionView(App[int]):
 
     async def _on_delta(self, event: Mapping[str, Any]) -> None:
         """A streamed piece of a reply: the open Turn's reply grows in place until its settled
-        message (same provider item) replaces it."""
-        if event.get("agentSessionId") != self.current or event.get("kind") != "assistant":
+        message (same provider item) replaces it. A `progress` piece (the provider retries the
+        model request) shows as the Turn's status line until the Turn streams again."""
+        if event.get("agentSessionId") != self.current:
             return
-        key = (str(event.get("turnId")), str(event.get("itemId")))
-        self._streams[key] = self._streams.get(key, "") + str(event.get("delta") or "")
+        turn_id, kind = str(event.get("turnId")), event.get("kind")
+        if kind == "progress":
+            self._progress[turn_id] = str(event.get("delta") or "")
+        elif kind in ("assistant", "reasoning"):
+            had_note = self._progress.pop(turn_id, None) is not None
+            if kind == "reasoning" and not had_note:
+                return  # reasoning is not shown while it streams
+            if kind == "assistant":
+                key = (turn_id, str(event.get("itemId")))
+                self._streams[key] = self._streams.get(key, "") + str(event.get("delta") or "")
+        else:
+            return
         await self._render()
 
     async def merge_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
@@ -323,6 +337,8 @@ class SessionView(App[int]):
                 if merged is None:
                     self._reload_turn(session_id, turn)
                     return
+                if message_count(merged) > message_count(known):
+                    self._progress.pop(str(turn["turnId"]), None)  # the model answered
                 self.turns[index] = merged
                 break
         else:
@@ -356,7 +372,5 @@ class SessionView(App[int]):
         self.run_worker(work, thread=True, group="turns")
 
     async def _clear_transcript(self) -> None:
-        transcript = self._main.query_one(TranscriptView)
-        await transcript.remove_children()
-        transcript.session_id = None
+        await self._main.query_one(TranscriptView).clear()
         await self._update_controls()

@@ -1,0 +1,81 @@
+"""A long transcript in the GUI, headless through Textual's pilot against a real daemon: only
+the Turns near the viewport are mounted, the rest are counted in lines exactly (the scroll
+range never changes while the user scrolls through it, and a jump lands where it aimed), and
+the newest Turn is followed as it arrives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+
+from client.gui.app import AgentHostApp
+from client.gui.transcript import TranscriptView, TurnView
+from tests.client.test_client_gui import until
+from tests.client.test_client_gui_keyboard import SIZES, composer, run_app
+from tests.models.test_models_gui import transcript_words
+from tests.support.daemon import DaemonProcess, create_session, run_turn
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+TURNS = 120
+
+
+def top_turn(app: AgentHostApp) -> int:
+    """The sequence of the first Turn whose header is on screen."""
+    transcript = app.query_one(TranscriptView)
+    shown = [
+        v
+        for v in app.query(TurnView)
+        if v.region.bottom > transcript.region.y and v.region.y < transcript.region.bottom
+    ]
+    return min(int(v.turn["sequence"]) for v in shown)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
+    daemon: DaemonProcess, client: Client, ws: str, size: tuple[int, int]
+) -> None:
+    sid = create_session(client, ws, title="Long")["agentSessionId"]
+    for i in range(TURNS):
+        run_turn(client, sid, f"/tool step_{i} arg" if i % 10 == 0 else f"line {i}", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await until(pilot, lambda: app.engine.session(sid) is not None)
+        app.open_session(sid)
+        transcript = app.query_one(TranscriptView)
+        await until(pilot, lambda: transcript.turn_count == TURNS)
+        # Opened at the newest Turn, with a screenful or so of Turns mounted, not all of them.
+        await until(pilot, lambda: f"echo: line {TURNS - 1}" in transcript_words(app))
+        assert len(app.query(TurnView)) < TURNS // 3
+        total = transcript.max_scroll_y
+        assert total > 0
+        # A jump to each tenth and back: it lands where it aimed, shows the Turns there, and
+        # the scroll range stays the same (the unmounted Turns are counted exactly).
+        seen: dict[int, int] = {}
+        for step in [*range(11), *range(10, -1, -1)]:
+            y = round(total * step / 10)
+            transcript.scroll_to(y=y, animate=False)
+            await until(pilot, lambda y=y: round(transcript.scroll_y) == y)
+            await pilot.pause(0.1)
+            await until(pilot, lambda: transcript.idle)
+            assert round(transcript.scroll_y) == y
+            assert transcript.max_scroll_y == total
+            assert len(app.query(TurnView)) < TURNS // 3
+            first = top_turn(app)
+            assert seen.setdefault(step, first) == first  # the same Turn at the same place
+            assert f"Turn {first} " in transcript_words(app)
+        assert seen[0] == 1 and seen[10] > TURNS * 0.8
+        assert sorted(seen.values()) == [seen[s] for s in range(11)]
+        # Back at the end, a new Turn is followed as it arrives.
+        transcript.scroll_end(animate=False)
+        await pilot.pause(0.2)
+        composer(app).focus()
+        await pilot.press(*"one more", "enter")
+        await until(pilot, lambda: transcript.turn_count == TURNS + 1)
+        await until(pilot, lambda: "echo: one more" in transcript_words(app))
+        assert len(app.query(TurnView)) < TURNS // 3
+
+    run_app(daemon, ws, size, scenario)
