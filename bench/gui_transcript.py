@@ -6,11 +6,13 @@ bench`: an experiment whose figures are in docs/performance.md "The GUI with 1,0
 Every figure is wall time in the pilot's process (headless: the terminal's own drawing is not
 counted), the median (and worst) of the repetitions:
 
-- open: `open_session` until the first page's Turns are mounted;
-- load all: every further page (Load more) until all Turns are mounted;
+- open: `open_session` until the transcript shows the first page's Turns (those near the
+  viewport mounted, the rest counted in its gaps);
+- load all: every further page (Load more) until the transcript shows all Turns;
 - scroll: a jump to each tenth of the transcript and the frame after it (top to bottom, back
-  to the top), as a scroll bar drag or PageDown lands;
-- switch: to a one-Turn session and back, until the long one's Turns are mounted again;
+  to the top), as a scroll bar drag lands;
+- wheel: 20 steps of 3 lines down from the middle, as a mouse wheel turns;
+- switch: to a one-Turn session and back, until the long one's Turns are shown again;
 - stream: one `message.delta` rendered at the end of the loaded transcript (`_on_delta`).
 
     build/venv/bin/python -m bench.gui_transcript [--turns N] [--repeat R]
@@ -32,7 +34,7 @@ from bench.common import log
 from bench.harness import WS, BenchDaemon, create_session, run_turn
 from client.engine import Engine
 from client.gui.app import AgentHostApp
-from client.gui.transcript import LoadMoreRequested, TranscriptView, TurnView
+from client.gui.transcript import LoadMoreRequested, TranscriptView
 
 COMMAND = "build/venv/bin/python -m bench.gui_transcript"
 SIZES = ((80, 24), (200, 50))
@@ -57,7 +59,10 @@ async def _timed(step: Callable[[], Awaitable[None]], name: str = "") -> float:
 
 
 def _mounted(app: AgentHostApp) -> int:
-    return len(app.query(TurnView))
+    """The Turns the transcript shows once it is settled (mounted near the viewport or counted
+    in its gaps), else -1."""
+    transcript = app.query_one(TranscriptView)
+    return transcript.turn_count if transcript.idle else -1
 
 
 async def measure(
@@ -67,6 +72,7 @@ async def measure(
         "open": [],
         "load all": [],
         "scroll": [],
+        "wheel": [],
         "switch": [],
         "stream": [],
     }
@@ -106,6 +112,16 @@ async def measure(
                     await pilot.pause()
 
                 figures["scroll"].append(await _timed(scroll, f"{size} scroll"))
+            transcript.scroll_to(y=transcript.max_scroll_y / 2, animate=False)
+            await pilot.pause()
+            for _ in range(20):
+
+                async def wheel(view: TranscriptView = transcript) -> None:
+                    view.scroll_to(y=view.scroll_y + 3, animate=False)
+                    await pilot.pause()
+
+                figures["wheel"].append(await _timed(wheel))
+            log(f"{size} wheel: {statistics.median(figures['wheel']):.0f} ms median")
             last = app.turns[-1]
 
             async def stream(last: dict[str, Any] = last) -> None:

@@ -5,7 +5,7 @@ not loaded, never moved to the end). Only the rows near the viewport are mounted
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -21,7 +21,7 @@ from client.gui.transcript_rows import (
     EMPTY_ID,
     LOAD_MORE_ID,
     MOUNT_ALL,
-    OVERSCAN_MIN,
+    OVERSCAN,
     Row,
     RowKind,
     band,
@@ -420,12 +420,11 @@ class TranscriptView(VerticalScroll):
         if len(heights) <= MOUNT_ALL:
             return 0, len(heights)
         view = self.scrollable_content_region.height or self.app.size.height
-        over = max(view, OVERSCAN_MIN)
         if at_end:
             total = sum(heights)
-            return band(heights, total - view - over, total + 1)
+            return band(heights, total - view - OVERSCAN, total + 1)
         y = round(self.scroll_y)
-        return band(heights, y - over, y + view + over)
+        return band(heights, y - OVERSCAN, y + view + OVERSCAN)
 
     async def _place(self, rows: list[Row], at_end: bool, keep_scroll: bool = False) -> None:
         """Mount the rows near the viewport (all of a short transcript), update those already
@@ -480,7 +479,7 @@ class TranscriptView(VerticalScroll):
         if self._rewindow_queued or (lo == 0 and hi == len(self._rows)):
             return
         view = self.scrollable_content_region.height
-        slack = max(view, OVERSCAN_MIN) // 2
+        slack = OVERSCAN // 2
         above, below = self._gaps
         if (lo > 0 and new_value - slack < above) or (
             hi < len(self._rows) and new_value + view + slack > self.virtual_size.height - below
@@ -505,12 +504,15 @@ class TranscriptView(VerticalScroll):
             self._busy -= 1
 
     async def _arrange(self, desired: list[Widget]) -> bool:
-        """Make the children `desired`, in order; whether anything changed. New widgets are
-        mounted before stale ones go, so the transcript never shrinks under the scroll."""
+        """Make the children `desired`, in order; whether anything changed. Every mount and
+        removal is issued before any is awaited (one layout for the whole change, not one per
+        step), new widgets before stale ones go, so the transcript never shrinks under the
+        scroll."""
         if len(self.children) == len(desired) and all(
             a is b for a, b in zip(self.children, desired, strict=True)
         ):
             return False  # the usual update (a streamed piece, a settled Turn): nothing moves
+        pending: list[Awaitable[Any]] = []
         present = set(map(id, self.children))
         index = 0
         while index < len(desired):
@@ -518,30 +520,32 @@ class TranscriptView(VerticalScroll):
                 index += 1
                 continue
             # A run of new widgets (a page of Turns, a session just opened, the rows a scroll
-            # reaches) is mounted in one call: one layout for the run instead of one per row.
+            # reaches) is mounted in one call.
             end = index
             while end < len(desired) and id(desired[end]) not in present:
                 end += 1
             batch = desired[index:end]
             if index > 0:
-                await self.mount_all(batch, after=desired[index - 1])
+                pending.append(self.mount_all(batch, after=desired[index - 1]))
             elif end < len(desired):
-                await self.mount_all(batch, before=desired[end])
+                pending.append(self.mount_all(batch, before=desired[end]))
             elif self.children:
-                await self.mount_all(batch, before=self.children[0])
+                pending.append(self.mount_all(batch, before=self.children[0]))
             else:
-                await self.mount_all(batch)
+                pending.append(self.mount_all(batch))
             present.update(map(id, batch))
             index = end
         keep = set(map(id, desired))
         stale = [w for w in self.children if id(w) not in keep]
         if stale:
-            await self.remove_children(stale)
-        current = list(self.children)
+            pending.append(self.remove_children(stale))
+        current = [w for w in self.children if id(w) in keep]
         for index, widget in enumerate(desired):
             if current[index] is not widget:  # a row that moved (rare): put it in its place
                 self.move_child(widget, before=current[index])
-                current = list(self.children)
+                current = [w for w in self.children if id(w) in keep]
+        for step in pending:
+            await step
         return True
 
     def on_button_pressed(self, event: Button.Pressed) -> None:

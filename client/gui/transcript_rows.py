@@ -23,9 +23,9 @@ MOUNT_ALL = 40
 """A transcript of up to this many rows is mounted whole (every frame lays out every mounted
 widget, which is cheap for a few dozen)."""
 
-OVERSCAN_MIN = 20
-"""Lines mounted beyond each edge of the viewport, at least (one screen height otherwise), so a
-wheel or PageUp/PageDown step lands on rows that are already there."""
+OVERSCAN = 8
+"""Lines mounted beyond each edge of the viewport, so a wheel step mostly lands on rows that
+are already there; small, because what a jump (a scroll bar drag) costs is the rows it mounts."""
 
 # Lines around a row's text, per kind (TurnView: header line + bottom margin; its border and
 # padding take 3 columns; the `unknown` mark's Inspect button 13). Kept beside the CSS they

@@ -29,7 +29,7 @@ def top_turn(app: AgentHostApp) -> int:
     shown = [
         v
         for v in app.query(TurnView)
-        if v.region.bottom > transcript.region.y and v.region.y < transcript.region.bottom
+        if transcript.region.y <= v.region.y < transcript.region.bottom
     ]
     return min(int(v.turn["sequence"]) for v in shown)
 

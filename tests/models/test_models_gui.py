@@ -139,6 +139,15 @@ def progress_segments(app: AgentHostApp) -> list[Segment]:
     ]
 
 
+def is_dim(segment: Segment, app: AgentHostApp) -> bool:
+    """Drawn fainter than the Turn's header (Textual draws `dim` as a blended colour)."""
+    header = next(s for line in screen_segments(app) for s in line if s.text.startswith("Turn "))
+    assert segment.style is not None and header.style is not None
+    assert segment.style.color is not None and header.style.color is not None
+    faint = sum(segment.style.color.get_truecolor())
+    return bool(segment.style.italic) and faint < sum(header.style.color.get_truecolor())
+
+
 def test_a_retry_shows_as_a_dim_line_until_the_turn_streams_again(tmp_path: Path) -> None:
     calls: list[int] = []
     gate = threading.Event()
@@ -146,17 +155,18 @@ def test_a_retry_shows_as_a_dim_line_until_the_turn_streams_again(tmp_path: Path
     def reply(body: dict[str, Any]) -> str:
         calls.append(1)
         if len(calls) == 1:
-            time.sleep(2.5)  # silent past the first-byte limit: the provider retries
+            time.sleep(3)  # silent past the first-byte limit: the provider retries
         return default_reply(body)
 
-    # The retried request sends its first event and holds; released, it drips a piece a second.
-    with ResponsesServer(reply, gate=gate, hold_after=1, drip_s=1.0) as model:
+    # The retried request answers, sends its first event and holds; released, it drips a piece
+    # every half second (its first piece well within the host's first-byte backstop).
+    with ResponsesServer(reply, gate=gate, hold_after=1, drip_s=0.5) as model:
         home = tmp_path / "home"
         home.mkdir()
         (home / "agenthost.toml").write_text(
             "[providers.tutti-agent]\n"
             f'model_base_url = "{model.base_url}"\n'
-            "model_first_byte_seconds = 1\n"
+            "model_first_byte_seconds = 2\n"
             "model_retries = 1\n"
         )
         d = DaemonProcess(home).start()
@@ -173,9 +183,9 @@ def test_a_retry_shows_as_a_dim_line_until_the_turn_streams_again(tmp_path: Path
                 words = transcript_words(app)
                 assert (
                     "progress tutti-agent retries the model request: "
-                    f"{model.base_url}/responses sent nothing within 1 s (attempt 1 of 2)"
+                    f"{model.base_url}/responses sent nothing within 2 s (attempt 1 of 2)"
                 ) in words, words
-                assert all(s.style is not None and s.style.dim for s in progress_segments(app))
+                assert all(is_dim(s, app) for s in progress_segments(app))
                 assert app.turns[-1]["phase"] == "active"
                 gate.set()
                 # The reply streams again: the note goes while the Turn is still running.
