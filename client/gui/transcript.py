@@ -10,8 +10,10 @@ from dataclasses import replace
 from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.geometry import Size
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
@@ -293,6 +295,8 @@ class TranscriptView(VerticalScroll):
         self._window = (0, 0)  # the mounted rows, [lo, hi)
         self._gaps = (0, 0)  # lines above and below them
         self._rewindow_queued = False
+        self._sized = Size(0, 0)
+        self._follow_pending = 0
 
     @property
     def idle(self) -> bool:
@@ -328,7 +332,7 @@ class TranscriptView(VerticalScroll):
                 if session_id != self.session_id:
                     await self._reset()
                     self.session_id = session_id
-                at_end = self.scroll_y >= self.max_scroll_y - 1
+                at_end = self._following()
                 rows = build_rows(
                     session,
                     turns,
@@ -364,7 +368,7 @@ class TranscriptView(VerticalScroll):
                     else row
                     for row in self._rows
                 ]
-                await self._place(rows, at_end=False, keep_scroll=True)
+                await self._place(rows, at_end=False)
         finally:
             self._busy -= 1
 
@@ -383,13 +387,20 @@ class TranscriptView(VerticalScroll):
         """Keep the newest Turn in view as it grows, unless the user scrolled up: scrolled once
         the new widgets are laid out (before that the end is where it was)."""
         if at_end:
+            self._follow_pending += 1
             self.scroll_end(animate=False)
             self.call_after_refresh(self._follow_after, self.scroll_y)
 
     def _follow_after(self, was: float) -> None:
+        self._follow_pending -= 1
         # Not if the user scrolled up in between: their place wins over the newest Turn.
         if self.scroll_y >= was:
             self.scroll_end(animate=False)
+
+    def _following(self) -> bool:
+        """At the end, or on the way there (a follow not yet laid out): an update that comes
+        meanwhile follows too, instead of keeping the place the follow is leaving."""
+        return self._follow_pending > 0 or self.scroll_y >= self.max_scroll_y - 1
 
     # -- which rows are mounted ------------------------------------------------------------
 
@@ -426,7 +437,7 @@ class TranscriptView(VerticalScroll):
         y = round(self.scroll_y)
         return band(heights, y - OVERSCAN, y + view + OVERSCAN)
 
-    async def _place(self, rows: list[Row], at_end: bool, keep_scroll: bool = False) -> None:
+    async def _place(self, rows: list[Row], at_end: bool) -> None:
         """Mount the rows near the viewport (all of a short transcript), update those already
         mounted, and size the gaps for the rest."""
         before = {row.key: row for row in self._rows}
@@ -460,10 +471,22 @@ class TranscriptView(VerticalScroll):
         if hi < len(rows):
             desired.append(self._gap(mounted, BELOW_ID, below))
         self._window, self._gaps = (lo, hi), (above, below)
-        moved = await self._arrange(desired)
-        if moved and (keep_scroll or not at_end) and self.scroll_y != y:
-            # The gaps take exactly the lines of the rows they replace: the same place shows.
-            self.scroll_to(y=y, animate=False, immediate=True)
+        if await self._arrange(desired):
+            # While new rows are laid out the transcript can be shorter for a frame, which pulls
+            # the scroll back; the gaps take exactly the lines of the rows they replace, so
+            # putting it back shows the same place (or the end, when following it).
+            if at_end:
+                self.follow(True)
+            else:
+                self._keep_place(y)
+
+    def _keep_place(self, y: float) -> None:
+        def back() -> None:
+            if round(self.scroll_y) != round(y):
+                self.scroll_to(y=y, animate=False, immediate=True)
+
+        back()
+        self.call_after_refresh(back)
 
     def _gap(self, mounted: dict[str, Widget], gap_id: str, lines: int) -> Widget:
         gap = mounted.get(gap_id)
@@ -488,9 +511,14 @@ class TranscriptView(VerticalScroll):
             self._rewindow_queued = True
             self.call_later(self._rewindow)
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        # Only a new size of the pane (not of its content, which grows as a reply streams)
+        # changes the rows' heights and how many of them are on screen.
+        if event.size == self._sized:
+            return
+        self._sized = event.size
         if self._rows and not self._rewindow_queued:
-            self._rewindow_queued = True  # the rows' heights at the new width
+            self._rewindow_queued = True
             self.call_later(self._rewindow)
 
     async def _rewindow(self) -> None:
@@ -498,8 +526,8 @@ class TranscriptView(VerticalScroll):
         try:
             self._rewindow_queued = False
             async with self.lock:
-                at_end = self.max_scroll_y > 0 and self.scroll_y >= self.max_scroll_y - 1
-                await self._place(list(self._rows), at_end, keep_scroll=not at_end)
+                at_end = self.max_scroll_y > 0 and self._following()
+                await self._place(list(self._rows), at_end)
         finally:
             self._busy -= 1
 

@@ -10,7 +10,7 @@ takes live in `client.gui.fork_actions` and `client.gui.control_actions`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from textual.app import App
@@ -224,11 +224,28 @@ class SessionView(App[int]):
         button.tooltip = state.tooltip
 
     def action_for(self, turn: Mapping[str, Any]) -> ForkAction:
+        return self._actions()(turn)
+
+    def _actions(self) -> Callable[[Mapping[str, Any]], ForkAction]:
+        """`action_for` with the session and whether it is quiet read once, for a render of
+        every loaded Turn (not once per Turn: a long transcript renders on every streamed
+        piece)."""
         session = self.engine.session(self.current) if self.current else None
-        if session is None:
-            return ForkAction.HIDDEN
-        pending = self.engine.is_fork_pending(self.current or "", str(turn["turnId"]))
-        return fork_action(session, turn, pending, self.blocked_reason() is not None)
+        busy = self.blocked_reason() is not None
+        source = self.current or ""
+
+        def action(turn: Mapping[str, Any]) -> ForkAction:
+            if session is None:
+                return ForkAction.HIDDEN
+            pending = self.engine.is_fork_pending(source, str(turn["turnId"]))
+            return fork_action(session, turn, pending, busy)
+
+        return action
+
+    def _unknowns(self) -> Callable[[Mapping[str, Any]], Mapping[str, Any] | None]:
+        """`unknown_for` with the open session's `unknown` operations read once."""
+        found = self.engine.unknown_operations(self.current) if self.current else {}
+        return lambda turn: found.get(str(turn["turnId"]))
 
     def unknown_for(self, turn: Mapping[str, Any]) -> dict[str, Any] | None:
         """The `unknown` fork operation whose boundary is this Turn of the open session."""
@@ -269,11 +286,11 @@ class SessionView(App[int]):
         await self._main.query_one(TranscriptView).show(
             session,
             with_streams(self.turns, self._streams, self._progress),
-            action_for=self.action_for,
+            action_for=self._actions(),
             source_title=self.source_title,
             has_more=self.has_more,
             blocked=self.blocked_reason(),
-            unknown_for=self.unknown_for,
+            unknown_for=self._unknowns(),
         )
         await self._update_controls()
 
@@ -291,7 +308,7 @@ class SessionView(App[int]):
 
     async def _refresh_actions(self) -> None:
         await self._main.query_one(TranscriptView).set_actions(
-            self.action_for, self.blocked_reason(), self.unknown_for
+            self._actions(), self.blocked_reason(), self._unknowns()
         )
         self._update_title()
 
