@@ -481,8 +481,11 @@ class TranscriptView(VerticalScroll):
                 self._keep_place(y)
 
     def _keep_place(self, y: float) -> None:
+        target = self.scroll_target_y
+
         def back() -> None:
-            if round(self.scroll_y) != round(y):
+            # Only a scroll the layout moved: one the user made since has a new target.
+            if self.scroll_target_y == target and round(self.scroll_y) != round(y):
                 self.scroll_to(y=y, animate=False, immediate=True)
 
         back()
