@@ -20,7 +20,7 @@ from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
 
-TURNS = 120
+TURNS = 60
 
 
 def top_turn(app: AgentHostApp) -> int:
