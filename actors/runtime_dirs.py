@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 TRASH = ".trash"
 EVIDENCE = ".evidence"
-QUARANTINE = "quarantine"  # the drivers' quarantine folder name (drivers/resolution.py)
+QUARANTINE = "quarantine"  # the drivers' quarantine folder name (drivers/app_server/resolution.py)
 
 
 def session_dir(runtimes_dir: Path, workspace_id: str, session_id: str) -> Path:

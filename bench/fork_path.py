@@ -10,7 +10,7 @@ interleaved sample by sample so both sides see the same machine load.
    (`node_modules/.bin/codex`) vs the native binary the driver now resolves behind it
    (`drivers.codex.native_behind_npm_shim`); CPU per launch from the reaped children's rusage.
 
-3. **The worker's fork, traced**: the real driver (`TuttiAgentDriver`, `CodexDriver`) in this
+3. **The worker's fork, traced**: the real driver (tutti-agent's or Codex's) in this
    process, as the worker runs it, forking a live 10-turn source N times into fresh target
    homes: wall and CPU ms per step (the source read, `thread/fork`, the binder, the
    readability proof), JSON-RPC calls and fsyncs per fork, app-servers spawned, and the CPU
@@ -301,12 +301,12 @@ def _driver_for(provider: str, model_config: dict[str, str]) -> Any:
     from drivers.failpoints import Failpoints
 
     if provider == "tutti-agent":
-        from drivers.tutti_agent import TuttiAgentDriver
+        from drivers.tutti_agent import create_driver
 
-        return TuttiAgentDriver({}, Failpoints())
-    from drivers.codex import CodexDriver
+        return create_driver({}, Failpoints())
+    from drivers.codex import create_driver as codex_driver
 
-    return CodexDriver(dict(model_config), Failpoints())
+    return codex_driver(dict(model_config), Failpoints())
 
 
 def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, Any]:

@@ -299,7 +299,7 @@ class BareClaude:
         assert self.checkpoint is not None, "run_turns first"
         cwd = str(self.cwd)
         t0 = time.perf_counter()
-        with self._config_env():  # the driver's `_call_fork_session`
+        with self._config_env():  # the driver's `ClaudeFork.call_fork_session`
             child = str(
                 fork_session(
                     self.session_id,

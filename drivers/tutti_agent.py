@@ -1,8 +1,8 @@
-"""The tutti-agent driver: the generic app-server driver (`drivers.app_server.driver`) over
-`tutti-agent app-server`, with its own `TUTTI_AGENT_HOME` per Session. What is tutti-agent's
-here: the command (configured, else the `tutti-agent` script next to this interpreter, with
-the model flags), the key-file environment, the version gate and the in-worker readability
-proof with tutti_agent's own history reader.
+"""The tutti-agent provider of the generic app-server driver (`drivers.app_server.driver`):
+`tutti-agent app-server` with its own `TUTTI_AGENT_HOME` per Session. What is tutti-agent's
+here (`TuttiAgentProvider`): the command (configured, else the `tutti-agent` script next to this
+interpreter, with the model flags), the key-file environment, the version gate, where a fork
+child's rollout lands and the in-worker readability proof with tutti_agent's own reader.
 """
 
 from __future__ import annotations
@@ -14,22 +14,31 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from domain.enums import ProviderStateBindingMode
 from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
-from drivers.app_server.state import Runtime
-from drivers.base import ProviderDriver
+from drivers.app_server.provider import config_env
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_tutti_child
 from drivers.versions import TUTTI_AGENT_GATE
 
-__all__ = ["AppServerDriver", "TuttiAgentDriver", "create_driver"]
+__all__ = ["TuttiAgentProvider", "create_driver"]
 
 
-class TuttiAgentDriver(AppServerDriver):
+class TuttiAgentProvider:
+    """The `AppServerProvider` of tutti-agent."""
+
     kind = "tutti-agent"
     home_var = "TUTTI_AGENT_HOME"
     gate = TUTTI_AGENT_GATE
+    binding_mode = ProviderStateBindingMode.HOST_COPY
+    cache_attestations = False
+    fork_exclude_turns = False
+    interrupt_waits_for_start = False
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config = config
 
     def command(self) -> list[str]:
         configured = self.config.get("command")
@@ -71,14 +80,31 @@ class TuttiAgentDriver(AppServerDriver):
         return target_home / "sessions" / f"{now:%Y}" / f"{now:%m}" / f"{now:%d}"
 
     def extra_env(self, home: Path) -> dict[str, str]:
-        return {**super().extra_env(home), **file_key_env(self.config)}
+        return {**config_env(self.config), **file_key_env(self.config)}
 
-    def _read_child_in_worker(
-        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+    def prepare_home(self, home: Path) -> None:
+        """Nothing: the command line carries the model settings."""
+
+    def open_session(self, home: Path, params: Mapping[str, Any]) -> None:
+        """Nothing: no Session setting lives in the home."""
+
+    def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
+        return {}
+
+    def session_ancestors(self, home: Path) -> list[str]:
+        return []  # a child's rollout is Copied: it holds its whole history
+
+    def lineage(self, home: Path, thread_id: str) -> list[str]:
+        return []  # `thread/read` loads the thread's rollout and its history_base chain itself
+
+    def read_child(
+        self, home: Path, child_id: str, source_id: str, prefix: list[str], attested: str
     ) -> str | None:
-        """The child's readability from `home` alone, judged by tutti_agent's own reader."""
-        return prove_tutti_child(home, child_id, source_id, prefix, runtime.gate.version)
+        """The child's readability from `home` alone, judged by tutti_agent's own reader (only
+        when it is the exact version the runtime attested)."""
+        return prove_tutti_child(home, child_id, source_id, prefix, attested)
 
 
-def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ProviderDriver:
-    return TuttiAgentDriver(config, failpoints)
+def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> AppServerDriver:
+    """The worker's entry point for `--provider tutti-agent`."""
+    return AppServerDriver(config, failpoints, TuttiAgentProvider(config))

@@ -1,33 +1,31 @@
 """The generic app-server driver: one live Codex-style app-server per active Session (its own
 provider home, private HOME and TMPDIR), started or resumed on its thread, turns and
-Interactions over its JSON-RPC, the attested forkability verdict, and idle app-servers reaped.
+Interactions over its JSON-RPC, the attested forkability verdict, and idle or stopped
+app-servers reaped.
 
-`AppServerDriver` is what the tutti-agent and Codex drivers share; a subclass sets `kind`,
-`home_var`, `gate` and `command()` (and may refine the hooks). Its reader-thread side is
-`TurnEvents` (events.py), its fork `ForkThroughTurn` (fork.py).
+`AppServerDriver` is built over an `AppServerProvider` (tutti-agent, Codex) and composed of
+parts wired in its constructor: `Runtimes` (the provider's processes), `TurnEvents` (the
+event translator on their reader threads), `ForkThroughTurn` (the fork strategy) and
+`AppServerResolution` (`fork.resolve`). Its own concern is the Sessions and their Turns.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
-from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
+from domain.errors import Conflict, InvalidArgument, SessionBusy
 from domain.worker_messages import (
+    ForkRequest,
     ForkResult,
     ResolveAdopt,
     ResolveInspection,
     ResolveQuarantined,
     ResolveRequest,
-    TurnCompleted,
 )
-from drivers import resolution
 from drivers.app_server.events import TurnEvents
 from drivers.app_server.fork import (
     READABILITY_APP_SERVER,
@@ -35,112 +33,81 @@ from drivers.app_server.fork import (
     ForkThroughTurn,
 )
 from drivers.app_server.items import thread_of, user_text
-from drivers.app_server.launch import launch_fingerprint
-from drivers.app_server.liveness import process_state, process_tree, stopped_process
-from drivers.app_server.process import (
-    AppServerClosed,
-    AppServerFailure,
-    AppServerProcess,
-    JsonRpcError,
-    private_env,
-)
-from drivers.app_server.state import Runtime, SessionState
-from drivers.base import Emit, ProviderStateBindingMode, TurnOutcome
+from drivers.app_server.process import AppServerClosed, AppServerFailure, JsonRpcError
+from drivers.app_server.provider import AppServerProvider
+from drivers.app_server.runtimes import Runtimes
+from drivers.app_server.state import Runtime, Sessions, SessionState
+from drivers.base import Emit
 from drivers.binder import RolloutBinder
-from drivers.credentials import CredentialPlan, credential_plan
+from drivers.credentials import credential_plan
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
-from drivers.versions import VersionGate
-
-CLIENT_NAME = "agenthost"
-CLIENT_VERSION = "0.1.0"
-
-DEFAULT_STOPPED_LIMIT_S = 30.0
-"""How long an app-server running a Turn may stay stopped before the Turn fails
-`provider_stopped` (the daemon's `provider_stopped_seconds`)."""
-PROVIDER_STOPPED = "provider_stopped"
+from drivers.liveness import (
+    DEFAULT_STOPPED_LIMIT_S,
+    kill_tree,
+    stopped_error,
+    stopped_process,
+)
+from drivers.app_server.resolution import AppServerResolution
 
 
-class AppServerDriver(TurnEvents, ForkThroughTurn):
-    """A `ProviderDriver` for Codex-style app-servers; subclasses set the class attributes."""
+class AppServerDriver:
+    """A `ProviderDriver` for one Codex-style app-server provider."""
 
-    kind: ClassVar[str] = ""
-    home_var: ClassVar[str] = ""
-    gate: ClassVar[VersionGate]
-    binding_mode: ClassVar[ProviderStateBindingMode] = ProviderStateBindingMode.HOST_COPY
-    cache_attestations: ClassVar[bool] = False
-    """Reuse a transient probe's verdict for the exact same launch (`_probe`)."""
-
-    def __init__(self, config: Mapping[str, Any], failpoints: Failpoints) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], failpoints: Failpoints, provider: AppServerProvider
+    ) -> None:
         self.config = dict(config)
+        self.provider = provider
+        self.kind = provider.kind
         self.failpoints = failpoints
         self.binder = RolloutBinder(failpoints)
         self.request_timeout = float(self.config.get("request_timeout_s", 30.0))
-        self.fork_timeout = float(self.config.get("fork_timeout_s", 60.0))
         self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
         self.stopped_limit = float(self.config.get("stopped_limit_s", DEFAULT_STOPPED_LIMIT_S))
-        self.verify_bound_child = bool(self.config.get("verify_bound_child", True))
-        self.readability_proof = str(self.config.get("readability_proof") or READABILITY_IN_WORKER)
-        if self.readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
+        readability_proof = str(self.config.get("readability_proof") or READABILITY_IN_WORKER)
+        if readability_proof not in (READABILITY_IN_WORKER, READABILITY_APP_SERVER):
             raise InvalidArgument(
                 "readability_proof",
                 f"readability_proof must be {READABILITY_IN_WORKER} or {READABILITY_APP_SERVER}",
             )
-        self._sessions: dict[str, SessionState] = {}
-        self._lock = threading.Lock()
-        self._emit: Emit | None = None
+        self._sessions = Sessions(provider.kind)
+        self.runtimes = Runtimes(provider, self.request_timeout)
+        self.events = TurnEvents(
+            provider.kind,
+            self.config,
+            credential_plan(provider.kind, self.config),
+            lambda session, provider_turn_id: self._interrupt(session, provider_turn_id),
+        )
+        self.forks = ForkThroughTurn(
+            provider,
+            self.runtimes,
+            self._sessions,
+            self.binder,
+            failpoints,
+            fork_timeout=float(self.config.get("fork_timeout_s", 60.0)),
+            verify_bound_child=bool(self.config.get("verify_bound_child", True)),
+            readability_proof=readability_proof,
+        )
+        self.resolution = AppServerResolution(
+            self.runtimes, self._sessions, self.binder, provider.binding_mode
+        )
         self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
+        self._lock = threading.Lock()
         self._closed = threading.Event()
         self._reaper = threading.Thread(target=self._reap_idle, name="idle-reaper", daemon=True)
         self._reaper.start()
 
-    # ------------------------------------------------------------------ process
+    @property
+    def spawns(self) -> int:
+        """App-servers this driver started."""
+        return self.runtimes.spawns
 
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The provider's app-server command line."""
+        return self.provider.command()
 
-    def extra_env(self, home: Path) -> dict[str, str]:
-        env = self.config.get("env") or {}
-        return {str(k): str(v) for k, v in env.items()}
-
-    def prepare_home(self, home: Path) -> None:
-        """Provider-specific files in a fresh home (Codex writes its config.toml here)."""
-
-    def endpoint(self) -> str | None:
-        """The model endpoint named in a model failure."""
-        base = self.config.get("model_base_url")
-        return str(base) if base else None
-
-    def credential(self) -> CredentialPlan | None:
-        """Where the key comes from, named in a refused credential's failure."""
-        return credential_plan(self.kind, self.config)
-
-    def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
-        home.mkdir(parents=True, exist_ok=True)
-        self.prepare_home(home)
-        env = private_env(None, self.home_var, home, self.extra_env(home))
-        proc = AppServerProcess(
-            self.command(),
-            env=env,
-            cwd=cwd if cwd and Path(cwd).is_dir() else str(home),
-            on_notification=(
-                (lambda m, p: self._on_notification(session, m, p)) if session else None
-            ),
-            on_server_request=(lambda r: self._on_server_request(session, r)) if session else None,
-            on_exit=(lambda reason: self._on_exit(session, reason)) if session else None,
-            stderr_path=home / ".app-server.log",
-        )
-        try:
-            proc.start()
-            init = proc.initialize(CLIENT_NAME, CLIENT_VERSION, timeout=self.request_timeout)
-        except AppServerFailure as exc:
-            proc.close(1.0)
-            raise DriverError(
-                f"{self.kind} app-server failed to start: {exc} {proc.stderr_tail()}".strip(),
-                reason="provider_start_failed",
-            ) from exc
-        user_agent = str(init.get("userAgent") or "")
-        return Runtime(proc, home, user_agent, self.gate.check(user_agent))
+    # ------------------------------------------------------------------ attestation
 
     def _verdict(self, runtime: Runtime) -> dict[str, Any]:
         """This driver's attested forkability verdict (brand, version gate, binder): the only
@@ -149,18 +116,13 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             "driverKind": self.kind,
             "driverVersion": runtime.gate.version,
             "userAgent": runtime.user_agent,
-            "bindingMode": self.binding_mode.value,
+            "bindingMode": self.provider.binding_mode.value,
             # Measured, not assumed: the saga refuses a host_copy fork unless this is `True`.
             "binderAvailable": self.binder.available(),
             "forkThroughTurn": runtime.gate.fork_through_turn,
             # Full-Session fork is the same exact-prefix fork at the newest settled Turn.
             "forkFullSession": runtime.gate.fork_through_turn,
         }
-
-    def _attestation(self, runtime: Runtime) -> dict[str, Any]:
-        return self._verdict(runtime)
-
-    # ------------------------------------------------------------------ port methods
 
     def attest(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The dispatch-time re-attestation; failpoint `worker.binder.available` armed with
@@ -179,19 +141,23 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         home = Path(str(params.get("home") or ""))
         if not str(home) or not home.is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
-        live = self._live_runtime_for_home(home)
+        live = self._sessions.live_runtime_for_home(home)
         if live is not None:
-            return self._attestation(live)
+            return self._verdict(live)
         cwd = str(params.get("cwd") or "")
-        fingerprint = self._launch_fingerprint(home, cwd) if self.cache_attestations else None
+        fingerprint = (
+            self.runtimes.launch_fingerprint(home, cwd)
+            if self.provider.cache_attestations
+            else None
+        )
         if fingerprint is not None:
             with self._lock:
                 cached = self._attest_cache.get(fingerprint)
             if cached is not None:
                 return dict(cached)
-        runtime = self._spawn(home, cwd, None)
+        runtime = self.runtimes.spawn(home, cwd)
         try:
-            result = self._attestation(runtime)
+            result = self._verdict(runtime)
         finally:
             runtime.proc.close()
         if fingerprint is not None:
@@ -199,18 +165,12 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                 self._attest_cache[fingerprint] = dict(result)
         return result
 
-    def _launch_fingerprint(self, home: Path, cwd: str) -> str | None:
-        """The fingerprint of the launch `_spawn(home, cwd)` would make (None: not cacheable)."""
-        launch_cwd = cwd if cwd and Path(cwd).is_dir() else str(home)
-        env = private_env(None, self.home_var, home, self.extra_env(home))
-        return launch_fingerprint(self.command(), launch_cwd, env)
+    # ------------------------------------------------------------------ the worker's hooks
 
     def is_warm(self, method: str, params: Mapping[str, Any]) -> bool:
         """True when `method` will not spawn or wait: the Session's app-server is live, on the
         same home and thread, and no other operation holds it (the worker's fast lane)."""
-        sid = str(params.get("agentSessionId") or "")
-        with self._lock:
-            session = self._sessions.get(sid)
+        session = self._sessions.get(str(params.get("agentSessionId") or ""))
         if session is None or session.op_lock.locked():
             return False
         runtime = session.runtime
@@ -225,8 +185,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
     def _live_runtime(self, agent_session_id: str, home: str) -> Runtime | None:
         """The Session's live app-server runtime on `home`, or None (none is live, or it
         serves another home)."""
-        with self._lock:
-            session = self._sessions.get(agent_session_id)
+        session = self._sessions.get(agent_session_id)
         if session is None or str(session.home) != home:
             return None
         runtime = session.runtime
@@ -241,8 +200,8 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         return None if runtime is None else runtime.generation
 
     def runtime_pid(self, agent_session_id: str, home: str) -> int | None:
-        """The pid of the Session's live app-server on `home` (the host checks it is
-        alive before reusing that runtime for a fork without `session.start`)."""
+        """The pid of the Session's live app-server on `home` (the host checks it is alive
+        before reusing that runtime for a fork without `session.start`)."""
         runtime = self._live_runtime(agent_session_id, home)
         return None if runtime is None else runtime.proc.pid
 
@@ -251,42 +210,38 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         """How long an idle app-server lives before `_reap_idle` stops it."""
         return self.idle_timeout
 
+    # ------------------------------------------------------------------ Sessions and Turns
+
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         sid = str(params.get("agentSessionId") or "")
         home_text = str(params.get("home") or "")
-        if not sid:
-            raise InvalidArgument("agentSessionId", "agentSessionId is required")
         if not home_text or not Path(home_text).is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
         home = Path(home_text)
+        self.provider.open_session(home, params)
+        if not sid:
+            raise InvalidArgument("agentSessionId", "agentSessionId is required")
         cwd = str(params.get("cwd") or "")
         wanted = str(params.get("providerSessionId") or "")
         model = params.get("model")
-        with self._lock:
-            session = self._sessions.get(sid)
-            if session is None or session.home != home or (wanted and session.thread_id != wanted):
-                stale = session
-                session = SessionState(
-                    sid, home, cwd, wanted, model if isinstance(model, str) else None
-                )
-                self._sessions[sid] = session
-            else:
-                stale = None
+        session, stale = self._sessions.open(
+            sid, home, cwd, wanted, model if isinstance(model, str) else None
+        )
         if stale is not None and stale.runtime is not None:
             stale.runtime.proc.close()
         with session.op_lock:
             runtime = self._ensure_runtime(session)
-        return {"providerSessionId": session.thread_id, "runtimeContext": self._verdict(runtime)}
+        context = self._verdict(runtime)
+        context.update(self.provider.session_context(home, session.thread_id))
+        return {"providerSessionId": session.thread_id, "runtimeContext": context}
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        sid = str(params.get("agentSessionId") or "")
-        with self._lock:
-            session = self._sessions.pop(sid, None)
+        session = self._sessions.pop(str(params.get("agentSessionId") or ""))
         if session is None:
             return {}
         # A start or turn start in progress finishes first: otherwise the app-server it is
         # spawning is attached to a Session nobody holds any more and lives on, uncounted
-        # (the host's runtime bound would be exceeded that way under load).
+        # (the host's runtime bound was exceeded that way under load).
         with session.op_lock:
             runtime, session.runtime = session.runtime, None
         if runtime is not None:
@@ -294,7 +249,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
-        self._emit = emit
+        self.events.emit = emit
         session = self._session(params)
         turn_id = str(params.get("turnId") or "")
         if not turn_id:
@@ -328,7 +283,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
                     reason="provider_unavailable",
                 ) from exc
             provider_turn_id = str((result.get("turn") or {}).get("id") or "")
-            self._claim_turn(session, provider_turn_id)
+            self.events.claim_turn(session, provider_turn_id)
             session.last_used = time.monotonic()
         return {"providerTurnId": provider_turn_id}
 
@@ -340,7 +295,7 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         with session.op_lock:
             runtime = self._ensure_runtime(session)
         try:
-            turns = self._thread_turns(runtime, session.thread_id)
+            turns = self.runtimes.thread_turns(runtime, session.thread_id)
         except AppServerFailure as exc:
             raise DriverError(f"provider history unreadable: {exc}") from exc
         return {
@@ -355,8 +310,31 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         }
 
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._session(params)
-        provider_turn_id = str(params.get("providerTurnId") or "")
+        self._interrupt(self._session(params), str(params.get("providerTurnId") or ""))
+        return {}
+
+    def _interrupt(self, session: SessionState, provider_turn_id: str) -> None:
+        """`turn/interrupt`. A provider that answers "no active turn" until a just-started
+        Turn runs (`interrupt_waits_for_start`) is asked again while that Turn is still ours
+        and unfinished: the answer means "not yet"."""
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            try:
+                self._interrupt_once(session, provider_turn_id)
+                return
+            except Conflict as exc:
+                with session.state_lock:
+                    unfinished = provider_turn_id in session.active
+                if (
+                    not self.provider.interrupt_waits_for_start
+                    or "no active turn" not in exc.message
+                    or not unfinished
+                    or time.monotonic() > deadline
+                ):
+                    raise
+                time.sleep(0.05)
+
+    def _interrupt_once(self, session: SessionState, provider_turn_id: str) -> None:
         runtime = session.runtime
         if runtime is None or not runtime.alive:
             raise Conflict("no live runtime for this session", reason="turn_not_active")
@@ -371,7 +349,6 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             raise Conflict(f"turn/interrupt rejected: {exc.rpc_message}") from exc
         except AppServerFailure as exc:
             raise DriverError(f"turn/interrupt failed: {exc}") from exc
-        return {}
 
     def respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._session(params)
@@ -409,50 +386,37 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
             session.pending.pop(request_id, None)
         return {}
 
-    # -- fork.resolve (drivers/resolution.py) ------------------------------------------------
+    # ------------------------------------------------------------------ fork and fork.resolve
+
+    def fork(self, request: ForkRequest) -> ForkResult:
+        return self.forks.fork(request)
 
     def inspect_fork(self, request: ResolveRequest) -> ResolveInspection:
-        return resolution.inspect(self, request)
+        return self.resolution.inspect(request)
 
     def adopt_fork(self, request: ResolveAdopt) -> ForkResult:
-        return resolution.adopt(self, request)
+        return self.resolution.adopt(request)
 
     def quarantine_fork(self, request: ResolveRequest) -> ResolveQuarantined:
-        return resolution.quarantine(self, request)
+        return self.resolution.quarantine(request)
 
     def close(self) -> None:
         self._closed.set()
-        with self._lock:
-            sessions = list(self._sessions.values())
-            self._sessions.clear()
-        for session in sessions:
+        for session in self._sessions.clear():
             if session.runtime is not None:
                 session.runtime.proc.close(1.0)
 
     # ------------------------------------------------------------------ runtime plumbing
 
     def _session(self, params: Mapping[str, Any]) -> SessionState:
-        sid = str(params.get("agentSessionId") or "")
-        with self._lock:
-            session = self._sessions.get(sid)
-        if session is None:
-            raise NotFound(f"session {sid!r} is not started in the {self.kind} worker")
-        return session
-
-    def _live_runtime_for_home(self, home: Path) -> Runtime | None:
-        with self._lock:
-            for session in self._sessions.values():
-                runtime = session.runtime
-                if session.home == home and runtime is not None and runtime.alive:
-                    return runtime
-        return None
+        return self._sessions.require(str(params.get("agentSessionId") or ""))
 
     def _ensure_runtime(self, session: SessionState) -> Runtime:
         """The Session's live app-server, (re)spawned and its thread started or resumed."""
         runtime = session.runtime
         if runtime is not None and runtime.alive:
             return runtime
-        runtime = self._spawn(session.home, session.cwd, session)
+        runtime = self._spawn_for(session)
         try:
             if session.thread_id:
                 params: dict[str, Any] = {"threadId": session.thread_id}
@@ -481,15 +445,35 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         session.last_used = time.monotonic()
         return runtime
 
+    def _spawn_for(self, session: SessionState) -> Runtime:
+        """A new app-server serving `session`, its reader thread wired to the event translator,
+        and the ancestors its home must have loaded (a Codex fork child's) loaded."""
+        events = self.events
+        runtime = self.runtimes.spawn(
+            session.home,
+            session.cwd,
+            on_notification=lambda method, params: events.on_notification(session, method, params),
+            on_server_request=lambda request: events.on_server_request(session, request),
+            on_exit=lambda reason: events.on_exit(session, reason),
+        )
+        ancestors = self.provider.session_ancestors(session.home)
+        try:
+            self.runtimes.project(runtime, ancestors)
+        except AppServerFailure as exc:
+            runtime.proc.close()
+            raise DriverError(
+                f"cannot load the lineage of {session.thread_id}: {exc}",
+                reason="provider_session_unavailable",
+            ) from exc
+        return runtime
+
     def _reap_idle(self) -> None:
         """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use.
         On the same tick, fail the Turns of an app-server stopped past `stopped_limit_s`."""
         tick = min(5.0, self.idle_timeout / 4, self.stopped_limit / 4)
         while not self._closed.wait(max(0.05, tick)):
             now = time.monotonic()
-            with self._lock:
-                sessions = list(self._sessions.values())
-            for session in sessions:
+            for session in self._sessions.all():
                 runtime = session.runtime
                 if runtime is None or not runtime.alive:
                     continue
@@ -516,41 +500,20 @@ class AppServerDriver(TurnEvents, ForkThroughTurn):
         one). True when it was killed."""
         pid = runtime.proc.pid
         stopped = None if pid is None else stopped_process(pid)
-        if stopped is None:
+        if pid is None or stopped is None:
             session.stopped_since = None
             return False
         if session.stopped_since is None:
             session.stopped_since = now
         if now - session.stopped_since < self.stopped_limit:
             return False
-        state = (process_state(stopped) or b"?").decode("ascii", "replace")
-        which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
-        for_s = now - session.stopped_since
-        error = (
-            f"{PROVIDER_STOPPED}: the {self.kind} app-server ({which}) was stopped (process "
-            f"state {state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s and could not "
-            "finish the Turn; it was killed, and a new one starts at the next Turn"
-        )
-        with session.state_lock:
-            active = [(p, session.turns.get(p)) for p in session.active]
-            session.active.clear()
-            session.pending.clear()
+        error = stopped_error(self.kind, "app-server", pid, stopped, now - session.stopped_since)
         session.stopped_since = None
         # A `turn/start` waiting on it fails with this reason, not a bare "closed".
         runtime.stopped_error = error
         # Killed before its Turns are failed, so the host's next Turn finds it gone (its pid
-        # check) and starts a new one. SIGKILL ends a stopped process too; the reader thread
-        # reports the exit, with no Turn left to fail. The whole tree, leaves first: a stopped
-        # child left behind (no parent-death signal reaches Codex's native child) would keep
-        # the thread's files.
-        victims = [] if pid is None else list(process_tree(pid))
-        for victim in reversed(victims):
-            with contextlib.suppress(OSError):
-                os.kill(victim, signal.SIGKILL)
-        for provider_turn_id, canonical in active:
-            if canonical is not None:
-                self._send(
-                    session,
-                    TurnCompleted(canonical, provider_turn_id, TurnOutcome.FAILED.value, error),
-                )
+        # check) and starts a new one; the reader thread reports the exit, with no Turn left.
+        active = self.events.take_active(session)
+        kill_tree(pid)
+        self.events.send_failed(session, active, error)
         return True

@@ -1,8 +1,8 @@
 """What the generic app-server driver does on its reader thread: a provider turn id bound to its
 canonical Turn on first sight, notifications turned into the turn events of internals.md
 (`turn.started`, `turn.binding`, `item`, `message.delta`, `turn.completed`), server→client
-requests raised as Interactions, a retried model failure stopped, and a dead app-server's turns
-failed. `TurnEvents` is a mixin of `AppServerDriver`; it owns no state of its own.
+requests raised as Interactions, a retried model failure stopped, and the turns of a dead (or
+stopped) app-server failed. `TurnEvents` is the driver's event translator; it owns `emit`.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 import shlex
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from domain.errors import HostError
 from domain.model_limits import ModelLimits, stream_idle_timeout
@@ -67,23 +67,30 @@ _STREAM_IDLE = re.compile(r"idle timeout waiting for SSE", re.IGNORECASE)
 
 
 class TurnEvents:
-    """The reader-thread callbacks of one app-server (`on_notification`, `on_server_request`,
-    `on_exit`), bound to the Session it serves."""
+    """The reader-thread callbacks of the driver's app-servers (`on_notification`,
+    `on_server_request`, `on_exit`, each bound to the Session it serves), turned into typed turn
+    events sent through the worker's `emit`."""
 
-    kind: ClassVar[str]
-    _emit: Emit | None
-    config: Mapping[str, Any]
+    def __init__(
+        self,
+        kind: str,
+        config: Mapping[str, Any],
+        credential: CredentialPlan | None,
+        interrupt: Callable[[SessionState, str], None],
+    ) -> None:
+        self.kind = kind
+        self.config = config
+        self.credential = credential
+        # How a retried model failure stops the provider (the driver's `turn.interrupt`).
+        self._interrupt = interrupt
+        self.emit: Emit | None = None
 
     def endpoint(self) -> str | None:
-        raise NotImplementedError
+        """The model endpoint named in a model failure."""
+        base = self.config.get("model_base_url")
+        return str(base) if base else None
 
-    def credential(self) -> CredentialPlan | None:
-        raise NotImplementedError
-
-    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def _claim_turn(self, session: SessionState, provider_turn_id: str) -> str | None:
+    def claim_turn(self, session: SessionState, provider_turn_id: str) -> str | None:
         """Map a provider turn id to its canonical turn (first sight wins: the notification may
         overtake the `turn/start` response). Emits `turn.started` once."""
         emit_started = False
@@ -96,21 +103,21 @@ class TurnEvents:
                 session.active.add(provider_turn_id)
                 emit_started = True
         if emit_started and canonical is not None:
-            self._send(session, TurnStarted(canonical, provider_turn_id))
+            self.send(session, TurnStarted(canonical, provider_turn_id))
             binding = {
                 "schemaVersion": 1,
                 "threadId": session.thread_id,
                 "providerTurnId": provider_turn_id,
             }
-            self._send(session, TurnBindingMoved(canonical, json.dumps(binding, sort_keys=True)))
+            self.send(session, TurnBindingMoved(canonical, json.dumps(binding, sort_keys=True)))
         return canonical
 
-    def _send(self, session: SessionState, event: TurnEvent) -> None:
-        emit = self._emit
+    def send(self, session: SessionState, event: TurnEvent) -> None:
+        emit = self.emit
         if emit is not None:
             emit(session.agent_session_id, event)
 
-    def _on_notification(
+    def on_notification(
         self, session: SessionState | None, method: str, params: Mapping[str, Any]
     ) -> None:
         if session is None or params.get("threadId", session.thread_id) != session.thread_id:
@@ -120,39 +127,39 @@ class TurnEvents:
             session.history_changed()
         if method == "turn/started":
             turn = params.get("turn") or {}
-            self._claim_turn(session, str(turn.get("id") or ""))
+            self.claim_turn(session, str(turn.get("id") or ""))
         elif method == "item/started":
             # The model has answered (a tool it called starts to run, perhaps for minutes, with
             # nothing else to show): the host's first-byte backstop must not take that silence
             # for a model that never answered.
             item = params.get("item")
             if isinstance(item, Mapping) and item.get("type") not in ("userMessage", None):
-                canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+                canonical = self.claim_turn(session, str(params.get("turnId") or ""))
                 if canonical is not None:
-                    self._send(session, TurnActivity(canonical))
+                    self.send(session, TurnActivity(canonical))
         elif method == "item/completed":
             provider_turn_id = str(params.get("turnId") or "")
-            canonical = self._claim_turn(session, provider_turn_id)
+            canonical = self.claim_turn(session, provider_turn_id)
             item = params.get("item")
             if canonical is None or not isinstance(item, Mapping):
                 return
             for mapped in map_item(item):
-                self._send(session, TurnItem(canonical, mapped))
+                self.send(session, TurnItem(canonical, mapped))
         elif method == "error":
             self._on_model_error(session, params)
         elif method in DELTA_METHODS:
             # Streamed text of an item still being generated: not durable, the completed
             # item is the record (the daemon publishes it as `message.delta`).
-            canonical = self._claim_turn(session, str(params.get("turnId") or ""))
+            canonical = self.claim_turn(session, str(params.get("turnId") or ""))
             delta = params.get("delta")
             if canonical is None or not isinstance(delta, str) or not delta:
                 return
             item_id = str(params.get("itemId") or "")
-            self._send(session, MessageDelta(canonical, item_id, DELTA_METHODS[method], delta))
+            self.send(session, MessageDelta(canonical, item_id, DELTA_METHODS[method], delta))
         elif method == "turn/completed":
             turn = params.get("turn") or {}
             provider_turn_id = str(turn.get("id") or "")
-            canonical = self._claim_turn(session, provider_turn_id)
+            canonical = self.claim_turn(session, provider_turn_id)
             if canonical is None:
                 return
             outcome = OUTCOMES.get(str(turn.get("status")), TurnOutcome.FAILED)
@@ -165,7 +172,7 @@ class TurnEvents:
                     idle = ModelLimits.from_mapping(self.config).stream_idle_s
                     error = stream_idle_timeout(self.kind, self.endpoint(), idle)
                 else:
-                    error = model_failure_text(self.kind, self.endpoint(), text, self.credential())
+                    error = model_failure_text(self.kind, self.endpoint(), text, self.credential)
             with session.state_lock:
                 failure = session.model_failures.pop(provider_turn_id, None)
             if failure is not None:
@@ -179,7 +186,7 @@ class TurnEvents:
                     k for k, p in session.pending.items() if p.provider_turn_id == provider_turn_id
                 ]:
                     del session.pending[key]  # superseded by the turn's end
-            self._send(session, event)
+            self.send(session, event)
 
     def _on_model_error(self, session: SessionState, params: Mapping[str, Any]) -> None:
         """Codex keeps retrying an endpoint that refuses connections (seconds apart, for
@@ -196,19 +203,19 @@ class TurnEvents:
         provider_turn_id = str(params.get("turnId") or "")
         if classify_model_failure(detail) is None:
             # A retry the provider makes on its own (`model_retries`): shown, not silence.
-            canonical = self._claim_turn(session, provider_turn_id)
+            canonical = self.claim_turn(session, provider_turn_id)
             if canonical is not None:
                 with session.state_lock:
                     session.retries += 1
                     item_id = f"retry-{session.retries}"
                 note = f"{self.kind} retries the model request: {message}"
-                self._send(session, MessageDelta(canonical, item_id, PROGRESS, note))
+                self.send(session, MessageDelta(canonical, item_id, PROGRESS, note))
             return
         with session.state_lock:
             if provider_turn_id not in session.active or provider_turn_id in session.model_failures:
                 return
             session.model_failures[provider_turn_id] = model_failure_text(
-                self.kind, self.endpoint(), message, self.credential()
+                self.kind, self.endpoint(), message, self.credential
             )
         # Not on the reader thread: it must stay free to read the interrupt's answer.
         threading.Thread(
@@ -220,11 +227,9 @@ class TurnEvents:
 
     def _stop_retrying(self, session: SessionState, provider_turn_id: str) -> None:
         with contextlib.suppress(HostError):
-            self.interrupt_turn(
-                {"agentSessionId": session.agent_session_id, "providerTurnId": provider_turn_id}
-            )
+            self._interrupt(session, provider_turn_id)
 
-    def _on_server_request(self, session: SessionState | None, request: ServerRequest) -> None:
+    def on_server_request(self, session: SessionState | None, request: ServerRequest) -> None:
         if session is None:
             return
         runtime = session.runtime
@@ -239,7 +244,7 @@ class TurnEvents:
             return
         params = request.params
         provider_turn_id = str(params.get("turnId") or "")
-        canonical = self._claim_turn(session, provider_turn_id)
+        canonical = self.claim_turn(session, provider_turn_id)
         if canonical is None:
             return
         request_id = str(params.get("itemId") or f"rpc-{request.id}")
@@ -256,26 +261,34 @@ class TurnEvents:
             input_["text"] = command if isinstance(command, str) else shlex.join(command)
         with session.state_lock:
             session.pending[request_id] = PendingRequest(request, kind, canonical, provider_turn_id)
-        self._send(session, InteractionRequested(canonical, request_id, kind, input_))
+        self.send(session, InteractionRequested(canonical, request_id, kind, input_))
 
-    def _on_exit(self, session: SessionState | None, reason: str) -> None:
-        """The app-server died: every turn it was running ends as failed (nobody else will)."""
+    def on_exit(self, session: SessionState | None, reason: str) -> None:
+        """The app-server died: every turn it was running ends as failed (nobody else will).
+        A `turn/start` waiting on it raises to its caller; no event is owed for that one."""
         if session is None:
             return
+        self.fail_turns(session, f"{self.kind} app-server exited: {reason}")
+
+    def fail_turns(self, session: SessionState, error: str) -> None:
+        """End every Turn the Session's app-server is running as failed with `error`."""
+        self.send_failed(session, self.take_active(session), error)
+
+    def take_active(self, session: SessionState) -> list[tuple[str, str | None]]:
+        """The Session's running Turns `(provider id, canonical id)`, no longer counted as
+        running, and the Interactions they wait on dropped (no answer can reach them)."""
         with session.state_lock:
             active = [(p, session.turns.get(p)) for p in session.active]
             session.active.clear()
             session.pending.clear()
-            awaiting = session.awaiting_turn
-        for provider_turn_id, canonical in active:
+        return active
+
+    def send_failed(
+        self, session: SessionState, turns: list[tuple[str, str | None]], error: str
+    ) -> None:
+        for provider_turn_id, canonical in turns:
             if canonical is not None:
-                self._send(
+                self.send(
                     session,
-                    TurnCompleted(
-                        canonical,
-                        provider_turn_id,
-                        TurnOutcome.FAILED.value,
-                        f"{self.kind} app-server exited: {reason}",
-                    ),
+                    TurnCompleted(canonical, provider_turn_id, TurnOutcome.FAILED.value, error),
                 )
-        _ = awaiting  # turn/start raises to its caller; no event is owed

@@ -3,14 +3,14 @@ prefix checked on the source before any mutation, exactly one `thread/fork`, the
 against the prefix, the `host_copy` binder, and the proof that the bound child reads from its own
 home alone (in the worker with the provider's reader, else a fresh app-server there). Every
 provider outcome is a `ForkResult` disposition; nothing here raises for one.
-`ForkThroughTurn` is a mixin of `AppServerDriver`; subclasses refine its hooks.
+`ForkThroughTurn` is the app-server driver's fork strategy, over its `Runtimes` and `Sessions`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from domain.errors import HostError
 from drivers.app_server.items import thread_of, turn_ids
@@ -20,14 +20,15 @@ from drivers.app_server.process import (
     AppServerTimeout,
     JsonRpcError,
 )
-from drivers.app_server.state import Runtime, SessionState, VerifiedTurns
+from drivers.app_server.provider import AppServerProvider
+from drivers.app_server.runtimes import Runtimes
+from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.base import (
     DeliveryDisposition,
     ForkBinding,
     ForkChild,
     ForkRequest,
     ForkResult,
-    ProviderStateBindingMode,
 )
 from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
@@ -44,36 +45,36 @@ READABILITY_APP_SERVER = "app_server"
 class ForkThroughTurn:
     """`fork(request) -> ForkResult` over the driver's app-servers."""
 
-    kind: ClassVar[str]
-    binding_mode: ClassVar[ProviderStateBindingMode]
-    failpoints: Failpoints
-    binder: RolloutBinder
-    request_timeout: float
-    fork_timeout: float
-    verify_bound_child: bool
-    readability_proof: str
-    _sessions: dict[str, SessionState]
-    fork_exclude_turns: ClassVar[bool] = False
-    """Ask `thread/fork` for no turns and list the child's with `thread/turns/list` instead:
-    one round trip more, but for Codex 0.171 a third less app-server CPU per fork than the
-    deprecated full hydration (docs/performance.md). tutti-agent gains nothing: it keeps the
-    one call."""
-
-    def _spawn(self, home: Path, cwd: str | None, session: SessionState | None) -> Runtime:
-        raise NotImplementedError
-
-    def child_rollout_dir(self, target_home: Path) -> Path | None:
-        """Where the child's rollout will land in its own home, if the provider's layout lets
-        it be known before the provider call (None: not guessed, nothing made ahead)."""
-        return None
+    def __init__(
+        self,
+        provider: AppServerProvider,
+        runtimes: Runtimes,
+        sessions: Sessions,
+        binder: RolloutBinder,
+        failpoints: Failpoints,
+        *,
+        fork_timeout: float,
+        verify_bound_child: bool,
+        readability_proof: str,
+    ) -> None:
+        self.provider = provider
+        self.runtimes = runtimes
+        self.sessions = sessions
+        self.binder = binder
+        self.failpoints = failpoints
+        self.fork_timeout = fork_timeout
+        self.verify_bound_child = verify_bound_child
+        self.readability_proof = readability_proof
 
     def fork(self, request: ForkRequest) -> ForkResult:
         prefix = list(request.provider_turn_ids)
         source_id = request.source.provider_session_id
         if not prefix or not source_id:
             return ForkResult.not_started("fork needs a source thread and a provider turn prefix")
-        if request.driver_kind != self.kind:
-            return ForkResult.not_started(f"driver kind {request.driver_kind!r} is not {self.kind}")
+        if request.driver_kind != self.provider.kind:
+            return ForkResult.not_started(
+                f"driver kind {request.driver_kind!r} is not {self.provider.kind}"
+            )
         source_home = Path(request.source.home)
         runtime, transient = self._fork_runtime(request)
         if runtime is None:
@@ -86,7 +87,11 @@ class ForkThroughTurn:
             _ = source_home
 
     def _fork_runtime(self, request: ForkRequest) -> tuple[Runtime | None, bool]:
-        session = self._sessions.get(request.source.agent_session_id)
+        """The source Session's live app-server, else a transient one on its home. A transient
+        one first loads the source's ancestors: Codex lists a thread's inherited Turns only
+        once it loaded them in that home, and a fork child that never ran was loaded by no
+        app-server there (its readability is proven in the worker)."""
+        session = self.sessions.get(request.source.agent_session_id)
         home = Path(request.source.home)
         if (
             session is not None
@@ -96,9 +101,16 @@ class ForkThroughTurn:
         ):
             return session.runtime, False
         try:
-            return self._spawn(home, request.source.cwd, None), True
+            runtime = self.runtimes.spawn(home, request.source.cwd)
         except HostError:
             return None, False
+        ancestors = self.provider.lineage(home, request.source.provider_session_id)[:-1]
+        try:
+            self.runtimes.project(runtime, ancestors)
+        except AppServerFailure:
+            runtime.proc.close()
+            return None, False
+        return runtime, True
 
     def _fork_on(
         self, runtime: Runtime, request: ForkRequest, source_id: str, prefix: list[str]
@@ -109,7 +121,9 @@ class ForkThroughTurn:
                 f"driver version {runtime.gate.version!r} != frozen {request.driver_version!r}"
             )
         if not runtime.gate.fork_through_turn:
-            return ForkResult.not_started(f"{self.kind} {runtime.gate.version} cannot fork")
+            return ForkResult.not_started(
+                f"{self.provider.kind} {runtime.gate.version} cannot fork"
+            )
         # Before any mutation: the source must show the frozen ordered prefix, settled.
         try:
             source_turns = self._source_turns(runtime, request.source.agent_session_id, source_id)
@@ -124,14 +138,14 @@ class ForkThroughTurn:
             self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        # The child's target directories are created and made durable while the
+        # Issue 20: the child's target directories are created and made durable while the
         # provider call runs; the binder waits for them (ready) and writes only the file.
-        ahead_dir = self.child_rollout_dir(Path(request.target.home))
+        ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
         ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}
-            if self.fork_exclude_turns:
+            if self.provider.fork_exclude_turns:
                 params["excludeTurns"] = True
             response = runtime.proc.request("thread/fork", params, timeout=self.fork_timeout)
         except JsonRpcError as exc:
@@ -159,7 +173,9 @@ class ForkThroughTurn:
         child_turns = turn_ids(thread.get("turns"))
         if not child_turns:
             try:
-                child_turns = [str(t.get("id")) for t in self._list_turns(runtime, child_id)]
+                child_turns = [
+                    str(t.get("id")) for t in self.runtimes.list_turns(runtime, child_id)
+                ]
             except AppServerFailure as exc:
                 return ForkResult.unknown(
                     f"child turns unreadable: {exc}", ForkChild(child_id, forked_from, ())
@@ -190,7 +206,7 @@ class ForkThroughTurn:
                 )
         # The source server loaded the child; release it so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
-        # awaited (one round trip less per fork): the outcome is already decided and
+        # awaited (issue 20: one round trip less per fork): the outcome is already decided and
         # a failed unsubscribe changes nothing of it; the pipe keeps it ahead of later calls.
         self._release(runtime, child_id)
         wire = receipt.to_wire()
@@ -200,7 +216,7 @@ class ForkThroughTurn:
         return ForkResult(
             DeliveryDisposition.ACCEPTED,
             child=child,
-            binding=ForkBinding(self.binding_mode, wire),
+            binding=ForkBinding(self.provider.binding_mode, wire),
         )
 
     def _source_turns(
@@ -211,9 +227,9 @@ class ForkThroughTurn:
         them happened since (no turn call, no notification about the thread: its
         `history_generation` is unchanged, no turn is active): then the verified read is
         reused, one round trip and one history load in the app-server fewer per fork."""
-        session = self._sessions.get(agent_session_id)
+        session = self.sessions.get(agent_session_id)
         if session is None or session.runtime is not runtime or session.thread_id != source_id:
-            return _statuses(self._thread_turns(runtime, source_id))
+            return _statuses(self.runtimes.thread_turns(runtime, source_id))
         with session.state_lock:
             verified = session.verified_turns
             generation = session.history_generation
@@ -225,7 +241,7 @@ class ForkThroughTurn:
             and verified.generation == generation
         ):
             return list(verified.turns)
-        turns = _statuses(self._thread_turns(runtime, source_id))
+        turns = _statuses(self.runtimes.thread_turns(runtime, source_id))
         with session.state_lock:
             # Only if nothing happened during the read (its answer may predate a change).
             if session.history_generation == generation and not busy:
@@ -258,24 +274,19 @@ class ForkThroughTurn:
         self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
     ) -> str | None:
         """The child's readability from `home` alone, judged in this worker by the provider's
-        own history reader (a problem, or None). A provider module supplies the reader; without
-        one the proof falls back to a fresh app-server."""
-        raise ReaderNotApplicable(f"no in-worker history reader for {self.kind}")
-
-    def _load_lineage(self, runtime: Runtime, home: Path, thread_id: str) -> None:
-        """Before a fresh app-server on `home` reads `thread_id`: load what it must have seen
-        first (Codex: the thread's rollout lineage). Nothing by default."""
+        own history reader (a problem, or None); `ReaderNotApplicable` where it cannot."""
+        return self.provider.read_child(home, child_id, source_id, prefix, runtime.gate.version)
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
         """Prove the child reads from the target home alone (lineage included): a fresh
         app-server there lists exactly the frozen prefix."""
         try:
-            runtime = self._spawn(home, None, None)
+            runtime = self.runtimes.spawn(home, None)
         except HostError as exc:
             return str(exc)
         try:
-            self._load_lineage(runtime, home, child_id)
-            turns = [str(t.get("id")) for t in self._thread_turns(runtime, child_id)]
+            self.runtimes.load_lineage(runtime, home, child_id)
+            turns = [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, child_id)]
         except AppServerFailure as exc:
             return str(exc)
         finally:
@@ -283,31 +294,6 @@ class ForkThroughTurn:
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
-
-    def _thread_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
-        result = runtime.proc.request(
-            "thread/read",
-            {"threadId": thread_id, "includeTurns": True},
-            timeout=self.request_timeout,
-        )
-        thread = thread_of(result)
-        turns = [t for t in thread.get("turns") or [] if isinstance(t, Mapping)]
-        # Paginated histories may omit turns from thread/read: list them instead.
-        return turns or self._list_turns(runtime, thread_id)
-
-    def _list_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
-        turns: list[Mapping[str, Any]] = []
-        cursor: str | None = None
-        for _ in range(10_000):
-            params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc", "limit": 100}
-            if cursor:
-                params["cursor"] = cursor
-            page = runtime.proc.request("thread/turns/list", params, timeout=self.request_timeout)
-            turns.extend(t for t in page.get("data") or [] if isinstance(t, Mapping))
-            cursor = page.get("nextCursor")
-            if not cursor:
-                break
-        return turns
 
 
 def _statuses(turns: list[Mapping[str, Any]]) -> list[tuple[str, str]]:

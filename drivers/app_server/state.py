@@ -1,7 +1,7 @@
 """The worker-side state of the generic app-server driver: one app-server process serving one
 provider home (`Runtime`), one canonical Session (`SessionState`), a server→client request
-awaiting the host's answer (`PendingRequest`), and the source turns a fork last read
-(`VerifiedTurns`). Plain data; the driver's locks guard it."""
+awaiting the host's answer (`PendingRequest`), the source turns a fork last read
+(`VerifiedTurns`), and the table of started Sessions the driver's parts share (`Sessions`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from domain.errors import NotFound
 from drivers.app_server.process import AppServerProcess, ServerRequest
 from drivers.versions import GateResult
 
@@ -112,3 +113,70 @@ class SessionState:
         with self.state_lock:
             self.history_generation += 1
             self.verified_turns = None
+
+
+class Sessions:
+    """The Sessions started in this worker, by canonical id: one table shared by the driver's
+    parts (turns, fork, resolution), each entry guarded by its own locks."""
+
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+        self._by_id: dict[str, SessionState] = {}
+        self._lock = threading.Lock()
+
+    def get(self, agent_session_id: str) -> SessionState | None:
+        with self._lock:
+            return self._by_id.get(agent_session_id)
+
+    def __getitem__(self, agent_session_id: str) -> SessionState:
+        with self._lock:
+            return self._by_id[agent_session_id]
+
+    def require(self, agent_session_id: str) -> SessionState:
+        session = self.get(agent_session_id)
+        if session is None:
+            raise NotFound(
+                f"session {agent_session_id!r} is not started in the {self._kind} worker"
+            )
+        return session
+
+    def open(
+        self, agent_session_id: str, home: Path, cwd: str, wanted: str, model: str | None
+    ) -> tuple[SessionState, SessionState | None]:
+        """The Session to start on `home` (and thread `wanted`, if named): the current one when
+        it matches, else a new one that replaces it; the replaced one is returned second (its
+        app-server is the caller's to close)."""
+        with self._lock:
+            session = self._by_id.get(agent_session_id)
+            if (
+                session is not None
+                and session.home == home
+                and (not wanted or session.thread_id == wanted)
+            ):
+                return session, None
+            fresh = SessionState(agent_session_id, home, cwd, wanted, model)
+            self._by_id[agent_session_id] = fresh
+            return fresh, session
+
+    def pop(self, agent_session_id: str) -> SessionState | None:
+        with self._lock:
+            return self._by_id.pop(agent_session_id, None)
+
+    def all(self) -> list[SessionState]:
+        with self._lock:
+            return list(self._by_id.values())
+
+    def clear(self) -> list[SessionState]:
+        with self._lock:
+            sessions = list(self._by_id.values())
+            self._by_id.clear()
+            return sessions
+
+    def live_runtime_for_home(self, home: Path) -> Runtime | None:
+        """A live app-server of some Session on `home` (it attests and reads for that home)."""
+        with self._lock:
+            for session in self._by_id.values():
+                runtime = session.runtime
+                if session.home == home and runtime is not None and runtime.alive:
+                    return runtime
+        return None

@@ -4,14 +4,16 @@ here; the worker loads `create_driver`):
 - `env`: the driver's configuration, the pinned SDK, each session's CLI environment, and the
   process-wide config dir the SDK's in-process helpers read.
 - `state`: the worker-side data of a session, its active turn and a pending permission request.
-- `driver`: `ClaudeDriver`, the attested verdict and the sessions; composes the mixins below.
-- `turns`: a turn run by the SDK on the driver's loop, its messages mapped to turn events.
-- `interactions`: tool-permission requests as Interactions and their answers.
-- `checkpoints`: the observed provider Turn identity and its checkpoint binding.
-- `fork`: the provider-owned fork via `fork_session` and the child's placement and proof.
+- `driver`: `ClaudeDriver`, the attested verdict and the sessions; composed of the parts below.
+- `turns`: `Turns`, a turn's CLI run by the SDK on the driver's loop.
+- `events`: `ClaudeEvents`, the SDK's messages read as turn events.
+- `interactions`: `Interactions`, tool-permission requests as Interactions and their answers.
+- `checkpoints`: the observed provider Turn identity and its checkpoint binding (functions).
+- `fork`: `ClaudeFork`, the provider-owned fork via `fork_session`, the child's placement
+  and proof.
 
 The transcript format is `drivers.claude_transcript`; `fork.resolve` evidence is
-`drivers.claude_resolution`.
+`drivers.claude.resolution`.
 """
 
 from drivers.claude.driver import ClaudeDriver, create_driver
@@ -27,14 +29,11 @@ from drivers.claude.env import (
     sdk_version,
     session_env,
 )
+from drivers.claude.events import DESCENDANT_LANE_KIND, EPHEMERAL_SYSTEM_SUBTYPES
 from drivers.claude.fork import receipt_hash
 from drivers.claude.interactions import DECLINED_MESSAGE, QUESTION_TOOL, RESPOND_TIMEOUT_S
 from drivers.claude.state import is_uuid
-from drivers.claude.turns import (
-    DESCENDANT_LANE_KIND,
-    EPHEMERAL_SYSTEM_SUBTYPES,
-    TURN_START_TIMEOUT_S,
-)
+from drivers.claude.turns import TURN_START_TIMEOUT_S
 
 __all__ = [
     "DECLINED_MESSAGE",

@@ -2,7 +2,7 @@
 user-message UUID found in the session's transcript as soon as the CLI writes it (`turn.started`),
 each later persisted message moving the checkpoint (`turn.binding`), the checkpoint reconciled
 with the transcript when the turn ends, and whether a transcript can be resumed at all.
-`Checkpoints` is a mixin of `ClaudeDriver`.
+Functions over a Session and its Turn; the state they move is the Turn's.
 """
 
 from __future__ import annotations
@@ -25,64 +25,65 @@ from drivers.claude_transcript import (
 log = logging.getLogger("drivers.claude")
 
 
-class Checkpoints:
-    """Turn identity and checkpoint binding, from the transcript and the streamed messages."""
+def reconcile_checkpoint(session: SessionState, turn: TurnState) -> None:
+    """A streamed checkpoint the transcript does not hold would make fork fail later;
+    replace it with the transcript's own last message of this turn."""
+    try:
+        text = session.transcript.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    assert turn.provider_turn_id is not None
+    if turn.checkpoint and contains_uuid(text, turn.checkpoint):
+        return
+    recomputed = legacy_checkpoint(text, turn.provider_turn_id)
+    if recomputed and recomputed != turn.checkpoint:
+        set_checkpoint(session, turn, recomputed)
 
-    def _reconcile_checkpoint(self, session: SessionState, turn: TurnState) -> None:
-        """A streamed checkpoint the transcript does not hold would make fork fail later;
-        replace it with the transcript's own last message of this turn."""
-        try:
-            text = session.transcript.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return
-        assert turn.provider_turn_id is not None
-        if turn.checkpoint and contains_uuid(text, turn.checkpoint):
-            return
-        recomputed = legacy_checkpoint(text, turn.provider_turn_id)
-        if recomputed and recomputed != turn.checkpoint:
-            self._set_checkpoint(session, turn, recomputed)
 
-    def _observe_root(self, session: SessionState, turn: TurnState, root_uuid: str) -> None:
-        """Records the observed root user-message UUID: the provider Turn identity."""
-        if turn.provider_turn_id is not None:
-            return
-        turn.provider_turn_id = root_uuid
-        turn.emit(session.agent_session_id, TurnStarted(turn.turn_id, root_uuid))
-        turn.started.set_result(root_uuid)
-        self._set_checkpoint(session, turn, root_uuid)
+def observe_root(session: SessionState, turn: TurnState, root_uuid: str) -> None:
+    """Records the observed root user-message UUID: the provider Turn identity."""
+    if turn.provider_turn_id is not None:
+        return
+    turn.provider_turn_id = root_uuid
+    turn.emit(session.agent_session_id, TurnStarted(turn.turn_id, root_uuid))
+    turn.started.set_result(root_uuid)
+    set_checkpoint(session, turn, root_uuid)
 
-    async def _watch_root(self, session: SessionState, turn: TurnState) -> None:
-        """Finds the turn's root user message in the transcript as soon as the CLI writes it.
 
-        The CLI persists the prompt before it calls the model but echoes it only with the
-        reply, so the transcript is the earliest place the observed UUID appears.
-        """
-        while not self._scan_root(session, turn):
-            await asyncio.sleep(0.02)
+async def watch_root(session: SessionState, turn: TurnState) -> None:
+    """Finds the turn's root user message in the transcript as soon as the CLI writes it.
 
-    def _scan_root(self, session: SessionState, turn: TurnState) -> bool:
-        """One look for the root user message past the turn's start offset; True once known."""
-        if turn.provider_turn_id is not None:
-            return True
-        try:
-            with open(session.transcript, "rb") as fh:
-                fh.seek(turn.transcript_offset)
-                tail = fh.read().decode("utf-8", errors="replace")
-        except FileNotFoundError:
-            return False
-        root = next((e for e in parse_entries(tail) if e.is_root_user), None)
-        if root is None:
-            return False
-        self._observe_root(session, turn, root.uuid)
+    The CLI persists the prompt before it calls the model but echoes it only with the
+    reply, so the transcript is the earliest place the observed UUID appears.
+    """
+    while not scan_root(session, turn):
+        await asyncio.sleep(0.02)
+
+
+def scan_root(session: SessionState, turn: TurnState) -> bool:
+    """One look for the root user message past the turn's start offset; True once known."""
+    if turn.provider_turn_id is not None:
         return True
+    try:
+        with open(session.transcript, "rb") as fh:
+            fh.seek(turn.transcript_offset)
+            tail = fh.read().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        return False
+    root = next((e for e in parse_entries(tail) if e.is_root_user), None)
+    if root is None:
+        return False
+    observe_root(session, turn, root.uuid)
+    return True
 
-    def _set_checkpoint(self, session: SessionState, turn: TurnState, message_uuid: str) -> None:
-        if turn.checkpoint == message_uuid:
-            return
-        turn.checkpoint = message_uuid
-        turn.emit(
-            session.agent_session_id, TurnBindingMoved(turn.turn_id, encode_binding(message_uuid))
-        )
+
+def set_checkpoint(session: SessionState, turn: TurnState, message_uuid: str) -> None:
+    if turn.checkpoint == message_uuid:
+        return
+    turn.checkpoint = message_uuid
+    turn.emit(
+        session.agent_session_id, TurnBindingMoved(turn.turn_id, encode_binding(message_uuid))
+    )
 
 
 def resumable(transcript: Path) -> bool:

@@ -2,9 +2,11 @@
 (which runs the real bundled Claude Code CLI), and provider-owned forks via `fork_session`.
 
 `ClaudeDriver` here owns the attested verdict and the sessions (each with its own
-`CLAUDE_CONFIG_DIR` and private `HOME`, resumed only from its own provider session id); its
-turns (turns.py), Interactions (interactions.py), checkpoints (checkpoints.py) and fork
-(fork.py) are mixins, its configuration and environment in env.py.
+`CLAUDE_CONFIG_DIR` and private `HOME`, resumed only from its own provider session id). It is
+composed of parts wired in its constructor: `Turns` (each turn's CLI process, turns.py) with its
+event translator (`ClaudeEvents`, events.py), `Interactions` (interactions.py), the fork
+strategy `ClaudeFork` (fork.py) and `ClaudeResolution` (`drivers.claude.resolution`); its
+configuration and environment are env.py.
 """
 
 from __future__ import annotations
@@ -20,14 +22,14 @@ from typing import Any
 
 from domain.errors import InvalidArgument, NotFound, SessionBusy
 from domain.worker_messages import (
+    ForkRequest,
     ForkResult,
     ResolveAdopt,
     ResolveInspection,
     ResolveQuarantined,
     ResolveRequest,
 )
-from drivers import claude_resolution
-from drivers.base import ProviderStateBindingMode
+from drivers.base import Emit, ProviderStateBindingMode
 from drivers.claude.env import (
     DRIVER_KIND,
     PINNED_SDK_VERSION,
@@ -39,14 +41,16 @@ from drivers.claude.env import (
     session_env,
 )
 from drivers.claude.fork import ClaudeFork
+from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, is_uuid, required
 from drivers.claude.turns import Turns
+from drivers.claude.resolution import ClaudeResolution
 from drivers.claude_transcript import history_turns
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 
 
-class ClaudeDriver(Turns, ClaudeFork):
+class ClaudeDriver:
     """`ProviderDriver` for `claude-code`; one instance per worker process.
 
     Turns run on one private asyncio loop thread (the SDK is async); every other method is
@@ -58,9 +62,6 @@ class ClaudeDriver(Turns, ClaudeFork):
         self._failpoints = failpoints
         self._sessions: dict[str, SessionState] = {}
         self._sessions_lock = threading.Lock()
-        # os.environ is process-wide and the SDK's session helpers read CLAUDE_CONFIG_DIR
-        # from it: every helper call that needs a particular config dir holds this lock.
-        self._env_lock = threading.Lock()
         for key, value in QUIET_ENV.items():
             os.environ[key] = value
         self._loop = asyncio.new_event_loop()
@@ -68,6 +69,10 @@ class ClaudeDriver(Turns, ClaudeFork):
             target=self._loop.run_forever, name="claude-driver-loop", daemon=True
         )
         self._loop_thread.start()
+        self.interactions = Interactions(self._loop)
+        self.turns = Turns(config, self._loop, self.interactions)
+        self.forks = ClaudeFork(failpoints, threading.Lock())
+        self.resolution = ClaudeResolution(self.forks)
 
     def _user_agent(self) -> str:
         return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
@@ -132,7 +137,7 @@ class ClaudeDriver(Turns, ClaudeFork):
         return verdict
 
     def _placement_available(self) -> bool:
-        """Whether the child-transcript placement (`_relocate_child`) can run here."""
+        """Whether the child-transcript placement (`ClaudeFork.relocate_child`) can run here."""
         return hasattr(os, "replace") and hasattr(os, "fsync")
 
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -201,8 +206,21 @@ class ClaudeDriver(Turns, ClaudeFork):
         with self._sessions_lock:
             session = self._sessions.pop(agent_session_id, None)
         if session is not None and session.active is not None:
-            self._cancel(session.active)
+            self.turns.cancel(session.active)
         return {}
+
+    def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
+        return self.turns.start(self._session(required(params, "agentSessionId")), params, emit)
+
+    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        return self.turns.interrupt(self._session(required(params, "agentSessionId")), params)
+
+    def respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        session = self._session(required(params, "agentSessionId"))
+        return self.interactions.respond(session, params)
+
+    def fork(self, request: ForkRequest) -> ForkResult:
+        return self.forks.fork(request)
 
     def _session(self, agent_session_id: str) -> SessionState:
         with self._sessions_lock:
@@ -211,23 +229,23 @@ class ClaudeDriver(Turns, ClaudeFork):
             raise NotFound(f"session {agent_session_id} is not started in the Claude worker")
         return session
 
-    # -- fork.resolve (drivers/claude_resolution.py) -----------------------------------------
+    # -- fork.resolve (drivers.claude.resolution.py) -----------------------------------------
 
     def inspect_fork(self, request: ResolveRequest) -> ResolveInspection:
-        return claude_resolution.inspect(self, request)
+        return self.resolution.inspect(request)
 
     def adopt_fork(self, request: ResolveAdopt) -> ForkResult:
-        return claude_resolution.adopt(self, request)
+        return self.resolution.adopt(request)
 
     def quarantine_fork(self, request: ResolveRequest) -> ResolveQuarantined:
-        return claude_resolution.quarantine(self, request)
+        return self.resolution.quarantine(request)
 
     def close(self) -> None:
         with self._sessions_lock:
             sessions = list(self._sessions.values())
         for session in sessions:
             if session.active is not None:
-                self._cancel(session.active)
+                self.turns.cancel(session.active)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
 

@@ -2,7 +2,8 @@
 planned from the source transcript before any provider call, exactly one SDK `fork_session`,
 the child's transcript moved crash-durably into the child's own home, and the child verified
 from that home alone (identity, turn mapping, checkpoint) with a hashed receipt. Every
-provider outcome is a `ForkResult` disposition. `ClaudeFork` is a mixin of `ClaudeDriver`.
+provider outcome is a `ForkResult` disposition. `ClaudeFork` is the Claude driver's fork
+strategy; `drivers.claude.resolution` reuses its plan, placement and verification.
 """
 
 from __future__ import annotations
@@ -54,15 +55,18 @@ class _ForkPlan:
     legacy: bool
 
 
-class _NotStarted(Exception):
+class NotStarted(Exception):
     """A fork precondition failed before any provider call."""
 
 
 class ClaudeFork:
     """`fork(request) -> ForkResult` through the SDK's `fork_session`."""
 
-    _failpoints: Failpoints
-    _env_lock: threading.Lock
+    def __init__(self, failpoints: Failpoints, env_lock: threading.Lock) -> None:
+        self._failpoints = failpoints
+        # os.environ is process-wide and the SDK's session helpers read CLAUDE_CONFIG_DIR
+        # from it: every helper call that needs a particular config dir holds this lock.
+        self._env_lock = env_lock
 
     @contextlib.contextmanager
     def _config_env(self, config_dir: str, home: str) -> Iterator[None]:
@@ -72,8 +76,8 @@ class ClaudeFork:
 
     def fork(self, request: ForkRequest) -> ForkResult:
         try:
-            plan = self._plan_fork(request)
-        except _NotStarted as exc:
+            plan = self.plan_fork(request)
+        except NotStarted as exc:
             return ForkResult.not_started(str(exc))
         try:
             self._failpoints.hit("worker.fork.before_provider_call")
@@ -82,42 +86,42 @@ class ClaudeFork:
         # From here on the SDK may have written a child: every failure is `unknown`, and
         # nothing is ever retried (at most one provider fork call per operation, law 1).
         try:
-            child_id = self._call_fork_session(request, plan)
+            child_id = self.call_fork_session(request, plan)
         except Exception as exc:
             return ForkResult.unknown(f"fork_session failed: {type(exc).__name__}: {exc}")
         try:
             self._failpoints.hit("worker.fork.after_provider_call")
-            self._relocate_child(request, child_id)
-            return self._verify_child(request, plan, child_id)
+            self.relocate_child(request, child_id)
+            return self.verify_child(request, plan, child_id)
         except Exception as exc:
             return ForkResult.unknown(
                 f"child {child_id} unverified: {type(exc).__name__}: {exc}",
                 child=ForkChild(child_id, request.source.provider_session_id, ()),
             )
 
-    def _plan_fork(self, request: ForkRequest) -> _ForkPlan:
+    def plan_fork(self, request: ForkRequest) -> _ForkPlan:
         src, tgt = request.source, request.target
         if request.driver_kind and request.driver_kind != DRIVER_KIND:
-            raise _NotStarted(f"driver kind {request.driver_kind!r} is not {DRIVER_KIND}")
+            raise NotStarted(f"driver kind {request.driver_kind!r} is not {DRIVER_KIND}")
         if request.driver_version and request.driver_version != sdk_version():
-            raise _NotStarted(
+            raise NotStarted(
                 f"driver version changed: frozen {request.driver_version}, now {sdk_version()}"
             )
         if not is_uuid(src.provider_session_id):
-            raise _NotStarted(
+            raise NotStarted(
                 f"source provider session id is not a UUID: {src.provider_session_id!r}"
             )
         if not request.provider_turn_ids:
-            raise _NotStarted("no provider turn ids: the boundary is unbound")
+            raise NotStarted("no provider turn ids: the boundary is unbound")
         if not all(is_uuid(t) for t in request.provider_turn_ids):
-            raise _NotStarted("a provider turn id is not an observed Claude UUID")
+            raise NotStarted("a provider turn id is not an observed Claude UUID")
         if not tgt.home or not src.home or not src.cwd:
-            raise _NotStarted("source home, source cwd and target home are required")
+            raise NotStarted("source home, source cwd and target home are required")
         if os.path.realpath(src.home) == os.path.realpath(tgt.home):
-            raise _NotStarted("the child needs its own home")
+            raise NotStarted("the child needs its own home")
         source_path = transcript_path(src.home, src.cwd, src.provider_session_id)
         if not source_path.is_file():
-            raise _NotStarted(f"unknown session {src.provider_session_id}: no transcript")
+            raise NotStarted(f"unknown session {src.provider_session_id}: no transcript")
         bindings = request.extra.get("providerTurnBindings") or []
         boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
         checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
@@ -132,10 +136,10 @@ class ClaudeFork:
             # checkpoint of the boundary Turn.
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
-                raise _NotStarted("boundary turn is not a root user message of the transcript")
+                raise NotStarted("boundary turn is not a root user message of the transcript")
         return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
 
-    def _call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
+    def call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
         from claude_agent_sdk import fork_session
 
         src = request.source
@@ -152,7 +156,7 @@ class ClaudeFork:
             )
         return str(result.session_id)
 
-    def _relocate_child(self, request: ForkRequest, child_id: str) -> None:
+    def relocate_child(self, request: ForkRequest, child_id: str) -> None:
         """Moves the child transcript from the source's config dir into the child's own home.
 
         fork_session writes next to the source; the child must resume from its own home alone.
@@ -196,7 +200,7 @@ class ClaudeFork:
             written.unlink()
             fsync_dir(written.parent)
 
-    def _verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
+    def verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
         """Reads only the child (from the target home): identity, readability, turn mapping."""
         from claude_agent_sdk import get_session_info, get_session_messages
 

@@ -1,7 +1,7 @@
 """Claude Code's tool-permission requests as Interactions: the SDK's `can_use_tool` callback
 raises `interaction.requested` (an `approval`, or a `question` for the CLI's ask-the-user tool)
 and waits on the driver's loop; `interaction.respond` resolves it with the SDK's permission
-result. `Interactions` is a mixin of `ClaudeDriver`.
+result. `Interactions` is the part of `ClaudeDriver` that owns that exchange.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from domain.errors import Conflict, InvalidArgument
 from domain.worker_messages import InteractionRequested
-from drivers.claude.checkpoints import Checkpoints
-from drivers.claude.state import PendingPermission, SessionState, TurnState, required
+from drivers.claude.checkpoints import scan_root
+from drivers.claude.state import PendingPermission, SessionState, TurnState
 from drivers.errors import DriverError
 
 RESPOND_TIMEOUT_S = 10.0
@@ -26,16 +26,13 @@ with `answers: {question text: answer}` added to its input (observed with CLI 2.
 DECLINED_MESSAGE = "The user declined this tool use."
 
 
-class Interactions(Checkpoints):
-    """`respond_interaction` and the `can_use_tool` callback."""
+class Interactions:
+    """`interaction.respond` and the `can_use_tool` callback, on the driver's loop."""
 
-    _loop: asyncio.AbstractEventLoop
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
 
-    def _session(self, agent_session_id: str) -> SessionState:
-        raise NotImplementedError
-
-    def respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._session(required(params, "agentSessionId"))
+    def respond(self, session: SessionState, params: Mapping[str, Any]) -> dict[str, Any]:
         request_id = str(params.get("requestId") or "")
         response = params.get("response")
         if not isinstance(response, Mapping):
@@ -63,7 +60,7 @@ class Interactions(Checkpoints):
             )
         return {}
 
-    async def _can_use_tool(
+    async def can_use_tool(
         self,
         session: SessionState,
         turn: TurnState,
@@ -77,7 +74,7 @@ class Interactions(Checkpoints):
         """
         # The host binds an Interaction to a Turn it knows has started at the provider (an
         # interrupt of an unstarted Turn never reaches us): observe the root first.
-        self._scan_root(session, turn)
+        scan_root(session, turn)
         request_id = str(getattr(context, "tool_use_id", None) or f"claude-{uuid.uuid4()}")
         kind = "question" if tool == QUESTION_TOOL else "approval"
         pending = PendingPermission(

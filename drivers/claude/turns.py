@@ -1,72 +1,47 @@
-"""A Claude Code turn: run by the pinned SDK on the driver's private asyncio loop (one CLI process
-per turn, resumed from the session's own transcript), its streamed SDK messages mapped to the
-turn events of internals.md (`item`, `message.delta`, descendant lanes, `turn.completed`), a
-retried model failure stopped, and an interrupt that kills exactly this turn's CLI.
-`Turns` is a mixin of `ClaudeDriver`.
+"""A Claude Code turn (`Turns`, the Claude driver's process part): run by the pinned SDK on the
+driver's private asyncio loop (one CLI process per turn, resumed from the session's own
+transcript), its messages handed to the event translator (`ClaudeEvents`), `turn.completed`
+sent once, and an interrupt that kills exactly this turn's CLI.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
 from domain.errors import NotFound, SessionBusy
-from domain.model_limits import first_byte_timeout, stream_idle_timeout
-from domain.turn_events import PROGRESS
-from domain.worker_messages import MessageDelta, TurnCompleted, TurnItem
+from domain.worker_messages import TurnCompleted
 from drivers.base import Emit, TurnOutcome
-from drivers.claude.checkpoints import resumable
+from drivers.claude.checkpoints import reconcile_checkpoint, resumable, watch_root
 from drivers.claude.env import ClaudeDriverConfig
+from drivers.claude.events import TIMED_OUT, ClaudeEvents
 from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
-from drivers.credentials import (
-    MODEL_AUTH_FAILED,
-    MODEL_UNREACHABLE,
-    classify_model_failure,
-    credential_note,
-    model_failure_text,
-)
+from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
-
-# Streamed system messages that never reach the transcript: they are no checkpoint.
-EPHEMERAL_SYSTEM_SUBTYPES = frozenset(
-    {
-        "init",
-        "status",
-        "hook_started",
-        "hook_progress",
-        "hook_response",
-        "task_started",
-        "task_progress",
-        "task_notification",
-        "task_updated",
-        "api_retry",
-        "files_persisted",
-    }
-)
-
-# The canonical Message kind that marks a provider-native descendant lane in a Turn (the store's
-# `storage.fork_snapshot.DESCENDANT_LANE_KIND`; a fork boundary holding one fails closed).
-DESCENDANT_LANE_KIND = "descendant_lane"
 
 TURN_START_TIMEOUT_S = 120.0
 
-# How the CLI words its own request timeouts (API_TIMEOUT_MS, the first-byte watchdog).
-_TIMED_OUT = re.compile(r"request timed out|timed out waiting|no_response", re.IGNORECASE)
 
+class Turns:
+    """Turn start, interrupt and the CLI process of each Session's active turn."""
 
-class Turns(Interactions):
-    """Turn start, interrupt and the SDK message stream of the active turn."""
+    def __init__(
+        self,
+        config: ClaudeDriverConfig,
+        loop: asyncio.AbstractEventLoop,
+        interactions: Interactions,
+    ) -> None:
+        self._config = config
+        self._loop = loop
+        self._interactions = interactions
+        self.events = ClaudeEvents(config, self.terminate)
 
-    _config: ClaudeDriverConfig
-
-    def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
-        session = self._session(required(params, "agentSessionId"))
+    def start(self, session: SessionState, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
         turn = TurnState(turn_id=required(params, "turnId"), emit=emit)
         text = str(params.get("text") or "")
         with session.lock:
@@ -81,24 +56,23 @@ class Turns(Interactions):
         try:
             provider_turn_id = turn.started.result(timeout=TURN_START_TIMEOUT_S)
         except FutureTimeout:
-            self._cancel(turn)
+            self.cancel(turn)
             raise DriverError("Claude Code did not echo the user message in time") from None
         return {"providerTurnId": provider_turn_id}
 
-    def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._session(required(params, "agentSessionId"))
+    def interrupt(self, session: SessionState, params: Mapping[str, Any]) -> dict[str, Any]:
         turn = session.active
         wanted = params.get("providerTurnId")
         if turn is None or (wanted and turn.provider_turn_id not in (None, wanted)):
             raise NotFound("no such active turn", reason="turn_not_found")
-        self._cancel(turn)
+        self.cancel(turn)
         return {}
 
-    def _cancel(self, turn: TurnState) -> None:
+    def cancel(self, turn: TurnState) -> None:
         turn.interrupted = True
-        self._loop.call_soon_threadsafe(self._terminate, turn)
+        self._loop.call_soon_threadsafe(self.terminate, turn)
 
-    def _terminate(self, turn: TurnState) -> None:
+    def terminate(self, turn: TurnState) -> None:
         """Stops the turn's CLI process (on the loop thread, which owns it).
 
         Killing the process, not cancelling the task: a bare asyncio cancel skips the SDK's
@@ -115,7 +89,7 @@ class Turns(Interactions):
         from claude_agent_sdk import ClaudeAgentOptions
 
         async def can_use_tool(tool: str, tool_input: dict[str, Any], context: Any) -> Any:
-            return await self._can_use_tool(session, turn, tool, tool_input, context)
+            return await self._interactions.can_use_tool(session, turn, tool, tool_input, context)
 
         exists = resumable(session.transcript)
         return ClaudeAgentOptions(
@@ -147,7 +121,7 @@ class Turns(Interactions):
             turn.transcript_offset = session.transcript.stat().st_size
         except FileNotFoundError:
             turn.transcript_offset = 0
-        watcher = asyncio.ensure_future(self._watch_root(session, turn))
+        watcher = asyncio.ensure_future(watch_root(session, turn))
         try:
             options = self._options(session, turn)
             # Our own transport handle (the SDK's default one, pinned version) so an interrupt
@@ -162,7 +136,7 @@ class Turns(Interactions):
                 query(prompt=text, options=options, transport=turn.transport)
             ) as messages:
                 async for message in messages:
-                    result = self._on_message(session, turn, message)
+                    result = self.events.on_message(session, turn, message)
                     if result is not None:
                         outcome, error = result
             if turn.provider_turn_id is None and error is None:
@@ -172,8 +146,8 @@ class Turns(Interactions):
             outcome, error = TurnOutcome.INTERRUPTED, None
         except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
             text = f"{type(exc).__name__}: {exc}"
-            if _TIMED_OUT.search(text):
-                error = self._timeout_text(turn)
+            if TIMED_OUT.search(text):
+                error = self.events.timeout_text(turn)
             elif error is None:
                 error = model_failure_text(
                     "claude-code", self._config.model_base_url, text, self._config.credential()
@@ -206,7 +180,7 @@ class Turns(Interactions):
             with session.lock:
                 session.active = None
             return
-        self._reconcile_checkpoint(session, turn)
+        reconcile_checkpoint(session, turn)
         with session.lock:
             # Cleared before `turn.completed` so the host's next turn.start is never busy.
             session.active = None
@@ -218,221 +192,3 @@ class Turns(Interactions):
             session.agent_session_id,
             TurnCompleted(turn.turn_id, turn.provider_turn_id, settled.value, sent_error),
         )
-
-    def _on_message(
-        self, session: SessionState, turn: TurnState, message: Any
-    ) -> tuple[TurnOutcome, str | None] | None:
-        """Maps one SDK message to turn events; returns the outcome on the ResultMessage."""
-        from claude_agent_sdk import (
-            AssistantMessage,
-            ResultMessage,
-            StreamEvent,
-            SystemMessage,
-            TextBlock,
-            ThinkingBlock,
-            ToolResultBlock,
-            ToolUseBlock,
-            UserMessage,
-        )
-
-        sid = session.agent_session_id
-        if isinstance(message, StreamEvent):
-            if message.parent_tool_use_id is None:
-                self._on_stream_event(session, turn, message.event)
-            return None
-        lane = getattr(message, "parent_tool_use_id", None)
-        if isinstance(message, (UserMessage, AssistantMessage)) and lane is not None:
-            # A sidechain (a Task sub-agent's own conversation): not on the main chain, so not
-            # in the canonical history — but recorded once per lane, so a fork boundary that
-            # holds it fails closed (seed 000 §4 `descendant_lane_in_boundary`).
-            self._record_lane(sid, turn, str(lane))
-            return None
-        if isinstance(message, UserMessage):
-            if not message.uuid:
-                return None  # unpersisted: not on the main chain
-            blocks = message.content if isinstance(message.content, list) else []
-            results = [b for b in blocks if isinstance(b, ToolResultBlock)]
-            if turn.provider_turn_id is None and not results:
-                self._observe_root(session, turn, message.uuid)
-            for result in results:
-                turn.emit(
-                    sid,
-                    TurnItem(
-                        turn.turn_id,
-                        {
-                            "kind": "tool_result",
-                            "text": _text_of(result.content),
-                            "payload": {
-                                "providerToolUseId": result.tool_use_id,
-                                "providerMessageUuid": message.uuid,
-                            },
-                        },
-                    ),
-                )
-            if turn.provider_turn_id is not None:
-                self._set_checkpoint(session, turn, message.uuid)
-        elif isinstance(message, AssistantMessage):
-            # An `error` message is the CLI's own wording of a failed API call ("Request timed
-            # out… set API_TIMEOUT_MS"): not a reply; the Turn's error says it in ours. It stays
-            # a checkpoint (it is on the transcript's chain).
-            for block in message.content:
-                item: dict[str, Any] | None = None
-                if isinstance(block, TextBlock):
-                    item = {"kind": "assistant", "text": block.text, "payload": {}}
-                elif isinstance(block, ThinkingBlock):
-                    item = {"kind": "reasoning", "text": block.thinking, "payload": {}}
-                elif isinstance(block, ToolUseBlock):
-                    item = {
-                        "kind": "tool_call",
-                        "text": block.name,
-                        "payload": {"providerToolUseId": block.id, "input": block.input},
-                    }
-                # The CLI settles an API message block by block, in stream order: the n-th block
-                # seen for a message id is the stream's content block n (the delta item).
-                api_id = str(message.message_id or "")
-                index = turn.settled_blocks.get(api_id, 0)
-                turn.settled_blocks[api_id] = index + 1
-                if item is not None and message.error is None:
-                    # provider* keys: the store leaves provider identities untouched when it clones
-                    # a Turn (a bare `messageId` would read as a canonical typed reference).
-                    item["payload"].update(
-                        {
-                            "providerMessageUuid": message.uuid,
-                            "providerApiMessageId": message.message_id,
-                            "providerItemId": f"{api_id}:{index}",
-                        }
-                    )
-                    turn.emit(sid, TurnItem(turn.turn_id, item))
-            if message.uuid and turn.provider_turn_id is not None:
-                self._set_checkpoint(session, turn, message.uuid)
-        elif isinstance(message, SystemMessage):
-            if message.subtype == "api_retry":
-                self._on_api_retry(sid, turn, message.data)
-            msg_uuid = message.data.get("uuid")
-            if (
-                message.subtype not in EPHEMERAL_SYSTEM_SUBTYPES
-                and isinstance(msg_uuid, str)
-                and turn.provider_turn_id is not None
-            ):
-                # A trailing system message (e.g. a Stop hook notice) extends the turn.
-                self._set_checkpoint(session, turn, msg_uuid)
-        elif isinstance(message, ResultMessage):
-            if message.is_error:
-                errors = getattr(message, "errors", None) or []
-                text = str(message.result or "; ".join(map(str, errors)) or message.subtype)
-                if _TIMED_OUT.search(text):
-                    return TurnOutcome.FAILED, self._timeout_text(turn)
-                return TurnOutcome.FAILED, model_failure_text(
-                    "claude-code", self._config.model_base_url, text, self._config.credential()
-                )
-            return TurnOutcome.COMPLETED, None
-        return None
-
-    @staticmethod
-    def _record_lane(sid: str, turn: TurnState, parent_tool_use_id: str) -> None:
-        if parent_tool_use_id in turn.lanes:
-            return
-        turn.lanes.add(parent_tool_use_id)
-        item = {
-            "kind": DESCENDANT_LANE_KIND,
-            "text": None,
-            "payload": {
-                "descendantLane": True,
-                "providerLane": "claude_sidechain",
-                "providerParentToolUseId": parent_tool_use_id,
-            },
-        }
-        turn.emit(sid, TurnItem(turn.turn_id, item))
-
-    def _timeout_text(self, turn: TurnState) -> str:
-        """The CLI's own limit ended the request: the first byte never came, or the stream
-        began (a `message_start` was seen) and then went silent."""
-        limits, endpoint = self._config.limits, self._config.model_base_url
-        if turn.stream_message_id is None:
-            return first_byte_timeout("claude-code", endpoint, limits.first_byte_budget_s)
-        return stream_idle_timeout("claude-code", endpoint, limits.stream_idle_s)
-
-    def _on_api_retry(self, sid: str, turn: TurnState, data: Mapping[str, Any]) -> None:
-        """The CLI retries a refused credential or an unreachable endpoint for minutes: a
-        retry whose cause is one of those fails the turn now, naming it."""
-        if turn.model_failure is not None:
-            return
-        status = data.get("error_status")
-        cause = str(data.get("error") or "")
-        # Classified on the error's own words (numbers such as retry_delay_ms could look like
-        # a status), plus the HTTP status.
-        reason = classify_model_failure(cause)
-        attempt = int(data.get("attempt") or 0)
-        if data.get("no_response") or _TIMED_OUT.search(cause):
-            # The endpoint accepted the request and sent nothing: the CLI retries it within
-            # `model_retries`, then ends the turn with its timeout (named in `_timeout_text`).
-            self._progress(sid, turn, data, "the endpoint sent nothing in time")
-            return
-        endpoint = self._config.model_base_url or "(the default Anthropic API)"
-        if status in (401, 403):
-            note = credential_note("claude-code", self._config.credential())
-            failure = (
-                f"{MODEL_AUTH_FAILED}: claude-code model endpoint {endpoint} answered HTTP "
-                f"{status} ({note}): {cause or 'the credential was refused'}"
-            )
-        elif status is None and attempt >= 2:
-            # No HTTP answer at all, twice: the endpoint refuses or does not route (the CLI
-            # reports it as `error: "unknown"`; a blip gets one retry).
-            failure = (
-                f"{MODEL_UNREACHABLE}: claude-code model endpoint {endpoint} is unreachable: "
-                f"no HTTP answer to {attempt} attempts (the connection failed"
-                + (f": {cause})" if cause and cause != "unknown" else ")")
-            )
-        elif reason is not None:
-            failure = model_failure_text(
-                "claude-code", self._config.model_base_url, cause, self._config.credential()
-            )
-        else:
-            self._progress(sid, turn, data, cause or f"HTTP {status}")
-            return
-        turn.model_failure = failure
-        self._terminate(turn)  # on the loop thread already (messages are read there)
-
-    @staticmethod
-    def _progress(sid: str, turn: TurnState, data: Mapping[str, Any], why: str) -> None:
-        """A retry the CLI makes on its own, shown to the user as it happens (not silence)."""
-        attempt, limit = data.get("attempt"), data.get("max_retries")
-        of = f" (attempt {attempt} of {limit})" if attempt and limit else ""
-        note = f"claude-code retries the model request{of}: {why}"
-        turn.emit(sid, MessageDelta(turn.turn_id, f"retry-{attempt}", PROGRESS, note))
-
-    def _on_stream_event(
-        self, session: SessionState, turn: TurnState, event: Mapping[str, Any]
-    ) -> None:
-        """Raw API stream events → `message.delta` (text and thinking as they arrive)."""
-        kind = event.get("type")
-        if kind == "message_start":
-            message = event.get("message") or {}
-            turn.stream_message_id = str(message.get("id") or "")
-            turn.stream_blocks = {}
-        elif kind == "content_block_start":
-            block = event.get("content_block") or {}
-            turn.stream_blocks[int(event.get("index") or 0)] = str(block.get("type") or "")
-        elif kind == "content_block_delta" and turn.stream_message_id is not None:
-            delta = event.get("delta") or {}
-            index = int(event.get("index") or 0)
-            if delta.get("type") == "text_delta":
-                text, item_kind = delta.get("text"), "assistant"
-            elif delta.get("type") == "thinking_delta":
-                text, item_kind = delta.get("thinking"), "reasoning"
-            else:
-                return
-            if isinstance(text, str) and text:
-                item_id = f"{turn.stream_message_id}:{index}"
-                turn.emit(
-                    session.agent_session_id,
-                    MessageDelta(turn.turn_id, item_id, item_kind, text),
-                )
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
-    return ""

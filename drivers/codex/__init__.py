@@ -3,7 +3,8 @@
 - `command`: which `codex` program an app-server runs (pinned install, npm shim → native).
 - `config`: a Codex home's generated `config.toml` and the Session settings it carries.
 - `lineage`: a fork child's recorded source and its Referenced rollout ancestors.
-- `driver`: `CodexDriver` (`create_driver` is what the worker loads).
+- `driver`: `CodexProvider`, the Codex side of the app-server driver (`create_driver` is what
+  the worker loads).
 
 The names other code imports are re-exported here.
 """
@@ -19,7 +20,7 @@ from drivers.codex.command import (
     resolve_command,
 )
 from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml
-from drivers.codex.driver import CodexDriver, create_driver
+from drivers.codex.driver import CodexProvider, create_driver
 from drivers.codex.lineage import CONTEXT_KEY, ForkLineage, fork_lineage_of, rollout_lineage
 
 __all__ = [
@@ -28,7 +29,7 @@ __all__ = [
     "REPO_ROOT",
     "_NATIVE_PACKAGES",
     "ApprovalPolicy",
-    "CodexDriver",
+    "CodexProvider",
     "ExecutableIdentity",
     "ForkLineage",
     "SandboxMode",

@@ -272,7 +272,7 @@ def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durabl
 
     driver = harness.driver
     written: dict[str, tuple[int, int]] = {}
-    call = driver._call_fork_session
+    call = driver.forks.call_fork_session
 
     def recording(request, plan):  # type: ignore[no-untyped-def]
         child_id = call(request, plan)
@@ -280,7 +280,7 @@ def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durabl
         written[child_id] = (st.st_dev, st.st_ino)
         return child_id
 
-    monkeypatch.setattr(driver, "_call_fork_session", recording)
+    monkeypatch.setattr(driver.forks, "call_fork_session", recording)
     with counting_fsyncs(monkeypatch) as log:
         result = fork(harness, harness.fork_params(three_turns, "child-move", 2))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
+from drivers.app_server.driver import AppServerDriver
 from drivers.base import ForkRequest
-from drivers.codex import CodexDriver, default_command, native_binary
+from drivers.codex import default_command, native_binary
 from tests.support.events import EventLog, completed  # noqa: F401 - re-exported
 
 RELAY = str(Path(__file__).with_name("codex_relay.py"))
@@ -77,7 +78,7 @@ def home_of(root: Path, name: str) -> Path:
 
 
 def start(
-    driver: CodexDriver,
+    driver: AppServerDriver,
     root: Path,
     name: str,
     *,
@@ -99,7 +100,9 @@ def start(
     return driver.start_session(params)
 
 
-def run_turns(driver: CodexDriver, log: EventLog, name: str, texts: tuple[str, ...]) -> list[str]:
+def run_turns(
+    driver: AppServerDriver, log: EventLog, name: str, texts: tuple[str, ...]
+) -> list[str]:
     provider_turns = []
     for i, text in enumerate(texts, 1):
         turn_id = f"{name}-T{len(log.events)}-{i}"
@@ -111,7 +114,7 @@ def run_turns(driver: CodexDriver, log: EventLog, name: str, texts: tuple[str, .
 
 
 def open_session(
-    driver: CodexDriver,
+    driver: AppServerDriver,
     log: EventLog,
     root: Path,
     name: str = "src",

@@ -1,5 +1,5 @@
 """Fixtures for the Codex tests: the real pinned `codex app-server` driven by a real
-`CodexDriver`, against the local fake Responses API (the only fake)."""
+the Codex `AppServerDriver`, against the local fake Responses API (the only fake)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 from codex_helpers import EventLog, codex_bin
 
-from drivers.codex import CodexDriver
+from drivers.app_server.driver import AppServerDriver
+from drivers.codex import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
 
-MakeDriver = Callable[..., CodexDriver]
+MakeDriver = Callable[..., AppServerDriver]
 
 
 @pytest.fixture
@@ -24,13 +25,13 @@ def model() -> Iterator[ResponsesServer]:
 
 @pytest.fixture
 def make_driver(model: ResponsesServer) -> Iterator[MakeDriver]:
-    made: list[CodexDriver] = []
+    made: list[AppServerDriver] = []
 
-    def make(failpoints: dict[str, str] | None = None, **config: Any) -> CodexDriver:
+    def make(failpoints: dict[str, str] | None = None, **config: Any) -> AppServerDriver:
         config.setdefault("command", [codex_bin()])
         config.setdefault("model", "mock-model")
         config.setdefault("model_base_url", model.base_url)
-        driver = CodexDriver(config, Failpoints(failpoints))
+        driver = codex_driver(config, Failpoints(failpoints))
         made.append(driver)
         return driver
 

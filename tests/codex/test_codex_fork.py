@@ -22,8 +22,9 @@ from codex_helpers import (
 )
 from conftest import MakeDriver
 
+from drivers.app_server.driver import AppServerDriver
 from drivers.base import DeliveryDisposition
-from drivers.codex import CONTEXT_KEY, CodexDriver, rollout_lineage
+from drivers.codex import CONTEXT_KEY, rollout_lineage
 from drivers.rollout_files import BinderError, iter_rollouts
 from model_fakes.responses import ResponsesServer
 
@@ -243,7 +244,7 @@ def test_fork_of_a_fork_binds_the_whole_lineage_and_sees_its_turns(
 
 def _committed_child(
     make_driver: MakeDriver, log: EventLog, tmp_path: Path
-) -> tuple[CodexDriver, CodexSession, str, Path]:
+) -> tuple[AppServerDriver, CodexSession, str, Path]:
     driver = make_driver()
     src = open_session(driver, log, tmp_path, texts=("one", "two"))
     target = home_of(tmp_path, "child")

@@ -34,11 +34,13 @@ from drivers.base import DeliveryDisposition
 from drivers.codex import (
     _NATIVE_PACKAGES,
     PINNED_PREFIX,
-    CodexDriver,
     default_command,
     launch_fingerprint,
     native_behind_npm_shim,
     resolve_command,
+)
+from drivers.codex import (
+    create_driver as codex_driver,
 )
 from drivers.failpoints import Failpoints
 from drivers.versions import CODEX_GATE
@@ -151,7 +153,7 @@ def test_interrupt_ends_the_active_turn_and_a_second_turn_is_busy(
     held_model: tuple[ResponsesServer, threading.Event], log: EventLog, tmp_path: Path
 ) -> None:
     server, release = held_model
-    driver = CodexDriver(
+    driver = codex_driver(
         {"command": [codex_bin()], "model": "mock-model", "model_base_url": server.base_url},
         Failpoints(),
     )
@@ -176,7 +178,7 @@ def test_on_request_policy_raises_an_approval_interaction_and_honours_the_answer
 ) -> None:
     out = tmp_path / "written-by-codex"
     with ToolModel() as tool_model:
-        driver = CodexDriver(
+        driver = codex_driver(
             {
                 "command": [codex_bin()],
                 "model": "mock-model",
@@ -206,7 +208,7 @@ def test_on_request_policy_raises_an_approval_interaction_and_honours_the_answer
 
 def test_never_policy_runs_without_asking(log: EventLog, tmp_path: Path) -> None:
     with ToolModel() as tool_model:
-        driver = CodexDriver(
+        driver = codex_driver(
             {"command": [codex_bin()], "model_base_url": tool_model.base_url}, Failpoints()
         )
         try:
@@ -384,9 +386,7 @@ def _fake_npm_install(root: Path, *, platform_binary: str | None) -> Path:
     return shim
 
 
-@pytest.mark.parametrize(
-    "where", ["node_modules", "node_modules/@openai/codex/node_modules", None]
-)
+@pytest.mark.parametrize("where", ["node_modules", "node_modules/@openai/codex/node_modules", None])
 def test_native_binary_is_found_where_the_wrapper_finds_it_else_the_wrapper_is_kept(
     tmp_path: Path, where: str | None
 ) -> None:

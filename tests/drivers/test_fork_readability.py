@@ -17,6 +17,7 @@ from drv_helpers import TUTTI_BIN, EventLog, completed
 from test_tutti_driver import fork_request, open_session
 
 from drivers.app_server import AppServerProcess, private_env
+from drivers.app_server.driver import AppServerDriver
 from drivers.base import DeliveryDisposition
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
@@ -28,19 +29,19 @@ from drivers.readability import (
     read_rollout_lineage,
 )
 from drivers.rollout_files import iter_rollouts
-from drivers.tutti_agent import TuttiAgentDriver
+from drivers.tutti_agent import create_driver as tutti_agent_driver
 
 PROXY = str(Path(__file__).with_name("tamper_proxy.py"))
-Make = Callable[..., TuttiAgentDriver]
+Make = Callable[..., AppServerDriver]
 
 
 @pytest.fixture
 def make_driver() -> Iterator[Make]:
-    made: list[TuttiAgentDriver] = []
+    made: list[AppServerDriver] = []
 
-    def make(failpoints: dict[str, str] | None = None, **config: Any) -> TuttiAgentDriver:
+    def make(failpoints: dict[str, str] | None = None, **config: Any) -> AppServerDriver:
         config.setdefault("command", TUTTI_BIN)
-        driver = TuttiAgentDriver(config, Failpoints(failpoints))
+        driver = tutti_agent_driver(config, Failpoints(failpoints))
         made.append(driver)
         return driver
 
@@ -59,7 +60,7 @@ def spawns(log_path: Path) -> int:
     return log_path.read_text().splitlines().count("initialize") if log_path.exists() else 0
 
 
-def run_child_turn(driver: TuttiAgentDriver, target: Path, root: Path, child_id: str) -> None:
+def run_child_turn(driver: AppServerDriver, target: Path, root: Path, child_id: str) -> None:
     child_log = EventLog()
     driver.start_session(
         {
@@ -109,7 +110,7 @@ def test_app_server_proof_stays_available_as_a_setting(make_driver: Make, tmp_pa
 
 def test_unknown_readability_proof_setting_is_refused() -> None:
     with pytest.raises(Exception, match="readability_proof"):
-        TuttiAgentDriver({"readability_proof": "trust_me"}, Failpoints())
+        tutti_agent_driver({"readability_proof": "trust_me"}, Failpoints())
 
 
 @pytest.mark.timeout(60)

@@ -15,22 +15,23 @@ import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed, wait_until
 from test_tutti_driver import fork_calls, fork_request, open_session, proxied
 
+from drivers.app_server.driver import AppServerDriver
 from drivers.base import DeliveryDisposition
 from drivers.failpoints import Failpoints
-from drivers.tutti_agent import TuttiAgentDriver
+from drivers.tutti_agent import create_driver as tutti_agent_driver
 from tests.support.fsyncs import counting_fsyncs
 
-Make = Callable[..., TuttiAgentDriver]
+Make = Callable[..., AppServerDriver]
 pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture
 def make_driver() -> Iterator[Make]:
-    made: list[TuttiAgentDriver] = []
+    made: list[AppServerDriver] = []
 
-    def make(**config: Any) -> TuttiAgentDriver:
+    def make(**config: Any) -> AppServerDriver:
         config.setdefault("command", TUTTI_BIN)
-        driver = TuttiAgentDriver(config, Failpoints())
+        driver = tutti_agent_driver(config, Failpoints())
         made.append(driver)
         return driver
 

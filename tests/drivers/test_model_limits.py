@@ -13,8 +13,7 @@ from agenthost.config import ConfigError, load_config
 from domain.model_limits import ModelLimits
 from drivers.claude.env import ClaudeDriverConfig, session_env
 from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml
-from drivers.failpoints import Failpoints
-from drivers.tutti_agent import TuttiAgentDriver
+from drivers.tutti_agent import TuttiAgentProvider
 
 TABLE = {
     "model_base_url": "http://127.0.0.1:9/v1",
@@ -48,7 +47,7 @@ def test_the_claude_cli_gets_its_own_timeout_and_retry_variables(tmp_path: Path)
 
 
 def test_tutti_agent_gets_the_limits_as_flags() -> None:
-    argv = TuttiAgentDriver(TABLE, Failpoints()).command()
+    argv = TuttiAgentProvider(TABLE).command()
     pairs = dict(zip(argv, argv[1:], strict=False))
     assert pairs["--first-byte-seconds"] == "7.5"
     assert pairs["--stream-idle-seconds"] == "45"

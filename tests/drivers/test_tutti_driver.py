@@ -16,24 +16,25 @@ import pytest
 from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
 
 from drivers.app_server import AppServerProcess, private_env
+from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
 from drivers.base import DeliveryDisposition, ForkRequest, ForkResult
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
 from drivers.rollout_files import iter_rollouts
-from drivers.tutti_agent import TuttiAgentDriver
+from drivers.tutti_agent import create_driver as tutti_agent_driver
 from storage.errors import HostError, SessionBusy
 
-Make = Callable[..., TuttiAgentDriver]
+Make = Callable[..., AppServerDriver]
 
 
 @pytest.fixture
 def make_driver() -> Iterator[Make]:
-    made: list[TuttiAgentDriver] = []
+    made: list[AppServerDriver] = []
 
-    def make(failpoints: dict[str, str] | None = None, **config: Any) -> TuttiAgentDriver:
+    def make(failpoints: dict[str, str] | None = None, **config: Any) -> AppServerDriver:
         config.setdefault("command", TUTTI_BIN)
-        driver = TuttiAgentDriver(config, Failpoints(failpoints))
+        driver = tutti_agent_driver(config, Failpoints(failpoints))
         made.append(driver)
         return driver
 
@@ -48,7 +49,7 @@ def log() -> EventLog:
 
 
 def open_session(
-    driver: TuttiAgentDriver,
+    driver: AppServerDriver,
     log: EventLog,
     root: Path,
     name: str = "src",

@@ -1,0 +1,102 @@
+"""What one Codex-style provider adds to the generic app-server driver (`AppServerProvider`, a
+port): its program and home, its version gate, the Session settings it keeps in that home, and
+the places its storage differs (a fork child's lineage, where a child's rollout lands, an
+in-worker history reader). `drivers.tutti_agent` and `drivers.codex` implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from domain.enums import ProviderStateBindingMode
+from drivers.versions import VersionGate
+
+
+class AppServerProvider(Protocol):
+    """One provider kind served by `AppServerDriver`."""
+
+    @property
+    def kind(self) -> str:
+        """The driver kind the host records (`tutti-agent`, `codex`)."""
+        ...
+
+    @property
+    def home_var(self) -> str:
+        """The environment variable that names the provider home (`CODEX_HOME`, …)."""
+        ...
+
+    @property
+    def gate(self) -> VersionGate: ...
+
+    @property
+    def binding_mode(self) -> ProviderStateBindingMode: ...
+
+    @property
+    def cache_attestations(self) -> bool:
+        """Reuse a transient probe's verdict for the exact same launch (seed 000 §6.3)."""
+        ...
+
+    @property
+    def fork_exclude_turns(self) -> bool:
+        """Ask `thread/fork` for no turns and list the child's with `thread/turns/list`: one
+        round trip more, a third less app-server CPU per fork for Codex 0.171 (measured)."""
+        ...
+
+    @property
+    def interrupt_waits_for_start(self) -> bool:
+        """The provider answers "no active turn" to an interrupt of a Turn it has accepted but
+        not started yet (Codex): the driver retries while the Turn is still ours and running."""
+        ...
+
+    def command(self) -> list[str]:
+        """The app-server's command line."""
+        ...
+
+    def extra_env(self, home: Path) -> dict[str, str]:
+        """Environment added to the private one of an app-server on `home`."""
+        ...
+
+    def prepare_home(self, home: Path) -> None:
+        """Provider files in a home before its app-server starts (Codex: its config.toml)."""
+        ...
+
+    def open_session(self, home: Path, params: Mapping[str, Any]) -> None:
+        """`session.start` params the provider keeps for `home` before its app-server starts
+        (Codex: the approval policy, sandbox mode and a fork child's recorded source)."""
+        ...
+
+    def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
+        """Entries the provider adds to a started Session's runtime context."""
+        ...
+
+    def session_ancestors(self, home: Path) -> list[str]:
+        """Threads a Session's new app-server on `home` loads before it serves (Codex: a fork
+        child's Referenced ancestors, oldest first, so the home lists every inherited Turn)."""
+        ...
+
+    def lineage(self, home: Path, thread_id: str) -> list[str]:
+        """The threads an app-server on `home` must load, oldest first and `thread_id` last,
+        before it reads `thread_id`; empty when reading it loads what it needs (tutti-agent)."""
+        ...
+
+    def child_rollout_dir(self, target_home: Path) -> Path | None:
+        """Where a fork child's rollout will land in its own home, if the provider's layout lets
+        it be known before the provider call (None: not guessed, nothing made ahead)."""
+        ...
+
+    def read_child(
+        self, home: Path, child_id: str, source_id: str, prefix: list[str], attested: str
+    ) -> str | None:
+        """The bound child's readability from `home` alone, judged in this worker by the
+        provider's own history reader (a problem, or None); `attested` is the runtime's
+        version. Raises `ReaderNotApplicable` where it cannot judge (the proof then spawns an
+        app-server on the target home)."""
+        ...
+
+
+def config_env(config: Mapping[str, Any]) -> dict[str, str]:
+    """The `env` table of a provider's configuration, as strings."""
+    env = config.get("env") or {}
+    return {str(k): str(v) for k, v in env.items()}

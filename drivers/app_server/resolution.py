@@ -1,0 +1,203 @@
+"""Worker side of `fork.resolve` for the app-server drivers (Tutti Agent and Codex): find the
+provider children an `unknown` fork may have left, adopt one with the same idempotent binder a
+fork uses, or move them aside into a quarantine folder: `AppServerResolution`, the part of
+`AppServerDriver` its `inspect_fork`, `adopt_fork` and `quarantine_fork` delegate to.
+
+Never calls `thread/fork`.
+
+A child "of this operation" is a rollout whose `session_meta` names the source as
+`forked_from_id`, found in the source home (where `thread/fork` writes it) or the target home
+(where the binder copies it), not claimed by another operation (`excludeChildIds`: the host
+passes every provider child its other operations recorded), and attributed to it by its Turns
+(`ResolveRequest.attributes`: the frozen prefix, or no other operation that could own it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from domain.enums import DeliveryDisposition, ProviderStateBindingMode
+from domain.worker_messages import (
+    ForkBinding,
+    ForkChild,
+    ForkResult,
+    ResolveAdopt,
+    ResolvedChild,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
+from drivers.app_server.runtimes import Runtimes
+from drivers.app_server.state import Runtime, Sessions
+from drivers.binder import RolloutBinder
+from drivers.errors import DriverError
+from drivers.quarantine import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
+from drivers.rollout_files import ROLLOUT_DIRS, BinderError, iter_rollouts
+
+
+def _meta(path: Path) -> Mapping[str, Any]:
+    try:
+        with path.open("rb") as f:
+            first = json.loads(f.readline())
+    except (OSError, ValueError):
+        return {}
+    payload = first.get("payload") if isinstance(first, Mapping) else None
+    return payload if isinstance(payload, Mapping) else {}
+
+
+def _child_rollouts(home: Path, source_id: str, exclude: set[str]) -> dict[str, list[Path]]:
+    out: dict[str, list[Path]] = {}
+    if not str(home) or not home.is_dir():
+        return out
+    for path in iter_rollouts(home):
+        meta = _meta(path)
+        child = str(meta.get("id") or "")
+        if meta.get("forked_from_id") == source_id and child and child not in exclude:
+            out.setdefault(child, []).append(path)
+    return out
+
+
+def _params(request: ResolveRequest) -> tuple[Path, Path, str, list[str], set[str]]:
+    source_home = Path(request.source.home)
+    target_home = Path(request.target.home)
+    source_id = request.source.provider_session_id
+    prefix = list(request.provider_turn_ids)
+    exclude = set(request.exclude_child_ids)
+    if not source_home.is_absolute() or not target_home.is_absolute() or not source_id:
+        raise DriverError("fork resolution needs absolute homes and the source thread id")
+    return source_home, target_home, source_id, prefix, exclude
+
+
+class AppServerResolution:
+    """`fork.resolve` for one app-server provider, over the driver's app-servers (`Runtimes`),
+    its live Sessions and its binder."""
+
+    def __init__(
+        self,
+        runtimes: Runtimes,
+        sessions: Sessions,
+        binder: RolloutBinder,
+        binding_mode: ProviderStateBindingMode,
+    ) -> None:
+        self.runtimes = runtimes
+        self.sessions = sessions
+        self.binder = binder
+        self.binding_mode = binding_mode
+
+    def _turns_in(self, home: Path, thread_id: str) -> list[str] | str:
+        """The thread's provider Turn ids read by an app-server on `home` alone (the live one
+        of that home if any, else a transient one), or why not. A live one whose read fails is
+        asked no more: a transient one reads it again (the live one may have been stopped and
+        killed under the read, and an unread child is no evidence)."""
+        live = self.sessions.live_runtime_for_home(home)
+        if live is not None:
+            turns = self._read_turns(live, home, thread_id)
+            if isinstance(turns, list):
+                return turns
+        try:
+            runtime = self.runtimes.spawn(home, None)
+        except Exception as exc:  # noqa: BLE001 - evidence, not a failure of the inspection
+            return str(exc)
+        try:
+            return self._read_turns(runtime, home, thread_id)
+        finally:
+            runtime.proc.close()
+
+    def _read_turns(self, runtime: Runtime, home: Path, thread_id: str) -> list[str] | str:
+        try:
+            # Codex loads a thread (and the ancestors it reads through) only once projected.
+            self.runtimes.load_lineage(runtime, home, thread_id)
+            return [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, thread_id)]
+        except Exception as exc:  # noqa: BLE001
+            return str(exc)
+
+    def inspect(self, request: ResolveRequest) -> ResolveInspection:
+        source_home, target_home, source_id, prefix, exclude = _params(request)
+        in_source = _child_rollouts(source_home, source_id, exclude)
+        in_target = _child_rollouts(target_home, source_id, exclude)
+        children = []
+        for child in sorted(set(in_source) | set(in_target)):
+            locations = [
+                n for n, found in (("source", in_source), ("target", in_target)) if child in found
+            ]
+            # Read it where the provider wrote it (source home) or, failing that, the target's.
+            turns = self._turns_in(source_home if child in in_source else target_home, child)
+            if not request.attributes(tuple(turns) if isinstance(turns, list) else None):
+                continue  # another operation's child (law 9): never this one's evidence
+            own = self._turns_in(target_home, child) if child in in_target else "not in its home"
+            children.append(
+                ResolvedChild(
+                    provider_session_id=child,
+                    forked_from_id=source_id,
+                    provider_turn_ids=tuple(turns) if isinstance(turns, list) else (),
+                    read_error=None if isinstance(turns, list) else turns,
+                    reports_read_error=True,
+                    turns_equal_prefix=isinstance(turns, list) and turns == prefix,
+                    reads_from_own_home=isinstance(own, list) and own == prefix,
+                    locations=tuple(locations),
+                )
+            )
+        quarantined = tuple(
+            str(p)
+            for home in (source_home, target_home)
+            for p in sorted(
+                (home / QUARANTINE_DIR / (request.operation_id or "-")).rglob("*.jsonl")
+            )
+        )
+        return ResolveInspection(tuple(children), quarantined)
+
+    def adopt(self, request: ResolveAdopt) -> ForkResult:
+        """The idempotent binder on a verified child; answers like `fork` (`accepted` +
+        evidence)."""
+        source_home, target_home, source_id, prefix, exclude = _params(request.scope)
+        child = request.child_id
+        found = _child_rollouts(source_home, source_id, exclude)
+        if child not in found and child not in _child_rollouts(target_home, source_id, exclude):
+            raise DriverError(f"provider child {child!r} of this operation is not there")
+        turns = self._turns_in(source_home if child in found else target_home, child)
+        if turns != prefix:
+            raise DriverError(f"provider child {child!r} does not show the frozen prefix: {turns}")
+        if child in found:
+            try:
+                receipt = self.binder.bind(source_home, target_home, child)
+            except (BinderError, OSError) as exc:
+                raise DriverError(f"provider-state binding failed: {exc}") from exc
+            wire = receipt.to_wire()
+        else:
+            wire = {
+                "childId": child,
+                "sourceHome": str(source_home),
+                "targetHome": str(target_home),
+            }
+        own = self._turns_in(target_home, child)
+        if own != prefix:
+            raise DriverError(f"adopted child not readable from its own home: {own}")
+        wire["verifiedReadable"] = True
+        wire["forkedFromId"] = source_id
+        return ForkResult(
+            DeliveryDisposition.ACCEPTED,
+            child=ForkChild(child, source_id, tuple(prefix)),
+            binding=ForkBinding(self.binding_mode, wire),
+        )
+
+    def quarantine(self, request: ResolveRequest) -> ResolveQuarantined:
+        """Move the child rollouts the inspection attributed to this operation (`child_ids`)
+        aside, never delete: `<home>/quarantine/<operationId>/<its relative path>`, atomically
+        per file (rename on one filesystem). Any other child of the source stays where it is."""
+        source_home, target_home, source_id, _, exclude = _params(request)
+        op_id = quarantine_operation_id(request)
+        wanted = set(request.child_ids)
+        moved = []
+        for home in (source_home, target_home):
+            for child, paths in _child_rollouts(home, source_id, exclude).items():
+                if child not in wanted:
+                    continue
+                for path in paths:
+                    rel = path.relative_to(home)
+                    if rel.parts[0] not in ROLLOUT_DIRS:
+                        continue
+                    moved.append(move_to_quarantine(home, op_id, path))
+        return ResolveQuarantined(tuple(moved))

@@ -1,0 +1,130 @@
+"""The app-server processes of one provider (`Runtimes`): started on a home with the provider's
+command and private environment, handshaken, and asked for a thread's turns (loading the lineage
+it reads through first). The driver's fork, resolution and Sessions all start and read through
+this one part.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from drivers.app_server.items import thread_of
+from drivers.app_server.launch import launch_fingerprint
+from drivers.app_server.process import (
+    AppServerFailure,
+    AppServerProcess,
+    ExitHandler,
+    NotificationHandler,
+    ServerRequestHandler,
+    private_env,
+)
+from drivers.app_server.provider import AppServerProvider
+from drivers.app_server.state import Runtime
+from drivers.errors import DriverError
+
+CLIENT_NAME = "agenthost"
+CLIENT_VERSION = "0.1.0"
+
+
+class Runtimes:
+    """Starts app-servers for `provider` and reads threads through them."""
+
+    def __init__(self, provider: AppServerProvider, request_timeout: float) -> None:
+        self.provider = provider
+        self.request_timeout = request_timeout
+        self._lock = threading.Lock()
+        self.spawns = 0
+        """App-servers started (tests pin that a projection or a fork spawns none)."""
+
+    def launch_cwd(self, home: Path, cwd: str | None) -> str:
+        return cwd if cwd and Path(cwd).is_dir() else str(home)
+
+    def launch_fingerprint(self, home: Path, cwd: str) -> str | None:
+        """The fingerprint of the launch `spawn(home, cwd)` would make (None: not cacheable)."""
+        env = private_env(None, self.provider.home_var, home, self.provider.extra_env(home))
+        return launch_fingerprint(self.provider.command(), self.launch_cwd(home, cwd), env)
+
+    def spawn(
+        self,
+        home: Path,
+        cwd: str | None,
+        *,
+        on_notification: NotificationHandler | None = None,
+        on_server_request: ServerRequestHandler | None = None,
+        on_exit: ExitHandler | None = None,
+    ) -> Runtime:
+        """A started and initialized app-server on `home`; the handlers run on its reader
+        thread (a transient one, for a probe or a proof, has none)."""
+        provider = self.provider
+        home.mkdir(parents=True, exist_ok=True)
+        provider.prepare_home(home)
+        env = private_env(None, provider.home_var, home, provider.extra_env(home))
+        proc = AppServerProcess(
+            provider.command(),
+            env=env,
+            cwd=self.launch_cwd(home, cwd),
+            on_notification=on_notification,
+            on_server_request=on_server_request,
+            on_exit=on_exit,
+            stderr_path=home / ".app-server.log",
+        )
+        try:
+            proc.start()
+            init = proc.initialize(CLIENT_NAME, CLIENT_VERSION, timeout=self.request_timeout)
+        except AppServerFailure as exc:
+            proc.close(1.0)
+            raise DriverError(
+                f"{provider.kind} app-server failed to start: {exc} {proc.stderr_tail()}".strip(),
+                reason="provider_start_failed",
+            ) from exc
+        with self._lock:
+            self.spawns += 1
+        user_agent = str(init.get("userAgent") or "")
+        return Runtime(proc, home, user_agent, provider.gate.check(user_agent))
+
+    def project(self, runtime: Runtime, thread_ids: Iterable[str]) -> None:
+        """Resume, then unsubscribe, each thread: Codex 0.171 indexes a rollout's Turns in its
+        home's history DB only when it loads that thread, and a copied rollout was never
+        loaded there. Unsubscribing keeps the server from accumulating them."""
+        for thread_id in thread_ids:
+            runtime.proc.request(
+                "thread/resume",
+                {"threadId": thread_id, "excludeTurns": True},
+                timeout=self.request_timeout,
+            )
+            runtime.proc.request(
+                "thread/unsubscribe", {"threadId": thread_id}, timeout=self.request_timeout
+            )
+
+    def load_lineage(self, runtime: Runtime, home: Path, thread_id: str) -> None:
+        """Before an app-server on `home` reads `thread_id`: load what it must have seen first
+        (the provider's `lineage`; nothing for tutti-agent)."""
+        self.project(runtime, self.provider.lineage(home, thread_id))
+
+    def thread_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        result = runtime.proc.request(
+            "thread/read",
+            {"threadId": thread_id, "includeTurns": True},
+            timeout=self.request_timeout,
+        )
+        thread = thread_of(result)
+        turns = [t for t in thread.get("turns") or [] if isinstance(t, Mapping)]
+        # Paginated histories may omit turns from thread/read: list them instead.
+        return turns or self.list_turns(runtime, thread_id)
+
+    def list_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        turns: list[Mapping[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(10_000):
+            params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc", "limit": 100}
+            if cursor:
+                params["cursor"] = cursor
+            page = runtime.proc.request("thread/turns/list", params, timeout=self.request_timeout)
+            turns.extend(t for t in page.get("data") or [] if isinstance(t, Mapping))
+            cursor = page.get("nextCursor")
+            if not cursor:
+                break
+        return turns

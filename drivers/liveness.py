@@ -1,0 +1,75 @@
+"""Whether a provider process can still make progress, read from the operating system through
+psutil (Linux, macOS, Windows alike): a provider that was stopped (SIGSTOP, SIGTSTP, a debugger)
+keeps its pipes open and answers nothing, so neither its exit nor a request timeout ever ends the
+Turn it was running. The check covers the process and its descendants (Codex's `codex` is a Node
+launcher over a native child; Claude Code's CLI may run tools under it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import psutil
+
+PROVIDER_STOPPED = "provider_stopped"
+"""The reason word a Turn fails with when its provider process stayed stopped."""
+PROVIDER_SILENT = "provider_silent"
+"""... when its provider process runs but answered nothing past the bound."""
+
+DEFAULT_STOPPED_LIMIT_S = 30.0
+"""How long a provider running a Turn may stay stopped before the Turn fails `provider_stopped`
+(the daemon's `provider_stopped_seconds`)."""
+
+STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
+"""States of a process that does not run until it is continued: stopped by a signal, or at a
+tracer's stop (Linux `T` / `t`; macOS reports a stopped process as `stopped` too)."""
+
+
+def process_state(pid: int) -> str | None:
+    """The state of `pid` as psutil names it (`running`, `sleeping`, `stopped`, …), None if it
+    is gone or cannot be read."""
+    try:
+        return str(psutil.Process(pid).status())
+    except (psutil.Error, OSError):
+        return None
+
+
+def process_tree(pid: int) -> Iterator[int]:
+    """`pid` and every process below it (empty where it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        children = root.children(recursive=True)
+    except (psutil.Error, OSError):
+        return
+    yield pid
+    for child in children:
+        yield child.pid
+
+
+def stopped_process(pid: int) -> int | None:
+    """The pid of a stopped process in `pid`'s tree (itself first), or None while all run."""
+    for current in process_tree(pid):
+        if process_state(current) in STOPPED_STATES:
+            return current
+    return None
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid` and everything below it, leaves first: a stopped child left behind (no
+    parent-death signal reaches Codex's native child) would keep the thread's files. SIGKILL
+    ends a stopped process too."""
+    for victim in reversed(list(process_tree(pid))):
+        with contextlib.suppress(psutil.Error, OSError):
+            psutil.Process(victim).kill()
+
+
+def stopped_error(provider: str, what: str, pid: int, stopped: int, for_s: float) -> str:
+    """The failure of a Turn whose provider process stayed stopped, in words."""
+    state = process_state(stopped) or "?"
+    which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
+    return (
+        f"{PROVIDER_STOPPED}: the {provider} {what} ({which}) was stopped (process state "
+        f"{state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s and could not finish the "
+        "Turn; it was killed, and a new one starts at the next Turn"
+    )
