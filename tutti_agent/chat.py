@@ -16,8 +16,9 @@ from typing import Any
 from tutti_agent.errors import ModelError
 from tutti_agent.ids import uuid7
 from tutti_agent.model import (
-    HttpModel,
+    Endpoint,
     Lines,
+    ModelClient,
     TurnCancelled,
     TurnIO,
     _delta,
@@ -81,22 +82,29 @@ def chat_messages(items: list[Mapping[str, Any]], instructions: str | None) -> l
     return out
 
 
-class ChatModel(HttpModel):
+class ChatModel:
     """POST {base}/chat/completions with `stream: true` (and usage in the last chunk)."""
 
     provider = "chat"
-    path = "/chat/completions"
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.name = endpoint.model
+        self.client = ModelClient(endpoint, "/chat/completions")
+
+    def warm(self) -> None:
+        self.client.warm()
 
     def run(self, text: str, io: TurnIO) -> None:
         for _ in range(MAX_ROUNDS):
             body: dict[str, Any] = {
-                "model": self.model_for(io),
+                "model": self.client.model_for(io),
                 "stream": True,
                 "stream_options": {"include_usage": True},
                 "messages": chat_messages(io.model_input(), self.endpoint.instructions),
             }
             round_ = _Round(io)
-            self.post(body, io, round_.consume)
+            self.client.post(body, io, round_.consume)
             if not round_.tool_calls:
                 return
         raise ModelError(f"model kept calling tools after {MAX_ROUNDS} rounds")

@@ -170,16 +170,15 @@ class Endpoint:
         return f"credential from ${self.api_key_env}, which is {state}"
 
 
-class HttpModel:
-    """One model interface over HTTP+SSE: subclasses give the path, the request body and the
-    stream reader; this class owns the connection, the credential and the typed failures."""
+class ModelClient:
+    """One model endpoint's path over HTTP+SSE: the connection, the credential and the typed
+    failures. A model interface (`ResponsesModel`, `ChatModel`) owns one and gives it the
+    request body and the stream reader."""
 
-    provider = "http"
-    path = ""
-
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, path: str) -> None:
         self.endpoint = endpoint
         self.base_url = endpoint.base_url.rstrip("/")
+        self.path = path
         self.name = endpoint.model
         self._client_lock = threading.Lock()
         self._http: httpx.Client | None = None
@@ -189,9 +188,6 @@ class HttpModel:
         """The Session's own model (thread settings) wins over the provider's default."""
         override = getattr(io, "model_name", None)
         return str(override) if override else self.name
-
-    def run(self, text: str, io: TurnIO) -> None:
-        raise NotImplementedError
 
     def warm(self) -> None:
         """Build the client on a thread of its own, once. A Session's runtime starts (thread
@@ -371,12 +367,11 @@ class _NoFirstByte(Exception):
     """One attempt got no answer within the first-byte limit (retried, then `model_timeout`)."""
 
 
-class ResponsesModel(HttpModel):
+class ResponsesModel:
     """POST {base}/responses with `stream: true`; reads SSE until response.completed, streaming
     `response.output_text.delta` as message deltas."""
 
     provider = "responses"
-    path = "/responses"
 
     def __init__(
         self,
@@ -389,11 +384,16 @@ class ResponsesModel(HttpModel):
             if isinstance(base_url, Endpoint)
             else Endpoint(base_url, model, read_timeout_s=timeout_s)
         )
-        super().__init__(endpoint)
+        self.endpoint = endpoint
+        self.name = endpoint.model
+        self.client = ModelClient(endpoint, "/responses")
+
+    def warm(self) -> None:
+        self.client.warm()
 
     def run(self, text: str, io: TurnIO) -> None:
         body: dict[str, Any] = {
-            "model": self.model_for(io),
+            "model": self.client.model_for(io),
             "stream": True,
             "store": False,
             "input": io.model_input(),
@@ -401,7 +401,7 @@ class ResponsesModel(HttpModel):
         }
         if self.endpoint.instructions:
             body["instructions"] = self.endpoint.instructions
-        self.post(body, io, lambda resp: self._consume(resp, io))
+        self.client.post(body, io, lambda resp: self._consume(resp, io))
 
     def _consume(self, lines: Lines, io: TurnIO) -> None:
         completed = False
