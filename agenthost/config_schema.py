@@ -107,7 +107,8 @@ SCHEMA: tuple[Key, ...] = (
         "provider_stopped_seconds",
         Number(0.1, 86_400.0, "seconds"),
         30.0,
-        "a Turn whose app-server stays stopped (SIGSTOP) this long settles `failed`",
+        "a Turn whose provider process stays stopped (SIGSTOP), or whose Codex app-server "
+        "answers nothing, this long settles `failed`",
     ),
     Key(
         "daemon",

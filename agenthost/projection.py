@@ -123,15 +123,16 @@ def _workspace(text: str | None) -> dict[str, Any] | None:
 
 
 _TURN_REASON = re.compile(
-    r"\b(model_unreachable|model_auth_failed|model_timeout|provider_stopped): "
+    r"\b(model_unreachable|model_auth_failed|model_timeout"
+    r"|provider_stopped|provider_unresponsive): "
 )
 
 
 def error_reason(error: str | None) -> str | None:
     """The typed reason of a failed Turn whose model could not be reached, refused the
     credential or did not answer in time (the error text names the provider, the endpoint and
-    the cause; for a timeout, the limit and its config key), or whose app-server stayed
-    stopped (it names the provider and the process)."""
+    the cause; for a timeout, the limit and its config key), or whose provider process stayed
+    stopped or answered nothing (it names the provider and the process)."""
     match = _TURN_REASON.search(error or "")
     return match.group(1) if match else None
 

@@ -14,8 +14,9 @@ import psutil
 
 PROVIDER_STOPPED = "provider_stopped"
 """The reason word a Turn fails with when its provider process stayed stopped."""
-PROVIDER_SILENT = "provider_silent"
-"""... when its provider process runs but answered nothing past the bound."""
+PROVIDER_UNRESPONSIVE = "provider_unresponsive"
+"""... when its provider process runs but answered nothing to a liveness request past the
+bound (wedged: not stopped, but making no progress)."""
 
 DEFAULT_STOPPED_LIMIT_S = 30.0
 """How long a provider running a Turn may stay stopped before the Turn fails `provider_stopped`
@@ -72,4 +73,14 @@ def stopped_error(provider: str, what: str, pid: int, stopped: int, for_s: float
         f"{PROVIDER_STOPPED}: the {provider} {what} ({which}) was stopped (process state "
         f"{state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s and could not finish the "
         "Turn; it was killed, and a new one starts at the next Turn"
+    )
+
+
+def unresponsive_error(provider: str, what: str, pid: int, probe: str, for_s: float) -> str:
+    """The failure of a Turn whose provider process runs but answers nothing, in words."""
+    state = process_state(pid) or "?"
+    return (
+        f"{PROVIDER_UNRESPONSIVE}: the {provider} {what} (pid {pid}, process state {state}) "
+        f"answered nothing, not even the liveness request {probe}, for {for_s:.0f} s and could "
+        "not finish the Turn; it was killed, and a new one starts at the next Turn"
     )

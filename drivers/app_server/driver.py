@@ -35,6 +35,7 @@ from drivers.app_server.fork import (
 from drivers.app_server.items import thread_of, user_text
 from drivers.app_server.process import AppServerClosed, AppServerFailure, JsonRpcError
 from drivers.app_server.provider import AppServerProvider
+from drivers.app_server.resolution import AppServerResolution
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, SessionState
 from drivers.base import Emit
@@ -47,8 +48,8 @@ from drivers.liveness import (
     kill_tree,
     stopped_error,
     stopped_process,
+    unresponsive_error,
 )
-from drivers.app_server.resolution import AppServerResolution
 
 
 class AppServerDriver:
@@ -95,6 +96,7 @@ class AppServerDriver:
         self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._tick = max(0.05, min(5.0, self.idle_timeout / 4, self.stopped_limit / 4))
         self._reaper = threading.Thread(target=self._reap_idle, name="idle-reaper", daemon=True)
         self._reaper.start()
 
@@ -469,15 +471,17 @@ class AppServerDriver:
 
     def _reap_idle(self) -> None:
         """Stop app-servers of Sessions idle past `idle_timeout_s`; they respawn on next use.
-        On the same tick, fail the Turns of an app-server stopped past `stopped_limit_s`."""
-        tick = min(5.0, self.idle_timeout / 4, self.stopped_limit / 4)
-        while not self._closed.wait(max(0.05, tick)):
+        On the same tick, fail the Turns of an app-server stopped, or running but silent to
+        the liveness request, past `stopped_limit_s`."""
+        while not self._closed.wait(self._tick):
             now = time.monotonic()
             for session in self._sessions.all():
                 runtime = session.runtime
                 if runtime is None or not runtime.alive:
                     continue
                 if self._check_stopped(session, runtime, now):
+                    continue
+                if self._check_silent(session, runtime, now):
                     continue
                 with session.state_lock:
                     busy = bool(session.active or session.pending or session.awaiting_turn)
@@ -517,3 +521,41 @@ class AppServerDriver:
         kill_tree(pid)
         self.events.send_failed(session, active, error)
         return True
+
+    def _check_silent(self, session: SessionState, runtime: Runtime, now: float) -> bool:
+        """A running app-server that says nothing while its Session has a Turn is asked the
+        provider's liveness request (a wedged one is not stopped: its process state says
+        nothing). No answer, and nothing else read from it, for `stopped_limit_s` after the
+        request: its Turns fail `provider_unresponsive` and it is killed, as a stopped one is.
+        True when it was killed."""
+        probe = self.provider.liveness_probe
+        pid = runtime.proc.pid
+        if probe is None or pid is None:
+            return False
+        pending = runtime.probe
+        if pending is not None:
+            if pending.done() or runtime.proc.last_read > runtime.probe_sent:
+                runtime.probe = None  # it answered (or said something else): alive
+                return False
+            if now - runtime.probe_sent < self.stopped_limit:
+                return False
+            error = unresponsive_error(
+                self.kind, "app-server", pid, probe, now - runtime.proc.last_read
+            )
+            runtime.probe = None
+            runtime.stopped_error = error
+            active = self.events.take_active(session)
+            kill_tree(pid)
+            self.events.send_failed(session, active, error)
+            return True
+        with session.state_lock:
+            busy = bool(session.active)
+        if not busy or now - runtime.proc.last_read < self._tick:
+            return False
+        runtime.probe_sent = now
+        try:
+            runtime.probe = runtime.proc.request_async(probe, {})
+        except AppServerFailure:
+            return False  # gone: its exit fails the Turns
+        runtime.probe.add_done_callback(lambda f: f.exception())  # observed, never raised
+        return False

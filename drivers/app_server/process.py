@@ -125,6 +125,8 @@ class AppServerProcess:
         self._reader: threading.Thread | None = None
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.last_activity = time.monotonic()
+        # The last line read from the server: what a liveness probe waits to see move.
+        self.last_read = time.monotonic()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -270,7 +272,7 @@ class AppServerProcess:
         assert self._proc is not None and self._proc.stdout is not None
         stdout = self._proc.stdout
         for raw in stdout:
-            self.last_activity = time.monotonic()
+            self.last_activity = self.last_read = time.monotonic()
             try:
                 msg = json.loads(raw)
             except ValueError:

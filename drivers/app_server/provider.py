@@ -50,6 +50,13 @@ class AppServerProvider(Protocol):
         not started yet (Codex): the driver retries while the Turn is still ours and running."""
         ...
 
+    @property
+    def liveness_probe(self) -> str | None:
+        """A read-only request the app-server answers at once even while a Turn streams (any
+        answer, an error too, proves it alive); None: the provider has none, and only a stopped
+        process is detected."""
+        ...
+
     def command(self) -> list[str]:
         """The app-server's command line."""
         ...

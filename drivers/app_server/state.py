@@ -8,8 +8,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from domain.errors import NotFound
 from drivers.app_server.process import AppServerProcess, ServerRequest
@@ -33,8 +35,12 @@ class Runtime:
     # Never reused within the process: a respawned app-server is a new generation, so the host
     # re-attests it before the next fork (drivers/worker.py `runtime_generation`).
     generation: int = field(default_factory=lambda: next(_GENERATIONS))
-    # Set when the worker killed it for staying stopped (SIGSTOP): the reason in words.
+    # Set when the worker killed it for staying stopped (SIGSTOP) or silent: the reason in words.
     stopped_error: str | None = None
+    # The liveness request in flight while a Turn runs and the server says nothing, and when it
+    # was sent (monotonic).
+    probe: Future[dict[str, Any]] | None = None
+    probe_sent: float = 0.0
 
     @property
     def alive(self) -> bool:

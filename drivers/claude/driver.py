@@ -42,9 +42,9 @@ from drivers.claude.env import (
 )
 from drivers.claude.fork import ClaudeFork
 from drivers.claude.interactions import Interactions
+from drivers.claude.resolution import ClaudeResolution
 from drivers.claude.state import SessionState, is_uuid, required
 from drivers.claude.turns import Turns
-from drivers.claude.resolution import ClaudeResolution
 from drivers.claude_transcript import history_turns
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints

@@ -22,6 +22,7 @@ from drivers.credentials import (
     truthy,
     user_claude_credentials,
 )
+from drivers.liveness import DEFAULT_STOPPED_LIMIT_S
 
 DRIVER_KIND = "claude-code"
 PINNED_SDK_VERSION = "0.2.189"
@@ -66,6 +67,8 @@ class ClaudeDriverConfig:
     """Use the user's own `claude` login (`~/.claude/.credentials.json`) instead of a key."""
     limits: ModelLimits = ModelLimits()
     """The model limits, given to the CLI through its own variables (`limit_env`)."""
+    stopped_limit_s: float = DEFAULT_STOPPED_LIMIT_S
+    """How long a turn's CLI may stay stopped before the Turn fails `provider_stopped`."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ClaudeDriverConfig:
@@ -81,6 +84,7 @@ class ClaudeDriverConfig:
             api_key_env=opt("api_key_env") or ANTHROPIC_VAR,
             use_user_login=truthy(config.get("use_user_login", False)),
             limits=ModelLimits.from_mapping(config),
+            stopped_limit_s=float(config.get("stopped_limit_s") or DEFAULT_STOPPED_LIMIT_S),
         )
 
     def credential(self) -> CredentialPlan:

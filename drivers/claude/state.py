@@ -67,6 +67,8 @@ class TurnState:
     # and how many blocks of each API message the settled AssistantMessages have shown.
     model_failure: str | None = None
     """A typed model failure (auth/unreachable) that made us stop the CLI's retries."""
+    provider_failure: str | None = None
+    """The CLI stayed stopped and was killed (`provider_stopped`, in words)."""
     stream_message_id: str | None = None
     stream_blocks: dict[int, str] = field(default_factory=dict)
     settled_blocks: dict[str, int] = field(default_factory=dict)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
@@ -23,6 +24,7 @@ from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
 from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
+from drivers.liveness import kill_tree, stopped_error, stopped_process
 
 TURN_START_TIMEOUT_S = 120.0
 
@@ -122,6 +124,7 @@ class Turns:
         except FileNotFoundError:
             turn.transcript_offset = 0
         watcher = asyncio.ensure_future(watch_root(session, turn))
+        stop_watch = asyncio.ensure_future(self._watch_stopped(turn))
         try:
             options = self._options(session, turn)
             # Our own transport handle (the SDK's default one, pinned version) so an interrupt
@@ -156,8 +159,32 @@ class Turns:
             outcome = TurnOutcome.FAILED
         finally:
             watcher.cancel()
+            stop_watch.cancel()
             self._drop_pending(session, turn)
         self._finish_turn(session, turn, outcome, error)
+
+    async def _watch_stopped(self, turn: TurnState) -> None:
+        """The turn's CLI (or a process under it) stopped (SIGSTOP, SIGTSTP, a debugger) for
+        `stopped_limit_s`: it keeps its pipes open and answers nothing, so neither its exit nor
+        a timeout would end the Turn before the host's inactivity limit. Kill it, the Turn
+        failing `provider_stopped` in words (the next Turn starts a new CLI)."""
+        limit = self._config.stopped_limit_s
+        since: float | None = None
+        while True:
+            await asyncio.sleep(max(0.05, min(5.0, limit / 4)))
+            process = getattr(turn.transport, "_process", None)
+            pid = getattr(process, "pid", None)
+            stopped = stopped_process(pid) if isinstance(pid, int) else None
+            if not isinstance(pid, int) or stopped is None:
+                since = None
+                continue
+            now = time.monotonic()
+            since = now if since is None else since
+            if now - since < limit:
+                continue
+            turn.provider_failure = stopped_error("claude-code", "CLI", pid, stopped, now - since)
+            kill_tree(pid)  # SIGKILL ends a stopped process too; the SDK then sees it exit
+            return
 
     def _drop_pending(self, session: SessionState, turn: TurnState) -> None:
         """No answer can reach a CLI that is gone: cancel what it was waiting on (the host
@@ -171,6 +198,9 @@ class Turns:
     def _finish_turn(
         self, session: SessionState, turn: TurnState, outcome: TurnOutcome, error: str | None
     ) -> None:
+        if turn.provider_failure is not None:
+            # Whatever the SDK made of the killed CLI's end, the cause is that it was stopped.
+            turn.model_failure = turn.provider_failure
         if turn.model_failure is not None:
             error = turn.model_failure
         if turn.provider_turn_id is None:
