@@ -190,14 +190,18 @@ class ForkResolver:
     def _worker(
         self,
         method: str,
-        then: Callable[[dict[str, Any]], None],
+        then: Callable[[Any], None],
         child_ids: Sequence[str] = (),
     ) -> None:
-        fut = self.host.workers.request(
-            self.provider, method, self._request(child_ids).to_wire(), self.host.timeouts.fork_s
+        """`fork.inspect` or `fork.quarantine` (`method`), its typed answer handed to `then`."""
+        request, timeout = self._request(child_ids), self.host.timeouts.fork_s
+        fut: Future[ResolveInspection] | Future[ResolveQuarantined] = (
+            self.host.workers.inspect_fork(self.provider, request, timeout)
+            if method == ResolveRequest.INSPECT
+            else self.host.workers.quarantine_fork(self.provider, request, timeout)
         )
 
-        def done(f: Future[dict[str, Any]]) -> None:
+        def done(f: Future[Any]) -> None:
             try:
                 result = f.result()
             except HostError as exc:
@@ -224,8 +228,7 @@ class ForkResolver:
         self.host.failpoints.hit(name)
 
     def _inspect(self, then: Callable[[dict[str, Any]], None]) -> None:
-        def shape(result: dict[str, Any]) -> None:
-            inspection = ResolveInspection.from_wire(result)
+        def shape(inspection: ResolveInspection) -> None:
             evidence = {
                 **inspection.to_wire(),
                 "verdict": verdict(inspection.children, self.op.source_provider_session_id),
@@ -234,14 +237,11 @@ class ForkResolver:
 
         if self.msg.action == "inspect":
             # Inspect is a read: its errors go straight to its caller.
-            fut = self.host.workers.request(
-                self.provider,
-                ResolveRequest.INSPECT,
-                self._request().to_wire(),
-                self.host.timeouts.fork_s,
+            fut = self.host.workers.inspect_fork(
+                self.provider, self._request(), self.host.timeouts.fork_s
             )
 
-            def done(f: Future[dict[str, Any]]) -> None:
+            def done(f: Future[ResolveInspection]) -> None:
                 try:
                     shape(f.result())
                 except HostError as exc:
@@ -297,14 +297,16 @@ class ForkResolver:
             self._worker(ResolveRequest.QUARANTINE, self._quarantined, attributed)
 
     def _adopt_call(self, child: str) -> None:
-        params = ResolveAdopt(self._request(), child).to_wire()
-        fut = self.host.workers.request(
-            self.provider, ResolveAdopt.METHOD, params, self.host.timeouts.fork_s
+        fut = self.host.workers.adopt_fork(
+            self.provider, ResolveAdopt(self._request(), child), self.host.timeouts.fork_s
         )
 
-        def done(f: Future[dict[str, Any]]) -> None:
+        def done(f: Future[ForkResult]) -> None:
+            result: ForkResult | None
             try:
                 result = f.result()
+            except MalformedMessage:
+                result = None  # not a fork answer: nothing verified was bound
             except HostError as exc:
                 self._rollback(ProviderError(exc.message, reason="fork_resolve_failed"))
                 return
@@ -315,13 +317,9 @@ class ForkResolver:
 
         self.host.later(fut, done)
 
-    def _bound(self, result: Mapping[str, Any]) -> None:
+    def _bound(self, adopted: ForkResult | None) -> None:
         self._hit("host.resolve.after_bind")
         store, ws, op = self.host.resolve_store, self.host.ws, self.op
-        try:
-            adopted = ForkResult.from_wire(result)
-        except MalformedMessage:
-            adopted = None
         if (
             adopted is None
             or adopted.disposition is not DeliveryDisposition.ACCEPTED
@@ -360,9 +358,9 @@ class ForkResolver:
         store.commit_fork(ws, op.operation_id)
         self._finish({"action": "adopt", "childId": self.child_id, "evidence": self.evidence})
 
-    def _quarantined(self, result: Mapping[str, Any]) -> None:
+    def _quarantined(self, result: ResolveQuarantined) -> None:
         self._hit("host.resolve.after_quarantine")
-        moved = list(ResolveQuarantined.from_wire(result).moved)
+        moved = list(result.moved)
         evidence = {**self.evidence, "quarantinedNow": moved}
         self.evidence = evidence
         self.host.resolve_store.abandon_fork(

@@ -23,11 +23,11 @@ from actors.ports import (
     DriverInfo,
     NotDelivered,
     WorkerFailed,
-    request_fork,
 )
 from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
+from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import (
     ForkRequest,
     ForkResult,
@@ -153,15 +153,9 @@ class ForkSaga:
             self._step(self._check_verdict, dict(runtime.verdict), runtime.generation)
             return
         # Re-attest the same prepared runtime identity before anything leaves the host.
-        fut = self.host.workers.request(
+        fut = self.host.workers.attest(
             runtime.provider,
-            "runtime.attest",
-            {
-                "agentSessionId": self.host.key,
-                "home": runtime.home,
-                "cwd": runtime.cwd,
-                "settings": dict(runtime.settings),
-            },
+            RuntimeAttest(self.host.key, runtime.home, runtime.cwd, dict(runtime.settings)),
             self.host.timeouts.control_s,
         )
         self.host.later(fut, lambda f: self._step(self._attested, f))
@@ -169,17 +163,14 @@ class ForkSaga:
     def _attestation_key(self, generation: str) -> tuple[str, ...]:
         return attestation_key(self.runtime, generation)
 
-    def _attested(self, fut: Future[dict[str, Any]]) -> None:
+    def _attested(self, fut: Future[Attestation]) -> None:
         try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001 - attestation failed: nothing was dispatched
             self.host.attested_runtime = None
             self._fail(f"re-attestation failed: {exc}")
             return
-        generation = result.get("runtimeGeneration")
-        self._check_verdict(
-            result, generation if isinstance(generation, str) and generation else None, True
-        )
+        self._check_verdict(result.verdict, result.stamp.generation, True)
 
     def _check_verdict(
         self, result: Mapping[str, Any], generation: str | None, attested: bool = False
@@ -227,9 +218,7 @@ class ForkSaga:
             driver_kind=op.driver_kind,
             driver_version=op.driver_version,
         )
-        fork = request_fork(
-            self.host.workers, self.runtime.provider, request, self.host.timeouts.fork_s
-        )
+        fork = self.host.workers.fork(self.runtime.provider, request, self.host.timeouts.fork_s)
         self.host.later(fork, lambda f: self._step(self._dispatched, f))
 
     def _verdict_error(self, result: Mapping[str, Any]) -> str | None:

@@ -14,7 +14,27 @@ from enum import StrEnum
 from typing import Any, Protocol
 
 from domain.enums import DeliveryDisposition as DeliveryDisposition
-from domain.worker_messages import ForkRequest, ForkResult
+from domain.worker_calls import (
+    Attestation,
+    HistoryRequest,
+    InteractionRespond,
+    RuntimeAttest,
+    SessionHistory,
+    SessionStart,
+    SessionStarted,
+    SessionStop,
+    TurnAccepted,
+    TurnInterrupt,
+    TurnStart,
+)
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
 
 
 class BindingState(StrEnum):
@@ -42,36 +62,52 @@ class WorkerFailed(Exception):
 
 
 class WorkerPort(Protocol):
-    """Requests to the provider worker processes; futures fail with the exceptions above."""
+    """Requests to the provider worker processes, one typed method per worker call (the
+    request types name their worker method and carry its params; the answers are read back
+    typed). Futures fail with the exceptions above; a malformed answer fails its future with
+    `domain.worker_messages.MalformedMessage`."""
 
-    def request(
-        self, provider: str, method: str, params: Mapping[str, Any], timeout: float
-    ) -> Future[dict[str, Any]]: ...
+    def attest(
+        self, provider: str, request: RuntimeAttest, timeout: float
+    ) -> Future[Attestation]: ...
 
+    def start_session(
+        self, provider: str, request: SessionStart, timeout: float
+    ) -> Future[SessionStarted]: ...
 
-def request_fork(
-    workers: WorkerPort, provider: str, request: ForkRequest, timeout: float
-) -> Future[ForkResult]:
-    """The typed `fork` call: `ForkRequest.to_wire()` goes out over the port, the answer comes
-    back as `ForkResult.from_wire()` (the same maps the worker reads and writes with the same
-    types). A malformed answer fails the future with `domain.worker_messages.MalformedMessage`;
-    the port's delivery exceptions pass through unchanged."""
-    out: Future[ForkResult] = Future()
+    def stop_session(self, provider: str, request: SessionStop, timeout: float) -> Future[None]: ...
 
-    def _done(f: Future[dict[str, Any]]) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-            return
-        try:
-            out.set_result(ForkResult.from_wire(f.result()))
-        except Exception as parse_exc:  # noqa: BLE001 - the waiter always gets an outcome
-            out.set_exception(parse_exc)
+    def history(
+        self, provider: str, request: HistoryRequest, timeout: float
+    ) -> Future[SessionHistory]: ...
 
-    workers.request(provider, ForkRequest.METHOD, request.to_wire(), timeout).add_done_callback(
-        _done
-    )
-    return out
+    def start_turn(
+        self, provider: str, request: TurnStart, timeout: float
+    ) -> Future[TurnAccepted]: ...
+
+    def interrupt_turn(
+        self, provider: str, request: TurnInterrupt, timeout: float
+    ) -> Future[None]: ...
+
+    def respond_interaction(
+        self, provider: str, request: InteractionRespond, timeout: float
+    ) -> Future[None]: ...
+
+    def fork(self, provider: str, request: ForkRequest, timeout: float) -> Future[ForkResult]:
+        """The saga's one provider fork call (never retried: law 1)."""
+        ...
+
+    def inspect_fork(
+        self, provider: str, request: ResolveRequest, timeout: float
+    ) -> Future[ResolveInspection]: ...
+
+    def adopt_fork(
+        self, provider: str, request: ResolveAdopt, timeout: float
+    ) -> Future[ForkResult]: ...
+
+    def quarantine_fork(
+        self, provider: str, request: ResolveRequest, timeout: float
+    ) -> Future[ResolveQuarantined]: ...
 
 
 @dataclass(frozen=True, slots=True)

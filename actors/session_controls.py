@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
 
 from actors import runtime_dirs
 from actors.messages import Interrupt, Mutate, Respond
@@ -20,6 +19,7 @@ from actors.ports import WorkerFailed
 from actors.provider_errors import control_error
 from actors.session_base import TurnState
 from actors.session_turns import TurnRunner
+from domain.worker_calls import InteractionRespond, SessionStop, TurnInterrupt
 from storage.errors import Conflict, HostError, TurnNotFound
 
 # One logger for every concern of the Session actor (operators filter on it).
@@ -39,9 +39,7 @@ class SessionControls(TurnRunner):
             # goes once the runtime has stopped, off this thread; a kill in between is
             # finished by the next start (actors/runtime_dirs.py).
             self.ctx.failpoints.hit("host.session.delete.after_commit")
-            stopped = self.ctx.workers.request(
-                provider, "session.stop", {"agentSessionId": self.key}, 10.0
-            )
+            stopped = self.ctx.workers.stop_session(provider, SessionStop(self.key), 10.0)
             runtimes, ws, sid = self.ctx.runtimes_dir, self.ws, self.sid
             stopped.add_done_callback(
                 lambda _f: threading.Thread(
@@ -90,14 +88,11 @@ class SessionControls(TurnRunner):
             self._settle(state, "interrupted", error=msg.why, then=_answer)
             return
         provider = self.session().provider
-        fut = self.ctx.workers.request(
-            provider,
-            "turn.interrupt",
-            {"agentSessionId": self.key, "providerTurnId": provider_turn_id},
-            self.ctx.timeouts.interrupt_s,
+        fut = self.ctx.workers.interrupt_turn(
+            provider, TurnInterrupt(self.key, provider_turn_id), self.ctx.timeouts.interrupt_s
         )
 
-        def _done(f: Future[dict[str, Any]]) -> None:
+        def _done(f: Future[None]) -> None:
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
@@ -129,18 +124,13 @@ class SessionControls(TurnRunner):
             raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
         self.session_store.check_fence(self.ws, self.sid)
         provider = self.session().provider
-        fut = self.ctx.workers.request(
+        fut = self.ctx.workers.respond_interaction(
             provider,
-            "interaction.respond",
-            {
-                "agentSessionId": self.key,
-                "requestId": msg.request_id,
-                "response": dict(msg.response),
-            },
+            InteractionRespond(self.key, msg.request_id, dict(msg.response)),
             self.ctx.timeouts.control_s,
         )
 
-        def _done(f: Future[dict[str, Any]]) -> None:
+        def _done(f: Future[None]) -> None:
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001

@@ -23,23 +23,19 @@ from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
 from actors.session_base import SessionActorBase
+from domain.worker_calls import (
+    HistoryRequest,
+    SessionHistory,
+    SessionStart,
+    SessionStarted,
+    SessionStop,
+)
 from storage.errors import HostError
 from storage.models import Session
 from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
-
-
-def _generation_of(result: Mapping[str, Any]) -> str | None:
-    """`runtimeGeneration` of a worker answer; anything but a non-empty string is
-    none, so the next fork re-attests."""
-    value = result.get("runtimeGeneration")
-    return value if isinstance(value, str) and value else None
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 PF_EXITING = 0x4
@@ -201,20 +197,20 @@ class SessionRuntime(SessionActorBase):
         so capability projection never has to spawn a process."""
         home = self.ctx.runtime_home(self.ws, self.sid, session.provider)
         home.mkdir(parents=True, exist_ok=True)
-        params = {
-            "agentSessionId": self.key,
-            "home": str(home),
-            "cwd": session.cwd,
-            "settings": dict(session.settings),
-            "model": session.model,
-            "providerSessionId": session.provider_session_id,
-            "runtimeContext": dict(session.runtime_context),
-        }
-        fut = self.ctx.workers.request(
-            session.provider, "session.start", params, self.ctx.timeouts.session_start_s
+        request = SessionStart(
+            agent_session_id=self.key,
+            home=str(home),
+            cwd=session.cwd,
+            settings=dict(session.settings),
+            model=session.model,
+            provider_session_id=session.provider_session_id,
+            runtime_context=dict(session.runtime_context),
+        )
+        fut = self.ctx.workers.start_session(
+            session.provider, request, self.ctx.timeouts.session_start_s
         )
 
-        def _done(f: Future[dict[str, Any]]) -> None:
+        def _done(f: Future[SessionStarted]) -> None:
             # The start itself has ended: its permit goes to the next cold Session now.
             self.ctx.runtime_slots.started(session.provider, self.key)
             try:
@@ -229,9 +225,9 @@ class SessionRuntime(SessionActorBase):
                 return
             self._rebind_missing(prepared, lambda: on_ready(prepared))
 
-        def _record(result: dict[str, Any]) -> PreparedRuntime:
-            provider_session_id = str(result.get("providerSessionId") or "")
-            context = dict(result.get("runtimeContext") or {})
+        def _record(result: SessionStarted) -> PreparedRuntime:
+            provider_session_id = result.provider_session_id
+            context = dict(result.runtime_context)
             current = self.cached_session()
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
@@ -250,10 +246,10 @@ class SessionRuntime(SessionActorBase):
                 settings=dict(current.settings),
                 provider_session_id=provider_session_id,
                 runtime_context=dict(current.runtime_context),
-                generation=_generation_of(result),
+                generation=result.stamp.generation,
                 verdict=context,
-                pid=int(result["runtimePid"]) if _number(result.get("runtimePid")) else None,
-                idle_s=_number(result.get("runtimeIdleS")),
+                pid=result.stamp.pid,
+                idle_s=result.stamp.idle_s,
             )
             self._warm = None if prepared.generation is None else (prepared, time.monotonic())
             return prepared
@@ -272,16 +268,14 @@ class SessionRuntime(SessionActorBase):
         if not missing:
             then()
             return
-        fut = self.ctx.workers.request(
-            runtime.provider,
-            "session.history",
-            {"agentSessionId": self.key},
-            self.ctx.timeouts.control_s,
+        fut = self.ctx.workers.history(
+            runtime.provider, HistoryRequest(self.key), self.ctx.timeouts.control_s
         )
 
-        def _done(f: Future[dict[str, Any]]) -> None:
+        def _done(f: Future[SessionHistory]) -> None:
             try:
-                self._apply_rebind(set(missing), list(f.result().get("turns") or []))
+                history: list[Mapping[str, Any]] = [t.to_wire() for t in f.result().turns]
+                self._apply_rebind(set(missing), history)
             except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
                 log.warning("session %s: re-bind from provider history failed: %s", self.key, exc)
             then()
@@ -332,6 +326,4 @@ class SessionRuntime(SessionActorBase):
         """Stop the Session's provider runtime (it respawns at the next use)."""
         self._warm = None
         provider = self.session().provider
-        self.ctx.workers.request(
-            provider, "session.stop", {"agentSessionId": self.key}, self.ctx.timeouts.control_s
-        )
+        self.ctx.workers.stop_session(provider, SessionStop(self.key), self.ctx.timeouts.control_s)

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from dataclasses import replace
 
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
@@ -24,6 +24,7 @@ from actors.session_base import RETRY_MAX_S, DurableWrite, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
 from domain.model_limits import BACKSTOP_GRACE_S, ModelLimits, first_byte_timeout
+from domain.worker_calls import TurnAccepted, TurnStart
 from domain.worker_messages import (
     InteractionRequested,
     TurnActivity,
@@ -65,17 +66,13 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 return
             state.at_provider = True
             state.last_activity = time.monotonic()
-            params: dict[str, Any] = {
-                "agentSessionId": self.key,
-                "turnId": turn.turn_id,
-                "text": msg.text,
-            }
+            request = TurnStart(self.key, turn.turn_id, msg.text)
             if warm:
                 # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
                 # before the provider sees anything; then it is prepared and started once more.
-                params.update(home=runtime.home, runtimeGeneration=runtime.generation)
-            fut = self.ctx.workers.request(
-                session.provider, "turn.start", params, self.ctx.timeouts.turn_start_s
+                request = replace(request, home=runtime.home, runtime_generation=runtime.generation)
+            fut = self.ctx.workers.start_turn(
+                session.provider, request, self.ctx.timeouts.turn_start_s
             )
             again = _prepare if warm else None
             self.later(fut, lambda f: self._turn_started(state, f, again), turn_event=True)
@@ -110,7 +107,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
     def _turn_started(
         self,
         state: TurnState,
-        fut: Future[dict[str, Any]],
+        fut: Future[TurnAccepted],
         again: Callable[[], None] | None = None,
     ) -> None:
         """`turn.start` answered. `again`: the Turn went to a warm runtime; if the worker
@@ -132,7 +129,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
         # From here the provider holds the turn (Claude Code answers once the CLI runs, so its
         # start-up is not counted against the model).
         self._arm_first_byte(state, self.session().provider)
-        self._bind(state, str(result.get("providerTurnId") or ""))
+        self._bind(state, result.provider_turn_id)
         pending, state.pending_events = state.pending_events, []
         for event in pending:
             self._on_driver_event(event)

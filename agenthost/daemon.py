@@ -47,6 +47,7 @@ from agenthost.workers import SupervisorPort
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
 from domain.providers import PROVIDERS, TUTTI_AGENT
+from domain.worker_calls import SessionStop
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
@@ -167,8 +168,8 @@ class Daemon:
             cfg.max_runtimes_per_provider,
             # The worker's stop waits for a start of that runtime still in progress (so
             # none outlives its slot); the grant waits for the stop, within the start budget.
-            stop=lambda provider, key: port.request(
-                provider, "session.stop", {"agentSessionId": key}, SESSION_START_S
+            stop=lambda provider, key: port.stop_session(
+                provider, SessionStop(key), SESSION_START_S
             ),
             start_limit=cfg.max_runtime_starts_per_provider,
         )

@@ -1,5 +1,6 @@
-"""Adapts the drivers' WorkerSupervisor to the actors' WorkerPort, translating the link's
-typed failures into the three delivery facts the saga reasons about.
+"""Adapts the drivers' WorkerSupervisor to the actors' WorkerPort: each typed call leaves as
+its method's params map and its answer is read back as its type, and the link's typed failures
+become the three delivery facts the saga reasons about.
 
 `WorkerUnavailable` → `NotDelivered` (never left the host); `WorkerLost`/`WorkerTimeout` →
 `DeliveryUnknown` (may have happened); `WorkerError` → `WorkerFailed` (an answer). A
@@ -11,27 +12,133 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from domain.worker_calls import (
+    Attestation,
+    HistoryRequest,
+    InteractionRespond,
+    RuntimeAttest,
+    SessionHistory,
+    SessionStart,
+    SessionStarted,
+    SessionStop,
+    TurnAccepted,
+    TurnInterrupt,
+    TurnStart,
+)
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
+)
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.supervisor import WorkerSupervisor
 
 RETRY_INTERVAL_S = 0.2
-NO_RETRY_METHODS = frozenset({"fork"})
+NO_RETRY_METHODS = frozenset({ForkRequest.METHOD})
 # Safe to send twice: a lost answer to one of these is retried like a refusal.
-IDEMPOTENT_METHODS = frozenset({"session.start", "session.stop", "runtime.attest"})
+IDEMPOTENT_METHODS = frozenset({SessionStart.METHOD, SessionStop.METHOD, RuntimeAttest.METHOD})
+
+T = TypeVar("T")
+
+
+def read_answer(answer: Future[dict[str, Any]], parse: Callable[[dict[str, Any]], T]) -> Future[T]:
+    """`answer` read as its type once it arrives; a delivery failure passes through unchanged
+    and an answer without the type's shape fails the future (`MalformedMessage`)."""
+    out: Future[T] = Future()
+
+    def _done(f: Future[dict[str, Any]]) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+            return
+        try:
+            out.set_result(parse(f.result()))
+        except Exception as parse_exc:  # noqa: BLE001 - the waiter always gets an outcome
+            out.set_exception(parse_exc)
+
+    answer.add_done_callback(_done)
+    return out
+
+
+def _nothing(_result: dict[str, Any]) -> None:
+    return None
 
 
 class SupervisorPort:
+    """The actors' `WorkerPort` over the real supervisor."""
+
     def __init__(self, supervisor: WorkerSupervisor) -> None:
         self.supervisor = supervisor
 
-    def request(
+    def attest(self, provider: str, request: RuntimeAttest, timeout: float) -> Future[Attestation]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, Attestation.from_wire)
+
+    def start_session(
+        self, provider: str, request: SessionStart, timeout: float
+    ) -> Future[SessionStarted]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, SessionStarted.from_wire)
+
+    def stop_session(self, provider: str, request: SessionStop, timeout: float) -> Future[None]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, _nothing)
+
+    def history(
+        self, provider: str, request: HistoryRequest, timeout: float
+    ) -> Future[SessionHistory]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, SessionHistory.from_wire)
+
+    def start_turn(self, provider: str, request: TurnStart, timeout: float) -> Future[TurnAccepted]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, TurnAccepted.from_wire)
+
+    def interrupt_turn(self, provider: str, request: TurnInterrupt, timeout: float) -> Future[None]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, _nothing)
+
+    def respond_interaction(
+        self, provider: str, request: InteractionRespond, timeout: float
+    ) -> Future[None]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, _nothing)
+
+    def fork(self, provider: str, request: ForkRequest, timeout: float) -> Future[ForkResult]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, ForkResult.from_wire)
+
+    def inspect_fork(
+        self, provider: str, request: ResolveRequest, timeout: float
+    ) -> Future[ResolveInspection]:
+        answer = self.send(provider, ResolveRequest.INSPECT, request.to_wire(), timeout)
+        return read_answer(answer, ResolveInspection.from_wire)
+
+    def adopt_fork(
+        self, provider: str, request: ResolveAdopt, timeout: float
+    ) -> Future[ForkResult]:
+        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
+        return read_answer(answer, ForkResult.from_wire)
+
+    def quarantine_fork(
+        self, provider: str, request: ResolveRequest, timeout: float
+    ) -> Future[ResolveQuarantined]:
+        answer = self.send(provider, ResolveRequest.QUARANTINE, request.to_wire(), timeout)
+        return read_answer(answer, ResolveQuarantined.from_wire)
+
+    def send(
         self, provider: str, method: str, params: Mapping[str, Any], timeout: float
     ) -> Future[dict[str, Any]]:
+        """One worker method's params map over the link, retried while it provably never
+        left (and, for the idempotent ones, when its answer was lost)."""
         out: Future[dict[str, Any]] = Future()
         deadline = time.monotonic() + timeout
         self._attempt(out, provider, method, dict(params), deadline)

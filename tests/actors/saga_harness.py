@@ -20,6 +20,9 @@ from actors.messages import ForkReply
 from actors.ports import DriverInfo
 from actors.recovery import recover_fork_operations
 from actors.timers import TimerHandle
+from agenthost.workers import read_answer
+from domain.worker_calls import Attestation, RuntimeAttest
+from domain.worker_messages import ForkRequest, ForkResult
 from storage import Store
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, Session
 from tests.support.invariants import provider_home
@@ -75,6 +78,19 @@ class ScriptedWorker:
 
     def forks(self) -> int:
         return sum(1 for method, _ in self.calls if method == "fork")
+
+    # The typed calls the saga makes, over the scripted maps (as the real port reads them).
+
+    def attest(self, provider: str, request: RuntimeAttest, timeout: float) -> Future[Attestation]:
+        return read_answer(
+            self.request(provider, request.METHOD, request.to_wire(), timeout),
+            Attestation.from_wire,
+        )
+
+    def fork(self, provider: str, request: ForkRequest, timeout: float) -> Future[ForkResult]:
+        return read_answer(
+            self.request(provider, request.METHOD, request.to_wire(), timeout), ForkResult.from_wire
+        )
 
 
 @dataclass

@@ -46,14 +46,14 @@ class _Sent:
         self.methods: Counter[str] = Counter()
         self._lock = threading.Lock()
         port = daemon.ctx.workers
-        real: Callable[..., Any] = port.request
+        real: Callable[..., Any] = port.send  # type: ignore[attr-defined]  # every typed call
 
         def request(provider: str, method: str, params: Any, timeout: float) -> Any:
             with self._lock:
                 self.methods[method] += 1
             return real(provider, method, params, timeout)
 
-        port.request = request  # type: ignore[method-assign]
+        port.send = request  # type: ignore[attr-defined]
 
     def take(self) -> Counter[str]:
         with self._lock:
@@ -144,9 +144,7 @@ def test_a_warm_forks_replay_still_answers_the_same_operation(
     again = c.call("fork.create", params)["operation"]
     assert again["operationId"] == first["operationId"], (first, again)
     assert again["status"] == "committed"
-    status, error = c.call_raw(
-        "fork.create", {**params, "targetAgentSessionId": str(uuid.uuid4())}
-    )
+    status, error = c.call_raw("fork.create", {**params, "targetAgentSessionId": str(uuid.uuid4())})
     assert status == 409 and error["params"]["operationId"] == first["operationId"], error
     assert replay_reads.count == 0
 

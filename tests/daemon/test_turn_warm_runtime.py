@@ -23,6 +23,7 @@ import pytest
 
 from actors.messages import Mutate, runtime_key
 from agenthost.daemon import Daemon
+from domain.worker_calls import HistoryRequest
 from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (
@@ -58,10 +59,8 @@ def _warm_session(c: Client) -> str:
 
 def _provider_turns(daemon: Daemon, sid: str) -> list[dict[str, str]]:
     """The provider's own history of the Session's thread, through the real worker."""
-    fut = daemon.ctx.workers.request(
-        "tutti-agent", "session.history", {"agentSessionId": runtime_key(WS, sid)}, 30.0
-    )
-    return list(fut.result(timeout=30)["turns"])
+    fut = daemon.ctx.workers.history("tutti-agent", HistoryRequest(runtime_key(WS, sid)), 30.0)
+    return [turn.to_wire() for turn in fut.result(timeout=30).turns]
 
 
 def test_a_turn_on_a_warm_runtime_sends_no_session_start(

@@ -13,7 +13,6 @@ import pytest
 from drv_helpers import EventLog, completed
 from test_tutti_driver import Make, make_driver, open_session  # noqa: F401 - fixture
 
-import actors.ports
 import drivers.base
 from domain import worker_messages as wm
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
@@ -166,7 +165,7 @@ def test_an_answer_that_is_not_a_fork_result_is_malformed(answer: dict[str, obje
 
 @pytest.mark.timeout(60)
 def test_the_typed_fork_call_through_a_real_worker_answers_a_fork_result(tmp_path: Path) -> None:
-    """`actors.ports.request_fork` over the daemon's real port and a real worker process: the
+    """The port's typed `fork` over the daemon's real port and a real worker process: the
     request leaves as `ForkRequest.to_wire()`, the answer comes back a `ForkResult`."""
     from agenthost.workers import SupervisorPort
     from drivers.supervisor import WorkerSupervisor
@@ -184,7 +183,7 @@ def test_the_typed_fork_call_through_a_real_worker_answers_a_fork_result(tmp_pat
             driver_kind="tutti-agent",
             driver_version="0",
         )
-        got = actors.ports.request_fork(port, "tutti-agent", request, 30).result(40)
+        got = port.fork("tutti-agent", request, 30).result(40)
     finally:
         supervisor.close()
     assert isinstance(got, wm.ForkResult)

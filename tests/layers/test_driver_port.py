@@ -25,5 +25,9 @@ def test_the_port_declares_resolve_and_every_driver_implements_it() -> None:
 
 
 def test_no_resolution_module_probes_a_driver_with_hasattr() -> None:
-    for path in ("drivers/app_server/resolution.py", "drivers/claude/resolution.py", "drivers/worker.py"):
+    for path in (
+        "drivers/app_server/resolution.py",
+        "drivers/claude/resolution.py",
+        "drivers/worker.py",
+    ):
         assert "hasattr(" not in (ROOT / path).read_text(), path
