@@ -39,9 +39,7 @@ from drivers.codex import (
     native_behind_npm_shim,
     resolve_command,
 )
-from drivers.codex import (
-    create_driver as codex_driver,
-)
+from drivers.codex import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text
@@ -386,7 +384,9 @@ def _fake_npm_install(root: Path, *, platform_binary: str | None) -> Path:
     return shim
 
 
-@pytest.mark.parametrize("where", ["node_modules", "node_modules/@openai/codex/node_modules", None])
+@pytest.mark.parametrize(
+    "where", ["node_modules", "node_modules/@openai/codex/node_modules", None]
+)
 def test_native_binary_is_found_where_the_wrapper_finds_it_else_the_wrapper_is_kept(
     tmp_path: Path, where: str | None
 ) -> None:
