@@ -22,6 +22,9 @@ DEFAULT_STOPPED_LIMIT_S = 30.0
 """How long a provider running a Turn may stay stopped before the Turn fails `provider_stopped`
 (the daemon's `provider_stopped_seconds`)."""
 
+RELIST_S = 60.0
+"""How often a `TreeWatch` lists its tree again."""
+
 STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 """States of a process that does not run until it is continued: stopped by a signal, or at a
 tracer's stop (Linux `T` / `t`; macOS reports a stopped process as `stopped` too)."""
@@ -48,12 +51,45 @@ def process_tree(pid: int) -> Iterator[int]:
         yield child.pid
 
 
-def stopped_process(pid: int) -> int | None:
-    """The pid of a stopped process in `pid`'s tree (itself first), or None while all run."""
-    for current in process_tree(pid):
-        if process_state(current) in STOPPED_STATES:
-            return current
-    return None
+class TreeWatch:
+    """Watches one provider process and the processes under it for a stopped state. Listing a
+    tree asks the system for every process's parent (psutil walks the whole process table), so
+    the members are re-listed at most every `relist_s`; each check reads only the members' own
+    states. The provider's own processes (the app-server,
+    Codex's native child, the turn's CLI) exist from its start, so they are all in the first
+    listing."""
+
+    def __init__(self, pid: int, relist_s: float = RELIST_S) -> None:
+        self.pid = pid
+        self._relist_s = relist_s
+        self._listed_at: float | None = None
+        self._members: list[psutil.Process] = []
+
+    def stopped(self, now: float) -> int | None:
+        """The pid of a stopped member (the root first), or None while all run."""
+        if (
+            self._listed_at is None
+            or not self._members
+            or now - self._listed_at >= self._relist_s
+        ):
+            self._members = _processes(self.pid)
+            self._listed_at = now
+        for member in self._members:
+            try:
+                # is_running: the pid still names the process listed (not a reused one).
+                if member.is_running() and member.status() in STOPPED_STATES:
+                    return member.pid
+            except (psutil.Error, OSError):
+                continue
+        return None
+
+
+def _processes(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except (psutil.Error, OSError):
+        return []
 
 
 def kill_tree(pid: int) -> None:

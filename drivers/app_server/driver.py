@@ -45,9 +45,9 @@ from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from drivers.liveness import (
     DEFAULT_STOPPED_LIMIT_S,
+    TreeWatch,
     kill_tree,
     stopped_error,
-    stopped_process,
     unresponsive_error,
 )
 
@@ -503,7 +503,9 @@ class AppServerDriver:
         with it. Fail its Turns, naming the process, and kill it (the next use starts a new
         one). True when it was killed."""
         pid = runtime.proc.pid
-        stopped = None if pid is None else stopped_process(pid)
+        if pid is not None and runtime.watch is None:
+            runtime.watch = TreeWatch(pid)
+        stopped = None if runtime.watch is None else runtime.watch.stopped(now)
         if pid is None or stopped is None:
             session.stopped_since = None
             return False

@@ -15,6 +15,7 @@ from typing import Any
 
 from domain.errors import NotFound
 from drivers.app_server.process import AppServerProcess, ServerRequest
+from drivers.liveness import TreeWatch
 from drivers.versions import GateResult
 
 SETTLED_TURN_IDS_KEPT = 16
@@ -41,6 +42,8 @@ class Runtime:
     # was sent (monotonic).
     probe: Future[dict[str, Any]] | None = None
     probe_sent: float = 0.0
+    # Its process tree, watched for a stopped state (made at the first check).
+    watch: TreeWatch | None = None
 
     @property
     def alive(self) -> bool:

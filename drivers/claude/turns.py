@@ -24,7 +24,7 @@ from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
 from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
-from drivers.liveness import kill_tree, stopped_error, stopped_process
+from drivers.liveness import TreeWatch, kill_tree, stopped_error
 
 TURN_START_TIMEOUT_S = 120.0
 
@@ -170,15 +170,20 @@ class Turns:
         failing `provider_stopped` in words (the next Turn starts a new CLI)."""
         limit = self._config.stopped_limit_s
         since: float | None = None
+        watch: TreeWatch | None = None
         while True:
             await asyncio.sleep(max(0.05, min(5.0, limit / 4)))
             process = getattr(turn.transport, "_process", None)
             pid = getattr(process, "pid", None)
-            stopped = stopped_process(pid) if isinstance(pid, int) else None
-            if not isinstance(pid, int) or stopped is None:
+            if not isinstance(pid, int):
+                continue  # not spawned yet
+            if watch is None or watch.pid != pid:
+                watch = TreeWatch(pid)
+            now = time.monotonic()
+            stopped = watch.stopped(now)
+            if stopped is None:
                 since = None
                 continue
-            now = time.monotonic()
             since = now if since is None else since
             if now - since < limit:
                 continue
