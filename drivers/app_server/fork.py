@@ -138,7 +138,7 @@ class ForkThroughTurn:
             self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        # Issue 20: the child's target directories are created and made durable while the
+        # The child's target directories are created and made durable while the
         # provider call runs; the binder waits for them (ready) and writes only the file.
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
         ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
@@ -206,7 +206,7 @@ class ForkThroughTurn:
                 )
         # The source server loaded the child; release it so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
-        # awaited (issue 20: one round trip less per fork): the outcome is already decided and
+        # awaited (one round trip less per fork): the outcome is already decided and
         # a failed unsubscribe changes nothing of it; the pipe keeps it ahead of later calls.
         self._release(runtime, child_id)
         wire = receipt.to_wire()

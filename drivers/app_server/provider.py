@@ -41,7 +41,8 @@ class AppServerProvider(Protocol):
     @property
     def fork_exclude_turns(self) -> bool:
         """Ask `thread/fork` for no turns and list the child's with `thread/turns/list`: one
-        round trip more, a third less app-server CPU per fork for Codex 0.171 (measured)."""
+        round trip more, a third less app-server CPU per fork for Codex 0.171 than the deprecated
+        full hydration (docs/performance.md)."""
         ...
 
     @property

@@ -1,4 +1,4 @@
-"""Worker side of `fork.resolve` (issue 21 §1) for Claude Code (provider_owned): the children
+"""Worker side of `fork.resolve` for Claude Code (provider_owned): the children
 an `unknown` fork may have left are transcripts whose entries carry `forkedFrom.sessionId` =
 the source, next to the source (where `fork_session` writes) or in the target's home (where
 the driver moves it). Adopt finishes the driver's own relocation idempotently and runs its

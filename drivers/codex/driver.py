@@ -75,7 +75,7 @@ class CodexProvider:
     cache_attestations = True
     fork_exclude_turns = True
     interrupt_waits_for_start = True
-    # Answered in about a millisecond during a streaming Turn (Codex 0.171, measured).
+    # Answered at once even while a Turn streams (Codex 0.171; docs/performance.md).
     liveness_probe: str | None = "thread/loaded/list"
 
     def __init__(self, config: Mapping[str, Any]) -> None:
