@@ -258,6 +258,41 @@ class ShadowStore:
             )
         return len(refs)
 
+    def workdirs(self) -> list[Path]:
+        """Every directory this store holds checkpoints of (as each repository names it)."""
+        out: list[Path] = []
+        if not self.root.is_dir():
+            return out
+        for repo in sorted(self.root.iterdir()):
+            name = repo / "agenthost-workdir"
+            if repo.name.startswith(".") or not name.is_file():
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                out.append(Path(name.read_text().rstrip("\n")))
+        return out
+
+    def refs(self, cwd: Path) -> list[str]:
+        """The names under `refs/agenthost/` kept for `cwd` (`<session>/<turn>/<which>`)."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return []
+        out = self._git().out(
+            ["for-each-ref", "--format=%(refname)", f"{REF_ROOT}/"], env={"GIT_DIR": str(repo)}
+        )
+        return [r[len(REF_ROOT) + 1 :] for r in out.split()]
+
+    def drop_refs(self, cwd: Path, names: Sequence[str]) -> int:
+        """Delete the refs `refs/agenthost/<name>` of `names`; returns how many."""
+        repo = self.repo_dir(cwd)
+        if not names or not (repo / "HEAD").is_file():
+            return 0
+        self._git().run(
+            ["update-ref", "--stdin"],
+            env={"GIT_DIR": str(repo)},
+            input_bytes="".join(f"delete {REF_ROOT}/{n}\n" for n in names).encode(),
+        )
+        return len(names)
+
     def gc(self, cwd: Path) -> None:
         """Collect what no ref keeps (a dropped Session's checkpoints)."""
         repo = self.repo_dir(cwd)

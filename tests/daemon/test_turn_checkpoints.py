@@ -178,3 +178,67 @@ def test_the_workspace_record_is_on_the_timeline_of_every_client(
     other = daemon.client()
     page = other.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})
     assert page["turns"][-1]["workspace"] == ws
+
+
+def _shadow_git(home: Path, cwd: Path, *args: str, check: bool = True) -> str:
+    shadow = ShadowStore(home / "checkpoints")
+    return subprocess.run(
+        ["git", *args],
+        env={**GIT_ENV, "GIT_DIR": str(shadow.repo_dir(cwd))},
+        check=check,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_deleting_a_session_drops_its_checkpoints_and_a_sweep_collects_them(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ngc_interval_s = 0.5\n")
+    repo = make_repo(tmp_path / "repo")
+    daemon = DaemonProcess(home).start()
+    try:
+        client = daemon.client()
+        keep = create_session(client, cwd=str(repo))["agentSessionId"]
+        gone = create_session(client, cwd=str(repo))["agentSessionId"]
+        kept = run_turn(client, keep, "hello")["workspace"]
+        # The doomed Session's Turn changes a file: its `before` holds a blob nothing else does.
+        (repo / "a.txt").write_text("only in the deleted session's before\n")
+        turn_id = submit(client, gone, "/ask go on?")["turnId"]
+        request_id = _pending_request(client, gone, turn_id)
+        (repo / "a.txt").write_text("rewritten\n")
+        respond(client, gone, turn_id, request_id, {"text": "yes"})
+        doomed = settle(client, gone, turn_id)["workspace"]
+        assert doomed["changedFiles"] == [{"path": "a.txt", "kind": "modified"}]
+        before_blob = _shadow_git(home, repo, "rev-parse", f"{doomed['before']}:a.txt")
+        sweeps = client.call("host.status")["checkpoints"]["sweeps"]
+        size = client.call("host.status")["checkpoints"]["bytes"]
+        assert size > 0
+
+        client.call("session.delete", {"workspaceId": WS, "agentSessionId": gone})
+
+        def _refs() -> list[str]:
+            return _shadow_git(home, repo, "for-each-ref", "--format=%(refname)").split()
+
+        wait_for(lambda: not any(f"/{gone}/" in r for r in _refs()), 30)
+        # The other Session's checkpoints stay.
+        assert any(f"/{keep}/" in r for r in _refs())
+        # A later sweep collects the blob only the deleted Session's checkpoint kept.
+        wait_for(lambda: client.call("host.status")["checkpoints"]["sweeps"] > sweeps + 1, 30)
+        probe = subprocess.run(
+            ["git", "cat-file", "-e", before_blob],
+            env={**GIT_ENV, "GIT_DIR": str(ShadowStore(home / "checkpoints").repo_dir(repo))},
+            capture_output=True,
+        )
+        assert probe.returncode != 0, "the deleted Session's blob was not collected"
+        # What the kept Session's checkpoint holds is still whole.
+        assert _shadow_git(home, repo, "ls-tree", "-r", "--name-only", kept["after"]).split() == [
+            ".gitignore",
+            "a.txt",
+            "b.txt",
+            "untracked.txt",
+        ]
+    finally:
+        daemon.stop()
