@@ -245,6 +245,8 @@ class Daemon:
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(self.default_cwd or Path.cwd()),
+            checkpoints=shadow,
+            checkpoint_locks=locks,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),

@@ -309,6 +309,16 @@ class ShadowStore:
 
     # -- reading checkpoints ---------------------------------------------------------------
 
+    def has(self, cwd: Path, commit: str) -> bool:
+        """Whether `cwd`'s store holds the checkpoint `commit` (a tree)."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return False
+        done = self._git().run(
+            ["cat-file", "-e", f"{commit}^{{tree}}"], env={"GIT_DIR": str(repo)}, check=False
+        )
+        return done.returncode == 0
+
     def changed_files(self, cwd: Path, before: str, after: str) -> list[FileChange]:
         git = self._git()
         out = git.run(
