@@ -171,7 +171,7 @@ def restore_fn(
         if others and not force:
             raise WorkspaceShared(
                 f"{len(others)} other live session(s) work in {cwd}; their files would change "
-                "too (pass force to restore anyway)",
+                "too (`force: true` restores anyway)",
                 params={"agentSessionIds": others[:20]},
             )
         path = Path(cwd)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon import respond, settle, submit, turn_of, wait_for
+from tests.support.daemon import WS, respond, settle, submit, turn_of, wait_for
 
 GIT_ENV = {
     **os.environ,
@@ -43,9 +43,9 @@ def make_repo(path: Path) -> Path:
     return path
 
 
-def pending_request(client: Any, sid: str, turn_id: str) -> str:
+def pending_request(client: Any, sid: str, turn_id: str, ws: str = WS) -> str:
     def _find() -> str | None:
-        for interaction in turn_of(client, sid, turn_id)["interactions"]:
+        for interaction in turn_of(client, sid, turn_id, ws)["interactions"]:
             if interaction["status"] == "pending":
                 return str(interaction["requestId"])
         return None
@@ -53,11 +53,13 @@ def pending_request(client: Any, sid: str, turn_id: str) -> str:
     return str(wait_for(_find, 60))
 
 
-def turn_changing(client: Any, sid: str, change: Callable[[], None]) -> dict[str, Any]:
+def turn_changing(
+    client: Any, sid: str, change: Callable[[], None], ws: str = WS
+) -> dict[str, Any]:
     """Run a Turn that holds on a question while `change()` edits the files (as a provider's
     tools would), then answer it; the settled Turn."""
-    turn_id = submit(client, sid, "/ask go on?")["turnId"]
-    request_id = pending_request(client, sid, turn_id)
+    turn_id = submit(client, sid, "/ask go on?", ws)["turnId"]
+    request_id = pending_request(client, sid, turn_id, ws)
     change()
-    respond(client, sid, turn_id, request_id, {"text": "yes"})
-    return settle(client, sid, turn_id)
+    respond(client, sid, turn_id, request_id, {"text": "yes"}, ws)
+    return settle(client, sid, turn_id, ws)
