@@ -110,11 +110,22 @@ class DirectoryLocks:
 
     def __init__(self) -> None:
         self._locks: dict[str, threading.Lock] = {}
+        self._cleared: set[str] = set()
         self._guard = threading.Lock()
 
     def __call__(self, cwd: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(os.path.realpath(cwd), threading.Lock())
+
+    def clear_stale_once(self, shadow: ShadowStore, cwd: str) -> None:
+        """The first time this daemon works on `cwd`'s store (holding its lock): remove the
+        lock files a killed daemon left, which git would refuse to write past. Nothing else
+        writes there: the daemon holds its home and serialises each directory's work."""
+        with self._guard:
+            first = cwd not in self._cleared
+            self._cleared.add(cwd)
+        if first:
+            shadow.clear_stale_locks(Path(cwd))
 
 
 def checkpoint_pool(threads: int = CAPTURE_THREADS) -> ThreadPoolExecutor:
@@ -150,6 +161,7 @@ class TurnCheckpoints:
         try:
             with self.locks(real):
                 path = Path(real)
+                self.locks.clear_stale_once(self.shadow, real)
                 checkpoint = self.shadow.capture(path)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
@@ -216,6 +228,7 @@ class CheckpointJanitor:
     def _drop(self, cwd: str, prefixes: set[str]) -> int:
         try:
             with self.locks(cwd):
+                self.locks.clear_stale_once(self.shadow, cwd)
                 doomed = [r for r in self.shadow.refs(Path(cwd)) if r.split("/", 1)[0] in prefixes]
                 dropped = self.shadow.drop_refs(Path(cwd), doomed)
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again

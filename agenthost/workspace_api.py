@@ -176,6 +176,7 @@ def restore_fn(
             )
         path = Path(cwd)
         with locks(cwd):
+            locks.clear_stale_once(shadow, cwd)
             try:
                 before = shadow.restore(path, target)
                 if isinstance(before, Unavailable):

@@ -159,6 +159,25 @@ class ShadowStore:
             "GIT_INDEX_FILE": str(index or repo / "index"),
         }
 
+    def clear_stale_locks(self, cwd: Path) -> int:
+        """Remove the lock files (and restore indexes) a killed process left in `cwd`'s shadow
+        repository; git refuses to write past them. Only for a caller that knows nothing else
+        works on that repository now (the daemon holds its home, and serialises each
+        directory's work); returns how many were removed."""
+        repo = self.repo_dir(cwd)
+        if not repo.is_dir():
+            return 0
+        stale = [repo / "index.lock", repo / "packed-refs.lock", *repo.glob("restore-*.index*")]
+        refs = repo / "refs"
+        if refs.is_dir():
+            stale.extend(refs.rglob("*.lock"))
+        removed = 0
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
+
     # -- capture ---------------------------------------------------------------------------
 
     def capture(self, cwd: Path) -> Checkpoint | Unavailable:
