@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 CAPTURE_THREADS = 2
 """Checkpoint jobs running at once, whatever the number of Sessions (2 cores is the target
 host)."""
+FIRST_SWEEP_S = 30.0
+"""The first sweep runs this long after the daemon starts (or after `interval_s` if sooner)."""
 SIZE_CACHE_S = 5.0
 """`host.status` walks the checkpoint store at most this often."""
 
@@ -152,7 +154,14 @@ class TurnCheckpoints:
     ) -> Future[Capture]:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
         the answer lists the files changed since it. The future never fails."""
-        return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
+        try:
+            return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
+        except RuntimeError:  # the pool is shut down: the daemon is closing
+            done: Future[Capture] = Future()
+            done.set_result(
+                Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
+            )
+            return done
 
     def _run(
         self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
@@ -206,12 +215,14 @@ class CheckpointJanitor:
     sweeps: int = 0
 
     def start(self, call_later: Callable[[float, Callable[[], None]], Any]) -> None:
+        """The first sweep soon after the start (it finishes drops a killed daemon left),
+        then one every `interval_s`."""
         self.call_later = call_later
-        self._schedule()
+        self._schedule(min(self.interval_s, FIRST_SWEEP_S))
 
-    def _schedule(self) -> None:
+    def _schedule(self, delay: float | None = None) -> None:
         if self.call_later is not None and not self._closed:
-            self.call_later(self.interval_s, self._tick)
+            self.call_later(self.interval_s if delay is None else delay, self._tick)
 
     def _tick(self) -> None:
         """On the timer thread: hand the sweep to a checkpoint thread, then come back."""
@@ -223,7 +234,14 @@ class CheckpointJanitor:
 
     def drop_session(self, cwd: str, session_id: str) -> Future[int]:
         """A deleted Session's refs in `cwd`'s store go now (collected at the next sweep)."""
-        return self.pool.submit(self._drop, os.path.realpath(cwd), {session_ref_prefix(session_id)})
+        try:
+            return self.pool.submit(
+                self._drop, os.path.realpath(cwd), {session_ref_prefix(session_id)}
+            )
+        except RuntimeError:  # the daemon is closing: the next start's sweep drops them
+            done: Future[int] = Future()
+            done.set_result(0)
+            return done
 
     def _drop(self, cwd: str, prefixes: set[str]) -> int:
         try:
