@@ -178,7 +178,7 @@ class TurnCheckpoints:
                     path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit
                 )
                 changed: tuple[dict[str, str], ...] = ()
-                if before is not None:
+                if before is not None and before != checkpoint.tree:  # equal: nothing changed
                     changed = tuple(
                         {"path": c.path, "kind": c.kind.value}
                         for c in self.shadow.changed_files(path, before, checkpoint.tree)
