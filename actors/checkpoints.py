@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from actors.ports import Failpoints
 from workspace.shadow import Checkpoint, ShadowStore, Unavailable
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,8 @@ class TurnCheckpoints:
     shadow: ShadowStore
     pool: ThreadPoolExecutor = field(default_factory=checkpoint_pool)
     locks: DirectoryLocks = field(default_factory=DirectoryLocks)
+    # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
+    failpoints: Failpoints | None = None
 
     @property
     def bound_s(self) -> float:
@@ -168,6 +171,8 @@ class TurnCheckpoints:
     ) -> Capture:
         real = os.path.realpath(cwd)
         try:
+            if self.failpoints is not None:
+                self.failpoints.hit(f"host.checkpoint.{which}")
             with self.locks(real):
                 path = Path(real)
                 self.locks.clear_stale_once(self.shadow, real)

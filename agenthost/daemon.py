@@ -210,7 +210,9 @@ class Daemon:
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
             checkpoints=shadow,
-            turn_checkpoints=TurnCheckpoints(shadow, pool, locks) if cfg.checkpoints else None,
+            turn_checkpoints=(
+                TurnCheckpoints(shadow, pool, locks, self.failpoints) if cfg.checkpoints else None
+            ),
             checkpoint_janitor=janitor,
         )
         janitor.start(self.ctx.actor_pool.call_later)

@@ -201,3 +201,28 @@ def test_deleting_a_session_drops_its_checkpoints_and_a_sweep_collects_them(
         ]
     finally:
         daemon.stop()
+
+
+def test_a_checkpoint_past_its_bound_is_recorded_timed_out_and_the_turn_completes(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 0.5\n")
+    repo = make_repo(tmp_path / "repo")
+    # The after-capture is held on its thread well past the bound.
+    daemon = DaemonProcess(home, failpoints="host.checkpoint.after=once:sleep:3000").start()
+    try:
+        client = daemon.client()
+        sid = create_session(client, cwd=str(repo))["agentSessionId"]
+        turn = run_turn(client, sid, "hello")
+        assert turn["outcome"] == "completed", turn
+        assert turn["workspace"]["state"] == "unavailable", turn["workspace"]
+        assert turn["workspace"]["reason"] == "timed_out"
+        assert "timeout_s" in turn["workspace"]["message"]
+        # The next Turn is checkpointed again (the held capture holds one checkpoint thread of
+        # two, and no lock: nothing is stuck behind it).
+        nxt = run_turn(client, sid, "again")
+        assert nxt["workspace"]["after"], nxt["workspace"]
+    finally:
+        daemon.stop()
