@@ -69,5 +69,9 @@ def test_show_diff_and_restore_from_the_cli(
     assert back.returncode == 0, back.stderr
     assert (repo / "c.txt").read_text() == "c\n" and not (repo / "b.txt").exists()
 
+    status = cli.run("status")
+    assert status.returncode == 0 and "checkpoints: on, " in status.stdout, status.stdout
+    assert "/checkpoints" in status.stdout.split("checkpoints: on, ", 1)[1]
+
     unknown = cli.run("diff", sid, "--turn", "9")
     assert unknown.returncode != 0 and "turn_not_found" in unknown.stderr
