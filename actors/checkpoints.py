@@ -19,17 +19,25 @@ import logging
 import os
 import re
 import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from actors.ports import Failpoints
 from workspace.shadow import Checkpoint, ShadowStore, Unavailable
 
 log = logging.getLogger(__name__)
 
 CAPTURE_THREADS = 2
-"""Captures running at once, whatever the number of Sessions (2 cores is the target host)."""
+"""Checkpoint jobs running at once, whatever the number of Sessions (2 cores is the target
+host)."""
+FIRST_SWEEP_S = 30.0
+"""The first sweep runs this long after the daemon starts (or after `interval_s` if sooner)."""
+SIZE_CACHE_S = 5.0
+"""`host.status` walks the checkpoint store at most this often."""
 
 
 def ref_segment(text: str) -> str:
@@ -99,48 +107,75 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
     }
 
 
+class DirectoryLocks:
+    """One lock per working directory: its captures, drops and collections never overlap
+    (they share the directory's shadow repository and index)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._cleared: set[str] = set()
+        self._guard = threading.Lock()
+
+    def __call__(self, cwd: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(os.path.realpath(cwd), threading.Lock())
+
+    def clear_stale_once(self, shadow: ShadowStore, cwd: str) -> None:
+        """The first time this daemon works on `cwd`'s store (holding its lock): remove the
+        lock files a killed daemon left, which git would refuse to write past. Nothing else
+        writes there: the daemon holds its home and serialises each directory's work."""
+        with self._guard:
+            first = cwd not in self._cleared
+            self._cleared.add(cwd)
+        if first:
+            shadow.clear_stale_locks(Path(cwd))
+
+
+def checkpoint_pool(threads: int = CAPTURE_THREADS) -> ThreadPoolExecutor:
+    """The threads every checkpoint job of a daemon runs on (threads start on demand)."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="agenthost-checkpoint")
+
+
 @dataclass(eq=False)
 class TurnCheckpoints:
     """The daemon's captures of Turns' working directories (one per daemon, on
     `HostContext.turn_checkpoints`); `shadow` is the one `ShadowStore` of the home."""
 
     shadow: ShadowStore
-    threads: int = CAPTURE_THREADS
-    _pool: ThreadPoolExecutor | None = None
-    _locks: dict[str, threading.Lock] = field(default_factory=dict)
-    _guard: threading.Lock = field(default_factory=threading.Lock)
+    pool: ThreadPoolExecutor = field(default_factory=checkpoint_pool)
+    locks: DirectoryLocks = field(default_factory=DirectoryLocks)
+    # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
+    failpoints: Failpoints | None = None
 
     @property
     def bound_s(self) -> float:
         """How long a Turn waits for a capture before it is recorded `timed_out`."""
         return self.shadow.timeout_s
 
-    def _executor(self) -> ThreadPoolExecutor:
-        with self._guard:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self.threads, thread_name_prefix="agenthost-checkpoint"
-                )
-            return self._pool
-
-    def _lock(self, cwd: str) -> threading.Lock:
-        with self._guard:
-            return self._locks.setdefault(cwd, threading.Lock())
-
     def capture(
         self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None = None
     ) -> Future[Capture]:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
         the answer lists the files changed since it. The future never fails."""
-        return self._executor().submit(self._run, cwd, session_id, turn_id, which, before)
+        try:
+            return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
+        except RuntimeError:  # the pool is shut down: the daemon is closing
+            done: Future[Capture] = Future()
+            done.set_result(
+                Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
+            )
+            return done
 
     def _run(
         self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
     ) -> Capture:
         real = os.path.realpath(cwd)
         try:
-            with self._lock(real):
+            if self.failpoints is not None:
+                self.failpoints.hit(f"host.checkpoint.{which}")
+            with self.locks(real):
                 path = Path(real)
+                self.locks.clear_stale_once(self.shadow, real)
                 checkpoint = self.shadow.capture(path)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
@@ -148,7 +183,7 @@ class TurnCheckpoints:
                     path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit
                 )
                 changed: tuple[dict[str, str], ...] = ()
-                if before is not None:
+                if before is not None and before != checkpoint.tree:  # equal: nothing changed
                     changed = tuple(
                         {"path": c.path, "kind": c.kind.value}
                         for c in self.shadow.changed_files(path, before, checkpoint.tree)
@@ -159,8 +194,110 @@ class TurnCheckpoints:
             log.warning("checkpoint of %s (%s) failed: %s", real, which, exc)
             return Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
 
-    def close(self) -> None:
+
+
+class DeletedSessions(Protocol):
+    def deleted_sessions(self) -> list[tuple[str, str]]: ...
+
+
+@dataclass(eq=False)
+class CheckpointJanitor:
+    """The space checkpoints take: a deleted Session's refs are dropped (at its delete, and
+    by every sweep, which also finishes a delete a crash interrupted), and what no ref keeps
+    any more is collected (`git gc`) on a schedule of the daemon's timer service. Its git
+    work runs on the checkpoint threads, never on the timer's."""
+
+    shadow: ShadowStore
+    store: DeletedSessions
+    pool: ThreadPoolExecutor
+    locks: DirectoryLocks
+    interval_s: float
+    call_later: Callable[[float, Callable[[], None]], Any] | None = None
+    _dirty: set[str] = field(default_factory=set)
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+    _size: tuple[float, int] | None = None
+    _closed: bool = False
+    sweeps: int = 0
+
+    def start(self, call_later: Callable[[float, Callable[[], None]], Any]) -> None:
+        """The first sweep soon after the start (it finishes drops a killed daemon left),
+        then one every `interval_s`."""
+        self.call_later = call_later
+        self._schedule(min(self.interval_s, FIRST_SWEEP_S))
+
+    def _schedule(self, delay: float | None = None) -> None:
+        if self.call_later is not None and not self._closed:
+            self.call_later(self.interval_s if delay is None else delay, self._tick)
+
+    def _tick(self) -> None:
+        """On the timer thread: hand the sweep to a checkpoint thread, then come back."""
+        try:
+            fut = self.pool.submit(self.sweep)
+        except RuntimeError:
+            return  # the pool is shut down: the daemon is closing
+        fut.add_done_callback(lambda _f: self._schedule())
+
+    def drop_session(self, cwd: str, session_id: str) -> Future[int]:
+        """A deleted Session's refs in `cwd`'s store go now (collected at the next sweep)."""
+        try:
+            return self.pool.submit(
+                self._drop, os.path.realpath(cwd), {session_ref_prefix(session_id)}
+            )
+        except RuntimeError:  # the daemon is closing: the next start's sweep drops them
+            done: Future[int] = Future()
+            done.set_result(0)
+            return done
+
+    def _drop(self, cwd: str, prefixes: set[str]) -> int:
+        try:
+            with self.locks(cwd):
+                self.locks.clear_stale_once(self.shadow, cwd)
+                doomed = [r for r in self.shadow.refs(Path(cwd)) if r.split("/", 1)[0] in prefixes]
+                dropped = self.shadow.drop_refs(Path(cwd), doomed)
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("dropping checkpoints in %s failed: %s", cwd, exc)
+            return 0
+        if dropped:
+            with self._guard:
+                self._dirty.add(cwd)
+        return dropped
+
+    def sweep(self) -> dict[str, int]:
+        """Drop every deleted Session's refs, then collect each store that lost some."""
+        try:
+            deleted = {session_ref_prefix(sid) for _ws, sid in self.store.deleted_sessions()}
+        except Exception as exc:  # noqa: BLE001 - a busy store: the next sweep tries again
+            log.warning("checkpoint sweep could not read deleted sessions: %s", exc)
+            deleted = set()
+        dropped = 0
+        if deleted:
+            for workdir in self.shadow.workdirs():
+                dropped += self._drop(str(workdir), deleted)
         with self._guard:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            dirty, self._dirty = self._dirty, set()
+        collected = 0
+        for cwd in sorted(dirty):
+            try:
+                with self.locks(cwd):
+                    self.shadow.gc(Path(cwd))
+                collected += 1
+            except Exception as exc:  # noqa: BLE001 - kept dirty: the next sweep tries again
+                log.warning("collecting checkpoints of %s failed: %s", cwd, exc)
+                with self._guard:
+                    self._dirty.add(cwd)
+        self._size = None
+        self.sweeps += 1
+        return {"dropped": dropped, "collected": collected}
+
+    def size_bytes(self) -> int:
+        """The checkpoint store's size on disk (walked at most every few seconds)."""
+        now = time.monotonic()
+        cached = self._size
+        if cached is not None and now - cached[0] < SIZE_CACHE_S:
+            return cached[1]
+        size = self.shadow.size_bytes()
+        self._size = (now, size)
+        return size
+
+    def close(self) -> None:
+        self._closed = True

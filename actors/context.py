@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from actors.checkpoints import TurnCheckpoints
+from actors.checkpoints import CheckpointJanitor, TurnCheckpoints
 from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.runtime_slots import RuntimeSlots
@@ -115,6 +115,9 @@ class HostContext:
     # The captures at each Turn's start and end, over `checkpoints`; None when
     # `[workspace] checkpoints = false` (each Turn is then recorded `unavailable: disabled`).
     turn_checkpoints: TurnCheckpoints | None = None
+    # Drops a deleted Session's checkpoint refs and collects what nothing keeps, on a
+    # schedule; None where `checkpoints` is.
+    checkpoint_janitor: CheckpointJanitor | None = None
 
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
         """`runtimes/<workspace>/<session>/<provider home>`; workspace ids are free text, so

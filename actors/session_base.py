@@ -78,6 +78,10 @@ class TurnState:
     after: Capture | None = None
     before_pending: bool = False
     after_before: list[Callable[[], None]] = field(default_factory=list)
+    # While the `after` checkpoint is taken (the settlement not yet queued): who else asked
+    # for the settlement (an interrupt), answered when it lands.
+    awaiting_after: bool = False
+    settle_waiters: list[Callable[[HostError | None], None]] = field(default_factory=list)
 
 
 @dataclass(eq=False)

@@ -32,8 +32,13 @@ class SessionControls(TurnRunner):
     # -- plain mutations -------------------------------------------------------------------
 
     def _on_mutate(self, msg: Mutate) -> None:
-        provider = self.session().provider if msg.stop_runtime else None
+        session = self.session() if msg.stop_runtime else None
+        provider = session.provider if session is not None else None
         result = msg.fn()
+        if session is not None and self.ctx.checkpoint_janitor is not None:
+            # Its checkpoints have no further use: their refs go now (off this thread), their
+            # objects at the next collection.
+            self.ctx.checkpoint_janitor.drop_session(session.cwd, self.sid)
         if provider is not None:
             # Deleted (committed): its provider runtime and home have no further use. The home
             # goes once the runtime has stopped, off this thread; a kill in between is

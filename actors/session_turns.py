@@ -159,17 +159,28 @@ class TurnRunner(TurnWrites, SessionRuntime):
         """Choose the Turn's outcome now; it is settled when the write is durable:
         the write is queued behind the Turn's earlier events and retried."""
         if state.settling:
-            if then is not None:
+            if then is not None and state.awaiting_after:
+                state.settle_waiters.append(then)  # answered when the settlement lands
+            elif then is not None:
                 then(None if state.settled else StoreBusy("the turn's settlement is pending"))
             return
         state.settling = True
         if state.watchdog is not None:
             state.watchdog.cancel()
+
+        def _then(err: HostError | None) -> None:
+            waiting, state.settle_waiters = state.settle_waiters, []
+            for fn in [then, *waiting] if then is not None else waiting:
+                fn(err)
+
+        def _queue() -> None:
+            state.awaiting_after = False
+            self._enqueue(self._settle_item(state, outcome, error, _then))
+
         # The settlement carries the `after` checkpoint in its own transaction: a settled
         # Turn is never seen (nor forked through) without it or its `unavailable` record.
-        self._capture_after(
-            state, lambda: self._enqueue(self._settle_item(state, outcome, error, then))
-        )
+        state.awaiting_after = True
+        self._capture_after(state, _queue)
 
     # -- workspace checkpoints ---------------------------------------------------------------
 

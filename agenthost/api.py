@@ -20,7 +20,7 @@ from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.fork_saga import TERMINAL as _TERMINAL_FORK
 from actors.host_actor import GetFork
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
-from agenthost import projection
+from agenthost import projection, workspace_api
 from agenthost.api_base import WORKSPACE_MAX, ApiBase, Handler, PointReader, log
 from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
 from storage import Store
@@ -50,6 +50,7 @@ from transport.wire import (
     require_str,
     require_uuid,
 )
+from workspace.shadow import ShadowStore
 
 LIST_PAGE_BYTES = 1 << 20
 """A `session.list` page ends before the Session that would take it past ~1 MiB (never before
@@ -82,6 +83,8 @@ class Api(ApiBase):
             "fork.get": self.fork_get,
             "fork.acknowledge": self.fork_acknowledge,
             "fork.resolve": self.fork_resolve,
+            "session.workspaceDiff": self.session_workspace_diff,
+            "workspace.restore": self.workspace_restore,
         }
         if self._set_failpoints is not None:
             table["debug.failpoints"] = self.debug_failpoints
@@ -223,6 +226,57 @@ class Api(ApiBase):
             result=lambda _: (200, {"deleted": True}),
             stop_runtime=True,
         )
+
+    def _shadow(self) -> ShadowStore:
+        if self.checkpoints is None:
+            raise Unavailable(
+                "this daemon keeps no workspace checkpoints", reason="workspace_unavailable"
+            )
+        return self.checkpoints
+
+    def session_workspace_diff(self, params: Mapping[str, Any], responder: Responder) -> None:
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+        turn_id = optional_str(params, "turnId", min_len=1, max_len=128)
+        from_turn_id = optional_str(params, "fromTurnId", min_len=1, max_len=128)
+        max_bytes = optional_int(
+            params,
+            "maxBytes",
+            default=workspace_api.DIFF_MAX_BYTES,
+            min_value=0,
+            max_value=workspace_api.DIFF_MAX_BYTES_LIMIT,
+        )
+        shadow = self._shadow()
+        self._read(
+            responder,
+            lambda: workspace_api.workspace_diff(
+                self.store,
+                shadow,
+                ws,
+                sid,
+                turn_id,
+                from_turn_id,
+                workspace_api.DIFF_MAX_BYTES if max_bytes is None else max_bytes,
+            ),
+        )
+
+    def workspace_restore(self, params: Mapping[str, Any], responder: Responder) -> None:
+        turn_id = optional_str(params, "turnId", min_len=1, max_len=128)
+        tree = optional_str(params, "tree", min_len=1, max_len=64)
+        if (turn_id is None) == (tree is None):
+            raise InvalidArgument("turnId", "give exactly one of turnId (with which) or tree")
+        which = optional_enum(params, "which", ("before", "after")) or "after"
+        force = bool(params.get("force", False))
+        if not isinstance(params.get("force", False), bool):
+            raise InvalidArgument("force", "force must be a boolean")
+        restore = workspace_api.restore_fn(
+            self._shadow(),
+            self.checkpoint_locks,
+            turn_id=turn_id,
+            which=which,
+            tree=None if tree is None else workspace_api.check_tree(tree),
+            force=force,
+        )
+        self._mutate(params, responder, restore, result=lambda r: (200, r))
 
     def goal_set(self, params: Mapping[str, Any], responder: Responder) -> None:
         goal = require_str(params, "goal", max_len=16_384)

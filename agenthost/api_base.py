@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 import pykka
 
+from actors.checkpoints import DirectoryLocks
 from actors.host_actor import HostActor, route
 from actors.messages import ForkReply
 from actors.ports import ProviderCatalog
@@ -35,6 +36,7 @@ from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from transport.replies import OneShotResponder
 from transport.server import Responder
 from transport.wire import Request, pack_result
+from workspace.shadow import ShadowStore
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,13 @@ class ApiBase:
         readers: int = 4,
         check_provider: Callable[[str], None] | None = None,
         reply_cache: ReplyCache | None = None,
+        checkpoints: ShadowStore | None = None,
+        checkpoint_locks: DirectoryLocks | None = None,
     ) -> None:
         self.store = store
+        # The home's workspace checkpoints (`session.workspaceDiff`, `workspace.restore`).
+        self.checkpoints = checkpoints
+        self.checkpoint_locks = checkpoint_locks or DirectoryLocks()
         # Raises `provider_not_installed` for a provider whose program is missing.
         self._check_provider = check_provider
         self.host = host

@@ -182,6 +182,13 @@ SCHEMA: tuple[Key, ...] = (
         5.0,
         "a checkpoint taking longer is recorded `unavailable: timed_out` (the Turn goes on)",
     ),
+    Key(
+        "workspace",
+        "gc_interval_s",
+        Number(0.1, 604_800.0, "seconds"),
+        3600.0,
+        "how often deleted Sessions' checkpoints are dropped and unreferenced objects collected",
+    ),
     # Providers. Model credentials and wire keys: `api_key_env` names the variable
     # holding the key (read by the provider at turn time, never stored); `api_key` is the less
     # safe in-file key (the file must then be 0600).
@@ -386,6 +393,10 @@ class Config:
     @property
     def checkpoint_timeout_s(self) -> float:
         return float(self.get("workspace", "timeout_s"))
+
+    @property
+    def checkpoint_gc_interval_s(self) -> float:
+        return float(self.get("workspace", "gc_interval_s"))
 
     @property
     def checkpoints_dir(self) -> Path:

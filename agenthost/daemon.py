@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from actors import runtime_dirs
-from actors.checkpoints import TurnCheckpoints
+from actors.checkpoints import (
+    CheckpointJanitor,
+    DirectoryLocks,
+    TurnCheckpoints,
+    checkpoint_pool,
+)
 from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
 from actors.host_actor import CountActors, HostActor, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
@@ -180,6 +185,9 @@ class Daemon:
             size_limit=cfg.checkpoint_max_file_bytes,
             timeout_s=cfg.checkpoint_timeout_s,
         )
+        self._checkpoint_pool = pool = checkpoint_pool()
+        locks = DirectoryLocks()
+        janitor = CheckpointJanitor(shadow, store, pool, locks, cfg.checkpoint_gc_interval_s)
         self.ctx = HostContext(
             store=store,
             workers=port,
@@ -203,8 +211,12 @@ class Daemon:
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             runtime_slots=slots,
             checkpoints=shadow,
-            turn_checkpoints=TurnCheckpoints(shadow) if cfg.checkpoints else None,
+            turn_checkpoints=(
+                TurnCheckpoints(shadow, pool, locks, self.failpoints) if cfg.checkpoints else None
+            ),
+            checkpoint_janitor=janitor,
         )
+        janitor.start(self.ctx.actor_pool.call_later)
         # The live Session actors, shared with the API and the worker events: a message for
         # a live one goes straight to it, not through the HostActor's thread.
         self.routes = SessionRoutes()
@@ -236,6 +248,8 @@ class Daemon:
             status=self._status,
             set_failpoints=self._set_failpoints if self.failpoints_enabled else None,
             default_cwd=str(self.default_cwd or Path.cwd()),
+            checkpoints=shadow,
+            checkpoint_locks=locks,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),
@@ -385,8 +399,9 @@ class Daemon:
             self._event_thread.join(5)
         if getattr(self, "ctx", None) is not None:
             self.ctx.actor_pool.close()
-            if self.ctx.turn_checkpoints is not None:
-                self.ctx.turn_checkpoints.close()
+            if self.ctx.checkpoint_janitor is not None:
+                self.ctx.checkpoint_janitor.close()
+            self._checkpoint_pool.shutdown(wait=False, cancel_futures=True)
         if self.store is not None:
             self.store.close()
         if self._home_lock is not None:
@@ -444,6 +459,8 @@ class Daemon:
             "timers": len(self.ctx.actor_pool.timers),
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
+            # The workspace checkpoint store (docs/design/workspace.md): its size on disk.
+            "checkpoints": self._checkpoint_status(),
             # What the listeners hold, refused and shed, and the descriptor limit and reserve.
             "connections": guard.stats() if (guard := self._connections()) else None,
             # Each provider's program, endpoint, model and credential source (never a key).
@@ -451,6 +468,15 @@ class Daemon:
                 providers_info.describe(name, self.providers.get(name, {}))
                 for name in self.catalog.providers()
             ],
+        }
+
+    def _checkpoint_status(self) -> dict[str, Any]:
+        janitor = self.ctx.checkpoint_janitor
+        return {
+            "enabled": self.ctx.turn_checkpoints is not None,
+            "path": str(self.config.checkpoints_dir),
+            "bytes": janitor.size_bytes() if janitor is not None else 0,
+            "sweeps": janitor.sweeps if janitor is not None else 0,
         }
 
     def _connections(self) -> ConnectionGuard | None:

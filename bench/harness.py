@@ -38,15 +38,18 @@ class BenchDaemon:
         idle_actor_seconds: float | None = None,
         providers: Mapping[str, Mapping[str, Any]] | None = None,
         daemon: Mapping[str, Any] | None = None,
+        workspace: Mapping[str, Any] | None = None,
     ) -> None:
         self.home = home
         self.daemon = dict(daemon or {})
+        self.workspace = dict(workspace or {})
         self.idle_actor_seconds = idle_actor_seconds
         self.providers = dict(providers or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready: dict[str, Any] = {}
         self.ready_seconds = 0.0
         self._clients: list[Client] = []
+        self.workdir = home.parent / f"{home.name}-work"
 
     def _write_config(self) -> None:
         lines: list[str] = []
@@ -56,6 +59,9 @@ class BenchDaemon:
         if daemon:
             lines.append("[daemon]")
             lines += [f"{k} = {json.dumps(v)}" for k, v in daemon.items()]
+        if self.workspace:
+            lines.append("[workspace]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in self.workspace.items()]
         for name, table in self.providers.items():
             lines.append(f'[providers."{name}"]')
             lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
@@ -68,6 +74,9 @@ class BenchDaemon:
         user_home = self.home / "user-home"
         user_home.mkdir(exist_ok=True)
         env = dict(os.environ)
+        self.workdir.mkdir(exist_ok=True)
+        repo = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
         # A private HOME: no provider ever sees the user's ~/.codex or ~/.claude.
         env.update({"AGENTHOST_HOME": str(self.home), "HOME": str(user_home)})
         env.pop("AGENTHOST_FAILPOINTS", None)
@@ -79,7 +88,9 @@ class BenchDaemon:
             stdout=subprocess.PIPE,
             stderr=log,
             env=env,
-            cwd=str(Path(__file__).resolve().parent.parent),
+            # The default `cwd` of its Sessions, which every Turn checkpoints: a small folder
+            # of its own, not the checkout (whose cold checkpoint alone takes seconds).
+            cwd=str(self.workdir),
         )
         log.close()
         assert self.proc.stdout is not None

@@ -28,6 +28,7 @@ from bench import (
     scale,
     targets,
     throughput,
+    turn_checkpoints,
 )
 from bench.common import (
     REPO,
@@ -55,6 +56,7 @@ BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.fork_path", fork_path.run),
     ("bench.overload", overload.run),
     ("bench.checkpoint", checkpoint.run),
+    ("bench.turn_checkpoints", turn_checkpoints.run),
 )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from client.view_rules import divider_after, divider_text
+from client.workspace_text import files_line
 from domain.interrupts import ANSWERED_BY
 from transport.client import ApiError, Client
 
@@ -183,6 +184,9 @@ def format_transcript(
         why = turn_error_text(turn)
         if why:
             lines.append(f"      {why}")
+        files = files_line(turn)
+        if files:
+            lines.append(f"      {files}")
         if index == boundary:
             source_id = str((lineage or {}).get("sourceAgentSessionId", ""))
             title = source or (f"(deleted {source_id[:8]})" if source_id else "the source")

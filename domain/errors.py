@@ -129,6 +129,21 @@ class SessionBusy(Conflict):
     default_reason = "agent_session_busy"
 
 
+class WorkspaceCheckpointMissing(Conflict):
+    """The Turn has no usable workspace checkpoint (none taken, `unavailable`, or the side
+    asked for is missing); `params.turnId`, and `params.workspaceReason` when the record says
+    why (`cwd_missing`, `timed_out`, `disabled`, …)."""
+
+    default_reason = "workspace_checkpoint_missing"
+
+
+class WorkspaceShared(Conflict):
+    """`workspace.restore` of a directory other live Sessions work in (`params.agentSessionIds`):
+    their files would change behind their back; `force` overrides."""
+
+    default_reason = "workspace_shared"
+
+
 class ForkInProgress(Conflict):
     """A fenced write (or another fork) while a fork operation on the source is active."""
 
@@ -219,6 +234,14 @@ class Unavailable(HostError):
     status = STATUS_BY_CODE[code]
     default_reason = "overloaded"
     retryable = True
+
+
+class WorkspaceUnavailable(Unavailable):
+    """A diff or restore could not read or write the working tree now (git missing, the
+    directory gone, a git call past its bound); `params.workspaceReason` says which."""
+
+    default_reason = "workspace_unavailable"
+    retryable = False
 
 
 class StoreBusy(Unavailable):

@@ -15,6 +15,7 @@ from typing import Any, Generic, Literal, NotRequired, TypedDict, TypeVar
 
 from protocol.objects import (
     Ancestor,
+    ChangedFile,
     Evidence,
     ForkPoint,
     Interaction,
@@ -281,6 +282,62 @@ FORK_RESOLVE = Method(
         "fork_resolve_failed",
     ),
 )
+class WorkspaceDiffParams(SessionParams):
+    turnId: NotRequired[str]
+    """Default: the newest settled Turn."""
+    fromTurnId: NotRequired[str]
+    """Diff from this Turn's `after` instead of the Turn's own `before`."""
+    maxBytes: NotRequired[int]
+
+
+# Functional form: `from` is a Python keyword.
+WorkspaceDiffResult = TypedDict(
+    "WorkspaceDiffResult",
+    {
+        "turnId": str,
+        "fromTurnId": str | None,
+        "cwd": str,
+        "from": str,
+        "to": str,
+        "changedFiles": list[ChangedFile],
+        "diff": str,
+        "truncated": bool,
+    },
+)
+
+
+class WorkspaceRestoreParams(SessionParams):
+    turnId: NotRequired[str]
+    which: NotRequired[Literal["before", "after"]]
+    tree: NotRequired[str]
+    """A checkpoint id instead of a Turn: a previous restore's `undo.tree`."""
+    force: NotRequired[bool]
+
+
+class RestoreUndo(TypedDict):
+    tree: str
+    headCommit: str | None
+
+
+class WorkspaceRestoreResult(TypedDict):
+    cwd: str
+    turnId: str | None
+    which: str | None
+    restored: str
+    undo: RestoreUndo
+    changedFiles: list[ChangedFile]
+
+
+WORKSPACE_ERRORS = ("turn_not_found", "workspace_checkpoint_missing", "workspace_unavailable")
+SESSION_WORKSPACE_DIFF = Method(
+    "session.workspaceDiff", WorkspaceDiffParams, WorkspaceDiffResult, NOT_FOUND + WORKSPACE_ERRORS
+)
+WORKSPACE_RESTORE = Method(
+    "workspace.restore",
+    WorkspaceRestoreParams,
+    WorkspaceRestoreResult,
+    NOT_FOUND + WORKSPACE_ERRORS + ("agent_session_busy", "workspace_shared"),
+)
 DEBUG_FAILPOINTS = Method("debug.failpoints", FailpointsParams, FailpointsResult)
 
 METHODS: Mapping[str, Method[Any, Any]] = {
@@ -305,6 +362,8 @@ METHODS: Mapping[str, Method[Any, Any]] = {
         FORK_GET,
         FORK_ACKNOWLEDGE,
         FORK_RESOLVE,
+        SESSION_WORKSPACE_DIFF,
+        WORKSPACE_RESTORE,
         DEBUG_FAILPOINTS,
     )
 }

@@ -36,6 +36,9 @@ from domain.errors import (
     StoreBusy,
     TurnNotFound,
     Unavailable,
+    WorkspaceCheckpointMissing,
+    WorkspaceShared,
+    WorkspaceUnavailable,
     internal_error,
     status_for,
 )
@@ -72,6 +75,9 @@ __all__ = [
     "StoreBusy",
     "TurnNotFound",
     "Unavailable",
+    "WorkspaceCheckpointMissing",
+    "WorkspaceShared",
+    "WorkspaceUnavailable",
     "internal_error",
     "status_for",
 ]

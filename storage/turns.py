@@ -184,6 +184,26 @@ class TurnStore(StoreBase):
                 _set_checkpoint(tx, ws, sid, turn_id, checkpoint_json)
             return settled
 
+    def newest_settled_turn_id(self, ws: str, sid: str) -> str | None:
+        """The Session's newest settled Turn (None if it has none)."""
+        with self._read() as conn:
+            require_session(conn, ws, sid)
+            row = conn.execute(
+                "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+                " AND phase = 'settled' ORDER BY sequence DESC LIMIT 1",
+                (ws, sid),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def live_session_cwds(self) -> list[tuple[str, str, str]]:
+        """`(workspace, session, cwd)` of every Session not deleted, across workspaces (who
+        else works in a directory a restore would change)."""
+        rows = self._all(
+            "SELECT workspace_id, session_id, cwd FROM sessions WHERE deleted = 0"
+            " ORDER BY workspace_id, session_id"
+        )
+        return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
     def turn_checkpoint(self, ws: str, sid: str, turn_id: str) -> dict[str, Any] | None:
         """The Turn's workspace checkpoint record (docs/design/workspace.md), or None when it
         has none (settled before checkpoints existed, or a fork child's cloned Turn). Unknown

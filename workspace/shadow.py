@@ -159,6 +159,25 @@ class ShadowStore:
             "GIT_INDEX_FILE": str(index or repo / "index"),
         }
 
+    def clear_stale_locks(self, cwd: Path) -> int:
+        """Remove the lock files (and restore indexes) a killed process left in `cwd`'s shadow
+        repository; git refuses to write past them. Only for a caller that knows nothing else
+        works on that repository now (the daemon holds its home, and serialises each
+        directory's work); returns how many were removed."""
+        repo = self.repo_dir(cwd)
+        if not repo.is_dir():
+            return 0
+        stale = [repo / "index.lock", repo / "packed-refs.lock", *repo.glob("restore-*.index*")]
+        refs = repo / "refs"
+        if refs.is_dir():
+            stale.extend(refs.rglob("*.lock"))
+        removed = 0
+        for path in stale:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
+
     # -- capture ---------------------------------------------------------------------------
 
     def capture(self, cwd: Path) -> Checkpoint | Unavailable:
@@ -258,6 +277,41 @@ class ShadowStore:
             )
         return len(refs)
 
+    def workdirs(self) -> list[Path]:
+        """Every directory this store holds checkpoints of (as each repository names it)."""
+        out: list[Path] = []
+        if not self.root.is_dir():
+            return out
+        for repo in sorted(self.root.iterdir()):
+            name = repo / "agenthost-workdir"
+            if repo.name.startswith(".") or not name.is_file():
+                continue
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                out.append(Path(name.read_text().rstrip("\n")))
+        return out
+
+    def refs(self, cwd: Path) -> list[str]:
+        """The names under `refs/agenthost/` kept for `cwd` (`<session>/<turn>/<which>`)."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return []
+        out = self._git().out(
+            ["for-each-ref", "--format=%(refname)", f"{REF_ROOT}/"], env={"GIT_DIR": str(repo)}
+        )
+        return [r[len(REF_ROOT) + 1 :] for r in out.split()]
+
+    def drop_refs(self, cwd: Path, names: Sequence[str]) -> int:
+        """Delete the refs `refs/agenthost/<name>` of `names`; returns how many."""
+        repo = self.repo_dir(cwd)
+        if not names or not (repo / "HEAD").is_file():
+            return 0
+        self._git().run(
+            ["update-ref", "--stdin"],
+            env={"GIT_DIR": str(repo)},
+            input_bytes="".join(f"delete {REF_ROOT}/{n}\n" for n in names).encode(),
+        )
+        return len(names)
+
     def gc(self, cwd: Path) -> None:
         """Collect what no ref keeps (a dropped Session's checkpoints)."""
         repo = self.repo_dir(cwd)
@@ -273,6 +327,16 @@ class ShadowStore:
         return total
 
     # -- reading checkpoints ---------------------------------------------------------------
+
+    def has(self, cwd: Path, commit: str) -> bool:
+        """Whether `cwd`'s store holds the checkpoint `commit` (a tree)."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return False
+        done = self._git().run(
+            ["cat-file", "-e", f"{commit}^{{tree}}"], env={"GIT_DIR": str(repo)}, check=False
+        )
+        return done.returncode == 0
 
     def changed_files(self, cwd: Path, before: str, after: str) -> list[FileChange]:
         git = self._git()

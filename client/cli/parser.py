@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from client.cli import forks, launch_gui, manage, sessions, turns
+from client.cli import forks, launch_gui, manage, sessions, turns, workspace
 from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from domain.providers import PROVIDERS
 
@@ -199,6 +199,32 @@ def add_client_commands(
     o.add_argument("operation", help="operation id or unique prefix (of a committed fork)")
     o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
     o.set_defaults(run=forks.run_op)
+    df = sub.add_parser(
+        "diff", parents=[common], help="the files a turn changed in the session's folder"
+    )
+    df.add_argument("session", help=session_help)
+    df.add_argument(
+        "--turn", metavar="TURN", help="turn id, unique prefix or sequence (default: the newest)"
+    )
+    df.add_argument(
+        "--from", dest="from_turn", metavar="TURN", help="diff from this turn's end instead"
+    )
+    df.add_argument("--max-bytes", type=int, default=None, help="cut the diff here (256000)")
+    df.set_defaults(run=workspace.run_diff)
+    rs = sub.add_parser(
+        "restore", parents=[common], help="put the session's folder back to a turn's files"
+    )
+    rs.add_argument("session", help=session_help)
+    target = rs.add_mutually_exclusive_group(required=True)
+    target.add_argument("--turn", metavar="TURN", help="turn id, unique prefix or sequence")
+    target.add_argument("--undo", metavar="CHECKPOINT", help="a previous restore's undo id")
+    rs.add_argument(
+        "--before", action="store_true", help="the files as the turn found them (default: left)"
+    )
+    rs.add_argument(
+        "--force", action="store_true", help="even if other live sessions work in that folder"
+    )
+    rs.set_defaults(run=workspace.run_restore)
     i = sub.add_parser("interrupt", parents=[common], help="interrupt the session's running turn")
     i.add_argument("session", help=session_help)
     i.add_argument("--reason", default=None, help="why (recorded on the turn and shown by `show`)")

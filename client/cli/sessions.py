@@ -24,9 +24,28 @@ def run_status(args: argparse.Namespace, client: Any) -> int:
         f"agenthost {result['version']} (protocol {result['protocol']}) at {result['home']}, "
         f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}"
         + "".join(f"\n{provider_line(p)}" for p in result.get("providers") or [])
-        + connections_line(result.get("connections")),
+        + connections_line(result.get("connections"))
+        + checkpoints_line(result.get("checkpoints")),
     )
     return EXIT_OK
+
+
+def checkpoints_line(c: Mapping[str, Any] | None) -> str:
+    """The workspace checkpoint store: on or off, its size and place (older daemons do not
+    say: nothing)."""
+    if not c:
+        return ""
+    state = "on" if c.get("enabled") else "off ([workspace] checkpoints = false)"
+    return f"\ncheckpoints: {state}, {human_bytes(int(c.get('bytes') or 0))} in {c.get('path')}"
+
+
+def human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
 
 
 def connections_line(c: Mapping[str, Any] | None) -> str:

@@ -12,7 +12,10 @@ from textual.content import Content
 
 from client.gui.status_text import turn_glance, turn_state_words
 from client.session_client import format_interaction, turn_error_text
+from client.workspace_text import change_list, changed_count, changed_files
 
+GUI_FILES = 5
+"""Changed files a Turn names in the transcript (`agenthost diff` lists them all)."""
 PROGRESS_KEY = "guiProgress"
 """A GUI-only key of a Turn copy: the provider's latest retry note (`message.delta` of kind
 `progress`), shown while the Turn waits for the model and dropped once it streams or settles."""
@@ -25,6 +28,9 @@ def turn_header(turn: Mapping[str, Any], can_fork: bool = False) -> Text:
     if glance:
         failed = turn.get("outcome") == "failed"
         text.append(f"  {glance}", style="bold red" if failed else "yellow")
+    files = changed_count(turn)
+    if files is not None:
+        text.append(f"  {files} changed", style="cyan")
     # A short id, last: the first thing elided when the line is narrow (`show` prints it whole).
     text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
     return text
@@ -68,6 +74,10 @@ def body_lines(turn: Mapping[str, Any]) -> list[Text]:
     why = turn_error_text(turn)
     if why:
         lines.append(Text(f"{'':>11} {why}", style="bold red"))
+    files = changed_files(turn)
+    if files:
+        # The first few; `agenthost diff` shows them all, with the diff.
+        lines.append(Text(f"{'files':>11} {change_list(files, limit=GUI_FILES)}", style="cyan"))
     progress = turn.get(PROGRESS_KEY)
     if progress:
         lines.append(Text(f"{'progress':>11} {progress}", style="dim italic"))

@@ -37,8 +37,8 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     doc = json.loads(json_path.read_text())
     assert doc["failures"] == []
     names = [b["name"] for b in doc["benchmarks"]]
-    assert len(names) == 8  # bench.run_all.BENCHMARKS, bench.checkpoint among them
-    assert "checkpoint" in names
+    assert len(names) == 9  # bench.run_all.BENCHMARKS, the two checkpoint ones among them
+    assert "checkpoint" in names and "turn checkpoints" in names
     for bench in doc["benchmarks"]:
         assert bench["command"].startswith("build/venv/bin/python -m bench.")
         assert bench["tables"] and all(t["rows"] for t in bench["tables"])
@@ -275,3 +275,24 @@ def test_the_checkpoint_benchmark_runs(tmp_path: Path) -> None:
     assert figures["checkpoint"]["n"] == 3 and figures["gitStatus"]["n"] == 3
     assert figures["coldMs"] > 0 and figures["materializeMs"] > 0
     assert "command: build/venv/bin/python -m bench.checkpoint --quick --smoke" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_the_turn_checkpoints_benchmark_runs(tmp_path: Path) -> None:
+    """`bench.turn_checkpoints`: echo Turns timed with checkpoints off and on, in an empty
+    folder and in a repository whose files change before each Turn."""
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "bench.turn_checkpoints", "--smoke",
+            "--json", str(tmp_path / "t.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = json.loads((tmp_path / "t.json").read_text())["figures"]
+    for cwd in ("empty", "repo"):
+        assert figures[cwd]["off"]["n"] == figures[cwd]["on"]["n"] == 3
+    assert "command: build/venv/bin/python -m bench.turn_checkpoints --quick --smoke" in out.stdout

@@ -9,11 +9,12 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Button
+from textual.widgets import Button, Static
 
 from client.engine import Engine
 from client.gui.app import AgentHostApp
@@ -27,6 +28,7 @@ from client.gui.transcript import (
 )
 from tests.client.conftest import source
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, wait_for
+from tests.support.git_repos import make_repo, turn_changing
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(90)
@@ -296,5 +298,30 @@ def test_fork_whose_source_was_deleted_is_marked_in_the_session_list(
         node = await until(pilot, lambda: tree.node_for(child))
         assert "from a deleted session" in str(node.label)
         assert tree.depth_of(child) == 0
+
+    run_app(daemon, ws, scenario)
+
+
+def test_each_turn_shows_the_files_it_changed(
+    daemon: DaemonProcess, client: Client, ws: str, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = create_session(client, ws, title="Edits", cwd=str(repo))["agentSessionId"]
+
+    def _edit() -> None:
+        (repo / "a.txt").write_text("changed\n")
+        (repo / "new.txt").write_text("new\n")
+
+    turn_changing(client, sid, _edit, ws=ws)
+    run_turn(client, sid, "nothing to change", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 2)
+        first, second = list(app.query(TurnView))
+        head = str(first.query_one(".turn-header", Static).render())
+        body = str(first.query_one(".turn-body", Static).render())
+        assert "2 files changed" in head, head
+        assert "files M a.txt, A new.txt" in body, body
+        assert "no files changed" in str(second.query_one(".turn-header", Static).render())
 
     run_app(daemon, ws, scenario)

@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from tests.support.daemon import (
     WS,
@@ -22,55 +21,15 @@ from tests.support.daemon import (
     turn_of,
     wait_for,
 )
+from tests.support.git_repos import GIT_ENV, git, make_repo, pending_request
 from workspace.shadow import ShadowStore
-
-GIT_ENV = {
-    **os.environ,
-    "GIT_CONFIG_GLOBAL": "/dev/null",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_AUTHOR_NAME": "t",
-    "GIT_AUTHOR_EMAIL": "t@example.invalid",
-    "GIT_COMMITTER_NAME": "t",
-    "GIT_COMMITTER_EMAIL": "t@example.invalid",
-}
-
-
-def _git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=GIT_ENV, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-def make_repo(path: Path) -> Path:
-    """A small committed repository with an ignored directory and an untracked file."""
-    path.mkdir(parents=True)
-    _git(path, "init", "-q", "-b", "main")
-    (path / ".gitignore").write_text("ignored/\n")
-    (path / "a.txt").write_text("one\n")
-    (path / "b.txt").write_text("two\n")
-    (path / "ignored").mkdir()
-    (path / "ignored" / "x.log").write_text("noise\n")
-    _git(path, "add", "-A")
-    _git(path, "commit", "-q", "-m", "first")
-    (path / "untracked.txt").write_text("mine\n")
-    return path
-
-
-def _pending_request(client: Any, sid: str, turn_id: str) -> str:
-    def _find() -> str | None:
-        for interaction in turn_of(client, sid, turn_id)["interactions"]:
-            if interaction["status"] == "pending":
-                return str(interaction["requestId"])
-        return None
-
-    return str(wait_for(_find, 60))
 
 
 def test_a_turn_that_changes_files_records_before_after_and_changed_files(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     repo = make_repo(tmp_path / "repo")
-    head = _git(repo, "rev-parse", "HEAD")
+    head = git(repo, "rev-parse", "HEAD")
     index_before = (repo / ".git" / "index").read_bytes()
     client = daemon.client()
     sid = create_session(client, cwd=str(repo))["agentSessionId"]
@@ -78,7 +37,7 @@ def test_a_turn_that_changes_files_records_before_after_and_changed_files(
     # The Turn waits on a question: its `before` was taken before the provider got it (the
     # record is written with the settlement).
     turn_id = submit(client, sid, "/ask go on?")["turnId"]
-    request_id = _pending_request(client, sid, turn_id)
+    request_id = pending_request(client, sid, turn_id)
     assert turn_of(client, sid, turn_id)["workspace"] is None
 
     # What the Turn does to the files, once the provider has it (its tools would do the same).
@@ -118,9 +77,9 @@ def test_a_turn_that_changes_files_records_before_after_and_changed_files(
     assert "+one, changed" in text and "+added" in text
 
     # Nothing of the person's repository was written.
-    assert _git(repo, "rev-parse", "HEAD") == head
+    assert git(repo, "rev-parse", "HEAD") == head
     assert (repo / ".git" / "index").read_bytes() == index_before
-    assert _git(repo, "for-each-ref", "--format=%(refname)") == "refs/heads/main"
+    assert git(repo, "for-each-ref", "--format=%(refname)") == "refs/heads/main"
 
     # The next Turn's `before` is the previous one's `after`: nothing changed between them.
     nxt = run_turn(client, sid, "hello")["workspace"]
@@ -178,3 +137,92 @@ def test_the_workspace_record_is_on_the_timeline_of_every_client(
     other = daemon.client()
     page = other.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})
     assert page["turns"][-1]["workspace"] == ws
+
+
+def _shadow_git(home: Path, cwd: Path, *args: str, check: bool = True) -> str:
+    shadow = ShadowStore(home / "checkpoints")
+    return subprocess.run(
+        ["git", *args],
+        env={**GIT_ENV, "GIT_DIR": str(shadow.repo_dir(cwd))},
+        check=check,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_deleting_a_session_drops_its_checkpoints_and_a_sweep_collects_them(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ngc_interval_s = 0.5\n")
+    repo = make_repo(tmp_path / "repo")
+    daemon = DaemonProcess(home).start()
+    try:
+        client = daemon.client()
+        keep = create_session(client, cwd=str(repo))["agentSessionId"]
+        gone = create_session(client, cwd=str(repo))["agentSessionId"]
+        kept = run_turn(client, keep, "hello")["workspace"]
+        # The doomed Session's Turn changes a file: its `before` holds a blob nothing else does.
+        (repo / "a.txt").write_text("only in the deleted session's before\n")
+        turn_id = submit(client, gone, "/ask go on?")["turnId"]
+        request_id = pending_request(client, gone, turn_id)
+        (repo / "a.txt").write_text("rewritten\n")
+        respond(client, gone, turn_id, request_id, {"text": "yes"})
+        doomed = settle(client, gone, turn_id)["workspace"]
+        assert doomed["changedFiles"] == [{"path": "a.txt", "kind": "modified"}]
+        before_blob = _shadow_git(home, repo, "rev-parse", f"{doomed['before']}:a.txt")
+        sweeps = client.call("host.status")["checkpoints"]["sweeps"]
+        size = client.call("host.status")["checkpoints"]["bytes"]
+        assert size > 0
+
+        client.call("session.delete", {"workspaceId": WS, "agentSessionId": gone})
+
+        def _refs() -> list[str]:
+            return _shadow_git(home, repo, "for-each-ref", "--format=%(refname)").split()
+
+        wait_for(lambda: not any(f"/{gone}/" in r for r in _refs()), 30)
+        # The other Session's checkpoints stay.
+        assert any(f"/{keep}/" in r for r in _refs())
+        # A later sweep collects the blob only the deleted Session's checkpoint kept.
+        wait_for(lambda: client.call("host.status")["checkpoints"]["sweeps"] > sweeps + 1, 30)
+        probe = subprocess.run(
+            ["git", "cat-file", "-e", before_blob],
+            env={**GIT_ENV, "GIT_DIR": str(ShadowStore(home / "checkpoints").repo_dir(repo))},
+            capture_output=True,
+        )
+        assert probe.returncode != 0, "the deleted Session's blob was not collected"
+        # What the kept Session's checkpoint holds is still whole.
+        assert _shadow_git(home, repo, "ls-tree", "-r", "--name-only", kept["after"]).split() == [
+            ".gitignore",
+            "a.txt",
+            "b.txt",
+            "untracked.txt",
+        ]
+    finally:
+        daemon.stop()
+
+
+def test_a_checkpoint_past_its_bound_is_recorded_timed_out_and_the_turn_completes(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 0.5\n")
+    repo = make_repo(tmp_path / "repo")
+    # The after-capture is held on its thread well past the bound.
+    daemon = DaemonProcess(home, failpoints="host.checkpoint.after=once:sleep:3000").start()
+    try:
+        client = daemon.client()
+        sid = create_session(client, cwd=str(repo))["agentSessionId"]
+        turn = run_turn(client, sid, "hello")
+        assert turn["outcome"] == "completed", turn
+        assert turn["workspace"]["state"] == "unavailable", turn["workspace"]
+        assert turn["workspace"]["reason"] == "timed_out"
+        assert "timeout_s" in turn["workspace"]["message"]
+        # The next Turn is checkpointed again (the held capture holds one checkpoint thread of
+        # two, and no lock: nothing is stuck behind it).
+        nxt = run_turn(client, sid, "again")
+        assert nxt["workspace"]["after"], nxt["workspace"]
+    finally:
+        daemon.stop()

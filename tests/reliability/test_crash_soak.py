@@ -29,6 +29,7 @@ from tests.reliability.reliability_harness import (
     worker_of,
 )
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
+from tests.support.git_repos import make_repo
 from tests.support.invariants import assert_invariants, check_invariants
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 
@@ -63,6 +64,9 @@ class World:
         self.home = home
         self.seed = seed
         self.lock = threading.Lock()
+        # Every Session works in one git repository: each Turn checkpoints it (and the
+        # submits change its files), so the kills also land mid-checkpoint.
+        self.cwd = str(make_repo(home.parent / "repo"))
         self.daemon = DaemonProcess(home).start()
         self.generation = 0
         self.running = threading.Event()
@@ -160,13 +164,19 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             c,
             tag,
             "session.create",
-            {"workspaceId": WS, "provider": "tutti-agent", "title": f"s{rng.randrange(99)}"},
+            {
+                "workspaceId": WS,
+                "provider": "tutti-agent",
+                "title": f"s{rng.randrange(99)}",
+                "cwd": w.cwd,
+            },
         )
         if body:
             with w.lock:
                 w.sessions[body["session"]["agentSessionId"]] = []
     elif action == "submit":
         text = rng.choice(["hello", "hello", "/slow 150 slow one", "/tool grep x", "/fail no"])
+        (Path(w.cwd) / f"file-{rng.randrange(8)}.txt").write_text(f"{rng.random()}\n")
         call(
             w,
             c,
@@ -372,9 +382,9 @@ def seed_fork(w: World, rng: random.Random) -> None:
     """One fork per round on a fresh, settled source, left in flight while the clients and the
     chaos run, so every round exercises the saga whatever the random clients picked."""
     c = w.daemon.client(timeout=30)
-    sid = c.call("session.create", {"workspaceId": WS, "provider": "tutti-agent"})["session"][
-        "agentSessionId"
-    ]
+    sid = c.call(
+        "session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": w.cwd}
+    )["session"]["agentSessionId"]
     turn = run_turn(c, sid, f"seed {rng.randrange(1000)}")
     with w.lock:
         w.sessions[sid] = [turn["turnId"]]

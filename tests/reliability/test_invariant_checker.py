@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import Law, check_invariants
+from workspace.shadow import ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -333,3 +335,47 @@ def test_another_operations_child_in_an_abandoned_quarantine_is_reported(
     dest.parent.mkdir(parents=True)
     child.rename(dest)
     assert Law.QUARANTINE in laws(home)
+
+
+def _source_checkpoint(home: Path, source: str) -> dict:
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        rows = conn.execute(
+            "SELECT checkpoint_json FROM turns WHERE session_id = ? ORDER BY sequence", (source,)
+        ).fetchall()
+    finally:
+        conn.close()
+    return dict(json.loads(rows[0][0]))
+
+
+def test_a_checkpoint_its_ref_no_longer_keeps_is_reported(base: Base, tmp_path: Path) -> None:
+    record = _source_checkpoint(base.home, base.source)
+    assert record["after"] and record["before"]  # the base's Turns were checkpointed
+    home = tampered(base, tmp_path)
+    assert Law.CHECKPOINT_KEPT not in laws(home)
+    repo = ShadowStore(home / "checkpoints").repo_dir(Path(record["cwd"]))
+    refs = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname)", f"refs/agenthost/{base.source}/"],
+        env={"GIT_DIR": str(repo)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert refs
+    subprocess.run(
+        ["git", "update-ref", "-d", refs[0]], env={"GIT_DIR": str(repo)}, check=True
+    )
+    assert Law.CHECKPOINT_KEPT in laws(home)
+
+
+def test_a_settled_turn_recorded_without_its_after_checkpoint_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    record = _source_checkpoint(base.home, base.source)
+    broken = json.dumps({**record, "after": None}).replace("'", "''")
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE turns SET checkpoint_json = '{broken}' WHERE session_id = '{base.source}'",
+    )
+    assert Law.CHECKPOINT_KEPT in laws(home)

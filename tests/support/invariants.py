@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
@@ -20,10 +21,12 @@ from typing import Any
 
 import apsw
 
+from actors.checkpoints import checkpoint_ref
 from actors.context import _path_segment
 from storage import Store
 from storage.errors import ForkInProgress, HostError
 from storage.fork_snapshot import decode_frozen
+from workspace.shadow import ShadowStore
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
 # Statuses whose operation may have sent the provider fork (law 1: the marker is durable first).
@@ -74,6 +77,10 @@ class Law(StrEnum):
     ACTIVE_TURN_WORKED = "active_turn_worked"
     """A Turn is `active` with nothing written for it past the grace period and no pending
     interaction: no live runtime works on it (checked on a live, quiescent daemon only)."""
+    CHECKPOINT_KEPT = "checkpoint_kept"
+    """A settled Turn of a live Session names a workspace checkpoint (`before`/`after` tree)
+    that its ref in the home's shadow store does not keep, or its record is neither
+    `unavailable` nor has an `after` (a fork through it would find nothing)."""
     FENCE_HAS_SAGA = "fence_has_saga"
     """An active operation (holding its source's fence) has not moved past the grace period:
     its saga is gone (checked on a live, quiescent daemon only)."""
@@ -666,6 +673,64 @@ def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
             )
 
 
+def _shadow_refs(home: Path, cwd: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
+    """`refs/agenthost/...` → object of the shadow repository of `cwd` (read with git)."""
+    if cwd not in cache:
+        repo = ShadowStore(home / "checkpoints").repo_dir(Path(cwd))
+        refs: dict[str, str] = {}
+        if (repo / "HEAD").is_file():
+            out = subprocess.run(
+                ["git", "for-each-ref", "--format=%(objectname) %(refname)"],
+                env={"GIT_DIR": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo)},
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
+            for line in out.splitlines():
+                obj, _, ref = line.partition(" ")
+                refs[ref] = obj
+        cache[cwd] = refs
+    return cache[cwd]
+
+
+def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str, str]]:
+    """Every settled Turn of a live Session with a checkpoint record: `after` named (or the
+    record `unavailable`), each named tree kept by its ref. The refs are read after the store
+    was copied (a capture keeps its ref before the settlement is written); returns the
+    (workspace, session, detail) of each miss, for the caller to recheck against deletes
+    that happened since the copy."""
+    cache: dict[str, dict[str, str]] = {}
+    misses: list[tuple[str, str, str]] = []
+    for t in _rows(
+        conn,
+        "SELECT t.workspace_id, t.session_id, t.turn_id, t.checkpoint_json FROM turns t"
+        " JOIN sessions s USING (workspace_id, session_id)"
+        " WHERE t.phase = 'settled' AND s.deleted = 0 AND t.checkpoint_json IS NOT NULL",
+    ):
+        where = f"session {t['session_id']} turn {t['turn_id']}"
+        record = json.loads(t["checkpoint_json"])
+        if record.get("state") == "unavailable":
+            continue
+        if not record.get("after"):
+            ctx.fail(Law.CHECKPOINT_KEPT, f"{where}: settled with no after-checkpoint")
+            continue
+        refs = _shadow_refs(ctx.home, str(record["cwd"]), cache)
+        for which in ("before", "after"):
+            tree = record.get(which)
+            if not tree:
+                continue
+            ref = "refs/agenthost/" + checkpoint_ref(t["session_id"], t["turn_id"], which)
+            if refs.get(ref) != tree:
+                misses.append(
+                    (
+                        t["workspace_id"],
+                        t["session_id"],
+                        f"{where}: {which} checkpoint {tree} is not kept by {ref}",
+                    )
+                )
+    return misses
+
+
 def _check_liveness(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
     """On a live daemon with nothing in flight: no Turn stays active with nothing written for
     it (and no interaction waiting on the user), no active operation stays unmoved."""
@@ -723,6 +788,7 @@ def check_invariants(
         try:
             _check_integrity(ctx, conn)
             _check_completed_turns(ctx, conn)
+            checkpoint_misses = _check_checkpoints(ctx, conn)
             if live_grace_s is not None:
                 _check_liveness(ctx, conn, int(live_grace_s * 1000))
             ops = _rows(
@@ -755,6 +821,23 @@ def check_invariants(
                 ctx.fail(Law.CHILD_READABLE, f"child {target}: {problem}")
             else:
                 readable += 1
+        if checkpoint_misses:
+            # A Session deleted since the copy had its refs dropped: not a miss.
+            recheck = tmp / "recheck.sqlite3"
+            snapshot_store(home / "store.sqlite3", recheck)
+            now = apsw.Connection(str(recheck))
+            try:
+                deleted = {
+                    (r["workspace_id"], r["session_id"])
+                    for r in _rows(
+                        now, "SELECT workspace_id, session_id FROM sessions WHERE deleted = 1"
+                    )
+                }
+            finally:
+                now.close()
+            for ws, sid, detail in checkpoint_misses:
+                if (ws, sid) not in deleted:
+                    ctx.fail(Law.CHECKPOINT_KEPT, detail)
         _check_quarantine(ctx, home, ops)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)

@@ -221,3 +221,19 @@ def test_a_workspace_holding_the_home_never_checkpoints_the_checkpoints(tmp_path
     assert first.tree == second.tree
     out = store.materialize(work, second.commit, tmp_path / "out")
     assert tree_files(out) == {"a.txt": b"a\n"}
+
+
+def test_lock_files_a_killed_process_left_are_cleared(repo: Path, store: ShadowStore) -> None:
+    first = store.capture(repo)
+    assert isinstance(first, Checkpoint)
+    store.keep(repo, "s/t/after", first.commit)
+    shadow = store.repo_dir(repo)
+    (shadow / "index.lock").write_text("")
+    (shadow / "refs" / "agenthost" / "s" / "t" / "before.lock").write_text("")
+    (repo / "late.txt").write_text("after the kill\n")
+    stuck = store.capture(repo)
+    assert isinstance(stuck, Unavailable) and stuck.reason == "git_failed"
+    assert store.clear_stale_locks(repo) == 2
+    again = store.capture(repo)
+    assert isinstance(again, Checkpoint) and again.tree != first.tree
+    store.keep(repo, "s/t/before", again.commit)

@@ -1,0 +1,92 @@
+"""The workspace commands: `diff` (what a turn changed in the session's folder, or between two
+turns) and `restore` (put the folder back to a turn's checkpoint; undoable)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from client.cli.command import call, with_client
+from client.cli.output import EXIT_OK, CliError, emit
+from client.workspace_text import change_list
+from transport.client import ApiError
+
+
+def _turn(client: Any, args: argparse.Namespace, sid: str, ref: str | None) -> str | None:
+    from client.session_client import resolve_turn, timeline
+
+    if ref is None:
+        return None
+    return str(resolve_turn(timeline(client, args.workspace, sid), ref))
+
+
+@with_client
+def run_diff(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    params: dict[str, Any] = {"agentSessionId": sid}
+    turn_id = _turn(client, args, sid, args.turn)
+    from_id = _turn(client, args, sid, args.from_turn)
+    if turn_id is not None:
+        params["turnId"] = turn_id
+    if from_id is not None:
+        params["fromTurnId"] = from_id
+    if args.max_bytes is not None:
+        params["maxBytes"] = args.max_bytes
+    result = call(args, client, "session.workspaceDiff", **params)
+    files = result["changedFiles"]
+    span = (
+        f"from turn {result['fromTurnId']} to turn {result['turnId']}"
+        if result.get("fromTurnId")
+        else f"turn {result['turnId']}"
+    )
+    head = f"{span} in {result['cwd']}: " + (
+        f"{len(files)} file(s) changed: {change_list(files, limit=len(files))}"
+        if files
+        else "no files changed"
+    )
+    body = result["diff"].rstrip("\n")
+    cut = "\n(diff cut at the size bound; --max-bytes for more)" if result["truncated"] else ""
+    emit(args, result, head + (f"\n{body}" if body else "") + cut)
+    return EXIT_OK
+
+
+@with_client
+def run_restore(args: argparse.Namespace, client: Any) -> int:
+    from client.session_client import resolve_session
+
+    sid = resolve_session(client, args.workspace, args.session)
+    params: dict[str, Any] = {"agentSessionId": sid, "force": bool(args.force)}
+    if args.undo:
+        params["tree"] = args.undo
+        what = f"checkpoint {args.undo}"
+    else:
+        turn_id = _turn(client, args, sid, args.turn)
+        which = "before" if args.before else "after"
+        params.update(turnId=turn_id, which=which)
+        what = f"the {which} of turn {turn_id}"
+    try:
+        result = call(args, client, "workspace.restore", **params)
+    except ApiError as exc:
+        if exc.reason != "workspace_shared":
+            raise
+        others = ", ".join(str(s)[:8] for s in exc.params.get("agentSessionIds") or [])
+        raise CliError(
+            exc.reason,
+            f"other live sessions ({others}) work in this folder too: their files would change "
+            "behind their back; run again with --force to restore anyway",
+        ) from exc
+    files = result["changedFiles"]
+    changed = (
+        f"{len(files)} file(s) written: {change_list(files, limit=len(files))}"
+        if files
+        else "nothing differed"
+    )
+    emit(
+        args,
+        result,
+        f"restored {result['cwd']} to {what}: {changed}\n"
+        f"undo with: agenthost restore {sid} --undo {result['undo']['tree']}",
+    )
+    return EXIT_OK
