@@ -156,7 +156,8 @@ class BenchResult:
         measured: str,
         profile: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record one of issue 20's targets (`bench.targets.ISSUE20`; the limit lives there):
+        """Record one of the issues' targets (`bench.targets.ISSUE20`, `ISSUE36`; the limit
+        lives there):
         `measured` says what was measured at what size, `profile` what bounds the figure
         (`lines` for people, any other keys for the JSON)."""
         from bench.targets import BY_KEY

@@ -137,6 +137,8 @@ def run(mode: Mode) -> BenchResult:
     rows: list[tuple[Any, ...]] = []
     stage_rows: list[tuple[Any, ...]] = []
     skipped: list[tuple[str, str]] = []
+    measured: list[tuple[str, Latency, Latency]] = []
+    floor: sync_floor.Floor | None = None
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp_text:
         for entry in PROVIDERS:
             why = entry.unavailable()
@@ -145,6 +147,7 @@ def run(mode: Mode) -> BenchResult:
                 continue
             m = measure(entry, Path(tmp_text) / entry.name, turns, samples, warmup)
             host, bare = m["host"], m["bare"]
+            measured.append((entry.name, host, bare))
             r50, r99 = ratio(host.p50, bare.p50), ratio(host.p99, bare.p99)
             cold = m["coldRead"]
             rows.append(
@@ -244,7 +247,55 @@ def run(mode: Mode) -> BenchResult:
             profile={"lines": [f"{name} was not measured: {why}"]},
         )
     result.figures["skipped"] = dict(skipped)
+    _issue36_rows(result, measured, floor, skipped)
     return result
+
+
+def _issue36_rows(
+    result: BenchResult,
+    measured: Sequence[tuple[str, Latency, Latency]],
+    floor: sync_floor.Floor | None,
+    skipped: Sequence[tuple[str, str]],
+) -> None:
+    """Issue 36 target 1: each provider's host fork p50 against its durability floor in this
+    run (its own bare p50 + the syncs a fork waits for, counted and timed by
+    `bench.sync_floor` through a tutti-agent daemon: the saga's COMMITs and the binder's rounds
+    are the same for every provider), and that floor's distance from the bare call."""
+    if floor is None:
+        why = "no durability floor in this run (tutti-agent not measured, or strace missing)"
+        for name, _, _ in measured:
+            result.issue_target(
+                f"36:fork-over-floor:{name}", float("nan"), measured=why, profile={"lines": [why]}
+            )
+        result.issue_target(
+            "36:floor-over-bare", float("nan"), measured=why, profile={"lines": [why]}
+        )
+    else:
+        for name, host, bare in measured:
+            floor_ms = bare.p50 + floor.sync_ms
+            result.issue_target(
+                f"36:fork-over-floor:{name}",
+                ratio(host.p50, floor_ms),
+                measured=f"bench.fork_overhead: {host.n} forks; host p50 {host.p50:.1f} ms,"
+                f" bare {bare.p50:.1f} ms, floor {floor_ms:.1f} ms (bare + {floor.sync_ms:.1f}"
+                " ms of syncs)",
+                profile={"lines": [floor.line()], "floorMs": floor_ms, "bareMs": bare.p50},
+            )
+        result.issue_target(
+            "36:floor-over-bare",
+            floor.sync_ms,
+            measured=f"bench.sync_floor: {floor.store_commits:g} store COMMITs ×"
+            f" {floor.commit.p50:.2f} ms + {floor.worker_rounds} worker fsync rounds ×"
+            f" {floor.sync_round.p50:.2f} ms beyond the bare {floor.bare_ms:.1f} ms",
+            profile={"lines": [floor.line()]},
+        )
+    for name, why in skipped:
+        result.issue_target(
+            f"36:fork-over-floor:{name}",
+            float("nan"),
+            measured=f"not measured: {why}",
+            profile={"lines": [f"{name} was not measured: {why}"]},
+        )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

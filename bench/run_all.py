@@ -2,9 +2,10 @@
 `bench/results/<date>.json`, PNG plots beside it and `<date>.md` (the tables, for
 docs/performance.md). `--quick` runs each benchmark for seconds instead of minutes.
 
-At the end it prints issue 20's targets in one table (value, limit, met/MISSED, value/limit,
-what measured it) and, for each missed one, the profile that bounds it (`bench.targets`);
-the JSON keeps the same rows as `issue20Targets`, the markdown as its first section.
+At the end it prints issue 20's targets in one table, then issue 36's (value, limit,
+met/MISSED, value/limit, what measured it, with the CPU probe and the load at its benchmark's
+start) and, for each missed one, the profile that bounds it (`bench.targets`); the JSON keeps
+the same rows as `issue20Targets` and `issue36Targets`, the markdown as its first sections.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         doc["rerun"] = list(args.only)
     issue20 = targets.collect(merged)
     doc["issue20Targets"] = issue20
+    issue36 = targets.collect(merged, targets.ISSUE36)
+    doc["issue36Targets"] = issue36
     json_path.write_text(json.dumps(doc, indent=1))
     loads = ", ".join(
         f"{b['command'].split()[2] if b['command'] else b['name']} "
@@ -136,8 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     title = f"issue 20 targets ({mode.value} run, {doc['date']})"
     bound_lines = targets.bounds(issue20)
+    title36 = f"issue 36 targets ({mode.value} run, {doc['date']})"
+    bound36 = targets.bounds(issue36)
     md = [f"Run {doc['date']} ({mode.value}), `{doc['command']}`, machine {doc['machine']}", ""]
     md += [f"{LOADS_TITLE}: {loads}", ""]
+    md += [targets.table(issue36, title36, "issue 36").markdown(), ""]
+    md += ["Measured by:", "", *targets.measured_lines(issue36), ""]
+    if bound36:
+        md += ["What bounds each missed target:", "", "```", *bound36, "```", ""]
     md += [targets.table(issue20, title).markdown(), ""]
     md += ["Measured by:", "", *targets.measured_lines(issue20), ""]
     if bound_lines:
@@ -166,6 +175,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nmeasured by:\n" + "\n".join(targets.measured_lines(issue20)), flush=True)
     if bound_lines:
         print("\nwhat bounds each missed target:\n" + "\n".join(bound_lines), flush=True)
+    # Issue 36's targets last: the table a run ends on.
+    print("\n" + targets.table(issue36, title36, "issue 36").render(), flush=True)
+    print("\nmeasured by:\n" + "\n".join(targets.measured_lines(issue36)), flush=True)
+    if bound36:
+        print("\nwhat bounds each missed target:\n" + "\n".join(bound36), flush=True)
     print(f"\n{LOADS_TITLE}: {loads}", flush=True)
     log(f"wrote {json_path}" + "".join(f", {p.name}" for p in written))
     for failure in failures:

@@ -1,10 +1,11 @@
-"""Issue 20's targets, exactly as the issue states them, and the one table `make bench` prints
-at the end of a run: each target's value, limit, met/MISSED and value/limit, which benchmark
-measured it (and at what size), and, for a missed one, the profile that bounds it.
+"""The issues' targets, exactly as the issues state them, and the tables `make bench` prints at
+the end of a run: each target's value, limit, met/MISSED and value/limit, which benchmark
+measured it (and at what size, how loaded and how fast the host was at its start), and, for a
+missed one, the profile that bounds it. Issue 20's eleven targets come first, issue 36's last.
 
-Each benchmark records its issue-20 targets with `BenchResult.issue_target(key, ...)`, so the
-limit lives here once; `collect` reads them back from the run's JSON (a re-run with `--only`
-merges with the day's other results, so the table always covers every target).
+Each benchmark records its targets with `BenchResult.issue_target(key, ...)`, so the limit
+lives here once; `collect` reads them back from the run's JSON (a re-run with `--only` merges
+with the day's other results, so the tables always cover every target).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ class IssueTarget:
     higher_is_better: bool
     module: str
     """The benchmark that measures it."""
+    number: str = ""
+    """The target's number in its issue (issue 36 numbers its targets 1-6, several rows each);
+    empty: the row's position."""
 
     @property
     def direction(self) -> str:
@@ -103,21 +107,160 @@ ISSUE20: tuple[IssueTarget, ...] = (
         "bench.throughput",
     ),
 )
-BY_KEY: Mapping[str, IssueTarget] = {t.key: t for t in ISSUE20}
+
+PROVIDER_NAMES = ("tutti-agent", "codex", "claude-code")
 
 
-def collect(benchmarks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per issue-20 target, in the issue's order, from the benchmarks' JSON records;
+def _i36(
+    key: str, what: str, limit: float, module: str, number: str, *, higher: bool = False
+) -> IssueTarget:
+    return IssueTarget(f"36:{key}", what, limit, higher, module, number)
+
+
+ISSUE36: tuple[IssueTarget, ...] = (
+    *(
+        _i36(
+            f"fork-over-floor:{p}",
+            f"host fork p50 / durability floor (bare p50 + the fork's syncs), {p}",
+            1.25,
+            "bench.fork_overhead",
+            "1",
+        )
+        for p in PROVIDER_NAMES
+    ),
+    _i36(
+        "floor-over-bare",
+        "durability floor - bare fork p50, ms (the syncs a fork waits for), tutti-agent",
+        1.5,
+        "bench.fork_overhead",
+        "1",
+    ),
+    *(
+        row
+        for p in PROVIDER_NAMES
+        for row in (
+            _i36(
+                f"turn-overhead:{p}",
+                f"host turn p50 - bare turn p50, ms, {p}",
+                3.0,
+                "bench.turn_overhead",
+                "2",
+            ),
+            _i36(
+                f"first-delta:{p}",
+                f"first message.delta at the client after the provider emitted it, p50 ms, {p}",
+                2.0,
+                "bench.turn_overhead",
+                "2",
+            ),
+            _i36(
+                f"delta-batching:{p}",
+                f"longest a delta waited in the host beyond the bare provider, ms, {p}",
+                10.0,
+                "bench.turn_overhead",
+                "2",
+            ),
+        )
+    ),
+    _i36(
+        "forks-per-s",
+        "forks committed/s at 16 clients, tutti-agent",
+        300.0,
+        "bench.throughput",
+        "3",
+        higher=True,
+    ),
+    _i36(
+        "cpu-per-fork",
+        "CPU ms per fork, whole daemon tree, tutti-agent",
+        5.0,
+        "bench.throughput",
+        "3",
+    ),
+    _i36(
+        "mutation-p99:turn.submit",
+        "mutation p99 ms, 8 clients idle: turn.submit",
+        20.0,
+        "bench.mutations",
+        "4",
+    ),
+    _i36(
+        "mutation-p99:session.updateTitle",
+        "mutation p99 ms, 8 clients idle: updateTitle",
+        20.0,
+        "bench.mutations",
+        "4",
+    ),
+    _i36(
+        "mutation-p99-ratio",
+        "mutation p99 under fork load / idle (turn.submit + updateTitle)",
+        1.5,
+        "bench.mutations",
+        "4",
+    ),
+    _i36("months:ready", "store of months: daemon start to ready, ms", 1000.0, "bench.months", "5"),
+    _i36(
+        "months:list-p99",
+        "store of months: session list first page p99, ms",
+        10.0,
+        "bench.months",
+        "5",
+    ),
+    _i36(
+        "months:open-p99",
+        "store of months: open a 10,000-Turn Session (get + newest timeline page) p99, ms",
+        10.0,
+        "bench.months",
+        "5",
+    ),
+    _i36(
+        "months:fork",
+        "store of months: a fork through the big Session's last Turn, ms",
+        1000.0,
+        "bench.months",
+        "5",
+    ),
+    _i36(
+        "months:recovery",
+        "store of months: recovery of 10,000 interrupted operations, ms",
+        2000.0,
+        "bench.months",
+        "5",
+    ),
+    _i36(
+        "months:rss",
+        "store of months: daemon RSS with 10,000 Sessions touched, MB",
+        150.0,
+        "bench.months",
+        "5",
+    ),
+    _i36(
+        "big-fork",
+        "1,000-Turn / 10,000-Message prepare + commit, ms",
+        50.0,
+        "bench.scale",
+        "6",
+    ),
+)
+BY_KEY: Mapping[str, IssueTarget] = {t.key: t for t in (*ISSUE20, *ISSUE36)}
+
+
+def collect(
+    benchmarks: Sequence[Mapping[str, Any]], issue: Sequence[IssueTarget] = ISSUE20
+) -> list[dict[str, Any]]:
+    """One row per target of `issue`, in the issue's order, from the benchmarks' JSON records;
     a target no benchmark recorded (not run, failed) is a MISSED row saying so."""
+    keys = {t.key for t in issue}
     found: dict[str, tuple[Mapping[str, Any], Mapping[str, Any]]] = {}
     for bench in benchmarks:
         for t in bench.get("targets", []):
-            if t.get("key") in BY_KEY:
+            if t.get("key") in keys:
                 found[t["key"]] = (t, bench)
     rows: list[dict[str, Any]] = []
-    for target in ISSUE20:
+    for i, target in enumerate(issue, 1):
         row: dict[str, Any] = {
             "key": target.key,
+            "number": target.number or str(i),
             "what": target.what,
             "limit": target.limit,
             "direction": target.direction,
@@ -132,6 +275,8 @@ def collect(benchmarks: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 command=bench.get("command", ""),
                 profile=t.get("profile") or {},
                 cpuProbeMs=(bench.get("figures") or {}).get("cpuProbeMsAtStart"),
+                loadAverage=(bench.get("figures") or {}).get("loadAverage1mAtStart"),
+                busyCores=(bench.get("figures") or {}).get("busyCoresAtStart"),
             )
         else:
             row.update(
@@ -150,14 +295,14 @@ def _num(value: Any) -> float:
     return math.nan if value is None else float(value)
 
 
-def table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
+def table(rows: Sequence[Mapping[str, Any]], title: str, issue: str = "issue 20") -> Table:
     """The targets; `measured_lines` says, by row number, what measured each one."""
     return Table(
         title,
-        ("#", "target (issue 20)", "value", "limit", "verdict", "value/limit"),
+        ("#", f"target ({issue})", "value", "limit", "verdict", "value/limit"),
         tuple(
             (
-                i,
+                r.get("number") or i,
                 r["what"],
                 _num(r["value"]),
                 f"{r['direction']} {r['limit']:g}",
@@ -172,10 +317,16 @@ def table(rows: Sequence[Mapping[str, Any]], title: str) -> Table:
 
 def measured_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """What measured each row, with the host's speed when its benchmark started (a `make
-    bench` run records `cpuProbeMsAtStart`; this VM's speed swings ~2x between minutes)."""
+    bench` run records `cpuProbeMsAtStart`; this VM's speed swings ~2x between minutes) and
+    how loaded the machine was then (1-minute load average, cores busy)."""
     return [
         f"{i}. {r['measured']}"
         + (f"; CPU probe {r['cpuProbeMs']:.0f} ms at its start" if r.get("cpuProbeMs") else "")
+        + (
+            f", load {r['loadAverage']:.2f} ({r.get('busyCores', 'n/a')} cores busy)"
+            if r.get("loadAverage") is not None
+            else ""
+        )
         for i, r in enumerate(rows, 1)
     ]
 
