@@ -30,6 +30,7 @@ from bench import (
     targets,
     throughput,
     turn_checkpoints,
+    turn_overhead,
 )
 from bench.common import (
     REPO,
@@ -50,6 +51,7 @@ LOADS_TITLE = (
 )
 BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.fork_overhead", fork_overhead.run),
+    ("bench.turn_overhead", turn_overhead.run),
     ("bench.mutations", mutations.run),
     ("bench.races", races.run),
     ("bench.throughput", throughput.run),

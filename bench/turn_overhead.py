@@ -1,0 +1,391 @@
+"""Benchmark: what the host adds to a streaming Turn (issue 36 target 2). The same Turn — the
+same fake model, the same reply of 20 text deltas streamed a couple of milliseconds apart —
+runs through the daemon and against the bare provider, interleaved turn by turn:
+
+- host: `turn.submit` on the API socket → its settled `turn.updated` on the events socket,
+  every `message.delta` of it timed on arrival at this client;
+- bare: the provider driven as the driver drives it, by this process — app-servers
+  (tutti-agent, Codex) over their stdio JSON-RPC, `turn/start` → `turn/completed`, each
+  `item/agentMessage/delta` timed on arrival; Claude Code through the SDK's `query()` with
+  partial messages, each `content_block_delta` stream event timed on arrival.
+
+The fake model server runs in this process and stamps each delta when it has written it (the
+same clock as the clients), so each delta's lag is its arrival minus the model's emission:
+
+- turn overhead = host turn p50 - bare turn p50 (limit +3 ms);
+- first delta = host p50 lag of the first delta - bare p50 lag of the first delta: how long
+  after the provider emitted it the delta reached the host's client (limit 2 ms);
+- batching = the longest any host delta lagged beyond the bare provider's p50 lag: how long the
+  host ever held a delta back (limit 10 ms).
+
+    build/venv/bin/python -m bench.turn_overhead [--quick|--smoke] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
+from bench.harness import WS, BenchDaemon, create_session, run_turn, submit
+from bench.profile import TreeProfile, cpu_line
+from bench.providers import REPO, BareAppServer, BareClaude, provider
+from model_fakes.http import FakeModelServer
+from model_fakes.messages import MessagesServer
+from model_fakes.responses import ResponsesServer
+from transport.client import EventSubscriber
+
+MODULE = "bench.turn_overhead"
+DELTAS = 20
+REPLY = "".join(f"d{i:02d} " for i in range(DELTAS))
+"""80 characters: the fakes stream text in 4-character deltas, so 20 of them."""
+DRIP_S = 0.002
+"""Between two SSE events of a reply: a model streaming, not one write of the whole reply."""
+PROVIDER_NAMES = ("tutti-agent", "codex", "claude-code")
+
+
+def now_ms() -> float:
+    return time.perf_counter() * 1000.0
+
+
+def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
+    """A fake model server of `base`'s API that answers every request with `REPLY`, streams
+    its events `DRIP_S` apart and stamps each delta event once written (`emitted`: one list of
+    ms per streamed reply, in arrival order of the requests)."""
+
+    class Timed(base):  # type: ignore[valid-type,misc]
+        def __init__(self) -> None:
+            super().__init__(lambda body: REPLY)
+            self.emitted: list[list[float]] = []
+            self._stamps_lock = threading.Lock()
+
+        def handler_class(self) -> Any:
+            handler = super().handler_class()
+            server = self
+
+            class Handler(handler):  # type: ignore[valid-type,misc]
+                def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+                    stamps: list[float] = []
+                    with server._stamps_lock:
+                        server.emitted.append(stamps)
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.close_connection = True
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        for index, (name, data) in enumerate(events):
+                            if index:
+                                time.sleep(DRIP_S)
+                            self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                            self.wfile.flush()
+                            if name == delta_event:
+                                stamps.append(now_ms())
+
+            return Handler
+
+        def emission_for(self, arrivals: Sequence[float], since: float) -> list[float]:
+            """The streamed reply these arrivals are of: the latest one that began after
+            `since` and no later than the first arrival. A provider may make other model
+            requests in a Turn (Claude Code does); those are not the timed reply."""
+            if not arrivals:
+                return []
+            with self._stamps_lock:
+                streamed = [list(s) for s in self.emitted if s and since <= s[0] <= arrivals[0]]
+            return streamed[-1] if streamed else []
+
+    return Timed()
+
+
+class Sample:
+    """One Turn on one side: its duration and each delta's arrival and emission."""
+
+    def __init__(self, turn_ms: float, arrivals: list[float], emitted: list[float]) -> None:
+        self.turn_ms = turn_ms
+        self.lags = [a - e for a, e in zip(arrivals, emitted, strict=False)]
+        self.deltas = len(arrivals)
+
+
+# -- the bare sides -----------------------------------------------------------------------------
+
+
+class BareStreamingAppServer(BareAppServer):
+    """`BareAppServer` whose notifications also time each streamed agent-message delta."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.arrivals: list[float] = []
+        super().__init__(*args, **kwargs)
+
+    def _on_notification(self, method: str, params: Mapping[str, Any]) -> None:
+        if method == "item/agentMessage/delta":
+            self.arrivals.append(now_ms())
+        super()._on_notification(method, params)
+
+    def turn(self, text: str) -> tuple[float, list[float]]:
+        self.arrivals = []
+        t0 = now_ms()
+        self.run_turns(1, lambda _: text)
+        return now_ms() - t0, list(self.arrivals)
+
+
+class BareStreamingClaude(BareClaude):
+    """`BareClaude` whose turns stream partial messages (as the driver asks) and time each
+    text delta on arrival."""
+
+    async def _streamed(self, text: str) -> tuple[float, list[float]]:
+        from claude_agent_sdk import ClaudeAgentOptions, ResultMessage, query
+        from claude_agent_sdk.types import StreamEvent
+
+        exists = self.transcript.exists()
+        options = ClaudeAgentOptions(
+            cwd=str(self.cwd),
+            env=dict(self._env),
+            resume=self.session_id if exists else None,
+            session_id=None if exists else self.session_id,
+            setting_sources=[],
+            model=self._model,
+            cli_path=self._cli_path,
+            include_partial_messages=True,
+        )
+        arrivals: list[float] = []
+        result: ResultMessage | None = None
+        t0 = now_ms()
+        async for message in query(prompt=text, options=options):
+            if isinstance(message, StreamEvent):
+                if message.event.get("type") == "content_block_delta":
+                    arrivals.append(now_ms())
+            elif isinstance(message, ResultMessage):
+                result = message
+        elapsed = now_ms() - t0
+        if result is None or result.is_error:
+            raise RuntimeError(f"bare Claude turn {text!r} failed: {result}")
+        return elapsed, arrivals
+
+    def turn(self, text: str) -> tuple[float, list[float]]:
+        return asyncio.run(self._streamed(text))
+
+
+@contextlib.contextmanager
+def side_by_side(name: str, tmp: Path) -> Iterator[tuple[Any, dict[str, str], Any]]:
+    """The timed model, the daemon's `[providers.NAME]` config and the bare provider."""
+    if name == "claude-code":
+        server = timed_model(MessagesServer, "content_block_delta")
+        config = {"model_base_url": server.base_url}
+        bare: Any = BareStreamingClaude(tmp / "bare", config)
+    else:
+        server = timed_model(ResponsesServer, "response.output_text.delta")
+        if name == "codex":
+            from drivers.codex import (
+                ApprovalPolicy,
+                SandboxMode,
+                default_command,
+                render_config_toml,
+            )
+
+            config = {"model": "mock-model", "model_base_url": server.base_url}
+            home = tmp / "bare"
+            home.mkdir(parents=True)
+            (home / "config.toml").write_text(
+                render_config_toml(
+                    model="mock-model",
+                    model_base_url=server.base_url,
+                    approval_policy=ApprovalPolicy.NEVER,
+                    sandbox_mode=SandboxMode.READ_ONLY,
+                )
+            )
+            bare = BareStreamingAppServer(
+                [*default_command(), "app-server"], "CODEX_HOME", home, {}
+            )
+        else:
+            config = {"model_base_url": server.base_url, "wire_api": "responses"}
+            argv = [
+                str(Path(sys.executable).parent / "tutti-agent"),
+                "app-server",
+                "--model-base-url",
+                server.base_url,
+                "--wire-api",
+                "responses",
+            ]
+            bare = BareStreamingAppServer(argv, "TUTTI_AGENT_HOME", tmp / "bare", {})
+    try:
+        yield server, config, bare
+    finally:
+        with contextlib.suppress(Exception):
+            bare.close()
+        server.close()
+
+
+# -- the host side ------------------------------------------------------------------------------
+
+
+def host_turn(c: Any, sub: EventSubscriber, sid: str, text: str) -> tuple[float, list[float]]:
+    """`turn.submit` → the Turn's settled `turn.updated`, each `message.delta` timed."""
+    while sub.next_message(0) is not None:
+        pass  # what earlier Turns left queued is not this Turn's
+    arrivals: list[float] = []
+    t0 = now_ms()
+    turn_id = str(submit(c, sid, text)["turnId"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        message = sub.next_message(1.0)
+        if message is None or message[0] != WS:
+            continue
+        event = message[1]
+        if event.get("agentSessionId") != sid:
+            continue
+        if (
+            event.get("type") == "message.delta"
+            and event.get("kind") == "assistant"
+            and event.get("turnId") == turn_id
+        ):
+            arrivals.append(now_ms())
+        elif (
+            event.get("type") == "turn.updated"
+            and event["turn"]["turnId"] == turn_id
+            and event["turn"]["phase"] == "settled"
+        ):
+            return now_ms() - t0, arrivals
+    raise TimeoutError(f"host turn {turn_id} did not settle")
+
+
+def measure(name: str, tmp: Path, samples: int, warmup: int) -> dict[str, Any]:
+    log(f"turn overhead: {name}, {samples} turns each side, interleaved")
+    host: list[Sample] = []
+    bare_samples: list[Sample] = []
+    with side_by_side(name, tmp) as (server, config, bare):
+        daemon = BenchDaemon(tmp / "home", providers={name: config}).start()
+        profile = TreeProfile(daemon.pid, tmp / "turn-overhead.pyspy.txt", use_py_spy=False)
+        sub = EventSubscriber(daemon.events, [WS])
+        try:
+            c = daemon.client()
+            sid = create_session(c, "turn overhead", provider=name)
+            for i in range(warmup):  # both warm: a live provider, a loaded thread, a subscriber
+                run_turn(c, sid, f"warm {i}")
+                bare.turn(f"warm {i}")
+            profile.start()
+            for i in range(samples):
+                t0 = now_ms()
+                ms, arrivals = host_turn(c, sub, sid, f"turn {i}")
+                host.append(Sample(ms, arrivals, server.emission_for(arrivals, t0)))
+                t0 = now_ms()
+                ms, arrivals = bare.turn(f"turn {i}")
+                bare_samples.append(Sample(ms, arrivals, server.emission_for(arrivals, t0)))
+            profile.stop()
+        finally:
+            sub.close()
+            daemon.stop()
+    return {"host": host, "bare": bare_samples, "cpu": profile.cpu}
+
+
+def _figures(host: list[Sample], bare: list[Sample]) -> dict[str, Any]:
+    host_turn_ms = Latency.of(s.turn_ms for s in host)
+    bare_turn_ms = Latency.of(s.turn_ms for s in bare)
+    host_first = Latency.of(s.lags[0] for s in host if s.lags)
+    bare_first = Latency.of(s.lags[0] for s in bare if s.lags)
+    bare_lag = Latency.of(lag for s in bare for lag in s.lags)
+    held = Latency.of(lag - bare_lag.p50 for s in host for lag in s.lags)
+    return {
+        "hostTurn": host_turn_ms,
+        "bareTurn": bare_turn_ms,
+        "hostFirstDeltaLag": host_first,
+        "bareFirstDeltaLag": bare_first,
+        "hostDeltaLag": Latency.of(lag for s in host for lag in s.lags),
+        "bareDeltaLag": bare_lag,
+        "hostHeldBeyondBare": held,
+        "turnOverheadMs": host_turn_ms.p50 - bare_turn_ms.p50,
+        "firstDeltaMs": host_first.p50 - bare_first.p50,
+        "batchingMs": held.max,
+        "deltasPerTurn": {
+            "host": sorted({s.deltas for s in host}),
+            "bare": sorted({s.deltas for s in bare}),
+        },
+    }
+
+
+def run(mode: Mode) -> BenchResult:
+    samples = pick(mode, 60, 15, 2)
+    warmup = pick(mode, 3, 2, 1)
+    result = BenchResult("turn overhead vs the bare provider", "", mode.value)
+    rows: list[tuple[Any, ...]] = []
+    lag_rows: list[tuple[Any, ...]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp_text:
+        for name in PROVIDER_NAMES:
+            why = provider(name).unavailable()
+            if why is not None:
+                result.notes.append(f"{name}: not measured: {why}")
+                for key in ("turn-overhead", "first-delta", "delta-batching"):
+                    result.issue_target(
+                        f"36:{key}:{name}",
+                        float("nan"),
+                        measured=f"not measured: {why}",
+                        profile={"lines": [f"{name} was not measured: {why}"]},
+                    )
+                continue
+            m = measure(name, Path(tmp_text) / name, samples, warmup)
+            f = _figures(m["host"], m["bare"])
+            turns = max(1, len(m["host"]))
+            cpu = {k: round(1000 * v / turns, 2) for k, v in m["cpu"].items()}
+            result.figures[name] = {**f, "cpuMsPerHostTurn": cpu}
+            ht, bt = f["hostTurn"], f["bareTurn"]
+            rows.append((name, ht.n, ht.p50, ht.p99, bt.p50, bt.p99, f["turnOverheadMs"]))
+            for side, key in (("host", "host"), ("bare", "bare")):
+                first, lag = f[f"{key}FirstDeltaLag"], f[f"{key}DeltaLag"]
+                lag_rows.append((name, side, first.p50, first.p99, lag.p50, lag.p99, lag.max))
+            held = f["hostHeldBeyondBare"]
+            lines = [
+                f"host turn p50 {ht.p50:.1f} ms vs bare {bt.p50:.1f} ms (same model, same"
+                f" {DELTAS}-delta reply, interleaved)",
+                f"first delta lag p50 (arrival - model emission): host"
+                f" {f['hostFirstDeltaLag'].p50:.2f} ms, bare {f['bareFirstDeltaLag'].p50:.2f} ms",
+                f"host delta held beyond the bare p50 lag: p50 {held.p50:.2f}, p99"
+                f" {held.p99:.2f}, max {held.max:.2f} ms",
+                cpu_line(cpu, "ms per host Turn"),
+            ]
+            measured = (
+                f"bench.turn_overhead: {ht.n} turns each side, {DELTAS} deltas"
+                f" {DRIP_S * 1000:g} ms apart; host {ht.p50:.1f} / bare {bt.p50:.1f} ms"
+            )
+            for key, value in (
+                ("turn-overhead", f["turnOverheadMs"]),
+                ("first-delta", f["firstDeltaMs"]),
+                ("delta-batching", f["batchingMs"]),
+            ):
+                result.issue_target(
+                    f"36:{key}:{name}", value, measured=measured, profile={"lines": lines}
+                )
+            result.notes.append(f"{name} CPU ms per host Turn by process kind: {cpu}")
+    result.tables.append(
+        Table(
+            "turn.submit → settled (host) vs turn/start → turn/completed or query() → result"
+            " (bare), ms",
+            ("provider", "n", "host p50", "host p99", "bare p50", "bare p99", "p50 host - bare"),
+            tuple(rows),
+        )
+    )
+    result.tables.append(
+        Table(
+            "delta lag at the client (arrival - the model's emission), ms",
+            ("provider", "side", "first p50", "first p99", "all p50", "all p99", "all max"),
+            tuple(lag_rows),
+        )
+    )
+    result.notes.append(f"cwd of the bare Codex thread and the host's Sessions: {REPO}")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return bench_main(MODULE, __doc__ or "", run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
