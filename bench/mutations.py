@@ -219,21 +219,20 @@ def run(mode: Mode) -> BenchResult:
     p99_a, p99_b = _mutation_p99(a), _mutation_p99(b)
     figures["mutationP99"] = {"alone": p99_a, "underForkLoad": p99_b}
     ratio_profile = {
-            "lines": [
-                f"phase B: {committed} forks committed ({fork_rate:.1f}/s); mutation"
-                f" throughput {len([r for r in a if r['kind'] in MUTATIONS]) / duration:.0f}"
-                f" → {len([r for r in b if r['kind'] in MUTATIONS]) / duration:.0f} req/s",
-                "slowest in phase B: "
-                + "; ".join(_slowest(b, min((r["t0"] for r in b), default=0.0))),
-                cpu_line(
-                    {k: 1000 * v / duration for k, v in profile.cpu.items()},
-                    "ms per second in phase B (mutations and forks)",
-                ),
-                f"machine busy in phase B: {profile.machine_busy_cores:.2f} cores (load clients"
-                f" {profile.load_generator_cores:.2f})",
-                *lines[2:],
-            ]
-        }
+        "lines": [
+            f"phase B: {committed} forks committed ({fork_rate:.1f}/s); mutation"
+            f" throughput {len([r for r in a if r['kind'] in MUTATIONS]) / duration:.0f}"
+            f" → {len([r for r in b if r['kind'] in MUTATIONS]) / duration:.0f} req/s",
+            "slowest in phase B: " + "; ".join(_slowest(b, min((r["t0"] for r in b), default=0.0))),
+            cpu_line(
+                {k: 1000 * v / duration for k, v in profile.cpu.items()},
+                "ms per second in phase B (mutations and forks)",
+            ),
+            f"machine busy in phase B: {profile.machine_busy_cores:.2f} cores (load clients"
+            f" {profile.load_generator_cores:.2f})",
+            *lines[2:],
+        ]
+    }
     for key in ("mutation-p99-ratio", "36:mutation-p99-ratio"):
         result.issue_target(
             key,

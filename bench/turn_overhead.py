@@ -86,7 +86,9 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
                         for index, (name, data) in enumerate(events):
                             if index:
                                 time.sleep(DRIP_S)
-                            self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                            self.wfile.write(
+                                f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+                            )
                             self.wfile.flush()
                             if name == delta_event:
                                 stamps.append(now_ms())
@@ -388,4 +390,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

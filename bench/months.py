@@ -1,0 +1,519 @@
+"""Benchmark: a store of months (issue 36 target 5). A generated store of 100,000 Sessions,
+1,000,000 Turns and 10,000,000 Messages — one of its Sessions 10,000 Turns long and bound to
+a real tutti-agent thread of the same 10,000 Turns, 10,000 fork operations left interrupted —
+and, through a real daemon on a copy of it:
+
+- recovery: the first start, which settles the 10,000 interrupted operations, to ready;
+- start: a second start of the same store (nothing left to recover) to ready;
+- `session.list` first page (50 Sessions), p99 of repeated reads;
+- opening the 10,000-Turn Session: `session.get` + its newest `session.timeline` page (50 Turns),
+  p99 of the pair;
+- daemon RSS once 10,000 Sessions have been touched (a title update each: each one's actor ran);
+- a fork through the big Session's last Turn, `fork.create` → committed (the first, cold: its
+  app-server loads the 10,000-Turn thread; a second, warm, is printed beside it).
+
+The store is generated once and cached under `build/bench-cache/` (never in git): the schema
+comes from `storage.schema` (a `Store.open`), the rows are written with plain SQL — `executemany`
+inside one transaction, journal and fsync off on the builder's own connection, ids that sort in
+insert order so every index is appended to — and the 10,000 interrupted operations through the
+store's own `prepare_fork` / `mark_fork_*`. Each run measures a fresh copy of the cache.
+
+`--scale F` sizes everything by F (full 1.0; `--quick` 0.02, `--smoke` 0.001), the targets stay
+the issue's: a run below full size says so on every measured line.
+
+    build/venv/bin/python -m bench.months [--quick|--smoke] [--scale F] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from bench.common import (
+    REPO,
+    BenchResult,
+    Latency,
+    Mode,
+    Table,
+    command_for,
+    log,
+    pick,
+)
+from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal, sample
+from bench.providers import BareAppServer, _tutti_argv
+from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from storage.schema import SCHEMA_VERSION
+
+MODULE = "bench.months"
+CACHE = REPO / "build" / "bench-cache"
+GENERATOR_VERSION = 1
+"""Bumped when the generated rows change: a cache of another version is rebuilt."""
+RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userAgent": "bench"}
+DAY_MS = 86_400_000
+SPAN_MS = 120 * DAY_MS
+"""The Sessions' creation times are spread over four months."""
+MESSAGES_PER_TURN = 10
+"""A user message, eight items (reasoning, tool call, tool result...) and the reply."""
+ITEM_KINDS = ("reasoning", "tool_call", "tool_result")
+PAGE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Size:
+    sessions: int
+    turns: int
+    big_turns: int
+    operations: int
+    touched: int
+
+    @staticmethod
+    def of(scale: float) -> Size:
+        def n(full: int, least: int) -> int:
+            return max(least, round(full * scale))
+
+        return Size(
+            sessions=n(100_000, 20),
+            turns=n(1_000_000, 200),
+            big_turns=n(10_000, 10),
+            operations=n(10_000, 5),
+            touched=n(10_000, 10),
+        )
+
+    @property
+    def messages(self) -> int:
+        return self.turns * MESSAGES_PER_TURN
+
+    @property
+    def key(self) -> str:
+        return (
+            f"months-s{self.sessions}-t{self.turns}-b{self.big_turns}-o{self.operations}"
+            f"-schema{SCHEMA_VERSION}-gen{GENERATOR_VERSION}"
+        )
+
+    def describe(self) -> str:
+        return (
+            f"{self.sessions:,} Sessions / {self.turns:,} Turns / {self.messages:,} Messages,"
+            f" a {self.big_turns:,}-Turn Session, {self.operations:,} interrupted operations"
+        )
+
+
+def _id(kind: int, n: int) -> str:
+    """A UUID-shaped id that sorts in generation order (each index is appended to)."""
+    return f"{kind:08x}-0000-4000-8000-{n:012x}"
+
+
+SESSION, TURN, MESSAGE = 1, 2, 3
+
+
+# -- the generator --------------------------------------------------------------------------------
+
+
+def cached_home(size: Size) -> Path:
+    """The daemon home of the generated store, built on first use (minutes at full size)."""
+    home = CACHE / size.key
+    if (home / "complete").exists():
+        return home
+    building = CACHE / f"{size.key}.building"
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir(parents=True)
+    t0 = time.monotonic()
+    log(f"months: generating {size.describe()} under {building}")
+    generate(building, size)
+    (building / "complete").write_text(
+        json.dumps({"seconds": round(time.monotonic() - t0, 1), "size": size.key})
+    )
+    shutil.rmtree(home, ignore_errors=True)
+    building.rename(home)
+    log(f"months: store generated in {time.monotonic() - t0:.0f} s")
+    return home
+
+
+def generate(home: Path, size: Size) -> None:
+    big_sid = _id(SESSION, 0)
+    runtime_home = home / "runtimes" / WS / big_sid / "tutti-agent-home"
+    t0 = time.monotonic()
+    bare = BareAppServer(_tutti_argv(), "TUTTI_AGENT_HOME", runtime_home, {})
+    try:
+        bare.run_turns(size.big_turns, lambda i: f"turn {i}")
+    finally:
+        bare.close()
+    log(f"months: tutti-agent thread of {size.big_turns} turns in {time.monotonic() - t0:.0f} s")
+    path = home / "store.sqlite3"
+    store = Store.open(path)  # the real schema, every migration
+    try:
+        store.create_session(
+            WS,
+            session_id=big_sid,
+            provider="tutti-agent",
+            title="the long one",
+            cwd=str(home),
+            settings={},
+            provider_session_id=bare.thread_id,
+            runtime_context=RUNTIME_CONTEXT,
+        )
+    finally:
+        store.close()
+    t0 = time.monotonic()
+    last_turns = bulk_rows(path, size, str(home), bare.turn_ids)
+    log(f"months: rows written in {time.monotonic() - t0:.0f} s")
+    t0 = time.monotonic()
+    interrupt_operations(path, size, str(home), last_turns)
+    log(f"months: {size.operations} interrupted operations in {time.monotonic() - t0:.0f} s")
+
+
+def _turn_counts(size: Size) -> Iterator[int]:
+    """Turns per Session after the big one: the rest spread evenly."""
+    others = size.sessions - 1
+    rest = size.turns - size.big_turns
+    base, extra = divmod(rest, others)
+    for i in range(others):
+        yield base + (1 if i < extra else 0)
+
+
+def bulk_rows(path: Path, size: Size, cwd: str, big_provider_turns: list[str]) -> list[str]:
+    """Every Session but the big one's row, then every Session's Turns and Messages, in one
+    transaction on a connection of its own with the journal and fsync off (a fixture: nothing
+    measured runs like this). Returns the last Turn id of each small Session, in order."""
+    conn = apsw.Connection(str(path))
+    conn.execute("PRAGMA journal_mode=OFF").fetchall()
+    conn.execute("PRAGMA synchronous=OFF")
+    conn.execute("PRAGMA foreign_keys=OFF")  # every row below is written in a valid order
+    conn.execute("PRAGMA cache_size=-262144")
+    now = int(time.time() * 1000)
+    start = now - SPAN_MS
+    step = SPAN_MS // max(1, size.sessions)
+    runtime = json.dumps(RUNTIME_CONTEXT, separators=(",", ":"))
+    conn.execute("BEGIN")
+    conn.executemany(
+        "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
+        " title, cwd, settings_json, runtime_context_json, created_at_ms, updated_at_ms)"
+        " VALUES (?, ?, 'root', 'tutti-agent', ?, ?, ?, '{}', ?, ?, ?)",
+        (
+            (WS, _id(SESSION, s), f"thread-{s}", f"session {s}", cwd, runtime, t, t + 3_600_000)
+            for s in range(1, size.sessions)
+            for t in (start + s * step,)
+        ),
+    )
+    keys = dict(
+        conn.execute(
+            "SELECT session_id, session_key FROM session_keys WHERE workspace_id = ?", (WS,)
+        )
+    )
+    counter = {"turn": 0, "message": 0}
+    last_turns: list[str] = []
+
+    def rows(sid: str, n_turns: int, provider_turns: Sequence[str] | None, t: int) -> None:
+        key = keys[sid]
+        turns: list[tuple[Any, ...]] = []
+        messages: list[tuple[Any, ...]] = []
+        position = 0
+        turn_id = ""
+        for seq in range(1, n_turns + 1):
+            counter["turn"] += 1
+            turn_id = _id(TURN, counter["turn"])
+            created = t + seq * 1000
+            first = counter["message"] + 1
+            counter["message"] += MESSAGES_PER_TURN
+            final = _id(MESSAGE, counter["message"])
+            ptid = provider_turns[seq - 1] if provider_turns else f"pturn-{counter['turn']}"
+            turns.append((WS, sid, turn_id, seq, ptid, final, created, created + 900))
+            for k in range(MESSAGES_PER_TURN):
+                position += 1
+                mid = _id(MESSAGE, first + k)
+                if k == 0:
+                    kind, text = "user", f"turn {seq}: " + "u" * 60
+                elif k == MESSAGES_PER_TURN - 1:
+                    kind, text = "assistant", f"echo: turn {seq}"
+                else:
+                    kind, text = ITEM_KINDS[k % 3], f"item {k} of turn {seq}: " + "x" * 80
+                messages.append((WS, sid, mid, turn_id, kind, text, position, created + k, key))
+        conn.executemany(
+            "INSERT INTO turns (workspace_id, session_id, turn_id, sequence,"
+            " sequence_provenance, phase, outcome, root_provider_turn_id,"
+            " final_assistant_message_id, created_at_ms, settled_at_ms)"
+            " VALUES (?, ?, ?, ?, 'host', 'settled', 'completed', ?, ?, ?, ?)",
+            turns,
+        )
+        conn.executemany(
+            "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
+            " payload_json, version, position, created_at_ms, session_key)"
+            " VALUES (?, ?, ?, ?, ?, ?, '{}', 1, ?, ?, ?)",
+            messages,
+        )
+        last_turns.append(turn_id)
+
+    rows(_id(SESSION, 0), size.big_turns, big_provider_turns, start)
+    last_turns.clear()  # the big Session's last Turn is read back by the benchmark
+    t0 = time.monotonic()
+    for s, n_turns in enumerate(_turn_counts(size), 1):
+        rows(_id(SESSION, s), n_turns, None, start + s * step)
+        if s % 10_000 == 0:
+            log(f"months: {s:,} Sessions written ({time.monotonic() - t0:.0f} s)")
+    conn.execute("COMMIT")
+    conn.execute("PRAGMA journal_mode=WAL").fetchall()
+    conn.close()
+    return last_turns
+
+
+def interrupt_operations(path: Path, size: Size, cwd: str, last_turns: list[str]) -> None:
+    """`size.operations` fork operations left as a crash leaves them, through the store's own
+    API, on Sessions spread over the store: 2/5 prepared, 2/5 dispatching, 1/5
+    provider_accepted (as `bench.scale` builds its recovery store)."""
+    store = Store.open(path)
+    try:
+        store._writer_connection().execute("PRAGMA synchronous=OFF")  # a fixture, not measured
+        stride = max(1, len(last_turns) // size.operations)
+        for i in range(size.operations):
+            s = 1 + (i * stride) % len(last_turns)
+            sid, turn_id = _id(SESSION, s), last_turns[s - 1]
+            op, _ = store.prepare_fork(
+                WS,
+                ForkPrepareRequest(
+                    source_session_id=sid,
+                    request_id=f"fork-{i}",
+                    target_session_id=_id(SESSION, 10**9 + i),
+                    turn_id=turn_id,
+                    driver_kind="tutti-agent",
+                    driver_version="0.1.0",
+                    binding_mode="host_copy",
+                    runtime_identity={"cwd": cwd, "settings": {}, "runtime_context": {}},
+                ),
+            )
+            if i % 5 >= 2:
+                store.mark_fork_dispatching(WS, op.operation_id)
+            if i % 5 == 4:
+                store.mark_fork_provider_accepted(
+                    WS,
+                    op.operation_id,
+                    ProviderForkEvidence(
+                        child_provider_session_id=f"child-{i}",
+                        provider_turn_ids=_provider_turns(path, sid),
+                        binding_mode="host_copy",
+                        receipt={"bench": True},
+                    ),
+                )
+    finally:
+        store.close()
+
+
+def _provider_turns(path: Path, sid: str) -> tuple[str, ...]:
+    """The Session's provider Turn ids in order: the evidence a provider fork returns."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT root_provider_turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " ORDER BY sequence",
+            (WS, sid),
+        ).fetchall()
+    finally:
+        conn.close()
+    return tuple(str(r[0]) for r in rows)
+
+
+# -- the measurements -----------------------------------------------------------------------------
+
+
+def _timed(c: Any, method: str, params: dict[str, Any]) -> float:
+    t = time.perf_counter()
+    status, body = c.call_raw(method, params)
+    ms = (time.perf_counter() - t) * 1000
+    if status >= 400:
+        raise RuntimeError(f"{method} failed: {status} {body}")
+    return ms
+
+
+def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
+    work = tmp / "home"
+    t0 = time.monotonic()
+    shutil.copytree(home, work, ignore=shutil.ignore_patterns("complete"))
+    log(f"months: copied the store in {time.monotonic() - t0:.0f} s")
+    out: dict[str, Any] = {"size": size.describe()}
+    empty = BenchDaemon(tmp / "empty").start()
+    out["emptyReadyS"] = empty.ready_seconds  # what a start costs with nothing stored
+    empty.stop()
+    first = BenchDaemon(work).start(timeout=1200)
+    out["recoveryReadyS"] = first.ready_seconds
+    first.stop()
+    ro = apsw.Connection(str(work / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        out["operationsLeft"] = ro.execute(
+            "SELECT count(*) FROM fork_operations"
+            " WHERE status IN ('prepared', 'dispatching', 'provider_accepted')"
+        ).fetchall()[0][0]
+    finally:
+        ro.close()
+    daemon = BenchDaemon(work, idle_actor_seconds=2.0).start(timeout=600)
+    try:
+        out["readyS"] = daemon.ready_seconds
+        s0 = sample(daemon.pid)
+        out["rssAfterStartMb"] = s0.rss_mb if s0 else None
+        c = daemon.client(timeout=600)
+        big = _id(SESSION, 0)
+        out["list"] = Latency.of(
+            _timed(c, "session.list", {"workspaceId": WS, "limit": PAGE}) for _ in range(reads)
+        )
+        after = max(0, size.big_turns - PAGE)
+
+        def open_big() -> float:
+            get = _timed(c, "session.get", {"workspaceId": WS, "agentSessionId": big})
+            timeline = {"workspaceId": WS, "agentSessionId": big, "afterSequence": after}
+            return get + _timed(c, "session.timeline", {**timeline, "limit": PAGE})
+
+        out["open"] = Latency.of(open_big() for _ in range(reads))
+        # Touch `size.touched` Sessions spread over the store: each one's actor runs once.
+        stride = max(1, (size.sessions - 1) // size.touched)
+        t = time.monotonic()
+        pending: list[Any] = []
+        errors = 0
+        for i in range(size.touched):
+            sid = _id(SESSION, 1 + (i * stride) % (size.sessions - 1))
+            params = {"workspaceId": WS, "agentSessionId": sid, "title": f"touched {i}"}
+            pending.append(c.submit("session.updateTitle", params))
+            if len(pending) >= 200:
+                errors += sum(1 for f in pending if f.result(300)[0] >= 400)
+                pending.clear()
+        errors += sum(1 for f in pending if f.result(300)[0] >= 400)
+        out["touchErrors"], out["touchSeconds"] = errors, time.monotonic() - t
+        s1 = sample(daemon.pid)
+        out["rssAfterTouchMb"] = s1.rss_mb if s1 else None
+        out["hwmAfterTouchMb"] = s1.hwm_mb if s1 else None
+        # The big Session's last Turn: read back, as a client would.
+        last = c.call(
+            "session.timeline",
+            {"workspaceId": WS, "agentSessionId": big, "afterSequence": after, "limit": PAGE},
+        )["turns"][-1]["turnId"]
+        forks = []
+        for _ in range(2):
+            t = time.perf_counter()
+            op = fork_until_terminal(c, big, str(last), poll_s=0.005)
+            forks.append((time.perf_counter() - t) * 1000)
+            if op["status"] != "committed":
+                raise RuntimeError(f"the big Session's fork did not commit: {op}")
+            acknowledge(c, op["operationId"])
+        out["forkColdMs"], out["forkWarmMs"] = forks
+        s2 = sample(daemon.pid)
+        out["hwmAfterForksMb"] = s2.hwm_mb if s2 else None
+    finally:
+        daemon.stop()
+    return out
+
+
+def run(mode: Mode, scale: float | None = None) -> BenchResult:
+    scale = pick(mode, 1.0, 0.02, 0.001) if scale is None else scale
+    size = Size.of(scale)
+    reads = pick(mode, 300, 100, 10)
+    result = BenchResult("a store of months", "", mode.value)
+    home = cached_home(size)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="months-run-", dir=CACHE) as tmp:
+        m = measure(home, Path(tmp), size, reads)
+    result.figures = {"scale": scale, "readsEach": reads, **m}
+    store_mb = (home / "store.sqlite3").stat().st_size / 2**20
+    result.figures["storeMb"] = round(store_mb, 1)
+    at = f"{size.describe()} ({store_mb:,.0f} MB)" + (
+        "" if scale == 1.0 else f"; scale {scale:g} of the issue's store"
+    )
+    lst, opn = m["list"], m["open"]
+    result.tables.append(
+        Table(
+            f"store of months: {at}",
+            ("what", "value", "unit"),
+            (
+                (
+                    "first start (recovery of the interrupted operations) to ready",
+                    m["recoveryReadyS"] * 1000,
+                    "ms",
+                ),
+                ("second start to ready", m["readyS"] * 1000, "ms"),
+                ("an empty store's start to ready (same run)", m["emptyReadyS"] * 1000, "ms"),
+                ("operations still interrupted after the first start", m["operationsLeft"], ""),
+                (
+                    f"session.list first page ({PAGE}) p50 / p99",
+                    f"{lst.p50:.2f} / {lst.p99:.2f}",
+                    "ms",
+                ),
+                (
+                    f"session.get + newest timeline page ({PAGE}) p50 / p99",
+                    f"{opn.p50:.2f} / {opn.p99:.2f}",
+                    "ms",
+                ),
+                (
+                    "fork through the big Session's last Turn, cold / warm",
+                    f"{m['forkColdMs']:.0f} / {m['forkWarmMs']:.0f}",
+                    "ms",
+                ),
+                ("daemon RSS after start", m["rssAfterStartMb"], "MB"),
+                (f"daemon RSS with {size.touched:,} Sessions touched", m["rssAfterTouchMb"], "MB"),
+                ("touch errors", m["touchErrors"], ""),
+            ),
+        )
+    )
+    for key, value, what in (
+        ("ready", m["readyS"] * 1000, "second start of the store to the ready line"),
+        ("list-p99", lst.p99, f"{lst.n} session.list (limit {PAGE}) one at a time"),
+        ("open-p99", opn.p99, f"{opn.n} session.get + session.timeline (newest {PAGE} Turns)"),
+        ("fork", m["forkColdMs"], "fork.create → committed, the first (cold) fork"),
+        (
+            "recovery",
+            m["recoveryReadyS"] * 1000,
+            f"first start to ready, settling {size.operations:,} interrupted operations",
+        ),
+        ("rss", m["rssAfterTouchMb"], f"VmRSS after a title update on {size.touched:,} Sessions"),
+    ):
+        result.issue_target(
+            f"36:months:{key}",
+            float("nan") if value is None else float(value),
+            measured=f"bench.months: {what}; {at}",
+            profile={
+                "lines": [
+                    f"store: {at}",
+                    f"an empty store's daemon starts to ready in {m['emptyReadyS'] * 1000:.0f} ms"
+                    " in the same run (interpreter, imports, sockets)",
+                    f"warm fork {m['forkWarmMs']:.0f} ms; RSS after start"
+                    f" {m['rssAfterStartMb']} MB, peak after the forks {m['hwmAfterForksMb']} MB",
+                ]
+            },
+        )
+    if scale != 1.0:
+        result.notes.append(f"scale {scale:g}: {size.describe()}, not the issue's full store")
+    return result
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.months", description=__doc__)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--scale", type=float, default=None, help="size of the store, 1.0 = issue's")
+    ap.add_argument("--generate-only", action="store_true", help="build the cache and stop")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
+    if args.generate_only:
+        scale = pick(mode, 1.0, 0.02, 0.001) if args.scale is None else args.scale
+        print(cached_home(Size.of(scale)))
+        return 0
+    started = time.monotonic()
+    result = run(mode, args.scale)
+    result.seconds = time.monotonic() - started
+    extra = [] if args.scale is None else ["--scale", f"{args.scale:g}"]
+    result.command = command_for(
+        MODULE, {Mode.FULL: [], Mode.QUICK: ["--quick"], Mode.SMOKE: ["--smoke"]}[mode] + extra
+    )
+    print(result.render(), flush=True)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result.to_json(), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
