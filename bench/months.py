@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -55,7 +56,8 @@ from storage import ForkPrepareRequest, ProviderForkEvidence, Store
 from storage.schema import SCHEMA_VERSION
 
 MODULE = "bench.months"
-CACHE = REPO / "build" / "bench-cache"
+CACHE = Path(os.environ.get("AGENTHOST_BENCH_CACHE") or REPO / "build" / "bench-cache")
+"""Where generated stores are kept between runs (tests point it at their own tmp dir)."""
 GENERATOR_VERSION = 1
 """Bumped when the generated rows change: a cache of another version is rebuilt."""
 RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userAgent": "bench"}
@@ -414,8 +416,7 @@ def run(mode: Mode, scale: float | None = None) -> BenchResult:
     reads = pick(mode, 300, 100, 10)
     result = BenchResult("a store of months", "", mode.value)
     home = cached_home(size)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="months-run-", dir=CACHE) as tmp:
+    with tempfile.TemporaryDirectory(prefix="months-run-") as tmp:
         m = measure(home, Path(tmp), size, reads)
     result.figures = {"scale": scale, "readsEach": reads, **m}
     store_mb = (home / "store.sqlite3").stat().st_size / 2**20

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -15,7 +17,8 @@ import pytest
 from bench.common import BenchResult, Latency, percentile
 from bench.message_indexes import SESSION_KEY
 from bench.profile import busy_cores, summarise, wait_until_quiet
-from bench.targets import ISSUE20, bounds, collect, measured_lines, table
+from bench.targets import ISSUE20, ISSUE36, bounds, collect, measured_lines, table
+from bench.turn_overhead import Sample, _figures
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,8 +40,9 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     doc = json.loads(json_path.read_text())
     assert doc["failures"] == []
     names = [b["name"] for b in doc["benchmarks"]]
-    assert len(names) == 9  # bench.run_all.BENCHMARKS, the two checkpoint ones among them
+    assert len(names) == 11  # bench.run_all.BENCHMARKS, the two checkpoint ones among them
     assert "checkpoint" in names and "turn checkpoints" in names
+    assert "turn overhead vs the bare provider" in names and "a store of months" in names
     for bench in doc["benchmarks"]:
         assert bench["command"].startswith("build/venv/bin/python -m bench.")
         assert bench["tables"] and all(t["rows"] for t in bench["tables"])
@@ -75,6 +79,23 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     assert "value/limit" in tail
     (md_path,) = tmp_path.glob("*-smoke.md")
     assert "issue 20 targets" in md_path.read_text()
+    # Issue 36's targets: every one measured (codex only where installed, the floor only
+    # where strace can count the store's COMMITs), and the table the run ends on.
+    rows36 = doc["issue36Targets"]
+    assert [r["key"] for r in rows36] == [t.key for t in ISSUE36]
+    assert [r["number"] for r in rows36] == sorted(r["number"] for r in rows36)
+    for row in rows36:
+        if ":codex" in row["key"] and "codex" in overhead["figures"]["skipped"]:
+            continue
+        if "floor" in row["key"] and shutil.which("strace") is None:
+            continue
+        assert row["value"] is not None, row
+        assert row["loadAverage"] is not None and row["cpuProbeMs"], row
+    tail36 = out.stdout[out.stdout.index("issue 36 targets") :]
+    assert out.stdout.index("issue 36 targets") > out.stdout.index("issue 20 targets")
+    for target in ISSUE36:
+        assert target.what in tail36
+    assert "issue 36 targets" in md_path.read_text()
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -296,3 +317,78 @@ def test_the_turn_checkpoints_benchmark_runs(tmp_path: Path) -> None:
     for cwd in ("empty", "repo"):
         assert figures[cwd]["off"]["n"] == figures[cwd]["on"]["n"] == 3
     assert "command: build/venv/bin/python -m bench.turn_checkpoints --quick --smoke" in out.stdout
+
+
+def test_issue36_targets_come_numbered_as_the_issue_numbers_them_in_a_table_of_their_own() -> None:
+    """Issue 36's rows are collected apart from issue 20's (the same figure may be recorded
+    against both limits), numbered 1-6 as the issue numbers its targets, and each measured
+    line says how loaded and how fast the host was when its benchmark started."""
+    result = BenchResult("mutations", "build/venv/bin/python -m bench.mutations", "full")
+    for key in ("mutation-p99:turn.submit", "36:mutation-p99:turn.submit"):
+        result.issue_target(key, 30.0, measured="8 clients", profile={"lines": ["queueing"]})
+    result.figures.update(cpuProbeMsAtStart=30.0, loadAverage1mAtStart=2.5, busyCoresAtStart=0.1)
+    rows20 = collect([result.to_json()])
+    rows36 = collect([result.to_json()], ISSUE36)
+    assert [r["key"] for r in rows36] == [t.key for t in ISSUE36]
+    assert not any(r["key"].startswith("36:") for r in rows20)
+    submit20 = next(r for r in rows20 if r["key"] == "mutation-p99:turn.submit")
+    submit36 = next(r for r in rows36 if r["key"] == "36:mutation-p99:turn.submit")
+    assert (submit20["met"], submit36["met"]) == (True, False)  # 30 ms: <= 50, not <= 20
+    assert submit36["number"] == "4" and submit36["valueOverLimit"] == 1.5
+    assert {r["number"] for r in rows36} == {"1", "2", "3", "4", "5", "6"}
+    printed = table(rows36, "t", "issue 36").render()
+    assert "target (issue 36)" in printed
+    line = measured_lines(rows36)[[r["key"] for r in rows36].index(submit36["key"])]
+    assert line.endswith("8 clients; CPU probe 30 ms at its start, load 2.50 (0.1 cores busy)")
+
+
+def test_turn_overhead_figures_compare_each_delta_with_the_models_emission() -> None:
+    """A host that adds 5 ms to a Turn, delivers the first delta 1.5 ms later than the bare
+    provider and holds one delta 12 ms: the three figures of issue 36 target 2 say exactly so."""
+    emitted = [100.0, 102.0, 104.0]
+    bare = [Sample(50.0, [100.5, 102.5, 104.5], emitted) for _ in range(3)]
+    host = [
+        Sample(55.0, [102.0, 102.5, 104.5], emitted),
+        Sample(55.0, [102.0, 102.5, 116.5], emitted),
+        Sample(55.0, [102.0, 102.5, 104.5], emitted),
+    ]
+    f = _figures(host, bare)
+    assert f["turnOverheadMs"] == 5.0
+    assert f["firstDeltaMs"] == 1.5
+    assert f["batchingMs"] == 12.0
+
+
+@pytest.mark.timeout(180)
+def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: Path) -> None:
+    """`bench.months --smoke`: the store is generated into the cache once (a second use finds
+    it), recovery settles every interrupted operation, and the cache itself is left as it was
+    (the daemons ran on a copy)."""
+    env = dict(os.environ, AGENTHOST_BENCH_CACHE=str(tmp_path / "cache"))
+
+    def months(*args: str) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.months", "--smoke", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=170,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    first = months("--generate-only")
+    assert "months: generating" in first.stderr
+    (cached,) = (tmp_path / "cache").glob("months-*")
+    store = cached / "store.sqlite3"
+    before = store.stat().st_mtime_ns, store.stat().st_size
+    out = months("--json", str(tmp_path / "m.json"))
+    assert "months: generating" not in out.stderr
+    doc = json.loads((tmp_path / "m.json").read_text())
+    figures = doc["figures"]
+    assert figures["operationsLeft"] == 0 and figures["touchErrors"] == 0
+    assert figures["list"]["n"] > 0 and figures["open"]["n"] > 0 and figures["forkColdMs"] > 0
+    assert (store.stat().st_mtime_ns, store.stat().st_size) == before
+    keys = [t["key"] for t in doc["targets"]]
+    assert keys == [t.key for t in ISSUE36 if t.key.startswith("36:months:")]
+    assert "command: build/venv/bin/python -m bench.months --smoke" in out.stdout
