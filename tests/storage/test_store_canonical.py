@@ -383,3 +383,19 @@ def test_a_turn_checkpoint_record_lands_with_its_settlement_and_is_read_back(
         store.turn_checkpoint(WS, "s1", "no-such-turn")
     with pytest.raises(SessionNotFound):
         store.turn_checkpoint(WS, "nope", turn.turn_id)
+
+
+def test_a_timeline_gives_each_message_its_own_payload_empty_or_not(store: Store) -> None:
+    """Messages stored with an empty payload are read back without the JSON parser: each one
+    still gets a mapping of its own (changing one changes no other), and a non-empty payload
+    is read back whole."""
+    sid = new_session(store)
+    settled_turn(store, sid, extra=[("tool_call", "ls", {"name": "ls", "args": [1, "a"]})])
+    settled_turn(store, sid, extra=[("reasoning", "thinking", {})])
+    turns, _ = store.timeline(WS, sid)
+    messages = [m for t in turns for m in t.messages]
+    payloads = {m.text: m.payload for m in messages}
+    assert payloads["ls"] == {"name": "ls", "args": [1, "a"]}
+    empties = [m.payload for m in messages if m.text != "ls"]
+    assert len(empties) == 5 and all(p == {} for p in empties)  # 2 users, 2 replies, 1 item
+    assert len({id(p) for p in empties}) == len(empties)
