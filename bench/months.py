@@ -481,7 +481,8 @@ def run(mode: Mode, scale: float | None = None) -> BenchResult:
                     f"an empty store's daemon starts to ready in {m['emptyReadyS'] * 1000:.0f} ms"
                     " in the same run (interpreter, imports, sockets)",
                     f"warm fork {m['forkWarmMs']:.0f} ms; RSS after start"
-                    f" {m['rssAfterStartMb']} MB, peak after the forks {m['hwmAfterForksMb']} MB",
+                    f" {m['rssAfterStartMb'] or 0:.1f} MB, peak after the forks"
+                    f" {m['hwmAfterForksMb'] or 0:.1f} MB",
                 ]
             },
         )
