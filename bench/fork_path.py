@@ -287,9 +287,11 @@ def _instrumented(driver: Any, tracer: _Tracer) -> Iterator[None]:
 
     patch(AppServerProcess, "request_async", rpc)
     patch(os, "fsync", fsync)
-    patch(driver, "_source_turns", step("source read"))
-    patch(driver.binder, "bind", step("bind"))
-    patch(driver, "_prove_readable", step("proof"))
+    # The fork steps live in the driver's fork part (`ForkThroughTurn`), the binder is shared.
+    forks = driver.forks
+    patch(forks, "_source_turns", step("source read"))
+    patch(forks.binder, "bind", step("bind"))
+    patch(forks, "_prove_readable", step("proof"))
     try:
         yield
     finally:
