@@ -36,7 +36,7 @@ class TuttiAgentProvider:
     cache_attestations = False
     fork_exclude_turns = False
     interrupt_waits_for_start = False
-    liveness_probe: str | None = None
+    liveness_probe: str | None = "thread/loaded/list"
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config

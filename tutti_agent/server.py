@@ -129,6 +129,7 @@ class AppServer:
             "thread/turns/list": self.thread_turns_list,
             "thread/fork": self.thread_fork,
             "thread/unsubscribe": self.thread_unsubscribe,
+            "thread/loaded/list": self.thread_loaded_list,
             "thread/delete": self.thread_delete,
             "turn/start": self.turn_start,
             "turn/interrupt": self.turn_interrupt,
@@ -347,6 +348,12 @@ class AppServer:
         )
         started = self._thread_payload(result.child, include_turns=False)
         return Reply(payload, lambda: self.conn.notify("thread/started", {"thread": started}))
+
+    def thread_loaded_list(self, params: Mapping[str, Any]) -> Reply:
+        """The threads this app-server holds loaded. Answered on the reader's thread, never
+        behind a turn, so a host may ask it to tell a live app-server from a wedged one."""
+        with self._threads_lock:
+            return Reply({"data": sorted(self.threads), "nextCursor": None})
 
     def thread_unsubscribe(self, params: Mapping[str, Any]) -> Reply:
         thread_id = self._thread_id(params)

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -28,36 +25,10 @@ from tests.support.daemon import (
     timeline,
     wait_for,
 )
+from tests.support.freezer import freezer_group
 from tests.support.homes import runtime_home
 
 pytestmark = [pytest.mark.timeout(180)]
-
-FREEZER = Path("/sys/fs/cgroup/freezer")
-
-
-@contextlib.contextmanager
-def freezer_group() -> Iterator[Path]:
-    """A cgroup-v1 freezer group of its own, thawed and removed at the end."""
-    if not (FREEZER / "cgroup.procs").exists():
-        pytest.skip("no cgroup-v1 freezer here: a running process cannot be frozen")
-    group = FREEZER / f"agenthost-test-{uuid.uuid4().hex[:8]}"
-    try:
-        group.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot create a freezer group: {exc}")
-    try:
-        yield group
-    finally:
-        with contextlib.suppress(OSError):
-            (group / "freezer.state").write_text("THAWED")
-        for _ in range(100):  # its processes leave it as they die (killed while frozen)
-            with contextlib.suppress(OSError):
-                if not (group / "cgroup.procs").read_text().split():
-                    break
-            time.sleep(0.05)
-        with contextlib.suppress(OSError):
-            group.rmdir()
-
 
 def write_config(home: Path, server: ResponsesServer) -> None:
     home.mkdir(parents=True, exist_ok=True)

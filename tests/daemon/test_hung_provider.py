@@ -11,6 +11,7 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.daemon import (
@@ -22,6 +23,7 @@ from tests.support.daemon import (
     submit,
     wait_for,
 )
+from tests.support.freezer import freezer_group
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -154,4 +156,39 @@ def test_an_idle_stopped_app_server_is_replaced_before_the_next_turn_needs_it(
         assert not set(_app_servers(sid)) & set(pids)
     finally:
         _cleanup(pids)
+        d.stop()
+
+
+def test_a_frozen_app_server_fails_its_turn_provider_unresponsive(tmp_path: Path) -> None:
+    """Frozen with the cgroup freezer, not stopped: its process state says nothing, so only
+    the liveness request (`thread/loaded/list`, unanswered past `provider_stopped_seconds`)
+    tells the worker it is wedged. The Turn fails `provider_unresponsive` in words; the next
+    Turn runs on a new app-server."""
+    d = _daemon(tmp_path, "provider_stopped_seconds = 1\n")
+    try:
+        with freezer_group() as group:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            run_turn(c, sid, "warm")
+            turn = submit(c, sid, "/slow 600000 never")
+            wait_for(
+                lambda: c.call(
+                    "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 10}
+                )["turns"][-1]["rootProviderTurnId"]
+            )
+            pids = wait_for(lambda: _app_servers(sid), 10)
+            for pid in pids:
+                (group / "cgroup.procs").write_text(str(pid))
+            (group / "freezer.state").write_text("FROZEN")
+            wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10)
+            states = {psutil.Process(pid).status() for pid in pids}
+            assert not states & {psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP}, states
+            done = settle(c, sid, turn["turnId"], timeout=60)
+            assert done["outcome"] == "failed", done
+            assert done["errorReason"] == "provider_unresponsive", done
+            assert f"the tutti-agent app-server (pid {pids[0]}," in done["error"], done
+            assert "thread/loaded/list" in done["error"], done
+            (group / "freezer.state").write_text("THAWED")  # the worker's SIGKILL lands
+            assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
         d.stop()

@@ -1,0 +1,39 @@
+"""A cgroup-v1 freezer group for tests of a provider that runs but answers nothing: frozen
+processes are in `disk-sleep`, not stopped, so their process state gives nothing away and only
+a liveness request can tell."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+@contextlib.contextmanager
+def freezer_group() -> Iterator[Path]:
+    """A cgroup-v1 freezer group of its own, thawed and removed at the end."""
+    if not (FREEZER / "cgroup.procs").exists():
+        pytest.skip("no cgroup-v1 freezer here: a running process cannot be frozen")
+    group = FREEZER / f"agenthost-test-{uuid.uuid4().hex[:8]}"
+    try:
+        group.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot create a freezer group: {exc}")
+    try:
+        yield group
+    finally:
+        with contextlib.suppress(OSError):
+            (group / "freezer.state").write_text("THAWED")
+        for _ in range(100):  # its processes leave it as they die (killed while frozen)
+            with contextlib.suppress(OSError):
+                if not (group / "cgroup.procs").read_text().split():
+                    break
+            time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            group.rmdir()
