@@ -5,14 +5,17 @@ its deadline and reply, and `resolve` of an `unknown` operation (`fork.resolve`)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-from client.engine.cache import _Slot
-from client.engine.ports import Reply
+from client.engine.calls import WorkspaceCalls
+from client.engine.changes import ChangeFeed
+from client.engine.ports import Reply, Scheduler
 from client.engine.reconcile import Reconciliation
+from client.engine.records import MutationRecords, Slot
+from client.engine.unknown import UnknownOperations
 from client.engine.values import (
     LATEST_SETTLED,
     THROUGH_TURN,
@@ -25,8 +28,29 @@ from client.engine.values import (
 from transport.client import ClientClosed
 
 
-class ForkRequests(Reconciliation):
+class ForkRequests:
     """Starts, retries and resolves fork mutations; their news is merged by `Reconciliation`."""
+
+    def __init__(
+        self,
+        feed: ChangeFeed,
+        records: MutationRecords,
+        unknown: UnknownOperations,
+        reconciliation: Reconciliation,
+        calls: WorkspaceCalls,
+        scheduler: Scheduler,
+        *,
+        create_deadline: float,
+        new_id: Callable[[], str],
+    ) -> None:
+        self._feed = feed
+        self._records = records
+        self._unknown = unknown
+        self._reconciliation = reconciliation
+        self._calls = calls
+        self._scheduler = scheduler
+        self.create_deadline = create_deadline
+        self._new_id = new_id
 
     # -- the fork mutation -------------------------------------------------------------------
 
@@ -50,8 +74,8 @@ class ForkRequests(Reconciliation):
 
     def _fork(self, source_session_id: str, turn_id: str, point: str) -> ForkMutation:
         key = (source_session_id, turn_id)
-        with self._lock:
-            if self._closed:
+        with self._feed.lock:
+            if self._feed.closed:
                 raise ClientClosed("engine is closed")
             latest = self._records.get((source_session_id, LATEST_SETTLED))
             if (
@@ -80,10 +104,11 @@ class ForkRequests(Reconciliation):
                     error=None,
                     create_attempts=record.create_attempts + 1,
                 )
-                slot = self._slots[key]
+                slot = self._records.slot_of(key)
+                self._records.put(record)
             else:
                 if record is not None:
-                    self._forget_locked(key)
+                    self._records.forget(key)
                 record = ForkMutation(
                     source_session_id=source_session_id,
                     turn_id=key[1],
@@ -93,11 +118,9 @@ class ForkRequests(Reconciliation):
                     create_attempts=1,
                     point=point,
                 )
-                slot = _Slot()
-                self._slots[key] = slot
-            self._put_locked(record)
+                slot = self._records.open(record)
             self._send_create_locked(key, slot, record)
-        self._flush()
+        self._feed.flush()
         # The record as this click left it: the create's reply may already have moved the live
         # one on (a replayed `unknown` operation answers at once); `mutation()` reads that.
         return record
@@ -118,7 +141,7 @@ class ForkRequests(Reconciliation):
         commit; an abandoned one a confirmed failure (the boundary is free). Either is tracked
         even when another client started the fork.
         """
-        result = self.request(
+        result = self._calls.request(
             "fork.resolve",
             {
                 "operationId": operation_id,
@@ -129,12 +152,12 @@ class ForkRequests(Reconciliation):
         )
         op = result.get("operation")
         if isinstance(op, dict):
-            with self._lock:
-                if not self._closed:
-                    self._note_operation_locked(op)
+            with self._feed.lock:
+                if not self._feed.closed:
+                    self._unknown.note_locked(op)
                     if op.get("status") in ("committed", "abandoned"):
                         self._track_resolved_locked(op)
-            self._flush()
+            self._feed.flush()
         return result
 
     def _track_resolved_locked(self, op: Mapping[str, Any]) -> None:
@@ -146,7 +169,7 @@ class ForkRequests(Reconciliation):
             )
             if busy:
                 return  # another fork of that boundary is live; events will settle ours
-            self._forget_locked(key)
+            self._records.forget(key)
             record = None
         if record is None:
             point = op.get("point") or {}
@@ -161,16 +184,15 @@ class ForkRequests(Reconciliation):
                 point=str(point.get("type") or THROUGH_TURN),
                 boundary_turn_id=str(point.get("turnId")),
             )
-            self._slots[key] = _Slot()
-            self._put_locked(record)
-        self._apply_to_key_locked(key, op, adopt=True)
+            self._records.open(record)
+        self._reconciliation.apply_to_key_locked(key, op, adopt=True)
 
-    def _send_create_locked(self, key: BoundaryKey, slot: _Slot, record: ForkMutation) -> None:
+    def _send_create_locked(self, key: BoundaryKey, slot: Slot, record: ForkMutation) -> None:
         slot.cancel_all()
         slot.attempt += 1
         attempt = slot.attempt
         params = {
-            "workspaceId": self.workspace_id,
+            "workspaceId": self._calls.workspace_id,
             "agentSessionId": record.source_session_id,
             "requestId": record.request_id,
             "targetAgentSessionId": record.target_session_id,
@@ -178,28 +200,28 @@ class ForkRequests(Reconciliation):
             if record.point == THROUGH_TURN
             else {"type": LATEST_SETTLED},
         }
-        slot.create_timer = self.scheduler.call_later(
+        slot.create_timer = self._scheduler.call_later(
             self.create_deadline, lambda: self._on_create_deadline(key, attempt)
         )
-        future = self._submit("fork.create", params)
+        future = self._calls.submit("fork.create", params)
         if future is not None:
             future.add_done_callback(lambda f: self._on_create_reply(key, attempt, f))
 
     def _on_create_deadline(self, key: BoundaryKey, attempt: int) -> None:
-        with self._lock:
-            slot, record = self._slots.get(key), self._records.get(key)
+        with self._feed.lock:
+            slot, record = self._records.slot(key), self._records.get(key)
             if slot is None or record is None or slot.attempt != attempt:
                 return
             slot.create_timer = None
             if record.status is MutationStatus.IN_FLIGHT and record.operation_id is None:
-                self._put_locked(
+                self._records.put(
                     replace(
                         record,
                         status=MutationStatus.UNKNOWN,
                         error=f"no reply to fork.create within {self.create_deadline:g} s",
                     )
                 )
-        self._flush()
+        self._feed.flush()
 
     def _on_create_reply(self, key: BoundaryKey, attempt: int, future: Future[Reply]) -> None:
         try:
@@ -208,32 +230,32 @@ class ForkRequests(Reconciliation):
             return
         except Exception as exc:  # noqa: BLE001 - a transport failure is delivery-unknown
             status, body = 599, {"reason": "transport_error", "message": str(exc)}
-        with self._lock:
-            if self._closed:
+        with self._feed.lock:
+            if self._feed.closed:
                 return
-            slot, record = self._slots.get(key), self._records.get(key)
+            slot, record = self._records.slot(key), self._records.get(key)
             operation = body.get("operation") if status < 400 else None
             current = slot is not None and record is not None and slot.attempt == attempt
             if not current:
                 # A stale reply can still tell us about an operation we track.
                 if isinstance(operation, dict):
-                    self._apply_operation_locked(operation, adopt=False)
+                    self._reconciliation.apply_operation_locked(operation, adopt=False)
             else:
                 assert slot is not None and record is not None
                 if slot.create_timer is not None:
                     slot.create_timer.cancel()
                     slot.create_timer = None
                 if isinstance(operation, dict):
-                    self._apply_to_key_locked(key, operation, adopt=True)
+                    self._reconciliation.apply_to_key_locked(key, operation, adopt=True)
                 elif status < 400:
-                    self._put_locked(
+                    self._records.put(
                         replace(record, status=MutationStatus.UNKNOWN, error="malformed_reply")
                     )
                 else:
                     reason = str(body.get("reason", "")) or "error"
                     confirmed = status < 500 or reason == "agent_session_fork_failed"
                     if record.status is not MutationStatus.SUCCEEDED:
-                        self._put_locked(
+                        self._records.put(
                             replace(
                                 record,
                                 status=MutationStatus.FAILED
@@ -250,5 +272,5 @@ class ForkRequests(Reconciliation):
                             )
                         )
                         if confirmed:
-                            self._settle_locked(key)
-        self._flush()
+                            self._records.settle(key)
+        self._feed.flush()

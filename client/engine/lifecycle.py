@@ -1,23 +1,100 @@
-"""The Engine itself: its parts assembled, built over its own transport Client and events
-pump (`connect`, `attach_events`), and closed (every timer, the pump, an owned Client).
+"""The Engine itself: the object that owns its parts (change feed, records, session cache, the
+index of `unknown` operations, ACKs, reconciliation, fork requests), wires them in its
+constructor, answers the public API by delegating to them, and is built over its own transport
+Client and events pump (`connect`, `attach_events`) and closed (every timer, the pump, the
+scheduler and Client it owns).
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from client.engine.acks import Acknowledgements
+from client.engine.cache import SessionCache
+from client.engine.calls import WorkspaceCalls
+from client.engine.changes import ChangeFeed
 from client.engine.forks import ForkRequests
-from client.engine.ports import ThreadScheduler, _EventPump
+from client.engine.ports import ApiPort, Scheduler, ThreadScheduler, _EventPump
+from client.engine.reconcile import Reconciliation
+from client.engine.records import MutationRecords
+from client.engine.unknown import UnknownOperations
+from client.engine.values import (
+    ACK_BACKOFF_S,
+    ACK_DEADLINE_S,
+    CREATE_DEADLINE_S,
+    GET_DEADLINE_S,
+    MAX_SETTLED,
+    POLL_INTERVAL_S,
+    ForkMutation,
+    Listener,
+    MutationStatus,
+)
 from transport.security import ClientCurve
 
 
-class Engine(ForkRequests):
+class Engine:
     """Owns every fork mutation of one workspace for one client (see `client.engine`).
 
     Thread-safe. Network calls are non-blocking (`ApiPort.submit`); replies are handled on the
     client's socket thread and timers on the scheduler, so no method blocks except
-    `request`/`load_sessions`/`wait_for`, which must not run on the client's socket thread.
+    `request`/`load_sessions`/`resolve`/`wait_for`, which must not run on the client's socket
+    thread. All parts share one lock, the `ChangeFeed`'s, and publish their changes on it.
     """
+
+    def __init__(
+        self,
+        api: ApiPort,
+        workspace_id: str,
+        *,
+        scheduler: Scheduler | None = None,
+        ack_deadline: float = ACK_DEADLINE_S,
+        ack_backoff: tuple[float, ...] = ACK_BACKOFF_S,
+        create_deadline: float = CREATE_DEADLINE_S,
+        poll_interval: float = POLL_INTERVAL_S,
+        get_deadline: float = GET_DEADLINE_S,
+        max_settled: int = MAX_SETTLED,
+        new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
+    ) -> None:
+        self._own_scheduler = scheduler is None
+        self.scheduler: Scheduler = scheduler if scheduler is not None else ThreadScheduler()
+        self._feed = ChangeFeed()
+        self._calls = WorkspaceCalls(api, workspace_id)
+        self._records = MutationRecords(self._feed, max_settled)
+        self._sessions = SessionCache(self._feed, self._calls)
+        self._unknown = UnknownOperations(self._feed)
+        self._acks = Acknowledgements(
+            self._feed,
+            self._records,
+            self._calls,
+            self.scheduler,
+            deadline=ack_deadline,
+            backoff=ack_backoff,
+        )
+        self._reconciliation = Reconciliation(
+            self._feed,
+            self._records,
+            self._sessions,
+            self._unknown,
+            self._acks,
+            self._calls,
+            self.scheduler,
+            poll_interval=poll_interval,
+            get_deadline=get_deadline,
+        )
+        self._forks = ForkRequests(
+            self._feed,
+            self._records,
+            self._unknown,
+            self._reconciliation,
+            self._calls,
+            self.scheduler,
+            create_deadline=create_deadline,
+            new_id=new_id,
+        )
+        self._pump: _EventPump | None = None
+        self._owned_client: Any = None
 
     # -- construction helpers ----------------------------------------------------------------
 
@@ -50,24 +127,132 @@ class Engine(ForkRequests):
     ) -> None:
         """Follow the daemon's events (`fork.operation`, `session.*`, `turn.updated`);
         `exact`: `events_endpoint` is the terminated-topic endpoint (`eventsExact`)."""
-        with self._lock:
+        with self._feed.lock:
             if self._pump is None:
                 self._pump = _EventPump(
                     events_endpoint, self.workspace_id, self.handle_event, curve=curve, exact=exact
                 )
 
+    # -- configuration -----------------------------------------------------------------------
+
+    @property
+    def api(self) -> ApiPort:
+        return self._calls.api
+
+    @property
+    def workspace_id(self) -> str:
+        return self._calls.workspace_id
+
+    @property
+    def ack_deadline(self) -> float:
+        return self._acks.deadline
+
+    @property
+    def ack_backoff(self) -> tuple[float, ...]:
+        return self._acks.backoff
+
+    @property
+    def create_deadline(self) -> float:
+        return self._forks.create_deadline
+
+    @property
+    def poll_interval(self) -> float:
+        return self._reconciliation.poll_interval
+
+    @property
+    def get_deadline(self) -> float:
+        return self._reconciliation.get_deadline
+
+    @property
+    def max_settled(self) -> int:
+        return self._records.max_settled
+
+    # -- fork mutations ----------------------------------------------------------------------
+
+    def fork(self, source_session_id: str, turn_id: str) -> ForkMutation:
+        """The Fork click on one boundary (`ForkRequests.fork`); never blocks."""
+        return self._forks.fork(source_session_id, turn_id)
+
+    def fork_latest(self, source_session_id: str) -> ForkMutation:
+        """The Session-level Fork, on the key `(source, LATEST_SETTLED)`
+        (`ForkRequests.fork_latest`); never blocks."""
+        return self._forks.fork_latest(source_session_id)
+
+    def resolve(
+        self,
+        operation_id: str,
+        action: str,
+        *,
+        request_id: str | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """`fork.resolve` (`inspect`/`adopt`/`abandon`), blocking (`ForkRequests.resolve`)."""
+        return self._forks.resolve(operation_id, action, request_id=request_id, timeout=timeout)
+
+    def mutation(self, source_session_id: str, turn_id: str) -> ForkMutation | None:
+        with self._feed.lock:
+            return self._records.get((source_session_id, turn_id))
+
+    def mutations(self) -> list[ForkMutation]:
+        with self._feed.lock:
+            return self._records.all()
+
+    def is_fork_pending(self, source_session_id: str, turn_id: str) -> bool:
+        """The GUI's pending selector: true while that exact Turn's fork is in flight."""
+        record = self.mutation(source_session_id, turn_id)
+        return record is not None and record.status is MutationStatus.IN_FLIGHT
+
+    def unknown_operations(self, source_session_id: str) -> dict[str, dict[str, Any]]:
+        """The `unknown` fork operations of a source this Engine has seen, by boundary Turn id:
+        the Turns a view marks and offers Inspect / Adopt / Abandon for."""
+        return self._unknown.of_source(source_session_id)
+
+    def next_ack_retry_delay(self, source_session_id: str, turn_id: str) -> float | None:
+        """The backoff the next ACK failure of this record would wait (for tests and views)."""
+        return self._acks.next_retry_delay((source_session_id, turn_id))
+
+    # -- sessions, events, requests ----------------------------------------------------------
+
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        return self._sessions.session(session_id)
+
+    def sessions(self) -> list[dict[str, Any]]:
+        return self._sessions.sessions()
+
+    def load_sessions(self) -> list[dict[str, Any]]:
+        """Fill the session cache from `session.list` (every page)."""
+        return self._sessions.load()
+
+    def upsert_session(self, session: Mapping[str, Any]) -> None:
+        self._sessions.upsert(session)
+
+    def handle_event(self, event: Mapping[str, Any]) -> None:
+        """Apply one daemon event (the event pump calls this; tests may too)."""
+        self._reconciliation.handle_event(event)
+
+    def request(
+        self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """One request in this workspace; raises `ApiError`, or `TimeoutError` without a reply."""
+        return self._calls.request(method, params, timeout=timeout)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        return self._feed.subscribe(listener)
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Block until `predicate()` is truthy (re-checked on every Engine change)."""
+        return self._feed.wait_for(predicate, timeout)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     def close(self) -> None:
         """Stop every timer (ACK retries included) and the event pump; idempotent."""
-        with self._lock:
-            if self._closed:
+        with self._feed.lock:
+            if self._feed.closed:
                 return
-            self._closed = True
-            for slot in self._slots.values():
-                slot.cancel_all()
+            self._records.cancel_timers()
             pump, self._pump = self._pump, None
-            self._cond.notify_all()
+            self._feed.close()
         if pump is not None:
             pump.close()
         if self._own_scheduler and isinstance(self.scheduler, ThreadScheduler):
@@ -77,7 +262,7 @@ class Engine(ForkRequests):
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._feed.closed
 
     def __enter__(self) -> Engine:
         return self

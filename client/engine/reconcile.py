@@ -1,9 +1,9 @@
 """Merging what the daemon says about fork operations into the Engine's records: daemon events
-(`fork.operation`, `session.*`, `turn.updated`), `fork.get` polls of accepted operations, the
-adoption of a committed child, and the index of `unknown` operations views mark.
+(`fork.operation`, `session.*`, `turn.updated`), `fork.get` polls of accepted operations and
+the adoption of a committed child (upserted into the cache, then ACKed).
 
 Every source of news about an operation (a reply, a poll, an event, a child's upsert) ends in
-`_apply_to_key_locked`, the one place a record's status moves.
+`apply_to_key_locked`, the one place a record's status moves.
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from dataclasses import replace
 from typing import Any
 
 from client.engine.acks import Acknowledgements
-from client.engine.ports import Reply
+from client.engine.cache import SessionCache
+from client.engine.calls import WorkspaceCalls
+from client.engine.changes import ChangeFeed
+from client.engine.ports import Reply, Scheduler
+from client.engine.records import MutationRecords
+from client.engine.unknown import UnknownOperations
 from client.engine.values import (
     LATEST_SETTLED,
     THROUGH_TURN,
@@ -31,67 +36,76 @@ from client.engine.values import (
 from transport.client import ClientClosed
 
 
-class Reconciliation(Acknowledgements):
+class Reconciliation:
     """Applies events, poll replies and committed results to the records and the cache."""
 
-    def unknown_operations(self, source_session_id: str) -> dict[str, dict[str, Any]]:
-        """The `unknown` fork operations of a source this Engine has seen (its own forks'
-        replies, any client's `fork.operation` events, `fork.resolve` results), by boundary
-        Turn id: the Turns a view marks and offers Inspect / Adopt / Abandon for."""
-        with self._lock:
-            return {
-                str((op.get("point") or {}).get("turnId")): dict(op)
-                for op in self._unknown.values()
-                if op.get("sourceAgentSessionId") == source_session_id
-            }
+    def __init__(
+        self,
+        feed: ChangeFeed,
+        records: MutationRecords,
+        sessions: SessionCache,
+        unknown: UnknownOperations,
+        acks: Acknowledgements,
+        calls: WorkspaceCalls,
+        scheduler: Scheduler,
+        *,
+        poll_interval: float,
+        get_deadline: float,
+    ) -> None:
+        self._feed = feed
+        self._records = records
+        self._sessions = sessions
+        self._unknown = unknown
+        self._acks = acks
+        self._calls = calls
+        self._scheduler = scheduler
+        self.poll_interval = poll_interval
+        self.get_deadline = get_deadline
 
     # -- events ------------------------------------------------------------------------------
 
     def handle_event(self, event: Mapping[str, Any]) -> None:
         """Apply one daemon event (the event pump calls this; tests may too)."""
         kind = event.get("type")
-        with self._lock:
-            if self._closed:
+        with self._feed.lock:
+            if self._feed.closed:
                 return
             if kind == "fork.operation" and isinstance(event.get("operation"), dict):
-                self._apply_operation_locked(event["operation"], adopt=False)
+                self.apply_operation_locked(event["operation"], adopt=False)
             elif kind == "session.upserted" and isinstance(event.get("session"), dict):
                 session = event["session"]
-                self._upsert_locked(session)
+                self._sessions.upsert_locked(session)
                 self._adopt_from_session_locked(session)
             elif kind == "session.removed" and isinstance(event.get("agentSessionId"), str):
                 # A removal only leaves the cache: it does not revoke an observation or
                 # cancel a pending ACK (seed 000 §8.3).
-                sid = event["agentSessionId"]
-                self._removed.add(sid)
-                if self._sessions.pop(sid, None) is not None:
-                    self._outbox.append(EngineChange(ChangeKind.SESSION, session_id=sid))
-            self._outbox.append(EngineChange(ChangeKind.EVENT, event=event))
-        self._flush()
+                self._sessions.remove_locked(event["agentSessionId"])
+            self._feed.publish(EngineChange(ChangeKind.EVENT, event=event))
+        self._feed.flush()
 
-    # -- reconciliation ----------------------------------------------------------------------
+    # -- polls -------------------------------------------------------------------------------
 
     def _schedule_poll_locked(self, key: BoundaryKey) -> None:
-        slot = self._slots[key]
+        slot = self._records.slot_of(key)
         if slot.poll_timer is not None:
             return
-        slot.poll_timer = self.scheduler.call_later(self.poll_interval, lambda: self._poll(key))
+        slot.poll_timer = self._scheduler.call_later(self.poll_interval, lambda: self._poll(key))
 
     def _poll(self, key: BoundaryKey) -> None:
-        with self._lock:
-            slot, record = self._slots.get(key), self._records.get(key)
-            if self._closed or slot is None or record is None:
+        with self._feed.lock:
+            slot, record = self._records.slot(key), self._records.get(key)
+            if self._feed.closed or slot is None or record is None:
                 return
             slot.poll_timer = None
             if record.status is not MutationStatus.IN_FLIGHT or record.operation_id is None:
                 return
             op_id, attempt = record.operation_id, slot.attempt
             done = threading.Event()
-            slot.poll_timer = self.scheduler.call_later(
+            slot.poll_timer = self._scheduler.call_later(
                 self.get_deadline, lambda: self._on_poll_failed(key, attempt, done, "timeout")
             )
-            future = self._submit(
-                "fork.get", {"workspaceId": self.workspace_id, "operationId": op_id}
+            future = self._calls.submit(
+                "fork.get", {"workspaceId": self._calls.workspace_id, "operationId": op_id}
             )
         if future is not None:
             future.add_done_callback(lambda f: self._on_poll_reply(key, attempt, done, f))
@@ -110,39 +124,39 @@ class Reconciliation(Acknowledgements):
         if not isinstance(operation, dict):
             self._on_poll_failed(key, attempt, done, str(body.get("reason", "error")))
             return
-        with self._lock:
+        with self._feed.lock:
             if done.is_set():
-                self._apply_operation_locked(operation, adopt=False)
+                self.apply_operation_locked(operation, adopt=False)
             else:
                 done.set()
-                slot = self._slots.get(key)
+                slot = self._records.slot(key)
                 if slot is not None and slot.poll_timer is not None:
                     slot.poll_timer.cancel()
                     slot.poll_timer = None
                 if slot is not None and slot.attempt == attempt:
-                    self._apply_to_key_locked(key, operation, adopt=False)
+                    self.apply_to_key_locked(key, operation, adopt=False)
                 else:
-                    self._apply_operation_locked(operation, adopt=False)
-        self._flush()
+                    self.apply_operation_locked(operation, adopt=False)
+        self._feed.flush()
 
     def _on_poll_failed(
         self, key: BoundaryKey, attempt: int, done: threading.Event, why: str
     ) -> None:
-        with self._lock:
+        with self._feed.lock:
             if done.is_set():
                 return
             done.set()
-            slot, record = self._slots.get(key), self._records.get(key)
+            slot, record = self._records.slot(key), self._records.get(key)
             if slot is None or record is None or slot.attempt != attempt:
                 return
             slot.poll_timer = None
             if record.status is MutationStatus.IN_FLIGHT:
                 # Seed 000 §8.2: a failed reconciliation hands delivery-unknown to the Engine;
                 # events may still complete it, and a retry reuses the identity.
-                self._put_locked(
+                self._records.put(
                     replace(record, status=MutationStatus.UNKNOWN, error=f"fork.get failed: {why}")
                 )
-        self._flush()
+        self._feed.flush()
 
     # -- merging an operation into its record -----------------------------------------------
 
@@ -151,7 +165,7 @@ class Reconciliation(Acknowledgements):
         whatever point kind asked (law 8), so a `throughTurn` record and a `latestSettled` one
         that the daemon's barrier answered with the same operation both follow it."""
         op_id = op.get("operationId")
-        keys = [k for k, r in self._records.items() if r.operation_id == op_id]
+        keys = self._records.tracking(op_id)
         if keys or not isinstance(op_id, str):
             return keys
         point = op.get("point") or {}
@@ -169,34 +183,22 @@ class Reconciliation(Acknowledgements):
                 return [key]
         return []
 
-    def _note_operation_locked(self, op: Mapping[str, Any]) -> None:
-        """Keep the index of `unknown` operations (any client's, from replies and events) that
-        views mark on their boundary Turn; a later copy in another status drops it."""
-        op_id = op.get("operationId")
-        if not isinstance(op_id, str):
-            return
-        point = op.get("point") or {}
-        where = (str(op.get("sourceAgentSessionId")), str(point.get("turnId")))
-        if op.get("status") == "unknown":
-            if self._unknown.get(op_id) != op:
-                self._unknown[op_id] = dict(op)
-                self._outbox.append(EngineChange(ChangeKind.OPERATION, key=where))
-        elif self._unknown.pop(op_id, None) is not None:
-            self._outbox.append(EngineChange(ChangeKind.OPERATION, key=where))
-
-    def _apply_operation_locked(self, op: Mapping[str, Any], *, adopt: bool) -> None:
-        self._note_operation_locked(op)
+    def apply_operation_locked(self, op: Mapping[str, Any], *, adopt: bool) -> None:
+        """Apply a copy of an operation to every record that tracks it (any may)."""
+        self._unknown.note_locked(op)
         for key in self._keys_for_operation_locked(op):
-            self._apply_to_key_locked(key, op, adopt=adopt)
+            self.apply_to_key_locked(key, op, adopt=adopt)
 
-    def _apply_to_key_locked(self, key: BoundaryKey, op: Mapping[str, Any], *, adopt: bool) -> None:
-        self._note_operation_locked(op)
+    def apply_to_key_locked(self, key: BoundaryKey, op: Mapping[str, Any], *, adopt: bool) -> None:
+        """Apply a copy of an operation to the record of `key`; `adopt`: take the operation's
+        identity (a reply to this record's own request, or a resolve result)."""
+        self._unknown.note_locked(op)
         record = self._records.get(key)
         if record is None:
             return
         point = op.get("point") or {}
         if not same_boundary(record, op):
-            self._put_locked(
+            self._records.put(
                 replace(record, status=MutationStatus.UNKNOWN, error="mismatched_operation")
             )
             return
@@ -216,13 +218,13 @@ class Reconciliation(Acknowledgements):
                 target_session_id=str(op.get("targetAgentSessionId") or record.target_session_id),
                 operation_id=str(op.get("operationId")),
             )
-            self._index_locked(record)
+            self._records.index(record)
         status = op.get("status")
-        slot = self._slots[key]
+        slot = self._records.slot_of(key)
         if status == "accepted":
             if record.status is MutationStatus.FAILED:
                 return
-            self._put_locked(
+            self._records.put(
                 replace(record, status=MutationStatus.IN_FLIGHT, phase=op.get("phase"), error=None)
             )
             self._schedule_poll_locked(key)
@@ -231,7 +233,7 @@ class Reconciliation(Acknowledgements):
         elif status in ("failed", "abandoned"):
             # `abandoned` (fork.resolve) frees the boundary exactly as `failed` does.
             slot.cancel_all()
-            self._put_locked(
+            self._records.put(
                 replace(
                     record,
                     status=MutationStatus.FAILED,
@@ -239,10 +241,10 @@ class Reconciliation(Acknowledgements):
                     error=str(op.get("error") or "failed"),
                 )
             )
-            self._settle_locked(key)
+            self._records.settle(key)
         elif status == "unknown":
             slot.cancel_all()
-            self._put_locked(
+            self._records.put(
                 replace(
                     record,
                     status=MutationStatus.UNKNOWN,
@@ -251,16 +253,16 @@ class Reconciliation(Acknowledgements):
                 )
             )
         else:
-            self._put_locked(replace(record, status=MutationStatus.UNKNOWN, error="bad_status"))
+            self._records.put(replace(record, status=MutationStatus.UNKNOWN, error="bad_status"))
 
     def _adopt_from_session_locked(self, session: Mapping[str, Any]) -> None:
         """A canonical child upsert completes its mutation even before any reply (seed 000 §9)."""
         lineage = session.get("forkedFrom")
         if not isinstance(lineage, dict):
             return
-        key = self._by_operation.get(str(lineage.get("operationId")))
+        key = self._records.by_operation(str(lineage.get("operationId")))
         if key is None:
-            key = self._by_target.get(str(session.get("agentSessionId")))
+            key = self._records.by_target(str(session.get("agentSessionId")))
         record = None if key is None else self._records.get(key)
         if record is None or record.status is MutationStatus.SUCCEEDED:
             return
@@ -268,7 +270,7 @@ class Reconciliation(Acknowledgements):
             return
         if record.operation_id is None:
             record = replace(record, operation_id=str(lineage.get("operationId")))
-            self._index_locked(record)
+            self._records.index(record)
         self._adopt_committed_locked(record, session, lineage)
 
     def _adopt_committed_locked(self, record: ForkMutation, session: Any, lineage: Any) -> None:
@@ -281,17 +283,17 @@ class Reconciliation(Acknowledgements):
             and lineage.get("sourceAgentSessionId") == record.source_session_id
         )
         if not valid:
-            self._put_locked(
+            self._records.put(
                 replace(record, status=MutationStatus.UNKNOWN, error="invalid_committed_result")
             )
             return
         if record.point != THROUGH_TURN and record.boundary_turn_id is None:
             record = replace(record, boundary_turn_id=str(lineage.get("sourceTurnId")))
-        slot = self._slots[key]
+        slot = self._records.slot_of(key)
         slot.cancel_all()
         # Upsert first: the ACK must only go out once the child is in the canonical cache.
-        self._upsert_locked(session)
-        self._put_locked(
+        self._sessions.upsert_locked(session)
+        self._records.put(
             replace(
                 record,
                 status=MutationStatus.SUCCEEDED,
@@ -301,4 +303,4 @@ class Reconciliation(Acknowledgements):
                 child_session_id=record.target_session_id,
             )
         )
-        self._send_ack_locked(key)
+        self._acks.send_locked(key)
