@@ -15,7 +15,11 @@ SPLITS = {
     "client.engine": (
         "client.engine.values",
         "client.engine.ports",
+        "client.engine.changes",
+        "client.engine.calls",
+        "client.engine.records",
         "client.engine.cache",
+        "client.engine.unknown",
         "client.engine.acks",
         "client.engine.reconcile",
         "client.engine.forks",
