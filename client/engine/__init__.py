@@ -5,11 +5,12 @@ It allocates and reuses request/target identities, reconciles accepted operation
 `fork.get` and `fork.operation` events, adopts the durable identity the daemon returns, and sends
 the client-observed ACK with a deadline and capped backoff on an injectable scheduler.
 
-One concern per module: `values` (records, statuses, change notices), `ports` (the request
-port, the clock, the events socket thread), `cache` (state, session cache, listeners,
-bookkeeping), `acks` (the ACK state machine), `reconcile` (events, polls and adoption merged
-into records), `forks` (fork, fork_latest, resolve), `lifecycle` (the assembled `Engine`, its
-connection and close). Import the names from here.
+`Engine` (`lifecycle`) is one object that owns its parts, one concern and module each:
+`changes` (the one lock, the change outbox, listeners), `calls` (requests in the workspace),
+`records` (fork mutations and their bookkeeping), `cache` (sessions), `unknown` (the
+`unknown` operations seen), `acks` (the ACK state machine), `reconcile` (events, polls and
+adoption merged into records), `forks` (fork, fork_latest, resolve); `values` and `ports`
+hold the records, statuses and the edges to the outside. Import the names from here.
 """
 
 from client.engine.lifecycle import Engine

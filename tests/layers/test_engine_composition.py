@@ -11,6 +11,7 @@ import importlib
 import inspect
 import pkgutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -91,7 +92,7 @@ def test_the_engine_owns_its_parts_over_one_lock() -> None:
     assert Engine.__bases__ == (object,)
     engine = Engine(NoApi(), "ws")  # type: ignore[arg-type]
     try:
-        parts = [
+        parts: list[Any] = [
             engine._records,
             engine._sessions,
             engine._unknown,
