@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.engine.acks import Acknowledgements
 from client.engine.cache import SessionCache
@@ -32,6 +32,9 @@ from client.engine.values import (
     MutationStatus,
 )
 from transport.security import ClientCurve
+
+if TYPE_CHECKING:
+    from transport.client import Client
 
 
 class Engine:
@@ -94,7 +97,7 @@ class Engine:
             new_id=new_id,
         )
         self._pump: _EventPump | None = None
-        self._owned_client: Any = None
+        self._owned_client: Client | None = None
 
     # -- construction helpers ----------------------------------------------------------------
 
