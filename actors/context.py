@@ -17,6 +17,7 @@ from actors.runtime_slots import RuntimeSlots
 from actors.store_ports import ActorStore
 from domain.model_limits import ModelLimits
 from workspace.shadow import ShadowStore
+from workspace.worktree import ForkTrees
 
 # The worker's own limits for a fork's steps other than the provider's fork call: reading the
 # source, listing the child's turns, binding, and proving the child readable (an app-server
@@ -118,6 +119,9 @@ class HostContext:
     # Drops a deleted Session's checkpoint refs and collects what nothing keeps, on a
     # schedule; None where `checkpoints` is.
     checkpoint_janitor: CheckpointJanitor | None = None
+    # Makes and removes `worktree` forks' trees from workspace checkpoints (None: this host
+    # keeps no checkpoints, and a `worktree` fork is refused).
+    fork_trees: ForkTrees | None = None
 
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
         """`runtimes/<workspace>/<session>/<provider home>`; workspace ids are free text, so

@@ -29,6 +29,7 @@ from domain.errors import HostError
 from storage.models import (
     Session,
 )
+from workspace.worktree import ForkTrees
 
 T = TypeVar("T")
 
@@ -105,6 +106,11 @@ class ForkHost(Protocol):
 
     @property
     def timeouts(self) -> Timeouts: ...
+
+    @property
+    def fork_trees(self) -> ForkTrees | None:
+        """Makes and removes `worktree` forks' trees (None: no checkpoints on this host)."""
+        ...
 
     @property
     def live_operations(self) -> LiveOperations: ...

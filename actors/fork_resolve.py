@@ -169,6 +169,7 @@ class ForkResolver:
             target=ForkTarget(
                 agent_session_id=runtime_key(ws, op.target_session_id),
                 home=str(self.host.runtime_home(ws, op.target_session_id, self.provider)),
+                cwd=None if op.worktree is None else str(op.worktree["childCwd"]),
             ),
             provider_turn_ids=tuple(op.source_provider_turn_ids),
             exclude_child_ids=tuple(c for c in claimed if c != op.target_provider_session_id),

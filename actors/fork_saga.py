@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.fork_host import ForkHost, PreparedRuntime, attestation_key
+from actors.fork_workspace import in_thread, remove_failed_tree
 from actors.messages import ForkReply, Reply, runtime_key
 from actors.ports import (
     DeliveryDisposition,
@@ -138,6 +139,32 @@ class ForkSaga:
 
     def _after_prepare(self) -> None:
         self._hit("host.fork.after_prepare")
+        op = self.operation
+        if op.workspace_mode == "worktree" and op.worktree_state == "planned":
+            # The child's tree, made and recorded before anything leaves the host: a crash
+            # before the record leaves no tree (recovery removes a half-made one).
+            trees, plan = self.host.fork_trees, op.worktree
+            if trees is None or plan is None:
+                self._fail("this host keeps no workspace checkpoints to make a worktree from")
+                return
+            made = in_thread(lambda: trees.make(plan, self._hit), f"worktree-{op.operation_id}")
+            self.host.later(made, lambda f: self._step(self._tree_made, f))
+            return
+        self._attest()
+
+    def _tree_made(self, fut: Future[str]) -> None:
+        try:
+            fut.result()
+        except Exception as exc:  # noqa: BLE001 - nothing was dispatched: the fork failed
+            self._fail(f"the worktree could not be made: {exc}")
+            return
+        with self.host.store.background():
+            op, _ = self.host.store.record_fork_worktree(self.host.ws, self.operation.operation_id)
+        self.operation = op
+        self._hit("host.workspace.after_record")
+        self._attest()
+
+    def _attest(self) -> None:
         runtime = self.runtime
         if (
             runtime.generation is not None
@@ -207,6 +234,7 @@ class ForkSaga:
             target=ForkTarget(
                 agent_session_id=runtime_key(self.host.ws, op.target_session_id),
                 home=str(target_home),
+                cwd=None if op.worktree is None else str(op.worktree["childCwd"]),
             ),
             # The provider-neutral input of seed 000 §7 names the canonical boundary Turn too.
             source_turn_id=op.source_turn_id,
@@ -427,6 +455,10 @@ class ForkSaga:
         self._finish(op)
 
     def _finish(self, op: ForkOperation) -> None:
+        if op.worktree is not None and remove_failed_tree(
+            self.host.store, self.host.fork_trees, op
+        ):
+            op = self.host.store.get_fork_operation(self.host.ws, op.operation_id)
         self.operation = op
         if op.status != fork_states.ForkStatus.COMMITTED:
             # Whatever went wrong (a refused generation among it), the next fork of this

@@ -12,13 +12,20 @@ from typing import Any
 
 from actors.fork_host import ForkHost, PreparedRuntime
 from actors.fork_saga import TERMINAL, ForkSaga
+from actors.fork_workspace import remove_failed_tree
 from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply
 from actors.ports import (
     DriverInfo,
     ProviderCatalog,
 )
 from actors.recovery import apply_restart_rule
-from storage.errors import ForkInProgress, ForkUnsupported, HostError, ProviderError
+from storage.errors import (
+    ForkInProgress,
+    ForkUnsupported,
+    HostError,
+    ProviderError,
+    checkpoint_refusal,
+)
 from storage.models import (
     ForkOperation,
     ForkPointKind,
@@ -66,10 +73,21 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
         target_session_id=msg.target_session_id,
         turn_id=msg.turn_id,
         point_kind=msg.point_kind,
+        workspace=msg.workspace,
     )
     if existing is not None:
         _answer_existing(host, existing, msg.reply)
         return
+    if msg.workspace == "worktree" and msg.point_kind == ForkPointKind.THROUGH_TURN:
+        # A Turn without its files is refused before a runtime is started for nothing (the
+        # prepare checks again, in its transaction, and decides for `latestSettled`).
+        try:
+            record = host.store.turn_checkpoint(host.ws, host.sid, msg.turn_id)
+        except HostError:
+            record = {"after": "unknown Turn: the prepare answers"}
+        refusal = checkpoint_refusal(record, msg.turn_id)
+        if refusal is not None:
+            raise refusal
     if no_binder:
         # Fail closed before any operation or dispatch (seed 000 §7).
         raise ForkUnsupported(
@@ -130,6 +148,7 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
         target_session_id=msg.target_session_id,
         turn_id=msg.turn_id,
         point_kind=msg.point_kind,
+        workspace=msg.workspace,
         driver_kind=str(context.get("driverKind") or runtime.provider),
         driver_version=str(context.get("driverVersion") or ""),
         binding_mode=info.binding_mode,
@@ -149,10 +168,12 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
             f"fork.resolve of operation {running} is running on this Session; fork after it ends",
             params={"operationId": running},
         )
+    trees = host.fork_trees if msg.workspace == "worktree" else None
     op, created = host.store.prepare_fork(
         host.ws,
         request,
         turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
+        plan_workspace=None if trees is None else trees.plan,
     )
     if not created:
         _answer_existing(host, op, msg.reply)
@@ -174,6 +195,8 @@ def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
         return
     # The restart rule (domain.fork_states.after_restart); never a provider call.
     op = apply_restart_rule(host.store, op)
+    if op.worktree is not None and remove_failed_tree(host.store, host.fork_trees, op):
+        op = host.store.get_fork_operation(host.ws, op.operation_id)
     if op.status in TERMINAL:
         host.apply_late_bindings()
     msg.reply(ForkReply(op, op.status in TERMINAL))

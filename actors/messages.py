@@ -92,6 +92,8 @@ class ForkCreate:
     reply: Reply
     # storage.models.ForkPointKind; `latest_settled` leaves turn_id "" (resolved at prepare).
     point_kind: str = "through_turn"
+    # `shared` or `worktree` (the child gets a tree holding the fork Turn's checkpoint).
+    workspace: str = "shared"
 
 
 @dataclass(frozen=True, slots=True)

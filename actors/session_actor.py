@@ -43,6 +43,7 @@ from actors.session_controls import SessionControls
 from actors.store_ports import ResolveStore
 from storage.errors import HostError
 from storage.sqlite import host_error_of
+from workspace.worktree import ForkTrees
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,10 @@ class SessionActor(SessionControls):
     @property
     def timeouts(self) -> Timeouts:
         return self.ctx.timeouts
+
+    @property
+    def fork_trees(self) -> ForkTrees | None:
+        return self.ctx.fork_trees
 
     @property
     def live_operations(self) -> LiveOperations:

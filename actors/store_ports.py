@@ -35,8 +35,10 @@ from storage.models import (
     ForkPrepareRequest,
     Interaction,
     Message,
+    PlanWorkspace,
     ProviderForkEvidence,
     Session,
+    TreeToRemove,
     Turn,
 )
 
@@ -166,7 +168,20 @@ class RestartRuleStore(Protocol):
     def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
 
 
-class SagaStore(RestartRuleStore, Protocol):
+class WorktreeStore(Protocol):
+    """A `worktree` fork's tree on its operation: recorded once whole (before dispatch),
+    marked removed once its failed fork's tree is gone, and the failed ones still to remove.
+    Separate because the saga, `fork.get` on a leftover and start-up recovery all remove a
+    failed fork's tree."""
+
+    def record_fork_worktree(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
+
+    def mark_fork_worktree_removed(self, ws: str, op_id: str) -> bool: ...
+
+    def fork_worktrees_to_remove(self, limit: int = 500) -> list[TreeToRemove]: ...
+
+
+class SagaStore(RestartRuleStore, WorktreeStore, Protocol):
     """The fork saga's whole view of the store (seed 000 §6–§10): idempotent prepare, the
     guarded status moves, the commit, and the two reads the dispatch needs (the existing
     operation of a request, the source's Turns for their frozen bindings). Separate because
@@ -186,6 +201,7 @@ class SagaStore(RestartRuleStore, Protocol):
         target_session_id: str,
         turn_id: str,
         point_kind: str = ...,
+        workspace: str = ...,
     ) -> ForkOperation | None: ...
 
     def prepare_fork(
@@ -194,6 +210,7 @@ class SagaStore(RestartRuleStore, Protocol):
         req: ForkPrepareRequest,
         *,
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
+        plan_workspace: PlanWorkspace | None = None,
     ) -> tuple[ForkOperation, bool]: ...
 
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
@@ -268,7 +285,7 @@ class HostActorStore(Protocol):
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
 
 
-class StartupRecoveryStore(Protocol):
+class StartupRecoveryStore(WorktreeStore, Protocol):
     """Start-up recovery (seed 000 §10), before any request is served: the leftover fork
     operations a page at a time (workspace-wide: recovery cannot guess workspaces), their
     batched settle and commit, and the Turns a dead process left active. Separate because it

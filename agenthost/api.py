@@ -347,6 +347,9 @@ class Api(ApiBase):
             turn_id, kind = given, "through_turn"
         else:
             raise InvalidArgument("point", "'point.type' must be 'throughTurn' or 'latestSettled'")
+        workspace = params.get("workspace", "shared")
+        if workspace not in ("shared", "worktree"):
+            raise InvalidArgument("workspace", "'workspace' must be 'shared' or 'worktree'")
 
         def replay_after_delete() -> tuple[int, dict[str, Any]] | None:
             # Seed 000 §8: a replay (same requestId, or a new identity on the held barrier)
@@ -359,6 +362,7 @@ class Api(ApiBase):
                 target_session_id=target,
                 turn_id=turn_id,
                 point_kind=kind,
+                workspace=workspace,
             )
             if op is None:
                 return None
@@ -368,7 +372,7 @@ class Api(ApiBase):
             responder,
             ws,
             sid,
-            lambda reply: ForkCreate(request_id, target, turn_id, reply, kind),
+            lambda reply: ForkCreate(request_id, target, turn_id, reply, kind, workspace),
             self._fork_result,
             gone=replay_after_delete,
         )

@@ -189,6 +189,13 @@ SCHEMA: tuple[Key, ...] = (
         3600.0,
         "how often deleted Sessions' checkpoints are dropped and unreferenced objects collected",
     ),
+    Key(
+        "workspace",
+        "worktrees_dir",
+        Str(),
+        None,
+        "where `worktree` forks' trees go (default: `<repository>.agenthost/` beside it)",
+    ),
     # Providers. Model credentials and wire keys: `api_key_env` names the variable
     # holding the key (read by the provider at turn time, never stored); `api_key` is the less
     # safe in-file key (the file must then be 0600).
@@ -361,6 +368,11 @@ class Config:
     @property
     def fork_provider_call_s(self) -> float:
         return float(self.get("daemon", "fork_provider_call_seconds"))
+
+    @property
+    def worktrees_dir(self) -> str | None:
+        value = self.get("workspace", "worktrees_dir")
+        return None if value is None else str(value)
 
     @property
     def actor_threads(self) -> int:

@@ -25,6 +25,7 @@ from actors.checkpoints import (
     checkpoint_pool,
 )
 from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
+from actors.fork_workspace import remove_failed_trees
 from actors.host_actor import CountActors, HostActor, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
@@ -62,6 +63,7 @@ from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
 from transport.server import ApiServer
 from workspace.shadow import ShadowStore
+from workspace.worktree import ForkTrees
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +147,16 @@ class Daemon:
         # Then fork.resolve: finish or roll back a half-done resolution.
         self.resolutions_recovered = store.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
+        # One shadow store of workspace checkpoints per home, shared by every Session.
+        shadow = ShadowStore(
+            cfg.checkpoints_dir,
+            excludes=cfg.checkpoint_excludes,
+            size_limit=cfg.checkpoint_max_file_bytes,
+            timeout_s=cfg.checkpoint_timeout_s,
+        )
+        # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
+        fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
+        self.worktrees_removed = remove_failed_trees(store, fork_trees)
         # Deletes a killed daemon did not finish: their runtime dirs go now.
         runtime_dirs.sweep(store, cfg.runtimes_dir)
 
@@ -178,13 +190,6 @@ class Daemon:
             ),
             start_limit=cfg.max_runtime_starts_per_provider,
         )
-        # One shadow store of workspace checkpoints per home, shared by every Session.
-        shadow = ShadowStore(
-            cfg.checkpoints_dir,
-            excludes=cfg.checkpoint_excludes,
-            size_limit=cfg.checkpoint_max_file_bytes,
-            timeout_s=cfg.checkpoint_timeout_s,
-        )
         self._checkpoint_pool = pool = checkpoint_pool()
         locks = DirectoryLocks()
         janitor = CheckpointJanitor(shadow, store, pool, locks, cfg.checkpoint_gc_interval_s)
@@ -209,6 +214,7 @@ class Daemon:
                 },
             ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
+            fork_trees=fork_trees,
             runtime_slots=slots,
             checkpoints=shadow,
             turn_checkpoints=(

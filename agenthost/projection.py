@@ -150,6 +150,22 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
         "session": None if committed is None else session(committed, catalog),
         "lineage": lineage(value.lineage),
         "error": value.error,
+        "workspace": operation_workspace(value),
+    }
+
+
+def operation_workspace(value: ForkOperation) -> dict[str, Any]:
+    """Where a fork's child works: `shared` (the source's directory), or `worktree` with the
+    tree's path, the child's cwd in it, its branch (null outside a repository) and state."""
+    plan = value.worktree
+    if value.workspace_mode != "worktree" or plan is None:
+        return {"mode": "shared"}
+    return {
+        "mode": "worktree",
+        "path": plan.get("path"),
+        "cwd": plan.get("childCwd"),
+        "branch": plan.get("branch"),
+        "state": value.worktree_state,
     }
 
 

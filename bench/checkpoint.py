@@ -2,6 +2,9 @@
 size) with a few changed between checkpoints (10), timed side by side with an idle
 `git status` of the same tree — the cost an incremental checkpoint is meant to match — and the
 first (cold) checkpoint, and writing a checkpoint out as a new directory (`materialize`).
+Then a `worktree` fork of the same tree through a real daemon (Tutti Agent), end to end, beside
+a `git worktree add` of it and the same fork without a workspace: the target is the worktree
+fork within 2× the sum of those two.
 
     build/venv/bin/python -m bench.checkpoint [--quick | --smoke] [--json PATH]
 """
@@ -13,13 +16,28 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from bench.common import BenchResult, Latency, Mode, Table, bench_main, cpu_probe_ms, log, pick
+from bench.common import (
+    BenchResult,
+    Latency,
+    Mode,
+    Table,
+    bench_main,
+    cpu_probe_ms,
+    log,
+    pick,
+    ratio,
+)
+from bench.harness import WS, BenchDaemon, acknowledge, run_turn
+from transport.client import ApiError, Client
 from workspace.shadow import Checkpoint, ShadowStore
 
 TARGET_P50_MS = 100.0
+TARGET_WORKTREE_RATIO = 2.0
 
 
 def _git(repo: Path, *args: str) -> None:
@@ -49,6 +67,61 @@ def make_tree(root: Path, files: int) -> list[Path]:
     _git(root, "add", "-A")
     _git(root, "commit", "-q", "-m", "tree")
     return paths
+
+
+def _fork(c: Client, sid: str, turn_id: str, workspace: str) -> dict[str, Any]:
+    """`fork.create` (with `workspace`) until terminal, then ACKed; the committed operation."""
+    params = {
+        "workspaceId": WS,
+        "agentSessionId": sid,
+        "requestId": str(uuid.uuid4()),
+        "targetAgentSessionId": str(uuid.uuid4()),
+        "point": {"type": "throughTurn", "turnId": turn_id},
+        "workspace": workspace,
+    }
+    status, body = c.call_raw("fork.create", params)
+    if status >= 400:
+        raise ApiError.from_reply(status, body)
+    op = dict(body["operation"])
+    while op["status"] == "accepted":
+        time.sleep(0.01)
+        op = dict(
+            c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})["operation"]
+        )
+    assert op["status"] == "committed", op
+    acknowledge(c, op["operationId"])
+    return op
+
+
+def worktree_forks(base: Path, repo: Path, rounds: int) -> tuple[Latency, Latency, Latency]:
+    """(worktree fork, fork without a workspace, `git worktree add`), interleaved per round on
+    one daemon whose Session works in `repo`; each tree is removed after its round."""
+    home = base / "daemon-home"
+    home.mkdir()
+    # A cold checkpoint of a large tree may take longer than the default bound on a loaded host.
+    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 600\n")
+    worktree_ms, shared_ms, add_ms = [], [], []
+    with BenchDaemon(home).start() as d:
+        c = d.client(timeout=600)
+        sid = c.call(
+            "session.create",
+            {"workspaceId": WS, "provider": "tutti-agent", "title": "bench", "cwd": str(repo)},
+        )["session"]["agentSessionId"]
+        turn_id = run_turn(c, sid, "/write pkg000/mod00.py VALUE = 'changed by the agent'")
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            op = _fork(c, sid, turn_id, "worktree")
+            worktree_ms.append(1000 * (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            _fork(c, sid, turn_id, "shared")
+            shared_ms.append(1000 * (time.perf_counter() - t0))
+            plain = base / f"plain-{r}"
+            t0 = time.perf_counter()
+            _git(repo, "worktree", "add", "-q", "-b", f"bench-{r}", str(plain), "HEAD")
+            add_ms.append(1000 * (time.perf_counter() - t0))
+            _git(repo, "worktree", "remove", "--force", str(plain))
+            _git(repo, "worktree", "remove", "--force", op["workspace"]["path"])
+    return Latency.of(worktree_ms), Latency.of(shared_ms), Latency.of(add_ms)
 
 
 def run(mode: Mode) -> BenchResult:
@@ -89,6 +162,13 @@ def run(mode: Mode) -> BenchResult:
         store.materialize(repo, cp.commit, base / "copy")
         materialize_ms = 1000 * (time.perf_counter() - t0)
         capture, status = Latency.of(capture_ms), Latency.of(status_ms)
+        fork_rounds = pick(mode, 10, 4, 2)
+        worktree, shared, add = worktree_forks(base, repo, fork_rounds)
+        log(
+            f"worktree fork p50 {worktree.p50:.0f} ms; shared fork {shared.p50:.0f} ms; "
+            f"git worktree add {add.p50:.0f} ms"
+        )
+    budget = ratio(worktree.p50, add.p50 + shared.p50)
     result.tables.append(
         Table(
             f"checkpoint of {files} files, {changed} changed per round ({rounds} rounds)",
@@ -113,10 +193,37 @@ def run(mode: Mode) -> BenchResult:
         "gitStatus": status,
         "coldMs": cold_ms,
         "materializeMs": materialize_ms,
+        "worktreeFork": worktree,
+        "sharedFork": shared,
+        "gitWorktreeAdd": add,
+        "worktreeForkRatio": budget,
         "cpuProbeMsAtStart": probe,
         "loadAverage1mAtStart": round(os.getloadavg()[0], 2),
     }
+    result.tables.append(
+        Table(
+            f"a worktree fork of the {files}-file tree, end to end ({fork_rounds} rounds)",
+            ("what", "p50 ms", "p90 ms", "max ms"),
+            (
+                (
+                    "fork.create workspace=worktree → committed",
+                    worktree.p50,
+                    worktree.p90,
+                    worktree.max,
+                ),
+                ("fork.create without a workspace", shared.p50, shared.p90, shared.max),
+                ("git worktree add of the same tree", add.p50, add.p90, add.max),
+            ),
+        )
+    )
     if mode is Mode.FULL:
+        result.target(
+            "worktree fork / (git worktree add + fork without a workspace), p50",
+            budget,
+            TARGET_WORKTREE_RATIO,
+            higher_is_better=False,
+            measured=f"{fork_rounds} rounds of {files} files",
+        )
         result.target(
             "checkpoint p50, 10,000 files / 10 changed (ms)",
             capture.p50,

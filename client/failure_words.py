@@ -99,6 +99,13 @@ def fork_refusal(
             f"{head}: it does not support a full-session fork (its provider does not declare "
             f"forkFullSession for it, or no turn has been verified yet) ({reason})"
         )
+    if reason == "workspace_checkpoint_missing":
+        # The daemon's message ends with why (`…: git is not installed`).
+        detail = (message or "").rpartition(": ")[2] or "no checkpoint was recorded"
+        return (
+            f"{head} into a new worktree: {turn} has no checkpoint of its files ({detail}); "
+            f"fork without --worktree to keep working in the same folder ({reason})"
+        )
     if isinstance(boundary, str):
         template = _BOUNDARY_SENTENCES.get(boundary)
         why = template.format(**fields) if template else (message or boundary)

@@ -164,6 +164,9 @@ def format_transcript(
             f"  forked from {named} through turn {lineage['sourceTurnId']}, "
             f"operation {lineage['operationId']}"
         )
+        if session.get("cwd"):
+            # A worktree fork's files are in a tree of its own: where to open them.
+            lines.append(f"  files: {session['cwd']}")
         if chain and len(chain) > 1:
             lines.append(f"  ancestry: {format_ancestry(chain)}")
             root = chain[0]

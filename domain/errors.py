@@ -199,6 +199,22 @@ class ForkRequestConflict(Conflict):
     default_reason = "agent_session_fork_request_conflict"
 
 
+def checkpoint_refusal(
+    record: Mapping[str, Any] | None, turn_id: str
+) -> WorkspaceCheckpointMissing | None:
+    """Why a Turn's workspace checkpoint record (`turns.checkpoint_json`) cannot give a
+    `worktree` fork its files — none recorded, or `unavailable` — or None when it can."""
+    if record is not None and record.get("state") != "unavailable" and record.get("after"):
+        return None
+    why = (record or {}).get("message") or "no checkpoint was recorded"
+    params: dict[str, Any] = {"turnId": turn_id}
+    if record is not None and record.get("reason"):
+        params["workspaceReason"] = str(record["reason"])
+    return WorkspaceCheckpointMissing(
+        f"cannot fork the files of Turn {turn_id}: {why}", params=params
+    )
+
+
 class ForkAcknowledgeConflict(Conflict):
     default_reason = "agent_session_fork_acknowledge_conflict"
 

@@ -37,9 +37,15 @@ class ForkSource:
 class ForkTarget:
     agent_session_id: str
     home: str
+    # The child's own working directory when it differs from the source's (a `worktree`
+    # fork): a provider that files its transcript by directory files the child's there.
+    cwd: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"agentSessionId": self.agent_session_id, "home": self.home}
+        out = {"agentSessionId": self.agent_session_id, "home": self.home}
+        if self.cwd:
+            out["cwd"] = self.cwd
+        return out
 
 
 _FORK_REQUEST_KEYS = frozenset(
@@ -115,6 +121,7 @@ class ForkRequest:
             target=ForkTarget(
                 agent_session_id=str(tgt.get("agentSessionId", "")),
                 home=str(tgt.get("home", "")),
+                cwd=str(tgt["cwd"]) if tgt.get("cwd") else None,
             ),
             provider_turn_ids=tuple(str(t) for t in params.get("providerTurnIds") or ()),
             title=str(params.get("title") or ""),

@@ -173,6 +173,8 @@ class ForkCreateParams(SessionParams):
     requestId: str
     targetAgentSessionId: str
     point: ForkPoint
+    # `shared` (default) or `worktree`: the child gets a tree holding the fork Turn's files.
+    workspace: NotRequired[Literal["shared", "worktree"]]
 
 
 class OperationParams(WorkspaceParams):
@@ -258,6 +260,7 @@ FORK_CREATE = Method(
         "agent_session_fork_unsupported",
         "agent_session_fork_request_conflict",
         "agent_session_fork_failed",
+        "workspace_checkpoint_missing",
     ),
 )
 FORK_GET = Method(
@@ -282,6 +285,8 @@ FORK_RESOLVE = Method(
         "fork_resolve_failed",
     ),
 )
+
+
 class WorkspaceDiffParams(SessionParams):
     turnId: NotRequired[str]
     """Default: the newest settled Turn."""

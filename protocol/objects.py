@@ -133,6 +133,19 @@ class Operation(TypedDict):
     session: Session | None
     lineage: Lineage | None
     error: str | None
+    workspace: NotRequired[OperationWorkspace]
+
+
+class OperationWorkspace(TypedDict):
+    """`shared`: the child works in the source's directory. `worktree`: a tree of its own
+    holding the fork Turn's checkpoint — `planned` (being made), `made` (whole, recorded
+    before the provider fork), `removed` (the fork failed)."""
+
+    mode: Literal["shared", "worktree"]
+    path: NotRequired[str]
+    cwd: NotRequired[str]
+    branch: NotRequired[str | None]
+    state: NotRequired[Literal["planned", "made", "removed"]]
 
 
 class ResolvedChild(TypedDict):

@@ -39,6 +39,7 @@ from domain.errors import (
     WorkspaceCheckpointMissing,
     WorkspaceShared,
     WorkspaceUnavailable,
+    checkpoint_refusal,
     internal_error,
     status_for,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "WorkspaceCheckpointMissing",
     "WorkspaceShared",
     "WorkspaceUnavailable",
+    "checkpoint_refusal",
     "internal_error",
     "status_for",
 ]

@@ -17,6 +17,8 @@ from storage.errors import (
     ForkConflict,
     ForkRequestConflict,
     InvalidArgument,
+    WorkspaceCheckpointMissing,
+    checkpoint_refusal,
 )
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import build_child
@@ -24,11 +26,13 @@ from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_b
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
 from storage.fork_snapshot import freeze_snapshot, request_hash
 from storage.fork_titles import child_title
+from storage.fork_workspace import PLANNED, boundary_checkpoint
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
     ForkPointKind,
     ForkPrepareRequest,
+    PlanWorkspace,
     ProviderStateBindingMode,
     SessionChanged,
 )
@@ -69,6 +73,8 @@ def validate_request(req: ForkPrepareRequest) -> None:
         raise InvalidArgument("bindingMode", f"unknown binding mode {req.binding_mode!r}")
     if not isinstance(req.runtime_identity, Mapping):
         raise InvalidArgument("runtimeIdentity", "runtime identity must be a map")
+    if req.workspace not in ("shared", "worktree"):
+        raise InvalidArgument("workspace", "workspace must be 'shared' or 'worktree'")
 
 
 class ForkPrepare(StoreBase):
@@ -83,13 +89,14 @@ class ForkPrepare(StoreBase):
         target_session_id: str,
         turn_id: str,
         point_kind: str = ForkPointKind.THROUGH_TURN.value,
+        workspace: str = "shared",
     ) -> ForkOperation | None:
         """The operation a `prepare_fork` of this request would return without creating one —
         a replay of `request_id` or the holder of the boundary barrier (source + resolved
         Turn) — or None.
         A pure read, so a replay never needs a provider runtime; `prepare_fork` re-checks
         both inside its transaction."""
-        digest = request_hash(source_session_id, target_session_id, point_kind, turn_id)
+        digest = request_hash(source_session_id, target_session_id, point_kind, turn_id, workspace)
         with self._read() as conn:
             existing = conn.execute(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
@@ -114,6 +121,7 @@ class ForkPrepare(StoreBase):
         req: ForkPrepareRequest,
         *,
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
+        plan_workspace: PlanWorkspace | None = None,
     ) -> tuple[ForkOperation, bool]:
         """Create the operation, fence and reservation and freeze the snapshot in one
         transaction; a replay or a held barrier returns the original with `created=False`.
@@ -121,10 +129,15 @@ class ForkPrepare(StoreBase):
         `turn_forkable(root_provider_turn_id, provider_turn_binding_json)` is the provider's
         per-Turn hook (seed 000 §3.2 `CanForkProviderTurn`): the store never parses a
         provider's binding JSON; the selected Turn is accepted only when the hook says so,
-        inside this transaction."""
+        inside this transaction.
+
+        `plan_workspace(checkpoint, operation_id, title)` plans a `worktree` fork's tree from the
+        fork Turn's checkpoint record (workspace.worktree.TreePlan's JSON, with `childCwd`, the
+        child's frozen cwd); a Turn without an available checkpoint is refused
+        (`workspace_checkpoint_missing`) before anything is written."""
         validate_request(req)
         digest = request_hash(
-            req.source_session_id, req.target_session_id, req.point_kind, req.turn_id
+            req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
         )
         with self._write(ws) as tx:
             existing = tx.one(
@@ -167,6 +180,13 @@ class ForkPrepare(StoreBase):
                 raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_NOT_BOUND)
             title = child_title(tx.conn, ws, req.source_session_id, source.title)
             op_id = str(uuid.uuid4())
+            runtime_identity = req.runtime_identity
+            plan: Mapping[str, Any] | None = None
+            if req.workspace == "worktree":
+                plan = self._plan_tree(tx, ws, req, turn_id, op_id, title, plan_workspace)
+                # The child works in its own tree: frozen as its cwd (law 4: commit reads
+                # only the snapshot).
+                runtime_identity = {**runtime_identity, "cwd": str(plan["childCwd"])}
             snapshot, stored, snapshot_hash = freeze_snapshot(
                 operation_id=op_id,
                 workspace_id=ws,
@@ -175,7 +195,7 @@ class ForkPrepare(StoreBase):
                 target_title=title,
                 point_kind=req.point_kind,
                 boundary=boundary,
-                runtime_identity=req.runtime_identity,
+                runtime_identity=runtime_identity,
                 memo=self.fork_memo,
             )
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
@@ -194,8 +214,9 @@ class ForkPrepare(StoreBase):
                 " request_hash, source_session_id, target_session_id, point_kind,"
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
-                " binding_mode, snapshot_hash, status, created_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?)",
+                " binding_mode, snapshot_hash, status, created_at_ms, workspace_mode,"
+                " workspace_json, workspace_state)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?)",
                 (
                     ws,
                     op_id,
@@ -214,6 +235,9 @@ class ForkPrepare(StoreBase):
                     req.binding_mode,
                     snapshot_hash,
                     tx.now_ms,
+                    req.workspace,
+                    None if plan is None else dumps(dict(plan)),
+                    None if plan is None else PLANNED,
                 ),
             )
             # The frozen bytes in their own row (schema v5): written once here, only read
@@ -235,6 +259,28 @@ class ForkPrepare(StoreBase):
                 (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
             )
             return replace(load_op(tx.conn, ws, op_id), frozen_turns=frozen), True
+
+    @staticmethod
+    def _plan_tree(
+        tx: Tx,
+        ws: str,
+        req: ForkPrepareRequest,
+        turn_id: str,
+        op_id: str,
+        title: str,
+        plan_workspace: PlanWorkspace | None,
+    ) -> Mapping[str, Any]:
+        checkpoint = boundary_checkpoint(tx.conn, ws, req.source_session_id, turn_id)
+        refusal = checkpoint_refusal(checkpoint, turn_id)
+        if refusal is not None:
+            raise refusal
+        assert checkpoint is not None
+        if plan_workspace is None:
+            raise WorkspaceCheckpointMissing(
+                "this host keeps no workspace checkpoints to make a worktree from",
+                params={"turnId": turn_id},
+            )
+        return plan_workspace(checkpoint, op_id, title)
 
     @staticmethod
     def _check_target_free(tx: Tx, ws: str, req: ForkPrepareRequest) -> None:

@@ -24,7 +24,7 @@ OP_COLUMNS = (
     " target_provider_turn_ids, target_turn_id, driver_kind, driver_version, binding_mode,"
     " binding_receipt, snapshot_hash, status, error, created_at_ms, dispatched_at_ms,"
     " accepted_at_ms, completed_at_ms, client_observed_at_ms, target_title,"
-    " target_turn_bindings, op_seq"
+    " target_turn_bindings, op_seq, workspace_mode, workspace_json, workspace_state"
 )
 # Generated from the state machine (domain.fork_states): the active set, and the barrier of
 # seed 000 §6.1 (active, unknown, or committed but not yet observed by a client).
@@ -64,6 +64,9 @@ def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOpe
         committed_session=None if committed is None else committed[0],
         lineage=None if committed is None else committed[1],
         target_title=r[26],
+        workspace_mode=r[29] or "shared",
+        worktree=loads(r[30]),
+        worktree_state=r[31],
     )
 
 

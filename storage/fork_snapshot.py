@@ -68,11 +68,16 @@ def sha256_hex(frozen: Frozen) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def request_hash(source: str, target: str, point_kind: str, turn_id: str) -> str:
-    """Law 6: the identity of a fork request (what `requestId` must keep meaning)."""
-    return sha256_hex(
-        dumps({"point_kind": point_kind, "source": source, "target": target, "turn_id": turn_id})
-    )
+def request_hash(
+    source: str, target: str, point_kind: str, turn_id: str, workspace: str = "shared"
+) -> str:
+    """Law 6: the identity of a fork request (what `requestId` must keep meaning). The
+    workspace mode is part of it; `shared` (the default) hashes as before it existed, so
+    stored operations keep their identity."""
+    identity = {"point_kind": point_kind, "source": source, "target": target, "turn_id": turn_id}
+    if workspace != "shared":
+        identity["workspace"] = workspace
+    return sha256_hex(dumps(identity))
 
 
 # -- freezing ---------------------------------------------------------------------------------

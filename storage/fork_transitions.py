@@ -42,6 +42,16 @@ class ForkTransitions(StoreBase):
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is to:
                 return load_op(tx.conn, ws, op_id), False
+            if (
+                to is ForkStatus.DISPATCHING
+                and op.workspace_mode == "worktree"
+                and op.worktree_state != "made"
+            ):
+                # The child's tree is whole and recorded before the provider call may leave.
+                raise InvalidTransition(
+                    f"fork operation {op_id} cannot dispatch before its worktree is recorded",
+                    params={"operationId": op_id, "status": op.status.value, "to": to.value},
+                )
             if op.status not in sources:
                 raise InvalidTransition(
                     f"fork operation {op_id} cannot go from {op.status} to {to}",

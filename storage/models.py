@@ -7,7 +7,7 @@ lives in `agenthost/projection.py`, so nothing here knows about the wire.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -206,6 +206,23 @@ class ForkPrepareRequest:
     binding_mode: str
     runtime_identity: Mapping[str, Any] = field(default_factory=dict)
     point_kind: str = ForkPointKind.THROUGH_TURN.value
+    # `shared` (the child works in the source's directory) or `worktree` (a tree of its own
+    # holding the fork Turn's `after` checkpoint, planned by the prepare's `plan_workspace`).
+    workspace: str = "shared"
+
+
+PlanWorkspace = Callable[[Mapping[str, Any], str, str], Mapping[str, Any]]
+"""(the fork Turn's checkpoint record, operation id, child title) → a `worktree` fork's tree
+plan (workspace.worktree.TreePlan's JSON), decided inside the prepare transaction."""
+
+
+@dataclass(frozen=True, slots=True)
+class TreeToRemove:
+    """A failed `worktree` fork whose tree is not yet known removed."""
+
+    workspace_id: str
+    operation_id: str
+    plan: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +279,13 @@ class ForkOperation:
     frozen_turns: tuple[tuple[str, str | None], ...] | None = field(
         default=None, compare=False, repr=False
     )
+    # `shared` or `worktree`; for a worktree, the tree's plan frozen at prepare (path, branch,
+    # child cwd, checkpoint: workspace.worktree.TreePlan's JSON) and where it got to:
+    # `planned` (not on disk, or half-made), `made` (whole, recorded before dispatch),
+    # `removed` (its fork failed).
+    workspace_mode: str = "shared"
+    worktree: Mapping[str, Any] | None = None
+    worktree_state: str | None = None
 
     @property
     def public_status(self) -> ForkPublicStatus:

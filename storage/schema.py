@@ -350,6 +350,20 @@ _V9 = """
 ALTER TABLE turns ADD COLUMN checkpoint_json TEXT;
 """
 
+
+def _v10(conn: apsw.Connection) -> None:
+    """v10: a fork's workspace on its operation — `workspace_mode` (`shared`/`worktree`, NULL
+    for rows before it: shared), the tree's plan frozen at prepare (`workspace_json`) and its
+    state (`planned` → `made` before dispatch, or `removed` when the fork failed). The prepare
+    reads the fork Turn's checkpoint record from `turns.checkpoint_json` (v9)."""
+    for column in ("workspace_mode TEXT", "workspace_json TEXT", "workspace_state TEXT"):
+        conn.execute(f"ALTER TABLE fork_operations ADD COLUMN {column}")
+    conn.execute(
+        "CREATE INDEX fork_operations_worktrees ON fork_operations (status, workspace_state)"
+        " WHERE workspace_state IS NOT NULL"
+    )
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -360,6 +374,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V7,
     _V8,
     _V9,
+    _v10,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

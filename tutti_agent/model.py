@@ -48,6 +48,11 @@ class TurnIO(Protocol):
     @property
     def cancelled(self) -> threading.Event: ...
 
+    @property
+    def cwd(self) -> str:
+        """The thread's working directory (the Session's `cwd`)."""
+        ...
+
 
 class Model(Protocol):
     name: str
@@ -65,7 +70,7 @@ class Directive:
     rest: str
 
 
-_DIRECTIVES = ("slow", "ask", "approve", "tool", "fail", "history")
+_DIRECTIVES = ("slow", "ask", "approve", "tool", "fail", "history", "write", "read")
 
 
 def parse_directive(text: str) -> Directive | None:
@@ -105,6 +110,8 @@ class BuiltinModel:
             # What the model would see: the real user messages of the model-visible context
             # (contextual wrappers excluded), so a fork's inherited history can be shown.
             io.agent_message("history: " + " | ".join(_user_texts(io.model_input())))
+        elif d.name in ("write", "read"):
+            _file_tool(d, io)
         elif d.name == "tool":
             tool, _, args = d.rest.partition(" ")
             io.reasoning(f"The user asked for the {tool} tool.")
@@ -112,6 +119,33 @@ class BuiltinModel:
             io.agent_message(f"echo: {tool}")
         else:  # fail
             raise ModelError(d.rest or "failed")
+
+
+def _file_tool(d: Directive, io: TurnIO) -> None:
+    """`/write <path> <text>` writes `<text>` to `<path>` under the Turn's cwd, `/read <path>`
+    replies with its content: the agent itself editing and reading the workspace (a path
+    leaving the cwd is refused)."""
+    rel, _, body = d.rest.partition(" ")
+    root = os.path.realpath(io.cwd)
+    target = os.path.realpath(os.path.join(root, rel))
+    if not rel or os.path.isabs(rel) or not target.startswith(root + os.sep):
+        io.agent_message(f"{d.name}: refused {rel!r}")
+        return
+    if d.name == "write":
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w", encoding="utf-8") as f:
+            f.write(body)
+        io.tool_call("write_file", rel, f"wrote {len(body)} characters to {rel}")
+        io.agent_message(f"wrote: {rel}")
+        return
+    try:
+        with open(target, encoding="utf-8") as f:
+            content = f.read()
+    except OSError:
+        io.agent_message(f"read: {rel} is missing")
+        return
+    io.tool_call("read_file", rel, content)
+    io.agent_message(f"read: {content}")
 
 
 def _user_texts(items: list[Mapping[str, Any]]) -> list[str]:

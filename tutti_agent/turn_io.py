@@ -91,6 +91,10 @@ class LiveTurnIO:
     def cancelled(self) -> threading.Event:
         return self._turn.cancelled
 
+    @property
+    def cwd(self) -> str:
+        return self._thread.cwd
+
     def on_cancel(self, callback: Callable[[], None]) -> None:
         self._turn.on_cancel(callback)
 

@@ -102,7 +102,12 @@ def run_fork(args: argparse.Namespace, client: Any) -> int:
     try:
         if events is not None:
             engine.attach_events(events, curve=curve(args), exact=exact)
-        record = engine.fork_latest(sid) if args.latest else engine.fork(sid, turn_id)
+        workspace = "worktree" if args.worktree else "shared"
+        record = (
+            engine.fork_latest(sid, workspace)
+            if args.latest
+            else engine.fork(sid, turn_id, workspace)
+        )
         shown: str | None = None
 
         def changed() -> bool:
@@ -141,6 +146,19 @@ def run_fork(args: argparse.Namespace, client: Any) -> int:
     return _report_fork(args, record, operation, session=session, turns=turns)
 
 
+def files_line(workspace: Mapping[str, Any] | None) -> str:
+    """Where a worktree fork's files are, as a line of its own ("" for a shared fork)."""
+    if not workspace or workspace.get("mode") != "worktree":
+        return ""
+    state = workspace.get("state")
+    if state == "removed":
+        return "\nfiles: its worktree was removed (the fork failed)"
+    branch = workspace.get("branch")
+    on = f" on branch {branch}" if branch else " (a plain directory: not in a git repository)"
+    where = workspace.get("cwd") or workspace.get("path")
+    return f"\nfiles: {where}{on}"
+
+
 def _report_fork(
     args: argparse.Namespace,
     record: Any,
@@ -162,6 +180,7 @@ def _report_fork(
             f"child {record.child_session_id}  {child.get('title', '')}\n"
             f"operation {record.operation_id} committed"
         )
+        human += files_line((operation or {}).get("workspace"))
         if record.ack is not AckState.OBSERVED:
             human += (
                 "\nwarning: acknowledgement still pending; the boundary stays held until a "
@@ -225,6 +244,8 @@ def run_op(args: argparse.Namespace, client: Any) -> int:
         lines.append(f"  error: {op['error']}")
     if op.get("session"):
         lines.append(f"  child: {op['session']['title']}")
+    if files_line(op.get("workspace")):
+        lines.append("  " + files_line(op.get("workspace")).strip())
     if args.ack:
         lines.insert(
             0,

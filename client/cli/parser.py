@@ -168,6 +168,12 @@ def add_client_commands(
         "(needs lifecycleCapabilities.fork)",
     )
     f.add_argument(
+        "--worktree",
+        action="store_true",
+        help="give the fork a new worktree holding the files as they were at that turn "
+        "(default: the fork works in the same folder)",
+    )
+    f.add_argument(
         "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
     )
     f.set_defaults(run=forks.run_fork)

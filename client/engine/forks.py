@@ -54,25 +54,28 @@ class ForkRequests:
 
     # -- the fork mutation -------------------------------------------------------------------
 
-    def fork(self, source_session_id: str, turn_id: str) -> ForkMutation:
+    def fork(self, source_session_id: str, turn_id: str, workspace: str = "shared") -> ForkMutation:
         """The Fork click on one boundary. Returns the record as the click left it (in flight,
         or the untouched record when nothing was sent); never blocks on the network.
 
         Identities: a first attempt, or one after a confirmed failure or an observed success,
         gets new request/target ids; a retry after `unknown` reuses them; while in flight or
-        while an ACK is pending nothing is sent at all.
+        while an ACK is pending nothing is sent at all. `workspace="worktree"` gives the child
+        a tree of its own holding the Turn's files (a retry keeps the first attempt's).
         """
-        return self._fork(source_session_id, turn_id, THROUGH_TURN)
+        return self._fork(source_session_id, turn_id, THROUGH_TURN, workspace)
 
-    def fork_latest(self, source_session_id: str) -> ForkMutation:
+    def fork_latest(self, source_session_id: str, workspace: str = "shared") -> ForkMutation:
         """The Session-level Fork ("from where we are now"): `fork.create` with
         `point: {type: "latestSettled"}`. The same record, identities, replay, reconciliation and
         ACK rules as `fork`, on the boundary key `(source, LATEST_SETTLED)`; the daemon resolves
         and freezes the Turn, and a replay of the same request returns that original boundary
         even after new Turns. Read it back with `mutation(source, LATEST_SETTLED)`."""
-        return self._fork(source_session_id, LATEST_SETTLED, LATEST_SETTLED)
+        return self._fork(source_session_id, LATEST_SETTLED, LATEST_SETTLED, workspace)
 
-    def _fork(self, source_session_id: str, turn_id: str, point: str) -> ForkMutation:
+    def _fork(
+        self, source_session_id: str, turn_id: str, point: str, workspace: str = "shared"
+    ) -> ForkMutation:
         key = (source_session_id, turn_id)
         with self._feed.lock:
             if self._feed.closed:
@@ -117,6 +120,7 @@ class ForkRequests:
                     status=MutationStatus.IN_FLIGHT,
                     create_attempts=1,
                     point=point,
+                    workspace=workspace,
                 )
                 slot = self._records.open(record)
             self._send_create_locked(key, slot, record)
@@ -200,6 +204,8 @@ class ForkRequests:
             if record.point == THROUGH_TURN
             else {"type": LATEST_SETTLED},
         }
+        if record.workspace != "shared":
+            params["workspace"] = record.workspace
         slot.create_timer = self._scheduler.call_later(
             self.create_deadline, lambda: self._on_create_deadline(key, attempt)
         )

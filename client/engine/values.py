@@ -76,6 +76,9 @@ class ForkMutation:
     boundary_turn_id: str | None = None
     """The Turn the fork goes through: `turn_id` for `throughTurn`; for `latestSettled` the
     Turn the daemon resolved (from the operation's point), None until an operation is known."""
+    workspace: str = "shared"
+    """`shared` (the child works in the source's directory) or `worktree` (a tree of its own
+    holding the fork Turn's files); part of the request's identity, so a retry keeps it."""
 
     @property
     def boundary(self) -> str | None:
@@ -109,6 +112,7 @@ class ForkMutation:
             "errorDetail": None if self.error_detail is None else dict(self.error_detail),
             "point": self.point,
             "boundaryTurnId": self.boundary,
+            "workspace": self.workspace,
         }
 
 

@@ -26,7 +26,7 @@ from client.engine import ChangeKind, Engine, EngineChange
 from client.gui.bridge import EngineChanged, bridge
 from client.gui.composer import Composer
 from client.gui.control_actions import ControlActions
-from client.gui.controls import ConfirmScreen, InteractionBar
+from client.gui.controls import ForkScreen, InteractionBar
 from client.gui.fork_actions import ForkActions
 from client.gui.keyboard import (
     DetailsScreen,
@@ -235,15 +235,14 @@ class AgentHostApp(ForkActions, ControlActions):
             if turn is None:
                 return
 
-            def confirmed(yes: bool | None) -> None:
-                if yes:
-                    self.post_message(ForkRequested(session_id, str(turn["turnId"])))
+            def confirmed(workspace: str | None) -> None:
+                if workspace:
+                    self.post_message(ForkRequested(session_id, str(turn["turnId"]), workspace))
 
             self.push_screen(
-                ConfirmScreen(
+                ForkScreen(
                     f"Fork through {turn_choice(turn)}? A new session starts with the "
-                    "conversation up to the end of that turn.",
-                    confirm="Fork",
+                    "conversation up to the end of that turn."
                 ),
                 confirmed,
             )

@@ -200,6 +200,53 @@ class RenameScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+class ForkScreen(ModalScreen[str | None]):
+    """Confirm a fork and choose where its files go: dismissed with `shared` (the same
+    folder), `worktree` (a new worktree holding the files as they were at that Turn) or None.
+    Keyboard: `s` same folder, `w` new worktree, Escape cancels; Cancel has the focus, so a
+    stray Enter forks nothing."""
+
+    DEFAULT_CSS = _DIALOG_CSS.format(name="ForkScreen") + "ForkScreen > Vertical { width: 72; }\n"
+    BINDINGS = [
+        ("escape", "cancel", "Cancel"),
+        ("s", "same_folder", "Fork, same folder"),
+        ("w", "worktree", "Fork into a new worktree"),
+    ]
+
+    def __init__(self, question: str) -> None:
+        super().__init__()
+        self.question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question)
+            yield Label(
+                "Same folder: the fork works on the files where they are now.\n"
+                "New worktree: the fork gets a folder of its own (a git worktree on a new "
+                "branch) holding the files as they were at the end of that turn."
+            )
+            with Horizontal():
+                yield Button("Same folder (s)", "primary", id="shared")
+                yield Button("New worktree (w)", "success", id="worktree")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None if event.button.id == "cancel" else str(event.button.id))
+
+    def action_same_folder(self) -> None:
+        self.dismiss("shared")
+
+    def action_worktree(self) -> None:
+        self.dismiss("worktree")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class ConfirmScreen(ModalScreen[bool]):
     DEFAULT_CSS = _DIALOG_CSS.format(name="ConfirmScreen")
     BINDINGS = [("escape", "cancel", "Cancel"), ("y", "confirm", "Yes")]

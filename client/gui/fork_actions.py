@@ -24,7 +24,8 @@ class ForkActions(SessionView):
 
     async def on_fork_requested(self, message: ForkRequested) -> None:
         key = (message.session_id, message.turn_id)
-        self.engine.fork(*key)  # never blocks; a click while in flight sends nothing
+        # Never blocks; a click while in flight sends nothing.
+        self.engine.fork(*key, message.workspace)
         self._clicked.add(key)
         self._after_mutation(key)
         if key[0] == self.current:
@@ -74,6 +75,13 @@ class ForkActions(SessionView):
             self._clicked.discard(key)
             self._refresh_tree()
             self.open_session(record.child_session_id)
+            if record.workspace == "worktree":
+                child = self.engine.session(record.child_session_id) or {}
+                self.notify(
+                    f"the fork's files are in its new worktree: {child.get('cwd', '?')}",
+                    title="Fork",
+                    timeout=15,
+                )
         elif record.status in (MutationStatus.FAILED, MutationStatus.UNKNOWN):
             self._clicked.discard(key)
             text = fork_failure_words(

@@ -82,6 +82,7 @@ def details_text(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]])
         f"provider {session['provider']}  providerSessionId {session.get('providerSessionId')}",
         "lifecycleCapabilities " + ", ".join(f"{k}={v}" for k, v in sorted(caps.items())),
         f"activeTurnId {session.get('activeTurnId')}",
+        f"cwd {session.get('cwd')}",
     ]
     lineage = session.get("forkedFrom")
     if isinstance(lineage, Mapping):

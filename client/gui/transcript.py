@@ -87,10 +87,12 @@ class InspectRequested(Message):
 
 
 class ForkRequested(Message):
-    def __init__(self, session_id: str, turn_id: str) -> None:
+    def __init__(self, session_id: str, turn_id: str, workspace: str = "shared") -> None:
         super().__init__()
         self.session_id = session_id
         self.turn_id = turn_id
+        # `shared` (the same folder) or `worktree` (a new worktree of the Turn's files).
+        self.workspace = workspace
 
 
 class LoadMoreRequested(Message):

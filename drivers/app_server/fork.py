@@ -145,6 +145,9 @@ class ForkThroughTurn:
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}
+            if request.target.cwd:
+                # A worktree fork: the child thread works in its own tree from its first Turn.
+                params["cwd"] = request.target.cwd
             if self.provider.fork_exclude_turns:
                 params["excludeTurns"] = True
             response = runtime.proc.request("thread/fork", params, timeout=self.fork_timeout)

@@ -169,7 +169,8 @@ class ClaudeFork:
         """
         src, tgt = request.source, request.target
         written = transcript_path(src.home, src.cwd, child_id)
-        dest = transcript_path(tgt.home, src.cwd, child_id)
+        # Filed under the child's own directory (a worktree fork's tree), where its turns run.
+        dest = transcript_path(tgt.home, tgt.cwd or src.cwd, child_id)
         changed = makedirs(dest.parent)
         if os.path.lexists(dest):
             raise FileExistsError(f"child transcript already in target home: {dest}")
@@ -208,14 +209,15 @@ class ClaudeFork:
         child = ForkChild(child_id, src.provider_session_id, ())
         if not is_uuid(child_id) or child_id == src.provider_session_id:
             return ForkResult.unknown(f"child id {child_id!r} is not a new UUID", child=child)
+        child_cwd = tgt.cwd or src.cwd
         with self._config_env(tgt.home, str(Path(tgt.home) / PRIVATE_HOME_DIR)):
-            info = get_session_info(child_id, directory=src.cwd)
-            messages = get_session_messages(child_id, directory=src.cwd)
+            info = get_session_info(child_id, directory=child_cwd)
+            messages = get_session_messages(child_id, directory=child_cwd)
         if info is None or not messages:
             return ForkResult.unknown(
                 f"child {child_id} is not readable from its home", child=child
             )
-        text = transcript_path(tgt.home, src.cwd, child_id).read_text(encoding="utf-8")
+        text = transcript_path(tgt.home, child_cwd, child_id).read_text(encoding="utf-8")
         turns = split_turns(parse_entries(text))
         roots_from = tuple(t.root_forked_from for t in turns)
         if roots_from != request.provider_turn_ids:

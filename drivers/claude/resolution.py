@@ -124,7 +124,7 @@ class ClaudeResolution:
             raise DriverError(f"provider child {child!r} of this operation is not there")
         plan = self.fork.plan_fork(request)
         if child in in_source:
-            dest = transcript_path(target_home, request.source.cwd, child)
+            dest = transcript_path(target_home, request.target.cwd or request.source.cwd, child)
             if dest.exists():
                 # The move was cut between copy and unlink: finish it only if the copy is whole.
                 if dest.read_bytes() != in_source[child].read_bytes():

@@ -6,9 +6,10 @@ processes: a whole scenario takes milliseconds."""
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from actors.context import LiveOperations, Timeouts
 from actors.fork_host import LiveSaga, PreparedRuntime
 from actors.fork_saga import ForkSaga
+from actors.fork_workspace import remove_failed_trees
 from actors.messages import ForkReply
 from actors.ports import DriverInfo
 from actors.recovery import recover_fork_operations
@@ -26,6 +28,7 @@ from domain.worker_messages import ForkRequest, ForkResult
 from storage import Store
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, Session
 from tests.support.invariants import provider_home
+from workspace.worktree import ForkTrees
 
 WS = "ws-saga"
 PROVIDER = "tutti-agent"
@@ -109,6 +112,7 @@ class InlineHost:
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)
     timers: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
+    fork_trees: ForkTrees | None = None
 
     @property
     def key(self) -> str:
@@ -146,7 +150,10 @@ class InlineHost:
         on_done: Callable[[Future[Any]], None],
         reply: Callable[[Any], None] | None = None,
     ) -> None:
-        future.add_done_callback(on_done)
+        # Continuations run on the test's thread, in order: a tree made on a thread of its
+        # own is waited for here (and a crash inside it surfaces here too).
+        wait([future])
+        on_done(future)
 
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
         self.timers.append((seconds, fn))
@@ -218,15 +225,21 @@ def run_saga(
     crash_at: str | None = None,
     error_at: str | None = None,
     point: str = ForkPointKind.THROUGH_TURN,
+    workspace: str = "shared",
+    checkpoints: Sequence[Mapping[str, Any] | None] = (),
+    trees: ForkTrees | None = None,
 ) -> Run:
+    """`checkpoints`: the workspace checkpoint record of each of the source's two Turns."""
     sid, turns = source(store, home)
+    for turn_id, record in zip(turns, checkpoints, strict=False):
+        attach_checkpoint(store, sid, turn_id, record)
     armed = {}
     if crash_at:
         armed[crash_at] = "crash"
     if error_at:
         armed[error_at] = "error"
     worker = ScriptedWorker({"runtime.attest": attest_answer, "fork": fork_answer})
-    host = InlineHost(store, worker, ScriptedFailpoints(armed), home, sid)
+    host = InlineHost(store, worker, ScriptedFailpoints(armed), home, sid, fork_trees=trees)
     op, created = store.prepare_fork(
         WS,
         ForkPrepareRequest(
@@ -239,7 +252,9 @@ def run_saga(
             driver_version=DRIVER[1],
             binding_mode="host_copy",
             runtime_identity={},
+            workspace=workspace,
         ),
+        plan_workspace=None if trees is None else trees.plan,
     )
     assert created
     session = store.get_session(WS, sid)
@@ -261,7 +276,20 @@ def run_saga(
     except Crash as exc:
         crashed_at = str(exc)
         recover_fork_operations(store)  # the restart: start-up recovery on the same store
+        remove_failed_trees(store, trees)
     return Run(store.get_fork_operation(WS, op.operation_id), crashed_at, worker, replies, host)
+
+
+def attach_checkpoint(
+    store: Store, sid: str, turn_id: str, record: Mapping[str, Any] | None
+) -> None:
+    """The Turn's workspace checkpoint record, as the Turn's settlement stores it."""
+    with store._write(WS) as tx:
+        tx.execute(
+            "UPDATE turns SET checkpoint_json = ? WHERE workspace_id = ? AND session_id = ?"
+            " AND turn_id = ?",
+            (None if record is None else json.dumps(dict(record)), WS, sid, turn_id),
+        )
 
 
 def final_status(run: Run) -> str:

@@ -59,6 +59,7 @@ OPERATION_KEYS = {
     "session",
     "lineage",
     "error",
+    "workspace",
 }
 MUTATION_KEYS = {
     "sourceAgentSessionId",
@@ -76,6 +77,7 @@ MUTATION_KEYS = {
     "errorDetail",
     "point",
     "boundaryTurnId",
+    "workspace",
 }
 ERROR_KEYS = {"status", "code", "reason", "message", "retryable", "params"}
 

@@ -17,7 +17,7 @@ from textual.widgets import Button, Static
 from client.engine import Engine
 from client.gui.app import AgentHostApp
 from client.gui.composer import Composer
-from client.gui.controls import ConfirmScreen, NewSessionScreen
+from client.gui.controls import ForkScreen, NewSessionScreen
 from client.gui.keyboard import DetailsScreen, HelpScreen, TurnPickerScreen
 from client.gui.session_list import SessionTree
 from client.gui.transcript import TranscriptView, TurnView
@@ -73,18 +73,18 @@ def test_tab_reaches_the_message_box_and_a_fork_is_confirmed_by_turn(
         await pilot.press("f5")
         await until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
         await pilot.press("down", "enter")  # Turn 1
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await until(pilot, lambda: isinstance(app.screen, ForkScreen))
         assert "Turn 1 · “first question”" in app.screen.question
         await pilot.press("enter")  # Cancel has the focus: Enter does not fork
-        await until(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        await until(pilot, lambda: not isinstance(app.screen, ForkScreen))
         turns = app.turns
         assert app.engine.mutation(sid, turns[0]["turnId"]) is None
         await pilot.press("f5")
         await until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
         await pilot.press("enter")  # the newest, Turn 2
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await until(pilot, lambda: isinstance(app.screen, ForkScreen))
         assert "Turn 2 · “second question”" in app.screen.question
-        await pilot.press("y")
+        await pilot.press("s")  # same folder
         await until(pilot, lambda: app.engine.mutation(sid, turns[1]["turnId"]) is not None)
         assert app.engine.mutation(sid, turns[0]["turnId"]) is None
         # New session: focus lands in the message box.
@@ -225,7 +225,7 @@ def test_every_key_is_listed_the_bar_stays_one_line_and_titles_are_elided(
         await until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
         assert _fits(app)
         await pilot.press("enter")
-        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await until(pilot, lambda: isinstance(app.screen, ForkScreen))
         assert _fits(app)
         await pilot.press("escape")
 

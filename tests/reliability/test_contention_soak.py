@@ -1,4 +1,5 @@
-"""Contention soak: many Sessions, concurrent turns, forks of both point kinds, ACKs,
+"""Contention soak: many Sessions, concurrent turns, forks of both point kinds (some into a
+worktree: half the Sessions work in a git repository made here), ACKs,
 `fork.resolve` of unknown forks (some forced by a one-shot failpoint) and deletes of fork
 children and, rarely, of sources, from several clients,
 while an external process takes SQLite's write lock on the store at random (a real fault,
@@ -64,6 +65,7 @@ from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.floods import dealer_flood, free_port, raw_flood
 from tests.support.invariants import Law, check_invariants
 from tests.support.store_lock import WriteLockHolder
+from tests.support.worktree_repos import make_repo
 from transport.client import Client, ClientClosed, ClientTimeout
 
 FD_LIMIT = 1024
@@ -141,7 +143,7 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
             weights=[6, 2, 1, 1, 1, 0.5, 1, 1],
         )[0]
         if action == "submit":
-            text = rng.choice(["hello", "/slow 200 slow", "/tool grep x"])
+            text = rng.choice(["hello", "/slow 200 slow", "/tool grep x", "/write notes.md x"])
             body = t.call(
                 c,
                 "turn.submit",
@@ -163,9 +165,16 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                         "debug.failpoints",
                         {"points": {"worker.fork.after_provider_call": "once:error"}},
                     )
-                got = t.call(c, "fork.create", fork_params(sid, rng.choice(settled)))
+                params = fork_params(sid, rng.choice(settled))
+                if rng.random() < 0.3:
+                    # A worktree of the Turn's files (refused where the Turn has none).
+                    params["workspace"] = "worktree"
+                got = t.call(c, "fork.create", params)
                 if got:
                     t.note(got["operation"])
+                    if got["operation"].get("workspace", {}).get("state") == "made":
+                        with t.lock:
+                            t.calls["fork.create worktree made"] += 1
         elif action == "fork_latest":
             got = t.call(c, "fork.create", fork_latest_params(sid))
             if got:
@@ -297,11 +306,14 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     began = time.monotonic()
     try:
         c = d.client(timeout=60)
+        repo = make_repo(tmp_path / "project")
         sids = [
-            c.call("session.create", {"workspaceId": WS, "provider": "tutti-agent"})["session"][
-                "agentSessionId"
-            ]
-            for _ in range(SESSIONS)
+            c.call(
+                "session.create",
+                {"workspaceId": WS, "provider": "tutti-agent"}
+                | ({"cwd": str(repo)} if i % 2 else {}),
+            )["session"]["agentSessionId"]
+            for i in range(SESSIONS)
         ]
         # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
         # few at a time (all app-servers starting at once on 2 cores time `session.start`

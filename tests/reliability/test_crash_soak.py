@@ -1,9 +1,11 @@
 """Crash soak: several client threads run random sessions, turns, forks of both point kinds
-(`throughTurn`, `latestSettled`), ACKs, `fork.resolve` (inspect / adopt / abandon) of unknown
-operations, mutations and deletes of sources and children against a real daemon while a chaos
-loop SIGKILLs the daemon or its worker at random moments (or arms a random `once:kill`
-failpoint, the resolve's among them); after every kill the invariant checker runs. Seeded: the
-seed is printed and `AGENTHOST_SOAK_SEED` replays it.
+(`throughTurn`, `latestSettled`) and both workspaces (`shared`, and `worktree`: the sessions
+work in a git repository made here; the tree's own failpoints are among the armed ones), ACKs,
+`fork.resolve` (inspect / adopt / abandon) of unknown operations, mutations and deletes of
+sources and children against a real daemon while a chaos loop SIGKILLs the daemon or its
+worker at random moments (or arms a random `once:kill` failpoint, the resolve's among them);
+after every kill the invariant checker runs. Seeded: the seed is printed and
+`AGENTHOST_SOAK_SEED` replays it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ POINTS = (
     "host.resolve.after_accept",
     "host.resolve.after_quarantine",
     "host.resolve.after_finish",
+    "host.workspace.after_materialize",
+    "host.workspace.after_rename",
+    "host.workspace.after_record",
 )
 
 
@@ -196,7 +201,11 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
         with w.lock:
             turns = list(w.sessions.get(sid, []))
         if turns:
-            body = call(w, c, tag, "fork.create", fork_params(sid, rng.choice(turns)))
+            params = fork_params(sid, rng.choice(turns))
+            if rng.random() < 0.3:
+                params["workspace"] = "worktree"  # refused where the Turn has no checkpoint
+                w.calls["fork.create asked worktree"] += 1
+            body = call(w, c, tag, "fork.create", params)
             if body:
                 op = body["operation"]
                 with w.lock:
@@ -382,10 +391,11 @@ def seed_fork(w: World, rng: random.Random) -> None:
     """One fork per round on a fresh, settled source, left in flight while the clients and the
     chaos run, so every round exercises the saga whatever the random clients picked."""
     c = w.daemon.client(timeout=30)
-    sid = c.call(
-        "session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": w.cwd}
-    )["session"]["agentSessionId"]
-    turn = run_turn(c, sid, f"seed {rng.randrange(1000)}")
+    worktree = rng.random() < 0.5
+    sid = c.call("session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": w.cwd})[
+        "session"
+    ]["agentSessionId"]
+    turn = run_turn(c, sid, f"/write seed.md seed {rng.randrange(1000)}" if worktree else "seed")
     with w.lock:
         w.sessions[sid] = [turn["turnId"]]
 
@@ -400,7 +410,11 @@ def seed_fork(w: World, rng: random.Random) -> None:
             with w.lock:
                 w.ops[body["operation"]["operationId"]] = body["operation"]["status"]
 
-    c.submit("fork.create", fork_params(sid, turn["turnId"])).add_done_callback(register)
+    params = fork_params(sid, turn["turnId"])
+    if worktree:
+        params["workspace"] = "worktree"
+        w.calls["fork.create asked worktree (seed)"] += 1
+    c.submit("fork.create", params).add_done_callback(register)
 
 
 def _idle_or_gone(c: Client, sid: str) -> bool:

@@ -161,9 +161,12 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
     for text, digest in before.values():
         assert hashlib.sha256(text.encode()).hexdigest() == digest
 
-    # fork.get answers every operation as the v4 build did (committed: from the snapshot).
+    # fork.get answers every operation as the v4 build did (committed: from the snapshot);
+    # an operation from before workspaces existed is a `shared` fork.
+    shared = {"workspace_mode": "shared", "worktree": None, "worktree_state": None}
     for state, old in expected.items():
-        assert _plain(store.get_fork_operation(WS_V4, old["operation_id"])) == old, state
+        got = _plain(store.get_fork_operation(WS_V4, old["operation_id"]))
+        assert got == {**old, **shared}, state
 
     # The saga goes on from each state on the migrated file.
     accepted = expected["provider_accepted"]["operation_id"]

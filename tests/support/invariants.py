@@ -12,6 +12,7 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +82,12 @@ class Law(StrEnum):
     """A settled Turn of a live Session names a workspace checkpoint (`before`/`after` tree)
     that its ref in the home's shadow store does not keep, or its record is neither
     `unavailable` nor has an `after` (a fork through it would find nothing)."""
+    WORKTREE = "worktree"
+    """A `worktree` fork's tree breaks its laws (docs/design/workspace.md): a tree on disk
+    that its operation does not record (a failed fork's kept, a removed one still there), a
+    recorded tree missing or incomplete, a half-made (`.partial-`) tree of an operation no
+    saga is making, a dispatch before the record, or two trees / two branches for one
+    operation (law 10)."""
     FENCE_HAS_SAGA = "fence_has_saga"
     """An active operation (holding its source's fence) has not moved past the grace period:
     its saga is gone (checked on a live, quiescent daemon only)."""
@@ -95,6 +102,7 @@ STORE_LAWS = frozenset(
         Law.SINGLE_ACTIVE,
         Law.BOUNDARY_BARRIER,
         Law.UNKNOWN_EVIDENCE,
+        Law.WORKTREE,
     }
 )
 """The laws the store alone decides: what a test over a store without real provider homes
@@ -766,6 +774,76 @@ def _check_liveness(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
             )
 
 
+def _branches_of(repo: str, short: str) -> list[str]:
+    import subprocess
+
+    done = subprocess.run(
+        ["git", "for-each-ref", "--format=%(refname:short)", "refs/heads/agenthost/"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"},
+    )
+    return [b for b in done.stdout.split() if b.endswith(f"-{short}")]
+
+
+def _worktrees_of(repo: str, short: str) -> list[str]:
+    import subprocess
+
+    done = subprocess.run(
+        ["git", "worktree", "list", "--porcelain"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"},
+    )
+    paths = [line[9:] for line in done.stdout.splitlines() if line.startswith("worktree ")]
+    return [p for p in paths if Path(p).name == short]
+
+
+WORKTREE_GRACE_MS = 10_000
+"""How long a live daemon may take to remove a failed fork's tree after marking it failed (the
+saga removes it right after; a check may land between the two)."""
+
+
+def _check_worktrees(ctx: _Ctx, ops: list[dict[str, Any]], now_ms: int) -> None:
+    """The worktree laws, read from disk and the repository itself. A `prepared` operation's
+    saga may be making its tree right now (half-made, or whole and not yet recorded): allowed;
+    if its daemon is dead, start-up recovery fails the operation and removes the tree."""
+    for op in ops:
+        if op.get("workspace_mode") != "worktree" or not op.get("workspace_json"):
+            continue
+        plan = json.loads(op["workspace_json"])
+        op_id, status, state = op["operation_id"], op["status"], op.get("workspace_state")
+        top = Path(plan["path"])
+        partial = top.parent / f".partial-{top.name}"
+        here = top.is_dir()
+        making = status == "prepared"
+        settling = status == "failed" and now_ms - int(op["completed_at_ms"] or 0) < (
+            WORKTREE_GRACE_MS
+        )
+        if status in DISPATCHED and state != "made":
+            ctx.fail(Law.WORKTREE, f"{op_id} ({status}) was dispatched with its tree {state}")
+        if partial.exists() and not making and not settling:
+            ctx.fail(Law.WORKTREE, f"{op_id} ({status}) left a half-made tree {partial}")
+        if status == "failed" and not settling and (here or state != "removed"):
+            ctx.fail(Law.WORKTREE, f"failed {op_id} kept its tree {top} (state {state})")
+        if state == "made" and status != "failed" and not here:
+            ctx.fail(Law.WORKTREE, f"{op_id} ({status}) recorded a tree that is gone: {top}")
+        if here and state != "made" and not making and not settling:
+            ctx.fail(Law.WORKTREE, f"{op_id} ({status}) has a tree it does not record ({state})")
+        if here and state == "made" and not Path(plan["childCwd"]).is_dir():
+            ctx.fail(Law.WORKTREE, f"{op_id}: tree {top} lacks the child's cwd")
+        repo = plan.get("repoRoot")
+        if repo and plan.get("headCommit") and Path(repo).is_dir():
+            if len(_branches_of(repo, top.name)) > 1 or len(_worktrees_of(repo, top.name)) > 1:
+                ctx.fail(Law.WORKTREE, f"{op_id}: two trees or two branches in {repo}")
+            if here and state == "made" and not (top / ".git").is_file():
+                ctx.fail(Law.WORKTREE, f"{op_id}: {top} is not a worktree of {repo}")
+
+
 def check_invariants(
     home: Path, *, probe_fence: bool = True, live_grace_s: float | None = None
 ) -> InvariantReport:
@@ -841,6 +919,7 @@ def check_invariants(
         _check_quarantine(ctx, home, ops)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
+        _check_worktrees(ctx, ops, int(time.time() * 1000))
         if probe_fence:
             _check_fence(ctx, copy_path, ops)
     finally:

@@ -1,0 +1,73 @@
+"""A `worktree` fork's tree from the actors' side: made off the actor's thread (a checkout of a
+large tree takes seconds), and removed when its fork failed — by the saga at its end, by
+`fork.get` on a leftover, and by start-up recovery for whatever a stop left. An `unknown` or
+`abandoned` fork keeps its tree as evidence; a committed one (adopted too) keeps it for the
+child."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import TypeVar
+
+from actors.store_ports import WorktreeStore
+from storage.models import ForkOperation, ForkStatus
+from workspace.worktree import ForkTrees
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def in_thread(fn: Callable[[], T], name: str) -> Future[T]:
+    """`fn` on a thread of its own; its outcome in the future (the actor's `later` takes it)."""
+    fut: Future[T] = Future()
+
+    def run() -> None:
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - the future carries every outcome
+            fut.set_exception(exc)
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return fut
+
+
+def remove_failed_tree(store: WorktreeStore, trees: ForkTrees | None, op: ForkOperation) -> bool:
+    """Remove the tree (whole or half-made) and branch of a failed fork and mark it removed;
+    False (left for start-up recovery) when that cannot be done now."""
+    if op.status is not ForkStatus.FAILED or op.worktree is None:
+        return False
+    if op.worktree_state not in ("planned", "made"):
+        return False
+    if trees is None:
+        return False
+    try:
+        trees.remove(op.worktree)
+        return store.mark_fork_worktree_removed(op.workspace_id, op.operation_id)
+    except Exception:  # noqa: BLE001 - recovery tries again at the next start
+        log.exception("could not remove the worktree of failed fork %s", op.operation_id)
+        return False
+
+
+def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:
+    """Start-up: the trees of every failed fork not yet known removed (a crash before the
+    record leaves no tree; one after a failure leaves none either)."""
+    if trees is None:
+        return 0
+    removed = 0
+    while True:
+        batch = store.fork_worktrees_to_remove(limit=500)
+        progress = 0
+        for item in batch:
+            try:
+                trees.remove(item.plan)
+                if store.mark_fork_worktree_removed(item.workspace_id, item.operation_id):
+                    progress += 1
+            except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
+                log.exception("could not remove the worktree of failed fork %s", item.operation_id)
+        removed += progress
+        if len(batch) < 500 or progress == 0:
+            return removed

@@ -1,0 +1,83 @@
+"""A worktree fork's tree on its operation row: the checkpoint the prepare reads from the fork
+Turn, the tree recorded once whole (before dispatch), and the trees of failed operations that
+start-up recovery and the saga remove. The tree itself is made and removed by the actors
+(`workspace.worktree`); this module only keeps what is true of it durably."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import apsw
+
+from storage.base import StoreBase
+from storage.errors import InvalidTransition
+from storage.fork_rows import load_op
+from storage.models import ForkOperation, ForkOperationChanged, ForkStatus, TreeToRemove
+from storage.sqlite import loads
+
+PLANNED = "planned"
+MADE = "made"
+REMOVED = "removed"
+
+
+def boundary_checkpoint(
+    conn: apsw.Connection, ws: str, session_id: str, turn_id: str
+) -> Mapping[str, Any] | None:
+    """The fork Turn's workspace checkpoint record (`turns.checkpoint_json`), or None."""
+    row = conn.execute(
+        "SELECT checkpoint_json FROM turns WHERE workspace_id = ? AND session_id = ?"
+        " AND turn_id = ?",
+        (ws, session_id, turn_id),
+    ).fetchone()
+    value = None if row is None else loads(row[0])
+    return value if isinstance(value, Mapping) else None
+
+
+class ForkWorkspace(StoreBase):
+    """The worktree state of fork operations."""
+
+    def record_fork_worktree(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        """The planned tree is whole at its path: recorded while the operation is still
+        `prepared`, so a crash after this keeps it (and a dispatch needs it)."""
+        with self._write(ws) as tx:
+            op = load_op(tx.conn, ws, op_id, project=False)
+            if op.worktree_state == MADE:
+                return op, False
+            if op.worktree_state != PLANNED or op.status is not ForkStatus.PREPARED:
+                raise InvalidTransition(
+                    f"fork operation {op_id} ({op.status}, worktree {op.worktree_state}) cannot"
+                    " record a worktree",
+                    params={"operationId": op_id, "status": op.status.value},
+                )
+            tx.execute(
+                "UPDATE fork_operations SET workspace_state = ? WHERE workspace_id = ?"
+                " AND operation_id = ? AND workspace_state = ?",
+                (MADE, ws, op_id, PLANNED),
+            )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            return replace(op, worktree_state=MADE), True
+
+    def mark_fork_worktree_removed(self, ws: str, op_id: str) -> bool:
+        """The tree of a failed operation is gone from disk (only a failed one's is removed)."""
+        with self._write(ws) as tx:
+            tx.execute(
+                "UPDATE fork_operations SET workspace_state = ? WHERE workspace_id = ?"
+                " AND operation_id = ? AND status = ? AND workspace_state IN (?, ?)",
+                (REMOVED, ws, op_id, ForkStatus.FAILED.value, PLANNED, MADE),
+            )
+            changed = tx.changes() == 1
+            if changed:
+                tx.emit(ForkOperationChanged(ws, op_id))
+            return changed
+
+    def fork_worktrees_to_remove(self, limit: int = 500) -> list[TreeToRemove]:
+        """Failed operations whose tree (whole, half-made or never begun) is not yet known
+        removed; recovery removes each and marks it."""
+        rows = self._all(
+            "SELECT workspace_id, operation_id, workspace_json FROM fork_operations"
+            " WHERE status = ? AND workspace_state IN (?, ?) ORDER BY op_seq LIMIT ?",
+            (ForkStatus.FAILED.value, PLANNED, MADE, limit),
+        )
+        return [TreeToRemove(r[0], r[1], loads(r[2])) for r in rows]

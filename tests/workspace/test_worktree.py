@@ -1,0 +1,254 @@
+"""A fork's own tree made from a workspace checkpoint, against real git and a real repository
+made here: the tree holds the checkpoint byte for byte on a new branch at the checkpoint's HEAD
+(uncommitted changes on top), the person's repository gains only that worktree and branch,
+one operation never gets two trees or two branches, a half-made tree is recognisable and
+removed, and outside a repository the tree is a plain directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.worktree_repos import BIG, git, make_repo, repo_state, tree_files
+from workspace.shadow import Checkpoint, ShadowStore
+from workspace.worktree import TreePlan, TreeRefused, Worktrees, plan_tree, slug
+
+pytestmark = pytest.mark.timeout(60)
+
+OP = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ShadowStore:
+    return ShadowStore(tmp_path / "home" / "checkpoints", size_limit=1024)
+
+
+def record(cp: Checkpoint, cwd: Path) -> dict[str, Any]:
+    """The checkpoint as a Turn stores it (`turns.checkpoint_json`)."""
+    return {
+        "cwd": str(cwd),
+        "before": cp.commit,
+        "after": cp.commit,
+        "changedFiles": [],
+        "headCommit": cp.head_commit,
+        "repoRoot": cp.repo_root,
+        "tooLarge": list(cp.too_large),
+    }
+
+
+def fork_branches(repo: Path) -> list[str]:
+    return git(repo, "branch", "--list", "--format=%(refname:short)", "agenthost/*").split()
+
+
+def checkpointed(store: ShadowStore, cwd: Path) -> tuple[dict[str, Any], dict[str, bytes | str]]:
+    cp = store.capture(cwd)
+    assert isinstance(cp, Checkpoint), cp
+    return record(cp, cwd), tree_files(store.materialize(cwd, cp.commit, cwd.parent / "expected"))
+
+
+def test_worktree_holds_the_checkpoint_on_a_new_branch_and_the_repository_gains_only_that(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    head = git(repo, "rev-parse", "HEAD")
+    checkpoint, expected = checkpointed(store, repo)
+    # Work done in the source after the fork Turn never reaches the child.
+    (repo / "src" / "app.py").write_text("print('after the fork turn')\n")
+    (repo / "later.txt").write_text("after\n")
+    before = repo_state(repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="Fix the parser (fork 2)")
+    assert plan.branch == "agenthost/fix-the-parser-fork-2-0f1e2d3c"
+    assert plan.path == str(tmp_path.resolve() / "project.agenthost" / "0f1e2d3c")
+    tree = Worktrees(store).make(plan)
+
+    assert repo_state(repo, except_branch_prefix="agenthost/") == before
+    assert git(repo, "rev-parse", f"refs/heads/{plan.branch}") == head
+    child = tree_files(tree)
+    # Byte for byte for every captured path; the rest as the HEAD commit has it.
+    assert {k: v for k, v in child.items() if k in expected} == expected
+    assert set(child) - set(expected) == {"big.dat"}
+    assert child["big.dat"] == BIG  # too large to capture: HEAD's version, not the source's
+    assert child["src/app.py"] == b"print('v2')\n"
+    assert "doomed.txt" not in child and "later.txt" not in child
+    assert not (tree / "ignored").exists() and not (tree / ".env").exists()
+    assert (tree / "link").is_symlink()
+    # The person can review and commit it as any worktree: the checkpoint's work is
+    # uncommitted on the fork's branch.
+    assert git(tree, "rev-parse", "--abbrev-ref", "HEAD") == plan.branch
+    status = {line.strip() for line in git(tree, "status", "--porcelain").splitlines()}
+    assert status == {"M src/app.py", "D doomed.txt", "?? notes.md", "?? new.bin"}
+
+
+def test_a_second_make_for_the_operation_finds_the_same_tree_and_branch(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store)
+    first = trees.make(plan)
+    (first / "notes.md").write_text("the child's own work\n")
+    again = trees.make(plan_tree(checkpoint, operation_id=OP, title="t"))
+    assert again == first
+    assert (again / "notes.md").read_text() == "the child's own work\n"
+    assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 2
+    assert fork_branches(repo) == [plan.branch]
+
+
+@pytest.mark.parametrize(
+    "crash_at", ["host.workspace.after_materialize", "host.workspace.after_rename"]
+)
+def test_a_crash_leaves_a_recognisable_tree_and_the_next_make_gives_one_whole_tree(
+    tmp_path: Path, store: ShadowStore, crash_at: str
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    checkpoint, expected = checkpointed(store, repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store)
+
+    def hit(name: str) -> None:
+        if name == crash_at:
+            raise Crash(name)
+
+    with pytest.raises(Crash):
+        trees.make(plan, hit)
+    if crash_at.endswith("after_materialize"):
+        # Half-made: only ever under the operation's `.partial-` directory, never at `path`.
+        assert not Path(plan.path).exists() and not trees.exists(plan)
+    else:
+        assert trees.exists(plan) and not trees.partial_exists(plan)
+    tree = trees.make(plan)
+    assert not trees.partial_exists(plan)
+    assert {k: v for k, v in tree_files(tree).items() if k in expected} == expected
+    assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 2
+    assert fork_branches(repo) == [plan.branch]
+    assert git(tree, "rev-parse", "--abbrev-ref", "HEAD") == plan.branch
+
+
+def test_a_crash_leaves_the_exception_path_clean_when_make_itself_fails(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """A make that fails before the rename (here: a HEAD commit the repository lacks) leaves
+    no tree, no half-made directory and no worktree registration behind."""
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    checkpoint["headCommit"] = "1" * 40
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store)
+    with pytest.raises(Exception):  # noqa: B017 - git's own failure, typed GitUnavailable
+        trees.make(plan)
+    assert not Path(plan.path).exists() and not trees.partial_exists(plan)
+    assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 1
+
+
+def test_remove_takes_the_tree_and_its_branch_and_the_repository_is_as_before(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    before = repo_state(repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store)
+    trees.make(plan)
+    trees.remove(plan)
+    trees.remove(plan)  # idempotent
+    assert repo_state(repo) == before
+    assert not Path(plan.path).exists() and not Path(plan.path).parent.exists()
+    assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 1
+
+
+def test_remove_of_a_half_made_tree_leaves_nothing(tmp_path: Path, store: ShadowStore) -> None:
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    before = repo_state(repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store)
+
+    def hit(name: str) -> None:
+        raise Crash(name)
+
+    with pytest.raises(Crash):
+        trees.make(plan, hit)
+    assert trees.partial_exists(plan) and trees.branch_exists(plan)
+    trees.remove(plan)
+    assert not trees.partial_exists(plan) and not trees.branch_exists(plan)
+    assert repo_state(repo) == before
+
+
+def test_remove_keeps_a_branch_with_commits_of_its_own(tmp_path: Path, store: ShadowStore) -> None:
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store)
+    tree = trees.make(plan)
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "the child's work")
+    trees.remove(plan)
+    assert not Path(plan.path).exists()
+    assert trees.branch_exists(plan)
+
+
+def test_a_subdirectory_cwd_is_the_same_subdirectory_of_the_worktree(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    sub = repo / "src"
+    (sub / "wip.py").write_text("work in progress\n")
+    checkpoint, expected = checkpointed(store, sub)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    assert plan.child_cwd == os.path.join(plan.path, "src")
+    Worktrees(store).make(plan)
+    assert tree_files(Path(plan.child_cwd)) == expected
+    # Outside the checkpointed directory the tree is the HEAD commit.
+    assert (Path(plan.path) / "doomed.txt").read_text() == "to be deleted\n"
+
+
+def test_outside_a_repository_the_tree_is_a_plain_directory_of_the_checkpoint(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    cwd = tmp_path / "notes"
+    cwd.mkdir()
+    (cwd / "a.txt").write_text("a\n")
+    (cwd / "bin").write_bytes(b"\0\1\2")
+    (cwd / "l").symlink_to("a.txt")
+    checkpoint, expected = checkpointed(store, cwd)
+    assert checkpoint["repoRoot"] is None
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    assert plan.branch is None
+    assert plan.path == str(tmp_path.resolve() / "notes.agenthost" / "0f1e2d3c")
+    trees = Worktrees(store)
+    tree = trees.make(plan)
+    assert tree_files(tree) == expected and not (tree / ".git").exists()
+    trees.remove(plan)
+    assert not tree.exists()
+
+
+def test_worktrees_dir_puts_every_tree_under_it(tmp_path: Path, store: ShadowStore) -> None:
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t", worktrees_dir=str(tmp_path / "wt"))
+    assert plan.path == str(tmp_path / "wt" / "0f1e2d3c")
+    assert TreePlan.from_json(plan.to_json()) == plan
+    assert Worktrees(store).make(plan).is_dir()
+
+
+@pytest.mark.parametrize(
+    "checkpoint",
+    [None, {"state": "unavailable", "reason": "git_missing", "message": "git is not installed"}],
+)
+def test_no_checkpoint_is_a_typed_refusal(checkpoint: dict[str, Any] | None) -> None:
+    with pytest.raises(TreeRefused) as caught:
+        plan_tree(checkpoint, operation_id=OP, title="t")
+    assert caught.value.reason == "workspace_checkpoint_missing"
+
+
+def test_slug_is_branch_safe() -> None:
+    assert slug("Ünïcode / weird..name (fork 3)") == "n-code-weird-name-fork-3"
+    assert slug("***") == "fork"
