@@ -101,7 +101,9 @@ class TurnRecord:
 
 def message_text(payload: Mapping[str, Any]) -> str:
     parts = payload.get("content") or []
-    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and "text" in p)
+    return "".join(
+        str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and "text" in p
+    )
 
 
 def is_contextual_user_text(text: str) -> bool:

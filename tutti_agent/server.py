@@ -209,7 +209,9 @@ class AppServer:
                 self.threads[history.thread_id] = live
             return live
 
-    def _thread_payload(self, history: ThreadHistory, *, include_turns: bool) -> dict[str, Any]:
+    def _thread_payload(
+        self, history: ThreadHistory, *, include_turns: bool
+    ) -> dict[str, Any]:
         live = self._live(history.thread_id)
         status = live.status() if live is not None else "notLoaded"
         return thread_to_wire(history, status=status, include_turns=include_turns)

@@ -234,9 +234,9 @@ class ThreadStore:
     ) -> RolloutWriter:
         """A new rollout of `session_meta` + `items`, durable on return (one write, one file
         fsync, one fsync per changed directory: `RolloutWriter.create`)."""
-        return self.create_rollout_lines(thread_id, meta, first_ordinal=first_ordinal, items=items)[
-            0
-        ]
+        return self.create_rollout_lines(
+            thread_id, meta, first_ordinal=first_ordinal, items=items
+        )[0]
 
     def create_rollout_lines(
         self,

@@ -51,7 +51,9 @@ class LiveThread:
         self.model = model
         self._lock = threading.Lock()
         self.active: ActiveTurn | None = None
-        self._has_env_context = any(_is_env_context(line.item) for line in history.lines)
+        self._has_env_context = any(
+            _is_env_context(line.item) for line in history.lines
+        )
         self.cwd = str(history.effective_settings().get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
         model_name = history.effective_settings().get("model")
@@ -129,12 +131,8 @@ class LiveThread:
             )
             self.peer.notify(
                 "turn/started",
-                {
-                    "threadId": self.thread_id,
-                    "turn": _turn_wire(
-                        turn.turn_id, [], "inProgress", None, started_at, None, None
-                    ),
-                },
+                {"threadId": self.thread_id, "turn": _turn_wire(turn.turn_id, [], "inProgress",
+                                                                None, started_at, None, None)},
             )
             if not self._has_env_context:
                 # Like Codex: the first turn carries the environment context, model-visible but

@@ -50,7 +50,9 @@ def _unix(ts: object) -> int | None:
         return None
 
 
-def thread_to_wire(history: ThreadHistory, *, status: str, include_turns: bool) -> dict[str, Any]:
+def thread_to_wire(
+    history: ThreadHistory, *, status: str, include_turns: bool
+) -> dict[str, Any]:
     meta: Mapping[str, Any] = history.meta
     settings = history.effective_settings()
     created = _unix(meta.get("timestamp"))

@@ -208,6 +208,8 @@ def test_an_error_at_each_failpoint_is_classified_by_the_durable_status(
 # -- every transition of the state machine ------------------------------------------------------
 
 
+
+
 def test_every_transition_of_the_state_machine_is_taken(store: Store, home: Path) -> None:
     """The saga's runs above and `fork.resolve`'s two store steps together take every edge of
     `TRANSITIONS`; this walks them all here, in one store, and checks none is left out."""
