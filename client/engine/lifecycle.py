@@ -172,14 +172,15 @@ class Engine:
 
     # -- fork mutations ----------------------------------------------------------------------
 
-    def fork(self, source_session_id: str, turn_id: str) -> ForkMutation:
-        """The Fork click on one boundary (`ForkRequests.fork`); never blocks."""
-        return self._forks.fork(source_session_id, turn_id)
+    def fork(self, source_session_id: str, turn_id: str, workspace: str = "shared") -> ForkMutation:
+        """The Fork click on one boundary (`ForkRequests.fork`); never blocks. `workspace`:
+        `shared` (the same folder) or `worktree` (a new worktree of the Turn's files)."""
+        return self._forks.fork(source_session_id, turn_id, workspace)
 
-    def fork_latest(self, source_session_id: str) -> ForkMutation:
+    def fork_latest(self, source_session_id: str, workspace: str = "shared") -> ForkMutation:
         """The Session-level Fork, on the key `(source, LATEST_SETTLED)`
         (`ForkRequests.fork_latest`); never blocks."""
-        return self._forks.fork_latest(source_session_id)
+        return self._forks.fork_latest(source_session_id, workspace)
 
     def resolve(
         self,
