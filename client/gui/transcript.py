@@ -5,6 +5,7 @@ not loaded, never moved to the end). Only the rows near the viewport are mounted
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -133,12 +134,19 @@ class TurnView(Vertical):
     button a user is about to click.
     """
 
+    # The Fork button sits on the header line without a row container: on a layer of its own,
+    # docked right (a dock shrinks only its own layer's region, so the body keeps the full
+    # width), with the header leaving its columns free. Each widget a Turn has is paid again
+    # whenever a scroll mounts it (its styles, compose and first layout).
     DEFAULT_CSS = """
-    TurnView { height: auto; padding: 0 1; margin-bottom: 1; border-left: tall $primary 30%; }
-    TurnView > .turn-head { height: auto; }
+    TurnView {
+        height: auto; padding: 0 1; margin-bottom: 1; border-left: tall $primary 30%;
+        layers: turn fork;
+    }
     TurnView > .turn-body { height: auto; }
-    TurnView .turn-header { width: 1fr; text-wrap: nowrap; text-overflow: ellipsis; }
-    TurnView Button.fork { min-width: 12; margin: 0 1; }
+    TurnView > .turn-header { height: 1; text-wrap: nowrap; text-overflow: ellipsis; }
+    TurnView.-fork > .turn-header { margin-right: 14; }
+    TurnView > Button.fork { layer: fork; dock: right; min-width: 12; margin: 0 1; }
     """
 
     def __init__(
@@ -149,7 +157,9 @@ class TurnView(Vertical):
         blocked: str | None = None,
         unknown: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(id=turn_widget_id(str(turn["turnId"])))
+        # Classes given here, not set later: a class change restyles the widget at once.
+        fork = "-fork" if action is not ForkAction.HIDDEN else None
+        super().__init__(id=turn_widget_id(str(turn["turnId"])), classes=fork)
         self.session_id = session_id
         self.turn = dict(turn)
         self.action = action
@@ -161,10 +171,9 @@ class TurnView(Vertical):
         return str(self.turn["turnId"])
 
     def compose(self) -> ComposeResult:
-        with Horizontal(classes="turn-head"):
-            yield Static(self._header(), classes="turn-header")
-            if self.action is not ForkAction.HIDDEN:
-                yield self._button()
+        yield Static(self._header(), classes="turn-header")
+        if self.action is not ForkAction.HIDDEN:
+            yield self._button()
         if self.unknown is not None:
             yield UnknownForkRow(self.turn_id, self.unknown)
         # One widget for the whole body (not one per line): a long transcript's every frame
@@ -175,6 +184,12 @@ class TurnView(Vertical):
         return turn_header(self.turn, self.action is ForkAction.ENABLED)
 
     def _button(self) -> Button:
+        # Made outside the app's context: a Button sets its variant's and style's classes as it
+        # is made, and in the app's context each class change restyles it at once (a Button
+        # was most of what mounting a Turn cost); its styles are applied once, when mounted.
+        return contextvars.Context().run(self._new_button)
+
+    def _new_button(self) -> Button:
         label, variant = self._label()
         button = Button(
             label,
@@ -216,7 +231,7 @@ class TurnView(Vertical):
             row.set_operation(operation)
         else:
             await self.mount(
-                UnknownForkRow(self.turn_id, operation), after=self.query_one(".turn-head")
+                UnknownForkRow(self.turn_id, operation), after=self.query_one(".turn-header")
             )
 
     async def update(
@@ -242,10 +257,11 @@ class TurnView(Vertical):
         self.query_one(".turn-header", Static).update(self._header())
         if was_hidden and action is ForkAction.HIDDEN:
             return  # only the reason changed, and no button shows it
+        self.set_class(action is not ForkAction.HIDDEN, "-fork")
         if action is ForkAction.HIDDEN:
             await self.query_one(f"#{fork_button_id(self.turn_id)}", Button).remove()
         elif was_hidden:
-            await self.query_one(".turn-head", Horizontal).mount(self._button())
+            await self.mount(self._button(), after=self.query_one(".turn-header"))
         else:
             button = self.query_one(f"#{fork_button_id(self.turn_id)}", Button)
             button.disabled = action is not ForkAction.ENABLED
