@@ -270,7 +270,7 @@ async def capture_sizes(daemon: DaemonProcess, child: str, out: Path) -> None:
 async def _capture_size(
     daemon: DaemonProcess, child: str, out: Path, size: tuple[int, int]
 ) -> None:
-    from client.gui.controls import ConfirmScreen
+    from client.gui.controls import ForkScreen
     from client.gui.keyboard import HelpScreen, TurnPickerScreen
 
     name = f"gui-{size[0]}x{size[1]}"
@@ -293,7 +293,7 @@ async def _capture_size(
         await pilot.press("escape", "f5")
         await _until(pilot, lambda: isinstance(app.screen, TurnPickerScreen))
         await pilot.press("enter")
-        await _until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await _until(pilot, lambda: isinstance(app.screen, ForkScreen))
         await pilot.pause(0.5)
         app.save_screenshot(f"{name}-fork-confirm.svg", str(out))
         to_png(screen_segments(app), out / f"{name}-fork-confirm.png")
