@@ -6,16 +6,18 @@ actor as `FollowUp` messages, so a fenced write arriving mid-fork is rejected by
 fence instead of queueing behind the saga.
 
 This module is the actor itself: its lifecycle, the dispatch of its messages, its busy state,
-and the `ForkHost` port a fork saga or `fork.resolve` runs through. Each other concern is a
-module of its own, composed here (docs/design/internals.md, "The actors"):
-`session_base` (state, thread hops), `session_runtime` (the provider runtime), `turn_writes`
-(a Turn's durable writes), `session_turns` (running a Turn), `session_controls` (mutations,
-interrupt, interaction answers), `provider_errors` (worker failures as typed errors).
+and the `ForkHost` port a fork saga or `fork.resolve` runs through. It owns one part per other
+concern, each with its own state, wired in its constructor (docs/design/internals.md, "The
+actors"): the runtime (`session_runtime`), the durable writes (`turn_writes`), the Turns
+(`session_turns`) and the client's controls (`session_controls`), all handed one
+`session_base.SessionCore` (the Session's identity and thread hops).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -37,11 +39,17 @@ from actors.messages import (
     RuntimeLost,
     Submit,
 )
+from actors.pool import PooledActor
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
-from actors.session_base import RetryDurable
+from actors.session_base import RetryDurable, SessionCore, T
 from actors.session_controls import SessionControls
+from actors.session_runtime import SessionRuntime
+from actors.session_turns import TurnRunner
 from actors.store_ports import ResolveStore
+from actors.timers import TimerHandle
+from actors.turn_writes import TurnWrites
 from storage.errors import HostError
+from storage.models import Session
 from storage.sqlite import host_error_of
 from workspace.worktree import ForkTrees
 
@@ -52,7 +60,7 @@ MAX_HELD_WRITES = 4
 burst: item, binding, message, settle)."""
 
 
-class SessionActor(SessionControls):
+class SessionActor(PooledActor):
     """One live Session (see the module docstring); `HostActor` starts and stops it."""
 
     def __init__(
@@ -62,24 +70,36 @@ class SessionActor(SessionControls):
         session_id: str,
         predecessor: pykka.Future[Any] | None = None,
     ) -> None:
-        super().__init__(ctx, workspace_id, session_id, predecessor)
+        super().__init__()
+        self.ctx = ctx
+        self.actor_pool = ctx.actor_pool
+        self.core = SessionCore(ctx, workspace_id, session_id, self.actor_ref)
+        self.ws, self.sid, self.key = workspace_id, session_id, self.core.key
+        self.runtime = SessionRuntime(self.core)
+        self.writes = TurnWrites(
+            self.core,
+            give_up=lambda item, exc: self.turns.give_up(item, exc),
+            # A Turn's durable writes may touch the row (its `updated_at`): never cached across.
+            before_drain=self.runtime.forget_row,
+        )
+        self.turns = TurnRunner(self.core, self.runtime, self.writes)
+        self.controls = SessionControls(self.core, self.turns, self.runtime)
         # Fork sagas and fork.resolve requests in flight (actors/fork_saga.py, fork_resolve.py);
         # both see this actor only through the `actors.fork_host.ForkHost` port.
         self.sagas: dict[str, LiveSaga] = {}
         self.resolves: dict[str, Any] = {}
-        # The runtime this Session's last passed fork re-attestation proved.
-        self.attested_runtime: tuple[str, ...] | None = None
+        self._busy = False
+        # A previous actor for this Session may still drain its mailbox: start after it, so
+        # the Session's writes stay serialised across an idle stop and a restart.
+        self.wait_for(predecessor)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def on_stop(self) -> None:
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
-        for state in self._turns.values():
-            if state.watchdog is not None:
-                state.watchdog.cancel()
+        self.writes.cancel()
+        self.turns.cancel_watchdogs()
         # This thread ends now: its store connection (and file descriptors) must go with it.
-        self.session_store.release_thread_connection()
+        self.core.session_store.release_thread_connection()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)
@@ -108,12 +128,12 @@ class SessionActor(SessionControls):
         # faster than the store commits still has its Turn land (and its `turn.updated`
         # events go out) every few messages, and the queue stays bounded.
         following = self.next_message()
-        self._hold_durable = len(self._durable) < MAX_HELD_WRITES and (
+        self.writes.hold = len(self.writes) < MAX_HELD_WRITES and (
             isinstance(following, DriverEvent)
             or (isinstance(following, FollowUp) and following.turn_event)
         )
         if isinstance(message, RuntimeLost):
-            self.forget_warm_runtime()
+            self.runtime.forget_warm_runtime()
         self._expire_row_cache(message)
         try:
             self._dispatch(message)
@@ -133,9 +153,9 @@ class SessionActor(SessionControls):
                 reply(typed)
         finally:
             self._expire_row_cache(message)
-            held, self._hold_durable = self._hold_durable, False
-            if not held and self._durable and self._retry_timer is None:
-                self._drain()  # what the events before this message held back
+            held, self.writes.hold = self.writes.hold, False
+            if not held:
+                self.writes.drain_if_due()  # what the events before this message held back
             self._update_busy()
         return None
 
@@ -148,34 +168,28 @@ class SessionActor(SessionControls):
         runtime write (`update_runtime`) replaces it with the row it wrote."""
         if (
             not isinstance(message, (ForkCreate, ForkAdvance, FollowUp))
-            or self._turns
-            or self._durable
-            or self._late_bindings
+            or self.turns
+            or self.writes
+            or self.writes.late_bindings_pending
         ):
-            self._session_row = None
-
-    def _drain(self) -> None:
-        # A Turn's durable writes may touch the row (its `updated_at`): never cached across.
-        self._session_row = None
-        super()._drain()
+            self.runtime.forget_row()
 
     def _dispatch(self, message: Any) -> None:
         match message:
             case FollowUp(fn=fn):
                 fn()
             case RetryDurable():
-                self._retry_timer = None
-                self._drain()
+                self.writes.retry()
             case Mutate():
-                self._on_mutate(message)
+                self.controls.on_mutate(message)
             case Submit():
-                self._on_submit(message)
+                self.turns.on_submit(message)
             case Interrupt():
-                self._on_interrupt(message)
+                self.controls.on_interrupt(message)
             case Respond():
-                self._on_respond(message)
+                self.controls.on_respond(message)
             case DriverEvent(event=event):
-                self._on_driver_event(event)
+                self.turns.on_driver_event(event)
             case ForkCreate():
                 fork_start.start(self, message)
             case ForkAdvance():
@@ -183,7 +197,7 @@ class SessionActor(SessionControls):
             case ForkResolve():
                 ForkResolver.start(self, message)
             case RuntimeLost():
-                self._on_runtime_lost(message)
+                self.turns.on_runtime_lost(message)
             case _:
                 log.warning("session actor %s: unknown message %r", self.key, message)
 
@@ -191,16 +205,14 @@ class SessionActor(SessionControls):
         busy = (
             bool(self.sagas)
             or bool(self.resolves)
-            or bool(self._durable)
-            or bool(self._late_bindings)  # stay alive until they are applied
-            or any(not t.settled for t in self._turns.values())
+            or bool(self.writes)
+            or self.writes.late_bindings_pending  # stay alive until they are applied
+            or self.turns.unsettled()
             # A runtime preparation (a slot wait, `session.start`) may outlast the idle reap;
             # a fork.create waiting on it is owed a reply by this actor.
-            or self._preparing > 0
+            or self.runtime.preparing > 0
         )
-        if not busy and self._preparing == 0 and self._slot_provider is not None:
-            self.ctx.runtime_slots.release(self._slot_provider, self.key)
-            self._slot_provider = None
+        self.runtime.release_slot_if_idle(busy)
         if busy != self._busy:
             self._busy = busy
             if self.ctx.on_busy_change is not None:
@@ -242,3 +254,46 @@ class SessionActor(SessionControls):
 
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
         return self.ctx.runtime_home(workspace_id, session_id, provider)
+
+    @property
+    def attested_runtime(self) -> tuple[str, ...] | None:
+        return self.runtime.attested_runtime
+
+    @attested_runtime.setter
+    def attested_runtime(self, value: tuple[str, ...] | None) -> None:
+        self.runtime.attested_runtime = value
+
+    def session(self) -> Session:
+        return self.core.session()
+
+    def cached_session(self) -> Session:
+        return self.runtime.cached_session()
+
+    def warm_runtime(self, session: Session) -> PreparedRuntime | None:
+        return self.runtime.warm_runtime(session)
+
+    def forget_warm_runtime(self) -> None:
+        self.runtime.forget_warm_runtime()
+
+    def prepare_runtime(
+        self,
+        session: Session,
+        on_ready: Callable[[PreparedRuntime | HostError], None],
+        *,
+        fork: bool = False,
+    ) -> None:
+        self.runtime.prepare_runtime(session, on_ready, fork=fork)
+
+    def later(
+        self,
+        future: Future[T],
+        on_done: Callable[[Future[T]], None],
+        reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.core.later(future, on_done, reply)
+
+    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        return self.core.after(seconds, fn)
+
+    def apply_late_bindings(self) -> None:
+        self.writes.apply_late_bindings()

@@ -1,11 +1,8 @@
-"""The Session actor's state and its thread hops: what every concern of `SessionActor` shares.
+"""What every part of the Session actor is handed: the Session's identity and its thread hops.
 
-`SessionActorBase` holds one Session's live bookkeeping (its Turns in flight, the queue of
-their durable writes, its runtime slot) and the two ways back onto the actor's own thread
-(`later` for a worker answer, `after` for a timer). The concerns built on it:
-`actors/session_runtime.py` (the provider runtime), `actors/turn_writes.py` (a Turn's durable
-writes), `actors/session_turns.py` (running a Turn), `actors/session_controls.py` (the
-client's controls); `actors/session_actor.py` composes them into `SessionActor`.
+`SessionCore` names the Session (workspace, id, runtime key), its store port and context, and
+the two ways back onto the actor's own thread (`later` for a worker answer, `after` for a
+timer); the record types its parts pass each other (`TurnState`, `DurableWrite`) live here too.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -24,7 +20,6 @@ import pykka
 from actors.checkpoints import Capture
 from actors.context import HostContext
 from actors.messages import FollowUp, runtime_key
-from actors.pool import PooledActor
 from actors.store_ports import SessionActorStore
 from actors.timers import TimerHandle
 from domain.worker_messages import TurnEvent
@@ -100,47 +95,25 @@ class DurableWrite:
     landed: Callable[[], None] | None = None
 
 
-class SessionActorBase(PooledActor):
-    """One Session's state; the concerns are mixed in by `actors.session_actor.SessionActor`."""
+class SessionCore:
+    """One Session as its actor's parts see it; holds no mutable state of its own, so each part
+    (runtime, durable writes, turns, controls) owns its state alone."""
 
     def __init__(
         self,
         ctx: HostContext,
         workspace_id: str,
         session_id: str,
-        predecessor: pykka.Future[Any] | None = None,
+        actor_ref: pykka.ActorRef[Any],
     ) -> None:
-        super().__init__()
         self.ctx = ctx
         # The Session's own view of the store (its turns, interactions, runtime record); the
         # fork saga and fork.resolve get theirs through the `ForkHost` port.
         self.session_store: SessionActorStore = ctx.store
-        self.actor_pool = ctx.actor_pool
         self.ws = workspace_id
         self.sid = session_id
         self.key = runtime_key(workspace_id, session_id)
-        # A previous actor for this Session may still drain its mailbox: start after it, so
-        # the Session's writes stay serialised across an idle stop and a restart.
-        self.wait_for(predecessor)
-        self._turns: dict[str, TurnState] = {}
-        # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
-        # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
-        self._late_bindings: dict[str, str] = {}
-        self._busy = False
-        # Runtime slot: held while preparing or busy, released when neither.
-        self._preparing = 0
-        self._slot_provider: str | None = None
-        self._durable: deque[DurableWrite] = deque()
-        # True while the message being handled is followed by a driver event already queued:
-        # its durable writes wait for that event's, and all land in one transaction.
-        self._hold_durable = False
-        self._retry_timer: TimerHandle | None = None
-        # `after` checkpoints being taken: the Turn's trailing writes wait for its settlement
-        # (which carries the checkpoint), so they still land as one transaction.
-        self._capture_holds = 0
-        self._retry_delay = RETRY_FIRST_S
-
-    # -- helpers used by the saga ----------------------------------------------------------
+        self.actor_ref = actor_ref
 
     def later(
         self,

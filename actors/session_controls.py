@@ -17,7 +17,8 @@ from actors import runtime_dirs
 from actors.messages import Interrupt, Mutate, Respond
 from actors.ports import WorkerFailed
 from actors.provider_errors import control_error
-from actors.session_base import TurnState
+from actors.session_base import SessionCore
+from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from domain.worker_calls import InteractionRespond, SessionStop, TurnInterrupt
 from storage.errors import Conflict, HostError, TurnNotFound
@@ -26,26 +27,34 @@ from storage.errors import Conflict, HostError, TurnNotFound
 log = logging.getLogger("actors.session_actor")
 
 
-class SessionControls(TurnRunner):
-    """Mutations, interrupts and interaction answers of one Session."""
+class SessionControls:
+    """Mutations, interrupts and interaction answers of one Session; no state of its own: it
+    acts through the Session's Turns and its runtime."""
+
+    def __init__(self, core: SessionCore, turns: TurnRunner, runtime: SessionRuntime) -> None:
+        self._core = core
+        self._turns = turns
+        self._runtime = runtime
 
     # -- plain mutations -------------------------------------------------------------------
 
-    def _on_mutate(self, msg: Mutate) -> None:
-        session = self.session() if msg.stop_runtime else None
+    def on_mutate(self, msg: Mutate) -> None:
+        session = self._core.session() if msg.stop_runtime else None
         provider = session.provider if session is not None else None
         result = msg.fn()
-        if session is not None and self.ctx.checkpoint_janitor is not None:
+        if session is not None and self._core.ctx.checkpoint_janitor is not None:
             # Its checkpoints have no further use: their refs go now (off this thread), their
             # objects at the next collection.
-            self.ctx.checkpoint_janitor.drop_session(session.cwd, self.sid)
+            self._core.ctx.checkpoint_janitor.drop_session(session.cwd, self._core.sid)
         if provider is not None:
             # Deleted (committed): its provider runtime and home have no further use. The home
             # goes once the runtime has stopped, off this thread; a kill in between is
             # finished by the next start (actors/runtime_dirs.py).
-            self.ctx.failpoints.hit("host.session.delete.after_commit")
-            stopped = self.ctx.workers.stop_session(provider, SessionStop(self.key), 10.0)
-            runtimes, ws, sid = self.ctx.runtimes_dir, self.ws, self.sid
+            self._core.ctx.failpoints.hit("host.session.delete.after_commit")
+            stopped = self._core.ctx.workers.stop_session(
+                provider, SessionStop(self._core.key), 10.0
+            )
+            runtimes, ws, sid = self._core.ctx.runtimes_dir, self._core.ws, self._core.sid
             stopped.add_done_callback(
                 lambda _f: threading.Thread(
                     target=runtime_dirs.discard,
@@ -54,15 +63,15 @@ class SessionControls(TurnRunner):
                     daemon=True,
                 ).start()
             )
-            self.ctx.runtime_slots.forget(provider, self.key)
+            self._core.ctx.runtime_slots.forget(provider, self._core.key)
         msg.reply(result)
 
-    def _on_interrupt(self, msg: Interrupt) -> None:
+    def on_interrupt(self, msg: Interrupt) -> None:
         """Works on any Turn the store shows active: one this actor runs,
         one whose settlement is still pending, one nothing tracks any more, and one whose
         provider runtime is hung (that runtime is stopped)."""
-        turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
-        self.session_store.check_fence(self.ws, self.sid)
+        turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, msg.turn_id)
+        self._core.session_store.check_fence(self._core.ws, self._core.sid)
         if turn.phase != "active":
             msg.reply(turn)
             return
@@ -71,30 +80,33 @@ class SessionControls(TurnRunner):
             if err is not None:
                 msg.reply(err)
                 return
-            msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
+            msg.reply(
+                self._core.session_store.get_turn(self._core.ws, self._core.sid, turn.turn_id)
+            )
 
         state = self._turns.get(turn.turn_id)
         if state is None:
             # Nothing in this process works on it: settle it here (with what the store has).
-            state = TurnState(turn.turn_id, provider_turn_id=turn.root_provider_turn_id)
-            self._turns[turn.turn_id] = state
+            state = self._turns.track(turn.turn_id, turn.root_provider_turn_id)
             if turn.root_provider_turn_id:
-                self._stop_runtime()
-            self._settle(state, "interrupted", error=msg.why, then=_answer)
+                self._runtime.stop_runtime()
+            self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
             return
         if state.settling:
             # Answers with its pending write.
-            self._settle(state, "interrupted", error=msg.why, then=_answer)
+            self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
             return
         state.interrupted_why = msg.why
         provider_turn_id = state.provider_turn_id or turn.root_provider_turn_id
         if not provider_turn_id:
             # Not started at the provider yet: settle it here, nothing to stop there.
-            self._settle(state, "interrupted", error=msg.why, then=_answer)
+            self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
             return
-        provider = self.session().provider
-        fut = self.ctx.workers.interrupt_turn(
-            provider, TurnInterrupt(self.key, provider_turn_id), self.ctx.timeouts.interrupt_s
+        provider = self._core.session().provider
+        fut = self._core.ctx.workers.interrupt_turn(
+            provider,
+            TurnInterrupt(self._core.key, provider_turn_id),
+            self._core.ctx.timeouts.interrupt_s,
         )
 
         def _done(f: Future[None]) -> None:
@@ -109,16 +121,20 @@ class SessionControls(TurnRunner):
                     return
                 # The runtime did not take the interrupt (hung, gone, timed out): stop it
                 # and settle the Turn here, so an interrupt always ends the Turn.
-                log.warning("session %s: interrupt failed (%s); stopping runtime", self.key, exc)
-                self._stop_runtime()
-                self._settle(state, "interrupted", error=msg.why, then=_answer)
+                log.warning(
+                    "session %s: interrupt failed (%s); stopping runtime", self._core.key, exc
+                )
+                self._runtime.stop_runtime()
+                self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
                 return
-            msg.reply(self.session_store.get_turn(self.ws, self.sid, turn.turn_id))
+            msg.reply(
+                self._core.session_store.get_turn(self._core.ws, self._core.sid, turn.turn_id)
+            )
 
-        self.later(fut, _done, msg.reply)
+        self._core.later(fut, _done, msg.reply)
 
-    def _on_respond(self, msg: Respond) -> None:
-        turn = self.session_store.get_turn(self.ws, self.sid, msg.turn_id)
+    def on_respond(self, msg: Respond) -> None:
+        turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, msg.turn_id)
         pending = [i for i in turn.interactions if i.request_id == msg.request_id]
         if not pending:
             raise TurnNotFound(
@@ -127,12 +143,12 @@ class SessionControls(TurnRunner):
             )
         if pending[0].status != "pending":
             raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
-        self.session_store.check_fence(self.ws, self.sid)
-        provider = self.session().provider
-        fut = self.ctx.workers.respond_interaction(
+        self._core.session_store.check_fence(self._core.ws, self._core.sid)
+        provider = self._core.session().provider
+        fut = self._core.ctx.workers.respond_interaction(
             provider,
-            InteractionRespond(self.key, msg.request_id, dict(msg.response)),
-            self.ctx.timeouts.control_s,
+            InteractionRespond(self._core.key, msg.request_id, dict(msg.response)),
+            self._core.ctx.timeouts.control_s,
         )
 
         def _done(f: Future[None]) -> None:
@@ -147,9 +163,9 @@ class SessionControls(TurnRunner):
             # The worker answered the provider: the Turn may already have settled (its end
             # can reach us before this reply), and the answer is still what happened.
             output = dict(msg.response) if msg.by is None else {**msg.response, "by": msg.by}
-            interaction = self.session_store.resolve_interaction(
-                self.ws, self.sid, msg.turn_id, msg.request_id, output, delivered=True
+            interaction = self._core.session_store.resolve_interaction(
+                self._core.ws, self._core.sid, msg.turn_id, msg.request_id, output, delivered=True
             )
             msg.reply(interaction)
 
-        self.later(fut, _done, msg.reply)
+        self._core.later(fut, _done, msg.reply)

@@ -22,7 +22,7 @@ from actors.fork_host import PreparedRuntime, attestation_key
 from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
-from actors.session_base import SessionActorBase
+from actors.session_base import SessionCore
 from domain.worker_calls import (
     HistoryRequest,
     SessionHistory,
@@ -88,20 +88,37 @@ def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
         return None
 
 
-class SessionRuntime(SessionActorBase):
-    """Prepares, re-binds and stops the Session's provider runtime."""
+class SessionRuntime:
+    """Prepares, re-binds and stops the Session's provider runtime; owns its runtime slot, the
+    warm runtime of the fork and Turn fast paths, and the Session row cache."""
 
-    # The fork fast path. `_warm`: the runtime the last `session.start` reported
-    # with a generation, and when (monotonic); `_session_row`: the Session row as this actor
-    # last read or wrote it, emptied by every message that may write it (SessionActor).
-    _warm: tuple[PreparedRuntime, float] | None = None
-    _session_row: Session | None = None
-    attested_runtime: tuple[str, ...] | None = None
+    def __init__(self, core: SessionCore) -> None:
+        self._core = core
+        # The fork fast path: the runtime the last `session.start` reported with a
+        # generation, and when (monotonic).
+        self._warm: tuple[PreparedRuntime, float] | None = None
+        # The Session row as this actor last read or wrote it, emptied by every message that
+        # may write it (`forget_row`, called by the SessionActor and before durable writes).
+        self._session_row: Session | None = None
+        # The runtime this Session's last passed fork re-attestation proved.
+        self.attested_runtime: tuple[str, ...] | None = None
+        # Runtime slot: held while preparing or busy, released when neither.
+        self.preparing = 0
+        self._slot_provider: str | None = None
+
+    def forget_row(self) -> None:
+        self._session_row = None
+
+    def release_slot_if_idle(self, busy: bool) -> None:
+        """Give the provider's runtime slot back once the Session has nothing in progress."""
+        if not busy and self.preparing == 0 and self._slot_provider is not None:
+            self._core.ctx.runtime_slots.release(self._slot_provider, self._core.key)
+            self._slot_provider = None
 
     def cached_session(self) -> Session:
         row = self._session_row
         if row is None:
-            row = self._session_row = self.session()
+            row = self._session_row = self._core.session()
         return row
 
     def forget_warm_runtime(self) -> None:
@@ -122,7 +139,7 @@ class SessionRuntime(SessionActorBase):
         if self._warm is None:
             return None
         try:
-            if self.session_store.turns_missing_binding(self.ws, self.sid):
+            if self._core.session_store.turns_missing_binding(self._core.ws, self._core.sid):
                 return None
         except HostError:
             return None
@@ -133,7 +150,7 @@ class SessionRuntime(SessionActorBase):
         if warm is None:
             return None
         runtime, at = warm
-        window = self.ctx.timeouts.fork_warm_runtime_s
+        window = self._core.ctx.timeouts.fork_warm_runtime_s
         if runtime.idle_s is not None:
             window = min(window, runtime.idle_s / 2)
         generation = runtime.generation
@@ -149,7 +166,9 @@ class SessionRuntime(SessionActorBase):
             or (runtime.pid is not None and not process_alive(runtime.pid))
         ):
             return None
-        if not self.ctx.runtime_slots.hold_warm(session.provider, self.key, fork=attested):
+        if not self._core.ctx.runtime_slots.hold_warm(
+            session.provider, self._core.key, fork=attested
+        ):
             return None  # evicted or lost with its worker: start it again
         self._slot_provider = session.provider
         return runtime
@@ -164,13 +183,13 @@ class SessionRuntime(SessionActorBase):
         """Take one of the provider's runtime slots (queueing while all are busy; a `fork`
         within the forks' share), then prepare the runtime; the slot is released when the
         Session has nothing in progress."""
-        ref = self.actor_ref
-        self._preparing += 1
+        ref = self._core.actor_ref
+        self.preparing += 1
         self._slot_provider = session.provider
 
         def _ready(runtime: PreparedRuntime | HostError) -> None:
-            self._preparing -= 1
-            self.ctx.runtime_slots.started(session.provider, self.key)
+            self.preparing -= 1
+            self._core.ctx.runtime_slots.started(session.provider, self._core.key)
             on_ready(runtime)
 
         def _prepare_now() -> None:
@@ -178,16 +197,20 @@ class SessionRuntime(SessionActorBase):
                 self._prepare_runtime_now(session, _ready)
             except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
                 if isinstance(exc, HostError):
-                    log.exception("session %s: preparing the runtime failed", self.key)
-                _ready(host_error_of(exc, f"session {self.key}: preparing the runtime", logger=log))
+                    log.exception("session %s: preparing the runtime failed", self._core.key)
+                _ready(
+                    host_error_of(
+                        exc, f"session {self._core.key}: preparing the runtime", logger=log
+                    )
+                )
 
         def _granted() -> None:
             try:
                 ref.tell(FollowUp(_prepare_now))
             except pykka.ActorDeadError:
-                self.ctx.runtime_slots.release(session.provider, self.key)
+                self._core.ctx.runtime_slots.release(session.provider, self._core.key)
 
-        self.ctx.runtime_slots.acquire(session.provider, self.key, _granted, fork=fork)
+        self._core.ctx.runtime_slots.acquire(session.provider, self._core.key, _granted, fork=fork)
 
     def _prepare_runtime_now(
         self, session: Session, on_ready: Callable[[PreparedRuntime | HostError], None]
@@ -195,10 +218,10 @@ class SessionRuntime(SessionActorBase):
         """Attach (or reuse) the Session's runtime in its worker: the same preparation for a
         live, a historical and a resumed Session; the result is persisted as runtime context
         so capability projection never has to spawn a process."""
-        home = self.ctx.runtime_home(self.ws, self.sid, session.provider)
+        home = self._core.ctx.runtime_home(self._core.ws, self._core.sid, session.provider)
         home.mkdir(parents=True, exist_ok=True)
         request = SessionStart(
-            agent_session_id=self.key,
+            agent_session_id=self._core.key,
             home=str(home),
             cwd=session.cwd,
             settings=dict(session.settings),
@@ -206,13 +229,13 @@ class SessionRuntime(SessionActorBase):
             provider_session_id=session.provider_session_id,
             runtime_context=dict(session.runtime_context),
         )
-        fut = self.ctx.workers.start_session(
-            session.provider, request, self.ctx.timeouts.session_start_s
+        fut = self._core.ctx.workers.start_session(
+            session.provider, request, self._core.ctx.timeouts.session_start_s
         )
 
         def _done(f: Future[SessionStarted]) -> None:
             # The start itself has ended: its permit goes to the next cold Session now.
-            self.ctx.runtime_slots.started(session.provider, self.key)
+            self._core.ctx.runtime_slots.started(session.provider, self._core.key)
             try:
                 result = f.result()
             except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error
@@ -221,7 +244,7 @@ class SessionRuntime(SessionActorBase):
             try:
                 prepared = _record(result)
             except Exception as exc:  # noqa: BLE001 - the waiter is always answered, typed
-                on_ready(host_error_of(exc, f"session {self.key}: recording the runtime"))
+                on_ready(host_error_of(exc, f"session {self._core.key}: recording the runtime"))
                 return
             self._rebind_missing(prepared, lambda: on_ready(prepared))
 
@@ -232,9 +255,9 @@ class SessionRuntime(SessionActorBase):
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
             ) != {**current.runtime_context, **context}:
-                current = self.session_store.update_runtime(
-                    self.ws,
-                    self.sid,
+                current = self._core.session_store.update_runtime(
+                    self._core.ws,
+                    self._core.sid,
                     provider_session_id=provider_session_id or None,
                     runtime_context=context,
                 )
@@ -254,22 +277,22 @@ class SessionRuntime(SessionActorBase):
             self._warm = None if prepared.generation is None else (prepared, time.monotonic())
             return prepared
 
-        self.later(fut, _done)
+        self._core.later(fut, _done)
 
     def _rebind_missing(self, runtime: PreparedRuntime, then: Callable[[], None]) -> None:
         """Re-bind settled completed Turns whose provider binding was never recorded, from
         the provider's own history (by order and content, fail closed), then continue. Any
         failure here only leaves those Turns unbound, as they were."""
         try:
-            missing = self.session_store.turns_missing_binding(self.ws, self.sid)
+            missing = self._core.session_store.turns_missing_binding(self._core.ws, self._core.sid)
         except HostError as exc:
-            log.warning("session %s: re-bind check failed: %s", self.key, exc.message)
+            log.warning("session %s: re-bind check failed: %s", self._core.key, exc.message)
             missing = []
         if not missing:
             then()
             return
-        fut = self.ctx.workers.history(
-            runtime.provider, HistoryRequest(self.key), self.ctx.timeouts.control_s
+        fut = self._core.ctx.workers.history(
+            runtime.provider, HistoryRequest(self._core.key), self._core.ctx.timeouts.control_s
         )
 
         def _done(f: Future[SessionHistory]) -> None:
@@ -277,14 +300,18 @@ class SessionRuntime(SessionActorBase):
                 history: list[Mapping[str, Any]] = [t.to_wire() for t in f.result().turns]
                 self._apply_rebind(set(missing), history)
             except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
-                log.warning("session %s: re-bind from provider history failed: %s", self.key, exc)
+                log.warning(
+                    "session %s: re-bind from provider history failed: %s", self._core.key, exc
+                )
             then()
 
-        self.later(fut, _done)
+        self._core.later(fut, _done)
 
     def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
         self._session_row = None  # a re-bind writes the Session's Turns (and its row)
-        turns, _ = self.session_store.timeline(self.ws, self.sid, after_sequence=0, limit=100_000)
+        turns, _ = self._core.session_store.timeline(
+            self._core.ws, self._core.sid, after_sequence=0, limit=100_000
+        )
         canonical = [
             CanonicalTurn(
                 t.turn_id,
@@ -301,16 +328,16 @@ class SessionRuntime(SessionActorBase):
         held = {t.turn_id: t.provider_turn_binding_json for t in turns}
         for turn_id, provider_turn_id in matches.items():
             binding = bindings.get(provider_turn_id)
-            self.session_store.bind_provider_turn(
-                self.ws,
-                self.sid,
+            self._core.session_store.bind_provider_turn(
+                self._core.ws,
+                self._core.sid,
                 turn_id,
                 provider_turn_id,
                 str(binding) if binding and held.get(turn_id) is None else None,
             )
             log.warning(
                 "session %s: turn %s re-bound to provider turn %s from the provider's history",
-                self.key,
+                self._core.key,
                 turn_id,
                 provider_turn_id,
             )
@@ -318,12 +345,14 @@ class SessionRuntime(SessionActorBase):
             log.warning(
                 "session %s: turn %s has no provider binding and none can be proven; left "
                 "unbound (fail closed)",
-                self.key,
+                self._core.key,
                 turn_id,
             )
 
-    def _stop_runtime(self) -> None:
+    def stop_runtime(self) -> None:
         """Stop the Session's provider runtime (it respawns at the next use)."""
         self._warm = None
-        provider = self.session().provider
-        self.ctx.workers.stop_session(provider, SessionStop(self.key), self.ctx.timeouts.control_s)
+        provider = self._core.session().provider
+        self._core.ctx.workers.stop_session(
+            provider, SessionStop(self._core.key), self._core.ctx.timeouts.control_s
+        )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -20,7 +19,7 @@ from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
 from actors.provider_errors import runtime_changed
-from actors.session_base import RETRY_MAX_S, DurableWrite, TurnState
+from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
 from domain.model_limits import BACKSTOP_GRACE_S, ModelLimits, first_byte_timeout
@@ -40,20 +39,51 @@ from storage.errors import HostError, StoreBusy
 log = logging.getLogger("actors.session_actor")
 
 
-class TurnRunner(TurnWrites, SessionRuntime):
-    """Runs the Session's Turns from submit to settlement."""
+class TurnRunner:
+    """Runs the Session's Turns from submit to settlement; owns what it knows of each Turn
+    until it is settled, and prepares runtimes and queues writes through its two parts."""
+
+    def __init__(self, core: SessionCore, runtime: SessionRuntime, writes: TurnWrites) -> None:
+        self._core = core
+        self._runtime = runtime
+        self._writes = writes
+        self._turns: dict[str, TurnState] = {}
+
+    # -- what the actor and the controls see -------------------------------------------------
+
+    def get(self, turn_id: str) -> TurnState | None:
+        return self._turns.get(turn_id)
+
+    def track(self, turn_id: str, provider_turn_id: str | None) -> TurnState:
+        """Track a Turn the store shows active that nothing in this process works on."""
+        state = self._turns[turn_id] = TurnState(turn_id, provider_turn_id=provider_turn_id)
+        return state
+
+    def __bool__(self) -> bool:
+        """Any Turn tracked (settled or not)."""
+        return bool(self._turns)
+
+    def unsettled(self) -> bool:
+        return any(not t.settled for t in self._turns.values())
+
+    def cancel_watchdogs(self) -> None:
+        for state in self._turns.values():
+            if state.watchdog is not None:
+                state.watchdog.cancel()
 
     # -- turns -----------------------------------------------------------------------------
 
-    def _on_submit(self, msg: Submit) -> None:
-        turn, created = self.session_store.claim_submit(self.ws, self.sid, msg.request_id, msg.text)
+    def on_submit(self, msg: Submit) -> None:
+        turn, created = self._core.session_store.claim_submit(
+            self._core.ws, self._core.sid, msg.request_id, msg.text
+        )
         msg.reply(turn)
         if not created:
             return
         state = TurnState(turn.turn_id)
         self._turns[turn.turn_id] = state
-        self._arm_watchdog(state, self.ctx.timeouts.turn_inactivity_s)
-        session = self.session()
+        self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
+        session = self._core.session()
         # The files as they were before the provider got the Turn (taken off this thread,
         # alongside the runtime's preparation; the start waits for it, within its bound).
         self._capture_before(state, session.cwd)
@@ -66,42 +96,44 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 return
             state.at_provider = True
             state.last_activity = time.monotonic()
-            request = TurnStart(self.key, turn.turn_id, msg.text)
+            request = TurnStart(self._core.key, turn.turn_id, msg.text)
             if warm:
                 # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
                 # before the provider sees anything; then it is prepared and started once more.
                 request = replace(request, home=runtime.home, runtime_generation=runtime.generation)
-            fut = self.ctx.workers.start_turn(
-                session.provider, request, self.ctx.timeouts.turn_start_s
+            fut = self._core.ctx.workers.start_turn(
+                session.provider, request, self._core.ctx.timeouts.turn_start_s
             )
             again = _prepare if warm else None
-            self.later(fut, lambda f: self._turn_started(state, f, again), turn_event=True)
+            self._core.later(fut, lambda f: self._turn_started(state, f, again), turn_event=True)
 
         def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
             if state.settling:
                 return  # interrupted (or timed out) while the runtime was being prepared
             if (
                 isinstance(runtime, StoreBusy)
-                and time.monotonic() - started < self.ctx.timeouts.store_retry_limit_s
+                and time.monotonic() - started < self._core.ctx.timeouts.store_retry_limit_s
             ):
                 # Recording the runtime met a busy store: prepare again (idempotent).
-                self.after(RETRY_MAX_S / 4, lambda: self.prepare_runtime(session, _runtime_ready))
+                self._core.after(
+                    RETRY_MAX_S / 4, lambda: self._runtime.prepare_runtime(session, _runtime_ready)
+                )
                 return
             if isinstance(runtime, HostError):
-                self._settle(state, "failed", error=runtime.message)
+                self.settle(state, "failed", error=runtime.message)
                 return
             _start(runtime, False)
 
         def _prepare() -> None:
-            self.prepare_runtime(session, _runtime_ready)
+            self._runtime.prepare_runtime(session, _runtime_ready)
 
         # The runtime the last `session.start` reported is still live and
         # unchanged: no `session.start` round trip before this Turn.
-        warm = self.warm_turn_runtime(session)
+        warm = self._runtime.warm_turn_runtime(session)
         if warm is None:
             _prepare()
             return
-        self.ctx.failpoints.hit("host.turn.before_warm_start")
+        self._core.ctx.failpoints.hit("host.turn.before_warm_start")
         _start(warm, True)
 
     def _turn_started(
@@ -118,37 +150,37 @@ class TurnRunner(TurnWrites, SessionRuntime):
             result = fut.result()
         except Exception as exc:  # noqa: BLE001
             if again is not None and runtime_changed(exc):
-                self.forget_warm_runtime()
+                self._runtime.forget_warm_runtime()
                 if not state.settling:
                     state.at_provider = False  # waiting for its runtime again, not hung
                     again()
                 return
-            self._settle(state, "failed", error=f"turn start failed: {exc}")
+            self.settle(state, "failed", error=f"turn start failed: {exc}")
             return
         state.last_activity = time.monotonic()
         # From here the provider holds the turn (Claude Code answers once the CLI runs, so its
         # start-up is not counted against the model).
-        self._arm_first_byte(state, self.session().provider)
+        self._arm_first_byte(state, self._core.session().provider)
         self._bind(state, result.provider_turn_id)
         pending, state.pending_events = state.pending_events, []
         for event in pending:
-            self._on_driver_event(event)
+            self.on_driver_event(event)
 
     def _bind(self, state: TurnState, provider_turn_id: str) -> None:
         if not provider_turn_id or state.provider_turn_id == provider_turn_id or state.settling:
             return
         state.provider_turn_id = provider_turn_id
-        self._enqueue(
+        self._writes.enqueue(
             DurableWrite(
                 state.turn_id,
                 "bind provider turn",
-                lambda: self.session_store.record_provider_turn(
-                    self.ws, self.sid, state.turn_id, provider_turn_id
+                lambda: self._core.session_store.record_provider_turn(
+                    self._core.ws, self._core.sid, state.turn_id, provider_turn_id
                 ),
             )
         )
 
-    def _settle(
+    def settle(
         self,
         state: TurnState,
         outcome: str,
@@ -175,22 +207,22 @@ class TurnRunner(TurnWrites, SessionRuntime):
 
         def _queue() -> None:
             state.awaiting_after = False
-            self._enqueue(self._settle_item(state, outcome, error, _then))
+            self._writes.enqueue(self._settle_item(state, outcome, error, _then))
 
         # The settlement carries the `after` checkpoint in its own transaction: a settled
         # Turn is never seen (nor forked through) without it or its `unavailable` record.
         state.awaiting_after = True
-        self._capture_after(state, _queue)
+        self.capture_after(state, _queue)
 
     # -- workspace checkpoints ---------------------------------------------------------------
 
     def _capture_before(self, state: TurnState, cwd: str) -> None:
-        checkpoints = self.ctx.turn_checkpoints
+        checkpoints = self._core.ctx.turn_checkpoints
         if checkpoints is None:
             return
         state.cwd = cwd
         state.before_pending = True
-        fut = checkpoints.capture(cwd, self.sid, state.turn_id, "before")
+        fut = checkpoints.capture(cwd, self._core.sid, state.turn_id, "before")
         bound = checkpoints.bound_s
 
         def _answered(capture: Capture | None) -> None:
@@ -205,36 +237,35 @@ class TurnRunner(TurnWrites, SessionRuntime):
             for fn in waiting:
                 fn()
 
-        timer = self.after(bound, lambda: _answered(None))
-        self.later(fut, lambda f: _answered(f.result()))
+        timer = self._core.after(bound, lambda: _answered(None))
+        self._core.later(fut, lambda f: _answered(f.result()))
 
-    def _capture_after(self, state: TurnState, then: Callable[[], None]) -> None:
+    def capture_after(self, state: TurnState, then: Callable[[], None]) -> None:
         """Capture the files as the Turn leaves them, then `then()` (within the bound)."""
-        checkpoints = self.ctx.turn_checkpoints
+        checkpoints = self._core.ctx.turn_checkpoints
         if checkpoints is None:
             then()
             return
         checkpoints_ = checkpoints
-        self._capture_holds += 1
+        self._writes.hold_for_capture()
 
         def _release() -> None:
-            self._capture_holds -= 1
+            self._writes.release_capture()
             then()
-            if not self._capture_holds and self._durable and self._retry_timer is None:
-                self._drain()
+            self._writes.capture_released()
 
         def _capture() -> None:
             if state.cwd is None:
                 # A Turn this actor did not start (it idled out and came back): no `before`.
                 try:
-                    state.cwd = self.session().cwd
+                    state.cwd = self._core.session().cwd
                 except HostError:
                     _release()
                     return
             cwd = state.cwd
             before = state.before.checkpoint if state.before is not None else None
             tree = getattr(before, "tree", None)
-            fut = checkpoints_.capture(cwd, self.sid, state.turn_id, "after", tree)
+            fut = checkpoints_.capture(cwd, self._core.sid, state.turn_id, "after", tree)
             bound = checkpoints_.bound_s
             done = [False]
 
@@ -246,8 +277,8 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 state.after = capture or _timed_out(cwd, "after", bound)
                 _release()
 
-            timer = self.after(bound, lambda: _answered(None))
-            self.later(fut, lambda f: _answered(f.result()))
+            timer = self._core.after(bound, lambda: _answered(None))
+            self._core.later(fut, lambda f: _answered(f.result()))
 
         if state.before_pending:
             state.after_before.append(_capture)
@@ -256,7 +287,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
 
     def _checkpoint_json(self, state: TurnState) -> str:
         """The record the settlement writes (actors/checkpoints.py `turn_record`)."""
-        if self.ctx.turn_checkpoints is None:
+        if self._core.ctx.turn_checkpoints is None:
             return json.dumps(
                 unavailable("disabled", "workspace checkpoints are off ([workspace] checkpoints)")
             )
@@ -274,9 +305,9 @@ class TurnRunner(TurnWrites, SessionRuntime):
     ) -> DurableWrite:
         def _apply() -> None:
             try:
-                self.session_store.record_settlement(
-                    self.ws,
-                    self.sid,
+                self._core.session_store.record_settlement(
+                    self._core.ws,
+                    self._core.sid,
                     state.turn_id,
                     outcome=outcome,
                     # Read when the write lands: every earlier event has been applied.
@@ -307,25 +338,24 @@ class TurnRunner(TurnWrites, SessionRuntime):
             state.watchdog.cancel()
         self._turns.pop(state.turn_id, None)
 
-    def _give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
+    def give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
         """The store stayed unwritable past the limit: the Turn's remaining writes are dropped
         and replaced by one settlement `failed` with the reason, retried until it lands."""
         turn_id = item.turn_id
-        dropped = [d for d in self._durable if d.turn_id == turn_id]
-        self._durable = deque(d for d in self._durable if d.turn_id != turn_id)
+        dropped = self._writes.drop_turn(turn_id)
         state = self._turns.get(turn_id)
         log.error(
             "session %s: turn %s: %d write(s) could not be stored for %.0f s; settling it failed",
-            self.key,
+            self._core.key,
             turn_id,
             len(dropped),
-            self.ctx.timeouts.store_retry_limit_s,
+            self._core.ctx.timeouts.store_retry_limit_s,
         )
         if state is None:
             return  # a trailing binding of a settled Turn: nothing left to settle
         state.settling = True
         error = (
-            f"the store stayed unwritable for {self.ctx.timeouts.store_retry_limit_s:.0f} s "
+            f"the store stayed unwritable for {self._core.ctx.timeouts.store_retry_limit_s:.0f} s "
             f"({exc.message}); the turn's provider events could not be recorded"
         )
         # Its messages may be partial: the settlement names no final assistant Message.
@@ -336,30 +366,28 @@ class TurnRunner(TurnWrites, SessionRuntime):
             for fn in thens:
                 fn(err)
 
-        self._durable.appendleft(
-            self._settle_item(state, "failed", error, _then if thens else None)
-        )
+        self._writes.push_front(self._settle_item(state, "failed", error, _then if thens else None))
 
     # -- inactivity --------------------------------------------------------------------------
 
     def _arm_watchdog(self, state: TurnState, seconds: float) -> None:
-        state.watchdog = self.after(max(0.05, seconds), lambda: self._check_inactive(state))
+        state.watchdog = self._core.after(max(0.05, seconds), lambda: self._check_inactive(state))
 
     def _check_inactive(self, state: TurnState) -> None:
         """A Turn whose provider has been silent past the limit is hung:
         stop its runtime and settle it `failed`. A Turn waiting on the user is not hung."""
         if state.settling:
             return
-        limit = self.ctx.timeouts.turn_inactivity_s
+        limit = self._core.ctx.timeouts.turn_inactivity_s
         if not state.at_provider:
             # Queued for a runtime slot or its runtime being started: not hung.
             state.last_activity = time.monotonic()
             self._arm_watchdog(state, limit)
             return
         try:
-            turn = self.session_store.get_turn(self.ws, self.sid, state.turn_id)
+            turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, state.turn_id)
         except HostError as exc:
-            log.warning("session %s: watchdog read failed: %s", self.key, exc.message)
+            log.warning("session %s: watchdog read failed: %s", self._core.key, exc.message)
             self._arm_watchdog(state, RETRY_MAX_S)
             return
         waiting_on_user = any(i.status == "pending" for i in turn.interactions)
@@ -367,9 +395,11 @@ class TurnRunner(TurnWrites, SessionRuntime):
         if waiting_on_user or idle < limit:
             self._arm_watchdog(state, limit if waiting_on_user else limit - idle)
             return
-        log.warning("session %s: turn %s silent %.0f s; stopping", self.key, state.turn_id, idle)
-        self._stop_runtime()
-        self._settle(
+        log.warning(
+            "session %s: turn %s silent %.0f s; stopping", self._core.key, state.turn_id, idle
+        )
+        self._runtime.stop_runtime()
+        self.settle(
             state,
             "failed",
             error=f"the provider sent nothing for {limit:g} s; its runtime was stopped",
@@ -381,27 +411,27 @@ class TurnRunner(TurnWrites, SessionRuntime):
         """The host's backstop for a model that accepts a request and never answers: each
         provider enforces its own limit first (with a better message); this one fires a
         little later, for a provider that has no such setting or does not honour it."""
-        limits = self.ctx.timeouts.model_limits.get(provider)
+        limits = self._core.ctx.timeouts.model_limits.get(provider)
         if limits is None:
             return  # no model endpoint (tutti-agent's built-in model)
         state.model_asked_at = asked = time.monotonic()
         wait = limits.first_byte_budget_s + BACKSTOP_GRACE_S
-        self.after(wait, lambda: self._check_first_byte(state, provider, asked, limits))
+        self._core.after(wait, lambda: self._check_first_byte(state, provider, asked, limits))
 
     def _check_first_byte(
         self, state: TurnState, provider: str, asked: float, limits: ModelLimits
     ) -> None:
         if state.settling or state.model_answered or state.model_asked_at != asked:
             return  # answered, settled, or started again (that start armed its own check)
-        endpoint = self.ctx.timeouts.model_endpoints.get(provider)
+        endpoint = self._core.ctx.timeouts.model_endpoints.get(provider)
         log.warning(
             "session %s: turn %s: no answer from the model in %.1f s; stopping its runtime",
-            self.key,
+            self._core.key,
             state.turn_id,
             time.monotonic() - asked,
         )
-        self._stop_runtime()
-        self._settle(
+        self._runtime.stop_runtime()
+        self.settle(
             state,
             "failed",
             error=first_byte_timeout(provider, endpoint, limits.first_byte_budget_s)
@@ -415,7 +445,7 @@ class TurnRunner(TurnWrites, SessionRuntime):
         # An event for a Turn this actor did not start (e.g. the actor idled out and came
         # back while a trailing binding event was in flight): rebuild from the store.
         try:
-            turn = self.session_store.get_turn(self.ws, self.sid, turn_id)
+            turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, turn_id)
         except HostError:
             return None
         state = TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
@@ -423,11 +453,11 @@ class TurnRunner(TurnWrites, SessionRuntime):
         state.settled = state.settling = turn.phase == "settled"
         return state
 
-    def _on_driver_event(self, event: TurnEvent) -> None:
+    def on_driver_event(self, event: TurnEvent) -> None:
         turn_id = event.turn_id
         state = self._state_for_event(turn_id)
         if state is None:
-            log.warning("session %s: event for unknown turn %r", self.key, turn_id)
+            log.warning("session %s: event for unknown turn %r", self._core.key, turn_id)
             return
         state.last_activity = time.monotonic()
         if not (isinstance(event, TurnItem) and event.kind == "user") and not isinstance(
@@ -436,10 +466,10 @@ class TurnRunner(TurnWrites, SessionRuntime):
             state.model_answered = True
         if isinstance(event, TurnActivity):
             return  # a reply is streaming (message.delta, published by the daemon): not hung
-        store, ws, sid = self.session_store, self.ws, self.sid
+        store, ws, sid = self._core.session_store, self._core.ws, self._core.sid
         if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
-            self._enqueue(self._binding_write(turn_id, event.binding_json))
+            self._writes.enqueue(self._writes.binding_write(turn_id, event.binding_json))
             return
         if state.settling:
             return
@@ -459,10 +489,10 @@ class TurnRunner(TurnWrites, SessionRuntime):
                     if item_kind == "assistant":
                         state.last_assistant_message_id = message.message_id
 
-                self._enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
+                self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
             case InteractionRequested(request_id=request_id, kind=ikind):
                 payload = dict(event.input)
-                self._enqueue(
+                self._writes.enqueue(
                     DurableWrite(
                         turn_id,
                         "interaction",
@@ -476,17 +506,17 @@ class TurnRunner(TurnWrites, SessionRuntime):
                 error = event.error
                 if event.outcome == "interrupted" and state.interrupted_why:
                     error = state.interrupted_why  # who stopped it says more than the provider
-                self._settle(state, event.outcome, error=error)
+                self.settle(state, event.outcome, error=error)
             case _:
-                log.warning("session %s: unknown driver event %r", self.key, event.TYPE)
+                log.warning("session %s: unknown driver event %r", self._core.key, event.TYPE)
 
-    def _on_runtime_lost(self, msg: RuntimeLost) -> None:
+    def on_runtime_lost(self, msg: RuntimeLost) -> None:
         """No event will ever settle a Turn whose provider process died: settle it here."""
-        if not self._turns or self.session().provider != msg.provider:
+        if not self._turns or self._core.session().provider != msg.provider:
             return
         for state in list(self._turns.values()):
             if state.provider_turn_id is not None:
-                self._settle(state, "failed", error=f"provider worker lost: {msg.reason}")
+                self.settle(state, "failed", error=f"provider worker lost: {msg.reason}")
 
 
 def _timed_out(cwd: str, which: str, bound: float) -> Capture:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections import deque
+from collections.abc import Callable
 
 import pykka
 
@@ -20,8 +22,9 @@ from actors.session_base import (
     RETRY_MAX_S,
     DurableWrite,
     RetryDurable,
-    SessionActorBase,
+    SessionCore,
 )
+from actors.timers import TimerHandle
 from storage.errors import ForkInProgress, HostError, StoreBusy
 from storage.sqlite import host_error_of
 
@@ -29,13 +32,83 @@ from storage.sqlite import host_error_of
 log = logging.getLogger("actors.session_actor")
 
 
-class TurnWrites(SessionActorBase):
-    """The Session's queue of durable Turn writes."""
+class TurnWrites:
+    """The Session's queue of durable Turn writes. `give_up`: what replaces a Turn's writes
+    once the store stayed unwritable past the limit (the Turn runner settles it `failed`);
+    `before_drain`: run before any write is applied (the actor's row cache is emptied)."""
 
-    def _binding_write(self, turn_id: str, binding: str) -> DurableWrite:
+    def __init__(
+        self,
+        core: SessionCore,
+        *,
+        give_up: Callable[[DurableWrite, StoreBusy], None],
+        before_drain: Callable[[], None],
+    ) -> None:
+        self._core = core
+        self._give_up = give_up
+        self._before_drain = before_drain
+        self._durable: deque[DurableWrite] = deque()
+        # True while the message being handled is followed by a driver event already queued:
+        # its durable writes wait for that event's, and all land in one transaction.
+        self.hold = False
+        self._retry_timer: TimerHandle | None = None
+        # `after` checkpoints being taken: the Turn's trailing writes wait for its settlement
+        # (which carries the checkpoint), so they still land as one transaction.
+        self._capture_holds = 0
+        self._retry_delay = RETRY_FIRST_S
+        # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
+        # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
+        self._late_bindings: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        """Writes queued and not yet durable."""
+        return len(self._durable)
+
+    @property
+    def late_bindings_pending(self) -> bool:
+        return bool(self._late_bindings)
+
+    def drain_if_due(self) -> None:
+        """Apply what earlier messages held back, unless a retry or a checkpoint waits."""
+        if self._durable and self._retry_timer is None:
+            self.drain()
+
+    def retry(self) -> None:
+        """The retry timer fired (`RetryDurable`)."""
+        self._retry_timer = None
+        self.drain()
+
+    def cancel(self) -> None:
+        """The actor stops: no retry fires after it."""
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+
+    def hold_for_capture(self) -> None:
+        """An `after` checkpoint is being taken: queued writes wait for its settlement."""
+        self._capture_holds += 1
+
+    def release_capture(self) -> None:
+        self._capture_holds -= 1
+
+    def capture_released(self) -> None:
+        """The settlement of a captured Turn is queued: apply what waited for it."""
+        if not self._capture_holds:
+            self.drain_if_due()
+
+    def drop_turn(self, turn_id: str) -> list[DurableWrite]:
+        """Take every queued write of `turn_id` off the queue and return them."""
+        dropped = [d for d in self._durable if d.turn_id == turn_id]
+        self._durable = deque(d for d in self._durable if d.turn_id != turn_id)
+        return dropped
+
+    def push_front(self, item: DurableWrite) -> None:
+        """Queue `item` ahead of every other write (a given-up Turn's settlement)."""
+        self._durable.appendleft(item)
+
+    def binding_write(self, turn_id: str, binding: str) -> DurableWrite:
         """The queued write of one `turn.binding`; one that meets a fork fence is kept in
         `_late_bindings` instead of failing (seed 000 §7 Claude 3)."""
-        store, ws, sid = self.session_store, self.ws, self.sid
+        store, ws, sid = self._core.session_store, self._core.ws, self._core.sid
 
         def _apply() -> None:
             try:
@@ -43,7 +116,7 @@ class TurnWrites(SessionActorBase):
             except ForkInProgress:
                 # A fork froze the source: the operation keeps the binding it froze, and this
                 # provider fact is applied when the fence is released — never lost.
-                log.info("session %s: turn %s binding deferred by a fork", self.key, turn_id)
+                log.info("session %s: turn %s binding deferred by a fork", self._core.key, turn_id)
                 self._late_bindings[turn_id] = binding
                 return
             self._late_bindings.pop(turn_id, None)  # newer than any deferred one
@@ -55,22 +128,23 @@ class TurnWrites(SessionActorBase):
         operation of this source ends (still fenced by another one → deferred again)."""
         late, self._late_bindings = self._late_bindings, {}
         for turn_id, binding in late.items():
-            self._enqueue(self._binding_write(turn_id, binding))
+            self.enqueue(self.binding_write(turn_id, binding))
 
     # -- durable writes, in order, retried -------------------------------------------------
 
-    def _enqueue(self, item: DurableWrite) -> None:
+    def enqueue(self, item: DurableWrite) -> None:
         self._durable.append(item)
-        if len(self._durable) == 1 and self._retry_timer is None and not self._hold_durable:
-            self._drain()
+        if len(self._durable) == 1 and self._retry_timer is None and not self.hold:
+            self.drain()
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Apply the queued writes in order; a busy or full store stops the queue and a timer
         retries it with backoff, so no event is dropped and none overtakes another. Several
         queued writes are applied as one store transaction (`Store.write_batch`). Held while
-        a Turn's `after` checkpoint is taken (actors/session_turns.py `_capture_after`)."""
+        a Turn's `after` checkpoint is taken (actors/session_turns.py `capture_after`)."""
         if self._capture_holds:
             return
+        self._before_drain()
         while self._durable:
             if len(self._durable) > 1:
                 if not self._drain_batch():
@@ -93,13 +167,13 @@ class TurnWrites(SessionActorBase):
     def _drain_batch(self) -> bool:
         """Apply every queued write inside one `write_batch` (one baton turn, one COMMIT);
         False if the queue stopped on a busy or full store (a retry is scheduled). A write
-        that fails on its own is rolled back alone and answered as in `_drain`; a write that
+        that fails on its own is rolled back alone and answered as in `drain`; a write that
         meets a busy store ends the batch there (the ones before it land, it is retried)."""
         items = list(self._durable)
         applied: list[tuple[DurableWrite, BaseException | None]] = []
         busy: StoreBusy | None = None
         try:
-            with self.session_store.write_batch():
+            with self._core.session_store.write_batch():
                 for item in items:
                     try:
                         item.apply()
@@ -135,10 +209,10 @@ class TurnWrites(SessionActorBase):
 
     def _failed(self, item: DurableWrite, exc: BaseException) -> None:
         if isinstance(exc, HostError):
-            log.warning("session %s: %s failed: %s", self.key, item.what, exc.message)
+            log.warning("session %s: %s failed: %s", self._core.key, item.what, exc.message)
             error = exc
         else:
-            error = host_error_of(exc, f"session {self.key}: {item.what}", logger=log)
+            error = host_error_of(exc, f"session {self._core.key}: {item.what}", logger=log)
         if item.then is not None:
             item.then(error)
 
@@ -146,10 +220,10 @@ class TurnWrites(SessionActorBase):
         """`item` (the queue's head) met a busy or full store: True if the Turn's writes were
         given up on (the queue goes on), else False with a retry scheduled."""
         now = time.monotonic()
-        limit = self.ctx.timeouts.store_retry_limit_s
+        limit = self._core.ctx.timeouts.store_retry_limit_s
         if item.first_failure is None:
             item.first_failure = now
-            log.warning("session %s: %s deferred: %s", self.key, item.what, exc.message)
+            log.warning("session %s: %s deferred: %s", self._core.key, item.what, exc.message)
         elif not item.final and now - item.first_failure > limit:
             self._give_up(item, exc)
             return True
@@ -166,15 +240,10 @@ class TurnWrites(SessionActorBase):
             return
         delay = self._retry_delay
         self._retry_delay = min(RETRY_MAX_S, delay * 2)
-        ref = self.actor_ref
+        ref = self._core.actor_ref
 
         def _fire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
                 ref.tell(RetryDurable())
 
-        self._retry_timer = self.ctx.actor_pool.call_later(delay, _fire)
-
-    def _give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
-        """The store stayed unwritable past the limit for `item` (not a settlement): the Turn
-        runner (`actors/session_turns.py`) replaces the Turn's writes by a settlement."""
-        raise NotImplementedError
+        self._retry_timer = self._core.ctx.actor_pool.call_later(delay, _fire)

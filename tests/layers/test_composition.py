@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
+from actors.pool import PooledActor
+
 # Every top-level package of ours (pyproject's import-linter `root_packages`).
 OURS = frozenset(
     {
@@ -35,10 +37,12 @@ COMPOSED = ("drivers", "tutti_agent", "client.engine")
 """Packages held to the rule today."""
 
 KNOWN_TOWERS = ("actors", "client.gui", "storage", "agenthost")
-"""Known exceptions, still class towers (the Session actor's mixins, the GUI's App subclasses
-over its view, the Store's MRO): each is expected to fail the walk (strict xfail), so the day
-one is composed its test passes and this list must lose it. In `client` the GUI is the only
-one left (`test_outside_the_gui_the_client_has_no_tower`)."""
+"""Known exceptions, still class towers (the GUI's App subclasses over its view, the Store's
+MRO; in `actors`, `SessionActor` still inherits our pooled pykka actor flavour `PooledActor`):
+each is expected to fail the walk (strict xfail), so the day one is composed its test passes
+and this list must lose it. In `client` the GUI is the only one left
+(`test_outside_the_gui_the_client_has_no_tower`); in `actors` only the pooled flavour
+(`test_the_session_actor_owns_its_parts_and_inherits_only_the_pooled_actor`)."""
 
 
 def _modules(package: str) -> Iterator[object]:
@@ -103,3 +107,12 @@ def test_the_walk_sees_a_mixin_and_lets_a_port_pass() -> None:
 def test_outside_the_gui_the_client_has_no_tower() -> None:
     towers = inherited_from_ours(["client"])
     assert [line for line in towers if not line.startswith("client.gui.")] == []
+
+
+def test_the_session_actor_owns_its_parts_and_inherits_only_the_pooled_actor() -> None:
+    from actors.session_actor import SessionActor
+
+    assert inherited_from_ours(["actors"]) == [
+        "actors.session_actor.SessionActor <- actors.pool.PooledActor"
+    ]
+    assert SessionActor.__bases__ == (PooledActor,)
