@@ -22,6 +22,7 @@ from actors.host_actor import GetFork
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from agenthost import projection, workspace_api
 from agenthost.api_base import WORKSPACE_MAX, ApiBase, Handler, PointReader, log
+from agenthost.worktree_delete import WORKTREE_CHOICES, delete_fn
 from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
 from storage import Store
 from storage.errors import (
@@ -38,6 +39,7 @@ from storage.lineage_tree import (
 from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
+    optional_bool,
     optional_enum,
     optional_int,
     optional_map,
@@ -219,11 +221,16 @@ class Api(ApiBase):
         self._mutate(params, responder, lambda s, ws, sid: s.set_pinned(ws, sid, pinned))
 
     def session_delete(self, params: Mapping[str, Any], responder: Responder) -> None:
+        worktree = optional_enum(params, "worktree", WORKTREE_CHOICES, default="keep")
+        force = optional_bool(params, "force", default=False)
+        delete = delete_fn(
+            self.checkpoints, self.checkpoint_locks, worktree=str(worktree), force=bool(force)
+        )
         self._mutate(
             params,
             responder,
-            lambda s, ws, sid: s.delete_session(ws, sid),
-            result=lambda _: (200, {"deleted": True}),
+            delete,
+            result=lambda done: (200, done),
             stop_runtime=True,
         )
 

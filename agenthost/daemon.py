@@ -50,6 +50,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort
+from agenthost.worktree_delete import finish_removals
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
 from domain.providers import PROVIDERS, TUTTI_AGENT
@@ -157,6 +158,8 @@ class Daemon:
         # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
         fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
         self.worktrees_removed = remove_failed_trees(store, fork_trees)
+        # And the tree a delete was removing when it stopped.
+        self.worktrees_removed += finish_removals(store, fork_trees.trees)
         # Deletes a killed daemon did not finish: their runtime dirs go now.
         runtime_dirs.sweep(store, cfg.runtimes_dir)
 

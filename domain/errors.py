@@ -144,6 +144,14 @@ class WorkspaceShared(Conflict):
     default_reason = "workspace_shared"
 
 
+class WorkspaceWorktreeDirty(Conflict):
+    """`session.delete {worktree: "remove"}` of a Session whose fork-made tree holds work that
+    would be lost: files not captured by its newest checkpoint (`params.uncaptured`) or commits
+    on its branch not on any other branch (`params.commits`); `force` overrides."""
+
+    default_reason = "workspace_worktree_dirty"
+
+
 class ForkInProgress(Conflict):
     """A fenced write (or another fork) while a fork operation on the source is active."""
 

@@ -6,7 +6,7 @@ start-up recovery and the saga remove. The tree itself is made and removed by th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import apsw
@@ -20,6 +20,17 @@ from storage.sqlite import loads
 PLANNED = "planned"
 MADE = "made"
 REMOVED = "removed"
+REMOVING = "removing"
+"""A committed fork's tree its child's `session.delete {worktree: "remove"}` is removing: set
+with the delete, `removed` once gone; a crash in between is finished at start-up."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildTree:
+    """The tree a worktree fork made for a Session (its `cwd` lies in it)."""
+
+    operation_id: str
+    plan: Mapping[str, Any]
 
 
 def boundary_checkpoint(
@@ -79,5 +90,56 @@ class ForkWorkspace(StoreBase):
             "SELECT workspace_id, operation_id, workspace_json FROM fork_operations"
             " WHERE status = ? AND workspace_state IN (?, ?) ORDER BY op_seq LIMIT ?",
             (ForkStatus.FAILED.value, PLANNED, MADE, limit),
+        )
+        return [TreeToRemove(r[0], r[1], loads(r[2])) for r in rows]
+
+    def session_worktree(self, ws: str, sid: str) -> ChildTree | None:
+        """The tree a worktree fork made for `sid` (the committed child), while it stands."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT operation_id, workspace_json FROM fork_operations WHERE workspace_id = ?"
+                " AND target_session_id = ? AND status = ? AND workspace_mode = 'worktree'"
+                " AND workspace_state = ? ORDER BY op_seq DESC LIMIT 1",
+                (ws, sid, ForkStatus.COMMITTED.value, MADE),
+            )
+            .fetchone()
+        )
+        if row is None:
+            return None
+        plan = loads(row[1])
+        return ChildTree(str(row[0]), plan) if isinstance(plan, Mapping) else None
+
+    def newest_checkpoint(self, ws: str, sid: str) -> str | None:
+        """The `after` tree of the Session's newest settled Turn that has one."""
+        for (raw,) in self._conn().execute(
+            "SELECT checkpoint_json FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND phase = 'settled' AND checkpoint_json IS NOT NULL ORDER BY sequence DESC",
+            (ws, sid),
+        ):
+            record = loads(raw)
+            if isinstance(record, Mapping) and record.get("after"):
+                return str(record["after"])
+        return None
+
+    def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool:
+        """The tree a deleted child's `session.delete` was removing is gone."""
+        with self._write(ws) as tx:
+            tx.execute(
+                "UPDATE fork_operations SET workspace_state = ? WHERE workspace_id = ?"
+                " AND operation_id = ? AND workspace_state = ?",
+                (REMOVED, ws, op_id, REMOVING),
+            )
+            changed = tx.changes() == 1
+            if changed:
+                tx.emit(ForkOperationChanged(ws, op_id))
+            return changed
+
+    def child_worktrees_removing(self) -> list[TreeToRemove]:
+        """Trees a delete began removing and a stop interrupted (start-up finishes them)."""
+        rows = self._all(
+            "SELECT workspace_id, operation_id, workspace_json FROM fork_operations"
+            " WHERE status = ? AND workspace_state = ? ORDER BY op_seq",
+            (ForkStatus.COMMITTED.value, REMOVING),
         )
         return [TreeToRemove(r[0], r[1], loads(r[2])) for r in rows]

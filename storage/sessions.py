@@ -229,8 +229,11 @@ class SessionStore(StoreBase):
             touch(tx, ws, sid)
             return require_session(tx.conn, ws, sid)
 
-    def delete_session(self, ws: str, sid: str) -> None:
-        """Soft delete: the id stays taken, history stays for committed fork projections."""
+    def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None:
+        """Soft delete: the id stays taken, history stays for committed fork projections.
+        `removing_tree`: the fork operation whose tree (this Session's) the caller removes next;
+        marked `removing` in the same transaction, so a crash before it is gone is finished at
+        start-up."""
         with self._write(ws, fence=sid) as tx:
             require_live_session(tx.conn, ws, sid)
             # A Turn still running would never settle once its Session is gone:
@@ -268,6 +271,13 @@ class SessionStore(StoreBase):
                 " AND session_id = ?",
                 (tx.now_ms, ws, sid),
             )
+            if removing_tree is not None:
+                tx.execute(
+                    "UPDATE fork_operations SET workspace_state = 'removing' WHERE"
+                    " workspace_id = ? AND operation_id = ? AND target_session_id = ?"
+                    " AND workspace_state = 'made'",
+                    (ws, removing_tree, sid),
+                )
             tx.emit(SessionChanged(ws, sid, removed=True))
 
     def deleted_sessions(self) -> list[tuple[str, str]]:

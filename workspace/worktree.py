@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workspace.git import Git, GitUnavailable
-from workspace.shadow import ShadowStore, _nul, _split_nul
+from workspace.shadow import Checkpoint, ShadowStore, _nul, _split_nul
 
 BRANCH_PREFIX = "agenthost/"
 PARTIAL_PREFIX = ".partial-"
@@ -307,13 +307,7 @@ class Worktrees:
         if plan.in_repository:
             git = self._git()
             repo = Path(str(plan.repo_root))
-            if top.exists():
-                done = git.run(
-                    ["worktree", "remove", "--force", "--force", str(top)], cwd=repo, check=False
-                )
-                if done.returncode != 0 and top.exists():
-                    shutil.rmtree(top)
-            git.run(["worktree", "prune"], cwd=repo, check=False)
+            _drop_worktree(git, repo, top)
             assert plan.branch is not None
             ref = f"refs/heads/{plan.branch}"
             at = git.run(["rev-parse", "--verify", "-q", ref], cwd=repo, check=False)
@@ -324,6 +318,91 @@ class Worktrees:
             shutil.rmtree(top)
         with contextlib.suppress(OSError):
             top.parent.rmdir()  # the `.agenthost` directory, once it holds no tree
+
+    # -- a child's tree at its Session's delete ---------------------------------------------
+
+    def unsaved(self, plan: TreePlan, newest: str | None) -> Unsaved:
+        """What removing the plan's tree would lose. Captures the tree now (into the shadow
+        store, so the state is recorded whatever follows) and compares it with `newest`, the
+        Session's newest checkpoint (the fork's own when it has run no Turn); counts the
+        branch's commits that no other branch holds."""
+        top = Path(plan.path)
+        if not top.is_dir():
+            return Unsaved(uncaptured=False, commits=0, captured=None)
+        cwd = Path(plan.child_cwd)
+        now = self.shadow.capture(cwd if cwd.is_dir() else top)
+        tree = now.tree if isinstance(now, Checkpoint) else None
+        # Unreadable now (git failed, timed out): nothing proves the files are safe.
+        uncaptured = tree is None or tree != (newest or plan.checkpoint)
+        return Unsaved(uncaptured=uncaptured, commits=self.own_commits(plan), captured=tree)
+
+    def own_commits(self, plan: TreePlan) -> int:
+        """Commits on the plan's branch that no other branch of the repository holds."""
+        if not plan.in_repository or plan.branch is None:
+            return 0
+        ref = f"refs/heads/{plan.branch}"
+        done = self._git().run(
+            # `--exclude` before `--branches` takes the name without `refs/heads/`.
+            ["rev-list", "--count", ref, "--not", f"--exclude={plan.branch}", "--branches"],
+            cwd=Path(str(plan.repo_root)),
+            check=False,
+        )
+        out = done.stdout.decode().strip()
+        return int(out) if done.returncode == 0 and out.isdigit() else 0
+
+    def remove_child(self, plan: TreePlan) -> bool:
+        """Remove a deleted child's tree (its uncommitted files go: the caller checked or was
+        forced) and its branch unless that holds commits no other branch has (those are kept:
+        a branch costs nothing and a commit is never lost by a delete). True when the branch
+        is kept; idempotent."""
+        self.remove_partial(plan)
+        top = Path(plan.path)
+        kept = False
+        if plan.in_repository and plan.branch is not None:
+            git = self._git()
+            repo = Path(str(plan.repo_root))
+            _drop_worktree(git, repo, top)
+            ref = f"refs/heads/{plan.branch}"
+            at = git.run(["rev-parse", "--verify", "-q", ref], cwd=repo, check=False)
+            if at.returncode == 0:
+                if self.own_commits(plan) > 0:
+                    kept = True
+                else:
+                    git.run(
+                        ["update-ref", "-d", ref, at.stdout.decode().strip()],
+                        cwd=repo,
+                        check=False,
+                    )
+        elif top.exists():
+            shutil.rmtree(top)
+        with contextlib.suppress(OSError):
+            top.parent.rmdir()
+        return kept
+
+
+@dataclass(frozen=True, slots=True)
+class Unsaved:
+    """What removing a child's tree would lose: files its newest checkpoint does not hold,
+    commits no other branch holds; `captured` the tree's state now (None: unreadable)."""
+
+    uncaptured: bool
+    commits: int
+    captured: str | None
+
+    @property
+    def clean(self) -> bool:
+        return not self.uncaptured and self.commits == 0
+
+
+def _drop_worktree(git: Git, repo: Path, top: Path) -> None:
+    """`git worktree remove` of `top` (forced: the caller decided), then its registration."""
+    if top.exists():
+        done = git.run(
+            ["worktree", "remove", "--force", "--force", str(top)], cwd=repo, check=False
+        )
+        if done.returncode != 0 and top.exists():
+            shutil.rmtree(top)
+    git.run(["worktree", "prune"], cwd=repo, check=False)
 
 
 class ForkTrees:
@@ -379,6 +458,7 @@ __all__ = [
     "GitUnavailable",
     "TreePlan",
     "TreeRefused",
+    "Unsaved",
     "Worktrees",
     "plan_tree",
     "short_id",

@@ -808,10 +808,15 @@ WORKTREE_GRACE_MS = 10_000
 saga removes it right after; a check may land between the two)."""
 
 
-def _check_worktrees(ctx: _Ctx, ops: list[dict[str, Any]], now_ms: int) -> None:
+def _check_worktrees(
+    ctx: _Ctx, ops: list[dict[str, Any]], now_ms: int, sessions: list[dict[str, Any]]
+) -> None:
     """The worktree laws, read from disk and the repository itself. A `prepared` operation's
     saga may be making its tree right now (half-made, or whole and not yet recorded): allowed;
-    if its daemon is dead, start-up recovery fails the operation and removes the tree."""
+    if its daemon is dead, start-up recovery fails the operation and removes the tree. A
+    committed fork's tree is `removing`/`removed` only once its child Session is deleted
+    (`session.delete {worktree: "remove"}`)."""
+    deleted = {(s["workspace_id"], s["session_id"]) for s in sessions if s["deleted"]}
     for op in ops:
         if op.get("workspace_mode") != "worktree" or not op.get("workspace_json"):
             continue
@@ -824,7 +829,12 @@ def _check_worktrees(ctx: _Ctx, ops: list[dict[str, Any]], now_ms: int) -> None:
         settling = status == "failed" and now_ms - int(op["completed_at_ms"] or 0) < (
             WORKTREE_GRACE_MS
         )
-        if status in DISPATCHED and state != "made":
+        child_deleted = (op["workspace_id"], op["target_session_id"]) in deleted
+        if state in ("removing", "removed") and status == "committed" and not child_deleted:
+            ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but its child lives")
+        elif status in DISPATCHED and state != "made" and not (
+            status == "committed" and child_deleted
+        ):
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) was dispatched with its tree {state}")
         if partial.exists() and not making and not settling:
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) left a half-made tree {partial}")
@@ -832,7 +842,9 @@ def _check_worktrees(ctx: _Ctx, ops: list[dict[str, Any]], now_ms: int) -> None:
             ctx.fail(Law.WORKTREE, f"failed {op_id} kept its tree {top} (state {state})")
         if state == "made" and status != "failed" and not here:
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) recorded a tree that is gone: {top}")
-        if here and state != "made" and not making and not settling:
+        # `removing`: its child's delete is removing it (a live daemon right now, a stopped
+        # one at its next start): present or gone, both are true states.
+        if here and state not in ("made", "removing") and not making and not settling:
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) has a tree it does not record ({state})")
         if here and state == "made" and not Path(plan["childCwd"]).is_dir():
             ctx.fail(Law.WORKTREE, f"{op_id}: tree {top} lacks the child's cwd")
@@ -919,7 +931,7 @@ def check_invariants(
         _check_quarantine(ctx, home, ops)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
-        _check_worktrees(ctx, ops, int(time.time() * 1000))
+        _check_worktrees(ctx, ops, int(time.time() * 1000), sessions)
         if probe_fence:
             _check_fence(ctx, copy_path, ops)
     finally:

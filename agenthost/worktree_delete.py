@@ -1,0 +1,132 @@
+"""`session.delete` of a Session whose `cwd` is a tree a worktree fork made for it
+(docs/design/workspace.md "Deleting a fork's tree"): `worktree: "keep"` (the default) leaves
+the tree and its branch to the person; `"remove"` removes them, unless the tree holds work that
+would be lost — files its newest checkpoint does not hold, or commits no other branch holds —
+which needs `force`. Runs on the Session's actor (a `Mutate`), so no Turn of it starts between
+the check and the delete.
+
+Order, crash-safe: check → delete the Session and mark the tree `removing` (one transaction) →
+remove the tree → mark it `removed`. A stop in between leaves `removing`, which start-up
+finishes (`finish_removals`); the tree is never recorded `made` while gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, Literal, Protocol
+
+from actors.checkpoints import DirectoryLocks
+from storage.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
+from storage.fork_workspace import ChildTree
+from storage.models import TreeToRemove
+from workspace.git import GitUnavailable
+from workspace.shadow import ShadowStore
+from workspace.worktree import TreePlan, Worktrees
+
+log = logging.getLogger(__name__)
+
+WORKTREE_CHOICES = ("keep", "remove")
+
+
+class DeleteStore(Protocol):
+    def session_worktree(self, ws: str, sid: str) -> ChildTree | None: ...
+
+    def newest_checkpoint(self, ws: str, sid: str) -> str | None: ...
+
+    def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None: ...
+
+    def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool: ...
+
+
+class RemovalStore(Protocol):
+    def child_worktrees_removing(self) -> list[TreeToRemove]: ...
+
+    def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool: ...
+
+
+def _where(plan: TreePlan) -> dict[str, Any]:
+    return {"path": plan.path, "cwd": plan.child_cwd, "branch": plan.branch}
+
+
+def delete_fn(
+    shadow: ShadowStore | None,
+    locks: DirectoryLocks,
+    *,
+    worktree: Literal["keep", "remove"] | str,
+    force: bool,
+) -> Callable[[DeleteStore, str, str], dict[str, Any]]:
+    """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
+    {path, cwd, branch, state: "kept"|"removed", branchKept}` for a Session with a fork-made
+    tree."""
+
+    def _delete(store: DeleteStore, ws: str, sid: str) -> dict[str, Any]:
+        child = store.session_worktree(ws, sid)
+        if child is None:
+            store.delete_session(ws, sid)
+            return {"deleted": True}
+        plan = TreePlan.from_json(child.plan)
+        if worktree != "remove":
+            store.delete_session(ws, sid)
+            return {"deleted": True, "worktree": {**_where(plan), "state": "kept"}}
+        if shadow is None:
+            raise WorkspaceUnavailable(
+                "this daemon keeps no workspace checkpoints: it cannot tell what removing "
+                f'{plan.path} would lose (delete with worktree "keep")',
+                params={"workspaceReason": "disabled"},
+            )
+        trees = Worktrees(shadow)
+        try:
+            with locks(plan.child_cwd):
+                locks.clear_stale_once(shadow, plan.child_cwd)
+                unsaved = trees.unsaved(plan, store.newest_checkpoint(ws, sid))
+        except GitUnavailable as exc:
+            raise WorkspaceUnavailable(
+                f"could not read the worktree {plan.path}: {exc}",
+                params={"workspaceReason": "git_failed"},
+            ) from exc
+        if not unsaved.clean and not force:
+            what = []
+            if unsaved.uncaptured:
+                what.append("changes made after its last checkpoint")
+            if unsaved.commits:
+                what.append(
+                    f"{unsaved.commits} commit(s) on {plan.branch} that no other branch has"
+                )
+            raise WorkspaceWorktreeDirty(
+                f"the worktree {plan.path} holds {' and '.join(what)}; nothing was deleted "
+                "(keep the worktree, or `force: true` removes it — its branch is kept while "
+                "it has commits of its own)",
+                params={
+                    **_where(plan),
+                    "uncaptured": unsaved.uncaptured,
+                    "commits": unsaved.commits,
+                },
+            )
+        store.delete_session(ws, sid, removing_tree=child.operation_id)
+        branch_kept = trees.remove_child(plan)
+        store.mark_child_worktree_removed(ws, child.operation_id)
+        return {
+            "deleted": True,
+            "worktree": {**_where(plan), "state": "removed", "branchKept": branch_kept},
+        }
+
+    return _delete
+
+
+def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
+    """Start-up: the trees a delete began removing when the daemon stopped."""
+    if trees is None:
+        return 0
+    done = 0
+    for item in store.child_worktrees_removing():
+        try:
+            trees.remove_child(TreePlan.from_json(item.plan))
+            if store.mark_child_worktree_removed(item.workspace_id, item.operation_id):
+                done += 1
+        except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
+            log.exception("could not remove the worktree of %s", item.operation_id)
+    return done
+
+
+__all__ = ["WORKTREE_CHOICES", "delete_fn", "finish_removals"]

@@ -1,0 +1,154 @@
+"""`session.delete` of a worktree fork's child through a real daemon, Tutti Agent and a real git
+repository: `worktree: "keep"` (the default) leaves the tree and its branch; `"remove"` removes
+them, but a tree holding files its newest checkpoint does not, or a branch with commits no other
+branch has, is refused (`workspace_worktree_dirty`) unless `force` — and a forced removal keeps
+a branch that has commits of its own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
+from tests.support.invariants import assert_invariants
+from tests.support.worktree_forks import trees_beside, worktree_fork_params
+from tests.support.worktree_repos import git, make_repo
+from transport.client import ApiError, Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    d = DaemonProcess(tmp_path / "home").start()
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def fork_child(c: Client, repo: Path) -> tuple[str, dict[str, Any]]:
+    """A worktree fork of a Session in `repo` through a Turn that wrote a file: the child's id
+    and the fork's `workspace`."""
+    sid = create_session(c, title="Try it", cwd=str(repo))["agentSessionId"]
+    turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+    params = worktree_fork_params(
+        sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
+    )
+    op = c.call("fork.create", params)["operation"]
+    assert op["status"] == "committed", op
+    return str(op["targetAgentSessionId"]), dict(op["workspace"])
+
+
+def delete(c: Client, sid: str, **extra: Any) -> dict[str, Any]:
+    return dict(c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid, **extra}))
+
+
+def branches(repo: Path) -> list[str]:
+    return git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/").split()
+
+
+def test_delete_keeps_a_fork_tree_by_default_and_says_so(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+
+    done = delete(c, child)
+    assert done == {
+        "deleted": True,
+        "worktree": {
+            "path": str(tree),
+            "cwd": where["cwd"],
+            "branch": where["branch"],
+            "state": "kept",
+        },
+    }
+    assert tree.is_dir() and where["branch"] in branches(repo)
+    assert_invariants(daemon.home)
+
+
+def test_remove_refuses_uncaptured_changes_and_removes_once_a_turn_captured_them(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+    (tree / "scratch.txt").write_text("written by hand after the fork\n")
+
+    with pytest.raises(ApiError) as refused:
+        delete(c, child, worktree="remove")
+    assert refused.value.status == 409
+    assert refused.value.reason == "workspace_worktree_dirty"
+    assert refused.value.params["uncaptured"] is True
+    assert refused.value.params["commits"] == 0
+    assert refused.value.params["path"] == str(tree)
+    assert "force" in refused.value.message
+    # Nothing happened: the Session lives on, its tree and branch too.
+    assert c.call("session.get", {"workspaceId": WS, "agentSessionId": child})
+    assert (tree / "scratch.txt").is_file() and where["branch"] in branches(repo)
+
+    # A Turn of the child checkpoints the tree: nothing is uncaptured any more.
+    run_turn(c, child, "/write child.txt from the child's agent")
+    done = delete(c, child, worktree="remove")
+    assert done["worktree"] == {
+        "path": str(tree),
+        "cwd": where["cwd"],
+        "branch": where["branch"],
+        "state": "removed",
+        "branchKept": False,
+    }
+    assert not tree.exists() and trees_beside(repo) == []
+    assert where["branch"] not in branches(repo)
+    assert str(tree) not in git(repo, "worktree", "list", "--porcelain")
+    with pytest.raises(ApiError) as gone:
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": child})
+    assert gone.value.status == 404
+    assert_invariants(daemon.home)
+
+
+def test_remove_refuses_a_branch_with_its_own_commits_and_force_keeps_the_branch(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree, branch = Path(where["path"]), str(where["branch"])
+    run_turn(c, child, "/write feature.txt the child's work")
+    git(tree, "add", "feature.txt")
+    git(tree, "commit", "-q", "-m", "the child's work")
+    tip = git(tree, "rev-parse", "HEAD")
+
+    with pytest.raises(ApiError) as refused:
+        delete(c, child, worktree="remove")
+    assert refused.value.reason == "workspace_worktree_dirty"
+    assert refused.value.params["commits"] == 1
+    assert refused.value.params["uncaptured"] is False
+    assert branch in refused.value.message
+    with pytest.raises(ApiError) as bad:
+        delete(c, child, worktree="discard")
+    assert bad.value.status == 400
+
+    done = delete(c, child, worktree="remove", force=True)
+    assert done["worktree"]["state"] == "removed" and done["worktree"]["branchKept"] is True
+    assert not tree.exists()
+    # The commit is never lost by a delete: its branch stays for the person.
+    assert git(repo, "rev-parse", f"refs/heads/{branch}") == tip
+    assert_invariants(daemon.home)
+
+
+def test_a_session_without_a_fork_tree_deletes_as_before(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    sid = create_session(c, cwd=str(repo))["agentSessionId"]
+    assert delete(c, sid, worktree="remove") == {"deleted": True}
+    assert repo.is_dir()
