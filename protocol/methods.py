@@ -130,8 +130,24 @@ class PinParams(SessionParams):
     pinned: bool
 
 
+class DeleteParams(SessionParams):
+    worktree: NotRequired[Literal["keep", "remove"]]
+    """For a worktree fork's child: keep (the default) or remove the tree the fork made."""
+    force: NotRequired[bool]
+    """Remove the tree even with work not captured or not on another branch."""
+
+
+class DeletedTree(TypedDict):
+    path: str
+    cwd: str
+    branch: str | None
+    state: Literal["kept", "removed"]
+    branchKept: NotRequired[bool]
+
+
 class DeleteResult(TypedDict):
     deleted: bool
+    worktree: NotRequired[DeletedTree]
 
 
 class TextInput(TypedDict):
@@ -225,9 +241,16 @@ SESSION_UPDATE_TITLE = Method("session.updateTitle", UpdateTitleParams, SessionR
 SESSION_PIN = Method("session.pin", PinParams, SessionResult, NOT_FOUND)
 SESSION_DELETE = Method(
     "session.delete",
-    SessionParams,
+    DeleteParams,
     DeleteResult,
-    NOT_FOUND + FENCED + ("agent_session_busy", "agent_session_fork_unresolved"),
+    NOT_FOUND
+    + FENCED
+    + (
+        "agent_session_busy",
+        "agent_session_fork_unresolved",
+        "workspace_worktree_dirty",
+        "workspace_unavailable",
+    ),
     fenced=True,
 )
 TURN_SUBMIT = Method(

@@ -151,8 +151,8 @@ def files_line(workspace: Mapping[str, Any] | None) -> str:
     if not workspace or workspace.get("mode") != "worktree":
         return ""
     state = workspace.get("state")
-    if state == "removed":
-        return "\nfiles: its worktree was removed (the fork failed)"
+    if state in ("removing", "removed"):
+        return "\nfiles: its worktree was removed"
     branch = workspace.get("branch")
     on = f" on branch {branch}" if branch else " (a plain directory: not in a git repository)"
     where = workspace.get("cwd") or workspace.get("path")

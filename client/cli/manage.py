@@ -7,30 +7,85 @@ import json
 import sys
 from typing import Any
 
-from client.cli.command import call, parse_pairs, with_client
+from client.cli.command import api_error, call, parse_pairs, with_client
 from client.cli.output import EXIT_ERROR, EXIT_OK, CliError, emit
+
+
+def _fork_tree(args: argparse.Namespace, client: Any, session: dict[str, Any]) -> Any:
+    """The tree a worktree fork made for this Session, while it stands (else None)."""
+    lineage = session.get("forkedFrom")
+    if not isinstance(lineage, dict):
+        return None
+    op = call(args, client, "fork.get", operationId=lineage["operationId"])["operation"]
+    where = op.get("workspace") or {}
+    if where.get("mode") != "worktree" or where.get("state") != "made":
+        return None
+    return where
+
+
+def _ask(question: str) -> bool:
+    try:
+        reply = input(question)
+    except EOFError:
+        reply = ""
+    return reply.strip().lower() in ("y", "yes")
+
+
+def _dirty_words(sid: str, exc: Any) -> str:
+    p = exc.params
+    what = []
+    if p.get("uncaptured"):
+        what.append("changes made after its last checkpoint")
+    if p.get("commits"):
+        what.append(
+            f"{p['commits']} commit(s) on branch {p.get('branch')} that no other branch has"
+        )
+    return (
+        f"not deleted: the worktree {p.get('path')} holds {' and '.join(what)}; keep it "
+        f"(agenthost delete {sid[:8]} --worktree keep) or remove it anyway "
+        f"(agenthost delete {sid[:8]} --worktree remove --force; a branch with commits of its "
+        "own is kept)"
+    )
 
 
 @with_client
 def run_delete(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import resolve_session
+    from transport.client import ApiError
 
     sid = resolve_session(client, args.workspace, args.session)
     session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    tree = _fork_tree(args, client, session)
+    worktree = args.worktree
     if not args.yes:
         if args.json or not sys.stdin.isatty():
             raise CliError(
                 "confirmation_required", "not a terminal: pass --yes to delete without asking"
             )
-        try:
-            reply = input(f"delete session {session['title']!r} ({sid})? [y/N] ")
-        except EOFError:
-            reply = ""
-        if reply.strip().lower() not in ("y", "yes"):
+        if not _ask(f"delete session {session['title']!r} ({sid})? [y/N] "):
             print("not deleted", file=sys.stderr)
             return EXIT_ERROR
-    result = call(args, client, "session.delete", agentSessionId=sid)
-    emit(args, {**result, "agentSessionId": sid}, f"deleted {sid}  {session['title']}")
+        if tree is not None and worktree is None:
+            remove = _ask(f"remove its worktree {tree['path']} too? [y/N] ")
+            worktree = "remove" if remove else "keep"
+    params: dict[str, Any] = {"agentSessionId": sid, "worktree": worktree or "keep"}
+    if args.force:
+        params["force"] = True
+    try:
+        result = call(args, client, "session.delete", **params)
+    except ApiError as exc:
+        if exc.reason != "workspace_worktree_dirty":
+            raise
+        raise CliError(exc.reason, _dirty_words(sid, exc), error=api_error(exc).error) from exc
+    human = f"deleted {sid}  {session['title']}"
+    done = result.get("worktree")
+    if done and done.get("state") == "removed":
+        kept = f"; branch {done['branch']} kept (it has commits of its own)"
+        human += f"\nworktree {done['path']} removed{kept if done.get('branchKept') else ''}"
+    elif done:
+        on = f" (branch {done['branch']})" if done.get("branch") else ""
+        human += f"\nworktree kept: {done['path']}{on}"
+    emit(args, {**result, "agentSessionId": sid}, human)
     return EXIT_OK
 
 

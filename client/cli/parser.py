@@ -259,6 +259,18 @@ def add_client_commands(
     d = sub.add_parser("delete", parents=[common], help="delete a session (asks first)")
     d.add_argument("session", help=session_help)
     d.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    d.add_argument(
+        "--worktree",
+        choices=("keep", "remove"),
+        default=None,
+        help="a worktree fork's child: keep its worktree (the default without a terminal) or"
+        " remove it (refused if it holds work not checkpointed or commits on no other branch)",
+    )
+    d.add_argument(
+        "--force",
+        action="store_true",
+        help="with --worktree remove: remove it even so (a branch with its own commits is kept)",
+    )
     d.set_defaults(run=manage.run_delete)
     r = sub.add_parser("rename", parents=[common], help="change a session's title")
     r.add_argument("session", help=session_help)

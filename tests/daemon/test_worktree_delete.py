@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
@@ -152,3 +153,31 @@ def test_a_session_without_a_fork_tree_deletes_as_before(
     sid = create_session(c, cwd=str(repo))["agentSessionId"]
     assert delete(c, sid, worktree="remove") == {"deleted": True}
     assert repo.is_dir()
+
+
+def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The state a kill between the delete's commit and the tree's removal leaves (the Session
+    deleted, its tree marked `removing` and still on disk): the next start removes it."""
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+    delete(c, child)  # kept: the tree stays, recorded `made`
+    daemon.kill()
+    conn = apsw.Connection(str(daemon.home / "store.sqlite3"))
+    conn.execute(
+        "UPDATE fork_operations SET workspace_state = 'removing' WHERE target_session_id = ?",
+        (child,),
+    )
+    conn.close()
+    assert tree.is_dir()
+
+    daemon.start()
+    assert not tree.exists() and where["branch"] not in branches(repo)
+    state = apsw.Connection(str(daemon.home / "store.sqlite3")).execute(
+        "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
+    )
+    assert [r[0] for r in state] == ["removed"]
+    assert_invariants(daemon.home)

@@ -832,8 +832,10 @@ def _check_worktrees(
         child_deleted = (op["workspace_id"], op["target_session_id"]) in deleted
         if state in ("removing", "removed") and status == "committed" and not child_deleted:
             ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but its child lives")
-        elif status in DISPATCHED and state != "made" and not (
-            status == "committed" and child_deleted
+        elif (
+            status in DISPATCHED
+            and state != "made"
+            and not (status == "committed" and child_deleted)
         ):
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) was dispatched with its tree {state}")
         if partial.exists() and not making and not settling:

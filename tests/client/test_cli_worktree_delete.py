@@ -1,0 +1,95 @@
+"""`agenthost delete` of a worktree fork's child as a person runs it: on a terminal it asks
+whether to remove the worktree too; a worktree holding work no checkpoint has is refused in
+words that name both ways out; `--worktree remove --force` removes it anyway."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.client.test_cli_worktree import as_json, cli
+from tests.support.daemon import DaemonProcess
+from tests.support.worktree_repos import make_repo
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def on_tty(home: Path, ws: str, args: list[str], answers: list[bytes]) -> tuple[int, str]:
+    """Run the CLI on a pseudo-terminal, typing each answer after the next `[y/N] ` shows."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agenthost", "--home", str(home), "--workspace", ws, *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    seen, typed = b"", 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.1)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        if typed < len(answers) and seen.count(b"[y/N] ") > typed:
+            time.sleep(0.3)  # after input() reads, not before
+            os.write(master, answers[typed])
+            typed += 1
+    code = proc.wait(timeout=30)
+    os.close(master)
+    return code, seen.decode(errors="replace")
+
+
+def fork_child(home: Path, ws: str, sid: str) -> tuple[str, Path]:
+    done = cli(home, ws, "fork", sid, "--through", "1", "--worktree")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    child = next(line.split()[1] for line in lines if line.startswith("child "))
+    files = next(line for line in lines if line.startswith("files: "))
+    return child, Path(files.removeprefix("files: ").partition(" on branch ")[0])
+
+
+def test_delete_asks_about_the_worktree_and_refuses_unsaved_work_in_words(
+    daemon: DaemonProcess, ws: str, tmp_path: Path
+) -> None:
+    home = daemon.home
+    repo = make_repo(tmp_path / "project")
+    sid = as_json(home, ws, "new", "--title", "Parser", "--cwd", str(repo))["session"][
+        "agentSessionId"
+    ]
+    as_json(home, ws, "say", sid, "/write src/app.py print('at turn 1')")
+
+    kept, kept_tree = fork_child(home, ws, sid)
+    code, out = on_tty(home, ws, ["delete", kept], [b"y\n", b"n\n"])
+    assert code == 0, out
+    assert f"remove its worktree {kept_tree} too? [y/N]" in out
+    assert f"worktree kept: {kept_tree} (branch agenthost/" in out
+    assert kept_tree.is_dir()
+
+    child, tree = fork_child(home, ws, sid)
+    (tree / "scratch.txt").write_text("by hand, after the fork\n")
+    code, out = on_tty(home, ws, ["delete", child], [b"y\n", b"y\n"])
+    assert code == 1, out
+    assert (
+        f"agenthost: workspace_worktree_dirty: not deleted: the worktree {tree} holds changes"
+        " made after its last checkpoint; keep it (agenthost delete"
+    ) in " ".join(out.split())
+    assert "--worktree remove --force" in out
+    assert tree.is_dir() and as_json(home, ws, "show", child)
+
+    done = cli(home, ws, "delete", child, "--yes", "--worktree", "remove", "--force")
+    assert done.returncode == 0, done.stderr
+    assert f"worktree {tree} removed" in done.stdout
+    assert not tree.exists()
