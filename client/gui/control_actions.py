@@ -18,6 +18,7 @@ from client.gui.composer import Composer
 from client.gui.controls import (
     ANSWER_INPUT_ID,
     ConfirmScreen,
+    DeleteTreeScreen,
     InteractionBar,
     NewSessionScreen,
     RenameScreen,
@@ -191,9 +192,28 @@ class ControlActions(SessionView):
         if session is None:
             self.notify("open a session first", severity="warning")
             return
-        session_id = str(session["agentSessionId"])
+        lineage = session.get("forkedFrom")
+        if not isinstance(lineage, dict):
+            self._confirm_delete(session, None)
+            return
 
-        def deleted(_: dict[str, Any]) -> None:
+        def work() -> None:
+            # A worktree fork's child: the dialog asks about its tree too.
+            try:
+                op = self.engine.request("fork.get", {"operationId": lineage["operationId"]})
+                where = op["operation"].get("workspace") or {}
+            except (ApiError, TimeoutError):
+                where = {}
+            made = where.get("mode") == "worktree" and where.get("state") == "made"
+            self.call_from_thread(self._confirm_delete, session, where if made else None)
+
+        self.run_worker(work, thread=True, group="controls")
+
+    def _confirm_delete(self, session: dict[str, Any], tree: dict[str, Any] | None) -> None:
+        session_id = str(session["agentSessionId"])
+        question = f"Delete session {session['title']!r}? This cannot be undone."
+
+        def deleted(result: dict[str, Any]) -> None:
             self.engine.handle_event(
                 {
                     "type": "session.removed",
@@ -207,18 +227,65 @@ class ControlActions(SessionView):
                 self._update_title()
                 self.run_worker(self._clear_transcript())
             self._refresh_tree()
-            self.notify(f"deleted {session['title']}")
-
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self._call(
-                    "delete the session",
-                    "session.delete",
-                    {"agentSessionId": session_id},
-                    deleted,
+            done = result.get("worktree") or {}
+            if done.get("state") == "removed":
+                kept = " (its branch is kept: it has commits of its own)"
+                self.notify(
+                    f"deleted {session['title']} and removed its worktree"
+                    f"{kept if done.get('branchKept') else ''}"
                 )
+            elif done:
+                self.notify(f"deleted {session['title']}; its worktree stays: {done['path']}")
+            else:
+                self.notify(f"deleted {session['title']}")
 
+        def delete(worktree: str, force: bool) -> None:
+            params: dict[str, Any] = {"agentSessionId": session_id, "worktree": worktree}
+            if force:
+                params["force"] = True
+
+            def work() -> None:
+                try:
+                    result = self.engine.request("session.delete", params)
+                except ApiError as exc:
+                    if exc.reason == "workspace_worktree_dirty" and not force:
+                        self.call_from_thread(self._confirm_forced, exc, delete)
+                        return
+                    words = error_words("delete the session", exc)
+                    self.call_from_thread(self.notify, words, severity="error")
+                    return
+                except TimeoutError as exc:
+                    words = error_words("delete the session", exc)
+                    self.call_from_thread(self.notify, words, severity="error")
+                    return
+                self.call_from_thread(deleted, result)
+
+            self.run_worker(work, thread=True, group="controls")
+
+        if tree is None:
+            self.push_screen(
+                ConfirmScreen(question), lambda yes: delete("keep", False) if yes else None
+            )
+        else:
+            self.push_screen(
+                DeleteTreeScreen(question, str(tree.get("path"))),
+                lambda choice: delete(choice, False) if choice else None,
+            )
+
+    def _confirm_forced(self, exc: ApiError, delete: Callable[[str, bool], None]) -> None:
+        """The worktree holds work a removal would lose: say what, and offer to remove it
+        anyway (`y`) or keep everything (Escape: nothing was deleted)."""
+        p = exc.params
+        what = []
+        if p.get("uncaptured"):
+            what.append("changes no turn recorded")
+        if p.get("commits"):
+            what.append(f"{p['commits']} commit(s) on {p.get('branch')} that no other branch has")
         self.push_screen(
-            ConfirmScreen(f"Delete session {session['title']!r}? This cannot be undone."),
-            confirmed,
+            ConfirmScreen(
+                f"Nothing was deleted: the worktree {p.get('path')} holds {' and '.join(what)}. "
+                "Remove it anyway? (a branch with commits of its own is kept)",
+                confirm="Remove anyway",
+            ),
+            lambda yes: delete("remove", True) if yes else None,
         )

@@ -247,6 +247,56 @@ class ForkScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+class DeleteTreeScreen(ModalScreen[str | None]):
+    """Confirm deleting a worktree fork's child and choose what becomes of its worktree:
+    dismissed with `keep`, `remove` or None. Keyboard: `k` keep it, `r` remove it, Escape
+    cancels; Cancel has the focus, so a stray Enter deletes nothing."""
+
+    DEFAULT_CSS = (
+        _DIALOG_CSS.format(name="DeleteTreeScreen") + "DeleteTreeScreen > Vertical { width: 76; }\n"
+    )
+    BINDINGS = [
+        ("escape", "cancel", "Cancel"),
+        ("k", "keep", "Delete, keep the worktree"),
+        ("r", "remove", "Delete and remove the worktree"),
+    ]
+
+    def __init__(self, question: str, path: str) -> None:
+        super().__init__()
+        self.question = question
+        self.path = path
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label(self.question)
+            yield Label(
+                f"Its files are in the worktree {self.path}.\n"
+                "Keep: the folder and its branch stay for you.\n"
+                "Remove: both go — refused if the folder holds changes no turn recorded, or "
+                "commits no other branch has."
+            )
+            with Horizontal():
+                yield Button("Keep worktree (k)", "primary", id="keep")
+                yield Button("Remove worktree (r)", "error", id="remove")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(None if event.button.id == "cancel" else str(event.button.id))
+
+    def action_keep(self) -> None:
+        self.dismiss("keep")
+
+    def action_remove(self) -> None:
+        self.dismiss("remove")
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
 class ConfirmScreen(ModalScreen[bool]):
     DEFAULT_CSS = _DIALOG_CSS.format(name="ConfirmScreen")
     BINDINGS = [("escape", "cancel", "Cancel"), ("y", "confirm", "Yes")]
