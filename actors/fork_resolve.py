@@ -28,6 +28,7 @@ from typing import Any
 from actors.fork_host import ForkHost
 from actors.messages import Reply, runtime_key
 from domain.enums import DeliveryDisposition
+from domain.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
 from domain.worker_messages import (
     ForkResult,
     ForkSource,
@@ -39,7 +40,6 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from storage.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
 from storage.fork_resolution import (
     ForkEvidenceUnreadable,
     ForkResolveConflict,

@@ -28,6 +28,7 @@ from actors.ports import (
 from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
+from domain.errors import StoreBusy
 from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import (
     ForkRequest,
@@ -36,7 +37,6 @@ from domain.worker_messages import (
     ForkTarget,
     MalformedMessage,
 )
-from storage.errors import StoreBusy
 from storage.models import (
     ForkOperation,
     ForkPointKind,

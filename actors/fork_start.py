@@ -19,7 +19,7 @@ from actors.ports import (
     ProviderCatalog,
 )
 from actors.recovery import apply_restart_rule
-from storage.errors import (
+from domain.errors import (
     ForkInProgress,
     ForkUnsupported,
     HostError,

@@ -29,8 +29,8 @@ from actors.messages import (
 from actors.session_actor import SessionActor
 from actors.session_routes import SessionRoutes
 from actors.store_ports import HostActorStore
+from domain.errors import HostError
 from domain.worker_messages import MalformedMessage, turn_event_from_wire
-from storage.errors import HostError
 from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)

@@ -8,13 +8,13 @@ controls, the driver's own 4xx verdict passed through with its status.
 from __future__ import annotations
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
-from domain.errors import RuntimeChanged
-from storage.errors import (
+from domain.errors import (
     Conflict,
     HostError,
     InvalidRequest,
     NotFound,
     ProviderError,
+    RuntimeChanged,
     SessionBusy,
 )
 

@@ -48,7 +48,7 @@ from actors.session_turns import TurnRunner
 from actors.store_ports import ResolveStore
 from actors.timers import TimerHandle
 from actors.turn_writes import TurnWrites
-from storage.errors import HostError
+from domain.errors import HostError
 from storage.models import Session
 from storage.sqlite import host_error_of
 from workspace.worktree import ForkTrees

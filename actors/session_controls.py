@@ -20,8 +20,8 @@ from actors.provider_errors import control_error
 from actors.session_base import SessionCore
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
+from domain.errors import Conflict, HostError, TurnNotFound
 from domain.worker_calls import InteractionRespond, SessionStop, TurnInterrupt
-from storage.errors import Conflict, HostError, TurnNotFound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")

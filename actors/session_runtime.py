@@ -23,6 +23,7 @@ from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
 from actors.session_base import SessionCore
+from domain.errors import HostError
 from domain.worker_calls import (
     HistoryRequest,
     SessionHistory,
@@ -30,7 +31,6 @@ from domain.worker_calls import (
     SessionStarted,
     SessionStop,
 )
-from storage.errors import HostError
 from storage.models import Session
 from storage.sqlite import host_error_of
 

@@ -22,6 +22,7 @@ from actors.provider_errors import runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
+from domain.errors import HostError, StoreBusy
 from domain.model_limits import BACKSTOP_GRACE_S, ModelLimits, first_byte_timeout
 from domain.worker_calls import TurnAccepted, TurnStart
 from domain.worker_messages import (
@@ -33,7 +34,6 @@ from domain.worker_messages import (
     TurnItem,
     TurnStarted,
 )
-from storage.errors import HostError, StoreBusy
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")

@@ -25,7 +25,7 @@ from actors.session_base import (
     SessionCore,
 )
 from actors.timers import TimerHandle
-from storage.errors import ForkInProgress, HostError, StoreBusy
+from domain.errors import ForkInProgress, HostError, StoreBusy
 from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).

@@ -16,8 +16,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from domain.errors import HostError
 from storage import Store
-from storage.errors import HostError
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from transport.server import Responder
 from transport.wire import Request

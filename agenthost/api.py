@@ -23,13 +23,13 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from agenthost import projection, workspace_api
 from agenthost.api_base import WORKSPACE_MAX, ApiBase, Handler, PointReader, log
 from agenthost.worktree_delete import WORKTREE_CHOICES, delete_fn
-from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
-from storage import Store
-from storage.errors import (
+from domain.errors import (
     HostError,
     InvalidArgument,
     Unavailable,
 )
+from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
+from storage import Store
 from storage.lineage_tree import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_NODES,

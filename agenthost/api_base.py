@@ -23,13 +23,13 @@ from actors.ports import ProviderCatalog
 from actors.session_routes import SessionRoutes
 from agenthost import activity, projection
 from agenthost.reply_cache import ReplyCache
-from storage import Store
-from storage.errors import (
+from domain.errors import (
     HostError,
     InvalidRequest,
     SessionNotFound,
     Unavailable,
 )
+from storage import Store
 from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of

@@ -18,8 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from domain.errors import Conflict
 from drivers.credentials import credential_plan
-from storage.errors import Conflict
 
 
 class ProviderNotInstalled(Conflict):

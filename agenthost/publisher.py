@@ -23,8 +23,8 @@ from typing import Any, Protocol
 from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
+from domain.errors import HostError
 from storage import Store
-from storage.errors import HostError
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from storage.sqlite import TRANSIENT_ERRORS
 from transport.server import MAX_EVENT_BYTES

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from actors.checkpoints import DirectoryLocks, checkpoint_ref
-from storage.errors import (
+from domain.errors import (
     InvalidArgument,
     SessionBusy,
     WorkspaceCheckpointMissing,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 from actors.checkpoints import DirectoryLocks
-from storage.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
+from domain.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
 from storage.fork_workspace import ChildTree
 from storage.models import TreeToRemove
 from workspace.git import GitUnavailable

@@ -6,7 +6,7 @@ the one code → status table: every class takes its status from it, and a typed
 crossed a process boundary as a map (a worker's answer) gets its status back from it.
 
 Standard library only (the `domain` package): importing it never loads SQLite or ZeroMQ.
-`storage.errors` re-exports this module for the store's own imports.
+Every package imports the errors from here.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ never build the event's wire map: the worker serialises it (`to_wire`) as it lea
 
 class ProviderDriver(Protocol):
     """One provider kind inside its worker process. Params and results are the worker-method
-    maps of internals.md; raise `storage.errors.HostError` subclasses for typed failures.
+    maps of internals.md; raise `domain.errors.HostError` subclasses for typed failures.
 
     Every method may be called concurrently from the worker's thread pool (turns on different
     sessions stream at once); a driver serializes per session itself.

@@ -2,7 +2,7 @@
 and the durable fork operations, with every write in one fenced transaction.
 
 Public entry: `from storage import Store; store = Store.open(path)`; values are in
-`storage.models`, typed errors in `storage.errors`.
+`storage.models`, typed errors in `domain.errors`.
 """
 
 from storage.models import (

@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 import apsw
 
+from domain.errors import StoreBusy
 from storage.baton import Baton
-from storage.errors import StoreBusy
 from storage.fork_memo import ForkMemo
 from storage.models import ChangeEvent
 from storage.schema import migrate

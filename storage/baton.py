@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 import apsw
 
-from storage.errors import StoreBusy
+from domain.errors import StoreBusy
 
 BACKGROUND_MAX_WAIT_S = 0.1
 """How long a background writer may be overtaken by foreground ones before it goes next."""

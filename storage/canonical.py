@@ -9,7 +9,7 @@ check), so an active fork operation on the Session rejects them inside the same 
 
 from __future__ import annotations
 
-from storage.errors import InteractionNotFound, SessionIdTaken
+from domain.errors import InteractionNotFound, SessionIdTaken
 from storage.history import HistoryStore
 from storage.session_controls import SessionControls
 from storage.session_rows import load_session, load_turn, require_session, require_turn

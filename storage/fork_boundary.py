@@ -12,11 +12,11 @@ from typing import Any
 
 import apsw
 
-from domain.fork_states import ACTIVE_SQL
-from storage.errors import (
+from domain.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
 )
+from domain.fork_states import ACTIVE_SQL
 from storage.fork_identity import (
     reject_duplicate_keys,
 )

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from storage.errors import (
+from domain.errors import (
     ForkReferenceError,
     ForkReferenceReason,
     ForkSnapshotCorrupt,

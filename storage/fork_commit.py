@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from storage.base import StoreBase
-from storage.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache

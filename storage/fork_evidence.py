@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from storage.errors import ForkEvidenceRejected
+from domain.errors import ForkEvidenceRejected
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,

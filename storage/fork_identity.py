@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from storage.errors import ForkReferenceError, ForkReferenceReason
+from domain.errors import ForkReferenceError, ForkReferenceReason
 
 # Fixed forever: changing it would change every child id a replay computes (law 5).
 IDENTITY_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "agenthost:fork-identity")

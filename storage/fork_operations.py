@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from storage.errors import ForkEvidenceRejected, ForkSnapshotCorrupt
+from domain.errors import ForkEvidenceRejected, ForkSnapshotCorrupt
 from storage.fork_commit import ForkCommit
 from storage.fork_fence import ForkFence
 from storage.fork_prepare import ForkPrepare

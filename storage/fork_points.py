@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import apsw
 
-from storage.errors import ForkBoundaryError, ForkBoundaryReason
+from domain.errors import ForkBoundaryError, ForkBoundaryReason
 from storage.fork_boundary import source_blockers
 from storage.models import ForkPointKind, Session, TurnPhase
 

@@ -10,8 +10,7 @@ from typing import Any
 
 import apsw
 
-from storage.base import StoreBase
-from storage.errors import (
+from domain.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
     ForkConflict,
@@ -20,6 +19,7 @@ from storage.errors import (
     WorkspaceCheckpointMissing,
     checkpoint_refusal,
 )
+from storage.base import StoreBase
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import build_child
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block

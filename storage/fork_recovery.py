@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from domain.errors import InvalidArgument
 from domain.fork_states import after_restart
 from storage.base import StoreBase
-from storage.errors import InvalidArgument
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, op_from_row
 from storage.models import ForkOperation, ForkOperationChanged, ForkStatus, SessionChanged
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from domain.errors import Conflict
 from domain.fork_states import NOT_A_FORK_SQL
 from storage.base import StoreBase
-from storage.errors import Conflict
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
 from storage.models import (

@@ -10,8 +10,8 @@ from typing import Any
 
 import apsw
 
+from domain.errors import ForkOperationNotFound
 from domain.fork_states import ACTIVE_SQL, BARRIER_SQL
-from storage.errors import ForkOperationNotFound
 from storage.fork_child import project_child
 from storage.fork_snapshot import load_snapshot, read_frozen
 from storage.models import ForkOperation, ForkStatus, Lineage, Session

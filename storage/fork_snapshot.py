@@ -20,7 +20,7 @@ from typing import Any
 import apsw
 import msgpack
 
-from storage.errors import (
+from domain.errors import (
     ForkSnapshotCorrupt,
 )
 from storage.fork_boundary import MESSAGE_FIELDS, RESUME_CURSOR_KEY, Boundary

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
+from domain.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
 from domain.fork_states import sources_of
 from storage.base import StoreBase
-from storage.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.models import (

@@ -11,8 +11,8 @@ from typing import Any
 
 import apsw
 
+from domain.errors import InvalidTransition
 from storage.base import StoreBase
-from storage.errors import InvalidTransition
 from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, ForkStatus, TreeToRemove
 from storage.sqlite import loads

@@ -11,8 +11,8 @@ from typing import Any
 
 import apsw
 
+from domain.errors import Conflict, InteractionNotFound, InvalidArgument, TurnNotFound
 from storage.base import StoreBase
-from storage.errors import Conflict, InteractionNotFound, InvalidArgument, TurnNotFound
 from storage.models import (
     Interaction,
     InteractionStatus,

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import apsw
 
-from storage.errors import SchemaTooNew
+from domain.errors import SchemaTooNew
 
 # v1: canonical entities. Never edit a released migration: add a new one.
 _V1 = """

@@ -9,7 +9,7 @@ from typing import Any
 
 import apsw
 
-from storage.errors import InvalidArgument, SessionNotFound, TurnNotFound
+from domain.errors import InvalidArgument, SessionNotFound, TurnNotFound
 from storage.models import Session, SessionChanged, Turn
 from storage.rows import (
     SESSION_SELECT,

@@ -9,14 +9,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from storage.base import StoreBase
-from storage.errors import (
+from domain.errors import (
     ForkUnresolved,
     InvalidArgument,
     SessionBusy,
     SessionIdTaken,
     SessionNotFound,
 )
+from storage.base import StoreBase
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (

@@ -12,7 +12,7 @@ from typing import Any
 
 import apsw
 
-from storage.errors import HostError, StoreBusy, internal_error
+from domain.errors import HostError, StoreBusy, internal_error
 
 BUSY_TIMEOUT_MS = 10_000
 

@@ -8,8 +8,8 @@ import json
 import uuid
 from typing import Any
 
+from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.base import StoreBase
-from storage.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
 from storage.rows import TURN_COLUMNS
 from storage.schema import SESSION_KEY_OF

@@ -8,8 +8,8 @@ from typing import Any
 
 import apsw
 
+from domain.errors import ForkInProgress
 from domain.fork_states import ACTIVE_SQL
-from storage.errors import ForkInProgress
 from storage.models import ChangeEvent
 from storage.sqlite import Row
 

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 
 import apsw
 
-from storage.errors import StoreBusy
+from domain.errors import StoreBusy
 from storage.sqlite import typed_store_error
 from storage.tx import Tx
 

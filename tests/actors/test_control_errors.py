@@ -7,7 +7,7 @@ import pytest
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from actors.provider_errors import control_error as _control_error
-from storage.errors import ProviderError
+from domain.errors import ProviderError
 
 
 @pytest.mark.parametrize(

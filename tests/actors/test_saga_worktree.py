@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from actors.ports import DeliveryUnknown
+from domain.errors import ForkRequestConflict, WorkspaceCheckpointMissing
 from domain.fork_states import ForkStatus
 from storage import Store
-from storage.errors import ForkRequestConflict, WorkspaceCheckpointMissing
 from storage.models import ForkPointKind, ForkPrepareRequest
 from tests.actors.saga_harness import (
     DRIVER,

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 from drivers.claude import DECLINED_MESSAGE
 from model_fakes.messages import (
     MessagesServer,
@@ -23,7 +24,6 @@ from model_fakes.messages import (
     tool_result,
     tool_result_text,
 )
-from storage.errors import Conflict, InvalidArgument, NotFound, SessionBusy
 from tests.claude.conftest import ClaudeSession, Harness
 from tests.daemon.test_fork_saga import fork
 from tests.support.daemon import (

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
+from domain.errors import NotFound, SessionBusy
 from drivers.base import DeliveryDisposition, ForkRequest
 from drivers.claude_transcript import decode_binding, parse_entries
-from storage.errors import NotFound, SessionBusy
 from tests.claude.conftest import SLOW_PREFIX, Harness
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]

@@ -410,7 +410,7 @@ def test_fork_refusal_in_words_with_the_wire_error(cli: Cli, client: Client, ws:
 
 
 def test_every_fork_boundary_reason_has_its_sentence() -> None:
-    from storage.errors import ForkBoundaryReason
+    from domain.errors import ForkBoundaryReason
 
     assert set(BOUNDARY_REASONS) == {r.value for r in ForkBoundaryReason}
     turns = [{"turnId": "t2", "sequence": 2}, {"turnId": "t3", "sequence": 3}]

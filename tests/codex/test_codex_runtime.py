@@ -30,6 +30,7 @@ from codex_helpers import (
 from conftest import MakeDriver
 from tool_model import ToolModel
 
+from domain.errors import InvalidArgument, SessionBusy
 from drivers.base import DeliveryDisposition
 from drivers.codex import (
     _NATIVE_PACKAGES,
@@ -43,7 +44,6 @@ from drivers.codex import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text
-from storage.errors import InvalidArgument, SessionBusy
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 

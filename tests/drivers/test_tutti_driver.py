@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
 
+from domain.errors import HostError, SessionBusy
 from drivers.app_server import AppServerProcess, private_env
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
@@ -23,7 +24,6 @@ from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
 from drivers.rollout_files import iter_rollouts
 from drivers.tutti_agent import create_driver as tutti_agent_driver
-from storage.errors import HostError, SessionBusy
 
 Make = Callable[..., AppServerDriver]
 

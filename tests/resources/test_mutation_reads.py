@@ -29,8 +29,8 @@ import pytest
 
 from agenthost.catalog import Catalog
 from agenthost.publisher import EventPublisher
+from domain.errors import SessionNotFound
 from storage import Store
-from storage.errors import SessionNotFound
 from storage.models import ChangeEvent, SessionChanged, TurnChanged
 from storage.rows import (
     HYDRATE_MESSAGES_SQL,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from domain.errors import HostError  # noqa: E402
 from storage import ForkPrepareRequest, ForkStatus, ProviderForkEvidence, Store  # noqa: E402
-from storage.errors import HostError  # noqa: E402
 
 WS = "crash-ws"
 

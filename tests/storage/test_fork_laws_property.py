@@ -24,8 +24,8 @@ from store_builders import WS, new_session, settled_turn
 from store_builders import fork_evidence as _evidence
 
 from actors.recovery import recover_fork_operations
+from domain.errors import HostError
 from storage import Store
-from storage.errors import HostError
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest
 from tests.support.invariants import STORE_LAWS, check_invariants, provider_home
 

@@ -13,8 +13,8 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
+from domain.errors import ForkOperationNotFound, SessionNotFound
 from storage import Store
-from storage.errors import ForkOperationNotFound, SessionNotFound
 from storage.fork_rows import projection_cache
 from storage.models import ForkStatus
 from storage.read_view import ReadView

@@ -11,9 +11,7 @@ import apsw
 import pytest
 from store_builders import WS, new_session, settled_turn
 
-from storage import SessionChanged, Store, TurnChanged
-from storage.canonical import SessionIdTaken
-from storage.errors import (
+from domain.errors import (
     Conflict,
     InvalidArgument,
     NotFound,
@@ -21,6 +19,8 @@ from storage.errors import (
     SessionNotFound,
     TurnNotFound,
 )
+from storage import SessionChanged, Store, TurnChanged
+from storage.canonical import SessionIdTaken
 from tests.support.store_reads import (
     begin_goal_control,
     begin_runtime_operation,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from domain.errors import ForkInProgress
 from storage import Store
-from storage.errors import ForkInProgress
 from storage.fork_snapshot import decode_frozen
 
 WORKER = Path(__file__).with_name("store_crash_worker.py")

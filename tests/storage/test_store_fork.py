@@ -10,6 +10,17 @@ from typing import Any
 import pytest
 from store_builders import WS, new_session, settled_turn
 
+from domain.errors import (
+    ForkAcknowledgeConflict,
+    ForkBoundaryError,
+    ForkConflict,
+    ForkInProgress,
+    ForkOperationNotFound,
+    ForkRequestConflict,
+    InvalidArgument,
+    InvalidTransition,
+    SessionNotFound,
+)
 from storage import (
     ForkOperation,
     ForkOperationChanged,
@@ -21,17 +32,6 @@ from storage import (
     TurnChanged,
 )
 from storage.canonical import SessionIdTaken
-from storage.errors import (
-    ForkAcknowledgeConflict,
-    ForkBoundaryError,
-    ForkConflict,
-    ForkInProgress,
-    ForkOperationNotFound,
-    ForkRequestConflict,
-    InvalidArgument,
-    InvalidTransition,
-    SessionNotFound,
-)
 from storage.fork_child import build_child
 from storage.fork_identity import ForkReferenceError
 from storage.fork_operations import ForkEvidenceRejected

@@ -16,8 +16,8 @@ from pathlib import Path
 import apsw
 import pytest
 
+from domain.errors import SessionNotFound, StoreBusy
 from storage import Store
-from storage.errors import SessionNotFound, StoreBusy
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from store_builders import WS, new_session, settled_turn
 
+from domain.errors import ForkInProgress
 from storage import ForkOperation, ForkPrepareRequest, Store
-from storage.errors import ForkInProgress
 from storage.fork_snapshot import decode_frozen
 
 pytestmark = pytest.mark.timeout(60)

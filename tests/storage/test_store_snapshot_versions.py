@@ -20,9 +20,9 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 import storage.fork_rows as fork_rows
+from domain.errors import ForkSnapshotCorrupt
 from storage import Store
 from storage.base import WRITER_CACHE_KIB
-from storage.errors import ForkSnapshotCorrupt
 from storage.fork_boundary import MESSAGE_FIELDS
 from storage.fork_child import build_child
 from storage.fork_memo import ForkMemo

@@ -13,8 +13,8 @@ from pathlib import Path
 import apsw
 import pytest
 
+from domain.errors import StoreBusy
 from storage import Store
-from storage.errors import StoreBusy
 
 WS = "ws-writer"
 

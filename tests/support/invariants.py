@@ -24,8 +24,8 @@ import apsw
 
 from actors.checkpoints import checkpoint_ref
 from actors.context import _path_segment
+from domain.errors import ForkInProgress, HostError
 from storage import Store
-from storage.errors import ForkInProgress, HostError
 from storage.fork_snapshot import decode_frozen
 from workspace.shadow import ShadowStore
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transport_harness import Running
 
-from storage.errors import HostError
+from domain.errors import HostError
 from transport.client import Client
 from transport.wire import MAX_FRAME, decode_request, peek_id
 

@@ -17,7 +17,7 @@ import pytest
 import zmq
 from transport_harness import Running
 
-from storage.errors import Conflict
+from domain.errors import Conflict
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout, EventSubscriber
 from transport.server import ApiServer, EndpointInUse
 from transport.wire import MAX_FRAME

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage.errors import (
+from domain.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
     HostError,

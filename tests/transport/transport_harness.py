@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from storage.errors import Conflict, ForkInProgress, HostError
+from domain.errors import Conflict, ForkInProgress, HostError
 from transport.server import ApiServer, Responder
 from transport.wire import Request, optional_int, require_str, require_uuid, unknown_method
 
