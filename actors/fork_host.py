@@ -22,8 +22,7 @@ from typing import Any, Protocol, TypeVar
 from actors.context import LiveOperations, Timeouts
 from actors.messages import Reply
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
-from actors.store_ports import ResolveStore
-from actors.store_ports import SagaStore as SagaStore
+from actors.store_ports import ResolveStore, SagaStore
 from actors.timers import TimerHandle
 from domain.errors import HostError
 from storage.models import (

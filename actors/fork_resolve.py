@@ -29,6 +29,7 @@ from actors.fork_host import ForkHost
 from actors.messages import Reply, runtime_key
 from domain.enums import DeliveryDisposition
 from domain.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
+from domain.fork_states import ForkStatus
 from domain.worker_messages import (
     ForkResult,
     ForkSource,
@@ -45,7 +46,7 @@ from storage.fork_resolution import (
     ForkResolveConflict,
     ForkResolveInProgress,
 )
-from storage.models import ForkOperation, ForkStatus, ProviderForkEvidence
+from storage.models import ForkOperation, ProviderForkEvidence
 from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)

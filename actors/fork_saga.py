@@ -18,16 +18,11 @@ from typing import Any
 from actors.fork_host import ForkHost, PreparedRuntime, attestation_key
 from actors.fork_workspace import in_thread, remove_failed_tree
 from actors.messages import ForkReply, Reply, runtime_key
-from actors.ports import (
-    DeliveryDisposition,
-    DeliveryUnknown,
-    DriverInfo,
-    NotDelivered,
-    WorkerFailed,
-)
+from actors.ports import DeliveryUnknown, DriverInfo, NotDelivered, WorkerFailed
 from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
+from domain.enums import DeliveryDisposition
 from domain.errors import StoreBusy
 from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import (

@@ -13,7 +13,8 @@ from concurrent.futures import Future
 from typing import TypeVar
 
 from actors.store_ports import WorktreeStore
-from storage.models import ForkOperation, ForkStatus
+from domain.fork_states import ForkStatus
+from storage.models import ForkOperation
 from workspace.worktree import ForkTrees
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from domain.enums import DeliveryDisposition as DeliveryDisposition
 from domain.worker_calls import (
     Attestation,
     HistoryRequest,

@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass
 
 from actors.store_ports import RestartRuleStore, StartupRecoveryStore
-from domain.fork_states import after_restart
+from domain.fork_states import ForkStatus, after_restart
 from domain.interrupts import HOST_RESTART_ERROR
-from storage.models import ForkOperation, ForkStatus
+from storage.models import ForkOperation
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,7 @@ import pykka
 
 from actors import fork_start
 from actors.context import HostContext, LiveOperations, Timeouts
-from actors.fork_host import LiveSaga, SagaStore
-from actors.fork_host import PreparedRuntime as PreparedRuntime
+from actors.fork_host import LiveSaga, PreparedRuntime
 from actors.fork_resolve import ForkResolve, ForkResolver
 from actors.messages import (
     DriverEvent,
@@ -45,7 +44,7 @@ from actors.session_base import RetryDurable, SessionCore, T
 from actors.session_controls import SessionControls
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
-from actors.store_ports import ResolveStore
+from actors.store_ports import ResolveStore, SagaStore
 from actors.timers import TimerHandle
 from actors.turn_writes import TurnWrites
 from domain.errors import HostError

@@ -21,12 +21,7 @@ it: `config_values` (value types, `Key`, `ConfigError`), `config_schema` (`SCHEM
 
 from __future__ import annotations
 
-from agenthost.config_load import (
-    check_secret_file,
-    default_home,
-    load_config,
-    parse_config,
-)
+from agenthost.config_load import check_secret_file, load_config, parse_config
 from agenthost.config_paths import (
     IPC_PATH_MAX,
     check_home_paths,
@@ -48,6 +43,7 @@ from agenthost.config_values import (
     ValueType,
     describe,
 )
+from domain.home_layout import default_home
 
 __all__ = [
     "IPC_PATH_MAX",

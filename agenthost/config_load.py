@@ -16,7 +16,9 @@ from typing import Any
 from agenthost.config_paths import check_listen
 from agenthost.config_schema import Config, defaults, schema_tables
 from agenthost.config_values import ConfigError, Key, describe
-from domain.home_layout import default_home as default_home  # the home's place: shared
+from domain.home_layout import default_home
+
+# the home's place: shared
 from domain.providers import PROVIDERS
 
 

@@ -314,7 +314,7 @@ def _driver_for(provider: str, model_config: dict[str, str]) -> Any:
 def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, Any]:
     """N forks per side of one live source, in this process; the sides alternate."""
     from bench.providers import REPO, _codex_environment
-    from drivers.base import ForkRequest
+    from domain.worker_messages import ForkRequest
     from tests.support.events import EventLog, completed
 
     env: Any = _codex_environment() if provider == "codex" else contextlib.nullcontext({})

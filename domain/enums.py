@@ -1,5 +1,4 @@
-"""Enums that more than one layer speaks: defined once here (`storage.models`,
-`actors.ports` and `drivers.base` re-export them for their own importers)."""
+"""Enums that more than one layer speaks, defined once here and imported from here."""
 
 from __future__ import annotations
 

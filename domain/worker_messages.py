@@ -10,7 +10,6 @@ hands the driver a `ForkRequest` and sends its `ForkResult`; fork.resolve sends 
 its turn events as `TurnEvent`s, the worker sends them, and the Session actor reads them as such
 (the host parses each once, at its end of the link). `to_wire`/`from_wire` convert
 at the link (the msgpack maps of `transport/worker_link.py` are unchanged, key for key).
-`drivers.base` re-exports the fork types.
 
 The types live by concern: `domain.fork_messages` (the fork and `MalformedMessage`),
 `domain.resolve_messages` (fork.resolve), `domain.turn_events` (the turn events); this module

@@ -1,6 +1,6 @@
 """The provider-driver port (`ProviderDriver`). The typed values of a driver fork (request,
 delivery disposition, child evidence and binding receipt, seed 000 §7, §7.1) are the host's and
-the worker's shared `domain.worker_messages` types, re-exported here.
+the worker's shared `domain.worker_messages` types, imported from there.
 
 The worker main dispatches every worker method to a `ProviderDriver`; each driver module exposes
 `create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ProviderDriver`.
@@ -11,16 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from domain.enums import DeliveryDisposition as DeliveryDisposition
-from domain.enums import ProviderStateBindingMode as ProviderStateBindingMode
-from domain.enums import TurnOutcome as TurnOutcome
-from domain.worker_messages import ForkBinding as ForkBinding
-from domain.worker_messages import ForkChild as ForkChild
-from domain.worker_messages import ForkRequest as ForkRequest
-from domain.worker_messages import ForkResult as ForkResult
-from domain.worker_messages import ForkSource as ForkSource
-from domain.worker_messages import ForkTarget as ForkTarget
 from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
     ResolveAdopt,
     ResolveInspection,
     ResolveQuarantined,

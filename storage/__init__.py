@@ -5,12 +5,12 @@ Public entry: `from storage import Store; store = Store.open(path)`; values are 
 `storage.models`, typed errors in `domain.errors`.
 """
 
+from domain.fork_states import ForkStatus
 from storage.models import (
     ChangeEvent,
     ForkOperation,
     ForkOperationChanged,
     ForkPrepareRequest,
-    ForkStatus,
     Interaction,
     Lineage,
     Message,

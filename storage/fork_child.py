@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from domain.enums import ProviderStateBindingMode, TurnOutcome
 from domain.errors import (
     ForkReferenceError,
     ForkReferenceReason,
@@ -24,11 +25,9 @@ from storage.fork_memo import ForkMemo
 from storage.models import (
     InteractionStatus,
     Lineage,
-    ProviderStateBindingMode,
     SequenceProvenance,
     Session,
     SessionKind,
-    TurnOutcome,
     TurnPhase,
 )
 from storage.sqlite import dumps

@@ -9,17 +9,13 @@ from dataclasses import replace
 from typing import Any
 
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
+from domain.fork_states import ForkStatus
 from storage.base import StoreBase
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
-from storage.models import (
-    ForkOperation,
-    ForkOperationChanged,
-    ForkStatus,
-    SessionChanged,
-)
+from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, dumps, loads
 from storage.tx import Tx

@@ -6,14 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from domain.enums import ProviderStateBindingMode
 from domain.errors import ForkEvidenceRejected
-from storage.models import (
-    ForkOperation,
-    ForkOperationChanged,
-    ForkStatus,
-    ProviderForkEvidence,
-    ProviderStateBindingMode,
-)
+from domain.fork_states import ForkStatus
+from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence
 from storage.sqlite import dumps
 from storage.tx import Tx
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import apsw
 
+from domain.enums import ProviderStateBindingMode
 from domain.errors import (
     ForkBoundaryError,
     ForkBoundaryReason,
@@ -33,7 +34,6 @@ from storage.models import (
     ForkPointKind,
     ForkPrepareRequest,
     PlanWorkspace,
-    ProviderStateBindingMode,
     SessionChanged,
 )
 from storage.session_rows import require_session

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from domain.errors import InvalidArgument
-from domain.fork_states import after_restart
+from domain.fork_states import ForkStatus, after_restart
 from storage.base import StoreBase
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, op_from_row
-from storage.models import ForkOperation, ForkOperationChanged, ForkStatus, SessionChanged
+from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
 
 
 class ForkRecovery(StoreBase):

@@ -22,17 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from domain.errors import Conflict
-from domain.fork_states import NOT_A_FORK_SQL
+from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import StoreBase
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
-from storage.models import (
-    ForkOperation,
-    ForkOperationChanged,
-    ForkStatus,
-    ProviderForkEvidence,
-    SessionChanged,
-)
+from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.sqlite import dumps, loads
 from storage.tx import Tx
 

@@ -11,10 +11,10 @@ from typing import Any
 import apsw
 
 from domain.errors import ForkOperationNotFound
-from domain.fork_states import ACTIVE_SQL, BARRIER_SQL
+from domain.fork_states import ACTIVE_SQL, BARRIER_SQL, ForkStatus
 from storage.fork_child import project_child
 from storage.fork_snapshot import load_snapshot, read_frozen
-from storage.models import ForkOperation, ForkStatus, Lineage, Session
+from storage.models import ForkOperation, Lineage, Session
 from storage.sqlite import Row, loads
 
 OP_COLUMNS = (

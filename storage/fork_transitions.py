@@ -9,17 +9,11 @@ from dataclasses import replace
 from typing import Any
 
 from domain.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
-from domain.fork_states import sources_of
+from domain.fork_states import ForkStatus, sources_of
 from storage.base import StoreBase
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
-from storage.models import (
-    ForkOperation,
-    ForkOperationChanged,
-    ForkStatus,
-    ProviderForkEvidence,
-    SessionChanged,
-)
+from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.sqlite import dumps, loads
 
 

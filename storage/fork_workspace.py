@@ -12,9 +12,10 @@ from typing import Any
 import apsw
 
 from domain.errors import InvalidTransition
+from domain.fork_states import ForkStatus
 from storage.base import StoreBase
 from storage.fork_rows import load_op
-from storage.models import ForkOperation, ForkOperationChanged, ForkStatus, TreeToRemove
+from storage.models import ForkOperation, ForkOperationChanged, TreeToRemove
 from storage.sqlite import loads
 
 PLANNED = "planned"

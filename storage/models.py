@@ -12,10 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from domain.enums import ProviderStateBindingMode as ProviderStateBindingMode
-from domain.enums import TurnOutcome as TurnOutcome
-from domain.fork_states import ACTIVE
-from domain.fork_states import ForkStatus as ForkStatus
+from domain.fork_states import ACTIVE, ForkStatus
 
 
 class SessionKind(StrEnum):

@@ -8,9 +8,10 @@ import json
 import uuid
 from typing import Any
 
+from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.base import StoreBase
-from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnOutcome, TurnPhase
+from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnPhase
 from storage.rows import TURN_COLUMNS
 from storage.schema import SESSION_KEY_OF
 from storage.session_rows import (

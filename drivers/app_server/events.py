@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from domain.enums import TurnOutcome
 from domain.errors import HostError
 from domain.model_limits import ModelLimits, stream_idle_timeout
 from domain.turn_events import PROGRESS
@@ -38,7 +39,7 @@ from drivers.app_server.items import (
 )
 from drivers.app_server.process import AppServerClosed, ServerRequest
 from drivers.app_server.state import PendingRequest, SessionState
-from drivers.base import Emit, TurnOutcome
+from drivers.base import Emit
 from drivers.credentials import CredentialPlan, classify_model_failure, model_failure_text
 
 # Notifications that name no thread and never change one's turns (a fork child's

@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from domain.enums import DeliveryDisposition
 from domain.errors import HostError
+from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
 from drivers.app_server.items import thread_of, turn_ids
 from drivers.app_server.process import (
     AppServerClosed,
@@ -23,13 +25,6 @@ from drivers.app_server.process import (
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
-from drivers.base import (
-    DeliveryDisposition,
-    ForkBinding,
-    ForkChild,
-    ForkRequest,
-    ForkResult,
-)
 from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints

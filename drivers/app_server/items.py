@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from drivers.base import TurnOutcome
+from domain.enums import TurnOutcome
 
 # Server→client requests raised as Interactions (`approval`, `question`); any other is refused.
 APPROVAL_METHODS = frozenset(

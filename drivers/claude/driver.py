@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from domain.enums import ProviderStateBindingMode
 from domain.errors import InvalidArgument, NotFound, SessionBusy
 from domain.worker_messages import (
     ForkRequest,
@@ -29,7 +30,7 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from drivers.base import Emit, ProviderStateBindingMode
+from drivers.base import Emit
 from drivers.claude.env import (
     DRIVER_KIND,
     PINNED_SDK_VERSION,

@@ -20,14 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.base import (
-    DeliveryDisposition,
-    ForkBinding,
-    ForkChild,
-    ForkRequest,
-    ForkResult,
-    ProviderStateBindingMode,
-)
+from domain.enums import DeliveryDisposition, ProviderStateBindingMode
+from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
 from drivers.claude.env import (
     DRIVER_KIND,
     PRIVATE_HOME_DIR,

@@ -14,9 +14,10 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
+from domain.enums import TurnOutcome
 from domain.errors import NotFound, SessionBusy
 from domain.worker_messages import TurnCompleted
-from drivers.base import Emit, TurnOutcome
+from drivers.base import Emit
 from drivers.claude.checkpoints import reconcile_checkpoint, resumable, watch_root
 from drivers.claude.env import ClaudeDriverConfig
 from drivers.claude.events import TIMED_OUT, ClaudeEvents

@@ -9,8 +9,9 @@ from pathlib import Path
 import apsw
 
 from actors.recovery import recover_fork_operations
+from domain.fork_states import ForkStatus
 from storage import Store
-from storage.models import ForkPrepareRequest, ForkStatus, ProviderForkEvidence
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from tests.storage.store_builders import WS, new_session, settled_turn
 from tests.support.store_reads import find_session
 

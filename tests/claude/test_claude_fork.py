@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from drivers.base import DeliveryDisposition, ForkRequest
+from domain.enums import DeliveryDisposition
+from domain.worker_messages import ForkRequest
 from drivers.claude import receipt_hash
 from drivers.claude_transcript import decode_binding, encode_binding, parse_entries
 from drivers.failpoints import Failpoints

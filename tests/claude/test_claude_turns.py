@@ -8,8 +8,9 @@ import uuid
 
 import pytest
 
+from domain.enums import DeliveryDisposition
 from domain.errors import NotFound, SessionBusy
-from drivers.base import DeliveryDisposition, ForkRequest
+from domain.worker_messages import ForkRequest
 from drivers.claude_transcript import decode_binding, parse_entries
 from tests.claude.conftest import SLOW_PREFIX, Harness
 

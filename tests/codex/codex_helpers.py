@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from domain.worker_messages import ForkRequest
 from drivers.app_server.driver import AppServerDriver
-from drivers.base import ForkRequest
 from drivers.codex import default_command, native_binary
 from tests.support.events import EventLog, completed  # noqa: F401 - re-exported
 

@@ -22,8 +22,8 @@ from codex_helpers import (
 )
 from conftest import MakeDriver
 
+from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
-from drivers.base import DeliveryDisposition
 from drivers.codex import CONTEXT_KEY, rollout_lineage
 from drivers.rollout_files import BinderError, iter_rollouts
 from model_fakes.responses import ResponsesServer

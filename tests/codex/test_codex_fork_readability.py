@@ -19,7 +19,7 @@ from codex_helpers import (
 )
 from conftest import MakeDriver
 
-from drivers.base import DeliveryDisposition
+from domain.enums import DeliveryDisposition
 from drivers.rollout_files import iter_rollouts
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]

@@ -14,7 +14,7 @@ import pytest
 from codex_helpers import calls, fork_request, open_session, relayed, run_turns
 from conftest import MakeDriver
 
-from drivers.base import DeliveryDisposition
+from domain.enums import DeliveryDisposition
 from tests.support.events import EventLog
 from tests.support.fsyncs import counting_fsyncs
 

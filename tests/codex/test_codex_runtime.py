@@ -30,8 +30,8 @@ from codex_helpers import (
 from conftest import MakeDriver
 from tool_model import ToolModel
 
+from domain.enums import DeliveryDisposition
 from domain.errors import InvalidArgument, SessionBusy
-from drivers.base import DeliveryDisposition
 from drivers.codex import (
     _NATIVE_PACKAGES,
     PINNED_PREFIX,
@@ -384,9 +384,7 @@ def _fake_npm_install(root: Path, *, platform_binary: str | None) -> Path:
     return shim
 
 
-@pytest.mark.parametrize(
-    "where", ["node_modules", "node_modules/@openai/codex/node_modules", None]
-)
+@pytest.mark.parametrize("where", ["node_modules", "node_modules/@openai/codex/node_modules", None])
 def test_native_binary_is_found_where_the_wrapper_finds_it_else_the_wrapper_is_kept(
     tmp_path: Path, where: str | None
 ) -> None:

@@ -16,9 +16,9 @@ import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed
 from test_tutti_driver import fork_request, open_session
 
+from domain.enums import DeliveryDisposition
 from drivers.app_server import AppServerProcess, private_env
 from drivers.app_server.driver import AppServerDriver
-from drivers.base import DeliveryDisposition
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
 from drivers.readability import (

@@ -15,8 +15,8 @@ import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed, wait_until
 from test_tutti_driver import fork_calls, fork_request, open_session, proxied
 
+from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
-from drivers.base import DeliveryDisposition
 from drivers.failpoints import Failpoints
 from drivers.tutti_agent import create_driver as tutti_agent_driver
 from tests.support.fsyncs import counting_fsyncs

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
 
+from domain.enums import DeliveryDisposition
 from domain.errors import HostError, SessionBusy
+from domain.worker_messages import ForkRequest, ForkResult
 from drivers.app_server import AppServerProcess, private_env
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
-from drivers.base import DeliveryDisposition, ForkRequest, ForkResult
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
 from drivers.rollout_files import iter_rollouts

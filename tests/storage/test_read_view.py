@@ -14,9 +14,9 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 from domain.errors import ForkOperationNotFound, SessionNotFound
+from domain.fork_states import ForkStatus
 from storage import Store
 from storage.fork_rows import projection_cache
-from storage.models import ForkStatus
 from storage.read_view import ReadView
 
 pytestmark = pytest.mark.timeout(30)
