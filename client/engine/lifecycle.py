@@ -240,6 +240,24 @@ class Engine:
         """One request in this workspace; raises `ApiError`, or `TimeoutError` without a reply."""
         return self._calls.request(method, params, timeout=timeout)
 
+    def workspace_diff(
+        self,
+        session_id: str,
+        turn_id: str | None = None,
+        *,
+        max_bytes: int | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """`session.workspaceDiff`: what a Turn (default: the newest settled one) changed in
+        its `cwd`, blocking; a Turn without a usable checkpoint raises `ApiError`
+        `workspace_checkpoint_missing`, whose message says why."""
+        params: dict[str, Any] = {"agentSessionId": session_id}
+        if turn_id is not None:
+            params["turnId"] = turn_id
+        if max_bytes is not None:
+            params["maxBytes"] = max_bytes
+        return self._calls.request("session.workspaceDiff", params, timeout=timeout)
+
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         return self._feed.subscribe(listener)
 

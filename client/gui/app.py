@@ -27,6 +27,7 @@ from client.gui.bridge import EngineChanged, bridge
 from client.gui.composer import Composer
 from client.gui.control_actions import ControlActions
 from client.gui.controls import ForkScreen, InteractionBar
+from client.gui.diff_view import DiffScreen, diff_body, diff_title, no_diff_words
 from client.gui.fork_actions import ForkActions
 from client.gui.keyboard import (
     DetailsScreen,
@@ -36,10 +37,11 @@ from client.gui.keyboard import (
     turn_choice,
 )
 from client.gui.session_list import SessionTree
-from client.gui.status_text import details_text
+from client.gui.status_text import details_text, turn_label
 from client.gui.transcript import ForkRequested, TranscriptView
 from client.gui.view import FORK_SESSION_ID, PAGE_SIZE
 from client.session_client import ForkAction
+from transport.client import ApiError
 from transport.security import ClientCurve
 
 __all__ = ["FORK_SESSION_ID", "PAGE_SIZE", "AgentHostApp", "run_gui"]
@@ -79,6 +81,7 @@ class AgentHostApp(ForkActions, ControlActions):
         Binding("f2", "rename_session", "Rename"),
         Binding("f8", "delete_session", "Delete"),
         Binding("f5", "fork_turn", "Fork…", priority=True),
+        Binding("f6", "turn_diff", "Diff…", priority=True),
         Binding("f3", "details", "Details", priority=True),
         Binding("question_mark", "help", "Keys", show=False),
         Binding("ctrl+r", "reload", "Reload", show=False),
@@ -93,6 +96,7 @@ class AgentHostApp(ForkActions, ControlActions):
         "rename_session": "Rename the open session",
         "delete_session": "Delete the open session (asks first)",
         "fork_turn": "Fork through a turn: pick it, then confirm",
+        "turn_diff": "What a turn changed in its folder: pick it, see its diff",
         "details": "Details: the daemon's names for the session and its turns",
         "help": "This list of keys",
         "reload": "Reload the session list",
@@ -190,6 +194,11 @@ class AgentHostApp(ForkActions, ControlActions):
             "Fork a turn", "Pick a turn to fork through, then confirm (f5)", self.action_fork_turn
         )
         yield SystemCommand(
+            "Turn diff",
+            "Pick a turn, see what it changed in its folder (f6)",
+            self.action_turn_diff,
+        )
+        yield SystemCommand(
             "Details", "The daemon's names for the session (f3)", self.action_details
         )
         yield SystemCommand("Keys", "Every key of the GUI (f1)", self.action_help)
@@ -248,6 +257,38 @@ class AgentHostApp(ForkActions, ControlActions):
             )
 
         self.push_screen(TurnPickerScreen(forkable), picked)
+
+    def action_turn_diff(self) -> None:
+        """F6: pick a settled Turn, then see its diff (`session.workspaceDiff`) in a modal
+        screen; a Turn without a checkpoint says why instead."""
+        if not self.current:
+            self.notify("open a session first", severity="warning")
+            return
+        session_id = self.current
+        settled = [t for t in self.turns if t.get("phase") == "settled"]
+        if not settled:
+            self.notify(
+                "no turn has settled yet: nothing to diff", title="Diff", severity="warning"
+            )
+            return
+        turns = list(self.turns)
+
+        def fetch(turn_id: str) -> None:
+            label = turn_label(turns, turn_id)
+            try:
+                result = self.engine.workspace_diff(session_id, turn_id)
+            except (ApiError, TimeoutError) as exc:
+                words = no_diff_words(exc, label, turn_id)
+                self.call_from_thread(self.push_screen, DiffScreen(f"{label}: no diff", words))
+                return
+            screen = DiffScreen(diff_title(result, label), diff_body(result))
+            self.call_from_thread(self.push_screen, screen)
+
+        def picked(turn_id: str | None) -> None:
+            if turn_id is not None:
+                self.run_worker(lambda: fetch(turn_id), thread=True, group="diff")
+
+        self.push_screen(TurnPickerScreen(settled, "See the diff of which turn?"), picked)
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "interrupt":

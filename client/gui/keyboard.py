@@ -103,19 +103,23 @@ def turn_choice(turn: Mapping[str, Any], width: int = 60) -> str:
 
 
 class TurnPickerScreen(ModalScreen[str | None]):
-    """Pick the Turn to fork through (newest first, the newest highlighted); Enter picks it,
-    Esc cancels. The app then asks for a confirmation that names it."""
+    """Pick a Turn (newest first, the newest highlighted); Enter picks it, Esc cancels. For a
+    fork the app then asks for a confirmation that names it; `prompt` says what the pick is
+    for."""
 
     DEFAULT_CSS = _CSS.format(name="TurnPickerScreen")
     BINDINGS = [("escape", "cancel", "Cancel")]
 
-    def __init__(self, turns: Sequence[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, turns: Sequence[Mapping[str, Any]], prompt: str = "Fork through which turn?"
+    ) -> None:
         super().__init__()
         self.turns = list(turns)
+        self.prompt = prompt
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Fork through which turn? (Enter picks, Esc cancels)")
+            yield Label(f"{self.prompt} (Enter picks, Esc cancels)")
             yield OptionList(
                 *(Option(turn_choice(t), id=str(t["turnId"])) for t in reversed(self.turns)),
                 id="turn-picker",
