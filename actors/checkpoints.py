@@ -15,6 +15,7 @@ the wire sends as its `workspace`:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import re
@@ -196,8 +197,24 @@ class TurnCheckpoints:
 
 
 
-class DeletedSessions(Protocol):
+CAP_BATCH = 16
+"""Turns whose checkpoints the size cap drops between two collections and measures."""
+CAP_SCAN = 10_000
+"""Turns one sweep considers dropping at most (the oldest; the next sweep goes on)."""
+DROPPED_MESSAGE = (
+    "this checkpoint was dropped to keep the checkpoint store under max_store_bytes"
+    " ([workspace] in agenthost.toml); older Turns' checkpoints go first"
+)
+
+
+class CheckpointStore(Protocol):
     def deleted_sessions(self) -> list[tuple[str, str]]: ...
+
+    def droppable_checkpoints(self, limit: int = 64) -> list[tuple[str, str, str, str]]: ...
+
+    def mark_checkpoint_dropped(
+        self, ws: str, sid: str, turn_id: str, seen_json: str, message: str
+    ) -> bool: ...
 
 
 @dataclass(eq=False)
@@ -208,16 +225,21 @@ class CheckpointJanitor:
     work runs on the checkpoint threads, never on the timer's."""
 
     shadow: ShadowStore
-    store: DeletedSessions
+    store: CheckpointStore
     pool: ThreadPoolExecutor
     locks: DirectoryLocks
     interval_s: float
+    # The store's size cap in bytes (0: none): over it, a sweep drops the oldest Turns'
+    # checkpoints (never one a fork not yet finished goes through) until under it.
+    max_bytes: int = 0
     call_later: Callable[[float, Callable[[], None]], Any] | None = None
     _dirty: set[str] = field(default_factory=set)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _size: tuple[float, int] | None = None
     _closed: bool = False
     sweeps: int = 0
+    capped: int = 0
+    """Turns whose checkpoints the size cap dropped since the start."""
 
     def start(self, call_later: Callable[[float, Callable[[], None]], Any]) -> None:
         """The first sweep soon after the start (it finishes drops a killed daemon left),
@@ -273,6 +295,14 @@ class CheckpointJanitor:
         if deleted:
             for workdir in self.shadow.workdirs():
                 dropped += self._drop(str(workdir), deleted)
+        collected = self._collect()
+        capped = self._cap() if self.max_bytes > 0 else 0
+        self._size = None
+        self.sweeps += 1
+        return {"dropped": dropped, "collected": collected, "capped": capped}
+
+    def _collect(self) -> int:
+        """`git gc` every store that lost refs since the last collection."""
         with self._guard:
             dirty, self._dirty = self._dirty, set()
         collected = 0
@@ -285,9 +315,53 @@ class CheckpointJanitor:
                 log.warning("collecting checkpoints of %s failed: %s", cwd, exc)
                 with self._guard:
                     self._dirty.add(cwd)
-        self._size = None
-        self.sweeps += 1
-        return {"dropped": dropped, "collected": collected}
+        return collected
+
+    def _cap(self) -> int:
+        """Over `max_bytes`: drop the oldest Turns' checkpoints a batch at a time, collecting
+        and measuring after each, until under it. Each Turn is first recorded `unavailable:
+        dropped` (refused while a fork not yet finished goes through it), then its refs go;
+        returns how many Turns lost theirs."""
+        if self.shadow.size_bytes() <= self.max_bytes:
+            return 0
+        try:
+            candidates = self.store.droppable_checkpoints(CAP_SCAN)
+        except Exception as exc:  # noqa: BLE001 - a busy store: the next sweep tries again
+            log.warning("checkpoint size cap could not read the Turns: %s", exc)
+            return 0
+        capped = 0
+        for start in range(0, len(candidates), CAP_BATCH):
+            for ws, sid, turn_id, seen in candidates[start : start + CAP_BATCH]:
+                capped += self._drop_turn(ws, sid, turn_id, seen)
+            self._collect()
+            if self.shadow.size_bytes() <= self.max_bytes:
+                break
+        if capped:
+            log.info("dropped %d Turns' checkpoints to keep under max_store_bytes", capped)
+        return capped
+
+    def _drop_turn(self, ws: str, sid: str, turn_id: str, seen: str) -> int:
+        try:
+            record = json.loads(seen)
+            cwd = os.path.realpath(str(record["cwd"]))
+            if not self.store.mark_checkpoint_dropped(ws, sid, turn_id, seen, DROPPED_MESSAGE):
+                return 0  # a fork goes through it now, or its record changed
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("could not drop the checkpoint of turn %s: %s", turn_id, exc)
+            return 0
+        self.capped += 1  # sweeps run one at a time
+        names = [checkpoint_ref(sid, turn_id, which) for which in ("before", "after")]
+        try:
+            with self.locks(cwd):
+                self.locks.clear_stale_once(self.shadow, cwd)
+                kept = set(self.shadow.refs(Path(cwd)))
+                self.shadow.drop_refs(Path(cwd), [n for n in names if n in kept])
+        except Exception as exc:  # noqa: BLE001 - an unnamed ref: only space, never wrong
+            log.warning("dropping the checkpoint refs of turn %s failed: %s", turn_id, exc)
+            return 1
+        with self._guard:
+            self._dirty.add(cwd)
+        return 1
 
     def size_bytes(self) -> int:
         """The checkpoint store's size on disk (walked at most every few seconds)."""

@@ -191,6 +191,13 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key(
         "workspace",
+        "max_store_bytes",
+        Int(0, 1 << 50, "bytes"),
+        0,
+        "over this size the gc sweep drops the oldest Turns' checkpoints (0: no cap)",
+    ),
+    Key(
+        "workspace",
         "worktrees_dir",
         Str(),
         None,
@@ -409,6 +416,10 @@ class Config:
     @property
     def checkpoint_gc_interval_s(self) -> float:
         return float(self.get("workspace", "gc_interval_s"))
+
+    @property
+    def checkpoint_max_store_bytes(self) -> int:
+        return int(self.get("workspace", "max_store_bytes"))
 
     @property
     def checkpoints_dir(self) -> Path:

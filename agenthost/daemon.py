@@ -195,7 +195,14 @@ class Daemon:
         )
         self._checkpoint_pool = pool = checkpoint_pool()
         locks = DirectoryLocks()
-        janitor = CheckpointJanitor(shadow, store, pool, locks, cfg.checkpoint_gc_interval_s)
+        janitor = CheckpointJanitor(
+            shadow,
+            store,
+            pool,
+            locks,
+            cfg.checkpoint_gc_interval_s,
+            max_bytes=cfg.checkpoint_max_store_bytes,
+        )
         self.ctx = HostContext(
             store=store,
             workers=port,
@@ -486,6 +493,8 @@ class Daemon:
             "path": str(self.config.checkpoints_dir),
             "bytes": janitor.size_bytes() if janitor is not None else 0,
             "sweeps": janitor.sweeps if janitor is not None else 0,
+            "maxBytes": self.config.checkpoint_max_store_bytes,
+            "droppedForCap": janitor.capped if janitor is not None else 0,
         }
 
     def _connections(self) -> ConnectionGuard | None:

@@ -205,6 +205,48 @@ class TurnStore(StoreBase):
         )
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 
+    def droppable_checkpoints(self, limit: int = 64) -> list[tuple[str, str, str, str]]:
+        """`(workspace, session, turn, checkpoint_json)` of settled Turns of live Sessions
+        whose record names a checkpoint, oldest Session first and oldest Turn first within
+        it: the order the checkpoint store's size cap drops them in."""
+        rows = self._all(
+            "SELECT t.workspace_id, t.session_id, t.turn_id, t.checkpoint_json FROM turns t"
+            " JOIN sessions s ON s.workspace_id = t.workspace_id AND s.session_id = t.session_id"
+            " WHERE s.deleted = 0 AND t.phase = 'settled' AND t.checkpoint_json IS NOT NULL"
+            " AND (json_extract(t.checkpoint_json, '$.after') IS NOT NULL"
+            " OR json_extract(t.checkpoint_json, '$.before') IS NOT NULL)"
+            " ORDER BY s.created_at_ms, s.session_id, t.sequence LIMIT ?",
+            (limit,),
+        )
+        return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
+
+    def mark_checkpoint_dropped(
+        self, ws: str, sid: str, turn_id: str, seen_json: str, message: str
+    ) -> bool:
+        """Record on the Turn that its checkpoint is being dropped (`unavailable: dropped`),
+        unless its record changed since `seen_json` was read or a fork operation not yet
+        finished goes through it (its prepare or tree may still read it). One write, so a fork
+        prepared after it sees the Turn `unavailable` and is refused in words; the refs are
+        dropped only after it (a crash between leaves a ref no record names, never a record
+        naming a missing checkpoint)."""
+        record = json.dumps(
+            {"state": "unavailable", "reason": "dropped", "message": message},
+            separators=(",", ":"),
+        )
+        with self._write(ws) as tx:
+            tx.execute(
+                "UPDATE turns SET checkpoint_json = ? WHERE workspace_id = ? AND session_id = ?"
+                " AND turn_id = ? AND checkpoint_json = ? AND NOT EXISTS (SELECT 1 FROM"
+                " fork_operations f WHERE f.workspace_id = ? AND f.source_session_id = ?"
+                " AND f.source_turn_id = ? AND f.status NOT IN ('committed', 'failed',"
+                " 'abandoned'))",
+                (record, ws, sid, turn_id, seen_json, ws, sid, turn_id),
+            )
+            changed = tx.changes() == 1
+            if changed:
+                tx.emit(TurnChanged(ws, sid, turn_id))
+            return changed
+
     def turn_checkpoint(self, ws: str, sid: str, turn_id: str) -> dict[str, Any] | None:
         """The Turn's workspace checkpoint record (docs/design/workspace.md), or None when it
         has none (settled before checkpoints existed, or a fork child's cloned Turn). Unknown

@@ -701,14 +701,14 @@ def _shadow_refs(home: Path, cwd: str, cache: dict[str, dict[str, str]]) -> dict
     return cache[cwd]
 
 
-def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str, str]]:
+def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str, str, str]]:
     """Every settled Turn of a live Session with a checkpoint record: `after` named (or the
     record `unavailable`), each named tree kept by its ref. The refs are read after the store
     was copied (a capture keeps its ref before the settlement is written); returns the
-    (workspace, session, detail) of each miss, for the caller to recheck against deletes
-    that happened since the copy."""
+    (workspace, session, turn, detail) of each miss, for the caller to recheck against
+    deletes and size-cap drops (recorded before the refs go) that happened since the copy."""
     cache: dict[str, dict[str, str]] = {}
-    misses: list[tuple[str, str, str]] = []
+    misses: list[tuple[str, str, str, str]] = []
     for t in _rows(
         conn,
         "SELECT t.workspace_id, t.session_id, t.turn_id, t.checkpoint_json FROM turns t"
@@ -733,6 +733,7 @@ def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
                     (
                         t["workspace_id"],
                         t["session_id"],
+                        t["turn_id"],
                         f"{where}: {which} checkpoint {tree} is not kept by {ref}",
                     )
                 )
@@ -914,7 +915,8 @@ def check_invariants(
             else:
                 readable += 1
         if checkpoint_misses:
-            # A Session deleted since the copy had its refs dropped: not a miss.
+            # A Session deleted since the copy had its refs dropped, and a Turn the size cap
+            # recorded `unavailable` since then had its refs dropped: neither is a miss.
             recheck = tmp / "recheck.sqlite3"
             snapshot_store(home / "store.sqlite3", recheck)
             now = apsw.Connection(str(recheck))
@@ -925,10 +927,18 @@ def check_invariants(
                         now, "SELECT workspace_id, session_id FROM sessions WHERE deleted = 1"
                     )
                 }
+                dropped = {
+                    (r["workspace_id"], r["session_id"], r["turn_id"])
+                    for r in _rows(
+                        now,
+                        "SELECT workspace_id, session_id, turn_id FROM turns"
+                        " WHERE json_extract(checkpoint_json, '$.state') = 'unavailable'",
+                    )
+                }
             finally:
                 now.close()
-            for ws, sid, detail in checkpoint_misses:
-                if (ws, sid) not in deleted:
+            for ws, sid, turn_id, detail in checkpoint_misses:
+                if (ws, sid) not in deleted and (ws, sid, turn_id) not in dropped:
                     ctx.fail(Law.CHECKPOINT_KEPT, detail)
         _check_quarantine(ctx, home, ops)
         _check_child_owners(ctx, children, ops)
