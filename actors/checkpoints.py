@@ -196,7 +196,6 @@ class TurnCheckpoints:
             return Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
 
 
-
 CAP_BATCH = 16
 """Turns whose checkpoints the size cap drops between two collections and measures."""
 CAP_SCAN = 10_000

@@ -208,14 +208,15 @@ class TurnStore(StoreBase):
     def droppable_checkpoints(self, limit: int = 64) -> list[tuple[str, str, str, str]]:
         """`(workspace, session, turn, checkpoint_json)` of settled Turns of live Sessions
         whose record names a checkpoint, oldest Session first and oldest Turn first within
-        it: the order the checkpoint store's size cap drops them in."""
+        it (the row id breaks ties within a millisecond): the order the checkpoint store's size
+        cap drops them in."""
         rows = self._all(
             "SELECT t.workspace_id, t.session_id, t.turn_id, t.checkpoint_json FROM turns t"
             " JOIN sessions s ON s.workspace_id = t.workspace_id AND s.session_id = t.session_id"
             " WHERE s.deleted = 0 AND t.phase = 'settled' AND t.checkpoint_json IS NOT NULL"
             " AND (json_extract(t.checkpoint_json, '$.after') IS NOT NULL"
             " OR json_extract(t.checkpoint_json, '$.before') IS NOT NULL)"
-            " ORDER BY s.created_at_ms, s.session_id, t.sequence LIMIT ?",
+            " ORDER BY s.created_at_ms, s.rowid, t.sequence LIMIT ?",
             (limit,),
         )
         return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
