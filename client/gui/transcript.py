@@ -313,13 +313,17 @@ class TranscriptView(VerticalScroll):
         self._window = (0, 0)  # the mounted rows, [lo, hi)
         self._gaps = (0, 0)  # lines above and below them
         self._rewindow_queued = False
+        # A jump (the viewport lands beyond the mounted rows) mounts only the rows on screen;
+        # their margins follow on the next frame, so the jump's own frame pays for fewer Turns.
+        self._jumped = False
+        self._margins_pending = False
         self._sized = Size(0, 0)
         self._follow_pending = 0
 
     @property
     def idle(self) -> bool:
         """False while widgets are being reconciled (a half-updated transcript is visible)."""
-        return self._busy == 0 and not self._rewindow_queued
+        return self._busy == 0 and not self._rewindow_queued and not self._margins_pending
 
     @property
     def turn_count(self) -> int:
@@ -400,6 +404,7 @@ class TranscriptView(VerticalScroll):
         self.session_id = None
         self._rows, self._window, self._gaps = [], (0, 0), (0, 0)
         self._heights.clear()
+        self._jumped = False
 
     def follow(self, at_end: bool) -> None:
         """Keep the newest Turn in view as it grows, unless the user scrolled up: scrolled once
@@ -445,17 +450,19 @@ class TranscriptView(VerticalScroll):
         self._heights[row.key] = (width, lines)
         return lines
 
-    def _band_for(self, heights: list[int], at_end: bool) -> tuple[int, int]:
+    def _band_for(
+        self, heights: list[int], at_end: bool, overscan: int = OVERSCAN
+    ) -> tuple[int, int]:
         if len(heights) <= MOUNT_ALL:
             return 0, len(heights)
         view = self.scrollable_content_region.height or self.app.size.height
         if at_end:
             total = sum(heights)
-            return band(heights, total - view - OVERSCAN, total + 1)
+            return band(heights, total - view - overscan, total + 1)
         y = round(self.scroll_y)
-        return band(heights, y - OVERSCAN, y + view + OVERSCAN)
+        return band(heights, y - overscan, y + view + overscan)
 
-    async def _place(self, rows: list[Row], at_end: bool) -> None:
+    async def _place(self, rows: list[Row], at_end: bool, overscan: int = OVERSCAN) -> None:
         """Mount the rows near the viewport (all of a short transcript), update those already
         mounted, and size the gaps for the rest."""
         before = {row.key: row for row in self._rows}
@@ -473,7 +480,7 @@ class TranscriptView(VerticalScroll):
             for row in rows
         ]
         # Rows about to be unmounted keep their measured height (read above, before they go).
-        lo, hi = self._band_for(heights, at_end)
+        lo, hi = self._band_for(heights, at_end, overscan)
         above, below = sum(heights[:lo]), sum(heights[hi:])
         y = self.scroll_y
         desired: list[Widget] = []
@@ -520,11 +527,14 @@ class TranscriptView(VerticalScroll):
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
         lo, hi = self._window
-        if self._rewindow_queued or (lo == 0 and hi == len(self._rows)):
+        if self._rewindow_queued or self._margins_pending or (lo == 0 and hi == len(self._rows)):
             return
         view = self.scrollable_content_region.height
         slack = OVERSCAN // 2
         above, below = self._gaps
+        if new_value + view <= above or new_value >= self.virtual_size.height - below:
+            # Nothing on screen is mounted: a jump (a scroll bar drag, a page jump).
+            self._jumped = True
         if (lo > 0 and new_value - slack < above) or (
             hi < len(self._rows) and new_value + view + slack > self.virtual_size.height - below
         ):
@@ -546,11 +556,23 @@ class TranscriptView(VerticalScroll):
         self._busy += 1
         try:
             self._rewindow_queued = False
+            jump, self._jumped = self._jumped, False
             async with self.lock:
                 at_end = self.max_scroll_y > 0 and self._following()
-                await self._place(list(self._rows), at_end)
+                jump = jump and not at_end
+                await self._place(list(self._rows), at_end, 0 if jump else OVERSCAN)
+            if jump:
+                self._margins_pending = True
+                self.call_after_refresh(self._mount_margins)
         finally:
             self._busy -= 1
+
+    def _mount_margins(self) -> None:
+        """After a jump's frame: mount the rows either side of the viewport."""
+        self._margins_pending = False
+        if not self._rewindow_queued:
+            self._rewindow_queued = True
+            self.call_later(self._rewindow)
 
     async def _arrange(self, desired: list[Widget]) -> bool:
         """Make the children `desired`, in order; whether anything changed. Every mount and

@@ -79,3 +79,58 @@ def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
         assert len(app.query(TurnView)) < TURNS // 3
 
     run_app(daemon, ws, size, scenario)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_jump_mounts_the_turns_on_screen_first_and_their_margins_after(
+    daemon: DaemonProcess, client: Client, ws: str, size: tuple[int, int]
+) -> None:
+    sid = create_session(client, ws, title="Long")["agentSessionId"]
+    for i in range(TURNS):
+        run_turn(client, sid, f"line {i}", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await until(pilot, lambda: app.engine.session(sid) is not None)
+        app.open_session(sid)
+        transcript = app.query_one(TranscriptView)
+        await until(pilot, lambda: transcript.turn_count == TURNS)
+        await until(pilot, lambda: f"echo: line {TURNS - 1}" in transcript_words(app))
+        # What each placement of rows mounted, read as it is laid out (the Turn widgets whose
+        # lines are outside the viewport, and how many Turns in all).
+        placed: list[tuple[int, int]] = []
+        place = transcript._place  # noqa: SLF001 - observed, not replaced
+
+        async def observed(*args: Any, **kwargs: Any) -> None:
+            await place(*args, **kwargs)
+            top, bottom = (
+                round(transcript.scroll_y),
+                round(transcript.scroll_y) + (transcript.scrollable_content_region.height),
+            )
+            y, off_screen = transcript._gaps[0], 0  # noqa: SLF001
+            for widget in transcript.children:
+                if isinstance(widget, TurnView):
+                    lines = transcript._height(  # noqa: SLF001
+                        next(r for r in transcript._rows if r.key == widget.id),  # noqa: SLF001
+                        transcript._row_width(),  # noqa: SLF001
+                        None,
+                    )
+                    off_screen += y + lines <= top or y >= bottom
+                    y += lines
+                elif widget.id not in {"transcript-above", "transcript-below"}:
+                    y += widget.outer_size.height + widget.styles.margin.bottom
+            placed.append((off_screen, len(app.query(TurnView))))
+
+        transcript._place = observed  # type: ignore[method-assign]  # noqa: SLF001
+        # A jump from the end to the first Turns: nothing there is mounted.
+        transcript.scroll_to(y=0, animate=False)
+        await until(pilot, lambda: round(transcript.scroll_y) == 0)
+        await pilot.pause(0.1)
+        await until(pilot, lambda: transcript.idle)
+        assert len(placed) >= 2, placed
+        # The jump's own placement mounts only the Turns on screen; the next frame's adds the
+        # margin Turns below them, so a wheel step still lands on mounted rows.
+        assert placed[0][0] == 0, placed
+        assert placed[-1][1] > placed[0][1], placed
+        assert "echo: line 0" in transcript_words(app)
+
+    run_app(daemon, ws, size, scenario)
