@@ -11,6 +11,9 @@ counted), the median (and worst) of the repetitions:
 - load all: every further page (Load more) until the transcript shows all Turns;
 - scroll: a jump to each tenth of the transcript and the frame after it (top to bottom, back
   to the top), as a scroll bar drag lands;
+- jump frame: the part of each scroll step until the jump's own frame is drawn (the Turns on
+  screen mounted and laid out; the transcript mounts their margins on the frame after), or the
+  whole step when it was no jump;
 - wheel: 20 steps of 3 lines down from the middle, as a mouse wheel turns;
 - switch: to a one-Turn session and back, until the long one's Turns are shown again;
 - stream: one `message.delta` rendered at the end of the loaded transcript (`_on_delta`).
@@ -78,6 +81,7 @@ async def measure(
         "open": [],
         "load all": [],
         "scroll": [],
+        "jump frame": [],
         "wheel": [],
         "switch": [],
         "stream": [],
@@ -112,12 +116,28 @@ async def measure(
             transcript = app.query_one(TranscriptView)
             steps = [0.0, *[transcript.max_scroll_y * i / 10 for i in range(1, 11)], 0.0]
             for y in steps:
+                drawn: list[tuple[float, float]] = []
+                margins = transcript._mount_margins  # noqa: SLF001 - called after a jump's frame
+
+                def stamp(
+                    margins: Callable[[], None] = margins,
+                    drawn: list[tuple[float, float]] = drawn,
+                ) -> None:
+                    drawn.append((time.perf_counter(), time.process_time()))
+                    margins()
+
+                transcript._mount_margins = stamp  # type: ignore[method-assign]  # noqa: SLF001
 
                 async def scroll(y: float = y, view: TranscriptView = transcript) -> None:
                     view.scroll_to(y=y, animate=False)
                     await pilot.pause()
 
+                t0, c0 = time.perf_counter(), time.process_time()
                 figures["scroll"].append(await _timed(scroll, f"{size} scroll"))
+                del transcript._mount_margins  # noqa: SLF001
+                end = drawn[0] if drawn else (time.perf_counter(), time.process_time())
+                figures["jump frame"].append((end[0] - t0) * 1000)
+                CPU.setdefault("jump frame", []).append((end[1] - c0) * 1000)
             transcript.scroll_to(y=transcript.max_scroll_y / 2, animate=False)
             await pilot.pause()
             for _ in range(20):
