@@ -12,29 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.worktree_repos import BINARY, git
 from workspace.shadow import ChangeKind, Checkpoint, ShadowStore, Unavailable
 
 pytestmark = pytest.mark.timeout(60)
-
-BINARY = bytes(range(256)) * 4
-
-
-def git(repo: Path, *args: str) -> str:
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(repo.parent),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_AUTHOR_NAME": "u",
-        "GIT_AUTHOR_EMAIL": "u@x",
-        "GIT_COMMITTER_NAME": "u",
-        "GIT_COMMITTER_EMAIL": "u@x",
-        # `git status` would otherwise refresh the index it reads (the test's own write).
-        "GIT_OPTIONAL_LOCKS": "0",
-    }
-    return subprocess.run(
-        ["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
