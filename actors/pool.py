@@ -1,7 +1,8 @@
 """Pooled actors: many pykka actors served by one bounded set of threads.
 
 A `pykka.ThreadingActor` owns a thread for its whole life, so 700 live Session actors would
-mean 700 threads. A `PooledActor` keeps pykka's contract — one message at a time, in
+mean 700 threads. `PooledActor` is our pykka flavour, a framework base in the way
+`pykka.ThreadingActor` is one: abstract (an `abc.ABC`), it keeps pykka's contract — one message at a time, in
 order, `on_start`/`on_stop`/`on_failure`, `ActorRef.tell/ask/stop` — but runs on an
 `ActorPool`: when its inbox turns non-empty the actor is scheduled once on the pool, handles
 a small batch, and yields its thread to the next actor (round-robin, so a chatty Session
@@ -13,6 +14,7 @@ per-actor timers do not mean one thread each either.
 
 from __future__ import annotations
 
+import abc
 import logging
 import sys
 import threading
@@ -135,12 +137,15 @@ class _PooledInbox:
             return None
 
 
-class PooledActor(pykka.Actor):
+class PooledActor(pykka.Actor, abc.ABC):
     """A pykka actor whose messages run on `self.actor_pool` instead of an own thread.
 
-    Subclasses set `actor_pool` in `__init__` (before `start()` returns) and may pass a
-    `predecessor` future: the actor handles nothing (not even `on_start`) until it is done,
-    without holding a pool thread while it waits.
+    An abstract framework base, like `pykka.ThreadingActor`: it carries the scheduling only
+    (inbox, slices, gate, teardown); a concrete actor owns its state as parts and says which
+    of its messages may go ahead of which (`goes_ahead`, `is_background`). Subclasses set
+    `actor_pool` in `__init__` (before `start()` returns) and may pass a `predecessor` future
+    (`wait_for`): the actor handles nothing (not even `on_start`) until it is done, without
+    holding a pool thread while it waits.
     """
 
     actor_pool: ActorPool
@@ -171,15 +176,15 @@ class PooledActor(pykka.Actor):
         inbox._owner = self
         self._schedule()
 
+    @abc.abstractmethod
     def goes_ahead(self, message: Any) -> bool:
         """Whether `message` (a `tell`) is queued in front of the background messages waiting
         at the back of the inbox (`is_background`), up to `MAX_AHEAD` in a row. Called on the
-        sender's thread: it must only look at the message."""
-        return False
+        sender's thread: it must only look at the message (False keeps plain FIFO order)."""
 
+    @abc.abstractmethod
     def is_background(self, message: Any) -> bool:
         """Whether a `goes_ahead` message may be handled before `message`."""
-        return False
 
     def next_message(self) -> Any:
         """The message this actor handles next, if one is already queued (else None)."""
