@@ -1,11 +1,14 @@
 """The HTTP plumbing shared by the fake model servers: an ephemeral 127.0.0.1 server on its own
 thread that records every request, and a handler base that sends JSON and SSE answers.
 
-Each API (Responses, Messages) subclasses `FakeModelServer` with its routes and payloads.
+`FakeModelServer` is an abstract base in the way `socketserver`'s servers are: it runs and
+records; each API (Responses, Chat, Messages) implements its routes and payloads
+(`handler_class`) and where its API lives (`base_url`).
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import ssl
@@ -107,8 +110,9 @@ class ModelHandler(BaseHTTPRequestHandler):
             self.wfile.write(data)
 
 
-class FakeModelServer(Generic[R]):
-    """Context manager serving `handler_class()` on an ephemeral 127.0.0.1 port.
+class FakeModelServer(Generic[R], abc.ABC):
+    """Context manager serving `handler_class()` on an ephemeral 127.0.0.1 port (abstract:
+    an API's server says its routes and its base URL).
 
     `.requests` holds the recorded model request bodies in arrival order, `.paths` every
     `METHOD path` seen (probes included). `R` is what the reply function returns (text, or
@@ -145,8 +149,15 @@ class FakeModelServer(Generic[R]):
         self._thread.start()
         self._closed = False
 
+    @abc.abstractmethod
     def handler_class(self) -> type[BaseHTTPRequestHandler]:
-        raise NotImplementedError
+        """The request handler of this API; its methods call back `record`, `authorized`
+        and `reply_to` on this server."""
+
+    @property
+    @abc.abstractmethod
+    def base_url(self) -> str:
+        """Where a client of this API points (scheme, 127.0.0.1, the port, the API's path)."""
 
     @property
     def port(self) -> int:
