@@ -2,11 +2,11 @@
 
 A `pykka.ThreadingActor` owns a thread for its whole life, so 700 live Session actors would
 mean 700 threads. `PooledActor` is our pykka flavour, a framework base in the way
-`pykka.ThreadingActor` is one: abstract (an `abc.ABC`), it keeps pykka's contract — one message at a time, in
-order, `on_start`/`on_stop`/`on_failure`, `ActorRef.tell/ask/stop` — but runs on an
-`ActorPool`: when its inbox turns non-empty the actor is scheduled once on the pool, handles
-a small batch, and yields its thread to the next actor (round-robin, so a chatty Session
-cannot starve the others). An idle actor costs no thread.
+`pykka.ThreadingActor` is one: abstract (an `abc.ABC`), it keeps pykka's contract — one
+message at a time, in order, `on_start`/`on_stop`/`on_failure`, `ActorRef.tell/ask/stop` —
+but runs on an `ActorPool`: when its inbox turns non-empty the actor is scheduled once on the
+pool, handles a small batch, and yields its thread to the next actor (round-robin, so a
+chatty Session cannot starve the others). An idle actor costs no thread.
 
 The pool also owns the daemon's one timer service (`actors.timers.Timers`, `call_later`), so
 per-actor timers do not mean one thread each either.
