@@ -15,13 +15,19 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import pykka
+
+from actors.checkpoints import DirectoryLocks
 from actors.fork_resolve import ACTIONS as RESOLVE_ACTIONS
 from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.fork_saga import TERMINAL as _TERMINAL_FORK
-from actors.host_actor import GetFork
+from actors.host_actor import GetFork, HostActor
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
+from actors.ports import ProviderCatalog
+from actors.session_routes import SessionRoutes
 from agenthost import projection, workspace_api
-from agenthost.api_base import WORKSPACE_MAX, ApiBase, Handler, PointReader, log
+from agenthost.api_base import WORKSPACE_MAX, Handler, PointReader, RequestPlumbing, log
+from agenthost.reply_cache import ReplyCache
 from agenthost.worktree_delete import WORKTREE_CHOICES, delete_fn
 from domain.errors import (
     HostError,
@@ -39,6 +45,7 @@ from storage.lineage_tree import (
 from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
+    Request,
     optional_bool,
     optional_enum,
     optional_int,
@@ -60,9 +67,51 @@ its first): a page of Sessions with huge settings is a few of them and a `nextCu
 hundreds of MB for a client that may never read it."""
 
 
-class Api(ApiBase):
-    """PROTOCOL.md's methods, each validating its params and answering through `ApiBase`
-    (constructed with `ApiBase`'s arguments)."""
+class Api:
+    """PROTOCOL.md's methods, each validating its params and answering through the request
+    plumbing it owns (`agenthost.api_base.RequestPlumbing`)."""
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        host: pykka.ActorRef[HostActor],
+        routes: SessionRoutes | None = None,
+        catalog: ProviderCatalog,
+        status: Callable[[], dict[str, Any]],
+        set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
+        default_cwd: str,
+        readers: int = 4,
+        check_provider: Callable[[str], None] | None = None,
+        reply_cache: ReplyCache | None = None,
+        checkpoints: ShadowStore | None = None,
+        checkpoint_locks: DirectoryLocks | None = None,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.catalog = catalog
+        # The home's workspace checkpoints (`session.workspaceDiff`, `workspace.restore`).
+        self.checkpoints = checkpoints
+        self.checkpoint_locks = checkpoint_locks or DirectoryLocks()
+        # Raises `provider_not_installed` for a provider whose program is missing.
+        self._check_provider = check_provider
+        self._status = status
+        self._set_failpoints = set_failpoints
+        self._default_cwd = default_cwd
+        self.plumbing = RequestPlumbing(
+            store=store,
+            host=host,
+            methods=self.method_table(),
+            routes=routes,
+            readers=readers,
+            reply_cache=reply_cache,
+        )
+
+    def __call__(self, request: Request, responder: Responder) -> None:
+        self.plumbing(request, responder)
+
+    def close(self) -> None:
+        self.plumbing.close()
 
     def method_table(self) -> dict[str, Handler]:
         table: dict[str, Handler] = {
@@ -95,7 +144,7 @@ class Api(ApiBase):
     # -- methods ---------------------------------------------------------------------------
 
     def host_status(self, params: Mapping[str, Any], responder: Responder) -> None:
-        self._read(responder, self._status)
+        self.plumbing.read(responder, self._status)
 
     def session_create(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
@@ -120,7 +169,7 @@ class Api(ApiBase):
             )
             return {"session": projection.session(session, self.catalog)}
 
-        self._read(responder, _create)
+        self.plumbing.read(responder, _create)
 
     def session_get(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
@@ -128,7 +177,7 @@ class Api(ApiBase):
         def _get(reader: PointReader) -> dict[str, Any]:
             return {"session": projection.session(reader.get_session(ws, sid), self.catalog)}
 
-        self._read_now(responder, ("session.get", ws, sid), _get)
+        self.plumbing.read_now(responder, ("session.get", ws, sid), _get)
 
     def session_list(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
@@ -144,7 +193,7 @@ class Api(ApiBase):
                 "nextCursor": next_cursor,
             }
 
-        self._read(responder, _list)
+        self.plumbing.read(responder, _list)
 
     def session_timeline(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
@@ -163,7 +212,7 @@ class Api(ApiBase):
                 "nextSequence": next_sequence,
             }
 
-        self._read(responder, _timeline)
+        self.plumbing.read(responder, _timeline)
 
     def session_lineage(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
@@ -176,7 +225,7 @@ class Api(ApiBase):
             params, "maxNodes", default=DEFAULT_MAX_NODES, min_value=1, max_value=MAX_NODES_LIMIT
         )
         after = optional_int(params, "afterOrdinal", default=0, min_value=0, max_value=2**53)
-        self._read(
+        self.plumbing.read(
             responder,
             lambda: projection.lineage_tree(
                 self.store.lineage_tree(
@@ -200,7 +249,7 @@ class Api(ApiBase):
         stop_runtime: bool = False,
     ) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
-        self._route(
+        self.plumbing.route(
             responder,
             ws,
             sid,
@@ -253,7 +302,7 @@ class Api(ApiBase):
             max_value=workspace_api.DIFF_MAX_BYTES_LIMIT,
         )
         shadow = self._shadow()
-        self._read(
+        self.plumbing.read(
             responder,
             lambda: workspace_api.workspace_diff(
                 self.store,
@@ -296,7 +345,7 @@ class Api(ApiBase):
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         request_id = require_str(params, "requestId", max_len=128)
         text = _input_text(params)
-        self._route(
+        self.plumbing.route(
             responder,
             ws,
             sid,
@@ -310,7 +359,7 @@ class Api(ApiBase):
         by = optional_enum(params, "by", INTERRUPTED_BY)
         reason = optional_str(params, "reason", max_len=REASON_MAX)
         why = interrupt_error(by, reason or None)
-        self._route(
+        self.plumbing.route(
             responder,
             ws,
             sid,
@@ -329,7 +378,7 @@ class Api(ApiBase):
         elif not isinstance(response.get("text"), str):
             raise InvalidArgument("response", "'response' needs 'text' or 'decision'")
         by = optional_enum(params, "by", ANSWERED_BY)
-        self._route(
+        self.plumbing.route(
             responder,
             ws,
             sid,
@@ -375,7 +424,7 @@ class Api(ApiBase):
                 return None
             return self._fork_result(ForkReply(op, op.status in _TERMINAL_FORK))
 
-        self._route(
+        self.plumbing.route(
             responder,
             ws,
             sid,
@@ -408,7 +457,7 @@ class Api(ApiBase):
                 return None
             return {"operation": projection.operation(op, self.catalog)}
 
-        self._read_now(responder, ("fork.get", ws, op_id), _get)
+        self.plumbing.read_now(responder, ("fork.get", ws, op_id), _get)
 
     def fork_acknowledge(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws = _workspace(params)
@@ -418,7 +467,7 @@ class Api(ApiBase):
             op, _ = self.store.acknowledge_fork(ws, op_id)
             return {"operation": projection.operation(op, self.catalog)}
 
-        self._read(responder, _ack)
+        self.plumbing.read(responder, _ack)
 
     def fork_resolve(self, params: Mapping[str, Any], responder: Responder) -> None:
         """Inspect / adopt / abandon an `unknown` operation, in its source's actor."""
@@ -441,7 +490,7 @@ class Api(ApiBase):
             except HostError as exc:
                 responder.error(exc)
                 return
-            self._route(
+            self.plumbing.route(
                 responder,
                 ws,
                 op.source_session_id,
@@ -449,10 +498,25 @@ class Api(ApiBase):
                 project,
             )
 
-        try:
-            self._pool.submit(_go)
-        except RuntimeError:
-            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
+        self.plumbing.on_pool(responder, _go)
+
+    def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
+        return 200, {"session": projection.session(session, self.catalog)}
+
+    def _turn_result(
+        self, ws: str, sid: str, status: int
+    ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
+        def project(turn: Any) -> tuple[int, dict[str, Any]]:
+            # From the store's memory (fixed at create): the actor has just written or read
+            # this Session's Turn, so it exists; no read per reply.
+            provider = self.store.provider_of(ws, sid)
+            return status, {"turn": projection.turn(turn, provider, self.catalog)}
+
+        return project
+
+    def _fork_result(self, outcome: ForkReply) -> tuple[int, dict[str, Any]]:
+        status = 200 if outcome.final else 202
+        return status, {"operation": projection.operation(outcome.operation, self.catalog)}
 
     def debug_failpoints(self, params: Mapping[str, Any], responder: Responder) -> None:
         assert self._set_failpoints is not None
@@ -461,7 +525,7 @@ class Api(ApiBase):
             if not isinstance(action, str):
                 raise InvalidArgument("points", f"action of {name!r} must be a string")
         set_failpoints = self._set_failpoints
-        self._read(responder, lambda: {"points": set_failpoints(dict(points))})
+        self.plumbing.read(responder, lambda: {"points": set_failpoints(dict(points))})
 
 
 def _workspace(params: Mapping[str, Any]) -> str:

@@ -2,26 +2,23 @@
 point read on the transport thread from the read-only connection, a message routed
 to its Session actor with the reply projected on the actor's thread (the Session's existence
 checked on the transport thread too, so no reader-pool hop before the actor), and every
-failure turned into a typed reply (law 7). The methods themselves are `agenthost.api`'s."""
+failure turned into a typed reply (law 7). The methods themselves are `agenthost.api`'s,
+whose `Api` owns one `RequestPlumbing`."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import pykka
 
-from actors.checkpoints import DirectoryLocks
 from actors.host_actor import HostActor, route
-from actors.messages import ForkReply
-from actors.ports import ProviderCatalog
 from actors.session_routes import SessionRoutes
-from agenthost import activity, projection
+from agenthost import activity
 from agenthost.reply_cache import ReplyCache
 from domain.errors import (
     HostError,
@@ -36,13 +33,12 @@ from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from transport.replies import OneShotResponder
 from transport.server import Responder
 from transport.wire import Request, pack_result
-from workspace.shadow import ShadowStore
 
 log = logging.getLogger(__name__)
 
 WORKSPACE_MAX = 128
 LIVE_SESSIONS_REMEMBERED = 65_536
-"""Sessions `ApiBase` remembers as live for routing; past it the memory starts over."""
+"""Sessions `RequestPlumbing` remembers as live for routing; past it the memory starts over."""
 Handler = Callable[[Mapping[str, Any], Responder], None]
 
 
@@ -54,39 +50,25 @@ class PointReader(Protocol):
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
 
 
-class ApiBase:
-    """The request plumbing every method handler uses; `Api` adds the method table."""
+class RequestPlumbing:
+    """The request plumbing every method handler uses: `agenthost.api.Api` owns one, built
+    with its method table, and answers each request through it."""
 
     def __init__(
         self,
         *,
         store: Store,
         host: pykka.ActorRef[HostActor],
+        methods: Mapping[str, Handler],
         routes: SessionRoutes | None = None,
-        catalog: ProviderCatalog,
-        status: Callable[[], dict[str, Any]],
-        set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
-        default_cwd: str,
         readers: int = 4,
-        check_provider: Callable[[str], None] | None = None,
         reply_cache: ReplyCache | None = None,
-        checkpoints: ShadowStore | None = None,
-        checkpoint_locks: DirectoryLocks | None = None,
     ) -> None:
         self.store = store
-        # The home's workspace checkpoints (`session.workspaceDiff`, `workspace.restore`).
-        self.checkpoints = checkpoints
-        self.checkpoint_locks = checkpoint_locks or DirectoryLocks()
-        # Raises `provider_not_installed` for a provider whose program is missing.
-        self._check_provider = check_provider
         self.host = host
         # The live Session actors (`actors.session_routes`): a request for one goes straight
         # to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
-        self.catalog = catalog
-        self._status = status
-        self._set_failpoints = set_failpoints
-        self._default_cwd = default_cwd
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
         # The point reads' own connection, used only by the first thread that dispatches (the
         # transport thread); a call from any other thread reads through the pool.
@@ -108,12 +90,7 @@ class ApiBase:
         self._delete_seq = itertools.count(1)
         self._deletes = 0
         self._unsubscribe = store.subscribe(self._on_change)
-        self._started = time.monotonic()
-        self._methods: dict[str, Handler] = self.method_table()
-
-    def method_table(self) -> dict[str, Handler]:
-        """The handlers by method name (`agenthost.api.Api` gives PROTOCOL.md's)."""
-        return {}
+        self._methods: dict[str, Handler] = dict(methods)
 
     def close(self) -> None:
         self._unsubscribe()
@@ -133,7 +110,7 @@ class ApiBase:
         except HostError as exc:
             responder.error(exc)
 
-    def _read(
+    def read(
         self, responder: Responder, fn: Callable[[], dict[str, Any]], status: int = 200
     ) -> None:
         """Run a read (or a write that needs no actor) on the pool."""
@@ -146,9 +123,9 @@ class ApiBase:
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 responder.error(host_error_of(exc, "read", logger=log))
 
-        self._on_pool(responder, _run)
+        self.on_pool(responder, _run)
 
-    def _on_pool(self, responder: Responder, fn: Callable[[], None]) -> None:
+    def on_pool(self, responder: Responder, fn: Callable[[], None]) -> None:
         """Run `fn` on the reader pool; once the pool is shut down (the daemon is stopping)
         the request is answered `shutting_down` instead."""
         try:
@@ -156,7 +133,7 @@ class ApiBase:
         except RuntimeError:
             responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
-    def _read_now(
+    def read_now(
         self,
         responder: Responder,
         key: tuple[str, str, str],
@@ -191,7 +168,7 @@ class ApiBase:
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
                 responder.error(read_error(exc, "read"))
 
-        self._on_pool(responder, _run)
+        self.on_pool(responder, _run)
 
     def _read_on_view(
         self,
@@ -218,7 +195,7 @@ class ApiBase:
             cache.put(generation, key, packed)
         responder.result_packed(200, packed)
 
-    def _route(
+    def route(
         self,
         responder: Responder,
         ws: str,
@@ -269,7 +246,7 @@ class ApiBase:
 
         if self._route_now(responder, ws, sid, lambda: make(reply), gone):
             return
-        self._on_pool(responder, _check_and_route)
+        self.on_pool(responder, _check_and_route)
 
     def _route_now(
         self,
@@ -279,7 +256,7 @@ class ApiBase:
         message: Callable[[], Any],
         gone: Callable[[], tuple[int, dict[str, Any]] | None] | None,
     ) -> bool:
-        """`_route` on the transport thread (the fork fast path): the Session's existence
+        """`route` on the transport thread (the fork fast path): the Session's existence
         is a point read of committed state on the read-only connection (no Session built),
         then the message goes from here to the Session's live actor (or to the HostActor,
         which starts one) — no reader-pool hop before the actor, and requests are routed in
@@ -331,24 +308,6 @@ class ApiBase:
         if isinstance(change, SessionChanged) and change.removed:
             self._deletes = next(self._delete_seq)
             self.live_sessions.discard((change.workspace_id, change.session_id))
-
-    def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
-        return 200, {"session": projection.session(session, self.catalog)}
-
-    def _turn_result(
-        self, ws: str, sid: str, status: int
-    ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
-        def project(turn: Any) -> tuple[int, dict[str, Any]]:
-            # From the store's memory (fixed at create): the actor has just written or read
-            # this Session's Turn, so it exists; no read per reply.
-            provider = self.store.provider_of(ws, sid)
-            return status, {"turn": projection.turn(turn, provider, self.catalog)}
-
-        return project
-
-    def _fork_result(self, outcome: ForkReply) -> tuple[int, dict[str, Any]]:
-        status = 200 if outcome.final else 202
-        return status, {"operation": projection.operation(outcome.operation, self.catalog)}
 
 
 def read_error(exc: BaseException, what: str) -> HostError:

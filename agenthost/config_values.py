@@ -4,6 +4,7 @@ TOML's words (`describe`), the `Key` that declares one schema entry, and `Config
 
 from __future__ import annotations
 
+import abc
 import datetime
 import json
 import math
@@ -40,15 +41,18 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-class ValueType:
-    """A key's type and range: `check` returns the value to use or raises `ValueError` whose
-    text is what was expected (the caller adds the file, table, key and what was given)."""
+class ValueType(abc.ABC):
+    """The port every value type implements, a key's type and range: `check` returns the
+    value to use or raises `ValueError` whose text is what was expected (the caller adds the
+    file, table, key and what was given)."""
 
+    @abc.abstractmethod
     def expected(self) -> str:
-        raise NotImplementedError
+        """What a value of this type is, in the user's words ("an integer from 1 to 64")."""
 
+    @abc.abstractmethod
     def check(self, value: Any) -> Any:
-        raise NotImplementedError
+        """The value to use for `value` (normalised: a float, a tuple), or `ValueError`."""
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class _PoolCount:
 
     def __init__(self, daemon: Daemon) -> None:
         assert daemon.api is not None
-        self.pool = daemon.api._pool
+        self.pool = daemon.api.plumbing._pool
         self.submitted = 0
         self._lock = threading.Lock()
         self._real: Callable[..., Any] = self.pool.submit
@@ -75,13 +75,13 @@ def test_fork_create_and_turn_submit_reach_the_actor_without_the_reader_pool(
     sid, turn_id = _source(c)
     pool = _PoolCount(daemon)
     assert daemon.api is not None
-    routed = getattr(daemon.api, "routed_now", 0)
+    routed = daemon.api.plumbing.routed_now
     status, body = fork(c, sid, turn_id)
     assert status == 200 and body["operation"]["status"] == "committed", body
     # The reply came from the source's actor (a committed child), routed with no pool task.
     assert body["operation"]["session"] is not None
     assert pool.submitted == 0
-    assert daemon.api.routed_now == routed + 1
+    assert daemon.api.plumbing.routed_now == routed + 1
     child = body["operation"]["targetAgentSessionId"]
     c.call("fork.acknowledge", {"workspaceId": WS, "operationId": body["operation"]["operationId"]})
     before = pool.submitted
@@ -97,7 +97,7 @@ def test_fork_create_and_turn_submit_reach_the_actor_without_the_reader_pool(
     )
     assert status == 202 and submitted["turn"]["phase"] == "active", submitted
     assert pool.submitted == before
-    assert daemon.api.routed_now == routed + 2
+    assert daemon.api.plumbing.routed_now == routed + 2
 
 
 def test_a_routed_request_for_a_missing_session_is_still_a_typed_404(
@@ -120,7 +120,7 @@ def test_a_routed_request_for_a_missing_session_is_still_a_typed_404(
     status, error = fork(c, missing, str(uuid.uuid4()))
     assert status == 404 and error["reason"] == "workspace_agent_session_not_found", error
     sid = create_session(c, title="alive")["agentSessionId"]
-    assert daemon.api is not None and daemon.api.routed_now == 0
+    assert daemon.api is not None and daemon.api.plumbing.routed_now == 0
     status, _ = c.call_raw(
         "session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": "renamed"}
     )

@@ -94,7 +94,7 @@ def test_point_reads_need_no_reader_thread_and_no_actor(
     running: tuple[Daemon, Client, str, str],
 ) -> None:
     daemon, client, sid, op_id = running
-    before = daemon.api.inline_reads
+    before = daemon.api.plumbing.inline_reads
     for _ in range(5):
         status, result = client.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
         assert status == 200 and result["session"]["agentSessionId"] == sid
@@ -108,7 +108,7 @@ def test_point_reads_need_no_reader_thread_and_no_actor(
         "session.get", {"workspaceId": WS, "agentSessionId": str(uuid.uuid4())}
     )
     assert status == 404, error
-    assert daemon.api.inline_reads - before == 10
+    assert daemon.api.plumbing.inline_reads - before == 10
     # No reader-pool thread was ever started, and no Session actor.
     assert _reader_pool_threads() == []
     actors: list[int] = []
@@ -136,7 +136,7 @@ def test_repeat_point_reads_come_from_the_reply_cache_and_never_outlive_a_commit
     reply, no SELECT); a commit by the daemon's writer, or by any other connection to the
     store, empties it, so the next read is the new committed state, never the kept one."""
     daemon, client, sid, op_id = running
-    cache = daemon.api.reply_cache
+    cache = daemon.api.plumbing.reply_cache
     get_session = {"workspaceId": WS, "agentSessionId": sid}
     get_fork = {"workspaceId": WS, "operationId": op_id}
     first = client.call_raw("session.get", get_session)

@@ -230,8 +230,8 @@ def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
     from transport.client import ApiError
 
     with in_process_daemon(tmp_path / "home") as (daemon, client):
-        api = daemon.api
-        assert api is not None
+        assert daemon.api is not None
+        api = daemon.api.plumbing
         checks: list[tuple[str, str]] = []
         real = api._view.session_exists
 
