@@ -46,7 +46,7 @@ def program(provider: str, config: Mapping[str, Any]) -> tuple[str | None, str]:
         wanted = _argv0(config.get("command")) or str(Path(sys.executable).parent / "tutti-agent")
         return _which(wanted), wanted
     if provider == "codex":
-        from drivers.codex import resolve_command
+        from drivers.codex.command import resolve_command
 
         wanted = resolve_command(config.get("command"))[0]
         return _which(wanted), wanted

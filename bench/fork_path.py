@@ -61,7 +61,7 @@ def _timed(fn: Callable[[], Any], cpu: Callable[[], float]) -> tuple[float, floa
 def _tutti_child(root: Path, turns: int) -> tuple[Path, str, str, list[str]]:
     """A real source of `turns` turns, a Referenced fork through its last turn, bound into
     `root/target` by the real binder: (target home, child id, source id, prefix)."""
-    from drivers.app_server import AppServerProcess, private_env
+    from drivers.app_server.process import AppServerProcess, private_env
     from drivers.binder import RolloutBinder
 
     tutti = str(Path(sys.executable).parent / "tutti-agent")
@@ -93,7 +93,7 @@ def _run_turn(server: Any, thread: str, text: str) -> str:
 
     `thread/read` can show the previous turn settled a moment before the server lets the
     thread take the next one (seen under heavy load): `turn/start` is retried for that."""
-    from drivers.app_server import JsonRpcError
+    from drivers.app_server.process import JsonRpcError
 
     params = {"threadId": thread, "input": [{"type": "text", "text": text, "text_elements": []}]}
     deadline = time.monotonic() + 30
@@ -118,7 +118,7 @@ def _run_turn(server: Any, thread: str, text: str) -> str:
 
 def _proof_samples(n: int, turns: int) -> dict[str, Any]:
     import tutti_agent
-    from drivers.app_server import AppServerProcess, private_env
+    from drivers.app_server.process import AppServerProcess, private_env
     from drivers.readability import prove_tutti_child
 
     tutti = str(Path(sys.executable).parent / "tutti-agent")
@@ -161,8 +161,8 @@ def _proof_samples(n: int, turns: int) -> dict[str, Any]:
 
 
 def _launch_samples(n: int) -> dict[str, Any] | str:
-    from drivers.app_server import AppServerProcess, private_env
-    from drivers.codex import PINNED_PREFIX, native_behind_npm_shim
+    from drivers.app_server.process import AppServerProcess, private_env
+    from drivers.codex.command import PINNED_PREFIX, native_behind_npm_shim
 
     shim = PINNED_PREFIX / "node_modules" / ".bin" / "codex"
     if not shim.exists() or shutil.which("node") is None:
@@ -306,7 +306,7 @@ def _driver_for(provider: str, model_config: dict[str, str]) -> Any:
         from drivers.tutti_agent import create_driver
 
         return create_driver({}, Failpoints())
-    from drivers.codex import create_driver as codex_driver
+    from drivers.codex.driver import create_driver as codex_driver
 
     return codex_driver(dict(model_config), Failpoints())
 

@@ -67,7 +67,8 @@ def process_state(rounds: int) -> None:
 
 
 def codex_liveness(rounds: int) -> None:
-    from drivers.codex import create_driver, default_command
+    from drivers.codex.command import default_command
+    from drivers.codex.driver import create_driver
     from drivers.failpoints import Failpoints
     from model_fakes.responses import ResponsesServer
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from drivers.app_server import AppServerProcess, private_env
+from drivers.app_server.process import AppServerProcess, private_env
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,7 @@ def _tutti_bare(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
 
 def _codex_unavailable() -> str | None:
     try:
-        from drivers.codex import default_command
+        from drivers.codex.command import default_command
     except ImportError:
         return "no Codex driver (drivers/codex/) in this tree"
     try:
@@ -186,7 +186,8 @@ def _codex_environment() -> Iterator[dict[str, str]]:
 
 
 def _codex_bare(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
-    from drivers.codex import ApprovalPolicy, SandboxMode, default_command, render_config_toml
+    from drivers.codex.command import default_command
+    from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml
 
     home.mkdir(parents=True, exist_ok=True)
     (home / "config.toml").write_text(
@@ -216,7 +217,7 @@ class BareClaude:
     """
 
     def __init__(self, home: Path, config: Mapping[str, str]) -> None:
-        from drivers.claude import PRIVATE_HOME_DIR, QUIET_ENV
+        from drivers.claude.env import PRIVATE_HOME_DIR, QUIET_ENV
 
         self.config_dir = home / "claude-config"
         self.private_home = self.config_dir / PRIVATE_HOME_DIR
@@ -254,7 +255,7 @@ class BareClaude:
     def _config_env(self) -> AbstractContextManager[None]:
         """The SDK's session helpers read `CLAUDE_CONFIG_DIR` from `os.environ`: point it (and
         `HOME`) at this session, as the driver does for each call."""
-        from drivers.claude import claude_config_env
+        from drivers.claude.env import claude_config_env
 
         return claude_config_env(str(self.config_dir), str(self.private_home))
 
@@ -338,7 +339,7 @@ class BareClaude:
 
 
 def _claude_unavailable() -> str | None:
-    from drivers.claude import PINNED_SDK_VERSION
+    from drivers.claude.env import PINNED_SDK_VERSION
 
     try:
         import claude_agent_sdk

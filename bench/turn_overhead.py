@@ -186,12 +186,8 @@ def side_by_side(name: str, tmp: Path) -> Iterator[tuple[Any, dict[str, str], An
     else:
         server = timed_model(ResponsesServer, "response.output_text.delta")
         if name == "codex":
-            from drivers.codex import (
-                ApprovalPolicy,
-                SandboxMode,
-                default_command,
-                render_config_toml,
-            )
+            from drivers.codex.command import default_command
+            from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml
 
             config = {"model": "mock-model", "model_base_url": server.base_url}
             home = tmp / "bare"

@@ -49,8 +49,8 @@ ENV_PARENT_PID = "AGENTHOST_WORKER_PARENT_PID"
 # a worker starts fast and a provider whose driver is missing still answers typed errors.
 DRIVER_MODULES: dict[str, str] = {
     "tutti-agent": "drivers.tutti_agent",
-    "codex": "drivers.codex",
-    "claude-code": "drivers.claude",
+    "codex": "drivers.codex.driver",
+    "claude-code": "drivers.claude.driver",
 }
 
 _PR_SET_PDEATHSIG = 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench.providers import BareClaude, provider
-from drivers.claude import is_uuid
+from drivers.claude.state import is_uuid
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
 

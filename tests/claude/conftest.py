@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from domain.worker_messages import TurnEvent
-from drivers.claude import ClaudeDriver, ClaudeDriverConfig
+from drivers.claude.driver import ClaudeDriver
+from drivers.claude.env import ClaudeDriverConfig
 from drivers.failpoints import Failpoints
 from model_fakes.messages import MessagesServer, last_user_text
 

@@ -11,7 +11,7 @@ import pytest
 
 from domain.enums import DeliveryDisposition
 from domain.worker_messages import ForkRequest
-from drivers.claude import receipt_hash
+from drivers.claude.fork import receipt_hash
 from drivers.claude_transcript import decode_binding, encode_binding, parse_entries
 from drivers.failpoints import Failpoints
 from model_fakes.messages import model_input_texts

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
-from drivers.claude import DECLINED_MESSAGE
+from drivers.claude.interactions import DECLINED_MESSAGE
 from model_fakes.messages import (
     MessagesServer,
     Reply,

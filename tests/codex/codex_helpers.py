@@ -15,7 +15,7 @@ import pytest
 
 from domain.worker_messages import ForkRequest
 from drivers.app_server.driver import AppServerDriver
-from drivers.codex import default_command, native_binary
+from drivers.codex.command import default_command, native_binary
 from tests.support.events import EventLog, completed  # noqa: F401 - re-exported
 
 RELAY = str(Path(__file__).with_name("codex_relay.py"))

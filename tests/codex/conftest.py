@@ -10,7 +10,7 @@ import pytest
 from codex_helpers import EventLog, codex_bin
 
 from drivers.app_server.driver import AppServerDriver
-from drivers.codex import create_driver as codex_driver
+from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
 

@@ -24,7 +24,7 @@ from conftest import MakeDriver
 
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
-from drivers.codex import CONTEXT_KEY, rollout_lineage
+from drivers.codex.lineage import CONTEXT_KEY, rollout_lineage
 from drivers.rollout_files import BinderError, iter_rollouts
 from model_fakes.responses import ResponsesServer
 

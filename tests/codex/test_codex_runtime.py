@@ -32,15 +32,15 @@ from tool_model import ToolModel
 
 from domain.enums import DeliveryDisposition
 from domain.errors import InvalidArgument, SessionBusy
-from drivers.codex import (
+from drivers.app_server.launch import launch_fingerprint
+from drivers.codex.command import (
     _NATIVE_PACKAGES,
     PINNED_PREFIX,
     default_command,
-    launch_fingerprint,
     native_behind_npm_shim,
     resolve_command,
 )
-from drivers.codex import create_driver as codex_driver
+from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text

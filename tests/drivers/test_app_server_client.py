@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from drv_helpers import TUTTI_BIN
 
-from drivers.app_server import (
+from drivers.app_server.process import (
     AppServerClosed,
     AppServerProcess,
     AppServerTimeout,

@@ -17,8 +17,8 @@ from drv_helpers import TUTTI_BIN, EventLog, completed
 from test_tutti_driver import fork_request, open_session
 
 from domain.enums import DeliveryDisposition
-from drivers.app_server import AppServerProcess, private_env
 from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.process import AppServerProcess, private_env
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints
 from drivers.readability import (

@@ -18,8 +18,8 @@ from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
 from domain.enums import DeliveryDisposition
 from domain.errors import HostError, SessionBusy
 from domain.worker_messages import ForkRequest, ForkResult
-from drivers.app_server import AppServerProcess, private_env
 from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.process import AppServerProcess, private_env
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
 from drivers.binder import RolloutBinder
 from drivers.failpoints import Failpoints

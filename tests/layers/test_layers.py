@@ -29,8 +29,8 @@ APSW_FREE = (
     "transport.wire",
     "transport.client",
     "drivers.tutti_agent",
-    "drivers.codex",
-    "drivers.claude",
+    "drivers.codex.driver",
+    "drivers.claude.driver",
     "drivers.worker",
 )
 
