@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from actors.ports import Failpoints
+from actors.store_ports import DeletedSessions
 from workspace.shadow import Checkpoint, ShadowStore, Unavailable
 
 log = logging.getLogger(__name__)
@@ -206,14 +207,22 @@ DROPPED_MESSAGE = (
 )
 
 
-class CheckpointStore(Protocol):
-    def deleted_sessions(self) -> list[tuple[str, str]]: ...
+class DroppableCheckpoints(Protocol):
+    """`store.turns`: the checkpoints the size cap may drop, and the drop."""
 
     def droppable_checkpoints(self, limit: int = 64) -> list[tuple[str, str, str, str]]: ...
 
     def mark_checkpoint_dropped(
         self, ws: str, sid: str, turn_id: str, seen_json: str, message: str
     ) -> bool: ...
+
+
+class CheckpointStore(Protocol):
+    @property
+    def sessions(self) -> DeletedSessions: ...
+
+    @property
+    def turns(self) -> DroppableCheckpoints: ...
 
 
 @dataclass(eq=False)
@@ -286,7 +295,7 @@ class CheckpointJanitor:
     def sweep(self) -> dict[str, int]:
         """Drop every deleted Session's refs, then collect each store that lost some."""
         try:
-            deleted = {session_ref_prefix(sid) for _ws, sid in self.store.deleted_sessions()}
+            deleted = {session_ref_prefix(sid) for _ws, sid in self.store.sessions.deleted_sessions()}
         except Exception as exc:  # noqa: BLE001 - a busy store: the next sweep tries again
             log.warning("checkpoint sweep could not read deleted sessions: %s", exc)
             deleted = set()
@@ -324,7 +333,7 @@ class CheckpointJanitor:
         if self.shadow.size_bytes() <= self.max_bytes:
             return 0
         try:
-            candidates = self.store.droppable_checkpoints(CAP_SCAN)
+            candidates = self.store.turns.droppable_checkpoints(CAP_SCAN)
         except Exception as exc:  # noqa: BLE001 - a busy store: the next sweep tries again
             log.warning("checkpoint size cap could not read the Turns: %s", exc)
             return 0
@@ -343,7 +352,7 @@ class CheckpointJanitor:
         try:
             record = json.loads(seen)
             cwd = os.path.realpath(str(record["cwd"]))
-            if not self.store.mark_checkpoint_dropped(ws, sid, turn_id, seen, DROPPED_MESSAGE):
+            if not self.store.turns.mark_checkpoint_dropped(ws, sid, turn_id, seen, DROPPED_MESSAGE):
                 return 0  # a fork goes through it now, or its record changed
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
             log.warning("could not drop the checkpoint of turn %s: %s", turn_id, exc)

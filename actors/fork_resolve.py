@@ -108,7 +108,7 @@ class ForkResolver:
         if msg.action not in ACTIONS:
             raise InvalidArgument("action", "'action' must be inspect, adopt or abandon")
         store = host.resolve_store
-        op = store.get_fork_operation(host.ws, msg.operation_id)
+        op = store.fork_queries.get_fork_operation(host.ws, msg.operation_id)
         if op.source_session_id != host.sid:  # pragma: no cover - routed by the source
             raise InvalidArgument("operationId", "operation of another Session")
         live = [op_id for op_id in host.sagas if op_id != op.operation_id]
@@ -134,7 +134,7 @@ class ForkResolver:
                 f" {running.request_id}",
                 params={"operationId": op.operation_id, "action": running.action},
             )
-        previous = store.get_fork_resolution(host.ws, op.operation_id)
+        previous = store.resolution.get_fork_resolution(host.ws, op.operation_id)
         if (
             previous is not None
             and previous.state == "done"
@@ -153,12 +153,12 @@ class ForkResolver:
     # -- steps --------------------------------------------------------------------------------
 
     def _current(self) -> ForkOperation:
-        return self.host.resolve_store.get_fork_operation(self.host.ws, self.op.operation_id)
+        return self.host.resolve_store.fork_queries.get_fork_operation(self.host.ws, self.op.operation_id)
 
     def _request(self, child_ids: Sequence[str] = ()) -> ResolveRequest:
         ws, op = self.host.ws, self.op
-        claimed = self.host.resolve_store.claimed_provider_children(ws, self.host.sid)
-        others = self.host.resolve_store.other_fork_prefixes(ws, self.host.sid, op.operation_id)
+        claimed = self.host.resolve_store.resolution.claimed_provider_children(ws, self.host.sid)
+        others = self.host.resolve_store.resolution.other_fork_prefixes(ws, self.host.sid, op.operation_id)
         return ResolveRequest(
             operation_id=op.operation_id,
             source=ForkSource(
@@ -185,7 +185,7 @@ class ForkResolver:
 
     def _frozen_bindings(self) -> tuple[str | None, ...]:
         store, ws, sid = self.host.resolve_store, self.host.ws, self.host.sid
-        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
+        turns, _ = store.history.timeline(ws, sid, after_sequence=0, limit=100_000)
         by_id = {t.root_provider_turn_id: t.provider_turn_binding_json for t in turns}
         return tuple(by_id.get(pid) for pid in self.op.source_provider_turn_ids)
 
@@ -271,7 +271,7 @@ class ForkResolver:
                 for c in evidence["children"]
                 if c.get("readError") or not (c.get("providerTurnIds") or c.get("turnsEqualPrefix"))
             ]
-            if undecided and store.other_fork_prefixes(ws, self.host.sid, op_id):
+            if undecided and store.resolution.other_fork_prefixes(ws, self.host.sid, op_id):
                 # Law 9: a child whose Turns cannot be read now may be another operation's;
                 # moving it would take that operation's evidence. Retry once it reads.
                 raise ForkEvidenceUnreadable(
@@ -280,7 +280,7 @@ class ForkResolver:
                     params={"operationId": op_id, "children": undecided},
                 )
         child = evidence["children"][0]["providerSessionId"] if msg.action == "adopt" else None
-        store.begin_resolution(
+        store.resolution.begin_resolution(
             ws,
             op_id,
             request_id=msg.request_id,
@@ -337,7 +337,7 @@ class ForkResolver:
         if isinstance(raw, Mapping):
             by_provider = {
                 t.root_provider_turn_id: t.turn_id
-                for t in store.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)[0]
+                for t in store.history.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)[0]
                 if t.root_provider_turn_id
             }
             turn_bindings = {
@@ -355,9 +355,9 @@ class ForkResolver:
             receipt=dict(binding.receipt),
             turn_bindings=turn_bindings,
         )
-        store.adopt_unknown_fork(ws, op.operation_id, evidence)
+        store.resolution.adopt_unknown_fork(ws, op.operation_id, evidence)
         self._hit("host.resolve.after_accept")
-        store.commit_fork(ws, op.operation_id)
+        store.fork_commit.commit_fork(ws, op.operation_id)
         self._finish({"action": "adopt", "childId": self.child_id, "evidence": self.evidence})
 
     def _quarantined(self, result: ResolveQuarantined) -> None:
@@ -365,7 +365,7 @@ class ForkResolver:
         moved = list(result.moved)
         evidence = {**self.evidence, "quarantinedNow": moved}
         self.evidence = evidence
-        self.host.resolve_store.abandon_fork(
+        self.host.resolve_store.resolution.abandon_fork(
             self.host.ws, self.op.operation_id, {"action": "abandon", "evidence": evidence}
         )
         self._finish(None)
@@ -375,20 +375,20 @@ class ForkResolver:
     def _finish(self, result: Any) -> None:
         store, ws, op_id = self.host.resolve_store, self.host.ws, self.op.operation_id
         if result is not None:
-            store.finish_resolution(ws, op_id, result)
+            store.resolution.finish_resolution(ws, op_id, result)
         self._hit("host.resolve.after_finish")
         self._answer(ResolveReply(self._current(), self.evidence))
 
     def _rollback(self, error: HostError) -> None:
         """The worker step failed: the operation is still `unknown`; let a new resolve start."""
         try:
-            self.host.resolve_store.rollback_resolution(self.host.ws, self.op.operation_id)
+            self.host.resolve_store.resolution.rollback_resolution(self.host.ws, self.op.operation_id)
         except Exception:  # noqa: BLE001 - start-up recovery rolls it back otherwise
             log.exception("could not roll back resolution of %s", self.op.operation_id)
         self._answer(error)
 
     def _error(self, error: HostError) -> None:
-        current = self.host.resolve_store.get_fork_resolution(self.host.ws, self.op.operation_id)
+        current = self.host.resolve_store.resolution.get_fork_resolution(self.host.ws, self.op.operation_id)
         if (
             current is not None
             and current.state == "started"

@@ -96,7 +96,7 @@ class ForkSaga:
         if waiter.answered:
             return
         try:
-            op = self.host.store.get_fork_operation(self.host.ws, self.operation.operation_id)
+            op = self.host.store.fork_queries.get_fork_operation(self.host.ws, self.operation.operation_id)
         except Exception:  # noqa: BLE001 - the caller is answered whatever the store does
             log.warning("fork saga %s: budget read failed", self.operation.operation_id)
             op = self.operation
@@ -153,8 +153,8 @@ class ForkSaga:
         except Exception as exc:  # noqa: BLE001 - nothing was dispatched: the fork failed
             self._fail(f"the worktree could not be made: {exc}")
             return
-        with self.host.store.background():
-            op, _ = self.host.store.record_fork_worktree(self.host.ws, self.operation.operation_id)
+        with self.host.store.db.background():
+            op, _ = self.host.store.fork_workspace.record_fork_worktree(self.host.ws, self.operation.operation_id)
         self.operation = op
         self._hit("host.workspace.after_record")
         self._attest()
@@ -211,8 +211,8 @@ class ForkSaga:
             self.host.attested_runtime = (
                 None if generation is None else self._attestation_key(generation)
             )
-        with self.host.store.background():
-            op, _ = self.host.store.mark_fork_dispatching(self.host.ws, op.operation_id)
+        with self.host.store.db.background():
+            op, _ = self.host.store.fork_transitions.mark_fork_dispatching(self.host.ws, op.operation_id)
         self.operation = op
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
@@ -302,13 +302,13 @@ class ForkSaga:
         if isinstance(evidence, str):
             self._unknown(f"unverifiable provider child: {evidence}")
             return
-        with self.host.store.background():
-            op, _ = self.host.store.mark_fork_provider_accepted(
+        with self.host.store.db.background():
+            op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
                 self.host.ws, self.operation.operation_id, evidence
             )
             self.operation = op
             self._hit("host.fork.before_commit")
-            op, _ = self.host.store.commit_fork(self.host.ws, op.operation_id)
+            op, _ = self.host.store.fork_commit.commit_fork(self.host.ws, op.operation_id)
         self._hit("host.fork.after_commit")
         self._finish(op)
 
@@ -379,7 +379,7 @@ class ForkSaga:
         if self.frozen is not None:
             return self.frozen
         store, ws, sid = self.host.store, self.host.ws, self.host.sid
-        turns, _ = store.timeline(ws, sid, after_sequence=0, limit=100_000)
+        turns, _ = store.history.timeline(ws, sid, after_sequence=0, limit=100_000)
         by_id = {t.root_provider_turn_id: t for t in turns}
         out: list[tuple[str, str | None]] = []
         for pid in self.operation.source_provider_turn_ids:
@@ -405,11 +405,11 @@ class ForkSaga:
     # -- endings -----------------------------------------------------------------------------
 
     def _fail(self, error: str) -> None:
-        op, _ = self.host.store.mark_fork_failed(self.host.ws, self.operation.operation_id, error)
+        op, _ = self.host.store.fork_transitions.mark_fork_failed(self.host.ws, self.operation.operation_id, error)
         self._finish(op)
 
     def _unknown(self, error: str) -> None:
-        op, _ = self.host.store.mark_fork_unknown(self.host.ws, self.operation.operation_id, error)
+        op, _ = self.host.store.fork_transitions.mark_fork_unknown(self.host.ws, self.operation.operation_id, error)
         self._finish(op)
 
     def _abort(self, exc: Exception) -> None:
@@ -419,7 +419,7 @@ class ForkSaga:
         held by an operation whose saga is gone."""
         store, ws, op_id = self.host.store, self.host.ws, self.operation.operation_id
         try:
-            op = store.get_fork_operation(ws, op_id)
+            op = store.fork_queries.get_fork_operation(ws, op_id)
             # The same rule as a restart (domain.fork_states.after_restart); a verified
             # provider child (`provider_accepted`) only needs its local commit.
             op = apply_restart_rule(
@@ -453,7 +453,7 @@ class ForkSaga:
         if op.worktree is not None and remove_failed_tree(
             self.host.store, self.host.fork_trees, op
         ):
-            op = self.host.store.get_fork_operation(self.host.ws, op.operation_id)
+            op = self.host.store.fork_queries.get_fork_operation(self.host.ws, op.operation_id)
         self.operation = op
         if op.status != fork_states.ForkStatus.COMMITTED:
             # Whatever went wrong (a refused generation among it), the next fork of this

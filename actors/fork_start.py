@@ -66,7 +66,7 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
         return
     # A replay, or a new identity on a held boundary, gets the original operation
     # without touching the provider runtime (which may be down right now).
-    existing = host.store.existing_fork(
+    existing = host.store.fork_prepare.existing_fork(
         host.ws,
         source_session_id=host.sid,
         request_id=msg.request_id,
@@ -82,7 +82,7 @@ def start(host: ForkHost, msg: ForkCreate) -> None:
         # A Turn without its files is refused before a runtime is started for nothing (the
         # prepare checks again, in its transaction, and decides for `latestSettled`).
         try:
-            record = host.store.turn_checkpoint(host.ws, host.sid, msg.turn_id)
+            record = host.store.turns.turn_checkpoint(host.ws, host.sid, msg.turn_id)
         except HostError:
             record = {"after": "unknown Turn: the prepare answers"}
         refusal = checkpoint_refusal(record, msg.turn_id)
@@ -169,7 +169,7 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
             params={"operationId": running},
         )
     trees = host.fork_trees if msg.workspace == "worktree" else None
-    op, created = host.store.prepare_fork(
+    op, created = host.store.fork_prepare.prepare_fork(
         host.ws,
         request,
         turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
@@ -189,14 +189,14 @@ def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
     """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
     an operation no saga of this process owns is a leftover of a dead process:
     `prepared → failed`, `dispatching → unknown` (never a live one; no provider call)."""
-    op = host.store.get_fork_operation(host.ws, msg.operation_id)
+    op = host.store.fork_queries.get_fork_operation(host.ws, msg.operation_id)
     if op.operation_id in host.live_operations:
         msg.reply(ForkReply(op, False))
         return
     # The restart rule (domain.fork_states.after_restart); never a provider call.
     op = apply_restart_rule(host.store, op)
     if op.worktree is not None and remove_failed_tree(host.store, host.fork_trees, op):
-        op = host.store.get_fork_operation(host.ws, op.operation_id)
+        op = host.store.fork_queries.get_fork_operation(host.ws, op.operation_id)
     if op.status in TERMINAL:
         host.apply_late_bindings()
     msg.reply(ForkReply(op, op.status in TERMINAL))

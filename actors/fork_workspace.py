@@ -47,7 +47,7 @@ def remove_failed_tree(store: WorktreeStore, trees: ForkTrees | None, op: ForkOp
         return False
     try:
         trees.remove(op.worktree)
-        return store.mark_fork_worktree_removed(op.workspace_id, op.operation_id)
+        return store.fork_workspace.mark_fork_worktree_removed(op.workspace_id, op.operation_id)
     except Exception:  # noqa: BLE001 - recovery tries again at the next start
         log.exception("could not remove the worktree of failed fork %s", op.operation_id)
         return False
@@ -60,12 +60,12 @@ def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:
         return 0
     removed = 0
     while True:
-        batch = store.fork_worktrees_to_remove(limit=500)
+        batch = store.fork_workspace.fork_worktrees_to_remove(limit=500)
         progress = 0
         for item in batch:
             try:
                 trees.remove(item.plan)
-                if store.mark_fork_worktree_removed(item.workspace_id, item.operation_id):
+                if store.fork_workspace.mark_fork_worktree_removed(item.workspace_id, item.operation_id):
                     progress += 1
             except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
                 log.exception("could not remove the worktree of failed fork %s", item.operation_id)

@@ -178,7 +178,7 @@ class HostActor(pykka.ThreadingActor):
         self.routes.start_or_tell(ws, sid, inner, start, via_host=via_host)
 
     def _get_fork(self, msg: GetFork) -> None:
-        op = self.store.get_fork_operation(msg.workspace_id, msg.operation_id)
+        op = self.store.fork_queries.get_fork_operation(msg.workspace_id, msg.operation_id)
         if op.is_active:
             self._route(
                 msg.workspace_id, op.source_session_id, ForkAdvance(op.operation_id, msg.reply)

@@ -47,11 +47,11 @@ def apply_restart_rule(
     ws, op_id = op.workspace_id, op.operation_id
     to = after_restart(op.status)
     if to is ForkStatus.FAILED:
-        return store.mark_fork_failed(ws, op_id, prepared_error)[0]
+        return store.fork_transitions.mark_fork_failed(ws, op_id, prepared_error)[0]
     if to is ForkStatus.UNKNOWN:
-        return store.mark_fork_unknown(ws, op_id, dispatching_error)[0]
+        return store.fork_transitions.mark_fork_unknown(ws, op_id, dispatching_error)[0]
     if to is ForkStatus.COMMITTED:
-        return store.commit_fork(ws, op_id)[0]
+        return store.fork_commit.commit_fork(ws, op_id)[0]
     return op
 
 
@@ -59,16 +59,16 @@ def recover_fork_operations(store: StartupRecoveryStore, *, page_size: int = 500
     failed = unknown = committed = errors = 0
     cursor = None
     while True:
-        ops, cursor = store.recoverable_fork_operations(after=cursor, limit=page_size)
+        ops, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=page_size)
         # One transaction (one fsync) per page for the two pure status changes.
-        page_failed, page_unknown = store.settle_leftover_fork_operations(
+        page_failed, page_unknown = store.fork_recovery.settle_leftover_fork_operations(
             ops, prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
         )
         failed += page_failed
         unknown += page_unknown
         accepted = [op for op in ops if after_restart(op.status) is ForkStatus.COMMITTED]
         if accepted:
-            page_committed, page_errors = store.commit_fork_operations(accepted)
+            page_committed, page_errors = store.fork_commit.commit_fork_operations(accepted)
             committed += page_committed
             errors += page_errors
         if cursor is None:
@@ -84,9 +84,9 @@ def settle_orphaned_turns(store: StartupRecoveryStore) -> int:
     (its runtimes died with it): settle them `interrupted`, which also finishes their submit
     claims and supersedes pending Interactions, so the Session takes turns (and forks) again."""
     settled = 0
-    for ws, sid, turn_id in store.all_active_turns():
+    for ws, sid, turn_id in store.turns.all_active_turns():
         try:
-            _, changed = store.settle_turn(
+            _, changed = store.turns.settle_turn(
                 ws,
                 sid,
                 turn_id,

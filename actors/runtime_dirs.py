@@ -86,7 +86,7 @@ def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
         for entry in trash.iterdir():
             _purge(entry)
             finished += 1
-    for workspace_id, session_id in store.deleted_sessions():
+    for workspace_id, session_id in store.sessions.deleted_sessions():
         if discard(runtimes_dir, workspace_id, session_id):
             finished += 1
     if finished:

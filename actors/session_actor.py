@@ -98,7 +98,7 @@ class SessionActor(PooledActor):
         self.writes.cancel()
         self.turns.cancel_watchdogs()
         # This thread ends now: its store connection (and file descriptors) must go with it.
-        self.core.session_store.release_thread_connection()
+        self.core.session_store.db.release_thread_connection()
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         log.error("session actor %s crashed: %r", self.key, exception_value)

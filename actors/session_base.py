@@ -149,7 +149,7 @@ class SessionCore:
         return self.ctx.actor_pool.call_later(seconds, _fire)
 
     def session(self) -> Session:
-        return self.session_store.get_session(self.ws, self.sid)
+        return self.session_store.sessions.get_session(self.ws, self.sid)
 
     def active_turn(self) -> Turn | None:
-        return self.session_store.active_turn(self.ws, self.sid)
+        return self.session_store.turns.active_turn(self.ws, self.sid)

@@ -70,8 +70,8 @@ class SessionControls:
         """Works on any Turn the store shows active: one this actor runs,
         one whose settlement is still pending, one nothing tracks any more, and one whose
         provider runtime is hung (that runtime is stopped)."""
-        turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, msg.turn_id)
-        self._core.session_store.check_fence(self._core.ws, self._core.sid)
+        turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)
+        self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
         if turn.phase != "active":
             msg.reply(turn)
             return
@@ -81,7 +81,7 @@ class SessionControls:
                 msg.reply(err)
                 return
             msg.reply(
-                self._core.session_store.get_turn(self._core.ws, self._core.sid, turn.turn_id)
+                self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, turn.turn_id)
             )
 
         state = self._turns.get(turn.turn_id)
@@ -128,13 +128,13 @@ class SessionControls:
                 self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
                 return
             msg.reply(
-                self._core.session_store.get_turn(self._core.ws, self._core.sid, turn.turn_id)
+                self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, turn.turn_id)
             )
 
         self._core.later(fut, _done, msg.reply)
 
     def on_respond(self, msg: Respond) -> None:
-        turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, msg.turn_id)
+        turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)
         pending = [i for i in turn.interactions if i.request_id == msg.request_id]
         if not pending:
             raise TurnNotFound(
@@ -143,7 +143,7 @@ class SessionControls:
             )
         if pending[0].status != "pending":
             raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
-        self._core.session_store.check_fence(self._core.ws, self._core.sid)
+        self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
         provider = self._core.session().provider
         fut = self._core.ctx.workers.respond_interaction(
             provider,
@@ -163,7 +163,7 @@ class SessionControls:
             # The worker answered the provider: the Turn may already have settled (its end
             # can reach us before this reply), and the answer is still what happened.
             output = dict(msg.response) if msg.by is None else {**msg.response, "by": msg.by}
-            interaction = self._core.session_store.resolve_interaction(
+            interaction = self._core.session_store.history.resolve_interaction(
                 self._core.ws, self._core.sid, msg.turn_id, msg.request_id, output, delivered=True
             )
             msg.reply(interaction)

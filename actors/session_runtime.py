@@ -139,7 +139,7 @@ class SessionRuntime:
         if self._warm is None:
             return None
         try:
-            if self._core.session_store.turns_missing_binding(self._core.ws, self._core.sid):
+            if self._core.session_store.turns.turns_missing_binding(self._core.ws, self._core.sid):
                 return None
         except HostError:
             return None
@@ -255,7 +255,7 @@ class SessionRuntime:
             if current.provider_session_id != provider_session_id or dict(
                 current.runtime_context
             ) != {**current.runtime_context, **context}:
-                current = self._core.session_store.update_runtime(
+                current = self._core.session_store.sessions.update_runtime(
                     self._core.ws,
                     self._core.sid,
                     provider_session_id=provider_session_id or None,
@@ -284,7 +284,7 @@ class SessionRuntime:
         the provider's own history (by order and content, fail closed), then continue. Any
         failure here only leaves those Turns unbound, as they were."""
         try:
-            missing = self._core.session_store.turns_missing_binding(self._core.ws, self._core.sid)
+            missing = self._core.session_store.turns.turns_missing_binding(self._core.ws, self._core.sid)
         except HostError as exc:
             log.warning("session %s: re-bind check failed: %s", self._core.key, exc.message)
             missing = []
@@ -309,7 +309,7 @@ class SessionRuntime:
 
     def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
         self._session_row = None  # a re-bind writes the Session's Turns (and its row)
-        turns, _ = self._core.session_store.timeline(
+        turns, _ = self._core.session_store.history.timeline(
             self._core.ws, self._core.sid, after_sequence=0, limit=100_000
         )
         canonical = [
@@ -328,7 +328,7 @@ class SessionRuntime:
         held = {t.turn_id: t.provider_turn_binding_json for t in turns}
         for turn_id, provider_turn_id in matches.items():
             binding = bindings.get(provider_turn_id)
-            self._core.session_store.bind_provider_turn(
+            self._core.session_store.turns.bind_provider_turn(
                 self._core.ws,
                 self._core.sid,
                 turn_id,

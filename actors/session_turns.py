@@ -74,7 +74,7 @@ class TurnRunner:
     # -- turns -----------------------------------------------------------------------------
 
     def on_submit(self, msg: Submit) -> None:
-        turn, created = self._core.session_store.claim_submit(
+        turn, created = self._core.session_store.turns.claim_submit(
             self._core.ws, self._core.sid, msg.request_id, msg.text
         )
         msg.reply(turn)
@@ -174,7 +174,7 @@ class TurnRunner:
             DurableWrite(
                 state.turn_id,
                 "bind provider turn",
-                lambda: self._core.session_store.record_provider_turn(
+                lambda: self._core.session_store.turns.record_provider_turn(
                     self._core.ws, self._core.sid, state.turn_id, provider_turn_id
                 ),
             )
@@ -305,7 +305,7 @@ class TurnRunner:
     ) -> DurableWrite:
         def _apply() -> None:
             try:
-                self._core.session_store.record_settlement(
+                self._core.session_store.turns.record_settlement(
                     self._core.ws,
                     self._core.sid,
                     state.turn_id,
@@ -385,7 +385,7 @@ class TurnRunner:
             self._arm_watchdog(state, limit)
             return
         try:
-            turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, state.turn_id)
+            turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, state.turn_id)
         except HostError as exc:
             log.warning("session %s: watchdog read failed: %s", self._core.key, exc.message)
             self._arm_watchdog(state, RETRY_MAX_S)
@@ -445,7 +445,7 @@ class TurnRunner:
         # An event for a Turn this actor did not start (e.g. the actor idled out and came
         # back while a trailing binding event was in flight): rebuild from the store.
         try:
-            turn = self._core.session_store.get_turn(self._core.ws, self._core.sid, turn_id)
+            turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, turn_id)
         except HostError:
             return None
         state = TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
@@ -483,7 +483,7 @@ class TurnRunner:
                 text, payload = event.text, event.payload
 
                 def _append() -> None:
-                    message = store.append_message(
+                    message = store.history.append_message(
                         ws, sid, turn_id, kind=item_kind, text=text, payload=payload
                     )
                     if item_kind == "assistant":
@@ -496,7 +496,7 @@ class TurnRunner:
                     DurableWrite(
                         turn_id,
                         "interaction",
-                        lambda: store.open_interaction(
+                        lambda: store.history.open_interaction(
                             ws, sid, turn_id, request_id=request_id, kind=ikind, input=payload
                         ),
                     )

@@ -112,7 +112,7 @@ class TurnWrites:
 
         def _apply() -> None:
             try:
-                store.record_turn_binding(ws, sid, turn_id, binding)
+                store.turns.record_turn_binding(ws, sid, turn_id, binding)
             except ForkInProgress:
                 # A fork froze the source: the operation keeps the binding it froze, and this
                 # provider fact is applied when the fence is released — never lost.
@@ -173,7 +173,7 @@ class TurnWrites:
         applied: list[tuple[DurableWrite, BaseException | None]] = []
         busy: StoreBusy | None = None
         try:
-            with self._core.session_store.write_batch():
+            with self._core.session_store.db.write_batch():
                 for item in items:
                     try:
                         item.apply()

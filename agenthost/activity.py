@@ -116,7 +116,7 @@ class Transitions:
     def _observe(self, change: Any) -> None:
         store = self._store
         if isinstance(change, TurnChanged):
-            turn = store.get_turn(change.workspace_id, change.session_id, change.turn_id)
+            turn = store.turns.get_turn(change.workspace_id, change.session_id, change.turn_id)
             if self._changed(f"t:{turn.turn_id}", (turn.phase, turn.outcome)):
                 log.info(
                     "turn %s%s session=%s turn=%s seq=%s%s",
@@ -128,7 +128,7 @@ class Transitions:
                     f" error={turn.error!r}" if turn.error else "",
                 )
         elif isinstance(change, ForkOperationChanged):
-            op = store.get_fork_operation(change.workspace_id, change.operation_id)
+            op = store.fork_queries.get_fork_operation(change.workspace_id, change.operation_id)
             status, phase = op.public_status.value, op.phase.value
             if self._changed(f"f:{op.operation_id}", (status, phase)):
                 log.info(

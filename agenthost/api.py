@@ -158,7 +158,7 @@ class Api:
         def _create() -> dict[str, Any]:
             if self._check_provider is not None:
                 self._check_provider(provider)
-            session = self.store.create_session(
+            session = self.store.sessions.create_session(
                 ws,
                 session_id=sid,
                 provider=provider,
@@ -185,7 +185,7 @@ class Api:
         limit = optional_int(params, "limit", default=50, min_value=1, max_value=200) or 50
 
         def _list() -> dict[str, Any]:
-            sessions, next_cursor = self.store.list_sessions(
+            sessions, next_cursor = self.store.sessions.list_sessions(
                 ws, cursor=cursor, limit=limit, max_bytes=LIST_PAGE_BYTES
             )
             return {
@@ -205,8 +205,8 @@ class Api:
             # The provider is all the projection needs of the Session (from the store's
             # memory after its first read); `timeline` refuses a missing or deleted one with
             # the same `SessionNotFound` as `get_session`.
-            provider = self.store.provider_of(ws, sid)
-            turns, next_sequence = self.store.timeline(ws, sid, after_sequence=after, limit=limit)
+            provider = self.store.sessions.provider_of(ws, sid)
+            turns, next_sequence = self.store.history.timeline(ws, sid, after_sequence=after, limit=limit)
             return {
                 "turns": [projection.turn(t, provider, self.catalog) for t in turns],
                 "nextSequence": next_sequence,
@@ -228,7 +228,7 @@ class Api:
         self.plumbing.read(
             responder,
             lambda: projection.lineage_tree(
-                self.store.lineage_tree(
+                self.store.lineage.lineage_tree(
                     ws,
                     sid,
                     max_depth=depth or DEFAULT_MAX_DEPTH,
@@ -259,15 +259,15 @@ class Api:
 
     def session_update_settings(self, params: Mapping[str, Any], responder: Responder) -> None:
         settings = require_map(params, "settings")
-        self._mutate(params, responder, lambda s, ws, sid: s.update_settings(ws, sid, settings))
+        self._mutate(params, responder, lambda s, ws, sid: s.sessions.update_settings(ws, sid, settings))
 
     def session_update_title(self, params: Mapping[str, Any], responder: Responder) -> None:
         title = require_str(params, "title", max_len=512)
-        self._mutate(params, responder, lambda s, ws, sid: s.update_title(ws, sid, title))
+        self._mutate(params, responder, lambda s, ws, sid: s.sessions.update_title(ws, sid, title))
 
     def session_pin(self, params: Mapping[str, Any], responder: Responder) -> None:
         pinned = require_bool(params, "pinned")
-        self._mutate(params, responder, lambda s, ws, sid: s.set_pinned(ws, sid, pinned))
+        self._mutate(params, responder, lambda s, ws, sid: s.sessions.set_pinned(ws, sid, pinned))
 
     def session_delete(self, params: Mapping[str, Any], responder: Responder) -> None:
         worktree = optional_enum(params, "worktree", WORKTREE_CHOICES, default="keep")
@@ -336,10 +336,10 @@ class Api:
 
     def goal_set(self, params: Mapping[str, Any], responder: Responder) -> None:
         goal = require_str(params, "goal", max_len=16_384)
-        self._mutate(params, responder, lambda s, ws, sid: s.set_goal(ws, sid, goal))
+        self._mutate(params, responder, lambda s, ws, sid: s.goals.set_goal(ws, sid, goal))
 
     def goal_clear(self, params: Mapping[str, Any], responder: Responder) -> None:
-        self._mutate(params, responder, lambda s, ws, sid: s.clear_goal(ws, sid))
+        self._mutate(params, responder, lambda s, ws, sid: s.goals.clear_goal(ws, sid))
 
     def turn_submit(self, params: Mapping[str, Any], responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
@@ -411,7 +411,7 @@ class Api:
             # Seed 000 §8: a replay (same requestId, or a new identity on the held barrier)
             # answers the durable operation even after the source was deleted, so the client
             # can adopt a committed child and ACK it. Nothing new is ever created here.
-            op = self.store.existing_fork(
+            op = self.store.fork_prepare.existing_fork(
                 ws,
                 source_session_id=sid,
                 request_id=request_id,
@@ -464,7 +464,7 @@ class Api:
         op_id = require_str(params, "operationId", max_len=128)
 
         def _ack() -> dict[str, Any]:
-            op, _ = self.store.acknowledge_fork(ws, op_id)
+            op, _ = self.store.fork_transitions.acknowledge_fork(ws, op_id)
             return {"operation": projection.operation(op, self.catalog)}
 
         self.plumbing.read(responder, _ack)
@@ -486,7 +486,7 @@ class Api:
 
         def _go() -> None:
             try:
-                op = self.store.get_fork_operation(ws, op_id)
+                op = self.store.fork_queries.get_fork_operation(ws, op_id)
             except HostError as exc:
                 responder.error(exc)
                 return
@@ -509,7 +509,7 @@ class Api:
         def project(turn: Any) -> tuple[int, dict[str, Any]]:
             # From the store's memory (fixed at create): the actor has just written or read
             # this Session's Turn, so it exists; no read per reply.
-            provider = self.store.provider_of(ws, sid)
+            provider = self.store.sessions.provider_of(ws, sid)
             return status, {"turn": projection.turn(turn, provider, self.catalog)}
 
         return project

@@ -43,11 +43,25 @@ Handler = Callable[[Mapping[str, Any], Responder], None]
 
 
 class PointReader(Protocol):
-    """What a point read needs: the `Store` (any thread) and a `ReadView` (its own) both are."""
+    """What a point read needs: a `ReadView` (its own thread) and a `StorePointReader` (any
+    thread) both are."""
 
     def get_session(self, ws: str, sid: str) -> Session: ...
 
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation: ...
+
+
+class StorePointReader:
+    """A point read through the `Store`'s parts (the reader pool's fallback to the view)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    def get_session(self, ws: str, sid: str) -> Session:
+        return self._store.sessions.get_session(ws, sid)
+
+    def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation:
+        return self._store.fork_queries.get_fork_operation(ws, op_id)
 
 
 class RequestPlumbing:
@@ -89,7 +103,7 @@ class RequestPlumbing:
         # Deletes seen (a fresh number each): a check that raced one remembers nothing.
         self._delete_seq = itertools.count(1)
         self._deletes = 0
-        self._unsubscribe = store.subscribe(self._on_change)
+        self._unsubscribe = store.db.subscribe(self._on_change)
         self._methods: dict[str, Handler] = dict(methods)
 
     def close(self) -> None:
@@ -162,7 +176,7 @@ class RequestPlumbing:
 
         def _run() -> None:
             try:
-                result = read(self.store)
+                result = read(StorePointReader(self.store))
                 if result is not None:
                     responder.result(200, result)
             except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
@@ -229,7 +243,7 @@ class RequestPlumbing:
         def _check_and_route() -> None:
             try:
                 try:
-                    self.store.require_session_live(ws, sid)
+                    self.store.sessions.require_session_live(ws, sid)
                 except SessionNotFound:
                     answer = gone() if gone is not None else None
                     if answer is None:

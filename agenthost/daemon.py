@@ -146,7 +146,7 @@ class Daemon:
         # Recovery finishes before any request is served, so no request sees a leftover.
         self.recovery = recover_fork_operations(store)
         # Then fork.resolve: finish or roll back a half-done resolution.
-        self.resolutions_recovered = store.recover_fork_resolutions()
+        self.resolutions_recovered = store.resolution.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
         # One shadow store of workspace checkpoints per home, shared by every Session.
         shadow = ShadowStore(
@@ -253,8 +253,8 @@ class Daemon:
             target=self.publisher.run, name="agenthost-events", daemon=True
         )
         self._event_thread.start()
-        store.subscribe(self.publisher.offer)
-        store.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
+        store.db.subscribe(self.publisher.offer)
+        store.db.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
 
         self.api = Api(
             store=store,
@@ -469,7 +469,7 @@ class Daemon:
             # Extensions: live Session actors and daemon threads (idle actors are stopped).
             "sessionActors": actors.result(timeout=10),
             "threads": threading.active_count(),
-            "storeConnections": self.store.open_connections() if self.store else 0,
+            "storeConnections": self.store.db.open_connections() if self.store else 0,
             # Delayed messages pending on the shared timer thread (watchdogs, retries, fork
             # budgets): bounded by the live ones, whatever the number of Turns run.
             "timers": len(self.ctx.actor_pool.timers),

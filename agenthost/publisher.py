@@ -117,7 +117,7 @@ class EventPublisher:
         snapshot = contextlib.ExitStack()
         if reads:
             try:
-                snapshot.enter_context(self.store.read_snapshot())
+                snapshot.enter_context(self.store.db.read_snapshot())
             except TRANSIENT_ERRORS as exc:
                 log.warning("events: no read snapshot for a batch (%s)", exc)
         try:
@@ -169,7 +169,7 @@ class EventPublisher:
         if isinstance(change, SessionChanged):
             if change.removed:
                 return {"type": "session.removed", "agentSessionId": change.session_id}
-            session = store.get_session(change.workspace_id, change.session_id)
+            session = store.sessions.get_session(change.workspace_id, change.session_id)
             return {
                 "type": "session.upserted",
                 "session": projection.session(session, self.catalog),
@@ -178,7 +178,7 @@ class EventPublisher:
             # The provider only (fixed at create), from the store's memory after the first
             # read (every write of a Turn publishes one event, and each would read the
             # Session for this one field). A deleted Session is refused by `turn_since`.
-            provider = store.provider_of(change.workspace_id, change.session_id)
+            provider = store.sessions.provider_of(change.workspace_id, change.session_id)
             # Read from the first message changed since this Turn's last event, not whole.
             return {
                 "type": "turn.updated",
@@ -201,6 +201,6 @@ class EventPublisher:
                 "delta": str(change.event.get("delta") or ""),
             }
         if isinstance(change, ForkOperationChanged):
-            op = store.get_fork_operation(change.workspace_id, change.operation_id)
+            op = store.fork_queries.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
         return None

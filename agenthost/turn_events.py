@@ -49,12 +49,19 @@ class _Seen:
     marks: list[tuple[int, int]] | None
 
 
-class TurnReader(Protocol):
-    """The store read `updated_turn` needs (`storage.Store` has it)."""
+class TurnTails(Protocol):
+    """`store.history`'s read of a Turn from its first changed message."""
 
     def turn_since(
         self, ws: str, sid: str, turn_id: str, seen: Sequence[tuple[int, int]] | None
     ) -> TurnTail: ...
+
+
+class TurnReader(Protocol):
+    """The store read `updated_turn` needs (`storage.Store` has it)."""
+
+    @property
+    def history(self) -> TurnTails: ...
 
 
 def _size(value: Any) -> int:
@@ -178,7 +185,7 @@ def updated_turn(
     """The `turn` of a `turn.updated` for a change of Turn `key` = (workspace, session, turn):
     read from the store only from the first message changed since this Turn's last event
     (whole for its first event and once settled), projected with `project`, then cut."""
-    tail = store.turn_since(*key, deltas.marks(key))
+    tail = store.history.turn_since(*key, deltas.marks(key))
     return deltas.event_tail(
         key,
         project(tail.turn),

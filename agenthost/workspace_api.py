@@ -33,9 +33,11 @@ DIFF_MAX_BYTES_LIMIT = 4 << 20
 TREE_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
-class WorkspaceStore(Protocol):
+class SessionReads(Protocol):
     def get_session(self, ws: str, sid: str) -> Session: ...
 
+
+class CheckpointReads(Protocol):
     def newest_settled_turn_id(self, ws: str, sid: str) -> str | None: ...
 
     def turn_checkpoint(self, ws: str, sid: str, turn_id: str) -> dict[str, Any] | None: ...
@@ -43,9 +45,17 @@ class WorkspaceStore(Protocol):
     def live_session_cwds(self) -> list[tuple[str, str, str]]: ...
 
 
+class WorkspaceStore(Protocol):
+    @property
+    def sessions(self) -> SessionReads: ...
+
+    @property
+    def turns(self) -> CheckpointReads: ...
+
+
 def _record(store: WorkspaceStore, ws: str, sid: str, turn_id: str) -> dict[str, Any]:
     """The Turn's checkpoint record, or `workspace_checkpoint_missing` saying why not."""
-    record = store.turn_checkpoint(ws, sid, turn_id)
+    record = store.turns.turn_checkpoint(ws, sid, turn_id)
     if record is None:
         raise WorkspaceCheckpointMissing(
             f"turn {turn_id} has no workspace checkpoint (taken before checkpoints existed, "
@@ -87,9 +97,9 @@ def workspace_diff(
 ) -> dict[str, Any]:
     """A Turn's changes (its `before` → `after`), or from `fromTurnId`'s `after` to the
     Turn's `after`; the Turn defaults to the newest settled one."""
-    store.get_session(ws, sid)  # an unknown Session is `workspace_agent_session_not_found`
+    store.sessions.get_session(ws, sid)  # an unknown Session is `workspace_agent_session_not_found`
     if turn_id is None:
-        turn_id = store.newest_settled_turn_id(ws, sid)
+        turn_id = store.turns.newest_settled_turn_id(ws, sid)
         if turn_id is None:
             raise WorkspaceCheckpointMissing(
                 f"session {sid} has no settled turn", params={"agentSessionId": sid}
@@ -146,7 +156,7 @@ def restore_fn(
     them (`undo`), then writes back only what differs."""
 
     def _restore(store: WorkspaceStore, ws: str, sid: str) -> dict[str, Any]:
-        session = store.get_session(ws, sid)
+        session = store.sessions.get_session(ws, sid)
         if session.active_turn_id is not None:
             raise SessionBusy(
                 f"session {sid} has an active turn: interrupt it or wait before a restore",
@@ -165,7 +175,7 @@ def restore_fn(
                 )
         others = [
             other
-            for other_ws, other, other_cwd in store.live_session_cwds()
+            for other_ws, other, other_cwd in store.turns.live_session_cwds()
             if (other_ws, other) != (ws, sid) and os.path.realpath(other_cwd) == cwd
         ]
         if others and not force:

@@ -29,20 +29,37 @@ log = logging.getLogger(__name__)
 WORKTREE_CHOICES = ("keep", "remove")
 
 
-class DeleteStore(Protocol):
+class ChildTreeRemovals(Protocol):
+    """`store.fork_workspace`: a fork child's tree being removed."""
+
+    def child_worktrees_removing(self) -> list[TreeToRemove]: ...
+
+    def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool: ...
+
+
+class ChildTrees(ChildTreeRemovals, Protocol):
+    """`store.fork_workspace`: a fork child's tree and its newest checkpoint."""
+
     def session_worktree(self, ws: str, sid: str) -> ChildTree | None: ...
 
     def newest_checkpoint(self, ws: str, sid: str) -> str | None: ...
 
+
+class SessionDeletes(Protocol):
     def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None: ...
 
-    def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool: ...
+
+class DeleteStore(Protocol):
+    @property
+    def fork_workspace(self) -> ChildTrees: ...
+
+    @property
+    def sessions(self) -> SessionDeletes: ...
 
 
 class RemovalStore(Protocol):
-    def child_worktrees_removing(self) -> list[TreeToRemove]: ...
-
-    def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool: ...
+    @property
+    def fork_workspace(self) -> ChildTreeRemovals: ...
 
 
 def _where(plan: TreePlan) -> dict[str, Any]:
@@ -61,13 +78,13 @@ def delete_fn(
     tree."""
 
     def _delete(store: DeleteStore, ws: str, sid: str) -> dict[str, Any]:
-        child = store.session_worktree(ws, sid)
+        child = store.fork_workspace.session_worktree(ws, sid)
         if child is None:
-            store.delete_session(ws, sid)
+            store.sessions.delete_session(ws, sid)
             return {"deleted": True}
         plan = TreePlan.from_json(child.plan)
         if worktree != "remove":
-            store.delete_session(ws, sid)
+            store.sessions.delete_session(ws, sid)
             return {"deleted": True, "worktree": {**_where(plan), "state": "kept"}}
         if shadow is None:
             raise WorkspaceUnavailable(
@@ -79,7 +96,7 @@ def delete_fn(
         try:
             with locks(plan.child_cwd):
                 locks.clear_stale_once(shadow, plan.child_cwd)
-                unsaved = trees.unsaved(plan, store.newest_checkpoint(ws, sid))
+                unsaved = trees.unsaved(plan, store.fork_workspace.newest_checkpoint(ws, sid))
         except GitUnavailable as exc:
             raise WorkspaceUnavailable(
                 f"could not read the worktree {plan.path}: {exc}",
@@ -103,9 +120,9 @@ def delete_fn(
                     "commits": unsaved.commits,
                 },
             )
-        store.delete_session(ws, sid, removing_tree=child.operation_id)
+        store.sessions.delete_session(ws, sid, removing_tree=child.operation_id)
         branch_kept = trees.remove_child(plan)
-        store.mark_child_worktree_removed(ws, child.operation_id)
+        store.fork_workspace.mark_child_worktree_removed(ws, child.operation_id)
         return {
             "deleted": True,
             "worktree": {**_where(plan), "state": "removed", "branchKept": branch_kept},
@@ -119,10 +136,10 @@ def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
     if trees is None:
         return 0
     done = 0
-    for item in store.child_worktrees_removing():
+    for item in store.fork_workspace.child_worktrees_removing():
         try:
             trees.remove_child(TreePlan.from_json(item.plan))
-            if store.mark_child_worktree_removed(item.workspace_id, item.operation_id):
+            if store.fork_workspace.mark_child_worktree_removed(item.workspace_id, item.operation_id):
                 done += 1
         except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
             log.exception("could not remove the worktree of %s", item.operation_id)

@@ -15,19 +15,19 @@ from storage import ForkPrepareRequest, ProviderForkEvidence, Store
 def root_with_turn(store: Store, ws: str, title: str = "Deep") -> tuple[str, str]:
     """A Session with one settled, provider-bound Turn: (Session id, Turn id)."""
     sid = str(uuid.uuid4())
-    store.create_session(
+    store.sessions.create_session(
         ws, session_id=sid, provider="tutti-agent", title=title, cwd="/", settings={}
     )
-    store.update_runtime(
+    store.sessions.update_runtime(
         ws,
         sid,
         provider_session_id=f"prov-{sid}",
         runtime_context={"driverKind": "tutti-agent", "driverVersion": "0.0.10"},
     )
-    turn, _ = store.claim_submit(ws, sid, str(uuid.uuid4()), "hello")
-    store.bind_provider_turn(ws, sid, turn.turn_id, f"pt-{uuid.uuid4().hex[:8]}")
-    reply = store.append_message(ws, sid, turn.turn_id, kind="assistant", text="hi")
-    store.settle_turn(
+    turn, _ = store.turns.claim_submit(ws, sid, str(uuid.uuid4()), "hello")
+    store.turns.bind_provider_turn(ws, sid, turn.turn_id, f"pt-{uuid.uuid4().hex[:8]}")
+    reply = store.history.append_message(ws, sid, turn.turn_id, kind="assistant", text="hi")
+    store.turns.settle_turn(
         ws, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
     )
     return sid, turn.turn_id
@@ -38,7 +38,7 @@ def build_tree(store: Store, ws: str, shape: str, size: int) -> tuple[str, list[
     of the root). One real fork, replicated. (root, the forks in order)."""
     root, turn_id = root_with_turn(store, ws)
     first, _ = committed_fork(store, ws, root, turn_id)
-    lineage = store.lineage_tree(ws, first).session.lineage
+    lineage = store.lineage.lineage_tree(ws, first).session.lineage
     assert lineage is not None
     parents: list[str | None] = [None if shape == "chain" else root] * (size - 1)
     return root, [first, *replicate(store, ws, lineage.operation_id, parents)]
@@ -47,7 +47,7 @@ def build_tree(store: Store, ws: str, shape: str, size: int) -> tuple[str, list[
 def committed_fork(store: Store, ws: str, sid: str, turn_id: str) -> tuple[str, str]:
     """Fork `sid` through `turn_id` to commit and ACK; (child id, the child's copy of the
     Turn, through which the child can be forked in turn)."""
-    op, _ = store.prepare_fork(
+    op, _ = store.fork_prepare.prepare_fork(
         ws,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -60,8 +60,8 @@ def committed_fork(store: Store, ws: str, sid: str, turn_id: str) -> tuple[str, 
             runtime_identity={},
         ),
     )
-    store.mark_fork_dispatching(ws, op.operation_id)
-    store.mark_fork_provider_accepted(
+    store.fork_transitions.mark_fork_dispatching(ws, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(
         ws,
         op.operation_id,
         ProviderForkEvidence(
@@ -72,8 +72,8 @@ def committed_fork(store: Store, ws: str, sid: str, turn_id: str) -> tuple[str, 
             turn_bindings=None,
         ),
     )
-    committed, _ = store.commit_fork(ws, op.operation_id)
-    store.acknowledge_fork(ws, op.operation_id)
+    committed, _ = store.fork_commit.commit_fork(ws, op.operation_id)
+    store.fork_transitions.acknowledge_fork(ws, op.operation_id)
     assert committed.target_turn_id is not None
     return committed.target_session_id, committed.target_turn_id
 

@@ -153,7 +153,7 @@ def generate(home: Path, size: Size) -> None:
     path = home / "store.sqlite3"
     store = Store.open(path)  # the real schema, every migration
     try:
-        store.create_session(
+        store.sessions.create_session(
             WS,
             session_id=big_sid,
             provider="tutti-agent",
@@ -278,7 +278,7 @@ def interrupt_operations(path: Path, size: Size, cwd: str, last_turns: list[str]
         for i in range(size.operations):
             s = 1 + (i * stride) % len(last_turns)
             sid, turn_id = _id(SESSION, s), last_turns[s - 1]
-            op, _ = store.prepare_fork(
+            op, _ = store.fork_prepare.prepare_fork(
                 WS,
                 ForkPrepareRequest(
                     source_session_id=sid,
@@ -292,9 +292,9 @@ def interrupt_operations(path: Path, size: Size, cwd: str, last_turns: list[str]
                 ),
             )
             if i % 5 >= 2:
-                store.mark_fork_dispatching(WS, op.operation_id)
+                store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
             if i % 5 == 4:
-                store.mark_fork_provider_accepted(
+                store.fork_transitions.mark_fork_provider_accepted(
                     WS,
                     op.operation_id,
                     ProviderForkEvidence(

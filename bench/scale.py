@@ -61,15 +61,15 @@ def _fast_builder(store: Store) -> None:
 def _settled_turn(
     store: Store, sid: str, i: int, provider_turn_id: str, extra_messages: int
 ) -> str:
-    turn, _ = store.claim_submit(WS, sid, f"req-{i}", f"turn {i}: " + "u" * 60)
-    store.bind_provider_turn(WS, sid, turn.turn_id, provider_turn_id)
+    turn, _ = store.turns.claim_submit(WS, sid, f"req-{i}", f"turn {i}: " + "u" * 60)
+    store.turns.bind_provider_turn(WS, sid, turn.turn_id, provider_turn_id)
     kinds = ("reasoning", "tool_call", "tool_result")
     for k in range(extra_messages - 1):
-        store.append_message(
+        store.history.append_message(
             WS, sid, turn.turn_id, kind=kinds[k % 3], text=f"item {k} of turn {i}: " + "x" * 80
         )
-    final = store.append_message(WS, sid, turn.turn_id, kind="assistant", text=f"echo: turn {i}")
-    store.settle_turn(
+    final = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text=f"echo: turn {i}")
+    store.turns.settle_turn(
         WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=final.message_id
     )
     return turn.turn_id
@@ -99,7 +99,7 @@ def store_big_source(
     store = Store.open(home / "store.sqlite3")
     try:
         _fast_builder(store)
-        store.create_session(
+        store.sessions.create_session(
             WS,
             session_id=sid,
             provider="tutti-agent",
@@ -140,7 +140,7 @@ def build_recovery_store(home: Path, operations: int) -> tuple[list[str], list[s
         _fast_builder(store)
         for i in range(operations):
             sid = str(uuid.uuid4())
-            store.create_session(
+            store.sessions.create_session(
                 WS,
                 session_id=sid,
                 provider="tutti-agent",
@@ -151,7 +151,7 @@ def build_recovery_store(home: Path, operations: int) -> tuple[list[str], list[s
                 runtime_context=RUNTIME_CONTEXT,
             )
             turn_id = _settled_turn(store, sid, i, f"pturn-{i}", 1)
-            op, _ = store.prepare_fork(
+            op, _ = store.fork_prepare.prepare_fork(
                 WS,
                 ForkPrepareRequest(
                     source_session_id=sid,
@@ -165,9 +165,9 @@ def build_recovery_store(home: Path, operations: int) -> tuple[list[str], list[s
                 ),
             )
             if i % 5 >= 2:
-                store.mark_fork_dispatching(WS, op.operation_id)
+                store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
             if i % 5 == 4:
-                store.mark_fork_provider_accepted(
+                store.fork_transitions.mark_fork_provider_accepted(
                     WS,
                     op.operation_id,
                     ProviderForkEvidence(
@@ -195,11 +195,11 @@ def _rss() -> tuple[float, float]:
 
 def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
     store = Store.open(path)
-    store.get_session(WS, sid)
+    store.sessions.get_session(WS, sid)
     rss0, _ = _rss()
     c0 = time.process_time()
     t0 = time.perf_counter()
-    op, _ = store.prepare_fork(
+    op, _ = store.fork_prepare.prepare_fork(
         WS,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -214,8 +214,8 @@ def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
     )
     t1 = time.perf_counter()
     c1 = time.process_time()
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(
         WS,
         op.operation_id,
         ProviderForkEvidence(
@@ -227,7 +227,7 @@ def probe_store_fork(path: str, sid: str, turn_id: str) -> dict[str, Any]:
     )
     c2 = time.process_time()
     t2 = time.perf_counter()
-    committed, _ = store.commit_fork(WS, op.operation_id)
+    committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
     t3 = time.perf_counter()
     c3 = time.process_time()
     _, hwm = _rss()

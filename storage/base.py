@@ -1,6 +1,8 @@
 """Connections, the single write-transaction helper (with the source fence) and change events.
 
-Every write in the store goes through `StoreBase._write`: one SAVEPOINT inside a shared
+`Database` is the one owner of a store file: every part of `storage.Store` (sessions, turns,
+forks, ...) is handed this object and writes through it. Every write goes through
+`Database.write`: one SAVEPOINT inside a shared
 `BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
 change events collected on the transaction and delivered to subscribers only after the
 `COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
@@ -64,8 +66,9 @@ Subscriber = Callable[[ChangeEvent], None]
 Clock = Callable[[], int]
 
 
-class StoreBase:
-    """Owns the file path, a bounded pool of apsw connections, subscribers and the write helper."""
+class Database:
+    """Owns the file path, a bounded pool of apsw connections, subscribers and the write helper;
+    the Store's parts share it (they hold it, never inherit it)."""
 
     def __init__(
         self,
@@ -115,7 +118,7 @@ class StoreBase:
     # -- connections -------------------------------------------------------------------------
 
     @contextmanager
-    def _lease(self) -> Iterator[apsw.Connection]:
+    def lease(self) -> Iterator[apsw.Connection]:
         """This thread's connection for the duration of the block (re-entrant)."""
         held: apsw.Connection | None = getattr(self._local, "conn", None)
         if held is not None:
@@ -165,19 +168,19 @@ class StoreBase:
         with contextlib.suppress(apsw.Error):
             conn.close()
 
-    def _with_conn(self, fn: Callable[[apsw.Connection], T]) -> T:
-        with self._lease() as conn:
+    def with_conn(self, fn: Callable[[apsw.Connection], T]) -> T:
+        with self.lease() as conn:
             return fn(conn)
 
-    def _one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
-        with self._lease() as conn:
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        with self.lease() as conn:
             return conn.execute(sql, params).fetchone()
 
-    def _all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
-        with self._lease() as conn:
+    def rows(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        with self.lease() as conn:
             return conn.execute(sql, params).fetchall()
 
-    def _conn(self) -> apsw.Connection:
+    def connection(self) -> apsw.Connection:
         """Pin a connection to the calling thread until `release_thread_connection()` (tests
         and tools that inspect the store directly); the store's own calls lease per call."""
         held: apsw.Connection | None = getattr(self._local, "conn", None)
@@ -189,7 +192,7 @@ class StoreBase:
         return conn
 
     def release_thread_connection(self) -> None:
-        """Return a connection `_conn()` pinned to this thread (no-op otherwise)."""
+        """Return a connection `connection()` pinned to this thread (no-op otherwise)."""
         conn: apsw.Connection | None = getattr(self._local, "conn", None)
         if conn is None or not getattr(self._local, "pinned", False):
             return
@@ -201,8 +204,8 @@ class StoreBase:
         with self._pool:
             return len(self._connections)
 
-    def _migrate(self) -> int:
-        with self._lease() as conn:
+    def migrate(self) -> int:
+        with self.lease() as conn:
             return migrate(conn)
 
     def close(self) -> None:
@@ -227,7 +230,7 @@ class StoreBase:
                 log.exception("closing store connection")
         self._local = threading.local()
 
-    def __enter__(self) -> StoreBase:
+    def __enter__(self) -> Database:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -292,7 +295,7 @@ class StoreBase:
             if self._closed:
                 return
             try:
-                with self._lease() as conn:
+                with self.lease() as conn:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 with self._baton:
                     self.write_stats.checkpoints += 1
@@ -345,7 +348,7 @@ class StoreBase:
         )
 
     @contextmanager
-    def _write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
+    def write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
         """The only way to write: a savepoint in the shared BEGIN IMMEDIATE transaction,
         optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
 
@@ -435,7 +438,7 @@ class StoreBase:
         """Several writes of this thread as one member of the group: one baton turn and one
         COMMIT for all of them, so a Turn's queued writes land together.
 
-        Each `_write` inside the block is a nested savepoint of the batch's own: one that
+        Each `write` inside the block is a nested savepoint of the batch's own: one that
         raises rolls back alone (the caller sees its error and may go on with the next), the
         others stay. Nothing of the batch is durable, and no event is published, before the
         block ended and the COMMIT holding it returned; if that COMMIT fails, or SQLite aborts
@@ -445,7 +448,7 @@ class StoreBase:
         if getattr(self._local, "batch", None) is not None:
             yield
             return
-        with self._write(None) as tx:
+        with self.write(None) as tx:
             batch = WriteBatch(tx)
             self._local.batch = batch
             try:
@@ -487,15 +490,38 @@ class StoreBase:
         group.done.set()
 
     @contextmanager
-    def _read(self) -> Iterator[apsw.Connection]:
-        """A consistent read snapshot across several statements (a deferred transaction)."""
-        with self._lease() as conn:
+    def read(self) -> Iterator[apsw.Connection]:
+        """A consistent read snapshot across several statements (a deferred transaction);
+        inside `read_snapshot` a read is part of that snapshot (no BEGIN of its own)."""
+        held: apsw.Connection | None = getattr(self._local, "snapshot", None)
+        if held is not None:
+            yield held
+            return
+        with self.lease() as conn:
             conn.execute("BEGIN")
             try:
                 yield conn
             finally:
                 if not conn.getautocommit():
                     conn.execute("COMMIT")
+
+    @contextmanager
+    def read_snapshot(self) -> Iterator[None]:
+        """Every read this thread makes inside the block in one read transaction, on one
+        connection (the events publisher's batch). A read transaction that
+        begins after any COMMIT of another connection starts with an empty page cache (WAL:
+        the cache is dropped whenever the database changed), so reads done one by one each
+        load their pages again; inside one snapshot they load them once. Not inside a write;
+        a snapshot inside a snapshot is the same one."""
+        if getattr(self._local, "snapshot", None) is not None:
+            yield
+            return
+        with self.read() as conn:
+            self._local.snapshot = conn
+            try:
+                yield
+            finally:
+                self._local.snapshot = None
 
     def now_ms(self) -> int:
         return self._clock()

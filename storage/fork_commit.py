@@ -10,7 +10,7 @@ from typing import Any
 
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from domain.fork_states import ForkStatus
-from storage.base import StoreBase
+from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache
@@ -23,8 +23,14 @@ from storage.tx import Tx
 log = logging.getLogger(__name__)
 
 
-class ForkCommit(StoreBase):
+class ForkCommit:
     """`commit_fork` and the batched commit start-up recovery uses."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self.fork_memo = db.fork_memo
 
     def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Law 2: child, cloned history, lineage and `committed` in one transaction, computed

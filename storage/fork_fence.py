@@ -4,12 +4,17 @@ operation holds it is a test's question (tests/support/store_reads.py `fence_hol
 
 from __future__ import annotations
 
-from storage.base import StoreBase
+from storage.base import Database
 from storage.tx import Tx
 
 
-class ForkFence(StoreBase):
+class ForkFence:
     """The fence reads of seed 000 §6."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._read = db.read
 
     def check_fence(self, ws: str, sid: str) -> None:
         """Raise `ForkInProgress` if `sid` is fenced now (advisory; writes re-check in-tx)."""

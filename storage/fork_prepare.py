@@ -20,7 +20,7 @@ from domain.errors import (
     WorkspaceCheckpointMissing,
     checkpoint_refusal,
 )
-from storage.base import StoreBase
+from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import build_child
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
@@ -77,8 +77,15 @@ def validate_request(req: ForkPrepareRequest) -> None:
         raise InvalidArgument("workspace", "workspace must be 'shared' or 'worktree'")
 
 
-class ForkPrepare(StoreBase):
+class ForkPrepare:
     """`prepare_fork` and its pure-read twin `existing_fork`."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._read = db.read
+        self.fork_memo = db.fork_memo
 
     def existing_fork(
         self,

@@ -7,13 +7,19 @@ from collections.abc import Sequence
 
 from domain.errors import InvalidArgument
 from domain.fork_states import ForkStatus, after_restart
-from storage.base import StoreBase
+from storage.base import Database
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, op_from_row
 from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
 
 
-class ForkRecovery(StoreBase):
+class ForkRecovery:
     """Pages of leftovers and their settlement."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._all = db.rows
 
     def recoverable_fork_operations(
         self, *, after: str | None = None, limit: int = 500

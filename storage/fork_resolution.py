@@ -23,7 +23,7 @@ from typing import Any
 
 from domain.errors import Conflict
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
-from storage.base import StoreBase
+from storage.base import Database
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
@@ -81,8 +81,15 @@ def _load(tx: Tx, ws: str, op_id: str) -> ForkResolution | None:
     return None if r is None else _resolution(r)
 
 
-class ResolutionStore(StoreBase):
+class ResolutionStore:
     """Mixed into `storage.Store`."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._read = db.read
+        self._conn = db.connection
 
     def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None:
         with self._read() as conn:

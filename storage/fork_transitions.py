@@ -10,15 +10,21 @@ from typing import Any
 
 from domain.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
 from domain.fork_states import ForkStatus, sources_of
-from storage.base import StoreBase
+from storage.base import Database
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.sqlite import dumps, loads
 
 
-class ForkTransitions(StoreBase):
+class ForkTransitions:
     """dispatching, failed, unknown, provider_accepted, and the client ACK."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self.now_ms = db.now_ms
 
     def _transition(
         self,

@@ -13,7 +13,7 @@ import apsw
 
 from domain.errors import InvalidTransition
 from domain.fork_states import ForkStatus
-from storage.base import StoreBase
+from storage.base import Database
 from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, TreeToRemove
 from storage.sqlite import loads
@@ -47,8 +47,15 @@ def boundary_checkpoint(
     return value if isinstance(value, Mapping) else None
 
 
-class ForkWorkspace(StoreBase):
+class ForkWorkspace:
     """The worktree state of fork operations."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._all = db.rows
+        self._conn = db.connection
 
     def record_fork_worktree(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """The planned tree is whole at its path: recorded while the operation is still

@@ -12,7 +12,7 @@ from typing import Any
 import apsw
 
 from domain.errors import Conflict, InteractionNotFound, InvalidArgument, TurnNotFound
-from storage.base import StoreBase
+from storage.base import Database
 from storage.models import (
     Interaction,
     InteractionStatus,
@@ -44,36 +44,14 @@ from storage.sqlite import dumps, loads
 from storage.tx import Tx
 
 
-class HistoryStore(StoreBase):
+class HistoryStore:
     """Messages, Interactions, the timeline, and the read snapshot of the events publisher."""
 
-    @contextmanager
-    def read_snapshot(self) -> Iterator[None]:
-        """Every read this thread makes inside the block in one read transaction, on one
-        connection (the events publisher's batch). A read transaction that
-        begins after any COMMIT of another connection starts with an empty page cache (WAL:
-        the cache is dropped whenever the database changed), so reads done one by one each
-        load their pages again; inside one snapshot they load them once. Not inside a write;
-        a snapshot inside a snapshot is the same one."""
-        if getattr(self._local, "snapshot", None) is not None:
-            yield
-            return
-        with super()._read() as conn:
-            self._local.snapshot = conn
-            try:
-                yield
-            finally:
-                self._local.snapshot = None
-
-    @contextmanager
-    def _read(self) -> Iterator[apsw.Connection]:
-        # Inside `read_snapshot` a read is part of that snapshot (no BEGIN of its own).
-        conn: apsw.Connection | None = getattr(self._local, "snapshot", None)
-        if conn is not None:
-            yield conn
-            return
-        with super()._read() as conn:
-            yield conn
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._read = db.read
 
     def append_message(
         self,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import apsw
 
-from storage.base import StoreBase
+from storage.base import Database
 from storage.models import Lineage, Session
 from storage.session_rows import load_session, require_session
 from storage.sqlite import Row
@@ -241,8 +241,13 @@ def lineage_tree(
     return LineageTree(session, ancestors, descendants, truncated)
 
 
-class LineageStore(StoreBase):
+class LineageStore:
     """`Store.lineage_tree`: one consistent read snapshot; mixed into `storage.Store`."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._read = db.read
 
     def lineage_tree(
         self,

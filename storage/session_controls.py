@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import uuid
 
-from storage.base import StoreBase
+from storage.base import Database
 from storage.models import Session
 from storage.session_rows import require_live_session, require_session, require_text, touch
 
 
-class SessionControls(StoreBase):
+class SessionControls:
     """Goal controls."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
 
     def set_goal(self, ws: str, sid: str, goal: str) -> Session:
         require_text("goal", goal)

@@ -16,7 +16,7 @@ from domain.errors import (
     SessionIdTaken,
     SessionNotFound,
 )
-from storage.base import StoreBase
+from storage.base import Database
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import SESSION_SELECT, session_from_row
 from storage.session_rows import (
@@ -39,11 +39,17 @@ PROVIDERS_REMEMBERED = 65_536
 memory starts over."""
 
 
-class SessionStore(StoreBase):
+class SessionStore:
     """Sessions and their own fields."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._all = db.rows
+        self._one = db.one
+        self._conn = db.connection
+        self._with_conn = db.with_conn
         # (workspace, session) → provider: fixed at create, and a Session's row is never
         # removed nor its id reused (a delete is soft), so an entry never goes stale.
         self._providers: dict[tuple[str, str], str] = {}

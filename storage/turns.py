@@ -10,7 +10,7 @@ from typing import Any
 
 from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
-from storage.base import StoreBase
+from storage.base import Database
 from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnPhase
 from storage.rows import TURN_COLUMNS
 from storage.schema import SESSION_KEY_OF
@@ -28,8 +28,15 @@ from storage.session_rows import (
 from storage.tx import Tx
 
 
-class TurnStore(StoreBase):
+class TurnStore:
     """Turns, their bindings and their settlement."""
+
+    def __init__(self, db: Database) -> None:
+        # The owner's operations this part uses, bound once (the part holds them, never
+        # inherits them).
+        self._write = db.write
+        self._read = db.read
+        self._all = db.rows
 
     def claim_submit(self, ws: str, sid: str, request_id: str, text: str) -> tuple[Turn, bool]:
         """Idempotent `turn.submit`: a claim, an active Turn and its user Message, atomically."""
