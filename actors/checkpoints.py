@@ -295,7 +295,9 @@ class CheckpointJanitor:
     def sweep(self) -> dict[str, int]:
         """Drop every deleted Session's refs, then collect each store that lost some."""
         try:
-            deleted = {session_ref_prefix(sid) for _ws, sid in self.store.sessions.deleted_sessions()}
+            deleted = {
+                session_ref_prefix(sid) for _ws, sid in self.store.sessions.deleted_sessions()
+            }
         except Exception as exc:  # noqa: BLE001 - a busy store: the next sweep tries again
             log.warning("checkpoint sweep could not read deleted sessions: %s", exc)
             deleted = set()
@@ -352,7 +354,9 @@ class CheckpointJanitor:
         try:
             record = json.loads(seen)
             cwd = os.path.realpath(str(record["cwd"]))
-            if not self.store.turns.mark_checkpoint_dropped(ws, sid, turn_id, seen, DROPPED_MESSAGE):
+            if not self.store.turns.mark_checkpoint_dropped(
+                ws, sid, turn_id, seen, DROPPED_MESSAGE
+            ):
                 return 0  # a fork goes through it now, or its record changed
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
             log.warning("could not drop the checkpoint of turn %s: %s", turn_id, exc)

@@ -153,12 +153,16 @@ class ForkResolver:
     # -- steps --------------------------------------------------------------------------------
 
     def _current(self) -> ForkOperation:
-        return self.host.resolve_store.fork_queries.get_fork_operation(self.host.ws, self.op.operation_id)
+        return self.host.resolve_store.fork_queries.get_fork_operation(
+            self.host.ws, self.op.operation_id
+        )
 
     def _request(self, child_ids: Sequence[str] = ()) -> ResolveRequest:
         ws, op = self.host.ws, self.op
         claimed = self.host.resolve_store.resolution.claimed_provider_children(ws, self.host.sid)
-        others = self.host.resolve_store.resolution.other_fork_prefixes(ws, self.host.sid, op.operation_id)
+        others = self.host.resolve_store.resolution.other_fork_prefixes(
+            ws, self.host.sid, op.operation_id
+        )
         return ResolveRequest(
             operation_id=op.operation_id,
             source=ForkSource(
@@ -337,7 +341,9 @@ class ForkResolver:
         if isinstance(raw, Mapping):
             by_provider = {
                 t.root_provider_turn_id: t.turn_id
-                for t in store.history.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)[0]
+                for t in store.history.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)[
+                    0
+                ]
                 if t.root_provider_turn_id
             }
             turn_bindings = {
@@ -382,13 +388,17 @@ class ForkResolver:
     def _rollback(self, error: HostError) -> None:
         """The worker step failed: the operation is still `unknown`; let a new resolve start."""
         try:
-            self.host.resolve_store.resolution.rollback_resolution(self.host.ws, self.op.operation_id)
+            self.host.resolve_store.resolution.rollback_resolution(
+                self.host.ws, self.op.operation_id
+            )
         except Exception:  # noqa: BLE001 - start-up recovery rolls it back otherwise
             log.exception("could not roll back resolution of %s", self.op.operation_id)
         self._answer(error)
 
     def _error(self, error: HostError) -> None:
-        current = self.host.resolve_store.resolution.get_fork_resolution(self.host.ws, self.op.operation_id)
+        current = self.host.resolve_store.resolution.get_fork_resolution(
+            self.host.ws, self.op.operation_id
+        )
         if (
             current is not None
             and current.state == "started"

@@ -96,7 +96,9 @@ class ForkSaga:
         if waiter.answered:
             return
         try:
-            op = self.host.store.fork_queries.get_fork_operation(self.host.ws, self.operation.operation_id)
+            op = self.host.store.fork_queries.get_fork_operation(
+                self.host.ws, self.operation.operation_id
+            )
         except Exception:  # noqa: BLE001 - the caller is answered whatever the store does
             log.warning("fork saga %s: budget read failed", self.operation.operation_id)
             op = self.operation
@@ -154,7 +156,9 @@ class ForkSaga:
             self._fail(f"the worktree could not be made: {exc}")
             return
         with self.host.store.db.background():
-            op, _ = self.host.store.fork_workspace.record_fork_worktree(self.host.ws, self.operation.operation_id)
+            op, _ = self.host.store.fork_workspace.record_fork_worktree(
+                self.host.ws, self.operation.operation_id
+            )
         self.operation = op
         self._hit("host.workspace.after_record")
         self._attest()
@@ -212,7 +216,9 @@ class ForkSaga:
                 None if generation is None else self._attestation_key(generation)
             )
         with self.host.store.db.background():
-            op, _ = self.host.store.fork_transitions.mark_fork_dispatching(self.host.ws, op.operation_id)
+            op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
+                self.host.ws, op.operation_id
+            )
         self.operation = op
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
@@ -405,11 +411,15 @@ class ForkSaga:
     # -- endings -----------------------------------------------------------------------------
 
     def _fail(self, error: str) -> None:
-        op, _ = self.host.store.fork_transitions.mark_fork_failed(self.host.ws, self.operation.operation_id, error)
+        op, _ = self.host.store.fork_transitions.mark_fork_failed(
+            self.host.ws, self.operation.operation_id, error
+        )
         self._finish(op)
 
     def _unknown(self, error: str) -> None:
-        op, _ = self.host.store.fork_transitions.mark_fork_unknown(self.host.ws, self.operation.operation_id, error)
+        op, _ = self.host.store.fork_transitions.mark_fork_unknown(
+            self.host.ws, self.operation.operation_id, error
+        )
         self._finish(op)
 
     def _abort(self, exc: Exception) -> None:

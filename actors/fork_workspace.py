@@ -65,7 +65,9 @@ def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:
         for item in batch:
             try:
                 trees.remove(item.plan)
-                if store.fork_workspace.mark_fork_worktree_removed(item.workspace_id, item.operation_id):
+                if store.fork_workspace.mark_fork_worktree_removed(
+                    item.workspace_id, item.operation_id
+                ):
                     progress += 1
             except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
                 log.exception("could not remove the worktree of failed fork %s", item.operation_id)

@@ -284,7 +284,9 @@ class SessionRuntime:
         the provider's own history (by order and content, fail closed), then continue. Any
         failure here only leaves those Turns unbound, as they were."""
         try:
-            missing = self._core.session_store.turns.turns_missing_binding(self._core.ws, self._core.sid)
+            missing = self._core.session_store.turns.turns_missing_binding(
+                self._core.ws, self._core.sid
+            )
         except HostError as exc:
             log.warning("session %s: re-bind check failed: %s", self._core.key, exc.message)
             missing = []

@@ -385,7 +385,9 @@ class TurnRunner:
             self._arm_watchdog(state, limit)
             return
         try:
-            turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, state.turn_id)
+            turn = self._core.session_store.turns.get_turn(
+                self._core.ws, self._core.sid, state.turn_id
+            )
         except HostError as exc:
             log.warning("session %s: watchdog read failed: %s", self._core.key, exc.message)
             self._arm_watchdog(state, RETRY_MAX_S)

@@ -206,7 +206,9 @@ class Api:
             # memory after its first read); `timeline` refuses a missing or deleted one with
             # the same `SessionNotFound` as `get_session`.
             provider = self.store.sessions.provider_of(ws, sid)
-            turns, next_sequence = self.store.history.timeline(ws, sid, after_sequence=after, limit=limit)
+            turns, next_sequence = self.store.history.timeline(
+                ws, sid, after_sequence=after, limit=limit
+            )
             return {
                 "turns": [projection.turn(t, provider, self.catalog) for t in turns],
                 "nextSequence": next_sequence,
@@ -259,7 +261,9 @@ class Api:
 
     def session_update_settings(self, params: Mapping[str, Any], responder: Responder) -> None:
         settings = require_map(params, "settings")
-        self._mutate(params, responder, lambda s, ws, sid: s.sessions.update_settings(ws, sid, settings))
+        self._mutate(
+            params, responder, lambda s, ws, sid: s.sessions.update_settings(ws, sid, settings)
+        )
 
     def session_update_title(self, params: Mapping[str, Any], responder: Responder) -> None:
         title = require_str(params, "title", max_len=512)

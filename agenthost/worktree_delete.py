@@ -139,7 +139,9 @@ def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
     for item in store.fork_workspace.child_worktrees_removing():
         try:
             trees.remove_child(TreePlan.from_json(item.plan))
-            if store.fork_workspace.mark_child_worktree_removed(item.workspace_id, item.operation_id):
+            if store.fork_workspace.mark_child_worktree_removed(
+                item.workspace_id, item.operation_id
+            ):
                 done += 1
         except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
             log.exception("could not remove the worktree of %s", item.operation_id)

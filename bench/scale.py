@@ -68,7 +68,9 @@ def _settled_turn(
         store.history.append_message(
             WS, sid, turn.turn_id, kind=kinds[k % 3], text=f"item {k} of turn {i}: " + "x" * 80
         )
-    final = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text=f"echo: turn {i}")
+    final = store.history.append_message(
+        WS, sid, turn.turn_id, kind="assistant", text=f"echo: turn {i}"
+    )
     store.turns.settle_turn(
         WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=final.message_id
     )

@@ -5,8 +5,7 @@ resolved), and the Session timeline that reads them back.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apsw

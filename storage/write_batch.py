@@ -1,4 +1,4 @@
-"""One thread's batch of writes (`StoreBase.write_batch`): each write a nested savepoint of
+"""One thread's batch of writes (`Database.write_batch`): each write a nested savepoint of
 the batch's one group member, its events handed to the batch and published after the COMMIT
 that holds them all, so a Session actor's queued Turn writes land together."""
 
@@ -16,7 +16,7 @@ from storage.tx import Tx
 
 
 class WriteBatch:
-    """One thread's `StoreBase.write_batch`: the member transaction its writes nest in, and
+    """One thread's `Database.write_batch`: the member transaction its writes nest in, and
     why the batch was lost (set when SQLite aborted the transaction under it)."""
 
     __slots__ = ("tx", "thread", "broken")

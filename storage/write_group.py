@@ -1,5 +1,5 @@
 """Group commit's bookkeeping for `storage.base`: the open group, the write counters tests pin,
-and the optional per-write timings. No SQL here; `StoreBase._write` drives them."""
+and the optional per-write timings. No SQL here; `Database.write` drives them."""
 
 from __future__ import annotations
 

@@ -130,7 +130,7 @@ class InlineHost:
         return provider_home(self.home, workspace_id, session_id, provider)
 
     def session(self) -> Session:
-        return self.store.get_session(self.ws, self.sid)
+        return self.store.sessions.get_session(self.ws, self.sid)
 
     def cached_session(self) -> Session:
         return self.session()
@@ -240,7 +240,7 @@ def run_saga(
         armed[error_at] = "error"
     worker = ScriptedWorker({"runtime.attest": attest_answer, "fork": fork_answer})
     host = InlineHost(store, worker, ScriptedFailpoints(armed), home, sid, fork_trees=trees)
-    op, created = store.prepare_fork(
+    op, created = store.fork_prepare.prepare_fork(
         WS,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -257,7 +257,7 @@ def run_saga(
         plan_workspace=None if trees is None else trees.plan,
     )
     assert created
-    session = store.get_session(WS, sid)
+    session = store.sessions.get_session(WS, sid)
     runtime = PreparedRuntime(
         provider=PROVIDER,
         home=str(host.runtime_home(WS, sid, PROVIDER)),
@@ -277,14 +277,20 @@ def run_saga(
         crashed_at = str(exc)
         recover_fork_operations(store)  # the restart: start-up recovery on the same store
         remove_failed_trees(store, trees)
-    return Run(store.get_fork_operation(WS, op.operation_id), crashed_at, worker, replies, host)
+    return Run(
+        store.fork_queries.get_fork_operation(WS, op.operation_id),
+        crashed_at,
+        worker,
+        replies,
+        host,
+    )
 
 
 def attach_checkpoint(
     store: Store, sid: str, turn_id: str, record: Mapping[str, Any] | None
 ) -> None:
     """The Turn's workspace checkpoint record, as the Turn's settlement stores it."""
-    with store._write(WS) as tx:
+    with store.db.write(WS) as tx:
         tx.execute(
             "UPDATE turns SET checkpoint_json = ? WHERE workspace_id = ? AND session_id = ?"
             " AND turn_id = ?",

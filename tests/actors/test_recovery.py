@@ -19,7 +19,7 @@ from tests.support.store_reads import find_session
 def _prepare(store: Store) -> tuple[str, str]:
     sid = new_session(store)
     turn = settled_turn(store, sid)
-    op, created = store.prepare_fork(
+    op, created = store.fork_prepare.prepare_fork(
         WS,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -38,8 +38,8 @@ def _prepare(store: Store) -> tuple[str, str]:
 def _accepted(store: Store) -> str:
     """A prepared operation taken to `provider_accepted` with evidence of one child."""
     op_id, provider_turn = _prepare(store)
-    store.mark_fork_dispatching(WS, op_id)
-    store.mark_fork_provider_accepted(
+    store.fork_transitions.mark_fork_dispatching(WS, op_id)
+    store.fork_transitions.mark_fork_provider_accepted(
         WS,
         op_id,
         ProviderForkEvidence(
@@ -61,27 +61,27 @@ def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
         dispatching = []
         for _ in range(5):
             op_id, _ = _prepare(store)
-            store.mark_fork_dispatching(WS, op_id)
+            store.fork_transitions.mark_fork_dispatching(WS, op_id)
             dispatching.append(op_id)
         accepted = []
         for _ in range(3):
             accepted.append(_accepted(store))
         done, _ = _prepare(store)
-        store.mark_fork_dispatching(WS, done)
-        store.mark_fork_unknown(WS, done, "earlier")
+        store.fork_transitions.mark_fork_dispatching(WS, done)
+        store.fork_transitions.mark_fork_unknown(WS, done, "earlier")
 
         # A small page size exercises the stable cursor across pages.
         report = recover_fork_operations(store, page_size=4)
         assert (report.failed, report.unknown, report.committed, report.errors) == (7, 5, 3, 0)
         for op_id in prepared:
-            assert store.get_fork_operation(WS, op_id).status is ForkStatus.FAILED
+            assert store.fork_queries.get_fork_operation(WS, op_id).status is ForkStatus.FAILED
         for op_id in dispatching:
-            assert store.get_fork_operation(WS, op_id).status is ForkStatus.UNKNOWN
+            assert store.fork_queries.get_fork_operation(WS, op_id).status is ForkStatus.UNKNOWN
         for op_id in accepted:
-            op = store.get_fork_operation(WS, op_id)
+            op = store.fork_queries.get_fork_operation(WS, op_id)
             assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
-        assert store.get_fork_operation(WS, done).error == "earlier"
-        assert store.recoverable_fork_operations()[0] == []
+        assert store.fork_queries.get_fork_operation(WS, done).error == "earlier"
+        assert store.fork_recovery.recoverable_fork_operations()[0] == []
         # Running it again changes nothing.
         again = recover_fork_operations(store)
         assert (again.failed, again.unknown, again.committed) == (0, 0, 0)
@@ -106,13 +106,13 @@ def test_a_bad_operation_in_a_recovery_page_is_rolled_back_alone(tmp_path: Path)
         conn.close()
         report = recover_fork_operations(store)
         assert (report.committed, report.errors) == (2, 1)
-        statuses = [store.get_fork_operation(WS, op_id).status for op_id in accepted]
+        statuses = [store.fork_queries.get_fork_operation(WS, op_id).status for op_id in accepted]
         assert statuses == [
             ForkStatus.COMMITTED,
             ForkStatus.PROVIDER_ACCEPTED,
             ForkStatus.COMMITTED,
         ]
-        bad = store.get_fork_operation(WS, accepted[1])
+        bad = store.fork_queries.get_fork_operation(WS, accepted[1])
         assert find_session(store, WS, bad.target_session_id) is None
     finally:
         store.close()
@@ -128,18 +128,18 @@ def test_one_restart_rule_for_a_single_leftover_and_for_a_recovery_page(tmp_path
     try:
         prepared = _prepare(store)[0]
         dispatching = _prepare(store)[0]
-        store.mark_fork_dispatching(WS, dispatching)
+        store.fork_transitions.mark_fork_dispatching(WS, dispatching)
         accepted = _accepted(store)
         failed = _prepare(store)[0]
-        store.mark_fork_failed(WS, failed, "given up")
+        store.fork_transitions.mark_fork_failed(WS, failed, "given up")
         for op_id in (prepared, dispatching, accepted, failed):
-            before = store.get_fork_operation(WS, op_id)
+            before = store.fork_queries.get_fork_operation(WS, op_id)
             after = apply_restart_rule(store, before)
             assert after.status is (after_restart(before.status) or before.status)
-            assert store.get_fork_operation(WS, op_id).status is after.status
-        assert store.get_fork_operation(WS, prepared).error == PREPARED_ERROR
-        assert store.get_fork_operation(WS, dispatching).error == DISPATCHING_ERROR
-        assert store.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
-        assert store.get_fork_operation(WS, failed).error == "given up"
+            assert store.fork_queries.get_fork_operation(WS, op_id).status is after.status
+        assert store.fork_queries.get_fork_operation(WS, prepared).error == PREPARED_ERROR
+        assert store.fork_queries.get_fork_operation(WS, dispatching).error == DISPATCHING_ERROR
+        assert store.fork_queries.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
+        assert store.fork_queries.get_fork_operation(WS, failed).error == "given up"
     finally:
         store.close()

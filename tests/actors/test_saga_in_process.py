@@ -230,7 +230,7 @@ def test_every_transition_of_the_state_machine_is_taken(store: Store, home: Path
         run = run_saga(store, home, fork_answer=answer(DeliveryUnknown("lost")))
         op = run.operation
         assert op.status is ForkStatus.UNKNOWN
-        store.begin_resolution(
+        store.resolution.begin_resolution(
             WS,
             op.operation_id,
             request_id=str(uuid.uuid4()),
@@ -239,13 +239,13 @@ def test_every_transition_of_the_state_machine_is_taken(store: Store, home: Path
             evidence={},
         )
         if action == "adopt":
-            accepted_op, _ = store.adopt_unknown_fork(WS, op.operation_id, _evidence(op))
+            accepted_op, _ = store.resolution.adopt_unknown_fork(WS, op.operation_id, _evidence(op))
             assert accepted_op.status is ForkStatus.PROVIDER_ACCEPTED
             seen.add((ForkStatus.UNKNOWN, ForkStatus.PROVIDER_ACCEPTED))
-            done, _ = store.commit_fork(WS, op.operation_id)
+            done, _ = store.fork_commit.commit_fork(WS, op.operation_id)
             assert done.status is ForkStatus.COMMITTED
         else:
-            gone, _ = store.abandon_fork(WS, op.operation_id, {"action": "abandon"})
+            gone, _ = store.resolution.abandon_fork(WS, op.operation_id, {"action": "abandon"})
             assert gone.status is ForkStatus.ABANDONED
             seen.add((ForkStatus.UNKNOWN, ForkStatus.ABANDONED))
     every = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}

@@ -241,7 +241,7 @@ def test_a_tree_that_cannot_be_made_fails_the_fork_before_any_dispatch(
 def _prepare(
     store: Store, sid: str, turn_id: str, request_id: str, workspace: str, shadow: ShadowStore
 ) -> Any:
-    return store.prepare_fork(
+    return store.fork_prepare.prepare_fork(
         WS,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -274,7 +274,7 @@ def test_a_turn_without_a_checkpoint_is_refused_before_any_operation(
     assert refused.value.params == {"turnId": turns[0], **reason}
     if record is not None:
         assert "git is not installed" in refused.value.message
-    assert store._all("SELECT count(*) FROM fork_operations")[0][0] == 0
+    assert store.db.rows("SELECT count(*) FROM fork_operations")[0][0] == 0
     # The same Turn forks as before without its files.
     op, created = _prepare(store, sid, turns[0], "r2", "shared", shadow)
     assert created and op.workspace_mode == "shared" and op.worktree is None

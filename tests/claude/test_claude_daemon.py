@@ -84,7 +84,7 @@ def test_claude_fork_commits_through_the_socket_and_child_turn_sees_turns_one_an
     # Seed 000 §7: the fork request named the canonical boundary Turn (echoed in the receipt).
     store = Store.open(d.home / "store.sqlite3")
     try:
-        receipt = store.get_fork_operation(WS, op["operationId"]).binding_receipt
+        receipt = store.fork_queries.get_fork_operation(WS, op["operationId"]).binding_receipt
     finally:
         store.close()
     assert receipt["sourceCanonicalTurnId"] == turns[1]["turnId"]
@@ -192,9 +192,11 @@ def test_claude_turn_shown_recovery_required_is_refused_by_fork_create(
     sid, turns = claude_source(d, tmp_path / "cwd")
     store = Store.open(d.home / "store.sqlite3")
     try:
-        binding = json.loads(store.get_turn(WS, sid, turns[1]["turnId"]).provider_turn_binding_json)
+        binding = json.loads(
+            store.turns.get_turn(WS, sid, turns[1]["turnId"]).provider_turn_binding_json
+        )
         binding["schemaVersion"] = 99
-        store._conn().execute(
+        store.db.connection().execute(
             "UPDATE turns SET provider_turn_binding_json = ? WHERE turn_id = ?",
             (json.dumps(binding), turns[1]["turnId"]),
         )

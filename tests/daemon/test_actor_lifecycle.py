@@ -57,7 +57,7 @@ def _leftover(daemon: Daemon, client: Client) -> tuple[str, str]:
     turn = run_turn(client, sid, "one")
     session = client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
     assert daemon.store is not None
-    op, created = daemon.store.prepare_fork(
+    op, created = daemon.store.fork_prepare.prepare_fork(
         WS,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -91,7 +91,7 @@ def test_fork_get_marks_a_leftover_dispatching_operation_unknown(
     daemon, client = inproc
     op_id, _ = _leftover(daemon, client)
     assert daemon.store is not None
-    daemon.store.mark_fork_dispatching(WS, op_id)
+    daemon.store.fork_transitions.mark_fork_dispatching(WS, op_id)
     assert _get(client, op_id)["status"] == "unknown"
     assert _get(client, op_id)["status"] == "unknown"
 
@@ -100,8 +100,8 @@ def test_fork_get_commits_a_provider_accepted_operation(inproc: tuple[Daemon, Cl
     daemon, client = inproc
     op_id, provider_turn = _leftover(daemon, client)
     assert daemon.store is not None
-    daemon.store.mark_fork_dispatching(WS, op_id)
-    daemon.store.mark_fork_provider_accepted(
+    daemon.store.fork_transitions.mark_fork_dispatching(WS, op_id)
+    daemon.store.fork_transitions.mark_fork_provider_accepted(
         WS,
         op_id,
         ProviderForkEvidence(

@@ -156,7 +156,7 @@ def test_fork_request_carries_the_source_canonical_turn_id(daemon: DaemonProcess
     assert op["status"] == "committed", op
     store = Store.open(daemon.home / "store.sqlite3")
     try:
-        stored = store.get_fork_operation(WS, op["operationId"])
+        stored = store.fork_queries.get_fork_operation(WS, op["operationId"])
     finally:
         store.close()
     assert stored.binding_receipt["sourceCanonicalTurnId"] == turns[0]["turnId"]
@@ -228,7 +228,7 @@ def test_late_turn_binding_while_fenced_is_applied_after_the_fence_releases(
         assert daemon.store is not None
         sid = create_session(client)["agentSessionId"]
         turns = [run_turn(client, sid, text) for text in ("one", "two")]
-        before = daemon.store.get_turn(WS, sid, turns[0]["turnId"]).provider_turn_binding_json
+        before = daemon.store.turns.get_turn(WS, sid, turns[0]["turnId"]).provider_turn_binding_json
         # Hold the fence: the worker sleeps before the provider call (the actor stays free).
         client.call(
             "debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:1500"}}
@@ -255,12 +255,12 @@ def test_late_turn_binding_while_fenced_is_applied_after_the_fence_releases(
         op = until_terminal(client, body["operation"])
         assert op["status"] == "committed", op
         # The operation kept the binding it froze (the child's twin has it, not the late one)…
-        child_turns, _ = daemon.store.timeline(WS, op["targetAgentSessionId"], limit=10)
+        child_turns, _ = daemon.store.history.timeline(WS, op["targetAgentSessionId"], limit=10)
         assert child_turns[0].provider_turn_binding_json == before != late
         # …and the late checkpoint landed once the fence was released.
         wait_for(
             lambda: (
-                daemon.store.get_turn(  # type: ignore[union-attr]
+                daemon.store.turns.get_turn(  # type: ignore[union-attr]
                     WS, sid, turns[0]["turnId"]
                 ).provider_turn_binding_json
                 == late

@@ -32,7 +32,7 @@ def _store_with_committed_fork(home: Path) -> tuple[str, str]:
     store = Store.open(home / "store.sqlite3")
     try:
         sid = str(uuid.uuid4())
-        store.create_session(
+        store.sessions.create_session(
             WS,
             session_id=sid,
             provider="tutti-agent",
@@ -42,13 +42,13 @@ def _store_with_committed_fork(home: Path) -> tuple[str, str]:
             provider_session_id="thread-1",
             runtime_context={"driverKind": "tutti-agent", "driverVersion": "0.1.0"},
         )
-        turn, _ = store.claim_submit(WS, sid, "req-1", "hello")
-        store.bind_provider_turn(WS, sid, turn.turn_id, "pturn-1")
-        reply = store.append_message(WS, sid, turn.turn_id, kind="assistant", text="echo")
-        store.settle_turn(
+        turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+        store.turns.bind_provider_turn(WS, sid, turn.turn_id, "pturn-1")
+        reply = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text="echo")
+        store.turns.settle_turn(
             WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
         )
-        op, _ = store.prepare_fork(
+        op, _ = store.fork_prepare.prepare_fork(
             WS,
             ForkPrepareRequest(
                 source_session_id=sid,
@@ -61,8 +61,8 @@ def _store_with_committed_fork(home: Path) -> tuple[str, str]:
                 runtime_identity={"cwd": str(home), "settings": {}, "runtime_context": {}},
             ),
         )
-        store.mark_fork_dispatching(WS, op.operation_id)
-        store.mark_fork_provider_accepted(
+        store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+        store.fork_transitions.mark_fork_provider_accepted(
             WS,
             op.operation_id,
             ProviderForkEvidence(

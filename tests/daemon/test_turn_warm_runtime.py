@@ -162,7 +162,7 @@ def test_a_turns_start_answer_queued_among_its_events_does_not_split_their_batch
     daemon, c = running_without_checkpoints
     sid = _warm_session(c)
     assert daemon.store is not None
-    stats = daemon.store.write_stats
+    stats = daemon.store.db.write_stats
     c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:sleep:400"}})
     turn_id = submit(c, sid, "one batch")["turnId"]
     before = (stats.transactions, stats.batched)

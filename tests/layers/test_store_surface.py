@@ -1,6 +1,6 @@
 """The store's surface (issue 19).
 
-`storage.Store` carries only what the daemon uses: every public method of it is called
+`storage.Store` carries only what the daemon uses: every public method of its parts is called
 somewhere outside the tests (a read or write only tests make lives in the test port,
 tests/support/store_reads.py, running the same SQL through the store's own helpers). And the
 actors never hold the `Store` class: each types its store as its own narrow port
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import re
+import typing
 from pathlib import Path
 
 from storage import Store
@@ -40,9 +41,26 @@ def _non_test_source() -> str:
     )
 
 
-def test_every_public_store_method_has_a_caller_outside_the_tests() -> None:
+def _parts(store: Store) -> dict[str, object]:
+    """The Store's parts (its owner `db` included) by attribute name."""
+    return {name: part for name, part in vars(store).items() if not name.startswith("_")}
+
+
+def test_every_public_store_method_has_a_caller_outside_the_tests(tmp_path: Path) -> None:
     source = _non_test_source()
-    public = sorted(name for name in dir(Store) if not name.startswith("_"))
+    store = Store(tmp_path / "s.db")
+    try:
+        parts = _parts(store)
+    finally:
+        store.close()
+    assert {"db", "sessions", "turns", "history", "fork_prepare", "resolution"} <= set(parts)
+    public = sorted(
+        f"{part_name}.{name}"
+        for part_name, part in parts.items()
+        if part_name != "db"
+        for name in dir(type(part))
+        if not name.startswith("_")
+    )
     unused = [name for name in public if not re.search(rf"\.{name}\b", source)]
     assert unused == [], f"Store methods only tests call (move them to tests/support): {unused}"
 
@@ -70,18 +88,39 @@ def test_no_actor_module_imports_the_store_class() -> None:
     assert {path: names for path, names in offenders.items() if names} == {}
 
 
-def test_every_store_port_is_a_part_of_the_store() -> None:
-    """Each port names only methods the real `Store` has (its signatures are mypy's check)."""
+def _members(protocol: type) -> set[str]:
+    """A protocol's own and inherited members (not `typing.Protocol`'s machinery)."""
+    return {
+        name
+        for klass in protocol.__mro__
+        if getattr(klass, "_is_protocol", False) and klass.__module__ != "typing"
+        for name in vars(klass)
+        if not name.startswith("_")
+    }
+
+
+def test_every_store_port_is_a_part_of_the_store(tmp_path: Path) -> None:
+    """Each port names only parts the real `Store` has, and on each part only methods that
+    part has (their signatures are mypy's check)."""
     from actors import store_ports
 
     ports = [
         obj
         for obj in vars(store_ports).values()
-        if isinstance(obj, type) and getattr(obj, "_is_protocol", False)
+        if isinstance(obj, type)
+        and getattr(obj, "_is_protocol", False)
+        and any(isinstance(value, property) for value in vars(obj).values())
     ]
     assert len(ports) >= 7
-    for port in ports:
-        # Its own members (a composed port's are checked on its parts).
-        members = {name for name in vars(port) if not name.startswith("_")}
-        missing = sorted(name for name in members if not hasattr(Store, name))
-        assert missing == [], f"{port.__name__} names what Store lacks: {missing}"
+    store = Store(tmp_path / "s.db")
+    try:
+        for port in ports:
+            for name in _members(port):
+                assert hasattr(store, name), f"{port.__name__} names a part Store lacks: {name}"
+                fget = getattr(port, name).fget
+                wanted = _members(typing.get_type_hints(fget)["return"])
+                part = getattr(store, name)
+                missing = sorted(m for m in wanted if not hasattr(part, m))
+                assert missing == [], f"{port.__name__}.{name} names what the part lacks: {missing}"
+    finally:
+        store.close()

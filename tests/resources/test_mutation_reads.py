@@ -51,27 +51,29 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 def _session(store: Store, provider: str = "tutti-agent") -> str:
     sid = str(uuid.uuid4())
-    store.create_session(WS, session_id=sid, provider=provider, title="t", cwd="/w", settings={})
+    store.sessions.create_session(
+        WS, session_id=sid, provider=provider, title="t", cwd="/w", settings={}
+    )
     return sid
 
 
 def _settled(store: Store, sid: str, text: str, *, bound: bool = True) -> str:
-    turn, _ = store.claim_submit(WS, sid, str(uuid.uuid4()), text)
+    turn, _ = store.turns.claim_submit(WS, sid, str(uuid.uuid4()), text)
     if bound:
-        store.record_provider_turn(WS, sid, turn.turn_id, f"p-{turn.turn_id}")
-    reply = store.append_message(WS, sid, turn.turn_id, kind="assistant", text="ok")
-    store.record_settlement(
+        store.turns.record_provider_turn(WS, sid, turn.turn_id, f"p-{turn.turn_id}")
+    reply = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text="ok")
+    store.turns.record_settlement(
         WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
     )
     return turn.turn_id
 
 
 def _plan(store: Store, sql: str, params: tuple[Any, ...]) -> list[str]:
-    conn = store._conn()
+    conn = store.db.connection()
     try:
         return [str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
     finally:
-        store.release_thread_connection()
+        store.db.release_thread_connection()
 
 
 @contextmanager
@@ -95,15 +97,15 @@ def test_a_session_read_looks_its_active_turn_up_by_phase(store: Store) -> None:
     sid = _session(store)
     for i in range(3):
         _settled(store, sid, f"turn {i}")
-    active, _ = store.claim_submit(WS, sid, "r-active", "now")
+    active, _ = store.turns.claim_submit(WS, sid, "r-active", "now")
     where = " WHERE s.workspace_id = ? AND s.session_id = ?"
     plan = _plan(store, SESSION_SELECT + where, (WS, sid))
     turn_steps = [step for step in plan if step.startswith("SEARCH t ")]
     assert turn_steps and all("turns_by_phase" in step for step in turn_steps), plan
     # And it is still the active Turn, before and after it settles.
-    assert store.get_session(WS, sid).active_turn_id == active.turn_id
-    store.record_settlement(WS, sid, active.turn_id, outcome="interrupted")
-    assert store.get_session(WS, sid).active_turn_id is None
+    assert store.sessions.get_session(WS, sid).active_turn_id == active.turn_id
+    store.turns.record_settlement(WS, sid, active.turn_id, outcome="interrupted")
+    assert store.sessions.get_session(WS, sid).active_turn_id is None
 
 
 def test_a_timeline_page_looks_its_messages_up_by_turn(store: Store) -> None:
@@ -112,8 +114,8 @@ def test_a_timeline_page_looks_its_messages_up_by_turn(store: Store) -> None:
     sid = _session(store)
     for i in range(30):
         turn = _settled(store, sid, f"turn {i}")
-        store.append_message(WS, sid, turn, kind="reasoning", text=f"after {i}")
-    page, more = store.timeline(WS, sid, limit=20)
+        store.history.append_message(WS, sid, turn, kind="reasoning", text=f"after {i}")
+    page, more = store.history.timeline(WS, sid, limit=20)
     assert more == page[-1].sequence and len(page) == 20
     for turn in page:
         positions = [m.position for m in turn.messages]
@@ -130,12 +132,12 @@ def test_turns_missing_a_binding_are_found_through_their_own_index(store: Store)
     sid = _session(store)
     bound = [_settled(store, sid, f"bound {i}") for i in range(3)]
     unbound = [_settled(store, sid, f"unbound {i}", bound=False) for i in range(2)]
-    failed, _ = store.claim_submit(WS, sid, "r-failed", "x")
-    store.record_settlement(WS, sid, failed.turn_id, outcome="failed", error="e")
-    active, _ = store.claim_submit(WS, sid, "r-active", "y")
-    assert store.turns_missing_binding(WS, sid) == unbound
-    store.record_provider_turn(WS, sid, unbound[0], "p-late")
-    assert store.turns_missing_binding(WS, sid) == unbound[1:]
+    failed, _ = store.turns.claim_submit(WS, sid, "r-failed", "x")
+    store.turns.record_settlement(WS, sid, failed.turn_id, outcome="failed", error="e")
+    active, _ = store.turns.claim_submit(WS, sid, "r-active", "y")
+    assert store.turns.turns_missing_binding(WS, sid) == unbound
+    store.turns.record_provider_turn(WS, sid, unbound[0], "p-late")
+    assert store.turns.turns_missing_binding(WS, sid) == unbound[1:]
     assert bound and active
     sql = (
         "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
@@ -150,17 +152,17 @@ def test_turns_missing_a_binding_are_found_through_their_own_index(store: Store)
 def test_the_actors_turn_writes_read_nothing_back(store: Store) -> None:
     sid = _session(store)
     events: list[ChangeEvent] = []
-    store.subscribe(events.append)
-    turn, _ = store.claim_submit(WS, sid, "r", "hello")
+    store.db.subscribe(events.append)
+    turn, _ = store.turns.claim_submit(WS, sid, "r", "hello")
     events.clear()
     with _writer_statements(store) as statements:
-        store.record_provider_turn(WS, sid, turn.turn_id, "p-1", '{"c":1}')
-        with store.write_batch():
-            message = store.append_message(
+        store.turns.record_provider_turn(WS, sid, turn.turn_id, "p-1", '{"c":1}')
+        with store.db.write_batch():
+            message = store.history.append_message(
                 WS, sid, turn.turn_id, kind="assistant", text="hi", payload={"k": [1, "é"]}
             )
-            store.record_turn_binding(WS, sid, turn.turn_id, '{"c":2}')
-            changed = store.record_settlement(
+            store.turns.record_turn_binding(WS, sid, turn.turn_id, '{"c":2}')
+            changed = store.turns.record_settlement(
                 WS, sid, turn.turn_id, outcome="completed",
                 final_assistant_message_id=message.message_id,
             )  # fmt: skip
@@ -170,7 +172,7 @@ def test_the_actors_turn_writes_read_nothing_back(store: Store) -> None:
     ]  # fmt: skip
     assert read_backs == [], read_backs
     assert changed is True
-    assert store.record_settlement(WS, sid, turn.turn_id, outcome="failed") is False
+    assert store.turns.record_settlement(WS, sid, turn.turn_id, outcome="failed") is False
     # The same change events as the reading writes gave (one TurnChanged per write, the
     # settle's Session touch), in commit order.
     assert events == [
@@ -178,7 +180,7 @@ def test_the_actors_turn_writes_read_nothing_back(store: Store) -> None:
         TurnChanged(WS, sid, turn.turn_id),
         SessionChanged(WS, sid),
     ]
-    fresh = store.get_turn(WS, sid, turn.turn_id)
+    fresh = store.turns.get_turn(WS, sid, turn.turn_id)
     assert fresh.phase == "settled" and fresh.outcome == "completed"
     assert fresh.root_provider_turn_id == "p-1"
     assert fresh.provider_turn_binding_json == '{"c":2}'
@@ -192,11 +194,11 @@ def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused
 ) -> None:
     sid = _session(store, provider="codex")
     other = _session(store)
-    turn, _ = store.claim_submit(WS, sid, "r", "x")
-    store.record_settlement(WS, sid, turn.turn_id, outcome="interrupted")
+    turn, _ = store.turns.claim_submit(WS, sid, "r", "x")
+    store.turns.record_settlement(WS, sid, turn.turn_id, outcome="interrupted")
     with pytest.raises(SessionNotFound):
-        store.provider_of(WS, "no-such-session")
-    assert store.provider_of(WS, sid) == "codex"
+        store.sessions.provider_of(WS, "no-such-session")
+    assert store.sessions.provider_of(WS, sid) == "codex"
     publisher = EventPublisher(store, Catalog(), lambda: None, queue.SimpleQueue())
     event = publisher.project(TurnChanged(WS, sid, turn.turn_id))
     assert event is not None and event["turn"]["turnId"] == turn.turn_id
@@ -205,18 +207,18 @@ def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused
         raise AssertionError("the provider was read again")
 
     monkeypatch.setattr(store, "_one", no_read)
-    assert store.provider_of(WS, sid) == "codex"
+    assert store.sessions.provider_of(WS, sid) == "codex"
     assert publisher.project(TurnChanged(WS, sid, turn.turn_id)) is not None
     monkeypatch.undo()
-    assert store.provider_of(WS, other) == "tutti-agent"
+    assert store.sessions.provider_of(WS, other) == "tutti-agent"
     # Deleted: the provider is still known (it never changes), but the reads that follow it
     # refuse the Session as before — no `turn.updated` is built for it, no timeline served.
-    store.delete_session(WS, sid)
-    assert store.provider_of(WS, sid) == "codex"
+    store.sessions.delete_session(WS, sid)
+    assert store.sessions.provider_of(WS, sid) == "codex"
     with pytest.raises(SessionNotFound):
         publisher.project(TurnChanged(WS, sid, turn.turn_id))
     with pytest.raises(SessionNotFound):
-        store.timeline(WS, sid)
+        store.history.timeline(WS, sid)
 
 
 def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
@@ -272,15 +274,15 @@ def test_a_read_snapshot_holds_one_state_for_every_read_inside_it(store: Store) 
     import threading
 
     sid = _session(store)
-    turn, _ = store.claim_submit(WS, sid, "r", "x")
-    with store.read_snapshot():
-        before = store.get_session(WS, sid).title
-        writer = threading.Thread(target=lambda: store.update_title(WS, sid, "renamed"))
+    turn, _ = store.turns.claim_submit(WS, sid, "r", "x")
+    with store.db.read_snapshot():
+        before = store.sessions.get_session(WS, sid).title
+        writer = threading.Thread(target=lambda: store.sessions.update_title(WS, sid, "renamed"))
         writer.start()
         writer.join()
-        assert store.get_session(WS, sid).title == before == "t"
-        tail = store.turn_since(WS, sid, turn.turn_id, None)  # its own `_read`, nested
+        assert store.sessions.get_session(WS, sid).title == before == "t"
+        tail = store.history.turn_since(WS, sid, turn.turn_id, None)  # its own `_read`, nested
         assert tail.turn.phase == "active"
-        with store.read_snapshot():  # a snapshot inside a snapshot is the same one
-            assert store.get_session(WS, sid).title == "t"
-    assert store.get_session(WS, sid).title == "renamed"
+        with store.db.read_snapshot():  # a snapshot inside a snapshot is the same one
+            assert store.sessions.get_session(WS, sid).title == "t"
+    assert store.sessions.get_session(WS, sid).title == "renamed"

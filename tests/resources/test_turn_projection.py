@@ -85,39 +85,45 @@ def _grow(store: Store, turn_id: str, messages: int, publish: Publish) -> None:
     many messages the event must carry, from the first changed one to the last)."""
     for k in range(1, messages):
         mid = f"m{k}"
-        store.append_message(WS, SID, turn_id, kind="reasoning", text="a", message_id=mid)
+        store.history.append_message(WS, SID, turn_id, kind="reasoning", text="a", message_id=mid)
         publish(changed=1)
         if k % 10 == 0:  # streamed: the last message updated in place
             for text in ("ab", "abc"):
-                store.append_message(WS, SID, turn_id, kind="reasoning", text=text, message_id=mid)
+                store.history.append_message(
+                    WS, SID, turn_id, kind="reasoning", text=text, message_id=mid
+                )
                 publish(changed=1)
         if k % 50 == 0:  # a tool call completing after later messages: an earlier one changes
-            store.append_message(WS, SID, turn_id, kind="tool", text="done", message_id=f"m{k - 7}")
+            store.history.append_message(
+                WS, SID, turn_id, kind="tool", text="done", message_id=f"m{k - 7}"
+            )
             assert publish(changed=8)["messagesFrom"] == k - 7
         if k % 100 == 0:  # interactions: the Turn's fields change, no message does
-            store.open_interaction(
+            store.history.open_interaction(
                 WS, SID, turn_id, request_id=f"q{k}", kind="approval", input={"k": k}
             )
             assert publish(changed=0)["messages"] == []
-            store.resolve_interaction(WS, SID, turn_id, f"q{k}", {"ok": True})
+            store.history.resolve_interaction(WS, SID, turn_id, f"q{k}", {"ok": True})
             assert publish(changed=0)["interactions"][-1]["status"] == "resolved"
         if k == messages // 2:
-            store.bind_provider_turn(WS, SID, turn_id, "provider-turn-1")
+            store.turns.bind_provider_turn(WS, SID, turn_id, "provider-turn-1")
             assert publish(changed=0)["rootProviderTurnId"] == "provider-turn-1"
     # Two writes land before the publisher reads (it lags): one event carries both.
-    store.append_message(WS, SID, turn_id, kind="tool", text="late", message_id="m3")
-    store.append_message(WS, SID, turn_id, kind="assistant", text="bye", message_id="fin")
+    store.history.append_message(WS, SID, turn_id, kind="tool", text="late", message_id="m3")
+    store.history.append_message(WS, SID, turn_id, kind="assistant", text="bye", message_id="fin")
     assert publish(changed=messages - 3 + 1)["messagesFrom"] == 3
     assert publish(changed=0)["messages"] == []  # the second change: nothing new to carry
-    store.settle_turn(WS, SID, turn_id, outcome="completed", final_assistant_message_id="fin")
+    store.turns.settle_turn(WS, SID, turn_id, outcome="completed", final_assistant_message_id="fin")
     settled = publish()
     assert "messagesTruncated" not in settled and len(settled["messages"]) == messages + 1
 
 
 def _start(store: Store) -> tuple[tuple[str, str, str], Callable[[Turn], dict[str, Any]]]:
     catalog = Catalog()
-    store.create_session(WS, session_id=SID, provider=PROVIDER, title="t", cwd="/", settings={})
-    turn, _ = store.claim_submit(WS, SID, "r1", "hello")
+    store.sessions.create_session(
+        WS, session_id=SID, provider=PROVIDER, title="t", cwd="/", settings={}
+    )
+    turn, _ = store.turns.claim_submit(WS, SID, "r1", "hello")
 
     def project(t: Turn) -> dict[str, Any]:
         return projection.turn(t, PROVIDER, catalog)
@@ -161,7 +167,7 @@ def test_an_active_turns_update_reads_only_the_changed_messages(
     assert len(deltas) == 0  # settled: forgotten
     # Merged by a client, the events are the Turn; over its life the publisher fetched O(N)
     # message rows (each about once, plus the whole settled Turn), not O(N²).
-    assert state == project(store.get_turn(*key))
+    assert state == project(store.turns.get_turn(*key))
     assert totals["rows"] <= 2 * totals["events"] + 3 * MESSAGES, totals
 
 
@@ -175,7 +181,7 @@ def test_the_events_are_the_former_whole_read_events_field_for_field(
 
     def publish(*, changed: int | None = None) -> dict[str, Any]:
         event = updated_turn(store, new, key, project, CAP)
-        assert event == former.event_turn(key, project(store.get_turn(*key)), CAP)
+        assert event == former.event_turn(key, project(store.turns.get_turn(*key)), CAP)
         seen.append(event)
         return event
 

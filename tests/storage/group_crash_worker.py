@@ -34,9 +34,11 @@ def main() -> None:
         while True:
             i += 1
             sid = f"{tag}-{n}-{i}"
-            store.create_session(WS, session_id=sid, provider="p", title=sid, cwd="/", settings={})
+            store.sessions.create_session(
+                WS, session_id=sid, provider="p", title=sid, cwd="/", settings={}
+            )
             say(f"ack {sid}")
-            grown = store.write_stats.largest_group
+            grown = store.db.write_stats.largest_group
             if grown > largest:
                 largest = grown
                 say(f"group {grown}")

@@ -20,11 +20,11 @@ def new_session(
     provider: str = "tutti-agent",
 ) -> str:
     sid = session_id or str(uuid.uuid4())
-    store.create_session(
+    store.sessions.create_session(
         ws, session_id=sid, provider=provider, title=title, cwd="/work", settings={"m": 1}
     )
     if provider_session_id is not None:
-        store.update_runtime(
+        store.sessions.update_runtime(
             ws,
             sid,
             provider_session_id=provider_session_id,
@@ -45,14 +45,16 @@ def settled_turn(
     binding_json: str | None = None,
 ) -> Turn:
     """A Turn through claim, bind, assistant reply and settle, as the actors will write it."""
-    turn, _ = store.claim_submit(ws, sid, str(uuid.uuid4()), text)
-    store.bind_provider_turn(
+    turn, _ = store.turns.claim_submit(ws, sid, str(uuid.uuid4()), text)
+    store.turns.bind_provider_turn(
         ws, sid, turn.turn_id, provider_turn_id or f"pt-{uuid.uuid4().hex[:8]}", binding_json
     )
     for kind, body, payload in extra or []:
-        store.append_message(ws, sid, turn.turn_id, kind=kind, text=body, payload=payload)
-    reply = store.append_message(ws, sid, turn.turn_id, kind="assistant", text=f"echo: {text}")
-    settled, _ = store.settle_turn(
+        store.history.append_message(ws, sid, turn.turn_id, kind=kind, text=body, payload=payload)
+    reply = store.history.append_message(
+        ws, sid, turn.turn_id, kind="assistant", text=f"echo: {text}"
+    )
+    settled, _ = store.turns.settle_turn(
         ws, sid, turn.turn_id, outcome=outcome, final_assistant_message_id=reply.message_id
     )
     return settled

@@ -24,36 +24,40 @@ WS = "crash-ws"
 def recover(store: Store) -> None:
     cursor = None
     while True:
-        ops, cursor = store.recoverable_fork_operations(after=cursor, limit=100)
+        ops, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=100)
         for op in ops:
             if op.status is ForkStatus.PREPARED:
-                store.mark_fork_failed(op.workspace_id, op.operation_id, "restart")
+                store.fork_transitions.mark_fork_failed(op.workspace_id, op.operation_id, "restart")
             elif op.status is ForkStatus.DISPATCHING:
-                store.mark_fork_unknown(op.workspace_id, op.operation_id, "restart")
+                store.fork_transitions.mark_fork_unknown(
+                    op.workspace_id, op.operation_id, "restart"
+                )
             else:
-                store.commit_fork(op.workspace_id, op.operation_id)
+                store.fork_commit.commit_fork(op.workspace_id, op.operation_id)
         if cursor is None:
             return
 
 
 def pick(store: Store, sql: str, rng: random.Random) -> tuple[str, ...] | None:
-    rows = store._conn().execute(sql, (WS,)).fetchall()
+    rows = store.db.connection().execute(sql, (WS,)).fetchall()
     return tuple(rng.choice(rows)) if rows else None
 
 
 def new_source(store: Store, rng: random.Random) -> None:
     sid = str(uuid.uuid4())
-    store.create_session(WS, session_id=sid, provider="p", title="src", cwd="/", settings={})
-    store.update_runtime(WS, sid, provider_session_id=f"ps-{sid}")
+    store.sessions.create_session(
+        WS, session_id=sid, provider="p", title="src", cwd="/", settings={}
+    )
+    store.sessions.update_runtime(WS, sid, provider_session_id=f"ps-{sid}")
     for _ in range(rng.randint(1, 3)):
         run_turn(store, sid)
 
 
 def run_turn(store: Store, sid: str) -> None:
-    turn, _ = store.claim_submit(WS, sid, str(uuid.uuid4()), "hi")
-    store.bind_provider_turn(WS, sid, turn.turn_id, f"pt-{turn.turn_id}")
-    reply = store.append_message(WS, sid, turn.turn_id, kind="assistant", text="echo: hi")
-    store.settle_turn(
+    turn, _ = store.turns.claim_submit(WS, sid, str(uuid.uuid4()), "hi")
+    store.turns.bind_provider_turn(WS, sid, turn.turn_id, f"pt-{turn.turn_id}")
+    reply = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text="echo: hi")
+    store.turns.settle_turn(
         WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
     )
 
@@ -83,9 +87,9 @@ def step(store: Store, rng: random.Random) -> None:
         if action == "turn":
             run_turn(store, row[0])
         elif action == "settings":
-            store.update_settings(WS, row[0], {"n": rng.random()})
+            store.sessions.update_settings(WS, row[0], {"n": rng.random()})
         elif rng.random() < 0.2:
-            store.delete_session(WS, row[0])
+            store.sessions.delete_session(WS, row[0])
     elif action == "prepare":
         row = pick(
             store,
@@ -95,7 +99,7 @@ def step(store: Store, rng: random.Random) -> None:
         )
         if row is None:
             return
-        store.prepare_fork(
+        store.fork_prepare.prepare_fork(
             WS,
             ForkPrepareRequest(
                 source_session_id=row[0],
@@ -120,13 +124,13 @@ def step(store: Store, rng: random.Random) -> None:
         roll = rng.random()
         if status == "prepared":
             if roll < 0.8:
-                store.mark_fork_dispatching(WS, op_id)
+                store.fork_transitions.mark_fork_dispatching(WS, op_id)
             else:
-                store.mark_fork_failed(WS, op_id, "not started")
+                store.fork_transitions.mark_fork_failed(WS, op_id, "not started")
         elif status == "dispatching":
             if roll < 0.7:
-                op = store.get_fork_operation(WS, op_id)
-                store.mark_fork_provider_accepted(
+                op = store.fork_queries.get_fork_operation(WS, op_id)
+                store.fork_transitions.mark_fork_provider_accepted(
                     WS,
                     op_id,
                     ProviderForkEvidence(
@@ -137,11 +141,11 @@ def step(store: Store, rng: random.Random) -> None:
                     ),
                 )
             elif roll < 0.85:
-                store.mark_fork_unknown(WS, op_id, "lost")
+                store.fork_transitions.mark_fork_unknown(WS, op_id, "lost")
             else:
-                store.mark_fork_failed(WS, op_id, "rejected")
+                store.fork_transitions.mark_fork_failed(WS, op_id, "rejected")
         else:
-            store.commit_fork(WS, op_id)
+            store.fork_commit.commit_fork(WS, op_id)
     elif action == "ack":
         row = pick(
             store,
@@ -150,7 +154,7 @@ def step(store: Store, rng: random.Random) -> None:
             rng,
         )
         if row is not None:
-            store.acknowledge_fork(WS, row[0])
+            store.fork_transitions.acknowledge_fork(WS, row[0])
 
 
 def main() -> None:

@@ -13,17 +13,17 @@ from storage import ForkPrepareRequest, Store
 
 
 def _checkpointed_turn(store: Store, sid: str, tree: str) -> tuple[str, str]:
-    turn, _ = store.claim_submit(WS, sid, str(uuid.uuid4()), "hi")
-    store.bind_provider_turn(WS, sid, turn.turn_id, f"pt-{uuid.uuid4().hex[:8]}", None)
+    turn, _ = store.turns.claim_submit(WS, sid, str(uuid.uuid4()), "hi")
+    store.turns.bind_provider_turn(WS, sid, turn.turn_id, f"pt-{uuid.uuid4().hex[:8]}", None)
     record = json.dumps({"cwd": "/w", "before": f"{tree}-0", "after": tree, "changedFiles": []})
-    assert store.record_settlement(
+    assert store.turns.record_settlement(
         WS, sid, turn.turn_id, outcome="completed", checkpoint_json=record
     )
     return turn.turn_id, record
 
 
 def _fork_through(store: Store, sid: str, turn_id: str) -> str:
-    op, _ = store.prepare_fork(
+    op, _ = store.fork_prepare.prepare_fork(
         WS,
         ForkPrepareRequest(
             source_session_id=sid,
@@ -49,8 +49,8 @@ def test_the_oldest_sessions_oldest_turns_come_first_and_deleted_sessions_never(
     t2, _ = _checkpointed_turn(store, old, "a2")
     gone = new_session(store)
     _checkpointed_turn(store, gone, "c1")
-    store.delete_session(WS, gone)
-    order = [turn for _ws, _sid, turn, _rec in store.droppable_checkpoints(10)]
+    store.sessions.delete_session(WS, gone)
+    order = [turn for _ws, _sid, turn, _rec in store.turns.droppable_checkpoints(10)]
     assert order == [t1, t2, n1]
 
 
@@ -58,16 +58,18 @@ def test_a_drop_is_refused_while_a_fork_through_the_turn_is_not_finished(store: 
     sid = new_session(store)
     turn_id, record = _checkpointed_turn(store, sid, "a1")
     op_id = _fork_through(store, sid, turn_id)  # prepared: its tree is planned from the record
-    assert not store.mark_checkpoint_dropped(WS, sid, turn_id, record, "dropped for the cap")
-    assert store.turn_checkpoint(WS, sid, turn_id) == json.loads(record)
+    assert not store.turns.mark_checkpoint_dropped(WS, sid, turn_id, record, "dropped for the cap")
+    assert store.turns.turn_checkpoint(WS, sid, turn_id) == json.loads(record)
 
-    store.mark_fork_failed(WS, op_id, "given up")  # finished: nothing reads it any more
-    assert store.mark_checkpoint_dropped(WS, sid, turn_id, record, "dropped for the cap")
-    assert store.turn_checkpoint(WS, sid, turn_id) == {
+    store.fork_transitions.mark_fork_failed(
+        WS, op_id, "given up"
+    )  # finished: nothing reads it any more
+    assert store.turns.mark_checkpoint_dropped(WS, sid, turn_id, record, "dropped for the cap")
+    assert store.turns.turn_checkpoint(WS, sid, turn_id) == {
         "state": "unavailable",
         "reason": "dropped",
         "message": "dropped for the cap",
     }
     # Said once: a second drop of the record it read before changes nothing.
-    assert not store.mark_checkpoint_dropped(WS, sid, turn_id, record, "again")
-    assert turn_id not in [t for _w, _s, t, _r in store.droppable_checkpoints(10)]
+    assert not store.turns.mark_checkpoint_dropped(WS, sid, turn_id, record, "again")
+    assert turn_id not in [t for _w, _s, t, _r in store.turns.droppable_checkpoints(10)]

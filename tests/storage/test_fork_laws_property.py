@@ -67,14 +67,14 @@ class ForkLaws(RuleBasedStateMachine):
         live = []
         for sid in self.sources:
             try:
-                self.store.require_session_live(WS, sid)
+                self.store.sessions.require_session_live(WS, sid)
             except HostError:
                 continue
             live.append(sid)
         return live
 
     def _op(self, i: int) -> ForkOperation:
-        return self.store.get_fork_operation(WS, self.ops[i % len(self.ops)])
+        return self.store.fork_queries.get_fork_operation(WS, self.ops[i % len(self.ops)])
 
     # -- rules ---------------------------------------------------------------------------------
 
@@ -107,13 +107,13 @@ class ForkLaws(RuleBasedStateMachine):
         if not live:
             return
         sid = live[i % len(live)]
-        turns, _ = self.store.timeline(WS, sid, after_sequence=0, limit=1000)
+        turns, _ = self.store.history.timeline(WS, sid, after_sequence=0, limit=1000)
         settled = [t.turn_id for t in turns if t.phase == "settled"]
         if not settled:
             return
         turn_id = settled[max(0, len(settled) - 1 - back)]
         try:
-            op, created = self.store.prepare_fork(WS, _request(sid, turn_id, kind))
+            op, created = self.store.fork_prepare.prepare_fork(WS, _request(sid, turn_id, kind))
         except HostError:
             return
         if created:
@@ -129,25 +129,29 @@ class ForkLaws(RuleBasedStateMachine):
         try:
             if op.status == "prepared":
                 if outcome == "failed":
-                    self.store.mark_fork_failed(WS, op.operation_id, "provider refused")
+                    self.store.fork_transitions.mark_fork_failed(
+                        WS, op.operation_id, "provider refused"
+                    )
                     return
-                self.store.mark_fork_dispatching(WS, op.operation_id)
+                self.store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
                 if outcome == "dispatch_only":
                     return
-                op = self.store.get_fork_operation(WS, op.operation_id)
+                op = self.store.fork_queries.get_fork_operation(WS, op.operation_id)
             if op.status == "dispatching":
                 if outcome == "unknown":
-                    self.store.mark_fork_unknown(WS, op.operation_id, "no answer")
+                    self.store.fork_transitions.mark_fork_unknown(WS, op.operation_id, "no answer")
                     return
                 if outcome == "failed":
-                    self.store.mark_fork_failed(WS, op.operation_id, "rejected")
+                    self.store.fork_transitions.mark_fork_failed(WS, op.operation_id, "rejected")
                     return
-                self.store.mark_fork_provider_accepted(WS, op.operation_id, _evidence(op))
+                self.store.fork_transitions.mark_fork_provider_accepted(
+                    WS, op.operation_id, _evidence(op)
+                )
                 if outcome == "accept_only":
                     return
-                op = self.store.get_fork_operation(WS, op.operation_id)
+                op = self.store.fork_queries.get_fork_operation(WS, op.operation_id)
             if op.status == "provider_accepted":
-                self.store.commit_fork(WS, op.operation_id)
+                self.store.fork_commit.commit_fork(WS, op.operation_id)
         except HostError:
             pass
 
@@ -158,7 +162,7 @@ class ForkLaws(RuleBasedStateMachine):
         if op.status != "unknown":
             return
         try:
-            self.store.begin_resolution(
+            self.store.resolution.begin_resolution(
                 WS,
                 op.operation_id,
                 request_id=str(uuid.uuid4()),
@@ -167,11 +171,11 @@ class ForkLaws(RuleBasedStateMachine):
                 evidence={"verdict": "adoptable" if action == "adopt" else "absent"},
             )
             if action == "adopt":
-                self.store.adopt_unknown_fork(WS, op.operation_id, _evidence(op))
-                self.store.commit_fork(WS, op.operation_id)
-                self.store.finish_resolution(WS, op.operation_id, {"action": "adopt"})
+                self.store.resolution.adopt_unknown_fork(WS, op.operation_id, _evidence(op))
+                self.store.fork_commit.commit_fork(WS, op.operation_id)
+                self.store.resolution.finish_resolution(WS, op.operation_id, {"action": "adopt"})
             else:
-                self.store.abandon_fork(WS, op.operation_id, {"action": "abandon"})
+                self.store.resolution.abandon_fork(WS, op.operation_id, {"action": "abandon"})
         except HostError:
             pass
 
@@ -179,7 +183,7 @@ class ForkLaws(RuleBasedStateMachine):
     @rule(i=st.integers(0, 50))
     def acknowledge(self, i: int) -> None:
         with contextlib.suppress(HostError):
-            self.store.acknowledge_fork(WS, self._op(i).operation_id)
+            self.store.fork_transitions.acknowledge_fork(WS, self._op(i).operation_id)
 
     @precondition(lambda self: bool(self.sources))
     @rule(i=st.integers(0, 5))
@@ -190,11 +194,11 @@ class ForkLaws(RuleBasedStateMachine):
         sid = live[i % len(live)]
         unknown = [
             o
-            for o in (self.store.get_fork_operation(WS, op_id) for op_id in self.ops)
+            for o in (self.store.fork_queries.get_fork_operation(WS, op_id) for op_id in self.ops)
             if o.source_session_id == sid and o.status == "unknown"
         ]
         try:
-            self.store.delete_session(WS, sid)
+            self.store.sessions.delete_session(WS, sid)
         except HostError as exc:
             assert exc.reason in ("agent_session_fork_unresolved", "agent_session_fork_in_progress")
             return
@@ -205,7 +209,7 @@ class ForkLaws(RuleBasedStateMachine):
         self.store.close()
         self.store = Store.open(self.home / "store.sqlite3")
         recover_fork_operations(self.store)
-        self.store.recover_fork_resolutions()
+        self.store.resolution.recover_fork_resolutions()
 
     # -- the laws after every step ---------------------------------------------------------------
 

@@ -19,7 +19,7 @@ def test_a_tree_is_read_one_query_per_level_through_the_source_index(store: Stor
     root = new_session(store)
     turn = settled_turn(store, root, provider_turn_id="p1").turn_id
     first, _ = committed_fork(store, WS, root, turn)
-    op_id = store.lineage_tree(WS, first).session.lineage.operation_id  # type: ignore[union-attr]
+    op_id = store.lineage.lineage_tree(WS, first).session.lineage.operation_id  # type: ignore[union-attr]
     fan = [first, *replicate(store, WS, op_id, [root] * 299)]  # 300 forks of the root
     chain = replicate(store, WS, op_id, [fan[-1]] + [None] * 49)  # 50 levels below the last
 

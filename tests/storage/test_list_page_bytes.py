@@ -14,13 +14,13 @@ def test_a_page_ends_at_its_byte_bound_and_the_cursor_continues(store: Store) ->
     sids = [f"s{i:02d}" for i in range(10)]
     for i, sid in enumerate(sids):
         settings = big if i % 3 == 0 else {}
-        store.create_session(
+        store.sessions.create_session(
             WS, session_id=sid, provider="p", title=sid, cwd="/", settings=settings
         )
     pages: list[list[str]] = []
     cursor = None
     while True:
-        page, cursor = store.list_sessions(WS, cursor=cursor, limit=200, max_bytes=50_000)
+        page, cursor = store.sessions.list_sessions(WS, cursor=cursor, limit=200, max_bytes=50_000)
         pages.append([s.session_id for s in page])
         if cursor is None:
             break
@@ -33,21 +33,21 @@ def test_a_page_ends_at_its_byte_bound_and_the_cursor_continues(store: Store) ->
 
 
 def test_one_session_over_the_bound_is_a_page_of_its_own(store: Store) -> None:
-    store.create_session(
+    store.sessions.create_session(
         WS, session_id="a", provider="p", title="a", cwd="/", settings={"b": "y" * 9000}
     )
-    store.create_session(WS, session_id="b", provider="p", title="b", cwd="/", settings={})
-    page, cursor = store.list_sessions(WS, limit=200, max_bytes=1000)
+    store.sessions.create_session(WS, session_id="b", provider="p", title="b", cwd="/", settings={})
+    page, cursor = store.sessions.list_sessions(WS, limit=200, max_bytes=1000)
     assert [s.session_id for s in page] == ["a"] and cursor is not None
     assert page[0].settings == {"b": "y" * 9000}  # whole, never cut
-    page, cursor = store.list_sessions(WS, cursor=cursor, limit=200, max_bytes=1000)
+    page, cursor = store.sessions.list_sessions(WS, cursor=cursor, limit=200, max_bytes=1000)
     assert [s.session_id for s in page] == ["b"] and cursor is None
 
 
 def test_without_a_byte_bound_the_count_alone_pages(store: Store) -> None:
     for sid in "abc":
-        store.create_session(
+        store.sessions.create_session(
             WS, session_id=sid, provider="p", title=sid, cwd="/", settings={"x": "z" * 5000}
         )
-    page, cursor = store.list_sessions(WS, limit=2)
+    page, cursor = store.sessions.list_sessions(WS, limit=2)
     assert [s.session_id for s in page] == ["a", "b"] and cursor is not None

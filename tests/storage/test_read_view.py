@@ -34,10 +34,10 @@ def test_a_read_after_a_committed_write_sees_it(store: Store, view: ReadView) ->
     assert view.get_session(WS, sid).title == "first"
     assert not view.in_transaction  # no snapshot kept between two reads
     for i in range(20):
-        store.update_title(WS, sid, f"title {i}")
+        store.sessions.update_title(WS, sid, f"title {i}")
         assert view.get_session(WS, sid).title == f"title {i}"
         assert not view.in_transaction
-    store.delete_session(WS, sid)
+    store.sessions.delete_session(WS, sid)
     with pytest.raises(SessionNotFound):
         view.get_session(WS, sid)
 
@@ -49,7 +49,7 @@ def test_session_exists_agrees_with_get_session(store: Store, view: ReadView) ->
     assert view.session_exists(WS, sid) and view.get_session(WS, sid).session_id == sid
     assert not view.session_exists("ws-other", sid)
     assert not view.session_exists(WS, str(uuid.uuid4()))
-    store.delete_session(WS, sid)
+    store.sessions.delete_session(WS, sid)
     assert not view.session_exists(WS, sid)
     with pytest.raises(SessionNotFound):
         view.get_session(WS, sid)
@@ -62,7 +62,7 @@ def test_the_read_connection_cannot_write(store: Store, view: ReadView) -> None:
     conn = view._connection()
     with pytest.raises(apsw.ReadOnlyError):
         conn.execute("UPDATE sessions SET title = 'x' WHERE session_id = ?", (sid,))
-    assert store.get_session(WS, sid).title == "Task"
+    assert store.sessions.get_session(WS, sid).title == "Task"
 
 
 def test_a_read_does_not_wait_for_an_open_write(store: Store, view: ReadView) -> None:
@@ -83,24 +83,26 @@ def test_point_reads_equal_the_stores_including_lineage(store: Store, view: Read
     sid = new_session(store)
     turns = [settled_turn(store, sid, text=f"t{i}", provider_turn_id=f"p{i}") for i in (1, 2)]
     busy = new_session(store)
-    active, _ = store.claim_submit(WS, busy, str(uuid.uuid4()), "still running")
-    op, _ = store.prepare_fork(WS, request(sid, turns[1].turn_id))
-    assert view.get_fork_operation(WS, op.operation_id) == store.get_fork_operation(
+    active, _ = store.turns.claim_submit(WS, busy, str(uuid.uuid4()), "still running")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1].turn_id))
+    assert view.get_fork_operation(WS, op.operation_id) == store.fork_queries.get_fork_operation(
         WS, op.operation_id
     )
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    committed, _ = store.commit_fork(WS, op.operation_id)
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
     assert committed.status is ForkStatus.COMMITTED
     got = view.get_fork_operation(WS, op.operation_id)
-    assert got == store.get_fork_operation(WS, op.operation_id)
+    assert got == store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert got.committed_session is not None and got.lineage is not None
     # A Session with an active Turn, the source and the child (a lineage) read the same.
     running = view.get_session(WS, busy)
-    assert running == store.get_session(WS, busy) and running.active_turn_id == active.turn_id
-    assert view.get_session(WS, sid) == store.get_session(WS, sid)
+    assert (
+        running == store.sessions.get_session(WS, busy) and running.active_turn_id == active.turn_id
+    )
+    assert view.get_session(WS, sid) == store.sessions.get_session(WS, sid)
     child = view.get_session(WS, op.target_session_id)
-    assert child == store.get_session(WS, op.target_session_id)
+    assert child == store.sessions.get_session(WS, op.target_session_id)
     assert child.lineage is not None and child.lineage.operation_id == op.operation_id
     assert child.lineage.source_turn_id == turns[1].turn_id
     with pytest.raises(ForkOperationNotFound):
@@ -110,16 +112,16 @@ def test_point_reads_equal_the_stores_including_lineage(store: Store, view: Read
 def test_a_committed_projection_is_built_once(store: Store, view: ReadView) -> None:
     sid = new_session(store)
     turn = settled_turn(store, sid, provider_turn_id="p1")
-    op, _ = store.prepare_fork(WS, request(sid, turn.turn_id))
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    store.commit_fork(WS, op.operation_id)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn.turn_id))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    store.fork_commit.commit_fork(WS, op.operation_id)
     first = view.get_fork_operation(WS, op.operation_id)
     misses = projection_cache.misses
     for _ in range(5):
         again = view.get_fork_operation(WS, op.operation_id)
         assert again == first
-        assert store.get_fork_operation(WS, op.operation_id) == first
+        assert store.fork_queries.get_fork_operation(WS, op.operation_id) == first
     assert projection_cache.misses == misses  # no snapshot re-read, re-hashed, re-parsed
 
 
@@ -133,7 +135,7 @@ def test_the_generation_changes_with_every_commit_by_anyone_and_only_then(
     g0 = view.generation()
     view.get_session(WS, sid)
     assert view.generation() == g0
-    store.update_title(WS, sid, "second")
+    store.sessions.update_title(WS, sid, "second")
     g1 = view.generation()
     assert g1 != g0
     other = apsw.Connection(str(store_path))

@@ -21,7 +21,7 @@ KILLS = 200
 
 
 def check_invariants(store: Store) -> dict[str, int]:
-    conn = store._conn()
+    conn = store.db.connection()
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     ops = conn.execute(
@@ -85,9 +85,9 @@ def check_invariants(store: Store) -> dict[str, int]:
     free = [s for s in live if s not in active_sources][:2]
     for sid in fenced:
         with pytest.raises(ForkInProgress):
-            store.update_settings(WS, sid, {"probe": True})
+            store.sessions.update_settings(WS, sid, {"probe": True})
     for sid in free:
-        assert store.update_settings(WS, sid, {"probe": True}).settings == {"probe": True}
+        assert store.sessions.update_settings(WS, sid, {"probe": True}).settings == {"probe": True}
     return counts
 
 

@@ -14,11 +14,13 @@ from domain.errors import (
     ForkAcknowledgeConflict,
     ForkBoundaryError,
     ForkConflict,
+    ForkEvidenceRejected,
     ForkInProgress,
     ForkOperationNotFound,
     ForkRequestConflict,
     InvalidArgument,
     InvalidTransition,
+    SessionIdTaken,
     SessionNotFound,
 )
 from storage import (
@@ -31,10 +33,8 @@ from storage import (
     Store,
     TurnChanged,
 )
-from storage.canonical import SessionIdTaken
 from storage.fork_child import build_child
 from storage.fork_identity import ForkReferenceError
-from storage.fork_operations import ForkEvidenceRejected
 from storage.fork_snapshot import ForkSnapshotCorrupt
 from tests.support.store_reads import (
     begin_goal_control,
@@ -84,9 +84,9 @@ def evidence(op: ForkOperation, **over: Any) -> ProviderForkEvidence:
 
 
 def run_to_commit(store: Store, op: ForkOperation, **over: Any) -> ForkOperation:
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
-    committed, changed = store.commit_fork(WS, op.operation_id)
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
+    committed, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed
     return committed
 
@@ -107,12 +107,12 @@ def test_through_turn_clone_is_inclusive_and_stops_at_the_selected_turn(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, created = store.prepare_fork(WS, request(sid, turns[1]))
+    op, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert created and op.status is ForkStatus.PREPARED and op.phase == "frozen"
     assert op.source_provider_turn_ids == ("p1", "p2") and op.source_provider_turn_id == "p2"
     committed = run_to_commit(store, op)
-    child_turns, _ = store.timeline(WS, op.target_session_id)
-    source_turns, _ = store.timeline(WS, sid)
+    child_turns, _ = store.history.timeline(WS, op.target_session_id)
+    source_turns, _ = store.history.timeline(WS, sid)
     assert [t.messages[0].text for t in child_turns] == ["t1", "t2"]
     assert [t.sequence for t in child_turns] == [1, 2]
     assert {t.sequence_provenance for t in child_turns} == {"fork_clone"}
@@ -133,16 +133,16 @@ def test_child_is_an_independent_root_with_frozen_runtime_identity(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    store.set_pinned(WS, sid, True)
-    store.set_goal(WS, sid, "source goal")
+    store.sessions.set_pinned(WS, sid, True)
+    store.goals.set_goal(WS, sid, "source goal")
     identity = {
         "cwd": "/prepared",
         "settings": {"effort": "high"},
         "runtime_context": {"driverKind": "tutti-agent", "resumeCursor": "prov-src"},
     }
-    op, _ = store.prepare_fork(WS, request(sid, turns[0], runtime_identity=identity))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0], runtime_identity=identity))
     committed = run_to_commit(store, op)
-    child = store.get_session(WS, op.target_session_id)
+    child = store.sessions.get_session(WS, op.target_session_id)
     assert child == committed.committed_session
     assert (child.kind, child.parent_session_id, child.parent_turn_id) == ("root", None, None)
     assert child.provider_session_id == f"child-of-prov-src-{op.operation_id}"
@@ -157,21 +157,21 @@ def test_commit_replay_returns_same_result_unchanged(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[2]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[2]))
     first = run_to_commit(store, op)
-    again, changed = store.commit_fork(WS, op.operation_id)
+    again, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert not changed and again == first
-    assert store.timeline(WS, op.target_session_id)[0][-1].turn_id == first.target_turn_id
+    assert store.history.timeline(WS, op.target_session_id)[0][-1].turn_id == first.target_turn_id
 
 
 def test_child_ids_are_deterministic_from_operation_and_source_ids(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     committed = run_to_commit(store, op)
     raw = (
-        store._conn()
+        store.db.connection()
         .execute(
             "SELECT s.snapshot_json, o.snapshot_hash FROM fork_operations o JOIN fork_snapshots s"
             " USING (op_seq) WHERE o.operation_id = ?",
@@ -189,7 +189,7 @@ def test_child_ids_are_deterministic_from_operation_and_source_ids(
         turn_bindings=None,
         committed_at_ms=1,
     )
-    child_turn_ids = [t.turn_id for t in store.timeline(WS, op.target_session_id)[0]]
+    child_turn_ids = [t.turn_id for t in store.history.timeline(WS, op.target_session_id)[0]]
     assert [r[2] for r in plan.turn_rows] == child_turn_ids
     assert plan.lineage.target_turn_id == committed.target_turn_id
 
@@ -199,8 +199,8 @@ def test_prepare_request_replay_returns_original_operation(
 ) -> None:
     sid, turns = source
     req = request(sid, turns[0])
-    op, created = store.prepare_fork(WS, req)
-    again, created_again = store.prepare_fork(WS, req)
+    op, created = store.fork_prepare.prepare_fork(WS, req)
+    again, created_again = store.fork_prepare.prepare_fork(WS, req)
     assert created and not created_again and again == op
 
 
@@ -208,15 +208,15 @@ def test_same_request_id_with_different_body_is_request_conflict(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    store.prepare_fork(WS, request(sid, turns[0], request_id="same", target="t-a"))
+    store.fork_prepare.prepare_fork(WS, request(sid, turns[0], request_id="same", target="t-a"))
     with pytest.raises(ForkRequestConflict) as err:
-        store.prepare_fork(WS, request(sid, turns[1], request_id="same", target="t-a"))
+        store.fork_prepare.prepare_fork(WS, request(sid, turns[1], request_id="same", target="t-a"))
     assert err.value.reason == "agent_session_fork_request_conflict"
 
 
 def test_prepare_of_unknown_source_is_session_not_found(store: Store) -> None:
     with pytest.raises(SessionNotFound):
-        store.prepare_fork(WS, request("nope", "turn"))
+        store.fork_prepare.prepare_fork(WS, request("nope", "turn"))
 
 
 def test_prepare_rejects_unsupported_point_kind(
@@ -226,7 +226,7 @@ def test_prepare_rejects_unsupported_point_kind(
     bad = request(sid, turns[0])
     bad = ForkPrepareRequest(**{**{f: getattr(bad, f) for f in bad.__slots__}, "point_kind": "x"})
     with pytest.raises(InvalidArgument):
-        store.prepare_fork(WS, bad)
+        store.fork_prepare.prepare_fork(WS, bad)
 
 
 # -- titles and the frozen snapshot -------------------------------------------------------------
@@ -236,14 +236,14 @@ def test_child_titles_count_non_failed_forks_of_the_source(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    first, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    first, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     assert first.target_title == "123 (2)"
     run_to_commit(store, first)
-    store.acknowledge_fork(WS, first.operation_id)
-    failed, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    store.fork_transitions.acknowledge_fork(WS, first.operation_id)
+    failed, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert failed.target_title == "123 (3)"
-    store.mark_fork_failed(WS, failed.operation_id, "provider rejected")
-    second, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    store.fork_transitions.mark_fork_failed(WS, failed.operation_id, "provider rejected")
+    second, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert second.target_title == "123 (3)"
     committed = run_to_commit(store, second)
     assert committed.committed_session is not None
@@ -254,32 +254,34 @@ def test_snapshot_is_frozen_despite_later_source_title_drift(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-    store.update_title(WS, sid, "renamed while forking")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.sessions.update_title(WS, sid, "renamed while forking")
     committed = run_to_commit(store, op)
-    assert store.get_session(WS, op.target_session_id).title == "123 (2)"
-    store.update_title(WS, sid, "renamed again")
-    assert store.get_fork_operation(WS, op.operation_id) == committed
+    assert store.sessions.get_session(WS, op.target_session_id).title == "123 (2)"
+    store.sessions.update_title(WS, sid, "renamed again")
+    assert store.fork_queries.get_fork_operation(WS, op.operation_id) == committed
 
 
 def test_committed_projection_survives_deletion_of_the_child(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     committed = run_to_commit(store, op)
-    store.delete_session(WS, op.target_session_id)
-    got = store.get_fork_operation(WS, op.operation_id)
+    store.sessions.delete_session(WS, op.target_session_id)
+    got = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert got.committed_session == committed.committed_session
     assert got.lineage == committed.lineage
 
 
 def test_child_can_be_forked_again(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     committed = run_to_commit(store, op)
     child = committed.target_session_id
-    grand, created = store.prepare_fork(WS, request(child, committed.target_turn_id or ""))
+    grand, created = store.fork_prepare.prepare_fork(
+        WS, request(child, committed.target_turn_id or "")
+    )
     # Seed 000 §5: the fork of a fork stacks the suffix; its ordinal counts its own source's forks.
     assert created and grand.target_title == "123 (2) (2)"
     done = run_to_commit(store, grand)
@@ -291,7 +293,7 @@ def test_child_can_be_forked_again(store: Store, source: tuple[str, list[str]]) 
 
 def _expect_boundary(store: Store, req: ForkPrepareRequest, reason: str) -> None:
     with pytest.raises(ForkBoundaryError) as err:
-        store.prepare_fork(WS, req)
+        store.fork_prepare.prepare_fork(WS, req)
     assert err.value.params == {"forkBoundaryReason": reason}
     assert err.value.reason == "agent_session_fork_conflict"
     assert fence_holder(store, WS, req.source_session_id) is None
@@ -299,10 +301,10 @@ def _expect_boundary(store: Store, req: ForkPrepareRequest, reason: str) -> None
 
 def test_boundary_source_not_root(store: Store) -> None:
     sid = str(uuid.uuid4())
-    store.create_session(
+    store.sessions.create_session(
         WS, session_id=sid, provider="p", title="t", cwd="/", settings={}, kind="child"
     )
-    store.update_runtime(WS, sid, provider_session_id="ps")
+    store.sessions.update_runtime(WS, sid, provider_session_id="ps")
     turn = settled_turn(store, sid)
     _expect_boundary(store, request(sid, turn.turn_id), "source_not_root")
 
@@ -325,27 +327,29 @@ def test_boundary_turn_not_found_and_other_sessions_turn(
 
 def test_boundary_turn_not_settled(store: Store, source: tuple[str, list[str]]) -> None:
     sid, _ = source
-    active, _ = store.claim_submit(WS, sid, "r", "running")
+    active, _ = store.turns.claim_submit(WS, sid, "r", "running")
     _expect_boundary(store, request(sid, active.turn_id), "turn_not_settled")
 
 
 def test_boundary_source_turn_active(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    active, _ = store.claim_submit(WS, sid, "r", "running")
-    store.bind_provider_turn(WS, sid, active.turn_id, "p-active")  # finishes the claim
+    active, _ = store.turns.claim_submit(WS, sid, "r", "running")
+    store.turns.bind_provider_turn(WS, sid, active.turn_id, "p-active")  # finishes the claim
     _expect_boundary(store, request(sid, turns[0]), "source_turn_active")
 
 
 def test_boundary_source_submit_claim_active(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    store.claim_submit(WS, sid, "r", "not yet bound")
+    store.turns.claim_submit(WS, sid, "r", "not yet bound")
     _expect_boundary(store, request(sid, turns[0]), "source_submit_claim_active")
 
 
 def test_boundary_source_interaction_pending(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    active, _ = store.claim_submit(WS, sid, "r", "ask")
-    store.open_interaction(WS, sid, active.turn_id, request_id="q", kind="question", input={})
+    active, _ = store.turns.claim_submit(WS, sid, "r", "ask")
+    store.history.open_interaction(
+        WS, sid, active.turn_id, request_id="q", kind="question", input={}
+    )
     _expect_boundary(store, request(sid, turns[0]), "source_interaction_pending")
 
 
@@ -354,7 +358,7 @@ def test_boundary_source_goal_control_active(store: Store, source: tuple[str, li
     control = begin_goal_control(store, WS, sid, "set", "g")
     _expect_boundary(store, request(sid, turns[0]), "source_goal_control_active")
     finish_goal_control(store, WS, control)
-    assert store.prepare_fork(WS, request(sid, turns[0]))[1]
+    assert store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))[1]
 
 
 def test_boundary_source_runtime_operation_active(
@@ -364,16 +368,16 @@ def test_boundary_source_runtime_operation_active(
     op_id = begin_runtime_operation(store, WS, sid, "compact")
     _expect_boundary(store, request(sid, turns[0]), "source_runtime_operation_active")
     finish_runtime_operation(store, WS, op_id)
-    assert store.prepare_fork(WS, request(sid, turns[0]))[1]
+    assert store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))[1]
 
 
 def test_boundary_source_fork_active_is_retryable_in_progress(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    store.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     with pytest.raises(ForkInProgress) as err:
-        store.prepare_fork(WS, request(sid, turns[1]))
+        store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert err.value.retryable and err.value.params["forkBoundaryReason"] == "source_fork_active"
     assert "source_fork_active" in fork_readiness(store, WS, sid, turns[1]).blocking
 
@@ -381,7 +385,7 @@ def test_boundary_source_fork_active_is_retryable_in_progress(
 def test_boundary_turn_sequence_unverified(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
     # An imported (not host-assigned) sequence cannot be proven to mean the same prefix.
-    store._conn().execute(
+    store.db.connection().execute(
         "UPDATE turns SET sequence_provenance = 'imported' WHERE turn_id = ?", (turns[0],)
     )
     _expect_boundary(store, request(sid, turns[1]), "turn_sequence_unverified")
@@ -389,8 +393,8 @@ def test_boundary_turn_sequence_unverified(store: Store, source: tuple[str, list
 
 def test_boundary_provider_turn_missing(store: Store, source: tuple[str, list[str]]) -> None:
     sid, _ = source
-    turn, _ = store.claim_submit(WS, sid, "r", "never reached the provider")
-    store.settle_turn(WS, sid, turn.turn_id, outcome="failed", error="worker down")
+    turn, _ = store.turns.claim_submit(WS, sid, "r", "never reached the provider")
+    store.turns.settle_turn(WS, sid, turn.turn_id, outcome="failed", error="worker down")
     _expect_boundary(store, request(sid, turn.turn_id), "provider_turn_missing")
 
 
@@ -412,14 +416,14 @@ def test_boundary_session_local_attachment(store: Store) -> None:
     # A workspace-scoped attachment is fine.
     ok = new_session(store)
     fine = settled_turn(store, ok, extra=[("x", "y", {"attachments": [{"scope": "workspace"}]})])
-    assert store.prepare_fork(WS, request(ok, fine.turn_id))[1]
+    assert store.fork_prepare.prepare_fork(WS, request(ok, fine.turn_id))[1]
 
 
 def test_boundary_content_after_the_selected_turn_does_not_block(store: Store) -> None:
     sid = new_session(store)
     first = settled_turn(store, sid)
     settled_turn(store, sid, extra=[("descendant_lane", "later", {})])
-    assert store.prepare_fork(WS, request(sid, first.turn_id))[1]
+    assert store.fork_prepare.prepare_fork(WS, request(sid, first.turn_id))[1]
 
 
 def test_fork_readiness_lists_blockers_without_writing(
@@ -427,7 +431,7 @@ def test_fork_readiness_lists_blockers_without_writing(
 ) -> None:
     sid, turns = source
     assert fork_readiness(store, WS, sid, turns[0]).blocking == ()
-    store.claim_submit(WS, sid, "r", "x")
+    store.turns.claim_submit(WS, sid, "r", "x")
     ready = fork_readiness(store, WS, sid, turns[0])
     assert ready.blocking == ("source_submit_claim_active", "source_turn_active")
     assert ready.turn is not None and ready.turn.turn_id == turns[0]
@@ -442,10 +446,10 @@ def test_target_id_of_existing_session_is_conflict(
     sid, turns = source
     taken = new_session(store)
     with pytest.raises(ForkConflict) as err:
-        store.prepare_fork(WS, request(sid, turns[0], target=taken))
+        store.fork_prepare.prepare_fork(WS, request(sid, turns[0], target=taken))
     assert err.value.params["forkBoundaryReason"] == "target_session_exists"
     with pytest.raises(ForkConflict) as err:
-        store.prepare_fork(WS, request(sid, turns[0], target=sid))
+        store.fork_prepare.prepare_fork(WS, request(sid, turns[0], target=sid))
     assert err.value.params["forkBoundaryReason"] == "target_equals_source"
 
 
@@ -453,15 +457,17 @@ def test_target_reservation_blocks_create_and_is_released_only_by_failure(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0], target="reserved-id"))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0], target="reserved-id"))
     with pytest.raises(SessionIdTaken):
         new_session(store, session_id="reserved-id")
     other = new_session(store)
     other_turn = settled_turn(store, other)
     with pytest.raises(ForkConflict) as err:
-        store.prepare_fork(WS, request(other, other_turn.turn_id, target="reserved-id"))
+        store.fork_prepare.prepare_fork(
+            WS, request(other, other_turn.turn_id, target="reserved-id")
+        )
     assert err.value.params["forkBoundaryReason"] == "target_session_reserved"
-    store.mark_fork_failed(WS, op.operation_id, "not started")
+    store.fork_transitions.mark_fork_failed(WS, op.operation_id, "not started")
     new_session(store, session_id="reserved-id")
 
 
@@ -469,9 +475,9 @@ def test_unknown_operation_keeps_its_reservation(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0], target="kept"))
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_unknown(WS, op.operation_id, "timeout")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0], target="kept"))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_unknown(WS, op.operation_id, "timeout")
     with pytest.raises(SessionIdTaken):
         new_session(store, session_id="kept")
 
@@ -479,21 +485,21 @@ def test_unknown_operation_keeps_its_reservation(
 # -- the fence -----------------------------------------------------------------------------------
 
 FENCED: dict[str, Callable[[Store, str, str], object]] = {
-    "update_settings": lambda s, sid, t: s.update_settings(WS, sid, {"x": 1}),
-    "delete_session": lambda s, sid, t: s.delete_session(WS, sid),
-    "update_runtime": lambda s, sid, t: s.update_runtime(WS, sid, model="m2"),
-    "set_goal": lambda s, sid, t: s.set_goal(WS, sid, "g"),
-    "clear_goal": lambda s, sid, t: s.clear_goal(WS, sid),
+    "update_settings": lambda s, sid, t: s.sessions.update_settings(WS, sid, {"x": 1}),
+    "delete_session": lambda s, sid, t: s.sessions.delete_session(WS, sid),
+    "update_runtime": lambda s, sid, t: s.sessions.update_runtime(WS, sid, model="m2"),
+    "set_goal": lambda s, sid, t: s.goals.set_goal(WS, sid, "g"),
+    "clear_goal": lambda s, sid, t: s.goals.clear_goal(WS, sid),
     "begin_goal_control": lambda s, sid, t: begin_goal_control(s, WS, sid, "set", "g"),
     "begin_runtime_operation": lambda s, sid, t: begin_runtime_operation(s, WS, sid, "k"),
-    "claim_submit": lambda s, sid, t: s.claim_submit(WS, sid, "new-request", "x"),
-    "bind_provider_turn": lambda s, sid, t: s.bind_provider_turn(WS, sid, t, "p1"),
-    "record_turn_binding": lambda s, sid, t: s.record_turn_binding(WS, sid, t, "{}"),
-    "append_message": lambda s, sid, t: s.append_message(WS, sid, t, kind="a", text="x"),
-    "open_interaction": lambda s, sid, t: s.open_interaction(
+    "claim_submit": lambda s, sid, t: s.turns.claim_submit(WS, sid, "new-request", "x"),
+    "bind_provider_turn": lambda s, sid, t: s.turns.bind_provider_turn(WS, sid, t, "p1"),
+    "record_turn_binding": lambda s, sid, t: s.turns.record_turn_binding(WS, sid, t, "{}"),
+    "append_message": lambda s, sid, t: s.history.append_message(WS, sid, t, kind="a", text="x"),
+    "open_interaction": lambda s, sid, t: s.history.open_interaction(
         WS, sid, t, request_id="q", kind="question", input={}
     ),
-    "prepare_fork_other_turn": lambda s, sid, t: s.prepare_fork(WS, request(sid, t)),
+    "prepare_fork_other_turn": lambda s, sid, t: s.fork_prepare.prepare_fork(WS, request(sid, t)),
 }
 
 
@@ -502,53 +508,53 @@ def test_fenced_write_fails_while_fork_is_active(
     store: Store, source: tuple[str, list[str]], path: str
 ) -> None:
     sid, turns = source
-    store.prepare_fork(WS, request(sid, turns[1]))
-    before = store._conn().execute("SELECT total_changes()").fetchone()
+    store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
+    before = store.db.connection().execute("SELECT total_changes()").fetchone()
     with pytest.raises(ForkInProgress) as err:
         FENCED[path](store, sid, turns[0])
     assert err.value.to_wire()["reason"] == "agent_session_fork_in_progress"
-    assert store._conn().execute("SELECT total_changes()").fetchone() == before
+    assert store.db.connection().execute("SELECT total_changes()").fetchone() == before
 
 
 def test_settle_and_resolve_are_fenced_inside_the_transaction(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[2]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[2]))
     # Simulate a turn left active by a crashed writer (only raw SQL can do this under a fence).
-    store._conn().execute(
+    store.db.connection().execute(
         "INSERT INTO turns (workspace_id, session_id, turn_id, sequence, sequence_provenance,"
         " phase, created_at_ms) VALUES (?, ?, 'stray', 99, 'host', 'active', 0)",
         (WS, sid),
     )
     with pytest.raises(ForkInProgress):
-        store.settle_turn(WS, sid, "stray", outcome="completed")
+        store.turns.settle_turn(WS, sid, "stray", outcome="completed")
     with pytest.raises(ForkInProgress):
-        store.resolve_interaction(WS, sid, "stray", "q", {"text": "a"})
-    assert store.get_fork_operation(WS, op.operation_id).is_active
+        store.history.resolve_interaction(WS, sid, "stray", "q", {"text": "a"})
+    assert store.fork_queries.get_fork_operation(WS, op.operation_id).is_active
 
 
 def test_title_and_pin_stay_writable_under_the_fence(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    store.prepare_fork(WS, request(sid, turns[0]))
-    assert store.update_title(WS, sid, "new").title == "new"
-    assert store.set_pinned(WS, sid, True).pinned
+    store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    assert store.sessions.update_title(WS, sid, "new").title == "new"
+    assert store.sessions.set_pinned(WS, sid, True).pinned
 
 
 def test_submit_replay_is_answered_under_the_fence(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    store.prepare_fork(WS, request(sid, turns[0]))
-    first = store.timeline(WS, sid)[0][0]
+    store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    first = store.history.timeline(WS, sid)[0][0]
     claim = (
-        store._conn()
+        store.db.connection()
         .execute("SELECT request_id FROM submit_claims WHERE turn_id = ?", (first.turn_id,))
         .fetchone()[0]
     )
-    replay, created = store.claim_submit(WS, sid, claim, "t1")
+    replay, created = store.turns.claim_submit(WS, sid, claim, "t1")
     assert not created and replay.turn_id == first.turn_id
 
 
@@ -557,18 +563,22 @@ def test_each_terminal_state_releases_the_fence(
     store: Store, source: tuple[str, list[str]], terminal: str
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     assert fence_holder(store, WS, sid) is not None
     if terminal == "failed_from_prepared":
-        store.mark_fork_failed(WS, op.operation_id, "x")
+        store.fork_transitions.mark_fork_failed(WS, op.operation_id, "x")
     elif terminal == "committed":
         run_to_commit(store, op)
     else:
-        store.mark_fork_dispatching(WS, op.operation_id)
-        mark = store.mark_fork_failed if terminal == "failed" else store.mark_fork_unknown
+        store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+        mark = (
+            store.fork_transitions.mark_fork_failed
+            if terminal == "failed"
+            else store.fork_transitions.mark_fork_unknown
+        )
         mark(WS, op.operation_id, "x")
     assert fence_holder(store, WS, sid) is None
-    assert store.update_settings(WS, sid, {"after": True}).settings == {"after": True}
+    assert store.sessions.update_settings(WS, sid, {"after": True}).settings == {"after": True}
 
 
 # -- barrier and ACK -----------------------------------------------------------------------------
@@ -578,17 +588,17 @@ def test_barrier_returns_original_operation_to_a_new_identity_until_ack(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
-    held, created = store.prepare_fork(WS, request(sid, turns[1]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
+    held, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert not created and held.operation_id == op.operation_id
     committed = run_to_commit(store, op)
-    held, created = store.prepare_fork(WS, request(sid, turns[1]))
+    held, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert not created and held == committed  # committed but not yet observed
-    acked, changed = store.acknowledge_fork(WS, op.operation_id)
+    acked, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
     assert changed and acked.client_observed_at_ms is not None
-    again, changed = store.acknowledge_fork(WS, op.operation_id)
+    again, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
     assert not changed and again.client_observed_at_ms == acked.client_observed_at_ms
-    branch, created = store.prepare_fork(WS, request(sid, turns[1]))
+    branch, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
     assert created and branch.operation_id != op.operation_id
 
 
@@ -596,25 +606,25 @@ def test_unknown_holds_the_barrier_forever_and_cannot_be_acked(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-    store.mark_fork_dispatching(WS, op.operation_id)
-    unknown, _ = store.mark_fork_unknown(WS, op.operation_id, "worker lost")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    unknown, _ = store.fork_transitions.mark_fork_unknown(WS, op.operation_id, "worker lost")
     assert (unknown.public_status, unknown.phase) == ("unknown", "deliveryUnknown")
     with pytest.raises(ForkAcknowledgeConflict):
-        store.acknowledge_fork(WS, op.operation_id)
-    held, created = store.prepare_fork(WS, request(sid, turns[0]))
+        store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    held, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     assert not created and held.operation_id == op.operation_id
     # Another boundary of the same source is not held (the fence was released).
-    assert store.prepare_fork(WS, request(sid, turns[1]))[1]
+    assert store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))[1]
 
 
 def test_failed_releases_the_barrier(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-    store.mark_fork_failed(WS, op.operation_id, "rejected")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_transitions.mark_fork_failed(WS, op.operation_id, "rejected")
     with pytest.raises(ForkAcknowledgeConflict):
-        store.acknowledge_fork(WS, op.operation_id)
-    fresh, created = store.prepare_fork(WS, request(sid, turns[0]))
+        store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    fresh, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     assert created and fresh.operation_id != op.operation_id
 
 
@@ -625,31 +635,33 @@ def test_repeated_transitions_are_unchanged_and_wrong_ones_typed(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     with pytest.raises(InvalidTransition):
-        store.mark_fork_unknown(WS, op.operation_id, "x")  # prepared → unknown is not allowed
+        store.fork_transitions.mark_fork_unknown(
+            WS, op.operation_id, "x"
+        )  # prepared → unknown is not allowed
     with pytest.raises(InvalidTransition):
-        store.commit_fork(WS, op.operation_id)
+        store.fork_commit.commit_fork(WS, op.operation_id)
     with pytest.raises(InvalidTransition):
-        store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    d1, c1 = store.mark_fork_dispatching(WS, op.operation_id)
-    d2, c2 = store.mark_fork_dispatching(WS, op.operation_id)
+        store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    d1, c1 = store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    d2, c2 = store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
     assert (c1, c2) == (True, False) and d1 == d2 and d1.phase == "dispatching"
-    a1, c1 = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    a2, c2 = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    a1, c1 = store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    a2, c2 = store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     assert (c1, c2) == (True, False) and a1.phase == "materializing"
     with pytest.raises(InvalidTransition):
-        store.mark_fork_provider_accepted(
+        store.fork_transitions.mark_fork_provider_accepted(
             WS, op.operation_id, evidence(op, child_provider_session_id="another")
         )
     with pytest.raises(InvalidTransition):
-        store.mark_fork_failed(WS, op.operation_id, "too late")
+        store.fork_transitions.mark_fork_failed(WS, op.operation_id, "too late")
     with pytest.raises(InvalidTransition):
-        store.mark_fork_dispatching(WS, op.operation_id)
+        store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
     with pytest.raises(ForkOperationNotFound):
-        store.mark_fork_dispatching(WS, "missing")
+        store.fork_transitions.mark_fork_dispatching(WS, "missing")
     with pytest.raises(ForkOperationNotFound):
-        store.get_fork_operation("other-workspace", op.operation_id)
+        store.fork_queries.get_fork_operation("other-workspace", op.operation_id)
 
 
 @pytest.mark.parametrize(
@@ -670,48 +682,54 @@ def test_unverifiable_provider_evidence_is_rejected_and_nothing_changes(
     store: Store, source: tuple[str, list[str]], over: dict[str, Any]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[1]))
-    store.mark_fork_dispatching(WS, op.operation_id)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
     with pytest.raises(ForkEvidenceRejected) as err:
-        store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
+        store.fork_transitions.mark_fork_provider_accepted(
+            WS, op.operation_id, evidence(op, **over)
+        )
     assert err.value.reason == "agent_session_fork_delivery_unknown"
-    assert store.get_fork_operation(WS, op.operation_id).status is ForkStatus.DISPATCHING
+    assert (
+        store.fork_queries.get_fork_operation(WS, op.operation_id).status is ForkStatus.DISPATCHING
+    )
 
 
 def test_provider_owned_child_gets_the_returned_turn_bindings(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[1], binding_mode="provider_owned"))
-    store.mark_fork_dispatching(WS, op.operation_id)
+    op, _ = store.fork_prepare.prepare_fork(
+        WS, request(sid, turns[1], binding_mode="provider_owned")
+    )
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
     with pytest.raises(ForkEvidenceRejected):
-        store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+        store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     bindings = {turns[1]: ("child-uuid-2", '{"checkpointMessageId":"c2"}')}
     committed = run_to_commit_from_dispatching(store, op, turn_bindings=bindings)
-    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    child_turns, _ = store.history.timeline(WS, committed.target_session_id)
     assert [t.root_provider_turn_id for t in child_turns] == [None, "child-uuid-2"]
     assert child_turns[1].provider_turn_binding_json == '{"checkpointMessageId":"c2"}'
 
 
 def run_to_commit_from_dispatching(store: Store, op: ForkOperation, **over: Any) -> ForkOperation:
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
-    return store.commit_fork(WS, op.operation_id)[0]
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op, **over))
+    return store.fork_commit.commit_fork(WS, op.operation_id)[0]
 
 
 def test_commit_reproves_source_provider_identity(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     # The operation's provider identity no longer matches what the snapshot froze.
-    store._conn().execute(
+    store.db.connection().execute(
         "UPDATE fork_operations SET source_provider_session_id = 'swapped' WHERE operation_id = ?",
         (op.operation_id,),
     )
     with pytest.raises(ForkSnapshotCorrupt):
-        store.commit_fork(WS, op.operation_id)
+        store.fork_commit.commit_fork(WS, op.operation_id)
     assert find_session(store, WS, op.target_session_id) is None
 
 
@@ -719,28 +737,33 @@ def test_commit_refuses_a_snapshot_that_no_longer_matches_its_hash(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    store._conn().execute(
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    store.db.connection().execute(
         "UPDATE fork_snapshots SET snapshot_json = replace(snapshot_json, 't1', 'tX')"
         " WHERE op_seq = (SELECT op_seq FROM fork_operations WHERE operation_id = ?)",
         (op.operation_id,),
     )
     with pytest.raises(ForkSnapshotCorrupt):
-        store.commit_fork(WS, op.operation_id)
-    assert store.get_fork_operation(WS, op.operation_id).status is ForkStatus.PROVIDER_ACCEPTED
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    assert (
+        store.fork_queries.get_fork_operation(WS, op.operation_id).status
+        is ForkStatus.PROVIDER_ACCEPTED
+    )
 
 
 def test_commit_reads_only_the_snapshot_not_the_live_source(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     # Drift the live source behind the store's back: commit must not see it (law 4).
-    store._conn().execute("UPDATE messages SET text = 'drifted' WHERE session_id = ?", (sid,))
+    store.db.connection().execute(
+        "UPDATE messages SET text = 'drifted' WHERE session_id = ?", (sid,)
+    )
     committed = run_to_commit(store, op)
-    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    child_turns, _ = store.history.timeline(WS, committed.target_session_id)
     assert child_turns[0].messages[0].text == "t1"
 
 
@@ -760,9 +783,9 @@ def test_allowlisted_references_are_rewritten_and_lineage_left_alone(store: Stor
         "output": f"tool said {user_msg}",
     }
     second = settled_turn(store, sid, extra=[("tool_call", f"see {user_msg}", payload)])
-    op, _ = store.prepare_fork(WS, request(sid, second.turn_id))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, second.turn_id))
     committed = run_to_commit(store, op)
-    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    child_turns, _ = store.history.timeline(WS, committed.target_session_id)
     tool = child_turns[1].messages[1]
     child_user = child_turns[0].messages[0].message_id
     assert tool.payload["replyToMessageId"] == child_user
@@ -791,7 +814,7 @@ def test_unsafe_references_fail_closed_at_prepare(
     sid = new_session(store)
     turn = settled_turn(store, sid, extra=[("tool_call", "x", payload)])
     with pytest.raises(ForkReferenceError) as err:
-        store.prepare_fork(WS, request(sid, turn.turn_id))
+        store.fork_prepare.prepare_fork(WS, request(sid, turn.turn_id))
     assert err.value.params["forkReferenceError"] == why
     # Every agent_session_fork_conflict names a forkBoundaryReason (PROTOCOL.md).
     assert err.value.reason == "agent_session_fork_conflict"
@@ -819,9 +842,9 @@ def test_model_and_provider_content_below_the_payload_keys_is_copied_byte_identi
         {"providerItemType": "x", "item": {"type": "x", "payload": content}},
     ]
     second = settled_turn(store, sid, extra=[("tool_call", "t", p) for p in payloads])
-    op, _ = store.prepare_fork(WS, request(sid, second.turn_id))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, second.turn_id))
     committed = run_to_commit(store, op)
-    conn = store._conn()
+    conn = store.db.connection()
     source_json = [
         r[0]
         for r in conn.execute(
@@ -830,7 +853,7 @@ def test_model_and_provider_content_below_the_payload_keys_is_copied_byte_identi
             (sid, second.turn_id),
         )
     ]
-    child_turns, _ = store.timeline(WS, committed.target_session_id)
+    child_turns, _ = store.history.timeline(WS, committed.target_session_id)
     child_json = [
         r[0]
         for r in conn.execute(
@@ -847,25 +870,25 @@ def test_reference_to_a_later_turn_is_dangling_in_the_child(store: Store) -> Non
     sid = new_session(store)
     first = settled_turn(store, sid)
     later = settled_turn(store, sid)
-    store._conn().execute(
+    store.db.connection().execute(
         "UPDATE messages SET payload_json = ? WHERE message_id = ?",
         (f'{{"replyToMessageId": "{later.messages[0].message_id}"}}', first.messages[1].message_id),
     )
     with pytest.raises(ForkReferenceError):
-        store.prepare_fork(WS, request(sid, first.turn_id))
+        store.fork_prepare.prepare_fork(WS, request(sid, first.turn_id))
     # Through the later turn the same reference resolves.
-    assert store.prepare_fork(WS, request(sid, later.turn_id))[1]
+    assert store.fork_prepare.prepare_fork(WS, request(sid, later.turn_id))[1]
 
 
 def test_duplicate_json_key_in_a_payload_fails_closed(store: Store) -> None:
     sid = new_session(store)
     turn = settled_turn(store, sid)
-    store._conn().execute(
+    store.db.connection().execute(
         'UPDATE messages SET payload_json = \'{"a": 1, "a": 2}\' WHERE message_id = ?',
         (turn.messages[0].message_id,),
     )
     with pytest.raises(ForkReferenceError) as err:
-        store.prepare_fork(WS, request(sid, turn.turn_id))
+        store.fork_prepare.prepare_fork(WS, request(sid, turn.turn_id))
     assert err.value.params["forkReferenceError"] == "duplicate_key"
 
 
@@ -938,14 +961,14 @@ def test_recoverable_operations_page_across_workspaces_by_stable_cursor(store: S
         for _ in range(3):
             sid = new_session(store, ws)
             turn = settled_turn(store, sid, ws)
-            op, _ = store.prepare_fork(ws, request(sid, turn.turn_id))
+            op, _ = store.fork_prepare.prepare_fork(ws, request(sid, turn.turn_id))
             created.append(op.operation_id)
     # Terminal ones are not recoverable.
-    store.mark_fork_failed("w2", created[3], "x")
+    store.fork_transitions.mark_fork_failed("w2", created[3], "x")
     seen: list[str] = []
     cursor = None
     while True:
-        page, cursor = store.recoverable_fork_operations(after=cursor, limit=2)
+        page, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=2)
         seen += [op.operation_id for op in page]
         if cursor is None:
             break
@@ -954,26 +977,26 @@ def test_recoverable_operations_page_across_workspaces_by_stable_cursor(store: S
 
 def test_lineage_of_child_and_of_plain_root(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     committed = run_to_commit(store, op)
     assert lineage_of(store, WS, sid) is None
     assert lineage_of(store, WS, op.target_session_id) == committed.lineage
-    listed = {s.session_id: s for s in store.list_sessions(WS)[0]}
+    listed = {s.session_id: s for s in store.sessions.list_sessions(WS)[0]}
     assert listed[op.target_session_id].lineage == committed.lineage
 
 
 def test_fork_events_follow_each_durable_step(store: Store, source: tuple[str, list[str]]) -> None:
     sid, turns = source
     events: list[object] = []
-    store.subscribe(events.append)
-    op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    store.db.subscribe(events.append)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
     assert events == [ForkOperationChanged(WS, op.operation_id), SessionChanged(WS, sid)]
     events.clear()
     run_to_commit(store, op)
     assert SessionChanged(WS, op.target_session_id) in events
     assert events.count(ForkOperationChanged(WS, op.operation_id)) == 3
     events.clear()
-    store.commit_fork(WS, op.operation_id)  # replay: nothing changed, nothing published
+    store.fork_commit.commit_fork(WS, op.operation_id)  # replay: nothing changed, nothing published
     assert events == []
 
 
@@ -983,12 +1006,14 @@ def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
     """Issue 20: a commit's events do not grow with the child's history (a 1,000-Turn fork
     used to publish 1,000 `turn.updated`); the child's `SessionChanged` announces it."""
     sid, turns = source
-    op, _ = store.prepare_fork(WS, request(sid, turns[-1]))  # through the 3rd: 3 cloned Turns
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    op, _ = store.fork_prepare.prepare_fork(
+        WS, request(sid, turns[-1])
+    )  # through the 3rd: 3 cloned Turns
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     events: list[object] = []
-    store.subscribe(events.append)
-    _, changed = store.commit_fork(WS, op.operation_id)
+    store.db.subscribe(events.append)
+    _, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed
     assert events == [
         ForkOperationChanged(WS, op.operation_id),
@@ -996,7 +1021,7 @@ def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
         SessionChanged(WS, sid),
     ]
     assert not any(isinstance(e, TurnChanged) for e in events)
-    child_turns, _ = store.timeline(WS, op.target_session_id)
+    child_turns, _ = store.history.timeline(WS, op.target_session_id)
     assert len(child_turns) == 3  # the Turns are there, read with the timeline
 
 
@@ -1012,17 +1037,17 @@ def test_each_transition_and_the_commit_answer_with_the_row_a_read_returns(store
         )
         for i in (1, 2, 3)
     ]
-    op, created = store.prepare_fork(WS, request(sid, turns[1].turn_id))
+    op, created = store.fork_prepare.prepare_fork(WS, request(sid, turns[1].turn_id))
     assert created
     assert op.frozen_turns == ((turns[0].turn_id, '{"b":1}'), (turns[1].turn_id, '{"b":2}'))
-    assert store.get_fork_operation(WS, op.operation_id).frozen_turns is None
-    op, _ = store.mark_fork_dispatching(WS, op.operation_id)
-    assert op == store.get_fork_operation(WS, op.operation_id)
+    assert store.fork_queries.get_fork_operation(WS, op.operation_id).frozen_turns is None
+    op, _ = store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    assert op == store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert op.status is ForkStatus.DISPATCHING and op.dispatched_at_ms is not None
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    op, changed = store.commit_fork(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    op, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed and op.status is ForkStatus.COMMITTED
-    read = store.get_fork_operation(WS, op.operation_id)
+    read = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert op == read
     assert op.committed_session == read.committed_session and op.lineage == read.lineage
     assert op.committed_session is not None
@@ -1032,13 +1057,16 @@ def test_a_failed_or_unknown_transition_answers_with_the_row_it_wrote(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
-    for dispatched, mark in ((False, store.mark_fork_failed), (True, store.mark_fork_unknown)):
-        op, _ = store.prepare_fork(WS, request(sid, turns[0]))
+    for dispatched, mark in (
+        (False, store.fork_transitions.mark_fork_failed),
+        (True, store.fork_transitions.mark_fork_unknown),
+    ):
+        op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
         if dispatched:
-            store.mark_fork_dispatching(WS, op.operation_id)
+            store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
         op, changed = mark(WS, op.operation_id, "why")
         assert changed and op.error == "why" and op.completed_at_ms is not None
-        assert op == store.get_fork_operation(WS, op.operation_id)
+        assert op == store.fork_queries.get_fork_operation(WS, op.operation_id)
 
 
 def test_what_prepare_remembers_for_the_commit_belongs_to_its_store(
@@ -1050,11 +1078,11 @@ def test_what_prepare_remembers_for_the_commit_belongs_to_its_store(
     sid, turns = source
     other = Store.open(store.path)
     try:
-        op, _ = store.prepare_fork(WS, request(sid, turns[0]))
-        assert len(store.fork_memo.frozen) == 1 and len(store.fork_memo.histories) == 1
-        assert len(other.fork_memo.frozen) == 0 and len(other.fork_memo.histories) == 0
+        op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+        assert len(store.db.fork_memo.frozen) == 1 and len(store.db.fork_memo.histories) == 1
+        assert len(other.db.fork_memo.frozen) == 0 and len(other.db.fork_memo.histories) == 0
         committed = run_to_commit(store, op)
         assert committed.status == "committed"
-        assert len(store.fork_memo.frozen) == 0 and len(store.fork_memo.histories) == 0
+        assert len(store.db.fork_memo.frozen) == 0 and len(store.db.fork_memo.histories) == 0
     finally:
         other.close()

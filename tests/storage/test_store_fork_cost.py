@@ -79,14 +79,16 @@ def _prepare_and_commit(
 ) -> tuple[Counter[str], Counter[str], Any]:
     sid, last = _source(store, turns)
     with _counting(monkeypatch, store) as prepare_counts:
-        op, created = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+        op, created = store.fork_prepare.prepare_fork(
+            WS, request(sid, last, target=str(uuid.uuid4()))
+        )
     assert created
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     if forget:  # as after a restart: this process no longer holds what prepare froze
-        store.fork_memo = ForkMemo()
+        store.db.fork_memo = ForkMemo()
     with _counting(monkeypatch, store) as commit_counts:
-        committed, changed = store.commit_fork(WS, op.operation_id)
+        committed, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed
     return prepare_counts, commit_counts, committed
 
@@ -103,7 +105,7 @@ def test_prepare_and_commit_in_one_process_decode_no_snapshot_and_mint_each_id_o
     assert prepare["snapshot decodes"] == 0
     assert prepare["ids minted"] + commit["ids minted"] == entities
     # The committed operation it returns is the projection a reader rebuilds from the snapshot.
-    assert store.get_fork_operation(WS, committed.operation_id) == committed
+    assert store.fork_queries.get_fork_operation(WS, committed.operation_id) == committed
 
 
 def test_a_commit_in_a_fresh_process_decodes_the_snapshot_once(
@@ -112,7 +114,7 @@ def test_a_commit_in_a_fresh_process_decodes_the_snapshot_once(
     _, commit, committed = _prepare_and_commit(store, monkeypatch, 5, forget=True)
     assert commit["snapshot decodes"] == 1
     assert commit["ids minted"] == 5 * 4
-    assert store.get_fork_operation(WS, committed.operation_id) == committed
+    assert store.fork_queries.get_fork_operation(WS, committed.operation_id) == committed
 
 
 def test_prepare_and_commit_statements_do_not_grow_with_the_history(
@@ -147,27 +149,27 @@ def test_the_child_history_is_built_once_per_process_and_the_ack_decodes_nothing
     for i in range(turns):
         turn = settled_turn(store, sid, text=f"turn {i}")
         user = turn.messages[0].message_id
-        last = store.append_message(
+        last = store.history.append_message(
             WS, sid, turn.turn_id, kind="reasoning", text="r", payload={"replyToMessageId": user}
         ).turn_id or ""
     assert last
-    op, _ = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     assert remaps["message"] == turns
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    committed, _ = store.commit_fork(WS, op.operation_id)
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
     assert remaps["message"] == turns  # not one more
-    child = store.timeline(WS, committed.target_session_id, limit=turns)[0]
+    child = store.history.timeline(WS, committed.target_session_id, limit=turns)[0]
     for turn in child:
         reply = turn.messages[-1]
         assert reply.payload == {"replyToMessageId": turn.messages[0].message_id}
-    created = store._conn().execute(
+    created = store.db.connection().execute(
         "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
         (WS, committed.target_session_id),
     ).fetchall()
     assert created == [(committed.completed_at_ms,)]  # every cloned Message: the commit's time
     with _counting(monkeypatch, store) as ack_counts:
-        acked, changed = store.acknowledge_fork(WS, op.operation_id)
+        acked, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
     assert changed and ack_counts["snapshot decodes"] == 0
     assert acked.committed_session == committed.committed_session
     assert acked.lineage == committed.lineage
@@ -178,16 +180,16 @@ def test_status_changes_write_none_of_the_frozen_snapshot(
 ) -> None:
     """The snapshot is written once, at prepare (schema v5: a table of its own). On the
     operation row every UPDATE rewrote it: ~2.5 MB of WAL per transition at 1,000 Turns."""
-    store.checkpoint_pages = 1 << 30  # no checkpoint: the WAL's frame count only grows
+    store.db.checkpoint_pages = 1 << 30  # no checkpoint: the WAL's frame count only grows
     frames: list[int] = []
     monkeypatch.setattr(store, "_wal_grew", lambda _c, _d, pages: frames.append(pages) or 0)
     sid = new_session(store)
     last = ""
     for i in range(40):
         last = settled_turn(store, sid, text=f"turn {i}: " + "x" * 4000).turn_id
-    op, _ = store.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     # The snapshot holds every Message's text: at least this many 4 KiB pages.
-    texts = store._conn().execute(
+    texts = store.db.connection().execute(
         "SELECT SUM(length(text)) FROM messages WHERE session_id = ?", (sid,)
     ).fetchone()[0]
     snapshot_pages = texts // 4096
@@ -199,11 +201,15 @@ def test_status_changes_write_none_of_the_frozen_snapshot(
         return frames[-1] - before
 
     written = {
-        "dispatching": frames_of(lambda: store.mark_fork_dispatching(WS, op.operation_id)),
+        "dispatching": frames_of(
+            lambda: store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+        ),
         "provider_accepted": frames_of(
-            lambda: store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+            lambda: store.fork_transitions.mark_fork_provider_accepted(
+                WS, op.operation_id, evidence(op)
+            )
         ),
     }
-    store.commit_fork(WS, op.operation_id)
-    written["ack"] = frames_of(lambda: store.acknowledge_fork(WS, op.operation_id))
+    store.fork_commit.commit_fork(WS, op.operation_id)
+    written["ack"] = frames_of(lambda: store.fork_transitions.acknowledge_fork(WS, op.operation_id))
     assert all(n < 10 for n in written.values()), (written, snapshot_pages)

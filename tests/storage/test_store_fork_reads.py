@@ -47,27 +47,31 @@ def test_each_step_of_a_fork_reads_its_operation_row_once(store: Store) -> None:
     turns = [
         settled_turn(store, sid, text=f"t{i}", provider_turn_id=f"p{i}").turn_id for i in (1, 2)
     ]
-    op, created = store.prepare_fork(WS, request(sid, turns[-1], target=str(uuid.uuid4())))
+    op, created = store.fork_prepare.prepare_fork(
+        WS, request(sid, turns[-1], target=str(uuid.uuid4()))
+    )
     assert created
     with _row_reads(store) as reads:
-        op, _ = store.mark_fork_dispatching(WS, op.operation_id)
+        op, _ = store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
     assert reads["operation row reads"] == 1
     with _row_reads(store) as reads:
-        accepted, changed = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+        accepted, changed = store.fork_transitions.mark_fork_provider_accepted(
+            WS, op.operation_id, evidence(op)
+        )
     assert changed and reads["operation row reads"] == 1  # was 2: the row re-read
-    assert accepted == store.get_fork_operation(WS, op.operation_id)
+    assert accepted == store.fork_queries.get_fork_operation(WS, op.operation_id)
     with _row_reads(store) as reads:
-        committed, changed = store.commit_fork(WS, op.operation_id)
+        committed, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed and reads["operation row reads"] == 1
     with _row_reads(store) as reads:
-        acked, changed = store.acknowledge_fork(WS, op.operation_id)
+        acked, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
     assert changed and reads["operation row reads"] == 1  # was 2
-    read = store.get_fork_operation(WS, op.operation_id)
+    read = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert acked == read and acked.client_observed_at_ms is not None
     assert acked.committed_session == read.committed_session
     # A repeated ACK is answered with the row as it is, unchanged.
     with _row_reads(store) as reads:
-        again, changed = store.acknowledge_fork(WS, op.operation_id)
+        again, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
     assert not changed and again == read and reads["operation row reads"] == 1
 
 
@@ -75,9 +79,15 @@ def test_a_repeated_provider_accepted_answers_the_stored_row(store: Store) -> No
     """The replay branch still reads what is stored (the evidence it was given may differ)."""
     sid = new_session(store)
     turn = settled_turn(store, sid, text="t", provider_turn_id="p").turn_id
-    op, _ = store.prepare_fork(WS, request(sid, turn))
-    store.mark_fork_dispatching(WS, op.operation_id)
-    first, changed = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    first, changed = store.fork_transitions.mark_fork_provider_accepted(
+        WS, op.operation_id, evidence(op)
+    )
     assert changed
-    again, changed = store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    assert not changed and again == first == store.get_fork_operation(WS, op.operation_id)
+    again, changed = store.fork_transitions.mark_fork_provider_accepted(
+        WS, op.operation_id, evidence(op)
+    )
+    assert not changed and again == first == store.fork_queries.get_fork_operation(
+        WS, op.operation_id
+    )

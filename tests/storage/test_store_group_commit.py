@@ -27,7 +27,9 @@ WS = "ws-group"
 def _sessions(store: Store, n: int) -> list[str]:
     ids = [f"s{i}" for i in range(n)]
     for sid in ids:
-        store.create_session(WS, session_id=sid, provider="p", title=sid, cwd="/", settings={})
+        store.sessions.create_session(
+            WS, session_id=sid, provider="p", title=sid, cwd="/", settings={}
+        )
     return ids
 
 
@@ -49,7 +51,7 @@ def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> lis
 
     def hold() -> None:
         try:
-            with store._write(WS) as tx:
+            with store.db.write(WS) as tx:
                 tx.execute("UPDATE sessions SET title = 'held' WHERE session_id = 's0'")
                 inside.set()
                 release.wait(20)
@@ -80,16 +82,16 @@ def test_queued_writes_share_one_commit_and_each_returns_only_when_durable(
 ) -> None:
     path = tmp_path / "store.sqlite3"
     store = Store.open(path)
-    store.group_max_age_s = 60.0  # a slow machine must not split the group the test builds
+    store.db.group_max_age_s = 60.0  # a slow machine must not split the group the test builds
     observer = apsw.Connection(str(path))
     seen_at_return: dict[str, str] = {}
     try:
         ids = _sessions(store, 9)
-        before = store.write_stats.snapshot()
+        before = store.db.write_stats.snapshot()
 
         def writer(sid: str) -> Callable[[], None]:
             def write() -> None:
-                store.update_title(WS, sid, f"{sid} titled")
+                store.sessions.update_title(WS, sid, f"{sid} titled")
                 # Acknowledged: another connection must already see it (it was committed).
                 row = observer.execute(
                     "SELECT title FROM sessions WHERE workspace_id = ? AND session_id = ?",
@@ -101,12 +103,12 @@ def test_queued_writes_share_one_commit_and_each_returns_only_when_durable(
 
         errors = _behind_a_held_write(store, [writer(sid) for sid in ids[1:]])
         assert errors == []
-        after = store.write_stats.snapshot()
+        after = store.db.write_stats.snapshot()
         assert after["transactions"] - before["transactions"] == 9  # the held write + 8
         assert after["commits"] - before["commits"] == 1  # one fsync'd COMMIT for all nine
         assert after["largest_group"] == 9
         assert seen_at_return == {sid: f"{sid} titled" for sid in ids[1:]}
-        assert store.get_session(WS, "s0").title == "held"
+        assert store.sessions.get_session(WS, "s0").title == "held"
     finally:
         observer.close()
         store.close()
@@ -116,29 +118,29 @@ def test_a_failing_write_rolls_back_its_own_savepoint_and_the_others_land(
     tmp_path: Path,
 ) -> None:
     store = Store.open(tmp_path / "store.sqlite3")
-    store.group_max_age_s = 60.0
+    store.db.group_max_age_s = 60.0
     try:
         ids = _sessions(store, 4)
-        before = store.write_stats.snapshot()
+        before = store.db.write_stats.snapshot()
 
         def failing() -> None:
             # Writes a row, then fails: its savepoint alone is rolled back.
-            with store._write(WS) as tx:
+            with store.db.write(WS) as tx:
                 tx.execute("UPDATE sessions SET title = 'half' WHERE session_id = 's2'")
                 raise SessionNotFound("deliberate failure after a write")
 
         writers = [
-            lambda: store.update_title(WS, "s1", "first landed"),
+            lambda: store.sessions.update_title(WS, "s1", "first landed"),
             failing,
-            lambda: store.update_title(WS, "s3", "third landed"),
+            lambda: store.sessions.update_title(WS, "s3", "third landed"),
         ]
         errors = _behind_a_held_write(store, writers)
         assert [type(e) for e in errors] == [SessionNotFound]
-        after = store.write_stats.snapshot()
+        after = store.db.write_stats.snapshot()
         assert after["commits"] - before["commits"] == 1
         assert after["transactions"] - before["transactions"] == 3  # held, first, third
         assert after["rolled_back"] - before["rolled_back"] == 1
-        titles = [store.get_session(WS, sid).title for sid in ids]
+        titles = [store.sessions.get_session(WS, sid).title for sid in ids]
         assert titles == ["held", "first landed", "s2", "third landed"]
     finally:
         store.close()
@@ -146,7 +148,7 @@ def test_a_failing_write_rolls_back_its_own_savepoint_and_the_others_land(
 
 def test_a_failed_commit_fails_every_member_and_writes_nothing(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "store.sqlite3")
-    store.group_max_age_s = 60.0
+    store.db.group_max_age_s = 60.0
     try:
         ids = _sessions(store, 3)
         refuse = threading.Event()
@@ -155,8 +157,8 @@ def test_a_failed_commit_fails_every_member_and_writes_nothing(tmp_path: Path) -
         errors = _behind_a_held_write(
             store,
             [
-                lambda: store.update_title(WS, "s1", "lost 1"),
-                lambda: store.update_title(WS, "s2", "lost 2"),
+                lambda: store.sessions.update_title(WS, "s1", "lost 1"),
+                lambda: store.sessions.update_title(WS, "s2", "lost 2"),
             ],
         )
         refuse.clear()
@@ -164,9 +166,9 @@ def test_a_failed_commit_fails_every_member_and_writes_nothing(tmp_path: Path) -
         # retryable error, and none of their writes exists.
         assert [type(e) for e in errors] == [StoreBusy] * 3
         assert all(e.retryable for e in errors if isinstance(e, StoreBusy))
-        assert store.write_stats.group_failures == 1
-        assert [store.get_session(WS, sid).title for sid in ids] == ["s0", "s1", "s2"]
-        assert store.update_title(WS, "s1", "after").title == "after"
+        assert store.db.write_stats.group_failures == 1
+        assert [store.sessions.get_session(WS, sid).title for sid in ids] == ["s0", "s1", "s2"]
+        assert store.sessions.update_title(WS, "s1", "after").title == "after"
     finally:
         store.close()
 
@@ -175,9 +177,9 @@ def test_a_write_inside_a_write_of_the_same_thread_is_refused(tmp_path: Path) ->
     store = Store.open(tmp_path / "store.sqlite3")
     try:
         (sid,) = _sessions(store, 1)
-        with pytest.raises(apsw.SQLError), store._write(WS):
-            store.update_title(WS, sid, "nested")
-        assert store.update_title(WS, sid, "after").title == "after"
+        with pytest.raises(apsw.SQLError), store.db.write(WS):
+            store.sessions.update_title(WS, sid, "nested")
+        assert store.sessions.update_title(WS, sid, "after").title == "after"
     finally:
         store.close()
 
@@ -199,25 +201,25 @@ def test_the_wal_is_checkpointed_off_the_write_path(
     paused = threading.Event()
     monkeypatch.setattr(Store, "_checkpoint_loop", lambda self: paused.set())
     store = Store.open(path)
-    store.checkpoint_pages = 8
+    store.db.checkpoint_pages = 8
     try:
         ids = _sessions(store, 2)
         for i in range(40):
-            store.update_title(WS, ids[i % 2], "x" * 3000 + str(i))
+            store.sessions.update_title(WS, ids[i % 2], "x" * 3000 + str(i))
         assert paused.is_set()  # the hook asked for a checkpoint
-        assert frames() > 3 * store.checkpoint_pages
-        assert store.write_stats.checkpoints == 0
+        assert frames() > 3 * store.db.checkpoint_pages
+        assert store.db.write_stats.checkpoints == 0
     finally:
         store.close()
     monkeypatch.undo()
     # Then with it: the background pass runs and counts.
     store = Store.open(path)
-    store.checkpoint_pages = 8
+    store.db.checkpoint_pages = 8
     try:
         for i in range(40):
-            store.update_title(WS, "s1", "y" * 3000 + str(i))
-        _wait_for(lambda: store.write_stats.checkpoints >= 1)
-        assert store.get_session(WS, "s1").title.endswith("39")
+            store.sessions.update_title(WS, "s1", "y" * 3000 + str(i))
+        _wait_for(lambda: store.db.write_stats.checkpoints >= 1)
+        assert store.sessions.get_session(WS, "s1").title.endswith("39")
     finally:
         store.close()
 
@@ -231,22 +233,22 @@ def test_a_batch_of_writes_is_one_commit_and_a_failing_one_rolls_back_alone(
     store = Store.open(path)
     observer = apsw.Connection(str(path))
     events: list[object] = []
-    store.subscribe(events.append)
+    store.db.subscribe(events.append)
     try:
         ids = _sessions(store, 3)
         events.clear()
-        before = store.write_stats.snapshot()
-        with store.write_batch():
-            store.update_title(WS, "s0", "one")
-            with pytest.raises(SessionNotFound), store._write(WS) as tx:
+        before = store.db.write_stats.snapshot()
+        with store.db.write_batch():
+            store.sessions.update_title(WS, "s0", "one")
+            with pytest.raises(SessionNotFound), store.db.write(WS) as tx:
                 tx.execute("UPDATE sessions SET title = 'half' WHERE session_id = 's1'")
                 raise SessionNotFound("deliberate failure after a write")
-            store.update_title(WS, "s2", "three")
+            store.sessions.update_title(WS, "s2", "three")
             # Not durable yet, not published yet: nothing else sees the batch.
             seen = observer.execute("SELECT title FROM sessions ORDER BY session_id").fetchall()
             assert [r[0] for r in seen] == ids
             assert events == []
-        after = store.write_stats.snapshot()
+        after = store.db.write_stats.snapshot()
         assert after["commits"] - before["commits"] == 1
         assert after["batched"] - before["batched"] == 2
         assert after["rolled_back"] - before["rolled_back"] == 1
@@ -265,13 +267,13 @@ def test_a_batch_whose_commit_fails_writes_nothing_and_says_so(tmp_path: Path) -
         refuse = threading.Event()
         store._writer_connection().set_commit_hook(lambda: refuse.is_set())
         refuse.set()
-        with pytest.raises(StoreBusy) as caught, store.write_batch():
-            store.update_title(WS, "s0", "lost 0")
-            store.update_title(WS, "s1", "lost 1")
+        with pytest.raises(StoreBusy) as caught, store.db.write_batch():
+            store.sessions.update_title(WS, "s0", "lost 0")
+            store.sessions.update_title(WS, "s1", "lost 1")
         refuse.clear()
         assert caught.value.retryable
-        assert [store.get_session(WS, sid).title for sid in ids] == ids
-        assert store.update_title(WS, "s0", "after").title == "after"
+        assert [store.sessions.get_session(WS, sid).title for sid in ids] == ids
+        assert store.sessions.update_title(WS, "s0", "after").title == "after"
     finally:
         store.close()
 
@@ -279,19 +281,19 @@ def test_a_batch_whose_commit_fails_writes_nothing_and_says_so(tmp_path: Path) -
 def test_queued_writers_get_the_baton_in_arrival_order(tmp_path: Path) -> None:
     """One waiter woken per hand-off, first come first served (no writer overtaken)."""
     store = Store.open(tmp_path / "store.sqlite3")
-    store.group_max_age_s = 60.0
+    store.db.group_max_age_s = 60.0
     try:
         ids = _sessions(store, 8)
         order: list[str] = []
         inside, release = threading.Event(), threading.Event()
 
         def hold() -> None:
-            with store._write(WS):
+            with store.db.write(WS):
                 inside.set()
                 release.wait(20)
 
         def write(sid: str) -> None:
-            with store._write(WS) as tx:
+            with store.db.write(WS) as tx:
                 order.append(sid)
                 tx.execute("UPDATE sessions SET title = ? WHERE session_id = ?", (sid, sid))
 
@@ -319,15 +321,15 @@ def _body_order(store: Store, queued: list[tuple[str, bool, float]]) -> list[str
     order: list[str] = []
 
     def hold() -> None:
-        with store._write(WS):
+        with store.db.write(WS):
             inside.set()
             release.wait(20)
 
     def write(name: str, background: bool) -> None:
         with contextlib.ExitStack() as stack:
             if background:
-                stack.enter_context(store.background())
-            with store._write(WS):
+                stack.enter_context(store.db.background())
+            with store.db.write(WS):
                 order.append(name)
 
     holder = threading.Thread(target=hold)
@@ -350,7 +352,7 @@ def test_a_clients_write_goes_ahead_of_queued_background_writes(tmp_path: Path) 
     """A fork saga's later steps are background writes: a client's rename queued after them
     runs first, and the background ones keep their own order."""
     store = Store.open(tmp_path / "store.sqlite3")
-    store.group_max_age_s = 60.0
+    store.db.group_max_age_s = 60.0
     try:
         _sessions(store, 1)
         order = _body_order(
@@ -366,7 +368,7 @@ def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path)
     """Once the first background writer has waited `background_max_wait_s`, it goes next:
     background writes are delayed, never starved by a stream of client writes."""
     store = Store.open(tmp_path / "store.sqlite3")
-    store.group_max_age_s = 60.0
+    store.db.group_max_age_s = 60.0
     store._fifo.background_max_wait_s = 0.2
     try:
         _sessions(store, 1)

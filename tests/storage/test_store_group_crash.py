@@ -58,7 +58,7 @@ def test_sigkill_mid_group_loses_nothing_acknowledged(tmp_path: Path) -> None:
         largest = max([largest, *(int(x.split()[1]) for x in lines if x.startswith("group "))])
         store = Store.open(path)
         try:
-            conn = store._conn()
+            conn = store.db.connection()
             assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
             present = {
                 r[0]

@@ -68,15 +68,15 @@ def test_store_opens_every_older_schema_version(tmp_path: Path, version: int) ->
         _seed_v1(conn)
     conn.close()
     store = Store.open(path)
-    assert user_version(store._conn()) == SCHEMA_VERSION
-    assert store._conn().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    assert store._conn().execute("PRAGMA foreign_key_check").fetchall() == []
+    assert user_version(store.db.connection()) == SCHEMA_VERSION
+    assert store.db.connection().execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    assert store.db.connection().execute("PRAGMA foreign_key_check").fetchall() == []
     if version >= 1:
-        old = store.get_session(WS, "old")
+        old = store.sessions.get_session(WS, "old")
         assert old.lineage is None and old.provider_session_id == "prov-old"
-        assert store.get_turn(WS, "old", "turn-1").messages[0].text == "hello from v1"
+        assert store.turns.get_turn(WS, "old", "turn-1").messages[0].text == "hello from v1"
         # The upgraded history is usable by the newest features: it can be forked.
-        op, created = store.prepare_fork(
+        op, created = store.fork_prepare.prepare_fork(
             WS,
             ForkPrepareRequest(
                 source_session_id="old",
@@ -90,10 +90,10 @@ def test_store_opens_every_older_schema_version(tmp_path: Path, version: int) ->
         )
         assert created and op.source_provider_turn_ids == ("p1",)
     else:
-        sid = store.create_session(
+        sid = store.sessions.create_session(
             WS, session_id="fresh", provider="p", title="t", cwd="/", settings={}
         ).session_id
-        store.update_runtime(WS, sid, provider_session_id="x")
+        store.sessions.update_runtime(WS, sid, provider_session_id="x")
         settled_turn(store, sid)
     store.close()
 
@@ -102,7 +102,7 @@ def test_reopening_a_current_store_is_a_no_op(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
     Store.open(path).close()
     store = Store.open(path)
-    assert store._migrate() == SCHEMA_VERSION
+    assert store.db.migrate() == SCHEMA_VERSION
     store.close()
 
 
@@ -145,7 +145,7 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
     expected = json.loads((FIXTURES / "store_v4.json").read_text())
 
     store = Store.open(path)
-    conn = store._conn()
+    conn = store.db.connection()
     assert user_version(conn) == SCHEMA_VERSION >= 5
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
@@ -165,29 +165,29 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
     # an operation from before workspaces existed is a `shared` fork.
     shared = {"workspace_mode": "shared", "worktree": None, "worktree_state": None}
     for state, old in expected.items():
-        got = _plain(store.get_fork_operation(WS_V4, old["operation_id"]))
+        got = _plain(store.fork_queries.get_fork_operation(WS_V4, old["operation_id"]))
         assert got == {**old, **shared}, state
 
     # The saga goes on from each state on the migrated file.
     accepted = expected["provider_accepted"]["operation_id"]
-    committed, changed = store.commit_fork(WS_V4, accepted)
+    committed, changed = store.fork_commit.commit_fork(WS_V4, accepted)
     assert changed and committed.status.value == "committed"
-    assert store.get_fork_operation(WS_V4, accepted) == committed
-    child = store.get_session(WS_V4, committed.target_session_id)
+    assert store.fork_queries.get_fork_operation(WS_V4, accepted) == committed
+    child = store.sessions.get_session(WS_V4, committed.target_session_id)
     assert child.lineage is not None and child.lineage.operation_id == accepted
-    assert len(store.timeline(WS_V4, child.session_id)[0]) == 3
-    acked, _ = store.acknowledge_fork(WS_V4, expected["committed"]["operation_id"])
+    assert len(store.history.timeline(WS_V4, child.session_id)[0]) == 3
+    acked, _ = store.fork_transitions.acknowledge_fork(WS_V4, expected["committed"]["operation_id"])
     assert acked.client_observed_at_ms is not None
     assert (
         acked.committed_session
-        == store.get_fork_operation(WS_V4, acked.operation_id).committed_session
+        == store.fork_queries.get_fork_operation(WS_V4, acked.operation_id).committed_session
     )
     dispatching = expected["dispatching"]["operation_id"]
-    unknown, _ = store.mark_fork_unknown(WS_V4, dispatching, "lost at restart")
+    unknown, _ = store.fork_transitions.mark_fork_unknown(WS_V4, dispatching, "lost at restart")
     assert unknown.status.value == "unknown"
     # A new fork of a migrated source freezes its snapshot into the new table.
     src = expected["failed"]["source_session_id"]
-    op, created = store.prepare_fork(
+    op, created = store.fork_prepare.prepare_fork(
         WS_V4,
         ForkPrepareRequest(
             source_session_id=src,
@@ -213,7 +213,7 @@ def test_recovery_on_a_migrated_v4_store_settles_and_commits(tmp_path: Path) -> 
     report = recover_fork_operations(store)
     assert (report.committed, report.errors) == (1, 0)
     status = {
-        state: store.get_fork_operation(WS_V4, old["operation_id"]).status.value
+        state: store.fork_queries.get_fork_operation(WS_V4, old["operation_id"]).status.value
         for state, old in expected.items()
     }
     assert status == {
@@ -246,7 +246,7 @@ def test_v7_keys_every_message_by_its_sessions_integer_and_new_sessions_get_one(
     assert old_rows and sessions > 1
 
     store = Store.open(path)
-    conn = store._conn()
+    conn = store.db.connection()
     new_rows = sorted(
         conn.execute(
             "SELECT workspace_id, session_id, message_id, turn_id, kind, text, payload_json,"
@@ -274,10 +274,10 @@ def test_v7_keys_every_message_by_its_sessions_integer_and_new_sessions_get_one(
 
     # A Session created after the upgrade gets the next key from the trigger, and its
     # Messages land under it.
-    sid = store.create_session(
+    sid = store.sessions.create_session(
         WS_V4, session_id="after-v7", provider="p", title="t", cwd="/", settings={}
     ).session_id
-    store.update_runtime(WS_V4, sid, provider_session_id="x")
+    store.sessions.update_runtime(WS_V4, sid, provider_session_id="x")
     turn = settled_turn(store, sid, WS_V4, text="new")
     key = conn.execute(
         "SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?",
@@ -287,7 +287,7 @@ def test_v7_keys_every_message_by_its_sessions_integer_and_new_sessions_get_one(
     assert {
         r[0] for r in conn.execute("SELECT session_key FROM messages WHERE session_id = ?", (sid,))
     } == {key}
-    assert [m.text for m in store.get_turn(WS_V4, sid, turn.turn_id).messages] == [
+    assert [m.text for m in store.turns.get_turn(WS_V4, sid, turn.turn_id).messages] == [
         "new",
         "echo: new",
     ]

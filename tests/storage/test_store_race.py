@@ -33,7 +33,7 @@ def test_sixteen_threads_prepare_one_boundary_and_exactly_one_operation_is_creat
         store = Store.open(store_path)
         try:
             barrier.wait()
-            got = store.prepare_fork(
+            got = store.fork_prepare.prepare_fork(
                 WS,
                 ForkPrepareRequest(
                     source_session_id=sid,
@@ -62,8 +62,10 @@ def test_sixteen_threads_prepare_one_boundary_and_exactly_one_operation_is_creat
     assert sum(created for _, created in results) == 1
     assert len({op.operation_id for op, _ in results}) == 1
     check = Store.open(store_path)
-    rows = check._conn().execute("SELECT COUNT(*) FROM fork_operations").fetchone()[0]
-    reservations = check._conn().execute("SELECT COUNT(*) FROM session_reservations").fetchone()
+    rows = check.db.connection().execute("SELECT COUNT(*) FROM fork_operations").fetchone()[0]
+    reservations = (
+        check.db.connection().execute("SELECT COUNT(*) FROM session_reservations").fetchone()
+    )
     assert (rows, reservations[0]) == (1, 1)
     check.close()
 
@@ -82,7 +84,7 @@ def test_mutations_racing_a_prepare_are_in_the_snapshot_or_rejected(store_path: 
         applied = 0
         try:
             for i in range(50):
-                store.update_settings(WS, sid, {"n": i})
+                store.sessions.update_settings(WS, sid, {"n": i})
                 applied += 1
         except ForkInProgress:
             outcome["rejected"] = True
@@ -92,7 +94,7 @@ def test_mutations_racing_a_prepare_are_in_the_snapshot_or_rejected(store_path: 
     def fork() -> None:
         store = Store.open(store_path)
         start.wait()
-        op, _ = store.prepare_fork(
+        op, _ = store.fork_prepare.prepare_fork(
             WS,
             ForkPrepareRequest(
                 source_session_id=sid,
@@ -113,8 +115,8 @@ def test_mutations_racing_a_prepare_are_in_the_snapshot_or_rejected(store_path: 
     for t in threads:
         t.join()
     store = Store.open(store_path)
-    final = store.get_session(WS, sid).settings
-    raw = store._conn().execute("SELECT snapshot_json FROM fork_snapshots").fetchone()[0]
+    final = store.sessions.get_session(WS, sid).settings
+    raw = store.db.connection().execute("SELECT snapshot_json FROM fork_snapshots").fetchone()[0]
     frozen = decode_frozen(raw)["target"]["settings"]
     # Whatever was applied before prepare is what the snapshot froze; nothing after it landed.
     assert frozen == final

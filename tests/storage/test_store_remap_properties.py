@@ -75,16 +75,16 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
     store = shared_store
     ws = f"ws-{uuid.uuid4()}"
     sid = str(uuid.uuid4())
-    store.create_session(ws, session_id=sid, provider="p", title="T", cwd="/", settings={})
-    store.update_runtime(ws, sid, provider_session_id="ps")
+    store.sessions.create_session(ws, session_id=sid, provider="p", title="T", cwd="/", settings={})
+    store.sessions.update_runtime(ws, sid, provider_session_id="ps")
     n = len(turns_plan)
     # Message ids are chosen up front so a payload may point forward (outside a boundary).
     message_ids = [[f"{sid}-m{t}-{k}" for k in range(3)] for t in range(n)]
     turn_ids: list[str] = []
     for t, messages in enumerate(turns_plan):
-        turn, _ = store.claim_submit(ws, sid, f"r{t}", f"user {t}")
+        turn, _ = store.turns.claim_submit(ws, sid, f"r{t}", f"user {t}")
         turn_ids.append(turn.turn_id)
-        store.bind_provider_turn(ws, sid, turn.turn_id, f"p{t}")
+        store.turns.bind_provider_turn(ws, sid, turn.turn_id, f"p{t}")
         for k in range(3):
             refs = messages[k] if k < len(messages) else []
             payload: dict[str, Any] = {}
@@ -96,7 +96,7 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
                     target_turn = min(target_turn, n - 1)
                     value = message_ids[target_turn][slot]
                 payload[key] = value
-            store.append_message(
+            store.history.append_message(
                 ws,
                 sid,
                 turn.turn_id,
@@ -105,7 +105,7 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
                 payload=payload,
                 message_id=message_ids[t][k],
             )
-        store.settle_turn(ws, sid, turn.turn_id, outcome="completed")
+        store.turns.settle_turn(ws, sid, turn.turn_id, outcome="completed")
     boundary = data.draw(st.integers(0, n - 1), label="boundary")
     refs_beyond = any(
         min(tt if key != "turnId" else min(tt, t), n - 1) > boundary
@@ -125,12 +125,12 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
     event("dangling" if refs_beyond else "committed")
     if refs_beyond:
         with pytest.raises(ForkReferenceError) as err:
-            store.prepare_fork(ws, req)
+            store.fork_prepare.prepare_fork(ws, req)
         assert err.value.params["forkReferenceError"] == "dangling_reference"
         return
-    op, _ = store.prepare_fork(ws, req)
-    store.mark_fork_dispatching(ws, op.operation_id)
-    store.mark_fork_provider_accepted(
+    op, _ = store.fork_prepare.prepare_fork(ws, req)
+    store.fork_transitions.mark_fork_dispatching(ws, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(
         ws,
         op.operation_id,
         ProviderForkEvidence(
@@ -140,11 +140,11 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
             receipt={"forkedFromId": "ps"},
         ),
     )
-    committed, _ = store.commit_fork(ws, op.operation_id)
+    committed, _ = store.fork_commit.commit_fork(ws, op.operation_id)
     child_sid = committed.target_session_id
 
-    source_turns, _ = store.timeline(ws, sid, limit=1000)
-    child_turns, _ = store.timeline(ws, child_sid, limit=1000)
+    source_turns, _ = store.history.timeline(ws, sid, limit=1000)
+    child_turns, _ = store.history.timeline(ws, child_sid, limit=1000)
     assert len(child_turns) == boundary + 1
     source_ids = {t.turn_id for t in source_turns} | {
         m.message_id for t in source_turns for m in t.messages
@@ -176,7 +176,7 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
 
     # Replay: the same snapshot yields the same ids.
     raw = (
-        store._conn()
+        store.db.connection()
         .execute(
             "SELECT s.snapshot_json, o.snapshot_hash FROM fork_operations o JOIN fork_snapshots s"
             " USING (op_seq) WHERE o.workspace_id = ? AND o.operation_id = ?",
@@ -192,7 +192,7 @@ def test_remap_is_injective_stable_and_every_reference_resolves_in_the_child(
         committed_at_ms=0,
     )
     assert [r[2] for r in replay.turn_rows] == [t.turn_id for t in child_turns]
-    again, changed = store.commit_fork(ws, op.operation_id)
+    again, changed = store.fork_commit.commit_fork(ws, op.operation_id)
     assert not changed and again == committed
 
 

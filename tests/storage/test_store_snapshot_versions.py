@@ -45,7 +45,7 @@ def _source(store: Store) -> tuple[str, str]:
     (no Turn) between them: the boundary must skip it and keep each Turn's own Messages."""
     sid = new_session(store)
     first = settled_turn(store, sid, text="one", extra=[("reasoning", "think", {"k": [1, "é"]})])
-    store.append_message(WS, sid, None, kind="notice", text="session-level")
+    store.history.append_message(WS, sid, None, kind="notice", text="session-level")
     user = first.messages[0].message_id
     second = settled_turn(
         store, sid, text="two", extra=[("tool_call", "call", {"replyToMessageId": user})]
@@ -55,7 +55,7 @@ def _source(store: Store) -> tuple[str, str]:
 
 def _stored(store: Store, op_id: str) -> tuple[Frozen, str]:
     row = (
-        store._conn()
+        store.db.connection()
         .execute(
             "SELECT s.snapshot_json, o.snapshot_hash FROM fork_operations o JOIN fork_snapshots s"
             " USING (op_seq) WHERE o.operation_id = ?",
@@ -71,7 +71,7 @@ def _restore(store: Store, op_id: str, frozen: Frozen) -> str:
     """Store `frozen` as this operation's snapshot, as an older build would have: its hash on
     the operation row, its bytes in `fork_snapshots`. Returns the hash."""
     digest = sha256_hex(frozen)
-    conn = store._conn()
+    conn = store.db.connection()
     conn.execute(
         "UPDATE fork_operations SET snapshot_hash = ? WHERE operation_id = ?", (digest, op_id)
     )
@@ -85,7 +85,7 @@ def _restore(store: Store, op_id: str, frozen: Frozen) -> str:
 
 def _forget(store: Store) -> None:
     """As after a restart: the store holds nothing prepare froze or a read projected."""
-    store.fork_memo = ForkMemo()
+    store.db.fork_memo = ForkMemo()
     fork_rows.projection_cache.clear()
 
 
@@ -109,7 +109,7 @@ def test_a_new_snapshot_is_v3_messagepack_with_message_arrays_and_round_trips_ex
     store: Store,
 ) -> None:
     sid, last = _source(store)
-    op, _ = store.prepare_fork(WS, request(sid, last))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last))
     text, digest = _stored(store, op.operation_id)
     assert isinstance(text, bytes)  # a BLOB, not JSON text
     assert sha256_hex(text) == digest
@@ -118,7 +118,7 @@ def test_a_new_snapshot_is_v3_messagepack_with_message_arrays_and_round_trips_ex
     assert raw["message_fields"] == list(MESSAGE_FIELDS)
     messages = [m for t in raw["turns"] for m in t["messages"]]
     assert all(isinstance(m, list) and len(m) == len(MESSAGE_FIELDS) for m in messages)
-    source = [m for t in store.timeline(WS, sid, limit=10)[0] for m in t.messages]
+    source = [m for t in store.history.timeline(WS, sid, limit=10)[0] for m in t.messages]
     # Every Turn's Messages in order, the Session-level one left out.
     assert [m[0] for m in messages] == [m.message_id for m in source]
     assert "session-level" not in [m[2] for m in messages]
@@ -134,7 +134,7 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     store: Store, version: int
 ) -> None:
     sid, last = _source(store)
-    op, _ = store.prepare_fork(WS, request(sid, last))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last))
     text, digest = _stored(store, op.operation_id)
     v3 = load_snapshot(text, digest)
     # What an older build stored for this operation (the same content, hashed as written): the
@@ -157,12 +157,12 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
 
     assert plan(loaded) == plan(v3)
 
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    committed, changed = store.commit_fork(WS, op.operation_id)
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed and committed.status.value == "committed"
-    child = store.timeline(WS, committed.target_session_id, limit=10)[0]
-    source = store.timeline(WS, sid, limit=10)[0]
+    child = store.history.timeline(WS, committed.target_session_id, limit=10)[0]
+    source = store.history.timeline(WS, sid, limit=10)[0]
     assert [[(m.kind, m.text) for m in t.messages] for t in child] == [
         [(m.kind, m.text) for m in t.messages] for t in source
     ]
@@ -171,22 +171,22 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     assert child[0].messages[1].payload == {"k": [1, "é"]}
     # A reader in a fresh process projects the committed child from the old bytes alone.
     _forget(store)
-    assert store.get_fork_operation(WS, op.operation_id) == committed
+    assert store.fork_queries.get_fork_operation(WS, op.operation_id) == committed
 
 
 def test_a_payload_messagepack_cannot_hold_is_frozen_as_v2_json_and_commits(store: Store) -> None:
     sid = new_session(store)
     huge = 2**70  # JSON holds it; MessagePack's integers end at 64 bits
     turn = settled_turn(store, sid, text="one", extra=[("tool_call", "call", {"n": huge})])
-    op, _ = store.prepare_fork(WS, request(sid, turn.turn_id))
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn.turn_id))
     text, digest = _stored(store, op.operation_id)
     assert isinstance(text, str) and json.loads(text)["version"] == JSON_VERSION
     assert sha256_hex(text) == digest
     _forget(store)  # the commit decodes the stored text, as after a restart
-    store.mark_fork_dispatching(WS, op.operation_id)
-    store.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
-    committed, _ = store.commit_fork(WS, op.operation_id)
-    child = store.timeline(WS, committed.target_session_id, limit=10)[0]
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
+    child = store.history.timeline(WS, committed.target_session_id, limit=10)[0]
     assert child[0].messages[1].payload == {"n": huge}
 
 
@@ -229,6 +229,6 @@ def test_the_writer_connection_has_the_bigger_page_cache(store: Store) -> None:
     row = store._writer_connection().execute("PRAGMA cache_size").fetchone()
     assert row is not None and row[0] == -WRITER_CACHE_KIB
     # Readers keep SQLite's default: the bigger cache is for the one connection that writes.
-    with store._read() as conn:
+    with store.db.read() as conn:
         row = conn.execute("PRAGMA cache_size").fetchone()
     assert row is not None and row[0] != -WRITER_CACHE_KIB

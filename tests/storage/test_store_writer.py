@@ -22,7 +22,9 @@ WS = "ws-writer"
 def _sessions(store: Store, n: int) -> list[str]:
     ids = [f"s{i}" for i in range(n)]
     for sid in ids:
-        store.create_session(WS, session_id=sid, provider="p", title=sid, cwd="/", settings={})
+        store.sessions.create_session(
+            WS, session_id=sid, provider="p", title=sid, cwd="/", settings={}
+        )
     return ids
 
 
@@ -37,7 +39,7 @@ def test_in_process_writers_take_turns_without_busy_sleeps(tmp_path: Path) -> No
             start.wait()
             try:
                 for i in range(60):
-                    store.update_title(WS, sid, f"{sid} {i}")
+                    store.sessions.update_title(WS, sid, f"{sid} {i}")
             except BaseException as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
 
@@ -47,8 +49,10 @@ def test_in_process_writers_take_turns_without_busy_sleeps(tmp_path: Path) -> No
         for t in threads:
             t.join()
         assert errors == []
-        assert [store.get_session(WS, sid).title for sid in ids] == [f"{s} 59" for s in ids]
-        assert store.busy_waits.sleeps == 0  # 480 contended writes, none polled SQLite's lock
+        assert [store.sessions.get_session(WS, sid).title for sid in ids] == [
+            f"{s} 59" for s in ids
+        ]
+        assert store.db.busy_waits.sleeps == 0  # 480 contended writes, none polled SQLite's lock
     finally:
         store.close()
 
@@ -60,7 +64,7 @@ def test_a_writer_kept_waiting_past_the_busy_timeout_gets_store_busy(tmp_path: P
         inside, release = threading.Event(), threading.Event()
 
         def hold() -> None:
-            with store._write(WS):
+            with store.db.write(WS):
                 inside.set()
                 release.wait(10)
 
@@ -68,11 +72,11 @@ def test_a_writer_kept_waiting_past_the_busy_timeout_gets_store_busy(tmp_path: P
         holder.start()
         assert inside.wait(10)
         with pytest.raises(StoreBusy) as caught:
-            store.update_title(WS, sid, "blocked")
+            store.sessions.update_title(WS, sid, "blocked")
         assert caught.value.retryable
         release.set()
         holder.join()
-        assert store.update_title(WS, sid, "after").title == "after"
+        assert store.sessions.update_title(WS, sid, "after").title == "after"
     finally:
         store.close()
 
@@ -86,9 +90,9 @@ def test_another_processs_write_lock_is_waited_out_by_the_busy_handler(tmp_path:
         other.execute("BEGIN IMMEDIATE")
         timer = threading.Timer(0.3, lambda: other.execute("COMMIT"))
         timer.start()
-        assert store.update_title(WS, sid, "waited").title == "waited"
+        assert store.sessions.update_title(WS, sid, "waited").title == "waited"
         timer.join()
-        assert store.busy_waits.sleeps > 0
+        assert store.db.busy_waits.sleeps > 0
     finally:
         other.close()
         store.close()

@@ -459,7 +459,7 @@ def _check_fence(ctx: _Ctx, copy_path: Path, ops: list[dict[str, Any]]) -> None:
             conn.close()
         for ws, sid, settings_json in live:
             try:
-                store.update_settings(ws, sid, json.loads(settings_json))
+                store.sessions.update_settings(ws, sid, json.loads(settings_json))
                 refused = False
             except ForkInProgress:
                 refused = True

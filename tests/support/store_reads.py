@@ -28,7 +28,7 @@ from storage.session_rows import load_session, load_turn, require_session, requi
 
 def fence_holder(store: Store, ws: str, sid: str) -> ForkOperation | None:
     """The active operation holding `sid`'s fence, if any."""
-    r = store._one(
+    r = store.db.one(
         f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
         f" AND source_session_id = ? AND status IN {ACTIVE_OPS_SQL} LIMIT 1",
         (ws, sid),
@@ -37,7 +37,7 @@ def fence_holder(store: Store, ws: str, sid: str) -> ForkOperation | None:
 
 
 def find_fork_operation_by_request(store: Store, ws: str, request_id: str) -> ForkOperation | None:
-    with store._read() as conn:
+    with store.db.read() as conn:
         r = conn.execute(
             f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND request_id = ?",
             (ws, request_id),
@@ -46,13 +46,13 @@ def find_fork_operation_by_request(store: Store, ws: str, request_id: str) -> Fo
 
 
 def lineage_of(store: Store, ws: str, sid: str) -> Lineage | None:
-    session = store._with_conn(lambda c: load_session(c, ws, sid, include_deleted=True))
+    session = store.db.with_conn(lambda c: load_session(c, ws, sid, include_deleted=True))
     return None if session is None else session.lineage
 
 
 def fork_operations_of(store: Store, ws: str, sid: str) -> list[ForkOperation]:
     """Every operation whose source is `sid`, oldest first (without projections)."""
-    rows = store._all(
+    rows = store.db.rows(
         f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
         " AND source_session_id = ? ORDER BY op_seq",
         (ws, sid),
@@ -62,7 +62,7 @@ def fork_operations_of(store: Store, ws: str, sid: str) -> list[ForkOperation]:
 
 def fork_readiness(store: Store, ws: str, sid: str, turn_id: str | None = None) -> ForkReadiness:
     """Why a fork of `sid` (through `turn_id`) would be rejected now. Never writes."""
-    with store._read() as conn:
+    with store.db.read() as conn:
         session = require_session(conn, ws, sid)
         blocking = [r.value for r in source_blockers(conn, ws, session)]
         turn = None
@@ -87,7 +87,7 @@ def fork_readiness(store: Store, ws: str, sid: str, turn_id: str | None = None) 
 
 def find_session(store: Store, ws: str, sid: str) -> Session | None:
     """A live Session, or None (a deleted one is not found)."""
-    return store._with_conn(lambda c: load_session(c, ws, sid))
+    return store.db.with_conn(lambda c: load_session(c, ws, sid))
 
 
 # -- goal controls and runtime operations (fenced writes) -----------------------------------
@@ -99,7 +99,7 @@ def begin_goal_control(
     """Open a goal-control operation that spans a provider call (blocks forks until done)."""
     if action not in ("set", "clear"):
         raise InvalidArgument("action", "goal control action must be 'set' or 'clear'")
-    with store._write(ws, fence=sid) as tx:
+    with store.db.write(ws, fence=sid) as tx:
         require_session(tx.conn, ws, sid)
         control_id = str(uuid.uuid4())
         tx.execute(
@@ -112,7 +112,7 @@ def begin_goal_control(
 
 def finish_goal_control(store: Store, ws: str, control_id: str, *, apply: bool = True) -> Session:
     """Finish a goal control; `apply` writes its goal to the Session. Idempotent."""
-    with store._write(ws) as tx:
+    with store.db.write(ws) as tx:
         row = tx.one(
             "SELECT session_id, action, goal, status FROM goal_controls"
             " WHERE workspace_id = ? AND control_id = ?",
@@ -140,7 +140,7 @@ def finish_goal_control(store: Store, ws: str, control_id: str, *, apply: bool =
 
 def begin_runtime_operation(store: Store, ws: str, sid: str, kind: str) -> str:
     require_text("kind", kind)
-    with store._write(ws, fence=sid) as tx:
+    with store.db.write(ws, fence=sid) as tx:
         require_session(tx.conn, ws, sid)
         op_id = str(uuid.uuid4())
         tx.execute(
@@ -153,7 +153,7 @@ def begin_runtime_operation(store: Store, ws: str, sid: str, kind: str) -> str:
 
 def finish_runtime_operation(store: Store, ws: str, op_id: str) -> None:
     # Not fenced: finishing can never be what a frozen snapshot depends on.
-    with store._write(ws) as tx:
+    with store.db.write(ws) as tx:
         row = tx.one(
             "SELECT status FROM runtime_operations WHERE workspace_id = ? AND operation_id = ?",
             (ws, op_id),
