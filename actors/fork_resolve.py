@@ -339,12 +339,9 @@ class ForkResolver:
         raw = binding.turn_bindings
         turn_bindings = None
         if isinstance(raw, Mapping):
+            turns, _ = store.history.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)
             by_provider = {
-                t.root_provider_turn_id: t.turn_id
-                for t in store.history.timeline(ws, self.host.sid, after_sequence=0, limit=100_000)[
-                    0
-                ]
-                if t.root_provider_turn_id
+                t.root_provider_turn_id: t.turn_id for t in turns if t.root_provider_turn_id
             }
             turn_bindings = {
                 by_provider[str(k)]: (

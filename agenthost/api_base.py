@@ -86,7 +86,7 @@ class RequestPlumbing:
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
         # The point reads' own connection, used only by the first thread that dispatches (the
         # transport thread); a call from any other thread reads through the pool.
-        self._view = ReadView(store.path)
+        self._view = ReadView(store.path, projections=store.db.projections)
         self._view_thread: int | None = None
         self.inline_reads = 0
         """Point reads answered on the dispatching thread (tests pin the read path on it)."""

@@ -98,7 +98,7 @@ def replicate(store: Store, ws: str, template_op_id: str, parents: list[str | No
     one in a test: copy `i` is a fork of `parents[i]` (None: of the copy before it, making a
     chain), with its own Session, operation, snapshot, reservation and lineage rows, the rest
     of each row as the template's. Returns the new Session ids in order."""
-    conn = store._writer_connection()
+    conn = store.db._writer_connection()
     op_cols, op = _row(conn, "fork_operations", "operation_id", ws, template_op_id)
     child = op["target_session_id"]
     s_cols, session = _row(conn, "sessions", "session_id", ws, child)

@@ -273,7 +273,7 @@ def interrupt_operations(path: Path, size: Size, cwd: str, last_turns: list[str]
     provider_accepted (as `bench.scale` builds its recovery store)."""
     store = Store.open(path)
     try:
-        store._writer_connection().execute("PRAGMA synchronous=OFF")  # a fixture, not measured
+        store.db._writer_connection().execute("PRAGMA synchronous=OFF")  # a fixture, not measured
         stride = max(1, len(last_turns) // size.operations)
         for i in range(size.operations):
             s = 1 + (i * stride) % len(last_turns)

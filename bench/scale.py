@@ -55,7 +55,7 @@ RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userA
 
 def _fast_builder(store: Store) -> None:
     # Building fixtures only: this connection skips fsync; measured runs never use it.
-    store._writer_connection().execute("PRAGMA synchronous=OFF")
+    store.db._writer_connection().execute("PRAGMA synchronous=OFF")
 
 
 def _settled_turn(

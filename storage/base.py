@@ -26,6 +26,7 @@ import apsw
 from domain.errors import StoreBusy
 from storage.baton import Baton
 from storage.fork_memo import ForkMemo
+from storage.fork_rows import PROJECTION_CACHE_SIZE, ProjectionCache
 from storage.models import ChangeEvent
 from storage.schema import migrate
 from storage.sqlite import (
@@ -82,6 +83,8 @@ class Database:
         self.busy_timeout_ms = busy_timeout_ms
         # Values a fork's prepare computes for its commit, owned by this store (fork_memo.py).
         self.fork_memo = ForkMemo()
+        # Committed operations' child projections this store built (fork_rows.py).
+        self.projections = ProjectionCache(PROJECTION_CACHE_SIZE)
         self._clock: Clock = clock or wall_clock_ms
         self._local = threading.local()
         self._lock = threading.Lock()

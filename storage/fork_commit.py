@@ -13,7 +13,8 @@ from domain.fork_states import ForkStatus
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row, projection_cache
+from storage.fork_memo import ForkMemo
+from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
 from storage.schema import SESSION_KEY_OF
@@ -30,7 +31,13 @@ class ForkCommit:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._write = db.write
-        self.fork_memo = db.fork_memo
+        self._db = db
+        self._projections = db.projections
+
+    @property
+    def fork_memo(self) -> ForkMemo:
+        """The owner's memo of what prepare froze (read each time: a test may swap it)."""
+        return self._db.fork_memo
 
     def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Law 2: child, cloned history, lineage and `committed` in one transaction, computed
@@ -66,7 +73,7 @@ class ForkCommit:
             raise ForkOperationNotFound(f"fork operation {op_id} not found")
         status = ForkStatus(r[19])
         if status is ForkStatus.COMMITTED:
-            return decode_op(tx.conn, r), False
+            return decode_op(tx.conn, r, projections=self._projections), False
         if status is not ForkStatus.PROVIDER_ACCEPTED:
             raise InvalidTransition(
                 f"fork operation {op_id} cannot commit from {status}",
@@ -104,7 +111,7 @@ class ForkCommit:
         # snapshot: the key is what `committed_projection` rebuilds it from, and the value is
         # that same pure function's result (should this transaction roll back, a retry commits
         # at another time, a different key).
-        projection_cache.put((r[18], r[11], tx.now_ms), (plan.session, plan.lineage), miss=False)
+        self._projections.put((r[18], r[11], tx.now_ms), (plan.session, plan.lineage), miss=False)
         committed = replace(
             op_from_row(r),
             status=ForkStatus.COMMITTED,

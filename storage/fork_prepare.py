@@ -23,6 +23,7 @@ from domain.errors import (
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import build_child
+from storage.fork_memo import ForkMemo
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
 from storage.fork_snapshot import freeze_snapshot, request_hash
@@ -85,7 +86,13 @@ class ForkPrepare:
         # inherits them).
         self._write = db.write
         self._read = db.read
-        self.fork_memo = db.fork_memo
+        self._db = db
+        self._projections = db.projections
+
+    @property
+    def fork_memo(self) -> ForkMemo:
+        """The owner's memo of what prepare froze (read each time: a test may swap it)."""
+        return self._db.fork_memo
 
     def existing_fork(
         self,
@@ -116,11 +123,11 @@ class ForkPrepare:
                         f"request {request_id} was used for a different fork",
                         params={"operationId": existing[1]},
                     )
-                return decode_op(conn, existing)
+                return decode_op(conn, existing, projections=self._projections)
             if point_kind == ForkPointKind.LATEST_SETTLED:
                 turn_id = latest_settled_turn_id(conn, ws, source_session_id) or UNRESOLVED
             held = barrier_holder(conn, ws, source_session_id, turn_id)
-            return None if held is None else decode_op(conn, held)
+            return None if held is None else decode_op(conn, held, projections=self._projections)
 
     def prepare_fork(
         self,
@@ -158,13 +165,13 @@ class ForkPrepare:
                         f"request {req.request_id} was used for a different fork",
                         params={"operationId": existing[1]},
                     )
-                return decode_op(tx.conn, existing), False
+                return decode_op(tx.conn, existing, projections=self._projections), False
             source = require_session(tx.conn, ws, req.source_session_id)
             # latestSettled: resolved here, in the same transaction, and frozen on the row.
             turn_id = resolve_or_block(tx.conn, ws, source, req.point_kind, req.turn_id)
             held = barrier_holder(tx.conn, ws, req.source_session_id, turn_id)
             if held is not None:
-                return decode_op(tx.conn, held), False
+                return decode_op(tx.conn, held, projections=self._projections), False
             tx.check_fence(req.source_session_id)  # another fork on this source: retryable
             self._check_target_free(tx, ws, req)
             blockers = source_blockers(tx.conn, ws, source)
@@ -265,7 +272,9 @@ class ForkPrepare:
             frozen = tuple(
                 (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
             )
-            return replace(load_op(tx.conn, ws, op_id), frozen_turns=frozen), True
+            return replace(
+                load_op(tx.conn, ws, op_id, projections=self._projections), frozen_turns=frozen
+            ), True
 
     @staticmethod
     def _plan_tree(

@@ -16,8 +16,9 @@ class ForkQueries:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._read = db.read
+        self._projections = db.projections
 
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation:
         """A pure read; a committed operation carries its child rebuilt from the snapshot."""
         with self._read() as conn:
-            return load_op(conn, ws, op_id)
+            return load_op(conn, ws, op_id, projections=self._projections)

@@ -90,6 +90,7 @@ class ResolutionStore:
         self._write = db.write
         self._read = db.read
         self._conn = db.connection
+        self._projections = db.projections
 
     def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None:
         with self._read() as conn:
@@ -161,7 +162,7 @@ class ResolutionStore:
                         f"fork operation {op_id} already adopted another provider child",
                         params={"operationId": op_id},
                     )
-                return load_op(tx.conn, ws, op_id), False
+                return load_op(tx.conn, ws, op_id, projections=self._projections), False
             current = _load(tx, ws, op_id)
             if (
                 op.status is not ForkStatus.UNKNOWN
@@ -174,7 +175,7 @@ class ResolutionStore:
                 )
             validate_evidence(op, evidence)
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.UNKNOWN)
-            return load_op(tx.conn, ws, op_id), True
+            return load_op(tx.conn, ws, op_id, projections=self._projections), True
 
     def abandon_fork(self, ws: str, op_id: str, result: Any) -> tuple[ForkOperation, bool]:
         """`unknown → abandoned` + the resolution done, in one transaction: releases the
@@ -182,7 +183,7 @@ class ResolutionStore:
         with self._write(ws) as tx:
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is ForkStatus.ABANDONED:
-                return load_op(tx.conn, ws, op_id), False
+                return load_op(tx.conn, ws, op_id, projections=self._projections), False
             current = _load(tx, ws, op_id)
             if (
                 op.status is not ForkStatus.UNKNOWN
@@ -205,7 +206,7 @@ class ResolutionStore:
             self._set_state(tx, ws, op_id, "done", result)
             tx.emit(ForkOperationChanged(ws, op_id))
             tx.emit(SessionChanged(ws, op.source_session_id))
-            return load_op(tx.conn, ws, op_id), True
+            return load_op(tx.conn, ws, op_id, projections=self._projections), True
 
     def finish_resolution(self, ws: str, op_id: str, result: Any) -> ForkResolution | None:
         with self._write(ws) as tx:

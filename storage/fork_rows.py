@@ -75,11 +75,12 @@ PROJECTION_CACHE_SIZE = 4096
 committed operation does not re-read, re-hash and re-parse its snapshot every time."""
 
 
-class _ProjectionCache:
+class ProjectionCache:
     """Bounded LRU of committed projections, keyed by what the projection is a pure function
     of: the snapshot's hash (its verified bytes), the child's provider session id and the
     commit time. A committed operation never changes any of them, so an entry never goes
-    stale; a copy of a store shares entries only with an identical snapshot."""
+    stale. Owned by the store that fills it (`Database.projections`; a `ReadView` is handed
+    its store's), so two stores in one process share nothing."""
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -109,34 +110,50 @@ class _ProjectionCache:
             self._entries.clear()
 
 
-projection_cache = _ProjectionCache(PROJECTION_CACHE_SIZE)
-
-
-def committed_projection(conn: apsw.Connection, r: Row) -> tuple[Session, Lineage]:
+def committed_projection(
+    conn: apsw.Connection, r: Row, projections: ProjectionCache | None
+) -> tuple[Session, Lineage]:
     """Rebuild the committed child's Session and lineage purely from the snapshot and the
     operation row (law 4), so the projection survives deletion of the child. Built once per
-    process from the hash-verified snapshot, then served from `projection_cache`."""
+    store from the hash-verified snapshot, then served from its `projections` (None: built
+    every time)."""
     key = (r[18], r[11], r[24])
-    cached = projection_cache.get(key)
+    cached = None if projections is None else projections.get(key)
     if cached is not None:
         return cached
     snapshot = load_snapshot(read_frozen(conn, r[28]), r[18])
     built = project_child(snapshot, child_provider_session_id=r[11], committed_at_ms=r[24])
-    projection_cache.put(key, built)
+    if projections is not None:
+        projections.put(key, built)
     return built
 
 
-def load_op(conn: apsw.Connection, ws: str, op_id: str, *, project: bool = True) -> ForkOperation:
+def load_op(
+    conn: apsw.Connection,
+    ws: str,
+    op_id: str,
+    *,
+    project: bool = True,
+    projections: ProjectionCache | None = None,
+) -> ForkOperation:
     r = conn.execute(
         f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND operation_id = ?",
         (ws, op_id),
     ).fetchone()
     if r is None:
         raise ForkOperationNotFound(f"fork operation {op_id} not found")
-    return decode_op(conn, r, project=project)
+    return decode_op(conn, r, project=project, projections=projections)
 
 
-def decode_op(conn: apsw.Connection, r: Row, *, project: bool = True) -> ForkOperation:
+def decode_op(
+    conn: apsw.Connection,
+    r: Row,
+    *,
+    project: bool = True,
+    projections: ProjectionCache | None = None,
+) -> ForkOperation:
+    """The operation of row `r`; a committed one carries its child projection (served from
+    `projections`, the store's cache) unless `project` is False."""
     if project and r[19] == ForkStatus.COMMITTED:
-        return op_from_row(r, committed_projection(conn, r))
+        return op_from_row(r, committed_projection(conn, r, projections))
     return op_from_row(r)

@@ -25,6 +25,7 @@ class ForkTransitions:
         # inherits them).
         self._write = db.write
         self.now_ms = db.now_ms
+        self._projections = db.projections
 
     def _transition(
         self,
@@ -41,7 +42,7 @@ class ForkTransitions:
         with self._write(ws) as tx:
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is to:
-                return load_op(tx.conn, ws, op_id), False
+                return load_op(tx.conn, ws, op_id, projections=self._projections), False
             if (
                 to is ForkStatus.DISPATCHING
                 and op.workspace_mode == "worktree"
@@ -115,7 +116,7 @@ class ForkTransitions:
                         f"fork operation {op_id} already accepted a different provider child",
                         params={"operationId": op_id, "status": op.status.value},
                     )
-                return load_op(tx.conn, ws, op_id), False
+                return load_op(tx.conn, ws, op_id, projections=self._projections), False
             if op.status is not ForkStatus.DISPATCHING:
                 raise InvalidTransition(
                     f"fork operation {op_id} cannot go from {op.status} to provider_accepted",
@@ -152,7 +153,7 @@ class ForkTransitions:
                     f"fork operation {op_id} is {public}, only committed can be ACKed",
                     params={"operationId": op_id, "status": public.value},
                 )
-            op = decode_op(tx.conn, r)
+            op = decode_op(tx.conn, r, projections=self._projections)
             if op.client_observed_at_ms is not None:
                 return op, False
             tx.execute(

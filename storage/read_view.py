@@ -26,7 +26,7 @@ import contextlib
 
 import apsw
 
-from storage.fork_rows import load_op
+from storage.fork_rows import ProjectionCache, load_op
 from storage.models import ForkOperation, Session
 from storage.session_rows import require_session
 from storage.sqlite import open_connection
@@ -39,8 +39,17 @@ READ_BUSY_TIMEOUT_MS = 50
 class ReadView:
     """A read-only connection for point reads; see the module docstring."""
 
-    def __init__(self, path: str, *, busy_timeout_ms: int = READ_BUSY_TIMEOUT_MS) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        busy_timeout_ms: int = READ_BUSY_TIMEOUT_MS,
+        projections: ProjectionCache | None = None,
+    ) -> None:
         self.path = path
+        # The store's cache of committed projections (`Database.projections`), shared with
+        # it; None: each committed read rebuilds its projection.
+        self._projections = projections
         self._busy_timeout_ms = busy_timeout_ms
         self._conn: apsw.Connection | None = None
         self._closed = False
@@ -84,7 +93,7 @@ class ReadView:
     def get_fork_operation(self, ws: str, op_id: str) -> ForkOperation:
         """The operation (a committed one with its child projection). Its row is one
         statement; a committed one's snapshot, read by a second, never changes once written."""
-        return load_op(self._connection(), ws, op_id)
+        return load_op(self._connection(), ws, op_id, projections=self._projections)
 
     @property
     def in_transaction(self) -> bool:

@@ -85,7 +85,7 @@ def _writer_statements(store: Store) -> Iterator[list[str]]:
         if event.get("code") == apsw.SQLITE_TRACE_STMT:
             seen.append(" ".join(str(event["sql"]).split()))
 
-    conn = store._writer_connection()
+    conn = store.db._writer_connection()
     conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
     try:
         yield seen

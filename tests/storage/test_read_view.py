@@ -16,7 +16,6 @@ from test_store_fork import evidence, request
 from domain.errors import ForkOperationNotFound, SessionNotFound
 from domain.fork_states import ForkStatus
 from storage import Store
-from storage.fork_rows import projection_cache
 from storage.read_view import ReadView
 
 pytestmark = pytest.mark.timeout(30)
@@ -24,7 +23,7 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.fixture
 def view(store: Store, store_path: Path) -> Iterator[ReadView]:
-    v = ReadView(str(store_path))
+    v = ReadView(str(store_path), projections=store.db.projections)
     yield v
     v.close()
 
@@ -117,12 +116,12 @@ def test_a_committed_projection_is_built_once(store: Store, view: ReadView) -> N
     store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     store.fork_commit.commit_fork(WS, op.operation_id)
     first = view.get_fork_operation(WS, op.operation_id)
-    misses = projection_cache.misses
+    misses = store.db.projections.misses
     for _ in range(5):
         again = view.get_fork_operation(WS, op.operation_id)
         assert again == first
         assert store.fork_queries.get_fork_operation(WS, op.operation_id) == first
-    assert projection_cache.misses == misses  # no snapshot re-read, re-hashed, re-parsed
+    assert store.db.projections.misses == misses  # no snapshot re-read, re-hashed, re-parsed
 
 
 def test_the_generation_changes_with_every_commit_by_anyone_and_only_then(

@@ -66,7 +66,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
     monkeypatch.setattr(ChildIdMinter, "mint_all", mint_all)
     # Prepare and commit run wholly inside a write: on the store's one writer connection
     # (the background checkpointer may use a pooled one meanwhile).
-    conn = store._writer_connection()
+    conn = store.db._writer_connection()
     conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
     try:
         yield counts

@@ -34,7 +34,7 @@ def _row_reads(store: Store) -> Iterator[Counter[str]]:
                 counts["operation row reads"] += 1
 
     # Every transition is a write: on the store's one writer connection.
-    conn = store._writer_connection()
+    conn = store.db._writer_connection()
     conn.trace_v2(apsw.SQLITE_TRACE_STMT, trace)
     try:
         yield counts

@@ -41,7 +41,7 @@ def _wait_for(predicate: Callable[[], bool]) -> None:
 
 
 def _queued(store: Store, n: int) -> Callable[[], bool]:
-    return lambda: store._fifo.waiting == n
+    return lambda: store.db._fifo.waiting == n
 
 
 def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> list[BaseException]:
@@ -70,7 +70,7 @@ def _behind_a_held_write(store: Store, writers: list[Callable[[], None]]) -> lis
     threads = [threading.Thread(target=run, args=(fn,)) for fn in writers]
     for t in threads:
         t.start()
-    _wait_for(lambda: store._fifo.waiting == len(writers))
+    _wait_for(lambda: store.db._fifo.waiting == len(writers))
     release.set()
     for t in [holder, *threads]:
         t.join(20)
@@ -152,7 +152,7 @@ def test_a_failed_commit_fails_every_member_and_writes_nothing(tmp_path: Path) -
     try:
         ids = _sessions(store, 3)
         refuse = threading.Event()
-        store._writer_connection().set_commit_hook(lambda: refuse.is_set())
+        store.db._writer_connection().set_commit_hook(lambda: refuse.is_set())
         refuse.set()  # SQLite turns the next COMMIT into a rollback
         errors = _behind_a_held_write(
             store,
@@ -265,7 +265,7 @@ def test_a_batch_whose_commit_fails_writes_nothing_and_says_so(tmp_path: Path) -
     try:
         ids = _sessions(store, 2)
         refuse = threading.Event()
-        store._writer_connection().set_commit_hook(lambda: refuse.is_set())
+        store.db._writer_connection().set_commit_hook(lambda: refuse.is_set())
         refuse.set()
         with pytest.raises(StoreBusy) as caught, store.db.write_batch():
             store.sessions.update_title(WS, "s0", "lost 0")
@@ -369,7 +369,7 @@ def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path)
     background writes are delayed, never starved by a stream of client writes."""
     store = Store.open(tmp_path / "store.sqlite3")
     store.db.group_max_age_s = 60.0
-    store._fifo.background_max_wait_s = 0.2
+    store.db._fifo.background_max_wait_s = 0.2
     try:
         _sessions(store, 1)
         order = _body_order(store, [("bg", True, 0.3), ("fg1", False, 0.0), ("fg2", False, 0.0)])

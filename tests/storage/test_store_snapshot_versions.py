@@ -19,7 +19,6 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
-import storage.fork_rows as fork_rows
 from domain.errors import ForkSnapshotCorrupt
 from storage import Store
 from storage.base import WRITER_CACHE_KIB
@@ -86,7 +85,7 @@ def _restore(store: Store, op_id: str, frozen: Frozen) -> str:
 def _forget(store: Store) -> None:
     """As after a restart: the store holds nothing prepare froze or a read projected."""
     store.db.fork_memo = ForkMemo()
-    fork_rows.projection_cache.clear()
+    store.db.projections.clear()
 
 
 def _as_v2(document: dict[str, Any]) -> str:
@@ -226,7 +225,7 @@ def test_bytes_that_do_not_decode_fail_closed() -> None:
 
 
 def test_the_writer_connection_has_the_bigger_page_cache(store: Store) -> None:
-    row = store._writer_connection().execute("PRAGMA cache_size").fetchone()
+    row = store.db._writer_connection().execute("PRAGMA cache_size").fetchone()
     assert row is not None and row[0] == -WRITER_CACHE_KIB
     # Readers keep SQLite's default: the bigger cache is for the one connection that writes.
     with store.db.read() as conn:

@@ -42,7 +42,7 @@ def find_fork_operation_by_request(store: Store, ws: str, request_id: str) -> Fo
             f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND request_id = ?",
             (ws, request_id),
         ).fetchone()
-        return None if r is None else decode_op(conn, r)
+        return None if r is None else decode_op(conn, r, projections=store.db.projections)
 
 
 def lineage_of(store: Store, ws: str, sid: str) -> Lineage | None:
