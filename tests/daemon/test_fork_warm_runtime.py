@@ -62,11 +62,12 @@ class _Sent:
 
 
 class _Calls:
-    """Counts calls of one store method (each still made)."""
+    """Counts calls of one store method, `part.method` (each still made)."""
 
     def __init__(self, daemon: Daemon, name: str) -> None:
         self.count = 0
-        store = daemon.store
+        part_name, name = name.split(".")
+        store = getattr(daemon.store, part_name)
         real: Callable[..., Any] = getattr(store, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -108,7 +109,7 @@ def test_a_warm_fork_sends_no_session_start_and_reads_no_replay_before_prepare(
     daemon, c = running
     sid, turn_id = _source(c)
     sent = _Sent(daemon)
-    replay_reads = _Calls(daemon, "existing_fork")
+    replay_reads = _Calls(daemon, "fork_prepare.existing_fork")
     _committed(c, sid, turn_id)  # the first fork attests the runtime: remembered
     first = sent.take()
     assert first["fork"] == 1, first
@@ -129,7 +130,7 @@ def test_a_warm_forks_replay_still_answers_the_same_operation(
     daemon, c = running
     sid, turn_id = _source(c)
     _committed(c, sid, turn_id)
-    replay_reads = _Calls(daemon, "existing_fork")
+    replay_reads = _Calls(daemon, "fork_prepare.existing_fork")
     request_id = str(uuid.uuid4())
     target = str(uuid.uuid4())
     params = {

@@ -206,7 +206,7 @@ def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused
     def no_read(*_: Any) -> Any:
         raise AssertionError("the provider was read again")
 
-    monkeypatch.setattr(store, "_one", no_read)
+    monkeypatch.setattr(store.sessions, "_one", no_read)
     assert store.sessions.provider_of(WS, sid) == "codex"
     assert publisher.project(TurnChanged(WS, sid, turn.turn_id)) is not None
     monkeypatch.undo()

@@ -182,7 +182,7 @@ def test_status_changes_write_none_of_the_frozen_snapshot(
     operation row every UPDATE rewrote it: ~2.5 MB of WAL per transition at 1,000 Turns."""
     store.db.checkpoint_pages = 1 << 30  # no checkpoint: the WAL's frame count only grows
     frames: list[int] = []
-    monkeypatch.setattr(store, "_wal_grew", lambda _c, _d, pages: frames.append(pages) or 0)
+    monkeypatch.setattr(store.db, "_wal_grew", lambda _c, _d, pages: frames.append(pages) or 0)
     sid = new_session(store)
     last = ""
     for i in range(40):

@@ -2,7 +2,7 @@
 
 Each write is a savepoint of the shared `BEGIN IMMEDIATE` transaction on the store's one
 writer connection; a failing write rolls back its own savepoint alone; every member returns
-only after the COMMIT that made it durable returned. Counted (`Store.write_stats`), never timed.
+only after the COMMIT that made it durable returned. Counted (`Database.write_stats`), never timed.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 
 from domain.errors import SessionNotFound, StoreBusy
 from storage import Store
+from storage.base import Database
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -199,7 +200,7 @@ def test_the_wal_is_checkpointed_off_the_write_path(
     # First with the checkpointer held back: the WAL grows far past the mark, so no write
     # checkpointed (and restarted the WAL) inline.
     paused = threading.Event()
-    monkeypatch.setattr(Store, "_checkpoint_loop", lambda self: paused.set())
+    monkeypatch.setattr(Database, "_checkpoint_loop", lambda self: paused.set())
     store = Store.open(path)
     store.db.checkpoint_pages = 8
     try:
