@@ -295,8 +295,8 @@ class StartupRecoveryStore(WorktreeStore, Protocol):
         self, *, after: str | None = None, limit: int = 500
     ) -> tuple[list[ForkOperation], str | None]: ...
 
-    def settle_leftover_fork_operations(
-        self, ops: Sequence[ForkOperation], *, prepared_error: str, dispatching_error: str
+    def settle_leftover_fork_statuses(
+        self, *, prepared_error: str, dispatching_error: str
     ) -> tuple[int, int]: ...
 
     def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]: ...
