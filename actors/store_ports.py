@@ -287,9 +287,9 @@ class HostActorStore(Protocol):
 
 class StartupRecoveryStore(WorktreeStore, Protocol):
     """Start-up recovery (seed 000 §10), before any request is served: the leftover fork
-    operations a page at a time (workspace-wide: recovery cannot guess workspaces), their
-    batched settle and commit, and the Turns a dead process left active. Separate because it
-    runs once, outside any actor, over every workspace."""
+    operations' status changes all at once, their commits a page at a time (workspace-wide:
+    recovery cannot guess workspaces), and the Turns a dead process left active. Separate
+    because it runs once, outside any actor, over every workspace."""
 
     def recoverable_fork_operations(
         self, *, after: str | None = None, limit: int = 500
