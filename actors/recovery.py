@@ -42,8 +42,9 @@ def apply_restart_rule(
     """The restart rule (`domain.fork_states.after_restart`) applied to one operation that no
     live saga owns: `prepared` → failed, `dispatching` → unknown (never re-sent),
     `provider_accepted` → committed; a terminal operation is returned as it is. Used by
-    `fork.get` on a leftover and by a saga's abort; start-up recovery applies the same rule a
-    page at a time (`Store.settle_leftover_fork_operations`, `commit_fork_operations`)."""
+    `fork.get` on a leftover and by a saga's abort; start-up recovery applies the same rule
+    to every leftover's status change at once (`Store.settle_leftover_fork_statuses`) and to
+    the commits a page at a time (`commit_fork_operations`)."""
     ws, op_id = op.workspace_id, op.operation_id
     to = after_restart(op.status)
     if to is ForkStatus.FAILED:
@@ -56,16 +57,15 @@ def apply_restart_rule(
 
 
 def recover_fork_operations(store: StartupRecoveryStore, *, page_size: int = 500) -> RecoveryReport:
-    failed = unknown = committed = errors = 0
+    # The two pure status changes first, for every leftover at once (one transaction, one
+    # fsync, no row decoded); what is left active then is only `provider_accepted`.
+    failed, unknown = store.fork_recovery.settle_leftover_fork_statuses(
+        prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
+    )
+    committed = errors = 0
     cursor = None
     while True:
         ops, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=page_size)
-        # One transaction (one fsync) per page for the two pure status changes.
-        page_failed, page_unknown = store.fork_recovery.settle_leftover_fork_operations(
-            ops, prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
-        )
-        failed += page_failed
-        unknown += page_unknown
         accepted = [op for op in ops if after_restart(op.status) is ForkStatus.COMMITTED]
         if accepted:
             page_committed, page_errors = store.fork_commit.commit_fork_operations(accepted)

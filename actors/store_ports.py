@@ -268,14 +268,15 @@ class ForkWorktrees(Protocol):
 
 
 class LeftoverForks(Protocol):
-    """`store.fork_recovery`: start-up leftovers, a page at a time, and their settle."""
+    """`store.fork_recovery`: start-up leftovers' status changes all at once, and the
+    remaining (commits) a page at a time."""
 
     def recoverable_fork_operations(
         self, *, after: str | None = None, limit: int = 500
     ) -> tuple[list[ForkOperation], str | None]: ...
 
-    def settle_leftover_fork_operations(
-        self, ops: Sequence[ForkOperation], *, prepared_error: str, dispatching_error: str
+    def settle_leftover_fork_statuses(
+        self, *, prepared_error: str, dispatching_error: str
     ) -> tuple[int, int]: ...
 
 
@@ -440,9 +441,9 @@ class HostActorStore(Protocol):
 
 class StartupRecoveryStore(WorktreeStore, Protocol):
     """Start-up recovery (seed 000 §10), before any request is served: the leftover fork
-    operations a page at a time (workspace-wide: recovery cannot guess workspaces), their
-    batched settle and commit, and the Turns a dead process left active. Separate because it
-    runs once, outside any actor, over every workspace."""
+    operations' status changes all at once, their commits a page at a time (workspace-wide:
+    recovery cannot guess workspaces), and the Turns a dead process left active. Separate
+    because it runs once, outside any actor, over every workspace."""
 
     @property
     def fork_recovery(self) -> LeftoverForks: ...

@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from domain.providers import CLAUDE_CODE, CODEX
-from drivers.claude.env import PINNED_SDK_VERSION
-from drivers.codex.command import native_binary
+
+# The drivers' modules (`drivers.claude.env`, `drivers.codex.command`) are imported where they
+# are used: importing either loads its whole driver package (the app-server and SDK clients,
+# asyncio), which the daemon never runs in its own process and would pay for at every start.
 
 INSTALLABLE = (CODEX, CLAUDE_CODE)
 PROVIDERS_DIR = "providers"
@@ -33,7 +35,6 @@ RECORD_NAME = "installed.json"
 CODEX_VERSION = "0.171.0"
 """The Codex every test runs (PROVIDERS.md); the Makefile pins the same one."""
 CODEX_PACKAGE = f"@openai/codex@{CODEX_VERSION}"
-CLAUDE_PACKAGE = f"claude-agent-sdk=={PINNED_SDK_VERSION}"
 GUIDE = "docs/user-guide.md, 'Install Codex and Claude Code'"
 
 Runner = Callable[[list[str]], int]
@@ -75,8 +76,11 @@ def plan(provider: str, home: Path, python: str | None = None) -> InstallPlan:
         argv = ["npm", "install", "--no-audit", "--no-fund", "--prefix", str(prefix)]
         return InstallPlan(CODEX, [*argv, CODEX_PACKAGE], prefix)
     if provider == CLAUDE_CODE:
+        from drivers.claude.env import PINNED_SDK_VERSION
+
         python = python or sys.executable
-        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", CLAUDE_PACKAGE]
+        package = f"claude-agent-sdk=={PINNED_SDK_VERSION}"
+        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", package]
         return InstallPlan(CLAUDE_CODE, argv, None, python)
     raise InstallError(
         f"cannot install {provider!r}: agenthost installs {' and '.join(INSTALLABLE)} "
@@ -114,6 +118,8 @@ def install(plan_: InstallPlan, home: Path, run: Runner = _run) -> dict[str, Any
             )
         entry.update(version=CODEX_VERSION, prefix=str(plan_.target), command=str(command))
     else:
+        from drivers.claude.env import PINNED_SDK_VERSION
+
         entry.update(version=PINNED_SDK_VERSION, python=plan_.python)
         location = _sdk_location(plan_.python or sys.executable)
         if location is not None:
@@ -130,6 +136,8 @@ def install(plan_: InstallPlan, home: Path, run: Runner = _run) -> dict[str, Any
 
 def find_codex(prefix: Path) -> Path | None:
     """The program an npm install under `prefix` gives: its native binary, else the npm shim."""
+    from drivers.codex.command import native_binary
+
     node_modules = prefix / "node_modules"
     native = native_binary(node_modules)
     if native is not None:

@@ -19,9 +19,14 @@ insert order so every index is appended to — and the 10,000 interrupted operat
 store's own `prepare_fork` / `mark_fork_*`. Each run measures a fresh copy of the cache.
 
 `--scale F` sizes everything by F (full 1.0; `--quick` 0.02, `--smoke` 0.001), the targets stay
-the issue's: a run below full size says so on every measured line.
+the issue's: a run below full size says so on every measured line. `--sessions`, `--turns`,
+`--big-turns` and `--operations` set one dimension each over the scale's: a small store with the
+full store's shape where a path depends on it (one 10,000-Turn Session, 10,000 interrupted
+operations, a few thousand other Sessions) builds in minutes, not the full store's ~17:
 
     build/venv/bin/python -m bench.months [--quick|--smoke] [--scale F] [--json FILE]
+    build/venv/bin/python -m bench.months --sessions 3000 --turns 40000 --big-turns 10000 \
+        --operations 10000
 """
 
 from __future__ import annotations
@@ -89,6 +94,23 @@ class Size:
             big_turns=n(10_000, 10),
             operations=n(10_000, 5),
             touched=n(10_000, 10),
+        )
+
+    def with_counts(
+        self,
+        sessions: int | None = None,
+        turns: int | None = None,
+        big_turns: int | None = None,
+        operations: int | None = None,
+    ) -> Size:
+        """This size with the given dimensions set (the others kept)."""
+        big = self.big_turns if big_turns is None else big_turns
+        s = self.sessions if sessions is None else sessions
+        # Every Session but the big one needs a Turn to fork through.
+        t = max(self.turns if turns is None else turns, big + s - 1)
+        ops = self.operations if operations is None else operations
+        return Size(
+            sessions=s, turns=t, big_turns=big, operations=ops, touched=min(self.touched, s)
         )
 
     @property
@@ -410,9 +432,11 @@ def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
     return out
 
 
-def run(mode: Mode, scale: float | None = None) -> BenchResult:
+def run(
+    mode: Mode, scale: float | None = None, counts: dict[str, int] | None = None
+) -> BenchResult:
     scale = pick(mode, 1.0, 0.02, 0.001) if scale is None else scale
-    size = Size.of(scale)
+    size = Size.of(scale).with_counts(**(counts or {}))
     reads = pick(mode, 300, 100, 10)
     result = BenchResult("a store of months", "", mode.value)
     home = cached_home(size)
@@ -422,7 +446,7 @@ def run(mode: Mode, scale: float | None = None) -> BenchResult:
     store_mb = (home / "store.sqlite3").stat().st_size / 2**20
     result.figures["storeMb"] = round(store_mb, 1)
     at = f"{size.describe()} ({store_mb:,.0f} MB)" + (
-        "" if scale == 1.0 else f"; scale {scale:g} of the issue's store"
+        "" if size == Size.of(1.0) else "; not the issue's full store"
     )
     lst, opn = m["list"], m["open"]
     result.tables.append(
@@ -486,8 +510,8 @@ def run(mode: Mode, scale: float | None = None) -> BenchResult:
                 ]
             },
         )
-    if scale != 1.0:
-        result.notes.append(f"scale {scale:g}: {size.describe()}, not the issue's full store")
+    if size != Size.of(1.0):
+        result.notes.append(f"{size.describe()}: not the issue's full store")
     return result
 
 
@@ -496,18 +520,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--scale", type=float, default=None, help="size of the store, 1.0 = issue's")
+    for dim in ("sessions", "turns", "big-turns", "operations"):
+        ap.add_argument(f"--{dim}", type=int, default=None, help=f"{dim}, over the scale's")
     ap.add_argument("--generate-only", action="store_true", help="build the cache and stop")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
     mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
+    counts = {
+        key: value
+        for key in ("sessions", "turns", "big_turns", "operations")
+        if (value := getattr(args, key)) is not None
+    }
     if args.generate_only:
         scale = pick(mode, 1.0, 0.02, 0.001) if args.scale is None else args.scale
-        print(cached_home(Size.of(scale)))
+        print(cached_home(Size.of(scale).with_counts(**counts)))
         return 0
     started = time.monotonic()
-    result = run(mode, args.scale)
+    result = run(mode, args.scale, counts)
     result.seconds = time.monotonic() - started
     extra = [] if args.scale is None else ["--scale", f"{args.scale:g}"]
+    for key, value in counts.items():
+        extra += [f"--{key.replace('_', '-')}", str(value)]
     result.command = command_for(
         MODULE, {Mode.FULL: [], Mode.QUICK: ["--quick"], Mode.SMOKE: ["--smoke"]}[mode] + extra
     )

@@ -1,19 +1,18 @@
 """Start-up recovery's store side: the operations left active by a stop, by a stable
-cursor, and the restart rule (domain.fork_states.after_restart) applied to one page."""
+cursor, and the restart rule's pure status changes (domain.fork_states.after_restart) applied
+to the whole store at once."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from domain.errors import InvalidArgument
-from domain.fork_states import ForkStatus, after_restart
+from domain.fork_states import ACTIVE, ForkStatus, after_restart
 from storage.base import Database
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, op_from_row
 from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
 
 
 class ForkRecovery:
-    """Pages of leftovers and their settlement."""
+    """Pages of leftovers, and the settlement of those that are not commits."""
 
     def __init__(self, db: Database) -> None:
         # The owner's operations this part uses, bound once (the part holds them, never
@@ -40,41 +39,40 @@ class ForkRecovery:
         cursor = str(rows[limit - 1][28]) if len(rows) > limit else None
         return ops, cursor
 
-    def settle_leftover_fork_operations(
-        self, ops: Sequence[ForkOperation], *, prepared_error: str, dispatching_error: str
+    def settle_leftover_fork_statuses(
+        self, *, prepared_error: str, dispatching_error: str
     ) -> tuple[int, int]:
-        """Start-up recovery of one page in one transaction: `prepared` → failed (reservation
-        released), `dispatching` → unknown. Each row is still guarded by its status, so a row
-        that moved on is left alone. Returns (failed, unknown)."""
+        """Start-up recovery's pure status changes over the whole store, in one transaction
+        (one fsync), set-based: one UPDATE per status the restart rule (`after_restart`) moves
+        to `failed` (the reservation released) or `unknown`, no operation row decoded — a
+        page-at-a-time settle pays a COMMIT per page and a decode per row, for changes that
+        need neither. Only rows still in the status are changed (the UPDATE's own guard).
+        Returns (failed, unknown)."""
         failed = unknown = 0
         with self._write(None) as tx:
-            for op in ops:
-                ws, op_id = op.workspace_id, op.operation_id
-                # The restart rule lives in domain.fork_states; the commit of a
-                # provider_accepted leftover is not a pure status change (commit_fork does it).
-                source, to = op.status, after_restart(op.status)
+            for source in sorted(ACTIVE, key=lambda s: s.value):
+                to = after_restart(source)
                 if to is ForkStatus.FAILED:
                     error = prepared_error
                 elif to is ForkStatus.UNKNOWN:
                     error = dispatching_error
                 else:
-                    continue
-                tx.execute(
+                    continue  # provider_accepted: its commit is not a status change
+                moved = tx.all(
                     "UPDATE fork_operations SET status = ?, error = ?, completed_at_ms = ?"
-                    " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
-                    (to.value, error, tx.now_ms, ws, op_id, source.value),
+                    " WHERE status = ? RETURNING workspace_id, operation_id, source_session_id",
+                    (to.value, error, tx.now_ms, source.value),
                 )
-                if tx.changes() != 1:
-                    continue
                 if to is ForkStatus.FAILED:
-                    tx.execute(
+                    tx.executemany(
                         "DELETE FROM session_reservations"
                         " WHERE workspace_id = ? AND operation_id = ?",
-                        (ws, op_id),
+                        [(ws, op_id) for ws, op_id, _ in moved],
                     )
-                    failed += 1
+                    failed += len(moved)
                 else:
-                    unknown += 1
-                tx.emit(ForkOperationChanged(ws, op_id))
-                tx.emit(SessionChanged(ws, op.source_session_id))
+                    unknown += len(moved)
+                for ws, op_id, source_sid in moved:
+                    tx.emit(ForkOperationChanged(ws, op_id))
+                    tx.emit(SessionChanged(ws, source_sid))
         return failed, unknown

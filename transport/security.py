@@ -12,11 +12,15 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
+
+if TYPE_CHECKING:
+    # Imported by `start_authenticator` alone: it loads asyncio, which a daemon serving only
+    # ipc endpoints (no CURVE) would otherwise import at every start.
+    from zmq.auth.thread import ThreadAuthenticator
 
 ZAP_DOMAIN = "agenthost"
 NETWORK_HANDSHAKE_MS = 5000
@@ -111,6 +115,8 @@ class _Provider:
 def start_authenticator(ctx: zmq.Context[Any], curve: ServerCurve) -> ThreadAuthenticator:
     """Start pyzmq's ZAP handler on `ctx`. It must run before any CURVE endpoint is bound: a
     CURVE server with no ZAP handler accepts every client that knows its public key."""
+    from zmq.auth.thread import ThreadAuthenticator
+
     auth = ThreadAuthenticator(ctx, log=None)
     auth.start()
     auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_Provider(curve.authorize))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import apsw
 
-from actors.recovery import recover_fork_operations
+from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR, recover_fork_operations
 from domain.fork_states import ForkStatus
 from storage import Store
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
@@ -141,5 +141,54 @@ def test_one_restart_rule_for_a_single_leftover_and_for_a_recovery_page(tmp_path
         assert store.fork_queries.get_fork_operation(WS, dispatching).error == DISPATCHING_ERROR
         assert store.fork_queries.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
         assert store.fork_queries.get_fork_operation(WS, failed).error == "given up"
+    finally:
+        store.close()
+
+
+def _reserved(path: Path, op_id: str) -> bool:
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = conn.execute(
+            "SELECT 1 FROM session_reservations WHERE operation_id = ?", (op_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return row is not None
+
+
+def test_every_leftover_status_change_is_settled_in_one_transaction(tmp_path: Path) -> None:
+    """The `prepared` and `dispatching` leftovers of the whole store are settled in one COMMIT
+    whatever the page size (one fsync, not one per page), each exactly as the restart rule says:
+    a failed one's reservation released, an unknown one's kept, a terminal row left alone."""
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path)
+    try:
+        prepared = [_prepare(store)[0] for _ in range(6)]
+        dispatching = []
+        for _ in range(6):
+            op_id, _ = _prepare(store)
+            store.mark_fork_dispatching(WS, op_id)
+            dispatching.append(op_id)
+        earlier, _ = _prepare(store)
+        store.mark_fork_dispatching(WS, earlier)
+        store.mark_fork_unknown(WS, earlier, "earlier")
+        assert all(_reserved(path, op_id) for op_id in prepared + dispatching)
+        commits = store.write_stats.commits
+
+        report = recover_fork_operations(store, page_size=4)
+
+        assert (report.failed, report.unknown, report.committed, report.errors) == (6, 6, 0, 0)
+        assert store.write_stats.commits - commits == 1
+        for op_id in prepared:
+            op = store.get_fork_operation(WS, op_id)
+            assert (op.status, op.error) == (ForkStatus.FAILED, PREPARED_ERROR)
+            assert op.completed_at_ms is not None
+            assert not _reserved(path, op_id)
+        for op_id in dispatching:
+            op = store.get_fork_operation(WS, op_id)
+            assert (op.status, op.error) == (ForkStatus.UNKNOWN, DISPATCHING_ERROR)
+            assert _reserved(path, op_id)
+        kept = store.get_fork_operation(WS, earlier)
+        assert (kept.status, kept.error) == (ForkStatus.UNKNOWN, "earlier")
     finally:
         store.close()

@@ -77,6 +77,19 @@ def test_the_wire_spec_loads_no_sockets() -> None:
     assert not [m for m in loaded if m.split(".")[0] in ("zmq", "apsw")]
 
 
+def test_the_daemon_loads_no_provider_driver_nor_asyncio() -> None:
+    """The daemon runs no provider driver in its own process (its workers do): importing what
+    `agenthost serve` runs loads none of the provider packages nor asyncio (which they and
+    CURVE's ZAP thread bring in), each a part of every start's time to ready."""
+    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    providers = ("drivers.codex", "drivers.claude", "drivers.app_server", "drivers.tutti_agent")
+    drivers = [
+        m for m in loaded if m in providers or m.startswith(tuple(f"{p}." for p in providers))
+    ]
+    assert drivers == []
+    assert "asyncio" not in loaded
+
+
 @pytest.mark.parametrize(
     "module",
     [

@@ -1,0 +1,122 @@
+"""Benchmark: start-up recovery of the interrupted fork operations of a store of months
+(issue 36 target 5), in process, split into its two parts: the commits of the
+`provider_accepted` leftovers and everything else (the status changes of the `prepared` and
+`dispatching` ones, the listing). Each round runs on a fresh copy of the store in a fresh
+process; the figures are wall and CPU seconds and the number of COMMITs (each one fsync).
+
+The store is `bench.months`' cached one, of the size its flags give (the same flags):
+
+    build/venv/bin/python -m bench.recovery --scale 0.03 --sessions 11000 --turns 50000 \\
+        --big-turns 10000 --operations 10000 [--rounds 3]
+
+To compare two checkouts, copy this file into the other one's bench/ and run each from its
+own root against the same `AGENTHOST_BENCH_CACHE` (the daemon start of `bench.months` measures
+the same recovery end to end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from bench.common import REPO, command_for, cpu_probe_ms, log
+from bench.months import Size, cached_home
+
+MODULE = "bench.recovery"
+
+
+def probe(path: str) -> dict[str, Any]:
+    """One recovery of the store at `path` (consumed): wall and CPU, the commits' share."""
+    from actors.recovery import recover_fork_operations
+    from storage import Store
+
+    store = Store.open(path)
+    spent = {"wall": 0.0, "cpu": 0.0}
+    commit_many = store.commit_fork_operations
+
+    def timed(ops: Any) -> tuple[int, int]:
+        c, t = time.process_time(), time.perf_counter()
+        try:
+            return commit_many(ops)
+        finally:
+            spent["cpu"] += time.process_time() - c
+            spent["wall"] += time.perf_counter() - t
+
+    store.commit_fork_operations = timed  # type: ignore[method-assign]
+    commits = store.write_stats.commits
+    c, t = time.process_time(), time.perf_counter()
+    report = recover_fork_operations(store)
+    cpu, wall = time.process_time() - c, time.perf_counter() - t
+    out = {
+        "wallS": wall,
+        "cpuS": cpu,
+        "commitsWallS": spent["wall"],
+        "commitsCpuS": spent["cpu"],
+        "restWallS": wall - spent["wall"],
+        "restCpuS": cpu - spent["cpu"],
+        "COMMITs": store.write_stats.commits - commits,
+        "report": [report.failed, report.unknown, report.committed, report.errors],
+    }
+    store.close()
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    ap.add_argument("--probe", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--scale", type=float, default=0.03)
+    for dim in ("sessions", "turns", "big-turns", "operations"):
+        ap.add_argument(f"--{dim}", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.probe is not None:
+        print(json.dumps(probe(args.probe)))
+        return 0
+    counts = {
+        key: value
+        for key in ("sessions", "turns", "big_turns", "operations")
+        if (value := getattr(args, key)) is not None
+    }
+    size = Size.of(args.scale).with_counts(**counts)
+    home = cached_home(size)
+    print(f"# start-up recovery, in process: {size.describe()}")
+    print(
+        "round  CPU probe ms  wall s  CPU s  commits wall s  commits CPU s  rest wall s"
+        "  rest CPU s  COMMITs  failed/unknown/committed/errors"
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
+        for i in range(max(1, args.rounds)):
+            copy = Path(tmp) / "store.sqlite3"
+            shutil.copy(home / "store.sqlite3", copy)
+            probe_ms = cpu_probe_ms()
+            log(f"recovery: round {i + 1}")
+            done = subprocess.run(
+                [sys.executable, "-m", MODULE, "--probe", str(copy)],
+                check=True,
+                capture_output=True,
+                text=True,
+                cwd=str(REPO),
+            )
+            p = json.loads(done.stdout.strip().splitlines()[-1])
+            print(
+                f"{i + 1:5d}  {probe_ms:12.1f}  {p['wallS']:6.2f}  {p['cpuS']:5.2f}"
+                f"  {p['commitsWallS']:14.2f}  {p['commitsCpuS']:13.2f}  {p['restWallS']:11.2f}"
+                f"  {p['restCpuS']:10.2f}  {p['COMMITs']:7d}  {'/'.join(map(str, p['report']))}"
+            )
+            copy.unlink()
+    extra = [f"--scale={args.scale:g}", f"--rounds={args.rounds}"]
+    extra += [f"--{k.replace('_', '-')}={v}" for k, v in counts.items()]
+    print(f"command: {command_for(MODULE, extra)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
