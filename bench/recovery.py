@@ -40,7 +40,7 @@ def probe(path: str) -> dict[str, Any]:
 
     store = Store.open(path)
     spent = {"wall": 0.0, "cpu": 0.0}
-    commit_many = store.commit_fork_operations
+    commit_many = store.fork_commit.commit_fork_operations
 
     def timed(ops: Any) -> tuple[int, int]:
         c, t = time.process_time(), time.perf_counter()
@@ -50,8 +50,8 @@ def probe(path: str) -> dict[str, Any]:
             spent["cpu"] += time.process_time() - c
             spent["wall"] += time.perf_counter() - t
 
-    store.commit_fork_operations = timed  # type: ignore[method-assign]
-    commits = store.write_stats.commits
+    store.fork_commit.commit_fork_operations = timed  # type: ignore[method-assign]
+    commits = store.db.write_stats.commits
     c, t = time.process_time(), time.perf_counter()
     report = recover_fork_operations(store)
     cpu, wall = time.process_time() - c, time.perf_counter() - t
@@ -62,7 +62,7 @@ def probe(path: str) -> dict[str, Any]:
         "commitsCpuS": spent["cpu"],
         "restWallS": wall - spent["wall"],
         "restCpuS": cpu - spent["cpu"],
-        "COMMITs": store.write_stats.commits - commits,
+        "COMMITs": store.db.write_stats.commits - commits,
         "report": [report.failed, report.unknown, report.committed, report.errors],
     }
     store.close()

@@ -167,28 +167,28 @@ def test_every_leftover_status_change_is_settled_in_one_transaction(tmp_path: Pa
         dispatching = []
         for _ in range(6):
             op_id, _ = _prepare(store)
-            store.mark_fork_dispatching(WS, op_id)
+            store.fork_transitions.mark_fork_dispatching(WS, op_id)
             dispatching.append(op_id)
         earlier, _ = _prepare(store)
-        store.mark_fork_dispatching(WS, earlier)
-        store.mark_fork_unknown(WS, earlier, "earlier")
+        store.fork_transitions.mark_fork_dispatching(WS, earlier)
+        store.fork_transitions.mark_fork_unknown(WS, earlier, "earlier")
         assert all(_reserved(path, op_id) for op_id in prepared + dispatching)
-        commits = store.write_stats.commits
+        commits = store.db.write_stats.commits
 
         report = recover_fork_operations(store, page_size=4)
 
         assert (report.failed, report.unknown, report.committed, report.errors) == (6, 6, 0, 0)
-        assert store.write_stats.commits - commits == 1
+        assert store.db.write_stats.commits - commits == 1
         for op_id in prepared:
-            op = store.get_fork_operation(WS, op_id)
+            op = store.fork_queries.get_fork_operation(WS, op_id)
             assert (op.status, op.error) == (ForkStatus.FAILED, PREPARED_ERROR)
             assert op.completed_at_ms is not None
             assert not _reserved(path, op_id)
         for op_id in dispatching:
-            op = store.get_fork_operation(WS, op_id)
+            op = store.fork_queries.get_fork_operation(WS, op_id)
             assert (op.status, op.error) == (ForkStatus.UNKNOWN, DISPATCHING_ERROR)
             assert _reserved(path, op_id)
-        kept = store.get_fork_operation(WS, earlier)
+        kept = store.fork_queries.get_fork_operation(WS, earlier)
         assert (kept.status, kept.error) == (ForkStatus.UNKNOWN, "earlier")
     finally:
         store.close()
