@@ -25,6 +25,7 @@ from typing import Any
 from client.lineage_view import status_words
 from client.session_client import fork_and_wait, format_transcript, run_turn
 from model_fakes.responses import ResponsesServer, model_input_texts
+from protocol.methods import HOST_STATUS, SESSION_CREATE, SESSION_GET, SESSION_TIMELINE
 from transport.client import Client
 
 WS = "demo"
@@ -55,15 +56,15 @@ def _start_daemon(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
 
 
 def _show(client: Client, sid: str) -> dict[str, Any]:
-    session = client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+    session = client.call(SESSION_GET, {"workspaceId": WS, "agentSessionId": sid})["session"]
     turns = client.call(
-        "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+        SESSION_TIMELINE, {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
     )["turns"]
     lineage = session.get("forkedFrom")
     source = None
     if lineage:
         source = client.call(
-            "session.get",
+            SESSION_GET,
             {"workspaceId": WS, "agentSessionId": lineage["sourceAgentSessionId"]},
         )["session"]["title"]
     print(format_transcript(session, turns, source))
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"daemon {ready['pid']} ready: API {ready['api']}, events {ready['events']}")
     client = Client(ready["api"], timeout=60)
     try:
-        status = client.call("host.status")
+        status = client.call(HOST_STATUS)
         print(f"agenthost {status['version']}, protocol {status['protocol']}")
         wanted = [p for p in status.get("providers") or [] if p.get("provider") == args.provider]
         if wanted and not wanted[0].get("installed"):
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
         _banner(f"a session on {args.provider}: three turns")
         session = client.call(
-            "session.create",
+            SESSION_CREATE,
             {"workspaceId": WS, "provider": args.provider, "title": "Trip planning"},
         )["session"]
         sid = session["agentSessionId"]

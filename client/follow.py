@@ -12,6 +12,15 @@ from typing import Any
 
 from client.references import timeline
 from client.transcript_text import format_message, says_nothing
+from protocol.events import TURN_UPDATED
+from protocol.methods import (
+    FORK_ACKNOWLEDGE,
+    FORK_CREATE,
+    FORK_GET,
+    INTERACTION_RESPOND,
+    SESSION_TIMELINE,
+    TURN_SUBMIT,
+)
 from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
@@ -36,15 +45,15 @@ class TurnWaitTimeout(TimeoutError):
 def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | None = None) -> Json:
     if sequence is not None:
         page = client.call(
-            "session.timeline",
+            SESSION_TIMELINE,
             {"workspaceId": ws, "agentSessionId": sid, "afterSequence": sequence - 1, "limit": 1},
         )
         for turn in page["turns"]:
             if turn["turnId"] == turn_id:
                 return dict(turn)
-    for turn in timeline(client, ws, sid):
-        if turn["turnId"] == turn_id:
-            return dict(turn)
+    for known in timeline(client, ws, sid):
+        if known["turnId"] == turn_id:
+            return dict(known)
     raise LookupError(f"turn {turn_id} not in session {sid}")
 
 
@@ -147,15 +156,17 @@ def stream_turn(
         else None
     )
     try:
-        turn = client.call(
-            "turn.submit",
-            {
-                "workspaceId": ws,
-                "agentSessionId": sid,
-                "requestId": request_id or str(uuid.uuid4()),
-                "input": [{"type": "text", "text": text}],
-            },
-        )["turn"]
+        turn: Json = dict(
+            client.call(
+                TURN_SUBMIT,
+                {
+                    "workspaceId": ws,
+                    "agentSessionId": sid,
+                    "requestId": request_id or str(uuid.uuid4()),
+                    "input": [{"type": "text", "text": text}],
+                },
+            )["turn"]
+        )
         turn_id, sequence = turn["turnId"], int(turn["sequence"])
         answered: set[str] = set()
         deadline = time.monotonic() + timeout
@@ -178,7 +189,7 @@ def stream_turn(
                 by = {"by": answered_by} if answered_by else {}
                 try:
                     client.call(
-                        "interaction.respond",
+                        INTERACTION_RESPOND,
                         {
                             "workspaceId": ws,
                             "agentSessionId": sid,
@@ -232,7 +243,7 @@ def _next_turn_event(
             continue
         if (
             topic == ws
-            and event.get("type") == "turn.updated"
+            and event.get("type") == TURN_UPDATED
             and event.get("agentSessionId") == sid
             and (event.get("turn") or {}).get("turnId") == turn_id
         ):
@@ -268,7 +279,7 @@ def fork_and_wait(
     A one-shot helper: a lost reply is not retried here. Interactive clients use the Engine.
     """
     op = client.call(
-        "fork.create",
+        FORK_CREATE,
         {
             "workspaceId": ws,
             "agentSessionId": sid,
@@ -284,11 +295,11 @@ def fork_and_wait(
         if time.monotonic() > deadline:
             raise TimeoutError(f"fork {op['operationId']} still accepted after {timeout} s")
         time.sleep(POLL_S * 2)
-        op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+        op = client.call(FORK_GET, {"workspaceId": ws, "operationId": op["operationId"]})[
             "operation"
         ]
     if op["status"] == "committed" and acknowledge:
-        op = client.call("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})[
+        op = client.call(FORK_ACKNOWLEDGE, {"workspaceId": ws, "operationId": op["operationId"]})[
             "operation"
         ]
     return dict(op)

@@ -13,6 +13,7 @@ from typing import Any
 from client.view_rules import divider_after, divider_text
 from client.workspace_text import files_line
 from domain.interrupts import ANSWERED_BY
+from protocol.methods import SESSION_GET, SESSION_LINEAGE
 from transport.client import ApiError, Client
 
 
@@ -33,7 +34,7 @@ def source_title(client: Client, ws: str, session: Mapping[str, Any]) -> str | N
         return None
     try:
         source = client.call(
-            "session.get", {"workspaceId": ws, "agentSessionId": lineage["sourceAgentSessionId"]}
+            SESSION_GET, {"workspaceId": ws, "agentSessionId": lineage["sourceAgentSessionId"]}
         )["session"]
     except ApiError:
         return None
@@ -68,7 +69,7 @@ def ancestry(
             break
         seen.add(source_id)
         try:
-            current = client.call("session.get", {"workspaceId": ws, "agentSessionId": source_id})[
+            current = client.call(SESSION_GET, {"workspaceId": ws, "agentSessionId": source_id})[
                 "session"
             ]
         except ApiError:
@@ -87,7 +88,7 @@ def lineage_ancestry(client: Client, ws: str, session: Mapping[str, Any]) -> lis
         return [Ancestor(str(session["agentSessionId"]), str(session["title"]))]
     try:
         tree = client.call(
-            "session.lineage", {"workspaceId": ws, "agentSessionId": session["agentSessionId"]}
+            SESSION_LINEAGE, {"workspaceId": ws, "agentSessionId": session["agentSessionId"]}
         )
     except ApiError:
         return ancestry(client, ws, session)

@@ -70,6 +70,15 @@ class HostStatusResult(TypedDict):
     home: str
     workers: list[WorkerStatus]
     uptimeMs: int
+    # This implementation's additions (docs/protocol.md "Methods (this implementation)").
+    sessionActors: NotRequired[int]
+    threads: NotRequired[int]
+    storeConnections: NotRequired[int]
+    timers: NotRequired[int]
+    providers: NotRequired[list[dict[str, Any]]]
+    runtimes: NotRequired[dict[str, dict[str, int]]]
+    connections: NotRequired[dict[str, int]]
+    checkpoints: NotRequired[dict[str, Any]]
 
 
 class SessionCreateParams(WorkspaceParams):

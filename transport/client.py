@@ -16,13 +16,18 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import msgpack
 import zmq
 
+from protocol.methods import Method
 from transport.security import ClientCurve, needs_curve
 from transport.wire import PROTOCOL_VERSION
+
+R = TypeVar("R")
+MethodRef = Method[Any, Any] | str
+"""A protocol method, or (tests and raw probes only) a bare method name."""
 
 _TAG_SEND = b"S"
 _TAG_STOP = b"X"
@@ -123,12 +128,16 @@ class Client:
     def new_id(self) -> str:
         return f"{self._id_prefix}{next(self._counter)}"
 
-    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]:
+    def submit(self, method: MethodRef, params: Mapping[str, Any] | None = None) -> Future[Reply]:
         """Send a request now; the future resolves to `(status, body)`."""
         return self._submit(method, params)[1]
 
-    def _submit(self, method: str, params: Mapping[str, Any] | None) -> tuple[str, Future[Reply]]:
+    def _submit(
+        self, method: MethodRef, params: Mapping[str, Any] | None
+    ) -> tuple[str, Future[Reply]]:
         request_id = self.new_id()
+        if isinstance(method, Method):
+            method = method.name
         frame = msgpack.packb(
             {
                 "v": PROTOCOL_VERSION,
@@ -148,7 +157,7 @@ class Client:
 
     def call_raw(
         self,
-        method: str,
+        method: MethodRef,
         params: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
@@ -157,14 +166,33 @@ class Client:
         request_id, future = self._submit(method, params)
         return self._wait(request_id, future, timeout)
 
+    @overload
+    def call(
+        self,
+        method: Method[Any, R],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> R: ...
+
+    @overload
     def call(
         self,
         method: str,
         params: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
-        """The `result` map of one request; raises `ApiError` on an error reply."""
+    ) -> dict[str, Any]: ...
+
+    def call(
+        self,
+        method: MethodRef,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """The `result` of one request, typed by its method; raises `ApiError` on an error
+        reply."""
         status, body = self.call_raw(method, params, timeout=timeout)
         if status >= 400:
             raise ApiError.from_reply(status, body)

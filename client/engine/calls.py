@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 from client.engine.ports import ApiPort, Reply
+from protocol.methods import HOST_STATUS, Method
 from transport.client import ApiError, ClientClosed
+
+R = TypeVar("R")
 
 
 class WorkspaceCalls:
@@ -20,22 +23,26 @@ class WorkspaceCalls:
         self.workspace_id = workspace_id
 
     def request(
-        self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float = 30.0
-    ) -> dict[str, Any]:
+        self,
+        method: Method[Any, R],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> R:
         """One request in this workspace; raises `ApiError`, or `TimeoutError` without a reply."""
         body = dict(params or {})
-        if method != "host.status":
+        if method is not HOST_STATUS:
             body.setdefault("workspaceId", self.workspace_id)
         future = self.api.submit(method, body)
         try:
             status, result = future.result(timeout)
         except TimeoutError as exc:
-            raise TimeoutError(f"no reply to {method} within {timeout} s") from exc
+            raise TimeoutError(f"no reply to {method.name} within {timeout} s") from exc
         if status >= 400:
             raise ApiError.from_reply(status, result)
-        return result
+        return result  # type: ignore[return-value]  # the body of a 2xx reply to `method`
 
-    def submit(self, method: str, params: Mapping[str, Any]) -> Future[Reply] | None:
+    def submit(self, method: Method[Any, Any], params: Mapping[str, Any]) -> Future[Reply] | None:
         """Send without waiting; None when the client is already closed (nothing was sent)."""
         try:
             return self.api.submit(method, params)

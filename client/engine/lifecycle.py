@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from client.engine.acks import Acknowledgements
 from client.engine.cache import SessionCache
@@ -31,7 +31,10 @@ from client.engine.values import (
     Listener,
     MutationStatus,
 )
+from protocol.methods import SESSION_WORKSPACE_DIFF, ForkResolveResult, Method, WorkspaceDiffResult
 from transport.security import ClientCurve
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -189,7 +192,7 @@ class Engine:
         *,
         request_id: str | None = None,
         timeout: float = 30.0,
-    ) -> dict[str, Any]:
+    ) -> ForkResolveResult:
         """`fork.resolve` (`inspect`/`adopt`/`abandon`), blocking (`ForkRequests.resolve`)."""
         return self._forks.resolve(operation_id, action, request_id=request_id, timeout=timeout)
 
@@ -235,8 +238,12 @@ class Engine:
         self._reconciliation.handle_event(event)
 
     def request(
-        self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float = 30.0
-    ) -> dict[str, Any]:
+        self,
+        method: Method[Any, R],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> R:
         """One request in this workspace; raises `ApiError`, or `TimeoutError` without a reply."""
         return self._calls.request(method, params, timeout=timeout)
 
@@ -247,7 +254,7 @@ class Engine:
         *,
         max_bytes: int | None = None,
         timeout: float = 30.0,
-    ) -> dict[str, Any]:
+    ) -> WorkspaceDiffResult:
         """`session.workspaceDiff`: what a Turn (default: the newest settled one) changed in
         its `cwd`, blocking; a Turn without a usable checkpoint raises `ApiError`
         `workspace_checkpoint_missing`, whose message says why."""
@@ -256,7 +263,7 @@ class Engine:
             params["turnId"] = turn_id
         if max_bytes is not None:
             params["maxBytes"] = max_bytes
-        return self._calls.request("session.workspaceDiff", params, timeout=timeout)
+        return self._calls.request(SESSION_WORKSPACE_DIFF, params, timeout=timeout)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         return self._feed.subscribe(listener)

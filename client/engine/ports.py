@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from protocol.methods import Method
 from transport.client import EventSubscriber
 from transport.security import ClientCurve
 
@@ -26,7 +27,9 @@ Reply = tuple[int, dict[str, Any]]
 class ApiPort(Protocol):
     """What the Engine needs of `transport.client.Client`: non-blocking requests."""
 
-    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]: ...
+    def submit(
+        self, method: Method[Any, Any] | str, params: Mapping[str, Any] | None = None
+    ) -> Future[Reply]: ...
 
 
 class Timer(Protocol):
