@@ -18,12 +18,11 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar, overload
 
-import msgpack
 import zmq
 
+from protocol.envelope import decode_event, decode_reply, encode_request, reply_outcome
 from protocol.methods import Method
 from transport.security import ClientCurve, needs_curve
-from transport.wire import PROTOCOL_VERSION
 
 R = TypeVar("R")
 MethodRef = Method[Any, Any] | str
@@ -138,15 +137,7 @@ class Client:
         request_id = self.new_id()
         if isinstance(method, Method):
             method = method.name
-        frame = msgpack.packb(
-            {
-                "v": PROTOCOL_VERSION,
-                "id": request_id,
-                "method": method,
-                "params": dict(params or {}),
-            },
-            use_bin_type=True,
-        )
+        frame = encode_request(request_id, method, params)
         future: Future[Reply] = Future()
         with self._pending_lock:
             if self._closed:
@@ -293,12 +284,7 @@ class Client:
                     self._on_reply(frames[-1])
 
     def _on_reply(self, frame: bytes) -> None:
-        try:
-            reply = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-        except Exception:
-            reply = {"undecodable": frame}
-        if not isinstance(reply, dict):
-            reply = {"undecodable": frame}
+        reply = decode_reply(frame)
         request_id = reply.get("id")
         future = None
         if isinstance(request_id, str):
@@ -309,12 +295,8 @@ class Client:
                 self._unmatched.append(reply)
                 self._unmatched_cond.notify_all()
             return
-        status = reply.get("status")
-        if not isinstance(status, int):
-            status = 500
-        body = reply.get("result") if status < 400 else reply.get("error")
         if not future.done():
-            future.set_result((status, body if isinstance(body, dict) else {}))
+            future.set_result(reply_outcome(reply))
 
 
 class EventSubscriber:
@@ -377,8 +359,7 @@ class EventSubscriber:
             topic = raw.decode("utf-8", errors="replace")
             if self._exact is not None and topic not in self._exact:
                 continue  # another workspace whose id merely starts with ours
-            event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
-            return topic, event if isinstance(event, dict) else {"value": event}
+            return topic, decode_event(frames[-1])
 
     def next(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The next event map, or None after `timeout` seconds (None: wait forever)."""
