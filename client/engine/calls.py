@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from client.engine.ports import ApiPort, Reply
 from protocol.methods import HOST_STATUS, Method
@@ -33,18 +33,18 @@ class WorkspaceCalls:
         body = dict(params or {})
         if method is not HOST_STATUS:
             body.setdefault("workspaceId", self.workspace_id)
-        future = self.api.submit(method, body)
+        future = self.api.submit(method.name, body)
         try:
             status, result = future.result(timeout)
         except TimeoutError as exc:
             raise TimeoutError(f"no reply to {method.name} within {timeout} s") from exc
         if status >= 400:
             raise ApiError.from_reply(status, result)
-        return result  # type: ignore[return-value]  # the body of a 2xx reply to `method`
+        return cast(R, result)  # a 2xx reply's body is `method`'s result
 
     def submit(self, method: Method[Any, Any], params: Mapping[str, Any]) -> Future[Reply] | None:
         """Send without waiting; None when the client is already closed (nothing was sent)."""
         try:
-            return self.api.submit(method, params)
+            return self.api.submit(method.name, params)
         except ClientClosed:
             return None
