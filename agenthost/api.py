@@ -63,6 +63,7 @@ from protocol.methods import (
     ForkCreateParams,
     ForkResolveParams,
     GoalSetParams,
+    HostStatusParams,
     InteractionRespondParams,
     LineageParams,
     Method,
@@ -77,7 +78,6 @@ from protocol.methods import (
     UpdateSettingsParams,
     UpdateTitleParams,
     WorkspaceDiffParams,
-    WorkspaceParams,
     WorkspaceRestoreParams,
 )
 from storage import Store
@@ -194,7 +194,7 @@ class Api:
 
     # -- methods ---------------------------------------------------------------------------
 
-    def host_status(self, params: WorkspaceParams, responder: Responder) -> None:
+    def host_status(self, params: HostStatusParams, responder: Responder) -> None:
         self.plumbing.read(responder, self._status)
 
     def session_create(self, params: SessionCreateParams, responder: Responder) -> None:

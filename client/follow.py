@@ -20,6 +20,12 @@ from protocol.methods import (
     INTERACTION_RESPOND,
     SESSION_TIMELINE,
     TURN_SUBMIT,
+    AnsweredBy,
+    ForkCreateParams,
+    InteractionRespondParams,
+    OperationParams,
+    TimelineParams,
+    TurnSubmitParams,
 )
 from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
@@ -46,7 +52,7 @@ def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | No
     if sequence is not None:
         page = client.call(
             SESSION_TIMELINE,
-            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": sequence - 1, "limit": 1},
+            TimelineParams(workspaceId=ws, agentSessionId=sid, afterSequence=sequence - 1, limit=1),
         )
         for turn in page["turns"]:
             if turn["turnId"] == turn_id:
@@ -143,7 +149,7 @@ def stream_turn(
     timeout: float = 600.0,
     request_id: str | None = None,
     on_delta: Callable[[Json], None] | None = None,
-    answered_by: str | None = None,
+    answered_by: AnsweredBy | None = None,
 ) -> Json:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
@@ -159,12 +165,12 @@ def stream_turn(
         turn: Json = dict(
             client.call(
                 TURN_SUBMIT,
-                {
-                    "workspaceId": ws,
-                    "agentSessionId": sid,
-                    "requestId": request_id or str(uuid.uuid4()),
-                    "input": [{"type": "text", "text": text}],
-                },
+                TurnSubmitParams(
+                    workspaceId=ws,
+                    agentSessionId=sid,
+                    requestId=request_id or str(uuid.uuid4()),
+                    input=[{"type": "text", "text": text}],
+                ),
             )["turn"]
         )
         turn_id, sequence = turn["turnId"], int(turn["sequence"])
@@ -186,19 +192,17 @@ def stream_turn(
                 if response is None:
                     continue
                 answered.add(interaction["requestId"])
-                by = {"by": answered_by} if answered_by else {}
+                answer = InteractionRespondParams(
+                    workspaceId=ws,
+                    agentSessionId=sid,
+                    turnId=turn_id,
+                    requestId=interaction["requestId"],
+                    response=response,
+                )
+                if answered_by:
+                    answer["by"] = answered_by
                 try:
-                    client.call(
-                        INTERACTION_RESPOND,
-                        {
-                            "workspaceId": ws,
-                            "agentSessionId": sid,
-                            "turnId": turn_id,
-                            "requestId": interaction["requestId"],
-                            "response": response,
-                            **by,
-                        },
-                    )
+                    client.call(INTERACTION_RESPOND, answer)
                 except ApiError as exc:
                     # Answered elsewhere in the same instant: that answer stands and the Turn
                     # goes on; the printed Interaction says whose it was.
@@ -280,13 +284,13 @@ def fork_and_wait(
     """
     op = client.call(
         FORK_CREATE,
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        ForkCreateParams(
+            workspaceId=ws,
+            agentSessionId=sid,
+            requestId=str(uuid.uuid4()),
+            targetAgentSessionId=str(uuid.uuid4()),
+            point={"type": "throughTurn", "turnId": turn_id},
+        ),
     )["operation"]
     deadline = time.monotonic() + timeout
     while op["status"] == "accepted":
@@ -295,11 +299,11 @@ def fork_and_wait(
         if time.monotonic() > deadline:
             raise TimeoutError(f"fork {op['operationId']} still accepted after {timeout} s")
         time.sleep(POLL_S * 2)
-        op = client.call(FORK_GET, {"workspaceId": ws, "operationId": op["operationId"]})[
+        op = client.call(FORK_GET, OperationParams(workspaceId=ws, operationId=op["operationId"]))[
             "operation"
         ]
     if op["status"] == "committed" and acknowledge:
-        op = client.call(FORK_ACKNOWLEDGE, {"workspaceId": ws, "operationId": op["operationId"]})[
-            "operation"
-        ]
+        op = client.call(
+            FORK_ACKNOWLEDGE, OperationParams(workspaceId=ws, operationId=op["operationId"])
+        )["operation"]
     return dict(op)

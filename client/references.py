@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from protocol.methods import SESSION_LIST, SESSION_TIMELINE
+from protocol.methods import SESSION_LIST, SESSION_TIMELINE, SessionListParams, TimelineParams
 from transport.client import Client
 
 Json = dict[str, Any]
@@ -36,7 +36,7 @@ def list_sessions(client: Client, ws: str) -> list[Json]:
     sessions: list[Json] = []
     cursor: str | None = None
     while True:
-        params: Json = {"workspaceId": ws, "limit": 200}
+        params = SessionListParams(workspaceId=ws, limit=200)
         if cursor:
             params["cursor"] = cursor
         page = client.call(SESSION_LIST, params)
@@ -103,7 +103,7 @@ def timeline(client: Client, ws: str, sid: str) -> list[Json]:
     while True:
         page = client.call(
             SESSION_TIMELINE,
-            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": after, "limit": 200},
+            TimelineParams(workspaceId=ws, agentSessionId=sid, afterSequence=after, limit=200),
         )
         turns.extend(cast(list[Json], page["turns"]))
         nxt = page.get("nextSequence")

@@ -64,6 +64,12 @@ class SessionParams(WorkspaceParams):
     agentSessionId: str
 
 
+class HostStatusParams(TypedDict, total=False):
+    """Nothing needed: the status is the daemon's, whatever the workspace."""
+
+    workspaceId: str
+
+
 class HostStatusResult(TypedDict):
     version: str
     protocol: int
@@ -179,11 +185,14 @@ class TurnInterruptParams(SessionParams):
     reason: NotRequired[str]
 
 
+AnsweredBy = Literal["cli", "gui", "client"]
+
+
 class InteractionRespondParams(SessionParams):
     turnId: str
     requestId: str
     response: dict[str, Any]
-    by: NotRequired[Literal["cli", "gui", "client"]]
+    by: NotRequired[AnsweredBy]
 
 
 class InteractionResult(TypedDict):
@@ -228,7 +237,7 @@ class FailpointsResult(TypedDict):
     points: dict[str, str]
 
 
-HOST_STATUS = Method("host.status", WorkspaceParams, HostStatusResult)
+HOST_STATUS = Method("host.status", HostStatusParams, HostStatusResult)
 SESSION_CREATE = Method(
     "session.create",
     SessionCreateParams,

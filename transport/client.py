@@ -24,6 +24,7 @@ from protocol.envelope import decode_event, decode_reply, encode_request, reply_
 from protocol.methods import Method
 from transport.security import ClientCurve, needs_curve
 
+P = TypeVar("P")
 R = TypeVar("R")
 MethodRef = Method[Any, Any] | str
 """A protocol method, or (tests and raw probes only) a bare method name."""
@@ -158,13 +159,7 @@ class Client:
         return self._wait(request_id, future, timeout)
 
     @overload
-    def call(
-        self,
-        method: Method[Any, R],
-        params: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-    ) -> R: ...
+    def call(self, method: Method[P, R], params: P, *, timeout: float | None = None) -> R: ...
 
     @overload
     def call(
@@ -178,12 +173,14 @@ class Client:
     def call(
         self,
         method: MethodRef,
-        params: Mapping[str, Any] | None = None,
+        params: Any = None,
         *,
         timeout: float | None = None,
     ) -> Any:
-        """The `result` of one request, typed by its method; raises `ApiError` on an error
-        reply."""
+        """The `result` of one request; raises `ApiError` on an error reply. Called with a
+        `protocol.methods` constant, its params and result are that method's types (build
+        the params with their TypedDict, `SessionParams(workspaceId=…, …)`, so mypy can
+        check them); with a bare name string (tests, probes) both are plain maps."""
         status, body = self.call_raw(method, params, timeout=timeout)
         if status >= 400:
             raise ApiError.from_reply(status, body)
