@@ -35,6 +35,7 @@ from domain.errors import (
     Unavailable,
 )
 from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
+from protocol.envelope import Request
 from protocol.methods import (
     DEBUG_FAILPOINTS,
     FORK_ACKNOWLEDGE,
@@ -90,7 +91,6 @@ from storage.lineage_tree import (
 from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
-    Request,
     optional_bool,
     optional_enum,
     optional_int,
