@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from client.engine.acks import Acknowledgements
 from client.engine.cache import SessionCache
@@ -237,14 +237,29 @@ class Engine:
         """Apply one daemon event (the event pump calls this; tests may too)."""
         self._reconciliation.handle_event(event)
 
+    @overload
     def request(
         self,
         method: Method[Any, R],
         params: Mapping[str, Any] | None = None,
         *,
         timeout: float = 30.0,
-    ) -> R:
-        """One request in this workspace; raises `ApiError`, or `TimeoutError` without a reply."""
+    ) -> R: ...
+
+    @overload
+    def request(
+        self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]: ...
+
+    def request(
+        self,
+        method: Method[Any, Any] | str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> Any:
+        """One request in this workspace, its result typed by `method`; raises `ApiError`, or
+        `TimeoutError` without a reply."""
         return self._calls.request(method, params, timeout=timeout)
 
     def workspace_diff(
