@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from domain.errors import HostError
+from protocol.envelope import Request
 from storage import Store
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from transport.server import Responder
-from transport.wire import Request
 
 log = logging.getLogger("agenthost.activity")
 log.setLevel(logging.WARNING)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import pykka
 
@@ -35,6 +35,52 @@ from domain.errors import (
     Unavailable,
 )
 from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
+from protocol.envelope import Request
+from protocol.methods import (
+    DEBUG_FAILPOINTS,
+    FORK_ACKNOWLEDGE,
+    FORK_CREATE,
+    FORK_GET,
+    FORK_RESOLVE,
+    GOAL_CLEAR,
+    GOAL_SET,
+    HOST_STATUS,
+    INTERACTION_RESPOND,
+    SESSION_CREATE,
+    SESSION_DELETE,
+    SESSION_GET,
+    SESSION_LINEAGE,
+    SESSION_LIST,
+    SESSION_PIN,
+    SESSION_TIMELINE,
+    SESSION_UPDATE_SETTINGS,
+    SESSION_UPDATE_TITLE,
+    SESSION_WORKSPACE_DIFF,
+    TURN_INTERRUPT,
+    TURN_SUBMIT,
+    WORKSPACE_RESTORE,
+    DeleteParams,
+    FailpointsParams,
+    ForkCreateParams,
+    ForkResolveParams,
+    GoalSetParams,
+    HostStatusParams,
+    InteractionRespondParams,
+    LineageParams,
+    Method,
+    OperationParams,
+    PinParams,
+    SessionCreateParams,
+    SessionListParams,
+    SessionParams,
+    TimelineParams,
+    TurnInterruptParams,
+    TurnSubmitParams,
+    UpdateSettingsParams,
+    UpdateTitleParams,
+    WorkspaceDiffParams,
+    WorkspaceRestoreParams,
+)
 from storage import Store
 from storage.lineage_tree import (
     DEFAULT_MAX_DEPTH,
@@ -45,7 +91,6 @@ from storage.lineage_tree import (
 from storage.sqlite import host_error_of
 from transport.server import Responder
 from transport.wire import (
-    Request,
     optional_bool,
     optional_enum,
     optional_int,
@@ -60,6 +105,8 @@ from transport.wire import (
     require_uuid,
 )
 from workspace.shadow import ShadowStore
+
+P = TypeVar("P")
 
 LIST_PAGE_BYTES = 1 << 20
 """A `session.list` page ends before the Session that would take it past ~1 MiB (never before
@@ -114,39 +161,43 @@ class Api:
         self.plumbing.close()
 
     def method_table(self) -> dict[str, Handler]:
-        table: dict[str, Handler] = {
-            "host.status": self.host_status,
-            "session.create": self.session_create,
-            "session.get": self.session_get,
-            "session.list": self.session_list,
-            "session.timeline": self.session_timeline,
-            "session.lineage": self.session_lineage,
-            "session.updateSettings": self.session_update_settings,
-            "session.updateTitle": self.session_update_title,
-            "session.pin": self.session_pin,
-            "session.delete": self.session_delete,
-            "turn.submit": self.turn_submit,
-            "turn.interrupt": self.turn_interrupt,
-            "interaction.respond": self.interaction_respond,
-            "goal.set": self.goal_set,
-            "goal.clear": self.goal_clear,
-            "fork.create": self.fork_create,
-            "fork.get": self.fork_get,
-            "fork.acknowledge": self.fork_acknowledge,
-            "fork.resolve": self.fork_resolve,
-            "session.workspaceDiff": self.session_workspace_diff,
-            "workspace.restore": self.workspace_restore,
-        }
+        return {method.name: handler for method, handler in self.handlers().items()}
+
+    def handlers(self) -> dict[Method[Any, Any], Handler]:
+        """Each protocol method's handler, typed by its params (`bind` checks the pair)."""
+        pairs = [
+            bind(HOST_STATUS, self.host_status),
+            bind(SESSION_CREATE, self.session_create),
+            bind(SESSION_GET, self.session_get),
+            bind(SESSION_LIST, self.session_list),
+            bind(SESSION_TIMELINE, self.session_timeline),
+            bind(SESSION_LINEAGE, self.session_lineage),
+            bind(SESSION_UPDATE_SETTINGS, self.session_update_settings),
+            bind(SESSION_UPDATE_TITLE, self.session_update_title),
+            bind(SESSION_PIN, self.session_pin),
+            bind(SESSION_DELETE, self.session_delete),
+            bind(TURN_SUBMIT, self.turn_submit),
+            bind(TURN_INTERRUPT, self.turn_interrupt),
+            bind(INTERACTION_RESPOND, self.interaction_respond),
+            bind(GOAL_SET, self.goal_set),
+            bind(GOAL_CLEAR, self.goal_clear),
+            bind(FORK_CREATE, self.fork_create),
+            bind(FORK_GET, self.fork_get),
+            bind(FORK_ACKNOWLEDGE, self.fork_acknowledge),
+            bind(FORK_RESOLVE, self.fork_resolve),
+            bind(SESSION_WORKSPACE_DIFF, self.session_workspace_diff),
+            bind(WORKSPACE_RESTORE, self.workspace_restore),
+        ]
         if self._set_failpoints is not None:
-            table["debug.failpoints"] = self.debug_failpoints
-        return table
+            pairs.append(bind(DEBUG_FAILPOINTS, self.debug_failpoints))
+        return dict(pairs)
 
     # -- methods ---------------------------------------------------------------------------
 
-    def host_status(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def host_status(self, params: HostStatusParams, responder: Responder) -> None:
         self.plumbing.read(responder, self._status)
 
-    def session_create(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_create(self, params: SessionCreateParams, responder: Responder) -> None:
         ws = _workspace(params)
         sid = optional_uuid(params, "agentSessionId") or str(uuid.uuid4())
         provider = require_enum(params, "provider", self.catalog.providers())
@@ -171,15 +222,15 @@ class Api:
 
         self.plumbing.read(responder, _create)
 
-    def session_get(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_get(self, params: SessionParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
 
         def _get(reader: PointReader) -> dict[str, Any]:
             return {"session": projection.session(reader.get_session(ws, sid), self.catalog)}
 
-        self.plumbing.read_now(responder, ("session.get", ws, sid), _get)
+        self.plumbing.read_now(responder, (SESSION_GET.name, ws, sid), _get)
 
-    def session_list(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_list(self, params: SessionListParams, responder: Responder) -> None:
         ws = _workspace(params)
         cursor = optional_str(params, "cursor", max_len=512)
         limit = optional_int(params, "limit", default=50, min_value=1, max_value=200) or 50
@@ -195,7 +246,7 @@ class Api:
 
         self.plumbing.read(responder, _list)
 
-    def session_timeline(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_timeline(self, params: TimelineParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         # Bounded well inside SQLite's int64 so a huge value is a 400, never a 500.
         after = optional_int(params, "afterSequence", default=0, min_value=0, max_value=2**53) or 0
@@ -216,7 +267,7 @@ class Api:
 
         self.plumbing.read(responder, _timeline)
 
-    def session_lineage(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_lineage(self, params: LineageParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         # One read lists a bounded part of a tree of any size (`truncated` says where it
         # stopped; a read rooted at a truncated node, or a later `afterOrdinal`, goes on).
@@ -259,21 +310,21 @@ class Api:
             result or self._session_result,
         )
 
-    def session_update_settings(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_update_settings(self, params: UpdateSettingsParams, responder: Responder) -> None:
         settings = require_map(params, "settings")
         self._mutate(
             params, responder, lambda s, ws, sid: s.sessions.update_settings(ws, sid, settings)
         )
 
-    def session_update_title(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_update_title(self, params: UpdateTitleParams, responder: Responder) -> None:
         title = require_str(params, "title", max_len=512)
         self._mutate(params, responder, lambda s, ws, sid: s.sessions.update_title(ws, sid, title))
 
-    def session_pin(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_pin(self, params: PinParams, responder: Responder) -> None:
         pinned = require_bool(params, "pinned")
         self._mutate(params, responder, lambda s, ws, sid: s.sessions.set_pinned(ws, sid, pinned))
 
-    def session_delete(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_delete(self, params: DeleteParams, responder: Responder) -> None:
         worktree = optional_enum(params, "worktree", WORKTREE_CHOICES, default="keep")
         force = optional_bool(params, "force", default=False)
         delete = delete_fn(
@@ -294,7 +345,7 @@ class Api:
             )
         return self.checkpoints
 
-    def session_workspace_diff(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def session_workspace_diff(self, params: WorkspaceDiffParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = optional_str(params, "turnId", min_len=1, max_len=128)
         from_turn_id = optional_str(params, "fromTurnId", min_len=1, max_len=128)
@@ -319,7 +370,7 @@ class Api:
             ),
         )
 
-    def workspace_restore(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def workspace_restore(self, params: WorkspaceRestoreParams, responder: Responder) -> None:
         turn_id = optional_str(params, "turnId", min_len=1, max_len=128)
         tree = optional_str(params, "tree", min_len=1, max_len=64)
         if (turn_id is None) == (tree is None):
@@ -338,14 +389,14 @@ class Api:
         )
         self._mutate(params, responder, restore, result=lambda r: (200, r))
 
-    def goal_set(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def goal_set(self, params: GoalSetParams, responder: Responder) -> None:
         goal = require_str(params, "goal", max_len=16_384)
         self._mutate(params, responder, lambda s, ws, sid: s.goals.set_goal(ws, sid, goal))
 
-    def goal_clear(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def goal_clear(self, params: SessionParams, responder: Responder) -> None:
         self._mutate(params, responder, lambda s, ws, sid: s.goals.clear_goal(ws, sid))
 
-    def turn_submit(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def turn_submit(self, params: TurnSubmitParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         request_id = require_str(params, "requestId", max_len=128)
         text = _input_text(params)
@@ -357,7 +408,7 @@ class Api:
             self._turn_result(ws, sid, 202),
         )
 
-    def turn_interrupt(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def turn_interrupt(self, params: TurnInterruptParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = require_str(params, "turnId", max_len=128)
         by = optional_enum(params, "by", INTERRUPTED_BY)
@@ -371,7 +422,7 @@ class Api:
             self._turn_result(ws, sid, 200),
         )
 
-    def interaction_respond(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def interaction_respond(self, params: InteractionRespondParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = require_str(params, "turnId", max_len=128)
         request_id = require_str(params, "requestId", max_len=256)
@@ -390,7 +441,7 @@ class Api:
             lambda i: (200, {"interaction": projection.interaction(i)}),
         )
 
-    def fork_create(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def fork_create(self, params: ForkCreateParams, responder: Responder) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         request_id = require_str(params, "requestId", max_len=128)
         target = require_uuid(params, "targetAgentSessionId")
@@ -437,7 +488,7 @@ class Api:
             gone=replay_after_delete,
         )
 
-    def fork_get(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def fork_get(self, params: OperationParams, responder: Responder) -> None:
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
 
@@ -461,9 +512,9 @@ class Api:
                 return None
             return {"operation": projection.operation(op, self.catalog)}
 
-        self.plumbing.read_now(responder, ("fork.get", ws, op_id), _get)
+        self.plumbing.read_now(responder, (FORK_GET.name, ws, op_id), _get)
 
-    def fork_acknowledge(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def fork_acknowledge(self, params: OperationParams, responder: Responder) -> None:
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
 
@@ -473,7 +524,7 @@ class Api:
 
         self.plumbing.read(responder, _ack)
 
-    def fork_resolve(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def fork_resolve(self, params: ForkResolveParams, responder: Responder) -> None:
         """Inspect / adopt / abandon an `unknown` operation, in its source's actor."""
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
@@ -522,7 +573,7 @@ class Api:
         status = 200 if outcome.final else 202
         return status, {"operation": projection.operation(outcome.operation, self.catalog)}
 
-    def debug_failpoints(self, params: Mapping[str, Any], responder: Responder) -> None:
+    def debug_failpoints(self, params: FailpointsParams, responder: Responder) -> None:
         assert self._set_failpoints is not None
         points = require_map(params, "points")
         for name, action in points.items():
@@ -554,3 +605,13 @@ def _input_text(params: Mapping[str, Any]) -> str:
     if not texts or not "".join(texts).strip():
         raise InvalidArgument("input", "'input' must hold some text")
     return "\n".join(texts)
+
+
+def bind(
+    method: Method[P, Any], handler: Callable[[P, Responder], None]
+) -> tuple[Method[Any, Any], Handler]:
+    """A method paired with its handler; mypy checks the handler takes the method's params.
+    The request's params map is handed over as that type, as is (no wrapper on the hot
+    path): each handler checks the values it reads with the wire helpers, whose typed
+    `invalid_argument` errors are the contract."""
+    return method, cast(Handler, handler)

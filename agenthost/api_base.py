@@ -26,13 +26,13 @@ from domain.errors import (
     SessionNotFound,
     Unavailable,
 )
+from protocol.envelope import Request, pack_result
 from storage import Store
 from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from transport.replies import OneShotResponder
 from transport.server import Responder
-from transport.wire import Request, pack_result
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,7 @@ from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
+from protocol.events import FORK_OPERATION, SESSION_REMOVED, SESSION_UPSERTED, TURN_UPDATED
 from storage import Store
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from storage.sqlite import TRANSIENT_ERRORS
@@ -168,10 +169,10 @@ class EventPublisher:
         store = self.store
         if isinstance(change, SessionChanged):
             if change.removed:
-                return {"type": "session.removed", "agentSessionId": change.session_id}
+                return {"type": SESSION_REMOVED, "agentSessionId": change.session_id}
             session = store.sessions.get_session(change.workspace_id, change.session_id)
             return {
-                "type": "session.upserted",
+                "type": SESSION_UPSERTED,
                 "session": projection.session(session, self.catalog),
             }
         if isinstance(change, TurnChanged):
@@ -181,7 +182,7 @@ class EventPublisher:
             provider = store.sessions.provider_of(change.workspace_id, change.session_id)
             # Read from the first message changed since this Turn's last event, not whole.
             return {
-                "type": "turn.updated",
+                "type": TURN_UPDATED,
                 "agentSessionId": change.session_id,
                 "turn": updated_turn(
                     store,
@@ -202,5 +203,5 @@ class EventPublisher:
             }
         if isinstance(change, ForkOperationChanged):
             op = store.fork_queries.get_fork_operation(change.workspace_id, change.operation_id)
-            return {"type": "fork.operation", "operation": projection.operation(op, self.catalog)}
+            return {"type": FORK_OPERATION, "operation": projection.operation(op, self.catalog)}
         return None

@@ -25,6 +25,16 @@ from typing import Any
 from client.lineage_view import status_words
 from client.session_client import fork_and_wait, format_transcript, run_turn
 from model_fakes.responses import ResponsesServer, model_input_texts
+from protocol.methods import (
+    HOST_STATUS,
+    SESSION_CREATE,
+    SESSION_GET,
+    SESSION_TIMELINE,
+    HostStatusParams,
+    SessionCreateParams,
+    SessionParams,
+    TimelineParams,
+)
 from transport.client import Client
 
 WS = "demo"
@@ -55,16 +65,16 @@ def _start_daemon(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
 
 
 def _show(client: Client, sid: str) -> dict[str, Any]:
-    session = client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+    session = client.call(SESSION_GET, SessionParams(workspaceId=WS, agentSessionId=sid))["session"]
     turns = client.call(
-        "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+        SESSION_TIMELINE, TimelineParams(workspaceId=WS, agentSessionId=sid, limit=1000)
     )["turns"]
     lineage = session.get("forkedFrom")
     source = None
     if lineage:
         source = client.call(
-            "session.get",
-            {"workspaceId": WS, "agentSessionId": lineage["sourceAgentSessionId"]},
+            SESSION_GET,
+            SessionParams(workspaceId=WS, agentSessionId=lineage["sourceAgentSessionId"]),
         )["session"]["title"]
     print(format_transcript(session, turns, source))
     return {"session": session, "turns": turns}
@@ -94,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"daemon {ready['pid']} ready: API {ready['api']}, events {ready['events']}")
     client = Client(ready["api"], timeout=60)
     try:
-        status = client.call("host.status")
+        status = client.call(HOST_STATUS, HostStatusParams())
         print(f"agenthost {status['version']}, protocol {status['protocol']}")
         wanted = [p for p in status.get("providers") or [] if p.get("provider") == args.provider]
         if wanted and not wanted[0].get("installed"):
@@ -104,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
 
         _banner(f"a session on {args.provider}: three turns")
         session = client.call(
-            "session.create",
-            {"workspaceId": WS, "provider": args.provider, "title": "Trip planning"},
+            SESSION_CREATE,
+            SessionCreateParams(workspaceId=WS, provider=args.provider, title="Trip planning"),
         )["session"]
         sid = session["agentSessionId"]
         texts = ["Plan a weekend in Lisbon", "/tool search_flights LIS", "Book a hotel in Alfama"]

@@ -12,6 +12,21 @@ from typing import Any
 
 from client.references import timeline
 from client.transcript_text import format_message, says_nothing
+from protocol.events import TURN_UPDATED
+from protocol.methods import (
+    FORK_ACKNOWLEDGE,
+    FORK_CREATE,
+    FORK_GET,
+    INTERACTION_RESPOND,
+    SESSION_TIMELINE,
+    TURN_SUBMIT,
+    AnsweredBy,
+    ForkCreateParams,
+    InteractionRespondParams,
+    OperationParams,
+    TimelineParams,
+    TurnSubmitParams,
+)
 from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
@@ -36,15 +51,15 @@ class TurnWaitTimeout(TimeoutError):
 def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | None = None) -> Json:
     if sequence is not None:
         page = client.call(
-            "session.timeline",
-            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": sequence - 1, "limit": 1},
+            SESSION_TIMELINE,
+            TimelineParams(workspaceId=ws, agentSessionId=sid, afterSequence=sequence - 1, limit=1),
         )
         for turn in page["turns"]:
             if turn["turnId"] == turn_id:
                 return dict(turn)
-    for turn in timeline(client, ws, sid):
-        if turn["turnId"] == turn_id:
-            return dict(turn)
+    for known in timeline(client, ws, sid):
+        if known["turnId"] == turn_id:
+            return dict(known)
     raise LookupError(f"turn {turn_id} not in session {sid}")
 
 
@@ -134,7 +149,7 @@ def stream_turn(
     timeout: float = 600.0,
     request_id: str | None = None,
     on_delta: Callable[[Json], None] | None = None,
-    answered_by: str | None = None,
+    answered_by: AnsweredBy | None = None,
 ) -> Json:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
@@ -147,15 +162,17 @@ def stream_turn(
         else None
     )
     try:
-        turn = client.call(
-            "turn.submit",
-            {
-                "workspaceId": ws,
-                "agentSessionId": sid,
-                "requestId": request_id or str(uuid.uuid4()),
-                "input": [{"type": "text", "text": text}],
-            },
-        )["turn"]
+        turn: Json = dict(
+            client.call(
+                TURN_SUBMIT,
+                TurnSubmitParams(
+                    workspaceId=ws,
+                    agentSessionId=sid,
+                    requestId=request_id or str(uuid.uuid4()),
+                    input=[{"type": "text", "text": text}],
+                ),
+            )["turn"]
+        )
         turn_id, sequence = turn["turnId"], int(turn["sequence"])
         answered: set[str] = set()
         deadline = time.monotonic() + timeout
@@ -175,19 +192,17 @@ def stream_turn(
                 if response is None:
                     continue
                 answered.add(interaction["requestId"])
-                by = {"by": answered_by} if answered_by else {}
+                answer = InteractionRespondParams(
+                    workspaceId=ws,
+                    agentSessionId=sid,
+                    turnId=turn_id,
+                    requestId=interaction["requestId"],
+                    response=response,
+                )
+                if answered_by:
+                    answer["by"] = answered_by
                 try:
-                    client.call(
-                        "interaction.respond",
-                        {
-                            "workspaceId": ws,
-                            "agentSessionId": sid,
-                            "turnId": turn_id,
-                            "requestId": interaction["requestId"],
-                            "response": response,
-                            **by,
-                        },
-                    )
+                    client.call(INTERACTION_RESPOND, answer)
                 except ApiError as exc:
                     # Answered elsewhere in the same instant: that answer stands and the Turn
                     # goes on; the printed Interaction says whose it was.
@@ -232,7 +247,7 @@ def _next_turn_event(
             continue
         if (
             topic == ws
-            and event.get("type") == "turn.updated"
+            and event.get("type") == TURN_UPDATED
             and event.get("agentSessionId") == sid
             and (event.get("turn") or {}).get("turnId") == turn_id
         ):
@@ -268,14 +283,14 @@ def fork_and_wait(
     A one-shot helper: a lost reply is not retried here. Interactive clients use the Engine.
     """
     op = client.call(
-        "fork.create",
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        FORK_CREATE,
+        ForkCreateParams(
+            workspaceId=ws,
+            agentSessionId=sid,
+            requestId=str(uuid.uuid4()),
+            targetAgentSessionId=str(uuid.uuid4()),
+            point={"type": "throughTurn", "turnId": turn_id},
+        ),
     )["operation"]
     deadline = time.monotonic() + timeout
     while op["status"] == "accepted":
@@ -284,11 +299,11 @@ def fork_and_wait(
         if time.monotonic() > deadline:
             raise TimeoutError(f"fork {op['operationId']} still accepted after {timeout} s")
         time.sleep(POLL_S * 2)
-        op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+        op = client.call(FORK_GET, OperationParams(workspaceId=ws, operationId=op["operationId"]))[
             "operation"
         ]
     if op["status"] == "committed" and acknowledge:
-        op = client.call("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})[
-            "operation"
-        ]
+        op = client.call(
+            FORK_ACKNOWLEDGE, OperationParams(workspaceId=ws, operationId=op["operationId"])
+        )["operation"]
     return dict(op)

@@ -147,7 +147,7 @@ class LineageMark:
 
 
 def lineage_marks(
-    sessions: Iterable[Json], fetch: Callable[[str], Json | None]
+    sessions: Iterable[Json], fetch: Callable[[str], Mapping[str, Any] | None]
 ) -> dict[str, LineageMark]:
     """Ordinals and deleted-ancestor marks for the listed Sessions from `session.lineage`
     (`fetch(id)` returns the result, or None when it failed), with few calls: one per

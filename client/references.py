@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
+from protocol.methods import SESSION_LIST, SESSION_TIMELINE, SessionListParams, TimelineParams
 from transport.client import Client
 
 Json = dict[str, Any]
@@ -35,11 +36,11 @@ def list_sessions(client: Client, ws: str) -> list[Json]:
     sessions: list[Json] = []
     cursor: str | None = None
     while True:
-        params: Json = {"workspaceId": ws, "limit": 200}
+        params = SessionListParams(workspaceId=ws, limit=200)
         if cursor:
             params["cursor"] = cursor
-        page = client.call("session.list", params)
-        sessions.extend(page["sessions"])
+        page = client.call(SESSION_LIST, params)
+        sessions.extend(cast(list[Json], page["sessions"]))
         cursor = page.get("nextCursor")
         if not cursor:
             return sessions
@@ -101,10 +102,10 @@ def timeline(client: Client, ws: str, sid: str) -> list[Json]:
     after = 0
     while True:
         page = client.call(
-            "session.timeline",
-            {"workspaceId": ws, "agentSessionId": sid, "afterSequence": after, "limit": 200},
+            SESSION_TIMELINE,
+            TimelineParams(workspaceId=ws, agentSessionId=sid, afterSequence=after, limit=200),
         )
-        turns.extend(page["turns"])
+        turns.extend(cast(list[Json], page["turns"]))
         nxt = page.get("nextSequence")
         if not nxt or not page["turns"]:
             return turns

@@ -13,6 +13,7 @@ from typing import Any
 from client.view_rules import divider_after, divider_text
 from client.workspace_text import files_line
 from domain.interrupts import ANSWERED_BY
+from protocol.methods import SESSION_GET, SESSION_LINEAGE, LineageParams, SessionParams
 from transport.client import ApiError, Client
 
 
@@ -33,7 +34,8 @@ def source_title(client: Client, ws: str, session: Mapping[str, Any]) -> str | N
         return None
     try:
         source = client.call(
-            "session.get", {"workspaceId": ws, "agentSessionId": lineage["sourceAgentSessionId"]}
+            SESSION_GET,
+            SessionParams(workspaceId=ws, agentSessionId=lineage["sourceAgentSessionId"]),
         )["session"]
     except ApiError:
         return None
@@ -68,9 +70,9 @@ def ancestry(
             break
         seen.add(source_id)
         try:
-            current = client.call("session.get", {"workspaceId": ws, "agentSessionId": source_id})[
-                "session"
-            ]
+            current = client.call(
+                SESSION_GET, SessionParams(workspaceId=ws, agentSessionId=source_id)
+            )["session"]
         except ApiError:
             chain.append(Ancestor(source_id, None))
             break
@@ -87,7 +89,7 @@ def lineage_ancestry(client: Client, ws: str, session: Mapping[str, Any]) -> lis
         return [Ancestor(str(session["agentSessionId"]), str(session["title"]))]
     try:
         tree = client.call(
-            "session.lineage", {"workspaceId": ws, "agentSessionId": session["agentSessionId"]}
+            SESSION_LINEAGE, LineageParams(workspaceId=ws, agentSessionId=session["agentSessionId"])
         )
     except ApiError:
         return ancestry(client, ws, session)

@@ -3,11 +3,16 @@ durable: their `type` names and bodies."""
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Final, Literal, TypedDict
 
 from protocol.objects import Operation, Session, Turn
 
 EventType = Literal["session.upserted", "session.removed", "turn.updated", "fork.operation"]
+
+SESSION_UPSERTED: Final = "session.upserted"
+SESSION_REMOVED: Final = "session.removed"
+TURN_UPDATED: Final = "turn.updated"
+FORK_OPERATION: Final = "fork.operation"
 
 
 class SessionUpserted(TypedDict):
@@ -34,8 +39,8 @@ class ForkOperationEvent(TypedDict):
 Event = SessionUpserted | SessionRemoved | TurnUpdated | ForkOperationEvent
 
 EVENT_TYPES: tuple[EventType, ...] = (
-    "session.upserted",
-    "session.removed",
-    "turn.updated",
-    "fork.operation",
+    SESSION_UPSERTED,
+    SESSION_REMOVED,
+    TURN_UPDATED,
+    FORK_OPERATION,
 )

@@ -64,12 +64,27 @@ class SessionParams(WorkspaceParams):
     agentSessionId: str
 
 
+class HostStatusParams(TypedDict, total=False):
+    """Nothing needed: the status is the daemon's, whatever the workspace."""
+
+    workspaceId: str
+
+
 class HostStatusResult(TypedDict):
     version: str
     protocol: int
     home: str
     workers: list[WorkerStatus]
     uptimeMs: int
+    # This implementation's additions (docs/protocol.md "Methods (this implementation)").
+    sessionActors: NotRequired[int]
+    threads: NotRequired[int]
+    storeConnections: NotRequired[int]
+    timers: NotRequired[int]
+    providers: NotRequired[list[dict[str, Any]]]
+    runtimes: NotRequired[dict[str, dict[str, int]]]
+    connections: NotRequired[dict[str, int]]
+    checkpoints: NotRequired[dict[str, Any]]
 
 
 class SessionCreateParams(WorkspaceParams):
@@ -170,11 +185,14 @@ class TurnInterruptParams(SessionParams):
     reason: NotRequired[str]
 
 
+AnsweredBy = Literal["cli", "gui", "client"]
+
+
 class InteractionRespondParams(SessionParams):
     turnId: str
     requestId: str
     response: dict[str, Any]
-    by: NotRequired[Literal["cli", "gui", "client"]]
+    by: NotRequired[AnsweredBy]
 
 
 class InteractionResult(TypedDict):
@@ -219,7 +237,7 @@ class FailpointsResult(TypedDict):
     points: dict[str, str]
 
 
-HOST_STATUS = Method("host.status", WorkspaceParams, HostStatusResult)
+HOST_STATUS = Method("host.status", HostStatusParams, HostStatusResult)
 SESSION_CREATE = Method(
     "session.create",
     SessionCreateParams,

@@ -16,13 +16,18 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from typing import Any, TypeVar, overload
 
-import msgpack
 import zmq
 
+from protocol.envelope import decode_event, decode_reply, encode_request, reply_outcome
+from protocol.methods import Method
 from transport.security import ClientCurve, needs_curve
-from transport.wire import PROTOCOL_VERSION
+
+P = TypeVar("P")
+R = TypeVar("R")
+MethodRef = Method[Any, Any] | str
+"""A protocol method, or (tests and raw probes only) a bare method name."""
 
 _TAG_SEND = b"S"
 _TAG_STOP = b"X"
@@ -123,21 +128,17 @@ class Client:
     def new_id(self) -> str:
         return f"{self._id_prefix}{next(self._counter)}"
 
-    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]:
+    def submit(self, method: MethodRef, params: Mapping[str, Any] | None = None) -> Future[Reply]:
         """Send a request now; the future resolves to `(status, body)`."""
         return self._submit(method, params)[1]
 
-    def _submit(self, method: str, params: Mapping[str, Any] | None) -> tuple[str, Future[Reply]]:
+    def _submit(
+        self, method: MethodRef, params: Mapping[str, Any] | None
+    ) -> tuple[str, Future[Reply]]:
         request_id = self.new_id()
-        frame = msgpack.packb(
-            {
-                "v": PROTOCOL_VERSION,
-                "id": request_id,
-                "method": method,
-                "params": dict(params or {}),
-            },
-            use_bin_type=True,
-        )
+        if isinstance(method, Method):
+            method = method.name
+        frame = encode_request(request_id, method, params)
         future: Future[Reply] = Future()
         with self._pending_lock:
             if self._closed:
@@ -148,7 +149,7 @@ class Client:
 
     def call_raw(
         self,
-        method: str,
+        method: MethodRef,
         params: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
@@ -157,14 +158,29 @@ class Client:
         request_id, future = self._submit(method, params)
         return self._wait(request_id, future, timeout)
 
+    @overload
+    def call(self, method: Method[P, R], params: P, *, timeout: float | None = None) -> R: ...
+
+    @overload
     def call(
         self,
         method: str,
         params: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
-    ) -> dict[str, Any]:
-        """The `result` map of one request; raises `ApiError` on an error reply."""
+    ) -> dict[str, Any]: ...
+
+    def call(
+        self,
+        method: MethodRef,
+        params: Any = None,
+        *,
+        timeout: float | None = None,
+    ) -> Any:
+        """The `result` of one request; raises `ApiError` on an error reply. Called with a
+        `protocol.methods` constant, its params and result are that method's types (build
+        the params with their TypedDict, `SessionParams(workspaceId=…, …)`, so mypy can
+        check them); with a bare name string (tests, probes) both are plain maps."""
         status, body = self.call_raw(method, params, timeout=timeout)
         if status >= 400:
             raise ApiError.from_reply(status, body)
@@ -265,12 +281,7 @@ class Client:
                     self._on_reply(frames[-1])
 
     def _on_reply(self, frame: bytes) -> None:
-        try:
-            reply = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-        except Exception:
-            reply = {"undecodable": frame}
-        if not isinstance(reply, dict):
-            reply = {"undecodable": frame}
+        reply = decode_reply(frame)
         request_id = reply.get("id")
         future = None
         if isinstance(request_id, str):
@@ -281,12 +292,8 @@ class Client:
                 self._unmatched.append(reply)
                 self._unmatched_cond.notify_all()
             return
-        status = reply.get("status")
-        if not isinstance(status, int):
-            status = 500
-        body = reply.get("result") if status < 400 else reply.get("error")
         if not future.done():
-            future.set_result((status, body if isinstance(body, dict) else {}))
+            future.set_result(reply_outcome(reply))
 
 
 class EventSubscriber:
@@ -349,8 +356,7 @@ class EventSubscriber:
             topic = raw.decode("utf-8", errors="replace")
             if self._exact is not None and topic not in self._exact:
                 continue  # another workspace whose id merely starts with ours
-            event = msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)
-            return topic, event if isinstance(event, dict) else {"value": event}
+            return topic, decode_event(frames[-1])
 
     def next(self, timeout: float | None = None) -> dict[str, Any] | None:
         """The next event map, or None after `timeout` seconds (None: wait forever)."""

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import zmq
 
 from domain.errors import HostError, internal_error
-from transport.wire import encode_error, encode_result, encode_result_packed
+from protocol.envelope import encode_result, encode_result_packed
+from transport.wire import encode_error
 
 RECENTLY_ANSWERED_S = 10.0
 """A client answered this recently is talking: the fd guard never sheds its connection (a
@@ -113,7 +114,7 @@ class OneShotResponder:
         return self._post(self._token, frame)
 
     def result_packed(self, status: int, packed_result: bytes) -> bool:
-        """`result` of a result map already packed (`transport.wire.pack_result`)."""
+        """`result` of a result map already packed (`protocol.envelope.pack_result`)."""
         if not self._claim():
             log.warning("request %s answered twice; ignoring the second answer", self._request_id)
             return False

@@ -23,10 +23,10 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import msgpack
 import zmq
 
 from domain.errors import HostError, Unavailable, internal_error
+from protocol.envelope import Request, encode_event, peek_id
 from transport.connections import ConnectionGuard, ConnectionLimits
 from transport.endpoints import Binder, EndpointInUse, rebind_missing
 from transport.events import EVENTS_HWM, MAX_EVENT_BYTES, EventSockets
@@ -38,7 +38,7 @@ from transport.replies import (
     Responder,
 )
 from transport.security import ServerCurve, needs_curve, start_authenticator
-from transport.wire import Request, WireReason, decode_request, encode_error, peek_id
+from transport.wire import WireReason, decode_request, encode_error
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
@@ -253,7 +253,7 @@ class ApiServer:
         frames = [_TAG_EVENT]
         for topic, event in events:
             frames.append(topic.encode("utf-8"))
-            frames.append(msgpack.packb(dict(event), use_bin_type=True))
+            frames.append(encode_event(event))
         return self._send_pipe(frames)
 
     def wants(self, topic: str) -> bool:

@@ -7,11 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from client.cli.endpoints import curve, endpoints
 from client.cli.output import EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail
 from client.cli.reach import check_reachable, no_reply
+from protocol.methods import HOST_STATUS, Method
+
+R = TypeVar("R")
 
 
 def open_client(args: argparse.Namespace) -> Any:
@@ -67,9 +70,11 @@ def with_client(
     return run
 
 
-def call(args: argparse.Namespace, client: Any, method: str, **params: Any) -> dict[str, Any]:
-    body = {} if method == "host.status" else {"workspaceId": args.workspace, **params}
-    return dict(client.call(method, body))
+def call(args: argparse.Namespace, client: Any, method: Method[Any, R], **params: Any) -> R:
+    """`method`'s result, in the command's workspace (`host.status` takes none)."""
+    body = {} if method is HOST_STATUS else {"workspaceId": args.workspace, **params}
+    result: R = client.call(method, body)
+    return result
 
 
 def parse_pairs(pairs: list[str], what: str) -> dict[str, Any]:

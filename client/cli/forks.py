@@ -16,6 +16,16 @@ from typing import Any
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_UNKNOWN, emit
+from protocol.methods import (
+    FORK_ACKNOWLEDGE,
+    FORK_GET,
+    FORK_RESOLVE,
+    SESSION_GET,
+    SESSION_LINEAGE,
+    Method,
+    OperationParams,
+    OperationResult,
+)
 
 
 @with_client
@@ -24,7 +34,7 @@ def run_tree(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    tree = call(args, client, "session.lineage", agentSessionId=sid)
+    tree = call(args, client, SESSION_LINEAGE, agentSessionId=sid)
     emit(args, tree, format_tree(tree))
     return EXIT_OK
 
@@ -49,7 +59,7 @@ def run_resolve(args: argparse.Namespace, client: Any) -> int:
     result = call(
         args,
         client,
-        "fork.resolve",
+        FORK_RESOLVE,
         operationId=operation_id,
         requestId=args.request_id or str(uuid.uuid4()),
         action=args.action,
@@ -69,7 +79,10 @@ def _operation_id(args: argparse.Namespace, client: Any) -> str:
 
 
 def _get_operation(
-    args: argparse.Namespace, client: Any, operation_id: str, method: str = "fork.get"
+    args: argparse.Namespace,
+    client: Any,
+    operation_id: str,
+    method: Method[OperationParams, OperationResult] = FORK_GET,
 ) -> dict[str, Any]:
     """fork.get (or fork.acknowledge); a 404 gets the hint about id prefixes."""
     from client.cli.command import api_error
@@ -132,14 +145,14 @@ def run_fork(args: argparse.Namespace, client: Any) -> int:
         operation = None
         if record.operation_id:
             operation = engine.request(
-                "fork.get", {"operationId": record.operation_id}, timeout=args.timeout
+                FORK_GET, {"operationId": record.operation_id}, timeout=args.timeout
             )["operation"]
         session: Mapping[str, Any] | None = None
         turns: list[dict[str, Any]] = []
         if record.error_detail is not None:
             # A refusal before any operation: read the source so the sentence can name turns.
             with contextlib.suppress(Exception):
-                session = call(args, client, "session.get", agentSessionId=sid)["session"]
+                session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
                 turns = timeline(client, args.workspace, sid)
     finally:
         engine.close()
@@ -231,7 +244,7 @@ def run_op(args: argparse.Namespace, client: Any) -> int:
     from client.lineage_view import status_words
 
     operation_id = _operation_id(args, client)
-    op = _get_operation(args, client, operation_id, "fork.acknowledge" if args.ack else "fork.get")
+    op = _get_operation(args, client, operation_id, FORK_ACKNOWLEDGE if args.ack else FORK_GET)
     point = op["point"]
     lines = [
         f"operation {op['operationId']}: {status_words(op)}",

@@ -5,19 +5,28 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from client.cli.command import api_error, call, parse_pairs, with_client
 from client.cli.output import EXIT_ERROR, EXIT_OK, CliError, emit
+from protocol.methods import (
+    FORK_GET,
+    SESSION_DELETE,
+    SESSION_GET,
+    SESSION_PIN,
+    SESSION_UPDATE_SETTINGS,
+    SESSION_UPDATE_TITLE,
+)
 
 
-def _fork_tree(args: argparse.Namespace, client: Any, session: dict[str, Any]) -> Any:
+def _fork_tree(args: argparse.Namespace, client: Any, session: Mapping[str, Any]) -> Any:
     """The tree a worktree fork made for this Session, while it stands (else None)."""
     lineage = session.get("forkedFrom")
     if not isinstance(lineage, dict):
         return None
-    op = call(args, client, "fork.get", operationId=lineage["operationId"])["operation"]
-    where = op.get("workspace") or {}
+    op = call(args, client, FORK_GET, operationId=lineage["operationId"])["operation"]
+    where: Mapping[str, Any] = op.get("workspace") or {}
     if where.get("mode") != "worktree" or where.get("state") != "made":
         return None
     return where
@@ -54,7 +63,7 @@ def run_delete(args: argparse.Namespace, client: Any) -> int:
     from transport.client import ApiError
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
     tree = _fork_tree(args, client, session)
     worktree = args.worktree
     if not args.yes:
@@ -72,7 +81,7 @@ def run_delete(args: argparse.Namespace, client: Any) -> int:
     if args.force:
         params["force"] = True
     try:
-        result = call(args, client, "session.delete", **params)
+        result = call(args, client, SESSION_DELETE, **params)
     except ApiError as exc:
         if exc.reason != "workspace_worktree_dirty":
             raise
@@ -94,7 +103,7 @@ def run_rename(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, "session.updateTitle", agentSessionId=sid, title=args.title)[
+    session = call(args, client, SESSION_UPDATE_TITLE, agentSessionId=sid, title=args.title)[
         "session"
     ]
     emit(args, {"session": session}, f"{sid}  {session['title']}")
@@ -106,7 +115,7 @@ def run_pin(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, "session.pin", agentSessionId=sid, pinned=args.pinned)["session"]
+    session = call(args, client, SESSION_PIN, agentSessionId=sid, pinned=args.pinned)["session"]
     emit(
         args,
         {"session": session},
@@ -120,7 +129,7 @@ def run_settings(args: argparse.Namespace, client: Any) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
     if args.pairs:
         # session.updateSettings replaces the map: merge here so `k=v` changes only k.
         merged = dict(session.get("settings") or {})
@@ -129,7 +138,7 @@ def run_settings(args: argparse.Namespace, client: Any) -> int:
                 merged.pop(key, None)
             else:
                 merged[key] = value
-        session = call(args, client, "session.updateSettings", agentSessionId=sid, settings=merged)[
+        session = call(args, client, SESSION_UPDATE_SETTINGS, agentSessionId=sid, settings=merged)[
             "session"
         ]
     settings = session.get("settings") or {}

@@ -9,11 +9,12 @@ from typing import Any
 
 from client.cli.command import call, parse_pairs, with_client
 from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
+from protocol.methods import HOST_STATUS, SESSION_CREATE, SESSION_GET
 
 
 @with_client
 def run_status(args: argparse.Namespace, client: Any) -> int:
-    result = call(args, client, "host.status")
+    result = call(args, client, HOST_STATUS)
     workers = ", ".join(
         f"{w['provider']} {w['state']} (pid {w['pid']}, {w['restarts']} restarts)"
         for w in result["workers"]
@@ -143,7 +144,7 @@ def run_new(args: argparse.Namespace, client: Any) -> int:
         params["settings"] = parse_pairs(args.settings, "--settings")
     if args.model:
         params["model"] = args.model  # only when given: a daemon without it keeps its default
-    session = call(args, client, "session.create", **params)["session"]
+    session = call(args, client, SESSION_CREATE, **params)["session"]
     emit(
         args,
         {"session": session},
@@ -163,7 +164,7 @@ def run_show(args: argparse.Namespace, client: Any) -> int:
     from client.transcript_text import lineage_ancestry
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
     turns = timeline(client, args.workspace, sid)
     source = source_title(client, args.workspace, session)
     chain = lineage_ancestry(client, args.workspace, session)

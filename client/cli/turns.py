@@ -16,6 +16,7 @@ from typing import Any
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
+from protocol.methods import INTERACTION_RESPOND, SESSION_GET, TURN_INTERRUPT
 
 
 class _Followed:
@@ -207,7 +208,7 @@ def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
 
 
 def _active_turn(args: argparse.Namespace, client: Any, sid: str) -> str | None:
-    session = call(args, client, "session.get", agentSessionId=sid)["session"]
+    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
     active = session.get("activeTurnId")
     return str(active) if active else None
 
@@ -229,9 +230,11 @@ def _stop_turn(
 
     why = {"reason": reason} if reason else {}
     try:
-        turn = call(
-            args, client, "turn.interrupt", agentSessionId=sid, turnId=turn_id, by=by, **why
-        )["turn"]
+        turn: dict[str, Any] = dict(
+            call(args, client, TURN_INTERRUPT, agentSessionId=sid, turnId=turn_id, by=by, **why)[
+                "turn"
+            ]
+        )
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -379,7 +382,7 @@ def run_answer(args: argparse.Namespace, client: Any) -> int:
     result = call(
         args,
         client,
-        "interaction.respond",
+        INTERACTION_RESPOND,
         agentSessionId=sid,
         turnId=interaction["turnId"],
         requestId=interaction["requestId"],

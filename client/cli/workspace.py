@@ -9,6 +9,7 @@ from typing import Any
 from client.cli.command import call, with_client
 from client.cli.output import EXIT_OK, CliError, emit
 from client.workspace_text import change_list
+from protocol.methods import SESSION_WORKSPACE_DIFF, WORKSPACE_RESTORE
 from transport.client import ApiError
 
 
@@ -34,7 +35,7 @@ def run_diff(args: argparse.Namespace, client: Any) -> int:
         params["fromTurnId"] = from_id
     if args.max_bytes is not None:
         params["maxBytes"] = args.max_bytes
-    result = call(args, client, "session.workspaceDiff", **params)
+    result = call(args, client, SESSION_WORKSPACE_DIFF, **params)
     files = result["changedFiles"]
     span = (
         f"from turn {result['fromTurnId']} to turn {result['turnId']}"
@@ -67,7 +68,7 @@ def run_restore(args: argparse.Namespace, client: Any) -> int:
         params.update(turnId=turn_id, which=which)
         what = f"the {which} of turn {turn_id}"
     try:
-        result = call(args, client, "workspace.restore", **params)
+        result = call(args, client, WORKSPACE_RESTORE, **params)
     except ApiError as exc:
         if exc.reason != "workspace_shared":
             raise

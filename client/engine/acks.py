@@ -13,6 +13,7 @@ from client.engine.changes import ChangeFeed
 from client.engine.ports import Reply, Scheduler
 from client.engine.records import MutationRecords
 from client.engine.values import AckState, BoundaryKey
+from protocol.methods import FORK_ACKNOWLEDGE
 from transport.client import ClientClosed
 
 
@@ -47,7 +48,7 @@ class Acknowledgements:
             lambda: self._on_failed(key, attempt, f"no reply within {self.deadline:g} s"),
         )
         future = self._calls.submit(
-            "fork.acknowledge",
+            FORK_ACKNOWLEDGE,
             {"workspaceId": self._calls.workspace_id, "operationId": record.operation_id},
         )
         if future is not None:

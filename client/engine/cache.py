@@ -8,11 +8,12 @@ take it and notify listeners themselves.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from client.engine.calls import WorkspaceCalls
 from client.engine.changes import ChangeFeed
 from client.engine.values import ChangeKind, EngineChange
+from protocol.methods import SESSION_LIST
 
 
 class SessionCache:
@@ -41,8 +42,8 @@ class SessionCache:
             params: dict[str, Any] = {"limit": 200}
             if cursor:
                 params["cursor"] = cursor
-            page = self._calls.request("session.list", params)
-            loaded.extend(page["sessions"])
+            page = self._calls.request(SESSION_LIST, params)
+            loaded.extend(cast(list[dict[str, Any]], page["sessions"]))
             cursor = page.get("nextCursor")
             if not cursor:
                 break

@@ -25,6 +25,7 @@ from client.engine.values import (
     MutationStatus,
     operation_key,
 )
+from protocol.methods import FORK_CREATE, FORK_RESOLVE, ForkResolveResult
 from transport.client import ClientClosed
 
 
@@ -136,7 +137,7 @@ class ForkRequests:
         *,
         request_id: str | None = None,
         timeout: float = 30.0,
-    ) -> dict[str, Any]:
+    ) -> ForkResolveResult:
         """`fork.resolve`, blocking: `inspect`, `adopt` or `abandon` an `unknown`
         operation; returns `{operation, evidence}` or raises `ApiError`/`TimeoutError`.
 
@@ -146,7 +147,7 @@ class ForkRequests:
         even when another client started the fork.
         """
         result = self._calls.request(
-            "fork.resolve",
+            FORK_RESOLVE,
             {
                 "operationId": operation_id,
                 "requestId": request_id or self._new_id(),
@@ -209,7 +210,7 @@ class ForkRequests:
         slot.create_timer = self._scheduler.call_later(
             self.create_deadline, lambda: self._on_create_deadline(key, attempt)
         )
-        future = self._calls.submit("fork.create", params)
+        future = self._calls.submit(FORK_CREATE, params)
         if future is not None:
             future.add_done_callback(lambda f: self._on_create_reply(key, attempt, f))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from client.engine.acks import Acknowledgements
 from client.engine.cache import SessionCache
@@ -31,7 +31,10 @@ from client.engine.values import (
     Listener,
     MutationStatus,
 )
+from protocol.methods import SESSION_WORKSPACE_DIFF, ForkResolveResult, Method, WorkspaceDiffResult
 from transport.security import ClientCurve
+
+R = TypeVar("R")
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -189,7 +192,7 @@ class Engine:
         *,
         request_id: str | None = None,
         timeout: float = 30.0,
-    ) -> dict[str, Any]:
+    ) -> ForkResolveResult:
         """`fork.resolve` (`inspect`/`adopt`/`abandon`), blocking (`ForkRequests.resolve`)."""
         return self._forks.resolve(operation_id, action, request_id=request_id, timeout=timeout)
 
@@ -234,10 +237,29 @@ class Engine:
         """Apply one daemon event (the event pump calls this; tests may too)."""
         self._reconciliation.handle_event(event)
 
+    @overload
+    def request(
+        self,
+        method: Method[Any, R],
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> R: ...
+
+    @overload
     def request(
         self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float = 30.0
-    ) -> dict[str, Any]:
-        """One request in this workspace; raises `ApiError`, or `TimeoutError` without a reply."""
+    ) -> dict[str, Any]: ...
+
+    def request(
+        self,
+        method: Method[Any, Any] | str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        timeout: float = 30.0,
+    ) -> Any:
+        """One request in this workspace, its result typed by `method`; raises `ApiError`, or
+        `TimeoutError` without a reply."""
         return self._calls.request(method, params, timeout=timeout)
 
     def workspace_diff(
@@ -247,7 +269,7 @@ class Engine:
         *,
         max_bytes: int | None = None,
         timeout: float = 30.0,
-    ) -> dict[str, Any]:
+    ) -> WorkspaceDiffResult:
         """`session.workspaceDiff`: what a Turn (default: the newest settled one) changed in
         its `cwd`, blocking; a Turn without a usable checkpoint raises `ApiError`
         `workspace_checkpoint_missing`, whose message says why."""
@@ -256,7 +278,7 @@ class Engine:
             params["turnId"] = turn_id
         if max_bytes is not None:
             params["maxBytes"] = max_bytes
-        return self._calls.request("session.workspaceDiff", params, timeout=timeout)
+        return self._calls.request(SESSION_WORKSPACE_DIFF, params, timeout=timeout)
 
     def subscribe(self, listener: Listener) -> Callable[[], None]:
         return self._feed.subscribe(listener)

@@ -26,7 +26,10 @@ Reply = tuple[int, dict[str, Any]]
 class ApiPort(Protocol):
     """What the Engine needs of `transport.client.Client`: non-blocking requests."""
 
-    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]: ...
+    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]:
+        """Send `method` (its wire name: the Engine's calls take `protocol.methods`' constants
+        and hand on their names) without waiting."""
+        ...
 
 
 class Timer(Protocol):

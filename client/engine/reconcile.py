@@ -33,6 +33,8 @@ from client.engine.values import (
     operation_key,
     same_boundary,
 )
+from protocol.events import FORK_OPERATION, SESSION_REMOVED, SESSION_UPSERTED
+from protocol.methods import FORK_GET
 from transport.client import ClientClosed
 
 
@@ -70,13 +72,13 @@ class Reconciliation:
         with self._feed.lock:
             if self._feed.closed:
                 return
-            if kind == "fork.operation" and isinstance(event.get("operation"), dict):
+            if kind == FORK_OPERATION and isinstance(event.get("operation"), dict):
                 self.apply_operation_locked(event["operation"], adopt=False)
-            elif kind == "session.upserted" and isinstance(event.get("session"), dict):
+            elif kind == SESSION_UPSERTED and isinstance(event.get("session"), dict):
                 session = event["session"]
                 self._sessions.upsert_locked(session)
                 self._adopt_from_session_locked(session)
-            elif kind == "session.removed" and isinstance(event.get("agentSessionId"), str):
+            elif kind == SESSION_REMOVED and isinstance(event.get("agentSessionId"), str):
                 # A removal only leaves the cache: it does not revoke an observation or
                 # cancel a pending ACK (seed 000 §8.3).
                 self._sessions.remove_locked(event["agentSessionId"])
@@ -105,7 +107,7 @@ class Reconciliation:
                 self.get_deadline, lambda: self._on_poll_failed(key, attempt, done, "timeout")
             )
             future = self._calls.submit(
-                "fork.get", {"workspaceId": self._calls.workspace_id, "operationId": op_id}
+                FORK_GET, {"workspaceId": self._calls.workspace_id, "operationId": op_id}
             )
         if future is not None:
             future.add_done_callback(lambda f: self._on_poll_reply(key, attempt, done, f))

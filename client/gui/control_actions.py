@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from textual.css.query import NoMatches
 from textual.widgets import Input
@@ -25,7 +25,21 @@ from client.gui.controls import (
 )
 from client.gui.view import SessionView
 from client.session_client import error_words
+from protocol.events import SESSION_REMOVED
+from protocol.methods import (
+    FORK_GET,
+    INTERACTION_RESPOND,
+    SESSION_CREATE,
+    SESSION_DELETE,
+    SESSION_UPDATE_TITLE,
+    TURN_INTERRUPT,
+    TURN_SUBMIT,
+    Method,
+    SessionResult,
+)
 from transport.client import ApiError
+
+R = TypeVar("R")
 
 
 class ControlActions(SessionView):
@@ -43,7 +57,7 @@ class ControlActions(SessionView):
     def _submit(self, session_id: str, text: str) -> None:
         try:
             result = self.engine.request(
-                "turn.submit",
+                TURN_SUBMIT,
                 {
                     "agentSessionId": session_id,
                     "requestId": str(uuid.uuid4()),
@@ -70,9 +84,9 @@ class ControlActions(SessionView):
     def _call(
         self,
         action: str,
-        method: str,
+        method: Method[Any, R],
         params: dict[str, Any],
-        then: Callable[[dict[str, Any]], Any] | None = None,
+        then: Callable[[R], Any] | None = None,
     ) -> None:
         """Run one request in a thread worker; a failure becomes a toast in words."""
 
@@ -94,7 +108,7 @@ class ControlActions(SessionView):
             return
         self._call(
             "interrupt",
-            "turn.interrupt",
+            TURN_INTERRUPT,
             {"agentSessionId": self.current, "turnId": turn_id, "by": "gui"},
             lambda result: self.merge_turn(str(self.current), result["turn"]),
         )
@@ -131,7 +145,7 @@ class ControlActions(SessionView):
         session_id = self.current
         self._call(
             "answer",
-            "interaction.respond",
+            INTERACTION_RESPOND,
             {
                 "agentSessionId": session_id,
                 "turnId": interaction["turnId"],
@@ -140,13 +154,15 @@ class ControlActions(SessionView):
                 "by": "gui",
             },
             lambda result: (
-                self.merge_turn(session_id, result["turn"]) if "turn" in result else None
+                self.merge_turn(session_id, turn)
+                if isinstance(turn := dict(result).get("turn"), dict)
+                else None
             ),
         )
         self.focus_composer()
 
     def action_new_session(self) -> None:
-        def created(result: dict[str, Any]) -> None:
+        def created(result: SessionResult) -> None:
             session = result["session"]
             self.engine.upsert_session(session)
             self._refresh_tree()
@@ -160,7 +176,7 @@ class ControlActions(SessionView):
             params: dict[str, Any] = {"provider": provider, "cwd": os.getcwd()}
             if title:
                 params["title"] = title
-            self._call("create the session", "session.create", params, created)
+            self._call("create the session", SESSION_CREATE, params, created)
 
         self.push_screen(NewSessionScreen(), chosen)
 
@@ -171,7 +187,7 @@ class ControlActions(SessionView):
             return
         session_id = str(session["agentSessionId"])
 
-        def renamed(result: dict[str, Any]) -> None:
+        def renamed(result: SessionResult) -> None:
             self.engine.upsert_session(result["session"])
             self._refresh_tree()
             self._update_title()
@@ -180,7 +196,7 @@ class ControlActions(SessionView):
             if title:
                 self._call(
                     "rename the session",
-                    "session.updateTitle",
+                    SESSION_UPDATE_TITLE,
                     {"agentSessionId": session_id, "title": title},
                     renamed,
                 )
@@ -200,8 +216,8 @@ class ControlActions(SessionView):
         def work() -> None:
             # A worktree fork's child: the dialog asks about its tree too.
             try:
-                op = self.engine.request("fork.get", {"operationId": lineage["operationId"]})
-                where = op["operation"].get("workspace") or {}
+                op = self.engine.request(FORK_GET, {"operationId": lineage["operationId"]})
+                where: Mapping[str, Any] = op["operation"].get("workspace") or {}
             except (ApiError, TimeoutError):
                 where = {}
             made = where.get("mode") == "worktree" and where.get("state") == "made"
@@ -216,7 +232,7 @@ class ControlActions(SessionView):
         def deleted(result: dict[str, Any]) -> None:
             self.engine.handle_event(
                 {
-                    "type": "session.removed",
+                    "type": SESSION_REMOVED,
                     "workspaceId": self.engine.workspace_id,
                     "agentSessionId": session_id,
                 }
@@ -246,7 +262,7 @@ class ControlActions(SessionView):
 
             def work() -> None:
                 try:
-                    result = self.engine.request("session.delete", params)
+                    result = self.engine.request(SESSION_DELETE, params)
                 except ApiError as exc:
                     if exc.reason == "workspace_worktree_dirty" and not force:
                         self.call_from_thread(self._confirm_forced, exc, delete)

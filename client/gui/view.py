@@ -25,6 +25,8 @@ from client.gui.transcript import LoadMoreRequested, TranscriptView
 from client.gui.turn_merge import message_count, staler, with_streams
 from client.lineage_view import LineageMark, lineage_marks
 from client.session_client import ForkAction, error_words, fork_action, fork_blocked
+from protocol.events import TURN_UPDATED
+from protocol.methods import SESSION_GET, SESSION_LINEAGE, SESSION_TIMELINE, LineageResult
 from transport.client import ApiError
 from transport.client import merge_turn as merged_turn
 
@@ -100,9 +102,9 @@ class SessionView(App[int]):
     def _load_marks(
         self, sessions: list[dict[str, Any]], shape: frozenset[tuple[str, str | None]]
     ) -> None:
-        def fetch(sid: str) -> dict[str, Any] | None:
+        def fetch(sid: str) -> LineageResult | None:
             try:
-                return self.engine.request("session.lineage", {"agentSessionId": sid})
+                return self.engine.request(SESSION_LINEAGE, {"agentSessionId": sid})
             except (ApiError, TimeoutError):
                 return None  # deleted meanwhile: the next refresh asks again
 
@@ -150,7 +152,7 @@ class SessionView(App[int]):
     def _fetch_page(self, session_id: str, after: int) -> None:
         try:
             page = self.engine.request(
-                "session.timeline",
+                SESSION_TIMELINE,
                 {"agentSessionId": session_id, "afterSequence": after, "limit": self.page_size},
             )
         except (ApiError, TimeoutError) as exc:
@@ -170,9 +172,7 @@ class SessionView(App[int]):
             return str(cached["title"])
         try:
             return str(
-                self.engine.request("session.get", {"agentSessionId": source_id})["session"][
-                    "title"
-                ]
+                self.engine.request(SESSION_GET, {"agentSessionId": source_id})["session"]["title"]
             )
         except (ApiError, TimeoutError):
             return None  # the source is gone: the divider names its id instead
@@ -315,7 +315,7 @@ class SessionView(App[int]):
     # -- live updates ------------------------------------------------------------------------
 
     async def _on_daemon_event(self, event: Mapping[str, Any]) -> None:
-        if event.get("type") == "turn.updated":
+        if event.get("type") == TURN_UPDATED:
             await self.merge_turn(str(event.get("agentSessionId")), event["turn"])
         elif event.get("type") == "message.delta":
             await self._on_delta(event)
@@ -379,7 +379,7 @@ class SessionView(App[int]):
 
         def work() -> None:
             try:
-                page = self.engine.request("session.timeline", params)
+                page = self.engine.request(SESSION_TIMELINE, params)
             except (ApiError, TimeoutError):
                 return  # the next event or a reload shows it
             for fresh in page["turns"]:

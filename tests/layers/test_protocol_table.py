@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from protocol import methods
 from protocol.events import EVENT_TYPES
-from protocol.methods import COMMON_ERRORS, METHODS
+from protocol.methods import COMMON_ERRORS, METHODS, Method
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
@@ -30,20 +31,22 @@ def test_the_table_names_exactly_the_documented_methods() -> None:
 
 def test_every_method_of_the_table_is_served_by_the_daemon() -> None:
     api = (ROOT / "agenthost" / "api.py").read_text(encoding="utf-8")
-    served = set(re.findall(r'"([a-z]+\.[A-Za-z]+)": self\.', api))
-    served |= set(re.findall(r'table\["([a-z]+\.[A-Za-z]+)"\] = self\.', api))
+    bound = re.findall(r"bind\(([A-Z_]+), self\.", api)
+    served = {getattr(methods, name).name for name in bound}
     assert set(METHODS) == served
 
 
 def test_no_client_calls_a_method_outside_the_table() -> None:
     called: set[str] = set()
     pattern = re.compile(
-        r'(?:call|call_raw|submit|request|_call|_submit)\(\s*"([a-z]+\.[A-Za-z]+)"'
+        r"(?:call|call_raw|submit|request|_call|_submit)\(\s*(?:[a-z_.]+,\s*)*([A-Z_]+)[,)]"
     )
     for path in [*(ROOT / "client").rglob("*.py"), *(ROOT / "transport").rglob("*.py")]:
         called.update(pattern.findall(path.read_text(encoding="utf-8")))
     assert called, "the scan found no call at all"
-    assert called <= set(METHODS), called - set(METHODS)
+    constants = {name for name in called if isinstance(getattr(methods, name, None), Method)}
+    assert len(constants) > 10, called
+    assert {getattr(methods, name) for name in constants} <= set(METHODS.values())
 
 
 def test_documented_error_reasons_and_events_are_in_the_tables() -> None:

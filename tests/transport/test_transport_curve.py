@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import zmq
 
+from protocol.envelope import Request
 from transport.client import Client, ClientTimeout, EventSubscriber
 from transport.security import ClientCurve, InsecureEndpoint, ServerCurve, bind_order
 from transport.server import ApiServer, Responder
-from transport.wire import Request
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 from transport_harness import Running
 
 from domain.errors import HostError
+from protocol.envelope import MAX_FRAME, peek_id
 from transport.client import Client
-from transport.wire import MAX_FRAME, decode_request, peek_id
+from transport.wire import decode_request
 
 MakeClient = Callable[..., Client]
 
@@ -25,13 +26,18 @@ def pack(obj: Any) -> bytes:
 
 
 scalars = (
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
-    | st.text(max_size=12) | st.binary(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=12)
+    | st.binary(max_size=12)
 )
 values = st.recursive(
     scalars,
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
     max_leaves=12,
 )
 ids = (
@@ -54,12 +60,21 @@ envelopes = st.fixed_dictionaries(
 
 @st.composite
 def frames(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["envelope", "valid", "garbage", "truncated", "flipped", "deep",
-                                 "ext", "non_map"]))
+    kind = draw(
+        st.sampled_from(
+            ["envelope", "valid", "garbage", "truncated", "flipped", "deep", "ext", "non_map"]
+        )
+    )
     if kind == "envelope":
         return pack(draw(envelopes))
-    valid = pack({"v": 1, "id": draw(st.text(min_size=1, max_size=20)), "method": "echo",
-                  "params": draw(st.dictionaries(st.text(max_size=6), values, max_size=3))})
+    valid = pack(
+        {
+            "v": 1,
+            "id": draw(st.text(min_size=1, max_size=20)),
+            "method": "echo",
+            "params": draw(st.dictionaries(st.text(max_size=6), values, max_size=3)),
+        }
+    )
     if kind == "valid":
         return valid
     if kind == "garbage":
@@ -124,8 +139,12 @@ def test_fuzzed_frames_get_predicted_replies_and_server_keeps_serving(
     client = client_for(running.ipc, timeout=15)
     sent = [0]
 
-    @settings(max_examples=300, deadline=None, derandomize=False,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @settings(
+        max_examples=300,
+        deadline=None,
+        derandomize=False,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
     @given(st.lists(frames(), min_size=5, max_size=60))
     def run(batch: list[bytes]) -> None:
         sent[0] += len(batch)
@@ -133,8 +152,10 @@ def test_fuzzed_frames_get_predicted_replies_and_server_keeps_serving(
 
     run()
     # A few oversize frames (expensive, so not drawn by hypothesis) in the same session.
-    oversize = [pack({"v": 1, "id": f"big{n}", "method": "echo", "params": {"b": b"x" * MAX_FRAME}})
-                for n in range(3)] + [b"\x00" * (MAX_FRAME + 1)]
+    oversize = [
+        pack({"v": 1, "id": f"big{n}", "method": "echo", "params": {"b": b"x" * MAX_FRAME}})
+        for n in range(3)
+    ] + [b"\x00" * (MAX_FRAME + 1)]
     check_batch(client, oversize)
     assert sent[0] >= 1500
     assert running.server.in_flight == 0

@@ -18,9 +18,9 @@ import zmq
 from transport_harness import Running
 
 from domain.errors import Conflict
+from protocol.envelope import MAX_FRAME
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout, EventSubscriber
 from transport.server import ApiServer, EndpointInUse
-from transport.wire import MAX_FRAME
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,21 +42,40 @@ BAD_FRAMES: dict[str, tuple[bytes, int, str, str | None]] = {
     "missing_v": (pack({"id": "a1", "method": "echo"}), 400, "malformed_request", "a1"),
     "missing_id": (pack({"v": 1, "method": "echo"}), 400, "malformed_request", None),
     "missing_method": (pack({"v": 1, "id": "a3"}), 400, "malformed_request", "a3"),
-    "wrong_v_type": (pack({"v": "1", "id": "a4", "method": "echo"}), 400, "malformed_request",
-                     "a4"),
-    "wrong_version": (pack({"v": 9, "id": "a5", "method": "echo"}), 400, "malformed_request",
-                      "a5"),
+    "wrong_v_type": (
+        pack({"v": "1", "id": "a4", "method": "echo"}),
+        400,
+        "malformed_request",
+        "a4",
+    ),
+    "wrong_version": (pack({"v": 9, "id": "a5", "method": "echo"}), 400, "malformed_request", "a5"),
     "wrong_id_type": (pack({"v": 1, "id": 12, "method": "echo"}), 400, "malformed_request", None),
-    "wrong_method_type": (pack({"v": 1, "id": "a7", "method": ["echo"]}), 400,
-                          "malformed_request", "a7"),
-    "wrong_params_type": (pack({"v": 1, "id": "a8", "method": "echo", "params": 3}), 400,
-                          "malformed_request", "a8"),
+    "wrong_method_type": (
+        pack({"v": 1, "id": "a7", "method": ["echo"]}),
+        400,
+        "malformed_request",
+        "a7",
+    ),
+    "wrong_params_type": (
+        pack({"v": 1, "id": "a8", "method": "echo", "params": 3}),
+        400,
+        "malformed_request",
+        "a8",
+    ),
     "empty_id": (pack({"v": 1, "id": "", "method": "echo"}), 400, "malformed_request", None),
-    "id_too_long": (pack({"v": 1, "id": "i" * 129, "method": "echo"}), 400,
-                    "malformed_request", None),
+    "id_too_long": (
+        pack({"v": 1, "id": "i" * 129, "method": "echo"}),
+        400,
+        "malformed_request",
+        None,
+    ),
     "unknown_method": (request("a9", "no.such.method"), 400, "unknown_method", "a9"),
-    "oversize": (request("big", "echo", {"blob": b"x" * MAX_FRAME}), 413, "payload_too_large",
-                 "big"),
+    "oversize": (
+        request("big", "echo", {"blob": b"x" * MAX_FRAME}),
+        413,
+        "payload_too_large",
+        "big",
+    ),
     "oversize_garbage": (b"\xff" * (2 * MAX_FRAME), 413, "payload_too_large", None),
 }
 
@@ -110,7 +129,10 @@ def test_req_client_gets_replies_including_errors(running: Running, transport: s
         req.connect(running.ipc if transport == "ipc" else running.tcp)
         req.send(request("q1", "echo", {"n": 1}))
         assert msgpack.unpackb(req.recv()) == {
-            "v": 1, "id": "q1", "status": 200, "result": {"params": {"n": 1}, "id": "q1"}
+            "v": 1,
+            "id": "q1",
+            "status": 200,
+            "result": {"params": {"n": 1}, "id": "q1"},
         }
         req.send(b"not msgpack \xc1")
         reply = msgpack.unpackb(req.recv())
@@ -145,7 +167,10 @@ def test_client_call_returns_result_and_raises_api_error(
         client.call("conflict")
     err = caught.value
     assert (err.status, err.code, err.reason, err.retryable) == (
-        409, "conflict", "agent_session_busy", False
+        409,
+        "conflict",
+        "agent_session_busy",
+        False,
     )
     assert err.message == "nope"
     with pytest.raises(ApiError) as caught:
@@ -177,7 +202,8 @@ def test_bad_parameter_is_invalid_argument_naming_the_field(
     client = client_for(running.ipc)
     good = {"workspaceId": "w", "agentSessionId": "6F9619FF-8B86-D011-B42D-00C04FC964FF"}
     assert client.call("validate", good) == {
-        "agentSessionId": "6f9619ff-8b86-d011-b42d-00c04fc964ff", "limit": 50
+        "agentSessionId": "6f9619ff-8b86-d011-b42d-00c04fc964ff",
+        "limit": 50,
     }
     for bad, field in [
         ({**good, "workspaceId": "w" * 129}, "workspaceId"),
@@ -189,7 +215,9 @@ def test_bad_parameter_is_invalid_argument_naming_the_field(
         with pytest.raises(ApiError) as caught:
             client.call("validate", bad)
         assert (caught.value.status, caught.value.code, caught.value.reason) == (
-            400, "invalid_request", "invalid_argument"
+            400,
+            "invalid_request",
+            "invalid_argument",
         )
         assert caught.value.params == {"field": field}
 
@@ -251,9 +279,10 @@ def test_one_client_shared_by_many_threads(running: Running, client_for: MakeCli
 
 def test_published_events_reach_subscribers_filtered_by_topic(running: Running) -> None:
     server = running.server
-    with EventSubscriber(server.events_endpoint, ["ws-a"]) as sub_a, EventSubscriber(
-        server.events_endpoint
-    ) as sub_all:
+    with (
+        EventSubscriber(server.events_endpoint, ["ws-a"]) as sub_a,
+        EventSubscriber(server.events_endpoint) as sub_all,
+    ):
         wait_subscribed(server, sub_a, "ws-a")
         wait_subscribed(server, sub_all, "ws-a")
         server.publish("ws-b", {"type": "session.removed", "agentSessionId": "s-b"})
@@ -279,8 +308,10 @@ def test_publish_is_safe_from_many_threads_and_from_handlers(
         for t in threads:
             t.join(30)
         client = client_for(running.ipc)
-        assert client.call("publish", {"topic": "ws", "event": {
-            "type": "session.removed", "agentSessionId": "done"}}) == {"published": True}
+        assert client.call(
+            "publish",
+            {"topic": "ws", "event": {"type": "session.removed", "agentSessionId": "done"}},
+        ) == {"published": True}
         seen = [sid for _, sid in drain_until(sub, "done")]
         assert seen[-1] == "done"
         got = seen[:-1]
@@ -378,13 +409,15 @@ def test_close_answers_in_flight_requests_with_shutting_down(
         status, body = future.result(10)
         assert status == 503
         assert (body["code"], body["reason"], body["retryable"]) == (
-            "unavailable", "shutting_down", True
+            "unavailable",
+            "shutting_down",
+            True,
         )
     # Late answers after close are refused, not raised.
     assert held[1][1].result(200, {}) is False
     assert running.server.publish("ws", {"type": "x"}) is False
-    assert not os.path.exists(running.ipc[len("ipc://"):])
-    assert not os.path.exists(running.server.events_endpoint[len("ipc://"):])
+    assert not os.path.exists(running.ipc[len("ipc://") :])
+    assert not os.path.exists(running.server.events_endpoint[len("ipc://") :])
 
 
 def test_overload_answers_503_retryable_until_in_flight_drains(
@@ -423,9 +456,7 @@ def test_client_timeout_and_closed_client(running: Running) -> None:
         client.call("echo")
 
 
-def test_start_fails_cleanly_when_a_tcp_port_is_taken(
-    running: Running, short_tmp: str
-) -> None:
+def test_start_fails_cleanly_when_a_tcp_port_is_taken(running: Running, short_tmp: str) -> None:
     taken = running.tcp
     server = ApiServer([taken], f"ipc://{short_tmp}/x/events.sock", lambda r, s: None)
     with pytest.raises(zmq.ZMQError):
@@ -463,7 +494,7 @@ def test_close_from_a_handler_on_the_loop_answers_it_and_stops(
     assert running.server._thread is not None
     running.server._thread.join(10)
     assert not running.server._thread.is_alive()
-    assert not os.path.exists(running.ipc[len("ipc://"):])
+    assert not os.path.exists(running.ipc[len("ipc://") :])
 
 
 def test_an_idle_loop_blocks_in_poll(running: Running, client_for: MakeClient) -> None:

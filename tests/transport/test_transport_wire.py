@@ -18,22 +18,24 @@ from domain.errors import (
     InvalidRequest,
     PayloadTooLarge,
 )
-from transport.wire import (
+from protocol.envelope import (
     MAX_DEPTH,
     MAX_FRAME,
     Request,
-    decode_request,
-    encode_error,
     encode_result,
     encode_result_packed,
+    pack_result,
+    peek_id,
+)
+from transport.wire import (
+    decode_request,
+    encode_error,
     optional_bool,
     optional_enum,
     optional_int,
     optional_map,
     optional_str,
     optional_uuid,
-    pack_result,
-    peek_id,
     require_bool,
     require_enum,
     require_int,
@@ -85,17 +87,28 @@ BAD_FRAMES: dict[str, tuple[bytes, str | None]] = {
     "params_is_list": (pack({"v": 1, "id": "w7", "method": "echo", "params": [1]}), "w7"),
     "params_is_string": (pack({"v": 1, "id": "w8", "method": "echo", "params": "x"}), "w8"),
     "int_map_key": (pack({"v": 1, "id": "w9", "method": "echo", "params": {1: 2}}), "w9"),
-    "bad_utf8": (b"\x84\xa1v\x01\xa2id\xa2u1\xa6method\xa4echo\xa6params\x81\xa1k\xa2\xff\xfe",
-                 "u1"),
-    "ext_type": (pack({"v": 1, "id": "x1", "method": "echo",
-                       "params": {"k": msgpack.ExtType(5, b"\x00")}}), "x1"),
-    "timestamp_ext": (pack({"v": 1, "id": "x2", "method": "echo",
-                            "params": {"k": msgpack.Timestamp(1)}}), "x2"),
-    "too_deep": (pack({"v": 1, "id": "d1", "method": "echo",
-                       "params": {"k": nested(MAX_DEPTH + 1)}}), "d1"),
+    "bad_utf8": (
+        b"\x84\xa1v\x01\xa2id\xa2u1\xa6method\xa4echo\xa6params\x81\xa1k\xa2\xff\xfe",
+        "u1",
+    ),
+    "ext_type": (
+        pack({"v": 1, "id": "x1", "method": "echo", "params": {"k": msgpack.ExtType(5, b"\x00")}}),
+        "x1",
+    ),
+    "timestamp_ext": (
+        pack({"v": 1, "id": "x2", "method": "echo", "params": {"k": msgpack.Timestamp(1)}}),
+        "x2",
+    ),
+    "too_deep": (
+        pack({"v": 1, "id": "d1", "method": "echo", "params": {"k": nested(MAX_DEPTH + 1)}}),
+        "d1",
+    ),
     "deeper_than_msgpack_allows": (
-        b"\x84\xa1v\x01\xa2id\xa2d2\xa6method\xa4echo\xa6params\x81\xa1k" + b"\x91" * 5000
-        + b"\xc0", "d2"),
+        b"\x84\xa1v\x01\xa2id\xa2d2\xa6method\xa4echo\xa6params\x81\xa1k"
+        + b"\x91" * 5000
+        + b"\xc0",
+        "d2",
+    ),
     "huge_declared_array": (b"\xdd\xff\xff\xff\xff", None),
 }
 
@@ -116,8 +129,15 @@ def test_valid_request_decodes_with_params_defaulting_to_empty_map() -> None:
         "a", "host.status", {}
     )
     assert decode_request(pack({"v": 1, "id": "a", "method": "m", "params": None})).params == {}
-    frame = pack({"method": "m", "params": {"x": [1, {"y": b"z"}]}, "id": "i" * 128, "v": 1,
-                  "extra": "ignored"})
+    frame = pack(
+        {
+            "method": "m",
+            "params": {"x": [1, {"y": b"z"}]},
+            "id": "i" * 128,
+            "v": 1,
+            "extra": "ignored",
+        }
+    )
     assert decode_request(frame) == Request("i" * 128, "m", {"x": [1, {"y": b"z"}]})
 
 
@@ -133,7 +153,9 @@ def test_frame_over_one_mebibyte_is_413_without_decoding() -> None:
     with pytest.raises(PayloadTooLarge) as caught:
         decode_request(body)
     assert (caught.value.status, caught.value.code, caught.value.reason) == (
-        413, "payload_too_large", "payload_too_large"
+        413,
+        "payload_too_large",
+        "payload_too_large",
     )
     assert peek_id(body) == "big"
     # Garbage over the limit is 413 too (size is checked first), with an unreadable id.
@@ -153,14 +175,23 @@ def test_frame_of_exactly_one_mebibyte_is_decoded() -> None:
 
 def test_encode_result_and_error_follow_the_reply_shapes() -> None:
     assert msgpack.unpackb(encode_result("a", 202, {"turn": {"id": "t"}})) == {
-        "v": 1, "id": "a", "status": 202, "result": {"turn": {"id": "t"}}
+        "v": 1,
+        "id": "a",
+        "status": 202,
+        "result": {"turn": {"id": "t"}},
     }
     err = ForkBoundaryError(ForkBoundaryReason.SOURCE_TURN_ACTIVE)
     assert msgpack.unpackb(encode_error(None, err)) == {
-        "v": 1, "id": None, "status": 409,
-        "error": {"code": "conflict", "reason": "agent_session_fork_conflict",
-                  "message": err.message, "retryable": False,
-                  "params": {"forkBoundaryReason": "source_turn_active"}},
+        "v": 1,
+        "id": None,
+        "status": 409,
+        "error": {
+            "code": "conflict",
+            "reason": "agent_session_fork_conflict",
+            "message": err.message,
+            "retryable": False,
+            "params": {"forkBoundaryReason": "source_turn_active"},
+        },
     }
     with pytest.raises(ValueError):
         encode_result("a", 404, {})
@@ -181,14 +212,23 @@ def field_of(call: Any) -> str:
     with pytest.raises(InvalidArgument) as caught:
         call()
     assert (caught.value.status, caught.value.code, caught.value.reason) == (
-        400, "invalid_request", "invalid_argument"
+        400,
+        "invalid_request",
+        "invalid_argument",
     )
     return str(caught.value.params["field"])
 
 
 def test_validators_return_typed_values() -> None:
-    params = {"ws": "w", "n": 3, "b": False, "m": {"a": 1}, "l": [1],
-              "u": "6F9619FF-8B86-D011-B42D-00C04FC964FF", "e": "codex"}
+    params = {
+        "ws": "w",
+        "n": 3,
+        "b": False,
+        "m": {"a": 1},
+        "l": [1],
+        "u": "6F9619FF-8B86-D011-B42D-00C04FC964FF",
+        "e": "codex",
+    }
     assert require_str(params, "ws", max_len=128) == "w"
     assert optional_str(params, "missing", default="d") == "d"
     assert require_int(params, "n", min_value=0) == 3
@@ -209,8 +249,10 @@ def test_validators_return_typed_values() -> None:
     [
         (lambda: require_str({}, "workspaceId"), "workspaceId"),
         (lambda: require_str({"workspaceId": ""}, "workspaceId"), "workspaceId"),
-        (lambda: require_str({"workspaceId": "x" * 129}, "workspaceId", max_len=128),
-         "workspaceId"),
+        (
+            lambda: require_str({"workspaceId": "x" * 129}, "workspaceId", max_len=128),
+            "workspaceId",
+        ),
         (lambda: require_str({"workspaceId": 5}, "workspaceId"), "workspaceId"),
         (lambda: optional_str({"title": []}, "title"), "title"),
         (lambda: require_int({"n": True}, "n"), "n"),
@@ -223,10 +265,16 @@ def test_validators_return_typed_values() -> None:
         (lambda: require_list({"input": {}}, "input"), "input"),
         (lambda: require_list({"input": [0] * 3}, "input", max_len=2), "input"),
         (lambda: require_uuid({}, "agentSessionId"), "agentSessionId"),
-        (lambda: require_uuid({"agentSessionId": "not-a-uuid"}, "agentSessionId"),
-         "agentSessionId"),
-        (lambda: require_uuid({"agentSessionId": "6f9619ff8b86d011b42d00c04fc964ff"},
-                              "agentSessionId"), "agentSessionId"),
+        (
+            lambda: require_uuid({"agentSessionId": "not-a-uuid"}, "agentSessionId"),
+            "agentSessionId",
+        ),
+        (
+            lambda: require_uuid(
+                {"agentSessionId": "6f9619ff8b86d011b42d00c04fc964ff"}, "agentSessionId"
+            ),
+            "agentSessionId",
+        ),
         (lambda: optional_uuid({"target": 7}, "target"), "target"),
         (lambda: require_enum({"provider": "gpt"}, "provider", {"codex"}), "provider"),
     ],
@@ -247,10 +295,15 @@ def test_decode_of_arbitrary_bytes_raises_only_typed_errors(frame: bytes) -> Non
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False)
-    | st.text(max_size=20) | st.binary(max_size=20),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -275,8 +328,10 @@ def test_valid_requests_round_trip(request_id: str, method: str, params: dict[st
         st.text(max_size=20),
         st.recursive(
             st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=50),
-            lambda inner: st.lists(inner, max_size=4)
-            | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+            ),
             max_leaves=12,
         ),
         max_size=6,

@@ -7,8 +7,9 @@ import threading
 from dataclasses import dataclass, field
 
 from domain.errors import Conflict, ForkInProgress, HostError
+from protocol.envelope import Request
 from transport.server import ApiServer, Responder
-from transport.wire import Request, optional_int, require_str, require_uuid, unknown_method
+from transport.wire import optional_int, require_str, require_uuid, unknown_method
 
 
 @dataclass
@@ -87,5 +88,3 @@ class Running:
     @property
     def tcp(self) -> str:
         return self.server.endpoints[1]
-
-
