@@ -2,6 +2,6 @@
 
 import sys
 
-from agenthost.cli import main
+from agenthost.launch import main
 
 sys.exit(main())

@@ -28,7 +28,11 @@ from domain.home_layout import default_home, run_dir
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(_parser(), argv)
+    parser = _parser()
+    # Only a process started as the command may re-execute itself (`serve`'s accept shim): a
+    # caller passing `argv` in-process is not one.
+    parser.set_defaults(from_command_line=argv is None)
+    return run_command(parser, argv)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,6 +113,11 @@ def _add_providers(
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from transport import accept_shim
+
+    if getattr(args, "from_command_line", False):
+        # Before any thread or socket: this may replace the process by one with the shim.
+        accept_shim.reexec_with_shim()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose > 1 else logging.INFO,
         stream=sys.stderr,
@@ -126,6 +135,7 @@ def _serve(args: argparse.Namespace) -> int:
         # Every configuration mistake: one line naming what is wrong, exit 2, no traceback.
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    accept_shim.log_status()
     # Imported only now: a configuration error is reported without loading the daemon.
     from agenthost.daemon import Daemon
 

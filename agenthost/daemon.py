@@ -60,6 +60,7 @@ from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from storage import Store
+from transport import accept_shim
 from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
 from transport.server import ApiServer
@@ -478,7 +479,11 @@ class Daemon:
             # The workspace checkpoint store (docs/design/workspace.md): its size on disk.
             "checkpoints": self._checkpoint_status(),
             # What the listeners hold, refused and shed, and the descriptor limit and reserve.
-            "connections": guard.stats() if (guard := self._connections()) else None,
+            "connections": (
+                guard.stats() | {"acceptShim": accept_shim.status()}
+                if (guard := self._connections())
+                else None
+            ),
             # Each provider's program, endpoint, model and credential source (never a key).
             "providers": [
                 providers_info.describe(name, self.providers.get(name, {}))

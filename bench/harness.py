@@ -84,7 +84,7 @@ class BenchDaemon:
         log = open(self.home / "daemon.log", "ab")  # noqa: SIM115 - owned by the child
         started = time.monotonic()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agenthost.cli", "--home", str(self.home), "serve"],
+            [sys.executable, "-m", "agenthost", "--home", str(self.home), "serve"],
             stdout=subprocess.PIPE,
             stderr=log,
             env=env,

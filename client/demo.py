@@ -47,7 +47,7 @@ def _banner(text: str) -> None:
 def _start_daemon(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     env = dict(os.environ, AGENTHOST_HOME=str(home))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agenthost.cli", "--home", str(home), "serve"],
+        [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
         stdout=subprocess.PIPE,
         stderr=open(home / "daemon.log", "ab"),  # noqa: SIM115 - the child owns it
         env=env,

@@ -5,8 +5,15 @@ selected with `-m`; `make test` deselects them so the whole suite stays within i
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
+
+# Every daemon a test starts builds its accept shim (transport/accept_shim.py) once into the
+# checkout's build folder, not into each test's private HOME.
+os.environ.setdefault(
+    "AGENTHOST_NATIVE_DIR", str(Path(__file__).resolve().parent.parent / "build" / "native")
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

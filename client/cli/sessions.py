@@ -54,9 +54,16 @@ def connections_line(c: Mapping[str, Any] | None) -> str:
     do not say: nothing)."""
     if not c:
         return ""
+    shim = c.get("acceptShim") or {}
+    if shim.get("loaded"):
+        accept = "; accept shim loaded"
+    elif shim.get("unavailable"):
+        accept = f"; accept shim {shim['unavailable']}: see docs/design/connections.md"
+    else:
+        accept = ""
     return (
         f"\nconnections: {c['open']} of {c['max']} held, {c['refused']} refused, {c['shed']} idle"
-        f" shed (descriptor limit {c['fdLimit']}, {c['fdReserve']} kept in reserve)"
+        f" shed (descriptor limit {c['fdLimit']}, {c['fdReserve']} kept in reserve{accept})"
     )
 
 

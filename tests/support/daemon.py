@@ -63,7 +63,7 @@ class DaemonProcess:
             env["AGENTHOST_FAILPOINTS"] = self.failpoints
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "agenthost.cli", "--home", str(self.home), "serve", *self.args],
+            [sys.executable, "-m", "agenthost", "--home", str(self.home), "serve", *self.args],
             stdout=subprocess.PIPE,
             stderr=log,
             env=env,
