@@ -43,7 +43,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
+from bench.common import BenchResult, Latency, Mode, Table, bench_main, cpu_probe_ms, log, pick
 from bench.harness import WS, BenchDaemon, create_session, run_turn, submit
 from bench.profile import TreeProfile, cpu_line
 from bench.providers import REPO, BareAppServer, BareClaude, provider
@@ -374,6 +374,8 @@ def run(mode: Mode) -> BenchResult:
                         profile={"lines": [f"{name} was not measured: {why}"]},
                     )
                 continue
+            probe, load = cpu_probe_ms(), os.getloadavg()[0]
+            result.notes.append(f"{name}: CPU probe at start {probe:.0f} ms; load {load:.2f}")
             m = measure(name, Path(tmp_text) / name, samples, warmup)
             f = _figures(m["host"], m["bare"])
             turns = max(1, len(m["host"]))
