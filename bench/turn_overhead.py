@@ -18,12 +18,13 @@ same clock as the clients), so each delta's lag is its arrival minus the model's
 - batching = the longest any host delta lagged beyond the bare provider's p50 lag: how long the
   host ever held a delta back (limit 10 ms).
 
-Where a Turn's time goes, on each side (the model stamps when it begins answering the timed
-reply): before the model (submit or `turn/start`/`query()` → the model's first byte of the
-reply: runtime, workspace checkpoint, provider start-up) and after it (its last delta → the
-settled Turn or the bare end: provider shutdown, checkpoint, settlement).
+Where a Turn's time goes, on each side (the model stamps when it has the timed reply's request):
+before the model (submit or `turn/start`/`query()` → the model has the request: runtime,
+workspace checkpoint, provider start-up) and after it (its last delta → the settled Turn or the
+bare end: provider shutdown, checkpoint, settlement).
 
-`AGENTHOST_BENCH_PROVIDERS=claude-code,codex` measures only those providers.
+`AGENTHOST_BENCH_PROVIDERS=claude-code,codex` measures only those providers;
+`AGENTHOST_BENCH_FIRST_TOKEN_MS=150` makes the model wait that long before its first byte.
 
     build/venv/bin/python -m bench.turn_overhead [--quick|--smoke] [--json FILE]
 """
@@ -58,6 +59,10 @@ REPLY = "".join(f"d{i:02d} " for i in range(DELTAS))
 """80 characters: the fakes stream text in 4-character deltas, so 20 of them."""
 DRIP_S = 0.002
 """Between two SSE events of a reply: a model streaming, not one write of the whole reply."""
+FIRST_TOKEN_S = float(os.environ.get("AGENTHOST_BENCH_FIRST_TOKEN_MS") or 0) / 1000
+"""How long the model takes to its first byte (default 0: it answers at once). With 0, Claude
+Code's write of the prompt to its transcript, which is when the host records the Turn's start,
+falls on the reply's first bytes, and the host's writes compete with the CLI's relay of them."""
 PROVIDER_NAMES = ("tutti-agent", "codex", "claude-code")
 
 
@@ -75,7 +80,7 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
             super().__init__(lambda body: REPLY)
             self.emitted: list[list[float]] = []
             self.begun: list[float] = []
-            """When each streamed reply of `emitted` began (its response headers sent)."""
+            """When the model had the request of each streamed reply of `emitted`."""
             self._stamps_lock = threading.Lock()
 
         def handler_class(self) -> Any:
@@ -88,6 +93,8 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
                     with server._stamps_lock:
                         server.emitted.append(stamps)
                         server.begun.append(now_ms())
+                    if FIRST_TOKEN_S:
+                        time.sleep(FIRST_TOKEN_S)
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Cache-Control", "no-cache")
@@ -429,12 +436,16 @@ def run(mode: Mode) -> BenchResult:
     )
     result.tables.append(
         Table(
-            "where a Turn's time goes: ask → the model begins the reply; its last delta → the"
+            "where a Turn's time goes: ask → the model has the request; its last delta → the"
             " Turn's end (host: settled at the client; bare: turn/completed or query() ended), ms",
             ("provider", "side", "before p50", "before p99", "after p50", "after p99"),
             tuple(stage_rows),
         )
     )
+    if FIRST_TOKEN_S:
+        result.notes.append(
+            f"the model's first byte came {FIRST_TOKEN_S * 1000:g} ms after each request"
+        )
     result.notes.append(f"cwd of the bare Codex thread and the host's Sessions: {REPO}")
     return result
 
