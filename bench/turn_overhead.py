@@ -18,6 +18,14 @@ same clock as the clients), so each delta's lag is its arrival minus the model's
 - batching = the longest any host delta lagged beyond the bare provider's p50 lag: how long the
   host ever held a delta back (limit 10 ms).
 
+Where a Turn's time goes, on each side (the model stamps when it has the timed reply's request):
+before the model (submit or `turn/start`/`query()` → the model has the request: runtime,
+workspace checkpoint, provider start-up) and after it (its last delta → the settled Turn or the
+bare end: provider shutdown, checkpoint, settlement).
+
+`AGENTHOST_BENCH_PROVIDERS=claude-code,codex` measures only those providers;
+`AGENTHOST_BENCH_FIRST_TOKEN_MS=150` makes the model wait that long before its first byte.
+
     build/venv/bin/python -m bench.turn_overhead [--quick|--smoke] [--json FILE]
 """
 
@@ -26,15 +34,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
+import os
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
+from bench.common import BenchResult, Latency, Mode, Table, bench_main, cpu_probe_ms, log, pick
 from bench.harness import WS, BenchDaemon, create_session, run_turn, submit
 from bench.profile import TreeProfile, cpu_line
 from bench.providers import REPO, BareAppServer, BareClaude, provider
@@ -49,6 +59,10 @@ REPLY = "".join(f"d{i:02d} " for i in range(DELTAS))
 """80 characters: the fakes stream text in 4-character deltas, so 20 of them."""
 DRIP_S = 0.002
 """Between two SSE events of a reply: a model streaming, not one write of the whole reply."""
+FIRST_TOKEN_S = float(os.environ.get("AGENTHOST_BENCH_FIRST_TOKEN_MS") or 0) / 1000
+"""How long the model takes to its first byte (default 0: it answers at once). With 0, Claude
+Code's write of the prompt to its transcript, which is when the host records the Turn's start,
+falls on the reply's first bytes, and the host's writes compete with the CLI's relay of them."""
 PROVIDER_NAMES = ("tutti-agent", "codex", "claude-code")
 
 
@@ -65,6 +79,8 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
         def __init__(self) -> None:
             super().__init__(lambda body: REPLY)
             self.emitted: list[list[float]] = []
+            self.begun: list[float] = []
+            """When the model had the request of each streamed reply of `emitted`."""
             self._stamps_lock = threading.Lock()
 
         def handler_class(self) -> Any:
@@ -76,6 +92,9 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
                     stamps: list[float] = []
                     with server._stamps_lock:
                         server.emitted.append(stamps)
+                        server.begun.append(now_ms())
+                    if FIRST_TOKEN_S:
+                        time.sleep(FIRST_TOKEN_S)
                     self.send_response(200)
                     self.send_header("Content-Type", "text/event-stream")
                     self.send_header("Cache-Control", "no-cache")
@@ -99,22 +118,43 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
             """The streamed reply these arrivals are of: the latest one that began after
             `since` and no later than the first arrival. A provider may make other model
             requests in a Turn (Claude Code does); those are not the timed reply."""
+            return self.reply_for(arrivals, since)[1]
+
+        def reply_for(self, arrivals: Sequence[float], since: float) -> tuple[float, list[float]]:
+            """As `emission_for`, with the time that reply began (nan when none matched)."""
             if not arrivals:
-                return []
+                return float("nan"), []
             with self._stamps_lock:
-                streamed = [list(s) for s in self.emitted if s and since <= s[0] <= arrivals[0]]
-            return streamed[-1] if streamed else []
+                streamed = [
+                    (b, list(s))
+                    for b, s in zip(self.begun, self.emitted, strict=True)
+                    if s and since <= s[0] <= arrivals[0]
+                ]
+            return streamed[-1] if streamed else (float("nan"), [])
 
     return Timed()
 
 
 class Sample:
-    """One Turn on one side: its duration and each delta's arrival and emission."""
+    """One Turn on one side: its duration and each delta's arrival and emission; with `t0` (when
+    the Turn was asked for) and `begun` (when the model began the timed reply), where its time
+    went: before the model answered, and from the model's last delta to the Turn's end."""
 
-    def __init__(self, turn_ms: float, arrivals: list[float], emitted: list[float]) -> None:
+    def __init__(
+        self,
+        turn_ms: float,
+        arrivals: list[float],
+        emitted: list[float],
+        *,
+        t0: float | None = None,
+        begun: float = float("nan"),
+    ) -> None:
         self.turn_ms = turn_ms
         self.lags = [a - e for a, e in zip(arrivals, emitted, strict=False)]
         self.deltas = len(arrivals)
+        nan = float("nan")
+        self.before_model_ms = begun - t0 if t0 is not None else nan
+        self.after_model_ms = t0 + turn_ms - emitted[-1] if t0 is not None and emitted else nan
 
 
 # -- the bare sides -----------------------------------------------------------------------------
@@ -271,17 +311,23 @@ def measure(name: str, tmp: Path, samples: int, warmup: int) -> dict[str, Any]:
                 bare.turn(f"warm {i}")
             profile.start()
             for i in range(samples):
-                t0 = now_ms()
-                ms, arrivals = host_turn(c, sub, sid, f"turn {i}")
-                host.append(Sample(ms, arrivals, server.emission_for(arrivals, t0)))
-                t0 = now_ms()
-                ms, arrivals = bare.turn(f"turn {i}")
-                bare_samples.append(Sample(ms, arrivals, server.emission_for(arrivals, t0)))
+                for turn, out in (
+                    (lambda text: host_turn(c, sub, sid, text), host),
+                    (bare.turn, bare_samples),
+                ):
+                    t0 = now_ms()
+                    ms, arrivals = turn(f"turn {i}")
+                    begun, emitted = server.reply_for(arrivals, t0)
+                    out.append(Sample(ms, arrivals, emitted, t0=t0, begun=begun))
             profile.stop()
         finally:
             sub.close()
             daemon.stop()
     return {"host": host, "bare": bare_samples, "cpu": profile.cpu}
+
+
+def _stage(values: Iterable[float]) -> Latency:
+    return Latency.of(v for v in values if not math.isnan(v))
 
 
 def _figures(host: list[Sample], bare: list[Sample]) -> dict[str, Any]:
@@ -302,6 +348,10 @@ def _figures(host: list[Sample], bare: list[Sample]) -> dict[str, Any]:
         "turnOverheadMs": host_turn_ms.p50 - bare_turn_ms.p50,
         "firstDeltaMs": host_first.p50 - bare_first.p50,
         "batchingMs": held.max,
+        "hostBeforeModel": _stage(s.before_model_ms for s in host),
+        "bareBeforeModel": _stage(s.before_model_ms for s in bare),
+        "hostAfterModel": _stage(s.after_model_ms for s in host),
+        "bareAfterModel": _stage(s.after_model_ms for s in bare),
         "deltasPerTurn": {
             "host": sorted({s.deltas for s in host}),
             "bare": sorted({s.deltas for s in bare}),
@@ -315,8 +365,11 @@ def run(mode: Mode) -> BenchResult:
     result = BenchResult("turn overhead vs the bare provider", "", mode.value)
     rows: list[tuple[Any, ...]] = []
     lag_rows: list[tuple[Any, ...]] = []
+    stage_rows: list[tuple[Any, ...]] = []
+    wanted = os.environ.get("AGENTHOST_BENCH_PROVIDERS")
+    names = [n for n in PROVIDER_NAMES if not wanted or n in wanted.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp_text:
-        for name in PROVIDER_NAMES:
+        for name in names:
             why = provider(name).unavailable()
             if why is not None:
                 result.notes.append(f"{name}: not measured: {why}")
@@ -328,6 +381,8 @@ def run(mode: Mode) -> BenchResult:
                         profile={"lines": [f"{name} was not measured: {why}"]},
                     )
                 continue
+            probe, load = cpu_probe_ms(), os.getloadavg()[0]
+            result.notes.append(f"{name}: CPU probe at start {probe:.0f} ms; load {load:.2f}")
             m = measure(name, Path(tmp_text) / name, samples, warmup)
             f = _figures(m["host"], m["bare"])
             turns = max(1, len(m["host"]))
@@ -338,6 +393,9 @@ def run(mode: Mode) -> BenchResult:
             for side, key in (("host", "host"), ("bare", "bare")):
                 first, lag = f[f"{key}FirstDeltaLag"], f[f"{key}DeltaLag"]
                 lag_rows.append((name, side, first.p50, first.p99, lag.p50, lag.p99, lag.max))
+            for side in ("host", "bare"):
+                before, after = f[f"{side}BeforeModel"], f[f"{side}AfterModel"]
+                stage_rows.append((name, side, before.p50, before.p99, after.p50, after.p99))
             held = f["hostHeldBeyondBare"]
             lines = [
                 f"host turn p50 {ht.p50:.1f} ms vs bare {bt.p50:.1f} ms (same model, same"
@@ -376,6 +434,18 @@ def run(mode: Mode) -> BenchResult:
             tuple(lag_rows),
         )
     )
+    result.tables.append(
+        Table(
+            "where a Turn's time goes: ask → the model has the request; its last delta → the"
+            " Turn's end (host: settled at the client; bare: turn/completed or query() ended), ms",
+            ("provider", "side", "before p50", "before p99", "after p50", "after p99"),
+            tuple(stage_rows),
+        )
+    )
+    if FIRST_TOKEN_S:
+        result.notes.append(
+            f"the model's first byte came {FIRST_TOKEN_S * 1000:g} ms after each request"
+        )
     result.notes.append(f"cwd of the bare Codex thread and the host's Sessions: {REPO}")
     return result
 

@@ -27,7 +27,21 @@ log = logging.getLogger("drivers.claude")
 
 def reconcile_checkpoint(session: SessionState, turn: TurnState) -> None:
     """A streamed checkpoint the transcript does not hold would make fork fail later;
-    replace it with the transcript's own last message of this turn."""
+    replace it with the transcript's own last message of this turn.
+
+    Every turn ends here, before `turn.completed`: the usual answer (the checkpoint is one of
+    the lines this turn's CLI appended) is read from the turn's own lines, not from the whole
+    transcript, which grows with every turn. Only when it is not there is the whole file read.
+    """
+    if turn.checkpoint and turn.transcript_offset:
+        try:
+            with open(session.transcript, "rb") as fh:
+                fh.seek(turn.transcript_offset)
+                tail = fh.read().decode("utf-8", errors="replace")
+        except OSError:
+            return
+        if contains_uuid(tail, turn.checkpoint):
+            return
     try:
         text = session.transcript.read_text(encoding="utf-8", errors="replace")
     except OSError:

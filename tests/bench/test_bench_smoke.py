@@ -392,3 +392,17 @@ def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: 
     keys = [t["key"] for t in doc["targets"]]
     assert keys == [t.key for t in ISSUE36 if t.key.startswith("36:months:")]
     assert "command: build/venv/bin/python -m bench.months --smoke" in out.stdout
+
+
+def test_turn_overhead_splits_each_turn_at_the_models_reply() -> None:
+    """Asked at 0, the model began the reply at 20 ms and emitted its last delta at 104: the host
+    Turn that settled at 130 spent 20 ms before the model and 26 after it; the bare one that
+    ended at 110, 5 and 6. A Turn whose reply was not matched counts in neither."""
+    emitted = [100.0, 102.0, 104.0]
+    host = [Sample(130.0, [101.0, 103.0, 105.0], emitted, t0=0.0, begun=20.0) for _ in range(3)]
+    bare = [Sample(110.0, [100.5, 102.5, 104.5], emitted, t0=0.0, begun=5.0) for _ in range(2)]
+    bare.append(Sample(110.0, [], [], t0=0.0))
+    f = _figures(host, bare)
+    assert (f["hostBeforeModel"].p50, f["hostAfterModel"].p50) == (20.0, 26.0)
+    assert (f["bareBeforeModel"].p50, f["bareAfterModel"].p50) == (5.0, 6.0)
+    assert f["bareBeforeModel"].n == f["bareAfterModel"].n == 2
