@@ -72,11 +72,10 @@ FD_LIMIT = 1024
 """The daemon's descriptor limit, soft and hard (it cannot raise it)."""
 FLOOD = trials(300, 1000)
 """Raw unauthenticated TCP connections per flood burst."""
-IPC_FLOOD = trials(300, 300)
-"""Raw ipc connections per flood burst. Not more at soak size: libzmq's ipc listener aborts
-the process when an accept meets EMFILE (`ipc_listener.cpp:297`), and the daemon's guard acts
-after libzmq has accepted; on this loaded 2-core machine a burst of 1,000 at a limit of 1,024
-outran it once (docs/reliability.md §11 "What still aborts")."""
+IPC_FLOOD = trials(300, 1000)
+"""Raw ipc connections per flood burst. At soak size a burst of 1,000 at a limit of 1,024 can
+outrun the guard on a loaded machine; libzmq's ipc accept at EMFILE would then abort the
+daemon, which the accept shim prevents (docs/design/connections.md)."""
 DEALERS = trials(100, 200)
 """Idle ZeroMQ clients per burst (a shed one reconnects: they churn while over the cap)."""
 CLIENTS = trials(4, 8)
