@@ -4,23 +4,25 @@ the session tree, the transcript and the composer, and opens a fork's child on s
 Network calls other than the Engine's non-blocking fork run in thread workers; their results
 come back with `call_from_thread`, and Engine changes arrive as `EngineChanged` messages.
 
-This module is the wiring only: layout, key bindings, the command palette, and Engine changes
-routed to the parts that handle them. What the screen shows lives in `client.gui.view`, the
-user's actions in `client.gui.fork_actions` and `client.gui.control_actions`.
+This module is the wiring only: layout, key bindings, the command palette, and messages and
+Engine changes routed to the parts the app owns: `view` (what the screen shows,
+`client.gui.view`), `forks` and `controls` (the user's actions, `client.gui.fork_actions` and
+`client.gui.control_actions`). Each action and message handler delegates to the part whose
+concern it is; the widgets talk to the app by messages.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
-from textual.app import ComposeResult, SystemCommand
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import Button, Footer, Static
+from textual.widgets import Button, Footer, Static, Tree
 
 from client.engine import ChangeKind, Engine, EngineChange
 from client.gui.bridge import EngineChanged, bridge
@@ -38,8 +40,14 @@ from client.gui.keyboard import (
 )
 from client.gui.session_list import SessionTree
 from client.gui.status_text import details_text, turn_label
-from client.gui.transcript import ForkRequested, TranscriptView
-from client.gui.view import FORK_SESSION_ID, PAGE_SIZE
+from client.gui.transcript import (
+    ForkRequested,
+    InspectRequested,
+    LoadMoreRequested,
+    TranscriptView,
+)
+from client.gui.view import FORK_SESSION_ID, PAGE_SIZE, SessionView
+from client.lineage_view import LineageMark
 from client.session_client import ForkAction
 from transport.client import ApiError
 from transport.security import ClientCurve
@@ -47,7 +55,7 @@ from transport.security import ClientCurve
 __all__ = ["FORK_SESSION_ID", "PAGE_SIZE", "AgentHostApp", "run_gui"]
 
 
-class AgentHostApp(ForkActions, ControlActions):
+class AgentHostApp(App[int]):
     """The GUI. `engine` is owned by the caller unless `own_engine` is set."""
 
     TITLE = "agenthost"
@@ -105,9 +113,53 @@ class AgentHostApp(ForkActions, ControlActions):
     def __init__(
         self, engine: Engine, *, page_size: int = PAGE_SIZE, own_engine: bool = False
     ) -> None:
-        super().__init__(engine, page_size=page_size)
+        super().__init__()
+        self.engine = engine
         self.own_engine = own_engine
         self._unbridge: Any = None
+        self.view = SessionView(self, engine, page_size=page_size)
+        self.forks = ForkActions(self, self.view)
+        self.controls = ControlActions(self, self.view)
+
+    # -- the open session's state, read where the parts keep it --------------------------------
+
+    @property
+    def current(self) -> str | None:
+        """The open session's id."""
+        return self.view.current
+
+    @property
+    def turns(self) -> list[dict[str, Any]]:
+        """The open session's loaded Turns, oldest first."""
+        return self.view.turns
+
+    @property
+    def has_more(self) -> bool:
+        return self.view.has_more
+
+    @property
+    def sessions_loaded(self) -> bool:
+        return self.view.sessions_loaded
+
+    @property
+    def marks(self) -> dict[str, LineageMark]:
+        return self.view.marks
+
+    @property
+    def _main(self) -> Any:
+        return self.view.main
+
+    def open_session(self, session_id: str) -> None:
+        self.view.open_session(session_id)
+
+    def blocked_reason(self) -> str | None:
+        return self.view.blocked_reason()
+
+    def focus_composer(self) -> None:
+        self.controls.focus_composer()
+
+    async def _on_delta(self, event: Mapping[str, Any]) -> None:
+        await self.view.on_delta(event)
 
     # -- layout ------------------------------------------------------------------------------
 
@@ -134,7 +186,7 @@ class AgentHostApp(ForkActions, ControlActions):
 
     def on_mount(self) -> None:
         self._unbridge = bridge(self.engine, self)
-        self.run_worker(self._load_sessions, thread=True, group="sessions")
+        self.run_worker(self.view.load_sessions, thread=True, group="sessions")
 
     def on_unmount(self) -> None:
         if self._unbridge is not None:
@@ -151,22 +203,43 @@ class AgentHostApp(ForkActions, ControlActions):
             await self._apply_change(message.change)
 
     async def _apply_change(self, change: EngineChange) -> None:
+        view = self.view
         if change.kind is ChangeKind.MUTATION and change.key is not None:
-            if change.key[0] == self.current:
-                await self._refresh_actions()
-            self._after_mutation(change.key)
+            if change.key[0] == view.current:
+                await view.refresh_actions()
+            self.forks.after_mutation(change.key)
         elif change.kind is ChangeKind.OPERATION and change.key is not None:
-            if change.key[0] == self.current:
-                await self._refresh_actions()
+            if change.key[0] == view.current:
+                await view.refresh_actions()
         elif change.kind is ChangeKind.SESSION:
-            if self.sessions_loaded and not self._tree_dirty:
-                self._tree_dirty = True
-                self.call_after_refresh(self._refresh_tree)
-            if change.session_id == self.current:
-                self._update_title()
-                await self._render()  # capabilities may have changed
+            if view.sessions_loaded and not view.tree_dirty:
+                view.tree_dirty = True
+                self.call_after_refresh(view.refresh_tree)
+            if change.session_id == view.current:
+                view.update_title()
+                await view.render()  # capabilities may have changed
         elif change.kind is ChangeKind.EVENT and change.event is not None:
-            await self._on_daemon_event(change.event)
+            await view.on_daemon_event(change.event)
+
+    # -- messages from the widgets, to the part whose concern they are -------------------------
+
+    def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
+        self.view.select(event.node.data)
+
+    def on_load_more_requested(self, _: LoadMoreRequested) -> None:
+        self.view.load_more()
+
+    async def on_fork_requested(self, message: ForkRequested) -> None:
+        await self.forks.fork_turn(message)
+
+    def on_inspect_requested(self, message: InspectRequested) -> None:
+        self.forks.inspect(message)
+
+    def on_composer_send(self, message: Composer.Send) -> None:
+        self.controls.send(message)
+
+    def on_interaction_bar_respond(self, message: InteractionBar.Respond) -> None:
+        self.controls.answered(message)
 
     # -- the command palette and the session bar's buttons -------------------------------------
 
@@ -203,6 +276,35 @@ class AgentHostApp(ForkActions, ControlActions):
         )
         yield SystemCommand("Keys", "Every key of the GUI (f1)", self.action_help)
 
+    # -- actions (keys, palette, buttons), each delegated to the part that owns it -------------
+
+    def action_reload(self) -> None:
+        self.view.reload()
+
+    def action_fork_session(self) -> None:
+        self.forks.fork_session()
+
+    def action_interrupt(self) -> None:
+        self.controls.interrupt()
+
+    def action_approve(self) -> None:
+        self.controls.approve()
+
+    def action_decline(self) -> None:
+        self.controls.decline()
+
+    def action_answer(self) -> None:
+        self.controls.answer()
+
+    def action_new_session(self) -> None:
+        self.controls.new_session()
+
+    def action_rename_session(self) -> None:
+        self.controls.rename_session()
+
+    def action_delete_session(self) -> None:
+        self.controls.delete_session()
+
     # -- keys beyond the Tab order ----------------------------------------------------------
 
     def action_help(self) -> None:
@@ -229,7 +331,7 @@ class AgentHostApp(ForkActions, ControlActions):
             self.notify("open a session first", severity="warning")
             return
         session_id = self.current
-        forkable = [t for t in self.turns if self.action_for(t) is ForkAction.ENABLED]
+        forkable = [t for t in self.turns if self.view.action_for(t) is ForkAction.ENABLED]
         if not forkable:
             blocked = self.blocked_reason()
             self.notify(

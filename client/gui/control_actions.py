@@ -1,6 +1,7 @@
 """The GUI's everyday controls: send a message, interrupt the running Turn, approve, decline
 or answer a pending Interaction, and create, rename or delete a session. Each request runs in
-a thread worker; a failure becomes a toast in words.
+a thread worker; a failure becomes a toast in words. A part the app owns, beside the session
+view it reads and refreshes.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from textual.app import App
 from textual.css.query import NoMatches
 from textual.widgets import Input
 
@@ -42,17 +44,22 @@ from transport.client import ApiError
 R = TypeVar("R")
 
 
-class ControlActions(SessionView):
+class ControlActions:
     """Composer, interrupt, interaction answers and session management."""
+
+    def __init__(self, app: App[int], view: SessionView) -> None:
+        self.app = app
+        self.view = view
+        self.engine = view.engine
 
     # -- composer ----------------------------------------------------------------------------
 
-    def on_composer_send(self, message: Composer.Send) -> None:
-        if not self.current:
-            self.notify("open a session first", severity="warning")
+    def send(self, message: Composer.Send) -> None:
+        if not self.view.current:
+            self.app.notify("open a session first", severity="warning")
             return
-        session_id, text = self.current, message.text
-        self.run_worker(lambda: self._submit(session_id, text), thread=True)
+        session_id, text = self.view.current, message.text
+        self.app.run_worker(lambda: self._submit(session_id, text), thread=True)
 
     def _submit(self, session_id: str, text: str) -> None:
         try:
@@ -65,19 +72,19 @@ class ControlActions(SessionView):
                 },
             )
         except (ApiError, TimeoutError) as exc:
-            self.call_from_thread(self.notify, error_words("send", exc), severity="error")
+            self.app.call_from_thread(self.app.notify, error_words("send", exc), severity="error")
             return
-        self.call_from_thread(self._sent, session_id, text, result["turn"])  # type: ignore[arg-type]
+        self.app.call_from_thread(self._sent, session_id, text, result["turn"])  # type: ignore[arg-type]
 
     async def _sent(self, session_id: str, text: str, turn: dict[str, Any]) -> None:
         with contextlib.suppress(NoMatches):
-            self._main.query_one(Composer).sent(text)
-        await self.merge_turn(session_id, turn)
+            self.view.main.query_one(Composer).sent(text)
+        await self.view.merge_turn(session_id, turn)
 
     def focus_composer(self) -> None:
         """Where a keyboard user goes next after opening, creating or answering: typing."""
         with contextlib.suppress(NoMatches):
-            self._main.query_one(Composer).focus()
+            self.view.main.query_one(Composer).focus()
 
     # -- everyday controls -------------------------------------------------------------------
 
@@ -94,55 +101,61 @@ class ControlActions(SessionView):
             try:
                 result = self.engine.request(method, params)
             except (ApiError, TimeoutError) as exc:
-                self.call_from_thread(self.notify, error_words(action, exc), severity="error")
+                self.app.call_from_thread(
+                    self.app.notify, error_words(action, exc), severity="error"
+                )
                 return
             if then is not None:
-                self.call_from_thread(then, result)
+                self.app.call_from_thread(then, result)
 
-        self.run_worker(work, thread=True, group="controls")
+        self.app.run_worker(work, thread=True, group="controls")
 
-    def action_interrupt(self) -> None:
-        turn_id = self.active_turn_id()
-        if not self.current or turn_id is None:
-            self.notify("no turn is running", severity="warning")
+    def interrupt(self) -> None:
+        turn_id = self.view.active_turn_id()
+        if not self.view.current or turn_id is None:
+            self.app.notify("no turn is running", severity="warning")
             return
         self._call(
             "interrupt",
             TURN_INTERRUPT,
-            {"agentSessionId": self.current, "turnId": turn_id, "by": "gui"},
-            lambda result: self.merge_turn(str(self.current), result["turn"]),
+            {"agentSessionId": self.view.current, "turnId": turn_id, "by": "gui"},
+            lambda result: self.view.merge_turn(str(self.view.current), result["turn"]),
         )
 
     def _respond(self, response: dict[str, Any]) -> None:
-        if not self._main.query_one(InteractionBar).respond(response):
-            self.notify("nothing is waiting for an answer", severity="warning")
+        if not self.view.main.query_one(InteractionBar).respond(response):
+            self.app.notify("nothing is waiting for an answer", severity="warning")
 
-    def action_approve(self) -> None:
-        bar = self._main.query_one(InteractionBar)
+    def approve(self) -> None:
+        bar = self.view.main.query_one(InteractionBar)
         if bar.interaction is not None and bar.interaction.get("kind") != "approval":
-            self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
+            self.app.notify(
+                "the turn asks a question: type the answer (ctrl+t)", severity="warning"
+            )
             return
         self._respond({"decision": "approve"})
 
-    def action_decline(self) -> None:
-        bar = self._main.query_one(InteractionBar)
+    def decline(self) -> None:
+        bar = self.view.main.query_one(InteractionBar)
         if bar.interaction is not None and bar.interaction.get("kind") != "approval":
-            self.notify("the turn asks a question: type the answer (ctrl+t)", severity="warning")
+            self.app.notify(
+                "the turn asks a question: type the answer (ctrl+t)", severity="warning"
+            )
             return
         self._respond({"decision": "decline"})
 
-    def action_answer(self) -> None:
-        found = self._main.query(f"#{ANSWER_INPUT_ID}")
+    def answer(self) -> None:
+        found = self.view.main.query(f"#{ANSWER_INPUT_ID}")
         if not found:
-            self.notify("no question is waiting for an answer", severity="warning")
+            self.app.notify("no question is waiting for an answer", severity="warning")
             return
         found.first(Input).focus()
 
-    def on_interaction_bar_respond(self, message: InteractionBar.Respond) -> None:
+    def answered(self, message: InteractionBar.Respond) -> None:
         interaction = message.interaction
-        if not self.current:
+        if not self.view.current:
             return
-        session_id = self.current
+        session_id = self.view.current
         self._call(
             "answer",
             INTERACTION_RESPOND,
@@ -154,19 +167,19 @@ class ControlActions(SessionView):
                 "by": "gui",
             },
             lambda result: (
-                self.merge_turn(session_id, turn)
+                self.view.merge_turn(session_id, turn)
                 if isinstance(turn := dict(result).get("turn"), dict)
                 else None
             ),
         )
         self.focus_composer()
 
-    def action_new_session(self) -> None:
+    def new_session(self) -> None:
         def created(result: SessionResult) -> None:
             session = result["session"]
             self.engine.upsert_session(session)
-            self._refresh_tree()
-            self.open_session(str(session["agentSessionId"]))
+            self.view.refresh_tree()
+            self.view.open_session(str(session["agentSessionId"]))
             self.focus_composer()
 
         def chosen(choice: tuple[str, str] | None) -> None:
@@ -178,19 +191,19 @@ class ControlActions(SessionView):
                 params["title"] = title
             self._call("create the session", SESSION_CREATE, params, created)
 
-        self.push_screen(NewSessionScreen(), chosen)
+        self.app.push_screen(NewSessionScreen(), chosen)
 
-    def action_rename_session(self) -> None:
-        session = self.engine.session(self.current) if self.current else None
+    def rename_session(self) -> None:
+        session = self.engine.session(self.view.current) if self.view.current else None
         if session is None:
-            self.notify("open a session first", severity="warning")
+            self.app.notify("open a session first", severity="warning")
             return
         session_id = str(session["agentSessionId"])
 
         def renamed(result: SessionResult) -> None:
             self.engine.upsert_session(result["session"])
-            self._refresh_tree()
-            self._update_title()
+            self.view.refresh_tree()
+            self.view.update_title()
 
         def chosen(title: str | None) -> None:
             if title:
@@ -201,12 +214,12 @@ class ControlActions(SessionView):
                     renamed,
                 )
 
-        self.push_screen(RenameScreen(str(session["title"])), chosen)
+        self.app.push_screen(RenameScreen(str(session["title"])), chosen)
 
-    def action_delete_session(self) -> None:
-        session = self.engine.session(self.current) if self.current else None
+    def delete_session(self) -> None:
+        session = self.engine.session(self.view.current) if self.view.current else None
         if session is None:
-            self.notify("open a session first", severity="warning")
+            self.app.notify("open a session first", severity="warning")
             return
         lineage = session.get("forkedFrom")
         if not isinstance(lineage, dict):
@@ -221,9 +234,9 @@ class ControlActions(SessionView):
             except (ApiError, TimeoutError):
                 where = {}
             made = where.get("mode") == "worktree" and where.get("state") == "made"
-            self.call_from_thread(self._confirm_delete, session, where if made else None)
+            self.app.call_from_thread(self._confirm_delete, session, where if made else None)
 
-        self.run_worker(work, thread=True, group="controls")
+        self.app.run_worker(work, thread=True, group="controls")
 
     def _confirm_delete(self, session: dict[str, Any], tree: dict[str, Any] | None) -> None:
         session_id = str(session["agentSessionId"])
@@ -237,23 +250,23 @@ class ControlActions(SessionView):
                     "agentSessionId": session_id,
                 }
             )
-            if self.current == session_id:
-                self.current = None
-                self.turns = []
-                self._update_title()
-                self.run_worker(self._clear_transcript())
-            self._refresh_tree()
+            if self.view.current == session_id:
+                self.view.current = None
+                self.view.turns = []
+                self.view.update_title()
+                self.app.run_worker(self.view.clear_transcript())
+            self.view.refresh_tree()
             done = result.get("worktree") or {}
             if done.get("state") == "removed":
                 kept = " (its branch is kept: it has commits of its own)"
-                self.notify(
+                self.app.notify(
                     f"deleted {session['title']} and removed its worktree"
                     f"{kept if done.get('branchKept') else ''}"
                 )
             elif done:
-                self.notify(f"deleted {session['title']}; its worktree stays: {done['path']}")
+                self.app.notify(f"deleted {session['title']}; its worktree stays: {done['path']}")
             else:
-                self.notify(f"deleted {session['title']}")
+                self.app.notify(f"deleted {session['title']}")
 
         def delete(worktree: str, force: bool) -> None:
             params: dict[str, Any] = {"agentSessionId": session_id, "worktree": worktree}
@@ -265,25 +278,25 @@ class ControlActions(SessionView):
                     result = self.engine.request(SESSION_DELETE, params)
                 except ApiError as exc:
                     if exc.reason == "workspace_worktree_dirty" and not force:
-                        self.call_from_thread(self._confirm_forced, exc, delete)
+                        self.app.call_from_thread(self._confirm_forced, exc, delete)
                         return
                     words = error_words("delete the session", exc)
-                    self.call_from_thread(self.notify, words, severity="error")
+                    self.app.call_from_thread(self.app.notify, words, severity="error")
                     return
                 except TimeoutError as exc:
                     words = error_words("delete the session", exc)
-                    self.call_from_thread(self.notify, words, severity="error")
+                    self.app.call_from_thread(self.app.notify, words, severity="error")
                     return
-                self.call_from_thread(deleted, result)
+                self.app.call_from_thread(deleted, result)
 
-            self.run_worker(work, thread=True, group="controls")
+            self.app.run_worker(work, thread=True, group="controls")
 
         if tree is None:
-            self.push_screen(
+            self.app.push_screen(
                 ConfirmScreen(question), lambda yes: delete("keep", False) if yes else None
             )
         else:
-            self.push_screen(
+            self.app.push_screen(
                 DeleteTreeScreen(question, str(tree.get("path"))),
                 lambda choice: delete(choice, False) if choice else None,
             )
@@ -297,7 +310,7 @@ class ControlActions(SessionView):
             what.append("changes no turn recorded")
         if p.get("commits"):
             what.append(f"{p['commits']} commit(s) on {p.get('branch')} that no other branch has")
-        self.push_screen(
+        self.app.push_screen(
             ConfirmScreen(
                 f"Nothing was deleted: the worktree {p.get('path')} holds {' and '.join(what)}. "
                 "Remove it anyway? (a branch with commits of its own is kept)",

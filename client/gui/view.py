@@ -3,8 +3,9 @@ the open session's pages of Turns, its title bar and Session-level Fork button, 
 Fork action, the interaction bar, and Turn updates (events, streamed replies, submit replies)
 merged into the open transcript.
 
-`SessionView` is the base of the app (`client.gui.app.AgentHostApp`); the actions the user
-takes live in `client.gui.fork_actions` and `client.gui.control_actions`.
+`SessionView` is a part the app (`client.gui.app.AgentHostApp`) owns: it holds the open
+session's state and draws it into the app's widgets; the actions the user takes are the parts in
+`client.gui.fork_actions` and `client.gui.control_actions`, which read and refresh this one.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ from typing import Any
 
 from textual.app import App
 from textual.css.query import NoMatches
-from textual.widgets import Button, Static, Tree
+from textual.widgets import Button, Static
 
 from client.engine import LATEST_SETTLED, Engine
 from client.gui.controls import InteractionBar
 from client.gui.session_list import SessionTree
 from client.gui.status_text import fork_session_button, session_bar_text
-from client.gui.transcript import LoadMoreRequested, TranscriptView
+from client.gui.transcript import TranscriptView
 from client.gui.turn_merge import message_count, staler, with_streams
 from client.lineage_view import LineageMark, lineage_marks
 from client.session_client import ForkAction, error_words, fork_action, fork_blocked
@@ -34,11 +35,12 @@ PAGE_SIZE = 200
 FORK_SESSION_ID = "fork-session"
 
 
-class SessionView(App[int]):
-    """The main screen's state and rendering (see the module docstring)."""
+class SessionView:
+    """The main screen's state and rendering (see the module docstring). `app` runs its
+    workers, toasts and thread callbacks; its widgets are found on the app's main screen."""
 
-    def __init__(self, engine: Engine, *, page_size: int = PAGE_SIZE) -> None:
-        super().__init__()
+    def __init__(self, app: App[int], engine: Engine, *, page_size: int = PAGE_SIZE) -> None:
+        self.app = app
         self.engine = engine
         self.page_size = page_size
         self.current: str | None = None
@@ -50,7 +52,7 @@ class SessionView(App[int]):
         self._progress: dict[str, str] = {}
         self.has_more = False
         self.source_title: str | None = None
-        self._tree_dirty = False
+        self.tree_dirty = False
         self.sessions_loaded = False
         # session.lineage marks of the session list (ordinals, deleted ancestors), recomputed
         # only when the set of sessions or their lineage changes.
@@ -58,30 +60,32 @@ class SessionView(App[int]):
         self._marks_for: frozenset[tuple[str, str | None]] | None = None
 
     @property
-    def _main(self) -> Any:
+    def main(self) -> Any:
         """The main screen: its widgets are queried even while a dialog (resolve, rename, …) is
         on top, so an Engine change that arrives then still updates them."""
-        return self.screen_stack[0] if self.screen_stack else self
+        return self.app.screen_stack[0] if self.app.screen_stack else self.app
 
     # -- sessions ----------------------------------------------------------------------------
 
-    def _load_sessions(self) -> None:
+    def load_sessions(self) -> None:
         try:
             self.engine.load_sessions()
         except (ApiError, TimeoutError) as exc:
-            self.call_from_thread(self.notify, error_words("list sessions", exc), severity="error")
+            self.app.call_from_thread(
+                self.app.notify, error_words("list sessions", exc), severity="error"
+            )
             return
-        self.call_from_thread(self._sessions_ready)
+        self.app.call_from_thread(self._sessions_ready)
 
     def _sessions_ready(self) -> None:
         self.sessions_loaded = True
-        self._refresh_tree()
+        self.refresh_tree()
 
-    def _refresh_tree(self) -> None:
-        self._tree_dirty = False
+    def refresh_tree(self) -> None:
+        self.tree_dirty = False
         sessions = self.engine.sessions()
         try:
-            tree = self._main.query_one(SessionTree)
+            tree = self.main.query_one(SessionTree)
         except NoMatches:
             return  # shutting down (a refresh scheduled just before the screen went)
         tree.show_sessions(sessions, self.current, self.marks)
@@ -91,7 +95,7 @@ class SessionView(App[int]):
         )
         if shape != self._marks_for:
             self._marks_for = shape
-            self.run_worker(
+            self.app.run_worker(
                 lambda: self._load_marks(sessions, shape),
                 thread=True,
                 group="lineage",
@@ -110,7 +114,7 @@ class SessionView(App[int]):
 
         marks = lineage_marks(sessions, fetch)
         with contextlib.suppress(RuntimeError):  # the app stopped meanwhile
-            self.call_from_thread(self._marks_loaded, marks, shape)
+            self.app.call_from_thread(self._marks_loaded, marks, shape)
 
     def _marks_loaded(
         self, marks: dict[str, LineageMark], shape: frozenset[tuple[str, str | None]]
@@ -121,16 +125,17 @@ class SessionView(App[int]):
             self.marks = marks
             # The answer may arrive while the app shuts down: its widgets may be gone.
             with contextlib.suppress(NoMatches):
-                self._main.query_one(SessionTree).show_sessions(
+                self.main.query_one(SessionTree).show_sessions(
                     self.engine.sessions(), self.current, self.marks
                 )
 
-    def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
-        if event.node.data and event.node.data != self.current:
-            self.open_session(event.node.data)
+    def select(self, session_id: str | None) -> None:
+        """A session picked in the list: open it unless it is the open one."""
+        if session_id and session_id != self.current:
+            self.open_session(session_id)
 
-    def action_reload(self) -> None:
-        self.run_worker(self._load_sessions, thread=True, group="sessions")
+    def reload(self) -> None:
+        self.app.run_worker(self.load_sessions, thread=True, group="sessions")
         if self.current:
             self.open_session(self.current)
 
@@ -139,15 +144,15 @@ class SessionView(App[int]):
     def open_session(self, session_id: str) -> None:
         self.current = session_id
         self.turns, self.has_more, self.source_title = [], False, None
-        self._update_title()
-        tree = self._main.query_one(SessionTree)
+        self.update_title()
+        tree = self.main.query_one(SessionTree)
         node = tree.node_for(session_id)
         if node is not None:
             tree.show_cursor_on(node)
         self._load_page(session_id, 0)
 
     def _load_page(self, session_id: str, after: int) -> None:
-        self.run_worker(lambda: self._fetch_page(session_id, after), thread=True)
+        self.app.run_worker(lambda: self._fetch_page(session_id, after), thread=True)
 
     def _fetch_page(self, session_id: str, after: int) -> None:
         try:
@@ -156,10 +161,12 @@ class SessionView(App[int]):
                 {"agentSessionId": session_id, "afterSequence": after, "limit": self.page_size},
             )
         except (ApiError, TimeoutError) as exc:
-            self.call_from_thread(self.notify, error_words("load turns", exc), severity="error")
+            self.app.call_from_thread(
+                self.app.notify, error_words("load turns", exc), severity="error"
+            )
             return
         title = self._fetch_source_title(session_id)
-        self.call_from_thread(self._page_loaded, session_id, after, page, title)  # type: ignore[arg-type]
+        self.app.call_from_thread(self._page_loaded, session_id, after, page, title)  # type: ignore[arg-type]
 
     def _fetch_source_title(self, session_id: str) -> str | None:
         session = self.engine.session(session_id) or {}
@@ -188,15 +195,16 @@ class SessionView(App[int]):
         self.has_more = page.get("nextSequence") is not None
         self.source_title = source_title
         with contextlib.suppress(NoMatches):  # a page that arrives while the app shuts down
-            await self._render()
+            await self.render()
 
-    def on_load_more_requested(self, _: LoadMoreRequested) -> None:
+    def load_more(self) -> None:
+        """The next page of the open session's Turns."""
         if self.current and self.turns:
             self._load_page(self.current, int(self.turns[-1]["sequence"]))
 
-    def _update_title(self) -> None:
+    def update_title(self) -> None:
         session = self.engine.session(self.current) if self.current else None
-        widget = self._main.query_one("#session-title", Static)
+        widget = self.main.query_one("#session-title", Static)
         if session is None:
             widget.update("Select a session" if not self.current else "(session not available)")
             self._update_fork_session(None, None)
@@ -211,7 +219,7 @@ class SessionView(App[int]):
         """The Session-level Fork (`latestSettled`): shown only when the Session's
         `lifecycleCapabilities.fork` is true; disabled while its fork is in flight
         or while the session is not quiet (the reason in the tooltip)."""
-        button = self._main.query_one(f"#{FORK_SESSION_ID}", Button)
+        button = self.main.query_one(f"#{FORK_SESSION_ID}", Button)
         caps = (session or {}).get("lifecycleCapabilities") or {}
         shown = session is not None and bool(caps.get("fork"))
         button.set_class(shown, "-shown")
@@ -279,11 +287,11 @@ class SessionView(App[int]):
                     return dict(interaction)
         return None
 
-    async def _render(self) -> None:
+    async def render(self) -> None:
         session = self.engine.session(self.current) if self.current else None
         if session is None:
             return
-        await self._main.query_one(TranscriptView).show(
+        await self.main.query_one(TranscriptView).show(
             session,
             with_streams(self.turns, self._streams, self._progress),
             action_for=self._actions(),
@@ -292,35 +300,35 @@ class SessionView(App[int]):
             blocked=self.blocked_reason(),
             unknown_for=self._unknowns(),
         )
-        await self._update_controls()
+        await self.update_controls()
 
-    async def _update_controls(self) -> None:
-        self._update_title()
-        self._main.query_one("#interrupt", Button).set_class(
+    async def update_controls(self) -> None:
+        self.update_title()
+        self.main.query_one("#interrupt", Button).set_class(
             self.active_turn_id() is not None, "-shown"
         )
-        await self._main.query_one(InteractionBar).show_interaction(self.pending_interaction())
+        await self.main.query_one(InteractionBar).show_interaction(self.pending_interaction())
 
-    async def _refresh_actions_later(self) -> None:
+    async def refresh_actions_later(self) -> None:
         """`_refresh_actions` from a worker: the screen may be gone by the time it runs."""
         with contextlib.suppress(NoMatches):
-            await self._refresh_actions()
+            await self.refresh_actions()
 
-    async def _refresh_actions(self) -> None:
-        await self._main.query_one(TranscriptView).set_actions(
+    async def refresh_actions(self) -> None:
+        await self.main.query_one(TranscriptView).set_actions(
             self._actions(), self.blocked_reason(), self._unknowns()
         )
-        self._update_title()
+        self.update_title()
 
     # -- live updates ------------------------------------------------------------------------
 
-    async def _on_daemon_event(self, event: Mapping[str, Any]) -> None:
+    async def on_daemon_event(self, event: Mapping[str, Any]) -> None:
         if event.get("type") == TURN_UPDATED:
             await self.merge_turn(str(event.get("agentSessionId")), event["turn"])
         elif event.get("type") == "message.delta":
-            await self._on_delta(event)
+            await self.on_delta(event)
 
-    async def _on_delta(self, event: Mapping[str, Any]) -> None:
+    async def on_delta(self, event: Mapping[str, Any]) -> None:
         """A streamed piece of a reply: the open Turn's reply grows in place until its settled
         message (same provider item) replaces it. A `progress` piece (the provider retries the
         model request) shows as the Turn's status line until the Turn streams again."""
@@ -338,7 +346,7 @@ class SessionView(App[int]):
                 self._streams[key] = self._streams.get(key, "") + str(event.get("delta") or "")
         else:
             return
-        await self._render()
+        await self.render()
 
     async def merge_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
         """Apply a fresher copy of one Turn (event or submit reply) to the open transcript. An
@@ -367,7 +375,7 @@ class SessionView(App[int]):
                 return
             self.turns.append(merged)
             self.turns.sort(key=lambda t: int(t["sequence"]))
-        await self._render()
+        await self.render()
 
     def _reload_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
         """Read one Turn whole (`session.timeline`) and merge it; for an event it missed."""
@@ -384,10 +392,10 @@ class SessionView(App[int]):
                 return  # the next event or a reload shows it
             for fresh in page["turns"]:
                 if fresh["turnId"] == turn["turnId"]:
-                    self.call_from_thread(self.merge_turn, session_id, fresh)  # type: ignore[arg-type]
+                    self.app.call_from_thread(self.merge_turn, session_id, fresh)  # type: ignore[arg-type]
 
-        self.run_worker(work, thread=True, group="turns")
+        self.app.run_worker(work, thread=True, group="turns")
 
-    async def _clear_transcript(self) -> None:
-        await self._main.query_one(TranscriptView).clear()
-        await self._update_controls()
+    async def clear_transcript(self) -> None:
+        await self.main.query_one(TranscriptView).clear()
+        await self.update_controls()

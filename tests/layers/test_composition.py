@@ -42,14 +42,9 @@ COMPOSED = (
     "model_fakes",
     "agenthost",
     "storage",
+    "client.gui",
 )
 """Packages held to the rule today."""
-
-KNOWN_TOWERS = ("client.gui",)
-"""Known exceptions, still class towers (the GUI's App subclasses over its view): each is
-expected to fail the walk (strict xfail), so the day one is composed its test passes and this
-list must lose it. In `client` the GUI is the only one left
-(`test_outside_the_gui_the_client_has_no_tower`)."""
 
 
 def _modules(package: str) -> Iterator[object]:
@@ -98,17 +93,6 @@ def test_no_class_inherits_from_a_class_of_ours_but_an_abstract_port(package: st
     assert inherited_from_ours([package]) == []
 
 
-@pytest.mark.parametrize(
-    "package",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="a class tower"))
-        for p in KNOWN_TOWERS
-    ],
-)
-def test_the_known_towers_are_still_towers(package: str) -> None:
-    assert inherited_from_ours([package]) == []
-
-
 class _Mixin:
     """A concern mixed into the class below: what the walk is for."""
 
@@ -137,9 +121,8 @@ def test_the_walk_sees_a_mixin_and_lets_a_port_pass() -> None:
     assert _bases_of_ours(_Implements, ours) == []
 
 
-def test_outside_the_gui_the_client_has_no_tower() -> None:
-    towers = inherited_from_ours(["client"])
-    assert [line for line in towers if not line.startswith("client.gui.")] == []
+def test_the_client_has_no_tower() -> None:
+    assert inherited_from_ours(["client"]) == []
 
 
 def test_the_session_actor_owns_its_parts_and_inherits_only_the_pooled_actor() -> None:
