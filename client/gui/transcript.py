@@ -14,7 +14,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.geometry import Size
+from textual.geometry import Region, Size
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
@@ -128,7 +128,8 @@ class UnknownForkRow(Horizontal):
 
 
 class TurnView(Vertical):
-    """One Turn; its Fork button exists only when the action is not HIDDEN.
+    """One Turn; its Fork button exists only when the action is not HIDDEN and the Turn is
+    `armed` (a long transcript arms a Turn when it comes on screen: `TurnView.arm`).
 
     Updated in place (header, messages, button state) so a live event never re-mounts the
     button a user is about to click.
@@ -156,8 +157,12 @@ class TurnView(Vertical):
         action: ForkAction,
         blocked: str | None = None,
         unknown: Mapping[str, Any] | None = None,
+        *,
+        armed: bool = True,
     ) -> None:
-        # Classes given here, not set later: a class change restyles the widget at once.
+        # Classes given here, not set later: a class change restyles the widget at once. The
+        # header leaves the button's columns free even before the button is made, so arming a
+        # Turn moves nothing.
         fork = "-fork" if action is not ForkAction.HIDDEN else None
         super().__init__(id=turn_widget_id(str(turn["turnId"])), classes=fork)
         self.session_id = session_id
@@ -165,6 +170,7 @@ class TurnView(Vertical):
         self.action = action
         self.blocked = blocked
         self.unknown = None if unknown is None else dict(unknown)
+        self.armed = armed
 
     @property
     def turn_id(self) -> str:
@@ -172,13 +178,24 @@ class TurnView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="turn-header")
-        if self.action is not ForkAction.HIDDEN:
+        if self.action is not ForkAction.HIDDEN and self.armed:
             yield self._button()
         if self.unknown is not None:
             yield UnknownForkRow(self.turn_id, self.unknown)
         # One widget for the whole body (not one per line): a long transcript's every frame
         # lays out each widget, so fewer widgets is what keeps it smooth.
         yield Static(turn_body(self.turn), classes="turn-body line")
+
+    def arm(self) -> Awaitable[Any] | None:
+        """Make the Fork button (when the action shows one) if it is not made yet; the mount
+        to await, or None. A Button is a third of what mounting a Turn costs, so a long
+        transcript makes it only for the Turns a user can see."""
+        if self.armed:
+            return None
+        self.armed = True
+        if self.action is ForkAction.HIDDEN:
+            return None
+        return self.mount(self._button(), after=self.query_one(".turn-header"))
 
     def _header(self) -> Text:
         return turn_header(self.turn, self.action is ForkAction.ENABLED)
@@ -258,6 +275,8 @@ class TurnView(Vertical):
         if was_hidden and action is ForkAction.HIDDEN:
             return  # only the reason changed, and no button shows it
         self.set_class(action is not ForkAction.HIDDEN, "-fork")
+        if not self.armed:
+            return  # no button yet: it is made with this action when the Turn is armed
         if action is ForkAction.HIDDEN:
             await self.query_one(f"#{fork_button_id(self.turn_id)}", Button).remove()
         elif was_hidden:
@@ -319,11 +338,17 @@ class TranscriptView(VerticalScroll):
         self._margins_pending = False
         self._sized = Size(0, 0)
         self._follow_pending = 0
+        self._arm_pending = False
 
     @property
     def idle(self) -> bool:
         """False while widgets are being reconciled (a half-updated transcript is visible)."""
-        return self._busy == 0 and not self._rewindow_queued and not self._margins_pending
+        return (
+            self._busy == 0
+            and not self._rewindow_queued
+            and not self._margins_pending
+            and not self._arm_pending
+        )
 
     @property
     def turn_count(self) -> int:
@@ -462,9 +487,12 @@ class TranscriptView(VerticalScroll):
         y = round(self.scroll_y)
         return band(heights, y - overscan, y + view + overscan)
 
-    async def _place(self, rows: list[Row], at_end: bool, overscan: int = OVERSCAN) -> None:
+    async def _place(
+        self, rows: list[Row], at_end: bool, overscan: int = OVERSCAN, *, arm: bool = True
+    ) -> None:
         """Mount the rows near the viewport (all of a short transcript), update those already
-        mounted, and size the gaps for the rest."""
+        mounted, and size the gaps for the rest. In a long transcript a new Turn is mounted
+        without its Fork button; the Turns on screen get theirs once laid out (`arm`)."""
         before = {row.key: row for row in self._rows}
         changed = set()
         for row in rows:
@@ -486,16 +514,19 @@ class TranscriptView(VerticalScroll):
         desired: list[Widget] = []
         if lo > 0:
             desired.append(self._gap(mounted, ABOVE_ID, above))
+        whole = len(rows) <= MOUNT_ALL
         for row in rows[lo:hi]:
             widget = mounted.get(row.key)
             if widget is None:
-                widget = _make_row_widget(self.session_id or "", row)
+                widget = _make_row_widget(self.session_id or "", row, armed=whole)
             elif row.key in changed:
                 await _update_row_widget(widget, row)
             desired.append(widget)
         if hi < len(rows):
             desired.append(self._gap(mounted, BELOW_ID, below))
         self._window, self._gaps = (lo, hi), (above, below)
+        if arm and not whole:
+            self._queue_arm()
         if await self._arrange(desired):
             # While new rows are laid out the transcript can be shorter for a frame, which pulls
             # the scroll back; the gaps take exactly the lines of the rows they replace, so
@@ -504,6 +535,37 @@ class TranscriptView(VerticalScroll):
                 self.follow(True)
             else:
                 self._keep_place(y)
+
+    def _queue_arm(self) -> None:
+        if not self._arm_pending:
+            self._arm_pending = True
+            self.call_after_refresh(self._arm_visible)
+
+    async def _arm_visible(self) -> None:
+        """Make the Fork buttons of the Turns on screen (laid out by now), all in one go."""
+        if self._follow_pending:
+            # On the way to the end: the Turns on screen now are not those it lands on.
+            self.call_after_refresh(self._arm_visible)
+            return
+        self._busy += 1
+        try:
+            self._arm_pending = False
+            async with self.lock:
+                top = round(self.scroll_y)
+                view = Region(0, top, self.size.width, self.scrollable_content_region.height)
+                pending = [
+                    step
+                    for widget in self.children
+                    if isinstance(widget, TurnView)
+                    and not widget.armed
+                    and widget.is_mounted
+                    and widget.virtual_region.overlaps(view)
+                    and (step := widget.arm()) is not None
+                ]
+                for step in pending:
+                    await step
+        finally:
+            self._busy -= 1
 
     def _keep_place(self, y: float) -> None:
         target = self.scroll_target_y
@@ -541,6 +603,8 @@ class TranscriptView(VerticalScroll):
             # Near the edge of the mounted rows: mount the next ones before they are on screen.
             self._rewindow_queued = True
             self.call_later(self._rewindow)
+        else:
+            self._queue_arm()  # mounted Turns may have come on screen
 
     def on_resize(self, event: events.Resize) -> None:
         # Only a new size of the pane (not of its content, which grows as a reply streams)
@@ -560,7 +624,8 @@ class TranscriptView(VerticalScroll):
             async with self.lock:
                 at_end = self.max_scroll_y > 0 and self._following()
                 jump = jump and not at_end
-                await self._place(list(self._rows), at_end, 0 if jump else OVERSCAN)
+                # A jump's own frame mounts Turns only: the margins' placement arms them.
+                await self._place(list(self._rows), at_end, 0 if jump else OVERSCAN, arm=not jump)
             if jump:
                 self._margins_pending = True
                 self.call_after_refresh(self._mount_margins)
@@ -625,9 +690,9 @@ class TranscriptView(VerticalScroll):
             self.post_message(LoadMoreRequested())
 
 
-def _make_row_widget(session_id: str, row: Row) -> Widget:
+def _make_row_widget(session_id: str, row: Row, *, armed: bool) -> Widget:
     if row.kind is RowKind.TURN and row.turn is not None:
-        return TurnView(session_id, row.turn, row.action, row.blocked, row.unknown)
+        return TurnView(session_id, row.turn, row.action, row.blocked, row.unknown, armed=armed)
     if row.kind is RowKind.DIVIDER:
         return Divider(row.text, id=DIVIDER_ID)
     if row.kind is RowKind.LOAD_MORE:
