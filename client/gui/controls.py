@@ -1,9 +1,10 @@
 """Everyday controls of the GUI: the bar that answers a pending Interaction (Approve / Decline,
-or an answer field and Send), and the small dialogs (new session, rename, confirm delete)."""
+or an answer field and Send), and the small dialogs (new session, rename, confirm delete; the
+fork and delete-worktree choices share one layout, `Choices`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rich.text import Text
@@ -200,6 +201,37 @@ class RenameScreen(ModalScreen[str | None]):
         self.dismiss(None)
 
 
+class Choices(Vertical):
+    """The body of a choice dialog: the question, what the choices mean, a row of buttons
+    and Cancel. Cancel has the focus, so a stray Enter chooses nothing; a press is posted as
+    `Choices.Chosen` with the button's id (None for Cancel) for the screen to dismiss with."""
+
+    class Chosen(Message):
+        def __init__(self, choice: str | None) -> None:
+            super().__init__()
+            self.choice = choice
+
+    def __init__(self, question: str, details: str, buttons: Sequence[Button]) -> None:
+        super().__init__()
+        self.question = question
+        self.details = details
+        self.buttons = list(buttons)
+
+    def compose(self) -> ComposeResult:
+        yield Label(self.question)
+        yield Label(self.details)
+        with Horizontal():
+            yield from self.buttons
+            yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        self.query_one("#cancel", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.post_message(self.Chosen(None if event.button.id == "cancel" else event.button.id))
+
+
 class ForkScreen(ModalScreen[str | None]):
     """Confirm a fork and choose where its files go: dismissed with `shared` (the same
     folder), `worktree` (a new worktree holding the files as they were at that Turn) or None.
@@ -218,24 +250,19 @@ class ForkScreen(ModalScreen[str | None]):
         self.question = question
 
     def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.question)
-            yield Label(
-                "Same folder: the fork works on the files where they are now.\n"
-                "New worktree: the fork gets a folder of its own (a git worktree on a new "
-                "branch) holding the files as they were at the end of that turn."
-            )
-            with Horizontal():
-                yield Button("Same folder (s)", "primary", id="shared")
-                yield Button("New worktree (w)", "success", id="worktree")
-                yield Button("Cancel", id="cancel")
+        yield Choices(
+            self.question,
+            "Same folder: the fork works on the files where they are now.\n"
+            "New worktree: the fork gets a folder of its own (a git worktree on a new "
+            "branch) holding the files as they were at the end of that turn.",
+            [
+                Button("Same folder (s)", "primary", id="shared"),
+                Button("New worktree (w)", "success", id="worktree"),
+            ],
+        )
 
-    def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(None if event.button.id == "cancel" else str(event.button.id))
+    def on_choices_chosen(self, message: Choices.Chosen) -> None:
+        self.dismiss(message.choice)
 
     def action_same_folder(self) -> None:
         self.dismiss("shared")
@@ -267,25 +294,20 @@ class DeleteTreeScreen(ModalScreen[str | None]):
         self.path = path
 
     def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Label(self.question)
-            yield Label(
-                f"Its files are in the worktree {self.path}.\n"
-                "Keep: the folder and its branch stay for you.\n"
-                "Remove: both go — refused if the folder holds changes no turn recorded, or "
-                "commits no other branch has."
-            )
-            with Horizontal():
-                yield Button("Keep worktree (k)", "primary", id="keep")
-                yield Button("Remove worktree (r)", "error", id="remove")
-                yield Button("Cancel", id="cancel")
+        yield Choices(
+            self.question,
+            f"Its files are in the worktree {self.path}.\n"
+            "Keep: the folder and its branch stay for you.\n"
+            "Remove: both go — refused if the folder holds changes no turn recorded, or "
+            "commits no other branch has.",
+            [
+                Button("Keep worktree (k)", "primary", id="keep"),
+                Button("Remove worktree (r)", "error", id="remove"),
+            ],
+        )
 
-    def on_mount(self) -> None:
-        self.query_one("#cancel", Button).focus()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(None if event.button.id == "cancel" else str(event.button.id))
+    def on_choices_chosen(self, message: Choices.Chosen) -> None:
+        self.dismiss(message.choice)
 
     def action_keep(self) -> None:
         self.dismiss("keep")
