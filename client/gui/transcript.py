@@ -14,7 +14,7 @@ from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.geometry import Region, Size
+from textual.geometry import Size
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import Button, Static
@@ -129,7 +129,8 @@ class UnknownForkRow(Horizontal):
 
 class TurnView(Vertical):
     """One Turn; its Fork button exists only when the action is not HIDDEN and the Turn is
-    `armed` (a long transcript arms a Turn when it comes on screen: `TurnView.arm`).
+    `armed` (a jump in a long transcript mounts its Turns unarmed, and arms them on the next
+    frame: `TurnView.arm`).
 
     Updated in place (header, messages, button state) so a live event never re-mounts the
     button a user is about to click.
@@ -188,8 +189,8 @@ class TurnView(Vertical):
 
     def arm(self) -> Awaitable[Any] | None:
         """Make the Fork button (when the action shows one) if it is not made yet; the mount
-        to await, or None. A Button is a third of what mounting a Turn costs, so a long
-        transcript makes it only for the Turns a user can see."""
+        to await, or None. A Button is a third of what mounting a Turn costs, so a jump's own
+        frame mounts its Turns without one."""
         if self.armed:
             return None
         self.armed = True
@@ -338,17 +339,11 @@ class TranscriptView(VerticalScroll):
         self._margins_pending = False
         self._sized = Size(0, 0)
         self._follow_pending = 0
-        self._arm_pending = False
 
     @property
     def idle(self) -> bool:
         """False while widgets are being reconciled (a half-updated transcript is visible)."""
-        return (
-            self._busy == 0
-            and not self._rewindow_queued
-            and not self._margins_pending
-            and not self._arm_pending
-        )
+        return self._busy == 0 and not self._rewindow_queued and not self._margins_pending
 
     @property
     def turn_count(self) -> int:
@@ -491,8 +486,9 @@ class TranscriptView(VerticalScroll):
         self, rows: list[Row], at_end: bool, overscan: int = OVERSCAN, *, arm: bool = True
     ) -> None:
         """Mount the rows near the viewport (all of a short transcript), update those already
-        mounted, and size the gaps for the rest. In a long transcript a new Turn is mounted
-        without its Fork button; the Turns on screen get theirs once laid out (`arm`)."""
+        mounted, and size the gaps for the rest. Unless `arm` is False (a jump's own frame,
+        in a long transcript) every mounted Turn has its Fork button: those mounted unarmed
+        get theirs in this same change."""
         before = {row.key: row for row in self._rows}
         changed = set()
         for row in rows:
@@ -514,20 +510,22 @@ class TranscriptView(VerticalScroll):
         desired: list[Widget] = []
         if lo > 0:
             desired.append(self._gap(mounted, ABOVE_ID, above))
-        whole = len(rows) <= MOUNT_ALL
+        armed = arm or len(rows) <= MOUNT_ALL
+        arming: list[Awaitable[Any]] = []
         for row in rows[lo:hi]:
             widget = mounted.get(row.key)
             if widget is None:
-                widget = _make_row_widget(self.session_id or "", row, armed=whole)
-            elif row.key in changed:
-                await _update_row_widget(widget, row)
+                widget = _make_row_widget(self.session_id or "", row, armed=armed)
+            else:
+                if row.key in changed:
+                    await _update_row_widget(widget, row)
+                if armed and isinstance(widget, TurnView) and (step := widget.arm()) is not None:
+                    arming.append(step)
             desired.append(widget)
         if hi < len(rows):
             desired.append(self._gap(mounted, BELOW_ID, below))
         self._window, self._gaps = (lo, hi), (above, below)
-        if arm and not whole:
-            self._queue_arm()
-        if await self._arrange(desired):
+        if await self._arrange(desired, arming):
             # While new rows are laid out the transcript can be shorter for a frame, which pulls
             # the scroll back; the gaps take exactly the lines of the rows they replace, so
             # putting it back shows the same place (or the end, when following it).
@@ -535,37 +533,6 @@ class TranscriptView(VerticalScroll):
                 self.follow(True)
             else:
                 self._keep_place(y)
-
-    def _queue_arm(self) -> None:
-        if not self._arm_pending:
-            self._arm_pending = True
-            self.call_after_refresh(self._arm_visible)
-
-    async def _arm_visible(self) -> None:
-        """Make the Fork buttons of the Turns on screen (laid out by now), all in one go."""
-        if self._follow_pending:
-            # On the way to the end: the Turns on screen now are not those it lands on.
-            self.call_after_refresh(self._arm_visible)
-            return
-        self._busy += 1
-        try:
-            self._arm_pending = False
-            async with self.lock:
-                top = round(self.scroll_y)
-                view = Region(0, top, self.size.width, self.scrollable_content_region.height)
-                pending = [
-                    step
-                    for widget in self.children
-                    if isinstance(widget, TurnView)
-                    and not widget.armed
-                    and widget.is_mounted
-                    and widget.virtual_region.overlaps(view)
-                    and (step := widget.arm()) is not None
-                ]
-                for step in pending:
-                    await step
-        finally:
-            self._busy -= 1
 
     def _keep_place(self, y: float) -> None:
         target = self.scroll_target_y
@@ -603,8 +570,6 @@ class TranscriptView(VerticalScroll):
             # Near the edge of the mounted rows: mount the next ones before they are on screen.
             self._rewindow_queued = True
             self.call_later(self._rewindow)
-        else:
-            self._queue_arm()  # mounted Turns may have come on screen
 
     def on_resize(self, event: events.Resize) -> None:
         # Only a new size of the pane (not of its content, which grows as a reply streams)
@@ -639,16 +604,18 @@ class TranscriptView(VerticalScroll):
             self._rewindow_queued = True
             self.call_later(self._rewindow)
 
-    async def _arrange(self, desired: list[Widget]) -> bool:
+    async def _arrange(self, desired: list[Widget], arming: list[Awaitable[Any]]) -> bool:
         """Make the children `desired`, in order; whether anything changed. Every mount and
-        removal is issued before any is awaited (one layout for the whole change, not one per
-        step), new widgets before stale ones go, so the transcript never shrinks under the
-        scroll."""
+        removal (the Fork buttons being `arming` too) is issued before any is awaited (one
+        layout for the whole change, not one per step), new widgets before stale ones go, so
+        the transcript never shrinks under the scroll."""
         if len(self.children) == len(desired) and all(
             a is b for a, b in zip(self.children, desired, strict=True)
         ):
+            for step in arming:
+                await step
             return False  # the usual update (a streamed piece, a settled Turn): nothing moves
-        pending: list[Awaitable[Any]] = []
+        pending: list[Awaitable[Any]] = list(arming)
         present = set(map(id, self.children))
         index = 0
         while index < len(desired):
