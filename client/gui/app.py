@@ -28,7 +28,7 @@ from client.engine import ChangeKind, Engine, EngineChange
 from client.gui.bridge import EngineChanged, bridge
 from client.gui.composer import Composer
 from client.gui.control_actions import ControlActions
-from client.gui.controls import ForkScreen, InteractionBar
+from client.gui.controls import InteractionBar
 from client.gui.diff_view import DiffScreen, diff_body, diff_title, no_diff_words
 from client.gui.fork_actions import ForkActions
 from client.gui.keyboard import (
@@ -36,7 +36,6 @@ from client.gui.keyboard import (
     HelpScreen,
     TurnPickerScreen,
     help_lines,
-    turn_choice,
 )
 from client.gui.session_list import SessionTree
 from client.gui.status_text import details_text, turn_label
@@ -48,7 +47,6 @@ from client.gui.transcript import (
 )
 from client.gui.view import FORK_SESSION_ID, PAGE_SIZE, SessionView
 from client.lineage_view import LineageMark
-from client.session_client import ForkAction
 from transport.client import ApiError
 from transport.security import ClientCurve
 
@@ -325,40 +323,7 @@ class AgentHostApp(App[int]):
         self.push_screen(DetailsScreen(details_text(session, self.turns)))
 
     def action_fork_turn(self) -> None:
-        """F5: pick a Turn, then confirm a fork that names it (a keyboard user never forks by
-        landing on a button)."""
-        if not self.current:
-            self.notify("open a session first", severity="warning")
-            return
-        session_id = self.current
-        forkable = [t for t in self.turns if self.view.action_for(t) is ForkAction.ENABLED]
-        if not forkable:
-            blocked = self.blocked_reason()
-            self.notify(
-                f"no turn can be forked now{': ' + blocked if blocked else ''}",
-                title="Fork",
-                severity="warning",
-            )
-            return
-
-        def picked(turn_id: str | None) -> None:
-            turn = next((t for t in forkable if t["turnId"] == turn_id), None)
-            if turn is None:
-                return
-
-            def confirmed(workspace: str | None) -> None:
-                if workspace:
-                    self.post_message(ForkRequested(session_id, str(turn["turnId"]), workspace))
-
-            self.push_screen(
-                ForkScreen(
-                    f"Fork through {turn_choice(turn)}? A new session starts with the "
-                    "conversation up to the end of that turn."
-                ),
-                confirmed,
-            )
-
-        self.push_screen(TurnPickerScreen(forkable), picked)
+        self.forks.pick_turn()
 
     def action_turn_diff(self) -> None:
         """F6: pick a settled Turn, then see its diff (`session.workspaceDiff`) in a modal

@@ -11,14 +11,18 @@ from typing import Any
 from textual.app import App
 
 from client.engine import LATEST_SETTLED, MutationStatus
+from client.gui.controls import ForkScreen
+from client.gui.keyboard import TurnPickerScreen, turn_choice
 from client.gui.resolve import ResolveScreen, resolved_words
 from client.gui.status_text import fork_failure_words, turn_label
 from client.gui.transcript import ForkRequested, InspectRequested
 from client.gui.view import SessionView
+from client.session_client import ForkAction
 
 
 class ForkActions:
-    """Fork, fork the whole session, resolve an unknown fork."""
+    """Fork a Turn (its button, or F5's pick and confirm), fork the whole session, resolve
+    an unknown fork."""
 
     def __init__(self, app: App[int], view: SessionView) -> None:
         self.app = app
@@ -55,6 +59,44 @@ class ForkActions:
         self.clicked.add(key)
         self.after_mutation(key)
         self.app.run_worker(self.view.refresh_actions_later())
+
+    def pick_turn(self) -> None:
+        """F5: pick a Turn, then confirm a fork that names it (a keyboard user never forks by
+        landing on a button)."""
+        view = self.view
+        if not view.current:
+            self.app.notify("open a session first", severity="warning")
+            return
+        session_id = view.current
+        forkable = [t for t in view.turns if view.action_for(t) is ForkAction.ENABLED]
+        if not forkable:
+            blocked = view.blocked_reason()
+            self.app.notify(
+                f"no turn can be forked now{': ' + blocked if blocked else ''}",
+                title="Fork",
+                severity="warning",
+            )
+            return
+
+        def picked(turn_id: str | None) -> None:
+            turn = next((t for t in forkable if t["turnId"] == turn_id), None)
+            if turn is None:
+                return
+
+            def confirmed(workspace: str | None) -> None:
+                if workspace:
+                    message = ForkRequested(session_id, str(turn["turnId"]), workspace)
+                    self.app.post_message(message)
+
+            self.app.push_screen(
+                ForkScreen(
+                    f"Fork through {turn_choice(turn)}? A new session starts with the "
+                    "conversation up to the end of that turn."
+                ),
+                confirmed,
+            )
+
+        self.app.push_screen(TurnPickerScreen(forkable), picked)
 
     # -- resolve an unknown fork -------------------------------------------------------------
 
