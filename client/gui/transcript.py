@@ -128,9 +128,7 @@ class UnknownForkRow(Horizontal):
 
 
 class TurnView(Vertical):
-    """One Turn; its Fork button exists only when the action is not HIDDEN and the Turn is
-    `armed` (a jump in a long transcript mounts its Turns unarmed, and arms them on the next
-    frame: `TurnView.arm`).
+    """One Turn; its Fork button exists only when the action is not HIDDEN.
 
     Updated in place (header, messages, button state) so a live event never re-mounts the
     button a user is about to click.
@@ -158,12 +156,8 @@ class TurnView(Vertical):
         action: ForkAction,
         blocked: str | None = None,
         unknown: Mapping[str, Any] | None = None,
-        *,
-        armed: bool = True,
     ) -> None:
-        # Classes given here, not set later: a class change restyles the widget at once. The
-        # header leaves the button's columns free even before the button is made, so arming a
-        # Turn moves nothing.
+        # Classes given here, not set later: a class change restyles the widget at once.
         fork = "-fork" if action is not ForkAction.HIDDEN else None
         super().__init__(id=turn_widget_id(str(turn["turnId"])), classes=fork)
         self.session_id = session_id
@@ -171,7 +165,6 @@ class TurnView(Vertical):
         self.action = action
         self.blocked = blocked
         self.unknown = None if unknown is None else dict(unknown)
-        self.armed = armed
 
     @property
     def turn_id(self) -> str:
@@ -179,24 +172,13 @@ class TurnView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static(self._header(), classes="turn-header")
-        if self.action is not ForkAction.HIDDEN and self.armed:
+        if self.action is not ForkAction.HIDDEN:
             yield self._button()
         if self.unknown is not None:
             yield UnknownForkRow(self.turn_id, self.unknown)
         # One widget for the whole body (not one per line): a long transcript's every frame
         # lays out each widget, so fewer widgets is what keeps it smooth.
         yield Static(turn_body(self.turn), classes="turn-body line")
-
-    def arm(self) -> Awaitable[Any] | None:
-        """Make the Fork button (when the action shows one) if it is not made yet; the mount
-        to await, or None. A Button is a third of what mounting a Turn costs, so a jump's own
-        frame mounts its Turns without one."""
-        if self.armed:
-            return None
-        self.armed = True
-        if self.action is ForkAction.HIDDEN:
-            return None
-        return self.mount(self._button(), after=self.query_one(".turn-header"))
 
     def _header(self) -> Text:
         return turn_header(self.turn, self.action is ForkAction.ENABLED)
@@ -276,8 +258,6 @@ class TurnView(Vertical):
         if was_hidden and action is ForkAction.HIDDEN:
             return  # only the reason changed, and no button shows it
         self.set_class(action is not ForkAction.HIDDEN, "-fork")
-        if not self.armed:
-            return  # no button yet: it is made with this action when the Turn is armed
         if action is ForkAction.HIDDEN:
             await self.query_one(f"#{fork_button_id(self.turn_id)}", Button).remove()
         elif was_hidden:
@@ -482,13 +462,9 @@ class TranscriptView(VerticalScroll):
         y = round(self.scroll_y)
         return band(heights, y - overscan, y + view + overscan)
 
-    async def _place(
-        self, rows: list[Row], at_end: bool, overscan: int = OVERSCAN, *, arm: bool = True
-    ) -> None:
+    async def _place(self, rows: list[Row], at_end: bool, overscan: int = OVERSCAN) -> None:
         """Mount the rows near the viewport (all of a short transcript), update those already
-        mounted, and size the gaps for the rest. Unless `arm` is False (a jump's own frame,
-        in a long transcript) every mounted Turn has its Fork button: those mounted unarmed
-        get theirs in this same change."""
+        mounted, and size the gaps for the rest."""
         before = {row.key: row for row in self._rows}
         changed = set()
         for row in rows:
@@ -510,22 +486,17 @@ class TranscriptView(VerticalScroll):
         desired: list[Widget] = []
         if lo > 0:
             desired.append(self._gap(mounted, ABOVE_ID, above))
-        armed = arm or len(rows) <= MOUNT_ALL
-        arming: list[Awaitable[Any]] = []
         for row in rows[lo:hi]:
             widget = mounted.get(row.key)
             if widget is None:
-                widget = _make_row_widget(self.session_id or "", row, armed=armed)
-            else:
-                if row.key in changed:
-                    await _update_row_widget(widget, row)
-                if armed and isinstance(widget, TurnView) and (step := widget.arm()) is not None:
-                    arming.append(step)
+                widget = _make_row_widget(self.session_id or "", row)
+            elif row.key in changed:
+                await _update_row_widget(widget, row)
             desired.append(widget)
         if hi < len(rows):
             desired.append(self._gap(mounted, BELOW_ID, below))
         self._window, self._gaps = (lo, hi), (above, below)
-        if await self._arrange(desired, arming):
+        if await self._arrange(desired):
             # While new rows are laid out the transcript can be shorter for a frame, which pulls
             # the scroll back; the gaps take exactly the lines of the rows they replace, so
             # putting it back shows the same place (or the end, when following it).
@@ -589,8 +560,7 @@ class TranscriptView(VerticalScroll):
             async with self.lock:
                 at_end = self.max_scroll_y > 0 and self._following()
                 jump = jump and not at_end
-                # A jump's own frame mounts Turns only: the margins' placement arms them.
-                await self._place(list(self._rows), at_end, 0 if jump else OVERSCAN, arm=not jump)
+                await self._place(list(self._rows), at_end, 0 if jump else OVERSCAN)
             if jump:
                 self._margins_pending = True
                 self.call_after_refresh(self._mount_margins)
@@ -604,18 +574,16 @@ class TranscriptView(VerticalScroll):
             self._rewindow_queued = True
             self.call_later(self._rewindow)
 
-    async def _arrange(self, desired: list[Widget], arming: list[Awaitable[Any]]) -> bool:
+    async def _arrange(self, desired: list[Widget]) -> bool:
         """Make the children `desired`, in order; whether anything changed. Every mount and
-        removal (the Fork buttons being `arming` too) is issued before any is awaited (one
-        layout for the whole change, not one per step), new widgets before stale ones go, so
-        the transcript never shrinks under the scroll."""
+        removal is issued before any is awaited (one layout for the whole change, not one per
+        step), new widgets before stale ones go, so the transcript never shrinks under the
+        scroll."""
         if len(self.children) == len(desired) and all(
             a is b for a, b in zip(self.children, desired, strict=True)
         ):
-            for step in arming:
-                await step
             return False  # the usual update (a streamed piece, a settled Turn): nothing moves
-        pending: list[Awaitable[Any]] = list(arming)
+        pending: list[Awaitable[Any]] = []
         present = set(map(id, self.children))
         index = 0
         while index < len(desired):
@@ -657,9 +625,9 @@ class TranscriptView(VerticalScroll):
             self.post_message(LoadMoreRequested())
 
 
-def _make_row_widget(session_id: str, row: Row, *, armed: bool) -> Widget:
+def _make_row_widget(session_id: str, row: Row) -> Widget:
     if row.kind is RowKind.TURN and row.turn is not None:
-        return TurnView(session_id, row.turn, row.action, row.blocked, row.unknown, armed=armed)
+        return TurnView(session_id, row.turn, row.action, row.blocked, row.unknown)
     if row.kind is RowKind.DIVIDER:
         return Divider(row.text, id=DIVIDER_ID)
     if row.kind is RowKind.LOAD_MORE:

@@ -1,8 +1,7 @@
 """A long transcript in the GUI, headless through Textual's pilot against a real daemon: only
 the Turns near the viewport are mounted, the rest are counted in lines exactly (the scroll
 range never changes while the user scrolls through it, and a jump lands where it aimed), and
-the newest Turn is followed as it arrives; a jump's own frame mounts its Turns without their
-Fork buttons."""
+the newest Turn is followed as it arrives."""
 
 from __future__ import annotations
 
@@ -10,12 +9,10 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Button
 
 from client.gui.app import AgentHostApp
-from client.gui.transcript import TranscriptView, TurnView, fork_button_id
-from client.session_client import ForkAction
-from tests.client.test_client_gui import click, until
+from client.gui.transcript import TranscriptView, TurnView
+from tests.client.test_client_gui import until
 from tests.client.test_client_gui_keyboard import SIZES, composer, run_app
 from tests.models.test_models_gui import transcript_words
 from tests.support.daemon import DaemonProcess, create_session, run_turn
@@ -135,64 +132,5 @@ def test_a_jump_mounts_the_turns_on_screen_first_and_their_margins_after(
         assert placed[0][0] == 0, placed
         assert placed[-1][1] > placed[0][1], placed
         assert "echo: line 0" in transcript_words(app)
-
-    run_app(daemon, ws, size, scenario)
-
-
-def without_fork_button(app: AgentHostApp) -> list[str]:
-    """The mounted Turns that show a Fork action but whose Fork button is not made."""
-    return [
-        view.turn_id
-        for view in app.query(TurnView)
-        if view.action is not ForkAction.HIDDEN
-        and not view.query(f"#{fork_button_id(view.turn_id)}")
-    ]
-
-
-@pytest.mark.parametrize("size", SIZES)
-def test_a_jump_mounts_its_turns_without_fork_buttons_and_adds_them_on_the_next_frame(
-    daemon: DaemonProcess, client: Client, ws: str, size: tuple[int, int]
-) -> None:
-    sid = create_session(client, ws, title="Long")["agentSessionId"]
-    for i in range(TURNS):
-        run_turn(client, sid, f"line {i}", ws)
-
-    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
-        await until(pilot, lambda: app.engine.session(sid) is not None)
-        app.open_session(sid)
-        transcript = app.query_one(TranscriptView)
-        await until(pilot, lambda: transcript.turn_count == TURNS)
-        await until(pilot, lambda: f"echo: line {TURNS - 1}" in transcript_words(app))
-        await until(pilot, lambda: transcript.idle)
-        assert len(app.query(TurnView)) < TURNS // 3  # a windowed transcript
-        assert without_fork_button(app) == []
-        # A jump: its own placement mounts the Turns on screen without their Fork buttons.
-        made: list[int] = []
-        place = transcript._place  # noqa: SLF001 - observed, not replaced
-
-        async def observed(*args: Any, **kwargs: Any) -> None:
-            before = set(map(id, app.query(TurnView)))
-            await place(*args, **kwargs)
-            new = [v for v in app.query(TurnView) if id(v) not in before]
-            made.append(sum(bool(v.query(Button)) for v in new))
-
-        transcript._place = observed  # type: ignore[method-assign]  # noqa: SLF001
-        transcript.scroll_to(y=0, animate=False)
-        await until(pilot, lambda: round(transcript.scroll_y) == 0)
-        await pilot.pause(0.1)
-        await until(pilot, lambda: transcript.idle)
-        assert len(made) >= 2 and made[0] == 0, made
-        # The next frame's placement gives every mounted Turn its button, and a wheel's worth
-        # of steps keeps it so.
-        assert without_fork_button(app) == []
-        for _ in range(6):
-            transcript.scroll_to(y=transcript.scroll_y + 3, animate=False)
-            await pilot.pause(0.05)
-            await until(pilot, lambda: transcript.idle)
-            assert without_fork_button(app) == []
-        # A button made after the jump forks like any other.
-        top = next(v for v in app.query(TurnView) if transcript.region.contains_region(v.region))
-        await click(app, pilot, f"#{fork_button_id(top.turn_id)}")
-        await until(pilot, lambda: app.engine.mutation(sid, top.turn_id) is not None)
 
     run_app(daemon, ws, size, scenario)
