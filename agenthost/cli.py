@@ -135,7 +135,6 @@ def _serve(args: argparse.Namespace) -> int:
         # Every configuration mistake: one line naming what is wrong, exit 2, no traceback.
         print(f"agenthost: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    accept_shim.log_status()
     # Imported only now: a configuration error is reported without loading the daemon.
     from agenthost.daemon import Daemon
 
@@ -166,6 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"agenthost: cannot start: {exc}", file=sys.stderr)
         daemon.close()
         return EXIT_ERROR
+    accept_shim.log_status()
     print(json.dumps(daemon.ready_line()), flush=True)
     while not signalled and not daemon.stop_requested.is_set():
         time.sleep(0.1)

@@ -79,6 +79,22 @@ def _process(argv: list[str]) -> str:
 
 
 def walk() -> dict[str, object]:
+    """The files of one fork, by process; this process's environment is left as it was (the
+    daemon it starts inherits the walk's variables, nothing started after it does)."""
+    saved = {
+        k: os.environ.get(k) for k in ("AGENTHOST_WALK_DIR", "AGENTHOST_WALK_ROOT", "PYTHONPATH")
+    }
+    try:
+        return _walk()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _walk() -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="fork-walk-") as tmp:
         trace = Path(tmp) / "trace"
         trace.mkdir()

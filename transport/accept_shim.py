@@ -93,11 +93,12 @@ def preload_env(environ: Mapping[str, str], library: Path) -> dict[str, str]:
 
 
 def _loaded(library: str) -> bool:
+    """The library is mapped into this process (the loader maps it by its resolved path)."""
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return False
-    return library in maps
+    return os.path.realpath(library) in maps
 
 
 def reexec_with_shim(argv: Sequence[str] | None = None) -> None:

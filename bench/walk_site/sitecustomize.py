@@ -46,8 +46,11 @@ if _DIR:
             time.sleep(0.2)
             snapshot = {name: list(stamps) for name, stamps in list(_seen.items())}
             tmp = target.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"argv": sys.argv, "files": snapshot}))
-            os.replace(tmp, target)
+            try:
+                tmp.write_text(json.dumps({"argv": sys.argv, "files": snapshot}))
+                os.replace(tmp, target)
+            except OSError:
+                return  # the walk is over (its folder removed): stop recording quietly
 
     sys.setprofile(_profile)
     threading.setprofile(_profile)

@@ -3,6 +3,8 @@ the daemon's saga and store, the worker's driver and binder, the provider's fork
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bench.fork_walk import walk
@@ -10,7 +12,9 @@ from bench.fork_walk import walk
 
 @pytest.mark.timeout(180)
 def test_the_walk_of_one_fork_names_the_saga_the_store_the_worker_and_the_provider() -> None:
+    before = dict(os.environ)
     result = walk()
+    assert dict(os.environ) == before  # nothing of the walk leaks into later subprocesses
     by_process = result["byProcess"]
     assert isinstance(by_process, dict)
     assert "actors/fork_saga.py" in by_process["daemon"]
