@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import stat
 import tempfile
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -105,6 +107,74 @@ def _split_nul(data: bytes) -> list[str]:
     return [os.fsdecode(p) for p in data.split(b"\0") if p]
 
 
+_HEX = re.compile(r"[0-9a-f]{40}(?:[0-9a-f]{24})?")
+_ASK = (False, None)
+"""`_read_head`'s answer when the ref files cannot say."""
+# Refs git keeps per worktree (in the worktree's own git directory, not the common one).
+_PER_WORKTREE = ("refs/bisect/", "refs/worktree/", "refs/rewritten/")
+
+
+def _index_key(index: Path) -> bytes | None:
+    """What identifies the shadow index's content: its size and the checksum git writes at
+    its end (a hash of every byte before it), so any change to the index changes the key
+    whatever the file's timestamps say. None when there is no checksum to trust (no index,
+    or one written with `index.skipHash`)."""
+    try:
+        with open(index, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 32:
+                return None
+            f.seek(size - 20)
+            trailer = f.read(20)
+    except OSError:
+        return None
+    if trailer == bytes(20):
+        return None
+    return size.to_bytes(8, "big") + trailer
+
+
+def _read_small(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class _Location:
+    """Where the repository `cwd` lies in is, as git discovered it (`root` None: in none),
+    and the `.git` entries of `cwd` and every directory above it when it was discovered:
+    while they are the same, git would discover the same repository."""
+
+    probe: tuple[object, ...]
+    root: str | None
+    git_dir: str | None
+    common_dir: str | None
+
+
+def _discovery_probe(cwd: Path) -> tuple[object, ...]:
+    """The `.git` entry (absent, a directory and its inode, or a `gitdir:` file's text) of
+    `cwd` and each directory above it: what git's repository discovery looks at."""
+    out: list[object] = []
+    d = os.path.realpath(cwd)
+    while True:
+        entry = os.path.join(d, ".git")
+        try:
+            st = os.lstat(entry)
+        except OSError:
+            out.append(None)
+        else:
+            if stat.S_ISDIR(st.st_mode):
+                out.append((st.st_dev, st.st_ino))
+            else:
+                out.append(_read_small(Path(entry)))
+        parent = os.path.dirname(d)
+        if parent == d:
+            return tuple(out)
+        d = parent
+
+
 class ShadowStore:
     """Checkpoints of any number of workspace directories under `root`."""
 
@@ -120,6 +190,12 @@ class ShadowStore:
         self.excludes = tuple(excludes)
         self.size_limit = size_limit
         self.timeout_s = timeout_s
+        # Per shadow repository: the tree its index last wrote, keyed by the index's content
+        # (`_index_key`); per working directory: where its repository lies.
+        self._trees: dict[Path, tuple[bytes, str]] = {}
+        self._locations: dict[str, _Location] = {}
+        self._repo_locks: dict[Path, threading.Lock] = {}
+        self._guard = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -188,46 +264,70 @@ class ShadowStore:
                 return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
             git = self._git()
             repo = self._repo(git, cwd)
-            env = self._env(repo, cwd)
-            # Only what may have changed since the last checkpoint of this directory, in one
-            # call as cheap as `git status`: tracked files whose stat differs from the shadow
-            # index (deleted ones too) and untracked ones; the rest is in the index as it is.
-            candidates = _split_nul(
-                git.run(
-                    ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
-                    env=env,
-                    cwd=cwd,
-                ).stdout
-            )
-            too_large = self._too_large(cwd, candidates)
-            left_out = set(too_large)
-            keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
-            if too_large:
-                git.run(
-                    [
-                        "rm",
-                        "-q",
-                        "--cached",
-                        "--ignore-unmatch",
-                        "--pathspec-from-file=-",
-                        "--pathspec-file-nul",
-                    ],
-                    env=env,
-                    cwd=cwd,
-                    input_bytes=_nul([f":(literal){p}" for p in too_large]),
-                )
-            if keep:
-                git.run(
-                    ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                    env=env,
-                    cwd=cwd,
-                    input_bytes=_nul([f":(literal){p}" for p in keep]),
-                )
-            tree = git.out(["write-tree"], env=env, cwd=cwd)
+            with self._repo_lock(repo):
+                tree, too_large = self._capture_tree(git, repo, cwd)
             head, root = self._head_of(git, cwd)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
             return Unavailable(exc.reason, str(exc))
+
+    def _repo_lock(self, repo: Path) -> threading.Lock:
+        with self._guard:
+            return self._repo_locks.setdefault(repo, threading.Lock())
+
+    def _capture_tree(self, git: Git, repo: Path, cwd: Path) -> tuple[str, list[str]]:
+        env = self._env(repo, cwd)
+        # Only what may have changed since the last checkpoint of this directory, in one
+        # call as cheap as `git status`: tracked files whose stat differs from the shadow
+        # index (deleted ones too; git's racy-index rule compares the content of a file
+        # changed within the index's own timestamp) and untracked ones; the rest is in the
+        # index as it is.
+        candidates = _split_nul(
+            git.run(
+                ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
+                env=env,
+                cwd=cwd,
+            ).stdout
+        )
+        index = repo / "index"
+        if not candidates:
+            # Nothing differs from the index: the tree is the one it last wrote, if the
+            # index is byte for byte the one that tree was written from.
+            cached = self._trees.get(repo)
+            key = _index_key(index)
+            if cached is not None and key is not None and cached[0] == key:
+                return cached[1], []
+        too_large = self._too_large(cwd, candidates)
+        left_out = set(too_large)
+        keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
+        if too_large:
+            git.run(
+                [
+                    "rm",
+                    "-q",
+                    "--cached",
+                    "--ignore-unmatch",
+                    "--pathspec-from-file=-",
+                    "--pathspec-file-nul",
+                ],
+                env=env,
+                cwd=cwd,
+                input_bytes=_nul([f":(literal){p}" for p in too_large]),
+            )
+        if keep:
+            git.run(
+                ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                env=env,
+                cwd=cwd,
+                input_bytes=_nul([f":(literal){p}" for p in keep]),
+            )
+        self._trees.pop(repo, None)
+        tree = git.out(["write-tree"], env=env, cwd=cwd)
+        # Keyed after `write-tree`, which stores the tree in the index (rewriting it).
+        key = _index_key(index)
+        if key is not None:
+            self._trees[repo] = (key, tree)
+        return tree, too_large
 
     def _too_large(self, cwd: Path, paths: Sequence[str]) -> list[str]:
         out = []
@@ -240,9 +340,79 @@ class ShadowStore:
                 out.append(rel)
         return out
 
+    def _head_of(self, git: Git, cwd: Path) -> tuple[str | None, str | None]:
+        """The HEAD commit and top of the repository `cwd` lies in, read only. Where the
+        repository lies is asked of git once per directory (and again when a `.git` entry
+        above it changes); HEAD and the ref it names are then read from their files (git's
+        `files` ref format), exact whatever their timestamps; anything else is asked of git."""
+        real = os.path.realpath(cwd)
+        probe = _discovery_probe(cwd)
+        loc = self._locations.get(real)
+        if loc is None or loc.probe != probe:
+            loc = self._locate(git, cwd, probe)
+            self._locations[real] = loc
+        if loc.root is None:
+            return None, None
+        known, head = self._read_head(loc)
+        if not known:
+            return self._rev_parse_head(git, cwd)
+        return head, loc.root
+
+    def _locate(self, git: Git, cwd: Path, probe: tuple[object, ...]) -> _Location:
+        done = git.run(
+            ["rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir"],
+            cwd=cwd,
+            check=False,
+        )
+        lines = done.stdout.decode(errors="surrogateescape").splitlines()
+        if done.returncode != 0 or len(lines) < 3 or not os.path.isabs(lines[0]):
+            return _Location(probe, None, None, None)  # not in a work tree
+        common = os.path.join(cwd, lines[2]) if not os.path.isabs(lines[2]) else lines[2]
+        return _Location(probe, lines[0], lines[1], os.path.realpath(common))
+
     @staticmethod
-    def _head_of(git: Git, cwd: Path) -> tuple[str | None, str | None]:
-        """The HEAD commit and top of the repository `cwd` lies in, read only (one call)."""
+    def _read_head(loc: _Location) -> tuple[bool, str | None]:
+        """`(known, HEAD's commit)` from the files of a `files`-format repository: None for a
+        branch with no commit yet; `known` False when these files cannot say (ask git)."""
+        assert loc.git_dir is not None and loc.common_dir is not None
+        common = Path(loc.common_dir)
+        if (common / "reftable").exists():
+            return _ASK
+        head = _read_small(Path(loc.git_dir) / "HEAD")
+        if head is None:
+            return _ASK
+        head = head.strip()
+        if _HEX.fullmatch(head):
+            return True, head
+        if not head.startswith("ref: "):
+            return _ASK
+        ref = head[5:].strip()
+        if not ref.startswith("refs/") or ref.startswith(_PER_WORKTREE) or ".." in ref:
+            return _ASK
+        loose = _read_small(common / ref)
+        if loose is not None:
+            loose = loose.strip()
+            return (True, loose) if _HEX.fullmatch(loose) else _ASK
+        if (common / ref).exists():
+            return _ASK  # a directory, or unreadable: let git say
+        try:
+            packed = (common / "packed-refs").read_bytes()
+        except FileNotFoundError:
+            return True, None
+        except OSError:
+            return _ASK
+        needle = b" " + os.fsencode(ref) + b"\n"
+        at = packed.find(needle)
+        while at != -1:
+            start = packed.rfind(b"\n", 0, at) + 1
+            sha = packed[start:at].decode("ascii", "replace")
+            if _HEX.fullmatch(sha):
+                return True, sha
+            at = packed.find(needle, at + 1)
+        return True, None  # a branch with no commit yet
+
+    @staticmethod
+    def _rev_parse_head(git: Git, cwd: Path) -> tuple[str | None, str | None]:
         done = git.run(["rev-parse", "--show-toplevel", "HEAD"], cwd=cwd, check=False)
         lines = done.stdout.decode(errors="surrogateescape").splitlines()
         if not lines or lines[0] == "HEAD" or not os.path.isabs(lines[0]):
@@ -253,10 +423,31 @@ class ShadowStore:
     # -- refs and space --------------------------------------------------------------------
 
     def keep(self, cwd: Path, name: str, commit: str) -> str:
-        """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`)."""
+        """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`).
+
+        Written as git's `files` ref format writes a ref, without starting git: the loose ref
+        file through its `.lock` (created exclusively: a lock another writer holds, or a
+        killed one left, fails the same way `update-ref` does), renamed into place."""
         git = self._git()
+        repo = self._repo(git, cwd)
         ref = f"{REF_ROOT}/{name}"
-        git.run(["update-ref", ref, commit], env={"GIT_DIR": str(self._repo(git, cwd))})
+        if (repo / "reftable").exists() or not _HEX.fullmatch(commit):
+            git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
+            return ref
+        path = repo / ref
+        lock = path.with_name(path.name + ".lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except OSError as exc:
+            raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(commit.encode() + b"\n")
+            os.replace(lock, path)
+        except BaseException:
+            lock.unlink(missing_ok=True)
+            raise
         return ref
 
     def drop(self, cwd: Path, prefix: str) -> int:

@@ -1,0 +1,275 @@
+"""What a checkpoint costs in git processes, against real git (a logging `git` first on PATH
+that runs the real one), and that its shortcuts never answer with a stale tree or HEAD: the
+tree the shadow index last wrote is reused only while that index is byte for byte the same
+and `ls-files` finds nothing changed; HEAD is read from the repository's files, exact
+whatever their timestamps."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.checkpoints import TurnCheckpoints, checkpoint_ref
+from tests.support.worktree_repos import git
+from workspace.shadow import Checkpoint, ShadowStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class GitLog:
+    """Every git process started while it is on PATH, as its arguments after the `-c`s."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def clear(self) -> None:
+        self.path.write_text("")
+
+    def commands(self) -> list[str]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            words = line.split("\t")
+            while words and words[0] == "-c":
+                words = words[2:]
+            out.append(words[0] if words else "")
+        return out
+
+
+@pytest.fixture
+def git_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GitLog]:
+    real = shutil.which("git")
+    assert real is not None
+    bin_dir = tmp_path / "logging-bin"
+    bin_dir.mkdir()
+    log = GitLog(tmp_path / "git.log")
+    log.clear()
+    wrapper = bin_dir / "git"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"(IFS='\t'; printf '%s\\n' \"$*\") >> '{log.path}'\n"
+        f"exec '{real}' \"$@\"\n"
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    yield log
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    r = tmp_path / "project"
+    r.mkdir()
+    git(r, "init", "-q", "-b", "main")
+    (r / "a.txt").write_text("alpha\n")
+    (r / "b.txt").write_text("bravo\n")
+    git(r, "add", "-A")
+    git(r, "commit", "-q", "-m", "first")
+    return r
+
+
+def shadow_files(store: ShadowStore, cwd: Path, tree: str) -> dict[str, str]:
+    """The files of a checkpoint as the shadow store holds them."""
+    env = {**os.environ, "GIT_DIR": str(store.repo_dir(cwd))}
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", "-z", tree],
+        env=env,
+        check=True,
+        capture_output=True,
+    ).stdout.decode()
+    return {
+        n: subprocess.run(
+            ["git", "cat-file", "blob", f"{tree}:{n}"], env=env, check=True, capture_output=True
+        ).stdout.decode()
+        for n in names.split("\0")
+        if n
+    }
+
+
+def capture(store: ShadowStore, cwd: Path) -> Checkpoint:
+    cp = store.capture(cwd)
+    assert isinstance(cp, Checkpoint), cp
+    return cp
+
+
+def test_the_next_turns_before_with_nothing_changed_starts_only_ls_files(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    turns = TurnCheckpoints(store)
+    try:
+        first = turns.capture(str(repo), "s1", "t1", "before").result(30)
+        assert isinstance(first.checkpoint, Checkpoint)
+        (repo / "a.txt").write_text("alpha, edited by the turn\n")
+        after = turns.capture(str(repo), "s1", "t1", "after", first.checkpoint.tree).result(30)
+        assert isinstance(after.checkpoint, Checkpoint)
+        assert after.changed == ({"path": "a.txt", "kind": "modified"},)
+
+        git_log.clear()
+        nxt = turns.capture(str(repo), "s1", "t2", "before").result(30)
+        assert git_log.commands() == ["ls-files"]
+        assert isinstance(nxt.checkpoint, Checkpoint)
+        assert nxt.checkpoint.tree == after.checkpoint.tree
+        assert nxt.checkpoint.head_commit == git(repo, "rev-parse", "HEAD")
+        assert nxt.checkpoint.repo_root == os.path.realpath(repo)
+    finally:
+        turns.pool.shutdown()
+    # The refs were written as git reads them.
+    shadow = {"GIT_DIR": str(store.repo_dir(repo))}
+    for turn, which, tree in [
+        ("t1", "before", first.checkpoint.tree),
+        ("t1", "after", after.checkpoint.tree),
+        ("t2", "before", after.checkpoint.tree),
+    ]:
+        ref = f"refs/agenthost/{checkpoint_ref('s1', turn, which)}"
+        got = subprocess.run(
+            ["git", "rev-parse", ref], env={**os.environ, **shadow}, capture_output=True, text=True
+        )
+        assert got.stdout.strip() == tree
+    assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before", "s1/t2/before"]
+
+
+def test_a_change_of_same_size_and_same_mtime_is_still_captured(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """git's index compares ctime, inode and size as well as mtime, and compares the content
+    of a file whose mtime is not older than the index (its racy-index rule): the shortcut
+    starts from that answer, so a rewrite that keeps the size and puts the mtime back is
+    still seen, within the same second as the index or long after it."""
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    target = repo / "a.txt"
+    for when in ("now", "an hour ago"):
+        if when == "an hour ago":
+            old = target.stat().st_mtime_ns - 3600 * 10**9
+            os.utime(target, ns=(old, old))
+        first = capture(store, repo)
+        again = capture(store, repo)
+        assert again.tree == first.tree
+        before = target.stat()
+        content = target.read_text()
+        changed = content[:-2] + ("Z" if content[-2] != "Z" else "Y") + "\n"
+        assert len(changed) == len(content)
+        target.write_text(changed)
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert target.stat().st_mtime_ns == before.st_mtime_ns
+        assert target.stat().st_size == before.st_size
+        seen = capture(store, repo)
+        assert seen.tree != first.tree, when
+        assert shadow_files(store, repo, seen.tree)["a.txt"] == changed
+
+
+def test_the_reused_tree_follows_any_change_of_the_shadow_index(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """A shadow index changed behind the store's back (here: a file dropped from it and newly
+    excluded, so `ls-files` finds nothing to add) is a new key: its own tree is written."""
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    first = capture(store, repo)
+    assert set(shadow_files(store, repo, first.tree)) == {"a.txt", "b.txt"}
+    shadow = store.repo_dir(repo)
+    subprocess.run(
+        ["git", "rm", "-q", "--cached", "b.txt"],
+        cwd=repo,
+        env={**os.environ, "GIT_DIR": str(shadow), "GIT_WORK_TREE": str(repo)},
+        check=True,
+    )
+    store.excludes = (*store.excludes, "/b.txt")
+    git_log.clear()
+    later = capture(store, repo)
+    assert git_log.commands() == ["ls-files", "write-tree"]
+    assert set(shadow_files(store, repo, later.tree)) == {"a.txt"}
+    git_log.clear()
+    assert capture(store, repo).tree == later.tree
+    assert git_log.commands() == ["ls-files"]
+
+
+def test_head_is_read_from_the_repository_files_exactly(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """Commits, a branch switch, a detached HEAD, packed refs, a linked worktree and a
+    repository made around a plain folder: each capture's HEAD and top are git's, and git is
+    asked where the repository lies only once per directory (or when a `.git` changes)."""
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+
+    def check(cwd: Path, top: Path | None) -> list[str]:
+        git_log.clear()
+        cp = capture(store, cwd)
+        commands = git_log.commands()
+        if top is None:
+            assert (cp.head_commit, cp.repo_root) == (None, None)
+        else:
+            assert cp.repo_root == os.path.realpath(top)
+            heads = subprocess.run(
+                ["git", "rev-parse", "--verify", "-q", "HEAD"],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            assert cp.head_commit == (heads or None)
+        return commands
+
+    assert "rev-parse" in check(repo, repo)
+    assert "rev-parse" not in check(repo, repo)
+    (repo / "c.txt").write_text("charlie\n")
+    git(repo, "add", "c.txt")
+    git(repo, "commit", "-q", "-m", "second")
+    assert "rev-parse" not in check(repo, repo)
+    git(repo, "checkout", "-q", "-b", "other")
+    (repo / "d.txt").write_text("delta\n")
+    git(repo, "add", "d.txt")
+    git(repo, "commit", "-q", "-m", "third")
+    assert "rev-parse" not in check(repo, repo)
+    git(repo, "checkout", "-q", "--detach", "main")
+    assert "rev-parse" not in check(repo, repo)
+    git(repo, "checkout", "-q", "other")
+    git(repo, "pack-refs", "--all", "--prune")
+    assert not (repo / ".git" / "refs" / "heads" / "other").exists()
+    assert "rev-parse" not in check(repo, repo)
+    git(repo, "checkout", "-q", "--orphan", "unborn")
+    assert "rev-parse" not in check(repo, repo)
+    git(repo, "checkout", "-q", "-f", "main")
+
+    linked = tmp_path / "linked"
+    git(repo, "worktree", "add", "-q", "-b", "side", str(linked), "other")
+    check(linked, linked)
+    (linked / "e.txt").write_text("echo\n")
+    git(linked, "add", "e.txt")
+    git(linked, "commit", "-q", "-m", "on side")
+    assert "rev-parse" not in check(linked, linked)
+    (repo / "sub").mkdir()
+    assert "rev-parse" in check(repo / "sub", repo)
+    assert "rev-parse" not in check(repo / "sub", repo)
+
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "f.txt").write_text("foxtrot\n")
+    check(plain, None)
+    assert "rev-parse" not in check(plain, None)
+    git(plain, "init", "-q", "-b", "main")
+    assert "rev-parse" in check(plain, plain)
+    git(plain, "add", "f.txt")
+    git(plain, "commit", "-q", "-m", "first")
+    assert "rev-parse" not in check(plain, plain)
+    nested = plain / "inner"
+    nested.mkdir()
+    git(nested, "init", "-q", "-b", "main")
+    (nested / "g.txt").write_text("golf\n")
+    assert "rev-parse" in check(nested, nested)
+
+
+def test_a_kept_ref_respects_a_lock_left_behind(tmp_path: Path, repo: Path) -> None:
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    cp = capture(store, repo)
+    store.keep(repo, "s/t/before", cp.commit)
+    lock = store.repo_dir(repo) / "refs" / "agenthost" / "s" / "t" / "after.lock"
+    lock.write_text("")
+    with pytest.raises(Exception, match="lock"):
+        store.keep(repo, "s/t/after", cp.commit)
+    assert store.refs(repo) == ["s/t/before"]
+    assert store.clear_stale_locks(repo) == 1
+    store.keep(repo, "s/t/after", cp.commit)
+    assert sorted(store.refs(repo)) == ["s/t/after", "s/t/before"]
