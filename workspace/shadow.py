@@ -117,8 +117,9 @@ _PER_WORKTREE = ("refs/bisect/", "refs/worktree/", "refs/rewritten/")
 def _index_key(index: Path) -> bytes | None:
     """What identifies the shadow index's content: its size and the checksum git writes at
     its end (a hash of every byte before it), so any change to the index changes the key
-    whatever the file's timestamps say. None when there is no checksum to trust (no index,
-    or one written with `index.skipHash`)."""
+    whatever the file's timestamps say; empty for no index (nothing tracked: the empty
+    tree). None when there is no checksum to trust (an unreadable index, or one written with
+    `index.skipHash`)."""
     try:
         with open(index, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -126,6 +127,8 @@ def _index_key(index: Path) -> bytes | None:
                 return None
             f.seek(size - 20)
             trailer = f.read(20)
+    except FileNotFoundError:
+        return b""
     except OSError:
         return None
     if trailer == bytes(20):

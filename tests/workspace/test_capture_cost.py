@@ -273,3 +273,20 @@ def test_a_kept_ref_respects_a_lock_left_behind(tmp_path: Path, repo: Path) -> N
     assert store.clear_stale_locks(repo) == 1
     store.keep(repo, "s/t/after", cp.commit)
     assert sorted(store.refs(repo)) == ["s/t/after", "s/t/before"]
+
+
+def test_an_empty_folder_captured_again_starts_only_ls_files(
+    tmp_path: Path, git_log: GitLog
+) -> None:
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    first = capture(store, empty)
+    git_log.clear()
+    assert capture(store, empty).tree == first.tree
+    assert git_log.commands() == ["ls-files"]
+    (empty / "new.txt").write_text("new\n")
+    later = capture(store, empty)
+    assert shadow_files(store, empty, later.tree) == {"new.txt": "new\n"}
+    (empty / "new.txt").unlink()
+    assert capture(store, empty).tree == first.tree
