@@ -51,9 +51,7 @@ def git_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[GitLog]
     log.clear()
     wrapper = bin_dir / "git"
     wrapper.write_text(
-        "#!/bin/sh\n"
-        f"(IFS='\t'; printf '%s\\n' \"$*\") >> '{log.path}'\n"
-        f"exec '{real}' \"$@\"\n"
+        f"#!/bin/sh\n(IFS='\t'; printf '%s\\n' \"$*\") >> '{log.path}'\nexec '{real}' \"$@\"\n"
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
