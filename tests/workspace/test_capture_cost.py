@@ -288,3 +288,23 @@ def test_an_empty_folder_captured_again_starts_only_ls_files(
     assert shadow_files(store, empty, later.tree) == {"new.txt": "new\n"}
     (empty / "new.txt").unlink()
     assert capture(store, empty).tree == first.tree
+
+
+def test_a_reused_tree_outlives_a_collection_with_no_ref_kept(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """`git gc` keeps what the shadow index names (its cached trees too), so a tree reused
+    after a collection that no ref kept is still in the store, whole."""
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "c.txt").write_text("charlie\n")
+    first = capture(store, repo)
+    store.gc(repo)
+    git_log.clear()
+    again = capture(store, repo)
+    assert git_log.commands() == ["ls-files"]
+    assert again.tree == first.tree and store.has(repo, again.tree)
+    store.keep(repo, "s/t/before", again.commit)
+    out = store.materialize(repo, again.commit, tmp_path / "out")
+    assert (out / "sub" / "c.txt").read_text() == "charlie\n"
+    assert (out / "a.txt").read_text() == "alpha\n"
