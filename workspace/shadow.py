@@ -146,9 +146,9 @@ def _read_small(path: Path) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class _Location:
-    """Where the repository `cwd` lies in is, as git discovered it (`root` None: in none),
-    and the `.git` entries of `cwd` and every directory above it when it was discovered:
-    while they are the same, git would discover the same repository."""
+    """The repository holding `cwd` as git discovered it (`root` None: none does), and the
+    `.git` entries of `cwd` and every directory above it at that time: while they are the
+    same, git would discover the same repository."""
 
     probe: tuple[object, ...]
     root: str | None
