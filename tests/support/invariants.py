@@ -481,10 +481,16 @@ def _check_provider_children(
     children: list[ProviderChild],
     ops: list[dict[str, Any]],
     alive: list[dict[str, Any]],
+    *,
+    after_copy: Sequence[ProviderChild] = (),
 ) -> int:
     by_source: dict[str, set[str]] = defaultdict(set)
     for child in children:
         by_source[child.source_provider_session_id].add(child.child_id)
+    # Where a child may be found for the presence law: either scan (see check_invariants).
+    present: dict[str, set[str]] = defaultdict(set)
+    for child in [*children, *after_copy]:
+        present[child.source_provider_session_id].add(child.child_id)
     dispatched = Counter(o["source_provider_session_id"] for o in ops if o["status"] in DISPATCHED)
     for source, ids in by_source.items():
         if len(ids) > dispatched.get(source, 0):
@@ -510,7 +516,7 @@ def _check_provider_children(
             # there (Claude) keeps no other copy, and the user asked for it to go.
             continue
         if op["status"] in ("provider_accepted", "committed"):
-            ids = by_source.get(op["source_provider_session_id"], set())
+            ids = present.get(op["source_provider_session_id"], set())
             if op["target_provider_session_id"] not in ids:
                 ctx.fail(
                     Law.ONE_PROVIDER_CHILD,
@@ -869,7 +875,11 @@ def check_invariants(
     stays held without a live runtime or saga behind it.
 
     Provider homes are scanned *before* the store is copied: a child seen in a home then has
-    its operation's `dispatching` marker in the copy (law 1), even with forks in flight.
+    its operation's `dispatching` marker in the copy (law 1), even with forks in flight. They
+    are scanned once more *after* the copy for the converse law (an accepted operation's child
+    is in a provider home): a fork that bound its child and committed between the first scan
+    and the copy has its child on disk by then (it is written before `provider_accepted`), so
+    either scan may show it.
     """
     ctx = _Ctx(home)
     children = provider_children(home)
@@ -897,7 +907,9 @@ def check_invariants(
         finally:
             conn.close()
         _check_single_holders(ctx, ops)
-        n_children = _check_provider_children(ctx, children, ops, alive)
+        n_children = _check_provider_children(
+            ctx, children, ops, alive, after_copy=provider_children(home)
+        )
         provider_of = {(s["workspace_id"], s["session_id"]): s["provider"] for s in sessions}
         readable = 0
         for op in alive:
