@@ -81,7 +81,6 @@ from protocol.methods import (
     WorkspaceDiffParams,
     WorkspaceRestoreParams,
 )
-from storage import Store
 from storage.lineage_tree import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_NODES,
@@ -89,6 +88,7 @@ from storage.lineage_tree import (
     MAX_NODES_LIMIT,
 )
 from storage.sqlite import host_error_of
+from storage.store import Store
 from transport.server import Responder
 from transport.wire import (
     optional_bool,

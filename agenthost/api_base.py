@@ -27,10 +27,10 @@ from domain.errors import (
     Unavailable,
 )
 from protocol.envelope import Request, pack_result
-from storage import Store
 from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
+from storage.store import Store
 from transport.replies import OneShotResponder
 from transport.server import Responder
 

@@ -59,7 +59,7 @@ from domain.worker_calls import SessionStop
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
-from storage import Store
+from storage.store import Store
 from transport import accept_shim
 from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve

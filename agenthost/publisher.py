@@ -25,9 +25,9 @@ from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
 from protocol.events import FORK_OPERATION, SESSION_REMOVED, SESSION_UPSERTED, TURN_UPDATED
-from storage import Store
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from storage.sqlite import TRANSIENT_ERRORS
+from storage.store import Store
 from transport.server import MAX_EVENT_BYTES
 
 log = logging.getLogger("agenthost.daemon")

@@ -102,7 +102,8 @@ def _get_operation(
 
 @with_client
 def run_fork(args: argparse.Namespace, client: Any) -> int:
-    from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+    from client.engine.lifecycle import Engine
+    from client.engine.values import LATEST_SETTLED, AckState, MutationStatus
     from client.session_client import resolve_session, resolve_turn, timeline
 
     sid = resolve_session(client, args.workspace, args.session)
@@ -180,7 +181,7 @@ def _report_fork(
     session: Mapping[str, Any] | None = None,
     turns: list[dict[str, Any]] | None = None,
 ) -> int:
-    from client.engine import AckState, MutationStatus
+    from client.engine.values import AckState, MutationStatus
     from client.session_client import fork_refusal
 
     data = {"mutation": record.to_dict(), "operation": operation}
