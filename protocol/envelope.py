@@ -198,7 +198,7 @@ def encode_error(request_id: str | None, status: int, error: Error) -> bytes:
         return _pack(body)
 
 
-def decode_reply(frame: bytes) -> dict[str, Any]:
+def decode_reply(frame: bytes) -> dict[str, object]:
     """A reply frame as its map, as a client reads it: `{"undecodable": frame}` when it is
     not a msgpack map."""
     try:
@@ -208,7 +208,7 @@ def decode_reply(frame: bytes) -> dict[str, Any]:
     return reply if isinstance(reply, dict) else {"undecodable": frame}
 
 
-def reply_outcome(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+def reply_outcome(reply: Mapping[str, object]) -> tuple[int, dict[str, object]]:
     """`(status, body)` of a decoded reply: its `result` below 400, else its `error` (an
     empty map if missing); a reply without an integer status reads as 500."""
     status = reply.get("status")
@@ -228,17 +228,17 @@ def encode_event(event: Event) -> bytes:
     return frame
 
 
-def decode_event(frame: bytes) -> dict[str, Any]:
+def decode_event(frame: bytes) -> dict[str, object]:
     """An event's body as a map (`{"value": …}` around anything that is not one)."""
     event = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     return event if isinstance(event, dict) else {"value": event}
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return "nil" if value is None else type(value).__name__
 
 
-def _check_plain(root: dict[str, Any]) -> str | None:
+def _check_plain(root: dict[str, object]) -> str | None:
     """Why `root` is not plain msgpack data (ext types, nesting over MAX_DEPTH), or None.
 
     Iterative, so hostile nesting cannot exhaust the Python stack.
