@@ -26,6 +26,7 @@ from protocol.methods import (
     OperationParams,
     OperationResult,
 )
+from protocol.objects import Turn
 
 
 @with_client
@@ -149,7 +150,7 @@ def run_fork(args: argparse.Namespace, client: Any) -> int:
                 FORK_GET, {"operationId": record.operation_id}, timeout=args.timeout
             )["operation"]
         session: Mapping[str, Any] | None = None
-        turns: list[dict[str, Any]] = []
+        turns: list[Turn] = []
         if record.error_detail is not None:
             # A refusal before any operation: read the source so the sentence can name turns.
             with contextlib.suppress(Exception):
@@ -179,7 +180,7 @@ def _report_fork(
     operation: Any,
     *,
     session: Mapping[str, Any] | None = None,
-    turns: list[dict[str, Any]] | None = None,
+    turns: list[Turn] | None = None,
 ) -> int:
     from client.engine.values import AckState, MutationStatus
     from client.session_client import fork_refusal

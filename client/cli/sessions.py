@@ -10,6 +10,7 @@ from typing import Any
 from client.cli.command import call, parse_pairs, with_client
 from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
 from protocol.methods import HOST_STATUS, SESSION_CREATE, SESSION_GET
+from protocol.objects import Session
 
 
 @with_client
@@ -100,7 +101,7 @@ def run_sessions(args: argparse.Namespace, client: Any) -> int:
     return EXIT_OK
 
 
-def session_table(sessions: list[dict[str, Any]]) -> str:
+def session_table(sessions: list[Session]) -> str:
     """One row a Session in lineage order: the id, provider and fork columns stay aligned for
     every row (the tree is drawn in the title column), a pinned Session is marked, and so is a
     fork whose source was deleted (it is listed at the top level, having no source to sit
