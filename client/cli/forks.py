@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
@@ -28,9 +28,12 @@ from protocol.methods import (
 )
 from protocol.objects import Turn
 
+if TYPE_CHECKING:
+    from transport.client import Client
+
 
 @with_client
-def run_tree(args: argparse.Namespace, client: Any) -> int:
+def run_tree(args: argparse.Namespace, client: Client) -> int:
     from client.lineage_view import format_tree
     from client.session_client import resolve_session
 
@@ -41,7 +44,7 @@ def run_tree(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_resolve(args: argparse.Namespace, client: Any) -> int:
+def run_resolve(args: argparse.Namespace, client: Client) -> int:
     from client.lineage_view import format_resolution, status_words
 
     operation_id = _operation_id(args, client)
@@ -73,7 +76,7 @@ def run_resolve(args: argparse.Namespace, client: Any) -> int:
     return EXIT_OK
 
 
-def _operation_id(args: argparse.Namespace, client: Any) -> str:
+def _operation_id(args: argparse.Namespace, client: Client) -> str:
     from client.session_client import resolve_operation
 
     return resolve_operation(client, args.workspace, args.operation)
@@ -81,7 +84,7 @@ def _operation_id(args: argparse.Namespace, client: Any) -> str:
 
 def _get_operation(
     args: argparse.Namespace,
-    client: Any,
+    client: Client,
     operation_id: str,
     method: Method[OperationParams, OperationResult] = FORK_GET,
 ) -> dict[str, Any]:
@@ -102,7 +105,7 @@ def _get_operation(
 
 
 @with_client
-def run_fork(args: argparse.Namespace, client: Any) -> int:
+def run_fork(args: argparse.Namespace, client: Client) -> int:
     from client.engine.lifecycle import Engine
     from client.engine.values import LATEST_SETTLED, AckState, MutationStatus
     from client.session_client import resolve_session, resolve_turn, timeline
@@ -242,7 +245,7 @@ def _report_fork(
 
 
 @with_client
-def run_op(args: argparse.Namespace, client: Any) -> int:
+def run_op(args: argparse.Namespace, client: Client) -> int:
     from client.lineage_view import status_words
 
     operation_id = _operation_id(args, client)
