@@ -23,7 +23,7 @@ from domain.errors import (
     WorkspaceShared,
     WorkspaceUnavailable,
 )
-from protocol.methods import WorkspaceDiffResult
+from protocol.methods import WorkspaceDiffResult, WorkspaceRestoreResult
 from storage.models import Session
 from workspace.git import GitUnavailable
 from workspace.shadow import ChangeKind, ShadowStore, Unavailable
@@ -157,13 +157,13 @@ def restore_fn(
     which: str,
     tree: str | None,
     force: bool,
-) -> Callable[[WorkspaceStore, str, str], dict[str, Any]]:
+) -> Callable[[WorkspaceStore, str, str], WorkspaceRestoreResult]:
     """The restore, run on the Session's actor (`Mutate`): refused while a Turn is active
     (`agent_session_busy`) or while other live Sessions share the directory
     (`workspace_shared`, unless `force`); checkpoints the current files first and keeps
     them (`undo`), then writes back only what differs."""
 
-    def _restore(store: WorkspaceStore, ws: str, sid: str) -> dict[str, Any]:
+    def _restore(store: WorkspaceStore, ws: str, sid: str) -> WorkspaceRestoreResult:
         session = store.sessions.get_session(ws, sid)
         if session.active_turn_id is not None:
             raise SessionBusy(
