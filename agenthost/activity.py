@@ -18,8 +18,8 @@ from typing import Any
 
 from domain.errors import HostError
 from protocol.envelope import Request
-from storage import Store
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from storage.store import Store
 from transport.server import Responder
 
 log = logging.getLogger("agenthost.activity")

@@ -26,7 +26,14 @@ from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, S
 from actors.ports import ProviderCatalog
 from actors.session_routes import SessionRoutes
 from agenthost import projection, workspace_api
-from agenthost.api_base import WORKSPACE_MAX, Handler, PointReader, RequestPlumbing, log
+from agenthost.api_base import (
+    WORKSPACE_MAX,
+    Answer,
+    Handler,
+    PointReader,
+    RequestPlumbing,
+    log,
+)
 from agenthost.reply_cache import ReplyCache
 from agenthost.worktree_delete import WORKTREE_CHOICES, delete_fn
 from domain.errors import (
@@ -60,28 +67,40 @@ from protocol.methods import (
     TURN_SUBMIT,
     WORKSPACE_RESTORE,
     DeleteParams,
+    DeleteResult,
     FailpointsParams,
+    FailpointsResult,
     ForkCreateParams,
     ForkResolveParams,
+    ForkResolveResult,
     GoalSetParams,
     HostStatusParams,
+    HostStatusResult,
     InteractionRespondParams,
+    InteractionResult,
     LineageParams,
+    LineageResult,
     Method,
     OperationParams,
+    OperationResult,
     PinParams,
     SessionCreateParams,
     SessionListParams,
+    SessionListResult,
     SessionParams,
+    SessionResult,
     TimelineParams,
+    TimelineResult,
     TurnInterruptParams,
+    TurnResult,
     TurnSubmitParams,
     UpdateSettingsParams,
     UpdateTitleParams,
     WorkspaceDiffParams,
+    WorkspaceDiffResult,
     WorkspaceRestoreParams,
+    WorkspaceRestoreResult,
 )
-from storage import Store
 from storage.lineage_tree import (
     DEFAULT_MAX_DEPTH,
     DEFAULT_MAX_NODES,
@@ -89,6 +108,7 @@ from storage.lineage_tree import (
     MAX_NODES_LIMIT,
 )
 from storage.sqlite import host_error_of
+from storage.store import Store
 from transport.server import Responder
 from transport.wire import (
     optional_bool,
@@ -107,6 +127,7 @@ from transport.wire import (
 from workspace.shadow import ShadowStore
 
 P = TypeVar("P")
+R = TypeVar("R", bound=Mapping[str, object])
 
 LIST_PAGE_BYTES = 1 << 20
 """A `session.list` page ends before the Session that would take it past ~1 MiB (never before
@@ -125,7 +146,7 @@ class Api:
         host: pykka.ActorRef[HostActor],
         routes: SessionRoutes | None = None,
         catalog: ProviderCatalog,
-        status: Callable[[], dict[str, Any]],
+        status: Callable[[], HostStatusResult],
         set_failpoints: Callable[[dict[str, str]], dict[str, str]] | None,
         default_cwd: str,
         readers: int = 4,
@@ -194,10 +215,10 @@ class Api:
 
     # -- methods ---------------------------------------------------------------------------
 
-    def host_status(self, params: HostStatusParams, responder: Responder) -> None:
+    def host_status(self, params: HostStatusParams, responder: Answer[HostStatusResult]) -> None:
         self.plumbing.read(responder, self._status)
 
-    def session_create(self, params: SessionCreateParams, responder: Responder) -> None:
+    def session_create(self, params: SessionCreateParams, responder: Answer[SessionResult]) -> None:
         ws = _workspace(params)
         sid = optional_uuid(params, "agentSessionId") or str(uuid.uuid4())
         provider = require_enum(params, "provider", self.catalog.providers())
@@ -206,7 +227,7 @@ class Api:
         settings = optional_map(params, "settings", default={}) or {}
         model = optional_str(params, "model", min_len=1, max_len=256)
 
-        def _create() -> dict[str, Any]:
+        def _create() -> SessionResult:
             if self._check_provider is not None:
                 self._check_provider(provider)
             session = self.store.sessions.create_session(
@@ -222,20 +243,20 @@ class Api:
 
         self.plumbing.read(responder, _create)
 
-    def session_get(self, params: SessionParams, responder: Responder) -> None:
+    def session_get(self, params: SessionParams, responder: Answer[SessionResult]) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
 
-        def _get(reader: PointReader) -> dict[str, Any]:
+        def _get(reader: PointReader) -> SessionResult:
             return {"session": projection.session(reader.get_session(ws, sid), self.catalog)}
 
         self.plumbing.read_now(responder, (SESSION_GET.name, ws, sid), _get)
 
-    def session_list(self, params: SessionListParams, responder: Responder) -> None:
+    def session_list(self, params: SessionListParams, responder: Answer[SessionListResult]) -> None:
         ws = _workspace(params)
         cursor = optional_str(params, "cursor", max_len=512)
         limit = optional_int(params, "limit", default=50, min_value=1, max_value=200) or 50
 
-        def _list() -> dict[str, Any]:
+        def _list() -> SessionListResult:
             sessions, next_cursor = self.store.sessions.list_sessions(
                 ws, cursor=cursor, limit=limit, max_bytes=LIST_PAGE_BYTES
             )
@@ -246,13 +267,13 @@ class Api:
 
         self.plumbing.read(responder, _list)
 
-    def session_timeline(self, params: TimelineParams, responder: Responder) -> None:
+    def session_timeline(self, params: TimelineParams, responder: Answer[TimelineResult]) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         # Bounded well inside SQLite's int64 so a huge value is a 400, never a 500.
         after = optional_int(params, "afterSequence", default=0, min_value=0, max_value=2**53) or 0
         limit = optional_int(params, "limit", default=100, min_value=1, max_value=1000) or 100
 
-        def _timeline() -> dict[str, Any]:
+        def _timeline() -> TimelineResult:
             # The provider is all the projection needs of the Session (from the store's
             # memory after its first read); `timeline` refuses a missing or deleted one with
             # the same `SessionNotFound` as `get_session`.
@@ -267,7 +288,7 @@ class Api:
 
         self.plumbing.read(responder, _timeline)
 
-    def session_lineage(self, params: LineageParams, responder: Responder) -> None:
+    def session_lineage(self, params: LineageParams, responder: Answer[LineageResult]) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         # One read lists a bounded part of a tree of any size (`truncated` says where it
         # stopped; a read rooted at a truncated node, or a later `afterOrdinal`, goes on).
@@ -294,11 +315,11 @@ class Api:
 
     def _mutate(
         self,
-        params: Mapping[str, Any],
-        responder: Responder,
+        params: SessionParams,
+        responder: Answer[R],
         fn: Callable[[Store, str, str], Any],
+        result: Callable[[Any], tuple[int, R]],
         *,
-        result: Callable[[Any], tuple[int, dict[str, Any]]] | None = None,
         stop_runtime: bool = False,
     ) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
@@ -307,24 +328,41 @@ class Api:
             ws,
             sid,
             lambda reply: Mutate(lambda: fn(self.store, ws, sid), reply, stop_runtime),
-            result or self._session_result,
+            result,
         )
 
-    def session_update_settings(self, params: UpdateSettingsParams, responder: Responder) -> None:
+    def _mutate_session(
+        self,
+        params: SessionParams,
+        responder: Answer[SessionResult],
+        fn: Callable[[Store, str, str], Any],
+    ) -> None:
+        """A write whose reply is the Session it leaves."""
+        self._mutate(params, responder, fn, self._session_result)
+
+    def session_update_settings(
+        self, params: UpdateSettingsParams, responder: Answer[SessionResult]
+    ) -> None:
         settings = require_map(params, "settings")
-        self._mutate(
+        self._mutate_session(
             params, responder, lambda s, ws, sid: s.sessions.update_settings(ws, sid, settings)
         )
 
-    def session_update_title(self, params: UpdateTitleParams, responder: Responder) -> None:
+    def session_update_title(
+        self, params: UpdateTitleParams, responder: Answer[SessionResult]
+    ) -> None:
         title = require_str(params, "title", max_len=512)
-        self._mutate(params, responder, lambda s, ws, sid: s.sessions.update_title(ws, sid, title))
+        self._mutate_session(
+            params, responder, lambda s, ws, sid: s.sessions.update_title(ws, sid, title)
+        )
 
-    def session_pin(self, params: PinParams, responder: Responder) -> None:
+    def session_pin(self, params: PinParams, responder: Answer[SessionResult]) -> None:
         pinned = require_bool(params, "pinned")
-        self._mutate(params, responder, lambda s, ws, sid: s.sessions.set_pinned(ws, sid, pinned))
+        self._mutate_session(
+            params, responder, lambda s, ws, sid: s.sessions.set_pinned(ws, sid, pinned)
+        )
 
-    def session_delete(self, params: DeleteParams, responder: Responder) -> None:
+    def session_delete(self, params: DeleteParams, responder: Answer[DeleteResult]) -> None:
         worktree = optional_enum(params, "worktree", WORKTREE_CHOICES, default="keep")
         force = optional_bool(params, "force", default=False)
         delete = delete_fn(
@@ -334,7 +372,7 @@ class Api:
             params,
             responder,
             delete,
-            result=lambda done: (200, done),
+            lambda done: (200, done),
             stop_runtime=True,
         )
 
@@ -345,7 +383,9 @@ class Api:
             )
         return self.checkpoints
 
-    def session_workspace_diff(self, params: WorkspaceDiffParams, responder: Responder) -> None:
+    def session_workspace_diff(
+        self, params: WorkspaceDiffParams, responder: Answer[WorkspaceDiffResult]
+    ) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = optional_str(params, "turnId", min_len=1, max_len=128)
         from_turn_id = optional_str(params, "fromTurnId", min_len=1, max_len=128)
@@ -370,7 +410,9 @@ class Api:
             ),
         )
 
-    def workspace_restore(self, params: WorkspaceRestoreParams, responder: Responder) -> None:
+    def workspace_restore(
+        self, params: WorkspaceRestoreParams, responder: Answer[WorkspaceRestoreResult]
+    ) -> None:
         turn_id = optional_str(params, "turnId", min_len=1, max_len=128)
         tree = optional_str(params, "tree", min_len=1, max_len=64)
         if (turn_id is None) == (tree is None):
@@ -387,16 +429,16 @@ class Api:
             tree=None if tree is None else workspace_api.check_tree(tree),
             force=force,
         )
-        self._mutate(params, responder, restore, result=lambda r: (200, r))
+        self._mutate(params, responder, restore, lambda r: (200, r))
 
-    def goal_set(self, params: GoalSetParams, responder: Responder) -> None:
+    def goal_set(self, params: GoalSetParams, responder: Answer[SessionResult]) -> None:
         goal = require_str(params, "goal", max_len=16_384)
-        self._mutate(params, responder, lambda s, ws, sid: s.goals.set_goal(ws, sid, goal))
+        self._mutate_session(params, responder, lambda s, ws, sid: s.goals.set_goal(ws, sid, goal))
 
-    def goal_clear(self, params: SessionParams, responder: Responder) -> None:
-        self._mutate(params, responder, lambda s, ws, sid: s.goals.clear_goal(ws, sid))
+    def goal_clear(self, params: SessionParams, responder: Answer[SessionResult]) -> None:
+        self._mutate_session(params, responder, lambda s, ws, sid: s.goals.clear_goal(ws, sid))
 
-    def turn_submit(self, params: TurnSubmitParams, responder: Responder) -> None:
+    def turn_submit(self, params: TurnSubmitParams, responder: Answer[TurnResult]) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         request_id = require_str(params, "requestId", max_len=128)
         text = _input_text(params)
@@ -408,7 +450,7 @@ class Api:
             self._turn_result(ws, sid, 202),
         )
 
-    def turn_interrupt(self, params: TurnInterruptParams, responder: Responder) -> None:
+    def turn_interrupt(self, params: TurnInterruptParams, responder: Answer[TurnResult]) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = require_str(params, "turnId", max_len=128)
         by = optional_enum(params, "by", INTERRUPTED_BY)
@@ -422,7 +464,9 @@ class Api:
             self._turn_result(ws, sid, 200),
         )
 
-    def interaction_respond(self, params: InteractionRespondParams, responder: Responder) -> None:
+    def interaction_respond(
+        self, params: InteractionRespondParams, responder: Answer[InteractionResult]
+    ) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         turn_id = require_str(params, "turnId", max_len=128)
         request_id = require_str(params, "requestId", max_len=256)
@@ -441,7 +485,7 @@ class Api:
             lambda i: (200, {"interaction": projection.interaction(i)}),
         )
 
-    def fork_create(self, params: ForkCreateParams, responder: Responder) -> None:
+    def fork_create(self, params: ForkCreateParams, responder: Answer[OperationResult]) -> None:
         ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
         request_id = require_str(params, "requestId", max_len=128)
         target = require_uuid(params, "targetAgentSessionId")
@@ -462,7 +506,7 @@ class Api:
         if workspace not in ("shared", "worktree"):
             raise InvalidArgument("workspace", "'workspace' must be 'shared' or 'worktree'")
 
-        def replay_after_delete() -> tuple[int, dict[str, Any]] | None:
+        def replay_after_delete() -> tuple[int, OperationResult] | None:
             # Seed 000 §8: a replay (same requestId, or a new identity on the held barrier)
             # answers the durable operation even after the source was deleted, so the client
             # can adopt a committed child and ACK it. Nothing new is ever created here.
@@ -488,7 +532,7 @@ class Api:
             gone=replay_after_delete,
         )
 
-    def fork_get(self, params: OperationParams, responder: Responder) -> None:
+    def fork_get(self, params: OperationParams, responder: Answer[OperationResult]) -> None:
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
 
@@ -502,7 +546,7 @@ class Api:
             else:
                 responder.error(host_error_of(outcome, "fork.get: unexpected reply", logger=log))
 
-        def _get(reader: PointReader) -> dict[str, Any] | None:
+        def _get(reader: PointReader) -> OperationResult | None:
             # A settled operation is answered from committed state (on the transport thread);
             # only an active one goes through the HostActor, which may advance it (leftover
             # recovery) and answers through `reply` (never cached).
@@ -514,29 +558,31 @@ class Api:
 
         self.plumbing.read_now(responder, (FORK_GET.name, ws, op_id), _get)
 
-    def fork_acknowledge(self, params: OperationParams, responder: Responder) -> None:
+    def fork_acknowledge(self, params: OperationParams, responder: Answer[OperationResult]) -> None:
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
 
-        def _ack() -> dict[str, Any]:
+        def _ack() -> OperationResult:
             op, _ = self.store.fork_transitions.acknowledge_fork(ws, op_id)
             return {"operation": projection.operation(op, self.catalog)}
 
         self.plumbing.read(responder, _ack)
 
-    def fork_resolve(self, params: ForkResolveParams, responder: Responder) -> None:
+    def fork_resolve(self, params: ForkResolveParams, responder: Answer[ForkResolveResult]) -> None:
         """Inspect / adopt / abandon an `unknown` operation, in its source's actor."""
         ws = _workspace(params)
         op_id = require_str(params, "operationId", max_len=128)
         request_id = require_str(params, "requestId", max_len=128)
         action = require_enum(params, "action", RESOLVE_ACTIONS)
 
-        def project(outcome: Any) -> tuple[int, dict[str, Any]]:
+        def project(outcome: Any) -> tuple[int, ForkResolveResult]:
             if not isinstance(outcome, ResolveReply):
                 raise HostError("unexpected fork.resolve reply")
             return 200, {
                 "operation": projection.operation(outcome.operation, self.catalog),
-                "evidence": None if outcome.evidence is None else dict(outcome.evidence),
+                "evidence": None
+                if outcome.evidence is None
+                else projection.evidence(outcome.evidence),
             }
 
         def _go() -> None:
@@ -555,13 +601,13 @@ class Api:
 
         self.plumbing.on_pool(responder, _go)
 
-    def _session_result(self, session: Any) -> tuple[int, dict[str, Any]]:
+    def _session_result(self, session: Any) -> tuple[int, SessionResult]:
         return 200, {"session": projection.session(session, self.catalog)}
 
     def _turn_result(
         self, ws: str, sid: str, status: int
-    ) -> Callable[[Any], tuple[int, dict[str, Any]]]:
-        def project(turn: Any) -> tuple[int, dict[str, Any]]:
+    ) -> Callable[[Any], tuple[int, TurnResult]]:
+        def project(turn: Any) -> tuple[int, TurnResult]:
             # From the store's memory (fixed at create): the actor has just written or read
             # this Session's Turn, so it exists; no read per reply.
             provider = self.store.sessions.provider_of(ws, sid)
@@ -569,11 +615,13 @@ class Api:
 
         return project
 
-    def _fork_result(self, outcome: ForkReply) -> tuple[int, dict[str, Any]]:
+    def _fork_result(self, outcome: ForkReply) -> tuple[int, OperationResult]:
         status = 200 if outcome.final else 202
         return status, {"operation": projection.operation(outcome.operation, self.catalog)}
 
-    def debug_failpoints(self, params: FailpointsParams, responder: Responder) -> None:
+    def debug_failpoints(
+        self, params: FailpointsParams, responder: Answer[FailpointsResult]
+    ) -> None:
         assert self._set_failpoints is not None
         points = require_map(params, "points")
         for name, action in points.items():
@@ -608,9 +656,10 @@ def _input_text(params: Mapping[str, Any]) -> str:
 
 
 def bind(
-    method: Method[P, Any], handler: Callable[[P, Responder], None]
+    method: Method[P, R], handler: Callable[[P, Answer[R]], None]
 ) -> tuple[Method[Any, Any], Handler]:
-    """A method paired with its handler; mypy checks the handler takes the method's params.
+    """A method paired with its handler; mypy checks the handler takes the method's params
+    and answers its result type (`Answer[R]`: every `responder.result` it makes).
     The request's params map is handed over as that type, as is (no wrapper on the hot
     path): each handler checks the values it reads with the wire helpers, whose typed
     `invalid_argument` errors are the contract."""

@@ -12,7 +12,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import pykka
 
@@ -27,10 +27,10 @@ from domain.errors import (
     Unavailable,
 )
 from protocol.envelope import Request, pack_result
-from storage import Store
 from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
+from storage.store import Store
 from transport.replies import OneShotResponder
 from transport.server import Responder
 
@@ -39,7 +39,25 @@ log = logging.getLogger(__name__)
 WORKSPACE_MAX = 128
 LIVE_SESSIONS_REMEMBERED = 65_536
 """Sessions `RequestPlumbing` remembers as live for routing; past it the memory starts over."""
-Handler = Callable[[Mapping[str, Any], Responder], None]
+Handler = Callable[[dict[str, object], Responder], None]
+"""A method's handler as the dispatcher calls it: the request's params map, unchecked."""
+
+R = TypeVar("R", bound=Mapping[str, object])
+R_contra = TypeVar("R_contra", bound=Mapping[str, object], contravariant=True)
+
+
+class Refuser(Protocol):
+    """What answers a request with an error only (every `Answer` is one)."""
+
+    def error(self, error: HostError) -> bool: ...
+
+
+class Answer(Refuser, Protocol[R_contra]):
+    """The responder of one method as its handler sees it: its success reply is the
+    method's result type (`Method[P, R]`'s `R`), which mypy checks at every `result` call.
+    The transport's `Responder` is one for every result type."""
+
+    def result(self, status: int, result: R_contra) -> bool: ...
 
 
 class PointReader(Protocol):
@@ -124,9 +142,7 @@ class RequestPlumbing:
         except HostError as exc:
             responder.error(exc)
 
-    def read(
-        self, responder: Responder, fn: Callable[[], dict[str, Any]], status: int = 200
-    ) -> None:
+    def read(self, responder: Answer[R], fn: Callable[[], R], status: int = 200) -> None:
         """Run a read (or a write that needs no actor) on the pool."""
 
         def _run() -> None:
@@ -139,7 +155,7 @@ class RequestPlumbing:
 
         self.on_pool(responder, _run)
 
-    def on_pool(self, responder: Responder, fn: Callable[[], None]) -> None:
+    def on_pool(self, responder: Refuser, fn: Callable[[], None]) -> None:
         """Run `fn` on the reader pool; once the pool is shut down (the daemon is stopping)
         the request is answered `shutting_down` instead."""
         try:
@@ -149,9 +165,9 @@ class RequestPlumbing:
 
     def read_now(
         self,
-        responder: Responder,
+        responder: Answer[R],
         key: tuple[str, str, str],
-        read: Callable[[PointReader], dict[str, Any] | None],
+        read: Callable[[PointReader], R | None],
     ) -> None:
         """A point read of committed state: `read(reader)` returns the 200 reply's result, or
         None when it has arranged the answer itself. It runs here, on the transport thread,
@@ -186,9 +202,9 @@ class RequestPlumbing:
 
     def _read_on_view(
         self,
-        responder: Responder,
+        responder: Answer[R],
         key: tuple[str, str, str],
-        read: Callable[[PointReader], dict[str, Any] | None],
+        read: Callable[[PointReader], R | None],
     ) -> None:
         view, cache = self._view, self.reply_cache
         if not isinstance(responder, OneShotResponder):
@@ -211,12 +227,12 @@ class RequestPlumbing:
 
     def route(
         self,
-        responder: Responder,
+        responder: Answer[R],
         ws: str,
         sid: str,
         make: Callable[[Callable[[Any], None]], Any],
-        project: Callable[[Any], tuple[int, dict[str, Any]]],
-        gone: Callable[[], tuple[int, dict[str, Any]] | None] | None = None,
+        project: Callable[[Any], tuple[int, R]],
+        gone: Callable[[], tuple[int, R] | None] | None = None,
     ) -> None:
         """Check the Session exists (so garbage ids never start actors), then hand the
         message to its actor; the reply is projected on the actor's thread. When the Session
@@ -264,11 +280,11 @@ class RequestPlumbing:
 
     def _route_now(
         self,
-        responder: Responder,
+        responder: Refuser,
         ws: str,
         sid: str,
         message: Callable[[], Any],
-        gone: Callable[[], tuple[int, dict[str, Any]] | None] | None,
+        gone: Callable[[], object] | None,
     ) -> bool:
         """`route` on the transport thread (the fork fast path): the Session's existence
         is a point read of committed state on the read-only connection (no Session built),

@@ -59,7 +59,8 @@ from domain.worker_calls import SessionStop
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
-from storage import Store
+from protocol.methods import HostStatusResult
+from storage.store import Store
 from transport import accept_shim
 from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
@@ -458,7 +459,7 @@ class Daemon:
 
     # -- host.status, failpoints ------------------------------------------------------------
 
-    def _status(self) -> dict[str, Any]:
+    def _status(self) -> HostStatusResult:
         actors: Future[int] = Future()
         self.host.tell(CountActors(actors.set_result))
         return {

@@ -9,16 +9,41 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import TypeVar, cast
 
 from actors.fork_start import full_session_capable
 from actors.ports import ProviderCatalog
-from storage.fork_points import wire_point
+from protocol import objects as wire
+from protocol.methods import LineageResult
 from storage.lineage_tree import LineageNode, LineageTree, Truncation
-from storage.models import ForkOperation, Interaction, Lineage, Message, Session, Turn
+from storage.models import (
+    ForkOperation,
+    ForkPointKind,
+    Interaction,
+    Lineage,
+    Message,
+    Session,
+    Turn,
+)
+
+L = TypeVar("L", bound=str)
 
 
-def lineage(value: Lineage | None) -> dict[str, Any] | None:
+def _one_of(options: tuple[L, ...], value: str) -> L:
+    """`value` as the wire's closed set of words it belongs to: the store's columns are
+    checked against the same words when written, so a miss is a broken store."""
+    for option in options:
+        if option == value:
+            return option
+    raise ValueError(f"{value!r} is none of {options}")
+
+
+def _one_of_or_none(options: tuple[L, ...], value: str | None) -> L | None:
+    return None if value is None else _one_of(options, value)
+
+
+def lineage(value: Lineage | None) -> wire.Lineage | None:
     if value is None:
         return None
     return {
@@ -30,7 +55,7 @@ def lineage(value: Lineage | None) -> dict[str, Any] | None:
     }
 
 
-def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
+def session(value: Session, catalog: ProviderCatalog) -> wire.Session:
     fork_through_turn = value.kind == "root" and catalog.fork_through_turn_capable(
         value.provider, value.runtime_context
     )
@@ -40,7 +65,7 @@ def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
     return {
         "workspaceId": value.workspace_id,
         "agentSessionId": value.session_id,
-        "kind": value.kind,
+        "kind": _one_of(("root", "child"), value.kind),
         "provider": value.provider,
         "providerSessionId": value.provider_session_id,
         "title": value.title,
@@ -65,7 +90,7 @@ def session(value: Session, catalog: ProviderCatalog) -> dict[str, Any]:
     }
 
 
-def message(value: Message) -> dict[str, Any]:
+def message(value: Message) -> wire.Message:
     return {
         "messageId": value.message_id,
         "turnId": value.turn_id,
@@ -76,18 +101,18 @@ def message(value: Message) -> dict[str, Any]:
     }
 
 
-def interaction(value: Interaction) -> dict[str, Any]:
+def interaction(value: Interaction) -> wire.Interaction:
     return {
         "requestId": value.request_id,
         "turnId": value.turn_id,
-        "kind": value.kind,
-        "status": value.status,
+        "kind": _one_of(("approval", "question", "plan"), value.kind),
+        "status": _one_of(("pending", "resolved", "superseded"), value.status),
         "input": dict(value.input),
         "output": None if value.output is None else dict(value.output),
     }
 
 
-def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]:
+def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> wire.Turn:
     state = catalog.binding_state(
         provider, value.root_provider_turn_id, value.provider_turn_binding_json
     )
@@ -96,8 +121,8 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
     return {
         "turnId": value.turn_id,
         "sequence": value.sequence,
-        "phase": value.phase,
-        "outcome": value.outcome,
+        "phase": _one_of(("active", "settled"), value.phase),
+        "outcome": _one_of_or_none(("completed", "interrupted", "failed"), value.outcome),
         "error": value.error,
         "errorReason": error_reason(value.error),
         "rootProviderTurnId": value.root_provider_turn_id,
@@ -112,14 +137,15 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> dict[str, Any]
     }
 
 
-def _workspace(text: str | None) -> dict[str, Any] | None:
+def _workspace(text: str | None) -> wire.TurnWorkspace | None:
     if not text:
         return None
     try:
         value = json.loads(text)
     except ValueError:
         return None
-    return value if isinstance(value, dict) else None
+    # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md).
+    return cast(wire.TurnWorkspace, value) if isinstance(value, dict) else None
 
 
 _TURN_REASON = re.compile(
@@ -137,14 +163,14 @@ def error_reason(error: str | None) -> str | None:
     return match.group(1) if match else None
 
 
-def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
+def operation(value: ForkOperation, catalog: ProviderCatalog) -> wire.Operation:
     committed = value.committed_session
     return {
         "operationId": value.operation_id,
         "requestId": value.request_id,
         "sourceAgentSessionId": value.source_session_id,
         "targetAgentSessionId": value.target_session_id,
-        "point": wire_point(value.point_kind, value.source_turn_id),
+        "point": _point(value.point_kind, value.source_turn_id),
         "status": value.public_status.value,
         "phase": value.phase.value,
         "session": None if committed is None else session(committed, catalog),
@@ -154,7 +180,20 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> dict[str, Any]:
     }
 
 
-def operation_workspace(value: ForkOperation) -> dict[str, Any]:
+def evidence(value: Mapping[str, object]) -> wire.Evidence:
+    """A `fork.resolve`'s evidence as the resolve actor built it (`actors.fork_resolve`:
+    the driver's inspection in `Evidence`'s keys, with the verdict)."""
+    return cast(wire.Evidence, dict(value))
+
+
+def _point(point_kind: str, turn_id: str) -> wire.ForkPoint:
+    """The operation's `point` on the wire: the client's kind with the frozen Turn."""
+    if point_kind == ForkPointKind.LATEST_SETTLED:
+        return {"type": "latestSettled", "turnId": turn_id}
+    return {"type": "throughTurn", "turnId": turn_id}
+
+
+def operation_workspace(value: ForkOperation) -> wire.OperationWorkspace:
     """Where a fork's child works: `shared` (the source's directory), or `worktree` with the
     tree's path, the child's cwd in it, its branch (null outside a repository) and state."""
     plan = value.worktree
@@ -165,18 +204,19 @@ def operation_workspace(value: ForkOperation) -> dict[str, Any]:
         "path": plan.get("path"),
         "cwd": plan.get("childCwd"),
         "branch": plan.get("branch"),
-        "state": value.worktree_state,
+        "state": _one_of_or_none(("planned", "made", "removed"), value.worktree_state),
     }
 
 
-def _truncation(value: Truncation | None) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    return {"reason": value.reason, "omittedChildren": value.omitted_children}
+def _truncation(value: Truncation) -> wire.NodeTruncation:
+    return {
+        "reason": _one_of(("depth", "nodes"), value.reason),
+        "omittedChildren": value.omitted_children,
+    }
 
 
-def _node_fields(value: LineageNode, children: list[dict[str, Any]]) -> dict[str, Any]:
-    node: dict[str, Any] = {
+def _node_fields(value: LineageNode, children: list[wire.LineageNode]) -> wire.LineageNode:
+    node: wire.LineageNode = {
         "agentSessionId": value.session_id,
         "title": value.title,
         "deleted": value.deleted,
@@ -189,20 +229,20 @@ def _node_fields(value: LineageNode, children: list[dict[str, Any]]) -> dict[str
     return node
 
 
-def lineage_nodes(values: list[LineageNode]) -> list[dict[str, Any]]:
+def lineage_nodes(values: list[LineageNode]) -> list[wire.LineageNode]:
     """The descendant tree on the wire, built with a stack of its own (no recursion): each
     node's `children` list is filled as its children are reached."""
-    out: list[dict[str, Any]] = []
-    stack: list[tuple[LineageNode, list[dict[str, Any]]]] = [(v, out) for v in reversed(values)]
+    out: list[wire.LineageNode] = []
+    stack: list[tuple[LineageNode, list[wire.LineageNode]]] = [(v, out) for v in reversed(values)]
     while stack:
         value, siblings = stack.pop()
-        children: list[dict[str, Any]] = []
+        children: list[wire.LineageNode] = []
         siblings.append(_node_fields(value, children))
         stack.extend((c, children) for c in reversed(value.children))
     return out
 
 
-def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]:
+def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> LineageResult:
     """`session.lineage`: ancestors nearest first, then the descendant tree;
     `truncated` null, or why the read stopped (docs/protocol.md)."""
     cut = value.truncated
@@ -220,7 +260,7 @@ def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> dict[str, Any]
         "truncated": None
         if cut is None
         else {
-            "reason": cut.reason,
+            "reason": _one_of(("depth", "nodes", "ancestors"), cut.reason),
             "maxDepth": cut.max_depth,
             "maxNodes": cut.max_nodes,
             "omittedChildren": cut.omitted_children,

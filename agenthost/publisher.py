@@ -24,10 +24,18 @@ from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
-from protocol.events import FORK_OPERATION, SESSION_REMOVED, SESSION_UPSERTED, TURN_UPDATED
-from storage import Store
+from protocol.events import (
+    FORK_OPERATION,
+    MESSAGE_DELTA,
+    SESSION_REMOVED,
+    SESSION_UPSERTED,
+    TURN_UPDATED,
+    Event,
+    MessageDelta,
+)
 from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
 from storage.sqlite import TRANSIENT_ERRORS
+from storage.store import Store
 from transport.server import MAX_EVENT_BYTES
 
 log = logging.getLogger("agenthost.daemon")
@@ -45,7 +53,8 @@ class StreamDelta:
 
     workspace_id: str
     session_id: str
-    event: dict[str, Any]
+    event: Mapping[str, object]
+    """The worker's `message.delta` event, as the host↔worker link carried it."""
 
 
 class EventSink(Protocol):
@@ -53,7 +62,7 @@ class EventSink(Protocol):
 
     def wants(self, topic: str) -> bool: ...
 
-    def publish_many(self, events: list[tuple[str, Mapping[str, Any]]]) -> bool: ...
+    def publish_many(self, events: list[tuple[str, Event]]) -> bool: ...
 
 
 class EventPublisher:
@@ -108,7 +117,7 @@ class EventPublisher:
 
     def _publish(self, batch: list[Any]) -> bool:
         sink = self._sink()
-        out: list[tuple[str, Mapping[str, Any]]] = []
+        out: list[tuple[str, Event]] = []
         # The batch's reads in one read transaction (`Store.read_snapshot`): each change was
         # committed before it was queued, so the snapshot is the current state for all of
         # them, and their pages are loaded once instead of once per event.
@@ -133,7 +142,7 @@ class EventPublisher:
         return stop
 
     def _project_all(
-        self, batch: list[Any], sink: EventSink | None, out: list[tuple[str, Mapping[str, Any]]]
+        self, batch: list[Any], sink: EventSink | None, out: list[tuple[str, Event]]
     ) -> bool:
         """Project `batch` into `out`; True when it held the stop marker."""
         previous: Any = None
@@ -165,7 +174,7 @@ class EventPublisher:
                 out.append((change.workspace_id, event))
         return stop
 
-    def project(self, change: Any) -> dict[str, Any] | None:
+    def project(self, change: Any) -> Event | None:
         store = self.store
         if isinstance(change, SessionChanged):
             if change.removed:
@@ -193,14 +202,15 @@ class EventPublisher:
                 ),
             }
         if isinstance(change, StreamDelta):
-            return {
-                "type": "message.delta",
+            delta: MessageDelta = {
+                "type": MESSAGE_DELTA,
                 "agentSessionId": change.session_id,
                 "turnId": str(change.event.get("turnId") or ""),
                 "itemId": str(change.event.get("itemId") or ""),
                 "kind": str(change.event.get("kind") or "assistant"),
                 "delta": str(change.event.get("delta") or ""),
             }
+            return delta
         if isinstance(change, ForkOperationChanged):
             op = store.fork_queries.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": FORK_OPERATION, "operation": projection.operation(op, self.catalog)}

@@ -25,13 +25,16 @@ life), and the event is the one a whole read and a comparison would give.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgpack
 
-from storage.models import Turn, TurnTail
+from protocol.events import EventTurn
+from protocol.objects import Message, Turn
+from storage.models import Turn as StoredTurn
+from storage.models import TurnTail
 
 MAX_TRACKED_TURNS = 4096
 """Active Turns whose last-published messages are remembered (far above the runtimes a
@@ -68,17 +71,27 @@ def _size(value: Any) -> int:
     return len(msgpack.packb(value, use_bin_type=True))
 
 
-def bounded_turn(turn: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
-    """`turn` as one event carries it: a Turn (or a run of its messages) whose encoding fits
-    `max_bytes` unchanged; a bigger one keeps every field but only its latest messages that
-    fit, with `messagesTruncated: true`, `messageCount` and `messagesFrom`."""
-    out = dict(turn)
-    if _size(out) <= max_bytes:
-        return out
-    messages = list(out.get("messages") or [])
-    count = int(out.get("messageCount", len(messages)))
-    start = int(out.get("messagesFrom", count - len(messages)))
-    kept: list[Any] = []
+def bounded_turn(
+    turn: Turn, max_bytes: int, run: tuple[int, int] | None = None
+) -> Turn | EventTurn:
+    """`turn` as one event carries it: a Turn whose encoding fits `max_bytes` unchanged; a
+    bigger one keeps every field but only its latest messages that fit, with
+    `messagesTruncated: true`, `messageCount` and `messagesFrom`. `run` = (messageCount,
+    messagesFrom) when `turn`'s messages are only a run of the Turn's: it is said so even if
+    it fits."""
+    event: Turn | EventTurn = turn
+    if run is not None:
+        event = {
+            **turn,
+            "messagesTruncated": True,
+            "messageCount": run[0],
+            "messagesFrom": run[1],
+        }
+    if _size(event) <= max_bytes:
+        return event
+    messages = list(turn["messages"])
+    count, start = run if run is not None else (len(messages), 0)
+    kept: list[Message] = []
     budget = max_bytes // 2  # room for the other fields and interactions
     for message in reversed(messages):
         size = _size(message)
@@ -88,7 +101,7 @@ def bounded_turn(turn: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
         kept.append(message)
     kept.reverse()
     return {
-        **out,
+        **turn,
         "messages": kept,
         "messagesTruncated": True,
         "messageCount": count,
@@ -116,25 +129,25 @@ class TurnDeltas:
         seen = self._seen.get(key)
         return None if seen is None else seen.marks
 
-    def event_turn(self, key: _Key, turn: Mapping[str, Any], max_bytes: int) -> dict[str, Any]:
+    def event_turn(self, key: _Key, turn: Turn, max_bytes: int) -> Turn | EventTurn:
         """The `turn` of this Turn's next `turn.updated` (`turn` is its whole projection)."""
         return self.event_tail(key, turn, messages_from=0, positions=None, max_bytes=max_bytes)
 
     def event_tail(
         self,
         key: _Key,
-        turn: Mapping[str, Any],
+        turn: Turn,
         *,
         messages_from: int,
         positions: Sequence[int] | None,
         max_bytes: int,
-    ) -> dict[str, Any]:
+    ) -> Turn | EventTurn:
         """The `turn` of this Turn's next `turn.updated`, from a projection whose messages are
         the Turn's from ordinal `messages_from` on (0: the whole Turn) and their store
         `positions` (None: not read from the store)."""
-        tail: Sequence[Mapping[str, Any]] = list(turn.get("messages") or [])
+        tail = list(turn["messages"])
         before = self._seen.pop(key, None)
-        if turn.get("phase") != "active":
+        if turn["phase"] != "active":
             return bounded_turn(turn, max_bytes)  # settled: whole, and forgotten
         if messages_from and (before is None or before.marks is None):
             raise ValueError("a partial read needs the marks it was read against")
@@ -143,7 +156,7 @@ class TurnDeltas:
         partial = before is not None and messages_from > 0
         keys = before.keys if partial and before is not None else []
         del keys[messages_from:]
-        added = [(str(m.get("messageId")), int(m.get("version") or 0)) for m in tail]
+        added = [(m["messageId"], m["version"]) for m in tail]
         keys.extend(added)
         marks: list[tuple[int, int]] | None = None
         if positions is not None and len(positions) == len(tail):
@@ -164,14 +177,9 @@ class TurnDeltas:
         # ordinal 0 is cut where it first differs from the last event, as a whole one is.
         start = messages_from or _first_change(before.keys, keys)
         return bounded_turn(
-            {
-                **turn,
-                "messages": list(tail[start - messages_from :]),
-                "messagesTruncated": True,
-                "messageCount": len(keys),
-                "messagesFrom": start,
-            },
+            {**turn, "messages": list(tail[start - messages_from :])},
             max_bytes,
+            (len(keys), start),
         )
 
 
@@ -179,9 +187,9 @@ def updated_turn(
     store: TurnReader,
     deltas: TurnDeltas,
     key: _Key,
-    project: Callable[[Turn], dict[str, Any]],
+    project: Callable[[StoredTurn], Turn],
     max_bytes: int,
-) -> dict[str, Any]:
+) -> Turn | EventTurn:
     """The `turn` of a `turn.updated` for a change of Turn `key` = (workspace, session, turn):
     read from the store only from the first message changed since this Turn's last event
     (whole for its first event and once settled), projected with `project`, then cut."""

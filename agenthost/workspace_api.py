@@ -13,7 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from actors.checkpoints import DirectoryLocks, checkpoint_ref
 from domain.errors import (
@@ -23,9 +23,10 @@ from domain.errors import (
     WorkspaceShared,
     WorkspaceUnavailable,
 )
+from protocol.methods import WorkspaceDiffResult, WorkspaceRestoreResult
 from storage.models import Session
 from workspace.git import GitUnavailable
-from workspace.shadow import ShadowStore, Unavailable
+from workspace.shadow import ChangeKind, ShadowStore, Unavailable
 
 DIFF_MAX_BYTES = 256_000
 """The unified diff a `session.workspaceDiff` returns by default, at most (`maxBytes`)."""
@@ -94,7 +95,7 @@ def workspace_diff(
     turn_id: str | None,
     from_turn_id: str | None,
     max_bytes: int,
-) -> dict[str, Any]:
+) -> WorkspaceDiffResult:
     """A Turn's changes (its `before` → `after`), or from `fromTurnId`'s `after` to the
     Turn's `after`; the Turn defaults to the newest settled one."""
     store.sessions.get_session(ws, sid)  # an unknown Session is `workspace_agent_session_not_found`
@@ -129,10 +130,17 @@ def workspace_diff(
         "cwd": str(cwd),
         "from": base,
         "to": target,
-        "changedFiles": [{"path": c.path, "kind": c.kind.value} for c in changes],
+        "changedFiles": [{"path": c.path, "kind": _KINDS[c.kind]} for c in changes],
         "diff": text,
         "truncated": truncated,
     }
+
+
+_KINDS: dict[ChangeKind, Literal["added", "modified", "deleted"]] = {
+    ChangeKind.ADDED: "added",
+    ChangeKind.MODIFIED: "modified",
+    ChangeKind.DELETED: "deleted",
+}
 
 
 def check_tree(value: str) -> str:
@@ -149,13 +157,13 @@ def restore_fn(
     which: str,
     tree: str | None,
     force: bool,
-) -> Callable[[WorkspaceStore, str, str], dict[str, Any]]:
+) -> Callable[[WorkspaceStore, str, str], WorkspaceRestoreResult]:
     """The restore, run on the Session's actor (`Mutate`): refused while a Turn is active
     (`agent_session_busy`) or while other live Sessions share the directory
     (`workspace_shared`, unless `force`); checkpoints the current files first and keeps
     them (`undo`), then writes back only what differs."""
 
-    def _restore(store: WorkspaceStore, ws: str, sid: str) -> dict[str, Any]:
+    def _restore(store: WorkspaceStore, ws: str, sid: str) -> WorkspaceRestoreResult:
         session = store.sessions.get_session(ws, sid)
         if session.active_turn_id is not None:
             raise SessionBusy(
@@ -202,7 +210,7 @@ def restore_fn(
             "which": which if turn_id is not None else None,
             "restored": target,
             "undo": {"tree": before.tree, "headCommit": before.head_commit},
-            "changedFiles": [{"path": c.path, "kind": c.kind.value} for c in changes],
+            "changedFiles": [{"path": c.path, "kind": _KINDS[c.kind]} for c in changes],
         }
 
     return _restore

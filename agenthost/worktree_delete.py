@@ -18,6 +18,7 @@ from typing import Any, Literal, Protocol
 
 from actors.checkpoints import DirectoryLocks
 from domain.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
+from protocol.methods import DeletedTree, DeleteResult
 from storage.fork_workspace import ChildTree
 from storage.models import TreeToRemove
 from workspace.git import GitUnavailable
@@ -66,18 +67,23 @@ def _where(plan: TreePlan) -> dict[str, Any]:
     return {"path": plan.path, "cwd": plan.child_cwd, "branch": plan.branch}
 
 
+def _tree(plan: TreePlan, state: Literal["kept", "removed"]) -> DeletedTree:
+    """The reply's `worktree`: `_where`'s fields (in its order) and what became of the tree."""
+    return {"path": plan.path, "cwd": plan.child_cwd, "branch": plan.branch, "state": state}
+
+
 def delete_fn(
     shadow: ShadowStore | None,
     locks: DirectoryLocks,
     *,
     worktree: Literal["keep", "remove"] | str,
     force: bool,
-) -> Callable[[DeleteStore, str, str], dict[str, Any]]:
+) -> Callable[[DeleteStore, str, str], DeleteResult]:
     """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
     {path, cwd, branch, state: "kept"|"removed", branchKept}` for a Session with a fork-made
     tree."""
 
-    def _delete(store: DeleteStore, ws: str, sid: str) -> dict[str, Any]:
+    def _delete(store: DeleteStore, ws: str, sid: str) -> DeleteResult:
         child = store.fork_workspace.session_worktree(ws, sid)
         if child is None:
             store.sessions.delete_session(ws, sid)
@@ -85,7 +91,7 @@ def delete_fn(
         plan = TreePlan.from_json(child.plan)
         if worktree != "remove":
             store.sessions.delete_session(ws, sid)
-            return {"deleted": True, "worktree": {**_where(plan), "state": "kept"}}
+            return {"deleted": True, "worktree": _tree(plan, "kept")}
         if shadow is None:
             raise WorkspaceUnavailable(
                 "this daemon keeps no workspace checkpoints: it cannot tell what removing "
@@ -125,7 +131,7 @@ def delete_fn(
         store.fork_workspace.mark_child_worktree_removed(ws, child.operation_id)
         return {
             "deleted": True,
-            "worktree": {**_where(plan), "state": "removed", "branchKept": branch_kept},
+            "worktree": {**_tree(plan, "removed"), "branchKept": branch_kept},
         }
 
     return _delete

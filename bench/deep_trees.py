@@ -29,7 +29,7 @@ import msgpack
 
 from bench.fork_trees import build_tree
 from bench.harness import WS, BenchDaemon, sample
-from storage import Store
+from storage.store import Store
 from transport.client import Client
 
 

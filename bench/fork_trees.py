@@ -9,7 +9,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
 
 
 def root_with_turn(store: Store, ws: str, title: str = "Deep") -> tuple[str, str]:

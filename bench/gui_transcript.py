@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.common import log
 from bench.harness import WS, BenchDaemon, create_session, run_turn
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.transcript import LoadMoreRequested, TranscriptView
 

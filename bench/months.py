@@ -57,8 +57,9 @@ from bench.common import (
 )
 from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal, sample
 from bench.providers import BareAppServer, _tutti_argv
-from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.schema import SCHEMA_VERSION
+from storage.store import Store
 
 MODULE = "bench.months"
 CACHE = Path(os.environ.get("AGENTHOST_BENCH_CACHE") or REPO / "build" / "bench-cache")

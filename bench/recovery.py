@@ -36,7 +36,7 @@ MODULE = "bench.recovery"
 def probe(path: str) -> dict[str, Any]:
     """One recovery of the store at `path` (consumed): wall and CPU, the commits' share."""
     from actors.recovery import recover_fork_operations
-    from storage import Store
+    from storage.store import Store
 
     store = Store.open(path)
     spent = {"wall": 0.0, "cpu": 0.0}

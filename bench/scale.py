@@ -47,7 +47,8 @@ from bench.profile import (
 )
 from bench.providers import BareAppServer, _tutti_argv
 from bench.targets import BY_KEY
-from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
 
 MODULE = "bench.scale"
 RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userAgent": "bench"}

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any
 
 from protocol.methods import SESSION_LIST, SESSION_TIMELINE, SessionListParams, TimelineParams
+from protocol.objects import Session, Turn
 from transport.client import Client
 
 Json = dict[str, Any]
@@ -32,15 +33,15 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
-def list_sessions(client: Client, ws: str) -> list[Json]:
-    sessions: list[Json] = []
+def list_sessions(client: Client, ws: str) -> list[Session]:
+    sessions: list[Session] = []
     cursor: str | None = None
     while True:
         params = SessionListParams(workspaceId=ws, limit=200)
         if cursor:
             params["cursor"] = cursor
         page = client.call(SESSION_LIST, params)
-        sessions.extend(cast(list[Json], page["sessions"]))
+        sessions.extend(page["sessions"])
         cursor = page.get("nextCursor")
         if not cursor:
             return sessions
@@ -97,15 +98,15 @@ OPERATION_HINT = (
 )
 
 
-def timeline(client: Client, ws: str, sid: str) -> list[Json]:
-    turns: list[Json] = []
+def timeline(client: Client, ws: str, sid: str) -> list[Turn]:
+    turns: list[Turn] = []
     after = 0
     while True:
         page = client.call(
             SESSION_TIMELINE,
             TimelineParams(workspaceId=ws, agentSessionId=sid, afterSequence=after, limit=200),
         )
-        turns.extend(cast(list[Json], page["turns"]))
+        turns.extend(page["turns"])
         nxt = page.get("nextSequence")
         if not nxt or not page["turns"]:
             return turns

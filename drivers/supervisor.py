@@ -42,6 +42,7 @@ from drivers.worker_state import (
     WorkerRecord,
     WorkerState,
 )
+from protocol.objects import WorkerStatus
 from transport.worker_link import HB_MSG, HEARTBEAT_INTERVAL_S, HostEnd, Mailbox, MsgType, req_msg
 
 __all__ = [
@@ -87,7 +88,7 @@ class WorkerSupervisor:
         self._ids = 0
         self._ids_lock = threading.Lock()
         self._status_lock = threading.Lock()
-        self._status: dict[str, dict[str, Any]] = {}
+        self._status: dict[str, WorkerStatus] = {}
         self._closing = threading.Event()
         self._deliveries = Deliveries()
         self._loop_thread = threading.Thread(
@@ -154,9 +155,9 @@ class WorkerSupervisor:
                 merged[name] = action
         return merged
 
-    def status(self) -> list[dict[str, Any]]:
+    def status(self) -> list[WorkerStatus]:
         with self._status_lock:
-            return [dict(v) for _, v in sorted(self._status.items())]
+            return [v.copy() for _, v in sorted(self._status.items())]
 
     def close(self, timeout: float = 5.0) -> None:
         """Terminate every worker (SIGTERM, then SIGKILL) and fail what is pending."""

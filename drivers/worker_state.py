@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from protocol.objects import WorkerStatus
 from transport.worker_link import HostEnd
 
 BACKOFF_INITIAL_S = 0.1
@@ -63,7 +64,7 @@ class WorkerRecord:
     queued: deque[Pending] = field(default_factory=deque)
     inflight: dict[int, Pending] = field(default_factory=dict)
 
-    def status_row(self) -> dict[str, Any]:
+    def status_row(self) -> WorkerStatus:
         """The row `WorkerSupervisor.status()` shows for this provider."""
         return {
             "provider": self.provider,

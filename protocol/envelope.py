@@ -13,6 +13,9 @@ from typing import Any
 
 import msgpack
 
+from protocol.events import Event
+from protocol.objects import Error, JsonObject
+
 PROTOCOL_VERSION = 1
 MAX_FRAME = 1 << 20
 """Largest request frame (bytes) the daemon decodes; larger ones get 413."""
@@ -33,7 +36,7 @@ class EnvelopeError(Exception):
     sizes in `params`) or malformed (`message` says how)."""
 
     def __init__(
-        self, message: str, *, too_large: bool = False, params: dict[str, Any] | None = None
+        self, message: str, *, too_large: bool = False, params: JsonObject | None = None
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -43,17 +46,18 @@ class EnvelopeError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One decoded API request: `id` is echoed in the reply; `params` is a plain msgpack map."""
+    """One decoded API request: `id` is echoed in the reply; `params` is a plain msgpack map,
+    not yet checked against its method's params type (each handler checks what it reads)."""
 
     id: str
     method: str
-    params: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, object] = field(default_factory=dict)
 
 
 # -- requests ---------------------------------------------------------------------------------
 
 
-def encode_request(request_id: str, method: str, params: Mapping[str, Any] | None) -> bytes:
+def encode_request(request_id: str, method: str, params: Mapping[str, object] | None) -> bytes:
     """A request frame, as a client sends it."""
     frame: bytes = msgpack.packb(
         {"v": PROTOCOL_VERSION, "id": request_id, "method": method, "params": dict(params or {})},
@@ -134,7 +138,7 @@ def peek_id(frame: bytes) -> str | None:
 # -- replies ----------------------------------------------------------------------------------
 
 
-def _pack(obj: Mapping[str, Any]) -> bytes:
+def _pack(obj: Mapping[str, object]) -> bytes:
     packed: bytes = msgpack.packb(obj, use_bin_type=True)
     return packed
 
@@ -144,7 +148,7 @@ def _pack_value(value: str | int) -> bytes:
     return packed
 
 
-def encode_result(request_id: str, status: int, result: Mapping[str, Any]) -> bytes:
+def encode_result(request_id: str, status: int, result: Mapping[str, object]) -> bytes:
     """A success reply (status 200 or 202). Raises TypeError if `result` is not msgpack-able."""
     if not 200 <= status < 300:
         raise ValueError(f"success status must be 2xx, not {status}")
@@ -158,7 +162,7 @@ _STATUS_KEY = _pack_value("status")
 _RESULT_KEY = _pack_value("result")
 
 
-def pack_result(result: Mapping[str, Any]) -> bytes:
+def pack_result(result: Mapping[str, object]) -> bytes:
     """The msgpack bytes of a success reply's `result` map, for `encode_result_packed` (a
     reply that is sent again, e.g. from a cache, is encoded once). Raises TypeError like
     `encode_result`."""
@@ -182,7 +186,7 @@ def encode_result_packed(request_id: str, status: int, packed_result: bytes) -> 
     )
 
 
-def encode_error(request_id: str | None, status: int, error: dict[str, Any]) -> bytes:
+def encode_error(request_id: str | None, status: int, error: Error) -> bytes:
     """An error reply of `error` (the `{code, reason, message, retryable, params}` body);
     `id` is None when the request's id could not be read. An error whose params cannot be
     encoded is still a reply: the same error with empty params."""
@@ -194,7 +198,7 @@ def encode_error(request_id: str | None, status: int, error: dict[str, Any]) -> 
         return _pack(body)
 
 
-def decode_reply(frame: bytes) -> dict[str, Any]:
+def decode_reply(frame: bytes) -> dict[str, object]:
     """A reply frame as its map, as a client reads it: `{"undecodable": frame}` when it is
     not a msgpack map."""
     try:
@@ -204,7 +208,7 @@ def decode_reply(frame: bytes) -> dict[str, Any]:
     return reply if isinstance(reply, dict) else {"undecodable": frame}
 
 
-def reply_outcome(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+def reply_outcome(reply: Mapping[str, object]) -> tuple[int, dict[str, object]]:
     """`(status, body)` of a decoded reply: its `result` below 400, else its `error` (an
     empty map if missing); a reply without an integer status reads as 500."""
     status = reply.get("status")
@@ -217,24 +221,24 @@ def reply_outcome(reply: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
 # -- events -----------------------------------------------------------------------------------
 
 
-def encode_event(event: Mapping[str, Any]) -> bytes:
+def encode_event(event: Event) -> bytes:
     """An event's body frame (its topic frame is the workspace id). Raises TypeError if the
     event cannot be encoded."""
     frame: bytes = msgpack.packb(dict(event), use_bin_type=True)
     return frame
 
 
-def decode_event(frame: bytes) -> dict[str, Any]:
+def decode_event(frame: bytes) -> dict[str, object]:
     """An event's body as a map (`{"value": …}` around anything that is not one)."""
     event = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     return event if isinstance(event, dict) else {"value": event}
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     return "nil" if value is None else type(value).__name__
 
 
-def _check_plain(root: dict[str, Any]) -> str | None:
+def _check_plain(root: dict[str, object]) -> str | None:
     """Why `root` is not plain msgpack data (ext types, nesting over MAX_DEPTH), or None.
 
     Iterative, so hostile nesting cannot exhaust the Python stack.

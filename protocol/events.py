@@ -13,6 +13,9 @@ SESSION_UPSERTED: Final = "session.upserted"
 SESSION_REMOVED: Final = "session.removed"
 TURN_UPDATED: Final = "turn.updated"
 FORK_OPERATION: Final = "fork.operation"
+MESSAGE_DELTA: Final = "message.delta"
+"""Streamed text (docs/protocol.md "Streaming"): published, never stored, so not in
+`EVENT_TYPES` (the durable events)."""
 
 
 class SessionUpserted(TypedDict):
@@ -25,10 +28,20 @@ class SessionRemoved(TypedDict):
     agentSessionId: str
 
 
+class EventTurn(Turn, total=False):
+    """A Turn as `turn.updated` carries it: whole, or only its messages at ordinals
+    `messagesFrom` .. `messageCount - 1` with `messagesTruncated: true`."""
+
+    messagesTruncated: bool
+    messageCount: int
+    messagesFrom: int
+
+
 class TurnUpdated(TypedDict):
     type: Literal["turn.updated"]
     agentSessionId: str
-    turn: Turn
+    turn: Turn | EventTurn
+    """Whole (a `Turn`), or a run of its messages (an `EventTurn` with `messagesTruncated`)."""
 
 
 class ForkOperationEvent(TypedDict):
@@ -36,7 +49,18 @@ class ForkOperationEvent(TypedDict):
     operation: Operation
 
 
-Event = SessionUpserted | SessionRemoved | TurnUpdated | ForkOperationEvent
+class MessageDelta(TypedDict):
+    type: Literal["message.delta"]
+    agentSessionId: str
+    turnId: str
+    itemId: str
+    kind: str
+    """`assistant`, `reasoning` or `progress` from the providers this daemon runs; the
+    daemon passes on what the provider's worker said."""
+    delta: str
+
+
+Event = SessionUpserted | SessionRemoved | TurnUpdated | ForkOperationEvent | MessageDelta
 
 EVENT_TYPES: tuple[EventType, ...] = (
     SESSION_UPSERTED,

@@ -19,6 +19,7 @@ from protocol.objects import (
     Evidence,
     ForkPoint,
     Interaction,
+    JsonObject,
     LineageNode,
     LineageTruncation,
     Operation,
@@ -81,10 +82,11 @@ class HostStatusResult(TypedDict):
     threads: NotRequired[int]
     storeConnections: NotRequired[int]
     timers: NotRequired[int]
-    providers: NotRequired[list[dict[str, Any]]]
+    providers: NotRequired[list[JsonObject]]
     runtimes: NotRequired[dict[str, dict[str, int]]]
-    connections: NotRequired[dict[str, int]]
-    checkpoints: NotRequired[dict[str, Any]]
+    connections: NotRequired[JsonObject | None]
+    """Null when the daemon serves no listener yet."""
+    checkpoints: NotRequired[JsonObject]
 
 
 class SessionCreateParams(WorkspaceParams):
@@ -92,7 +94,7 @@ class SessionCreateParams(WorkspaceParams):
     provider: str
     title: NotRequired[str]
     cwd: NotRequired[str]
-    settings: NotRequired[dict[str, Any]]
+    settings: NotRequired[JsonObject]
     model: NotRequired[str]
 
 
@@ -134,7 +136,7 @@ class LineageResult(TypedDict):
 
 
 class UpdateSettingsParams(SessionParams):
-    settings: dict[str, Any]
+    settings: JsonObject
 
 
 class UpdateTitleParams(SessionParams):
@@ -191,7 +193,7 @@ AnsweredBy = Literal["cli", "gui", "client"]
 class InteractionRespondParams(SessionParams):
     turnId: str
     requestId: str
-    response: dict[str, Any]
+    response: JsonObject
     by: NotRequired[AnsweredBy]
 
 

@@ -4,7 +4,13 @@ are absent from some replies; `None` is a value the wire sends (msgpack nil)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypeAlias, TypedDict
+
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
+"""A value an open-ended field holds: what JSON (and so msgpack without bytes) can say."""
+JsonObject: TypeAlias = dict[str, JsonValue]
+"""An open map the protocol does not shape: a Session's `settings`, a message's `payload`, an
+interaction's `input`/`output`, a response to one, an error's `params`."""
 
 SessionKind = Literal["root", "child"]
 TurnPhase = Literal["active", "settled"]
@@ -19,6 +25,7 @@ OperationPhase = Literal[
 ]
 ResolveAction = Literal["inspect", "adopt", "abandon"]
 Verdict = Literal["adoptable", "absent", "ambiguous"]
+WorktreeState = Literal["planned", "made", "removed"]
 
 
 class Lineage(TypedDict):
@@ -45,7 +52,7 @@ class Session(TypedDict):
     providerSessionId: str | None
     title: str
     cwd: str
-    settings: dict[str, Any]
+    settings: JsonObject
     model: str | None
     pinned: bool
     goal: str | None
@@ -63,7 +70,7 @@ class Message(TypedDict):
     turnId: str | None
     kind: str
     text: str | None
-    payload: dict[str, Any]
+    payload: JsonObject
     version: int
 
 
@@ -72,8 +79,8 @@ class Interaction(TypedDict):
     turnId: str
     kind: InteractionKind
     status: InteractionStatus
-    input: dict[str, Any]
-    output: dict[str, Any] | None
+    input: JsonObject
+    output: JsonObject | None
 
 
 class ChangedFile(TypedDict):
@@ -142,10 +149,11 @@ class OperationWorkspace(TypedDict):
     before the provider fork), `removed` (the fork failed)."""
 
     mode: Literal["shared", "worktree"]
-    path: NotRequired[str]
-    cwd: NotRequired[str]
+    path: NotRequired[str | None]
+    cwd: NotRequired[str | None]
     branch: NotRequired[str | None]
-    state: NotRequired[Literal["planned", "made", "removed"]]
+    state: NotRequired[WorktreeState | None]
+    """Null (as `path` and `cwd`) only for a record the daemon never finished writing."""
 
 
 class ResolvedChild(TypedDict):
@@ -202,6 +210,10 @@ class WorkerStatus(TypedDict):
     pid: int | None
     state: str
     restarts: int
+    lastError: NotRequired[str | None]
+    """Why the last incarnation died or could not start; null until one did."""
+    busySilences: NotRequired[int]
+    """Watchdog windows in which the worker was silent but running (busy, kept)."""
 
 
 class Error(TypedDict):
@@ -211,4 +223,4 @@ class Error(TypedDict):
     reason: str
     message: str
     retryable: bool
-    params: NotRequired[dict[str, Any]]
+    params: NotRequired[JsonObject]

@@ -62,9 +62,3 @@ def resolve_or_block(
         if blockers:
             raise ForkBoundaryError(blockers[0]) from None
         raise
-
-
-def wire_point(point_kind: str, turn_id: str) -> dict[str, str]:
-    """The operation's `point` on the wire: the client's kind with the frozen Turn."""
-    kind = "latestSettled" if point_kind == ForkPointKind.LATEST_SETTLED else "throughTurn"
-    return {"type": kind, "turnId": turn_id}

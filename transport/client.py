@@ -165,10 +165,10 @@ class Client:
     def call(
         self,
         method: str,
-        params: Mapping[str, Any] | None = None,
+        params: Mapping[str, object] | None = None,
         *,
         timeout: float | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, object]: ...
 
     def call(
         self,

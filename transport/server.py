@@ -19,7 +19,7 @@ import contextlib
 import logging
 import resource
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -27,6 +27,7 @@ import zmq
 
 from domain.errors import HostError, Unavailable, internal_error
 from protocol.envelope import Request, encode_event, peek_id
+from protocol.events import Event
 from transport.connections import ConnectionGuard, ConnectionLimits
 from transport.endpoints import Binder, EndpointInUse, rebind_missing
 from transport.events import EVENTS_HWM, MAX_EVENT_BYTES, EventSockets
@@ -238,7 +239,7 @@ class ApiServer:
 
     # -- thread-safe entry points ------------------------------------------------------------
 
-    def publish(self, topic: str, event: Mapping[str, Any]) -> bool:
+    def publish(self, topic: str, event: Event) -> bool:
         """Publish one event (topic frame + msgpack map) from any thread.
 
         Returns False if the server is not running. Raises TypeError if `event` cannot be
@@ -246,7 +247,7 @@ class ApiServer:
         """
         return self.publish_many([(topic, event)])
 
-    def publish_many(self, events: Sequence[tuple[str, Mapping[str, Any]]]) -> bool:
+    def publish_many(self, events: Sequence[tuple[str, Event]]) -> bool:
         """Publish several events, in order, with one hand-over to the loop (see `publish`)."""
         if not events:
             return True

@@ -14,6 +14,7 @@ from typing import Any
 from domain.errors import HostError, InvalidArgument, InvalidRequest, PayloadTooLarge
 from protocol import envelope
 from protocol.envelope import EnvelopeError, Request
+from protocol.objects import Error
 
 _UUID_RE = re.compile(
     r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE
@@ -66,7 +67,19 @@ def decode_request(frame: bytes) -> Request:
 
 def encode_error(request_id: str | None, error: HostError) -> bytes:
     """An error reply; `id` is None when the request's id could not be read."""
-    return envelope.encode_error(request_id, error.status, error.to_wire())
+    return envelope.encode_error(request_id, error.status, error_body(error))
+
+
+def error_body(error: HostError) -> Error:
+    """The `error` of a reply (`HostError.to_wire`'s fields, in its order) as the protocol's
+    type: `domain` knows no wire types, so the conversion is here."""
+    return {
+        "code": error.code,
+        "reason": error.reason,
+        "message": error.message,
+        "retryable": error.retryable,
+        "params": error.params,
+    }
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,17 +7,20 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from client.cli.endpoints import curve, endpoints
 from client.cli.output import EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail
 from client.cli.reach import check_reachable, no_reply
 from protocol.methods import HOST_STATUS, Method
 
+if TYPE_CHECKING:
+    from transport.client import Client
+
 R = TypeVar("R")
 
 
-def open_client(args: argparse.Namespace) -> Any:
+def open_client(args: argparse.Namespace) -> Client:
     from transport.client import Client
 
     api, _ = endpoints(args)
@@ -41,7 +44,7 @@ def api_error(exc: Any) -> CliError:
 
 
 def with_client(
-    fn: Callable[[argparse.Namespace, Any], int],
+    fn: Callable[[argparse.Namespace, Client], int],
 ) -> Callable[[argparse.Namespace], int]:
     """Run a command with a client; map every failure to a CliError with its exit code."""
 
@@ -70,7 +73,7 @@ def with_client(
     return run
 
 
-def call(args: argparse.Namespace, client: Any, method: Method[Any, R], **params: Any) -> R:
+def call(args: argparse.Namespace, client: Client, method: Method[Any, R], **params: Any) -> R:
     """`method`'s result, in the command's workspace (`host.status` takes none)."""
     body = {} if method is HOST_STATUS else {"workspaceId": args.workspace, **params}
     result: R = client.call(method, body)

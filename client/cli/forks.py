@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
@@ -26,10 +26,14 @@ from protocol.methods import (
     OperationParams,
     OperationResult,
 )
+from protocol.objects import Turn
+
+if TYPE_CHECKING:
+    from transport.client import Client
 
 
 @with_client
-def run_tree(args: argparse.Namespace, client: Any) -> int:
+def run_tree(args: argparse.Namespace, client: Client) -> int:
     from client.lineage_view import format_tree
     from client.session_client import resolve_session
 
@@ -40,7 +44,7 @@ def run_tree(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_resolve(args: argparse.Namespace, client: Any) -> int:
+def run_resolve(args: argparse.Namespace, client: Client) -> int:
     from client.lineage_view import format_resolution, status_words
 
     operation_id = _operation_id(args, client)
@@ -72,7 +76,7 @@ def run_resolve(args: argparse.Namespace, client: Any) -> int:
     return EXIT_OK
 
 
-def _operation_id(args: argparse.Namespace, client: Any) -> str:
+def _operation_id(args: argparse.Namespace, client: Client) -> str:
     from client.session_client import resolve_operation
 
     return resolve_operation(client, args.workspace, args.operation)
@@ -80,7 +84,7 @@ def _operation_id(args: argparse.Namespace, client: Any) -> str:
 
 def _get_operation(
     args: argparse.Namespace,
-    client: Any,
+    client: Client,
     operation_id: str,
     method: Method[OperationParams, OperationResult] = FORK_GET,
 ) -> dict[str, Any]:
@@ -101,8 +105,9 @@ def _get_operation(
 
 
 @with_client
-def run_fork(args: argparse.Namespace, client: Any) -> int:
-    from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+def run_fork(args: argparse.Namespace, client: Client) -> int:
+    from client.engine.lifecycle import Engine
+    from client.engine.values import LATEST_SETTLED, AckState, MutationStatus
     from client.session_client import resolve_session, resolve_turn, timeline
 
     sid = resolve_session(client, args.workspace, args.session)
@@ -148,7 +153,7 @@ def run_fork(args: argparse.Namespace, client: Any) -> int:
                 FORK_GET, {"operationId": record.operation_id}, timeout=args.timeout
             )["operation"]
         session: Mapping[str, Any] | None = None
-        turns: list[dict[str, Any]] = []
+        turns: list[Turn] = []
         if record.error_detail is not None:
             # A refusal before any operation: read the source so the sentence can name turns.
             with contextlib.suppress(Exception):
@@ -178,9 +183,9 @@ def _report_fork(
     operation: Any,
     *,
     session: Mapping[str, Any] | None = None,
-    turns: list[dict[str, Any]] | None = None,
+    turns: list[Turn] | None = None,
 ) -> int:
-    from client.engine import AckState, MutationStatus
+    from client.engine.values import AckState, MutationStatus
     from client.session_client import fork_refusal
 
     data = {"mutation": record.to_dict(), "operation": operation}
@@ -240,7 +245,7 @@ def _report_fork(
 
 
 @with_client
-def run_op(args: argparse.Namespace, client: Any) -> int:
+def run_op(args: argparse.Namespace, client: Client) -> int:
     from client.lineage_view import status_words
 
     operation_id = _operation_id(args, client)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.cli.command import api_error, call, parse_pairs, with_client
 from client.cli.output import EXIT_ERROR, EXIT_OK, CliError, emit
@@ -19,8 +19,11 @@ from protocol.methods import (
     SESSION_UPDATE_TITLE,
 )
 
+if TYPE_CHECKING:
+    from transport.client import Client
 
-def _fork_tree(args: argparse.Namespace, client: Any, session: Mapping[str, Any]) -> Any:
+
+def _fork_tree(args: argparse.Namespace, client: Client, session: Mapping[str, Any]) -> Any:
     """The tree a worktree fork made for this Session, while it stands (else None)."""
     lineage = session.get("forkedFrom")
     if not isinstance(lineage, dict):
@@ -58,7 +61,7 @@ def _dirty_words(sid: str, exc: Any) -> str:
 
 
 @with_client
-def run_delete(args: argparse.Namespace, client: Any) -> int:
+def run_delete(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
     from transport.client import ApiError
 
@@ -99,7 +102,7 @@ def run_delete(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_rename(args: argparse.Namespace, client: Any) -> int:
+def run_rename(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
@@ -111,7 +114,7 @@ def run_rename(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_pin(args: argparse.Namespace, client: Any) -> int:
+def run_pin(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
@@ -125,7 +128,7 @@ def run_pin(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_settings(args: argparse.Namespace, client: Any) -> int:
+def run_settings(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)

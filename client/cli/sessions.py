@@ -5,15 +5,19 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.cli.command import call, parse_pairs, with_client
 from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
 from protocol.methods import HOST_STATUS, SESSION_CREATE, SESSION_GET
+from protocol.objects import Session
+
+if TYPE_CHECKING:
+    from transport.client import Client
 
 
 @with_client
-def run_status(args: argparse.Namespace, client: Any) -> int:
+def run_status(args: argparse.Namespace, client: Client) -> int:
     result = call(args, client, HOST_STATUS)
     workers = ", ".join(
         f"{w['provider']} {w['state']} (pid {w['pid']}, {w['restarts']} restarts)"
@@ -92,7 +96,7 @@ def provider_line(p: Mapping[str, Any]) -> str:
 
 
 @with_client
-def run_sessions(args: argparse.Namespace, client: Any) -> int:
+def run_sessions(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import list_sessions
 
     sessions = list_sessions(client, args.workspace)
@@ -100,7 +104,7 @@ def run_sessions(args: argparse.Namespace, client: Any) -> int:
     return EXIT_OK
 
 
-def session_table(sessions: list[dict[str, Any]]) -> str:
+def session_table(sessions: list[Session]) -> str:
     """One row a Session in lineage order: the id, provider and fork columns stay aligned for
     every row (the tree is drawn in the title column), a pinned Session is marked, and so is a
     fork whose source was deleted (it is listed at the top level, having no source to sit
@@ -143,7 +147,7 @@ def _absolute_cwd(value: str | None) -> str:
 
 
 @with_client
-def run_new(args: argparse.Namespace, client: Any) -> int:
+def run_new(args: argparse.Namespace, client: Client) -> int:
     params: dict[str, Any] = {"provider": args.provider, "cwd": _absolute_cwd(args.cwd)}
     if args.title:
         params["title"] = args.title
@@ -161,7 +165,7 @@ def run_new(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_show(args: argparse.Namespace, client: Any) -> int:
+def run_show(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import (
         format_transcript,
         resolve_session,

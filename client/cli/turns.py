@@ -11,12 +11,15 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
 from protocol.methods import INTERACTION_RESPOND, SESSION_GET, TURN_INTERRUPT
+
+if TYPE_CHECKING:
+    from transport.client import Client
 
 
 class _Followed:
@@ -73,7 +76,7 @@ def _ctrl_c_interrupts() -> None:
 
 
 @with_client
-def run_say(args: argparse.Namespace, client: Any) -> int:
+def run_say(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import (
         TurnPrinter,
         TurnWaitTimeout,
@@ -207,7 +210,7 @@ def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
     return EXIT_OK if ok else EXIT_ERROR
 
 
-def _active_turn(args: argparse.Namespace, client: Any, sid: str) -> str | None:
+def _active_turn(args: argparse.Namespace, client: Client, sid: str) -> str | None:
     session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
     active = session.get("activeTurnId")
     return str(active) if active else None
@@ -215,7 +218,7 @@ def _active_turn(args: argparse.Namespace, client: Any, sid: str) -> str | None:
 
 def _stop_turn(
     args: argparse.Namespace,
-    client: Any,
+    client: Client,
     sid: str,
     turn_id: str,
     printer: Any | None = None,
@@ -338,7 +341,7 @@ def _prompt(ask: str, answered: Callable[[], Mapping[str, Any] | None]) -> str |
 
 
 @with_client
-def run_interrupt(args: argparse.Namespace, client: Any) -> int:
+def run_interrupt(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
@@ -357,7 +360,7 @@ def run_interrupt(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_answer(args: argparse.Namespace, client: Any) -> int:
+def run_answer(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import get_turn, resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)

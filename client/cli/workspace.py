@@ -4,7 +4,7 @@ turns) and `restore` (put the folder back to a turn's checkpoint; undoable)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.cli.command import call, with_client
 from client.cli.output import EXIT_OK, CliError, emit
@@ -12,8 +12,11 @@ from client.workspace_text import change_list
 from protocol.methods import SESSION_WORKSPACE_DIFF, WORKSPACE_RESTORE
 from transport.client import ApiError
 
+if TYPE_CHECKING:
+    from transport.client import Client
 
-def _turn(client: Any, args: argparse.Namespace, sid: str, ref: str | None) -> str | None:
+
+def _turn(client: Client, args: argparse.Namespace, sid: str, ref: str | None) -> str | None:
     from client.session_client import resolve_turn, timeline
 
     if ref is None:
@@ -22,7 +25,7 @@ def _turn(client: Any, args: argparse.Namespace, sid: str, ref: str | None) -> s
 
 
 @with_client
-def run_diff(args: argparse.Namespace, client: Any) -> int:
+def run_diff(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
@@ -54,7 +57,7 @@ def run_diff(args: argparse.Namespace, client: Any) -> int:
 
 
 @with_client
-def run_restore(args: argparse.Namespace, client: Any) -> int:
+def run_restore(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)

@@ -10,51 +10,6 @@ the client-observed ACK with a deadline and capped backoff on an injectable sche
 `records` (fork mutations and their bookkeeping), `cache` (sessions), `unknown` (the
 `unknown` operations seen), `acks` (the ACK state machine), `reconcile` (events, polls and
 adoption merged into records), `forks` (fork, fork_latest, resolve); `values` and `ports`
-hold the records, statuses and the edges to the outside. Import the names from here.
+hold the records, statuses and the edges to the outside. Import each name from the module
+that defines it (`client.engine.lifecycle.Engine`, `client.engine.values.MutationStatus`).
 """
-
-from client.engine.lifecycle import Engine
-from client.engine.ports import ApiPort, Reply, Scheduler, ThreadScheduler, Timer
-from client.engine.values import (
-    ACK_BACKOFF_S,
-    ACK_DEADLINE_S,
-    CREATE_DEADLINE_S,
-    GET_DEADLINE_S,
-    LATEST_SETTLED,
-    MAX_SETTLED,
-    POLL_INTERVAL_S,
-    THROUGH_TURN,
-    AckState,
-    BoundaryKey,
-    ChangeKind,
-    EngineChange,
-    ForkMutation,
-    Listener,
-    MutationStatus,
-    operation_key,
-)
-
-__all__ = [
-    "ACK_BACKOFF_S",
-    "ACK_DEADLINE_S",
-    "CREATE_DEADLINE_S",
-    "GET_DEADLINE_S",
-    "LATEST_SETTLED",
-    "MAX_SETTLED",
-    "POLL_INTERVAL_S",
-    "THROUGH_TURN",
-    "AckState",
-    "ApiPort",
-    "BoundaryKey",
-    "ChangeKind",
-    "Engine",
-    "EngineChange",
-    "ForkMutation",
-    "Listener",
-    "MutationStatus",
-    "Reply",
-    "Scheduler",
-    "ThreadScheduler",
-    "Timer",
-    "operation_key",
-]

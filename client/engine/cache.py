@@ -8,12 +8,13 @@ take it and notify listeners themselves.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any
 
 from client.engine.calls import WorkspaceCalls
 from client.engine.changes import ChangeFeed
 from client.engine.values import ChangeKind, EngineChange
 from protocol.methods import SESSION_LIST
+from protocol.objects import Session
 
 
 class SessionCache:
@@ -34,16 +35,16 @@ class SessionCache:
         with self._feed.lock:
             return [dict(s) for s in self._sessions.values()]
 
-    def load(self) -> list[dict[str, Any]]:
+    def load(self) -> list[Session]:
         """Fill the cache from `session.list` (every page)."""
         cursor: str | None = None
-        loaded: list[dict[str, Any]] = []
+        loaded: list[Session] = []
         while True:
             params: dict[str, Any] = {"limit": 200}
             if cursor:
                 params["cursor"] = cursor
             page = self._calls.request(SESSION_LIST, params)
-            loaded.extend(cast(list[dict[str, Any]], page["sessions"]))
+            loaded.extend(page["sessions"])
             cursor = page.get("nextCursor")
             if not cursor:
                 break

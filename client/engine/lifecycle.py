@@ -32,6 +32,7 @@ from client.engine.values import (
     MutationStatus,
 )
 from protocol.methods import SESSION_WORKSPACE_DIFF, ForkResolveResult, Method, WorkspaceDiffResult
+from protocol.objects import Session
 from transport.security import ClientCurve
 
 R = TypeVar("R")
@@ -226,7 +227,7 @@ class Engine:
     def sessions(self) -> list[dict[str, Any]]:
         return self._sessions.sessions()
 
-    def load_sessions(self) -> list[dict[str, Any]]:
+    def load_sessions(self) -> list[Session]:
         """Fill the session cache from `session.list` (every page)."""
         return self._sessions.load()
 

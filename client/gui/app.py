@@ -24,7 +24,8 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Static, Tree
 
-from client.engine import ChangeKind, Engine, EngineChange
+from client.engine.lifecycle import Engine
+from client.engine.values import ChangeKind, EngineChange
 from client.gui.bridge import EngineChanged, bridge
 from client.gui.composer import Composer
 from client.gui.control_actions import ControlActions

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from textual.message import Message
 from textual.message_pump import MessagePump
 
-from client.engine import Engine, EngineChange
+from client.engine.lifecycle import Engine
+from client.engine.values import EngineChange
 
 
 class EngineChanged(Message):

@@ -10,7 +10,7 @@ from typing import Any
 
 from textual.app import App
 
-from client.engine import LATEST_SETTLED, MutationStatus
+from client.engine.values import LATEST_SETTLED, MutationStatus
 from client.gui.controls import ForkScreen
 from client.gui.keyboard import TurnPickerScreen, turn_choice
 from client.gui.resolve import ResolveScreen, resolved_words

@@ -18,7 +18,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.lineage_view import child_words, verdict_words
 from client.session_client import error_words
 from transport.client import ApiError

@@ -11,7 +11,7 @@ from typing import Any
 
 from rich.text import Text
 
-from client.engine import ForkMutation, MutationStatus
+from client.engine.values import ForkMutation, MutationStatus
 from client.session_client import fork_refusal
 
 

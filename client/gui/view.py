@@ -18,7 +18,8 @@ from textual.app import App
 from textual.css.query import NoMatches
 from textual.widgets import Button, Static
 
-from client.engine import LATEST_SETTLED, Engine
+from client.engine.lifecycle import Engine
+from client.engine.values import LATEST_SETTLED
 from client.gui.controls import InteractionBar
 from client.gui.session_list import SessionTree
 from client.gui.status_text import fork_session_button, session_bar_text

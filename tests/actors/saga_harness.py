@@ -25,8 +25,8 @@ from actors.timers import TimerHandle
 from agenthost.workers import read_answer
 from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import ForkRequest, ForkResult
-from storage import Store
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, Session
+from storage.store import Store
 from tests.support.invariants import provider_home
 from workspace.worktree import ForkTrees
 

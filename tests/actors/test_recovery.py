@@ -10,8 +10,8 @@ import apsw
 
 from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR, recover_fork_operations
 from domain.fork_states import ForkStatus
-from storage import Store
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
 from tests.storage.store_builders import WS, new_session, settled_turn
 from tests.support.store_reads import find_session
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
 from domain.fork_states import TRANSITIONS, ForkStatus
-from storage import Store
 from storage.models import ForkPointKind
+from storage.store import Store
 from tests.actors.saga_harness import (
     WS,
     Answer,

@@ -16,8 +16,8 @@ import pytest
 from actors.ports import DeliveryUnknown
 from domain.errors import ForkRequestConflict, WorkspaceCheckpointMissing
 from domain.fork_states import ForkStatus
-from storage import Store
 from storage.models import ForkPointKind, ForkPrepareRequest
+from storage.store import Store
 from tests.actors.saga_harness import (
     DRIVER,
     WS,

@@ -18,7 +18,7 @@ from model_fakes.messages import (
     model_input_texts,
     tool_result,
 )
-from storage import Store
+from storage.store import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
     WS,

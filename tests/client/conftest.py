@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay
 from tests.support.daemon import DaemonProcess, create_session, run_turn

@@ -21,7 +21,8 @@ from typing import Any
 from rich.console import Console
 from rich.segment import Segment
 
-from client.engine import AckState, Engine
+from client.engine.lifecycle import Engine
+from client.engine.values import AckState
 from client.gui.app import AgentHostApp
 from client.gui.transcript import ForkRequested as ForkRequestedMsg
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from client.engine import AckState, ChangeKind, Engine, EngineChange, MutationStatus
+from client.engine.lifecycle import Engine
+from client.engine.values import AckState, ChangeKind, EngineChange, MutationStatus
 from tests.client.conftest import events_live, source
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay, wait_until

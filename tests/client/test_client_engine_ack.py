@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from client.engine import ACK_BACKOFF_S, ACK_DEADLINE_S, AckState, Engine, MutationStatus
+from client.engine.lifecycle import Engine
+from client.engine.values import ACK_BACKOFF_S, ACK_DEADLINE_S, AckState, MutationStatus
 from tests.client.conftest import events_live, source
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay, wait_until

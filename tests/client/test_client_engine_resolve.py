@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from client.engine import Engine, MutationStatus
+from client.engine.lifecycle import Engine
+from client.engine.values import MutationStatus
 from tests.client.conftest import source
 from tests.client.fakeclock import FakeClock
 from tests.client.test_client_engine import settle

@@ -15,7 +15,8 @@ from actors.ports import DriverInfo
 from agenthost.catalog import Catalog
 from agenthost.config import Config
 from agenthost.daemon import Daemon
-from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+from client.engine.lifecycle import Engine
+from client.engine.values import LATEST_SETTLED, AckState, MutationStatus
 from tests.client.conftest import source
 from tests.client.fakeclock import FakeClock
 from tests.client.test_client_cli import MUTATION_KEYS, OPERATION_KEYS, Cli, new_session, say

@@ -16,7 +16,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Static
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.session_list import SessionTree
 from client.gui.transcript import (

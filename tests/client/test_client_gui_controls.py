@@ -13,7 +13,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Input, Select
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.controls import (
     ANSWER_INPUT_ID,

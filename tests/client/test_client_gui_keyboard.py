@@ -14,7 +14,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Static
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.composer import Composer
 from client.gui.controls import ForkScreen, NewSessionScreen

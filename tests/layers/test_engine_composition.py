@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.engine.records import MutationRecords
 from tests.layers.test_composition import _modules, inherited_from_ours
 

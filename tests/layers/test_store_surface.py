@@ -15,7 +15,7 @@ import re
 import typing
 from pathlib import Path
 
-from storage import Store
+from storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 NON_TEST_PACKAGES = (

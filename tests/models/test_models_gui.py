@@ -16,7 +16,7 @@ import pytest
 from rich.segment import Segment
 from textual.pilot import Pilot
 
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.transcript import TranscriptView, TurnView
 from model_fakes.responses import ResponsesServer, default_reply

@@ -22,7 +22,7 @@ import pytest
 import zmq
 
 from agenthost.keys import Connection, load_connection
-from client.engine import Engine
+from client.engine.lifecycle import Engine
 from tests.support.daemon import DaemonProcess, create_session, wait_for
 from transport.client import Client, ClientTimeout, EventSubscriber
 from transport.security import ClientCurve

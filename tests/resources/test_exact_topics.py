@@ -26,7 +26,8 @@ import zmq
 from agenthost.cli import _parser
 from agenthost.keys import Connection, load_connection
 from client.cli.endpoints import events_source
-from client.engine import ChangeKind, Engine, EngineChange
+from client.engine.lifecycle import Engine
+from client.engine.values import ChangeKind, EngineChange
 from tests.support.daemon import DaemonProcess, create_session, run_turn, wait_for
 from transport.client import Client, EventSubscriber
 from transport.security import ClientCurve

@@ -30,7 +30,6 @@ import pytest
 from agenthost.catalog import Catalog
 from agenthost.publisher import EventPublisher
 from domain.errors import SessionNotFound
-from storage import Store
 from storage.models import ChangeEvent, SessionChanged, TurnChanged
 from storage.rows import (
     HYDRATE_MESSAGES_SQL,
@@ -38,6 +37,7 @@ from storage.rows import (
     MESSAGE_COLUMNS,
     SESSION_SELECT,
 )
+from storage.store import Store
 
 WS = "ws-mutation"
 

@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from bench.loadgen import Waiter
-from client.engine import ChangeKind, Engine, EngineChange
+from client.engine.lifecycle import Engine
+from client.engine.values import ChangeKind, EngineChange
 from client.session_client import stream_turn
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, turn_of
 from transport.client import EventSubscriber

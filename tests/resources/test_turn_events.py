@@ -226,7 +226,8 @@ def test_the_gui_transcript_merges_a_multi_message_turn_to_the_timeline(tmp_path
     events that carried only new messages."""
     import textual  # noqa: F401  (the GUI extra; make test installs it: fail, never skip)
 
-    from client.engine import Engine, EngineChange
+    from client.engine.lifecycle import Engine
+    from client.engine.values import EngineChange
     from client.gui.app import AgentHostApp
 
     gate = threading.Event()

@@ -29,7 +29,8 @@ import pytest
 from agenthost import projection
 from agenthost.catalog import Catalog
 from agenthost.turn_events import TurnDeltas, updated_turn
-from storage import Store, Turn
+from storage.models import Turn
+from storage.store import Store
 from transport.client import merge_turn
 
 WS, SID, PROVIDER = "ws-projection", "s-projection", "tutti-agent"

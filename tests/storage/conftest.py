@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from store_builders import WS
 
-from storage import Store
+from storage.store import Store
 
 
 @pytest.fixture

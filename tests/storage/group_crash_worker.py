@@ -11,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from storage import Store  # noqa: E402
+from storage.store import Store
 
 WS = "group-crash"
 THREADS = 8

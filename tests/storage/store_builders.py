@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from storage import Store, Turn
+from storage.models import Turn
+from storage.store import Store
 
 WS = "ws-test"
 

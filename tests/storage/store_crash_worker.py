@@ -16,7 +16,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from domain.errors import HostError  # noqa: E402
-from storage import ForkPrepareRequest, ForkStatus, ProviderForkEvidence, Store  # noqa: E402
+from domain.fork_states import ForkStatus
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
 
 WS = "crash-ws"
 

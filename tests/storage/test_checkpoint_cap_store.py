@@ -9,7 +9,8 @@ import uuid
 
 from store_builders import WS, new_session
 
-from storage import ForkPrepareRequest, Store
+from storage.models import ForkPrepareRequest
+from storage.store import Store
 
 
 def _checkpointed_turn(store: Store, sid: str, tree: str) -> tuple[str, str]:

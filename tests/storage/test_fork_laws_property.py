@@ -25,8 +25,8 @@ from store_builders import fork_evidence as _evidence
 
 from actors.recovery import recover_fork_operations
 from domain.errors import HostError
-from storage import Store
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest
+from storage.store import Store
 from tests.support.invariants import STORE_LAWS, check_invariants, provider_home
 
 pytestmark = pytest.mark.timeout(300)

@@ -10,9 +10,9 @@ import apsw
 from store_builders import WS, new_session, settled_turn
 
 from bench.fork_trees import committed_fork, replicate
-from storage import Store
 from storage.lineage_tree import _LEVEL, lineage_tree
 from storage.sqlite import open_connection
+from storage.store import Store
 
 
 def test_a_tree_is_read_one_query_per_level_through_the_source_index(store: Store) -> None:

@@ -4,7 +4,7 @@ continues from there, so every Session is still listed once, in order."""
 
 from __future__ import annotations
 
-from storage import Store
+from storage.store import Store
 
 WS = "ws"
 

@@ -15,8 +15,8 @@ from test_store_fork import evidence, request
 
 from domain.errors import ForkOperationNotFound, SessionNotFound
 from domain.fork_states import ForkStatus
-from storage import Store
 from storage.read_view import ReadView
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -20,7 +20,8 @@ from domain.errors import (
     SessionNotFound,
     TurnNotFound,
 )
-from storage import SessionChanged, Store, TurnChanged
+from storage.models import SessionChanged, TurnChanged
+from storage.store import Store
 from tests.support.store_reads import (
     begin_goal_control,
     begin_runtime_operation,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from domain.errors import ForkInProgress
-from storage import Store
 from storage.fork_snapshot import decode_frozen
+from storage.store import Store
 
 WORKER = Path(__file__).with_name("store_crash_worker.py")
 WS = "crash-ws"

@@ -23,19 +23,19 @@ from domain.errors import (
     SessionIdTaken,
     SessionNotFound,
 )
-from storage import (
-    ForkOperation,
-    ForkOperationChanged,
-    ForkPrepareRequest,
-    ForkStatus,
-    ProviderForkEvidence,
-    SessionChanged,
-    Store,
-    TurnChanged,
-)
+from domain.fork_states import ForkStatus
 from storage.fork_child import build_child
 from storage.fork_identity import ForkReferenceError
 from storage.fork_snapshot import ForkSnapshotCorrupt
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkPrepareRequest,
+    ProviderForkEvidence,
+    SessionChanged,
+    TurnChanged,
+)
+from storage.store import Store
 from tests.support.store_reads import (
     begin_goal_control,
     begin_runtime_operation,

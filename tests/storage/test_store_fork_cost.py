@@ -22,9 +22,9 @@ from test_store_fork import evidence, request
 import storage.fork_child as fork_child
 import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_snapshot
-from storage import Store
 from storage.fork_identity import ChildIdMinter
 from storage.fork_memo import ForkMemo
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
-from storage import Store
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -17,8 +17,8 @@ import apsw
 import pytest
 
 from domain.errors import SessionNotFound, StoreBusy
-from storage import Store
 from storage.base import Database
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 

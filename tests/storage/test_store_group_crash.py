@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from storage import Store
+from storage.store import Store
 
 WORKER = Path(__file__).with_name("group_crash_worker.py")
 WS = "group-crash"

@@ -13,9 +13,10 @@ import apsw
 import pytest
 from store_builders import WS, settled_turn
 
-from storage import ForkPrepareRequest, Store
+from storage.models import ForkPrepareRequest
 from storage.schema import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew, migrate, user_version
 from storage.sqlite import open_connection
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,8 +9,9 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 
 from domain.errors import ForkInProgress
-from storage import ForkOperation, ForkPrepareRequest, Store
 from storage.fork_snapshot import decode_frozen
+from storage.models import ForkOperation, ForkPrepareRequest
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 

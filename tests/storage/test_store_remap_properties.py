@@ -15,7 +15,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from storage import ForkPrepareRequest, ProviderForkEvidence, Store
 from storage.fork_child import build_child
 from storage.fork_identity import (
     IDENTITY_NAMESPACE,
@@ -29,6 +28,8 @@ from storage.fork_identity import (
     remap_references,
 )
 from storage.fork_snapshot import load_snapshot
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,6 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 from domain.errors import ForkSnapshotCorrupt
-from storage import Store
 from storage.base import WRITER_CACHE_KIB
 from storage.fork_boundary import MESSAGE_FIELDS
 from storage.fork_child import build_child
@@ -35,6 +34,7 @@ from storage.fork_snapshot import (
     sha256_hex,
 )
 from storage.sqlite import dumps
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 

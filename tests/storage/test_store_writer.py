@@ -14,7 +14,7 @@ import apsw
 import pytest
 
 from domain.errors import StoreBusy
-from storage import Store
+from storage.store import Store
 
 WS = "ws-writer"
 

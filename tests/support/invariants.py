@@ -25,8 +25,8 @@ import apsw
 from actors.checkpoints import checkpoint_ref
 from actors.context import _path_segment
 from domain.errors import ForkInProgress, HostError
-from storage import Store
 from storage.fork_snapshot import decode_frozen
+from storage.store import Store
 from workspace.shadow import ShadowStore
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
