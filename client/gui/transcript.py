@@ -10,12 +10,16 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from rich.segment import Segment
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.content import Content
 from textual.geometry import Size
 from textual.message import Message
+from textual.strip import Strip
+from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Button, Static
 
@@ -43,6 +47,7 @@ __all__ = [
     "ForkRequested",
     "InspectRequested",
     "LoadMoreRequested",
+    "SettledTurnView",
     "TranscriptGap",
     "TranscriptView",
     "TurnView",
@@ -278,6 +283,182 @@ class TurnView(Vertical):
             self.post_message(InspectRequested(self.session_id, self.turn_id, self.unknown))
 
 
+FORK_LABEL_WIDTH = 12
+"""The Fork label's cells (a compact `Button` of min-width 12); with its margin 0 1, the 14
+columns a Turn's header leaves free for it."""
+FORK_COLS = FORK_LABEL_WIDTH + 2
+
+
+class SettledTurnView(Widget):
+    """A settled Turn drawn with Textual's line API: one widget, no children. Its header line
+    (the Fork label at its right end, where `TurnView`'s docked button sits) and its body are
+    rendered once per width into `Strip`s that `render_line` returns, so mounting it costs one
+    widget's styles and layout (a `TurnView` is four widgets), and a frame draws only the lines
+    on screen. It looks exactly like a `TurnView` of the same Turn; a click on the label forks,
+    as the button does (not in the Tab order either: the keyboard forks with F5).
+
+    Used for a settled Turn without an `unknown` fork mark (which has an Inspect button); a
+    Turn that settles while mounted keeps its `TurnView`.
+    """
+
+    # The label's colours mirror a compact `Button`'s CSS: primary when usable, default and
+    # dimmed (text-opacity 0.6) when disabled.
+    DEFAULT_CSS = """
+    SettledTurnView {
+        height: auto; padding: 0 1; margin-bottom: 1; border-left: tall $primary 30%;
+    }
+    SettledTurnView > .settled-turn--fork {
+        text-style: bold; color: $button-color-foreground; background: $primary;
+    }
+    SettledTurnView > .settled-turn--fork-hover {
+        text-style: bold; color: $button-color-foreground; background: $primary-darken-2;
+    }
+    SettledTurnView > .settled-turn--fork-off {
+        text-style: bold; color: $button-foreground 60%; background: $surface;
+    }
+    """
+    COMPONENT_CLASSES = {"settled-turn--fork", "settled-turn--fork-hover", "settled-turn--fork-off"}
+
+    def __init__(
+        self,
+        session_id: str,
+        turn: Mapping[str, Any],
+        action: ForkAction,
+        blocked: str | None = None,
+    ) -> None:
+        super().__init__(id=turn_widget_id(str(turn["turnId"])))
+        self.session_id = session_id
+        self.turn = dict(turn)
+        self.action = action
+        self.blocked = blocked
+        self.unknown: Mapping[str, Any] | None = None
+        self._hover = False
+        self._strips: tuple[int, list[Strip]] | None = None
+
+    @property
+    def turn_id(self) -> str:
+        return str(self.turn["turnId"])
+
+    @property
+    def fork_label(self) -> str | None:
+        """What the Fork label says, None when the Turn has no Fork action."""
+        if self.action is ForkAction.HIDDEN:
+            return None
+        return "Forking…" if self.action is ForkAction.DISABLED else "Fork"
+
+    @property
+    def fork_disabled(self) -> bool:
+        return self.action is not ForkAction.ENABLED
+
+    def lines(self) -> list[Strip]:
+        """What the Turn draws inside its border and padding, a `Strip` per line."""
+        return self._lines(self.size.width or 1)
+
+    def _lines(self, width: int) -> list[Strip]:
+        if self._strips is not None and self._strips[0] == width:
+            return self._strips[1]
+        style = self.visual_style
+        fork = self._fork_strip()
+        head_width = max(1, width - fork.cell_length)
+        header = turn_header(self.turn, self.action is ForkAction.ENABLED)
+        header.truncate(head_width, overflow="ellipsis")
+        head = Visual.to_strips(
+            self, visualize(self, Content.from_rich_text(header)), head_width, 1, style
+        )[0]
+        head = head.extend_cell_length(head_width, self.rich_style).crop(0, head_width)
+        body = Visual.to_strips(
+            self, visualize(self, Content.from_rich_text(turn_body(self.turn))), width, None, style
+        )
+        lines = [
+            Strip.join([head, fork]),
+            *(strip.extend_cell_length(width, self.rich_style) for strip in body),
+        ]
+        self._strips = (width, lines)
+        return lines
+
+    def _fork_strip(self) -> Strip:
+        label = self.fork_label
+        if label is None:
+            return Strip([])
+        part = "settled-turn--fork-off"
+        if not self.fork_disabled:
+            part = "settled-turn--fork-hover" if self._hover else "settled-turn--fork"
+        base = self.rich_style
+        return Strip(
+            [
+                Segment(" ", base),
+                Segment(label.center(FORK_LABEL_WIDTH), self.get_component_rich_style(part)),
+                Segment(" ", base),
+            ]
+        )
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return len(self._lines(width))
+
+    def render_line(self, y: int) -> Strip:
+        lines = self.lines()
+        return lines[y] if y < len(lines) else Strip.blank(self.size.width, self.rich_style)
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._strips = None  # a new theme or a hover restyle: the cached colours are stale
+
+    def _redraw(self, *, layout: bool = False) -> None:
+        self._strips = None
+        self.refresh(layout=layout)
+
+    def _on_label(self, event: events.MouseEvent) -> bool:
+        offset = event.get_content_offset(self)
+        if offset is None or offset.y != 0 or self.fork_label is None:
+            return False
+        width = self.size.width
+        return width - FORK_COLS + 1 <= offset.x < width - 1
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        hover = self._on_label(event)
+        if hover != self._hover:
+            self._hover = hover
+            self.tooltip = self.fork_tooltip if hover else None
+            self._redraw()
+
+    def on_leave(self, _: events.Leave) -> None:
+        if self._hover:
+            self._hover = False
+            self.tooltip = None
+            self._redraw()
+
+    def on_click(self, event: events.Click) -> None:
+        if self._on_label(event):
+            event.stop()
+            if self.action is ForkAction.ENABLED:
+                self.post_message(ForkRequested(self.session_id, self.turn_id))
+
+    @property
+    def fork_tooltip(self) -> str:
+        """What hovering the Fork label says (the Button's tooltip)."""
+        if self.action is ForkAction.BLOCKED:
+            return f"Cannot fork now: {self.blocked or 'the session is busy'}"
+        if self.action is ForkAction.DISABLED:
+            return "A fork through this turn is in progress"
+        return "Fork a new session through this turn"
+
+    async def update(
+        self,
+        turn: Mapping[str, Any],
+        action: ForkAction,
+        blocked: str | None = None,
+        unknown: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Bring the view to this Turn and action (the transcript replaces it with a `TurnView`
+        for an `unknown` mark, which needs its Inspect button)."""
+        changed = dict(turn) != self.turn
+        if changed or action is not self.action or blocked != self.blocked:
+            self.turn, self.action, self.blocked = dict(turn), action, blocked
+            if self._hover:
+                self.tooltip = self.fork_tooltip
+            self._redraw(layout=changed)
+
+
 class Divider(Static):
     DEFAULT_CSS = """
     Divider { color: $accent; text-style: italic; margin: 0 1 1 1; }
@@ -488,6 +669,11 @@ class TranscriptView(VerticalScroll):
             desired.append(self._gap(mounted, ABOVE_ID, above))
         for row in rows[lo:hi]:
             widget = mounted.get(row.key)
+            if isinstance(widget, SettledTurnView) and not _line_drawn(row):
+                # Its `unknown` mark needs an Inspect button: made again as a `TurnView` (the
+                # old one goes first, as the new one takes its id).
+                await widget.remove()
+                widget = None
             if widget is None:
                 widget = _make_row_widget(self.session_id or "", row)
             elif row.key in changed:
@@ -625,8 +811,15 @@ class TranscriptView(VerticalScroll):
             self.post_message(LoadMoreRequested())
 
 
+def _line_drawn(row: Row) -> bool:
+    """A settled Turn without an `unknown` mark: drawn by one `SettledTurnView`."""
+    return row.turn is not None and row.turn.get("phase") == "settled" and row.unknown is None
+
+
 def _make_row_widget(session_id: str, row: Row) -> Widget:
     if row.kind is RowKind.TURN and row.turn is not None:
+        if _line_drawn(row):
+            return SettledTurnView(session_id, row.turn, row.action, row.blocked)
         return TurnView(session_id, row.turn, row.action, row.blocked, row.unknown)
     if row.kind is RowKind.DIVIDER:
         return Divider(row.text, id=DIVIDER_ID)
@@ -636,7 +829,7 @@ def _make_row_widget(session_id: str, row: Row) -> Widget:
 
 
 async def _update_row_widget(widget: Widget, row: Row) -> None:
-    if isinstance(widget, TurnView) and row.turn is not None:
+    if isinstance(widget, (TurnView, SettledTurnView)) and row.turn is not None:
         await widget.update(row.turn, row.action, row.blocked, row.unknown)
     elif isinstance(widget, Divider):
         widget.update(row.text)

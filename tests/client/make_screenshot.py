@@ -164,7 +164,8 @@ async def capture_approval(daemon: DaemonProcess, out: Path) -> None:
 async def capture_refused_fork(daemon: DaemonProcess, out: Path) -> None:
     """A refused fork: a turn is running, so Fork is disabled with the reason as its tooltip,
     and a refusal from the daemon reads as a sentence."""
-    from client.gui.transcript import ForkRequested, fork_button_id
+    from client.gui.transcript import ForkRequested, turn_widget_id
+    from tests.client.test_client_gui import FORK_FROM_RIGHT, fork_button
 
     c = daemon.client()
     sid = create_session(c, WS, title="Trip planning")["agentSessionId"]
@@ -177,13 +178,15 @@ async def capture_refused_fork(daemon: DaemonProcess, out: Path) -> None:
         await _open(app, pilot, sid, 2)
         submit(c, sid, "/slow 60000 Find a restaurant", WS)
         await _until(pilot, lambda: len(app.turns) == 3)
-        button = f"#{fork_button_id(turns[1]['turnId'])}"
-        await _until(pilot, lambda: app.query(button) and app.query_one(button).disabled)
+        turn_id = turns[1]["turnId"]
+        await _until(pilot, lambda: (fork := fork_button(app, turn_id)) and fork.disabled)
         app.post_message(ForkRequested(sid, turns[1]["turnId"]))
         await _until(
             pilot, lambda: any("cannot fork" in str(n.message) for n in app._notifications)
         )  # noqa: SLF001
-        await pilot.hover(button)
+        # Its Fork label, where the Turn draws it (a settled Turn is one widget).
+        view = app.query_one(f"#{turn_widget_id(turn_id)}")
+        await pilot.hover(view, offset=(view.region.width - FORK_FROM_RIGHT, 0))
         await pilot.pause(1.5)
         app.save_screenshot("gui-fork-refused.svg", str(out))
         to_png(screen_segments(app), out / "gui-fork-refused.png")
@@ -279,7 +282,7 @@ async def _capture_size(
     app = AgentHostApp(engine, own_engine=True)
     async with app.run_test(size=size) as pilot:
         await _open(app, pilot, child, 3)
-        await _until(pilot, lambda: len(app.query("TurnView")) == 3)
+        await _until(pilot, lambda: len(app.query("TurnView, SettledTurnView")) == 3)
         app.focus_composer()
         await pilot.pause(0.8)
         app.save_screenshot(f"{name}.svg", str(out))

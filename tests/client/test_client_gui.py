@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,11 @@ from client.gui.session_list import SessionTree
 from client.gui.transcript import (
     DIVIDER_ID,
     LOAD_MORE_ID,
+    SettledTurnView,
     TranscriptView,
     TurnView,
     fork_button_id,
+    turn_widget_id,
 )
 from tests.client.conftest import source
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, wait_for
@@ -67,7 +70,14 @@ def run_app(
 
 async def click(app: AgentHostApp, pilot: Pilot[Any], selector: str) -> None:
     """Click once the widget is laid out where it is drawn (a fresh mount is not, for a frame)
-    and ready to take a click."""
+    and ready to take a click. A settled Turn's Fork (`#fork-<turn>`) is the label its
+    `SettledTurnView` draws: clicked where it is drawn."""
+    offset = (0, 0)
+    if selector.startswith("#fork-") and not app.query(selector):
+        view = app.query_one(f"#{turn_widget_id(selector.removeprefix('#fork-'))}")
+        assert isinstance(view, SettledTurnView) and view.fork_label is not None
+        selector = f"#{view.id}"
+        offset = (view.region.width - FORK_FROM_RIGHT, 0)
 
     def placed() -> bool:
         widget = app.query_one(selector)
@@ -80,16 +90,63 @@ async def click(app: AgentHostApp, pilot: Pilot[Any], selector: str) -> None:
         )
 
     await until(pilot, placed)
-    assert await pilot.click(selector)
+    assert await pilot.click(selector, offset=offset)
+
+
+FORK_FROM_RIGHT = 8
+"""Columns from a `SettledTurnView`'s right edge to the middle of its Fork label (its right
+padding 1, the label's margin 1, half the 12-cell label)."""
+
+
+def turn_views(app: AgentHostApp) -> list[TurnView | SettledTurnView]:
+    """The mounted Turns, in order: a `TurnView` (live, or marked `unknown`) or a settled
+    Turn's `SettledTurnView`."""
+    return [
+        w
+        for w in app.query("TurnView, SettledTurnView")
+        if isinstance(w, TurnView | SettledTurnView)
+    ]
 
 
 def turn_ids(app: AgentHostApp) -> list[str]:
-    return [str(v.turn["turnId"]) for v in app.query(TurnView)]
+    return [str(v.turn["turnId"]) for v in turn_views(app)]
 
 
-def fork_button(app: AgentHostApp, turn_id: str) -> Button | None:
+@dataclass(frozen=True)
+class ForkLabel:
+    """A `SettledTurnView`'s Fork label, read as its Button would be."""
+
+    label: str
+    disabled: bool
+    tooltip: str
+
+
+def fork_button(app: AgentHostApp, turn_id: str) -> Button | ForkLabel | None:
+    """The Turn's Fork control (a `TurnView`'s Button, a `SettledTurnView`'s label), or None
+    when it has no Fork action."""
     found = app.query(f"#{fork_button_id(turn_id)}")
-    return found.first(Button) if found else None
+    if found:
+        return found.first(Button)
+    views = app.query(f"#{turn_widget_id(turn_id)}")
+    view = views.first() if views else None
+    if isinstance(view, SettledTurnView) and view.fork_label is not None:
+        return ForkLabel(view.fork_label, view.fork_disabled, view.fork_tooltip)
+    return None
+
+
+def header_text(view: TurnView | SettledTurnView) -> str:
+    """The Turn's header line as drawn (without a `SettledTurnView`'s Fork label)."""
+    if isinstance(view, SettledTurnView):
+        line = view.lines()[0].text
+        return line[: len(line) - 14].rstrip() if view.fork_label is not None else line.rstrip()
+    return str(view.query_one(".turn-header", Static).render())
+
+
+def body_text(view: TurnView | SettledTurnView) -> str:
+    """The Turn's body as drawn (messages, interactions, error, files), a line per line."""
+    if isinstance(view, SettledTurnView):
+        return "\n".join(strip.text.rstrip() for strip in view.lines()[1:])
+    return str(view.query_one(".turn-body", Static).render())
 
 
 def transcript_order(app: AgentHostApp) -> list[str]:
@@ -155,7 +212,9 @@ def test_fork_is_hidden_when_the_session_lacks_the_capability(
             await open_and_wait(app, pilot, sid, 1)
             await pilot.pause(0.2)
             assert fork_button(app, turn["turnId"]) is None
-            assert not app.query("Button.fork")  # no Fork action anywhere
+            # No Fork action anywhere: no button, no label.
+            assert not app.query("Button.fork")
+            assert all(fork_button(app, t) is None for t in turn_ids(app))
 
         run_app(daemon, ws, scenario)
     finally:
@@ -255,7 +314,7 @@ def test_composer_sends_a_turn_and_the_transcript_follows_it_live(
         await click(app, pilot, "#composer")
         await pilot.press(*"hi there", "enter")
         await until(pilot, lambda: len(turn_ids(app)) == 1)
-        view = app.query(TurnView).first(TurnView)
+        view = turn_views(app)[0]
         await until(pilot, lambda: app.turns and app.turns[0]["phase"] == "settled")
         texts = [m["text"] for m in app.turns[0]["messages"]]
         assert texts == ["hi there", "echo: hi there"]
@@ -317,11 +376,10 @@ def test_each_turn_shows_the_files_it_changed(
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await open_and_wait(app, pilot, sid, 2)
-        first, second = list(app.query(TurnView))
-        head = str(first.query_one(".turn-header", Static).render())
-        body = str(first.query_one(".turn-body", Static).render())
+        first, second = turn_views(app)
+        head, body = header_text(first), body_text(first)
         assert "2 files changed" in head, head
         assert "files M a.txt, A new.txt" in body, body
-        assert "no files changed" in str(second.query_one(".turn-header", Static).render())
+        assert "no files changed" in header_text(second)
 
     run_app(daemon, ws, scenario)

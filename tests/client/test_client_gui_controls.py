@@ -24,9 +24,17 @@ from client.gui.controls import (
     NewSessionScreen,
     RenameScreen,
 )
-from client.gui.transcript import ForkRequested, TurnView
+from client.gui.transcript import ForkRequested
 from tests.client.conftest import source
-from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
+from tests.client.test_client_gui import (
+    body_text,
+    click,
+    fork_button,
+    open_and_wait,
+    turn_ids,
+    turn_views,
+    until,
+)
 from tests.support.daemon import DaemonProcess, create_session, submit
 from transport.client import Client
 
@@ -54,9 +62,7 @@ def toasts(app: AgentHostApp) -> list[str]:
 
 
 def turn_text(app: AgentHostApp) -> str:
-    return "\n".join(
-        str(line.render()) for view in app.query(TurnView) for line in view.query(".line")
-    )
+    return "\n".join(body_text(view) for view in turn_views(app))
 
 
 def last(client: Client, ws: str, sid: str) -> dict[str, Any]:

@@ -20,8 +20,8 @@ from client.gui.composer import Composer
 from client.gui.controls import ForkScreen, NewSessionScreen
 from client.gui.keyboard import DetailsScreen, HelpScreen, TurnPickerScreen
 from client.gui.session_list import SessionTree
-from client.gui.transcript import TranscriptView, TurnView
-from tests.client.test_client_gui import open_and_wait, until
+from client.gui.transcript import TranscriptView
+from tests.client.test_client_gui import header_text, open_and_wait, turn_views, until
 from tests.client.test_client_gui_controls import settled
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
 from transport.client import Client
@@ -248,7 +248,8 @@ def test_turns_read_in_words_and_the_details_pane_keeps_the_names(
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await open_and_wait(app, pilot, sid, 1)
-        header = str(app.query_one(TurnView).query_one(".turn-header", Static).render())
+        (view,) = turn_views(app)
+        header = header_text(view)
         assert "done · can fork" in header
         assert "settled" not in header and "binding" not in header
         bar = str(app.query_one("#session-title", Static).render())
@@ -280,9 +281,7 @@ def test_each_turn_shows_what_it_did_at_a_glance(
         await settled(pilot, client, ws, sid)
 
         def headers() -> list[str]:
-            return [
-                str(view.query_one(".turn-header", Static).render()) for view in app.query(TurnView)
-            ]
+            return [header_text(view) for view in turn_views(app)]
 
         await until(pilot, lambda: "approval approved" in headers()[-1])
         talk, tool, failed, approved = headers()

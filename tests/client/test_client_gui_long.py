@@ -11,8 +11,8 @@ import pytest
 from textual.pilot import Pilot
 
 from client.gui.app import AgentHostApp
-from client.gui.transcript import TranscriptView, TurnView
-from tests.client.test_client_gui import until
+from client.gui.transcript import SettledTurnView, TranscriptView, TurnView
+from tests.client.test_client_gui import turn_views, until
 from tests.client.test_client_gui_keyboard import SIZES, composer, run_app
 from tests.models.test_models_gui import transcript_words
 from tests.support.daemon import DaemonProcess, create_session, run_turn
@@ -27,9 +27,7 @@ def top_turn(app: AgentHostApp) -> int:
     """The sequence of the first Turn whose header is on screen."""
     transcript = app.query_one(TranscriptView)
     shown = [
-        v
-        for v in app.query(TurnView)
-        if transcript.region.y <= v.region.y < transcript.region.bottom
+        v for v in turn_views(app) if transcript.region.y <= v.region.y < transcript.region.bottom
     ]
     return min(int(v.turn["sequence"]) for v in shown)
 
@@ -49,7 +47,7 @@ def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
         await until(pilot, lambda: transcript.turn_count == TURNS)
         # Opened at the newest Turn, with a screenful or so of Turns mounted, not all of them.
         await until(pilot, lambda: f"echo: line {TURNS - 1}" in transcript_words(app))
-        assert len(app.query(TurnView)) < TURNS // 3
+        assert len(turn_views(app)) < TURNS // 3
         total = transcript.max_scroll_y
         assert total > 0
         # A jump to each tenth and back: it lands where it aimed, shows the Turns there, and
@@ -63,7 +61,7 @@ def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
             await until(pilot, lambda: transcript.idle)
             assert round(transcript.scroll_y) == y
             assert transcript.max_scroll_y == total
-            assert len(app.query(TurnView)) < TURNS // 3
+            assert len(turn_views(app)) < TURNS // 3
             first = top_turn(app)
             assert seen.setdefault(step, first) == first  # the same Turn at the same place
             assert f"Turn {first} " in transcript_words(app)
@@ -76,7 +74,7 @@ def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
         await pilot.press(*"one more", "enter")
         await until(pilot, lambda: transcript.turn_count == TURNS + 1)
         await until(pilot, lambda: "echo: one more" in transcript_words(app))
-        assert len(app.query(TurnView)) < TURNS // 3
+        assert len(turn_views(app)) < TURNS // 3
 
     run_app(daemon, ws, size, scenario)
 
@@ -108,7 +106,7 @@ def test_a_jump_mounts_the_turns_on_screen_first_and_their_margins_after(
             )
             y, off_screen = transcript._gaps[0], 0  # noqa: SLF001
             for widget in transcript.children:
-                if isinstance(widget, TurnView):
+                if isinstance(widget, TurnView | SettledTurnView):
                     lines = transcript._height(  # noqa: SLF001
                         next(r for r in transcript._rows if r.key == widget.id),  # noqa: SLF001
                         transcript._row_width(),  # noqa: SLF001
@@ -118,7 +116,7 @@ def test_a_jump_mounts_the_turns_on_screen_first_and_their_margins_after(
                     y += lines
                 elif widget.id not in {"transcript-above", "transcript-below"}:
                     y += widget.outer_size.height + widget.styles.margin.bottom
-            placed.append((off_screen, len(app.query(TurnView))))
+            placed.append((off_screen, len(turn_views(app))))
 
         transcript._place = observed  # type: ignore[method-assign]  # noqa: SLF001
         # A jump from the end to the first Turns: nothing there is mounted.

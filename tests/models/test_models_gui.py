@@ -18,11 +18,11 @@ from textual.pilot import Pilot
 
 from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
-from client.gui.transcript import TranscriptView, TurnView
+from client.gui.transcript import TranscriptView
 from model_fakes.responses import ResponsesServer, default_reply
 from model_fakes.silent import SilentServer
 from tests.client.make_screenshot import screen_segments
-from tests.client.test_client_gui import run_app, until
+from tests.client.test_client_gui import run_app, turn_views, until
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
 
 pytestmark = pytest.mark.timeout(90)
@@ -31,7 +31,7 @@ WS = "ws-test"
 
 
 def assistant_texts(app: AgentHostApp, turn_id: str) -> list[str]:
-    for view in app.query(TurnView):
+    for view in turn_views(app):
         if view.turn["turnId"] == turn_id:
             return [m["text"] for m in view.turn["messages"] if m["kind"] == "assistant"]
     return []
@@ -57,21 +57,21 @@ def test_the_gui_grows_a_streamed_reply_in_place(tmp_path: Path) -> None:
                 turn_id = submit(c, sid, "hello there", WS)["turnId"]
                 # Only the first delta ("echo") exists yet: it is on screen, the Turn active.
                 await until(pilot, lambda: assistant_texts(app, turn_id) == ["echo"])
-                view = next(v for v in app.query(TurnView) if v.turn["turnId"] == turn_id)
+                view = next(v for v in turn_views(app) if v.turn["turnId"] == turn_id)
                 assert view.turn["phase"] == "active"
                 gate.set()
                 await until(
                     pilot,
                     lambda: (
                         next(
-                            (v.turn for v in app.query(TurnView) if v.turn["turnId"] == turn_id), {}
+                            (v.turn for v in turn_views(app) if v.turn["turnId"] == turn_id), {}
                         ).get("phase")
                         == "settled"
                     ),
                 )
                 assert assistant_texts(app, turn_id) == ["echo: hello there"]
                 # The same widget grew and settled: the reply was updated in place.
-                assert next(v for v in app.query(TurnView) if v.turn["turnId"] == turn_id) is view
+                assert next(v for v in turn_views(app) if v.turn["turnId"] == turn_id) is view
 
             run_app(d, WS, scenario)
         finally:
@@ -114,7 +114,7 @@ def test_the_gui_shows_a_model_timeout_in_words(tmp_path: Path, size: tuple[int,
                     app.open_session(sid)
                     await until(
                         pilot,
-                        lambda: any(v.turn["turnId"] == turn_id for v in app.query(TurnView)),
+                        lambda: any(v.turn["turnId"] == turn_id for v in turn_views(app)),
                     )
                     await pilot.pause(0.2)
                     words = transcript_words(app)
