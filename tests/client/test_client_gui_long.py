@@ -48,6 +48,8 @@ def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
         # Opened at the newest Turn, with a screenful or so of Turns mounted, not all of them.
         await until(pilot, lambda: f"echo: line {TURNS - 1}" in transcript_words(app))
         assert len(turn_views(app)) < TURNS // 3
+        # Each settled Turn is one widget (drawn with the line API), not a widget tree.
+        assert all(isinstance(v, SettledTurnView) and not v.children for v in turn_views(app))
         total = transcript.max_scroll_y
         assert total > 0
         # A jump to each tenth and back: it lands where it aimed, shows the Turns there, and
