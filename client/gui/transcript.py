@@ -316,8 +316,16 @@ class SettledTurnView(Widget):
     SettledTurnView > .settled-turn--fork-off {
         text-style: bold; color: $button-foreground 60%; background: $surface;
     }
+    SettledTurnView > .settled-turn--fork-off-hover {
+        text-style: bold; color: $button-foreground 60%; background: $surface-darken-1;
+    }
     """
-    COMPONENT_CLASSES = {"settled-turn--fork", "settled-turn--fork-hover", "settled-turn--fork-off"}
+    COMPONENT_CLASSES = {
+        "settled-turn--fork",
+        "settled-turn--fork-hover",
+        "settled-turn--fork-off",
+        "settled-turn--fork-off-hover",
+    }
 
     def __init__(
         self,
@@ -380,9 +388,9 @@ class SettledTurnView(Widget):
         label = self.fork_label
         if label is None:
             return Strip([])
-        part = "settled-turn--fork-off"
-        if not self.fork_disabled:
-            part = "settled-turn--fork-hover" if self._hover else "settled-turn--fork"
+        part = "settled-turn--fork-off" if self.fork_disabled else "settled-turn--fork"
+        if self._hover:
+            part += "-hover"
         base = self.rich_style
         return Strip(
             [

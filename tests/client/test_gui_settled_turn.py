@@ -1,7 +1,7 @@
 """A settled Turn drawn with Textual's line API (`SettledTurnView`, one widget): it draws the
-same cells as a `TurnView` (four widgets) of the same Turn, at 80 and 200 columns and in each
-Fork state; a click on its Fork label forks (not on a disabled label, not elsewhere on the
-Turn); hovering the label shows what the Button's tooltip said."""
+same cells as a `TurnView` (four widgets) of the same Turn, at 80 and 200 columns, in each Fork
+state, with the mouse on its Fork label or not; a click on its Fork label forks (not on a
+disabled label, not elsewhere on the Turn); hovering the label shows the Button's tooltip."""
 
 from __future__ import annotations
 
@@ -71,13 +71,22 @@ def _cells(app: App[Any]) -> list[list[tuple[str, str]]]:
     return rows
 
 
-async def _draw(app: Pane, pilot: Any, widgets: list[Widget]) -> list[list[tuple[str, str]]]:
+async def _draw(
+    app: Pane, pilot: Any, widgets: list[Widget]
+) -> tuple[list[list[tuple[str, str]]], list[list[tuple[str, str]]]]:
+    """The screen with these Turns, and with the mouse on the first one's Fork label."""
     pane = app.query_one("#pane", VerticalScroll)
+    await pilot.hover(pane, offset=(0, pane.region.height - 1))
     await pane.remove_children()
     await pane.mount_all(widgets)
     for _ in range(3):  # the scroll bar comes with a later layout
         await pilot.pause()
-    return _cells(app)
+    still = _cells(app)
+    first = widgets[0]
+    await pilot.hover(first, offset=(first.region.width - 8, 0))
+    for _ in range(2):
+        await pilot.pause()
+    return still, _cells(app)
 
 
 @pytest.mark.parametrize("size", [(80, 24), (200, 50)])
@@ -98,8 +107,9 @@ async def _same_cells(size: tuple[int, int], action: ForkAction) -> None:
         lines = await _draw(app, pilot, [SettledTurnView("s", t, action, "busy") for t in turns])
         assert all(not view.children for view in app.query(SettledTurnView))
         assert not app.query(TurnView)
-    assert [i for i, (a, b) in enumerate(zip(widgets, lines, strict=True)) if a != b] == []
-    assert any("Turn 1" in "".join(ch for ch, _ in row) for row in lines)
+    for drawn, expected in zip(lines, widgets, strict=True):  # still, and the label hovered
+        assert [i for i, (a, b) in enumerate(zip(expected, drawn, strict=True)) if a != b] == []
+    assert any("Turn 1" in "".join(ch for ch, _ in row) for row in lines[0])
 
 
 def test_a_click_on_the_fork_label_forks_and_nowhere_else() -> None:
