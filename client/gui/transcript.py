@@ -777,6 +777,8 @@ class TranscriptView(VerticalScroll):
             a is b for a, b in zip(self.children, desired, strict=True)
         ):
             return False  # the usual update (a streamed piece, a settled Turn): nothing moves
+        if self._closing or self._pruning:
+            return False  # the app is closing: Textual mounts nothing now, so nothing to place
         pending: list[Awaitable[Any]] = []
         present = set(map(id, self.children))
         index = 0

@@ -72,25 +72,29 @@ async def click(app: AgentHostApp, pilot: Pilot[Any], selector: str) -> None:
     """Click once the widget is laid out where it is drawn (a fresh mount is not, for a frame)
     and ready to take a click. A settled Turn's Fork (`#fork-<turn>`) is the label its
     `SettledTurnView` draws: clicked where it is drawn."""
-    offset = (0, 0)
-    if selector.startswith("#fork-") and not app.query(selector):
+    label = selector.startswith("#fork-") and not app.query(selector)
+    if label:
         view = app.query_one(f"#{turn_widget_id(selector.removeprefix('#fork-'))}")
         assert isinstance(view, SettledTurnView) and view.fork_label is not None
         selector = f"#{view.id}"
-        offset = (view.region.width - FORK_FROM_RIGHT, 0)
+
+    def offset() -> tuple[int, int]:
+        # The label's middle, from the region the widget has once laid out (not before).
+        return (app.query_one(selector).region.width - FORK_FROM_RIGHT, 0) if label else (0, 0)
 
     def placed() -> bool:
         widget = app.query_one(selector)
         region = widget.region
+        x, y = offset()
         # A Button ignores clicks during its 0.2 s "-active" effect after a press.
         return (
             bool(region.area)
-            and app.screen.get_widget_at(*region.offset)[0] is widget
+            and app.screen.get_widget_at(region.x + x, region.y + y)[0] is widget
             and not widget.has_class("-active")
         )
 
     await until(pilot, placed)
-    assert await pilot.click(selector, offset=offset)
+    assert await pilot.click(selector, offset=offset())
 
 
 FORK_FROM_RIGHT = 8
