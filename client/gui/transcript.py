@@ -358,9 +358,17 @@ class SettledTurnView(Widget):
     def fork_disabled(self) -> bool:
         return self.action is not ForkAction.ENABLED
 
-    def lines(self) -> list[Strip]:
-        """What the Turn draws inside its border and padding, a `Strip` per line."""
-        return self._lines(self.size.width or 1)
+    def lines(self, width: int | None = None) -> list[Strip]:
+        """What the Turn draws inside its border and padding, a `Strip` per line: at its own
+        width, or at `width` (drawn aside, its cached lines kept)."""
+        if width is None:
+            return self._lines(self.size.width or 1)
+        kept = self._strips
+        try:
+            self._strips = None
+            return self._lines(width)
+        finally:
+            self._strips = kept
 
     def _lines(self, width: int) -> list[Strip]:
         if self._strips is not None and self._strips[0] == width:

@@ -138,10 +138,16 @@ def fork_button(app: AgentHostApp, turn_id: str) -> Button | ForkLabel | None:
     return None
 
 
+WIDE = 1000
+"""A width no header or message line reaches: a `SettledTurnView` drawn at it says its whole
+text, unwrapped and not elided, as a `Static`'s `render()` does (and whether it is laid out
+yet or not)."""
+
+
 def header_text(view: TurnView | SettledTurnView) -> str:
     """The Turn's header line as drawn (without a `SettledTurnView`'s Fork label)."""
     if isinstance(view, SettledTurnView):
-        line = view.lines()[0].text
+        line = view.lines(WIDE)[0].text
         return line[: len(line) - 14].rstrip() if view.fork_label is not None else line.rstrip()
     return str(view.query_one(".turn-header", Static).render())
 
@@ -149,7 +155,7 @@ def header_text(view: TurnView | SettledTurnView) -> str:
 def body_text(view: TurnView | SettledTurnView) -> str:
     """The Turn's body as drawn (messages, interactions, error, files), a line per line."""
     if isinstance(view, SettledTurnView):
-        return "\n".join(strip.text.rstrip() for strip in view.lines()[1:])
+        return "\n".join(strip.text.rstrip() for strip in view.lines(WIDE)[1:])
     return str(view.query_one(".turn-body", Static).render())
 
 
