@@ -519,8 +519,14 @@ class TranscriptView(VerticalScroll):
 
     @property
     def idle(self) -> bool:
-        """False while widgets are being reconciled (a half-updated transcript is visible)."""
-        return self._busy == 0 and not self._rewindow_queued and not self._margins_pending
+        """False while widgets are being reconciled (a half-updated transcript is visible) or a
+        follow to the newest Turn is not yet laid out (the view is still moving to the end)."""
+        return (
+            self._busy == 0
+            and not self._rewindow_queued
+            and not self._margins_pending
+            and self._follow_pending == 0
+        )
 
     @property
     def turn_count(self) -> int:
