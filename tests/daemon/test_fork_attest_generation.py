@@ -67,8 +67,8 @@ def _exited(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
-    except FileNotFoundError:
-        return True
+    except (FileNotFoundError, ProcessLookupError):
+        return True  # gone (reaped between the open and the read: ESRCH)
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] in (b"Z", b"X", b"x")
 
 
