@@ -67,11 +67,7 @@ class TreeWatch:
 
     def stopped(self, now: float) -> int | None:
         """The pid of a stopped member (the root first), or None while all run."""
-        if (
-            self._listed_at is None
-            or not self._members
-            or now - self._listed_at >= self._relist_s
-        ):
+        if self._listed_at is None or not self._members or now - self._listed_at >= self._relist_s:
             self._members = _processes(self.pid)
             self._listed_at = now
         for member in self._members:

@@ -258,6 +258,22 @@ class WorkerSupervisor:
                 # Fire-and-forget: its answer arrives with an id nobody waits for.
                 worker.end.send(req_msg(req_id, "debug.failpoints", {"points": points}))
 
+    def _send_points_armed_while_starting(self, worker: WorkerRecord) -> None:
+        """Points armed (or turned off) after this incarnation was spawned never reached it
+        (only READY workers are sent them): send the difference before any queued request, so
+        a request made after `debug.failpoints` answered sees the point armed."""
+        changed = {
+            name: action
+            for name, action in self._points.items()
+            if worker.spawned_points.get(name) != action
+        }
+        changed.update({name: "off" for name in worker.spawned_points if name not in self._points})
+        if changed and worker.end is not None:
+            with self._ids_lock:
+                self._ids += 1
+                req_id = self._ids
+            worker.end.send(req_msg(req_id, "debug.failpoints", {"points": changed}))
+
     def _spawn(self, worker: WorkerRecord) -> None:
         """Start an incarnation; any failure (EMFILE, ENOMEM, a missing python) is a death
         with backoff, never an exception out of the loop thread (a raise here
@@ -279,6 +295,7 @@ class WorkerSupervisor:
         worker.generation += 1
         endpoint = f"ipc://{self._sock_dir}/w-{worker.provider}-{worker.generation}.sock"
         worker.end = HostEnd(self._ctx, endpoint)
+        worker.spawned_points = dict(self._points)
         env = worker_env(
             self._env_overrides,
             self._points,
@@ -311,6 +328,7 @@ class WorkerSupervisor:
                     self._publish_status(worker)
                     pid = worker.proc.pid if worker.proc else None
                     self._lifecycle("worker.ready", worker, pid=pid)
+                    self._send_points_armed_while_starting(worker)
                     while worker.queued and worker.state is WorkerState.READY:
                         self._send(worker, worker.queued.popleft())
             elif kind == MsgType.RES:

@@ -61,6 +61,9 @@ class WorkerRecord:
     cpu_ticks: int | None = None
     cpu_sampled_at: float = 0.0
     busy_silences: int = 0
+    spawned_points: dict[str, str] = field(default_factory=dict)
+    """The failpoints this incarnation was started with (its environment): points armed while
+    it was starting are sent to it when it says hello."""
     queued: deque[Pending] = field(default_factory=deque)
     inflight: dict[int, Pending] = field(default_factory=dict)
 
