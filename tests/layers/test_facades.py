@@ -10,22 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.layers.test_composition import OURS as OURS_PACKAGES
+
 ROOT = Path(__file__).resolve().parents[2]
 
-# Every top-level package of ours (pyproject's import-linter `root_packages`).
-OURS = (
-    "domain",
-    "storage",
-    "actors",
-    "transport",
-    "drivers",
-    "tutti_agent",
-    "agenthost",
-    "model_fakes",
-    "client",
-    "workspace",
-    "protocol",
-)
+OURS = tuple(sorted(OURS_PACKAGES))
+"""Every top-level package of ours (one list, in test_composition)."""
+
 
 def _packages() -> list[str]:
     found = []
