@@ -5,12 +5,22 @@ creates no Turn (a replay) leaves no ref behind."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
 
-from tests.support.daemon import DaemonProcess, create_session, run_turn, settle, submit, wait_for
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    settle,
+    submit,
+    wait_for,
+)
 from tests.support.git_repos import make_repo
+from tests.support.invariants import assert_invariants
 from workspace.shadow import ShadowStore
 
 
@@ -75,3 +85,32 @@ def test_a_replayed_submit_leaves_no_checkpoint_of_a_turn_it_did_not_create(
     assert _refs(daemon, repo, sid) == sorted(
         [*kept, f"{sid}/{nxt['turnId']}/after", f"{sid}/{nxt['turnId']}/before"]
     )
+
+
+def test_a_daemon_killed_before_the_claim_leaves_no_turn_and_every_law_kept(
+    tmp_path: Path,
+) -> None:
+    """Killed with the `before` capture begun and the claim not yet written: the submit was
+    never answered, no Turn exists after the restart (a ref the capture may have kept names
+    none, which no law forbids), the Session takes Turns again and every invariant holds."""
+    home = tmp_path / "home"
+    repo = make_repo(tmp_path / "repo")
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c, cwd=str(repo))["agentSessionId"]
+        c.call("debug.failpoints", {"points": {"host.turn.before_claim": "once:kill"}})
+        with contextlib.suppress(Exception):  # the daemon dies under the call
+            submit(d.client(timeout=1.0), sid, "never claimed")
+        wait_for(lambda: d.proc is not None and d.proc.poll() is not None, 20)
+    finally:
+        d.stop()
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        timeline = c.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})
+        assert timeline["turns"] == []
+        assert run_turn(c, sid, "after the restart")["outcome"] == "completed"
+        assert_invariants(home)
+    finally:
+        d.stop()
