@@ -264,8 +264,13 @@ class TurnRunner:
         if checkpoints is None:
             return
         state.cwd = cwd
-        state.before_pending = True
         fut = begun or checkpoints.capture(cwd, self._core.sid, state.turn_id, "before")
+        if fut.done():
+            # Taken while the claim committed: the start goes on at once, with no message to
+            # this thread in between (and no bound to time).
+            state.before = fut.result()
+            return
+        state.before_pending = True
         bound = checkpoints.bound_s
 
         def _answered(capture: Capture | None) -> None:
