@@ -14,6 +14,7 @@ the wire sends as its `workspace`:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -167,6 +168,29 @@ class TurnCheckpoints:
                 Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
             )
             return done
+
+    def discard(
+        self, capture: Future[Capture], cwd: str, session_id: str, turn_id: str, which: str
+    ) -> None:
+        """`capture` was taken for a Turn that was never created (the claim it ran beside
+        answered an earlier Turn, or failed): drop the ref it kept, once it has kept it. Until
+        then the ref is one no record names, as a crash could leave (space, never a wrong
+        record)."""
+
+        def _drop(_: Future[Capture]) -> None:
+            # A pool shut down (the daemon is closing) leaves the ref, as space.
+            with contextlib.suppress(RuntimeError):
+                self.pool.submit(self._drop_refs, cwd, [checkpoint_ref(session_id, turn_id, which)])
+
+        capture.add_done_callback(_drop)
+
+    def _drop_refs(self, cwd: str, names: list[str]) -> None:
+        real = os.path.realpath(cwd)
+        try:
+            with self.locks(real):
+                self.shadow.drop_refs(Path(real), names)
+        except Exception as exc:  # noqa: BLE001 - an unnamed ref costs space, nothing else
+            log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
     def _run(
         self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None

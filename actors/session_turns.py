@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -74,19 +75,37 @@ class TurnRunner:
     # -- turns -----------------------------------------------------------------------------
 
     def on_submit(self, msg: Submit) -> None:
-        turn, created = self._core.session_store.turns.claim_submit(
-            self._core.ws, self._core.sid, msg.request_id, msg.text
-        )
+        # The files as they were before the provider gets the Turn, taken off this thread while
+        # the claim commits here (nothing orders the two; the start waits for both) under the
+        # id the claim gives a new Turn.
+        early = self._early_before()
+        try:
+            self._core.ctx.failpoints.hit("host.turn.before_claim")
+            turn, created = self._core.session_store.turns.claim_submit(
+                self._core.ws,
+                self._core.sid,
+                msg.request_id,
+                msg.text,
+                turn_id=early[1] if early is not None else None,
+            )
+        except BaseException:
+            self._discard_before(early)
+            raise
         msg.reply(turn)
         if not created:
+            self._discard_before(early)  # a replay: the claimed Turn is not this capture's
             return
         state = TurnState(turn.turn_id)
         self._turns[turn.turn_id] = state
         self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
         session = self._core.session()
-        # The files as they were before the provider got the Turn (taken off this thread,
-        # alongside the runtime's preparation; the start waits for it, within its bound).
-        self._capture_before(state, session.cwd)
+        # The runtime's preparation runs while the capture finishes; the start waits for it,
+        # within its bound. A capture not begun beside the claim begins now.
+        if early is not None and early[0] == session.cwd:
+            self._capture_before(state, session.cwd, early[2])
+        else:
+            self._discard_before(early)
+            self._capture_before(state, session.cwd)
 
         started = time.monotonic()
 
@@ -216,13 +235,42 @@ class TurnRunner:
 
     # -- workspace checkpoints ---------------------------------------------------------------
 
-    def _capture_before(self, state: TurnState, cwd: str) -> None:
+    def _early_before(self) -> tuple[str, str, Future[Capture]] | None:
+        """The `before` capture of the Turn a submit may create, begun ahead of its claim:
+        (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
+        read (the claim answers why), or a Turn of this Session is still running here (the
+        claim will refuse it, and its files are still being written)."""
+        checkpoints = self._core.ctx.turn_checkpoints
+        if checkpoints is None or self.unsettled():
+            return None
+        try:
+            cwd = self._core.session().cwd
+        except HostError:
+            return None
+        turn_id = str(uuid.uuid4())
+        return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
+
+    def _discard_before(self, early: tuple[str, str, Future[Capture]] | None) -> None:
+        checkpoints = self._core.ctx.turn_checkpoints
+        if early is not None and checkpoints is not None:
+            cwd, turn_id, fut = early
+            checkpoints.discard(fut, cwd, self._core.sid, turn_id, "before")
+
+    def _capture_before(
+        self, state: TurnState, cwd: str, begun: Future[Capture] | None = None
+    ) -> None:
+        """Wait for the Turn's `before` capture (`begun`, or one begun now) within its bound."""
         checkpoints = self._core.ctx.turn_checkpoints
         if checkpoints is None:
             return
         state.cwd = cwd
+        fut = begun or checkpoints.capture(cwd, self._core.sid, state.turn_id, "before")
+        if fut.done():
+            # Taken while the claim committed: the start goes on at once, with no message to
+            # this thread in between (and no bound to time).
+            state.before = fut.result()
+            return
         state.before_pending = True
-        fut = checkpoints.capture(cwd, self._core.sid, state.turn_id, "before")
         bound = checkpoints.bound_s
 
         def _answered(capture: Capture | None) -> None:

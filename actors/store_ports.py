@@ -125,7 +125,9 @@ class TurnWrites(Protocol):
 
     def turns_missing_binding(self, ws: str, sid: str) -> list[str]: ...
 
-    def claim_submit(self, ws: str, sid: str, request_id: str, text: str) -> tuple[Turn, bool]: ...
+    def claim_submit(
+        self, ws: str, sid: str, request_id: str, text: str, turn_id: str | None = None
+    ) -> tuple[Turn, bool]: ...
 
     def bind_provider_turn(
         self,

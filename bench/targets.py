@@ -163,6 +163,25 @@ ISSUE36: tuple[IssueTarget, ...] = (
         )
     ),
     _i36(
+        "turn-floor",
+        "turn floor: the claim's and the settlement's COMMITs + the cheapest `before` and"
+        " `after` captures, ms (bench.turn_floor)",
+        3.0,
+        "bench.turn_overhead",
+        "2",
+    ),
+    *(
+        _i36(
+            f"turn-over-floor:{p}",
+            f"(host turn p50 - bare turn p50) / the turn floor of the same run, {p}"
+            " (target 1's 1.25 applied to a Turn)",
+            1.25,
+            "bench.turn_overhead",
+            "2",
+        )
+        for p in PROVIDER_NAMES
+    ),
+    _i36(
         "forks-per-s",
         "forks committed/s at 16 clients, tutti-agent",
         300.0,

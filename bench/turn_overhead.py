@@ -16,7 +16,10 @@ same clock as the clients), so each delta's lag is its arrival minus the model's
 - first delta = host p50 lag of the first delta - bare p50 lag of the first delta: how long
   after the provider emitted it the delta reached the host's client (limit 2 ms);
 - batching = the longest any host delta lagged beyond the bare provider's p50 lag: how long the
-  host ever held a delta back (limit 10 ms).
+  host ever held a delta back (limit 10 ms);
+- the turn floor (`bench.turn_floor`, timed right after each provider's Turns): what the laws
+  make any host Turn wait for beyond the bare one (two durable COMMITs and the cheapest
+  `before` and `after` captures), beside turn overhead with their ratio.
 
 Where a Turn's time goes, on each side (the model stamps when it has the timed reply's request):
 before the model (submit or `turn/start`/`query()` → the model has the request: runtime,
@@ -44,6 +47,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import turn_floor
 from bench.common import BenchResult, Latency, Mode, Table, bench_main, cpu_probe_ms, log, pick
 from bench.harness import WS, BenchDaemon, create_session, run_turn, submit
 from bench.profile import TreeProfile, cpu_line
@@ -366,6 +370,8 @@ def run(mode: Mode) -> BenchResult:
     rows: list[tuple[Any, ...]] = []
     lag_rows: list[tuple[Any, ...]] = []
     stage_rows: list[tuple[Any, ...]] = []
+    floor_rows: list[tuple[Any, ...]] = []
+    floors: list[tuple[str, turn_floor.TurnFloor]] = []
     wanted = os.environ.get("AGENTHOST_BENCH_PROVIDERS")
     names = [n for n in PROVIDER_NAMES if not wanted or n in wanted.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp_text:
@@ -373,7 +379,7 @@ def run(mode: Mode) -> BenchResult:
             why = provider(name).unavailable()
             if why is not None:
                 result.notes.append(f"{name}: not measured: {why}")
-                for key in ("turn-overhead", "first-delta", "delta-batching"):
+                for key in ("turn-overhead", "first-delta", "delta-batching", "turn-over-floor"):
                     result.issue_target(
                         f"36:{key}:{name}",
                         float("nan"),
@@ -385,9 +391,12 @@ def run(mode: Mode) -> BenchResult:
             result.notes.append(f"{name}: CPU probe at start {probe:.0f} ms; load {load:.2f}")
             m = measure(name, Path(tmp_text) / name, samples, warmup)
             f = _figures(m["host"], m["bare"])
+            # In the same minute as the Turns it is compared with: the load moves it.
+            floor = turn_floor.measure(samples=pick(mode, 100, 50, 5))
+            floors.append((name, floor))
             turns = max(1, len(m["host"]))
             cpu = {k: round(1000 * v / turns, 2) for k, v in m["cpu"].items()}
-            result.figures[name] = {**f, "cpuMsPerHostTurn": cpu}
+            result.figures[name] = {**f, "cpuMsPerHostTurn": cpu, "turnFloor": floor.to_json()}
             ht, bt = f["hostTurn"], f["bareTurn"]
             rows.append((name, ht.n, ht.p50, ht.p99, bt.p50, bt.p99, f["turnOverheadMs"]))
             for side, key in (("host", "host"), ("bare", "bare")):
@@ -405,6 +414,7 @@ def run(mode: Mode) -> BenchResult:
                 f"host delta held beyond the bare p50 lag: p50 {held.p50:.2f}, p99"
                 f" {held.p99:.2f}, max {held.max:.2f} ms",
                 cpu_line(cpu, "ms per host Turn"),
+                floor.line(),
             ]
             measured = (
                 f"bench.turn_overhead: {ht.n} turns each side, {DELTAS} deltas"
@@ -418,6 +428,25 @@ def run(mode: Mode) -> BenchResult:
                 result.issue_target(
                     f"36:{key}:{name}", value, measured=measured, profile={"lines": lines}
                 )
+            over = f["turnOverheadMs"]
+            result.issue_target(
+                f"36:turn-over-floor:{name}",
+                floor.ratio(over),
+                measured=f"bench.turn_overhead: host - bare {over:.1f} ms, turn floor"
+                f" {floor.floor_ms:.1f} ms (bench.turn_floor, right after the Turns)",
+                profile={"lines": lines, "floorMs": floor.floor_ms},
+            )
+            floor_rows.append(
+                (
+                    name,
+                    over,
+                    floor.floor_ms,
+                    floor.ratio(over),
+                    floor.commit.p50,
+                    floor.capture.p50,
+                    floor.host_capture.p50,
+                )
+            )
             result.notes.append(f"{name} CPU ms per host Turn by process kind: {cpu}")
     result.tables.append(
         Table(
@@ -442,12 +471,47 @@ def run(mode: Mode) -> BenchResult:
             tuple(stage_rows),
         )
     )
+    result.tables.append(
+        Table(
+            "host turn p50 - bare turn p50 beside the turn floor of the same run (the claim's"
+            " and the settlement's COMMITs, the cheapest `before` and `after` captures), ms",
+            (
+                "provider",
+                "host - bare",
+                "floor",
+                "ratio",
+                "COMMIT p50",
+                "cheapest capture p50",
+                "host capture p50",
+            ),
+            tuple(floor_rows),
+        )
+    )
+    _floor_row(result, floors)
     if FIRST_TOKEN_S:
         result.notes.append(
             f"the model's first byte came {FIRST_TOKEN_S * 1000:g} ms after each request"
         )
     result.notes.append(f"cwd of the bare Codex thread and the host's Sessions: {REPO}")
     return result
+
+
+def _floor_row(result: BenchResult, floors: Sequence[tuple[str, turn_floor.TurnFloor]]) -> None:
+    """The floor as one row of the issue's table: tutti-agent's run's (the host's own model:
+    the least provider noise around it), else the first provider measured."""
+    if not floors:
+        why = "no provider measured in this run"
+        result.issue_target("36:turn-floor", float("nan"), measured=why, profile={"lines": [why]})
+        return
+    name, floor = next((f for f in floors if f[0] == "tutti-agent"), floors[0])
+    result.issue_target(
+        "36:turn-floor",
+        floor.floor_ms,
+        measured=f"bench.turn_floor after {name}'s Turns: {floor.commits} COMMITs ×"
+        f" {floor.commit.p50:.2f} ms, the cheapest capture {floor.capture.p50:.2f} ms (the"
+        " claim's COMMIT and the `before` capture overlap)",
+        profile={"lines": [floor.line()]},
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

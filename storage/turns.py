@@ -38,8 +38,12 @@ class TurnStore:
         self._read = db.read
         self._all = db.rows
 
-    def claim_submit(self, ws: str, sid: str, request_id: str, text: str) -> tuple[Turn, bool]:
-        """Idempotent `turn.submit`: a claim, an active Turn and its user Message, atomically."""
+    def claim_submit(
+        self, ws: str, sid: str, request_id: str, text: str, turn_id: str | None = None
+    ) -> tuple[Turn, bool]:
+        """Idempotent `turn.submit`: a claim, an active Turn and its user Message, atomically.
+        `turn_id`: the id a new Turn gets (the caller may already work under it, e.g. its
+        `before` checkpoint); a new one when None. A replay answers the claimed Turn."""
         require_text("requestId", request_id)
         if not isinstance(text, str):
             raise InvalidArgument("input", "text must be a string")
@@ -69,7 +73,7 @@ class TurnStore:
                 (ws, sid),
             )
             sequence = int(seq_row[0]) if seq_row else 1
-            turn_id, message_id = str(uuid.uuid4()), str(uuid.uuid4())
+            turn_id, message_id = turn_id or str(uuid.uuid4()), str(uuid.uuid4())
             position = next_position(tx, ws, sid)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
