@@ -16,17 +16,14 @@ then the only protection, with the window that page describes.
 
 from __future__ import annotations
 
-import hashlib
-import logging
+# Only what deciding and re-executing need is imported at the top: the process that calls
+# `reexec_with_shim` is replaced by a new interpreter, so every module it loaded beyond these
+# is paid twice; building the library (hashlib for its name, subprocess, tempfile...) and
+# logging the outcome import theirs where they are used.
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "accept_shim.c"
 MARKER = "AGENTHOST_ACCEPT_SHIM"
@@ -51,6 +48,11 @@ def native_dir() -> Path:
 def build(folder: Path | None = None, *, compiler: str | None = None) -> Path:
     """The compiled shim, built now if this source has not been built yet; raises OSError or
     RuntimeError (no compiler, a compile error) when it cannot be."""
+    import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + os.uname().machine.encode()).hexdigest()[:16]
     folder = folder or native_dir()
@@ -126,9 +128,11 @@ def reexec_with_shim(argv: Sequence[str] | None = None) -> None:
     if not sys.platform.startswith("linux"):
         _state["unavailable"] = f"not available on {sys.platform}"
         return
+    from subprocess import SubprocessError
+
     try:
         built = build()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError, SubprocessError) as exc:
         _state["unavailable"] = f"could not be built: {exc}"
         return
     args = [sys.executable, *(argv if argv is not None else sys.orig_argv[1:])]
@@ -141,6 +145,9 @@ def status() -> dict[str, str | bool | None]:
 
 
 def log_status() -> None:
+    import logging
+
+    log = logging.getLogger(__name__)
     if _state["library"] is not None:
         log.info("accept shim loaded: an ipc accept at the descriptor limit is tolerated")
     elif _state["unavailable"] is not None:
