@@ -531,7 +531,8 @@ def run(
                     f"an empty store's daemon starts to ready in {m['emptyReadyS'] * 1000:.0f} ms"
                     " in the same run (interpreter, imports, sockets)",
                     "the first start's deferred commits all made"
-                    f" {m['recoveryCommittedS'] * 1000:.0f} ms after it ({m['operationsLeftAtReady']:,} awaiting at ready)",
+                    f" {m['recoveryCommittedS'] * 1000:.0f} ms after it"
+                    f" ({m['operationsLeftAtReady']:,} awaiting at ready)",
                     f"warm fork {m['forkWarmMs']:.0f} ms; RSS after start"
                     f" {m['rssAfterStartMb'] or 0:.1f} MB, peak after the forks"
                     f" {m['hwmAfterForksMb'] or 0:.1f} MB",
