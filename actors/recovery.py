@@ -34,7 +34,7 @@ class RecoveryReport:
     """`provider_accepted` leftovers past `commit_before_ready`, left for `DeferredCommits`."""
 
 
-COMMITS_BEFORE_READY = 64
+COMMITS_BEFORE_READY = 16
 """How many `provider_accepted` leftovers a start commits before its ready line (each a whole
 child; ~1-2 ms apiece on a 2-core host at 100 Messages): a few crashed forks are committed
 before any request as always, a store with thousands of them is served first (`DeferredCommits`)."""

@@ -16,7 +16,6 @@ which no installed daemon pays.
 from __future__ import annotations
 
 import argparse
-import compileall
 import os
 import shutil
 import statistics
@@ -28,28 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.common import REPO, command_for, cpu_probe_ms, log
+from bench.harness import byte_compile
 
 MODULE = "bench.start_ready"
-PACKAGES = (
-    "agenthost",
-    "actors",
-    "storage",
-    "transport",
-    "domain",
-    "protocol",
-    "drivers",
-    "client",
-    "workspace",
-    "tutti_agent",
-)
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def byte_compile(root: Path) -> None:
-    """The packages' bytecode, written as an install writes it (unchanged files are skipped)."""
-    for package in PACKAGES:
-        if (root / package).is_dir():
-            compileall.compile_dir(str(root / package), quiet=1)
 
 
 def cpu_ms(pid: int) -> float:
@@ -69,6 +50,8 @@ def start_once(root: Path, store: Path | None, timeout: float = 120.0) -> tuple[
         env.update(
             {"PYTHONPATH": str(root), "AGENTHOST_HOME": str(home), "HOME": str(Path(tmp) / "user")}
         )
+        # The accept shim compiled once, as a user's cache keeps it (not on every fresh HOME).
+        env.setdefault("AGENTHOST_NATIVE_DIR", str(REPO / "build" / "native"))
         started = time.perf_counter()
         proc = subprocess.Popen(
             [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
