@@ -47,11 +47,8 @@ def native_dir() -> Path:
 
 def build(folder: Path | None = None, *, compiler: str | None = None) -> Path:
     """The compiled shim, built now if this source has not been built yet; raises OSError or
-    RuntimeError (no compiler, a compile error) when it cannot be."""
+    RuntimeError (no compiler, a compile error or time-out) when it cannot be."""
     import hashlib
-    import shutil
-    import subprocess
-    import tempfile
 
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + os.uname().machine.encode()).hexdigest()[:16]
@@ -59,6 +56,10 @@ def build(folder: Path | None = None, *, compiler: str | None = None) -> Path:
     target = folder / f"accept_shim-{digest}.so"
     if target.exists():
         return target
+    import shutil
+    import subprocess
+    import tempfile
+
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise RuntimeError("no C compiler (cc) to build it")
@@ -68,12 +69,15 @@ def build(folder: Path | None = None, *, compiler: str | None = None) -> Path:
     fd, partial = tempfile.mkstemp(prefix=".accept_shim-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        out = subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-o", partial, str(SOURCE), "-ldl"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        try:
+            out = subprocess.run(
+                [cc, "-shared", "-fPIC", "-O2", "-o", partial, str(SOURCE), "-ldl"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except subprocess.SubprocessError as exc:  # a hung compiler: one error type for callers
+            raise RuntimeError(f"{cc} failed: {exc}") from exc
         if out.returncode != 0:
             raise RuntimeError(f"{cc} failed: {out.stderr.strip()[-500:]}")
         os.chmod(partial, 0o755)
@@ -128,11 +132,9 @@ def reexec_with_shim(argv: Sequence[str] | None = None) -> None:
     if not sys.platform.startswith("linux"):
         _state["unavailable"] = f"not available on {sys.platform}"
         return
-    from subprocess import SubprocessError
-
     try:
         built = build()
-    except (OSError, RuntimeError, SubprocessError) as exc:
+    except (OSError, RuntimeError) as exc:
         _state["unavailable"] = f"could not be built: {exc}"
         return
     args = [sys.executable, *(argv if argv is not None else sys.orig_argv[1:])]
