@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,8 @@ def load_config(home: Path | None = None, path: Path | None = None) -> Config:
     path = path or home / "agenthost.toml"
     if not path.exists():
         return Config(home=home)
+    import tomllib  # only a home with a configuration file pays its import
+
     try:
         raw = tomllib.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:

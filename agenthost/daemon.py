@@ -29,7 +29,13 @@ from actors.fork_workspace import remove_failed_trees
 from actors.host_actor import CountActors, HostActor, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
-from actors.recovery import RecoveryReport, recover_fork_operations, settle_orphaned_turns
+from actors.recovery import (
+    COMMITS_BEFORE_READY,
+    DeferredCommits,
+    RecoveryReport,
+    recover_fork_operations,
+    settle_orphaned_turns,
+)
 from actors.runtime_slots import RuntimeSlots
 from actors.session_routes import SessionRoutes
 from agenthost import __version__, activity, provider_install, providers_info
@@ -89,6 +95,7 @@ class Daemon:
         failpoints_enabled: bool | None = None,
         catalog: Catalog | None = None,
         default_cwd: Path | None = None,
+        commits_before_ready: int | None = COMMITS_BEFORE_READY,
     ) -> None:
         self.config = config
         # The `cwd` of a Session created without one (default: where the daemon runs).
@@ -104,6 +111,8 @@ class Daemon:
             failpoints_enabled = os.environ.get(ENABLE_FAILPOINTS_ENV) == "1"
         self.failpoints_enabled = failpoints_enabled
         self.recovery: RecoveryReport | None = None
+        self.commits_before_ready = commits_before_ready
+        self.deferred_commits: DeferredCommits | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.publisher: EventPublisher | None = None
@@ -145,8 +154,14 @@ class Daemon:
             busy_timeout_ms=cfg.store_busy_timeout_ms,
             max_connections=cfg.store_connections,
         )
-        # Recovery finishes before any request is served, so no request sees a leftover.
-        self.recovery = recover_fork_operations(store)
+        # Recovery settles every leftover before any request is served; the commits of
+        # `provider_accepted` ones past a bound are made after the ready line
+        # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
+        # `fork.get` of it makes at once).
+        self.recovery = recover_fork_operations(
+            store, commit_before_ready=self.commits_before_ready
+        )
+        self.deferred_commits = DeferredCommits(store, self.recovery.deferred)
         # Then fork.resolve: finish or roll back a half-done resolution.
         self.resolutions_recovered = store.resolution.recover_fork_resolutions()
         self.orphaned_turns = settle_orphaned_turns(store)
@@ -300,6 +315,8 @@ class Daemon:
         self._run_id = _dir_id(cfg.run_dir)
         self._keeper = threading.Thread(target=self._keep_home, name="agenthost-home", daemon=True)
         self._keeper.start()
+        # Last: the commits' thread must not slow the start it was deferred out of.
+        self.deferred_commits.start()
 
     # -- the home under the live daemon -----------------------------------------------------
 
@@ -403,6 +420,8 @@ class Daemon:
             self._keeper.join(15)
         if self.server is not None:
             self.server.close()
+        if self.deferred_commits is not None:
+            self.deferred_commits.close()
         if getattr(self, "host", None) is not None:
             try:
                 self.host.stop(timeout=15)

@@ -6,7 +6,6 @@ and whether it is set, never its value — for `host.status` and `agenthost stat
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import shlex
@@ -79,14 +78,21 @@ def installed_version(provider: str, path: str) -> str | None:
 
             version = __version__
         elif provider == "claude-code":
-            version = importlib.metadata.version("claude-agent-sdk")
+            # Imported here: importlib.metadata (and the email parser it loads) is a part of
+            # every start's time to ready that only a claude-code version probe uses.
+            import importlib.metadata
+
+            try:
+                version = importlib.metadata.version("claude-agent-sdk")
+            except importlib.metadata.PackageNotFoundError:
+                version = None
         else:
             out = subprocess.run(
                 [path, "--version"], capture_output=True, text=True, timeout=10, check=False
             )
             words = out.stdout.strip().split()
             version = words[-1] if words else None
-    except (OSError, subprocess.SubprocessError, importlib.metadata.PackageNotFoundError):
+    except (OSError, subprocess.SubprocessError):
         version = None
     with _versions_lock:
         _versions[key] = version

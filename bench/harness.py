@@ -7,6 +7,7 @@ Nothing here is faked: the daemon spawns its real workers and `tutti-agent app-s
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import json
 import os
@@ -22,6 +23,34 @@ from pathlib import Path
 from typing import Any
 
 from transport.client import ApiError, Client
+
+PACKAGES = (
+    "agenthost",
+    "actors",
+    "storage",
+    "transport",
+    "domain",
+    "protocol",
+    "drivers",
+    "client",
+    "workspace",
+    "tutti_agent",
+)
+"""What the daemon, its workers and the built-in provider import from the checkout."""
+_compiled: set[Path] = set()
+
+
+def byte_compile(root: Path) -> None:
+    """`root`'s packages' bytecode, written as an install writes it (unchanged files skipped;
+    once per process). Without it a checkout run under `PYTHONDONTWRITEBYTECODE=1` compiles
+    every module at every daemon start, a cost no installed daemon pays."""
+    if root in _compiled:
+        return
+    for package in PACKAGES:
+        if (root / package).is_dir():
+            compileall.compile_dir(str(root / package), quiet=1)
+    _compiled.add(root)
+
 
 WS = "ws-bench"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -76,9 +105,12 @@ class BenchDaemon:
         env = dict(os.environ)
         self.workdir.mkdir(exist_ok=True)
         repo = str(Path(__file__).resolve().parent.parent)
+        byte_compile(Path(repo))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
         # A private HOME: no provider ever sees the user's ~/.codex or ~/.claude.
         env.update({"AGENTHOST_HOME": str(self.home), "HOME": str(user_home)})
+        # The accept shim compiled once (as a user's cache keeps it), not at every fresh HOME.
+        env.setdefault("AGENTHOST_NATIVE_DIR", str(Path(repo) / "build" / "native"))
         env.pop("AGENTHOST_FAILPOINTS", None)
         env.pop("AGENTHOST_ENABLE_FAILPOINTS", None)
         log = open(self.home / "daemon.log", "ab")  # noqa: SIM115 - owned by the child

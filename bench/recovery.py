@@ -1,8 +1,10 @@
 """Benchmark: start-up recovery of the interrupted fork operations of a store of months
-(issue 36 target 5), in process, split into its two parts: the commits of the
-`provider_accepted` leftovers and everything else (the status changes of the `prepared` and
-`dispatching` ones, the listing). Each round runs on a fresh copy of the store in a fresh
-process; the figures are wall and CPU seconds and the number of COMMITs (each one fsync).
+(issue 36 target 5), in process, as the daemon's start runs it: what is done before the ready
+line, split into the commits of the `provider_accepted` leftovers made there and everything
+else (the status changes of the `prepared` and `dispatching` ones, the listing), then the
+commits deferred past the ready line (`actors.recovery.DeferredCommits`). Each round runs on
+a fresh copy of the store in a fresh process; the figures are wall and CPU seconds and the
+number of COMMITs before ready (each one fsync).
 
 The store is `bench.months`' cached one, of the size its flags give (the same flags):
 
@@ -34,9 +36,14 @@ MODULE = "bench.recovery"
 
 
 def probe(path: str) -> dict[str, Any]:
-    """One recovery of the store at `path` (consumed): wall and CPU, the commits' share."""
-    from actors.recovery import recover_fork_operations
+    """One recovery of the store at `path` (consumed) as the daemon's start runs it: wall and
+    CPU before the ready line, the commits' share, then the commits deferred past it (a
+    checkout without deferral commits everything before ready: its deferred part is 0)."""
+    from actors import recovery
     from storage.store import Store
+
+    bound = getattr(recovery, "COMMITS_BEFORE_READY", None)
+    kwargs: dict[str, Any] = {} if bound is None else {"commit_before_ready": bound}
 
     store = Store.open(path)
     spent = {"wall": 0.0, "cpu": 0.0}
@@ -53,17 +60,30 @@ def probe(path: str) -> dict[str, Any]:
     store.fork_commit.commit_fork_operations = timed  # type: ignore[method-assign]
     commits = store.db.write_stats.commits
     c, t = time.process_time(), time.perf_counter()
-    report = recover_fork_operations(store)
+    report = recovery.recover_fork_operations(store, **kwargs)
     cpu, wall = time.process_time() - c, time.perf_counter() - t
+    commits = store.db.write_stats.commits - commits
+    deferred = getattr(report, "deferred", ())
+    before_ready = dict(spent)  # the deferred commits below go through the same wrapper
+    c, t = time.process_time(), time.perf_counter()
+    if deferred:
+        after = recovery.DeferredCommits(store, deferred)
+        after.start()
+        after.wait()
+        after.close()
+    deferred_cpu, deferred_wall = time.process_time() - c, time.perf_counter() - t
     out = {
         "wallS": wall,
         "cpuS": cpu,
-        "commitsWallS": spent["wall"],
-        "commitsCpuS": spent["cpu"],
-        "restWallS": wall - spent["wall"],
-        "restCpuS": cpu - spent["cpu"],
-        "COMMITs": store.db.write_stats.commits - commits,
+        "commitsWallS": before_ready["wall"],
+        "commitsCpuS": before_ready["cpu"],
+        "restWallS": wall - before_ready["wall"],
+        "restCpuS": cpu - before_ready["cpu"],
+        "COMMITs": commits,
         "report": [report.failed, report.unknown, report.committed, report.errors],
+        "deferred": len(deferred),
+        "deferredWallS": deferred_wall,
+        "deferredCpuS": deferred_cpu,
     }
     store.close()
     return out
@@ -90,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# start-up recovery, in process: {size.describe()}")
     print(
         "round  CPU probe ms  wall s  CPU s  commits wall s  commits CPU s  rest wall s"
-        "  rest CPU s  COMMITs  failed/unknown/committed/errors"
+        "  rest CPU s  COMMITs  failed/unknown/committed/errors  deferred  after ready wall s"
+        "  after ready CPU s"
     )
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for i in range(max(1, args.rounds)):
@@ -109,7 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"{i + 1:5d}  {probe_ms:12.1f}  {p['wallS']:6.2f}  {p['cpuS']:5.2f}"
                 f"  {p['commitsWallS']:14.2f}  {p['commitsCpuS']:13.2f}  {p['restWallS']:11.2f}"
-                f"  {p['restCpuS']:10.2f}  {p['COMMITs']:7d}  {'/'.join(map(str, p['report']))}"
+                f"  {p['restCpuS']:10.2f}  {p['COMMITs']:7d}"
+                f"  {'/'.join(map(str, p['report'])):>31s}"
+                f"  {p['deferred']:8d}  {p['deferredWallS']:18.2f}  {p['deferredCpuS']:17.2f}"
             )
             copy.unlink()
     extra = [f"--scale={args.scale:g}", f"--rounds={args.rounds}"]

@@ -16,17 +16,14 @@ then the only protection, with the window that page describes.
 
 from __future__ import annotations
 
-import hashlib
-import logging
+# Only what deciding and re-executing need is imported at the top: the process that calls
+# `reexec_with_shim` is replaced by a new interpreter, so every module it loaded beyond these
+# is paid twice; building the library (hashlib for its name, subprocess, tempfile...) and
+# logging the outcome import theirs where they are used.
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "accept_shim.c"
 MARKER = "AGENTHOST_ACCEPT_SHIM"
@@ -50,13 +47,19 @@ def native_dir() -> Path:
 
 def build(folder: Path | None = None, *, compiler: str | None = None) -> Path:
     """The compiled shim, built now if this source has not been built yet; raises OSError or
-    RuntimeError (no compiler, a compile error) when it cannot be."""
+    RuntimeError (no compiler, a compile error or time-out) when it cannot be."""
+    import hashlib
+
     source = SOURCE.read_bytes()
     digest = hashlib.sha256(source + os.uname().machine.encode()).hexdigest()[:16]
     folder = folder or native_dir()
     target = folder / f"accept_shim-{digest}.so"
     if target.exists():
         return target
+    import shutil
+    import subprocess
+    import tempfile
+
     cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         raise RuntimeError("no C compiler (cc) to build it")
@@ -66,12 +69,15 @@ def build(folder: Path | None = None, *, compiler: str | None = None) -> Path:
     fd, partial = tempfile.mkstemp(prefix=".accept_shim-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        out = subprocess.run(
-            [cc, "-shared", "-fPIC", "-O2", "-o", partial, str(SOURCE), "-ldl"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        try:
+            out = subprocess.run(
+                [cc, "-shared", "-fPIC", "-O2", "-o", partial, str(SOURCE), "-ldl"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except subprocess.SubprocessError as exc:  # a hung compiler: one error type for callers
+            raise RuntimeError(f"{cc} failed: {exc}") from exc
         if out.returncode != 0:
             raise RuntimeError(f"{cc} failed: {out.stderr.strip()[-500:]}")
         os.chmod(partial, 0o755)
@@ -128,7 +134,7 @@ def reexec_with_shim(argv: Sequence[str] | None = None) -> None:
         return
     try:
         built = build()
-    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+    except (OSError, RuntimeError) as exc:
         _state["unavailable"] = f"could not be built: {exc}"
         return
     args = [sys.executable, *(argv if argv is not None else sys.orig_argv[1:])]
@@ -141,6 +147,9 @@ def status() -> dict[str, str | bool | None]:
 
 
 def log_status() -> None:
+    import logging
+
+    log = logging.getLogger(__name__)
     if _state["library"] is not None:
         log.info("accept shim loaded: an ipc accept at the descriptor limit is tolerated")
     elif _state["unavailable"] is not None:

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import apsw
 
-from actors.recovery import DISPATCHING_ERROR, PREPARED_ERROR, recover_fork_operations
+from actors.recovery import (
+    DISPATCHING_ERROR,
+    PREPARED_ERROR,
+    DeferredCommits,
+    recover_fork_operations,
+)
 from domain.fork_states import ForkStatus
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.store import Store
@@ -190,5 +195,63 @@ def test_every_leftover_status_change_is_settled_in_one_transaction(tmp_path: Pa
             assert _reserved(path, op_id)
         kept = store.fork_queries.get_fork_operation(WS, earlier)
         assert (kept.status, kept.error) == (ForkStatus.UNKNOWN, "earlier")
+    finally:
+        store.close()
+
+
+def test_commits_past_the_bound_are_deferred_and_then_made_after_ready(tmp_path: Path) -> None:
+    """With `commit_before_ready`, start-up recovery commits only that many `provider_accepted`
+    leftovers (the rest stay `provider_accepted`, returned as deferred); `DeferredCommits`
+    then commits every one of them, counting one that a `fork.get` committed first as no
+    change (the same idempotent commit)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        accepted = [_accepted(store) for _ in range(7)]
+        prepared, _ = _prepare(store)
+
+        report = recover_fork_operations(store, page_size=3, commit_before_ready=2)
+
+        assert (report.failed, report.committed, report.errors) == (1, 2, 0)
+        assert [op.operation_id for op in report.deferred] == accepted[2:]
+        statuses = [store.fork_queries.get_fork_operation(WS, o).status for o in accepted]
+        assert statuses == [ForkStatus.COMMITTED] * 2 + [ForkStatus.PROVIDER_ACCEPTED] * 5
+        # A `fork.get` of a deferred one commits it first (fork_start.advance_leftover).
+        store.fork_commit.commit_fork(WS, accepted[4])
+
+        deferred = DeferredCommits(store, report.deferred, batch=2)
+        deferred.start()
+        assert deferred.wait(30)
+        deferred.close()
+
+        assert (deferred.committed, deferred.errors, deferred.pending) == (4, 0, 0)
+        for op_id in accepted:
+            op = store.fork_queries.get_fork_operation(WS, op_id)
+            assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
+        assert store.fork_recovery.recoverable_fork_operations()[0] == []
+    finally:
+        store.close()
+
+
+def test_deferred_commits_stopped_early_leave_the_rest_for_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """Closed before it ran, `DeferredCommits` commits nothing and leaves its operations
+    `provider_accepted`: the next start's recovery (or a `fork.get`) commits them."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        accepted = [_accepted(store) for _ in range(3)]
+        report = recover_fork_operations(store, commit_before_ready=0)
+        assert report.committed == 0 and len(report.deferred) == 3
+
+        deferred = DeferredCommits(store, report.deferred)
+        deferred.close()  # a daemon stopped at once
+        deferred.start()
+        assert deferred.wait(30)
+        assert (deferred.committed, deferred.pending) == (0, 3)
+        statuses = {store.fork_queries.get_fork_operation(WS, o).status for o in accepted}
+        assert statuses == {ForkStatus.PROVIDER_ACCEPTED}
+
+        again = recover_fork_operations(store)
+        assert (again.committed, again.deferred) == (3, ())
     finally:
         store.close()

@@ -406,3 +406,22 @@ def test_turn_overhead_splits_each_turn_at_the_models_reply() -> None:
     assert (f["hostBeforeModel"].p50, f["hostAfterModel"].p50) == (20.0, 26.0)
     assert (f["bareBeforeModel"].p50, f["bareAfterModel"].p50) == (5.0, 6.0)
     assert f["bareBeforeModel"].n == f["bareAfterModel"].n == 2
+
+
+@pytest.mark.timeout(120)
+def test_the_start_benchmark_times_both_checkouts_to_their_ready_line() -> None:
+    """`bench.start_ready` (this checkout against itself, one round): a row per side, each with
+    the wall time to the ready line and the daemon's CPU at it, then the medians and the
+    command that reproduces them."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.start_ready", "--other", str(REPO), "--rounds", "1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith("    1  ")]
+    assert sorted(r[1] for r in rows) == ["other", "this"]
+    assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
+    assert "command: build/venv/bin/python -m bench.start_ready --other=" in out.stdout

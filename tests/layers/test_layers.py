@@ -90,6 +90,36 @@ def test_the_daemon_loads_no_provider_driver_nor_asyncio() -> None:
     assert "asyncio" not in loaded
 
 
+def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready() -> None:
+    """What `agenthost serve` imports before its ready line leaves out the package-metadata
+    reader (and the email parser it brings), used only by a claude-code version probe, and the
+    TOML parser, used only when the home has a configuration file: each is start time."""
+    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    assert [m for m in ("importlib.metadata", "email", "tomllib") if m in loaded] == []
+
+
+def test_the_accept_shims_reexecution_loads_no_more_than_it_needs() -> None:
+    """`serve`'s first interpreter only decides and re-executes itself with the shim, so all it
+    imports is paid twice: importing `agenthost.launch` and the shim, and finding the library
+    already built, load none of the modules only a build or the daemon needs."""
+    from transport import accept_shim
+
+    accept_shim.build()  # built once here (the session's AGENTHOST_NATIVE_DIR) if missing
+    code = (
+        "import json, sys\nimport agenthost.launch\nfrom transport import accept_shim\n"
+        "accept_shim.build()\nprint(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    heavy = ("logging", "subprocess", "tempfile", "shutil", "threading", "zmq", "apsw")
+    assert [m for m in heavy if m in loaded] == []
+    ours = sorted(m for m in loaded if m.split(".")[0] in (*OUR_PACKAGES, "domain"))
+    assert ours == ["agenthost", "agenthost.launch", "transport", "transport.accept_shim"]
+
+
 @pytest.mark.parametrize(
     "module",
     [
