@@ -9,6 +9,7 @@ calls that tool (`stop_reason: "tool_use"`), and the CLI's next request carries 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,9 +112,23 @@ class MessagesServer(FakeModelServer[Reply]):
     thread_name = "messages-server"
 
     def __init__(
-        self, reply: MessagesReplyFn | None = None, *, api_key: str | None = None
+        self,
+        reply: MessagesReplyFn | None = None,
+        *,
+        api_key: str | None = None,
+        gate: threading.Event | None = None,
+        hold_after: int = 3,
+        fail_status: int | None = None,
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
+        self.gate = gate
+        """When given, each streamed reply stops after its first `hold_after` SSE events (with
+        the default, its first text delta) until it is set: a model that stalls mid-reply."""
+        self.hold_after = hold_after
+        self.fail_status = fail_status
+        """When set, every model request is answered with this HTTP status and an `api_error`
+        (an overloaded server's 503, say): the client retries it on its own. May be changed
+        while serving."""
 
     @property
     def base_url(self) -> str:
@@ -173,10 +188,18 @@ class MessagesServer(FakeModelServer[Reply]):
                     server.record(f"POST {self.path}", None)
                     self.send_json(404, _error("not_found_error", f"no route {self.path}"))
                     return
+                status = server.fail_status
+                if status is not None:
+                    server.record(f"POST {self.path} {status}", None)
+                    self.send_json(status, _error("api_error", "the model is overloaded"))
+                    return
                 server.record(f"POST {self.path}", body)
                 reply = server.reply_to(body)
                 msg = _message_object(body, reply)
-                if body.get("stream"):
+                if body.get("stream") and server.gate is not None:
+                    events = _stream_events(msg, reply)
+                    self.send_sse_live(events, hold_after=server.hold_after, gate=server.gate)
+                elif body.get("stream"):
                     self.send_sse(_stream_events(msg, reply))
                 else:
                     self.send_json(200, msg)
