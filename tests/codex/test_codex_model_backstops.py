@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 from codex_helpers import codex_bin
+from tool_model import ToolModel
 
 from model_fakes.responses import ResponsesServer
 from tests.models.streams import settle_with_events
-from tests.support.daemon import DaemonProcess, create_session
+from tests.support.daemon import DaemonProcess, create_session, respond, settle, submit, turn_of
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 
@@ -100,4 +101,32 @@ def test_retries_before_the_first_byte_are_progress_not_an_answer(tmp_path: Path
             assert again["outcome"] == "completed", again
         finally:
             gate.set()
+            d.stop()
+
+
+def test_a_long_approval_and_a_long_command_are_not_a_stalled_stream(tmp_path: Path) -> None:
+    """The model streams a sentence, then calls a command that needs an approval: the approval
+    waits, then the command runs, each longer than the stream-idle limit and the host's grace
+    (1 s + 2 s). Neither is the model stalling mid-reply: the Turn completes."""
+    with ToolModel(preface="I will run the command now.") as model:
+        d = _start(tmp_path / "home", model.base_url, "model_stream_idle_seconds = 1\n")
+        try:
+            c = d.client()
+            sid = create_session(
+                c, provider="codex", cwd=str(tmp_path), settings={"approvalPolicy": "on-request"}
+            )["agentSessionId"]
+            turn = submit(c, sid, "/run sleep 4; echo slept")["turnId"]
+            deadline = time.monotonic() + 60
+            while not (asked := turn_of(c, sid, turn)["interactions"]):
+                assert time.monotonic() < deadline, turn_of(c, sid, turn)
+                time.sleep(0.1)
+            time.sleep(4)  # the user takes a while to answer
+            assert turn_of(c, sid, turn)["phase"] == "active"
+            respond(c, sid, turn, asked[0]["requestId"], {"decision": "approve"})
+            done = settle(c, sid, turn, timeout=60)
+            assert done["outcome"] == "completed", done
+            texts = [m["text"] for m in done["messages"] if m["kind"] == "assistant"]
+            assert texts[0] == "I will run the command now.", texts
+            assert "slept" in texts[-1], texts
+        finally:
             d.stop()
