@@ -66,6 +66,7 @@ def test_a_reply_that_stalls_mid_stream_fails_model_timeout_by_the_host(tmp_path
             assert "claude-code" in error and model.base_url in error, error
             assert "1 s" in error and "model_stream_idle_seconds" in error, error
             assert "in the middle of its reply" in error, error
+            assert "agenthost stopped the provider's runtime" in error, error  # the host's
             assert took < 40, took  # the limit and the host's grace, not the CLI's 600 s
             gate.set()  # the Session works again once the model does
             again, _ = settle_with_events(d, c, sid, "again", 60)

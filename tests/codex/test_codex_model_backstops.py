@@ -58,6 +58,7 @@ def test_a_reply_that_stalls_mid_stream_fails_model_timeout_by_the_host(tmp_path
             assert "codex" in error and model.base_url in error, error
             assert "1 s" in error and "model_stream_idle_seconds" in error, error
             assert "in the middle of its reply" in error, error
+            assert "agenthost stopped the provider's runtime" in error, error  # the host's
             # The limit and the host's grace (2 s) after the last delta, not Codex's 600 s.
             assert took < 30, took
             gate.set()  # the Session works again once the model does

@@ -1,0 +1,65 @@
+"""The host's stream-idle backstop with tutti-agent on a model endpoint, through the real daemon
+and the fake Responses API: a reply that stalls mid-stream fails `model_timeout` when the
+app-server does not end it itself (its own limit overridden far above the host's by the
+command, as a provider that ignores the setting would)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from model_fakes.responses import ResponsesServer
+from tests.models.streams import settle_with_events
+from tests.support.daemon import DaemonProcess, create_session
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _app_server_ignoring_its_stream_limit(tmp_path: Path) -> Path:
+    """tutti-agent with `--stream-idle-seconds 600` after whatever the driver passes (the last
+    one counts)."""
+    tutti = Path(sys.executable).parent / "tutti-agent"
+    wrapper = tmp_path / "tutti-agent-ignoring-stream-idle"
+    wrapper.write_text(f'#!/bin/sh\nexec "{tutti}" "$@" --stream-idle-seconds 600\n')
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_a_reply_that_stalls_mid_stream_fails_model_timeout_by_the_host(tmp_path: Path) -> None:
+    gate = threading.Event()  # never set while the turn runs: the reply stalls after a delta
+    with ResponsesServer(gate=gate, hold_after=3) as model:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            "[providers.tutti-agent]\n"
+            f'command = "{_app_server_ignoring_its_stream_limit(tmp_path)}"\n'
+            f'model_base_url = "{model.base_url}"\n'
+            'model = "mock-model"\n'
+            "model_stream_idle_seconds = 1\n"
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, cwd=str(tmp_path))["agentSessionId"]
+            started = time.monotonic()
+            turn, deltas = settle_with_events(d, c, sid, "one two three four five six", 60)
+            took = time.monotonic() - started
+            assert [e for e in deltas if e["kind"] == "assistant"], deltas  # it began
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            error = turn["error"]
+            assert "tutti-agent" in error and model.base_url in error, error
+            assert "1 s" in error and "model_stream_idle_seconds" in error, error
+            assert "in the middle of its reply" in error, error
+            assert "agenthost stopped the provider's runtime" in error, error  # the host's
+            assert took < 30, took  # the limit and the host's grace, not the app-server's 600 s
+            gate.set()  # the Session works again once the model does
+            again, _ = settle_with_events(d, c, sid, "again", 60)
+            assert again["outcome"] == "completed", again
+        finally:
+            gate.set()
+            d.stop()
