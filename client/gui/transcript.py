@@ -10,7 +10,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
@@ -18,6 +20,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
 from textual.message import Message
+from textual.selection import Selection
 from textual.strip import Strip
 from textual.visual import Visual, visualize
 from textual.widget import Widget
@@ -295,7 +298,10 @@ class SettledTurnView(Widget):
     rendered once per width into `Strip`s that `render_line` returns, so mounting it costs one
     widget's styles and layout (a `TurnView` is four widgets), and a frame draws only the lines
     on screen. It looks exactly like a `TurnView` of the same Turn; a click on the label forks,
-    as the button does (not in the Tab order either: the keyboard forks with F5).
+    as the button does (not in the Tab order either: the keyboard forks with F5). Its text is
+    selectable with the mouse like a `Static`'s: each line's cells carry their offset (what
+    Textual maps a mouse position to), `get_selection` gives the text under a selection, and
+    `render_line` paints the selected span (the Fork label is not part of the text).
 
     Used for a settled Turn without an `unknown` fork mark (which has an Inspect button); a
     Turn that settles while mounted keeps its `TurnView`.
@@ -341,7 +347,8 @@ class SettledTurnView(Widget):
         self.blocked = blocked
         self.unknown: Mapping[str, Any] | None = None
         self._hover = False
-        self._strips: tuple[int, list[Strip]] | None = None
+        # The lines at one width, and their text (a header line's without the Fork label).
+        self._strips: tuple[int, list[Strip], list[str]] | None = None
 
     @property
     def turn_id(self) -> str:
@@ -370,6 +377,11 @@ class SettledTurnView(Widget):
         finally:
             self._strips = kept
 
+    def texts(self) -> list[str]:
+        """The text of each line at the Turn's width (what a selection selects from)."""
+        self._lines(self.size.width or 1)
+        return self._strips[2] if self._strips is not None else []
+
     def _lines(self, width: int) -> list[Strip]:
         if self._strips is not None and self._strips[0] == width:
             return self._strips[1]
@@ -385,11 +397,13 @@ class SettledTurnView(Widget):
         body = Visual.to_strips(
             self, visualize(self, Content.from_rich_text(turn_body(self.turn))), width, None, style
         )
+        body = [strip.extend_cell_length(width, self.rich_style) for strip in body]
         lines = [
-            Strip.join([head, fork]),
-            *(strip.extend_cell_length(width, self.rich_style) for strip in body),
+            Strip.join([head.apply_offsets(0, 0), fork]),
+            *(strip.apply_offsets(0, y) for y, strip in enumerate(body, 1)),
         ]
-        self._strips = (width, lines)
+        texts = [strip.text.rstrip() for strip in (head, *body)]
+        self._strips = (width, lines, texts)
         return lines
 
     def _fork_strip(self) -> Strip:
@@ -413,7 +427,23 @@ class SettledTurnView(Widget):
 
     def render_line(self, y: int) -> Strip:
         lines = self.lines()
-        return lines[y] if y < len(lines) else Strip.blank(self.size.width, self.rich_style)
+        if y >= len(lines):
+            return Strip.blank(self.size.width, self.rich_style)
+        selection = self.text_selection
+        span = selection.get_span(y) if selection is not None else None
+        if span is None:
+            return lines[y]
+        text = self.texts()[y]
+        start, end = span
+        end = len(text) if end == -1 else min(end, len(text))
+        if start >= end:
+            return lines[y]
+        style = self.screen.get_component_rich_style("screen--selection")
+        return _painted(lines[y], cell_len(text[:start]), cell_len(text[:end]), style)
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        """The text under `selection`: the Turn's lines as drawn (wrapped at its width)."""
+        return selection.extract("\n".join(self.texts())), "\n"
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -473,6 +503,17 @@ class SettledTurnView(Widget):
             if self._hover:
                 self.tooltip = self.fork_tooltip
             self._redraw(layout=changed)
+
+
+def _painted(strip: Strip, start: int, end: int, style: Style) -> Strip:
+    """`strip` with `style` over its cells `start` to `end` (a selected span), kept on top of
+    the cells' own colours and their offsets."""
+    before, inside, after = strip.divide([start, end, strip.cell_length])
+    segments = [
+        Segment(text, seg_style + style if seg_style else style, control)
+        for text, seg_style, control in inside
+    ]
+    return Strip.join([before, Strip(segments, inside.cell_length), after])
 
 
 class Divider(Static):
