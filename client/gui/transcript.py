@@ -16,12 +16,14 @@ from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
 from textual.message import Message
 from textual.selection import Selection
 from textual.strip import Strip
+from textual.style import Style as VisualStyle
 from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Button, Static
@@ -438,8 +440,10 @@ class SettledTurnView(Widget):
         end = len(text) if end == -1 else min(end, len(text))
         if start >= end:
             return lines[y]
-        style = self.screen.get_component_rich_style("screen--selection")
-        return _painted(lines[y], cell_len(text[:start]), cell_len(text[:end]), style)
+        selected = VisualStyle.from_styles(self.screen.get_component_styles("screen--selection"))
+        return _painted(
+            lines[y], cell_len(text[:start]), cell_len(text[:end]), selected, self.rich_style
+        )
 
     def get_selection(self, selection: Selection) -> tuple[str, str] | None:
         """The text under `selection`: the Turn's lines as drawn (wrapped at its width)."""
@@ -505,14 +509,22 @@ class SettledTurnView(Widget):
             self._redraw(layout=changed)
 
 
-def _painted(strip: Strip, start: int, end: int, style: Style) -> Strip:
-    """`strip` with `style` over its cells `start` to `end` (a selected span), kept on top of
-    the cells' own colours and their offsets."""
+def _painted(strip: Strip, start: int, end: int, selected: VisualStyle, base: Style) -> Strip:
+    """`strip` with its cells `start` to `end` (a selected span) painted as Textual paints a
+    selection in a `Static`: the selection's colours blended over each cell's own (its
+    foreground is usually transparent: the text keeps its colour), the cells' offsets kept."""
     before, inside, after = strip.divide([start, end, strip.cell_length])
-    segments = [
-        Segment(text, seg_style + style if seg_style else style, control)
-        for text, seg_style, control in inside
-    ]
+    segments = []
+    for text, own, control in inside:
+        own = own or base
+        background = Color.from_rich_color(own.bgcolor or base.bgcolor)
+        foreground = Color.from_rich_color(own.color or base.color)
+        if selected.background is not None:
+            background = background + selected.background
+        if selected.foreground is not None:
+            foreground = foreground + selected.foreground
+        paint = Style(color=foreground.rich_color, bgcolor=background.rich_color)
+        segments.append(Segment(text, own + paint, control))
     return Strip.join([before, Strip(segments, inside.cell_length), after])
 
 

@@ -199,6 +199,12 @@ async def _select() -> None:
         selected = {(top + 1, x0 + i) for i in range(len(texts[1]))}
         selected |= {(top + 2, x0 + i) for i in range(len(rest))}
         assert changed == selected, sorted(changed ^ selected)
+        # The text stays readable: a selected character is not drawn in its background colour.
+        for y, x in selected:
+            char, style = after[y][x]
+            if char != " ":
+                parsed = Style.parse(style)
+                assert parsed.color != parsed.bgcolor, (char, style)
         # A click elsewhere clears it.
         await pilot.click(view, offset=(left + 6, 3))
         await pilot.pause()
