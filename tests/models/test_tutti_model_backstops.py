@@ -63,3 +63,29 @@ def test_a_reply_that_stalls_mid_stream_fails_model_timeout_by_the_host(tmp_path
         finally:
             gate.set()
             d.stop()
+
+
+def test_a_reply_that_drips_for_longer_than_the_limit_is_not_a_stall(tmp_path: Path) -> None:
+    """Pieces 0.4 s apart for about 5 s, with `model_stream_idle_seconds = 1`: the backstop's
+    timer (first due 3 s after the first piece) moves on with the stream; the Turn completes."""
+    with ResponsesServer(drip_s=0.4) as model:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            "[providers.tutti-agent]\n"
+            f'model_base_url = "{model.base_url}"\n'
+            'model = "mock-model"\n'
+            "model_stream_idle_seconds = 1\n"
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, cwd=str(tmp_path))["agentSessionId"]
+            text = "a reply that takes its time"
+            started = time.monotonic()
+            turn, deltas = settle_with_events(d, c, sid, text, 60)
+            assert time.monotonic() - started > 4, deltas  # longer than the limit + grace
+            assert turn["outcome"] == "completed", turn
+            assert len([e for e in deltas if e["kind"] == "assistant"]) > 6, deltas
+        finally:
+            d.stop()
