@@ -593,7 +593,7 @@ class TurnRunner:
         state.last_activity = time.monotonic()
         self._follow_model(state, event)
         if isinstance(event, TurnActivity):
-            return  # a reply is streaming (message.delta, published by the daemon): not hung
+            return  # a reply streams, the provider retries, a tool runs: nothing to store
         store, ws, sid = self._core.session_store, self._core.ws, self._core.sid
         if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
