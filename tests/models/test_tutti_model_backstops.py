@@ -1,7 +1,8 @@
 """The host's stream-idle backstop with tutti-agent on a model endpoint, through the real daemon
-and the fake Responses API: a reply that stalls mid-stream fails `model_timeout` when the
-app-server does not end it itself (its own limit overridden far above the host's by the
-command, as a provider that ignores the setting would)."""
+and the fake Responses and Chat Completions APIs: a reply that stalls mid-stream fails
+`model_timeout` when the app-server does not end it itself (its own limit overridden far above
+the host's by the command, as a provider that ignores the setting would); a reply that drips
+for longer than the limit is no stall."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from model_fakes.chat import ChatServer
+from model_fakes.http import FakeModelServer
 from model_fakes.responses import ResponsesServer
 from tests.models.streams import settle_with_events
 from tests.support.daemon import DaemonProcess, create_session
@@ -29,15 +33,26 @@ def _app_server_ignoring_its_stream_limit(tmp_path: Path) -> Path:
     return wrapper
 
 
-def test_a_reply_that_stalls_mid_stream_fails_model_timeout_by_the_host(tmp_path: Path) -> None:
+def _stalling(wire_api: str, gate: threading.Event) -> FakeModelServer[Any]:
+    """A model of `wire_api` whose every reply stops after its first piece of text."""
+    if wire_api == "chat":
+        return ChatServer(gate=gate)
+    return ResponsesServer(gate=gate, hold_after=3)
+
+
+@pytest.mark.parametrize("wire_api", ["responses", "chat"])
+def test_a_reply_that_stalls_mid_stream_fails_model_timeout_by_the_host(
+    tmp_path: Path, wire_api: str
+) -> None:
     gate = threading.Event()  # never set while the turn runs: the reply stalls after a delta
-    with ResponsesServer(gate=gate, hold_after=3) as model:
+    with _stalling(wire_api, gate) as model:
         home = tmp_path / "home"
         home.mkdir()
         (home / "agenthost.toml").write_text(
             "[providers.tutti-agent]\n"
             f'command = "{_app_server_ignoring_its_stream_limit(tmp_path)}"\n'
             f'model_base_url = "{model.base_url}"\n'
+            f'wire_api = "{wire_api}"\n'
             'model = "mock-model"\n'
             "model_stream_idle_seconds = 1\n"
         )
