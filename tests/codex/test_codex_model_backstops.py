@@ -131,3 +131,25 @@ def test_a_long_approval_and_a_long_command_are_not_a_stalled_stream(tmp_path: P
             assert "slept" in texts[-1], texts
         finally:
             d.stop()
+
+
+def test_codex_own_limit_on_a_stream_that_never_began_says_so(tmp_path: Path) -> None:
+    """Codex's `stream_idle_timeout_ms` also covers the wait for a stream's first event: when
+    it ends a stream that carried nothing, the reason says the reply never began, not that it
+    stopped in the middle."""
+    gate = threading.Event()  # never set while the turn runs: no stream sends an event
+    with ResponsesServer(gate=gate, hold_after=0) as model:
+        d = _start(tmp_path / "home", model.base_url, "model_stream_idle_seconds = 1\n")
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", cwd=str(tmp_path))["agentSessionId"]
+            turn, _ = settle_with_events(d, c, sid, "one", 60)
+            assert turn["outcome"] == "failed", turn
+            assert turn["errorReason"] == "model_timeout", turn["error"]
+            error = turn["error"]
+            assert "opened its reply and then sent nothing of it for 1 s" in error, error
+            assert "model_stream_idle_seconds" in error and model.base_url in error, error
+            assert "agenthost stopped" not in error, error  # Codex's own limit, not the host's
+        finally:
+            gate.set()
+            d.stop()
