@@ -27,6 +27,8 @@ class ToolUse:
     name: str
     input: dict[str, Any]
     id: str = field(default_factory=lambda: f"toolu_{uuid.uuid4().hex[:24]}")
+    preface: str = ""
+    """When set, a text block streamed before the call (a model that says what it will do)."""
 
 
 Reply = str | ToolUse
@@ -210,34 +212,35 @@ class MessagesServer(FakeModelServer[Reply]):
 def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[str, Any]]]:
     start = dict(msg, content=[], stop_reason=None)
     start["usage"] = dict(msg["usage"], output_tokens=1)
+    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     if isinstance(reply, ToolUse):
-        block: dict[str, Any] = {
-            "type": "tool_use",
-            "id": reply.id,
-            "name": reply.name,
-            "input": {},
-        }
+        if reply.preface:
+            blocks.append(_text_block(reply.preface))
+        tool = {"type": "tool_use", "id": reply.id, "name": reply.name, "input": {}}
         partial = json.dumps(reply.input)
-        delta: dict[str, Any] = {"type": "input_json_delta", "partial_json": partial}
+        blocks.append((tool, [{"type": "input_json_delta", "partial_json": partial}]))
     else:
-        block = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": reply}
-    deltas = (
-        [delta]
-        if isinstance(reply, ToolUse)
-        else [{"type": "text_delta", "text": piece} for piece in chunks(reply)]
-    )
+        blocks.append(_text_block(reply))
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
+    for index, (block, deltas) in enumerate(blocks):
+        events += [
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": block},
+            ),
+            *(
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": d},
+                )
+                for d in deltas
+            ),
+            ("content_block_stop", {"type": "content_block_stop", "index": index}),
+        ]
     return [
-        ("message_start", {"type": "message_start", "message": start}),
-        (
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": block},
-        ),
-        *(
-            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d})
-            for d in deltas
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        *events,
         (
             "message_delta",
             {
@@ -250,6 +253,13 @@ def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[st
     ]
 
 
+def _text_block(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A text content block and its deltas, a few characters each."""
+    return {"type": "text", "text": ""}, [
+        {"type": "text_delta", "text": piece} for piece in chunks(text)
+    ]
+
+
 def _error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
@@ -258,6 +268,8 @@ def _message_object(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     in_tokens = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
     if isinstance(reply, ToolUse):
         content = [{"type": "tool_use", "id": reply.id, "name": reply.name, "input": reply.input}]
+        if reply.preface:
+            content.insert(0, {"type": "text", "text": reply.preface})
         stop_reason, out_len = "tool_use", len(json.dumps(reply.input))
     else:
         content = [{"type": "text", "text": reply}]

@@ -10,12 +10,20 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from model_fakes.messages import MessagesServer
+from model_fakes.messages import (
+    MessagesServer,
+    Reply,
+    ToolUse,
+    last_user_text,
+    tool_result,
+    tool_result_text,
+)
 from tests.models.streams import settle_with_events
-from tests.support.daemon import DaemonProcess, create_session
+from tests.support.daemon import DaemonProcess, create_session, respond, settle, submit, turn_of
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
 
@@ -104,5 +112,43 @@ def test_retries_of_a_503_are_progress_not_the_first_byte(tmp_path: Path) -> Non
             model.fail_status = None  # the Session works again once the model does
             again, _ = settle_with_events(d, c, sid, "again", 60)
             assert again["outcome"] == "completed", again
+        finally:
+            d.stop()
+
+
+def _says_then_runs(body: dict[str, Any]) -> Reply:
+    """A sentence streamed, then a Bash call that sleeps 4 s and writes a file (which needs an
+    approval); its result → `ran: …`."""
+    result = tool_result(body)
+    if result is not None:
+        return f"ran: {tool_result_text(result)}"
+    if last_user_text(body) != "run it":
+        return "echo"  # the CLI's requests of its own
+    command = {"command": "sleep 4; echo slept > slept.txt; cat slept.txt", "description": "wait"}
+    return ToolUse("Bash", command, preface="I will run the command now.")
+
+
+def test_a_long_approval_and_a_long_command_are_not_a_stalled_stream(tmp_path: Path) -> None:
+    """The model streams a sentence, then calls Bash, which needs an approval: the approval
+    waits, then the command runs, each longer than the stream-idle limit and the host's grace
+    (1 s + 2 s). Neither is the model stalling mid-reply: the Turn completes."""
+    with MessagesServer(reply=_says_then_runs) as model:
+        d = _start(tmp_path / "home", model.base_url, "model_stream_idle_seconds = 1\n")
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", cwd=str(tmp_path))["agentSessionId"]
+            turn = submit(c, sid, "run it")["turnId"]
+            deadline = time.monotonic() + 60
+            while not (asked := turn_of(c, sid, turn)["interactions"]):
+                assert time.monotonic() < deadline, turn_of(c, sid, turn)
+                time.sleep(0.1)
+            time.sleep(4)  # the user takes a while to answer
+            assert turn_of(c, sid, turn)["phase"] == "active"
+            respond(c, sid, turn, asked[0]["requestId"], {"decision": "approve"})
+            done = settle(c, sid, turn, timeout=60)
+            assert done["outcome"] == "completed", done
+            texts = [m["text"] for m in done["messages"] if m["kind"] == "assistant"]
+            assert texts[0] == "I will run the command now.", texts
+            assert "slept" in texts[-1], texts
         finally:
             d.stop()
