@@ -62,6 +62,13 @@ class TurnState:
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
     model_asked_at: float | None = None
     model_answered: bool = False
+    # When the model last streamed a piece of its reply, while it is in the middle of one
+    # (None: not mid-stream — not begun, an item finished, a tool running, an Interaction
+    # waiting, the provider retrying); the host's stream-idle backstop runs from it.
+    streamed_at: float | None = None
+    stream_timer: TimerHandle | None = None
+    # The Session's provider, once the Turn is at it (whose model limits apply).
+    provider: str | None = None
     # Who interrupted it and why, once someone did: the provider's end of the Turn says only
     # that it was interrupted.
     interrupted_why: str | None = None

@@ -24,7 +24,13 @@ from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnStat
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
 from domain.errors import HostError, StoreBusy
-from domain.model_limits import BACKSTOP_GRACE_S, ModelLimits, first_byte_timeout
+from domain.model_limits import (
+    BACKSTOP_GRACE_S,
+    ModelLimits,
+    first_byte_timeout,
+    stream_idle_timeout,
+)
+from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM
 from domain.worker_calls import TurnAccepted, TurnStart
 from domain.worker_messages import (
     InteractionRequested,
@@ -71,6 +77,8 @@ class TurnRunner:
         for state in self._turns.values():
             if state.watchdog is not None:
                 state.watchdog.cancel()
+            if state.stream_timer is not None:
+                state.stream_timer.cancel()
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -179,7 +187,8 @@ class TurnRunner:
         state.last_activity = time.monotonic()
         # From here the provider holds the turn (Claude Code answers once the CLI runs, so its
         # start-up is not counted against the model).
-        self._arm_first_byte(state, self._core.session().provider)
+        state.provider = self._core.session().provider
+        self._arm_first_byte(state, state.provider)
         self._bind(state, result.provider_turn_id)
         pending, state.pending_events = state.pending_events, []
         for event in pending:
@@ -384,6 +393,8 @@ class TurnRunner:
         state.settled = True
         if state.watchdog is not None:
             state.watchdog.cancel()
+        if state.stream_timer is not None:
+            state.stream_timer.cancel()
         self._turns.pop(state.turn_id, None)
 
     def give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
@@ -488,6 +499,76 @@ class TurnRunner:
             + "; agenthost stopped the provider's runtime",
         )
 
+    # -- the model's stream ------------------------------------------------------------------
+
+    def _follow_model(self, state: TurnState, event: TurnEvent) -> None:
+        """What `event` says of the model: it answered (the first-byte backstop is done), it is
+        in the middle of a reply (the stream-idle backstop runs from now), or the Turn is
+        legitimately silent — an item finished (the next model request has not begun), a tool
+        runs, an Interaction waits for the user, the provider retries on its own."""
+        if isinstance(event, (TurnStarted, TurnBindingMoved)) or (
+            isinstance(event, TurnItem) and event.kind == "user"
+        ):
+            return  # the provider's bookkeeping, not the model
+        if isinstance(event, TurnActivity) and event.kind == ACTIVITY_PROGRESS:
+            # A retry note: shown to the user, but no answer (the first byte is still owed),
+            # and the provider noticed the silence itself (its stream is over).
+            state.streamed_at = None
+            return
+        state.model_answered = True
+        if isinstance(event, TurnActivity) and event.kind == ACTIVITY_STREAM:
+            state.streamed_at = time.monotonic()
+            if state.stream_timer is None and not state.settling:
+                self._arm_stream_idle(state)
+        else:
+            state.streamed_at = None
+
+    def _arm_stream_idle(self, state: TurnState) -> None:
+        """The host's backstop for a reply that began and went silent: each provider enforces
+        its own stream-idle limit first (with a better message); this one fires
+        `BACKSTOP_GRACE_S` later, for a provider that does not honour it. One timer per Turn,
+        moved on when it fires early (the stream went on meanwhile)."""
+        provider = state.provider
+        if provider is None:
+            try:
+                provider = state.provider = self._core.session().provider
+            except HostError:
+                return
+        limits = self._core.ctx.timeouts.model_limits.get(provider)
+        if limits is None:
+            return  # no model endpoint (tutti-agent's built-in model)
+        wait = limits.stream_idle_s + BACKSTOP_GRACE_S
+        state.stream_timer = self._core.after(
+            wait, lambda: self._check_stream_idle(state, provider, limits)
+        )
+
+    def _check_stream_idle(self, state: TurnState, provider: str, limits: ModelLimits) -> None:
+        state.stream_timer = None
+        if state.settling or state.streamed_at is None:
+            return  # settled, or no longer mid-stream (re-armed by the next delta)
+        wait = limits.stream_idle_s + BACKSTOP_GRACE_S
+        idle = time.monotonic() - state.streamed_at
+        if idle < wait:
+            state.stream_timer = self._core.after(
+                wait - idle, lambda: self._check_stream_idle(state, provider, limits)
+            )
+            return
+        endpoint = self._core.ctx.timeouts.model_endpoints.get(provider)
+        log.warning(
+            "session %s: turn %s: the model's reply stalled %.1f s mid-stream; stopping its "
+            "runtime",
+            self._core.key,
+            state.turn_id,
+            idle,
+        )
+        self._runtime.stop_runtime()
+        self.settle(
+            state,
+            "failed",
+            error=stream_idle_timeout(provider, endpoint, limits.stream_idle_s)
+            + "; agenthost stopped the provider's runtime",
+        )
+
     def _state_for_event(self, turn_id: str) -> TurnState | None:
         state = self._turns.get(turn_id)
         if state is not None:
@@ -510,12 +591,9 @@ class TurnRunner:
             log.warning("session %s: event for unknown turn %r", self._core.key, turn_id)
             return
         state.last_activity = time.monotonic()
-        if not (isinstance(event, TurnItem) and event.kind == "user") and not isinstance(
-            event, (TurnStarted, TurnBindingMoved)
-        ):
-            state.model_answered = True
+        self._follow_model(state, event)
         if isinstance(event, TurnActivity):
-            return  # a reply is streaming (message.delta, published by the daemon): not hung
+            return  # a reply streams, the provider retries, a tool runs: nothing to store
         store, ws, sid = self._core.session_store, self._core.ws, self._core.sid
         if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).

@@ -61,6 +61,7 @@ from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
 from domain.providers import PROVIDERS, TUTTI_AGENT
+from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM, PROGRESS
 from domain.worker_calls import SessionStop
 from domain.worker_messages import TurnActivity
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
@@ -396,20 +397,35 @@ class Daemon:
         except ValueError:
             log.warning("worker event for an unreadable session key %r", key)
             return
+        turn_id = str(event.get("turnId") or "")
         if event.get("type") == "message.delta":
             # Not durable and never stored: straight onto the events queue, behind every
             # earlier change and ahead of the settlement the same worker reports after it.
             self._events.put(StreamDelta(ws, sid, event))
-            # The inactivity watchdog lives in the Session actor: tell it, at most every few
-            # seconds, that this Turn is streaming (a long reply is not a hung provider).
-            turn_id = str(event.get("turnId") or "")
-            now = time.monotonic()
-            if now - self._stream_activity.get(turn_id, 0.0) >= STREAM_ACTIVITY_EVERY_S:
+            if event.get("kind") == PROGRESS:
+                # The provider retries its model request: the Session actor's first-byte
+                # backstop keeps running (a retry is not an answer) and its stream-idle one
+                # stops (the provider noticed the silence itself). Rare: each one is told.
+                activity_kind = ACTIVITY_PROGRESS
+            else:
+                # The watchdogs live in the Session actor: tell it, at most every second, that
+                # this Turn's reply is streaming (a long reply is not a hung provider; the
+                # stream-idle backstop's grace exceeds this lag).
+                now = time.monotonic()
+                if now - self._stream_activity.get(turn_id, 0.0) < STREAM_ACTIVITY_EVERY_S:
+                    return
                 if len(self._stream_activity) > 4096:
                     self._stream_activity.clear()
                 self._stream_activity[turn_id] = now
-                route(self.routes, self.host, ws, sid, DriverEvent(TurnActivity(turn_id)))
+                activity_kind = ACTIVITY_STREAM
+            route(
+                self.routes, self.host, ws, sid, DriverEvent(TurnActivity(turn_id, activity_kind))
+            )
             return
+        # Any other event ends a stretch of streaming (an item completed, a tool started, an
+        # approval asked): the next delta is told at once, so the actor knows the model
+        # streams again.
+        self._stream_activity.pop(turn_id, None)
         typed = driver_event(key, event)
         if typed is not None:
             route(self.routes, self.host, ws, sid, typed)

@@ -80,3 +80,13 @@ def stream_idle_timeout(provider: str, endpoint: str | None, limit_s: float) -> 
         f"{MODEL_TIMEOUT}: {provider} model endpoint {where} stopped answering for "
         f"{seconds(limit_s)} in the middle of its reply ({STREAM_IDLE_KEY})"
     )
+
+
+def stream_empty_timeout(provider: str, endpoint: str | None, limit_s: float) -> str:
+    """The same sentence for a stream that opened and never carried a piece of the reply (a
+    provider whose stream-idle limit also covers the wait for the first event)."""
+    where = endpoint or "(the provider's default endpoint)"
+    return (
+        f"{MODEL_TIMEOUT}: {provider} model endpoint {where} opened its reply and then sent "
+        f"nothing of it for {seconds(limit_s)} ({STREAM_IDLE_KEY})"
+    )

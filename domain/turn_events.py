@@ -127,16 +127,30 @@ class MessageDelta:
         }
 
 
+ACTIVITY_STREAM = "stream"
+"""`TurnActivity.kind` the host gives a reply's `message.delta` (`assistant`, `reasoning`): the
+model is in the middle of a reply, and the host's stream-idle backstop runs from it."""
+ACTIVITY_PROGRESS = "progress"
+"""`TurnActivity.kind` the host gives a `progress` note (the provider retries its model request
+on its own): not silence, but not the model answering either."""
+ACTIVITY_ITEM = "item"
+"""`TurnActivity.kind` a driver sends when the model has answered with an item that now runs
+(a tool call, a command): the model is not mid-stream while it runs. Also what a
+`turn.activity` without a kind (an older driver) reads as."""
+
+
 @dataclass(frozen=True, slots=True)
 class TurnActivity:
-    """A note that the Turn is not hung: from the host, a reply is streaming; from a driver, the
-    model has answered with a tool that is now running (nothing else to show meanwhile)."""
+    """A note that the Turn is not hung: from the host, a reply is streaming (`stream`) or the
+    provider retries (`progress`); from a driver, the model has answered with a tool that is now
+    running (`item`; nothing else to show meanwhile)."""
 
     TYPE: ClassVar[str] = "turn.activity"
     turn_id: str
+    kind: str = ACTIVITY_ITEM
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "turnId": self.turn_id}
+        return {"type": self.TYPE, "turnId": self.turn_id, "kind": self.kind}
 
 
 TurnEvent = (
@@ -188,5 +202,5 @@ def turn_event_from_wire(event: Mapping[str, Any]) -> TurnEvent:
             str(event.get("delta") or ""),
         )
     if kind == TurnActivity.TYPE:
-        return TurnActivity(turn_id)
+        return TurnActivity(turn_id, str(event.get("kind") or ACTIVITY_ITEM))
     raise MalformedMessage(f"unknown turn event type {kind!r}")

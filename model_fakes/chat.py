@@ -6,7 +6,9 @@ speak): `POST /v1/chat/completions` streamed as `chat.completion.chunk` SSE endi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -65,8 +67,15 @@ class ChatServer(FakeModelServer[ChatReply]):
         reply: Callable[[dict[str, Any]], ChatReply] | None = None,
         *,
         api_key: str | None = None,
+        gate: threading.Event | None = None,
+        hold_after: int = 2,
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
+        self.gate = gate
+        """When given, each streamed reply stops after its first `hold_after` chunks (with the
+        default, the role chunk and the first piece of text) until it is set: a model that
+        stalls mid-reply."""
+        self.hold_after = hold_after
 
     @property
     def base_url(self) -> str:
@@ -99,9 +108,31 @@ class ChatServer(FakeModelServer[ChatReply]):
                 self.send_chunks(_chunks(body, reply))
 
             def send_chunks(self, payloads: list[dict[str, Any]]) -> None:
+                if server.gate is not None:
+                    self.send_chunks_live(payloads, server.gate, server.hold_after)
+                    return
                 data = "".join(f"data: {json.dumps(p)}\n\n" for p in payloads)
                 data += "data: [DONE]\n\n"
                 self._send(200, "text/event-stream", data.encode(), cache=False)
+
+            def send_chunks_live(
+                self, payloads: list[dict[str, Any]], gate: threading.Event, hold_after: int
+            ) -> None:
+                """One chunk at a time (the connection closes at the end), waiting for `gate`
+                before chunk `hold_after`."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                lines = [f"data: {json.dumps(p)}\n\n" for p in payloads] + ["data: [DONE]\n\n"]
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    for index, line in enumerate(lines):
+                        if index == hold_after:
+                            gate.wait(60)
+                        self.wfile.write(line.encode())
+                        self.wfile.flush()
 
         return Handler
 

@@ -9,6 +9,7 @@ calls that tool (`stop_reason: "tool_use"`), and the CLI's next request carries 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ class ToolUse:
     name: str
     input: dict[str, Any]
     id: str = field(default_factory=lambda: f"toolu_{uuid.uuid4().hex[:24]}")
+    preface: str = ""
+    """When set, a text block streamed before the call (a model that says what it will do)."""
 
 
 Reply = str | ToolUse
@@ -111,9 +114,23 @@ class MessagesServer(FakeModelServer[Reply]):
     thread_name = "messages-server"
 
     def __init__(
-        self, reply: MessagesReplyFn | None = None, *, api_key: str | None = None
+        self,
+        reply: MessagesReplyFn | None = None,
+        *,
+        api_key: str | None = None,
+        gate: threading.Event | None = None,
+        hold_after: int = 3,
+        fail_status: int | None = None,
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key)
+        self.gate = gate
+        """When given, each streamed reply stops after its first `hold_after` SSE events (with
+        the default, its first text delta) until it is set: a model that stalls mid-reply."""
+        self.hold_after = hold_after
+        self.fail_status = fail_status
+        """When set, every model request is answered with this HTTP status and an `api_error`
+        (an overloaded server's 503, say): the client retries it on its own. May be changed
+        while serving."""
 
     @property
     def base_url(self) -> str:
@@ -173,10 +190,18 @@ class MessagesServer(FakeModelServer[Reply]):
                     server.record(f"POST {self.path}", None)
                     self.send_json(404, _error("not_found_error", f"no route {self.path}"))
                     return
+                status = server.fail_status
+                if status is not None:
+                    server.record(f"POST {self.path} {status}", None)
+                    self.send_json(status, _error("api_error", "the model is overloaded"))
+                    return
                 server.record(f"POST {self.path}", body)
                 reply = server.reply_to(body)
                 msg = _message_object(body, reply)
-                if body.get("stream"):
+                if body.get("stream") and server.gate is not None:
+                    events = _stream_events(msg, reply)
+                    self.send_sse_live(events, hold_after=server.hold_after, gate=server.gate)
+                elif body.get("stream"):
                     self.send_sse(_stream_events(msg, reply))
                 else:
                     self.send_json(200, msg)
@@ -187,34 +212,35 @@ class MessagesServer(FakeModelServer[Reply]):
 def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[str, Any]]]:
     start = dict(msg, content=[], stop_reason=None)
     start["usage"] = dict(msg["usage"], output_tokens=1)
+    blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
     if isinstance(reply, ToolUse):
-        block: dict[str, Any] = {
-            "type": "tool_use",
-            "id": reply.id,
-            "name": reply.name,
-            "input": {},
-        }
+        if reply.preface:
+            blocks.append(_text_block(reply.preface))
+        tool = {"type": "tool_use", "id": reply.id, "name": reply.name, "input": {}}
         partial = json.dumps(reply.input)
-        delta: dict[str, Any] = {"type": "input_json_delta", "partial_json": partial}
+        blocks.append((tool, [{"type": "input_json_delta", "partial_json": partial}]))
     else:
-        block = {"type": "text", "text": ""}
-        delta = {"type": "text_delta", "text": reply}
-    deltas = (
-        [delta]
-        if isinstance(reply, ToolUse)
-        else [{"type": "text_delta", "text": piece} for piece in chunks(reply)]
-    )
+        blocks.append(_text_block(reply))
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
+    for index, (block, deltas) in enumerate(blocks):
+        events += [
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": index, "content_block": block},
+            ),
+            *(
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": index, "delta": d},
+                )
+                for d in deltas
+            ),
+            ("content_block_stop", {"type": "content_block_stop", "index": index}),
+        ]
     return [
-        ("message_start", {"type": "message_start", "message": start}),
-        (
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": block},
-        ),
-        *(
-            ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": d})
-            for d in deltas
-        ),
-        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        *events,
         (
             "message_delta",
             {
@@ -227,6 +253,13 @@ def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[st
     ]
 
 
+def _text_block(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A text content block and its deltas, a few characters each."""
+    return {"type": "text", "text": ""}, [
+        {"type": "text_delta", "text": piece} for piece in chunks(text)
+    ]
+
+
 def _error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
@@ -235,6 +268,8 @@ def _message_object(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
     in_tokens = sum(len(t) for _, t in model_input_texts(body)) // 4 + 1
     if isinstance(reply, ToolUse):
         content = [{"type": "tool_use", "id": reply.id, "name": reply.name, "input": reply.input}]
+        if reply.preface:
+            content.insert(0, {"type": "text", "text": reply.preface})
         stop_reason, out_len = "tool_use", len(json.dumps(reply.input))
     else:
         content = [{"type": "text", "text": reply}]

@@ -10,15 +10,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from rich.cells import cell_len
 from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
+from textual.color import Color
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.content import Content
 from textual.geometry import Size
 from textual.message import Message
+from textual.selection import Selection
 from textual.strip import Strip
+from textual.style import Style as VisualStyle
 from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Button, Static
@@ -295,7 +300,10 @@ class SettledTurnView(Widget):
     rendered once per width into `Strip`s that `render_line` returns, so mounting it costs one
     widget's styles and layout (a `TurnView` is four widgets), and a frame draws only the lines
     on screen. It looks exactly like a `TurnView` of the same Turn; a click on the label forks,
-    as the button does (not in the Tab order either: the keyboard forks with F5).
+    as the button does (not in the Tab order either: the keyboard forks with F5). Its text is
+    selectable with the mouse like a `Static`'s: each line's cells carry their offset (what
+    Textual maps a mouse position to), `get_selection` gives the text under a selection, and
+    `render_line` paints the selected span (the Fork label is not part of the text).
 
     Used for a settled Turn without an `unknown` fork mark (which has an Inspect button); a
     Turn that settles while mounted keeps its `TurnView`.
@@ -341,7 +349,8 @@ class SettledTurnView(Widget):
         self.blocked = blocked
         self.unknown: Mapping[str, Any] | None = None
         self._hover = False
-        self._strips: tuple[int, list[Strip]] | None = None
+        # The lines at one width, and their text (a header line's without the Fork label).
+        self._strips: tuple[int, list[Strip], list[str]] | None = None
 
     @property
     def turn_id(self) -> str:
@@ -370,6 +379,11 @@ class SettledTurnView(Widget):
         finally:
             self._strips = kept
 
+    def texts(self) -> list[str]:
+        """The text of each line at the Turn's width (what a selection selects from)."""
+        self._lines(self.size.width or 1)
+        return self._strips[2] if self._strips is not None else []
+
     def _lines(self, width: int) -> list[Strip]:
         if self._strips is not None and self._strips[0] == width:
             return self._strips[1]
@@ -385,11 +399,13 @@ class SettledTurnView(Widget):
         body = Visual.to_strips(
             self, visualize(self, Content.from_rich_text(turn_body(self.turn))), width, None, style
         )
+        body = [strip.extend_cell_length(width, self.rich_style) for strip in body]
         lines = [
-            Strip.join([head, fork]),
-            *(strip.extend_cell_length(width, self.rich_style) for strip in body),
+            Strip.join([head.apply_offsets(0, 0), fork]),
+            *(strip.apply_offsets(0, y) for y, strip in enumerate(body, 1)),
         ]
-        self._strips = (width, lines)
+        texts = [strip.text.rstrip() for strip in (head, *body)]
+        self._strips = (width, lines, texts)
         return lines
 
     def _fork_strip(self) -> Strip:
@@ -413,7 +429,25 @@ class SettledTurnView(Widget):
 
     def render_line(self, y: int) -> Strip:
         lines = self.lines()
-        return lines[y] if y < len(lines) else Strip.blank(self.size.width, self.rich_style)
+        if y >= len(lines):
+            return Strip.blank(self.size.width, self.rich_style)
+        selection = self.text_selection
+        span = selection.get_span(y) if selection is not None else None
+        if span is None:
+            return lines[y]
+        text = self.texts()[y]
+        start, end = span
+        end = len(text) if end == -1 else min(end, len(text))
+        if start >= end:
+            return lines[y]
+        selected = VisualStyle.from_styles(self.screen.get_component_styles("screen--selection"))
+        return _painted(
+            lines[y], cell_len(text[:start]), cell_len(text[:end]), selected, self.rich_style
+        )
+
+    def get_selection(self, selection: Selection) -> tuple[str, str] | None:
+        """The text under `selection`: the Turn's lines as drawn (wrapped at its width)."""
+        return selection.extract("\n".join(self.texts())), "\n"
 
     def notify_style_update(self) -> None:
         super().notify_style_update()
@@ -473,6 +507,25 @@ class SettledTurnView(Widget):
             if self._hover:
                 self.tooltip = self.fork_tooltip
             self._redraw(layout=changed)
+
+
+def _painted(strip: Strip, start: int, end: int, selected: VisualStyle, base: Style) -> Strip:
+    """`strip` with its cells `start` to `end` (a selected span) painted as Textual paints a
+    selection in a `Static`: the selection's colours blended over each cell's own (its
+    foreground is usually transparent: the text keeps its colour), the cells' offsets kept."""
+    before, inside, after = strip.divide([start, end, strip.cell_length])
+    segments = []
+    for text, own, control in inside:
+        own = own or base
+        background = Color.from_rich_color(own.bgcolor or base.bgcolor)
+        foreground = Color.from_rich_color(own.color or base.color)
+        if selected.background is not None:
+            background = background + selected.background
+        if selected.foreground is not None:
+            foreground = foreground + selected.foreground
+        paint = Style(color=foreground.rich_color, bgcolor=background.rich_color)
+        segments.append(Segment(text, own + paint, control))
+    return Strip.join([before, Strip(segments, inside.cell_length), after])
 
 
 class Divider(Static):

@@ -18,7 +18,7 @@ from typing import Any
 
 from domain.enums import TurnOutcome
 from domain.errors import HostError
-from domain.model_limits import ModelLimits, stream_idle_timeout
+from domain.model_limits import ModelLimits, stream_empty_timeout, stream_idle_timeout
 from domain.turn_events import PROGRESS
 from domain.worker_messages import (
     InteractionRequested,
@@ -145,6 +145,9 @@ class TurnEvents:
             if canonical is None or not isinstance(item, Mapping):
                 return
             for mapped in map_item(item):
+                if mapped.get("kind") != "user":
+                    with session.state_lock:
+                        session.streamed.add(provider_turn_id)
                 self.send(session, TurnItem(canonical, mapped))
         elif method == "error":
             self._on_model_error(session, params)
@@ -156,6 +159,8 @@ class TurnEvents:
             if canonical is None or not isinstance(delta, str) or not delta:
                 return
             item_id = str(params.get("itemId") or "")
+            with session.state_lock:
+                session.streamed.add(str(params.get("turnId") or ""))
             self.send(session, MessageDelta(canonical, item_id, DELTA_METHODS[method], delta))
         elif method == "turn/completed":
             turn = params.get("turn") or {}
@@ -165,13 +170,17 @@ class TurnEvents:
                 return
             outcome = OUTCOMES.get(str(turn.get("status")), TurnOutcome.FAILED)
             error: str | None = None
+            with session.state_lock:
+                streamed = provider_turn_id in session.streamed
+                session.streamed.discard(provider_turn_id)
             provider_error = turn.get("error")
             if isinstance(provider_error, Mapping) and provider_error.get("message"):
                 text = str(provider_error["message"])
                 if _STREAM_IDLE.search(text):
                     # The provider's own stream-idle limit (Codex's stream_idle_timeout_ms).
                     idle = ModelLimits.from_mapping(self.config).stream_idle_s
-                    error = stream_idle_timeout(self.kind, self.endpoint(), idle)
+                    worded = stream_idle_timeout if streamed else stream_empty_timeout
+                    error = worded(self.kind, self.endpoint(), idle)
                 else:
                     error = model_failure_text(self.kind, self.endpoint(), text, self.credential)
             with session.state_lock:
@@ -282,6 +291,7 @@ class TurnEvents:
             active = [(p, session.turns.get(p)) for p in session.active]
             session.active.clear()
             session.pending.clear()
+            session.streamed.clear()
         return active
 
     def send_failed(

@@ -92,6 +92,8 @@ class SessionState:
     pending: dict[str, PendingRequest] = field(default_factory=dict)
     # provider turn id → the typed model failure that made us stop the provider's retries
     model_failures: dict[str, str] = field(default_factory=dict)
+    # provider turn ids whose model has sent something of its reply (a delta, an item)
+    streamed: set[str] = field(default_factory=set)
     retries: int = 0
     """The provider's own retries seen so far (each one's progress note has its own item id)."""
     last_used: float = field(default_factory=time.monotonic)

@@ -160,3 +160,60 @@ async def _update() -> None:
         assert "1 file changed" in view.lines()[0].text
         assert any("M a.txt" in strip.text for strip in view.lines()[1:])
         assert view.size.height == height + 1  # the files line: laid out again
+
+
+def test_the_mouse_selects_a_settled_turns_text() -> None:
+    asyncio.run(_select())
+
+
+async def _select() -> None:
+    app = Pane()
+    async with app.run_test(size=(80, 24)) as pilot:
+        view = SettledTurnView("s", _turn(1), ForkAction.ENABLED)
+        await app.query_one("#pane").mount(view)
+        await pilot.pause()
+        texts = [strip.text.rstrip() for strip in view.lines()]
+        assert len(texts) >= 4, texts  # the reply wraps
+        left = view.content_region.x - view.region.x  # the border and the padding
+        await pilot.hover(view, offset=(left, 3))
+        before = _cells(app)
+        # Drag from the start of the second line to the sixth cell of the third.
+        await pilot.mouse_down(view, offset=(left, 1))
+        await pilot.hover(view, offset=(left + 5, 2))
+        await pilot.mouse_up(view, offset=(left + 5, 2))
+        await pilot.pause()
+        # (Whether the cell under the pointer is in is Textual's choice: five or six.)
+        selected_text = app.screen.get_selected_text() or ""
+        first, _, rest = selected_text.partition("\n")
+        assert first == texts[1] and rest == texts[2][: len(rest)], (selected_text, texts)
+        assert len(rest) in (5, 6), rest
+        # Exactly the selected cells are painted (the selection style), nothing else changed.
+        after = _cells(app)
+        top, x0 = view.region.y, view.content_region.x
+        changed = {
+            (y, x)
+            for y, (old, new) in enumerate(zip(before, after, strict=True))
+            for x, (a, b) in enumerate(zip(old, new, strict=True))
+            if a != b
+        }
+        selected = {(top + 1, x0 + i) for i in range(len(texts[1]))}
+        selected |= {(top + 2, x0 + i) for i in range(len(rest))}
+        assert changed == selected, sorted(changed ^ selected)
+        # The text stays readable: a selected character is not drawn in its background colour.
+        for y, x in selected:
+            char, style = after[y][x]
+            if char != " ":
+                parsed = Style.parse(style)
+                assert parsed.color != parsed.bgcolor, (char, style)
+        # A click elsewhere clears it.
+        await pilot.click(view, offset=(left + 6, 3))
+        await pilot.pause()
+        assert app.screen.get_selected_text() is None
+        assert _cells(app) == before
+        # The header's text is selectable without its Fork label.
+        await pilot.mouse_down(view, offset=(left, 0))
+        await pilot.hover(view, offset=(view.region.width - 2, 0))
+        await pilot.mouse_up(view, offset=(view.region.width - 2, 0))
+        await pilot.pause()
+        header = app.screen.get_selected_text() or ""
+        assert header.startswith("Turn 1 ") and "Fork" not in header, header

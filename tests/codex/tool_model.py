@@ -59,8 +59,11 @@ class ToolModel(FakeModelServer[str]):
 
     thread_name = "tool-model"
 
-    def __init__(self) -> None:
+    def __init__(self, preface: str | None = None) -> None:
         super().__init__(last_user_text)  # replies are items here, built by `_reply_item`
+        self.preface = preface
+        """When set, a function call comes after this text, streamed delta by delta (a model
+        that says what it is about to do)."""
 
     @property
     def base_url(self) -> str:
@@ -93,15 +96,53 @@ class ToolModel(FakeModelServer[str]):
                     },
                 }
                 created = dict(resp, status="in_progress", output=[])
+                said: list[tuple[str, dict[str, Any]]] = []
+                if model.preface and item["type"] == "function_call":
+                    said = _streamed_message(_message(model.preface))
+                    resp["output"] = [said[-1][1]["item"], item]
                 self.send_sse(
                     [
                         ("response.created", {"type": "response.created", "response": created}),
+                        *said,
                         (
                             "response.output_item.done",
-                            {"type": "response.output_item.done", "output_index": 0, "item": item},
+                            {
+                                "type": "response.output_item.done",
+                                "output_index": 1 if said else 0,
+                                "item": item,
+                            },
                         ),
                         ("response.completed", {"type": "response.completed", "response": resp}),
                     ]
                 )
 
         return Handler
+
+
+def _streamed_message(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The SSE events of output item 0, `message`, streamed a few characters at a time."""
+    text = message["content"][0]["text"]
+    added = dict(message, status="in_progress", content=[])
+    return [
+        (
+            "response.output_item.added",
+            {"type": "response.output_item.added", "output_index": 0, "item": added},
+        ),
+        *(
+            (
+                "response.output_text.delta",
+                {
+                    "type": "response.output_text.delta",
+                    "item_id": message["id"],
+                    "output_index": 0,
+                    "content_index": 0,
+                    "delta": text[i : i + 4],
+                },
+            )
+            for i in range(0, len(text), 4)
+        ),
+        (
+            "response.output_item.done",
+            {"type": "response.output_item.done", "output_index": 0, "item": message},
+        ),
+    ]
