@@ -150,7 +150,9 @@ def run_fork(args: argparse.Namespace, client: Client) -> int:
         operation = None
         if record.operation_id:
             operation = engine.request(
-                FORK_GET, {"operationId": record.operation_id}, timeout=args.timeout
+                FORK_GET,
+                OperationParams(workspaceId=args.workspace, operationId=record.operation_id),
+                timeout=args.timeout,
             )["operation"]
         session: Mapping[str, Any] | None = None
         turns: list[Turn] = []

@@ -75,7 +75,8 @@ def run_restore(args: argparse.Namespace, client: Client) -> int:
     except ApiError as exc:
         if exc.reason != "workspace_shared":
             raise
-        others = ", ".join(str(s)[:8] for s in exc.params.get("agentSessionIds") or [])
+        listed = exc.params.get("agentSessionIds")
+        others = ", ".join(str(s)[:8] for s in (listed if isinstance(listed, list) else []))
         raise CliError(
             exc.reason,
             f"other live sessions ({others}) work in this folder too: their files would change "
