@@ -27,14 +27,12 @@ from protocol.methods import (
     TimelineParams,
     TurnSubmitParams,
 )
-from protocol.objects import Turn
+from protocol.objects import Interaction, JsonObject, Operation, Turn
 from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
 POLL_S = 0.05
 STREAM_POLL_S = 0.25
-
-Json = dict[str, Any]
 
 
 class TurnWaitTimeout(TimeoutError):
@@ -126,7 +124,7 @@ class TurnPrinter:
             self.emit(format_message(message))
 
 
-InteractionHandler = Callable[[Mapping[str, Any]], "Json | None"]
+InteractionHandler = Callable[[Interaction], JsonObject | None]
 """Given a pending Interaction, the `response` to send, or None to leave it pending; it raises
 `AnsweredElsewhere` when another client answered it meanwhile."""
 
@@ -276,7 +274,7 @@ def fork_and_wait(
     progress: Callable[[str], None] | None = None,
     timeout: float = 120.0,
     acknowledge: bool = True,
-) -> Json:
+) -> Operation:
     """fork.create, then fork.get while accepted; a committed result is ACKed (seed 000 §8.3).
 
     A one-shot helper: a lost reply is not retried here. Interactive clients use the Engine.
@@ -305,4 +303,4 @@ def fork_and_wait(
         op = client.call(
             FORK_ACKNOWLEDGE, OperationParams(workspaceId=ws, operationId=op["operationId"])
         )["operation"]
-    return dict(op)
+    return op

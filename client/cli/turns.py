@@ -17,7 +17,7 @@ from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
 from protocol.methods import INTERACTION_RESPOND, SESSION_GET, TURN_INTERRUPT
-from protocol.objects import Turn
+from protocol.objects import Interaction, JsonObject, Turn
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -118,7 +118,7 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
                 return dict(now)
         return None
 
-    def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
+    def on_interaction(interaction: Interaction) -> JsonObject | None:
         response = _interaction_response(args, interaction, followed, still_pending)
         if response is None:
             pending.append(interaction)
