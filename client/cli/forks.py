@@ -22,9 +22,12 @@ from protocol.methods import (
     FORK_RESOLVE,
     SESSION_GET,
     SESSION_LINEAGE,
+    ForkResolveParams,
+    LineageParams,
     Method,
     OperationParams,
     OperationResult,
+    SessionParams,
 )
 from protocol.objects import Turn
 
@@ -38,7 +41,9 @@ def run_tree(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    tree = call(args, client, SESSION_LINEAGE, agentSessionId=sid)
+    tree = call(
+        args, client, SESSION_LINEAGE, LineageParams(workspaceId=args.workspace, agentSessionId=sid)
+    )
     emit(args, tree, format_tree(tree))
     return EXIT_OK
 
@@ -64,9 +69,12 @@ def run_resolve(args: argparse.Namespace, client: Client) -> int:
         args,
         client,
         FORK_RESOLVE,
-        operationId=operation_id,
-        requestId=args.request_id or str(uuid.uuid4()),
-        action=args.action,
+        ForkResolveParams(
+            workspaceId=args.workspace,
+            operationId=operation_id,
+            requestId=args.request_id or str(uuid.uuid4()),
+            action=args.action,
+        ),
     )
     human = format_resolution(result).replace("OP", operation_id)
     if args.action == "adopt" and result["operation"]["status"] == "committed":
@@ -94,7 +102,14 @@ def _get_operation(
     from transport.client import ApiError
 
     try:
-        return dict(call(args, client, method, operationId=operation_id)["operation"])
+        return dict(
+            call(
+                args,
+                client,
+                method,
+                OperationParams(workspaceId=args.workspace, operationId=operation_id),
+            )["operation"]
+        )
     except ApiError as exc:
         if exc.reason != "agent_session_fork_operation_not_found":
             raise
@@ -159,7 +174,12 @@ def run_fork(args: argparse.Namespace, client: Client) -> int:
         if record.error_detail is not None:
             # A refusal before any operation: read the source so the sentence can name turns.
             with contextlib.suppress(Exception):
-                session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+                session = call(
+                    args,
+                    client,
+                    SESSION_GET,
+                    SessionParams(workspaceId=args.workspace, agentSessionId=sid),
+                )["session"]
                 turns = timeline(client, args.workspace, sid)
     finally:
         engine.close()

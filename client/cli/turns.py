@@ -11,12 +11,19 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
-from protocol.methods import INTERACTION_RESPOND, SESSION_GET, TURN_INTERRUPT
+from protocol.methods import (
+    INTERACTION_RESPOND,
+    SESSION_GET,
+    TURN_INTERRUPT,
+    InteractionRespondParams,
+    SessionParams,
+    TurnInterruptParams,
+)
 from protocol.objects import Interaction, JsonObject, Turn
 
 if TYPE_CHECKING:
@@ -214,7 +221,9 @@ def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
 
 
 def _active_turn(args: argparse.Namespace, client: Client, sid: str) -> str | None:
-    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+    session = call(
+        args, client, SESSION_GET, SessionParams(workspaceId=args.workspace, agentSessionId=sid)
+    )["session"]
     active = session.get("activeTurnId")
     return str(active) if active else None
 
@@ -234,11 +243,16 @@ def _stop_turn(
     from client.session_client import get_turn
     from transport.client import ApiError
 
-    why = {"reason": reason} if reason else {}
+    params = TurnInterruptParams(
+        workspaceId=args.workspace,
+        agentSessionId=sid,
+        turnId=turn_id,
+        by=cast(Literal["ctrl_c", "cli", "gui", "host", "client"], by),
+    )
+    if reason:
+        params["reason"] = reason
     try:
-        turn = call(args, client, TURN_INTERRUPT, agentSessionId=sid, turnId=turn_id, by=by, **why)[
-            "turn"
-        ]
+        turn = call(args, client, TURN_INTERRUPT, params)["turn"]
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -387,11 +401,14 @@ def run_answer(args: argparse.Namespace, client: Client) -> int:
         args,
         client,
         INTERACTION_RESPOND,
-        agentSessionId=sid,
-        turnId=interaction["turnId"],
-        requestId=interaction["requestId"],
-        response=response,
-        by="cli",
+        InteractionRespondParams(
+            workspaceId=args.workspace,
+            agentSessionId=sid,
+            turnId=interaction["turnId"],
+            requestId=interaction["requestId"],
+            response=response,
+            by="cli",
+        ),
     )
     what = {"approve": "approved", "decline": "declined"}.get(
         str(args.decision), f"answered {json.dumps(args.text)}"
