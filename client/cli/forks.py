@@ -29,7 +29,7 @@ from protocol.methods import (
     OperationResult,
     SessionParams,
 )
-from protocol.objects import Turn
+from protocol.objects import Operation, Turn
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -60,8 +60,8 @@ def run_resolve(args: argparse.Namespace, client: Client) -> int:
         if op["status"] != "unknown":
             human = f"operation {operation_id} is {status_words(op)}: nothing to resolve"
             human += " (only a fork whose outcome is unknown can be resolved)"
-            if op.get("session"):
-                child = op["session"]
+            child = op.get("session")
+            if child:
                 human += f"\n  child session: {child['agentSessionId']}  {child['title']}"
             emit(args, {"operation": op, "evidence": None}, human)
             return EXIT_OK
@@ -95,21 +95,19 @@ def _get_operation(
     client: Client,
     operation_id: str,
     method: Method[OperationParams, OperationResult] = FORK_GET,
-) -> dict[str, Any]:
+) -> Operation:
     """fork.get (or fork.acknowledge); a 404 gets the hint about id prefixes."""
     from client.cli.command import api_error
     from client.references import OPERATION_HINT
     from transport.client import ApiError
 
     try:
-        return dict(
-            call(
-                args,
-                client,
-                method,
-                OperationParams(workspaceId=args.workspace, operationId=operation_id),
-            )["operation"]
-        )
+        return call(
+            args,
+            client,
+            method,
+            OperationParams(workspaceId=args.workspace, operationId=operation_id),
+        )["operation"]
     except ApiError as exc:
         if exc.reason != "agent_session_fork_operation_not_found":
             raise
@@ -282,8 +280,8 @@ def run_op(args: argparse.Namespace, client: Client) -> int:
     ]
     if op.get("error"):
         lines.append(f"  error: {op['error']}")
-    if op.get("session"):
-        lines.append(f"  child: {op['session']['title']}")
+    if child := op.get("session"):
+        lines.append(f"  child: {child['title']}")
     if files_line(op.get("workspace")):
         lines.append("  " + files_line(op.get("workspace")).strip())
     if args.ack:
