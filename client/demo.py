@@ -133,9 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         if op["status"] != "committed":
             print(f"fork did not commit: {op['error']}")
             return 1
-        child = op["session"]["agentSessionId"]
-        print(f'child session {child}: "{op["session"]["title"]}"')
-        lineage = op["lineage"]
+        made, lineage = op["session"], op["lineage"]
+        assert made is not None and lineage is not None, "a committed fork has both"
+        child = made["agentSessionId"]
+        print(f'child session {child}: "{made["title"]}"')
         print(
             f"lineage: forked from {lineage['sourceAgentSessionId']} through turn "
             f"{lineage['sourceTurnId']}; the child's copy of it is turn {lineage['targetTurnId']}"

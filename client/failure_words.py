@@ -177,7 +177,8 @@ def error_words(action: str, exc: BaseException) -> str:
         elif exc.reason == "agent_session_fork_resolve_conflict" and params.get("status"):
             words = f"this fork is already {params['status']}, not unknown"
         if exc.reason == "agent_session_fork_unresolved":
-            ops = [str(o) for o in params.get("operationIds") or ()]
+            listed = params.get("operationIds")
+            ops = [str(o) for o in listed] if isinstance(listed, list) else []
             words = (
                 f"it has {len(ops)} unresolved fork(s) whose outcome is unknown "
                 f"({', '.join(o[:8] for o in ops)}); their evidence lives with this session. "

@@ -12,7 +12,7 @@ from typing import Any
 
 from client.references import timeline
 from client.transcript_text import format_message, says_nothing
-from protocol.events import TURN_UPDATED
+from protocol.events import MESSAGE_DELTA, TURN_UPDATED, EventTurn, MessageDelta, UnknownEvent
 from protocol.methods import (
     FORK_ACKNOWLEDGE,
     FORK_CREATE,
@@ -27,13 +27,12 @@ from protocol.methods import (
     TimelineParams,
     TurnSubmitParams,
 )
+from protocol.objects import Interaction, JsonObject, Operation, Turn
 from transport.client import ApiError, Client, EventSubscriber, merge_turn
 from transport.security import ClientCurve
 
 POLL_S = 0.05
 STREAM_POLL_S = 0.25
-
-Json = dict[str, Any]
 
 
 class TurnWaitTimeout(TimeoutError):
@@ -48,7 +47,7 @@ class TurnWaitTimeout(TimeoutError):
 # -- turns ---------------------------------------------------------------------------------
 
 
-def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | None = None) -> Json:
+def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | None = None) -> Turn:
     if sequence is not None:
         page = client.call(
             SESSION_TIMELINE,
@@ -56,10 +55,10 @@ def get_turn(client: Client, ws: str, sid: str, turn_id: str, sequence: int | No
         )
         for turn in page["turns"]:
             if turn["turnId"] == turn_id:
-                return dict(turn)
+                return turn
     for known in timeline(client, ws, sid):
         if known["turnId"] == turn_id:
-            return dict(known)
+            return known
     raise LookupError(f"turn {turn_id} not in session {sid}")
 
 
@@ -78,7 +77,7 @@ class TurnPrinter:
         self.streamed: dict[str, str] = {}  # provider item id → text written so far
         self.open_item: str | None = None  # the item whose line is still open
 
-    def delta(self, event: Mapping[str, Any]) -> None:
+    def delta(self, event: MessageDelta) -> None:
         if event.get("kind") == "progress":
             # The provider's note about its own retry: a line of its own, as it happens.
             if self.open_item is not None and self.write is not None:
@@ -125,7 +124,7 @@ class TurnPrinter:
             self.emit(format_message(message))
 
 
-InteractionHandler = Callable[[Mapping[str, Any]], "Json | None"]
+InteractionHandler = Callable[[Interaction], JsonObject | None]
 """Given a pending Interaction, the `response` to send, or None to leave it pending; it raises
 `AnsweredElsewhere` when another client answered it meanwhile."""
 
@@ -144,13 +143,13 @@ def stream_turn(
     events_endpoint: str | None = None,
     events_curve: ClientCurve | None = None,
     events_exact: bool = False,
-    on_update: Callable[[Json], None] | None = None,
+    on_update: Callable[[Turn], None] | None = None,
     on_interaction: InteractionHandler | None = None,
     timeout: float = 600.0,
     request_id: str | None = None,
-    on_delta: Callable[[Json], None] | None = None,
+    on_delta: Callable[[MessageDelta], None] | None = None,
     answered_by: AnsweredBy | None = None,
-) -> Json:
+) -> Turn:
     """Submit a turn and follow it to settlement, from `turn.updated` events when an events
     endpoint is given (polling as a fallback: a SUB socket misses what precedes its join);
     `on_delta` gets the turn's `message.delta` events as the reply streams; `events_exact`:
@@ -162,17 +161,15 @@ def stream_turn(
         else None
     )
     try:
-        turn: Json = dict(
-            client.call(
-                TURN_SUBMIT,
-                TurnSubmitParams(
-                    workspaceId=ws,
-                    agentSessionId=sid,
-                    requestId=request_id or str(uuid.uuid4()),
-                    input=[{"type": "text", "text": text}],
-                ),
-            )["turn"]
-        )
+        turn = client.call(
+            TURN_SUBMIT,
+            TurnSubmitParams(
+                workspaceId=ws,
+                agentSessionId=sid,
+                requestId=request_id or str(uuid.uuid4()),
+                input=[{"type": "text", "text": text}],
+            ),
+        )["turn"]
         turn_id, sequence = turn["turnId"], int(turn["sequence"])
         answered: set[str] = set()
         deadline = time.monotonic() + timeout
@@ -180,7 +177,7 @@ def stream_turn(
             if on_update is not None:
                 on_update(turn)
             if turn["phase"] == "settled":
-                return dict(turn)
+                return turn
             for interaction in turn.get("interactions") or []:
                 if interaction["status"] != "pending" or interaction["requestId"] in answered:
                     continue
@@ -225,8 +222,8 @@ def _next_turn_event(
     ws: str,
     sid: str,
     turn_id: str,
-    on_delta: Callable[[Json], None] | None = None,
-) -> Json | None:
+    on_delta: Callable[[MessageDelta], None] | None = None,
+) -> Turn | EventTurn | None:
     if subscriber is None:
         time.sleep(POLL_S)
         return None
@@ -236,28 +233,28 @@ def _next_turn_event(
         if message is None:
             return None
         topic, event = message
+        if topic != ws or isinstance(event, UnknownEvent):
+            continue  # an event of a newer daemon says nothing about this Turn
         if (
             on_delta is not None
-            and topic == ws
-            and event.get("type") == "message.delta"
-            and event.get("agentSessionId") == sid
-            and event.get("turnId") == turn_id
+            and event["type"] == MESSAGE_DELTA
+            and event["agentSessionId"] == sid
+            and event["turnId"] == turn_id
         ):
-            on_delta(dict(event))
+            on_delta(event)
             continue
         if (
-            topic == ws
-            and event.get("type") == TURN_UPDATED
-            and event.get("agentSessionId") == sid
-            and (event.get("turn") or {}).get("turnId") == turn_id
+            event["type"] == TURN_UPDATED
+            and event["agentSessionId"] == sid
+            and event["turn"].get("turnId") == turn_id
         ):
-            return dict(event["turn"])
+            return event["turn"]
     return None
 
 
 def run_turn(
     client: Client, ws: str, sid: str, text: str, *, echo: bool = False, timeout: float = 120.0
-) -> Json:
+) -> Turn:
     """Submit a turn and poll until it settles; with `echo`, print messages as they settle."""
     printer = TurnPrinter(print)
     return stream_turn(
@@ -277,7 +274,7 @@ def fork_and_wait(
     progress: Callable[[str], None] | None = None,
     timeout: float = 120.0,
     acknowledge: bool = True,
-) -> Json:
+) -> Operation:
     """fork.create, then fork.get while accepted; a committed result is ACKed (seed 000 §8.3).
 
     A one-shot helper: a lost reply is not retried here. Interactive clients use the Engine.
@@ -306,4 +303,4 @@ def fork_and_wait(
         op = client.call(
             FORK_ACKNOWLEDGE, OperationParams(workspaceId=ws, operationId=op["operationId"])
         )["operation"]
-    return dict(op)
+    return op

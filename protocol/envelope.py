@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import UnionType
+from typing import Any, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
 
 import msgpack
 
-from protocol.events import Event
+from protocol.events import EVENT_SHAPES, ClientEvent, Event, UnknownEvent
 from protocol.objects import Error, JsonObject
 
 PROTOCOL_VERSION = 1
@@ -228,10 +229,53 @@ def encode_event(event: Event) -> bytes:
     return frame
 
 
-def decode_event(frame: bytes) -> dict[str, object]:
-    """An event's body as a map (`{"value": …}` around anything that is not one)."""
-    event = msgpack.unpackb(frame, raw=False, strict_map_key=False)
-    return event if isinstance(event, dict) else {"value": event}
+def decode_event(frame: bytes) -> ClientEvent:
+    """An event's body decoded once into its `protocol.events` type, or an `UnknownEvent`
+    (a type this table lacks, a required key missing or of the wrong kind, a frame that is
+    not a msgpack map) that says why. Never raises: a newer daemon's event is kept, not lost."""
+    try:
+        body = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises ValueError subclasses, UnicodeDecodeError, …
+        return UnknownEvent("", {}, f"not msgpack: {type(exc).__name__}")
+    if not isinstance(body, dict):
+        return UnknownEvent("", {"value": body}, f"not a map but {_type_name(body)}")
+    kind = body.get("type")
+    if not isinstance(kind, str):
+        return UnknownEvent("", body, "no string 'type'")
+    shape = _EVENT_KEYS.get(kind)
+    if shape is None:
+        return UnknownEvent(kind, body, "unknown type")
+    for key, expected in shape:
+        if not isinstance(body.get(key), expected):
+            return UnknownEvent(kind, body, f"'{key}' is not a {expected.__name__}")
+    # The checked keys are the type's required ones, each of the right kind: the body is one.
+    return cast(Event, body)
+
+
+def _event_keys(event_type: type) -> tuple[tuple[str, type], ...]:
+    """The required keys of an event's TypedDict with the Python type each holds on the wire
+    (a nested object is a map, a name a string), `type` itself left out."""
+    hints = get_type_hints(event_type)
+    keys: list[tuple[str, type]] = []
+    for key in sorted(getattr(event_type, "__required_keys__", ())):
+        if key == "type":
+            continue
+        hint = hints[key]
+        parts = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+        if all(is_typeddict(p) for p in parts):
+            keys.append((key, dict))
+        elif hint is str:
+            keys.append((key, str))
+        elif hint is int:
+            keys.append((key, int))
+        elif hint is bool:
+            keys.append((key, bool))
+        else:
+            keys.append((key, object))
+    return tuple(keys)
+
+
+_EVENT_KEYS = {name: _event_keys(t) for name, t in EVENT_SHAPES.items()}
 
 
 def _type_name(value: object) -> str:

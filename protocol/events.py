@@ -3,9 +3,10 @@ durable: their `type` names and bodies."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Final, Literal, TypedDict
 
-from protocol.objects import Operation, Session, Turn
+from protocol.objects import JsonObject, Operation, Session, Turn
 
 EventType = Literal["session.upserted", "session.removed", "turn.updated", "fork.operation"]
 
@@ -61,6 +62,34 @@ class MessageDelta(TypedDict):
 
 
 Event = SessionUpserted | SessionRemoved | TurnUpdated | ForkOperationEvent | MessageDelta
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownEvent:
+    """An event a client does not know: a `type` this table lacks (a newer daemon), or a known
+    `type` whose body misses a key its type requires. Kept whole so a client can log or show
+    it; never a crash, never silently dropped by the decoder."""
+
+    type: str
+    """The body's `type` as sent ("" when it had none or not a string)."""
+    body: JsonObject
+    """The decoded body (`{"value": …}` around a frame that was not a map)."""
+    problem: str
+    """Why it is not one of `Event`: `unknown type`, or the key that is missing or wrong."""
+
+
+ClientEvent = Event | UnknownEvent
+"""What a client's event subscriber hands on: a typed event, or an `UnknownEvent`."""
+
+EVENT_SHAPES: dict[str, type] = {
+    SESSION_UPSERTED: SessionUpserted,
+    SESSION_REMOVED: SessionRemoved,
+    TURN_UPDATED: TurnUpdated,
+    FORK_OPERATION: ForkOperationEvent,
+    MESSAGE_DELTA: MessageDelta,
+}
+"""Every event `type` a client decodes, with its body type: the durable events and
+`message.delta`."""
 
 EVENT_TYPES: tuple[EventType, ...] = (
     SESSION_UPSERTED,

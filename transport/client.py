@@ -16,18 +16,21 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, NamedTuple, TypeVar, cast, overload
 
 import zmq
 
 from protocol.envelope import decode_event, decode_reply, encode_request, reply_outcome
+from protocol.events import ClientEvent, EventTurn
 from protocol.methods import Method
+from protocol.objects import Error, JsonObject, Message, Turn
 from transport.security import ClientCurve, needs_curve
 
 P = TypeVar("P")
 R = TypeVar("R")
 MethodRef = Method[Any, Any] | str
-"""A protocol method, or (tests and raw probes only) a bare method name."""
+"""A protocol method, or (tests, probes and `--json` passthrough only) a bare method name,
+whose params and result are then `JsonObject`s: JSON, not `Any`."""
 
 _TAG_SEND = b"S"
 _TAG_STOP = b"X"
@@ -44,7 +47,7 @@ class ApiError(Exception):
         reason: str,
         message: str,
         retryable: bool = False,
-        params: Mapping[str, Any] | None = None,
+        params: JsonObject | None = None,
     ) -> None:
         super().__init__(f"{status} {code}/{reason}: {message}")
         self.status = status
@@ -52,17 +55,20 @@ class ApiError(Exception):
         self.reason = reason
         self.message = message
         self.retryable = retryable
-        self.params: dict[str, Any] = dict(params or {})
+        self.params: JsonObject = dict(params or {})
 
     @classmethod
-    def from_reply(cls, status: int, error: Mapping[str, Any]) -> ApiError:
+    def from_reply(cls, status: int, error: Error | Mapping[str, object]) -> ApiError:
+        """The exception of an error reply's body (fields it lacks read as empty)."""
+        body: Mapping[str, object] = error
+        params = body.get("params")
         return cls(
             status,
-            str(error.get("code", "")),
-            str(error.get("reason", "")),
-            str(error.get("message", "")),
-            bool(error.get("retryable", False)),
-            error.get("params") if isinstance(error.get("params"), dict) else None,
+            str(body.get("code", "")),
+            str(body.get("reason", "")),
+            str(body.get("message", "")),
+            bool(body.get("retryable", False)),
+            cast(JsonObject, params) if isinstance(params, dict) else None,
         )
 
 
@@ -74,8 +80,26 @@ class ClientClosed(RuntimeError):
     """The client was closed before the reply arrived."""
 
 
-Reply = tuple[int, dict[str, Any]]
-"""`(status, body)`: body is the `result` map for 2xx, the `error` map otherwise."""
+class Reply(NamedTuple, Generic[R]):
+    """`(status, body)` of one reply: `body` is the method's result below 400, its `Error`
+    otherwise. A tuple, so `status, body = reply` reads it; `result()` narrows it."""
+
+    status: int
+    body: R | Error
+
+    @property
+    def ok(self) -> bool:
+        return self.status < 400
+
+    def result(self) -> R:
+        """The result; raises `ApiError` for an error reply."""
+        if self.status >= 400:
+            raise ApiError.from_reply(self.status, cast(Error, self.body))
+        return cast(R, self.body)
+
+    def error(self) -> Error | None:
+        """The error body of an error reply, else None."""
+        return cast(Error, self.body) if self.status >= 400 else None
 
 
 class Client:
@@ -95,9 +119,9 @@ class Client:
         self.timeout = timeout
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
-        self._pending: dict[str, Future[Reply]] = {}
+        self._pending: dict[str, Future[Reply[Any]]] = {}
         self._pending_lock = threading.Lock()
-        self._unmatched: deque[dict[str, Any]] = deque(maxlen=_UNMATCHED_KEEP)
+        self._unmatched: deque[dict[str, object]] = deque(maxlen=_UNMATCHED_KEEP)
         self._unmatched_cond = threading.Condition()
         # Ids are unique per client; the prefix keeps them unique across clients on a socket.
         self._id_prefix = f"{os.getpid():x}-{id(self):x}-"
@@ -128,18 +152,27 @@ class Client:
     def new_id(self) -> str:
         return f"{self._id_prefix}{next(self._counter)}"
 
-    def submit(self, method: MethodRef, params: Mapping[str, Any] | None = None) -> Future[Reply]:
-        """Send a request now; the future resolves to `(status, body)`."""
+    @overload
+    def submit(self, method: Method[P, R], params: P) -> Future[Reply[R]]: ...
+
+    @overload
+    def submit(
+        self, method: str, params: JsonObject | None = None
+    ) -> Future[Reply[JsonObject]]: ...
+
+    def submit(self, method: MethodRef, params: Any = None) -> Future[Reply[Any]]:
+        """Send a request now; the future resolves to its `Reply`, typed by `method` (a bare
+        name: tests, probes and passthrough, with `JsonObject` params and result)."""
         return self._submit(method, params)[1]
 
     def _submit(
-        self, method: MethodRef, params: Mapping[str, Any] | None
-    ) -> tuple[str, Future[Reply]]:
+        self, method: MethodRef, params: Mapping[str, object] | None
+    ) -> tuple[str, Future[Reply[Any]]]:
         request_id = self.new_id()
         if isinstance(method, Method):
             method = method.name
         frame = encode_request(request_id, method, params)
-        future: Future[Reply] = Future()
+        future: Future[Reply[Any]] = Future()
         with self._pending_lock:
             if self._closed:
                 raise ClientClosed("client is closed")
@@ -147,14 +180,25 @@ class Client:
         self._send_pipe([_TAG_SEND, frame])
         return request_id, future
 
+    @overload
+    def call_raw(
+        self, method: Method[P, R], params: P, *, timeout: float | None = None
+    ) -> Reply[R]: ...
+
+    @overload
+    def call_raw(
+        self, method: str, params: JsonObject | None = None, *, timeout: float | None = None
+    ) -> Reply[JsonObject]: ...
+
     def call_raw(
         self,
         method: MethodRef,
-        params: Mapping[str, Any] | None = None,
+        params: Any = None,
         *,
         timeout: float | None = None,
-    ) -> Reply:
-        """`(status, body)` of one request, errors included; raises only `ClientTimeout`."""
+    ) -> Reply[Any]:
+        """The `Reply` (`(status, body)`) of one request, errors included; raises only
+        `ClientTimeout`. Typed by `method` like `call`."""
         request_id, future = self._submit(method, params)
         return self._wait(request_id, future, timeout)
 
@@ -165,10 +209,10 @@ class Client:
     def call(
         self,
         method: str,
-        params: Mapping[str, object] | None = None,
+        params: JsonObject | None = None,
         *,
         timeout: float | None = None,
-    ) -> dict[str, object]: ...
+    ) -> JsonObject: ...
 
     def call(
         self,
@@ -180,13 +224,13 @@ class Client:
         """The `result` of one request; raises `ApiError` on an error reply. Called with a
         `protocol.methods` constant, its params and result are that method's types (build
         the params with their TypedDict, `SessionParams(workspaceId=…, …)`, so mypy can
-        check them); with a bare name string (tests, probes) both are plain maps."""
-        status, body = self.call_raw(method, params, timeout=timeout)
-        if status >= 400:
-            raise ApiError.from_reply(status, body)
-        return body
+        check them); with a bare name string (tests, probes, passthrough) both are
+        `JsonObject`s."""
+        return self.call_raw(method, params, timeout=timeout).result()
 
-    def _wait(self, request_id: str, future: Future[Reply], timeout: float | None) -> Reply:
+    def _wait(
+        self, request_id: str, future: Future[Reply[Any]], timeout: float | None
+    ) -> Reply[Any]:
         limit = self.timeout if timeout is None else timeout
         try:
             return future.result(limit)
@@ -201,7 +245,7 @@ class Client:
         """Send one raw frame as a request body; its reply lands in `next_unmatched`."""
         self._send_pipe([_TAG_SEND, frame])
 
-    def next_unmatched(self, timeout: float | None = None) -> dict[str, Any] | None:
+    def next_unmatched(self, timeout: float | None = None) -> dict[str, object] | None:
         """The next reply whose id matched no pending call (decoded), or None on timeout."""
         limit = self.timeout if timeout is None else timeout
         with self._unmatched_cond:
@@ -209,7 +253,7 @@ class Client:
                 return None
             return self._unmatched.popleft()
 
-    def exchange_frame(self, frame: bytes, timeout: float | None = None) -> dict[str, Any]:
+    def exchange_frame(self, frame: bytes, timeout: float | None = None) -> dict[str, object]:
         """Send a raw frame and return the next unmatched reply (the frame's, if sent alone)."""
         self.send_frame(frame)
         reply = self.next_unmatched(timeout)
@@ -293,13 +337,15 @@ class Client:
                 self._unmatched_cond.notify_all()
             return
         if not future.done():
-            future.set_result(reply_outcome(reply))
+            future.set_result(Reply(*reply_outcome(reply)))
 
 
 class EventSubscriber:
     """A SUB socket on the events endpoint; use it from one thread.
 
-    Each event is `{type, ...}` published under a topic (the workspace id). Subscriptions
+    Each event is `{type, ...}` published under a topic (the workspace id), handed on decoded
+    once into its `protocol.events` type, or as an `UnknownEvent` (a newer daemon's type, a
+    malformed body) that says why. Subscriptions
     take a moment to reach the PUB side (ZeroMQ's slow joiner): events published before
     that are not delivered.
 
@@ -338,7 +384,7 @@ class EventSubscriber:
             self._sub.setsockopt(zmq.SUBSCRIBE, wire.encode("utf-8"))
         self._sub.connect(endpoint)
 
-    def next_message(self, timeout: float | None = None) -> tuple[str, dict[str, Any]] | None:
+    def next_message(self, timeout: float | None = None) -> tuple[str, ClientEvent] | None:
         """`(topic, event)` of the next event, or None after `timeout` seconds (None: wait).
         `topic` is the bare workspace id on both endpoints."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -358,12 +404,12 @@ class EventSubscriber:
                 continue  # another workspace whose id merely starts with ours
             return topic, decode_event(frames[-1])
 
-    def next(self, timeout: float | None = None) -> dict[str, Any] | None:
-        """The next event map, or None after `timeout` seconds (None: wait forever)."""
+    def next(self, timeout: float | None = None) -> ClientEvent | None:
+        """The next event, or None after `timeout` seconds (None: wait forever)."""
         message = self.next_message(timeout)
         return None if message is None else message[1]
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[ClientEvent]:
         while True:
             event = self.next(None)
             if event is not None:
@@ -385,7 +431,7 @@ TURN_EVENT_KEYS = ("messagesTruncated", "messageCount", "messagesFrom")
 """The fields a `turn.updated` adds to a Turn when it carries only some of its messages."""
 
 
-def merge_turn(known: Mapping[str, Any] | None, update: Mapping[str, Any]) -> dict[str, Any] | None:
+def merge_turn(known: Turn | None, update: Turn | EventTurn) -> Turn | None:
     """The whole Turn after a `turn.updated` event's `turn` (`update`), merged by message id
     into the copy the client holds (`known`, a whole Turn or None).
 
@@ -396,24 +442,25 @@ def merge_turn(known: Mapping[str, Any] | None, update: Mapping[str, Any]) -> di
     joined late, or a message was too big for an event): read it with `session.timeline`.
     The result never has the three event fields, so it compares equal to the Turn
     `session.timeline` returns."""
-    turn = {k: v for k, v in update.items() if k not in TURN_EVENT_KEYS}
+    fields = cast(Mapping[str, object], update)
+    turn = cast(Turn, {k: v for k, v in fields.items() if k not in TURN_EVENT_KEYS})
     carried = [m for m in update.get("messages") or [] if isinstance(m, Mapping)]
-    if not update.get("messagesTruncated"):
+    if not fields.get("messagesTruncated"):
         return turn
-    count = update.get("messageCount")
+    count = fields.get("messageCount")
     if not isinstance(count, int):
         return None
     if known is None or known.get("turnId") != update.get("turnId"):
         return turn if count == len(carried) else None
-    messages = [dict(m) for m in known.get("messages") or []]
+    messages: list[Message] = [cast(Message, dict(m)) for m in known.get("messages") or []]
     where = {str(m.get("messageId")): i for i, m in enumerate(messages)}
     for message in carried:
         index = where.get(str(message.get("messageId")))
         if index is None:
             where[str(message.get("messageId"))] = len(messages)
-            messages.append(dict(message))
+            messages.append(cast(Message, dict(message)))
         else:
-            messages[index] = dict(message)
+            messages[index] = cast(Message, dict(message))
     if len(messages) != count:
         return None
     turn["messages"] = messages

@@ -3,8 +3,9 @@ PYTHONPATH): records which of the repository's files run code, and when, so the 
 the files one `fork.create` touches in the daemon, its workers and their app-servers.
 
 Inert unless `AGENTHOST_WALK_DIR` is set. Each process keeps, per file, the distinct
-milliseconds at which a function of that file was called, and writes them to
-`$AGENTHOST_WALK_DIR/<pid>.json` every 200 ms (a process may be killed, not exited).
+milliseconds at which a function of that file was called, and apart from them those at which
+the file's module body ran (an import), and writes them to `$AGENTHOST_WALK_DIR/<pid>.json`
+every 200 ms (a process may be killed, not exited).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ if _DIR:
     _ROOT = os.environ.get("AGENTHOST_WALK_ROOT", "")
     _SKIP = tuple(os.path.join(_ROOT, d) + os.sep for d in ("tests", "bench", "build"))
     _seen: dict[str, list[int]] = {}
+    _imports: dict[str, list[int]] = {}
     _ours: dict[str, bool] = {}
     _lock = threading.Lock()
 
@@ -36,7 +38,8 @@ if _DIR:
         if not ours:
             return
         ms = int(time.time() * 1000)
-        stamps = _seen.setdefault(name, [])
+        kept = _imports if frame.f_code.co_name == "<module>" else _seen  # type: ignore[attr-defined]
+        stamps = kept.setdefault(name, [])
         if not stamps or stamps[-1] != ms:
             stamps.append(ms)
 
@@ -45,9 +48,12 @@ if _DIR:
         while True:
             time.sleep(0.2)
             snapshot = {name: list(stamps) for name, stamps in list(_seen.items())}
+            imports = {name: list(stamps) for name, stamps in list(_imports.items())}
             tmp = target.with_suffix(".tmp")
             try:
-                tmp.write_text(json.dumps({"argv": sys.argv, "files": snapshot}))
+                tmp.write_text(
+                    json.dumps({"argv": sys.argv, "files": snapshot, "imports": imports})
+                )
                 os.replace(tmp, target)
             except OSError:
                 return  # the walk is over (its folder removed): stop recording quietly

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from client.cli.endpoints import curve, endpoints
 from client.cli.output import EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail
@@ -17,6 +17,7 @@ from protocol.methods import HOST_STATUS, Method
 if TYPE_CHECKING:
     from transport.client import Client
 
+P = TypeVar("P")
 R = TypeVar("R")
 
 
@@ -73,9 +74,12 @@ def with_client(
     return run
 
 
-def call(args: argparse.Namespace, client: Client, method: Method[Any, R], **params: Any) -> R:
-    """`method`'s result, in the command's workspace (`host.status` takes none)."""
-    body = {} if method is HOST_STATUS else {"workspaceId": args.workspace, **params}
+def call(
+    args: argparse.Namespace, client: Client, method: Method[P, R], params: P | None = None
+) -> R:
+    """`method`'s result for its typed `params` (built with the method's params TypedDict,
+    `workspaceId=args.workspace`); `host.status` takes none."""
+    body = cast(P, {}) if method is HOST_STATUS or params is None else params
     result: R = client.call(method, body)
     return result
 

@@ -22,11 +22,14 @@ from protocol.methods import (
     FORK_RESOLVE,
     SESSION_GET,
     SESSION_LINEAGE,
+    ForkResolveParams,
+    LineageParams,
     Method,
     OperationParams,
     OperationResult,
+    SessionParams,
 )
-from protocol.objects import Turn
+from protocol.objects import Operation, Turn
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -38,7 +41,9 @@ def run_tree(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    tree = call(args, client, SESSION_LINEAGE, agentSessionId=sid)
+    tree = call(
+        args, client, SESSION_LINEAGE, LineageParams(workspaceId=args.workspace, agentSessionId=sid)
+    )
     emit(args, tree, format_tree(tree))
     return EXIT_OK
 
@@ -55,8 +60,8 @@ def run_resolve(args: argparse.Namespace, client: Client) -> int:
         if op["status"] != "unknown":
             human = f"operation {operation_id} is {status_words(op)}: nothing to resolve"
             human += " (only a fork whose outcome is unknown can be resolved)"
-            if op.get("session"):
-                child = op["session"]
+            child = op.get("session")
+            if child:
                 human += f"\n  child session: {child['agentSessionId']}  {child['title']}"
             emit(args, {"operation": op, "evidence": None}, human)
             return EXIT_OK
@@ -64,9 +69,12 @@ def run_resolve(args: argparse.Namespace, client: Client) -> int:
         args,
         client,
         FORK_RESOLVE,
-        operationId=operation_id,
-        requestId=args.request_id or str(uuid.uuid4()),
-        action=args.action,
+        ForkResolveParams(
+            workspaceId=args.workspace,
+            operationId=operation_id,
+            requestId=args.request_id or str(uuid.uuid4()),
+            action=args.action,
+        ),
     )
     human = format_resolution(result).replace("OP", operation_id)
     if args.action == "adopt" and result["operation"]["status"] == "committed":
@@ -87,14 +95,19 @@ def _get_operation(
     client: Client,
     operation_id: str,
     method: Method[OperationParams, OperationResult] = FORK_GET,
-) -> dict[str, Any]:
+) -> Operation:
     """fork.get (or fork.acknowledge); a 404 gets the hint about id prefixes."""
     from client.cli.command import api_error
     from client.references import OPERATION_HINT
     from transport.client import ApiError
 
     try:
-        return dict(call(args, client, method, operationId=operation_id)["operation"])
+        return call(
+            args,
+            client,
+            method,
+            OperationParams(workspaceId=args.workspace, operationId=operation_id),
+        )["operation"]
     except ApiError as exc:
         if exc.reason != "agent_session_fork_operation_not_found":
             raise
@@ -150,14 +163,21 @@ def run_fork(args: argparse.Namespace, client: Client) -> int:
         operation = None
         if record.operation_id:
             operation = engine.request(
-                FORK_GET, {"operationId": record.operation_id}, timeout=args.timeout
+                FORK_GET,
+                OperationParams(workspaceId=args.workspace, operationId=record.operation_id),
+                timeout=args.timeout,
             )["operation"]
         session: Mapping[str, Any] | None = None
         turns: list[Turn] = []
         if record.error_detail is not None:
             # A refusal before any operation: read the source so the sentence can name turns.
             with contextlib.suppress(Exception):
-                session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+                session = call(
+                    args,
+                    client,
+                    SESSION_GET,
+                    SessionParams(workspaceId=args.workspace, agentSessionId=sid),
+                )["session"]
                 turns = timeline(client, args.workspace, sid)
     finally:
         engine.close()
@@ -260,8 +280,8 @@ def run_op(args: argparse.Namespace, client: Client) -> int:
     ]
     if op.get("error"):
         lines.append(f"  error: {op['error']}")
-    if op.get("session"):
-        lines.append(f"  child: {op['session']['title']}")
+    if child := op.get("session"):
+        lines.append(f"  child: {child['title']}")
     if files_line(op.get("workspace")):
         lines.append("  " + files_line(op.get("workspace")).strip())
     if args.ack:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from client.cli.command import api_error, call, parse_pairs, with_client
 from client.cli.output import EXIT_ERROR, EXIT_OK, CliError, emit
@@ -17,6 +17,12 @@ from protocol.methods import (
     SESSION_PIN,
     SESSION_UPDATE_SETTINGS,
     SESSION_UPDATE_TITLE,
+    DeleteParams,
+    OperationParams,
+    PinParams,
+    SessionParams,
+    UpdateSettingsParams,
+    UpdateTitleParams,
 )
 
 if TYPE_CHECKING:
@@ -28,7 +34,12 @@ def _fork_tree(args: argparse.Namespace, client: Client, session: Mapping[str, A
     lineage = session.get("forkedFrom")
     if not isinstance(lineage, dict):
         return None
-    op = call(args, client, FORK_GET, operationId=lineage["operationId"])["operation"]
+    op = call(
+        args,
+        client,
+        FORK_GET,
+        OperationParams(workspaceId=args.workspace, operationId=lineage["operationId"]),
+    )["operation"]
     where: Mapping[str, Any] = op.get("workspace") or {}
     if where.get("mode") != "worktree" or where.get("state") != "made":
         return None
@@ -66,7 +77,9 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
     from transport.client import ApiError
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+    session = call(
+        args, client, SESSION_GET, SessionParams(workspaceId=args.workspace, agentSessionId=sid)
+    )["session"]
     tree = _fork_tree(args, client, session)
     worktree = args.worktree
     if not args.yes:
@@ -80,11 +93,15 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
         if tree is not None and worktree is None:
             remove = _ask(f"remove its worktree {tree['path']} too? [y/N] ")
             worktree = "remove" if remove else "keep"
-    params: dict[str, Any] = {"agentSessionId": sid, "worktree": worktree or "keep"}
+    params = DeleteParams(
+        workspaceId=args.workspace,
+        agentSessionId=sid,
+        worktree=cast(Literal["keep", "remove"], worktree or "keep"),
+    )
     if args.force:
         params["force"] = True
     try:
-        result = call(args, client, SESSION_DELETE, **params)
+        result = call(args, client, SESSION_DELETE, params)
     except ApiError as exc:
         if exc.reason != "workspace_worktree_dirty":
             raise
@@ -106,9 +123,12 @@ def run_rename(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, SESSION_UPDATE_TITLE, agentSessionId=sid, title=args.title)[
-        "session"
-    ]
+    session = call(
+        args,
+        client,
+        SESSION_UPDATE_TITLE,
+        UpdateTitleParams(workspaceId=args.workspace, agentSessionId=sid, title=args.title),
+    )["session"]
     emit(args, {"session": session}, f"{sid}  {session['title']}")
     return EXIT_OK
 
@@ -118,7 +138,12 @@ def run_pin(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, SESSION_PIN, agentSessionId=sid, pinned=args.pinned)["session"]
+    session = call(
+        args,
+        client,
+        SESSION_PIN,
+        PinParams(workspaceId=args.workspace, agentSessionId=sid, pinned=args.pinned),
+    )["session"]
     emit(
         args,
         {"session": session},
@@ -132,7 +157,9 @@ def run_settings(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+    session = call(
+        args, client, SESSION_GET, SessionParams(workspaceId=args.workspace, agentSessionId=sid)
+    )["session"]
     if args.pairs:
         # session.updateSettings replaces the map: merge here so `k=v` changes only k.
         merged = dict(session.get("settings") or {})
@@ -141,9 +168,12 @@ def run_settings(args: argparse.Namespace, client: Client) -> int:
                 merged.pop(key, None)
             else:
                 merged[key] = value
-        session = call(args, client, SESSION_UPDATE_SETTINGS, agentSessionId=sid, settings=merged)[
-            "session"
-        ]
+        session = call(
+            args,
+            client,
+            SESSION_UPDATE_SETTINGS,
+            UpdateSettingsParams(workspaceId=args.workspace, agentSessionId=sid, settings=merged),
+        )["session"]
     settings = session.get("settings") or {}
     emit(
         args,

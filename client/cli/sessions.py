@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 from client.cli.command import call, parse_pairs, with_client
 from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
-from protocol.methods import HOST_STATUS, SESSION_CREATE, SESSION_GET
+from protocol.methods import (
+    HOST_STATUS,
+    SESSION_CREATE,
+    SESSION_GET,
+    SessionCreateParams,
+    SessionParams,
+)
 from protocol.objects import Session
 
 if TYPE_CHECKING:
@@ -148,14 +154,16 @@ def _absolute_cwd(value: str | None) -> str:
 
 @with_client
 def run_new(args: argparse.Namespace, client: Client) -> int:
-    params: dict[str, Any] = {"provider": args.provider, "cwd": _absolute_cwd(args.cwd)}
+    params = SessionCreateParams(
+        workspaceId=args.workspace, provider=args.provider, cwd=_absolute_cwd(args.cwd)
+    )
     if args.title:
         params["title"] = args.title
     if args.settings:
         params["settings"] = parse_pairs(args.settings, "--settings")
     if args.model:
         params["model"] = args.model  # only when given: a daemon without it keeps its default
-    session = call(args, client, SESSION_CREATE, **params)["session"]
+    session = call(args, client, SESSION_CREATE, params)["session"]
     emit(
         args,
         {"session": session},
@@ -175,7 +183,9 @@ def run_show(args: argparse.Namespace, client: Client) -> int:
     from client.transcript_text import lineage_ancestry
 
     sid = resolve_session(client, args.workspace, args.session)
-    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+    session = call(
+        args, client, SESSION_GET, SessionParams(workspaceId=args.workspace, agentSessionId=sid)
+    )["session"]
     turns = timeline(client, args.workspace, sid)
     source = source_title(client, args.workspace, session)
     chain = lineage_ancestry(client, args.workspace, session)

@@ -11,12 +11,20 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from client.cli.command import call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
-from protocol.methods import INTERACTION_RESPOND, SESSION_GET, TURN_INTERRUPT
+from protocol.methods import (
+    INTERACTION_RESPOND,
+    SESSION_GET,
+    TURN_INTERRUPT,
+    InteractionRespondParams,
+    SessionParams,
+    TurnInterruptParams,
+)
+from protocol.objects import Interaction, JsonObject, Turn
 
 if TYPE_CHECKING:
     from transport.client import Client
@@ -27,7 +35,7 @@ class _Followed:
     when it was not Ctrl-C itself but the end of input at a question)."""
 
     def __init__(self) -> None:
-        self.turn: dict[str, Any] | None = None
+        self.turn: Turn | None = None
         self.by = "ctrl_c"
         self.reason: str | None = None
 
@@ -98,13 +106,13 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
     followed = _Followed()
     pending: list[Mapping[str, Any]] = []
 
-    def on_update(turn: dict[str, Any]) -> None:
+    def on_update(turn: Turn) -> None:
         followed.turn = turn
         printer.update(turn)
 
     def still_pending(interaction: Mapping[str, Any]) -> Mapping[str, Any] | None:
         """The Interaction as the daemon has it now, or None while it is still pending."""
-        sequence = (followed.turn or {}).get("sequence")
+        sequence = None if followed.turn is None else followed.turn["sequence"]
         turn = get_turn(
             client,
             args.workspace,
@@ -117,7 +125,7 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
                 return dict(now)
         return None
 
-    def on_interaction(interaction: Mapping[str, Any]) -> dict[str, Any] | None:
+    def on_interaction(interaction: Interaction) -> JsonObject | None:
         response = _interaction_response(args, interaction, followed, still_pending)
         if response is None:
             pending.append(interaction)
@@ -173,7 +181,9 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
         try:
             if not args.json:
                 print("\n… interrupting the turn (Ctrl-C again leaves it running)", file=sys.stderr)
-            turn_id = (followed.turn or {}).get("turnId") or _active_turn(args, client, sid)
+            turn_id = (followed.turn["turnId"] if followed.turn else None) or _active_turn(
+                args, client, sid
+            )
             if not turn_id:
                 print("agenthost: interrupted before the turn started", file=sys.stderr)
                 return EXIT_INTERRUPTED
@@ -211,7 +221,9 @@ def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
 
 
 def _active_turn(args: argparse.Namespace, client: Client, sid: str) -> str | None:
-    session = call(args, client, SESSION_GET, agentSessionId=sid)["session"]
+    session = call(
+        args, client, SESSION_GET, SessionParams(workspaceId=args.workspace, agentSessionId=sid)
+    )["session"]
     active = session.get("activeTurnId")
     return str(active) if active else None
 
@@ -225,19 +237,22 @@ def _stop_turn(
     *,
     by: str,
     reason: str | None = None,
-) -> dict[str, Any]:
+) -> Turn:
     """turn.interrupt (saying who and why), then follow the turn until it settles (printing
     what is new)."""
     from client.session_client import get_turn
     from transport.client import ApiError
 
-    why = {"reason": reason} if reason else {}
+    params = TurnInterruptParams(
+        workspaceId=args.workspace,
+        agentSessionId=sid,
+        turnId=turn_id,
+        by=cast(Literal["ctrl_c", "cli", "gui", "host", "client"], by),
+    )
+    if reason:
+        params["reason"] = reason
     try:
-        turn: dict[str, Any] = dict(
-            call(args, client, TURN_INTERRUPT, agentSessionId=sid, turnId=turn_id, by=by, **why)[
-                "turn"
-            ]
-        )
+        turn = call(args, client, TURN_INTERRUPT, params)["turn"]
     except ApiError as exc:
         if exc.status >= 500:
             raise
@@ -248,7 +263,7 @@ def _stop_turn(
         turn = get_turn(client, args.workspace, sid, turn_id, int(turn["sequence"]))
     if printer is not None:
         printer.update(turn)
-    return dict(turn)
+    return turn
 
 
 def _write(text: str) -> None:
@@ -365,8 +380,8 @@ def run_answer(args: argparse.Namespace, client: Client) -> int:
 
     sid = resolve_session(client, args.workspace, args.session)
     turn_id = _active_turn(args, client, sid)
-    turn = get_turn(client, args.workspace, sid, turn_id) if turn_id else {}
-    waiting = [i for i in turn.get("interactions") or [] if i.get("status") == "pending"]
+    interactions = get_turn(client, args.workspace, sid, turn_id)["interactions"] if turn_id else []
+    waiting = [i for i in interactions or [] if i.get("status") == "pending"]
     if not waiting:
         raise CliError("no_pending_interaction", "the session is not waiting for an answer")
     interaction = waiting[0]
@@ -386,11 +401,14 @@ def run_answer(args: argparse.Namespace, client: Client) -> int:
         args,
         client,
         INTERACTION_RESPOND,
-        agentSessionId=sid,
-        turnId=interaction["turnId"],
-        requestId=interaction["requestId"],
-        response=response,
-        by="cli",
+        InteractionRespondParams(
+            workspaceId=args.workspace,
+            agentSessionId=sid,
+            turnId=interaction["turnId"],
+            requestId=interaction["requestId"],
+            response=response,
+            by="cli",
+        ),
     )
     what = {"approve": "approved", "decline": "declined"}.get(
         str(args.decision), f"answered {json.dumps(args.text)}"

@@ -4,12 +4,17 @@ turns) and `restore` (put the folder back to a turn's checkpoint; undoable)."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Literal, cast
 
 from client.cli.command import call, with_client
 from client.cli.output import EXIT_OK, CliError, emit
 from client.workspace_text import change_list
-from protocol.methods import SESSION_WORKSPACE_DIFF, WORKSPACE_RESTORE
+from protocol.methods import (
+    SESSION_WORKSPACE_DIFF,
+    WORKSPACE_RESTORE,
+    WorkspaceDiffParams,
+    WorkspaceRestoreParams,
+)
 from transport.client import ApiError
 
 if TYPE_CHECKING:
@@ -29,7 +34,7 @@ def run_diff(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    params: dict[str, Any] = {"agentSessionId": sid}
+    params = WorkspaceDiffParams(workspaceId=args.workspace, agentSessionId=sid)
     turn_id = _turn(client, args, sid, args.turn)
     from_id = _turn(client, args, sid, args.from_turn)
     if turn_id is not None:
@@ -38,7 +43,7 @@ def run_diff(args: argparse.Namespace, client: Client) -> int:
         params["fromTurnId"] = from_id
     if args.max_bytes is not None:
         params["maxBytes"] = args.max_bytes
-    result = call(args, client, SESSION_WORKSPACE_DIFF, **params)
+    result = call(args, client, SESSION_WORKSPACE_DIFF, params)
     files = result["changedFiles"]
     span = (
         f"from turn {result['fromTurnId']} to turn {result['turnId']}"
@@ -61,21 +66,26 @@ def run_restore(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
     sid = resolve_session(client, args.workspace, args.session)
-    params: dict[str, Any] = {"agentSessionId": sid, "force": bool(args.force)}
+    params = WorkspaceRestoreParams(
+        workspaceId=args.workspace, agentSessionId=sid, force=bool(args.force)
+    )
     if args.undo:
         params["tree"] = args.undo
         what = f"checkpoint {args.undo}"
     else:
         turn_id = _turn(client, args, sid, args.turn)
-        which = "before" if args.before else "after"
-        params.update(turnId=turn_id, which=which)
+        which: Literal["before", "after"] = "before" if args.before else "after"
+        # An unknown Turn is sent as null: the daemon says which Turn it could not find.
+        params["turnId"] = cast(str, turn_id)
+        params["which"] = which
         what = f"the {which} of turn {turn_id}"
     try:
-        result = call(args, client, WORKSPACE_RESTORE, **params)
+        result = call(args, client, WORKSPACE_RESTORE, params)
     except ApiError as exc:
         if exc.reason != "workspace_shared":
             raise
-        others = ", ".join(str(s)[:8] for s in exc.params.get("agentSessionIds") or [])
+        listed = exc.params.get("agentSessionIds")
+        others = ", ".join(str(s)[:8] for s in (listed if isinstance(listed, list) else []))
         raise CliError(
             exc.reason,
             f"other live sessions ({others}) work in this folder too: their files would change "

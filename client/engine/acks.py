@@ -7,14 +7,15 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import replace
+from typing import cast
 
 from client.engine.calls import WorkspaceCalls
 from client.engine.changes import ChangeFeed
-from client.engine.ports import Reply, Scheduler
+from client.engine.ports import Scheduler
 from client.engine.records import MutationRecords
 from client.engine.values import AckState, BoundaryKey
-from protocol.methods import FORK_ACKNOWLEDGE
-from transport.client import ClientClosed
+from protocol.methods import FORK_ACKNOWLEDGE, OperationParams, OperationResult
+from transport.client import ClientClosed, Reply
 
 
 class Acknowledgements:
@@ -49,7 +50,9 @@ class Acknowledgements:
         )
         future = self._calls.submit(
             FORK_ACKNOWLEDGE,
-            {"workspaceId": self._calls.workspace_id, "operationId": record.operation_id},
+            OperationParams(
+                workspaceId=self._calls.workspace_id, operationId=cast(str, record.operation_id)
+            ),
         )
         if future is not None:
             future.add_done_callback(lambda f: self._on_reply(key, attempt, f))
@@ -62,16 +65,19 @@ class Acknowledgements:
                 return None
             return self.backoff[min(slot.ack_failures, len(self.backoff) - 1)]
 
-    def _on_reply(self, key: BoundaryKey, attempt: int, future: Future[Reply]) -> None:
+    def _on_reply(
+        self, key: BoundaryKey, attempt: int, future: Future[Reply[OperationResult]]
+    ) -> None:
         try:
-            status, body = future.result()
+            reply = future.result()
         except ClientClosed:
             return
         except Exception as exc:  # noqa: BLE001
             self._on_failed(key, attempt, str(exc))
             return
-        if status >= 400:
-            self._on_failed(key, attempt, str(body.get("reason", status)))
+        error = reply.error()
+        if error is not None:
+            self._on_failed(key, attempt, str(error.get("reason", reply.status)))
             return
         with self._feed.lock:
             slot, record = self._records.slot(key), self._records.get(key)

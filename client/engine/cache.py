@@ -7,13 +7,10 @@ take it and notify listeners themselves.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from client.engine.calls import WorkspaceCalls
 from client.engine.changes import ChangeFeed
 from client.engine.values import ChangeKind, EngineChange
-from protocol.methods import SESSION_LIST
+from protocol.methods import SESSION_LIST, SessionListParams
 from protocol.objects import Session
 
 
@@ -23,24 +20,24 @@ class SessionCache:
     def __init__(self, feed: ChangeFeed, calls: WorkspaceCalls) -> None:
         self._feed = feed
         self._calls = calls
-        self._sessions: dict[str, dict[str, Any]] = {}
+        self._sessions: dict[str, Session] = {}
         self._removed: set[str] = set()
 
-    def session(self, session_id: str) -> dict[str, Any] | None:
+    def session(self, session_id: str) -> Session | None:
         with self._feed.lock:
             value = self._sessions.get(session_id)
-            return None if value is None else dict(value)
+            return None if value is None else value.copy()
 
-    def sessions(self) -> list[dict[str, Any]]:
+    def sessions(self) -> list[Session]:
         with self._feed.lock:
-            return [dict(s) for s in self._sessions.values()]
+            return [s.copy() for s in self._sessions.values()]
 
     def load(self) -> list[Session]:
         """Fill the cache from `session.list` (every page)."""
         cursor: str | None = None
         loaded: list[Session] = []
         while True:
-            params: dict[str, Any] = {"limit": 200}
+            params = SessionListParams(workspaceId=self._calls.workspace_id, limit=200)
             if cursor:
                 params["cursor"] = cursor
             page = self._calls.request(SESSION_LIST, params)
@@ -52,12 +49,12 @@ class SessionCache:
             self.upsert(session)
         return loaded
 
-    def upsert(self, session: Mapping[str, Any]) -> None:
+    def upsert(self, session: Session) -> None:
         with self._feed.lock:
             self.upsert_locked(session)
         self._feed.flush()
 
-    def upsert_locked(self, session: Mapping[str, Any]) -> None:
+    def upsert_locked(self, session: Session) -> None:
         sid = str(session.get("agentSessionId"))
         if sid in self._removed:
             return  # a stale copy (e.g. an operation's snapshot) must not resurrect it
@@ -66,7 +63,7 @@ class SessionCache:
             session.get("updatedAtUnixMs") or 0
         ):
             return
-        self._sessions[sid] = dict(session)
+        self._sessions[sid] = session.copy()
         self._feed.publish(EngineChange(ChangeKind.SESSION, session_id=sid))
 
     def remove_locked(self, session_id: str) -> None:

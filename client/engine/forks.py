@@ -5,14 +5,14 @@ its deadline and reply, and `resolve` of an `unknown` operation (`fork.resolve`)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
+from typing import Literal, cast
 
 from client.engine.calls import WorkspaceCalls
 from client.engine.changes import ChangeFeed
-from client.engine.ports import Reply, Scheduler
+from client.engine.ports import Scheduler
 from client.engine.reconcile import Reconciliation
 from client.engine.records import MutationRecords, Slot
 from client.engine.unknown import UnknownOperations
@@ -25,8 +25,18 @@ from client.engine.values import (
     MutationStatus,
     operation_key,
 )
-from protocol.methods import FORK_CREATE, FORK_RESOLVE, ForkResolveResult
-from transport.client import ClientClosed
+from protocol.methods import (
+    FORK_CREATE,
+    FORK_RESOLVE,
+    ForkCreateParams,
+    ForkResolveParams,
+    ForkResolveResult,
+    OperationResult,
+)
+from protocol.objects import ForkPoint, Operation, ResolveAction
+from transport.client import ClientClosed, Reply
+
+WorkspaceMode = Literal["shared", "worktree"]
 
 
 class ForkRequests:
@@ -148,11 +158,13 @@ class ForkRequests:
         """
         result = self._calls.request(
             FORK_RESOLVE,
-            {
-                "operationId": operation_id,
-                "requestId": request_id or self._new_id(),
-                "action": action,
-            },
+            ForkResolveParams(
+                workspaceId=self._calls.workspace_id,
+                operationId=operation_id,
+                requestId=request_id or self._new_id(),
+                # Sent as asked: the daemon refuses an action it does not know.
+                action=cast(ResolveAction, action),
+            ),
             timeout=timeout,
         )
         op = result.get("operation")
@@ -165,7 +177,7 @@ class ForkRequests:
             self._feed.flush()
         return result
 
-    def _track_resolved_locked(self, op: Mapping[str, Any]) -> None:
+    def _track_resolved_locked(self, op: Operation) -> None:
         key = operation_key(op)
         record = self._records.get(key)
         if record is not None and record.operation_id != op.get("operationId"):
@@ -196,17 +208,21 @@ class ForkRequests:
         slot.cancel_all()
         slot.attempt += 1
         attempt = slot.attempt
-        params = {
-            "workspaceId": self._calls.workspace_id,
-            "agentSessionId": record.source_session_id,
-            "requestId": record.request_id,
-            "targetAgentSessionId": record.target_session_id,
-            "point": {"type": "throughTurn", "turnId": record.turn_id}
+        point: ForkPoint = (
+            {"type": "throughTurn", "turnId": record.turn_id}
             if record.point == THROUGH_TURN
-            else {"type": LATEST_SETTLED},
-        }
+            else {"type": "latestSettled"}
+        )
+        params = ForkCreateParams(
+            workspaceId=self._calls.workspace_id,
+            agentSessionId=record.source_session_id,
+            requestId=record.request_id,
+            targetAgentSessionId=record.target_session_id,
+            point=point,
+        )
         if record.workspace != "shared":
-            params["workspace"] = record.workspace
+            # Sent as asked: the daemon refuses a mode it does not know with a typed error.
+            params["workspace"] = cast(WorkspaceMode, record.workspace)
         slot.create_timer = self._scheduler.call_later(
             self.create_deadline, lambda: self._on_create_deadline(key, attempt)
         )
@@ -230,18 +246,24 @@ class ForkRequests:
                 )
         self._feed.flush()
 
-    def _on_create_reply(self, key: BoundaryKey, attempt: int, future: Future[Reply]) -> None:
+    def _on_create_reply(
+        self, key: BoundaryKey, attempt: int, future: Future[Reply[OperationResult]]
+    ) -> None:
         try:
-            status, body = future.result()
+            reply = future.result()
         except ClientClosed:
             return
         except Exception as exc:  # noqa: BLE001 - a transport failure is delivery-unknown
-            status, body = 599, {"reason": "transport_error", "message": str(exc)}
+            reply = Reply(
+                599,
+                {"code": "", "reason": "transport_error", "message": str(exc), "retryable": True},
+            )
+        status, error = reply.status, reply.error()
         with self._feed.lock:
             if self._feed.closed:
                 return
             slot, record = self._records.slot(key), self._records.get(key)
-            operation = body.get("operation") if status < 400 else None
+            operation = reply.result().get("operation") if error is None else None
             current = slot is not None and record is not None and slot.attempt == attempt
             if not current:
                 # A stale reply can still tell us about an operation we track.
@@ -259,7 +281,8 @@ class ForkRequests:
                         replace(record, status=MutationStatus.UNKNOWN, error="malformed_reply")
                     )
                 else:
-                    reason = str(body.get("reason", "")) or "error"
+                    assert error is not None
+                    reason = str(error.get("reason", "")) or "error"
                     confirmed = status < 500 or reason == "agent_session_fork_failed"
                     if record.status is not MutationStatus.SUCCEEDED:
                         self._records.put(
@@ -271,10 +294,10 @@ class ForkRequests:
                                 error=reason,
                                 error_detail={
                                     "status": status,
-                                    "code": body.get("code"),
+                                    "code": error.get("code"),
                                     "reason": reason,
-                                    "message": body.get("message"),
-                                    "params": dict(body.get("params") or {}),
+                                    "message": error.get("message"),
+                                    "params": dict(error.get("params") or {}),
                                 },
                             )
                         )

@@ -8,7 +8,7 @@ scheduler and Client it owns).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from client.engine.acks import Acknowledgements
@@ -31,10 +31,18 @@ from client.engine.values import (
     Listener,
     MutationStatus,
 )
-from protocol.methods import SESSION_WORKSPACE_DIFF, ForkResolveResult, Method, WorkspaceDiffResult
-from protocol.objects import Session
+from protocol.events import ClientEvent
+from protocol.methods import (
+    SESSION_WORKSPACE_DIFF,
+    ForkResolveResult,
+    Method,
+    WorkspaceDiffParams,
+    WorkspaceDiffResult,
+)
+from protocol.objects import JsonObject, Operation, Session
 from transport.security import ClientCurve
 
+P = TypeVar("P")
 R = TypeVar("R")
 
 if TYPE_CHECKING:
@@ -210,7 +218,7 @@ class Engine:
         record = self.mutation(source_session_id, turn_id)
         return record is not None and record.status is MutationStatus.IN_FLIGHT
 
-    def unknown_operations(self, source_session_id: str) -> dict[str, dict[str, Any]]:
+    def unknown_operations(self, source_session_id: str) -> dict[str, Operation]:
         """The `unknown` fork operations of a source this Engine has seen, by boundary Turn id:
         the Turns a view marks and offers Inspect / Adopt / Abandon for."""
         return self._unknown.of_source(source_session_id)
@@ -221,46 +229,37 @@ class Engine:
 
     # -- sessions, events, requests ----------------------------------------------------------
 
-    def session(self, session_id: str) -> dict[str, Any] | None:
+    def session(self, session_id: str) -> Session | None:
         return self._sessions.session(session_id)
 
-    def sessions(self) -> list[dict[str, Any]]:
+    def sessions(self) -> list[Session]:
         return self._sessions.sessions()
 
     def load_sessions(self) -> list[Session]:
         """Fill the session cache from `session.list` (every page)."""
         return self._sessions.load()
 
-    def upsert_session(self, session: Mapping[str, Any]) -> None:
+    def upsert_session(self, session: Session) -> None:
         self._sessions.upsert(session)
 
-    def handle_event(self, event: Mapping[str, Any]) -> None:
-        """Apply one daemon event (the event pump calls this; tests may too)."""
+    def handle_event(self, event: ClientEvent) -> None:
+        """Apply one daemon event, decoded (the event pump calls this; tests may too)."""
         self._reconciliation.handle_event(event)
 
     @overload
-    def request(
-        self,
-        method: Method[Any, R],
-        params: Mapping[str, Any] | None = None,
-        *,
-        timeout: float = 30.0,
-    ) -> R: ...
+    def request(self, method: Method[P, R], params: P, *, timeout: float = 30.0) -> R: ...
 
     @overload
     def request(
-        self, method: str, params: Mapping[str, Any] | None = None, *, timeout: float = 30.0
-    ) -> dict[str, Any]: ...
+        self, method: str, params: JsonObject | None = None, *, timeout: float = 30.0
+    ) -> JsonObject: ...
 
     def request(
-        self,
-        method: Method[Any, Any] | str,
-        params: Mapping[str, Any] | None = None,
-        *,
-        timeout: float = 30.0,
+        self, method: Method[Any, Any] | str, params: Any = None, *, timeout: float = 30.0
     ) -> Any:
-        """One request in this workspace, its result typed by `method`; raises `ApiError`, or
-        `TimeoutError` without a reply."""
+        """One request in this workspace, its params and result typed by `method` (a bare
+        name, for tests and probes, is looked up in the protocol's table); raises `ApiError`,
+        or `TimeoutError` without a reply."""
         return self._calls.request(method, params, timeout=timeout)
 
     def workspace_diff(
@@ -274,7 +273,7 @@ class Engine:
         """`session.workspaceDiff`: what a Turn (default: the newest settled one) changed in
         its `cwd`, blocking; a Turn without a usable checkpoint raises `ApiError`
         `workspace_checkpoint_missing`, whose message says why."""
-        params: dict[str, Any] = {"agentSessionId": session_id}
+        params = WorkspaceDiffParams(workspaceId=self.workspace_id, agentSessionId=session_id)
         if turn_id is not None:
             params["turnId"] = turn_id
         if max_bytes is not None:

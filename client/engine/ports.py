@@ -11,24 +11,27 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
-from transport.client import EventSubscriber
+from protocol.events import ClientEvent
+from protocol.methods import Method
+from transport.client import EventSubscriber, Reply
 from transport.security import ClientCurve
 
 log = logging.getLogger("client.engine")
 
-Reply = tuple[int, dict[str, Any]]
+P = TypeVar("P")
+R = TypeVar("R")
 
 
 class ApiPort(Protocol):
-    """What the Engine needs of `transport.client.Client`: non-blocking requests."""
+    """What the Engine needs of `transport.client.Client`: non-blocking requests, each typed
+    by its `protocol.methods` constant (params in, `Reply[R]` out)."""
 
-    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Reply]:
-        """Send `method` (its wire name: the Engine's calls take `protocol.methods`' constants
-        and hand on their names) without waiting."""
+    def submit(self, method: Method[P, R], params: P) -> Future[Reply[R]]:
+        """Send `method` with its params without waiting."""
         ...
 
 
@@ -109,7 +112,7 @@ class _EventPump:
         self,
         endpoint: str,
         workspace_id: str,
-        sink: Callable[[Mapping[str, Any]], None],
+        sink: Callable[[ClientEvent], None],
         *,
         curve: ClientCurve | None = None,
         exact: bool = False,

@@ -9,16 +9,14 @@ Every source of news about an operation (a reply, a poll, an event, a child's up
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import replace
-from typing import Any
 
 from client.engine.acks import Acknowledgements
 from client.engine.cache import SessionCache
 from client.engine.calls import WorkspaceCalls
 from client.engine.changes import ChangeFeed
-from client.engine.ports import Reply, Scheduler
+from client.engine.ports import Scheduler
 from client.engine.records import MutationRecords
 from client.engine.unknown import UnknownOperations
 from client.engine.values import (
@@ -33,9 +31,16 @@ from client.engine.values import (
     operation_key,
     same_boundary,
 )
-from protocol.events import FORK_OPERATION, SESSION_REMOVED, SESSION_UPSERTED
-from protocol.methods import FORK_GET
-from transport.client import ClientClosed
+from protocol.events import (
+    FORK_OPERATION,
+    SESSION_REMOVED,
+    SESSION_UPSERTED,
+    ClientEvent,
+    UnknownEvent,
+)
+from protocol.methods import FORK_GET, OperationParams, OperationResult
+from protocol.objects import Lineage, Operation, Session
+from transport.client import ClientClosed, Reply
 
 
 class Reconciliation:
@@ -66,19 +71,21 @@ class Reconciliation:
 
     # -- events ------------------------------------------------------------------------------
 
-    def handle_event(self, event: Mapping[str, Any]) -> None:
-        """Apply one daemon event (the event pump calls this; tests may too)."""
-        kind = event.get("type")
+    def handle_event(self, event: ClientEvent) -> None:
+        """Apply one daemon event (the event pump calls this; tests may too). An
+        `UnknownEvent` changes no record; it is still published for views that log it."""
         with self._feed.lock:
             if self._feed.closed:
                 return
-            if kind == FORK_OPERATION and isinstance(event.get("operation"), dict):
+            if isinstance(event, UnknownEvent):
+                pass
+            elif event["type"] == FORK_OPERATION:
                 self.apply_operation_locked(event["operation"], adopt=False)
-            elif kind == SESSION_UPSERTED and isinstance(event.get("session"), dict):
+            elif event["type"] == SESSION_UPSERTED:
                 session = event["session"]
                 self._sessions.upsert_locked(session)
                 self._adopt_from_session_locked(session)
-            elif kind == SESSION_REMOVED and isinstance(event.get("agentSessionId"), str):
+            elif event["type"] == SESSION_REMOVED:
                 # A removal only leaves the cache: it does not revoke an observation or
                 # cancel a pending ACK (seed 000 §8.3).
                 self._sessions.remove_locked(event["agentSessionId"])
@@ -107,24 +114,30 @@ class Reconciliation:
                 self.get_deadline, lambda: self._on_poll_failed(key, attempt, done, "timeout")
             )
             future = self._calls.submit(
-                FORK_GET, {"workspaceId": self._calls.workspace_id, "operationId": op_id}
+                FORK_GET, OperationParams(workspaceId=self._calls.workspace_id, operationId=op_id)
             )
         if future is not None:
             future.add_done_callback(lambda f: self._on_poll_reply(key, attempt, done, f))
 
     def _on_poll_reply(
-        self, key: BoundaryKey, attempt: int, done: threading.Event, future: Future[Reply]
+        self,
+        key: BoundaryKey,
+        attempt: int,
+        done: threading.Event,
+        future: Future[Reply[OperationResult]],
     ) -> None:
         try:
-            status, body = future.result()
+            reply = future.result()
         except ClientClosed:
             return
         except Exception as exc:  # noqa: BLE001
             self._on_poll_failed(key, attempt, done, str(exc))
             return
-        operation = body.get("operation") if status < 400 else None
+        error = reply.error()
+        operation = None if error is not None else reply.result().get("operation")
         if not isinstance(operation, dict):
-            self._on_poll_failed(key, attempt, done, str(body.get("reason", "error")))
+            why = "error" if error is None else str(error.get("reason", "error"))
+            self._on_poll_failed(key, attempt, done, why)
             return
         with self._feed.lock:
             if done.is_set():
@@ -162,7 +175,7 @@ class Reconciliation:
 
     # -- merging an operation into its record -----------------------------------------------
 
-    def _keys_for_operation_locked(self, op: Mapping[str, Any]) -> list[BoundaryKey]:
+    def _keys_for_operation_locked(self, op: Operation) -> list[BoundaryKey]:
         """Every record tracking this operation. One boundary (source + Turn) has one operation
         whatever point kind asked (law 8), so a `throughTurn` record and a `latestSettled` one
         that the daemon's barrier answered with the same operation both follow it."""
@@ -185,13 +198,13 @@ class Reconciliation:
                 return [key]
         return []
 
-    def apply_operation_locked(self, op: Mapping[str, Any], *, adopt: bool) -> None:
+    def apply_operation_locked(self, op: Operation, *, adopt: bool) -> None:
         """Apply a copy of an operation to every record that tracks it (any may)."""
         self._unknown.note_locked(op)
         for key in self._keys_for_operation_locked(op):
             self.apply_to_key_locked(key, op, adopt=adopt)
 
-    def apply_to_key_locked(self, key: BoundaryKey, op: Mapping[str, Any], *, adopt: bool) -> None:
+    def apply_to_key_locked(self, key: BoundaryKey, op: Operation, *, adopt: bool) -> None:
         """Apply a copy of an operation to the record of `key`; `adopt`: take the operation's
         identity (a reply to this record's own request, or a resolve result)."""
         self._unknown.note_locked(op)
@@ -257,7 +270,7 @@ class Reconciliation:
         else:
             self._records.put(replace(record, status=MutationStatus.UNKNOWN, error="bad_status"))
 
-    def _adopt_from_session_locked(self, session: Mapping[str, Any]) -> None:
+    def _adopt_from_session_locked(self, session: Session) -> None:
         """A canonical child upsert completes its mutation even before any reply (seed 000 §9)."""
         lineage = session.get("forkedFrom")
         if not isinstance(lineage, dict):
@@ -275,16 +288,17 @@ class Reconciliation:
             self._records.index(record)
         self._adopt_committed_locked(record, session, lineage)
 
-    def _adopt_committed_locked(self, record: ForkMutation, session: Any, lineage: Any) -> None:
+    def _adopt_committed_locked(
+        self, record: ForkMutation, session: Session | None, lineage: Lineage | None
+    ) -> None:
         key = record.key
-        valid = (
-            isinstance(session, dict)
-            and isinstance(lineage, dict)
-            and session.get("agentSessionId") == record.target_session_id
-            and lineage.get("operationId") == record.operation_id
-            and lineage.get("sourceAgentSessionId") == record.source_session_id
-        )
-        if not valid:
+        if (
+            not isinstance(session, dict)
+            or not isinstance(lineage, dict)
+            or session.get("agentSessionId") != record.target_session_id
+            or lineage.get("operationId") != record.operation_id
+            or lineage.get("sourceAgentSessionId") != record.source_session_id
+        ):
             self._records.put(
                 replace(record, status=MutationStatus.UNKNOWN, error="invalid_committed_result")
             )

@@ -5,11 +5,9 @@ a view marks and offers Inspect / Adopt / Abandon for.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from client.engine.changes import ChangeFeed
 from client.engine.values import ChangeKind, EngineChange
+from protocol.objects import Operation
 
 
 class UnknownOperations:
@@ -17,18 +15,18 @@ class UnknownOperations:
 
     def __init__(self, feed: ChangeFeed) -> None:
         self._feed = feed
-        self._unknown: dict[str, dict[str, Any]] = {}
+        self._unknown: dict[str, Operation] = {}
 
-    def of_source(self, source_session_id: str) -> dict[str, dict[str, Any]]:
+    def of_source(self, source_session_id: str) -> dict[str, Operation]:
         """The `unknown` operations of a source, by boundary Turn id."""
         with self._feed.lock:
             return {
-                str((op.get("point") or {}).get("turnId")): dict(op)
+                str((op.get("point") or {}).get("turnId")): op.copy()
                 for op in self._unknown.values()
                 if op.get("sourceAgentSessionId") == source_session_id
             }
 
-    def note_locked(self, op: Mapping[str, Any]) -> None:
+    def note_locked(self, op: Operation) -> None:
         """Record what this copy of an operation says; the caller holds the lock. A change of
         the set is published as an `operation` change on the source and boundary Turn."""
         op_id = op.get("operationId")
@@ -38,7 +36,7 @@ class UnknownOperations:
         where = (str(op.get("sourceAgentSessionId")), str(point.get("turnId")))
         if op.get("status") == "unknown":
             if self._unknown.get(op_id) != op:
-                self._unknown[op_id] = dict(op)
+                self._unknown[op_id] = op.copy()
                 self._feed.publish(EngineChange(ChangeKind.OPERATION, key=where))
         elif self._unknown.pop(op_id, None) is not None:
             self._feed.publish(EngineChange(ChangeKind.OPERATION, key=where))

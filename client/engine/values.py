@@ -5,10 +5,12 @@ key and the Engine's default deadlines. Frozen data and pure functions only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+
+from protocol.events import ClientEvent
+from protocol.objects import JsonObject, Operation
 
 BoundaryKey = tuple[str, str]
 """`(source agentSessionId, source turnId)`: one fork boundary, the unit of a mutation."""
@@ -67,7 +69,7 @@ class ForkMutation:
     create_attempts: int = 0
     error: str | None = None
     child_session_id: str | None = None
-    error_detail: Mapping[str, Any] | None = None
+    error_detail: JsonObject | None = None
     """The daemon's error reply when `fork.create` was refused before any operation:
     `{status, code, reason, message, params}` (`params.forkBoundaryReason` says why)."""
     point: str = THROUGH_TURN
@@ -95,7 +97,7 @@ class ForkMutation:
             self.status is MutationStatus.SUCCEEDED and self.ack is AckState.OBSERVED
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "sourceAgentSessionId": self.source_session_id,
             "turnId": self.turn_id,
@@ -132,13 +134,13 @@ class EngineChange:
     kind: ChangeKind
     key: BoundaryKey | None = None
     session_id: str | None = None
-    event: Mapping[str, Any] | None = None
+    event: ClientEvent | None = None
 
 
 Listener = Callable[[EngineChange], None]
 
 
-def operation_key(op: Mapping[str, Any]) -> BoundaryKey:
+def operation_key(op: Operation) -> BoundaryKey:
     """The boundary key of a wire operation: `(source, turnId)` for `throughTurn`,
     `(source, LATEST_SETTLED)` for a full-Session fork."""
     point = op.get("point") or {}
@@ -148,7 +150,7 @@ def operation_key(op: Mapping[str, Any]) -> BoundaryKey:
     return (source, str(point.get("turnId")))
 
 
-def same_boundary(record: ForkMutation, op: Mapping[str, Any]) -> bool:
+def same_boundary(record: ForkMutation, op: Operation) -> bool:
     """Whether a wire operation may be this record's: same source, and the same boundary Turn
     once the record knows it, whatever point kind created the operation (the daemon's barrier
     answers a `latestSettled` request with the `throughTurn` operation holding the Turn, and

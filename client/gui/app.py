@@ -14,7 +14,7 @@ concern it is; the widgets talk to the app by messages.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
@@ -48,6 +48,8 @@ from client.gui.transcript import (
 )
 from client.gui.view import FORK_SESSION_ID, PAGE_SIZE, SessionView
 from client.lineage_view import LineageMark
+from protocol.events import MessageDelta
+from protocol.objects import Turn
 from transport.client import ApiError
 from transport.security import ClientCurve
 
@@ -128,7 +130,7 @@ class AgentHostApp(App[int]):
         return self.view.current
 
     @property
-    def turns(self) -> list[dict[str, Any]]:
+    def turns(self) -> list[Turn]:
         """The open session's loaded Turns, oldest first."""
         return self.view.turns
 
@@ -157,7 +159,7 @@ class AgentHostApp(App[int]):
     def focus_composer(self) -> None:
         self.controls.focus_composer()
 
-    async def _on_delta(self, event: Mapping[str, Any]) -> None:
+    async def _on_delta(self, event: MessageDelta) -> None:
         await self.view.on_delta(event)
 
     # -- layout ------------------------------------------------------------------------------

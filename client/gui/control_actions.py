@@ -10,7 +10,7 @@ import contextlib
 import os
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from textual.app import App
 from textual.css.query import NoMatches
@@ -27,7 +27,7 @@ from client.gui.controls import (
 )
 from client.gui.view import SessionView
 from client.session_client import error_words
-from protocol.events import SESSION_REMOVED
+from protocol.events import SESSION_REMOVED, SessionRemoved
 from protocol.methods import (
     FORK_GET,
     INTERACTION_RESPOND,
@@ -36,11 +36,21 @@ from protocol.methods import (
     SESSION_UPDATE_TITLE,
     TURN_INTERRUPT,
     TURN_SUBMIT,
+    DeleteParams,
+    DeleteResult,
+    InteractionRespondParams,
     Method,
+    OperationParams,
+    SessionCreateParams,
     SessionResult,
+    TurnInterruptParams,
+    TurnSubmitParams,
+    UpdateTitleParams,
 )
+from protocol.objects import Session, Turn
 from transport.client import ApiError
 
+P = TypeVar("P")
 R = TypeVar("R")
 
 
@@ -65,18 +75,19 @@ class ControlActions:
         try:
             result = self.engine.request(
                 TURN_SUBMIT,
-                {
-                    "agentSessionId": session_id,
-                    "requestId": str(uuid.uuid4()),
-                    "input": [{"type": "text", "text": text}],
-                },
+                TurnSubmitParams(
+                    workspaceId=self.engine.workspace_id,
+                    agentSessionId=session_id,
+                    requestId=str(uuid.uuid4()),
+                    input=[{"type": "text", "text": text}],
+                ),
             )
         except (ApiError, TimeoutError) as exc:
             self.app.call_from_thread(self.app.notify, error_words("send", exc), severity="error")
             return
         self.app.call_from_thread(self._sent, session_id, text, result["turn"])  # type: ignore[arg-type]
 
-    async def _sent(self, session_id: str, text: str, turn: dict[str, Any]) -> None:
+    async def _sent(self, session_id: str, text: str, turn: Turn) -> None:
         with contextlib.suppress(NoMatches):
             self.view.main.query_one(Composer).sent(text)
         await self.view.merge_turn(session_id, turn)
@@ -91,8 +102,8 @@ class ControlActions:
     def _call(
         self,
         action: str,
-        method: Method[Any, R],
-        params: dict[str, Any],
+        method: Method[P, R],
+        params: P,
         then: Callable[[R], Any] | None = None,
     ) -> None:
         """Run one request in a thread worker; a failure becomes a toast in words."""
@@ -118,7 +129,12 @@ class ControlActions:
         self._call(
             "interrupt",
             TURN_INTERRUPT,
-            {"agentSessionId": self.view.current, "turnId": turn_id, "by": "gui"},
+            TurnInterruptParams(
+                workspaceId=self.engine.workspace_id,
+                agentSessionId=self.view.current,
+                turnId=turn_id,
+                by="gui",
+            ),
             lambda result: self.view.merge_turn(str(self.view.current), result["turn"]),
         )
 
@@ -159,16 +175,18 @@ class ControlActions:
         self._call(
             "answer",
             INTERACTION_RESPOND,
-            {
-                "agentSessionId": session_id,
-                "turnId": interaction["turnId"],
-                "requestId": interaction["requestId"],
-                "response": message.response,
-                "by": "gui",
-            },
+            InteractionRespondParams(
+                workspaceId=self.engine.workspace_id,
+                agentSessionId=session_id,
+                turnId=interaction["turnId"],
+                requestId=interaction["requestId"],
+                response=message.response,
+                by="gui",
+            ),
             lambda result: (
-                self.view.merge_turn(session_id, turn)
-                if isinstance(turn := dict(result).get("turn"), dict)
+                # This daemon's answer also carries the Turn it moved on (an extension).
+                self.view.merge_turn(session_id, cast(Turn, turn))
+                if isinstance(turn := cast(Mapping[str, object], result).get("turn"), dict)
                 else None
             ),
         )
@@ -186,7 +204,9 @@ class ControlActions:
             if choice is None:
                 return
             provider, title = choice
-            params: dict[str, Any] = {"provider": provider, "cwd": os.getcwd()}
+            params = SessionCreateParams(
+                workspaceId=self.engine.workspace_id, provider=provider, cwd=os.getcwd()
+            )
             if title:
                 params["title"] = title
             self._call("create the session", SESSION_CREATE, params, created)
@@ -210,7 +230,9 @@ class ControlActions:
                 self._call(
                     "rename the session",
                     SESSION_UPDATE_TITLE,
-                    {"agentSessionId": session_id, "title": title},
+                    UpdateTitleParams(
+                        workspaceId=self.engine.workspace_id, agentSessionId=session_id, title=title
+                    ),
                     renamed,
                 )
 
@@ -229,7 +251,12 @@ class ControlActions:
         def work() -> None:
             # A worktree fork's child: the dialog asks about its tree too.
             try:
-                op = self.engine.request(FORK_GET, {"operationId": lineage["operationId"]})
+                op = self.engine.request(
+                    FORK_GET,
+                    OperationParams(
+                        workspaceId=self.engine.workspace_id, operationId=lineage["operationId"]
+                    ),
+                )
                 where: Mapping[str, Any] = op["operation"].get("workspace") or {}
             except (ApiError, TimeoutError):
                 where = {}
@@ -238,17 +265,13 @@ class ControlActions:
 
         self.app.run_worker(work, thread=True, group="controls")
 
-    def _confirm_delete(self, session: dict[str, Any], tree: dict[str, Any] | None) -> None:
+    def _confirm_delete(self, session: Session, tree: Mapping[str, Any] | None) -> None:
         session_id = str(session["agentSessionId"])
         question = f"Delete session {session['title']!r}? This cannot be undone."
 
-        def deleted(result: dict[str, Any]) -> None:
+        def deleted(result: DeleteResult) -> None:
             self.engine.handle_event(
-                {
-                    "type": SESSION_REMOVED,
-                    "workspaceId": self.engine.workspace_id,
-                    "agentSessionId": session_id,
-                }
+                SessionRemoved(type=SESSION_REMOVED, agentSessionId=session_id)
             )
             if self.view.current == session_id:
                 self.view.current = None
@@ -256,7 +279,7 @@ class ControlActions:
                 self.view.update_title()
                 self.app.run_worker(self.view.clear_transcript())
             self.view.refresh_tree()
-            done = result.get("worktree") or {}
+            done: Mapping[str, Any] = result.get("worktree") or {}
             if done.get("state") == "removed":
                 kept = " (its branch is kept: it has commits of its own)"
                 self.app.notify(
@@ -269,7 +292,11 @@ class ControlActions:
                 self.app.notify(f"deleted {session['title']}")
 
         def delete(worktree: str, force: bool) -> None:
-            params: dict[str, Any] = {"agentSessionId": session_id, "worktree": worktree}
+            params = DeleteParams(
+                workspaceId=self.engine.workspace_id,
+                agentSessionId=session_id,
+                worktree=cast(Literal["keep", "remove"], worktree),
+            )
             if force:
                 params["force"] = True
 

@@ -45,8 +45,7 @@ class ForkActions:
         replay and ACK rules as a Turn's Fork)."""
         current = self.view.current
         session = self.engine.session(current) if current else None
-        caps = (session or {}).get("lifecycleCapabilities") or {}
-        if session is None or not caps.get("fork"):
+        if session is None or not session["lifecycleCapabilities"].get("fork"):
             self.app.notify(
                 "this session cannot be forked as a whole (its provider does not declare "
                 "forkFullSession for it)",
@@ -126,9 +125,9 @@ class ForkActions:
             self.view.refresh_tree()
             self.view.open_session(record.child_session_id)
             if record.workspace == "worktree":
-                child = self.engine.session(record.child_session_id) or {}
+                child = self.engine.session(record.child_session_id)
                 self.app.notify(
-                    f"the fork's files are in its new worktree: {child.get('cwd', '?')}",
+                    f"the fork's files are in its new worktree: {child['cwd'] if child else '?'}",
                     title="Fork",
                     timeout=15,
                 )

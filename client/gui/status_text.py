@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from rich.text import Text
 
 from client.engine.values import ForkMutation, MutationStatus
 from client.session_client import fork_refusal
+from protocol.objects import JsonObject
 
 
 def session_bar_text(session: Mapping[str, Any], blocked: str | None) -> Text:
@@ -132,11 +133,11 @@ def fork_failure_words(
         detail = record.error_detail
         return fork_refusal(
             str(detail.get("reason") or record.error),
-            detail.get("params"),
+            cast(JsonObject | None, detail.get("params")),
             turn_id=record.turn_id,
             turns=turns,
             session=session,
-            message=detail.get("message"),
+            message=str(detail["message"]) if detail.get("message") is not None else None,
             latest=record.point != "throughTurn",
         )
     if record.status is MutationStatus.UNKNOWN:

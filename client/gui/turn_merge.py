@@ -6,17 +6,17 @@ provider's retry note while it retries. Pure functions over wire dicts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from client.gui.turn_text import PROGRESS_KEY
 
 
 def with_streams(
-    turns: list[dict[str, Any]],
+    turns: Sequence[Mapping[str, Any]],
     streams: dict[tuple[str, str], str],
     progress: dict[str, str] | None = None,
-) -> list[dict[str, Any]]:
+) -> Sequence[Mapping[str, Any]]:
     """The loaded Turns, each active one with its replies streamed so far appended as
     provisional assistant messages (until a message of that provider item exists) and the
     provider's latest retry note (`progress`, by Turn id) under `PROGRESS_KEY`. The streams and
@@ -24,7 +24,7 @@ def with_streams(
     if not streams and not progress:
         return turns
     notes = progress if progress is not None else {}
-    out = []
+    out: list[Mapping[str, Any]] = []
     for turn in turns:
         turn_id = str(turn["turnId"])
         mine = [(i, t) for (tid, i), t in streams.items() if tid == turn_id]

@@ -27,8 +27,25 @@ from client.gui.transcript import TranscriptView
 from client.gui.turn_merge import message_count, staler, with_streams
 from client.lineage_view import LineageMark, lineage_marks
 from client.session_client import ForkAction, error_words, fork_action, fork_blocked
-from protocol.events import TURN_UPDATED
-from protocol.methods import SESSION_GET, SESSION_LINEAGE, SESSION_TIMELINE, LineageResult
+from protocol.events import (
+    MESSAGE_DELTA,
+    TURN_UPDATED,
+    ClientEvent,
+    EventTurn,
+    MessageDelta,
+    UnknownEvent,
+)
+from protocol.methods import (
+    SESSION_GET,
+    SESSION_LINEAGE,
+    SESSION_TIMELINE,
+    LineageParams,
+    LineageResult,
+    SessionParams,
+    TimelineParams,
+    TimelineResult,
+)
+from protocol.objects import Operation, Session, Turn
 from transport.client import ApiError
 from transport.client import merge_turn as merged_turn
 
@@ -45,7 +62,7 @@ class SessionView:
         self.engine = engine
         self.page_size = page_size
         self.current: str | None = None
-        self.turns: list[dict[str, Any]] = []
+        self.turns: list[Turn] = []
         # Replies streaming in (message.delta) by (turn id, provider item id); not durable.
         self._streams: dict[tuple[str, str], str] = {}
         # The provider's latest retry note (`message.delta` of kind `progress`) by Turn id,
@@ -90,10 +107,7 @@ class SessionView:
         except NoMatches:
             return  # shutting down (a refresh scheduled just before the screen went)
         tree.show_sessions(sessions, self.current, self.marks)
-        shape = frozenset(
-            (str(s["agentSessionId"]), (s.get("forkedFrom") or {}).get("operationId"))
-            for s in sessions
-        )
+        shape = frozenset((str(s["agentSessionId"]), _fork_operation_id(s)) for s in sessions)
         if shape != self._marks_for:
             self._marks_for = shape
             self.app.run_worker(
@@ -105,11 +119,14 @@ class SessionView:
             )
 
     def _load_marks(
-        self, sessions: list[dict[str, Any]], shape: frozenset[tuple[str, str | None]]
+        self, sessions: list[Session], shape: frozenset[tuple[str, str | None]]
     ) -> None:
         def fetch(sid: str) -> LineageResult | None:
             try:
-                return self.engine.request(SESSION_LINEAGE, {"agentSessionId": sid})
+                return self.engine.request(
+                    SESSION_LINEAGE,
+                    LineageParams(workspaceId=self.engine.workspace_id, agentSessionId=sid),
+                )
             except (ApiError, TimeoutError):
                 return None  # deleted meanwhile: the next refresh asks again
 
@@ -159,7 +176,12 @@ class SessionView:
         try:
             page = self.engine.request(
                 SESSION_TIMELINE,
-                {"agentSessionId": session_id, "afterSequence": after, "limit": self.page_size},
+                TimelineParams(
+                    workspaceId=self.engine.workspace_id,
+                    agentSessionId=session_id,
+                    afterSequence=after,
+                    limit=self.page_size,
+                ),
             )
         except (ApiError, TimeoutError) as exc:
             self.app.call_from_thread(
@@ -170,8 +192,8 @@ class SessionView:
         self.app.call_from_thread(self._page_loaded, session_id, after, page, title)  # type: ignore[arg-type]
 
     def _fetch_source_title(self, session_id: str) -> str | None:
-        session = self.engine.session(session_id) or {}
-        lineage = session.get("forkedFrom")
+        session = self.engine.session(session_id)
+        lineage = None if session is None else session.get("forkedFrom")
         if not isinstance(lineage, Mapping):
             return None
         source_id = str(lineage["sourceAgentSessionId"])
@@ -180,18 +202,21 @@ class SessionView:
             return str(cached["title"])
         try:
             return str(
-                self.engine.request(SESSION_GET, {"agentSessionId": source_id})["session"]["title"]
+                self.engine.request(
+                    SESSION_GET,
+                    SessionParams(workspaceId=self.engine.workspace_id, agentSessionId=source_id),
+                )["session"]["title"]
             )
         except (ApiError, TimeoutError):
             return None  # the source is gone: the divider names its id instead
 
     async def _page_loaded(
-        self, session_id: str, after: int, page: Mapping[str, Any], source_title: str | None
+        self, session_id: str, after: int, page: TimelineResult, source_title: str | None
     ) -> None:
         if session_id != self.current:
             return
         known = {t["turnId"] for t in self.turns} if after else set()
-        fresh = [dict(t) for t in page["turns"] if t["turnId"] not in known]
+        fresh = [t.copy() for t in page["turns"] if t["turnId"] not in known]
         self.turns = (self.turns if after else []) + fresh
         self.has_more = page.get("nextSequence") is not None
         self.source_title = source_title
@@ -256,7 +281,7 @@ class SessionView:
         found = self.engine.unknown_operations(self.current) if self.current else {}
         return lambda turn: found.get(str(turn["turnId"]))
 
-    def unknown_for(self, turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    def unknown_for(self, turn: Mapping[str, Any]) -> Operation | None:
         """The `unknown` fork operation whose boundary is this Turn of the open session."""
         if not self.current:
             return None
@@ -323,13 +348,15 @@ class SessionView:
 
     # -- live updates ------------------------------------------------------------------------
 
-    async def on_daemon_event(self, event: Mapping[str, Any]) -> None:
-        if event.get("type") == TURN_UPDATED:
-            await self.merge_turn(str(event.get("agentSessionId")), event["turn"])
-        elif event.get("type") == "message.delta":
+    async def on_daemon_event(self, event: ClientEvent) -> None:
+        if isinstance(event, UnknownEvent):
+            return  # a newer daemon's event: nothing this view shows
+        if event["type"] == TURN_UPDATED:
+            await self.merge_turn(event["agentSessionId"], event["turn"])
+        elif event["type"] == MESSAGE_DELTA:
             await self.on_delta(event)
 
-    async def on_delta(self, event: Mapping[str, Any]) -> None:
+    async def on_delta(self, event: MessageDelta) -> None:
         """A streamed piece of a reply: the open Turn's reply grows in place until its settled
         message (same provider item) replaces it. A `progress` piece (the provider retries the
         model request) shows as the Turn's status line until the Turn streams again."""
@@ -349,7 +376,7 @@ class SessionView:
             return
         await self.render()
 
-    async def merge_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
+    async def merge_turn(self, session_id: str, turn: Turn | EventTurn) -> None:
         """Apply a fresher copy of one Turn (event or submit reply) to the open transcript. An
         event carries only the messages added since the Turn's previous one: it is merged by
         message id, and a Turn it cannot complete (a missed event) is read back whole."""
@@ -378,13 +405,14 @@ class SessionView:
             self.turns.sort(key=lambda t: int(t["sequence"]))
         await self.render()
 
-    def _reload_turn(self, session_id: str, turn: Mapping[str, Any]) -> None:
+    def _reload_turn(self, session_id: str, turn: Turn | EventTurn) -> None:
         """Read one Turn whole (`session.timeline`) and merge it; for an event it missed."""
-        params = {
-            "agentSessionId": session_id,
-            "afterSequence": int(turn["sequence"]) - 1,
-            "limit": 1,
-        }
+        params = TimelineParams(
+            workspaceId=self.engine.workspace_id,
+            agentSessionId=session_id,
+            afterSequence=int(turn["sequence"]) - 1,
+            limit=1,
+        )
 
         def work() -> None:
             try:
@@ -400,3 +428,9 @@ class SessionView:
     async def clear_transcript(self) -> None:
         await self.main.query_one(TranscriptView).clear()
         await self.update_controls()
+
+
+def _fork_operation_id(session: Session) -> str | None:
+    """The operation that forked `session`, or None for a root."""
+    lineage = session.get("forkedFrom")
+    return None if lineage is None else lineage.get("operationId")

@@ -12,6 +12,7 @@ import pytest
 
 from client.engine.lifecycle import Engine
 from client.engine.values import ACK_BACKOFF_S, ACK_DEADLINE_S, AckState, MutationStatus
+from protocol.methods import Method
 from tests.client.conftest import events_live, source
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay, wait_until
@@ -29,8 +30,8 @@ class Recording:
         self.clock = clock
         self.sent: list[tuple[float, str, dict[str, Any]]] = []
 
-    def submit(self, method: str, params: Mapping[str, Any] | None = None) -> Future[Any]:
-        self.sent.append((self.clock.now(), method, dict(params or {})))
+    def submit(self, method: Method[Any, Any], params: Mapping[str, Any]) -> Future[Any]:
+        self.sent.append((self.clock.now(), method.name, dict(params or {})))
         return self.client.submit(method, params)
 
     def times(self, method: str) -> list[float]:

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from protocol import methods
-from protocol.events import EVENT_TYPES
+from protocol.events import EVENT_SHAPES, EVENT_TYPES
 from protocol.methods import COMMON_ERRORS, METHODS, Method
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,3 +59,21 @@ def test_documented_error_reasons_and_events_are_in_the_tables() -> None:
     events = DOC.split("\n## Events (PUB)", 1)[1].split("\n## ", 1)[0]
     for event in EVENT_TYPES:
         assert f'"{event}"' in events, event
+
+
+def _documented_events() -> dict[str, set[str]]:
+    """Each `{type: "name", key, key: …}` shape of docs/protocol.md's events section (its
+    Streaming part included), as its name and body keys."""
+    section = DOC.split("\n## Events (PUB)", 1)[1].split("\n## ", 1)[0]
+    shapes: dict[str, set[str]] = {}
+    for name, rest in re.findall(r'\{type: "([a-z]+\.[a-z]+)",([^}]*)\}', section):
+        shapes[name] = set(re.findall(r"(?:^|,)\s*([A-Za-z]+)", rest))
+    return shapes
+
+
+def test_the_event_types_are_exactly_the_documented_events_with_their_keys() -> None:
+    documented = _documented_events()
+    assert set(documented) == set(EVENT_SHAPES)
+    for name, shape in EVENT_SHAPES.items():
+        keys = set(shape.__annotations__) - {"type"}
+        assert keys == documented[name], name

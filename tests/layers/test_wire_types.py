@@ -140,3 +140,120 @@ def test_the_boundary_is_walked_whole() -> None:
         "h(reply)",
     ]
     assert list(loose(objects.Session, "Session")) == []
+
+
+# -- the client's side ------------------------------------------------------------------------
+
+from client import follow  # noqa: E402
+from client.cli import command  # noqa: E402
+from client.engine import acks, cache, calls, forks, ports, reconcile, unknown, values  # noqa: E402
+from client.engine.lifecycle import Engine  # noqa: E402
+from client.gui.view import SessionView  # noqa: E402
+from transport import client as transport_client  # noqa: E402
+
+_CLIENT_NAMES = {**_NAMES, "Client": Client}
+
+
+def _with_overloads(
+    where: str, fn: Callable[..., object]
+) -> list[tuple[str, Callable[..., object]]]:
+    overloads = typing.get_overloads(fn)
+    return [(f"{where} overload {i}", o) for i, o in enumerate(overloads)] or [(where, fn)]
+
+
+def _members(where: str, cls: type) -> list[tuple[str, Callable[..., object]]]:
+    """Every function a class defines itself (overloads one by one), `__init__` included."""
+    out: list[tuple[str, Callable[..., object]]] = []
+    for name, fn in vars(cls).items():
+        fn = fn.__func__ if isinstance(fn, classmethod | staticmethod) else fn
+        if inspect.isfunction(fn) and fn.__module__ != cls.__module__:
+            continue  # generated (a NamedTuple's `__new__`): its fields are walked instead
+        if inspect.isfunction(fn):
+            out += _with_overloads(f"{where}.{name}", fn)
+        elif isinstance(fn, property) and fn.fget is not None:
+            out.append((f"{where}.{name}", fn.fget))
+    return out
+
+
+def _module_boundary(module: object) -> list[tuple[str, Callable[..., object]]]:
+    """Every function and class method a module defines."""
+    name = getattr(module, "__name__", "")
+    out: list[tuple[str, Callable[..., object]]] = []
+    for attr, value in vars(module).items():
+        if getattr(value, "__module__", None) != name:
+            continue
+        if inspect.isfunction(value):
+            out += _with_overloads(f"{name}.{attr}", value)
+        elif inspect.isclass(value):
+            out += _members(f"{name}.{attr}", value)
+    return out
+
+
+def _fields(cls: type) -> Callable[..., object]:
+    """A stand-in whose annotations are the fields of `cls` (a NamedTuple's are not on any
+    function of ours)."""
+
+    def fields() -> None: ...
+
+    fields.__annotations__ = dict(get_type_hints(cls, localns=_NAMES))
+    return fields
+
+
+CLIENT_BOUNDARY: list[tuple[str, Callable[..., object]]] = [
+    # The transport client whole: requests, replies (and a reply's fields), events, the Turn
+    # merge.
+    *_module_boundary(transport_client),
+    ("transport.client.Reply fields", _fields(transport_client.Reply)),
+    # The Engine's edges: its request port, its calls, the events pump, what reads replies
+    # and events (records, cache, the `unknown` index), what it hands views.
+    *_module_boundary(ports),
+    *_module_boundary(calls),
+    *_module_boundary(cache),
+    *_module_boundary(unknown),
+    *_module_boundary(values),
+    *_members("Reconciliation", reconcile.Reconciliation),
+    *_members("Acknowledgements", acks.Acknowledgements),
+    *_members("ForkRequests", forks.ForkRequests),
+    *_members("Engine", Engine),
+    # The CLI's call and the Turn follower; the GUI's event entry points.
+    *_with_overloads("cli.command.call", command.call),
+    *[
+        (f"follow.{n}", getattr(follow, n))
+        for n in ("get_turn", "stream_turn", "run_turn", "_next_turn_event", "fork_and_wait")
+    ],
+    ("follow.TurnPrinter.delta", follow.TurnPrinter.delta),
+    *[
+        (f"SessionView.{n}", getattr(SessionView, n))
+        for n in ("on_daemon_event", "on_delta", "merge_turn", "_reload_turn", "_page_loaded")
+    ],
+]
+
+
+def client_signature_loose(fn: Callable[..., object], where: str) -> list[str]:
+    found: list[str] = []
+    for name, hint in get_type_hints(fn, localns=_CLIENT_NAMES).items():
+        found += loose(hint, f"{where}({name})")
+    return found
+
+
+@pytest.mark.parametrize(("where", "fn"), CLIENT_BOUNDARY, ids=[w for w, _ in CLIENT_BOUNDARY])
+def test_no_any_map_in_a_client_wire_signature(where: str, fn: Callable[..., object]) -> None:
+    assert client_signature_loose(fn, where) == []
+
+
+def test_the_client_boundary_is_walked_whole() -> None:
+    # Every call shape is seen: the typed and the bare-name overloads of `submit`, `call_raw`,
+    # `call` and the Engine's `request`, the event subscriber and the request port.
+    names = [w for w, _ in CLIENT_BOUNDARY]
+    for method in ("Client.submit", "Client.call_raw", "Client.call", "Engine.request"):
+        assert sum(1 for w in names if f"{method} overload" in w) == 2, method
+    for where in ("EventSubscriber.next_message", "ApiPort.submit", "Reply fields"):
+        assert any(where in w for w in names), where
+    assert len(CLIENT_BOUNDARY) > 100
+
+
+def test_the_transport_client_spells_no_any_map() -> None:
+    # Beyond signatures: no local variable or attribute of the client's wire module is one.
+    source = inspect.getsource(transport_client)
+    for loose_map in ("dict[str, Any]", "Mapping[str, Any]"):
+        assert loose_map not in source

@@ -78,9 +78,9 @@ def test_tcp_is_curve_and_ipc_is_unchanged_on_one_socket(short_tmp: str) -> None
             deadline = time.monotonic() + 20
             got = None
             while got is None and time.monotonic() < deadline:
-                server.publish("ws", {"type": "tick"})
+                server.publish("ws", {"type": "session.removed", "agentSessionId": "tick"})
                 got = subs[0].next(0.1)
-            assert got == {"type": "tick"}
+            assert got == {"type": "session.removed", "agentSessionId": "tick"}
             assert subs[1].next(1.0) is None
         finally:
             for sub in subs:

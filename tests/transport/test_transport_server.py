@@ -19,6 +19,7 @@ from transport_harness import Running
 
 from domain.errors import Conflict
 from protocol.envelope import MAX_FRAME
+from protocol.events import UnknownEvent
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout, EventSubscriber
 from transport.server import ApiServer, EndpointInUse
 
@@ -340,7 +341,10 @@ def drain_until(sub: EventSubscriber, last_session: str) -> list[tuple[str, str]
     while True:
         message = sub.next_message(timeout=10)
         assert message is not None, f"event {last_session} never arrived; got {seen[-3:]}"
-        topic, event = message
+        topic, decoded = message
+        # The probes and the bodies these tests publish are not protocol events: the
+        # subscriber hands them on as `UnknownEvent`s, whose body is what was published.
+        event = decoded.body if isinstance(decoded, UnknownEvent) else decoded
         if event.get("type") == "probe":
             continue
         seen.append((topic, event["agentSessionId"]))
