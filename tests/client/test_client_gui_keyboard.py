@@ -283,7 +283,8 @@ def test_each_turn_shows_what_it_did_at_a_glance(
         def headers() -> list[str]:
             return [header_text(view) for view in turn_views(app)]
 
-        await until(pilot, lambda: "approval approved" in headers()[-1])
+        # The settled header, not only the approval: its tool call may reach the GUI last.
+        await until(pilot, lambda: "1 tool call · approval approved" in headers()[-1])
         talk, tool, failed, approved = headers()
         assert "tool call" not in talk and "approval" not in talk
         assert "1 tool call" in tool

@@ -200,8 +200,20 @@ def _json_lines(path: Path) -> Iterator[dict[str, Any]]:
             yield value
 
 
+def _glob(base: Path, pattern: str) -> list[Path]:
+    """`base.glob(pattern)`, sorted, over a tree that may lose directories while it is walked
+    (a deleted Session's runtime emptied from `runtimes/.trash` by the daemon): a walk that
+    met a vanishing directory is walked again."""
+    for _ in range(5):
+        try:
+            return sorted(base.glob(pattern))
+        except FileNotFoundError:
+            continue
+    return sorted(base.glob(pattern))
+
+
 def _rollout_children(provider: str, home_dir: Path) -> Iterator[ProviderChild]:
-    for path in sorted(home_dir.glob("sessions/**/rollout-*.jsonl")):
+    for path in _glob(home_dir, "sessions/**/rollout-*.jsonl"):
         meta = _first_json_line(path)
         payload = (meta or {}).get("payload") or {}
         if not isinstance(payload, dict):
@@ -213,7 +225,7 @@ def _rollout_children(provider: str, home_dir: Path) -> Iterator[ProviderChild]:
 
 
 def _claude_children(home_dir: Path) -> Iterator[ProviderChild]:
-    for path in sorted(home_dir.glob("projects/*/*.jsonl")):
+    for path in _glob(home_dir, "projects/*/*.jsonl"):
         try:
             if b'"forkedFrom"' not in path.read_bytes():
                 continue
@@ -231,7 +243,7 @@ def provider_children(home: Path) -> list[ProviderChild]:
     into its own home by the binder is listed once per copy; callers count distinct ids)."""
     out: list[ProviderChild] = []
     runtimes = home / "runtimes"
-    for home_dir in sorted(runtimes.glob("*/*/*")):
+    for home_dir in _glob(runtimes, "*/*/*"):
         provider = PROVIDER_OF_HOME.get(home_dir.name)
         if provider is None or not home_dir.is_dir():
             continue
