@@ -30,13 +30,19 @@ from storage.models import (
 )
 from storage.sqlite import dumps
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
+# Version 3: the same MessagePack document with every Message of the boundary in its Turn.
+MESSAGES_VERSION = 3
 # The version of the JSON text form: what builds before MessagePack froze, and what this one
 # freezes for a document MessagePack cannot hold.
 JSON_VERSION = 2
-# The versions `load_snapshot` reads: 1 (Messages as objects) and 2 (canonical JSON) are still
-# found in stores written by older builds; their operations may still be committed or read.
-READABLE_VERSIONS = (1, 2, 3)
+# The versions `load_snapshot` reads: 1 (Messages as objects), 2 (canonical JSON) and 3
+# (MessagePack, Messages inside) are still found in stores written by older builds; their
+# operations may still be committed or read.
+READABLE_VERSIONS = (1, 2, 3, 4)
+
+# What a version 4 document's `history` holds (storage/fork_history.py `history_section`).
+HISTORY_KEYS = frozenset({"through", "count", "digest", "rewritten", "message_ids"})
 
 Frozen = str | bytes
 """A stored snapshot: version 3 MessagePack bytes, or version 1 / 2 JSON text."""
@@ -107,13 +113,16 @@ def freeze_snapshot(
     boundary: Boundary,
     runtime_identity: Mapping[str, Any],
     memo: ForkMemo | None = None,
+    history: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Frozen, str]:
-    """Build the snapshot document; returns (document, its stored form, SHA-256 hex)."""
+    """Build the snapshot document; returns (document, its stored form, SHA-256 hex).
+    With `history` (storage/fork_history.py `history_section`) it is a version 4 document whose
+    Turns carry no Messages; without, version 3 with every Message in its Turn."""
     assert source.provider_session_id is not None
     settings = runtime_identity.get("settings", source.settings)
     context = runtime_identity.get("runtime_context", source.runtime_context)
     document = {
-        "version": SNAPSHOT_VERSION,
+        "version": MESSAGES_VERSION if history is None else SNAPSHOT_VERSION,
         "message_fields": list(MESSAGE_FIELDS),
         "operation_id": operation_id,
         "workspace_id": workspace_id,
@@ -138,12 +147,16 @@ def freeze_snapshot(
         "provider_turn_ids": list(boundary.provider_turn_ids),
         "turns": boundary.turns,
     }
+    if history is not None:
+        document["history"] = dict(history)
     frozen: Frozen
     try:
         frozen = pack_snapshot(document)
     except (OverflowError, TypeError, ValueError):
-        # E.g. a payload's integer beyond 64 bits: JSON holds it, MessagePack cannot.
-        document["version"] = JSON_VERSION
+        # E.g. a payload's integer beyond 64 bits: JSON holds it, MessagePack cannot. A version
+        # 4 document keeps its version (its shape says how to commit it); the text type says JSON.
+        if history is None:
+            document["version"] = JSON_VERSION
         frozen = encode_snapshot(document)
     digest = sha256_hex(frozen)
     if memo is not None:
@@ -203,11 +216,15 @@ def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
         raise ForkSnapshotCorrupt(f"fork snapshot does not decode: {exc}") from exc
     if not isinstance(document, dict):
         raise ForkSnapshotCorrupt("fork snapshot is not a map")
+    if document.get("version") == SNAPSHOT_VERSION:
+        history = document.get("history")
+        if not isinstance(history, dict) or not HISTORY_KEYS <= history.keys():
+            raise ForkSnapshotCorrupt("version 4 fork snapshot has no well-formed history")
     version = document.get("version")
     if version == 1 and not packed:
         return _upgrade_v1(document)
-    expected = SNAPSHOT_VERSION if packed else JSON_VERSION
-    if version != expected or document.get("message_fields") != list(MESSAGE_FIELDS):
+    expected = (MESSAGES_VERSION, SNAPSHOT_VERSION) if packed else (JSON_VERSION, SNAPSHOT_VERSION)
+    if version not in expected or document.get("message_fields") != list(MESSAGE_FIELDS):
         raise ForkSnapshotCorrupt(f"unsupported snapshot version {version!r}")
     return document
 

@@ -753,18 +753,25 @@ def test_commit_refuses_a_snapshot_that_no_longer_matches_its_hash(
     )
 
 
-def test_commit_reads_only_the_snapshot_not_the_live_source(
+def test_commit_refuses_a_source_history_drifted_behind_the_fence(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
-    # Drift the live source behind the store's back: commit must not see it (law 4).
+    # Drift the live source behind the store's back (no store path can: the fence refuses it).
+    # The commit copies the source's boundary, so it re-proves it against prepare's digest and
+    # fails closed: no child, the operation still provider_accepted (law 2, law 4).
     store.db.connection().execute(
         "UPDATE messages SET text = 'drifted' WHERE session_id = ?", (sid,)
     )
-    committed = run_to_commit(store, op)
-    child_turns, _ = store.history.timeline(WS, committed.target_session_id)
-    assert child_turns[0].messages[0].text == "t1"
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    with pytest.raises(ForkSnapshotCorrupt, match="changed since prepare"):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    after = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert after.status == ForkStatus.PROVIDER_ACCEPTED
+    with pytest.raises(SessionNotFound):
+        store.sessions.get_session(WS, op.target_session_id)
 
 
 # -- references ----------------------------------------------------------------------------------
