@@ -112,7 +112,17 @@ def child_history(
         ids = ordinal_identity(
             prefixes_of(snapshot), snapshot["turns"], dict(history["message_ids"])
         )
-        return ChildHistory(ids=ids, message_rows=())
+        built = ChildHistory(ids=ids, message_rows=())
+    else:
+        built = _minted_history(snapshot)
+    if snapshot_hash is not None and memo is not None and not last_use:
+        memo.histories.put(snapshot_hash, built, len(built.message_rows))
+    return built
+
+
+def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:
+    """A version 1–3 snapshot's child history: every id minted by rule v1, every Message row
+    built in Python."""
     turns = snapshot["turns"]
     ids = build_identity_map(
         snapshot["operation_id"],
@@ -123,10 +133,7 @@ def child_history(
         (m[0] for t in turns for m in t["messages"]),  # MESSAGE_FIELDS: message_id first
         (i["interaction_id"] for t in turns for i in t["interactions"]),
     )
-    built = ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
-    if snapshot_hash is not None and memo is not None and not last_use:
-        memo.histories.put(snapshot_hash, built, len(built.message_rows))
-    return built
+    return ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
 
 
 def prefixes_of(snapshot: Mapping[str, Any]) -> OrdinalPrefixes:

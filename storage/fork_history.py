@@ -51,16 +51,22 @@ _BOUNDARY = (
     " AND session_id = ?2) AND t.sequence <= ?3"
 )
 
-# Every column the child copies, each text with its byte length in front (so no two different
-# rows concatenate alike), in position order. `octet_length` reads the stored size, no scan.
+# The same Messages found from their own key alone, the boundary's Turns looked up once as a
+# list (no per-row join: the digest reads nothing but `messages` per row).
+_BOUNDARY_BY_KEY = (
+    " FROM messages m WHERE m.session_key = (SELECT session_key FROM session_keys"
+    " WHERE workspace_id = ?1 AND session_id = ?2) AND m.turn_id IN (SELECT turn_id FROM turns"
+    " WHERE workspace_id = ?1 AND session_id = ?2 AND sequence <= ?3)"
+)
+
+# Every column the child copies, in position order, one line per Message; each text with its
+# byte length in front, so no two different rows print alike. `octet_length` reads the stored
+# size (no scan); one `printf` per row instead of a chain of `||` (each an intermediate string).
 _DIGEST_SQL = (
-    "SELECT count(*), CAST(group_concat("
-    "m.position || ',' || m.version || ',' || t.sequence || ','"
-    " || octet_length(m.message_id) || ':' || m.message_id || ','"
-    " || octet_length(m.kind) || ':' || m.kind || ','"
-    " || ifnull(octet_length(m.text) || ':' || m.text, '-') || ','"
-    " || octet_length(m.payload_json) || ':' || m.payload_json,"
-    " char(10) ORDER BY m.position) AS BLOB)" + _BOUNDARY
+    "SELECT count(*), CAST(group_concat(printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', m.position,"
+    " m.version, m.turn_id, m.message_id, m.kind, ifnull(octet_length(m.text), -1),"
+    " ifnull(m.text, ''), octet_length(m.payload_json), m.payload_json), char(10)"
+    " ORDER BY m.position) AS BLOB)" + _BOUNDARY_BY_KEY
 )
 
 # The Messages prepare must look at: a descendant lane, or a payload other than the empty map.
