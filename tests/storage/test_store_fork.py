@@ -26,7 +26,7 @@ from domain.errors import (
 from domain.fork_states import ForkStatus
 from storage.fork_child import build_child
 from storage.fork_identity import ForkReferenceError
-from storage.fork_snapshot import ForkSnapshotCorrupt
+from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -36,6 +36,7 @@ from storage.models import (
     TurnChanged,
 )
 from storage.store import Store
+from tests.support.invariants import history_copy_problem
 from tests.support.store_reads import (
     begin_goal_control,
     begin_runtime_operation,
@@ -1093,3 +1094,55 @@ def test_what_prepare_remembers_for_the_commit_belongs_to_its_store(
         assert len(store.db.fork_memo.frozen) == 0 and len(store.db.fork_memo.histories) == 0
     finally:
         other.close()
+
+
+def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store: Store) -> None:
+    """Snapshot version 4: SQLite copies the boundary's Messages; each child id is the
+    operation's rule v2 prefix and the row's ordinal, a UUID in the protocol's 8-4-4-4-12 shape;
+    the law the invariant checker holds every committed child to (tests/support/invariants.py
+    `history_copy_problem`) holds, and reports a cloned row changed afterwards."""
+    sid = new_session(store)
+    first = settled_turn(store, sid, text="one", extra=[("reasoning", "r", {"k": [1, "é"]})])
+    store.history.append_message(WS, sid, None, kind="notice", text="session-level")
+    user = first.messages[0].message_id
+    second = settled_turn(
+        store, sid, text="two", extra=[("tool_call", "call", {"replyToMessageId": user})]
+    )
+    settled_turn(store, sid, text="three: after the boundary")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, second.turn_id))
+    committed = run_to_commit(store, op)
+    child, _ = store.history.timeline(WS, committed.target_session_id)
+    source, _ = store.history.timeline(WS, sid)
+    assert len(child) == 2
+    for c_turn, s_turn in zip(child, source, strict=False):
+        assert uuid.UUID(c_turn.turn_id).version == 5
+        assert c_turn.turn_id.endswith(f"-{s_turn.sequence:012x}")
+        assert [(m.kind, m.text, m.position) for m in c_turn.messages] == [
+            (m.kind, m.text, m.position) for m in s_turn.messages
+        ]
+        for m in c_turn.messages:
+            assert str(uuid.UUID(m.message_id)) == m.message_id
+            assert m.message_id.endswith(f"-{m.position:012x}")
+    assert child[0].messages[1].payload == {"k": [1, "é"]}
+    assert child[1].messages[1].payload == {"replyToMessageId": child[0].messages[0].message_id}
+    assert child[-1].turn_id == committed.target_turn_id
+    assert child[1].final_assistant_message_id == child[1].messages[-1].message_id
+
+    conn = store.db.connection()
+    raw = conn.execute(
+        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+        " WHERE o.operation_id = ?",
+        (op.operation_id,),
+    ).fetchone()
+    document = decode_frozen(raw[0])
+    names = {
+        "operation_id": op.operation_id,
+        "source_session_id": sid,
+        "target_session_id": committed.target_session_id,
+    }
+    assert history_copy_problem(conn, WS, names, document) is None
+    conn.execute(
+        "UPDATE messages SET text = 'tampered' WHERE session_id = ? AND position = ?",
+        (committed.target_session_id, child[0].messages[1].position),
+    )
+    assert "position" in (history_copy_problem(conn, WS, names, document) or "")
