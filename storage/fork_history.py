@@ -71,7 +71,8 @@ _DIGEST_SQL = (
 
 # The Messages prepare must look at: a descendant lane, or a payload other than the empty map.
 _SPECIAL_SQL = (
-    "SELECT m.message_id, m.position, m.kind, m.payload_json" + _BOUNDARY
+    "SELECT m.message_id, m.position, m.kind, m.payload_json"
+    + _BOUNDARY
     + f" AND (m.payload_json != '{{}}' OR m.kind = '{DESCENDANT_LANE_KIND}') ORDER BY m.position"
 )
 
@@ -84,7 +85,8 @@ _COPY_SQL = (
     "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
     " payload_json, version, position, created_at_ms, session_key)"
     f" SELECT ?4, ?5, {ordinal_id_sql('?6', 'm.position')}, {ordinal_id_sql('?7', 't.sequence')},"
-    " m.kind, m.text, m.payload_json, m.version, m.position, ?8, ?9" + _BOUNDARY
+    " m.kind, m.text, m.payload_json, m.version, m.position, ?8, ?9"
+    + _BOUNDARY
     + " ORDER BY m.position"
 )
 
@@ -102,7 +104,9 @@ class HistoryScan:
 
 def history_digest(conn: apsw.Connection, ws: str, sid: str, through: int) -> tuple[int, str]:
     """(count, SHA-256 hex) of the boundary's Messages through Turn sequence `through`."""
-    count, joined = conn.execute(_DIGEST_SQL, (ws, sid, through)).fetchone()
+    row = conn.execute(_DIGEST_SQL, (ws, sid, through)).fetchone()
+    assert row is not None  # an aggregate always answers one row
+    count, joined = row
     return int(count), hashlib.sha256(b"" if joined is None else bytes(joined)).hexdigest()
 
 
@@ -141,9 +145,7 @@ class BoundaryMessageIds(Mapping[str, str]):
     SQLite one at a time (only the ids a payload or a Turn refers to are ever asked for); the
     ids found are `found`, frozen into the snapshot for the commit."""
 
-    def __init__(
-        self, conn: apsw.Connection, ws: str, sid: str, through: int, prefix: str
-    ) -> None:
+    def __init__(self, conn: apsw.Connection, ws: str, sid: str, through: int, prefix: str) -> None:
         self._conn = conn
         self._args = (ws, sid, through)
         self._prefix = prefix

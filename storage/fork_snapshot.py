@@ -218,7 +218,7 @@ def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
         raise ForkSnapshotCorrupt("fork snapshot is not a map")
     if document.get("version") == SNAPSHOT_VERSION:
         history = document.get("history")
-        if not isinstance(history, dict) or not HISTORY_KEYS <= history.keys():
+        if not isinstance(history, dict) or not history.keys() >= HISTORY_KEYS:
             raise ForkSnapshotCorrupt("version 4 fork snapshot has no well-formed history")
     version = document.get("version")
     if version == 1 and not packed:

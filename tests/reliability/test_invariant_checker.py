@@ -362,9 +362,7 @@ def test_a_checkpoint_its_ref_no_longer_keeps_is_reported(base: Base, tmp_path: 
         check=True,
     ).stdout.split()
     assert refs
-    subprocess.run(
-        ["git", "update-ref", "-d", refs[0]], env={"GIT_DIR": str(repo)}, check=True
-    )
+    subprocess.run(["git", "update-ref", "-d", refs[0]], env={"GIT_DIR": str(repo)}, check=True)
     assert Law.CHECKPOINT_KEPT in laws(home)
 
 

@@ -165,9 +165,17 @@ def test_references_are_rewritten_once_at_prepare_and_the_ack_decodes_nothing(
     for i in range(turns):
         turn = settled_turn(store, sid, text=f"turn {i}")
         user = turn.messages[0].message_id
-        last = store.history.append_message(
-            WS, sid, turn.turn_id, kind="reasoning", text="r", payload={"replyToMessageId": user}
-        ).turn_id or ""
+        last = (
+            store.history.append_message(
+                WS,
+                sid,
+                turn.turn_id,
+                kind="reasoning",
+                text="r",
+                payload={"replyToMessageId": user},
+            ).turn_id
+            or ""
+        )
     assert last
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     assert remaps["message"] == turns
@@ -179,10 +187,14 @@ def test_references_are_rewritten_once_at_prepare_and_the_ack_decodes_nothing(
     for turn in child:
         reply = turn.messages[-1]
         assert reply.payload == {"replyToMessageId": turn.messages[0].message_id}
-    created = store.db.connection().execute(
-        "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
-        (WS, committed.target_session_id),
-    ).fetchall()
+    created = (
+        store.db.connection()
+        .execute(
+            "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
+            (WS, committed.target_session_id),
+        )
+        .fetchall()
+    )
     assert created == [(committed.completed_at_ms,)]  # every cloned Message: the commit's time
     with _counting(monkeypatch, store) as ack_counts:
         acked, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
@@ -206,9 +218,11 @@ def test_status_changes_write_none_of_the_frozen_snapshot(
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     # A version 3 snapshot held every Message's text: at least this many 4 KiB pages (version 4
     # holds none, and no status change may write what it does hold either).
-    texts = store.db.connection().execute(
-        "SELECT SUM(length(text)) FROM messages WHERE session_id = ?", (sid,)
-    ).fetchone()[0]
+    texts = (
+        store.db.connection()
+        .execute("SELECT SUM(length(text)) FROM messages WHERE session_id = ?", (sid,))
+        .fetchone()[0]
+    )
     snapshot_pages = texts // 4096
     assert snapshot_pages >= 39
 
