@@ -51,22 +51,21 @@ _BOUNDARY = (
     " AND session_id = ?2) AND t.sequence <= ?3"
 )
 
-# The same Messages found from their own key alone, the boundary's Turns looked up once as a
-# list (no per-row join: the digest reads nothing but `messages` per row).
-_BOUNDARY_BY_KEY = (
-    " FROM messages m WHERE m.session_key = (SELECT session_key FROM session_keys"
-    " WHERE workspace_id = ?1 AND session_id = ?2) AND m.turn_id IN (SELECT turn_id FROM turns"
-    " WHERE workspace_id = ?1 AND session_id = ?2 AND sequence <= ?3)"
-)
-
 # Every column the child copies, in position order, one line per Message; each text with its
 # byte length in front, so no two different rows print alike. `octet_length` reads the stored
 # size (no scan); one `printf` per row instead of a chain of `||` (each an intermediate string).
+# The order: the subquery's ORDER BY, served by the (session_key, position) key — the `+` keeps
+# the Turn list from choosing the by-Turn index — so no sorter runs. SQLite never flattens a
+# subquery with an ORDER BY into an aggregate; it feeds its rows to `group_concat` in that order
+# (an `ORDER BY` inside `group_concat` would sort all of them again: twice the CPU).
 _DIGEST_SQL = (
-    "SELECT count(*), CAST(group_concat(printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', m.position,"
-    " m.version, m.turn_id, m.message_id, m.kind, ifnull(octet_length(m.text), -1),"
-    " ifnull(m.text, ''), octet_length(m.payload_json), m.payload_json), char(10)"
-    " ORDER BY m.position) AS BLOB)" + _BOUNDARY_BY_KEY
+    "SELECT count(*), CAST(group_concat(r, char(10)) AS BLOB) FROM (SELECT"
+    " printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', m.position, m.version, m.turn_id, m.message_id,"
+    " m.kind, ifnull(octet_length(m.text), -1), ifnull(m.text, ''),"
+    " octet_length(m.payload_json), m.payload_json) AS r"
+    " FROM messages m WHERE m.session_key = (SELECT session_key FROM session_keys"
+    " WHERE workspace_id = ?1 AND session_id = ?2) AND +m.turn_id IN (SELECT turn_id FROM turns"
+    " WHERE workspace_id = ?1 AND session_id = ?2 AND sequence <= ?3) ORDER BY m.position)"
 )
 
 # The Messages prepare must look at: a descendant lane, or a payload other than the empty map.

@@ -3,6 +3,7 @@ transitions, commit from the frozen snapshot, deterministic remap and fail-close
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +26,7 @@ from domain.errors import (
 )
 from domain.fork_states import ForkStatus
 from storage.fork_child import build_child
+from storage.fork_history import history_digest
 from storage.fork_identity import ForkReferenceError
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.models import (
@@ -1146,3 +1148,29 @@ def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store:
         (committed.target_session_id, child[0].messages[1].position),
     )
     assert "position" in (history_copy_problem(conn, WS, names, document) or "")
+
+
+def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store) -> None:
+    """What prepare freezes and the commit re-proves: SHA-256 over each boundary Message's
+    columns, one line per Message in position order (storage/fork_history.py), here rebuilt in
+    Python from a plain ordered read — the Session-level Message and a later Turn's left out."""
+    sid = new_session(store)
+    first = settled_turn(store, sid, text="one", extra=[("reasoning", "é\nx", {"k": 1})])
+    store.history.append_message(WS, sid, None, kind="notice", text="session-level")
+    settled_turn(store, sid, text="two")
+    rows = (
+        store.db.connection()
+        .execute(
+            "SELECT position, version, turn_id, message_id, kind, text, payload_json FROM messages"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? ORDER BY position",
+            (WS, sid, first.turn_id),
+        )
+        .fetchall()
+    )
+
+    def line(position: int, version: int, turn: str, mid: str, kind: str, text: Any, p: str) -> str:
+        body = "-1:" if text is None else f"{len(text.encode())}:{text}"
+        return f"{position},{version},{turn},{mid},{kind},{body},{len(p.encode())}:{p}"
+
+    expected = hashlib.sha256("\n".join(line(*r) for r in rows).encode()).hexdigest()
+    assert history_digest(store.db.connection(), WS, sid, 1) == (len(rows), expected)
