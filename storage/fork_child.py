@@ -1,6 +1,7 @@
 """The pure function that turns a frozen snapshot plus provider evidence into the canonical
 child (law 4): its Session, cloned Turns / Messages / Interactions with fresh ids, and its
-lineage; the same plan at commit and in every committed projection."""
+lineage; the same plan at commit and in every committed projection. For a version 4 snapshot
+the plan's Messages are a `HistoryCopy`: what the commit copies in SQLite, not rows."""
 
 from __future__ import annotations
 

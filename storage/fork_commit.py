@@ -1,5 +1,7 @@
 """Law 2: the commit — child Session, cloned history and lineage written from the frozen
-snapshot alone, with `committed`, in one transaction; the source identity re-proved first."""
+snapshot, with `committed`, in one transaction; the source identity re-proved first. A version
+4 snapshot's Messages are copied from the source's boundary by SQLite once their frozen count
+and digest are re-proved (storage/fork_history.py)."""
 
 from __future__ import annotations
 

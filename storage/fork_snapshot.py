@@ -1,14 +1,18 @@
 """The immutable snapshot frozen at prepare, hashed with SHA-256 over its stored bytes (law 5);
-commit and the committed projection read only it (and the operation row), never the live source.
-The documents this process froze are kept by hash for its own commit.
+commit and the committed projection read only it (and the operation row) — and, for a version 4
+snapshot, the source's boundary Messages, once the commit has re-proved them against the count
+and digest the snapshot froze (storage/fork_history.py). The documents this process froze are
+kept by hash for its own commit.
 
-Version 3 stores the document as MessagePack bytes (a BLOB): a 1,000-Turn /
-10,000-Message snapshot packs in a fraction of the CPU its canonical JSON encode took
-(docs/performance.md §18). Version 2 was canonical JSON text (sorted keys, no whitespace) with each
-Message a compact array in `MESSAGE_FIELDS` order, version 1 the same with Messages as objects.
-Both are still read: an operation prepared by an older build may be committed or projected by
-this one. A document MessagePack cannot hold (an integer beyond 64 bits in a payload, which JSON
-allows) is frozen as version 2 JSON instead; the stored value's type says which it is."""
+Version 4 (what prepare freezes) is MessagePack bytes (a BLOB) whose Turns carry no Messages: a
+`history` map holds their count, digest, the payloads holding a reference (rewritten) and the
+child ids of the Messages a reference names. Version 3 was the same bytes with every Message of
+the boundary a compact array in its Turn (`MESSAGE_FIELDS` order); version 2 canonical JSON text
+(sorted keys, no whitespace) of that shape, version 1 the same with Messages as objects. All
+are still read: an operation prepared by an older build may be committed or projected by this
+one. A document MessagePack cannot hold (an integer beyond 64 bits, which JSON allows) is frozen
+as JSON text instead — version 2 for a version 3 document, version 4 keeps its number; the
+stored value's type says which encoding it is."""
 
 from __future__ import annotations
 
