@@ -122,14 +122,15 @@ def ordinal_identity(
     """Rule v2's identity map of a boundary: each Turn by its sequence, each Interaction by its
     1-based place in the boundary's order (Turn by Turn, as frozen), and `messages` as given (the
     Messages a reference names: the rest are never mapped in Python)."""
+    # `ordinal_id` inlined: a 10,000-Turn boundary maps 10,000 Turns per call.
+    turn_prefix, interaction_prefix, mask = prefixes.turn, prefixes.interaction, _ORDINAL_MASK
     turn_map: dict[str, str] = {}
     interactions: dict[str, str] = {}
     for turn in turns:
-        turn_map[turn["turn_id"]] = ordinal_id(prefixes.turn, int(turn["sequence"]))
+        turn_map[turn["turn_id"]] = f"{turn_prefix}{int(turn['sequence']) & mask:012x}"
         for i in turn["interactions"]:
-            interactions[i["interaction_id"]] = ordinal_id(
-                prefixes.interaction, len(interactions) + 1
-            )
+            n = len(interactions) + 1
+            interactions[i["interaction_id"]] = f"{interaction_prefix}{n & mask:012x}"
     return IdentityMap(turns=turn_map, messages=messages, interactions=interactions)
 
 
