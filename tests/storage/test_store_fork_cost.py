@@ -244,3 +244,40 @@ def test_status_changes_write_none_of_the_frozen_snapshot(
     store.fork_commit.commit_fork(WS, op.operation_id)
     written["ack"] = frames_of(lambda: store.fork_transitions.acknowledge_fork(WS, op.operation_id))
     assert all(n < 10 for n in written.values()), (written, snapshot_pages)
+
+
+def test_a_polled_operation_parses_its_provider_turn_ids_once(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each `fork.get` of an active fork read its row three times (read view, host, Session
+    actor), and each read parsed both provider Turn id lists (~400 KB of JSON each at 10,000
+    Turns). The store's cache keeps a list parsed with the text it came from; a row whose text
+    changed is parsed again."""
+    monkeypatch.setattr(fork_rows, "LIST_CACHE_MIN_CHARS", 0)  # this history's lists are short
+    parses: Counter[str] = Counter()
+    real_loads = fork_rows.loads
+
+    def loads(text: Any) -> Any:
+        parses["lists" if isinstance(text, str) and text.startswith("[") else "other"] += 1
+        return real_loads(text)
+
+    monkeypatch.setattr(fork_rows, "loads", loads)
+    sid, last = _source(store, 4)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    first = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    before = parses["lists"]
+    for _ in range(5):
+        again = store.fork_queries.get_fork_operation(WS, op.operation_id)
+        assert again == first
+        assert again.source_provider_turn_ids is first.source_provider_turn_ids
+        assert again.target_provider_turn_ids is first.target_provider_turn_ids
+    assert parses["lists"] == before
+    store.db.connection().execute(
+        "UPDATE fork_operations SET source_provider_turn_ids = '[\"changed\"]'"
+        " WHERE operation_id = ?",
+        (op.operation_id,),
+    )
+    changed = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert changed.source_provider_turn_ids == ("changed",)
