@@ -6,7 +6,7 @@ cursor of the source — loaded with its history for the snapshot."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,13 @@ from domain.errors import (
     ForkBoundaryReason,
 )
 from domain.fork_states import ACTIVE_SQL
+from storage.fork_history import (
+    DESCENDANT_LANE_KEY,
+    DESCENDANT_LANE_KIND,
+    HistoryScan,
+    has_session_local_attachment,
+    scan_history,
+)
 from storage.fork_identity import (
     reject_duplicate_keys,
 )
@@ -28,11 +35,6 @@ from storage.models import (
 )
 from storage.schema import SESSION_KEY_OF
 
-# Message markers that the boundary must not contain (seed 000 §4, both fail closed today).
-DESCENDANT_LANE_KIND = "descendant_lane"
-DESCENDANT_LANE_KEY = "descendantLane"
-ATTACHMENTS_KEY = "attachments"
-SESSION_LOCAL_SCOPE = "session_local"
 # A runtime-context resume cursor naming the source provider session must not cross the fork.
 RESUME_CURSOR_KEY = "resumeCursor"
 # A boundary (and snapshot v2) Message is an array of these, in this order; v1 snapshots had
@@ -92,12 +94,15 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
 
 @dataclass(frozen=True, slots=True)
 class Boundary:
-    """The source history through the selected Turn, as frozen into the snapshot (each Turn's
-    `messages` are snapshot v2 arrays: message_id, kind, text, payload, version, position)."""
+    """The source history through the selected Turn, as frozen into the snapshot. Read for a
+    version 3 snapshot (`messages=True`), each Turn's `messages` are snapshot v2 arrays
+    (message_id, kind, text, payload, version, position); for version 4 the Turns carry none and
+    `history` says what was learnt of the Messages in SQLite (storage/fork_history.py)."""
 
     turns: list[dict[str, Any]]
     provider_turn_ids: tuple[str, ...]
     selected: dict[str, Any]
+    history: HistoryScan | None = None
 
 
 # No Turn id equals it: the first Message always looks its Turn up.
@@ -123,8 +128,13 @@ _MESSAGES_CUT = (
 )
 
 
-def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Boundary:
-    """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error."""
+def load_boundary(
+    conn: apsw.Connection, ws: str, sid: str, turn_id: str, *, messages: bool = True
+) -> Boundary:
+    """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error.
+    `messages=False` (snapshot version 4): the Messages stay in SQLite, checked and digested
+    there (`scan_history`); each Turn gets the position of its final assistant Message when that
+    Message is in the boundary (`final_assistant_position`)."""
     selected = conn.execute(
         "SELECT sequence, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
         " AND turn_id = ?",
@@ -163,11 +173,61 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
             "error": r[8],
             "created_at_ms": r[9],
             "settled_at_ms": r[10],
-            "messages": [],
             "interactions": [],
         }
+        if messages:
+            turn["messages"] = []
         turns.append(turn)
         by_id[str(r[0])] = turn
+    history: HistoryScan | None = None
+    if messages:
+        _read_messages(conn, ws, sid, through, by_id)
+    else:
+        history = scan_history(conn, ws, sid, through)
+        for owner, position, message_owner in conn.execute(_FINALS_SQL, (ws, sid, through)):
+            if message_owner in by_id:
+                by_id[owner]["final_assistant_position"] = position
+    for r in conn.execute(
+        "SELECT i.interaction_id, i.request_id, i.turn_id, i.kind, i.status, i.input_json,"
+        " i.output_json FROM interactions i JOIN turns t ON t.workspace_id = i.workspace_id"
+        " AND t.session_id = i.session_id AND t.turn_id = i.turn_id"
+        " WHERE i.workspace_id = ? AND i.session_id = ? AND t.sequence <= ?"
+        " ORDER BY t.sequence, i.created_at_ms, i.rowid",
+        (ws, sid, through),
+    ):
+        by_id[r[2]]["interactions"].append(
+            {
+                "interaction_id": r[0],
+                "request_id": r[1],
+                "kind": r[3],
+                "status": r[4],
+                "input": _parse_payload(r[5]),
+                "output": None if r[6] is None else _parse_payload(r[6]),
+            }
+        )
+    return Boundary(
+        turns=turns,
+        provider_turn_ids=tuple(t["root_provider_turn_id"] for t in turns),
+        selected=by_id[turn_id],
+        history=history,
+    )
+
+
+# Each boundary Turn's final assistant Message: its position and its own Turn (in the boundary
+# only if that Turn is).
+_FINALS_SQL = (
+    "SELECT t.turn_id, fm.position, fm.turn_id FROM turns t JOIN messages fm"
+    " ON fm.session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ?1"
+    " AND session_id = ?2)"
+    " AND fm.message_id = t.final_assistant_message_id"
+    " WHERE t.workspace_id = ?1 AND t.session_id = ?2 AND t.sequence <= ?3"
+)
+
+
+def _read_messages(
+    conn: apsw.Connection, ws: str, sid: str, through: int, by_id: dict[str, dict[str, Any]]
+) -> None:
+    """A version 3 boundary's Messages, into each Turn's `messages`."""
     # Through the last Turn (a fork of the whole history, the usual case) every Message with a
     # Turn is in the boundary: read them in position order alone. A join to `turns` for each
     # Message's sequence cost a second index search per row (~40 % of this read at 10,000).
@@ -204,41 +264,7 @@ def load_boundary(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Bou
             if type(payload) is dict and payload:
                 if payload.get(DESCENDANT_LANE_KEY):
                     raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
-                if _has_session_local_attachment(payload):
+                if has_session_local_attachment(payload):
                     raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
         # A snapshot v2 Message: an array in `MESSAGE_FIELDS` order.
         append([message_id, kind, text, payload, version, position])
-    for r in conn.execute(
-        "SELECT i.interaction_id, i.request_id, i.turn_id, i.kind, i.status, i.input_json,"
-        " i.output_json FROM interactions i JOIN turns t ON t.workspace_id = i.workspace_id"
-        " AND t.session_id = i.session_id AND t.turn_id = i.turn_id"
-        " WHERE i.workspace_id = ? AND i.session_id = ? AND t.sequence <= ?"
-        " ORDER BY t.sequence, i.created_at_ms, i.rowid",
-        (ws, sid, through),
-    ):
-        by_id[r[2]]["interactions"].append(
-            {
-                "interaction_id": r[0],
-                "request_id": r[1],
-                "kind": r[3],
-                "status": r[4],
-                "input": _parse_payload(r[5]),
-                "output": None if r[6] is None else _parse_payload(r[6]),
-            }
-        )
-    return Boundary(
-        turns=turns,
-        provider_turn_ids=tuple(t["root_provider_turn_id"] for t in turns),
-        selected=by_id[turn_id],
-    )
-
-
-def _has_session_local_attachment(payload: Any) -> bool:
-    if not isinstance(payload, Mapping):
-        return False
-    attachments = payload.get(ATTACHMENTS_KEY)
-    if not isinstance(attachments, list):
-        return False
-    return any(
-        isinstance(a, Mapping) and a.get("scope") == SESSION_LOCAL_SCOPE for a in attachments
-    )

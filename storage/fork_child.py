@@ -1,6 +1,7 @@
 """The pure function that turns a frozen snapshot plus provider evidence into the canonical
 child (law 4): its Session, cloned Turns / Messages / Interactions with fresh ids, and its
-lineage; the same plan at commit and in every committed projection."""
+lineage; the same plan at commit and in every committed projection. For a version 4 snapshot
+the plan's Messages are a `HistoryCopy`: what the commit copies in SQLite, not rows."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from domain.errors import (
 from storage.fork_identity import (
     EntityKind,
     IdentityMap,
+    OrdinalPrefixes,
     build_identity_map,
     child_id,
+    ordinal_id,
+    ordinal_identity,
     remap_references,
 )
 from storage.fork_memo import ForkMemo
@@ -50,6 +54,20 @@ class ChildPlan:
     message_rows: Sequence[tuple[Any, ...]]
     interaction_rows: list[tuple[Any, ...]]
     committed_at_ms: int = 0
+    copy: HistoryCopy | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryCopy:
+    """A version 4 child's Messages: copied by SQLite from the source's boundary at the commit
+    (storage/fork_history.py), the rewritten payloads written over them."""
+
+    source_session_id: str
+    through: int
+    count: int
+    digest: str
+    prefixes: OrdinalPrefixes
+    rewritten: tuple[tuple[int, str], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +106,24 @@ def child_history(
         cached = memo.histories.get(snapshot_hash, take=last_use)
         if cached is not None:
             return cast(ChildHistory, cached)
+    history = snapshot.get("history")
+    if history is not None:
+        # Version 4: the Messages are copied in SQLite; only Turns and Interactions are mapped
+        # here, and the Messages a reference names (frozen by prepare).
+        ids = ordinal_identity(
+            prefixes_of(snapshot), snapshot["turns"], dict(history["message_ids"])
+        )
+        built = ChildHistory(ids=ids, message_rows=())
+    else:
+        built = _minted_history(snapshot)
+    if snapshot_hash is not None and memo is not None and not last_use:
+        memo.histories.put(snapshot_hash, built, len(built.message_rows))
+    return built
+
+
+def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:
+    """A version 1–3 snapshot's child history: every id minted by rule v1, every Message row
+    built in Python."""
     turns = snapshot["turns"]
     ids = build_identity_map(
         snapshot["operation_id"],
@@ -98,10 +134,17 @@ def child_history(
         (m[0] for t in turns for m in t["messages"]),  # MESSAGE_FIELDS: message_id first
         (i["interaction_id"] for t in turns for i in t["interactions"]),
     )
-    history = ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
-    if snapshot_hash is not None and memo is not None and not last_use:
-        memo.histories.put(snapshot_hash, history, len(history.message_rows))
-    return history
+    return ChildHistory(ids=ids, message_rows=_message_rows(snapshot, ids))
+
+
+def prefixes_of(snapshot: Mapping[str, Any]) -> OrdinalPrefixes:
+    """Rule v2's prefixes of the operation a version 4 snapshot belongs to."""
+    return OrdinalPrefixes.of(
+        snapshot["operation_id"],
+        snapshot["workspace_id"],
+        snapshot["source"]["session_id"],
+        snapshot["target"]["session_id"],
+    )
 
 
 def _message_rows(snapshot: Mapping[str, Any], ids: IdentityMap) -> tuple[tuple[Any, ...], ...]:
@@ -152,8 +195,8 @@ def build_child(
     ws = snapshot["workspace_id"]
     target = snapshot["target"]
     sid = target["session_id"]
-    history = child_history(snapshot, snapshot_hash, last_use=last_use, memo=memo)
-    ids = history.ids
+    child = child_history(snapshot, snapshot_hash, last_use=last_use, memo=memo)
+    ids = child.ids
     bindings = dict(turn_bindings or {})
     unknown = set(bindings) - set(ids.turns)
     if unknown:
@@ -166,6 +209,8 @@ def build_child(
     interrupted = TurnOutcome.INTERRUPTED.value
     host_copy = binding_mode == ProviderStateBindingMode.HOST_COPY
     message_ids = ids.messages
+    history = snapshot.get("history")
+    prefixes = None if history is None else prefixes_of(snapshot)
     for turn in snapshot["turns"]:
         source_turn_id = turn["turn_id"]
         new_turn_id = ids.turns[source_turn_id]
@@ -181,7 +226,16 @@ def build_child(
             # provider_owned remaps identities; an unbound Turn is honestly not forkable.
             root_id, binding_json = None, None
         final_id = turn["final_assistant_message_id"]
-        if final_id is not None:
+        if final_id is not None and prefixes is not None:
+            # Version 4: prepare froze the position of a final Message inside the boundary.
+            position = turn.get("final_assistant_position")
+            final_id = None if position is None else ordinal_id(prefixes.message, int(position))
+            if final_id is None:
+                raise ForkReferenceError(
+                    ForkReferenceReason.DANGLING_REFERENCE,
+                    f"turn {source_turn_id}: final assistant message is outside the boundary",
+                )
+        elif final_id is not None:
             final_id = message_ids.get(final_id)
             if final_id is None:
                 raise ForkReferenceError(
@@ -233,14 +287,25 @@ def build_child(
         committed_at_ms,
         ids.turns[snapshot["point"]["turn_id"]],
     )
+    copy = None
+    if history is not None and prefixes is not None:
+        copy = HistoryCopy(
+            source_session_id=snapshot["source"]["session_id"],
+            through=int(history["through"]),
+            count=int(history["count"]),
+            digest=str(history["digest"]),
+            prefixes=prefixes,
+            rewritten=tuple((int(p), str(text)) for p, text in history["rewritten"]),
+        )
     return ChildPlan(
         session=session,
         lineage=lineage,
         ids=ids,
         turn_rows=turn_rows,
-        message_rows=history.message_rows,
+        message_rows=child.message_rows,
         interaction_rows=interaction_rows,
         committed_at_ms=committed_at_ms,
+        copy=copy,
     )
 
 
@@ -256,6 +321,10 @@ def project_child(
     """The committed child's Session and lineage only (what an operation projects), without
     remapping the whole history: one deterministic id instead of one per entity."""
     point_turn = snapshot["point"]["turn_id"]
+    history = snapshot.get("history")
+    if history is not None:  # version 4: rule v2, the boundary Turn's sequence
+        target = ordinal_id(prefixes_of(snapshot).turn, int(history["through"]))
+        return _child_session(snapshot, child_provider_session_id, committed_at_ms, target)
     target_turn_id = child_id(
         snapshot["operation_id"],
         snapshot["workspace_id"],

@@ -1,5 +1,7 @@
 """Law 2: the commit — child Session, cloned history and lineage written from the frozen
-snapshot alone, with `committed`, in one transaction; the source identity re-proved first."""
+snapshot, with `committed`, in one transaction; the source identity re-proved first. A version
+4 snapshot's Messages are copied from the source's boundary by SQLite once their frozen count
+and digest are re-proved (storage/fork_history.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +13,9 @@ from typing import Any
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from domain.fork_states import ForkStatus
 from storage.base import Database
-from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, build_child
+from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, HistoryCopy, build_child
 from storage.fork_evidence import receipt_forked_from
+from storage.fork_history import copy_messages, history_digest
 from storage.fork_memo import ForkMemo
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
@@ -94,6 +97,8 @@ class ForkCommit:
             last_use=True,
             memo=self.fork_memo,
         )
+        if plan.copy is not None:
+            _check_source_history(tx, ws, plan.copy)
         self._insert_child(tx, plan)
         tx.execute(
             "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
@@ -192,11 +197,14 @@ class ForkCommit:
         # nothing but digits reaches the SQL text), the rows as prepare built them.
         key = tx.one(f"SELECT {SESSION_KEY_OF}", (s.workspace_id, s.session_id))
         assert key is not None
-        tx.executemany(
-            f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms, session_key)"
-            f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {int(plan.committed_at_ms)}, {int(key[0])})",
-            plan.message_rows,
-        )
+        if plan.copy is not None:
+            _copy_history(tx, plan, int(key[0]))
+        else:
+            tx.executemany(
+                f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms, session_key)"
+                f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {int(plan.committed_at_ms)}, {int(key[0])})",
+                plan.message_rows,
+            )
         tx.executemany(
             "INSERT INTO interactions (workspace_id, session_id, interaction_id, request_id,"
             " turn_id, kind, status, input_json, output_json, created_at_ms, resolved_at_ms)"
@@ -222,3 +230,41 @@ class ForkCommit:
         # Turns; `_commit_in`'s `SessionChanged` for it announces the whole child (a client
         # reads its Turns with `session.timeline`). With one, a 1,000-Turn fork would publish
         # 1,000 `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
+
+
+def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy) -> None:
+    """A version 4 commit copies the source's boundary: it must still be, row for row, what
+    prepare digested (the fence keeps every store path off it; anything else fails closed, the
+    operation stays `provider_accepted`, as for a snapshot that no longer matches its hash)."""
+    count, digest = history_digest(tx.conn, ws, copy.source_session_id, copy.through)
+    if (count, digest) != (copy.count, copy.digest):
+        raise ForkSnapshotCorrupt(
+            "the source's history through the fork Turn changed since prepare"
+            f" ({copy.count} Messages frozen, {count} found)"
+        )
+
+
+def _copy_history(tx: Tx, plan: ChildPlan, key: int) -> None:
+    """The child's Messages, copied by SQLite from the source's boundary, then the payloads
+    prepare rewrote (allowlisted references) written over their rows."""
+    copy = plan.copy
+    assert copy is not None
+    s = plan.session
+    copied = copy_messages(
+        tx.conn,
+        ws=s.workspace_id,
+        source_session_id=copy.source_session_id,
+        through=copy.through,
+        target_session_id=s.session_id,
+        message_prefix=copy.prefixes.message,
+        turn_prefix=copy.prefixes.turn,
+        committed_at_ms=plan.committed_at_ms,
+        target_key=key,
+    )
+    if copied != copy.count:
+        raise ForkSnapshotCorrupt(f"copied {copied} Messages where prepare froze {copy.count}")
+    if copy.rewritten:
+        tx.executemany(
+            "UPDATE messages SET payload_json = ? WHERE session_key = ? AND position = ?",
+            [(text, key, position) for position, text in copy.rewritten],
+        )

@@ -1,7 +1,12 @@
 """Deterministic child identities and the reference-safe rewrite of cloned history (law 5).
 
-Child ids are uuid5 over "v1|operation|workspace|source|target|entity_kind|source_id", so a
-replayed commit yields the same ids; payload references are rewritten only through a closed
+Rule v1 (snapshots up to version 3): child ids are uuid5 over
+"v1|operation|workspace|source|target|entity_kind|source_id". Rule v2 (snapshot version 4): an
+entity's child id is the first 24 characters of uuid5 over "v2|operation|workspace|source|
+target|entity_kind" followed by its ordinal as 12 hex digits — a Turn's sequence, a Message's
+position, an Interaction's place in the boundary — so SQLite derives a cloned Message's id
+itself while copying the row (`ordinal_id_sql`). Either way a replayed commit yields the same
+ids; payload references are rewritten only through a closed
 allowlist at the payload's own (host-owned) keys, and a host-owned key that looks like a typed
 reference but is not on it fails closed; nested model/provider content is copied verbatim.
 """
@@ -56,6 +61,77 @@ def child_id(
     return ChildIdMinter(operation_id, workspace_id, source_session_id, target_session_id).mint(
         kind, source_id
     )
+
+
+ORDINAL_RULE_VERSION = "v2"
+_ORDINAL_MASK = (1 << 64) - 1
+
+
+def ordinal_prefix(
+    operation_id: str,
+    workspace_id: str,
+    source_session_id: str,
+    target_session_id: str,
+    kind: EntityKind,
+) -> str:
+    """Rule v2's per-operation, per-kind prefix: `xxxxxxxx-xxxx-5xxx-Vxxx-` of a uuid5 (version
+    5 and the RFC 4122 variant already set), to which an ordinal's 12 hex digits are appended."""
+    name = "|".join(
+        (ORDINAL_RULE_VERSION, operation_id, workspace_id, source_session_id, target_session_id)
+    )
+    return str(uuid.uuid5(IDENTITY_NAMESPACE, f"{name}|{kind.value}"))[:24]
+
+
+def ordinal_id(prefix: str, ordinal: int) -> str:
+    """Rule v2's child id: the prefix and the ordinal as SQLite's `printf('%012x', n)` prints it
+    (a negative ordinal as its 64-bit two's complement, like SQLite), so the id Python computes
+    for a Turn or a referenced Message is the very id the copy statement writes."""
+    return f"{prefix}{ordinal & _ORDINAL_MASK:012x}"
+
+
+def ordinal_id_sql(prefix_param: str, ordinal_column: str) -> str:
+    """The SQL expression of `ordinal_id` (the prefix bound as a parameter)."""
+    return f"({prefix_param} || printf('%012x', {ordinal_column}))"
+
+
+@dataclass(frozen=True, slots=True)
+class OrdinalPrefixes:
+    """Rule v2's three prefixes of one operation."""
+
+    turn: str
+    message: str
+    interaction: str
+
+    @classmethod
+    def of(
+        cls, operation_id: str, workspace_id: str, source_session_id: str, target_session_id: str
+    ) -> OrdinalPrefixes:
+        args = (operation_id, workspace_id, source_session_id, target_session_id)
+        return cls(
+            turn=ordinal_prefix(*args, EntityKind.TURN),
+            message=ordinal_prefix(*args, EntityKind.MESSAGE),
+            interaction=ordinal_prefix(*args, EntityKind.INTERACTION),
+        )
+
+
+def ordinal_identity(
+    prefixes: OrdinalPrefixes,
+    turns: Iterable[Mapping[str, Any]],
+    messages: Mapping[str, str],
+) -> IdentityMap:
+    """Rule v2's identity map of a boundary: each Turn by its sequence, each Interaction by its
+    1-based place in the boundary's order (Turn by Turn, as frozen), and `messages` as given (the
+    Messages a reference names: the rest are never mapped in Python)."""
+    # `ordinal_id` inlined: a 10,000-Turn boundary maps 10,000 Turns per call.
+    turn_prefix, interaction_prefix, mask = prefixes.turn, prefixes.interaction, _ORDINAL_MASK
+    turn_map: dict[str, str] = {}
+    interactions: dict[str, str] = {}
+    for turn in turns:
+        turn_map[turn["turn_id"]] = f"{turn_prefix}{int(turn['sequence']) & mask:012x}"
+        for i in turn["interactions"]:
+            n = len(interactions) + 1
+            interactions[i["interaction_id"]] = f"{interaction_prefix}{n & mask:012x}"
+    return IdentityMap(turns=turn_map, messages=messages, interactions=interactions)
 
 
 # A hex digit with its top two bits replaced by the RFC 4122 variant `10`.

@@ -23,6 +23,8 @@ from domain.errors import (
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import build_child
+from storage.fork_history import history_section
+from storage.fork_identity import OrdinalPrefixes
 from storage.fork_memo import ForkMemo
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
@@ -184,7 +186,8 @@ class ForkPrepare:
             for reason in blockers:
                 if reason in static:
                     raise ForkBoundaryError(reason)
-            boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id)
+            # The Messages stay in SQLite (snapshot version 4, storage/fork_history.py).
+            boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id, messages=False)
             if blockers:
                 raise ForkBoundaryError(blockers[0])
             selected = boundary.selected
@@ -201,6 +204,17 @@ class ForkPrepare:
                 # The child works in its own tree: frozen as its cwd (law 4: commit reads
                 # only the snapshot).
                 runtime_identity = {**runtime_identity, "cwd": str(plan["childCwd"])}
+            assert boundary.history is not None
+            history = history_section(
+                tx.conn,
+                ws,
+                req.source_session_id,
+                boundary.history,
+                turns=boundary.turns,
+                prefixes=OrdinalPrefixes.of(
+                    op_id, ws, req.source_session_id, req.target_session_id
+                ),
+            )
             snapshot, stored, snapshot_hash = freeze_snapshot(
                 operation_id=op_id,
                 workspace_id=ws,
@@ -211,6 +225,7 @@ class ForkPrepare:
                 boundary=boundary,
                 runtime_identity=runtime_identity,
                 memo=self.fork_memo,
+                history=history,
             )
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
             build_child(

@@ -32,8 +32,19 @@ ACTIVE_OPS_SQL = ACTIVE_SQL
 BARRIER_OPS_SQL = BARRIER_SQL
 
 
-def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOperation:
-    target_turns = loads(r[12])
+def op_from_row(
+    r: Row,
+    committed: tuple[Any, Lineage] | None = None,
+    *,
+    lists: ProjectionCache | None = None,
+) -> ForkOperation:
+    """The operation of row `r`. With `lists` (the store's cache) a long provider Turn id list
+    is parsed once per operation, not once per read (see `ProjectionCache.id_list`)."""
+    source_turns = tuple(loads(r[10])) if lists is None else lists.id_list(r[28], 10, r[10])
+    if r[12] is None:
+        target_turns: tuple[Any, ...] | None = None
+    else:
+        target_turns = tuple(loads(r[12])) if lists is None else lists.id_list(r[28], 12, r[12])
     return ForkOperation(
         workspace_id=r[0],
         operation_id=r[1],
@@ -45,9 +56,9 @@ def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOpe
         source_turn_id=r[7],
         source_provider_session_id=r[8],
         source_provider_turn_id=r[9],
-        source_provider_turn_ids=tuple(loads(r[10])),
+        source_provider_turn_ids=source_turns,
         target_provider_session_id=r[11],
-        target_provider_turn_ids=None if target_turns is None else tuple(target_turns),
+        target_provider_turn_ids=target_turns,
         target_turn_id=r[13],
         driver_kind=r[14],
         driver_version=r[15],
@@ -70,6 +81,11 @@ def op_from_row(r: Row, committed: tuple[Any, Lineage] | None = None) -> ForkOpe
     )
 
 
+LIST_CACHE_SIZE = 8
+"""Operations whose long provider Turn id lists are kept parsed (a 10,000-Turn list: ~1 MB)."""
+LIST_CACHE_MIN_CHARS = 8192
+"""A list shorter than this (~200 ids) is parsed each time: cheaper than keeping it."""
+
 PROJECTION_CACHE_SIZE = 4096
 """Committed operations whose child projection is kept in memory, so a `fork.get` of a
 committed operation does not re-read, re-hash and re-parse its snapshot every time."""
@@ -87,6 +103,29 @@ class ProjectionCache:
         self._entries: OrderedDict[tuple[Any, ...], tuple[Session, Lineage]] = OrderedDict()
         self._lock = threading.Lock()
         self.misses = 0
+        self._lists: OrderedDict[tuple[int, int], tuple[str, tuple[Any, ...]]] = OrderedDict()
+
+    def id_list(self, op_seq: int, column: int, text: str) -> tuple[Any, ...]:
+        """The parsed JSON list in `column` of operation `op_seq`'s row. Each read of an
+        operation parsed both of its provider Turn id lists: a client polling `fork.get` on
+        a 10,000-Turn fork had the daemon parse ~400 KB of JSON several times per poll (three
+        reads of the row: the read view, the host, the Session actor). A list is kept with the
+        text it was parsed from and served only while the row holds the very same text (a
+        compare of the two strings, no parse), so a changed row is parsed again."""
+        if len(text) < LIST_CACHE_MIN_CHARS:
+            return tuple(loads(text))
+        key = (op_seq, column)
+        with self._lock:
+            held = self._lists.get(key)
+        if held is not None and held[0] == text:
+            return held[1]
+        parsed = tuple(loads(text))
+        with self._lock:
+            self._lists[key] = (text, parsed)
+            self._lists.move_to_end(key)
+            while len(self._lists) > LIST_CACHE_SIZE:
+                self._lists.popitem(last=False)
+        return parsed
 
     def get(self, key: tuple[Any, ...]) -> tuple[Session, Lineage] | None:
         with self._lock:
@@ -108,6 +147,7 @@ class ProjectionCache:
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._lists.clear()
 
 
 def committed_projection(
@@ -155,5 +195,5 @@ def decode_op(
     """The operation of row `r`; a committed one carries its child projection (served from
     `projections`, the store's cache) unless `project` is False."""
     if project and r[19] == ForkStatus.COMMITTED:
-        return op_from_row(r, committed_projection(conn, r, projections))
-    return op_from_row(r)
+        return op_from_row(r, committed_projection(conn, r, projections), lists=projections)
+    return op_from_row(r, lists=projections)

@@ -1,14 +1,18 @@
 """The immutable snapshot frozen at prepare, hashed with SHA-256 over its stored bytes (law 5);
-commit and the committed projection read only it (and the operation row), never the live source.
-The documents this process froze are kept by hash for its own commit.
+commit and the committed projection read only it (and the operation row) — and, for a version 4
+snapshot, the source's boundary Messages, once the commit has re-proved them against the count
+and digest the snapshot froze (storage/fork_history.py). The documents this process froze are
+kept by hash for its own commit.
 
-Version 3 stores the document as MessagePack bytes (a BLOB): a 1,000-Turn /
-10,000-Message snapshot packs in a fraction of the CPU its canonical JSON encode took
-(docs/performance.md §18). Version 2 was canonical JSON text (sorted keys, no whitespace) with each
-Message a compact array in `MESSAGE_FIELDS` order, version 1 the same with Messages as objects.
-Both are still read: an operation prepared by an older build may be committed or projected by
-this one. A document MessagePack cannot hold (an integer beyond 64 bits in a payload, which JSON
-allows) is frozen as version 2 JSON instead; the stored value's type says which it is."""
+Version 4 (what prepare freezes) is MessagePack bytes (a BLOB) whose Turns carry no Messages: a
+`history` map holds their count, digest, the payloads holding a reference (rewritten) and the
+child ids of the Messages a reference names. Version 3 was the same bytes with every Message of
+the boundary a compact array in its Turn (`MESSAGE_FIELDS` order); version 2 canonical JSON text
+(sorted keys, no whitespace) of that shape, version 1 the same with Messages as objects. All
+are still read: an operation prepared by an older build may be committed or projected by this
+one. A document MessagePack cannot hold (an integer beyond 64 bits, which JSON allows) is frozen
+as JSON text instead — version 2 for a version 3 document, version 4 keeps its number; the
+stored value's type says which encoding it is."""
 
 from __future__ import annotations
 
@@ -30,13 +34,19 @@ from storage.models import (
 )
 from storage.sqlite import dumps
 
-SNAPSHOT_VERSION = 3
+SNAPSHOT_VERSION = 4
+# Version 3: the same MessagePack document with every Message of the boundary in its Turn.
+MESSAGES_VERSION = 3
 # The version of the JSON text form: what builds before MessagePack froze, and what this one
 # freezes for a document MessagePack cannot hold.
 JSON_VERSION = 2
-# The versions `load_snapshot` reads: 1 (Messages as objects) and 2 (canonical JSON) are still
-# found in stores written by older builds; their operations may still be committed or read.
-READABLE_VERSIONS = (1, 2, 3)
+# The versions `load_snapshot` reads: 1 (Messages as objects), 2 (canonical JSON) and 3
+# (MessagePack, Messages inside) are still found in stores written by older builds; their
+# operations may still be committed or read.
+READABLE_VERSIONS = (1, 2, 3, 4)
+
+# What a version 4 document's `history` holds (storage/fork_history.py `history_section`).
+HISTORY_KEYS = frozenset({"through", "count", "digest", "rewritten", "message_ids"})
 
 Frozen = str | bytes
 """A stored snapshot: version 3 MessagePack bytes, or version 1 / 2 JSON text."""
@@ -107,13 +117,16 @@ def freeze_snapshot(
     boundary: Boundary,
     runtime_identity: Mapping[str, Any],
     memo: ForkMemo | None = None,
+    history: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Frozen, str]:
-    """Build the snapshot document; returns (document, its stored form, SHA-256 hex)."""
+    """Build the snapshot document; returns (document, its stored form, SHA-256 hex).
+    With `history` (storage/fork_history.py `history_section`) it is a version 4 document whose
+    Turns carry no Messages; without, version 3 with every Message in its Turn."""
     assert source.provider_session_id is not None
     settings = runtime_identity.get("settings", source.settings)
     context = runtime_identity.get("runtime_context", source.runtime_context)
     document = {
-        "version": SNAPSHOT_VERSION,
+        "version": MESSAGES_VERSION if history is None else SNAPSHOT_VERSION,
         "message_fields": list(MESSAGE_FIELDS),
         "operation_id": operation_id,
         "workspace_id": workspace_id,
@@ -138,12 +151,16 @@ def freeze_snapshot(
         "provider_turn_ids": list(boundary.provider_turn_ids),
         "turns": boundary.turns,
     }
+    if history is not None:
+        document["history"] = dict(history)
     frozen: Frozen
     try:
         frozen = pack_snapshot(document)
     except (OverflowError, TypeError, ValueError):
-        # E.g. a payload's integer beyond 64 bits: JSON holds it, MessagePack cannot.
-        document["version"] = JSON_VERSION
+        # E.g. a payload's integer beyond 64 bits: JSON holds it, MessagePack cannot. A version
+        # 4 document keeps its version (its shape says how to commit it); the text type says JSON.
+        if history is None:
+            document["version"] = JSON_VERSION
         frozen = encode_snapshot(document)
     digest = sha256_hex(frozen)
     if memo is not None:
@@ -203,11 +220,15 @@ def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
         raise ForkSnapshotCorrupt(f"fork snapshot does not decode: {exc}") from exc
     if not isinstance(document, dict):
         raise ForkSnapshotCorrupt("fork snapshot is not a map")
+    if document.get("version") == SNAPSHOT_VERSION:
+        history = document.get("history")
+        if not isinstance(history, dict) or not history.keys() >= HISTORY_KEYS:
+            raise ForkSnapshotCorrupt("version 4 fork snapshot has no well-formed history")
     version = document.get("version")
     if version == 1 and not packed:
         return _upgrade_v1(document)
-    expected = SNAPSHOT_VERSION if packed else JSON_VERSION
-    if version != expected or document.get("message_fields") != list(MESSAGE_FIELDS):
+    expected = (MESSAGES_VERSION, SNAPSHOT_VERSION) if packed else (JSON_VERSION, SNAPSHOT_VERSION)
+    if version not in expected or document.get("message_fields") != list(MESSAGE_FIELDS):
         raise ForkSnapshotCorrupt(f"unsupported snapshot version {version!r}")
     return document
 

@@ -362,9 +362,7 @@ def test_a_checkpoint_its_ref_no_longer_keeps_is_reported(base: Base, tmp_path: 
         check=True,
     ).stdout.split()
     assert refs
-    subprocess.run(
-        ["git", "update-ref", "-d", refs[0]], env={"GIT_DIR": str(repo)}, check=True
-    )
+    subprocess.run(["git", "update-ref", "-d", refs[0]], env={"GIT_DIR": str(repo)}, check=True)
     assert Law.CHECKPOINT_KEPT in laws(home)
 
 
@@ -379,3 +377,13 @@ def test_a_settled_turn_recorded_without_its_after_checkpoint_is_reported(
         f"UPDATE turns SET checkpoint_json = '{broken}' WHERE session_id = '{base.source}'",
     )
     assert Law.CHECKPOINT_KEPT in laws(home)
+
+
+def test_a_cloned_message_unlike_its_source_is_reported(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE messages SET text = text || ' (tampered)' WHERE session_id IN"
+        " (SELECT target_session_id FROM fork_operations WHERE status = 'committed')",
+    )
+    assert Law.CHILD_HISTORY_COPIED in laws(home)

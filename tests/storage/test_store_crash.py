@@ -14,6 +14,7 @@ import pytest
 from domain.errors import ForkInProgress
 from storage.fork_snapshot import decode_frozen
 from storage.store import Store
+from tests.support.invariants import frozen_message_count, history_copy_problem
 
 WORKER = Path(__file__).with_name("store_crash_worker.py")
 WS = "crash-ws"
@@ -50,7 +51,8 @@ def check_invariants(store: Store) -> dict[str, int]:
         assert (child, lineage) == ((1, 1) if status == "committed" else (0, 0)), op_id
         assert reserved == (0 if status == "failed" else 1), op_id
         if status == "committed":
-            frozen = decode_frozen(snapshot)["turns"]
+            document = decode_frozen(snapshot)
+            frozen = document["turns"]
             turns = conn.execute(
                 "SELECT COUNT(*) FROM turns WHERE workspace_id = ? AND session_id = ?"
                 " AND sequence_provenance = 'fork_clone'",
@@ -64,7 +66,14 @@ def check_invariants(store: Store) -> dict[str, int]:
             ).fetchone()[0]
             # Never half-applied: the child's cloned history is exactly the frozen one
             # (it may have run turns of its own since).
-            assert (turns, messages) == (len(frozen), sum(len(t["messages"]) for t in frozen))
+            assert (turns, messages) == (len(frozen), frozen_message_count(document))
+            # Row by row, the source's boundary as prepare froze it (snapshot version 4).
+            names = {
+                "operation_id": op_id,
+                "source_session_id": source,
+                "target_session_id": target,
+            }
+            assert history_copy_problem(conn, WS, names, document) is None, op_id
         if status in ("prepared", "dispatching", "provider_accepted"):
             assert source not in active_sources, "two active forks on one source"
             active_sources.add(source)

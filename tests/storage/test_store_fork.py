@@ -3,6 +3,7 @@ transitions, commit from the frozen snapshot, deterministic remap and fail-close
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -25,8 +26,9 @@ from domain.errors import (
 )
 from domain.fork_states import ForkStatus
 from storage.fork_child import build_child
+from storage.fork_history import history_digest
 from storage.fork_identity import ForkReferenceError
-from storage.fork_snapshot import ForkSnapshotCorrupt
+from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -36,6 +38,7 @@ from storage.models import (
     TurnChanged,
 )
 from storage.store import Store
+from tests.support.invariants import history_copy_problem
 from tests.support.store_reads import (
     begin_goal_control,
     begin_runtime_operation,
@@ -753,18 +756,25 @@ def test_commit_refuses_a_snapshot_that_no_longer_matches_its_hash(
     )
 
 
-def test_commit_reads_only_the_snapshot_not_the_live_source(
+def test_commit_refuses_a_source_history_drifted_behind_the_fence(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
     sid, turns = source
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
-    # Drift the live source behind the store's back: commit must not see it (law 4).
+    # Drift the live source behind the store's back (no store path can: the fence refuses it).
+    # The commit copies the source's boundary, so it re-proves it against prepare's digest and
+    # fails closed: no child, the operation still provider_accepted (law 2, law 4).
     store.db.connection().execute(
         "UPDATE messages SET text = 'drifted' WHERE session_id = ?", (sid,)
     )
-    committed = run_to_commit(store, op)
-    child_turns, _ = store.history.timeline(WS, committed.target_session_id)
-    assert child_turns[0].messages[0].text == "t1"
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    with pytest.raises(ForkSnapshotCorrupt, match="changed since prepare"):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    after = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert after.status == ForkStatus.PROVIDER_ACCEPTED
+    with pytest.raises(SessionNotFound):
+        store.sessions.get_session(WS, op.target_session_id)
 
 
 # -- references ----------------------------------------------------------------------------------
@@ -1086,3 +1096,81 @@ def test_what_prepare_remembers_for_the_commit_belongs_to_its_store(
         assert len(store.db.fork_memo.frozen) == 0 and len(store.db.fork_memo.histories) == 0
     finally:
         other.close()
+
+
+def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store: Store) -> None:
+    """Snapshot version 4: SQLite copies the boundary's Messages; each child id is the
+    operation's rule v2 prefix and the row's ordinal, a UUID in the protocol's 8-4-4-4-12 shape;
+    the law the invariant checker holds every committed child to (tests/support/invariants.py
+    `history_copy_problem`) holds, and reports a cloned row changed afterwards."""
+    sid = new_session(store)
+    first = settled_turn(store, sid, text="one", extra=[("reasoning", "r", {"k": [1, "é"]})])
+    store.history.append_message(WS, sid, None, kind="notice", text="session-level")
+    user = first.messages[0].message_id
+    second = settled_turn(
+        store, sid, text="two", extra=[("tool_call", "call", {"replyToMessageId": user})]
+    )
+    settled_turn(store, sid, text="three: after the boundary")
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, second.turn_id))
+    committed = run_to_commit(store, op)
+    child, _ = store.history.timeline(WS, committed.target_session_id)
+    source, _ = store.history.timeline(WS, sid)
+    assert len(child) == 2
+    for c_turn, s_turn in zip(child, source, strict=False):
+        assert uuid.UUID(c_turn.turn_id).version == 5
+        assert c_turn.turn_id.endswith(f"-{s_turn.sequence:012x}")
+        assert [(m.kind, m.text, m.position) for m in c_turn.messages] == [
+            (m.kind, m.text, m.position) for m in s_turn.messages
+        ]
+        for m in c_turn.messages:
+            assert str(uuid.UUID(m.message_id)) == m.message_id
+            assert m.message_id.endswith(f"-{m.position:012x}")
+    assert child[0].messages[1].payload == {"k": [1, "é"]}
+    assert child[1].messages[1].payload == {"replyToMessageId": child[0].messages[0].message_id}
+    assert child[-1].turn_id == committed.target_turn_id
+    assert child[1].final_assistant_message_id == child[1].messages[-1].message_id
+
+    conn = store.db.connection()
+    raw = conn.execute(
+        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+        " WHERE o.operation_id = ?",
+        (op.operation_id,),
+    ).fetchone()
+    document = decode_frozen(raw[0])
+    names = {
+        "operation_id": op.operation_id,
+        "source_session_id": sid,
+        "target_session_id": committed.target_session_id,
+    }
+    assert history_copy_problem(conn, WS, names, document) is None
+    conn.execute(
+        "UPDATE messages SET text = 'tampered' WHERE session_id = ? AND position = ?",
+        (committed.target_session_id, child[0].messages[1].position),
+    )
+    assert "position" in (history_copy_problem(conn, WS, names, document) or "")
+
+
+def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store) -> None:
+    """What prepare freezes and the commit re-proves: SHA-256 over each boundary Message's
+    columns, one line per Message in position order (storage/fork_history.py), here rebuilt in
+    Python from a plain ordered read — the Session-level Message and a later Turn's left out."""
+    sid = new_session(store)
+    first = settled_turn(store, sid, text="one", extra=[("reasoning", "é\nx", {"k": 1})])
+    store.history.append_message(WS, sid, None, kind="notice", text="session-level")
+    settled_turn(store, sid, text="two")
+    rows = (
+        store.db.connection()
+        .execute(
+            "SELECT position, version, turn_id, message_id, kind, text, payload_json FROM messages"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? ORDER BY position",
+            (WS, sid, first.turn_id),
+        )
+        .fetchall()
+    )
+
+    def line(position: int, version: int, turn: str, mid: str, kind: str, text: Any, p: str) -> str:
+        body = "-1:" if text is None else f"{len(text.encode())}:{text}"
+        return f"{position},{version},{turn},{mid},{kind},{body},{len(p.encode())}:{p}"
+
+    expected = hashlib.sha256("\n".join(line(*r) for r in rows).encode()).hexdigest()
+    assert history_digest(store.db.connection(), WS, sid, 1) == (len(rows), expected)

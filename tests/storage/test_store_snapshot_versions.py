@@ -1,12 +1,15 @@
-"""Snapshot versions (issue 20 row 10): v3 freezes the document as MessagePack bytes with
-Messages as compact arrays; the v2 (canonical JSON, Messages as arrays) and v1 (Messages as
-objects) snapshots older builds stored still commit and project the same child.
+"""Snapshot versions: v4 freezes the document as MessagePack bytes with the Turns and
+Interactions but no Message (the boundary's Messages are counted, digested and later copied in
+SQLite: storage/fork_history.py); the v3 (MessagePack, Messages as compact arrays), v2
+(canonical JSON, Messages as arrays) and v1 (Messages as objects) snapshots older builds stored
+still commit and project the same child.
 
-A v3 snapshot's bytes unpack to exactly the document prepare froze and pack back to the same
-bytes; a v2 one is canonical JSON (sorted keys, no whitespace) and is also what a document
-MessagePack cannot hold (an integer beyond 64 bits) is frozen as; a v1 snapshot (as every build
-before issue 20 wrote, e.g. the operations of `fixtures/store_v4.sqlite3.gz`) is read into the
-same shape, so the child built from any of them is the same.
+A v4 snapshot's bytes unpack to exactly the document prepare froze and pack back to the same
+bytes; a v4 document MessagePack cannot hold (an integer beyond 64 bits in an Interaction) is
+frozen as JSON text, still version 4; a v2 one is canonical JSON (sorted keys, no whitespace); a
+v1 snapshot (as every build before issue 20 wrote, e.g. the operations of
+`fixtures/store_v4.sqlite3.gz`) is read into the same shape, so the child built from any of v1–v3
+is the same.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from test_store_fork import evidence, request
 
 from domain.errors import ForkSnapshotCorrupt
 from storage.base import WRITER_CACHE_KIB
-from storage.fork_boundary import MESSAGE_FIELDS
+from storage.fork_boundary import MESSAGE_FIELDS, load_boundary
 from storage.fork_child import build_child
 from storage.fork_memo import ForkMemo
 from storage.fork_snapshot import (
     JSON_VERSION,
+    MESSAGES_VERSION,
     SNAPSHOT_VERSION,
     Frozen,
     encode_snapshot,
@@ -104,7 +108,18 @@ def _as_v1(document: dict[str, Any]) -> dict[str, Any]:
     return v1
 
 
-def test_a_new_snapshot_is_v3_messagepack_with_message_arrays_and_round_trips_exactly(
+def _as_v3(store: Store, sid: str, document: dict[str, Any]) -> dict[str, Any]:
+    """The same operation's document as a build before version 4 froze it: every Message of
+    the boundary in its Turn (read from the unchanged source), no `history`, version 3."""
+    with store.db.read() as conn:
+        boundary = load_boundary(conn, WS, sid, document["point"]["turn_id"])
+    v3 = {k: v for k, v in document.items() if k != "history"}
+    v3["version"] = MESSAGES_VERSION
+    v3["turns"] = boundary.turns
+    return v3
+
+
+def test_a_new_snapshot_is_v4_messagepack_without_messages_and_round_trips_exactly(
     store: Store,
 ) -> None:
     sid, last = _source(store)
@@ -113,33 +128,43 @@ def test_a_new_snapshot_is_v3_messagepack_with_message_arrays_and_round_trips_ex
     assert isinstance(text, bytes)  # a BLOB, not JSON text
     assert sha256_hex(text) == digest
     raw = msgpack.unpackb(text, raw=False)
-    assert raw["version"] == SNAPSHOT_VERSION == 3
+    assert raw["version"] == SNAPSHOT_VERSION == 4
     assert raw["message_fields"] == list(MESSAGE_FIELDS)
-    messages = [m for t in raw["turns"] for m in t["messages"]]
-    assert all(isinstance(m, list) and len(m) == len(MESSAGE_FIELDS) for m in messages)
+    assert all("messages" not in t for t in raw["turns"])
     source = [m for t in store.history.timeline(WS, sid, limit=10)[0] for m in t.messages]
-    # Every Turn's Messages in order, the Session-level one left out.
-    assert [m[0] for m in messages] == [m.message_id for m in source]
-    assert "session-level" not in [m[2] for m in messages]
-    assert [m[3] for m in messages] == [m.payload for m in source]
+    history = raw["history"]
+    # Every Turn's Message counted, the Session-level one left out; the one payload holding an
+    # allowlisted reference frozen rewritten (to rule v2's id of the user Message, position 0).
+    assert history["count"] == len(source)
+    assert history["through"] == 2
+    user = source[0]
+    assert list(history["message_ids"]) == [user.message_id]
+    child_user = history["message_ids"][user.message_id]
+    assert child_user.endswith(f"-{user.position:012x}")
+    tool = next(m for m in source if m.kind == "tool_call")
+    assert history["rewritten"] == [[tool.position, dumps({"replyToMessageId": child_user})]]
     # The loaded document packs to the same bytes (so it is the document prepare froze).
     loaded = load_snapshot(text, digest)
     assert loaded == raw
     assert pack_snapshot(loaded) == text
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     store: Store, version: int
 ) -> None:
     sid, last = _source(store)
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last))
     text, digest = _stored(store, op.operation_id)
-    v3 = load_snapshot(text, digest)
+    v3 = _as_v3(store, sid, load_snapshot(text, digest))
     # What an older build stored for this operation (the same content, hashed as written): the
     # row an operation prepared before an upgrade still holds. v1: Messages as objects.
-    old = dumps(_as_v1(v3)) if version == 1 else _as_v2(v3)
-    assert isinstance(old, str) and ('"message_id":' in old) == (version == 1)
+    old: Frozen
+    if version == 3:
+        old = pack_snapshot(v3)
+    else:
+        old = dumps(_as_v1(v3)) if version == 1 else _as_v2(v3)
+        assert isinstance(old, str) and ('"message_id":' in old) == (version == 1)
     old_hash = _restore(store, op.operation_id, old)
     _forget(store)
     loaded = load_snapshot(old, old_hash)
@@ -173,20 +198,56 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     assert store.fork_queries.get_fork_operation(WS, op.operation_id) == committed
 
 
-def test_a_payload_messagepack_cannot_hold_is_frozen_as_v2_json_and_commits(store: Store) -> None:
+def test_a_message_payload_messagepack_cannot_hold_stays_in_sqlite_and_commits(
+    store: Store,
+) -> None:
     sid = new_session(store)
     huge = 2**70  # JSON holds it; MessagePack's integers end at 64 bits
     turn = settled_turn(store, sid, text="one", extra=[("tool_call", "call", {"n": huge})])
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn.turn_id))
-    text, digest = _stored(store, op.operation_id)
-    assert isinstance(text, str) and json.loads(text)["version"] == JSON_VERSION
-    assert sha256_hex(text) == digest
-    _forget(store)  # the commit decodes the stored text, as after a restart
+    text, _ = _stored(store, op.operation_id)
+    assert isinstance(text, bytes)  # the Message is not in the snapshot: nothing to fall back for
     store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
     store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
     child = store.history.timeline(WS, committed.target_session_id, limit=10)[0]
     assert child[0].messages[1].payload == {"n": huge}
+
+
+def test_an_interaction_messagepack_cannot_hold_is_frozen_as_v4_json_and_commits(
+    store: Store,
+) -> None:
+    sid = new_session(store)
+    huge = 2**70
+    turn, _ = store.turns.claim_submit(WS, sid, "r-1", "one")
+    store.turns.bind_provider_turn(WS, sid, turn.turn_id, "pt-1", None)
+    store.history.open_interaction(
+        WS, sid, turn.turn_id, request_id="q-1", kind="approval", input={"n": huge}
+    )
+    store.history.resolve_interaction(WS, sid, turn.turn_id, "q-1", {"ok": True})
+    reply = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text="done")
+    store.turns.settle_turn(
+        WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
+    )
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn.turn_id))
+    text, digest = _stored(store, op.operation_id)
+    assert isinstance(text, str) and json.loads(text)["version"] == SNAPSHOT_VERSION
+    assert sha256_hex(text) == digest
+    _forget(store)  # the commit decodes the stored text, as after a restart
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
+    row = (
+        store.db.connection()
+        .execute(
+            "SELECT input_json FROM interactions WHERE workspace_id = ? AND session_id = ?",
+            (WS, committed.target_session_id),
+        )
+        .fetchone()
+    )
+    assert row is not None and json.loads(row[0]) == {"n": huge}
+    child = store.history.timeline(WS, committed.target_session_id, limit=10)[0]
+    assert [m.text for m in child[0].messages] == ["one", "done"]
 
 
 def _json(document: Any) -> Frozen:
@@ -206,7 +267,9 @@ def _packed(document: Any) -> Frozen:
         (_json, [1, 2], "not a map"),
         (_packed, {"version": 2, "message_fields": list(MESSAGE_FIELDS)}, "version 2"),
         (_packed, {"version": 1, "turns": []}, "unsupported snapshot version 1"),
-        (_packed, {"version": 4, "message_fields": list(MESSAGE_FIELDS)}, "version 4"),
+        (_packed, {"version": 5, "message_fields": list(MESSAGE_FIELDS)}, "version 5"),
+        (_packed, {"version": 4, "message_fields": list(MESSAGE_FIELDS)}, "no well-formed"),
+        (_json, {"version": 4, "history": {"count": 1}}, "no well-formed"),
         (_packed, [1, 2], "not a map"),
     ],
 )

@@ -25,6 +25,8 @@ import apsw
 from actors.checkpoints import checkpoint_ref
 from actors.context import _path_segment
 from domain.errors import ForkInProgress, HostError
+from storage.fork_history import history_digest
+from storage.fork_identity import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen
 from storage.store import Store
 from workspace.shadow import ShadowStore
@@ -50,6 +52,11 @@ class Law(StrEnum):
     """`PRAGMA integrity_check` is not `ok` or `foreign_key_check` reports rows."""
     CHILD_IFF_COMMITTED = "child_iff_committed"
     """A committed operation lacks its child/lineage, or a non-committed one has some (law 2)."""
+    CHILD_HISTORY_COPIED = "child_history_copied"
+    """A committed child's cloned Messages are not, row by row, its source's boundary as
+    prepare froze it (snapshot version 4: copied by SQLite, each id rule v2's — the operation's
+    prefix and the row's position, its Turn's prefix and sequence —, a payload holding a
+    reference as frozen rewritten, every other column the source's) (law 2)."""
     ONE_PROVIDER_CHILD = "one_provider_child"
     """A source has more provider children than operations that may have dispatched (law 1)."""
     RESERVATION = "reservation"
@@ -97,6 +104,7 @@ STORE_LAWS = frozenset(
     {
         Law.STORE_INTEGRITY,
         Law.CHILD_IFF_COMMITTED,
+        Law.CHILD_HISTORY_COPIED,
         Law.RESERVATION,
         Law.FENCE,
         Law.SINGLE_ACTIVE,
@@ -392,7 +400,8 @@ def _check_children(
                 op["target_turn_id"],
             ):
                 ctx.fail(Law.CHILD_IFF_COMMITTED, f"{name}: lineage row {row} disagrees")
-            n_snapshot = len(decode_frozen(op["snapshot_json"]).get("turns") or [])
+            document = decode_frozen(op["snapshot_json"])
+            n_snapshot = len(document.get("turns") or [])
             if clone_turns.get(key, 0) != n_snapshot:
                 ctx.fail(
                     Law.CHILD_IFF_COMMITTED,
@@ -405,6 +414,9 @@ def _check_children(
                     f"{name}: child provider session {session['provider_session_id']} is not "
                     f"the accepted {op['target_provider_session_id']}",
                 )
+            problem = history_copy_problem(conn, op["workspace_id"], op, document)
+            if problem is not None:
+                ctx.fail(Law.CHILD_HISTORY_COPIED, f"{name}: {problem}")
             if not session["deleted"]:
                 alive.append(op)
         elif mine:
@@ -417,6 +429,62 @@ def _check_children(
         if key not in lineage:
             ctx.fail(Law.CHILD_IFF_COMMITTED, f"session {key[1]} has {n} cloned turns, no lineage")
     return alive
+
+
+def frozen_message_count(document: Mapping[str, Any]) -> int:
+    """How many Messages a snapshot document froze: version 4 counts them in `history`, older
+    versions hold them in their Turns."""
+    history = document.get("history")
+    if history is not None:
+        return int(history["count"])
+    return sum(len(t["messages"]) for t in document.get("turns") or [])
+
+
+_COPIED_ROWS = (
+    "SELECT m.message_id, m.turn_id, t.sequence, m.kind, m.text, m.payload_json, m.version,"
+    " m.position FROM messages m JOIN turns t ON t.workspace_id = m.workspace_id"
+    " AND t.session_id = m.session_id AND t.turn_id = m.turn_id"
+    " WHERE m.workspace_id = ? AND m.session_id = ? AND t.sequence <= ?{clone} ORDER BY m.position"
+)
+
+
+def history_copy_problem(
+    conn: apsw.Connection, ws: str, op: Mapping[str, Any], document: Mapping[str, Any]
+) -> str | None:
+    """Law 2 for a version 4 child, row by row: the child's cloned Messages are the source's
+    boundary with rule v2 ids, the payloads prepare rewrote as frozen, every other column
+    copied. None when it holds, or when it cannot be decided: an older snapshot (its Messages
+    are in it, counted elsewhere), or a source whose boundary is no longer what prepare froze
+    (cleared or deleted after the commit released the fence)."""
+    history = document.get("history")
+    if history is None:
+        return None
+    source, target = op["source_session_id"], op["target_session_id"]
+    through = int(history["through"])
+    if history_digest(conn, ws, source, through) != (history["count"], history["digest"]):
+        return None
+    prefixes = OrdinalPrefixes.of(op["operation_id"], ws, source, target)
+    rewritten = {int(p): text for p, text in history["rewritten"]}
+    src = conn.execute(_COPIED_ROWS.format(clone=""), (ws, source, through)).fetchall()
+    clone = " AND t.sequence_provenance = 'fork_clone'"
+    child = conn.execute(_COPIED_ROWS.format(clone=clone), (ws, target, through)).fetchall()
+    if len(child) != len(src):
+        return f"child has {len(child)} cloned Messages, the source's boundary {len(src)}"
+    for s_row, c_row in zip(src, child, strict=True):
+        _, _, sequence, kind, text, payload, version, position = s_row
+        expected = (
+            ordinal_id(prefixes.message, position),
+            ordinal_id(prefixes.turn, sequence),
+            sequence,
+            kind,
+            text,
+            rewritten.get(position, payload),
+            version,
+            position,
+        )
+        if tuple(c_row) != expected:
+            return f"cloned Message at position {position} is {tuple(c_row)}, not {expected}"
+    return None
 
 
 def _check_reservations(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:

@@ -1,0 +1,134 @@
+"""Benchmark: a fork through the last Turn of the months store's 10,000-Turn Session (issue 36
+target 5's fork row), through a real daemon, with the CPU each process spent on it.
+
+`bench.months` prints the fork's wall time; this prints, per fork (the first cold: its
+app-server loads the thread; then `--warm` warm ones), the wall time and the CPU time of the
+daemon, its worker and the tutti-agent app-server (psutil, before and after each fork), so a
+run of main and of a branch, alternated, compare what each process spent. The client polls
+`fork.get` every 5 ms, as `bench.months` does. The store comes from `bench.months`' cache
+(`--sessions/--turns/--big-turns/--operations/--scale` as there; a small store of the full
+store's shape builds in about a minute):
+
+    build/venv/bin/python -m bench.months_fork --sessions 300 --turns 12000 --big-turns 10000 \\
+        --operations 100 [--warm 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.common import Table, command_for, cpu_probe_ms, log
+from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal
+from bench.months import SESSION, Size, _id, cached_home
+
+MODULE = "bench.months_fork"
+
+
+def _cpu_by_process(pid: int) -> dict[str, float]:
+    """CPU seconds of the daemon and each of its descendants, by a short name."""
+    out: dict[str, float] = {}
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            argv = proc.cmdline()
+        except psutil.Error:
+            continue
+        if proc.pid == pid:
+            name = "daemon"
+        elif "drivers.worker" in argv:
+            name = "worker"
+        elif any(a.endswith("tutti-agent") for a in argv):
+            name = "app-server"
+        else:
+            name = "other"
+        out[name] = out.get(name, 0.0) + times.user + times.system
+    return out
+
+
+def measure(home: Path, big_turns: int, warm: int) -> list[tuple[str, float, dict[str, float]]]:
+    with tempfile.TemporaryDirectory(prefix="months-fork-") as tmp:
+        work = Path(tmp) / "home"
+        shutil.copytree(home, work, ignore=shutil.ignore_patterns("complete"))
+        first = BenchDaemon(work).start(timeout=1200)  # recovers the interrupted operations
+        first.stop()
+        daemon = BenchDaemon(work, idle_actor_seconds=60.0).start(timeout=600)
+        rows = []
+        try:
+            c = daemon.client(timeout=600)
+            big = _id(SESSION, 0)
+            # The big Session's last Turn, read back as a client would (as `bench.months`).
+            page: Any = c.call(
+                "session.timeline",
+                {
+                    "workspaceId": WS,
+                    "agentSessionId": big,
+                    "afterSequence": max(0, big_turns - 50),
+                    "limit": 50,
+                },
+            )
+            last = str(page["turns"][-1]["turnId"])
+            for i in range(1 + warm):
+                before = _cpu_by_process(daemon.pid)
+                t = time.perf_counter()
+                op = fork_until_terminal(c, big, last, poll_s=0.005)
+                wall = (time.perf_counter() - t) * 1000
+                after = _cpu_by_process(daemon.pid)
+                if op["status"] != "committed":
+                    raise RuntimeError(f"the big Session's fork did not commit: {op}")
+                acknowledge(c, op["operationId"])
+                cpu = {k: (v - before.get(k, 0.0)) * 1000 for k, v in after.items()}
+                rows.append(("cold" if i == 0 else f"warm {i}", wall, cpu))
+                log(f"months-fork: {rows[-1][0]} {wall:.0f} ms")
+        finally:
+            daemon.stop()
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    ap.add_argument("--scale", type=float, default=0.001)
+    for dim in ("sessions", "turns", "big-turns", "operations"):
+        ap.add_argument(f"--{dim}", type=int, default=None)
+    ap.add_argument("--warm", type=int, default=2)
+    args = ap.parse_args(argv)
+    counts = {
+        key: value
+        for key in ("sessions", "turns", "big_turns", "operations")
+        if (value := getattr(args, key)) is not None
+    }
+    size = Size.of(args.scale).with_counts(**counts)
+    home = cached_home(size)
+    load, probe = os.getloadavg()[0], cpu_probe_ms()
+    rows = measure(home, size.big_turns, args.warm)
+    load_end, probe_end = os.getloadavg()[0], cpu_probe_ms()
+    table = Table(
+        f"fork through the last Turn of {size.describe()}: wall and CPU per process (1-min"
+        f" load {load:.2f} → {load_end:.2f}, CPU probe {probe:.1f} → {probe_end:.1f} ms)",
+        ("fork", "wall ms", "daemon CPU ms", "worker CPU ms", "app-server CPU ms"),
+        tuple(
+            (name, wall, cpu.get("daemon", 0.0), cpu.get("worker", 0.0), cpu.get("app-server", 0.0))
+            for name, wall, cpu in rows
+        ),
+    )
+    print(table.render())
+    extra: list[str] = [] if args.scale == 0.001 else ["--scale", f"{args.scale:g}"]
+    for key, value in counts.items():
+        extra += [f"--{key.replace('_', '-')}", str(value)]
+    extra += [] if args.warm == 2 else ["--warm", str(args.warm)]
+    print(f"command: {command_for(MODULE, extra)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
