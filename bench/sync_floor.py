@@ -5,9 +5,9 @@ The saga's laws make a fork wait, one after the other, for the store's fsync'd t
 (prepared, dispatching, provider_accepted, committed: one `fdatasync` of the WAL each) and for
 the worker's crash-durable copy of the child into its own home (seed 000 §8). The binder issues
 its fsyncs in rounds (`drivers.rollout_files.atomic_write_all`): the syncs of a round run
-together, the rounds one after the other — a Referenced child (its ancestor's rollout and its
-own) takes three: both files' bytes, the ancestor's rename with the new directories, the
-child's rename. `bench.fork_syscalls --strace` counts the store's COMMITs per fork; this module
+together, the rounds one after the other — any child, Copied or Referenced, takes two
+(`SYNC_ROUNDS`): every file's bytes with the new directories, then, after the renames, their
+directories. `bench.fork_syscalls --strace` counts the store's COMMITs per fork; this module
 times an SQLite COMMIT in WAL mode with `synchronous=FULL`, and a round of five directory fsyncs
 issued together (`sync_together`, as the binder does) on the same filesystem, and adds:
 
@@ -16,7 +16,7 @@ issued together (`sync_together`, as the binder does) on the same filesystem, an
 `floor / bare` is then the best p50 ratio a host fork can reach on this disk without weakening a
 durability law (the acknowledgement's sync is not on the fork's path and is left out).
 
-    build/venv/bin/python -m bench.sync_floor [--bare-ms 8.5] [--forks 10] [--worker-rounds 3]
+    build/venv/bin/python -m bench.sync_floor [--bare-ms 8.5] [--forks 10] [--worker-rounds 2]
 """
 
 from __future__ import annotations
@@ -32,10 +32,12 @@ from pathlib import Path
 import apsw
 
 from bench.common import Latency
+from drivers.rollout_files import SYNC_ROUNDS
 
 SAMPLES = 200
-WORKER_ROUNDS = 3
-"""A Referenced child's bind: its files' bytes, the ancestor's rename, the child's rename."""
+WORKER_ROUNDS = SYNC_ROUNDS
+"""A child's bind: every file's bytes, then the directories of their names (the binder's own
+count, pinned by tests/drivers/test_binder_fsyncs)."""
 ROUND_WIDTH = 5
 """Directories fsynced together in the binder's widest round (tests/drivers/test_binder_fsyncs)."""
 

@@ -225,3 +225,28 @@ def test_lineage_reader_and_tutti_reader_refuse_a_damaged_lineage(
     # is refused by both.
     problem = prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__)
     assert (problem is None) == (damage == "child_torn"), problem
+
+
+@pytest.mark.timeout(60)
+def test_a_child_named_before_its_ancestor_is_no_child_until_a_rebind_completes_it(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    """The one half state the binder's two rounds allow (a power loss in the last round made
+    the child's name durable and not its ancestor's): both readers refuse the child, so no
+    proof or `fork.resolve` inspection takes it for a readable one, and the idempotent
+    re-bind an adoption runs completes it (the child kept identical, the ancestor copied)."""
+    import tutti_agent
+
+    target, child_id, source_id, prefix = _referenced_child(tmp_path, make_driver)
+    _rollout_of(target, source_id).unlink()
+    assert prove_codex_child(target, child_id, source_id, prefix) is not None
+    assert prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__)
+    receipt = RolloutBinder().bind(
+        tmp_path / "runtimes" / "src" / "tutti-agent-home", target, child_id
+    )
+    assert [(r.role, r.action.value) for r in receipt.rollouts] == [
+        ("child", "identical"),
+        ("ancestor", "copied"),
+    ]
+    assert prove_codex_child(target, child_id, source_id, prefix) is None
+    assert prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__) is None
