@@ -309,8 +309,10 @@ class ForkSaga:
             self._unknown(f"unverifiable provider child: {evidence}")
             return
         with self.host.store.db.background():
+            # Not fsync'd on its own: the commit below is, and takes this row to the disk
+            # with it (a killed host keeps it either way: the restart commits the child).
             op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
-                self.host.ws, self.operation.operation_id, evidence
+                self.host.ws, self.operation.operation_id, evidence, durable=False
             )
             self.operation = op
             self._hit("host.fork.before_commit")

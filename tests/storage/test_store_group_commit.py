@@ -377,3 +377,69 @@ def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path)
         assert order == ["bg", "fg1", "fg2"]
     finally:
         store.close()
+
+
+def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_one(
+    tmp_path: Path,
+) -> None:
+    """`write(durable=False)` that opens a group is committed alone with
+    `synchronous=NORMAL` (in the WAL, seen by every reader, no fsync: `lazy_commits`), and
+    the writer is back to FULL after it. A durable write queued behind it does not join it
+    (its own fsync'd COMMIT); a lazy write that finds a durable group open joins it. The
+    fsyncs themselves are counted through a real daemon with strace
+    (tests/bench/test_fork_syscalls)."""
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path)
+    store.db.group_max_age_s = 60.0
+    observer = apsw.Connection(str(path))
+    try:
+        _sessions(store, 3)
+        before = store.db.write_stats.snapshot()
+        with store.db.write(WS, durable=False) as tx:
+            tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = 's1'")
+        after = store.db.write_stats.snapshot()
+        assert after["lazy_commits"] - before["lazy_commits"] == 1
+        assert after["commits"] == before["commits"]
+        seen = observer.execute("SELECT title FROM sessions WHERE session_id = 's1'").fetchone()
+        assert seen == ("lazy",)
+        writer = store.db._writer_connection()
+        assert writer.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL again
+
+        # A durable write queued behind a held lazy one gets a COMMIT of its own.
+        inside, release = threading.Event(), threading.Event()
+
+        def hold_lazily() -> None:
+            with store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = 'held lazily' WHERE session_id = 's0'")
+                inside.set()
+                release.wait(20)
+
+        holder = threading.Thread(target=hold_lazily)
+        before = store.db.write_stats.snapshot()
+        holder.start()
+        assert inside.wait(20)
+        durable = threading.Thread(target=lambda: store.sessions.update_title(WS, "s2", "d"))
+        durable.start()
+        _wait_for(_queued(store, 1))
+        release.set()
+        for t in (holder, durable):
+            t.join(20)
+        after = store.db.write_stats.snapshot()
+        assert after["lazy_commits"] - before["lazy_commits"] == 1
+        assert after["commits"] - before["commits"] == 1
+        assert writer.execute("PRAGMA synchronous").fetchone() == (2,)
+
+        # A lazy write queued behind a held durable one joins its fsync'd COMMIT.
+        def lazy() -> None:
+            with store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = 'lazy too' WHERE session_id = 's2'")
+
+        before = store.db.write_stats.snapshot()
+        assert _behind_a_held_write(store, [lazy]) == []
+        after = store.db.write_stats.snapshot()
+        assert after["commits"] - before["commits"] == 1
+        assert after["lazy_commits"] == before["lazy_commits"]
+        assert store.sessions.get_session(WS, "s2").title == "lazy too"
+    finally:
+        observer.close()
+        store.close()
