@@ -2,7 +2,8 @@
 host fork must wait for beyond the bare provider's own call even if every other cost were zero.
 
 The saga's laws make a fork wait, one after the other, for the store's fsync'd transactions
-(prepared, dispatching, provider_accepted, committed: one `fdatasync` of the WAL each) and for
+(prepared, dispatching, committed: one `fdatasync` of the WAL each; provider_accepted is a lazy
+write the commit's fsync takes to the disk, docs/design/store.md) and for
 the worker's crash-durable copy of the child into its own home (seed 000 §8). The binder issues
 its fsyncs in rounds (`drivers.rollout_files.atomic_write_all`): the syncs of a round run
 together, the rounds one after the other — any child, Copied or Referenced, takes two
