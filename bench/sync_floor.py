@@ -23,6 +23,7 @@ durability law (the acknowledgement's sync is not on the fork's path and is left
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import apsw
 
-from bench.common import Latency
+from bench.common import Latency, cpu_probe_ms
 from drivers.rollout_files import SYNC_ROUNDS
 
 SAMPLES = 200
@@ -150,8 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--forks", type=int, default=10)
     ap.add_argument("--worker-rounds", type=int, default=WORKER_ROUNDS)
     args = ap.parse_args(argv)
+    print(f"load {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe_ms():.1f} ms at start")
     floor = measure(args.bare_ms, forks=args.forks, worker_rounds=args.worker_rounds)
     print(floor.line())
+    print(f"COMMIT {floor.commit.brief()}; round {floor.sync_round.brief()}")
     print(f"command: {sys.executable} -m bench.sync_floor", *(argv or sys.argv[1:]))
     return 0
 
