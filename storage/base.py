@@ -346,18 +346,26 @@ class Database:
             group.done.set()
 
     def _synchronous_full(self, conn: apsw.Connection) -> None:
-        """The writer back to fsync'd COMMITs after a lazy group's COMMIT or rollback."""
-        try:
-            conn.execute("PRAGMA synchronous=FULL")
-        except apsw.Error:
-            # Never write on with a connection left without fsync: the next write opens a
-            # fresh one (this one is dropped, closed when unreferenced).
-            log.exception("store writer left synchronous=NORMAL; replacing it")
-            with self._pool:
-                self._writer_conn = None
-                if conn in self._connections:
-                    self._connections.remove(conn)
-                    self._pool.notify()
+        """The writer back to fsync'd COMMITs after a lazy group's COMMIT or rollback (the
+        setting changes only outside a transaction: one left open is rolled back first)."""
+        for _ in range(2):
+            try:
+                conn.execute("PRAGMA synchronous=FULL")
+                return
+            except apsw.Error:
+                with contextlib.suppress(apsw.Error):
+                    if not conn.getautocommit():
+                        conn.execute("ROLLBACK")
+        # Never write on with a connection left without fsync: it is closed (its lock with
+        # it) and the next write opens a fresh one.
+        log.error("store writer could not be set back to synchronous=FULL; replacing it")
+        with self._pool:
+            self._writer_conn = None
+            if conn in self._connections:
+                self._connections.remove(conn)
+                self._pool.notify()
+        with contextlib.suppress(apsw.Error):
+            conn.close()
 
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""

@@ -443,3 +443,37 @@ def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_
     finally:
         observer.close()
         store.close()
+
+
+def test_a_writer_that_cannot_be_set_back_to_fsync_is_replaced(tmp_path: Path) -> None:
+    """If `synchronous=FULL` cannot be restored after a lazy COMMIT, that connection is closed
+    and the next write runs on a fresh one, fsync'd: no write is ever left without its fsync
+    by a connection stuck in NORMAL."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        _sessions(store, 2)
+        real = store.db._writer_connection()
+
+        class Stuck:
+            """The writer, except that setting synchronous back to FULL fails."""
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def execute(self, sql: str, *args: object) -> object:
+                if sql == "PRAGMA synchronous=FULL":
+                    raise apsw.SQLError("injected")
+                return real.execute(sql, *args)
+
+        store.db._writer_conn = Stuck()  # type: ignore[assignment]
+        with store.db.write(WS, durable=False) as tx:
+            tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = 's1'")
+        assert store.sessions.get_session(WS, "s1").title == "lazy"  # committed all the same
+        fresh = store.db._writer_connection()
+        assert fresh is not real and not isinstance(fresh, Stuck)
+        assert fresh.execute("PRAGMA synchronous").fetchone() == (2,)
+        before = store.db.write_stats.snapshot()
+        store.sessions.update_title(WS, "s0", "durable")
+        assert store.db.write_stats.snapshot()["commits"] - before["commits"] == 1
+    finally:
+        store.close()
