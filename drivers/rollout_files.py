@@ -366,6 +366,33 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
+    """`begin_atomic_write_all(files).wait()`: see there."""
+    begin_atomic_write_all(files).wait()
+
+
+class NamesSyncing:
+    """The last round of `begin_atomic_write_all` — the renamed files' directories fsynced
+    together — running in the background: `wait()` returns once every name is durable, or
+    raises the round's first error (the caller then fails closed)."""
+
+    def __init__(self, directories: Iterable[str]) -> None:
+        global _names_pool
+        unique = list(dict.fromkeys(directories))
+        with _sync_pool_lock:
+            if _names_pool is None:
+                # Not the fsync pool: the round submits its syncs there.
+                _names_pool = ThreadPoolExecutor(4, thread_name_prefix="names-sync")
+            pool = _names_pool
+        self._future = pool.submit(fsync_dirs, unique)
+
+    def wait(self) -> None:
+        self._future.result()
+
+
+_names_pool: ThreadPoolExecutor | None = None
+
+
+def begin_atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> NamesSyncing:
     """Write each file crash-durably: when this returns every file and every directory whose
     entries changed (each file's, each created directory's parent) is durable, a crash leaves
     each target with its old or its new bytes, and no target's name ever appears before its
@@ -382,7 +409,11 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
     and XFS journal the renames in order; POSIX does not promise it). That half state is a
     bind that never returned, so no fork accepted it: its child reads as lineage-incomplete
     to every reader (the readability proof, `fork.resolve`'s inspection) and a re-bind
-    completes it (idempotent: the child identical, the ancestor copied)."""
+    completes it (idempotent: the child identical, the ancestor copied).
+
+    Returns with the names in place and round 2 running: what needs only the names (the
+    readability proof reads the files back) may run meanwhile; nothing may count the files
+    durable before `wait()` returned."""
     staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
     changed: list[str] = []
     try:
@@ -418,11 +449,12 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(later)
             raise
-    fsync_dirs(os.path.dirname(target) for target, _, _ in staged)
+    return NamesSyncing(os.path.dirname(target) for target, _, _ in staged)
 
 
 SYNC_ROUNDS = 2
-"""`atomic_write_all`'s rounds of syncs for any number of files (bench.sync_floor's
+"""`atomic_write_all`'s rounds of syncs for any number of files, the second one overlappable
+(`begin_atomic_write_all`) (bench.sync_floor's
 `WORKER_ROUNDS`; tests/drivers/test_binder_fsyncs pins it)."""
 
 

@@ -244,3 +244,42 @@ def test_dirs_ahead_creates_nothing_through_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "home").symlink_to(elsewhere)
     DirsAhead(tmp_path / "home" / "sessions" / "2026").ready()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_begin_returns_with_the_names_in_place_and_their_sync_still_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`RolloutBinder.begin` leaves the last round (the names' directories) running: the
+    files are there and readable by name (what the readability proof needs) before it ends;
+    `wait()` returns only after it."""
+    import stat
+    import threading
+
+    src = tmp_path / "src" / "tutti-agent-home"
+    put(src, PARENT, rollout_bytes(PARENT, 8))
+    put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    (dst / REL).mkdir(parents=True)
+    release, ended = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            assert release.wait(20)
+            real(fd)
+            ended.set()
+            return
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    receipt, names = RolloutBinder().begin(src, dst, CHILD)
+    assert not ended.is_set()  # the day's fsync is held: begin did not wait for it
+    for r in receipt.rollouts:
+        assert (dst / r.relative_path).read_bytes() == (src / r.relative_path).read_bytes()
+    waiter = threading.Thread(target=names.wait)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # wait() waits for the round
+    release.set()
+    waiter.join(20)
+    assert not waiter.is_alive() and ended.is_set()
