@@ -3,8 +3,9 @@
 
 validate → runtime preparation → prepare (durable, fences the source) → re-attest → mark
 `dispatching` (durable) → one driver fork → classify the delivery disposition → binder
-evidence → `provider_accepted` (durable) → commit. Every checkpoint is written whether or
-not the caller is still waiting; a request that may have left the host is never re-sent.
+evidence → `provider_accepted` (in the WAL at once, on the disk with the commit's fsync) →
+commit (durable). Every checkpoint is written whether or not the caller is still waiting; a
+request that may have left the host is never re-sent.
 """
 
 from __future__ import annotations
