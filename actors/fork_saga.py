@@ -3,8 +3,9 @@
 
 validate → runtime preparation → prepare (durable, fences the source) → re-attest → mark
 `dispatching` (durable) → one driver fork → classify the delivery disposition → binder
-evidence → `provider_accepted` (durable) → commit. Every checkpoint is written whether or
-not the caller is still waiting; a request that may have left the host is never re-sent.
+evidence → `provider_accepted` (in the WAL at once, on the disk with the commit's fsync) →
+commit (durable). Every checkpoint is written whether or not the caller is still waiting; a
+request that may have left the host is never re-sent.
 """
 
 from __future__ import annotations
@@ -309,8 +310,10 @@ class ForkSaga:
             self._unknown(f"unverifiable provider child: {evidence}")
             return
         with self.host.store.db.background():
+            # Not fsync'd on its own: the commit below is, and takes this row to the disk
+            # with it (a killed host keeps it either way: the restart commits the child).
             op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
-                self.host.ws, self.operation.operation_id, evidence
+                self.host.ws, self.operation.operation_id, evidence, durable=False
             )
             self.operation = op
             self._hit("host.fork.before_commit")

@@ -243,7 +243,7 @@ class SagaMoves(RestartMoves, Protocol):
     def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
 
     def mark_fork_provider_accepted(
-        self, ws: str, op_id: str, evidence: ProviderForkEvidence
+        self, ws: str, op_id: str, evidence: ProviderForkEvidence, *, durable: bool = True
     ) -> tuple[ForkOperation, bool]: ...
 
 

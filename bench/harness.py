@@ -211,8 +211,11 @@ def _read(path: str) -> str | None:
 
 
 def process_kind(pid: int) -> str:
-    cmd = (_read(f"/proc/{pid}/cmdline") or "").replace("\0", " ")
-    if "agenthost.cli" in cmd:
+    argv = (_read(f"/proc/{pid}/cmdline") or "").split("\0")
+    cmd = " ".join(argv)
+    # `python -m agenthost … serve` (the accept shim's re-execution keeps that argv), or the
+    # older `-m agenthost.cli`.
+    if "agenthost.cli" in cmd or ("agenthost" in argv and "serve" in argv):
         return "daemon"
     if "drivers.worker" in cmd:
         return "worker"

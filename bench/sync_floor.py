@@ -2,12 +2,13 @@
 host fork must wait for beyond the bare provider's own call even if every other cost were zero.
 
 The saga's laws make a fork wait, one after the other, for the store's fsync'd transactions
-(prepared, dispatching, provider_accepted, committed: one `fdatasync` of the WAL each) and for
+(prepared, dispatching, committed: one `fdatasync` of the WAL each; provider_accepted is a lazy
+write the commit's fsync takes to the disk, docs/design/store.md) and for
 the worker's crash-durable copy of the child into its own home (seed 000 §8). The binder issues
 its fsyncs in rounds (`drivers.rollout_files.atomic_write_all`): the syncs of a round run
-together, the rounds one after the other — a Referenced child (its ancestor's rollout and its
-own) takes three: both files' bytes, the ancestor's rename with the new directories, the
-child's rename. `bench.fork_syscalls --strace` counts the store's COMMITs per fork; this module
+together, the rounds one after the other — any child, Copied or Referenced, takes two
+(`SYNC_ROUNDS`): every file's bytes with the new directories, then, after the renames, their
+directories. `bench.fork_syscalls --strace` counts the store's COMMITs per fork; this module
 times an SQLite COMMIT in WAL mode with `synchronous=FULL`, and a round of five directory fsyncs
 issued together (`sync_together`, as the binder does) on the same filesystem, and adds:
 
@@ -16,12 +17,13 @@ issued together (`sync_together`, as the binder does) on the same filesystem, an
 `floor / bare` is then the best p50 ratio a host fork can reach on this disk without weakening a
 durability law (the acknowledgement's sync is not on the fork's path and is left out).
 
-    build/venv/bin/python -m bench.sync_floor [--bare-ms 8.5] [--forks 10] [--worker-rounds 3]
+    build/venv/bin/python -m bench.sync_floor [--bare-ms 8.5] [--forks 10] [--worker-rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -31,11 +33,13 @@ from pathlib import Path
 
 import apsw
 
-from bench.common import Latency
+from bench.common import Latency, cpu_probe_ms
+from drivers.rollout_files import SYNC_ROUNDS
 
 SAMPLES = 200
-WORKER_ROUNDS = 3
-"""A Referenced child's bind: its files' bytes, the ancestor's rename, the child's rename."""
+WORKER_ROUNDS = SYNC_ROUNDS
+"""A child's bind: every file's bytes, then the directories of their names (the binder's own
+count, pinned by tests/drivers/test_binder_fsyncs)."""
 ROUND_WIDTH = 5
 """Directories fsynced together in the binder's widest round (tests/drivers/test_binder_fsyncs)."""
 
@@ -147,8 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--forks", type=int, default=10)
     ap.add_argument("--worker-rounds", type=int, default=WORKER_ROUNDS)
     args = ap.parse_args(argv)
+    print(f"load {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe_ms():.1f} ms at start")
     floor = measure(args.bare_ms, forks=args.forks, worker_rounds=args.worker_rounds)
     print(floor.line())
+    print(f"COMMIT {floor.commit.brief()}; round {floor.sync_round.brief()}")
     print(f"command: {sys.executable} -m bench.sync_floor", *(argv or sys.argv[1:]))
     return 0
 

@@ -23,9 +23,10 @@ from drivers.rollout_files import (
     _THREAD_ID,
     BinderError,
     BindFailure,
+    NamesSyncing,
     RolloutMeta,
     assert_no_symlink,
-    atomic_write_all,
+    begin_atomic_write_all,
     first_line_identity,
     read_regular,
     referenced_ordinal,
@@ -89,6 +90,22 @@ class BindReceipt:
         }
 
 
+class PendingNames:
+    """The last round of a bind's syncs: `wait()` returns once every name it wrote is
+    durable, or raises `BinderError` (`io_error`)."""
+
+    def __init__(self, syncing: NamesSyncing | None) -> None:
+        self._syncing = syncing
+
+    def wait(self) -> None:
+        if self._syncing is None:
+            return
+        try:
+            self._syncing.wait()
+        except OSError as exc:
+            raise BinderError(BindFailure.IO_ERROR, f"the bound names' sync: {exc}") from exc
+
+
 # --------------------------------------------------------------------------- the binder
 
 
@@ -137,6 +154,18 @@ class RolloutBinder:
         return all(hasattr(os, name) for name in ("O_NOFOLLOW", "O_DIRECTORY", "fsync", "replace"))
 
     def bind(self, source_home: Path, target_home: Path, child_id: str) -> BindReceipt:
+        """`begin` and wait for it: when this returns the bound rollouts are durable."""
+        receipt, names = self.begin(source_home, target_home, child_id)
+        names.wait()
+        return receipt
+
+    def begin(
+        self, source_home: Path, target_home: Path, child_id: str
+    ) -> tuple[BindReceipt, PendingNames]:
+        """The bind with its last round of syncs (the names' directories) still running:
+        the files are in place, readable and their bytes durable; `wait()` on the second
+        value before anything counts them durable (the fork answers `accepted` only after
+        it, and meanwhile proves the child readable)."""
         source_home = Path(os.path.abspath(source_home))
         target_home = Path(os.path.abspath(target_home))
         assert_no_symlink(source_home, must_exist=False)
@@ -173,21 +202,27 @@ class RolloutBinder:
             for plan in ordered:
                 # Again just before the write: a link planted since the plan is still refused.
                 assert_no_symlink(plan.target, must_exist=False, below=target_home)
-            # In rounds: every file's bytes fsynced together, then each renamed in
-            # this order with its directories fsynced before the next name appears.
-            atomic_write_all([(plan.target, plan.target_bytes) for plan in ordered])
+            # Two rounds: every file's bytes fsynced together, then every name (in this
+            # order) and their directories fsynced together, the latter in the background.
+            syncing = (
+                begin_atomic_write_all([(plan.target, plan.target_bytes) for plan in ordered])
+                if ordered
+                else None
+            )
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
+        names = PendingNames(syncing)
         if writes:
             self._failpoints.hit(
                 "worker.bind.after_copy", tamper=lambda: tamper_with(p.target for p in writes)
             )
-        return BindReceipt(
+        receipt = BindReceipt(
             child_id=child_id,
             source_home=str(source_home),
             target_home=str(target_home),
             rollouts=tuple(_receipt(p) for p in plans),
         )
+        return receipt, names
 
     def _plan(
         self, source_home: Path, target_home: Path, thread_id: str, role: str

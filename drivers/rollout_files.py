@@ -366,20 +366,54 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
-    """Write each file crash-durably, in the given order: when this returns every file and
-    every directory whose entries changed (each file's, each created directory's parent) is
-    durable, and no file's name appears before the files ahead of it are durable — a crash
-    leaves each target with its old or its new bytes and a later file never without the
-    earlier ones (the binder passes ancestors first).
+    """`begin_atomic_write_all(files).wait()`: see there."""
+    begin_atomic_write_all(files).wait()
 
-    Rounds, not one fsync after another (a Referenced child's bind would be eight
-    fsyncs in a row, each a journal commit): (1) every directory created and every temp file
-    written, then all temp files fsynced together — their names are not the targets yet, so
-    there is no order between them; (2) the first file renamed onto its target, then its
-    directory and every created directory's parent fsynced together; (3) each later file
-    renamed, then its directory fsynced (again in one round with any directory not yet
-    durable). A crash before the last round leaves at most an unaccepted partial tree, which
-    a re-bind completes (idempotent)."""
+
+class NamesSyncing:
+    """The last round of `begin_atomic_write_all` — the renamed files' directories fsynced
+    together — running in the background: `wait()` returns once every name is durable, or
+    raises the round's first error (the caller then fails closed)."""
+
+    def __init__(self, directories: Iterable[str]) -> None:
+        global _names_pool
+        unique = list(dict.fromkeys(directories))
+        with _sync_pool_lock:
+            if _names_pool is None:
+                # Not the fsync pool: the round submits its syncs there.
+                _names_pool = ThreadPoolExecutor(4, thread_name_prefix="names-sync")
+            pool = _names_pool
+        self._future = pool.submit(fsync_dirs, unique)
+
+    def wait(self) -> None:
+        self._future.result()
+
+
+_names_pool: ThreadPoolExecutor | None = None
+
+
+def begin_atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> NamesSyncing:
+    """Write each file crash-durably: when this returns every file and every directory whose
+    entries changed (each file's, each created directory's parent) is durable, a crash leaves
+    each target with its old or its new bytes, and no target's name ever appears before its
+    bytes are durable.
+
+    Two rounds (`sync_together`), the fewest that keep that law: (1) every directory
+    created and every temp file written, then all temp files and every created directory's
+    parent fsynced together — no temp name is a target yet, so nothing orders them; (2)
+    every file renamed onto its target, in the given order, then every target's directory
+    fsynced together. A name needs its bytes durable first (that costs round 1); nothing
+    else is ordered across files. The renames are issued in the given order (the binder
+    passes ancestors first), so a process that dies part-way leaves a prefix of them; only
+    a power loss inside round 2 can make a later name durable without an earlier one (ext4
+    and XFS journal the renames in order; POSIX does not promise it). That half state is a
+    bind that never returned, so no fork accepted it: its child reads as lineage-incomplete
+    to every reader (the readability proof, `fork.resolve`'s inspection) and a re-bind
+    completes it (idempotent: the child identical, the ancestor copied).
+
+    Returns with the names in place and round 2 running: what needs only the names (the
+    readability proof reads the files back) may run meanwhile; nothing may count the files
+    durable before `wait()` returned."""
     staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
     changed: list[str] = []
     try:
@@ -394,7 +428,11 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-        sync_together([partial(os.fsync, fd) for _, _, fd in staged])
+        created = list(dict.fromkeys(changed))
+        sync_together(
+            [partial(os.fsync, fd) for _, _, fd in staged]
+            + [partial(fsync_dir, d) for d in created]
+        )
     except BaseException:
         for _, tmp, fd in staged:
             os.close(fd)
@@ -403,7 +441,6 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
         raise
     for _, _, fd in staged:
         os.close(fd)
-    durable: set[str] = set()
     for index, (target, tmp, _) in enumerate(staged):
         try:
             os.replace(tmp, target)
@@ -412,12 +449,13 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(later)
             raise
-        parent = os.path.dirname(target)
-        pending = [d for d in dict.fromkeys([parent, *changed]) if d not in durable]
-        fsync_dirs(pending)
-        # The file's own directory is fsynced after each rename into it; a created
-        # directory's parent needs it once.
-        durable.update(d for d in pending if d != parent)
+    return NamesSyncing(os.path.dirname(target) for target, _, _ in staged)
+
+
+SYNC_ROUNDS = 2
+"""`atomic_write_all`'s rounds of syncs for any number of files, the second one overlappable
+(`begin_atomic_write_all`) (bench.sync_floor's
+`WORKER_ROUNDS`; tests/drivers/test_binder_fsyncs pins it)."""
 
 
 def tamper_with(paths: Iterable[Path]) -> None:

@@ -326,7 +326,10 @@ class Database:
                 return
             conn.execute("COMMIT")
             with self._baton:
-                self.write_stats.commits += 1
+                if group.lazy:
+                    self.write_stats.lazy_commits += 1
+                else:
+                    self.write_stats.commits += 1
                 self.write_stats.largest_group = max(self.write_stats.largest_group, group.members)
         except BaseException as exc:
             if not conn.getautocommit():
@@ -338,10 +341,36 @@ class Database:
             with self._baton:
                 self.write_stats.group_failures += 1
         finally:
+            if group.lazy:
+                self._synchronous_full(conn)
             group.done.set()
+
+    def _synchronous_full(self, conn: apsw.Connection) -> None:
+        """The writer back to fsync'd COMMITs after a lazy group's COMMIT or rollback (the
+        setting changes only outside a transaction: one left open is rolled back first)."""
+        for _ in range(2):
+            try:
+                conn.execute("PRAGMA synchronous=FULL")
+                return
+            except apsw.Error:
+                with contextlib.suppress(apsw.Error):
+                    if not conn.getautocommit():
+                        conn.execute("ROLLBACK")
+        # Never write on with a connection left without fsync: it is closed (its lock with
+        # it) and the next write opens a fresh one.
+        log.error("store writer could not be set back to synchronous=FULL; replacing it")
+        with self._pool:
+            self._writer_conn = None
+            if conn in self._connections:
+                self._connections.remove(conn)
+                self._pool.notify()
+        with contextlib.suppress(apsw.Error):
+            conn.close()
 
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
+        if group.lazy:
+            return False  # a durable write never joins a COMMIT that is not fsync'd
         with self._baton:
             waiting = self._fifo.waiting
         return (
@@ -351,9 +380,19 @@ class Database:
         )
 
     @contextmanager
-    def write(self, workspace_id: str | None, fence: str | None = None) -> Iterator[Tx]:
+    def write(
+        self, workspace_id: str | None, fence: str | None = None, *, durable: bool = True
+    ) -> Iterator[Tx]:
         """The only way to write: a savepoint in the shared BEGIN IMMEDIATE transaction,
         optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
+
+        `durable=False`, for a write whose caller makes it durable with its next write: one
+        that opens a group commits it alone with `synchronous=NORMAL` (the setting can
+        change only between transactions) — in the WAL file, so it survives a killed
+        process and is seen by every reader, and on the disk with the next fsync'd COMMIT
+        (the WAL's frames are checksummed in a chain: a power loss keeps a prefix of the
+        COMMITs, never a later one without an earlier). One that finds a group open joins
+        it and is fsync'd with it. Inside a `write_batch` a write is the batch's, durable.
 
         An exception inside the block rolls back this write's savepoint alone (the group's
         other members are unaffected) and delivers no events. A caller returns only after the
@@ -375,11 +414,20 @@ class Database:
         try:
             conn = self._writer_connection()
             if self._group is None:
+                lazy = not durable
                 try:
+                    if lazy:
+                        conn.execute("PRAGMA synchronous=NORMAL")
                     conn.execute("BEGIN IMMEDIATE")
-                except TRANSIENT_ERRORS as exc:
-                    raise StoreBusy(f"the store is busy, try again ({type(exc).__name__})") from exc
-                self._group = WriteGroup()
+                except BaseException as exc:
+                    if lazy:
+                        self._synchronous_full(conn)
+                    if isinstance(exc, TRANSIENT_ERRORS):
+                        raise StoreBusy(
+                            f"the store is busy, try again ({type(exc).__name__})"
+                        ) from exc
+                    raise
+                self._group = WriteGroup(lazy=lazy)
             group = self._group
             tx = Tx(conn, workspace_id, self._clock())
             held = getattr(self._local, "conn", None)

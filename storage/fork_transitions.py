@@ -105,10 +105,16 @@ class ForkTransitions:
         )
 
     def mark_fork_provider_accepted(
-        self, ws: str, op_id: str, evidence: ProviderForkEvidence
+        self, ws: str, op_id: str, evidence: ProviderForkEvidence, *, durable: bool = True
     ) -> tuple[ForkOperation, bool]:
-        """Persist verified provider evidence; after this only the local commit is retried."""
-        with self._write(ws) as tx:
+        """Persist verified provider evidence; after this only the local commit is retried.
+
+        `durable=False`, for a caller that commits the fork right after on the same thread:
+        the row survives a killed process at once and a power loss with the commit's fsync
+        (the WAL keeps COMMITs in order), so the commit never lands without it; a power loss
+        before that fsync leaves `dispatching`, which a restart makes `unknown` — the seed's
+        rule for a dispatch "without a durable provider result", never a second dispatch."""
+        with self._write(ws, durable=durable) as tx:
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
                 if op.target_provider_session_id != evidence.child_provider_session_id:

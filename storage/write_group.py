@@ -27,10 +27,12 @@ summary per store method is written there as JSON at `close()` (docs/performance
 class WriteGroup:
     """One shared write transaction: its members' savepoints, committed by one COMMIT."""
 
-    __slots__ = ("members", "opened", "done", "error")
+    __slots__ = ("members", "opened", "done", "error", "lazy")
 
-    def __init__(self) -> None:
+    def __init__(self, lazy: bool = False) -> None:
         self.members = 0
+        self.lazy = lazy
+        """Opened by a `durable=False` write: committed alone, without an fsync."""
         self.opened = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -38,13 +40,16 @@ class WriteGroup:
 
 class WriteStats:
     """Counts of the store's writes (what tests pin): `transactions` written (savepoints
-    released), `commits` (each one fsync'd `COMMIT`), `rolled_back` member savepoints,
+    released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
+    write's COMMIT without an fsync of its own), `rolled_back` member
+    savepoints,
     `group_failures` (a COMMIT or a transaction-aborting error that failed every member) and
     `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
 
     __slots__ = (
         "transactions",
         "commits",
+        "lazy_commits",
         "rolled_back",
         "group_failures",
         "largest_group",
@@ -55,6 +60,7 @@ class WriteStats:
     def __init__(self) -> None:
         self.transactions = 0
         self.commits = 0
+        self.lazy_commits = 0
         self.rolled_back = 0
         self.group_failures = 0
         self.largest_group = 0

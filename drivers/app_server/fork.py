@@ -188,13 +188,14 @@ class ForkThroughTurn:
         try:
             if ahead is not None:
                 ahead.ready()
-            receipt = self.binder.bind(
+            receipt, names = self.binder.begin(
                 Path(request.source.home), Path(request.target.home), child_id
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
         proof = "none"
         if self.verify_bound_child:
+            # The proof reads the files back by name while their directories are fsynced.
             problem, proof = self._prove_readable(
                 runtime, Path(request.target.home), child_id, source_id, prefix
             )
@@ -202,6 +203,10 @@ class ForkThroughTurn:
                 return ForkResult.unknown(
                     f"bound child not readable from its home: {problem}", child
                 )
+        try:
+            names.wait()  # nothing is accepted before the bound names are durable
+        except BinderError as exc:
+            return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
         # The source server loaded the child; release it so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
         # awaited (one round trip less per fork): the outcome is already decided and

@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from bench.fork_syscalls import _parse_strace_c, measure
+from bench.sync_floor import store_commits_on_the_fork_path
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -37,6 +38,9 @@ def test_a_fork_costs_two_app_server_fsyncs_through_the_daemon() -> None:
     assert calls["app-server"]["fsync"] == 2  # the child file and its directory
     assert calls["app-server"]["write"] <= 8  # the child in one write (+ JSON-RPC replies)
     assert calls["worker"]["fsync"] <= 8  # binder: each changed directory once + the file
+    # The store's fsync'd COMMITs a fork waits for: prepared, dispatching, committed
+    # (provider_accepted reaches the disk with the commit's fsync), the ACK's after the reply.
+    assert store_commits_on_the_fork_path(calls) == 3
     # No process is spawned on the fork path (issue 20): not by the daemon, not by the worker
     # (the readability proof is in-process), not by the app-server; strace -f would count the
     # execve of any child they started.

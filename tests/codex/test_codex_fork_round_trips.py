@@ -71,8 +71,9 @@ def test_codex_fork_fsyncs_in_the_worker_only_the_bound_lineage(
     make_driver: MakeDriver, log: EventLog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The worker's own fsyncs for one Codex fork: the Referenced child and its source ancestor
-    once each, and each directory whose entries changed once per file written into it (the
-    ancestor is made durable before the child is written); the proof writes nothing."""
+    once each, and each directory whose entries changed once — one that both files were
+    renamed into included (the names appear after both files' bytes are durable, then their
+    directories are fsynced together); the proof writes nothing."""
     driver = make_driver()
     src = open_session(driver, log, tmp_path, texts=("one",))
     target = tmp_path / "child" / "codex-home"  # tmp_path exists
@@ -84,14 +85,13 @@ def test_codex_fork_fsyncs_in_the_worker_only_the_bound_lineage(
     assert [r["role"] for r in rollouts] == ["child", "ancestor"]
     assert fsyncs.files == 2
     assert [fsyncs.count(target / r["relativePath"]) for r in rollouts] == [1, 1]
-    # Written ancestor first; each write fsyncs the directory it renamed into and the parent
-    # of every directory it created, once.
+    # Each file's directory and the parent of every directory the bind created, once.
     expected: Counter[Path] = Counter()
     existing = {tmp_path}
     for rollout in reversed(rollouts):
         path = target / rollout["relativePath"]
         missing = [d for d in path.parents if d not in existing and tmp_path in d.parents]
         existing.update(missing)
-        expected.update({path.parent, *(d.parent for d in missing)})
+        expected.update({path.parent, *(d.parent for d in missing)} - set(expected))
     assert fsyncs.dirs == sum(expected.values())
     assert {d: fsyncs.count(d) for d in expected} == dict(expected)

@@ -1,13 +1,14 @@
 """The binder's fsyncs, counted (issue 20): a bind into a fresh target home fsyncs the copied
-file once and every directory whose entries changed exactly once, and the directories only
-after the file — created first, fsynced last, so the file's fsync commits the mkdirs and the
-directory fsyncs find little left to do. Syncs with no order between them run together (one
-journal commit, not one each); a Referenced child's ancestor is still made durable (its
-directory fsynced) before the child's name appears. Counts and order, never timings."""
+file once and every directory whose entries changed exactly once,
+in two rounds whatever the number of files: every file's bytes and every new directory
+together, then — after the renames, ancestors first — every target's directory together. No
+name appears before every byte is durable. Syncs with no order between them run together (one
+journal commit, not one each). Counts and order, never timings."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,40 @@ def _key(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
+def _events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, int]]]:
+    """("fsync", inode) and ("replace", target inode) in the order they ended."""
+    events: list[tuple[str, tuple[int, int]]] = []
+    real_replace, real_fsync = os.replace, os.fsync
+
+    def replace(a: str, b: str) -> None:
+        real_replace(a, b)
+        events.append(("replace", _key(Path(b))))
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        st = os.fstat(fd)
+        events.append(("fsync", (st.st_dev, st.st_ino)))
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return events
+
+
+def _rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The width of every `sync_together` round, in order."""
+    import drivers.rollout_files as rollout_files
+
+    widths: list[int] = []
+    real = rollout_files.sync_together
+
+    def sync_together(calls: Sequence[Callable[[], None]]) -> None:
+        widths.append(len(calls))
+        real(calls)
+
+    monkeypatch.setattr(rollout_files, "sync_together", sync_together)
+    return widths
+
+
 def test_fresh_target_each_changed_directory_once_after_the_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -33,67 +68,84 @@ def test_fresh_target_each_changed_directory_once_after_the_file(
     runtimes.mkdir()
     dst = runtimes / "session-1" / "tutti-agent-home"  # nothing of it exists yet
     with counting_fsyncs(monkeypatch) as log:
+        events = _events(monkeypatch)
         receipt = RolloutBinder().bind(src, dst, CHILD)
     target = dst / receipt.rollouts[0].relative_path
     day = target.parent
-    changed = [runtimes, dst.parent, dst, dst / "sessions", day.parent.parent, day.parent, day]
+    created_parents = [runtimes, dst.parent, dst, dst / "sessions", day.parent.parent, day.parent]
+    changed = [*created_parents, day]
     assert day == dst / REL
     assert [log.count(d) for d in changed] == [1] * len(changed)
     assert log.count(target) == 1  # the temp file, renamed onto the target
     assert (log.files, log.dirs) == (1, len(changed))
-    # The file first, then every directory: no fsync between two mkdirs.
-    assert [is_dir for *_, is_dir in log.calls] == [False] + [True] * len(changed)
+    # The file's bytes and every new directory durable before the name; then only its
+    # directory, after the rename.
+    named = events.index(("replace", _key(target)))
+    assert {key for _, key in events[:named]} == {_key(p) for p in [target, *created_parents]}
+    assert events[named + 1 :] == [("fsync", _key(day))]
 
 
-def test_referenced_child_ancestor_durable_before_the_child(
+def test_referenced_child_binds_in_two_rounds_every_name_after_every_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The law of the rounds: the child's name appears in the target only after the
-    ancestor's file and directory are durable; the child's bytes may be fsynced earlier
-    (under a temp name, with the ancestor's), and its directory is fsynced after its rename."""
-    import drivers.rollout_files as rollout_files
+    """The law of the rounds: no name appears in the target before the bytes of every file
+    are durable (round 1: both files and every new directory, together); the names appear
+    ancestor first; round 2 fsyncs their directories together. Two rounds, for any number of
+    files: `SYNC_ROUNDS`, what bench.sync_floor counts."""
+    from drivers.rollout_files import SYNC_ROUNDS
 
     src = tmp_path / "src" / "tutti-agent-home"
     put(src, PARENT, rollout_bytes(PARENT, 8))
     put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
     dst = tmp_path / "dst" / "tutti-agent-home"
-    events: list[tuple[str, object]] = []
-    real_replace = os.replace
-
-    def replace(a: str, b: str) -> None:
-        real_replace(a, b)
-        events.append(("replace", _key(Path(b))))
-
-    monkeypatch.setattr(rollout_files.os, "replace", replace)
+    dst.mkdir(parents=True)  # created by the bind: sessions, 2026, 11, 29
     with counting_fsyncs(monkeypatch) as log:
-        real_fsync = os.fsync
-
-        def fsync(fd: int) -> None:
-            real_fsync(fd)
-            st = os.fstat(fd)
-            events.append(("fsync", (st.st_dev, st.st_ino)))
-
-        monkeypatch.setattr(os, "fsync", fsync)
+        events = _events(monkeypatch)
+        widths = _rounds(monkeypatch)
         receipt = RolloutBinder().bind(src, dst, CHILD)
     paths = {r.thread_id: dst / r.relative_path for r in receipt.rollouts}
     day = paths[CHILD].parent
-    child_named = events.index(("replace", _key(paths[CHILD])))
-    before = events[:child_named]
-    # Ancestor's bytes, its name, then its directory: all before the child's name exists.
-    assert ("fsync", _key(paths[PARENT])) in before
-    assert before.index(("replace", _key(paths[PARENT]))) < before.index(("fsync", _key(day)))
-    # The child's directory once more after its rename, and nothing else after it.
-    assert events[child_named + 1 :] == [("fsync", _key(day))]
+    parents = [dst, dst / "sessions", dst / "sessions" / "2026", day.parent]
+    first_name = events.index(("replace", _key(paths[PARENT])))
+    assert events.index(("replace", _key(paths[CHILD]))) == first_name + 1  # ancestor first
+    before = {key for _, key in events[:first_name]}
+    assert before == {_key(p) for p in [paths[PARENT], paths[CHILD], *parents]}
+    assert events[first_name + 2 :] == [("fsync", _key(day))]  # one directory, both names
     assert log.count(paths[PARENT]) == 1 and log.count(paths[CHILD]) == 1
+    assert widths == [2 + len(parents), 1] and len(widths) == SYNC_ROUNDS
+
+
+def test_a_grandchild_in_three_directories_still_binds_in_two_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drivers.rollout_files import SYNC_ROUNDS
+
+    src = tmp_path / "src" / "tutti-agent-home"
+    grand = "01a228cc-0000-7000-8000-000000000001"
+    put(src, grand, rollout_bytes(grand, 4), rel=Path("sessions/2026/11/27"))
+    put(
+        src,
+        PARENT,
+        rollout_bytes(PARENT, 3, start=4, forked_from=grand, ordinal_exclusive=4),
+        rel=Path("sessions/2026/11/28"),
+    )
+    put(src, CHILD, rollout_bytes(CHILD, 2, start=7, forked_from=PARENT, ordinal_exclusive=7))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    with counting_fsyncs(monkeypatch) as log:
+        widths = _rounds(monkeypatch)
+        RolloutBinder().bind(src, dst, CHILD)
+    assert len(widths) == SYNC_ROUNDS == 2
+    assert widths[1] == 3  # the three days' directories, together
+    assert log.files == 3
 
 
 def test_the_syncs_of_a_round_are_in_flight_together(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 20: a Referenced child's two files are fsynced at the same time (neither name
-    exists yet), and so are the directories made durable after the ancestor's rename — each
-    sync of a round waits at a barrier for the others, which a one-after-the-other bind never
-    reaches (the barrier breaks at its timeout, and the bind fails)."""
+    """A Referenced child's two files and the four directories the bind creates are fsynced
+    at the same time (no name exists yet): each sync of the round waits at a barrier for the
+    others, which a bind that ordered any of them never reaches (the barrier breaks at its
+    timeout, and the bind fails). Then the day's directory once, after both renames."""
     import stat
     import threading
 
@@ -102,24 +154,21 @@ def test_the_syncs_of_a_round_are_in_flight_together(
     put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
     dst = tmp_path / "dst" / "tutti-agent-home"
     dst.mkdir(parents=True)  # created: sessions, 2026, 11, 29 → dirs dst, sessions, 2026, 11
-    files = threading.Barrier(2, timeout=10)
-    dirs = threading.Barrier(5, timeout=10)  # the day (after the rename) and 4 parents
-    seen_dirs: list[int] = []
+    first = threading.Barrier(6, timeout=10)
+    seen: list[bool] = []
     real = os.fsync
 
     def fsync(fd: int) -> None:
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
-            seen_dirs.append(fd)
-            if len(seen_dirs) <= 5:
-                dirs.wait()
-        else:
-            files.wait()
+        seen.append(stat.S_ISDIR(os.fstat(fd).st_mode))
+        if len(seen) <= 6:
+            first.wait()
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     receipt = RolloutBinder().bind(src, dst, CHILD)
     assert [r.action.value for r in receipt.rollouts] == ["copied", "copied"]
-    assert len(seen_dirs) == 6  # the first round's five, then the day again for the child
+    assert sorted(seen[:6]) == [False, False, True, True, True, True]
+    assert seen[6:] == [True]  # the day, once, for both names
 
 
 def test_each_path_component_is_checked_for_links_once_per_write_step(
@@ -195,3 +244,42 @@ def test_dirs_ahead_creates_nothing_through_a_symlink(tmp_path: Path) -> None:
     (tmp_path / "home").symlink_to(elsewhere)
     DirsAhead(tmp_path / "home" / "sessions" / "2026").ready()
     assert list(elsewhere.iterdir()) == []
+
+
+def test_begin_returns_with_the_names_in_place_and_their_sync_still_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`RolloutBinder.begin` leaves the last round (the names' directories) running: the
+    files are there and readable by name (what the readability proof needs) before it ends;
+    `wait()` returns only after it."""
+    import stat
+    import threading
+
+    src = tmp_path / "src" / "tutti-agent-home"
+    put(src, PARENT, rollout_bytes(PARENT, 8))
+    put(src, CHILD, rollout_bytes(CHILD, 3, start=5, forked_from=PARENT, ordinal_exclusive=5))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    (dst / REL).mkdir(parents=True)
+    release, ended = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            assert release.wait(20)
+            real(fd)
+            ended.set()
+            return
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    receipt, names = RolloutBinder().begin(src, dst, CHILD)
+    assert not ended.is_set()  # the day's fsync is held: begin did not wait for it
+    for r in receipt.rollouts:
+        assert (dst / r.relative_path).read_bytes() == (src / r.relative_path).read_bytes()
+    waiter = threading.Thread(target=names.wait)
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive()  # wait() waits for the round
+    release.set()
+    waiter.join(20)
+    assert not waiter.is_alive() and ended.is_set()

@@ -225,3 +225,56 @@ def test_lineage_reader_and_tutti_reader_refuse_a_damaged_lineage(
     # is refused by both.
     problem = prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__)
     assert (problem is None) == (damage == "child_torn"), problem
+
+
+@pytest.mark.timeout(60)
+def test_a_child_named_before_its_ancestor_is_no_child_until_a_rebind_completes_it(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    """The one half state the binder's two rounds allow (a power loss in the last round made
+    the child's name durable and not its ancestor's): both readers refuse the child, so no
+    proof or `fork.resolve` inspection takes it for a readable one, and the idempotent
+    re-bind an adoption runs completes it (the child kept identical, the ancestor copied)."""
+    import tutti_agent
+
+    target, child_id, source_id, prefix = _referenced_child(tmp_path, make_driver)
+    _rollout_of(target, source_id).unlink()
+    assert prove_codex_child(target, child_id, source_id, prefix) is not None
+    assert prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__)
+    receipt = RolloutBinder().bind(
+        tmp_path / "runtimes" / "src" / "tutti-agent-home", target, child_id
+    )
+    assert [(r.role, r.action.value) for r in receipt.rollouts] == [
+        ("child", "identical"),
+        ("ancestor", "copied"),
+    ]
+    assert prove_codex_child(target, child_id, source_id, prefix) is None
+    assert prove_tutti_child(target, child_id, source_id, prefix, tutti_agent.__version__) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_is_accepted_only_once_the_bound_names_are_durable(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proof runs while the binder's last round (the names' directories) is fsynced, and
+    the fork waits for that round before `accepted`: a failure of it is `unknown`, like any
+    binder failure after the provider call, though the child was proven readable."""
+    import threading
+
+    import drivers.rollout_files as rollout_files
+
+    real = rollout_files.fsync_dir
+
+    def fsync_dir(path: Path | str) -> None:
+        if threading.current_thread().name.startswith("names-sync"):
+            raise OSError(5, "injected: the names' directory sync failed", str(path))
+        real(path)
+
+    monkeypatch.setattr(rollout_files, "fsync_dir", fsync_dir)
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "t"))
+    assert result.disposition is DeliveryDisposition.UNKNOWN
+    assert result.error is not None and "names' sync" in result.error, result.error
+    assert result.binding is None
+    assert result.child is not None and result.child.provider_turn_ids == tuple(turns)

@@ -132,14 +132,14 @@ def test_the_childs_directories_are_durable_before_the_bind_begins(
     home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
     target = tmp_path / "runtimes" / "child" / "tutti-agent-home"  # runtimes/ exists
     seen: dict[str, Any] = {}
-    real_bind = driver.binder.bind
+    real_begin = driver.binder.begin
 
-    def bind(source_home: Path, target_home: Path, child_id: str) -> Any:
+    def begin(source_home: Path, target_home: Path, child_id: str) -> Any:
         seen["dirs fsynced"] = fsyncs.dirs
         seen["sessions"] = sorted(p.relative_to(target) for p in target.rglob("*"))
-        return real_bind(source_home, target_home, child_id)
+        return real_begin(source_home, target_home, child_id)
 
-    monkeypatch.setattr(driver.binder, "bind", bind)
+    monkeypatch.setattr(driver.binder, "begin", begin)
     with counting_fsyncs(monkeypatch) as fsyncs:
         result = driver.fork(fork_request(home, thread_id, version, turns, target))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error

@@ -323,7 +323,7 @@ def test_failpoint_before_copy_stops_the_bind_with_nothing_written(
     assert list(iter_rollouts(dst)) == []
 
 
-def test_failpoint_after_copy_fires_once_the_copy_is_durable(homes: tuple[Path, Path]) -> None:
+def test_failpoint_after_copy_fires_once_the_copy_is_in_place(homes: tuple[Path, Path]) -> None:
     src, dst = homes
     data = rollout_bytes(CHILD, 3)
     put(src, CHILD, data)

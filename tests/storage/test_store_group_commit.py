@@ -377,3 +377,103 @@ def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path)
         assert order == ["bg", "fg1", "fg2"]
     finally:
         store.close()
+
+
+def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_one(
+    tmp_path: Path,
+) -> None:
+    """`write(durable=False)` that opens a group is committed alone with
+    `synchronous=NORMAL` (in the WAL, seen by every reader, no fsync: `lazy_commits`), and
+    the writer is back to FULL after it. A durable write queued behind it does not join it
+    (its own fsync'd COMMIT); a lazy write that finds a durable group open joins it. The
+    fsyncs themselves are counted through a real daemon with strace
+    (tests/bench/test_fork_syscalls)."""
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path)
+    store.db.group_max_age_s = 60.0
+    observer = apsw.Connection(str(path))
+    try:
+        _sessions(store, 3)
+        before = store.db.write_stats.snapshot()
+        with store.db.write(WS, durable=False) as tx:
+            tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = 's1'")
+        after = store.db.write_stats.snapshot()
+        assert after["lazy_commits"] - before["lazy_commits"] == 1
+        assert after["commits"] == before["commits"]
+        seen = observer.execute("SELECT title FROM sessions WHERE session_id = 's1'").fetchone()
+        assert seen == ("lazy",)
+        writer = store.db._writer_connection()
+        assert writer.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL again
+
+        # A durable write queued behind a held lazy one gets a COMMIT of its own.
+        inside, release = threading.Event(), threading.Event()
+
+        def hold_lazily() -> None:
+            with store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = 'held lazily' WHERE session_id = 's0'")
+                inside.set()
+                release.wait(20)
+
+        holder = threading.Thread(target=hold_lazily)
+        before = store.db.write_stats.snapshot()
+        holder.start()
+        assert inside.wait(20)
+        durable = threading.Thread(target=lambda: store.sessions.update_title(WS, "s2", "d"))
+        durable.start()
+        _wait_for(_queued(store, 1))
+        release.set()
+        for t in (holder, durable):
+            t.join(20)
+        after = store.db.write_stats.snapshot()
+        assert after["lazy_commits"] - before["lazy_commits"] == 1
+        assert after["commits"] - before["commits"] == 1
+        assert writer.execute("PRAGMA synchronous").fetchone() == (2,)
+
+        # A lazy write queued behind a held durable one joins its fsync'd COMMIT.
+        def lazy() -> None:
+            with store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = 'lazy too' WHERE session_id = 's2'")
+
+        before = store.db.write_stats.snapshot()
+        assert _behind_a_held_write(store, [lazy]) == []
+        after = store.db.write_stats.snapshot()
+        assert after["commits"] - before["commits"] == 1
+        assert after["lazy_commits"] == before["lazy_commits"]
+        assert store.sessions.get_session(WS, "s2").title == "lazy too"
+    finally:
+        observer.close()
+        store.close()
+
+
+def test_a_writer_that_cannot_be_set_back_to_fsync_is_replaced(tmp_path: Path) -> None:
+    """If `synchronous=FULL` cannot be restored after a lazy COMMIT, that connection is closed
+    and the next write runs on a fresh one, fsync'd: no write is ever left without its fsync
+    by a connection stuck in NORMAL."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        _sessions(store, 2)
+        real = store.db._writer_connection()
+
+        class Stuck:
+            """The writer, except that setting synchronous back to FULL fails."""
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def execute(self, sql: str, *args: object) -> object:
+                if sql == "PRAGMA synchronous=FULL":
+                    raise apsw.SQLError("injected")
+                return real.execute(sql, *args)
+
+        store.db._writer_conn = Stuck()  # type: ignore[assignment]
+        with store.db.write(WS, durable=False) as tx:
+            tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = 's1'")
+        assert store.sessions.get_session(WS, "s1").title == "lazy"  # committed all the same
+        fresh = store.db._writer_connection()
+        assert fresh is not real and not isinstance(fresh, Stuck)
+        assert fresh.execute("PRAGMA synchronous").fetchone() == (2,)
+        before = store.db.write_stats.snapshot()
+        store.sessions.update_title(WS, "s0", "durable")
+        assert store.db.write_stats.snapshot()["commits"] - before["commits"] == 1
+    finally:
+        store.close()

@@ -1,0 +1,105 @@
+"""The worker binder's durable write alone (`drivers.rollout_files.atomic_write_all`), the part
+of a fork's bind that waits for the disk: a Referenced child (its ancestor's rollout and its
+own, one existing day directory, as `DirsAhead` leaves it) and a Copied child (one file). Per
+write: wall and CPU p50/p90 and the rounds of syncs it waited for (`sync_together` calls).
+
+With `--against TREE` (another checkout, e.g. `git archive main | tar -x -C /tmp/main`) the
+same writes run from both trees' `rollout_files` in one process, alternating which goes first
+sample by sample, so a loaded machine's drift falls on both sides alike.
+
+    build/venv/bin/python -m bench.bind_rounds [--samples 400] [--against /tmp/main]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+
+from bench.common import Latency, cpu_probe_ms
+
+LINE = b'{"timestamp":"2026-12-02T07:00:00Z","ordinal":0,"type":"event","payload":{}}\n'
+KINDS = (("referenced", 2), ("copied", 1))
+
+
+def _load(tree: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, tree / "drivers" / "rollout_files.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _counted(module: ModuleType) -> list[int]:
+    """Count `module`'s rounds: every `sync_together` call, `fsync_dirs`' included."""
+    calls: list[int] = []
+    real: Callable[[Sequence[Callable[[], None]]], None] = module.sync_together
+
+    def sync_together(fns: Sequence[Callable[[], None]]) -> None:
+        calls.append(len(fns))
+        real(fns)
+
+    setattr(module, "sync_together", sync_together)  # noqa: B010 - a module attribute
+    return calls
+
+
+def measure(
+    trees: dict[str, Path], samples: int, lines: int = 300
+) -> dict[tuple[str, str], tuple[Latency, Latency, float]]:
+    """(side, kind) → (wall ms, CPU ms, rounds per write)."""
+    data = LINE * lines
+    modules = {side: _load(tree, f"bench_rollout_files_{side}") for side, tree in trees.items()}
+    rounds = {side: _counted(m) for side, m in modules.items()}
+    walls: dict[tuple[str, str], list[float]] = {}
+    cpus: dict[tuple[str, str], list[float]] = {}
+    counted: dict[tuple[str, str], int] = {}
+    sides = list(modules)
+    with tempfile.TemporaryDirectory(prefix="bench-bind-rounds-") as tmp:
+        for i in range(samples):
+            order = sides if i % 2 == 0 else sides[::-1]
+            for kind, files in KINDS:
+                for side in order:
+                    day = Path(tmp, side, kind, str(i), "sessions", "2026", "12", "02")
+                    day.mkdir(parents=True)
+                    targets = [(day / f"rollout-{k}.jsonl", data) for k in range(files)]
+                    before = len(rounds[side])
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    modules[side].atomic_write_all(targets)
+                    walls.setdefault((side, kind), []).append(1000 * (time.perf_counter() - w0))
+                    cpus.setdefault((side, kind), []).append(1000 * (time.process_time() - c0))
+                    counted[side, kind] = counted.get((side, kind), 0) + len(rounds[side]) - before
+    return {
+        key: (Latency.of(walls[key]), Latency.of(cpus[key]), counted[key] / samples)
+        for key in walls
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.bind_rounds", description=__doc__)
+    ap.add_argument("--samples", type=int, default=400)
+    ap.add_argument("--against", type=Path, help="another tree to interleave with this one")
+    args = ap.parse_args(argv)
+    here = Path(__file__).resolve().parent.parent
+    trees = {"this": here}
+    if args.against is not None:
+        trees = {"against": args.against.resolve(), "this": here}
+    print(f"load {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe_ms():.1f} ms at start")
+    for (side, kind), (wall, cpu, rounds) in sorted(measure(trees, args.samples).items()):
+        print(
+            f"{side:8} {kind:10} rounds {rounds:g}  wall p50 {wall.p50:.3f} p90 {wall.p90:.3f} ms"
+            f"  CPU p50 {cpu.p50:.3f} ms  (n={wall.n})"
+        )
+    print(f"load {os.getloadavg()[0]:.2f} at the end")
+    print(f"command: {sys.executable} -m bench.bind_rounds", *(argv or sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
