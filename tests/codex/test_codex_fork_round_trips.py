@@ -1,4 +1,4 @@
-"""What one Codex fork costs the worker, counted (issue 20): forks of an unchanged source on its
+"""What one Codex fork costs the worker, counted: forks of an unchanged source on its
 live app-server read the source once, spawn no app-server (the child's readability is proven
 in the worker, the child's own runtime starts only at its first use), and still unsubscribe
 every child; a new turn makes the next fork read the source again. Counts, never timings."""

@@ -1,6 +1,6 @@
-"""Issue 14 §4, through the real daemon, worker and tutti-agent app-server: the host's fork
+"""Fork deadlines, through the real daemon, worker and tutti-agent app-server: the host's fork
 deadline is longer than the worker's whole budget, so a fork slowed (by `sleep:` failpoints in
-the worker's fork and bind steps) past the worker's provider-call limit, the old host limit,
+the worker's fork and bind steps) past the worker's provider-call limit
 still ends `committed`; a provider fork call that exceeds the worker's own limit ends
 `unknown` with the worker's reason, exactly once, never redispatched."""
 

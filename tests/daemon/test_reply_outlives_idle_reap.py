@@ -1,4 +1,4 @@
-"""Issue 15 defect 2 (every request gets a reply), found by the contention soak at soak size:
+"""Every request gets a reply, even one whose Session actor the idle reaper would stop:
 a `fork.create` waits for its source's runtime preparation (a provider runtime slot, then
 `session.start`) before any operation exists. The Session actor did not count that wait as
 work, so the idle reaper stopped it mid-wait and the preparation's answer found no actor
