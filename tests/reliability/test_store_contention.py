@@ -1,4 +1,4 @@
-"""Store contention through the real daemon (issue 15 defects 1-3, issue 14 §6): another
+"""Store contention through the real daemon: another
 process holds SQLite's write lock on the store file. Requests past the store's busy budget
 answer 503 `unavailable`/`store_busy` (retryable), never 500; a Turn whose events could not be
 written while the lock was held lands every one of them, in order, once the lock is gone; a
