@@ -1,4 +1,4 @@
-"""Issue 15 #9, terminated event topics, through the real daemon.
+"""Terminated event topics, through the real daemon.
 
 Beside the events socket whose topic frame is the bare workspace id (binding, unchanged), the
 daemon binds `run/events-exact.sock` (and, when configured, a CURVE-only tcp endpoint) whose

@@ -1,8 +1,8 @@
-"""Issue 14 §6 through the real daemon: many Sessions each running 3 turns at once, with the
-live provider runtimes bounded per provider (`max_runtimes_per_provider`, here 4). Turns
-beyond the bound queue (their Turn is accepted and stays `active` until a runtime slot frees;
-idle runtimes are stopped least-recently-used first). Every turn completes; no worker restart,
-no 500, no Turn left active; the worker never holds more than 4 app-servers.
+"""Bounded provider runtimes, through the real daemon: many Sessions each running 3 turns at once,
+with the live provider runtimes bounded per provider (`max_runtimes_per_provider`, here 4). Turns
+beyond the bound queue (their Turn is accepted and stays `active` until a runtime slot frees; idle
+runtimes are stopped least-recently-used first). Every turn completes; no worker restart, no 500, no
+Turn left active; the worker never holds more than 4 app-servers.
 
 The second test reproduces what failed at full size (200 × 3, bound 64) at test size: every
 runtime start is slow (a wrapper sleeps before the app-server starts) and the inactivity limit

@@ -1,4 +1,4 @@
-"""Issue 15 #6 through the real daemon: clients that never read must not grow its memory.
+"""Through the real daemon: clients that never read must not grow its memory.
 
 - An events subscriber that never reads: the PUB queue per subscriber is 1000 events, and a
   `turn.updated` is capped at 256 KiB (a bigger Turn carries its latest messages and
@@ -37,8 +37,8 @@ SUBSCRIBER_BOUND_MB = 100.0
 """The most a non-reading subscriber may add over the same Turns without it. Its queue may
 legitimately hold every event of these 40 Turns (about 200 events of up to ~300 KB, under its
 1,000-event bound: ~60 MB), and the allocator adds noise of tens of MB either way (measured
-+25 to +83 MB alone, +76 to +102 MB stalled on a loaded machine); the old 100,000-event queue
-of whole Turns added +183 MB."""
++25 to +83 MB alone, +76 to +102 MB stalled on a loaded machine); a 100,000-event queue
+of whole Turns adds about +183 MB, which this bound catches."""
 
 
 def _rss_mb(pid: int) -> float:

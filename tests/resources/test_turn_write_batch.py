@@ -1,4 +1,4 @@
-"""Issue 20 (the mutation tail): a burst of a Turn's driver events is written as one batch.
+"""A burst of a Turn's driver events is written as one batch.
 
 While the event the Session actor handles is followed by another driver event already queued,
 its durable write waits, and the burst's writes land as one `Store.write_batch` (one writer
