@@ -48,7 +48,7 @@ def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
         assert result.binding.receipt["readabilityProof"] == "in_worker"
     assert wait_until(lambda: methods(calls_log)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls_log)[before:])
-    # Before: thread/read + thread/fork + thread/unsubscribe per fork, all awaited. Now the
+    # Not thread/read + thread/fork + thread/unsubscribe per fork, all awaited: the
     # source is read once, the child's turns are listed (`excludeTurns`: less Codex CPU than
     # a hydrated fork answer) and the unsubscribe is not awaited.
     assert made == {

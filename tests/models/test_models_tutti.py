@@ -178,7 +178,7 @@ def test_a_silent_endpoint_fails_the_turn_as_model_timeout_within_the_first_byte
             assert turn["errorReason"] == "model_timeout", turn["error"]
             assert silent.base_url in turn["error"] and "tutti-agent" in turn["error"]
             assert "1.5 s" in turn["error"] and "model_first_byte_seconds" in turn["error"]
-            # Settled by the configured limit, not the old 300 s read timeout.
+            # Settled by the configured limit, not by a generic 300 s read timeout.
             assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < 30_000
             assert silent.accepted == 1
             # The daemon keeps serving.

@@ -291,8 +291,8 @@ def test_a_workspace_id_holding_nul_is_refused(daemon: DaemonProcess) -> None:
 
 
 def test_a_home_too_long_for_the_exact_socket_still_starts() -> None:
-    # events.sock fits (107 bytes) but events-exact.sock would not: the daemon starts as
-    # before, with no terminated endpoint advertised, and clients use events.sock.
+    # events.sock fits (107 bytes) but events-exact.sock would not: the daemon still
+    # starts, with no terminated endpoint advertised, and clients use events.sock.
     short = tempfile.mkdtemp(prefix="ah-x-")  # pytest's tmp_path may be too long already
     try:
         base = Path(short) / "h"
