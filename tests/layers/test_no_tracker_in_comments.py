@@ -58,17 +58,18 @@ def prose(source: str) -> Iterator[tuple[int, str]]:
     for tok in tokens:
         if tok.type == tokenize.COMMENT:
             yield tok.start[0], tok.string
+    # The stream ends with ENDMARKER, which also ends a docstring on the file's last line.
     previous = tokenize.NEWLINE
     run: list[tokenize.TokenInfo] = []
-    for tok in [*significant, None]:
-        if tok is not None and tok.type == tokenize.STRING and (run or previous in _LINE_START):
+    for tok in significant:
+        if tok.type == tokenize.STRING and (run or previous in _LINE_START):
             run.append(tok)
             continue
-        if run and (tok is None or tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER)):
+        if tok.type in (tokenize.NEWLINE, tokenize.ENDMARKER):
             for part in run:
                 yield part.start[0], part.string
         run = []
-        previous = tok.type if tok is not None else tokenize.ENDMARKER
+        previous = tok.type
 
 
 def citations(source: str) -> list[tuple[int, str]]:
