@@ -59,7 +59,7 @@ def test_fork_slowed_past_the_provider_call_limit_commits(tmp_path: Path) -> Non
         boundary = run_turn(c, sid, "fork me")
         started = time.monotonic()
         op = _fork(c, sid, boundary["turnId"])
-        assert time.monotonic() - started > 4  # really slower than the old host limit
+        assert time.monotonic() - started > 4  # really slower than the worker's provider-call limit
         assert op["status"] == "committed", op
     finally:
         d.stop()

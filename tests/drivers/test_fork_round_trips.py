@@ -58,7 +58,7 @@ def test_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
     # The unsubscribes are sent without waiting: let the relay log the last one.
     assert wait_until(lambda: methods(calls)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls)[before:])
-    # Before: thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
+    # Not thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
     assert made == {"thread/read": 1, "thread/fork": 3, "thread/unsubscribe": 3}
     assert "initialize" not in made  # no app-server spawned: not for the fork, nor the proof
 

@@ -171,7 +171,7 @@ def test_an_all_subscriber_there_gets_each_event_once_and_the_old_socket_is_unch
     c.call("session.delete", {"workspaceId": SECRET, "agentSessionId": sid})
     on_exact, on_old = _drain(exact), _drain(old)
     assert on_old and all(len(frames) == 2 for frames in on_old)
-    # The old socket: the bare workspace id, exactly as before (no NUL anywhere).
+    # The bare-topic socket: the bare workspace id, as PROTOCOL.md binds it (no NUL anywhere).
     assert {frames[0] for frames in on_old} == {b"team", b"team-secret"}
     # The new one: every one of those events once, in order, same bytes, topic + NUL.
     assert on_exact == [[frames[0] + b"\0", frames[1]] for frames in on_old]

@@ -3,7 +3,7 @@
 While a Turn runs, each `turn.updated` carries the Turn's fields plus only the messages added
 since that Turn's previous event (`messagesTruncated: true`, `messageCount`, `messagesFrom`);
 its first and its settling event carry the whole Turn. So a Turn of N messages costs O(N)
-bytes on the PUB, not O(N²) (before: every event carried every message). Clients merge by
+bytes on the PUB, not O(N²) (as it would if every event carried every message). Clients merge by
 message id and read a Turn they cannot complete (they joined late, or missed an event) with
 `session.timeline`; the merged state equals `session.timeline` in `transport.client`,
 `session_client.stream_turn` (so `agenthost say`) and a late joiner.
