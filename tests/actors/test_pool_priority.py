@@ -1,5 +1,5 @@
 """The pooled actors' inbox lets a message the actor marks `goes_ahead` pass the background
-messages waiting at the back (issue 20 row 6: a Session's rename does not wait behind its
+messages waiting at the back (so a Session's rename does not wait behind its
 Turn's driver events), never another message, and at most `MAX_AHEAD` times in a row."""
 
 from __future__ import annotations

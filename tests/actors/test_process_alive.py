@@ -1,5 +1,5 @@
-"""`process_alive`, the host's no-round-trip check that a warm runtime's process is still there
-(issue 20): a process killed a moment ago is dead to it — a SIGKILL pending, a task already
+"""`process_alive`, the host's no-round-trip check that a warm runtime's process is still there:
+a process killed a moment ago is dead to it — a SIGKILL pending, a task already
 exiting, a zombie — so the next fork or Turn takes the cold path instead of being refused by
 the worker for a runtime that changed."""
 

@@ -1,4 +1,4 @@
-"""`RuntimeSlots` start permits (issue 14 §6): at most `start_limit` cold runtimes start at
+"""`RuntimeSlots` start permits: at most `start_limit` cold runtimes start at
 once, the rest wait in FIFO order with the Sessions waiting for a slot; a warm Session (its
 runtime live) needs no permit; a permit is freed by `started`, `release` or `forget`."""
 
@@ -73,7 +73,7 @@ def test_a_warm_session_needs_no_permit_and_a_cold_one_evicts_lru_only_when_gran
 
 
 def test_hold_warm_holds_only_a_runtime_still_in_its_slot() -> None:
-    """Issue 20: a fork reuses a warm runtime without `session.start` only while its slot
+    """A fork reuses a warm runtime without `session.start` only while its slot
     still holds it — never one evicted for another Session, lost with its worker, or still
     starting; holding marks it busy, so it is not evicted while the fork runs."""
     stopped: list[str] = []

@@ -58,8 +58,8 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     for name in ("tutti-agent", "claude-code"):
         assert overhead["figures"][name]["host"]["n"] > 0
         assert overhead["figures"][name]["bare"]["n"] == overhead["figures"][name]["host"]["n"]
-    # Issue 20's targets: every one measured (codex only where it is installed), in the
-    # issue's order, printed at the end of the run, and in the markdown.
+    # The `ISSUE20` targets: every one measured (codex only where it is installed), in
+    # their table's order, printed at the end of the run, and in the markdown.
     rows = doc["issue20Targets"]
     assert [r["key"] for r in rows] == [t.key for t in ISSUE20]
     for line, row in zip(measured_lines(rows), rows, strict=True):
@@ -79,7 +79,7 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     assert "value/limit" in tail
     (md_path,) = tmp_path.glob("*-smoke.md")
     assert "issue 20 targets" in md_path.read_text()
-    # Issue 36's targets: every one measured (codex only where installed, the floor only
+    # The `ISSUE36` targets: every one measured (codex only where installed, the floor only
     # where strace can count the store's COMMITs), and the table the run ends on.
     rows36 = doc["issue36Targets"]
     assert [r["key"] for r in rows36] == [t.key for t in ISSUE36]
@@ -191,7 +191,7 @@ def test_each_measured_target_says_how_fast_the_host_was_when_its_benchmark_star
 
 @pytest.mark.timeout(120)
 def test_the_big_fork_part_of_scale_runs_alone(tmp_path: Path) -> None:
-    """`bench.scale --only-big-fork`: the store prepare + commit of issue 20 row 10, alone."""
+    """`bench.scale --only-big-fork`: the 1,000-Turn store prepare + commit, alone."""
     out = subprocess.run(
         [
             sys.executable,
@@ -218,7 +218,7 @@ def test_the_big_fork_part_of_scale_runs_alone(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_the_big_fork_takes_a_round_count_and_a_profile(tmp_path: Path) -> None:
     """`--rounds N` runs N counted probes; `--profile` adds one uncounted cProfile round whose
-    functions are printed and kept in the JSON (issue 20 row 10's A/B and profile runs)."""
+    functions are printed and kept in the JSON (for A/B and profile runs of the big fork)."""
     out = subprocess.run(
         [
             sys.executable,
@@ -253,7 +253,7 @@ def test_the_big_fork_takes_a_round_count_and_a_profile(tmp_path: Path) -> None:
 @pytest.mark.timeout(120)
 def test_the_message_index_experiment_runs(tmp_path: Path) -> None:
     """`bench.message_indexes`: each `messages` key variant's child insert + COMMIT and the
-    reads that need the keys, with their query plans (issue 20 row 10's schema question)."""
+    reads that need the keys, with their query plans (to choose the big fork's keys)."""
     out = subprocess.run(
         [
             sys.executable,
@@ -320,8 +320,8 @@ def test_the_turn_checkpoints_benchmark_runs(tmp_path: Path) -> None:
 
 
 def test_issue36_targets_come_numbered_as_the_issue_numbers_them_in_a_table_of_their_own() -> None:
-    """Issue 36's rows are collected apart from issue 20's (the same figure may be recorded
-    against both limits), numbered 1-6 as the issue numbers its targets, and each measured
+    """The `ISSUE36` rows are collected apart from the `ISSUE20` ones (the same figure may be
+    recorded against both limits), numbered 1-6 as their source numbers them, and each measured
     line says how loaded and how fast the host was when its benchmark started."""
     result = BenchResult("mutations", "build/venv/bin/python -m bench.mutations", "full")
     for key in ("mutation-p99:turn.submit", "36:mutation-p99:turn.submit"):
@@ -344,7 +344,7 @@ def test_issue36_targets_come_numbered_as_the_issue_numbers_them_in_a_table_of_t
 
 def test_turn_overhead_figures_compare_each_delta_with_the_models_emission() -> None:
     """A host that adds 5 ms to a Turn, delivers the first delta 1.5 ms later than the bare
-    provider and holds one delta 12 ms: the three figures of issue 36 target 2 say exactly so."""
+    provider and holds one delta 12 ms: the three figures of `ISSUE36` target 2 say exactly so."""
     emitted = [100.0, 102.0, 104.0]
     bare = [Sample(50.0, [100.5, 102.5, 104.5], emitted) for _ in range(3)]
     host = [

@@ -1,4 +1,4 @@
-"""Per-fork syscall counts through the real daemon (issue 20), with `strace -f -c` attached
+"""Per-fork syscall counts through the real daemon, with `strace -f -c` attached
 to the daemon, its worker and its tutti-agent app-server: the app-server makes a fork child
 durable with 2 fsyncs (the file, its directory), not one per copied line, and the worker's
 binder fsyncs at most the 7 changed directories + 1 file of a fresh target home. Counts, never
@@ -41,7 +41,7 @@ def test_a_fork_costs_two_app_server_fsyncs_through_the_daemon() -> None:
     # The store's fsync'd COMMITs a fork waits for: prepared, dispatching, committed
     # (provider_accepted reaches the disk with the commit's fsync), the ACK's after the reply.
     assert store_commits_on_the_fork_path(calls) == 3
-    # No process is spawned on the fork path (issue 20): not by the daemon, not by the worker
+    # No process is spawned on the fork path: not by the daemon, not by the worker
     # (the readability proof is in-process), not by the app-server; strace -f would count the
     # execve of any child they started.
     assert {kind: per_kind.get("execve", 0) for kind, per_kind in calls.items()} == {

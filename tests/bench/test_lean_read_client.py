@@ -1,4 +1,4 @@
-"""The reads benchmark's load client (`bench.loadgen.LeanClient`, issue 20): a real client of
+"""The reads benchmark's load client (`bench.loadgen.LeanClient`): a real client of
 a real daemon — every reply it counts is the success reply to the request it sent (its id),
 an error reply is reported as such, and the read loop records both methods."""
 

@@ -1,4 +1,4 @@
-"""The durability floor `bench.fork_overhead` prints beside issue 20's fork ratios: the syncs on
+"""The durability floor `bench.fork_overhead` prints beside its fork ratios: the syncs on
 a fork's path come from strace's counts (less the acknowledgement's), each kind of sync is
 timed on the real filesystem, and the floor adds them to the bare provider's p50."""
 

@@ -1,8 +1,8 @@
-"""Issue 21 with `provider: "claude-code"` through the daemon (real SDK + CLI, the local
-MessagesServer): full-Session fork (`latestSettled`) commits and a replay after new Turns
-returns the original boundary; `fork.resolve` adopts an `unknown` fork's child and abandons
-one without a child; `session.lineage` on a three-level tree whose middle node is deleted (the
-leaf still runs a turn from its own home)."""
+"""Forks, resolves and lineage with `provider: "claude-code"` through the daemon (real SDK +
+CLI, the local MessagesServer): full-Session fork (`latestSettled`) commits and a replay after
+new Turns returns the original boundary; `fork.resolve` adopts an `unknown` fork's child and
+abandons one without a child; `session.lineage` on a three-level tree whose middle node is
+deleted (the leaf still runs a turn from its own home)."""
 
 from __future__ import annotations
 

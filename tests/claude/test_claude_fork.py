@@ -264,7 +264,7 @@ def test_accepted_result_crosses_the_wire_with_turn_bindings(
 def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durable(
     harness: Harness, three_turns: ClaudeSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 20: the child's transcript reaches its own home by a rename within the file
+    """The child's transcript reaches its own home by a rename within the file
     system (the very file the SDK wrote, fsynced once), not read and rewritten; every
     directory the move created in the target home is fsynced (its parent's entry), and the
     source's directory once."""

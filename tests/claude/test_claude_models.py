@@ -1,4 +1,4 @@
-"""Claude Code with a real model's credentials, through the daemon (issue 17): the key taken from
+"""Claude Code with a real model's credentials, through the daemon: the key taken from
 the daemon's own `ANTHROPIC_API_KEY` passes through untouched (no "dummy" over it) to a fake
 Messages API that answers 401 without it; turns and a fork run; the reply streams as
 `message.delta` events (include_partial_messages) ahead of the settled Turn; a missing key fails

@@ -1,4 +1,4 @@
-"""Issue 15 defect 1 (last sentence) for claude-code, through the real daemon, the real Claude
+"""Re-binding a lost provider binding for claude-code, through the real daemon, the real Claude
 worker (SDK + bundled CLI) and the local MessagesServer: a settled completed Turn whose
 provider binding the host lost (the row written as a dropped `turn.started`/`turn.binding`
 write leaves it) is re-bound from the Session's own transcript at the next runtime

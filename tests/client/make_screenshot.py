@@ -198,7 +198,7 @@ async def capture_refused_fork(daemon: DaemonProcess, out: Path) -> None:
 
 
 async def capture_resolve(daemon: DaemonProcess, out: Path) -> None:
-    """Issue 21: a fork through Turn 2 left `unknown` (the worker failed right after the
+    """A fork through Turn 2 left `unknown` (the worker failed right after the
     provider made the child), marked on Turn 2; Inspect shows the verdict and the child with
     Adopt / Abandon. The session list shows fork ordinals and a deleted ancestor's mark, and
     the title bar the Session-level Fork."""

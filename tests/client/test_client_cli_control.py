@@ -1,4 +1,4 @@
-"""Everyday control from the CLI (issue 18) against a real daemon, each command a real
+"""Everyday control from the CLI against a real daemon, each command a real
 `agenthost` subprocess: interrupt, answer, delete, rename, pin/unpin, settings, `new` options,
 Ctrl-C during `say`, EOF at a prompt, `say --json` lines, fork refusals in words, `show`."""
 

@@ -1,4 +1,4 @@
-"""Engine rules of issue 8 / seed 000 §8.3 and §9 against a real daemon: identity allocation and
+"""Engine rules of seed 000 §8.3 and §9 against a real daemon: identity allocation and
 reuse in every state, accepted stays in flight until a terminal read, adoption of the durable
 identity, and the child upserted before its single ACK."""
 

@@ -1,4 +1,4 @@
-"""The Engine after `fork.resolve` (issue 21): a mutation whose durable operation was
+"""The Engine after `fork.resolve`: a mutation whose durable operation was
 abandoned is a confirmed failure (the boundary is free), and the next click forks anew."""
 
 from __future__ import annotations

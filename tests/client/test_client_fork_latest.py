@@ -1,4 +1,4 @@
-"""The full-Session fork on the client side (issue 21 §2): the Engine's `latestSettled` entry
+"""The full-Session fork on the client side: the Engine's `latestSettled` entry
 reuses the fork mutation machinery (identities, replay after `unknown`, reconciliation, ACK,
 `fork.resolve` results), and `agenthost fork SESSION --latest` goes through it, printed like
 the through-Turn fork; a Session that cannot fork as a whole is refused in words."""

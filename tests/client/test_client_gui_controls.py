@@ -1,4 +1,4 @@
-"""The GUI's everyday controls (issue 18), headless through Textual's pilot against a real
+"""The GUI's everyday controls, headless through Textual's pilot against a real
 daemon: answering an approval or a question (buttons and keys), Interrupt, New session,
 Rename, Delete, the command palette, Fork disabled with its reason while the source is busy,
 toasts in words, failed/interrupted turns with their reason, and an 80x24 terminal."""

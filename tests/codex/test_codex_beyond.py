@@ -1,5 +1,5 @@
-"""Issue 21 with `provider: "codex"` through the daemon (real codex app-server, the local
-ResponsesServer): full-Session fork (`latestSettled`) commits and a replay after new Turns
+"""Forks, resolves and lineage with `provider: "codex"` through the daemon (real codex app-server,
+the local ResponsesServer): full-Session fork (`latestSettled`) commits and a replay after new Turns
 returns the original boundary; `fork.resolve` adopts an `unknown` fork's child and abandons
 one without a child; `session.lineage` on a three-level tree whose middle node is deleted (the
 leaf still runs a turn from its own home)."""

@@ -214,7 +214,7 @@ def _alive(pid: int) -> bool:
 def test_codex_copy_tampered_before_the_readability_proof_is_unknown_not_committed(
     codex_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
-    """The child is proven readable (in the worker, issue 20) before `provider_accepted`: a
+    """The child is proven readable (in the worker) before `provider_accepted`: a
     copy damaged after the binder made it durable ends the fork `unknown`, no canonical child."""
     d = codex_daemon
     c = d.client()

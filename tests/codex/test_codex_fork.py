@@ -36,7 +36,7 @@ SENT = {"one", "two", "three", "four", "five", "six"}
 def test_fork_request_carries_only_thread_id_last_turn_id_and_exclude_turns(
     make_driver: MakeDriver, log: EventLog, tmp_path: Path
 ) -> None:
-    """Nothing but the boundary (`lastTurnId`, seed 000 §7) and, since issue 20, the answer's
+    """Nothing but the boundary (`lastTurnId`, seed 000 §7) and the answer's
     shape: `excludeTurns` (the child's turns are listed with `thread/turns/list`, a third less
     Codex CPU than the deprecated full hydration)."""
     calls_log = tmp_path / "calls.jsonl"

@@ -1,4 +1,4 @@
-"""The Codex fork's readability proof inside the worker (issue 20), against the real
+"""The Codex fork's readability proof inside the worker, against the real
 `codex app-server` 0.171.0: no app-server is spawned to prove the bound child, the child still
 resumes from its own home and runs a turn, and a copy damaged between bind and proof makes the
 fork `unknown`."""

@@ -1,4 +1,4 @@
-"""What one Codex fork costs the worker, counted (issue 20): forks of an unchanged source on its
+"""What one Codex fork costs the worker, counted: forks of an unchanged source on its
 live app-server read the source once, spawn no app-server (the child's readability is proven
 in the worker, the child's own runtime starts only at its first use), and still unsubscribe
 every child; a new turn makes the next fork read the source again. Counts, never timings."""
@@ -48,7 +48,7 @@ def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
         assert result.binding.receipt["readabilityProof"] == "in_worker"
     assert wait_until(lambda: methods(calls_log)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls_log)[before:])
-    # Before: thread/read + thread/fork + thread/unsubscribe per fork, all awaited. Now the
+    # Not thread/read + thread/fork + thread/unsubscribe per fork, all awaited: the
     # source is read once, the child's turns are listed (`excludeTurns`: less Codex CPU than
     # a hydrated fork answer) and the unsubscribe is not awaited.
     assert made == {

@@ -1,4 +1,4 @@
-"""Codex with a real model's credentials, through the daemon (issue 17): the key named by
+"""Codex with a real model's credentials, through the daemon: the key named by
 `api_key_env` reaches Codex through its own `env_key` mechanism (never written to config.toml),
 turns and a fork run against a fake Responses API that answers 401 without it, the reply streams
 as `message.delta` events ahead of the settled Turn, a missing key fails fast as

@@ -351,7 +351,7 @@ def test_npm_node_shim_is_a_wrapper_and_never_cached(
 def test_configured_npm_shim_spawns_the_native_binary_behind_it(
     make_driver: MakeDriver, tmp_path: Path
 ) -> None:
-    """Issue 20: no `node` in front of every Codex spawn. The configured wrapper is replaced
+    """No `node` in front of every Codex spawn. The configured wrapper is replaced
     by the platform binary it would `execve`, which is also an executable whose identity can
     be fingerprinted, so the attestation of an unchanged launch is reused."""
     shim = _pinned_shim()
@@ -438,7 +438,7 @@ def test_fork_unsubscribes_the_child_from_the_source_server(
     def unsubscribed_now() -> list[str]:
         return [c["params"]["threadId"] for c in calls(calls_log, "thread/unsubscribe")]
 
-    # Sent without waiting for the answer (issue 20): the relay logs it a moment later.
+    # Sent without waiting for the answer: the relay logs it a moment later.
     deadline = time.monotonic() + 15
     while not unsubscribed_now() and time.monotonic() < deadline:
         time.sleep(0.02)

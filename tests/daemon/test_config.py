@@ -1,4 +1,4 @@
-"""`agenthost.toml` is typed and validated (issue 14 §3), through the real `agenthost serve`:
+"""`agenthost.toml` is typed and validated, through the real `agenthost serve`:
 every key of `agenthost.config.SCHEMA` given a value of the wrong type (and one out of its
 range) stops `serve` with exit 2 and one line naming the file, table, key, what was expected
 and what was given; never a traceback, never a started daemon. A too-long AGENTHOST_HOME is
@@ -229,7 +229,7 @@ def test_valid_values_start_and_a_list_command_runs_the_provider(tmp_path: Path)
 
 
 def test_model_keys_are_validated(tmp_path: Path) -> None:
-    """Issue 17: the model keys of each provider, checked at start-up with the key named; a
+    """The model keys of each provider, checked at start-up with the key named; a
     value given where a key name belongs is not echoed."""
     cfg = parse_config(
         tmp_path,

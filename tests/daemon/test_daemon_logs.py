@@ -1,4 +1,4 @@
-"""Daemon logs, through the real `agenthost serve` (issue 14 "Also"): an ordinary 4xx (busy,
+"""Daemon logs, through the real `agenthost serve`: an ordinary 4xx (busy,
 not found, fenced, bad argument) is not an ERROR with a traceback; `serve -v` logs exactly one
 line per request, one per Turn transition and one per fork transition, with the Session,
 Turn and operation ids."""

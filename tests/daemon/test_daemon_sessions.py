@@ -1,5 +1,5 @@
-"""End-to-end: the daemon through its real sockets, with real worker and tutti-agent processes
-(issue 2 acceptance)."""
+"""End-to-end: the daemon through its real sockets, with real worker and tutti-agent processes:
+Sessions, turns, interactions, workers, restarts and events."""
 
 from __future__ import annotations
 

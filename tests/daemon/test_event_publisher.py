@@ -1,4 +1,4 @@
-"""The event publisher (issue 20): it builds no event for a workspace nobody subscribed to (no
+"""The event publisher: it builds no event for a workspace nobody subscribed to (no
 store read, no projection), and once a subscriber is connected it gets the events as before."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 20: a fork re-attests its source's runtime only when that runtime changed since the
+"""A fork re-attests its source's runtime only when that runtime changed since the
 Session's last passed attestation (the runtime generation of `drivers/worker.py`), through the
 real daemon, worker and tutti-agent app-server.
 

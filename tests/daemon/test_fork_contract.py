@@ -1,4 +1,4 @@
-"""Seed 000 strict-contract points through the daemon's socket (issue 16): model content is
+"""Seed 000 strict-contract points through the daemon's socket: model content is
 never rewritten by the fork, every fork conflict names a `forkBoundaryReason`, the binder and
 forkability verdicts fail closed, one provider call per operation, replay after delete."""
 

@@ -1,4 +1,4 @@
-"""Crash tests with failpoints (issue 4): SIGKILL the daemon at each `host.fork.*` point and a
+"""Crash tests with failpoints: SIGKILL the daemon at each `host.fork.*` point and a
 worker at each `worker.*` point; after restart the operation ends as the contract says, with at
 most one provider child (counted in the provider home) and a child Session iff committed."""
 

@@ -1,6 +1,6 @@
-"""Issue 14 §4, through the real daemon, worker and tutti-agent app-server: the host's fork
+"""Fork deadlines, through the real daemon, worker and tutti-agent app-server: the host's fork
 deadline is longer than the worker's whole budget, so a fork slowed (by `sleep:` failpoints in
-the worker's fork and bind steps) past the worker's provider-call limit, the old host limit,
+the worker's fork and bind steps) past the worker's provider-call limit
 still ends `committed`; a provider fork call that exceeds the worker's own limit ends
 `unknown` with the worker's reason, exactly once, never redispatched."""
 
@@ -59,7 +59,7 @@ def test_fork_slowed_past_the_provider_call_limit_commits(tmp_path: Path) -> Non
         boundary = run_turn(c, sid, "fork me")
         started = time.monotonic()
         op = _fork(c, sid, boundary["turnId"])
-        assert time.monotonic() - started > 4  # really slower than the old host limit
+        assert time.monotonic() - started > 4  # really slower than the worker's provider-call limit
         assert op["status"] == "committed", op
     finally:
         d.stop()

@@ -1,4 +1,4 @@
-"""Issue 20, fork fast path (the daemon side): a `fork.create` — like every request bound for a
+"""The fork fast path (the daemon side): a `fork.create` — like every request bound for a
 Session actor — is routed from the transport thread after a point read of the Session on the
 read-only connection, with no reader-pool hop in front of the actor; and a fork's operation
 and Session changes do not wake the event publisher when nobody subscribed to the workspace.

@@ -1,4 +1,4 @@
-"""Full-Session fork (issue 21 §2): `point: {type: "latestSettled"}` through a real daemon and
+"""Full-Session fork: `point: {type: "latestSettled"}` through a real daemon and
 tutti-agent — resolved to the newest settled Turn at prepare, frozen on the operation, and a
 replay of the same request after new Turns returns the original boundary."""
 

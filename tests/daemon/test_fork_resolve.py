@@ -1,4 +1,4 @@
-"""`fork.resolve` (issue 21 §1) through a real daemon and tutti-agent: an `unknown` fork with a
+"""`fork.resolve` through a real daemon and tutti-agent: an `unknown` fork with a
 child is inspected `adoptable`, adopted and its child runs a turn; one without a child is
 inspected `absent`, abandoned, and the same Turn forks and commits; a child of an abandoned
 operation is moved into quarantine, never deleted."""

@@ -1,4 +1,4 @@
-"""Crash matrix of `fork.resolve` (issue 21 §1) on every provider (tutti-agent, the real Codex
+"""Crash matrix of `fork.resolve` on every provider (tutti-agent, the real Codex
 app-server, the real Claude Agent SDK + CLI): SIGKILL the daemon at each `host.resolve.*`
 failpoint, restart, and check the end state recovery leaves (a half-done resolution is finished
 or rolled back), the invariants (0 violations, quarantine included), and that a new resolve then

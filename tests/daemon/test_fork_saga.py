@@ -1,5 +1,5 @@
-"""End-to-end fork saga through the socket, with real worker and tutti-agent processes
-(issue 4 acceptance): commit, dispositions, barrier and ACK, replays, recovery by GET."""
+"""End-to-end fork saga through the socket, with real worker and tutti-agent processes:
+commit, dispositions, barrier and ACK, replays, recovery by GET."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The crash laws on a *warm* fork (issue 20, fork fast path): a fork of a Session whose runtime
+"""The crash laws on a *warm* fork (the fork fast path): a fork of a Session whose runtime
 its previous fork attested skips `session.start`, the replay read and `runtime.attest`, and its
 target directories are made durable during the provider call — and still ends exactly as the
 contract table says when the daemon is SIGKILLed at a `host.fork.*` point or the worker at a

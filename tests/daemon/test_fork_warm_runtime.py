@@ -1,4 +1,4 @@
-"""Issue 20, the fork fast path on the host: a fork of a Session whose runtime its last fork
+"""The fork fast path on the host: a fork of a Session whose runtime its last fork
 attested — still live, at the same generation, at the same identity — sends no `session.start`
 and makes no separate replay read before `prepare_fork`; the worker still refuses the fork if
 that runtime is gone by the time the fork reaches it (`not_started`, so `failed`, no child),

@@ -1,4 +1,4 @@
-"""One daemon per home (issue 14 §1), through real `agenthost serve` processes: a second
+"""One daemon per home, through real `agenthost serve` processes: a second
 `serve` on a live home exits 1 naming the live daemon and changes nothing (its turn
 completes, its fork commits), even after `run/` was removed under the live daemon (the lock is
 on the home directory; the daemon makes `run/` again and serves new clients); a daemon whose

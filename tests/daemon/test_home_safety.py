@@ -1,4 +1,4 @@
-"""The home is ours alone (issue 14 §5), through the real `agenthost serve`: a home or `run/`
+"""The home is ours alone, through the real `agenthost serve`: a home or `run/`
 that another user owns, that others may write, or that is a symlink is refused with exit 2
 naming the path and the reason, before anything is written and without chmod-ing anything;
 an abstract-namespace ipc endpoint and an ipc endpoint in a directory not ours with mode 0700

@@ -1,4 +1,4 @@
-"""Issue 15 defect 8, through the real daemon and a real tutti-agent app-server that is
+"""A hung provider, through the real daemon and a real tutti-agent app-server that is
 SIGSTOPped mid-turn (a hung provider): past `turn_inactivity_seconds` the runtime is stopped
 and the Turn settles `failed` with the reason; an interrupt of a hung runtime stops it and
 settles the Turn `interrupted` within `turn_interrupt_seconds`, not a 502 after 30 s. The

@@ -1,4 +1,4 @@
-"""Internal errors, through the real `agenthost serve` and a real worker process (issue 19 #8):
+"""Internal errors, through the real `agenthost serve` and a real worker process:
 one builder (`domain.errors.internal_error`) makes every 500 `internal`; the client's message
 names the failure's type and a reference id, never its text, and the log holds that reference
 with the text and traceback."""

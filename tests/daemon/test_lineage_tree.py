@@ -1,4 +1,4 @@
-"""`session.lineage` and `agenthost tree` (issue 21 §3) through a real daemon: a three-level
+"""`session.lineage` and `agenthost tree` through a real daemon: a three-level
 fork tree whose middle node is deleted keeps its durable lineage on both sides."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The read path (issue 20): `session.get` and `fork.get` of a settled operation are answered
+"""The read path: `session.get` and `fork.get` of a settled operation are answered
 on the transport thread from the daemon's read-only connection — no reader-pool thread, no
 Session actor — and a read after an acknowledged write sees that write.
 

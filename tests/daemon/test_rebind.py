@@ -1,5 +1,5 @@
-"""Issue 15 defect 1 (second half), through the real daemon and tutti-agent: a settled
-completed Turn whose provider binding the host never recorded (as main lost it when the
+"""Re-binding a lost provider binding, through the real daemon and tutti-agent: a settled
+completed Turn whose provider binding the host never recorded (as when the
 binding write failed) is re-bound from the provider's own history at the next runtime
 preparation, by order and content, so later forks are not refused `provider_turn_missing`
 for good; when two Turns could be the same provider turn, nothing is re-bound (fail closed)."""

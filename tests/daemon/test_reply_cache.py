@@ -1,4 +1,4 @@
-"""The point reads' reply cache (issue 20, `agenthost.reply_cache`): bounded, and exact — a
+"""The point reads' reply cache (`agenthost.reply_cache`): bounded, and exact — a
 kept reply is never served once anything was committed after it was read."""
 
 from __future__ import annotations

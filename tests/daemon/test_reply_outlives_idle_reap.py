@@ -1,8 +1,8 @@
-"""Issue 15 defect 2 (every request gets a reply), found by the contention soak at soak size:
+"""Every request gets a reply, even one whose Session actor the idle reaper would stop:
 a `fork.create` waits for its source's runtime preparation (a provider runtime slot, then
-`session.start`) before any operation exists. The Session actor did not count that wait as
-work, so the idle reaper stopped it mid-wait and the preparation's answer found no actor
-("session actor … gone before a driver answer"): the request was never answered.
+`session.start`) before any operation exists. The Session actor counts that wait as work:
+were the idle reaper to stop it mid-wait, the preparation's answer would find no actor
+("session actor … gone before a driver answer") and the request would never be answered.
 
 Through the real daemon and tutti-agent: one runtime slot (`max_runtimes_per_provider = 1`)
 held by another Session's slow turn, an idle limit far shorter than that turn
@@ -44,8 +44,8 @@ def test_fork_waiting_for_a_runtime_slot_is_answered_after_the_idle_reap(tmp_pat
             ),
             30,
         )
-        # Queued behind the slot far longer than the idle limit; on main the reaper stopped
-        # the source's actor meanwhile and this call got no reply (a client timeout here).
+        # Queued behind the slot far longer than the idle limit; had the reaper stopped the
+        # source's actor meanwhile, this call would get no reply (a client timeout here).
         status, body = c.call_raw(
             "fork.create",
             {

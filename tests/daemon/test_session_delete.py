@@ -1,5 +1,5 @@
 """`session.delete` removes the Session's runtime dir, `runtimes/<workspace>/<session>/` (the
-provider's full transcript), through the real `agenthost serve` (issue 14 "Also"): at once,
+provider's full transcript), through the real `agenthost serve`: at once,
 for a fork source too (its committed child keeps working from its own home, after a restart),
 and crash-safely (a daemon SIGKILLed between the commit and the removal finishes it at its
 next start)."""

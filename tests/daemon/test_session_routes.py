@@ -1,4 +1,4 @@
-"""Issue 20 rows 5-6: a request or a driver event for a live Session actor goes straight into
+"""A request or a driver event for a live Session actor goes straight into
 its inbox (`actors.session_routes`), not through the HostActor's thread; only a Session without
 a live actor goes through the HostActor, which starts one. Pipelined requests keep their order
 across that hand-over, and requests racing the idle reap of their actor are all answered.

@@ -1,4 +1,4 @@
-"""Issue 15 defect 9, through the real daemon: a `session.list` cursor is parsed strictly
+"""Small strictness rules, through the real daemon: a `session.list` cursor is parsed strictly
 (ASCII digits inside int64: a 400, never a 500, and never `١٢٣` or `1_000`); deleting a
 Session mid-turn is refused with 409 until the Turn is interrupted; a subscriber of workspace
 `team` never receives `team-secret`'s events; workspace ids map injectively onto runtimes/."""

@@ -1,4 +1,4 @@
-"""Issue 20 rows 5-6, a Turn on a warm runtime: a Session whose last `session.start` reported a
+"""A Turn on a warm runtime: a Session whose last `session.start` reported a
 runtime generation that is still live and unchanged starts its next Turn with `turn.start`
 alone (no `session.start` round trip), naming that generation. If the runtime was replaced
 after the host chose it, the worker refuses the Turn before the provider sees it; the host
@@ -153,7 +153,7 @@ def running_without_checkpoints(
 def test_a_turns_start_answer_queued_among_its_events_does_not_split_their_batch(
     running_without_checkpoints: tuple[Daemon, Client],
 ) -> None:
-    """Issue 20 rows 5-6: the provider's answer to `turn.start` only queues more of the Turn's
+    """The provider's answer to `turn.start` only queues more of the Turn's
     writes, so the writes held for the Turn's queued events wait for it too. The worker holds
     `turn.start` (`worker.turn.before_start`) while a mutation keeps the Session's actor busy:
     the Turn's events and that answer queue behind it, in the provider's order (the answer

@@ -1,4 +1,4 @@
-"""The binder's fsyncs, counted (issue 20): a bind into a fresh target home fsyncs the copied
+"""The binder's fsyncs, counted: a bind into a fresh target home fsyncs the copied
 file once and every directory whose entries changed exactly once,
 in two rounds whatever the number of files: every file's bytes and every new directory
 together, then — after the renames, ancestors first — every target's directory together. No
@@ -174,7 +174,7 @@ def test_the_syncs_of_a_round_are_in_flight_together(
 def test_each_path_component_is_checked_for_links_once_per_write_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 20: the symlink checks lstat each home's own ancestors once, and below a home
+    """The symlink checks lstat each home's own ancestors once, and below a home
     only the components under it (the plan, then again right before the write) — not every
     component from the root five times over. A link anywhere is still refused
     (test_rollout_binder's symlink tests)."""

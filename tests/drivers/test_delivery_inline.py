@@ -1,4 +1,4 @@
-"""The delivery thread's one shortcut (issue 20): the result of a fork, `runtime.attest` or
+"""The delivery thread's one shortcut: the result of a fork, `runtime.attest` or
 `session.start` — whose waiters only hand it to a Session actor — is delivered on the
 supervisor's loop thread when nothing is queued ahead of it, one thread hand-off fewer on a
 fork's path; behind a queued event or result it waits its turn (arrival order holds), and every

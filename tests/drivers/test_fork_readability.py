@@ -1,4 +1,4 @@
-"""The bound child's readability proof without a process spawn (issue 20): the tutti-agent
+"""The bound child's readability proof without a process spawn: the tutti-agent
 driver proves the child readable from the target home with tutti_agent's own reader inside the
 worker, a damaged copy still makes the fork `unknown`, and the rollout lineage reader (the one
 the Codex driver proves with) judges real tutti-agent Referenced lineages — same file format —

@@ -1,4 +1,4 @@
-"""What one tutti-agent fork costs the worker, counted (issue 20): app-server spawns, JSON-RPC
+"""What one tutti-agent fork costs the worker, counted: app-server spawns, JSON-RPC
 round trips and fsyncs. A fork of a source whose live app-server already showed its turns, with
 nothing since that could change them, does not read the source again; anything that could (a
 turn started, a turn in progress) makes the next fork read it. `thread/unsubscribe` of the
@@ -58,7 +58,7 @@ def test_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
     # The unsubscribes are sent without waiting: let the relay log the last one.
     assert wait_until(lambda: methods(calls)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls)[before:])
-    # Before: thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
+    # Not thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
     assert made == {"thread/read": 1, "thread/fork": 3, "thread/unsubscribe": 3}
     assert "initialize" not in made  # no app-server spawned: not for the fork, nor the proof
 
@@ -124,7 +124,7 @@ def test_a_fork_fsyncs_in_the_worker_only_the_bound_copy(
 def test_the_childs_directories_are_durable_before_the_bind_begins(
     make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 20: the child's target directories are created and fsynced while the provider
+    """The child's target directories are created and fsynced while the provider
     call runs (`DirsAhead`), so when the binder starts they exist and every created
     directory's parent is already durable; the binder then fsyncs only the file and its own
     directory — the same syncs in all, each once."""

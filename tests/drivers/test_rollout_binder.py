@@ -1,4 +1,4 @@
-"""The host_copy rollout binder, one test per rule of seed 000 §7/§10 and issue 6: exact copy,
+"""The host_copy rollout binder, one test per rule of seed 000 §7/§10: exact copy,
 idempotence, identity checks, keep/repair/diverge, archived targets, corrupt sources, symlinks,
 Referenced lineage, and that every refusal writes nothing."""
 

@@ -1,4 +1,4 @@
-"""Issue 15 #5: a worker spawn that fails with "Too many open files" must not kill the
+"""A worker spawn that fails with "Too many open files" must not kill the
 supervisor's loop thread — that thread is also every request's timeout clock. Waiters get a
 typed error, `status()` names the error, and the supervisor retries with backoff until the
 spawn succeeds.

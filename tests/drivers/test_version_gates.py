@@ -1,4 +1,4 @@
-"""Version gates parsed from the app-server userAgent (seed 000 §3.2, issues 4 and 6)."""
+"""Version gates parsed from the app-server userAgent (seed 000 §3.2)."""
 
 from __future__ import annotations
 

@@ -67,7 +67,7 @@ def test_a_driver_emits_typed_turn_events_never_maps(
     make_driver: Make,  # noqa: F811 - the fixture
     tmp_path: Path,
 ) -> None:
-    """Issue 19: the driver builds each event as its `TurnEvent`; the wire map is made once,
+    """The driver builds each event as its `TurnEvent`; the wire map is made once,
     at the worker's edge (`to_wire`), and reads back as the same value."""
     log = _RawLog()
     driver = make_driver()

@@ -109,7 +109,7 @@ def test_silent_worker_is_declared_dead_and_its_inflight_request_lost(
 def test_busy_worker_whose_heartbeats_are_starved_is_not_taken_for_hung(
     supervisor: WorkerSupervisor,
 ) -> None:
-    """Issue 14 §6: the watchdog tells busy from hung by the worker's CPU time (read from the
+    """The watchdog tells busy from hung by the worker's CPU time (read from the
     kernel, which the work cannot block): 9 s without a heartbeat while the worker computes
     is no death; a stopped worker (above) still is."""
     pid = supervisor.request(P, "worker.ping", {}, 15).result(20)["pid"]

@@ -1,8 +1,8 @@
-"""Issue 19's splits by concern in the client: `client/engine.py` became the package
-`client/engine/`, `client/session_client.py` a module that re-exports five concern modules, and
+"""Splits by concern in the client: the Engine is the package `client/engine/`,
+`client/session_client.py` a module that re-exports five concern modules, and
 `client/gui/app.py` the GUI's wiring with its view, actions and words beside it. Each module is
 short (under ~500 lines) and says its one concern in its docstring, and every name others
-import stays where it was, as the concern module's own object."""
+import is found where callers look for it, as the concern module's own object."""
 
 from __future__ import annotations
 

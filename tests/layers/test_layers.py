@@ -18,7 +18,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# The client (issue 19: Engine, CLI, GUI, demo), the wire spec and every driver module.
+# The client (Engine, CLI, GUI, demo), the wire spec and every driver module.
 APSW_FREE = (
     "agenthost.cli",
     "client.cli.parser",
@@ -227,7 +227,7 @@ def client_imports() -> dict[str, tuple[int, str, str]]:
 def test_importing_the_client_loads_nothing_of_the_daemon_side(
     module: str, client_imports: dict[str, tuple[int, str, str]]
 ) -> None:
-    """The client (issue 19) never loads the daemon's composition root, actors, store, drivers
+    """The client never loads the daemon's composition root, actors, store, drivers
     or the tutti-agent program, nor SQLite."""
     rc, out, err = client_imports[module]
     assert rc == 0, err
@@ -296,7 +296,7 @@ def test_a_driver_or_tutti_agent_module_loads_no_sqlite_store_or_actors(
     module: str, worker_side_imports: dict[str, tuple[int, str, str]]
 ) -> None:
     """A worker process (drivers) and the tutti-agent program never load the host's SQLite, its
-    store or its actors (ARCHITECTURE.md's import table; issue 19)."""
+    store or its actors (ARCHITECTURE.md's import table)."""
     rc, out, err = worker_side_imports[module]
     assert rc == 0, err
     loaded: list[str] = json.loads(out.strip().splitlines()[-1])

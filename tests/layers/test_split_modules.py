@@ -1,9 +1,9 @@
-"""Issue 19's splits by concern in the drivers' room: `drivers/supervisor.py`,
-`agenthost/config.py` and `tutti_agent/turns.py` each became one module per concern (each
-saying its one concern in its docstring), and the names others import stay
-where they were: `agenthost.config` is a facade whose names are the concern modules' own
-objects, `drivers.supervisor` still names its sinks and states, `tutti_agent.turns` its
-`_TurnIO` (a test wraps its methods inside a daemon's app-server)."""
+"""Splits by concern in the drivers' room: the supervisor (`drivers.supervisor`), the config
+(`agenthost.config`) and tutti-agent's turns (`tutti_agent.turns`) are each split into one
+module per concern (each saying its one concern in its docstring), and the names others
+import are found where callers look for them: `agenthost.config` is a facade whose names are
+the concern modules' own objects, `drivers.supervisor` still names its sinks and states,
+`tutti_agent.turns` its `_TurnIO` (a test wraps its methods inside a daemon's app-server)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The store's surface (issue 19).
+"""The store's surface.
 
 `storage.Store` carries only what the daemon uses: every public method of its parts is called
 somewhere outside the tests (a read or write only tests make lives in the test port,

@@ -1,5 +1,5 @@
-"""The client side of issue 17, as real subprocesses against a real daemon: `agenthost say` prints
-a reply while the model is still producing it (the fake model holds the rest of its stream),
+"""The client side of real models, as real subprocesses against a real daemon: `agenthost say`
+prints a reply while the model is still producing it (the fake model holds the rest of its stream),
 `agenthost new --model` stores the Session's model, and `agenthost status` names each
 provider's endpoint and credential variable (and whether it is set), never the key."""
 

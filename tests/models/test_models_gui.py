@@ -1,4 +1,4 @@
-"""The GUI grows a streamed reply in place (issue 17): headless through Textual's pilot against a
+"""The GUI grows a streamed reply in place: headless through Textual's pilot against a
 real daemon whose fake model sends the first piece of its reply and holds the rest — the open
 Turn already shows that piece while it is active, and once the model finishes, the settled
 Turn shows the reply exactly once; a retry of the model request shows as a dim line until

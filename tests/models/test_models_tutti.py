@@ -1,4 +1,4 @@
-"""Real models through the daemon with tutti-agent (issue 17): fake model servers on 127.0.0.1
+"""Real models through the daemon with tutti-agent: fake model servers on 127.0.0.1
 that require the key (401 without), the key taken from the daemon's environment by name, the
 Responses and Chat Completions wire APIs, a fork whose child request holds exactly the prefix,
 typed fail-fast errors, `message.delta` events ahead of the settled Turn, the per-Session model,
@@ -178,7 +178,7 @@ def test_a_silent_endpoint_fails_the_turn_as_model_timeout_within_the_first_byte
             assert turn["errorReason"] == "model_timeout", turn["error"]
             assert silent.base_url in turn["error"] and "tutti-agent" in turn["error"]
             assert "1.5 s" in turn["error"] and "model_first_byte_seconds" in turn["error"]
-            # Settled by the configured limit, not the old 300 s read timeout.
+            # Settled by the configured limit, not by a generic 300 s read timeout.
             assert turn["settledAtUnixMs"] - turn["createdAtUnixMs"] < 30_000
             assert silent.accepted == 1
             # The daemon keeps serving.
@@ -322,7 +322,7 @@ def test_chat_tool_call_and_fork_through_it_via_the_daemon(tmp_path: Path) -> No
 
 
 def test_a_long_streaming_reply_is_not_taken_for_a_hung_provider(tmp_path: Path) -> None:
-    """The inactivity watchdog (issue 15) counts streamed deltas as activity: a reply that
+    """The inactivity watchdog counts streamed deltas as activity: a reply that
     drips for longer than `turn_inactivity_seconds` completes."""
     # 30 deltas, 0.3 s apart: about 9 s of streaming, no item until the end — more than twice
     # the limit, while the limit is generous for the app-server's start on a loaded machine.

@@ -1,4 +1,4 @@
-"""Access (issue 9 item 6): the run dir is 0700 and its sockets 0600; another local user
+"""Access: the run dir is 0700 and its sockets 0600; another local user
 (`nobody`, via setpriv) can neither connect to the API socket nor read the store, even when
 the home's parents are world-traversable; TCP listens on loopback only unless
 `--allow-remote`; and no method reaches another workspace's Sessions or operations."""

@@ -87,7 +87,8 @@ SLOTS = trials(64, 32)
 STOPPED_LIMIT_S = 2
 
 NEW_LAWS = (Law.COMPLETED_TURN_RECORDED, Law.ACTIVE_TURN_WORKED, Law.FENCE_HAS_SAGA)
-"""The laws issue 15 added to the checker; the summary counts their violations one by one."""
+"""The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
+violations one by one."""
 
 pytestmark = pytest.mark.timeout(trials(240, 1200))
 

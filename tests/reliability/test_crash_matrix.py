@@ -1,4 +1,4 @@
-"""The crash matrix (issue 9 item 2): every failpoint of PROTOCOL.md × every wired provider ×
+"""The crash matrix: every failpoint of PROTOCOL.md × every wired provider ×
 `kill`. Each trial forks, SIGKILLs the process that hits the point, restarts what died, lets
 recovery run, and asserts the end state written in docs/reliability.md plus every invariant.
 

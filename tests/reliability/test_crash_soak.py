@@ -332,7 +332,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 wait_for(lambda t=target: _idle(c, t), timeout=60)
                 assert run_turn(c, target, "resume")["outcome"] == "completed"
                 resumed += 1
-        # With the clients parked, the live laws of issue 15 too: no Turn stays active and no
+        # With the clients parked, the live laws too: no Turn stays active and no
         # operation keeps its fence with nothing working on it (`active_turn_worked`,
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)

@@ -1,4 +1,4 @@
-"""TCP is authenticated and encrypted with ZeroMQ CURVE (issue 14 §2), through the real
+"""TCP is authenticated and encrypted with ZeroMQ CURVE, through the real
 `agenthost serve`: the first start makes the keys and `run/connection.json` (0600); a client
 with an authorized key is served over TCP (API and events; the CLI, the Engine), while a client
 with no key, an unknown key, a revoked key or the wrong server key gets nothing at all, and the
@@ -125,7 +125,7 @@ def test_first_start_makes_keys_and_a_connection_file_all_0600(
         "transport",
         "api",
         "events",
-        "eventsExact",  # issue 15 #9: null here, no --events-exact-listen
+        "eventsExact",  # null here: no --events-exact-listen
         "serverPublicKey",
         "clientPublicKey",
         "clientSecretKey",

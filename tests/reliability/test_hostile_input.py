@@ -1,4 +1,4 @@
-"""Hostile input (issue 9 item 5): a seeded fuzzer sends over 10,000 frames to a real daemon over
+"""Hostile input: a seeded fuzzer sends over 10,000 frames to a real daemon over
 one DEALER, many in flight — random bytes, truncated msgpack, a wrong value at every field of
 every method, huge ints, deep nesting, bad UTF-8, oversize frames, unknown methods, other
 workspaces' ids, over-long routing envelopes — with valid requests interleaved. Every frame

@@ -174,7 +174,7 @@ def test_checker_reads_a_store_left_by_a_stopped_or_killed_daemon(
     assert report.ok and report.sessions == 1
 
 
-# -- issue 15: the laws that see lost writes, orphaned Turns and orphaned fences ------------
+# -- the laws that see lost writes, orphaned Turns and orphaned fences ----------------------
 
 
 def test_completed_turn_without_assistant_message_is_reported(base: Base, tmp_path: Path) -> None:

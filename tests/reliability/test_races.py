@@ -1,4 +1,4 @@
-"""Race suite (issue 9 item 4) against a real daemon and tutti-agent: 32 clients on one boundary
+"""Race suite against a real daemon and tutti-agent: 32 clients on one boundary
 get one operation and cause one provider dispatch; replays of one request id make one
 operation; a reused id with another body conflicts; and fenced mutations racing a fork are
 either in its snapshot or refused with `agent_session_fork_in_progress`, never half-applied."""

@@ -1,4 +1,4 @@
-"""Store contention through the real daemon (issue 15 defects 1-3, issue 14 §6): another
+"""Store contention through the real daemon: another
 process holds SQLite's write lock on the store file. Requests past the store's busy budget
 answer 503 `unavailable`/`store_busy` (retryable), never 500; a Turn whose events could not be
 written while the lock was held lands every one of them, in order, once the lock is gone; a
@@ -160,7 +160,7 @@ def test_interrupt_works_on_a_turn_whose_settle_is_pending(daemon: DaemonProcess
 
 def test_fork_checkpoint_on_a_locked_store_releases_its_fence_by_itself(tmp_path: Path) -> None:
     """The provider answers while another process holds the write lock: the saga's checkpoint
-    (and, on main, its abort record) cannot be written. Once the lock is gone the saga ends
+    (or its abort record) cannot be written. Once the lock is gone the saga ends
     by itself (no fork.get, no restart) and the source's fence is released."""
     home = tmp_path / "home"
     home.mkdir(parents=True)

@@ -1,6 +1,6 @@
 """A real daemon whose Tutti Agent talks to the fake Responses API, which answers
 `steps N SIZE` with N reasoning items of SIZE bytes (one Message each) then `done`: Turns of
-many messages, for the event and memory tests of issue 15 #6."""
+many messages, for the event and memory tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 15 #9, terminated event topics, through the real daemon.
+"""Terminated event topics, through the real daemon.
 
 Beside the events socket whose topic frame is the bare workspace id (binding, unchanged), the
 daemon binds `run/events-exact.sock` (and, when configured, a CURVE-only tcp endpoint) whose
@@ -171,7 +171,7 @@ def test_an_all_subscriber_there_gets_each_event_once_and_the_old_socket_is_unch
     c.call("session.delete", {"workspaceId": SECRET, "agentSessionId": sid})
     on_exact, on_old = _drain(exact), _drain(old)
     assert on_old and all(len(frames) == 2 for frames in on_old)
-    # The old socket: the bare workspace id, exactly as before (no NUL anywhere).
+    # The bare-topic socket: the bare workspace id, as PROTOCOL.md binds it (no NUL anywhere).
     assert {frames[0] for frames in on_old} == {b"team", b"team-secret"}
     # The new one: every one of those events once, in order, same bytes, topic + NUL.
     assert on_exact == [[frames[0] + b"\0", frames[1]] for frames in on_old]
@@ -291,8 +291,8 @@ def test_a_workspace_id_holding_nul_is_refused(daemon: DaemonProcess) -> None:
 
 
 def test_a_home_too_long_for_the_exact_socket_still_starts() -> None:
-    # events.sock fits (107 bytes) but events-exact.sock would not: the daemon starts as
-    # before, with no terminated endpoint advertised, and clients use events.sock.
+    # events.sock fits (107 bytes) but events-exact.sock would not: the daemon still
+    # starts, with no terminated endpoint advertised, and clients use events.sock.
     short = tempfile.mkdtemp(prefix="ah-x-")  # pytest's tmp_path may be too long already
     try:
         base = Path(short) / "h"

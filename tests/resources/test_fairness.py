@@ -1,8 +1,8 @@
-"""Issue 15 #7 through the real daemon: 64 slow provider calls (app-servers that take
+"""Fairness, through the real daemon: 64 slow provider calls (app-servers that take
 minutes to start) must not stall an unrelated warm Session's turn. The worker runs calls that
 may block (a spawn, a fork) on a `slow` lane and a warm Session's `session.start` /
-`turn.start` on a `fast` lane; before, one 64-thread pool served both, so the warm turn
-waited until the slow calls timed out.
+`turn.start` on a `fast` lane; with one 64-thread pool for both, the warm turn
+would wait until the slow calls timed out.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 15 #5 through the real daemon: under `RLIMIT_NOFILE=1024`, 700 Sessions written to
+"""File descriptors, through the real daemon: under `RLIMIT_NOFILE=1024`, 700 Sessions written to
 through their actors must not exhaust file descriptors. Session actors share a bounded thread
 pool and the store a bounded connection pool, so threads and connections do not grow with the
 number of live Sessions; turns still run and complete afterwards.

@@ -2,10 +2,10 @@
 it survives a flood of ipc connections and of unauthenticated TCP connections to its CURVE
 endpoint, then serves a fresh client and runs a Turn.
 
-Before: the flood took the daemon to its limit, `host.status` answered 500 (EMFILE importing a
-module) and the next ipc connection aborted it inside libzmq (`Too many open files
-(src/ipc_listener.cpp:297)`, SIGABRT): libzmq asserts on EMFILE from accept() on an ipc
-listener. The daemon now caps what its listeners hold (docs/design/connections.md).
+The daemon caps what its listeners hold (docs/design/connections.md): libzmq asserts on EMFILE
+from accept() on an ipc listener (`Too many open files (src/ipc_listener.cpp:297)`, SIGABRT), so
+a flood that took the daemon to its limit would make `host.status` answer 500 (EMFILE importing
+a module) and the next ipc connection abort it inside libzmq.
 """
 
 from __future__ import annotations

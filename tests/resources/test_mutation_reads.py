@@ -1,15 +1,15 @@
-"""Issue 20 rows 5-7 (mutation p99 with 8 clients): the store work a `turn.submit` and an
+"""The store work a `turn.submit` and an
 `updateTitle` do not need, cut — pinned by what runs, never by timings.
 
 - A Session read (`get_session`: the actor's, the publisher's `session.upserted`, every
-  `session.get`) finds the active Turn through `turns_by_phase`; SQLite used to walk the
-  Session's (session, sequence) index to avoid a sort, reading every Turn it ever had.
+  `session.get`) finds the active Turn through `turns_by_phase`, not by SQLite walking the
+  Session's (session, sequence) index to avoid a sort, which reads every Turn it ever had.
 - The settled, completed Turns with no provider binding (looked for after every runtime
   start, so once per Turn) are found through a partial index of exactly those, not by reading
   every settled Turn of the Session.
 - The Session actor's Turn writes (binding, checkpoint, settlement) read nothing back, and an
   appended Message is built from what was inserted: the same rows and change events as
-  before, and the same Message a fresh read returns.
+  a read-back, and the same Message a fresh read returns.
 - The provider of a Session (fixed at create) is read once: the publisher's `turn.updated`
   and a `turn.submit` reply take it from memory, and a deleted Session is still refused by
   the reads that follow it.

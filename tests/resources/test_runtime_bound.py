@@ -1,16 +1,16 @@
-"""Issue 14 §6 through the real daemon: many Sessions each running 3 turns at once, with the
-live provider runtimes bounded per provider (`max_runtimes_per_provider`, here 4). Turns
-beyond the bound queue (their Turn is accepted and stays `active` until a runtime slot frees;
-idle runtimes are stopped least-recently-used first). Every turn completes; no worker restart,
-no 500, no Turn left active; the worker never holds more than 4 app-servers.
+"""Bounded provider runtimes, through the real daemon: many Sessions each running 3 turns at once,
+with the live provider runtimes bounded per provider (`max_runtimes_per_provider`, here 4). Turns
+beyond the bound queue (their Turn is accepted and stays `active` until a runtime slot frees; idle
+runtimes are stopped least-recently-used first). Every turn completes; no worker restart, no 500, no
+Turn left active; the worker never holds more than 4 app-servers.
 
-The second test reproduces what failed at full size (200 × 3, bound 64) at test size: every
-runtime start is slow (a wrapper sleeps before the app-server starts) and the inactivity limit
-is short. Turns queued for a slot, and Turns whose runtime was still starting, were settled
-`failed` as "silent" by that limit; its runtime stop raced the start still in progress in the
-worker, which then attached the new app-server to a Session nobody held (alive, uncounted, past
-the bound). Now the wait for a slot or a start permit counts against no limit, only
-`max_runtime_starts_per_provider` runtimes start at once, and a stop waits for the start.
+The second test runs the full-size shape (200 × 3, bound 64) at test size: every runtime start
+is slow (a wrapper sleeps before the app-server starts) and the inactivity limit is short. The
+wait for a slot or a start permit counts against no limit (else Turns queued for a slot, or
+whose runtime is still starting, would settle `failed` as "silent"), only
+`max_runtime_starts_per_provider` runtimes start at once, and a stop waits for the start (else
+it would race the start in the worker, which would attach the new app-server to a Session
+nobody holds: alive, uncounted, past the bound).
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""Issue 15 #6 through the real daemon: clients that never read must not grow its memory.
+"""Through the real daemon: clients that never read must not grow its memory.
 
 - An events subscriber that never reads: the PUB queue per subscriber is 1000 events, and a
   `turn.updated` is capped at 256 KiB (a bigger Turn carries its latest messages and
-  `messagesTruncated`). Before: a 100,000-event queue of whole Turns, over 1 GB.
+  `messagesTruncated`); a 100,000-event queue of whole Turns would hold over 1 GB.
 - The same subscriber over Turns of many messages: each `turn.updated` carries only the
   messages added since the Turn's previous one (first and settling events whole), so what it
-  holds grows with the Turns' size, not its square. Before: +84 MB over 15 such Turns.
+  holds grows with the Turns' size, not its square (whole Turns: +84 MB over 15 such Turns).
 - A DEALER that sends many `session.list` and never reads: its unread replies count in its
   per-connection budget (1,024 in flight, 16 MiB of unread replies beyond the 32 ZeroMQ
-  queues), past which it is refused and further replies dropped. Before: the ROUTER queued
-  every reply (SNDHWM 0), 5.9 GB.
+  queues), past which it is refused and further replies dropped; a ROUTER that queued every
+  reply (SNDHWM 0) would hold 5.9 GB.
 
 Both clients are real ZeroMQ sockets whose receive queues are tiny, so back-pressure reaches
 the daemon as it would from a client that has stopped reading.
@@ -37,8 +37,8 @@ SUBSCRIBER_BOUND_MB = 100.0
 """The most a non-reading subscriber may add over the same Turns without it. Its queue may
 legitimately hold every event of these 40 Turns (about 200 events of up to ~300 KB, under its
 1,000-event bound: ~60 MB), and the allocator adds noise of tens of MB either way (measured
-+25 to +83 MB alone, +76 to +102 MB stalled on a loaded machine); the old 100,000-event queue
-of whole Turns added +183 MB."""
++25 to +83 MB alone, +76 to +102 MB stalled on a loaded machine); a 100,000-event queue
+of whole Turns adds about +183 MB, which this bound catches."""
 
 
 def _rss_mb(pid: int) -> float:
@@ -101,8 +101,8 @@ LONG_TURN_TEXT = "steps 40 6000"
 messages, ~45 `turn.updated`)."""
 LONG_TURNS_BOUND_MB = 30.0
 """The most a subscriber that never reads may add to the daemon over 15 such Turns (stated in
-docs/protocol.md). All their events fit its 1,000-event queue: now each Turn about twice (its
-deltas, then its settling event), ~8 MB in all; when every event carried the whole Turn
+docs/protocol.md). All their events fit its 1,000-event queue: each Turn about twice (its
+deltas, then its settling event), ~8 MB in all; were every event to carry the whole Turn
 (~125 KB on average), ~85 MB."""
 
 

@@ -1,7 +1,7 @@
 """What a tiny Turn leaves behind in the daemon is bounded, through the real daemon: each
 Turn arms a `turn_inactivity_seconds` watchdog (30 min) on the shared timer thread and
-cancels it when it settles; the cancelled entries (each holding its Turn's state) used to stay
-until their due time, so the daemon grew with every Turn for half an hour. After 48 Turns on
+cancels it when it settles; a cancelled entry (holding its Turn's state) must not stay until
+its due time, or the daemon would grow with every Turn for half an hour. After 48 Turns on
 12 Sessions, the timers pending (`host.status` `timers`) are bounded by the live ones, not by
 the Turns run. The RSS plateau over 10,000 Turns is `bench/tiny_turns.py`'s to show."""
 

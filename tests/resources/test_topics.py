@@ -1,4 +1,4 @@
-"""Issue 15 #9, event topics, in every client entry point through the real daemon.
+"""Event topics, in every client entry point through the real daemon.
 
 The topic frame is the bare workspace id (PROTOCOL.md, binding) and ZeroMQ subscriptions are
 prefix matches, so the SUB socket of workspace `team` also receives `team-secret`'s events.

@@ -1,9 +1,9 @@
-"""Issue 15 #6 through the real daemon: a `turn.updated` carries what changed, not the whole Turn.
+"""Through the real daemon: a `turn.updated` carries what changed, not the whole Turn.
 
 While a Turn runs, each `turn.updated` carries the Turn's fields plus only the messages added
 since that Turn's previous event (`messagesTruncated: true`, `messageCount`, `messagesFrom`);
 its first and its settling event carry the whole Turn. So a Turn of N messages costs O(N)
-bytes on the PUB, not O(N²) (before: every event carried every message). Clients merge by
+bytes on the PUB, not O(N²) (as it would if every event carried every message). Clients merge by
 message id and read a Turn they cannot complete (they joined late, or missed an event) with
 `session.timeline`; the merged state equals `session.timeline` in `transport.client`,
 `session_client.stream_turn` (so `agenthost say`) and a late joiner.
@@ -125,7 +125,7 @@ def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
         c = d.client()
         sid = create_session(c)["agentSessionId"]
         # Someone listens from the start, so the Turn's events are built as it runs (with no
-        # subscriber at all none would be, issue 20, and a late joiner's first one is whole).
+        # subscriber at all none would be, and a late joiner's first one is whole).
         early = EventSubscriber(d.events, (WS,))
         try:
             time.sleep(0.5)  # the subscription reaches the daemon
@@ -154,7 +154,7 @@ def test_a_client_that_joins_late_reads_the_whole_turn_from_the_timeline(
 
 
 def test_with_nobody_listening_a_late_joiners_first_event_is_whole(tmp_path: Path) -> None:
-    """Issue 20: while no client subscribes, the daemon builds no event of the Turn; the
+    """While no client subscribes, the daemon builds no event of the Turn; the
     first one a late joiner receives carries the Turn whole (no timeline read needed)."""
     gate = threading.Event()
     n = 10

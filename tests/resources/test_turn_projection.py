@@ -1,4 +1,4 @@
-"""Issue 15 #6, the reading side: the publisher projects an active Turn's change from the
+"""The reading side of `turn.updated`: the publisher projects an active Turn's change from the
 store rows that changed, not from the whole Turn.
 
 `agenthost.turn_events.updated_turn` is what the daemon's publishing thread runs for every

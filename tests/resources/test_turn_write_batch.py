@@ -1,12 +1,12 @@
-"""Issue 20 (the mutation tail): a burst of a Turn's driver events is written as one batch.
+"""A burst of a Turn's driver events is written as one batch.
 
 While the event the Session actor handles is followed by another driver event already queued,
 its durable write waits, and the burst's writes land as one `Store.write_batch` (one writer
 turn, one fsync'd COMMIT) instead of one transaction each. Through the real daemon and its
 Tutti Agent: a Turn of many streamed items (the fake model sends them back to back) is written
 in batches — the store's own per-method record (`AGENTHOST_STORE_TIMING`) names the batch
-drain — and the Turn is exactly what it was before: every Message, in order, settled with its
-final reply. Counted, never timed.
+drain — and the Turn is exactly what one write per event makes: every Message, in order,
+settled with its final reply. Counted, never timed.
 """
 
 from __future__ import annotations

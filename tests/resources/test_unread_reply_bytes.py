@@ -1,9 +1,9 @@
 """A client that never reads large replies through the real daemon: what the daemon keeps for it
 is bounded in bytes, not in replies.
 
-Before: ZeroMQ queued 32 replies per connection whatever their size, and a `session.list` page
-carried every listed Session whole: 20 `session.list` of 200 Sessions with ~1 MB settings each
-took the daemon from 426 MB to 5,153 MB. Now a page ends at ~1 MiB (`nextCursor` continues),
+Were ZeroMQ to queue 32 replies per connection whatever their size, and a `session.list` page to
+carry every listed Session whole, 20 `session.list` of 200 Sessions with ~1 MB settings each
+would take the daemon from about 426 MB to 5 GB. A page ends at ~1 MiB (`nextCursor` continues),
 and of large replies ZeroMQ holds at most 8 MiB per connection not yet written to its socket
 (`transport.replies`); further replies wait in the 16 MiB backlog or are dropped.
 """

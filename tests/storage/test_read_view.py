@@ -1,4 +1,4 @@
-"""The read path's own connection (issue 20): `ReadView` point reads see every committed write
+"""The read path's own connection: `ReadView` point reads see every committed write
 at once (read-your-writes), hold no snapshot between reads, can never write, and agree with
 the `Store`'s reads field for field; a committed operation's child projection is built once."""
 
@@ -42,7 +42,7 @@ def test_a_read_after_a_committed_write_sees_it(store: Store, view: ReadView) ->
 
 
 def test_session_exists_agrees_with_get_session(store: Store, view: ReadView) -> None:
-    """What routing a request to its Session actor asks (issue 20): live → True; deleted,
+    """What routing a request to its Session actor asks: live → True; deleted,
     unknown, or another workspace's → False, exactly where `get_session` is not found."""
     sid = new_session(store)
     assert view.session_exists(WS, sid) and view.get_session(WS, sid).session_id == sid

@@ -121,7 +121,7 @@ def test_submit_claim_replay_returns_same_turn_without_second_turn(store: Store)
 
 
 def test_a_new_submit_claim_returns_the_turn_exactly_as_stored(store: Store) -> None:
-    # claim_submit builds the Turn it inserted instead of reading it back (issue 20): it must
+    # claim_submit builds the Turn it inserted instead of reading it back: it must
     # equal a fresh read field for field, its user Message included, after earlier Turns too.
     sid = new_session(store)
     first, _ = store.turns.claim_submit(WS, sid, "r1", "first")

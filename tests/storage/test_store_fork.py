@@ -1,4 +1,4 @@
-"""The store's fork contract on real SQLite files (issue 3): prepare, fence, barrier, ACK,
+"""The store's fork contract on real SQLite files: prepare, fence, barrier, ACK,
 transitions, commit from the frozen snapshot, deterministic remap and fail-closed references."""
 
 from __future__ import annotations
@@ -1013,8 +1013,8 @@ def test_fork_events_follow_each_durable_step(store: Store, source: tuple[str, l
 def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
     store: Store, source: tuple[str, list[str]]
 ) -> None:
-    """Issue 20: a commit's events do not grow with the child's history (a 1,000-Turn fork
-    used to publish 1,000 `turn.updated`); the child's `SessionChanged` announces it."""
+    """A commit's events do not grow with the child's history (a 1,000-Turn fork publishes no
+    `turn.updated` per Turn); the child's `SessionChanged` announces it."""
     sid, turns = source
     op, _ = store.fork_prepare.prepare_fork(
         WS, request(sid, turns[-1])
@@ -1036,7 +1036,7 @@ def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
 
 
 def test_each_transition_and_the_commit_answer_with_the_row_a_read_returns(store: Store) -> None:
-    """Issue 20: a transition answers with the row it read plus what it wrote, and the commit
+    """A transition answers with the row it read plus what it wrote, and the commit
     with the child projected from the plan it built — exactly what a fresh read returns (the
     projection rebuilt from the snapshot alone, law 4); prepare hands back the snapshot's
     frozen (Turn id, binding JSON) of the prefix, which no other read carries."""

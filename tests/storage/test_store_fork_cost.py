@@ -1,5 +1,5 @@
-"""The big prepare + commit's work, counted (issue 20: 1,000-Turn prepare + commit ≤ 200 ms;
-issue 36: ≤ 50 ms).
+"""The big prepare + commit's work, counted (its time is `bench.scale --only-big-fork`'s
+to measure).
 
 Counts, never timings: how many times a snapshot is decoded, how many child ids are minted in
 Python and Message payloads remapped, how many Messages Python looks at, how many SQL statements

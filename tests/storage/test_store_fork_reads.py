@@ -1,4 +1,4 @@
-"""Issue 20 (cut 4 of docs/performance.md §10): a fork's durable steps read their operation's
+"""A fork's durable steps read their operation's
 row once each. `provider_accepted` answers with the row it read plus what it wrote, and the
 ACK with its one read projected plus the time it set — each exactly what a fresh read
 returns. Counts of SQL statements on the writer connection, never timings."""

@@ -1,4 +1,4 @@
-"""Group commit (issue 20): writes queued behind one another share one fsync'd COMMIT.
+"""Group commit: writes queued behind one another share one fsync'd COMMIT.
 
 Each write is a savepoint of the shared `BEGIN IMMEDIATE` transaction on the store's one
 writer connection; a failing write rolls back its own savepoint alone; every member returns
@@ -228,7 +228,7 @@ def test_the_wal_is_checkpointed_off_the_write_path(
 def test_a_batch_of_writes_is_one_commit_and_a_failing_one_rolls_back_alone(
     tmp_path: Path,
 ) -> None:
-    """`write_batch` (a Session actor's queued Turn writes, issue 20): nested savepoints of
+    """`write_batch` (a Session actor's queued Turn writes): nested savepoints of
     one member, one COMMIT; the failing write alone is undone; events only after the COMMIT."""
     path = tmp_path / "store.sqlite3"
     store = Store.open(path)

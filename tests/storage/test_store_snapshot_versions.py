@@ -7,7 +7,7 @@ still commit and project the same child.
 A v4 snapshot's bytes unpack to exactly the document prepare froze and pack back to the same
 bytes; a v4 document MessagePack cannot hold (an integer beyond 64 bits in an Interaction) is
 frozen as JSON text, still version 4; a v2 one is canonical JSON (sorted keys, no whitespace); a
-v1 snapshot (as every build before issue 20 wrote, e.g. the operations of
+v1 snapshot (as the oldest builds wrote, e.g. the operations of
 `fixtures/store_v4.sqlite3.gz`) is read into the same shape, so the child built from any of v1–v3
 is the same.
 """
@@ -98,7 +98,7 @@ def _as_v2(document: dict[str, Any]) -> str:
 
 
 def _as_v1(document: dict[str, Any]) -> dict[str, Any]:
-    """The document as a build before issue 20 froze it: Messages as objects, version 1."""
+    """The document as the oldest builds froze it: Messages as objects, version 1."""
     v1 = {k: v for k, v in document.items() if k != "message_fields"}
     v1["version"] = 1
     v1["turns"] = [

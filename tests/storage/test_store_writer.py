@@ -1,4 +1,4 @@
-"""One writer at a time inside the daemon (issue 20: "one writer, no busy-handler sleeps").
+"""One writer at a time inside the daemon: one writer, no busy-handler sleeps.
 
 The store's writers take turns on its writer lock, handed over as soon as a COMMIT returns;
 SQLite's busy handler, with its backoff sleeps of up to 100 ms, is left for other processes.

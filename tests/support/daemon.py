@@ -103,7 +103,7 @@ class DaemonProcess:
 
     @property
     def events_exact(self) -> str:
-        """The terminated-topic events endpoint (`eventsExact`, issue 15 #9)."""
+        """The terminated-topic events endpoint (`eventsExact`)."""
         return str(self.ready["eventsExact"])
 
     def client(self, timeout: float = 30.0) -> Client:

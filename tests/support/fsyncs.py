@@ -1,4 +1,4 @@
-"""Counting fsyncs by the file or directory they hit (issue 20's count-based tests).
+"""Counting fsyncs by the file or directory they hit, for the count-based tests.
 
 `FsyncLog` wraps the real `os.fsync` (every call still reaches the kernel: a spy, not a mock)
 and records, per call, the inode the descriptor names, so a test can assert exactly which

@@ -34,7 +34,7 @@ from workspace.shadow import ShadowStore
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
 # Statuses whose operation may have sent the provider fork (law 1: the marker is durable first).
 DISPATCHED = ("dispatching", "provider_accepted", "committed", "unknown", "abandoned")
-# Statuses that released their target reservation (`abandoned`: fork.resolve, issue 21).
+# Statuses that released their target reservation (`abandoned`: by fork.resolve).
 RELEASED = ("failed", "abandoned")
 
 HOME_DIRS: Mapping[str, str] = {
@@ -81,7 +81,7 @@ class Law(StrEnum):
     emptied (abandon moves a child aside, never deletes or truncates it)."""
     COMPLETED_TURN_RECORDED = "completed_turn_recorded"
     """A settled `completed` Turn lacks its provider binding or its final assistant Message
-    (a dropped driver event, issue 15 defect 1)."""
+    (a dropped driver event)."""
     ACTIVE_TURN_WORKED = "active_turn_worked"
     """A Turn is `active` with nothing written for it past the grace period and no pending
     interaction: no live runtime works on it (checked on a live, quiescent daemon only)."""

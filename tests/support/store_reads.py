@@ -1,9 +1,8 @@
 """The test port of the store: reads and writes only tests make, kept out of `storage.Store`.
 
-Each function runs the same SQL the `Store` method of the same name ran (before issue 19
-moved them here), through the store's own connection helpers (`_read`, `_write` with its
-fence check, `_one`, `_all`): what the tests assert is unchanged, while `Store` keeps only
-what the daemon calls.
+Each function runs the SQL a `Store` method of the same name would, through the store's own
+connection helpers (`_read`, `_write` with its fence check, `_one`, `_all`), so that `Store`
+keeps only what the daemon calls.
 
 - Inspection of fork state: `fence_holder`, `find_fork_operation_by_request`,
   `fork_operations_of`, `lineage_of`, `fork_readiness`, `find_session`.

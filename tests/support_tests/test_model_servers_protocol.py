@@ -52,7 +52,7 @@ def test_responses_stream_echoes_last_user_text_from_gzip_body() -> None:
         assert srv.requests == [body]
     assert status == 200 and ctype.startswith("text/event-stream")
     events = sse_events(raw)
-    # The reply streams as text deltas ("echo", ": hi") inside its item (issue 17).
+    # The reply streams as text deltas ("echo", ": hi") inside its item, as a real model streams.
     assert [name for name, _ in events] == [
         "response.created",
         "response.output_item.added",
@@ -117,7 +117,7 @@ def test_messages_stream_has_anthropic_event_sequence_and_ignores_reminders() ->
     assert json.loads(counted)["input_tokens"] > 0
     events = sse_events(raw)
     names = [name for name, _ in events]
-    # The text streams in several deltas (issue 17) that join to the reply.
+    # The text streams in several deltas that join to the reply.
     assert names[:2] == ["message_start", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     deltas = [e["delta"] for n, e in events if n == "content_block_delta"]

@@ -502,7 +502,7 @@ def test_close_from_a_handler_on_the_loop_answers_it_and_stops(
 
 
 def test_an_idle_loop_blocks_in_poll(running: Running, client_for: MakeClient) -> None:
-    """Issue 20: with nothing to do the transport loop sleeps in one blocking poll (no timeout,
+    """With nothing to do the transport loop sleeps in one blocking poll (no timeout,
     no busy polling): over a quiet half second it does not wake once."""
     server = running.server
     client_for(server.endpoints[0]).call("echo", {"x": 1})  # the loop has served a request

@@ -1,4 +1,4 @@
-"""Differential conformance (issue 5): the same scenario against the real Codex 0.171.0
+"""Differential conformance: the same scenario against the real Codex 0.171.0
 app-server and `tutti-agent app-server`, both driven by the same fake Responses server."""
 
 from __future__ import annotations

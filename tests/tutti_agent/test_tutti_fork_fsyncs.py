@@ -1,9 +1,9 @@
-"""How many fsyncs a fork child and a new rollout cost, and which ones (issue 20).
+"""How many fsyncs a fork child and a new rollout cost, and which ones.
 
-Durability is unchanged — every written file is fsynced before the fork returns, and every
+Every written file is fsynced before the fork returns, and every
 directory whose entries changed is fsynced once — but a fork child is written in one buffered
-write with one file fsync, not one fsync per line (a 10-turn child used to cost ~45 fsyncs).
-Counts, never timings: these fail if the per-line fsyncs come back or a directory fsync goes
+write with one file fsync, not one fsync per line.
+Counts, never timings: these fail if a fsync per line is made or a directory fsync goes
 missing."""
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_live_appends_stay_durable_line_by_line(
 def test_fork_child_is_not_read_back_and_equals_a_cold_load(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, persistence: ForkPersistence
 ) -> None:
-    """Issue 20: the fork builds the child's history from the lines it just wrote and
+    """The fork builds the child's history from the lines it just wrote and
     fsynced (checked as a load checks them), instead of reading and parsing the file again;
     what it returns is exactly what a cold load of the home reads, and a later read of the
     unchanged file reuses that parse."""
@@ -123,7 +123,7 @@ def test_fork_child_is_not_read_back_and_equals_a_cold_load(
 
 
 def test_a_waited_fork_materializes_in_the_calling_thread(tmp_path: Path) -> None:
-    """Issue 20: `ForkService.fork` (what `thread/fork` calls and waits for) prepares and
+    """`ForkService.fork` (what `thread/fork` calls and waits for) prepares and
     materializes in the caller's thread — no thread started per fork — and still holds the
     source's reservation until materialization ends (`fork_async` keeps the detached one)."""
     import threading

@@ -1,4 +1,4 @@
-"""Tutti Agent's HTTP models (issue 17): the key read from the variable named by `--api-key-env`
+"""Tutti Agent's HTTP models: the key read from the variable named by `--api-key-env`
 and sent as a Bearer token, typed failures (401 → model_auth_failed), the Chat Completions wire
 API (`--wire-api chat`: turns, a tool call, a fork whose child request holds exactly the
 prefix), and streamed deltas whose concatenation is the completed message."""

@@ -70,7 +70,7 @@ def test_unreachable_model_server_fails_the_turn(tutti_server: Start, tmp_path: 
     tid = server.start_thread(str(tmp_path))
     turn = server.run_turn(tid, "hello")
     assert turn["status"] == "failed"
-    # Typed, naming the endpoint and the cause (issue 17 "fail fast").
+    # Fails fast, typed, naming the endpoint and the cause.
     assert turn["error"]["message"].startswith("model_unreachable: tutti-agent model endpoint ")
     assert url in turn["error"]["message"]
     assert server.run_turn(tid, "again")["status"] == "failed"

@@ -1,4 +1,4 @@
-"""ThreadStore's path and parse caches (issue 20): a warm app-server does not rescan the
+"""ThreadStore's path and parse caches: a warm app-server does not rescan the
 home or re-parse an unchanged rollout on every request, and never serves stale lines."""
 
 from __future__ import annotations
