@@ -30,6 +30,7 @@ from storage.fork_identity import (
     OrdinalPrefixes,
     ordinal_id,
     ordinal_id_sql,
+    ordinal_seed,
     ordinal_identity,
     reject_duplicate_keys,
     remap_references,
@@ -78,12 +79,14 @@ _SPECIAL_SQL = (
 # A Message of the boundary by its source id: its position (what its child id is made of).
 _POSITION_SQL = "SELECT m.position" + _BOUNDARY + " AND m.message_id = ?4"
 
-# The copy: ?4 the child's workspace (the source's), ?5 the child Session, ?6 rule v2's Message
-# prefix, ?7 its Turn prefix, ?8 the commit time, ?9 the child's session key.
+# The copy: ?4 the child's workspace (the source's), ?5 the child Session, ?6/?7 rule v2's
+# Message prefix (its seed and the rest), ?10/?11 its Turn prefix's, ?8 the commit time, ?9 the
+# child's session key.
 _COPY_SQL = (
     "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
     " payload_json, version, position, created_at_ms, session_key)"
-    f" SELECT ?4, ?5, {ordinal_id_sql('?6', 'm.position')}, {ordinal_id_sql('?7', 't.sequence')},"
+    f" SELECT ?4, ?5, {ordinal_id_sql('?6', '?7', 'm.position')},"
+    f" {ordinal_id_sql('?10', '?11', 't.sequence')},"
     " m.kind, m.text, m.payload_json, m.version, m.position, ?8, ?9"
     + _BOUNDARY
     + " ORDER BY m.position"
@@ -198,10 +201,12 @@ def copy_messages(
             through,
             ws,
             target_session_id,
-            message_prefix,
-            turn_prefix,
+            ordinal_seed(message_prefix),
+            message_prefix[8:],
             committed_at_ms,
             target_key,
+            ordinal_seed(turn_prefix),
+            turn_prefix[8:],
         ),
     )
     return int(conn.changes())

@@ -4,8 +4,9 @@ Rule v1 (snapshots up to version 3): child ids are uuid5 over
 "v1|operation|workspace|source|target|entity_kind|source_id". Rule v2 (snapshot version 4): an
 entity's child id is the first 24 characters of uuid5 over "v2|operation|workspace|source|
 target|entity_kind" followed by its ordinal as 12 hex digits — a Turn's sequence, a Message's
-position, an Interaction's place in the boundary — so SQLite derives a cloned Message's id
-itself while copying the row (`ordinal_id_sql`). Either way a replayed commit yields the same
+position, an Interaction's place in the boundary — with its first 8 characters scrambled by the
+ordinal (`ordinal_id`: so two Turns of one child differ in the short id people see and type),
+which SQLite derives itself while copying a cloned Message's row (`ordinal_id_sql`). Either way a replayed commit yields the same
 ids; payload references are rewritten only through a closed
 allowlist at the payload's own (host-owned) keys, and a host-owned key that looks like a typed
 reference but is not on it fails closed; nested model/provider content is copied verbatim.
@@ -82,16 +83,35 @@ def ordinal_prefix(
     return str(uuid.uuid5(IDENTITY_NAMESPACE, f"{name}|{kind.value}"))[:24]
 
 
+_LOW32 = (1 << 32) - 1
+_SCRAMBLE = 0x5BD1E995
+"""Odd, so `n * _SCRAMBLE mod 2**32` is a bijection; below 2**31, so SQLite's 64-bit product of
+it and a 32-bit ordinal never overflows into a REAL."""
+
+
+def ordinal_seed(prefix: str) -> int:
+    """The prefix's first 8 hex digits as the integer its ids' first 8 are scrambled from."""
+    return int(prefix[:8], 16)
+
+
 def ordinal_id(prefix: str, ordinal: int) -> str:
-    """Rule v2's child id: the prefix and the ordinal as SQLite's `printf('%012x', n)` prints it
-    (a negative ordinal as its 64-bit two's complement, like SQLite), so the id Python computes
-    for a Turn or a referenced Message is the very id the copy statement writes."""
-    return f"{prefix}{ordinal & _ORDINAL_MASK:012x}"
+    """Rule v2's child id: the prefix with its first 8 hex digits replaced by `(seed + (ordinal
+    mod 2**32) * _SCRAMBLE) mod 2**32`, then the ordinal as SQLite's `printf('%012x', n)` prints
+    it (a negative ordinal as its 64-bit two's complement, like SQLite), so the id Python
+    computes for a Turn or a referenced Message is the very id the copy statement writes. The
+    last 12 digits keep the ids unique; the first 8 make consecutive ordinals look apart, so
+    a child's Turns have distinct short ids and unique prefixes."""
+    head = (ordinal_seed(prefix) + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32
+    return f"{head:08x}{prefix[8:]}{ordinal & _ORDINAL_MASK:012x}"
 
 
-def ordinal_id_sql(prefix_param: str, ordinal_column: str) -> str:
-    """The SQL expression of `ordinal_id` (the prefix bound as a parameter)."""
-    return f"({prefix_param} || printf('%012x', {ordinal_column}))"
+def ordinal_id_sql(seed_param: str, rest_param: str, ordinal_column: str) -> str:
+    """The SQL expression of `ordinal_id`: `seed_param` bound to `ordinal_seed(prefix)`,
+    `rest_param` to `prefix[8:]`."""
+    head = (
+        f"(({seed_param} + ((({ordinal_column}) & {_LOW32}) * {_SCRAMBLE} & {_LOW32})) & {_LOW32})"
+    )
+    return f"(printf('%08x', {head}) || {rest_param} || printf('%012x', {ordinal_column}))"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,15 +142,14 @@ def ordinal_identity(
     """Rule v2's identity map of a boundary: each Turn by its sequence, each Interaction by its
     1-based place in the boundary's order (Turn by Turn, as frozen), and `messages` as given (the
     Messages a reference names: the rest are never mapped in Python)."""
-    # `ordinal_id` inlined: a 10,000-Turn boundary maps 10,000 Turns per call.
-    turn_prefix, interaction_prefix, mask = prefixes.turn, prefixes.interaction, _ORDINAL_MASK
+    turn_prefix, interaction_prefix = prefixes.turn, prefixes.interaction
     turn_map: dict[str, str] = {}
     interactions: dict[str, str] = {}
     for turn in turns:
-        turn_map[turn["turn_id"]] = f"{turn_prefix}{int(turn['sequence']) & mask:012x}"
+        turn_map[turn["turn_id"]] = ordinal_id(turn_prefix, int(turn["sequence"]))
         for i in turn["interactions"]:
             n = len(interactions) + 1
-            interactions[i["interaction_id"]] = f"{interaction_prefix}{n & mask:012x}"
+            interactions[i["interaction_id"]] = ordinal_id(interaction_prefix, n)
     return IdentityMap(turns=turn_map, messages=messages, interactions=interactions)
 
 

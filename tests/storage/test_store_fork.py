@@ -1174,3 +1174,32 @@ def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store
 
     expected = hashlib.sha256("\n".join(line(*r) for r in rows).encode()).hexdigest()
     assert history_digest(store.db.connection(), WS, sid, 1) == (len(rows), expected)
+
+
+def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store) -> None:
+    """Rule v2 ids end in the ordinal; their first 8 hex digits (the short id the CLI and the
+    GUI show, and the start of the unique prefix the CLI accepts) are scrambled by it, so two
+    cloned Turns or Messages of one child never share them — and the ids SQLite wrote are the
+    ones `ordinal_id` computes (the invariant checker's law holds)."""
+    sid = new_session(store)
+    turns = [settled_turn(store, sid, text=f"turn {n}") for n in range(6)]
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[-1].turn_id))
+    committed = run_to_commit(store, op)
+    child, _ = store.history.timeline(WS, committed.target_session_id)
+    assert len(child) == 6
+    short_turns = {t.turn_id[:8] for t in child}
+    short_messages = {m.message_id[:8] for t in child for m in t.messages}
+    assert len(short_turns) == 6
+    assert len(short_messages) == sum(len(t.messages) for t in child)
+    conn = store.db.connection()
+    raw = conn.execute(
+        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+        " WHERE o.operation_id = ?",
+        (op.operation_id,),
+    ).fetchone()
+    names = {
+        "operation_id": op.operation_id,
+        "source_session_id": sid,
+        "target_session_id": committed.target_session_id,
+    }
+    assert history_copy_problem(conn, WS, names, decode_frozen(raw[0])) is None
