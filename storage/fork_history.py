@@ -30,8 +30,8 @@ from storage.fork_identity import (
     OrdinalPrefixes,
     ordinal_id,
     ordinal_id_sql,
-    ordinal_seed,
     ordinal_identity,
+    ordinal_seed,
     reject_duplicate_keys,
     remap_references,
 )
