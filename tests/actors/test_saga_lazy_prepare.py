@@ -159,9 +159,7 @@ def test_a_warm_fork_prepares_lazily_and_announces_it_only_once_dispatching_is_d
     # (in the WAL, not yet on the disk) held it.
     assert forked.seen_at_events and "prepared" not in forked.seen_at_events
     assert forked.seen_at_events[0] == "dispatching"
-    assert [(r.operation.status, r.final) for r in forked.replies] == [
-        (ForkStatus.COMMITTED, True)
-    ]
+    assert [(r.operation.status, r.final) for r in forked.replies] == [(ForkStatus.COMMITTED, True)]
 
 
 def test_a_fork_that_re_attests_first_keeps_its_prepare_fsynced(
