@@ -46,6 +46,18 @@ TERMINAL = fork_states.TERMINAL
 
 
 _RETRY_MAX_S = 2.0
+_LAZY_RECHECK_S = 0.05
+
+
+def attests_again(host: ForkHost, runtime: PreparedRuntime) -> bool:
+    """Whether a fork on `runtime` sends `runtime.attest` before `dispatching`: not when the
+    runtime this fork's `session.start` found is the one this Session's last re-attestation
+    proved (same generation)."""
+    return not (
+        runtime.generation is not None
+        and runtime.verdict is not None
+        and host.attested_runtime == attestation_key(runtime, runtime.generation)
+    )
 
 
 @dataclass(eq=False)
@@ -79,6 +91,9 @@ class ForkSaga:
     _retry_delay: float = 0.05
     # The frozen prefix's (canonical Turn id, binding JSON), from prepare.
     frozen: tuple[tuple[str, str | None], ...] | None = None
+    # `prepared` was a lazy COMMIT (the warm path) and no fsync'd checkpoint of this saga has
+    # followed yet: a power cut could still lose the operation, so nobody is told of it.
+    prepare_lazy: bool = False
 
     def __post_init__(self) -> None:
         if self.frozen is None:
@@ -95,6 +110,12 @@ class ForkSaga:
 
     def _answer_accepted(self, waiter: Waiter) -> None:
         if waiter.answered:
+            return
+        if self.prepare_lazy:
+            # The budget ran out before `dispatching` (or an ending) was durable, e.g. a busy
+            # store retrying it: a 202 now would name an operation a power cut could still
+            # lose. Asked again shortly; the saga's next checkpoint settles it.
+            waiter.timer = self.host.after(_LAZY_RECHECK_S, lambda: self._answer_accepted(waiter))
             return
         try:
             op = self.host.store.fork_queries.get_fork_operation(
@@ -166,11 +187,8 @@ class ForkSaga:
 
     def _attest(self) -> None:
         runtime = self.runtime
-        if (
-            runtime.generation is not None
-            and runtime.verdict is not None
-            and self.host.attested_runtime == self._attestation_key(runtime.generation)
-        ):
+        if not attests_again(self.host, runtime):
+            assert runtime.generation is not None and runtime.verdict is not None
             # The runtime this fork's own `session.start` found is the one this
             # Session's last re-attestation proved (same generation: the worker, its
             # app-server or CLI did not change since). That start's verdict — fresh, from the
@@ -221,6 +239,7 @@ class ForkSaga:
                 self.host.ws, op.operation_id
             )
         self.operation = op
+        self.prepare_lazy = False  # dispatching's fsync made the lazy prepare durable too
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
         target_home = self.host.runtime_home(
@@ -455,14 +474,18 @@ class ForkSaga:
                 delay,
             )
             # Callers waiting now learn the operation is still running (202); fork.get sees
-            # it live and does not reclassify it.
-            for waiter in self.waiters:
-                waiter.answer(self.operation, False)
+            # it live and does not reclassify it. Not while its prepare may still be lost.
+            if not self.prepare_lazy:
+                for waiter in self.waiters:
+                    waiter.answer(self.operation, False)
             self.host.after(delay, lambda: self._abort(exc))
             return
         self._finish(op)
 
     def _finish(self, op: ForkOperation) -> None:
+        # Every ending is an fsync'd write (but an abort the store refused to record: the
+        # saga ends and its callers are answered all the same).
+        self.prepare_lazy = False
         if op.worktree is not None and remove_failed_tree(
             self.host.store, self.host.fork_trees, op
         ):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from actors.fork_host import ForkHost, PreparedRuntime
-from actors.fork_saga import TERMINAL, ForkSaga
+from actors.fork_saga import TERMINAL, ForkSaga, attests_again
 from actors.fork_workspace import remove_failed_tree
 from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply
 from actors.ports import (
@@ -169,16 +169,23 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
             params={"operationId": running},
         )
     trees = host.fork_trees if msg.workspace == "worktree" else None
+    # The warm path: no tree to make and no `runtime.attest`, so the saga goes from this
+    # prepare to the fsync'd `dispatching` in this same actor step, before the caller's
+    # budget can answer 202 or an event announce the operation. Its `prepared` is a lazy
+    # COMMIT (in the WAL: a killed host keeps it; a power cut may lose it, and nobody heard
+    # of it). Wherever something can happen first, the prepare is fsync'd on its own.
+    lazy = trees is None and not attests_again(host, runtime)
     op, created = host.store.fork_prepare.prepare_fork(
         host.ws,
         request,
         turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
         plan_workspace=None if trees is None else trees.plan,
+        durable=not lazy,
     )
     if not created:
         _answer_existing(host, op, msg.reply)
         return
-    saga = ForkSaga(host, op, runtime, info)
+    saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy)
     host.sagas[op.operation_id] = saga
     host.live_operations.add(op.operation_id)
     saga.join(msg.reply)

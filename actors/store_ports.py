@@ -226,6 +226,7 @@ class ForkPrepares(Protocol):
         *,
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
         plan_workspace: PlanWorkspace | None = None,
+        durable: bool = True,
     ) -> tuple[ForkOperation, bool]: ...
 
 

@@ -2,8 +2,10 @@
 host fork must wait for beyond the bare provider's own call even if every other cost were zero.
 
 The saga's laws make a fork wait, one after the other, for the store's fsync'd transactions
-(prepared, dispatching, committed: one `fdatasync` of the WAL each; provider_accepted is a lazy
-write the commit's fsync takes to the disk, docs/design/store.md) and for
+(a warm fork: dispatching and committed, one `fdatasync` of the WAL each; its prepared and
+provider_accepted are lazy writes the next fsync takes to the disk, docs/design/store.md and
+design/fork-saga.md "A lazy prepare"; a fork that re-attests or makes a tree fsyncs prepared
+too) and for
 the worker's crash-durable copy of the child into its own home (seed 000 §8). The binder issues
 its fsyncs in rounds (`drivers.rollout_files.atomic_write_all`): the syncs of a round run
 together, the rounds one after the other — any child, Copied or Referenced, takes two

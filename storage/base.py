@@ -107,6 +107,9 @@ class Database:
         self._fifo = Baton()
         self._baton = self._fifo.lock  # also guards write_stats
         self._group: WriteGroup | None = None
+        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (guarded by the baton):
+        # a subscriber never hears of a write a power cut could still take back.
+        self._held_events: list[ChangeEvent] = []
         self._writer_conn: apsw.Connection | None = None
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
@@ -328,8 +331,13 @@ class Database:
             with self._baton:
                 if group.lazy:
                     self.write_stats.lazy_commits += 1
+                    self._held_events.extend(group.held)
                 else:
                     self.write_stats.commits += 1
+                    # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
+                    # their events may go out now, before this group's own.
+                    if self._held_events:
+                        group.released, self._held_events = self._held_events, []
                 self.write_stats.largest_group = max(self.write_stats.largest_group, group.members)
         except BaseException as exc:
             if not conn.getautocommit():
@@ -393,6 +401,9 @@ class Database:
         (the WAL's frames are checksummed in a chain: a power loss keeps a prefix of the
         COMMITs, never a later one without an earlier). One that finds a group open joins
         it and is fsync'd with it. Inside a `write_batch` a write is the batch's, durable.
+        A lazy COMMIT's events are held and published after the next fsync'd COMMIT (of any
+        writer), ahead of that COMMIT's own: no subscriber hears of a write a power cut could
+        still take back.
 
         An exception inside the block rolls back this write's savepoint alone (the group's
         other members are unaffected) and delivers no events. A caller returns only after the
@@ -444,6 +455,8 @@ class Database:
                     raise
                 conn.execute("RELEASE agenthost_write")
                 group.members += 1
+                if group.lazy:
+                    group.held.extend(tx.events)
                 with self._baton:
                     self.write_stats.transactions += 1
             finally:
@@ -471,7 +484,8 @@ class Database:
             raise StoreBusy(
                 f"the store could not commit this write, try again ({type(group.error).__name__})"
             ) from group.error
-        self._notify(tx.events)
+        if not group.lazy:
+            self._notify(self._take_released(group) + tx.events)
         if self._timings is not None:
             self._timings.add(
                 caller_name(),
@@ -508,6 +522,12 @@ class Database:
                 self._local.batch = None
             if batch.broken is not None:
                 raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
+
+    def _take_released(self, group: WriteGroup) -> list[ChangeEvent]:
+        """The lazy writes' events `group`'s fsync made durable, to the first member asking."""
+        with self._baton:
+            released, group.released = group.released, None
+        return released or []
 
     def _count_batched(self, rolled_back: bool) -> None:
         with self._baton:

@@ -138,6 +138,7 @@ class ForkPrepare:
         *,
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
         plan_workspace: PlanWorkspace | None = None,
+        durable: bool = True,
     ) -> tuple[ForkOperation, bool]:
         """Create the operation, fence and reservation and freeze the snapshot in one
         transaction; a replay or a held barrier returns the original with `created=False`.
@@ -150,12 +151,17 @@ class ForkPrepare:
         `plan_workspace(checkpoint, operation_id, title)` plans a `worktree` fork's tree from the
         fork Turn's checkpoint record (workspace.worktree.TreePlan's JSON, with `childCwd`, the
         child's frozen cwd); a Turn without an available checkpoint is refused
-        (`workspace_checkpoint_missing`) before anything is written."""
+        (`workspace_checkpoint_missing`) before anything is written.
+
+        `durable=False` (the saga's warm path, docs/design/fork-saga.md): a lazy COMMIT, in
+        the WAL at once and on the disk with the caller's next fsync'd COMMIT (`dispatching`);
+        its change events wait for that fsync. Only for a caller that tells nobody of the
+        operation before then."""
         validate_request(req)
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
         )
-        with self._write(ws) as tx:
+        with self._write(ws, durable=durable) as tx:
             existing = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND request_id = ?",

@@ -9,7 +9,10 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from storage.models import ChangeEvent
 
 GROUP_MAX_MEMBERS = 32
 """Writes one group commit holds at most: a bound on how long its first member waits."""
@@ -27,12 +30,16 @@ summary per store method is written there as JSON at `close()` (docs/performance
 class WriteGroup:
     """One shared write transaction: its members' savepoints, committed by one COMMIT."""
 
-    __slots__ = ("members", "opened", "done", "error", "lazy")
+    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released")
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
         self.lazy = lazy
         """Opened by a `durable=False` write: committed alone, without an fsync."""
+        self.held: list[ChangeEvent] = []
+        """A lazy group's events: published only after a later fsync'd COMMIT."""
+        self.released: list[ChangeEvent] | None = None
+        """Earlier lazy groups' events this group's fsync made durable (one member takes them)."""
         self.opened = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None

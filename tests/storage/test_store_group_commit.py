@@ -18,6 +18,7 @@ import pytest
 
 from domain.errors import SessionNotFound, StoreBusy
 from storage.base import Database
+from storage.models import SessionChanged
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -442,6 +443,44 @@ def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_
         assert store.sessions.get_session(WS, "s2").title == "lazy too"
     finally:
         observer.close()
+        store.close()
+
+
+def test_a_lazy_writes_events_wait_for_the_next_fsynced_commit(tmp_path: Path) -> None:
+    """A lazy COMMIT's change events are held: a subscriber hears of the write only after a
+    later fsync'd COMMIT (of any writer) made it durable, ahead of that COMMIT's own events;
+    a lazy write that joins a durable group is published with it."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    store.db.group_max_age_s = 60.0
+    heard: list[SessionChanged] = []
+
+    def hear(event: object) -> None:
+        if isinstance(event, SessionChanged):
+            heard.append(event)
+
+    try:
+        _sessions(store, 3)
+        store.db.subscribe(hear)
+        with store.db.write(WS, durable=False) as tx:
+            tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = 's1'")
+            tx.emit(SessionChanged(WS, "s1"))
+        assert heard == []  # in the WAL, not yet on the disk: nobody is told
+        with store.db.write(WS, durable=False) as tx:
+            tx.emit(SessionChanged(WS, "s0"))
+        assert heard == []
+        store.sessions.update_title(WS, "s2", "durable")  # fsync'd: covers both lazy COMMITs
+        assert [e.session_id for e in heard] == ["s1", "s0", "s2"]
+
+        # Joining a durable group, a lazy write is fsync'd with it and heard with it.
+        heard.clear()
+
+        def lazy() -> None:
+            with store.db.write(WS, durable=False) as tx:
+                tx.emit(SessionChanged(WS, "s1"))
+
+        assert _behind_a_held_write(store, [lazy]) == []
+        assert "s1" in [e.session_id for e in heard]
+    finally:
         store.close()
 
 

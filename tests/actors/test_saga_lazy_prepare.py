@@ -1,0 +1,186 @@
+"""A fork's `prepared` COMMIT is lazy only where nobody can hear of the operation before the
+fsync'd `dispatching` (docs/design/fork-saga.md, "A lazy prepare"): through `fork_start`'s
+prepare and a real `ForkSaga` on a real store file (tests/actors/saga_harness.py), counting
+the store's fsync'd and lazy COMMITs and reading, in each change event's subscriber, what the
+store held when the event went out. The fsyncs themselves are counted through a real daemon
+with strace (tests/bench/test_fork_syscalls.py)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors import fork_start
+from actors.fork_host import PreparedRuntime, attestation_key
+from actors.messages import ForkCreate, ForkReply
+from actors.ports import DriverInfo
+from domain.errors import StoreBusy
+from domain.fork_states import ForkStatus
+from storage.models import ChangeEvent, ForkOperation, ForkOperationChanged
+from storage.store import Store
+from tests.actors.saga_harness import (
+    DRIVER,
+    PROVIDER,
+    WS,
+    InlineHost,
+    ScriptedFailpoints,
+    ScriptedWorker,
+    accepted,
+    source,
+    verdict,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+INFO = DriverInfo(PROVIDER, "host_copy", True, "tutti-agent-home")
+
+
+class Catalog:
+    """The two rules `fork_start`'s prepare asks the provider catalog (both pass)."""
+
+    def fork_through_turn_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
+        return True
+
+    def turn_forkable(
+        self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
+    ) -> bool:
+        return True
+
+
+@dataclass
+class CatalogHost(InlineHost):
+    @property
+    def catalog(self) -> Any:
+        return Catalog()
+
+
+@dataclass
+class Forked:
+    host: CatalogHost
+    operation: ForkOperation
+    replies: list[Any]
+    commits: int  # fsync'd COMMITs the fork wrote
+    lazy_commits: int
+    # The operation's status in the store when each of its change events was published.
+    seen_at_events: list[str]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(tmp_path / "store.sqlite3")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def fork_through_start(
+    store: Store, home: Path, *, warm: bool, flaky_dispatching: bool = False
+) -> Forked:
+    """One `fork.create` through `fork_start`'s prepare. `warm`: this Session's last fork
+    attested the runtime the fork runs on (no `runtime.attest`); `flaky_dispatching`: the
+    first `dispatching` write finds the store busy (the saga retries it on a timer)."""
+    sid, turns = source(store, home)
+    worker = ScriptedWorker(
+        {"runtime.attest": lambda m, p: verdict(), "fork": lambda m, p: accepted(p)}
+    )
+    host = CatalogHost(store, worker, ScriptedFailpoints(), home, sid)
+    runtime = PreparedRuntime(
+        provider=PROVIDER,
+        home=str(host.runtime_home(WS, sid, PROVIDER)),
+        cwd="/work",
+        settings={},
+        provider_session_id=str(store.sessions.get_session(WS, sid).provider_session_id),
+        runtime_context={"driverKind": DRIVER[0], "driverVersion": DRIVER[1]},
+        generation="gen-1",
+        verdict=verdict(),
+    )
+    if warm:
+        host.attested_runtime = attestation_key(runtime, "gen-1")
+    if flaky_dispatching:
+        moves = store.fork_transitions
+        real = moves.mark_fork_dispatching
+        calls = []
+
+        def busy_once(ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+            calls.append(op_id)
+            if len(calls) == 1:
+                raise StoreBusy("the store is busy, try again (injected)")
+            return real(ws, op_id)
+
+        moves.mark_fork_dispatching = busy_once  # type: ignore[method-assign]
+    seen: list[str] = []
+
+    def on_event(event: ChangeEvent) -> None:
+        if isinstance(event, ForkOperationChanged):
+            seen.append(store.fork_queries.get_fork_operation(WS, event.operation_id).status.value)
+
+    unsubscribe = store.db.subscribe(on_event)
+    replies: list[Any] = []
+    before = store.db.write_stats.snapshot()
+    try:
+        msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], replies.append)
+        fork_start._prepare(host, msg, INFO, runtime)
+        if flaky_dispatching:
+            # The caller's budget runs out while `dispatching` waits for the store, then the
+            # saga's retry lands it.
+            (budget_s, budget), (_, retry) = host.timers
+            assert budget_s == host.timeouts.fork_sync_budget_s
+            budget()
+            retry()
+    finally:
+        unsubscribe()
+    after = store.db.write_stats.snapshot()
+    (op_id,) = {r.operation.operation_id for r in replies}
+    return Forked(
+        host,
+        store.fork_queries.get_fork_operation(WS, op_id),
+        replies,
+        after["commits"] - before["commits"],
+        after["lazy_commits"] - before["lazy_commits"],
+        seen,
+    )
+
+
+def test_a_warm_fork_prepares_lazily_and_announces_it_only_once_dispatching_is_durable(
+    store: Store, tmp_path: Path
+) -> None:
+    forked = fork_through_start(store, tmp_path, warm=True)
+    assert forked.operation.status is ForkStatus.COMMITTED
+    assert [m for m, _ in forked.host.workers.calls] == ["fork"]  # no runtime.attest
+    # dispatching and committed fsync'd; prepared and provider_accepted lazy.
+    assert (forked.commits, forked.lazy_commits) == (2, 2)
+    # Its first event went out after the `dispatching` COMMIT, never while only `prepared`
+    # (in the WAL, not yet on the disk) held it.
+    assert forked.seen_at_events and "prepared" not in forked.seen_at_events
+    assert forked.seen_at_events[0] == "dispatching"
+    assert [(r.operation.status, r.final) for r in forked.replies] == [(ForkStatus.COMMITTED, True)]
+
+
+def test_a_fork_that_re_attests_first_keeps_its_prepare_fsynced(
+    store: Store, tmp_path: Path
+) -> None:
+    forked = fork_through_start(store, tmp_path, warm=False)
+    assert forked.operation.status is ForkStatus.COMMITTED
+    assert [m for m, _ in forked.host.workers.calls] == ["runtime.attest", "fork"]
+    # prepared, dispatching and committed fsync'd; provider_accepted lazy.
+    assert (forked.commits, forked.lazy_commits) == (3, 1)
+    assert forked.seen_at_events[0] == "prepared"  # announced as soon as it is durable
+
+
+def test_the_budget_does_not_announce_a_lazy_prepare_before_dispatching_is_durable(
+    store: Store, tmp_path: Path
+) -> None:
+    forked = fork_through_start(store, tmp_path, warm=True, flaky_dispatching=True)
+    # The budget fired while the prepare was still lazy: no 202 then, the caller was asked
+    # again later; the retry made `dispatching` durable and the fork committed.
+    replies: list[ForkReply] = forked.replies
+    assert [(r.operation.status, r.final) for r in replies] == [(ForkStatus.COMMITTED, True)]
+    rechecks = forked.host.timers[2:]
+    assert rechecks, "the budget's answer was not deferred"
+    assert "prepared" not in forked.seen_at_events
