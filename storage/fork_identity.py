@@ -6,10 +6,10 @@ entity's child id is the first 24 characters of uuid5 over "v2|operation|workspa
 target|entity_kind" followed by its ordinal as 12 hex digits — a Turn's sequence, a Message's
 position, an Interaction's place in the boundary — with its first 8 characters scrambled by the
 ordinal (`ordinal_id`: so two Turns of one child differ in the short id people see and type),
-which SQLite derives itself while copying a cloned Message's row (`ordinal_id_sql`). Either way a replayed commit yields the same
-ids; payload references are rewritten only through a closed
-allowlist at the payload's own (host-owned) keys, and a host-owned key that looks like a typed
-reference but is not on it fails closed; nested model/provider content is copied verbatim.
+which SQLite derives itself while copying a cloned Message's row (`ordinal_id_sql`). Either
+way a replayed commit yields the same ids; payload references are rewritten only through a
+closed allowlist at the payload's own (host-owned) keys, and a host-owned key that looks like a
+typed reference but is not on it fails closed; nested model/provider content is copied verbatim.
 """
 
 from __future__ import annotations
