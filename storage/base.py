@@ -14,8 +14,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -97,6 +99,10 @@ class Database:
         self._max_connections = max(1, int(max_connections))
         self._pool = threading.Condition(threading.Lock())
         self._idle: list[apsw.Connection] = []
+        # Which thread leased each connection (by `id`): named, with its stack, when the pool
+        # runs dry, so a holder that never gives one back can be found from the log.
+        self._holders: dict[int, int] = {}
+        self._dry_logged_at = float("-inf")
         # One writer, no busy-handler sleeps: every write runs on one
         # connection, one caller at a time (the baton below), instead of several connections
         # polling SQLite's write lock with backoff sleeps of up to 100 ms; the busy handler is
@@ -145,11 +151,14 @@ class Database:
                 if self._closed:
                     raise RuntimeError("store is closed")
                 if self._idle:
-                    return self._idle.pop()
+                    conn = self._idle.pop()
+                    self._holders[id(conn)] = threading.get_ident()
+                    return conn
                 if len(self._connections) < self._max_connections:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    self._log_holders()
                     raise StoreBusy(
                         f"all {self._max_connections} store connections stayed in use for"
                         f" {LEASE_TIMEOUT_S:.0f} s"
@@ -158,13 +167,38 @@ class Database:
             # Opened under the pool lock, so the bound holds.
             conn = open_connection(self.path, self.busy_timeout_ms, self.busy_waits)
             self._connections.append(conn)
+            self._holders[id(conn)] = threading.get_ident()
             return conn
+
+    def _log_holders(self) -> None:
+        """Under the pool lock, at most once a minute: each thread holding a connection, by
+        name, with where it is now (the writer's own connection is held for good)."""
+        now = time.monotonic()
+        if now - self._dry_logged_at < 60.0:
+            return
+        self._dry_logged_at = now
+        names = {t.ident: t.name for t in threading.enumerate()}
+        frames = sys._current_frames()
+        writer = id(self._writer_conn) if self._writer_conn is not None else None
+        lines = []
+        for key, ident in self._holders.items():
+            frame = frames.get(ident)
+            where = "".join(traceback.format_stack(frame)[-4:]) if frame is not None else ""
+            role = "writer" if key == writer else "lease"
+            lines.append(f"{role} held by {names.get(ident, ident)}:\n{where}")
+        log.error(
+            "all %d store connections in use for %.0f s; held by:\n%s",
+            self._max_connections,
+            LEASE_TIMEOUT_S,
+            "\n".join(lines),
+        )
 
     def _checkin(self, conn: apsw.Connection) -> None:
         with contextlib.suppress(apsw.Error):
             if not conn.getautocommit():  # never hand a half-open transaction to another caller
                 conn.execute("ROLLBACK")
         with self._pool:
+            self._holders.pop(id(conn), None)
             if not self._closed:
                 self._idle.append(conn)
                 self._pool.notify()
@@ -369,6 +403,7 @@ class Database:
         log.error("store writer could not be set back to synchronous=FULL; replacing it")
         with self._pool:
             self._writer_conn = None
+            self._holders.pop(id(conn), None)
             if conn in self._connections:
                 self._connections.remove(conn)
                 self._pool.notify()
