@@ -35,8 +35,10 @@ PACKAGES = (
     "client",
     "workspace",
     "tutti_agent",
+    "model_fakes",
 )
-"""What the daemon, its workers and the built-in provider import from the checkout."""
+"""What the daemon, its workers, the built-in provider and the fake models import from the
+checkout."""
 _compiled: set[Path] = set()
 
 

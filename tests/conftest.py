@@ -6,27 +6,12 @@ them each time."""
 
 from __future__ import annotations
 
-import compileall
 import os
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DAEMON_PACKAGES = (
-    "agenthost",
-    "actors",
-    "storage",
-    "transport",
-    "domain",
-    "protocol",
-    "drivers",
-    "client",
-    "workspace",
-    "tutti_agent",
-    "model_fakes",
-)
-
 # Every daemon a test starts builds its accept shim (transport/accept_shim.py) once into the
 # checkout's build folder, not into each test's private HOME.
 os.environ.setdefault("AGENTHOST_NATIVE_DIR", str(ROOT / "build" / "native"))
@@ -38,8 +23,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # CPU a daemon). Written once here, in the controller, as an install writes them.
     if hasattr(config, "workerinput"):
         return
-    for package in DAEMON_PACKAGES:
-        compileall.compile_dir(str(ROOT / package), quiet=1)
+    from bench.harness import byte_compile
+
+    byte_compile(ROOT)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
