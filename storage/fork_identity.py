@@ -101,8 +101,12 @@ def ordinal_id(prefix: str, ordinal: int) -> str:
     computes for a Turn or a referenced Message is the very id the copy statement writes. The
     last 12 digits keep the ids unique; the first 8 make consecutive ordinals look apart, so
     a child's Turns have distinct short ids and unique prefixes."""
-    head = (ordinal_seed(prefix) + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32
-    return f"{head:08x}{prefix[8:]}{ordinal & _ORDINAL_MASK:012x}"
+    return _ordinal_id(ordinal_seed(prefix), prefix[8:], ordinal)
+
+
+def _ordinal_id(seed: int, rest: str, ordinal: int) -> str:
+    head = (seed + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32
+    return f"{head:08x}{rest}{ordinal & _ORDINAL_MASK:012x}"
 
 
 def ordinal_id_sql(seed_param: str, rest_param: str, ordinal_column: str) -> str:
@@ -142,14 +146,17 @@ def ordinal_identity(
     """Rule v2's identity map of a boundary: each Turn by its sequence, each Interaction by its
     1-based place in the boundary's order (Turn by Turn, as frozen), and `messages` as given (the
     Messages a reference names: the rest are never mapped in Python)."""
-    turn_prefix, interaction_prefix = prefixes.turn, prefixes.interaction
+    # Each prefix split once: a 10,000-Turn boundary maps 10,000 Turns per call.
+    turn_seed, turn_rest = ordinal_seed(prefixes.turn), prefixes.turn[8:]
+    interaction_seed = ordinal_seed(prefixes.interaction)
+    interaction_rest = prefixes.interaction[8:]
     turn_map: dict[str, str] = {}
     interactions: dict[str, str] = {}
     for turn in turns:
-        turn_map[turn["turn_id"]] = ordinal_id(turn_prefix, int(turn["sequence"]))
+        turn_map[turn["turn_id"]] = _ordinal_id(turn_seed, turn_rest, int(turn["sequence"]))
         for i in turn["interactions"]:
             n = len(interactions) + 1
-            interactions[i["interaction_id"]] = ordinal_id(interaction_prefix, n)
+            interactions[i["interaction_id"]] = _ordinal_id(interaction_seed, interaction_rest, n)
     return IdentityMap(turns=turn_map, messages=messages, interactions=interactions)
 
 
