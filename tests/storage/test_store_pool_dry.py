@@ -39,6 +39,7 @@ def test_a_dry_pool_logs_the_threads_that_hold_its_connections(
             pass
         text = caplog.text
         assert "held by the-holder" in text
+        assert "leased at test_store_pool_dry.py" in text  # the call site that took it
         assert "hold_the_only_connection" in text  # where the holder is now
     finally:
         release.set()
