@@ -89,7 +89,7 @@ class ResolutionStore:
         # inherits them).
         self._write = db.write
         self._read = db.read
-        self._conn = db.connection
+        self._rows = db.rows
         self._projections = db.projections
 
     def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None:
@@ -258,28 +258,20 @@ class ResolutionStore:
     ) -> list[tuple[str, ...]]:
         """The frozen provider Turn prefixes of the source's other operations that may own a
         provider child (every status but failed and abandoned): what attributes a child."""
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT source_provider_turn_ids FROM fork_operations WHERE workspace_id = ?"
-                f" AND source_session_id = ? AND operation_id != ? AND status NOT IN"
-                f" {NOT_A_FORK_SQL}",
-                (ws, source_session_id, operation_id),
-            )
-            .fetchall()
+        rows = self._rows(
+            "SELECT source_provider_turn_ids FROM fork_operations WHERE workspace_id = ?"
+            f" AND source_session_id = ? AND operation_id != ? AND status NOT IN"
+            f" {NOT_A_FORK_SQL}",
+            (ws, source_session_id, operation_id),
         )
         return [tuple(str(t) for t in (loads(str(r[0])) or ())) for r in rows]
 
     def claimed_provider_children(self, ws: str, source_session_id: str) -> list[str]:
         """Provider children other operations of this source recorded (never this op's)."""
-        rows = (
-            self._conn()
-            .execute(
-                "SELECT target_provider_session_id FROM fork_operations WHERE workspace_id = ?"
-                " AND source_session_id = ? AND target_provider_session_id IS NOT NULL",
-                (ws, source_session_id),
-            )
-            .fetchall()
+        rows = self._rows(
+            "SELECT target_provider_session_id FROM fork_operations WHERE workspace_id = ?"
+            " AND source_session_id = ? AND target_provider_session_id IS NOT NULL",
+            (ws, source_session_id),
         )
         return [str(r[0]) for r in rows]
 

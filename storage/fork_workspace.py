@@ -55,7 +55,7 @@ class ForkWorkspace:
         # inherits them).
         self._write = db.write
         self._all = db.rows
-        self._conn = db.connection
+        self._one = db.one
 
     def record_fork_worktree(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """The planned tree is whole at its path: recorded while the operation is still
@@ -103,15 +103,11 @@ class ForkWorkspace:
 
     def session_worktree(self, ws: str, sid: str) -> ChildTree | None:
         """The tree a worktree fork made for `sid` (the committed child), while it stands."""
-        row = (
-            self._conn()
-            .execute(
-                "SELECT operation_id, workspace_json FROM fork_operations WHERE workspace_id = ?"
-                " AND target_session_id = ? AND status = ? AND workspace_mode = 'worktree'"
-                " AND workspace_state = ? ORDER BY op_seq DESC LIMIT 1",
-                (ws, sid, ForkStatus.COMMITTED.value, MADE),
-            )
-            .fetchone()
+        row = self._one(
+            "SELECT operation_id, workspace_json FROM fork_operations WHERE workspace_id = ?"
+            " AND target_session_id = ? AND status = ? AND workspace_mode = 'worktree'"
+            " AND workspace_state = ? ORDER BY op_seq DESC LIMIT 1",
+            (ws, sid, ForkStatus.COMMITTED.value, MADE),
         )
         if row is None:
             return None
@@ -120,7 +116,7 @@ class ForkWorkspace:
 
     def newest_checkpoint(self, ws: str, sid: str) -> str | None:
         """The `after` tree of the Session's newest settled Turn that has one."""
-        for (raw,) in self._conn().execute(
+        for (raw,) in self._all(
             "SELECT checkpoint_json FROM turns WHERE workspace_id = ? AND session_id = ?"
             " AND phase = 'settled' AND checkpoint_json IS NOT NULL ORDER BY sequence DESC",
             (ws, sid),

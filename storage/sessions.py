@@ -48,7 +48,6 @@ class SessionStore:
         self._write = db.write
         self._all = db.rows
         self._one = db.one
-        self._conn = db.connection
         self._with_conn = db.with_conn
         # (workspace, session) → provider: fixed at create, and a Session's row is never
         # removed nor its id reused (a delete is soft), so an entry never goes stale.
@@ -288,10 +287,10 @@ class SessionStore:
 
     def deleted_sessions(self) -> list[tuple[str, str]]:
         """`(workspace, session)` of every deleted Session (start-up sweeps their runtimes)."""
-        rows = (
-            self._conn()
-            .execute("SELECT workspace_id, session_id FROM sessions WHERE deleted = 1")
-            .fetchall()
+        rows = self._with_conn(
+            lambda c: c.execute(
+                "SELECT workspace_id, session_id FROM sessions WHERE deleted = 1"
+            ).fetchall()
         )
         return [(str(ws), str(sid)) for ws, sid in rows]
 

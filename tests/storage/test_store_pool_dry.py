@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 import storage.base as base
 from domain.errors import StoreBusy
 from storage.base import Database
+from storage.store import Store
 
 
 def test_a_dry_pool_logs_the_threads_that_hold_its_connections(
@@ -47,3 +49,55 @@ def test_a_dry_pool_logs_the_threads_that_hold_its_connections(
     with db.lease():  # given back: leased again at once
         pass
     db.close()
+
+
+def test_reads_on_many_threads_give_their_connections_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every read the daemon's threads make (here `session.delete`'s worktree lookup,
+    `fork.resolve`'s attribution reads, the checkpoint sweep's) leases a connection for the
+    call and returns it: one that pinned it to its thread for good would leave the daemon
+    with no connection once as many pool threads as connections had run it."""
+    monkeypatch.setattr(base, "LEASE_TIMEOUT_S", 0.5)
+    store = Store.open(tmp_path / "store.sqlite3", max_connections=2)
+    try:
+        reads = [
+            lambda: store.sessions.deleted_sessions(),
+            lambda: store.fork_workspace.session_worktree("ws", "missing"),
+            lambda: store.fork_workspace.newest_checkpoint("ws", "missing"),
+            lambda: store.resolution.other_fork_prefixes("ws", "missing", "op"),
+            lambda: store.resolution.claimed_provider_children("ws", "missing"),
+        ]
+        failures: list[BaseException] = []
+        for read in reads:
+            for n in range(4):  # more threads than connections, each a thread of its own
+
+                def run(read: Callable[[], object] = read) -> None:
+                    try:
+                        read()
+                    except BaseException as exc:  # noqa: BLE001 - reported below
+                        failures.append(exc)
+
+                thread = threading.Thread(target=run, name=f"reader-{n}")
+                thread.start()
+                thread.join(10)
+                assert not failures, failures
+        assert store.db.open_connections() <= 2
+        with store.db.lease():  # one is free at once
+            pass
+    finally:
+        store.close()
+
+
+def test_no_production_module_pins_a_connection_to_its_thread() -> None:
+    """`Database.connection()` keeps a connection until the thread gives it back, which no
+    daemon thread does: it is for tests and tools only; the daemon leases per call."""
+    root = Path(__file__).resolve().parents[2]
+    offenders = [
+        str(path.relative_to(root))
+        for package in ("storage", "actors", "agenthost", "transport", "workspace")
+        for path in sorted((root / package).rglob("*.py"))
+        if path.name != "base.py" or package != "storage"
+        if ".connection()" in (text := path.read_text()) or "db.connection\n" in text
+    ]
+    assert offenders == []
