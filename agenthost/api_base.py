@@ -192,8 +192,22 @@ class RequestPlumbing:
                 return
             responder.result(status, result)
 
+        if self._known_gone(ws, sid):
+            # A garbage or deleted id never takes a turn of the store's one writer.
+            responder.error(SessionNotFound(f"session {sid} not found"))
+            return
         if not self.lanes.write_or_route((ws, sid), _run):
             self.route(responder, ws, sid, make, project)
+
+    def _known_gone(self, ws: str, sid: str) -> bool:
+        """Whether the read connection shows no live Session `sid` (a Session remembered live
+        is not read; off the transport thread, or busy, nothing is known: False)."""
+        if (ws, sid) in self.live_sessions or threading.get_ident() != self._view_thread:
+            return False
+        try:
+            return not self._view.session_exists(ws, sid)
+        except TRANSIENT_ERRORS:
+            return False
 
     def on_pool(self, responder: Refuser, fn: Callable[[], None]) -> None:
         """Run `fn` on the reader pool; once the pool is shut down (the daemon is stopping)

@@ -8,6 +8,7 @@ tests drive `SessionLanes` with a real thread pool."""
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -156,3 +157,18 @@ def test_a_request_with_no_lane_waiting_is_routed_at_once() -> None:
         assert ran == ["now"]
         answered()
         assert lanes.write_or_route(KEY, lambda: None)
+
+
+def test_a_rename_of_an_id_no_live_session_has_never_takes_the_writer(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, c = running
+    sid = create_session(c, title="gone soon")["agentSessionId"]
+    assert c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid}) == {"deleted": True}
+    assert daemon.store is not None
+    stats = daemon.store.db.write_stats
+    before = (stats.transactions, stats.rolled_back)
+    for target in (sid, str(uuid.uuid4())):
+        status, body = c.submit("session.updateTitle", _title(target, "x")).result(timeout=10)
+        assert status == 404 and body.get("reason") == "workspace_agent_session_not_found", body
+    assert (stats.transactions, stats.rolled_back) == before
