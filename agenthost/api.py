@@ -107,6 +107,7 @@ from storage.lineage_tree import (
     MAX_DEPTH_LIMIT,
     MAX_NODES_LIMIT,
 )
+from storage.models import Session
 from storage.sqlite import host_error_of
 from storage.store import Store
 from transport.server import Responder
@@ -352,8 +353,15 @@ class Api:
         self, params: UpdateTitleParams, responder: Answer[SessionResult]
     ) -> None:
         title = require_str(params, "title", max_len=512)
-        self._mutate_session(
-            params, responder, lambda s, ws, sid: s.sessions.update_title(ws, sid, title)
+        # Not fenced, nothing of an actor's depends on it: straight to the store, in order
+        # with the Session's other requests (`RequestPlumbing.write`).
+        ws, sid = _workspace(params), require_uuid(params, "agentSessionId")
+
+        def write() -> Session:
+            return self.store.sessions.update_title(ws, sid, title)
+
+        self.plumbing.write(
+            responder, ws, sid, write, lambda reply: Mutate(write, reply), self._session_result
         )
 
     def session_pin(self, params: PinParams, responder: Answer[SessionResult]) -> None:

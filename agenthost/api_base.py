@@ -20,6 +20,7 @@ from actors.host_actor import HostActor, route
 from actors.session_routes import SessionRoutes
 from agenthost import activity
 from agenthost.reply_cache import ReplyCache
+from agenthost.session_lanes import SessionLanes
 from domain.errors import (
     HostError,
     InvalidRequest,
@@ -94,6 +95,7 @@ class RequestPlumbing:
         methods: Mapping[str, Handler],
         routes: SessionRoutes | None = None,
         readers: int = 4,
+        writers: int = 8,
         reply_cache: ReplyCache | None = None,
     ) -> None:
         self.store = store
@@ -102,6 +104,13 @@ class RequestPlumbing:
         # to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
+        # Writes no actor orders run on threads of their own (`write`), one lane per Session
+        # (`agenthost.session_lanes`): one waiting for the store's writer never holds a
+        # reader's thread, and several Sessions' queued writes share a group commit.
+        self._writers = ThreadPoolExecutor(
+            max_workers=writers, thread_name_prefix="agenthost-write"
+        )
+        self.lanes = SessionLanes(self._writers)
         # The point reads' own connection, used only by the first thread that dispatches (the
         # transport thread); a call from any other thread reads through the pool.
         self._view = ReadView(store.path, projections=store.db.projections)
@@ -126,6 +135,7 @@ class RequestPlumbing:
 
     def close(self) -> None:
         self._unsubscribe()
+        self._writers.shutdown(wait=True, cancel_futures=True)
         self._pool.shutdown(wait=True, cancel_futures=True)
         self._view.close()
 
@@ -154,6 +164,50 @@ class RequestPlumbing:
                 responder.error(host_error_of(exc, "read", logger=log))
 
         self.on_pool(responder, _run)
+
+    def write(
+        self,
+        responder: Answer[R],
+        ws: str,
+        sid: str,
+        fn: Callable[[], Any],
+        make: Callable[[Callable[[Any], None]], Any],
+        project: Callable[[Any], tuple[int, R]],
+    ) -> None:
+        """A write of one Session that no actor needs to order (the fork fence never refuses
+        it; no actor reads it back): `fn` runs straight on the store, in the Session's lane
+        (`agenthost.session_lanes`), and is answered with `project` of what it returned once
+        its COMMIT is durable; the write itself refuses a missing or deleted Session. While
+        an earlier request of the Session is still with its actor, it is routed there
+        instead, as the message `make` builds, so it keeps its place after that request."""
+
+        def _run() -> None:
+            try:
+                status, result = project(fn())
+            except HostError as exc:
+                responder.error(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                responder.error(host_error_of(exc, "write", logger=log))
+                return
+            responder.result(status, result)
+
+        if self._known_gone(ws, sid):
+            # A garbage or deleted id never takes a turn of the store's one writer.
+            responder.error(SessionNotFound(f"session {sid} not found"))
+            return
+        if not self.lanes.write_or_route((ws, sid), _run):
+            self.route(responder, ws, sid, make, project)
+
+    def _known_gone(self, ws: str, sid: str) -> bool:
+        """Whether the read connection shows no live Session `sid` (a Session remembered live
+        is not read; off the transport thread, or busy, nothing is known: False)."""
+        if (ws, sid) in self.live_sessions or threading.get_ident() != self._view_thread:
+            return False
+        try:
+            return not self._view.session_exists(ws, sid)
+        except TRANSIENT_ERRORS:
+            return False
 
     def on_pool(self, responder: Refuser, fn: Callable[[], None]) -> None:
         """Run `fn` on the reader pool; once the pool is shut down (the daemon is stopping)
@@ -237,7 +291,10 @@ class RequestPlumbing:
         """Check the Session exists (so garbage ids never start actors), then hand the
         message to its actor; the reply is projected on the actor's thread. When the Session
         does not exist, `gone` may still answer from durable state (else the 404 stands).
-        The check runs on the transport thread when it can (`_route_now`), else on the pool."""
+        The check runs on the transport thread when it can (`_route_now`), else on the pool.
+        The request counts as with the actor until it is answered, and waits for the writes
+        already in the Session's lane (`write`)."""
+        responder = _Counted(responder, self.lanes.begin_routed((ws, sid)))
 
         def reply(outcome: Any) -> None:
             if isinstance(outcome, HostError):
@@ -274,9 +331,11 @@ class RequestPlumbing:
             except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
                 responder.error(host_error_of(exc, f"routing {sid}", logger=log))
 
-        if self._route_now(responder, ws, sid, lambda: make(reply), gone):
-            return
-        self.on_pool(responder, _check_and_route)
+        def _now() -> None:
+            if not self._route_now(responder, ws, sid, lambda: make(reply), gone):
+                self.on_pool(responder, _check_and_route)
+
+        self.lanes.route((ws, sid), _now, _check_and_route)
 
     def _route_now(
         self,
@@ -345,3 +404,21 @@ def read_error(exc: BaseException, what: str) -> HostError:
     if isinstance(exc, pykka.ActorDeadError):
         return Unavailable("daemon is shutting down", reason="shutting_down")
     return host_error_of(exc, what, logger=log)
+
+
+class _Counted:
+    """A routed request's responder that tells its Session's lanes once it is answered."""
+
+    __slots__ = ("_inner", "_answered")
+
+    def __init__(self, inner: Answer[Any], answered: Callable[[], None]) -> None:
+        self._inner = inner
+        self._answered = answered
+
+    def result(self, status: int, result: Any) -> bool:
+        self._answered()
+        return self._inner.result(status, result)
+
+    def error(self, error: HostError) -> bool:
+        self._answered()
+        return self._inner.error(error)

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from agenthost import gc_policy
 from agenthost.config import ConfigError, check_home_paths, check_listen, load_config
 from agenthost.home import HomeInUse, HomeUnsafe
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
@@ -166,10 +167,15 @@ def _serve(args: argparse.Namespace) -> int:
         daemon.close()
         return EXIT_ERROR
     accept_shim.log_status()
+    gc_timings = gc_policy.GcTimings.from_env()
+    # This process is the daemon's alone (an in-process one in a test is not frozen).
+    gc_policy.freeze_start_up()
     print(json.dumps(daemon.ready_line()), flush=True)
     while not signalled and not daemon.stop_requested.is_set():
         time.sleep(0.1)
     daemon.close()
+    if gc_timings is not None:
+        gc_timings.close()
     return EXIT_ERROR if daemon.stop_requested.is_set() and not signalled else 0
 
 

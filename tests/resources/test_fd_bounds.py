@@ -48,11 +48,9 @@ def test_700_sessions_written_to_under_1024_fds(tmp_path: Path) -> None:
         ), limits
         sids = [create_session(c)["agentSessionId"] for _ in range(SESSIONS)]
         for i, sid in enumerate(sids):
-            # session.updateTitle is applied by the Session's own actor: 700 live actors.
-            c.call(
-                "session.updateTitle",
-                {"workspaceId": WS, "agentSessionId": sid, "title": f"s{i}"},
-            )
+            # session.pin is applied by the Session's own actor: 700 live actors (a rename
+            # would go straight to the store).
+            c.call("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": i % 2 == 0})
         status = c.call("host.status")
         assert status["sessionActors"] == SESSIONS
         assert status["storeConnections"] <= 8, status
@@ -61,9 +59,9 @@ def test_700_sessions_written_to_under_1024_fds(tmp_path: Path) -> None:
         # The provider path still works: workers spawn, turns settle.
         for sid in sids[:3]:
             assert run_turn(c, sid, "after 700")["outcome"] == "completed"
-        for sid in (sids[0], sids[-1]):
-            got = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
-            assert got["title"].startswith("s")
+        for i in (0, SESSIONS - 1):
+            got = c.call("session.get", {"workspaceId": WS, "agentSessionId": sids[i]})["session"]
+            assert got["pinned"] is (i % 2 == 0)
         workers = c.call("host.status")["workers"]
         assert all(w["state"] == "ready" and w["restarts"] == 0 for w in workers), workers
     finally:

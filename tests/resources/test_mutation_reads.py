@@ -224,7 +224,7 @@ def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused
 def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`updateTitle`, `turn.submit` and the other plain mutations check the Session exists
+    """`session.pin`, `turn.submit` and the other plain mutations check the Session exists
     before routing it to its actor; once found live it is remembered, and its delete takes it
     out of that memory before the delete is answered: the next mutation reads the store
     again and is refused 404 (a stale memory would route it unread)."""
@@ -246,24 +246,25 @@ def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
             "session"
         ]["agentSessionId"]
         title = {"workspaceId": WS, "agentSessionId": sid}
-        client.call("session.updateTitle", {**title, "title": "one"})
+        # (A rename goes straight to the store, `agenthost.session_lanes`: not routed.)
+        client.call("session.pin", {**title, "pinned": True})
         assert checks == [(WS, sid)] and (WS, sid) in api.live_sessions
-        client.call("session.updateTitle", {**title, "title": "two"})
+        client.call("session.pin", {**title, "pinned": False})
         client.call("session.pin", {**title, "pinned": True})
         assert checks == [(WS, sid)]  # routed from memory
-        assert client.call("session.get", title)["session"]["title"] == "two"
+        assert client.call("session.get", title)["session"]["pinned"] is True
         client.call("session.delete", title)
         assert (WS, sid) not in api.live_sessions
         with pytest.raises(ApiError) as refused:
-            client.call("session.updateTitle", {**title, "title": "three"})
+            client.call("session.pin", {**title, "pinned": False})
         assert refused.value.status == 404
         assert refused.value.reason == "workspace_agent_session_not_found"
         assert checks == [(WS, sid), (WS, sid)]  # read again after the delete
         # A never-seen id is read (and refused) every time, never remembered.
-        ghost = {"workspaceId": WS, "agentSessionId": str(uuid.uuid4()), "title": "x"}
+        ghost = {"workspaceId": WS, "agentSessionId": str(uuid.uuid4()), "pinned": True}
         for _ in range(2):
             with pytest.raises(ApiError):
-                client.call("session.updateTitle", ghost)
+                client.call("session.pin", ghost)
         assert len(checks) == 4 and (WS, ghost["agentSessionId"]) not in api.live_sessions
 
 
