@@ -364,6 +364,14 @@ def _v10(conn: apsw.Connection) -> None:
     )
 
 
+# v11: every start settles the Turns a previous process left active (`all_active_turns`);
+# `turns_by_phase` leads with the Session, so finding them scanned every Turn of the store
+# (a million on a store of months, seconds at each start). This index holds only the active
+# ones: a start reads as many rows as there are orphans.
+_V11 = """
+CREATE INDEX turns_active ON turns (workspace_id, session_id, sequence) WHERE phase = 'active';
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -375,6 +383,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V8,
     _V9,
     _v10,
+    _V11,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
