@@ -364,12 +364,14 @@ def _v10(conn: apsw.Connection) -> None:
     )
 
 
-# v11: every start settles the Turns a previous process left active (`all_active_turns`);
-# `turns_by_phase` leads with the Session, so finding them scanned every Turn of the store
-# (a million on a store of months, seconds at each start). This index holds only the active
-# ones: a start reads as many rows as there are orphans.
+# v11: every start settles the Turns a previous process left active (`all_active_turns`)
+# and sweeps the runtimes of deleted Sessions (`deleted_sessions`); with no index that leads
+# with the phase or the flag, each walked every Turn / every Session of the store (a million
+# Turns on a store of months: seconds at each start). These hold only those rows: a start
+# reads as many as there are orphans and deleted Sessions.
 _V11 = """
 CREATE INDEX turns_active ON turns (workspace_id, session_id, sequence) WHERE phase = 'active';
+CREATE INDEX sessions_deleted ON sessions (workspace_id, session_id) WHERE deleted = 1;
 """
 
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (

@@ -1,5 +1,5 @@
-"""A start finds the Turns left active through an index of the active ones alone: what it reads
-grows with the orphans, not with every Turn the store holds."""
+"""A start finds the Turns left active, and the deleted Sessions, through indexes of those rows
+alone: what it reads grows with the orphans and the deleted, not with the whole store."""
 
 from __future__ import annotations
 
@@ -62,6 +62,7 @@ def test_a_store_of_the_previous_version_gains_the_index_with_its_active_turns(
     # Back to the version before the index, as a store made by the previous build is.
     conn = open_connection(str(path))
     conn.execute("DROP INDEX turns_active")
+    conn.execute("DROP INDEX sessions_deleted")
     version = user_version(conn)
     conn.execute(f"PRAGMA user_version = {version - 1}")
     assert migrate(conn) == version - 1
@@ -71,5 +72,25 @@ def test_a_store_of_the_previous_version_gains_the_index_with_its_active_turns(
     reopened = Store.open(path)
     try:
         assert reopened.turns.all_active_turns() == [(WS, sid, turn_id)]
+        assert reopened.sessions.deleted_sessions() == []
     finally:
         reopened.close()
+
+
+def test_deleted_sessions_are_read_through_their_own_index(store: Store) -> None:
+    kept = [new_session(store) for _ in range(3)]
+    gone = sorted(new_session(store) for _ in range(2))
+    for sid in gone:
+        store.sessions.delete_session(WS, sid)
+
+    assert sorted(store.sessions.deleted_sessions()) == [(WS, sid) for sid in gone]
+    assert not set(kept) & {sid for _, sid in store.sessions.deleted_sessions()}
+    conn = store.db.connection()
+    plan = " ".join(
+        str(r[3])
+        for r in conn.execute(
+            "EXPLAIN QUERY PLAN SELECT workspace_id, session_id FROM sessions"
+            " INDEXED BY sessions_deleted WHERE deleted = 1"
+        )
+    )
+    assert plan == "SCAN sessions USING COVERING INDEX sessions_deleted", plan
