@@ -54,6 +54,7 @@ from bench.common import (
     Mode,
     Table,
     command_for,
+    cpu_probe_ms,
     log,
     pick,
 )
@@ -458,9 +459,18 @@ def run(
     reads = pick(mode, 300, 100, 10)
     result = BenchResult("a store of months", "", mode.value)
     home = cached_home(size)
+    # The host as the measurement starts: every figure below is read against these.
+    probe, load = cpu_probe_ms(), os.getloadavg()[0]
+    log(f"months: CPU probe {probe:.1f} ms, load average {load:.1f}")
     with tempfile.TemporaryDirectory(prefix="months-run-") as tmp:
         m = measure(home, Path(tmp), size, reads)
-    result.figures = {"scale": scale, "readsEach": reads, **m}
+    result.figures = {
+        "scale": scale,
+        "readsEach": reads,
+        "cpuProbeMs": round(probe, 1),
+        "loadAverage": round(load, 2),
+        **m,
+    }
     store_mb = (home / "store.sqlite3").stat().st_size / 2**20
     result.figures["storeMb"] = round(store_mb, 1)
     at = f"{size.describe()} ({store_mb:,.0f} MB)" + (
@@ -508,6 +518,7 @@ def run(
                 ("daemon RSS after start", m["rssAfterStartMb"], "MB"),
                 (f"daemon RSS with {size.touched:,} Sessions touched", m["rssAfterTouchMb"], "MB"),
                 ("touch errors", m["touchErrors"], ""),
+                ("CPU probe / load average at the start", f"{probe:.1f} / {load:.1f}", "ms / -"),
             ),
         )
     )
@@ -530,7 +541,7 @@ def run(
             measured=f"bench.months: {what}; {at}",
             profile={
                 "lines": [
-                    f"store: {at}",
+                    f"store: {at}; CPU probe {probe:.1f} ms, load average {load:.1f} at the start",
                     f"an empty store's daemon starts to ready in {m['emptyReadyS'] * 1000:.0f} ms"
                     " in the same run (interpreter, imports, sockets)",
                     "the first start's deferred commits all made"
