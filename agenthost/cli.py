@@ -9,6 +9,7 @@ Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import signal
@@ -22,6 +23,8 @@ from agenthost.home import HomeInUse, HomeUnsafe
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
 from client.cli.parser import SubParsers, build_parser, run_command
 from domain.home_layout import default_home, run_dir
+
+log = logging.getLogger(__name__)
 
 # The client's part of this command (every subcommand but `serve` and `keys`, the endpoints,
 # the reachability probe, the output and exit codes) is the `client.cli` package; this module,
@@ -171,6 +174,14 @@ def _serve(args: argparse.Namespace) -> int:
     # This process is the daemon's alone (an in-process one in a test is not frozen).
     gc_policy.freeze_start_up()
     print(json.dumps(daemon.ready_line()), flush=True)
+    # Everything the start made (modules, classes, the store's statements, the actors) lives
+    # as long as the process: kept out of the cyclic collector from now on, so a full
+    # collection walks only what requests made since. Without it each one walked the whole
+    # start-up heap (~25-100 ms on a 2-core host): the tail of the reads it landed in.
+    gc.freeze()
+    log.info(
+        "start-up heap frozen: %d objects kept out of the cyclic collector", gc.get_freeze_count()
+    )
     while not signalled and not daemon.stop_requested.is_set():
         time.sleep(0.1)
     daemon.close()

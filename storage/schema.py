@@ -364,6 +364,16 @@ def _v10(conn: apsw.Connection) -> None:
     )
 
 
+# v11: every start settles the Turns a previous process left active (`all_active_turns`)
+# and sweeps the runtimes of deleted Sessions (`deleted_sessions`); with no index that leads
+# with the phase or the flag, each walked every Turn / every Session of the store (a million
+# Turns on a store of months: seconds at each start). These hold only those rows: a start
+# reads as many as there are orphans and deleted Sessions.
+_V11 = """
+CREATE INDEX turns_active ON turns (workspace_id, session_id, sequence) WHERE phase = 'active';
+CREATE INDEX sessions_deleted ON sessions (workspace_id, session_id) WHERE deleted = 1;
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -375,6 +385,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V8,
     _V9,
     _v10,
+    _V11,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

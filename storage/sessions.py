@@ -289,7 +289,8 @@ class SessionStore:
         """`(workspace, session)` of every deleted Session (start-up sweeps their runtimes)."""
         rows = self._with_conn(
             lambda c: c.execute(
-                "SELECT workspace_id, session_id FROM sessions WHERE deleted = 1"
+                "SELECT workspace_id, session_id FROM sessions INDEXED BY sessions_deleted"
+                " WHERE deleted = 1"
             ).fetchall()
         )
         return [(str(ws), str(sid)) for ws, sid in rows]

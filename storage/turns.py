@@ -294,8 +294,8 @@ class TurnStore:
         """(workspace, session, turn) of every active Turn, across workspaces: at start-up
         these are orphans of the previous process, whose provider runtimes died with it."""
         rows = self._all(
-            "SELECT workspace_id, session_id, turn_id FROM turns WHERE phase = 'active'"
-            " ORDER BY workspace_id, session_id, sequence"
+            "SELECT workspace_id, session_id, turn_id FROM turns INDEXED BY turns_active"
+            " WHERE phase = 'active' ORDER BY workspace_id, session_id, sequence"
         )
         return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
 

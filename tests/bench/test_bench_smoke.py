@@ -392,6 +392,11 @@ def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: 
     keys = [t["key"] for t in doc["targets"]]
     assert keys == [t.key for t in ISSUE36 if t.key.startswith("36:months:")]
     assert "command: build/venv/bin/python -m bench.months --smoke" in out.stdout
+    # Recovery is counted until every interrupted operation is terminal, past the ready line.
+    (recovery,) = [t for t in doc["targets"] if t["key"] == "36:months:recovery"]
+    assert figures["recoveryCommittedS"] >= figures["recoveryReadyS"] > 0
+    assert recovery["value"] == pytest.approx(figures["recoveryCommittedS"] * 1000, rel=1e-3)
+    assert figures["cpuProbeMs"] > 0 and figures["loadAverage"] >= 0
 
 
 def test_turn_overhead_splits_each_turn_at_the_models_reply() -> None:
