@@ -171,14 +171,12 @@ def _serve(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     accept_shim.log_status()
     gc_timings = gc_policy.GcTimings.from_env()
-    # This process is the daemon's alone (an in-process one in a test is not frozen).
-    gc_policy.freeze_start_up()
     print(json.dumps(daemon.ready_line()), flush=True)
     # Everything the start made (modules, classes, the store's statements, the actors) lives
     # as long as the process: kept out of the cyclic collector from now on, so a full
-    # collection walks only what requests made since. Without it each one walked the whole
-    # start-up heap (~25-100 ms on a 2-core host): the tail of the reads it landed in.
-    gc.freeze()
+    # collection walks only what requests made since (this process is the daemon's alone;
+    # an in-process one in a test is not frozen).
+    gc_policy.freeze_start_up()
     log.info(
         "start-up heap frozen: %d objects kept out of the cyclic collector", gc.get_freeze_count()
     )
