@@ -235,8 +235,9 @@ class ForkSaga:
                 None if generation is None else self._attestation_key(generation)
             )
         with self.host.store.db.background():
+            # The saga's own row: one guarded UPDATE, no read of it first.
             op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
-                self.host.ws, op.operation_id
+                self.host.ws, op.operation_id, known=op
             )
         self.operation = op
         self.prepare_lazy = False  # dispatching's fsync made the lazy prepare durable too
@@ -332,7 +333,11 @@ class ForkSaga:
             # Not fsync'd on its own: the commit below is, and takes this row to the disk
             # with it (a killed host keeps it either way: the restart commits the child).
             op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
-                self.host.ws, self.operation.operation_id, evidence, durable=False
+                self.host.ws,
+                self.operation.operation_id,
+                evidence,
+                durable=False,
+                known=self.operation,
             )
             self.operation = op
             self._hit("host.fork.before_commit")

@@ -241,10 +241,18 @@ class RestartMoves(Protocol):
 class SagaMoves(RestartMoves, Protocol):
     """`store.fork_transitions`: the saga's guarded status moves."""
 
-    def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]: ...
+    def mark_fork_dispatching(
+        self, ws: str, op_id: str, *, known: ForkOperation | None = None
+    ) -> tuple[ForkOperation, bool]: ...
 
     def mark_fork_provider_accepted(
-        self, ws: str, op_id: str, evidence: ProviderForkEvidence, *, durable: bool = True
+        self,
+        ws: str,
+        op_id: str,
+        evidence: ProviderForkEvidence,
+        *,
+        durable: bool = True,
+        known: ForkOperation | None = None,
     ) -> tuple[ForkOperation, bool]: ...
 
 

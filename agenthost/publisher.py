@@ -2,12 +2,14 @@
 in commit order, on one thread of its own, off the writers' threads.
 
 It works in batches — everything queued when it wakes, up to `BATCH`, handed to the
-transport loop in one go — drops a change that repeats the one right before it (each event
-reads the current state, so the repeat would say the same), and builds no event for a
-workspace no connected subscriber wants (`ApiServer.wants`): no store read, no projection,
-no encoding. A Turn skipped that way is forgotten by `TurnDeltas`, so its next event, when
-someone listens, carries it whole. A Session or fork operation change nobody wants is dropped
-before it is even queued (`offer`), so it does not wake the thread at all.
+transport loop in one go — drops a change that repeats the one right before it, and a
+Session's or a fork operation's change that repeats one anywhere earlier in the batch (each
+event reads the state after every change of its batch was committed, so the repeat would say
+the same), and builds no event for a workspace no connected subscriber wants
+(`ApiServer.wants`): no store read, no projection, no encoding. A Turn skipped that way is
+forgotten by `TurnDeltas`, so its next event, when someone listens, carries it whole. A
+Session or fork operation change nobody wants is dropped before it is even queued (`offer`),
+so it does not wake the thread at all.
 """
 
 from __future__ import annotations
@@ -84,6 +86,8 @@ class EventPublisher:
         self.skipped = 0
         """Changes no subscriber wanted (no event built); tests pin the skip on it."""
         self.projected = 0
+        self.repeats = 0
+        """Session and operation changes dropped as repeats within their batch."""
         self.batches = 0
         """Times the publishing thread woke up with work (tests pin the `offer` filter)."""
         self._count_lock = threading.Lock()
@@ -147,6 +151,10 @@ class EventPublisher:
         """Project `batch` into `out`; True when it held the stop marker."""
         previous: Any = None
         stop = False
+        # A Session's or an operation's change already met in this batch: its event reads the
+        # state after every change of the batch was committed (each was, before it was
+        # queued), so a second event would say the same thing again.
+        entities: set[SessionChanged | ForkOperationChanged] = set()
         for change in batch:
             if change is None:
                 stop = True
@@ -154,6 +162,12 @@ class EventPublisher:
             if change == previous and not isinstance(change, StreamDelta):
                 continue  # the same change again: its event would read the same state
             previous = change
+            if isinstance(change, (SessionChanged, ForkOperationChanged)):
+                if change in entities:
+                    with self._count_lock:
+                        self.repeats += 1
+                    continue
+                entities.add(change)
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
                     self.skipped += 1

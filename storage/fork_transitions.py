@@ -35,11 +35,34 @@ class ForkTransitions:
         to: ForkStatus,
         values: Mapping[str, Any],
         release: bool = False,
+        known: ForkOperation | None = None,
     ) -> tuple[ForkOperation, bool]:
         """`values`: column → value, each column a `ForkOperation` field of the same name, so
-        the row written is returned as read plus what was written, without a re-read."""
+        the row written is returned as read plus what was written, without a re-read.
+
+        `known`: the row as its caller last wrote or read it (the saga owning the operation).
+        The move is then one UPDATE guarded by that very status, without reading the row
+        first; a row not at that status (moved meanwhile) takes the reading path below, in
+        the same transaction, so the answer and the checks are the same either way."""
         sources = sources_of(to)  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
+            if (
+                known is not None
+                and known.operation_id == op_id
+                and known.status in sources
+                and known.status is not to
+                and not release
+                and known.workspace_mode == "shared"
+            ):
+                assignments = "".join(f", {column} = ?" for column in values)
+                tx.execute(
+                    f"UPDATE fork_operations SET status = ?{assignments}"
+                    " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
+                    (to.value, *values.values(), ws, op_id, known.status.value),
+                )
+                if tx.changes() == 1:
+                    tx.emit(ForkOperationChanged(ws, op_id))
+                    return replace(known, status=to, **values), True
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is to:
                 return load_op(tx.conn, ws, op_id, projections=self._projections), False
@@ -79,10 +102,17 @@ class ForkTransitions:
             # Never `committed` here, so the row needs no projection: what was read + written.
             return replace(op, status=to, **values), True
 
-    def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
-        """The durable marker written before the provider call may leave the host (law 1)."""
+    def mark_fork_dispatching(
+        self, ws: str, op_id: str, *, known: ForkOperation | None = None
+    ) -> tuple[ForkOperation, bool]:
+        """The durable marker written before the provider call may leave the host (law 1).
+        `known`: the caller's copy of the row (see `_transition`)."""
         return self._transition(
-            ws, op_id, to=ForkStatus.DISPATCHING, values={"dispatched_at_ms": self.now_ms()}
+            ws,
+            op_id,
+            to=ForkStatus.DISPATCHING,
+            values={"dispatched_at_ms": self.now_ms()},
+            known=known,
         )
 
     def mark_fork_failed(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
@@ -105,7 +135,13 @@ class ForkTransitions:
         )
 
     def mark_fork_provider_accepted(
-        self, ws: str, op_id: str, evidence: ProviderForkEvidence, *, durable: bool = True
+        self,
+        ws: str,
+        op_id: str,
+        evidence: ProviderForkEvidence,
+        *,
+        durable: bool = True,
+        known: ForkOperation | None = None,
     ) -> tuple[ForkOperation, bool]:
         """Persist verified provider evidence; after this only the local commit is retried.
 
@@ -113,8 +149,21 @@ class ForkTransitions:
         the row survives a killed process at once and a power loss with the commit's fsync
         (the WAL keeps COMMITs in order), so the commit never lands without it; a power loss
         before that fsync leaves `dispatching`, which a restart makes `unknown` — the seed's
-        rule for a dispatch "without a durable provider result", never a second dispatch."""
+        rule for a dispatch "without a durable provider result", never a second dispatch.
+
+        `known`: the caller's `dispatching` row (the saga's): the evidence is checked against
+        it and the row is not read first; `record_accepted`'s UPDATE is guarded by
+        `dispatching`, and a row not there any more takes the reading path."""
         with self._write(ws, durable=durable) as tx:
+            if (
+                known is not None
+                and known.operation_id == op_id
+                and known.status is ForkStatus.DISPATCHING
+            ):
+                validate_evidence(known, evidence)
+                record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
+                if tx.changes() == 1:
+                    return _accepted(known, evidence, tx.now_ms), True
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
                 if op.target_provider_session_id != evidence.child_provider_session_id:
@@ -130,16 +179,7 @@ class ForkTransitions:
                 )
             validate_evidence(op, evidence)
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
-            # The row as written, without a re-read: the columns record_accepted set, each
-            # as a read decodes it (JSON round trip included).
-            return replace(
-                op,
-                status=ForkStatus.PROVIDER_ACCEPTED,
-                accepted_at_ms=tx.now_ms,
-                target_provider_session_id=evidence.child_provider_session_id,
-                target_provider_turn_ids=tuple(loads(dumps(list(evidence.provider_turn_ids)))),
-                binding_receipt=loads(dumps(dict(evidence.receipt))),
-            ), True
+            return _accepted(op, evidence, tx.now_ms), True
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
@@ -169,3 +209,16 @@ class ForkTransitions:
             )
             tx.emit(ForkOperationChanged(ws, op_id))
             return replace(op, client_observed_at_ms=tx.now_ms), True
+
+
+def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) -> ForkOperation:
+    """The row as `record_accepted` wrote it, without a re-read: the columns it set, each as a
+    read decodes it (JSON round trip included)."""
+    return replace(
+        op,
+        status=ForkStatus.PROVIDER_ACCEPTED,
+        accepted_at_ms=now_ms,
+        target_provider_session_id=evidence.child_provider_session_id,
+        target_provider_turn_ids=tuple(loads(dumps(list(evidence.provider_turn_ids)))),
+        binding_receipt=loads(dumps(dict(evidence.receipt))),
+    )

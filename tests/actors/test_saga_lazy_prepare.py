@@ -107,11 +107,13 @@ def fork_through_start(
         real = moves.mark_fork_dispatching
         calls = []
 
-        def busy_once(ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+        def busy_once(
+            ws: str, op_id: str, *, known: ForkOperation | None = None
+        ) -> tuple[ForkOperation, bool]:
             calls.append(op_id)
             if len(calls) == 1:
                 raise StoreBusy("the store is busy, try again (injected)")
-            return real(ws, op_id)
+            return real(ws, op_id, known=known)
 
         moves.mark_fork_dispatching = busy_once  # type: ignore[method-assign]
     seen: list[str] = []

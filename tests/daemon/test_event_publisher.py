@@ -3,6 +3,7 @@ store read, no projection), and once a subscriber is connected it gets the event
 
 from __future__ import annotations
 
+import queue
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from agenthost.daemon import Daemon
+from agenthost.publisher import EventPublisher
+from storage.models import SessionChanged
 from tests.support.daemon import wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client, EventSubscriber
@@ -60,3 +63,40 @@ def test_no_event_is_built_for_a_workspace_nobody_listens_to(
         assert publisher.projected >= 1
     # The subscriber left: its workspace is no longer wanted.
     wait_for(lambda: not server.wants(WS))
+
+
+def test_a_session_changed_twice_in_one_batch_is_published_once(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The batch's events read one snapshot: a Session's second change in the same batch, even
+    with another Session's change between the two, would repeat its first event word for word."""
+    daemon, client = running
+    server, store = daemon.server, daemon.store
+    assert server is not None and store is not None
+    sids = [str(uuid.uuid4()) for _ in range(3)]
+    for sid in sids:
+        status, _ = client.call_raw(
+            "session.create",
+            {"workspaceId": WS, "agentSessionId": sid, "provider": "tutti-agent", "title": sid},
+        )
+        assert status == 200
+    a, b, c = sids
+    # A publisher of its own on the daemon's store and server, fed batches by hand.
+    mine = EventPublisher(store, daemon.catalog, lambda: server, queue.SimpleQueue())
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        mine._publish([SessionChanged(WS, a), SessionChanged(WS, b), SessionChanged(WS, a)])
+        mine._publish([SessionChanged(WS, c)])  # the end marker of the batch above
+        heard: list[str] = []
+        while True:
+            event = sub.next(10)
+            assert event is not None, "the batches' events never came"
+            if event["type"] != "session.upserted":
+                continue
+            sid = event["session"]["agentSessionId"]
+            if sid == c:
+                break
+            if sid in (a, b):
+                heard.append(sid)
+    assert heard == [a, b]
+    assert (mine.projected, mine.repeats) == (3, 1)

@@ -1,0 +1,145 @@
+"""A saga's status moves on the row it already holds: one guarded UPDATE each, no read of the
+operation row first, the same answer as the reading path, and a stale copy still answered
+from the row."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+from store_builders import WS, new_session, settled_turn
+
+from domain.errors import ForkEvidenceRejected, InvalidTransition
+from domain.fork_states import ForkStatus
+from storage.models import ForkOperation, ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class OpReads:
+    """SELECTs of `fork_operations` the store's connections run while `on`."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.reads = 0
+        self.updates = 0
+
+    def hook(self, conn: apsw.Connection) -> None:
+        conn.exec_trace = self._exec
+
+    def _exec(self, cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+        if self.on and "fork_operations" in sql:
+            head = sql.lstrip().upper()
+            self.reads += head.startswith("SELECT")
+            self.updates += head.startswith("UPDATE")
+        return True
+
+
+@pytest.fixture
+def counted(tmp_path: Path) -> Iterator[tuple[Store, OpReads]]:
+    counter = OpReads()
+    apsw.connection_hooks.append(counter.hook)
+    try:
+        store = Store.open(tmp_path / "store.db")
+        try:
+            yield store, counter
+        finally:
+            store.close()
+    finally:
+        apsw.connection_hooks.remove(counter.hook)
+
+
+def _prepared(store: Store) -> ForkOperation:
+    sid = new_session(store, title="src")
+    turns = [
+        settled_turn(store, sid, text=f"t{i}", provider_turn_id=f"p{i}").turn_id for i in (1, 2)
+    ]
+    op, created = store.fork_prepare.prepare_fork(
+        WS,
+        ForkPrepareRequest(
+            source_session_id=sid,
+            request_id=f"req-{uuid.uuid4()}",
+            target_session_id=str(uuid.uuid4()),
+            turn_id=turns[-1],
+            driver_kind="tutti-agent",
+            driver_version="0.0.10",
+            binding_mode="host_copy",
+            runtime_identity={},
+        ),
+    )
+    assert created and op.status is ForkStatus.PREPARED
+    return op
+
+
+def _evidence(op: ForkOperation, **over: Any) -> ProviderForkEvidence:
+    fields: dict[str, Any] = {
+        "child_provider_session_id": f"child-{op.operation_id}",
+        "provider_turn_ids": op.source_provider_turn_ids,
+        "binding_mode": op.binding_mode,
+        "receipt": {"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
+        "turn_bindings": None,
+    }
+    fields.update(over)
+    return ProviderForkEvidence(**fields)
+
+
+def test_known_row_moves_with_one_update_and_no_read(counted: tuple[Store, OpReads]) -> None:
+    store, counter = counted
+    op = _prepared(store)
+    moves = store.fork_transitions
+    counter.on = True
+    dispatching, changed = moves.mark_fork_dispatching(WS, op.operation_id, known=op)
+    assert changed and (counter.reads, counter.updates) == (0, 1)
+    accepted, changed = moves.mark_fork_provider_accepted(
+        WS, op.operation_id, _evidence(op), durable=False, known=dispatching
+    )
+    assert changed and (counter.reads, counter.updates) == (0, 2)
+    counter.on = False
+    # The answers are the rows as a read returns them.
+    assert accepted == store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert dispatching.status is ForkStatus.DISPATCHING
+    assert dispatching.dispatched_at_ms == accepted.dispatched_at_ms
+
+
+def test_stale_known_row_is_answered_from_the_row(counted: tuple[Store, OpReads]) -> None:
+    store, _ = counted
+    op = _prepared(store)
+    moves = store.fork_transitions
+    dispatching, _ = moves.mark_fork_dispatching(WS, op.operation_id)
+    # A repeat on a copy still at `prepared`: no second move, the row's own answer.
+    again, changed = moves.mark_fork_dispatching(WS, op.operation_id, known=op)
+    assert not changed and again == dispatching
+    accepted, _ = moves.mark_fork_provider_accepted(WS, op.operation_id, _evidence(op))
+    # A copy still at `dispatching`: the same evidence is a repeat, another child a conflict.
+    same, changed = moves.mark_fork_provider_accepted(
+        WS, op.operation_id, _evidence(op), known=dispatching
+    )
+    assert not changed and same == accepted
+    with pytest.raises(InvalidTransition):
+        moves.mark_fork_provider_accepted(
+            WS, op.operation_id, _evidence(op, child_provider_session_id="other"), known=dispatching
+        )
+    with pytest.raises(InvalidTransition):
+        moves.mark_fork_dispatching(WS, op.operation_id, known=op)  # accepted → dispatching
+    assert store.fork_queries.get_fork_operation(WS, op.operation_id) == accepted
+
+
+def test_known_row_still_checks_the_evidence(counted: tuple[Store, OpReads]) -> None:
+    store, _ = counted
+    op = _prepared(store)
+    moves = store.fork_transitions
+    dispatching, _ = moves.mark_fork_dispatching(WS, op.operation_id, known=op)
+    with pytest.raises(ForkEvidenceRejected):
+        moves.mark_fork_provider_accepted(
+            WS,
+            op.operation_id,
+            _evidence(op, child_provider_session_id=op.source_provider_session_id),
+            known=dispatching,
+        )
+    row = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert row.status is ForkStatus.DISPATCHING and row == dispatching
