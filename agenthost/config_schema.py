@@ -22,6 +22,7 @@ from agenthost.config_values import (
     Strings,
     Url,
 )
+from domain.claude_warm import DEFAULT_WARM_CLIS, DEFAULT_WARM_IDLE_S
 from domain.model_limits import (
     DEFAULT_FIRST_BYTE_S,
     DEFAULT_RETRIES,
@@ -285,6 +286,20 @@ SCHEMA: tuple[Key, ...] = (
         Bool(),
         False,
         "use the user's own Claude login instead of a key",
+    ),
+    Key(
+        "providers.claude-code",
+        "warm_clis",
+        Int(0, 64),
+        DEFAULT_WARM_CLIS,
+        "CLIs kept started ahead of their Session's next Turn (0: each Turn starts its own)",
+    ),
+    Key(
+        "providers.claude-code",
+        "warm_idle_seconds",
+        Number(1.0, 86_400.0, "seconds"),
+        DEFAULT_WARM_IDLE_S,
+        "how long a CLI started ahead waits for its Session's next Turn before it ends",
     ),
 )
 

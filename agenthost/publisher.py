@@ -2,14 +2,15 @@
 in commit order, on one thread of its own, off the writers' threads.
 
 It works in batches — everything queued when it wakes, up to `BATCH`, handed to the
-transport loop in one go — drops a change that repeats the one right before it, and a
-Session's or a fork operation's change that repeats one anywhere earlier in the batch (each
-event reads the state after every change of its batch was committed, so the repeat would say
-the same), and builds no event for a workspace no connected subscriber wants
-(`ApiServer.wants`): no store read, no projection, no encoding. A Turn skipped that way is
-forgotten by `TurnDeltas`, so its next event, when someone listens, carries it whole. A
-Session or fork operation change nobody wants is dropped before it is even queued (`offer`),
-so it does not wake the thread at all.
+transport loop in order, in one go up to each change it reads back from the store, so the
+events built before that read (streamed deltas) leave before it — drops a change that repeats
+the one right before it, and a Session's or a fork operation's change that repeats one anywhere
+earlier in the batch (each event reads the state after every change of its batch was
+committed, so the repeat would say the same), and builds no event for a workspace no connected
+subscriber wants (`ApiServer.wants`): no store read, no projection, no encoding. A Turn skipped
+that way is forgotten by `TurnDeltas`, so its next event, when someone listens, carries it
+whole. A Session or fork operation change nobody wants is dropped before it is even queued
+(`offer`), so it does not wake the thread at all.
 """
 
 from __future__ import annotations
@@ -122,6 +123,15 @@ class EventPublisher:
     def _publish(self, batch: list[Any]) -> bool:
         sink = self._sink()
         out: list[tuple[str, Event]] = []
+        # The streamed deltas queued ahead of the batch's first store read leave first: a
+        # delta never waits for a read-back queued after it (nor for the snapshot's BEGIN).
+        lead = next((i for i, c in enumerate(batch) if isinstance(c, _READ_BACK)), len(batch))
+        if 0 < lead < len(batch):
+            if self._project_all(batch[:lead], sink, out):
+                if out and sink is not None:
+                    sink.publish_many(out)
+                return True
+            batch = batch[lead:]
         # The batch's reads in one read transaction (`Store.read_snapshot`): each change was
         # committed before it was queued, so the snapshot is the current state for all of
         # them, and their pages are loaded once instead of once per event.
@@ -168,6 +178,10 @@ class EventPublisher:
                         self.repeats += 1
                     continue
                 entities.add(change)
+            if out and sink is not None and isinstance(change, _READ_BACK):
+                # What is built so far (deltas, typically) leaves before this change's read.
+                sink.publish_many(out)
+                out.clear()
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
                     self.skipped += 1

@@ -208,6 +208,7 @@ class ClaudeDriver:
             session = self._sessions.pop(agent_session_id, None)
         if session is not None and session.active is not None:
             self.turns.cancel(session.active)
+        self.turns.forget(agent_session_id)
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
@@ -247,6 +248,7 @@ class ClaudeDriver:
         for session in sessions:
             if session.active is not None:
                 self.turns.cancel(session.active)
+        self.turns.close()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
 

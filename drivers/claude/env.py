@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from domain.claude_warm import DEFAULT_WARM_CLIS, DEFAULT_WARM_IDLE_S
 from domain.model_limits import ModelLimits
 from drivers.credentials import (
     ANTHROPIC_VAR,
@@ -69,6 +70,11 @@ class ClaudeDriverConfig:
     """The model limits, given to the CLI through its own variables (`limit_env`)."""
     stopped_limit_s: float = DEFAULT_STOPPED_LIMIT_S
     """How long a turn's CLI may stay stopped before the Turn fails `provider_stopped`."""
+    warm_clis: int = DEFAULT_WARM_CLIS
+    """How many CLIs, at most, this worker keeps started ahead of their Session's next Turn
+    (one a Session, started when its Turn ends; 0: every Turn starts its own CLI)."""
+    warm_idle_s: float = DEFAULT_WARM_IDLE_S
+    """How long a CLI started ahead waits for its Turn before it is ended."""
 
     @classmethod
     def from_mapping(cls, config: Mapping[str, Any]) -> ClaudeDriverConfig:
@@ -85,6 +91,8 @@ class ClaudeDriverConfig:
             use_user_login=truthy(config.get("use_user_login", False)),
             limits=ModelLimits.from_mapping(config),
             stopped_limit_s=float(config.get("stopped_limit_s") or DEFAULT_STOPPED_LIMIT_S),
+            warm_clis=int(config.get("warm_clis", DEFAULT_WARM_CLIS)),
+            warm_idle_s=float(config.get("warm_idle_seconds") or DEFAULT_WARM_IDLE_S),
         )
 
     def credential(self) -> CredentialPlan:

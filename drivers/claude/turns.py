@@ -11,7 +11,6 @@ import contextlib
 import time
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import replace
 from typing import Any
 
 from domain.enums import TurnOutcome
@@ -23,6 +22,7 @@ from drivers.claude.env import ClaudeDriverConfig
 from drivers.claude.events import TIMED_OUT, ClaudeEvents
 from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
+from drivers.claude.warm import CLOSE_WAIT_S, Cli, WarmClis, transcript_stamp
 from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
 from drivers.liveness import TreeWatch, kill_tree, stopped_error
@@ -43,6 +43,7 @@ class Turns:
         self._loop = loop
         self._interactions = interactions
         self.events = ClaudeEvents(config, self.terminate)
+        self.warm = WarmClis(config.warm_clis, config.warm_idle_s)
 
     def start(self, session: SessionState, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
         turn = TurnState(turn_id=required(params, "turnId"), emit=emit)
@@ -88,13 +89,18 @@ class Turns:
         elif turn.task is not None:
             turn.task.cancel()  # not spawned yet: nothing to kill
 
-    def _options(self, session: SessionState, turn: TurnState) -> Any:
+    def _options(self, session: SessionState, exists: bool, cli: list[Cli]) -> Any:
+        """The CLI options of `session`'s next Turn (`exists`: its transcript can be resumed);
+        permission requests go to the Turn `cli[0]` serves."""
         from claude_agent_sdk import ClaudeAgentOptions
+        from claude_agent_sdk.types import PermissionResultDeny
 
         async def can_use_tool(tool: str, tool_input: dict[str, Any], context: Any) -> Any:
+            turn = cli[0].turn if cli else None
+            if turn is None:  # no prompt was written: nothing can ask
+                return PermissionResultDeny(message="no turn")
             return await self._interactions.can_use_tool(session, turn, tool, tool_input, context)
 
-        exists = resumable(session.transcript)
         return ClaudeAgentOptions(
             cwd=session.cwd,
             env=dict(session.env),
@@ -114,10 +120,67 @@ class Turns:
             include_partial_messages=True,
         )
 
-    async def _run_turn(self, session: SessionState, turn: TurnState, text: str) -> None:
-        from claude_agent_sdk import query
-        from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
+    def _key(self, session: SessionState, exists: bool) -> tuple[object, ...]:
+        """Everything a CLI's start takes from the Session: two CLIs of equal keys (and an
+        unchanged transcript) are interchangeable."""
+        return (
+            session.provider_session_id,
+            exists,
+            str(session.config_dir),
+            session.cwd,
+            tuple(sorted(session.env.items())),
+            session.model,
+            session.claude_settings,
+            self._config.cli_path,
+        )
 
+    def _spawn(self, session: SessionState) -> Cli:
+        """A CLI for `session`'s next Turn, started now (loop thread)."""
+        exists = resumable(session.transcript)
+        stamp = transcript_stamp(session.transcript)
+        box: list[Cli] = []
+        cli = Cli.spawn(self._options(session, exists, box), self._key(session, exists), stamp)
+        box.append(cli)
+        return cli
+
+    def _cli_for_turn(self, session: SessionState) -> Cli:
+        """The CLI started ahead for this Session when it was started as one would be now;
+        else a new one."""
+        if self.warm.parked(session.agent_session_id) is not None:
+            exists = resumable(session.transcript)
+            key = self._key(session, exists)
+            cli = self.warm.take(
+                session.agent_session_id, key, transcript_stamp(session.transcript)
+            )
+            if cli is not None:
+                return cli
+        return self._spawn(session)
+
+    def prestart(self, session: SessionState) -> None:
+        """Starts the CLI of the Session's next Turn now, while no Turn runs (loop thread)."""
+        if not self.warm.enabled:
+            return
+        with session.lock:
+            if session.active is not None:
+                return
+        try:
+            cli = self._spawn(session)
+        except Exception:  # noqa: BLE001 - the next Turn starts its own CLI and reports why
+            return
+        self.warm.park(session.agent_session_id, cli)
+
+    def forget(self, agent_session_id: str) -> None:
+        """The Session stopped: its parked CLI ends (from any thread)."""
+        self._loop.call_soon_threadsafe(self.warm.drop, agent_session_id)
+
+    def close(self) -> None:
+        """Ends every parked CLI (from any thread but the loop's)."""
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(self.warm.close_all(), self._loop).result(
+                timeout=CLOSE_WAIT_S + 5
+            )
+
+    async def _run_turn(self, session: SessionState, turn: TurnState, text: str) -> None:
         outcome = TurnOutcome.FAILED
         error: str | None = None
         try:
@@ -127,22 +190,25 @@ class Turns:
         watcher = asyncio.ensure_future(watch_root(session, turn))
         stop_watch = asyncio.ensure_future(self._watch_stopped(turn))
         try:
-            options = self._options(session, turn)
-            # Our own transport handle (the SDK's default one, pinned version) so an interrupt
-            # can stop exactly this turn's CLI process; aclosing stops it on any exit. The
-            # transport gets what `query()` would give its own: permission prompts over stdio
-            # (the control protocol); `query()` keeps `can_use_tool` and no prompt tool name,
-            # or the SDK refuses the pair.
-            turn.transport = SubprocessCLITransport(
-                prompt=text, options=replace(options, permission_prompt_tool_name="stdio")
-            )
-            async with contextlib.aclosing(  # type: ignore[type-var] # the SDK's iterator closes
-                query(prompt=text, options=options, transport=turn.transport)
-            ) as messages:
-                async for message in messages:
+            # The CLI started ahead for this Turn when there is a matching one; an interrupt
+            # stops exactly this CLI (`turn.transport`); aclosing stops it on any exit.
+            cli = self._cli_for_turn(session)
+            cli.turn = turn
+            turn.transport = cli.transport
+            cli.prompt.set_result(text)
+            async with contextlib.aclosing(cli.messages) as messages:
+                try:
+                    message = await cli.first
+                except StopAsyncIteration:
+                    message = None
+                if message is not None:
                     result = self.events.on_message(session, turn, message)
                     if result is not None:
                         outcome, error = result
+                    async for message in messages:
+                        result = self.events.on_message(session, turn, message)
+                        if result is not None:
+                            outcome, error = result
             if turn.provider_turn_id is None and error is None:
                 error = "Claude Code ended the turn without persisting the user message"
                 outcome = TurnOutcome.FAILED
@@ -163,6 +229,8 @@ class Turns:
             stop_watch.cancel()
             self._drop_pending(session, turn)
         self._finish_turn(session, turn, outcome, error)
+        if turn.provider_turn_id is not None and not turn.interrupted:
+            self.prestart(session)
 
     async def _watch_stopped(self, turn: TurnState) -> None:
         """The turn's CLI (or a process under it) stopped (SIGSTOP, SIGTSTP, a debugger) for

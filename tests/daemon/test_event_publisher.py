@@ -1,5 +1,6 @@
 """The event publisher: it builds no event for a workspace nobody subscribed to (no
-store read, no projection), and once a subscriber is connected it gets the events as before."""
+store read, no projection), and once a subscriber is connected it gets the events as before;
+streamed deltas queued ahead of a change it reads back leave before that read."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import queue
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agenthost.daemon import Daemon
-from agenthost.publisher import EventPublisher
-from storage.models import SessionChanged
-from tests.support.daemon import wait_for
+from agenthost.publisher import EventPublisher, StreamDelta
+from storage.models import SessionChanged, TurnChanged
+from tests.support.daemon import create_session, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client, EventSubscriber
 
@@ -100,3 +102,57 @@ def test_a_session_changed_twice_in_one_batch_is_published_once(
                 heard.append(sid)
     assert heard == [a, b]
     assert (mine.projected, mine.repeats) == (3, 1)
+
+
+class RecordingSink:
+    """An `EventSink` that wants every workspace and records each hand-over to the loop, and,
+    for each, how many store reads the publisher had begun by then."""
+
+    def __init__(self, reads: list[int]) -> None:
+        self.reads = reads
+        self.handovers: list[tuple[list[str], int]] = []
+
+    def wants(self, topic: str) -> bool:
+        return True
+
+    def publish_many(self, events: list[tuple[str, Any]]) -> bool:
+        self.handovers.append(([e["type"] for _, e in events], len(self.reads)))
+        return True
+
+
+def test_deltas_queued_before_a_turn_change_leave_before_its_store_read(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, client = running
+    assert daemon.store is not None
+    sid = create_session(client, WS)["agentSessionId"]
+    turn = run_turn(client, sid, "hello", WS)
+    reads: list[int] = []
+    sink = RecordingSink(reads)
+    publisher = EventPublisher(daemon.store, daemon.catalog, lambda: sink, queue.SimpleQueue())
+    project = publisher.project
+
+    def counted(change: Any) -> Any:
+        if isinstance(change, TurnChanged):
+            reads.append(1)
+        return project(change)
+
+    publisher.project = counted  # type: ignore[method-assign]
+    delta = {"type": "message.delta", "turnId": turn["turnId"], "itemId": "i", "delta": "x"}
+    changed = TurnChanged(WS, sid, turn["turnId"])
+    publisher._publish(
+        [
+            StreamDelta(WS, sid, delta),
+            StreamDelta(WS, sid, delta),
+            changed,
+            StreamDelta(WS, sid, delta),
+            changed,
+            StreamDelta(WS, sid, delta),
+        ]
+    )
+    # In order; each delta handed over before any read queued after it began.
+    assert sink.handovers == [
+        (["message.delta", "message.delta"], 0),
+        (["turn.updated", "message.delta"], 1),
+        (["turn.updated", "message.delta"], 2),
+    ]

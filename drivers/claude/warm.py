@@ -1,0 +1,194 @@
+"""Claude Code CLIs started ahead of a Session's next Turn: one CLI, spawned and initialized
+over the SDK's control protocol while no Turn runs, waits on its stdin for the Turn's prompt,
+so the Turn does not pay the CLI's start-up (node, the resumed transcript, the handshake).
+
+`Cli` is one such process with the `query()` stream over it; `WarmClis` parks at most one per
+Session (and `limit` per worker) and hands it to the Turn only when it was started exactly as the
+Turn would start one now: the same options key and the transcript unchanged since its spawn.
+Anything else (an expired, dead or mismatched CLI) is closed, and the Turn starts its own. All of
+it runs on the driver's asyncio loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, cast
+
+from drivers.claude.state import TurnState
+
+EXIT_WAIT_S = 2.0
+"""How long a discarded CLI may take to exit once its stdin is closed, before it is terminated."""
+CLOSE_WAIT_S = 10.0
+"""How long it may take to exit once terminated."""
+
+
+TAIL_BYTES = 4096
+
+
+def transcript_stamp(transcript: Path) -> tuple[int, int, bytes] | None:
+    """What a CLI resuming `transcript` read at its start: the file (inode), its size and its
+    last bytes (None: absent). A parked CLI whose transcript no longer has its stamp holds a
+    stale history. Not the mtime: a resuming CLI touches the file as it starts, unchanged."""
+    try:
+        with open(transcript, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            fh.seek(max(0, st.st_size - TAIL_BYTES))
+            tail = fh.read(TAIL_BYTES)
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_size, tail)
+
+
+async def _one_prompt(text: asyncio.Future[str | None]) -> AsyncIterator[dict[str, Any]]:
+    """The CLI's input: the Turn's one user message, once it is known (None: nothing, and the
+    CLI, its stdin closed, exits)."""
+    value = await text
+    if value is not None:
+        yield {
+            "type": "user",
+            "session_id": "",
+            "message": {"role": "user", "content": value},
+            "parent_tool_use_id": None,
+        }
+
+
+@dataclass(slots=True, eq=False)
+class Cli:
+    """One CLI process with its `query()` stream: `first` (a task) spawns and initializes it and
+    then waits for its first message, which comes only after `prompt` is given."""
+
+    key: tuple[object, ...]
+    stamp: tuple[int, int, bytes] | None
+    transport: Any
+    messages: AsyncGenerator[Any, None]
+    prompt: asyncio.Future[str | None]
+    first: asyncio.Future[Any]
+    turn: TurnState | None = None
+    """The Turn the CLI serves (its permission requests become that Turn's Interactions)."""
+    expiry: asyncio.TimerHandle | None = field(default=None)
+
+    @classmethod
+    def spawn(
+        cls, options: Any, key: tuple[object, ...], stamp: tuple[int, int, bytes] | None
+    ) -> Cli:
+        """Starts the CLI of `options` now (on the loop thread); `can_use_tool` of `options`
+        must find its Turn through the returned `Cli.turn`."""
+        from claude_agent_sdk import query
+        from claude_agent_sdk._internal.transport.subprocess_cli import SubprocessCLITransport
+
+        loop = asyncio.get_running_loop()
+        prompt: asyncio.Future[str | None] = loop.create_future()
+        stream = _one_prompt(prompt)
+        # Our own transport handle (the SDK's default one, pinned version) so an interrupt can
+        # stop exactly this CLI; it gets what `query()` would give its own: permission prompts
+        # over stdio (the control protocol); `query()` keeps `can_use_tool` and no prompt tool
+        # name, or the SDK refuses the pair.
+        transport = SubprocessCLITransport(
+            prompt=stream, options=replace(options, permission_prompt_tool_name="stdio")
+        )
+        # `query` is an async generator function: its stream can be closed (`aclose`).
+        messages = cast(
+            AsyncGenerator[Any, None], query(prompt=stream, options=options, transport=transport)
+        )
+        first = asyncio.ensure_future(messages.__anext__())
+        return cls(key, stamp, transport, messages, prompt, first)
+
+    def process_exited(self) -> bool:
+        process = getattr(self.transport, "_process", None)
+        return process is not None and process.returncode is not None
+
+    def usable(self) -> bool:
+        """Still waiting for its prompt: neither ended nor failed to start."""
+        return not self.first.done() and not self.prompt.done() and not self.process_exited()
+
+    def terminate(self) -> None:
+        process = getattr(self.transport, "_process", None)
+        if process is not None and process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+
+    async def close(self) -> None:
+        """Ends the CLI unused: no prompt, so its stdin closes and it exits; terminated if it
+        has not within `EXIT_WAIT_S`; its stream closed."""
+        if not self.prompt.done():
+            self.prompt.set_result(None)
+        for wait_s in (EXIT_WAIT_S, CLOSE_WAIT_S):
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(self.first), wait_s)
+            if self.first.done():
+                break
+            self.terminate()
+        if not self.first.done():
+            self.first.cancel()
+            with contextlib.suppress(BaseException):
+                await self.first
+        with contextlib.suppress(BaseException):
+            await self.messages.aclose()
+
+
+class WarmClis:
+    """The CLIs parked for the next Turn of their Session (loop thread only)."""
+
+    def __init__(self, limit: int, idle_s: float) -> None:
+        self._limit = limit
+        self._idle_s = idle_s
+        self._parked: dict[str, Cli] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    @property
+    def enabled(self) -> bool:
+        return self._limit > 0
+
+    def parked(self, agent_session_id: str) -> Cli | None:
+        return self._parked.get(agent_session_id)
+
+    def take(
+        self, agent_session_id: str, key: tuple[object, ...], stamp: tuple[int, int, bytes] | None
+    ) -> Cli | None:
+        """The Session's parked CLI if it was started as one started now would be; else None
+        (and whatever was parked is closed)."""
+        cli = self._parked.pop(agent_session_id, None)
+        if cli is None:
+            return None
+        if cli.expiry is not None:
+            cli.expiry.cancel()
+        if cli.key == key and cli.stamp == stamp and cli.usable():
+            return cli
+        self.discard(cli)
+        return None
+
+    def park(self, agent_session_id: str, cli: Cli) -> None:
+        self.drop(agent_session_id)
+        self._parked[agent_session_id] = cli
+        loop = asyncio.get_running_loop()
+        cli.expiry = loop.call_later(self._idle_s, self._expire, agent_session_id, cli)
+        while len(self._parked) > self._limit:
+            oldest = next(iter(self._parked))
+            self.drop(oldest)
+
+    def drop(self, agent_session_id: str) -> None:
+        cli = self._parked.pop(agent_session_id, None)
+        if cli is not None:
+            if cli.expiry is not None:
+                cli.expiry.cancel()
+            self.discard(cli)
+
+    def _expire(self, agent_session_id: str, cli: Cli) -> None:
+        if self._parked.get(agent_session_id) is cli:
+            self.drop(agent_session_id)
+
+    def discard(self, cli: Cli) -> None:
+        task = asyncio.ensure_future(cli.close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def close_all(self) -> None:
+        for agent_session_id in list(self._parked):
+            self.drop(agent_session_id)
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
