@@ -28,6 +28,7 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
+from drivers.gc_pause import gc_paused
 from drivers.readability import ReaderNotApplicable
 from drivers.rollout_files import BinderError, DirsAhead
 
@@ -75,7 +76,10 @@ class ForkThroughTurn:
         if runtime is None:
             return ForkResult.not_started("source runtime could not be prepared")
         try:
-            return self._fork_on(runtime, request, source_id, prefix)
+            # The bind and the proof parse the whole rollout (a 10,000-Turn one is 60,000
+            # lines): no collector walks over that parse while it is being built.
+            with gc_paused():
+                return self._fork_on(runtime, request, source_id, prefix)
         finally:
             if transient:
                 runtime.proc.close()
