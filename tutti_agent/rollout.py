@@ -134,6 +134,13 @@ def _entries(directory: str) -> list[os.DirEntry[str]]:
 _DECODER = json.JSONDecoder()
 
 
+def read_file(path: Path) -> bytes:
+    """A rollout's bytes, never through a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def read_rollout(path: Path) -> list[RolloutLine]:
     """Read every complete line; a torn last line (no newline, bad JSON) is dropped.
 
@@ -148,7 +155,22 @@ def read_rollout(path: Path) -> list[RolloutLine]:
         return _read_lines(data, path, json.loads)
 
 
-def _read_lines(data: Any, path: Path, loads: Any) -> list[RolloutLine]:
+def lines_of_decoded(
+    data: bytes, records: Sequence[Mapping[str, Any]], path: Path
+) -> list[RolloutLine]:
+    """The lines `read_rollout` returns for a file holding `data` (complete lines only, every
+    one ending in a newline), given each line's JSON already decoded by a caller that checked
+    those very bytes: the same lines, offsets and errors, without decoding again."""
+    raws = data.split(b"\n")
+    if raws[-1] != b"" or len(raws) - 1 != len(records):
+        raise ValueError("the decoded records are not the lines of these bytes")
+    with gc_paused():
+        return _read_lines(data, path, iter(records).__next__, raws[:-1])
+
+
+def _read_lines(
+    data: Any, path: Path, loads: Any, raws: Sequence[Any] | None = None
+) -> list[RolloutLine]:
     newline_char = "\n" if isinstance(data, str) else b"\n"
     complete = data.rfind(newline_char)  # past it: a torn tail from a crash mid-write
     if complete < 0:
@@ -156,10 +178,10 @@ def _read_lines(data: Any, path: Path, loads: Any) -> list[RolloutLine]:
     lines: list[RolloutLine] = []
     append = lines.append
     offset = 0
-    for raw in data[:complete].split(newline_char):
+    for raw in data[:complete].split(newline_char) if raws is None else raws:
         end = offset + len(raw) + 1
         try:
-            obj = loads(raw)
+            obj = loads(raw) if raws is None else loads()
             append(
                 RolloutLine(
                     int(obj["ordinal"]),

@@ -31,7 +31,9 @@ from tutti_agent.rollout import (
     find_rollout_path,
     fsync_dir,
     iter_rollout_paths,
+    lines_of_decoded,
     new_rollout_path,
+    read_file,
     read_rollout,
     read_span,
     thread_id_of_path,
@@ -219,6 +221,22 @@ class ThreadStore:
                 while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
                     self._parsed.popitem(last=False)
         return lines
+
+    def adopt_decoded(self, path: Path, data: bytes, records: Sequence[Mapping[str, Any]]) -> bool:
+        """Take `records` — each line of `data` decoded, by a caller that validated those very
+        bytes — as the parse of the file at `path`, if the file holds exactly `data` (read
+        here, in full, and compared): its next `load` assembles them instead of decoding
+        the file again. False (nothing taken) when the file holds anything else."""
+        key = _file_key(path)
+        if key[2] != len(data) or read_file(path) != data or _file_key(path) != key:
+            return False
+        lines = lines_of_decoded(data, records, path)
+        with self._cache_lock:
+            self._parsed[path] = (key, lines)
+            self._parsed.move_to_end(path)
+            while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
+                self._parsed.popitem(last=False)
+        return True
 
     def _forget(self, thread_id: str, path: Path) -> None:
         with self._cache_lock:
