@@ -12,7 +12,8 @@ else — refused with nothing written.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -24,16 +25,17 @@ from drivers.rollout_files import (
     BinderError,
     BindFailure,
     NamesSyncing,
+    ParsedRollout,
     RolloutMeta,
     assert_no_symlink,
     begin_atomic_write_all,
     first_line_identity,
+    parse_rollout,
     read_regular,
     referenced_ordinal,
     rollout_matches,
     sha,
     tamper_with,
-    validate_rollout,
 )
 
 
@@ -80,6 +82,9 @@ class BindReceipt:
     source_home: str
     target_home: str
     rollouts: tuple[RolloutReceipt, ...]
+    parsed: Mapping[str, ParsedRollout] = field(default_factory=dict, compare=False, repr=False)
+    """Each bound rollout's validated bytes and decoded lines, by its target path (never on
+    the wire): the readability proof decodes a file holding exactly these bytes no more."""
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -120,6 +125,8 @@ class _Plan:
     action: BindAction
     source_bytes: bytes | None
     target_bytes: bytes
+    target_parse: ParsedRollout
+    """The validation's parse of `target_bytes` (the same bytes, or equal ones)."""
 
 
 def _receipt(plan: _Plan) -> RolloutReceipt:
@@ -221,6 +228,7 @@ class RolloutBinder:
             source_home=str(source_home),
             target_home=str(target_home),
             rollouts=tuple(_receipt(p) for p in plans),
+            parsed={str(p.target): p.target_parse for p in plans},
         )
         return receipt, names
 
@@ -250,7 +258,7 @@ class RolloutBinder:
             if target_existing is None or target_bytes is None:
                 raise BinderError(BindFailure.SOURCE_ROLLOUT_MISSING, f"no rollout for {thread_id}")
             try:
-                meta = validate_rollout(target_bytes, thread_id)
+                kept = parse_rollout(target_bytes, thread_id)
             except ValueError as exc:
                 raise BinderError(
                     BindFailure.SOURCE_ROLLOUT_MISSING, f"and target: {exc}"
@@ -258,16 +266,23 @@ class RolloutBinder:
             relative = target_existing.relative_to(target_home)
             return (
                 _Plan(
-                    thread_id, role, relative, target_existing, BindAction.KEPT, None, target_bytes
+                    thread_id,
+                    role,
+                    relative,
+                    target_existing,
+                    BindAction.KEPT,
+                    None,
+                    target_bytes,
+                    kept,
                 ),
-                meta,
+                kept.meta,
             )
 
         source = sources[0]
         assert_no_symlink(source, must_exist=True, below=source_home)
         source_bytes = self._read(source)
         try:
-            meta = validate_rollout(source_bytes, thread_id)
+            parsed = parse_rollout(source_bytes, thread_id)
         except ValueError as exc:
             failure = (
                 BindFailure.SOURCE_IDENTITY_MISMATCH
@@ -275,14 +290,22 @@ class RolloutBinder:
                 else BindFailure.SOURCE_ROLLOUT_CORRUPT
             )
             raise BinderError(failure, f"{source}: {exc}") from None
+        meta = parsed.meta
         relative = source.relative_to(source_home)
         # An archived target is repaired where it lives, never duplicated into sessions/.
         target = target_existing if target_existing is not None else target_home / relative
         relative_target = target.relative_to(target_home)
         assert_no_symlink(target, must_exist=False, below=target_home)
 
-        def plan(action: BindAction, data: bytes) -> tuple[_Plan, RolloutMeta]:
-            return _Plan(thread_id, role, relative_target, target, action, source_bytes, data), meta
+        def plan(
+            action: BindAction, data: bytes, data_parse: ParsedRollout = parsed
+        ) -> tuple[_Plan, RolloutMeta]:
+            return (
+                _Plan(
+                    thread_id, role, relative_target, target, action, source_bytes, data, data_parse
+                ),
+                meta,
+            )
 
         if target_bytes is None:
             return plan(BindAction.COPIED, source_bytes)
@@ -290,13 +313,13 @@ class RolloutBinder:
             return plan(BindAction.IDENTICAL, target_bytes)
         if target_bytes.startswith(source_bytes):
             try:
-                validate_rollout(target_bytes, thread_id)
+                kept_parse = parse_rollout(target_bytes, thread_id)
             except ValueError as exc:
                 # Rolling back would destroy the child's own history: refuse instead.
                 raise BinderError(
                     BindFailure.TARGET_POST_FORK_CORRUPT, f"{target}: {exc}"
                 ) from None
-            return plan(BindAction.KEPT, target_bytes)
+            return plan(BindAction.KEPT, target_bytes, kept_parse)
         if source_bytes.startswith(target_bytes):
             if first_line_identity(target_bytes) != thread_id:
                 raise BinderError(

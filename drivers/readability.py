@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.rollout_files import BinderError, read_regular, rollout_matches
+from drivers.rollout_files import BinderError, ParsedRollout, read_regular, rollout_matches
 
 MAX_LINEAGE_DEPTH = 64
 _DECODER = json.JSONDecoder()
@@ -62,9 +62,19 @@ def _turn_problem(turns: Sequence[tuple[str | None, bool]], prefix: Sequence[str
 
 
 def prove_tutti_child(
-    home: Path, child_id: str, source_id: str, prefix: Sequence[str], runtime_version: str
+    home: Path,
+    child_id: str,
+    source_id: str,
+    prefix: Sequence[str],
+    runtime_version: str,
+    known: Mapping[str, ParsedRollout] | None = None,
 ) -> str | None:
-    """Prove a tutti-agent child readable from `home` with tutti_agent's own reader."""
+    """Prove a tutti-agent child readable from `home` with tutti_agent's own reader.
+
+    `known`: the binder's validated bytes and decoded lines of the files it just bound, by
+    path. The reader still finds, reads and compares each file in full; a file that holds
+    exactly those bytes has its lines taken from the binder's decoding of them (the same
+    JSON values a second decode would return) instead of decoding 60,000 lines again."""
     import tutti_agent
     from tutti_agent.errors import AppServerError, RolloutCorrupt
     from tutti_agent.history import TurnStatus, build_turns
@@ -76,7 +86,10 @@ def prove_tutti_child(
             f"in-worker tutti_agent {tutti_agent.__version__} != runtime {runtime_version}"
         )
     try:
-        history = ThreadStore(home).load(child_id)
+        store = ThreadStore(home)
+        for path, parsed in (known or {}).items():
+            store.adopt_decoded(Path(path), parsed.data, parsed.records)
+        history = store.load(child_id)
     except (AppServerError, RolloutCorrupt, OSError, ValueError, KeyError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     if history.forked_from_id != source_id:

@@ -93,7 +93,23 @@ _DECODER = json.JSONDecoder()
 def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
     """Validate a complete rollout: every line a JSON object `{timestamp, ordinal, type,
     payload}` ending in a newline, ordinals strictly increasing, first line `session_meta` with
-    `payload.id == thread_id`. Raises ValueError describing the first defect.
+    `payload.id == thread_id`. Raises ValueError describing the first defect."""
+    return parse_rollout(data, thread_id).meta
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRollout:
+    """A validated rollout's bytes and each line's decoded JSON object, in order: what a
+    reader of the same bytes would decode, so a later reader (the readability proof) that
+    finds exactly these bytes in the file may take the objects instead of decoding again."""
+
+    meta: RolloutMeta
+    data: bytes
+    records: Sequence[dict[str, Any]]
+
+
+def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
+    """`validate_rollout`, keeping the decoded lines.
 
     Every line is still parsed on its own (a line holding two objects, or half of one, is a
     defect); the bytes are decoded as UTF-8 once for the whole file and each line is handed to
@@ -109,7 +125,7 @@ def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ValueError(f"line {line}: not UTF-8") from None
     decode = _DECODER.decode
-    first: dict[str, Any] | None = None
+    records: list[dict[str, Any]] = []
     previous: int | None = None
     for index, raw in enumerate(text[:-1].split("\n")):
         try:
@@ -120,9 +136,9 @@ def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
         if previous is not None and ordinal <= previous:
             raise ValueError(f"line {index + 1}: ordinal not increasing")
         previous = ordinal
-        if first is None:
-            first = obj
-    assert first is not None and previous is not None
+        records.append(obj)
+    first = records[0]
+    assert previous is not None
     if first["type"] != "session_meta":
         raise ValueError("first line is not session_meta")
     payload = first["payload"]
@@ -135,13 +151,14 @@ def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
         or payload.get("history_base") is not None
         or first["ordinal"] > 0
     )
-    return RolloutMeta(
+    meta = RolloutMeta(
         thread_id=thread_id,
         first_ordinal=first["ordinal"],
         last_ordinal=previous,
         forked_from_id=str(forked_from) if forked_from else None,
         referenced=referenced,
     )
+    return ParsedRollout(meta, data, records)
 
 
 def first_line_identity(data: bytes) -> str | None:

@@ -21,6 +21,7 @@ from drivers.app_server.provider import config_env
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_tutti_child
+from drivers.rollout_files import ParsedRollout
 from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["TuttiAgentProvider", "create_driver"]
@@ -99,11 +100,17 @@ class TuttiAgentProvider:
         return []  # `thread/read` loads the thread's rollout and its history_base chain itself
 
     def read_child(
-        self, home: Path, child_id: str, source_id: str, prefix: list[str], attested: str
+        self,
+        home: Path,
+        child_id: str,
+        source_id: str,
+        prefix: list[str],
+        attested: str,
+        known: Mapping[str, ParsedRollout] | None = None,
     ) -> str | None:
         """The child's readability from `home` alone, judged by tutti_agent's own reader (only
         when it is the exact version the runtime attested)."""
-        return prove_tutti_child(home, child_id, source_id, prefix, attested)
+        return prove_tutti_child(home, child_id, source_id, prefix, attested, known)
 
 
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> AppServerDriver:

@@ -22,14 +22,17 @@ from tutti_agent.errors import (
     TurnNotFound,
     TurnStartMissing,
 )
+from tutti_agent.gc_pause import gc_paused
 from tutti_agent.history import (
     ForkSnapshot,
     Interrupted,
     InterruptedMarker,
     TruncateBeforeNthUserMessage,
+    TurnRecord,
     build_turns,
     fork_history_from_snapshot,
     is_real_user_message,
+    is_terminal_event,
     snapshot_turn_state,
 )
 from tutti_agent.ids import uuid7
@@ -87,6 +90,11 @@ class PreparedFork:
     history_base: HistoryPosition | None
     model_context: tuple[RolloutItem, ...]
     reservation: Reservation
+    settled: bool = False
+    """The prefix ends with a turn's terminal event: no turn is open at its end, so an
+    Interrupted snapshot of it adds nothing."""
+    turns: tuple[TurnRecord, ...] = ()
+    """The turns of the prefix when `settled` (each ended inside it), else empty."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,9 @@ class ForkOptions:
 class ForkResult:
     child: ThreadHistory
     prepared_end: int
+    turns: tuple[TurnRecord, ...] | None = None
+    """The child's turns as `build_turns` projects them (ids, status, items; the indices are
+    the source's), when the fork knew them from its prefix; else None."""
 
 
 class ForkHooks(Protocol):
@@ -123,19 +134,34 @@ class NoHooks:
 
 def resolve_boundary(history: ThreadHistory, boundary: ForkBoundary) -> int:
     """Map a named boundary to an exclusive end ordinal of the logical history."""
+    return _resolve(history, boundary)[0]
+
+
+def _resolve(
+    history: ThreadHistory, boundary: ForkBoundary
+) -> tuple[int, tuple[TurnRecord, ...] | None]:
+    """`resolve_boundary`, and the prefix's turns when it is settled: it ends with the
+    terminal event (`task_complete`/`turn_aborted`) that closed the named turn, so no turn
+    is open there and the prefix's turns are exactly those that ended inside it (a turn
+    closed by a later `task_started` ends on that start, not on a terminal event: not
+    settled, its snapshot closes it as interrupted)."""
     if isinstance(boundary, Latest):
-        return history.next_ordinal
-    matches = [t for t in build_turns(history.items) if t.id == boundary.turn_id]
+        return history.next_ordinal, None
+    turns = build_turns(history.items)
+    matches = [t for t in turns if t.id == boundary.turn_id]
     if not matches:
         raise TurnNotFound(boundary.turn_id)
     turn = matches[-1]
     if isinstance(boundary, ThroughTurn):
-        if turn.end_index is None:
+        end = turn.end_index
+        if end is None:
             raise TurnInProgress(boundary.turn_id)
-        return turn.end_index
+        if not is_terminal_event(history.lines[end - 1].item):
+            return end, None
+        return end, tuple(t for t in turns if t.end_index is not None and t.end_index <= end)
     if turn.start_index is None:
         raise TurnStartMissing(boundary.turn_id)
-    return turn.start_index
+    return turn.start_index, None
 
 
 class ForkService:
@@ -149,17 +175,20 @@ class ForkService:
         # Reserve first, then read: a delete that wins the race makes the load fail cleanly.
         reservation = self.store.reserve(source_thread_id)
         try:
-            source = self.store.load(source_thread_id)
-            end = resolve_boundary(source, boundary)
-            base = source.position_at(end)
-            return PreparedFork(
-                source_thread_id=source_thread_id,
-                source=source,
-                end_ordinal_exclusive=end,
-                history_base=base,
-                model_context=tuple(line.item for line in source.lines[:end]),
-                reservation=reservation,
-            )
+            with gc_paused():
+                source = self.store.load(source_thread_id)
+                end, turns = _resolve(source, boundary)
+                base = source.position_at(end)
+                return PreparedFork(
+                    source_thread_id=source_thread_id,
+                    source=source,
+                    end_ordinal_exclusive=end,
+                    history_base=base,
+                    model_context=tuple(line.item for line in source.lines[:end]),
+                    reservation=reservation,
+                    settled=turns is not None,
+                    turns=turns or (),
+                )
         except BaseException:
             reservation.release()
             raise
@@ -204,12 +233,22 @@ class ForkService:
         return future
 
     def materialize(self, prepared: PreparedFork, options: ForkOptions) -> ForkResult:
+        with gc_paused():
+            return self._materialize(prepared, options)
+
+    def _materialize(self, prepared: PreparedFork, options: ForkOptions) -> ForkResult:
         self.hooks.before_materialize(prepared)
         snapshot = options.snapshot
         items = list(prepared.model_context)
-        forked = fork_history_from_snapshot(
-            snapshot if snapshot is not None else Interrupted(), items, options.marker
-        )
+        # A settled prefix is its own Interrupted snapshot (no turn to close): the child is
+        # the prefix, and its turns are the prefix's.
+        as_is = prepared.settled and not isinstance(snapshot, TruncateBeforeNthUserMessage)
+        if as_is:
+            forked = items
+        else:
+            forked = fork_history_from_snapshot(
+                snapshot if snapshot is not None else Interrupted(), items, options.marker
+            )
         if isinstance(snapshot, TruncateBeforeNthUserMessage):
             forked = drop_empty_turn_shell(forked)
         settings = prepared.source.effective_settings()
@@ -236,11 +275,20 @@ class ForkService:
                 "thread_settings": {"cwd": cwd, "model": model},
             },
         )
+        copied = None
         if options.persistence == ForkPersistence.COPIED:
-            body = [it for it in forked if it.type != LineType.SESSION_META]
-            # Settings after the copied prefix: a cold resume reads the child's own settings.
-            lines = [*body, settings_item]
             first_ordinal = 0
+            # The prefix's lines as the source's file holds them, where it can (one read of
+            # their bytes, not an encode per line); else each item encoded again.
+            if as_is:
+                copied = self.store.copied_span(prepared.source, len(items))
+            if copied is not None:
+                lines = [settings_item]
+            else:
+                body = [it for it in forked if it.type != LineType.SESSION_META]
+                # Settings after the copied prefix: a cold resume reads the child's own
+                # settings.
+                lines = [*body, settings_item]
         else:
             if isinstance(snapshot, TruncateBeforeNthUserMessage):
                 end, appended = len(forked), []
@@ -258,7 +306,7 @@ class ForkService:
         # creation leaves no file.
         try:
             writer, written = self.store.create_rollout_lines(
-                child_id, meta, first_ordinal=first_ordinal, items=lines
+                child_id, meta, first_ordinal=first_ordinal, items=lines, copied=copied
             )
         except AppServerError:
             raise
@@ -278,7 +326,11 @@ class ForkService:
             if isinstance(exc, AppServerError):
                 raise
             raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
-        return ForkResult(child=child, prepared_end=prepared.end_ordinal_exclusive)
+        return ForkResult(
+            child=child,
+            prepared_end=prepared.end_ordinal_exclusive,
+            turns=prepared.turns if as_is else None,
+        )
 
 
 def drop_empty_turn_shell(items: list[RolloutItem]) -> list[RolloutItem]:

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from tutti_agent.errors import RolloutCorrupt
+from tutti_agent.gc_pause import gc_paused
 
 
 class LineType(StrEnum):
@@ -31,9 +32,12 @@ class LineType(StrEnum):
     RESPONSE_ITEM = "response_item"
 
 
-@dataclass(frozen=True, slots=True)
-class RolloutItem:
-    """One logical history entry without its physical position (what a fork carries over)."""
+class RolloutItem(NamedTuple):
+    """One logical history entry without its physical position (what a fork carries over).
+
+    A named tuple, not a frozen dataclass: a 10,000-Turn rollout is 60,000 lines, and a
+    frozen dataclass's constructor sets each field through `object.__setattr__` (the
+    constructors were a third of reading such a rollout)."""
 
     type: str
     payload: Mapping[str, Any]
@@ -45,9 +49,9 @@ class RolloutItem:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class RolloutLine:
-    """A persisted line: its ordinal is global across a Referenced lineage."""
+class RolloutLine(NamedTuple):
+    """A persisted line: its ordinal is global across a Referenced lineage (a named tuple,
+    as `RolloutItem`)."""
 
     ordinal: int
     timestamp: str
@@ -130,6 +134,13 @@ def _entries(directory: str) -> list[os.DirEntry[str]]:
 _DECODER = json.JSONDecoder()
 
 
+def read_file(path: Path) -> bytes:
+    """A rollout's bytes, never through a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def read_rollout(path: Path) -> list[RolloutLine]:
     """Read every complete line; a torn last line (no newline, bad JSON) is dropped.
 
@@ -138,34 +149,51 @@ def read_rollout(path: Path) -> list[RolloutLine]:
     Same lines, same offsets, same errors either way (a fork reads its child back
     on both sides of the worker pipe)."""
     data = path.read_bytes()
-    if data.isascii():
-        return _read_lines(data.decode("ascii"), path, _DECODER.decode)
-    return _read_lines(data, path, json.loads)
+    with gc_paused():
+        if data.isascii():
+            return _read_lines(data.decode("ascii"), path, _DECODER.decode)
+        return _read_lines(data, path, json.loads)
 
 
-def _read_lines(data: Any, path: Path, loads: Any) -> list[RolloutLine]:
-    lines: list[RolloutLine] = []
-    offset = 0
-    size = len(data)
+def lines_of_decoded(
+    data: bytes, records: Sequence[Mapping[str, Any]], path: Path
+) -> list[RolloutLine]:
+    """The lines `read_rollout` returns for a file holding `data` (complete lines only, every
+    one ending in a newline), given each line's JSON already decoded by a caller that checked
+    those very bytes: the same lines, offsets and errors, without decoding again."""
+    raws = data.split(b"\n")
+    if raws[-1] != b"" or len(raws) - 1 != len(records):
+        raise ValueError("the decoded records are not the lines of these bytes")
+    with gc_paused():
+        return _read_lines(data, path, iter(records).__next__, raws[:-1])
+
+
+def _read_lines(
+    data: Any, path: Path, loads: Any, raws: Sequence[Any] | None = None
+) -> list[RolloutLine]:
     newline_char = "\n" if isinstance(data, str) else b"\n"
-    while offset < size:
-        newline = data.find(newline_char, offset)
-        if newline < 0:
-            break  # torn tail from a crash mid-write: the valid prefix stands
-        end = newline + 1
+    complete = data.rfind(newline_char)  # past it: a torn tail from a crash mid-write
+    if complete < 0:
+        return []
+    lines: list[RolloutLine] = []
+    append = lines.append
+    offset = 0
+    for raw in data[:complete].split(newline_char) if raws is None else raws:
+        end = offset + len(raw) + 1
         try:
-            obj = loads(data[offset:newline])
-            line = RolloutLine(
-                ordinal=int(obj["ordinal"]),
-                timestamp=str(obj["timestamp"]),
-                item=RolloutItem(type=str(obj["type"]), payload=obj["payload"]),
-                end_byte_offset=end,
+            obj = loads(raw) if raws is None else loads()
+            append(
+                RolloutLine(
+                    int(obj["ordinal"]),
+                    str(obj["timestamp"]),
+                    RolloutItem(str(obj["type"]), obj["payload"]),
+                    end,
+                )
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise RolloutCorrupt(
                 f"corrupt rollout line at byte {offset} of {path}: {exc}"
             ) from None
-        lines.append(line)
         offset = end
     return lines
 
@@ -197,6 +225,41 @@ def make_dirs(path: Path) -> list[Path]:
     return changed
 
 
+@dataclass(frozen=True, slots=True)
+class CopiedSpan:
+    """Complete lines of an existing rollout, to be written verbatim into a new one: `data`
+    is the file's bytes `[start, start + len(data))`, `lines` their parse (end offsets in
+    that file, ordinals contiguous)."""
+
+    data: bytes
+    start: int
+    lines: Sequence[RolloutLine]
+
+
+def read_span(path: Path, start: int, stop: int, identity: tuple[int, int]) -> bytes | None:
+    """The bytes `[start, stop)` of the file at `path` if it is still the file `identity`
+    (device, inode) names and holds them all; else None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != identity or st.st_size < stop:
+            return None
+        chunks: list[bytes] = []
+        at = start
+        while at < stop:
+            chunk = os.pread(fd, min(stop - at, 1 << 24), at)
+            if not chunk:
+                return None
+            chunks.append(chunk)
+            at += len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 class RolloutWriter:
     """Appends lines to one rollout; each append is durable before it returns."""
 
@@ -216,9 +279,15 @@ class RolloutWriter:
 
     @classmethod
     def create(
-        cls, path: Path, first_ordinal: int, items: Sequence[RolloutItem]
+        cls,
+        path: Path,
+        first_ordinal: int,
+        items: Sequence[RolloutItem],
+        copied: CopiedSpan | None = None,
     ) -> tuple[RolloutWriter, list[RolloutLine]]:
-        """Create a rollout holding `items` (the first one `session_meta`), durable on return.
+        """Create a rollout holding `items` (the first one `session_meta`), durable on return;
+        `copied`: lines written verbatim right after the first item (their ordinals must
+        follow it), the rest of `items` after them.
 
         Durability as with one `append` per line, for a fraction of the cost: all lines in one
         write, one fsync of the file, then one fsync of its directory and of each parent whose
@@ -230,11 +299,30 @@ class RolloutWriter:
         lines: list[RolloutLine] = []
         chunks: list[bytes] = []
         offset = 0
-        for ordinal, item in enumerate(items, start=first_ordinal):
+
+        def encode(ordinal: int, item: RolloutItem) -> None:
+            nonlocal offset
             data = (RolloutLine(ordinal, timestamp, item, 0).to_json() + "\n").encode()
             offset += len(data)
             chunks.append(data)
             lines.append(RolloutLine(ordinal, timestamp, item, offset))
+
+        encode(first_ordinal, items[0])
+        ordinal = first_ordinal + 1
+        if copied is not None and copied.lines:
+            if copied.lines[0].ordinal != ordinal:
+                raise ValueError(f"copied lines start at {copied.lines[0].ordinal}, not {ordinal}")
+            shift = offset - copied.start
+            lines.extend(
+                RolloutLine(line.ordinal, line.timestamp, line.item, line.end_byte_offset + shift)
+                for line in copied.lines
+            )
+            chunks.append(copied.data)
+            offset += len(copied.data)
+            ordinal = copied.lines[-1].ordinal + 1
+        for item in items[1:]:
+            encode(ordinal, item)
+            ordinal += 1
         file: BinaryIO = open(path, "xb")  # noqa: SIM115 - handed to the writer
         try:
             file.write(b"".join(chunks))

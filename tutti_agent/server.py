@@ -9,7 +9,7 @@ import json
 import platform
 import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
 from tutti_agent import __version__
@@ -33,7 +33,8 @@ from tutti_agent.fork import (
     ThroughTurn,
     parse_snapshot,
 )
-from tutti_agent.history import InterruptedMarker
+from tutti_agent.gc_pause import gc_paused
+from tutti_agent.history import InterruptedMarker, TurnRecord
 from tutti_agent.ids import parse_thread_id, uuid7
 from tutti_agent.model import Model
 from tutti_agent.rollout import now_iso
@@ -182,7 +183,8 @@ class AppServer:
                 raise InvalidParams("params must be an object")
             if not self._initialized and method != "initialize":
                 raise AppServerError("Not initialized")
-            reply = handler(params)
+            with gc_paused():  # a request may read or build a 10,000-Turn history
+                reply = handler(params)
         except AppServerError as exc:
             self.conn.send({"id": request_id, "error": exc.to_wire()})
             return
@@ -210,16 +212,26 @@ class AppServer:
             return live
 
     def _thread_payload(
-        self, history: ThreadHistory, *, include_turns: bool
+        self,
+        history: ThreadHistory,
+        *,
+        include_turns: bool,
+        turns: Sequence[TurnRecord] | None = None,
     ) -> dict[str, Any]:
         live = self._live(history.thread_id)
         status = live.status() if live is not None else "notLoaded"
-        return thread_to_wire(history, status=status, include_turns=include_turns)
+        return thread_to_wire(history, status=status, include_turns=include_turns, turns=turns)
 
-    def _session_result(self, history: ThreadHistory, *, include_turns: bool) -> dict[str, Any]:
+    def _session_result(
+        self,
+        history: ThreadHistory,
+        *,
+        include_turns: bool,
+        turns: Sequence[TurnRecord] | None = None,
+    ) -> dict[str, Any]:
         settings = history.effective_settings()
         return {
-            "thread": self._thread_payload(history, include_turns=include_turns),
+            "thread": self._thread_payload(history, include_turns=include_turns, turns=turns),
             "model": settings.get("model"),
             "modelProvider": settings.get("model_provider"),
             "cwd": settings.get("cwd"),
@@ -344,7 +356,7 @@ class AppServer:
         result = self.forks.fork(source_id, options)
         self._load_live(result.child)
         payload = self._session_result(
-            result.child, include_turns=not params.get("excludeTurns", False)
+            result.child, include_turns=not params.get("excludeTurns", False), turns=result.turns
         )
         started = self._thread_payload(result.child, include_turns=False)
         return Reply(payload, lambda: self.conn.notify("thread/started", {"thread": started}))

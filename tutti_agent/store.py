@@ -23,6 +23,7 @@ from tutti_agent.errors import (
     ThreadReserved,
 )
 from tutti_agent.rollout import (
+    CopiedSpan,
     LineType,
     RolloutItem,
     RolloutLine,
@@ -30,8 +31,11 @@ from tutti_agent.rollout import (
     find_rollout_path,
     fsync_dir,
     iter_rollout_paths,
+    lines_of_decoded,
     new_rollout_path,
+    read_file,
     read_rollout,
+    read_span,
     thread_id_of_path,
 )
 
@@ -218,6 +222,22 @@ class ThreadStore:
                     self._parsed.popitem(last=False)
         return lines
 
+    def adopt_decoded(self, path: Path, data: bytes, records: Sequence[Mapping[str, Any]]) -> bool:
+        """Take `records` — each line of `data` decoded, by a caller that validated those very
+        bytes — as the parse of the file at `path`, if the file holds exactly `data` (read
+        here, in full, and compared): its next `load` assembles them instead of decoding
+        the file again. False (nothing taken) when the file holds anything else."""
+        key = _file_key(path)
+        if key[2] != len(data) or read_file(path) != data or _file_key(path) != key:
+            return False
+        lines = lines_of_decoded(data, records, path)
+        with self._cache_lock:
+            self._parsed[path] = (key, lines)
+            self._parsed.move_to_end(path)
+            while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
+                self._parsed.popitem(last=False)
+        return True
+
     def _forget(self, thread_id: str, path: Path) -> None:
         with self._cache_lock:
             self._paths.pop(thread_id, None)
@@ -234,9 +254,9 @@ class ThreadStore:
     ) -> RolloutWriter:
         """A new rollout of `session_meta` + `items`, durable on return (one write, one file
         fsync, one fsync per changed directory: `RolloutWriter.create`)."""
-        return self.create_rollout_lines(
-            thread_id, meta, first_ordinal=first_ordinal, items=items
-        )[0]
+        return self.create_rollout_lines(thread_id, meta, first_ordinal=first_ordinal, items=items)[
+            0
+        ]
 
     def create_rollout_lines(
         self,
@@ -245,14 +265,53 @@ class ThreadStore:
         *,
         first_ordinal: int = 0,
         items: Sequence[RolloutItem] = (),
+        copied: CopiedSpan | None = None,
     ) -> tuple[RolloutWriter, list[RolloutLine]]:
-        """`create_rollout`, and the lines it wrote (with their byte offsets)."""
+        """`create_rollout`, and the lines it wrote (with their byte offsets); `copied` goes
+        verbatim between `session_meta` and `items` (`copied_span`)."""
         path = new_rollout_path(self.home, thread_id)
         meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
-        writer, lines = RolloutWriter.create(path, first_ordinal, [meta_item, *items])
+        writer, lines = RolloutWriter.create(path, first_ordinal, [meta_item, *items], copied)
         with self._cache_lock:
             self._paths[thread_id] = path
         return writer, lines
+
+    def copied_span(self, history: ThreadHistory, end: int) -> CopiedSpan | None:
+        """Lines `[1, end)` of a single-file history as the bytes its file holds, for a Copied
+        child to write verbatim instead of encoding each line again; None (encode them) unless
+        the file is still the very one whose parse `history` holds, none of those lines is a
+        `session_meta`, and the span's last line reads back as the parsed one.
+
+        The parse is the file's (the cache keys it by device, inode, size and mtime) and a
+        rollout only grows (a torn tail is cut past the last complete line), so the same inode
+        still holds those bytes; the last line is checked anyway, for the price of one line."""
+        if len(history.segments) != 1 or not 1 < end <= len(history.lines):
+            return None
+        lines = history.lines[1:end]
+        if any(line.item.type == LineType.SESSION_META for line in lines):
+            return None
+        with self._cache_lock:
+            hit = self._parsed.get(history.path)
+        if hit is None or len(hit[1]) < end or hit[1][end - 1] is not history.lines[end - 1]:
+            return None
+        start, stop = history.lines[0].end_byte_offset, lines[-1].end_byte_offset
+        data = read_span(history.path, start, stop, hit[0][:2])
+        if data is None or not data.endswith(b"\n"):
+            return None
+        last = data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
+        try:
+            obj = json.loads(last)
+        except ValueError:
+            return None
+        parsed = lines[-1]
+        if not isinstance(obj, dict) or (
+            obj.get("ordinal"),
+            obj.get("timestamp"),
+            obj.get("type"),
+            obj.get("payload"),
+        ) != (parsed.ordinal, parsed.timestamp, parsed.item.type, parsed.item.payload):
+            return None
+        return CopiedSpan(data, start, lines)
 
     def open_writer(self, history: ThreadHistory) -> RolloutWriter:
         return RolloutWriter(history.path, history.next_ordinal, create=False)

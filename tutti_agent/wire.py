@@ -6,7 +6,7 @@ of turns in history.py."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -30,8 +30,13 @@ def turn_to_wire(turn: TurnRecord, index: int = 0) -> dict[str, Any]:
     }
 
 
-def turns_to_wire(history: ThreadHistory) -> list[dict[str, Any]]:
-    return [turn_to_wire(t, i) for i, t in enumerate(build_turns(history.items))]
+def turns_to_wire(
+    history: ThreadHistory, turns: Sequence[TurnRecord] | None = None
+) -> list[dict[str, Any]]:
+    """The history's turns on the wire; `turns`: its `build_turns`, when the caller has it."""
+    if turns is None:
+        turns = build_turns(history.items)
+    return [turn_to_wire(t, i) for i, t in enumerate(turns)]
 
 
 def preview(history: ThreadHistory) -> str:
@@ -51,7 +56,11 @@ def _unix(ts: object) -> int | None:
 
 
 def thread_to_wire(
-    history: ThreadHistory, *, status: str, include_turns: bool
+    history: ThreadHistory,
+    *,
+    status: str,
+    include_turns: bool,
+    turns: Sequence[TurnRecord] | None = None,
 ) -> dict[str, Any]:
     meta: Mapping[str, Any] = history.meta
     settings = history.effective_settings()
@@ -78,5 +87,5 @@ def thread_to_wire(
         "cliVersion": meta.get("cli_version", __version__),
         "source": meta.get("source", "appServer"),
         "name": None,
-        "turns": turns_to_wire(history) if include_turns else [],
+        "turns": turns_to_wire(history, turns) if include_turns else [],
     }

@@ -28,8 +28,9 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
+from drivers.gc_pause import gc_paused
 from drivers.readability import ReaderNotApplicable
-from drivers.rollout_files import BinderError, DirsAhead
+from drivers.rollout_files import BinderError, DirsAhead, ParsedRollout
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
@@ -75,7 +76,10 @@ class ForkThroughTurn:
         if runtime is None:
             return ForkResult.not_started("source runtime could not be prepared")
         try:
-            return self._fork_on(runtime, request, source_id, prefix)
+            # The bind and the proof parse the whole rollout (a 10,000-Turn one is 60,000
+            # lines): no collector walks over that parse while it is being built.
+            with gc_paused():
+                return self._fork_on(runtime, request, source_id, prefix)
         finally:
             if transient:
                 runtime.proc.close()
@@ -197,7 +201,7 @@ class ForkThroughTurn:
         if self.verify_bound_child:
             # The proof reads the files back by name while their directories are fsynced.
             problem, proof = self._prove_readable(
-                runtime, Path(request.target.home), child_id, source_id, prefix
+                runtime, Path(request.target.home), child_id, source_id, prefix, receipt.parsed
             )
             if problem is not None:
                 return ForkResult.unknown(
@@ -258,7 +262,13 @@ class ForkThroughTurn:
         future.add_done_callback(lambda f: f.exception())  # observed, never raised
 
     def _prove_readable(
-        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+        self,
+        runtime: Runtime,
+        home: Path,
+        child_id: str,
+        source_id: str,
+        prefix: list[str],
+        known: Mapping[str, ParsedRollout] | None = None,
     ) -> tuple[str | None, str]:
         """(problem or None, how it was proven): the provider's own history reader in this
         worker (no process spawned) where it can judge the child, else a fresh app-server on
@@ -266,7 +276,7 @@ class ForkThroughTurn:
         if self.readability_proof == READABILITY_IN_WORKER:
             try:
                 return (
-                    self._read_child_in_worker(runtime, home, child_id, source_id, prefix),
+                    self._read_child_in_worker(runtime, home, child_id, source_id, prefix, known),
                     READABILITY_IN_WORKER,
                 )
             except ReaderNotApplicable:
@@ -274,11 +284,19 @@ class ForkThroughTurn:
         return self._verify_readable(home, child_id, prefix), READABILITY_APP_SERVER
 
     def _read_child_in_worker(
-        self, runtime: Runtime, home: Path, child_id: str, source_id: str, prefix: list[str]
+        self,
+        runtime: Runtime,
+        home: Path,
+        child_id: str,
+        source_id: str,
+        prefix: list[str],
+        known: Mapping[str, ParsedRollout] | None = None,
     ) -> str | None:
         """The child's readability from `home` alone, judged in this worker by the provider's
         own history reader (a problem, or None); `ReaderNotApplicable` where it cannot."""
-        return self.provider.read_child(home, child_id, source_id, prefix, runtime.gate.version)
+        return self.provider.read_child(
+            home, child_id, source_id, prefix, runtime.gate.version, known
+        )
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
         """Prove the child reads from the target home alone (lineage included): a fresh

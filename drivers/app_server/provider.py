@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from domain.enums import ProviderStateBindingMode
+from drivers.rollout_files import ParsedRollout
 from drivers.versions import VersionGate
 
 
@@ -95,12 +96,20 @@ class AppServerProvider(Protocol):
         ...
 
     def read_child(
-        self, home: Path, child_id: str, source_id: str, prefix: list[str], attested: str
+        self,
+        home: Path,
+        child_id: str,
+        source_id: str,
+        prefix: list[str],
+        attested: str,
+        known: Mapping[str, ParsedRollout] | None = None,
     ) -> str | None:
         """The bound child's readability from `home` alone, judged in this worker by the
         provider's own history reader (a problem, or None); `attested` is the runtime's
-        version. Raises `ReaderNotApplicable` where it cannot judge (the proof then spawns an
-        app-server on the target home)."""
+        version; `known`: the binder's parse of the files it bound, by path, which a reader
+        may take for a file holding exactly those bytes instead of decoding it again. Raises
+        `ReaderNotApplicable` where it cannot judge (the proof then spawns an app-server on
+        the target home)."""
         ...
 
 

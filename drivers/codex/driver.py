@@ -35,7 +35,7 @@ from drivers.credentials import copy_login, credential_plan, file_key_env, user_
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_codex_child
-from drivers.rollout_files import BinderError
+from drivers.rollout_files import BinderError, ParsedRollout
 from drivers.versions import CODEX_GATE
 
 
@@ -170,7 +170,13 @@ class CodexProvider:
         return None  # Codex's layout is not guessed
 
     def read_child(
-        self, home: Path, child_id: str, source_id: str, prefix: list[str], attested: str
+        self,
+        home: Path,
+        child_id: str,
+        source_id: str,
+        prefix: list[str],
+        attested: str,
+        known: Mapping[str, ParsedRollout] | None = None,
     ) -> str | None:
         """The bound child's lineage read from the target home alone, in this worker: every
         referenced rollout present, the session_meta chain intact, turns = the prefix."""

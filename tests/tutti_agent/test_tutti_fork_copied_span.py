@@ -1,0 +1,158 @@
+"""A Copied fork through a settled turn writes the source's prefix lines verbatim (one read of
+their bytes, no encode per line), knows its child's turns from the prefix, and falls back to
+encoding every item wherever the source file is not provably the one it parsed."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.tutti_agent.items import explicit_turn, task_started, user_msg
+from tests.tutti_agent.storeutil import write_root
+from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, Latest, ThroughTurn
+from tutti_agent.gc_pause import gc_paused
+from tutti_agent.history import build_turns
+from tutti_agent.rollout import LineType, read_rollout
+from tutti_agent.store import ThreadStore
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ThreadStore:
+    return ThreadStore(tmp_path / "tutti-home")
+
+
+def _lines(path: Path) -> list[bytes]:
+    return path.read_bytes().splitlines(keepends=True)
+
+
+def test_a_settled_copied_fork_writes_the_prefix_bytes_of_the_source(
+    store: ThreadStore,
+) -> None:
+    root = write_root(
+        store,
+        explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2") + [user_msg("after")],
+    )
+    source = store.load(root)
+    through = ThroughTurn("t1")
+    result = ForkService(store).fork(root, ForkOptions(boundary=through))
+    end = result.prepared_end
+    child_lines = _lines(result.child.path)
+    source_lines = _lines(source.path)
+    # session_meta of its own, then the source's lines 1..end-1 byte for byte, then settings.
+    assert child_lines[1:end] == source_lines[1:end]
+    assert json.loads(child_lines[0])["payload"]["id"] == result.child.thread_id
+    assert json.loads(child_lines[end])["payload"]["type"] == "thread_settings_applied"
+    assert len(child_lines) == end + 1
+    # What the fork returned is what a reader of the child's file gets back.
+    reread = read_rollout(result.child.path)
+    assert list(result.child.lines) == reread
+    assert [t.id for t in build_turns(result.child.items)] == ["t1"]
+    assert result.turns is not None
+    assert [t.id for t in result.turns] == ["t1"]
+    assert [(t.id, t.status, t.items) for t in result.turns] == [
+        (t.id, t.status, t.items) for t in build_turns([line.item for line in reread])
+    ]
+
+
+def test_a_copied_child_of_a_settled_prefix_equals_the_encoded_one_line_for_line(
+    store: ThreadStore, tmp_path: Path
+) -> None:
+    """Verbatim or encoded, the child holds the same records (timestamps aside: a verbatim
+    line keeps the moment it was first written)."""
+    root = write_root(store, explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2"))
+    fast = ForkService(store).fork(root, ForkOptions(boundary=ThroughTurn("t2")))
+    slow_store = ThreadStore(store.home)
+    slow_store.copied_span = lambda history, end: None  # type: ignore[method-assign]
+    slow = ForkService(slow_store).fork(root, ForkOptions(boundary=ThroughTurn("t2")))
+
+    def records(path: Path) -> list[tuple[int, str, object]]:
+        # Past session_meta, up to the child's own settings line (it names the child).
+        return [(ln.ordinal, ln.item.type, ln.item.payload) for ln in read_rollout(path)[1:-1]]
+
+    assert records(fast.child.path) == records(slow.child.path)
+    assert len(read_rollout(fast.child.path)) == len(read_rollout(slow.child.path))
+    assert slow.turns is not None and fast.turns is not None
+
+
+def test_a_replaced_source_file_is_encoded_not_copied(store: ThreadStore) -> None:
+    """The span is read only from the very file (device, inode) the cached parse came from."""
+    root = write_root(store, explicit_turn("t1", "u1", "a1"))
+    history = store.load(root)
+    assert store.copied_span(history, history.next_ordinal) is not None
+    data = history.path.read_bytes()
+    replacement = history.path.with_suffix(".tmp")
+    replacement.write_bytes(data)
+    os.replace(replacement, history.path)  # same bytes, another inode
+    assert store.copied_span(history, history.next_ordinal) is None
+
+
+def test_a_changed_last_line_is_encoded_not_copied(store: ThreadStore) -> None:
+    root = write_root(store, explicit_turn("t1", "u1", "a1"))
+    history = store.load(root)
+    end = history.next_ordinal
+    with open(history.path, "r+b") as f:  # rewritten in place, same length
+        raw = f.read()
+        at = raw.rindex(b'"t1"')
+        f.seek(at)
+        f.write(b'"t9"')
+    assert store.copied_span(history, end) is None
+
+
+def test_an_unsettled_or_latest_boundary_encodes_its_items(store: ThreadStore) -> None:
+    root = write_root(store, explicit_turn("t1", "u1", "a1") + [task_started("t2", 5)])
+    service = ForkService(store)
+    latest = service.fork(root, ForkOptions(boundary=Latest()))
+    assert latest.turns is None
+    # The open turn is closed in the child as interrupted, after the copied prefix.
+    kinds = [ln.item.event_type for ln in latest.child.lines if ln.item.type == LineType.EVENT_MSG]
+    assert "turn_aborted" in kinds
+    referenced = service.fork(
+        root, ForkOptions(boundary=ThroughTurn("t1"), persistence=ForkPersistence.REFERENCED)
+    )
+    assert referenced.turns is not None and [t.id for t in referenced.turns] == ["t1"]
+
+
+def test_a_turn_closed_by_a_later_start_is_not_settled(store: ThreadStore) -> None:
+    """A turn that never wrote its terminal event ends where the next one starts: the fork
+    through it closes it as interrupted, as before (not a verbatim prefix)."""
+    root = write_root(
+        store, [task_started("t1", 1), user_msg("u1")] + explicit_turn("t2", "u2", "a2")
+    )
+    result = ForkService(store).fork(root, ForkOptions(boundary=ThroughTurn("t1")))
+    assert result.turns is None
+    last = result.child.lines[-2].item
+    assert last.event_type == "turn_aborted" and last.payload.get("turn_id") == "t1"
+
+
+def test_gc_paused_nests_across_threads_and_restores_the_collector() -> None:
+    assert gc.isenabled()
+    entered, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with gc_paused():
+            entered.set()
+            release.wait(10)
+
+    other = threading.Thread(target=hold)
+    other.start()
+    entered.wait(10)
+    with gc_paused(), gc_paused():
+        assert not gc.isenabled()
+    assert not gc.isenabled()  # the other holder still holds it
+    release.set()
+    other.join(10)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with gc_paused():
+            pass
+        assert not gc.isenabled()  # a collector that was off stays off
+    finally:
+        gc.enable()
