@@ -34,12 +34,16 @@ class ForkTransitions:
         *,
         to: ForkStatus,
         values: Mapping[str, Any],
+        stamp: str,
         release: bool = False,
     ) -> tuple[ForkOperation, bool]:
         """`values`: column → value, each column a `ForkOperation` field of the same name, so
-        the row written is returned as read plus what was written, without a re-read."""
+        the row written is returned as read plus what was written, without a re-read.
+        `stamp`: the time column set to the transaction's own time (when the row is written,
+        not when the caller asked: a write may wait its turn for seconds)."""
         sources = sources_of(to)  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
+            values = {**values, stamp: tx.now_ms}
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is to:
                 return load_op(tx.conn, ws, op_id, projections=self._projections), False
@@ -82,7 +86,7 @@ class ForkTransitions:
     def mark_fork_dispatching(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """The durable marker written before the provider call may leave the host (law 1)."""
         return self._transition(
-            ws, op_id, to=ForkStatus.DISPATCHING, values={"dispatched_at_ms": self.now_ms()}
+            ws, op_id, to=ForkStatus.DISPATCHING, values={}, stamp="dispatched_at_ms"
         )
 
     def mark_fork_failed(self, ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
@@ -90,7 +94,8 @@ class ForkTransitions:
             ws,
             op_id,
             to=ForkStatus.FAILED,
-            values={"error": str(error), "completed_at_ms": self.now_ms()},
+            values={"error": str(error)},
+            stamp="completed_at_ms",
             release=True,
         )
 
@@ -100,7 +105,8 @@ class ForkTransitions:
             ws,
             op_id,
             to=ForkStatus.UNKNOWN,
-            values={"error": str(error), "completed_at_ms": self.now_ms()},
+            values={"error": str(error)},
+            stamp="completed_at_ms",
             release=True,
         )
 
