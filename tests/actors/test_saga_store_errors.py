@@ -10,17 +10,31 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
 
-from actors.ports import DeliveryUnknown
+from actors.fork_resolve import ForkResolve, ForkResolver, ResolveReply, _InFlight
+from actors.ports import DeliveryUnknown, DriverInfo
 from domain.errors import ForkBoundaryError, ForkBoundaryReason
 from domain.fork_states import ForkStatus
+from domain.worker_messages import ForkResult
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest
 from storage.store import Store
-from tests.actors.saga_harness import DRIVER, WS, Run, accepted, run_saga, source
+from tests.actors.saga_harness import (
+    DRIVER,
+    WS,
+    InlineHost,
+    Run,
+    ScriptedFailpoints,
+    ScriptedWorker,
+    accepted,
+    run_saga,
+    source,
+)
 from tests.storage.store_builders import fork_evidence
 from tests.support.invariants import STORE_LAWS, Law, check_invariants
 
@@ -197,3 +211,52 @@ def test_dispatching_is_stamped_when_it_is_written_not_when_it_was_asked(
     assert moved.dispatched_at_ms is not None and moved.dispatched_at_ms >= released_at[0]
     row = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert row.dispatched_at_ms == moved.dispatched_at_ms
+
+
+class _Catalog:
+    def driver_info(self, provider: str) -> DriverInfo:
+        return DriverInfo(provider, "host_copy", True, "tutti-agent-home")
+
+
+@dataclass
+class ResolveHost(InlineHost):
+    @property
+    def catalog(self) -> Any:
+        return _Catalog()
+
+
+def test_an_adopt_whose_commit_the_store_refuses_commits_later_never_rolls_back(
+    store: Store, home: Path
+) -> None:
+    """After the accept (the source fenced again) the resolution ends only by committing."""
+    op, sid = unknown_fork(store, home)
+    calls = refuse_commits(store, 3, lambda: apsw.CantOpenError("unable to open database file"))
+    host = ResolveHost(store, ScriptedWorker({}), ScriptedFailpoints(), home, sid)
+    replies: list[Any] = []
+    msg = ForkResolve(op.operation_id, str(uuid.uuid4()), "adopt", replies.append)
+    resolver = ForkResolver(host, op, msg)
+    host.resolves[op.operation_id] = _InFlight(msg.request_id, "adopt", [msg.reply])
+    resolver.evidence = {"verdict": "adoptable"}
+    resolver.child_id = f"child-{op.operation_id}"
+    answer = accepted(
+        {
+            "source": {"providerSessionId": op.source_provider_session_id},
+            "providerTurnIds": list(op.source_provider_turn_ids),
+        },
+        providerSessionId=resolver.child_id,
+    )
+    resolver._guard(resolver._bound, ForkResult.from_wire(answer))
+    fenced = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert fenced.status is ForkStatus.PROVIDER_ACCEPTED
+    assert replies == []  # nobody is told of a failure: the commit is still coming
+    while host.timers:
+        _, fn = host.timers.pop(0)
+        fn()
+    done = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert done.status is ForkStatus.COMMITTED
+    assert len(calls) == 4
+    resolution = store.resolution.get_fork_resolution(WS, op.operation_id)
+    assert resolution is not None and resolution.state == "done"
+    (reply,) = replies
+    assert isinstance(reply, ResolveReply) and reply.operation.status is ForkStatus.COMMITTED
+    assert op.operation_id not in host.resolves
