@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 ACTIONS = ("inspect", "adopt", "abandon")
 
+_RETRY_FIRST_S = 0.05
+_RETRY_MAX_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class ForkResolve:
@@ -98,6 +101,9 @@ class ForkResolver:
         self.host = host
         self.op = op
         self.msg = msg
+        # The adopt moved the operation to `provider_accepted`: only its commit is left.
+        self.accepted = False
+        self._retry_delay = _RETRY_FIRST_S
         self.provider = host.session().provider
         self.info = host.catalog.driver_info(self.provider)
 
@@ -359,9 +365,29 @@ class ForkResolver:
             turn_bindings=turn_bindings,
         )
         store.resolution.adopt_unknown_fork(ws, op.operation_id, evidence)
+        # `provider_accepted` now fences the source: from here the resolution only ends by
+        # committing, however long the store refuses it (never rolled back, never dropped).
+        self.accepted = True
         self._hit("host.resolve.after_accept")
-        store.fork_commit.commit_fork(ws, op.operation_id)
-        self._finish({"action": "adopt", "childId": self.child_id, "evidence": self.evidence})
+        self._commit_adopted()
+
+    def _commit_adopted(self) -> None:
+        """The adopted child's local commit, retried with backoff until it lands: an operation
+        is never left `provider_accepted` (its source fenced) in a live daemon."""
+        op_id = self.op.operation_id
+        try:
+            self.host.resolve_store.fork_commit.commit_fork(self.host.ws, op_id)
+        except Exception as exc:  # noqa: BLE001 - only the commit is left: it is retried
+            self._commit_later(repr(exc))
+            return
+        done = {"action": "adopt", "childId": self.child_id, "evidence": self.evidence}
+        self._guard(self._finish, done)
+
+    def _commit_later(self, why: str) -> None:
+        delay = self._retry_delay
+        self._retry_delay = min(_RETRY_MAX_S, delay * 2)
+        log.warning("fork.resolve %s: commit deferred %.2f s: %s", self.op.operation_id, delay, why)
+        self.host.after(delay, self._commit_adopted)
 
     def _quarantined(self, result: ResolveQuarantined) -> None:
         self._hit("host.resolve.after_quarantine")
@@ -393,6 +419,10 @@ class ForkResolver:
         self._answer(error)
 
     def _error(self, error: HostError) -> None:
+        if self.accepted:
+            # After the accept nothing is rolled back: the commit is retried until it lands.
+            self._commit_later(error.message)
+            return
         current = self.host.resolve_store.resolution.get_fork_resolution(
             self.host.ws, self.op.operation_id
         )

@@ -24,7 +24,6 @@ from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
 from domain.enums import DeliveryDisposition
-from domain.errors import StoreBusy
 from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import (
     ForkRequest,
@@ -94,6 +93,9 @@ class ForkSaga:
     # `prepared` was a lazy COMMIT (the warm path) and no fsync'd checkpoint of this saga has
     # followed yet: a power cut could still lose the operation, so nobody is told of it.
     prepare_lazy: bool = False
+    # An abort's record failed with an error that is not the store's transient kind: its
+    # traceback is logged once, the retries after it as one line each.
+    _abort_logged: bool = False
 
     def __post_init__(self) -> None:
         if self.frozen is None:
@@ -134,17 +136,21 @@ class ForkSaga:
         `unknown` by store contention and the fence stays held only by a live saga."""
         try:
             fn(*args)
-        except StoreBusy as exc:
-            delay = self._next_delay()
-            log.warning(
-                "fork saga %s: %s deferred %.2f s: %s",
-                self.operation.operation_id,
-                fn.__name__,
-                delay,
-                exc.message,
-            )
-            self.host.after(delay, lambda: self._step(fn, *args))
         except Exception as exc:  # noqa: BLE001
+            busy = typed_store_error(exc)
+            if busy is not None:
+                # A raw transient store error (a read's, or a temp file the descriptor limit
+                # refused) is the same as a busy write: retried, never an abort.
+                delay = self._next_delay()
+                log.warning(
+                    "fork saga %s: %s deferred %.2f s: %s",
+                    self.operation.operation_id,
+                    fn.__name__,
+                    delay,
+                    busy.message,
+                )
+                self.host.after(delay, lambda: self._step(fn, *args))
+                return
             log.exception("fork saga %s failed in %s", self.operation.operation_id, fn.__name__)
             self._abort(exc)
 
@@ -466,18 +472,22 @@ class ForkSaga:
                 dispatching_error=f"host error after dispatch: {exc}",
             )
         except Exception as record_exc:  # noqa: BLE001
-            if typed_store_error(record_exc) is None:
-                # Not the store being busy or full: retrying would fail the same way.
-                log.exception("fork saga %s: could not record the abort", op_id)
-                self._finish(self.operation)
-                return
+            # Whatever the store says, the operation is still active: the saga stays alive
+            # and retries the record with backoff, never ending with the fence still held
+            # (a `provider_accepted` one only has its local commit left).
             delay = self._next_delay()
-            log.warning(
-                "fork saga %s: could not record the abort (%r); retrying in %.2f s",
-                op_id,
-                record_exc,
-                delay,
-            )
+            if typed_store_error(record_exc) is None and not self._abort_logged:
+                self._abort_logged = True
+                log.exception(
+                    "fork saga %s: could not record the abort; retrying in %.2f s", op_id, delay
+                )
+            else:
+                log.warning(
+                    "fork saga %s: could not record the abort (%r); retrying in %.2f s",
+                    op_id,
+                    record_exc,
+                    delay,
+                )
             # Callers waiting now learn the operation is still running (202); fork.get sees
             # it live and does not reclassify it. Not while its prepare may still be lost.
             if not self.prepare_lazy:

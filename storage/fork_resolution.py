@@ -21,14 +21,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from domain.errors import Conflict
+from domain.errors import Conflict, ForkBoundaryError, ForkBoundaryReason
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
+from storage.fork_boundary import source_blockers
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
+from storage.session_rows import require_session
 from storage.sqlite import dumps, loads
 from storage.tx import Tx
+
+# What a source is, not what runs on it: an adopt does not re-check these.
+_STATIC = frozenset(
+    {ForkBoundaryReason.SOURCE_NOT_ROOT, ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING}
+)
 
 
 class ForkResolveInProgress(Conflict):
@@ -174,6 +181,17 @@ class ResolutionStore:
                     params={"operationId": op_id, "status": op.public_status.value},
                 )
             validate_evidence(op, evidence)
+            # `provider_accepted` fences the source again: never while something runs on it
+            # (a Turn claimed while the operation was `unknown` would find its own writes
+            # refused mid-Turn). Checked here, in the accept's transaction (law 3).
+            source = require_session(tx.conn, ws, op.source_session_id)
+            running = [r for r in source_blockers(tx.conn, ws, source) if r not in _STATIC]
+            if running:
+                raise ForkBoundaryError(
+                    running[0],
+                    f"fork operation {op_id} cannot be adopted while its source is not quiet"
+                    f" ({running[0].value}); adopt again once it is",
+                )
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.UNKNOWN)
             return load_op(tx.conn, ws, op_id, projections=self._projections), True
 

@@ -34,18 +34,22 @@ class ForkTransitions:
         *,
         to: ForkStatus,
         values: Mapping[str, Any],
+        stamp: str,
         release: bool = False,
         known: ForkOperation | None = None,
     ) -> tuple[ForkOperation, bool]:
         """`values`: column → value, each column a `ForkOperation` field of the same name, so
         the row written is returned as read plus what was written, without a re-read.
-
         `known`: the row as its caller last wrote or read it (the saga owning the operation).
         The move is then one UPDATE guarded by that very status, without reading the row
         first; a row not at that status (moved meanwhile) takes the reading path below, in
-        the same transaction, so the answer and the checks are the same either way."""
+        the same transaction, so the answer and the checks are the same either way.
+
+        `stamp`: the time column set to the transaction's own time (when the row is written,
+        not when the caller asked: a write may wait its turn for seconds)."""
         sources = sources_of(to)  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
+            values = {**values, stamp: tx.now_ms}
             if (
                 known is not None
                 and known.operation_id == op_id
@@ -111,7 +115,8 @@ class ForkTransitions:
             ws,
             op_id,
             to=ForkStatus.DISPATCHING,
-            values={"dispatched_at_ms": self.now_ms()},
+            values={},
+            stamp="dispatched_at_ms",
             known=known,
         )
 
@@ -120,7 +125,8 @@ class ForkTransitions:
             ws,
             op_id,
             to=ForkStatus.FAILED,
-            values={"error": str(error), "completed_at_ms": self.now_ms()},
+            values={"error": str(error)},
+            stamp="completed_at_ms",
             release=True,
         )
 
@@ -130,7 +136,8 @@ class ForkTransitions:
             ws,
             op_id,
             to=ForkStatus.UNKNOWN,
-            values={"error": str(error), "completed_at_ms": self.now_ms()},
+            values={"error": str(error)},
+            stamp="completed_at_ms",
             release=True,
         )
 

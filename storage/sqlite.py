@@ -33,12 +33,14 @@ def loads(text: str | None) -> Any:
 
 
 # The transient store failures: the write lock held elsewhere past the busy timeout, a full
-# disk, an I/O error. Nothing was written; the caller may retry (503 `store_busy`).
+# disk, an I/O error, a file SQLite could not open (a statement's temp file or journal refused
+# at the descriptor limit). Nothing was written; the caller may retry (503 `store_busy`).
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     apsw.BusyError,
     apsw.LockedError,
     apsw.FullError,
     apsw.IOError,
+    apsw.CantOpenError,
 )
 
 

@@ -95,6 +95,10 @@ class Law(StrEnum):
     recorded tree missing or incomplete, a half-made (`.partial-`) tree of an operation no
     saga is making, a dispatch before the record, or two trees / two branches for one
     operation (law 10)."""
+    FENCE_WINDOW = "fence_window"
+    """A source's Turn ran inside a fence window of one of its operations (law 3): claimed
+    after the operation's prepare (or the adopt that took the fence again) and before its end,
+    or still active when that window opened (the times are each write's own transaction's)."""
     FENCE_HAS_SAGA = "fence_has_saga"
     """An active operation (holding its source's fence) has not moved past the grace period:
     its saga is gone (checked on a live, quiescent daemon only)."""
@@ -107,6 +111,7 @@ STORE_LAWS = frozenset(
         Law.CHILD_HISTORY_COPIED,
         Law.RESERVATION,
         Law.FENCE,
+        Law.FENCE_WINDOW,
         Law.SINGLE_ACTIVE,
         Law.BOUNDARY_BARRIER,
         Law.UNKNOWN_EVIDENCE,
@@ -556,6 +561,59 @@ def _check_fence(ctx: _Ctx, copy_path: Path, ops: list[dict[str, Any]]) -> None:
         store.close()
 
 
+def fence_windows(
+    conn: apsw.Connection, ops: list[dict[str, Any]], now_ms: int
+) -> list[tuple[dict[str, Any], int, int]]:
+    """(operation, start, end) of each window in which an operation held its source's fence,
+    as far as its row's times tell: prepare → its end (`committed`, `failed`, or `unknown`,
+    when the fence was released), or for one a `fork.resolve` adopted, its accept → its commit
+    (the time it spent `unknown` before is not on the row). An active operation's window is
+    open (`now_ms`); an `abandoned` one's first end is not kept, so it has none."""
+    adopted = {
+        (r["workspace_id"], r["operation_id"])
+        for r in _rows(
+            conn, "SELECT workspace_id, operation_id FROM fork_resolutions WHERE action = 'adopt'"
+        )
+    }
+    windows = []
+    for o in ops:
+        status = o["status"]
+        end = o["completed_at_ms"] if status not in ACTIVE else now_ms
+        if status in ("provider_accepted", "committed") and (
+            o["workspace_id"],
+            o["operation_id"],
+        ) in adopted:
+            start = o["accepted_at_ms"]
+        elif status == "abandoned":
+            continue
+        else:
+            start = o["created_at_ms"]
+        if start is not None and end is not None:
+            windows.append((o, int(start), int(end)))
+    return windows
+
+
+def _check_fence_window(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
+    """No Turn of a source claimed inside one of its operations' fence windows, none active
+    when one opened."""
+    now = int(conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").fetchone()[0])
+    for o, start, end in fence_windows(conn, ops, now):
+        for t in _rows(
+            conn,
+            "SELECT turn_id, sequence, created_at_ms, settled_at_ms FROM turns"
+            " WHERE workspace_id = ? AND session_id = ? AND ((created_at_ms > ?"
+            " AND created_at_ms < ?) OR (created_at_ms < ? AND (settled_at_ms IS NULL"
+            " OR settled_at_ms > ?)))",
+            (o["workspace_id"], o["source_session_id"], start, end, start, start),
+        ):
+            ctx.fail(
+                Law.FENCE_WINDOW,
+                f"source {o['source_session_id']} turn {t['turn_id']} (seq {t['sequence']},"
+                f" created {t['created_at_ms']}, settled {t['settled_at_ms']}) ran inside the"
+                f" fence window {start}..{end} of operation {o['operation_id']} ({o['status']})",
+            )
+
+
 def _check_provider_children(
     ctx: _Ctx,
     children: list[ProviderChild],
@@ -984,6 +1042,7 @@ def check_invariants(
             )
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
+            _check_fence_window(ctx, conn, ops)
         finally:
             conn.close()
         _check_single_holders(ctx, ops)
