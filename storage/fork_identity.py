@@ -104,12 +104,6 @@ def ordinal_id(prefix: str, ordinal: int) -> str:
     return _ordinal_id(ordinal_seed(prefix), prefix[8:], ordinal)
 
 
-def ordinal_id_split(seed: int, rest: str, ordinal: int) -> str:
-    """`ordinal_id` of a prefix already split into `ordinal_seed(prefix)` and `prefix[8:]` (a
-    loop over many ordinals of one prefix splits it once)."""
-    return _ordinal_id(seed, rest, ordinal)
-
-
 def _ordinal_id(seed: int, rest: str, ordinal: int) -> str:
     head = (seed + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32
     return f"{head:08x}{rest}{ordinal & _ORDINAL_MASK:012x}"

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import apsw
 
-from storage.fork_identity import ordinal_id, ordinal_id_split, ordinal_seed
+from storage.fork_identity import ordinal_id, ordinal_id_sql, ordinal_seed
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row
 
@@ -131,6 +132,18 @@ VisibleRow = tuple[str, str, str, str | None, str, int, int, int]
 `MESSAGE_COLUMNS` row and its Turn's sequence, with the ids the reading Session sees."""
 
 
+# The same rows as the reading child sees them: its ids derived by SQLite (rule v2, `?6`/`?7`
+# its Message prefix split, `?8`/`?9` its Turn prefix), in (Turn, position) order.
+_LINKED_SQL = (
+    f"SELECT {ordinal_id_sql('?6', '?7', 'm.position')},"
+    f" {ordinal_id_sql('?8', '?9', 't.sequence')},"
+    " m.kind, m.text, m.payload_json, m.version, m.position, t.sequence"
+    " FROM turns t CROSS JOIN messages m ON m.session_key = ?3 AND m.turn_id = t.turn_id"
+    " WHERE t.workspace_id = ?1 AND t.session_id = ?2 AND t.sequence <= ?4{turns}"
+    " AND +m.position <= ?5 ORDER BY t.sequence, m.position"
+)
+
+
 def linked_rows(
     conn: apsw.Connection,
     link: HistoryLink,
@@ -140,30 +153,31 @@ def linked_rows(
 ) -> list[VisibleRow]:
     """The rows a child reads through its link (not its own), with the child's ids: those of
     the Turns `sequences` (all of the boundary when None), skipping `positions` (the child's
-    own rows there win; the set is extended with every position returned). Unordered."""
+    own rows there win; the set is extended with every position returned). In (Turn, position)
+    order for a link of one level; a chain's levels follow each other."""
     taken: set[int] = set() if positions is None else positions
     out: list[VisibleRow] = []
     seqs = None if sequences is None else [s for s in sequences if s <= link.through_sequence]
     if seqs is not None and not seqs:
         return out
     turns = "" if seqs is None else f" AND t.sequence IN ({','.join(str(int(s)) for s in seqs)})"
-    sql = _LEVEL_SQL.format(turns=turns)
-    message_seed, message_rest = ordinal_seed(link.message_prefix), link.message_prefix[8:]
-    turn_ids: dict[int, str] = {}
+    sql = _LINKED_SQL.format(turns=turns)
+    prefixes = (
+        ordinal_seed(link.message_prefix), link.message_prefix[8:],
+        ordinal_seed(link.turn_prefix), link.turn_prefix[8:],
+    )  # fmt: skip
     for level in link.levels:
         args = (level.workspace_id, level.session_id, level.key)
         bounds = (level.through_sequence, level.through_position)
-        for position, sequence, _, _, kind, text, payload, version in conn.execute(
-            sql, (*args, *bounds)
-        ):
-            if position in taken:
-                continue
-            taken.add(position)
-            turn_id = turn_ids.get(sequence)
-            if turn_id is None:
-                turn_id = turn_ids[sequence] = link.turn_id(sequence)
-            message_id = ordinal_id_split(message_seed, message_rest, position)
-            out.append((message_id, turn_id, kind, text, payload, version, position, sequence))
+        rows = cast(list[VisibleRow], conn.execute(sql, (*args, *bounds, *prefixes)).fetchall())
+        if not taken:
+            out.extend(rows)
+            taken.update(r[6] for r in rows)
+            continue
+        for row in rows:
+            if row[6] not in taken:
+                taken.add(row[6])
+                out.append(row)
     return out
 
 

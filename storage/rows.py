@@ -192,10 +192,13 @@ def _add_linked(
     if not by_sequence:
         return
     taken = {m.position for t in by_sequence.values() for m in messages[t]}
+    # Rows of one level, none of the child's own among them, come in (Turn, position) order.
+    ordered = not taken and len(link.levels) == 1
     for row in linked_rows(conn, link, sequences=list(by_sequence), positions=taken):
         messages[by_sequence[row[7]]].append(message_from_row(row))
-    for turn_id in by_sequence.values():
-        messages[turn_id].sort(key=_position)
+    if not ordered:
+        for turn_id in by_sequence.values():
+            messages[turn_id].sort(key=_position)
 
 
 def _position(m: Message) -> int:
