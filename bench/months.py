@@ -69,6 +69,11 @@ CACHE = Path(os.environ.get("AGENTHOST_BENCH_CACHE") or REPO / "build" / "bench-
 """Where generated stores are kept between runs (tests point it at their own tmp dir)."""
 GENERATOR_VERSION = 1
 """Bumped when the generated rows change: a cache of another version is rebuilt."""
+REUSABLE_SINCE_SCHEMA = 10
+"""The oldest schema version whose cache a run reuses instead of regenerating (~17 min at full
+size): every migration after it is additive and cheap (a table, an index, triggers), so the
+daemon's own migration upgrades each run's working copy and the cache itself stays as built.
+Raise it to `SCHEMA_VERSION` when a migration rewrites rows the generator wrote."""
 RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userAgent": "bench"}
 DAY_MS = 86_400_000
 SPAN_MS = 120 * DAY_MS
@@ -123,9 +128,13 @@ class Size:
 
     @property
     def key(self) -> str:
+        return self.key_at(SCHEMA_VERSION)
+
+    def key_at(self, schema: int) -> str:
+        """The cache's name for this size generated at schema version `schema`."""
         return (
             f"months-s{self.sessions}-t{self.turns}-b{self.big_turns}-o{self.operations}"
-            f"-schema{SCHEMA_VERSION}-gen{GENERATOR_VERSION}"
+            f"-schema{schema}-gen{GENERATOR_VERSION}"
         )
 
     def describe(self) -> str:
@@ -147,10 +156,19 @@ SESSION, TURN, MESSAGE = 1, 2, 3
 
 
 def cached_home(size: Size) -> Path:
-    """The daemon home of the generated store, built on first use (minutes at full size)."""
+    """The daemon home of the generated store, built on first use (minutes at full size); a
+    complete cache of an older schema from `REUSABLE_SINCE_SCHEMA` on is used as it is."""
     home = CACHE / size.key
     if (home / "complete").exists():
         return home
+    for schema in range(SCHEMA_VERSION - 1, REUSABLE_SINCE_SCHEMA - 1, -1):
+        older = CACHE / size.key_at(schema)
+        if (older / "complete").exists():
+            log(
+                f"months: reusing the schema v{schema} store {older.name}: the daemon migrates"
+                f" each working copy to v{SCHEMA_VERSION} (additive)"
+            )
+            return older
     building = CACHE / f"{size.key}.building"
     shutil.rmtree(building, ignore_errors=True)
     building.mkdir(parents=True)

@@ -6,7 +6,7 @@ cursor of the source — loaded with its history for the snapshot."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,7 @@ from storage.fork_history import (
 from storage.fork_identity import (
     reject_duplicate_keys,
 )
+from storage.history_links import history_link, linked_message, visible_rows
 from storage.models import (
     VERIFIABLE_PROVENANCE,
     Session,
@@ -34,6 +35,7 @@ from storage.models import (
     TurnPhase,
 )
 from storage.schema import SESSION_KEY_OF
+from storage.sqlite import Row
 
 # A runtime-context resume cursor naming the source provider session must not cross the fork.
 RESUME_CURSOR_KEY = "resumeCursor"
@@ -184,7 +186,7 @@ def load_boundary(
         _read_messages(conn, ws, sid, through, by_id)
     else:
         history = scan_history(conn, ws, sid, through)
-        for owner, position, message_owner in conn.execute(_FINALS_SQL, (ws, sid, through)):
+        for owner, position, message_owner in _finals(conn, ws, sid, through):
             if message_owner in by_id:
                 by_id[owner]["final_assistant_position"] = position
     for r in conn.execute(
@@ -224,6 +226,25 @@ _FINALS_SQL = (
 )
 
 
+def _finals(conn: apsw.Connection, ws: str, sid: str, through: int) -> list[Row]:
+    """(Turn id, position, owner Turn id) of each boundary Turn's final assistant Message."""
+    rows = conn.execute(_FINALS_SQL, (ws, sid, through)).fetchall()
+    link = history_link(conn, ws, sid)
+    if link is None:
+        return rows
+    found = {r[0] for r in rows}
+    for turn_id, final_id in conn.execute(
+        "SELECT turn_id, final_assistant_message_id FROM turns WHERE workspace_id = ?"
+        " AND session_id = ? AND sequence <= ? AND final_assistant_message_id IS NOT NULL",
+        (ws, sid, through),
+    ):
+        if turn_id not in found:
+            linked = linked_message(conn, ws, sid, final_id)
+            if linked is not None:
+                rows.append((turn_id, linked[6], linked[1]))
+    return rows
+
+
 def _read_messages(
     conn: apsw.Connection, ws: str, sid: str, through: int, by_id: dict[str, dict[str, Any]]
 ) -> None:
@@ -235,19 +256,19 @@ def _read_messages(
         "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND sequence > ? LIMIT 1",
         (ws, sid, through),
     ).fetchone()
-    message_args: tuple[str | int, ...]
-    if later is None:
-        message_sql, message_args = _MESSAGES_SQL.format(cut=""), (ws, sid)
+    rows: Iterable[Row]
+    if history_link(conn, ws, sid) is not None:  # a linked child: its visible rows
+        rows = [r[:7] for r in visible_rows(conn, ws, sid, through)]
+    elif later is None:
+        rows = conn.execute(_MESSAGES_SQL.format(cut=""), (ws, sid))
     else:
-        message_sql, message_args = _MESSAGES_SQL.format(cut=_MESSAGES_CUT), (ws, sid, through)
+        rows = conn.execute(_MESSAGES_SQL.format(cut=_MESSAGES_CUT), (ws, sid, through))
     # One pass over ~10,000 rows at 1,000 Turns: a Turn's Messages are consecutive in position
     # order, so its list's `append` is looked up once per run of them, not once per Message.
     lane_kind = DESCENDANT_LANE_KIND
     current: Any = _NO_TURN
     append: Callable[[list[Any]], None] | None = None
-    for message_id, owner_id, kind, text, payload_json, version, position in conn.execute(
-        message_sql, message_args
-    ):
+    for message_id, owner_id, kind, text, payload_json, version, position in rows:
         if owner_id != current:
             current = owner_id
             owner = by_id.get(owner_id)

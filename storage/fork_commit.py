@@ -1,7 +1,7 @@
 """Law 2: the commit — child Session, cloned history and lineage written from the frozen
 snapshot, with `committed`, in one transaction; the source identity re-proved first. A version
-4 snapshot's Messages are copied from the source's boundary by SQLite once their frozen count
-and digest are re-proved (storage/fork_history.py)."""
+4 child reads its Messages from the source's boundary through a history link, written once
+their frozen count and digest are re-proved (storage/fork_history.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from domain.fork_states import ForkStatus
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, HistoryCopy, build_child
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_history import copy_messages, history_digest
+from storage.fork_history import boundary_proof, link_messages
 from storage.fork_memo import ForkMemo
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
@@ -97,9 +97,10 @@ class ForkCommit:
             last_use=True,
             memo=self.fork_memo,
         )
+        top = 0
         if plan.copy is not None:
-            _check_source_history(tx, ws, plan.copy)
-        self._insert_child(tx, plan)
+            top = _check_source_history(tx, ws, plan.copy)
+        self._insert_child(tx, plan, top)
         tx.execute(
             "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
             " completed_at_ms = ? WHERE workspace_id = ? AND operation_id = ?"
@@ -160,7 +161,7 @@ class ForkCommit:
             raise ForkSnapshotCorrupt("target session already exists before commit")
 
     @staticmethod
-    def _insert_child(tx: Tx, plan: ChildPlan) -> None:
+    def _insert_child(tx: Tx, plan: ChildPlan, through_position: int) -> None:
         s = plan.session
         tx.execute(
             "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
@@ -198,7 +199,7 @@ class ForkCommit:
         key = tx.one(f"SELECT {SESSION_KEY_OF}", (s.workspace_id, s.session_id))
         assert key is not None
         if plan.copy is not None:
-            _copy_history(tx, plan, int(key[0]))
+            _link_history(tx, plan, int(key[0]), through_position)
         else:
             tx.executemany(
                 f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms, session_key)"
@@ -232,39 +233,36 @@ class ForkCommit:
         # 1,000 `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
 
 
-def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy) -> None:
-    """A version 4 commit copies the source's boundary: it must still be, row for row, what
+def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy) -> int:
+    """A version 4 child reads the source's boundary: it must still be, row for row, what
     prepare digested (the fence keeps every store path off it; anything else fails closed, the
-    operation stays `provider_accepted`, as for a snapshot that no longer matches its hash)."""
-    count, digest = history_digest(tx.conn, ws, copy.source_session_id, copy.through)
+    operation stays `provider_accepted`, as for a snapshot that no longer matches its hash).
+    Returns the boundary's highest position (the link's bound)."""
+    count, digest, top = boundary_proof(tx.conn, ws, copy.source_session_id, copy.through)
     if (count, digest) != (copy.count, copy.digest):
         raise ForkSnapshotCorrupt(
             "the source's history through the fork Turn changed since prepare"
             f" ({copy.count} Messages frozen, {count} found)"
         )
+    return top
 
 
-def _copy_history(tx: Tx, plan: ChildPlan, key: int) -> None:
-    """The child's Messages, copied by SQLite from the source's boundary, then the payloads
-    prepare rewrote (allowlisted references) written over their rows."""
+def _link_history(tx: Tx, plan: ChildPlan, key: int, through_position: int) -> None:
+    """The child's Messages: a link to the source's boundary (nothing copied), and the payloads
+    prepare rewrote (allowlisted references) as the child's own rows."""
     copy = plan.copy
     assert copy is not None
     s = plan.session
-    copied = copy_messages(
+    link_messages(
         tx.conn,
         ws=s.workspace_id,
         source_session_id=copy.source_session_id,
         through=copy.through,
+        through_position=through_position,
         target_session_id=s.session_id,
+        target_key=key,
         message_prefix=copy.prefixes.message,
         turn_prefix=copy.prefixes.turn,
-        committed_at_ms=plan.committed_at_ms,
-        target_key=key,
+        linked_at_ms=plan.committed_at_ms,
+        rewritten=copy.rewritten,
     )
-    if copied != copy.count:
-        raise ForkSnapshotCorrupt(f"copied {copied} Messages where prepare froze {copy.count}")
-    if copy.rewritten:
-        tx.executemany(
-            "UPDATE messages SET payload_json = ? WHERE session_key = ? AND position = ?",
-            [(text, key, position) for position, text in copy.rewritten],
-        )

@@ -1,4 +1,4 @@
-"""A fork's Messages kept in SQLite (snapshot version 4).
+"""A fork's Messages kept in SQLite (snapshot version 4), read by the child through a link.
 
 A boundary's Messages are most of a fork's rows (ten per Turn in a typical history) and nearly
 all of them are plain: an empty payload, nothing to check, nothing to rewrite. Prepare no longer
@@ -8,10 +8,12 @@ their count and a SHA-256 computed over their columns as SQLite concatenates the
 (`history_digest`). The commit recomputes that digest in its own transaction — any Message
 added, removed or changed in the boundary since prepare (which the source fence forbids every
 store path to do) fails the commit closed, `ForkSnapshotCorrupt`, exactly like a snapshot that
-no longer matches its hash — and then copies the rows with one `INSERT … SELECT`, each child id
-derived by SQLite from the row's position (identity rule v2, storage/fork_identity.py). The few
-payloads that hold allowlisted references are rewritten at prepare and frozen in the snapshot;
-the commit writes them over the copied rows.
+no longer matches its hash — and then links the child to the boundary (storage/history_links.py):
+one row, the child reads the source's Messages with the ids identity rule v2 derives from each
+row's position (storage/fork_identity.py), so nothing is copied. The few payloads that hold
+allowlisted references are rewritten at prepare and frozen in the snapshot; the commit writes
+them as the child's own rows, which win over the linked ones. A source that is itself a linked
+child is checked, digested and linked through its visible rows (its own and its linked ones).
 """
 
 from __future__ import annotations
@@ -24,17 +26,23 @@ from typing import Any
 
 import apsw
 
-from domain.errors import ForkBoundaryError, ForkBoundaryReason
+from domain.errors import ForkBoundaryError, ForkBoundaryReason, ForkSnapshotCorrupt
 from storage.fork_identity import (
     REFERENCE_KEYS,
     OrdinalPrefixes,
     ordinal_id,
-    ordinal_id_sql,
     ordinal_identity,
-    ordinal_seed,
     reject_duplicate_keys,
     remap_references,
 )
+from storage.history_links import (
+    VisibleRow,
+    history_link,
+    linked_message,
+    visible_row_at,
+    visible_rows,
+)
+from storage.schema import SESSION_KEY_OF
 from storage.sqlite import dumps
 
 # Message markers that the boundary must not contain (seed 000 §4, both fail closed).
@@ -60,10 +68,10 @@ _BOUNDARY = (
 # subquery with an ORDER BY into an aggregate; it feeds its rows to `group_concat` in that order
 # (an `ORDER BY` inside `group_concat` would sort all of them again: twice the CPU).
 _DIGEST_SQL = (
-    "SELECT count(*), CAST(group_concat(r, char(10)) AS BLOB) FROM (SELECT"
+    "SELECT count(*), CAST(group_concat(r, char(10)) AS BLOB), max(p) FROM (SELECT"
     " printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', m.position, m.version, m.turn_id, m.message_id,"
     " m.kind, ifnull(octet_length(m.text), -1), ifnull(m.text, ''),"
-    " octet_length(m.payload_json), m.payload_json) AS r"
+    " octet_length(m.payload_json), m.payload_json) AS r, m.position AS p"
     " FROM messages m WHERE m.session_key = (SELECT session_key FROM session_keys"
     " WHERE workspace_id = ?1 AND session_id = ?2) AND +m.turn_id IN (SELECT turn_id FROM turns"
     " WHERE workspace_id = ?1 AND session_id = ?2 AND sequence <= ?3) ORDER BY m.position)"
@@ -79,19 +87,6 @@ _SPECIAL_SQL = (
 # A Message of the boundary by its source id: its position (what its child id is made of).
 _POSITION_SQL = "SELECT m.position" + _BOUNDARY + " AND m.message_id = ?4"
 
-# The copy: ?4 the child's workspace (the source's), ?5 the child Session, ?6/?7 rule v2's
-# Message prefix (its seed and the rest), ?10/?11 its Turn prefix's, ?8 the commit time, ?9 the
-# child's session key.
-_COPY_SQL = (
-    "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
-    " payload_json, version, position, created_at_ms, session_key)"
-    f" SELECT ?4, ?5, {ordinal_id_sql('?6', '?7', 'm.position')},"
-    f" {ordinal_id_sql('?10', '?11', 't.sequence')},"
-    " m.kind, m.text, m.payload_json, m.version, m.position, ?8, ?9"
-    + _BOUNDARY
-    + " ORDER BY m.position"
-)
-
 
 @dataclass(frozen=True, slots=True)
 class HistoryScan:
@@ -106,10 +101,30 @@ class HistoryScan:
 
 def history_digest(conn: apsw.Connection, ws: str, sid: str, through: int) -> tuple[int, str]:
     """(count, SHA-256 hex) of the boundary's Messages through Turn sequence `through`."""
+    count, digest, _ = boundary_proof(conn, ws, sid, through)
+    return count, digest
+
+
+def boundary_proof(conn: apsw.Connection, ws: str, sid: str, through: int) -> tuple[int, str, int]:
+    """(count, SHA-256 hex, highest position, 0 for none) of the Messages Session `(ws, sid)`
+    shows of its Turns through sequence `through`: its own rows in SQLite, or — a linked child —
+    its visible rows, digested in Python line for line as SQLite prints them."""
+    if history_link(conn, ws, sid) is not None:
+        rows = visible_rows(conn, ws, sid, through)
+        joined = "\n".join(_digest_line(r) for r in rows).encode()
+        return len(rows), hashlib.sha256(joined).hexdigest(), rows[-1][6] if rows else 0
     row = conn.execute(_DIGEST_SQL, (ws, sid, through)).fetchone()
     assert row is not None  # an aggregate always answers one row
-    count, joined = row
-    return int(count), hashlib.sha256(b"" if joined is None else bytes(joined)).hexdigest()
+    count, joined_sql, top = row
+    digest = hashlib.sha256(b"" if joined_sql is None else bytes(joined_sql)).hexdigest()
+    return int(count), digest, int(top or 0)
+
+
+def _digest_line(r: VisibleRow) -> str:
+    message_id, turn_id, kind, text, payload, version, position, _ = r
+    body = "-1:" if text is None else f"{len(text.encode())}:{text}"
+    tail = f"{len(payload.encode())}:{payload}"
+    return f"{position},{version},{turn_id},{message_id},{kind},{body},{tail}"
 
 
 def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> HistoryScan:
@@ -117,7 +132,7 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
     attachment; a payload with a repeated key is refused), in position order, reading only the
     Messages they concern; then the count and digest frozen for the commit."""
     payloads: list[tuple[str, int, Any]] = []
-    for message_id, position, kind, payload_json in conn.execute(_SPECIAL_SQL, (ws, sid, through)):
+    for message_id, position, kind, payload_json in _special_rows(conn, ws, sid, through):
         if kind == DESCENDANT_LANE_KIND:
             raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
         payload = json.loads(payload_json, object_pairs_hook=reject_duplicate_keys)
@@ -129,6 +144,22 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
         payloads.append((str(message_id), int(position), payload))
     count, digest = history_digest(conn, ws, sid, through)
     return HistoryScan(through=through, count=count, digest=digest, payloads=tuple(payloads))
+
+
+def _special_rows(
+    conn: apsw.Connection, ws: str, sid: str, through: int
+) -> list[tuple[str, int, str, str]]:
+    """(message id, position, kind, payload) of the boundary's lanes and non-empty payloads."""
+    if history_link(conn, ws, sid) is None:
+        return [
+            (str(r[0]), int(r[1]), str(r[2]), str(r[3]))
+            for r in conn.execute(_SPECIAL_SQL, (ws, sid, through))
+        ]
+    return [
+        (r[0], r[6], r[2], r[4])
+        for r in visible_rows(conn, ws, sid, through)
+        if r[4] != "{}" or r[2] == DESCENDANT_LANE_KIND
+    ]
 
 
 def has_session_local_attachment(payload: Any) -> bool:
@@ -151,6 +182,7 @@ class BoundaryMessageIds(Mapping[str, str]):
         self._conn = conn
         self._args = (ws, sid, through)
         self._prefix = prefix
+        self._linked = history_link(conn, ws, sid) is not None
         self.found: dict[str, str] = {}
         self._missing: set[str] = set()
 
@@ -159,13 +191,23 @@ class BoundaryMessageIds(Mapping[str, str]):
             return self.found[source_id]
         if source_id in self._missing:
             return None
-        row = self._conn.execute(_POSITION_SQL, (*self._args, source_id)).fetchone()
-        if row is None:
+        position = self._position(source_id)
+        if position is None:
             self._missing.add(source_id)
             return None
-        child = ordinal_id(self._prefix, int(row[0]))
+        child = ordinal_id(self._prefix, position)
         self.found[source_id] = child
         return child
+
+    def _position(self, source_id: str) -> int | None:
+        row = self._conn.execute(_POSITION_SQL, (*self._args, source_id)).fetchone()
+        if row is not None:
+            return int(row[0])
+        if not self._linked:
+            return None
+        ws, sid, through = self._args
+        linked = linked_message(self._conn, ws, sid, source_id)
+        return None if linked is None or linked[7] > through else linked[6]
 
     def __getitem__(self, source_id: str) -> str:
         child = self._lookup(source_id) if isinstance(source_id, str) else None
@@ -180,36 +222,46 @@ class BoundaryMessageIds(Mapping[str, str]):
         return len(self.found)
 
 
-def copy_messages(
+def link_messages(
     conn: apsw.Connection,
     *,
     ws: str,
     source_session_id: str,
     through: int,
+    through_position: int,
     target_session_id: str,
+    target_key: int,
     message_prefix: str,
     turn_prefix: str,
-    committed_at_ms: int,
-    target_key: int,
-) -> int:
-    """Copy the boundary's Messages into the child in one statement; returns how many."""
+    linked_at_ms: int,
+    rewritten: tuple[tuple[int, str], ...],
+) -> None:
+    """Link the child to the source's boundary (one row), then write the payloads prepare
+    rewrote as the child's own rows: the source's row at that position, the child's ids, the
+    rewritten payload."""
     conn.execute(
-        _COPY_SQL,
+        "INSERT INTO history_links (child_key, source_key, through_sequence, through_position,"
+        f" message_prefix, turn_prefix, linked_at_ms) VALUES (?, {SESSION_KEY_OF}, ?, ?, ?, ?, ?)",
         (
-            ws,
-            source_session_id,
-            through,
-            ws,
-            target_session_id,
-            ordinal_seed(message_prefix),
-            message_prefix[8:],
-            committed_at_ms,
-            target_key,
-            ordinal_seed(turn_prefix),
-            turn_prefix[8:],
+            target_key, ws, source_session_id, through, through_position, message_prefix,
+            turn_prefix, linked_at_ms,
         ),
-    )
-    return int(conn.changes())
+    )  # fmt: skip
+    for position, text in rewritten:
+        row = visible_row_at(conn, ws, source_session_id, position)
+        if row is None or row[7] > through:
+            raise ForkSnapshotCorrupt(f"no boundary Message at rewritten position {position}")
+        _, _, kind, body, _, version, _, sequence = row
+        conn.execute(
+            "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
+            " payload_json, version, position, created_at_ms, session_key)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                ws, target_session_id, ordinal_id(message_prefix, position),
+                ordinal_id(turn_prefix, sequence), kind, body, text, version, position,
+                linked_at_ms, target_key,
+            ),
+        )  # fmt: skip
 
 
 def history_section(

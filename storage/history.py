@@ -12,6 +12,7 @@ import apsw
 
 from domain.errors import Conflict, InteractionNotFound, InvalidArgument, TurnNotFound
 from storage.base import Database
+from storage.history_links import give_children_their_rows, linked_message
 from storage.models import (
     Interaction,
     InteractionStatus,
@@ -73,13 +74,34 @@ class HistoryStore:
                 turn_row(tx, ws, sid, turn_id)
             if message_id is not None:
                 existing = tx.one(
-                    f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF}"
+                    f"SELECT turn_id, position FROM messages WHERE session_key = {SESSION_KEY_OF}"
                     " AND message_id = ?",
                     (ws, sid, message_id),
                 )
+                linked = (
+                    None if existing is not None else linked_message(tx.conn, ws, sid, message_id)
+                )
+                if linked is not None:
+                    # A Message the Session reads through its history link: changed, it becomes
+                    # the Session's own row at the same position (the link's row stays frozen).
+                    if linked[1] != turn_id:
+                        raise Conflict(f"message {message_id} belongs to another turn")
+                    give_children_their_rows(tx.conn, ws, sid, linked[6])
+                    tx.execute(
+                        "INSERT INTO messages (session_key, workspace_id, session_id, message_id,"
+                        " turn_id, kind, text, payload_json, version, position, created_at_ms)"
+                        f" SELECT {SESSION_KEY_OF}, ?, ?, ?, ?, ?, ?, ?, ?, ?, linked_at_ms"
+                        f" FROM history_links WHERE child_key = {SESSION_KEY_OF}",
+                        (
+                            ws, sid, ws, sid, message_id, turn_id, kind, text, payload_json,
+                            linked[5] + 1, linked[6], ws, sid,
+                        ),
+                    )  # fmt: skip
+                    return self._message_after(tx, ws, sid, message_id, turn_id)
                 if existing is not None:
                     if existing[0] != turn_id:
                         raise Conflict(f"message {message_id} belongs to another turn")
+                    give_children_their_rows(tx.conn, ws, sid, int(existing[1]))
                     tx.execute(
                         "UPDATE messages SET kind = ?, text = ?, payload_json = ?,"
                         f" version = version + 1 WHERE session_key = {SESSION_KEY_OF}"

@@ -11,6 +11,7 @@ from typing import Any
 
 import apsw
 
+from storage.history_links import history_link, linked_rows
 from storage.models import Interaction, Lineage, Message, Session, Turn
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, loads
@@ -171,4 +172,34 @@ def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[
             params,
         ):
             interactions[r[2]].append(interaction_from_row(r))
+    _add_linked(conn, ws, sid, turn_rows, messages)
     return [turn_from_row(r, messages[r[2]], interactions[r[2]]) for r in turn_rows]
+
+
+def _add_linked(
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    turn_rows: Sequence[Row],
+    messages: dict[str, list[Message]],
+) -> None:
+    """A linked child's Turns of the boundary: their linked Messages beside their own rows (the
+    own row at a position wins), each Turn's in position order (storage/history_links.py)."""
+    link = history_link(conn, ws, sid)
+    if link is None:
+        return
+    by_sequence = {int(r[3]): r[2] for r in turn_rows if int(r[3]) <= link.through_sequence}
+    if not by_sequence:
+        return
+    taken = {m.position for t in by_sequence.values() for m in messages[t]}
+    # Rows of one level, none of the child's own among them, come in (Turn, position) order.
+    ordered = not taken and len(link.levels) == 1
+    for row in linked_rows(conn, link, sequences=list(by_sequence), positions=taken):
+        messages[by_sequence[row[7]]].append(message_from_row(row))
+    if not ordered:
+        for turn_id in by_sequence.values():
+            messages[turn_id].sort(key=_position)
+
+
+def _position(m: Message) -> int:
+    return m.position

@@ -4,7 +4,9 @@ Version N is reached by applying MIGRATIONS[0:N] in order inside one `BEGIN IMME
 transaction; v1 is the foundation (sessions, turns, ...), v2 adds the fork contract, v3 an
 index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a table of its own,
 v6 an index of unbound Turns, v7 keys `messages` by an integer per Session, v8 indexes the
-fork tree by source, v9 adds each Turn's workspace checkpoint record.
+fork tree by source, v9 adds each Turn's workspace checkpoint record, v10 a fork's workspace,
+v11 indexes what every start reads (the active Turns, the deleted Sessions), v12 the history
+link of a fork child that reads its cloned Messages from its source's rows.
 """
 
 from __future__ import annotations
@@ -374,6 +376,40 @@ CREATE INDEX turns_active ON turns (workspace_id, session_id, sequence) WHERE ph
 CREATE INDEX sessions_deleted ON sessions (workspace_id, session_id) WHERE deleted = 1;
 """
 
+
+# v12: a fork child's history link (docs/design/store.md, "The history link"). The child does not
+# copy the boundary's Messages: it reads them from its source's rows, the source's Turns 1..
+# `through_sequence` and their Messages at or below `through_position`, each seen with the id
+# rule v2 gives it in the child (`message_prefix` + position, `turn_prefix` + the Turn's
+# sequence) and created at `linked_at_ms`; the child's own row at a position wins over the
+# linked one (the payloads prepare rewrote, a linked row changed in the child). A source that is
+# itself a child is read through its own link (chains). The triggers keep a linked row frozen:
+# it may change or go only once every child linking it holds its own row at its position
+# (storage/history_links.py writes those first); any other change is refused by SQLite.
+_LINKED = (
+    "EXISTS (SELECT 1 FROM history_links l WHERE l.source_key = OLD.session_key"
+    " AND l.through_position >= OLD.position AND l.through_sequence >= (SELECT t.sequence"
+    " FROM turns t WHERE t.workspace_id = OLD.workspace_id AND t.session_id = OLD.session_id"
+    " AND t.turn_id = OLD.turn_id) AND NOT EXISTS (SELECT 1 FROM messages c"
+    " WHERE c.session_key = l.child_key AND c.position = OLD.position))"
+)
+_V12 = f"""
+CREATE TABLE history_links (
+    child_key         INTEGER PRIMARY KEY,
+    source_key        INTEGER NOT NULL,
+    through_sequence  INTEGER NOT NULL,
+    through_position  INTEGER NOT NULL,
+    message_prefix    TEXT NOT NULL,
+    turn_prefix       TEXT NOT NULL,
+    linked_at_ms      INTEGER NOT NULL
+);
+CREATE INDEX history_links_by_source ON history_links (source_key, through_position);
+CREATE TRIGGER messages_linked_frozen BEFORE UPDATE ON messages WHEN {_LINKED}
+BEGIN SELECT RAISE(ABORT, 'a Message a fork child links to is frozen'); END;
+CREATE TRIGGER messages_linked_kept BEFORE DELETE ON messages WHEN {_LINKED}
+BEGIN SELECT RAISE(ABORT, 'a Message a fork child links to is kept'); END;
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -386,6 +422,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V9,
     _v10,
     _V11,
+    _V12,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,7 +18,6 @@ from storage.rows import (
     session_from_row,
     turn_from_row,
 )
-from storage.schema import SESSION_KEY_OF
 from storage.tx import Tx
 
 
@@ -115,8 +114,13 @@ def finish_claims(tx: Tx, ws: str, sid: str, turn_id: str) -> None:
 
 
 def next_position(tx: Tx, ws: str, sid: str) -> int:
+    """The position after every Message the Session shows: its own rows' and, for a linked
+    child, its link's bound (the linked rows are at or below it)."""
     row = tx.one(
-        f"SELECT COALESCE(MAX(position), 0) + 1 FROM messages WHERE session_key = {SESSION_KEY_OF}",
+        "SELECT MAX(COALESCE((SELECT MAX(position) FROM messages"
+        " WHERE session_key = k.session_key), 0), COALESCE((SELECT through_position"
+        " FROM history_links WHERE child_key = k.session_key), 0)) + 1"
+        " FROM session_keys k WHERE k.workspace_id = ? AND k.session_id = ?",
         (ws, sid),
     )
     return int(row[0]) if row else 1

@@ -12,13 +12,16 @@ import sys
 import time
 from pathlib import Path
 
+import apsw
 import pytest
 
 from bench.common import BenchResult, Latency, percentile
 from bench.message_indexes import SESSION_KEY
+from bench.months import REUSABLE_SINCE_SCHEMA
 from bench.profile import busy_cores, summarise, wait_until_quiet
 from bench.targets import ISSUE20, ISSUE36, bounds, collect, measured_lines, table
 from bench.turn_overhead import Sample, _figures
+from storage.schema import SCHEMA_VERSION, migrate, user_version
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -397,6 +400,67 @@ def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: 
     assert figures["recoveryCommittedS"] >= figures["recoveryReadyS"] > 0
     assert recovery["value"] == pytest.approx(figures["recoveryCommittedS"] * 1000, rel=1e-3)
     assert figures["cpuProbeMs"] > 0 and figures["loadAverage"] >= 0
+
+
+@pytest.mark.timeout(240)
+def test_a_cache_of_the_previous_schema_is_reused_and_migrated_on_each_copy(
+    tmp_path: Path,
+) -> None:
+    """A schema bump does not regenerate the store of months (~17 min at full size): a cache
+    generated at the previous schema version is used as it is, and the daemon's own (additive)
+    migration upgrades each run's working copy. The cache here is made the previous version's by
+    dropping what the newest migration adds and setting its `user_version` back."""
+    env = dict(os.environ, AGENTHOST_BENCH_CACHE=str(tmp_path / "cache"))
+
+    def months(*args: str) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(
+            [sys.executable, "-m", "bench.months", "--smoke", *args],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=230,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return out
+
+    months("--generate-only")
+    (cached,) = (tmp_path / "cache").glob("months-*")
+    previous = SCHEMA_VERSION - 1
+    assert previous >= REUSABLE_SINCE_SCHEMA
+    objects = {}
+    for version in (previous, SCHEMA_VERSION):
+        fresh = apsw.Connection(str(tmp_path / f"fresh{version}.sqlite3"))
+        migrate(fresh, version)
+        objects[version] = dict(
+            fresh.execute("SELECT name, type FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+        )
+        fresh.close()
+    added = {n: t for n, t in objects[SCHEMA_VERSION].items() if n not in objects[previous]}
+    assert added, "the newest migration adds no object: age the cache some other way"
+    conn = apsw.Connection(str(cached / "store.sqlite3"))
+    for kind in ("trigger", "index", "table"):
+        for name in (n for n, t in added.items() if t == kind):
+            conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+    conn.execute(f"PRAGMA user_version = {previous}")
+    conn.close()
+    older = cached.with_name(
+        cached.name.replace(f"-schema{SCHEMA_VERSION}-", f"-schema{previous}-")
+    )
+    cached.rename(older)
+    store = older / "store.sqlite3"
+    before = store.stat().st_mtime_ns, store.stat().st_size
+    out = months("--json", str(tmp_path / "m.json"))
+    assert "months: generating" not in out.stderr
+    assert f"reusing the schema v{previous} store" in out.stderr
+    figures = json.loads((tmp_path / "m.json").read_text())["figures"]
+    assert figures["operationsLeft"] == 0 and figures["touchErrors"] == 0
+    assert figures["open"]["n"] > 0 and figures["forkColdMs"] > 0
+    # The cache itself is left as it was: still the previous version, untouched.
+    assert (store.stat().st_mtime_ns, store.stat().st_size) == before
+    check = apsw.Connection(str(store))
+    assert user_version(check) == previous
+    check.close()
 
 
 def test_turn_overhead_splits_each_turn_at_the_models_reply() -> None:

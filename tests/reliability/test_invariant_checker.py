@@ -202,6 +202,9 @@ def test_active_turn_nothing_works_on_is_reported_when_live(base: Base, tmp_path
         "UPDATE turns SET phase = 'active', outcome = NULL, settled_at_ms = NULL,"
         " created_at_ms = created_at_ms - 600000"
         f" WHERE session_id = '{base.source}' AND sequence = 2;"
+        # Every Message aged, the rows fork children link to included: the guard that keeps
+        # those frozen is dropped for this raw edit.
+        "DROP TRIGGER messages_linked_frozen;"
         "UPDATE messages SET created_at_ms = created_at_ms - 600000",
     )
     live = {v.law for v in check_invariants(home, live_grace_s=30).violations}
@@ -383,7 +386,32 @@ def test_a_cloned_message_unlike_its_source_is_reported(base: Base, tmp_path: Pa
     home = tampered(
         base,
         tmp_path,
-        "UPDATE messages SET text = text || ' (tampered)' WHERE session_id IN"
-        " (SELECT target_session_id FROM fork_operations WHERE status = 'committed')",
+        # The child reads its cloned Messages through its history link: each read with ids
+        # of another prefix than the operation's.
+        "UPDATE history_links SET message_prefix = 'ffffffff' || substr(message_prefix, 9)",
     )
     assert Law.CHILD_HISTORY_COPIED in laws(home)
+
+
+def test_a_linked_row_changed_behind_the_guard_is_reported(base: Base, tmp_path: Path) -> None:
+    """The source's rows a child reads are frozen by the store's triggers; changed with the
+    guard dropped, the history the child shows is not what its operation froze."""
+    home = tampered(
+        base,
+        tmp_path,
+        "DROP TRIGGER messages_linked_frozen;"
+        "UPDATE messages SET text = text || ' (tampered)' WHERE session_id IN"
+        " (SELECT source_session_id FROM fork_operations WHERE status = 'committed')",
+    )
+    found = laws(home)
+    assert Law.HISTORY_LINK_INTACT in found
+    assert Law.CHILD_HISTORY_COPIED not in found  # the source changed too: not decidable
+
+
+def test_a_link_to_a_session_with_fewer_rows_is_reported(base: Base, tmp_path: Path) -> None:
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE history_links SET through_position = through_position - 1",
+    )
+    assert Law.HISTORY_LINK_INTACT in laws(home)

@@ -13,6 +13,7 @@ import pytest
 
 from domain.errors import ForkInProgress
 from storage.fork_snapshot import decode_frozen
+from storage.history_links import visible_rows
 from storage.store import Store
 from tests.support.invariants import frozen_message_count, history_copy_problem
 
@@ -58,12 +59,9 @@ def check_invariants(store: Store) -> dict[str, int]:
                 " AND sequence_provenance = 'fork_clone'",
                 (WS, target),
             ).fetchone()[0]
-            messages = conn.execute(
-                "SELECT COUNT(*) FROM messages m JOIN turns t USING (workspace_id, session_id,"
-                " turn_id) WHERE m.workspace_id = ? AND m.session_id = ?"
-                " AND t.sequence_provenance = 'fork_clone'",
-                (WS, target),
-            ).fetchone()[0]
+            # The Messages the child shows (own and read through its history link) of its
+            # cloned Turns (numbered 1..n, as the source's).
+            messages = len(visible_rows(conn, WS, target, turns))
             # Never half-applied: the child's cloned history is exactly the frozen one
             # (it may have run turns of its own since).
             assert (turns, messages) == (len(frozen), frozen_message_count(document))

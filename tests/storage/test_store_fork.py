@@ -29,6 +29,7 @@ from storage.fork_child import build_child
 from storage.fork_history import history_digest
 from storage.fork_identity import ForkReferenceError
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
+from storage.history_links import visible_rows
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -864,13 +865,10 @@ def test_model_and_provider_content_below_the_payload_keys_is_copied_byte_identi
         )
     ]
     child_turns, _ = store.history.timeline(WS, committed.target_session_id)
-    child_json = [
-        r[0]
-        for r in conn.execute(
-            "SELECT payload_json FROM messages WHERE session_id = ? AND turn_id = ?"
-            " ORDER BY position",
-            (committed.target_session_id, child_turns[1].turn_id),
-        )
+    child_json = [  # the stored JSON the child shows (its own rows and its linked ones)
+        r[4]
+        for r in visible_rows(conn, WS, committed.target_session_id, 2)
+        if r[1] == child_turns[1].turn_id
     ]
     assert child_json == source_json
     assert [m.payload for m in child_turns[1].messages[1:4]] == payloads
@@ -1143,10 +1141,20 @@ def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store:
         "target_session_id": committed.target_session_id,
     }
     assert history_copy_problem(conn, WS, names, document) is None
+    # The child reads the row through its history link: a row of its own at that position
+    # (which wins over the linked one) with another text.
     conn.execute(
-        "UPDATE messages SET text = 'tampered' WHERE session_id = ? AND position = ?",
-        (committed.target_session_id, child[0].messages[1].position),
-    )
+        "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
+        " payload_json, version, position, created_at_ms, session_key)"
+        " SELECT ?, ?, ?, ?, kind, 'tampered', payload_json, version, position, 0,"
+        " (SELECT session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?)"
+        " FROM messages WHERE session_id = ? AND position = ?",
+        (
+            WS, committed.target_session_id, child[0].messages[1].message_id,
+            child[0].turn_id, WS, committed.target_session_id, sid,
+            child[0].messages[1].position,
+        ),
+    )  # fmt: skip
     assert "position" in (history_copy_problem(conn, WS, names, document) or "")
 
 

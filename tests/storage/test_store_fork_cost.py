@@ -70,6 +70,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
             counts["statements"] += 1
             if sql.startswith("INSERT INTO messages"):
                 counts["message inserts"] += 1
+            if sql.startswith("INSERT INTO history_links"):
+                counts["history links"] += 1
 
     monkeypatch.setattr(fork_snapshot, "load_snapshot", load)
     monkeypatch.setattr(fork_rows, "load_snapshot", load)  # a committed operation's projection
@@ -137,9 +139,10 @@ def test_prepare_and_commit_statements_do_not_grow_with_the_history(
     small_p, small_c, _ = _prepare_and_commit(store, monkeypatch, 2)
     big_p, big_c, _ = _prepare_and_commit(store, monkeypatch, 30)
     assert small_p["statements"] == big_p["statements"]
-    # Commit: a fixed number of statements, one per cloned Turn row, and one statement for all
-    # the Messages (main ran one per Message).
-    assert big_c["message inserts"] == small_c["message inserts"] == 1
+    # Commit: a fixed number of statements, one per cloned Turn row, and for all the Messages
+    # one history link and no Message row (the child reads the source's rows).
+    assert big_c["message inserts"] == small_c["message inserts"] == 0
+    assert big_c["history links"] == small_c["history links"] == 1
     fixed = small_c["statements"] - 2  # turns: one per Turn
     assert big_c["statements"] - 30 == fixed
     assert fixed <= 18, small_c
@@ -190,8 +193,12 @@ def test_references_are_rewritten_once_at_prepare_and_the_ack_decodes_nothing(
     created = (
         store.db.connection()
         .execute(
-            "SELECT DISTINCT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?",
-            (WS, committed.target_session_id),
+            # The child's own rows and the rows it reads through its link (created at the link's
+            # time).
+            "SELECT created_at_ms FROM messages WHERE workspace_id = ? AND session_id = ?"
+            " UNION SELECT linked_at_ms FROM history_links WHERE child_key = (SELECT session_key"
+            " FROM session_keys WHERE workspace_id = ? AND session_id = ?)",
+            (WS, committed.target_session_id, WS, committed.target_session_id),
         )
         .fetchall()
     )

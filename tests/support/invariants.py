@@ -8,6 +8,7 @@ files. `check_invariants(home)` returns a report; `assert_invariants(home)` fail
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -28,6 +29,7 @@ from domain.errors import ForkInProgress, HostError
 from storage.fork_history import history_digest
 from storage.fork_identity import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen
+from storage.history_links import history_link, linked_message, visible_rows
 from storage.store import Store
 from workspace.shadow import ShadowStore
 
@@ -53,10 +55,15 @@ class Law(StrEnum):
     CHILD_IFF_COMMITTED = "child_iff_committed"
     """A committed operation lacks its child/lineage, or a non-committed one has some (law 2)."""
     CHILD_HISTORY_COPIED = "child_history_copied"
-    """A committed child's cloned Messages are not, row by row, its source's boundary as
-    prepare froze it (snapshot version 4: copied by SQLite, each id rule v2's — the operation's
-    prefix and the row's position, its Turn's prefix and sequence —, a payload holding a
-    reference as frozen rewritten, every other column the source's) (law 2)."""
+    """A committed child's cloned Messages — the history it shows: its own rows and, for a
+    linked child, the rows it reads through its history link — are not, row by row, its
+    source's boundary as prepare froze it (snapshot version 4: each id rule v2's — the
+    operation's prefix and the row's position, its Turn's prefix and sequence —, a payload
+    holding a reference as frozen rewritten, every other column the source's) (law 2)."""
+    HISTORY_LINK_INTACT = "history_link_intact"
+    """A child's history link points at a Session that is gone, at other bounds than its
+    operation froze, or at rows that are missing or changed: the history the child shows,
+    read back into the source's ids, is not the count and digest prepare froze (law 2)."""
     ONE_PROVIDER_CHILD = "one_provider_child"
     """A source has more provider children than operations that may have dispatched (law 1)."""
     RESERVATION = "reservation"
@@ -109,6 +116,7 @@ STORE_LAWS = frozenset(
         Law.STORE_INTEGRITY,
         Law.CHILD_IFF_COMMITTED,
         Law.CHILD_HISTORY_COPIED,
+        Law.HISTORY_LINK_INTACT,
         Law.RESERVATION,
         Law.FENCE,
         Law.FENCE_WINDOW,
@@ -422,6 +430,9 @@ def _check_children(
             problem = history_copy_problem(conn, op["workspace_id"], op, document)
             if problem is not None:
                 ctx.fail(Law.CHILD_HISTORY_COPIED, f"{name}: {problem}")
+            problem = history_link_problem(conn, op["workspace_id"], op, document)
+            if problem is not None:
+                ctx.fail(Law.HISTORY_LINK_INTACT, f"{name}: {problem}")
             if not session["deleted"]:
                 alive.append(op)
         elif mine:
@@ -445,14 +456,6 @@ def frozen_message_count(document: Mapping[str, Any]) -> int:
     return sum(len(t["messages"]) for t in document.get("turns") or [])
 
 
-_COPIED_ROWS = (
-    "SELECT m.message_id, m.turn_id, t.sequence, m.kind, m.text, m.payload_json, m.version,"
-    " m.position FROM messages m JOIN turns t ON t.workspace_id = m.workspace_id"
-    " AND t.session_id = m.session_id AND t.turn_id = m.turn_id"
-    " WHERE m.workspace_id = ? AND m.session_id = ? AND t.sequence <= ?{clone} ORDER BY m.position"
-)
-
-
 def history_copy_problem(
     conn: apsw.Connection, ws: str, op: Mapping[str, Any], document: Mapping[str, Any]
 ) -> str | None:
@@ -470,25 +473,102 @@ def history_copy_problem(
         return None
     prefixes = OrdinalPrefixes.of(op["operation_id"], ws, source, target)
     rewritten = {int(p): text for p, text in history["rewritten"]}
-    src = conn.execute(_COPIED_ROWS.format(clone=""), (ws, source, through)).fetchall()
-    clone = " AND t.sequence_provenance = 'fork_clone'"
-    child = conn.execute(_COPIED_ROWS.format(clone=clone), (ws, target, through)).fetchall()
+    # What each Session shows (its own rows and, linked, the rows it reads through its link).
+    src = visible_rows(conn, ws, source, through)
+    clones = {
+        int(r[0])
+        for r in conn.execute(
+            "SELECT sequence FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND sequence_provenance = 'fork_clone'",
+            (ws, target),
+        )
+    }
+    child = [r for r in visible_rows(conn, ws, target, through) if r[7] in clones]
     if len(child) != len(src):
         return f"child has {len(child)} cloned Messages, the source's boundary {len(src)}"
     for s_row, c_row in zip(src, child, strict=True):
-        _, _, sequence, kind, text, payload, version, position = s_row
+        _, _, kind, text, payload, version, position, sequence = s_row
         expected = (
             ordinal_id(prefixes.message, position),
             ordinal_id(prefixes.turn, sequence),
-            sequence,
             kind,
             text,
             rewritten.get(position, payload),
             version,
             position,
+            sequence,
         )
         if tuple(c_row) != expected:
             return f"cloned Message at position {position} is {tuple(c_row)}, not {expected}"
+    return None
+
+
+def history_link_problem(
+    conn: apsw.Connection, ws: str, op: Mapping[str, Any], document: Mapping[str, Any]
+) -> str | None:
+    """The history link of a version 4 child, whatever its source became since: it names the
+    source and the boundary the operation froze, and the history the child shows through it,
+    read back into the source's ids (each Message's id and Turn id are the source's for life),
+    has the count and digest prepare froze. None when it holds, for a child with no link (its
+    rows are its own), or when it cannot be decided: the child holds rows of its own for
+    linked positions other than the rewritten payloads (it, or its source, changed one since),
+    or a rewritten payload's source row has changed since (the frozen original is then
+    nowhere)."""
+    history = document.get("history")
+    source, target = op["source_session_id"], op["target_session_id"]
+    link = None if history is None else history_link(conn, ws, target)
+    if link is None or history is None:
+        return None
+    through = int(history["through"])
+    first = link.levels[0]
+    if (first.workspace_id, first.session_id) != (ws, source):
+        return f"links to {first.session_id}, not its source {source}"
+    if first.through_sequence != through:
+        return f"links through Turn {first.through_sequence}, the operation froze {through}"
+    rewritten = {int(p) for p, _ in history["rewritten"]}
+    own = {
+        int(r[0])
+        for r in conn.execute(
+            "SELECT position FROM messages WHERE workspace_id = ? AND session_id = ?"
+            " AND position <= ?",
+            (ws, target, link.through_position),
+        )
+    }
+    if own - rewritten:
+        # Rows the child holds for positions it read through its link: written when the child
+        # or its source changed one (the frozen original may be nowhere any more).
+        return None
+    clones = {
+        int(r[0])
+        for r in conn.execute(
+            "SELECT sequence FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND sequence_provenance = 'fork_clone'",
+            (ws, target),
+        )
+    }
+    now = {r[6]: r for r in visible_rows(conn, ws, source, through)}
+    lines: list[str] = []
+    for _, _, kind, text, payload, version, position, sequence in visible_rows(
+        conn, ws, target, through
+    ):
+        if sequence not in clones:
+            continue
+        src = now.get(position)
+        if src is None:
+            return f"reads position {position}, which its source no longer shows"
+        if position in rewritten:
+            if src[5] != version:
+                return None
+            payload = src[4]
+        body = "-1:" if text is None else f"{len(text.encode())}:{text}"
+        tail = f"{len(payload.encode())}:{payload}"
+        lines.append(f"{position},{version},{src[1]},{src[0]},{kind},{body},{tail}")
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    if (len(lines), digest) != (history["count"], history["digest"]):
+        return (
+            f"shows {len(lines)} cloned Messages not as prepare froze them"
+            f" ({history['count']} frozen): a linked row is missing or changed"
+        )
     return None
 
 
@@ -814,6 +894,13 @@ def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
         " WHERE t.phase = 'settled' AND t.outcome = 'completed'",
     ):
         where = f"session {t['session_id']} turn {t['turn_id']}"
+        if t["final_kind"] is None and t["final_assistant_message_id"]:
+            # A linked child's cloned Turn: its final Message is read through its link.
+            linked = linked_message(
+                conn, t["workspace_id"], t["session_id"], t["final_assistant_message_id"]
+            )
+            if linked is not None:
+                t["final_kind"], t["final_turn"] = linked[2], linked[1]
         if not t["root_provider_turn_id"]:
             ctx.fail(Law.COMPLETED_TURN_RECORDED, f"{where}: completed with no provider binding")
         if not t["final_assistant_message_id"]:
