@@ -28,9 +28,9 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from drivers.gc_pause import gc_paused
 from drivers.readability import ReaderNotApplicable
 from drivers.rollout_files import BinderError, DirsAhead, ParsedRollout
+from tutti_agent.gc_pause import gc_paused
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
