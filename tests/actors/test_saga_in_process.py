@@ -11,7 +11,7 @@ store's laws hold (tests/support/invariants.py, the store-only subset).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,20 +43,6 @@ SAGA_POINTS = (
     "host.fork.before_commit",
     "host.fork.after_commit",
 )
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def store(home: Path) -> Iterator[Store]:
-    s = Store.open(home / "store.sqlite3")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def ok(method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -206,8 +192,6 @@ def test_an_error_at_each_failpoint_is_classified_by_the_durable_status(
 
 
 # -- every transition of the state machine ------------------------------------------------------
-
-
 
 
 def test_every_transition_of_the_state_machine_is_taken(store: Store, home: Path) -> None:

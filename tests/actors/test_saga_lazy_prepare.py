@@ -8,7 +8,7 @@ with strace (tests/bench/test_fork_syscalls.py)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,15 +68,6 @@ class Forked:
     lazy_commits: int
     # The operation's status in the store when each of its change events was published.
     seen_at_events: list[str]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store.open(tmp_path / "store.sqlite3")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def fork_through_start(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,20 +37,6 @@ from tests.actors.saga_harness import (
 )
 from tests.storage.store_builders import fork_evidence
 from tests.support.invariants import STORE_LAWS, Law, check_invariants
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-@pytest.fixture
-def store(home: Path) -> Iterator[Store]:
-    s = Store.open(home / "store.sqlite3")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def refuse_commits(store: Store, times: int, error: Callable[[], Exception]) -> list[str]:
@@ -131,9 +117,7 @@ def unknown_fork(store: Store, home: Path) -> tuple[ForkOperation, str]:
     return op, op.source_session_id
 
 
-def test_an_adopt_does_not_fence_a_source_while_a_turn_runs_on_it(
-    store: Store, home: Path
-) -> None:
+def test_an_adopt_does_not_fence_a_source_while_a_turn_runs_on_it(store: Store, home: Path) -> None:
     op, sid = unknown_fork(store, home)
     # A Turn claimed while the operation is `unknown`: the fence is released, so it may run.
     turn, created = store.turns.claim_submit(WS, sid, str(uuid.uuid4()), "meanwhile")

@@ -7,7 +7,7 @@ it, and a Turn without a checkpoint is refused before any operation exists."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +45,6 @@ WORKSPACE_POINTS = (
 @pytest.fixture
 def home(tmp_path: Path) -> Path:
     return tmp_path / "home"
-
-
-@pytest.fixture
-def store(home: Path) -> Iterator[Store]:
-    s = Store.open(home / "store.sqlite3")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture
