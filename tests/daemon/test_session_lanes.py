@@ -7,6 +7,7 @@ tests drive `SessionLanes` with a real thread pool."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -37,12 +38,16 @@ def _title(sid: str, title: str) -> dict[str, object]:
     return {"workspaceId": WS, "agentSessionId": sid, "title": title}
 
 
-def test_a_rename_is_answered_while_its_sessions_actor_is_busy(
-    running: tuple[Daemon, Client],
-) -> None:
-    daemon, c = running
-    sid = create_session(c, title="busy")["agentSessionId"]
+def _warm_session(c: Client, title: str) -> str:
+    """A Session whose actor is live (one Turn run)."""
+    sid = str(create_session(c, title=title)["agentSessionId"])
     run_turn(c, sid, "start the actor")
+    return sid
+
+
+@contextlib.contextmanager
+def _actor_held(daemon: Daemon, sid: str) -> Iterator[None]:
+    """The Session's actor busy on a held message until the block ends."""
     release = threading.Event()
     busy = threading.Event()
 
@@ -53,6 +58,17 @@ def test_a_rename_is_answered_while_its_sessions_actor_is_busy(
     try:
         assert daemon.routes.tell(WS, sid, FollowUp(hold))
         assert busy.wait(10)
+        yield
+    finally:
+        release.set()
+
+
+def test_a_rename_is_answered_while_its_sessions_actor_is_busy(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, c = running
+    sid = _warm_session(c, "busy")
+    with _actor_held(daemon, sid):
         before = (daemon.routes.direct, daemon.api.plumbing.lanes.direct_writes)
         status, body = c.submit("session.updateTitle", _title(sid, "renamed")).result(timeout=10)
         assert status == 200, body
@@ -63,8 +79,6 @@ def test_a_rename_is_answered_while_its_sessions_actor_is_busy(
             before[0],
             before[1] + 1,
         )
-    finally:
-        release.set()
 
 
 def test_a_rename_behind_a_request_still_with_the_actor_keeps_its_place(
@@ -73,25 +87,13 @@ def test_a_rename_behind_a_request_still_with_the_actor_keeps_its_place(
     """Pipelined: a pin held in the busy actor, then a rename, then a delete. The rename
     waits for the pin (it goes through the actor), the delete for the rename."""
     daemon, c = running
-    sid = create_session(c, title="order")["agentSessionId"]
-    run_turn(c, sid, "start the actor")
-    release = threading.Event()
-    busy = threading.Event()
-
-    def hold() -> None:
-        busy.set()
-        release.wait(30)
-
-    try:
-        assert daemon.routes.tell(WS, sid, FollowUp(hold))
-        assert busy.wait(10)
+    sid = _warm_session(c, "order")
+    with _actor_held(daemon, sid):
         lane_writes = daemon.api.plumbing.lanes.direct_writes
         pin = c.submit("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": True})
         rename = c.submit("session.updateTitle", _title(sid, "last words"))
         delete = c.submit("session.delete", {"workspaceId": WS, "agentSessionId": sid})
         assert not rename.done()  # behind the pin, in the busy actor
-    finally:
-        release.set()
     assert pin.result(timeout=10)[0] == 200
     status, body = rename.result(timeout=10)
     assert status == 200, body
@@ -104,8 +106,7 @@ def test_pipelined_renames_and_a_delete_take_effect_in_order(
     running: tuple[Daemon, Client],
 ) -> None:
     _daemon, c = running
-    sid = create_session(c, title="pipelined")["agentSessionId"]
-    run_turn(c, sid, "start the actor")
+    sid = _warm_session(c, "pipelined")
     renames = [c.submit("session.updateTitle", _title(sid, f"t{i}")) for i in range(30)]
     delete = c.submit("session.delete", {"workspaceId": WS, "agentSessionId": sid})
     late = c.submit("session.updateTitle", _title(sid, "too late"))
