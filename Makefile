@@ -66,11 +66,12 @@ lint: $(DEPS_STAMP)
 # Most tests wait on real processes (daemons, app-servers, the Claude CLI) rather than compute,
 # so four xdist workers share the 2 cores (a quiet run: 619 s wall, 1.4 cores busy on average;
 # three took the suite near its 15 minutes); --dist loadfile keeps a file's tests (and its
-# module fixtures) on one worker, in order.
+# module fixtures) on one worker, in order. --durations prints the 25 slowest tests at the end,
+# so every run shows where the suite's time goes.
 TEST_WORKERS ?= 4
 test: providers lint
 	AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
 
 # The long profile: the reliability suite at soak size, then every test marked `long`.
 soak: providers
