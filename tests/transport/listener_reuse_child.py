@@ -1,0 +1,114 @@
+"""The child process of `test_listener_fd_reuse`: a connection guard reads an `accepted` event
+after that connection's descriptor number went to an ipc listener bound again (as after `run/`
+was removed), and the guard refuses "the connection". Real ZeroMQ sockets, the real guard and
+the real re-bind (`endpoints.rebind_missing`); only the moment the guard reads its monitor is
+chosen, by starting its thread late, where in the daemon a busy machine chooses it.
+
+Exits 0 when the listener still serves a client afterwards, 1 when it does not, 2 when the
+descriptor did not go to the listener (the scenario was not reached); libzmq aborts the process
+(SIGABRT, `Invalid argument (src/ipc_listener.cpp:…)`) when the guard shut the listener down.
+Run: `python listener_reuse_child.py <short dir>` with the repository on PYTHONPATH."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import zmq
+
+from transport.connections import ConnectionGuard, ConnectionLimits
+from transport.endpoints import Binder, rebind_missing
+
+REFUSE_ALL = ConnectionLimits(
+    fd_limit=1 << 20, fd_reserve=0, max_connections=0, max_network_connections=0, max_unproven=0
+)
+"""A cap of no connection: the guard refuses (shuts down) whatever it counts."""
+
+
+def _sockets() -> set[int]:
+    out = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                out.add(int(name))
+        except OSError:
+            continue
+    return out
+
+
+def _listening(fd: int) -> bool:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    try:
+        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+    finally:
+        sock.detach()
+
+
+def _until(ok: Callable[[], object], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def main(run: Path) -> int:
+    path = str(run / "api.sock")
+    endpoint = f"ipc://{path}"
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    guard = ConnectionGuard(ctx, REFUSE_ALL)
+    guard.watch(router, api=True)
+    binder = Binder(None)
+    binder.bind(router, endpoint)
+
+    # A raw connection libzmq accepts as descriptor N, then drops (it reads EOF) and closes.
+    before = _sockets()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(path)
+    _until(lambda: _sockets() - before - {client.fileno()}, "libzmq's accept")
+    (accepted,) = _sockets() - before - {client.fileno()}
+    client.shutdown(socket.SHUT_RDWR)
+    _until(lambda: accepted not in _sockets(), "libzmq to close the dropped connection")
+    # N is made the lowest free number, as a burst of dropped connections leaves it.
+    held = []
+    while (probe := os.open(os.devnull, os.O_RDONLY)) < accepted:  # the lowest free number
+        held.append(probe)
+    os.close(probe)
+    # `run/` removed: the endpoint is bound again on the same socket; the new listener is N.
+    os.unlink(path)
+    with guard.binding():  # as the API server binds again
+        again = rebind_missing(binder, [(router, [endpoint])])
+    if again != [endpoint] or not _listening(accepted):
+        print(f"descriptor {accepted} did not go to the new listener", file=sys.stderr)
+        return 2
+    # Only now does the guard read the `accepted` event of descriptor N.
+    guard.start()
+    # (`stale` read leniently: the same child runs against a guard without it, to show the abort.)
+    read = lambda: getattr(guard, "stale", 0) + sum(guard.refused.values())  # noqa: E731
+    _until(lambda: read() > 0, "the guard to read the event")
+    print(f"guard: stale={getattr(guard, 'stale', None)} refused={dict(guard.refused)}", flush=True)
+
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.setsockopt(zmq.LINGER, 0)
+    dealer.connect(endpoint)
+    dealer.send(b"still listening?")
+    served = bool(router.poll(5000))
+    print(f"served: {served}", flush=True)
+    guard.stop()
+    dealer.close()
+    router.close()
+    ctx.term()
+    for fd in held:
+        os.close(fd)
+    client.close()
+    return 0 if served else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
