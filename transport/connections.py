@@ -14,6 +14,7 @@ makes room for a new one. docs/design/connections.md has the reasoning and the r
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -183,6 +184,24 @@ def accepted_inode(fd: int, endpoint: str) -> int | None:
     return st.st_ino
 
 
+def _shutdown_socket(fd: int, inode: int) -> bool:
+    """shutdown(SHUT_RDWR) on `fd` if it is the socket of that inode."""
+    try:
+        # Family and type given: no getsockopt calls to detect them (shutdown ignores both).
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return False
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.detach()  # the descriptor stays its owner's
+
+
 def _local_address_is(name: Any, endpoint: str) -> bool:
     """A connection accepted on `endpoint` has the listener's address as its own."""
     transport, _, address = endpoint.partition("://")
@@ -268,9 +287,9 @@ class ConnectionGuard:
         self._monitors.clear()
 
     def binding(self) -> threading.Lock:
-        """Held (`with guard.binding():`) while a watched socket binds once the guard runs: a
-        listener made then could take the number of a connection the guard is about to shut
-        down, between its check and its shutdown (`_shutdown`)."""
+        """Held (`with guard.binding():`) while a watched socket binds once the guard runs: at
+        the descriptor limit the guard shuts a connection down by its number, and a listener
+        made between its check and its shutdown could take that number (`_shutdown`)."""
         return self._binding
 
     # -- the transport loop's side -----------------------------------------------------------
@@ -416,26 +435,26 @@ class ConnectionGuard:
         self.refused[why] += 1
 
     def _shutdown(self, conn: Connection) -> bool:
-        """Shut `conn`'s socket down (libzmq reads EOF and closes it). Checked first to still
-        be the socket accepted: a descriptor libzmq closed meanwhile may be reused."""
+        """Shut `conn`'s socket down (libzmq reads EOF and closes it), if its descriptor still
+        holds the socket accepted: libzmq may have closed it and the number been reused.
+
+        Checked and shut down through a duplicate of the descriptor, taken first: it keeps
+        naming what the number held then, whatever becomes of the number (a listener any
+        thread makes on it is never touched). At the descriptor limit no duplicate can be
+        made; then the number itself is checked and shut down under `binding()`, so that no
+        re-bound API listener can take it in between."""
         self._forget(conn.fd)
         try:
-            # Family and type given: no getsockopt calls to detect them (shutdown ignores both).
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=conn.fd)
-        except OSError:
-            return False
+            dup = os.dup(conn.fd)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                with self._binding:
+                    return _shutdown_socket(conn.fd, conn.inode)
+            return False  # closed
         try:
-            # From the check to the shutdown no listener is made (`binding`): libzmq may close
-            # the connection in between, but its number cannot become a listener's.
-            with self._binding:
-                if os.fstat(conn.fd).st_ino != conn.inode:
-                    return False
-                sock.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False
+            return _shutdown_socket(dup, conn.inode)
         finally:
-            sock.detach()  # the descriptor stays libzmq's
+            os.close(dup)
 
     def _fds_in_use(self, now: float) -> int:
         if now - self._fds_at >= _FD_SAMPLE_S:

@@ -12,6 +12,7 @@ Run: `python listener_reuse_child.py <short dir>` with the repository on PYTHONP
 from __future__ import annotations
 
 import os
+import resource
 import socket
 import sys
 import time
@@ -116,5 +117,60 @@ def main(run: Path) -> int:
     return 0 if served else 1
 
 
+def at_the_limit(run: Path) -> int:
+    """At the descriptor limit the guard cannot duplicate a descriptor to shut it down; it then
+    shuts the number down under `binding()`, so not while a listener is being bound. Exits 0
+    when the refusal waited for the bind, 1 when it did not."""
+    path = str(run / "api.sock")
+    ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    guard = ConnectionGuard(ctx, REFUSE_ALL)
+    guard.watch(router, api=True)
+    router.bind(f"ipc://{path}")
+    before = _sockets()
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.connect(path)
+    _until(lambda: _sockets() - before - {client.fileno()}, "libzmq's accept")
+    # No free descriptor below the soft limit: every dup() fails with EMFILE.
+    top = max(int(n) for n in os.listdir("/proc/self/fd"))
+    held = []
+    while (probe := os.open(os.devnull, os.O_RDONLY)) < top:  # each the lowest free number
+        held.append(probe)
+    os.close(probe)
+    limit = probe  # every number below it is in use
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    client.settimeout(0.5)
+    waited = True
+    with guard.binding():  # a bind in progress
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+        guard.start()
+        try:
+            while client.recv(64):  # libzmq's greeting; EOF would be the guard's shutdown
+                pass
+            waited = False
+        except TimeoutError:
+            pass
+        waited = waited and sum(guard.refused.values()) == 0
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    client.settimeout(10)
+    try:
+        while client.recv(64):  # refused once the bind is done: EOF
+            pass
+        _until(lambda: sum(guard.refused.values()) == 1, "the refusal")
+        refused = True
+    except (TimeoutError, SystemExit):
+        refused = False
+    print(f"waited for the bind: {waited}; refused after it: {refused}", flush=True)
+    guard.stop()
+    router.close()
+    ctx.term()
+    for fd in held:
+        os.close(fd)
+    client.close()
+    return 0 if waited and refused else 1
+
+
 if __name__ == "__main__":
-    sys.exit(main(Path(sys.argv[1])))
+    run = Path(sys.argv[1])
+    sys.exit(at_the_limit(run) if sys.argv[2:] == ["at-the-limit"] else main(run))
