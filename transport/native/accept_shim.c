@@ -7,8 +7,8 @@
  * tcp listener tolerates both. With this, an ipc accept at the limit is tolerated like a tcp
  * one: the connection stays in the kernel's backlog until a descriptor frees.
  *
- * EINVAL means the descriptor is no listening socket (or a listener shut down): libzmq aborts
- * on it too, and passes it through unchanged, since a listener that is gone cannot be retried.
+ * EINVAL means the descriptor is no listening socket (or a listener shut down). libzmq aborts
+ * on it too, and the shim passes it on unchanged: a listener that is gone cannot be retried.
  * Before that abort, one line on stderr names the descriptor, whether it listens
  * (SO_ACCEPTCONN), its file type and its /proc/self/fd link: what the abort message alone does
  * not say (docs/design/connections.md). Every other errno and every success pass through. */
@@ -48,7 +48,7 @@ static void describe_einval(int fd)
             "SO_ACCEPTCONN %d\n", fd, link, type, listening);
 }
 
-static int tolerated(int r, int fd)
+static int after_accept(int r, int fd)
 {
     if (r < 0 && errno == EMFILE)
         errno = ENFILE;
@@ -64,7 +64,7 @@ int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
     static accept4_fn real;
     if (!real)
         real = (accept4_fn)dlsym(RTLD_NEXT, "accept4");
-    return tolerated(real(fd, addr, len, flags), fd);
+    return after_accept(real(fd, addr, len, flags), fd);
 }
 
 int accept(int fd, struct sockaddr *addr, socklen_t *len)
@@ -72,5 +72,5 @@ int accept(int fd, struct sockaddr *addr, socklen_t *len)
     static accept_fn real;
     if (!real)
         real = (accept_fn)dlsym(RTLD_NEXT, "accept");
-    return tolerated(real(fd, addr, len), fd);
+    return after_accept(real(fd, addr, len), fd);
 }
