@@ -14,11 +14,13 @@ makes room for a new one. docs/design/connections.md has the reasoning and the r
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import resource
 import socket
+import stat
 import struct
 import sys
 import termios
@@ -147,6 +149,71 @@ def _unread_input(fd: int) -> bool:
     return int.from_bytes(buf, sys.byteorder) > 0
 
 
+def accepted_inode(fd: int, endpoint: str) -> int | None:
+    """The inode of the connection libzmq accepted on `endpoint` as `fd`, while `fd` still
+    holds it: a socket that is not listening, whose local address is the endpoint's. None when
+    the descriptor was closed since or reused by anything else.
+
+    Why: the guard reads an `accepted` event after libzmq's I/O thread accepted, on another
+    thread, and the kernel hands a closed descriptor's number to the next one made: an ipc
+    listener bound again after `run/` was removed (`endpoints.rebind_missing`) takes the
+    lowest free number, often one a dropped connection just freed. Taken for the connection,
+    a listener would be shut down when the guard refuses or sheds it; libzmq's listener is
+    blocking, so it then polls readable and accept4() fails with EINVAL, on which libzmq
+    asserts (`ipc_listener.cpp:297`, SIGABRT). The inode is read first and the socket checked
+    after: if the number changed hands in between, the inode names a closed socket, which
+    `_shutdown`'s inode check never matches (docs/design/connections.md)."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    if not stat.S_ISSOCK(st.st_mode):
+        return None
+    # Family and type as given are not checked by the constructor; getsockname decodes the
+    # address by its own family.
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return None  # a listener
+        if not _local_address_is(sock.getsockname(), endpoint):
+            return None
+    except OSError:
+        return None
+    finally:
+        sock.detach()  # the descriptor stays libzmq's
+    return st.st_ino
+
+
+def _shutdown_socket(fd: int, inode: int) -> bool:
+    """shutdown(SHUT_RDWR) on `fd` if it is the socket of that inode."""
+    try:
+        # Family and type given: no getsockopt calls to detect them (shutdown ignores both).
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:
+        return False
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return False
+        sock.shutdown(socket.SHUT_RDWR)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.detach()  # the descriptor stays its owner's
+
+
+def _local_address_is(name: Any, endpoint: str) -> bool:
+    """A connection accepted on `endpoint` has the listener's address as its own."""
+    transport, _, address = endpoint.partition("://")
+    if transport == "ipc":
+        if address.startswith("@"):
+            return bool(name == b"\0" + address[1:].encode())
+        return bool(name == address)
+    if transport == "tcp":
+        return isinstance(name, tuple) and str(name[1]) == address.rsplit(":", 1)[-1]
+    return True  # no other transport is bound by the daemon
+
+
 class ConnectionGuard:
     """Counts and caps the connections of the sockets it watches; see the module docstring.
 
@@ -174,6 +241,7 @@ class ConnectionGuard:
         self._early: dict[int, tuple[float, bytes | None]] = {}
         self._monitors: list[tuple[zmq.Socket[bytes], bool]] = []
         self._stop = threading.Event()
+        self._binding = threading.Lock()
         self._thread: threading.Thread | None = None
         self._fds = 0
         self._fds_at = 0.0
@@ -181,6 +249,9 @@ class ConnectionGuard:
         """Connections shut down at once, by why (whole life; host.status and tests read it)."""
         self.shed = 0
         """Idle connections shut down to make room for a new one."""
+        self.stale = 0
+        """`accepted` events read after their descriptor no longer held that connection
+        (`accepted_inode`): not counted, never shut down."""
         self._reported: Counter[str] = Counter()
         self._reported_shed = 0
         self._summary_at = 0.0
@@ -214,6 +285,12 @@ class ConnectionGuard:
             with contextlib.suppress(zmq.ZMQError):
                 monitor.close(linger=0)
         self._monitors.clear()
+
+    def binding(self) -> threading.Lock:
+        """Held (`with guard.binding():`) while a watched socket binds once the guard runs: at
+        the descriptor limit the guard shuts a connection down by its number, and a listener
+        made between its check and its shutdown could take that number (`_shutdown`)."""
+        return self._binding
 
     # -- the transport loop's side -----------------------------------------------------------
 
@@ -284,10 +361,12 @@ class ConnectionGuard:
 
     def _accepted(self, fd: int, endpoint: str, api: bool) -> None:
         now = time.monotonic()
-        try:
-            inode = os.fstat(fd).st_ino
-        except OSError:
-            return  # already closed by libzmq
+        inode = accepted_inode(fd, endpoint)
+        if inode is None:
+            # Closed by libzmq since, and the number maybe reused (a listener bound again,
+            # another socket, a file): nothing of it is ours to count or ever shut down.
+            self.stale += 1
+            return
         self._forget(fd)  # a reused descriptor: its old connection is gone
         conn = Connection(fd, endpoint, api, inode, now)
         early = self._early.pop(fd, None)
@@ -356,23 +435,26 @@ class ConnectionGuard:
         self.refused[why] += 1
 
     def _shutdown(self, conn: Connection) -> bool:
-        """Shut `conn`'s socket down (libzmq reads EOF and closes it). Checked first to still
-        be the socket accepted: a descriptor libzmq closed meanwhile may be reused."""
+        """Shut `conn`'s socket down (libzmq reads EOF and closes it), if its descriptor still
+        holds the socket accepted: libzmq may have closed it and the number been reused.
+
+        Checked and shut down through a duplicate of the descriptor, taken first: it keeps
+        naming what the number held then, whatever becomes of the number (a listener any
+        thread makes on it is never touched). At the descriptor limit no duplicate can be
+        made; then the number itself is checked and shut down under `binding()`, so that no
+        re-bound API listener can take it in between."""
         self._forget(conn.fd)
         try:
-            # Family and type given: no getsockopt calls to detect them (shutdown ignores both).
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=conn.fd)
-        except OSError:
-            return False
+            dup = os.dup(conn.fd)
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                with self._binding:
+                    return _shutdown_socket(conn.fd, conn.inode)
+            return False  # closed
         try:
-            if os.fstat(conn.fd).st_ino != conn.inode:
-                return False
-            sock.shutdown(socket.SHUT_RDWR)
-            return True
-        except OSError:
-            return False
+            return _shutdown_socket(dup, conn.inode)
         finally:
-            sock.detach()  # the descriptor stays libzmq's
+            os.close(dup)
 
     def _fds_in_use(self, now: float) -> int:
         if now - self._fds_at >= _FD_SAMPLE_S:

@@ -273,11 +273,14 @@ class ApiServer:
         return fut
 
     def _rebind_missing(self) -> None:
+        assert self._guard is not None
         while self._rebinds:
             fut = self._rebinds.pop(0)
             try:
-                fut.set_result(
-                    rebind_missing(
+                # New listeners: never while the guard is between its check of a connection's
+                # descriptor and its shutdown (docs/design/connections.md).
+                with self._guard.binding():
+                    again = rebind_missing(
                         self._binder,
                         [
                             (self._router, self._endpoints),
@@ -285,7 +288,7 @@ class ApiServer:
                             (self._events.pub_exact, self._events.exact_endpoints),
                         ],
                     )
-                )
+                fut.set_result(again)
             except Exception as exc:  # noqa: BLE001 - reported to the caller, not the loop
                 fut.set_exception(exc)
 

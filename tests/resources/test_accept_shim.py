@@ -10,6 +10,9 @@ make fails with EMFILE — then connects a fresh client over ipc."""
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import psutil
 import pytest
 
 from tests.support.daemon import DaemonProcess, create_session, run_turn, wait_for
+from transport.accept_shim import build
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -120,3 +124,40 @@ def test_the_launcher_finds_serve_past_the_global_options_and_only_there() -> No
     assert subcommand(["--workspace", "serve", "say", "serve"]) == "say"
     assert subcommand(["say", "serve"]) == "say"
     assert subcommand(["--json"]) is None
+
+
+_SHUT_LISTENER = """
+import errno, socket, sys
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(sys.argv[1])
+listener.listen()
+listener.shutdown(socket.SHUT_RDWR)  # a listener shut down: a blocking accept fails EINVAL
+try:
+    listener.accept()
+except OSError as exc:
+    print(exc.errno == errno.EINVAL, listener.fileno())
+"""
+
+
+def test_an_accept_failing_with_einval_is_passed_on_and_its_descriptor_described(
+    tmp_path: Path,
+) -> None:
+    # What the abort `Invalid argument (src/ipc_listener.cpp:…)` does not say: which
+    # descriptor it was and what it held (docs/design/connections.md).
+    library = build()
+    out = subprocess.run(
+        [sys.executable, "-c", _SHUT_LISTENER, str(tmp_path / "l.sock")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=dict(os.environ, LD_PRELOAD=str(library)),
+    )
+    assert out.returncode == 0, out.stderr
+    einval, fd = out.stdout.split()
+    assert einval == "True", out  # unchanged: libzmq must not retry a listener that is gone
+    assert re.search(
+        rf"^accept shim: accept on descriptor {fd} failed with EINVAL: socket:\[\d+\], socket,"
+        r" SO_ACCEPTCONN 1$",
+        out.stderr,
+        re.MULTILINE,
+    ), out.stderr
