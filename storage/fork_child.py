@@ -68,6 +68,9 @@ class HistoryCopy:
     digest: str
     prefixes: OrdinalPrefixes
     rewritten: tuple[tuple[int, str], ...]
+    through_position: int | None = None
+    """The boundary's highest position as prepare found it (None in a snapshot frozen before
+    it was recorded): the link's bound when the fence's witness proves the boundary unchanged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +299,7 @@ def build_child(
             digest=str(history["digest"]),
             prefixes=prefixes,
             rewritten=tuple((int(p), str(text)) for p, text in history["rewritten"]),
+            through_position=_optional_int(history.get("through_position")),
         )
     return ChildPlan(
         session=session,
@@ -307,6 +311,10 @@ def build_child(
         committed_at_ms=committed_at_ms,
         copy=copy,
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _remapped_json(value: Any, ids: IdentityMap, *, where: str) -> str:

@@ -97,6 +97,8 @@ class HistoryScan:
     count: int
     digest: str
     payloads: tuple[tuple[str, int, Any], ...]
+    top: int = 0
+    """The boundary's highest position (0 for none): the history link's bound."""
 
 
 def history_digest(conn: apsw.Connection, ws: str, sid: str, through: int) -> tuple[int, str]:
@@ -142,8 +144,10 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
             if has_session_local_attachment(payload):
                 raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
         payloads.append((str(message_id), int(position), payload))
-    count, digest = history_digest(conn, ws, sid, through)
-    return HistoryScan(through=through, count=count, digest=digest, payloads=tuple(payloads))
+    count, digest, top = boundary_proof(conn, ws, sid, through)
+    return HistoryScan(
+        through=through, count=count, digest=digest, payloads=tuple(payloads), top=top
+    )
 
 
 def _special_rows(
@@ -296,6 +300,33 @@ def history_section(
         "through": scan.through,
         "count": scan.count,
         "digest": scan.digest,
+        "through_position": scan.top,
         "rewritten": rewritten,
         "message_ids": dict(found.found),
     }
+
+
+def fence_history(conn: apsw.Connection, ws: str, sid: str, op_seq: int) -> None:
+    """Prepare's witness (schema v13): from now on SQLite counts every change of Session
+    `(ws, sid)`'s Messages and of its Turns' identity in the row of operation `op_seq`, whoever
+    writes it; the row goes when the operation leaves the active states."""
+    conn.execute(
+        "INSERT OR REPLACE INTO history_fences (session_key, op_seq, changes)"
+        f" VALUES ({SESSION_KEY_OF}, ?, 0)",
+        (ws, sid, op_seq),
+    )
+
+
+def fenced_history_unchanged(conn: apsw.Connection, ws: str, sid: str, op_seq: int) -> bool:
+    """True when operation `op_seq`'s witness of Session `(ws, sid)` counted no change since
+    prepare wrote it and the Session reads no rows through a link of its own (those rows are
+    another Session's, which this witness does not watch): one row, whatever the history's size.
+    False with no such row (an operation prepared before schema v13), a change counted, or a
+    linked source."""
+    row = conn.execute(
+        "SELECT f.op_seq, f.changes, EXISTS (SELECT 1 FROM history_links l"
+        " WHERE l.child_key = f.session_key) FROM history_fences f"
+        f" WHERE f.session_key = {SESSION_KEY_OF}",
+        (ws, sid),
+    ).fetchone()
+    return row is not None and int(row[0]) == op_seq and int(row[1]) == 0 and not row[2]

@@ -23,7 +23,7 @@ from domain.errors import (
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import build_child
-from storage.fork_history import history_section
+from storage.fork_history import fence_history, history_section
 from storage.fork_identity import OrdinalPrefixes
 from storage.fork_memo import ForkMemo
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
@@ -277,10 +277,14 @@ class ForkPrepare:
             )
             # The frozen bytes in their own row (schema v5): written once here, only read
             # after, so no status UPDATE of the operation row rewrites them.
+            op_seq = tx.conn.last_insert_rowid()
             tx.execute(
                 "INSERT INTO fork_snapshots (op_seq, snapshot_json) VALUES (?, ?)",
-                (tx.conn.last_insert_rowid(), stored),
+                (op_seq, stored),
             )
+            # The witness (schema v13): from here SQLite counts any change of the source's
+            # history, so the commit proves the boundary unchanged from one row.
+            fence_history(tx.conn, ws, req.source_session_id, op_seq)
             tx.execute(
                 "INSERT INTO session_reservations (workspace_id, session_id, operation_id)"
                 " VALUES (?, ?, ?)",

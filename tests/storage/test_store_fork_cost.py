@@ -72,6 +72,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
                 counts["message inserts"] += 1
             if sql.startswith("INSERT INTO history_links"):
                 counts["history links"] += 1
+            if "group_concat(" in str(event["sql"]):
+                counts["history digests"] += 1
 
     monkeypatch.setattr(fork_snapshot, "load_snapshot", load)
     monkeypatch.setattr(fork_rows, "load_snapshot", load)  # a committed operation's projection
@@ -118,6 +120,8 @@ def test_prepare_and_commit_in_one_process_decode_no_snapshot_and_keep_messages_
     # empty payload are never read into Python.
     assert prepare["ids minted"] + commit["ids minted"] == 0
     assert prepare["messages read into python"] == 0
+    # Prepare digests the boundary once; the commit reads the fence's witness (one row) instead.
+    assert (prepare["history digests"], commit["history digests"]) == (1, 0)
     # The committed operation it returns is the projection a reader rebuilds from the snapshot.
     assert store.fork_queries.get_fork_operation(WS, committed.operation_id) == committed
     child = store.history.timeline(WS, committed.target_session_id, limit=turns)[0]
@@ -288,3 +292,22 @@ def test_a_polled_operation_parses_its_provider_turn_ids_once(
     )
     changed = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert changed.source_provider_turn_ids == ("changed",)
+
+
+def test_a_commit_whose_witness_counted_a_change_re_proves_the_digest(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change of the source's history behind the fence (here a later Turn's Message, outside
+    the boundary) is counted by the witness; the commit then recomputes prepare's digest — one
+    digest — and, the boundary being what prepare froze, commits."""
+    sid, _ = _source(store, 3)
+    first = store.history.timeline(WS, sid, limit=3)[0][0].turn_id
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, first, target=str(uuid.uuid4())))
+    store.db.connection().execute(
+        "UPDATE messages SET text = 'later' WHERE session_id = ? AND turn_id != ?", (sid, first)
+    )
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    with _counting(monkeypatch, store) as commit:
+        _, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+    assert changed and commit["history digests"] == 1
