@@ -26,7 +26,7 @@ from domain.errors import (
 )
 from domain.fork_states import ForkStatus
 from storage.fork_child import build_child
-from storage.fork_history import history_digest
+from storage.fork_history import history_digest, scan_history
 from storage.fork_identity import ForkReferenceError
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.history_links import visible_rows
@@ -1302,6 +1302,23 @@ def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store
 
     expected = hashlib.sha256("\n".join(line(*r) for r in rows).encode()).hexdigest()
     assert history_digest(store.db.connection(), WS, sid, 1) == (len(rows), expected)
+    # Through the last Turn the statement takes every Message of a Turn instead of looking each
+    # one's Turn up in the boundary's list: the same rows, the Session-level one still left out;
+    # prepare's pass (which also finds the non-empty payload) freezes the same digest.
+    every = (
+        store.db.connection()
+        .execute(
+            "SELECT position, version, turn_id, message_id, kind, text, payload_json FROM messages"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id IS NOT NULL ORDER BY position",
+            (WS, sid),
+        )
+        .fetchall()
+    )
+    whole = hashlib.sha256("\n".join(line(*r) for r in every).encode()).hexdigest()
+    assert history_digest(store.db.connection(), WS, sid, 2) == (len(every), whole)
+    scan = scan_history(store.db.connection(), WS, sid, 2)
+    assert (scan.count, scan.digest, scan.top) == (len(every), whole, every[-1][0])
+    assert [(p[1], p[2]) for p in scan.payloads] == [(r[0], {"k": 1}) for r in rows if r[6] != "{}"]
 
 
 def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store) -> None:
