@@ -23,6 +23,7 @@ from storage.fork_identity import (
     child_id,
     ordinal_id,
     ordinal_identity,
+    ordinal_ids,
     remap_references,
 )
 from storage.fork_memo import ForkMemo
@@ -124,6 +125,12 @@ def child_history(
     return built
 
 
+def remember_child_history(memo: ForkMemo, snapshot_hash: str, ids: IdentityMap) -> None:
+    """Prepare's identity map of a version 4 snapshot (`fork_history.history_section`: what
+    `child_history` of the frozen document computes), kept for its dry run and commit."""
+    memo.histories.put(snapshot_hash, ChildHistory(ids=ids, message_rows=()), 0)
+
+
 def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:
     """A version 1–3 snapshot's child history: every id minted by rule v1, every Message row
     built in Python."""
@@ -214,6 +221,8 @@ def build_child(
     message_ids = ids.messages
     history = snapshot.get("history")
     prefixes = None if history is None else prefixes_of(snapshot)
+    # Version 4: each final Message's child id from its frozen position (the prefix split once).
+    final_message_id = None if prefixes is None else ordinal_ids(prefixes.message)
     for turn in snapshot["turns"]:
         source_turn_id = turn["turn_id"]
         new_turn_id = ids.turns[source_turn_id]
@@ -229,10 +238,10 @@ def build_child(
             # provider_owned remaps identities; an unbound Turn is honestly not forkable.
             root_id, binding_json = None, None
         final_id = turn["final_assistant_message_id"]
-        if final_id is not None and prefixes is not None:
+        if final_id is not None and final_message_id is not None:
             # Version 4: prepare froze the position of a final Message inside the boundary.
             position = turn.get("final_assistant_position")
-            final_id = None if position is None else ordinal_id(prefixes.message, int(position))
+            final_id = None if position is None else final_message_id(int(position))
             if final_id is None:
                 raise ForkReferenceError(
                     ForkReferenceReason.DANGLING_REFERENCE,

@@ -29,6 +29,7 @@ import apsw
 from domain.errors import ForkBoundaryError, ForkBoundaryReason, ForkSnapshotCorrupt
 from storage.fork_identity import (
     REFERENCE_KEYS,
+    IdentityMap,
     OrdinalPrefixes,
     ordinal_id,
     ordinal_identity,
@@ -331,13 +332,15 @@ def history_section(
     *,
     turns: list[dict[str, Any]],
     prefixes: OrdinalPrefixes,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], IdentityMap]:
     """The snapshot's `history` (version 4): the boundary's sequence, Message count and digest;
     each payload holding an allowlisted reference rewritten (`[position, JSON text]`, written
     over the copied row by the commit); and the child id of every Message a reference names
     (`message_ids`, what the commit's Interactions are rewritten with). Every non-empty payload
     and every Interaction passes the allowlist here (law 5: refused at prepare, before any
-    dispatch), exactly as a version 3 prepare's dry run refused it."""
+    dispatch), exactly as a version 3 prepare's dry run refused it. With it, the identity map
+    the commit builds the child with (`fork_child.child_history` of the frozen document: the
+    same prefixes, Turns and `message_ids`), so prepare maps the boundary once."""
     found = BoundaryMessageIds(conn, ws, sid, scan.through, prefixes.message)
     ids = ordinal_identity(prefixes, turns, found)
     rewritten: list[list[Any]] = []
@@ -358,7 +361,7 @@ def history_section(
         "through_position": scan.top,
         "rewritten": rewritten,
         "message_ids": dict(found.found),
-    }
+    }, IdentityMap(turns=ids.turns, messages=dict(found.found), interactions=ids.interactions)
 
 
 def fence_history(conn: apsw.Connection, ws: str, sid: str, op_seq: int) -> None:

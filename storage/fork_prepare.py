@@ -22,7 +22,7 @@ from domain.errors import (
 )
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
-from storage.fork_child import build_child
+from storage.fork_child import build_child, remember_child_history
 from storage.fork_history import fence_history, history_section
 from storage.fork_identity import OrdinalPrefixes
 from storage.fork_memo import ForkMemo
@@ -211,7 +211,7 @@ class ForkPrepare:
                 # only the snapshot).
                 runtime_identity = {**runtime_identity, "cwd": str(plan["childCwd"])}
             assert boundary.history is not None
-            history = history_section(
+            history, identity = history_section(
                 tx.conn,
                 ws,
                 req.source_session_id,
@@ -233,6 +233,7 @@ class ForkPrepare:
                 memo=self.fork_memo,
                 history=history,
             )
+            remember_child_history(self.fork_memo, snapshot_hash, identity)
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
             build_child(
                 snapshot,

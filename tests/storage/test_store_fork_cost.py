@@ -22,6 +22,7 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 import storage.fork_boundary as fork_boundary
+import storage.fork_child as fork_child
 import storage.fork_history as fork_history
 import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_snapshot
@@ -311,3 +312,40 @@ def test_a_commit_whose_witness_counted_a_change_re_proves_the_digest(
     with _counting(monkeypatch, store) as commit:
         _, changed = store.fork_commit.commit_fork(WS, op.operation_id)
     assert changed and commit["history digests"] == 1
+
+
+def test_prepare_maps_the_boundary_once_and_the_commit_builds_the_child_with_that_map(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepare's history section maps the boundary's Turns and Interactions (rule v2) and keeps
+    the map for its dry run and the commit: one map per fork, and it is the one the frozen
+    document gives (what a fresh process's commit computes)."""
+    calls: Counter[str] = Counter()
+    real = fork_history.ordinal_identity
+
+    def mapped(*args: Any) -> Any:
+        calls["maps"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(fork_history, "ordinal_identity", mapped)
+    monkeypatch.setattr(fork_child, "ordinal_identity", mapped)
+    sid, last = _source(store, 4)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    assert calls["maps"] == 1
+    raw = (
+        store.db.connection()
+        .execute(
+            "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+            " WHERE o.operation_id = ?",
+            (op.operation_id,),
+        )
+        .fetchone()[0]
+    )
+    document = fork_snapshot.decode_frozen(raw)
+    kept = store.db.fork_memo.histories.get(op.snapshot_hash)
+    assert kept is not None
+    assert kept == fork_child.child_history(document)  # no memo: mapped from the document
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    store.fork_commit.commit_fork(WS, op.operation_id)
+    assert calls["maps"] == 2  # the check above, not the commit
