@@ -110,7 +110,17 @@ def _digest_statement(
     return sql, (ws, sid, through) if later else (ws, sid)
 
 
-# The Messages prepare must look at, by the positions the scan found (integers SQLite printed).
+# The Messages prepare must look at: a descendant lane, or a payload other than the empty map —
+# read in one walk of the boundary when they are many...
+_SPECIAL_SCAN_SQL = (
+    "SELECT m.message_id, m.position, m.kind, m.payload_json"
+    + _BOUNDARY
+    + f" AND (m.payload_json != '{{}}' OR m.kind = '{DESCENDANT_LANE_KIND}') ORDER BY m.position"
+)
+# ... and, when they are few (the usual history: nearly every payload empty), by the positions
+# the digest's pass found (integers SQLite printed), one key lookup each.
+_FEW_SPECIAL = 8
+"""At most one Message in this many looked up by position; more, and one walk reads them."""
 _SPECIAL_SQL = (
     "SELECT message_id, position, kind, payload_json FROM messages WHERE session_key = (SELECT"
     " session_key FROM session_keys WHERE workspace_id = ? AND session_id = ?)"
@@ -181,7 +191,13 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
     if history_link(conn, ws, sid) is None:
         # One pass: the digest, and where the Messages to look at are.
         count, digest, top, special = _digest_pass(conn, ws, sid, through, scan=True)
-        rows = _rows_at(conn, ws, sid, special)
+        if len(special) * _FEW_SPECIAL <= count:
+            rows = _rows_at(conn, ws, sid, special)
+        else:
+            rows = [
+                (str(r[0]), int(r[1]), str(r[2]), str(r[3]))
+                for r in conn.execute(_SPECIAL_SCAN_SQL, (ws, sid, through))
+            ]
     else:
         count, digest, top = boundary_proof(conn, ws, sid, through)
         rows = _special_rows(conn, ws, sid, through)

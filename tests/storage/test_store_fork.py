@@ -1321,6 +1321,36 @@ def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store
     assert [(p[1], p[2]) for p in scan.payloads] == [(r[0], {"k": 1}) for r in rows if r[6] != "{}"]
 
 
+@pytest.mark.parametrize("plain_turns", [1, 12])
+def test_prepare_reads_the_messages_it_must_look_at_whether_few_or_many(
+    store: Store, plain_turns: int
+) -> None:
+    """Prepare's pass finds the lanes and non-empty payloads; few are read by position, many by
+    one walk of the boundary: either way every one of them, in position order, and no other."""
+    sid = new_session(store)
+    for i in range(plain_turns):
+        settled_turn(store, sid, text=f"plain {i}")
+    settled_turn(store, sid, text="a", extra=[("tool_call", "t", {"n": 1}), ("note", "x", {})])
+    last = settled_turn(store, sid, text="b", extra=[("tool_call", "u", {"n": 2})]).turn_id
+    conn = store.db.connection()
+    expected = [
+        (str(r[0]), int(r[1]))
+        for r in conn.execute(
+            "SELECT message_id, position FROM messages WHERE workspace_id = ? AND session_id = ?"
+            " AND payload_json != '{}' ORDER BY position",
+            (WS, sid),
+        )
+    ]
+    through = conn.execute(
+        "SELECT sequence FROM turns WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+        (WS, sid, last),
+    ).fetchone()[0]
+    scan = scan_history(conn, WS, sid, int(through))
+    assert [(p[0], p[1]) for p in scan.payloads] == expected
+    assert [p[2] for p in scan.payloads] == [{"n": 1}, {"n": 2}]
+    assert (scan.count, scan.digest) == history_digest(conn, WS, sid, int(through))
+
+
 def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store) -> None:
     """Rule v2 ids end in the ordinal; their first 8 hex digits (the short id the CLI and the
     GUI show, and the start of the unique prefix the CLI accepts) are scrambled by it, so two
