@@ -1,7 +1,8 @@
 """Law 2: the commit — child Session, cloned history and lineage written from the frozen
 snapshot, with `committed`, in one transaction; the source identity re-proved first. A version
 4 child reads its Messages from the source's boundary through a history link, written once
-their frozen count and digest are re-proved (storage/fork_history.py)."""
+the boundary is proved what prepare froze — by the fence's witness, else by re-proving the
+frozen count and digest (storage/fork_history.py)."""
 
 from __future__ import annotations
 

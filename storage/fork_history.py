@@ -5,10 +5,12 @@ all of them are plain: an empty payload, nothing to check, nothing to rewrite. P
 reads them into Python: it checks the boundary with one query that returns only the Messages a
 check or a rewrite concerns (a descendant lane, a non-empty payload), and freezes the rest as
 their count and a SHA-256 computed over their columns as SQLite concatenates them
-(`history_digest`). The commit recomputes that digest in its own transaction — any Message
-added, removed or changed in the boundary since prepare (which the source fence forbids every
-store path to do) fails the commit closed, `ForkSnapshotCorrupt`, exactly like a snapshot that
-no longer matches its hash — and then links the child to the boundary (storage/history_links.py):
+(`history_digest`), and writes the fence's witness (schema v13: a row in which SQLite counts
+every change of the source's history). The commit reads the witness; when it counted a change
+(or cannot vouch) the commit recomputes that digest in its own transaction — any Message added,
+removed or changed in the boundary since prepare (which the source fence forbids every store
+path to do) fails the commit closed, `ForkSnapshotCorrupt`, exactly like a snapshot that no
+longer matches its hash — and then links the child to the boundary (storage/history_links.py):
 one row, the child reads the source's Messages with the ids identity rule v2 derives from each
 row's position (storage/fork_identity.py), so nothing is copied. The few payloads that hold
 allowlisted references are rewritten at prepare and frozen in the snapshot; the commit writes
