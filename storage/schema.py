@@ -421,7 +421,8 @@ BEGIN SELECT RAISE(ABORT, 'a Message a fork child links to is kept'); END;
 # commit reads the one row: 0 proves the source's boundary is what prepare digested without
 # re-reading it. The row goes when its operation leaves the active states (committed, failed,
 # unknown, abandoned). Every other Session's write pays one probe of this (nearly empty) table.
-_FENCED_MESSAGES = "EXISTS (SELECT 1 FROM history_fences WHERE session_key IN ({keys}))"
+# A probe by `=` (one key each): an `IN (…)` list costs the insert of every Message ~1 µs more.
+_FENCED_MESSAGES = "EXISTS (SELECT 1 FROM history_fences WHERE session_key = {key})"
 _FENCED_TURN = (
     "EXISTS (SELECT 1 FROM session_keys k JOIN history_fences f ON f.session_key = k.session_key"
     " WHERE k.workspace_id = {row}.workspace_id AND k.session_id = {row}.session_id)"
@@ -437,14 +438,15 @@ CREATE TABLE history_fences (
     changes      INTEGER NOT NULL DEFAULT 0
 );
 CREATE TRIGGER messages_fenced_insert AFTER INSERT ON messages
-WHEN {_FENCED_MESSAGES.format(keys="NEW.session_key")}
+WHEN {_FENCED_MESSAGES.format(key="NEW.session_key")}
 BEGIN UPDATE history_fences SET changes = changes + 1 WHERE session_key = NEW.session_key; END;
 CREATE TRIGGER messages_fenced_update AFTER UPDATE ON messages
-WHEN {_FENCED_MESSAGES.format(keys="OLD.session_key, NEW.session_key")}
+WHEN {_FENCED_MESSAGES.format(key="OLD.session_key")}
+OR {_FENCED_MESSAGES.format(key="NEW.session_key")}
 BEGIN UPDATE history_fences SET changes = changes + 1
-WHERE session_key IN (OLD.session_key, NEW.session_key); END;
+WHERE session_key = OLD.session_key OR session_key = NEW.session_key; END;
 CREATE TRIGGER messages_fenced_delete AFTER DELETE ON messages
-WHEN {_FENCED_MESSAGES.format(keys="OLD.session_key")}
+WHEN {_FENCED_MESSAGES.format(key="OLD.session_key")}
 BEGIN UPDATE history_fences SET changes = changes + 1 WHERE session_key = OLD.session_key; END;
 CREATE TRIGGER turns_fenced_update AFTER UPDATE OF workspace_id, session_id, turn_id, sequence
 ON turns WHEN {_FENCED_TURN.format(row="OLD")} OR {_FENCED_TURN.format(row="NEW")}
