@@ -23,6 +23,7 @@ from storage.fork_identity import (
     child_id,
     ordinal_id,
     ordinal_identity,
+    ordinal_ids,
     remap_references,
 )
 from storage.fork_memo import ForkMemo
@@ -68,6 +69,9 @@ class HistoryCopy:
     digest: str
     prefixes: OrdinalPrefixes
     rewritten: tuple[tuple[int, str], ...]
+    through_position: int | None = None
+    """The boundary's highest position as prepare found it (None in a snapshot frozen before
+    it was recorded): the link's bound when the fence's witness proves the boundary unchanged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +123,12 @@ def child_history(
     if snapshot_hash is not None and memo is not None and not last_use:
         memo.histories.put(snapshot_hash, built, len(built.message_rows))
     return built
+
+
+def remember_child_history(memo: ForkMemo, snapshot_hash: str, ids: IdentityMap) -> None:
+    """Prepare's identity map of a version 4 snapshot (`fork_history.history_section`: what
+    `child_history` of the frozen document computes), kept for its dry run and commit."""
+    memo.histories.put(snapshot_hash, ChildHistory(ids=ids, message_rows=()), 0)
 
 
 def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:
@@ -211,6 +221,8 @@ def build_child(
     message_ids = ids.messages
     history = snapshot.get("history")
     prefixes = None if history is None else prefixes_of(snapshot)
+    # Version 4: each final Message's child id from its frozen position (the prefix split once).
+    final_message_id = None if prefixes is None else ordinal_ids(prefixes.message)
     for turn in snapshot["turns"]:
         source_turn_id = turn["turn_id"]
         new_turn_id = ids.turns[source_turn_id]
@@ -226,10 +238,10 @@ def build_child(
             # provider_owned remaps identities; an unbound Turn is honestly not forkable.
             root_id, binding_json = None, None
         final_id = turn["final_assistant_message_id"]
-        if final_id is not None and prefixes is not None:
+        if final_id is not None and final_message_id is not None:
             # Version 4: prepare froze the position of a final Message inside the boundary.
             position = turn.get("final_assistant_position")
-            final_id = None if position is None else ordinal_id(prefixes.message, int(position))
+            final_id = None if position is None else final_message_id(int(position))
             if final_id is None:
                 raise ForkReferenceError(
                     ForkReferenceReason.DANGLING_REFERENCE,
@@ -296,6 +308,7 @@ def build_child(
             digest=str(history["digest"]),
             prefixes=prefixes,
             rewritten=tuple((int(p), str(text)) for p, text in history["rewritten"]),
+            through_position=_optional_int(history.get("through_position")),
         )
     return ChildPlan(
         session=session,
@@ -307,6 +320,10 @@ def build_child(
         committed_at_ms=committed_at_ms,
         copy=copy,
     )
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def _remapped_json(value: Any, ids: IdentityMap, *, where: str) -> str:

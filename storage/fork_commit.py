@@ -1,7 +1,8 @@
 """Law 2: the commit — child Session, cloned history and lineage written from the frozen
 snapshot, with `committed`, in one transaction; the source identity re-proved first. A version
 4 child reads its Messages from the source's boundary through a history link, written once
-their frozen count and digest are re-proved (storage/fork_history.py)."""
+the boundary is proved what prepare froze — by the fence's witness, else by re-proving the
+frozen count and digest (storage/fork_history.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from domain.fork_states import ForkStatus
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, HistoryCopy, build_child
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_history import boundary_proof, link_messages
+from storage.fork_history import boundary_proof, fenced_history_unchanged, link_messages
 from storage.fork_memo import ForkMemo
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
@@ -99,7 +100,7 @@ class ForkCommit:
         )
         top = 0
         if plan.copy is not None:
-            top = _check_source_history(tx, ws, plan.copy)
+            top = _check_source_history(tx, ws, int(r[28]), plan.copy)
         self._insert_child(tx, plan, top)
         tx.execute(
             "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
@@ -233,12 +234,22 @@ class ForkCommit:
         # 1,000 `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
 
 
-def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy) -> int:
+def _check_source_history(tx: Tx, ws: str, op_seq: int, copy: HistoryCopy) -> int:
     """A version 4 child reads the source's boundary: it must still be, row for row, what
     prepare digested (the fence keeps every store path off it; anything else fails closed, the
     operation stays `provider_accepted`, as for a snapshot that no longer matches its hash).
-    Returns the boundary's highest position (the link's bound)."""
-    count, digest, top = boundary_proof(tx.conn, ws, copy.source_session_id, copy.through)
+    Returns the boundary's highest position (the link's bound).
+
+    The fence's witness (schema v13) decides it from one row when it can: a source that is no
+    linked child, whose witness counted no change of its Messages or Turns since prepare, holds
+    the very rows prepare digested, so the frozen highest position is the bound. Otherwise — a
+    change counted (by a store path or raw SQL), an operation prepared before the witness, a
+    source that reads rows through a link of its own — the digest is recomputed and compared
+    as before."""
+    source = copy.source_session_id
+    if copy.through_position is not None and fenced_history_unchanged(tx.conn, ws, source, op_seq):
+        return copy.through_position
+    count, digest, top = boundary_proof(tx.conn, ws, source, copy.through)
     if (count, digest) != (copy.count, copy.digest):
         raise ForkSnapshotCorrupt(
             "the source's history through the fork Turn changed since prepare"

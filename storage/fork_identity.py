@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -107,6 +107,12 @@ def ordinal_id(prefix: str, ordinal: int) -> str:
 def _ordinal_id(seed: int, rest: str, ordinal: int) -> str:
     head = (seed + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32
     return f"{head:08x}{rest}{ordinal & _ORDINAL_MASK:012x}"
+
+
+def ordinal_ids(prefix: str) -> Callable[[int], str]:
+    """`ordinal_id` of one prefix, the prefix split once: for a loop over many ordinals."""
+    seed, rest = ordinal_seed(prefix), prefix[8:]
+    return lambda ordinal: _ordinal_id(seed, rest, ordinal)
 
 
 def ordinal_id_sql(seed_param: str, rest_param: str, ordinal_column: str) -> str:

@@ -22,8 +22,8 @@ from domain.errors import (
 )
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
-from storage.fork_child import build_child
-from storage.fork_history import history_section
+from storage.fork_child import build_child, remember_child_history
+from storage.fork_history import fence_history, history_section
 from storage.fork_identity import OrdinalPrefixes
 from storage.fork_memo import ForkMemo
 from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
@@ -211,7 +211,7 @@ class ForkPrepare:
                 # only the snapshot).
                 runtime_identity = {**runtime_identity, "cwd": str(plan["childCwd"])}
             assert boundary.history is not None
-            history = history_section(
+            history, identity = history_section(
                 tx.conn,
                 ws,
                 req.source_session_id,
@@ -233,6 +233,7 @@ class ForkPrepare:
                 memo=self.fork_memo,
                 history=history,
             )
+            remember_child_history(self.fork_memo, snapshot_hash, identity)
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
             build_child(
                 snapshot,
@@ -277,10 +278,14 @@ class ForkPrepare:
             )
             # The frozen bytes in their own row (schema v5): written once here, only read
             # after, so no status UPDATE of the operation row rewrites them.
+            op_seq = tx.conn.last_insert_rowid()
             tx.execute(
                 "INSERT INTO fork_snapshots (op_seq, snapshot_json) VALUES (?, ?)",
-                (tx.conn.last_insert_rowid(), stored),
+                (op_seq, stored),
             )
+            # The witness (schema v13): from here SQLite counts any change of the source's
+            # history, so the commit proves the boundary unchanged from one row.
+            fence_history(tx.conn, ws, req.source_session_id, op_seq)
             tx.execute(
                 "INSERT INTO session_reservations (workspace_id, session_id, operation_id)"
                 " VALUES (?, ?, ?)",

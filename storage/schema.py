@@ -6,7 +6,9 @@ index, v4 `abandoned` and `fork_resolutions`, v5 moves the frozen snapshot to a 
 v6 an index of unbound Turns, v7 keys `messages` by an integer per Session, v8 indexes the
 fork tree by source, v9 adds each Turn's workspace checkpoint record, v10 a fork's workspace,
 v11 indexes what every start reads (the active Turns, the deleted Sessions), v12 the history
-link of a fork child that reads its cloned Messages from its source's rows.
+link of a fork child that reads its cloned Messages from its source's rows, v13 the fence's
+witness: a fenced source's history rows counted as SQLite changes them, so the commit proves
+the boundary unchanged without re-reading it.
 """
 
 from __future__ import annotations
@@ -410,6 +412,52 @@ CREATE TRIGGER messages_linked_kept BEFORE DELETE ON messages WHEN {_LINKED}
 BEGIN SELECT RAISE(ABORT, 'a Message a fork child links to is kept'); END;
 """
 
+
+# v13: the fence's witness (docs/design/store.md, "The fence's witness"). Prepare writes one row
+# per fenced source (its Session key, the operation, `changes` 0) in its transaction; from then
+# on every insert, update or delete of one of that Session's Messages, and every change of one of
+# its Turns' identity (id, Session, sequence: which Messages a boundary holds) or removal, adds 1
+# to `changes` — whatever the writer, a store path or raw SQL behind the daemon's back. The
+# commit reads the one row: 0 proves the source's boundary is what prepare digested without
+# re-reading it. The row goes when its operation leaves the active states (committed, failed,
+# unknown, abandoned). Every other Session's write pays one probe of this (nearly empty) table.
+# A probe by `=` (one key each): an `IN (…)` list costs the insert of every Message ~1 µs more.
+_FENCED_MESSAGES = "EXISTS (SELECT 1 FROM history_fences WHERE session_key = {key})"
+_FENCED_TURN = (
+    "EXISTS (SELECT 1 FROM session_keys k JOIN history_fences f ON f.session_key = k.session_key"
+    " WHERE k.workspace_id = {row}.workspace_id AND k.session_id = {row}.session_id)"
+)
+_COUNT_TURN = (
+    "UPDATE history_fences SET changes = changes + 1 WHERE session_key IN (SELECT session_key"
+    " FROM session_keys WHERE workspace_id = {row}.workspace_id AND session_id = {row}.session_id)"
+)
+_V13 = f"""
+CREATE TABLE history_fences (
+    session_key  INTEGER PRIMARY KEY,
+    op_seq       INTEGER NOT NULL,
+    changes      INTEGER NOT NULL DEFAULT 0
+);
+CREATE TRIGGER messages_fenced_insert AFTER INSERT ON messages
+WHEN {_FENCED_MESSAGES.format(key="NEW.session_key")}
+BEGIN UPDATE history_fences SET changes = changes + 1 WHERE session_key = NEW.session_key; END;
+CREATE TRIGGER messages_fenced_update AFTER UPDATE ON messages
+WHEN {_FENCED_MESSAGES.format(key="OLD.session_key")}
+OR {_FENCED_MESSAGES.format(key="NEW.session_key")}
+BEGIN UPDATE history_fences SET changes = changes + 1
+WHERE session_key = OLD.session_key OR session_key = NEW.session_key; END;
+CREATE TRIGGER messages_fenced_delete AFTER DELETE ON messages
+WHEN {_FENCED_MESSAGES.format(key="OLD.session_key")}
+BEGIN UPDATE history_fences SET changes = changes + 1 WHERE session_key = OLD.session_key; END;
+CREATE TRIGGER turns_fenced_update AFTER UPDATE OF workspace_id, session_id, turn_id, sequence
+ON turns WHEN {_FENCED_TURN.format(row="OLD")} OR {_FENCED_TURN.format(row="NEW")}
+BEGIN {_COUNT_TURN.format(row="OLD")}; {_COUNT_TURN.format(row="NEW")}; END;
+CREATE TRIGGER turns_fenced_delete AFTER DELETE ON turns WHEN {_FENCED_TURN.format(row="OLD")}
+BEGIN {_COUNT_TURN.format(row="OLD")}; END;
+CREATE TRIGGER history_fences_released AFTER UPDATE OF status ON fork_operations
+WHEN NEW.status NOT IN ('prepared', 'dispatching', 'provider_accepted')
+BEGIN DELETE FROM history_fences WHERE op_seq = NEW.op_seq; END;
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -423,6 +471,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v10,
     _V11,
     _V12,
+    _V13,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

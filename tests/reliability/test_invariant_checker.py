@@ -415,3 +415,39 @@ def test_a_link_to_a_session_with_fewer_rows_is_reported(base: Base, tmp_path: P
         "UPDATE history_links SET through_position = through_position - 1",
     )
     assert Law.HISTORY_LINK_INTACT in laws(home)
+
+
+def test_an_active_operation_without_its_witness_is_reported(base: Base, tmp_path: Path) -> None:
+    """The `unknown` operation made active again (its witness went with `unknown`): an active
+    operation prepared with the fence's witness, and no witness row counting for it."""
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET status = 'provider_accepted' WHERE status = 'unknown'",
+    )
+    assert Law.FENCE_WITNESS in laws(home)
+
+
+def test_a_boundary_changed_behind_a_silent_witness_is_reported(base: Base, tmp_path: Path) -> None:
+    """The witness's trigger dropped, the active operation's boundary changed: its witness
+    counted nothing, so a commit would link a boundary prepare never digested."""
+    accepted = "(SELECT {} FROM fork_operations WHERE status = 'provider_accepted')"
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET status = 'provider_accepted' WHERE status = 'unknown';"
+        "INSERT INTO history_fences (session_key, op_seq, changes)"
+        " SELECT k.session_key, o.op_seq, 0 FROM fork_operations o JOIN session_keys k"
+        " ON k.workspace_id = o.workspace_id AND k.session_id = o.source_session_id"
+        " WHERE o.status = 'provider_accepted';"
+        "DROP TRIGGER messages_fenced_update;"
+        # The second Turn's Messages: the committed child links only the first Turn's.
+        "UPDATE messages SET text = text || ' (tampered)' WHERE session_id = "
+        + accepted.format("source_session_id")
+        + " AND turn_id = "
+        + accepted.format("source_turn_id"),
+    )
+    report = check_invariants(home)
+    found = {v.law for v in report.violations}
+    assert Law.FENCE_WITNESS in found, report.violations
+    assert any("counted no change" in v.detail for v in report.violations), report.violations

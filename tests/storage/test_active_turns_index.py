@@ -63,7 +63,18 @@ def test_a_store_of_the_previous_version_gains_the_index_with_its_active_turns(
     conn = open_connection(str(path))
     conn.execute("DROP INDEX turns_active")
     conn.execute("DROP INDEX sessions_deleted")
-    # v12 (the history link) came after the index: a v10 store has neither.
+    # v12 (the history link) and v13 (the fence's witness) came after the index: a v10 store
+    # has none of them.
+    for trigger in (
+        "messages_fenced_insert",
+        "messages_fenced_update",
+        "messages_fenced_delete",
+        "turns_fenced_update",
+        "turns_fenced_delete",
+        "history_fences_released",
+    ):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP TABLE history_fences")
     conn.execute("DROP TRIGGER messages_linked_frozen")
     conn.execute("DROP TRIGGER messages_linked_kept")
     conn.execute("DROP TABLE history_links")

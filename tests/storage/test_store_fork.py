@@ -26,7 +26,7 @@ from domain.errors import (
 )
 from domain.fork_states import ForkStatus
 from storage.fork_child import build_child
-from storage.fork_history import history_digest
+from storage.fork_history import history_digest, scan_history
 from storage.fork_identity import ForkReferenceError
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.history_links import visible_rows
@@ -778,6 +778,126 @@ def test_commit_refuses_a_source_history_drifted_behind_the_fence(
         store.sessions.get_session(WS, op.target_session_id)
 
 
+def _witness(store: Store, sid: str) -> tuple[str, int] | None:
+    """(operation id, changes) of the fence's witness of Session `sid`, or None."""
+    row = (
+        store.db.connection()
+        .execute(
+            "SELECT o.operation_id, f.changes FROM history_fences f JOIN fork_operations o"
+            " USING (op_seq) WHERE f.session_key = (SELECT session_key FROM session_keys"
+            " WHERE workspace_id = ? AND session_id = ?)",
+            (WS, sid),
+        )
+        .fetchone()
+    )
+    return None if row is None else (str(row[0]), int(row[1]))
+
+
+# Raw SQL behind the daemon's back on the boundary (the source's first Turn, `?2`) of a fork
+# through it: every kind of change the witness (schema v13) must count.
+_RAW_BOUNDARY_WRITES = {
+    "text": "UPDATE messages SET text = 'drifted' WHERE session_id = ?1 AND turn_id = ?2",
+    "payload": "UPDATE messages SET payload_json = '{\"k\":1}' WHERE session_id = ?1"
+    " AND turn_id = ?2 AND kind = 'user'",
+    "removed": "DELETE FROM messages WHERE session_id = ?1 AND turn_id = ?2 AND kind = 'user'",
+    "added": "INSERT INTO messages (workspace_id, session_id, message_id, turn_id, kind, text,"
+    " payload_json, version, position, created_at_ms, session_key) SELECT workspace_id,"
+    " session_id, 'raw-' || message_id, turn_id, kind, text, payload_json, version,"
+    " (SELECT max(position) + 1 FROM messages WHERE session_id = ?1), created_at_ms, session_key"
+    " FROM messages WHERE session_id = ?1 AND turn_id = ?2 AND kind = 'user'",
+    "turn renumbered": "UPDATE turns SET sequence = 99 WHERE session_id = ?1 AND turn_id = ?2",
+}
+
+
+@pytest.mark.parametrize("write", sorted(_RAW_BOUNDARY_WRITES))
+def test_the_fence_witness_catches_a_raw_write_behind_the_daemons_back(
+    store: Store, source: tuple[str, list[str]], write: str
+) -> None:
+    """The commit trusts the witness's one row instead of re-reading the boundary; raw SQL on
+    the fenced source — whatever it changes — is counted by SQLite's triggers, so the commit
+    falls back to the digest and fails closed: no child, still provider_accepted (law 2)."""
+    sid, turns = source
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    seq = _witness(store, sid)
+    assert seq is not None and seq[1] == 0
+    store.db.connection().execute(_RAW_BOUNDARY_WRITES[write], (sid, turns[0]))
+    witness = _witness(store, sid)
+    assert witness is not None and witness[0] == seq[0] and witness[1] > 0
+    with pytest.raises(ForkSnapshotCorrupt, match="changed since prepare"):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    after = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert after.status == ForkStatus.PROVIDER_ACCEPTED
+    assert _witness(store, sid) == witness  # the failed commit rolled back, the count stays
+    with pytest.raises(SessionNotFound):
+        store.sessions.get_session(WS, op.target_session_id)
+
+
+def test_a_change_the_witness_counts_outside_the_boundary_is_re_proved_and_commits(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """The witness counts every change of the source's history, the boundary's or not; a
+    counted change is re-proved with prepare's digest, which a later Turn's Message, or a change
+    undone, leaves as it was: the fork commits the boundary prepare froze."""
+    sid, turns = source
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    conn = store.db.connection()
+    conn.execute(
+        "UPDATE messages SET text = 'later' WHERE session_id = ? AND turn_id = ?", (sid, turns[2])
+    )
+    conn.execute(
+        "UPDATE messages SET text = text || '!' WHERE session_id = ? AND turn_id = ?",
+        (sid, turns[0]),
+    )
+    conn.execute(
+        "UPDATE messages SET text = substr(text, 1, length(text) - 1)"
+        " WHERE session_id = ? AND turn_id = ?",
+        (sid, turns[0]),
+    )
+    witness = _witness(store, sid)
+    assert witness is not None and witness[1] > 0
+    committed = run_to_commit(store, op)
+    assert committed.status == ForkStatus.COMMITTED
+    raw = conn.execute(
+        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+        " WHERE o.operation_id = ?",
+        (op.operation_id,),
+    ).fetchone()
+    snapshot = decode_frozen(raw[0])
+    row = {
+        "operation_id": op.operation_id,
+        "source_session_id": sid,
+        "target_session_id": op.target_session_id,
+    }
+    assert history_copy_problem(conn, WS, row, snapshot) is None
+    assert len(store.history.timeline(WS, op.target_session_id)[0]) == 1
+
+
+def test_the_witness_is_held_while_the_operation_is_active_and_goes_with_it(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    failed, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    assert _witness(store, sid) == (failed.operation_id, 0)
+    store.fork_transitions.mark_fork_dispatching(WS, failed.operation_id)
+    assert _witness(store, sid) == (failed.operation_id, 0)  # a status change is no history change
+    store.fork_transitions.mark_fork_failed(WS, failed.operation_id, "boom")
+    assert _witness(store, sid) is None
+    unknown, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
+    assert _witness(store, sid) == (unknown.operation_id, 0)
+    store.fork_transitions.mark_fork_dispatching(WS, unknown.operation_id)
+    store.fork_transitions.mark_fork_unknown(WS, unknown.operation_id, "lost")
+    assert _witness(store, sid) is None
+    # Unfenced again: the source's Turns write their Messages, and nothing counts them.
+    settled_turn(store, sid, text="after")
+    assert _witness(store, sid) is None
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[2]))
+    assert _witness(store, sid) == (op.operation_id, 0)
+    run_to_commit(store, op)
+    assert _witness(store, sid) is None
+
+
 # -- references ----------------------------------------------------------------------------------
 
 
@@ -1182,6 +1302,53 @@ def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store
 
     expected = hashlib.sha256("\n".join(line(*r) for r in rows).encode()).hexdigest()
     assert history_digest(store.db.connection(), WS, sid, 1) == (len(rows), expected)
+    # Through the last Turn the statement takes every Message of a Turn instead of looking each
+    # one's Turn up in the boundary's list: the same rows, the Session-level one still left out;
+    # prepare's pass (which also finds the non-empty payload) freezes the same digest.
+    every = (
+        store.db.connection()
+        .execute(
+            "SELECT position, version, turn_id, message_id, kind, text, payload_json FROM messages"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id IS NOT NULL ORDER BY position",
+            (WS, sid),
+        )
+        .fetchall()
+    )
+    whole = hashlib.sha256("\n".join(line(*r) for r in every).encode()).hexdigest()
+    assert history_digest(store.db.connection(), WS, sid, 2) == (len(every), whole)
+    scan = scan_history(store.db.connection(), WS, sid, 2)
+    assert (scan.count, scan.digest, scan.top) == (len(every), whole, every[-1][0])
+    assert [(p[1], p[2]) for p in scan.payloads] == [(r[0], {"k": 1}) for r in rows if r[6] != "{}"]
+
+
+@pytest.mark.parametrize("plain_turns", [1, 12])
+def test_prepare_reads_the_messages_it_must_look_at_whether_few_or_many(
+    store: Store, plain_turns: int
+) -> None:
+    """Prepare's pass finds the lanes and non-empty payloads; few are read by position, many by
+    one walk of the boundary: either way every one of them, in position order, and no other."""
+    sid = new_session(store)
+    for i in range(plain_turns):
+        settled_turn(store, sid, text=f"plain {i}")
+    settled_turn(store, sid, text="a", extra=[("tool_call", "t", {"n": 1}), ("note", "x", {})])
+    last = settled_turn(store, sid, text="b", extra=[("tool_call", "u", {"n": 2})]).turn_id
+    conn = store.db.connection()
+    expected = [
+        (str(r[0]), int(r[1]))
+        for r in conn.execute(
+            "SELECT message_id, position FROM messages WHERE workspace_id = ? AND session_id = ?"
+            " AND payload_json != '{}' ORDER BY position",
+            (WS, sid),
+        )
+    ]
+    through = conn.execute(
+        "SELECT sequence FROM turns WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+        (WS, sid, last),
+    ).fetchone()[0]
+    scan = scan_history(conn, WS, sid, int(through))
+    assert [(p[0], p[1]) for p in scan.payloads] == expected
+    assert [p[2] for p in scan.payloads] == [{"n": 1}, {"n": 2}]
+    assert (scan.count, scan.digest) == history_digest(conn, WS, sid, int(through))
 
 
 def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store) -> None:

@@ -22,6 +22,7 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 import storage.fork_boundary as fork_boundary
+import storage.fork_child as fork_child
 import storage.fork_history as fork_history
 import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_snapshot
@@ -72,6 +73,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
                 counts["message inserts"] += 1
             if sql.startswith("INSERT INTO history_links"):
                 counts["history links"] += 1
+            if "group_concat(" in str(event["sql"]):
+                counts["history digests"] += 1
 
     monkeypatch.setattr(fork_snapshot, "load_snapshot", load)
     monkeypatch.setattr(fork_rows, "load_snapshot", load)  # a committed operation's projection
@@ -118,6 +121,8 @@ def test_prepare_and_commit_in_one_process_decode_no_snapshot_and_keep_messages_
     # empty payload are never read into Python.
     assert prepare["ids minted"] + commit["ids minted"] == 0
     assert prepare["messages read into python"] == 0
+    # Prepare digests the boundary once; the commit reads the fence's witness (one row) instead.
+    assert (prepare["history digests"], commit["history digests"]) == (1, 0)
     # The committed operation it returns is the projection a reader rebuilds from the snapshot.
     assert store.fork_queries.get_fork_operation(WS, committed.operation_id) == committed
     child = store.history.timeline(WS, committed.target_session_id, limit=turns)[0]
@@ -288,3 +293,59 @@ def test_a_polled_operation_parses_its_provider_turn_ids_once(
     )
     changed = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert changed.source_provider_turn_ids == ("changed",)
+
+
+def test_a_commit_whose_witness_counted_a_change_re_proves_the_digest(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change of the source's history behind the fence (here a later Turn's Message, outside
+    the boundary) is counted by the witness; the commit then recomputes prepare's digest — one
+    digest — and, the boundary being what prepare froze, commits."""
+    sid, _ = _source(store, 3)
+    first = store.history.timeline(WS, sid, limit=3)[0][0].turn_id
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, first, target=str(uuid.uuid4())))
+    store.db.connection().execute(
+        "UPDATE messages SET text = 'later' WHERE session_id = ? AND turn_id != ?", (sid, first)
+    )
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    with _counting(monkeypatch, store) as commit:
+        _, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+    assert changed and commit["history digests"] == 1
+
+
+def test_prepare_maps_the_boundary_once_and_the_commit_builds_the_child_with_that_map(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prepare's history section maps the boundary's Turns and Interactions (rule v2) and keeps
+    the map for its dry run and the commit: one map per fork, and it is the one the frozen
+    document gives (what a fresh process's commit computes)."""
+    calls: Counter[str] = Counter()
+    real = fork_history.ordinal_identity
+
+    def mapped(*args: Any) -> Any:
+        calls["maps"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(fork_history, "ordinal_identity", mapped)
+    monkeypatch.setattr(fork_child, "ordinal_identity", mapped)
+    sid, last = _source(store, 4)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    assert calls["maps"] == 1
+    raw = (
+        store.db.connection()
+        .execute(
+            "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+            " WHERE o.operation_id = ?",
+            (op.operation_id,),
+        )
+        .fetchone()[0]
+    )
+    document = fork_snapshot.decode_frozen(raw)
+    kept = store.db.fork_memo.histories.get(op.snapshot_hash)
+    assert kept is not None
+    assert kept == fork_child.child_history(document)  # no memo: mapped from the document
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    store.fork_commit.commit_fork(WS, op.operation_id)
+    assert calls["maps"] == 2  # the check above, not the commit

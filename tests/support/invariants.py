@@ -64,6 +64,13 @@ class Law(StrEnum):
     """A child's history link points at a Session that is gone, at other bounds than its
     operation froze, or at rows that are missing or changed: the history the child shows,
     read back into the source's ids, is not the count and digest prepare froze (law 2)."""
+    FENCE_WITNESS = "fence_witness"
+    """The fence's witness (schema v13 `history_fences`) is wrong: a witness row names no active
+    operation of its Session (a released fence still counting, or one counting for another
+    operation), an active operation prepared with the witness (its snapshot records the
+    boundary's highest position) has none, or the witness counted no change of the source's
+    history while its boundary's count and digest are no longer what prepare froze — the commit
+    would link a changed boundary on the witness's word (law 2)."""
     ONE_PROVIDER_CHILD = "one_provider_child"
     """A source has more provider children than operations that may have dispatched (law 1)."""
     RESERVATION = "reservation"
@@ -117,6 +124,7 @@ STORE_LAWS = frozenset(
         Law.CHILD_IFF_COMMITTED,
         Law.CHILD_HISTORY_COPIED,
         Law.HISTORY_LINK_INTACT,
+        Law.FENCE_WITNESS,
         Law.RESERVATION,
         Law.FENCE,
         Law.FENCE_WINDOW,
@@ -570,6 +578,58 @@ def history_link_problem(
             f" ({history['count']} frozen): a linked row is missing or changed"
         )
     return None
+
+
+def _check_fence_witness(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
+    """The fence's witness: one row per fenced source for its active operation, and a witness
+    that counted nothing vouches only for a boundary that is still what prepare digested."""
+    if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'history_fences'").fetchone() is None:
+        return  # a store before schema v13
+    witnesses = _rows(
+        conn,
+        "SELECT f.op_seq, f.changes, k.workspace_id, k.session_id FROM history_fences f"
+        " LEFT JOIN session_keys k ON k.session_key = f.session_key",
+    )
+    by_seq = {int(o["op_seq"]): o for o in ops}
+    mine: dict[int, dict[str, Any]] = {}
+    for w in witnesses:
+        op = by_seq.get(int(w["op_seq"]))
+        if (
+            op is None
+            or op["status"] not in ACTIVE
+            or (op["workspace_id"], op["source_session_id"]) != (w["workspace_id"], w["session_id"])
+        ):
+            ctx.fail(
+                Law.FENCE_WITNESS,
+                f"the witness of session {w['session_id']} counts for operation seq"
+                f" {w['op_seq']}, no active operation of it",
+            )
+            continue
+        mine[int(w["op_seq"])] = w
+    for op in ops:
+        if op["status"] not in ACTIVE or op["snapshot_json"] is None:
+            continue
+        history = decode_frozen(op["snapshot_json"]).get("history")
+        if not isinstance(history, Mapping) or "through_position" not in history:
+            continue  # prepared before the witness: its commit re-proves the digest
+        name = f"operation {op['operation_id']} ({op['status']})"
+        witness = mine.get(int(op["op_seq"]))
+        if witness is None:
+            ctx.fail(
+                Law.FENCE_WITNESS, f"{name}: its source {op['source_session_id']} has no witness"
+            )
+            continue
+        if int(witness["changes"]) != 0:
+            continue  # the commit re-proves the digest
+        now = history_digest(
+            conn, op["workspace_id"], op["source_session_id"], int(history["through"])
+        )
+        if now != (history["count"], history["digest"]):
+            ctx.fail(
+                Law.FENCE_WITNESS,
+                f"{name}: the witness counted no change, yet the boundary holds {now[0]} Messages"
+                f" unlike the {history['count']} prepare digested",
+            )
 
 
 def _check_reservations(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
@@ -1129,6 +1189,7 @@ def check_invariants(
             )
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
+            _check_fence_witness(ctx, conn, ops)
             _check_fence_window(ctx, conn, ops)
         finally:
             conn.close()
