@@ -39,7 +39,9 @@ from storage.models import (
     ForkOperation,
     ForkPrepareRequest,
     Interaction,
+    LeftoverCommit,
     Message,
+    OperationKey,
     PlanWorkspace,
     ProviderForkEvidence,
     Session,
@@ -265,7 +267,7 @@ class ForkCommits(Protocol):
 class BatchedCommits(ForkCommits, Protocol):
     """`store.fork_commit`: recovery's batched commit."""
 
-    def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]: ...
+    def commit_fork_operations(self, ops: Sequence[OperationKey]) -> tuple[int, int]: ...
 
 
 class ForkWorktrees(Protocol):
@@ -280,7 +282,7 @@ class ForkWorktrees(Protocol):
 
 class LeftoverForks(Protocol):
     """`store.fork_recovery`: start-up leftovers' status changes all at once, and the
-    remaining (commits) a page at a time."""
+    remaining (commits) listed by their keys."""
 
     def recoverable_fork_operations(
         self, *, after: str | None = None, limit: int = 500
@@ -289,6 +291,8 @@ class LeftoverForks(Protocol):
     def settle_leftover_fork_statuses(
         self, *, prepared_error: str, dispatching_error: str
     ) -> tuple[int, int]: ...
+
+    def leftover_commits(self) -> list[LeftoverCommit]: ...
 
 
 class Resolutions(Protocol):
@@ -458,6 +462,9 @@ class StartupRecoveryStore(WorktreeStore, Protocol):
 
     @property
     def fork_recovery(self) -> LeftoverForks: ...
+
+    @property
+    def db(self) -> BackgroundWrites: ...
 
     @property
     def fork_commit(self) -> BatchedCommits: ...

@@ -65,6 +65,7 @@ def probe(path: str) -> dict[str, Any]:
     commits = store.db.write_stats.commits - commits
     deferred = getattr(report, "deferred", ())
     before_ready = dict(spent)  # the deferred commits below go through the same wrapper
+    deferred_commits = store.db.write_stats.commits
     c, t = time.process_time(), time.perf_counter()
     if deferred:
         after = recovery.DeferredCommits(store, deferred)
@@ -72,6 +73,7 @@ def probe(path: str) -> dict[str, Any]:
         after.wait()
         after.close()
     deferred_cpu, deferred_wall = time.process_time() - c, time.perf_counter() - t
+    deferred_commits = store.db.write_stats.commits - deferred_commits
     out = {
         "wallS": wall,
         "cpuS": cpu,
@@ -84,6 +86,7 @@ def probe(path: str) -> dict[str, Any]:
         "deferred": len(deferred),
         "deferredWallS": deferred_wall,
         "deferredCpuS": deferred_cpu,
+        "deferredCOMMITs": deferred_commits,
     }
     store.close()
     return out
@@ -111,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "round  CPU probe ms  wall s  CPU s  commits wall s  commits CPU s  rest wall s"
         "  rest CPU s  COMMITs  failed/unknown/committed/errors  deferred  after ready wall s"
-        "  after ready CPU s"
+        "  after ready CPU s  after ready COMMITs"
     )
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for i in range(max(1, args.rounds)):
@@ -133,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  {p['restCpuS']:10.2f}  {p['COMMITs']:7d}"
                 f"  {'/'.join(map(str, p['report'])):>31s}"
                 f"  {p['deferred']:8d}  {p['deferredWallS']:18.2f}  {p['deferredCpuS']:17.2f}"
+                f"  {p['deferredCOMMITs']:19d}"
             )
             copy.unlink()
     extra = [f"--scale={args.scale:g}", f"--rounds={args.rounds}"]

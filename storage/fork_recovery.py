@@ -8,7 +8,7 @@ from domain.errors import InvalidArgument
 from domain.fork_states import ACTIVE, ForkStatus, after_restart
 from storage.base import Database
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, op_from_row
-from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
+from storage.models import ForkOperation, ForkOperationChanged, LeftoverCommit, SessionChanged
 
 
 class ForkRecovery:
@@ -38,6 +38,17 @@ class ForkRecovery:
         ops = [op_from_row(r) for r in rows[:limit]]
         cursor = str(rows[limit - 1][28]) if len(rows) > limit else None
         return ops, cursor
+
+    def leftover_commits(self) -> list[LeftoverCommit]:
+        """Every `provider_accepted` operation (the restart rule's commits), oldest first, by
+        its key alone: a start lists thousands of them after the status changes, and the
+        commit reads each row again in its own transaction, so no row is decoded here."""
+        rows = self._all(
+            "SELECT workspace_id, operation_id FROM fork_operations"
+            " WHERE status = ? ORDER BY op_seq",
+            (ForkStatus.PROVIDER_ACCEPTED.value,),
+        )
+        return [LeftoverCommit(str(ws), str(op_id)) for ws, op_id in rows]
 
     def settle_leftover_fork_statuses(
         self, *, prepared_error: str, dispatching_error: str

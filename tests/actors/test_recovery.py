@@ -255,3 +255,32 @@ def test_deferred_commits_stopped_early_leave_the_rest_for_the_next_start(
         assert (again.committed, again.deferred) == (3, ())
     finally:
         store.close()
+
+
+def test_deferred_commits_grow_their_transactions_from_the_pace_of_the_last(
+    tmp_path: Path,
+) -> None:
+    """`DeferredCommits` starts at `batch` leftovers to a transaction and sizes each next one
+    to `batch_s` of its thread's CPU, at most doubling: with room to spare, 14 leftovers from a
+    batch of 2 take three COMMITs (2, 4, 8), not seven; with no room it stays at `batch`.
+    Every leftover is committed either way."""
+    for batch_s, transactions in ((60.0, 3), (0.0, 7)):
+        store = Store.open(tmp_path / f"store-{transactions}.sqlite3")
+        try:
+            accepted = [_accepted(store) for _ in range(14)]
+            report = recover_fork_operations(store, commit_before_ready=0)
+            assert [op.operation_id for op in report.deferred] == accepted
+            commits = store.db.write_stats.commits
+
+            deferred = DeferredCommits(store, report.deferred, batch=2, batch_s=batch_s)
+            deferred.start()
+            assert deferred.wait(60)
+            deferred.close()
+
+            assert (deferred.committed, deferred.errors, deferred.pending) == (14, 0, 0)
+            assert deferred.transactions == transactions
+            assert store.db.write_stats.commits - commits == transactions
+            statuses = {store.fork_queries.get_fork_operation(WS, o).status for o in accepted}
+            assert statuses == {ForkStatus.COMMITTED}
+        finally:
+            store.close()
