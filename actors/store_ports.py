@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from storage import models as store_models
 from storage.fork_resolution import ForkResolution
 from storage.models import (
     ForkOperation,
@@ -41,7 +42,6 @@ from storage.models import (
     Interaction,
     LeftoverCommit,
     Message,
-    OperationKey,
     PlanWorkspace,
     ProviderForkEvidence,
     Session,
@@ -267,7 +267,9 @@ class ForkCommits(Protocol):
 class BatchedCommits(ForkCommits, Protocol):
     """`store.fork_commit`: recovery's batched commit."""
 
-    def commit_fork_operations(self, ops: Sequence[OperationKey]) -> tuple[int, int]: ...
+    def commit_fork_operations(
+        self, ops: Sequence[store_models.OperationKey]
+    ) -> tuple[int, int]: ...
 
 
 class ForkWorktrees(Protocol):
@@ -283,10 +285,6 @@ class ForkWorktrees(Protocol):
 class LeftoverForks(Protocol):
     """`store.fork_recovery`: start-up leftovers' status changes all at once, and the
     remaining (commits) listed by their keys."""
-
-    def recoverable_fork_operations(
-        self, *, after: str | None = None, limit: int = 500
-    ) -> tuple[list[ForkOperation], str | None]: ...
 
     def settle_leftover_fork_statuses(
         self, *, prepared_error: str, dispatching_error: str

@@ -18,7 +18,7 @@ from domain.fork_states import ForkStatus
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.store import Store
 from tests.storage.store_builders import WS, new_session, settled_turn
-from tests.support.store_reads import find_session
+from tests.support.store_reads import find_session, recoverable_fork_operations
 
 
 def _prepare(store: Store) -> tuple[str, str]:
@@ -86,7 +86,7 @@ def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
             op = store.fork_queries.get_fork_operation(WS, op_id)
             assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
         assert store.fork_queries.get_fork_operation(WS, done).error == "earlier"
-        assert store.fork_recovery.recoverable_fork_operations()[0] == []
+        assert recoverable_fork_operations(store)[0] == []
         # Running it again changes nothing.
         again = recover_fork_operations(store)
         assert (again.failed, again.unknown, again.committed) == (0, 0, 0)
@@ -227,7 +227,7 @@ def test_commits_past_the_bound_are_deferred_and_then_made_after_ready(tmp_path:
         for op_id in accepted:
             op = store.fork_queries.get_fork_operation(WS, op_id)
             assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
-        assert store.fork_recovery.recoverable_fork_operations()[0] == []
+        assert recoverable_fork_operations(store)[0] == []
     finally:
         store.close()
 
