@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -120,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i in range(max(1, args.rounds)):
             copy = Path(tmp) / "store.sqlite3"
             shutil.copy(home / "store.sqlite3", copy)
+            os.sync()  # the copy written back first: recovery's fsyncs do not wait behind it
             probe_ms = cpu_probe_ms()
             log(f"recovery: round {i + 1}")
             done = subprocess.run(
