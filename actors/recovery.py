@@ -1,11 +1,11 @@
 """Start-up recovery of fork operations left non-terminal by a previous process (seed 000 §10).
 
-Runs before the daemon serves requests (together with `settle_orphaned_turns`), paging by
-the store's stable cursor:
+Runs before the daemon serves requests (together with `settle_orphaned_turns`):
 `prepared` → failed (fence and reservation released), `dispatching` → unknown (no provider
-call: the request may have left), `provider_accepted` → commit. Terminal rows are untouched;
-a committed-but-unACKed operation keeps its barrier. Past a bound, the `provider_accepted`
-commits are left to `DeferredCommits`, which makes them after the ready line.
+call: the request may have left), both for the whole store in one transaction;
+`provider_accepted` → commit, listed by key and committed many to a transaction. Terminal rows
+are untouched; a committed-but-unACKed operation keeps its barrier. Past a bound, the
+`provider_accepted` commits are left to `DeferredCommits`, which makes them after the ready line.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from actors.store_ports import RestartRuleStore, StartupRecoveryStore
 from domain.fork_states import ForkStatus, after_restart
 from domain.interrupts import HOST_RESTART_ERROR
-from storage.models import ForkOperation
+from storage.models import ForkOperation, LeftoverCommit
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ class RecoveryReport:
     unknown: int = 0
     committed: int = 0
     errors: int = 0
-    deferred: tuple[ForkOperation, ...] = ()
+    deferred: tuple[LeftoverCommit, ...] = ()
     """`provider_accepted` leftovers past `commit_before_ready`, left for `DeferredCommits`."""
 
 
@@ -38,6 +38,13 @@ COMMITS_BEFORE_READY = 16
 """How many `provider_accepted` leftovers a start commits before its ready line (each a whole
 child; ~1-2 ms apiece on a 2-core host at 100 Messages): a few crashed forks are committed
 before any request as always, a store with thousands of them is served first (`DeferredCommits`)."""
+
+DEFERRED_BATCH_S = 0.02
+"""The CPU one transaction of `DeferredCommits` aims to spend holding the writer: enough that
+the COMMIT (an fsync) is paid once for ~15-20 leftovers of 100 Messages, not once per 8, and
+about what a big fork's own commit holds it; a client's write queued meanwhile goes first at
+the next transaction (the commits are background writes)."""
+DEFERRED_BATCH_MAX = 256
 
 PREPARED_ERROR = "not dispatched before the host restarted"
 DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
@@ -55,7 +62,7 @@ def apply_restart_rule(
     `provider_accepted` → committed; a terminal operation is returned as it is. Used by
     `fork.get` on a leftover and by a saga's abort; start-up recovery applies the same rule
     to every leftover's status change at once (`Store.settle_leftover_fork_statuses`) and to
-    the commits a page at a time (`commit_fork_operations`)."""
+    the commits many to a transaction (`commit_fork_operations`)."""
     ws, op_id = op.workspace_id, op.operation_id
     to = after_restart(op.status)
     if to is ForkStatus.FAILED:
@@ -72,50 +79,56 @@ def recover_fork_operations(
 ) -> RecoveryReport:
     """Every leftover settled; with `commit_before_ready`, only that many `provider_accepted`
     commits are made here and the rest are returned in `deferred` (each a whole child: the
-    part of a start that grows with the store, see `DeferredCommits`)."""
+    part of a start that grows with the store, see `DeferredCommits`). The commits made here
+    go `page_size` to a transaction, each in its own savepoint (a bad one is rolled back alone)."""
     # The two pure status changes first, for every leftover at once (one transaction, one
-    # fsync, no row decoded); what is left active then is only `provider_accepted`.
+    # fsync, no row decoded); what is left active then is only `provider_accepted`, listed by
+    # key (the commit reads each row itself).
     failed, unknown = store.fork_recovery.settle_leftover_fork_statuses(
         prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
     )
+    leftovers = store.fork_recovery.leftover_commits()
+    bound = len(leftovers) if commit_before_ready is None else max(0, commit_before_ready)
+    now, deferred = leftovers[:bound], leftovers[bound:]
     committed = errors = 0
-    deferred: list[ForkOperation] = []
-    budget = commit_before_ready
-    cursor = None
-    while True:
-        ops, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=page_size)
-        accepted = [op for op in ops if after_restart(op.status) is ForkStatus.COMMITTED]
-        if budget is not None:
-            deferred += accepted[budget:]
-            accepted = accepted[:budget]
-            budget -= len(accepted)
-        if accepted:
-            page_committed, page_errors = store.fork_commit.commit_fork_operations(accepted)
-            committed += page_committed
-            errors += page_errors
-        if cursor is None:
-            break
+    step = max(1, page_size)
+    for i in range(0, len(now), step):
+        page_committed, page_errors = store.fork_commit.commit_fork_operations(now[i : i + step])
+        committed += page_committed
+        errors += page_errors
     return RecoveryReport(failed, unknown, committed, errors, tuple(deferred))
 
 
 class DeferredCommits:
     """The `provider_accepted` leftovers start-up recovery did not commit before the ready
-    line, committed on a thread of their own after it, a few to a transaction so no request's
-    write waits long behind one. Until its commit a leftover is what an operation between its
-    provider's acceptance and its commit always is: its source fenced, `fork.get` answering
-    `provider_accepted` — and that `fork.get` commits it at once itself (the restart rule,
-    `fork_start.advance_leftover`), the same idempotent commit as here (law 2)."""
+    line, committed on a thread of their own after it. They are background writes (a client's
+    write queued meanwhile goes first, `storage.baton`), each transaction sized to hold the
+    writer about `DEFERRED_BATCH_S` (from `batch` at first, then from the last one's pace), so
+    thousands of leftovers pay tens of COMMITs, not hundreds. Until its commit a leftover is
+    what an operation between its provider's acceptance and its commit always is: its source
+    fenced, `fork.get` answering `provider_accepted` — and that `fork.get` commits it at once
+    itself (the restart rule, `fork_start.advance_leftover`), the same idempotent commit as
+    here (law 2)."""
 
     def __init__(
-        self, store: StartupRecoveryStore, ops: Sequence[ForkOperation], *, batch: int = 8
+        self,
+        store: StartupRecoveryStore,
+        ops: Sequence[LeftoverCommit],
+        *,
+        batch: int = 8,
+        batch_s: float = DEFERRED_BATCH_S,
+        batch_max: int = DEFERRED_BATCH_MAX,
     ) -> None:
         self._store = store
         self._ops = list(ops)
         self._batch = max(1, batch)
+        self._batch_s = batch_s
+        self._batch_max = max(self._batch, batch_max)
         self._stop = threading.Event()
         self._done = threading.Event()
         self.committed = 0
         self.errors = 0
+        self.transactions = 0
         self._thread: threading.Thread | None = None
 
     @property
@@ -142,22 +155,36 @@ class DeferredCommits:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def _next_size(self, size: int, cpu_s: float) -> int:
+        """The next transaction's size: this one's scaled to `batch_s` of this thread's CPU
+        (not wall time, which a loaded host stretches and would shrink the batches back to
+        one fsync per few commits), at most doubling at a time, never below `batch`."""
+        fit = self._batch_max if cpu_s <= 0 else int(size * self._batch_s / cpu_s)
+        return max(self._batch, min(self._batch_max, size * 2, fit))
+
     def _run(self) -> None:
         started = time.monotonic()
+        size = self._batch
         try:
-            while self._ops and not self._stop.is_set():
-                batch, self._ops = self._ops[: self._batch], self._ops[self._batch :]
-                try:
-                    committed, errors = self._store.fork_commit.commit_fork_operations(batch)
-                except Exception:  # noqa: BLE001 - the rest still gets its commit
-                    log.exception("deferred recovery commits failed; the next start retries")
-                    errors, committed = len(batch), 0
-                self.committed += committed
-                self.errors += errors
+            with self._store.db.background():
+                while self._ops and not self._stop.is_set():
+                    batch, self._ops = self._ops[:size], self._ops[size:]
+                    cpu = time.thread_time()
+                    try:
+                        committed, errors = self._store.fork_commit.commit_fork_operations(batch)
+                    except Exception:  # noqa: BLE001 - the rest still gets its commit
+                        log.exception("deferred recovery commits failed; the next start retries")
+                        errors, committed = len(batch), 0
+                    size = self._next_size(len(batch), time.thread_time() - cpu)
+                    self.transactions += 1
+                    self.committed += committed
+                    self.errors += errors
             log.info(
-                "recovery: %d leftover fork commit(s) made after ready in %.1f s (%d error(s))",
+                "recovery: %d leftover fork commit(s) made after ready in %.1f s,"
+                " %d transaction(s) (%d error(s))",
                 self.committed,
                 time.monotonic() - started,
+                self.transactions,
                 self.errors,
             )
         finally:

@@ -34,11 +34,13 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from storage import models as store_models
 from storage.fork_resolution import ForkResolution
 from storage.models import (
     ForkOperation,
     ForkPrepareRequest,
     Interaction,
+    LeftoverCommit,
     Message,
     PlanWorkspace,
     ProviderForkEvidence,
@@ -265,7 +267,9 @@ class ForkCommits(Protocol):
 class BatchedCommits(ForkCommits, Protocol):
     """`store.fork_commit`: recovery's batched commit."""
 
-    def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]: ...
+    def commit_fork_operations(
+        self, ops: Sequence[store_models.OperationKey]
+    ) -> tuple[int, int]: ...
 
 
 class ForkWorktrees(Protocol):
@@ -280,15 +284,13 @@ class ForkWorktrees(Protocol):
 
 class LeftoverForks(Protocol):
     """`store.fork_recovery`: start-up leftovers' status changes all at once, and the
-    remaining (commits) a page at a time."""
-
-    def recoverable_fork_operations(
-        self, *, after: str | None = None, limit: int = 500
-    ) -> tuple[list[ForkOperation], str | None]: ...
+    remaining (commits) listed by their keys."""
 
     def settle_leftover_fork_statuses(
         self, *, prepared_error: str, dispatching_error: str
     ) -> tuple[int, int]: ...
+
+    def leftover_commits(self) -> list[LeftoverCommit]: ...
 
 
 class Resolutions(Protocol):
@@ -458,6 +460,9 @@ class StartupRecoveryStore(WorktreeStore, Protocol):
 
     @property
     def fork_recovery(self) -> LeftoverForks: ...
+
+    @property
+    def db(self) -> BackgroundWrites: ...
 
     @property
     def fork_commit(self) -> BatchedCommits: ...

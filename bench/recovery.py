@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -65,6 +66,7 @@ def probe(path: str) -> dict[str, Any]:
     commits = store.db.write_stats.commits - commits
     deferred = getattr(report, "deferred", ())
     before_ready = dict(spent)  # the deferred commits below go through the same wrapper
+    deferred_commits = store.db.write_stats.commits
     c, t = time.process_time(), time.perf_counter()
     if deferred:
         after = recovery.DeferredCommits(store, deferred)
@@ -72,6 +74,7 @@ def probe(path: str) -> dict[str, Any]:
         after.wait()
         after.close()
     deferred_cpu, deferred_wall = time.process_time() - c, time.perf_counter() - t
+    deferred_commits = store.db.write_stats.commits - deferred_commits
     out = {
         "wallS": wall,
         "cpuS": cpu,
@@ -84,6 +87,7 @@ def probe(path: str) -> dict[str, Any]:
         "deferred": len(deferred),
         "deferredWallS": deferred_wall,
         "deferredCpuS": deferred_cpu,
+        "deferredCOMMITs": deferred_commits,
     }
     store.close()
     return out
@@ -111,12 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         "round  CPU probe ms  wall s  CPU s  commits wall s  commits CPU s  rest wall s"
         "  rest CPU s  COMMITs  failed/unknown/committed/errors  deferred  after ready wall s"
-        "  after ready CPU s"
+        "  after ready CPU s  after ready COMMITs"
     )
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         for i in range(max(1, args.rounds)):
             copy = Path(tmp) / "store.sqlite3"
             shutil.copy(home / "store.sqlite3", copy)
+            os.sync()  # the copy written back first: recovery's fsyncs do not wait behind it
             probe_ms = cpu_probe_ms()
             log(f"recovery: round {i + 1}")
             done = subprocess.run(
@@ -133,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"  {p['restCpuS']:10.2f}  {p['COMMITs']:7d}"
                 f"  {'/'.join(map(str, p['report'])):>31s}"
                 f"  {p['deferred']:8d}  {p['deferredWallS']:18.2f}  {p['deferredCpuS']:17.2f}"
+                f"  {p['deferredCOMMITs']:19d}"
             )
             copy.unlink()
     extra = [f"--scale={args.scale:g}", f"--rounds={args.rounds}"]

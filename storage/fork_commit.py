@@ -20,7 +20,7 @@ from storage.fork_history import boundary_proof, fenced_history_unchanged, link_
 from storage.fork_memo import ForkMemo
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
-from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
+from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, dumps, loads
 from storage.tx import Tx
@@ -47,9 +47,11 @@ class ForkCommit:
         """Law 2: child, cloned history, lineage and `committed` in one transaction, computed
         from the snapshot only; a replay returns the same result with `changed=False`."""
         with self._write(ws) as tx:
-            return self._commit_in(tx, ws, op_id)
+            op, changed = self._commit_in(tx, ws, op_id)
+        assert op is not None  # asked for below (`operation=True`)
+        return op, changed
 
-    def commit_fork_operations(self, ops: Sequence[ForkOperation]) -> tuple[int, int]:
+    def commit_fork_operations(self, ops: Sequence[OperationKey]) -> tuple[int, int]:
         """Start-up recovery: commit many `provider_accepted` operations in one transaction
         (one fsync), each inside its own savepoint so a bad one is rolled back alone.
         Returns (committed, errors)."""
@@ -58,7 +60,10 @@ class ForkCommit:
             for op in ops:
                 tx.execute("SAVEPOINT recover_commit")
                 try:
-                    _, changed = self._commit_in(tx, op.workspace_id, op.operation_id)
+                    # Recovery reads nothing back: no operation value built per commit.
+                    _, changed = self._commit_in(
+                        tx, op.workspace_id, op.operation_id, operation=False
+                    )
                 except Exception:  # noqa: BLE001 - recovery goes on with the next row
                     log.exception("recovery commit of fork operation %s failed", op.operation_id)
                     tx.execute("ROLLBACK TO recover_commit")
@@ -68,7 +73,11 @@ class ForkCommit:
                 tx.execute("RELEASE recover_commit")
         return committed, errors
 
-    def _commit_in(self, tx: Tx, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
+    def _commit_in(
+        self, tx: Tx, ws: str, op_id: str, *, operation: bool = True
+    ) -> tuple[ForkOperation | None, bool]:
+        """The commit inside `tx`; with `operation=False` the committed operation is not built
+        (nor a committed one decoded) and `None` is returned in its place."""
         r = tx.one(
             f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND operation_id = ?",
             (ws, op_id),
@@ -77,6 +86,8 @@ class ForkCommit:
             raise ForkOperationNotFound(f"fork operation {op_id} not found")
         status = ForkStatus(r[19])
         if status is ForkStatus.COMMITTED:
+            if not operation:
+                return None, False
             return decode_op(tx.conn, r, projections=self._projections), False
         if status is not ForkStatus.PROVIDER_ACCEPTED:
             raise InvalidTransition(
@@ -119,6 +130,8 @@ class ForkCommit:
         # that same pure function's result (should this transaction roll back, a retry commits
         # at another time, a different key).
         self._projections.put((r[18], r[11], tx.now_ms), (plan.session, plan.lineage), miss=False)
+        if not operation:
+            return None, True
         committed = replace(
             op_from_row(r),
             status=ForkStatus.COMMITTED,

@@ -1,14 +1,12 @@
-"""Start-up recovery's store side: the operations left active by a stop, by a stable
-cursor, and the restart rule's pure status changes (domain.fork_states.after_restart) applied
+"""Start-up recovery's store side: the operations left to commit by a stop, by key, and the
+restart rule's pure status changes (domain.fork_states.after_restart) applied
 to the whole store at once."""
 
 from __future__ import annotations
 
-from domain.errors import InvalidArgument
 from domain.fork_states import ACTIVE, ForkStatus, after_restart
 from storage.base import Database
-from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, op_from_row
-from storage.models import ForkOperation, ForkOperationChanged, SessionChanged
+from storage.models import ForkOperationChanged, LeftoverCommit, SessionChanged
 
 
 class ForkRecovery:
@@ -20,24 +18,16 @@ class ForkRecovery:
         self._write = db.write
         self._all = db.rows
 
-    def recoverable_fork_operations(
-        self, *, after: str | None = None, limit: int = 500
-    ) -> tuple[list[ForkOperation], str | None]:
-        """Operations needing start-up recovery, across workspaces, by a stable cursor."""
-        if not 1 <= limit <= 10_000:
-            raise InvalidArgument("limit", "limit must be between 1 and 10000")
-        try:
-            after_seq = int(after) if after is not None else 0
-        except ValueError:
-            raise InvalidArgument("cursor", "malformed cursor") from None
+    def leftover_commits(self) -> list[LeftoverCommit]:
+        """Every `provider_accepted` operation (the restart rule's commits), oldest first, by
+        its key alone: a start lists thousands of them after the status changes, and the
+        commit reads each row again in its own transaction, so no row is decoded here."""
         rows = self._all(
-            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE status IN {ACTIVE_OPS_SQL}"
-            " AND op_seq > ? ORDER BY op_seq LIMIT ?",
-            (after_seq, limit + 1),
+            "SELECT workspace_id, operation_id FROM fork_operations"
+            " WHERE status = ? ORDER BY op_seq",
+            (ForkStatus.PROVIDER_ACCEPTED.value,),
         )
-        ops = [op_from_row(r) for r in rows[:limit]]
-        cursor = str(rows[limit - 1][28]) if len(rows) > limit else None
-        return ops, cursor
+        return [LeftoverCommit(str(ws), str(op_id)) for ws, op_id in rows]
 
     def settle_leftover_fork_statuses(
         self, *, prepared_error: str, dispatching_error: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from domain.fork_states import ACTIVE, ForkStatus
 
@@ -296,6 +296,25 @@ class ForkOperation:
     def is_active(self) -> bool:
         """True while the source fence holds (prepared, dispatching, provider_accepted)."""
         return self.status in ACTIVE_FORK_STATUSES
+
+
+class OperationKey(Protocol):
+    """What a batched commit needs of an operation: its key (a `ForkOperation` is one)."""
+
+    @property
+    def workspace_id(self) -> str: ...
+
+    @property
+    def operation_id(self) -> str: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeftoverCommit:
+    """A `provider_accepted` leftover by its key: all its commit reads of it (the commit reads
+    the row itself, inside its own transaction)."""
+
+    workspace_id: str
+    operation_id: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from domain.fork_states import ForkStatus
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.store import Store
 from tests.storage.store_builders import WS, new_session, settled_turn
-from tests.support.store_reads import find_session
+from tests.support.store_reads import find_session, recoverable_fork_operations
 
 
 def _prepare(store: Store) -> tuple[str, str]:
@@ -86,7 +86,7 @@ def test_recovery_fails_prepared_marks_dispatching_unknown_and_commits_accepted(
             op = store.fork_queries.get_fork_operation(WS, op_id)
             assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
         assert store.fork_queries.get_fork_operation(WS, done).error == "earlier"
-        assert store.fork_recovery.recoverable_fork_operations()[0] == []
+        assert recoverable_fork_operations(store)[0] == []
         # Running it again changes nothing.
         again = recover_fork_operations(store)
         assert (again.failed, again.unknown, again.committed) == (0, 0, 0)
@@ -227,7 +227,7 @@ def test_commits_past_the_bound_are_deferred_and_then_made_after_ready(tmp_path:
         for op_id in accepted:
             op = store.fork_queries.get_fork_operation(WS, op_id)
             assert op.status is ForkStatus.COMMITTED and op.committed_session is not None
-        assert store.fork_recovery.recoverable_fork_operations()[0] == []
+        assert recoverable_fork_operations(store)[0] == []
     finally:
         store.close()
 
@@ -255,3 +255,32 @@ def test_deferred_commits_stopped_early_leave_the_rest_for_the_next_start(
         assert (again.committed, again.deferred) == (3, ())
     finally:
         store.close()
+
+
+def test_deferred_commits_grow_their_transactions_from_the_pace_of_the_last(
+    tmp_path: Path,
+) -> None:
+    """`DeferredCommits` starts at `batch` leftovers to a transaction and sizes each next one
+    to `batch_s` of its thread's CPU, at most doubling: with room to spare, 14 leftovers from a
+    batch of 2 take three COMMITs (2, 4, 8), not seven; with no room it stays at `batch`.
+    Every leftover is committed either way."""
+    for batch_s, transactions in ((60.0, 3), (0.0, 7)):
+        store = Store.open(tmp_path / f"store-{transactions}.sqlite3")
+        try:
+            accepted = [_accepted(store) for _ in range(14)]
+            report = recover_fork_operations(store, commit_before_ready=0)
+            assert [op.operation_id for op in report.deferred] == accepted
+            commits = store.db.write_stats.commits
+
+            deferred = DeferredCommits(store, report.deferred, batch=2, batch_s=batch_s)
+            deferred.start()
+            assert deferred.wait(60)
+            deferred.close()
+
+            assert (deferred.committed, deferred.errors, deferred.pending) == (14, 0, 0)
+            assert deferred.transactions == transactions
+            assert store.db.write_stats.commits - commits == transactions
+            statuses = {store.fork_queries.get_fork_operation(WS, o).status for o in accepted}
+            assert statuses == {ForkStatus.COMMITTED}
+        finally:
+            store.close()

@@ -19,6 +19,7 @@ from domain.errors import HostError  # noqa: E402
 from domain.fork_states import ForkStatus
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.store import Store
+from tests.support.store_reads import recoverable_fork_operations
 
 WS = "crash-ws"
 
@@ -26,7 +27,7 @@ WS = "crash-ws"
 def recover(store: Store) -> None:
     cursor = None
     while True:
-        ops, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=100)
+        ops, cursor = recoverable_fork_operations(store, after=cursor, limit=100)
         for op in ops:
             if op.status is ForkStatus.PREPARED:
                 store.fork_transitions.mark_fork_failed(op.workspace_id, op.operation_id, "restart")

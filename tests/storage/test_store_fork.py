@@ -49,6 +49,7 @@ from tests.support.store_reads import (
     finish_runtime_operation,
     fork_readiness,
     lineage_of,
+    recoverable_fork_operations,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -1096,7 +1097,7 @@ def test_recoverable_operations_page_across_workspaces_by_stable_cursor(store: S
     seen: list[str] = []
     cursor = None
     while True:
-        page, cursor = store.fork_recovery.recoverable_fork_operations(after=cursor, limit=2)
+        page, cursor = recoverable_fork_operations(store, after=cursor, limit=2)
         seen += [op.operation_id for op in page]
         if cursor is None:
             break

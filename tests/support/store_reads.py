@@ -164,3 +164,21 @@ def finish_runtime_operation(store: Store, ws: str, op_id: str) -> None:
             " WHERE workspace_id = ? AND operation_id = ? AND status = 'active'",
             (tx.now_ms, ws, op_id),
         )
+
+
+def recoverable_fork_operations(
+    store: Store, *, after: str | None = None, limit: int = 500
+) -> tuple[list[ForkOperation], str | None]:
+    """Operations still needing start-up recovery (active), across workspaces, by a stable
+    cursor (the daemon's recovery settles them set-based and lists its commits by key)."""
+    if not 1 <= limit <= 10_000:
+        raise InvalidArgument("limit", "limit must be between 1 and 10000")
+    after_seq = int(after) if after is not None else 0
+    rows = store.db.rows(
+        f"SELECT {OP_COLUMNS} FROM fork_operations WHERE status IN {ACTIVE_OPS_SQL}"
+        " AND op_seq > ? ORDER BY op_seq LIMIT ?",
+        (after_seq, limit + 1),
+    )
+    ops = [op_from_row(r) for r in rows[:limit]]
+    cursor = str(rows[limit - 1][28]) if len(rows) > limit else None
+    return ops, cursor
