@@ -8,6 +8,7 @@ provider outcome is a `ForkResult` disposition; nothing here raises for one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -137,8 +138,6 @@ class ForkThroughTurn:
             self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        # The child's target directories are created and made durable while the
-        # provider call runs; the binder waits for them (ready) and writes only the file.
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
         ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
 
@@ -149,7 +148,16 @@ class ForkThroughTurn:
                 params["cwd"] = request.target.cwd
             if self.provider.fork_exclude_turns:
                 params["excludeTurns"] = True
-            response = runtime.proc.request("thread/fork", params, timeout=self.fork_timeout)
+            deadline = time.monotonic() + self.fork_timeout
+            pending = runtime.proc.request_async("thread/fork", params)
+            if ahead is not None:
+                # While the provider forks, this thread creates the child's target
+                # directories and makes them durable (never raises: `ready()` judges it);
+                # the binder then writes only the file.
+                ahead.run()
+            response = runtime.proc.answer(
+                "thread/fork", pending, timeout=max(0.0, deadline - time.monotonic())
+            )
         except JsonRpcError as exc:
             return ForkResult.rejected(f"thread/fork rejected: {exc.rpc_message}")
         except AppServerClosed as exc:

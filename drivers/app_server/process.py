@@ -234,7 +234,13 @@ class AppServerProcess:
         self, method: str, params: Mapping[str, Any], *, timeout: float = 30.0
     ) -> dict[str, Any]:
         """Send and wait. Raises `JsonRpcError`, `AppServerClosed` or `AppServerTimeout`."""
-        fut = self.request_async(method, params)
+        return self.answer(method, self.request_async(method, params), timeout=timeout)
+
+    def answer(
+        self, method: str, fut: Future[dict[str, Any]], *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Wait for the answer to a `request_async(method, …)`: what `request` returns or
+        raises, for a caller that did something else between sending and waiting."""
         try:
             return fut.result(timeout)
         except FutureTimeout:

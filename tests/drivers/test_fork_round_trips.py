@@ -151,3 +151,39 @@ def test_the_childs_directories_are_durable_before_the_bind_begins(
     assert seen["dirs fsynced"] == 6
     assert (fsyncs.files, fsyncs.dirs) == (1, 7)
     assert fsyncs.count(target / day) == 1  # after the rename, by the binder
+
+
+def test_the_childs_directories_are_made_by_the_forking_thread_after_the_fork_is_sent(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread hand-off for them: the thread that sent `thread/fork` creates the child's
+    target directories while the provider works, then waits for its answer."""
+    import os
+    import threading
+
+    from drivers.app_server.process import AppServerProcess
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    log: list[tuple[str, int]] = []
+    real_mkdir, real_send = os.mkdir, AppServerProcess.request_async
+
+    def mkdir(path: Any, mode: int = 0o777) -> None:
+        if str(path).startswith(str(target.parent)):
+            log.append(("mkdir", threading.get_ident()))
+        real_mkdir(path, mode)
+
+    def request_async(self: AppServerProcess, method: str, params: Any) -> Any:
+        log.append((method, threading.get_ident()))
+        return real_send(self, method, params)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(AppServerProcess, "request_async", request_async)
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    made = [i for i, (what, _) in enumerate(log) if what == "mkdir"]
+    # child/, the home, sessions/, YYYY/, MM/, DD/: each made once, by this thread.
+    assert len(made) == 6
+    assert {log[i][1] for i in made} == {threading.get_ident()}
+    assert [what for what, _ in log[: made[0]]][-1] == "thread/fork"
