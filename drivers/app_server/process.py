@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
+# One encoder for every message (`json.dumps` with options builds a new one per call).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _libc_prctl() -> Callable[..., int] | None:
@@ -261,7 +263,7 @@ class AppServerProcess:
     # ------------------------------------------------------------------ internals
 
     def _write(self, msg: Mapping[str, Any]) -> None:
-        line = (json.dumps(msg, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        line = (_ENCODE(msg) + "\n").encode()
         with self._write_lock:
             proc = self._proc
             if proc is None or proc.stdin is None or self._closed_reason is not None:
