@@ -148,6 +148,8 @@ class ForkThroughTurn:
                 params["cwd"] = request.target.cwd
             if self.provider.fork_exclude_turns:
                 params["excludeTurns"] = True
+            if self.provider.fork_unloaded:
+                params["loaded"] = False
             deadline = time.monotonic() + self.fork_timeout
             pending = runtime.proc.request_async("thread/fork", params)
             if ahead is not None:
@@ -219,11 +221,13 @@ class ForkThroughTurn:
             names.wait()  # nothing is accepted before the bound names are durable
         except BinderError as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
-        # The source server loaded the child; release it so a long-lived server does not
+        # A source server that loaded the child releases it, so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
         # awaited (one round trip less per fork): the outcome is already decided and
         # a failed unsubscribe changes nothing of it; the pipe keeps it ahead of later calls.
-        self._release(runtime, child_id)
+        # A child forked unloaded (`fork_unloaded`, answered `notLoaded`) has nothing to release.
+        if _status_type(thread) != "notLoaded":
+            self._release(runtime, child_id)
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
         wire["readabilityProof"] = proof
@@ -323,6 +327,11 @@ class ForkThroughTurn:
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+
+def _status_type(thread: Mapping[str, Any]) -> str:
+    status = thread.get("status")
+    return str(status.get("type") or "") if isinstance(status, Mapping) else ""
 
 
 def _statuses(turns: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
