@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
+from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from domain.errors import ProviderError
 
@@ -88,6 +89,8 @@ def _checked_line(obj: Any) -> dict[str, Any]:
 
 
 _DECODER = json.JSONDecoder()
+# The decoder's scanner (what `_DECODER.decode` runs): one value from a position in a text.
+_SCAN: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, _DECODER))
 
 
 def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
@@ -125,11 +128,27 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ValueError(f"line {line}: not UTF-8") from None
     decode = _DECODER.decode
+    scan = _SCAN
+    find = text.find
     records: list[dict[str, Any]] = []
     previous: int | None = None
-    for index, raw in enumerate(text[:-1].split("\n")):
+    start = 0
+    index = 0
+    end_of_text = len(text)
+    while start < end_of_text:
+        newline = find("\n", start)
         try:
-            obj = _checked_line(decode(raw))
+            try:
+                # The decoder's own scanner, straight on the file's text: one C call per line
+                # where the line is exactly one value (what every writer produces) ...
+                obj, end = scan(text, start)
+            except StopIteration:
+                end = -1
+            if end != newline:
+                # ... else the line alone through `decode` (whitespace around the value is
+                # allowed; anything else raises its usual error).
+                obj = decode(text[start:newline])
+            obj = _checked_line(obj)
         except ValueError as exc:
             raise ValueError(f"line {index + 1}: {exc}") from None
         ordinal = obj["ordinal"]
@@ -137,6 +156,8 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
             raise ValueError(f"line {index + 1}: ordinal not increasing")
         previous = ordinal
         records.append(obj)
+        start = newline + 1
+        index += 1
     first = records[0]
     assert previous is not None
     if first["type"] != "session_meta":
@@ -320,35 +341,43 @@ def makedirs(path: Path | str) -> list[str]:
     return changed
 
 
-_ahead_pool: ThreadPoolExecutor | None = None
-
-
 class DirsAhead:
-    """A directory chain created and made durable in the background while the caller does
-    something else (a fork child's target directories while the provider call
-    runs), so the `atomic_write_all` that follows finds them existing and durable and only
-    fsyncs the file's own directory after its rename.
+    """A directory chain created and made durable ahead of the write that needs it (a fork
+    child's target directories, made by the fork's own thread while the provider call it
+    has just sent runs), so the `atomic_write_all` that follows finds them existing and
+    durable and only fsyncs the file's own directory after its rename.
 
-    Durability is never assumed: `ready()` waits for the background work and, if it failed
-    part-way, fsyncs the parent of every directory it created (or found appearing) itself —
-    raising if that fails, so the caller's write fails closed. A path with a symlinked
-    component is left alone (the binder refuses it anyway). A wrong guess of the path costs
-    only empty directories; a caller that never calls `ready()` leaves them, harmlessly."""
+    `run()` does the work and never raises; `ready()` (which runs it first if nobody did)
+    returns once every directory it created is durable: if the work failed part-way, it
+    fsyncs the parent of every directory created (or found appearing) itself — raising if
+    that fails, so the caller's write fails closed. A path with a symlinked component is left
+    alone (the binder refuses it anyway). A wrong guess of the path costs only empty
+    directories; a caller that never calls `ready()` leaves them, harmlessly.
+
+    On the caller's thread, not a pool's: the caller only waits for the provider's answer
+    meanwhile, so a background thread bought no wall time and cost a hand-off per fork."""
 
     def __init__(self, path: Path | str) -> None:
+        self._path = os.path.abspath(path)
         self._parents: list[str] = []
-        self._lock = threading.Lock()
-        global _ahead_pool
-        with _sync_pool_lock:
-            if _ahead_pool is None:
-                _ahead_pool = ThreadPoolExecutor(4, thread_name_prefix="dirs-ahead")
-            pool = _ahead_pool
-        self._future = pool.submit(self._run, os.path.abspath(path))
+        self._ran = False
+        self._error: BaseException | None = None
 
-    def _run(self, path: str) -> None:
-        assert_no_symlink(path, must_exist=False)
+    def run(self) -> None:
+        """Create the chain and fsync each created directory's parent, one after another
+        (they overlap the provider call, not each other); an error is kept for `ready()`."""
+        if self._ran:
+            return
+        self._ran = True
+        try:
+            self._make()
+        except Exception as exc:  # noqa: BLE001 - judged by ready(), never here
+            self._error = exc
+
+    def _make(self) -> None:
+        assert_no_symlink(self._path, must_exist=False)
         missing: list[str] = []
-        probe = path
+        probe = self._path
         while not os.path.exists(probe):
             missing.append(probe)
             probe = os.path.dirname(probe)
@@ -356,24 +385,17 @@ class DirsAhead:
             with contextlib.suppress(FileExistsError):
                 # Created here or concurrently by another: its entry is fsynced here either way.
                 os.mkdir(directory, 0o700)
-            with self._lock:
-                self._parents.append(os.path.dirname(directory))
-        # One after another on this thread: they overlap the provider call, not each other
-        # (measured: handing them to the fsync pool to join one journal commit saved no wall
-        # time here and cost ~0.4 ms of CPU per fork in thread hand-offs).
+            self._parents.append(os.path.dirname(directory))
         for parent in reversed(self._parents):
             fsync_dir(parent)
 
     def ready(self) -> None:
         """Wait until every directory this created is durable (see the class docstring)."""
-        try:
-            self._future.result()
-        except BinderError:
-            return  # a symlinked path: nothing was created; the binder refuses it
-        except Exception:  # noqa: BLE001 - made durable below, or the caller fails closed
-            with self._lock:
-                parents = list(reversed(self._parents))
-            fsync_dirs(parents)
+        self.run()
+        if self._error is None or isinstance(self._error, BinderError):
+            return  # done, or a symlinked path: nothing was created; the binder refuses it
+        # Failed part-way: made durable here, or the caller fails closed.
+        fsync_dirs(reversed(self._parents))
 
 
 def atomic_write(path: Path, data: bytes) -> None:

@@ -36,6 +36,7 @@ class TuttiAgentProvider:
     binding_mode = ProviderStateBindingMode.HOST_COPY
     cache_attestations = False
     fork_exclude_turns = False
+    fork_unloaded = True
     interrupt_waits_for_start = False
     liveness_probe: str | None = "thread/loaded/list"
 

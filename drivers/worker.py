@@ -13,7 +13,6 @@ import importlib
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -21,7 +20,6 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
@@ -35,6 +33,7 @@ from domain.worker_messages import (
 from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
+from drivers.worker_lanes import RequestLane
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
@@ -105,15 +104,7 @@ class WorkerServer:
         self._driver: ProviderDriver | None = None
         self._driver_lock = threading.Lock()
         sizes = {**LANE_THREADS, "slow": max_threads}
-        self._lanes = {
-            lane: ThreadPoolExecutor(max_workers=n, thread_name_prefix=f"req-{lane}")
-            for lane, n in sizes.items()
-        }
-        self._inbox: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
-        self._dispatcher = threading.Thread(
-            target=self._dispatch_loop, name="req-dispatch", daemon=True
-        )
-        self._dispatcher.start()
+        self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": lambda p: self._stamped(p, self.driver().start_session),
@@ -245,30 +236,20 @@ class WorkerServer:
         self.link.send_event(agent_session_id, event.to_wire())
 
     def on_request(self, msg: dict[str, Any]) -> None:
-        """Called on the link thread, which also sends the heartbeats: never block it. It only
-        queues the request (a lock-free C call); the dispatcher thread picks the lane and
-        submits. `ThreadPoolExecutor.submit` takes a lock that every `fork()` in the process
-        also takes (concurrent.futures registers it as an at-fork hook) and may wait for a new
-        thread to start: with dozens of app-servers being spawned, a submit on the link thread
-        waits for seconds, the heartbeats stop, and the supervisor kills a worker that is
-        merely busy (measured at 200 Sessions)."""
-        self._inbox.put(msg)
-
-    def _dispatch_loop(self) -> None:
-        while True:
-            msg = self._inbox.get()
-            if msg is None:
+        """Called on the link thread, which also sends the heartbeats: never block it. It
+        picks the lane and puts the request there (`RequestLane.put`, a lock-free C call that
+        starts no thread: `drivers.worker_lanes` says why that matters), so a request reaches
+        its lane's thread in one hand-off."""
+        try:
+            if msg.get("method") == "debug.failpoints":
+                # Armed before any later request is dispatched: a fault-injection test arms a
+                # point, then sends the call it must hit, and the lanes' threads would
+                # otherwise race the two.
+                self._handle(msg)
                 return
-            try:
-                if msg.get("method") == "debug.failpoints":
-                    # Armed before any later request is dispatched: a fault-injection test
-                    # arms a point, then sends the call it must hit, and the lanes' threads
-                    # would otherwise race the two.
-                    self._handle(msg)
-                    continue
-                self._lanes[self.lane_of(msg)].submit(self._handle, msg)
-            except Exception:  # noqa: BLE001 - one bad request must not stop the dispatcher
-                traceback.print_exc(file=sys.stderr)
+            self._lanes[self.lane_of(msg)].put(msg)
+        except Exception:  # noqa: BLE001 - one bad request must not stop the link
+            traceback.print_exc(file=sys.stderr)
 
     def lane_of(self, msg: Mapping[str, Any]) -> str:
         method = msg.get("method")
@@ -375,7 +356,6 @@ class WorkerServer:
         return {"emitted": len(events)}
 
     def close(self) -> None:
-        self._inbox.put(None)
         with self._driver_lock:
             driver, self._driver = self._driver, None
         if driver is not None:

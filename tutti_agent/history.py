@@ -188,7 +188,7 @@ class ThreadHistoryBuilder:
                     _int_or_none(p.get("completed_at")),
                     _int_or_none(p.get("duration_ms")),
                 )
-        elif is_real_user_message(item) and self._active is None:
+        elif self._active is None and is_real_user_message(item):
             # Legacy history: no lifecycle events, a user message opens an implicit turn.
             self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
 
@@ -376,8 +376,11 @@ def model_context(items: Sequence[RolloutItem]) -> list[Mapping[str, Any]]:
     ]
 
 
+_NUMBER = (int, float)
+
+
 def _int_or_none(v: object) -> int | None:
-    return int(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+    return int(v) if isinstance(v, _NUMBER) and not isinstance(v, bool) else None
 
 
 def _str_or_none(v: object) -> str | None:

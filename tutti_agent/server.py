@@ -353,11 +353,19 @@ class AppServer:
             cwd=params.get("cwd") if isinstance(params.get("cwd"), str) else None,
             model=params.get("model") if isinstance(params.get("model"), str) else None,
         )
+        loaded = params.get("loaded", True)
+        if not isinstance(loaded, bool):
+            raise InvalidParams("loaded must be a boolean")
         result = self.forks.fork(source_id, options)
-        self._load_live(result.child)
+        if loaded:
+            self._load_live(result.child)
         payload = self._session_result(
             result.child, include_turns=not params.get("excludeTurns", False), turns=result.turns
         )
+        if not loaded:
+            # Written, durable and answered, never opened here: no `thread/started`, and
+            # nothing for the caller to unsubscribe (`thread.status.type` is `notLoaded`).
+            return Reply(payload)
         started = self._thread_payload(result.child, include_turns=False)
         return Reply(payload, lambda: self.conn.notify("thread/started", {"thread": started}))
 

@@ -8,6 +8,7 @@ provider outcome is a `ForkResult` disposition; nothing here raises for one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -137,8 +138,6 @@ class ForkThroughTurn:
             self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        # The child's target directories are created and made durable while the
-        # provider call runs; the binder waits for them (ready) and writes only the file.
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
         ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
 
@@ -149,7 +148,18 @@ class ForkThroughTurn:
                 params["cwd"] = request.target.cwd
             if self.provider.fork_exclude_turns:
                 params["excludeTurns"] = True
-            response = runtime.proc.request("thread/fork", params, timeout=self.fork_timeout)
+            if self.provider.fork_unloaded:
+                params["loaded"] = False
+            deadline = time.monotonic() + self.fork_timeout
+            pending = runtime.proc.request_async("thread/fork", params)
+            if ahead is not None:
+                # While the provider forks, this thread creates the child's target
+                # directories and makes them durable (never raises: `ready()` judges it);
+                # the binder then writes only the file.
+                ahead.run()
+            response = runtime.proc.answer(
+                "thread/fork", pending, timeout=max(0.0, deadline - time.monotonic())
+            )
         except JsonRpcError as exc:
             return ForkResult.rejected(f"thread/fork rejected: {exc.rpc_message}")
         except AppServerClosed as exc:
@@ -211,11 +221,13 @@ class ForkThroughTurn:
             names.wait()  # nothing is accepted before the bound names are durable
         except BinderError as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
-        # The source server loaded the child; release it so a long-lived server does not
+        # A source server that loaded the child releases it, so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
         # awaited (one round trip less per fork): the outcome is already decided and
         # a failed unsubscribe changes nothing of it; the pipe keeps it ahead of later calls.
-        self._release(runtime, child_id)
+        # A child forked unloaded (`fork_unloaded`, answered `notLoaded`) has nothing to release.
+        if _status_type(thread) != "notLoaded":
+            self._release(runtime, child_id)
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
         wire["readabilityProof"] = proof
@@ -315,6 +327,11 @@ class ForkThroughTurn:
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+
+def _status_type(thread: Mapping[str, Any]) -> str:
+    status = thread.get("status")
+    return str(status.get("type") or "") if isinstance(status, Mapping) else ""
 
 
 def _statuses(turns: list[Mapping[str, Any]]) -> list[tuple[str, str]]:

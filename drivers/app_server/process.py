@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import IO, Any
 
 _PR_SET_PDEATHSIG = 1
+# One encoder for every message (`json.dumps` with options builds a new one per call).
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def _libc_prctl() -> Callable[..., int] | None:
@@ -234,7 +236,13 @@ class AppServerProcess:
         self, method: str, params: Mapping[str, Any], *, timeout: float = 30.0
     ) -> dict[str, Any]:
         """Send and wait. Raises `JsonRpcError`, `AppServerClosed` or `AppServerTimeout`."""
-        fut = self.request_async(method, params)
+        return self.answer(method, self.request_async(method, params), timeout=timeout)
+
+    def answer(
+        self, method: str, fut: Future[dict[str, Any]], *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Wait for the answer to a `request_async(method, …)`: what `request` returns or
+        raises, for a caller that did something else between sending and waiting."""
         try:
             return fut.result(timeout)
         except FutureTimeout:
@@ -255,7 +263,7 @@ class AppServerProcess:
     # ------------------------------------------------------------------ internals
 
     def _write(self, msg: Mapping[str, Any]) -> None:
-        line = (json.dumps(msg, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        line = (_ENCODE(msg) + "\n").encode()
         with self._write_lock:
             proc = self._proc
             if proc is None or proc.stdin is None or self._closed_reason is not None:

@@ -47,6 +47,13 @@ class AppServerProvider(Protocol):
         ...
 
     @property
+    def fork_unloaded(self) -> bool:
+        """Ask `thread/fork` not to load the child in the source's server (`loaded: false`,
+        tutti-agent): nothing to unsubscribe after the fork. A server that loads it anyway
+        (answers a status other than `notLoaded`) is still sent `thread/unsubscribe`."""
+        ...
+
+    @property
     def interrupt_waits_for_start(self) -> bool:
         """The provider answers "no active turn" to an interrupt of a Turn it has accepted but
         not started yet (Codex): the driver retries while the Turn is still ours and running."""

@@ -1,8 +1,9 @@
 """What one tutti-agent fork costs the worker, counted: app-server spawns, JSON-RPC
 round trips and fsyncs. A fork of a source whose live app-server already showed its turns, with
 nothing since that could change them, does not read the source again; anything that could (a
-turn started, a turn in progress) makes the next fork read it. `thread/unsubscribe` of the
-child is still sent, without waiting for its answer. Counts, never timings."""
+turn started, a turn in progress) makes the next fork read it. The child is forked unloaded
+(`loaded: false`): no `thread/unsubscribe` follows, unless a server loaded it anyway. Counts,
+never timings."""
 
 from __future__ import annotations
 
@@ -55,11 +56,10 @@ def test_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
         target = tmp_path / "runtimes" / f"child-{i}" / "tutti-agent-home"
         result = driver.fork(fork_request(home, thread_id, version, turns, target))
         assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
-    # The unsubscribes are sent without waiting: let the relay log the last one.
-    assert wait_until(lambda: methods(calls)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls)[before:])
-    # Not thread/read + thread/fork + thread/unsubscribe per fork (9 round trips).
-    assert made == {"thread/read": 1, "thread/fork": 3, "thread/unsubscribe": 3}
+    # Not thread/read + thread/fork + thread/unsubscribe per fork (9 round trips): the child
+    # is forked unloaded (`loaded: false`), so there is nothing to unsubscribe.
+    assert made == {"thread/read": 1, "thread/fork": 3}
     assert "initialize" not in made  # no app-server spawned: not for the fork, nor the proof
 
 
@@ -151,3 +151,64 @@ def test_the_childs_directories_are_durable_before_the_bind_begins(
     assert seen["dirs fsynced"] == 6
     assert (fsyncs.files, fsyncs.dirs) == (1, 7)
     assert fsyncs.count(target / day) == 1  # after the rename, by the binder
+
+
+def test_the_childs_directories_are_made_by_the_forking_thread_after_the_fork_is_sent(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No thread hand-off for them: the thread that sent `thread/fork` creates the child's
+    target directories while the provider works, then waits for its answer."""
+    import os
+    import threading
+
+    from drivers.app_server.process import AppServerProcess
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    log: list[tuple[str, int]] = []
+    real_mkdir, real_send = os.mkdir, AppServerProcess.request_async
+
+    def mkdir(path: Any, mode: int = 0o777) -> None:
+        if str(path).startswith(str(target.parent)):
+            log.append(("mkdir", threading.get_ident()))
+        real_mkdir(path, mode)
+
+    def request_async(self: AppServerProcess, method: str, params: Any) -> Any:
+        log.append((method, threading.get_ident()))
+        return real_send(self, method, params)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(AppServerProcess, "request_async", request_async)
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    made = [i for i, (what, _) in enumerate(log) if what == "mkdir"]
+    # child/, the home, sessions/, YYYY/, MM/, DD/: each made once, by this thread.
+    assert len(made) == 6
+    assert {log[i][1] for i in made} == {threading.get_ident()}
+    assert [what for what, _ in log[: made[0]]][-1] == "thread/fork"
+
+
+def test_a_child_the_server_loaded_anyway_is_still_unsubscribed(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that ignores `loaded: false` (answers a loaded child) is sent
+    `thread/unsubscribe` for it, so a long-lived source server never accumulates children."""
+    from drivers.app_server.process import AppServerProcess
+
+    calls = tmp_path / "calls.log"
+    driver = make_driver(command=proxied("none", calls))
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path)
+    real_send = AppServerProcess.request_async
+
+    def request_async(self: AppServerProcess, method: str, params: Any) -> Any:
+        if method == "thread/fork":
+            params = {k: v for k, v in params.items() if k != "loaded"}  # an older server
+        return real_send(self, method, params)
+
+    monkeypatch.setattr(AppServerProcess, "request_async", request_async)
+    before = len(methods(calls))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert wait_until(lambda: "thread/unsubscribe" in methods(calls)[before:])

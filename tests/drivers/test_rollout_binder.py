@@ -197,6 +197,12 @@ def test_divergent_target_is_refused(homes: tuple[Path, Path]) -> None:
         lambda d: d + b"not json\n",
         lambda d: d + b"[1, 2]\n",
         lambda d: b"\n".join(reversed(d.rstrip(b"\n").split(b"\n"))) + b"\n",  # meta not first
+        # Lines that are not exactly one value each, though the text reads as JSON across
+        # them (the validator scans the whole file's text, line by line).
+        lambda d: d.replace(b', "type": "response_item"', b',\n"type": "response_item"', 1),
+        lambda d: d.rstrip(b"\n") + b' {"timestamp": "t", "ordinal": 9, "type": "x",'
+        b' "payload": {}}\n',  # two objects on one line
+        lambda d: d.replace(b"\n", b"\n\n", 1),  # an empty line
     ],
 )
 def test_corrupt_source_is_refused(homes: tuple[Path, Path], corrupt) -> None:  # type: ignore[no-untyped-def]
@@ -333,3 +339,17 @@ def test_failpoint_after_copy_fires_once_the_copy_is_in_place(homes: tuple[Path,
     [target] = list(iter_rollouts(dst))
     assert target.read_bytes() == data
     assert oct(os.stat(target).st_mode & 0o777) == oct(0o600)
+
+
+def test_a_line_with_whitespace_around_its_one_object_is_valid() -> None:
+    """The validator's fast path scans each line's value where it starts; a line with
+    spaces around its object still validates (as `json.loads` of the line would), and the
+    records are what a per-line `json.loads` returns."""
+    from drivers.rollout_files import parse_rollout
+
+    data = rollout_bytes(CHILD, 4)
+    lines = data.rstrip(b"\n").split(b"\n")
+    padded = b"\n".join([lines[0], b"  " + lines[1] + b" \t", *lines[2:]]) + b"\n"
+    parsed = parse_rollout(padded, CHILD)
+    assert list(parsed.records) == [json.loads(line) for line in lines]
+    assert parsed.meta.last_ordinal == 3

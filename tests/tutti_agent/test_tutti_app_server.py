@@ -244,6 +244,35 @@ def test_fork_through_turn_two_keeps_source_turn_ids(tutti_server: Start, tmp_pa
     assert path.read_bytes() == source_bytes
 
 
+def test_fork_left_unloaded_is_answered_written_and_not_opened(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """`loaded: false`: the child is durable and answered as by a loaded fork, but this server
+    never opens it: status `notLoaded`, no `thread/started`, not in `thread/loaded/list`, and
+    `thread/unsubscribe` finds nothing; a `thread/resume` loads it like any thread on disk."""
+    server = tutti_server()
+    src = server.start_thread(str(tmp_path))
+    server.run_turn(src, "one")
+    [t1] = _turn_ids(server, src)
+    fork = server.call("thread/fork", {"threadId": src, "lastTurnId": t1, "loaded": False})
+    child = fork["thread"]
+    assert child["forkedFromId"] == src and [t["id"] for t in child["turns"]] == [t1]
+    assert child["status"] == {"type": "notLoaded"}
+    assert Path(child["path"]).is_file()
+    loaded = server.call("thread/loaded/list", {})["data"]
+    assert src in loaded and child["id"] not in loaded
+    assert server.call("thread/unsubscribe", {"threadId": child["id"]}) == {"status": "notLoaded"}
+    # A loaded fork announces its child; the unloaded one above announced nothing before it.
+    other = server.call("thread/fork", {"threadId": src, "lastTurnId": t1})["thread"]
+    started = server.wait_notification("thread/started", lambda p: p["thread"]["id"] != src)
+    assert started["thread"]["id"] == other["id"]
+    with pytest.raises(RpcError):
+        server.call("thread/fork", {"threadId": src, "lastTurnId": t1, "loaded": "no"})
+    resumed = server.call("thread/resume", {"threadId": child["id"]})["thread"]
+    assert [t["id"] for t in resumed["turns"]] == [t1]
+    assert agent_texts(server.run_turn(child["id"], "two")) == ["echo: two"]
+
+
 def test_referenced_fork_option_writes_codex_like_child(
     tutti_server: Start, tmp_path: Path
 ) -> None:
