@@ -202,11 +202,11 @@ class TurnCheckpoints:
             with self.locks(real):
                 path = Path(real)
                 self.locks.clear_stale_once(self.shadow, real)
-                checkpoint = self.shadow.capture(path)
+                checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
                 self.shadow.keep(
-                    path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit
+                    path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit, real
                 )
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed

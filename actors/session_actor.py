@@ -117,20 +117,23 @@ class SessionActor(PooledActor):
         )
 
     def on_receive(self, message: Any) -> Any:
-        # A Turn's driver events come in bursts (item, binding, completion): while the next
-        # queued message is another driver event, or the provider's answer to the Turn's
+        # A Turn's driver events come in bursts (start, binding; item, completion): while the
+        # next queued message is another driver event, or the provider's answer to the Turn's
         # `turn.start` (which only queues more of its writes; `FollowUp.turn_event`), this
         # one's durable writes wait for it, and the burst's writes land as one transaction
-        # (one baton turn, one COMMIT). Any other message finds them durable — all but
-        # a plain mutation that went ahead of the burst (`goes_ahead`), which does not read or
-        # depend on a Turn's writes. At most MAX_HELD_WRITES wait: a provider that streams
-        # faster than the store commits still has its Turn land (and its `turn.updated`
-        # events go out) every few messages, and the queue stays bounded.
-        following = self.next_message()
-        self.writes.hold = len(self.writes) < MAX_HELD_WRITES and (
-            isinstance(following, DriverEvent)
-            or (isinstance(following, FollowUp) and following.turn_event)
-        )
+        # (one baton turn, one COMMIT, one `turn.updated`). Which message comes next is looked
+        # at once this one is handled (what arrived meanwhile counts), and while a Turn's
+        # `turn.start` is unanswered its writes wait for that answer, which is sure to come
+        # (its result, its failure or its timeout) and follows the start's own events
+        # (`TurnRunner.awaiting_start`). Any other message finds them durable — it drains them
+        # before it runs — all but a plain mutation that went ahead of the burst
+        # (`goes_ahead`), which does not read or depend on a Turn's writes. At most
+        # MAX_HELD_WRITES wait: a provider that streams faster than the store commits still
+        # has its Turn land (and its `turn.updated` events go out) every few messages, and
+        # the queue stays bounded.
+        if self.writes and not self._joins_burst(message) and not self.goes_ahead(message):
+            self.writes.drain_if_due()
+        self.writes.hold = True  # this message's writes wait for its end, at least
         if isinstance(message, RuntimeLost):
             self.runtime.forget_warm_runtime()
         self._expire_row_cache(message)
@@ -152,11 +155,23 @@ class SessionActor(PooledActor):
                 reply(typed)
         finally:
             self._expire_row_cache(message)
-            held, self.writes.hold = self.writes.hold, False
+            following = self.next_message()
+            self.writes.hold = False
+            held = len(self.writes) < MAX_HELD_WRITES and (
+                self._joins_burst(following)
+                or (following is None and self.turns.awaiting_start())
+            )
             if not held:
-                self.writes.drain_if_due()  # what the events before this message held back
+                self.writes.drain_if_due()  # this message's writes and what was held for it
             self._update_busy()
         return None
+
+    @staticmethod
+    def _joins_burst(message: Any) -> bool:
+        """A message whose writes may land with the Turn writes held before it."""
+        return isinstance(message, DriverEvent) or (
+            isinstance(message, FollowUp) and message.turn_event
+        )
 
     def _expire_row_cache(self, message: Any) -> None:
         """The Session row cache (`cached_session`) survives only messages that

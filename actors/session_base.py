@@ -58,6 +58,9 @@ class TurnState:
     # waits for a runtime slot (no limit: it is queued, not hung) or for its runtime's start
     # (`session.start`, with its own timeout).
     at_provider: bool = False
+    # Its `turn.start` is sent and not yet answered: the start's events (binding) arrive
+    # before the answer, and their writes wait for it to land as one transaction.
+    start_unanswered: bool = False
     # When turn.start was last sent, and whether the model has answered since (an item, a
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
     model_asked_at: float | None = None

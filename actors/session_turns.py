@@ -73,6 +73,11 @@ class TurnRunner:
     def unsettled(self) -> bool:
         return any(not t.settled for t in self._turns.values())
 
+    def awaiting_start(self) -> bool:
+        """A Turn not settling has its `turn.start` unanswered: its writes may wait for the
+        answer (which comes: a result, a failure or the request's timeout)."""
+        return any(t.start_unanswered and not t.settling for t in self._turns.values())
+
     def cancel_watchdogs(self) -> None:
         for state in self._turns.values():
             if state.watchdog is not None:
@@ -122,6 +127,7 @@ class TurnRunner:
                 state.after_before.append(lambda: None if state.settling else _start(runtime, warm))
                 return
             state.at_provider = True
+            state.start_unanswered = True
             state.last_activity = time.monotonic()
             request = TurnStart(self._core.key, turn.turn_id, msg.text)
             if warm:
@@ -173,6 +179,7 @@ class TurnRunner:
         refused it because that runtime is no longer the live one, nothing was started at the
         provider, so the runtime is prepared (`session.start`) and the Turn started once more,
         without a generation (it cannot be refused that way twice)."""
+        state.start_unanswered = False
         try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001

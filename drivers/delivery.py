@@ -3,11 +3,12 @@ handed to their waiters and sinks in arrival order on a thread of their own, so 
 can never starve the loop thread (heartbeats, deadlines) and a sink bug never stops later
 deliveries.
 
-One exception, for fewer thread hand-offs on a fork's path: the result of a method
-whose every waiter only hands it on — `INLINE_METHODS`, answered to a Session actor by a
-`tell` — is delivered on the loop thread itself when nothing is queued or running here, so
-arrival order still holds; a fork then reaches its actor in one hop (loop → actor) instead of
-two (loop → delivery thread → actor), each a thread wake-up and a GIL hand-off."""
+One exception, for fewer thread hand-offs on a fork's path and a Turn's stream: the result of
+a method whose every waiter only hands it on — `INLINE_METHODS`, answered to a Session actor
+by a `tell` — and a streamed delta (`INLINE_EVENTS`) are delivered on the loop thread itself
+when nothing is queued or running here, so arrival order still holds; a fork then reaches its
+actor in one hop (loop → actor) instead of two (loop → delivery thread → actor), each a thread
+wake-up and a GIL hand-off, and a delta the events queue in one."""
 
 from __future__ import annotations
 
@@ -34,6 +35,13 @@ INLINE_METHODS = frozenset({"fork", "runtime.attest", "session.start"})
 """Methods whose results may be delivered on the loop thread: their futures' callbacks only
 parse the answer and `tell` the Session actor that waits (actors' `later`,
 `actors.ports.request_fork`, `agenthost.workers.SupervisorPort`), never block."""
+
+
+INLINE_EVENTS = frozenset({"message.delta"})
+"""Events the sink may take on the loop thread (when nothing is queued or running here, as
+for `INLINE_METHODS`): a streamed delta's sink only puts it on the daemon's events queue
+(and, at most once a second, tells the Session actor its reply streams), never blocks. A
+Turn's ~20 deltas each skip a thread hand-off."""
 
 
 class Deliveries:
@@ -97,6 +105,8 @@ class Deliveries:
             if sink is not None:
                 sink(provider, sid, event)
 
+        if event.get("type") in INLINE_EVENTS and self._run_inline(run):
+            return
         self._put(run)
 
     def lifecycle(self, provider: str, event: dict[str, Any]) -> None:

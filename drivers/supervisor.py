@@ -45,6 +45,11 @@ from drivers.worker_state import (
 from protocol.objects import WorkerStatus
 from transport.worker_link import HB_MSG, HEARTBEAT_INTERVAL_S, HostEnd, Mailbox, MsgType, req_msg
 
+TICK_EVERY_S = 0.01
+"""The loop's housekeeping (deadlines, heartbeats, a dead or hung worker, a restart due) runs
+at most this often while messages keep it awake (a streaming Turn's ~20 deltas each woke it),
+and on every idle poll's timeout: each of those checks is late by at most this much."""
+
 __all__ = [
     "BUSY_SILENCE_LIMIT_S",
     "EventSink",
@@ -91,6 +96,7 @@ class WorkerSupervisor:
         self._status: dict[str, WorkerStatus] = {}
         self._closing = threading.Event()
         self._deliveries = Deliveries()
+        self._ticked_at = 0.0  # the loop thread's last `_tick`
         self._loop_thread = threading.Thread(
             target=self._loop, name="worker-supervisor", daemon=True
         )
@@ -220,7 +226,10 @@ class WorkerSupervisor:
         for sock, worker in list(registered.items()):
             if sock in ready:
                 self._read(worker)
-        self._tick()
+        now = time.monotonic()
+        if now - self._ticked_at >= TICK_EVERY_S:
+            self._ticked_at = now
+            self._tick()
         return False
 
     def _submit(self, pending: Pending) -> None:

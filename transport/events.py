@@ -126,12 +126,17 @@ class EventSockets:
     # -- sending -----------------------------------------------------------------------------
 
     def send(self, topic: bytes, payload: bytes) -> None:
+        """Publish on each socket some subscription was read from (loop thread): one with
+        none would drop the event itself, so it is not handed the frames at all (the window
+        a subscription just made has is the one `wants` already has)."""
         assert self.pub is not None
-        try:
-            self.pub.send_multipart([topic, payload], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:
-            log.debug("event dropped: %s", exc)
-        if self.pub_exact is None or b"\0" in topic:
+        plain, exact = self._prefixes
+        if plain:
+            try:
+                self.pub.send_multipart([topic, payload], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.debug("event dropped: %s", exc)
+        if self.pub_exact is None or not exact or b"\0" in topic:
             # A topic holding NUL could still prefix-match another (workspace ids never hold
             # one: the API refuses it); such an event is not published terminated at all.
             return

@@ -41,6 +41,10 @@ class MsgType(StrEnum):
     HB = "hb"
 
 
+_TYPES = frozenset(t.value for t in MsgType)
+"""The `t` values a frame may carry (looked up per frame: no set built each time)."""
+
+
 class LinkProtocolError(ValueError):
     """A frame that is not a msgpack map with a known `t`; the receiver drops it."""
 
@@ -57,7 +61,7 @@ def decode(frame: bytes) -> dict[str, Any]:
         msg = msgpack.unpackb(frame, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several unrelated types for garbage
         raise LinkProtocolError(f"not msgpack: {exc}") from exc
-    if not isinstance(msg, dict) or msg.get("t") not in set(MsgType):
+    if not isinstance(msg, dict) or msg.get("t") not in _TYPES:
         raise LinkProtocolError("not a link map")
     return msg
 

@@ -96,7 +96,24 @@ def _prune_empty(directory: Path, stop: Path) -> None:
 
 
 def _key(cwd: Path) -> str:
-    return hashlib.sha256(os.fsencode(os.path.realpath(cwd))).hexdigest()[:20]
+    return _real_key(os.path.realpath(cwd))
+
+
+def _real_key(real: str) -> str:
+    """`_key` of a path already resolved (`os.path.realpath`)."""
+    return hashlib.sha256(os.fsencode(real)).hexdigest()[:20]
+
+
+def _signature(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells a file written again from the one seen before (device, inode, size,
+    modification time in ns); None when it is not a regular file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _nul(items: Sequence[str]) -> bytes:
@@ -156,11 +173,12 @@ class _Location:
     common_dir: str | None
 
 
-def _discovery_probe(cwd: Path) -> tuple[object, ...]:
+def _discovery_probe(real: str) -> tuple[object, ...]:
     """The `.git` entry (absent, a directory and its inode, or a `gitdir:` file's text) of
-    `cwd` and each directory above it: what git's repository discovery looks at."""
+    the resolved directory `real` and each directory above it: what git's repository
+    discovery looks at."""
     out: list[object] = []
-    d = os.path.realpath(cwd)
+    d = real
     while True:
         entry = os.path.join(d, ".git")
         try:
@@ -197,37 +215,65 @@ class ShadowStore:
         # (`_index_key`); per working directory: where its repository lies.
         self._trees: dict[Path, tuple[bytes, str]] = {}
         self._locations: dict[str, _Location] = {}
+        # The git found on PATH (looked for again only while none is, or once it failed to
+        # start); per resolved working directory: its shadow repository and the signature of
+        # the exclude file last checked there (`_repo`).
+        self._git_found: Git | None = None
+        self._repos: dict[str, tuple[Path, tuple[int, int, int, int], tuple[str, ...]]] = {}
         self._repo_locks: dict[Path, threading.Lock] = {}
         self._guard = threading.Lock()
 
     # -- plumbing --------------------------------------------------------------------------
 
     def _git(self) -> Git:
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return Git.find(self.root, self.timeout_s)
+        """The git to run: found on PATH once (a capture runs several), and looked for again
+        while there is none or after it could not be started (`_run_git`)."""
+        git = self._git_found
+        if git is None:
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+            git = self._git_found = Git.find(self.root, self.timeout_s)
+        return git
 
     def repo_dir(self, cwd: Path) -> Path:
         return self.root / _key(cwd)
 
-    def _repo(self, git: Git, cwd: Path) -> Path:
-        repo = self.repo_dir(cwd)
+    def _repo(self, git: Git, cwd: Path, real: str | None = None) -> Path:
+        """`cwd`'s shadow repository, made if missing, with its exclude file as this store's
+        settings write it. `real`: `cwd` already resolved. Once checked, a directory's
+        repository is taken on the word of one `stat` of that exclude file: the same file
+        (device, inode, size, mtime) holds what was checked; a repository removed or
+        made again, or an exclude file changed by anyone, fails the comparison and is
+        checked (and mended) in full again, as it is when this store's excludes changed."""
+        real = os.path.realpath(cwd) if real is None else real
+        known = self._repos.get(real)
+        if (
+            known is not None
+            and known[2] == self.excludes
+            and _signature(known[0] / "info" / "exclude") == known[1]
+        ):
+            return known[0]
+        repo = self.root / _real_key(real)
         if not (repo / "HEAD").is_file():
+            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
             tmp = self.root / f".init-{uuid.uuid4().hex}"
             git.run(["init", "-q", "--bare", str(tmp)])
-            (tmp / "agenthost-workdir").write_text(os.path.realpath(cwd) + "\n")
+            (tmp / "agenthost-workdir").write_text(real + "\n")
             try:
                 os.rename(tmp, repo)
             except OSError:
                 shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
         exclude = repo / "info" / "exclude"
         patterns = list(self.excludes)
-        inside = os.path.relpath(os.path.realpath(self.root), os.path.realpath(cwd))
+        inside = os.path.relpath(os.path.realpath(self.root), real)
         if not inside.startswith(".."):
             patterns.append(f"/{inside}/")  # never checkpoint the checkpoints themselves
         wanted = "\n".join(patterns) + "\n"
         if not exclude.is_file() or exclude.read_text() != wanted:
             exclude.parent.mkdir(exist_ok=True)
             exclude.write_text(wanted)
+        signature = _signature(exclude)
+        if signature is not None:
+            self._repos[real] = (repo, signature, self.excludes)
         return repo
 
     @staticmethod
@@ -259,20 +305,28 @@ class ShadowStore:
 
     # -- capture ---------------------------------------------------------------------------
 
-    def capture(self, cwd: Path) -> Checkpoint | Unavailable:
+    def capture(self, cwd: Path, real: str | None = None) -> Checkpoint | Unavailable:
         """Record the working tree of `cwd` now; never raises for a missing git, directory or
-        a slow tree (the answer is `Unavailable`)."""
+        a slow tree (the answer is `Unavailable`). `real`: `cwd` already resolved
+        (`os.path.realpath`), so it is not resolved again."""
         try:
             if not cwd.is_dir():
                 return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
             git = self._git()
-            repo = self._repo(git, cwd)
+            real = os.path.realpath(cwd) if real is None else real
+            repo = self._repo(git, cwd, real)
             with self._repo_lock(repo):
                 tree, too_large = self._capture_tree(git, repo, cwd)
-            head, root = self._head_of(git, cwd)
+            head, root = self._head_of(git, cwd, real)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
+            self._forget_git(exc)
             return Unavailable(exc.reason, str(exc))
+
+    def _forget_git(self, exc: GitUnavailable) -> None:
+        """git could not be started: look for it on PATH again next time."""
+        if exc.reason == "git_missing":
+            self._git_found = None
 
     def _repo_lock(self, repo: Path) -> threading.Lock:
         with self._guard:
@@ -343,13 +397,16 @@ class ShadowStore:
                 out.append(rel)
         return out
 
-    def _head_of(self, git: Git, cwd: Path) -> tuple[str | None, str | None]:
+    def _head_of(
+        self, git: Git, cwd: Path, real: str | None = None
+    ) -> tuple[str | None, str | None]:
         """The HEAD commit and top of the repository `cwd` lies in, read only. Where the
         repository lies is asked of git once per directory (and again when a `.git` entry
         above it changes); HEAD and the ref it names are then read from their files (git's
-        `files` ref format), exact whatever their timestamps; anything else is asked of git."""
-        real = os.path.realpath(cwd)
-        probe = _discovery_probe(cwd)
+        `files` ref format), exact whatever their timestamps; anything else is asked of git.
+        `real`: `cwd` already resolved."""
+        real = os.path.realpath(cwd) if real is None else real
+        probe = _discovery_probe(real)
         loc = self._locations.get(real)
         if loc is None or loc.probe != probe:
             loc = self._locate(git, cwd, probe)
@@ -425,14 +482,15 @@ class ShadowStore:
 
     # -- refs and space --------------------------------------------------------------------
 
-    def keep(self, cwd: Path, name: str, commit: str) -> str:
-        """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`).
+    def keep(self, cwd: Path, name: str, commit: str, real: str | None = None) -> str:
+        """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`);
+        `real`: `cwd` already resolved.
 
         Written as git's `files` ref format writes a ref, without starting git: the loose ref
         file through its `.lock` (created exclusively: a lock another writer holds, or a
         killed one left, fails the same way `update-ref` does), renamed into place."""
         git = self._git()
-        repo = self._repo(git, cwd)
+        repo = self._repo(git, cwd, real)
         ref = f"{REF_ROOT}/{name}"
         if (repo / "reftable").exists() or not _HEX.fullmatch(commit):
             git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})

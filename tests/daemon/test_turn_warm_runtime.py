@@ -177,3 +177,46 @@ def test_a_turns_start_answer_queued_among_its_events_does_not_split_their_batch
     transactions, batched = stats.transactions - before[0], stats.batched - before[1]
     assert transactions == 1, (transactions, batched)
     assert batched >= 3, (transactions, batched)  # the binding, the reply, the settlement
+
+
+def test_a_turns_start_events_land_as_one_transaction_when_they_arrive_apart(
+    running_without_checkpoints: tuple[Daemon, Client],
+) -> None:
+    """The Turn's `turn.started` and its `turn.binding` reach the Session actor apart (the
+    binding held 300 ms on the delivery thread, so the actor has handled the start and its
+    inbox is empty): their writes wait for the answer to `turn.start`, which the worker sends
+    after both, and land as one transaction — one COMMIT and one `turn.updated`, not one
+    each. The assistant's Message is held back on the delivery thread until the test has
+    counted, so nothing later joins that transaction."""
+    daemon, c = running_without_checkpoints
+    sid = _warm_session(c)
+    assert daemon.store is not None and daemon.supervisor is not None
+    stats = daemon.store.db.write_stats
+    release = threading.Event()
+    forward = daemon._on_worker_event
+
+    def sink(provider: str, key: str, event: dict[str, object]) -> None:
+        if event.get("type") == "turn.binding":
+            time.sleep(0.3)
+        item = event.get("item")
+        if isinstance(item, dict) and item.get("kind") == "assistant":
+            release.wait(30)
+        forward(provider, key, event)
+
+    daemon.supervisor.set_event_sink(sink)
+    try:
+        turn_id = submit(c, sid, "one start")["turnId"]  # answered once the claim is durable
+        claimed = stats.transactions
+
+        def bound() -> bool:
+            turn = daemon.store.turns.get_turn(WS, sid, turn_id)  # type: ignore[union-attr]
+            return bool(turn.root_provider_turn_id and turn.provider_turn_binding_json)
+
+        wait_for(bound, 30)
+        assert stats.transactions - claimed == 1
+    finally:
+        release.set()
+        daemon.supervisor.set_event_sink(forward)
+    turn = settle(c, sid, turn_id)
+    assert turn["outcome"] == "completed", turn
+    assert [m["text"] for m in turn["messages"]] == ["one start", "echo: one start"]

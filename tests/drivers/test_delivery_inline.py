@@ -85,3 +85,53 @@ def test_a_fork_result_behind_a_queued_event_keeps_arrival_order() -> None:
     finally:
         release.set()
         deliveries.close(5)
+
+
+def test_a_delta_with_nothing_queued_is_handed_to_the_sink_on_the_calling_thread() -> None:
+    """A streamed delta's sink only queues it for the publisher: with nothing queued or
+    running on the delivery thread it runs on the loop thread; any other event does not."""
+    deliveries = Deliveries()
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def sink(provider: str, sid: str, event: dict[str, Any]) -> None:
+        seen.append((str(event["type"]), threading.current_thread().name))
+        if event["type"] == "turn.completed":
+            done.set()
+
+    deliveries.event_sink = sink
+    try:
+        deliveries.event("tutti-agent", "ws/s", {"type": "message.delta", "delta": "d00 "})
+        assert seen == [("message.delta", threading.current_thread().name)]
+        assert deliveries.inlined == 1
+        deliveries.event("tutti-agent", "ws/s", {"type": "turn.completed"})
+        assert done.wait(10)
+        assert seen[-1] == ("turn.completed", "worker-delivery") and deliveries.inlined == 1
+    finally:
+        deliveries.close(5)
+
+
+def test_a_delta_behind_a_queued_event_keeps_arrival_order() -> None:
+    deliveries = Deliveries()
+    order: list[str] = []
+    release = threading.Event()
+    entered = threading.Event()
+
+    def sink(provider: str, sid: str, event: dict[str, Any]) -> None:
+        if event["type"] == "item":
+            entered.set()
+            release.wait(10)
+        order.append(str(event["type"]))
+
+    deliveries.event_sink = sink
+    try:
+        deliveries.event("tutti-agent", "ws/s", {"type": "item"})
+        assert entered.wait(10)  # the item is running on the delivery thread
+        deliveries.event("tutti-agent", "ws/s", {"type": "message.delta", "delta": "d00 "})
+        assert order == []  # queued behind it, not run here
+        release.set()
+        deliveries.close(5)  # runs what is queued, then stops
+        assert order == ["item", "message.delta"] and deliveries.inlined == 0
+    finally:
+        release.set()
+        deliveries.close(5)

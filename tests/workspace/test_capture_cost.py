@@ -185,6 +185,48 @@ def test_the_reused_tree_follows_any_change_of_the_shadow_index(
     assert git_log.commands() == ["ls-files"]
 
 
+def test_the_shadow_repository_is_checked_once_and_mended_when_changed_behind_the_store(
+    tmp_path: Path, repo: Path, git_log: GitLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """git is looked for on PATH once per store, and a directory's shadow repository and
+    exclude file are checked in full once: later captures take them on the word of one stat.
+    An exclude file rewritten behind the store's back, or a repository removed, fails that
+    stat's comparison and is mended before the capture (nothing excluded gets captured)."""
+    import workspace.git as git_module
+
+    looked_up: list[str | None] = []
+    real_binary = git_module.git_binary
+
+    def counting() -> str | None:
+        looked_up.append(found := real_binary())
+        return found
+
+    monkeypatch.setattr(git_module, "git_binary", counting)
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    (repo / ".env").write_text("SECRET=1\n")
+    first = capture(store, repo)
+    capture(store, repo)
+    assert len(looked_up) == 1
+    exclude = store.repo_dir(repo) / "info" / "exclude"
+    wanted = exclude.read_text()
+    assert ".env" in wanted.splitlines()
+    assert ".env" not in shadow_files(store, repo, first.tree)
+
+    exclude.write_text("# emptied by someone else\n")
+    (repo / "c.txt").write_text("charlie\n")
+    again = capture(store, repo)
+    assert exclude.read_text() == wanted
+    assert set(shadow_files(store, repo, again.tree)) == {"a.txt", "b.txt", "c.txt"}
+
+    shutil.rmtree(store.repo_dir(repo))
+    git_log.clear()
+    remade = capture(store, repo)
+    assert "init" in git_log.commands()
+    assert exclude.read_text() == wanted
+    assert set(shadow_files(store, repo, remade.tree)) == {"a.txt", "b.txt", "c.txt"}
+    assert len(looked_up) == 1
+
+
 def test_head_is_read_from_the_repository_files_exactly(
     tmp_path: Path, repo: Path, git_log: GitLog
 ) -> None:
