@@ -339,7 +339,7 @@ class ForkSaga:
         # The reply leaves as soon as the commit is durable: the commit's change events (the
         # operation, the child, the source) reach the events thread only once the waiters
         # are answered, so its read-backs do not run ahead of the reply (design/fork-saga.md,
-        # step 8).
+        # step 9).
         with db.events_after():
             with db.background():
                 # Not fsync'd on its own: the commit below is, and takes this row to the disk
