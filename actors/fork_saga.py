@@ -240,6 +240,14 @@ class ForkSaga:
             self.host.attested_runtime = (
                 None if generation is None else self._attestation_key(generation)
             )
+        # The request is handed to the worker link before this step's change events (the
+        # prepare's held ones and `dispatching`'s) wake the events thread to read them back.
+        with self.host.store.db.events_after():
+            fork = self._dispatch(op, generation)
+        self.host.later(fork, lambda f: self._step(self._dispatched, f))
+
+    def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
+        """`dispatching`, durable, then the one fork request to the worker."""
         with self.host.store.db.background():
             # The saga's own row: one guarded UPDATE, no read of it first.
             op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
@@ -274,8 +282,7 @@ class ForkSaga:
             driver_kind=op.driver_kind,
             driver_version=op.driver_version,
         )
-        fork = self.host.workers.fork(self.runtime.provider, request, self.host.timeouts.fork_s)
-        self.host.later(fork, lambda f: self._step(self._dispatched, f))
+        return self.host.workers.fork(self.runtime.provider, request, self.host.timeouts.fork_s)
 
     def _verdict_error(self, result: Mapping[str, Any]) -> str | None:
         op = self.operation

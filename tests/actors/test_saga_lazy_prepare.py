@@ -79,9 +79,13 @@ def fork_through_start(
     attested the runtime the fork runs on (no `runtime.attest`); `flaky_dispatching`: the
     first `dispatching` write finds the store busy (the saga retries it on a timer)."""
     sid, turns = source(store, home)
-    worker = ScriptedWorker(
-        {"runtime.attest": lambda m, p: verdict(), "fork": lambda m, p: accepted(p)}
-    )
+    order: list[str] = []
+
+    def fork_sent(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        order.append("fork sent")
+        return accepted(params)
+
+    worker = ScriptedWorker({"runtime.attest": lambda m, p: verdict(), "fork": fork_sent})
     host = CatalogHost(store, worker, ScriptedFailpoints(), home, sid)
     runtime = PreparedRuntime(
         provider=PROVIDER,
@@ -110,7 +114,6 @@ def fork_through_start(
 
         moves.mark_fork_dispatching = busy_once  # type: ignore[method-assign]
     seen: list[str] = []
-    order: list[str] = []
 
     def on_event(event: ChangeEvent) -> None:
         order.append(type(event).__name__)
@@ -189,16 +192,18 @@ def test_the_budget_does_not_announce_a_lazy_prepare_before_dispatching_is_durab
     assert "prepared" not in forked.seen_at_events
 
 
-def test_the_commit_is_answered_before_its_change_events_go_out(
+def test_the_request_and_the_reply_go_before_the_change_events_of_their_step(
     store: Store, tmp_path: Path
 ) -> None:
     forked = fork_through_start(store, tmp_path, warm=True)
     assert forked.operation.status is ForkStatus.COMMITTED
-    # prepare's events (the operation, the source's fence; held with its lazy COMMIT) and
-    # dispatching's, then the reply (sent once the commit's COMMIT returned, durable), then
-    # provider_accepted's event (a lazy COMMIT's, held until the commit's fsync) and the
-    # commit's three: the operation, the child and the source. None lost.
+    # The fork request handed to the worker first; then prepare's events (the operation, the
+    # source's fence; held with its lazy COMMIT) and dispatching's; then the reply (sent once
+    # the commit's COMMIT returned, durable), then provider_accepted's event (a lazy COMMIT's,
+    # held until the commit's fsync) and the commit's three: the operation, the child and the
+    # source. None lost.
     assert forked.order == [
+        "fork sent",
         "ForkOperationChanged",
         "SessionChanged",
         "ForkOperationChanged",
