@@ -240,6 +240,14 @@ class ForkSaga:
             self.host.attested_runtime = (
                 None if generation is None else self._attestation_key(generation)
             )
+        # The request is handed to the worker link before this step's change events (the
+        # prepare's held ones and `dispatching`'s) wake the events thread to read them back.
+        with self.host.store.db.events_after():
+            fork = self._dispatch(op, generation)
+        self.host.later(fork, lambda f: self._step(self._dispatched, f))
+
+    def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
+        """`dispatching`, durable, then the one fork request to the worker."""
         with self.host.store.db.background():
             # The saga's own row: one guarded UPDATE, no read of it first.
             op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
@@ -274,8 +282,7 @@ class ForkSaga:
             driver_kind=op.driver_kind,
             driver_version=op.driver_version,
         )
-        fork = self.host.workers.fork(self.runtime.provider, request, self.host.timeouts.fork_s)
-        self.host.later(fork, lambda f: self._step(self._dispatched, f))
+        return self.host.workers.fork(self.runtime.provider, request, self.host.timeouts.fork_s)
 
     def _verdict_error(self, result: Mapping[str, Any]) -> str | None:
         op = self.operation
@@ -335,21 +342,27 @@ class ForkSaga:
         if isinstance(evidence, str):
             self._unknown(f"unverifiable provider child: {evidence}")
             return
-        with self.host.store.db.background():
-            # Not fsync'd on its own: the commit below is, and takes this row to the disk
-            # with it (a killed host keeps it either way: the restart commits the child).
-            op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
-                self.host.ws,
-                self.operation.operation_id,
-                evidence,
-                durable=False,
-                known=self.operation,
-            )
-            self.operation = op
-            self._hit("host.fork.before_commit")
-            op, _ = self.host.store.fork_commit.commit_fork(self.host.ws, op.operation_id)
-        self._hit("host.fork.after_commit")
-        self._finish(op)
+        db = self.host.store.db
+        # The reply leaves as soon as the commit is durable: the commit's change events (the
+        # operation, the child, the source) reach the events thread only once the waiters
+        # are answered, so its read-backs do not run ahead of the reply (design/fork-saga.md,
+        # step 9).
+        with db.events_after():
+            with db.background():
+                # Not fsync'd on its own: the commit below is, and takes this row to the disk
+                # with it (a killed host keeps it either way: the restart commits the child).
+                op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
+                    self.host.ws,
+                    self.operation.operation_id,
+                    evidence,
+                    durable=False,
+                    known=self.operation,
+                )
+                self.operation = op
+                self._hit("host.fork.before_commit")
+                op, _ = self.host.store.fork_commit.commit_fork(self.host.ws, op.operation_id)
+            self._hit("host.fork.after_commit")
+            self._finish(op)
 
     def _verify(self, result: ForkResult) -> ProviderForkEvidence | str:
         """`accepted` is a hard gate (seed 000 §7.1): a child id alone proves nothing."""
@@ -506,6 +519,10 @@ class ForkSaga:
         ):
             op = self.host.store.fork_queries.get_fork_operation(self.host.ws, op.operation_id)
         self.operation = op
+        # The callers first: the rest is this actor's own bookkeeping, done in this same step
+        # (no message of this Session, a replay included, runs before it ends).
+        for waiter in self.waiters:
+            waiter.answer(op, op.status in TERMINAL)
         if op.status != fork_states.ForkStatus.COMMITTED:
             # Whatever went wrong (a refused generation among it), the next fork of this
             # source starts its runtime again instead of reusing it.
@@ -514,5 +531,3 @@ class ForkSaga:
         self.host.live_operations.discard(op.operation_id)
         if op.status in TERMINAL:  # the fence is released: late checkpoints land now
             self.host.apply_late_bindings()
-        for waiter in self.waiters:
-            waiter.answer(op, op.status in TERMINAL)

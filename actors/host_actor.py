@@ -59,13 +59,6 @@ class GetFork:
 
 
 @dataclass(frozen=True, slots=True)
-class BusyChange:
-    workspace_id: str
-    session_id: str
-    busy: bool
-
-
-@dataclass(frozen=True, slots=True)
 class Reap:
     pass
 
@@ -96,11 +89,10 @@ class HostActor(pykka.ThreadingActor):
     def on_start(self) -> None:
         me = self.actor_ref
 
-        def _on_busy(ws: str, sid: str, busy: bool) -> None:
-            with contextlib.suppress(pykka.ActorDeadError):
-                me.tell(BusyChange(ws, sid, busy))
-
-        self.ctx.on_busy_change = _on_busy
+        # A Session actor's busy flag is set from its own thread, straight in the routes table
+        # (which locks): it decides only this actor's reap, which reads it under that lock,
+        # and a message to this actor per change woke its thread twice a fork or a Turn.
+        self.ctx.on_busy_change = self.routes.set_busy
         period = max(0.05, min(5.0, self.idle_after_s / 2))
 
         def _reap_loop() -> None:
@@ -151,8 +143,6 @@ class HostActor(pykka.ThreadingActor):
                     self._route(ws, sid, typed)
             case GetFork():
                 self._get_fork(message)
-            case BusyChange(workspace_id=ws, session_id=sid, busy=busy):
-                self.routes.set_busy(ws, sid, busy)
             case RuntimeLost():
                 for ref in self.routes.refs():
                     with contextlib.suppress(pykka.ActorDeadError):

@@ -344,6 +344,11 @@ class BackgroundWrites(Protocol):
         write queued meanwhile goes ahead, for a bounded time (`storage.baton`)."""
         ...
 
+    def events_after(self) -> AbstractContextManager[None]:
+        """The block's durable writes tell their subscribers when it ends (the saga answers
+        its callers first), each still after its COMMIT is durable."""
+        ...
+
 
 class ActorDatabase(TurnBatches, BackgroundWrites, Protocol):
     """`store.db` as the actors together see it."""

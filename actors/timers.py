@@ -65,6 +65,8 @@ class Timers:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._name = name
+        self.wakes = 0
+        """Times `call_later` woke the thread (a timer due before every other one)."""
 
     def __len__(self) -> int:
         """Entries in the heap, cancelled ones not yet compacted away included."""
@@ -80,7 +82,13 @@ class Timers:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0][2] is handle:
+                # Due before every other entry: the thread sleeps until the old first one's
+                # time (or for ever), so it must look again. A later one is found when the
+                # thread wakes for the earlier: no wake-up (a fork's 2 s budget, armed and
+                # cancelled on every fork, never wakes the thread while anything is due first).
+                self.wakes += 1
+                self._cond.notify()
         return handle
 
     def pending(self) -> int:

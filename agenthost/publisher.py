@@ -1,16 +1,16 @@
-"""The daemon's event publisher: store changes (and streamed deltas) projected onto PUB events
-in commit order, on one thread of its own, off the writers' threads.
+"""The daemon's event publisher: store changes (and streamed deltas) projected onto PUB events in
+commit order, on one thread of its own, off the writers' threads.
 
-It works in batches — everything queued when it wakes, up to `BATCH`, handed to the
-transport loop in order, in one go up to each change it reads back from the store, so the
-events built before that read (streamed deltas) leave before it — drops a change that repeats
-the one right before it, and a Session's or a fork operation's change that repeats one anywhere
-earlier in the batch (each event reads the state after every change of its batch was
-committed, so the repeat would say the same), and builds no event for a workspace no connected
-subscriber wants (`ApiServer.wants`): no store read, no projection, no encoding. A Turn skipped
-that way is forgotten by `TurnDeltas`, so its next event, when someone listens, carries it
-whole. A Session or fork operation change nobody wants is dropped before it is even queued
-(`offer`), so it does not wake the thread at all.
+It works in batches — everything queued when it wakes, up to `BATCH`, handed to the transport
+loop in order, in hand-overs of up to `HANDOVER` events read back from the store; a streamed
+delta goes (with what was built before it) ahead of the next change read back, so no delta
+waits for a read — drops a change that repeats the one right before it, and a Session's or a
+fork operation's change that repeats one anywhere earlier in the batch (each event reads the
+state after every change of its batch was committed, so the repeat would say the same), and
+builds no event for a workspace no connected subscriber wants (`ApiServer.wants`): no store
+read, no projection, no encoding. A Turn skipped that way is forgotten by `TurnDeltas`, so its
+next event, when someone listens, carries it whole. A Session or fork operation change nobody
+wants is dropped before it is even queued (`offer`), so it does not wake the thread at all.
 """
 
 from __future__ import annotations
@@ -47,7 +47,12 @@ _READ_BACK = (SessionChanged, TurnChanged, ForkOperationChanged)
 """The changes whose event is read from the store (a `StreamDelta` carries its own)."""
 
 BATCH = 256
-"""Changes taken off the queue per wake-up, at most (one hand-over to the transport loop)."""
+"""Changes taken off the queue per wake-up, at most."""
+
+HANDOVER = 16
+"""Events read back from the store that wait for one another before they are handed to the
+transport loop together (one pipe message): a fork's five to seven events of a batch go as
+one, and the first of a long batch waits for at most this many reads."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,11 @@ class EventPublisher:
         # state after every change of the batch was committed (each was, before it was
         # queued), so a second event would say the same thing again.
         entities: set[SessionChanged | ForkOperationChanged] = set()
+        # Whether `out` holds a streamed delta: then it is handed over before the next read;
+        # events read back from the store go together, `HANDOVER` at most (a fork's events
+        # in a batch were one pipe message to the loop each). What `out` holds on entry are
+        # the batch's leading deltas.
+        delta_out = bool(out)
         for change in batch:
             if change is None:
                 stop = True
@@ -178,10 +188,16 @@ class EventPublisher:
                         self.repeats += 1
                     continue
                 entities.add(change)
-            if out and sink is not None and isinstance(change, _READ_BACK):
-                # What is built so far (deltas, typically) leaves before this change's read.
+            if (
+                (delta_out or len(out) >= HANDOVER)
+                and sink is not None
+                and isinstance(change, _READ_BACK)
+            ):
+                # What is built so far (a delta among it, or `HANDOVER` events) leaves
+                # before this change's read.
                 sink.publish_many(out)
                 out.clear()
+                delta_out = False
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
                     self.skipped += 1
@@ -200,6 +216,7 @@ class EventPublisher:
             if event is not None:
                 self.projected += 1
                 out.append((change.workspace_id, event))
+                delta_out = delta_out or isinstance(change, StreamDelta)
         return stop
 
     def project(self, change: Any) -> Event | None:

@@ -308,8 +308,31 @@ class Database:
 
         return unsubscribe
 
+    @contextmanager
+    def events_after(self) -> Iterator[None]:
+        """This thread's durable writes inside the block tell their subscribers when the block
+        ends, not after each COMMIT: a caller that answers a client from what it wrote (a
+        fork's commit) sends that answer before the events thread is woken to read the same
+        rows back. Each event still goes out after its COMMIT is durable and in this thread's
+        commit order; an exception in the block delivers them all the same (the writes are
+        kept). A block inside a block is the same block."""
+        if getattr(self._local, "after", None) is not None:
+            yield
+            return
+        held: list[ChangeEvent] = []
+        self._local.after = held
+        try:
+            yield
+        finally:
+            self._local.after = None
+            self._notify(held)
+
     def _notify(self, events: list[ChangeEvent]) -> None:
         if not events:
+            return
+        held: list[ChangeEvent] | None = getattr(self._local, "after", None)
+        if held is not None:
+            held.extend(events)
             return
         with self._lock:
             subscribers = list(self._subscribers)

@@ -68,6 +68,8 @@ class Forked:
     lazy_commits: int
     # The operation's status in the store when each of its change events was published.
     seen_at_events: list[str]
+    # Replies and change events, in the order they went out: "reply", or the event's kind.
+    order: list[str]
 
 
 def fork_through_start(
@@ -77,9 +79,13 @@ def fork_through_start(
     attested the runtime the fork runs on (no `runtime.attest`); `flaky_dispatching`: the
     first `dispatching` write finds the store busy (the saga retries it on a timer)."""
     sid, turns = source(store, home)
-    worker = ScriptedWorker(
-        {"runtime.attest": lambda m, p: verdict(), "fork": lambda m, p: accepted(p)}
-    )
+    order: list[str] = []
+
+    def fork_sent(method: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        order.append("fork sent")
+        return accepted(params)
+
+    worker = ScriptedWorker({"runtime.attest": lambda m, p: verdict(), "fork": fork_sent})
     host = CatalogHost(store, worker, ScriptedFailpoints(), home, sid)
     runtime = PreparedRuntime(
         provider=PROVIDER,
@@ -110,14 +116,20 @@ def fork_through_start(
     seen: list[str] = []
 
     def on_event(event: ChangeEvent) -> None:
+        order.append(type(event).__name__)
         if isinstance(event, ForkOperationChanged):
             seen.append(store.fork_queries.get_fork_operation(WS, event.operation_id).status.value)
 
     unsubscribe = store.db.subscribe(on_event)
     replies: list[Any] = []
+
+    def reply(answer: Any) -> None:
+        order.append("reply")
+        replies.append(answer)
+
     before = store.db.write_stats.snapshot()
     try:
-        msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], replies.append)
+        msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], reply)
         fork_start._prepare(host, msg, INFO, runtime)
         if flaky_dispatching:
             # The caller's budget runs out while `dispatching` waits for the store, then the
@@ -137,6 +149,7 @@ def fork_through_start(
         after["commits"] - before["commits"],
         after["lazy_commits"] - before["lazy_commits"],
         seen,
+        order,
     )
 
 
@@ -177,3 +190,28 @@ def test_the_budget_does_not_announce_a_lazy_prepare_before_dispatching_is_durab
     rechecks = forked.host.timers[2:]
     assert rechecks, "the budget's answer was not deferred"
     assert "prepared" not in forked.seen_at_events
+
+
+def test_the_request_and_the_reply_go_before_the_change_events_of_their_step(
+    store: Store, tmp_path: Path
+) -> None:
+    forked = fork_through_start(store, tmp_path, warm=True)
+    assert forked.operation.status is ForkStatus.COMMITTED
+    # The fork request handed to the worker first; then prepare's events (the operation, the
+    # source's fence; held with its lazy COMMIT) and dispatching's; then the reply (sent once
+    # the commit's COMMIT returned, durable), then provider_accepted's event (a lazy COMMIT's,
+    # held until the commit's fsync) and the commit's three: the operation, the child and the
+    # source. None lost.
+    assert forked.order == [
+        "fork sent",
+        "ForkOperationChanged",
+        "SessionChanged",
+        "ForkOperationChanged",
+        "reply",
+        "ForkOperationChanged",
+        "ForkOperationChanged",
+        "SessionChanged",
+        "SessionChanged",
+    ]
+    # Each went out after its row was on the disk: none read `prepared` or `provider_accepted`.
+    assert forked.seen_at_events == ["dispatching", "dispatching", "committed", "committed"]

@@ -52,3 +52,22 @@ def test_a_timer_that_fired_cannot_be_cancelled_into_the_count() -> None:
     handle.cancel()
     assert handle.cancelled
     assert len(timers) == 0
+
+
+def test_a_timer_due_after_another_does_not_wake_the_thread_and_all_fire_in_order() -> None:
+    timers = Timers()
+    order: list[str] = []
+    done = threading.Event()
+    timers.call_later(0.2, lambda: order.append("first"))
+    assert timers.wakes == 1
+    # Due later than the pending one: found when the thread wakes for that one.
+    timers.call_later(0.4, lambda: (order.append("third"), done.set()))
+    assert timers.wakes == 1
+    # Due before every other one: the sleeping thread must look again, or it fires late.
+    timers.call_later(0.0, lambda: order.append("zeroth"))
+    assert timers.wakes == 2
+    timers.call_later(0.3, lambda: order.append("second"))
+    assert timers.wakes == 2
+    assert done.wait(5)
+    assert order == ["zeroth", "first", "second", "third"]
+    timers.close()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agenthost.daemon import Daemon
-from agenthost.publisher import EventPublisher, StreamDelta
+from agenthost.publisher import HANDOVER, EventPublisher, StreamDelta
 from storage.models import SessionChanged, TurnChanged
 from tests.support.daemon import create_session, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
@@ -156,3 +156,20 @@ def test_deltas_queued_before_a_turn_change_leave_before_its_store_read(
         (["turn.updated", "message.delta"], 1),
         (["turn.updated", "message.delta"], 2),
     ]
+
+
+def test_events_read_back_go_to_the_loop_together_up_to_a_bound(
+    running: tuple[Daemon, Client],
+) -> None:
+    """A batch's events read back from the store are one hand-over to the transport loop (one
+    pipe message), not one each; past `HANDOVER` of them the next read waits for none."""
+    daemon, client = running
+    assert daemon.store is not None
+    sids = [create_session(client, WS)["agentSessionId"] for _ in range(HANDOVER + 2)]
+    sink = RecordingSink([])
+    publisher = EventPublisher(daemon.store, daemon.catalog, lambda: sink, queue.SimpleQueue())
+    publisher._publish([SessionChanged(WS, sid) for sid in sids[:3]])
+    assert sink.handovers == [(["session.upserted"] * 3, 0)]
+    sink.handovers.clear()
+    publisher._publish([SessionChanged(WS, sid) for sid in sids])
+    assert [len(types) for types, _ in sink.handovers] == [HANDOVER, 2]

@@ -484,6 +484,47 @@ def test_a_lazy_writes_events_wait_for_the_next_fsynced_commit(tmp_path: Path) -
         store.close()
 
 
+def test_events_after_tells_subscribers_at_the_end_of_the_block_in_commit_order(
+    tmp_path: Path,
+) -> None:
+    """`events_after`: this thread's durable writes in the block are heard when the block
+    ends (after each COMMIT returned), in commit order, the lazy writes' among them once an
+    fsync covered them; another thread's writes meanwhile are heard at once; an exception in
+    the block still delivers what was committed."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    heard: list[str] = []
+
+    def hear(event: object) -> None:
+        if isinstance(event, SessionChanged):
+            heard.append(event.session_id)
+
+    try:
+        _sessions(store, 4)
+        store.db.subscribe(hear)
+        with store.db.events_after():
+            with store.db.write(WS, durable=False) as tx:
+                tx.emit(SessionChanged(WS, "s0"))
+            store.sessions.update_title(WS, "s1", "durable")
+            with store.db.events_after():  # the same block
+                store.sessions.update_title(WS, "s2", "durable")
+            assert heard == []  # durable, but the block has not ended
+            other = threading.Thread(target=lambda: store.sessions.update_title(WS, "s3", "x"))
+            other.start()
+            other.join(20)
+            assert heard == ["s3"]  # another thread's write is not held
+        assert heard == ["s3", "s0", "s1", "s2"]
+
+        heard.clear()
+        with pytest.raises(RuntimeError), store.db.events_after():
+            store.sessions.update_title(WS, "s1", "again")
+            raise RuntimeError("after the write")
+        assert heard == ["s1"]
+        store.sessions.update_title(WS, "s2", "outside")  # no block: heard at once
+        assert heard == ["s1", "s2"]
+    finally:
+        store.close()
+
+
 def test_a_writer_that_cannot_be_set_back_to_fsync_is_replaced(tmp_path: Path) -> None:
     """If `synchronous=FULL` cannot be restored after a lazy COMMIT, that connection is closed
     and the next write runs on a fresh one, fsync'd: no write is ever left without its fsync

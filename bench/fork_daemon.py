@@ -1,0 +1,265 @@
+"""The daemon's share of a fork, by thread and along its path (issue 36 targets 1 and 3).
+
+Two probes of a `BenchDaemon` (tutti-agent), neither a timing benchmark of record:
+
+- `--clients N` (default 16): `bench.loadgen`'s fork loop at N clients, each on its own source
+  of 3 Turns (what `bench.throughput` runs), for `--seconds` per round; per round, the
+  daemon's CPU milliseconds per committed fork **by thread** (`/proc/<pid>/task/*/stat`, each
+  thread named for the kernel by `bench/stamp_site`) and its voluntary context switches per
+  fork by thread (`/proc/<pid>/task/*/status`: each is a thread going to sleep — on a queue,
+  a lock, the GIL, an fsync — so a count of wake-ups, which the load barely moves).
+- `--serial N`: N forks one at a time of a warm 10-Turn source, with an events subscriber
+  connected (as a GUI is), the daemon's path stamped (`bench/stamp_site`: wall clock at the
+  entry and exit of the path's functions); prints each stamp's median offset from the client's
+  send, and the reply's anatomy: the commit's body and fsync'd COMMIT, the durable COMMIT to
+  the reply's hand-over to the transport loop, the loop's send, and the client holding it.
+
+This file runs with the code of whichever tree leads PYTHONPATH (the daemon is started from
+that tree's `bench.harness`), so one copy measures two trees, interleaved:
+
+    PYTHONPATH=<tree> build/venv/bin/python <this checkout>/bench/fork_daemon.py --clients 16
+    PYTHONPATH=<tree> build/venv/bin/python <this checkout>/bench/fork_daemon.py --serial 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from bench.common import cpu_probe_ms
+from bench.harness import (
+    WS,
+    BenchDaemon,
+    acknowledge,
+    create_session,
+    fork_until_terminal,
+    last_settled_turn,
+    run_turn,
+)
+from bench.loadgen import ClientSpec, now_ms, run_clients
+
+SITE = Path(__file__).resolve().parent / "stamp_site"
+
+
+def _site_env(**extra: str) -> None:
+    """The daemon started next loads `bench/stamp_site` (this checkout's) first."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(SITE), os.environ.get("PYTHONPATH", "")) if p
+    )
+    os.environ.update(extra)
+
+
+def _threads(pid: int) -> Counter[str]:
+    """CPU ticks ("cpu:<name>") and voluntary context switches ("cs:<name>") of each thread
+    of `pid`, summed by name (numbered pool threads together)."""
+    out: Counter[str] = Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        name = re.sub(r"[_-]?\d+$", "", stat[stat.index("(") + 1 : stat.rindex(")")])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out["cpu:" + name] += int(fields[11]) + int(fields[12])
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches"):
+                out["cs:" + name] += int(line.split()[1])
+    return out
+
+
+def _snapshot(into: dict[str, Counter[str]], pid: int) -> None:
+    into["t"] = _threads(pid)
+
+
+def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
+    _site_env(AGENTHOST_NAME_THREADS="1")
+    tick = os.sysconf("SC_CLK_TCK")
+    out: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-fork-daemon-") as tmp:
+        daemon = BenchDaemon(Path(tmp) / "home").start()
+        try:
+            c = daemon.client()
+            sids = [create_session(c, f"src {i}") for i in range(level)]
+            specs = []
+            for sid in sids:
+                for i in range(3):
+                    run_turn(c, sid, f"turn {i}")
+                specs.append(
+                    ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": last_settled_turn(c, sid)})
+                )
+            run_clients(daemon.api, specs, 2.0, events=daemon.events)  # warm
+            for _ in range(rounds):
+                load, probe = os.getloadavg()[0], cpu_probe_ms()
+                before: dict[str, Counter[str]] = {}
+                records = run_clients(
+                    daemon.api,
+                    specs,
+                    seconds,
+                    events=daemon.events,
+                    on_start=functools.partial(_snapshot, before, daemon.pid),
+                )
+                after = _threads(daemon.pid)
+                forks = sum(1 for rs in records for r in rs if r.get("reason") == "committed")
+                n = max(1, forks)
+                delta = {k: after[k] - before["t"].get(k, 0) for k in after}
+                cpu = {k[4:]: v / tick * 1000 / n for k, v in delta.items() if k[:4] == "cpu:"}
+                wakes = {k[3:]: v / n for k, v in delta.items() if k[:3] == "cs:"}
+                row = {
+                    "load": load,
+                    "cpuProbeMs": probe,
+                    "forks": forks,
+                    "forksPerSecond": forks / seconds,
+                    "cpuMsPerFork": sum(cpu.values()),
+                    "wakeupsPerFork": sum(wakes.values()),
+                    "cpuByThread": cpu,
+                    "wakeupsByThread": wakes,
+                }
+                out.append(row)
+                print(_round_line(row), flush=True)
+        finally:
+            daemon.stop()
+    return out
+
+
+def _round_line(row: dict[str, Any]) -> str:
+    def top(d: dict[str, float]) -> str:
+        items = sorted(d.items(), key=lambda kv: -kv[1])
+        return ", ".join(f"{k} {v:.2f}" for k, v in items if v >= 0.05)
+
+    return (
+        f"load {row['load']:.1f} probe {row['cpuProbeMs']:.0f} ms: {row['forks']} forks"
+        f" ({row['forksPerSecond']:.1f}/s); daemon CPU {row['cpuMsPerFork']:.2f} ms/fork"
+        f" [{top(row['cpuByThread'])}]; wake-ups {row['wakeupsPerFork']:.1f}/fork"
+        f" [{top(row['wakeupsByThread'])}]"
+    )
+
+
+def serial(samples: int, turns: int = 10) -> dict[str, Any]:
+    from bench.providers import PROVIDERS
+
+    entry = next(e for e in PROVIDERS if e.name == "tutti-agent")
+    with tempfile.TemporaryDirectory(prefix="bench-fork-daemon-") as tmp_text:
+        tmp = Path(tmp_text)
+        stamps_file = tmp / "stamps.tsv"
+        _site_env(AGENTHOST_STAMPS=str(stamps_file))
+        ops: list[tuple[float, float]] = []
+        with entry.environment() as config:
+            daemon = BenchDaemon(
+                tmp / "home", providers={entry.name: config} if config else {}
+            ).start()
+            try:
+                c = daemon.client()
+                _drain_events(daemon.events)
+                sid = create_session(c, "serial", provider=entry.name)
+                for i in range(turns):
+                    run_turn(c, sid, f"turn {i}")
+                boundary = last_settled_turn(c, sid)
+                for _ in range(5):
+                    acknowledge(c, fork_until_terminal(c, sid, boundary)["operationId"])
+                for _ in range(samples):
+                    t0 = now_ms()
+                    op = fork_until_terminal(c, sid, boundary)
+                    ops.append((t0, now_ms()))
+                    if op["status"] != "committed":
+                        raise RuntimeError(f"fork did not commit: {op}")
+                    acknowledge(c, op["operationId"])
+            finally:
+                daemon.stop()
+        stamps = [
+            (point, float(ms))
+            for point, ms in (line.split("\t") for line in stamps_file.read_text().splitlines())
+        ]
+    return _anatomy(ops, stamps)
+
+
+def _drain_events(endpoint: str) -> None:
+    """An events subscriber of every workspace, read on a thread of its own (a GUI's)."""
+    from transport.client import EventSubscriber
+
+    sub = EventSubscriber(endpoint)
+
+    def drain() -> None:
+        while True:
+            try:
+                sub.next_message(1.0)
+            except Exception:  # noqa: BLE001 - the daemon stopped
+                return
+
+    threading.Thread(target=drain, name="events", daemon=True).start()
+
+
+def _anatomy(ops: list[tuple[float, float]], stamps: list[tuple[str, float]]) -> dict[str, Any]:
+    offsets: dict[str, list[float]] = {}
+    reply: dict[str, list[float]] = {k: [] for k in ("body", "toReply", "toLoop", "toClient")}
+    host: list[float] = []
+    for t0, t1 in ops:
+        seen: Counter[str] = Counter()
+        inside = [(p, t) for p, t in stamps if t0 <= t <= t1]
+        for point, t in inside:
+            seen[point] += 1
+            key = point if seen[point] == 1 else f"{point}#{seen[point]}"
+            offsets.setdefault(key, []).append(t - t0)
+        host.append(t1 - t0)
+        begins = [t for p, t in inside if p == "commit.begin"]
+        if not begins:
+            continue
+        c0 = begins[-1]
+        durable = next((t for p, t in inside if p == "group.end" and t >= c0), None)
+        answered = next((t for p, t in inside if p == "responder.result" and t >= c0), None)
+        sent = next(
+            (t for p, t in inside if p == "loop.send_reply" and answered and t >= answered), None
+        )
+        if durable is None or answered is None or sent is None:
+            continue
+        reply["body"].append(durable - c0)
+        reply["toReply"].append(answered - durable)
+        reply["toLoop"].append(sent - answered)
+        reply["toClient"].append(t1 - durable)
+    med = {k: statistics.median(v) for k, v in offsets.items() if len(v) >= len(ops) // 2}
+    out = {
+        "forks": len(ops),
+        "hostP50Ms": statistics.median(host),
+        "stampP50Ms": dict(sorted(med.items(), key=lambda kv: kv[1])),
+        "replyP50Ms": {k: statistics.median(v) for k, v in reply.items() if v},
+    }
+    for point, ms in out["stampP50Ms"].items():
+        print(f"  {point:20s} {ms:8.3f} ms after the client's send")
+    r = out["replyP50Ms"]
+    print(
+        f"host p50 {out['hostP50Ms']:.2f} ms; reply p50: commit body + COMMIT {r['body']:.3f},"
+        f" durable → reply handed over {r['toReply']:.3f}, → loop sends {r['toLoop']:.3f},"
+        f" durable → client has it {r['toClient']:.3f} ms"
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--serial", type=int, default=0, help="forks one at a time, stamped")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if args.serial:
+        result: Any = serial(args.serial)
+    else:
+        result = clients(args.clients, args.seconds, args.rounds)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Loaded by the daemon of `bench.fork_daemon --stamps` (this folder leads its PYTHONPATH):
+wall-clock stamps at the points of one fork's path through the daemon, and each daemon thread
+named for the kernel (`/proc/<pid>/task/*/comm`) so CPU and wake-ups can be read per thread.
+
+Inert unless `AGENTHOST_STAMPS` (the file the stamps go to, at exit) or `AGENTHOST_NAME_THREADS`
+is set, and only in the `agenthost serve` process. A stamp is `(point, time.time() * 1000)`
+appended on entry (and on exit, for the points with an end) to the functions listed in
+`_POINTS`, wrapped once the daemon's modules are imported.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_STAMPS = os.environ.get("AGENTHOST_STAMPS")
+_SERVE = "serve" in sys.argv
+
+if _SERVE and os.environ.get("AGENTHOST_NAME_THREADS"):
+    import contextlib
+    import ctypes
+    import threading
+
+    _libc = ctypes.CDLL(None)
+    _bootstrap_inner = threading.Thread._bootstrap_inner  # type: ignore[attr-defined]
+
+    def _named(self: threading.Thread) -> None:
+        with contextlib.suppress(Exception):  # a name is a convenience
+            _libc.prctl(15, self.name[:15].encode(), 0, 0, 0)  # PR_SET_NAME
+        _bootstrap_inner(self)
+
+    threading.Thread._bootstrap_inner = _named  # type: ignore[attr-defined]
+
+if _SERVE and _STAMPS:
+    import atexit
+    import importlib
+    import threading
+    import time
+    from typing import Any
+
+    _rec: list[tuple[str, float]] = []
+    # module, class (or "" for a function), attribute, stamp on entry, stamp on exit ("": none)
+    _POINTS = (
+        ("transport.server", "ApiServer", "_handle", "loop.handle", ""),
+        ("actors.fork_start", "", "start", "fork_start", ""),
+        ("storage.fork_prepare", "ForkPrepare", "prepare_fork", "prepare.begin", "prepare.end"),
+        ("storage.base", "Database", "_end_group", "group.begin", "group.end"),
+        ("storage.fork_transitions", "ForkTransitions", "mark_fork_dispatching", "disp.begin",
+         "disp.end"),
+        ("agenthost.workers", "SupervisorPort", "fork", "workers.fork", "workers.fork.end"),
+        ("actors.fork_saga", "ForkSaga", "_dispatched", "dispatched", ""),
+        ("storage.fork_transitions", "ForkTransitions", "mark_fork_provider_accepted",
+         "accepted.begin", "accepted.end"),
+        ("storage.fork_commit", "ForkCommit", "commit_fork", "commit.begin", "commit.end"),
+        ("transport.replies", "OneShotResponder", "result", "responder.result", ""),
+        ("transport.server", "ApiServer", "_send_reply", "loop.send_reply", ""),
+    )
+
+    def _wrap(owner: Any, attr: str, before: str, after: str) -> None:
+        fn = getattr(owner, attr)
+
+        def stamped(*args: Any, **kwargs: Any) -> Any:
+            _rec.append((before, time.time() * 1000.0))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if after:
+                    _rec.append((after, time.time() * 1000.0))
+
+        setattr(owner, attr, stamped)
+
+    def _install() -> None:
+        for module, cls, attr, before, after in _POINTS:
+            mod = importlib.import_module(module)
+            _wrap(getattr(mod, cls) if cls else mod, attr, before, after)
+
+    def _when_imported() -> None:
+        names = {module for module, *_ in _POINTS} | {"agenthost.daemon"}
+        while not all(n in sys.modules for n in names):
+            time.sleep(0.05)
+        time.sleep(0.3)  # every module's body has run by now (the daemon is starting)
+        _install()
+
+    def _dump() -> None:
+        with open(str(_STAMPS), "w") as f:
+            for point, ms in _rec:
+                f.write(f"{point}\t{ms:.3f}\n")
+
+    threading.Thread(target=_when_imported, name="stamps", daemon=True).start()
+    atexit.register(_dump)
