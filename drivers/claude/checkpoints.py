@@ -64,14 +64,43 @@ def observe_root(session: SessionState, turn: TurnState, root_uuid: str) -> None
     set_checkpoint(session, turn, root_uuid)
 
 
-async def watch_root(session: SessionState, turn: TurnState) -> None:
+ROOT_POLL_S = 0.02
+"""How often the transcript is looked at for the root while the CLI has not answered yet (a
+CLI starting cold takes hundreds of ms before it reads the prompt)."""
+ROOT_POLL_ANSWERING_S = 0.002
+"""How often once it has (its first message of the Turn): the root is written within tens of
+ms, right before the model's reply streams."""
+ROOT_POLL_ANSWERING_FOR_S = 2.0
+"""How long the quick looks last before they slow to `ROOT_POLL_S` again."""
+
+
+async def watch_root(session: SessionState, turn: TurnState, answering: asyncio.Event) -> None:
     """Finds the turn's root user message in the transcript as soon as the CLI writes it.
 
     The CLI persists the prompt before it calls the model but echoes it only with the
-    reply, so the transcript is the earliest place the observed UUID appears.
+    reply, so the transcript is the earliest place the observed UUID appears. Found then,
+    the host's start of the Turn (its binding written, its change published) is done before
+    the reply streams, not in the middle of it: once the CLI answers (`answering`), the
+    transcript's size is looked at every `ROOT_POLL_ANSWERING_S` and the file read only when
+    it grew.
     """
-    while not scan_root(session, turn):
-        await asyncio.sleep(0.02)
+    seen: int | None = -1
+    quick_until: float | None = None
+    while True:
+        try:
+            size: int | None = os.stat(session.transcript).st_size
+        except FileNotFoundError:
+            size = None
+        if size != seen:
+            seen = size
+            if scan_root(session, turn):
+                return
+        elif turn.provider_turn_id is not None:
+            return  # the echo of the prompt named it
+        if answering.is_set() and quick_until is None:
+            quick_until = time.monotonic() + ROOT_POLL_ANSWERING_FOR_S
+        quick = quick_until is not None and time.monotonic() < quick_until
+        await asyncio.sleep(ROOT_POLL_ANSWERING_S if quick else ROOT_POLL_S)
 
 
 def scan_root(session: SessionState, turn: TurnState) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Mapping
@@ -50,6 +51,13 @@ from drivers.claude_transcript import history_turns
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 
+SWITCH_INTERVAL_S = 0.0005
+"""The worker process's GIL switch interval under this driver (Python's default is 5 ms). The
+SDK's loop thread parses the CLI's stream while the worker's link thread waits for the GIL to
+send the deltas it was handed: at the default, a burst of stream lines held a delta back by up
+to one interval at each hand-over (docs/performance.md, "Claude Code's deltas through the
+worker")."""
+
 
 class ClaudeDriver:
     """`ProviderDriver` for `claude-code`; one instance per worker process.
@@ -65,6 +73,8 @@ class ClaudeDriver:
         self._sessions_lock = threading.Lock()
         for key, value in QUIET_ENV.items():
             os.environ[key] = value
+        # Process-wide: never raised (a process that asked for a shorter one keeps it).
+        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         self._loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(
             target=self._loop.run_forever, name="claude-driver-loop", daemon=True

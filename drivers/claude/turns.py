@@ -187,7 +187,8 @@ class Turns:
             turn.transcript_offset = session.transcript.stat().st_size
         except FileNotFoundError:
             turn.transcript_offset = 0
-        watcher = asyncio.ensure_future(watch_root(session, turn))
+        answering = asyncio.Event()
+        watcher = asyncio.ensure_future(watch_root(session, turn, answering))
         stop_watch = asyncio.ensure_future(self._watch_stopped(turn))
         try:
             # The CLI started ahead for this Turn when there is a matching one; an interrupt
@@ -201,6 +202,7 @@ class Turns:
                     message = await cli.first
                 except StopAsyncIteration:
                     message = None
+                answering.set()
                 if message is not None:
                     result = self.events.on_message(session, turn, message)
                     if result is not None:
