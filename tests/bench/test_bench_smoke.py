@@ -398,7 +398,8 @@ def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: 
     # Recovery is counted until every interrupted operation is terminal, past the ready line.
     (recovery,) = [t for t in doc["targets"] if t["key"] == "36:months:recovery"]
     assert figures["recoveryCommittedS"] >= figures["recoveryReadyS"] > 0
-    assert recovery["value"] == pytest.approx(figures["recoveryCommittedS"] * 1000, rel=1e-3)
+    # The figures are kept to 3 decimals (of seconds), the target's value to 3 of ms.
+    assert recovery["value"] == pytest.approx(figures["recoveryCommittedS"] * 1000, abs=0.5)
     assert figures["cpuProbeMs"] > 0 and figures["loadAverage"] >= 0
 
 
