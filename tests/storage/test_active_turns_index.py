@@ -12,6 +12,7 @@ from store_builders import WS, new_session, settled_turn
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.sqlite import open_connection
 from storage.store import Store
+from tests.support.store_reads import drop_history_link_schema
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -65,19 +66,7 @@ def test_a_store_of_the_previous_version_gains_the_index_with_its_active_turns(
     conn.execute("DROP INDEX sessions_deleted")
     # v12 (the history link) and v13 (the fence's witness) came after the index: a v10 store
     # has none of them.
-    for trigger in (
-        "messages_fenced_insert",
-        "messages_fenced_update",
-        "messages_fenced_delete",
-        "turns_fenced_update",
-        "turns_fenced_delete",
-        "history_fences_released",
-    ):
-        conn.execute(f"DROP TRIGGER {trigger}")
-    conn.execute("DROP TABLE history_fences")
-    conn.execute("DROP TRIGGER messages_linked_frozen")
-    conn.execute("DROP TRIGGER messages_linked_kept")
-    conn.execute("DROP TABLE history_links")
+    drop_history_link_schema(conn)
     conn.execute("PRAGMA user_version = 10")
     assert migrate(conn) == 10
     assert user_version(conn) == SCHEMA_VERSION

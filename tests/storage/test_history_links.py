@@ -22,6 +22,7 @@ from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.sqlite import dumps
 from storage.store import Store
 from tests.support.invariants import history_copy_problem, history_link_problem
+from tests.support.store_reads import drop_history_link_schema
 
 History = list[tuple[str, int, tuple[tuple[Any, ...], ...]]]
 """A Session's Turns as read: (Turn id, sequence, its Messages' columns) in order."""
@@ -290,19 +291,7 @@ def test_an_old_store_migrates_and_its_copied_children_stay_as_they_are(tmp_path
             " (SELECT session_key FROM session_keys WHERE session_id = ?))",
             (WS, child, m[0], m[1], m[2], m[3], dumps(m[4]), m[5], m[6], child),
         )
-    for trigger in (  # schema v13's witness, on top of v12
-        "messages_fenced_insert",
-        "messages_fenced_update",
-        "messages_fenced_delete",
-        "turns_fenced_update",
-        "turns_fenced_delete",
-        "history_fences_released",
-    ):
-        conn.execute(f"DROP TRIGGER {trigger}")
-    conn.execute("DROP TABLE history_fences")
-    conn.execute("DROP TRIGGER messages_linked_frozen")
-    conn.execute("DROP TRIGGER messages_linked_kept")
-    conn.execute("DROP TABLE history_links")
+    drop_history_link_schema(conn)
     conn.execute("PRAGMA user_version = 11")
     conn.close()
     old = apsw.Connection(str(path))

@@ -296,6 +296,19 @@ def test_child_can_be_forked_again(store: Store, source: tuple[str, list[str]]) 
 # -- boundary reasons ----------------------------------------------------------------------------
 
 
+def _frozen(
+    conn: Any, op: ForkOperation, sid: str, target: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The operation's names (as `history_copy_problem` reads them) and its frozen snapshot."""
+    raw = conn.execute(
+        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
+        " WHERE o.operation_id = ?",
+        (op.operation_id,),
+    ).fetchone()
+    names = {"operation_id": op.operation_id, "source_session_id": sid, "target_session_id": target}
+    return names, decode_frozen(raw[0])
+
+
 def _expect_boundary(store: Store, req: ForkPrepareRequest, reason: str) -> None:
     with pytest.raises(ForkBoundaryError) as err:
         store.fork_prepare.prepare_fork(WS, req)
@@ -860,17 +873,7 @@ def test_a_change_the_witness_counts_outside_the_boundary_is_re_proved_and_commi
     assert witness is not None and witness[1] > 0
     committed = run_to_commit(store, op)
     assert committed.status == ForkStatus.COMMITTED
-    raw = conn.execute(
-        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
-        " WHERE o.operation_id = ?",
-        (op.operation_id,),
-    ).fetchone()
-    snapshot = decode_frozen(raw[0])
-    row = {
-        "operation_id": op.operation_id,
-        "source_session_id": sid,
-        "target_session_id": op.target_session_id,
-    }
+    row, snapshot = _frozen(conn, op, sid, op.target_session_id)
     assert history_copy_problem(conn, WS, row, snapshot) is None
     assert len(store.history.timeline(WS, op.target_session_id)[0]) == 1
 
@@ -1250,17 +1253,7 @@ def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store:
     assert child[1].final_assistant_message_id == child[1].messages[-1].message_id
 
     conn = store.db.connection()
-    raw = conn.execute(
-        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
-        " WHERE o.operation_id = ?",
-        (op.operation_id,),
-    ).fetchone()
-    document = decode_frozen(raw[0])
-    names = {
-        "operation_id": op.operation_id,
-        "source_session_id": sid,
-        "target_session_id": committed.target_session_id,
-    }
+    names, document = _frozen(conn, op, sid, committed.target_session_id)
     assert history_copy_problem(conn, WS, names, document) is None
     # The child reads the row through its history link: a row of its own at that position
     # (which wins over the linked one) with another text.
@@ -1368,14 +1361,5 @@ def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store
     assert len(short_turns) == 6
     assert len(short_messages) == sum(len(t.messages) for t in child)
     conn = store.db.connection()
-    raw = conn.execute(
-        "SELECT s.snapshot_json FROM fork_operations o JOIN fork_snapshots s USING (op_seq)"
-        " WHERE o.operation_id = ?",
-        (op.operation_id,),
-    ).fetchone()
-    names = {
-        "operation_id": op.operation_id,
-        "source_session_id": sid,
-        "target_session_id": committed.target_session_id,
-    }
-    assert history_copy_problem(conn, WS, names, decode_frozen(raw[0])) is None
+    names, document = _frozen(conn, op, sid, committed.target_session_id)
+    assert history_copy_problem(conn, WS, names, document) is None

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import uuid
 
+import apsw
+
 from domain.errors import ForkBoundaryError, InvalidArgument, NotFound
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, decode_op, op_from_row
@@ -182,3 +184,21 @@ def recoverable_fork_operations(
     ops = [op_from_row(r) for r in rows[:limit]]
     cursor = str(rows[limit - 1][28]) if len(rows) > limit else None
     return ops, cursor
+
+
+def drop_history_link_schema(conn: apsw.Connection) -> None:
+    """Remove what schemas v12 (the history link) and v13 (the fence's witness) added, as a
+    store made by a build before them has neither (tests of older stores' migrations)."""
+    for trigger in (
+        "messages_fenced_insert",
+        "messages_fenced_update",
+        "messages_fenced_delete",
+        "turns_fenced_update",
+        "turns_fenced_delete",
+        "history_fences_released",
+        "messages_linked_frozen",
+        "messages_linked_kept",
+    ):
+        conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP TABLE history_fences")
+    conn.execute("DROP TABLE history_links")
