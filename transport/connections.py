@@ -9,6 +9,11 @@ on its own I/O thread, with no cap. So the daemon must never be at its limit whi
 is bound: the cap and a reserve keep accepted connections far below it, a connection over the
 cap is shut down at once (libzmq then closes it: its engine reads EOF), and the oldest idle one
 makes room for a new one. docs/design/connections.md has the reasoning and the residual window.
+
+The guard also closes the ipc listeners a `run/` re-bind replaced (`replaced`): each is unbound,
+through the transport loop, once no connection is left on it; past `OLD_LISTENERS_KEPT` per
+endpoint, the oldest ones' idle connections are shut down (their clients reconnect, to the file
+there now), so a daemon whose `run/` is removed again and again keeps a bounded number of them.
 """
 
 from __future__ import annotations
@@ -45,17 +50,24 @@ IDLE_S = 1.0
 _SUMMARY_S = 5.0
 _FD_SAMPLE_S = 0.1
 _POLL_MS = 200
+OLD_LISTENERS_KEPT = 2
+"""Listeners a re-bind replaced that are kept per endpoint while connections are left on them;
+past it, the oldest ones' idle connections are shut down so the listener can be closed."""
+REPLACED_GRACE_S = 1.0
+"""A replaced listener is never unbound sooner: a connection made just before its file went
+(in its backlog) is accepted, and its `accepted` event read, by then."""
 
 # A monitor event's first frame: the event (uint16) and its value, here a descriptor (int32).
 _HEAD = struct.Struct("=Hi")
 _NOBLOCK = int(zmq.NOBLOCK)
 _ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _ACCEPT_FAILED = int(zmq.EVENT_ACCEPT_FAILED)
-_GONE = frozenset((int(zmq.EVENT_DISCONNECTED), int(zmq.EVENT_CLOSED)))
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+# No EVENT_CLOSED: on a socket that only binds it is a listener's close, never a connection's
+# (whose descriptor number another socket's connection may hold by the time it is read).
 _EVENTS = int(
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
-    | zmq.EVENT_CLOSED
     | zmq.EVENT_ACCEPT_FAILED
     | zmq.EVENT_MONITOR_STOPPED
 )
@@ -119,6 +131,15 @@ class ConnectionLimits:
             max_network_connections=max(4, total // 4),
             max_unproven=max(2, min(64, total // 16)),
         )
+
+
+@dataclass(slots=True)
+class _Replaced:
+    """A listener a re-bind replaced: its address (what libzmq knows it by), its endpoint."""
+
+    address: str
+    endpoint: str
+    since: float
 
 
 class Connection:
@@ -220,7 +241,8 @@ class ConnectionGuard:
     `watch` each listening socket (on its owner's thread, before its first bind), `start`, then
     the transport loop calls `active(fd, peer)` for every message it reads; `busy(peer)` tells
     the guard a connection is waiting on its replies (never shed). `stop` before the watched
-    sockets close.
+    sockets close. `replaced(address, endpoint)` hands over a listener a re-bind replaced;
+    `unbind(address)` is called (on the guard's thread) when it is to be unbound.
     """
 
     def __init__(
@@ -228,10 +250,21 @@ class ConnectionGuard:
         ctx: zmq.Context[Any],
         limits: ConnectionLimits,
         busy: Callable[[bytes], bool] = lambda peer: False,
+        unbind: Callable[[str], object] | None = None,
     ) -> None:
         self.limits = limits
         self._ctx = ctx
         self._busy = busy
+        self._unbind = unbind
+        # Per listener address (the monitor's endpoint frame): connections accepted minus
+        # those disconnected, from the monitor's own order — stale events included, unlike
+        # `conns` (a connection closed before its `accepted` is read is counted, then not).
+        self._held: dict[bytes, int] = {}
+        self._replaced_lock = threading.Lock()
+        self._replaced_new: list[_Replaced] = []
+        self._replaced: list[_Replaced] = []
+        self.listeners_closed = 0
+        """Replaced listeners unbound (tests read it)."""
         self.conns: dict[int, Connection] = {}
         self._order: OrderedDict[int, Connection] = OrderedDict()
         # Per network endpoint, in accept order: its connections, and those not yet proven
@@ -342,9 +375,12 @@ class ConnectionGuard:
             if len(frames) < 2 or len(frames[0]) < _HEAD.size:
                 continue
             event, fd = _HEAD.unpack_from(frames[0])
+            address = frames[1]
             if event == _ACCEPTED:
-                self._accepted(fd, frames[1].decode(errors="replace"), api)
-            elif event in _GONE:
+                self._held[address] = self._held.get(address, 0) + 1
+                self._accepted(fd, address.decode(errors="replace"), api)
+            elif event == _DISCONNECTED:
+                self._held[address] = self._held.get(address, 0) - 1
                 self._forget(fd)
             elif event == _ACCEPT_FAILED:
                 self.refused["accept failed"] += 1
@@ -461,9 +497,72 @@ class ConnectionGuard:
             self._fds, self._fds_at = open_fds(), now
         return self._fds
 
+    # -- listeners a re-bind replaced -------------------------------------------------------
+
+    def replaced(self, address: str, endpoint: str) -> None:
+        """A re-bind of `endpoint` replaced its listener bound at `address` (any thread): it is
+        unbound once no connection is left on it (`_close_replaced`)."""
+        with self._replaced_lock:
+            self._replaced_new.append(_Replaced(address, endpoint, time.monotonic()))
+
+    @property
+    def replaced_open(self) -> int:
+        """Replaced listeners not unbound yet (approximate from other threads)."""
+        return len(self._replaced) + len(self._replaced_new)
+
+    def _close_replaced(self, now: float) -> None:
+        """Unbind each replaced listener no connection is left on; past `OLD_LISTENERS_KEPT`
+        per endpoint, shut the oldest ones' idle connections down (their ZeroMQ clients
+        reconnect, to the endpoint's file, as any shed client does).
+
+        Never one that holds a connection: libzmq's unbind terminates the sessions the
+        listener accepted, and a DEALER that then reconnects has its first message dropped
+        (libzmq 4.3.5, seen in `tests/daemon/test_run_dir_listeners.py`'s making). A listener
+        whose file is gone gains no connection but from its backlog, accepted within the
+        grace period; the monitors are read to the end before the count is trusted."""
+        if self._replaced_new:
+            with self._replaced_lock:
+                self._replaced.extend(self._replaced_new)
+                self._replaced_new.clear()
+        due = [r for r in self._replaced if now - r.since >= REPLACED_GRACE_S]
+        if not due or self._unbind is None:
+            return
+        for monitor, api in self._monitors:
+            self._drain(monitor, api)
+        held: dict[str, list[_Replaced]] = {}
+        for r in due:  # oldest first
+            key = r.address.encode()
+            if self._held.get(key, 0) > 0:
+                held.setdefault(r.endpoint, []).append(r)
+                continue
+            self._replaced.remove(r)
+            self._held.pop(key, None)
+            self.listeners_closed += 1
+            log.info(
+                "closing the listener %s of %s: replaced after its file was removed, and no "
+                "connection is left on it",
+                r.address,
+                r.endpoint,
+            )
+            self._unbind(r.address)
+        for kept in held.values():
+            for r in kept[: max(0, len(kept) - OLD_LISTENERS_KEPT)]:
+                self._move_idle(r.address, now)
+
+    def _move_idle(self, address: str, now: float) -> None:
+        """Shut down the idle connections accepted on `address` (never one talking, waiting on
+        its replies, or with a request in its receive queue)."""
+        for conn in [c for c in self._order.values() if c.endpoint == address]:
+            if self._talking(conn, now) or _unread_input(conn.fd):
+                continue
+            if self._shutdown(conn):
+                self.shed += 1
+
     def _tick(self) -> None:
         now = time.monotonic()
         limits = self.limits
+        if self._replaced or self._replaced_new:
+            self._close_replaced(now)
         # Still at the threshold (the daemon's own use grew): idle connections make room.
         if self._fds_in_use(now) >= limits.fd_limit - limits.fd_reserve:
             for _ in range(16):

@@ -27,11 +27,16 @@ class EndpointInUse(RuntimeError):
 
 
 class Binder:
-    """Binds endpoints for one server and remembers the ipc files to remove at close."""
+    """Binds endpoints for one server and remembers the ipc files to remove at close, and the
+    listeners a re-bind replaced (`rebind`), until they are unbound (`unbind`)."""
 
     def __init__(self, curve: ServerCurve | None) -> None:
         self._curve = curve
         self.ipc_files: list[str] = []
+        # Per ipc endpoint: its listeners, oldest first, each as (socket, the address libzmq
+        # knows it by); the last one is the endpoint's file.
+        self._listeners: dict[str, list[tuple[zmq.Socket[Any], str]]] = {}
+        self._replaced: list[tuple[str, str]] = []
 
     def bind_each(self, sock: zmq.Socket[Any], endpoints: list[str]) -> list[str]:
         """Bind every endpoint (NULL ones first, see `configure_bind`); the bound addresses in
@@ -51,33 +56,116 @@ class Binder:
         configure_bind(sock, endpoint, self._curve)
         sock.bind(endpoint)
         if path is not None:
-            if path not in self.ipc_files:  # bound again after its directory was removed
+            if path not in self.ipc_files:
                 self.ipc_files.append(path)
+            self._listeners.setdefault(endpoint, []).append((sock, endpoint))
             # The run dir is already 0700; the socket file gets 0600 as the contract says.
             os.chmod(path, 0o600)
             return endpoint
         last = sock.getsockopt(zmq.LAST_ENDPOINT)
         return last.decode() if isinstance(last, bytes) else str(last)
 
+    def rebind(self, sock: zmq.Socket[Any], endpoint: str) -> str:
+        """Bind the ipc `endpoint` again (its file was removed): a new listener on `sock`, under
+        an address of its own, linked into the endpoint's path; the address returned. The
+        listeners it replaces stay bound (connections made through them keep working) and are
+        handed out by `take_replaced`, to be unbound once nothing uses them.
+
+        Why an address of its own: libzmq knows a listener by the address it was bound to
+        (`zmq_unbind` terminates every listener of the socket bound to the string given), and a
+        listener bound again at the same path would share it with the ones it replaces, so
+        none of them could be unbound alone. So the new listener is bound at a spare name
+        beside the endpoint's file (`.api.1`, no longer than `api.sock`), which is then
+        hard-linked to the endpoint's path and removed: clients reach it at the usual path,
+        and libzmq knows it, and its connections, by the spare name."""
+        path = ipc_path(endpoint)
+        if path is None:
+            raise ValueError(f"{endpoint}: only a file-backed ipc endpoint is bound again")
+        prepare_ipc_path(path)
+        mine = self._listeners.setdefault(endpoint, [])
+        taken = {address for _, address in mine}
+        n = 1
+        while (spare := _spare_endpoint(path, n)) in taken:
+            n += 1
+        spare_path = spare[len("ipc://") :]
+        configure_bind(sock, spare, self._curve)
+        sock.bind(spare)  # libzmq unlinks a file left at that name first
+        try:
+            os.chmod(spare_path, 0o600)
+            _link_into_place(spare_path, path)
+        except BaseException:
+            with contextlib.suppress(zmq.ZMQError):
+                sock.unbind(spare)
+            raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(spare_path)
+        if path not in self.ipc_files:
+            self.ipc_files.append(path)
+        if mine:
+            self._replaced.append((mine[-1][1], endpoint))  # the older ones were handed out
+        mine.append((sock, spare))
+        return spare
+
+    def take_replaced(self) -> list[tuple[str, str]]:
+        """(address, endpoint) of each listener a `rebind` replaced since the last call."""
+        out, self._replaced = self._replaced, []
+        return out
+
+    def unbind(self, address: str) -> bool:
+        """Unbind a replaced listener by its address (libzmq closes it, and any connection it
+        still holds); False if no replaced listener has that address."""
+        for listeners in self._listeners.values():
+            for i, (sock, bound) in enumerate(listeners[:-1]):  # never an endpoint's current
+                if bound == address:
+                    del listeners[i]
+                    sock.unbind(address)
+                    return True
+        return False
+
+    def listeners(self, endpoint: str) -> list[str]:
+        """The addresses of the endpoint's listeners, oldest first (the last is its file's)."""
+        return [address for _, address in self._listeners.get(endpoint, ())]
+
     def remove_ipc_files(self) -> None:
         for path in self.ipc_files:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
         self.ipc_files.clear()
+        self._listeners.clear()
+        self._replaced.clear()
 
 
 def rebind_missing(binder: Binder, bound: list[tuple[Any, list[str]]]) -> list[str]:
     """Bind each (socket, its endpoints) again on every ipc endpoint whose file has gone; the
-    endpoints bound anew. The old listener stays: unbinding it would drop the connections it
-    accepted, which still work (a connected Unix socket needs no file)."""
+    endpoints bound anew (`Binder.rebind`). The old listener stays until nothing uses it: the
+    connections it accepted still work (a connected Unix socket needs no file)."""
     again: list[str] = []
     for sock, endpoints in bound:
         for endpoint in endpoints:
             path = ipc_path(endpoint)
             if sock is not None and path is not None and not os.path.exists(path):
-                binder.bind(sock, endpoint)
+                binder.rebind(sock, endpoint)
                 again.append(endpoint)
     return again
+
+
+def _spare_endpoint(path: str, n: int) -> str:
+    """`ipc://<dir>/.api.<n>` for `<dir>/api.sock`: a name no longer than the endpoint's own
+    while n < 1000, so it fits wherever the endpoint does."""
+    head, name = os.path.split(path)
+    stem = name[: -len(".sock")] if name.endswith(".sock") else name
+    return f"ipc://{os.path.join(head, f'.{stem}.{n}')}"
+
+
+def _link_into_place(spare: str, path: str) -> None:
+    """Give the socket at `spare` the name `path` too; never over a live daemon's socket (a
+    stale file there is removed, as at a first bind)."""
+    try:
+        os.link(spare, path)
+    except FileExistsError:
+        prepare_ipc_path(path)  # raises EndpointInUse for a live one
+        os.link(spare, path)
 
 
 def ipc_path(endpoint: str) -> str | None:

@@ -77,6 +77,7 @@ _TAG_REPLY = b"R"
 _TAG_EVENT = b"E"
 _TAG_STOP = b"S"
 _TAG_REBIND = b"B"
+_TAG_UNBIND = b"U"
 
 
 Dispatcher = Callable[[Request, Responder], None]
@@ -291,6 +292,18 @@ class ApiServer:
                 fut.set_result(again)
             except Exception as exc:  # noqa: BLE001 - reported to the caller, not the loop
                 fut.set_exception(exc)
+            finally:
+                # The listeners replaced: the guard has them unbound once none is used.
+                for address, endpoint in self._binder.take_replaced():
+                    self._guard.replaced(address, endpoint)
+
+    def _unbind_replaced(self, address: str) -> None:
+        """On the loop thread: unbind a listener a re-bind replaced (the guard found no
+        connection left on it); libzmq closes it."""
+        try:
+            self._binder.unbind(address)
+        except zmq.ZMQError as exc:
+            log.warning("unbinding the replaced listener %s failed: %s", address, exc)
 
     def _post_reply(self, token: int, frame: bytes) -> bool:
         if threading.get_ident() == self._loop_ident:
@@ -341,7 +354,12 @@ class ApiServer:
             resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         )
         replies = self._replies
-        self._guard = guard = ConnectionGuard(self._ctx, limits, busy=replies.unread)
+        self._guard = guard = ConnectionGuard(
+            self._ctx,
+            limits,
+            busy=replies.unread,
+            unbind=lambda address: self._send_pipe([_TAG_UNBIND, address.encode()]),
+        )
         # Watched before binding, so no connection is accepted uncounted.
         guard.watch(self._router, api=True)
         self._endpoints = self._binder.bind_each(self._router, self._api_requested)
@@ -411,6 +429,8 @@ class ApiServer:
                 stop = True
             elif tag == _TAG_REBIND:
                 self._rebind_missing()
+            elif tag == _TAG_UNBIND:
+                self._unbind_replaced(frames[1].decode())
         return stop
 
     def _drain_router(self) -> None:

@@ -1,0 +1,152 @@
+"""The ipc listeners a `run/` re-bind replaces are closed, not kept for the daemon's life: `run/`
+removed again and again under a live daemon leaves its descriptors bounded, and every request
+— on a connection made before the removals, or after any of them — still gets its reply
+(`transport.endpoints.Binder.rebind`, docs/design/connections.md "Listeners a re-bind
+replaces")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, wait_for
+from transport.client import Client, EventSubscriber
+from transport.connections import OLD_LISTENERS_KEPT
+
+pytestmark = pytest.mark.timeout(300)
+
+REMOVALS = 20
+_RESTORED = "was removed under the live daemon: made it again"
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _socket_inodes(pid: int) -> set[int]:
+    out = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:["):
+            out.add(int(link[len("socket:[") : -1]))
+    return out
+
+
+def _listeners(pid: int, run: Path) -> list[str]:
+    """The bound addresses of the daemon's listening Unix sockets directly in `run/` (the API
+    and events endpoints; a worker's link lives in `run/workers/`). A listener whose file was
+    removed keeps the address it was bound to."""
+    mine = _socket_inodes(pid)
+    out = []
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            # Num RefCount Protocol Flags Type St Inode [Path]; Flags 00010000: listening.
+            if len(fields) < 8 or int(fields[3], 16) & 0x10000 == 0:
+                continue
+            if int(fields[6]) in mine and os.path.dirname(fields[7]) == str(run):
+                out.append(fields[7])
+    return sorted(out)
+
+
+def _remove_run(d: DaemonProcess, run: Path) -> None:
+    """Remove `run/` and wait until the daemon has made it again, to its last file (removing
+    it while the daemon writes it only makes the daemon try again)."""
+    done = d.tail_log(10**7).count(_RESTORED)
+    shutil.rmtree(run)
+    wait_for(lambda: d.tail_log(10**7).count(_RESTORED) > done)
+    assert (run / "api.sock").exists() and (run / "events.sock").exists()
+
+
+def _status(c: Client) -> None:
+    assert c.call("host.status", {})["uptimeMs"] >= 0
+
+
+def _shed(c: Client) -> int:
+    """Connections the daemon shut down to make room or to close an old listener."""
+    return int(c.call("host.status", {})["connections"]["shed"])
+
+
+def test_removing_run_again_and_again_keeps_the_daemons_descriptors_bounded(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    run = home / "run"
+    d = DaemonProcess(home).start()
+    try:
+        assert d.proc is not None
+        pid = d.proc.pid
+        old = d.client()  # connected through the first listener, for the whole test
+        _status(old)
+        sub = EventSubscriber(d.events)  # a subscriber on the first events listener
+        try:
+            first = _listeners(pid, run)
+            _remove_run(d, run)  # one removal first: whatever the first one opens lazily
+            _status(old)
+            with Client(d.api, timeout=30) as fresh:
+                _status(fresh)
+            # Both old clients keep their listeners; the replaced ones without a connection go.
+            wait_for(lambda: len(_listeners(pid, run)) == len(first) + 2, timeout=20)
+            baseline = _open_fds(pid)
+            for _ in range(REMOVALS):
+                _remove_run(d, run)
+                with Client(d.api, timeout=30) as fresh:  # through the new file
+                    _status(fresh)
+                _status(old)  # through the first listener, its file long gone
+            # Every listener replaced since is closed once no connection is left on it: the
+            # current three, and the first two, which still serve `old` and `sub`.
+            wait_for(lambda: len(_listeners(pid, run)) == len(first) + 2, timeout=20)
+            fds = _open_fds(pid)
+            # Without the fix: +3 per removal (+60); a little room for the daemon's own use.
+            assert fds - baseline <= 6, (baseline, fds, _listeners(pid, run))
+            _status(old)
+            # Neither old client was moved: one old listener per endpoint is kept as it is.
+            assert _shed(old) == 0
+        finally:
+            sub.close()
+        with Client(d.api, timeout=30) as fresh:
+            _status(fresh)
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    log = d.tail_log(10**7)
+    assert "ipc_listener" not in log and "Traceback" not in log
+
+
+def test_clients_held_through_many_listeners_are_moved_to_the_new_one(tmp_path: Path) -> None:
+    """A client connected between each removal and the next, all kept open: past the few old
+    listeners kept per endpoint, the oldest ones' idle connections are shut down (the client
+    reconnects by itself, to the socket file there now) and the listener is closed — and every
+    client's next request is answered."""
+    home = tmp_path / "home"
+    run = home / "run"
+    d = DaemonProcess(home).start()
+    try:
+        assert d.proc is not None
+        pid = d.proc.pid
+        clients = [d.client()]
+        _status(clients[0])
+        first = _listeners(pid, run)
+        for _ in range(6):
+            _remove_run(d, run)
+            clients.append(d.client())
+            _status(clients[-1])
+        # The current three, and at most OLD_LISTENERS_KEPT old API listeners.
+        wait_for(
+            lambda: len(_listeners(pid, run)) <= len(first) + OLD_LISTENERS_KEPT, timeout=30
+        )
+        for c in clients:
+            _status(c)
+        assert _shed(clients[-1]) >= len(clients) - 1 - OLD_LISTENERS_KEPT
+        assert d.proc.poll() is None
+    finally:
+        assert d.stop() == 0
+    log = d.tail_log(10**7)
+    assert "ipc_listener" not in log and "Traceback" not in log
