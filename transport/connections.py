@@ -516,10 +516,10 @@ class ConnectionGuard:
         reconnect, to the endpoint's file, as any shed client does).
 
         Never one that holds a connection: libzmq's unbind terminates the sessions the
-        listener accepted, and a DEALER that then reconnects has its first message dropped
-        (libzmq 4.3.5, seen in `tests/daemon/test_run_dir_listeners.py`'s making). A listener
-        whose file is gone gains no connection but from its backlog, accepted within the
-        grace period; the monitors are read to the end before the count is trusted."""
+        listener accepted, and a DEALER that then reconnects can have its first message
+        dropped (libzmq 4.3.5; docs/design/connections.md). A listener whose file is gone
+        gains no connection but from its backlog, accepted within the grace period; the
+        monitors are read to the end before the count is trusted."""
         if self._replaced_new:
             with self._replaced_lock:
                 self._replaced.extend(self._replaced_new)

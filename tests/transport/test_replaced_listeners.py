@@ -1,0 +1,104 @@
+"""A listener a re-bind replaced (its socket file was removed) keeps the connections it accepted,
+with their requests in flight, and is unbound once none is left (`Binder.rebind`,
+`ConnectionGuard.replaced`, docs/design/connections.md "Listeners a re-bind replaces"). Real
+ApiServer, real ipc sockets, in-test dispatcher."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+from transport_harness import Running
+
+from tests.support.daemon import wait_for
+from transport.client import Client
+from transport.connections import REPLACED_GRACE_S
+from transport.endpoints import ipc_path
+
+pytestmark = pytest.mark.timeout(60)
+
+MakeClient = Callable[..., Client]
+
+
+def _listeners_at(directory: str) -> list[str]:
+    """Bound addresses of this process's listening Unix sockets in `directory` (a listener
+    whose file was removed keeps the address it was bound to)."""
+    mine = set()
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(int(link[len("socket:[") : -1]))
+    out = []
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            if len(fields) < 8 or int(fields[3], 16) & 0x10000 == 0:  # not listening
+                continue
+            if int(fields[6]) in mine and os.path.dirname(fields[7]) == directory:
+                out.append(fields[7])
+    return sorted(out)
+
+
+def test_a_replaced_listener_serves_its_connection_then_is_closed(
+    running: Running, client_for: MakeClient
+) -> None:
+    server = running.server
+    path = ipc_path(running.ipc)
+    assert path is not None
+    run = os.path.dirname(path)
+    before = _listeners_at(run)  # api.sock and events.sock
+    old = client_for(running.ipc, timeout=10)
+    assert old.call("echo", {"n": 0})["params"] == {"n": 0}
+    in_flight = old.submit("hold", {})
+    (held,) = running.dispatcher.wait_held(1)
+
+    os.unlink(path)
+    assert server.rebind_missing_ipc().result(timeout=10) == [running.ipc]
+    assert os.path.exists(path) and os.stat(path).st_mode & 0o777 == 0o600
+    assert [n for n in os.listdir(run) if n.startswith(".")] == []  # the spare name removed
+    new = client_for(running.ipc, timeout=10)
+    assert new.call("echo", {"n": 1})["params"] == {"n": 1}
+
+    # The request made before the re-bind is answered on its connection, after it.
+    held[1].result(200, {"late": True})
+    assert in_flight.result(timeout=10).result() == {"late": True}
+    time.sleep(REPLACED_GRACE_S + 0.5)  # past the grace: kept only because `old` is on it
+    assert len(_listeners_at(run)) == len(before) + 1
+    assert old.call("echo", {"n": 2})["params"] == {"n": 2}
+    guard = server.connections
+    assert guard is not None and guard.listeners_closed == 0 and guard.shed == 0
+
+    old.close()  # the last connection on the replaced listener: it is unbound
+    wait_for(lambda: guard.listeners_closed == 1, timeout=10)
+    wait_for(lambda: len(_listeners_at(run)) == len(before), timeout=10)
+    assert new.call("echo", {"n": 3})["params"] == {"n": 3}
+    assert client_for(running.ipc, timeout=10).call("echo", {"n": 4})["params"] == {"n": 4}
+
+
+def test_a_replaced_listener_without_connections_is_closed_and_its_name_reused(
+    running: Running, client_for: MakeClient
+) -> None:
+    server = running.server
+    path = ipc_path(running.ipc)
+    assert path is not None
+    run = os.path.dirname(path)
+    assert {os.path.basename(a) for a in _listeners_at(run)} == {"api.sock", "events.sock"}
+    guard = server.connections
+    assert guard is not None
+    for i in range(1, 6):
+        os.unlink(path)
+        assert server.rebind_missing_ipc().result(timeout=10) == [running.ipc]
+        with Client(running.ipc, timeout=10) as c:
+            assert c.call("echo", {"n": i})["params"] == {"n": i}
+        wait_for(lambda i=i: guard.listeners_closed == i, timeout=10)  # type: ignore[misc]
+        # The endpoint's one listener, its file's, bound at a spare name the ones closed
+        # before it free again: .api.1 and .api.2 in turn.
+        names = {os.path.basename(a) for a in _listeners_at(run)}
+        assert names == {"events.sock", f".api.{2 - i % 2}"}, names
+    assert guard.shed == 0
