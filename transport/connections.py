@@ -505,11 +505,6 @@ class ConnectionGuard:
         with self._replaced_lock:
             self._replaced_new.append(_Replaced(address, endpoint, time.monotonic()))
 
-    @property
-    def replaced_open(self) -> int:
-        """Replaced listeners not unbound yet (approximate from other threads)."""
-        return len(self._replaced) + len(self._replaced_new)
-
     def _close_replaced(self, now: float) -> None:
         """Unbind each replaced listener no connection is left on; past `OLD_LISTENERS_KEPT`
         per endpoint, shut the oldest ones' idle connections down (their ZeroMQ clients

@@ -123,10 +123,6 @@ class Binder:
                     return True
         return False
 
-    def listeners(self, endpoint: str) -> list[str]:
-        """The addresses of the endpoint's listeners, oldest first (the last is its file's)."""
-        return [address for _, address in self._listeners.get(endpoint, ())]
-
     def remove_ipc_files(self) -> None:
         for path in self.ipc_files:
             with contextlib.suppress(FileNotFoundError):

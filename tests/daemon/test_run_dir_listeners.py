@@ -87,6 +87,8 @@ def test_removing_run_again_and_again_keeps_the_daemons_descriptors_bounded(
         _status(old)
         sub = EventSubscriber(d.events)  # a subscriber on the first events listener
         try:
+            # Both connected before the first removal (a SUB connects in the background).
+            wait_for(lambda: old.call("host.status", {})["connections"]["open"] >= 2)
             first = _listeners(pid, run)
             _remove_run(d, run)  # one removal first: whatever the first one opens lazily
             _status(old)
