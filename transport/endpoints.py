@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import socket
 import stat
@@ -20,6 +21,8 @@ from transport.security import (
     is_loopback,
     needs_curve,
 )
+
+log = logging.getLogger(__name__)
 
 
 class EndpointInUse(RuntimeError):
@@ -93,10 +96,15 @@ class Binder:
         try:
             os.chmod(spare_path, 0o600)
             _link_into_place(spare_path, path)
-        except BaseException:
+        except BaseException as exc:
             with contextlib.suppress(zmq.ZMQError):
                 sock.unbind(spare)
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            # A file system without hard links: bound at the path itself, as before, and the
+            # listeners it replaces stay bound (none can be unbound alone).
+            log.warning("%s cannot be hard-linked (%s): bound again at the path itself", path, exc)
+            return self.bind(sock, endpoint)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(spare_path)
@@ -116,8 +124,11 @@ class Binder:
         """Unbind a replaced listener by its address (libzmq closes it, and any connection it
         still holds); False if no replaced listener has that address."""
         for listeners in self._listeners.values():
-            for i, (sock, bound) in enumerate(listeners[:-1]):  # never an endpoint's current
-                if bound == address:
+            current = listeners[-1][1]
+            for i, (sock, bound) in enumerate(listeners[:-1]):
+                # Never at the current listener's address (after a re-bind at the path itself,
+                # the first listener shares it).
+                if bound == address and address != current:
                     del listeners[i]
                     sock.unbind(address)
                     return True
