@@ -510,11 +510,12 @@ class ConnectionGuard:
         per endpoint, shut the oldest ones' idle connections down (their ZeroMQ clients
         reconnect, to the endpoint's file, as any shed client does).
 
-        Never one that holds a connection: libzmq's unbind terminates the sessions the
-        listener accepted, and a DEALER that then reconnects can have its first message
-        dropped (libzmq 4.3.5; docs/design/connections.md). A listener whose file is gone
-        gains no connection but from its backlog, accepted within the grace period; the
-        monitors are read to the end before the count is trusted."""
+        Never one that holds a connection: unbinding ends the connections the listener
+        accepted (libzmq terminates its sessions), only once the transport loop next calls
+        into the socket, and what a client sends meanwhile is dropped
+        (docs/design/connections.md). A listener whose file is gone gains no connection but
+        from its backlog, accepted within the grace period; the monitors are read to the end
+        before the count is trusted."""
         if self._replaced_new:
             with self._replaced_lock:
                 self._replaced.extend(self._replaced_new)
