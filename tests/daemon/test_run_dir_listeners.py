@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, wait_for
+from tests.support.daemon import DaemonProcess, create_session, wait_for
 from transport.client import Client, EventSubscriber
 from transport.connections import OLD_LISTENERS_KEPT
 
@@ -111,6 +111,16 @@ def test_removing_run_again_and_again_keeps_the_daemons_descriptors_bounded(
             _status(old)
             # Neither old client was moved: one old listener per endpoint is kept as it is.
             assert _shed(old) == 0
+            # The subscriber still hears the daemon, through the first events listener.
+            sid = create_session(old)["agentSessionId"]
+            while True:
+                event = sub.next(10)
+                assert event is not None, "the old subscriber heard nothing"
+                if (
+                    event["type"] == "session.upserted"
+                    and event["session"]["agentSessionId"] == sid
+                ):
+                    break
         finally:
             sub.close()
         with Client(d.api, timeout=30) as fresh:
