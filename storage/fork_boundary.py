@@ -42,6 +42,23 @@ RESUME_CURSOR_KEY = "resumeCursor"
 # A boundary (and snapshot v2) Message is an array of these, in this order; v1 snapshots had
 # them as the keys of an object (storage/fork_snapshot.py reads both).
 MESSAGE_FIELDS = ("message_id", "kind", "text", "payload", "version", "position")
+# A version 4 boundary's Turn has these keys, in this order; a version 5 snapshot stores each
+# Turn as an array of their values (storage/fork_snapshot.py), read back into this map.
+TURN_FIELDS = (
+    "turn_id",
+    "sequence",
+    "sequence_provenance",
+    "phase",
+    "outcome",
+    "root_provider_turn_id",
+    "provider_turn_binding_json",
+    "final_assistant_message_id",
+    "error",
+    "created_at_ms",
+    "settled_at_ms",
+    "interactions",
+    "final_assistant_position",
+)
 
 
 # -- boundary checks ------------------------------------------------------------------------
@@ -153,9 +170,10 @@ def load_boundary(
     conn: apsw.Connection, ws: str, sid: str, turn_id: str, *, messages: bool = True
 ) -> Boundary:
     """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error.
-    `messages=False` (snapshot version 4): the Messages stay in SQLite, checked and digested
-    there (`scan_history`); each Turn gets the position of its final assistant Message when that
-    Message is in the boundary (`final_assistant_position`)."""
+    `messages=False` (snapshot version 4 and later): the Messages stay in SQLite, checked and
+    digested there (`scan_history`); each Turn has the `TURN_FIELDS`, its
+    `final_assistant_position` the position of its final assistant Message when that Message is
+    in the boundary (else None)."""
     selected = conn.execute(
         "SELECT sequence, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
         " AND turn_id = ?",
@@ -195,6 +213,8 @@ def load_boundary(
         }
         if messages:
             turn["messages"] = []
+        else:
+            turn["final_assistant_position"] = None  # set below when in the boundary
         turns.append(turn)
         by_id[str(r[0])] = turn
     history: HistoryScan | None = None

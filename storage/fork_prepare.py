@@ -192,7 +192,7 @@ class ForkPrepare:
             for reason in blockers:
                 if reason in static:
                     raise ForkBoundaryError(reason)
-            # The Messages stay in SQLite (snapshot version 4, storage/fork_history.py).
+            # The Messages stay in SQLite (snapshot versions 4 and 5, storage/fork_history.py).
             boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id, messages=False)
             if blockers:
                 raise ForkBoundaryError(blockers[0])

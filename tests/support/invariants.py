@@ -456,7 +456,7 @@ def _check_children(
 
 
 def frozen_message_count(document: Mapping[str, Any]) -> int:
-    """How many Messages a snapshot document froze: version 4 counts them in `history`, older
+    """How many Messages a snapshot document froze: versions 4 and 5 count them in `history`, older
     versions hold them in their Turns."""
     history = document.get("history")
     if history is not None:
