@@ -322,6 +322,52 @@ def build_child(
     )
 
 
+def prove_child(
+    snapshot: Mapping[str, Any],
+    *,
+    binding_mode: str,
+    committed_at_ms: int,
+    snapshot_hash: str | None = None,
+    memo: ForkMemo | None = None,
+) -> None:
+    """Prepare's dry run: raise what `build_child` of this snapshot would raise at the commit
+    (fail closed before dispatch), without building its rows. A version 4 or 5 snapshot's
+    refusals are per Turn and per Interaction — a final assistant Message outside the boundary,
+    a reference of an Interaction that does not map — and are checked here the way
+    `build_child` checks them, with the same identity map; the 1,000 Turn rows a big fork's
+    commit writes are not built twice. Older versions run `build_child` itself."""
+    history = snapshot.get("history")
+    if history is None:
+        build_child(
+            snapshot,
+            child_provider_session_id="prepare-dry-run",
+            binding_mode=binding_mode,
+            turn_bindings=None,
+            committed_at_ms=committed_at_ms,
+            snapshot_hash=snapshot_hash,
+            memo=memo,
+        )
+        return
+    ids = child_history(snapshot, snapshot_hash, memo=memo).ids
+    for turn in snapshot["turns"]:
+        if (
+            turn["final_assistant_message_id"] is not None
+            and turn.get("final_assistant_position") is None
+        ):
+            raise ForkReferenceError(
+                ForkReferenceReason.DANGLING_REFERENCE,
+                f"turn {turn['turn_id']}: final assistant message is outside the boundary",
+            )
+        for i in turn["interactions"]:
+            where_i = f"interaction {i['interaction_id']}"
+            _remapped_json(i["input"], ids, where=where_i)
+            if i["output"] is not None:
+                _remapped_json(i["output"], ids, where=where_i)
+    _child_session(
+        snapshot, "prepare-dry-run", committed_at_ms, ids.turns[snapshot["point"]["turn_id"]]
+    )
+
+
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
