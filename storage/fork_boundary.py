@@ -42,6 +42,23 @@ RESUME_CURSOR_KEY = "resumeCursor"
 # A boundary (and snapshot v2) Message is an array of these, in this order; v1 snapshots had
 # them as the keys of an object (storage/fork_snapshot.py reads both).
 MESSAGE_FIELDS = ("message_id", "kind", "text", "payload", "version", "position")
+# A version 4 boundary's Turn has these keys, in this order; a version 5 snapshot stores each
+# Turn as an array of their values (storage/fork_snapshot.py), read back into this map.
+TURN_FIELDS = (
+    "turn_id",
+    "sequence",
+    "sequence_provenance",
+    "phase",
+    "outcome",
+    "root_provider_turn_id",
+    "provider_turn_binding_json",
+    "final_assistant_message_id",
+    "error",
+    "created_at_ms",
+    "settled_at_ms",
+    "interactions",
+    "final_assistant_position",
+)
 
 
 # -- boundary checks ------------------------------------------------------------------------
@@ -130,13 +147,33 @@ _MESSAGES_CUT = (
 )
 
 
+# The boundary's Turns (`?3` the selected Turn's sequence), in order.
+_TURN_COLUMNS = (
+    "t.turn_id, t.sequence, t.sequence_provenance, t.phase, t.outcome, t.root_provider_turn_id,"
+    " t.provider_turn_binding_json, t.final_assistant_message_id, t.error, t.created_at_ms,"
+    " t.settled_at_ms"
+)
+_TURNS_WHERE = " WHERE t.workspace_id = ?1 AND t.session_id = ?2 AND t.sequence <= ?3"
+_TURNS_SQL = f"SELECT {_TURN_COLUMNS} FROM turns t{_TURNS_WHERE} ORDER BY t.sequence"
+# ... and with each one's final assistant Message (its position and its own Turn; NULLs when the
+# Session holds no row of it) looked up by the `(session_key, message_id)` key as the walk reaches
+# the Turn: one walk of the Turns, not a second one joining them to their final Messages.
+_TURNS_FINALS_SQL = (
+    f"SELECT {_TURN_COLUMNS}, fm.position, fm.turn_id FROM turns t LEFT JOIN messages fm"
+    " ON fm.session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ?1"
+    " AND session_id = ?2) AND fm.message_id = t.final_assistant_message_id"
+    f"{_TURNS_WHERE} ORDER BY t.sequence"
+)
+
+
 def load_boundary(
     conn: apsw.Connection, ws: str, sid: str, turn_id: str, *, messages: bool = True
 ) -> Boundary:
     """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error.
-    `messages=False` (snapshot version 4): the Messages stay in SQLite, checked and digested
-    there (`scan_history`); each Turn gets the position of its final assistant Message when that
-    Message is in the boundary (`final_assistant_position`)."""
+    `messages=False` (snapshot version 4 and later): the Messages stay in SQLite, checked and
+    digested there (`scan_history`); each Turn has the `TURN_FIELDS`, its
+    `final_assistant_position` the position of its final assistant Message when that Message is
+    in the boundary (else None)."""
     selected = conn.execute(
         "SELECT sequence, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
         " AND turn_id = ?",
@@ -147,12 +184,9 @@ def load_boundary(
     if selected[1] != TurnPhase.SETTLED:
         raise ForkBoundaryError(ForkBoundaryReason.TURN_NOT_SETTLED)
     through = int(selected[0])
+    # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the Turns.
     turn_rows = conn.execute(
-        "SELECT turn_id, sequence, sequence_provenance, phase, outcome, root_provider_turn_id,"
-        " provider_turn_binding_json, final_assistant_message_id, error, created_at_ms,"
-        " settled_at_ms FROM turns WHERE workspace_id = ? AND session_id = ? AND sequence <= ?"
-        " ORDER BY sequence",
-        (ws, sid, through),
+        _TURNS_SQL if messages else _TURNS_FINALS_SQL, (ws, sid, through)
     ).fetchall()
     turns: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
@@ -179,6 +213,8 @@ def load_boundary(
         }
         if messages:
             turn["messages"] = []
+        else:
+            turn["final_assistant_position"] = None  # set below when in the boundary
         turns.append(turn)
         by_id[str(r[0])] = turn
     history: HistoryScan | None = None
@@ -186,9 +222,7 @@ def load_boundary(
         _read_messages(conn, ws, sid, through, by_id)
     else:
         history = scan_history(conn, ws, sid, through)
-        for owner, position, message_owner in _finals(conn, ws, sid, through):
-            if message_owner in by_id:
-                by_id[owner]["final_assistant_position"] = position
+        _place_finals(conn, ws, sid, through, turn_rows, by_id)
     for r in conn.execute(
         "SELECT i.interaction_id, i.request_id, i.turn_id, i.kind, i.status, i.input_json,"
         " i.output_json FROM interactions i JOIN turns t ON t.workspace_id = i.workspace_id"
@@ -215,34 +249,29 @@ def load_boundary(
     )
 
 
-# Each boundary Turn's final assistant Message: its position and its own Turn (in the boundary
-# only if that Turn is).
-_FINALS_SQL = (
-    "SELECT t.turn_id, fm.position, fm.turn_id FROM turns t JOIN messages fm"
-    " ON fm.session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ?1"
-    " AND session_id = ?2)"
-    " AND fm.message_id = t.final_assistant_message_id"
-    " WHERE t.workspace_id = ?1 AND t.session_id = ?2 AND t.sequence <= ?3"
-)
-
-
-def _finals(conn: apsw.Connection, ws: str, sid: str, through: int) -> list[Row]:
-    """(Turn id, position, owner Turn id) of each boundary Turn's final assistant Message."""
-    rows = conn.execute(_FINALS_SQL, (ws, sid, through)).fetchall()
-    link = history_link(conn, ws, sid)
-    if link is None:
-        return rows
-    found = {r[0] for r in rows}
-    for turn_id, final_id in conn.execute(
-        "SELECT turn_id, final_assistant_message_id FROM turns WHERE workspace_id = ?"
-        " AND session_id = ? AND sequence <= ? AND final_assistant_message_id IS NOT NULL",
-        (ws, sid, through),
-    ):
-        if turn_id not in found:
-            linked = linked_message(conn, ws, sid, final_id)
-            if linked is not None:
-                rows.append((turn_id, linked[6], linked[1]))
-    return rows
+def _place_finals(
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    through: int,
+    turn_rows: list[Row],
+    by_id: dict[str, dict[str, Any]],
+) -> None:
+    """Each boundary Turn's `final_assistant_position`: the position of its final assistant
+    Message, when that Message's own Turn is in the boundary. `turn_rows` (`_TURNS_FINALS_SQL`)
+    carry the Session's own row of it; a linked child's Message not among its own rows is the
+    source's (`linked_message`)."""
+    linked = history_link(conn, ws, sid) is not None
+    for r in turn_rows:
+        final_id, position, message_owner = r[7], r[11], r[12]
+        if final_id is None:
+            continue
+        if position is None and linked:
+            found = linked_message(conn, ws, sid, final_id)
+            if found is not None:
+                position, message_owner = found[6], found[1]
+        if position is not None and message_owner in by_id:
+            by_id[str(r[0])]["final_assistant_position"] = position
 
 
 def _read_messages(

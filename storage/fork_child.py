@@ -1,6 +1,6 @@
 """The pure function that turns a frozen snapshot plus provider evidence into the canonical
 child (law 4): its Session, cloned Turns / Messages / Interactions with fresh ids, and its
-lineage; the same plan at commit and in every committed projection. For a version 4 snapshot
+lineage; the same plan at commit and in every committed projection. For a version 4 or 5 snapshot
 the plan's Messages are a `HistoryCopy`: what the commit copies in SQLite, not rows."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ class ChildPlan:
 
 @dataclass(frozen=True, slots=True)
 class HistoryCopy:
-    """A version 4 child's Messages: copied by SQLite from the source's boundary at the commit
+    """A version 4 or 5 child's Messages: copied by SQLite from the source's boundary at the commit
     (storage/fork_history.py), the rewritten payloads written over them."""
 
     source_session_id: str
@@ -112,7 +112,7 @@ def child_history(
             return cast(ChildHistory, cached)
     history = snapshot.get("history")
     if history is not None:
-        # Version 4: the Messages are copied in SQLite; only Turns and Interactions are mapped
+        # Version 4 or 5: the Messages are copied in SQLite; only Turns and Interactions are mapped
         # here, and the Messages a reference names (frozen by prepare).
         ids = ordinal_identity(
             prefixes_of(snapshot), snapshot["turns"], dict(history["message_ids"])
@@ -148,7 +148,7 @@ def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:
 
 
 def prefixes_of(snapshot: Mapping[str, Any]) -> OrdinalPrefixes:
-    """Rule v2's prefixes of the operation a version 4 snapshot belongs to."""
+    """Rule v2's prefixes of the operation a version 4 or 5 snapshot belongs to."""
     return OrdinalPrefixes.of(
         snapshot["operation_id"],
         snapshot["workspace_id"],
@@ -221,7 +221,7 @@ def build_child(
     message_ids = ids.messages
     history = snapshot.get("history")
     prefixes = None if history is None else prefixes_of(snapshot)
-    # Version 4: each final Message's child id from its frozen position (the prefix split once).
+    # Version 4 or 5: each final Message's child id from its frozen position (prefix split once).
     final_message_id = None if prefixes is None else ordinal_ids(prefixes.message)
     for turn in snapshot["turns"]:
         source_turn_id = turn["turn_id"]
@@ -239,7 +239,7 @@ def build_child(
             root_id, binding_json = None, None
         final_id = turn["final_assistant_message_id"]
         if final_id is not None and final_message_id is not None:
-            # Version 4: prepare froze the position of a final Message inside the boundary.
+            # Version 4 or 5: prepare froze the position of a final Message inside the boundary.
             position = turn.get("final_assistant_position")
             final_id = None if position is None else final_message_id(int(position))
             if final_id is None:
@@ -322,6 +322,52 @@ def build_child(
     )
 
 
+def prove_child(
+    snapshot: Mapping[str, Any],
+    *,
+    binding_mode: str,
+    committed_at_ms: int,
+    snapshot_hash: str | None = None,
+    memo: ForkMemo | None = None,
+) -> None:
+    """Prepare's dry run: raise what `build_child` of this snapshot would raise at the commit
+    (fail closed before dispatch), without building its rows. A version 4 or 5 snapshot's
+    refusals are per Turn and per Interaction — a final assistant Message outside the boundary,
+    a reference of an Interaction that does not map — and are checked here the way
+    `build_child` checks them, with the same identity map; the 1,000 Turn rows a big fork's
+    commit writes are not built twice. Older versions run `build_child` itself."""
+    history = snapshot.get("history")
+    if history is None:
+        build_child(
+            snapshot,
+            child_provider_session_id="prepare-dry-run",
+            binding_mode=binding_mode,
+            turn_bindings=None,
+            committed_at_ms=committed_at_ms,
+            snapshot_hash=snapshot_hash,
+            memo=memo,
+        )
+        return
+    ids = child_history(snapshot, snapshot_hash, memo=memo).ids
+    for turn in snapshot["turns"]:
+        if (
+            turn["final_assistant_message_id"] is not None
+            and turn.get("final_assistant_position") is None
+        ):
+            raise ForkReferenceError(
+                ForkReferenceReason.DANGLING_REFERENCE,
+                f"turn {turn['turn_id']}: final assistant message is outside the boundary",
+            )
+        for i in turn["interactions"]:
+            where_i = f"interaction {i['interaction_id']}"
+            _remapped_json(i["input"], ids, where=where_i)
+            if i["output"] is not None:
+                _remapped_json(i["output"], ids, where=where_i)
+    _child_session(
+        snapshot, "prepare-dry-run", committed_at_ms, ids.turns[snapshot["point"]["turn_id"]]
+    )
+
+
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -339,7 +385,7 @@ def project_child(
     remapping the whole history: one deterministic id instead of one per entity."""
     point_turn = snapshot["point"]["turn_id"]
     history = snapshot.get("history")
-    if history is not None:  # version 4: rule v2, the boundary Turn's sequence
+    if history is not None:  # version 4 or 5: rule v2, the boundary Turn's sequence
         target = ordinal_id(prefixes_of(snapshot).turn, int(history["through"]))
         return _child_session(snapshot, child_provider_session_id, committed_at_ms, target)
     target_turn_id = child_id(

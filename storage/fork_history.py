@@ -65,7 +65,10 @@ _BOUNDARY = (
 
 # Every column the child copies, in position order, one line per Message; each text with its
 # byte length in front, so no two different rows print alike. `octet_length` reads the stored
-# size (no scan); one `printf` per row instead of a chain of `||` (each an intermediate string).
+# size (no scan); one `concat` per row (its result sized once, where `printf` grew its buffer
+# by reallocations and a chain of `||` made an intermediate string per operator). The bytes are
+# those `printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', …)` printed (a NULL text is '' to both), so the
+# digests frozen by builds that printed them are re-proved alike.
 # The order: the subquery's ORDER BY, served by the (session_key, position) key — the `+` keeps
 # the Turn list from choosing the by-Turn index — so no sorter runs. SQLite never flattens a
 # subquery with an ORDER BY into an aggregate; it feeds its rows to `group_concat` in that order
@@ -73,9 +76,9 @@ _BOUNDARY = (
 # says which Messages are the boundary's, `{extra}`/`{inner}` what else one pass collects.
 _DIGEST_TEMPLATE = (
     "SELECT count(*), CAST(group_concat(r, char(10)) AS BLOB), max(p){extra} FROM (SELECT"
-    " printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', m.position, m.version, m.turn_id, m.message_id,"
-    " m.kind, ifnull(octet_length(m.text), -1), ifnull(m.text, ''),"
-    " octet_length(m.payload_json), m.payload_json) AS r, m.position AS p{inner}"
+    " concat(m.position, ',', m.version, ',', m.turn_id, ',', m.message_id, ',', m.kind, ',',"
+    " ifnull(octet_length(m.text), -1), ':', m.text, ',', octet_length(m.payload_json), ':',"
+    " m.payload_json) AS r, m.position AS p{inner}"
     " FROM messages m WHERE m.session_key = (SELECT session_key FROM session_keys"
     " WHERE workspace_id = ?1 AND session_id = ?2) AND {cut} ORDER BY m.position)"
 )

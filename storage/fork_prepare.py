@@ -22,7 +22,7 @@ from domain.errors import (
 )
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
-from storage.fork_child import build_child, remember_child_history
+from storage.fork_child import prove_child, remember_child_history
 from storage.fork_history import fence_history, history_section
 from storage.fork_identity import OrdinalPrefixes
 from storage.fork_memo import ForkMemo
@@ -192,7 +192,7 @@ class ForkPrepare:
             for reason in blockers:
                 if reason in static:
                     raise ForkBoundaryError(reason)
-            # The Messages stay in SQLite (snapshot version 4, storage/fork_history.py).
+            # The Messages stay in SQLite (snapshot versions 4 and 5, storage/fork_history.py).
             boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id, messages=False)
             if blockers:
                 raise ForkBoundaryError(blockers[0])
@@ -235,11 +235,9 @@ class ForkPrepare:
             )
             remember_child_history(self.fork_memo, snapshot_hash, identity)
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
-            build_child(
+            prove_child(
                 snapshot,
-                child_provider_session_id="prepare-dry-run",
                 binding_mode=req.binding_mode,
-                turn_bindings=None,
                 committed_at_ms=tx.now_ms,
                 snapshot_hash=snapshot_hash,
                 memo=self.fork_memo,

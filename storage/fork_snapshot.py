@@ -1,24 +1,28 @@
 """The immutable snapshot frozen at prepare, hashed with SHA-256 over its stored bytes (law 5);
-commit and the committed projection read only it (and the operation row) — and, for a version 4
-snapshot, the source's boundary Messages, once the commit has re-proved them against the count
-and digest the snapshot froze (storage/fork_history.py). The documents this process froze are
+commit and the committed projection read only it (and the operation row) — and, for a version
+4 or 5 snapshot, the source's boundary Messages, once the commit has re-proved them against the
+count and digest the snapshot froze (storage/fork_history.py). The documents this process froze are
 kept by hash for its own commit.
 
-Version 4 (what prepare freezes) is MessagePack bytes (a BLOB) whose Turns carry no Messages: a
+Version 5 (what prepare freezes) is MessagePack bytes (a BLOB) whose Turns carry no Messages: a
 `history` map holds their count, digest, the payloads holding a reference (rewritten) and the
-child ids of the Messages a reference names. Version 3 was the same bytes with every Message of
-the boundary a compact array in its Turn (`MESSAGE_FIELDS` order); version 2 canonical JSON text
-(sorted keys, no whitespace) of that shape, version 1 the same with Messages as objects. All
+child ids of the Messages a reference names; each Turn is stored as an array of its values in
+`TURN_FIELDS` order (named once, in `turn_fields`), and read back into the map version 4 stored
+(its keys were ~60 % of a Turn's bytes). In memory every version's Turns are maps. Version 4 was
+the same document with each Turn stored as that map; version 3 the same bytes with every Message
+of the boundary a compact array in its Turn (`MESSAGE_FIELDS` order); version 2 canonical JSON
+text (sorted keys, no whitespace) of that shape, version 1 the same with Messages as objects. All
 are still read: an operation prepared by an older build may be committed or projected by this
 one. A document MessagePack cannot hold (an integer beyond 64 bits, which JSON allows) is frozen
-as JSON text instead — version 2 for a version 3 document, version 4 keeps its number; the
-stored value's type says which encoding it is."""
+as JSON text instead — version 2 for a version 3 document, versions 4 and 5 keep their number;
+the stored value's type says which encoding it is."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any
 
 import apsw
@@ -27,14 +31,18 @@ import msgpack
 from domain.errors import (
     ForkSnapshotCorrupt,
 )
-from storage.fork_boundary import MESSAGE_FIELDS, RESUME_CURSOR_KEY, Boundary
+from storage.fork_boundary import MESSAGE_FIELDS, RESUME_CURSOR_KEY, TURN_FIELDS, Boundary
 from storage.fork_memo import ForkMemo
 from storage.models import (
     Session,
 )
 from storage.sqlite import dumps
 
-SNAPSHOT_VERSION = 4
+SNAPSHOT_VERSION = 5
+# Version 4: the same document with each Turn stored as a map (what builds before version 5 froze).
+MAP_TURNS_VERSION = 4
+# The versions whose Messages stay in SQLite (a `history` map says what the commit needs).
+HISTORY_VERSIONS = (MAP_TURNS_VERSION, SNAPSHOT_VERSION)
 # Version 3: the same MessagePack document with every Message of the boundary in its Turn.
 MESSAGES_VERSION = 3
 # The version of the JSON text form: what builds before MessagePack froze, and what this one
@@ -43,9 +51,9 @@ JSON_VERSION = 2
 # The versions `load_snapshot` reads: 1 (Messages as objects), 2 (canonical JSON) and 3
 # (MessagePack, Messages inside) are still found in stores written by older builds; their
 # operations may still be committed or read.
-READABLE_VERSIONS = (1, 2, 3, 4)
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
-# What a version 4 document's `history` holds (storage/fork_history.py `history_section`).
+# What a version 4 or 5 document's `history` holds (storage/fork_history.py `history_section`).
 HISTORY_KEYS = frozenset({"through", "count", "digest", "rewritten", "message_ids"})
 
 Frozen = str | bytes
@@ -66,11 +74,40 @@ def encode_snapshot(document: Mapping[str, Any]) -> str:
 
 
 def pack_snapshot(document: Mapping[str, Any]) -> bytes:
-    """The MessagePack bytes of a version 3 snapshot document (the bytes that are hashed).
-    Maps keep the document's own order, which prepare builds the same way every time; nothing
-    re-encodes a document to compare it, the stored bytes are what the hash covers."""
-    packed: bytes = msgpack.packb(document, use_bin_type=True)
+    """The MessagePack bytes of a snapshot document (the bytes that are hashed): version 5's
+    Turns as arrays (`stored_form`). Maps keep the document's own order, which prepare builds
+    the same way every time; nothing re-encodes a document to compare it, the stored bytes are
+    what the hash covers."""
+    packed: bytes = msgpack.packb(stored_form(document), use_bin_type=True)
     return packed
+
+
+_TURN_VALUES = itemgetter(*TURN_FIELDS)
+
+
+def stored_form(document: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What is encoded for `document`: a version 5 document with each Turn as the tuple of its
+    `TURN_FIELDS` values (a tuple encodes as an array); any other document as it is."""
+    if document.get("version") != SNAPSHOT_VERSION:
+        return document
+    turns = document["turns"]
+    try:
+        compact = [_TURN_VALUES(t) for t in turns]
+    except KeyError:  # a Turn built elsewhere without a final position: None, as prepare's
+        compact = [tuple(t.get(f) for f in TURN_FIELDS) for t in turns]
+    return {**document, "turns": compact}
+
+
+def _expand_turns(document: dict[str, Any]) -> dict[str, Any]:
+    """A decoded version 5 document with its Turns as maps again (the in-memory shape of every
+    version); a Turn that is not an array of `turn_fields`' length fails closed."""
+    if document.get("turn_fields") != list(TURN_FIELDS):
+        raise ForkSnapshotCorrupt("version 5 fork snapshot does not name its Turn fields")
+    try:
+        turns = [dict(zip(TURN_FIELDS, t, strict=True)) for t in document["turns"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ForkSnapshotCorrupt(f"malformed version 5 Turns: {exc!r}") from exc
+    return {**document, "turns": turns}
 
 
 def sha256_hex(frozen: Frozen) -> str:
@@ -120,12 +157,12 @@ def freeze_snapshot(
     history: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Frozen, str]:
     """Build the snapshot document; returns (document, its stored form, SHA-256 hex).
-    With `history` (storage/fork_history.py `history_section`) it is a version 4 document whose
+    With `history` (storage/fork_history.py `history_section`) it is a version 5 document whose
     Turns carry no Messages; without, version 3 with every Message in its Turn."""
     assert source.provider_session_id is not None
     settings = runtime_identity.get("settings", source.settings)
     context = runtime_identity.get("runtime_context", source.runtime_context)
-    document = {
+    document: dict[str, Any] = {
         "version": MESSAGES_VERSION if history is None else SNAPSHOT_VERSION,
         "message_fields": list(MESSAGE_FIELDS),
         "operation_id": operation_id,
@@ -152,16 +189,17 @@ def freeze_snapshot(
         "turns": boundary.turns,
     }
     if history is not None:
+        document["turn_fields"] = list(TURN_FIELDS)
         document["history"] = dict(history)
     frozen: Frozen
     try:
         frozen = pack_snapshot(document)
     except (OverflowError, TypeError, ValueError):
         # E.g. a payload's integer beyond 64 bits: JSON holds it, MessagePack cannot. A version
-        # 4 document keeps its version (its shape says how to commit it); the text type says JSON.
+        # 5 document keeps its version (its shape says how to commit it); the text type says JSON.
         if history is None:
             document["version"] = JSON_VERSION
-        frozen = encode_snapshot(document)
+        frozen = encode_snapshot(stored_form(document))
     digest = sha256_hex(frozen)
     if memo is not None:
         memo.remember_frozen(digest, document, len(frozen))
@@ -220,16 +258,18 @@ def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
         raise ForkSnapshotCorrupt(f"fork snapshot does not decode: {exc}") from exc
     if not isinstance(document, dict):
         raise ForkSnapshotCorrupt("fork snapshot is not a map")
-    if document.get("version") == SNAPSHOT_VERSION:
+    version = document.get("version")
+    if version in HISTORY_VERSIONS:
         history = document.get("history")
         if not isinstance(history, dict) or not history.keys() >= HISTORY_KEYS:
-            raise ForkSnapshotCorrupt("version 4 fork snapshot has no well-formed history")
-    version = document.get("version")
+            raise ForkSnapshotCorrupt(f"version {version} fork snapshot has no well-formed history")
     if version == 1 and not packed:
         return _upgrade_v1(document)
-    expected = (MESSAGES_VERSION, SNAPSHOT_VERSION) if packed else (JSON_VERSION, SNAPSHOT_VERSION)
+    expected = (MESSAGES_VERSION if packed else JSON_VERSION, *HISTORY_VERSIONS)
     if version not in expected or document.get("message_fields") != list(MESSAGE_FIELDS):
         raise ForkSnapshotCorrupt(f"unsupported snapshot version {version!r}")
+    if version == SNAPSHOT_VERSION:
+        return _expand_turns(document)
     return document
 
 

@@ -224,22 +224,30 @@ CREATE INDEX session_reservations_by_operation ON session_reservations (workspac
 """
 
 
-def _v4(conn: apsw.Connection) -> None:
-    """v4: the terminal status `abandoned` and the durable `fork.resolve` record.
+def _edit_tables(conn: apsw.Connection, edits: tuple[tuple[str, str, str], ...]) -> None:
+    """Replace text in the CREATE TABLE statements of `edits` (table, old text, new text).
 
-    SQLite cannot ALTER a CHECK; widening one changes no stored row, so the documented
-    writable_schema edit (with a schema_version bump so every connection reloads) is safe."""
+    SQLite cannot ALTER a CHECK; an edit that changes no stored row's validity (a CHECK widened,
+    or restated equal) is the documented writable_schema edit, with a schema_version bump so
+    every connection reloads the schema."""
     row = conn.execute("PRAGMA schema_version").fetchone()
     assert row is not None
     version = int(row[0])
     conn.execute("PRAGMA writable_schema = ON")
-    conn.execute(
-        "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
-        " AND name = 'fork_operations'",
-        ("'failed', 'unknown')", "'failed', 'unknown', 'abandoned')"),
-    )
+    for table, old, new in edits:
+        conn.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table' AND name = ?",
+            (old, new, table),
+        )
     conn.execute(f"PRAGMA schema_version = {version + 1}")
     conn.execute("PRAGMA writable_schema = OFF")
+
+
+def _v4(conn: apsw.Connection) -> None:
+    """v4: the terminal status `abandoned` and the durable `fork.resolve` record."""
+    _edit_tables(
+        conn, (("fork_operations", "'failed', 'unknown')", "'failed', 'unknown', 'abandoned')"),)
+    )
     conn.execute(_V4_RESOLUTIONS)
 
 
@@ -458,6 +466,28 @@ WHEN NEW.status NOT IN ('prepared', 'dispatching', 'provider_accepted')
 BEGIN DELETE FROM history_fences WHERE op_seq = NEW.op_seq; END;
 """
 
+# v14: the CHECKs of `turns.outcome` and `interactions.status` restated as comparisons. SQLite
+# tests `x IN (a, b, c)` — a list of more than two constants — by building an ephemeral index of
+# the list, once per run of a statement: every insert of a Turn, every update of its outcome (and
+# of an Interaction's status) built, filled and freed a B-tree for it (~25 % of the 1,000 Turn
+# inserts of a big fork's commit). `x = a OR x = b OR x = c` accepts and refuses exactly the same
+# values (a NULL outcome still passes: NULL OR NULL is not false), with no such tree.
+TURN_OUTCOME_CHECK = (
+    "CHECK (outcome IN ('completed', 'interrupted', 'failed'))",
+    "CHECK (outcome = 'completed' OR outcome = 'interrupted' OR outcome = 'failed')",
+)
+INTERACTION_STATUS_CHECK = (
+    "CHECK (status IN ('pending', 'resolved', 'superseded'))",
+    "CHECK (status = 'pending' OR status = 'resolved' OR status = 'superseded')",
+)
+
+
+def _v14(conn: apsw.Connection) -> None:
+    _edit_tables(
+        conn, (("turns", *TURN_OUTCOME_CHECK), ("interactions", *INTERACTION_STATUS_CHECK))
+    )
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -472,6 +502,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V11,
     _V12,
     _V13,
+    _v14,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -3,6 +3,7 @@ reported when a copy of that home is tampered with the way a bug would leave it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -11,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import apsw
+import msgpack
 import pytest
 
 from tests.reliability.reliability_harness import fork_params
@@ -391,6 +393,32 @@ def test_a_cloned_message_unlike_its_source_is_reported(base: Base, tmp_path: Pa
         "UPDATE history_links SET message_prefix = 'ffffffff' || substr(message_prefix, 9)",
     )
     assert Law.CHILD_HISTORY_COPIED in laws(home)
+
+
+def test_a_committed_snapshot_that_no_longer_loads_is_reported(base: Base, tmp_path: Path) -> None:
+    """Snapshot version 5 stores each Turn as an array of `turn_fields`; a committed operation
+    whose stored document no longer names them — its hash re-stamped, so only the shape is
+    wrong — cannot be projected: the checker reports it."""
+    home = tampered(base, tmp_path)
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    op = base.committed["operationId"]
+    row = conn.execute(
+        "SELECT s.op_seq, s.snapshot_json FROM fork_operations o JOIN fork_snapshots s"
+        " USING (op_seq) WHERE o.operation_id = ?",
+        (op,),
+    ).fetchone()
+    assert row is not None
+    document = msgpack.unpackb(row[1], raw=False)
+    assert document["version"] == 5 and document["turn_fields"][-1] == "final_assistant_position"
+    document["turn_fields"] = document["turn_fields"][:-1]
+    frozen = msgpack.packb(document, use_bin_type=True)
+    conn.execute("UPDATE fork_snapshots SET snapshot_json = ? WHERE op_seq = ?", (frozen, row[0]))
+    conn.execute(
+        "UPDATE fork_operations SET snapshot_hash = ? WHERE operation_id = ?",
+        (hashlib.sha256(frozen).hexdigest(), op),
+    )
+    conn.close()
+    assert Law.CHILD_IFF_COMMITTED in laws(home)
 
 
 def test_a_linked_row_changed_behind_the_guard_is_reported(base: Base, tmp_path: Path) -> None:

@@ -1012,6 +1012,28 @@ def test_reference_to_a_later_turn_is_dangling_in_the_child(store: Store) -> Non
     assert store.fork_prepare.prepare_fork(WS, request(sid, later.turn_id))[1]
 
 
+def test_a_final_assistant_message_outside_the_boundary_fails_closed_at_prepare(
+    store: Store,
+) -> None:
+    """Prepare's dry run (`fork_child.prove_child`) refuses what the commit's `build_child`
+    would: a Turn whose final assistant Message is a later Turn's, before anything is written."""
+    sid = new_session(store)
+    first = settled_turn(store, sid)
+    later = settled_turn(store, sid)
+    store.db.connection().execute(
+        "UPDATE turns SET final_assistant_message_id = ? WHERE turn_id = ?",
+        (later.messages[-1].message_id, first.turn_id),
+    )
+    with pytest.raises(ForkReferenceError) as err:
+        store.fork_prepare.prepare_fork(WS, request(sid, first.turn_id))
+    assert err.value.params["forkReferenceError"] == "dangling_reference"
+    assert fence_holder(store, WS, sid) is None
+    ops = store.db.connection().execute("SELECT count(*) FROM fork_operations").fetchone()
+    assert ops == (0,)
+    # Through the later Turn the same Message is in the boundary: the fork prepares.
+    assert store.fork_prepare.prepare_fork(WS, request(sid, later.turn_id))[1]
+
+
 def test_duplicate_json_key_in_a_payload_fails_closed(store: Store) -> None:
     sid = new_session(store)
     turn = settled_turn(store, sid)

@@ -341,7 +341,7 @@ def test_prepare_maps_the_boundary_once_and_the_commit_builds_the_child_with_tha
         )
         .fetchone()[0]
     )
-    document = fork_snapshot.decode_frozen(raw)
+    document = fork_snapshot.load_snapshot(raw, op.snapshot_hash)
     kept = store.db.fork_memo.histories.get(op.snapshot_hash)
     assert kept is not None
     assert kept == fork_child.child_history(document)  # no memo: mapped from the document

@@ -1,14 +1,15 @@
-"""Snapshot versions: v4 freezes the document as MessagePack bytes with the Turns and
-Interactions but no Message (the boundary's Messages are counted, digested and later copied in
-SQLite: storage/fork_history.py); the v3 (MessagePack, Messages as compact arrays), v2
-(canonical JSON, Messages as arrays) and v1 (Messages as objects) snapshots older builds stored
-still commit and project the same child.
+"""Snapshot versions: v5 freezes the document as MessagePack bytes with the Turns (each an array
+of its `TURN_FIELDS` values) and Interactions but no Message (the boundary's Messages are
+counted, digested and read by the child through a link in SQLite: storage/fork_history.py); the
+v4 (the same with each Turn a map), v3 (MessagePack, Messages as compact arrays), v2 (canonical
+JSON, Messages as arrays) and v1 (Messages as objects) snapshots older builds stored still commit
+and project the same child.
 
-A v4 snapshot's bytes unpack to exactly the document prepare froze and pack back to the same
-bytes; a v4 document MessagePack cannot hold (an integer beyond 64 bits in an Interaction) is
-frozen as JSON text, still version 4; a v2 one is canonical JSON (sorted keys, no whitespace); a
-v1 snapshot (as the oldest builds wrote, e.g. the operations of
-`fixtures/store_v4.sqlite3.gz`) is read into the same shape, so the child built from any of v1–v3
+A v5 snapshot's bytes unpack to the document prepare froze (its Turns read back into maps) and
+pack back to the same bytes; a v5 document MessagePack cannot hold (an integer beyond 64 bits in
+an Interaction) is frozen as JSON text, still version 5; a v2 one is canonical JSON (sorted keys,
+no whitespace); a v1 snapshot (as the oldest builds wrote, e.g. the operations of
+`fixtures/store_v4.sqlite3.gz`) is read into the same shape, so the child built from any of v1–v4
 is the same.
 """
 
@@ -24,11 +25,12 @@ from test_store_fork import evidence, request
 
 from domain.errors import ForkSnapshotCorrupt
 from storage.base import WRITER_CACHE_KIB
-from storage.fork_boundary import MESSAGE_FIELDS, load_boundary
+from storage.fork_boundary import MESSAGE_FIELDS, TURN_FIELDS, load_boundary
 from storage.fork_child import build_child
 from storage.fork_memo import ForkMemo
 from storage.fork_snapshot import (
     JSON_VERSION,
+    MAP_TURNS_VERSION,
     MESSAGES_VERSION,
     SNAPSHOT_VERSION,
     Frozen,
@@ -108,18 +110,25 @@ def _as_v1(document: dict[str, Any]) -> dict[str, Any]:
     return v1
 
 
+def _as_v4(document: dict[str, Any]) -> dict[str, Any]:
+    """The document as a build before version 5 froze it: each Turn a map, no `turn_fields`."""
+    v4 = {k: v for k, v in document.items() if k != "turn_fields"}
+    v4["version"] = MAP_TURNS_VERSION
+    return v4
+
+
 def _as_v3(store: Store, sid: str, document: dict[str, Any]) -> dict[str, Any]:
     """The same operation's document as a build before version 4 froze it: every Message of
     the boundary in its Turn (read from the unchanged source), no `history`, version 3."""
     with store.db.read() as conn:
         boundary = load_boundary(conn, WS, sid, document["point"]["turn_id"])
-    v3 = {k: v for k, v in document.items() if k != "history"}
+    v3 = {k: v for k, v in document.items() if k not in ("history", "turn_fields")}
     v3["version"] = MESSAGES_VERSION
     v3["turns"] = boundary.turns
     return v3
 
 
-def test_a_new_snapshot_is_v4_messagepack_without_messages_and_round_trips_exactly(
+def test_a_new_snapshot_is_v5_messagepack_with_array_turns_and_round_trips_exactly(
     store: Store,
 ) -> None:
     sid, last = _source(store)
@@ -128,9 +137,23 @@ def test_a_new_snapshot_is_v4_messagepack_without_messages_and_round_trips_exact
     assert isinstance(text, bytes)  # a BLOB, not JSON text
     assert sha256_hex(text) == digest
     raw = msgpack.unpackb(text, raw=False)
-    assert raw["version"] == SNAPSHOT_VERSION == 4
+    assert raw["version"] == SNAPSHOT_VERSION == 5
     assert raw["message_fields"] == list(MESSAGE_FIELDS)
-    assert all("messages" not in t for t in raw["turns"])
+    assert raw["turn_fields"] == list(TURN_FIELDS)
+    # Each Turn an array of its values, no Message among them, no key stored per Turn.
+    assert [len(t) for t in raw["turns"]] == [len(TURN_FIELDS)] * 2
+    first, second = (dict(zip(TURN_FIELDS, t, strict=True)) for t in raw["turns"])
+    assert (first["sequence"], second["sequence"]) == (1, 2)
+    # The final assistant Message of each Turn frozen by its position in the boundary.
+    finals = [t.final_assistant_message_id for t in store.history.timeline(WS, sid, limit=10)[0]]
+    positions = {
+        m.message_id: m.position
+        for t in store.history.timeline(WS, sid, limit=10)[0]
+        for m in t.messages
+    }
+    assert [first["final_assistant_position"], second["final_assistant_position"]] == [
+        positions[f] for f in finals
+    ]
     source = [m for t in store.history.timeline(WS, sid, limit=10)[0] for m in t.messages]
     history = raw["history"]
     # Every Turn's Message counted, the Session-level one left out; the one payload holding an
@@ -143,31 +166,49 @@ def test_a_new_snapshot_is_v4_messagepack_without_messages_and_round_trips_exact
     assert child_user.endswith(f"-{user.position:012x}")
     tool = next(m for m in source if m.kind == "tool_call")
     assert history["rewritten"] == [[tool.position, dumps({"replyToMessageId": child_user})]]
-    # The loaded document packs to the same bytes (so it is the document prepare froze).
+    # The loaded document (its Turns maps again) packs to the same bytes (so it is the
+    # document prepare froze).
     loaded = load_snapshot(text, digest)
-    assert loaded == raw
+    assert {k: v for k, v in loaded.items() if k != "turns"} == {
+        k: v for k, v in raw.items() if k != "turns"
+    }
+    assert loaded["turns"] == [dict(zip(TURN_FIELDS, t, strict=True)) for t in raw["turns"]]
     assert pack_snapshot(loaded) == text
+    # Version 5's Turns are the smaller: the same document with each Turn a map is longer.
+    assert len(msgpack.packb(_as_v4(loaded), use_bin_type=True)) > len(text)
 
 
-@pytest.mark.parametrize("version", [1, 2, 3])
+@pytest.mark.parametrize("version", [1, 2, 3, 4])
 def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
     store: Store, version: int
 ) -> None:
     sid, last = _source(store)
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last))
     text, digest = _stored(store, op.operation_id)
-    v3 = _as_v3(store, sid, load_snapshot(text, digest))
+    current = load_snapshot(text, digest)
+    v3 = _as_v3(store, sid, current)
     # What an older build stored for this operation (the same content, hashed as written): the
-    # row an operation prepared before an upgrade still holds. v1: Messages as objects.
+    # row an operation prepared before an upgrade still holds. v1: Messages as objects; v4: the
+    # Messages in SQLite, each Turn a map.
     old: Frozen
-    if version == 3:
+    if version == 4:
+        v4 = _as_v4(current)
+        old = msgpack.packb(v4, use_bin_type=True)
+        assert pack_snapshot(v4) == old  # only version 5 stores its Turns as arrays
+        old_hash = _restore(store, op.operation_id, old)
+        _forget(store)
+        loaded = load_snapshot(old, old_hash)
+        assert loaded == v4 and isinstance(msgpack.unpackb(old)["turns"][0], dict)
+        v3 = current  # the child below is the one the version 5 document builds
+    elif version == 3:
         old = pack_snapshot(v3)
     else:
         old = dumps(_as_v1(v3)) if version == 1 else _as_v2(v3)
         assert isinstance(old, str) and ('"message_id":' in old) == (version == 1)
-    old_hash = _restore(store, op.operation_id, old)
-    _forget(store)
-    loaded = load_snapshot(old, old_hash)
+    if version != 4:
+        old_hash = _restore(store, op.operation_id, old)
+        _forget(store)
+        loaded = load_snapshot(old, old_hash)
     assert loaded["version"] == version and loaded["turns"] == v3["turns"]
 
     def plan(document: dict[str, Any]) -> Any:
@@ -258,6 +299,19 @@ def _packed(document: Any) -> Frozen:
     return msgpack.packb(document, use_bin_type=True)
 
 
+def _v5(**changes: Any) -> dict[str, Any]:
+    """A version 5 document well formed but for `changes`."""
+    history = {"through": 1, "count": 0, "digest": "", "rewritten": [], "message_ids": {}}
+    document = {
+        "version": 5,
+        "message_fields": list(MESSAGE_FIELDS),
+        "turn_fields": list(TURN_FIELDS),
+        "turns": [],
+        "history": history,
+    }
+    return {**document, **changes}
+
+
 @pytest.mark.parametrize(
     ("encode", "document", "why"),
     [
@@ -267,8 +321,13 @@ def _packed(document: Any) -> Frozen:
         (_json, [1, 2], "not a map"),
         (_packed, {"version": 2, "message_fields": list(MESSAGE_FIELDS)}, "version 2"),
         (_packed, {"version": 1, "turns": []}, "unsupported snapshot version 1"),
-        (_packed, {"version": 5, "message_fields": list(MESSAGE_FIELDS)}, "version 5"),
+        (_packed, {"version": 6, "message_fields": list(MESSAGE_FIELDS)}, "version 6"),
         (_packed, {"version": 4, "message_fields": list(MESSAGE_FIELDS)}, "no well-formed"),
+        (_packed, {"version": 5, "message_fields": list(MESSAGE_FIELDS)}, "no well-formed"),
+        (_packed, _v5(turn_fields=list(TURN_FIELDS[:-1])), "does not name its Turn fields"),
+        (_packed, _v5(turns=[["t", 1]]), "malformed version 5 Turns"),
+        (_packed, _v5(turns=[{"turn_id": "t"}]), "malformed version 5 Turns"),
+        (_json, _v5(turns=[list(range(len(TURN_FIELDS) + 1))]), "malformed version 5 Turns"),
         (_json, {"version": 4, "history": {"count": 1}}, "no well-formed"),
         (_packed, [1, 2], "not a map"),
     ],

@@ -25,10 +25,10 @@ import apsw
 
 from actors.checkpoints import checkpoint_ref
 from actors.context import _path_segment
-from domain.errors import ForkInProgress, HostError
+from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
 from storage.fork_history import history_digest
 from storage.fork_identity import OrdinalPrefixes, ordinal_id
-from storage.fork_snapshot import decode_frozen
+from storage.fork_snapshot import decode_frozen, load_snapshot
 from storage.history_links import history_link, linked_message, visible_rows
 from storage.store import Store
 from workspace.shadow import ShadowStore
@@ -53,11 +53,14 @@ class Law(StrEnum):
     STORE_INTEGRITY = "store_integrity"
     """`PRAGMA integrity_check` is not `ok` or `foreign_key_check` reports rows."""
     CHILD_IFF_COMMITTED = "child_iff_committed"
-    """A committed operation lacks its child/lineage, or a non-committed one has some (law 2)."""
+    """A committed operation lacks its child/lineage, or a non-committed one has some, or the
+    frozen snapshot its child is projected from no longer loads — bytes unlike its hash, or no
+    readable version's shape (snapshot version 5: each Turn an array of `turn_fields`) (law 2,
+    law 4)."""
     CHILD_HISTORY_COPIED = "child_history_copied"
     """A committed child's cloned Messages — the history it shows: its own rows and, for a
     linked child, the rows it reads through its history link — are not, row by row, its
-    source's boundary as prepare froze it (snapshot version 4: each id rule v2's — the
+    source's boundary as prepare froze it (snapshot version 4 or 5: each id rule v2's — the
     operation's prefix and the row's position, its Turn's prefix and sequence —, a payload
     holding a reference as frozen rewritten, every other column the source's) (law 2)."""
     HISTORY_LINK_INTACT = "history_link_intact"
@@ -422,6 +425,12 @@ def _check_children(
             ):
                 ctx.fail(Law.CHILD_IFF_COMMITTED, f"{name}: lineage row {row} disagrees")
             document = decode_frozen(op["snapshot_json"])
+            try:  # what the committed projection rebuilds the child from (law 4)
+                load_snapshot(op["snapshot_json"], op["snapshot_hash"])
+            except ForkSnapshotCorrupt as exc:
+                ctx.fail(
+                    Law.CHILD_IFF_COMMITTED, f"{name}: its frozen snapshot does not load: {exc}"
+                )
             n_snapshot = len(document.get("turns") or [])
             if clone_turns.get(key, 0) != n_snapshot:
                 ctx.fail(
@@ -456,7 +465,7 @@ def _check_children(
 
 
 def frozen_message_count(document: Mapping[str, Any]) -> int:
-    """How many Messages a snapshot document froze: version 4 counts them in `history`, older
+    """How many Messages a snapshot document froze: versions 4 and 5 count them in `history`, older
     versions hold them in their Turns."""
     history = document.get("history")
     if history is not None:
@@ -719,10 +728,14 @@ def fence_windows(
     for o in ops:
         status = o["status"]
         end = o["completed_at_ms"] if status not in ACTIVE else now_ms
-        if status in ("provider_accepted", "committed") and (
-            o["workspace_id"],
-            o["operation_id"],
-        ) in adopted:
+        if (
+            status in ("provider_accepted", "committed")
+            and (
+                o["workspace_id"],
+                o["operation_id"],
+            )
+            in adopted
+        ):
             start = o["accepted_at_ms"]
         elif status == "abandoned":
             continue
