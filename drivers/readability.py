@@ -94,7 +94,9 @@ def prove_tutti_child(
         return f"{type(exc).__name__}: {exc}"
     if history.forked_from_id != source_id:
         return f"child rollout names source {history.forked_from_id!r}, not {source_id!r}"
-    turns = build_turns(history.items)
+    # The reduction the app-server's `thread/read` projects turns with; only the turns' ids
+    # and statuses are judged, so without their items (`turnItems: false`'s reduction).
+    turns = build_turns(history.items, with_items=False)
     if any(t.id is None for t in turns):
         raise ReaderNotApplicable("the child's history holds legacy turns without ids")
     return _turn_problem([(t.id, t.status is TurnStatus.IN_PROGRESS) for t in turns], prefix)

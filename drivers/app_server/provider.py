@@ -54,6 +54,14 @@ class AppServerProvider(Protocol):
         ...
 
     @property
+    def turns_without_items(self) -> bool:
+        """Ask `thread/read` and `thread/fork` for the turns without their items (`turnItems:
+        false`, tutti-agent): the fork reads only the turns' ids and statuses, and a
+        10,000-Turn thread's items are a 5 MB answer to build, send and decode. Codex answers
+        its own shape (its items included)."""
+        ...
+
+    @property
     def interrupt_waits_for_start(self) -> bool:
         """The provider answers "no active turn" to an interrupt of a Turn it has accepted but
         not started yet (Codex): the driver retries while the Turn is still ours and running."""
