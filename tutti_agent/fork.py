@@ -107,6 +107,8 @@ class ForkOptions:
     model: str | None = None
     turn_items: bool = True
     """False: the result's turns are reduced without their items (`turnItems: false`)."""
+    keep_child_parse: bool = True
+    """False (a child forked `loaded: false`): the store does not keep the child's parse."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,7 +332,9 @@ class ForkService:
             # The child's history from the lines just written, checked as a load checks it
             # (identity, ordinals, history_base into the frozen source), not re-read from disk.
             parent = prepared.source if first_ordinal > 0 else None
-            child = self.store.adopt_created(child_id, writer.path, written, parent)
+            child = self.store.adopt_created(
+                child_id, writer.path, written, parent, remember=options.keep_child_parse
+            )
         except BaseException as exc:
             # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
             writer.close()

@@ -370,6 +370,9 @@ class AppServer:
             marker = InterruptedMarker(params.get("interruptedMarker") or "contextualUser")
         except ValueError as exc:
             raise InvalidParams(str(exc)) from None
+        loaded = params.get("loaded", True)
+        if not isinstance(loaded, bool):
+            raise InvalidParams("loaded must be a boolean")
         options = ForkOptions(
             boundary=boundary,
             snapshot=parse_snapshot(params.get("snapshot")),
@@ -378,10 +381,8 @@ class AppServer:
             cwd=params.get("cwd") if isinstance(params.get("cwd"), str) else None,
             model=params.get("model") if isinstance(params.get("model"), str) else None,
             turn_items=self._turn_items(params),
+            keep_child_parse=loaded,
         )
-        loaded = params.get("loaded", True)
-        if not isinstance(loaded, bool):
-            raise InvalidParams("loaded must be a boolean")
         result = self.forks.fork(source_id, options)
         if loaded:
             self._load_live(result.child)

@@ -385,20 +385,31 @@ class ThreadStore:
         return self._assemble(thread_id, path, self._read(path), visiting, None)
 
     def adopt_created(
-        self, thread_id: str, path: Path, own: list[RolloutLine], parent: ThreadHistory | None
+        self,
+        thread_id: str,
+        path: Path,
+        own: list[RolloutLine],
+        parent: ThreadHistory | None,
+        *,
+        remember: bool = True,
     ) -> ThreadHistory:
         """The history of a rollout this store just created (`create_rollout`) from the lines
         it wrote, with the same checks as `load` — identity, history_base, ordinals, the
         parent's boundary offset — but without reading back and re-parsing the file it just
         fsynced (a fork would otherwise read its whole child again). `parent`: the history a
         Referenced child's history_base points into (the fork's frozen source), else None.
-        The parse is remembered as the file's, so a later read of the unchanged file reuses it."""
+        The parse is remembered as the file's, so a later read of the unchanged file reuses it
+        (`remember=False`: only its path, for a child this server does not open — a
+        10,000-Turn child's parse kept for nothing is 60,000 lines more for the collector and
+        the cache)."""
         key = _file_key(path)
         if key[2] != (own[-1].end_byte_offset if own else 0):
             raise LineageError(thread_id, "rollout does not hold the lines written")
         history = self._assemble(thread_id, path, own, frozenset(), parent)
         with self._cache_lock:
             self._paths[thread_id] = path
+            if not remember:
+                return history
             self._parsed[path] = (key, own)
             self._parsed.move_to_end(path)
             while len(self._parsed) > PARSED_ROLLOUTS_CACHED:

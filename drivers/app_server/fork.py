@@ -82,13 +82,16 @@ class ForkThroughTurn:
             # The bind and the proof parse the whole rollout (a 10,000-Turn one is 60,000
             # lines): no collector walks over that parse while it is being built.
             with gc_paused():
-                return self._fork_on(runtime, request, source_id, prefix, litter)
+                try:
+                    return self._fork_on(runtime, request, source_id, prefix, litter)
+                finally:
+                    # The bind's decoded lines are freed once the verdict has been answered
+                    # (handed over while the collector is still held off).
+                    release_later(litter)
         finally:
             if transient:
                 runtime.proc.close()
             _ = source_home
-            # The bind's decoded lines are freed once the verdict has been answered.
-            release_later(litter)
 
     def _fork_runtime(self, request: ForkRequest) -> tuple[Runtime | None, bool]:
         """The source Session's live app-server, else a transient one on its home. A transient

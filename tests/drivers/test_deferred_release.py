@@ -1,5 +1,6 @@
 """Objects handed to `release_later` are freed after it returns, on its own thread, lists
-emptied a slice at a time; nothing is freed while the caller still holds it."""
+emptied a slice at a time, the cyclic collector held off until then; nothing is freed while
+the caller still holds it."""
 
 from __future__ import annotations
 
@@ -34,16 +35,18 @@ def test_release_later_frees_on_its_own_thread_and_never_what_is_still_held() ->
     gc.collect()
     lines = [Thing() for _ in range(2 * SLICE)]
     kept = lines[0]  # still held by the caller: must survive the release of the list
-    freed_on: list[str] = []
+    freed_on: list[tuple[str, bool]] = []
 
     class Probe:
         def __del__(self) -> None:
-            freed_on.append(threading.current_thread().name)
+            freed_on.append((threading.current_thread().name, gc.isenabled()))
 
     lines.append(Probe())
     refs = [weakref.ref(t) for t in lines[1:]]
     release_later([lines])
     del lines
     assert wait_until(lambda: all(ref() is None for ref in refs))
-    assert freed_on == ["deferred-release"]
+    # Freed on the release thread with the collector still held off; then it is back.
+    assert freed_on == [("deferred-release", False)]
+    assert wait_until(gc.isenabled)
     assert isinstance(kept, Thing)
