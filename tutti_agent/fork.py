@@ -11,6 +11,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any, Protocol
 
 from tutti_agent import __version__
@@ -198,7 +199,7 @@ class ForkService:
                     source=source,
                     end_ordinal_exclusive=end,
                     history_base=base,
-                    model_context=tuple(line.item for line in source.lines[:end]),
+                    model_context=tuple(map(itemgetter(2), source.lines[:end])),  # items
                     reservation=reservation,
                     settled=turns is not None,
                     turns=turns or (),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from tutti_agent.rollout import LineType, RolloutItem
 
@@ -86,9 +86,11 @@ class SnapshotTurnState:
     active_turn_start_index: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """A turn as rebuilt from history; indices are positions in the item sequence."""
+class TurnRecord(NamedTuple):
+    """A turn as rebuilt from history; indices are positions in the item sequence.
+
+    A named tuple, not a frozen dataclass (whose constructor sets each of its ten fields
+    through `object.__setattr__`): a 10,000-Turn history reduces to 10,000 of them."""
 
     id: str | None
     status: TurnStatus
@@ -396,6 +398,8 @@ _NUMBER = (int, float)
 
 
 def _int_or_none(v: object) -> int | None:
+    if type(v) is int:  # the usual case, first: a decoded integer is exactly int
+        return v
     return int(v) if isinstance(v, _NUMBER) and not isinstance(v, bool) else None
 
 

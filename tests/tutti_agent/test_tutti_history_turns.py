@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from tests.tutti_agent.items import (
@@ -63,4 +61,4 @@ def test_turns_reduced_without_items_are_the_turns_with_items_left_out() -> None
     ]
     assert [len(t.items) for t in full] == [1, 1, 1, 0, 1, 1]
     assert all(t.items == () for t in lean)
-    assert lean == [dataclasses.replace(t, items=()) for t in full]
+    assert lean == [t._replace(items=()) for t in full]
