@@ -218,13 +218,19 @@ class AppServer:
         include_turns: bool,
         turns: Sequence[TurnRecord] | None = None,
         with_items: bool = True,
+        settings: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         live = self._live(history.thread_id)
         status = live.status() if live is not None else "notLoaded"
         if include_turns and turns is None:
             turns = self.store.turns(history, with_items=with_items)
         return thread_to_wire(
-            history, status=status, include_turns=include_turns, turns=turns, with_items=with_items
+            history,
+            status=status,
+            include_turns=include_turns,
+            turns=turns,
+            with_items=with_items,
+            settings=settings,
         )
 
     def _session_result(
@@ -238,7 +244,11 @@ class AppServer:
         settings = history.effective_settings()
         return {
             "thread": self._thread_payload(
-                history, include_turns=include_turns, turns=turns, with_items=with_items
+                history,
+                include_turns=include_turns,
+                turns=turns,
+                with_items=with_items,
+                settings=settings,
             ),
             "model": settings.get("model"),
             "modelProvider": settings.get("model_provider"),

@@ -67,9 +67,13 @@ def thread_to_wire(
     include_turns: bool,
     turns: Sequence[TurnRecord] | None = None,
     with_items: bool = True,
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`settings`: the history's `effective_settings()`, when the caller has them (a pass
+    over every line of the history fewer)."""
     meta: Mapping[str, Any] = history.meta
-    settings = history.effective_settings()
+    if settings is None:
+        settings = history.effective_settings()
     created = _unix(meta.get("timestamp"))
     try:
         updated: int | None = int(os.stat(history.path).st_mtime)
