@@ -228,7 +228,13 @@ class ForkThroughTurn:
         if self.verify_bound_child:
             # The proof reads the files back by name while their directories are fsynced.
             problem, proof = self._prove_readable(
-                runtime, Path(request.target.home), child_id, source_id, prefix, receipt.parsed
+                runtime,
+                Path(request.target.home),
+                child_id,
+                source_id,
+                prefix,
+                receipt.parsed,
+                litter,
             )
             if problem is not None:
                 return ForkResult.unknown(
@@ -312,6 +318,7 @@ class ForkThroughTurn:
         source_id: str,
         prefix: list[str],
         known: Mapping[str, ParsedRollout] | None = None,
+        litter: list[object] | None = None,
     ) -> tuple[str | None, str]:
         """(problem or None, how it was proven): the provider's own history reader in this
         worker (no process spawned) where it can judge the child, else a fresh app-server on
@@ -319,7 +326,9 @@ class ForkThroughTurn:
         if self.readability_proof == READABILITY_IN_WORKER:
             try:
                 return (
-                    self._read_child_in_worker(runtime, home, child_id, source_id, prefix, known),
+                    self._read_child_in_worker(
+                        runtime, home, child_id, source_id, prefix, known, litter
+                    ),
                     READABILITY_IN_WORKER,
                 )
             except ReaderNotApplicable:
@@ -334,11 +343,12 @@ class ForkThroughTurn:
         source_id: str,
         prefix: list[str],
         known: Mapping[str, ParsedRollout] | None = None,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The child's readability from `home` alone, judged in this worker by the provider's
         own history reader (a problem, or None); `ReaderNotApplicable` where it cannot."""
         return self.provider.read_child(
-            home, child_id, source_id, prefix, runtime.gate.version, known
+            home, child_id, source_id, prefix, runtime.gate.version, known, litter=litter
         )
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:

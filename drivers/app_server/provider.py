@@ -118,11 +118,15 @@ class AppServerProvider(Protocol):
         prefix: list[str],
         attested: str,
         known: Mapping[str, ParsedRollout] | None = None,
+        *,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The bound child's readability from `home` alone, judged in this worker by the
         provider's own history reader (a problem, or None); `attested` is the runtime's
         version; `known`: the binder's parse of the files it bound, by path, which a reader
-        may take for a file holding exactly those bytes instead of decoding it again. Raises
+        may take for a file holding exactly those bytes instead of decoding it again;
+        `litter`: where a reader may put what it built that is large, for the caller to free
+        after the verdict is answered. Raises
         `ReaderNotApplicable` where it cannot judge (the proof then spawns an app-server on
         the target home)."""
         ...

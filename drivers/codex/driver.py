@@ -179,6 +179,8 @@ class CodexProvider:
         prefix: list[str],
         attested: str,
         known: Mapping[str, ParsedRollout] | None = None,
+        *,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The bound child's lineage read from the target home alone, in this worker: every
         referenced rollout present, the session_meta chain intact, turns = the prefix."""
