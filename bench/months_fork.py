@@ -5,7 +5,9 @@ target 5's fork row), through a real daemon, with the CPU each process spent on 
 app-server loads the thread; then `--warm` warm ones), the wall time and the CPU time of the
 daemon, its worker and the tutti-agent app-server (psutil, before and after each fork), so a
 run of main and of a branch, alternated, compare what each process spent. The client polls
-`fork.get` every 5 ms, as `bench.months` does. The store comes from `bench.months`' cache
+`fork.get` every 5 ms, as `bench.months` does; each fork's host stages (prepare / attest /
+provider+bind / commit / reply, from the operation's durable timestamps, as `bench.fork_overhead`)
+are printed beside it. The store comes from `bench.months`' cache
 (`--sessions/--turns/--big-turns/--operations/--scale` as there; a small store of the full
 store's shape builds in about a minute):
 
@@ -28,7 +30,9 @@ from typing import Any
 import psutil
 
 from bench.common import Table, command_for, cpu_probe_ms, log
+from bench.fork_overhead import STAGES, stage_times
 from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal
+from bench.loadgen import now_ms
 from bench.months import SESSION, Size, _id, cached_home
 
 MODULE = "bench.months_fork"
@@ -56,14 +60,19 @@ def _cpu_by_process(pid: int) -> dict[str, float]:
     return out
 
 
-def measure(home: Path, big_turns: int, warm: int) -> list[tuple[str, float, dict[str, float]]]:
+Row = tuple[str, float, dict[str, float], dict[str, float]]
+"""(fork, wall ms, CPU ms by process, host stage ms from the operation's timestamps)."""
+
+
+def measure(home: Path, big_turns: int, warm: int) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="months-fork-") as tmp:
         work = Path(tmp) / "home"
         shutil.copytree(home, work, ignore=shutil.ignore_patterns("complete"))
         first = BenchDaemon(work).start(timeout=1200)  # recovers the interrupted operations
         first.stop()
         daemon = BenchDaemon(work, idle_actor_seconds=60.0).start(timeout=600)
-        rows = []
+        rows: list[tuple[str, float, dict[str, float]]] = []
+        ops: list[dict[str, Any]] = []
         try:
             c = daemon.client(timeout=600)
             big = _id(SESSION, 0)
@@ -80,10 +89,11 @@ def measure(home: Path, big_turns: int, warm: int) -> list[tuple[str, float, dic
             last = str(page["turns"][-1]["turnId"])
             for i in range(1 + warm):
                 before = _cpu_by_process(daemon.pid)
-                t = time.perf_counter()
+                t, t0 = time.perf_counter(), now_ms()
                 op = fork_until_terminal(c, big, last, poll_s=0.005)
-                wall = (time.perf_counter() - t) * 1000
+                wall, t1 = (time.perf_counter() - t) * 1000, now_ms()
                 after = _cpu_by_process(daemon.pid)
+                ops.append({"operationId": op["operationId"], "t0": t0, "t1": t1})
                 if op["status"] != "committed":
                     raise RuntimeError(f"the big Session's fork did not commit: {op}")
                 acknowledge(c, op["operationId"])
@@ -92,7 +102,15 @@ def measure(home: Path, big_turns: int, warm: int) -> list[tuple[str, float, dic
                 log(f"months-fork: {rows[-1][0]} {wall:.0f} ms")
         finally:
             daemon.stop()
-    return rows
+        # Where each fork's wall went, from its durable timestamps (read once the daemon is
+        # gone): fork.create → created → dispatched → provider accepted → committed → seen.
+        stages = stage_times(work / "store.sqlite3", ops)
+    return [
+        (name, wall, cpu, {stage: stages[stage][i] for stage in STAGES})
+        if all(len(stages[stage]) == len(rows) for stage in STAGES)
+        else (name, wall, cpu, {})
+        for i, (name, wall, cpu) in enumerate(rows)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,10 +133,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = Table(
         f"fork through the last Turn of {size.describe()}: wall and CPU per process (1-min"
         f" load {load:.2f} → {load_end:.2f}, CPU probe {probe:.1f} → {probe_end:.1f} ms)",
-        ("fork", "wall ms", "daemon CPU ms", "worker CPU ms", "app-server CPU ms"),
+        (
+            "fork",
+            "wall ms",
+            "daemon CPU ms",
+            "worker CPU ms",
+            "app-server CPU ms",
+            "stages ms (" + " / ".join(STAGES) + ")",
+        ),
         tuple(
-            (name, wall, cpu.get("daemon", 0.0), cpu.get("worker", 0.0), cpu.get("app-server", 0.0))
-            for name, wall, cpu in rows
+            (
+                name,
+                wall,
+                cpu.get("daemon", 0.0),
+                cpu.get("worker", 0.0),
+                cpu.get("app-server", 0.0),
+                " / ".join(f"{stages[s]:.0f}" for s in STAGES) if stages else "-",
+            )
+            for name, wall, cpu, stages in rows
         ),
     )
     print(table.render())

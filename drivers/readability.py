@@ -68,13 +68,17 @@ def prove_tutti_child(
     prefix: Sequence[str],
     runtime_version: str,
     known: Mapping[str, ParsedRollout] | None = None,
+    *,
+    litter: list[object] | None = None,
 ) -> str | None:
     """Prove a tutti-agent child readable from `home` with tutti_agent's own reader.
 
     `known`: the binder's validated bytes and decoded lines of the files it just bound, by
     path. The reader still finds, reads and compares each file in full; a file that holds
     exactly those bytes has its lines taken from the binder's decoding of them (the same
-    JSON values a second decode would return) instead of decoding 60,000 lines again."""
+    JSON values a second decode would return) instead of decoding 60,000 lines again.
+    `litter`: the reader's store and the child's history go there (freed by the caller after
+    the verdict is answered: 120,000 line objects for a 10,000-Turn child), not freed here."""
     import tutti_agent
     from tutti_agent.errors import AppServerError, RolloutCorrupt
     from tutti_agent.history import TurnStatus, build_turns
@@ -85,16 +89,22 @@ def prove_tutti_child(
         raise ReaderNotApplicable(
             f"in-worker tutti_agent {tutti_agent.__version__} != runtime {runtime_version}"
         )
+    store = ThreadStore(home)
+    if litter is not None:
+        litter.append(store)  # its parse of the child, kept until the caller frees it
     try:
-        store = ThreadStore(home)
         for path, parsed in (known or {}).items():
             store.adopt_decoded(Path(path), parsed.data, parsed.records)
         history = store.load(child_id)
+        if litter is not None:
+            litter.append(history)
     except (AppServerError, RolloutCorrupt, OSError, ValueError, KeyError, TypeError) as exc:
         return f"{type(exc).__name__}: {exc}"
     if history.forked_from_id != source_id:
         return f"child rollout names source {history.forked_from_id!r}, not {source_id!r}"
-    turns = build_turns(history.items)
+    # The reduction the app-server's `thread/read` projects turns with; only the turns' ids
+    # and statuses are judged, so without their items (`turnItems: false`'s reduction).
+    turns = build_turns(history.items, with_items=False)
     if any(t.id is None for t in turns):
         raise ReaderNotApplicable("the child's history holds legacy turns without ids")
     return _turn_problem([(t.id, t.status is TurnStatus.IN_PROGRESS) for t in turns], prefix)

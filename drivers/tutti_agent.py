@@ -37,6 +37,7 @@ class TuttiAgentProvider:
     cache_attestations = False
     fork_exclude_turns = False
     fork_unloaded = True
+    turns_without_items = True
     interrupt_waits_for_start = False
     liveness_probe: str | None = "thread/loaded/list"
 
@@ -108,10 +109,12 @@ class TuttiAgentProvider:
         prefix: list[str],
         attested: str,
         known: Mapping[str, ParsedRollout] | None = None,
+        *,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The child's readability from `home` alone, judged by tutti_agent's own reader (only
         when it is the exact version the runtime attested)."""
-        return prove_tutti_child(home, child_id, source_id, prefix, attested, known)
+        return prove_tutti_child(home, child_id, source_id, prefix, attested, known, litter=litter)
 
 
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> AppServerDriver:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import itemgetter
 from typing import Any, Protocol
 
 from tutti_agent import __version__
@@ -105,6 +106,10 @@ class ForkOptions:
     marker: InterruptedMarker = InterruptedMarker.CONTEXTUAL_USER
     cwd: str | None = None
     model: str | None = None
+    turn_items: bool = True
+    """False: the result's turns are reduced without their items (`turnItems: false`)."""
+    keep_child_parse: bool = True
+    """False (a child forked `loaded: false`): the store does not keep the child's parse."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,16 +143,17 @@ def resolve_boundary(history: ThreadHistory, boundary: ForkBoundary) -> int:
 
 
 def _resolve(
-    history: ThreadHistory, boundary: ForkBoundary
+    history: ThreadHistory, boundary: ForkBoundary, reduced: Sequence[TurnRecord] | None = None
 ) -> tuple[int, tuple[TurnRecord, ...] | None]:
     """`resolve_boundary`, and the prefix's turns when it is settled: it ends with the
     terminal event (`task_complete`/`turn_aborted`) that closed the named turn, so no turn
     is open there and the prefix's turns are exactly those that ended inside it (a turn
     closed by a later `task_started` ends on that start, not on a terminal event: not
-    settled, its snapshot closes it as interrupted)."""
+    settled, its snapshot closes it as interrupted). `reduced`: the history's turns, when the
+    caller has them (`ThreadStore.turns`)."""
     if isinstance(boundary, Latest):
         return history.next_ordinal, None
-    turns = build_turns(history.items)
+    turns = build_turns(history.items) if reduced is None else reduced
     matches = [t for t in turns if t.id == boundary.turn_id]
     if not matches:
         raise TurnNotFound(boundary.turn_id)
@@ -171,20 +177,29 @@ class ForkService:
         self.store = store
         self.hooks: ForkHooks = hooks or NoHooks()
 
-    def prepare(self, source_thread_id: str, boundary: ForkBoundary) -> PreparedFork:
+    def prepare(
+        self, source_thread_id: str, boundary: ForkBoundary, *, turn_items: bool = True
+    ) -> PreparedFork:
+        """The frozen boundary, holding the source's reservation; `turn_items=False`: the
+        prefix's turns (the reply's) are reduced without their items."""
         # Reserve first, then read: a delete that wins the race makes the load fail cleanly.
         reservation = self.store.reserve(source_thread_id)
         try:
             with gc_paused():
                 source = self.store.load(source_thread_id)
-                end, turns = _resolve(source, boundary)
+                reduced = (
+                    None
+                    if isinstance(boundary, Latest)
+                    else self.store.turns(source, with_items=turn_items)
+                )
+                end, turns = _resolve(source, boundary, reduced)
                 base = source.position_at(end)
                 return PreparedFork(
                     source_thread_id=source_thread_id,
                     source=source,
                     end_ordinal_exclusive=end,
                     history_base=base,
-                    model_context=tuple(line.item for line in source.lines[:end]),
+                    model_context=tuple(map(itemgetter(2), source.lines[:end])),  # items
                     reservation=reservation,
                     settled=turns is not None,
                     turns=turns or (),
@@ -199,7 +214,7 @@ class ForkService:
         detached thread of `fork_async` buys it nothing (starting one per fork, and
         handing the interpreter lock to it and back, costs the app-server's request loop
         milliseconds per fork on a loaded machine)."""
-        prepared = self.prepare(source_thread_id, options.boundary)
+        prepared = self.prepare(source_thread_id, options.boundary, turn_items=options.turn_items)
         try:
             return self.materialize(prepared, options)
         finally:
@@ -212,7 +227,7 @@ class ForkService:
 
         Abandoning the returned future (a cancelled request) does not release the source:
         only the end of materialization does (seed 004 §10, §12.4)."""
-        prepared = self.prepare(source_thread_id, options.boundary)
+        prepared = self.prepare(source_thread_id, options.boundary, turn_items=options.turn_items)
         future: concurrent.futures.Future[ForkResult] = concurrent.futures.Future()
 
         def run() -> None:
@@ -318,7 +333,9 @@ class ForkService:
             # The child's history from the lines just written, checked as a load checks it
             # (identity, ordinals, history_base into the frozen source), not re-read from disk.
             parent = prepared.source if first_ordinal > 0 else None
-            child = self.store.adopt_created(child_id, writer.path, written, parent)
+            child = self.store.adopt_created(
+                child_id, writer.path, written, parent, remember=options.keep_child_parse
+            )
         except BaseException as exc:
             # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
             writer.close()

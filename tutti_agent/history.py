@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from tutti_agent.rollout import LineType, RolloutItem
 
@@ -30,6 +30,9 @@ CONTEXTUAL_USER_PREFIXES = (
     "<subagent_notification>",
     "<skill>",
 )
+
+_EVENT_MSG: str = LineType.EVENT_MSG.value
+_RESPONSE_ITEM: str = LineType.RESPONSE_ITEM.value
 
 MODEL_VISIBLE_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output"})
 
@@ -83,9 +86,11 @@ class SnapshotTurnState:
     active_turn_start_index: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TurnRecord:
-    """A turn as rebuilt from history; indices are positions in the item sequence."""
+class TurnRecord(NamedTuple):
+    """A turn as rebuilt from history; indices are positions in the item sequence.
+
+    A named tuple, not a frozen dataclass (whose constructor sets each of its ten fields
+    through `object.__setattr__`): a 10,000-Turn history reduces to 10,000 of them."""
 
     id: str | None
     status: TurnStatus
@@ -139,16 +144,36 @@ class _OpenTurn:
 
 
 class ThreadHistoryBuilder:
-    """Reduces rollout items into turns, tracking the active (unfinished) turn."""
+    """Reduces rollout items into turns, tracking the active (unfinished) turn.
 
-    def __init__(self) -> None:
+    `with_items=False`: the same turns (ids, statuses, errors, times, boundaries) without
+    their items, for a caller that reads only those (a `thread/read` or `thread/fork` asked
+    for `turnItems: false`, the host's readability proof): one reduction, so both read a
+    history the same way."""
+
+    def __init__(self, *, with_items: bool = True) -> None:
         self._turns: list[TurnRecord] = []
         self._active: _OpenTurn | None = None
+        self._with_items = with_items
 
     def handle(self, index: int, item: RolloutItem) -> None:
-        ev = item.event_type
+        # `item.event_type` inlined: this runs once per rollout line (60,000 for a
+        # 10,000-Turn thread), and most lines are events.
         p = item.payload
-        if ev == "task_started":
+        ev = p.get("type") if item.type == _EVENT_MSG else None
+        if ev is None:
+            if self._active is None and item.type == _RESPONSE_ITEM and is_real_user_message(item):
+                # Legacy history: no lifecycle events, a user message opens an implicit turn.
+                self._active = _OpenTurn(
+                    id=None, explicit=False, start_index=None, started_at=None
+                )
+        elif ev == "item_completed":
+            if self._active is None:
+                self._ensure_legacy_turn()
+            if self._with_items:
+                assert self._active is not None
+                self._active.items.append(p.get("item") or {})
+        elif ev == "task_started":
             if self._active is not None:
                 # A new start without a terminal event: the old task died (crash); it can
                 # never resume, so it projects as interrupted, ending where the new one starts.
@@ -159,10 +184,6 @@ class ThreadHistoryBuilder:
                 start_index=index,
                 started_at=_int_or_none(p.get("started_at")),
             )
-        elif ev == "item_completed":
-            self._ensure_legacy_turn()
-            assert self._active is not None
-            self._active.items.append(p.get("item") or {})
         elif ev == "error":
             if self._active is not None:
                 self._active.error = str(p.get("message", ""))
@@ -179,18 +200,14 @@ class ThreadHistoryBuilder:
                     _int_or_none(p.get("completed_at")),
                     _int_or_none(p.get("duration_ms")),
                 )
-        elif ev == "turn_aborted":
-            if self._active is not None:
-                self._adopt_id(p)
-                self._close(
-                    TurnStatus.INTERRUPTED,
-                    index + 1,
-                    _int_or_none(p.get("completed_at")),
-                    _int_or_none(p.get("duration_ms")),
-                )
-        elif self._active is None and is_real_user_message(item):
-            # Legacy history: no lifecycle events, a user message opens an implicit turn.
-            self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
+        elif ev == "turn_aborted" and self._active is not None:
+            self._adopt_id(p)
+            self._close(
+                TurnStatus.INTERRUPTED,
+                index + 1,
+                _int_or_none(p.get("completed_at")),
+                _int_or_none(p.get("duration_ms")),
+            )
 
     def _adopt_id(self, payload: Mapping[str, Any]) -> None:
         # A turn whose start was never persisted may still be named by its terminal event;
@@ -256,8 +273,9 @@ class ThreadHistoryBuilder:
         return [*self._turns, active] if active is not None else list(self._turns)
 
 
-def build_turns(items: Sequence[RolloutItem]) -> list[TurnRecord]:
-    builder = ThreadHistoryBuilder()
+def build_turns(items: Sequence[RolloutItem], *, with_items: bool = True) -> list[TurnRecord]:
+    """The turns of `items`; `with_items=False`: each turn's `items` left empty."""
+    builder = ThreadHistoryBuilder(with_items=with_items)
     for i, item in enumerate(items):
         builder.handle(i, item)
     return builder.turns()
@@ -380,6 +398,8 @@ _NUMBER = (int, float)
 
 
 def _int_or_none(v: object) -> int | None:
+    if type(v) is int:  # the usual case, first: a decoded integer is exactly int
+        return v
     return int(v) if isinstance(v, _NUMBER) and not isinstance(v, bool) else None
 
 

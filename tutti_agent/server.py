@@ -217,10 +217,21 @@ class AppServer:
         *,
         include_turns: bool,
         turns: Sequence[TurnRecord] | None = None,
+        with_items: bool = True,
+        settings: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         live = self._live(history.thread_id)
         status = live.status() if live is not None else "notLoaded"
-        return thread_to_wire(history, status=status, include_turns=include_turns, turns=turns)
+        if include_turns and turns is None:
+            turns = self.store.turns(history, with_items=with_items)
+        return thread_to_wire(
+            history,
+            status=status,
+            include_turns=include_turns,
+            turns=turns,
+            with_items=with_items,
+            settings=settings,
+        )
 
     def _session_result(
         self,
@@ -228,16 +239,33 @@ class AppServer:
         *,
         include_turns: bool,
         turns: Sequence[TurnRecord] | None = None,
+        with_items: bool = True,
     ) -> dict[str, Any]:
         settings = history.effective_settings()
         return {
-            "thread": self._thread_payload(history, include_turns=include_turns, turns=turns),
+            "thread": self._thread_payload(
+                history,
+                include_turns=include_turns,
+                turns=turns,
+                with_items=with_items,
+                settings=settings,
+            ),
             "model": settings.get("model"),
             "modelProvider": settings.get("model_provider"),
             "cwd": settings.get("cwd"),
             "approvalPolicy": "onRequest",
             "sandbox": {"type": "readOnly", "networkAccess": False},
         }
+
+    @staticmethod
+    def _turn_items(params: Mapping[str, Any]) -> bool:
+        """`turnItems` (ours; default true): false projects each turn without its items
+        (`items: []`, `itemsView: "notLoaded"`), for a caller that reads only the turns' ids
+        and statuses (a 10,000-Turn thread's items are a 5 MB answer)."""
+        value = params.get("turnItems", True)
+        if not isinstance(value, bool):
+            raise InvalidParams("turnItems must be a boolean")
+        return value
 
     @staticmethod
     def _thread_id(params: Mapping[str, Any], key: str = "threadId") -> str:
@@ -289,7 +317,11 @@ class AppServer:
         history = self.store.load(thread_id)
         self._load_live(history)
         return Reply(
-            self._session_result(history, include_turns=not params.get("excludeTurns", False))
+            self._session_result(
+                history,
+                include_turns=not params.get("excludeTurns", False),
+                with_items=self._turn_items(params),
+            )
         )
 
     def _read_history(self, thread_id: str) -> ThreadHistory:
@@ -302,12 +334,15 @@ class AppServer:
         thread_id = self._thread_id(params)
         history = self._read_history(thread_id)
         include = bool(params.get("includeTurns", False))
-        return Reply({"thread": self._thread_payload(history, include_turns=include)})
+        with_items = self._turn_items(params)
+        return Reply(
+            {"thread": self._thread_payload(history, include_turns=include, with_items=with_items)}
+        )
 
     def thread_turns_list(self, params: Mapping[str, Any]) -> Reply:
         thread_id = self._thread_id(params)
         history = self._read_history(thread_id)
-        turns = turns_to_wire(history)
+        turns = turns_to_wire(history, self.store.turns(history))
         direction = params.get("sortDirection") or "desc"
         if direction not in ("asc", "desc"):
             raise InvalidParams(f"invalid sortDirection: {direction!r}")
@@ -345,6 +380,9 @@ class AppServer:
             marker = InterruptedMarker(params.get("interruptedMarker") or "contextualUser")
         except ValueError as exc:
             raise InvalidParams(str(exc)) from None
+        loaded = params.get("loaded", True)
+        if not isinstance(loaded, bool):
+            raise InvalidParams("loaded must be a boolean")
         options = ForkOptions(
             boundary=boundary,
             snapshot=parse_snapshot(params.get("snapshot")),
@@ -352,15 +390,17 @@ class AppServer:
             marker=marker,
             cwd=params.get("cwd") if isinstance(params.get("cwd"), str) else None,
             model=params.get("model") if isinstance(params.get("model"), str) else None,
+            turn_items=self._turn_items(params),
+            keep_child_parse=loaded,
         )
-        loaded = params.get("loaded", True)
-        if not isinstance(loaded, bool):
-            raise InvalidParams("loaded must be a boolean")
         result = self.forks.fork(source_id, options)
         if loaded:
             self._load_live(result.child)
         payload = self._session_result(
-            result.child, include_turns=not params.get("excludeTurns", False), turns=result.turns
+            result.child,
+            include_turns=not params.get("excludeTurns", False),
+            turns=result.turns,
+            with_items=options.turn_items,
         )
         if not loaded:
             # Written, durable and answered, never opened here: no `thread/started`, and

@@ -13,6 +13,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tutti_agent.errors import (
     ThreadReferenced,
     ThreadReserved,
 )
+from tutti_agent.history import TurnRecord, build_turns
 from tutti_agent.rollout import (
     CopiedSpan,
     LineType,
@@ -40,6 +42,10 @@ from tutti_agent.rollout import (
 )
 
 _HEADER_EVENTS = frozenset({"thread_settings_applied"})
+_ITEM = itemgetter(2)
+"""A `RolloutLine`'s item (its third field), for `map`: a 60,000-line history's items are
+listed in C, not by a Python-level loop."""
+_ITEM_TYPE = attrgetter("item.type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +105,7 @@ class ThreadHistory:
 
     @property
     def items(self) -> list[RolloutItem]:
-        return [line.item for line in self.lines]
+        return list(map(_ITEM, self.lines))  # `[line.item for line in ...]`, in C
 
     @property
     def own_segment(self) -> Segment:
@@ -125,9 +131,13 @@ class ThreadHistory:
             "model": self.meta.get("model"),
             "model_provider": self.meta.get("model_provider"),
         }
+        event_msg = LineType.EVENT_MSG.value
         for line in self.lines:
-            if line.item.event_type == "thread_settings_applied":
-                ts = line.item.payload.get("thread_settings") or {}
+            # `line.item.event_type` inlined: one pass over every line of the history (60,000
+            # for a 10,000-Turn thread), made for every thread a request projects.
+            item = line.item
+            if item.type == event_msg and item.payload.get("type") == "thread_settings_applied":
+                ts = item.payload.get("thread_settings") or {}
                 settings["cwd"] = ts.get("cwd", settings["cwd"])
                 settings["model"] = ts.get("model", settings["model"])
         return settings
@@ -190,6 +200,9 @@ class ThreadStore:
         self._parsed: OrderedDict[Path, tuple[tuple[int, int, int, int], list[RolloutLine]]] = (
             OrderedDict()
         )
+        self._turns: dict[
+            tuple[Path, bool], tuple[list[RolloutLine], tuple[TurnRecord, ...]]
+        ] = {}
 
     def _find(self, thread_id: str) -> Path | None:
         """Exact lookup (`find_rollout_path`), remembered while the file stays there."""
@@ -220,6 +233,44 @@ class ThreadStore:
                 self._parsed.move_to_end(path)
                 while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
                     self._parsed.popitem(last=False)
+        return lines
+
+    def turns(self, history: ThreadHistory, *, with_items: bool = True) -> tuple[TurnRecord, ...]:
+        """`build_turns(history.items, with_items=...)`, reduced once per parse of a
+        single-file history and kept with it: a warm app-server's `thread/read` and each
+        `thread/fork` of the same unchanged source (its boundary, its reply) share one
+        reduction instead of one each (60,000 lines for a 10,000-Turn thread). Kept only while
+        `history` is built from the very parse this store holds for its file (a rollout that
+        grew is parsed again, and so reduced again)."""
+        parse = self._parse_of(history)
+        key = (history.path, with_items)
+        if parse is not None:
+            with self._cache_lock:
+                hit = self._turns.get(key)
+            if hit is not None and hit[0] is parse:
+                return hit[1]
+        turns = tuple(build_turns(history.items, with_items=with_items))
+        if parse is not None:
+            with self._cache_lock:
+                self._turns[key] = (parse, turns)
+                if len(self._turns) > 2 * PARSED_ROLLOUTS_CACHED:
+                    # Only the parses still cached keep their reductions.
+                    for stale in [k for k in self._turns if k[0] not in self._parsed]:
+                        del self._turns[stale]
+        return turns
+
+    def _parse_of(self, history: ThreadHistory) -> list[RolloutLine] | None:
+        """The cached parse `history`'s lines are (a single-file history assembled from it),
+        else None."""
+        if len(history.segments) != 1 or not history.lines:
+            return None
+        with self._cache_lock:
+            hit = self._parsed.get(history.path)
+        if hit is None:
+            return None
+        lines = hit[1]
+        if len(lines) != len(history.lines) or lines[-1] is not history.lines[-1]:
+            return None
         return lines
 
     def adopt_decoded(self, path: Path, data: bytes, records: Sequence[Mapping[str, Any]]) -> bool:
@@ -288,7 +339,7 @@ class ThreadStore:
         if len(history.segments) != 1 or not 1 < end <= len(history.lines):
             return None
         lines = history.lines[1:end]
-        if any(line.item.type == LineType.SESSION_META for line in lines):
+        if LineType.SESSION_META.value in map(_ITEM_TYPE, lines):
             return None
         with self._cache_lock:
             hit = self._parsed.get(history.path)
@@ -339,20 +390,31 @@ class ThreadStore:
         return self._assemble(thread_id, path, self._read(path), visiting, None)
 
     def adopt_created(
-        self, thread_id: str, path: Path, own: list[RolloutLine], parent: ThreadHistory | None
+        self,
+        thread_id: str,
+        path: Path,
+        own: list[RolloutLine],
+        parent: ThreadHistory | None,
+        *,
+        remember: bool = True,
     ) -> ThreadHistory:
         """The history of a rollout this store just created (`create_rollout`) from the lines
         it wrote, with the same checks as `load` — identity, history_base, ordinals, the
         parent's boundary offset — but without reading back and re-parsing the file it just
         fsynced (a fork would otherwise read its whole child again). `parent`: the history a
         Referenced child's history_base points into (the fork's frozen source), else None.
-        The parse is remembered as the file's, so a later read of the unchanged file reuses it."""
+        The parse is remembered as the file's, so a later read of the unchanged file reuses it
+        (`remember=False`: only its path, for a child this server does not open — a
+        10,000-Turn child's parse kept for nothing is 60,000 lines more for the collector and
+        the cache)."""
         key = _file_key(path)
         if key[2] != (own[-1].end_byte_offset if own else 0):
             raise LineageError(thread_id, "rollout does not hold the lines written")
         history = self._assemble(thread_id, path, own, frozenset(), parent)
         with self._cache_lock:
             self._paths[thread_id] = path
+            if not remember:
+                return history
             self._parsed[path] = (key, own)
             self._parsed.move_to_end(path)
             while len(self._parsed) > PARSED_ROLLOUTS_CACHED:

@@ -15,13 +15,15 @@ from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, m
 from tutti_agent.store import ThreadHistory
 
 
-def turn_to_wire(turn: TurnRecord, index: int = 0) -> dict[str, Any]:
+def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -> dict[str, Any]:
+    """A turn on the wire; `with_items=False` (a read that asked `turnItems: false`): its
+    items left out, `itemsView: "notLoaded"`."""
     turn_id = turn.id if turn.id is not None else f"legacy-turn-{index}"
     return {
         "id": turn_id,
         "rootTurnId": turn_id,
-        "items": [dict(item) for item in turn.items],
-        "itemsView": "full",
+        "items": [dict(item) for item in turn.items] if with_items else [],
+        "itemsView": "full" if with_items else "notLoaded",
         "status": str(turn.status),
         "error": {"message": turn.error} if turn.error is not None else None,
         "startedAt": turn.started_at,
@@ -31,12 +33,15 @@ def turn_to_wire(turn: TurnRecord, index: int = 0) -> dict[str, Any]:
 
 
 def turns_to_wire(
-    history: ThreadHistory, turns: Sequence[TurnRecord] | None = None
+    history: ThreadHistory,
+    turns: Sequence[TurnRecord] | None = None,
+    *,
+    with_items: bool = True,
 ) -> list[dict[str, Any]]:
     """The history's turns on the wire; `turns`: its `build_turns`, when the caller has it."""
     if turns is None:
-        turns = build_turns(history.items)
-    return [turn_to_wire(t, i) for i, t in enumerate(turns)]
+        turns = build_turns(history.items, with_items=with_items)
+    return [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
 
 
 def preview(history: ThreadHistory) -> str:
@@ -61,9 +66,14 @@ def thread_to_wire(
     status: str,
     include_turns: bool,
     turns: Sequence[TurnRecord] | None = None,
+    with_items: bool = True,
+    settings: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """`settings`: the history's `effective_settings()`, when the caller has them (a pass
+    over every line of the history fewer)."""
     meta: Mapping[str, Any] = history.meta
-    settings = history.effective_settings()
+    if settings is None:
+        settings = history.effective_settings()
     created = _unix(meta.get("timestamp"))
     try:
         updated: int | None = int(os.stat(history.path).st_mtime)
@@ -87,5 +97,5 @@ def thread_to_wire(
         "cliVersion": meta.get("cli_version", __version__),
         "source": meta.get("source", "appServer"),
         "name": None,
-        "turns": turns_to_wire(history, turns) if include_turns else [],
+        "turns": turns_to_wire(history, turns, with_items=with_items) if include_turns else [],
     }

@@ -27,6 +27,7 @@ from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import RolloutBinder
+from drivers.deferred_release import release_later
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 from drivers.readability import ReaderNotApplicable
@@ -76,11 +77,17 @@ class ForkThroughTurn:
         runtime, transient = self._fork_runtime(request)
         if runtime is None:
             return ForkResult.not_started("source runtime could not be prepared")
+        litter: list[object] = []
         try:
             # The bind and the proof parse the whole rollout (a 10,000-Turn one is 60,000
             # lines): no collector walks over that parse while it is being built.
             with gc_paused():
-                return self._fork_on(runtime, request, source_id, prefix)
+                try:
+                    return self._fork_on(runtime, request, source_id, prefix, litter)
+                finally:
+                    # The bind's decoded lines are freed once the verdict has been answered
+                    # (handed over while the collector is still held off).
+                    release_later(litter)
         finally:
             if transient:
                 runtime.proc.close()
@@ -113,8 +120,15 @@ class ForkThroughTurn:
         return runtime, True
 
     def _fork_on(
-        self, runtime: Runtime, request: ForkRequest, source_id: str, prefix: list[str]
+        self,
+        runtime: Runtime,
+        request: ForkRequest,
+        source_id: str,
+        prefix: list[str],
+        litter: list[object],
     ) -> ForkResult:
+        """The fork on `runtime`; what it decoded that is large (the bound rollouts' lines) is
+        put in `litter`, for the caller to free after the verdict is answered."""
         # Exact driver identity: a runtime that changed since prepare must not be dispatched.
         if runtime.gate.version != request.driver_version:
             return ForkResult.not_started(
@@ -150,6 +164,8 @@ class ForkThroughTurn:
                 params["excludeTurns"] = True
             if self.provider.fork_unloaded:
                 params["loaded"] = False
+            if self.provider.turns_without_items:
+                params["turnItems"] = False
             deadline = time.monotonic() + self.fork_timeout
             pending = runtime.proc.request_async("thread/fork", params)
             if ahead is not None:
@@ -207,11 +223,18 @@ class ForkThroughTurn:
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
+        litter.extend(parsed.records for parsed in receipt.parsed.values())
         proof = "none"
         if self.verify_bound_child:
             # The proof reads the files back by name while their directories are fsynced.
             problem, proof = self._prove_readable(
-                runtime, Path(request.target.home), child_id, source_id, prefix, receipt.parsed
+                runtime,
+                Path(request.target.home),
+                child_id,
+                source_id,
+                prefix,
+                receipt.parsed,
+                litter,
             )
             if problem is not None:
                 return ForkResult.unknown(
@@ -248,7 +271,7 @@ class ForkThroughTurn:
         reused, one round trip and one history load in the app-server fewer per fork."""
         session = self.sessions.get(agent_session_id)
         if session is None or session.runtime is not runtime or session.thread_id != source_id:
-            return _statuses(self.runtimes.thread_turns(runtime, source_id))
+            return self._read_statuses(runtime, source_id)
         with session.state_lock:
             verified = session.verified_turns
             generation = session.history_generation
@@ -260,12 +283,26 @@ class ForkThroughTurn:
             and verified.generation == generation
         ):
             return list(verified.turns)
-        turns = _statuses(self.runtimes.thread_turns(runtime, source_id))
+        turns = self._read_statuses(runtime, source_id)
         with session.state_lock:
             # Only if nothing happened during the read (its answer may predate a change).
             if session.history_generation == generation and not busy:
                 session.verified_turns = VerifiedTurns(runtime.proc, generation, tuple(turns))
         return turns
+
+    def _read_statuses(self, runtime: Runtime, thread_id: str) -> list[tuple[str, str]]:
+        """`thread/read` of the thread's turns as `(id, status)`; without their items where the
+        provider can leave them out (`turns_without_items`)."""
+        if not self.provider.turns_without_items:
+            return _statuses(self.runtimes.thread_turns(runtime, thread_id))
+        result = runtime.proc.request(
+            "thread/read",
+            {"threadId": thread_id, "includeTurns": True, "turnItems": False},
+            timeout=self.runtimes.request_timeout,
+        )
+        turns = [t for t in thread_of(result).get("turns") or [] if isinstance(t, Mapping)]
+        # A history without turns in the answer (paginated) is listed, as `thread_turns` does.
+        return _statuses(turns or self.runtimes.list_turns(runtime, thread_id))
 
     def _release(self, runtime: Runtime, thread_id: str) -> None:
         """`thread/unsubscribe`, sent without waiting for its answer (a failure is ignored:
@@ -281,6 +318,7 @@ class ForkThroughTurn:
         source_id: str,
         prefix: list[str],
         known: Mapping[str, ParsedRollout] | None = None,
+        litter: list[object] | None = None,
     ) -> tuple[str | None, str]:
         """(problem or None, how it was proven): the provider's own history reader in this
         worker (no process spawned) where it can judge the child, else a fresh app-server on
@@ -288,7 +326,9 @@ class ForkThroughTurn:
         if self.readability_proof == READABILITY_IN_WORKER:
             try:
                 return (
-                    self._read_child_in_worker(runtime, home, child_id, source_id, prefix, known),
+                    self._read_child_in_worker(
+                        runtime, home, child_id, source_id, prefix, known, litter
+                    ),
                     READABILITY_IN_WORKER,
                 )
             except ReaderNotApplicable:
@@ -303,11 +343,12 @@ class ForkThroughTurn:
         source_id: str,
         prefix: list[str],
         known: Mapping[str, ParsedRollout] | None = None,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The child's readability from `home` alone, judged in this worker by the provider's
         own history reader (a problem, or None); `ReaderNotApplicable` where it cannot."""
         return self.provider.read_child(
-            home, child_id, source_id, prefix, runtime.gate.version, known
+            home, child_id, source_id, prefix, runtime.gate.version, known, litter=litter
         )
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:

@@ -54,6 +54,14 @@ class AppServerProvider(Protocol):
         ...
 
     @property
+    def turns_without_items(self) -> bool:
+        """Ask `thread/read` and `thread/fork` for the turns without their items (`turnItems:
+        false`, tutti-agent): the fork reads only the turns' ids and statuses, and a
+        10,000-Turn thread's items are a 5 MB answer to build, send and decode. Codex answers
+        its own shape (its items included)."""
+        ...
+
+    @property
     def interrupt_waits_for_start(self) -> bool:
         """The provider answers "no active turn" to an interrupt of a Turn it has accepted but
         not started yet (Codex): the driver retries while the Turn is still ours and running."""
@@ -110,11 +118,15 @@ class AppServerProvider(Protocol):
         prefix: list[str],
         attested: str,
         known: Mapping[str, ParsedRollout] | None = None,
+        *,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The bound child's readability from `home` alone, judged in this worker by the
         provider's own history reader (a problem, or None); `attested` is the runtime's
         version; `known`: the binder's parse of the files it bound, by path, which a reader
-        may take for a file holding exactly those bytes instead of decoding it again. Raises
+        may take for a file holding exactly those bytes instead of decoding it again;
+        `litter`: where a reader may put what it built that is large, for the caller to free
+        after the verdict is answered. Raises
         `ReaderNotApplicable` where it cannot judge (the proof then spawns an app-server on
         the target home)."""
         ...

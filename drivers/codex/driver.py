@@ -75,6 +75,7 @@ class CodexProvider:
     cache_attestations = True
     fork_exclude_turns = True
     fork_unloaded = False
+    turns_without_items = False
     interrupt_waits_for_start = True
     # Answered at once even while a Turn streams (Codex 0.171; docs/performance.md).
     liveness_probe: str | None = "thread/loaded/list"
@@ -178,6 +179,8 @@ class CodexProvider:
         prefix: list[str],
         attested: str,
         known: Mapping[str, ParsedRollout] | None = None,
+        *,
+        litter: list[object] | None = None,
     ) -> str | None:
         """The bound child's lineage read from the target home alone, in this worker: every
         referenced rollout present, the session_meta chain intact, turns = the prefix."""

@@ -212,3 +212,47 @@ def test_a_child_the_server_loaded_anyway_is_still_unsubscribed(
     result = driver.fork(fork_request(home, thread_id, version, turns, target))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert wait_until(lambda: "thread/unsubscribe" in methods(calls)[before:])
+
+
+@pytest.mark.parametrize("server_honours", [True, False])
+def test_the_source_read_and_the_fork_ask_for_the_turns_without_items(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, server_honours: bool
+) -> None:
+    """tutti-agent is asked for turns without their items (`turnItems: false`) where the
+    worker reads only their ids and statuses — the source's `thread/read`, `thread/fork` —
+    and a resume for no turns at all; a server that ignores the field (answers every item)
+    forks the same."""
+    from drivers.app_server.process import AppServerProcess
+
+    sent: list[tuple[str, dict[str, Any]]] = []
+    real_send = AppServerProcess.request_async
+
+    def request_async(self: AppServerProcess, method: str, params: Any) -> Any:
+        sent.append((method, dict(params or {})))
+        if not server_honours:
+            params = {k: v for k, v in (params or {}).items() if k != "turnItems"}
+        return real_send(self, method, params)
+
+    monkeypatch.setattr(AppServerProcess, "request_async", request_async)
+    home, thread_id, version, turns = open_session(make_driver(), EventLog(), tmp_path)
+    # A driver of its own (a restarted worker): its runtime resumes the thread, then reads it.
+    driver = make_driver()
+    del sent[:]
+    driver.start_session(
+        {
+            "agentSessionId": "src",
+            "home": str(home),
+            "cwd": str(tmp_path),
+            "settings": {},
+            "model": None,
+            "providerSessionId": thread_id,
+        }
+    )
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.child is not None and list(result.child.provider_turn_ids) == turns
+    by_method = {method: params for method, params in sent}
+    assert by_method["thread/resume"].get("excludeTurns") is True
+    assert by_method["thread/read"].get("turnItems") is False
+    assert by_method["thread/fork"].get("turnItems") is False

@@ -273,6 +273,73 @@ def test_fork_left_unloaded_is_answered_written_and_not_opened(
     assert agent_texts(server.run_turn(child["id"], "two")) == ["echo: two"]
 
 
+def test_turns_without_items_are_the_same_turns_with_no_items(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """`turnItems: false` on `thread/read`, `thread/resume` and `thread/fork`: the very turns
+    the full answer lists (ids, statuses, errors, times), each with `items: []` and
+    `itemsView: "notLoaded"`; a full read after it still lists every item; anything but a
+    boolean is refused."""
+    server = tutti_server()
+    src = server.start_thread(str(tmp_path))
+    server.run_turn(src, "one")
+    server.run_turn(src, "/fail broken")
+    server.run_turn(src, "three")
+
+    def bare(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in t.items() if k not in ("items", "itemsView")} for t in turns]
+
+    full = server.call("thread/read", {"threadId": src, "includeTurns": True})["thread"]["turns"]
+    assert len(full) == 3 and all(t["items"] and t["itemsView"] == "full" for t in full)
+    assert [t["status"] for t in full] == ["completed", "failed", "completed"]
+    lean = server.call(
+        "thread/read", {"threadId": src, "includeTurns": True, "turnItems": False}
+    )["thread"]["turns"]
+    assert bare(lean) == bare(full)
+    assert all(t["items"] == [] and t["itemsView"] == "notLoaded" for t in lean)
+    # The reduction kept for the lean read does not stand in for a full one.
+    again = server.call("thread/read", {"threadId": src, "includeTurns": True})["thread"]["turns"]
+    assert again == full
+    resumed = server.call("thread/resume", {"threadId": src, "turnItems": False})["thread"]
+    assert bare(resumed["turns"]) == bare(full)
+    assert all(t["items"] == [] for t in resumed["turns"])
+    last = full[-1]["id"]
+    child = server.call(
+        "thread/fork", {"threadId": src, "lastTurnId": last, "loaded": False, "turnItems": False}
+    )["thread"]
+    assert bare(child["turns"]) == bare(full)
+    assert all(t["items"] == [] and t["itemsView"] == "notLoaded" for t in child["turns"])
+    # The child on disk holds every item: a full read of it lists them.
+    read_child = server.call("thread/read", {"threadId": child["id"], "includeTurns": True})
+    assert read_child["thread"]["turns"] == full
+    for method, params in (
+        ("thread/read", {"threadId": src, "includeTurns": True, "turnItems": "no"}),
+        ("thread/fork", {"threadId": src, "lastTurnId": last, "turnItems": 0}),
+    ):
+        with pytest.raises(RpcError):
+            server.call(method, params)
+
+
+def test_a_thread_read_after_an_append_reduces_the_grown_rollout(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """The store keeps a thread's reduction with its parse: a Turn appended since the last read
+    shows in the next one (lean and full alike)."""
+    server = tutti_server()
+    src = server.start_thread(str(tmp_path))
+    server.run_turn(src, "one")
+    for turn_items in (False, True):
+        before = server.call(
+            "thread/read", {"threadId": src, "includeTurns": True, "turnItems": turn_items}
+        )["thread"]["turns"]
+        server.run_turn(src, f"more {turn_items}")
+        after = server.call(
+            "thread/read", {"threadId": src, "includeTurns": True, "turnItems": turn_items}
+        )["thread"]["turns"]
+        assert [t["id"] for t in after[:-1]] == [t["id"] for t in before]
+        assert len(after) == len(before) + 1
+
+
 def test_referenced_fork_option_writes_codex_like_child(
     tutti_server: Start, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ import gc
 import json
 import os
 import threading
+import weakref
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import pytest
 from tests.tutti_agent.items import explicit_turn, task_started, user_msg
 from tests.tutti_agent.storeutil import write_root
 from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, Latest, ThroughTurn
-from tutti_agent.gc_pause import gc_paused
+from tutti_agent.gc_pause import FREEZE_AFTER, gc_paused
 from tutti_agent.history import build_turns
 from tutti_agent.rollout import LineType, read_rollout
 from tutti_agent.store import ThreadStore
@@ -156,3 +157,30 @@ def test_gc_paused_nests_across_threads_and_restores_the_collector() -> None:
         assert not gc.isenabled()  # a collector that was off stays off
     finally:
         gc.enable()
+
+
+class _Node:
+    """A tracked, weakly referenceable container."""
+
+
+def test_a_pause_that_leaves_a_large_parse_alive_freezes_it_a_small_one_does_not() -> None:
+    """When the last holder leaves with more than `FREEZE_AFTER` new containers alive (a big
+    history parse), they go to the collector's permanent generation instead of being walked
+    by the next collection; a pause that built little leaves the collector's young generation
+    as it was. Frozen objects are still freed by reference counting."""
+    gc.collect()
+    frozen_before = gc.get_freeze_count()
+    try:
+        with gc_paused():
+            small = [{"n": i} for i in range(1000)]
+        assert gc.get_freeze_count() == frozen_before
+        with gc_paused():
+            big = [_Node() for _ in range(FREEZE_AFTER + 1000)]
+        assert gc.get_freeze_count() >= frozen_before + FREEZE_AFTER
+        assert gc.get_count()[0] < 1000 and gc.isenabled()
+        first = weakref.ref(big[0])
+        del big
+        assert first() is None  # frozen, still freed by reference counting
+        assert len(small) == 1000
+    finally:
+        gc.unfreeze()

@@ -66,6 +66,27 @@ def test_repeated_forks_parse_the_unchanged_source_once_and_never_rescan(
     assert scans == []  # the source's path was remembered, each child's path was created
 
 
+def test_a_child_forked_unopened_is_not_kept_parsed_and_reads_the_same_from_disk(
+    store: ThreadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`keep_child_parse=False` (`loaded: false`): the child's lines are not kept as its parse
+    (a later load reads the file, once), its path is; it loads equal to the fork's history;
+    the source's reduction is reduced once for forks and reads alike."""
+    source = write_root(store, explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2"))
+    service = ForkService(store)
+    lean = ForkOptions(boundary=ThroughTurn("t2"), keep_child_parse=False, turn_items=False)
+    first = service.fork(source, lean)
+    parsed = _count_parses(monkeypatch)
+    scans = _count_scans(monkeypatch)
+    assert store.load(first.child.thread_id) == first.child
+    assert parsed == [first.child.path] and scans == []
+    assert first.turns is not None and [t.id for t in first.turns] == ["t1", "t2"]
+    assert all(t.items == () for t in first.turns)
+    reduced = store.turns(store.load(source), with_items=False)
+    assert service.fork(source, lean).turns == reduced  # the kept reduction, not a new one
+    assert store.turns(store.load(source), with_items=False) is reduced
+
+
 def test_an_append_is_seen_by_the_next_load(store: ThreadStore) -> None:
     source = write_root(store, explicit_turn("t1", "u1", "a1"))
     before = store.load(source)
