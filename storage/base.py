@@ -5,10 +5,8 @@ forks, ...) is handed this object and writes through it. Every write goes throug
 `Database.write`: one SAVEPOINT inside a shared
 `BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
 change events collected on the transaction and delivered to subscribers only after the
-`COMMIT` that holds the write is durable (laws 2 and 3). Writers that queue while one writes
-join its transaction and share its `COMMIT` (group commit); the `COMMIT` itself does not fsync:
-the WAL file is fsync'd after the writer is handed on, so the next group's writes run during
-the disk's wait, and one fsync covers every group committed before it began.
+`COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
+its transaction and share its `COMMIT` (group commit: one fsync for several requests).
 """
 
 from __future__ import annotations
@@ -135,13 +133,6 @@ class Database:
         # a subscriber never hears of a write a power cut could still take back.
         self._held_events: list[ChangeEvent] = []
         self._writer_conn: apsw.Connection | None = None
-        # Durable groups' COMMITs are numbered (under the baton's lock); the WAL file is
-        # fsync'd through `_committed` after the baton is handed on, one fsync at a time
-        # (`_sync_lock`): an fsync covers every COMMIT numbered before it began.
-        self._wal_path = os.path.abspath(self.path) + "-wal"
-        self._committed = 0
-        self._synced = 0
-        self._sync_lock = threading.Lock()
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
@@ -365,10 +356,6 @@ class Database:
             conn.set_wal_hook(self._wal_grew)
             # Big forks' commits fit in the writer's cache (docs/design/store.md).
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
-            # Its COMMITs write the WAL without an fsync; a durable group's members return
-            # only after `_make_durable` fsync'd the WAL file past their COMMIT, outside the
-            # baton (docs/design/store.md, "The fsync after the baton").
-            conn.execute("PRAGMA synchronous=NORMAL")
             self._writer_conn = conn
         return self._writer_conn
 
@@ -408,15 +395,12 @@ class Database:
         self._fifo.pass_on()
 
     def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
-        """COMMIT (or, with no member, roll back) the open group, under the baton. A lazy,
-        empty or failed group's members are woken here; a durable group's only once
-        `_make_durable` fsync'd the WAL past its COMMIT (after the baton is handed on)."""
+        """COMMIT (or, with no member, roll back) the open group and wake its members."""
         self._group = None
         try:
             if group.members == 0:
                 if not conn.getautocommit():
                     conn.execute("ROLLBACK")
-                group.done.set()
                 return
             conn.execute("COMMIT")
             with self._baton:
@@ -425,15 +409,11 @@ class Database:
                     self._held_events.extend(group.held)
                 else:
                     self.write_stats.commits += 1
-                    self._committed += 1
-                    group.seq = self._committed
-                    # This group's fsync covers every earlier lazy COMMIT (the WAL's checksum
-                    # chain): their events may go out then, before this group's own.
+                    # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
+                    # their events may go out now, before this group's own.
                     if self._held_events:
                         group.released, self._held_events = self._held_events, []
                 self.write_stats.largest_group = max(self.write_stats.largest_group, group.members)
-            if group.lazy:
-                group.done.set()
         except BaseException as exc:
             if not conn.getautocommit():
                 try:
@@ -443,41 +423,33 @@ class Database:
             group.error = exc
             with self._baton:
                 self.write_stats.group_failures += 1
-            group.done.set()
-
-    def _make_durable(self, group: WriteGroup) -> None:
-        """Off the baton: fsync the WAL file past `group`'s COMMIT (unless an fsync begun
-        after it already did), then wake its members. While this thread waits on the disk
-        the next group's writers run; a failed fsync fails every member (retryable)."""
-        if group.done.is_set():
-            return
-        try:
-            self._sync_through(group.seq)
-        except BaseException as exc:
-            log.error("store fsync of the WAL failed: %s", exc)
-            group.error = exc
-            with self._baton:
-                self.write_stats.group_failures += 1
         finally:
+            if group.lazy:
+                self._synchronous_full(conn)
             group.done.set()
 
-    def _sync_through(self, seq: int) -> None:
-        """Make every COMMIT numbered up to `seq` durable: one fdatasync of the WAL file at a
-        time, covering every COMMIT that returned before it began (their frames are in the
-        file by then); a caller whose COMMIT an earlier one covered returns at once."""
-        with self._sync_lock:
-            if self._synced >= seq:
-                return
-            with self._baton:
-                through = self._committed
-            fd = os.open(self._wal_path, os.O_RDONLY | os.O_CLOEXEC)
+    def _synchronous_full(self, conn: apsw.Connection) -> None:
+        """The writer back to fsync'd COMMITs after a lazy group's COMMIT or rollback (the
+        setting changes only outside a transaction: one left open is rolled back first)."""
+        for _ in range(2):
             try:
-                os.fdatasync(fd)
-            finally:
-                os.close(fd)
-            self._synced = through
-            with self._baton:
-                self.write_stats.syncs += 1
+                conn.execute("PRAGMA synchronous=FULL")
+                return
+            except apsw.Error:
+                with contextlib.suppress(apsw.Error):
+                    if not conn.getautocommit():
+                        conn.execute("ROLLBACK")
+        # Never write on with a connection left without fsync: it is closed (its lock with
+        # it) and the next write opens a fresh one.
+        log.error("store writer could not be set back to synchronous=FULL; replacing it")
+        with self._pool:
+            self._writer_conn = None
+            self._holders.pop(id(conn), None)
+            if conn in self._connections:
+                self._connections.remove(conn)
+                self._pool.notify()
+        with contextlib.suppress(apsw.Error):
+            conn.close()
 
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
@@ -499,9 +471,9 @@ class Database:
         optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
 
         `durable=False`, for a write whose caller makes it durable with its next write: one
-        that opens a group commits it alone and the WAL is not fsync'd for it — in the WAL
-        file, so it survives a killed process and is seen by every reader, and on the disk
-        with the next durable group's fsync
+        that opens a group commits it alone with `synchronous=NORMAL` (the setting can
+        change only between transactions) — in the WAL file, so it survives a killed
+        process and is seen by every reader, and on the disk with the next fsync'd COMMIT
         (the WAL's frames are checksummed in a chain: a power loss keeps a prefix of the
         COMMITs, never a later one without an earlier). One that finds a group open joins
         it and is fsync'd with it. Inside a `write_batch` a write is the batch's, durable.
@@ -511,9 +483,7 @@ class Database:
 
         An exception inside the block rolls back this write's savepoint alone (the group's
         other members are unaffected) and delivers no events. A caller returns only after the
-        COMMIT that holds its write returned and the WAL file was fsync'd past it (an fsync run
-        after the baton was handed on, `_make_durable`); a failed COMMIT or fsync fails every
-        member of the group.
+        COMMIT that holds its write returned; a failed COMMIT fails every member of the group.
         One that waits for its turn past the busy timeout gets the same retryable `StoreBusy`
         as one that waited on another process's lock.
         """
@@ -533,8 +503,12 @@ class Database:
             if self._group is None:
                 lazy = not durable
                 try:
+                    if lazy:
+                        conn.execute("PRAGMA synchronous=NORMAL")
                     conn.execute("BEGIN IMMEDIATE")
                 except BaseException as exc:
+                    if lazy:
+                        self._synchronous_full(conn)
                     if isinstance(exc, TRANSIENT_ERRORS):
                         raise StoreBusy(
                             f"the store is busy, try again ({type(exc).__name__})"
@@ -574,15 +548,10 @@ class Database:
             raise
         finally:
             t2 = time.perf_counter()
-            # End the group or leave it to the next member; hand the baton on; then, for a
-            # group this writer committed, wait on the disk while the next group writes.
-            ended: WriteGroup | None = None
+            # End the group or leave it to the next member; then hand the baton on.
             if group is not None and self._group is group and not self._group_stays_open(group):
-                ended = group
                 self._end_group(group, self._writer_connection())
             self._pass_baton()
-            if ended is not None:
-                self._make_durable(ended)
         assert group is not None and tx is not None
         group.done.wait()
         t4 = time.perf_counter()

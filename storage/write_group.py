@@ -30,7 +30,7 @@ summary per store method is written there as JSON at `close()` (docs/performance
 class WriteGroup:
     """One shared write transaction: its members' savepoints, committed by one COMMIT."""
 
-    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released", "seq")
+    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released")
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
@@ -40,8 +40,6 @@ class WriteGroup:
         """A lazy group's events: published only after a later fsync'd COMMIT."""
         self.released: list[ChangeEvent] | None = None
         """Earlier lazy groups' events this group's fsync made durable (one member takes them)."""
-        self.seq = 0
-        """A durable group's COMMIT number, once committed (what its fsync must cover)."""
         self.opened = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -49,10 +47,8 @@ class WriteGroup:
 
 class WriteStats:
     """Counts of the store's writes (what tests pin): `transactions` written (savepoints
-    released), `commits` (each durable group's `COMMIT`, made durable by an fsync of the WAL
-    before any member returns), `syncs` (those fsyncs: one covers every `COMMIT` before it
-    began, so `syncs <= commits`), `lazy_commits` (a `durable=False` write's COMMIT without
-    an fsync of its own), `rolled_back` member
+    released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
+    write's COMMIT without an fsync of its own), `rolled_back` member
     savepoints,
     `group_failures` (a COMMIT or a transaction-aborting error that failed every member) and
     `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
@@ -60,7 +56,6 @@ class WriteStats:
     __slots__ = (
         "transactions",
         "commits",
-        "syncs",
         "lazy_commits",
         "rolled_back",
         "group_failures",
@@ -72,7 +67,6 @@ class WriteStats:
     def __init__(self) -> None:
         self.transactions = 0
         self.commits = 0
-        self.syncs = 0
         self.lazy_commits = 0
         self.rolled_back = 0
         self.group_failures = 0

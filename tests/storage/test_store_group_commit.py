@@ -1,9 +1,8 @@
-"""Group commit: writes queued behind one another share one COMMIT and its fsync.
+"""Group commit: writes queued behind one another share one fsync'd COMMIT.
 
 Each write is a savepoint of the shared `BEGIN IMMEDIATE` transaction on the store's one
 writer connection; a failing write rolls back its own savepoint alone; every member returns
-only after the WAL was fsync'd past the COMMIT that holds it, an fsync run after the baton is
-handed on. Counted (`Database.write_stats`), never timed.
+only after the COMMIT that made it durable returned. Counted (`Database.write_stats`), never timed.
 """
 
 from __future__ import annotations
@@ -384,11 +383,12 @@ def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path)
 def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_one(
     tmp_path: Path,
 ) -> None:
-    """`write(durable=False)` that opens a group is committed alone and the WAL is not fsync'd
-    for it (in the WAL, seen by every reader: `lazy_commits`, no `syncs`). A durable write
-    queued behind it does not join it (its own fsync'd COMMIT); a lazy write that finds a
-    durable group open joins it. The fsyncs themselves are counted through a real daemon
-    with strace (tests/bench/test_fork_syscalls)."""
+    """`write(durable=False)` that opens a group is committed alone with
+    `synchronous=NORMAL` (in the WAL, seen by every reader, no fsync: `lazy_commits`), and
+    the writer is back to FULL after it. A durable write queued behind it does not join it
+    (its own fsync'd COMMIT); a lazy write that finds a durable group open joins it. The
+    fsyncs themselves are counted through a real daemon with strace
+    (tests/bench/test_fork_syscalls)."""
     path = tmp_path / "store.sqlite3"
     store = Store.open(path)
     store.db.group_max_age_s = 60.0
@@ -401,12 +401,10 @@ def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_
         after = store.db.write_stats.snapshot()
         assert after["lazy_commits"] - before["lazy_commits"] == 1
         assert after["commits"] == before["commits"]
-        assert after["syncs"] == before["syncs"]
         seen = observer.execute("SELECT title FROM sessions WHERE session_id = 's1'").fetchone()
         assert seen == ("lazy",)
         writer = store.db._writer_connection()
-        # The COMMIT never fsyncs; the store fsyncs the WAL for a durable group.
-        assert writer.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+        assert writer.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL again
 
         # A durable write queued behind a held lazy one gets a COMMIT of its own.
         inside, release = threading.Event(), threading.Event()
@@ -430,7 +428,7 @@ def test_a_lazy_write_commits_without_its_own_fsync_and_never_carries_a_durable_
         after = store.db.write_stats.snapshot()
         assert after["lazy_commits"] - before["lazy_commits"] == 1
         assert after["commits"] - before["commits"] == 1
-        assert after["syncs"] - before["syncs"] == 1
+        assert writer.execute("PRAGMA synchronous").fetchone() == (2,)
 
         # A lazy write queued behind a held durable one joins its fsync'd COMMIT.
         def lazy() -> None:
@@ -527,109 +525,35 @@ def test_events_after_tells_subscribers_at_the_end_of_the_block_in_commit_order(
         store.close()
 
 
-class _HeldSync:
-    """`os.fdatasync` as the store calls it, held at its start until `release` (the real call
-    follows): counts the calls, and fails the next one when `fail` is set."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import os
-
-        self.real = os.fdatasync
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.calls = 0
-        self.fail: OSError | None = None
-        monkeypatch.setattr(os, "fdatasync", self)
-
-    def __call__(self, fd: int) -> None:
-        self.calls += 1
-        self.entered.set()
-        assert self.release.wait(20)
-        if self.fail is not None:
-            failure, self.fail = self.fail, None
-            raise failure
-        self.real(fd)
-
-
-def test_a_write_returns_after_the_wals_fsync_and_the_next_group_writes_meanwhile(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The group's COMMIT runs under the baton without an fsync; its member returns, and its
-    events go out, only after the WAL file was fsync'd past it — an fsync run after the
-    baton was handed on, so the next writes commit while it waits on the disk. Writes
-    committed during one fsync share the next (`syncs` < `commits`)."""
+def test_a_writer_that_cannot_be_set_back_to_fsync_is_replaced(tmp_path: Path) -> None:
+    """If `synchronous=FULL` cannot be restored after a lazy COMMIT, that connection is closed
+    and the next write runs on a fresh one, fsync'd: no write is ever left without its fsync
+    by a connection stuck in NORMAL."""
     store = Store.open(tmp_path / "store.sqlite3")
-    heard: list[SessionChanged] = []
-    store.db.subscribe(lambda e: heard.append(e) if isinstance(e, SessionChanged) else None)
-    try:
-        _sessions(store, 4)
-        sync = _HeldSync(monkeypatch)
-        sync.release.set()
-        store.sessions.update_title(WS, "s0", "warm")  # the WAL exists; one sync, not held
-        sync.release.clear()
-        sync.entered.clear()
-        sync.calls = 0
-        heard.clear()
-        before = store.db.write_stats.snapshot()
-        returned: list[str] = []
-
-        def rename(sid: str) -> Callable[[], None]:
-            def run() -> None:
-                store.sessions.update_title(WS, sid, f"renamed {sid}")
-                returned.append(sid)
-
-            return run
-
-        first = threading.Thread(target=rename("s1"))
-        first.start()
-        assert sync.entered.wait(20)  # s1 committed, its fsync held
-        assert returned == [] and heard == []  # not acknowledged, not announced
-        # The baton is free: two more renames commit (each its own group) during the fsync.
-        more = [threading.Thread(target=rename(sid)) for sid in ("s2", "s3")]
-        for t in more:
-            t.start()
-        # Committed (a reader sees them), yet neither acknowledged nor announced.
-        _wait_for(
-            lambda: all(
-                store.sessions.get_session(WS, sid).title == f"renamed {sid}"
-                for sid in ("s1", "s2", "s3")
-            )
-        )
-        assert returned == [] and heard == []
-        sync.release.set()
-        for t in [first, *more]:
-            t.join(20)
-        assert sorted(returned) == ["s1", "s2", "s3"]
-        assert sorted(e.session_id for e in heard) == ["s1", "s2", "s3"]
-        after = store.db.write_stats.snapshot()
-        assert after["commits"] - before["commits"] in (2, 3)  # s2 and s3 may share a group
-        assert after["syncs"] - before["syncs"] == 2  # s1's, then one for s2 and s3
-        assert sync.calls == 2
-    finally:
-        store.close()
-
-
-def test_a_failed_fsync_fails_the_writes_it_was_to_make_durable(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """If the WAL's fsync fails, none of the writes it was for is acknowledged or announced:
-    each caller gets a retryable `StoreBusy`; the next write is fsync'd again."""
-    store = Store.open(tmp_path / "store.sqlite3")
-    heard: list[object] = []
     try:
         _sessions(store, 2)
-        store.db.subscribe(heard.append)
-        sync = _HeldSync(monkeypatch)
-        sync.release.set()
-        sync.fail = OSError(5, "injected EIO")
+        real = store.db._writer_connection()
+
+        class Stuck:
+            """The writer, except that setting synchronous back to FULL fails."""
+
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def execute(self, sql: str, *args: object) -> object:
+                if sql == "PRAGMA synchronous=FULL":
+                    raise apsw.SQLError("injected")
+                return real.execute(sql, *args)
+
+        store.db._writer_conn = Stuck()  # type: ignore[assignment]
+        with store.db.write(WS, durable=False) as tx:
+            tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = 's1'")
+        assert store.sessions.get_session(WS, "s1").title == "lazy"  # committed all the same
+        fresh = store.db._writer_connection()
+        assert fresh is not real and not isinstance(fresh, Stuck)
+        assert fresh.execute("PRAGMA synchronous").fetchone() == (2,)
         before = store.db.write_stats.snapshot()
-        with pytest.raises(StoreBusy):
-            store.sessions.update_title(WS, "s0", "lost?")
-        assert heard == []
-        assert store.db.write_stats.snapshot()["group_failures"] - before["group_failures"] == 1
-        store.sessions.update_title(WS, "s1", "kept")
-        assert store.db.write_stats.snapshot()["syncs"] - before["syncs"] == 1
-        assert sync.calls == 2
-        assert store.sessions.get_session(WS, "s1").title == "kept"
+        store.sessions.update_title(WS, "s0", "durable")
+        assert store.db.write_stats.snapshot()["commits"] - before["commits"] == 1
     finally:
         store.close()
