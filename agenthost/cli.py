@@ -157,7 +157,6 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
     # Set before the daemon's threads start (CPython's 5 ms unless a measurement names one).
     switch_s = gil_policy.apply()
-    log.info("GIL switch interval %.2f ms", switch_s * 1000)
     try:
         daemon.start()
     except HomeInUse as exc:
@@ -183,6 +182,8 @@ def _serve(args: argparse.Namespace) -> int:
     log.info(
         "start-up heap frozen: %d objects kept out of the cyclic collector", gc.get_freeze_count()
     )
+    # Logged once ready: a start that fails says only why on stderr.
+    log.info("GIL switch interval %.2f ms", switch_s * 1000)
     while not signalled and not daemon.stop_requested.is_set():
         time.sleep(0.1)
     daemon.close()
