@@ -33,6 +33,7 @@ from domain.worker_messages import (
     MalformedMessage,
 )
 from storage.models import (
+    ChangeEvent,
     ForkOperation,
     ForkPointKind,
     ProviderForkEvidence,
@@ -46,6 +47,11 @@ TERMINAL = fork_states.TERMINAL
 
 _RETRY_MAX_S = 2.0
 _LAZY_RECHECK_S = 0.05
+
+HOLD_S = 0.2
+"""How long the dispatch step's change events (the operation prepared and dispatching, the
+source's fence) wait for the provider's answer, to go out with the commit's as one burst; a
+slower answer lets them go at this bound (design/fork-saga.md, step 6)."""
 
 
 def attests_again(host: ForkHost, runtime: PreparedRuntime) -> bool:
@@ -96,6 +102,10 @@ class ForkSaga:
     # An abort's record failed with an error that is not the store's transient kind: its
     # traceback is logged once, the retries after it as one line each.
     _abort_logged: bool = False
+    # The dispatch step's change events, durable and not yet handed to the subscribers: they
+    # go with the next step's (the commit's, an ending's), or at `HOLD_S` (`_hold`).
+    _held: list[ChangeEvent] = field(default_factory=list)
+    _hold_timer: TimerHandle | None = None
 
     def __post_init__(self) -> None:
         if self.frozen is None:
@@ -241,10 +251,31 @@ class ForkSaga:
                 None if generation is None else self._attestation_key(generation)
             )
         # The request is handed to the worker link before this step's change events (the
-        # prepare's held ones and `dispatching`'s) wake the events thread to read them back.
-        with self.host.store.db.events_after():
-            fork = self._dispatch(op, generation)
+        # prepare's held ones and `dispatching`'s) wake the events thread to read them back;
+        # and they are kept until the provider's answer, whose step sends them ahead of its
+        # own (one burst per fast fork: each entity read back and published once), or until
+        # `HOLD_S` for a slow one. Every one of them goes out, each after its COMMIT is durable.
+        try:
+            with self.host.store.db.events_after(into=self._held):
+                fork = self._dispatch(op, generation)
+        finally:
+            self._hold()
         self.host.later(fork, lambda f: self._step(self._dispatched, f))
+
+    def _hold(self) -> None:
+        """Events are held: they go out at `HOLD_S` at the latest."""
+        if self._held and self._hold_timer is None:
+            self._hold_timer = self.host.after(HOLD_S, self._release_held)
+
+    def _release_held(self) -> None:
+        """The held events to the subscribers now (or to the enclosing `events_after` block:
+        ahead of its own)."""
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        held, self._held = self._held, []
+        if held:
+            self.host.store.db.notify(held)
 
     def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
         """`dispatching`, durable, then the one fork request to the worker."""
@@ -309,6 +340,13 @@ class ForkSaga:
         return None
 
     def _dispatched(self, fut: Future[ForkResult]) -> None:
+        """The worker's answer: this step's events (the commit's, or an ending's) go out once
+        it ends, the dispatch step's held ones ahead of them, after the callers are answered."""
+        with self.host.store.db.events_after():
+            self._release_held()
+            self._answered(fut)
+
+    def _answered(self, fut: Future[ForkResult]) -> None:
         try:
             result = fut.result()
         except NotDelivered as exc:
@@ -531,3 +569,4 @@ class ForkSaga:
         self.host.live_operations.discard(op.operation_id)
         if op.status in TERMINAL:  # the fence is released: late checkpoints land now
             self.host.apply_late_bindings()
+        self._release_held()
