@@ -48,11 +48,6 @@ TERMINAL = fork_states.TERMINAL
 _RETRY_MAX_S = 2.0
 _LAZY_RECHECK_S = 0.05
 
-HOLD_S = 0.2
-"""How long the dispatch step's change events (the operation prepared and dispatching, the
-source's fence) wait for the provider's answer, to go out with the commit's as one burst; a
-slower answer lets them go at this bound (design/fork-saga.md, step 6)."""
-
 
 def attests_again(host: ForkHost, runtime: PreparedRuntime) -> bool:
     """Whether a fork on `runtime` sends `runtime.attest` before `dispatching`: not when the
@@ -103,9 +98,8 @@ class ForkSaga:
     # traceback is logged once, the retries after it as one line each.
     _abort_logged: bool = False
     # The dispatch step's change events, durable and not yet handed to the subscribers: they
-    # go with the next step's (the commit's, an ending's), or at `HOLD_S` (`_hold`).
+    # go with the next step's (the commit's, an ending's), or with the budget's 202.
     _held: list[ChangeEvent] = field(default_factory=list)
-    _hold_timer: TimerHandle | None = None
 
     def __post_init__(self) -> None:
         if self.frozen is None:
@@ -137,6 +131,9 @@ class ForkSaga:
             log.warning("fork saga %s: budget read failed", self.operation.operation_id)
             op = self.operation
         waiter.answer(op, op.status in TERMINAL)
+        # A provider slower than the budget: the subscribers hear of the dispatch now, with
+        # the caller (no timer of their own).
+        self._release_held()
 
     def _step(self, fn: Any, *args: Any) -> None:
         """Run one step; any unexpected error ends the saga with what the store holds, so a
@@ -254,25 +251,15 @@ class ForkSaga:
         # prepare's held ones and `dispatching`'s) wake the events thread to read them back;
         # and they are kept until the provider's answer, whose step sends them ahead of its
         # own (one burst per fast fork: each entity read back and published once), or until
-        # `HOLD_S` for a slow one. Every one of them goes out, each after its COMMIT is durable.
-        try:
-            with self.host.store.db.events_after(into=self._held):
-                fork = self._dispatch(op, generation)
-        finally:
-            self._hold()
+        # the caller's budget answers 202 for a slow one (`_answer_accepted`). Every one of
+        # them goes out, each after its COMMIT is durable.
+        with self.host.store.db.events_after(into=self._held):
+            fork = self._dispatch(op, generation)
         self.host.later(fork, lambda f: self._step(self._dispatched, f))
-
-    def _hold(self) -> None:
-        """Events are held: they go out at `HOLD_S` at the latest."""
-        if self._held and self._hold_timer is None:
-            self._hold_timer = self.host.after(HOLD_S, self._release_held)
 
     def _release_held(self) -> None:
         """The held events to the subscribers now (or to the enclosing `events_after` block:
         ahead of its own)."""
-        if self._hold_timer is not None:
-            self._hold_timer.cancel()
-            self._hold_timer = None
         held, self._held = self._held, []
         if held:
             self.host.store.db.notify(held)
@@ -544,6 +531,7 @@ class ForkSaga:
             if not self.prepare_lazy:
                 for waiter in self.waiters:
                     waiter.answer(self.operation, False)
+                self._release_held()
             self.host.after(delay, lambda: self._abort(exc))
             return
         self._finish(op)

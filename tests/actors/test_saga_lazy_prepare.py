@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from actors import fork_saga, fork_start
+from actors import fork_start
 from actors.fork_host import PreparedRuntime, attestation_key
 from actors.messages import ForkCreate, ForkReply
 from actors.ports import DriverInfo
@@ -235,7 +235,7 @@ class SlowProviderHost(CatalogHost):
         self.answers.append(lambda: on_done(future))
 
 
-def test_a_slow_provider_answer_lets_the_dispatch_steps_events_go_at_the_hold_bound(
+def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_with_the_202(
     store: Store, tmp_path: Path
 ) -> None:
     sid, turns = source(store, tmp_path)
@@ -266,11 +266,14 @@ def test_a_slow_provider_answer_lets_the_dispatch_steps_events_go_at_the_hold_bo
     try:
         msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], replies.append)
         fork_start._prepare(host, msg, INFO, runtime)
-        # Dispatched, the provider not answered: nothing announced yet, the hold armed.
+        # Dispatched, the provider not answered: nothing announced yet, no timer but the budget.
         assert [m for m, _ in worker.calls] == ["fork"] and seen == [] and replies == []
-        holds = [fn for s, fn in host.timers if s == fork_saga.HOLD_S]
-        assert len(holds) == 1
-        holds[0]()  # the bound: the held events go, each read after its durable COMMIT
+        ((budget_s, budget),) = host.timers
+        assert budget_s == host.timeouts.fork_sync_budget_s
+        budget()  # the caller hears 202, and the subscribers of the dispatch with it
+        assert [(r.operation.status, r.final) for r in replies] == [
+            (ForkStatus.DISPATCHING, False)
+        ]
         assert seen == [
             ("ForkOperationChanged", "dispatching"),
             ("SessionChanged", ""),
@@ -280,7 +283,9 @@ def test_a_slow_provider_answer_lets_the_dispatch_steps_events_go_at_the_hold_bo
         answer()  # the provider answers: the commit's events, none again
     finally:
         unsubscribe()
-    assert [(r.operation.status, r.final) for r in replies] == [(ForkStatus.COMMITTED, True)]
+    assert store.fork_queries.get_fork_operation(WS, replies[0].operation.operation_id).status is (
+        ForkStatus.COMMITTED
+    )
     assert seen[3:] == [
         ("ForkOperationChanged", "committed"),
         ("ForkOperationChanged", "committed"),
