@@ -33,6 +33,7 @@ from domain.worker_messages import (
     MalformedMessage,
 )
 from storage.models import (
+    ChangeEvent,
     ForkOperation,
     ForkPointKind,
     ProviderForkEvidence,
@@ -96,6 +97,9 @@ class ForkSaga:
     # An abort's record failed with an error that is not the store's transient kind: its
     # traceback is logged once, the retries after it as one line each.
     _abort_logged: bool = False
+    # The dispatch step's change events, durable and not yet handed to the subscribers: they
+    # go with the next step's (the commit's, an ending's), or with the budget's 202.
+    _held: list[ChangeEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.frozen is None:
@@ -127,6 +131,9 @@ class ForkSaga:
             log.warning("fork saga %s: budget read failed", self.operation.operation_id)
             op = self.operation
         waiter.answer(op, op.status in TERMINAL)
+        # A provider slower than the budget: the subscribers hear of the dispatch now, with
+        # the caller (no timer of their own).
+        self._release_held()
 
     def _step(self, fn: Any, *args: Any) -> None:
         """Run one step; any unexpected error ends the saga with what the store holds, so a
@@ -241,10 +248,21 @@ class ForkSaga:
                 None if generation is None else self._attestation_key(generation)
             )
         # The request is handed to the worker link before this step's change events (the
-        # prepare's held ones and `dispatching`'s) wake the events thread to read them back.
-        with self.host.store.db.events_after():
+        # prepare's held ones and `dispatching`'s) wake the events thread to read them back;
+        # and they are kept until the provider's answer, whose step sends them ahead of its
+        # own (one burst per fast fork: each entity read back and published once), or until
+        # the caller's budget answers 202 for a slow one (`_answer_accepted`). Every one of
+        # them goes out, each after its COMMIT is durable.
+        with self.host.store.db.events_after(into=self._held):
             fork = self._dispatch(op, generation)
         self.host.later(fork, lambda f: self._step(self._dispatched, f))
+
+    def _release_held(self) -> None:
+        """The held events to the subscribers now (or to the enclosing `events_after` block:
+        ahead of its own)."""
+        held, self._held = self._held, []
+        if held:
+            self.host.store.db.notify(held)
 
     def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
         """`dispatching`, durable, then the one fork request to the worker."""
@@ -309,6 +327,13 @@ class ForkSaga:
         return None
 
     def _dispatched(self, fut: Future[ForkResult]) -> None:
+        """The worker's answer: this step's events (the commit's, or an ending's) go out once
+        it ends, the dispatch step's held ones ahead of them, after the callers are answered."""
+        with self.host.store.db.events_after():
+            self._release_held()
+            self._answered(fut)
+
+    def _answered(self, fut: Future[ForkResult]) -> None:
         try:
             result = fut.result()
         except NotDelivered as exc:
@@ -506,6 +531,7 @@ class ForkSaga:
             if not self.prepare_lazy:
                 for waiter in self.waiters:
                     waiter.answer(self.operation, False)
+                self._release_held()
             self.host.after(delay, lambda: self._abort(exc))
             return
         self._finish(op)
@@ -531,3 +557,4 @@ class ForkSaga:
         self.host.live_operations.discard(op.operation_id)
         if op.status in TERMINAL:  # the fence is released: late checkpoints land now
             self.host.apply_late_bindings()
+        self._release_held()

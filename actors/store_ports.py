@@ -37,6 +37,7 @@ from typing import Any, Protocol
 from storage import models as store_models
 from storage.fork_resolution import ForkResolution
 from storage.models import (
+    ChangeEvent,
     ForkOperation,
     ForkPrepareRequest,
     Interaction,
@@ -344,9 +345,16 @@ class BackgroundWrites(Protocol):
         write queued meanwhile goes ahead, for a bounded time (`storage.baton`)."""
         ...
 
-    def events_after(self) -> AbstractContextManager[None]:
+    def events_after(
+        self, into: list[ChangeEvent] | None = None
+    ) -> AbstractContextManager[None]:
         """The block's durable writes tell their subscribers when it ends (the saga answers
-        its callers first), each still after its COMMIT is durable."""
+        its callers first), each still after its COMMIT is durable; `into`: kept in that
+        list instead, for the caller to `notify` later."""
+        ...
+
+    def notify(self, events: list[ChangeEvent]) -> None:
+        """Hand kept events to the subscribers (or to an enclosing `events_after` block)."""
         ...
 
 

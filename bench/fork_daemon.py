@@ -199,6 +199,11 @@ def _drain_events(endpoint: str) -> None:
     threading.Thread(target=drain, name="events", daemon=True).start()
 
 
+_COUNTED = ("events.batch", "events.project", "events.handover", "pool.submit")
+"""Stamps counted per fork: the events thread's wake-ups with work, its projections, its
+hand-overs to the transport loop, and the actor pool's scheduled slices."""
+
+
 def _anatomy(ops: list[tuple[float, float]], stamps: list[tuple[str, float]]) -> dict[str, Any]:
     offsets: dict[str, list[float]] = {}
     reply: dict[str, list[float]] = {k: [] for k in ("body", "toReply", "toLoop", "toClient")}
@@ -226,15 +231,24 @@ def _anatomy(ops: list[tuple[float, float]], stamps: list[tuple[str, float]]) ->
         reply["toReply"].append(answered - durable)
         reply["toLoop"].append(sent - answered)
         reply["toClient"].append(t1 - durable)
-    med = {k: statistics.median(v) for k, v in offsets.items() if len(v) >= len(ops) // 2}
+    med = {
+        k: statistics.median(v)
+        for k, v in offsets.items()
+        if len(v) >= len(ops) // 2 and k.split("#")[0] not in _COUNTED
+    }
+    # The counted points over the whole series (a fork's events and its ACK's land after its
+    # reply), per fork: load-independent.
+    counted = Counter(p for p, t in stamps if p in _COUNTED and ops and t >= ops[0][0])
     out = {
         "forks": len(ops),
+        "countsPerFork": {k: counted[k] / len(ops) for k in _COUNTED},
         "hostP50Ms": statistics.median(host),
         "stampP50Ms": dict(sorted(med.items(), key=lambda kv: kv[1])),
         "replyP50Ms": {k: statistics.median(v) for k, v in reply.items() if v},
     }
     for point, ms in out["stampP50Ms"].items():
         print(f"  {point:20s} {ms:8.3f} ms after the client's send")
+    print("  per fork: " + ", ".join(f"{k} {v:.2f}" for k, v in out["countsPerFork"].items()))
     r = out["replyP50Ms"]
     print(
         f"host p50 {out['hostP50Ms']:.2f} ms; reply p50: commit body + COMMIT {r['body']:.3f},"

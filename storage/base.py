@@ -309,23 +309,34 @@ class Database:
         return unsubscribe
 
     @contextmanager
-    def events_after(self) -> Iterator[None]:
+    def events_after(self, into: list[ChangeEvent] | None = None) -> Iterator[None]:
         """This thread's durable writes inside the block tell their subscribers when the block
         ends, not after each COMMIT: a caller that answers a client from what it wrote (a
         fork's commit) sends that answer before the events thread is woken to read the same
         rows back. Each event still goes out after its COMMIT is durable and in this thread's
         commit order; an exception in the block delivers them all the same (the writes are
-        kept). A block inside a block is the same block."""
-        if getattr(self._local, "after", None) is not None:
+        kept). A block inside a block is the same block.
+
+        `into`: the block's events are appended to this list instead, and the caller hands
+        them on later with `notify` (every one of them, whatever happens: a fork saga holds
+        its dispatch step's events until its commit's, design/fork-saga.md step 6)."""
+        outer: list[ChangeEvent] | None = getattr(self._local, "after", None)
+        if outer is not None and into is None:
             yield
             return
-        held: list[ChangeEvent] = []
+        held: list[ChangeEvent] = [] if into is None else into
         self._local.after = held
         try:
             yield
         finally:
-            self._local.after = None
-            self._notify(held)
+            self._local.after = outer
+            if into is None:
+                self._notify(held)
+
+    def notify(self, events: list[ChangeEvent]) -> None:
+        """Hand `events` (durable writes' events an `events_after(into=...)` block kept) to
+        the subscribers now, or to this thread's enclosing `events_after` block."""
+        self._notify(events)
 
     def _notify(self, events: list[ChangeEvent]) -> None:
         if not events:

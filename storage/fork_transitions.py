@@ -218,14 +218,33 @@ class ForkTransitions:
             return replace(op, client_observed_at_ms=tx.now_ms), True
 
 
+_SCALARS = (str, int, type(None))
+"""JSON values a round trip gives back equal and of the same type (bool is an int)."""
+
+
+def _as_read(value: Any) -> Any:
+    """`value` as a read decodes it after `dumps` (sorted keys): strings, whole numbers, booleans
+    and nulls, in a list or a flat object of string keys, are rebuilt directly; anything else
+    (a float, a nested container, a tuple in an object) takes the JSON round trip."""
+    if isinstance(value, (list, tuple)) and all(_scalar(v) for v in value):
+        return list(value)
+    if isinstance(value, Mapping) and all(type(k) is str and _scalar(v) for k, v in value.items()):
+        return {k: value[k] for k in sorted(value)}
+    return loads(dumps(value))
+
+
+def _scalar(value: Any) -> bool:
+    return type(value) in _SCALARS or type(value) is bool
+
+
 def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) -> ForkOperation:
     """The row as `record_accepted` wrote it, without a re-read: the columns it set, each as a
-    read decodes it (JSON round trip included)."""
+    read decodes it (JSON round trip included: `_as_read`)."""
     return replace(
         op,
         status=ForkStatus.PROVIDER_ACCEPTED,
         accepted_at_ms=now_ms,
         target_provider_session_id=evidence.child_provider_session_id,
-        target_provider_turn_ids=tuple(loads(dumps(list(evidence.provider_turn_ids)))),
-        binding_receipt=loads(dumps(dict(evidence.receipt))),
+        target_provider_turn_ids=tuple(_as_read(list(evidence.provider_turn_ids))),
+        binding_receipt=_as_read(dict(evidence.receipt)),
     )

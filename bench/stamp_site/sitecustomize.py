@@ -54,6 +54,11 @@ if _SERVE and _STAMPS:
         ("storage.fork_commit", "ForkCommit", "commit_fork", "commit.begin", "commit.end"),
         ("transport.replies", "OneShotResponder", "result", "responder.result", ""),
         ("transport.server", "ApiServer", "_send_reply", "loop.send_reply", ""),
+        # Counted per fork, not placed on its path (`bench.fork_daemon --serial`'s counts).
+        ("agenthost.publisher", "EventPublisher", "_publish", "events.batch", ""),
+        ("agenthost.publisher", "EventPublisher", "project", "events.project", ""),
+        ("transport.server", "ApiServer", "publish_many", "events.handover", ""),
+        ("actors.pool", "ActorPool", "submit", "pool.submit", ""),
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str) -> None:

@@ -8,8 +8,9 @@ with strace (tests/bench/test_fork_syscalls.py)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -162,9 +163,10 @@ def test_a_warm_fork_prepares_lazily_and_announces_it_only_once_dispatching_is_d
     # dispatching and committed fsync'd; prepared and provider_accepted lazy.
     assert (forked.commits, forked.lazy_commits) == (2, 2)
     # Its first event went out after the `dispatching` COMMIT, never while only `prepared`
-    # (in the WAL, not yet on the disk) held it.
+    # (in the WAL, not yet on the disk) held it: here with the commit's (the provider
+    # answered at once; the hold is pinned below).
     assert forked.seen_at_events and "prepared" not in forked.seen_at_events
-    assert forked.seen_at_events[0] == "dispatching"
+    assert forked.seen_at_events[0] == "committed"
     assert [(r.operation.status, r.final) for r in forked.replies] == [(ForkStatus.COMMITTED, True)]
 
 
@@ -197,21 +199,96 @@ def test_the_request_and_the_reply_go_before_the_change_events_of_their_step(
 ) -> None:
     forked = fork_through_start(store, tmp_path, warm=True)
     assert forked.operation.status is ForkStatus.COMMITTED
-    # The fork request handed to the worker first; then prepare's events (the operation, the
-    # source's fence; held with its lazy COMMIT) and dispatching's; then the reply (sent once
-    # the commit's COMMIT returned, durable), then provider_accepted's event (a lazy COMMIT's,
-    # held until the commit's fsync) and the commit's three: the operation, the child and the
-    # source. None lost.
+    # The fork request handed to the worker first; then the reply (sent once the commit's
+    # COMMIT returned, durable); then every event of the fork in commit order, as one burst:
+    # prepare's (the operation, the source's fence; held with its lazy COMMIT) and
+    # dispatching's, kept by the saga until the provider answered, then provider_accepted's
+    # (a lazy COMMIT's, held until the commit's fsync) and the commit's three: the
+    # operation, the child and the source. None lost.
     assert forked.order == [
         "fork sent",
+        "reply",
         "ForkOperationChanged",
         "SessionChanged",
         "ForkOperationChanged",
-        "reply",
         "ForkOperationChanged",
         "ForkOperationChanged",
         "SessionChanged",
         "SessionChanged",
     ]
     # Each went out after its row was on the disk: none read `prepared` or `provider_accepted`.
-    assert forked.seen_at_events == ["dispatching", "dispatching", "committed", "committed"]
+    assert forked.seen_at_events == ["committed"] * 4
+
+
+@dataclass
+class SlowProviderHost(CatalogHost):
+    """The worker's answer waits in `answers` until the test hands it on."""
+
+    answers: list[Callable[[], None]] = field(default_factory=list)
+
+    def later(
+        self,
+        future: Future[Any],
+        on_done: Callable[[Future[Any]], None],
+        reply: Callable[[Any], None] | None = None,
+    ) -> None:
+        self.answers.append(lambda: on_done(future))
+
+
+def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_with_the_202(
+    store: Store, tmp_path: Path
+) -> None:
+    sid, turns = source(store, tmp_path)
+    worker = ScriptedWorker({"fork": lambda m, p: accepted(p)})
+    host = SlowProviderHost(store, worker, ScriptedFailpoints(), tmp_path, sid)
+    runtime = PreparedRuntime(
+        provider=PROVIDER,
+        home=str(host.runtime_home(WS, sid, PROVIDER)),
+        cwd="/work",
+        settings={},
+        provider_session_id=str(store.sessions.get_session(WS, sid).provider_session_id),
+        runtime_context={"driverKind": DRIVER[0], "driverVersion": DRIVER[1]},
+        generation="gen-1",
+        verdict=verdict(),
+    )
+    host.attested_runtime = attestation_key(runtime, "gen-1")
+    seen: list[tuple[str, str]] = []
+
+    def on_event(event: ChangeEvent) -> None:
+        if isinstance(event, ForkOperationChanged):
+            status = store.fork_queries.get_fork_operation(WS, event.operation_id).status
+            seen.append((type(event).__name__, status.value))
+        else:
+            seen.append((type(event).__name__, ""))
+
+    unsubscribe = store.db.subscribe(on_event)
+    replies: list[Any] = []
+    try:
+        msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], replies.append)
+        fork_start._prepare(host, msg, INFO, runtime)
+        # Dispatched, the provider not answered: nothing announced yet, no timer but the budget.
+        assert [m for m, _ in worker.calls] == ["fork"] and seen == [] and replies == []
+        ((budget_s, budget),) = host.timers
+        assert budget_s == host.timeouts.fork_sync_budget_s
+        budget()  # the caller hears 202, and the subscribers of the dispatch with it
+        assert [(r.operation.status, r.final) for r in replies] == [
+            (ForkStatus.DISPATCHING, False)
+        ]
+        assert seen == [
+            ("ForkOperationChanged", "dispatching"),
+            ("SessionChanged", ""),
+            ("ForkOperationChanged", "dispatching"),
+        ]
+        (answer,) = host.answers
+        answer()  # the provider answers: the commit's events, none again
+    finally:
+        unsubscribe()
+    assert store.fork_queries.get_fork_operation(WS, replies[0].operation.operation_id).status is (
+        ForkStatus.COMMITTED
+    )
+    assert seen[3:] == [
+        ("ForkOperationChanged", "committed"),
+        ("ForkOperationChanged", "committed"),
+        ("SessionChanged", ""),
+        ("SessionChanged", ""),
+    ]

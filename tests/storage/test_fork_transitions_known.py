@@ -143,3 +143,29 @@ def test_known_row_still_checks_the_evidence(counted: tuple[Store, OpReads]) -> 
         )
     row = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert row.status is ForkStatus.DISPATCHING and row == dispatching
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["t1", "t2", "ü"],
+        (),
+        {"b": "x", "a": 1, "c": None, "d": True},
+        {"z": 1.5, "a": "x"},
+        {"nested": {"b": 1, "a": [1, (2, 3)]}, "a": "x"},
+        {"a": (1, 2)},
+        [1.0, "x"],
+        [True, None, 10**30],
+    ],
+)
+def test_the_accepted_row_is_what_a_read_decodes(value: Any) -> None:
+    """`provider_accepted`'s row is built without a re-read: each JSON column as the read
+    would give it back, equal and in the same key order."""
+    from storage.fork_transitions import _as_read
+    from storage.sqlite import dumps, loads
+
+    built, read = _as_read(value), loads(dumps(value))
+    assert built == read and type(built) is type(read)
+    if isinstance(read, dict):
+        assert list(built) == list(read)
+        assert all(type(built[k]) is type(read[k]) for k in read)
