@@ -45,6 +45,11 @@ from domain.worker_messages import (
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
 
+ASSISTANT_LINGER_S = 0.05
+"""How long an assistant Message's write may wait for the Turn's next write (its settlement,
+when it is the reply: an app-server's `turn/completed` follows the reply's `item/completed` by
+~1–20 ms). Nobody waits on that write: the client already has the reply's deltas."""
+
 
 class TurnRunner:
     """Runs the Session's Turns from submit to settlement; owns what it knows of each Turn
@@ -625,6 +630,10 @@ class TurnRunner:
                         state.last_assistant_message_id = message.message_id
 
                 self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
+                if item_kind == "assistant":
+                    # Most often the Turn's reply, its completion a few milliseconds behind:
+                    # the Message waits for the settlement and both land as one transaction.
+                    self._writes.linger(ASSISTANT_LINGER_S)
             case InteractionRequested(request_id=request_id, kind=ikind):
                 payload = dict(event.input)
                 self._writes.enqueue(
