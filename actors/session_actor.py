@@ -125,7 +125,9 @@ class SessionActor(PooledActor):
         # at once this one is handled (what arrived meanwhile counts), and while a Turn's
         # `turn.start` is unanswered its writes wait for that answer, which is sure to come
         # (its result, its failure or its timeout) and follows the start's own events
-        # (`TurnRunner.awaiting_start`). Any other message finds them durable — it drains them
+        # (`TurnRunner.awaiting_start`); a Turn's assistant Message waits, within a bound, for
+        # the Turn's next write — its settlement, most often (`TurnWrites.linger`). Any other
+        # message finds them durable — it drains them
         # before it runs — all but a plain mutation that went ahead of the burst
         # (`goes_ahead`), which does not read or depend on a Turn's writes. At most
         # MAX_HELD_WRITES wait: a provider that streams faster than the store commits still
@@ -159,7 +161,10 @@ class SessionActor(PooledActor):
             self.writes.hold = False
             held = len(self.writes) < MAX_HELD_WRITES and (
                 self._joins_burst(following)
-                or (following is None and self.turns.awaiting_start())
+                or (
+                    following is None
+                    and (self.turns.awaiting_start() or self.writes.lingering)
+                )
             )
             if not held:
                 self.writes.drain_if_due()  # this message's writes and what was held for it

@@ -129,21 +129,35 @@ class SessionRuntime:
         attested, else None."""
         return self._hold_warm(session, attested=True)
 
-    def warm_turn_runtime(self, session: Session) -> PreparedRuntime | None:
+    def warm_turn_runtime(
+        self, session: Session, *, unbound: bool | None = None
+    ) -> PreparedRuntime | None:
         """The runtime a Turn may start on without `session.start`: the
         one the last `session.start` reported, under the same rules as a fork's, unattested
         (a Turn needs no fork verdict); None while a settled Turn of the Session lacks its
         provider binding, so the cold path's re-bind from the provider's history runs first.
         The Turn's `turn.start` carries the generation: the worker refuses it, before the
-        provider sees anything, if another runtime is live by then."""
+        provider sees anything, if another runtime is live by then. `unbound`: that answer
+        (`settled_turn_unbound`), when the caller read it already."""
         if self._warm is None:
             return None
-        try:
-            if self._core.session_store.turns.turns_missing_binding(self._core.ws, self._core.sid):
-                return None
-        except HostError:
+        if unbound is None:
+            unbound = self.settled_turn_unbound()
+        if unbound:
             return None
         return self._hold_warm(session, attested=False)
+
+    def settled_turn_unbound(self) -> bool:
+        """Whether a settled Turn of the Session lacks its provider binding (or the store
+        cannot say): no Turn starts warm then. Nothing to ask while no runtime is warm."""
+        if self._warm is None:
+            return True
+        try:
+            return bool(
+                self._core.session_store.turns.turns_missing_binding(self._core.ws, self._core.sid)
+            )
+        except HostError:
+            return True
 
     def _hold_warm(self, session: Session, *, attested: bool) -> PreparedRuntime | None:
         warm = self._warm

@@ -41,9 +41,15 @@ from domain.worker_messages import (
     TurnItem,
     TurnStarted,
 )
+from storage.models import Session
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
+
+ASSISTANT_LINGER_S = 0.05
+"""How long an assistant Message's write may wait for the Turn's next write (its settlement,
+when it is the reply: an app-server's `turn/completed` follows the reply's `item/completed` by
+~1–20 ms). Nobody waits on that write: the client already has the reply's deltas."""
 
 
 class TurnRunner:
@@ -88,10 +94,15 @@ class TurnRunner:
     # -- turns -----------------------------------------------------------------------------
 
     def on_submit(self, msg: Submit) -> None:
+        # What the start needs from the store is read before the claim, while the `before`
+        # capture runs beside (the claim changes none of it: the Session's provider, folder
+        # and runtime, whether a settled Turn lacks its binding), so nothing is read between
+        # the claim's COMMIT and the start. None: the claim answers why it cannot be read.
+        read = self._read_for_start()
         # The files as they were before the provider gets the Turn, taken off this thread while
         # the claim commits here (nothing orders the two; the start waits for both) under the
         # id the claim gives a new Turn.
-        early = self._early_before()
+        early = self._early_before(read[0] if read is not None else None)
         try:
             self._core.ctx.failpoints.hit("host.turn.before_claim")
             turn, created = self._core.session_store.turns.claim_submit(
@@ -111,7 +122,7 @@ class TurnRunner:
         state = TurnState(turn.turn_id)
         self._turns[turn.turn_id] = state
         self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
-        session = self._core.session()
+        session, unbound = read if read is not None else (self._core.session(), None)
         # The runtime's preparation runs while the capture finishes; the start waits for it,
         # within its bound. A capture not begun beside the claim begins now.
         if early is not None and early[0] == session.cwd:
@@ -162,7 +173,7 @@ class TurnRunner:
 
         # The runtime the last `session.start` reported is still live and
         # unchanged: no `session.start` round trip before this Turn.
-        warm = self._runtime.warm_turn_runtime(session)
+        warm = self._runtime.warm_turn_runtime(session, unbound=unbound)
         if warm is None:
             _prepare()
             return
@@ -251,18 +262,24 @@ class TurnRunner:
 
     # -- workspace checkpoints ---------------------------------------------------------------
 
-    def _early_before(self) -> tuple[str, str, Future[Capture]] | None:
-        """The `before` capture of the Turn a submit may create, begun ahead of its claim:
-        (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
-        read (the claim answers why), or a Turn of this Session is still running here (the
-        claim will refuse it, and its files are still being written)."""
-        checkpoints = self._core.ctx.turn_checkpoints
-        if checkpoints is None or self.unsettled():
-            return None
+    def _read_for_start(self) -> tuple[Session, bool] | None:
+        """The Session's row and whether a settled Turn of it lacks its binding
+        (`SessionRuntime.settled_turn_unbound`); None when the row cannot be read."""
         try:
-            cwd = self._core.session().cwd
+            session = self._core.session()
         except HostError:
             return None
+        return session, self._runtime.settled_turn_unbound()
+
+    def _early_before(self, session: Session | None) -> tuple[str, str, Future[Capture]] | None:
+        """The `before` capture of the Turn a submit may create, begun ahead of its claim:
+        (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
+        read (`session` None: the claim answers why), or a Turn of this Session is still
+        running here (the claim will refuse it, and its files are still being written)."""
+        checkpoints = self._core.ctx.turn_checkpoints
+        if checkpoints is None or session is None or self.unsettled():
+            return None
+        cwd = session.cwd
         turn_id = str(uuid.uuid4())
         return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
 
@@ -625,6 +642,10 @@ class TurnRunner:
                         state.last_assistant_message_id = message.message_id
 
                 self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
+                if item_kind == "assistant":
+                    # Most often the Turn's reply, its completion a few milliseconds behind:
+                    # the Message waits for the settlement and both land as one transaction.
+                    self._writes.linger(ASSISTANT_LINGER_S)
             case InteractionRequested(request_id=request_id, kind=ikind):
                 payload = dict(event.input)
                 self._writes.enqueue(

@@ -59,6 +59,8 @@ class TurnWrites:
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
+        # While set, the queued writes wait for the next one, within its bound (`linger`).
+        self._linger: TimerHandle | None = None
 
     def __len__(self) -> int:
         """Writes queued and not yet durable."""
@@ -82,6 +84,31 @@ class TurnWrites:
         """The actor stops: no retry fires after it."""
         if self._retry_timer is not None:
             self._retry_timer.cancel()
+        self._end_linger()
+
+    def linger(self, seconds: float) -> None:
+        """The writes queued so far may wait up to `seconds` for the next write: a Turn's
+        assistant Message for its settlement, which most often follows within milliseconds
+        (an app-server sends `turn/completed` right after the reply's `item/completed`), so the
+        two land in one transaction (one COMMIT, one `turn.updated`). The wait ends with the
+        next write queued, the bound, or any message that does not join the Turn's burst (it
+        drains the queue before it runs, as always: nothing else ever finds them pending)."""
+        if self._linger is None and self._durable:
+            self._linger = self._core.after(seconds, self._linger_over)
+
+    @property
+    def lingering(self) -> bool:
+        """The queued writes wait for the next one (`linger`)."""
+        return self._linger is not None
+
+    def _linger_over(self) -> None:
+        self._linger = None
+        self.drain_if_due()
+
+    def _end_linger(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
 
     def hold_for_capture(self) -> None:
         """An `after` checkpoint is being taken: queued writes wait for its settlement."""
@@ -133,6 +160,7 @@ class TurnWrites:
     # -- durable writes, in order, retried -------------------------------------------------
 
     def enqueue(self, item: DurableWrite) -> None:
+        self._end_linger()  # what the queued writes waited for
         self._durable.append(item)
         if len(self._durable) == 1 and self._retry_timer is None and not self.hold:
             self.drain()
@@ -144,6 +172,7 @@ class TurnWrites:
         a Turn's `after` checkpoint is taken (actors/session_turns.py `capture_after`)."""
         if self._capture_holds:
             return
+        self._end_linger()
         self._before_drain()
         while self._durable:
             if len(self._durable) > 1:

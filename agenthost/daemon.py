@@ -426,6 +426,12 @@ class Daemon:
         # approval asked): the next delta is told at once, so the actor knows the model
         # streams again.
         self._stream_activity.pop(turn_id, None)
+        if event.get("type") == "item" and _is_user_item(event):
+            # The provider's copy of the Turn's user Message: the submit's claim wrote the
+            # canonical one, so the actor has nothing to store for it (nor is it the model
+            # answering). Not routed: no actor message in the window where the provider is
+            # sending the model its request.
+            return
         typed = driver_event(key, event)
         if typed is not None:
             route(self.routes, self.host, ws, sid, typed)
@@ -620,3 +626,9 @@ def _first_network(endpoints: list[str]) -> str | None:
                 "tcp://[::]:", "tcp://[::1]:"
             )
     return None
+
+
+def _is_user_item(event: Mapping[str, Any]) -> bool:
+    """A worker's `item` event of kind `user` (the wire map of internals.md)."""
+    item = event.get("item")
+    return isinstance(item, Mapping) and item.get("kind") == "user"

@@ -5,10 +5,10 @@ deliveries.
 
 One exception, for fewer thread hand-offs on a fork's path and a Turn's stream: the result of
 a method whose every waiter only hands it on — `INLINE_METHODS`, answered to a Session actor
-by a `tell` — and a streamed delta (`INLINE_EVENTS`) are delivered on the loop thread itself
-when nothing is queued or running here, so arrival order still holds; a fork then reaches its
-actor in one hop (loop → actor) instead of two (loop → delivery thread → actor), each a thread
-wake-up and a GIL hand-off, and a delta the events queue in one."""
+by a `tell` — and a streamed delta or a Turn's end (`INLINE_EVENTS`) are delivered on the
+loop thread itself when nothing is queued or running here, so arrival order still holds; a
+fork then reaches its actor in one hop (loop → actor) instead of two (loop → delivery thread →
+actor), each a thread wake-up and a GIL hand-off, and a delta the events queue in one."""
 
 from __future__ import annotations
 
@@ -37,11 +37,12 @@ parse the answer and `tell` the Session actor that waits (actors' `later`,
 `actors.ports.request_fork`, `agenthost.workers.SupervisorPort`), never block."""
 
 
-INLINE_EVENTS = frozenset({"message.delta"})
+INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})
 """Events the sink may take on the loop thread (when nothing is queued or running here, as
 for `INLINE_METHODS`): a streamed delta's sink only puts it on the daemon's events queue
-(and, at most once a second, tells the Session actor its reply streams), never blocks. A
-Turn's ~20 deltas each skip a thread hand-off."""
+(and, at most once a second, tells the Session actor its reply streams), a Turn's end only
+`tell`s its Session actor; neither blocks. A Turn's ~20 deltas each skip a thread hand-off,
+and so does its end, on the way to its settlement."""
 
 
 class Deliveries:

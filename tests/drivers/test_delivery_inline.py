@@ -87,26 +87,30 @@ def test_a_fork_result_behind_a_queued_event_keeps_arrival_order() -> None:
         deliveries.close(5)
 
 
-def test_a_delta_with_nothing_queued_is_handed_to_the_sink_on_the_calling_thread() -> None:
-    """A streamed delta's sink only queues it for the publisher: with nothing queued or
-    running on the delivery thread it runs on the loop thread; any other event does not."""
+@pytest.mark.parametrize("kind", ["message.delta", "turn.completed"])
+def test_a_delta_or_a_turns_end_with_nothing_queued_is_handed_to_the_sink_on_the_calling_thread(
+    kind: str,
+) -> None:
+    """A streamed delta's sink only queues it for the publisher, a Turn's end's only tells its
+    Session actor: with nothing queued or running on the delivery thread they run on the loop
+    thread; any other event does not."""
     deliveries = Deliveries()
     seen: list[tuple[str, str]] = []
     done = threading.Event()
 
     def sink(provider: str, sid: str, event: dict[str, Any]) -> None:
         seen.append((str(event["type"]), threading.current_thread().name))
-        if event["type"] == "turn.completed":
+        if event["type"] == "item":
             done.set()
 
     deliveries.event_sink = sink
     try:
-        deliveries.event("tutti-agent", "ws/s", {"type": "message.delta", "delta": "d00 "})
-        assert seen == [("message.delta", threading.current_thread().name)]
+        deliveries.event("tutti-agent", "ws/s", {"type": kind, "turnId": "t"})
+        assert seen == [(kind, threading.current_thread().name)]
         assert deliveries.inlined == 1
-        deliveries.event("tutti-agent", "ws/s", {"type": "turn.completed"})
+        deliveries.event("tutti-agent", "ws/s", {"type": "item"})
         assert done.wait(10)
-        assert seen[-1] == ("turn.completed", "worker-delivery") and deliveries.inlined == 1
+        assert seen[-1] == ("item", "worker-delivery") and deliveries.inlined == 1
     finally:
         deliveries.close(5)
 

@@ -1,0 +1,147 @@
+"""A Turn's reply and its settlement: the assistant Message's write waits, within a bound, for
+the Turn's next write, so a reply whose completion follows a few milliseconds later lands with
+the settlement as one transaction (one COMMIT, one `turn.updated`); a completion that does not
+come within the bound finds the Message already durable. The provider's copy of the user
+Message (`item` of kind `user`) is not routed to the Session actor at all: the submit's claim
+wrote the canonical one.
+
+An in-process daemon (real store file, real worker and tutti-agent app-server, workspace
+checkpoints on); the worker's events are intercepted on the delivery thread and forwarded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import agenthost.daemon as daemon_module
+from actors import session_turns
+from actors.messages import DriverEvent
+from agenthost.daemon import Daemon
+from domain.turn_events import TurnItem
+from tests.support.daemon import WS, create_session, run_turn, settle, submit, wait_for
+from tests.support.in_process import in_process_daemon
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
+        yield running
+
+
+def _warm_session(c: Client) -> str:
+    sid = create_session(c, title="reply and settlement")["agentSessionId"]
+    run_turn(c, sid, "spawn")
+    return sid
+
+
+def _assistant(event: dict[str, Any]) -> bool:
+    item = event.get("item")
+    return isinstance(item, dict) and item.get("kind") == "assistant"
+
+
+def test_a_reply_and_a_settlement_that_arrive_apart_land_as_one_transaction(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Turn's `turn.completed` reaches the actor 20 ms after its reply's `item` (held in
+    the event sink, so the actor has handled the item with an empty inbox): the reply's
+    Message and the settlement (with its `after` checkpoint) are one store transaction. The
+    bound is raised to 30 s so a loaded machine's scheduling cannot outlast it."""
+    monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
+    daemon, c = running
+    sid = _warm_session(c)
+    assert daemon.store is not None and daemon.supervisor is not None
+    stats = daemon.store.db.write_stats
+    forward = daemon._on_worker_event
+    at_reply: list[int] = []
+    turn_id: list[str] = []
+
+    def bound() -> bool:
+        turn = daemon.store.turns.get_turn(WS, sid, turn_id[0])  # type: ignore[union-attr]
+        return bool(turn.root_provider_turn_id and turn.provider_turn_binding_json)
+
+    def sink(provider: str, key: str, event: dict[str, Any]) -> None:
+        if event.get("type") == "item" and _assistant(event):
+            wait_for(lambda: bool(turn_id), 30)
+            wait_for(bound, 30)  # the start's own transaction has landed
+            at_reply.append(stats.transactions)
+        elif event.get("type") == "turn.completed":
+            time.sleep(0.02)
+        forward(provider, key, event)
+
+    daemon.supervisor.set_event_sink(sink)
+    try:
+        turn_id.append(submit(c, sid, "one reply")["turnId"])
+        turn = settle(c, sid, turn_id[0])
+    finally:
+        daemon.supervisor.set_event_sink(forward)
+    assert turn["outcome"] == "completed", turn
+    assert [m["text"] for m in turn["messages"]] == ["one reply", "echo: one reply"]
+    assert turn["finalAssistantMessageId"] == turn["messages"][1]["messageId"], turn
+    assert (turn.get("workspace") or {}).get("after"), turn
+    assert len(at_reply) == 1
+    assert stats.transactions - at_reply[0] == 1
+
+
+def test_a_reply_whose_completion_does_not_come_is_durable_within_the_bound(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The Turn's `turn.completed` is withheld until the reply's Message is durable: it
+    becomes durable without it (the wait for the next write is bounded), and the Turn then
+    settles with that Message as its final one."""
+    daemon, c = running
+    sid = _warm_session(c)
+    assert daemon.store is not None and daemon.supervisor is not None
+    forward = daemon._on_worker_event
+    durable_first = threading.Event()
+    turn_id: list[str] = []
+
+    def reply_durable() -> bool:
+        turn = daemon.store.turns.get_turn(WS, sid, turn_id[0])  # type: ignore[union-attr]
+        return any(m.kind == "assistant" for m in turn.messages)
+
+    def sink(provider: str, key: str, event: dict[str, Any]) -> None:
+        if event.get("type") == "turn.completed":
+            wait_for(lambda: bool(turn_id), 30)
+            if wait_for(reply_durable, 10):
+                durable_first.set()
+        forward(provider, key, event)
+
+    daemon.supervisor.set_event_sink(sink)
+    try:
+        turn_id.append(submit(c, sid, "no completion yet")["turnId"])
+        turn = settle(c, sid, turn_id[0])
+    finally:
+        daemon.supervisor.set_event_sink(forward)
+    assert durable_first.is_set()
+    assert turn["outcome"] == "completed", turn
+    assert turn["finalAssistantMessageId"] == turn["messages"][1]["messageId"], turn
+
+
+def test_the_providers_user_item_is_not_routed_to_the_session_actor(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    daemon, c = running
+    sid = _warm_session(c)
+    routed: list[Any] = []
+    real_route = daemon_module.route
+
+    def spy(routes: Any, host: Any, ws: str, sid_: str, message: Any) -> None:
+        routed.append(message)
+        real_route(routes, host, ws, sid_, message)
+
+    monkeypatch.setattr(daemon_module, "route", spy)
+    turn = run_turn(c, sid, "who said it")
+    events = [m.event for m in routed if isinstance(m, DriverEvent)]
+    items = [e.kind for e in events if isinstance(e, TurnItem)]
+    assert items == ["assistant"], items
+    assert any(e.TYPE == "turn.completed" for e in events)
+    assert [m["kind"] for m in turn["messages"]] == ["user", "assistant"]
+    assert turn["messages"][0]["text"] == "who said it"
