@@ -410,7 +410,8 @@ def test_a_cache_of_the_previous_schema_is_reused_and_migrated_on_each_copy(
     """A schema bump does not regenerate the store of months (~17 min at full size): a cache
     generated at the previous schema version is used as it is, and the daemon's own (additive)
     migration upgrades each run's working copy. The cache here is made the previous version's by
-    dropping what the newest migration adds and setting its `user_version` back."""
+    dropping what the newest migration adds, restoring the previous text of what it edits, and
+    setting its `user_version` back."""
     env = dict(os.environ, AGENTHOST_BENCH_CACHE=str(tmp_path / "cache"))
 
     def months(*args: str) -> subprocess.CompletedProcess[str]:
@@ -433,16 +434,31 @@ def test_a_cache_of_the_previous_schema_is_reused_and_migrated_on_each_copy(
     for version in (previous, SCHEMA_VERSION):
         fresh = apsw.Connection(str(tmp_path / f"fresh{version}.sqlite3"))
         migrate(fresh, version)
-        objects[version] = dict(
-            fresh.execute("SELECT name, type FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
-        )
+        objects[version] = {
+            name: (kind, sql)
+            for name, kind, sql in fresh.execute(
+                "SELECT name, type, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+            )
+        }
         fresh.close()
-    added = {n: t for n, t in objects[SCHEMA_VERSION].items() if n not in objects[previous]}
-    assert added, "the newest migration adds no object: age the cache some other way"
+    added = {n: k for n, (k, _) in objects[SCHEMA_VERSION].items() if n not in objects[previous]}
+    edited = {
+        n: objects[previous][n][1]
+        for n, (_, sql) in objects[SCHEMA_VERSION].items()
+        if n in objects[previous] and objects[previous][n][1] != sql
+    }
+    assert added or edited, "the newest migration adds or edits no object: age the cache otherwise"
     conn = apsw.Connection(str(cached / "store.sqlite3"))
     for kind in ("trigger", "index", "table"):
-        for name in (n for n, t in added.items() if t == kind):
+        for name in (n for n, k in added.items() if k == kind):
             conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+    if edited:
+        (schema_version,) = conn.execute("PRAGMA schema_version").fetchone()
+        conn.execute("PRAGMA writable_schema = ON")
+        for name, sql in edited.items():
+            conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?", (sql, name))
+        conn.execute(f"PRAGMA schema_version = {int(schema_version) + 1}")
+        conn.execute("PRAGMA writable_schema = OFF")
     conn.execute(f"PRAGMA user_version = {previous}")
     conn.close()
     older = cached.with_name(
