@@ -72,11 +72,15 @@ CACHE = Path(os.environ.get("AGENTHOST_BENCH_CACHE") or REPO / "build" / "bench-
 """Where generated stores are kept between runs (tests point it at their own tmp dir)."""
 GENERATOR_VERSION = 1
 """Bumped when the generated rows change: a cache of another version is rebuilt."""
-REUSABLE_SINCE_SCHEMA = 10
-"""The oldest schema version whose cache a run reuses instead of regenerating (~17 min at full
-size): every migration after it is additive and cheap (a table, an index, triggers), so the
-daemon's own migration upgrades each run's working copy and the cache itself stays as built.
-Raise it to `SCHEMA_VERSION` when a migration rewrites rows the generator wrote."""
+REUSABLE_SINCE_SCHEMA = 13
+"""The oldest schema version whose cache a run reuses instead of regenerating (minutes at full
+size): every migration after it is additive or cheap (a table, an index, triggers, a CHECK
+restated), so the daemon's own migration upgrades each run's working copy and the cache itself
+stays as built. Raise it to `SCHEMA_VERSION` when a migration rewrites rows the generator wrote,
+or adds rows the daemon's own writes would have made: from v13 on, prepare writes each fenced
+source's history witness (`history_fences`); an older cache's interrupted operations have none,
+so its recovery measured an upgrade's (every commit re-proved by the digest), not this
+daemon's."""
 RUNTIME_CONTEXT = {"driverKind": "tutti-agent", "driverVersion": "0.1.0", "userAgent": "bench"}
 DAY_MS = 86_400_000
 SPAN_MS = 120 * DAY_MS

@@ -488,6 +488,12 @@ def _v14(conn: apsw.Connection) -> None:
     )
 
 
+# v15: `history_fences` by operation. `history_fences_released` deletes an operation's row by
+# `op_seq` each time an operation leaves the active statuses; without this index each such
+# delete read the whole table, so releasing n fences (recovery's set-based status changes of
+# thousands of interrupted operations) took n × n row visits.
+_V15 = "CREATE INDEX history_fences_by_op ON history_fences(op_seq);"
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -503,6 +509,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V12,
     _V13,
     _v14,
+    _V15,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

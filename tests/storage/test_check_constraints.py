@@ -76,8 +76,8 @@ def test_a_turn_and_an_interaction_accept_and_refuse_the_same_values(
 
 
 def test_v14_writes_a_turn_and_an_interaction_without_an_ephemeral_index(tmp_path: Path) -> None:
-    before = _store_at(tmp_path / "v13.sqlite3", SCHEMA_VERSION - 1)
-    after = _store_at(tmp_path / "v14.sqlite3", SCHEMA_VERSION)
+    before = _store_at(tmp_path / "v13.sqlite3", 13)
+    after = _store_at(tmp_path / "v14.sqlite3", 14)
     turn = (WS, "t1", 1, "completed")
     interaction = (WS, "i1", "r1", "pending")
     settle = "UPDATE turns SET outcome = ? WHERE workspace_id = ? AND turn_id = ?"
