@@ -8,7 +8,6 @@ answered). Counts, not timings (docs/design/connections.md, "Listeners a re-bind
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -16,35 +15,11 @@ import time
 from pathlib import Path
 
 from tests.support.daemon import DaemonProcess, wait_for
+from tests.support.run_dir import listeners_in, open_fds, remove_run
 from transport.client import Client, EventSubscriber
 
-_RESTORED = "was removed under the live daemon: made it again"
 _SETTLE_S = 2.0
 """Past the 1 s a replaced listener is kept at least (`connections.REPLACED_GRACE_S`)."""
-
-
-def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _listeners_in(pid: int, run: Path) -> int:
-    mine = set()
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            mine.add(int(link[len("socket:[") : -1]))
-    count = 0
-    with open("/proc/net/unix") as f:
-        next(f)
-        for line in f:
-            fields = line.split()
-            listening = len(fields) >= 8 and int(fields[3], 16) & 0x10000
-            if listening and int(fields[6]) in mine and os.path.dirname(fields[7]) == str(run):
-                count += 1
-    return count
 
 
 def main(removals: int) -> None:
@@ -60,20 +35,18 @@ def main(removals: int) -> None:
         wait_for(lambda: old.call("host.status", {})["connections"]["open"] >= 2)
 
         def remove() -> None:
-            done = d.tail_log(10**7).count(_RESTORED)
-            shutil.rmtree(run)
-            wait_for(lambda: d.tail_log(10**7).count(_RESTORED) > done)
+            remove_run(d, run)
             with Client(d.api, timeout=30) as fresh:
                 fresh.call("host.status", {})
             old.call("host.status", {})
 
         remove()
         time.sleep(_SETTLE_S)
-        fds, listeners = _open_fds(pid), _listeners_in(pid, run)
+        fds, listeners = open_fds(pid), len(listeners_in(pid, run))
         for _ in range(removals):
             remove()
         time.sleep(_SETTLE_S)
-        after_fds, after_listeners = _open_fds(pid), _listeners_in(pid, run)
+        after_fds, after_listeners = open_fds(pid), len(listeners_in(pid, run))
         shed = old.call("host.status", {})["connections"]["shed"]
         print(
             f"removals {removals}: descriptors {fds} -> {after_fds} ({after_fds - fds:+d}), "

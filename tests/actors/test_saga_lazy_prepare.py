@@ -73,6 +73,20 @@ class Forked:
     order: list[str]
 
 
+def _runtime(store: Store, host: CatalogHost, sid: str) -> PreparedRuntime:
+    """The source's runtime as the Session actor hands it to the saga (generation gen-1)."""
+    return PreparedRuntime(
+        provider=PROVIDER,
+        home=str(host.runtime_home(WS, sid, PROVIDER)),
+        cwd="/work",
+        settings={},
+        provider_session_id=str(store.sessions.get_session(WS, sid).provider_session_id),
+        runtime_context={"driverKind": DRIVER[0], "driverVersion": DRIVER[1]},
+        generation="gen-1",
+        verdict=verdict(),
+    )
+
+
 def fork_through_start(
     store: Store, home: Path, *, warm: bool, flaky_dispatching: bool = False
 ) -> Forked:
@@ -88,16 +102,7 @@ def fork_through_start(
 
     worker = ScriptedWorker({"runtime.attest": lambda m, p: verdict(), "fork": fork_sent})
     host = CatalogHost(store, worker, ScriptedFailpoints(), home, sid)
-    runtime = PreparedRuntime(
-        provider=PROVIDER,
-        home=str(host.runtime_home(WS, sid, PROVIDER)),
-        cwd="/work",
-        settings={},
-        provider_session_id=str(store.sessions.get_session(WS, sid).provider_session_id),
-        runtime_context={"driverKind": DRIVER[0], "driverVersion": DRIVER[1]},
-        generation="gen-1",
-        verdict=verdict(),
-    )
+    runtime = _runtime(store, host, sid)
     if warm:
         host.attested_runtime = attestation_key(runtime, "gen-1")
     if flaky_dispatching:
@@ -241,16 +246,7 @@ def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_wit
     sid, turns = source(store, tmp_path)
     worker = ScriptedWorker({"fork": lambda m, p: accepted(p)})
     host = SlowProviderHost(store, worker, ScriptedFailpoints(), tmp_path, sid)
-    runtime = PreparedRuntime(
-        provider=PROVIDER,
-        home=str(host.runtime_home(WS, sid, PROVIDER)),
-        cwd="/work",
-        settings={},
-        provider_session_id=str(store.sessions.get_session(WS, sid).provider_session_id),
-        runtime_context={"driverKind": DRIVER[0], "driverVersion": DRIVER[1]},
-        generation="gen-1",
-        verdict=verdict(),
-    )
+    runtime = _runtime(store, host, sid)
     host.attested_runtime = attestation_key(runtime, "gen-1")
     seen: list[tuple[str, str]] = []
 

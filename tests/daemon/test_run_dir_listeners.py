@@ -6,63 +6,18 @@ replaces")."""
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from tests.support.daemon import DaemonProcess, create_session, wait_for
+from tests.support.run_dir import listeners_in, open_fds, remove_run
 from transport.client import Client, EventSubscriber
 from transport.connections import OLD_LISTENERS_KEPT
 
 pytestmark = pytest.mark.timeout(300)
 
 REMOVALS = 20
-_RESTORED = "was removed under the live daemon: made it again"
-
-
-def _open_fds(pid: int) -> int:
-    return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def _socket_inodes(pid: int) -> set[int]:
-    out = set()
-    for name in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue  # closed meanwhile
-        if link.startswith("socket:["):
-            out.add(int(link[len("socket:[") : -1]))
-    return out
-
-
-def _listeners(pid: int, run: Path) -> list[str]:
-    """The bound addresses of the daemon's listening Unix sockets directly in `run/` (the API
-    and events endpoints; a worker's link lives in `run/workers/`). A listener whose file was
-    removed keeps the address it was bound to."""
-    mine = _socket_inodes(pid)
-    out = []
-    with open("/proc/net/unix") as f:
-        next(f)
-        for line in f:
-            fields = line.split()
-            # Num RefCount Protocol Flags Type St Inode [Path]; Flags 00010000: listening.
-            if len(fields) < 8 or int(fields[3], 16) & 0x10000 == 0:
-                continue
-            if int(fields[6]) in mine and os.path.dirname(fields[7]) == str(run):
-                out.append(fields[7])
-    return sorted(out)
-
-
-def _remove_run(d: DaemonProcess, run: Path) -> None:
-    """Remove `run/` and wait until the daemon has made it again, to its last file (removing
-    it while the daemon writes it only makes the daemon try again)."""
-    done = d.tail_log(10**7).count(_RESTORED)
-    shutil.rmtree(run)
-    wait_for(lambda: d.tail_log(10**7).count(_RESTORED) > done)
-    assert (run / "api.sock").exists() and (run / "events.sock").exists()
 
 
 def _status(c: Client) -> None:
@@ -89,25 +44,25 @@ def test_removing_run_again_and_again_keeps_the_daemons_descriptors_bounded(
         try:
             # Both connected before the first removal (a SUB connects in the background).
             wait_for(lambda: old.call("host.status", {})["connections"]["open"] >= 2)
-            first = _listeners(pid, run)
-            _remove_run(d, run)  # one removal first: whatever the first one opens lazily
+            first = listeners_in(pid, run)
+            remove_run(d, run)  # one removal first: whatever the first one opens lazily
             _status(old)
             with Client(d.api, timeout=30) as fresh:
                 _status(fresh)
             # Both old clients keep their listeners; the replaced ones without a connection go.
-            wait_for(lambda: len(_listeners(pid, run)) == len(first) + 2, timeout=20)
-            baseline = _open_fds(pid)
+            wait_for(lambda: len(listeners_in(pid, run)) == len(first) + 2, timeout=20)
+            baseline = open_fds(pid)
             for _ in range(REMOVALS):
-                _remove_run(d, run)
+                remove_run(d, run)
                 with Client(d.api, timeout=30) as fresh:  # through the new file
                     _status(fresh)
                 _status(old)  # through the first listener, its file long gone
             # Every listener replaced since is closed once no connection is left on it: the
             # current three, and the first two, which still serve `old` and `sub`.
-            wait_for(lambda: len(_listeners(pid, run)) == len(first) + 2, timeout=20)
-            fds = _open_fds(pid)
+            wait_for(lambda: len(listeners_in(pid, run)) == len(first) + 2, timeout=20)
+            fds = open_fds(pid)
             # Without the fix: +3 per removal (+60); a little room for the daemon's own use.
-            assert fds - baseline <= 6, (baseline, fds, _listeners(pid, run))
+            assert fds - baseline <= 6, (baseline, fds, listeners_in(pid, run))
             _status(old)
             # Neither old client was moved: one old listener per endpoint is kept as it is.
             assert _shed(old) == 0
@@ -145,14 +100,14 @@ def test_clients_held_through_many_listeners_are_moved_to_the_new_one(tmp_path: 
         pid = d.proc.pid
         clients = [d.client()]
         _status(clients[0])
-        first = _listeners(pid, run)
+        first = listeners_in(pid, run)
         for _ in range(6):
-            _remove_run(d, run)
+            remove_run(d, run)
             clients.append(d.client())
             _status(clients[-1])
         # The current three, and at most OLD_LISTENERS_KEPT old API listeners.
         wait_for(
-            lambda: len(_listeners(pid, run)) <= len(first) + OLD_LISTENERS_KEPT, timeout=30
+            lambda: len(listeners_in(pid, run)) <= len(first) + OLD_LISTENERS_KEPT, timeout=30
         )
         for c in clients:
             _status(c)

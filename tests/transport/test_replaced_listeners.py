@@ -13,6 +13,7 @@ import pytest
 from transport_harness import Running
 
 from tests.support.daemon import wait_for
+from tests.support.run_dir import listeners_in
 from transport.client import Client
 from transport.connections import REPLACED_GRACE_S
 from transport.endpoints import ipc_path
@@ -22,29 +23,6 @@ pytestmark = pytest.mark.timeout(60)
 MakeClient = Callable[..., Client]
 
 
-def _listeners_at(directory: str) -> list[str]:
-    """Bound addresses of this process's listening Unix sockets in `directory` (a listener
-    whose file was removed keeps the address it was bound to)."""
-    mine = set()
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            link = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            mine.add(int(link[len("socket:[") : -1]))
-    out = []
-    with open("/proc/net/unix") as f:
-        next(f)
-        for line in f:
-            fields = line.split()
-            if len(fields) < 8 or int(fields[3], 16) & 0x10000 == 0:  # not listening
-                continue
-            if int(fields[6]) in mine and os.path.dirname(fields[7]) == directory:
-                out.append(fields[7])
-    return sorted(out)
-
-
 def test_a_replaced_listener_serves_its_connection_then_is_closed(
     running: Running, client_for: MakeClient
 ) -> None:
@@ -52,7 +30,7 @@ def test_a_replaced_listener_serves_its_connection_then_is_closed(
     path = ipc_path(running.ipc)
     assert path is not None
     run = os.path.dirname(path)
-    before = _listeners_at(run)  # api.sock and events.sock
+    before = listeners_in(os.getpid(), run)  # api.sock and events.sock
     old = client_for(running.ipc, timeout=10)
     assert old.call("echo", {"n": 0})["params"] == {"n": 0}
     in_flight = old.submit("hold", {})
@@ -69,14 +47,14 @@ def test_a_replaced_listener_serves_its_connection_then_is_closed(
     held[1].result(200, {"late": True})
     assert in_flight.result(timeout=10).result() == {"late": True}
     time.sleep(REPLACED_GRACE_S + 0.5)  # past the grace: kept only because `old` is on it
-    assert len(_listeners_at(run)) == len(before) + 1
+    assert len(listeners_in(os.getpid(), run)) == len(before) + 1
     assert old.call("echo", {"n": 2})["params"] == {"n": 2}
     guard = server.connections
     assert guard is not None and guard.listeners_closed == 0 and guard.shed == 0
 
     old.close()  # the last connection on the replaced listener: it is unbound
     wait_for(lambda: guard.listeners_closed == 1, timeout=10)
-    wait_for(lambda: len(_listeners_at(run)) == len(before), timeout=10)
+    wait_for(lambda: len(listeners_in(os.getpid(), run)) == len(before), timeout=10)
     assert new.call("echo", {"n": 3})["params"] == {"n": 3}
     assert client_for(running.ipc, timeout=10).call("echo", {"n": 4})["params"] == {"n": 4}
 
@@ -88,7 +66,8 @@ def test_a_replaced_listener_without_connections_is_closed_and_its_name_reused(
     path = ipc_path(running.ipc)
     assert path is not None
     run = os.path.dirname(path)
-    assert {os.path.basename(a) for a in _listeners_at(run)} == {"api.sock", "events.sock"}
+    first = {os.path.basename(a) for a in listeners_in(os.getpid(), run)}
+    assert first == {"api.sock", "events.sock"}
     guard = server.connections
     assert guard is not None
     for i in range(1, 6):
@@ -103,7 +82,7 @@ def test_a_replaced_listener_without_connections_is_closed_and_its_name_reused(
         expected = {"events.sock", f".api.{2 - i % 2}"}
 
         def names() -> set[str]:
-            return {os.path.basename(a) for a in _listeners_at(run)}
+            return {os.path.basename(a) for a in listeners_in(os.getpid(), run)}
 
         wait_for(lambda e=expected: names() == e, timeout=10)  # type: ignore[misc]
         assert names() == expected, names()

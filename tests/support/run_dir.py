@@ -1,0 +1,57 @@
+"""A live process's descriptors and listening Unix sockets, and `run/` removed under a live
+daemon: what the re-bind tests and `bench.run_rebind_fds` count (Linux: `/proc`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from tests.support.daemon import DaemonProcess, wait_for
+
+RESTORED = "was removed under the live daemon: made it again"
+"""The daemon's log line once it has made `run/` again."""
+
+
+def open_fds(pid: int) -> int:
+    """How many descriptors `pid` has open."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def socket_inodes(pid: int) -> set[int]:
+    """The inodes of `pid`'s open sockets."""
+    out = set()
+    for name in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:["):
+            out.add(int(link[len("socket:[") : -1]))
+    return out
+
+
+def listeners_in(pid: int, directory: Path | str) -> list[str]:
+    """The bound addresses of `pid`'s listening Unix sockets directly in `directory`, sorted. A
+    listener whose file was removed keeps the address it was bound to."""
+    mine = socket_inodes(pid)
+    out = []
+    with open("/proc/net/unix") as f:
+        next(f)
+        for line in f:
+            fields = line.split()
+            # Num RefCount Protocol Flags Type St Inode [Path]; Flags 00010000: listening.
+            if len(fields) < 8 or int(fields[3], 16) & 0x10000 == 0:
+                continue
+            if int(fields[6]) in mine and os.path.dirname(fields[7]) == str(directory):
+                out.append(fields[7])
+    return sorted(out)
+
+
+def remove_run(d: DaemonProcess, run: Path) -> None:
+    """Remove `run/` and wait until the daemon has made it again, to its last file (removing
+    it while the daemon writes it only makes the daemon try again)."""
+    done = d.tail_log(10**7).count(RESTORED)
+    shutil.rmtree(run)
+    wait_for(lambda: d.tail_log(10**7).count(RESTORED) > done)
+    assert (run / "api.sock").exists() and (run / "events.sock").exists()
