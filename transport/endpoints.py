@@ -79,8 +79,9 @@ class Binder:
         listener bound again at the same path would share it with the ones it replaces, so
         none of them could be unbound alone. So the new listener is bound at a spare name
         beside the endpoint's file (`.api.1`, no longer than `api.sock`), which is then
-        hard-linked to the endpoint's path and removed: clients reach it at the usual path,
-        and libzmq knows it, and its connections, by the spare name."""
+        hard-linked (or, where links are refused, renamed) to the endpoint's path and removed:
+        clients reach it at the usual path, and libzmq knows it, and its connections, by the
+        spare name."""
         path = ipc_path(endpoint)
         if path is None:
             raise ValueError(f"{endpoint}: only a file-backed ipc endpoint is bound again")
@@ -101,9 +102,9 @@ class Binder:
                 sock.unbind(spare)
             if not isinstance(exc, OSError):
                 raise
-            # A file system without hard links: bound at the path itself, as before, and the
-            # listeners it replaces stay bound (none can be unbound alone).
-            log.warning("%s cannot be hard-linked (%s): bound again at the path itself", path, exc)
+            # Neither linked nor renamed into place: bound at the path itself, as before, and
+            # the listeners it replaces stay bound (none can be unbound alone).
+            log.warning("%s cannot be linked or renamed (%s): bound at the path itself", path, exc)
             return self.bind(sock, endpoint)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -167,12 +168,20 @@ def _spare_endpoint(path: str, n: int) -> str:
 
 def _link_into_place(spare: str, path: str) -> None:
     """Give the socket at `spare` the name `path` too; never over a live daemon's socket (a
-    stale file there is removed, as at a first bind)."""
+    stale file there is removed, as at a first bind). Where the hard link is refused (a file
+    system without them, a sandbox denying `link`), the file is renamed into place instead:
+    the listener keeps its own address all the same, so it too can be unbound alone. Unlike
+    the link, the rename is not atomic against a socket made at `path` after the check; the
+    home's lock, held all along, keeps any other daemon of the home from making one."""
     try:
         os.link(spare, path)
     except FileExistsError:
         prepare_ipc_path(path)  # raises EndpointInUse for a live one
         os.link(spare, path)
+    except OSError as exc:
+        log.warning("%s cannot be hard-linked (%s): renamed into place", path, exc)
+        prepare_ipc_path(path)
+        os.rename(spare, path)
 
 
 def ipc_path(endpoint: str) -> str | None:

@@ -1,0 +1,158 @@
+"""The re-bind's fallback, for a `run/` on which a hard link cannot be made
+(`transport.endpoints.Binder.rebind`, docs/design/connections.md "Listeners a re-bind
+replaces"): a real daemon whose kernel refuses it every `link`/`linkat` (a seccomp filter
+installed in the daemon's process before it starts, inherited by its workers: the system calls
+fail with EPERM, as on a file system without hard links). `run/` removed again and again under
+it: each new listener is renamed into place instead, so the daemon serves at the usual paths,
+an old client keeps being answered, and its descriptors and listeners stay bounded (before the
+rename, the fallback bound at the path itself and kept every replaced listener: +3 listeners a
+removal)."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import DaemonProcess, create_session, wait_for
+from tests.support.run_dir import listeners_in, open_fds, remove_run
+from transport.client import Client, EventSubscriber
+
+pytestmark = pytest.mark.timeout(300)
+
+REMOVALS = 12
+FALLBACK = "cannot be hard-linked"
+"""The daemon's WARNING when it takes the fallback."""
+
+# seccomp: (architecture as `struct seccomp_data` reports it, its link syscalls' numbers).
+_ARCHES = {
+    "x86_64": (0xC000003E, (86, 265)),  # AUDIT_ARCH_X86_64: link, linkat
+    "aarch64": (0xC00000B7, (37,)),  # AUDIT_ARCH_AARCH64: linkat (no link)
+}
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000
+_LD_W_ABS, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
+
+
+def _filter_program() -> bytes:
+    """A classic-BPF seccomp program: on this architecture, `link`/`linkat` → EPERM; all else
+    allowed."""
+    arch, numbers = _ARCHES[platform.machine()]
+    n = len(numbers)
+
+    def op(code: int, jt: int, jf: int, k: int) -> bytes:
+        return struct.pack("=HBBI", code, jt, jf, k)
+
+    prog = [
+        op(_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
+        op(_JEQ_K, 0, n + 1, arch),  # another ABI: allow
+        op(_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
+    ]
+    prog += [op(_JEQ_K, n - i, 0, nr) for i, nr in enumerate(numbers)]
+    prog += [op(_RET_K, 0, 0, _RET_ALLOW), op(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
+    return b"".join(prog)
+
+
+class _Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+_PROGRAM = _filter_program() if platform.machine() in _ARCHES else b""
+
+
+def refuse_links() -> None:
+    """In the daemon's process, before exec: every later `link`/`linkat` fails with EPERM."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    prog = _Prog(len(_PROGRAM) // 8, _PROGRAM)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+def _linked_by_child(tmp_path: Path) -> str:
+    """What a `link` in a process started with the filter does: the filter's own proof."""
+    (tmp_path / "a").write_text("x")
+    code = f"import os; os.link({str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r})"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=refuse_links,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stderr.strip().splitlines()[-1] if out.returncode else "linked"
+
+
+def _status(c: Client) -> None:
+    assert c.call("host.status", {})["uptimeMs"] >= 0
+
+
+def test_the_filter_refuses_a_hard_link(tmp_path: Path) -> None:
+    assert platform.machine() in _ARCHES, platform.machine()
+    assert _linked_by_child(tmp_path) == "PermissionError: [Errno 1] Operation not permitted: " + (
+        f"{str(tmp_path / 'a')!r} -> {str(tmp_path / 'b')!r}"
+    )
+    os.link(tmp_path / "a", tmp_path / "c")  # this process is not filtered
+
+
+def test_rebind_without_hard_links_serves_at_the_usual_path_with_bounded_descriptors(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    run = home / "run"
+    d = DaemonProcess(home, preexec_fn=refuse_links).start()
+    try:
+        assert d.proc is not None
+        pid = d.proc.pid
+        old = d.client()  # connected through the first listener, for the whole test
+        _status(old)
+        sub = EventSubscriber(d.events)
+        try:
+            wait_for(lambda: old.call("host.status", {})["connections"]["open"] >= 2)
+            first = listeners_in(pid, run)
+            remove_run(d, run)
+            assert FALLBACK in d.tail_log(10**7), d.tail_log()
+            with Client(d.api, timeout=30) as fresh:
+                _status(fresh)
+            baseline = open_fds(pid)
+            for _ in range(REMOVALS):
+                remove_run(d, run)
+                with Client(d.api, timeout=30) as fresh:  # at the usual path
+                    _status(fresh)
+                _status(old)  # through the first listener, its file long gone
+            # Each re-bind took the fallback (the kernel refused every link).
+            assert d.tail_log(10**7).count(FALLBACK) == 3 * (REMOVALS + 1)
+            # The replaced listeners with no connection are closed: the current three and the
+            # two the old clients are on, whatever the number of removals.
+            wait_for(lambda: len(listeners_in(pid, run)) == len(first) + 2, timeout=20)
+            fds = open_fds(pid)
+            assert fds - baseline <= 6, (baseline, fds, listeners_in(pid, run))
+            # The current listeners were renamed into place: each has an address of its own
+            # (its spare name), the file at the usual path and no spare file left in `run/`.
+            names = {os.path.basename(a) for a in listeners_in(pid, run)}
+            assert {".api.", ".events."} <= {n[: n.rfind(".") + 1] for n in names}, names
+            assert [n for n in os.listdir(run) if n.startswith(".")] == [], os.listdir(run)
+            sid = create_session(old)["agentSessionId"]
+            while True:
+                event = sub.next(10)
+                assert event is not None, "the old subscriber heard nothing"
+                if (
+                    event["type"] == "session.upserted"
+                    and event["session"]["agentSessionId"] == sid
+                ):
+                    break
+        finally:
+            sub.close()
+    finally:
+        d.stop()
