@@ -20,6 +20,18 @@ idle ZeroMQ clients and raw never-greeting connections on ipc, unauthenticated o
 each several times what the daemon may hold, holds them, drops them. The daemon must refuse or
 shed what it cannot hold and stay alive; the clients' own connections keep being answered.
 
+A worktree fork's child deleted by a client asks, at random, to keep its tree or to remove it
+(`force` or not: a dirty tree is refused with 409 `workspace_worktree_dirty`); the person's
+repository must gain nothing but the forks' worktrees and `agenthost/` branches
+(`repository_kept`, law 10). After the chaos the daemon's ipc listeners come down to the
+current three plus the ones old clients may still pin (`OLD_LISTENERS_KEPT` per endpoint),
+whatever the number of re-binds.
+
+Then, with the chaos over, a held-events burst: a subscriber connected all along hears
+concurrent forks (each boundary asked twice at once, by `throughTurn` and `latestSettled`; some
+into a worktree), and the checker's `fork_events_heard` law holds over what it heard: every
+operation heard to its end, its states in order, a committed child announced.
+
 Stopped providers too: at every third lock take one of the daemon's app-servers is SIGSTOPped;
 the worker kills it within `provider_stopped_seconds` (its Turn, if any, settles `failed`
 `provider_stopped`). At soak size there are fewer runtime slots than Sessions (32 for 40:
@@ -46,6 +58,7 @@ import time
 import uuid
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,10 +76,18 @@ from tests.reliability.reliability_harness import (
 )
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.floods import dealer_flood, free_port, raw_flood
-from tests.support.invariants import Law, check_invariants
+from tests.support.invariants import (
+    Law,
+    Violation,
+    check_fork_events,
+    check_invariants,
+    repository_state,
+)
+from tests.support.run_dir import listeners_in
 from tests.support.store_lock import WriteLockHolder
 from tests.support.worktree_repos import make_repo
-from transport.client import Client, ClientClosed, ClientTimeout
+from transport.client import Client, ClientClosed, ClientTimeout, EventSubscriber
+from transport.connections import OLD_LISTENERS_KEPT
 
 FD_LIMIT = 1024
 """The daemon's descriptor limit, soft and hard (it cannot raise it)."""
@@ -86,7 +107,18 @@ WARM_AT_ONCE = 4
 SLOTS = trials(64, 32)
 STOPPED_LIMIT_S = 2
 
-NEW_LAWS = (Law.COMPLETED_TURN_RECORDED, Law.ACTIVE_TURN_WORKED, Law.FENCE_HAS_SAGA)
+BURST = trials(3, 8)
+"""Boundaries forked at once in the held-events burst (each asked twice)."""
+IPC_ENDPOINTS = 3
+"""The daemon's ipc listeners in `run/`: API, events, terminated-topic events."""
+
+NEW_LAWS = (
+    Law.COMPLETED_TURN_RECORDED,
+    Law.ACTIVE_TURN_WORKED,
+    Law.FENCE_HAS_SAGA,
+    Law.REPOSITORY_KEPT,
+    Law.FORK_EVENTS_HEARD,
+)
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
 
@@ -194,9 +226,16 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                 t.note(got["operation"])
         elif action == "delete":
             # Mostly a fork child; now and then a source (refused while it has an unknown fork).
+            # A worktree fork's child keeps or removes its tree (a dirty one only by force).
             with t.lock:
                 victim = t.children.pop() if t.children and rng.random() < 0.8 else sid
-            t.call(c, "session.delete", {"workspaceId": WS, "agentSessionId": victim})
+            how = rng.choice([{}, {"worktree": "keep"}, {"worktree": "remove"}])
+            if how and rng.random() < 0.5:
+                how["force"] = True
+            got = t.call(c, "session.delete", {"workspaceId": WS, "agentSessionId": victim} | how)
+            if got and "worktree" in got:
+                with t.lock:
+                    t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
         elif action == "settings":
             t.call(c, "session.updateSettings", s | {"settings": {"r": rng.randrange(100)}})
         else:
@@ -281,6 +320,117 @@ class FdPressure:
             ctx.destroy(linger=0)
 
 
+@dataclass
+class Burst:
+    """What the held-events burst did and what its subscriber heard."""
+
+    boundaries: int = 0
+    ends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    events: int = 0
+    asked: Counter[str] = field(default_factory=Counter)
+    violations: list[Violation] = field(default_factory=list)
+
+
+def _listen(sub: EventSubscriber, heard: list[dict[str, Any]], stop: threading.Event) -> None:
+    while not stop.is_set():
+        event = sub.next(0.2)
+        if isinstance(event, dict):
+            heard.append(dict(event))
+
+
+def _joined(c: Client, sub: EventSubscriber, sid: str) -> bool:
+    """The subscription has reached the daemon (ZeroMQ's slow joiner): it hears a change made
+    now to `sid`."""
+    c.call(
+        "session.updateSettings",
+        {"workspaceId": WS, "agentSessionId": sid, "settings": {"burst": str(uuid.uuid4())}},
+    )
+    while (event := sub.next(0.5)) is not None:
+        if (
+            isinstance(event, dict)
+            and event["type"] == "session.upserted"
+            and event["session"]["agentSessionId"] == sid
+        ):
+            return True
+    return False
+
+
+def held_events_burst(
+    d: DaemonProcess, c: Client, sids: list[str], in_repo: set[str], rng: random.Random
+) -> Burst:
+    """Forks at once on `BURST` fresh boundaries, each asked twice at once (`throughTurn` and
+    `latestSettled`, the barrier answers both with one operation), some into a worktree, heard
+    by a subscriber connected before the first: the checker's `fork_events_heard` law over what
+    it heard (the saga holds its dispatch step's events for the commit's burst)."""
+    out = Burst()
+    live = [
+        sid
+        for sid in sids
+        if c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})[0] == 200
+    ]
+    heard: list[dict[str, Any]] = []
+    stop = threading.Event()
+    sub = EventSubscriber(d.events)
+    listener: threading.Thread | None = None
+    try:
+        wait_for(lambda: _joined(c, sub, live[0]), 30)
+        listener = threading.Thread(target=_listen, args=(sub, heard, stop), daemon=True)
+        listener.start()
+        fresh = []
+        for sid in rng.sample(live, min(BURST, len(live))):
+            text = f"/write burst-{rng.randrange(1000)}.md burst" if sid in in_repo else "burst"
+            turn = run_turn(c, sid, text)
+            if turn["outcome"] == "completed":
+                fresh.append((sid, turn["turnId"]))
+        out.boundaries = len(fresh)
+        asks = []
+        for sid, turn_id in fresh:
+            pair = [fork_params(sid, turn_id), fork_latest_params(sid)]
+            if sid in in_repo and rng.random() < 0.5:
+                for params in pair:
+                    params["workspace"] = "worktree"
+            asks += pair
+
+        def ask(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+            with Client(d.api, timeout=120) as mine:
+                return mine.call_raw("fork.create", params)
+
+        with ThreadPoolExecutor(len(asks) or 1) as pool:
+            replies = list(pool.map(ask, asks))
+        out.asked = Counter(
+            f"{status}"
+            + (f" {body.get('reason')}" if status >= 400 else "")
+            + (
+                f"/{boundary}"
+                if (boundary := (body.get("params") or {}).get("forkBoundaryReason"))
+                else ""
+            )
+            for status, body in replies
+        )
+        ops = [body["operation"] for status, body in replies if status < 400]
+        op_ids = {op["operationId"] for op in ops}
+        # The barrier: both asks of a boundary that were answered name one operation.
+        assert len(op_ids) == len({op["sourceAgentSessionId"] for op in ops}), replies
+
+        def ended(op_id: str) -> dict[str, Any] | None:
+            op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+            return None if op["status"] == "accepted" else dict(op)
+
+        out.ends = {op_id: wait_for(lambda o=op_id: ended(o), 120) for op_id in op_ids}
+        # Every event is published after its COMMIT and none later than its caller's answer;
+        # the subscriber reads them a moment after: wait for them, then judge what it heard.
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not check_fork_events(list(heard), out.ends), 30, interval=0.2)
+    finally:
+        stop.set()
+        if listener is not None:
+            listener.join(5)
+        sub.close()
+    out.events = len(heard)
+    out.violations = check_fork_events(list(heard), out.ends)
+    return out
+
+
 def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) -> None:
     seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
     print(f"contention soak seed: {seed}")
@@ -307,6 +457,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     try:
         c = d.client(timeout=60)
         repo = make_repo(tmp_path / "project")
+        repositories = {repo: repository_state(repo)}
         sids = [
             c.call(
                 "session.create",
@@ -390,6 +541,14 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         assert pressure.dead is None, (pressure.dead, d.tail_log())
         connections = c.call("host.status")["connections"]
         wait_for(quiet, 120, interval=0.5)
+        # The re-binds' replaced listeners are closed once nothing uses them: the current three
+        # and at most OLD_LISTENERS_KEPT per endpoint that idle old clients pin (past the cap
+        # their idle connections are moved), whatever the number of `run/` removals.
+        assert d.proc is not None
+        cap = IPC_ENDPOINTS * (1 + OLD_LISTENERS_KEPT)
+        wait_for(lambda: len(listeners_in(d.proc.pid, home / "run")) <= cap, 60, interval=0.5)
+        listeners = listeners_in(d.proc.pid, home / "run")
+        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng)
         # Every stopped app-server was killed by its worker, none left stopped.
         wait_for(lambda: not [p for p in stopped if _stopped_or_alive(p)], 30, interval=0.5)
         # No timer is left per Turn run: only what is still pending (short fork budgets).
@@ -424,16 +583,18 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]["status"]
             for op_id in t.ops
         )
-        live = check_invariants(home, live_grace_s=5)
+        live = check_invariants(home, live_grace_s=5, repositories=repositories)
     finally:
         stop.set()
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         d.stop()
-    final = check_invariants(home)
+    final = check_invariants(home, repositories=repositories)
+    final_violations = list(final.violations) + burst.violations
+    burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     elapsed = time.monotonic() - began
-    by_law = Counter(v.law.value for v in live.violations + final.violations)
+    by_law = Counter(v.law.value for v in list(live.violations) + final_violations)
     requests = sum(t.calls.values())
     unanswered = sum(v for k, v in t.calls.items() if k.endswith("unanswered"))
     status_500 = sum(v for k, v in t.calls.items() if k.split()[1] == "500")
@@ -457,9 +618,16 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         f"  turns: {sum(turn_outcomes.values())} "
         + " ".join(f"{k}={v}" for k, v in sorted(turn_outcomes.items())),
         f"  forks: {len(t.ops)} " + " ".join(f"{k}={v}" for k, v in sorted(fork_outcomes.items())),
+        f"  ipc listeners after the chaos: {len(listeners)} (at most {cap}): "
+        + " ".join(os.path.basename(a) for a in listeners),
+        f"  held-events burst: {burst.boundaries} boundaries, asked "
+        + " ".join(f"{k}={v}" for k, v in sorted(burst.asked.items()))
+        + f"; {len(burst.ends)} operations "
+        + " ".join(f"{k}={v}" for k, v in sorted(burst_ends.items()))
+        + f", {burst.events} events heard",
         *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
-        "  invariant checks: 2 (live, live_grace_s=5; stopped) violations="
-        f"{len(live.violations) + len(final.violations)}; new laws: "
+        "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
+        f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
     ]
@@ -472,10 +640,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         outcomes=Counter({f"op_{k}": v for k, v in final.operations.items()})
         + Counter({"store_busy_503": busy, "run_deleted": deletions}),
         invariant_checks=2,
-        violations=len(live.violations) + len(final.violations),
+        violations=len(live.violations) + len(final_violations),
     )
-    assert live.ok and final.ok, "invariant violations:\n" + "\n".join(
-        map(str, live.violations + final.violations)
+    assert live.ok and not final_violations, "invariant violations:\n" + "\n".join(
+        map(str, list(live.violations) + final_violations)
     )
     assert not t.failures, (seed, t.failures[:10])
     # The run really met the fault and really ran turns and forks.
@@ -489,3 +657,5 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     # ... and stopped app-servers, each replaced, leaving no timer per Turn behind.
     assert stopped, "no app-server was stopped"
     assert timers <= COMPACT_MIN + 16, timers
+    # ... and really met the burst: forks heard to their end, some committed.
+    assert burst.ends and any(o["status"] == "committed" for o in burst.ends.values()), burst.ends

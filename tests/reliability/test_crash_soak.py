@@ -4,7 +4,10 @@ work in a git repository made here; the tree's own failpoints are among the arme
 `fork.resolve` (inspect / adopt / abandon) of unknown operations, mutations and deletes of
 sources and children against a real daemon while a chaos loop SIGKILLs the daemon or its
 worker at random moments (or arms a random `once:kill` failpoint, the resolve's among them);
-after every kill the invariant checker runs. Seeded: the seed is printed and
+after every kill the invariant checker runs, with the person's repository as it was before the
+first Session touched it (`repository_kept`, law 10: only the forks' worktrees and
+`agenthost/` branches may be added). A delete keeps or removes a worktree fork's tree at random
+(`force` or not). Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
 
@@ -32,7 +35,7 @@ from tests.reliability.reliability_harness import (
 )
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.git_repos import make_repo
-from tests.support.invariants import assert_invariants, check_invariants
+from tests.support.invariants import assert_invariants, check_invariants, repository_state
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 
 ROUNDS = 60 if SOAK else 5
@@ -72,6 +75,7 @@ class World:
         # Every Session works in one git repository: each Turn checkpoints it (and the
         # submits change its files), so the kills also land mid-checkpoint.
         self.cwd = str(make_repo(home.parent / "repo"))
+        self.repositories = {Path(self.cwd): repository_state(Path(self.cwd))}
         self.daemon = DaemonProcess(home).start()
         self.generation = 0
         self.running = threading.Event()
@@ -245,9 +249,18 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             call(w, c, tag, "goal.set", s | {"goal": "finish"})
         else:
             call(w, c, tag, "goal.clear", s)
-    elif action == "delete" and call(w, c, tag, "session.delete", s) is not None:
-        with w.lock:
-            w.sessions.pop(sid, None)
+    elif action == "delete":
+        # A worktree fork's child keeps or removes its tree (a dirty one only by force); any
+        # other Session ignores both fields.
+        how: dict[str, Any] = rng.choice([{}, {"worktree": "keep"}, {"worktree": "remove"}])
+        if how and rng.random() < 0.5:
+            how = how | {"force": True}
+        body = call(w, c, tag, "session.delete", s | how)
+        if body is not None:
+            if "worktree" in body:
+                w.calls[f"session.delete worktree {body['worktree']['state']}"] += 1
+            with w.lock:
+                w.sessions.pop(sid, None)
 
 
 def note_operation(w: World, op: dict[str, Any]) -> None:
@@ -311,7 +324,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                     w.daemon = DaemonProcess(w.home).start()
                     w.generation += 1
             chaos[action] += 1
-            report = check_invariants(w.home)
+            report = check_invariants(w.home, repositories=w.repositories)
             checks += 1
             violations += len(report.violations)
             assert report.ok, (seed, report.violations)
@@ -336,7 +349,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         # operation keeps its fence with nothing working on it (`active_turn_worked`,
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
-        final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S)
+        final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         checks += 1
     finally:
         w.stop.set()
@@ -345,7 +358,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             t.join(10)
         w.daemon.stop()
     assert not w.failures, (seed, w.failures[:10])
-    assert_invariants(w.home)  # and once more on the stopped daemon's files
+    assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     checks += 1
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "

@@ -17,8 +17,9 @@ import pytest
 
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
-from tests.support.invariants import Law, check_invariants
+from tests.support.invariants import Law, check_fork_events, check_invariants, repository_state
 from workspace.shadow import ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -479,3 +480,72 @@ def test_a_boundary_changed_behind_a_silent_witness_is_reported(base: Base, tmp_
     found = {v.law for v in report.violations}
     assert Law.FENCE_WITNESS in found, report.violations
     assert any("counted no change" in v.detail for v in report.violations), report.violations
+
+
+def test_a_witness_left_after_its_operation_ended_is_reported(base: Base, tmp_path: Path) -> None:
+    """The release trigger dropped: a witness row still counting for the committed operation,
+    whose fence is long released (a later prepare would find the source witnessed twice)."""
+    op = base.committed["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        "INSERT INTO history_fences (session_key, op_seq, changes)"
+        " SELECT k.session_key, o.op_seq, 0 FROM fork_operations o JOIN session_keys k"
+        " ON k.workspace_id = o.workspace_id AND k.session_id = o.source_session_id"
+        f" WHERE o.operation_id = '{op}'",
+    )
+    report = check_invariants(home)
+    assert [v.law for v in report.violations] == [Law.FENCE_WITNESS], report.violations
+    assert "no active operation" in report.violations[0].detail
+
+
+def test_a_repository_changed_beyond_a_forks_worktree_and_branch_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """Law 10: what a worktree fork adds (an `agenthost/` branch) and what a Turn writes (the
+    working tree) are allowed; a moved HEAD, a new ref, a changed config or index are not."""
+    repo = make_repo(tmp_path / "project")
+    before = repository_state(repo)
+
+    def kept() -> list[str]:
+        report = check_invariants(base.home, repositories={repo: before})
+        return [v.detail for v in report.violations if v.law is Law.REPOSITORY_KEPT]
+
+    git(repo, "branch", "agenthost/a-fork-1234abcd")
+    (repo / "a.txt").write_text("a Turn wrote this\n")
+    (repo / "new.txt").write_text("and this\n")
+    assert kept() == []
+    git(repo, "config", "user.name", "someone")
+    assert [d.split(":")[1].strip() for d in kept()] == ["its config changed"]
+    git(repo, "add", "new.txt")
+    assert any("its index changed" in d for d in kept())
+    git(repo, "commit", "-q", "-m", "behind the person's back")
+    found = kept()
+    assert any("its head_commit changed" in d for d in found), found
+    assert any("its refs changed" in d for d in found), found
+
+
+def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) -> None:
+    """The fork-event law over a subscriber's record: the committed fork of the base, heard
+    whole; then its last event dropped, its events reordered, its child's announcement
+    dropped — each is named."""
+    end = base.committed
+    op_id, child = end["operationId"], end["targetAgentSessionId"]
+    frozen = end | {"status": "accepted", "phase": "frozen"}
+    dispatching = end | {"status": "accepted", "phase": "dispatching"}
+    whole = [
+        {"type": "fork.operation", "operation": frozen},
+        {"type": "fork.operation", "operation": dispatching},
+        {"type": "fork.operation", "operation": end},
+        {"type": "session.upserted", "session": {"agentSessionId": child}},
+    ]
+    assert check_fork_events(whole, {op_id: end}) == []
+    lost = check_fork_events(whole[:2] + whole[3:], {op_id: end})
+    assert [v.law for v in lost] == [Law.FORK_EVENTS_HEARD] and "last heard" in lost[0].detail
+    stale = check_fork_events([whole[0], whole[2], whole[1], whole[3]], {op_id: end})
+    assert [v.law for v in stale] == [Law.FORK_EVENTS_HEARD] * 2, stale
+    assert "out of order" in stale[0].detail
+    unannounced = check_fork_events(whole[:3], {op_id: end})
+    assert [v.detail for v in unannounced] == [f"{op_id}: its child {child} was never announced"]
+    never = check_fork_events(whole[3:], {op_id: end})
+    assert [v.detail for v in never] == [f"{op_id} (committed): never heard"]

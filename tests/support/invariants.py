@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -119,6 +120,19 @@ class Law(StrEnum):
     FENCE_HAS_SAGA = "fence_has_saga"
     """An active operation (holding its source's fence) has not moved past the grace period:
     its saga is gone (checked on a live, quiescent daemon only)."""
+    REPOSITORY_KEPT = "repository_kept"
+    """The person's repository changed beyond what worktree forks add to it (their worktrees
+    and `agenthost/` branches): HEAD, the commit it names, the index, another ref, the config
+    or the stash differ from their state when the caller took it (`repository_state`; law 10,
+    docs/design/workspace.md: a checkpoint only reads the working tree, a worktree fork adds a
+    worktree and a branch and touches nothing else). Checked for the repositories the caller
+    names."""
+    FORK_EVENTS_HEARD = "fork_events_heard"
+    """A subscriber connected all along did not hear a fork operation's last state, heard its
+    states out of order (a later one, then an earlier one: an event published stale), or did
+    not hear a committed fork's child announced (`session.upserted`): an event the fork saga
+    held for its burst was never published (docs/design/fork-saga.md step 6;
+    `check_fork_events`, over what a soak's subscriber heard)."""
 
 
 STORE_LAWS = frozenset(
@@ -1163,14 +1177,129 @@ def _check_worktrees(
                 ctx.fail(Law.WORKTREE, f"{op_id}: {top} is not a worktree of {repo}")
 
 
+# -- the person's repository (law 10) and what a subscriber heard ----------------------------
+
+_GIT_READ_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_OPTIONAL_LOCKS": "0",  # a read never refreshes (writes) the index
+    "PATH": os.environ.get("PATH", os.defpath),
+}
+FORK_BRANCHES = "refs/heads/agenthost/"
+"""Where a worktree fork's branch lives (docs/design/workspace.md): the one ref it may add."""
+
+
+def _git_read(repo: Path, *args: str) -> str:
+    out = subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        env=_GIT_READ_ENV | {"HOME": str(repo)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() if out.returncode == 0 else f"(git {args[0]} failed)"
+
+
+def repository_state(repo: Path) -> dict[str, str]:
+    """What of the person's repository at `repo` nothing of the host may change (law 10): HEAD,
+    the commit it names, the index's bytes, every ref but worktree forks' branches, the config
+    and the stash. Read without taking git's optional locks. The working tree is not in it:
+    the Turns themselves write files there."""
+    gitdir = repo / ".git"
+    refs = [
+        line
+        for line in _git_read(repo, "for-each-ref", "--format=%(refname) %(objectname)").split("\n")
+        if not line.startswith(FORK_BRANCHES)
+    ]
+    index = gitdir / "index"
+    return {
+        "HEAD": (gitdir / "HEAD").read_text(),
+        "head_commit": _git_read(repo, "rev-parse", "HEAD"),
+        "index": hashlib.sha256(index.read_bytes()).hexdigest() if index.exists() else "",
+        "refs": "\n".join(refs),
+        "config": (gitdir / "config").read_text(),
+        "stash": _git_read(repo, "stash", "list"),
+    }
+
+
+def _check_repository(ctx: _Ctx, repo: Path, before: Mapping[str, str]) -> None:
+    now = repository_state(repo)
+    for key, was in before.items():
+        if now.get(key) != was:
+            ctx.fail(Law.REPOSITORY_KEPT, f"{repo}: its {key} changed: {was!r} -> {now.get(key)!r}")
+
+
+_FORK_STATE_RANK: Mapping[tuple[str, str | None], int] = {
+    ("accepted", "frozen"): 0,
+    ("accepted", "dispatching"): 1,
+    ("accepted", "materializing"): 2,
+}
+"""The order of an operation's public states on the way to its end (any end ranks 3; an
+adopting `fork.resolve`, which goes back to `materializing`, is not in what this reads)."""
+
+
+def _rank(op: Mapping[str, Any]) -> int:
+    return _FORK_STATE_RANK.get((str(op.get("status")), op.get("phase")), 3)
+
+
+def check_fork_events(
+    heard: Sequence[Mapping[str, Any]], ends: Mapping[str, Mapping[str, Any]]
+) -> list[Violation]:
+    """The fork-event law over what a subscriber connected all along heard (`heard`: its
+    events in arrival order) for the operations `ends` names (operation id → the operation as
+    `fork.get` answers at the end, none resolved meanwhile): each operation heard, its states
+    in order, its last one heard the end's status, a committed one's child announced."""
+    states: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    upserted: set[str] = set()
+    for event in heard:
+        if event.get("type") == "fork.operation":
+            states[str(event["operation"]["operationId"])].append(event["operation"])
+        elif event.get("type") == "session.upserted":
+            upserted.add(str(event["session"]["agentSessionId"]))
+    out: list[Violation] = []
+    for op_id, end in ends.items():
+        seen = states.get(op_id, [])
+        if not seen:
+            out.append(Violation(Law.FORK_EVENTS_HEARD, f"{op_id} ({end['status']}): never heard"))
+            continue
+        ranks = [_rank(op) for op in seen]
+        if ranks != sorted(ranks):
+            path = " → ".join(f"{op['status']}/{op.get('phase')}" for op in seen)
+            out.append(Violation(Law.FORK_EVENTS_HEARD, f"{op_id}: heard out of order: {path}"))
+        if seen[-1]["status"] != end["status"]:
+            out.append(
+                Violation(
+                    Law.FORK_EVENTS_HEARD,
+                    f"{op_id}: last heard {seen[-1]['status']}, ended {end['status']}",
+                )
+            )
+        if end["status"] == "committed" and end["targetAgentSessionId"] not in upserted:
+            out.append(
+                Violation(
+                    Law.FORK_EVENTS_HEARD,
+                    f"{op_id}: its child {end['targetAgentSessionId']} was never announced",
+                )
+            )
+    return out
+
+
 def check_invariants(
-    home: Path, *, probe_fence: bool = True, live_grace_s: float | None = None
+    home: Path,
+    *,
+    probe_fence: bool = True,
+    live_grace_s: float | None = None,
+    repositories: Mapping[Path, Mapping[str, str]] | None = None,
 ) -> InvariantReport:
     """Check every invariant over `home` (a daemon's AGENTHOST_HOME), live or stopped.
 
     `live_grace_s`: the daemon is alive and quiescent (no turn or fork in flight that the
     caller started less than this ago): also check that no Turn stays active and no fence
     stays held without a live runtime or saga behind it.
+
+    `repositories`: the person's repositories the daemon's Sessions work in, each with its
+    `repository_state` taken before the daemon touched it: none may have changed but for
+    worktree forks' own worktrees and branches (law 10).
 
     Provider homes are scanned *before* the store is copied: a child seen in a home then has
     its operation's `dispatching` marker in the copy (law 1), even with forks in flight. They
@@ -1258,6 +1387,8 @@ def check_invariants(
         _check_worktrees(ctx, ops, int(time.time() * 1000), sessions)
         if probe_fence:
             _check_fence(ctx, copy_path, ops)
+        for repo, before in (repositories or {}).items():
+            _check_repository(ctx, repo, before)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return InvariantReport(
@@ -1270,9 +1401,15 @@ def check_invariants(
 
 
 def assert_invariants(
-    home: Path, *, probe_fence: bool = True, live_grace_s: float | None = None
+    home: Path,
+    *,
+    probe_fence: bool = True,
+    live_grace_s: float | None = None,
+    repositories: Mapping[Path, Mapping[str, str]] | None = None,
 ) -> InvariantReport:
     """`check_invariants`, failing the test with every violation listed."""
-    report = check_invariants(home, probe_fence=probe_fence, live_grace_s=live_grace_s)
+    report = check_invariants(
+        home, probe_fence=probe_fence, live_grace_s=live_grace_s, repositories=repositories
+    )
     assert report.ok, "invariant violations:\n" + "\n".join(map(str, report.violations))
     return report
