@@ -549,3 +549,20 @@ def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) ->
     assert [v.detail for v in unannounced] == [f"{op_id}: its child {child} was never announced"]
     never = check_fork_events(whole[3:], {op_id: end})
     assert [v.detail for v in never] == [f"{op_id} (committed): never heard"]
+
+
+def test_a_store_missing_a_schema_trigger_or_index_is_reported(base: Base, tmp_path: Path) -> None:
+    """A store whose witness trigger, frozen-row trigger or barrier index went (a migration that
+    lost one, a hand edit): nothing else would show it until a fork relied on it."""
+    assert Law.STORE_SCHEMA not in laws(base.home)
+    home = tampered(
+        base,
+        tmp_path,
+        "DROP TRIGGER messages_fenced_update; DROP TRIGGER messages_linked_frozen;"
+        " DROP INDEX fork_operations_barrier;"
+        " CREATE INDEX not_in_the_schema ON messages (kind)",
+    )
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.STORE_SCHEMA]
+    assert len(found) == 4, found
+    assert any("trigger messages_fenced_update" in d for d in found), found
+    assert any("index not_in_the_schema is no part" in d for d in found), found

@@ -31,6 +31,7 @@ from storage.fork_history import history_digest
 from storage.fork_identity import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
 from storage.history_links import history_link, linked_message, visible_rows
+from storage.schema import migrate, user_version
 from storage.store import Store
 from workspace.shadow import ShadowStore
 
@@ -53,6 +54,12 @@ class Law(StrEnum):
 
     STORE_INTEGRITY = "store_integrity"
     """`PRAGMA integrity_check` is not `ok` or `foreign_key_check` reports rows."""
+    STORE_SCHEMA = "store_schema"
+    """The store lacks a trigger or an index that its schema version has, or holds one changed
+    or unknown to it: the fence's witness counts by triggers, the rows a history link reads are
+    frozen by triggers, the barrier is a unique index (law 2, law 3, law 8,
+    docs/design/store.md). What the migrations make is the reference: a fresh store migrated to
+    the same version."""
     CHILD_IFF_COMMITTED = "child_iff_committed"
     """A committed operation lacks its child/lineage, or a non-committed one has some, or the
     frozen snapshot its child is projected from no longer loads — bytes unlike its hash, or no
@@ -138,6 +145,7 @@ class Law(StrEnum):
 STORE_LAWS = frozenset(
     {
         Law.STORE_INTEGRITY,
+        Law.STORE_SCHEMA,
         Law.CHILD_IFF_COMMITTED,
         Law.CHILD_HISTORY_COPIED,
         Law.HISTORY_LINK_INTACT,
@@ -399,6 +407,40 @@ def _check_integrity(ctx: _Ctx, conn: apsw.Connection) -> None:
     fk = list(conn.execute("PRAGMA foreign_key_check"))
     if fk:
         ctx.fail(Law.STORE_INTEGRITY, f"foreign_key_check: {fk[:5]}")
+
+
+_SCHEMA_OBJECTS = (
+    "SELECT type, name, sql FROM sqlite_master WHERE type IN ('trigger', 'index')"
+    " AND name NOT LIKE 'sqlite_autoindex_%'"
+)
+_schemas: dict[int, dict[tuple[str, str], str]] = {}
+
+
+def _schema_objects(conn: apsw.Connection) -> dict[tuple[str, str], str]:
+    return {
+        (str(t), str(n)): " ".join(str(sql).split()) for t, n, sql in conn.execute(_SCHEMA_OBJECTS)
+    }
+
+
+def _check_schema(ctx: _Ctx, conn: apsw.Connection) -> None:
+    version = user_version(conn)
+    if version not in _schemas:
+        fresh = apsw.Connection(":memory:")
+        try:
+            migrate(fresh, version)
+            _schemas[version] = _schema_objects(fresh)
+        finally:
+            fresh.close()
+    expected, found = _schemas[version], _schema_objects(conn)
+    for key in sorted(expected.keys() | found.keys()):
+        if key not in found:
+            ctx.fail(
+                Law.STORE_SCHEMA, f"schema v{version} has {key[0]} {key[1]}; the store lacks it"
+            )
+        elif key not in expected:
+            ctx.fail(Law.STORE_SCHEMA, f"{key[0]} {key[1]} is no part of schema v{version}")
+        elif found[key] != expected[key]:
+            ctx.fail(Law.STORE_SCHEMA, f"{key[0]} {key[1]} differs from schema v{version}'s")
 
 
 def _check_children(
@@ -1317,6 +1359,7 @@ def check_invariants(
         conn = apsw.Connection(str(copy_path))
         try:
             _check_integrity(ctx, conn)
+            _check_schema(ctx, conn)
             _check_completed_turns(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             if live_grace_s is not None:
