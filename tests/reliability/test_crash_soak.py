@@ -7,7 +7,9 @@ worker at random moments (or arms a random `once:kill` failpoint, the resolve's 
 after every kill the invariant checker runs, with the person's repository as it was before the
 first Session touched it (`repository_kept`, law 10: only the forks' worktrees and
 `agenthost/` branches may be added). A delete keeps or removes a worktree fork's tree at random
-(`force` or not). Seeded: the seed is printed and
+(`force` or not). A fork request answered earlier is sent again, across restarts (law 6: the
+same `requestId` and body get the same operation; a changed body under it is never accepted).
+Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
 
@@ -84,6 +86,7 @@ class World:
         self.idle = threading.Condition(self.lock)
         self.sessions: dict[str, list[str]] = {}  # live session → settled turn ids
         self.ops: dict[str, str] = {}  # operation id → last seen status
+        self.asked: dict[str, dict[str, Any]] = {}  # operation id → the request that made it
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
 
@@ -163,8 +166,9 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             "pin",
             "goal",
             "delete",
+            "replay",
         ],
-        weights=[3 if len(sessions) < 30 else 0, 4, 6, 10, 4, 3, 3, 3, 2, 2, 1, 1, 0.6],
+        weights=[3 if len(sessions) < 30 else 0, 4, 6, 10, 4, 3, 3, 3, 2, 2, 1, 1, 0.6, 2],
     )[0]
     s = {"workspaceId": WS, "agentSessionId": sid}
     if action == "create" or sid is None:
@@ -211,15 +215,12 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
                 w.calls["fork.create asked worktree"] += 1
             body = call(w, c, tag, "fork.create", params)
             if body:
-                op = body["operation"]
-                with w.lock:
-                    w.ops[op["operationId"]] = op["status"]
-                    if op["status"] == "committed":
-                        w.sessions.setdefault(op["targetAgentSessionId"], [])
+                note_operation(w, body["operation"], params)
     elif action == "fork_latest":
-        body = call(w, c, tag, "fork.create", fork_latest_params(sid))
+        params = fork_latest_params(sid)
+        body = call(w, c, tag, "fork.create", params)
         if body:
-            note_operation(w, body["operation"])
+            note_operation(w, body["operation"], params)
     elif action == "resolve":
         with w.lock:
             unknown = [o for o, status in w.ops.items() if status == "unknown"]
@@ -249,6 +250,11 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             call(w, c, tag, "goal.set", s | {"goal": "finish"})
         else:
             call(w, c, tag, "goal.clear", s)
+    elif action == "replay":
+        with w.lock:
+            asked = sorted(w.asked.items(), key=lambda kv: kv[0])
+        if asked:
+            replay(w, rng, c, tag, *rng.choice(asked))
     elif action == "delete":
         # A worktree fork's child keeps or removes its tree (a dirty one only by force); any
         # other Session ignores both fields.
@@ -263,9 +269,35 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
                 w.sessions.pop(sid, None)
 
 
-def note_operation(w: World, op: dict[str, Any]) -> None:
+def replay(
+    w: World, rng: random.Random, c: Client, tag: str, op_id: str, params: dict[str, Any]
+) -> None:
+    """`fork.create` sent again under a `requestId` that made `op_id` (law 6): the same body
+    gets that operation, whatever happened since (restarts, an ACK, a resolve); a changed body
+    is refused (409 `agent_session_fork_request_conflict`, unless refused sooner)."""
+    if rng.random() < 0.7:
+        body = call(w, c, tag, "fork.create", params)
+        if body is None:
+            return
+        if body["operation"]["operationId"] != op_id:
+            w.failures.append(
+                f"{tag}: request {params['requestId']} replayed got operation"
+                f" {body['operation']['operationId']}, not {op_id} (law 6)"
+            )
+        note_operation(w, body["operation"])
+    else:
+        changed = params | {"targetAgentSessionId": str(uuid.uuid4())}
+        if call(w, c, tag, "fork.create", changed) is not None:
+            w.failures.append(
+                f"{tag}: request {params['requestId']} with another target accepted (law 6)"
+            )
+
+
+def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None = None) -> None:
     with w.lock:
         w.ops[op["operationId"]] = op["status"]
+        if params is not None and op["requestId"] == params["requestId"]:
+            w.asked[op["operationId"]] = params  # made by this request, not a barrier's answer
         if op["status"] == "committed":
             w.sessions.setdefault(op["targetAgentSessionId"], [])
 
@@ -420,8 +452,7 @@ def seed_fork(w: World, rng: random.Random) -> None:
             return
         w.calls[f"fork.create {status}"] += 1
         if status < 400:
-            with w.lock:
-                w.ops[body["operation"]["operationId"]] = body["operation"]["status"]
+            note_operation(w, body["operation"], params)
 
     params = fork_params(sid, turn["turnId"])
     if worktree:
