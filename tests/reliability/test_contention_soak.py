@@ -341,10 +341,12 @@ def _listen(sub: EventSubscriber, heard: list[dict[str, Any]], stop: threading.E
 def _joined(c: Client, sub: EventSubscriber, sid: str) -> bool:
     """The subscription has reached the daemon (ZeroMQ's slow joiner): it hears a change made
     now to `sid`."""
-    c.call(
+    status, _ = c.call_raw(
         "session.updateSettings",
         {"workspaceId": WS, "agentSessionId": sid, "settings": {"burst": str(uuid.uuid4())}},
     )
+    if status != 200:
+        return False  # e.g. 503 store_busy: ask again
     while (event := sub.next(0.5)) is not None:
         if (
             isinstance(event, dict)
