@@ -365,11 +365,17 @@ def held_events_burst(
     by a subscriber connected before the first: the checker's `fork_events_heard` law over what
     it heard (the saga holds its dispatch step's events for the commit's burst)."""
     out = Burst()
-    live = [
-        sid
-        for sid in sids
-        if c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})[0] == 200
-    ]
+    live, forkable = [], []
+    for sid in sids:
+        status, body = c.call_raw(
+            "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+        )
+        if status == 200:
+            live.append(sid)
+            # A Turn that never reached its provider (one stopped under it) makes every later
+            # boundary unforkable (`provider_turn_missing`): prefer Sessions without one.
+            if all(x.get("outcome") == "completed" for x in body["turns"]):
+                forkable.append(sid)
     heard: list[dict[str, Any]] = []
     stop = threading.Event()
     sub = EventSubscriber(d.events)
@@ -379,7 +385,10 @@ def held_events_burst(
         listener = threading.Thread(target=_listen, args=(sub, heard, stop), daemon=True)
         listener.start()
         fresh = []
-        for sid in rng.sample(live, min(BURST, len(live))):
+        chosen = rng.sample(forkable, min(BURST, len(forkable)))
+        rest = [sid for sid in live if sid not in chosen]
+        chosen += rng.sample(rest, min(BURST - len(chosen), len(rest)))
+        for sid in chosen:
             text = f"/write burst-{rng.randrange(1000)}.md burst" if sid in in_repo else "burst"
             turn = run_turn(c, sid, text)
             if turn["outcome"] == "completed":
@@ -395,7 +404,12 @@ def held_events_burst(
 
         def ask(params: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             with Client(d.api, timeout=120) as mine:
-                return mine.call_raw("fork.create", params)
+                for _ in range(20):  # 503 `store_busy` is retryable: the same request again
+                    status, body = mine.call_raw("fork.create", params)
+                    if status != 503:
+                        break
+                    time.sleep(0.2)
+                return status, body
 
         with ThreadPoolExecutor(len(asks) or 1) as pool:
             replies = list(pool.map(ask, asks))
