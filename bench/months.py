@@ -419,10 +419,19 @@ class _GcPauses:
         return round(self.longest_ms, 2)
 
 
-def read_loops(api: str, reads: int, after: int) -> dict[str, Any]:
+def _cpu_ms(pid: int) -> float:
+    """utime + stime of process `pid` so far, ms (0 if it is gone)."""
+    s = sample(pid)
+    return 0.0 if s is None else s.cpu_s * 1000
+
+
+def read_loops(api: str, reads: int, after: int, daemon_pid: int = 0) -> dict[str, Any]:
     """`reads` first pages of `session.list`, then `reads` opens of the big Session
     (`session.get` + the timeline page after sequence `after`), one at a time, each timed in
-    ms; this process's heap frozen first and its collector's longest pause reported."""
+    ms; this process's heap frozen first and its collector's longest pause reported. Beside
+    the times, the CPU per read of the daemon (`daemon_pid`) and of this client: the client
+    does the same work whatever the store, so its CPU per read is the host's speed during the
+    loop (it swings ~2x between minutes here), the ruler a p50 or p99 is read against."""
     from transport.client import Client
 
     c = Client(api, timeout=600)
@@ -431,18 +440,28 @@ def read_loops(api: str, reads: int, after: int) -> dict[str, Any]:
         gc.collect()
         gc.freeze()
         client_gc = _GcPauses()
+        cpu: dict[str, float] = {}
+        d0, c0 = _cpu_ms(daemon_pid), time.process_time()
         listed = [
             _timed(c, "session.list", {"workspaceId": WS, "limit": PAGE}) for _ in range(reads)
         ]
+        d1, c1 = _cpu_ms(daemon_pid), time.process_time()
         timeline = {"workspaceId": WS, "agentSessionId": big, "afterSequence": after}
         opened = [
             _timed(c, "session.get", {"workspaceId": WS, "agentSessionId": big})
             + _timed(c, "session.timeline", {**timeline, "limit": PAGE})
             for _ in range(reads)
         ]
+        d2, c2 = _cpu_ms(daemon_pid), time.process_time()
+        if daemon_pid:
+            cpu["listDaemonCpuMs"] = round((d1 - d0) / reads, 3)
+            cpu["openDaemonCpuMs"] = round((d2 - d1) / reads, 3)
+        cpu["listClientCpuMs"] = round((c1 - c0) * 1000 / reads, 3)
+        cpu["openClientCpuMs"] = round((c2 - c1) * 1000 / reads, 3)
         return {
             "list": listed,
             "open": opened,
+            **cpu,
             "clientThreads": threading.active_count(),
             "clientGcMaxMs": client_gc.close(),
         }
@@ -450,9 +469,15 @@ def read_loops(api: str, reads: int, after: int) -> dict[str, Any]:
         c.close()
 
 
-def _read_loops_apart(api: str, reads: int, after: int) -> dict[str, Any]:
+def _read_loops_apart(api: str, reads: int, after: int, daemon_pid: int) -> dict[str, Any]:
     done = subprocess.run(
-        [sys.executable, "-m", MODULE, "--read-loops", json.dumps([api, reads, after])],
+        [
+            sys.executable,
+            "-m",
+            MODULE,
+            "--read-loops",
+            json.dumps([api, reads, after, daemon_pid]),
+        ],
         check=True,
         capture_output=True,
         text=True,
@@ -464,6 +489,7 @@ def _read_loops_apart(api: str, reads: int, after: int) -> dict[str, Any]:
         "open": Latency.of(got["open"]),
         "clientThreads": got["clientThreads"],
         "clientGcMaxMs": got["clientGcMaxMs"],
+        **{k: v for k, v in got.items() if k.endswith("CpuMs")},
     }
 
 
@@ -505,7 +531,7 @@ def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
         # `bench.run_all` this one holds every earlier benchmark's results and threads, whose
         # collections and GIL turns would land inside the timed reads.
         after = max(0, size.big_turns - PAGE)
-        out.update(_read_loops_apart(daemon.api, reads, after))
+        out.update(_read_loops_apart(daemon.api, reads, after, daemon.pid))
         # Touch `size.touched` Sessions spread over the store: each one's actor runs once.
         stride = max(1, (size.sessions - 1) // size.touched)
         t = time.monotonic()
@@ -609,6 +635,13 @@ def run(
                     "ms",
                 ),
                 (
+                    "CPU per read, daemon / the reading client: list; open",
+                    f"{m.get('listDaemonCpuMs', float('nan')):.2f} /"
+                    f" {m['listClientCpuMs']:.2f}; {m.get('openDaemonCpuMs', float('nan')):.2f}"
+                    f" / {m['openClientCpuMs']:.2f}",
+                    "ms",
+                ),
+                (
                     "the reading client (its own process): threads / longest GC pause",
                     f"{m['clientThreads']} / {m['clientGcMaxMs']:.2f}",
                     "- / ms",
@@ -645,6 +678,11 @@ def run(
                     "the first start's deferred commits all made"
                     f" {m['recoveryCommittedS'] * 1000:.0f} ms after it"
                     f" ({m['operationsLeftAtReady']:,} awaiting at ready)",
+                    "CPU per read, daemon / reading client (the host's speed):"
+                    f" list {m.get('listDaemonCpuMs', float('nan')):.2f} /"
+                    f" {m['listClientCpuMs']:.2f} ms, open"
+                    f" {m.get('openDaemonCpuMs', float('nan')):.2f} /"
+                    f" {m['openClientCpuMs']:.2f} ms",
                     f"warm fork {m['forkWarmMs']:.0f} ms; RSS after start"
                     f" {m['rssAfterStartMb'] or 0:.1f} MB, peak after the forks"
                     f" {m['hwmAfterForksMb'] or 0:.1f} MB",
@@ -668,8 +706,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--read-loops", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.read_loops is not None:
-        api, reads, after = json.loads(args.read_loops)
-        print(json.dumps(read_loops(str(api), int(reads), int(after))))
+        api, reads, after, pid = json.loads(args.read_loops)
+        print(json.dumps(read_loops(str(api), int(reads), int(after), int(pid))))
         return 0
     mode = Mode.SMOKE if args.smoke else Mode.QUICK if args.quick else Mode.FULL
     counts = {
