@@ -125,6 +125,40 @@ def round_latencies(
     )
 
 
+def compare_models(directory: Path, samples: int = SAMPLES) -> dict[str, Latency]:
+    """Sample by sample, interleaved: a one-row COMMIT, the round this floor timed until
+    2026-12-02 (a new directory in each of five parents, the five fsynced together), and the
+    binder's two rounds as `round_latencies` times them. For the record of what changed."""
+    from drivers.rollout_files import fsync_dir, sync_together
+
+    conn = apsw.Connection(str(directory / "compare.sqlite3"))
+    parents = [directory / f"p{k}" for k in range(5)]
+    for parent in parents:
+        parent.mkdir()
+    times: dict[str, list[float]] = {"commit": [], "fiveDirs": [], "bytes": [], "names": []}
+    try:
+        conn.execute("PRAGMA journal_mode=WAL").fetchall()
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE t (v INTEGER)")
+        for i in range(samples):
+            t0 = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE; INSERT INTO t VALUES (?); COMMIT", (i,))
+            t1 = time.perf_counter()
+            for parent in parents:
+                (parent / f"d{i}").mkdir()
+            sync_together([lambda p=parent: fsync_dir(p) for parent in parents])  # type: ignore[misc]
+            t2 = time.perf_counter()
+            (directory / f"r{i}").mkdir()
+            rounds = round_latencies(directory / f"r{i}", samples=1)
+            times["commit"].append(1000 * (t1 - t0))
+            times["fiveDirs"].append(1000 * (t2 - t1))
+            times["bytes"].append(rounds.bytes.p50)
+            times["names"].append(rounds.names.p50)
+    finally:
+        conn.close()
+    return {k: Latency.of(v) for k, v in times.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class Floor:
     bare_ms: float
@@ -209,8 +243,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--bare-ms", type=float, default=8.5, help="the bare provider's fork p50")
     ap.add_argument("--forks", type=int, default=10)
     ap.add_argument("--child-bytes", type=int, default=CHILD_BYTES)
+    ap.add_argument(
+        "--compare-models",
+        action="store_true",
+        help="only time, interleaved, a COMMIT, the former five-directory round and the"
+        " binder's two rounds (no daemon, no strace)",
+    )
     args = ap.parse_args(argv)
     print(f"load {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe_ms():.1f} ms at start")
+    if args.compare_models:
+        with tempfile.TemporaryDirectory(prefix="bench-sync-floor-") as tmp:
+            for name, lat in compare_models(Path(tmp)).items():
+                print(f"{name:9} p50 {lat.p50:.3f}  p90 {lat.p90:.3f} ms  (n={lat.n})")
+        print(f"load {os.getloadavg()[0]:.2f} at the end")
+        return 0
     floor = measure(args.bare_ms, forks=args.forks, child_bytes=args.child_bytes)
     print(floor.line())
     print(f"COMMIT {floor.commit.brief()}; round {floor.sync_round.brief()}")

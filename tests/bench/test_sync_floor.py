@@ -63,3 +63,11 @@ def test_the_floor_prints_each_round_beside_the_share_it_multiplies() -> None:
     figures = floor.to_json()
     assert figures["bytesRoundMs"]["p50"] == 0.3  # type: ignore[index]
     assert figures["namesRoundMs"]["p50"] == 0.2  # type: ignore[index]
+
+
+def test_the_models_compared_are_each_timed_once_per_sample(tmp_path: Path) -> None:
+    from bench.sync_floor import compare_models
+
+    figures = compare_models(tmp_path, samples=3)
+    assert set(figures) == {"commit", "fiveDirs", "bytes", "names"}
+    assert all(lat.n == 3 and lat.p50 > 0 for lat in figures.values())
