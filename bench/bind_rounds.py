@@ -1,7 +1,11 @@
 """The worker binder's durable write alone (`drivers.rollout_files.atomic_write_all`), the part
 of a fork's bind that waits for the disk: a Referenced child (its ancestor's rollout and its
 own, one existing day directory, as `DirsAhead` leaves it) and a Copied child (one file). Per
-write: wall and CPU p50/p90 and the rounds of syncs it waited for (`sync_together` calls).
+write: wall and CPU p50/p90 and the rounds of syncs it waited for (`sync_together` calls,
+and any fsync issued outside one, each a round of its own). A third kind, `dirs-ahead`, times
+`DirsAhead(...).run()` making a fresh target home's chain (`home/sessions/YYYY/MM/DD` under an
+existing `runtimes/`: `<id>` and five below it, six parents to fsync), what a fork does while the
+provider forks.
 
 With `--against TREE` (another checkout, e.g. `git archive main | tar -x -C /tmp/main`) the
 same writes run from both trees' `rollout_files` in one process, alternating which goes first
@@ -21,11 +25,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from bench.common import Latency, cpu_probe_ms
 
 LINE = b'{"timestamp":"2026-12-02T07:00:00Z","ordinal":0,"type":"event","payload":{}}\n'
 KINDS = (("referenced", 2), ("copied", 1))
+DIRS_AHEAD = "dirs-ahead"
 
 
 def _load(tree: Path, name: str) -> ModuleType:
@@ -38,15 +44,28 @@ def _load(tree: Path, name: str) -> ModuleType:
 
 
 def _counted(module: ModuleType) -> list[int]:
-    """Count `module`'s rounds: every `sync_together` call, `fsync_dirs`' included."""
+    """Count `module`'s rounds: every `sync_together` call, `fsync_dirs`' included, and every
+    directory fsync issued outside one (a round of its own)."""
     calls: list[int] = []
+    inside = [0]
     real: Callable[[Sequence[Callable[[], None]]], None] = module.sync_together
+    real_dir: Callable[[Any], None] = module.fsync_dir
 
     def sync_together(fns: Sequence[Callable[[], None]]) -> None:
         calls.append(len(fns))
-        real(fns)
+        inside[0] += 1
+        try:
+            real(fns)
+        finally:
+            inside[0] -= 1
+
+    def fsync_dir(path: Any) -> None:
+        if not inside[0]:
+            calls.append(1)
+        real_dir(path)
 
     setattr(module, "sync_together", sync_together)  # noqa: B010 - a module attribute
+    setattr(module, "fsync_dir", fsync_dir)  # noqa: B010
     return calls
 
 
@@ -75,6 +94,17 @@ def measure(
                     walls.setdefault((side, kind), []).append(1000 * (time.perf_counter() - w0))
                     cpus.setdefault((side, kind), []).append(1000 * (time.process_time() - c0))
                     counted[side, kind] = counted.get((side, kind), 0) + len(rounds[side]) - before
+            for side in order:
+                chain = Path(tmp, side, "runtimes", str(i), "home", "sessions", "2026", "12", "02")
+                chain.parents[5].mkdir(parents=True, exist_ok=True)  # runtimes/ exists
+                before = len(rounds[side])
+                w0, c0 = time.perf_counter(), time.process_time()
+                modules[side].DirsAhead(chain).run()
+                walls.setdefault((side, DIRS_AHEAD), []).append(1000 * (time.perf_counter() - w0))
+                cpus.setdefault((side, DIRS_AHEAD), []).append(1000 * (time.process_time() - c0))
+                counted[side, DIRS_AHEAD] = (
+                    counted.get((side, DIRS_AHEAD), 0) + len(rounds[side]) - before
+                )
     return {
         key: (Latency.of(walls[key]), Latency.of(cpus[key]), counted[key] / samples)
         for key in walls

@@ -365,7 +365,8 @@ class DirsAhead:
     directories; a caller that never calls `ready()` leaves them, harmlessly.
 
     On the caller's thread, not a pool's: the caller only waits for the provider's answer
-    meanwhile, so a background thread bought no wall time and cost a hand-off per fork."""
+    meanwhile, so a background thread bought no wall time and cost a hand-off per fork. Only
+    the round's other fsyncs go to the fsync pool, as every `sync_together` round's do."""
 
     def __init__(self, path: Path | str) -> None:
         self._path = os.path.abspath(path)
@@ -374,8 +375,11 @@ class DirsAhead:
         self._error: BaseException | None = None
 
     def run(self) -> None:
-        """Create the chain and fsync each created directory's parent, one after another
-        (they overlap the provider call, not each other); an error is kept for `ready()`."""
+        """Create the chain, then fsync every created directory's parent in one round
+        (`sync_together`: no order between them is needed — nothing is named inside the chain
+        before `ready()` — and syncs issued together join one journal commit, where one after
+        another each waited for a commit or a cache flush of its own and outlasted the
+        provider's fork they were meant to hide behind); an error is kept for `ready()`."""
         if self._ran:
             return
         self._ran = True
@@ -396,8 +400,7 @@ class DirsAhead:
                 # Created here or concurrently by another: its entry is fsynced here either way.
                 os.mkdir(directory, 0o700)
             self._parents.append(os.path.dirname(directory))
-        for parent in reversed(self._parents):
-            fsync_dir(parent)
+        fsync_dirs(reversed(self._parents))
 
     def ready(self) -> None:
         """Wait until every directory this created is durable (see the class docstring)."""

@@ -7,7 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.common import Latency
-from bench.sync_floor import Floor, commit_latency, round_latency, store_commits_on_the_fork_path
+from bench.sync_floor import (
+    Floor,
+    Rounds,
+    commit_latency,
+    round_latencies,
+    store_commits_on_the_fork_path,
+)
 
 
 def test_the_fork_path_commits_leave_out_the_acknowledgement() -> None:
@@ -37,8 +43,31 @@ def test_the_floor_is_the_bare_call_plus_every_sync_in_turn() -> None:
 
 def test_each_kind_of_sync_is_timed_on_the_real_filesystem(tmp_path: Path) -> None:
     commits = commit_latency(tmp_path, samples=5)
-    rounds = round_latency(tmp_path, samples=5, width=3)
+    rounds = round_latencies(tmp_path, samples=5, child_bytes=3000)
     assert commits.n == 5 and commits.p50 > 0
-    assert rounds.n == 5 and rounds.p50 > 0
-    # Each timed round made one new directory in each of its parents durable.
-    assert sorted(len(list(p.iterdir())) for p in tmp_path.glob("p*")) == [5, 5, 5]
+    assert rounds.bytes.n == rounds.names.n == rounds.both.n == 5
+    assert rounds.bytes.p50 > 0 and rounds.names.p50 > 0
+    # Each sample wrote one child rollout of the size asked, under its name, and no temp file.
+    homes = sorted(tmp_path.glob("home*"))
+    assert len(homes) == 5
+    for home in homes:
+        assert [(f.name, f.stat().st_size) for f in home.iterdir()] == [("rollout.jsonl", 3000)]
+
+
+def test_the_floor_prints_each_round_beside_the_share_it_multiplies() -> None:
+    one = Latency.of([0.25, 0.25, 0.25])
+    rounds = Rounds(Latency.of([0.3] * 3), Latency.of([0.2] * 3), one)
+    floor = Floor(1.0, 2.0, 2, Latency.of([0.5] * 3), rounds.both, rounds)
+    assert floor.sync_ms == 1.5  # 2 × 0.5 + 2 × 0.25
+    assert "the child's bytes 0.30, its name 0.20 ms p50" in floor.line()
+    figures = floor.to_json()
+    assert figures["bytesRoundMs"]["p50"] == 0.3  # type: ignore[index]
+    assert figures["namesRoundMs"]["p50"] == 0.2  # type: ignore[index]
+
+
+def test_the_models_compared_are_each_timed_once_per_sample(tmp_path: Path) -> None:
+    from bench.sync_floor import compare_models
+
+    figures = compare_models(tmp_path, samples=3)
+    assert set(figures) == {"commit", "fiveDirs", "bytes", "names"}
+    assert all(lat.n == 3 and lat.p50 > 0 for lat in figures.values())

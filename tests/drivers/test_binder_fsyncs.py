@@ -283,3 +283,25 @@ def test_begin_returns_with_the_names_in_place_and_their_sync_still_running(
     release.set()
     waiter.join(20)
     assert not waiter.is_alive() and ended.is_set()
+
+
+def test_dirs_ahead_fsyncs_every_created_parent_in_one_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh target home's chain (home, sessions, year, month, day under an existing
+    runtimes directory) is made durable in one round of five syncs, each parent once — not
+    five journal commits or cache flushes one after another while the provider's answer
+    waits."""
+    from drivers.rollout_files import DirsAhead
+
+    widths = _rounds(monkeypatch)
+    path = tmp_path / "home" / "sessions" / "2026" / "12" / "02"
+    with counting_fsyncs(monkeypatch) as log:
+        DirsAhead(path).ready()
+    assert widths == [5]
+    parents = [tmp_path, *(path.parents[k] for k in range(3, -1, -1))]
+    assert [log.count(d) for d in parents] == [1] * 5 and log.dirs == 5
+    # Already there: nothing created, nothing synced.
+    widths.clear()
+    DirsAhead(path).ready()
+    assert widths in ([], [0])
