@@ -45,6 +45,7 @@ from storage.tx import Tx
 from storage.write_batch import WriteBatch, batch_item
 from storage.write_group import (
     CHECKPOINT_PAGES,
+    CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
@@ -138,6 +139,9 @@ class Database:
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
+        self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
+        # The WAL's length when the checkpointer was last asked (0: not since it restarted).
+        self._wal_asked_at = 0
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self.group_max_age_s = GROUP_MAX_AGE_S
@@ -393,7 +397,14 @@ class Database:
         return self._writer_conn
 
     def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
-        if pages >= self.checkpoint_pages:
+        # Runs on the writer's thread after each COMMIT, with the baton held.
+        if pages < self._wal_asked_at:
+            self._wal_asked_at = 0  # the WAL restarted from its beginning
+        if pages >= self.checkpoint_pages and (
+            self._wal_asked_at == 0 or pages - self._wal_asked_at >= self.checkpoint_retry_pages
+        ):
+            self._wal_asked_at = pages
+            self.write_stats.checkpoint_signals += 1
             if self._checkpointer is None:
                 self._checkpointer = threading.Thread(
                     target=self._checkpoint_loop, name="agenthost-store-checkpoint", daemon=True
