@@ -36,8 +36,10 @@ from domain.worker_messages import (
 from storage.models import (
     ChangeEvent,
     ForkOperation,
+    ForkOperationChanged,
     ForkPointKind,
     ProviderForkEvidence,
+    SessionChanged,
 )
 from storage.sqlite import typed_store_error
 
@@ -279,8 +281,9 @@ class ForkSaga:
         # own (one burst per fast fork: each entity read back and published once), or until
         # the caller's budget answers 202 for a slow one (`_answer_accepted`). Every one of
         # them goes out, each after its COMMIT is durable.
+        step_start = len(self._held)
         with self.host.store.db.events_after(into=self._held):
-            fork = self._dispatch(op, generation)
+            fork = self._dispatch(op, generation, step_start)
         # In flight from here (a host that runs the answer at once clears it inside `later`).
         self._in_flight = True
         try:
@@ -296,7 +299,9 @@ class ForkSaga:
         if held:
             self.host.store.db.notify(held)
 
-    def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
+    def _dispatch(
+        self, op: ForkOperation, generation: str | None, step_start: int = 0
+    ) -> Future[ForkResult]:
         """`dispatching`, durable, then the one fork request to the worker."""
         with self.host.store.db.background():
             # The saga's own row: one guarded UPDATE, no read of it first.
@@ -304,7 +309,15 @@ class ForkSaga:
                 self.host.ws, op.operation_id, known=op
             )
         self.operation = op
-        self.prepare_lazy = False  # dispatching's fsync made the lazy prepare durable too
+        if self.prepare_lazy:
+            # Dispatching's fsync made the lazy prepare durable too. It emitted no events
+            # (`ForkPrepare.prepare_fork`): the operation and its source's fence are told
+            # here, in this step's hold ahead of dispatching's own (commit order).
+            self._held[step_start:step_start] = [
+                ForkOperationChanged(op.workspace_id, op.operation_id),
+                SessionChanged(op.workspace_id, op.source_session_id),
+            ]
+        self.prepare_lazy = False
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
         target_home = self.host.runtime_home(

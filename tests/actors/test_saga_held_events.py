@@ -118,3 +118,38 @@ def test_the_events_stay_held_while_the_request_is_in_flight(
     assert not any(e in seen["heard"] for e in seen["held"] if isinstance(e, SessionChanged))
     assert run.operation.status.value == "committed"
     released(run, heard)
+
+
+def test_a_lazy_prepare_is_told_with_its_own_dispatch_not_with_another_writers_fsync(
+    store: Store, home: Path, heard: list[ChangeEvent]
+) -> None:
+    """A lazy prepare emits nothing: another writer's fsync'd COMMIT (at 16 forking clients,
+    usually another fork's) made it durable, but its events are the saga's to tell, with its
+    `dispatching` — one burst per fork — so nothing of it is heard before then."""
+    import uuid
+
+    from storage.models import ForkPointKind, ForkPrepareRequest
+    from tests.actors.saga_harness import DRIVER, source
+
+    sid, turns = source(store, home)
+    op, created = store.fork_prepare.prepare_fork(
+        WS,
+        ForkPrepareRequest(
+            source_session_id=sid,
+            request_id=str(uuid.uuid4()),
+            target_session_id=str(uuid.uuid4()),
+            turn_id=turns[0],
+            point_kind=ForkPointKind.THROUGH_TURN,
+            driver_kind=DRIVER[0],
+            driver_version=DRIVER[1],
+            binding_mode="host_copy",
+            runtime_identity={},
+        ),
+        durable=False,
+    )
+    assert created
+    heard.clear()
+    other, _ = source(store, home)  # other writers' fsync'd COMMITs
+    store.sessions.update_title(WS, other, "another writer")
+    assert ForkOperationChanged(WS, op.operation_id) not in heard
+    assert SessionChanged(WS, sid) not in heard
