@@ -11,8 +11,9 @@ request that may have left the host is never re-sent.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,8 +36,10 @@ from domain.worker_messages import (
 from storage.models import (
     ChangeEvent,
     ForkOperation,
+    ForkOperationChanged,
     ForkPointKind,
     ProviderForkEvidence,
+    SessionChanged,
 )
 from storage.sqlite import typed_store_error
 
@@ -98,8 +101,12 @@ class ForkSaga:
     # traceback is logged once, the retries after it as one line each.
     _abort_logged: bool = False
     # The dispatch step's change events, durable and not yet handed to the subscribers: they
-    # go with the next step's (the commit's, an ending's), or with the budget's 202.
+    # go with the provider's answer (ahead of the commit's or an ending's), or with the
+    # budget's 202. Owned by `_entry`: they outlive a step only while `_in_flight`.
     _held: list[ChangeEvent] = field(default_factory=list)
+    # The fork request is with the worker and its answer has not come back: the only time
+    # `_held` may stay held past the end of a step.
+    _in_flight: bool = False
 
     def __post_init__(self) -> None:
         if self.frozen is None:
@@ -114,7 +121,24 @@ class ForkSaga:
         budget = self.host.timeouts.fork_sync_budget_s
         waiter.timer = self.host.after(budget, lambda: self._answer_accepted(waiter))
 
+    @contextmanager
+    def _entry(self) -> Iterator[None]:
+        """Every way into the saga (a step, the worker's answer, a timer) runs inside this.
+        Whatever the block does or raises, the held events go to the subscribers at its end
+        unless the fork request is in flight: nothing a step forgets, and no exception, leaves
+        a durable change unannounced. (The steps that hand them on earlier do so for order:
+        ahead of their own events.)"""
+        try:
+            yield
+        finally:
+            if not self._in_flight:
+                self._release_held()
+
     def _answer_accepted(self, waiter: Waiter) -> None:
+        with self._entry():
+            self._answer_budget(waiter)
+
+    def _answer_budget(self, waiter: Waiter) -> None:
         if waiter.answered:
             return
         if self.prepare_lazy:
@@ -141,6 +165,10 @@ class ForkSaga:
         unexpected: the step (its provider answer already in hand, never re-sent) is run
         again with backoff until its checkpoint lands, so a verified child is not turned into
         `unknown` by store contention and the fence stays held only by a live saga."""
+        with self._entry():
+            self._run_step(fn, *args)
+
+    def _run_step(self, fn: Any, *args: Any) -> None:
         try:
             fn(*args)
         except Exception as exc:  # noqa: BLE001
@@ -253,9 +281,16 @@ class ForkSaga:
         # own (one burst per fast fork: each entity read back and published once), or until
         # the caller's budget answers 202 for a slow one (`_answer_accepted`). Every one of
         # them goes out, each after its COMMIT is durable.
+        step_start = len(self._held)
         with self.host.store.db.events_after(into=self._held):
-            fork = self._dispatch(op, generation)
-        self.host.later(fork, lambda f: self._step(self._dispatched, f))
+            fork = self._dispatch(op, generation, step_start)
+        # In flight from here (a host that runs the answer at once clears it inside `later`).
+        self._in_flight = True
+        try:
+            self.host.later(fork, lambda f: self._step(self._dispatched, f))
+        except BaseException:
+            self._in_flight = False  # no answer will come: the step's end hands them on
+            raise
 
     def _release_held(self) -> None:
         """The held events to the subscribers now (or to the enclosing `events_after` block:
@@ -264,7 +299,9 @@ class ForkSaga:
         if held:
             self.host.store.db.notify(held)
 
-    def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
+    def _dispatch(
+        self, op: ForkOperation, generation: str | None, step_start: int = 0
+    ) -> Future[ForkResult]:
         """`dispatching`, durable, then the one fork request to the worker."""
         with self.host.store.db.background():
             # The saga's own row: one guarded UPDATE, no read of it first.
@@ -272,7 +309,15 @@ class ForkSaga:
                 self.host.ws, op.operation_id, known=op
             )
         self.operation = op
-        self.prepare_lazy = False  # dispatching's fsync made the lazy prepare durable too
+        if self.prepare_lazy:
+            # Dispatching's fsync made the lazy prepare durable too. It emitted no events
+            # (`ForkPrepare.prepare_fork`): the operation and its source's fence are told
+            # here, in this step's hold ahead of dispatching's own (commit order).
+            self._held[step_start:step_start] = [
+                ForkOperationChanged(op.workspace_id, op.operation_id),
+                SessionChanged(op.workspace_id, op.source_session_id),
+            ]
+        self.prepare_lazy = False
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
         target_home = self.host.runtime_home(
@@ -329,6 +374,7 @@ class ForkSaga:
     def _dispatched(self, fut: Future[ForkResult]) -> None:
         """The worker's answer: this step's events (the commit's, or an ending's) go out once
         it ends, the dispatch step's held ones ahead of them, after the callers are answered."""
+        self._in_flight = False
         with self.host.store.db.events_after():
             self._release_held()
             self._answered(fut)
@@ -499,6 +545,10 @@ class ForkSaga:
         backoff, so the source's fence is released by itself and never
         held by an operation whose saga is gone."""
         store, ws, op_id = self.host.store, self.host.ws, self.operation.operation_id
+        # Anything held is durable and no answer is awaited now: it goes ahead of the
+        # ending's own events.
+        self._in_flight = False
+        self._release_held()
         try:
             op = store.fork_queries.get_fork_operation(ws, op_id)
             # The same rule as a restart (domain.fork_states.after_restart); a verified
@@ -531,10 +581,13 @@ class ForkSaga:
             if not self.prepare_lazy:
                 for waiter in self.waiters:
                     waiter.answer(self.operation, False)
-                self._release_held()
-            self.host.after(delay, lambda: self._abort(exc))
+            self.host.after(delay, lambda: self._retry_abort(exc))
             return
         self._finish(op)
+
+    def _retry_abort(self, exc: Exception) -> None:
+        with self._entry():
+            self._abort(exc)
 
     def _finish(self, op: ForkOperation) -> None:
         # Every ending is an fsync'd write (but an abort the store refused to record: the
@@ -557,4 +610,3 @@ class ForkSaga:
         self.host.live_operations.discard(op.operation_id)
         if op.status in TERMINAL:  # the fence is released: late checkpoints land now
             self.host.apply_late_bindings()
-        self._release_held()

@@ -271,7 +271,7 @@ class Daemon:
             target=self.publisher.run, name="agenthost-events", daemon=True
         )
         self._event_thread.start()
-        store.db.subscribe(self.publisher.offer)
+        store.db.subscribe_batches(self.publisher.offer_many)
         store.db.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
 
         self.api = Api(

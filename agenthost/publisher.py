@@ -65,6 +65,11 @@ class StreamDelta:
     """The worker's `message.delta` event, as the host↔worker link carried it."""
 
 
+def _entries(item: Any) -> list[Any]:
+    """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
+    return item if isinstance(item, list) else [item]
+
+
 class EventSink(Protocol):
     """Where events go (`transport.server.ApiServer`)."""
 
@@ -74,7 +79,8 @@ class EventSink(Protocol):
 
 
 class EventPublisher:
-    """Runs `run()` on one thread; `changes.put(change)` from any thread, `None` stops it."""
+    """Runs `run()` on one thread; `changes.put(change)` (or a list of changes, taken as one)
+    from any thread, `None` stops it."""
 
     def __init__(
         self,
@@ -112,13 +118,35 @@ class EventPublisher:
                 return
         self.queue.put(change)
 
+    def offer_many(self, changes: list[Any]) -> None:
+        """`offer` for one delivery of the store's (`Database.subscribe_batches`): what is
+        wanted goes on the queue as one entry, so the thread takes a fork's burst in one
+        batch (one read-back per entity) instead of waking at its first change."""
+        sink = self._sink()
+        kept: list[Any] = []
+        skipped = 0
+        for change in changes:
+            if isinstance(change, (SessionChanged, ForkOperationChanged)) and (
+                sink is None or not sink.wants(change.workspace_id)
+            ):
+                skipped += 1
+            else:
+                kept.append(change)
+        if skipped:
+            with self._count_lock:
+                self.skipped += skipped
+        if len(kept) == 1:
+            self.queue.put(kept[0])
+        elif kept:
+            self.queue.put(kept)
+
     def run(self) -> None:
         while True:
-            batch = [self.queue.get()]
+            batch = _entries(self.queue.get())
             self.batches += 1
             while len(batch) < BATCH:
                 try:
-                    batch.append(self.queue.get_nowait())
+                    batch.extend(_entries(self.queue.get_nowait()))
                 except queue.Empty:
                     break
             stop = self._publish(batch)

@@ -45,6 +45,7 @@ from storage.tx import Tx
 from storage.write_batch import WriteBatch, batch_item
 from storage.write_group import (
     CHECKPOINT_PAGES,
+    CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
@@ -67,6 +68,7 @@ WRITER_CACHE_KIB = 8192
 T = TypeVar("T")
 
 Subscriber = Callable[[ChangeEvent], None]
+BatchSubscriber = Callable[[list[ChangeEvent]], None]
 Clock = Callable[[], int]
 
 _OWN_FRAMES = (__file__, contextlib.__file__)
@@ -108,6 +110,7 @@ class Database:
         self._lock = threading.Lock()
         self._connections: list[apsw.Connection] = []
         self._subscribers: list[Subscriber] = []
+        self._batch_subscribers: list[BatchSubscriber] = []
         self._closed = False
         # A bounded pool: a thread leases a connection for one read or write (re-entrantly, so
         # a read inside a write sees the write's own rows) and returns it; file descriptors
@@ -136,6 +139,9 @@ class Database:
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
+        self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
+        # The WAL's length when the checkpointer was last asked (0: not since it restarted).
+        self._wal_asked_at = 0
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self.group_max_age_s = GROUP_MAX_AGE_S
@@ -308,6 +314,20 @@ class Database:
 
         return unsubscribe
 
+    def subscribe_batches(self, callback: BatchSubscriber) -> Callable[[], None]:
+        """Call `callback(events)` once per delivery with all its events, in commit order (a
+        COMMIT's, or an `events_after` block's together): a consumer on another thread gets
+        a fork's burst as one hand-over instead of waking at its first event."""
+        with self._lock:
+            self._batch_subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._batch_subscribers:
+                    self._batch_subscribers.remove(callback)
+
+        return unsubscribe
+
     @contextmanager
     def events_after(self, into: list[ChangeEvent] | None = None) -> Iterator[None]:
         """This thread's durable writes inside the block tell their subscribers when the block
@@ -347,6 +367,12 @@ class Database:
             return
         with self._lock:
             subscribers = list(self._subscribers)
+            batch_subscribers = list(self._batch_subscribers)
+        for each in batch_subscribers:
+            try:
+                each(list(events))
+            except Exception:  # a listener must never undo or break a durable write
+                log.exception("store subscriber failed on %d events", len(events))
         for callback in subscribers:
             for event in events:
                 try:
@@ -371,7 +397,14 @@ class Database:
         return self._writer_conn
 
     def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
-        if pages >= self.checkpoint_pages:
+        # Runs on the writer's thread after each COMMIT, with the baton held.
+        if pages < self._wal_asked_at:
+            self._wal_asked_at = 0  # the WAL restarted from its beginning
+        if pages >= self.checkpoint_pages and (
+            self._wal_asked_at == 0 or pages - self._wal_asked_at >= self.checkpoint_retry_pages
+        ):
+            self._wal_asked_at = pages
+            self.write_stats.checkpoint_signals += 1
             if self._checkpointer is None:
                 self._checkpointer = threading.Thread(
                     target=self._checkpoint_loop, name="agenthost-store-checkpoint", daemon=True

@@ -32,6 +32,7 @@ from storage.fork_snapshot import freeze_snapshot, request_hash
 from storage.fork_titles import child_title
 from storage.fork_workspace import PLANNED, boundary_checkpoint
 from storage.models import (
+    ChangeEvent,
     ForkOperation,
     ForkOperationChanged,
     ForkPointKind,
@@ -42,6 +43,14 @@ from storage.models import (
 from storage.session_rows import require_session
 from storage.sqlite import dumps
 from storage.tx import Tx
+
+
+def prepared_events(op: ForkOperation) -> list[ChangeEvent]:
+    """The change events a prepare emits: what the caller of a lazy one hands on."""
+    return [
+        ForkOperationChanged(op.workspace_id, op.operation_id),
+        SessionChanged(op.workspace_id, op.source_session_id),
+    ]
 
 
 def barrier_holder(conn: apsw.Connection, ws: str, source_session_id: str, turn_id: str) -> Any:
@@ -155,8 +164,11 @@ class ForkPrepare:
 
         `durable=False` (the saga's warm path, docs/design/fork-saga.md): a lazy COMMIT, in
         the WAL at once and on the disk with the caller's next fsync'd COMMIT (`dispatching`);
-        its change events wait for that fsync. Only for a caller that tells nobody of the
-        operation before then."""
+        it emits no change events: the caller hands `prepared_events` on once that fsync
+        made the operation durable — with its own step's events, not with whichever writer's
+        fsync came first (at 16 forking clients that was usually another fork's, so the
+        operation and its source were read back and published twice per fork). Only for a
+        caller that tells nobody of the operation before then."""
         validate_request(req)
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
@@ -289,8 +301,11 @@ class ForkPrepare:
                 " VALUES (?, ?, ?)",
                 (ws, req.target_session_id, op_id),
             )
-            tx.emit(ForkOperationChanged(ws, op_id))
-            tx.emit(SessionChanged(ws, req.source_session_id))
+            if durable:
+                # A lazy prepare announces nothing: its caller tells of the operation once its
+                # next write made it durable (`prepared_events`), with that write's events.
+                tx.emit(ForkOperationChanged(ws, op_id))
+                tx.emit(SessionChanged(ws, req.source_session_id))
             # The snapshot's own frozen bindings ride along: the saga dispatches
             # and verifies from them, without re-reading the source timeline.
             frozen = tuple(

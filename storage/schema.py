@@ -494,6 +494,22 @@ def _v14(conn: apsw.Connection) -> None:
 # thousands of interrupted operations) took n × n row visits.
 _V15 = "CREATE INDEX history_fences_by_op ON history_fences(op_seq);"
 
+# v16: the boundary barrier through its own rows. Every prepare asks which operation holds
+# `source + Turn` (`storage/fork_prepare.py`: `barrier_holder`); with only
+# `fork_operations_by_source` SQLite read every operation the source ever had and sorted
+# them, so a source's n-th fork paid for the n - 1 before it. The partial index holds only
+# the rows the barrier rule selects (active, `unknown`, committed and not ACKed: a handful
+# per source), its WHERE the rule's SQL text exactly (`domain.fork_states.BARRIER_SQL`, which
+# the query repeats, so the planner may use it). `fork_operations_barrier` (point kind before
+# Turn: no query constrains the kind) is dropped: one index fewer on every status change.
+_V16 = (
+    "CREATE INDEX IF NOT EXISTS fork_operations_barrier_held"
+    " ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)"
+    " WHERE (status IN ('prepared', 'dispatching', 'provider_accepted', 'unknown')"
+    " OR (status = 'committed' AND client_observed_at_ms IS NULL));"
+    " DROP INDEX IF EXISTS fork_operations_barrier;"
+)
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -510,6 +526,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V13,
     _v14,
     _V15,
+    _V16,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

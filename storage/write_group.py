@@ -22,6 +22,12 @@ long body, e.g. a 1,000-Turn fork commit, does not hold the writes before it muc
 CHECKPOINT_PAGES = 1000
 """WAL pages after which the background checkpointer copies the WAL into the database (the
 size SQLite's own auto-checkpoint uses; it would run inside the COMMIT that crossed it)."""
+CHECKPOINT_RETRY_PAGES = 250
+"""WAL pages the log grows by, past the mark, before the checkpointer is asked again: a
+checkpoint that readers kept from finishing leaves the WAL long (it restarts only once every
+frame is copied), and asking at every COMMIT past the mark, as SQLite's auto-checkpoint does,
+ran a PASSIVE checkpoint — a few frames copied, the database fsync'd — for nearly every
+COMMIT under a steady load of writers and readers."""
 TIMING_ENV = "AGENTHOST_STORE_TIMING"
 """When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
 summary per store method is written there as JSON at `close()` (docs/performance.md)."""
@@ -49,8 +55,8 @@ class WriteStats:
     """Counts of the store's writes (what tests pin): `transactions` written (savepoints
     released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
     write's COMMIT without an fsync of its own), `rolled_back` member
-    savepoints,
-    `group_failures` (a COMMIT or a transaction-aborting error that failed every member) and
+    savepoints, `group_failures` (a COMMIT or a transaction-aborting error that failed every
+    member), `checkpoint_signals` (times the WAL hook asked the checkpointer to run) and
     `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
 
     __slots__ = (
@@ -61,6 +67,7 @@ class WriteStats:
         "group_failures",
         "largest_group",
         "checkpoints",
+        "checkpoint_signals",
         "batched",
     )
 
@@ -72,6 +79,7 @@ class WriteStats:
         self.group_failures = 0
         self.largest_group = 0
         self.checkpoints = 0
+        self.checkpoint_signals = 0
         self.batched = 0
 
     def snapshot(self) -> dict[str, int]:

@@ -204,6 +204,9 @@ class Run:
     worker: ScriptedWorker
     replies: list[Any]
     host: InlineHost
+    saga: ForkSaga
+    raised: Exception | None = None
+    """An error that escaped the saga's first step (its own handling failed too)."""
 
 
 def source(store: Store, home: Path) -> tuple[str, list[str]]:
@@ -228,8 +231,10 @@ def run_saga(
     workspace: str = "shared",
     checkpoints: Sequence[Mapping[str, Any] | None] = (),
     trees: ForkTrees | None = None,
+    keep_error: bool = False,
 ) -> Run:
-    """`checkpoints`: the workspace checkpoint record of each of the source's two Turns."""
+    """`checkpoints`: the workspace checkpoint record of each of the source's two Turns.
+    `keep_error`: an error escaping the saga is returned in `Run.raised` instead of raised."""
     sid, turns = source(store, home)
     for turn_id, record in zip(turns, checkpoints, strict=False):
         attach_checkpoint(store, sid, turn_id, record)
@@ -271,8 +276,13 @@ def run_saga(
     replies: list[Any] = []
     saga.join(replies.append)
     crashed_at = None
+    raised: Exception | None = None
     try:
         saga._step(saga._after_prepare)
+    except Exception as exc:
+        if not keep_error:
+            raise
+        raised = exc  # the test reads it
     except Crash as exc:
         crashed_at = str(exc)
         recover_fork_operations(store)  # the restart: start-up recovery on the same store
@@ -283,6 +293,8 @@ def run_saga(
         worker,
         replies,
         host,
+        saga,
+        raised,
     )
 
 

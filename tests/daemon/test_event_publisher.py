@@ -5,6 +5,7 @@ streamed deltas queued ahead of a change it reads back leave before that read.""
 from __future__ import annotations
 
 import queue
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -173,3 +174,48 @@ def test_events_read_back_go_to_the_loop_together_up_to_a_bound(
     sink.handovers.clear()
     publisher._publish([SessionChanged(WS, sid) for sid in sids])
     assert [len(types) for types, _ in sink.handovers] == [HANDOVER, 2]
+
+
+def test_one_store_delivery_is_one_batch_however_the_thread_wakes(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The store hands its subscriber a delivery's changes together (`subscribe_batches`): a
+    fork's burst is one queue entry, so the thread, waiting already, takes it whole — one
+    read-back per entity — instead of waking at the first change and reading the rest again
+    in a second batch. What nobody wants is dropped from the entry before it is queued."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sids = [str(uuid.uuid4()) for _ in range(2)]
+    for sid in sids:
+        status, _ = client.call_raw(
+            "session.create", {"workspaceId": WS, "agentSessionId": sid, "provider": "tutti-agent"}
+        )
+        assert status == 200
+    a, b = sids
+    sink = RecordingSink([])
+    changes: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    publisher = EventPublisher(store, daemon.catalog, lambda: sink, changes)
+    thread = threading.Thread(target=publisher.run, daemon=True)
+    thread.start()
+    try:
+        unsubscribe = store.db.subscribe_batches(publisher.offer_many)
+        try:
+            with store.db.events_after():  # one delivery: both writes' events together
+                for sid in (a, b, a):
+                    store.sessions.update_title(WS, sid, f"title of {sid}")
+        finally:
+            unsubscribe()
+        wait_for(lambda: publisher.projected >= 2)
+        changes.put(None)
+        thread.join(10)
+    finally:
+        changes.put(None)
+    assert publisher.batches == 2  # the delivery, then the stop marker
+    assert (publisher.projected, publisher.repeats) == (2, 1)
+    assert [types for types, _ in sink.handovers] == [["session.upserted"] * 2]
+
+    # Nobody listening: the unwanted changes never reach the queue.
+    deaf = EventPublisher(store, daemon.catalog, lambda: None, queue.SimpleQueue())
+    deaf.offer_many([SessionChanged(WS, a), SessionChanged(WS, b)])
+    assert deaf.skipped == 2 and deaf.queue.empty()

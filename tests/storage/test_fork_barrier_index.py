@@ -1,0 +1,86 @@
+"""The boundary barrier's lookup (`barrier_holder`, every prepare) reads the barrier rows
+only, through the partial index whose WHERE is the barrier rule's SQL: not every operation
+the source ever had, and no sort."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+
+from domain.fork_states import BARRIER_SQL
+from storage.fork_prepare import barrier_holder
+from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS
+from storage.schema import SCHEMA_VERSION, migrate
+
+WS, SRC = "ws", "src"
+
+
+def _plan(conn: apsw.Connection, sql: str, params: tuple[str, ...]) -> str:
+    return " | ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+
+
+def _store(tmp_path: Path) -> apsw.Connection:
+    conn = apsw.Connection(str(tmp_path / "store.sqlite3"))
+    migrate(conn, SCHEMA_VERSION)
+    conn.execute("PRAGMA foreign_keys = OFF")  # operation rows alone, no Sessions
+    return conn
+
+
+def _op(conn: apsw.Connection, n: int, status: str, observed: int | None = None) -> None:
+    conn.execute(
+        "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
+        " source_session_id, target_session_id, point_kind, source_turn_id,"
+        " source_provider_session_id, source_provider_turn_id, source_provider_turn_ids,"
+        " target_title, driver_kind, driver_version, binding_mode, snapshot_hash, status,"
+        " created_at_ms, client_observed_at_ms)"
+        " VALUES (?, ?, ?, 'h', ?, ?, 'throughTurn', 'turn-1', 'p', 'pt', '[]', 't', 'd', '1',"
+        " 'host_copy', 's', ?, 0, ?)",
+        (WS, f"op-{n}", f"req-{n}", SRC, f"child-{n}", status, observed),
+    )
+
+
+def test_the_index_is_the_barrier_rule() -> None:
+    """Its WHERE is the rule's SQL text, as the query repeats it (else no planner uses it)."""
+    from storage.schema import MIGRATIONS
+
+    assert BARRIER_OPS_SQL == BARRIER_SQL
+    assert f"WHERE {BARRIER_SQL};" in str(MIGRATIONS[15])
+
+
+def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
+    conn = _store(tmp_path)
+    for n in range(500):  # a source forked and ACKed 500 times: none holds the barrier
+        _op(conn, n, "committed", observed=1)
+    _op(conn, 500, "failed")
+    conn.execute("ANALYZE")
+    sql = (
+        f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
+        " AND source_session_id = ? AND source_turn_id = ?"
+        f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1"
+    )
+    plan = _plan(conn, sql, (WS, SRC, "turn-1"))
+    assert "fork_operations_barrier_held" in plan, plan
+    assert "TEMP B-TREE" not in plan, plan
+    assert barrier_holder(conn, WS, SRC, "turn-1") is None
+    _op(conn, 501, "unknown")
+    _op(conn, 502, "committed")  # not ACKed: holds it too, but the older one answers
+    held = barrier_holder(conn, WS, SRC, "turn-1")
+    assert held is not None and held[1] == "op-501"
+    conn.execute("UPDATE fork_operations SET status = 'failed' WHERE operation_id = 'op-501'")
+    held = barrier_holder(conn, WS, SRC, "turn-1")
+    assert held is not None and held[1] == "op-502"
+    conn.execute(
+        "UPDATE fork_operations SET client_observed_at_ms = 1 WHERE operation_id = 'op-502'"
+    )
+    assert barrier_holder(conn, WS, SRC, "turn-1") is None
+    assert barrier_holder(conn, WS, SRC, "turn-2") is None
+    conn.close()
+
+
+def test_the_old_barrier_index_is_gone(tmp_path: Path) -> None:
+    conn = _store(tmp_path)
+    names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "fork_operations_barrier_held" in names
+    assert "fork_operations_barrier" not in names
+    conn.close()
