@@ -163,7 +163,8 @@ def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
         raise LineageBroken(f"{where}: torn last line")
     out: list[RolloutRecord] = []
     offset = 0
-    lines = data[:-1].split(b"\n")
+    lines = data.split(b"\n")
+    del lines[-1]  # after the last newline: nothing
     # Each line decoded as the standard library reads it: by orjson where that returns the
     # same (`tutti_agent.json_lines`), else, in an all-ASCII file, through the decoder's text
     # path, in any other through `json.loads` of the line's bytes.

@@ -137,7 +137,9 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
     records: list[dict[str, Any]] = []
     append = records.append
     previous: int | None = None
-    for index, raw in enumerate(data[:-1].split(b"\n")):
+    raws = data.split(b"\n")
+    del raws[-1]  # after the last newline: nothing (not a copy of the data less its newline)
+    for index, raw in enumerate(raws):
         try:
             try:
                 obj = loads(raw)

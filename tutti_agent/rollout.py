@@ -150,12 +150,11 @@ def read_rollout(path: Path) -> list[RolloutLine]:
     path, in any other through `json.loads` of the line's bytes. Same lines, same offsets,
     same errors either way."""
     data = path.read_bytes()
-    complete = data.rfind(b"\n")  # past it: a torn tail from a crash mid-write
-    if complete < 0:
-        return []
+    raws = data.split(b"\n")
+    del raws[-1]  # past the last newline: nothing, or a torn tail from a crash mid-write
     standard = _standard_ascii if data.isascii() else json.loads
     with gc_paused():
-        return _read_lines(data[:complete].split(b"\n"), path, fast_loads(data, standard), standard)
+        return _read_lines(raws, path, fast_loads(data, standard), standard)
 
 
 def _standard_ascii(raw: bytes) -> Any:
