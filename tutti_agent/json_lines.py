@@ -16,12 +16,12 @@ library returns the same value, with two exceptions, both handled here:
   here — the binder, the proof and the app-server alike — so they still agree.
 
 Each line orjson refuses goes to the caller's standard-library decoder, which accepts or
-refuses it as before, with its own error:
-NaN and Infinity, numbers that overflow a double (`1e400`), lone surrogates (escaped, or raw
-in a bytes line), a UTF-8 BOM before a bytes line. Both decoders allow JSON whitespace
-(space, tab, CR) around a line's value and keep the last of duplicate keys at the first
-one's place; both refuse control characters in strings, trailing commas, leading zeros and
-a second value on the line (`tests/tutti_agent/test_json_lines.py` pins each of these)."""
+refuses it as before, with its own error: NaN and Infinity, numbers that overflow a double
+(`1e400`), lone surrogates (escaped, or raw in a bytes line), a UTF-8 BOM before a bytes
+line. Both decoders allow JSON whitespace (space, tab, CR) around a line's value and keep the
+last of duplicate keys at the first one's place; both refuse control characters in strings,
+trailing commas, leading zeros and a second value on the line
+(`tests/tutti_agent/test_json_lines.py` pins each of these)."""
 
 from __future__ import annotations
 
