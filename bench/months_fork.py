@@ -13,17 +13,29 @@ store's shape builds in about a minute):
 
     build/venv/bin/python -m bench.months_fork --sessions 300 --turns 12000 --big-turns 10000 \\
         --operations 100 [--warm 2]
+
+`--reads N` times instead, in this process and without a daemon, what each side does with that
+Session's rollout (60,002 lines, 14.7 MB) per fork, by CPU clock, the median of N rounds: the
+worker's bind parse (`parse_rollout`: every line decoded and checked), the app-server's read
+(`read_rollout`, what a cold resume loads), the proof's lines from the bind's decode
+(`lines_of_decoded`) and its lean reduction (`build_turns(..., with_items=False)`), with the
+minor page faults of each (memory the process touched afresh). Run from one tree with another
+tree's code first on `PYTHONPATH` (`python <this tree>/bench/months_fork.py --reads 5`), it
+times that tree's code: an A/B of the reads alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
+import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +80,9 @@ def measure(home: Path, big_turns: int, warm: int) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="months-fork-") as tmp:
         work = Path(tmp) / "home"
         shutil.copytree(home, work, ignore=shutil.ignore_patterns("complete"))
+        # The copy's write-back (4.1 GB at full size) done before the daemon starts: else the
+        # forks' fsyncs wait behind it, and their wall measures the copy.
+        os.sync()
         first = BenchDaemon(work).start(timeout=1200)  # recovers the interrupted operations
         first.stop()
         daemon = BenchDaemon(work, idle_actor_seconds=60.0).start(timeout=600)
@@ -113,12 +128,47 @@ def measure(home: Path, big_turns: int, warm: int) -> list[Row]:
     ]
 
 
+def measure_reads(home: Path, rounds: int) -> list[tuple[str, float, float]]:
+    """(step, median CPU ms, median minor page faults) of each read of the big Session's
+    rollout, each step timed alone, the collector held off as the fork holds it."""
+    from drivers.rollout_files import parse_rollout
+    from tutti_agent.gc_pause import gc_paused
+    from tutti_agent.history import build_turns
+    from tutti_agent.rollout import lines_of_decoded, read_rollout
+
+    rollout = next((home / "runtimes" / WS / _id(SESSION, 0)).rglob("rollout-*.jsonl"))
+    thread_id = rollout.name[-len(".jsonl") - 36 : -len(".jsonl")]
+    data = rollout.read_bytes()
+    samples: dict[str, list[tuple[float, float]]] = {}
+
+    def timed(step: str, call: Any, *args: Any) -> Any:
+        before, cpu = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.thread_time()
+        out = call(*args)
+        cpu, faults = time.thread_time() - cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        samples.setdefault(step, []).append((cpu * 1000, faults - before))
+        return out
+
+    for _ in range(rounds):
+        with gc_paused():
+            parsed = timed("bind parse", parse_rollout, data, thread_id)
+            lines = timed("proof lines", lines_of_decoded, data, parsed.records, rollout)
+            items = [line.item for line in lines]
+            timed("lean reduction", partial(build_turns, with_items=False), items)
+            del parsed, lines, items
+            timed("app-server read", read_rollout, rollout)
+    return [
+        (step, statistics.median(c for c, _ in got), statistics.median(f for _, f in got))
+        for step, got in samples.items()
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
     ap.add_argument("--scale", type=float, default=0.001)
     for dim in ("sessions", "turns", "big-turns", "operations"):
         ap.add_argument(f"--{dim}", type=int, default=None)
     ap.add_argument("--warm", type=int, default=2)
+    ap.add_argument("--reads", type=int, default=0, metavar="N")
     args = ap.parse_args(argv)
     counts = {
         key: value
@@ -128,6 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = Size.of(args.scale).with_counts(**counts)
     home = cached_home(size)
     load, probe = os.getloadavg()[0], cpu_probe_ms()
+    if args.reads:
+        reads = measure_reads(home, args.reads)
+        print(
+            Table(
+                f"reads of the 10,000-Turn rollout in one process, median of {args.reads} (1-min"
+                f" load {load:.2f}, CPU probe {probe:.1f} ms)",
+                ("step", "CPU ms", "minor page faults"),
+                tuple(reads),
+            ).render()
+        )
+        return 0
     rows = measure(home, size.big_turns, args.warm)
     load_end, probe_end = os.getloadavg()[0], cpu_probe_ms()
     table = Table(

@@ -34,9 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from drivers.rollout_files import BinderError, ParsedRollout, read_regular, rollout_matches
+from tutti_agent.json_lines import REFUSED, fast_loads
 
 MAX_LINEAGE_DEPTH = 64
-_DECODER = json.JSONDecoder()
+_DECODE = json.JSONDecoder().decode
+
+
+def _standard_ascii(raw: bytes) -> Any:
+    return _DECODE(raw.decode("ascii"))
 
 
 class ReaderNotApplicable(Exception):
@@ -158,18 +163,20 @@ def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
         raise LineageBroken(f"{where}: torn last line")
     out: list[RolloutRecord] = []
     offset = 0
-    # An all-ASCII file (the usual case) is decoded once: its character offsets are its byte
-    # offsets, and each line goes straight to the decoder; else line by line.
-    lines: list[str] | list[bytes]
-    loads: Any
-    if data.isascii():
-        lines, loads = data[:-1].decode("ascii").split("\n"), _DECODER.decode
-    else:
-        lines, loads = data[:-1].split(b"\n"), json.loads
+    lines = data.split(b"\n")
+    del lines[-1]  # after the last newline: nothing
+    # Each line decoded as the standard library reads it: by orjson where that returns the
+    # same (`tutti_agent.json_lines`), else, in an all-ASCII file, through the decoder's text
+    # path, in any other through `json.loads` of the line's bytes.
+    standard = _standard_ascii if data.isascii() else json.loads
+    loads = fast_loads(data, standard)
     for number, raw in enumerate(lines, 1):
         offset += len(raw) + 1
         try:
-            obj = loads(raw)
+            try:
+                obj = loads(raw)
+            except REFUSED:
+                obj = standard(raw)
         except ValueError as exc:
             raise LineageBroken(f"{where}: line {number} is not JSON ({exc})") from None
         if not isinstance(obj, dict):

@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import partial
-from json.scanner import make_scanner
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from domain.errors import ProviderError
+from tutti_agent.json_lines import REFUSED, fast_loads
 
 ROLLOUT_DIRS = ("sessions", "archived_sessions")
 _THREAD_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$")
@@ -88,9 +88,13 @@ def _checked_line(obj: Any) -> dict[str, Any]:
     return obj
 
 
-_DECODER = json.JSONDecoder()
-# The decoder's scanner (what `_DECODER.decode` runs): one value from a position in a text.
-_SCAN: Callable[[str, int], tuple[Any, int]] = make_scanner(cast(Any, _DECODER))
+_DECODE = json.JSONDecoder().decode
+
+
+def _standard_line(raw: bytes) -> Any:
+    """One line of a UTF-8 rollout through the standard library's decoder (whitespace around
+    the value allowed; anything else raises its usual error)."""
+    return _DECODE(raw.decode("utf-8"))
 
 
 def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
@@ -115,39 +119,32 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
     """`validate_rollout`, keeping the decoded lines.
 
     Every line is still parsed on its own (a line holding two objects, or half of one, is a
-    defect); the bytes are decoded as UTF-8 once for the whole file and each line is handed to
-    one decoder, not through `json.loads`' per-call encoding detection (that per-line overhead
-    was most of the binder's CPU per fork)."""
+    defect) and judged as the standard library's decoder judges it: by orjson where that
+    returns the same (`tutti_agent.json_lines`), else the line's text through the standard
+    library's decoder (NaN, a lone surrogate, ... accepted or refused, and named, as before).
+    The file must be UTF-8 as a whole."""
     if not data:
         raise ValueError("empty rollout")
     if not data.endswith(b"\n"):
         raise ValueError("torn last line")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ValueError(f"line {line}: not UTF-8") from None
-    decode = _DECODER.decode
-    scan = _SCAN
-    find = text.find
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise ValueError(f"line {line}: not UTF-8") from None
+    loads = fast_loads(data, _standard_line)
     records: list[dict[str, Any]] = []
+    append = records.append
     previous: int | None = None
-    start = 0
-    index = 0
-    end_of_text = len(text)
-    while start < end_of_text:
-        newline = find("\n", start)
+    raws = data.split(b"\n")
+    del raws[-1]  # after the last newline: nothing (not a copy of the data less its newline)
+    for index, raw in enumerate(raws):
         try:
             try:
-                # The decoder's own scanner, straight on the file's text: one C call per line
-                # where the line is exactly one value (what every writer produces) ...
-                obj, end = scan(text, start)
-            except StopIteration:
-                end = -1
-            if end != newline:
-                # ... else the line alone through `decode` (whitespace around the value is
-                # allowed; anything else raises its usual error).
-                obj = decode(text[start:newline])
+                obj = loads(raw)
+            except REFUSED:
+                obj = _standard_line(raw)
             if not (
                 type(obj) is dict
                 and "timestamp" in obj
@@ -165,9 +162,7 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
         if previous is not None and ordinal <= previous:
             raise ValueError(f"line {index + 1}: ordinal not increasing")
         previous = ordinal
-        records.append(obj)
-        start = newline + 1
-        index += 1
+        append(obj)
     first = records[0]
     assert previous is not None
     if first["type"] != "session_meta":

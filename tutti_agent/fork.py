@@ -119,6 +119,11 @@ class ForkResult:
     turns: tuple[TurnRecord, ...] | None = None
     """The child's turns as `build_turns` projects them (ids, status, items; the indices are
     the source's), when the fork knew them from its prefix; else None."""
+    settings: Mapping[str, Any] | None = None
+    """The child's `effective_settings()`, known without a pass over its lines: its own
+    `thread_settings_applied` line (cwd and model) is the last such line of its history, its
+    `model_provider` its `session_meta`'s, and the lines before it are the source's, whose
+    pass the fork has just made (so they raise nothing)."""
 
 
 class ForkHooks(Protocol):
@@ -347,6 +352,7 @@ class ForkService:
             child=child,
             prepared_end=prepared.end_ordinal_exclusive,
             turns=prepared.turns if as_is else None,
+            settings={"cwd": cwd, "model": model, "model_provider": meta["model_provider"]},
         )
 
 

@@ -15,7 +15,7 @@ import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -24,6 +24,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 from tutti_agent.errors import RolloutCorrupt
 from tutti_agent.gc_pause import gc_paused
+from tutti_agent.json_lines import REFUSED, fast_loads
 
 
 class LineType(StrEnum):
@@ -131,7 +132,7 @@ def _entries(directory: str) -> list[os.DirEntry[str]]:
         return []
 
 
-_DECODER = json.JSONDecoder()
+_DECODE = json.JSONDecoder().decode
 
 
 def read_file(path: Path) -> bytes:
@@ -144,15 +145,20 @@ def read_file(path: Path) -> bytes:
 def read_rollout(path: Path) -> list[RolloutLine]:
     """Read every complete line; a torn last line (no newline, bad JSON) is dropped.
 
-    An all-ASCII file (the usual case) is decoded once and parsed line by line from the text,
-    its character offsets being its byte offsets; any other file line by line from the bytes.
-    Same lines, same offsets, same errors either way (a fork reads its child back
-    on both sides of the worker pipe)."""
+    Each line is decoded as the standard library's decoder reads it: by orjson where that
+    returns the same (`json_lines`), else, in an all-ASCII file, through the decoder's text
+    path, in any other through `json.loads` of the line's bytes. Same lines, same offsets,
+    same errors either way."""
     data = path.read_bytes()
+    raws = data.split(b"\n")
+    del raws[-1]  # past the last newline: nothing, or a torn tail from a crash mid-write
+    standard = _standard_ascii if data.isascii() else json.loads
     with gc_paused():
-        if data.isascii():
-            return _read_lines(data.decode("ascii"), path, _DECODER.decode)
-        return _read_lines(data, path, json.loads)
+        return _read_lines(raws, path, fast_loads(data, standard), standard)
+
+
+def _standard_ascii(raw: bytes) -> Any:
+    return _DECODE(raw.decode("ascii"))
 
 
 def lines_of_decoded(
@@ -164,27 +170,37 @@ def lines_of_decoded(
     raws = data.split(b"\n")
     if raws[-1] != b"" or len(raws) - 1 != len(records):
         raise ValueError("the decoded records are not the lines of these bytes")
+    del raws[-1]
     with gc_paused():
-        return _read_lines(data, path, iter(records).__next__, raws[:-1])
+        return _read_lines(raws, path, json.loads, json.loads, iter(records).__next__)
 
 
 def _read_lines(
-    data: Any, path: Path, loads: Any, raws: Sequence[Any] | None = None
+    raws: list[bytes],
+    path: Path,
+    loads: Callable[[bytes], Any],
+    standard: Callable[[bytes], Any],
+    decoded: Callable[[], Any] | None = None,
 ) -> list[RolloutLine]:
-    newline_char = "\n" if isinstance(data, str) else b"\n"
-    complete = data.rfind(newline_char)  # past it: a torn tail from a crash mid-write
-    if complete < 0:
-        return []
+    """A `RolloutLine` per line of `raws` (each a complete line, its newline stripped) from
+    its JSON: `decoded()` if given (the next of the lines decoded already), else `loads(raw)`,
+    or `standard(raw)` where that raises `REFUSED`."""
     lines: list[RolloutLine] = []
     append = lines.append
     # The named tuples built with `tuple.__new__` straight, not through their constructors
     # (a Python-level call each, two per line): the same RolloutLines.
     new = tuple.__new__
     offset = 0
-    for raw in data[:complete].split(newline_char) if raws is None else raws:
+    for raw in raws:
         end = offset + len(raw) + 1
         try:
-            obj = loads(raw) if raws is None else loads()
+            if decoded is not None:
+                obj = decoded()
+            else:
+                try:
+                    obj = loads(raw)
+                except REFUSED:
+                    obj = standard(raw)
             append(
                 new(
                     RolloutLine,

@@ -240,8 +240,11 @@ class AppServer:
         include_turns: bool,
         turns: Sequence[TurnRecord] | None = None,
         with_items: bool = True,
+        settings: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
-        settings = history.effective_settings()
+        """`settings`: the history's `effective_settings()`, when the caller knows them."""
+        if settings is None:
+            settings = history.effective_settings()
         return {
             "thread": self._thread_payload(
                 history,
@@ -401,6 +404,7 @@ class AppServer:
             include_turns=not params.get("excludeTurns", False),
             turns=result.turns,
             with_items=options.turn_items,
+            settings=result.settings,
         )
         if not loaded:
             # Written, durable and answered, never opened here: no `thread/started`, and

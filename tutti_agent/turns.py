@@ -54,9 +54,10 @@ class LiveThread:
         self._has_env_context = any(
             _is_env_context(line.item) for line in history.lines
         )
-        self.cwd = str(history.effective_settings().get("cwd") or ".")
+        settings = history.effective_settings()  # one pass over the history's lines
+        self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
-        model_name = history.effective_settings().get("model")
+        model_name = settings.get("model")
         self.model_name = str(model_name) if model_name else None
 
     # -- lifecycle --------------------------------------------------------------------

@@ -27,7 +27,7 @@ from tutti_agent.history import (
     message_text,
     model_context,
 )
-from tutti_agent.rollout import LineType, read_rollout
+from tutti_agent.rollout import LineType, RolloutItem, read_rollout
 from tutti_agent.store import ThreadStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -214,3 +214,38 @@ def test_in_range_truncation_leaves_no_phantom_turn_in_the_child(store: ThreadSt
             turns = build_turns(child.items)
             assert [t.id for t in turns] == expected
             assert all(str(t.status) == "completed" for t in turns)
+
+
+def _settings(cwd: str, model: str) -> RolloutItem:
+    return RolloutItem(
+        LineType.EVENT_MSG,
+        {"type": "thread_settings_applied", "thread_settings": {"cwd": cwd, "model": model}},
+    )
+
+
+@pytest.mark.parametrize("persistence", list(ForkPersistence))
+@pytest.mark.parametrize(
+    "snapshot", [None, TruncateBeforeNthUserMessage(1), TruncateBeforeNthUserMessage(9)]
+)
+@pytest.mark.parametrize("own", [{}, {"cwd": "/elsewhere", "model": "other"}])
+def test_the_fork_knows_the_childs_settings_as_a_pass_over_its_lines_finds_them(
+    store: ThreadStore,
+    persistence: ForkPersistence,
+    snapshot: ForkSnapshot | None,
+    own: dict[str, str],
+) -> None:
+    """The reply's settings come from the fork, not from a pass over the child's lines (a
+    10,000-Turn child's 60,000): they are what that pass returns, mid-turn or settled,
+    Copied or Referenced, with or without the caller's own cwd and model."""
+    root = write_root(
+        store,
+        [_settings("/first", "m1"), *explicit_turn("t1", "u1", "a1"), _settings("/second", "m2")]
+        + explicit_turn("t2", "u2", "a2")
+        + [task_started("t3", 7), user_msg("u3")],
+    )
+    result = ForkService(store).fork(
+        root, ForkOptions(persistence=persistence, snapshot=snapshot, **own)
+    )
+    assert result.settings == result.child.effective_settings()
+    assert result.settings == store.load(result.child.thread_id).effective_settings()
+    assert result.settings is not None and result.settings["cwd"] == own.get("cwd", "/second")
