@@ -21,6 +21,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,13 @@ output, virtualenvs, and `.env*` files (secrets)."""
 
 DEFAULT_SIZE_LIMIT = 10 * 1024 * 1024
 REF_ROOT = "refs/agenthost"
+STAT_WALK_LIMIT = 5_000
+"""Entries (directories and files) a directory's stat snapshot holds at most: a larger tree is
+left to `ls-files` alone (walking it in Python would cost more than the process saves)."""
+RACY_MARGIN_NS = 2 * 10**9
+"""A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
+`ls-files` began: a later change within the filesystem clock's granularity (or a clock a
+little behind this one) could leave such an entry's stat as it was."""
 
 
 class ChangeKind(StrEnum):
@@ -196,6 +204,82 @@ def _discovery_probe(real: str) -> tuple[object, ...]:
         d = parent
 
 
+_StatKey = tuple[int, int, int, int, int] | None
+
+
+def _stat_key(path: str) -> _StatKey:
+    """What any change of an entry changes: inode, mode, size, mtime and ctime (the kernel
+    sets ctime on every write, rename, link or unlink in it, and nobody can set it back);
+    None when it is absent."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class _StatSnapshot:
+    """A directory as a clean capture left it: every entry `ls-files` could have to look at
+    (each directory — a file added, removed or renamed in it changes its ctime — and each
+    file), with its `_stat_key`, and the tree captured with the key of the shadow index it
+    is written in. While every key is the same, the tree is the directory's."""
+
+    index_key: bytes
+    tree: str
+    paths: tuple[str, ...]
+    keys: tuple[_StatKey, ...]
+
+
+def _walk_skips(excludes: Sequence[str]) -> frozenset[str]:
+    """The directory names the exclude patterns leave out wherever they are (`name/`, no
+    slash or wildcard within): git never looks inside an excluded directory, so neither does
+    a stat snapshot. `.git` is never content."""
+    names = {".git"}
+    for pattern in excludes:
+        name = pattern[:-1] if pattern.endswith("/") else ""
+        if name and not any(c in name for c in "/*?[\\!#"):
+            names.add(name)
+    return frozenset(names)
+
+
+def _stat_walk(
+    real: str, skips: frozenset[str], skip_dirs: frozenset[str], racy_from_ns: int
+) -> tuple[tuple[str, ...], tuple[_StatKey, ...]] | bool:
+    """The entries of `real` (resolved) a snapshot holds, with their keys; True when there
+    are more than `STAT_WALK_LIMIT`, False when one changed at `racy_from_ns` or later or the
+    walk failed."""
+    paths: list[str] = []
+    keys: list[_StatKey] = []
+    stack = [real]
+    try:
+        while stack:
+            d = stack.pop()
+            st = os.lstat(d)
+            if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
+                return False
+            paths.append(d)
+            keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            with os.scandir(d) as entries:
+                for e in entries:
+                    if e.is_dir(follow_symlinks=False):
+                        if e.name not in skips and e.path not in skip_dirs:
+                            stack.append(e.path)
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                    if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
+                        return False
+                    paths.append(e.path)
+                    keys.append(
+                        (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                    )
+            if len(paths) > STAT_WALK_LIMIT:
+                return True
+    except OSError:
+        return False
+    return tuple(paths), tuple(keys)
+
+
 class ShadowStore:
     """Checkpoints of any number of workspace directories under `root`."""
 
@@ -222,6 +306,11 @@ class ShadowStore:
         self._repos: dict[str, tuple[Path, tuple[int, int, int, int], tuple[str, ...]]] = {}
         self._repo_locks: dict[Path, threading.Lock] = {}
         self._guard = threading.Lock()
+        # Per shadow repository: the directory as its last clean capture left it (`_snapshot`);
+        # a directory too large to walk is remembered as such.
+        self._snapshots: dict[Path, _StatSnapshot] = {}
+        self._too_big: set[Path] = set()
+        self.racy_margin_ns = RACY_MARGIN_NS
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -316,7 +405,7 @@ class ShadowStore:
             real = os.path.realpath(cwd) if real is None else real
             repo = self._repo(git, cwd, real)
             with self._repo_lock(repo):
-                tree, too_large = self._capture_tree(git, repo, cwd)
+                tree, too_large = self._capture_tree(git, repo, cwd, real)
             head, root = self._head_of(git, cwd, real)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
@@ -332,8 +421,55 @@ class ShadowStore:
         with self._guard:
             return self._repo_locks.setdefault(repo, threading.Lock())
 
-    def _capture_tree(self, git: Git, repo: Path, cwd: Path) -> tuple[str, list[str]]:
+    def _unchanged(self, repo: Path, index: Path) -> str | None:
+        """The tree of the directory's last clean capture when not one entry of its stat
+        snapshot changed since and the shadow index is the one that tree is written in;
+        None: ask git."""
+        snap = self._snapshots.get(repo)
+        if snap is None:
+            return None
+        if _index_key(index) != snap.index_key or [
+            _stat_key(p) for p in snap.paths
+        ] != list(snap.keys):
+            del self._snapshots[repo]
+            return None
+        return snap.tree
+
+    def _snapshot(
+        self, repo: Path, real: str, index: Path, tree: str, racy_from_ns: int
+    ) -> None:
+        """Remember the directory as this capture found it (`_StatSnapshot`): walked after
+        git read it, so only entries older than the read's start (less the racy margin) are
+        taken on their stat; a younger one, like too many, leaves no snapshot."""
+        self._snapshots.pop(repo, None)
+        if repo in self._too_big:
+            return
+        key = _index_key(index)
+        if key is None:
+            return
+        inside = os.path.realpath(self.root)
+        walked = _stat_walk(real, _walk_skips(self.excludes), frozenset({inside}), racy_from_ns)
+        if walked is True:
+            self._too_big.add(repo)
+        if isinstance(walked, bool):
+            return
+        paths, keys = walked
+        # The shadow repository's exclude file and config: what else says what git ignores.
+        extra = (str(repo / "info" / "exclude"), str(repo / "config"))
+        self._snapshots[repo] = _StatSnapshot(
+            key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra)
+        )
+
+    def _capture_tree(
+        self, git: Git, repo: Path, cwd: Path, real: str | None = None
+    ) -> tuple[str, list[str]]:
+        real = os.path.realpath(cwd) if real is None else real
+        index = repo / "index"
+        unchanged = self._unchanged(repo, index)
+        if unchanged is not None:
+            return unchanged, []
         env = self._env(repo, cwd)
+        racy_from_ns = time.time_ns() - self.racy_margin_ns
         # Only what may have changed since the last checkpoint of this directory, in one
         # call as cheap as `git status`: tracked files whose stat differs from the shadow
         # index (deleted ones too; git's racy-index rule compares the content of a file
@@ -346,13 +482,13 @@ class ShadowStore:
                 cwd=cwd,
             ).stdout
         )
-        index = repo / "index"
         if not candidates:
             # Nothing differs from the index: the tree is the one it last wrote, if the
             # index is byte for byte the one that tree was written from.
             cached = self._trees.get(repo)
             key = _index_key(index)
             if cached is not None and key is not None and cached[0] == key:
+                self._snapshot(repo, real, index, cached[1], racy_from_ns)
                 return cached[1], []
         too_large = self._too_large(cwd, candidates)
         left_out = set(too_large)
@@ -384,6 +520,8 @@ class ShadowStore:
         key = _index_key(index)
         if key is not None:
             self._trees[repo] = (key, tree)
+            if not too_large:
+                self._snapshot(repo, real, index, tree, racy_from_ns)
         return tree, too_large
 
     def _too_large(self, cwd: Path, paths: Sequence[str]) -> list[str]:
