@@ -50,6 +50,9 @@ REF_ROOT = "refs/agenthost"
 STAT_WALK_LIMIT = 5_000
 """Entries (directories and files) a directory's stat snapshot holds at most: a larger tree is
 left to `ls-files` alone (walking it in Python would cost more than the process saves)."""
+SNAPSHOT_BACKOFF_MAX = 16
+"""At most this many captures in a row skip the walk of a directory whose last walks were
+wasted (it changed before the snapshot was used, or held an entry too young to take)."""
 RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
@@ -270,9 +273,7 @@ def _stat_walk(
                     if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
                         return False
                     paths.append(e.path)
-                    keys.append(
-                        (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-                    )
+                    keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
             if len(paths) > STAT_WALK_LIMIT:
                 return True
     except OSError:
@@ -310,6 +311,10 @@ class ShadowStore:
         # a directory too large to walk is remembered as such.
         self._snapshots: dict[Path, _StatSnapshot] = {}
         self._too_big: set[Path] = set()
+        # Per shadow repository: how many captures skip the walk after a wasted one (doubled
+        # by each wasted walk, reset by a snapshot used), and how many are still to skip.
+        self._backoff: dict[Path, int] = {}
+        self._skip_walks: dict[Path, int] = {}
         self.racy_margin_ns = RACY_MARGIN_NS
 
     # -- plumbing --------------------------------------------------------------------------
@@ -428,21 +433,32 @@ class ShadowStore:
         snap = self._snapshots.get(repo)
         if snap is None:
             return None
-        if _index_key(index) != snap.index_key or [
-            _stat_key(p) for p in snap.paths
-        ] != list(snap.keys):
+        if _index_key(index) != snap.index_key or [_stat_key(p) for p in snap.paths] != list(
+            snap.keys
+        ):
             del self._snapshots[repo]
+            self._wasted(repo)
             return None
+        self._backoff.pop(repo, None)
         return snap.tree
 
-    def _snapshot(
-        self, repo: Path, real: str, index: Path, tree: str, racy_from_ns: int
-    ) -> None:
+    def _wasted(self, repo: Path) -> None:
+        """A walk of `repo`'s directory served no capture: skip the next ones (doubling)."""
+        backoff = min(max(1, 2 * self._backoff.get(repo, 0)), SNAPSHOT_BACKOFF_MAX)
+        self._backoff[repo] = backoff
+        self._skip_walks[repo] = backoff
+
+    def _snapshot(self, repo: Path, real: str, index: Path, tree: str, racy_from_ns: int) -> None:
         """Remember the directory as this capture found it (`_StatSnapshot`): walked after
         git read it, so only entries older than the read's start (less the racy margin) are
         taken on their stat; a younger one, like too many, leaves no snapshot."""
         self._snapshots.pop(repo, None)
         if repo in self._too_big:
+            return
+        skip = self._skip_walks.get(repo, 0)
+        if skip > 0:
+            # The directory kept changing between captures: a walk would likely be wasted.
+            self._skip_walks[repo] = skip - 1
             return
         key = _index_key(index)
         if key is None:
@@ -451,6 +467,8 @@ class ShadowStore:
         walked = _stat_walk(real, _walk_skips(self.excludes), frozenset({inside}), racy_from_ns)
         if walked is True:
             self._too_big.add(repo)
+        if walked is False:
+            self._wasted(repo)  # an entry too young to take on its stat
         if isinstance(walked, bool):
             return
         paths, keys = walked
