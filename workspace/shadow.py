@@ -246,12 +246,23 @@ def _walk_skips(excludes: Sequence[str]) -> frozenset[str]:
     return frozenset(names)
 
 
+def _negates(gitignore: str) -> bool:
+    """Whether a `.gitignore` may re-include something (any `!`, wherever it is): then a
+    directory the excludes name may be captured after all, and the walk cannot skip it."""
+    try:
+        with open(gitignore, "rb") as f:
+            return b"!" in f.read()
+    except OSError:
+        return True
+
+
 def _stat_walk(
     real: str, skips: frozenset[str], skip_dirs: frozenset[str], racy_from_ns: int
 ) -> tuple[tuple[str, ...], tuple[_StatKey, ...]] | bool:
     """The entries of `real` (resolved) a snapshot holds, with their keys; True when there
-    are more than `STAT_WALK_LIMIT`, False when one changed at `racy_from_ns` or later or the
-    walk failed."""
+    are more than `STAT_WALK_LIMIT`, False when one changed at `racy_from_ns` or later, a
+    `.gitignore` re-includes something (`_negates`: the skipped names may not be excluded),
+    a repository lies inside, or the walk failed."""
     paths: list[str] = []
     keys: list[_StatKey] = []
     stack = [real]
@@ -265,12 +276,18 @@ def _stat_walk(
             keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
             with os.scandir(d) as entries:
                 for e in entries:
+                    if e.name == ".git" and d != real:
+                        # A repository inside: git captures its HEAD (a gitlink), which
+                        # changes with no stat of the entries walked here.
+                        return False
                     if e.is_dir(follow_symlinks=False):
                         if e.name not in skips and e.path not in skip_dirs:
                             stack.append(e.path)
                         continue
                     st = e.stat(follow_symlinks=False)
                     if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
+                        return False
+                    if e.name == ".gitignore" and _negates(e.path):
                         return False
                     paths.append(e.path)
                     keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
@@ -472,8 +489,13 @@ class ShadowStore:
         if isinstance(walked, bool):
             return
         paths, keys = walked
-        # The shadow repository's exclude file and config: what else says what git ignores.
-        extra = (str(repo / "info" / "exclude"), str(repo / "config"))
+        # The shadow repository's exclude file and config: what else says what git ignores;
+        # git's default excludes file under the private HOME too.
+        extra = (
+            str(repo / "info" / "exclude"),
+            str(repo / "config"),
+            str(self.root / "git" / "ignore"),
+        )
         self._snapshots[repo] = _StatSnapshot(
             key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra)
         )

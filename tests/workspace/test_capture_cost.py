@@ -529,6 +529,57 @@ def test_excluded_directories_are_not_walked_and_large_trees_are_left_to_git(
     assert git_log.commands()[:1] == ["ls-files"]
 
 
+def test_a_gitignore_that_re_includes_leaves_no_snapshot(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """A `.gitignore` negation takes precedence over the shadow repository's excludes, so a
+    directory they name (`build/`) may be captured after all: with one, nothing is taken on
+    a snapshot that did not walk it, and a change inside it is captured."""
+    (repo / ".gitignore").write_text("!build/\n")
+    (repo / "build").mkdir()
+    (repo / "build" / "out.txt").write_text("one\n")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    assert shadow_files(store, repo, first.tree)["build/out.txt"] == "one\n"
+    (repo / "build" / "out.txt").write_text("two\n")
+    git_log.clear()
+    seen = capture(store, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+    assert shadow_files(store, repo, seen.tree)["build/out.txt"] == "two\n"
+
+
+def test_a_repository_inside_leaves_no_snapshot(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """A repository inside the directory is captured as its HEAD (a gitlink), which a commit
+    there changes without changing any entry a snapshot would walk: with one, every capture
+    asks git, and the new HEAD is captured."""
+    inner = repo / "inner"
+    inner.mkdir()
+    git(inner, "init", "-q", "-b", "main")
+    (inner / "x.txt").write_text("x\n")
+    git(inner, "add", "-A")
+    git(inner, "commit", "-q", "-m", "one")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    git(inner, "commit", "-q", "--allow-empty", "-m", "two")
+    head = git(inner, "rev-parse", "HEAD")
+    age()
+    git_log.clear()
+    seen = capture(store, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+    listing = subprocess.run(
+        ["git", "ls-tree", seen.tree, "inner"],
+        env={**os.environ, "GIT_DIR": str(store.repo_dir(repo))},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert head in listing and seen.tree != first.tree, listing
+
+
 def test_a_snapshot_follows_a_shadow_index_changed_behind_the_store(
     tmp_path: Path, repo: Path, git_log: GitLog
 ) -> None:
