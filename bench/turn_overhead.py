@@ -492,7 +492,10 @@ def run(mode: Mode) -> BenchResult:
         result.notes.append(
             f"the model's first byte came {FIRST_TOKEN_S * 1000:g} ms after each request"
         )
-    result.notes.append(f"cwd of the bare Codex thread and the host's Sessions: {REPO}")
+    result.notes.append(
+        f"cwd of the bare Codex thread: {REPO}; of the host's Sessions (what each Turn"
+        " checkpoints): an empty folder beside the daemon's home (BenchDaemon.workdir)"
+    )
     return result
 
 
