@@ -246,14 +246,24 @@ def _walk_skips(excludes: Sequence[str]) -> frozenset[str]:
     return frozenset(names)
 
 
-def _negates(gitignore: str) -> bool:
-    """Whether a `.gitignore` may re-include something (any `!`, wherever it is): then a
-    directory the excludes name may be captured after all, and the walk cannot skip it."""
+def _negates(gitignore: str, skipped: frozenset[str]) -> bool:
+    """Whether a `.gitignore` may re-include a directory the walk skips (`skipped`: their
+    names): a negation (a line beginning `!`) with a wildcard, or naming one of them anywhere
+    in its text. git never re-includes a path below an excluded directory, so only a
+    negation that can match such a directory itself makes the walk's skipping wrong;
+    `!.gitkeep` cannot."""
     try:
         with open(gitignore, "rb") as f:
-            return b"!" in f.read()
+            lines = f.read().split(b"\n")
     except OSError:
         return True
+    names = [os.fsencode(n) for n in skipped]
+    for line in lines:
+        if not line.startswith(b"!"):
+            continue
+        if any(c in line for c in (b"*", b"?", b"[", b"\\")) or any(n in line for n in names):
+            return True
+    return False
 
 
 def _stat_walk(
@@ -261,10 +271,11 @@ def _stat_walk(
 ) -> tuple[tuple[str, ...], tuple[_StatKey, ...]] | bool:
     """The entries of `real` (resolved) a snapshot holds, with their keys; True when there
     are more than `STAT_WALK_LIMIT`, False when one changed at `racy_from_ns` or later, a
-    `.gitignore` re-includes something (`_negates`: the skipped names may not be excluded),
-    a repository lies inside, or the walk failed."""
+    `.gitignore` may re-include a skipped directory (`_negates`), a repository lies inside,
+    or the walk failed."""
     paths: list[str] = []
     keys: list[_StatKey] = []
+    skip_names = frozenset(os.path.basename(p) for p in skip_dirs)
     stack = [real]
     try:
         while stack:
@@ -287,7 +298,7 @@ def _stat_walk(
                     st = e.stat(follow_symlinks=False)
                     if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
                         return False
-                    if e.name == ".gitignore" and _negates(e.path):
+                    if e.name == ".gitignore" and _negates(e.path, skips | skip_names):
                         return False
                     paths.append(e.path)
                     keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))

@@ -549,6 +549,29 @@ def test_a_gitignore_that_re_includes_leaves_no_snapshot(
     assert shadow_files(store, repo, seen.tree)["build/out.txt"] == "two\n"
 
 
+def test_a_negation_that_cannot_re_include_a_skipped_directory_keeps_the_snapshot(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """`!keep.txt` (no wildcard, no skipped directory's name) cannot re-include anything
+    below `build/` or `node_modules/`: the snapshot is taken and used."""
+    (repo / ".gitignore").write_text("*.txt\n!keep.txt\n")
+    (repo / "keep.txt").write_text("kept\n")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    assert shadow_files(store, repo, first.tree)["keep.txt"] == "kept\n"
+    git_log.clear()
+    assert capture(store, repo) == first
+    assert git_log.commands() == []
+    for pattern in ("!*.log\n", "!node_modules\n"):
+        (repo / ".gitignore").write_text(pattern)
+        age()
+        for _ in range(shadow_module.SNAPSHOT_BACKOFF_MAX + 4):
+            git_log.clear()
+            capture(store, repo)
+            assert git_log.commands()[:1] == ["ls-files"], pattern
+
+
 def test_a_repository_inside_leaves_no_snapshot(
     tmp_path: Path, repo: Path, git_log: GitLog
 ) -> None:
