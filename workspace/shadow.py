@@ -343,6 +343,8 @@ class ShadowStore:
         # by each wasted walk, reset by a snapshot used), and how many are still to skip.
         self._backoff: dict[Path, int] = {}
         self._skip_walks: dict[Path, int] = {}
+        # Ref locks taken ahead of their `keep` (`reserve`).
+        self._reserved: set[Path] = set()
         self.racy_margin_ns = RACY_MARGIN_NS
 
     # -- plumbing --------------------------------------------------------------------------
@@ -686,9 +688,11 @@ class ShadowStore:
             return ref
         path = repo / ref
         lock = path.with_name(path.name + ".lock")
+        fd = self._take_reserved(lock)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            if fd is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
         try:
@@ -699,6 +703,44 @@ class ShadowStore:
             lock.unlink(missing_ok=True)
             raise
         return ref
+
+    def reserve(self, cwd: Path, name: str, real: str | None = None) -> bool:
+        """Take `refs/agenthost/<name>`'s lock now, empty, for a `keep` of it to come (a
+        Turn's `after` ref, taken with its `before`): that `keep` then writes an open file
+        and renames it, and creates none (an exclusive create is the costly part of writing a
+        ref). The lock is held as `keep` holds it; one a crash leaves is what
+        `clear_stale_locks` removes; `release` gives it up. Best effort: False (nothing
+        taken) when it cannot be taken. Callers serialise a directory's work, as for `keep`."""
+        repo = self._repo(self._git(), cwd, real)
+        if (repo / "reftable").exists():
+            return False
+        path = repo / REF_ROOT / name
+        lock = path.with_name(path.name + ".lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except OSError:
+            return False
+        self._reserved.add(lock)
+        return True
+
+    def release(self, cwd: Path, name: str, real: str | None = None) -> None:
+        """Give up the lock `reserve` took for `refs/agenthost/<name>` (its `keep` will not
+        come: the Turn was never created)."""
+        lock = self._repo(self._git(), cwd, real) / REF_ROOT / f"{name}.lock"
+        if lock in self._reserved:
+            self._reserved.discard(lock)
+            lock.unlink(missing_ok=True)
+
+    def _take_reserved(self, lock: Path) -> int | None:
+        """The reserved `lock`, opened to be written (None: not reserved, or gone)."""
+        if lock not in self._reserved:
+            return None
+        self._reserved.discard(lock)
+        try:
+            return os.open(lock, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        except OSError:
+            return None  # removed behind the store (a stale-lock sweep): created anew
 
     def drop(self, cwd: Path, prefix: str) -> int:
         """Delete every ref under `refs/agenthost/<prefix>/`; returns how many."""

@@ -643,3 +643,42 @@ def test_a_directory_changed_before_every_capture_is_walked_ever_more_rarely(
         cp = capture(store, repo)
         assert shadow_files(store, repo, cp.tree)["a.txt"] == f"alpha {i}\n"
     assert 1 <= len(walks) <= 6, walks
+
+
+def test_a_turns_after_ref_is_written_into_the_lock_taken_with_its_before(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """The `before` capture also takes the `after` ref's lock (an empty file); the `after`
+    capture fills that very file and renames it into place (the ref is the lock's inode),
+    creating none; `git gc` meanwhile is not disturbed by it; a `before` discarded (its Turn
+    never created) gives it up."""
+    age()
+    store = aged_store(tmp_path)
+    turns = TurnCheckpoints(store)
+    refs_dir = store.repo_dir(repo) / "refs" / "agenthost"
+    try:
+        before = turns.capture(str(repo), "s1", "t1", "before").result(30)
+        assert isinstance(before.checkpoint, Checkpoint)
+        lock = refs_dir / "s1" / "t1" / "after.lock"
+        assert lock.is_file() and lock.stat().st_size == 0
+        reserved_inode = lock.stat().st_ino
+        store.gc(repo)
+        (repo / "a.txt").write_text("alpha, changed\n")
+        after = turns.capture(str(repo), "s1", "t1", "after", before.checkpoint.tree).result(30)
+        assert isinstance(after.checkpoint, Checkpoint)
+        ref = refs_dir / "s1" / "t1" / "after"
+        assert ref.read_text() == after.checkpoint.commit + "\n"
+        assert ref.stat().st_ino == reserved_inode
+        assert not lock.exists()
+        assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before"]
+
+        early = turns.capture(str(repo), "s1", "t2", "before")
+        turns.discard(early, str(repo), "s1", "t2", "before")
+        early.result(30)
+        deadline = time.monotonic() + 20
+        while (refs_dir / "s1" / "t2" / "before").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        turns.pool.shutdown(wait=True)
+    assert not (refs_dir / "s1" / "t2" / "after.lock").exists()
+    assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before"]
