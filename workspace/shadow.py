@@ -52,7 +52,8 @@ STAT_WALK_LIMIT = 5_000
 left to `ls-files` alone (walking it in Python would cost more than the process saves)."""
 SNAPSHOT_BACKOFF_MAX = 16
 """At most this many captures in a row skip the walk of a directory whose last walks were
-wasted (it changed before the snapshot was used, or held an entry too young to take)."""
+wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
+entry too young to take is tried again once that entry is old enough, not counted."""
 RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
@@ -268,11 +269,11 @@ def _negates(gitignore: str, skipped: frozenset[str]) -> bool:
 
 def _stat_walk(
     real: str, skips: frozenset[str], skip_dirs: frozenset[str], racy_from_ns: int
-) -> tuple[tuple[str, ...], tuple[_StatKey, ...]] | bool:
+) -> tuple[tuple[str, ...], tuple[_StatKey, ...]] | bool | int:
     """The entries of `real` (resolved) a snapshot holds, with their keys; True when there
-    are more than `STAT_WALK_LIMIT`, False when one changed at `racy_from_ns` or later, a
-    `.gitignore` may re-include a skipped directory (`_negates`), a repository lies inside,
-    or the walk failed."""
+    are more than `STAT_WALK_LIMIT`; an entry's newer timestamp (ns, an int) when it changed
+    at `racy_from_ns` or later; False when a `.gitignore` may re-include a skipped directory
+    (`_negates`), a repository lies inside, or the walk failed."""
     paths: list[str] = []
     keys: list[_StatKey] = []
     skip_names = frozenset(os.path.basename(p) for p in skip_dirs)
@@ -282,7 +283,7 @@ def _stat_walk(
             d = stack.pop()
             st = os.lstat(d)
             if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
-                return False
+                return max(st.st_ctime_ns, st.st_mtime_ns)
             paths.append(d)
             keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
             with os.scandir(d) as entries:
@@ -297,7 +298,7 @@ def _stat_walk(
                         continue
                     st = e.stat(follow_symlinks=False)
                     if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
-                        return False
+                        return max(st.st_ctime_ns, st.st_mtime_ns)
                     if e.name == ".gitignore" and _negates(e.path, skips | skip_names):
                         return False
                     paths.append(e.path)
@@ -343,6 +344,9 @@ class ShadowStore:
         # by each wasted walk, reset by a snapshot used), and how many are still to skip.
         self._backoff: dict[Path, int] = {}
         self._skip_walks: dict[Path, int] = {}
+        # Per shadow repository: when (ns) an entry the last walk found too young is old
+        # enough for a capture begun then; no walk before.
+        self._young_until: dict[Path, int] = {}
         # Ref locks taken ahead of their `keep` (`reserve`).
         self._reserved: set[Path] = set()
         self.racy_margin_ns = RACY_MARGIN_NS
@@ -485,6 +489,8 @@ class ShadowStore:
         self._snapshots.pop(repo, None)
         if repo in self._too_big:
             return
+        if racy_from_ns + self.racy_margin_ns < self._young_until.get(repo, 0):
+            return  # the entry the last walk found too young still is
         skip = self._skip_walks.get(repo, 0)
         if skip > 0:
             # The directory kept changing between captures: a walk would likely be wasted.
@@ -498,8 +504,12 @@ class ShadowStore:
         if walked is True:
             self._too_big.add(repo)
         if walked is False:
-            self._wasted(repo)  # an entry too young to take on its stat
+            self._wasted(repo)
         if isinstance(walked, bool):
+            return
+        if isinstance(walked, int):
+            # An entry too young to take on its stat: walk again once it is old enough.
+            self._young_until[repo] = walked + self.racy_margin_ns
             return
         paths, keys = walked
         # The shadow repository's exclude file and config: what else says what git ignores;

@@ -473,13 +473,11 @@ def test_any_change_after_a_clean_capture_is_captured_by_git(
         assert "100755 blob" in listing and "sub/c.txt" in listing, listing
     assert capture(store, repo).tree == seen.tree
     age()
-    # Walks wasted on the young entries are backed off; within that bound the snapshot is
-    # taken again and used.
-    for _ in range(shadow_module.SNAPSHOT_BACKOFF_MAX + 2):
-        git_log.clear()
-        assert capture(store, repo).tree == seen.tree
-        if not git_log.commands():
-            break
+    # Once the changed entries are old enough, the next capture takes the snapshot (a walk
+    # that found them young is retried then, not backed off) and the one after uses it.
+    assert capture(store, repo).tree == seen.tree
+    git_log.clear()
+    assert capture(store, repo).tree == seen.tree
     assert git_log.commands() == []
 
 
@@ -625,9 +623,11 @@ def test_a_snapshot_follows_a_shadow_index_changed_behind_the_store(
 def test_a_directory_changed_before_every_capture_is_walked_ever_more_rarely(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A walk that served no capture (the directory changed before the next one, or held an
-    entry too young) makes the next captures skip it, twice as many each time up to a bound:
-    a directory an agent rewrites every Turn costs its captures few walks."""
+    """A walk that served no capture makes the next captures skip it, twice as many each
+    time up to a bound: a directory an agent rewrites between every two captures costs few
+    walks. A walk that met an entry too young to take is retried once that entry is old
+    enough, not sooner: rewritten just before every capture, the directory is walked about
+    once per racy margin."""
     walks: list[str] = []
     real_walk = shadow_module._stat_walk
 
@@ -640,9 +640,19 @@ def test_a_directory_changed_before_every_capture_is_walked_ever_more_rarely(
     store = aged_store(tmp_path)
     for i in range(20):
         (repo / "a.txt").write_text(f"alpha {i}\n")
+        age()  # old enough to be taken: each snapshot is then invalidated by the next change
         cp = capture(store, repo)
         assert shadow_files(store, repo, cp.tree)["a.txt"] == f"alpha {i}\n"
     assert 1 <= len(walks) <= 6, walks
+
+    walks.clear()
+    young = aged_store(tmp_path / "young")
+    young.racy_margin_ns = 10 * 10**9
+    for i in range(20):
+        (repo / "a.txt").write_text(f"bravo {i}\n")
+        cp = capture(young, repo)
+        assert shadow_files(young, repo, cp.tree)["a.txt"] == f"bravo {i}\n"
+    assert len(walks) == 1, walks
 
 
 def test_a_turns_after_ref_is_written_into_the_lock_taken_with_its_before(
