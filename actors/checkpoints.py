@@ -180,14 +180,21 @@ class TurnCheckpoints:
         def _drop(_: Future[Capture]) -> None:
             # A pool shut down (the daemon is closing) leaves the ref, as space.
             with contextlib.suppress(RuntimeError):
-                self.pool.submit(self._drop_refs, cwd, [checkpoint_ref(session_id, turn_id, which)])
+                self.pool.submit(
+                    self._drop_refs,
+                    cwd,
+                    [checkpoint_ref(session_id, turn_id, which)],
+                    checkpoint_ref(session_id, turn_id, "after") if which == "before" else None,
+                )
 
         capture.add_done_callback(_drop)
 
-    def _drop_refs(self, cwd: str, names: list[str]) -> None:
+    def _drop_refs(self, cwd: str, names: list[str], reserved: str | None = None) -> None:
         real = os.path.realpath(cwd)
         try:
             with self.locks(real):
+                if reserved is not None:
+                    self.shadow.release(Path(real), reserved, real)
                 self.shadow.drop_refs(Path(real), names)
         except Exception as exc:  # noqa: BLE001 - an unnamed ref costs space, nothing else
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
@@ -208,6 +215,10 @@ class TurnCheckpoints:
                 self.shadow.keep(
                     path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit, real
                 )
+                if which == "before":
+                    # The `after` ref's lock, taken now, off the Turn's end: its `keep`
+                    # there then creates no file.
+                    self.shadow.reserve(path, checkpoint_ref(session_id, turn_id, "after"), real)
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed
                     changed = tuple(

@@ -21,6 +21,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -46,6 +47,17 @@ output, virtualenvs, and `.env*` files (secrets)."""
 
 DEFAULT_SIZE_LIMIT = 10 * 1024 * 1024
 REF_ROOT = "refs/agenthost"
+STAT_WALK_LIMIT = 5_000
+"""Entries (directories and files) a directory's stat snapshot holds at most: a larger tree is
+left to `ls-files` alone (walking it in Python would cost more than the process saves)."""
+SNAPSHOT_BACKOFF_MAX = 16
+"""At most this many captures in a row skip the walk of a directory whose last walks were
+wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
+entry too young to take is tried again once that entry is old enough, not counted."""
+RACY_MARGIN_NS = 2 * 10**9
+"""A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
+`ls-files` began: a later change within the filesystem clock's granularity (or a clock a
+little behind this one) could leave such an entry's stat as it was."""
 
 
 class ChangeKind(StrEnum):
@@ -196,6 +208,108 @@ def _discovery_probe(real: str) -> tuple[object, ...]:
         d = parent
 
 
+_StatKey = tuple[int, int, int, int, int] | None
+
+
+def _stat_key(path: str) -> _StatKey:
+    """What any change of an entry changes: inode, mode, size, mtime and ctime (the kernel
+    sets ctime on every write, rename, link or unlink in it, and nobody can set it back);
+    None when it is absent."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+@dataclass(frozen=True, slots=True)
+class _StatSnapshot:
+    """A directory as a clean capture left it: every entry `ls-files` could have to look at
+    (each directory — a file added, removed or renamed in it changes its ctime — and each
+    file), with its `_stat_key`, and the tree captured with the key of the shadow index it
+    is written in. While every key is the same, the tree is the directory's."""
+
+    index_key: bytes
+    tree: str
+    paths: tuple[str, ...]
+    keys: tuple[_StatKey, ...]
+
+
+def _walk_skips(excludes: Sequence[str]) -> frozenset[str]:
+    """The directory names the exclude patterns leave out wherever they are (`name/`, no
+    slash or wildcard within): git never looks inside an excluded directory, so neither does
+    a stat snapshot. `.git` is never content."""
+    names = {".git"}
+    for pattern in excludes:
+        name = pattern[:-1] if pattern.endswith("/") else ""
+        if name and not any(c in name for c in "/*?[\\!#"):
+            names.add(name)
+    return frozenset(names)
+
+
+def _negates(gitignore: str, skipped: frozenset[str]) -> bool:
+    """Whether a `.gitignore` may re-include a directory the walk skips (`skipped`: their
+    names): a negation (a line beginning `!`) with a wildcard, or naming one of them anywhere
+    in its text. git never re-includes a path below an excluded directory, so only a
+    negation that can match such a directory itself makes the walk's skipping wrong;
+    `!.gitkeep` cannot."""
+    try:
+        with open(gitignore, "rb") as f:
+            lines = f.read().split(b"\n")
+    except OSError:
+        return True
+    names = [os.fsencode(n) for n in skipped]
+    for line in lines:
+        if not line.startswith(b"!"):
+            continue
+        if any(c in line for c in (b"*", b"?", b"[", b"\\")) or any(n in line for n in names):
+            return True
+    return False
+
+
+def _stat_walk(
+    real: str, skips: frozenset[str], skip_dirs: frozenset[str], racy_from_ns: int
+) -> tuple[tuple[str, ...], tuple[_StatKey, ...]] | bool | int:
+    """The entries of `real` (resolved) a snapshot holds, with their keys; True when there
+    are more than `STAT_WALK_LIMIT`; an entry's newer timestamp (ns, an int) when it changed
+    at `racy_from_ns` or later; False when a `.gitignore` may re-include a skipped directory
+    (`_negates`), a repository lies inside, or the walk failed."""
+    paths: list[str] = []
+    keys: list[_StatKey] = []
+    skip_names = frozenset(os.path.basename(p) for p in skip_dirs)
+    stack = [real]
+    try:
+        while stack:
+            d = stack.pop()
+            st = os.lstat(d)
+            if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
+                return max(st.st_ctime_ns, st.st_mtime_ns)
+            paths.append(d)
+            keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            with os.scandir(d) as entries:
+                for e in entries:
+                    if e.name == ".git" and d != real:
+                        # A repository inside: git captures its HEAD (a gitlink), which
+                        # changes with no stat of the entries walked here.
+                        return False
+                    if e.is_dir(follow_symlinks=False):
+                        if e.name not in skips and e.path not in skip_dirs:
+                            stack.append(e.path)
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                    if st.st_ctime_ns >= racy_from_ns or st.st_mtime_ns >= racy_from_ns:
+                        return max(st.st_ctime_ns, st.st_mtime_ns)
+                    if e.name == ".gitignore" and _negates(e.path, skips | skip_names):
+                        return False
+                    paths.append(e.path)
+                    keys.append((st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+            if len(paths) > STAT_WALK_LIMIT:
+                return True
+    except OSError:
+        return False
+    return tuple(paths), tuple(keys)
+
+
 class ShadowStore:
     """Checkpoints of any number of workspace directories under `root`."""
 
@@ -222,6 +336,20 @@ class ShadowStore:
         self._repos: dict[str, tuple[Path, tuple[int, int, int, int], tuple[str, ...]]] = {}
         self._repo_locks: dict[Path, threading.Lock] = {}
         self._guard = threading.Lock()
+        # Per shadow repository: the directory as its last clean capture left it (`_snapshot`);
+        # a directory too large to walk is remembered as such.
+        self._snapshots: dict[Path, _StatSnapshot] = {}
+        self._too_big: set[Path] = set()
+        # Per shadow repository: how many captures skip the walk after a wasted one (doubled
+        # by each wasted walk, reset by a snapshot used), and how many are still to skip.
+        self._backoff: dict[Path, int] = {}
+        self._skip_walks: dict[Path, int] = {}
+        # Per shadow repository: when (ns) an entry the last walk found too young is old
+        # enough for a capture begun then; no walk before.
+        self._young_until: dict[Path, int] = {}
+        # Ref locks taken ahead of their `keep` (`reserve`).
+        self._reserved: set[Path] = set()
+        self.racy_margin_ns = RACY_MARGIN_NS
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -316,7 +444,7 @@ class ShadowStore:
             real = os.path.realpath(cwd) if real is None else real
             repo = self._repo(git, cwd, real)
             with self._repo_lock(repo):
-                tree, too_large = self._capture_tree(git, repo, cwd)
+                tree, too_large = self._capture_tree(git, repo, cwd, real)
             head, root = self._head_of(git, cwd, real)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
@@ -332,8 +460,79 @@ class ShadowStore:
         with self._guard:
             return self._repo_locks.setdefault(repo, threading.Lock())
 
-    def _capture_tree(self, git: Git, repo: Path, cwd: Path) -> tuple[str, list[str]]:
+    def _unchanged(self, repo: Path, index: Path) -> str | None:
+        """The tree of the directory's last clean capture when not one entry of its stat
+        snapshot changed since and the shadow index is the one that tree is written in;
+        None: ask git."""
+        snap = self._snapshots.get(repo)
+        if snap is None:
+            return None
+        if _index_key(index) != snap.index_key or [_stat_key(p) for p in snap.paths] != list(
+            snap.keys
+        ):
+            del self._snapshots[repo]
+            self._wasted(repo)
+            return None
+        self._backoff.pop(repo, None)
+        return snap.tree
+
+    def _wasted(self, repo: Path) -> None:
+        """A walk of `repo`'s directory served no capture: skip the next ones (doubling)."""
+        backoff = min(max(1, 2 * self._backoff.get(repo, 0)), SNAPSHOT_BACKOFF_MAX)
+        self._backoff[repo] = backoff
+        self._skip_walks[repo] = backoff
+
+    def _snapshot(self, repo: Path, real: str, index: Path, tree: str, racy_from_ns: int) -> None:
+        """Remember the directory as this capture found it (`_StatSnapshot`): walked after
+        git read it, so only entries older than the read's start (less the racy margin) are
+        taken on their stat; a younger one, like too many, leaves no snapshot."""
+        self._snapshots.pop(repo, None)
+        if repo in self._too_big:
+            return
+        if racy_from_ns + self.racy_margin_ns < self._young_until.get(repo, 0):
+            return  # the entry the last walk found too young still is
+        skip = self._skip_walks.get(repo, 0)
+        if skip > 0:
+            # The directory kept changing between captures: a walk would likely be wasted.
+            self._skip_walks[repo] = skip - 1
+            return
+        key = _index_key(index)
+        if key is None:
+            return
+        inside = os.path.realpath(self.root)
+        walked = _stat_walk(real, _walk_skips(self.excludes), frozenset({inside}), racy_from_ns)
+        if walked is True:
+            self._too_big.add(repo)
+        if walked is False:
+            self._wasted(repo)
+        if isinstance(walked, bool):
+            return
+        if isinstance(walked, int):
+            # An entry too young to take on its stat: walk again once it is old enough.
+            self._young_until[repo] = walked + self.racy_margin_ns
+            return
+        paths, keys = walked
+        # The shadow repository's exclude file and config: what else says what git ignores;
+        # git's default excludes file under the private HOME too.
+        extra = (
+            str(repo / "info" / "exclude"),
+            str(repo / "config"),
+            str(self.root / "git" / "ignore"),
+        )
+        self._snapshots[repo] = _StatSnapshot(
+            key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra)
+        )
+
+    def _capture_tree(
+        self, git: Git, repo: Path, cwd: Path, real: str | None = None
+    ) -> tuple[str, list[str]]:
+        real = os.path.realpath(cwd) if real is None else real
+        index = repo / "index"
+        unchanged = self._unchanged(repo, index)
+        if unchanged is not None:
+            return unchanged, []
         env = self._env(repo, cwd)
+        racy_from_ns = time.time_ns() - self.racy_margin_ns
         # Only what may have changed since the last checkpoint of this directory, in one
         # call as cheap as `git status`: tracked files whose stat differs from the shadow
         # index (deleted ones too; git's racy-index rule compares the content of a file
@@ -346,13 +545,13 @@ class ShadowStore:
                 cwd=cwd,
             ).stdout
         )
-        index = repo / "index"
         if not candidates:
             # Nothing differs from the index: the tree is the one it last wrote, if the
             # index is byte for byte the one that tree was written from.
             cached = self._trees.get(repo)
             key = _index_key(index)
             if cached is not None and key is not None and cached[0] == key:
+                self._snapshot(repo, real, index, cached[1], racy_from_ns)
                 return cached[1], []
         too_large = self._too_large(cwd, candidates)
         left_out = set(too_large)
@@ -384,6 +583,8 @@ class ShadowStore:
         key = _index_key(index)
         if key is not None:
             self._trees[repo] = (key, tree)
+            if not too_large:
+                self._snapshot(repo, real, index, tree, racy_from_ns)
         return tree, too_large
 
     def _too_large(self, cwd: Path, paths: Sequence[str]) -> list[str]:
@@ -497,9 +698,11 @@ class ShadowStore:
             return ref
         path = repo / ref
         lock = path.with_name(path.name + ".lock")
+        fd = self._take_reserved(lock)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            if fd is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
         try:
@@ -510,6 +713,44 @@ class ShadowStore:
             lock.unlink(missing_ok=True)
             raise
         return ref
+
+    def reserve(self, cwd: Path, name: str, real: str | None = None) -> bool:
+        """Take `refs/agenthost/<name>`'s lock now, empty, for a `keep` of it to come (a
+        Turn's `after` ref, taken with its `before`): that `keep` then writes an open file
+        and renames it, and creates none (an exclusive create is the costly part of writing a
+        ref). The lock is held as `keep` holds it; one a crash leaves is what
+        `clear_stale_locks` removes; `release` gives it up. Best effort: False (nothing
+        taken) when it cannot be taken. Callers serialise a directory's work, as for `keep`."""
+        repo = self._repo(self._git(), cwd, real)
+        if (repo / "reftable").exists():
+            return False
+        path = repo / REF_ROOT / name
+        lock = path.with_name(path.name + ".lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        except OSError:
+            return False
+        self._reserved.add(lock)
+        return True
+
+    def release(self, cwd: Path, name: str, real: str | None = None) -> None:
+        """Give up the lock `reserve` took for `refs/agenthost/<name>` (its `keep` will not
+        come: the Turn was never created)."""
+        lock = self._repo(self._git(), cwd, real) / REF_ROOT / f"{name}.lock"
+        if lock in self._reserved:
+            self._reserved.discard(lock)
+            lock.unlink(missing_ok=True)
+
+    def _take_reserved(self, lock: Path) -> int | None:
+        """The reserved `lock`, opened to be written (None: not reserved, or gone)."""
+        if lock not in self._reserved:
+            return None
+        self._reserved.discard(lock)
+        try:
+            return os.open(lock, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+        except OSError:
+            return None  # removed behind the store (a stale-lock sweep): created anew
 
     def drop(self, cwd: Path, prefix: str) -> int:
         """Delete every ref under `refs/agenthost/<prefix>/`; returns how many."""

@@ -10,11 +10,13 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+import workspace.shadow as shadow_module
 from actors.checkpoints import TurnCheckpoints, checkpoint_ref
 from tests.support.worktree_repos import git
 from workspace.shadow import Checkpoint, ShadowStore
@@ -350,3 +352,343 @@ def test_a_reused_tree_outlives_a_collection_with_no_ref_kept(
     out = store.materialize(repo, again.commit, tmp_path / "out")
     assert (out / "sub" / "c.txt").read_text() == "charlie\n"
     assert (out / "a.txt").read_text() == "alpha\n"
+
+
+MARGIN_NS = 50_000_000
+"""The racy margin these tests give a store: files older than it are taken on their stat."""
+
+
+def aged_store(tmp_path: Path) -> ShadowStore:
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    store.racy_margin_ns = MARGIN_NS
+    return store
+
+
+def age() -> None:
+    """Let everything written so far become older than the racy margin."""
+    time.sleep(2 * MARGIN_NS / 1e9)
+
+
+def test_a_directory_unchanged_since_a_clean_capture_starts_no_git(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """Once a capture found the directory's entries older than the racy margin, the next
+    capture with not one of them changed answers the same tree (and HEAD) without git; the
+    Turn's ref is written without git too."""
+    (repo / "sub").mkdir()
+    (repo / "sub" / "c.txt").write_text("charlie\n")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    git_log.clear()
+    again = capture(store, repo)
+    assert git_log.commands() == []
+    assert again == first
+    assert again.head_commit == git(repo, "rev-parse", "HEAD")
+    git_log.clear()
+    turns = TurnCheckpoints(store)
+    try:
+        kept = turns.capture(str(repo), "s1", "t1", "after", first.tree).result(30)
+    finally:
+        turns.pool.shutdown()
+    assert isinstance(kept.checkpoint, Checkpoint) and kept.checkpoint.tree == first.tree
+    assert kept.changed == ()
+    assert git_log.commands() == []
+    assert store.refs(repo) == ["s1/t1/after"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "rewrite_same_size_same_mtime",
+        "new_file_in_subdirectory",
+        "new_file_in_new_directory",
+        "delete",
+        "chmod",
+        "replace_by_rename",
+        "gitignore_unignores",
+    ],
+)
+def test_any_change_after_a_clean_capture_is_captured_by_git(
+    tmp_path: Path, repo: Path, git_log: GitLog, change: str
+) -> None:
+    """Whatever changed — a rewrite that keeps the size and puts the mtime back, a file added
+    in a directory or a new one below it, one deleted, a mode changed, a file replaced by a
+    rename, a `.gitignore` that no longer ignores a file — the capture after it asks git and
+    holds the files as they are; and while the changed entries are younger than the racy
+    margin, no capture takes them on their stat."""
+    (repo / "sub").mkdir()
+    (repo / "sub" / "c.txt").write_text("charlie\n")
+    (repo / ".gitignore").write_text("*.log\n")
+    (repo / "sub" / "kept.log").write_text("log\n")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    assert "sub/kept.log" not in shadow_files(store, repo, first.tree)
+    git_log.clear()
+    assert capture(store, repo) == first
+    assert git_log.commands() == []
+    expected = shadow_files(store, repo, first.tree)
+    target = repo / "sub" / "c.txt"
+    if change == "rewrite_same_size_same_mtime":
+        before = target.stat()
+        target.write_text("charliE\n")
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))
+        assert target.stat().st_mtime_ns == before.st_mtime_ns
+        expected["sub/c.txt"] = "charliE\n"
+    elif change == "new_file_in_subdirectory":
+        (repo / "sub" / "d.txt").write_text("delta\n")
+        expected["sub/d.txt"] = "delta\n"
+    elif change == "new_file_in_new_directory":
+        (repo / "sub" / "deep").mkdir()
+        (repo / "sub" / "deep" / "e.txt").write_text("echo\n")
+        expected["sub/deep/e.txt"] = "echo\n"
+    elif change == "delete":
+        target.unlink()
+        del expected["sub/c.txt"]
+    elif change == "chmod":
+        target.chmod(0o755)
+    elif change == "replace_by_rename":
+        (repo / "sub" / "tmp").write_text("charlX\n")
+        os.utime(repo / "sub" / "tmp", ns=(target.stat().st_atime_ns, target.stat().st_mtime_ns))
+        os.replace(repo / "sub" / "tmp", target)
+        expected["sub/c.txt"] = "charlX\n"
+    elif change == "gitignore_unignores":
+        (repo / ".gitignore").write_text("*.tmp\n")
+        expected[".gitignore"] = "*.tmp\n"
+        expected["sub/kept.log"] = "log\n"
+    git_log.clear()
+    seen = capture(store, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+    assert seen.tree != first.tree
+    assert shadow_files(store, repo, seen.tree) == expected
+    if change == "chmod":
+        listing = subprocess.run(
+            ["git", "ls-tree", "-r", seen.tree],
+            env={**os.environ, "GIT_DIR": str(store.repo_dir(repo))},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        assert "100755 blob" in listing and "sub/c.txt" in listing, listing
+    assert capture(store, repo).tree == seen.tree
+    age()
+    # Once the changed entries are old enough, the next capture takes the snapshot (a walk
+    # that found them young is retried then, not backed off) and the one after uses it.
+    assert capture(store, repo).tree == seen.tree
+    git_log.clear()
+    assert capture(store, repo).tree == seen.tree
+    assert git_log.commands() == []
+
+
+def test_entries_changed_within_the_racy_margin_are_never_taken_on_their_stat(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """A file changed within the racy margin of a capture could change again within the
+    filesystem clock's granularity and keep its stat: while one is that young, every capture
+    asks git."""
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    store.racy_margin_ns = 3600 * 10**9
+    first = capture(store, repo)
+    for _ in range(3):
+        git_log.clear()
+        assert capture(store, repo).tree == first.tree
+        assert git_log.commands() == ["ls-files"]
+
+
+def test_excluded_directories_are_not_walked_and_large_trees_are_left_to_git(
+    tmp_path: Path, repo: Path, git_log: GitLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the excludes leave out (`node_modules/`, the checkpoints themselves) may change
+    without a capture asking git; a file over the size limit, or a tree of more entries than
+    a snapshot holds, leaves no snapshot (git is asked every time)."""
+    (repo / "node_modules").mkdir()
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    (repo / "node_modules" / "dep.js").write_text("x\n")
+    git_log.clear()
+    assert capture(store, repo) == first
+    assert git_log.commands() == []
+
+    store.size_limit = 3
+    (repo / "big.txt").write_text("too large\n")
+    age()
+    capture(store, repo)
+    git_log.clear()
+    assert capture(store, repo).too_large == ("big.txt",)
+    assert git_log.commands()[:1] == ["ls-files"]
+
+    monkeypatch.setattr(shadow_module, "STAT_WALK_LIMIT", 3)
+    small = aged_store(tmp_path / "other")
+    capture(small, repo)
+    git_log.clear()
+    capture(small, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+
+
+def test_a_gitignore_that_re_includes_leaves_no_snapshot(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """A `.gitignore` negation takes precedence over the shadow repository's excludes, so a
+    directory they name (`build/`) may be captured after all: with one, nothing is taken on
+    a snapshot that did not walk it, and a change inside it is captured."""
+    (repo / ".gitignore").write_text("!build/\n")
+    (repo / "build").mkdir()
+    (repo / "build" / "out.txt").write_text("one\n")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    assert shadow_files(store, repo, first.tree)["build/out.txt"] == "one\n"
+    (repo / "build" / "out.txt").write_text("two\n")
+    git_log.clear()
+    seen = capture(store, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+    assert shadow_files(store, repo, seen.tree)["build/out.txt"] == "two\n"
+
+
+def test_a_negation_that_cannot_re_include_a_skipped_directory_keeps_the_snapshot(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """`!keep.txt` (no wildcard, no skipped directory's name) cannot re-include anything
+    below `build/` or `node_modules/`: the snapshot is taken and used."""
+    (repo / ".gitignore").write_text("*.txt\n!keep.txt\n")
+    (repo / "keep.txt").write_text("kept\n")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    assert shadow_files(store, repo, first.tree)["keep.txt"] == "kept\n"
+    git_log.clear()
+    assert capture(store, repo) == first
+    assert git_log.commands() == []
+    for pattern in ("!*.log\n", "!node_modules\n"):
+        (repo / ".gitignore").write_text(pattern)
+        age()
+        for _ in range(shadow_module.SNAPSHOT_BACKOFF_MAX + 4):
+            git_log.clear()
+            capture(store, repo)
+            assert git_log.commands()[:1] == ["ls-files"], pattern
+
+
+def test_a_repository_inside_leaves_no_snapshot(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """A repository inside the directory is captured as its HEAD (a gitlink), which a commit
+    there changes without changing any entry a snapshot would walk: with one, every capture
+    asks git, and the new HEAD is captured."""
+    inner = repo / "inner"
+    inner.mkdir()
+    git(inner, "init", "-q", "-b", "main")
+    (inner / "x.txt").write_text("x\n")
+    git(inner, "add", "-A")
+    git(inner, "commit", "-q", "-m", "one")
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    git(inner, "commit", "-q", "--allow-empty", "-m", "two")
+    head = git(inner, "rev-parse", "HEAD")
+    age()
+    git_log.clear()
+    seen = capture(store, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+    listing = subprocess.run(
+        ["git", "ls-tree", seen.tree, "inner"],
+        env={**os.environ, "GIT_DIR": str(store.repo_dir(repo))},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert head in listing and seen.tree != first.tree, listing
+
+
+def test_a_snapshot_follows_a_shadow_index_changed_behind_the_store(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """The snapshot holds the key of the shadow index its tree is written in: any other
+    writer of that index (a second store on the same home) makes the next capture ask git."""
+    age()
+    store = aged_store(tmp_path)
+    first = capture(store, repo)
+    other = aged_store(tmp_path)
+    (repo / "n.txt").write_text("november\n")
+    capture(other, repo)
+    (repo / "n.txt").unlink()
+    age()
+    git_log.clear()
+    again = capture(store, repo)
+    assert git_log.commands()[:1] == ["ls-files"]
+    assert again.tree == first.tree
+
+
+def test_a_directory_changed_before_every_capture_is_walked_ever_more_rarely(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk that served no capture makes the next captures skip it, twice as many each
+    time up to a bound: a directory an agent rewrites between every two captures costs few
+    walks. A walk that met an entry too young to take is retried once that entry is old
+    enough, not sooner: rewritten just before every capture, the directory is walked about
+    once per racy margin."""
+    walks: list[str] = []
+    real_walk = shadow_module._stat_walk
+
+    def counting(*args: object, **kwargs: object) -> object:
+        walks.append("walk")
+        return real_walk(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(shadow_module, "_stat_walk", counting)
+    age()
+    store = aged_store(tmp_path)
+    for i in range(20):
+        (repo / "a.txt").write_text(f"alpha {i}\n")
+        age()  # old enough to be taken: each snapshot is then invalidated by the next change
+        cp = capture(store, repo)
+        assert shadow_files(store, repo, cp.tree)["a.txt"] == f"alpha {i}\n"
+    assert 1 <= len(walks) <= 6, walks
+
+    walks.clear()
+    young = aged_store(tmp_path / "young")
+    young.racy_margin_ns = 10 * 10**9
+    for i in range(20):
+        (repo / "a.txt").write_text(f"bravo {i}\n")
+        cp = capture(young, repo)
+        assert shadow_files(young, repo, cp.tree)["a.txt"] == f"bravo {i}\n"
+    assert len(walks) == 1, walks
+
+
+def test_a_turns_after_ref_is_written_into_the_lock_taken_with_its_before(
+    tmp_path: Path, repo: Path, git_log: GitLog
+) -> None:
+    """The `before` capture also takes the `after` ref's lock (an empty file); the `after`
+    capture fills that very file and renames it into place (the ref is the lock's inode),
+    creating none; `git gc` meanwhile is not disturbed by it; a `before` discarded (its Turn
+    never created) gives it up."""
+    age()
+    store = aged_store(tmp_path)
+    turns = TurnCheckpoints(store)
+    refs_dir = store.repo_dir(repo) / "refs" / "agenthost"
+    try:
+        before = turns.capture(str(repo), "s1", "t1", "before").result(30)
+        assert isinstance(before.checkpoint, Checkpoint)
+        lock = refs_dir / "s1" / "t1" / "after.lock"
+        assert lock.is_file() and lock.stat().st_size == 0
+        reserved_inode = lock.stat().st_ino
+        store.gc(repo)
+        (repo / "a.txt").write_text("alpha, changed\n")
+        after = turns.capture(str(repo), "s1", "t1", "after", before.checkpoint.tree).result(30)
+        assert isinstance(after.checkpoint, Checkpoint)
+        ref = refs_dir / "s1" / "t1" / "after"
+        assert ref.read_text() == after.checkpoint.commit + "\n"
+        assert ref.stat().st_ino == reserved_inode
+        assert not lock.exists()
+        assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before"]
+
+        early = turns.capture(str(repo), "s1", "t2", "before")
+        turns.discard(early, str(repo), "s1", "t2", "before")
+        early.result(30)
+        deadline = time.monotonic() + 20
+        while (refs_dir / "s1" / "t2" / "before").exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        turns.pool.shutdown(wait=True)
+    assert not (refs_dir / "s1" / "t2" / "after.lock").exists()
+    assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before"]

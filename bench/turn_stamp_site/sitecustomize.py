@@ -1,0 +1,127 @@
+"""Loaded by every process of a `bench.turn_overhead` run whose PYTHONPATH this folder leads
+(the bench, the daemon, the worker): `time.perf_counter()` stamps (CLOCK_MONOTONIC, one clock
+for all of them and for the bench's fake model) at the points of a Turn's path, for
+`bench.turn_split` to lay out hop by hop.
+
+Inert unless `AGENTHOST_TURN_STAMPS` names a directory; each process writes
+`<dir>/<pid>.tsv` (`point<TAB>ms` lines, its command line first) every second and at exit. A
+point is stamped on entry to the function listed in `_POINTS` (and on exit, for those with an
+end); a `suffix` names which capture, event or notification it was.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_DIR = os.environ.get("AGENTHOST_TURN_STAMPS")
+
+if _DIR:
+    import atexit
+    import threading
+    import time
+    from collections.abc import Callable
+    from typing import Any
+
+    _rec: list[tuple[str, float]] = []
+    _clock = time.perf_counter
+    _NOTIFICATIONS = ("turn/completed", "item/completed", "turn/started")
+
+    def _event_type(args: tuple[Any, ...]) -> str | None:
+        for arg in args:
+            if isinstance(arg, dict) and "type" in arg:
+                kind = str(arg.get("type"))
+                if kind == "item":
+                    kind += "." + str(arg.get("kind") or "")
+                return kind
+        return "?"
+
+    Suffix = Callable[[tuple[Any, ...]], "str | None"] | None
+    # module, class, method, stamp on entry, stamp on exit ("": none), suffix of the args
+    # after self (None: none; a suffix of None skips the stamp)
+    _POINTS: tuple[tuple[str, str, str, str, str, Suffix], ...] = (
+        ("transport.server", "ApiServer", "_handle", "d.api", "", None),
+        ("actors.session_turns", "TurnRunner", "on_submit", "d.submit", "d.submit.end", None),
+        ("storage.turns", "TurnStore", "claim_submit", "d.claim", "d.claim.end", None),
+        (
+            "actors.checkpoints",
+            "TurnCheckpoints",
+            "_run",
+            "d.cap",
+            "d.cap.end",
+            lambda a: str(a[3]),
+        ),
+        ("agenthost.workers", "SupervisorPort", "start_turn", "d.start_turn", "", None),
+        ("actors.session_turns", "TurnRunner", "_turn_started", "d.started", "", None),
+        ("agenthost.daemon", "Daemon", "_on_worker_event", "d.ev", "", _event_type),
+        ("actors.session_turns", "TurnRunner", "settle", "d.settle", "", None),
+        ("actors.turn_writes", "TurnWrites", "_drain_batch", "d.batch", "d.batch.end", None),
+        ("agenthost.publisher", "EventPublisher", "_publish", "d.pub", "d.pub.end", None),
+        ("transport.server", "ApiServer", "publish_many", "d.pubmany", "", None),
+        (
+            "drivers.app_server.driver",
+            "AppServerDriver",
+            "start_turn",
+            "w.start_turn",
+            "w.start_turn.end",
+            None,
+        ),
+        (
+            "drivers.app_server.events",
+            "TurnEvents",
+            "on_notification",
+            "w.n",
+            "",
+            lambda a: str(a[1]) if a[1] in _NOTIFICATIONS else None,
+        ),
+    )
+
+    def _wrap(owner: Any, attr: str, before: str, after: str, suffix: Suffix) -> None:
+        fn = getattr(owner, attr)
+
+        def stamped(*args: Any, **kwargs: Any) -> Any:
+            name, end = before, after
+            if suffix is not None:
+                which = suffix(args[1:])
+                if which is None:
+                    return fn(*args, **kwargs)
+                name, end = f"{before}.{which}", f"{after}.{which}" if after else ""
+            _rec.append((name, _clock() * 1000.0))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if end:
+                    _rec.append((end, _clock() * 1000.0))
+
+        setattr(owner, attr, stamped)
+
+    def _dump() -> None:
+        with open(os.path.join(str(_DIR), f"{os.getpid()}.tsv"), "w") as f:
+            f.write("#" + " ".join(sys.argv[:3]) + "\n")
+            for point, ms in list(_rec):
+                f.write(f"{point}\t{ms:.3f}\n")
+
+    def _install() -> None:
+        """Wrap each point once its module is imported (the client's `host_turn` in the
+        bench's `__main__`); write the stamps every second (a worker may end by a signal)."""
+        pending = list(_POINTS)
+        client = False
+        ticks = 0
+        while True:
+            for point in list(pending):
+                module = sys.modules.get(point[0])
+                if module is None or not hasattr(module, point[1]):
+                    continue
+                _wrap(getattr(module, point[1]), *point[2:])
+                pending.remove(point)
+            main = sys.modules.get("__main__")
+            if not client and main is not None and hasattr(main, "host_turn"):
+                _wrap(main, "host_turn", "c.submit", "c.done", None)
+                client = True
+            ticks += 1
+            if ticks % 10 == 0:
+                _dump()
+            time.sleep(0.1)
+
+    threading.Thread(target=_install, name="turn-stamps", daemon=True).start()
+    atexit.register(_dump)
