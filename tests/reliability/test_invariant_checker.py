@@ -559,7 +559,7 @@ def test_a_store_missing_a_schema_trigger_or_index_is_reported(base: Base, tmp_p
         base,
         tmp_path,
         "DROP TRIGGER messages_fenced_update; DROP TRIGGER messages_linked_frozen;"
-        " DROP INDEX fork_operations_barrier;"
+        " DROP INDEX fork_operations_barrier_held;"
         " CREATE INDEX not_in_the_schema ON messages (kind)",
     )
     found = [v.detail for v in check_invariants(home).violations if v.law is Law.STORE_SCHEMA]
