@@ -316,3 +316,21 @@ def final_status(run: Run) -> str:
 
 def replied(run: Run) -> ForkReply | None:
     return run.replies[-1] if run.replies else None
+
+
+SAGA_POINTS = (
+    # The saga's own failpoints, in the order a fork passes them.
+    "host.fork.after_prepare",
+    "host.fork.after_dispatching",
+    "host.fork.after_provider_result",
+    "host.fork.before_commit",
+    "host.fork.after_commit",
+)
+
+
+def ok(method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    return accepted(params)
+
+
+def answer(value: Mapping[str, Any] | BaseException) -> Answer:
+    return lambda method, params: value

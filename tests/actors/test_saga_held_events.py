@@ -6,7 +6,7 @@ stays held once the saga has stopped."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,25 +15,19 @@ import pytest
 from actors.ports import DeliveryUnknown, NotDelivered
 from storage.models import ChangeEvent, ForkOperationChanged, SessionChanged
 from storage.store import Store
-from tests.actors.saga_harness import WS, Answer, InlineHost, Run, accepted, run_saga
-
-pytestmark = pytest.mark.timeout(60)
-
-POINTS = (
-    "host.fork.after_prepare",
-    "host.fork.after_dispatching",
-    "host.fork.after_provider_result",
-    "host.fork.before_commit",
-    "host.fork.after_commit",
+from tests.actors.saga_harness import (
+    SAGA_POINTS,
+    WS,
+    Answer,
+    InlineHost,
+    Run,
+    accepted,
+    answer,
+    ok,
+    run_saga,
 )
 
-
-def ok(method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
-    return accepted(params)
-
-
-def answer(value: Mapping[str, Any] | BaseException) -> Answer:
-    return lambda method, params: value
+pytestmark = pytest.mark.timeout(60)
 
 
 ANSWERS: dict[str, Answer] = {
@@ -67,7 +61,7 @@ def released(run: Run, heard: list[ChangeEvent]) -> None:
         assert SessionChanged(WS, run.host.sid) in heard
 
 
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", SAGA_POINTS)
 @pytest.mark.parametrize("name", sorted(ANSWERS))
 def test_an_error_at_any_step_still_releases_the_held_events(
     store: Store, home: Path, heard: list[ChangeEvent], point: str, name: str
@@ -78,7 +72,7 @@ def test_an_error_at_any_step_still_releases_the_held_events(
 
 
 @pytest.mark.parametrize("broken", ["forget_warm_runtime", "apply_late_bindings"])
-@pytest.mark.parametrize("point", [None, *POINTS])
+@pytest.mark.parametrize("point", [None, *SAGA_POINTS])
 @pytest.mark.parametrize("name", sorted(ANSWERS))
 def test_an_error_escaping_the_saga_still_releases_the_held_events(
     store: Store,

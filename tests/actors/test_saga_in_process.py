@@ -11,9 +11,7 @@ store's laws hold (tests/support/invariants.py, the store-only subset).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,10 +22,13 @@ from domain.fork_states import TRANSITIONS, ForkStatus
 from storage.models import ForkPointKind
 from storage.store import Store
 from tests.actors.saga_harness import (
+    SAGA_POINTS,
     WS,
     Answer,
     Run,
     accepted,
+    answer,
+    ok,
     run_saga,
     verdict,
 )
@@ -35,22 +36,6 @@ from tests.storage.store_builders import fork_evidence as _evidence
 from tests.support.invariants import STORE_LAWS, check_invariants
 
 pytestmark = pytest.mark.timeout(60)
-
-SAGA_POINTS = (
-    "host.fork.after_prepare",
-    "host.fork.after_dispatching",
-    "host.fork.after_provider_result",
-    "host.fork.before_commit",
-    "host.fork.after_commit",
-)
-
-
-def ok(method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
-    return accepted(params)
-
-
-def answer(value: Mapping[str, Any] | BaseException) -> Answer:
-    return lambda method, params: value
 
 
 def laws(home: Path, run: Run) -> None:
