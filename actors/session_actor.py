@@ -23,7 +23,7 @@ from typing import Any
 
 import pykka
 
-from actors import fork_start
+from actors import fork_saga
 from actors.context import HostContext, LiveOperations, Timeouts
 from actors.fork_host import LiveSaga, PreparedRuntime
 from actors.fork_resolve import ForkResolve, ForkResolver
@@ -210,9 +210,9 @@ class SessionActor(PooledActor):
             case DriverEvent(event=event):
                 self.turns.on_driver_event(event)
             case ForkCreate():
-                fork_start.start(self, message)
+                fork_saga.start(self, message)
             case ForkAdvance():
-                fork_start.advance_leftover(self, message)
+                fork_saga.advance_leftover(self, message)
             case ForkResolve():
                 ForkResolver.start(self, message)
             case RuntimeLost():
