@@ -23,6 +23,7 @@ from typing import Any
 from actors.fork_host import ForkHost, PreparedRuntime, attestation_key
 from actors.fork_workspace import in_thread, remove_failed_tree
 from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply, runtime_key
+from actors.pool import TimerHandle
 from actors.ports import (
     DeliveryUnknown,
     DriverInfo,
@@ -31,7 +32,6 @@ from actors.ports import (
     WorkerFailed,
 )
 from actors.recovery import apply_restart_rule
-from actors.timers import TimerHandle
 from domain import fork_states
 from domain.enums import DeliveryDisposition
 from domain.errors import (

@@ -38,14 +38,13 @@ from actors.messages import (
     RuntimeLost,
     Submit,
 )
-from actors.pool import PooledActor
+from actors.pool import PooledActor, TimerHandle
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.session_base import RetryDurable, SessionCore, T
 from actors.session_controls import SessionControls
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from actors.store_ports import ResolveStore, SagaStore
-from actors.timers import TimerHandle
 from actors.turn_writes import TurnWrites
 from domain.errors import HostError
 from storage.models import Session
