@@ -16,8 +16,7 @@ from typing import Any, Protocol, TypeVar
 
 import pykka
 
-from actors.host_actor import HostActor, route
-from actors.session_routes import SessionRoutes
+from actors.host_actor import HostActor, SessionRoutes, route
 from agenthost import activity
 from agenthost.reply_cache import ReplyCache
 from agenthost.session_lanes import SessionLanes
@@ -100,7 +99,7 @@ class RequestPlumbing:
     ) -> None:
         self.store = store
         self.host = host
-        # The live Session actors (`actors.session_routes`): a request for one goes straight
+        # The live Session actors (`actors.host_actor.SessionRoutes`): a request for one goes straight
         # to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")

@@ -26,7 +26,7 @@ from actors.checkpoints import (
 )
 from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
 from actors.fork_workspace import remove_failed_trees
-from actors.host_actor import CountActors, HostActor, driver_event, route
+from actors.host_actor import CountActors, HostActor, SessionRoutes, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
 from actors.recovery import (
@@ -37,7 +37,6 @@ from actors.recovery import (
     settle_orphaned_turns,
 )
 from actors.runtime_slots import RuntimeSlots
-from actors.session_routes import SessionRoutes
 from agenthost import __version__, activity, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog

@@ -1,5 +1,5 @@
-"""A request or a driver event for a live Session actor goes straight into
-its inbox (`actors.session_routes`), not through the HostActor's thread; only a Session without
+"""A request or a driver event for a live Session actor goes straight into its inbox
+(`actors.host_actor.SessionRoutes`), not through the HostActor's thread; only a Session without
 a live actor goes through the HostActor, which starts one. Pipelined requests keep their order
 across that hand-over, and requests racing the idle reap of their actor are all answered.
 
