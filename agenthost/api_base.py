@@ -99,8 +99,8 @@ class RequestPlumbing:
     ) -> None:
         self.store = store
         self.host = host
-        # The live Session actors (`actors.host_actor.SessionRoutes`): a request for one goes straight
-        # to it; the rest through the HostActor (which starts them).
+        # The live Session actors (`actors.host_actor.SessionRoutes`): a request for one goes
+        # straight to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
         # Writes no actor orders run on threads of their own (`write`), one lane per Session
