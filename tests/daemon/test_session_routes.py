@@ -108,7 +108,7 @@ def test_requests_racing_the_idle_reap_of_their_actor_are_all_answered(
         client = Client(daemon.api_endpoint, timeout=20.0)
         try:
             for i in range(60):
-                # A pin goes through the actor (a rename, `session_lanes`, may skip it).
+                # A pin goes through the actor (a rename, `SessionLanes`, may skip it).
                 status, body = client.call_raw(
                     "session.pin",
                     {"workspaceId": WS, "agentSessionId": sid, "pinned": i % 2 == 0},

@@ -246,7 +246,7 @@ def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
             "session"
         ]["agentSessionId"]
         title = {"workspaceId": WS, "agentSessionId": sid}
-        # (A rename goes straight to the store, `agenthost.session_lanes`: not routed.)
+        # (A rename goes straight to the store, `agenthost.api_base.SessionLanes`: not routed.)
         client.call("session.pin", {**title, "pinned": True})
         assert checks == [(WS, sid)] and (WS, sid) in api.live_sessions
         client.call("session.pin", {**title, "pinned": False})
