@@ -108,6 +108,9 @@ class RequestPlumbing:
     ) -> None:
         self.store = store
         self.host = host
+        # `serve -v` (decided before the daemon is built): one line per request, when it is
+        # answered. A quiet daemon runs nothing of `agenthost.activity` for a request.
+        self._log_requests = activity.enabled()
         # The live Session actors (`actors.host_actor.SessionRoutes`): a request for one goes
         # straight to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
@@ -150,7 +153,7 @@ class RequestPlumbing:
     # -- dispatch --------------------------------------------------------------------------
 
     def __call__(self, request: Request, responder: Responder) -> None:
-        if activity.enabled():  # `serve -v`: one line per request, when it is answered
+        if self._log_requests:
             responder = activity.LoggedResponder(responder, request)
         handler = self._methods.get(request.method)
         try:

@@ -271,7 +271,10 @@ class Daemon:
         )
         self._event_thread.start()
         store.db.subscribe_batches(self.publisher.offer_many)
-        store.db.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
+        if activity.enabled():
+            # `serve -v` lines (decided before the daemon is built): a quiet daemon subscribes
+            # nothing, so no store change runs anything of `agenthost.activity`.
+            store.db.subscribe(activity.Transitions(store))
 
         self.api = Api(
             store=store,
