@@ -265,7 +265,7 @@ class Daemon:
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
 
         self.supervisor.set_lifecycle_sink(_lifecycle)
-        self.publisher = EventPublisher(store, self.catalog, lambda: self.server, self._events)
+        self.publisher = EventPublisher(store, self.catalog, self._events)
         self._event_thread = threading.Thread(
             target=self.publisher.run, name="agenthost-events", daemon=True
         )
@@ -304,6 +304,8 @@ class Daemon:
             events_exact_endpoint=_exact_ipc(cfg),
             events_exact_listen=list(self.events_exact_listen),
         )
+        # The publisher (running since before the server existed) publishes to it from now.
+        self.publisher.sink = self.server
         self.server.start()
         self.connection_file = self.keys.write_connection_file(
             _first_network(self.server.endpoints),
