@@ -107,7 +107,7 @@ class DeferredCommits:
     thousands of leftovers pay tens of COMMITs, not hundreds. Until its commit a leftover is
     what an operation between its provider's acceptance and its commit always is: its source
     fenced, `fork.get` answering `provider_accepted` — and that `fork.get` commits it at once
-    itself (the restart rule, `fork_start.advance_leftover`), the same idempotent commit as
+    itself (the restart rule, `fork_saga.advance_leftover`), the same idempotent commit as
     here (law 2)."""
 
     def __init__(

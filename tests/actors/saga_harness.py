@@ -19,9 +19,9 @@ from actors.fork_host import LiveSaga, PreparedRuntime
 from actors.fork_saga import ForkSaga
 from actors.fork_workspace import remove_failed_trees
 from actors.messages import ForkReply
+from actors.pool import TimerHandle
 from actors.ports import DriverInfo
 from actors.recovery import recover_fork_operations
-from actors.timers import TimerHandle
 from agenthost.workers import read_answer
 from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import ForkRequest, ForkResult
