@@ -27,7 +27,6 @@ from typing import Any, TypeVar
 import apsw
 
 from domain.errors import StoreBusy
-from storage.baton import Baton
 from storage.fork_memo import ForkMemo
 from storage.fork_rows import PROJECTION_CACHE_SIZE, ProjectionCache
 from storage.models import ChangeEvent
@@ -41,17 +40,19 @@ from storage.sqlite import (
     typed_store_error,
     wall_clock_ms,
 )
-from storage.tx import Tx
-from storage.write_batch import WriteBatch, batch_item
-from storage.write_group import (
+from storage.writes import (
     CHECKPOINT_PAGES,
     CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
+    Baton,
+    Tx,
+    WriteBatch,
     WriteGroup,
     WriteStats,
     WriteTimings,
+    batch_item,
     caller_name,
 )
 
@@ -432,7 +433,7 @@ class Database:
         self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
 
     def background(self) -> contextlib.AbstractContextManager[None]:
-        """This thread's writes in the block are background ones (`storage.baton.Baton`)."""
+        """This thread's writes in the block are background ones (`storage.writes.Baton`)."""
         return self._fifo.background()
 
     def _pass_baton(self) -> None:

@@ -23,7 +23,7 @@ from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, dumps, loads
-from storage.tx import Tx
+from storage.writes import Tx
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from domain.errors import ForkEvidenceRejected
 from domain.fork_states import ForkStatus
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence
 from storage.sqlite import dumps
-from storage.tx import Tx
+from storage.writes import Tx
 
 
 def record_accepted(

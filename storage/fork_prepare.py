@@ -42,7 +42,7 @@ from storage.models import (
 )
 from storage.session_rows import require_session
 from storage.sqlite import dumps
-from storage.tx import Tx
+from storage.writes import Tx
 
 
 def prepared_events(op: ForkOperation) -> list[ChangeEvent]:

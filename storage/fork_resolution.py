@@ -30,7 +30,7 @@ from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.session_rows import require_session
 from storage.sqlite import dumps, loads
-from storage.tx import Tx
+from storage.writes import Tx
 
 # What a source is, not what runs on it: an adopt does not re-check these.
 _STATIC = frozenset(

@@ -41,7 +41,7 @@ from storage.session_rows import (
     turn_row,
 )
 from storage.sqlite import dumps, loads
-from storage.tx import Tx
+from storage.writes import Tx
 
 
 class HistoryStore:

@@ -18,7 +18,7 @@ from storage.rows import (
     session_from_row,
     turn_from_row,
 )
-from storage.tx import Tx
+from storage.writes import Tx
 
 
 def require_text(field: str, value: object) -> str:

@@ -25,7 +25,7 @@ from storage.session_rows import (
     touch,
     turn_row,
 )
-from storage.tx import Tx
+from storage.writes import Tx
 
 
 class TurnStore:
