@@ -40,7 +40,7 @@ from storage.models import (
     PlanWorkspace,
     SessionChanged,
 )
-from storage.session_rows import require_session
+from storage.rows import require_session
 from storage.sqlite import dumps
 from storage.writes import Tx
 

@@ -28,7 +28,7 @@ from storage.fork_boundary import source_blockers
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
-from storage.session_rows import require_session
+from storage.rows import require_session
 from storage.sqlite import dumps, loads
 from storage.writes import Tx
 
