@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import apsw
 
 from domain.errors import StoreBusy
-from storage.fork_memo import ForkMemo
+from storage.fork_child import ForkMemo
 from storage.fork_rows import PROJECTION_CACHE_SIZE, ProjectionCache
 from storage.models import ChangeEvent
 from storage.schema import migrate
@@ -102,7 +102,7 @@ class Database:
     ) -> None:
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms
-        # Values a fork's prepare computes for its commit, owned by this store (fork_memo.py).
+        # Values a fork's prepare computes for its commit, owned by this store (fork_child.py).
         self.fork_memo = ForkMemo()
         # Committed operations' child projections this store built (fork_rows.py).
         self.projections = ProjectionCache(PROJECTION_CACHE_SIZE)

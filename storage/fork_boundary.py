@@ -17,15 +17,15 @@ from domain.errors import (
     ForkBoundaryReason,
 )
 from domain.fork_states import ACTIVE_SQL
+from storage.fork_child import (
+    reject_duplicate_keys,
+)
 from storage.fork_history import (
     DESCENDANT_LANE_KEY,
     DESCENDANT_LANE_KIND,
     HistoryScan,
     has_session_local_attachment,
     scan_history,
-)
-from storage.fork_identity import (
-    reject_duplicate_keys,
 )
 from storage.history_links import history_link, linked_message, visible_rows
 from storage.models import (

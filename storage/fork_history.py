@@ -12,7 +12,7 @@ removed or changed in the boundary since prepare (which the source fence forbids
 path to do) fails the commit closed, `ForkSnapshotCorrupt`, exactly like a snapshot that no
 longer matches its hash — and then links the child to the boundary (storage/history_links.py):
 one row, the child reads the source's Messages with the ids identity rule v2 derives from each
-row's position (storage/fork_identity.py), so nothing is copied. The few payloads that hold
+row's position (storage/fork_child.py), so nothing is copied. The few payloads that hold
 allowlisted references are rewritten at prepare and frozen in the snapshot; the commit writes
 them as the child's own rows, which win over the linked ones. A source that is itself a linked
 child is checked, digested and linked through its visible rows (its own and its linked ones).
@@ -29,7 +29,7 @@ from typing import Any
 import apsw
 
 from domain.errors import ForkBoundaryError, ForkBoundaryReason, ForkSnapshotCorrupt
-from storage.fork_identity import (
+from storage.fork_child import (
     REFERENCE_KEYS,
     IdentityMap,
     OrdinalPrefixes,

@@ -32,7 +32,7 @@ from domain.errors import (
     ForkSnapshotCorrupt,
 )
 from storage.fork_boundary import MESSAGE_FIELDS, RESUME_CURSOR_KEY, TURN_FIELDS, Boundary
-from storage.fork_memo import ForkMemo
+from storage.fork_child import ForkMemo
 from storage.models import (
     Session,
 )

@@ -20,7 +20,7 @@ from typing import cast
 
 import apsw
 
-from storage.fork_identity import ordinal_id, ordinal_id_sql, ordinal_seed
+from storage.fork_child import ordinal_id, ordinal_id_sql, ordinal_seed
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row
 

@@ -25,9 +25,8 @@ from domain.errors import (
     SessionNotFound,
 )
 from domain.fork_states import ForkStatus
-from storage.fork_child import build_child
+from storage.fork_child import ForkReferenceError, build_child
 from storage.fork_history import history_digest, scan_history
-from storage.fork_identity import ForkReferenceError
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.history_links import visible_rows
 from storage.models import (

@@ -26,8 +26,7 @@ import storage.fork_child as fork_child
 import storage.fork_history as fork_history
 import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_snapshot
-from storage.fork_identity import ChildIdMinter
-from storage.fork_memo import ForkMemo
+from storage.fork_child import ChildIdMinter, ForkMemo
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
