@@ -20,14 +20,16 @@ from domain.fork_states import ACTIVE_SQL
 from storage.fork_child import (
     reject_duplicate_keys,
 )
-from storage.fork_history import (
+from storage.history_links import (
     DESCENDANT_LANE_KEY,
     DESCENDANT_LANE_KIND,
     HistoryScan,
     has_session_local_attachment,
+    history_link,
+    linked_message,
     scan_history,
+    visible_rows,
 )
-from storage.history_links import history_link, linked_message, visible_rows
 from storage.models import (
     VERIFIABLE_PROVENANCE,
     Session,
@@ -116,7 +118,7 @@ class Boundary:
     """The source history through the selected Turn, as frozen into the snapshot. Read for a
     version 3 snapshot (`messages=True`), each Turn's `messages` are snapshot v2 arrays
     (message_id, kind, text, payload, version, position); for version 4 the Turns carry none and
-    `history` says what was learnt of the Messages in SQLite (storage/fork_history.py)."""
+    `history` says what was learnt of the Messages in SQLite (storage/history_links.py)."""
 
     turns: list[dict[str, Any]]
     provider_turn_ids: tuple[str, ...]

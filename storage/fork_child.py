@@ -453,7 +453,7 @@ class ChildPlan:
 @dataclass(frozen=True, slots=True)
 class HistoryCopy:
     """A version 4 or 5 child's Messages: copied by SQLite from the source's boundary at the commit
-    (storage/fork_history.py), the rewritten payloads written over them."""
+    (storage/history_links.py), the rewritten payloads written over them."""
 
     source_session_id: str
     through: int

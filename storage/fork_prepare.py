@@ -25,10 +25,10 @@ from domain.fork_states import NOT_A_FORK_SQL
 from storage.base import Database
 from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import ForkMemo, OrdinalPrefixes, prove_child, remember_child_history
-from storage.fork_history import fence_history, history_section
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
 from storage.fork_snapshot import freeze_snapshot, request_hash
 from storage.fork_workspace import PLANNED, boundary_checkpoint
+from storage.history_links import fence_history, history_section
 from storage.models import (
     ChangeEvent,
     ForkOperation,
@@ -205,7 +205,7 @@ class ForkPrepare:
             for reason in blockers:
                 if reason in static:
                     raise ForkBoundaryError(reason)
-            # The Messages stay in SQLite (snapshot versions 4 and 5, storage/fork_history.py).
+            # The Messages stay in SQLite (snapshot versions 4 and 5, storage/history_links.py).
             boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id, messages=False)
             if blockers:
                 raise ForkBoundaryError(blockers[0])

@@ -1,7 +1,7 @@
 """The immutable snapshot frozen at prepare, hashed with SHA-256 over its stored bytes (law 5);
 commit and the committed projection read only it (and the operation row) — and, for a version
 4 or 5 snapshot, the source's boundary Messages, once the commit has re-proved them against the
-count and digest the snapshot froze (storage/fork_history.py). The documents this process froze are
+count and digest the snapshot froze (storage/history_links.py). The documents this process froze are
 kept by hash for its own commit.
 
 Version 5 (what prepare freezes) is MessagePack bytes (a BLOB) whose Turns carry no Messages: a
@@ -53,7 +53,7 @@ JSON_VERSION = 2
 # operations may still be committed or read.
 READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
-# What a version 4 or 5 document's `history` holds (storage/fork_history.py `history_section`).
+# What a version 4 or 5 document's `history` holds (storage/history_links.py `history_section`).
 HISTORY_KEYS = frozenset({"through", "count", "digest", "rewritten", "message_ids"})
 
 Frozen = str | bytes
@@ -157,7 +157,7 @@ def freeze_snapshot(
     history: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Frozen, str]:
     """Build the snapshot document; returns (document, its stored form, SHA-256 hex).
-    With `history` (storage/fork_history.py `history_section`) it is a version 5 document whose
+    With `history` (storage/history_links.py `history_section`) it is a version 5 document whose
     Turns carry no Messages; without, version 3 with every Message in its Turn."""
     assert source.provider_session_id is not None
     settings = runtime_identity.get("settings", source.settings)

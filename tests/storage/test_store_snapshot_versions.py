@@ -1,6 +1,6 @@
 """Snapshot versions: v5 freezes the document as MessagePack bytes with the Turns (each an array
 of its `TURN_FIELDS` values) and Interactions but no Message (the boundary's Messages are
-counted, digested and read by the child through a link in SQLite: storage/fork_history.py); the
+counted, digested and read by the child through a link in SQLite: storage/history_links.py); the
 v4 (the same with each Turn a map), v3 (MessagePack, Messages as compact arrays), v2 (canonical
 JSON, Messages as arrays) and v1 (Messages as objects) snapshots older builds stored still commit
 and project the same child.
