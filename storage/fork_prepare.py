@@ -23,10 +23,9 @@ from domain.errors import (
 )
 from domain.fork_states import NOT_A_FORK_SQL
 from storage.base import Database
-from storage.fork_boundary import load_boundary, source_blockers
 from storage.fork_child import ForkMemo, OrdinalPrefixes, prove_child, remember_child_history
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
-from storage.fork_snapshot import freeze_snapshot, request_hash
+from storage.fork_snapshot import freeze_snapshot, load_boundary, request_hash, source_blockers
 from storage.fork_workspace import PLANNED, boundary_checkpoint
 from storage.history_links import fence_history, history_section
 from storage.models import (

@@ -24,9 +24,9 @@ from typing import Any
 from domain.errors import Conflict, ForkBoundaryError, ForkBoundaryReason
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
-from storage.fork_boundary import source_blockers
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
+from storage.fork_snapshot import source_blockers
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.rows import require_session
 from storage.sqlite import dumps, loads

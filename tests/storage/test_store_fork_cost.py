@@ -21,9 +21,9 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
-import storage.fork_boundary as fork_boundary
 import storage.fork_child as fork_child
 import storage.fork_rows as fork_rows
+import storage.fork_snapshot as fork_boundary
 import storage.fork_snapshot as fork_snapshot
 from storage import history_links
 from storage.fork_child import ChildIdMinter, ForkMemo

@@ -25,15 +25,17 @@ from test_store_fork import evidence, request
 
 from domain.errors import ForkSnapshotCorrupt
 from storage.base import WRITER_CACHE_KIB
-from storage.fork_boundary import MESSAGE_FIELDS, TURN_FIELDS, load_boundary
 from storage.fork_child import ForkMemo, build_child
 from storage.fork_snapshot import (
     JSON_VERSION,
     MAP_TURNS_VERSION,
+    MESSAGE_FIELDS,
     MESSAGES_VERSION,
     SNAPSHOT_VERSION,
+    TURN_FIELDS,
     Frozen,
     encode_snapshot,
+    load_boundary,
     load_snapshot,
     pack_snapshot,
     sha256_hex,
