@@ -33,20 +33,15 @@ from storage.models import ChangeEvent
 from storage.schema import migrate
 from storage.sqlite import (
     BUSY_TIMEOUT_MS,
-    TRANSIENT_ERRORS,
-    BusyWaits,
-    Row,
-    open_connection,
-    typed_store_error,
-    wall_clock_ms,
-)
-from storage.writes import (
     CHECKPOINT_PAGES,
     CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
+    TRANSIENT_ERRORS,
     Baton,
+    BusyWaits,
+    Row,
     Tx,
     WriteBatch,
     WriteGroup,
@@ -54,6 +49,9 @@ from storage.writes import (
     WriteTimings,
     batch_item,
     caller_name,
+    open_connection,
+    typed_store_error,
+    wall_clock_ms,
 )
 
 log = logging.getLogger(__name__)
@@ -433,7 +431,7 @@ class Database:
         self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
 
     def background(self) -> contextlib.AbstractContextManager[None]:
-        """This thread's writes in the block are background ones (`storage.writes.Baton`)."""
+        """This thread's writes in the block are background ones (`storage.sqlite.Baton`)."""
         return self._fifo.background()
 
     def _pass_baton(self) -> None:

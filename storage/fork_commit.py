@@ -21,8 +21,7 @@ from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.history_links import boundary_proof, fenced_history_unchanged, link_messages
 from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, dumps, loads
-from storage.writes import Tx
+from storage.sqlite import Row, Tx, dumps, loads
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ operation holds it is a test's question (tests/support/store_reads.py `fence_hol
 from __future__ import annotations
 
 from storage.base import Database
-from storage.writes import Tx
+from storage.sqlite import Tx
 
 
 class ForkFence:

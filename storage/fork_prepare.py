@@ -40,8 +40,7 @@ from storage.models import (
     TurnPhase,
 )
 from storage.rows import require_session
-from storage.sqlite import dumps
-from storage.writes import Tx
+from storage.sqlite import Tx, dumps
 
 # -- Prepare ---------------------------------------------------------------------------------------
 

@@ -29,8 +29,7 @@ from storage.fork_rows import load_op
 from storage.fork_snapshot import source_blockers
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.rows import require_session
-from storage.sqlite import dumps, loads
-from storage.writes import Tx
+from storage.sqlite import Tx, dumps, loads
 
 # What a source is, not what runs on it: an adopt does not re-check these.
 _STATIC = frozenset(

@@ -38,8 +38,7 @@ from storage.rows import (
     turn_row,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import dumps, loads
-from storage.writes import Tx
+from storage.sqlite import Tx, dumps, loads
 
 
 class HistoryStore:

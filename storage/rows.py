@@ -17,8 +17,7 @@ from domain.errors import InvalidArgument, SessionNotFound, TurnNotFound
 from storage.history_links import history_link, linked_rows
 from storage.models import Interaction, Lineage, Message, Session, SessionChanged, Turn
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, loads
-from storage.writes import Tx
+from storage.sqlite import Row, Tx, loads
 
 # -- Column lists and decoders ---------------------------------------------------------------------
 

@@ -25,7 +25,7 @@ from storage.rows import (
     turn_row,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.writes import Tx
+from storage.sqlite import Tx
 
 
 class TurnStore:
