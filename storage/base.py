@@ -275,14 +275,15 @@ class Database:
         """Close every connection this store opened (in any thread)."""
         if self._timings is not None:
             self._timings.write()
+        # Closed first, so the checkpointer sees `_closed` and ends; its connection is taken
+        # with the others once it has.
         with self._pool:
             self._writer_conn = None
             self._closed = True
-        self._checkpoint_due.set()  # the checkpointer sees `_closed` and ends
+        self._checkpoint_due.set()
         if self._checkpointer is not None and self._checkpointer is not threading.current_thread():
             self._checkpointer.join(5)
         with self._pool:
-            self._closed = True
             conns, self._connections = self._connections, []
             self._idle = []
             self._pool.notify_all()
