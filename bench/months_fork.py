@@ -97,7 +97,12 @@ def measure(home: Path, big_turns: int, warm: int) -> list[Row]:
         # else the next start makes them on a thread of its own during the cold fork (~1.4 s
         # of the daemon's CPU at full size) and the cold row measures recovery.
         first = BenchDaemon(work).start(timeout=1200)
+        at_ready, ready_at = _interrupted(work), time.monotonic()
         left = _wait_recovered(work)
+        log(
+            f"months-fork: {at_ready:,} operation(s) left at the first start's ready line, all"
+            f" terminal {time.monotonic() - ready_at:.1f} s later"
+        )
         first.stop()
         if left:
             raise RuntimeError(f"{left} interrupted operation(s) not terminal after recovery")
