@@ -12,7 +12,9 @@ and, through a real daemon on a copy of it:
   p99 of the pair;
 - daemon RSS once 10,000 Sessions have been touched (a title update each: each one's actor ran);
 - a fork through the big Session's last Turn, `fork.create` → committed (the first, cold: its
-  app-server loads the 10,000-Turn thread; a second, warm, is printed beside it).
+  app-server loads the 10,000-Turn thread; a second, warm, is printed beside it), with the
+  daemon's own CPU in each and where each one's wall went (prepare / attest / provider+bind /
+  commit / reply, from the operation's durable timestamps, as `bench.fork_overhead`).
 
 The store is generated once and cached under `build/bench-cache/` (never in git): the schema
 comes from `storage.schema` (a `Store.open`), the rows are written with plain SQL — `executemany`
@@ -61,7 +63,9 @@ from bench.common import (
     log,
     pick,
 )
+from bench.fork_overhead import STAGES, stage_times
 from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal, sample
+from bench.loadgen import now_ms
 from bench.providers import BareAppServer, _tutti_argv
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.schema import SCHEMA_VERSION
@@ -521,6 +525,7 @@ def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
     first.stop()
     out["operationsLeft"] = left
     daemon = BenchDaemon(work, idle_actor_seconds=2.0).start(timeout=600)
+    ops: list[dict[str, Any]] = []
     try:
         out["readyS"] = daemon.ready_seconds
         s0 = sample(daemon.pid)
@@ -554,19 +559,29 @@ def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
             "session.timeline",
             {"workspaceId": WS, "agentSessionId": big, "afterSequence": after, "limit": PAGE},
         )["turns"][-1]["turnId"]
-        forks = []
+        forks, cpu = [], []
         for _ in range(2):
+            d0, t0 = _cpu_ms(daemon.pid), now_ms()
             t = time.perf_counter()
             op = fork_until_terminal(c, big, str(last), poll_s=0.005)
             forks.append((time.perf_counter() - t) * 1000)
+            ops.append({"operationId": op["operationId"], "t0": t0, "t1": now_ms()})
+            cpu.append(round(_cpu_ms(daemon.pid) - d0, 1))
             if op["status"] != "committed":
                 raise RuntimeError(f"the big Session's fork did not commit: {op}")
             acknowledge(c, op["operationId"])
         out["forkColdMs"], out["forkWarmMs"] = forks
+        # The daemon's own CPU in each fork (its worker's and app-server's are not counted).
+        out["forkDaemonCpuMs"] = cpu
         s2 = sample(daemon.pid)
         out["hwmAfterForksMb"] = s2.hwm_mb if s2 else None
     finally:
         daemon.stop()
+    # Where each fork's wall went, from its durable timestamps (read once the daemon is gone):
+    # fork.create → created → dispatched → provider accepted → committed → seen by the client.
+    stages = stage_times(work / "store.sqlite3", ops)
+    if all(len(stages[stage]) == len(ops) for stage in STAGES):
+        out["forkStagesMs"] = [[stages[stage][i] for stage in STAGES] for i in range(len(ops))]
     return out
 
 
@@ -632,6 +647,19 @@ def run(
                 (
                     "fork through the big Session's last Turn, cold / warm",
                     f"{m['forkColdMs']:.0f} / {m['forkWarmMs']:.0f}",
+                    "ms",
+                ),
+                (
+                    "the forks' daemon CPU, cold / warm",
+                    " / ".join(f"{v:.0f}" for v in m.get("forkDaemonCpuMs", ())) or "-",
+                    "ms",
+                ),
+                (
+                    f"the forks' stages, cold; warm ({' / '.join(STAGES)})",
+                    "; ".join(
+                        " / ".join(f"{v:.0f}" for v in row) for row in m.get("forkStagesMs", ())
+                    )
+                    or "-",
                     "ms",
                 ),
                 (

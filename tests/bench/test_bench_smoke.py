@@ -391,6 +391,10 @@ def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: 
     figures = doc["figures"]
     assert figures["operationsLeft"] == 0 and figures["touchErrors"] == 0
     assert figures["list"]["n"] > 0 and figures["open"]["n"] > 0 and figures["forkColdMs"] > 0
+    # Each fork's daemon CPU (10 ms ticks: 0 at this size) and its stages from the operation's
+    # timestamps, cold and warm.
+    assert len(figures["forkDaemonCpuMs"]) == 2 and min(figures["forkDaemonCpuMs"]) >= 0
+    assert [len(stages) for stages in figures["forkStagesMs"]] == [5, 5]
     assert (store.stat().st_mtime_ns, store.stat().st_size) == before
     keys = [t["key"] for t in doc["targets"]]
     assert keys == [t.key for t in ISSUE36 if t.key.startswith("36:months:")]
