@@ -201,7 +201,7 @@ class RolloutBinder:
                 thread_id = None
         # Every rollout was validated and planned before the first write (fail closed).
         writes = [p for p in plans if p.action in (BindAction.COPIED, BindAction.REPAIRED)]
-        if writes:
+        if writes and self._failpoints.armed:
             self._failpoints.hit("worker.bind.before_copy")
         try:
             # Ancestors first: a crash mid-bind never leaves a child whose lineage is missing.
@@ -219,7 +219,7 @@ class RolloutBinder:
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
         names = PendingNames(syncing)
-        if writes:
+        if writes and self._failpoints.armed:
             self._failpoints.hit(
                 "worker.bind.after_copy", tamper=lambda: tamper_with(p.target for p in writes)
             )

@@ -149,7 +149,8 @@ class ForkThroughTurn:
         if source_turns[len(prefix) - 1][1] == "inProgress":
             return ForkResult.not_started("the boundary turn is still in progress")
         try:
-            self.failpoints.hit("worker.fork.before_provider_call")
+            if self.failpoints.armed:
+                self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
@@ -186,7 +187,8 @@ class ForkThroughTurn:
             return ForkResult.unknown(str(exc))
 
         try:
-            self.failpoints.hit("worker.fork.after_provider_call")
+            if self.failpoints.armed:
+                self.failpoints.hit("worker.fork.after_provider_call")
         except FailpointError as exc:
             return ForkResult.unknown(str(exc))
 
