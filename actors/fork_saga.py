@@ -25,13 +25,14 @@ from actors.recovery import apply_restart_rule
 from actors.timers import TimerHandle
 from domain import fork_states
 from domain.enums import DeliveryDisposition
-from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import (
+    Attestation,
     ForkRequest,
     ForkResult,
     ForkSource,
     ForkTarget,
     MalformedMessage,
+    RuntimeAttest,
 )
 from storage.models import (
     ChangeEvent,

@@ -23,13 +23,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
-from domain.worker_messages import (
-    ForkRequest,
-    ForkResult,
-    ResolveAdopt,
-    ResolveRequest,
-    TurnEvent,
-)
+from domain.turn_events import TurnEvent
+from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, ResolveRequest
 from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed
 
-from domain.worker_messages import turn_event_from_wire
+from domain.turn_events import turn_event_from_wire
 from drivers.errors import WorkerLost
 from drivers.rollout_files import iter_rollouts
 from drivers.supervisor import WorkerSupervisor
