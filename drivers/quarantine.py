@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 from domain.worker_messages import ResolveRequest
+from drivers.binder import fsync_dir
 from drivers.errors import DriverError
-from drivers.rollout_files import fsync_dir
 
 QUARANTINE_DIR = "quarantine"
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.rollout_files import BinderError, ParsedRollout, read_regular, rollout_matches
+from drivers.binder import BinderError, ParsedRollout, read_regular, rollout_matches
 from tutti_agent.json_lines import REFUSED, fast_loads
 
 MAX_LINEAGE_DEPTH = 64

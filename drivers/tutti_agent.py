@@ -18,10 +18,10 @@ from domain.enums import ProviderStateBindingMode
 from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.provider import config_env
+from drivers.binder import ParsedRollout
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_tutti_child
-from drivers.rollout_files import ParsedRollout
 from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["TuttiAgentProvider", "create_driver"]

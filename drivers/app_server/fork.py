@@ -29,11 +29,10 @@ from drivers.app_server.process import (
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
-from drivers.binder import RolloutBinder
+from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 from drivers.readability import ReaderNotApplicable
-from drivers.rollout_files import BinderError, DirsAhead, ParsedRollout
 from tutti_agent.gc_pause import gc_paused, hold_collector
 
 READABILITY_IN_WORKER = "in_worker"

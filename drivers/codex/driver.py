@@ -20,7 +20,7 @@ from domain.errors import InvalidArgument
 from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.provider import config_env
-from drivers.binder import RolloutBinder
+from drivers.binder import BinderError, ParsedRollout, RolloutBinder
 from drivers.codex.command import resolve_command
 from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml, write_if_changed
 from drivers.codex.lineage import (
@@ -35,7 +35,6 @@ from drivers.credentials import copy_login, credential_plan, file_key_env, user_
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.readability import prove_codex_child
-from drivers.rollout_files import BinderError, ParsedRollout
 from drivers.versions import CODEX_GATE
 
 

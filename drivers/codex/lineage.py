@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drivers.rollout_files import ROLLOUT_DIRS
+from drivers.binder import ROLLOUT_DIRS
 
 CONTEXT_KEY = "codex"
 """The driver's own key in a Session's runtime context: `{home, threadId, forkSource}`."""
