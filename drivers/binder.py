@@ -34,7 +34,7 @@ from typing import Any
 
 from domain.errors import ProviderError
 from drivers.failpoints import Failpoints
-from tutti_agent.json_lines import REFUSED, fast_loads
+from tutti_agent.rollout import REFUSED, fast_loads
 
 ROLLOUT_DIRS = ("sessions", "archived_sessions")
 _THREAD_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$")
@@ -133,7 +133,7 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
 
     Every line is still parsed on its own (a line holding two objects, or half of one, is a
     defect) and judged as the standard library's decoder judges it: by orjson where that
-    returns the same (`tutti_agent.json_lines`), else the line's text through the standard
+    returns the same (`tutti_agent.rollout.fast_loads`), else the line's text through the standard
     library's decoder (NaN, a lone surrogate, ... accepted or refused, and named, as before).
     The file must be UTF-8 as a whole."""
     if not data:

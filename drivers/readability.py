@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from drivers.binder import BinderError, ParsedRollout, read_regular, rollout_matches
-from tutti_agent.json_lines import REFUSED, fast_loads
+from tutti_agent.rollout import REFUSED, fast_loads
 
 MAX_LINEAGE_DEPTH = 64
 _DECODE = json.JSONDecoder().decode
@@ -166,8 +166,8 @@ def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
     lines = data.split(b"\n")
     del lines[-1]  # after the last newline: nothing
     # Each line decoded as the standard library reads it: by orjson where that returns the
-    # same (`tutti_agent.json_lines`), else, in an all-ASCII file, through the decoder's text
-    # path, in any other through `json.loads` of the line's bytes.
+    # same (`tutti_agent.rollout.fast_loads`), else, in an all-ASCII file, through the
+    # decoder's text path, in any other through `json.loads` of the line's bytes.
     standard = _standard_ascii if data.isascii() else json.loads
     loads = fast_loads(data, standard)
     for number, raw in enumerate(lines, 1):
