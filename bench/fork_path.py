@@ -119,7 +119,7 @@ def _run_turn(server: Any, thread: str, text: str) -> str:
 def _proof_samples(n: int, turns: int) -> dict[str, Any]:
     import tutti_agent
     from drivers.app_server.process import AppServerProcess, private_env
-    from drivers.readability import prove_tutti_child
+    from drivers.tutti_agent import prove_tutti_child
 
     tutti = str(Path(sys.executable).parent / "tutti-agent")
     with tempfile.TemporaryDirectory(prefix="bench-proof-") as tmp:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
@@ -32,13 +32,43 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from drivers.readability import ReaderNotApplicable
 from tutti_agent.gc_pause import gc_paused, hold_collector
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
 READABILITY_APP_SERVER = "app_server"
 """... by a fresh app-server spawned on the target home (the fallback)."""
+
+# The in-worker proof (seed 000 §7, ARCHITECTURE.md: before a fork may be `accepted`, the child
+# the binder copied is readable from the target home with nothing from the source home). A
+# fresh app-server on the target home per fork would cost ~80 ms of interpreter start-up for
+# tutti-agent, more for Codex, so the proof is made with the provider's own history reader, in
+# the worker process, from the files of the target home only (`AppServerProvider.read_child`:
+# tutti-agent's own store in `drivers.tutti_agent`, the strict Codex lineage reader in
+# `drivers.codex.lineage`). Every reader requires: the child names the source as
+# `forked_from_id`, its turns are exactly the frozen prefix (ids, in order) and none of them
+# is in progress (`prefix_problem`). A problem is returned as text (the fork becomes
+# `unknown`); a history the reader cannot judge raises `ReaderNotApplicable` and the fork
+# falls back to the spawned app-server's proof. Seed 000 §10's idempotent re-bind at the
+# child's first resume stays the second line of defence.
+
+
+class ReaderNotApplicable(Exception):
+    """The in-worker reader cannot judge this child (another provider version, a history
+    format it does not know); the caller must prove readability another way."""
+
+
+def prefix_problem(turns: Sequence[tuple[str | None, bool]], prefix: Sequence[str]) -> str | None:
+    """The judgement every provider's in-worker reader ends with: `turns` as (id, in_progress)
+    in history order; None when they are exactly `prefix` (ids, in order) and none is in
+    progress, else the problem in words."""
+    ids = [t for t, _ in turns]
+    if ids != list(prefix):
+        return f"target home shows turns {ids}, not the frozen prefix {list(prefix)}"
+    busy = [t for t, in_progress in turns if in_progress]
+    if busy:
+        return f"target home shows turns {busy} still in progress"
+    return None
 
 
 class ForkThroughTurn:

@@ -27,6 +27,7 @@ from drivers.codex.lineage import (
     CONTEXT_KEY,
     ForkLineage,
     fork_lineage_of,
+    prove_codex_child,
     rollout_lineage,
     rollout_path,
     session_meta,
@@ -34,7 +35,6 @@ from drivers.codex.lineage import (
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
-from drivers.readability import prove_codex_child
 from drivers.versions import CODEX_GATE
 
 

@@ -18,17 +18,13 @@ from test_tutti_driver import fork_request, open_session
 
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.fork import ReaderNotApplicable
 from drivers.app_server.process import AppServerProcess, private_env
 from drivers.binder import RolloutBinder, iter_rollouts
+from drivers.codex.lineage import codex_turns, prove_codex_child, read_rollout_lineage
 from drivers.failpoints import Failpoints
-from drivers.readability import (
-    ReaderNotApplicable,
-    codex_turns,
-    prove_codex_child,
-    prove_tutti_child,
-    read_rollout_lineage,
-)
 from drivers.tutti_agent import create_driver as tutti_agent_driver
+from drivers.tutti_agent import prove_tutti_child
 
 PROXY = str(Path(__file__).with_name("tamper_proxy.py"))
 Make = Callable[..., AppServerDriver]

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from drivers.binder import parse_rollout
-from drivers.readability import LineageBroken, read_rollout_lineage
+from drivers.codex.lineage import LineageBroken, read_rollout_lineage
 from tutti_agent.errors import RolloutCorrupt
 from tutti_agent.rollout import REFUSED, fast_loads, orjson_agrees, read_rollout
 
