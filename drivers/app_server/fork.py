@@ -32,7 +32,7 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from tutti_agent.gc_pause import gc_paused, hold_collector
+from tutti_agent.rollout import gc_paused, hold_collector
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
