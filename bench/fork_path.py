@@ -2,7 +2,7 @@
 interleaved sample by sample so both sides see the same machine load.
 
 1. **Readability proof** of a bound tutti-agent fork child: the in-worker proof the driver now
-   makes (`drivers.readability.prove_tutti_child`: tutti_agent's own `ThreadStore` load of the
+   makes (`drivers.tutti_agent.prove_tutti_child`: tutti_agent's own `ThreadStore` load of the
    child's lineage from the target home + its turn reduction) vs the former proof (spawn a
    `tutti-agent app-server` on the target home, `initialize`, `thread/read` with turns, close).
    The child is a real Referenced fork of a real source of N turns, bound by the real binder.
