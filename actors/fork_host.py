@@ -21,9 +21,9 @@ from typing import Any, Protocol, TypeVar
 
 from actors.context import LiveOperations, Timeouts
 from actors.messages import Reply
+from actors.pool import TimerHandle
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.store_ports import ResolveStore, SagaStore
-from actors.timers import TimerHandle
 from domain.errors import HostError
 from storage.models import (
     Session,

@@ -102,12 +102,12 @@ def recover_fork_operations(
 class DeferredCommits:
     """The `provider_accepted` leftovers start-up recovery did not commit before the ready
     line, committed on a thread of their own after it. They are background writes (a client's
-    write queued meanwhile goes first, `storage.baton`), each transaction sized to hold the
+    write queued meanwhile goes first, `storage.sqlite.Baton`), each transaction sized to hold the
     writer about `DEFERRED_BATCH_S` (from `batch` at first, then from the last one's pace), so
     thousands of leftovers pay tens of COMMITs, not hundreds. Until its commit a leftover is
     what an operation between its provider's acceptance and its commit always is: its source
     fenced, `fork.get` answering `provider_accepted` — and that `fork.get` commits it at once
-    itself (the restart rule, `fork_start.advance_leftover`), the same idempotent commit as
+    itself (the restart rule, `fork_saga.advance_leftover`), the same idempotent commit as
     here (law 2)."""
 
     def __init__(

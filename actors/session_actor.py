@@ -23,7 +23,7 @@ from typing import Any
 
 import pykka
 
-from actors import fork_start
+from actors import fork_saga
 from actors.context import HostContext, LiveOperations, Timeouts
 from actors.fork_host import LiveSaga, PreparedRuntime
 from actors.fork_resolve import ForkResolve, ForkResolver
@@ -38,14 +38,13 @@ from actors.messages import (
     RuntimeLost,
     Submit,
 )
-from actors.pool import PooledActor
+from actors.pool import PooledActor, TimerHandle
 from actors.ports import Failpoints, ProviderCatalog, WorkerPort
 from actors.session_base import RetryDurable, SessionCore, T
 from actors.session_controls import SessionControls
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from actors.store_ports import ResolveStore, SagaStore
-from actors.timers import TimerHandle
 from actors.turn_writes import TurnWrites
 from domain.errors import HostError
 from storage.models import Session
@@ -210,9 +209,9 @@ class SessionActor(PooledActor):
             case DriverEvent(event=event):
                 self.turns.on_driver_event(event)
             case ForkCreate():
-                fork_start.start(self, message)
+                fork_saga.start(self, message)
             case ForkAdvance():
-                fork_start.advance_leftover(self, message)
+                fork_saga.advance_leftover(self, message)
             case ForkResolve():
                 ForkResolver.start(self, message)
             case RuntimeLost():

@@ -20,8 +20,8 @@ import pykka
 from actors.checkpoints import Capture
 from actors.context import HostContext
 from actors.messages import FollowUp, runtime_key
+from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
-from actors.timers import TimerHandle
 from domain.errors import HostError, Unavailable
 from domain.turn_events import TurnEvent
 from storage.models import Session, Turn

@@ -342,7 +342,7 @@ class BackgroundWrites(Protocol):
 
     def background(self) -> AbstractContextManager[None]:
         """The block's writes are background ones: no request waits on them, so a client's
-        write queued meanwhile goes ahead, for a bounded time (`storage.baton`)."""
+        write queued meanwhile goes ahead, for a bounded time (`storage.sqlite.Baton`)."""
         ...
 
     def events_after(

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import pykka
 
+from actors.pool import TimerHandle
 from actors.session_base import (
     RETRY_FIRST_S,
     RETRY_MAX_S,
@@ -24,7 +25,6 @@ from actors.session_base import (
     RetryDurable,
     SessionCore,
 )
-from actors.timers import TimerHandle
 from domain.errors import ForkInProgress, HostError, StoreBusy
 from storage.sqlite import host_error_of
 

@@ -21,10 +21,9 @@ from actors.checkpoints import DirectoryLocks
 from actors.fork_resolve import ACTIONS as RESOLVE_ACTIONS
 from actors.fork_resolve import ForkResolve, ResolveReply
 from actors.fork_saga import TERMINAL as _TERMINAL_FORK
-from actors.host_actor import GetFork, HostActor
+from actors.host_actor import GetFork, HostActor, SessionRoutes
 from actors.messages import ForkCreate, ForkReply, Interrupt, Mutate, Respond, Submit
 from actors.ports import ProviderCatalog
-from actors.session_routes import SessionRoutes
 from agenthost import projection, workspace_api
 from agenthost.api_base import (
     WORKSPACE_MAX,

@@ -3,24 +3,32 @@ point read on the transport thread from the read-only connection, a message rout
 to its Session actor with the reply projected on the actor's thread (the Session's existence
 checked on the transport thread too, so no reader-pool hop before the actor), and every
 failure turned into a typed reply (law 7). The methods themselves are `agenthost.api`'s,
-whose `Api` owns one `RequestPlumbing`."""
+whose `Api` owns one `RequestPlumbing`.
+
+One Session's request order between its actor and the writes that skip it (`SessionLanes`): a
+write no actor needs to order (a rename: the fork fence never refuses it, no actor reads it
+back) runs straight on the store from the writer threads, so it never waits in the Session
+actor's inbox behind a Turn's writes. Requests of one Session still take effect in the order
+they arrived: such a write goes through the actor as before while an earlier request of the
+Session is still with the actor; a request for the actor that arrives while earlier writes
+wait in the lane is routed once they are done; and the lane runs its writes one after
+another."""
 
 from __future__ import annotations
 
 import itertools
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
 import pykka
 
-from actors.host_actor import HostActor, route
-from actors.session_routes import SessionRoutes
+from actors.host_actor import HostActor, SessionRoutes, route
 from agenthost import activity
 from agenthost.reply_cache import ReplyCache
-from agenthost.session_lanes import SessionLanes
 from domain.errors import (
     HostError,
     InvalidRequest,
@@ -99,12 +107,15 @@ class RequestPlumbing:
     ) -> None:
         self.store = store
         self.host = host
-        # The live Session actors (`actors.session_routes`): a request for one goes straight
-        # to it; the rest through the HostActor (which starts them).
+        # `serve -v` (decided before the daemon is built): one line per request, when it is
+        # answered. A quiet daemon runs nothing of `agenthost.activity` for a request.
+        self._log_requests = activity.enabled()
+        # The live Session actors (`actors.host_actor.SessionRoutes`): a request for one goes
+        # straight to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
         self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
         # Writes no actor orders run on threads of their own (`write`), one lane per Session
-        # (`agenthost.session_lanes`): one waiting for the store's writer never holds a
+        # (`SessionLanes`): one waiting for the store's writer never holds a
         # reader's thread, and several Sessions' queued writes share a group commit.
         self._writers = ThreadPoolExecutor(
             max_workers=writers, thread_name_prefix="agenthost-write"
@@ -141,7 +152,7 @@ class RequestPlumbing:
     # -- dispatch --------------------------------------------------------------------------
 
     def __call__(self, request: Request, responder: Responder) -> None:
-        if activity.enabled():  # `serve -v`: one line per request, when it is answered
+        if self._log_requests:
             responder = activity.LoggedResponder(responder, request)
         handler = self._methods.get(request.method)
         try:
@@ -175,7 +186,7 @@ class RequestPlumbing:
     ) -> None:
         """A write of one Session that no actor needs to order (the fork fence never refuses
         it; no actor reads it back): `fn` runs straight on the store, in the Session's lane
-        (`agenthost.session_lanes`), and is answered with `project` of what it returned once
+        (`SessionLanes`), and is answered with `project` of what it returned once
         its COMMIT is durable; the write itself refuses a missing or deleted Session. While
         an earlier request of the Session is still with its actor, it is routed there
         instead, as the message `make` builds, so it keeps its place after that request."""
@@ -421,3 +432,81 @@ class _Counted:
     def error(self, error: HostError) -> bool:
         self._answered()
         return self._inner.error(error)
+
+
+# -- one Session's request order between its actor and the writes that skip it -------------
+
+Key = tuple[str, str]
+
+
+class SessionLanes:
+    """The lanes (first in, first out) of the actor-free writes and the counts of the requests
+    the actor still owes an answer, of every Session (any thread)."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._lanes: dict[Key, deque[Callable[[], None]]] = {}
+        self._routed: dict[Key, int] = {}
+        self.direct_writes = 0
+        """Writes run through a lane, not the actor (tests pin the path)."""
+
+    def write_or_route(self, key: Key, write: Callable[[], None]) -> bool:
+        """Queue `write` on the Session's lane and return True, or return False when an
+        earlier request of the Session is still with its actor: the caller routes it there."""
+        with self._lock:
+            if self._routed.get(key, 0):
+                return False
+            lane = self._lanes.get(key)
+            self.direct_writes += 1
+            if lane is not None:
+                lane.append(write)
+                return True
+            self._lanes[key] = deque((write,))
+        try:
+            self._executor.submit(self._drain, key)
+        except RuntimeError:  # shut down: run it here, its answer says so if the store is gone
+            self._drain(key)
+        return True
+
+    def begin_routed(self, key: Key) -> Callable[[], None]:
+        """Count a request for the Session's actor as in flight, before it is routed; returns
+        what to call once it is answered (any number of times: it counts once)."""
+        with self._lock:
+            self._routed[key] = self._routed.get(key, 0) + 1
+        done = threading.Lock()
+
+        def answered() -> None:
+            if not done.acquire(blocking=False):
+                return
+            with self._lock:
+                left = self._routed.get(key, 0) - 1
+                if left > 0:
+                    self._routed[key] = left
+                else:
+                    self._routed.pop(key, None)
+
+        return answered
+
+    def route(self, key: Key, now: Callable[[], None], later: Callable[[], None]) -> None:
+        """Route a request for the actor: `now` on this thread, or `later` on the lane's
+        thread once the writes waiting in the Session's lane are done."""
+        with self._lock:
+            lane = self._lanes.get(key)
+            if lane is not None:
+                lane.append(later)
+        if lane is None:
+            now()
+
+    def _drain(self, key: Key) -> None:
+        while True:
+            with self._lock:
+                lane = self._lanes[key]
+                if not lane:
+                    del self._lanes[key]
+                    return
+                step = lane.popleft()
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - each step answers its own request
+                log.exception("session lane step failed")

@@ -26,7 +26,7 @@ from actors.checkpoints import (
 )
 from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
 from actors.fork_workspace import remove_failed_trees
-from actors.host_actor import CountActors, HostActor, driver_event, route
+from actors.host_actor import CountActors, HostActor, SessionRoutes, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
 from actors.pool import ActorPool
 from actors.recovery import (
@@ -37,7 +37,6 @@ from actors.recovery import (
     settle_orphaned_turns,
 )
 from actors.runtime_slots import RuntimeSlots
-from actors.session_routes import SessionRoutes
 from agenthost import __version__, activity, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
@@ -265,13 +264,16 @@ class Daemon:
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
 
         self.supervisor.set_lifecycle_sink(_lifecycle)
-        self.publisher = EventPublisher(store, self.catalog, lambda: self.server, self._events)
+        self.publisher = EventPublisher(store, self.catalog, self._events)
         self._event_thread = threading.Thread(
             target=self.publisher.run, name="agenthost-events", daemon=True
         )
         self._event_thread.start()
         store.db.subscribe_batches(self.publisher.offer_many)
-        store.db.subscribe(activity.Transitions(store))  # `serve -v` lines; idle otherwise
+        if activity.enabled():
+            # `serve -v` lines (decided before the daemon is built): a quiet daemon subscribes
+            # nothing, so no store change runs anything of `agenthost.activity`.
+            store.db.subscribe(activity.Transitions(store))
 
         self.api = Api(
             store=store,
@@ -301,6 +303,8 @@ class Daemon:
             events_exact_endpoint=_exact_ipc(cfg),
             events_exact_listen=list(self.events_exact_listen),
         )
+        # The publisher (running since before the server existed) publishes to it from now.
+        self.publisher.sink = self.server
         self.server.start()
         self.connection_file = self.keys.write_connection_file(
             _first_network(self.server.endpoints),

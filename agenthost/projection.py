@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import TypeVar, cast
 
-from actors.fork_start import full_session_capable
+from actors.fork_saga import full_session_capable
 from actors.ports import ProviderCatalog
 from protocol import objects as wire
 from protocol.methods import LineageResult

@@ -19,7 +19,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -86,12 +86,14 @@ class EventPublisher:
         self,
         store: Store,
         catalog: ProviderCatalog,
-        sink: Callable[[], EventSink | None],
         changes: queue.SimpleQueue[Any],
+        sink: EventSink | None = None,
     ) -> None:
         self.store = store
         self.catalog = catalog
-        self._sink = sink
+        self.sink = sink
+        """Where the events go; None (nothing wanted) until the composition root hands over
+        its API server, which is built after the publisher."""
         self.queue = changes
         # Owned by the publishing thread: what each active Turn's last event carried.
         self.turn_deltas = TurnDeltas()
@@ -111,7 +113,7 @@ class EventPublisher:
         otherwise wake this thread five times only to skip each. A Turn change always goes
         to the thread, which owns `TurnDeltas` and must forget the Turn it skips."""
         if isinstance(change, (SessionChanged, ForkOperationChanged)):
-            sink = self._sink()
+            sink = self.sink
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
                     self.skipped += 1
@@ -122,7 +124,7 @@ class EventPublisher:
         """`offer` for one delivery of the store's (`Database.subscribe_batches`): what is
         wanted goes on the queue as one entry, so the thread takes a fork's burst in one
         batch (one read-back per entity) instead of waking at its first change."""
-        sink = self._sink()
+        sink = self.sink
         kept: list[Any] = []
         skipped = 0
         for change in changes:
@@ -154,7 +156,7 @@ class EventPublisher:
                 return
 
     def _publish(self, batch: list[Any]) -> bool:
-        sink = self._sink()
+        sink = self.sink
         out: list[tuple[str, Event]] = []
         # The streamed deltas queued ahead of the batch's first store read leave first: a
         # delta never waits for a read-back queued after it (nor for the snapshot's BEGIN).

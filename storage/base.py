@@ -27,32 +27,31 @@ from typing import Any, TypeVar
 import apsw
 
 from domain.errors import StoreBusy
-from storage.baton import Baton
-from storage.fork_memo import ForkMemo
+from storage.fork_child import ForkMemo
 from storage.fork_rows import PROJECTION_CACHE_SIZE, ProjectionCache
 from storage.models import ChangeEvent
 from storage.schema import migrate
 from storage.sqlite import (
     BUSY_TIMEOUT_MS,
-    TRANSIENT_ERRORS,
-    BusyWaits,
-    Row,
-    open_connection,
-    typed_store_error,
-    wall_clock_ms,
-)
-from storage.tx import Tx
-from storage.write_batch import WriteBatch, batch_item
-from storage.write_group import (
     CHECKPOINT_PAGES,
     CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
+    TRANSIENT_ERRORS,
+    Baton,
+    BusyWaits,
+    Row,
+    Tx,
+    WriteBatch,
     WriteGroup,
     WriteStats,
     WriteTimings,
+    batch_item,
     caller_name,
+    open_connection,
+    typed_store_error,
+    wall_clock_ms,
 )
 
 log = logging.getLogger(__name__)
@@ -101,7 +100,7 @@ class Database:
     ) -> None:
         self.path = str(path)
         self.busy_timeout_ms = busy_timeout_ms
-        # Values a fork's prepare computes for its commit, owned by this store (fork_memo.py).
+        # Values a fork's prepare computes for its commit, owned by this store (fork_child.py).
         self.fork_memo = ForkMemo()
         # Committed operations' child projections this store built (fork_rows.py).
         self.projections = ProjectionCache(PROJECTION_CACHE_SIZE)
@@ -276,14 +275,15 @@ class Database:
         """Close every connection this store opened (in any thread)."""
         if self._timings is not None:
             self._timings.write()
+        # Closed first, so the checkpointer sees `_closed` and ends; its connection is taken
+        # with the others once it has.
         with self._pool:
             self._writer_conn = None
             self._closed = True
-        self._checkpoint_due.set()  # the checkpointer sees `_closed` and ends
+        self._checkpoint_due.set()
         if self._checkpointer is not None and self._checkpointer is not threading.current_thread():
             self._checkpointer.join(5)
         with self._pool:
-            self._closed = True
             conns, self._connections = self._connections, []
             self._idle = []
             self._pool.notify_all()
@@ -432,7 +432,7 @@ class Database:
         self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
 
     def background(self) -> contextlib.AbstractContextManager[None]:
-        """This thread's writes in the block are background ones (`storage.baton.Baton`)."""
+        """This thread's writes in the block are background ones (`storage.sqlite.Baton`)."""
         return self._fifo.background()
 
     def _pass_baton(self) -> None:

@@ -2,7 +2,7 @@
 snapshot, with `committed`, in one transaction; the source identity re-proved first. A version
 4 child reads its Messages from the source's boundary through a history link, written once
 the boundary is proved what prepare froze — by the fence's witness, else by re-proving the
-frozen count and digest (storage/fork_history.py)."""
+frozen count and digest (storage/history_links.py)."""
 
 from __future__ import annotations
 
@@ -14,16 +14,14 @@ from typing import Any
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from domain.fork_states import ForkStatus
 from storage.base import Database
-from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, HistoryCopy, build_child
+from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, ForkMemo, HistoryCopy, build_child
 from storage.fork_evidence import receipt_forked_from
-from storage.fork_history import boundary_proof, fenced_history_unchanged, link_messages
-from storage.fork_memo import ForkMemo
 from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
+from storage.history_links import boundary_proof, fenced_history_unchanged, link_messages
 from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, dumps, loads
-from storage.tx import Tx
+from storage.sqlite import Row, Tx, dumps, loads
 
 log = logging.getLogger(__name__)
 

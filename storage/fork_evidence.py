@@ -10,8 +10,7 @@ from domain.enums import ProviderStateBindingMode
 from domain.errors import ForkEvidenceRejected
 from domain.fork_states import ForkStatus
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence
-from storage.sqlite import dumps
-from storage.tx import Tx
+from storage.sqlite import Tx, dumps
 
 
 def record_accepted(

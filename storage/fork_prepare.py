@@ -1,5 +1,6 @@
-"""Prepare (seed 000 §4–§6): idempotency by request id, the source + point barrier, the
-target reservation, the boundary checks and the frozen snapshot, in one transaction."""
+"""Prepare (seed 000 §4–§6, §11): idempotency by request id, the fork point resolved to its
+Turn, the source + point barrier, the target reservation and the child's title, the boundary
+checks and the frozen snapshot, in one transaction."""
 
 from __future__ import annotations
 
@@ -20,17 +21,13 @@ from domain.errors import (
     WorkspaceCheckpointMissing,
     checkpoint_refusal,
 )
+from domain.fork_states import NOT_A_FORK_SQL
 from storage.base import Database
-from storage.fork_boundary import load_boundary, source_blockers
-from storage.fork_child import prove_child, remember_child_history
-from storage.fork_history import fence_history, history_section
-from storage.fork_identity import OrdinalPrefixes
-from storage.fork_memo import ForkMemo
-from storage.fork_points import UNRESOLVED, latest_settled_turn_id, resolve_or_block
+from storage.fork_child import ForkMemo, OrdinalPrefixes, prove_child, remember_child_history
 from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, decode_op, load_op
-from storage.fork_snapshot import freeze_snapshot, request_hash
-from storage.fork_titles import child_title
+from storage.fork_snapshot import freeze_snapshot, load_boundary, request_hash, source_blockers
 from storage.fork_workspace import PLANNED, boundary_checkpoint
+from storage.history_links import fence_history, history_section
 from storage.models import (
     ChangeEvent,
     ForkOperation,
@@ -38,12 +35,14 @@ from storage.models import (
     ForkPointKind,
     ForkPrepareRequest,
     PlanWorkspace,
+    Session,
     SessionChanged,
+    TurnPhase,
 )
-from storage.session_rows import require_session
-from storage.sqlite import dumps
-from storage.tx import Tx
+from storage.rows import require_session
+from storage.sqlite import Tx, dumps
 
+# -- Prepare ---------------------------------------------------------------------------------------
 
 def prepared_events(op: ForkOperation) -> list[ChangeEvent]:
     """The change events a prepare emits: what the caller of a lazy one hands on."""
@@ -76,7 +75,7 @@ def validate_request(req: ForkPrepareRequest) -> None:
         ("driverKind", req.driver_kind),
     ):
         if field == "point.turnId" and req.point_kind == ForkPointKind.LATEST_SETTLED:
-            continue  # resolved inside the prepare transaction (storage/fork_points.py)
+            continue  # resolved inside the prepare transaction (`resolve_or_block` below)
         if not isinstance(value, str) or not value:
             raise InvalidArgument(field, f"{field} must be a non-empty string")
     if req.point_kind not in (ForkPointKind.THROUGH_TURN, ForkPointKind.LATEST_SETTLED):
@@ -204,7 +203,7 @@ class ForkPrepare:
             for reason in blockers:
                 if reason in static:
                     raise ForkBoundaryError(reason)
-            # The Messages stay in SQLite (snapshot versions 4 and 5, storage/fork_history.py).
+            # The Messages stay in SQLite (snapshot versions 4 and 5, storage/history_links.py).
             boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id, messages=False)
             if blockers:
                 raise ForkBoundaryError(blockers[0])
@@ -359,3 +358,80 @@ class ForkPrepare:
                 f"target session id {req.target_session_id} is already {taken[0]}",
                 params={"field": "targetAgentSessionId"},
             )
+
+
+# -- Fork points -----------------------------------------------------------------------------------
+# Fork points beyond `throughTurn` (seed 000 §11): `latestSettled`, the whole
+# Session as it stands, resolved to a concrete settled Turn inside the prepare transaction and
+# frozen on the operation (`source_turn_id`), so a replay after new Turns returns the same
+# original boundary.
+#
+# The request hash of a `latestSettled` request carries no Turn (the client named none), so a
+# replay of the same `requestId` matches whatever the Session's newest Turn is by then; the
+# barrier is `source + latestSettled + the resolved Turn`.
+
+# The turn id a `latestSettled` request carries before resolution (and in its request hash).
+UNRESOLVED = ""
+
+
+def latest_settled_turn_id(conn: apsw.Connection, ws: str, sid: str) -> str | None:
+    """The Session's newest Turn if it is settled, else None (an active newest Turn is the
+    source's own blocker, `source_turn_active`, reported by the caller)."""
+    row = conn.execute(
+        "SELECT turn_id, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
+        " ORDER BY sequence DESC LIMIT 1",
+        (ws, sid),
+    ).fetchone()
+    if row is None or row[1] != TurnPhase.SETTLED:
+        return None
+    return str(row[0])
+
+
+def resolve_point_turn(
+    conn: apsw.Connection, ws: str, sid: str, point_kind: str, turn_id: str
+) -> str:
+    """The concrete boundary Turn of a fork point; `latestSettled` with no settled newest Turn
+    raises `turn_not_found` (no Turns) or `turn_not_settled` (the newest one runs)."""
+    if point_kind != ForkPointKind.LATEST_SETTLED:
+        return turn_id
+    resolved = latest_settled_turn_id(conn, ws, sid)
+    if resolved is not None:
+        return resolved
+    any_turn = conn.execute(
+        "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? LIMIT 1", (ws, sid)
+    ).fetchone()
+    reason = ForkBoundaryReason.TURN_NOT_SETTLED if any_turn else ForkBoundaryReason.TURN_NOT_FOUND
+    raise ForkBoundaryError(reason)
+
+
+def resolve_or_block(
+    conn: apsw.Connection, ws: str, source: Session, point_kind: str, turn_id: str
+) -> str:
+    """`resolve_point_turn`, but an unresolvable `latestSettled` reports the source's own
+    blocker first (an active Turn refuses as `source_turn_active`, as for `throughTurn`)."""
+    try:
+        return resolve_point_turn(conn, ws, source.session_id, point_kind, turn_id)
+    except ForkBoundaryError:
+        blockers = source_blockers(conn, ws, source)
+        if blockers:
+            raise ForkBoundaryError(blockers[0]) from None
+        raise
+
+
+# -- The child's title -----------------------------------------------------------------------------
+# The title a fork child is minted with (seed 000 §5): `<source title> (<n>)`, where `n` is
+# this fork's ordinal among the valid forks of that same source, the first child being `(2)`.
+#
+# A valid fork is one that is not `failed` or `abandoned` (neither ever became a child), so a
+# failed or abandoned attempt does not use up a number. A fork of a fork stacks the suffix
+# (`Trip (2)` forks to `Trip (2) (2)`); a shorter label is a client's to draw from the lineage.
+
+def child_title(conn: Any, ws: str, source_session_id: str, source_title: str) -> str:
+    """`conn` is the prepare transaction's connection; the count reads the source's operations
+    inside it, so two forks of one source never mint the same number."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
+        f" AND status NOT IN {NOT_A_FORK_SQL}",
+        (ws, source_session_id),
+    ).fetchone()
+    return f"{source_title} ({(int(row[0]) if row else 0) + 2})"

@@ -24,13 +24,12 @@ from typing import Any
 from domain.errors import Conflict, ForkBoundaryError, ForkBoundaryReason
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
-from storage.fork_boundary import source_blockers
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import load_op
+from storage.fork_snapshot import source_blockers
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
-from storage.session_rows import require_session
-from storage.sqlite import dumps, loads
-from storage.tx import Tx
+from storage.rows import require_session
+from storage.sqlite import Tx, dumps, loads
 
 # What a source is, not what runs on it: an adopt does not re-check these.
 _STATIC = frozenset(

@@ -30,18 +30,15 @@ from storage.rows import (
     hydrate_turns,
     interaction_from_row,
     message_from_row,
-    turn_from_row,
-)
-from storage.schema import SESSION_KEY_OF
-from storage.session_rows import (
     next_position,
     require_live_session,
     require_mapping,
     require_text,
+    turn_from_row,
     turn_row,
 )
-from storage.sqlite import dumps, loads
-from storage.tx import Tx
+from storage.schema import SESSION_KEY_OF
+from storage.sqlite import Tx, dumps, loads
 
 
 class HistoryStore:

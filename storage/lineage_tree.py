@@ -24,7 +24,7 @@ import apsw
 
 from storage.base import Database
 from storage.models import Lineage, Session
-from storage.session_rows import load_session, require_session
+from storage.rows import load_session, require_session
 from storage.sqlite import Row
 
 MAX_ANCESTORS = 10_000

@@ -12,7 +12,7 @@ import uuid
 
 from storage.base import Database
 from storage.models import Session
-from storage.session_rows import require_live_session, require_session, require_text, touch
+from storage.rows import require_live_session, require_session, require_text, touch
 
 
 class SessionControls:

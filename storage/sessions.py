@@ -18,12 +18,13 @@ from domain.errors import (
 )
 from storage.base import Database
 from storage.models import Session, SessionChanged, SessionKind
-from storage.rows import SESSION_SELECT, session_from_row
-from storage.session_rows import (
+from storage.rows import (
+    SESSION_SELECT,
     require_live_session,
     require_mapping,
     require_session,
     require_text,
+    session_from_row,
     touch,
 )
 from storage.sqlite import dumps

@@ -1,18 +1,33 @@
-"""One SQLite connection as the store opens it (WAL, `synchronous=FULL`, foreign keys, a
-busy handler that counts its sleeps), the canonical JSON of its columns, and a raw SQLite
-failure turned into its typed error (503 `store_busy` for the transient ones)."""
+"""The store's SQLite layer under its owner: one connection as the store opens it, the canonical
+JSON of its columns, a raw SQLite failure turned into its typed error, and the write path
+`Database.write` (storage/base.py) drives — the writer baton, one open write transaction (`Tx`,
+with the source fence checked inside it), group commit's bookkeeping and counters, and one
+thread's write batch.
+
+A connection: WAL, `synchronous=FULL`, foreign keys, a busy handler that counts its sleeps; the
+transient failures are the retryable 503 `store_busy`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import threading
 import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import apsw
 
-from domain.errors import HostError, StoreBusy, internal_error
+from domain.errors import ForkInProgress, HostError, StoreBusy, internal_error
+from domain.fork_states import ACTIVE_SQL
+from storage.models import ChangeEvent
+
+# -- Connections, JSON columns, typed failures -----------------------------------------------------
 
 BUSY_TIMEOUT_MS = 10_000
 
@@ -113,3 +128,328 @@ def open_connection(
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
     return conn
+
+
+# -- One write transaction -------------------------------------------------------------------------
+
+class Tx:
+    """One open write transaction: the cursor, its clock reading and its pending events."""
+
+    __slots__ = ("conn", "workspace_id", "now_ms", "events", "_seen")
+
+    def __init__(self, conn: apsw.Connection, workspace_id: str | None, now_ms: int) -> None:
+        self.conn = conn
+        self.workspace_id = workspace_id
+        self.now_ms = now_ms
+        self.events: list[ChangeEvent] = []
+        self._seen: set[ChangeEvent] = set()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> apsw.Cursor:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        if rows:
+            self.conn.executemany(sql, rows)
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Row | None:
+        return self.conn.execute(sql, params).fetchone()
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Row]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def changes(self) -> int:
+        return int(self.conn.changes())
+
+    def emit(self, event: ChangeEvent) -> None:
+        # A set beside the list: one transaction may emit the same change many times.
+        if event not in self._seen:
+            self._seen.add(event)
+            self.events.append(event)
+
+    def check_fence(self, session_id: str) -> None:
+        """Fail with `ForkInProgress` if an active fork operation holds `session_id`'s fence.
+
+        Runs inside the caller's write transaction, so no fork can be prepared between the
+        check and the write it guards (law 3).
+        """
+        row = self.one(
+            "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
+            " AND source_session_id = ?"
+            f" AND status IN {ACTIVE_SQL} LIMIT 1",
+            (self.workspace_id, session_id),
+        )
+        if row is not None:
+            raise ForkInProgress(
+                f"session {session_id} is being forked (operation {row[0]})",
+                params={"operationId": row[0], "forkBoundaryReason": "source_fork_active"},
+            )
+
+
+# -- The writer baton ------------------------------------------------------------------------------
+# The writer baton: one writer at a time on the store's one writer connection, handed on
+# first come, first served: one writer, no busy-handler sleeps.
+
+BACKGROUND_MAX_WAIT_S = 0.1
+"""How long a background writer may be overtaken by foreground ones before it goes next."""
+
+_Entry = tuple[int, threading.Lock, float]
+
+
+class Baton:
+    """Each queued writer blocks on its own lock and the holder hands the baton to the first
+    one only: no herd of waking threads fighting over the GIL and the lock, no writer
+    overtaken again and again. `lock` guards the queue (and, for the store, its counters).
+
+    Two queues, each first come, first served: a client's request waits on a *foreground*
+    write, while a *background* one (a fork saga's steps after its prepare: `dispatching`,
+    `provider_accepted`, the commit) has no request waiting on it, only its own pipeline. A
+    foreground writer goes ahead of queued background ones, unless the first of those has
+    waited `background_max_wait_s` already: then it goes next, so background writes are
+    delayed by at most that, never starved."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Condition(threading.Lock())
+        self.owner: int | None = None
+        self._queue: deque[_Entry] = deque()
+        self._background: deque[_Entry] = deque()
+        self.background_max_wait_s = BACKGROUND_MAX_WAIT_S
+        self._local = threading.local()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue) + len(self._background)
+
+    @contextmanager
+    def background(self) -> Iterator[None]:
+        """This thread's `take`s in the block queue as background writers: no client request
+        waits on them, so a client's write queued meanwhile goes first."""
+        held = getattr(self._local, "background", False)
+        self._local.background = True
+        try:
+            yield
+        finally:
+            self._local.background = held
+
+    def take(self, timeout_s: float) -> None:
+        """Become the writer, waiting up to `timeout_s` behind the others (then a retryable
+        `StoreBusy`, as a wait on another process's lock ends)."""
+        me = threading.get_ident()
+        background = getattr(self._local, "background", False)
+        with self.lock:
+            if self.owner == me:
+                # A write inside a write of the same thread: refused as SQLite refused it.
+                raise apsw.SQLError("cannot start a transaction within a transaction")
+            if self.owner is None and not self.waiting:
+                self.owner = me
+                return
+            entry = (me, threading.Lock(), time.monotonic())
+            entry[1].acquire()
+            queue = self._background if background else self._queue
+            queue.append(entry)
+        # `pass_on` makes this thread the owner, then releases its lock.
+        if entry[1].acquire(timeout=timeout_s):
+            return
+        with self.lock:
+            if self.owner == me:  # handed over just as the wait timed out
+                return
+            queue.remove(entry)
+        raise StoreBusy("the store is busy with other writes, try again")
+
+    def pass_on(self) -> None:
+        with self.lock:
+            later = self._background
+            if later and (
+                not self._queue or time.monotonic() - later[0][2] >= self.background_max_wait_s
+            ):
+                owner, wake, _ = later.popleft()
+            elif self._queue:
+                owner, wake, _ = self._queue.popleft()
+            else:
+                self.owner = None
+                return
+            self.owner = owner
+            wake.release()
+
+
+# -- Group commit's bookkeeping --------------------------------------------------------------------
+# Group commit's bookkeeping for `storage.base`: the open group, the write counters tests pin,
+# and the optional per-write timings. No SQL here; `Database.write` drives them.
+
+GROUP_MAX_MEMBERS = 32
+"""Writes one group commit holds at most: a bound on how long its first member waits."""
+GROUP_MAX_AGE_S = 0.020
+"""A group open longer than this commits at its next member's end instead of taking more (a
+long body, e.g. a 1,000-Turn fork commit, does not hold the writes before it much longer)."""
+CHECKPOINT_PAGES = 1000
+"""WAL pages after which the background checkpointer copies the WAL into the database (the
+size SQLite's own auto-checkpoint uses; it would run inside the COMMIT that crossed it)."""
+CHECKPOINT_RETRY_PAGES = 250
+"""WAL pages the log grows by, past the mark, before the checkpointer is asked again: a
+checkpoint that readers kept from finishing leaves the WAL long (it restarts only once every
+frame is copied), and asking at every COMMIT past the mark, as SQLite's auto-checkpoint does,
+ran a PASSIVE checkpoint — a few frames copied, the database fsync'd — for nearly every
+COMMIT under a steady load of writers and readers."""
+TIMING_ENV = "AGENTHOST_STORE_TIMING"
+"""When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
+summary per store method is written there as JSON at `close()` (docs/performance.md)."""
+
+
+class WriteGroup:
+    """One shared write transaction: its members' savepoints, committed by one COMMIT."""
+
+    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released")
+
+    def __init__(self, lazy: bool = False) -> None:
+        self.members = 0
+        self.lazy = lazy
+        """Opened by a `durable=False` write: committed alone, without an fsync."""
+        self.held: list[ChangeEvent] = []
+        """A lazy group's events: published only after a later fsync'd COMMIT."""
+        self.released: list[ChangeEvent] | None = None
+        """Earlier lazy groups' events this group's fsync made durable (one member takes them)."""
+        self.opened = time.monotonic()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class WriteStats:
+    """Counts of the store's writes (what tests pin): `transactions` written (savepoints
+    released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
+    write's COMMIT without an fsync of its own), `rolled_back` member
+    savepoints, `group_failures` (a COMMIT or a transaction-aborting error that failed every
+    member), `checkpoint_signals` (times the WAL hook asked the checkpointer to run) and
+    `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
+
+    __slots__ = (
+        "transactions",
+        "commits",
+        "lazy_commits",
+        "rolled_back",
+        "group_failures",
+        "largest_group",
+        "checkpoints",
+        "checkpoint_signals",
+        "batched",
+    )
+
+    def __init__(self) -> None:
+        self.transactions = 0
+        self.commits = 0
+        self.lazy_commits = 0
+        self.rolled_back = 0
+        self.group_failures = 0
+        self.largest_group = 0
+        self.checkpoints = 0
+        self.checkpoint_signals = 0
+        self.batched = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return {name: int(getattr(self, name)) for name in self.__slots__}
+
+
+class WriteTimings:
+    """Per-write durations by store method (only with `AGENTHOST_STORE_TIMING`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._rows: dict[str, list[tuple[float, float, float, float, int]]] = {}
+
+    def add(self, method: str, row: tuple[float, float, float, float, int]) -> None:
+        with self._lock:
+            rows = self._rows.setdefault(method, [])
+            if len(rows) < 100_000:
+                rows.append(row)
+
+    def write(self) -> None:
+        def pct(values: list[float], q: float) -> float:
+            ordered = sorted(values)
+            return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+        out: dict[str, Any] = {}
+        with self._lock:
+            for method, rows in self._rows.items():
+                cols = list(zip(*rows, strict=True))
+                out[method] = {"n": len(rows), "meanGroup": round(sum(cols[4]) / len(rows), 2)}
+                for i, name in enumerate(("waitMs", "bodyMs", "commitMs", "publishMs")):
+                    out[method][name] = {
+                        "p50": pct(list(cols[i]), 0.5),
+                        "p99": pct(list(cols[i]), 0.99),
+                        "mean": round(sum(cols[i]) / len(rows), 2),
+                    }
+        with contextlib.suppress(OSError):
+            Path(self.path).write_text(json.dumps(out, indent=1, sort_keys=True))
+
+
+def caller_name() -> str:
+    """The store method that wrote (the first frame outside storage.base and contextlib)."""
+    frame = sys._getframe(1)
+    skip = (__file__, _BASE_FILE, contextlib.__file__)
+    while frame is not None and frame.f_code.co_filename in skip:
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame.f_code.co_name if frame is not None else "?"
+
+
+_BASE_FILE = str(Path(__file__).with_name("base.py"))
+
+
+# -- One thread's batch of writes ------------------------------------------------------------------
+# One thread's batch of writes (`Database.write_batch`): each write a nested savepoint of
+# the batch's one group member, its events handed to the batch and published after the COMMIT
+# that holds them all, so a Session actor's queued Turn writes land together.
+
+class WriteBatch:
+    """One thread's `Database.write_batch`: the member transaction its writes nest in, and
+    why the batch was lost (set when SQLite aborted the transaction under it)."""
+
+    __slots__ = ("tx", "thread", "broken")
+
+    def __init__(self, tx: Tx) -> None:
+        self.tx = tx
+        self.thread = threading.get_ident()
+        self.broken: str | None = None
+
+
+@contextmanager
+def batch_item(
+    batch: WriteBatch,
+    workspace_id: str | None,
+    fence: str | None,
+    now_ms: int,
+    count: Callable[[bool], None],
+) -> Iterator[Tx]:
+    """One write inside a batch: a nested savepoint; a write that raises rolls back alone
+    (`count(True)`), one that lands hands its events to the batch (`count(False)`). If SQLite
+    aborted the whole transaction, the batch is marked lost and nothing of it will be written."""
+    if batch.broken is not None:
+        raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
+    conn = batch.tx.conn
+    tx = Tx(conn, workspace_id, now_ms)
+    try:
+        conn.execute("SAVEPOINT agenthost_item")
+        try:
+            if fence is not None:
+                tx.check_fence(fence)
+            yield tx
+        except BaseException as exc:
+            count(True)
+            try:
+                if conn.getautocommit():
+                    raise apsw.SQLError("the transaction was rolled back")
+                conn.execute("ROLLBACK TO agenthost_item")
+                conn.execute("RELEASE agenthost_item")
+            except apsw.Error:
+                # The whole transaction is gone: nothing of the batch will be written.
+                batch.broken = type(exc).__name__
+            raise
+        conn.execute("RELEASE agenthost_item")
+    except BaseException as exc:
+        if conn.getautocommit() and batch.broken is None:
+            batch.broken = type(exc).__name__
+        typed = typed_store_error(exc)
+        if typed is not None and typed is not exc:
+            raise typed from exc
+        raise
+    for event in tx.events:
+        batch.tx.emit(event)
+    count(False)

@@ -3,7 +3,7 @@
 One owner, `Database` (storage/base.py: the connection pool, the write baton, subscribers),
 and one part per concern composed over it, each in its own module: `sessions`, `goals`,
 `turns`, `history`, the fork operation's `fork_prepare`, `fork_transitions`, `fork_commit`,
-`fork_recovery`, `fork_fence`, `fork_queries`, `fork_workspace`, then `lineage` and
+`fork_recovery`, `fork_queries` (with the fence read), `fork_workspace`, then `lineage` and
 `resolution`. A caller names the part it uses (`store.turns.claim_submit(...)`); the parts
 share nothing but the owner. `Store.open(path)` creates the file and runs migrations.
 """
@@ -15,9 +15,8 @@ from pathlib import Path
 
 from storage.base import DEFAULT_MAX_CONNECTIONS, Clock, Database
 from storage.fork_commit import ForkCommit
-from storage.fork_fence import ForkFence
 from storage.fork_prepare import ForkPrepare
-from storage.fork_queries import ForkQueries
+from storage.fork_queries import ForkFence, ForkQueries
 from storage.fork_recovery import ForkRecovery
 from storage.fork_resolution import ResolutionStore
 from storage.fork_transitions import ForkTransitions

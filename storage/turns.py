@@ -12,9 +12,8 @@ from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.base import Database
 from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnPhase
-from storage.rows import TURN_COLUMNS
-from storage.schema import SESSION_KEY_OF
-from storage.session_rows import (
+from storage.rows import (
+    TURN_COLUMNS,
     finish_claims,
     load_turn,
     next_position,
@@ -25,7 +24,8 @@ from storage.session_rows import (
     touch,
     turn_row,
 )
-from storage.tx import Tx
+from storage.schema import SESSION_KEY_OF
+from storage.sqlite import Tx
 
 
 class TurnStore:

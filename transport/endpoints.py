@@ -81,7 +81,8 @@ class Binder:
         beside the endpoint's file (`.api.1`, no longer than `api.sock`), which is then
         hard-linked (or, where links are refused, renamed) to the endpoint's path and removed:
         clients reach it at the usual path, and libzmq knows it, and its connections, by the
-        spare name."""
+        spare name. Where neither can be done, it is bound at the path itself spelled with a
+        doubled slash (`_path_alias`): the same file, an address of its own."""
         path = ipc_path(endpoint)
         if path is None:
             raise ValueError(f"{endpoint}: only a file-backed ipc endpoint is bound again")
@@ -102,10 +103,14 @@ class Binder:
                 sock.unbind(spare)
             if not isinstance(exc, OSError):
                 raise
-            # Neither linked nor renamed into place: bound at the path itself, as before, and
-            # the listeners it replaces stay bound (none can be unbound alone).
-            log.warning("%s cannot be linked or renamed (%s): bound at the path itself", path, exc)
-            return self.bind(sock, endpoint)
+            # Neither linked nor renamed into place: bound at the path itself, under a spelling
+            # of it no other listener holds.
+            log.warning("%s cannot be linked or renamed (%s): bound at an alias of it", path, exc)
+            prepare_ipc_path(path)  # never over a live daemon's socket
+            spare = _path_alias(path, taken)
+            configure_bind(sock, spare, self._curve)
+            sock.bind(spare)
+            os.chmod(path, 0o600)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(spare_path)
@@ -164,6 +169,20 @@ def _spare_endpoint(path: str, n: int) -> str:
     head, name = os.path.split(path)
     stem = name[: -len(".sock")] if name.endswith(".sock") else name
     return f"ipc://{os.path.join(head, f'.{stem}.{n}')}"
+
+
+def _path_alias(path: str, taken: set[str]) -> str:
+    """`ipc://<dir>//api.sock` (then `///`, ...): the endpoint's own file, spelled so that libzmq,
+    which knows a listener by the string it was bound to (and the kernel, which reports the
+    path as bound), tells it from every listener in `taken`. The last resort of a re-bind where
+    the spare name can be neither linked nor renamed into place: the listener is reached at the
+    usual path and can still be unbound alone. Each extra slash makes the name one byte longer;
+    past the kernel's 107 the bind fails as any too-long ipc path does."""
+    head, name = os.path.split(path)
+    n = 2
+    while (alias := f"ipc://{head}{'/' * n}{name}") in taken:
+        n += 1
+    return alias
 
 
 def _link_into_place(spare: str, path: str) -> None:

@@ -42,7 +42,7 @@ if _SERVE and _STAMPS:
     # module, class (or "" for a function), attribute, stamp on entry, stamp on exit ("": none)
     _POINTS = (
         ("transport.server", "ApiServer", "_handle", "loop.handle", ""),
-        ("actors.fork_start", "", "start", "fork_start", ""),
+        ("actors.fork_saga", "", "start", "fork.start", ""),
         ("storage.fork_prepare", "ForkPrepare", "prepare_fork", "prepare.begin", "prepare.end"),
         ("storage.base", "Database", "_end_group", "group.begin", "group.end"),
         ("storage.fork_transitions", "ForkTransitions", "mark_fork_dispatching", "disp.begin",

@@ -19,9 +19,9 @@ from actors.fork_host import LiveSaga, PreparedRuntime
 from actors.fork_saga import ForkSaga
 from actors.fork_workspace import remove_failed_trees
 from actors.messages import ForkReply
+from actors.pool import TimerHandle
 from actors.ports import DriverInfo
 from actors.recovery import recover_fork_operations
-from actors.timers import TimerHandle
 from agenthost.workers import read_answer
 from domain.worker_messages import Attestation, ForkRequest, ForkResult, RuntimeAttest
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, Session
@@ -218,6 +218,23 @@ def source(store: Store, home: Path) -> tuple[str, list[str]]:
     return sid, turns
 
 
+def prepare_request(sid: str, turn_id: str, **over: Any) -> ForkPrepareRequest:
+    """A fork of `sid` through `turn_id` as the saga tests prepare it: fresh request and target
+    ids, the scripted driver, `host_copy`; `over` sets any other field."""
+    fields: dict[str, Any] = {
+        "source_session_id": sid,
+        "request_id": str(uuid.uuid4()),
+        "target_session_id": str(uuid.uuid4()),
+        "turn_id": turn_id,
+        "point_kind": ForkPointKind.THROUGH_TURN,
+        "driver_kind": DRIVER[0],
+        "driver_version": DRIVER[1],
+        "binding_mode": "host_copy",
+        "runtime_identity": {},
+    }
+    return ForkPrepareRequest(**{**fields, **over})
+
+
 def run_saga(
     store: Store,
     home: Path,
@@ -246,16 +263,10 @@ def run_saga(
     host = InlineHost(store, worker, ScriptedFailpoints(armed), home, sid, fork_trees=trees)
     op, created = store.fork_prepare.prepare_fork(
         WS,
-        ForkPrepareRequest(
-            source_session_id=sid,
-            request_id=str(uuid.uuid4()),
-            target_session_id=str(uuid.uuid4()),
-            turn_id="" if point == ForkPointKind.LATEST_SETTLED else turns[0],
+        prepare_request(
+            sid,
+            "" if point == ForkPointKind.LATEST_SETTLED else turns[0],
             point_kind=point,
-            driver_kind=DRIVER[0],
-            driver_version=DRIVER[1],
-            binding_mode="host_copy",
-            runtime_identity={},
             workspace=workspace,
         ),
         plan_workspace=None if trees is None else trees.plan,

@@ -215,7 +215,7 @@ def test_commits_past_the_bound_are_deferred_and_then_made_after_ready(tmp_path:
         assert [op.operation_id for op in report.deferred] == accepted[2:]
         statuses = [store.fork_queries.get_fork_operation(WS, o).status for o in accepted]
         assert statuses == [ForkStatus.COMMITTED] * 2 + [ForkStatus.PROVIDER_ACCEPTED] * 5
-        # A `fork.get` of a deferred one commits it first (fork_start.advance_leftover).
+        # A `fork.get` of a deferred one commits it first (fork_saga.advance_leftover).
         store.fork_commit.commit_fork(WS, accepted[4])
 
         deferred = DeferredCommits(store, report.deferred, batch=2)

@@ -120,25 +120,12 @@ def test_a_lazy_prepare_is_told_with_its_own_dispatch_not_with_another_writers_f
     """A lazy prepare emits nothing: another writer's fsync'd COMMIT (at 16 forking clients,
     usually another fork's) made it durable, but its events are the saga's to tell, with its
     `dispatching` — one burst per fork — so nothing of it is heard before then."""
-    import uuid
-
-    from storage.models import ForkPointKind, ForkPrepareRequest
-    from tests.actors.saga_harness import DRIVER, source
+    from tests.actors.saga_harness import prepare_request, source
 
     sid, turns = source(store, home)
     op, created = store.fork_prepare.prepare_fork(
         WS,
-        ForkPrepareRequest(
-            source_session_id=sid,
-            request_id=str(uuid.uuid4()),
-            target_session_id=str(uuid.uuid4()),
-            turn_id=turns[0],
-            point_kind=ForkPointKind.THROUGH_TURN,
-            driver_kind=DRIVER[0],
-            driver_version=DRIVER[1],
-            binding_mode="host_copy",
-            runtime_identity={},
-        ),
+        prepare_request(sid, turns[0]),
         durable=False,
     )
     assert created

@@ -1,5 +1,5 @@
 """A fork's `prepared` COMMIT is lazy only where nobody can hear of the operation before the
-fsync'd `dispatching` (docs/design/fork-saga.md, "A lazy prepare"): through `fork_start`'s
+fsync'd `dispatching` (docs/design/fork-saga.md, "A lazy prepare"): through `fork_saga`'s
 prepare and a real `ForkSaga` on a real store file (tests/actors/saga_harness.py), counting
 the store's fsync'd and lazy COMMITs and reading, in each change event's subscriber, what the
 store held when the event went out. The fsyncs themselves are counted through a real daemon
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from actors import fork_start
+from actors import fork_saga
 from actors.fork_host import PreparedRuntime, attestation_key
 from actors.messages import ForkCreate, ForkReply
 from actors.ports import DriverInfo
@@ -42,7 +42,7 @@ INFO = DriverInfo(PROVIDER, "host_copy", True, "tutti-agent-home")
 
 
 class Catalog:
-    """The two rules `fork_start`'s prepare asks the provider catalog (both pass)."""
+    """The two rules `fork_saga`'s prepare asks the provider catalog (both pass)."""
 
     def fork_through_turn_capable(self, provider: str, runtime_context: Mapping[str, Any]) -> bool:
         return True
@@ -90,7 +90,7 @@ def _runtime(store: Store, host: CatalogHost, sid: str) -> PreparedRuntime:
 def fork_through_start(
     store: Store, home: Path, *, warm: bool, flaky_dispatching: bool = False
 ) -> Forked:
-    """One `fork.create` through `fork_start`'s prepare. `warm`: this Session's last fork
+    """One `fork.create` through `fork_saga`'s prepare. `warm`: this Session's last fork
     attested the runtime the fork runs on (no `runtime.attest`); `flaky_dispatching`: the
     first `dispatching` write finds the store busy (the saga retries it on a timer)."""
     sid, turns = source(store, home)
@@ -136,7 +136,7 @@ def fork_through_start(
     before = store.db.write_stats.snapshot()
     try:
         msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], reply)
-        fork_start._prepare(host, msg, INFO, runtime)
+        fork_saga._prepare(host, msg, INFO, runtime)
         if flaky_dispatching:
             # The caller's budget runs out while `dispatching` waits for the store, then the
             # saga's retry lands it.
@@ -261,7 +261,7 @@ def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_wit
     replies: list[Any] = []
     try:
         msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], replies.append)
-        fork_start._prepare(host, msg, INFO, runtime)
+        fork_saga._prepare(host, msg, INFO, runtime)
         # Dispatched, the provider not answered: nothing announced yet, no timer but the budget.
         assert [m for m, _ in worker.calls] == ["fork"] and seen == [] and replies == []
         ((budget_s, budget),) = host.timers

@@ -22,16 +22,16 @@ from actors.ports import DeliveryUnknown, DriverInfo
 from domain.errors import ForkBoundaryError, ForkBoundaryReason
 from domain.fork_states import ForkStatus
 from domain.worker_messages import ForkResult
-from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest
+from storage.models import ForkOperation
 from storage.store import Store
 from tests.actors.saga_harness import (
-    DRIVER,
     WS,
     InlineHost,
     Run,
     ScriptedFailpoints,
     ScriptedWorker,
     accepted,
+    prepare_request,
     run_saga,
     source,
 )
@@ -167,17 +167,7 @@ def test_dispatching_is_stamped_when_it_is_written_not_when_it_was_asked(
     sid, turns = source(store, home)
     op, _ = store.fork_prepare.prepare_fork(
         WS,
-        ForkPrepareRequest(
-            source_session_id=sid,
-            request_id=str(uuid.uuid4()),
-            target_session_id=str(uuid.uuid4()),
-            turn_id=turns[0],
-            point_kind=ForkPointKind.THROUGH_TURN,
-            driver_kind=DRIVER[0],
-            driver_version=DRIVER[1],
-            binding_mode="host_copy",
-            runtime_identity={},
-        ),
+        prepare_request(sid, turns[0]),
     )
     holding, released_at = threading.Event(), [0]
 

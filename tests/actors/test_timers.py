@@ -9,7 +9,7 @@ import gc
 import threading
 import weakref
 
-from actors.timers import COMPACT_MIN, Timers
+from actors.pool import COMPACT_MIN, Timers
 
 
 class _TurnState:

@@ -85,7 +85,7 @@ def test_a_session_changed_twice_in_one_batch_is_published_once(
         assert status == 200
     a, b, c = sids
     # A publisher of its own on the daemon's store and server, fed batches by hand.
-    mine = EventPublisher(store, daemon.catalog, lambda: server, queue.SimpleQueue())
+    mine = EventPublisher(store, daemon.catalog, queue.SimpleQueue(), sink=server)
     with EventSubscriber(server.events_endpoint, (WS,)) as sub:
         wait_for(lambda: server.wants(WS))
         mine._publish([SessionChanged(WS, a), SessionChanged(WS, b), SessionChanged(WS, a)])
@@ -130,7 +130,7 @@ def test_deltas_queued_before_a_turn_change_leave_before_its_store_read(
     turn = run_turn(client, sid, "hello", WS)
     reads: list[int] = []
     sink = RecordingSink(reads)
-    publisher = EventPublisher(daemon.store, daemon.catalog, lambda: sink, queue.SimpleQueue())
+    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
     project = publisher.project
 
     def counted(change: Any) -> Any:
@@ -168,7 +168,7 @@ def test_events_read_back_go_to_the_loop_together_up_to_a_bound(
     assert daemon.store is not None
     sids = [create_session(client, WS)["agentSessionId"] for _ in range(HANDOVER + 2)]
     sink = RecordingSink([])
-    publisher = EventPublisher(daemon.store, daemon.catalog, lambda: sink, queue.SimpleQueue())
+    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
     publisher._publish([SessionChanged(WS, sid) for sid in sids[:3]])
     assert sink.handovers == [(["session.upserted"] * 3, 0)]
     sink.handovers.clear()
@@ -195,7 +195,7 @@ def test_one_store_delivery_is_one_batch_however_the_thread_wakes(
     a, b = sids
     sink = RecordingSink([])
     changes: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    publisher = EventPublisher(store, daemon.catalog, lambda: sink, changes)
+    publisher = EventPublisher(store, daemon.catalog, changes, sink=sink)
     thread = threading.Thread(target=publisher.run, daemon=True)
     thread.start()
     try:
@@ -216,6 +216,6 @@ def test_one_store_delivery_is_one_batch_however_the_thread_wakes(
     assert [types for types, _ in sink.handovers] == [["session.upserted"] * 2]
 
     # Nobody listening: the unwanted changes never reach the queue.
-    deaf = EventPublisher(store, daemon.catalog, lambda: None, queue.SimpleQueue())
+    deaf = EventPublisher(store, daemon.catalog, queue.SimpleQueue(), sink=None)
     deaf.offer_many([SessionChanged(WS, a), SessionChanged(WS, b)])
     assert deaf.skipped == 2 and deaf.queue.empty()

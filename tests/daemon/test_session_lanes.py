@@ -1,5 +1,5 @@
 """A rename goes straight to the store, not through its Session's actor
-(`agenthost.session_lanes`): it is answered while the actor is busy, and the Session's
+(`agenthost.api_base.SessionLanes`): it is answered while the actor is busy, and the Session's
 requests still take effect in the order they arrived, across the lane and the actor.
 
 An in-process daemon (real store file, real worker and tutti-agent app-server); the unit
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from actors.messages import FollowUp
+from agenthost.api_base import SessionLanes
 from agenthost.daemon import Daemon
-from agenthost.session_lanes import SessionLanes
 from tests.support.daemon import WS, create_session, run_turn
 from tests.support.in_process import in_process_daemon
 from transport.client import Client

@@ -1,5 +1,5 @@
-"""A request or a driver event for a live Session actor goes straight into
-its inbox (`actors.session_routes`), not through the HostActor's thread; only a Session without
+"""A request or a driver event for a live Session actor goes straight into its inbox
+(`actors.host_actor.SessionRoutes`), not through the HostActor's thread; only a Session without
 a live actor goes through the HostActor, which starts one. Pipelined requests keep their order
 across that hand-over, and requests racing the idle reap of their actor are all answered.
 
@@ -108,7 +108,7 @@ def test_requests_racing_the_idle_reap_of_their_actor_are_all_answered(
         client = Client(daemon.api_endpoint, timeout=20.0)
         try:
             for i in range(60):
-                # A pin goes through the actor (a rename, `session_lanes`, may skip it).
+                # A pin goes through the actor (a rename, `SessionLanes`, may skip it).
                 status, body = client.call_raw(
                     "session.pin",
                     {"workspaceId": WS, "agentSessionId": sid, "pinned": i % 2 == 0},

@@ -147,7 +147,6 @@ def test_domain_loads_only_the_standard_library(module: str) -> None:
 
 FORK_MODULES = (
     "actors/fork_saga.py",
-    "actors/fork_start.py",
     "actors/fork_resolve.py",
     "actors/fork_host.py",
 )

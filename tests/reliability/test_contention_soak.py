@@ -65,8 +65,8 @@ from typing import Any
 import pytest
 import zmq
 
+from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
-from actors.timers import COMPACT_MIN
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,

@@ -199,7 +199,7 @@ def test_a_sessions_provider_is_read_once_and_a_deleted_session_is_still_refused
     with pytest.raises(SessionNotFound):
         store.sessions.provider_of(WS, "no-such-session")
     assert store.sessions.provider_of(WS, sid) == "codex"
-    publisher = EventPublisher(store, Catalog(), lambda: None, queue.SimpleQueue())
+    publisher = EventPublisher(store, Catalog(), queue.SimpleQueue())
     event = publisher.project(TurnChanged(WS, sid, turn.turn_id))
     assert event is not None and event["turn"]["turnId"] == turn.turn_id
 
@@ -246,7 +246,7 @@ def test_a_live_session_is_routed_from_memory_until_its_delete_commits(
             "session"
         ]["agentSessionId"]
         title = {"workspaceId": WS, "agentSessionId": sid}
-        # (A rename goes straight to the store, `agenthost.session_lanes`: not routed.)
+        # (A rename goes straight to the store, `agenthost.api_base.SessionLanes`: not routed.)
         client.call("session.pin", {**title, "pinned": True})
         assert checks == [(WS, sid)] and (WS, sid) in api.live_sessions
         client.call("session.pin", {**title, "pinned": False})

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.timers import COMPACT_MIN
+from actors.pool import COMPACT_MIN
 from tests.support.daemon import DaemonProcess, create_session, run_turn
 
 pytestmark = pytest.mark.timeout(180)

@@ -14,7 +14,7 @@ import apsw
 import pytest
 from store_builders import WS, new_session, settled_turn
 
-from storage.fork_identity import OrdinalPrefixes, ordinal_id
+from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen
 from storage.history_links import history_link, visible_rows
 from storage.models import ForkOperation, ForkPrepareRequest, Message, ProviderForkEvidence, Turn

@@ -25,11 +25,9 @@ from domain.errors import (
     SessionNotFound,
 )
 from domain.fork_states import ForkStatus
-from storage.fork_child import build_child
-from storage.fork_history import history_digest, scan_history
-from storage.fork_identity import ForkReferenceError
+from storage.fork_child import ForkReferenceError, build_child
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
-from storage.history_links import visible_rows
+from storage.history_links import history_digest, scan_history, visible_rows
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -1296,7 +1294,7 @@ def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store:
 
 def test_the_history_digest_is_every_boundary_row_in_position_order(store: Store) -> None:
     """What prepare freezes and the commit re-proves: SHA-256 over each boundary Message's
-    columns, one line per Message in position order (storage/fork_history.py), here rebuilt in
+    columns, one line per Message in position order (storage/history_links.py), here rebuilt in
     Python from a plain ordered read — the Session-level Message and a later Turn's left out."""
     sid = new_session(store)
     first = settled_turn(store, sid, text="one", extra=[("reasoning", "é\nx", {"k": 1})])

@@ -21,13 +21,12 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
-import storage.fork_boundary as fork_boundary
 import storage.fork_child as fork_child
-import storage.fork_history as fork_history
 import storage.fork_rows as fork_rows
+import storage.fork_snapshot as fork_boundary
 import storage.fork_snapshot as fork_snapshot
-from storage.fork_identity import ChildIdMinter
-from storage.fork_memo import ForkMemo
+from storage import history_links
+from storage.fork_child import ChildIdMinter, ForkMemo
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -58,7 +57,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
         counts["ids minted"] += len(out)
         return out
 
-    real_scan = fork_history.scan_history
+    real_scan = history_links.scan_history
 
     def scan(*args: Any) -> Any:
         found = real_scan(*args)
@@ -160,13 +159,13 @@ def test_references_are_rewritten_once_at_prepare_and_the_ack_decodes_nothing(
     commit writes those over the copied rows without remapping again, and the ACK answers from
     the projection the commit built."""
     remaps: Counter[str] = Counter()
-    real_remap = fork_history.remap_references
+    real_remap = history_links.remap_references
 
     def remap(value: Any, ids: Any, *, where: str) -> Any:
         remaps[where.split()[0]] += 1
         return real_remap(value, ids, where=where)
 
-    monkeypatch.setattr(fork_history, "remap_references", remap)
+    monkeypatch.setattr(history_links, "remap_references", remap)
     sid = new_session(store)
     last = ""
     turns = 6
@@ -321,13 +320,13 @@ def test_prepare_maps_the_boundary_once_and_the_commit_builds_the_child_with_tha
     the map for its dry run and the commit: one map per fork, and it is the one the frozen
     document gives (what a fresh process's commit computes)."""
     calls: Counter[str] = Counter()
-    real = fork_history.ordinal_identity
+    real = history_links.ordinal_identity
 
     def mapped(*args: Any) -> Any:
         calls["maps"] += 1
         return real(*args)
 
-    monkeypatch.setattr(fork_history, "ordinal_identity", mapped)
+    monkeypatch.setattr(history_links, "ordinal_identity", mapped)
     monkeypatch.setattr(fork_child, "ordinal_identity", mapped)
     sid, last = _source(store, 4)
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))

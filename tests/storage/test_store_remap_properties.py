@@ -15,13 +15,13 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from storage.fork_child import build_child
-from storage.fork_identity import (
+from storage.fork_child import (
     IDENTITY_NAMESPACE,
     IDENTITY_RULE_VERSION,
     REFERENCE_KEYS,
     EntityKind,
     ForkReferenceError,
+    build_child,
     build_identity_map,
     child_id,
     is_typed_reference_key,

@@ -1,6 +1,6 @@
 """Snapshot versions: v5 freezes the document as MessagePack bytes with the Turns (each an array
 of its `TURN_FIELDS` values) and Interactions but no Message (the boundary's Messages are
-counted, digested and read by the child through a link in SQLite: storage/fork_history.py); the
+counted, digested and read by the child through a link in SQLite: storage/history_links.py); the
 v4 (the same with each Turn a map), v3 (MessagePack, Messages as compact arrays), v2 (canonical
 JSON, Messages as arrays) and v1 (Messages as objects) snapshots older builds stored still commit
 and project the same child.
@@ -25,16 +25,17 @@ from test_store_fork import evidence, request
 
 from domain.errors import ForkSnapshotCorrupt
 from storage.base import WRITER_CACHE_KIB
-from storage.fork_boundary import MESSAGE_FIELDS, TURN_FIELDS, load_boundary
-from storage.fork_child import build_child
-from storage.fork_memo import ForkMemo
+from storage.fork_child import ForkMemo, build_child
 from storage.fork_snapshot import (
     JSON_VERSION,
     MAP_TURNS_VERSION,
+    MESSAGE_FIELDS,
     MESSAGES_VERSION,
     SNAPSHOT_VERSION,
+    TURN_FIELDS,
     Frozen,
     encode_snapshot,
+    load_boundary,
     load_snapshot,
     pack_snapshot,
     sha256_hex,

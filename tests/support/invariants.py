@@ -27,10 +27,9 @@ import apsw
 from actors.checkpoints import checkpoint_ref
 from actors.context import _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
-from storage.fork_history import history_digest
-from storage.fork_identity import OrdinalPrefixes, ordinal_id
+from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
-from storage.history_links import history_link, linked_message, visible_rows
+from storage.history_links import history_digest, history_link, linked_message, visible_rows
 from storage.schema import migrate, user_version
 from storage.store import Store
 from workspace.shadow import ShadowStore

@@ -33,7 +33,8 @@ def socket_inodes(pid: int) -> set[int]:
 
 def listeners_in(pid: int, directory: Path | str) -> list[str]:
     """The bound addresses of `pid`'s listening Unix sockets directly in `directory`, sorted. A
-    listener whose file was removed keeps the address it was bound to."""
+    listener whose file was removed keeps the address it was bound to; one bound at an alias of
+    a path (`dir//api.sock`) is listed under that spelling."""
     mine = socket_inodes(pid)
     out = []
     with open("/proc/net/unix") as f:
@@ -43,7 +44,7 @@ def listeners_in(pid: int, directory: Path | str) -> list[str]:
             # Num RefCount Protocol Flags Type St Inode [Path]; Flags 00010000: listening.
             if len(fields) < 8 or int(fields[3], 16) & 0x10000 == 0:
                 continue
-            if int(fields[6]) in mine and os.path.dirname(fields[7]) == str(directory):
+            if int(fields[6]) in mine and os.path.dirname(fields[7]).rstrip("/") == str(directory):
                 out.append(fields[7])
     return sorted(out)
 

@@ -10,11 +10,8 @@ removal)."""
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import os
 import platform
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +20,7 @@ import pytest
 
 from tests.support.daemon import DaemonProcess, create_session, wait_for
 from tests.support.run_dir import listeners_in, open_fds, remove_run
+from tests.support.seccomp import ARCHES, LINKS, refusing
 from transport.client import Client, EventSubscriber
 
 pytestmark = pytest.mark.timeout(300)
@@ -31,55 +29,10 @@ REMOVALS = 12
 FALLBACK = "cannot be hard-linked"
 """The daemon's WARNING when it takes the fallback (the spare name renamed into place)."""
 LAST_RESORT = "cannot be linked or renamed"
-"""Its WARNING when the rename is refused too (bound at the path itself)."""
+"""Its WARNING when the rename is refused too (bound at an alias of the path)."""
 
-# seccomp: (architecture as `struct seccomp_data` reports it, its link syscalls' numbers).
-_ARCHES = {
-    "x86_64": (0xC000003E, (86, 265)),  # AUDIT_ARCH_X86_64: link, linkat
-    "aarch64": (0xC00000B7, (37,)),  # AUDIT_ARCH_AARCH64: linkat (no link)
-}
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
-_RET_ALLOW = 0x7FFF0000
-_RET_ERRNO = 0x00050000
-_LD_W_ABS, _JEQ_K, _RET_K = 0x20, 0x15, 0x06
-
-
-def _filter_program() -> bytes:
-    """A classic-BPF seccomp program: on this architecture, `link`/`linkat` → EPERM; all else
-    allowed."""
-    arch, numbers = _ARCHES[platform.machine()]
-    n = len(numbers)
-
-    def op(code: int, jt: int, jf: int, k: int) -> bytes:
-        return struct.pack("=HBBI", code, jt, jf, k)
-
-    prog = [
-        op(_LD_W_ABS, 0, 0, 4),  # seccomp_data.arch
-        op(_JEQ_K, 0, n + 1, arch),  # another ABI: allow
-        op(_LD_W_ABS, 0, 0, 0),  # seccomp_data.nr
-    ]
-    prog += [op(_JEQ_K, n - i, 0, nr) for i, nr in enumerate(numbers)]
-    prog += [op(_RET_K, 0, 0, _RET_ALLOW), op(_RET_K, 0, 0, _RET_ERRNO | errno.EPERM)]
-    return b"".join(prog)
-
-
-class _Prog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
-
-
-_PROGRAM = _filter_program() if platform.machine() in _ARCHES else b""
-
-
-def refuse_links() -> None:
-    """In the daemon's process, before exec: every later `link`/`linkat` fails with EPERM."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    prog = _Prog(len(_PROGRAM) // 8, _PROGRAM)
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+refuse_links = refusing(*LINKS)
+"""In the daemon's process, before exec: every later `link`/`linkat` fails with EPERM."""
 
 
 def _linked_by_child(tmp_path: Path) -> str:
@@ -101,7 +54,7 @@ def _status(c: Client) -> None:
 
 
 def test_the_filter_refuses_a_hard_link(tmp_path: Path) -> None:
-    assert platform.machine() in _ARCHES, platform.machine()
+    assert platform.machine() in ARCHES, platform.machine()
     assert _linked_by_child(tmp_path) == "PermissionError: [Errno 1] Operation not permitted: " + (
         f"{str(tmp_path / 'a')!r} -> {str(tmp_path / 'b')!r}"
     )
