@@ -24,7 +24,7 @@ from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
 from drivers.versions import TUTTI_AGENT_GATE
 
-__all__ = ["TuttiAgentProvider", "create_driver"]
+__all__ = ["TuttiAgentProvider", "create_driver", "prove_tutti_child"]
 
 
 class TuttiAgentProvider:

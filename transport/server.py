@@ -64,6 +64,8 @@ __all__ = [
     "ApiServer",
     "Dispatcher",
     "EndpointInUse",
+    "EventSockets",
+    "OneShotResponder",
     "Responder",
 ]
 
