@@ -41,13 +41,14 @@ from domain.errors import (
     ProviderError,
     checkpoint_refusal,
 )
-from domain.worker_calls import Attestation, RuntimeAttest
 from domain.worker_messages import (
+    Attestation,
     ForkRequest,
     ForkResult,
     ForkSource,
     ForkTarget,
     MalformedMessage,
+    RuntimeAttest,
 )
 from storage.models import (
     ChangeEvent,

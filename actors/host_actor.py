@@ -38,7 +38,8 @@ from actors.messages import (
 from actors.session_actor import SessionActor
 from actors.store_ports import HostActorStore
 from domain.errors import HostError
-from domain.worker_messages import MalformedMessage, turn_event_from_wire
+from domain.turn_events import turn_event_from_wire
+from domain.worker_messages import MalformedMessage
 from storage.sqlite import host_error_of
 
 log = logging.getLogger(__name__)

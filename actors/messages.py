@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from domain.worker_messages import TurnEvent
+from domain.turn_events import TurnEvent
 
 Reply = Callable[[Any], None]
 

@@ -13,10 +13,16 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
 
-from domain.worker_calls import (
+from domain.worker_messages import (
     Attestation,
+    ForkRequest,
+    ForkResult,
     HistoryRequest,
     InteractionRespond,
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
     RuntimeAttest,
     SessionHistory,
     SessionStart,
@@ -25,14 +31,6 @@ from domain.worker_calls import (
     TurnAccepted,
     TurnInterrupt,
     TurnStart,
-)
-from domain.worker_messages import (
-    ForkRequest,
-    ForkResult,
-    ResolveAdopt,
-    ResolveInspection,
-    ResolveQuarantined,
-    ResolveRequest,
 )
 
 

@@ -23,7 +23,7 @@ from actors.messages import FollowUp, runtime_key
 from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
 from domain.errors import HostError, Unavailable
-from domain.worker_messages import TurnEvent
+from domain.turn_events import TurnEvent
 from storage.models import Session, Turn
 
 # One logger for every concern of the Session actor (operators filter on it).

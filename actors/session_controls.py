@@ -21,7 +21,7 @@ from actors.session_base import SessionCore
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from domain.errors import Conflict, HostError, TurnNotFound
-from domain.worker_calls import InteractionRespond, SessionStop, TurnInterrupt
+from domain.worker_messages import InteractionRespond, SessionStop, TurnInterrupt
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")

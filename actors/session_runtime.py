@@ -24,7 +24,7 @@ from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
 from actors.session_base import SessionCore
 from domain.errors import HostError
-from domain.worker_calls import (
+from domain.worker_messages import (
     HistoryRequest,
     SessionHistory,
     SessionStart,

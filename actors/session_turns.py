@@ -30,9 +30,9 @@ from domain.model_limits import (
     first_byte_timeout,
     stream_idle_timeout,
 )
-from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM
-from domain.worker_calls import TurnAccepted, TurnStart
-from domain.worker_messages import (
+from domain.turn_events import (
+    ACTIVITY_PROGRESS,
+    ACTIVITY_STREAM,
     InteractionRequested,
     TurnActivity,
     TurnBindingMoved,
@@ -41,6 +41,7 @@ from domain.worker_messages import (
     TurnItem,
     TurnStarted,
 )
+from domain.worker_messages import TurnAccepted, TurnStart
 from storage.models import Session
 
 # One logger for every concern of the Session actor (operators filter on it).

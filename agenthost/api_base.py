@@ -40,8 +40,7 @@ from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
 from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from storage.store import Store
-from transport.replies import OneShotResponder
-from transport.server import Responder
+from transport.server import OneShotResponder, Responder
 
 log = logging.getLogger(__name__)
 

@@ -60,9 +60,8 @@ from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
 from domain.providers import PROVIDERS, TUTTI_AGENT
-from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM, PROGRESS
-from domain.worker_calls import SessionStop
-from domain.worker_messages import TurnActivity
+from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM, PROGRESS, TurnActivity
+from domain.worker_messages import SessionStop
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from protocol.methods import HostStatusResult

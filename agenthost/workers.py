@@ -17,10 +17,16 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
-from domain.worker_calls import (
+from domain.worker_messages import (
     Attestation,
+    ForkRequest,
+    ForkResult,
     HistoryRequest,
     InteractionRespond,
+    ResolveAdopt,
+    ResolveInspection,
+    ResolveQuarantined,
+    ResolveRequest,
     RuntimeAttest,
     SessionHistory,
     SessionStart,
@@ -29,14 +35,6 @@ from domain.worker_calls import (
     TurnAccepted,
     TurnInterrupt,
     TurnStart,
-)
-from domain.worker_messages import (
-    ForkRequest,
-    ForkResult,
-    ResolveAdopt,
-    ResolveInspection,
-    ResolveQuarantined,
-    ResolveRequest,
 )
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.supervisor import WorkerSupervisor

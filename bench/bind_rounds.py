@@ -1,4 +1,4 @@
-"""The worker binder's durable write alone (`drivers.rollout_files.atomic_write_all`), the part
+"""The worker binder's durable write alone (`drivers.binder.atomic_write_all`), the part
 of a fork's bind that waits for the disk: a Referenced child (its ancestor's rollout and its
 own, one existing day directory, as `DirsAhead` leaves it) and a Copied child (one file). Per
 write: wall and CPU p50/p90 and the rounds of syncs it waited for (`sync_together` calls,
@@ -8,7 +8,7 @@ existing `runtimes/`: `<id>` and five below it, six parents to fsync), what a fo
 provider forks.
 
 With `--against TREE` (another checkout, e.g. `git archive main | tar -x -C /tmp/main`) the
-same writes run from both trees' `rollout_files` in one process, alternating which goes first
+same writes run from both trees' binder modules in one process, alternating which goes first
 sample by sample, so a loaded machine's drift falls on both sides alike.
 
     build/venv/bin/python -m bench.bind_rounds [--samples 400] [--against /tmp/main]
@@ -35,7 +35,10 @@ DIRS_AHEAD = "dirs-ahead"
 
 
 def _load(tree: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, tree / "drivers" / "rollout_files.py")
+    # `drivers/binder.py`; a tree from before the rollout files moved into it has them apart.
+    path = tree / "drivers" / "binder.py"
+    older = tree / "drivers" / "rollout_files.py"
+    spec = importlib.util.spec_from_file_location(name, older if older.exists() else path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -74,7 +77,7 @@ def measure(
 ) -> dict[tuple[str, str], tuple[Latency, Latency, float]]:
     """(side, kind) → (wall ms, CPU ms, rounds per write)."""
     data = LINE * lines
-    modules = {side: _load(tree, f"bench_rollout_files_{side}") for side, tree in trees.items()}
+    modules = {side: _load(tree, f"bench_binder_{side}") for side, tree in trees.items()}
     rounds = {side: _counted(m) for side, m in modules.items()}
     walls: dict[tuple[str, str], list[float]] = {}
     cpus: dict[tuple[str, str], list[float]] = {}

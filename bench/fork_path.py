@@ -2,7 +2,7 @@
 interleaved sample by sample so both sides see the same machine load.
 
 1. **Readability proof** of a bound tutti-agent fork child: the in-worker proof the driver now
-   makes (`drivers.readability.prove_tutti_child`: tutti_agent's own `ThreadStore` load of the
+   makes (`drivers.tutti_agent.prove_tutti_child`: tutti_agent's own `ThreadStore` load of the
    child's lineage from the target home + its turn reduction) vs the former proof (spawn a
    `tutti-agent app-server` on the target home, `initialize`, `thread/read` with turns, close).
    The child is a real Referenced fork of a real source of N turns, bound by the real binder.
@@ -119,7 +119,7 @@ def _run_turn(server: Any, thread: str, text: str) -> str:
 def _proof_samples(n: int, turns: int) -> dict[str, Any]:
     import tutti_agent
     from drivers.app_server.process import AppServerProcess, private_env
-    from drivers.readability import prove_tutti_child
+    from drivers.tutti_agent import prove_tutti_child
 
     tutti = str(Path(sys.executable).parent / "tutti-agent")
     with tempfile.TemporaryDirectory(prefix="bench-proof-") as tmp:

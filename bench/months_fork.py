@@ -152,10 +152,9 @@ def measure(home: Path, big_turns: int, warm: int) -> list[Row]:
 def measure_reads(home: Path, rounds: int) -> list[tuple[str, float, float]]:
     """(step, median CPU ms, median minor page faults) of each read of the big Session's
     rollout, each step timed alone, the collector held off as the fork holds it."""
-    from drivers.rollout_files import parse_rollout
-    from tutti_agent.gc_pause import gc_paused
+    from drivers.binder import parse_rollout
     from tutti_agent.history import build_turns
-    from tutti_agent.rollout import lines_of_decoded, read_rollout
+    from tutti_agent.rollout import gc_paused, lines_of_decoded, read_rollout
 
     rollout = next((home / "runtimes" / WS / _id(SESSION, 0)).rglob("rollout-*.jsonl"))
     thread_id = rollout.name[-len(".jsonl") - 36 : -len(".jsonl")]

@@ -7,7 +7,7 @@ provider_accepted are lazy writes the next fsync takes to the disk, docs/design/
 design/fork-saga.md "A lazy prepare"; a fork that re-attests or makes a tree fsyncs prepared
 too) and for
 the worker's crash-durable copy of the child into its own home (seed 000 §8). The binder issues
-its fsyncs in rounds (`drivers.rollout_files.atomic_write_all`): the syncs of a round run
+its fsyncs in rounds (`drivers.binder.atomic_write_all`): the syncs of a round run
 together, the rounds one after the other — any child, Copied or Referenced, takes two
 (`SYNC_ROUNDS`): every file's bytes, then, after the renames, their directories. The child's
 new directories (a fresh target home's chain) are made durable by `DirsAhead` while the
@@ -45,7 +45,7 @@ from pathlib import Path
 import apsw
 
 from bench.common import Latency, cpu_probe_ms
-from drivers.rollout_files import SYNC_ROUNDS
+from drivers.binder import SYNC_ROUNDS
 
 SAMPLES = 200
 WORKER_ROUNDS = SYNC_ROUNDS
@@ -89,11 +89,11 @@ def round_latencies(
     directory: Path, samples: int = SAMPLES, child_bytes: int = CHILD_BYTES
 ) -> Rounds:
     """The worker's syncs on a small warm fork's path, as the binder issues them
-    (`drivers.rollout_files.begin_atomic_write_all` for one file whose directory exists and is
+    (`drivers.binder.begin_atomic_write_all` for one file whose directory exists and is
     durable, as `DirsAhead` leaves it): each sample a fresh day directory, made durable first
     (not timed); then round 1, a temp file of `child_bytes` written and fsynced, and round 2,
     its rename onto the rollout's name and the directory's fsync."""
-    from drivers.rollout_files import fsync_dir
+    from drivers.binder import fsync_dir
 
     data = os.urandom(child_bytes)
     first: list[float] = []
@@ -129,7 +129,7 @@ def compare_models(directory: Path, samples: int = SAMPLES) -> dict[str, Latency
     """Sample by sample, interleaved: a one-row COMMIT, the round this floor timed until
     2026-12-02 (a new directory in each of five parents, the five fsynced together), and the
     binder's two rounds as `round_latencies` times them. For the record of what changed."""
-    from drivers.rollout_files import fsync_dir, sync_together
+    from drivers.binder import fsync_dir, sync_together
 
     conn = apsw.Connection(str(directory / "compare.sqlite3"))
     parents = [directory / f"p{k}" for k in range(5)]

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from domain.fork_messages import MalformedMessage
+from domain.worker_messages import MalformedMessage
 
 
 @dataclass(frozen=True, slots=True)

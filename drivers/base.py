@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from domain.turn_events import TurnEvent
 from domain.worker_messages import (
     ForkRequest,
     ForkResult,
@@ -18,7 +19,6 @@ from domain.worker_messages import (
     ResolveInspection,
     ResolveQuarantined,
     ResolveRequest,
-    TurnEvent,
 )
 from drivers.failpoints import Failpoints
 

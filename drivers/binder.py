@@ -1,42 +1,545 @@
 """The `host_copy` provider-state binder for rollout homes (`tutti-agent-home`, `codex-home`): it
 copies a fork child's rollout — and, for a Referenced child, the ancestor rollouts it reads
-through — from the source home into the child's own home, crash-durably, and returns a receipt.
+through — from the source home into the child's own home, crash-durably, and returns a receipt;
+with the rollout files on disk as it (and the readability proof) read and write them.
 
 Rules (seed 000 §7, §10): exact lookup, every JSONL line validated, `session_meta.id` = thread,
 size + SHA-256, atomic copy (temp, fsync, rename, fsync dir), no symlinked path anywhere,
 idempotent; an existing target is kept (identical, or source bytes + post-fork appends),
 repaired (a strict prefix of the source whose first line proves the identity), or — anything
 else — refused with nothing written.
+
+The rollout files: every JSONL line validated, `session_meta` identity and lineage read, exact
+lookup by thread id, symlink-free regular reads, and crash-durable writes (temp, fsync, rename,
+fsync dir). A refusal is a `BinderError` naming its `BindFailure`; nothing here writes on a
+refusal.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
-from collections.abc import Mapping
+import re
+import stat
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from domain.errors import ProviderError
 from drivers.failpoints import Failpoints
-from drivers.rollout_files import (
-    _MAX_LINEAGE_DEPTH,
-    _THREAD_ID,
-    BinderError,
-    BindFailure,
-    NamesSyncing,
-    ParsedRollout,
-    RolloutMeta,
-    assert_no_symlink,
-    begin_atomic_write_all,
-    first_line_identity,
-    parse_rollout,
-    read_regular,
-    referenced_ordinal,
-    rollout_matches,
-    sha,
-    tamper_with,
-)
+from tutti_agent.rollout import REFUSED, fast_loads
+
+ROLLOUT_DIRS = ("sessions", "archived_sessions")
+_THREAD_ID = re.compile(r"^[0-9A-Za-z][0-9A-Za-z_-]{0,127}$")
+_MAX_LINEAGE_DEPTH = 64
+
+
+class BindFailure(StrEnum):
+    """Why the binder refused; every refusal writes nothing."""
+
+    SYMLINKED_PATH = "symlinked_path"
+    BAD_THREAD_ID = "bad_thread_id"
+    SOURCE_ROLLOUT_MISSING = "source_rollout_missing"
+    SOURCE_ROLLOUT_AMBIGUOUS = "source_rollout_ambiguous"
+    SOURCE_ROLLOUT_CORRUPT = "source_rollout_corrupt"
+    SOURCE_IDENTITY_MISMATCH = "source_identity_mismatch"
+    TARGET_ROLLOUT_AMBIGUOUS = "target_rollout_ambiguous"
+    TARGET_NOT_REGULAR = "target_not_regular"
+    TARGET_IDENTITY_UNDETECTABLE = "target_identity_undetectable"
+    TARGET_POST_FORK_CORRUPT = "target_post_fork_corrupt"
+    TARGET_DIVERGED = "target_diverged"
+    LINEAGE_INCOMPLETE = "lineage_incomplete"
+    IO_ERROR = "io_error"
+
+
+class BinderError(ProviderError):
+    """The binder refused or failed; after a provider fork this makes the operation unknown."""
+
+    default_reason = "provider_state_binding_failed"
+
+    def __init__(self, failure: BindFailure, message: str) -> None:
+        super().__init__(f"{failure.value}: {message}", params={"bindFailure": failure.value})
+        self.failure = failure
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutMeta:
+    """What the first line says about a thread's identity and lineage."""
+
+    thread_id: str
+    first_ordinal: int
+    last_ordinal: int
+    forked_from_id: str | None
+    referenced: bool
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def parse_line(raw: bytes) -> dict[str, Any]:
+    return _checked_line(json.loads(raw))
+
+
+def _checked_line(obj: Any) -> dict[str, Any]:
+    """`obj` if it is a rollout record `{timestamp, ordinal, type, payload}`, else ValueError."""
+    if not isinstance(obj, dict):
+        raise ValueError("line is not a JSON object")
+    for key in ("timestamp", "ordinal", "type", "payload"):
+        if key not in obj:
+            raise ValueError(f"line lacks {key!r}")
+    if not isinstance(obj["ordinal"], int) or isinstance(obj["ordinal"], bool):
+        raise ValueError("ordinal is not an integer")
+    if not isinstance(obj["type"], str) or not isinstance(obj["payload"], dict):
+        raise ValueError("bad type or payload")
+    return obj
+
+
+_DECODE = json.JSONDecoder().decode
+
+
+def _standard_line(raw: bytes) -> Any:
+    """One line of a UTF-8 rollout through the standard library's decoder (whitespace around
+    the value allowed; anything else raises its usual error)."""
+    return _DECODE(raw.decode("utf-8"))
+
+
+def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
+    """Validate a complete rollout: every line a JSON object `{timestamp, ordinal, type,
+    payload}` ending in a newline, ordinals strictly increasing, first line `session_meta` with
+    `payload.id == thread_id`. Raises ValueError describing the first defect."""
+    return parse_rollout(data, thread_id).meta
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedRollout:
+    """A validated rollout's bytes and each line's decoded JSON object, in order: what a
+    reader of the same bytes would decode, so a later reader (the readability proof) that
+    finds exactly these bytes in the file may take the objects instead of decoding again."""
+
+    meta: RolloutMeta
+    data: bytes
+    records: Sequence[dict[str, Any]]
+
+
+def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
+    """`validate_rollout`, keeping the decoded lines.
+
+    Every line is still parsed on its own (a line holding two objects, or half of one, is a
+    defect) and judged as the standard library's decoder judges it: by orjson where that
+    returns the same (`tutti_agent.rollout.fast_loads`), else the line's text through the standard
+    library's decoder (NaN, a lone surrogate, ... accepted or refused, and named, as before).
+    The file must be UTF-8 as a whole."""
+    if not data:
+        raise ValueError("empty rollout")
+    if not data.endswith(b"\n"):
+        raise ValueError("torn last line")
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data.count(b"\n", 0, exc.start) + 1
+            raise ValueError(f"line {line}: not UTF-8") from None
+    loads = fast_loads(data, _standard_line)
+    records: list[dict[str, Any]] = []
+    append = records.append
+    previous: int | None = None
+    raws = data.split(b"\n")
+    del raws[-1]  # after the last newline: nothing (not a copy of the data less its newline)
+    for index, raw in enumerate(raws):
+        try:
+            try:
+                obj = loads(raw)
+            except REFUSED:
+                obj = _standard_line(raw)
+            if not (
+                type(obj) is dict
+                and "timestamp" in obj
+                and type(obj.get("ordinal")) is int
+                and type(obj.get("type")) is str
+                and type(obj.get("payload")) is dict
+            ):
+                # The shape every writer produces passes the exact-type checks above (a
+                # decoder makes only these types; one call per line fewer); anything else
+                # is judged, and its defect named, by the full check.
+                obj = _checked_line(obj)
+        except ValueError as exc:
+            raise ValueError(f"line {index + 1}: {exc}") from None
+        ordinal = obj["ordinal"]
+        if previous is not None and ordinal <= previous:
+            raise ValueError(f"line {index + 1}: ordinal not increasing")
+        previous = ordinal
+        append(obj)
+    first = records[0]
+    assert previous is not None
+    if first["type"] != "session_meta":
+        raise ValueError("first line is not session_meta")
+    payload = first["payload"]
+    if payload.get("id") != thread_id:
+        raise ValueError(f"session_meta.id is {payload.get('id')!r}, expected {thread_id!r}")
+    forked_from = payload.get("forked_from_id")
+    # Referenced children start past ordinal 0 and name the ordinal they read through.
+    referenced = bool(forked_from) and (
+        payload.get("forked_from_ordinal_exclusive") is not None
+        or payload.get("history_base") is not None
+        or first["ordinal"] > 0
+    )
+    meta = RolloutMeta(
+        thread_id=thread_id,
+        first_ordinal=first["ordinal"],
+        last_ordinal=previous,
+        forked_from_id=str(forked_from) if forked_from else None,
+        referenced=referenced,
+    )
+    return ParsedRollout(meta, data, records)
+
+
+def first_line_identity(data: bytes) -> str | None:
+    """The `session_meta.id` of a complete first line, or None when it cannot be proven."""
+    newline = data.find(b"\n")
+    if newline < 0:
+        return None
+    try:
+        obj = parse_line(data[:newline])
+    except ValueError:
+        return None
+    if obj["type"] != "session_meta":
+        return None
+    ident = obj["payload"].get("id")
+    return ident if isinstance(ident, str) else None
+
+
+def referenced_ordinal(data: bytes) -> int | None:
+    newline = data.find(b"\n")
+    obj = parse_line(data[:newline])
+    payload = obj["payload"]
+    value = payload.get("forked_from_ordinal_exclusive")
+    if isinstance(value, int):
+        return value
+    base = payload.get("history_base")
+    if isinstance(base, dict) and isinstance(base.get("ordinal_exclusive"), int):
+        return int(base["ordinal_exclusive"])
+    return int(obj["ordinal"])
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def assert_no_symlink(
+    path: Path | str, *, must_exist: bool, below: Path | str | None = None
+) -> None:
+    """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
+    read from, another session's home). `below`: an ancestor of `path` this bind already
+    checked (its home): only the components under it are looked at again (otherwise a
+    bind would lstat every component of every path, home included, five times over)."""
+    path = os.path.abspath(path)
+    start = 1
+    if below is not None:
+        base = os.path.abspath(below).rstrip("/")
+        if path.startswith(base + "/"):
+            start = len(base) + 1
+    # Each component's own path, shallowest first: "/a", "/a/b", ..., path.
+    ends = [i for i in range(start, len(path)) if path[i] == "/"]
+    for part in [*(path[:i] for i in ends), path]:
+        try:
+            st = os.lstat(part)
+        except FileNotFoundError:
+            if must_exist and part == path:
+                raise BinderError(
+                    BindFailure.SOURCE_ROLLOUT_MISSING, f"{part} does not exist"
+                ) from None
+            return  # nothing below a missing component can be a link yet
+        if stat.S_ISLNK(st.st_mode):
+            raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
+
+
+def rollout_matches(home: Path, thread_id: str) -> list[Path]:
+    """Exact lookup: `<dir>/**/rollout-<ts>-<thread_id>.jsonl` under sessions and archives."""
+    suffix = f"-{thread_id}.jsonl"
+    found: list[str] = []
+    for dirname in ROLLOUT_DIRS:
+        root = os.path.join(home, dirname)
+        if not os.path.isdir(root) or os.path.islink(root):
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            for name in filenames:
+                if name.endswith(suffix) and name.startswith("rollout-"):
+                    found.append(os.path.join(dirpath, name))
+            dirnames.sort()
+    return [Path(p) for p in sorted(found)]
+
+
+def read_regular(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BinderError(BindFailure.TARGET_NOT_REGULAR, f"{path} is not a regular file")
+        chunks: list[bytes] = []
+        while True:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path | str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_SYNC_THREADS = 8
+_sync_pool: ThreadPoolExecutor | None = None
+_sync_pool_lock = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _sync_pool
+    with _sync_pool_lock:
+        if _sync_pool is None:
+            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="fsync")
+        return _sync_pool
+
+
+def sync_together(calls: Sequence[Callable[[], None]]) -> None:
+    """Run independent syncs at the same time and return when every one has ended (the first
+    error, if any, is raised then). Why: each `fsync` in a row waited for a journal
+    commit of its own (~1 ms on this disk, most of a fork's binder time); fsyncs issued
+    together join the same ext4/jbd2 commit. Only syncs with no order between them may be
+    passed: a caller that needs "A durable before B exists" runs two rounds."""
+    if len(calls) <= 1:
+        for call in calls:
+            call()
+        return
+    futures = [_pool().submit(call) for call in calls[1:]]
+    error: BaseException | None = None
+    try:
+        calls[0]()
+    except BaseException as exc:  # noqa: BLE001 - raised once every sync has ended
+        error = exc
+    for future in futures:
+        try:
+            future.result()
+        except BaseException as exc:  # noqa: BLE001
+            error = error or exc
+    if error is not None:
+        raise error
+
+
+def fsync_dirs(paths: Iterable[Path | str]) -> None:
+    """fsync each distinct directory once, all at the same time (`sync_together`)."""
+    unique = list(dict.fromkeys(os.fspath(p) for p in paths))
+    sync_together([partial(fsync_dir, d) for d in unique])
+
+
+def makedirs(path: Path | str) -> list[str]:
+    """Create `path` and its missing ancestors; returns the directories whose entries
+    changed (each created directory's parent), deepest first — the caller fsyncs each once."""
+    missing: list[str] = []
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        missing.append(probe)
+        probe = os.path.dirname(probe)
+    changed: list[str] = []
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, 0o700)
+        changed.append(os.path.dirname(directory))
+    changed.reverse()
+    return changed
+
+
+class DirsAhead:
+    """A directory chain created and made durable ahead of the write that needs it (a fork
+    child's target directories, made by the fork's own thread while the provider call it
+    has just sent runs), so the `atomic_write_all` that follows finds them existing and
+    durable and only fsyncs the file's own directory after its rename.
+
+    `run()` does the work and never raises; `ready()` (which runs it first if nobody did)
+    returns once every directory it created is durable: if the work failed part-way, it
+    fsyncs the parent of every directory created (or found appearing) itself — raising if
+    that fails, so the caller's write fails closed. A path with a symlinked component is left
+    alone (the binder refuses it anyway). A wrong guess of the path costs only empty
+    directories; a caller that never calls `ready()` leaves them, harmlessly.
+
+    On the caller's thread, not a pool's: the caller only waits for the provider's answer
+    meanwhile, so a background thread bought no wall time and cost a hand-off per fork. Only
+    the round's other fsyncs go to the fsync pool, as every `sync_together` round's do."""
+
+    def __init__(self, path: Path | str) -> None:
+        self._path = os.path.abspath(path)
+        self._parents: list[str] = []
+        self._ran = False
+        self._error: BaseException | None = None
+
+    def run(self) -> None:
+        """Create the chain, then fsync every created directory's parent in one round
+        (`sync_together`: no order between them is needed — nothing is named inside the chain
+        before `ready()` — and syncs issued together join one journal commit, where one after
+        another each waited for a commit or a cache flush of its own and outlasted the
+        provider's fork they were meant to hide behind); an error is kept for `ready()`."""
+        if self._ran:
+            return
+        self._ran = True
+        try:
+            self._make()
+        except Exception as exc:  # noqa: BLE001 - judged by ready(), never here
+            self._error = exc
+
+    def _make(self) -> None:
+        assert_no_symlink(self._path, must_exist=False)
+        missing: list[str] = []
+        probe = self._path
+        while not os.path.exists(probe):
+            missing.append(probe)
+            probe = os.path.dirname(probe)
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                # Created here or concurrently by another: its entry is fsynced here either way.
+                os.mkdir(directory, 0o700)
+            self._parents.append(os.path.dirname(directory))
+        fsync_dirs(reversed(self._parents))
+
+    def ready(self) -> None:
+        """Wait until every directory this created is durable (see the class docstring)."""
+        self.run()
+        if self._error is None or isinstance(self._error, BinderError):
+            return  # done, or a symlinked path: nothing was created; the binder refuses it
+        # Failed part-way: made durable here, or the caller fails closed.
+        fsync_dirs(reversed(self._parents))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename over, fsync the directory: a crash leaves old or new bytes
+    (`atomic_write_all` of one file)."""
+    atomic_write_all([(path, data)])
+
+
+def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
+    """`begin_atomic_write_all(files).wait()`: see there."""
+    begin_atomic_write_all(files).wait()
+
+
+class NamesSyncing:
+    """The last round of `begin_atomic_write_all` — the renamed files' directories fsynced
+    together — running in the background: `wait()` returns once every name is durable, or
+    raises the round's first error (the caller then fails closed)."""
+
+    def __init__(self, directories: Iterable[str]) -> None:
+        global _names_pool
+        unique = list(dict.fromkeys(directories))
+        with _sync_pool_lock:
+            if _names_pool is None:
+                # Not the fsync pool: the round submits its syncs there.
+                _names_pool = ThreadPoolExecutor(4, thread_name_prefix="names-sync")
+            pool = _names_pool
+        self._future = pool.submit(fsync_dirs, unique)
+
+    def wait(self) -> None:
+        self._future.result()
+
+
+_names_pool: ThreadPoolExecutor | None = None
+
+
+def begin_atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> NamesSyncing:
+    """Write each file crash-durably: when this returns every file and every directory whose
+    entries changed (each file's, each created directory's parent) is durable, a crash leaves
+    each target with its old or its new bytes, and no target's name ever appears before its
+    bytes are durable.
+
+    Two rounds (`sync_together`), the fewest that keep that law: (1) every directory
+    created and every temp file written, then all temp files and every created directory's
+    parent fsynced together — no temp name is a target yet, so nothing orders them; (2)
+    every file renamed onto its target, in the given order, then every target's directory
+    fsynced together. A name needs its bytes durable first (that costs round 1); nothing
+    else is ordered across files. The renames are issued in the given order (the binder
+    passes ancestors first), so a process that dies part-way leaves a prefix of them; only
+    a power loss inside round 2 can make a later name durable without an earlier one (ext4
+    and XFS journal the renames in order; POSIX does not promise it). That half state is a
+    bind that never returned, so no fork accepted it: its child reads as lineage-incomplete
+    to every reader (the readability proof, `fork.resolve`'s inspection) and a re-bind
+    completes it (idempotent: the child identical, the ancestor copied).
+
+    Returns with the names in place and round 2 running: what needs only the names (the
+    readability proof reads the files back) may run meanwhile; nothing may count the files
+    durable before `wait()` returned."""
+    staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
+    changed: list[str] = []
+    try:
+        for path, data in files:
+            target = os.path.abspath(path)
+            parent, name = os.path.split(target)
+            changed.extend(makedirs(parent))
+            tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            staged.append((target, tmp, fd))
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+        created = list(dict.fromkeys(changed))
+        sync_together(
+            [partial(os.fsync, fd) for _, _, fd in staged]
+            + [partial(fsync_dir, d) for d in created]
+        )
+    except BaseException:
+        for _, tmp, fd in staged:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        raise
+    for _, _, fd in staged:
+        os.close(fd)
+    for index, (target, tmp, _) in enumerate(staged):
+        try:
+            os.replace(tmp, target)
+        except BaseException:
+            for _, later, _ in staged[index:]:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(later)
+            raise
+    return NamesSyncing(os.path.dirname(target) for target, _, _ in staged)
+
+
+SYNC_ROUNDS = 2
+"""`atomic_write_all`'s rounds of syncs for any number of files, the second one overlappable
+(`begin_atomic_write_all`) (bench.sync_floor's
+`WORKER_ROUNDS`; tests/drivers/test_binder_fsyncs pins it)."""
+
+
+def tamper_with(paths: Iterable[Path]) -> None:
+    """The `tamper` failpoint's damage (tests only): cut each rollout just written to its
+    session_meta line, as a lost or damaged copy would look. Identity stays provable; the
+    history (a Copied child's turns, the prefix a Referenced child reads) is gone."""
+    for path in paths:
+        data = path.read_bytes()
+        path.write_bytes(data[: data.index(b"\n") + 1])
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def iter_rollouts(home: Path) -> Iterator[Path]:
+    """Every rollout file in a home (tests count provider children with it)."""
+    for dirname in ROLLOUT_DIRS:
+        root = home / dirname
+        if root.is_dir():
+            yield from sorted(root.rglob("rollout-*.jsonl"))
+
+
+# --------------------------------------------------------------------------- the binder
 
 
 class BindAction(StrEnum):
@@ -201,7 +704,7 @@ class RolloutBinder:
                 thread_id = None
         # Every rollout was validated and planned before the first write (fail closed).
         writes = [p for p in plans if p.action in (BindAction.COPIED, BindAction.REPAIRED)]
-        if writes:
+        if writes and self._failpoints.armed:
             self._failpoints.hit("worker.bind.before_copy")
         try:
             # Ancestors first: a crash mid-bind never leaves a child whose lineage is missing.
@@ -219,7 +722,7 @@ class RolloutBinder:
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
         names = PendingNames(syncing)
-        if writes:
+        if writes and self._failpoints.armed:
             self._failpoints.hit(
                 "worker.bind.after_copy", tamper=lambda: tamper_with(p.target for p in writes)
             )

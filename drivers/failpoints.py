@@ -3,8 +3,9 @@
 settable at run time.
 
 It knows nothing of workers or the daemon, so both reuse it; `hit(name)` is the only call sites
-make. A `state_dir` makes `once:` survive the SIGKILL it causes, so a restarted process is not
-killed again by the same armed point.
+make, and a site on a fork's hot path tests `armed` first (a field read: nothing armed, no call
+into this module). A `state_dir` makes `once:` survive the SIGKILL it causes, so a restarted
+process is not killed again by the same armed point.
 """
 
 from __future__ import annotations
@@ -118,6 +119,9 @@ class Failpoints:
         # Notified whenever the armed set changes: a `hang` waits on it to be disarmed.
         self._changed = threading.Condition(self._lock)
         self._points: dict[str, FailpointSpec] = {}
+        self.armed: Mapping[str, FailpointSpec] = self._points
+        """The armed points (the registry's own map, read-only by type): empty means `hit` does
+        nothing, so a site on a hot path may skip the call when it is."""
         self._fired: set[str] = set()
         self._state_dir = state_dir
         if state_dir is not None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from domain.resolve_messages import ResolveRequest
+from domain.worker_messages import ResolveRequest
+from drivers.binder import fsync_dir
 from drivers.errors import DriverError
-from drivers.rollout_files import fsync_dir
 
 QUARANTINE_DIR = "quarantine"
 

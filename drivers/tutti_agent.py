@@ -17,14 +17,14 @@ from typing import Any
 from domain.enums import ProviderStateBindingMode
 from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.fork import ReaderNotApplicable, prefix_problem
 from drivers.app_server.provider import config_env
+from drivers.binder import ParsedRollout
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
-from drivers.readability import prove_tutti_child
-from drivers.rollout_files import ParsedRollout
 from drivers.versions import TUTTI_AGENT_GATE
 
-__all__ = ["TuttiAgentProvider", "create_driver"]
+__all__ = ["TuttiAgentProvider", "create_driver", "prove_tutti_child"]
 
 
 class TuttiAgentProvider:
@@ -120,3 +120,52 @@ class TuttiAgentProvider:
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> AppServerDriver:
     """The worker's entry point for `--provider tutti-agent`."""
     return AppServerDriver(config, failpoints, TuttiAgentProvider(config))
+
+
+def prove_tutti_child(
+    home: Path,
+    child_id: str,
+    source_id: str,
+    prefix: Sequence[str],
+    runtime_version: str,
+    known: Mapping[str, ParsedRollout] | None = None,
+    *,
+    litter: list[object] | None = None,
+) -> str | None:
+    """Prove a tutti-agent child readable from `home` with tutti_agent's own reader.
+
+    `known`: the binder's validated bytes and decoded lines of the files it just bound, by
+    path. The reader still finds, reads and compares each file in full; a file that holds
+    exactly those bytes has its lines taken from the binder's decoding of them (the same
+    JSON values a second decode would return) instead of decoding 60,000 lines again.
+    `litter`: the reader's store and the child's history go there (freed by the caller after
+    the verdict is answered: 120,000 line objects for a 10,000-Turn child), not freed here."""
+    import tutti_agent
+    from tutti_agent.errors import AppServerError, RolloutCorrupt
+    from tutti_agent.history import TurnStatus, build_turns
+    from tutti_agent.store import ThreadStore
+
+    if tutti_agent.__version__ != runtime_version:
+        # The app-server that will serve the child is another build: only it can judge.
+        raise ReaderNotApplicable(
+            f"in-worker tutti_agent {tutti_agent.__version__} != runtime {runtime_version}"
+        )
+    store = ThreadStore(home)
+    if litter is not None:
+        litter.append(store)  # its parse of the child, kept until the caller frees it
+    try:
+        for path, parsed in (known or {}).items():
+            store.adopt_decoded(Path(path), parsed.data, parsed.records)
+        history = store.load(child_id)
+        if litter is not None:
+            litter.append(history)
+    except (AppServerError, RolloutCorrupt, OSError, ValueError, KeyError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if history.forked_from_id != source_id:
+        return f"child rollout names source {history.forked_from_id!r}, not {source_id!r}"
+    # The reduction the app-server's `thread/read` projects turns with; only the turns' ids
+    # and statuses are judged, so without their items (`turnItems: false`'s reduction).
+    turns = build_turns(history.items, with_items=False)
+    if any(t.id is None for t in turns):
+        raise ReaderNotApplicable("the child's history holds legacy turns without ids")
+    return prefix_problem([(t.id, t.status is TurnStatus.IN_PROGRESS) for t in turns], prefix)

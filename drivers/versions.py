@@ -8,7 +8,7 @@ The version is the token after the first `/` (`tutti_agent/0.1.0 (Linux; x86_64)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 _VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:-([0-9A-Za-z.-]+))?(?:\+[0-9A-Za-z.-]+)?$")
@@ -85,10 +85,13 @@ class GateResult:
     verdict: GateVerdict
     version: str
     brand: str
+    fork_through_turn: bool = field(init=False, compare=False)
+    """Whether the runtime may declare `forkThroughTurn` (a `SUPPORTED` verdict): decided once
+    when the runtime is handshaken, so a fork reads a field instead of calling into this
+    module."""
 
-    @property
-    def fork_through_turn(self) -> bool:
-        return self.verdict is GateVerdict.SUPPORTED
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fork_through_turn", self.verdict is GateVerdict.SUPPORTED)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,8 +1,9 @@
 """The driver worker process main: `python -m drivers.worker --provider P --connect ipc://…`.
 
 It connects the worker end of the link, dispatches each request to the provider's
-`ProviderDriver` on a thread pool (so turns stream concurrently), streams turn events as `evt`
-messages, and exits when told to (SIGTERM) or when its parent dies.
+`ProviderDriver` on its request lanes (`RequestLane`: a queue and its threads, so turns stream
+concurrently), streams turn events as `evt` messages, and exits when told to (SIGTERM) or when
+its parent dies.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib
 import json
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
@@ -23,17 +25,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
-from domain.worker_messages import (
-    ForkRequest,
-    ForkResult,
-    ResolveAdopt,
-    ResolveRequest,
-    TurnEvent,
-)
+from domain.turn_events import TurnEvent
+from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, ResolveRequest
 from drivers.base import ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
-from drivers.worker_lanes import RequestLane
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
@@ -72,6 +68,67 @@ WARM_METHODS = frozenset({"session.start", "turn.start"})
 """Fast when the driver says the Session's runtime is live and idle (`is_warm`), else slow."""
 LIFECYCLE_METHODS = frozenset({"session.stop"})
 LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64}
+
+
+# The request lanes: a lane is a queue and up to N threads that take requests from it, handed
+# to by the link thread itself with one lock-free put (no dispatcher thread between the link
+# and the lane, and no `ThreadPoolExecutor.submit` on the link thread).
+#
+# Why not an executor: `ThreadPoolExecutor.submit` takes a lock that every `fork()` in the
+# process also takes (concurrent.futures registers it as an at-fork hook) and may start a
+# thread; with dozens of app-servers being spawned a submit waited for seconds, which on the
+# link thread stopped the heartbeats (measured at 200 Sessions). So requests went through a
+# dispatcher thread that submitted: one more thread hand-off on every request's path. Here the
+# link thread only puts into a `queue.SimpleQueue` (a C call that never blocks), and a lane's
+# threads are started by the lane's own threads: whenever one takes a request and leaves no
+# other idle, it starts a spare (up to N) before running it.
+
+
+class RequestLane:
+    """Runs `handle(msg)` for each `put(msg)` on one of at most `size` threads."""
+
+    def __init__(self, name: str, size: int, handle: Callable[[Any], None]) -> None:
+        self.name = name
+        self.size = max(1, size)
+        self._handle = handle
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._threads = 0
+        self._idle = 0
+        self._spawn()  # one waiting from the start: the first request starts nothing
+
+    def put(self, msg: Any) -> None:
+        """Queue one request (any thread; never blocks, starts no thread)."""
+        self._queue.put(msg)
+
+    @property
+    def threads(self) -> int:
+        with self._lock:
+            return self._threads
+
+    def _spawn(self) -> None:
+        with self._lock:
+            if self._threads >= self.size:
+                return
+            self._threads += 1
+            number = self._threads
+        threading.Thread(target=self._run, name=f"req-{self.name}-{number}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._idle += 1
+            msg = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+                spare = self._idle == 0 and self._threads < self.size
+            if spare:
+                # The next request finds a thread waiting (started here, never on the link).
+                self._spawn()
+            try:
+                self._handle(msg)
+            except Exception:  # noqa: BLE001 - one bad request must not stop the lane
+                traceback.print_exc(file=sys.stderr)
 
 
 def install_parent_death_signal(expected_parent: int | None) -> None:
@@ -238,7 +295,7 @@ class WorkerServer:
     def on_request(self, msg: dict[str, Any]) -> None:
         """Called on the link thread, which also sends the heartbeats: never block it. It
         picks the lane and puts the request there (`RequestLane.put`, a lock-free C call that
-        starts no thread: `drivers.worker_lanes` says why that matters), so a request reaches
+        starts no thread: the lanes' comment says why that matters), so a request reaches
         its lane's thread in one hand-off."""
         try:
             if msg.get("method") == "debug.failpoints":

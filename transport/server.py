@@ -8,9 +8,28 @@ pipe. The loop blocks in one `zmq.Poller.poll` with no timeout while there is no
 (it wakes on a request, a reply or event from another thread, or a subscription); only a
 client with unread replies backlogged makes it retry every 50 ms.
 
-The parts, by concern: `transport.replies` (the responder, each client's reply budget and
-backlog), `transport.events` (the XPUB sockets and who is subscribed), `transport.endpoints`
-(ipc files, bind order), `transport.security` (CURVE, ZAP), `transport.wire` (the envelope).
+Replies, here too: the one-shot responder a dispatcher answers through, and the ROUTER side
+that sends each reply to its client without ever blocking the transport loop (`ReplyRouter`).
+A client that does not read cannot grow the daemon: ZeroMQ queues at most `PEER_REPLY_HWM`
+replies per connection and, of large ones, at most `MAX_QUEUED_BYTES` not yet written to its
+socket (each tracked until ZeroMQ has written it); further replies wait in a per-client backlog
+(kept in order, counted in that client's in-flight budget) up to `MAX_UNREAD_BYTES`, past which
+they are dropped. So one connection holds at most 8 MiB of small replies, 8 MiB of large ones
+and 16 MiB of backlog, plus one reply over each bound.
+
+Events, here too: the PUB sockets the loop owns (`EventSockets`: one with bare workspace
+topics, an optional second one with terminated topics `workspaceId + "\\0"`) and who is
+subscribed to what. They are XPUB sockets: publishing is exactly PUB's (prefix filtering by
+ZeroMQ, `EVENTS_HWM` per subscriber), and they also hand the loop each subscription made or
+dropped. Without verbose mode ZeroMQ reports a topic's first subscriber and its last
+unsubscription (a disconnecting subscriber's subscriptions are dropped for it), so the set of
+topics read from them is "some connected client wants this prefix". `wants(topic)` answers
+from that set, from any thread, and the daemon's publisher skips the store reads and
+projection of an event no one would receive. A subscription that reaches the daemon after an
+event was skipped misses it, as it would miss it on a plain PUB (ZeroMQ's slow joiner).
+
+The other parts, by concern: `transport.endpoints` (ipc files, bind order),
+`transport.security` (CURVE, ZAP), `transport.wire` (the envelope).
 """
 
 from __future__ import annotations
@@ -19,25 +38,18 @@ import contextlib
 import logging
 import resource
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
 from domain.errors import HostError, Unavailable, internal_error
-from protocol.envelope import Request, encode_event, peek_id
+from protocol.envelope import Request, encode_event, encode_result, encode_result_packed, peek_id
 from protocol.events import Event
 from transport.connections import ConnectionGuard, ConnectionLimits
 from transport.endpoints import Binder, EndpointInUse, rebind_missing
-from transport.events import EVENTS_HWM, MAX_EVENT_BYTES, EventSockets
-from transport.replies import (
-    MAX_UNREAD_BYTES,
-    PEER_REPLY_HWM,
-    OneShotResponder,
-    ReplyRouter,
-    Responder,
-)
 from transport.security import ServerCurve, needs_curve, start_authenticator
 from transport.wire import WireReason, decode_request, encode_error
 
@@ -52,6 +64,8 @@ __all__ = [
     "ApiServer",
     "Dispatcher",
     "EndpointInUse",
+    "EventSockets",
+    "OneShotResponder",
     "Responder",
 ]
 
@@ -79,6 +93,364 @@ _TAG_STOP = b"S"
 _TAG_REBIND = b"B"
 _TAG_UNBIND = b"U"
 
+
+# --------------------------------------------------------------------------- replies
+
+RECENTLY_ANSWERED_S = 10.0
+"""A client answered this recently is talking: the fd guard never sheds its connection (a
+request it sent right after the answer may be in ZeroMQ's pipe, not yet read)."""
+MAX_ANSWERED_PEERS = 4096
+"""Past this many clients remembered, the ones answered long ago are forgotten."""
+
+PEER_REPLY_HWM = 32
+"""Replies queued in ZeroMQ per client connection; past it, replies wait in a per-client
+backlog counted in that client's in-flight budget."""
+MAX_QUEUED_BYTES = 8 << 20
+"""Bytes of large replies (`TRACKED_BYTES` and up) a client may have in ZeroMQ's queue not yet
+written to its socket: a further reply waits in its backlog until they are (ZeroMQ bounds its
+pipe in messages only, whatever their size)."""
+TRACKED_BYTES = 256 << 10
+"""Replies from this size on are handed to ZeroMQ without a copy and tracked until it has
+written them; smaller ones (at most `PEER_REPLY_HWM` of them queued) are not."""
+MAX_UNREAD_BYTES = 16 << 20
+"""Reply bytes kept for a client that does not read, beyond the 32 replies ZeroMQ queues:
+while it has this much, its new requests are refused without being run, and a further reply
+to it is dropped (it is not reading) — so its unread replies cannot grow the daemon (issue
+15 #6: 5.9 GB from one DEALER sending `session.list` and never reading). A client that reads
+only drains its backlog, bursts of small replies included."""
+
+
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+# The socket's own send, below pyzmq's Python `Socket.send` (which only adds the routing_id
+# and group arguments we never use): one reply is 2-3 sends, on the hot path of every read.
+_send: Callable[..., Any] = zmq.backend.Socket.send
+
+
+def send_parts(router: zmq.Socket[bytes], envelope: list[bytes], frame: bytes) -> Any:
+    """`router.send_multipart([*envelope, frame], NOBLOCK)` with int flags and the backend's
+    send. With ROUTER_MANDATORY only the first part (the identity) can fail — EAGAIN for a
+    full peer pipe, EHOSTUNREACH for a vanished peer — and then nothing was sent. Returns the
+    `zmq.MessageTracker` of a frame of `TRACKED_BYTES` or more, else None."""
+    for part in envelope:
+        _send(router, part, _SNDMORE_NOBLOCK)
+    if len(frame) >= TRACKED_BYTES:
+        return _send(router, frame, _NOBLOCK, copy=False, track=True)
+    _send(router, frame, _NOBLOCK)
+    return None
+
+
+class Responder(Protocol):
+    """Answers one request, exactly once, from any thread."""
+
+    def result(self, status: int, result: Mapping[str, Any]) -> bool: ...
+
+    def error(self, error: HostError) -> bool: ...
+
+
+class OneShotResponder:
+    """The responder handed to the dispatcher; the first answer wins, later ones are ignored.
+
+    `post(token, frame)` delivers the encoded reply (on the loop thread it is sent at once)."""
+
+    __slots__ = ("_post", "_token", "_request_id", "_answered", "_lock")
+
+    def __init__(self, post: Callable[[int, bytes], bool], token: int, request_id: str) -> None:
+        self._post = post
+        self._token = token
+        self._request_id = request_id
+        self._answered = False
+        self._lock = threading.Lock()
+
+    @property
+    def answered(self) -> bool:
+        return self._answered
+
+    def _claim(self) -> bool:
+        with self._lock:
+            if self._answered:
+                return False
+            self._answered = True
+            return True
+
+    def result(self, status: int, result: Mapping[str, Any]) -> bool:
+        """Send a 2xx reply. Returns False if this request was already answered."""
+        if not self._claim():
+            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
+            return False
+        try:
+            frame = encode_result(self._request_id, status, result)
+        except Exception as exc:  # noqa: BLE001 - the request is still answered, typed
+            what = f"encoding the result of request {self._request_id}"
+            frame = encode_error(self._request_id, internal_error(exc, what, logger=log))
+        return self._post(self._token, frame)
+
+    def result_packed(self, status: int, packed_result: bytes) -> bool:
+        """`result` of a result map already packed (`protocol.envelope.pack_result`)."""
+        if not self._claim():
+            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
+            return False
+        return self._post(
+            self._token, encode_result_packed(self._request_id, status, packed_result)
+        )
+
+    def error(self, error: HostError) -> bool:
+        """Send an error reply. Returns False if this request was already answered."""
+        if not self._claim():
+            log.warning("request %s answered twice; ignoring the second answer", self._request_id)
+            return False
+        return self._post(self._token, encode_error(self._request_id, error))
+
+
+class ReplyRouter:
+    """The ROUTER's sending side and each client's budget; used by the loop thread only."""
+
+    def __init__(self) -> None:
+        self.router: zmq.Socket[bytes] | None = None
+        # Per client identity: requests in flight, and replies ZeroMQ could not queue yet.
+        self.peer_in_flight: dict[bytes, int] = {}
+        # When each client last got an answer: a connection answered this recently is not idle
+        # (its next request may already sit in ZeroMQ's pipe; shedding it would lose that).
+        self.answered_at: dict[bytes, float] = {}
+        self.backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
+        self.backlog_bytes: dict[bytes, int] = {}
+        # Per client: large replies ZeroMQ holds, until its tracker says they are written.
+        self.queued: dict[bytes, list[tuple[Any, int]]] = {}
+
+    def queued_bytes(self, peer: bytes) -> int:
+        """Bytes of this client's large replies ZeroMQ has not yet written to its socket."""
+        held = self.queued.get(peer)
+        if held is None:
+            return 0
+        held[:] = [(tracker, size) for tracker, size in held if not tracker.done]
+        if not held:
+            del self.queued[peer]
+            return 0
+        return sum(size for _, size in held)
+
+    def _room(self, peer: bytes, size: int) -> bool:
+        """Whether ZeroMQ may take a reply of `size` for this client now: one at a time past
+        `MAX_QUEUED_BYTES` (a single large reply always goes once the queue is written)."""
+        if size < TRACKED_BYTES and peer not in self.queued:
+            return True
+        queued = self.queued_bytes(peer)
+        return queued == 0 or queued + size <= MAX_QUEUED_BYTES
+
+    def _sent(self, peer: bytes, tracker: Any, size: int) -> None:
+        if tracker is not None:
+            self.queued.setdefault(peer, []).append((tracker, size))
+
+    def unread(self, peer: bytes) -> bool:
+        """Whether a request or a reply of this client is pending, or it was answered within
+        `RECENTLY_ANSWERED_S` (any thread; approximate)."""
+        if self.peer_load(peer) > 0 or peer in self.queued:
+            return True
+        at = self.answered_at.get(peer)
+        return at is not None and time.monotonic() - at < RECENTLY_ANSWERED_S
+
+    def peer_load(self, peer: bytes) -> int:
+        """What counts against a client's budget: its requests in flight and its replies
+        that ZeroMQ could not queue because it does not read."""
+        return self.peer_in_flight.get(peer, 0) + len(self.backlog.get(peer, ()))
+
+    def not_reading(self, peer: bytes) -> bool:
+        return self.backlog_bytes.get(peer, 0) >= MAX_UNREAD_BYTES
+
+    def started(self, peer: bytes) -> None:
+        self.peer_in_flight[peer] = self.peer_in_flight.get(peer, 0) + 1
+
+    def finished(self, peer: bytes) -> None:
+        left = self.peer_in_flight.get(peer, 1) - 1
+        if left > 0:
+            self.peer_in_flight[peer] = left
+        else:
+            self.peer_in_flight.pop(peer, None)
+        now = time.monotonic()
+        self.answered_at[peer] = now
+        if len(self.answered_at) > MAX_ANSWERED_PEERS:
+            self.answered_at = {
+                p: t for p, t in self.answered_at.items() if now - t < RECENTLY_ANSWERED_S
+            }
+
+    def send_now(self, envelope: list[bytes], frame: bytes, *, backlog: bool = True) -> None:
+        assert self.router is not None
+        peer = envelope[0]
+        pending = self.backlog.get(peer)
+        if pending is None and not self._room(peer, len(frame)):
+            if not backlog:
+                return  # an overload refusal to a client that does not read: not kept
+            pending = self.backlog[peer] = []  # ZeroMQ holds enough of its bytes: wait
+        if pending is not None:
+            if backlog and self.backlog_bytes.get(peer, 0) < MAX_UNREAD_BYTES:
+                pending.append((envelope, frame))  # keep the connection's reply order
+                self.backlog_bytes[peer] = self.backlog_bytes.get(peer, 0) + len(frame)
+            elif backlog:
+                log.warning("a client that does not read: reply dropped (%d unread)", len(pending))
+            return
+        try:
+            self._sent(peer, send_parts(self.router, envelope, frame), len(frame))
+        except zmq.Again:
+            if backlog:
+                self.backlog[peer] = [(envelope, frame)]
+                self.backlog_bytes[peer] = len(frame)
+        except zmq.ZMQError as exc:
+            # A vanished peer must never take the loop down.
+            log.debug("reply dropped: %s", exc)
+
+    def flush_backlogs(self) -> None:
+        assert self.router is not None
+        for peer, pending in list(self.backlog.items()):
+            while pending:
+                envelope, frame = pending[0]
+                if not self._room(peer, len(frame)):
+                    break
+                try:
+                    self._sent(peer, send_parts(self.router, envelope, frame), len(frame))
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    pending.clear()  # the peer is gone: its replies have no reader
+                    break
+                pending.pop(0)
+                self.backlog_bytes[peer] = self.backlog_bytes.get(peer, 0) - len(frame)
+            if not pending:
+                del self.backlog[peer]
+                self.backlog_bytes.pop(peer, None)
+
+
+# --------------------------------------------------------------------------- events
+
+EVENTS_HWM = 1000
+"""Events queued per subscriber that does not read (PUB drops beyond it; a reading one keeps
+up with bursts of hundreds): with events capped at `MAX_EVENT_BYTES` a subscriber that never
+reads holds at most 1000 × 256 KiB of the daemon, typically far less (100,000 whole-Turn
+events, unbounded, would take a daemon past 1 GB)."""
+MAX_EVENT_BYTES = 256 << 10
+
+_SUBSCRIBE = 1
+_UNSUBSCRIBE = 0
+
+
+class EventSockets:
+    """Owned by the transport loop (sending and reading subscriptions); `wants` from any."""
+
+    def __init__(self) -> None:
+        self.pub: zmq.Socket[bytes] | None = None
+        self.pub_exact: zmq.Socket[bytes] | None = None
+        self.endpoints: list[str] = []
+        self.exact_endpoints: list[str] = []
+        self._topics: dict[zmq.Socket[bytes], set[bytes]] = {}
+        # Swapped whole on each change, so readers on other threads never see it mid-update.
+        self._prefixes: tuple[frozenset[bytes], frozenset[bytes]] = (frozenset(), frozenset())
+
+    def bind(
+        self,
+        ctx: zmq.Context[Any],
+        binder: Binder,
+        endpoints: list[str],
+        exact_endpoints: list[str],
+        watch: Callable[[zmq.Socket[bytes]], None] | None = None,
+    ) -> None:
+        """Bind the sockets; `watch` is called with each before it binds (the connection
+        guard counts what it accepts)."""
+        self.pub = self._socket(ctx)
+        if watch is not None:
+            watch(self.pub)
+        self.endpoints = binder.bind_each(self.pub, endpoints)
+        if exact_endpoints:
+            # The same bounds as the first socket: a subscriber that never reads costs the same.
+            self.pub_exact = self._socket(ctx)
+            if watch is not None:
+                watch(self.pub_exact)
+            self.exact_endpoints = binder.bind_each(self.pub_exact, exact_endpoints)
+
+    def _socket(self, ctx: zmq.Context[Any]) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = ctx.socket(zmq.XPUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, EVENTS_HWM)
+        self._topics[sock] = set()
+        return sock
+
+    @property
+    def sockets(self) -> list[zmq.Socket[bytes]]:
+        """The sockets the loop polls for subscription messages."""
+        return [s for s in (self.pub, self.pub_exact) if s is not None]
+
+    # -- subscriptions -----------------------------------------------------------------------
+
+    def read_subscriptions(self, sock: zmq.Socket[bytes], limit: int = 1000) -> None:
+        """Apply the subscription messages waiting on `sock` (loop thread)."""
+        topics = self._topics[sock]
+        changed = False
+        for _ in range(limit):
+            try:
+                message = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if not message:
+                continue
+            if message[0] == _SUBSCRIBE:
+                topics.add(message[1:])
+                changed = True
+            elif message[0] == _UNSUBSCRIBE:
+                topics.discard(message[1:])
+                changed = True
+        if changed:
+            plain = frozenset(self._topics[self.pub]) if self.pub is not None else frozenset()
+            exact = (
+                frozenset(self._topics[self.pub_exact])
+                if self.pub_exact is not None
+                else frozenset()
+            )
+            self._prefixes = (plain, exact)
+
+    def wants(self, topic: str) -> bool:
+        """Whether some connected subscriber would receive an event published under `topic`
+        (any thread; as of the last subscription the loop read)."""
+        plain, exact = self._prefixes
+        if not plain and not exact:
+            return False
+        raw = topic.encode("utf-8")
+        if any(raw.startswith(prefix) for prefix in plain):
+            return True
+        if exact and b"\0" not in raw:
+            terminated = raw + b"\0"
+            return any(terminated.startswith(prefix) for prefix in exact)
+        return False
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def send(self, topic: bytes, payload: bytes) -> None:
+        """Publish on each socket some subscription was read from (loop thread): one with
+        none would drop the event itself, so it is not handed the frames at all (the window
+        a subscription just made has is the one `wants` already has)."""
+        assert self.pub is not None
+        plain, exact = self._prefixes
+        if plain:
+            try:
+                self.pub.send_multipart([topic, payload], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                log.debug("event dropped: %s", exc)
+        if self.pub_exact is None or not exact or b"\0" in topic:
+            # A topic holding NUL could still prefix-match another (workspace ids never hold
+            # one: the API refuses it); such an event is not published terminated at all.
+            return
+        try:
+            # The one encoding of the event, under its terminated topic.
+            self.pub_exact.send_multipart([topic + b"\0", payload], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("event dropped (exact): %s", exc)
+
+    def close(self) -> None:
+        for sock in (self.pub, self.pub_exact):
+            if sock is not None:
+                with contextlib.suppress(zmq.ZMQError):
+                    sock.close()
+        self.pub = self.pub_exact = None
+        self._topics.clear()
+        self._prefixes = (frozenset(), frozenset())
+
+
+# --------------------------------------------------------------------------- the server
 
 Dispatcher = Callable[[Request, Responder], None]
 """Called on the transport thread for every decoded request; must not block. It answers
@@ -260,7 +632,7 @@ class ApiServer:
 
     def wants(self, topic: str) -> bool:
         """Whether a connected subscriber would receive an event under `topic` (any thread):
-        a publisher may skip building an event nobody receives (`transport.events`)."""
+        a publisher may skip building an event nobody receives (`EventSockets.wants`)."""
         return self._events.wants(topic)
 
     def rebind_missing_ipc(self) -> Future[list[str]]:

@@ -23,7 +23,6 @@ from tutti_agent.errors import (
     TurnNotFound,
     TurnStartMissing,
 )
-from tutti_agent.gc_pause import gc_paused
 from tutti_agent.history import (
     ForkSnapshot,
     Interrupted,
@@ -37,7 +36,7 @@ from tutti_agent.history import (
     snapshot_turn_state,
 )
 from tutti_agent.ids import uuid7
-from tutti_agent.rollout import LineType, RolloutItem, now_iso
+from tutti_agent.rollout import LineType, RolloutItem, gc_paused, now_iso
 from tutti_agent.store import (
     HistoryPosition,
     Reservation,

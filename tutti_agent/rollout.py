@@ -7,24 +7,154 @@ last line left by a killed process is ignored; any other bad line is corruption)
 A new rollout whose first lines are all known up front (a fork child, a new thread's
 `session_meta`) is created with `RolloutWriter.create`: every line in one buffered write, one
 fsync of the file, then one fsync of each directory whose entries changed (a forked 10-turn
-child written line by line would cost ~60 fsyncs)."""
+child written line by line would cost ~60 fsyncs).
+
+Its lines are decoded as the standard library's decoder reads them, by orjson where the two
+agree (`fast_loads`): the worker's binder and its readability proof decode rollouts the same
+way. A large rollout is read, or a large history built from one, with the cyclic collector held
+off (`gc_paused`, `hold_collector`), here and in every caller that builds on the read."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
+import orjson
+
 from tutti_agent.errors import RolloutCorrupt
-from tutti_agent.gc_pause import gc_paused
-from tutti_agent.json_lines import REFUSED, fast_loads
+
+# --------------------------------------------------------------------------- decoding a line
+# JSONL lines decoded as the standard library's decoder reads them, by orjson where the two
+# agree.
+#
+# A rollout is read line by line by the app-server, the worker's binder and its readability
+# proof; the standard library's decoder was most of each one's CPU on a long rollout. orjson
+# decodes the same line three times faster, and for every line orjson accepts the standard
+# library returns the same value, with two exceptions, both handled here:
+#
+# - **integers beyond 64 bits**: orjson reads an integer beyond `[-2**63, 2**64)` as a float,
+#   the standard library as an `int`. Such an integer needs 19 digits or more in a row, so a
+#   file that holds no run of 19 digits anywhere (in a string or not) is decoded by orjson;
+#   one that does is decoded by the standard library alone (`fast_loads`).
+# - **nesting**: orjson reads arrays and objects nested up to 1,024 deep; the standard library
+#   raises `RecursionError` from about 1,000 (the interpreter's recursion limit, less the
+#   caller's stack). Neither encoder writes such a line (the standard library's encoder has
+#   the same limit); a line between the two is read by every reader that decodes through
+#   here — the binder, the proof and the app-server alike — so they still agree.
+#
+# Each line orjson refuses goes to the caller's standard-library decoder, which accepts or
+# refuses it as before, with its own error: NaN and Infinity, numbers that overflow a double
+# (`1e400`), lone surrogates (escaped, or raw in a bytes line), a UTF-8 BOM before a bytes
+# line. Both decoders allow JSON whitespace (space, tab, CR) around a line's value and keep the
+# last of duplicate keys at the first one's place; both refuse control characters in strings,
+# trailing commas, leading zeros and a second value on the line
+# (`tests/tutti_agent/test_json_lines.py` pins each of these).
+
+_DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+LONG_DIGITS = 19
+"""A run of digits this long may be an integer orjson reads as a float: the least is
+`-(2**63) - 1`, 19 digits (a shorter run is within the 64 bits orjson reads exactly)."""
+
+
+def orjson_agrees(data: bytes) -> bool:
+    """Whether orjson reads every line of `data` it accepts as the standard library does: no
+    run of `LONG_DIGITS` ASCII digits anywhere in it (a translate and a find, a few ms for a
+    14.7 MB rollout)."""
+    return data.translate(_DIGITS).find(b"0" * LONG_DIGITS) < 0
+
+
+REFUSED = orjson.JSONDecodeError
+"""What `fast_loads`' decoder raises for a line it does not read: decode that line with the
+standard library (whose own errors are not this type)."""
+
+
+def fast_loads(data: bytes, standard: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    """The decoder for the lines of `data`: `orjson.loads` where it returns what `standard`
+    (the caller's standard-library decoder of one line's bytes) returns for every line it
+    accepts, else `standard` itself. A line it raises `REFUSED` for goes to `standard`, which
+    accepts or refuses it as it always has.
+
+    Decode and use each line in the same pass (not all lines, then a second pass over the
+    objects): 60,000 decoded lines do not stay in the CPU's caches, and each pass over them
+    costs about what their checks do."""
+    return orjson.loads if orjson_agrees(data) else standard
+
+
+# --------------------------------------------------------------------------- the collector held off
+# The cyclic garbage collector held off while a request builds or reads a large history.
+#
+# Parsing a 10,000-Turn rollout allocates about a million containers; each allocation burst
+# past the collector's threshold starts a collection that walks every tracked object the
+# parse has made so far, and those walks cost more than the parse itself. Nothing a history
+# read builds is a reference cycle, so holding the collector off for its duration frees
+# nothing later that would have been freed sooner. Process-wide (the interpreter has one
+# collector): nested and concurrent holders share one pause, and the collector comes back
+# as it was when the last one ends.
+
+FREEZE_AFTER = 100_000
+"""A pause that ends with more new containers alive than this (a 10,000-Turn thread's parse is
+about a million) moves every tracked object into the collector's permanent generation
+(`gc.freeze`, constant time) before the collector comes back: else the collection the next
+allocation sets off walks all of them (~0.3–0.6 s for such a parse), and the older generations'
+collections walk them again later. Frozen objects are still freed by reference counting as
+before; only a reference cycle already garbage at that moment would never be collected, and
+nothing a history read builds is a cycle."""
+
+_collector_lock = threading.Lock()
+_holders = 0
+_was_enabled = False
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No automatic collection inside the block (explicit `gc.collect()` still runs)."""
+    resume = hold_collector()
+    try:
+        yield
+    finally:
+        resume()
+
+
+def hold_collector() -> Callable[[], None]:
+    """`gc_paused` across threads: the collector is held off until the returned function is
+    called (by any thread; a second call does nothing). For a pause that ends elsewhere than
+    it began: objects built under a pause and freed later, on another thread, without a
+    collection walking them in between (each would walk every one of them)."""
+    global _holders, _was_enabled
+    with _collector_lock:
+        if _holders == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _holders += 1
+    done = False
+
+    def resume() -> None:
+        global _holders
+        nonlocal done
+        with _collector_lock:
+            if done:
+                return
+            done = True
+            _holders -= 1
+            if _holders == 0 and _was_enabled:
+                if gc.get_count()[0] > FREEZE_AFTER:
+                    gc.freeze()
+                gc.enable()
+
+    return resume
+
+
+# --------------------------------------------------------------------------- the log
 
 
 class LineType(StrEnum):
@@ -146,7 +276,7 @@ def read_rollout(path: Path) -> list[RolloutLine]:
     """Read every complete line; a torn last line (no newline, bad JSON) is dropped.
 
     Each line is decoded as the standard library's decoder reads it: by orjson where that
-    returns the same (`json_lines`), else, in an all-ASCII file, through the decoder's text
+    returns the same (`fast_loads`), else, in an all-ASCII file, through the decoder's text
     path, in any other through `json.loads` of the line's bytes. Same lines, same offsets,
     same errors either way."""
     data = path.read_bytes()

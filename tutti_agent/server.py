@@ -33,11 +33,10 @@ from tutti_agent.fork import (
     ThroughTurn,
     parse_snapshot,
 )
-from tutti_agent.gc_pause import gc_paused
 from tutti_agent.history import InterruptedMarker, TurnRecord
 from tutti_agent.ids import parse_thread_id, uuid7
 from tutti_agent.model import Model
-from tutti_agent.rollout import now_iso
+from tutti_agent.rollout import gc_paused, now_iso
 from tutti_agent.store import ThreadHistory, ThreadStore
 from tutti_agent.turns import LiveThread
 from tutti_agent.wire import thread_to_wire, turns_to_wire

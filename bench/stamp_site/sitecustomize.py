@@ -52,7 +52,7 @@ if _SERVE and _STAMPS:
         ("storage.fork_transitions", "ForkTransitions", "mark_fork_provider_accepted",
          "accepted.begin", "accepted.end"),
         ("storage.fork_commit", "ForkCommit", "commit_fork", "commit.begin", "commit.end"),
-        ("transport.replies", "OneShotResponder", "result", "responder.result", ""),
+        ("transport.server", "OneShotResponder", "result", "responder.result", ""),
         ("transport.server", "ApiServer", "_send_reply", "loop.send_reply", ""),
         # Counted per fork, not placed on its path (`bench.fork_daemon --serial`'s counts).
         ("agenthost.publisher", "EventPublisher", "_publish", "events.batch", ""),

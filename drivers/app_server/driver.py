@@ -131,7 +131,8 @@ class AppServerDriver:
         `error` makes it report the binder unavailable (the fail-closed tests)."""
         verdict = dict(self._probe(params))
         try:
-            self.failpoints.hit("worker.binder.available")
+            if self.failpoints.armed:
+                self.failpoints.hit("worker.binder.available")
         except FailpointError:
             verdict["binderAvailable"] = False
         return verdict

@@ -19,8 +19,8 @@ from typing import Any
 from domain.enums import TurnOutcome
 from domain.errors import HostError
 from domain.model_limits import ModelLimits, stream_empty_timeout, stream_idle_timeout
-from domain.turn_events import PROGRESS
-from domain.worker_messages import (
+from domain.turn_events import (
+    PROGRESS,
     InteractionRequested,
     MessageDelta,
     TurnActivity,

@@ -3,14 +3,17 @@ prefix checked on the source before any mutation, exactly one `thread/fork`, the
 against the prefix, the `host_copy` binder, and the proof that the bound child reads from its own
 home alone (in the worker with the provider's reader, else a fresh app-server there). Every
 provider outcome is a `ForkResult` disposition; nothing here raises for one.
-`ForkThroughTurn` is the app-server driver's fork strategy, over its `Runtimes` and `Sessions`.
+`ForkThroughTurn` is the app-server driver's fork strategy, over its `Runtimes` and `Sessions`;
+the large objects a fork built are released after its answer has left (`release_later`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from queue import SimpleQueue
 from typing import Any
 
 from domain.enums import DeliveryDisposition
@@ -26,18 +29,46 @@ from drivers.app_server.process import (
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
-from drivers.binder import RolloutBinder
-from drivers.deferred_release import release_later
+from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from drivers.readability import ReaderNotApplicable
-from drivers.rollout_files import BinderError, DirsAhead, ParsedRollout
-from tutti_agent.gc_pause import gc_paused
+from tutti_agent.rollout import gc_paused, hold_collector
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
 READABILITY_APP_SERVER = "app_server"
 """... by a fresh app-server spawned on the target home (the fallback)."""
+
+# The in-worker proof (seed 000 §7, ARCHITECTURE.md: before a fork may be `accepted`, the child
+# the binder copied is readable from the target home with nothing from the source home). A
+# fresh app-server on the target home per fork would cost ~80 ms of interpreter start-up for
+# tutti-agent, more for Codex, so the proof is made with the provider's own history reader, in
+# the worker process, from the files of the target home only (`AppServerProvider.read_child`:
+# tutti-agent's own store in `drivers.tutti_agent`, the strict Codex lineage reader in
+# `drivers.codex.lineage`). Every reader requires: the child names the source as
+# `forked_from_id`, its turns are exactly the frozen prefix (ids, in order) and none of them
+# is in progress (`prefix_problem`). A problem is returned as text (the fork becomes
+# `unknown`); a history the reader cannot judge raises `ReaderNotApplicable` and the fork
+# falls back to the spawned app-server's proof. Seed 000 §10's idempotent re-bind at the
+# child's first resume stays the second line of defence.
+
+
+class ReaderNotApplicable(Exception):
+    """The in-worker reader cannot judge this child (another provider version, a history
+    format it does not know); the caller must prove readability another way."""
+
+
+def prefix_problem(turns: Sequence[tuple[str | None, bool]], prefix: Sequence[str]) -> str | None:
+    """The judgement every provider's in-worker reader ends with: `turns` as (id, in_progress)
+    in history order; None when they are exactly `prefix` (ids, in order) and none is in
+    progress, else the problem in words."""
+    ids = [t for t, _ in turns]
+    if ids != list(prefix):
+        return f"target home shows turns {ids}, not the frozen prefix {list(prefix)}"
+    busy = [t for t, in_progress in turns if in_progress]
+    if busy:
+        return f"target home shows turns {busy} still in progress"
+    return None
 
 
 class ForkThroughTurn:
@@ -149,7 +180,8 @@ class ForkThroughTurn:
         if source_turns[len(prefix) - 1][1] == "inProgress":
             return ForkResult.not_started("the boundary turn is still in progress")
         try:
-            self.failpoints.hit("worker.fork.before_provider_call")
+            if self.failpoints.armed:
+                self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
@@ -186,7 +218,8 @@ class ForkThroughTurn:
             return ForkResult.unknown(str(exc))
 
         try:
-            self.failpoints.hit("worker.fork.after_provider_call")
+            if self.failpoints.armed:
+                self.failpoints.hit("worker.fork.after_provider_call")
         except FailpointError as exc:
             return ForkResult.unknown(str(exc))
 
@@ -377,3 +410,63 @@ def _status_type(thread: Mapping[str, Any]) -> str:
 
 def _statuses(turns: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return [(str(t.get("id")), str(t.get("status") or "")) for t in turns]
+
+
+# ------------------------------------------------------------------ releasing a fork's litter
+# Large objects a fork built, released after its answer has left: on a thread of
+# their own, a slice at a time.
+#
+# A fork of a 10,000-Turn thread ends holding the binder's decoded rollout (60,000 line objects
+# and their payloads, about a million containers). Dropping it where the fork returns frees them
+# all in one uninterrupted C-level deallocation (tens of milliseconds) between the fork's verdict
+# and its answer reaching the host. Handed here instead, they are freed shortly after, in slices
+# between which the interpreter may switch threads, so a later request is never held up by more
+# than a slice. The cyclic collector stays held off (`hold_collector`) from the hand-over until
+# they are freed: a collection in between would walk every one of them (they were built while
+# the fork held it off). Nothing here changes what is kept or answered: only when the memory is
+# returned.
+
+SETTLE_SECONDS = 0.05
+"""How long a batch waits before it is freed: long enough for the answer it followed to be
+encoded and sent by the link thread."""
+SLICE = 256
+"""Elements of a list freed per step (a decoded rollout line is some tens of objects)."""
+
+_queue: SimpleQueue[tuple[list[object], Callable[[], None]]] = SimpleQueue()
+_started = False
+_start_lock = threading.Lock()
+
+
+def release_later(objects: list[object]) -> None:
+    """Take over `objects` (the caller keeps no reference to them): each is dropped after
+    `SETTLE_SECONDS`, a list's elements `SLICE` at a time; the collector is held off until
+    then. Call it while the objects' builder still holds the collector off."""
+    global _started
+    if not objects:
+        return
+    with _start_lock:
+        if not _started:
+            threading.Thread(target=_run, name="deferred-release", daemon=True).start()
+            _started = True
+    _queue.put((objects, hold_collector()))
+
+
+def _run() -> None:
+    while True:
+        batch, resume = _queue.get()
+        try:
+            time.sleep(SETTLE_SECONDS)
+            drain(batch)
+        finally:
+            del batch
+            resume()
+
+
+def drain(batch: list[object]) -> None:
+    """Drop every object of `batch`, emptying lists slice by slice first."""
+    while batch:
+        obj = batch.pop()
+        if isinstance(obj, list):
+            while obj:
+                del obj[-SLICE:]
+        del obj

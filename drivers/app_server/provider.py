@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from domain.enums import ProviderStateBindingMode
-from drivers.rollout_files import ParsedRollout
+from drivers.binder import ParsedRollout
 from drivers.versions import VersionGate
 
 

@@ -32,10 +32,9 @@ from domain.worker_messages import (
 )
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions
-from drivers.binder import RolloutBinder
+from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder, iter_rollouts
 from drivers.errors import DriverError
 from drivers.quarantine import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
-from drivers.rollout_files import ROLLOUT_DIRS, BinderError, iter_rollouts
 
 
 def _meta(path: Path) -> Mapping[str, Any]:

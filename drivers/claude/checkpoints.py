@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from domain.worker_messages import TurnBindingMoved, TurnStarted
+from domain.turn_events import TurnBindingMoved, TurnStarted
 from drivers.claude.state import SessionState, TurnState
 from drivers.claude_transcript import (
     contains_uuid,

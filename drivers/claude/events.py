@@ -12,8 +12,7 @@ from typing import Any
 
 from domain.enums import TurnOutcome
 from domain.model_limits import first_byte_timeout, stream_idle_timeout
-from domain.turn_events import PROGRESS
-from domain.worker_messages import MessageDelta, TurnItem
+from domain.turn_events import PROGRESS, MessageDelta, TurnItem
 from drivers.claude.checkpoints import observe_root, set_checkpoint
 from drivers.claude.env import ClaudeDriverConfig
 from drivers.claude.state import SessionState, TurnState

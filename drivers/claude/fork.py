@@ -22,6 +22,7 @@ from typing import Any
 
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
+from drivers.binder import fsync_dir, fsync_dirs, makedirs
 from drivers.claude.env import (
     DRIVER_KIND,
     PRIVATE_HOME_DIR,
@@ -39,7 +40,6 @@ from drivers.claude_transcript import (
     transcript_path,
 )
 from drivers.failpoints import Failpoints
-from drivers.rollout_files import fsync_dir, fsync_dirs, makedirs
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from domain.errors import Conflict, InvalidArgument
-from domain.worker_messages import InteractionRequested
+from domain.turn_events import InteractionRequested
 from drivers.claude.checkpoints import scan_root
 from drivers.claude.state import PendingPermission, SessionState, TurnState
 from drivers.errors import DriverError

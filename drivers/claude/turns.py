@@ -15,7 +15,7 @@ from typing import Any
 
 from domain.enums import TurnOutcome
 from domain.errors import NotFound, SessionBusy
-from domain.worker_messages import TurnCompleted
+from domain.turn_events import TurnCompleted
 from drivers.base import Emit
 from drivers.claude.checkpoints import reconcile_checkpoint, resumable, watch_root
 from drivers.claude.env import ClaudeDriverConfig

@@ -20,13 +20,14 @@ from domain.errors import InvalidArgument
 from domain.model_limits import ModelLimits
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.provider import config_env
-from drivers.binder import RolloutBinder
+from drivers.binder import BinderError, ParsedRollout, RolloutBinder
 from drivers.codex.command import resolve_command
 from drivers.codex.config import ApprovalPolicy, SandboxMode, render_config_toml, write_if_changed
 from drivers.codex.lineage import (
     CONTEXT_KEY,
     ForkLineage,
     fork_lineage_of,
+    prove_codex_child,
     rollout_lineage,
     rollout_path,
     session_meta,
@@ -34,8 +35,6 @@ from drivers.codex.lineage import (
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
-from drivers.readability import prove_codex_child
-from drivers.rollout_files import BinderError, ParsedRollout
 from drivers.versions import CODEX_GATE
 
 

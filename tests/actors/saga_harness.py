@@ -23,8 +23,7 @@ from actors.pool import TimerHandle
 from actors.ports import DriverInfo
 from actors.recovery import recover_fork_operations
 from agenthost.workers import read_answer
-from domain.worker_calls import Attestation, RuntimeAttest
-from domain.worker_messages import ForkRequest, ForkResult
+from domain.worker_messages import Attestation, ForkRequest, ForkResult, RuntimeAttest
 from storage.models import ForkOperation, ForkPointKind, ForkPrepareRequest, Session
 from storage.store import Store
 from tests.support.invariants import provider_home

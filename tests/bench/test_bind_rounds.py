@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bench.bind_rounds import measure
-from drivers.rollout_files import SYNC_ROUNDS
+from drivers.binder import SYNC_ROUNDS
 
 
 def test_the_bench_counts_the_binders_rounds_per_write() -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from domain.worker_messages import TurnEvent
+from domain.turn_events import TurnEvent
 from drivers.claude.driver import ClaudeDriver
 from drivers.claude.env import ClaudeDriverConfig
 from drivers.failpoints import Failpoints

@@ -24,8 +24,8 @@ from conftest import MakeDriver
 
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
+from drivers.binder import BinderError, iter_rollouts
 from drivers.codex.lineage import CONTEXT_KEY, rollout_lineage
-from drivers.rollout_files import BinderError, iter_rollouts
 from model_fakes.responses import ResponsesServer
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]

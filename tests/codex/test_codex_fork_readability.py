@@ -20,7 +20,7 @@ from codex_helpers import (
 from conftest import MakeDriver
 
 from domain.enums import DeliveryDisposition
-from drivers.rollout_files import iter_rollouts
+from drivers.binder import iter_rollouts
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 

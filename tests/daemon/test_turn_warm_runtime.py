@@ -23,7 +23,7 @@ import pytest
 
 from actors.messages import Mutate, runtime_key
 from agenthost.daemon import Daemon
-from domain.worker_calls import HistoryRequest
+from domain.worker_messages import HistoryRequest
 from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (

@@ -46,16 +46,16 @@ def _events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, int]]
 
 def _rounds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The width of every `sync_together` round, in order."""
-    import drivers.rollout_files as rollout_files
+    import drivers.binder as binder_module
 
     widths: list[int] = []
-    real = rollout_files.sync_together
+    real = binder_module.sync_together
 
     def sync_together(calls: Sequence[Callable[[], None]]) -> None:
         widths.append(len(calls))
         real(calls)
 
-    monkeypatch.setattr(rollout_files, "sync_together", sync_together)
+    monkeypatch.setattr(binder_module, "sync_together", sync_together)
     return widths
 
 
@@ -92,7 +92,7 @@ def test_referenced_child_binds_in_two_rounds_every_name_after_every_byte(
     are durable (round 1: both files and every new directory, together); the names appear
     ancestor first; round 2 fsyncs their directories together. Two rounds, for any number of
     files: `SYNC_ROUNDS`, what bench.sync_floor counts."""
-    from drivers.rollout_files import SYNC_ROUNDS
+    from drivers.binder import SYNC_ROUNDS
 
     src = tmp_path / "src" / "tutti-agent-home"
     put(src, PARENT, rollout_bytes(PARENT, 8))
@@ -118,7 +118,7 @@ def test_referenced_child_binds_in_two_rounds_every_name_after_every_byte(
 def test_a_grandchild_in_three_directories_still_binds_in_two_rounds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from drivers.rollout_files import SYNC_ROUNDS
+    from drivers.binder import SYNC_ROUNDS
 
     src = tmp_path / "src" / "tutti-agent-home"
     grand = "01a228cc-0000-7000-8000-000000000001"
@@ -178,7 +178,7 @@ def test_each_path_component_is_checked_for_links_once_per_write_step(
     only the components under it (the plan, then again right before the write) — not every
     component from the root five times over. A link anywhere is still refused
     (test_rollout_binder's symlink tests)."""
-    import drivers.rollout_files as rollout_files
+    import drivers.binder as binder_module
 
     src = tmp_path / "src" / "tutti-agent-home"
     put(src, CHILD, rollout_bytes(CHILD, 5))
@@ -191,7 +191,7 @@ def test_each_path_component_is_checked_for_links_once_per_write_step(
         seen.append(os.fspath(path))  # type: ignore[arg-type]
         return real(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(rollout_files.os, "lstat", lstat)
+    monkeypatch.setattr(binder_module.os, "lstat", lstat)
     RolloutBinder().bind(src, dst, CHILD)
     for ancestor in [*tmp_path.parents[:-1], tmp_path]:  # "/" is never looked at
         assert seen.count(str(ancestor)) == 2, ancestor  # once per home
@@ -202,7 +202,7 @@ def test_each_path_component_is_checked_for_links_once_per_write_step(
 def test_dirs_ahead_makes_each_created_directory_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from drivers.rollout_files import DirsAhead
+    from drivers.binder import DirsAhead
 
     path = tmp_path / "home" / "sessions" / "2026" / "11"
     with counting_fsyncs(monkeypatch) as log:
@@ -217,7 +217,7 @@ def test_dirs_ahead_that_fails_part_way_still_makes_what_it_created_durable(
 ) -> None:
     """A failure in the background (here the second mkdir) leaves the first directory
     created; `ready()` fsyncs its parent itself before the caller writes anything."""
-    from drivers.rollout_files import DirsAhead
+    from drivers.binder import DirsAhead
 
     real_mkdir = os.mkdir
     made: list[str] = []
@@ -237,7 +237,7 @@ def test_dirs_ahead_that_fails_part_way_still_makes_what_it_created_durable(
 
 
 def test_dirs_ahead_creates_nothing_through_a_symlink(tmp_path: Path) -> None:
-    from drivers.rollout_files import DirsAhead
+    from drivers.binder import DirsAhead
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -292,7 +292,7 @@ def test_dirs_ahead_fsyncs_every_created_parent_in_one_round(
     runtimes directory) is made durable in one round of five syncs, each parent once — not
     five journal commits or cache flushes one after another while the provider's answer
     waits."""
-    from drivers.rollout_files import DirsAhead
+    from drivers.binder import DirsAhead
 
     widths = _rounds(monkeypatch)
     path = tmp_path / "home" / "sessions" / "2026" / "12" / "02"

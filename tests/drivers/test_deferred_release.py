@@ -11,7 +11,7 @@ import weakref
 import pytest
 from drv_helpers import wait_until
 
-from drivers.deferred_release import SLICE, drain, release_later
+from drivers.app_server.fork import SLICE, drain, release_later
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -18,18 +18,13 @@ from test_tutti_driver import fork_request, open_session
 
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
+from drivers.app_server.fork import ReaderNotApplicable
 from drivers.app_server.process import AppServerProcess, private_env
-from drivers.binder import RolloutBinder
+from drivers.binder import RolloutBinder, iter_rollouts
+from drivers.codex.lineage import codex_turns, prove_codex_child, read_rollout_lineage
 from drivers.failpoints import Failpoints
-from drivers.readability import (
-    ReaderNotApplicable,
-    codex_turns,
-    prove_codex_child,
-    prove_tutti_child,
-    read_rollout_lineage,
-)
-from drivers.rollout_files import iter_rollouts
 from drivers.tutti_agent import create_driver as tutti_agent_driver
+from drivers.tutti_agent import prove_tutti_child
 
 PROXY = str(Path(__file__).with_name("tamper_proxy.py"))
 Make = Callable[..., AppServerDriver]
@@ -261,16 +256,16 @@ def test_a_fork_is_accepted_only_once_the_bound_names_are_durable(
     binder failure after the provider call, though the child was proven readable."""
     import threading
 
-    import drivers.rollout_files as rollout_files
+    import drivers.binder as binder_module
 
-    real = rollout_files.fsync_dir
+    real = binder_module.fsync_dir
 
     def fsync_dir(path: Path | str) -> None:
         if threading.current_thread().name.startswith("names-sync"):
             raise OSError(5, "injected: the names' directory sync failed", str(path))
         real(path)
 
-    monkeypatch.setattr(rollout_files, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(binder_module, "fsync_dir", fsync_dir)
     driver = make_driver()
     home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
     result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "t"))

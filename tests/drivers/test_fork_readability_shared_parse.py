@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 import tutti_agent
-from drivers.binder import BindReceipt, RolloutBinder
-from drivers.readability import prove_tutti_child
-from drivers.rollout_files import iter_rollouts
+from drivers.binder import BindReceipt, RolloutBinder, iter_rollouts
+from drivers.tutti_agent import prove_tutti_child
 from tests.tutti_agent.items import explicit_turn
 from tests.tutti_agent.storeutil import write_root
 from tutti_agent.fork import ForkOptions, ForkService, ThroughTurn

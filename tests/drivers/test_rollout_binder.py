@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from drivers.binder import BindAction, RolloutBinder
+from drivers.binder import BindAction, BinderError, BindFailure, RolloutBinder, iter_rollouts
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from drivers.rollout_files import BinderError, BindFailure, iter_rollouts
 
 CHILD = "01a228cc-0615-7000-9287-053cd6fa8a8d"
 PARENT = "01a228cc-0375-7000-bfc2-d5c618808a77"
@@ -345,7 +344,7 @@ def test_a_line_with_whitespace_around_its_one_object_is_valid() -> None:
     """The validator's fast path scans each line's value where it starts; a line with
     spaces around its object still validates (as `json.loads` of the line would), and the
     records are what a per-line `json.loads` returns."""
-    from drivers.rollout_files import parse_rollout
+    from drivers.binder import parse_rollout
 
     data = rollout_bytes(CHILD, 4)
     lines = data.rstrip(b"\n").split(b"\n")

@@ -21,9 +21,8 @@ from domain.worker_messages import ForkRequest, ForkResult
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerProcess, private_env
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
-from drivers.binder import RolloutBinder
+from drivers.binder import RolloutBinder, iter_rollouts
 from drivers.failpoints import Failpoints
-from drivers.rollout_files import iter_rollouts
 from drivers.tutti_agent import create_driver as tutti_agent_driver
 
 Make = Callable[..., AppServerDriver]

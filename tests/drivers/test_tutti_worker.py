@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed
 
-from domain.worker_messages import turn_event_from_wire
+from domain.turn_events import turn_event_from_wire
+from drivers.binder import iter_rollouts
 from drivers.errors import WorkerLost
-from drivers.rollout_files import iter_rollouts
 from drivers.supervisor import WorkerSupervisor
 
 P = "tutti-agent"

@@ -1,4 +1,4 @@
-"""The worker's request lanes (`drivers.worker_lanes`): the link thread hands a request over
+"""The worker's request lanes (`drivers.worker.RequestLane`): the link thread hands a request over
 with one put that never starts a thread; a lane runs up to its size at once, queues the rest,
 and survives a handler that raises."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from drivers.worker_lanes import RequestLane
+from drivers.worker import RequestLane
 
 pytestmark = pytest.mark.timeout(60)
 

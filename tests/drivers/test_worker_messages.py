@@ -14,6 +14,7 @@ from drv_helpers import EventLog, completed
 from test_tutti_driver import Make, make_driver, open_session  # noqa: F401 - fixture
 
 import drivers.base
+from domain import turn_events as te
 from domain import worker_messages as wm
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
 
@@ -38,15 +39,15 @@ def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
     log.wait_for(completed("Q"))
     seen = set()
     for _, event in log.events:
-        typed = wm.turn_event_from_wire(event)
+        typed = te.turn_event_from_wire(event)
         assert _bytes(typed.to_wire()) == _bytes(event), event
         seen.add(type(typed))
     assert {
-        wm.TurnStarted,
-        wm.TurnItem,
-        wm.TurnBindingMoved,
-        wm.TurnCompleted,
-        wm.InteractionRequested,
+        te.TurnStarted,
+        te.TurnItem,
+        te.TurnBindingMoved,
+        te.TurnCompleted,
+        te.InteractionRequested,
     } <= seen
 
 
@@ -57,7 +58,7 @@ class _RawLog(EventLog):
         super().__init__()
         self.raw: list[object] = []
 
-    def __call__(self, sid: str, event: wm.TurnEvent) -> None:
+    def __call__(self, sid: str, event: te.TurnEvent) -> None:
         self.raw.append(event)
         super().__call__(sid, event)
 
@@ -74,17 +75,17 @@ def test_a_driver_emits_typed_turn_events_never_maps(
     open_session(driver, log, tmp_path, texts=("hello there", "/tool grep needle"))
     assert log.raw
     kinds = (
-        wm.TurnStarted,
-        wm.TurnItem,
-        wm.InteractionRequested,
-        wm.TurnBindingMoved,
-        wm.TurnCompleted,
-        wm.MessageDelta,
-        wm.TurnActivity,  # a tool the model started: it has answered
+        te.TurnStarted,
+        te.TurnItem,
+        te.InteractionRequested,
+        te.TurnBindingMoved,
+        te.TurnCompleted,
+        te.MessageDelta,
+        te.TurnActivity,  # a tool the model started: it has answered
     )
     for event in log.raw:
         assert isinstance(event, kinds), event
-        assert wm.turn_event_from_wire(event.to_wire()) == event
+        assert te.turn_event_from_wire(event.to_wire()) == event
 
 
 def _request() -> wm.ForkRequest:
@@ -192,7 +193,7 @@ def test_the_typed_fork_call_through_a_real_worker_answers_a_fork_result(tmp_pat
 
 def test_an_unknown_event_type_is_malformed() -> None:
     with pytest.raises(wm.MalformedMessage):
-        wm.turn_event_from_wire({"type": "turn.exploded", "turnId": "t"})
+        te.turn_event_from_wire({"type": "turn.exploded", "turnId": "t"})
 
 
 def _resolve_request() -> wm.ResolveRequest:

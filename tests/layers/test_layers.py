@@ -130,8 +130,6 @@ def test_the_accept_shims_reexecution_loads_no_more_than_it_needs() -> None:
         "domain.home_layout",
         "domain.providers",
         "domain.worker_messages",
-        "domain.fork_messages",
-        "domain.resolve_messages",
         "domain.turn_events",
     ],
 )

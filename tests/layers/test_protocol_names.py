@@ -4,7 +4,7 @@ change to one file and a reader finds every caller by its constant.
 
 The host↔worker pipe is a different, internal wire whose method names partly coincide with
 the public ones (`turn.interrupt`, `interaction.respond`, `debug.failpoints`): its two ends,
-the worker process (drivers/) and the host's typed worker calls (domain/worker_calls.py),
+the worker process (drivers/) and the host's typed worker messages (domain/worker_messages.py),
 are left out.
 """
 
@@ -29,7 +29,7 @@ PRODUCTION = (
     "model_fakes",
     "drivers",
 )
-INTERNAL_WIRE = ("drivers/", "domain/worker_calls.py")
+INTERNAL_WIRE = ("drivers/", "domain/worker_messages.py")
 NAMES = set(METHODS) | set(EVENT_TYPES)
 
 

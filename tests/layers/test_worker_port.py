@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 from actors.ports import WorkerPort
 from agenthost.workers import SupervisorPort
-from domain import worker_calls, worker_messages
+from domain import worker_messages
 
 # worker method → the port's method for it
 CALLS = {
@@ -40,7 +40,7 @@ def test_the_port_has_one_typed_method_per_worker_call_and_no_generic_request() 
     methods = _methods(WorkerPort)
     assert set(methods) == set(CALLS.values()), sorted(methods)
     assert "request" not in methods
-    namespace = {**vars(worker_calls), **vars(worker_messages), "Future": Future}
+    namespace = {**vars(worker_messages), "Future": Future}
     for name, fn in methods.items():
         hints = typing.get_type_hints(fn, globalns=namespace)
         params = list(inspect.signature(fn).parameters)
@@ -59,10 +59,12 @@ def test_the_port_has_one_typed_method_per_worker_call_and_no_generic_request() 
 def test_every_request_type_names_the_worker_method_its_port_method_sends() -> None:
     sent = {
         getattr(t, "METHOD", None)
-        for t in vars(worker_calls).values()
+        for t in vars(worker_messages).values()
         if isinstance(t, type) and hasattr(t, "METHOD")
     }
     assert sent == {
+        "fork",
+        "fork.adopt",
         "runtime.attest",
         "session.start",
         "session.stop",

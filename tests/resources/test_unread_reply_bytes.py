@@ -5,7 +5,7 @@ Were ZeroMQ to queue 32 replies per connection whatever their size, and a `sessi
 carry every listed Session whole, 20 `session.list` of 200 Sessions with ~1 MB settings each
 would take the daemon from about 426 MB to 5 GB. A page ends at ~1 MiB (`nextCursor` continues),
 and of large replies ZeroMQ holds at most 8 MiB per connection not yet written to its socket
-(`transport.replies`); further replies wait in the 16 MiB backlog or are dropped.
+(`transport.server`); further replies wait in the 16 MiB backlog or are dropped.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from domain.worker_messages import TurnEvent
+from domain.turn_events import TurnEvent
 
 
 class EventLog:

@@ -9,7 +9,7 @@ from typing import Any
 
 import zmq
 
-from transport.events import EventSockets
+from transport.server import EventSockets
 
 
 class _Counting:

@@ -14,11 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from drivers.readability import LineageBroken, read_rollout_lineage
-from drivers.rollout_files import parse_rollout
+from drivers.binder import parse_rollout
+from drivers.codex.lineage import LineageBroken, read_rollout_lineage
 from tutti_agent.errors import RolloutCorrupt
-from tutti_agent.json_lines import REFUSED, fast_loads, orjson_agrees
-from tutti_agent.rollout import read_rollout
+from tutti_agent.rollout import REFUSED, fast_loads, orjson_agrees, read_rollout
 
 pytestmark = pytest.mark.timeout(120)
 

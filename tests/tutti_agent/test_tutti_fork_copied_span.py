@@ -16,9 +16,8 @@ import pytest
 from tests.tutti_agent.items import explicit_turn, task_started, user_msg
 from tests.tutti_agent.storeutil import write_root
 from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, Latest, ThroughTurn
-from tutti_agent.gc_pause import FREEZE_AFTER, gc_paused
 from tutti_agent.history import build_turns
-from tutti_agent.rollout import LineType, read_rollout
+from tutti_agent.rollout import FREEZE_AFTER, LineType, gc_paused, read_rollout
 from tutti_agent.store import ThreadStore
 
 pytestmark = pytest.mark.timeout(60)
