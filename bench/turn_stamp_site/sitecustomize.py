@@ -25,7 +25,12 @@ if _DIR:
 
     _rec: list[tuple[str, float]] = []
     _clock = time.perf_counter
-    _NOTIFICATIONS = ("turn/completed", "item/completed", "turn/started")
+    _NOTIFICATIONS = (
+        "turn/completed",
+        "item/completed",
+        "turn/started",
+        "item/agentMessage/delta",
+    )
 
     def _event_type(args: tuple[Any, ...]) -> str | None:
         for arg in args:
@@ -51,13 +56,24 @@ if _DIR:
             "d.cap.end",
             lambda a: str(a[3]),
         ),
-        ("agenthost.workers", "SupervisorPort", "start_turn", "d.start_turn", "", None),
+        ("actors.session_turns", "TurnRunner", "_read_for_start", "d.read", "d.read.end", None),
+        ("actors.session_turns", "TurnRunner", "_early_before", "d.early", "d.early.end", None),
+        ("storage.base", "Database", "_end_group", "d.commit", "d.commit.end", None),
+        (
+            "agenthost.workers",
+            "SupervisorPort",
+            "start_turn",
+            "d.start_turn",
+            "d.start_turn.end",
+            None,
+        ),
         ("actors.session_turns", "TurnRunner", "_turn_started", "d.started", "", None),
         ("agenthost.daemon", "Daemon", "_on_worker_event", "d.ev", "", _event_type),
         ("actors.session_turns", "TurnRunner", "settle", "d.settle", "", None),
         ("actors.turn_writes", "TurnWrites", "_drain_batch", "d.batch", "d.batch.end", None),
         ("agenthost.publisher", "EventPublisher", "_publish", "d.pub", "d.pub.end", None),
         ("transport.server", "ApiServer", "publish_many", "d.pubmany", "", None),
+        ("drivers.worker", "WorkerServer", "_start_turn", "w.server", "", None),
         (
             "drivers.app_server.driver",
             "AppServerDriver",
@@ -74,6 +90,18 @@ if _DIR:
             "",
             lambda a: str(a[1]) if a[1] in _NOTIFICATIONS else None,
         ),
+        # the app-server (tutti-agent): its `turn/start`, the turn's thread, each rollout append
+        (
+            "tutti_agent.server",
+            "AppServer",
+            "_dispatch",
+            "a.dispatch",
+            "a.dispatch.end",
+            lambda a: str(a[1]) if a[1] == "turn/start" else None,
+        ),
+        ("tutti_agent.turns", "LiveThread", "_run_turn", "a.run", "", None),
+        ("tutti_agent.turns", "LiveThread", "append", "a.append", "a.append.end", None),
+        ("tutti_agent.model", "ModelClient", "_post_once", "a.post", "", None),
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str, suffix: Suffix) -> None:
