@@ -59,6 +59,19 @@ if _DIR:
         ("actors.session_turns", "TurnRunner", "_read_for_start", "d.read", "d.read.end", None),
         ("actors.session_turns", "TurnRunner", "_early_before", "d.early", "d.early.end", None),
         ("storage.base", "Database", "_end_group", "d.commit", "d.commit.end", None),
+        ("agenthost.api_base", "_Counted", "result", "d.reply", "d.reply.end", None),
+        ("transport.replies", "OneShotResponder", "result", "d.reply1", "d.reply1.end", None),
+        ("agenthost.activity", "LoggedResponder", "_line", "d.logline", "d.logline.end", None),
+        ("agenthost.projection", "", "turn", "d.project", "d.project.end", None),
+        ("actors.session_turns", "TurnRunner", "_capture_before", "d.capb", "d.capb.end", None),
+        (
+            "actors.session_runtime",
+            "SessionRuntime",
+            "warm_turn_runtime",
+            "d.warm",
+            "d.warm.end",
+            None,
+        ),
         (
             "agenthost.workers",
             "SupervisorPort",
@@ -123,6 +136,19 @@ if _DIR:
 
         setattr(owner, attr, stamped)
 
+    def _wrap_sample(cls: Any) -> None:
+        """Each timed Turn's deltas (either side): when the model emitted each (`M.emit`)
+        and when the bench's client had it (`c.delta`), the same clock as every stamp."""
+        init = cls.__init__
+
+        def stamped(self: Any, turn_ms: float, arrivals: Any, emitted: Any, **kw: Any) -> None:
+            for e, a in zip(emitted, arrivals, strict=False):
+                _rec.append(("M.emit", float(e)))
+                _rec.append(("c.delta", float(a)))
+            init(self, turn_ms, arrivals, emitted, **kw)
+
+        cls.__init__ = stamped
+
     def _dump() -> None:
         with open(os.path.join(str(_DIR), f"{os.getpid()}.tsv"), "w") as f:
             f.write("#" + " ".join(sys.argv[:3]) + "\n")
@@ -138,13 +164,15 @@ if _DIR:
         while True:
             for point in list(pending):
                 module = sys.modules.get(point[0])
-                if module is None or not hasattr(module, point[1]):
+                if module is None or (point[1] and not hasattr(module, point[1])):
                     continue
-                _wrap(getattr(module, point[1]), *point[2:])
+                _wrap(getattr(module, point[1]) if point[1] else module, *point[2:])
                 pending.remove(point)
             main = sys.modules.get("__main__")
             if not client and main is not None and hasattr(main, "host_turn"):
                 _wrap(main, "host_turn", "c.submit", "c.done", None)
+                if hasattr(main, "Sample"):
+                    _wrap_sample(main.Sample)
                 client = True
             ticks += 1
             if ticks % 10 == 0:
