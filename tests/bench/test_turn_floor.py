@@ -43,6 +43,11 @@ def test_the_cheapest_capture_of_an_aged_unchanged_folder_is_its_stat_check(
     # Each host sample kept its `before` ref and reserved its `after` lock, as a Turn's does.
     refs = tmp_path / "checkpoints"
     assert len(list(refs.rglob("before"))) == 3 and len(list(refs.rglob("after.lock"))) == 3
+    # The cheapest keeps its tree too (the law writes the ref before the settlement): one
+    # loose ref per sample, and one per listing.
+    (kept,) = refs.rglob("floor-cheapest")
+    names = sorted(p.name for p in kept.iterdir())
+    assert names == ["0", "1", "2", "git-0", "git-1", "git-2"]
 
 
 def test_a_folder_without_a_snapshot_costs_one_listing(
