@@ -33,10 +33,11 @@ Each part is timed here, on the same filesystem and the same kind of directory a
 Sessions work in (an empty folder, aged past the racy margin first, as `bench.turn_overhead`
 ages its Sessions' folder before its timed Turns): the COMMIT as `bench.sync_floor` times it;
 the stat check and a ref; one `git ls-files` run exactly as `workspace.shadow.ShadowStore`
-runs it (its isolated environment, its shadow index), and a ref; and the host's own `before` capture of the same
-folder as `actors.checkpoints.TurnCheckpoints` makes it (`ShadowStore.capture`, its ref kept
-and the `after` ref's lock reserved) — interleaved sample by sample, so the distances between
-them are what git and the capture code add to the cheapest.
+runs it (its isolated environment, its shadow index), and a ref; and the host's own `before`
+capture of the same folder as `actors.checkpoints.TurnCheckpoints` makes it
+(`ShadowStore.capture`, its ref kept and the `after` ref's lock reserved) — interleaved sample
+by sample, so the distances between them are what git and the capture code add to the
+cheapest.
 
     build/venv/bin/python -m bench.turn_floor [--cwd DIR] [--samples 100]
 """
