@@ -11,10 +11,16 @@ What the laws force onto a Turn's critical path:
   durable: one COMMIT of the store, WAL with `synchronous=FULL`, i.e. one `fdatasync`;
 - **the `before` checkpoint** (docs/design/workspace.md, "When checkpoints are taken"): the
   files as they were before the provider may write, recorded before `turn.start` reaches it.
-  The cheapest a capture can be is the one question every capture has to ask git, whatever
-  it reuses: `ls-files --modified --others` against the shadow index (nothing changed since
-  the previous capture: its tree is reused). Nothing orders it against the claim's COMMIT,
-  so the floor counts the longer of the two;
+  The cheapest a capture of an unchanged folder can be is what the host's capture does when
+  the folder has not changed since its last clean capture and is older than the racy margin
+  (a person's project folder is): the stat check of its snapshot (`ShadowStore._unchanged`:
+  one `lstat` per entry walked and the shadow index's checksum, no process; "What one capture
+  starts"), and its tree kept by a ref, which the law writes before the settlement that
+  records the tree ("Invariants"): one loose ref, its `.lock` created, written and renamed. A
+  folder without a snapshot (too big, or changed since) needs one `git ls-files --modified
+  --others` against the shadow index instead of the stat check: that is the cheapest capture
+  then, and is timed beside for comparison in every case. Nothing orders the capture against
+  the claim's COMMIT, so the floor counts the longer of the two;
 - **the `after` checkpoint**: a settled Turn is never seen, nor forked through, without its
   `after` record (same section), so the files as the Turn left them are captured before the
   settlement is written: one more cheapest capture;
@@ -24,11 +30,14 @@ What the laws force onto a Turn's critical path:
     floor = max(COMMIT p50, capture p50) + capture p50 + COMMIT p50
 
 Each part is timed here, on the same filesystem and the same kind of directory as the bench's
-Sessions work in: the COMMIT as `bench.sync_floor` times it, the capture as one `git ls-files`
-run exactly as `workspace.shadow.ShadowStore` runs it (its isolated environment, its shadow
-index, the tree captured once before). The host's own capture of the same unchanged folder
-(`ShadowStore.capture`: that `ls-files` plus what the shadow store does around it) is timed
-beside it, interleaved, so the distance between the two is what the capture code adds.
+Sessions work in (an empty folder, aged past the racy margin first, as `bench.turn_overhead`
+ages its Sessions' folder before its timed Turns): the COMMIT as `bench.sync_floor` times it;
+the stat check and a ref; one `git ls-files` run exactly as `workspace.shadow.ShadowStore`
+runs it (its isolated environment, its shadow index), and a ref; and the host's own `before`
+capture of the same folder as `actors.checkpoints.TurnCheckpoints` makes it
+(`ShadowStore.capture`, its ref kept and the `after` ref's lock reserved) — interleaved sample
+by sample, so the distances between them are what git and the capture code add to the
+cheapest.
 
     build/venv/bin/python -m bench.turn_floor [--cwd DIR] [--samples 100]
 """
@@ -53,42 +62,113 @@ COMMITS = 2
 provider, and between the provider's end and the client's `settled`."""
 
 
-def capture_latency(cwd: Path, root: Path, samples: int = SAMPLES) -> tuple[Latency, Latency]:
-    """The cheapest capture of `cwd` (one `ls-files` against its shadow index, after a first
-    capture made that index) and the host's own capture of it (`ShadowStore.capture`),
-    interleaved sample by sample so both see the same load."""
+@dataclass(frozen=True, slots=True)
+class Captures:
+    """One folder's captures, timed interleaved: the cheapest, git's listing, the host's."""
+
+    cheapest: Latency
+    git: Latency
+    """One `ls-files --modified --others` against the shadow index, and the ref kept."""
+    host: Latency
+    """The host's `before` capture: `ShadowStore.capture`, the ref kept, the `after` lock."""
+    kind: str
+    """What the cheapest is: "stat check" (the folder has a snapshot) or "ls-files"; either
+    with its ref kept (one loose ref written), as the law keeps every recorded tree."""
+
+
+def capture_latency(
+    cwd: Path, root: Path, samples: int = SAMPLES, *, racy_margin_ns: int | None = None
+) -> Captures:
+    """The captures of `cwd` (unchanged meanwhile) into a new shadow store under `root`, after a
+    first capture made its index and, when the folder allows one, its stat snapshot: the stat
+    check, one `ls-files`, and the host's own `before` capture, interleaved sample by sample so
+    all see the same load. The folder is aged past the racy margin first (`racy_margin_ns`:
+    another margin, for tests)."""
     from workspace.shadow import ShadowStore
 
     shadow = ShadowStore(root)
-    shadow.capture(cwd)  # the shadow repository and its index, as the previous Turn left them
+    if racy_margin_ns is not None:
+        shadow.racy_margin_ns = racy_margin_ns
+    _age(cwd, shadow.racy_margin_ns)
+    shadow.capture(cwd)  # the shadow repository, its index and snapshot, as a Turn leaves them
     git = shadow._git()
-    repo = shadow._repo(git, cwd)
+    real = os.path.realpath(cwd)
+    repo = shadow._repo(git, cwd, real)
+    index = repo / "index"
     env = shadow._env(repo, cwd)
+    kind = "stat check" if shadow._unchanged(repo, index) is not None else "ls-files"
     args = ["ls-files", "-z", "--modified", "--others", "--exclude-standard"]
-    floor: list[float] = []
+    check: list[float] = []
+    listing: list[float] = []
     host: list[float] = []
+    changed = f"{cwd} changed while its floor was measured"
+    tree = shadow.capture(cwd, real)
+    commit = getattr(tree, "commit", None)
+    if commit is None:
+        raise RuntimeError(f"{cwd} could not be captured: {tree}")
+    refs = repo / "refs" / "agenthost" / "floor-cheapest"
+    refs.mkdir(parents=True, exist_ok=True)
     for i in range(samples):
-        for kind in (0, 1) if i % 2 else (1, 0):
+        for part in (0, 1, 2) if i % 2 else (2, 1, 0):
             t0 = time.perf_counter()
-            if kind == 0:
+            if part == 0:
+                if kind == "stat check" and shadow._unchanged(repo, index) is None:
+                    raise RuntimeError(f"{changed}: its stat snapshot no longer holds")
+                if kind == "stat check":
+                    _write_ref(refs / f"{i}", commit)
+                    check.append(1000 * (time.perf_counter() - t0))
+            elif part == 1:
                 listed = git.run(args, env=env, cwd=cwd).stdout
                 if listed:
-                    raise RuntimeError(f"{cwd} changed while its floor was measured: {listed!r}")
-                floor.append(1000 * (time.perf_counter() - t0))
+                    raise RuntimeError(f"{changed}: {listed!r}")
+                _write_ref(refs / f"git-{i}", commit)
+                listing.append(1000 * (time.perf_counter() - t0))
             else:
-                shadow.capture(cwd)
+                turn = f"floor-{i}"
+                done = shadow.capture(cwd, real)
+                kept = getattr(done, "commit", None)
+                if kept is None:
+                    raise RuntimeError(f"{cwd} could not be captured: {done}")
+                shadow.keep(cwd, f"floor/{turn}/before", kept, real)
+                shadow.reserve(cwd, f"floor/{turn}/after", real)
                 host.append(1000 * (time.perf_counter() - t0))
-    return Latency.of(floor), Latency.of(host)
+    git_ms = Latency.of(listing)
+    cheapest = Latency.of(check) if kind == "stat check" else git_ms
+    return Captures(cheapest, git_ms, Latency.of(host), kind)
+
+
+def _write_ref(path: Path, commit: str) -> None:
+    """The least a kept checkpoint costs (docs/design/workspace.md: the ref is written before
+    the settlement that records the tree): one loose ref in git's `files` format, its `.lock`
+    created exclusively, written and renamed into place, in a directory that exists."""
+    lock = path.with_name(path.name + ".lock")
+    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    with os.fdopen(fd, "wb") as f:
+        f.write(commit.encode() + b"\n")
+    os.replace(lock, path)
+
+
+def _age(cwd: Path, margin_ns: int) -> None:
+    """Wait until `cwd` and its entries are older than the racy margin (a capture takes a
+    younger entry on its stat never, and asks git every time)."""
+    newest = max([cwd.stat().st_ctime_ns, *(p.lstat().st_ctime_ns for p in cwd.rglob("*"))])
+    wait = (newest + margin_ns - time.time_ns()) / 1e9
+    if wait > 0:
+        time.sleep(wait + 0.05)
 
 
 @dataclass(frozen=True, slots=True)
 class TurnFloor:
     commit: Latency
     capture: Latency
-    """The cheapest capture: one `ls-files`."""
+    """The cheapest capture: the stat check of a folder with a snapshot, else one `ls-files`;
+    its ref kept."""
     host_capture: Latency
-    """The host's own capture of the same unchanged folder, for comparison."""
+    """The host's own `before` capture of the same unchanged folder, for comparison."""
     commits: int = COMMITS
+    git_capture: Latency | None = None
+    """One `ls-files` of the same folder (what a capture asks git when it has no snapshot)."""
+    capture_kind: str = "ls-files"
 
     @property
     def start_ms(self) -> float:
@@ -109,12 +189,16 @@ class TurnFloor:
         return overhead_ms / self.floor_ms if self.floor_ms > 0 else float("nan")
 
     def line(self) -> str:
+        git = ""
+        if self.git_capture is not None and self.capture_kind != "ls-files":
+            git = f", one `ls-files` {self.git_capture.p50:.2f} ms"
         return (
             f"turn floor on this machine: max(claim COMMIT {self.commit.p50:.2f}, `before`"
             f" capture {self.capture.p50:.2f}) + `after` capture {self.capture.p50:.2f} +"
             f" settlement COMMIT {self.commit.p50:.2f} = {self.floor_ms:.1f} ms a Turn waits"
-            f" for beyond the bare provider's; the host's own capture of the same unchanged"
-            f" folder {self.host_capture.p50:.2f} ms (p50)"
+            f" for beyond the bare provider's (the cheapest capture: {self.capture_kind});"
+            f" the host's own capture of the same unchanged folder"
+            f" {self.host_capture.p50:.2f} ms{git} (p50)"
         )
 
     def to_json(self) -> dict[str, object]:
@@ -122,6 +206,8 @@ class TurnFloor:
             "commitMs": self.commit.brief(),
             "captureMs": self.capture.brief(),
             "hostCaptureMs": self.host_capture.brief(),
+            "captureKind": self.capture_kind,
+            **({"gitCaptureMs": self.git_capture.brief()} if self.git_capture else {}),
             "commits": self.commits,
             "startMs": round(self.start_ms, 3),
             "settleMs": round(self.settle_ms, 3),
@@ -132,7 +218,7 @@ class TurnFloor:
 def measure(cwd: Path | None = None, samples: int = SAMPLES) -> TurnFloor:
     """Time each part in a fresh directory beside `cwd` (or in a temporary one): a COMMIT of a
     new store, and the captures of `cwd` (default: a new empty folder, as the bench's Sessions
-    work in) into a new shadow store."""
+    work in, aged past the racy margin) into a new shadow store."""
     with tempfile.TemporaryDirectory(prefix="bench-turn-floor-") as tmp_text:
         tmp = Path(tmp_text)
         work = cwd
@@ -140,8 +226,8 @@ def measure(cwd: Path | None = None, samples: int = SAMPLES) -> TurnFloor:
             work = tmp / "work"
             work.mkdir()
         commit = commit_latency(tmp, samples=2 * samples)
-        capture, host_capture = capture_latency(work, tmp / "checkpoints", samples)
-    return TurnFloor(commit, capture, host_capture)
+        caps = capture_latency(work, tmp / "checkpoints", samples)
+    return TurnFloor(commit, caps.cheapest, caps.host, git_capture=caps.git, capture_kind=caps.kind)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

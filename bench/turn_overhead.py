@@ -517,7 +517,8 @@ def _floor_row(result: BenchResult, floors: Sequence[tuple[str, turn_floor.TurnF
         "36:turn-floor",
         floor.floor_ms,
         measured=f"bench.turn_floor after {name}'s Turns: {floor.commits} COMMITs ×"
-        f" {floor.commit.p50:.2f} ms, the cheapest capture {floor.capture.p50:.2f} ms (the"
+        f" {floor.commit.p50:.2f} ms, the cheapest capture ({floor.capture_kind})"
+        f" {floor.capture.p50:.2f} ms (the"
         " claim's COMMIT and the `before` capture overlap)",
         profile={"lines": [floor.line()]},
     )

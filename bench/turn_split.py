@@ -9,6 +9,11 @@ the timed host Turns of each stage's length, beside the bare provider's `before`
       PYTHONPATH=$PWD/bench/turn_stamp_site:$PWD build/venv/bin/python -m bench.turn_overhead \\
       --quick --json /tmp/stamps/bench.json
     build/venv/bin/python -m bench.turn_split /tmp/stamps [provider]
+
+One provider per folder (`AGENTHOST_BENCH_PROVIDERS` naming one). Beside the stages it prints
+tutti-agent's app-server's own start of a Turn under the host and bare (its own stamps: the
+launch is the same, what differs is what runs beside it), and where the host's deltas waited:
+the model's emission → the worker's driver has the delta → the client has it.
 """
 
 from __future__ import annotations
@@ -21,10 +26,17 @@ from pathlib import Path
 STAGES = (
     ("c.submit", "d.submit", "client → Session actor"),
     ("d.submit", "d.claim.end", "actor: the start's reads + the claim's COMMIT"),
+    ("d.read", "d.read.end", "  the start's reads (Session row, an unbound settled Turn?)"),
+    ("d.claim", "d.commit", "  the claim's statements"),
+    ("d.commit", "d.commit.end", "  the claim's COMMIT"),
     ("d.cap.before", "d.cap.end.before", "  beside it: the `before` capture"),
     ("d.claim.end", "d.start_turn", "claim durable → `turn.start` to the worker"),
+    ("d.reply", "d.reply.end", "  of which the submit's answer handed to the transport"),
     ("d.start_turn", "w.start_turn", "→ the worker's driver"),
     ("w.start_turn", "M.request", "driver → the model has the request (provider)"),
+    ("w.start_turn", "a.dispatch.turn/start", "  → the app-server has `turn/start`"),
+    ("a.dispatch.turn/start", "a.post", "  the app-server's own start (rollout appends, notices)"),
+    ("a.post", "M.request", "  its model client → the model has the request"),
     ("M.last", "w.n.item/completed#last", "the model's last delta → reply item at the worker"),
     ("w.n.item/completed#last", "w.n.turn/completed", "→ `turn/completed` at the worker"),
     ("w.n.turn/completed", "d.ev.turn.completed", "→ the daemon's sink"),
@@ -48,6 +60,110 @@ REPEATED = (
     "w.n.item/completed",
     "d.api",
 )
+
+
+def _app_servers(folder: Path) -> dict[str, list[tuple[float, str]]]:
+    """The stamps of each tutti-agent app-server process (none for Codex, which is not
+    Python), by pid."""
+    found: dict[str, list[tuple[float, str]]] = {}
+    for tsv in folder.glob("*.tsv"):
+        lines = tsv.read_text().splitlines()
+        if lines and "app-server" in lines[0]:
+            rows = [line.split("\t") for line in lines[1:] if line]
+            found[tsv.stem] = sorted((float(ms), point) for point, ms in rows)
+    return found
+
+
+def _own_start(stamps: list[tuple[float, str]], spans: list[tuple[float, float]]) -> list[float]:
+    """Per window: an app-server's `turn/start` dispatch → its model request (`a.post`)."""
+    out: list[float] = []
+    for s, e in spans:
+        t0 = next((t for t, p in stamps if s <= t <= e and p == "a.dispatch.turn/start"), None)
+        t1 = next((t for t, p in stamps if t0 is not None and t0 <= t <= e and p == "a.post"), None)
+        if t0 is not None and t1 is not None:
+            out.append(t1 - t0)
+    return out
+
+
+def _appends(stamps: list[tuple[float, str]], spans: list[tuple[float, float]]) -> list[float]:
+    """Each rollout append (written and fsynced) inside the windows, ms."""
+    out: list[float] = []
+    opened: float | None = None
+    for t, p in stamps:
+        if not any(s <= t <= e for s, e in spans):
+            continue
+        if p == "a.append":
+            opened = t
+        elif p == "a.append.end" and opened is not None:
+            out.append(t - opened)
+            opened = None
+    return out
+
+
+def compare_app_servers(folder: Path, starts: list[float], ends: list[float]) -> None:
+    """tutti-agent's own start of a Turn under the host (inside host Turns) and bare (between
+    them: each bare Turn follows a host Turn), from the app-servers' own stamps."""
+    servers = _app_servers(folder)
+    if not servers:
+        return
+    host_spans = list(zip(starts, ends, strict=True))
+    bare_spans = [(e, s) for e, s in zip(ends, [*starts[1:], ends[-1] + 10_000], strict=True)]
+    for label, spans in (("host", host_spans), ("bare", bare_spans)):
+        own: list[float] = []
+        appends: list[float] = []
+        for stamps in servers.values():
+            own += _own_start(stamps, spans)
+            appends += _appends(stamps, spans)
+        if own:
+            print(
+                f"  app-server under the {label}: `turn/start` → model request p50"
+                f" {statistics.median(own):.2f} ms ({len(own)} Turns); a rollout append p50"
+                f" {statistics.median(appends):.2f} ms ({len(appends)})"
+            )
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def delta_holds(stamps: list[tuple[float, str]], starts: list[float], ends: list[float]) -> None:
+    """Where the host's deltas waited: for each delta of the host Turns, the model's emission
+    → the worker's driver has it (the provider and the worker's reader) and → the client has
+    it (the worker's link, the daemon, the transport); beside it the bare Turns' emission →
+    client. The deltas late by more than 4 ms beyond the bare p50, and which leg held them."""
+    host: list[tuple[float, float]] = []
+    bare: list[float] = []
+    spans = list(zip(starts, ends, strict=True))
+    emits = [t for t, p in stamps if p == "M.emit"]
+    arrivals = [t for t, p in stamps if p == "c.delta"]
+    received = [t for t, p in stamps if p == "w.n.item/agentMessage/delta"]
+    for e, a in zip(emits, arrivals, strict=False):
+        if not starts[0] <= a <= ends[-1] + 1000:
+            continue  # another provider's run
+        if any(s <= a <= t for s, t in spans):
+            w = next((r for r in received if e <= r <= a), None)
+            if w is not None:
+                host.append((w - e, a - w))
+        else:
+            bare.append(a - e)
+    if not host or not bare:
+        return
+    base = statistics.median(bare)
+    late = [(up, down) for up, down in host if up + down - base > 4.0]
+    ups, downs = [u for u, _ in host], [d for _, d in host]
+    print(
+        f"  deltas: model → worker p50/p99/max {_q(ups, 0.5):.2f}/{_q(ups, 0.99):.2f}/"
+        f"{max(ups):.1f} ms; worker → client {_q(downs, 0.5):.2f}/{_q(downs, 0.99):.2f}/"
+        f"{max(downs):.1f}; bare model → client {_q(bare, 0.5):.2f}/{_q(bare, 0.99):.2f}/"
+        f"{max(bare):.1f} ({len(host)} host, {len(bare)} bare deltas)"
+    )
+    if late:
+        before = sum(1 for up, down in late if up - base >= down)
+        print(
+            f"  {len(late)} host deltas late by > 4 ms beyond the bare p50: {before} held mostly"
+            f" before the worker's driver had them, {len(late) - before} after it"
+        )
 
 
 def main() -> None:
@@ -86,6 +202,8 @@ def main() -> None:
             print(f"  {statistics.median(spans):7.2f}  {label}")
     bare_b, bare_a = fig["bareBeforeModel"]["p50"], fig["bareAfterModel"]["p50"]
     print(f"  bare: before the model {bare_b:.2f}, after it {bare_a:.2f} (p50)")
+    compare_app_servers(folder, starts, ends)
+    delta_holds(stamps, starts, ends)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,12 @@ if _DIR:
 
     _rec: list[tuple[str, float]] = []
     _clock = time.perf_counter
-    _NOTIFICATIONS = ("turn/completed", "item/completed", "turn/started")
+    _NOTIFICATIONS = (
+        "turn/completed",
+        "item/completed",
+        "turn/started",
+        "item/agentMessage/delta",
+    )
 
     def _event_type(args: tuple[Any, ...]) -> str | None:
         for arg in args:
@@ -51,13 +56,37 @@ if _DIR:
             "d.cap.end",
             lambda a: str(a[3]),
         ),
-        ("agenthost.workers", "SupervisorPort", "start_turn", "d.start_turn", "", None),
+        ("actors.session_turns", "TurnRunner", "_read_for_start", "d.read", "d.read.end", None),
+        ("actors.session_turns", "TurnRunner", "_early_before", "d.early", "d.early.end", None),
+        ("storage.base", "Database", "_end_group", "d.commit", "d.commit.end", None),
+        ("agenthost.api_base", "_Counted", "result", "d.reply", "d.reply.end", None),
+        ("transport.replies", "OneShotResponder", "result", "d.reply1", "d.reply1.end", None),
+        ("agenthost.activity", "LoggedResponder", "_line", "d.logline", "d.logline.end", None),
+        ("agenthost.projection", "", "turn", "d.project", "d.project.end", None),
+        ("actors.session_turns", "TurnRunner", "_capture_before", "d.capb", "d.capb.end", None),
+        (
+            "actors.session_runtime",
+            "SessionRuntime",
+            "warm_turn_runtime",
+            "d.warm",
+            "d.warm.end",
+            None,
+        ),
+        (
+            "agenthost.workers",
+            "SupervisorPort",
+            "start_turn",
+            "d.start_turn",
+            "d.start_turn.end",
+            None,
+        ),
         ("actors.session_turns", "TurnRunner", "_turn_started", "d.started", "", None),
         ("agenthost.daemon", "Daemon", "_on_worker_event", "d.ev", "", _event_type),
         ("actors.session_turns", "TurnRunner", "settle", "d.settle", "", None),
         ("actors.turn_writes", "TurnWrites", "_drain_batch", "d.batch", "d.batch.end", None),
         ("agenthost.publisher", "EventPublisher", "_publish", "d.pub", "d.pub.end", None),
         ("transport.server", "ApiServer", "publish_many", "d.pubmany", "", None),
+        ("drivers.worker", "WorkerServer", "_start_turn", "w.server", "", None),
         (
             "drivers.app_server.driver",
             "AppServerDriver",
@@ -74,6 +103,18 @@ if _DIR:
             "",
             lambda a: str(a[1]) if a[1] in _NOTIFICATIONS else None,
         ),
+        # the app-server (tutti-agent): its `turn/start`, the turn's thread, each rollout append
+        (
+            "tutti_agent.server",
+            "AppServer",
+            "_dispatch",
+            "a.dispatch",
+            "a.dispatch.end",
+            lambda a: str(a[1]) if a[1] == "turn/start" else None,
+        ),
+        ("tutti_agent.turns", "LiveThread", "_run_turn", "a.run", "", None),
+        ("tutti_agent.turns", "LiveThread", "append", "a.append", "a.append.end", None),
+        ("tutti_agent.model", "ModelClient", "_post_once", "a.post", "", None),
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str, suffix: Suffix) -> None:
@@ -95,6 +136,19 @@ if _DIR:
 
         setattr(owner, attr, stamped)
 
+    def _wrap_sample(cls: Any) -> None:
+        """Each timed Turn's deltas (either side): when the model emitted each (`M.emit`)
+        and when the bench's client had it (`c.delta`), the same clock as every stamp."""
+        init = cls.__init__
+
+        def stamped(self: Any, turn_ms: float, arrivals: Any, emitted: Any, **kw: Any) -> None:
+            for e, a in zip(emitted, arrivals, strict=False):
+                _rec.append(("M.emit", float(e)))
+                _rec.append(("c.delta", float(a)))
+            init(self, turn_ms, arrivals, emitted, **kw)
+
+        cls.__init__ = stamped
+
     def _dump() -> None:
         with open(os.path.join(str(_DIR), f"{os.getpid()}.tsv"), "w") as f:
             f.write("#" + " ".join(sys.argv[:3]) + "\n")
@@ -110,13 +164,15 @@ if _DIR:
         while True:
             for point in list(pending):
                 module = sys.modules.get(point[0])
-                if module is None or not hasattr(module, point[1]):
+                if module is None or (point[1] and not hasattr(module, point[1])):
                     continue
-                _wrap(getattr(module, point[1]), *point[2:])
+                _wrap(getattr(module, point[1]) if point[1] else module, *point[2:])
                 pending.remove(point)
             main = sys.modules.get("__main__")
             if not client and main is not None and hasattr(main, "host_turn"):
                 _wrap(main, "host_turn", "c.submit", "c.done", None)
+                if hasattr(main, "Sample"):
+                    _wrap_sample(main.Sample)
                 client = True
             ticks += 1
             if ticks % 10 == 0:

@@ -1,7 +1,8 @@
 """The turn floor `bench.turn_overhead` prints beside each provider's turn overhead: the claim's
 COMMIT overlaps the `before` capture (nothing orders them), the `after` capture and the
-settlement's COMMIT follow one another, and the cheapest capture is one `ls-files` run as the
-shadow store runs it, against the index a first capture left."""
+settlement's COMMIT follow one another, and the cheapest capture is what the host's capture of
+an unchanged folder does: the stat check of its snapshot, or one `ls-files` run as the shadow
+store runs it when the folder has none."""
 
 from __future__ import annotations
 
@@ -29,30 +30,58 @@ def test_the_floor_overlaps_the_claim_with_the_before_capture_and_adds_the_settl
     assert slow_disk.floor_ms == 4.0 + 3.0 + 4.0
 
 
-def test_the_cheapest_capture_is_one_listing_of_an_unchanged_folder(tmp_path: Path) -> None:
+def test_the_cheapest_capture_of_an_aged_unchanged_folder_is_its_stat_check(
+    tmp_path: Path,
+) -> None:
     work = tmp_path / "work"
     work.mkdir()
     (work / "a.txt").write_text("a\n")
-    floor, host = capture_latency(work, tmp_path / "checkpoints", samples=3)
-    assert floor.n == 3 and host.n == 3
-    assert floor.p50 > 0 and host.p50 > 0
+    caps = capture_latency(work, tmp_path / "checkpoints", samples=3, racy_margin_ns=10**8)
+    assert caps.kind == "stat check"
+    assert caps.cheapest.n == 3 and caps.git.n == 3 and caps.host.n == 3
+    assert caps.cheapest.p50 > 0 and caps.git.p50 > 0 and caps.host.p50 > 0
+    # Each host sample kept its `before` ref and reserved its `after` lock, as a Turn's does.
+    refs = tmp_path / "checkpoints"
+    assert len(list(refs.rglob("before"))) == 3 and len(list(refs.rglob("after.lock"))) == 3
+    # The cheapest keeps its tree too (the law writes the ref before the settlement): one
+    # loose ref per sample, and one per listing.
+    (kept,) = refs.rglob("floor-cheapest")
+    names = sorted(p.name for p in kept.iterdir())
+    assert names == ["0", "1", "2", "git-0", "git-1", "git-2"]
+
+
+def test_a_folder_without_a_snapshot_costs_one_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too many entries for a stat snapshot: every capture asks git, the cheapest too."""
+    from workspace import shadow
+
+    monkeypatch.setattr(shadow, "STAT_WALK_LIMIT", 2)
+    work = tmp_path / "work"
+    work.mkdir()
+    for i in range(3):
+        (work / f"f{i}.txt").write_text(f"{i}\n")
+    caps = capture_latency(work, tmp_path / "checkpoints", samples=2, racy_margin_ns=10**8)
+    assert caps.kind == "ls-files"
+    assert caps.cheapest is caps.git
 
 
 def test_a_folder_that_changes_while_measured_is_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A listing that is not empty is not the cheapest capture: the figure would be wrong."""
+    """A listing that is not empty, or a snapshot that no longer holds, is not the cheapest
+    capture: the figure would be wrong."""
     from workspace.shadow import ShadowStore
 
     work = tmp_path / "work"
     work.mkdir()
     real = ShadowStore.capture
 
-    def capture_then_write(self: ShadowStore, cwd: Path) -> object:
-        done = real(self, cwd)
+    def capture_then_write(self: ShadowStore, cwd: Path, resolved: str | None = None) -> object:
+        done = real(self, cwd, resolved)
         (cwd / f"new-{len(list(cwd.iterdir()))}").write_text("x")  # someone writes after it
         return done
 
     monkeypatch.setattr(ShadowStore, "capture", capture_then_write)
     with pytest.raises(RuntimeError, match="changed while its floor was measured"):
-        capture_latency(work, tmp_path / "checkpoints", samples=2)
+        capture_latency(work, tmp_path / "checkpoints", samples=2, racy_margin_ns=10**8)
