@@ -93,6 +93,14 @@ def timed_model(base: type[FakeModelServer[Any]], delta_event: str) -> Any:
             server = self
 
             class Handler(handler):  # type: ignore[valid-type,misc]
+                # Each event leaves when written, as a streaming API sends it. With Nagle's
+                # algorithm on (`StreamRequestHandler`'s default) a small write waits in the
+                # kernel while the previous one is unacknowledged, and the provider's delayed
+                # ACK goes out only once it has read: a provider slow to be scheduled held
+                # the model's next deltas back and got them in one segment, a "batch" made
+                # by the fake model's socket, not by the host.
+                disable_nagle_algorithm = True
+
                 def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
                     stamps: list[float] = []
                     with server._stamps_lock:

@@ -103,6 +103,19 @@ if _DIR:
             "",
             lambda a: str(a[1]) if a[1] in _NOTIFICATIONS else None,
         ),
+        # Claude Code: each streamed text delta as the worker's driver has it from the SDK
+        (
+            "drivers.claude.events",
+            "ClaudeEvents",
+            "_on_stream_event",
+            "w.n",
+            "",
+            lambda a: (
+                "item/agentMessage/delta"
+                if isinstance(a[2], dict) and a[2].get("type") == "content_block_delta"
+                else None
+            ),
+        ),
         # the app-server (tutti-agent): its `turn/start`, the turn's thread, each rollout append
         (
             "tutti_agent.server",

@@ -361,6 +361,20 @@ def test_turn_overhead_figures_compare_each_delta_with_the_models_emission() -> 
     assert f["batchingMs"] == 12.0
 
 
+def test_the_timed_model_sends_each_event_when_written() -> None:
+    """The model's emission is stamped when its write returns: with Nagle's algorithm on, a
+    small write could still wait in the kernel for the provider's ACK of the previous one, and
+    the lag would count the fake model's socket as the host's hold."""
+    from bench.turn_overhead import timed_model
+    from model_fakes.responses import ResponsesServer
+
+    server = timed_model(ResponsesServer, "response.output_text.delta")
+    try:
+        assert server.handler_class().disable_nagle_algorithm is True
+    finally:
+        server.close()
+
+
 @pytest.mark.timeout(180)
 def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: Path) -> None:
     """`bench.months --smoke`: the store is generated into the cache once (a second use finds
