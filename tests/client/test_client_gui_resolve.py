@@ -152,12 +152,14 @@ def test_unknown_fork_is_marked_on_its_turn_inspected_adoptable_and_adopted(
         await press(app, pilot, ADOPT_ID)
         # Adopted: the dialog closes, the child opens, the mark is gone, the ACK observed.
         await wait(pilot, lambda: not isinstance(app.screen, ResolveScreen))
-        child = str(record.target_session_id)
-        await wait(pilot, lambda: app.current == child)
+        # The toast first: it is shown for a few seconds only, and a loaded host can take that
+        # long to open the child.
         await wait(
             pilot,
             lambda: any(t.startswith("adopted: the fork through Turn 1") for t in toasts(app)),
         )
+        child = str(record.target_session_id)
+        await wait(pilot, lambda: app.current == child)
         await wait(
             pilot,
             lambda: getattr(app.engine.mutation(sid, turns[0]), "ack", None) is AckState.OBSERVED,

@@ -47,6 +47,7 @@ def ask(client, text):
 old = ctx.socket(zmq.DEALER)
 old.setsockopt(zmq.LINGER, 0)
 old.connect(endpoint)
+assert ask(old, "hello") == "HELLO"  # connected through the first listener before its file goes
 rounds = []
 for i in range(int(sys.argv[2])):
     os.unlink(f"{run}/api.sock")
