@@ -199,7 +199,15 @@ def _drain_events(endpoint: str) -> None:
     threading.Thread(target=drain, name="events", daemon=True).start()
 
 
-_COUNTED = ("events.batch", "events.project", "events.handover", "pool.submit")
+_COUNTED = (
+    "events.batch",
+    "events.project",
+    "events.handover",
+    "pool.submit",
+    "actor.session_read",
+    "prepare.session_read",
+    "snapshot.history_link",
+)
 """Stamps counted per fork: the events thread's wake-ups with work, its projections, its
 hand-overs to the transport loop, and the actor pool's scheduled slices."""
 
