@@ -206,10 +206,12 @@ _COUNTED = (
     "pool.submit",
     "actor.session_read",
     "prepare.session_read",
-    "snapshot.history_link",
+    "history_link",
 )
 """Stamps counted per fork: the events thread's wake-ups with work, its projections, its
-hand-overs to the transport loop, and the actor pool's scheduled slices."""
+hand-overs to the transport loop, the actor pool's scheduled slices, the Session row reads (the
+actor's `cached_session`, prepare's) and the history link reads (storage/history_links.py's and
+storage/fork_snapshot.py's)."""
 
 
 def _anatomy(ops: list[tuple[float, float]], stamps: list[tuple[str, float]]) -> dict[str, Any]:

@@ -61,7 +61,8 @@ if _SERVE and _STAMPS:
         ("actors.pool", "ActorPool", "submit", "pool.submit", ""),
         ("actors.session_base", "SessionCore", "session", "actor.session_read", ""),
         ("storage.fork_prepare", "", "require_session", "prepare.session_read", ""),
-        ("storage.fork_snapshot", "", "history_link", "snapshot.history_link", ""),
+        ("storage.fork_snapshot", "", "history_link", "history_link", ""),
+        ("storage.history_links", "", "history_link", "history_link", ""),
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str) -> None:
