@@ -162,6 +162,9 @@ def run(turns: int, forks: int) -> None:
             for name in STEPS:
                 p50 = statistics.median(cpu[name][WARM:])
                 print(f"  {name:12s} {p50:6.3f} ms  {statements[name] / counted:5.1f} statements")
+            whole = [sum(cpu[name][i] for name in STEPS) for i in range(WARM, forks)]
+            total = statistics.median(whole)
+            print(f"  {'total':12s} {total:6.3f} ms (p50 of each fork's five steps)")
             print("each SELECT of the last fork, CPU µs per execution (bound / as literals):")
             for name, sql, bindings in last:
                 text = sql.strip()
