@@ -199,9 +199,19 @@ def _drain_events(endpoint: str) -> None:
     threading.Thread(target=drain, name="events", daemon=True).start()
 
 
-_COUNTED = ("events.batch", "events.project", "events.handover", "pool.submit")
+_COUNTED = (
+    "events.batch",
+    "events.project",
+    "events.handover",
+    "pool.submit",
+    "actor.session_read",
+    "prepare.session_read",
+    "history_link",
+)
 """Stamps counted per fork: the events thread's wake-ups with work, its projections, its
-hand-overs to the transport loop, and the actor pool's scheduled slices."""
+hand-overs to the transport loop, the actor pool's scheduled slices, the Session row reads (the
+actor's `cached_session`, prepare's) and the history link reads (storage/history_links.py's and
+storage/fork_snapshot.py's)."""
 
 
 def _anatomy(ops: list[tuple[float, float]], stamps: list[tuple[str, float]]) -> dict[str, Any]:

@@ -26,6 +26,8 @@ OP_COLUMNS = (
     " accepted_at_ms, completed_at_ms, client_observed_at_ms, target_title,"
     " target_turn_bindings, op_seq, workspace_mode, workspace_json, workspace_state"
 )
+OP_SEQ = 28
+"""The index of `op_seq` in a row of `OP_COLUMNS`."""
 # Generated from the state machine (domain.fork_states): the active set, and the barrier of
 # seed 000 §6.1 (active, unknown, or committed but not yet observed by a client).
 ACTIVE_OPS_SQL = ACTIVE_SQL

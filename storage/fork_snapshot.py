@@ -198,6 +198,18 @@ _TURNS_FINALS_SQL = (
 )
 
 
+_ANY_INTERACTION_SQL = (
+    "SELECT 1 FROM interactions WHERE workspace_id = ? AND session_id = ? LIMIT 1"
+)
+_INTERACTIONS_SQL = (
+    "SELECT i.interaction_id, i.request_id, i.turn_id, i.kind, i.status, i.input_json,"
+    " i.output_json FROM interactions i JOIN turns t ON t.workspace_id = i.workspace_id"
+    " AND t.session_id = i.session_id AND t.turn_id = i.turn_id"
+    " WHERE i.workspace_id = ? AND i.session_id = ? AND t.sequence <= ?"
+    " ORDER BY t.sequence, i.created_at_ms, i.rowid"
+)
+
+
 def load_boundary(
     conn: apsw.Connection, ws: str, sid: str, turn_id: str, *, messages: bool = True
 ) -> Boundary:
@@ -254,15 +266,13 @@ def load_boundary(
         _read_messages(conn, ws, sid, through, by_id)
     else:
         history = scan_history(conn, ws, sid, through)
-        _place_finals(conn, ws, sid, through, turn_rows, by_id)
-    for r in conn.execute(
-        "SELECT i.interaction_id, i.request_id, i.turn_id, i.kind, i.status, i.input_json,"
-        " i.output_json FROM interactions i JOIN turns t ON t.workspace_id = i.workspace_id"
-        " AND t.session_id = i.session_id AND t.turn_id = i.turn_id"
-        " WHERE i.workspace_id = ? AND i.session_id = ? AND t.sequence <= ?"
-        " ORDER BY t.sequence, i.created_at_ms, i.rowid",
-        (ws, sid, through),
-    ):
+        _place_finals(conn, ws, sid, turn_rows, by_id, linked=history.linked)
+    # Most Sessions have no Interaction at all: one index probe says so (~4 µs) before the join
+    # through every boundary Turn, which SQLite recompiles at each execution (~20 µs).
+    interactions: Iterable[Row] = ()
+    if conn.execute(_ANY_INTERACTION_SQL, (ws, sid)).fetchone() is not None:
+        interactions = conn.execute(_INTERACTIONS_SQL, (ws, sid, through))
+    for r in interactions:
         by_id[r[2]]["interactions"].append(
             {
                 "interaction_id": r[0],
@@ -285,15 +295,16 @@ def _place_finals(
     conn: apsw.Connection,
     ws: str,
     sid: str,
-    through: int,
     turn_rows: list[Row],
     by_id: dict[str, dict[str, Any]],
+    *,
+    linked: bool,
 ) -> None:
     """Each boundary Turn's `final_assistant_position`: the position of its final assistant
     Message, when that Message's own Turn is in the boundary. `turn_rows` (`_TURNS_FINALS_SQL`)
     carry the Session's own row of it; a linked child's Message not among its own rows is the
-    source's (`linked_message`)."""
-    linked = history_link(conn, ws, sid) is not None
+    source's (`linked_message`); `linked`: the Session has a history link (read once, by
+    `scan_history`)."""
     for r in turn_rows:
         final_id, position, message_owner = r[7], r[11], r[12]
         if final_id is None:

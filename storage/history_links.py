@@ -421,6 +421,9 @@ class HistoryScan:
     payloads: tuple[tuple[str, int, Any], ...]
     top: int = 0
     """The boundary's highest position (0 for none): the history link's bound."""
+    linked: bool = False
+    """Whether the Session is a linked fork child (it has a history link): read once here, for
+    the rest of the prepare (`_place_finals`, `BoundaryMessageIds`)."""
 
 
 def history_digest(conn: apsw.Connection, ws: str, sid: str, through: int) -> tuple[int, str]:
@@ -467,7 +470,8 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
     attachment; a payload with a repeated key is refused), in position order, reading only the
     Messages they concern; then the count and digest frozen for the commit."""
     payloads: list[tuple[str, int, Any]] = []
-    if history_link(conn, ws, sid) is None:
+    linked = history_link(conn, ws, sid) is not None
+    if not linked:
         # One pass: the digest, and where the Messages to look at are.
         count, digest, top, special = _digest_pass(conn, ws, sid, through, scan=True)
         if len(special) * _FEW_SPECIAL <= count:
@@ -491,7 +495,12 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
                 raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
         payloads.append((str(message_id), int(position), payload))
     return HistoryScan(
-        through=through, count=count, digest=digest, payloads=tuple(payloads), top=top
+        through=through,
+        count=count,
+        digest=digest,
+        payloads=tuple(payloads),
+        top=top,
+        linked=linked,
     )
 
 
@@ -533,11 +542,13 @@ class BoundaryMessageIds(Mapping[str, str]):
     SQLite one at a time (only the ids a payload or a Turn refers to are ever asked for); the
     ids found are `found`, frozen into the snapshot for the commit."""
 
-    def __init__(self, conn: apsw.Connection, ws: str, sid: str, through: int, prefix: str) -> None:
+    def __init__(
+        self, conn: apsw.Connection, ws: str, sid: str, through: int, prefix: str, *, linked: bool
+    ) -> None:
         self._conn = conn
         self._args = (ws, sid, through)
         self._prefix = prefix
-        self._linked = history_link(conn, ws, sid) is not None
+        self._linked = linked  # whether `(ws, sid)` has a history link (`HistoryScan.linked`)
         self.found: dict[str, str] = {}
         self._missing: set[str] = set()
 
@@ -636,7 +647,7 @@ def history_section(
     dispatch), exactly as a version 3 prepare's dry run refused it. With it, the identity map
     the commit builds the child with (`fork_child.child_history` of the frozen document: the
     same prefixes, Turns and `message_ids`), so prepare maps the boundary once."""
-    found = BoundaryMessageIds(conn, ws, sid, scan.through, prefixes.message)
+    found = BoundaryMessageIds(conn, ws, sid, scan.through, prefixes.message, linked=scan.linked)
     ids = ordinal_identity(prefixes, turns, found)
     rewritten: list[list[Any]] = []
     for message_id, position, payload in scan.payloads:

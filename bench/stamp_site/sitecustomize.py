@@ -59,6 +59,10 @@ if _SERVE and _STAMPS:
         ("agenthost.publisher", "EventPublisher", "project", "events.project", ""),
         ("transport.server", "ApiServer", "publish_many", "events.handover", ""),
         ("actors.pool", "ActorPool", "submit", "pool.submit", ""),
+        ("actors.session_base", "SessionCore", "session", "actor.session_read", ""),
+        ("storage.fork_prepare", "", "require_session", "prepare.session_read", ""),
+        ("storage.fork_snapshot", "", "history_link", "history_link", ""),
+        ("storage.history_links", "", "history_link", "history_link", ""),
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str) -> None:

@@ -1,6 +1,6 @@
 """The boundary barrier's lookup (`barrier_holder`, every prepare) reads the barrier rows
 only, through the partial index whose WHERE is the barrier rule's SQL: not every operation
-the source ever had, and no sort."""
+the source ever had, and no sort (the first holder by `op_seq` is picked from the few rows)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import apsw
 
 from domain.fork_states import BARRIER_SQL
-from storage.fork_prepare import barrier_holder
-from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS
+from storage.fork_prepare import BARRIER_HOLDERS_SQL, barrier_holder
+from storage.fork_rows import BARRIER_OPS_SQL
 from storage.schema import SCHEMA_VERSION, migrate
 
 WS, SRC = "ws", "src"
@@ -54,12 +54,7 @@ def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
         _op(conn, n, "committed", observed=1)
     _op(conn, 500, "failed")
     conn.execute("ANALYZE")
-    sql = (
-        f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
-        " AND source_session_id = ? AND source_turn_id = ?"
-        f" AND {BARRIER_OPS_SQL} ORDER BY op_seq LIMIT 1"
-    )
-    plan = _plan(conn, sql, (WS, SRC, "turn-1"))
+    plan = _plan(conn, BARRIER_HOLDERS_SQL, (WS, SRC, "turn-1"))
     assert "fork_operations_barrier_held" in plan, plan
     assert "TEMP B-TREE" not in plan, plan
     assert barrier_holder(conn, WS, SRC, "turn-1") is None

@@ -1,0 +1,193 @@
+"""The store's side of one warm fork, step by step and statement by statement (no daemon).
+
+A real store file, a Session of `--turns` settled Turns, `--forks` forks of it run through
+prepare, `dispatching`, `provider_accepted`, commit and the ACK (what the saga and the ACK
+call). Prints each step's thread CPU (p50 over the forks after a warm-up) and statements per
+fork, then every SELECT of the last fork's steps timed twice, from its recorded text: with its
+values bound, as the store runs it, and with the same values written into the SQL as literals.
+A statement much dearer bound than literal is one SQLite re-prepares at each execution (a plan
+that depends on the bound values): the barrier lookup with `ORDER BY op_seq LIMIT 1` and the
+boundary's Interactions join were two (docs/performance.md, "The daemon's share of one warm
+fork, fourth pass"). Timings, loaded or not: read the two columns of one run side by side.
+
+    cd $TREE && PYTHONPATH=$TREE build/venv/bin/python -m bench.fork_statements \\
+        [--turns 10] [--forks 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.store import Store
+
+WS = "ws-fork-statements"
+STEPS = ("prepare", "dispatching", "accepted", "commit", "ack")
+WARM = 20
+
+
+def source(store: Store, turns: int) -> tuple[str, str]:
+    """A Session with `turns` settled, provider-bound Turns: (Session id, its last Turn's id)."""
+    sid = str(uuid.uuid4())
+    store.sessions.create_session(
+        WS, session_id=sid, provider="tutti-agent", title="Src", cwd="/", settings={}
+    )
+    store.sessions.update_runtime(
+        WS,
+        sid,
+        provider_session_id=f"prov-{sid}",
+        runtime_context={"driverKind": "tutti-agent", "driverVersion": "0.0.10"},
+    )
+    last = ""
+    for i in range(turns):
+        turn, _ = store.turns.claim_submit(WS, sid, str(uuid.uuid4()), f"turn {i}")
+        store.turns.bind_provider_turn(WS, sid, turn.turn_id, f"pt-{i}")
+        reply = store.history.append_message(WS, sid, turn.turn_id, kind="assistant", text="ok")
+        store.turns.settle_turn(
+            WS, sid, turn.turn_id, outcome="completed", final_assistant_message_id=reply.message_id
+        )
+        last = turn.turn_id
+    return sid, last
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, bytes):
+        return f"X'{value.hex()}'"
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def with_literals(sql: str, bindings: Any) -> str | None:
+    """`sql` with its `?` / `?N` parameters replaced by `bindings` as SQL literals."""
+    if not isinstance(bindings, (list, tuple)):
+        return None
+    values = list(bindings)
+    if re.search(r"\?\d", sql):
+        return re.sub(r"\?(\d+)", lambda m: _literal(values[int(m.group(1)) - 1]), sql)
+    it = iter(values)
+    return re.sub(r"\?", lambda m: _literal(next(it)), sql)
+
+
+def _cpu_us(conn: apsw.Connection, sql: str, bindings: Any, n: int = 500) -> float:
+    list(conn.execute(sql, bindings))
+    t0 = time.thread_time()
+    for _ in range(n):
+        list(conn.execute(sql, bindings))
+    return (time.thread_time() - t0) / n * 1e6
+
+
+def run(turns: int, forks: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-fork-statements-") as tmp:
+        store = Store.open(Path(tmp) / "store.sqlite3")
+        try:
+            sid, turn_id = source(store, turns)
+            conn = store.db._writer_connection()
+            step = ["-"]
+            statements: Counter[str] = Counter()
+            last: list[tuple[str, str, Any]] = []
+            recording = [False]
+
+            def trace(_cursor: Any, sql: str, bindings: Any) -> bool:
+                statements[step[0]] += 1
+                if recording[0]:
+                    last.append((step[0], sql, bindings))
+                return True
+
+            conn.exec_trace = trace
+            cpu: dict[str, list[float]] = {s: [] for s in STEPS}
+
+            def timed(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+                step[0] = name
+                t0 = time.thread_time()
+                out = fn(*args, **kwargs)
+                cpu[name].append((time.thread_time() - t0) * 1000)
+                return out
+
+            def forkable(_root: str | None, _binding: str | None) -> bool:
+                return True
+
+            for i in range(forks):
+                if i == WARM:
+                    statements.clear()
+                recording[0] = i == forks - 1
+                request = ForkPrepareRequest(
+                    source_session_id=sid,
+                    request_id=f"req-{uuid.uuid4()}",
+                    target_session_id=str(uuid.uuid4()),
+                    turn_id=turn_id,
+                    driver_kind="tutti-agent",
+                    driver_version="0.0.10",
+                    binding_mode="host_copy",
+                    runtime_identity={},
+                )
+                op, _ = timed(
+                    "prepare",
+                    store.fork_prepare.prepare_fork,
+                    WS,
+                    request,
+                    turn_forkable=forkable,
+                    durable=False,
+                )
+                oid = op.operation_id
+                timed("dispatching", store.fork_transitions.mark_fork_dispatching, WS, oid)
+                evidence = ProviderForkEvidence(
+                    child_provider_session_id=f"child-{oid}",
+                    provider_turn_ids=op.source_provider_turn_ids,
+                    binding_mode=op.binding_mode,
+                    receipt={"forkedFromId": op.source_provider_session_id},
+                    turn_bindings=None,
+                )
+                accept = store.fork_transitions.mark_fork_provider_accepted
+                timed("accepted", accept, WS, oid, evidence)
+                timed("commit", store.fork_commit.commit_fork, WS, oid)
+                timed("ack", store.fork_transitions.acknowledge_fork, WS, oid)
+            conn.exec_trace = None
+            counted = forks - WARM
+            print(f"{forks} forks of a {turns}-Turn Session, thread CPU p50 after {WARM} warm:")
+            for name in STEPS:
+                p50 = statistics.median(cpu[name][WARM:])
+                print(f"  {name:12s} {p50:6.3f} ms  {statements[name] / counted:5.1f} statements")
+            whole = [sum(cpu[name][i] for name in STEPS) for i in range(WARM, forks)]
+            total = statistics.median(whole)
+            print(f"  {'total':12s} {total:6.3f} ms (p50 of each fork's five steps)")
+            print("each SELECT of the last fork, CPU µs per execution (bound / as literals):")
+            for name, sql, bindings in last:
+                text = sql.strip()
+                if not text.upper().startswith("SELECT"):
+                    continue
+                literal = with_literals(text, bindings)
+                bound = _cpu_us(conn, text, bindings)
+                lit = _cpu_us(conn, literal, ()) if literal else float("nan")
+                flag = "  << re-prepared?" if bound > 2 * lit + 5 else ""
+                shown = " ".join(text.split())[:90]
+                print(f"  {name:12s} {bound:6.1f} / {lit:6.1f}  {shown}{flag}")
+        finally:
+            store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--forks", type=int, default=300)
+    args = parser.parse_args(argv)
+    run(args.turns, max(args.forks, WARM + 1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
