@@ -1,0 +1,220 @@
+"""What coincides with the mutations' phase-A stalls: runs `bench.mutations` with every process
+stamped by `bench/stall_site` (the suspects on the clients' clock), then lines the slowest
+requests up against the suspects.
+
+A stall is three or more mutations of phase A over `--slow-ms` whose intervals share an
+instant (one event held several clients at once); its window is that shared span. For each
+suspect kind (a collector pause of some process, a group COMMIT, a WAL checkpoint, a timer
+callback, a log record, a probe's late wake-up) it prints what overlapped each stall's window
+and how often that kind overlaps a window of the same length at random in the same phase (the
+chance a coincidence is only that).
+
+    PYTHONPATH=$TREE build/venv/bin/python -m bench.stall [--quick] [--runs N] [--lag-ms 2]
+    PYTHONPATH=$TREE build/venv/bin/python -m bench.stall --read DIR   # an earlier run's files
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SITE = Path(__file__).resolve().parent / "stall_site"
+MUTATIONS = ("turn.submit", "session.updateTitle")
+SMALL = {
+    "wal_pages": float("inf"),
+    "dirty": float("inf"),
+    "writeback": float("inf"),
+    "gc": 1.0,
+    "commit": 3.0,
+    "wal_checkpoint": 0.0,
+    "timer": 1.0,
+    "log": 0.0,
+    "lag": 0.0,
+    "capture": 5.0,
+    "spawn": 0.0,
+}
+"""Rows shorter than this (ms) are not suspects (a 0.3 ms gen-0 pause holds nothing)."""
+
+
+def run_once(tree: Path, out: Path, mode: list[str], lag_ms: float) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join((str(SITE), str(tree), env.get("PYTHONPATH", "")))
+    env["AGENTHOST_STALL_DIR"] = str(out)
+    env["BENCH_MUTATIONS_RECORDS"] = str(out / "records.json")
+    if lag_ms > 0:
+        env["AGENTHOST_STALL_LAG_MS"] = str(lag_ms)
+    cmd = [sys.executable, "-m", "bench.mutations", *mode]
+    with open(out / "bench.txt", "w") as f:
+        subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
+
+
+def _kind_of(argv: list[str]) -> str:
+    text = " ".join(argv)
+    if "serve" in argv:
+        return "daemon"
+    if "drivers/worker" in text:
+        return "worker"
+    if "app-server" in text:
+        return "app-server"
+    if argv[:1] == ["-c"]:
+        return "resource-tracker"
+    return "bench/client"
+
+
+def load(out: Path) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    records = json.loads((out / "records.json").read_text())
+    rows: list[dict[str, Any]] = []
+    for f in sorted(out.glob("*.jsonl")):
+        lines = f.read_text().splitlines()
+        if not lines:
+            continue
+        proc = f"{_kind_of(json.loads(lines[0]))}:{f.stem}"
+        for line in lines[1:]:
+            try:
+                kind, start, dur, detail = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the process's end
+            rows.append(
+                {
+                    "kind": kind,
+                    "t0": start,
+                    "t1": start + dur,
+                    "ms": dur,
+                    "detail": detail,
+                    "proc": proc,
+                }
+            )
+    return records, rows
+
+
+def stalls(
+    a: list[dict[str, Any]], slow_ms: float
+) -> list[tuple[float, float, list[dict[str, Any]]]]:
+    """Clusters of ≥ 3 slow mutations sharing an instant: (window start, end, members)."""
+    slow = sorted(
+        (r for r in a if r["kind"] in MUTATIONS and r["t1"] - r["t0"] >= slow_ms),
+        key=lambda r: r["t0"],
+    )
+    out: list[tuple[float, float, list[dict[str, Any]]]] = []
+    group: list[dict[str, Any]] = []
+    for r in slow:
+        if group and r["t0"] < min(g["t1"] for g in group):
+            group.append(r)
+            continue
+        if len(group) >= 3:
+            out.append((max(g["t0"] for g in group), min(g["t1"] for g in group), group))
+        group = [r]
+    if len(group) >= 3:
+        out.append((max(g["t0"] for g in group), min(g["t1"] for g in group), group))
+    return out
+
+
+def report(out: Path, slow_ms: float) -> dict[str, Any]:
+    records, rows = load(out)
+    a = records["A"]
+    start = min(r["t0"] for r in a)
+    end = max(r["t1"] for r in a)
+    mut = sorted(r["t1"] - r["t0"] for r in a if r["kind"] in MUTATIONS)
+    p50, p99 = mut[len(mut) // 2], mut[min(len(mut) - 1, int(0.99 * len(mut)))]
+    print(
+        f"== {out}: phase A {len(mut)} mutations, p50 {p50:.1f} p99 {p99:.1f} max {mut[-1]:.1f} ms"
+    )
+    # The phase's first requests arrive together and queue on one GIL: not the stall.
+    found = [s for s in stalls(a, slow_ms) if s[0] - start > 500.0]
+    every = [r for r in rows if r["t1"] >= start and r["t0"] <= end]
+    in_a = [r for r in every if r["ms"] >= SMALL.get(r["kind"], 0.0)]
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in in_a:
+        by_kind[f"{r['kind']}@{r['proc'].split(':')[0]}"].append(r)
+    hits: Counter[str] = Counter()
+    for w0, w1, members in found:
+        lat = sorted((m["t1"] - m["t0"] for m in members), reverse=True)
+        print(
+            f"-- stall at +{(w0 - start) / 1000:.2f} s, shared window {w1 - w0:.1f} ms,"
+            f" {len(members)} mutations {', '.join(f'{x:.0f}' for x in lat)} ms,"
+            f" clients {sorted({m['client'] for m in members})}"
+        )
+        seen: set[str] = set()
+        lo = min(m["t0"] for m in members)
+        for r in sorted(in_a, key=lambda r: r["t0"]):
+            if r["t1"] >= lo and r["t0"] <= w1:
+                inside = r["t1"] >= w0
+                print(
+                    f"   {'*' if inside else ' '} {r['kind']:<15} {r['proc']:<20}"
+                    f" +{(r['t0'] - start) / 1000:.3f} s {r['ms']:7.1f} ms {str(r['detail'])[:90]}"
+                )
+                if inside:
+                    seen.add(f"{r['kind']}@{r['proc'].split(':')[0]}")
+        hits.update(seen)
+    # The chance a window of the same length, placed at random in phase A, meets each kind.
+    rng = random.Random(1)
+    widths = [w1 - w0 for w0, w1, _ in found] or [20.0]
+    chance: dict[str, float] = {}
+    for key, items in by_kind.items():
+        n = 400
+        met = 0
+        for _ in range(n):
+            w = rng.choice(widths)
+            t = rng.uniform(start, end - w)
+            met += any(r["t1"] >= t and r["t0"] <= t + w for r in items)
+        chance[key] = met / n
+    print(f"stalls: {len(found)}; suspect kind: stalls it overlapped / chance at random")
+    for key in sorted(by_kind, key=lambda k: -hits[k]):
+        print(f"   {key:<28} {hits[key]}/{len(found)}   {chance[key]:.2f}")
+    return {
+        "dir": str(out),
+        "p50": p50,
+        "p99": p99,
+        "stalls": [
+            {"atS": (w0 - start) / 1000, "windowMs": w1 - w0, "n": len(m)} for w0, w1, m in found
+        ],
+        "hits": dict(hits),
+        "rows": dict(Counter(f"{r['kind']}@{r['proc'].split(':')[0]}" for r in every)),
+        "chance": chance,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="seconds; proves it runs (tests)")
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--lag-ms", type=float, default=2.0, help="the probe's sleep (0: no probe)")
+    p.add_argument("--slow-ms", type=float, default=0.0, help="default: 2 × phase A's p50")
+    p.add_argument("--out", type=Path, default=Path("/tmp/bench-stall"))
+    p.add_argument("--json", type=Path, default=None, help="also write each run's summary here")
+    p.add_argument("--read", type=Path, nargs="*", help="report earlier runs' folders only")
+    args = p.parse_args(argv)
+    tree = Path(__file__).resolve().parent.parent
+    dirs = list(args.read or [])
+    if not dirs:
+        for i in range(args.runs):
+            d = args.out / f"{time.strftime('%H%M%S')}-{i}"
+            mode = ["--quick", "--smoke"] if args.smoke else ["--quick"] if args.quick else []
+            run_once(tree, d, mode, args.lag_ms)
+            dirs.append(d)
+    reports = []
+    for d in dirs:
+        slow = args.slow_ms
+        if slow <= 0:
+            a = json.loads((d / "records.json").read_text())["A"]
+            mut = sorted(r["t1"] - r["t0"] for r in a if r["kind"] in MUTATIONS)
+            slow = 2 * mut[len(mut) // 2]
+        reports.append(report(d, slow))
+    if args.json is not None:
+        args.json.write_text(json.dumps(reports, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Loaded by every Python process of `bench.stall` (this folder leads its PYTHONPATH): the
+suspects of the mutations' phase-A stall stamped on the wall clock the load clients' `t0`/`t1`
+use (`time.time() * 1000`), one file per process.
+
+Inert unless `AGENTHOST_STALL_DIR` is set. In every process (daemon, workers, app-servers, the
+load clients, the bench itself): each cyclic-collector pause (`gc.callbacks`). In the daemon:
+with `AGENTHOST_STALL_LAG_MS` set, a probe thread that sleeps that long and records each
+wake-up more than 3 ms late (the daemon could not run Python: the GIL held, or no CPU; the row's
+detail is the part of it the thread sat on a run queue, from `/proc/thread-self/schedstat`), and the
+machine's pages dirty and under writeback (`/proc/vmstat`); and,
+once its modules are imported: each group COMMIT (`Database._end_group`: the COMMIT
+and its fsync), each WAL checkpoint (with its answer and the WAL's length after), the
+checkpoint janitor's sweeps, each workspace capture, every child process started, every
+timer callback, every log record. A row is
+`[kind, start_ms, duration_ms, detail]`; the file's first line is the process's argv.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+_DIR = os.environ.get("AGENTHOST_STALL_DIR")
+
+if _DIR:
+    import contextlib
+    import gc
+    import json
+    import threading
+    import time
+    from typing import Any
+
+    _rows: list[list[Any]] = []
+    _dump_lock = threading.Lock()
+    _started: dict[int, float] = {}
+    _SERVE = "serve" in sys.argv
+    _LAG_MS = float(os.environ.get("AGENTHOST_STALL_LAG_MS") or 0) if _SERVE else 0.0
+
+    def _now() -> float:
+        return time.time() * 1000.0
+
+    def _on_gc(phase: str, info: dict[str, Any]) -> None:
+        me = threading.get_ident()
+        if phase == "start":
+            _started[me] = _now()
+            return
+        began = _started.pop(me, None)
+        if began is not None:
+            _rows.append(
+                [
+                    "gc",
+                    began,
+                    _now() - began,
+                    f"gen{info.get('generation')} {info.get('collected')}",
+                ]
+            )
+
+    gc.callbacks.append(_on_gc)
+
+    _written = [0]
+
+    def _dump() -> None:
+        """Append the rows since the last call (cheap: a daemon's probe must not hold the GIL
+        long on its own account)."""
+        with _dump_lock, contextlib.suppress(OSError):
+            path = os.path.join(_DIR, f"{os.getpid()}.jsonl")  # type: ignore[arg-type]
+            rows = _rows[_written[0] :]
+            with open(path, "a") as f:
+                if _written[0] == 0 and f.tell() == 0:
+                    f.write(json.dumps(sys.argv[:4]) + "\n")
+                f.write("".join(json.dumps(row) + "\n" for row in rows))
+            _written[0] += len(rows)
+
+    def _vmstat(tick: int) -> None:
+        """The machine's pages under writeback (a row whenever any are) and dirty (a row
+        every 20th probe), from /proc/vmstat: the kernel's flusher and the journal's commits
+        share the disk with the store's fsyncs."""
+        try:
+            with open("/proc/vmstat") as f:
+                got = dict(
+                    line.split() for line in f if line.startswith(("nr_dirty ", "nr_writeback "))
+                )
+        except (OSError, ValueError):
+            return
+        if int(got.get("nr_writeback", 0)) > 0:
+            _rows.append(["writeback", _now(), 0.0, int(got["nr_writeback"])])
+        if tick % 20 == 0:
+            _rows.append(["dirty", _now(), 0.0, int(got.get("nr_dirty", 0))])
+
+    def _runq_ns() -> int:
+        """This thread's time waiting on a run queue (no CPU), from the kernel's schedstat."""
+        try:
+            with open("/proc/thread-self/schedstat") as f:
+                return int(f.read().split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def _timed(owner: Any, attr: str, kind: str, detail: Any = None) -> None:
+        inner = getattr(owner, attr)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = _now()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                _rows.append([kind, t0, _now() - t0, detail(args) if detail else ""])
+
+        setattr(owner, attr, timed)
+
+    def _checkpoint_timed(database: Any) -> None:
+        """The checkpointer's loop as `storage.base` runs it, each PASSIVE checkpoint timed
+        with its answer (busy, WAL frames, frames copied) and the WAL file's size after."""
+        import logging
+
+        log = logging.getLogger("storage.base")
+
+        def loop(self: Any) -> None:
+            while True:
+                self._checkpoint_due.wait()
+                self._checkpoint_due.clear()
+                if self._closed:
+                    return
+                try:
+                    t0 = _now()
+                    with self.lease() as conn:
+                        got = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    with contextlib.suppress(OSError):
+                        got = [*got, os.stat(self.path + "-wal").st_size // 4096]
+                    _rows.append(["wal_checkpoint", t0, _now() - t0, got])
+                    with self._baton:
+                        self.write_stats.checkpoints += 1
+                except Exception as exc:  # noqa: BLE001 - as storage.base
+                    if not self._closed:
+                        log.warning("store checkpoint failed: %s", exc)
+
+        database._checkpoint_loop = loop
+
+    def _wal_pages(database: Any) -> None:
+        """The WAL's length in pages after each COMMIT (SQLite's WAL hook)."""
+        inner = database._wal_grew
+
+        def grew(self: Any, conn: Any, db: str, pages: int) -> int:
+            _rows.append(["wal_pages", _now(), 0.0, pages])
+            return int(inner(self, conn, db, pages))
+
+        database._wal_grew = grew
+
+    def _timer_fn(handle_cls: Any) -> None:
+        inner = handle_cls._take
+
+        def take(self: Any) -> Any:
+            fn = inner(self)
+            if fn is None:
+                return None
+
+            def run() -> None:
+                t0 = _now()
+                try:
+                    fn()
+                finally:
+                    name = getattr(fn, "__qualname__", repr(fn))
+                    _rows.append(["timer", t0, _now() - t0, name])
+
+            return run
+
+        handle_cls._take = take
+
+    def _spawns() -> None:
+        """Every child process the daemon starts (git, a worker): its start's duration."""
+        import subprocess
+
+        inner = subprocess.Popen.__init__
+
+        def init(self: Any, args: Any, *rest: Any, **kwargs: Any) -> None:
+            t0 = _now()
+            try:
+                inner(self, args, *rest, **kwargs)
+            finally:
+                words = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
+                _rows.append(["spawn", t0, _now() - t0, " ".join(words[:4])[:120]])
+
+        subprocess.Popen.__init__ = init  # type: ignore[method-assign]
+
+    def _log_handle() -> None:
+        import logging
+
+        inner = logging.Logger.handle
+
+        def handle(self: logging.Logger, record: logging.LogRecord) -> None:
+            t0 = _now()
+            inner(self, record)
+            _rows.append(["log", t0, _now() - t0, f"{record.name}: {record.getMessage()[:100]}"])
+
+        logging.Logger.handle = handle  # type: ignore[method-assign]
+
+    def _install() -> None:
+        """Wrap the daemon's points once imported; write the rows every second (a worker or
+        an app-server may end by a signal)."""
+        pending = {"storage.base", "actors.pool", "actors.checkpoints"} if _SERVE else set()
+        if _SERVE:
+            _log_handle()
+            _spawns()
+        last = time.monotonic()
+        dumped = last
+        ticks = 0
+        runq = _runq_ns()
+        step = _LAG_MS / 1000 if _LAG_MS > 0 else 0.1
+        while True:
+            for name in list(pending):
+                module = sys.modules.get(name)
+                if module is None:
+                    continue
+                if name == "storage.base" and hasattr(module, "Database"):
+                    _timed(module.Database, "_end_group", "commit", lambda a: a[1].members)
+                    _checkpoint_timed(module.Database)
+                    _wal_pages(module.Database)
+                elif name == "actors.pool" and hasattr(module, "TimerHandle"):
+                    _timer_fn(module.TimerHandle)
+                elif name == "actors.checkpoints" and hasattr(module, "CheckpointJanitor"):
+                    _timed(module.CheckpointJanitor, "sweep", "janitor_sweep")
+                    _timed(module.TurnCheckpoints, "_run", "capture", lambda a: a[4])
+                else:
+                    continue
+                pending.discard(name)
+            time.sleep(step)
+            now = time.monotonic()
+            late = (now - last - step) * 1000
+            if _LAG_MS > 0:
+                queued = _runq_ns()
+                if late > 3.0:
+                    # detail: the ms of it this thread sat on a run queue (no CPU for it); the
+                    # rest it waited for the GIL.
+                    _rows.append(["lag", _now() - late, late, round((queued - runq) / 1e6, 2)])
+                runq = queued
+            if _LAG_MS > 0:
+                _vmstat(ticks)
+                ticks += 1
+            if now - dumped >= 1.0:
+                _dump()
+                dumped = time.monotonic()
+                runq = _runq_ns()
+            last = time.monotonic()
+
+    threading.Thread(target=_install, name="stall-stamps", daemon=True).start()
+    import atexit
+
+    atexit.register(_dump)
