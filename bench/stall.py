@@ -40,6 +40,9 @@ SMALL = {
     "log": 0.0,
     "lag": 0.0,
     "capture": 5.0,
+    "request": float("inf"),
+    "actor_message": 5.0,
+    "on_submit": 5.0,
     "spawn": 0.0,
 }
 """Rows shorter than this (ms) are not suspects (a 0.3 ms gen-0 pause holds nothing)."""

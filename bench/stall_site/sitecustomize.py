@@ -8,10 +8,11 @@ with `AGENTHOST_STALL_LAG_MS` set, a probe thread that sleeps that long and reco
 wake-up more than 3 ms late (the daemon could not run Python: the GIL held, or no CPU; the row's
 detail is the part of it the thread sat on a run queue, from `/proc/thread-self/schedstat`), and the
 machine's pages dirty and under writeback (`/proc/vmstat`); and,
-once its modules are imported: each group COMMIT (`Database._end_group`: the COMMIT
-and its fsync), each WAL checkpoint (with its answer and the WAL's length after), the
-checkpoint janitor's sweeps, each workspace capture, every child process started, every
-timer callback, every log record. A row is
+once its modules are imported: each group COMMIT (`Database._end_group`: the COMMIT and
+its fsync), the WAL's length after each, each WAL checkpoint (with its answer), the checkpoint
+janitor's sweeps, each workspace capture, each request's arrival on the transport loop (its
+dispatch timed), each actor message handled, each Turn submit in its actor, every child
+process started, every timer callback, every log record. A row is
 `[kind, start_ms, duration_ms, detail]`; the file's first line is the process's argv.
 """
 
@@ -165,6 +166,13 @@ if _DIR:
 
         handle_cls._take = take
 
+    def _method(frames: list[bytes]) -> str:
+        body = frames[-1] if frames else b""
+        for name in (b"turn.submit", b"session.updateTitle", b"session.timeline"):
+            if name in body:
+                return name.decode()
+        return "other"
+
     def _spawns() -> None:
         """Every child process the daemon starts (git, a worker): its start's duration."""
         import subprocess
@@ -196,7 +204,17 @@ if _DIR:
     def _install() -> None:
         """Wrap the daemon's points once imported; write the rows every second (a worker or
         an app-server may end by a signal)."""
-        pending = {"storage.base", "actors.pool", "actors.checkpoints"} if _SERVE else set()
+        pending = (
+            {
+                "storage.base",
+                "actors.pool",
+                "actors.checkpoints",
+                "actors.session_turns",
+                "transport.server",
+            }
+            if _SERVE
+            else set()
+        )
         if _SERVE:
             _log_handle()
             _spawns()
@@ -214,8 +232,18 @@ if _DIR:
                     _timed(module.Database, "_end_group", "commit", lambda a: a[1].members)
                     _checkpoint_timed(module.Database)
                     _wal_pages(module.Database)
-                elif name == "actors.pool" and hasattr(module, "TimerHandle"):
+                elif name == "actors.pool" and hasattr(module, "PooledActor"):
                     _timer_fn(module.TimerHandle)
+                    _timed(
+                        module.PooledActor,
+                        "_handle_envelope",
+                        "actor_message",
+                        lambda a: type(a[1].message).__name__,
+                    )
+                elif name == "actors.session_turns" and hasattr(module, "TurnRunner"):
+                    _timed(module.TurnRunner, "on_submit", "on_submit")
+                elif name == "transport.server" and hasattr(module, "ApiServer"):
+                    _timed(module.ApiServer, "_handle", "request", lambda a: _method(a[1]))
                 elif name == "actors.checkpoints" and hasattr(module, "CheckpointJanitor"):
                     _timed(module.CheckpointJanitor, "sweep", "janitor_sweep")
                     _timed(module.TurnCheckpoints, "_run", "capture", lambda a: a[4])
