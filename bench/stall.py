@@ -40,6 +40,7 @@ SMALL = {
     "log": 0.0,
     "lag": 0.0,
     "capture": 5.0,
+    "gil_wait": 0.0,
     "request": float("inf"),
     "actor_message": 5.0,
     "on_submit": 5.0,
@@ -122,6 +123,81 @@ def stalls(
     return out
 
 
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def submit_path(
+    a: list[dict[str, Any]], rows: list[dict[str, Any]], start: float
+) -> dict[str, Any]:
+    """Each phase-A `turn.submit` split at its arrival on the daemon's transport loop and the
+    start of its `TurnRunner.on_submit` (the wait between is the Session actor's inbox), with
+    what that actor handled meanwhile. A client's Session is the one its submits' arrivals
+    name most often."""
+    arrivals: dict[str, list[float]] = defaultdict(list)
+    handled: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    submits: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        detail = str(r["detail"])
+        if r["kind"] == "request" and detail.startswith("turn.submit "):
+            arrivals[detail.split(" ", 1)[1]].append(r["t0"])
+        elif r["kind"] == "actor_message" and " " in detail:
+            handled[detail.split(" ", 1)[1]].append(r)
+        elif r["kind"] == "on_submit":
+            submits[detail].append(r)
+    mine = [r for r in a if r["kind"] == "turn.submit"]
+    votes: dict[int, Counter[str]] = defaultdict(Counter)
+    for r in mine:
+        for sid, times in arrivals.items():
+            if any(r["t0"] <= t <= r["t1"] for t in times):
+                votes[r["client"]][sid] += 1
+    sid_of = {c: v.most_common(1)[0][0] for c, v in votes.items() if v}
+    split: list[dict[str, Any]] = []
+    for r in mine:
+        sid = sid_of.get(r["client"])
+        if sid is None:
+            continue
+        got = [t for t in arrivals[sid] if r["t0"] <= t <= r["t1"]]
+        runs = [x for x in submits[sid] if got and got[0] <= x["t0"] <= r["t1"]]
+        if not got or not runs:
+            continue
+        arrived, began = got[0], runs[0]["t0"]
+        before = [
+            f"{str(x['detail']).split(' ')[0]} {x['ms']:.0f}"
+            for x in handled[sid]
+            if x["t1"] > arrived and x["t1"] <= began + 0.5 and x["ms"] >= 1.0
+        ]
+        split.append(
+            {
+                "ms": r["t1"] - r["t0"],
+                "at": (r["t0"] - start) / 1000,
+                "client": r["client"],
+                "toDaemon": arrived - r["t0"],
+                "inbox": began - arrived,
+                "onSubmit": runs[0]["ms"],
+                "behind": before,
+            }
+        )
+    if not split:
+        return {}
+    print(f"turn.submit split ({len(split)} of {len(mine)}), p50 / p99 ms:")
+    for key in ("ms", "toDaemon", "inbox", "onSubmit"):
+        values = [x[key] for x in split]
+        print(f"   {key:<9} {_pct(values, 0.5):6.1f} / {_pct(values, 0.99):6.1f}")
+    print("   the slowest:")
+    for x in sorted(split, key=lambda x: -x["ms"])[:10]:
+        print(
+            f"   {x['ms']:5.0f} ms at +{x['at']:.2f} s client {x['client']}: to the daemon"
+            f" {x['toDaemon']:.1f}, inbox {x['inbox']:.1f} behind {x['behind']},"
+            f" on_submit {x['onSubmit']:.1f}"
+        )
+    return {
+        key: {"p50": _pct([x[key] for x in split], 0.5), "p99": _pct([x[key] for x in split], 0.99)}
+        for key in ("ms", "toDaemon", "inbox", "onSubmit")
+    }
+
+
 def report(out: Path, slow_ms: float) -> dict[str, Any]:
     records, rows = load(out)
     a = records["A"]
@@ -171,6 +247,7 @@ def report(out: Path, slow_ms: float) -> dict[str, Any]:
             t = rng.uniform(start, end - w)
             met += any(r["t1"] >= t and r["t0"] <= t + w for r in items)
         chance[key] = met / n
+    path = submit_path(a, every, start)
     print(f"stalls: {len(found)}; suspect kind: stalls it overlapped / chance at random")
     for key in sorted(by_kind, key=lambda k: -hits[k]):
         print(f"   {key:<28} {hits[key]}/{len(found)}   {chance[key]:.2f}")
@@ -182,6 +259,7 @@ def report(out: Path, slow_ms: float) -> dict[str, Any]:
             {"atS": (w0 - start) / 1000, "windowMs": w1 - w0, "n": len(m)} for w0, w1, m in found
         ],
         "hits": dict(hits),
+        "submitPath": path,
         "rows": dict(Counter(f"{r['kind']}@{r['proc'].split(':')[0]}" for r in every)),
         "chance": chance,
     }

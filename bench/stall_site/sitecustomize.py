@@ -7,7 +7,8 @@ load clients, the bench itself): each cyclic-collector pause (`gc.callbacks`). I
 with `AGENTHOST_STALL_LAG_MS` set, a probe thread that sleeps that long and records each
 wake-up more than 3 ms late (the daemon could not run Python: the GIL held, or no CPU; the row's
 detail is the part of it the thread sat on a run queue, from `/proc/thread-self/schedstat`), and the
-machine's pages dirty and under writeback (`/proc/vmstat`); and,
+machine's pages dirty and under writeback (`/proc/vmstat`); after a GIL wait of 15 ms or more,
+where every thread not parked in a wait stands (the holder has just let go); and,
 once its modules are imported: each group COMMIT (`Database._end_group`: the COMMIT and
 its fsync), the WAL's length after each, each WAL checkpoint (with its answer), the checkpoint
 janitor's sweeps, each workspace capture, each request's arrival on the transport loop (its
@@ -88,6 +89,29 @@ if _DIR:
         if tick % 20 == 0:
             _rows.append(["dirty", _now(), 0.0, int(got.get("nr_dirty", 0))])
 
+    _IDLE = ("wait", "sleep", "poll", "select", "_recv", "recv", "get", "acquire", "join")
+
+    def _frames() -> list[str]:
+        """Where every other thread is at the moment a long GIL wait ends: the one that held
+        it has just let go, so it is among those not parked in a wait."""
+        names = {t.ident: t.name for t in threading.enumerate()}
+        out = []
+        for ident, frame in sys._current_frames().items():
+            if ident == threading.get_ident():
+                continue
+            code = frame.f_code
+            if code.co_name.startswith(_IDLE):
+                continue
+            where = []
+            f: Any = frame
+            while f is not None and len(where) < 3:
+                where.append(
+                    f"{f.f_code.co_name}@{os.path.basename(f.f_code.co_filename)}:{f.f_lineno}"
+                )
+                f = f.f_back
+            out.append(f"{names.get(ident, ident)}: {' < '.join(where)}")
+        return out
+
     def _runq_ns() -> int:
         """This thread's time waiting on a run queue (no CPU), from the kernel's schedstat."""
         try:
@@ -167,11 +191,24 @@ if _DIR:
         handle_cls._take = take
 
     def _method(frames: list[bytes]) -> str:
+        """The request's method and Session id, read off the MessagePack bytes (no decode)."""
         body = frames[-1] if frames else b""
+        method = "other"
         for name in (b"turn.submit", b"session.updateTitle", b"session.timeline"):
             if name in body:
-                return name.decode()
-        return "other"
+                method = name.decode()
+                break
+        at = body.find(b"agentSessionId")
+        if at < 0:
+            return method
+        head = at + len(b"agentSessionId")
+        if body[head : head + 1] == b"\xd9":  # str 8
+            size, head = body[head + 1], head + 1
+        elif body[head : head + 1] and body[head] >> 5 == 0b101:  # fixstr
+            size = body[head] & 0x1F
+        else:
+            return method
+        return f"{method} {body[head + 1 : head + 1 + size].decode(errors='replace')}"
 
     def _spawns() -> None:
         """Every child process the daemon starts (git, a worker): its start's duration."""
@@ -238,10 +275,10 @@ if _DIR:
                         module.PooledActor,
                         "_handle_envelope",
                         "actor_message",
-                        lambda a: type(a[1].message).__name__,
+                        lambda a: f"{type(a[1].message).__name__} {getattr(a[0], 'sid', '')}",
                     )
                 elif name == "actors.session_turns" and hasattr(module, "TurnRunner"):
-                    _timed(module.TurnRunner, "on_submit", "on_submit")
+                    _timed(module.TurnRunner, "on_submit", "on_submit", lambda a: a[0]._core.sid)
                 elif name == "transport.server" and hasattr(module, "ApiServer"):
                     _timed(module.ApiServer, "_handle", "request", lambda a: _method(a[1]))
                 elif name == "actors.checkpoints" and hasattr(module, "CheckpointJanitor"):
@@ -258,7 +295,10 @@ if _DIR:
                 if late > 3.0:
                     # detail: the ms of it this thread sat on a run queue (no CPU for it); the
                     # rest it waited for the GIL.
-                    _rows.append(["lag", _now() - late, late, round((queued - runq) / 1e6, 2)])
+                    ran = round((queued - runq) / 1e6, 2)
+                    _rows.append(["lag", _now() - late, late, ran])
+                    if late - ran >= 15.0:
+                        _rows.append(["gil_wait", _now() - late, late - ran, _frames()])
                 runq = queued
             if _LAG_MS > 0:
                 _vmstat(ticks)
