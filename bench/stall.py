@@ -11,6 +11,10 @@ chance a coincidence is only that).
 
     PYTHONPATH=$TREE build/venv/bin/python -m bench.stall [--quick] [--runs N] [--lag-ms 2]
     PYTHONPATH=$TREE build/venv/bin/python -m bench.stall --read DIR   # an earlier run's files
+
+With `--sched` (root, `perf` installed) the kernel's switches are recorded across each run and
+each of the daemon probe's long waits is told apart: its GIL's holder preempted, or the GIL
+passed among the daemon's own running threads.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import argparse
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -49,7 +55,9 @@ SMALL = {
 """Rows shorter than this (ms) are not suspects (a 0.3 ms gen-0 pause holds nothing)."""
 
 
-def run_once(tree: Path, out: Path, mode: list[str], lag_ms: float) -> None:
+def run_once(
+    tree: Path, out: Path, mode: list[str], lag_ms: float, nice: int = 0, sched: bool = False
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join((str(SITE), str(tree), env.get("PYTHONPATH", "")))
@@ -57,9 +65,45 @@ def run_once(tree: Path, out: Path, mode: list[str], lag_ms: float) -> None:
     env["BENCH_MUTATIONS_RECORDS"] = str(out / "records.json")
     if lag_ms > 0:
         env["AGENTHOST_STALL_LAG_MS"] = str(lag_ms)
+    if nice:
+        env["AGENTHOST_STALL_NICE_PROVIDERS"] = str(nice)
     cmd = [sys.executable, "-m", "bench.mutations", *mode]
-    with open(out / "bench.txt", "w") as f:
-        subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
+    perf = None
+    if sched:
+        # The kernel's switches on every CPU, on CLOCK_MONOTONIC (perf takes no wall clock):
+        # one offset maps them onto the stamps' wall clock.
+        (out / "offset.txt").write_text(repr(time.time() * 1000 - time.monotonic() * 1000))
+        perf = subprocess.Popen(
+            [
+                "perf",
+                "record",
+                "-q",
+                "-e",
+                "sched:sched_switch",
+                "-a",
+                "-k",
+                "mono",
+                "-o",
+                str(out / "perf.data"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    try:
+        with open(out / "bench.txt", "w") as f:
+            subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
+    finally:
+        if perf is not None:
+            perf.send_signal(signal.SIGINT)
+            perf.wait(60)
+            with open(out / "sched.txt", "w") as f:
+                subprocess.run(
+                    ["perf", "script", "-i", str(out / "perf.data"), "-F", "pid,tid,time,trace"],
+                    stdout=f,
+                    stderr=subprocess.DEVNULL,
+                    check=False,
+                )
+            (out / "perf.data").unlink(missing_ok=True)
 
 
 def _kind_of(argv: list[str]) -> str:
@@ -198,6 +242,72 @@ def submit_path(
     }
 
 
+_SWITCH = re.compile(
+    r"\s*(\d+)/(\d+)\s+([\d.]+): prev_comm=.*? prev_pid=(\d+) prev_prio=\d+"
+    r" prev_state=(\S+) ==> next_comm=.*? next_pid=(\d+)"
+)
+
+
+def preemption(out: Path, rows: list[dict[str, Any]], start: float, end: float) -> dict[str, int]:
+    """With the kernel's switches (`--sched`): for each of the daemon probe's phase-A waits of
+    8 ms or more off the run queue (the GIL, or the kernel), whether a daemon thread had been
+    switched out runnable (preempted) at or before its start and was still off a CPU at its
+    end — the GIL's holder preempted — and how much CPU the daemon's threads had inside it."""
+    sched = out / "sched.txt"
+    if not sched.exists():
+        return {}
+    offset = float((out / "offset.txt").read_text())
+    daemon = {int(r["proc"].split(":")[1]) for r in rows if r["proc"].startswith("daemon:")}
+    group: dict[int, int] = {}
+    switches: list[tuple[float, int, str, int]] = []
+    with open(sched) as f:
+        for line in f:
+            m = _SWITCH.match(line)
+            if m is None:
+                continue
+            pid, tid, t, prev, state, nxt = m.groups()
+            group[int(tid)] = int(pid)
+            switches.append((float(t) * 1000 + offset, int(prev), state, int(nxt)))
+    threads = {tid for tid, pid in group.items() if pid in daemon}
+    waits = [
+        r
+        for r in rows
+        if r["kind"] == "lag"
+        and r["proc"].startswith("daemon:")
+        and isinstance(r["detail"], (int, float))
+        and r["ms"] - r["detail"] >= 8.0
+        and start <= r["t0"] <= end
+    ]
+    found = {"waits": len(waits), "holderPreempted": 0}
+    print("the daemon probe's waits off the run queue, against the kernel's switches:")
+    for w in waits:
+        a, b = w["t0"], w["t1"]
+        out_at: dict[int, tuple[float, str]] = {}
+        since: dict[int, float] = {}
+        ran = 0.0
+        for t, prev, state, nxt in switches:
+            if t > b:
+                break
+            if t < a - 100:
+                continue
+            if prev in threads:
+                out_at[prev] = (t, state)
+                began = since.pop(prev, None)
+                if began is not None and t > a:
+                    ran += min(t, b) - max(began, a)
+            if nxt in threads:
+                out_at.pop(nxt, None)
+                since[nxt] = t
+        ran += sum(b - max(t, a) for t in since.values())
+        held = [tid for tid, (t, state) in out_at.items() if state.startswith("R") and t <= a + 2]
+        found["holderPreempted"] += bool(held)
+        print(
+            f"   +{(a - start) / 1000:.3f} s, {w['ms']:.0f} ms ({w['detail']} on the run queue):"
+            f" preempted across it {held or 'none'}; daemon threads' CPU in it {ran:.1f} ms"
+        )
+    return found
+
+
 def report(out: Path, slow_ms: float) -> dict[str, Any]:
     records, rows = load(out)
     a = records["A"]
@@ -248,6 +358,7 @@ def report(out: Path, slow_ms: float) -> dict[str, Any]:
             met += any(r["t1"] >= t and r["t0"] <= t + w for r in items)
         chance[key] = met / n
     path = submit_path(a, every, start)
+    kernel = preemption(out, rows, start, end)
     print(f"stalls: {len(found)}; suspect kind: stalls it overlapped / chance at random")
     for key in sorted(by_kind, key=lambda k: -hits[k]):
         print(f"   {key:<28} {hits[key]}/{len(found)}   {chance[key]:.2f}")
@@ -260,6 +371,7 @@ def report(out: Path, slow_ms: float) -> dict[str, Any]:
         ],
         "hits": dict(hits),
         "submitPath": path,
+        "preemption": kernel,
         "rows": dict(Counter(f"{r['kind']}@{r['proc'].split(':')[0]}" for r in every)),
         "chance": chance,
     }
@@ -271,6 +383,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--smoke", action="store_true", help="seconds; proves it runs (tests)")
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--lag-ms", type=float, default=2.0, help="the probe's sleep (0: no probe)")
+    p.add_argument(
+        "--nice-providers",
+        type=int,
+        default=0,
+        help="the app-servers and workers this many nice levels down in every other run (odd ones)",
+    )
+    p.add_argument(
+        "--sched",
+        action="store_true",
+        help="also record the kernel's switches on every CPU (`perf record`, root)",
+    )
     p.add_argument("--slow-ms", type=float, default=0.0, help="default: 2 × phase A's p50")
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-stall"))
     p.add_argument("--json", type=Path, default=None, help="also write each run's summary here")
@@ -282,7 +405,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for i in range(args.runs):
             d = args.out / f"{time.strftime('%H%M%S')}-{i}"
             mode = ["--quick", "--smoke"] if args.smoke else ["--quick"] if args.quick else []
-            run_once(tree, d, mode, args.lag_ms)
+            nice = args.nice_providers if i % 2 == 1 else 0
+            run_once(tree, d, mode, args.lag_ms, nice, args.sched)
+            (d / "nice.txt").write_text(str(nice))
             dirs.append(d)
     reports = []
     for d in dirs:

@@ -15,6 +15,7 @@ janitor's sweeps, each workspace capture, each request's arrival on the transpor
 dispatch timed), each actor message handled, each Turn submit in its actor, every child
 process started, every timer callback, every log record. A row is
 `[kind, start_ms, duration_ms, detail]`; the file's first line is the process's argv.
+`AGENTHOST_STALL_NICE_PROVIDERS=N` runs the app-servers and workers N nice levels down.
 """
 
 from __future__ import annotations
@@ -58,6 +59,12 @@ if _DIR:
             )
 
     gc.callbacks.append(_on_gc)
+
+    _NICE = int(os.environ.get("AGENTHOST_STALL_NICE_PROVIDERS") or 0)
+    if _NICE and ("app-server" in sys.argv or any("drivers/worker" in a for a in sys.argv[:1])):
+        # The experiment: providers below the daemon in the kernel's choice of whom to preempt.
+        with contextlib.suppress(OSError):
+            os.nice(_NICE)
 
     _written = [0]
 
