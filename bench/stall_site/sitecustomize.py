@@ -33,7 +33,9 @@ if _DIR:
     import time
     from typing import Any
 
-    _rows: list[list[Any]] = []
+    # Rows are tuples of atoms: the collector stops tracking them, so the probe's own rows do
+    # not lengthen the daemon's collections it times (lists would be walked by every one).
+    _rows: list[tuple[Any, ...]] = []
     _dump_lock = threading.Lock()
     _started: dict[int, float] = {}
     _SERVE = "serve" in sys.argv
@@ -50,12 +52,12 @@ if _DIR:
         began = _started.pop(me, None)
         if began is not None:
             _rows.append(
-                [
+                (
                     "gc",
                     began,
                     _now() - began,
                     f"gen{info.get('generation')} {info.get('collected')}",
-                ]
+                )
             )
 
     gc.callbacks.append(_on_gc)
@@ -92,9 +94,9 @@ if _DIR:
         except (OSError, ValueError):
             return
         if int(got.get("nr_writeback", 0)) > 0:
-            _rows.append(["writeback", _now(), 0.0, int(got["nr_writeback"])])
+            _rows.append(("writeback", _now(), 0.0, int(got["nr_writeback"])))
         if tick % 20 == 0:
-            _rows.append(["dirty", _now(), 0.0, int(got.get("nr_dirty", 0))])
+            _rows.append(("dirty", _now(), 0.0, int(got.get("nr_dirty", 0))))
 
     _IDLE = ("wait", "sleep", "poll", "select", "_recv", "recv", "get", "acquire", "join")
 
@@ -135,7 +137,7 @@ if _DIR:
             try:
                 return inner(*args, **kwargs)
             finally:
-                _rows.append([kind, t0, _now() - t0, detail(args) if detail else ""])
+                _rows.append((kind, t0, _now() - t0, detail(args) if detail else ""))
 
         setattr(owner, attr, timed)
 
@@ -158,7 +160,8 @@ if _DIR:
                         got = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                     with contextlib.suppress(OSError):
                         got = [*got, os.stat(self.path + "-wal").st_size // 4096]
-                    _rows.append(["wal_checkpoint", t0, _now() - t0, got])
+                    got = json.dumps(got)
+                    _rows.append(("wal_checkpoint", t0, _now() - t0, got))
                     with self._baton:
                         self.write_stats.checkpoints += 1
                 except Exception as exc:  # noqa: BLE001 - as storage.base
@@ -172,7 +175,7 @@ if _DIR:
         inner = database._wal_grew
 
         def grew(self: Any, conn: Any, db: str, pages: int) -> int:
-            _rows.append(["wal_pages", _now(), 0.0, pages])
+            _rows.append(("wal_pages", _now(), 0.0, pages))
             return int(inner(self, conn, db, pages))
 
         database._wal_grew = grew
@@ -191,7 +194,7 @@ if _DIR:
                     fn()
                 finally:
                     name = getattr(fn, "__qualname__", repr(fn))
-                    _rows.append(["timer", t0, _now() - t0, name])
+                    _rows.append(("timer", t0, _now() - t0, name))
 
             return run
 
@@ -229,7 +232,7 @@ if _DIR:
                 inner(self, args, *rest, **kwargs)
             finally:
                 words = [str(a) for a in args] if isinstance(args, (list, tuple)) else [str(args)]
-                _rows.append(["spawn", t0, _now() - t0, " ".join(words[:4])[:120]])
+                _rows.append(("spawn", t0, _now() - t0, " ".join(words[:4])[:120]))
 
         subprocess.Popen.__init__ = init  # type: ignore[method-assign]
 
@@ -241,7 +244,7 @@ if _DIR:
         def handle(self: logging.Logger, record: logging.LogRecord) -> None:
             t0 = _now()
             inner(self, record)
-            _rows.append(["log", t0, _now() - t0, f"{record.name}: {record.getMessage()[:100]}"])
+            _rows.append(("log", t0, _now() - t0, f"{record.name}: {record.getMessage()[:100]}"))
 
         logging.Logger.handle = handle  # type: ignore[method-assign]
 
@@ -303,9 +306,9 @@ if _DIR:
                     # detail: the ms of it this thread sat on a run queue (no CPU for it); the
                     # rest it waited for the GIL.
                     ran = round((queued - runq) / 1e6, 2)
-                    _rows.append(["lag", _now() - late, late, ran])
+                    _rows.append(("lag", _now() - late, late, ran))
                     if late - ran >= 15.0:
-                        _rows.append(["gil_wait", _now() - late, late - ran, _frames()])
+                        _rows.append(("gil_wait", _now() - late, late - ran, json.dumps(_frames())))
                 runq = queued
             if _LAG_MS > 0:
                 _vmstat(ticks)
