@@ -15,6 +15,7 @@ janitor's sweeps, each workspace capture, each request's arrival on the transpor
 dispatch timed), each actor message handled, each Turn submit in its actor, every child
 process started, every timer callback, every log record. A row is
 `[kind, start_ms, duration_ms, detail]`; the file's first line is the process's argv.
+`AGENTHOST_STALL_GC_TYPES=1`: the daemon's gen-2 garbage counted by type (a `gc_types` row).
 `AGENTHOST_STALL_NICE_PROVIDERS=N` runs the app-servers and workers N nice levels down.
 """
 
@@ -44,11 +45,23 @@ if _DIR:
     def _now() -> float:
         return time.time() * 1000.0
 
+    _GC_TYPES = _SERVE and bool(os.environ.get("AGENTHOST_STALL_GC_TYPES"))
+
     def _on_gc(phase: str, info: dict[str, Any]) -> None:
         me = threading.get_ident()
+        gen2 = info.get("generation") == 2
         if phase == "start":
+            if _GC_TYPES and gen2:
+                gc.set_debug(gc.DEBUG_SAVEALL)  # this collection's garbage kept to be counted
             _started[me] = _now()
             return
+        if _GC_TYPES and gen2:
+            gc.set_debug(0)
+            from collections import Counter
+
+            kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+            gc.garbage.clear()
+            _rows.append(("gc_types", _now(), 0.0, json.dumps(kinds.most_common(12))))
         began = _started.pop(me, None)
         if began is not None:
             _rows.append(
