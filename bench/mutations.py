@@ -22,6 +22,9 @@ MODULE = "bench.mutations"
 KINDS = ("turn.submit", "session.updateTitle", "session.timeline")
 MUTATIONS = ("turn.submit", "session.updateTitle")
 """What issue 20 calls mutations: the timeline read is measured beside them, not in their p99."""
+RECORDS_ENV = "BENCH_MUTATIONS_RECORDS"
+"""When set to a file path, every request of phases 0, A and B (kind, t0/t1 in epoch ms,
+status, client index) is written there as JSON (`bench.stall` reads it)."""
 
 
 def _mutation_p99(records: list[dict[str, Any]]) -> float:
@@ -116,6 +119,7 @@ def run(mode: Mode) -> BenchResult:
             daemon.stop()
 
     forks = [r for recs in loaded[mutators:] for r in recs]
+    _write_records(solo, alone, loaded)
     alone_0 = [r for recs in solo for r in recs]
     solo_cpu = {k: 1000 * v / max(1, len(alone_0)) for k, v in profile_0.cpu.items()}
     result.tables.append(
@@ -247,6 +251,20 @@ def run(mode: Mode) -> BenchResult:
         + f" (over {duration:.0f} s on {_cores()} cores)"
     )
     return result
+
+
+def _write_records(*phases: list[list[dict[str, Any]]]) -> None:
+    import json
+    import os
+
+    path = os.environ.get(RECORDS_ENV)
+    if not path:
+        return
+    out = {
+        name: [{**r, "client": i} for i, recs in enumerate(phase) for r in recs]
+        for name, phase in zip(("0", "A", "B"), phases, strict=True)
+    }
+    Path(path).write_text(json.dumps(out))
 
 
 def _cores() -> int:

@@ -529,3 +529,34 @@ def test_the_start_benchmark_times_both_checkouts_to_their_ready_line() -> None:
     assert sorted(r[1] for r in rows) == ["other", "this"]
     assert all(float(r[2]) > 0 and float(r[3]) > 0 for r in rows)
     assert "command: build/venv/bin/python -m bench.start_ready --other=" in out.stdout
+
+
+@pytest.mark.timeout(180)
+def test_the_stall_probe_stamps_the_daemons_suspects_on_the_clients_clock(tmp_path: Path) -> None:
+    """`bench.stall`: `bench.mutations` with every process stamped by `bench/stall_site`; the
+    daemon's group COMMITs (and the WAL's length after each) land in phase A's span of the
+    clients' own request times, and the report reads them back."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.stall",
+            "--smoke",
+            "--out",
+            str(tmp_path / "runs"),
+            "--json",
+            str(tmp_path / "s.json"),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    (summary,) = json.loads((tmp_path / "s.json").read_text())
+    assert summary["p50"] > 0 and summary["p99"] >= summary["p50"]
+    assert summary["rows"].get("commit@daemon", 0) > 0, summary["rows"]
+    (run,) = (tmp_path / "runs").iterdir()
+    records = json.loads((run / "records.json").read_text())
+    assert {"0", "A", "B"} <= set(records) and records["A"]
+    assert all(r["t1"] >= r["t0"] for r in records["A"])
