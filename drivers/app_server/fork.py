@@ -206,7 +206,10 @@ class ForkThroughTurn:
                 # the binder then writes only the file.
                 ahead.run()
             response = runtime.proc.answer(
-                "thread/fork", pending, timeout=max(0.0, deadline - time.monotonic())
+                "thread/fork",
+                pending,
+                timeout=max(0.0, deadline - time.monotonic()),
+                limit=self.fork_timeout,
             )
         except JsonRpcError as exc:
             return ForkResult.rejected(f"thread/fork rejected: {exc.rpc_message}")

@@ -239,14 +239,22 @@ class AppServerProcess:
         return self.answer(method, self.request_async(method, params), timeout=timeout)
 
     def answer(
-        self, method: str, fut: Future[dict[str, Any]], *, timeout: float = 30.0
+        self,
+        method: str,
+        fut: Future[dict[str, Any]],
+        *,
+        timeout: float = 30.0,
+        limit: float | None = None,
     ) -> dict[str, Any]:
         """Wait for the answer to a `request_async(method, …)`: what `request` returns or
-        raises, for a caller that did something else between sending and waiting."""
+        raises, for a caller that did something else between sending and waiting. `timeout`
+        is what is left to wait; `limit`, the call's whole budget the error names (default
+        `timeout`), so the words do not depend on what the caller did meanwhile."""
         try:
             return fut.result(timeout)
         except FutureTimeout:
-            raise AppServerTimeout(f"{method}: no answer in {timeout:.1f} s") from None
+            budget = timeout if limit is None else limit
+            raise AppServerTimeout(f"{method}: no answer in {budget:.1f} s") from None
 
     def notify(self, method: str, params: Mapping[str, Any]) -> None:
         self._write({"method": method, "params": dict(params)})
