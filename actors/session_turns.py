@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
+from functools import partial
 
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
@@ -132,54 +133,82 @@ class TurnRunner:
             self._discard_before(early)
             self._capture_before(state, session.cwd)
 
+        # The start's steps are methods given what they need, not closures of this frame: a
+        # closure that names itself (a retry, a deferral) is a reference cycle, and this one
+        # would hold the Turn's state, its captures and the `Submit` for the collector.
         started = time.monotonic()
-
-        def _start(runtime: PreparedRuntime, warm: bool) -> None:
-            if state.before_pending:
-                state.after_before.append(lambda: None if state.settling else _start(runtime, warm))
-                return
-            state.at_provider = True
-            state.start_unanswered = True
-            state.last_activity = time.monotonic()
-            request = TurnStart(self._core.key, turn.turn_id, msg.text)
-            if warm:
-                # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
-                # before the provider sees anything; then it is prepared and started once more.
-                request = replace(request, home=runtime.home, runtime_generation=runtime.generation)
-            fut = self._core.ctx.workers.start_turn(
-                session.provider, request, self._core.ctx.timeouts.turn_start_s
-            )
-            again = _prepare if warm else None
-            self._core.later(fut, lambda f: self._turn_started(state, f, again), turn_event=True)
-
-        def _runtime_ready(runtime: PreparedRuntime | HostError) -> None:
-            if state.settling:
-                return  # interrupted (or timed out) while the runtime was being prepared
-            if (
-                isinstance(runtime, StoreBusy)
-                and time.monotonic() - started < self._core.ctx.timeouts.store_retry_limit_s
-            ):
-                # Recording the runtime met a busy store: prepare again (idempotent).
-                self._core.after(
-                    RETRY_MAX_S / 4, lambda: self._runtime.prepare_runtime(session, _runtime_ready)
-                )
-                return
-            if isinstance(runtime, HostError):
-                self.settle(state, "failed", error=runtime.message)
-                return
-            _start(runtime, False)
-
-        def _prepare() -> None:
-            self._runtime.prepare_runtime(session, _runtime_ready)
-
         # The runtime the last `session.start` reported is still live and
         # unchanged: no `session.start` round trip before this Turn.
         warm = self._runtime.warm_turn_runtime(session, unbound=unbound)
         if warm is None:
-            _prepare()
+            self._prepare(state, msg.text, session, started)
             return
         self._core.ctx.failpoints.hit("host.turn.before_warm_start")
-        _start(warm, True)
+        self._start(state, msg.text, session, started, warm, True)
+
+    def _start(
+        self,
+        state: TurnState,
+        text: str,
+        session: Session,
+        started: float,
+        runtime: PreparedRuntime,
+        warm: bool,
+    ) -> None:
+        """Send the Turn's `turn.start` on `runtime` (`warm`: one no `session.start` prepared
+        for it), once its `before` capture has answered; `started`: when it was submitted."""
+        if state.before_pending:
+            state.after_before.append(
+                lambda: (
+                    None
+                    if state.settling
+                    else self._start(state, text, session, started, runtime, warm)
+                )
+            )
+            return
+        state.at_provider = True
+        state.start_unanswered = True
+        state.last_activity = time.monotonic()
+        request = TurnStart(self._core.key, state.turn_id, text)
+        if warm:
+            # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
+            # before the provider sees anything; then it is prepared and started once more.
+            request = replace(request, home=runtime.home, runtime_generation=runtime.generation)
+        fut = self._core.ctx.workers.start_turn(
+            session.provider, request, self._core.ctx.timeouts.turn_start_s
+        )
+        again: Callable[[], None] | None = None
+        if warm:
+            again = partial(self._prepare, state, text, session, started)
+        self._core.later(fut, lambda f: self._turn_started(state, f, again), turn_event=True)
+
+    def _prepare(self, state: TurnState, text: str, session: Session, started: float) -> None:
+        """Prepare the Session's runtime (`session.start`), then start the Turn on it."""
+        self._runtime.prepare_runtime(
+            session, partial(self._runtime_ready, state, text, session, started)
+        )
+
+    def _runtime_ready(
+        self,
+        state: TurnState,
+        text: str,
+        session: Session,
+        started: float,
+        runtime: PreparedRuntime | HostError,
+    ) -> None:
+        if state.settling:
+            return  # interrupted (or timed out) while the runtime was being prepared
+        if (
+            isinstance(runtime, StoreBusy)
+            and time.monotonic() - started < self._core.ctx.timeouts.store_retry_limit_s
+        ):
+            # Recording the runtime met a busy store: prepare again (idempotent).
+            self._core.after(RETRY_MAX_S / 4, partial(self._prepare, state, text, session, started))
+            return
+        if isinstance(runtime, HostError):
+            self.settle(state, "failed", error=runtime.message)
+            return
+        self._start(state, text, session, started, runtime, False)
 
     def _turn_started(
         self,

@@ -1,0 +1,87 @@
+"""A submitted and settled Turn leaves no reference cycle behind: reference counting alone frees
+its state (`TurnState`), its checkpoint captures and the `Submit` that started it, so the
+daemon's collector never has them to walk.
+
+An in-process daemon (real store file, real worker and tutti-agent app-server, workspace
+checkpoints on). The collector is off while the Turns run — the Session's first (its runtime
+prepared: `session.start`), its second and the warm ones after — then one collection keeps its
+garbage (`gc.DEBUG_SAVEALL`) and the test looks for any object of a Turn in it."""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.checkpoints import Capture
+from actors.messages import Submit
+from actors.session_base import DurableWrite, TurnState
+from agenthost.daemon import Daemon
+from tests.support.daemon import create_session, run_turn, wait_for
+from tests.support.in_process import in_process_daemon
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+# What a Turn's cycle held (the closures of its submit and of its `before` capture).
+TURN_KINDS = (TurnState, Submit, Capture, DurableWrite)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
+        yield running
+
+
+def _all_settled() -> bool:
+    """Every Turn's state says its settlement is durable (its actor has dropped it)."""
+    return all(o.settled for o in gc.get_objects() if isinstance(o, TurnState))
+
+
+def test_settled_turns_leave_no_reference_cycle(running: tuple[Daemon, Client]) -> None:
+    _, c = running
+    turns = 5
+    gc.collect()
+    gc.disable()
+    try:
+        sid = create_session(c, title="no cycles")["agentSessionId"]
+        for i in range(turns):
+            assert run_turn(c, sid, f"turn {i}")["outcome"] == "completed"
+        # Each settled Turn is dropped by its actor once its settlement is durable.
+        wait_for(_all_settled, 30)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            garbage = list(gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    finally:
+        gc.enable()
+    left = Counter(type(o).__qualname__ for o in garbage if isinstance(o, TURN_KINDS))
+    assert not left, f"{turns} settled Turns left cycles holding {dict(left)}"
+
+
+def _turn_in_a_cycle() -> None:
+    state = TurnState("t")
+    state.after_before.append(lambda: None if state.settling else None)
+
+
+def test_the_check_sees_a_cycle_that_holds_a_turn() -> None:
+    """The collection above would show a Turn's cycle: one made here on purpose is found."""
+    gc.disable()
+    try:
+        _turn_in_a_cycle()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            garbage = list(gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+    finally:
+        gc.enable()
+    assert any(isinstance(o, TurnState) for o in garbage)
