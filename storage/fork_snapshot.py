@@ -49,12 +49,11 @@ from storage.fork_child import (
     reject_duplicate_keys,
 )
 from storage.history_links import (
-    DESCENDANT_LANE_KEY,
     DESCENDANT_LANE_KIND,
     HistoryScan,
-    has_session_local_attachment,
     history_link,
     linked_message,
+    refuse_boundary_payload,
     scan_history,
     visible_rows,
 )
@@ -353,12 +352,7 @@ def _read_messages(
             payload: Any = {}
         else:
             payload = json.loads(payload_json, object_pairs_hook=reject_duplicate_keys)
-            # Parsed JSON: an object is a plain dict (no ABC isinstance per Message).
-            if type(payload) is dict and payload:
-                if payload.get(DESCENDANT_LANE_KEY):
-                    raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
-                if has_session_local_attachment(payload):
-                    raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
+            refuse_boundary_payload(payload)
         # A snapshot v2 Message: an array in `MESSAGE_FIELDS` order.
         append([message_id, kind, text, payload, version, position])
 

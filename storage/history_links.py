@@ -488,11 +488,7 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
         if kind == DESCENDANT_LANE_KIND:
             raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
         payload = json.loads(payload_json, object_pairs_hook=reject_duplicate_keys)
-        if type(payload) is dict and payload:
-            if payload.get(DESCENDANT_LANE_KEY):
-                raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
-            if has_session_local_attachment(payload):
-                raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
+        refuse_boundary_payload(payload)
         payloads.append((str(message_id), int(position), payload))
     return HistoryScan(
         through=through,
@@ -524,6 +520,17 @@ def _special_rows(
         for r in visible_rows(conn, ws, sid, through)
         if r[4] != "{}" or r[2] == DESCENDANT_LANE_KIND
     ]
+
+
+def refuse_boundary_payload(payload: Any) -> None:
+    """Raise the `ForkBoundaryError` a boundary Message's parsed payload calls for: a
+    descendant lane's marker, or an attachment local to its Session (a parsed JSON object is a
+    plain dict, so no ABC check per Message)."""
+    if type(payload) is dict and payload:
+        if payload.get(DESCENDANT_LANE_KEY):
+            raise ForkBoundaryError(ForkBoundaryReason.DESCENDANT_LANE_IN_BOUNDARY)
+        if has_session_local_attachment(payload):
+            raise ForkBoundaryError(ForkBoundaryReason.SESSION_LOCAL_ATTACHMENT_IN_BOUNDARY)
 
 
 def has_session_local_attachment(payload: Any) -> bool:
