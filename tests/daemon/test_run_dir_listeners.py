@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, create_session, wait_for
-from tests.support.run_dir import listeners_in, open_fds, remove_run
+from tests.support.daemon import DaemonProcess, wait_for
+from tests.support.run_dir import hears_a_new_session, listeners_in, open_fds, remove_run
 from transport.client import Client, EventSubscriber
 from transport.connections import OLD_LISTENERS_KEPT
 
@@ -67,15 +67,7 @@ def test_removing_run_again_and_again_keeps_the_daemons_descriptors_bounded(
             # Neither old client was moved: one old listener per endpoint is kept as it is.
             assert _shed(old) == 0
             # The subscriber still hears the daemon, through the first events listener.
-            sid = create_session(old)["agentSessionId"]
-            while True:
-                event = sub.next(10)
-                assert event is not None, "the old subscriber heard nothing"
-                if (
-                    event["type"] == "session.upserted"
-                    and event["session"]["agentSessionId"] == sid
-                ):
-                    break
+            hears_a_new_session(old, sub)
         finally:
             sub.close()
         with Client(d.api, timeout=30) as fresh:
@@ -106,9 +98,7 @@ def test_clients_held_through_many_listeners_are_moved_to_the_new_one(tmp_path: 
             clients.append(d.client())
             _status(clients[-1])
         # The current three, and at most OLD_LISTENERS_KEPT old API listeners.
-        wait_for(
-            lambda: len(listeners_in(pid, run)) <= len(first) + OLD_LISTENERS_KEPT, timeout=30
-        )
+        wait_for(lambda: len(listeners_in(pid, run)) <= len(first) + OLD_LISTENERS_KEPT, timeout=30)
         for c in clients:
             _status(c)
         assert _shed(clients[-1]) >= len(clients) - 1 - OLD_LISTENERS_KEPT

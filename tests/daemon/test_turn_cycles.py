@@ -52,17 +52,22 @@ def test_settled_turns_leave_no_reference_cycle(running: tuple[Daemon, Client]) 
             assert run_turn(c, sid, f"turn {i}")["outcome"] == "completed"
         # Each settled Turn is dropped by its actor once its settlement is durable.
         wait_for(_all_settled, 30)
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            gc.collect()
-            garbage = list(gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
+        garbage = _collected()
     finally:
         gc.enable()
     left = Counter(type(o).__qualname__ for o in garbage if isinstance(o, TURN_KINDS))
     assert not left, f"{turns} settled Turns left cycles holding {dict(left)}"
+
+
+def _collected() -> list[object]:
+    """One full collection, keeping what it found unreachable (the objects of cycles)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        return list(gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
 
 
 def _turn_in_a_cycle() -> None:
@@ -75,13 +80,7 @@ def test_the_check_sees_a_cycle_that_holds_a_turn() -> None:
     gc.disable()
     try:
         _turn_in_a_cycle()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            gc.collect()
-            garbage = list(gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
+        garbage = _collected()
     finally:
         gc.enable()
     assert any(isinstance(o, TurnState) for o in garbage)

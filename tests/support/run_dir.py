@@ -7,7 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.support.daemon import DaemonProcess, wait_for
+from tests.support.daemon import DaemonProcess, create_session, wait_for
+from transport.client import Client, EventSubscriber
 
 RESTORED = "was removed under the live daemon: made it again"
 """The daemon's log line once it has made `run/` again."""
@@ -56,3 +57,14 @@ def remove_run(d: DaemonProcess, run: Path) -> None:
     shutil.rmtree(run)
     wait_for(lambda: d.tail_log(10**7).count(RESTORED) > done)
     assert (run / "api.sock").exists() and (run / "events.sock").exists()
+
+
+def hears_a_new_session(client: Client, sub: EventSubscriber) -> None:
+    """Create a Session through `client` and wait until `sub` hears its `session.upserted`:
+    an old subscriber still hears the daemon after its listener's file went."""
+    sid = create_session(client)["agentSessionId"]
+    while True:
+        event = sub.next(10)
+        assert event is not None, "the old subscriber heard nothing"
+        if event["type"] == "session.upserted" and event["session"]["agentSessionId"] == sid:
+            return

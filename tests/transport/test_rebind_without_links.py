@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, create_session, wait_for
-from tests.support.run_dir import listeners_in, open_fds, remove_run
+from tests.support.daemon import DaemonProcess, wait_for
+from tests.support.run_dir import hears_a_new_session, listeners_in, open_fds, remove_run
 from tests.support.seccomp import ARCHES, LINKS, refusing
 from transport.client import Client, EventSubscriber
 
@@ -101,15 +101,7 @@ def test_rebind_without_hard_links_serves_at_the_usual_path_with_bounded_descrip
             names = {os.path.basename(a) for a in listeners_in(pid, run)}
             assert {".api.", ".events."} <= {n[: n.rfind(".") + 1] for n in names}, names
             assert [n for n in os.listdir(run) if n.startswith(".")] == [], os.listdir(run)
-            sid = create_session(old)["agentSessionId"]
-            while True:
-                event = sub.next(10)
-                assert event is not None, "the old subscriber heard nothing"
-                if (
-                    event["type"] == "session.upserted"
-                    and event["session"]["agentSessionId"] == sid
-                ):
-                    break
+            hears_a_new_session(old, sub)
         finally:
             sub.close()
     finally:
