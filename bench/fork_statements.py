@@ -30,7 +30,7 @@ from typing import Any
 
 import apsw
 
-from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from bench.fork_trees import evidence_for, fork_request
 from storage.store import Store
 
 WS = "ws-fork-statements"
@@ -125,16 +125,7 @@ def run(turns: int, forks: int) -> None:
                 if i == WARM:
                     statements.clear()
                 recording[0] = i == forks - 1
-                request = ForkPrepareRequest(
-                    source_session_id=sid,
-                    request_id=f"req-{uuid.uuid4()}",
-                    target_session_id=str(uuid.uuid4()),
-                    turn_id=turn_id,
-                    driver_kind="tutti-agent",
-                    driver_version="0.0.10",
-                    binding_mode="host_copy",
-                    runtime_identity={},
-                )
+                request = fork_request(sid, turn_id)
                 op, _ = timed(
                     "prepare",
                     store.fork_prepare.prepare_fork,
@@ -145,15 +136,8 @@ def run(turns: int, forks: int) -> None:
                 )
                 oid = op.operation_id
                 timed("dispatching", store.fork_transitions.mark_fork_dispatching, WS, oid)
-                evidence = ProviderForkEvidence(
-                    child_provider_session_id=f"child-{oid}",
-                    provider_turn_ids=op.source_provider_turn_ids,
-                    binding_mode=op.binding_mode,
-                    receipt={"forkedFromId": op.source_provider_session_id},
-                    turn_bindings=None,
-                )
                 accept = store.fork_transitions.mark_fork_provider_accepted
-                timed("accepted", accept, WS, oid, evidence)
+                timed("accepted", accept, WS, oid, evidence_for(op))
                 timed("commit", store.fork_commit.commit_fork, WS, oid)
                 timed("ack", store.fork_transitions.acknowledge_fork, WS, oid)
             conn.exec_trace = None

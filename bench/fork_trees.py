@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from storage.models import ForkPrepareRequest, ProviderForkEvidence
+from storage.models import ForkOperation, ForkPrepareRequest, ProviderForkEvidence
 from storage.store import Store
 
 
@@ -45,34 +45,37 @@ def build_tree(store: Store, ws: str, shape: str, size: int) -> tuple[str, list[
     return root, [first, *replicate(store, ws, lineage.operation_id, parents)]
 
 
+def fork_request(sid: str, turn_id: str) -> ForkPrepareRequest:
+    """A tutti-agent `host_copy` fork of `sid` through `turn_id`, fresh request and child ids."""
+    return ForkPrepareRequest(
+        source_session_id=sid,
+        request_id=f"req-{uuid.uuid4()}",
+        target_session_id=str(uuid.uuid4()),
+        turn_id=turn_id,
+        driver_kind="tutti-agent",
+        driver_version="0.0.10",
+        binding_mode="host_copy",
+        runtime_identity={},
+    )
+
+
+def evidence_for(op: ForkOperation) -> ProviderForkEvidence:
+    """What a provider's fork of `op` would report: a child id of its own, the frozen Turns."""
+    return ProviderForkEvidence(
+        child_provider_session_id=f"child-{op.operation_id}",
+        provider_turn_ids=op.source_provider_turn_ids,
+        binding_mode=op.binding_mode,
+        receipt={"forkedFromId": op.source_provider_session_id},
+        turn_bindings=None,
+    )
+
+
 def committed_fork(store: Store, ws: str, sid: str, turn_id: str) -> tuple[str, str]:
     """Fork `sid` through `turn_id` to commit and ACK; (child id, the child's copy of the
     Turn, through which the child can be forked in turn)."""
-    op, _ = store.fork_prepare.prepare_fork(
-        ws,
-        ForkPrepareRequest(
-            source_session_id=sid,
-            request_id=f"req-{uuid.uuid4()}",
-            target_session_id=str(uuid.uuid4()),
-            turn_id=turn_id,
-            driver_kind="tutti-agent",
-            driver_version="0.0.10",
-            binding_mode="host_copy",
-            runtime_identity={},
-        ),
-    )
+    op, _ = store.fork_prepare.prepare_fork(ws, fork_request(sid, turn_id))
     store.fork_transitions.mark_fork_dispatching(ws, op.operation_id)
-    store.fork_transitions.mark_fork_provider_accepted(
-        ws,
-        op.operation_id,
-        ProviderForkEvidence(
-            child_provider_session_id=f"child-{op.operation_id}",
-            provider_turn_ids=op.source_provider_turn_ids,
-            binding_mode=op.binding_mode,
-            receipt={"forkedFromId": op.source_provider_session_id},
-            turn_bindings=None,
-        ),
-    )
+    store.fork_transitions.mark_fork_provider_accepted(ws, op.operation_id, evidence_for(op))
     committed, _ = store.fork_commit.commit_fork(ws, op.operation_id)
     store.fork_transitions.acknowledge_fork(ws, op.operation_id)
     assert committed.target_turn_id is not None
