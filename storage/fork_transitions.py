@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from domain.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
-from domain.fork_states import ForkStatus, sources_of
+from domain.fork_states import SOURCES, ForkStatus
 from storage.base import Database
 from storage.fork_evidence import record_accepted, validate_evidence
 from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
@@ -47,7 +47,7 @@ class ForkTransitions:
 
         `stamp`: the time column set to the transaction's own time (when the row is written,
         not when the caller asked: a write may wait its turn for seconds)."""
-        sources = sources_of(to)  # the state machine's, domain.fork_states
+        sources = SOURCES[to]  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
             values = {**values, stamp: tx.now_ms}
             if (
