@@ -28,8 +28,8 @@ import apsw
 
 from domain.errors import StoreBusy
 from storage.fork_child import ForkMemo
-from storage.fork_rows import PROJECTION_CACHE_SIZE, ProjectionCache
 from storage.models import ChangeEvent
+from storage.rows import PROJECTION_CACHE_SIZE, ProjectionCache
 from storage.schema import migrate
 from storage.sqlite import (
     BUSY_TIMEOUT_MS,
@@ -102,7 +102,7 @@ class Database:
         self.busy_timeout_ms = busy_timeout_ms
         # Values a fork's prepare computes for its commit, owned by this store (fork_child.py).
         self.fork_memo = ForkMemo()
-        # Committed operations' child projections this store built (fork_rows.py).
+        # Committed operations' child projections this store built (rows.py).
         self.projections = ProjectionCache(PROJECTION_CACHE_SIZE)
         self._clock: Clock = clock or wall_clock_ms
         self._local = threading.local()

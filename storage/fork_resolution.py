@@ -28,7 +28,6 @@ from domain.errors import (
 )
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
-from storage.fork_rows import load_op
 from storage.fork_snapshot import source_blockers
 from storage.fork_transitions import record_accepted, validate_evidence
 from storage.models import (
@@ -38,7 +37,7 @@ from storage.models import (
     ProviderForkEvidence,
     SessionChanged,
 )
-from storage.rows import require_session
+from storage.rows import load_op, require_session
 from storage.sqlite import Tx, dumps, loads
 
 # What a source is, not what runs on it: an adopt does not re-check these.

@@ -21,8 +21,8 @@ from domain.errors import (
 )
 from domain.fork_states import SOURCES, ForkStatus
 from storage.base import Database
-from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
+from storage.rows import OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.sqlite import Tx, dumps, loads
 
 

@@ -26,9 +26,8 @@ import contextlib
 
 import apsw
 
-from storage.fork_rows import ProjectionCache, load_op
 from storage.models import ForkOperation, Session
-from storage.rows import require_session
+from storage.rows import ProjectionCache, load_op, require_session
 from storage.sqlite import open_connection
 
 READ_BUSY_TIMEOUT_MS = 50
