@@ -28,7 +28,15 @@ from typing import Any
 from actors.fork_host import ForkHost
 from actors.messages import Reply, runtime_key
 from domain.enums import DeliveryDisposition
-from domain.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
+from domain.errors import (
+    ForkEvidenceUnreadable,
+    ForkInProgress,
+    ForkResolveConflict,
+    ForkResolveInProgress,
+    HostError,
+    InvalidArgument,
+    ProviderError,
+)
 from domain.fork_states import ForkStatus
 from domain.worker_messages import (
     ForkResult,
@@ -40,11 +48,6 @@ from domain.worker_messages import (
     ResolveInspection,
     ResolveQuarantined,
     ResolveRequest,
-)
-from storage.fork_resolution import (
-    ForkEvidenceUnreadable,
-    ForkResolveConflict,
-    ForkResolveInProgress,
 )
 from storage.models import ForkOperation, ProviderForkEvidence
 from storage.sqlite import host_error_of

@@ -35,11 +35,11 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from storage import models as store_models
-from storage.fork_resolution import ForkResolution
 from storage.models import (
     ChangeEvent,
     ForkOperation,
     ForkPrepareRequest,
+    ForkResolution,
     Interaction,
     LeftoverCommit,
     Message,

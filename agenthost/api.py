@@ -4,7 +4,7 @@ actors (writes) or a small reader pool (reads), and projects the outcome onto th
 Called on the transport thread, so nothing here blocks: every handler either raises a typed
 error at once or answers later through the responder. The two point reads, `session.get` and
 `fork.get` of a settled operation, are the exception: they are answered right here
-from a read-only connection of their own (`storage.read_view`), with no thread hop and no
+from a read-only connection of their own (`storage.base.ReadView`), with no thread hop and no
 actor — a primary-key lookup in SQLite's page cache, shorter than the hop it replaces. If that
 connection is ever busy (SQLite's rare WAL recovery) the read goes to the reader pool instead.
 """

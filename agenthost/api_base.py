@@ -36,8 +36,8 @@ from domain.errors import (
     Unavailable,
 )
 from protocol.envelope import Request, pack_result
+from storage.base import ReadView
 from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
-from storage.read_view import ReadView
 from storage.sqlite import TRANSIENT_ERRORS, host_error_of
 from storage.store import Store
 from transport.server import OneShotResponder, Responder
@@ -278,7 +278,7 @@ class RequestPlumbing:
                 responder.result(200, result)
             return
         # The generation before the read: a commit during it can only make the entry stale
-        # for the next lookup, never kept as current (`storage.read_view`).
+        # for the next lookup, never kept as current (`storage.base.ReadView`).
         generation = view.generation()
         packed = cache.get(generation, key)
         if packed is None:

@@ -3,7 +3,7 @@
 A `session.get` and the `fork.get` of a settled operation are functions of committed state
 alone (and of the provider catalog, fixed for the daemon's life). The transport thread keeps
 each one's encoded `result` map, keyed by (method, workspace, id), under the generation of
-the read view it was read from (`storage.read_view.ReadView.generation`, SQLite's
+the read view it was read from (`storage.base.ReadView.generation`, SQLite's
 `data_version`, taken *before* the read). While that generation is unchanged no connection has
 committed anything since, so the bytes are exactly what a fresh read would encode: a repeat
 read is answered with them — one `PRAGMA` instead of the SELECT, the row decode, the

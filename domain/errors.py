@@ -314,6 +314,27 @@ class ForkEvidenceRejected(ProviderError):
     default_reason = "agent_session_fork_delivery_unknown"
 
 
+class ForkResolveInProgress(Conflict):
+    """Another `fork.resolve` of this operation is under way."""
+
+    default_reason = "agent_session_fork_resolve_in_progress"
+    retryable = True
+
+
+class ForkResolveConflict(Conflict):
+    """The operation is not `unknown` (any more), or was resolved another way."""
+
+    default_reason = "agent_session_fork_resolve_conflict"
+
+
+class ForkEvidenceUnreadable(Conflict):
+    """An abandon whose inspection found a provider child of the source that cannot be read
+    now while another fork of the source could own it: nothing is moved; retry."""
+
+    default_reason = "agent_session_fork_evidence_unreadable"
+    retryable = True
+
+
 class ForkSnapshotCorrupt(HostError):
     """The stored snapshot no longer matches its hash or contradicts its operation (500)."""
 

@@ -5,7 +5,7 @@ transitions, the active set (the source fence holds), the barrier rule (a new re
 on the same source + boundary Turn gets the original operation back, whatever its point
 kind) and the restart rule (what a
 leftover of a dead process becomes). The store generates its SQL `IN (...)` lists from these
-sets; recovery and the saga ask `after_restart`.
+sets and each transition's guard from `SOURCES`; recovery and the saga ask `after_restart`.
 """
 
 from __future__ import annotations
@@ -72,6 +72,10 @@ asked for it (ARCHITECTURE.md law 8)."""
 def sources_of(to: ForkStatus) -> tuple[ForkStatus, ...]:
     """Every status that may move to `to`, in declaration order (the guard of a transition)."""
     return tuple(s for s in ForkStatus if to in TRANSITIONS[s])
+
+
+SOURCES: Mapping[ForkStatus, tuple[ForkStatus, ...]] = {to: sources_of(to) for to in ForkStatus}
+"""`sources_of` of every status, generated once: the guard a transition's UPDATE reads."""
 
 
 def can_transition(frm: ForkStatus, to: ForkStatus) -> bool:

@@ -15,11 +15,11 @@ from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTra
 from domain.fork_states import ForkStatus
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, ForkMemo, HistoryCopy, build_child
-from storage.fork_evidence import receipt_forked_from
-from storage.fork_rows import OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
+from storage.fork_transitions import receipt_forked_from
 from storage.history_links import boundary_proof, fenced_history_unchanged, link_messages
 from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
+from storage.rows import OP_COLUMNS, decode_op, op_from_row
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, Tx, dumps, loads
 

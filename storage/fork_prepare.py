@@ -24,7 +24,6 @@ from domain.errors import (
 from domain.fork_states import NOT_A_FORK_SQL
 from storage.base import Database
 from storage.fork_child import ForkMemo, OrdinalPrefixes, prove_child, remember_child_history
-from storage.fork_rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, load_op
 from storage.fork_snapshot import freeze_snapshot, load_boundary, request_hash, source_blockers
 from storage.fork_workspace import PLANNED, boundary_checkpoint
 from storage.history_links import fence_history, history_section
@@ -39,7 +38,7 @@ from storage.models import (
     SessionChanged,
     TurnPhase,
 )
-from storage.rows import require_session
+from storage.rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, load_op, require_session
 from storage.sqlite import Tx, dumps
 
 # -- Prepare ---------------------------------------------------------------------------------------

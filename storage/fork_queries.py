@@ -7,8 +7,8 @@ which operation holds a fence — are in tests/support/store_reads.py, out of `S
 from __future__ import annotations
 
 from storage.base import Database
-from storage.fork_rows import load_op
 from storage.models import ForkOperation
+from storage.rows import load_op
 from storage.sqlite import Tx
 
 # -- An operation by id ----------------------------------------------------------------------------

@@ -18,56 +18,32 @@ A second request while one is `started` gets 409 `agent_session_fork_resolve_in_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from domain.errors import Conflict, ForkBoundaryError, ForkBoundaryReason
+from domain.errors import (
+    ForkBoundaryError,
+    ForkBoundaryReason,
+    ForkResolveConflict,
+    ForkResolveInProgress,
+)
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
-from storage.fork_evidence import record_accepted, validate_evidence
-from storage.fork_rows import load_op
 from storage.fork_snapshot import source_blockers
-from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
-from storage.rows import require_session
+from storage.fork_transitions import record_accepted, validate_evidence
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    ForkResolution,
+    ProviderForkEvidence,
+    SessionChanged,
+)
+from storage.rows import load_op, require_session
 from storage.sqlite import Tx, dumps, loads
 
 # What a source is, not what runs on it: an adopt does not re-check these.
 _STATIC = frozenset(
     {ForkBoundaryReason.SOURCE_NOT_ROOT, ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING}
 )
-
-
-class ForkResolveInProgress(Conflict):
-    """Another `fork.resolve` of this operation is under way."""
-
-    default_reason = "agent_session_fork_resolve_in_progress"
-    retryable = True
-
-
-class ForkResolveConflict(Conflict):
-    """The operation is not `unknown` (any more), or was resolved another way."""
-
-    default_reason = "agent_session_fork_resolve_conflict"
-
-
-class ForkEvidenceUnreadable(Conflict):
-    """An abandon whose inspection found a provider child of the source that cannot be read
-    now while another fork of the source could own it: nothing is moved; retry."""
-
-    default_reason = "agent_session_fork_evidence_unreadable"
-    retryable = True
-
-
-@dataclass(frozen=True, slots=True)
-class ForkResolution:
-    workspace_id: str
-    operation_id: str
-    request_id: str
-    action: str
-    state: str
-    child_id: str | None
-    evidence: Any
-    result: Any
 
 
 _COLUMNS = (
@@ -291,12 +267,3 @@ class ResolutionStore:
             (ws, source_session_id),
         )
         return [str(r[0]) for r in rows]
-
-
-__all__ = [
-    "ForkEvidenceUnreadable",
-    "ForkResolution",
-    "ForkResolveConflict",
-    "ForkResolveInProgress",
-    "ResolutionStore",
-]

@@ -1,6 +1,10 @@
 """The guarded status transitions of an operation: each one `_write` transaction with
 `UPDATE ... WHERE status IN (sources)`, the sources taken from domain.fork_states; a repeat
-returns `changed=False`, a transition the state machine forbids raises `InvalidTransition`."""
+returns `changed=False`, a transition the state machine forbids raises `InvalidTransition`.
+
+The move to `provider_accepted` carries the provider's evidence (seed 000 §7): it is validated
+(`validate_evidence`) and recorded by the one write of that move (`record_accepted`), which the
+saga's dispatch and `fork.resolve`'s adopt (storage/fork_resolution.py) both make."""
 
 from __future__ import annotations
 
@@ -8,13 +12,18 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from domain.errors import ForkAcknowledgeConflict, ForkOperationNotFound, InvalidTransition
-from domain.fork_states import ForkStatus, sources_of
+from domain.enums import ProviderStateBindingMode
+from domain.errors import (
+    ForkAcknowledgeConflict,
+    ForkEvidenceRejected,
+    ForkOperationNotFound,
+    InvalidTransition,
+)
+from domain.fork_states import SOURCES, ForkStatus
 from storage.base import Database
-from storage.fork_evidence import record_accepted, validate_evidence
-from storage.fork_rows import OP_COLUMNS, decode_op, load_op, op_from_row
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
-from storage.sqlite import dumps, loads
+from storage.rows import OP_COLUMNS, decode_op, load_op, op_from_row
+from storage.sqlite import Tx, dumps, loads
 
 
 class ForkTransitions:
@@ -47,7 +56,7 @@ class ForkTransitions:
 
         `stamp`: the time column set to the transaction's own time (when the row is written,
         not when the caller asked: a write may wait its turn for seconds)."""
-        sources = sources_of(to)  # the state machine's, domain.fork_states
+        sources = SOURCES[to]  # the state machine's, domain.fork_states
         with self._write(ws) as tx:
             values = {**values, stamp: tx.now_ms}
             if (
@@ -248,3 +257,75 @@ def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) ->
         target_provider_turn_ids=tuple(_as_read(list(evidence.provider_turn_ids))),
         binding_receipt=_as_read(dict(evidence.receipt)),
     )
+
+
+# -- The provider evidence of `provider_accepted` (seed 000 §7) ------------------------------
+
+def record_accepted(
+    tx: Tx, ws: str, op_id: str, evidence: ProviderForkEvidence, *, from_status: ForkStatus
+) -> None:
+    """Writes `from_status → provider_accepted` with the provider's evidence (the saga's
+    dispatch, or `fork.resolve` adopting an `unknown` operation, which also clears its outcome)."""
+    bindings = None
+    if evidence.turn_bindings is not None:
+        bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
+    clear = ", error = NULL, completed_at_ms = NULL" if from_status is ForkStatus.UNKNOWN else ""
+    tx.execute(
+        "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
+        " target_provider_session_id = ?, target_provider_turn_ids = ?,"
+        f" target_turn_bindings = ?, binding_receipt = ?{clear}"
+        " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
+        (
+            tx.now_ms,
+            evidence.child_provider_session_id,
+            dumps(list(evidence.provider_turn_ids)),
+            None if bindings is None else dumps(bindings),
+            dumps(dict(evidence.receipt)),
+            ws,
+            op_id,
+            from_status.value,
+        ),
+    )
+    tx.emit(ForkOperationChanged(ws, op_id))
+
+
+def validate_evidence(op: ForkOperation, ev: ProviderForkEvidence) -> None:
+    """Seed 000 §7: `accepted` only with typed evidence that proves an independent child."""
+
+    def reject(why: str) -> None:
+        raise ForkEvidenceRejected(f"provider evidence rejected: {why}", params={"why": why})
+
+    if not ev.child_provider_session_id:
+        reject("no child provider session id")
+    if ev.child_provider_session_id == op.source_provider_session_id:
+        reject("child provider session id equals the source")
+    if ev.binding_mode != op.binding_mode:
+        reject(f"binding mode {ev.binding_mode!r} differs from frozen {op.binding_mode!r}")
+    if not isinstance(ev.receipt, Mapping) or not ev.receipt:
+        reject("no binding receipt")
+    forked_from = receipt_forked_from(ev.receipt)
+    if forked_from is not None and forked_from != op.source_provider_session_id:
+        reject("receipt forkedFromId does not name the source provider session")
+    if ev.binding_mode == ProviderStateBindingMode.HOST_COPY:
+        if tuple(ev.provider_turn_ids) != op.source_provider_turn_ids:
+            reject("child provider turns are not exactly the frozen ordered prefix")
+    else:
+        if not ev.turn_bindings or op.source_turn_id not in ev.turn_bindings:
+            reject("provider_owned evidence lacks a binding for the selected turn")
+    for source_turn, value in (ev.turn_bindings or {}).items():
+        if (
+            not isinstance(value, (tuple, list))
+            or len(value) != 2
+            or not isinstance(value[0], str)
+            or not value[0]
+            or not (value[1] is None or isinstance(value[1], str))
+        ):
+            reject(f"malformed binding for turn {source_turn!r}")
+
+
+def receipt_forked_from(receipt: Mapping[str, Any]) -> str | None:
+    for key in ("forkedFromId", "forked_from_id", "sourceProviderSessionId"):
+        value = receipt.get(key)
+        if isinstance(value, str):
+            return value
+    return None

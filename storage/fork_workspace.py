@@ -14,8 +14,8 @@ import apsw
 from domain.errors import InvalidTransition
 from domain.fork_states import ForkStatus
 from storage.base import Database
-from storage.fork_rows import load_op
 from storage.models import ForkOperation, ForkOperationChanged, TreeToRemove
+from storage.rows import load_op
 from storage.sqlite import loads
 
 PLANNED = "planned"

@@ -318,6 +318,22 @@ class LeftoverCommit:
 
 
 @dataclass(frozen=True, slots=True)
+class ForkResolution:
+    """A `fork.resolve`'s durable record of one operation (`fork_resolutions`): the winning
+    request, its action, its state (`started`, `done`, `rolled_back`), the child it adopts, the
+    evidence and the result."""
+
+    workspace_id: str
+    operation_id: str
+    request_id: str
+    action: str
+    state: str
+    child_id: str | None
+    evidence: Any
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
 class ForkReadiness:
     """Inputs for capability/availability resolution: why a fork would be rejected now.
 

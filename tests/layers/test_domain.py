@@ -92,6 +92,8 @@ def test_transitions_and_sets() -> None:
     )
     assert fork_states.sources_of(ForkStatus.UNKNOWN) == (ForkStatus.DISPATCHING,)
     assert fork_states.sources_of(ForkStatus.COMMITTED) == (ForkStatus.PROVIDER_ACCEPTED,)
+    # The transitions' guard table is `sources_of` of every status, nothing else.
+    assert dict(fork_states.SOURCES) == {to: fork_states.sources_of(to) for to in ForkStatus}
     terminal = {ForkStatus.COMMITTED, ForkStatus.FAILED, ForkStatus.UNKNOWN, ForkStatus.ABANDONED}
     assert terminal == fork_states.TERMINAL
     assert set(ForkStatus) - fork_states.TERMINAL == fork_states.ACTIVE

@@ -10,7 +10,7 @@ import apsw
 
 from domain.fork_states import BARRIER_SQL
 from storage.fork_prepare import BARRIER_HOLDERS_SQL, barrier_holder
-from storage.fork_rows import BARRIER_OPS_SQL
+from storage.rows import BARRIER_OPS_SQL
 from storage.schema import SCHEMA_VERSION, migrate
 
 WS, SRC = "ws", "src"

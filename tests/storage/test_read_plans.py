@@ -30,7 +30,7 @@ from bench.months import (
     bulk_rows,
     interrupt_operations,
 )
-from storage.read_view import ReadView
+from storage.base import ReadView
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(120)

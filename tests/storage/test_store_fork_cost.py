@@ -22,9 +22,9 @@ from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
 import storage.fork_child as fork_child
-import storage.fork_rows as fork_rows
 import storage.fork_snapshot as fork_boundary
 import storage.fork_snapshot as fork_snapshot
+import storage.rows as rows
 from storage import history_links
 from storage.fork_child import ChildIdMinter, ForkMemo
 from storage.store import Store
@@ -76,7 +76,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
                 counts["history digests"] += 1
 
     monkeypatch.setattr(fork_snapshot, "load_snapshot", load)
-    monkeypatch.setattr(fork_rows, "load_snapshot", load)  # a committed operation's projection
+    monkeypatch.setattr(rows, "load_snapshot", load)  # a committed operation's projection
     monkeypatch.setattr(ChildIdMinter, "mint_all", mint_all)
     monkeypatch.setattr(fork_boundary, "scan_history", scan)
     # Prepare and commit run wholly inside a write: on the store's one writer connection
@@ -264,15 +264,15 @@ def test_a_polled_operation_parses_its_provider_turn_ids_once(
     actor), and each read parsed both provider Turn id lists (~400 KB of JSON each at 10,000
     Turns). The store's cache keeps a list parsed with the text it came from; a row whose text
     changed is parsed again."""
-    monkeypatch.setattr(fork_rows, "LIST_CACHE_MIN_CHARS", 0)  # this history's lists are short
+    monkeypatch.setattr(rows, "LIST_CACHE_MIN_CHARS", 0)  # this history's lists are short
     parses: Counter[str] = Counter()
-    real_loads = fork_rows.loads
+    real_loads = rows.loads
 
     def loads(text: Any) -> Any:
         parses["lists" if isinstance(text, str) and text.startswith("[") else "other"] += 1
         return real_loads(text)
 
-    monkeypatch.setattr(fork_rows, "loads", loads)
+    monkeypatch.setattr(rows, "loads", loads)
     sid, last = _source(store, 4)
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)

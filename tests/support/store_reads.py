@@ -18,10 +18,19 @@ import uuid
 import apsw
 
 from domain.errors import ForkBoundaryError, InvalidArgument, NotFound
-from storage.fork_rows import ACTIVE_OPS_SQL, OP_COLUMNS, decode_op, op_from_row
 from storage.fork_snapshot import load_boundary, source_blockers
 from storage.models import ForkOperation, ForkReadiness, Lineage, Session
-from storage.rows import load_session, load_turn, require_session, require_text, touch
+from storage.rows import (
+    ACTIVE_OPS_SQL,
+    OP_COLUMNS,
+    decode_op,
+    load_session,
+    load_turn,
+    op_from_row,
+    require_session,
+    require_text,
+    touch,
+)
 from storage.store import Store
 
 # -- fork state, read ------------------------------------------------------------------------

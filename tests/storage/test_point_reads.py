@@ -15,7 +15,7 @@ from test_store_fork import evidence, request
 
 from domain.errors import ForkOperationNotFound, SessionNotFound
 from domain.fork_states import ForkStatus
-from storage.read_view import ReadView
+from storage.base import ReadView
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(30)
