@@ -237,7 +237,9 @@ class ForkResolver:
             self._error(host_error_of(exc, f"fork.resolve of {self.op.operation_id}", logger=log))
 
     def _hit(self, name: str) -> None:
-        self.host.failpoints.hit(name)
+        failpoints = self.host.failpoints
+        if failpoints.armed:  # a field read: nothing armed, no call into the registry
+            failpoints.hit(name)
 
     def _inspect(self, then: Callable[[dict[str, Any]], None]) -> None:
         def shape(inspection: ResolveInspection) -> None:

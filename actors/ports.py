@@ -140,6 +140,12 @@ class ProviderCatalog(Protocol):
 
 
 class Failpoints(Protocol):
+    """The registry (drivers/failpoints.py): `armed` empty means `hit` does nothing, so a site
+    on the fork's path reads it first and makes no call while nothing is armed."""
+
+    @property
+    def armed(self) -> Mapping[str, object]: ...
+
     def hit(self, name: str) -> None: ...
 
 
