@@ -1,4 +1,6 @@
-"""Everything an actor needs from the outside, handed over by the composition root.
+"""Everything an actor needs from the outside, handed over by the composition root, and where a
+Session's runtime lives: its key in a worker (`runtime_key`), its home on disk
+(`HostContext.runtime_home`).
 
 One `HostContext` per daemon; no module-level state, so tests can build many daemons.
 """
@@ -142,3 +144,15 @@ def _path_segment(text: str) -> str:
     ):
         return text
     return "ws-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def runtime_key(workspace_id: str, session_id: str) -> str:
+    """An opaque, workspace-unique key for a Session's runtime in a worker (session ids are
+    only unique within a workspace)."""
+    return f"{len(workspace_id)}:{workspace_id}:{session_id}"
+
+
+def parse_runtime_key(key: str) -> tuple[str, str]:
+    length, _, rest = key.partition(":")
+    n = int(length)
+    return rest[:n], rest[n + 1 :]

@@ -25,8 +25,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.context import runtime_key
 from actors.fork_host import ForkHost
-from actors.messages import Reply, runtime_key
+from actors.messages import Reply
 from domain.enums import DeliveryDisposition
 from domain.errors import ForkInProgress, HostError, InvalidArgument, ProviderError
 from domain.fork_states import ForkStatus

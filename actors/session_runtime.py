@@ -18,7 +18,8 @@ from typing import Any
 
 import pykka
 
-from actors.fork_host import PreparedRuntime, attestation_key
+from actors.fork_host import PreparedRuntime
+from actors.fork_saga import attestation_key
 from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing

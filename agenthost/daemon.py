@@ -24,10 +24,16 @@ from actors.checkpoints import (
     TurnCheckpoints,
     checkpoint_pool,
 )
-from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
+from actors.context import (
+    SESSION_START_S,
+    HostContext,
+    Timeouts,
+    fork_deadline_s,
+    parse_runtime_key,
+)
 from actors.fork_workspace import remove_failed_trees
 from actors.host_actor import CountActors, HostActor, SessionRoutes, driver_event, route
-from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
+from actors.messages import DriverEvent, RuntimeLost
 from actors.pool import ActorPool
 from actors.recovery import (
     COMMITS_BEFORE_READY,
