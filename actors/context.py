@@ -14,8 +14,7 @@ from pathlib import Path
 
 from actors.checkpoints import CheckpointJanitor, TurnCheckpoints
 from actors.pool import ActorPool
-from actors.ports import Failpoints, ProviderCatalog, WorkerPort
-from actors.runtime_slots import RuntimeSlots
+from actors.ports import Failpoints, ProviderCatalog, RuntimeSlotsPort, WorkerPort
 from actors.store_ports import ActorStore
 from domain.model_limits import ModelLimits
 from workspace.shadow import ShadowStore
@@ -45,7 +44,8 @@ class Timeouts:
     # Longer than the worker's own budget for starting a runtime (spawn, then `initialize`
     # and the thread's start/resume, each within the driver's `request_timeout_s`, 30 s): a
     # start slow under load ends with the worker's typed answer, not the host's clock. A
-    # Turn's wait for a runtime slot or a start permit is not counted (actors/runtime_slots).
+    # Turn's wait for a runtime slot or a start permit is not counted (`RuntimeSlots`, in
+    # actors/session_runtime.py).
     session_start_s: float = SESSION_START_S
     turn_start_s: float = SESSION_START_S
     control_s: float = 30.0
@@ -103,12 +103,13 @@ class HostContext:
     catalog: ProviderCatalog
     failpoints: Failpoints
     runtimes_dir: Path
+    # Live provider runtimes per provider (actors/session_runtime `RuntimeSlots`, built by the
+    # daemon with its stopper).
+    runtime_slots: RuntimeSlotsPort
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)
     # The bounded threads every Session actor runs on (not one thread each).
     actor_pool: ActorPool = field(default_factory=ActorPool)
-    # Live provider runtimes per provider; the daemon wires its stopper.
-    runtime_slots: RuntimeSlots = field(default_factory=RuntimeSlots)
     # Called with (workspace_id, session_id, busy) so the host knows which actors may idle out.
     on_busy_change: Callable[[str, str, bool], None] | None = None
     # The home's one shadow store of workspace checkpoints (`$AGENTHOST_HOME/checkpoints`,

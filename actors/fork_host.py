@@ -134,7 +134,7 @@ class ForkHost(Protocol):
         fork: bool = False,
     ) -> None:
         """The runtime preparation turns use (`session.start`, slots, re-bind); a `fork`
-        takes its slot within the forks' share (actors/runtime_slots)."""
+        takes its slot within the forks' share (actors/session_runtime `RuntimeSlots`)."""
         ...
 
     def later(

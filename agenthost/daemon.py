@@ -42,7 +42,7 @@ from actors.recovery import (
     recover_fork_operations,
     settle_orphaned_turns,
 )
-from actors.runtime_slots import RuntimeSlots
+from actors.session_runtime import RuntimeSlots
 from agenthost import __version__, activity, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
@@ -231,6 +231,7 @@ class Daemon:
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
+            runtime_slots=slots,
             timeouts=Timeouts(
                 fork_sync_budget_s=cfg.fork_sync_budget_s,
                 store_retry_limit_s=cfg.store_retry_limit_s,
@@ -247,7 +248,6 @@ class Daemon:
             ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             fork_trees=fork_trees,
-            runtime_slots=slots,
             checkpoints=shadow,
             turn_checkpoints=(
                 TurnCheckpoints(shadow, pool, locks, self.failpoints) if cfg.checkpoints else None
