@@ -1,4 +1,6 @@
-"""Everything an actor needs from the outside, handed over by the composition root.
+"""Everything an actor needs from the outside, handed over by the composition root, and where a
+Session's runtime lives: its key in a worker (`runtime_key`), its home on disk
+(`HostContext.runtime_home`).
 
 One `HostContext` per daemon; no module-level state, so tests can build many daemons.
 """
@@ -12,8 +14,7 @@ from pathlib import Path
 
 from actors.checkpoints import CheckpointJanitor, TurnCheckpoints
 from actors.pool import ActorPool
-from actors.ports import Failpoints, ProviderCatalog, WorkerPort
-from actors.runtime_slots import RuntimeSlots
+from actors.ports import Failpoints, ProviderCatalog, RuntimeSlotsPort, WorkerPort
 from actors.store_ports import ActorStore
 from domain.model_limits import ModelLimits
 from workspace.shadow import ShadowStore
@@ -43,7 +44,8 @@ class Timeouts:
     # Longer than the worker's own budget for starting a runtime (spawn, then `initialize`
     # and the thread's start/resume, each within the driver's `request_timeout_s`, 30 s): a
     # start slow under load ends with the worker's typed answer, not the host's clock. A
-    # Turn's wait for a runtime slot or a start permit is not counted (actors/runtime_slots).
+    # Turn's wait for a runtime slot or a start permit is not counted (`RuntimeSlots`, in
+    # actors/session_runtime.py).
     session_start_s: float = SESSION_START_S
     turn_start_s: float = SESSION_START_S
     control_s: float = 30.0
@@ -101,12 +103,13 @@ class HostContext:
     catalog: ProviderCatalog
     failpoints: Failpoints
     runtimes_dir: Path
+    # Live provider runtimes per provider (actors/session_runtime `RuntimeSlots`, built by the
+    # daemon with its stopper).
+    runtime_slots: RuntimeSlotsPort
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)
     # The bounded threads every Session actor runs on (not one thread each).
     actor_pool: ActorPool = field(default_factory=ActorPool)
-    # Live provider runtimes per provider; the daemon wires its stopper.
-    runtime_slots: RuntimeSlots = field(default_factory=RuntimeSlots)
     # Called with (workspace_id, session_id, busy) so the host knows which actors may idle out.
     on_busy_change: Callable[[str, str, bool], None] | None = None
     # The home's one shadow store of workspace checkpoints (`$AGENTHOST_HOME/checkpoints`,
@@ -142,3 +145,15 @@ def _path_segment(text: str) -> str:
     ):
         return text
     return "ws-" + hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def runtime_key(workspace_id: str, session_id: str) -> str:
+    """An opaque, workspace-unique key for a Session's runtime in a worker (session ids are
+    only unique within a workspace)."""
+    return f"{len(workspace_id)}:{workspace_id}:{session_id}"
+
+
+def parse_runtime_key(key: str) -> tuple[str, str]:
+    length, _, rest = key.partition(":")
+    n = int(length)
+    return rest[:n], rest[n + 1 :]

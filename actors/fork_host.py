@@ -12,7 +12,6 @@ change to turn handling from reaching it by accident, and lets it be read on its
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -54,13 +53,6 @@ class PreparedRuntime:
     # the driver's idle limit (the reuse window stays inside it).
     pid: int | None = None
     idle_s: float | None = None
-
-
-def attestation_key(runtime: PreparedRuntime, generation: str) -> tuple[str, ...]:
-    """What a passed fork re-attestation proved: the runtime generation and the prepared
-    identity it was asked about (a changed cwd or settings re-attests too)."""
-    settings = json.dumps(dict(runtime.settings), sort_keys=True, default=str)
-    return (generation, runtime.home, runtime.cwd, settings)
 
 
 class LiveSaga(Protocol):
@@ -142,7 +134,7 @@ class ForkHost(Protocol):
         fork: bool = False,
     ) -> None:
         """The runtime preparation turns use (`session.start`, slots, re-bind); a `fork`
-        takes its slot within the forks' share (actors/runtime_slots)."""
+        takes its slot within the forks' share (actors/session_runtime `RuntimeSlots`)."""
         ...
 
     def later(

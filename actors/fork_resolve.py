@@ -25,8 +25,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.context import runtime_key
 from actors.fork_host import ForkHost
-from actors.messages import Reply, runtime_key
+from actors.messages import Reply
 from domain.enums import DeliveryDisposition
 from domain.errors import (
     ForkEvidenceUnreadable,
@@ -240,7 +241,9 @@ class ForkResolver:
             self._error(host_error_of(exc, f"fork.resolve of {self.op.operation_id}", logger=log))
 
     def _hit(self, name: str) -> None:
-        self.host.failpoints.hit(name)
+        failpoints = self.host.failpoints
+        if failpoints.armed:  # a field read: nothing armed, no call into the registry
+            failpoints.hit(name)
 
     def _inspect(self, then: Callable[[dict[str, Any]], None]) -> None:
         def shape(inspection: ResolveInspection) -> None:

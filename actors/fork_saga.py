@@ -13,6 +13,7 @@ request that may have left the host is never re-sent.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
@@ -20,9 +21,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.fork_host import ForkHost, PreparedRuntime, attestation_key
+from actors.context import runtime_key
+from actors.fork_host import ForkHost, PreparedRuntime
 from actors.fork_workspace import in_thread, remove_failed_tree
-from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply, runtime_key
+from actors.messages import ForkAdvance, ForkCreate, ForkReply, Reply
 from actors.pool import TimerHandle
 from actors.ports import (
     DeliveryUnknown,
@@ -68,6 +70,14 @@ TERMINAL = fork_states.TERMINAL
 
 _RETRY_MAX_S = 2.0
 _LAZY_RECHECK_S = 0.05
+
+
+def attestation_key(runtime: PreparedRuntime, generation: str) -> tuple[str, ...]:
+    """What a passed fork re-attestation proved (kept as the Session's `attested_runtime`): the
+    runtime generation and the prepared identity it was asked about (a changed cwd or settings
+    re-attests too)."""
+    settings = json.dumps(dict(runtime.settings), sort_keys=True, default=str)
+    return (generation, runtime.home, runtime.cwd, settings)
 
 
 def attests_again(host: ForkHost, runtime: PreparedRuntime) -> bool:
@@ -213,7 +223,9 @@ class ForkSaga:
         return delay
 
     def _hit(self, name: str) -> None:
-        self.host.failpoints.hit(name)
+        failpoints = self.host.failpoints
+        if failpoints.armed:  # a field read: nothing armed, no call into the registry
+            failpoints.hit(name)
 
     def _after_prepare(self) -> None:
         self._hit("host.fork.after_prepare")

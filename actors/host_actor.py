@@ -26,15 +26,8 @@ from typing import Any
 
 import pykka
 
-from actors.context import HostContext
-from actors.messages import (
-    DriverEvent,
-    ForkAdvance,
-    ForkReply,
-    Reply,
-    RuntimeLost,
-    parse_runtime_key,
-)
+from actors.context import HostContext, parse_runtime_key
+from actors.messages import DriverEvent, ForkAdvance, ForkReply, Reply, RuntimeLost
 from actors.session_actor import SessionActor
 from actors.store_ports import HostActorStore
 from domain.errors import HostError

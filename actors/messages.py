@@ -15,18 +15,6 @@ from domain.turn_events import TurnEvent
 Reply = Callable[[Any], None]
 
 
-def runtime_key(workspace_id: str, session_id: str) -> str:
-    """An opaque, workspace-unique key for a Session's runtime in a worker (session ids are
-    only unique within a workspace)."""
-    return f"{len(workspace_id)}:{workspace_id}:{session_id}"
-
-
-def parse_runtime_key(key: str) -> tuple[str, str]:
-    length, _, rest = key.partition(":")
-    n = int(length)
-    return rest[:n], rest[n + 1 :]
-
-
 @dataclass(frozen=True, slots=True)
 class FollowUp:
     """Run `fn` on the actor's own thread (continuations of driver futures and timers).

@@ -1,5 +1,5 @@
 """The narrow ports through which the actors reach the outside: driver workers, the provider
-catalog (version gates, binding modes) and failpoints.
+catalog (version gates, binding modes), failpoints and the host's runtime slots.
 
 The composition root (`agenthost/`) adapts the real supervisor and catalog to these
 Protocols; the actors never import zmq or a driver module (ARCHITECTURE.md layering).
@@ -139,7 +139,33 @@ class ProviderCatalog(Protocol):
         ...
 
 
+class RuntimeSlotsPort(Protocol):
+    """The host's table of live provider runtimes (actors/session_runtime `RuntimeSlots`, one
+    per daemon), as a Session actor's parts use it: a port so that `HostContext`, which the fork
+    saga's port reads, never imports a Session part."""
+
+    def acquire(
+        self, provider: str, key: str, granted: Callable[[], None], *, fork: bool = False
+    ) -> None: ...
+
+    def hold_warm(self, provider: str, key: str, *, fork: bool = False) -> bool: ...
+
+    def started(self, provider: str, key: str) -> None: ...
+
+    def release(self, provider: str, key: str) -> None: ...
+
+    def forget(self, provider: str, key: str) -> None: ...
+
+    def status(self) -> dict[str, dict[str, int]]: ...
+
+
 class Failpoints(Protocol):
+    """The registry (drivers/failpoints.py): `armed` empty means `hit` does nothing, so a site
+    on the fork's path reads it first and makes no call while nothing is armed."""
+
+    @property
+    def armed(self) -> Mapping[str, object]: ...
+
     def hit(self, name: str) -> None: ...
 
 

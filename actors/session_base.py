@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import pykka
 
 from actors.checkpoints import Capture
-from actors.context import HostContext
-from actors.messages import FollowUp, runtime_key
+from actors.context import HostContext, runtime_key
+from actors.messages import FollowUp
 from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
 from domain.errors import HostError, Unavailable

@@ -24,10 +24,16 @@ from actors.checkpoints import (
     TurnCheckpoints,
     checkpoint_pool,
 )
-from actors.context import SESSION_START_S, HostContext, Timeouts, fork_deadline_s
+from actors.context import (
+    SESSION_START_S,
+    HostContext,
+    Timeouts,
+    fork_deadline_s,
+    parse_runtime_key,
+)
 from actors.fork_workspace import remove_failed_trees
 from actors.host_actor import CountActors, HostActor, SessionRoutes, driver_event, route
-from actors.messages import DriverEvent, RuntimeLost, parse_runtime_key
+from actors.messages import DriverEvent, RuntimeLost
 from actors.pool import ActorPool
 from actors.recovery import (
     COMMITS_BEFORE_READY,
@@ -36,7 +42,7 @@ from actors.recovery import (
     recover_fork_operations,
     settle_orphaned_turns,
 )
-from actors.runtime_slots import RuntimeSlots
+from actors.session_runtime import RuntimeSlots
 from agenthost import __version__, activity, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
@@ -225,6 +231,7 @@ class Daemon:
             catalog=self.catalog,
             failpoints=self.failpoints,
             runtimes_dir=cfg.runtimes_dir,
+            runtime_slots=slots,
             timeouts=Timeouts(
                 fork_sync_budget_s=cfg.fork_sync_budget_s,
                 store_retry_limit_s=cfg.store_retry_limit_s,
@@ -241,7 +248,6 @@ class Daemon:
             ),
             actor_pool=ActorPool(cfg.actor_threads, name="session"),
             fork_trees=fork_trees,
-            runtime_slots=slots,
             checkpoints=shadow,
             turn_checkpoints=(
                 TurnCheckpoints(shadow, pool, locks, self.failpoints) if cfg.checkpoints else None

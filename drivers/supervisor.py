@@ -5,34 +5,50 @@ One loop thread owns every socket and child process (so Linux's parent-death sig
 to a thread that lives until `close()`); a second thread delivers results and events in arrival
 order, so a slow callback can never starve heartbeats.
 
-This module is the loop and the public API. Beside it, one concern each: `worker_state` (the
-records the loop keeps), `worker_spawn` (a worker's socket, environment and command line),
-`watchdog` (busy or hung) and `delivery` (the delivery thread and its sinks).
+This module is the loop, its public API, its hung-worker judgement (`judge`: busy or hung) and
+its delivery thread (`Deliveries`, with its sinks). Beside it, one concern each:
+`worker_state` (the records the loop keeps), `worker_spawn` (a worker's socket, environment and
+command line).
+
+The delivery thread: results, failures, turn events and lifecycle events are handed to their
+waiters and sinks in arrival order on a thread of their own, so a slow callback can never
+starve the loop thread (heartbeats, deadlines) and a sink bug never stops later deliveries.
+One exception, for fewer thread hand-offs on a fork's path and a Turn's stream: the result of
+a method whose every waiter only hands it on — `INLINE_METHODS`, answered to a Session actor
+by a `tell` — and a streamed delta or a Turn's end (`INLINE_EVENTS`) are delivered on the
+loop thread itself when nothing is queued or running there, so arrival order still holds; a
+fork then reaches its actor in one hop (loop → actor) instead of two (loop → delivery thread →
+actor), each a thread wake-up and a GIL hand-off, and a delta the events queue in one.
+
+The hung-worker judgement: a worker silent past the link's limit is dead only when its process
+makes no CPU progress over a whole window, or once it has been silent past
+`BUSY_SILENCE_LIMIT_S`; a silent worker that keeps running is busy (its heartbeat thread
+starved: 200 app-servers starting at once, a C call holding the GIL) and is kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import queue
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections import deque
-from collections.abc import Mapping
-from concurrent.futures import Future
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import zmq
 
 from domain.errors import HostError
-from drivers.delivery import Deliveries, EventSink, LifecycleSink
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.failpoints import Failpoints as _Failpoints
 from drivers.failpoints import format_points, parse_points
-from drivers.watchdog import BUSY_SILENCE_LIMIT_S, judge
 from drivers.worker_spawn import socket_dir, start_worker, worker_env
 from drivers.worker_state import (
     BACKOFF_INITIAL_S,
@@ -43,7 +59,15 @@ from drivers.worker_state import (
     WorkerState,
 )
 from protocol.objects import WorkerStatus
-from transport.worker_link import HB_MSG, HEARTBEAT_INTERVAL_S, HostEnd, Mailbox, MsgType, req_msg
+from transport.worker_link import (
+    HB_MSG,
+    HEARTBEAT_INTERVAL_S,
+    SILENCE_LIMIT_S,
+    HostEnd,
+    Mailbox,
+    MsgType,
+    req_msg,
+)
 
 TICK_EVERY_S = 0.01
 """The loop's housekeeping (deadlines, heartbeats, a dead or hung worker, a restart due) runs
@@ -57,6 +81,169 @@ __all__ = [
     "WorkerState",
     "WorkerSupervisor",
 ]
+
+
+EventSink = Callable[[str, str, dict[str, Any]], None]
+"""`sink(provider, agent_session_id, event)`; called on the delivery thread, in arrival order."""
+
+LifecycleSink = Callable[[str, dict[str, Any]], None]
+"""`sink(provider, {"type": "worker.ready"|"worker.lost", "pid", ...})`: lets the host fail the
+turns that were streaming on a worker that died."""
+
+
+INLINE_METHODS = frozenset({"fork", "runtime.attest", "session.start"})
+"""Methods whose results may be delivered on the loop thread: their futures' callbacks only
+parse the answer and `tell` the Session actor that waits (actors' `later`,
+`actors.ports.request_fork`, `agenthost.workers.SupervisorPort`), never block."""
+
+
+INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})
+"""Events the sink may take on the loop thread (when nothing is queued or running here, as
+for `INLINE_METHODS`): a streamed delta's sink only puts it on the daemon's events queue
+(and, at most once a second, tells the Session actor its reply streams), a Turn's end only
+`tell`s its Session actor; neither blocks. A Turn's ~20 deltas each skip a thread hand-off,
+and so does its end, on the way to its settlement."""
+
+
+class Deliveries:
+    """One FIFO of callbacks and the thread that runs them. The sinks are read when a job runs
+    (a sink set later still hears what was queued before)."""
+
+    def __init__(self) -> None:
+        self.event_sink: EventSink | None = None
+        self.lifecycle_sink: LifecycleSink | None = None
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        # Jobs put and not yet finished; a job runs only while holding `_running`, so an
+        # inline one (taken when the backlog is empty) never overtakes nor overlaps a queued one.
+        self._backlog = 0
+        self._count_lock = threading.Lock()
+        self._running = threading.Lock()
+        self.inlined = 0  # results delivered on the caller's thread (tests read it)
+        self._thread = threading.Thread(target=self._loop, name="worker-delivery", daemon=True)
+        self._thread.start()
+
+    def complete(self, pending: Pending, result: dict[str, Any]) -> None:
+        def run() -> None:
+            with contextlib.suppress(InvalidStateError):
+                pending.future.set_result(result)
+
+        if pending.method in INLINE_METHODS and self._run_inline(run):
+            return
+        self._put(run)
+
+    def _put(self, job: Callable[[], None]) -> None:
+        with self._count_lock:
+            self._backlog += 1
+        self._jobs.put(job)
+
+    def _run_inline(self, job: Callable[[], None]) -> bool:
+        """Run `job` on this thread if nothing is queued or running (else False: queue it)."""
+        with self._count_lock:
+            if self._backlog:
+                return False
+            self._backlog += 1
+        try:
+            with self._running:
+                job()
+        except Exception:  # a callback bug must not reach the supervisor's loop
+            traceback.print_exc()
+        finally:
+            with self._count_lock:
+                self._backlog -= 1
+                self.inlined += 1
+        return True
+
+    def fail(self, pending: Pending, exc: HostError) -> None:
+        def run() -> None:
+            with contextlib.suppress(InvalidStateError):
+                pending.future.set_exception(exc)
+
+        self._put(run)
+
+    def event(self, provider: str, sid: str, event: dict[str, Any]) -> None:
+        def run() -> None:
+            sink = self.event_sink
+            if sink is not None:
+                sink(provider, sid, event)
+
+        if event.get("type") in INLINE_EVENTS and self._run_inline(run):
+            return
+        self._put(run)
+
+    def lifecycle(self, provider: str, event: dict[str, Any]) -> None:
+        def run() -> None:
+            sink = self.lifecycle_sink
+            if sink is not None:
+                sink(provider, event)
+
+        self._put(run)
+
+    def close(self, timeout: float) -> None:
+        """Runs what is queued, then stops."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            try:
+                with self._running:
+                    job()
+            except Exception:  # a sink bug must not stop later deliveries
+                traceback.print_exc()
+            finally:
+                with self._count_lock:
+                    self._backlog -= 1
+
+
+BUSY_SILENCE_LIMIT_S = 60.0
+"""A silent worker whose process keeps using CPU is busy, not hung (its heartbeat thread is
+starved: 200 app-servers starting at once, a C call holding the GIL). It is killed only after
+this much silence, or sooner once its CPU time stops advancing."""
+CPU_WINDOW_S = 2.0  # no CPU progress for this long while silent: hung
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of `pid` in clock ticks, read from the kernel (the worker cannot block
+    this); None when it cannot be read (not Linux, process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Verdict(NamedTuple):
+    dead: str | None
+    """Why the worker is to be declared dead; None while it is kept."""
+    busy: bool = False
+    """A silent window in which it kept running was counted (`busy_silences` changed)."""
+
+
+def judge(worker: WorkerRecord, now: float) -> Verdict:
+    """One look at a ready worker: samples its CPU time while it talks (so a silence is judged
+    against a recent sample) and judges it once it is silent. Updates the record's samples."""
+    silent = now - worker.last_seen
+    pid = worker.proc.pid if worker.proc is not None else None
+    if silent <= SILENCE_LIMIT_S:
+        if pid is not None and now - worker.cpu_sampled_at >= 1.0:
+            worker.cpu_ticks, worker.cpu_sampled_at = cpu_ticks(pid), now
+        return Verdict(None)
+    if silent > BUSY_SILENCE_LIMIT_S:
+        return Verdict(f"worker silent for {silent:.0f} s (busy limit)")
+    if now - worker.cpu_sampled_at < CPU_WINDOW_S:
+        return Verdict(None)  # judge over a whole window: a starved process runs in bursts
+    ticks = cpu_ticks(pid) if pid is not None else None
+    progressed = ticks is not None and worker.cpu_ticks is not None and ticks > worker.cpu_ticks
+    worker.cpu_ticks, worker.cpu_sampled_at = ticks, now
+    if progressed:
+        worker.busy_silences += 1
+        return Verdict(None, busy=True)
+    return Verdict(f"worker silent for {silent:.0f} s and not running (hung)")
 
 log = logging.getLogger(__name__)
 
@@ -388,7 +575,7 @@ class WorkerSupervisor:
             self._expire(worker, now)
 
     def _hung(self, worker: WorkerRecord, now: float) -> bool:
-        """The watchdog (`drivers.watchdog`): declares the worker dead (and returns True) when
+        """The watchdog (`judge`, above): declares the worker dead (and returns True) when
         it is silent and its process makes no CPU progress, or silent past
         `BUSY_SILENCE_LIMIT_S`."""
         verdict = judge(worker, now)

@@ -39,12 +39,23 @@ class Crash(BaseException):
     saga's own error handling never sees it, exactly as with a SIGKILL)."""
 
 
+class _Recorded(dict[str, str]):
+    """The scripted points: never empty to the saga (which skips `hit` while nothing is armed),
+    since the harness records every point the saga reaches, armed or not."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
 @dataclass
 class ScriptedFailpoints:
     """`hit(name)`: `crash` raises `Crash`, `error` raises an ordinary error; else nothing."""
 
     armed: dict[str, str] = field(default_factory=dict)
     hits: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.armed = _Recorded(self.armed)
 
     def hit(self, name: str) -> None:
         self.hits.append(name)

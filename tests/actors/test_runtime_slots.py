@@ -7,7 +7,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import Any
 
-from actors.runtime_slots import RuntimeSlots
+from actors.session_runtime import RuntimeSlots
 
 P = "tutti-agent"
 

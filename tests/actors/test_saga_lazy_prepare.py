@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from actors import fork_saga
-from actors.fork_host import PreparedRuntime, attestation_key
+from actors.fork_host import PreparedRuntime
+from actors.fork_saga import attestation_key
 from actors.messages import ForkCreate, ForkReply
 from actors.ports import DriverInfo
 from domain.errors import StoreBusy

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
+from actors.context import runtime_key
 from actors.host_actor import WorkerEvent
-from actors.messages import runtime_key
 from agenthost.config import Config
 from agenthost.daemon import Daemon
 from model_fakes.responses import FunctionCall, ResponsesServer, last_user_text

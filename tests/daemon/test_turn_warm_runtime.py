@@ -21,7 +21,8 @@ from pathlib import Path
 import apsw
 import pytest
 
-from actors.messages import Mutate, runtime_key
+from actors.context import runtime_key
+from actors.messages import Mutate
 from agenthost.daemon import Daemon
 from domain.worker_messages import HistoryRequest
 from tests.daemon.test_fork_warm_runtime import _Sent

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from drivers.delivery import Deliveries
+from drivers.supervisor import Deliveries
 from drivers.worker_state import Pending
 
 pytestmark = pytest.mark.timeout(30)

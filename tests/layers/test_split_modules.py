@@ -18,8 +18,6 @@ SPLITS = {
     "drivers.supervisor": (
         "drivers.worker_state",
         "drivers.worker_spawn",
-        "drivers.watchdog",
-        "drivers.delivery",
     ),
     "agenthost.config": (
         "agenthost.config_values",
@@ -50,16 +48,12 @@ def test_the_config_facade_keeps_every_public_name() -> None:
 
 
 def test_the_old_names_are_the_new_objects() -> None:
-    import drivers.delivery
     import drivers.supervisor
-    import drivers.watchdog
     import drivers.worker_state
     import tutti_agent.turn_io
     import tutti_agent.turns
 
     assert drivers.supervisor.WorkerState is drivers.worker_state.WorkerState
-    assert drivers.supervisor.EventSink is drivers.delivery.EventSink
-    assert drivers.supervisor.BUSY_SILENCE_LIMIT_S == drivers.watchdog.BUSY_SILENCE_LIMIT_S
     assert tutti_agent.turns._TurnIO is tutti_agent.turn_io.LiveTurnIO
 
 
