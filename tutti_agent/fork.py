@@ -270,7 +270,7 @@ class ForkService:
             )
         if isinstance(snapshot, TruncateBeforeNthUserMessage):
             forked = drop_empty_turn_shell(forked)
-        settings = prepared.source.effective_settings()
+        settings = self.store.settings(prepared.source)  # kept with the source's parse
         cwd = options.cwd or settings.get("cwd")
         model = options.model or settings.get("model")
         child_id = uuid7()

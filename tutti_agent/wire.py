@@ -12,7 +12,7 @@ from typing import Any
 
 from tutti_agent import __version__
 from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
-from tutti_agent.store import ThreadHistory
+from tutti_agent.store import ThreadHead, ThreadHistory
 
 
 def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -> dict[str, Any]:
@@ -71,20 +71,42 @@ def thread_to_wire(
 ) -> dict[str, Any]:
     """`settings`: the history's `effective_settings()`, when the caller has them (a pass
     over every line of the history fewer)."""
-    meta: Mapping[str, Any] = history.meta
     if settings is None:
         settings = history.effective_settings()
+    return _thread_wire(
+        history,
+        preview(history),
+        settings,
+        status,
+        turns_to_wire(history, turns, with_items=with_items) if include_turns else [],
+    )
+
+
+def head_to_wire(head: ThreadHead, *, status: str) -> dict[str, Any]:
+    """A thread without its turns (`turns: []`), from its head alone (`ThreadStore.head`):
+    the same object `thread_to_wire` makes of the whole history with `include_turns=False`."""
+    return _thread_wire(head, head.preview, head.settings, status, [])
+
+
+def _thread_wire(
+    thread: ThreadHistory | ThreadHead,
+    preview_text: str,
+    settings: Mapping[str, Any],
+    status: str,
+    turns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    meta: Mapping[str, Any] = thread.meta
     created = _unix(meta.get("timestamp"))
     try:
-        updated: int | None = int(os.stat(history.path).st_mtime)
+        updated: int | None = int(os.stat(thread.path).st_mtime)
     except OSError:
         updated = created
     return {
-        "id": history.thread_id,
-        "sessionId": history.thread_id,
-        "forkedFromId": history.forked_from_id,
+        "id": thread.thread_id,
+        "sessionId": thread.thread_id,
+        "forkedFromId": thread.forked_from_id,
         "parentThreadId": None,
-        "preview": preview(history),
+        "preview": preview_text,
         "ephemeral": False,
         "historyMode": "paginated",
         "modelProvider": settings.get("model_provider"),
@@ -92,10 +114,10 @@ def thread_to_wire(
         "createdAt": created,
         "updatedAt": updated,
         "status": {"type": status},
-        "path": str(history.path),
+        "path": str(thread.path),
         "cwd": settings.get("cwd"),
         "cliVersion": meta.get("cli_version", __version__),
         "source": meta.get("source", "appServer"),
         "name": None,
-        "turns": turns_to_wire(history, turns, with_items=with_items) if include_turns else [],
+        "turns": turns,
     }
