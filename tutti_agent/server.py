@@ -41,7 +41,7 @@ from tutti_agent.model import Model
 from tutti_agent.rollout import gc_paused, now_iso
 from tutti_agent.store import ThreadHead, ThreadHistory, ThreadStore
 from tutti_agent.turns import LiveThread
-from tutti_agent.wire import head_to_wire, thread_to_wire, turns_to_wire
+from tutti_agent.wire import encode_message, head_to_wire, thread_to_wire, turns_to_wire
 
 Handler = Callable[[Mapping[str, Any]], "Reply"]
 
@@ -66,7 +66,7 @@ class Connection:
         self._pending: dict[int | str, tuple[threading.Event, list[Any]]] = {}
 
     def send(self, message: Mapping[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n"
+        data = encode_message(message) + "\n"
         with self._lock:
             try:
                 self._out.write(data)

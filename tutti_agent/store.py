@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tutti_agent.errors import (
     LineageError,
@@ -480,7 +480,19 @@ class ThreadStore:
     def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        return self._assemble(thread_id, path, self._read(path), visiting, None)
+        own = self._read(path)
+        key = (path, "history")
+        with self._cache_lock:
+            hit = self._memo.get(key)
+        if hit is not None and hit[0] is own and hit[1].thread_id == thread_id:
+            # A single-file history assembled from this very parse: the same checks passed.
+            return cast(ThreadHistory, hit[1])
+        history = self._assemble(thread_id, path, own, visiting, None)
+        if len(history.segments) == 1:
+            with self._cache_lock:
+                if own is self._parsed.get(path, (None, None))[1]:
+                    self._memo[key] = (own, history)
+        return history
 
     def adopt_created(
         self,

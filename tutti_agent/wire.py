@@ -5,10 +5,13 @@ of turns in history.py."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
+
+import orjson
 
 from tutti_agent import __version__
 from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
@@ -32,6 +35,12 @@ def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -
     }
 
 
+class LeanTurns(list[dict[str, Any]]):
+    """Turns on the wire without their items: every value a string, an integer, None or
+    `{"message": str}` (`turn_to_wire` of a `TurnRecord`), which orjson encodes to the very
+    text the standard library's encoder writes (`encode_message`)."""
+
+
 def turns_to_wire(
     history: ThreadHistory,
     turns: Sequence[TurnRecord] | None = None,
@@ -41,7 +50,35 @@ def turns_to_wire(
     """The history's turns on the wire; `turns`: its `build_turns`, when the caller has it."""
     if turns is None:
         turns = build_turns(history.items, with_items=with_items)
-    return [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
+    wire = [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
+    return wire if with_items else LeanTurns(wire)
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def encode_message(message: Mapping[str, Any]) -> str:
+    """`json.dumps(message, separators=(",", ":"), ensure_ascii=False)`, the same text; a
+    result's thread whose turns are `LeanTurns` (a 10,000-Turn thread's are 2.3 MB) has them
+    encoded by orjson (a fifth of the time) and put in place of a marker no other value holds.
+    orjson writes strings, integers, None and objects of them as the standard library does
+    (escapes included; `tests/tutti_agent/test_tutti_resume_head.py`); anything it refuses (a
+    lone surrogate, an integer beyond 64 bits) is encoded by the standard library alone."""
+    result = message.get("result")
+    thread = result.get("thread") if isinstance(result, Mapping) else None
+    turns = thread.get("turns") if isinstance(thread, Mapping) else None
+    if not isinstance(turns, LeanTurns) or not turns:
+        return _ENCODE(message)
+    assert isinstance(result, Mapping) and isinstance(thread, Mapping)
+    try:
+        raw = orjson.dumps(turns).decode()
+    except (TypeError, orjson.JSONEncodeError):
+        return _ENCODE(message)
+    marker = f"turns-{os.urandom(16).hex()}"
+    text = _ENCODE(
+        {**message, "result": {**result, "thread": {**thread, "turns": marker}}}
+    )
+    return text.replace(f'"{marker}"', raw, 1)
 
 
 def preview(history: ThreadHistory) -> str:

@@ -22,7 +22,7 @@ from tests.tutti_agent.storeutil import write_root
 from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, Latest
 from tutti_agent.rollout import LineType, RolloutItem, iter_rollout_paths
 from tutti_agent.store import HEAD_PREVIEW_LINES, ThreadStore
-from tutti_agent.wire import head_to_wire, thread_to_wire
+from tutti_agent.wire import LeanTurns, encode_message, head_to_wire, thread_to_wire
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,3 +154,31 @@ def test_a_history_that_cannot_load_is_refused_after_a_lean_resume(tmp_path: Pat
             second.call("thread/resume", {"threadId": tid, "excludeTurns": True})
     finally:
         second.close()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "plain",
+        'quo"te \\ back',
+        "ctl \x00\x01\x1f\x7f \n\r\t\b\f",
+        "ünï ☃ 𝄞 \u2028\u2029",
+        "\ud800",
+    ],
+)
+def test_lean_turns_encode_as_the_standard_library_does(text: str) -> None:
+    """orjson's text of a lean turn list is the standard library's, escapes included; a value
+    orjson refuses (a lone surrogate, an integer beyond 64 bits) is left to the standard
+    library; a message without lean turns is the standard library's alone."""
+    turns = LeanTurns(
+        [
+            {"id": text, "items": [], "status": "completed", "error": {"message": text}},
+            {"id": "t2", "startedAt": 2**70 if text == "plain" else 1, "error": None},
+        ]
+    )
+    thread = {"id": text, "model": 1.5, "cwd": float("nan"), "turns": turns}
+    message = {"id": 7, "result": {"thread": thread, "model": text}}
+    standard = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    assert encode_message(message) == standard
+    plain = {"id": 7, "result": {"thread": {**thread, "turns": list(turns)}}}
+    assert encode_message(plain) == json.dumps(plain, separators=(",", ":"), ensure_ascii=False)
