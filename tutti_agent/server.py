@@ -207,6 +207,7 @@ class AppServer:
     def _load_live(self, history: ThreadHistory) -> LiveThread:
         self.model.warm()  # an HTTP model readies its client while the Session starts
         with self._threads_lock:
+            self._unloadable.pop(history.thread_id, None)  # loaded now: that failure is past
             live = self.threads.get(history.thread_id)
             if live is None:
                 writer = self.store.open_writer(history)
@@ -343,12 +344,19 @@ class AppServer:
             )
         )
 
-    def _head_result(self, head: ThreadHead) -> dict[str, Any]:
-        """`_session_result` of a thread about to be loaded (idle), without its turns, from its
-        head alone."""
+    def _head_result(
+        self,
+        head: ThreadHead,
+        *,
+        status: str = "idle",
+        turns: Sequence[TurnRecord] | None = None,
+        with_items: bool = True,
+    ) -> dict[str, Any]:
+        """`_session_result` from a thread's head alone: of a thread about to be loaded
+        (idle), without its turns, or of a fork's unopened child with the prefix's turns."""
         settings = head.settings
         return {
-            "thread": head_to_wire(head, status="idle"),
+            "thread": head_to_wire(head, status=status, turns=turns, with_items=with_items),
             "model": settings.get("model"),
             "modelProvider": settings.get("model_provider"),
             "cwd": settings.get("cwd"),
@@ -452,11 +460,21 @@ class AppServer:
             keep_child_parse=loaded,
         )
         result = self.forks.fork(source_id, options)
+        include_turns = not params.get("excludeTurns", False)
+        if result.child is None:
+            assert result.head is not None and not loaded
+            # An unopened child copied as bytes: answered from its head, its turns the prefix's.
+            turns = result.turns if include_turns else None
+            return Reply(
+                self._head_result(
+                    result.head, status="notLoaded", turns=turns, with_items=options.turn_items
+                )
+            )
         if loaded:
             self._load_live(result.child)
         payload = self._session_result(
             result.child,
-            include_turns=not params.get("excludeTurns", False),
+            include_turns=include_turns,
             turns=result.turns,
             with_items=options.turn_items,
             settings=result.settings,

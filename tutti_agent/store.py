@@ -373,12 +373,16 @@ class ThreadStore:
         first_ordinal: int = 0,
         items: Sequence[RolloutItem] = (),
         copied: CopiedSpan | None = None,
+        copied_lines: bool = True,
     ) -> tuple[RolloutWriter, list[RolloutLine]]:
         """`create_rollout`, and the lines it wrote (with their byte offsets); `copied` goes
-        verbatim between `session_meta` and `items` (`copied_span`)."""
+        verbatim between `session_meta` and `items` (`copied_span`); `copied_lines=False`:
+        the copied lines are not among those returned (`RolloutWriter.create`)."""
         path = new_rollout_path(self.home, thread_id)
         meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
-        writer, lines = RolloutWriter.create(path, first_ordinal, [meta_item, *items], copied)
+        writer, lines = RolloutWriter.create(
+            path, first_ordinal, [meta_item, *items], copied, copied_lines=copied_lines
+        )
         with self._cache_lock:
             self._paths[thread_id] = path
         return writer, lines
@@ -525,6 +529,17 @@ class ThreadStore:
             while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
                 self._parsed.popitem(last=False)
         return history
+
+    def adopt_unopened(self, thread_id: str, path: Path, size: int) -> None:
+        """A rollout this store just created and will not open (a fork child forked
+        `loaded: false` from a copied span): its file must hold the `size` bytes written, and
+        only its path is remembered. Its lines are the copied span's — checked when the source
+        was assembled — between its own `session_meta` and settings lines, their ordinals
+        contiguous by construction (`RolloutWriter.create`); a later `load` reads it whole."""
+        if _file_key(path)[2] != size:
+            raise LineageError(thread_id, "rollout does not hold the lines written")
+        with self._cache_lock:
+            self._paths[thread_id] = path
 
     def _assemble(
         self,

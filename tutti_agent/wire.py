@@ -119,10 +119,22 @@ def thread_to_wire(
     )
 
 
-def head_to_wire(head: ThreadHead, *, status: str) -> dict[str, Any]:
-    """A thread without its turns (`turns: []`), from its head alone (`ThreadStore.head`):
-    the same object `thread_to_wire` makes of the whole history with `include_turns=False`."""
-    return _thread_wire(head, head.preview, head.settings, status, [])
+def head_to_wire(
+    head: ThreadHead,
+    *,
+    status: str,
+    turns: Sequence[TurnRecord] | None = None,
+    with_items: bool = True,
+) -> dict[str, Any]:
+    """A thread from its head alone (`ThreadStore.head`), with `turns` (its `build_turns`,
+    as `thread_to_wire` projects them), or without any (`turns: []`, None): the object
+    `thread_to_wire` makes of the whole history."""
+    wire: list[dict[str, Any]] = []
+    if turns is not None:
+        wire = [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
+        if not with_items:
+            wire = LeanTurns(wire)
+    return _thread_wire(head, head.preview, head.settings, status, wire)
 
 
 def _thread_wire(

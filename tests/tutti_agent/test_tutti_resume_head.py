@@ -5,6 +5,7 @@ answer, and a history that cannot be loaded still refused — by the next reques
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -182,3 +183,23 @@ def test_lean_turns_encode_as_the_standard_library_does(text: str) -> None:
     assert encode_message(message) == standard
     plain = {"id": 7, "result": {"thread": {**thread, "turns": list(turns)}}}
     assert encode_message(plain) == json.dumps(plain, separators=(",", ":"), ensure_ascii=False)
+
+
+def test_an_unopened_fork_is_answered_as_its_child_reads(
+    tutti_server: Callable[..., AppServerProcess], tmp_path: Path
+) -> None:
+    """`loaded: false` through a settled turn (its prefix copied as bytes, none of its lines
+    built): the answer's thread is the one `thread/read` then projects of the child, turns
+    (lean and full) included."""
+    server = tutti_server()
+    src = server.start_thread(str(tmp_path))
+    server.run_turn(src, "one")
+    server.run_turn(src, "two")
+    last = server.call("thread/turns/list", {"threadId": src})["data"][0]["id"]
+    for items in (False, True):
+        params = {"threadId": src, "lastTurnId": last, "loaded": False, "turnItems": items}
+        child = server.call("thread/fork", params)["thread"]
+        read = server.call(
+            "thread/read", {"threadId": child["id"], "includeTurns": True, "turnItems": items}
+        )["thread"]
+        assert child == read and child["preview"] == "one" and len(child["turns"]) == 2
