@@ -176,7 +176,9 @@ def _resolve(
             raise TurnInProgress(boundary.turn_id)
         if not is_terminal_event(history.lines[end - 1].item):
             return end, None
-        return end, tuple(t for t in turns if t.end_index is not None and t.end_index <= end)
+        kept = tuple(t for t in turns if t.end_index is not None and t.end_index <= end)
+        # Through the last turn: the reduction itself (its projection is kept with it).
+        return end, turns if isinstance(turns, tuple) and len(kept) == len(turns) else kept
     if turn.start_index is None:
         raise TurnStartMissing(boundary.turn_id)
     return turn.start_index, None

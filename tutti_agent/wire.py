@@ -38,7 +38,29 @@ def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -
 class LeanTurns(list[dict[str, Any]]):
     """Turns on the wire without their items: every value a string, an integer, None or
     `{"message": str}` (`turn_to_wire` of a `TurnRecord`), which orjson encodes to the very
-    text the standard library's encoder writes (`encode_message`)."""
+    text the standard library's encoder writes (`encode_message`). Never changed once made:
+    the last one is answered again for the same reduction (`lean_turns_to_wire`), its text
+    kept with it (`encoded`)."""
+
+    encoded: str | None = None
+
+
+_last_lean: tuple[Sequence[TurnRecord], LeanTurns] | None = None
+"""The last reduction projected without items, and its projection (`lean_turns_to_wire`)."""
+
+
+def lean_turns_to_wire(turns: Sequence[TurnRecord]) -> LeanTurns:
+    """`turns` on the wire without their items; the very list (and its encoded text) again
+    when `turns` is the reduction projected last: a warm app-server answers a source's read
+    and each fork through its last Turn with the same 10,000 turns (the store keeps the
+    reduction, `ThreadStore.turns`; `fork._resolve` hands it on whole)."""
+    global _last_lean
+    last = _last_lean
+    if last is not None and last[0] is turns:
+        return last[1]
+    wire = LeanTurns(turn_to_wire(t, i, with_items=False) for i, t in enumerate(turns))
+    _last_lean = (turns, wire)
+    return wire
 
 
 def turns_to_wire(
@@ -50,8 +72,9 @@ def turns_to_wire(
     """The history's turns on the wire; `turns`: its `build_turns`, when the caller has it."""
     if turns is None:
         turns = build_turns(history.items, with_items=with_items)
-    wire = [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
-    return wire if with_items else LeanTurns(wire)
+    if not with_items:
+        return lean_turns_to_wire(turns)
+    return [turn_to_wire(t, i) for i, t in enumerate(turns)]
 
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -70,10 +93,12 @@ def encode_message(message: Mapping[str, Any]) -> str:
     if not isinstance(turns, LeanTurns) or not turns:
         return _ENCODE(message)
     assert isinstance(result, Mapping) and isinstance(thread, Mapping)
-    try:
-        raw = orjson.dumps(turns).decode()
-    except (TypeError, orjson.JSONEncodeError):
-        return _ENCODE(message)
+    raw = turns.encoded
+    if raw is None:
+        try:
+            raw = turns.encoded = orjson.dumps(turns).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            return _ENCODE(message)
     marker = f"turns-{os.urandom(16).hex()}"
     text = _ENCODE(
         {**message, "result": {**result, "thread": {**thread, "turns": marker}}}
@@ -131,9 +156,11 @@ def head_to_wire(
     `thread_to_wire` makes of the whole history."""
     wire: list[dict[str, Any]] = []
     if turns is not None:
-        wire = [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
-        if not with_items:
-            wire = LeanTurns(wire)
+        wire = (
+            [turn_to_wire(t, i) for i, t in enumerate(turns)]
+            if with_items
+            else lean_turns_to_wire(turns)
+        )
     return _thread_wire(head, head.preview, head.settings, status, wire)
 
 

@@ -20,10 +20,16 @@ from tests.tutti_agent.appserver import (
 )
 from tests.tutti_agent.items import assistant_msg, env_context, explicit_turn, user_msg
 from tests.tutti_agent.storeutil import write_root
-from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, Latest
+from tutti_agent.fork import ForkOptions, ForkPersistence, ForkService, Latest, ThroughTurn
 from tutti_agent.rollout import LineType, RolloutItem, iter_rollout_paths
 from tutti_agent.store import HEAD_PREVIEW_LINES, ThreadStore
-from tutti_agent.wire import LeanTurns, encode_message, head_to_wire, thread_to_wire
+from tutti_agent.wire import (
+    LeanTurns,
+    encode_message,
+    head_to_wire,
+    lean_turns_to_wire,
+    thread_to_wire,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -203,3 +209,29 @@ def test_an_unopened_fork_is_answered_as_its_child_reads(
             "thread/read", {"threadId": child["id"], "includeTurns": True, "turnItems": items}
         )["thread"]
         assert child == read and child["preview"] == "one" and len(child["turns"]) == 2
+
+
+def test_the_same_reduction_is_projected_and_encoded_once(tmp_path: Path) -> None:
+    """A source's read and its fork through the last turn answer the very reduction the store
+    keeps: projected without items once, its text encoded once, the answers the standard
+    library's text each time; another reduction is projected anew."""
+    store = ThreadStore(tmp_path / "home")
+    src = write_root(store, [*explicit_turn("t1", "q", "a"), *explicit_turn("t2", "r", "b")])
+    reduced = store.turns(store.load(src), with_items=False)
+    wire = lean_turns_to_wire(reduced)
+    assert lean_turns_to_wire(reduced) is wire
+    fork = ForkService(store).fork(
+        src, ForkOptions(boundary=ThroughTurn("t2"), keep_child_parse=False, turn_items=False)
+    )
+    assert fork.turns is reduced
+    first = ForkService(store).fork(
+        src, ForkOptions(boundary=ThroughTurn("t1"), keep_child_parse=False, turn_items=False)
+    )
+    assert first.turns is not None and [t.id for t in first.turns] == ["t1"]
+    assert lean_turns_to_wire(first.turns) is not wire
+    again = lean_turns_to_wire(reduced)  # projected anew: the last one was another's
+    assert again is not wire and again == wire
+    message = {"id": 1, "result": {"thread": {"id": src, "turns": again}}}
+    standard = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+    assert encode_message(message) == standard and again.encoded is not None
+    assert encode_message(message) == standard
