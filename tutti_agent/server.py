@@ -41,7 +41,13 @@ from tutti_agent.model import Model
 from tutti_agent.rollout import gc_paused, now_iso
 from tutti_agent.store import ThreadHead, ThreadHistory, ThreadStore
 from tutti_agent.turns import LiveThread
-from tutti_agent.wire import encode_message, head_to_wire, thread_to_wire, turns_to_wire
+from tutti_agent.wire import (
+    encode_message,
+    head_to_wire,
+    prepare_lean,
+    thread_to_wire,
+    turns_to_wire,
+)
 
 Handler = Callable[[Mapping[str, Any]], "Reply"]
 
@@ -228,6 +234,8 @@ class AppServer:
         status = live.status() if live is not None else "notLoaded"
         if include_turns and turns is None:
             turns = self.store.turns(history, with_items=with_items)
+        if settings is None:
+            settings = self.store.settings(history)  # kept with the history's parse
         return thread_to_wire(
             history,
             status=status,
@@ -248,7 +256,7 @@ class AppServer:
     ) -> dict[str, Any]:
         """`settings`: the history's `effective_settings()`, when the caller knows them."""
         if settings is None:
-            settings = history.effective_settings()
+            settings = self.store.settings(history)  # kept with the history's parse
         return {
             "thread": self._thread_payload(
                 history,
@@ -367,10 +375,10 @@ class AppServer:
     def _load_resumed(self, thread_id: str) -> None:
         """A resume's deferred load: the history loaded and the thread made live, as the
         resume would have before answering; then, on a thread of its own, its turns reduced
-        without items (what a host reads of a source before it forks it: the `thread/read`
-        that follows finds them made, or waits for them). A history that fails to load leaves
-        the thread unloaded; `turn/start` on it answers that failure, and the next
-        `thread/resume` loads it whole (and answers it)."""
+        without items, projected and encoded (what a host reads of a source before it forks it:
+        the `thread/read` that follows finds them made, or waits for the reduction). A history
+        that fails to load leaves the thread unloaded; `turn/start` on it answers that
+        failure, and the next `thread/resume` loads it whole (and answers it)."""
         try:
             with gc_paused():
                 history = self.store.load(thread_id)
@@ -386,7 +394,7 @@ class AppServer:
 
         def prewarm() -> None:
             with contextlib.suppress(Exception), gc_paused():
-                self.store.turns(history, with_items=False)
+                prepare_lean(self.store.turns(history, with_items=False))
 
         threading.Thread(target=prewarm, name=f"prewarm-{thread_id}", daemon=True).start()
 

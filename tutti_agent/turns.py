@@ -54,7 +54,7 @@ class LiveThread:
         self._has_env_context = any(
             _is_env_context(line.item) for line in history.lines
         )
-        settings = history.effective_settings()  # one pass over the history's lines
+        settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
         model_name = settings.get("model")

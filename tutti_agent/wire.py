@@ -80,6 +80,23 @@ def turns_to_wire(
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+def _encoded(turns: LeanTurns) -> str | None:
+    """`turns`' text by orjson, made once (`LeanTurns.encoded`); None where orjson refuses a
+    value (the standard library encodes the message instead)."""
+    if turns.encoded is None:
+        try:
+            turns.encoded = orjson.dumps(turns).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+    return turns.encoded
+
+
+def prepare_lean(turns: Sequence[TurnRecord]) -> None:
+    """Project `turns` without items and encode them ahead of an answer that will (a resume's
+    prewarm: the source read a fork sends next)."""
+    _encoded(lean_turns_to_wire(turns))
+
+
 def encode_message(message: Mapping[str, Any]) -> str:
     """`json.dumps(message, separators=(",", ":"), ensure_ascii=False)`, the same text; a
     result's thread whose turns are `LeanTurns` (a 10,000-Turn thread's are 2.3 MB) has them
@@ -93,12 +110,9 @@ def encode_message(message: Mapping[str, Any]) -> str:
     if not isinstance(turns, LeanTurns) or not turns:
         return _ENCODE(message)
     assert isinstance(result, Mapping) and isinstance(thread, Mapping)
-    raw = turns.encoded
+    raw = _encoded(turns)
     if raw is None:
-        try:
-            raw = turns.encoded = orjson.dumps(turns).decode()
-        except (TypeError, orjson.JSONEncodeError):
-            return _ENCODE(message)
+        return _ENCODE(message)
     marker = f"turns-{os.urandom(16).hex()}"
     text = _ENCODE(
         {**message, "result": {**result, "thread": {**thread, "turns": marker}}}
