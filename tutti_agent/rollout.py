@@ -301,8 +301,34 @@ def lines_of_decoded(
     if raws[-1] != b"" or len(raws) - 1 != len(records):
         raise ValueError("the decoded records are not the lines of these bytes")
     del raws[-1]
+    lines: list[RolloutLine] = []
+    append = lines.append
+    new = tuple.__new__  # as in `_read_lines`
+    offset = 0
     with gc_paused():
-        return _read_lines(raws, path, json.loads, json.loads, iter(records).__next__)
+        # `_read_lines`' loop with each line's JSON taken from `records`, in a loop of its own:
+        # a call per line fewer (the records' iterator) for the 60,000 lines of a 10,000-Turn
+        # child the worker's proof reads (~20 % of this).
+        for raw, obj in zip(raws, records, strict=True):
+            end = offset + len(raw) + 1
+            try:
+                append(
+                    new(
+                        RolloutLine,
+                        (
+                            int(obj["ordinal"]),
+                            str(obj["timestamp"]),
+                            new(RolloutItem, (str(obj["type"]), obj["payload"])),
+                            end,
+                        ),
+                    )
+                )
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RolloutCorrupt(
+                    f"corrupt rollout line at byte {offset} of {path}: {exc}"
+                ) from None
+            offset = end
+    return lines
 
 
 def _read_lines(
@@ -310,11 +336,9 @@ def _read_lines(
     path: Path,
     loads: Callable[[bytes], Any],
     standard: Callable[[bytes], Any],
-    decoded: Callable[[], Any] | None = None,
 ) -> list[RolloutLine]:
     """A `RolloutLine` per line of `raws` (each a complete line, its newline stripped) from
-    its JSON: `decoded()` if given (the next of the lines decoded already), else `loads(raw)`,
-    or `standard(raw)` where that raises `REFUSED`."""
+    its JSON: `loads(raw)`, or `standard(raw)` where that raises `REFUSED`."""
     lines: list[RolloutLine] = []
     append = lines.append
     # The named tuples built with `tuple.__new__` straight, not through their constructors
@@ -324,13 +348,10 @@ def _read_lines(
     for raw in raws:
         end = offset + len(raw) + 1
         try:
-            if decoded is not None:
-                obj = decoded()
-            else:
-                try:
-                    obj = loads(raw)
-                except REFUSED:
-                    obj = standard(raw)
+            try:
+                obj = loads(raw)
+            except REFUSED:
+                obj = standard(raw)
             append(
                 new(
                     RolloutLine,
