@@ -19,14 +19,20 @@ Session's rollout (60,002 lines, 14.7 MB) per fork, by CPU clock, the median of 
 worker's bind parse (`parse_rollout`: every line decoded and checked), the app-server's read
 (`read_rollout`, what a cold resume loads), the proof's lines from the bind's decode
 (`lines_of_decoded`) and its lean reduction (`build_turns(..., with_items=False)`), with the
-minor page faults of each (memory the process touched afresh). Run from one tree with another
-tree's code first on `PYTHONPATH` (`python <this tree>/bench/months_fork.py --reads 5`), it
-times that tree's code: an A/B of the reads alone.
+minor page faults of each (memory the process touched afresh); and what the worker waits for
+of tutti-agent's app-server in a cold fork (`AppServer.handle_line` in this process on a copy
+of the rollout): the CPU until the answer of the runtime's `thread/resume` (no turns), of the
+source's lean `thread/read` 0.3 s later, and of a cold and a warm `thread/fork` through the last
+Turn (`loaded: false`, no items); work after an answer (a resume's deferred load) is not
+counted (page faults 0: not measured). Run from one tree with another tree's code first on
+`PYTHONPATH` (`python <this tree>/bench/months_fork.py --reads 5`), it times that tree's code:
+an A/B of the reads alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import shutil
@@ -176,10 +182,83 @@ def measure_reads(home: Path, rounds: int) -> list[tuple[str, float, float]]:
             timed("lean reduction", partial(build_turns, with_items=False), items)
             del parsed, lines, items
             timed("app-server read", read_rollout, rollout)
+        for step, cpu in _app_server_answers(rollout, thread_id):
+            samples.setdefault(step, []).append((cpu, 0.0))
     return [
         (step, statistics.median(c for c, _ in got), statistics.median(f for _, f in got))
         for step, got in samples.items()
     ]
+
+
+ANSWER_GAP_S = 0.3
+"""The pause between a cold runtime's `thread/resume` and the fork's source `thread/read` in
+`_app_server_answers`: what the host does between them (the operation created, the store's
+prepare: ~0.2–0.4 s on the full store)."""
+
+
+def _app_server_answers(rollout: Path, thread_id: str) -> list[tuple[str, float]]:
+    """(step, CPU ms of the app-server's request thread until its answer was written) of what
+    a cold fork asks tutti-agent's app-server, in one process (`AppServer.handle_line` on a
+    copy of the rollout in a home of its own): the runtime's `thread/resume` without turns,
+    `ANSWER_GAP_S` later the source's `thread/read` without items, then a fork through the last
+    Turn `loaded: false` without items, twice (cold, warm). Work a request does after its
+    answer has left (a resume's deferred load) is not counted: the worker does not wait for
+    it."""
+    import io
+
+    from tutti_agent.model import BuiltinModel
+    from tutti_agent.server import AppServer
+    from tutti_agent.store import ThreadStore
+
+    last = next(
+        line["payload"]["turn_id"]
+        for line in map(json.loads, reversed(rollout.read_bytes().splitlines()[-20:]))
+        if line["payload"].get("type") == "task_complete"
+    )
+    with tempfile.TemporaryDirectory(prefix="months-fork-answers-") as tmp:
+        home = Path(tmp)
+        copy = home / rollout.relative_to(rollout.parents[4])
+        copy.parent.mkdir(parents=True)
+        shutil.copyfile(rollout, copy)
+
+        class Answers(io.StringIO):
+            cpu: float | None = None
+
+            def write(self, text: str) -> int:
+                if self.cpu is None:
+                    self.cpu = time.thread_time()
+                return super().write(text)
+
+        out = Answers()
+        server = AppServer(ThreadStore(home), BuiltinModel(), out)
+        got: list[tuple[str, float]] = []
+
+        def ask(step: str, method: str, params: dict[str, Any]) -> None:
+            out.seek(0)
+            out.truncate()
+            out.cpu = None
+            cpu = time.thread_time()
+            server.handle_line(json.dumps({"id": len(got) + 1, "method": method, "params": params}))
+            answer = json.loads(out.getvalue().split("\n", 1)[0])
+            if "error" in answer or out.cpu is None:
+                raise SystemExit(f"{method}: {answer.get('error')}")
+            if step:
+                got.append((step, (out.cpu - cpu) * 1000))
+
+        ask("", "initialize", {"clientInfo": {"name": MODULE, "version": "0"}})
+        ask(
+            "app-server resume (runtime start)",
+            "thread/resume",
+            {"threadId": thread_id, "excludeTurns": True},
+        )
+        time.sleep(ANSWER_GAP_S)
+        lean = {"includeTurns": True, "turnItems": False}
+        ask("app-server source read", "thread/read", {"threadId": thread_id, **lean})
+        fork = {"threadId": thread_id, "lastTurnId": last, "loaded": False, "turnItems": False}
+        ask("app-server fork, cold", "thread/fork", fork)
+        ask("app-server fork, warm", "thread/fork", fork)
+        server.shutdown()
+    return got
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -115,5 +115,12 @@ class ForkInitFailed(AppServerError):
     code = INTERNAL_ERROR
 
 
+class InternalError(AppServerError):
+    """An unexpected failure, answered as `-32603 internal error: …` (a resume's deferred load
+    keeps one to answer the next `turn/start` on that thread)."""
+
+    code = INTERNAL_ERROR
+
+
 class ModelError(Exception):
     """The model backend failed; the turn ends `failed` with this message."""

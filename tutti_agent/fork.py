@@ -11,6 +11,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from itertools import islice
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -33,13 +34,15 @@ from tutti_agent.history import (
     fork_history_from_snapshot,
     is_real_user_message,
     is_terminal_event,
+    message_text,
     snapshot_turn_state,
 )
 from tutti_agent.ids import uuid7
-from tutti_agent.rollout import LineType, RolloutItem, gc_paused, now_iso
+from tutti_agent.rollout import LineType, RolloutItem, RolloutLine, gc_paused, now_iso
 from tutti_agent.store import (
     HistoryPosition,
     Reservation,
+    ThreadHead,
     ThreadHistory,
     ThreadStore,
     remove_file_durably,
@@ -113,7 +116,9 @@ class ForkOptions:
 
 @dataclass(frozen=True, slots=True)
 class ForkResult:
-    child: ThreadHistory
+    child: ThreadHistory | None
+    """The child's history from the lines written; None for a child forked unopened from a
+    copied span (`keep_child_parse=False`): then `head` says what its answer needs."""
     prepared_end: int
     turns: tuple[TurnRecord, ...] | None = None
     """The child's turns as `build_turns` projects them (ids, status, items; the indices are
@@ -123,6 +128,9 @@ class ForkResult:
     `thread_settings_applied` line (cwd and model) is the last such line of its history, its
     `model_provider` its `session_meta`'s, and the lines before it are the source's, whose
     pass the fork has just made (so they raise nothing)."""
+    head: ThreadHead | None = None
+    """The child's head (what `ThreadStore.head` reads of it), from what the fork wrote and the
+    source's lines it copied, when `child` is None."""
 
 
 class ForkHooks(Protocol):
@@ -168,7 +176,9 @@ def _resolve(
             raise TurnInProgress(boundary.turn_id)
         if not is_terminal_event(history.lines[end - 1].item):
             return end, None
-        return end, tuple(t for t in turns if t.end_index is not None and t.end_index <= end)
+        kept = tuple(t for t in turns if t.end_index is not None and t.end_index <= end)
+        # Through the last turn: the reduction itself (its projection is kept with it).
+        return end, turns if isinstance(turns, tuple) and len(kept) == len(turns) else kept
     if turn.start_index is None:
         raise TurnStartMissing(boundary.turn_id)
     return turn.start_index, None
@@ -270,7 +280,7 @@ class ForkService:
             )
         if isinstance(snapshot, TruncateBeforeNthUserMessage):
             forked = drop_empty_turn_shell(forked)
-        settings = prepared.source.effective_settings()
+        settings = self.store.settings(prepared.source)  # kept with the source's parse
         cwd = options.cwd or settings.get("cwd")
         model = options.model or settings.get("model")
         child_id = uuid7()
@@ -294,6 +304,7 @@ class ForkService:
                 "thread_settings": {"cwd": cwd, "model": model},
             },
         )
+        child_settings = {"cwd": cwd, "model": model, "model_provider": meta["model_provider"]}
         copied = None
         if options.persistence == ForkPersistence.COPIED:
             first_ordinal = 0
@@ -323,9 +334,17 @@ class ForkService:
         # The whole child in one write and one fsync (plus its directory's), not one fsync
         # per line: it is durable before the response either way. A failed
         # creation leaves no file.
+        # A child this server will not open, its prefix copied as bytes: none of its copied
+        # lines is built (60,000 for a 10,000-Turn prefix); the answer is made from its head.
+        unopened = copied is not None and not options.keep_child_parse
         try:
             writer, written = self.store.create_rollout_lines(
-                child_id, meta, first_ordinal=first_ordinal, items=lines, copied=copied
+                child_id,
+                meta,
+                first_ordinal=first_ordinal,
+                items=lines,
+                copied=copied,
+                copied_lines=not unopened,
             )
         except AppServerError:
             raise
@@ -337,9 +356,21 @@ class ForkService:
             # The child's history from the lines just written, checked as a load checks it
             # (identity, ordinals, history_base into the frozen source), not re-read from disk.
             parent = prepared.source if first_ordinal > 0 else None
-            child = self.store.adopt_created(
-                child_id, writer.path, written, parent, remember=options.keep_child_parse
-            )
+            child: ThreadHistory | None = None
+            head: ThreadHead | None = None
+            if unopened:
+                self.store.adopt_unopened(child_id, writer.path, written[-1].end_byte_offset)
+                head = ThreadHead(
+                    child_id,
+                    writer.path,
+                    written[0].item.payload,
+                    dict(child_settings),
+                    _preview(prepared.source.lines, len(items)),
+                )
+            else:
+                child = self.store.adopt_created(
+                    child_id, writer.path, written, parent, remember=options.keep_child_parse
+                )
         except BaseException as exc:
             # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
             writer.close()
@@ -351,8 +382,18 @@ class ForkService:
             child=child,
             prepared_end=prepared.end_ordinal_exclusive,
             turns=prepared.turns if as_is else None,
-            settings={"cwd": cwd, "model": model, "model_provider": meta["model_provider"]},
+            settings=child_settings,
+            head=head,
         )
+
+
+def _preview(lines: Sequence[RolloutLine], end: int) -> str:
+    """`wire.preview` of a history whose lines after its first are `lines[1:end]` (and a
+    settings line): the first real user message among them, cut at 200 characters."""
+    for line in islice(lines, 1, end):
+        if is_real_user_message(line.item):
+            return message_text(line.item.payload)[:200]
+    return ""
 
 
 def drop_empty_turn_shell(items: list[RolloutItem]) -> list[RolloutItem]:

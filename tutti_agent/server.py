@@ -5,6 +5,7 @@ method table and the set of loaded threads; semantics live in fork.py, turns.py,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import platform
 import sys
@@ -17,6 +18,7 @@ from tutti_agent.errors import (
     INTERNAL_ERROR,
     METHOD_NOT_FOUND,
     AppServerError,
+    InternalError,
     InvalidParams,
     NoRolloutFound,
     ThreadBusy,
@@ -37,9 +39,15 @@ from tutti_agent.history import InterruptedMarker, TurnRecord
 from tutti_agent.ids import parse_thread_id, uuid7
 from tutti_agent.model import Model
 from tutti_agent.rollout import gc_paused, now_iso
-from tutti_agent.store import ThreadHistory, ThreadStore
+from tutti_agent.store import ThreadHead, ThreadHistory, ThreadStore
 from tutti_agent.turns import LiveThread
-from tutti_agent.wire import thread_to_wire, turns_to_wire
+from tutti_agent.wire import (
+    encode_message,
+    head_to_wire,
+    prepare_lean,
+    thread_to_wire,
+    turns_to_wire,
+)
 
 Handler = Callable[[Mapping[str, Any]], "Reply"]
 
@@ -64,7 +72,7 @@ class Connection:
         self._pending: dict[int | str, tuple[threading.Event, list[Any]]] = {}
 
     def send(self, message: Mapping[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n"
+        data = encode_message(message) + "\n"
         with self._lock:
             try:
                 self._out.write(data)
@@ -120,6 +128,8 @@ class AppServer:
         self.forks = ForkService(store, hooks)
         self.threads: dict[str, LiveThread] = {}
         self._threads_lock = threading.Lock()
+        self._unloadable: dict[str, AppServerError] = {}
+        """Threads whose deferred load after a resume failed, with the failure."""
         self._initialized = False
         self.methods: dict[str, Handler] = {
             "initialize": self.initialize,
@@ -203,6 +213,7 @@ class AppServer:
     def _load_live(self, history: ThreadHistory) -> LiveThread:
         self.model.warm()  # an HTTP model readies its client while the Session starts
         with self._threads_lock:
+            self._unloadable.pop(history.thread_id, None)  # loaded now: that failure is past
             live = self.threads.get(history.thread_id)
             if live is None:
                 writer = self.store.open_writer(history)
@@ -223,6 +234,8 @@ class AppServer:
         status = live.status() if live is not None else "notLoaded"
         if include_turns and turns is None:
             turns = self.store.turns(history, with_items=with_items)
+        if settings is None:
+            settings = self.store.settings(history)  # kept with the history's parse
         return thread_to_wire(
             history,
             status=status,
@@ -243,7 +256,7 @@ class AppServer:
     ) -> dict[str, Any]:
         """`settings`: the history's `effective_settings()`, when the caller knows them."""
         if settings is None:
-            settings = history.effective_settings()
+            settings = self.store.settings(history)  # kept with the history's parse
         return {
             "thread": self._thread_payload(
                 history,
@@ -316,15 +329,74 @@ class AppServer:
 
     def thread_resume(self, params: Mapping[str, Any]) -> Reply:
         thread_id = self._thread_id(params)
+        with_items = self._turn_items(params)
+        if params.get("excludeTurns", False) and self._live(thread_id) is None:
+            with self._threads_lock:
+                failed = self._unloadable.pop(thread_id, None) is not None
+            # A resume whose answer leaves the turns out answers from the rollout's head; the
+            # history is loaded right after the answer has left, before the next request is
+            # read (a host reads only the thread's id, and starts its fork meanwhile). One whose
+            # deferred load failed is read whole again, and answers that failure.
+            head = None if failed else self.store.head(thread_id)
+            if head is not None:
+                return Reply(
+                    self._head_result(head), lambda: self._load_resumed(thread_id)
+                )
         history = self.store.load(thread_id)
         self._load_live(history)
         return Reply(
             self._session_result(
                 history,
                 include_turns=not params.get("excludeTurns", False),
-                with_items=self._turn_items(params),
+                with_items=with_items,
             )
         )
+
+    def _head_result(
+        self,
+        head: ThreadHead,
+        *,
+        status: str = "idle",
+        turns: Sequence[TurnRecord] | None = None,
+        with_items: bool = True,
+    ) -> dict[str, Any]:
+        """`_session_result` from a thread's head alone: of a thread about to be loaded
+        (idle), without its turns, or of a fork's unopened child with the prefix's turns."""
+        settings = head.settings
+        return {
+            "thread": head_to_wire(head, status=status, turns=turns, with_items=with_items),
+            "model": settings.get("model"),
+            "modelProvider": settings.get("model_provider"),
+            "cwd": settings.get("cwd"),
+            "approvalPolicy": "onRequest",
+            "sandbox": {"type": "readOnly", "networkAccess": False},
+        }
+
+    def _load_resumed(self, thread_id: str) -> None:
+        """A resume's deferred load: the history loaded and the thread made live, as the
+        resume would have before answering; then, on a thread of its own, its turns reduced
+        without items, projected and encoded (what a host reads of a source before it forks it:
+        the `thread/read` that follows finds them made, or waits for the reduction). A history
+        that fails to load leaves the thread unloaded; `turn/start` on it answers that
+        failure, and the next `thread/resume` loads it whole (and answers it)."""
+        try:
+            with gc_paused():
+                history = self.store.load(thread_id)
+                self._load_live(history)
+        except AppServerError as exc:
+            with self._threads_lock:
+                self._unloadable[thread_id] = exc
+            return
+        except Exception as exc:  # noqa: BLE001 - the server never dies on a request
+            with self._threads_lock:
+                self._unloadable[thread_id] = InternalError(f"internal error: {exc}")
+            return
+
+        def prewarm() -> None:
+            with contextlib.suppress(Exception), gc_paused():
+                prepare_lean(self.store.turns(history, with_items=False))
+
+        threading.Thread(target=prewarm, name=f"prewarm-{thread_id}", daemon=True).start()
 
     def _read_history(self, thread_id: str) -> ThreadHistory:
         try:
@@ -396,11 +468,21 @@ class AppServer:
             keep_child_parse=loaded,
         )
         result = self.forks.fork(source_id, options)
+        include_turns = not params.get("excludeTurns", False)
+        if result.child is None:
+            assert result.head is not None and not loaded
+            # An unopened child copied as bytes: answered from its head, its turns the prefix's.
+            turns = result.turns if include_turns else None
+            return Reply(
+                self._head_result(
+                    result.head, status="notLoaded", turns=turns, with_items=options.turn_items
+                )
+            )
         if loaded:
             self._load_live(result.child)
         payload = self._session_result(
             result.child,
-            include_turns=not params.get("excludeTurns", False),
+            include_turns=include_turns,
             turns=result.turns,
             with_items=options.turn_items,
             settings=result.settings,
@@ -452,7 +534,9 @@ class AppServer:
         thread_id = self._thread_id(params)
         live = self._live(thread_id)
         if live is None:
-            raise ThreadNotFound(thread_id)
+            with self._threads_lock:
+                failed = self._unloadable.get(thread_id)
+            raise failed if failed is not None else ThreadNotFound(thread_id)
         text = _input_text(params.get("input"))
         turn, starter = live.start_turn(text)
         return Reply({"turn": turn}, starter)

@@ -11,11 +11,11 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, itemgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tutti_agent.errors import (
     LineageError,
@@ -23,7 +23,7 @@ from tutti_agent.errors import (
     ThreadReferenced,
     ThreadReserved,
 )
-from tutti_agent.history import TurnRecord, build_turns
+from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
 from tutti_agent.rollout import (
     CopiedSpan,
     LineType,
@@ -159,6 +159,30 @@ class ThreadHistory:
         raise ValueError(f"boundary {end_ordinal_exclusive} beyond history of {self.thread_id}")
 
 
+HEAD_PREVIEW_LINES = 64
+"""How many lines after `session_meta` a head read decodes looking for the thread's first real
+user message (its preview); a longer rollout without one there is read whole."""
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadHead:
+    """What a thread's answer says of it besides its turns, read from a single-file rollout's
+    first lines and its settings lines (`ThreadStore.head`), without parsing the rest."""
+
+    thread_id: str
+    path: Path
+    meta: Mapping[str, Any]
+    settings: dict[str, Any]
+    """`effective_settings()` of the whole history."""
+    preview: str
+    """The first real user message's text, cut at 200 characters (`wire.preview`)."""
+
+    @property
+    def forked_from_id(self) -> str | None:
+        v = self.meta.get("forked_from_id")
+        return str(v) if v is not None else None
+
+
 class Reservation:
     """Keeps a source undeletable while a fork that depends on it is being prepared."""
 
@@ -200,9 +224,8 @@ class ThreadStore:
         self._parsed: OrderedDict[Path, tuple[tuple[int, int, int, int], list[RolloutLine]]] = (
             OrderedDict()
         )
-        self._turns: dict[
-            tuple[Path, bool], tuple[list[RolloutLine], tuple[TurnRecord, ...]]
-        ] = {}
+        self._memo: dict[tuple[Path, str], tuple[list[RolloutLine], Any]] = {}
+        self._reducing = threading.Lock()
 
     def _find(self, thread_id: str) -> Path | None:
         """Exact lookup (`find_rollout_path`), remembered while the file stays there."""
@@ -241,23 +264,56 @@ class ThreadStore:
         `thread/fork` of the same unchanged source (its boundary, its reply) share one
         reduction instead of one each (60,000 lines for a 10,000-Turn thread). Kept only while
         `history` is built from the very parse this store holds for its file (a rollout that
-        grew is parsed again, and so reduced again)."""
-        parse = self._parse_of(history)
-        key = (history.path, with_items)
-        if parse is not None:
-            with self._cache_lock:
-                hit = self._turns.get(key)
-            if hit is not None and hit[0] is parse:
-                return hit[1]
-        turns = tuple(build_turns(history.items, with_items=with_items))
-        if parse is not None:
-            with self._cache_lock:
-                self._turns[key] = (parse, turns)
-                if len(self._turns) > 2 * PARSED_ROLLOUTS_CACHED:
-                    # Only the parses still cached keep their reductions.
-                    for stale in [k for k in self._turns if k[0] not in self._parsed]:
-                        del self._turns[stale]
+        grew is parsed and reduced again). Two threads asking for the same reduction make it
+        once (a resume's `prewarm` and the `thread/read` that follows it)."""
+        turns: tuple[TurnRecord, ...] = self._per_parse(
+            history,
+            "turns" if with_items else "lean turns",
+            lambda: tuple(build_turns(history.items, with_items=with_items)),
+        )
         return turns
+
+    def settings(self, history: ThreadHistory) -> dict[str, Any]:
+        """`history.effective_settings()` (a copy), made once per parse as `turns` is: a fork
+        reads its source's settings, and a warm app-server forks the same source again and
+        again (a pass over 60,000 lines each)."""
+        return dict(self._per_parse(history, "settings", history.effective_settings))
+
+    def _holds_inner_meta(self, history: ThreadHistory) -> bool:
+        """Whether any line but the first of a single-file history is a `session_meta` (made
+        once per parse, as `turns`)."""
+        return bool(
+            self._per_parse(
+                history,
+                "inner meta",
+                lambda: LineType.SESSION_META.value in map(_ITEM_TYPE, history.lines[1:]),
+            )
+        )
+
+    def _per_parse(self, history: ThreadHistory, what: str, make: Callable[[], Any]) -> Any:
+        """`make()`, kept with the parse `history` is assembled from (`_parse_of`), under the
+        name `what`; made anew (and not kept) for a history that is no cached parse."""
+        parse = self._parse_of(history)
+        if parse is None:
+            return make()
+        key = (history.path, what)
+        with self._cache_lock:
+            hit = self._memo.get(key)
+        if hit is not None and hit[0] is parse:
+            return hit[1]
+        with self._reducing:
+            with self._cache_lock:
+                hit = self._memo.get(key)
+            if hit is not None and hit[0] is parse:
+                return hit[1]  # made meanwhile by another thread
+            value = make()
+            with self._cache_lock:
+                self._memo[key] = (parse, value)
+                if len(self._memo) > 4 * PARSED_ROLLOUTS_CACHED:
+                    # Only the parses still cached keep what was made of them.
+                    for stale in [k for k in self._memo if k[0] not in self._parsed]:
+                        del self._memo[stale]
+        return value
 
     def _parse_of(self, history: ThreadHistory) -> list[RolloutLine] | None:
         """The cached parse `history`'s lines are (a single-file history assembled from it),
@@ -317,12 +373,16 @@ class ThreadStore:
         first_ordinal: int = 0,
         items: Sequence[RolloutItem] = (),
         copied: CopiedSpan | None = None,
+        copied_lines: bool = True,
     ) -> tuple[RolloutWriter, list[RolloutLine]]:
         """`create_rollout`, and the lines it wrote (with their byte offsets); `copied` goes
-        verbatim between `session_meta` and `items` (`copied_span`)."""
+        verbatim between `session_meta` and `items` (`copied_span`); `copied_lines=False`:
+        the copied lines are not among those returned (`RolloutWriter.create`)."""
         path = new_rollout_path(self.home, thread_id)
         meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
-        writer, lines = RolloutWriter.create(path, first_ordinal, [meta_item, *items], copied)
+        writer, lines = RolloutWriter.create(
+            path, first_ordinal, [meta_item, *items], copied, copied_lines=copied_lines
+        )
         with self._cache_lock:
             self._paths[thread_id] = path
         return writer, lines
@@ -339,7 +399,9 @@ class ThreadStore:
         if len(history.segments) != 1 or not 1 < end <= len(history.lines):
             return None
         lines = history.lines[1:end]
-        if LineType.SESSION_META.value in map(_ITEM_TYPE, lines):
+        if self._holds_inner_meta(history) and LineType.SESSION_META.value in map(
+            _ITEM_TYPE, lines
+        ):
             return None
         with self._cache_lock:
             hit = self._parsed.get(history.path)
@@ -364,6 +426,41 @@ class ThreadStore:
             return None
         return CopiedSpan(data, start, lines)
 
+    def head(self, thread_id: str) -> ThreadHead | None:
+        """The thread's `ThreadHead`, read from the bytes of its rollout without decoding its
+        history: the first line (`session_meta`), the lines from the second on until the first
+        real user message (the preview), and, from the end backwards, the lines whose bytes
+        name `thread_settings_applied` until the last `cwd` and `model` are known (any other
+        line holding those bytes is decoded and passed over). Every rollout writer writes that
+        ASCII name unescaped (ours, Codex's), so no settings line is missed. A torn last line is
+        not read. A missing rollout raises `NoRolloutFound` as `load` does; None (read the
+        whole history with `load`, which also names any error) for a Referenced child (its
+        settings and preview may lie in an ancestor), a first line that is not this thread's
+        `session_meta`, a line that does not decode or is not a rollout line, or no user
+        message within `HEAD_PREVIEW_LINES` lines of a longer rollout."""
+        path = self._find(thread_id)
+        if path is None:
+            raise NoRolloutFound(thread_id)
+        data = read_file(path)
+        end = data.rfind(b"\n") + 1  # complete lines only
+        first_end = data.find(b"\n", 0, end)
+        if first_end < 0:
+            return None
+        try:
+            first = _line_at(data, 0, first_end)
+            if first is None or first[0] != LineType.SESSION_META.value:
+                return None
+            meta = first[1]
+            if str(meta.get("id")) != thread_id or meta.get("history_base") is not None:
+                return None
+            preview = _head_preview(data, first_end + 1, end)
+            settings = _last_settings(data, meta, first_end + 1, end)
+        except ValueError:
+            return None
+        if preview is None or settings is None:
+            return None
+        return ThreadHead(thread_id, path, meta, settings, preview)
+
     def open_writer(self, history: ThreadHistory) -> RolloutWriter:
         return RolloutWriter(history.path, history.next_ordinal, create=False)
 
@@ -387,7 +484,19 @@ class ThreadStore:
     def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        return self._assemble(thread_id, path, self._read(path), visiting, None)
+        own = self._read(path)
+        key = (path, "history")
+        with self._cache_lock:
+            hit = self._memo.get(key)
+        if hit is not None and hit[0] is own and hit[1].thread_id == thread_id:
+            # A single-file history assembled from this very parse: the same checks passed.
+            return cast(ThreadHistory, hit[1])
+        history = self._assemble(thread_id, path, own, visiting, None)
+        if len(history.segments) == 1:
+            with self._cache_lock:
+                if own is self._parsed.get(path, (None, None))[1]:
+                    self._memo[key] = (own, history)
+        return history
 
     def adopt_created(
         self,
@@ -420,6 +529,17 @@ class ThreadStore:
             while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
                 self._parsed.popitem(last=False)
         return history
+
+    def adopt_unopened(self, thread_id: str, path: Path, size: int) -> None:
+        """A rollout this store just created and will not open (a fork child forked
+        `loaded: false` from a copied span): its file must hold the `size` bytes written, and
+        only its path is remembered. Its lines are the copied span's — checked when the source
+        was assembled — between its own `session_meta` and settings lines, their ordinals
+        contiguous by construction (`RolloutWriter.create`); a later `load` reads it whole."""
+        if _file_key(path)[2] != size:
+            raise LineageError(thread_id, "rollout does not hold the lines written")
+        with self._cache_lock:
+            self._paths[thread_id] = path
 
     def _assemble(
         self,
@@ -541,6 +661,70 @@ def _header_length(lines: Sequence[RolloutLine]) -> int:
     while n < len(lines) and lines[n].item.event_type in _HEADER_EVENTS:
         n += 1
     return n
+
+
+def _line_at(data: bytes, start: int, stop: int) -> tuple[str, Mapping[str, Any]] | None:
+    """(type, payload) of the rollout line `data[start:stop]`; None if it is not a line with an
+    object payload; ValueError if it does not decode."""
+    obj = json.loads(data[start:stop])
+    if not isinstance(obj, dict) or "ordinal" not in obj or "timestamp" not in obj:
+        return None
+    payload = obj.get("payload")
+    if not isinstance(payload, dict):
+        return None
+    return str(obj.get("type")), payload
+
+
+def _head_preview(data: bytes, start: int, end: int) -> str | None:
+    """`wire.preview` of the rollout lines in `data[start:end]` from their head: "" when none
+    is a real user message, None when none of the first `HEAD_PREVIEW_LINES` is and more
+    follow."""
+    at = start
+    for _ in range(HEAD_PREVIEW_LINES):
+        if at >= end:
+            return ""
+        stop = data.find(b"\n", at, end)
+        line = _line_at(data, at, stop)
+        if line is None:
+            return None
+        item = RolloutItem(*line)
+        if is_real_user_message(item):
+            return message_text(item.payload)[:200]
+        at = stop + 1
+    return "" if at >= end else None
+
+
+def _last_settings(
+    data: bytes, meta: Mapping[str, Any], start: int, end: int
+) -> dict[str, Any] | None:
+    """`ThreadHistory.effective_settings()` of a single-file rollout from its settings lines
+    alone, found by their bytes from the end backwards; None when one of them is malformed
+    (the whole history's pass raises for it)."""
+    found: dict[str, Any] = {}
+    at = end
+    while len(found) < 2:
+        hit = data.rfind(b"thread_settings_applied", start, at)
+        if hit < 0:
+            break
+        line_start = data.rfind(b"\n", 0, hit) + 1
+        line = _line_at(data, line_start, data.find(b"\n", hit, end))
+        at = line_start
+        if line is None:
+            return None  # not a rollout line with an object payload: the whole read judges it
+        kind, payload = line
+        if kind != LineType.EVENT_MSG.value or payload.get("type") != "thread_settings_applied":
+            continue
+        ts = payload.get("thread_settings") or {}
+        if not isinstance(ts, Mapping):
+            return None
+        for key in ("cwd", "model"):
+            if key in ts and key not in found:
+                found[key] = ts[key]
+    return {
+        "cwd": found.get("cwd", meta.get("cwd")),
+        "model": found.get("model", meta.get("model")),
+        "model_provider": meta.get("model_provider"),
+    }
 
 
 def _first_meta(path: Path) -> Mapping[str, Any] | None:

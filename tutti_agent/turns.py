@@ -51,10 +51,13 @@ class LiveThread:
         self.model = model
         self._lock = threading.Lock()
         self.active: ActiveTurn | None = None
+        self._last: ActiveTurn | None = None
+        """The latest turn started: `active` is cleared before its last notifications are
+        written, its `done` only after them (`wait_idle`)."""
         self._has_env_context = any(
             _is_env_context(line.item) for line in history.lines
         )
-        settings = history.effective_settings()  # one pass over the history's lines
+        settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
         model_name = settings.get("model")
@@ -78,7 +81,7 @@ class LiveThread:
                     f"thread {self.thread_id} already has an active turn {self.active.turn_id}"
                 )
             turn = ActiveTurn(uuid7())
-            self.active = turn
+            self.active = self._last = turn
         wire: dict[str, Any] = {
             "id": turn.turn_id,
             "rootTurnId": turn.turn_id,
@@ -108,9 +111,13 @@ class LiveThread:
         active.cancel()
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
+        """Whether the thread's turns all ended, their notifications written, within
+        `timeout_s`: a server that exits once its client closed stdin must not leave a turn's
+        daemon thread still writing `turn/completed` to stdout (the interpreter's shutdown
+        then aborts on the stream's lock)."""
         with self._lock:
-            active = self.active
-        return True if active is None else active.done.wait(timeout_s)
+            last = self.active or self._last
+        return True if last is None else last.done.wait(timeout_s)
 
     # -- turn execution ---------------------------------------------------------------
     def _run_turn(self, turn: ActiveTurn, text: str) -> None:

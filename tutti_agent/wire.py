@@ -5,14 +5,17 @@ of turns in history.py."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+import orjson
+
 from tutti_agent import __version__
 from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
-from tutti_agent.store import ThreadHistory
+from tutti_agent.store import ThreadHead, ThreadHistory
 
 
 def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -> dict[str, Any]:
@@ -32,6 +35,34 @@ def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -
     }
 
 
+class LeanTurns(list[dict[str, Any]]):
+    """Turns on the wire without their items: every value a string, an integer, None or
+    `{"message": str}` (`turn_to_wire` of a `TurnRecord`), which orjson encodes to the very
+    text the standard library's encoder writes (`encode_message`). Never changed once made:
+    the last one is answered again for the same reduction (`lean_turns_to_wire`), its text
+    kept with it (`encoded`)."""
+
+    encoded: str | None = None
+
+
+_last_lean: tuple[Sequence[TurnRecord], LeanTurns] | None = None
+"""The last reduction projected without items, and its projection (`lean_turns_to_wire`)."""
+
+
+def lean_turns_to_wire(turns: Sequence[TurnRecord]) -> LeanTurns:
+    """`turns` on the wire without their items; the very list (and its encoded text) again
+    when `turns` is the reduction projected last: a warm app-server answers a source's read
+    and each fork through its last Turn with the same 10,000 turns (the store keeps the
+    reduction, `ThreadStore.turns`; `fork._resolve` hands it on whole)."""
+    global _last_lean
+    last = _last_lean
+    if last is not None and last[0] is turns:
+        return last[1]
+    wire = LeanTurns(turn_to_wire(t, i, with_items=False) for i, t in enumerate(turns))
+    _last_lean = (turns, wire)
+    return wire
+
+
 def turns_to_wire(
     history: ThreadHistory,
     turns: Sequence[TurnRecord] | None = None,
@@ -41,7 +72,52 @@ def turns_to_wire(
     """The history's turns on the wire; `turns`: its `build_turns`, when the caller has it."""
     if turns is None:
         turns = build_turns(history.items, with_items=with_items)
-    return [turn_to_wire(t, i, with_items=with_items) for i, t in enumerate(turns)]
+    if not with_items:
+        return lean_turns_to_wire(turns)
+    return [turn_to_wire(t, i) for i, t in enumerate(turns)]
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _encoded(turns: LeanTurns) -> str | None:
+    """`turns`' text by orjson, made once (`LeanTurns.encoded`); None where orjson refuses a
+    value (the standard library encodes the message instead)."""
+    if turns.encoded is None:
+        try:
+            turns.encoded = orjson.dumps(turns).decode()
+        except (TypeError, orjson.JSONEncodeError):
+            return None
+    return turns.encoded
+
+
+def prepare_lean(turns: Sequence[TurnRecord]) -> None:
+    """Project `turns` without items and encode them ahead of an answer that will (a resume's
+    prewarm: the source read a fork sends next)."""
+    _encoded(lean_turns_to_wire(turns))
+
+
+def encode_message(message: Mapping[str, Any]) -> str:
+    """`json.dumps(message, separators=(",", ":"), ensure_ascii=False)`, the same text; a
+    result's thread whose turns are `LeanTurns` (a 10,000-Turn thread's are 2.3 MB) has them
+    encoded by orjson (a fifth of the time) and put in place of a marker no other value holds.
+    orjson writes strings, integers, None and objects of them as the standard library does
+    (escapes included; `tests/tutti_agent/test_tutti_resume_head.py`); anything it refuses (a
+    lone surrogate, an integer beyond 64 bits) is encoded by the standard library alone."""
+    result = message.get("result")
+    thread = result.get("thread") if isinstance(result, Mapping) else None
+    turns = thread.get("turns") if isinstance(thread, Mapping) else None
+    if not isinstance(turns, LeanTurns) or not turns:
+        return _ENCODE(message)
+    assert isinstance(result, Mapping) and isinstance(thread, Mapping)
+    raw = _encoded(turns)
+    if raw is None:
+        return _ENCODE(message)
+    marker = f"turns-{os.urandom(16).hex()}"
+    text = _ENCODE(
+        {**message, "result": {**result, "thread": {**thread, "turns": marker}}}
+    )
+    return text.replace(f'"{marker}"', raw, 1)
 
 
 def preview(history: ThreadHistory) -> str:
@@ -71,20 +147,56 @@ def thread_to_wire(
 ) -> dict[str, Any]:
     """`settings`: the history's `effective_settings()`, when the caller has them (a pass
     over every line of the history fewer)."""
-    meta: Mapping[str, Any] = history.meta
     if settings is None:
         settings = history.effective_settings()
+    return _thread_wire(
+        history,
+        preview(history),
+        settings,
+        status,
+        turns_to_wire(history, turns, with_items=with_items) if include_turns else [],
+    )
+
+
+def head_to_wire(
+    head: ThreadHead,
+    *,
+    status: str,
+    turns: Sequence[TurnRecord] | None = None,
+    with_items: bool = True,
+) -> dict[str, Any]:
+    """A thread from its head alone (`ThreadStore.head`), with `turns` (its `build_turns`,
+    as `thread_to_wire` projects them), or without any (`turns: []`, None): the object
+    `thread_to_wire` makes of the whole history."""
+    wire: list[dict[str, Any]] = []
+    if turns is not None:
+        wire = (
+            [turn_to_wire(t, i) for i, t in enumerate(turns)]
+            if with_items
+            else lean_turns_to_wire(turns)
+        )
+    return _thread_wire(head, head.preview, head.settings, status, wire)
+
+
+def _thread_wire(
+    thread: ThreadHistory | ThreadHead,
+    preview_text: str,
+    settings: Mapping[str, Any],
+    status: str,
+    turns: list[dict[str, Any]],
+) -> dict[str, Any]:
+    meta: Mapping[str, Any] = thread.meta
     created = _unix(meta.get("timestamp"))
     try:
-        updated: int | None = int(os.stat(history.path).st_mtime)
+        updated: int | None = int(os.stat(thread.path).st_mtime)
     except OSError:
         updated = created
     return {
-        "id": history.thread_id,
-        "sessionId": history.thread_id,
-        "forkedFromId": history.forked_from_id,
+        "id": thread.thread_id,
+        "sessionId": thread.thread_id,
+        "forkedFromId": thread.forked_from_id,
         "parentThreadId": None,
-        "preview": preview(history),
+        "preview": preview_text,
         "ephemeral": False,
         "historyMode": "paginated",
         "modelProvider": settings.get("model_provider"),
@@ -92,10 +204,10 @@ def thread_to_wire(
         "createdAt": created,
         "updatedAt": updated,
         "status": {"type": status},
-        "path": str(history.path),
+        "path": str(thread.path),
         "cwd": settings.get("cwd"),
         "cliVersion": meta.get("cli_version", __version__),
         "source": meta.get("source", "appServer"),
         "name": None,
-        "turns": turns_to_wire(history, turns, with_items=with_items) if include_turns else [],
+        "turns": turns,
     }

@@ -16,6 +16,7 @@ from tutti_agent.errors import NoRolloutFound
 from tutti_agent.fork import ForkOptions, ForkService, ThroughTurn
 from tutti_agent.rollout import RolloutLine, find_rollout_path, read_rollout
 from tutti_agent.store import ThreadStore
+from tutti_agent.wire import head_to_wire, thread_to_wire
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,17 +70,24 @@ def test_repeated_forks_parse_the_unchanged_source_once_and_never_rescan(
 def test_a_child_forked_unopened_is_not_kept_parsed_and_reads_the_same_from_disk(
     store: ThreadStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`keep_child_parse=False` (`loaded: false`): the child's lines are not kept as its parse
-    (a later load reads the file, once), its path is; it loads equal to the fork's history;
-    the source's reduction is reduced once for forks and reads alike."""
+    """`keep_child_parse=False` (`loaded: false`): the child's lines are neither built nor kept
+    as its parse (a later load reads the file, once), its path is; the fork's head of it is
+    what a head read of the file finds, and projects as the whole child does; the source's
+    reduction is reduced once for forks and reads alike."""
     source = write_root(store, explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2"))
     service = ForkService(store)
     lean = ForkOptions(boundary=ThroughTurn("t2"), keep_child_parse=False, turn_items=False)
     first = service.fork(source, lean)
+    assert first.child is None and first.head is not None
     parsed = _count_parses(monkeypatch)
     scans = _count_scans(monkeypatch)
-    assert store.load(first.child.thread_id) == first.child
-    assert parsed == [first.child.path] and scans == []
+    child = store.load(first.head.thread_id)
+    assert parsed == [first.head.path] and scans == []
+    assert store.head(child.thread_id) == first.head
+    whole = thread_to_wire(child, status="notLoaded", include_turns=True, with_items=False)
+    assert head_to_wire(first.head, status="notLoaded", turns=first.turns, with_items=False) == (
+        whole
+    )
     assert first.turns is not None and [t.id for t in first.turns] == ["t1", "t2"]
     assert all(t.items == () for t in first.turns)
     reduced = store.turns(store.load(source), with_items=False)
