@@ -39,6 +39,7 @@ from storage.sqlite import (
     GROUP_MAX_MEMBERS,
     TIMING_ENV,
     TRANSIENT_ERRORS,
+    WAL_BOUND_PAGES,
     Baton,
     BusyWaits,
     Row,
@@ -50,6 +51,7 @@ from storage.sqlite import (
     batch_item,
     caller_name,
     open_connection,
+    passive_checkpoint,
     typed_store_error,
     wall_clock_ms,
 )
@@ -139,6 +141,7 @@ class Database:
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
+        self.wal_bound_pages = WAL_BOUND_PAGES
         # The WAL's length when the checkpointer was last asked (0: not since it restarted).
         self._wal_asked_at = 0
         self._checkpoint_due = threading.Event()
@@ -414,19 +417,57 @@ class Database:
         return apsw.SQLITE_OK
 
     def _checkpoint_loop(self) -> None:
-        while True:
-            self._checkpoint_due.wait()
-            self._checkpoint_due.clear()
-            if self._closed:
-                return
-            try:
-                with self.lease() as conn:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                with self._baton:
-                    self.write_stats.checkpoints += 1
-            except Exception as exc:  # noqa: BLE001 - the next commit past the mark retries
-                if not self._closed:
-                    log.warning("store checkpoint failed: %s", exc)
+        # A connection of its own, opened on this thread: never one of the pool's (a pool
+        # drained by readers does not hold a checkpoint back, nor a checkpoint a reader).
+        try:
+            conn = open_connection(self.path, self.busy_timeout_ms)
+        except apsw.Error as exc:
+            log.warning("store checkpointer could not open its connection: %s", exc)
+            self._checkpointer = None  # the next signal starts another
+            return
+        try:
+            while True:
+                self._checkpoint_due.wait()
+                self._checkpoint_due.clear()
+                if self._closed:
+                    return
+                try:
+                    frames, _copied = self._checkpoint_pass(conn)
+                    if frames >= self.wal_bound_pages and not self._closed:
+                        self._restart_wal(conn)
+                except Exception as exc:  # noqa: BLE001 - the next commit past the mark retries
+                    if not self._closed:
+                        log.warning("store checkpoint failed: %s", exc)
+        finally:
+            with contextlib.suppress(apsw.Error):
+                conn.close()
+
+    def _checkpoint_pass(self, conn: apsw.Connection) -> tuple[int, int]:
+        """One PASSIVE checkpoint off the writers' path: (WAL frames, frames copied)."""
+        got = passive_checkpoint(conn)
+        with self._baton:
+            self.write_stats.checkpoints += 1
+        return got
+
+    def _restart_wal(self, conn: apsw.Connection) -> None:
+        """Let the WAL start again (`storage.sqlite.WAL_BOUND_PAGES`): with the baton held no
+        COMMIT can land, so once the open group is committed and the frames since the last
+        pass are copied, the next write begins with every frame in the database and SQLite
+        writes it at the WAL's start. Queued writers wait for that one short pass (its copy
+        is what the WAL gained since the pass before, ~`checkpoint_retry_pages`); queued as a
+        background writer, it lets the clients' writes go first for up to 0.1 s."""
+        with self._fifo.background():
+            self._take_baton()
+        try:
+            group = self._group
+            writer = self._writer_conn
+            if group is not None and writer is not None:
+                self._end_group(group, writer)
+            self._checkpoint_pass(conn)
+            with self._baton:
+                self.write_stats.wal_restarts += 1
+        finally:
+            self._pass_baton()
 
     def _take_baton(self) -> None:
         self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))

@@ -289,6 +289,14 @@ checkpoint that readers kept from finishing leaves the WAL long (it restarts onl
 frame is copied), and asking at every COMMIT past the mark, as SQLite's auto-checkpoint does,
 ran a PASSIVE checkpoint — a few frames copied, the database fsync'd — for nearly every
 COMMIT under a steady load of writers and readers."""
+WAL_BOUND_PAGES = 4 * CHECKPOINT_PAGES
+"""WAL pages past which a checkpoint pass that copied everything it could also restarts the
+WAL. A PASSIVE checkpoint copies the frames but never restarts the log: SQLite restarts it
+only when a write transaction begins with every frame already copied, and under a steady
+load of writers the next group's COMMIT always lands while the checkpoint runs, so the WAL
+(and its file, and the index every reader searches) grew without end. Past this length the
+checkpointer takes the writer baton once, copies the few frames written since its pass, and
+hands the baton on: the next write starts the WAL again from its beginning."""
 TIMING_ENV = "AGENTHOST_STORE_TIMING"
 """When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
 summary per store method is written there as JSON at `close()` (docs/performance.md)."""
@@ -312,13 +320,22 @@ class WriteGroup:
         self.error: BaseException | None = None
 
 
+def passive_checkpoint(conn: apsw.Connection) -> tuple[int, int]:
+    """One PASSIVE checkpoint on `conn` (no lock a writer or reader waits on; apsw lets the GIL
+    go for its whole length): the WAL's frames and how many of them are now in the database."""
+    row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return (int(row[1]), int(row[2])) if row is not None else (0, 0)
+
+
 class WriteStats:
     """Counts of the store's writes (what tests pin): `transactions` written (savepoints
     released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
     write's COMMIT without an fsync of its own), `rolled_back` member
     savepoints, `group_failures` (a COMMIT or a transaction-aborting error that failed every
-    member), `checkpoint_signals` (times the WAL hook asked the checkpointer to run) and
-    `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
+    member), `checkpoints` (PASSIVE passes of the checkpointer), `checkpoint_signals` (times the
+    WAL hook asked the checkpointer to run), `wal_restarts` (passes that held the baton so the
+    WAL could start again, `WAL_BOUND_PAGES`) and `batched` writes (nested savepoints of a
+    `write_batch`, inside one member)."""
 
     __slots__ = (
         "transactions",
@@ -329,6 +346,7 @@ class WriteStats:
         "largest_group",
         "checkpoints",
         "checkpoint_signals",
+        "wal_restarts",
         "batched",
     )
 
@@ -341,6 +359,7 @@ class WriteStats:
         self.largest_group = 0
         self.checkpoints = 0
         self.checkpoint_signals = 0
+        self.wal_restarts = 0
         self.batched = 0
 
     def snapshot(self) -> dict[str, int]:
