@@ -3,7 +3,8 @@
 `bench/stall_site` stamping each group COMMIT, each checkpoint pass and the WAL's length, and
 prints per run the mutations' p50 / p99 in phase 0 (one client) and phase A (eight), the
 daemon's CPU per request, the COMMITs that overlapped a checkpoint against the others, the
-checkpoints' lengths and the WAL's longest run without a restart.
+checkpoints' lengths, the RESTART passes the checkpointer made with the writer baton held (how
+long the writers waited on each) and the WAL's greatest length.
 
     PYTHONPATH=$TREE build/venv/bin/python -m bench.stall_checkpoint OUT \\
         main=/tmp/base mark250=$TREE@250 mark4000=$TREE@4000 --order main,mark250,... [--quick]
@@ -44,7 +45,7 @@ def summary(out: Path) -> dict[str, Any]:
     start, end = min(r["t0"] for r in a), max(r["t1"] for r in a)
     in_a = [r for r in daemon if start <= r["t0"] <= end]
     ckpts = [r for r in in_a if r["kind"] == "wal_checkpoint"]
-    restarts = [r for r in in_a if r["kind"] == "wal_restart"]
+    restarts = [r for r in in_a if r["kind"] == "wal_restart_pass"]
     commits = [r for r in in_a if r["kind"] == "commit"]
     beside = [r["ms"] for r in commits if _overlaps(r, ckpts)]
     others = [r["ms"] for r in commits if not _overlaps(r, ckpts)]
@@ -72,8 +73,9 @@ def summary(out: Path) -> dict[str, Any]:
         f" {len(beside)} / {_pct(beside, 0.5):.1f} / {_pct(beside, 0.99):.1f} ms, others"
         f" {len(others)} / {_pct(others, 0.5):.1f} / {_pct(others, 0.99):.1f}; checkpoints n /"
         f" p50 / max {len(ckpts)} / {got['checkpointsInA'][1]:.1f} /"
-        f" {got['checkpointsInA'][2]:.1f} ms; baton-held restarts {len(restarts)} (max"
-        f" {got['walRestartsInA'][1]:.1f} ms); WAL at most {got['walMaxPages']} pages"
+        f" {got['checkpointsInA'][2]:.1f} ms; RESTART passes with the baton held"
+        f" {len(restarts)} (longest {got['walRestartsInA'][1]:.1f} ms); WAL at most"
+        f" {got['walMaxPages']} pages"
     )
     sys.stdout.flush()
     return got

@@ -37,6 +37,7 @@ from storage.sqlite import (
     CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
+    RESTART_BUSY_MS,
     TIMING_ENV,
     TRANSIENT_ERRORS,
     WAL_BOUND_PAGES,
@@ -52,6 +53,7 @@ from storage.sqlite import (
     caller_name,
     open_connection,
     passive_checkpoint,
+    restart_checkpoint,
     typed_store_error,
     wall_clock_ms,
 )
@@ -420,7 +422,7 @@ class Database:
         # A connection of its own, opened on this thread: never one of the pool's (a pool
         # drained by readers does not hold a checkpoint back, nor a checkpoint a reader).
         try:
-            conn = open_connection(self.path, self.busy_timeout_ms)
+            conn = open_connection(self.path, RESTART_BUSY_MS)
         except apsw.Error as exc:
             log.warning("store checkpointer could not open its connection: %s", exc)
             self._checkpointer = None  # the next signal starts another
@@ -450,12 +452,12 @@ class Database:
         return got
 
     def _restart_wal(self, conn: apsw.Connection) -> None:
-        """Let the WAL start again (`storage.sqlite.WAL_BOUND_PAGES`): with the baton held no
-        COMMIT can land, so once the open group is committed and the frames since the last
-        pass are copied, the next write begins with every frame in the database and SQLite
-        writes it at the WAL's start. Queued writers wait for that one short pass (its copy
-        is what the WAL gained since the pass before, ~`checkpoint_retry_pages`); queued as a
-        background writer, it lets the clients' writes go first for up to 0.1 s."""
+        """Start the WAL again (`storage.sqlite.WAL_BOUND_PAGES`): with the baton held no
+        COMMIT can land and SQLite's write lock is free once the open group is committed, so a
+        RESTART checkpoint copies the frames written since the last pass and starts the log
+        again (waiting at most `RESTART_BUSY_MS` for readers still on it). Queued writers wait
+        for that one short pass; queued as a background writer, it lets the clients' writes
+        go first for up to 0.1 s."""
         with self._fifo.background():
             self._take_baton()
         try:
@@ -463,11 +465,15 @@ class Database:
             writer = self._writer_conn
             if group is not None and writer is not None:
                 self._end_group(group, writer)
-            self._checkpoint_pass(conn)
-            with self._baton:
-                self.write_stats.wal_restarts += 1
+            if self._restart_pass(conn):
+                with self._baton:
+                    self.write_stats.wal_restarts += 1
         finally:
             self._pass_baton()
+
+    def _restart_pass(self, conn: apsw.Connection) -> bool:
+        """The RESTART checkpoint `_restart_wal` runs with the baton held: restarted or not."""
+        return restart_checkpoint(conn)
 
     def _take_baton(self) -> None:
         self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))

@@ -197,6 +197,8 @@ if _DIR:
 
         database._checkpoint_pass = checkpoint_pass
         _timed(database, "_restart_wal", "wal_restart")
+        if hasattr(database, "_restart_pass"):
+            _timed(database, "_restart_pass", "wal_restart_pass")
 
     def _checkpoint_loop_timed(database: Any) -> None:
         """The checkpointer's loop as `storage.base` ran it before its pass was a method."""
