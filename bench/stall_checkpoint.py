@@ -59,9 +59,11 @@ def summary(out: Path) -> dict[str, Any]:
         "daemonCpuMsPerRequestAlone": float(cpu[0]) if cpu else None,
         "commitsBesideCheckpoint": [len(beside), _pct(beside, 0.5), _pct(beside, 0.99)],
         "commitsOther": [len(others), _pct(others, 0.5), _pct(others, 0.99)],
-        "checkpointsInA": [len(ckpts), _pct([r["ms"] for r in ckpts], 0.5), _pct(
-            [r["ms"] for r in ckpts], 1.0
-        )],
+        "checkpointsInA": [
+            len(ckpts),
+            _pct([r["ms"] for r in ckpts], 0.5),
+            _pct([r["ms"] for r in ckpts], 1.0),
+        ],
         "walRestartsInA": [len(restarts), _pct([r["ms"] for r in restarts], 1.0)],
         "walMaxPages": max(wal, default=0),
     }

@@ -69,8 +69,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                 spy: subprocess.Popen[bytes] | None = None
                 if args.spy and py_spy() is not None:
                     spy = subprocess.Popen(
-                        [str(py_spy()), "record", "--pid", str(daemon.pid), "--gil", "--rate",
-                         "200", "--nonblocking", "--format", "raw", "-o", str(raw)],
+                        [
+                            str(py_spy()),
+                            "record",
+                            "--pid",
+                            str(daemon.pid),
+                            "--gil",
+                            "--rate",
+                            "200",
+                            "--nonblocking",
+                            "--format",
+                            "raw",
+                            "-o",
+                            str(raw),
+                        ],
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )
