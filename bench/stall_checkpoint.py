@@ -89,6 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("variants", nargs="+", help="NAME=TREE[@PAGES] of each variant")
     p.add_argument("--order", required=True, help="the names, comma-separated, run in order")
     p.add_argument("--quick", action="store_true", help="bench.mutations --quick")
+    p.add_argument("--smoke", action="store_true", help="seconds; proves it runs (tests)")
     p.add_argument("--read", action="store_true", help="report OUT's earlier runs only")
     args = p.parse_args(argv)
     variants = dict(v.split("=", 1) for v in args.variants)
@@ -100,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.pop(PAGES_ENV, None)
             if pages:
                 os.environ[PAGES_ENV] = pages
-            run_once(Path(tree).resolve(), out, ["--quick"] if args.quick else [], 0.0)
+            mode = ["--quick", "--smoke"] if args.smoke else ["--quick"] if args.quick else []
+            run_once(Path(tree).resolve(), out, mode, 0.0)
         results.append({"variant": name, **summary(out)})
     (args.out / "summary.json").write_text(json.dumps(results, indent=1))
     return 0
