@@ -2,7 +2,7 @@
 
 `Database` is the one owner of a store file: every part of `storage.Store` (sessions, turns,
 forks, ...) is handed this object and writes through it. Every write goes through
-`Database.write`: one SAVEPOINT inside a shared
+`Database.write`: one SAVEPOINT (none for a group's first write) inside a shared
 `BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
 change events collected on the transaction and delivered to subscribers only after the
 `COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
