@@ -10,7 +10,7 @@ long the writers waited on each) and the WAL's greatest length.
         main=/tmp/base mark250=$TREE@250 mark4000=$TREE@4000 --order main,mark250,... [--quick]
 
 `NAME=TREE@PAGES` runs TREE with the daemon's store checkpointing past PAGES WAL pages instead of
-its `CHECKPOINT_PAGES` (`AGENTHOST_STALL_CHECKPOINT_PAGES`; the WAL's bound at least 8 × it).
+its `CHECKPOINT_PAGES` (`AGENTHOST_STALL_CHECKPOINT_PAGES`; the WAL's bound at least 16 × it).
 """
 
 from __future__ import annotations

@@ -289,7 +289,7 @@ checkpoint that readers kept from finishing leaves the WAL long (it restarts onl
 frame is copied), and asking at every COMMIT past the mark, as SQLite's auto-checkpoint does,
 ran a PASSIVE checkpoint — a few frames copied, the database fsync'd — for nearly every
 COMMIT under a steady load of writers and readers."""
-WAL_BOUND_PAGES = 8 * CHECKPOINT_PAGES
+WAL_BOUND_PAGES = 16 * CHECKPOINT_PAGES
 """WAL pages past which the checkpointer, after a pass, also restarts the WAL. A PASSIVE
 checkpoint copies the frames but never restarts the log: SQLite restarts it only when a write
 transaction begins with every frame already copied, and under a steady load of writers the
@@ -297,9 +297,11 @@ next group's COMMIT always lands while the checkpoint runs, so the WAL (and its 
 index every reader searches) grew without end. Past this length the checkpointer takes the
 writer baton once, runs a RESTART checkpoint (the few frames written since its pass copied,
 then the log started again as soon as no reader is still on it) and hands the baton on. A bound
-for a load without pauses, not a tuning knob: the daemon's WAL restarts by itself at 1,000-5,600
-pages in the mutations benchmark, so past 8 × the mark the writers wait on the checkpointer only
-when that has not happened for a long stretch."""
+for a load without pauses, not a tuning knob: in the mutations benchmark the daemon's WAL
+restarted by itself below 5,600 pages without fork load and mostly below 10,300 with it (once
+18,864), so past 16 × the mark (64 MB) the writers wait on the checkpointer only when that has
+not happened for a long stretch (at 8 × it took the baton once or twice in most fork-load
+phases, for 1.9-23 ms on a loaded disk)."""
 RESTART_BUSY_MS = 5
 """How long a RESTART checkpoint waits for readers still on the WAL, with the baton held, before
 it gives up (the log then restarts at a later pass)."""

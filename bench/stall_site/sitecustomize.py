@@ -181,7 +181,7 @@ if _DIR:
     def _set_pages(db: Any, pages: int) -> None:
         db.checkpoint_pages = pages
         if hasattr(db, "wal_bound_pages"):
-            db.wal_bound_pages = max(db.wal_bound_pages, 8 * pages)
+            db.wal_bound_pages = max(db.wal_bound_pages, 16 * pages)
 
     def _checkpoint_pass_timed(database: Any) -> None:
         inner = database._checkpoint_pass
