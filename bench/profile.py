@@ -27,8 +27,8 @@ def py_spy() -> str | None:
 
 
 def _kind_of(process_frame: str) -> str:
-    if "agenthost.cli" in process_frame:
-        return "daemon"
+    if "agenthost.cli" in process_frame or process_frame.rstrip('"').endswith(" serve"):
+        return "daemon"  # `-m agenthost.cli … serve` then, `-m agenthost … serve` now
     if "drivers.worker" in process_frame:
         return "worker"
     if "app-server" in process_frame:

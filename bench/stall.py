@@ -42,6 +42,8 @@ SMALL = {
     "gc": 1.0,
     "commit": 3.0,
     "wal_checkpoint": 0.0,
+    "wal_restart": 0.0,
+    "wal_restart_pass": 0.0,
     "timer": 1.0,
     "log": 0.0,
     "lag": 0.0,

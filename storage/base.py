@@ -3,7 +3,7 @@ the source fence) and change events, and the read path's own query-only connecti
 
 `Database` is the one owner of a store file: every part of `storage.Store` (sessions, turns,
 forks, ...) is handed this object and writes through it. Every write goes through
-`Database.write`: one SAVEPOINT inside a shared
+`Database.write`: one SAVEPOINT (none for a group's first write) inside a shared
 `BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
 change events collected on the transaction and delivered to subscribers only after the
 `COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
@@ -38,8 +38,10 @@ from storage.sqlite import (
     CHECKPOINT_RETRY_PAGES,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
+    RESTART_BUSY_MS,
     TIMING_ENV,
     TRANSIENT_ERRORS,
+    WAL_BOUND_PAGES,
     Baton,
     BusyWaits,
     Row,
@@ -51,6 +53,8 @@ from storage.sqlite import (
     batch_item,
     caller_name,
     open_connection,
+    passive_checkpoint,
+    restart_checkpoint,
     typed_store_error,
     wall_clock_ms,
 )
@@ -140,6 +144,7 @@ class Database:
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
+        self.wal_bound_pages = WAL_BOUND_PAGES
         # The WAL's length when the checkpointer was last asked (0: not since it restarted).
         self._wal_asked_at = 0
         self._checkpoint_due = threading.Event()
@@ -415,19 +420,61 @@ class Database:
         return apsw.SQLITE_OK
 
     def _checkpoint_loop(self) -> None:
-        while True:
-            self._checkpoint_due.wait()
-            self._checkpoint_due.clear()
-            if self._closed:
-                return
-            try:
-                with self.lease() as conn:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        # A connection of its own, opened on this thread: never one of the pool's (a pool
+        # drained by readers does not hold a checkpoint back, nor a checkpoint a reader).
+        try:
+            conn = open_connection(self.path, RESTART_BUSY_MS)
+        except apsw.Error as exc:
+            log.warning("store checkpointer could not open its connection: %s", exc)
+            self._checkpointer = None  # the next signal starts another
+            return
+        try:
+            while True:
+                self._checkpoint_due.wait()
+                self._checkpoint_due.clear()
+                if self._closed:
+                    return
+                try:
+                    frames, _copied = self._checkpoint_pass(conn)
+                    if frames >= self.wal_bound_pages and not self._closed:
+                        self._restart_wal(conn)
+                except Exception as exc:  # noqa: BLE001 - the next commit past the mark retries
+                    if not self._closed:
+                        log.warning("store checkpoint failed: %s", exc)
+        finally:
+            with contextlib.suppress(apsw.Error):
+                conn.close()
+
+    def _checkpoint_pass(self, conn: apsw.Connection) -> tuple[int, int]:
+        """One PASSIVE checkpoint off the writers' path: (WAL frames, frames copied)."""
+        got = passive_checkpoint(conn)
+        with self._baton:
+            self.write_stats.checkpoints += 1
+        return got
+
+    def _restart_wal(self, conn: apsw.Connection) -> None:
+        """Start the WAL again (`storage.sqlite.WAL_BOUND_PAGES`): with the baton held no
+        COMMIT can land and SQLite's write lock is free once the open group is committed, so a
+        RESTART checkpoint copies the frames written since the last pass and starts the log
+        again (waiting at most `RESTART_BUSY_MS` for readers still on it). Queued writers wait
+        for that one short pass; queued as a background writer, it lets the clients' writes
+        go first for up to 0.1 s."""
+        with self._fifo.background():
+            self._take_baton()
+        try:
+            group = self._group
+            writer = self._writer_conn
+            if group is not None and writer is not None:
+                self._end_group(group, writer)
+            if self._restart_pass(conn):
                 with self._baton:
-                    self.write_stats.checkpoints += 1
-            except Exception as exc:  # noqa: BLE001 - the next commit past the mark retries
-                if not self._closed:
-                    log.warning("store checkpoint failed: %s", exc)
+                    self.write_stats.wal_restarts += 1
+        finally:
+            self._pass_baton()
+
+    def _restart_pass(self, conn: apsw.Connection) -> bool:
+        """The RESTART checkpoint `_restart_wal` runs with the baton held: restarted or not."""
+        return restart_checkpoint(conn)
 
     def _take_baton(self) -> None:
         self._fifo.take(max(0.0, self.busy_timeout_ms / 1000))
@@ -564,17 +611,25 @@ class Database:
             tx = Tx(conn, workspace_id, self._clock())
             held = getattr(self._local, "conn", None)
             self._local.conn = conn  # reads inside the write see its own rows
+            # The group's first member needs no savepoint: nothing else is in the transaction
+            # yet, so undoing it is the ROLLBACK of the whole (`_undo_member`), and a later
+            # member's savepoint nests inside it alike. Two SQLite calls fewer inside the baton
+            # for every group's first write (every write of a writer alone), each a GIL
+            # hand-off the queued writers wait behind.
+            own_savepoint = group.members > 0
             try:
-                conn.execute("SAVEPOINT agenthost_write")
+                if own_savepoint:
+                    conn.execute("SAVEPOINT agenthost_write")
                 try:
                     if fence is not None:
                         tx.check_fence(fence)
                     yield tx
                 except BaseException as exc:
                     failure = exc
-                    self._undo_member(group, conn, exc)
+                    self._undo_member(group, conn, exc, own_savepoint)
                     raise
-                conn.execute("RELEASE agenthost_write")
+                if own_savepoint:
+                    conn.execute("RELEASE agenthost_write")
                 group.members += 1
                 if group.lazy:
                     group.held.extend(tx.events)
@@ -586,7 +641,7 @@ class Database:
             if failure is None:  # BEGIN, SAVEPOINT or RELEASE failed: this member is undone
                 failure = exc
                 if group is not None and self._group is group:
-                    self._undo_member(group, conn, exc)
+                    self._undo_member(group, conn, exc, group.members > 0)
             typed = typed_store_error(exc)
             if typed is not None and typed is not exc:
                 raise typed from exc
@@ -657,12 +712,19 @@ class Database:
             else:
                 self.write_stats.batched += 1
 
-    def _undo_member(self, group: WriteGroup, conn: apsw.Connection, exc: BaseException) -> None:
-        """Roll back this member's savepoint only; if SQLite aborted the whole transaction
+    def _undo_member(
+        self, group: WriteGroup, conn: apsw.Connection, exc: BaseException, own_savepoint: bool
+    ) -> None:
+        """Roll back this member's savepoint only (the group's first member, which has none,
+        rolls back the transaction it is alone in); if SQLite aborted the whole transaction
         (a full disk, an I/O error), the group is lost and every member fails."""
         with self._baton:
             self.write_stats.rolled_back += 1
-        if not conn.getautocommit():
+        if not own_savepoint:
+            with contextlib.suppress(apsw.Error):  # a failed COMMIT may already have rolled back
+                if not conn.getautocommit():
+                    conn.execute("ROLLBACK")
+        elif not conn.getautocommit():
             try:
                 conn.execute("ROLLBACK TO agenthost_write")
                 conn.execute("RELEASE agenthost_write")
@@ -679,6 +741,10 @@ class Database:
             )
             with self._baton:
                 self.write_stats.group_failures += 1
+        if group.lazy:
+            # No `_end_group` will run for this group: the writer goes back to fsync'd
+            # COMMITs here, or the next durable write would commit without one.
+            self._synchronous_full(conn)
         group.done.set()
 
     @contextmanager

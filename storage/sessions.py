@@ -27,7 +27,7 @@ from storage.rows import (
     session_from_row,
     touch,
 )
-from storage.sqlite import dumps
+from storage.sqlite import Tx, dumps
 
 # What a listed Session adds to a page beyond its stored text (ids, enums, times, lineage).
 _SESSION_OVERHEAD = 512
@@ -216,23 +216,13 @@ class SessionStore:
         if not isinstance(title, str):
             raise InvalidArgument("title", "title must be a string")
         with self._write(ws) as tx:
-            require_live_session(tx.conn, ws, sid)
-            tx.execute(
-                "UPDATE sessions SET title = ? WHERE workspace_id = ? AND session_id = ?",
-                (title, ws, sid),
-            )
-            touch(tx, ws, sid)
+            _update_live(tx, ws, sid, "title = ?", title)
             return require_session(tx.conn, ws, sid)
 
     def set_pinned(self, ws: str, sid: str, pinned: bool) -> Session:
         # Not fenced: pin is never inherited by a fork child.
         with self._write(ws) as tx:
-            require_live_session(tx.conn, ws, sid)
-            tx.execute(
-                "UPDATE sessions SET pinned = ? WHERE workspace_id = ? AND session_id = ?",
-                (1 if pinned else 0, ws, sid),
-            )
-            touch(tx, ws, sid)
+            _update_live(tx, ws, sid, "pinned = ?", 1 if pinned else 0)
             return require_session(tx.conn, ws, sid)
 
     def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None:
@@ -319,3 +309,18 @@ class SessionStore:
             )
             touch(tx, ws, sid)
             return require_session(tx.conn, ws, sid)
+
+
+def _update_live(tx: Tx, ws: str, sid: str, assignment: str, value: object) -> None:
+    """`require_live_session`, one column's UPDATE and `touch` as one statement: a client's
+    rename or pin runs its body inside the writer baton, where each SQLite call lets the GIL go
+    and takes it back behind whichever thread holds it (three calls were two GIL hand-offs
+    more for every queued writer to wait behind)."""
+    tx.execute(
+        f"UPDATE sessions SET {assignment}, updated_at_ms = ? WHERE workspace_id = ?"
+        " AND session_id = ? AND deleted = 0",
+        (value, tx.now_ms, ws, sid),
+    )
+    if tx.changes() != 1:
+        raise SessionNotFound(f"session {sid} not found")
+    tx.emit(SessionChanged(ws, sid))

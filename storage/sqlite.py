@@ -289,6 +289,22 @@ checkpoint that readers kept from finishing leaves the WAL long (it restarts onl
 frame is copied), and asking at every COMMIT past the mark, as SQLite's auto-checkpoint does,
 ran a PASSIVE checkpoint — a few frames copied, the database fsync'd — for nearly every
 COMMIT under a steady load of writers and readers."""
+WAL_BOUND_PAGES = 16 * CHECKPOINT_PAGES
+"""WAL pages past which the checkpointer, after a pass, also restarts the WAL. A PASSIVE
+checkpoint copies the frames but never restarts the log: SQLite restarts it only when a write
+transaction begins with every frame already copied, and under a steady load of writers the
+next group's COMMIT always lands while the checkpoint runs, so the WAL (and its file, and the
+index every reader searches) grew without end. Past this length the checkpointer takes the
+writer baton once, runs a RESTART checkpoint (the few frames written since its pass copied,
+then the log started again as soon as no reader is still on it) and hands the baton on. A bound
+for a load without pauses, not a tuning knob: in the mutations benchmark the daemon's WAL
+restarted by itself below 5,600 pages without fork load and mostly below 10,300 with it (once
+18,864), so past 16 × the mark (64 MB) the writers wait on the checkpointer only when that has
+not happened for a long stretch (at 8 × it took the baton once or twice in most fork-load
+phases, for 1.9-23 ms on a loaded disk)."""
+RESTART_BUSY_MS = 5
+"""How long a RESTART checkpoint waits for readers still on the WAL, with the baton held, before
+it gives up (the log then restarts at a later pass)."""
 TIMING_ENV = "AGENTHOST_STORE_TIMING"
 """When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
 summary per store method is written there as JSON at `close()` (docs/performance.md)."""
@@ -312,13 +328,30 @@ class WriteGroup:
         self.error: BaseException | None = None
 
 
+def passive_checkpoint(conn: apsw.Connection) -> tuple[int, int]:
+    """One PASSIVE checkpoint on `conn` (no lock a writer or reader waits on; apsw lets the GIL
+    go for its whole length): the WAL's frames and how many of them are now in the database."""
+    row = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    return (int(row[1]), int(row[2])) if row is not None else (0, 0)
+
+
+def restart_checkpoint(conn: apsw.Connection) -> bool:
+    """A RESTART checkpoint on `conn`, its writer lock free (the caller holds the writer baton
+    with no group open): whether the WAL was restarted (False: a reader kept it, past the
+    connection's busy timeout)."""
+    row = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+    return row is not None and int(row[0]) == 0
+
+
 class WriteStats:
     """Counts of the store's writes (what tests pin): `transactions` written (savepoints
     released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
     write's COMMIT without an fsync of its own), `rolled_back` member
     savepoints, `group_failures` (a COMMIT or a transaction-aborting error that failed every
-    member), `checkpoint_signals` (times the WAL hook asked the checkpointer to run) and
-    `batched` writes (nested savepoints of a `write_batch`, inside one member)."""
+    member), `checkpoints` (PASSIVE passes of the checkpointer), `checkpoint_signals` (times the
+    WAL hook asked the checkpointer to run), `wal_restarts` (the WAL started again by the
+    checkpointer with the baton held, `WAL_BOUND_PAGES`) and `batched` writes (nested
+    savepoints of a `write_batch`, inside one member)."""
 
     __slots__ = (
         "transactions",
@@ -329,6 +362,7 @@ class WriteStats:
         "largest_group",
         "checkpoints",
         "checkpoint_signals",
+        "wal_restarts",
         "batched",
     )
 
@@ -341,6 +375,7 @@ class WriteStats:
         self.largest_group = 0
         self.checkpoints = 0
         self.checkpoint_signals = 0
+        self.wal_restarts = 0
         self.batched = 0
 
     def snapshot(self) -> dict[str, int]:

@@ -155,8 +155,53 @@ if _DIR:
         setattr(owner, attr, timed)
 
     def _checkpoint_timed(database: Any) -> None:
-        """The checkpointer's loop as `storage.base` runs it, each PASSIVE checkpoint timed
-        with its answer (busy, WAL frames, frames copied) and the WAL file's size after."""
+        """Each PASSIVE checkpoint pass of `storage.base`'s checkpointer timed with its answer
+        (WAL frames, frames copied) and the WAL file's size after, and each pass that held
+        the writer baton to let the WAL start again (`wal_restart`)."""
+        if not hasattr(database, "_checkpoint_pass"):
+            _checkpoint_loop_timed(database)  # a tree from before the pass was a method
+        else:
+            _checkpoint_pass_timed(database)
+        pages = int(os.environ.get("AGENTHOST_STALL_CHECKPOINT_PAGES") or 0)
+        if pages:
+            # An A/B of the checkpoint's mark (`bench.stall_checkpoint`).
+            init = database.__init__
+
+            def init_with_pages(self: Any, *args: Any, **kwargs: Any) -> None:
+                init(self, *args, **kwargs)
+                _set_pages(self, pages)
+
+            database.__init__ = init_with_pages
+            import gc
+
+            for obj in gc.get_objects():  # a store opened before this thread saw the module
+                if isinstance(obj, database):
+                    _set_pages(obj, pages)
+
+    def _set_pages(db: Any, pages: int) -> None:
+        db.checkpoint_pages = pages
+        if hasattr(db, "wal_bound_pages"):
+            db.wal_bound_pages = max(db.wal_bound_pages, 16 * pages)
+
+    def _checkpoint_pass_timed(database: Any) -> None:
+        inner = database._checkpoint_pass
+
+        def checkpoint_pass(self: Any, conn: Any) -> Any:
+            t0 = _now()
+            got = inner(self, conn)
+            size: list[int] = []
+            with contextlib.suppress(OSError):
+                size = [os.stat(self.path + "-wal").st_size // 4096]
+            _rows.append(("wal_checkpoint", t0, _now() - t0, json.dumps([list(got), *size])))
+            return got
+
+        database._checkpoint_pass = checkpoint_pass
+        _timed(database, "_restart_wal", "wal_restart")
+        if hasattr(database, "_restart_pass"):
+            _timed(database, "_restart_pass", "wal_restart_pass")
+
+    def _checkpoint_loop_timed(database: Any) -> None:
+        """The checkpointer's loop as `storage.base` ran it before its pass was a method."""
         import logging
 
         log = logging.getLogger("storage.base")
@@ -171,10 +216,11 @@ if _DIR:
                     t0 = _now()
                     with self.lease() as conn:
                         got = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                    size: list[int] = []
                     with contextlib.suppress(OSError):
-                        got = [*got, os.stat(self.path + "-wal").st_size // 4096]
-                    got = json.dumps(got)
-                    _rows.append(("wal_checkpoint", t0, _now() - t0, got))
+                        size = [os.stat(self.path + "-wal").st_size // 4096]
+                    detail = json.dumps([list(got[0][1:]), *size])
+                    _rows.append(("wal_checkpoint", t0, _now() - t0, detail))
                     with self._baton:
                         self.write_stats.checkpoints += 1
                 except Exception as exc:  # noqa: BLE001 - as storage.base

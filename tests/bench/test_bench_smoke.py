@@ -132,10 +132,11 @@ def test_profile_summary_groups_samples_by_process_kind() -> None:
             "run (a/b.py:1);bind (drivers/binder.py:3) 10",
             'process 1:"x -m agenthost.cli";process 3:"tutti-agent app-server";'
             "main (t/cli.py:2) 60",
+            'process 4:"/v/bin/python -m agenthost --home /h serve";run (a/b.py:1) 5',
         ]
     )
     summary = summarise(raw)
-    assert summary.samples == {"daemon": 30, "worker": 10, "app-server": 60}
+    assert summary.samples == {"daemon": 35, "worker": 10, "app-server": 60}
     assert summary.top_self["daemon"][0] == ("_write (storage/base.py)", 30)
     assert summary.top_self["worker"][0] == ("bind (drivers/binder.py)", 10)
 
@@ -560,3 +561,56 @@ def test_the_stall_probe_stamps_the_daemons_suspects_on_the_clients_clock(tmp_pa
     records = json.loads((run / "records.json").read_text())
     assert {"0", "A", "B"} <= set(records) and records["A"]
     assert all(r["t1"] >= r["t0"] for r in records["A"])
+
+
+def test_the_checkpoint_stall_probe_compares_variants_of_the_mark(tmp_path: Path) -> None:
+    """`bench.stall_checkpoint`: `bench.mutations` per variant with the daemon's checkpoint
+    mark set through the stall site; its summary reads the COMMITs and the WAL's length back."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.stall_checkpoint",
+            str(tmp_path / "runs"),
+            f"low={REPO}@50",
+            "--order",
+            "low",
+            "--smoke",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    (summary,) = json.loads((tmp_path / "runs" / "summary.json").read_text())
+    assert summary["variant"] == "low"
+    assert summary["commitsOther"][0] + summary["commitsBesideCheckpoint"][0] > 0, summary
+    assert summary["walMaxPages"] > 0, summary
+
+
+def test_the_stores_wal_probe_runs_tree_against_tree() -> None:
+    """`bench.stall_wal`: the GIL across a checkpoint, and a rename's statements and CPU per
+    tree (here the same tree twice)."""
+    gil = subprocess.run(
+        [sys.executable, "-m", "bench.stall_wal", "gil"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert gil.returncode == 0, gil.stderr[-3000:]
+    assert gil.stdout.count("PASSIVE checkpoint of") == 5, gil.stdout
+    rename = subprocess.run(
+        [sys.executable, "-m", "bench.stall_wal", "rename", f"a={REPO}", "--order", "a,a"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert rename.returncode == 0, rename.stderr[-3000:]
+    lines = rename.stdout.strip().splitlines()
+    assert len(lines) == 2
+    first = json.loads(lines[0].split(": ", 1)[1])
+    assert first["statements"][0] == "BEGIN" and first["statements"][-1] == "COMMIT", first
+    assert first["cpuUsPerRename"] > 0
