@@ -199,6 +199,9 @@ class SessionActor(PooledActor):
             case RetryDurable():
                 self.writes.retry()
             case Mutate():
+                # A plain write the actor cannot see into: whether every settled Turn holds its
+                # provider binding is the store's to say again.
+                self.runtime.forget_bindings()
                 self.controls.on_mutate(message)
             case Submit():
                 self.turns.on_submit(message)
