@@ -129,7 +129,7 @@ class SessionRuntime:
         # generation, and when (monotonic).
         self._warm: tuple[PreparedRuntime, float] | None = None
         # The Session row as this actor last read or wrote it, emptied by every message that
-        # may write it (`forget_row`, called by the SessionActor and before durable writes).
+        # may change what it is read for (`forget_row`, called by the SessionActor).
         self._session_row: Session | None = None
         # The runtime this Session's last passed fork re-attestation proved.
         self.attested_runtime: tuple[str, ...] | None = None
@@ -155,6 +155,12 @@ class SessionRuntime:
             self._slot_provider = None
 
     def cached_session(self) -> Session:
+        """The Session row as this actor last read or wrote it, for what a runtime's start
+        and a fork's start read of it: the Session's provider, folder, settings, model,
+        provider session id and runtime context (and its identity, kind and lineage), which
+        only a plain mutation, the runtime's own record and `fork.resolve` write. A Turn's
+        claim and settlement move its `active_turn_id` and `updated_at_ms` without emptying
+        it: read those with `SessionCore.session`, never from here."""
         row = self._session_row
         if row is None:
             row = self._session_row = self._core.session()
