@@ -75,10 +75,7 @@ class SessionActor(PooledActor):
         self.ws, self.sid, self.key = workspace_id, session_id, self.core.key
         self.runtime = SessionRuntime(self.core)
         self.writes = TurnWrites(
-            self.core,
-            give_up=lambda item, exc: self.turns.give_up(item, exc),
-            # A Turn's durable writes may touch the row (its `updated_at`): never cached across.
-            before_drain=self.runtime.forget_row,
+            self.core, give_up=lambda item, exc: self.turns.give_up(item, exc)
         )
         self.turns = TurnRunner(self.core, self.runtime, self.writes)
         self.controls = SessionControls(self.core, self.turns, self.runtime)
@@ -178,17 +175,16 @@ class SessionActor(PooledActor):
         )
 
     def _expire_row_cache(self, message: Any) -> None:
-        """The Session row cache (`cached_session`) survives only messages that
-        cannot write the row: a fork's start and its saga's steps while no Turn and no durable
-        write is in flight (a fork's transitions and commit never write the source's row).
-        Everything else — mutations, Turns and their events, retries, `fork.resolve`, a lost
-        runtime — may, so it empties the cache before and after it runs; the actor's own
-        runtime write (`update_runtime`) replaces it with the row it wrote."""
-        if (
-            not isinstance(message, (ForkCreate, ForkAdvance, FollowUp))
-            or self.turns
-            or self.writes
-            or self.writes.late_bindings_pending
+        """The Session row cache (`cached_session`) survives only messages that cannot
+        change what it is read for (`SessionRuntime.cached_session`): a fork's start and its
+        saga's steps (a fork's transitions and commit never write the source's row), and a
+        Turn's submit, driver events, continuations and write retries (a Turn's writes move
+        only the row's `active_turn_id` and `updated_at_ms`). Everything else — mutations,
+        interrupts and answers, `fork.resolve`, a lost runtime — may, so it empties the cache
+        before and after it runs; the actor's own runtime write (`update_runtime`) replaces it
+        with the row it wrote."""
+        if not isinstance(
+            message, (ForkCreate, ForkAdvance, FollowUp, Submit, DriverEvent, RetryDurable)
         ):
             self.runtime.forget_row()
 
@@ -199,6 +195,9 @@ class SessionActor(PooledActor):
             case RetryDurable():
                 self.writes.retry()
             case Mutate():
+                # A plain write the actor cannot see into: whether every settled Turn holds its
+                # provider binding is the store's to say again.
+                self.runtime.forget_bindings()
                 self.controls.on_mutate(message)
             case Submit():
                 self.turns.on_submit(message)

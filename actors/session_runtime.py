@@ -129,10 +129,18 @@ class SessionRuntime:
         # generation, and when (monotonic).
         self._warm: tuple[PreparedRuntime, float] | None = None
         # The Session row as this actor last read or wrote it, emptied by every message that
-        # may write it (`forget_row`, called by the SessionActor and before durable writes).
+        # may change what it is read for (`forget_row`, called by the SessionActor).
         self._session_row: Session | None = None
         # The runtime this Session's last passed fork re-attestation proved.
         self.attested_runtime: tuple[str, ...] | None = None
+        # True: no settled `completed` Turn of the Session lacks its provider binding, as the
+        # store last answered (`turns_missing_binding`, asked once: at the actor's first
+        # runtime start or warm Turn) and as this actor's own writes kept it since — the
+        # Session's Turns are settled and bound only here (startup recovery settles before
+        # any actor runs, and only `interrupted`). False: ask the store, which a Turn this
+        # actor settles `completed` without a durable binding, a binding write that did not
+        # land, a re-bind and any plain mutation all bring back.
+        self._all_bound = False
         # Runtime slot: held while preparing or busy, released when neither.
         self.preparing = 0
         self._slot_provider: str | None = None
@@ -147,6 +155,12 @@ class SessionRuntime:
             self._slot_provider = None
 
     def cached_session(self) -> Session:
+        """The Session row as this actor last read or wrote it, for what a runtime's start
+        and a fork's start read of it: the Session's provider, folder, settings, model,
+        provider session id and runtime context (and its identity, kind and lineage), which
+        only a plain mutation, the runtime's own record and `fork.resolve` write. A Turn's
+        claim and settlement move its `active_turn_id` and `updated_at_ms` without emptying
+        it: read those with `SessionCore.session`, never from here."""
         row = self._session_row
         if row is None:
             row = self._session_row = self._core.session()
@@ -184,11 +198,38 @@ class SessionRuntime:
         if self._warm is None:
             return True
         try:
-            return bool(
-                self._core.session_store.turns.turns_missing_binding(self._core.ws, self._core.sid)
-            )
+            return bool(self._missing_bindings())
         except HostError:
             return True
+
+    def _missing_bindings(self) -> list[str]:
+        """The settled `completed` Turns without their provider binding, in sequence order:
+        none while this actor knows every one bound (`_all_bound`), else the store's answer,
+        which it then keeps."""
+        if self._all_bound:
+            return []
+        missing = self._core.session_store.turns.turns_missing_binding(
+            self._core.ws, self._core.sid
+        )
+        self._all_bound = not missing
+        return missing
+
+    def turn_settled(self, outcome: str, provider_turn_id: str | None) -> None:
+        """A Turn's settlement is written here: a `completed` one without its provider binding
+        is what the re-bind looks for, so the store is asked again."""
+        if outcome == "completed" and not provider_turn_id:
+            self._all_bound = False
+
+    def binding_written(self, error: HostError | None) -> None:
+        """A Turn's provider-binding write answered: one that did not land (failed, or
+        deferred by a busy store and perhaps given up on) may leave its Turn unbound, so the
+        store is asked again."""
+        if error is not None:
+            self._all_bound = False
+
+    def forget_bindings(self) -> None:
+        """A write this actor cannot see into (a plain mutation) ran: ask the store again."""
+        self._all_bound = False
 
     def _hold_warm(self, session: Session, *, attested: bool) -> PreparedRuntime | None:
         warm = self._warm
@@ -329,9 +370,7 @@ class SessionRuntime:
         the provider's own history (by order and content, fail closed), then continue. Any
         failure here only leaves those Turns unbound, as they were."""
         try:
-            missing = self._core.session_store.turns.turns_missing_binding(
-                self._core.ws, self._core.sid
-            )
+            missing = self._missing_bindings()
         except HostError as exc:
             log.warning("session %s: re-bind check failed: %s", self._core.key, exc.message)
             missing = []
@@ -356,6 +395,7 @@ class SessionRuntime:
 
     def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
         self._session_row = None  # a re-bind writes the Session's Turns (and its row)
+        self._all_bound = False  # what it left unbound (fail closed) the store says next time
         turns, _ = self._core.session_store.history.timeline(
             self._core.ws, self._core.sid, after_sequence=0, limit=100_000
         )

@@ -253,6 +253,7 @@ class TurnRunner:
                 lambda: self._core.session_store.turns.record_provider_turn(
                     self._core.ws, self._core.sid, state.turn_id, provider_turn_id
                 ),
+                then=self._runtime.binding_written,
             )
         )
 
@@ -426,6 +427,7 @@ class TurnRunner:
                     error=error,
                     checkpoint_json=self._checkpoint_json(state),
                 )
+                self._runtime.turn_settled(outcome, state.provider_turn_id)
             except StoreBusy:
                 raise
             except HostError:

@@ -34,19 +34,16 @@ log = logging.getLogger("actors.session_actor")
 
 class TurnWrites:
     """The Session's queue of durable Turn writes. `give_up`: what replaces a Turn's writes
-    once the store stayed unwritable past the limit (the Turn runner settles it `failed`);
-    `before_drain`: run before any write is applied (the actor's row cache is emptied)."""
+    once the store stayed unwritable past the limit (the Turn runner settles it `failed`)."""
 
     def __init__(
         self,
         core: SessionCore,
         *,
         give_up: Callable[[DurableWrite, StoreBusy], None],
-        before_drain: Callable[[], None],
     ) -> None:
         self._core = core
         self._give_up = give_up
-        self._before_drain = before_drain
         self._durable: deque[DurableWrite] = deque()
         # True while the message being handled is followed by a driver event already queued:
         # its durable writes wait for that event's, and all land in one transaction.
@@ -173,7 +170,6 @@ class TurnWrites:
         if self._capture_holds:
             return
         self._end_linger()
-        self._before_drain()
         while self._durable:
             if len(self._durable) > 1:
                 if not self._drain_batch():

@@ -287,7 +287,7 @@ ALTER TABLE fork_operations DROP COLUMN snapshot_json;
 """
 
 # v6: the settled, completed Turns no provider binding was recorded for
-# (`TurnStore.turns_missing_binding`, asked after every runtime start, so once per Turn). With
+# (`TurnStore.turns_missing_binding`, then asked after every runtime start, once per Turn). With
 # only `turns_by_phase` SQLite read every settled Turn of the Session to find none (0.15 ms of
 # CPU per Turn at 300 Turns, 1 ms at 1,500); this partial index holds only those rows.
 _V6 = """

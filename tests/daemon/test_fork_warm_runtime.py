@@ -17,6 +17,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -188,6 +189,32 @@ def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
     again = sent.take()
     assert again["session.start"] == 1 and again["runtime.attest"] == 1, again
     assert again["fork"] == 1, again
+
+
+def test_a_turn_between_forks_keeps_the_row_cache_and_moves_only_two_fields_of_the_row(
+    running: tuple[Daemon, Client],
+) -> None:
+    """A Turn's writes (claim, binding, messages, settlement) move only the Session row's
+    `active_turn_id` and `updated_at_ms`, which nothing reads from the actor's row cache; so a
+    Turn leaves the cache in place and the next fork reads no Session row. Every other field
+    of a fresh read after the Turn equals the row before it."""
+    daemon, c = running
+    sid, turn_id = _source(c)
+    _committed(c, sid, turn_id)
+    before = daemon.store.sessions.get_session(WS, sid)
+    run_turn(c, sid, "between the forks")
+    after = daemon.store.sessions.get_session(WS, sid)
+    assert after.updated_at_ms >= before.updated_at_ms
+    assert after == replace(
+        before, active_turn_id=after.active_turn_id, updated_at_ms=after.updated_at_ms
+    )
+    row_reads = _Calls(daemon, "sessions.get_session")
+    op = _committed(c, sid, turn_id)
+    assert row_reads.count == 0
+    child = c.call(
+        "session.get", {"workspaceId": WS, "agentSessionId": op["targetAgentSessionId"]}
+    )["session"]
+    assert (child["cwd"], child["settings"]) == (after.cwd, dict(after.settings))
 
 
 def test_a_settings_change_between_forks_is_not_answered_from_the_row_cache(

@@ -24,6 +24,7 @@ import pytest
 from actors.context import runtime_key
 from actors.messages import Mutate
 from agenthost.daemon import Daemon
+from domain.errors import Conflict
 from domain.worker_messages import HistoryRequest
 from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.daemon.test_hung_provider import _app_servers
@@ -114,19 +115,28 @@ def test_a_turn_after_an_unbound_settled_turn_takes_the_cold_path_and_rebinds_it
 ) -> None:
     """A settled completed Turn without its provider binding (as a lost binding write leaves
     it) must be re-bound from the provider's history before the next Turn: the warm path is
-    not taken while one exists, so `session.start` and the re-bind run."""
+    not taken while one exists, so `session.start` and the re-bind run. The binding is
+    dropped by a write serialised through the Session's actor (a `Mutate`, as every write to
+    a live Session goes), so the actor's own knowledge of its Turns' bindings is not
+    bypassed behind its back."""
     daemon, c = running
     sid = _warm_session(c)
     lost = run_turn(c, sid, "lost binding")["turnId"]
-    conn = apsw.Connection(str(daemon.config.store_path))
-    try:
-        conn.execute(
-            "UPDATE turns SET root_provider_turn_id = NULL, provider_turn_binding_json = NULL"
-            " WHERE turn_id = ?",
-            (lost,),
-        )
-    finally:
-        conn.close()
+
+    def _unbind() -> None:
+        conn = apsw.Connection(str(daemon.config.store_path))
+        try:
+            conn.execute(
+                "UPDATE turns SET root_provider_turn_id = NULL, provider_turn_binding_json = NULL"
+                " WHERE turn_id = ?",
+                (lost,),
+            )
+        finally:
+            conn.close()
+
+    answered = threading.Event()
+    assert daemon.routes.tell(WS, sid, Mutate(_unbind, lambda _reply: answered.set()))
+    assert answered.wait(10)
     assert turn_of(c, sid, lost)["rootProviderTurnId"] is None
     sent = _Sent(daemon)
     assert run_turn(c, sid, "next")["outcome"] == "completed"
@@ -134,6 +144,31 @@ def test_a_turn_after_an_unbound_settled_turn_takes_the_cold_path_and_rebinds_it
     assert requests["session.start"] == 1, requests
     assert requests["session.history"] == 1, requests
     assert turn_of(c, sid, lost)["rootProviderTurnId"], "the lost binding was not re-bound"
+
+
+def test_a_turn_whose_binding_write_failed_sends_the_next_turn_down_the_cold_path(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Session actor keeps, between runtime starts, whether every settled Turn of its
+    Session holds its provider binding: a Turn it settles `completed` after its binding write
+    failed must still send the next Turn down the cold path, and the re-bind must run."""
+    daemon, c = running
+    sid = _warm_session(c)
+
+    def _refused(*_args: object, **_kwargs: object) -> None:
+        raise Conflict("the store refused the binding (injected)")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(daemon.store.turns, "record_provider_turn", _refused)
+        lost = run_turn(c, sid, "binding write fails")
+    assert lost["outcome"] == "completed", lost
+    assert turn_of(c, sid, lost["turnId"])["rootProviderTurnId"] is None
+    sent = _Sent(daemon)
+    assert run_turn(c, sid, "next")["outcome"] == "completed"
+    requests = sent.take()
+    assert requests["session.start"] == 1, requests
+    assert requests["session.history"] == 1, requests
+    assert turn_of(c, sid, lost["turnId"])["rootProviderTurnId"], "the binding was not re-bound"
 
 
 @pytest.fixture
