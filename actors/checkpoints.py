@@ -162,7 +162,8 @@ class TurnCheckpoints:
     locks: DirectoryLocks = field(default_factory=DirectoryLocks)
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
-    # Per resolved directory: until when its captures stay on the pool (`capture_here`).
+    # Per resolved directory: until when its `after` captures stay on the pool
+    # (`capture_after_here`).
     _here_paused: dict[str, float] = field(default_factory=dict)
 
     @property
