@@ -1,11 +1,13 @@
 """Workspace checkpoints of a Turn (docs/design/workspace.md): the captures at a Turn's start
-and end, run off the actor threads, and the record the Turn keeps.
+and end, run off the actor threads unless certain to be cheap, and the record the Turn keeps.
 
-A capture is git work on the person's directory, which may be slow: it never runs on a
-Session actor's thread (its mailbox would stall), but on a small pool of its own, and the
-actor is told the answer. Two captures of one directory never run at once (they share that
-directory's shadow index). The record (`turn_record`) is what the store keeps on the Turn and
-the wire sends as its `workspace`:
+A capture is git work on the person's directory, which may be slow: it runs on a small pool
+of its own, not on a Session actor's thread (its mailbox would stall), and the actor is told
+the answer — except a Turn's `after` that is certain to need no process and few `lstat`s
+(`TurnCheckpoints.capture_after_here`), taken on the actor's thread without the two hops.
+Two captures of one directory never run at once (they share that directory's shadow index).
+The record (`turn_record`) is what the store keeps on the Turn and the wire sends as its
+`workspace`:
 
     {"cwd", "before", "after", "changedFiles": [{"path", "kind"}], "headCommit", "repoRoot",
      "tooLarge"}
@@ -41,6 +43,13 @@ FIRST_SWEEP_S = 30.0
 """The first sweep runs this long after the daemon starts (or after `interval_s` if sooner)."""
 SIZE_CACHE_S = 5.0
 """`host.status` walks the checkpoint store at most this often."""
+HERE_MAX_ENTRIES = 1_000
+"""An `after` capture runs on the asking thread (`TurnCheckpoints.capture_after_here`) only
+for a directory whose stat snapshot holds at most this many entries (an `lstat` each)."""
+HERE_BUDGET_S = 0.005
+"""A capture on the asking thread that took longer than this (a slow filesystem) sends that
+directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
+HERE_PAUSE_S = 60.0
 
 
 def ref_segment(text: str) -> str:
@@ -123,6 +132,10 @@ class DirectoryLocks:
         with self._guard:
             return self._locks.setdefault(os.path.realpath(cwd), threading.Lock())
 
+    def cleared(self, cwd: str) -> bool:
+        """`clear_stale_once` ran for `cwd` (resolved)."""
+        return cwd in self._cleared
+
     def clear_stale_once(self, shadow: ShadowStore, cwd: str) -> None:
         """The first time this daemon works on `cwd`'s store (holding its lock): remove the
         lock files a killed daemon left, which git would refuse to write past. Nothing else
@@ -149,6 +162,9 @@ class TurnCheckpoints:
     locks: DirectoryLocks = field(default_factory=DirectoryLocks)
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
+    # Per resolved directory: until when its `after` captures stay on the pool
+    # (`capture_after_here`).
+    _here_paused: dict[str, float] = field(default_factory=dict)
 
     @property
     def bound_s(self) -> float:
@@ -168,6 +184,52 @@ class TurnCheckpoints:
                 Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
             )
             return done
+
+    def capture_after_here(
+        self, cwd: str, session_id: str, turn_id: str, before: str | None
+    ) -> Capture | None:
+        """A Turn's `after` capture taken on the caller's thread when it is cheap and certain:
+        the directory is free (no other job of it runs), its stat snapshot is small
+        (`HERE_MAX_ENTRIES`) and unchanged, so no process starts and the ref is one file
+        filled and renamed (its lock was taken with the `before`), and the tree is `before`'s
+        (no diff to run). None: take it on the pool (`capture`), as always when the
+        `host.checkpoint.after` failpoint is armed or the directory's last capture here was
+        slow (`HERE_BUDGET_S`). The Session actor asks here first: on the pool the capture
+        costs two thread hops on the settlement's path (actor → pool → actor). A `before` is
+        not taken here: beside the claim's COMMIT on the pool it costs the Turn nothing,
+        and on the actor's thread it would be added to the claim's time."""
+        if self._point_armed("host.checkpoint.after"):
+            return None
+        real = os.path.realpath(cwd)
+        if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
+            return None
+        lock = self.locks(real)
+        if not lock.acquire(blocking=False):
+            return None
+        started = time.monotonic()
+        try:
+            path = Path(real)
+            checkpoint = self.shadow.capture_unchanged(path, real, HERE_MAX_ENTRIES)
+            if checkpoint is None or (before is not None and before != checkpoint.tree):
+                return None
+            self.shadow.keep(
+                path, checkpoint_ref(session_id, turn_id, "after"), checkpoint.commit, real
+            )
+            return Capture(real, checkpoint)
+        except Exception as exc:  # noqa: BLE001 - the pool's capture answers instead
+            log.info("checkpoint of %s (after) left to the pool: %s", real, exc)
+            return None
+        finally:
+            lock.release()
+            if time.monotonic() - started > HERE_BUDGET_S:
+                self._here_paused[real] = time.monotonic() + HERE_PAUSE_S
+
+    def _point_armed(self, name: str) -> bool:
+        """A failpoint may act at `name` (a registry that cannot say counts as armed)."""
+        if self.failpoints is None:
+            return False
+        armed = getattr(self.failpoints, "armed", None)
+        return armed is None or name in armed
 
     def discard(
         self, capture: Future[Capture], cwd: str, session_id: str, turn_id: str, which: str

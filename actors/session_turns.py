@@ -377,6 +377,12 @@ class TurnRunner:
             cwd = state.cwd
             before = state.before.checkpoint if state.before is not None else None
             tree = getattr(before, "tree", None)
+            # An unchanged small folder: taken here, with no hop to the pool and back.
+            here = checkpoints_.capture_after_here(cwd, self._core.sid, state.turn_id, tree)
+            if here is not None:
+                state.after = here
+                _release()
+                return
             fut = checkpoints_.capture(cwd, self._core.sid, state.turn_id, "after", tree)
             bound = checkpoints_.bound_s
             done = [False]

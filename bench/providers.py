@@ -54,6 +54,7 @@ class BareAppServer:
         env: Mapping[str, str],
         *,
         resume: tuple[str, list[str]] | None = None,
+        cwd: Path | None = None,
     ):
         self._argv, self._home_var, self._home, self._env = argv, home_var, home, dict(env)
         self._done: dict[str, threading.Event] = {}
@@ -77,7 +78,8 @@ class BareAppServer:
         # The same cwd as the daemon's Sessions (its default cwd is the directory it runs in,
         # REPO, a git work tree): Codex's `thread/fork` collects the child's git info there
         # (about 12 `git` processes per fork), so a bare thread elsewhere would skip that cost.
-        started = self.proc.request("thread/start", {"cwd": str(REPO)})
+        # `cwd`: another folder, as the daemon's Sessions of that benchmark have.
+        started = self.proc.request("thread/start", {"cwd": str(cwd or REPO)})
         self.thread_id = str(started["thread"]["id"])
 
     def _on_notification(self, method: str, params: Mapping[str, Any]) -> None:

@@ -51,7 +51,7 @@ from bench import turn_floor
 from bench.common import BenchResult, Latency, Mode, Table, bench_main, cpu_probe_ms, log, pick
 from bench.harness import WS, BenchDaemon, create_session, run_turn, submit
 from bench.profile import TreeProfile, cpu_line
-from bench.providers import REPO, BareAppServer, BareClaude, provider
+from bench.providers import BareAppServer, BareClaude, provider
 from model_fakes.http import FakeModelServer
 from model_fakes.messages import MessagesServer
 from model_fakes.responses import ResponsesServer
@@ -229,6 +229,17 @@ class BareStreamingClaude(BareClaude):
         return asyncio.run(self._streamed(text))
 
 
+def bare_cwd(tmp: Path) -> Path:
+    """The bare app-server thread's folder: an empty one, as the host's Sessions work in
+    (`BenchDaemon.workdir`). Not the repository the bench runs from: Codex reads a git work
+    tree's state for each Turn, which the host's Sessions never pay, and what that costs
+    depends on the tree (a checkout in one place against another gave Codex's bare side
+    20–40 ms more or less), so trees A/B'd against each other measured their folders."""
+    folder = tmp / "bare-work"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @contextlib.contextmanager
 def side_by_side(name: str, tmp: Path) -> Iterator[tuple[Any, dict[str, str], Any]]:
     """The timed model, the daemon's `[providers.NAME]` config and the bare provider."""
@@ -254,7 +265,7 @@ def side_by_side(name: str, tmp: Path) -> Iterator[tuple[Any, dict[str, str], An
                 )
             )
             bare = BareStreamingAppServer(
-                [*default_command(), "app-server"], "CODEX_HOME", home, {}
+                [*default_command(), "app-server"], "CODEX_HOME", home, {}, cwd=bare_cwd(tmp)
             )
         else:
             config = {"model_base_url": server.base_url, "wire_api": "responses"}
@@ -266,7 +277,9 @@ def side_by_side(name: str, tmp: Path) -> Iterator[tuple[Any, dict[str, str], An
                 "--wire-api",
                 "responses",
             ]
-            bare = BareStreamingAppServer(argv, "TUTTI_AGENT_HOME", tmp / "bare", {})
+            bare = BareStreamingAppServer(
+                argv, "TUTTI_AGENT_HOME", tmp / "bare", {}, cwd=bare_cwd(tmp)
+            )
     try:
         yield server, config, bare
     finally:
@@ -507,8 +520,9 @@ def run(mode: Mode) -> BenchResult:
             f"the model's first byte came {FIRST_TOKEN_S * 1000:g} ms after each request"
         )
     result.notes.append(
-        f"cwd of the bare Codex thread: {REPO}; of the host's Sessions (what each Turn"
-        " checkpoints): an empty folder beside the daemon's home (BenchDaemon.workdir)"
+        "cwd of the bare app-server threads: an empty folder (bare_cwd); of the host's"
+        " Sessions (what each Turn checkpoints): an empty folder beside the daemon's home"
+        " (BenchDaemon.workdir)"
     )
     return result
 

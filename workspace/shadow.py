@@ -451,6 +451,44 @@ class ShadowStore:
             self._forget_git(exc)
             return Unavailable(exc.reason, str(exc))
 
+    def capture_unchanged(self, cwd: Path, real: str, max_entries: int) -> Checkpoint | None:
+        """`capture`'s answer when it takes no process and at most `max_entries` `lstat`s:
+        the directory has a stat snapshot of that size or less, unchanged, its repository and
+        the place of the repository it lies in are known, and HEAD reads from files. None:
+        ask `capture` (git, or a longer walk). Never starts a process; leaves the store as
+        `capture` would (a snapshot found changed is dropped). `real`: `cwd` resolved. The
+        caller serialises the directory's work, as for `capture`."""
+        known = self._repos.get(real)
+        if (
+            self._git_found is None
+            or known is None
+            or known[2] != self.excludes
+            or _signature(known[0] / "info" / "exclude") != known[1]
+        ):
+            return None
+        repo = known[0]
+        snap = self._snapshots.get(repo)
+        loc = self._locations.get(real)
+        if snap is None or len(snap.paths) > max_entries or loc is None:
+            return None
+        if loc.probe != _discovery_probe(real):
+            return None
+        lock = self._repo_lock(repo)
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            tree = self._unchanged(repo, repo / "index")
+        finally:
+            lock.release()
+        if tree is None:
+            return None
+        if loc.root is None:
+            return Checkpoint(tree, tree, None, None)
+        readable, head = self._read_head(loc)
+        if not readable:
+            return None
+        return Checkpoint(tree, tree, head, loc.root)
+
     def _forget_git(self, exc: GitUnavailable) -> None:
         """git could not be started: look for it on PATH again next time."""
         if exc.reason == "git_missing":

@@ -56,6 +56,14 @@ if _DIR:
             "d.cap.end",
             lambda a: str(a[3]),
         ),
+        (
+            "actors.checkpoints",
+            "TurnCheckpoints",
+            "capture_after_here",
+            "d.here.after",
+            "d.here.end.after",
+            None,
+        ),
         ("actors.session_turns", "TurnRunner", "_read_for_start", "d.read", "d.read.end", None),
         ("actors.session_turns", "TurnRunner", "_early_before", "d.early", "d.early.end", None),
         ("storage.base", "Database", "_end_group", "d.commit", "d.commit.end", None),
@@ -131,7 +139,9 @@ if _DIR:
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str, suffix: Suffix) -> None:
-        fn = getattr(owner, attr)
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            return  # a tree without this point
 
         def stamped(*args: Any, **kwargs: Any) -> Any:
             name, end = before, after

@@ -145,9 +145,12 @@ class TurnEvents:
             if canonical is None or not isinstance(item, Mapping):
                 return
             for mapped in map_item(item):
-                if mapped.get("kind") != "user":
-                    with session.state_lock:
-                        session.streamed.add(provider_turn_id)
+                if mapped.get("kind") == "user":
+                    # The daemon's claim wrote the Turn's user Message: the provider's copy
+                    # is not sent (it would wake the daemon while the app-server starts).
+                    continue
+                with session.state_lock:
+                    session.streamed.add(provider_turn_id)
                 self.send(session, TurnItem(canonical, mapped))
         elif method == "error":
             self._on_model_error(session, params)

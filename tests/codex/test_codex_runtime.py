@@ -87,7 +87,7 @@ def test_turn_streams_started_binding_items_and_completed(
         "providerTurnId": src.turns[0],
     }
     items = [(e["item"]["kind"], e["item"]["text"]) for e in events if e["type"] == "item"]
-    assert items == [("user", "hello"), ("assistant", "echo: hello")]
+    assert items == [("assistant", "echo: hello")]  # the user's copy is not sent
     assert events[-1] == {
         "type": "turn.completed",
         "turnId": turn_id,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from tests.support.daemon import (
@@ -226,3 +227,44 @@ def test_a_checkpoint_past_its_bound_is_recorded_timed_out_and_the_turn_complete
         assert nxt["workspace"]["after"], nxt["workspace"]
     finally:
         daemon.stop()
+
+
+def test_a_folder_older_than_the_racy_margin_is_recorded_exactly_whichever_thread_captures(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """In a folder whose files are older than the captures' racy margin, an unchanged one's
+    `after` is taken on the Session actor's thread (`capture_after_here`), a changed one's by
+    git on the pool: the records and refs are the same either way."""
+    repo = make_repo(tmp_path / "repo")
+    time.sleep(2.5)  # past the 2 s racy margin: the captures keep a stat snapshot
+    client = daemon.client()
+    sid = create_session(client, cwd=str(repo))["agentSessionId"]
+    shadow = ShadowStore(daemon.home / "checkpoints")
+
+    def refs() -> list[str]:
+        return subprocess.run(
+            ["git", "for-each-ref", "--format=%(refname) %(objectname)"],
+            env={**GIT_ENV, "GIT_DIR": str(shadow.repo_dir(repo))},
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
+
+    quiet = [run_turn(client, sid, "hello") for _ in range(3)]
+    trees = {t["workspace"]["before"] for t in quiet} | {t["workspace"]["after"] for t in quiet}
+    assert len(trees) == 1 and None not in trees, [t["workspace"] for t in quiet]
+    for t in quiet:
+        assert t["workspace"]["changedFiles"] == []
+        for which in ("before", "after"):
+            assert f"refs/agenthost/{sid}/{t['turnId']}/{which} {trees.copy().pop()}" in refs()
+
+    turn_id = submit(client, sid, "/ask go on?")["turnId"]
+    request_id = pending_request(client, sid, turn_id)
+    (repo / "a.txt").write_text("one, changed again\n")
+    respond(client, sid, turn_id, request_id, {"text": "yes"})
+    ws = settle(client, sid, turn_id)["workspace"]
+    assert ws["before"] in trees and ws["after"] not in trees
+    assert ws["changedFiles"] == [{"path": "a.txt", "kind": "modified"}]
+    assert f"refs/agenthost/{sid}/{turn_id}/after {ws['after']}" in refs()
+    text, _ = shadow.diff(repo, ws["before"], ws["after"])
+    assert "+one, changed again" in text

@@ -122,10 +122,8 @@ def test_turn_streams_started_binding_items_and_completed(
         "providerTurnId": provider_turn,
     }
     items = [e["item"] for e in events if e["type"] == "item"]
-    assert [(i["kind"], i["text"]) for i in items] == [
-        ("user", "hello"),
-        ("assistant", "echo: hello"),
-    ]
+    # The provider's copy of the user's message is not sent: the daemon's claim wrote it.
+    assert [(i["kind"], i["text"]) for i in items] == [("assistant", "echo: hello")]
     assert events[-1] == {
         "type": "turn.completed",
         "turnId": "src-T1",
@@ -141,7 +139,7 @@ def test_tool_directive_maps_to_reasoning_tool_call_and_tool_result(
     driver = make_driver()
     open_session(driver, log, tmp_path, texts=("/tool grep needle",))
     kinds = [e["item"]["kind"] for e in log.of_turn("src-T1") if e["type"] == "item"]
-    assert kinds == ["user", "reasoning", "tool_call", "tool_result", "assistant"]
+    assert kinds == ["reasoning", "tool_call", "tool_result", "assistant"]
 
 
 @pytest.mark.timeout(60)

@@ -1,0 +1,131 @@
+"""A Turn's `after` capture taken on the asking thread (`TurnCheckpoints.capture_after_here`):
+only when it is certain and cheap — the directory's small stat snapshot unchanged and the tree
+its `before`'s, no other job of the directory running, no failpoint armed at the capture — and
+then the same answer and the same ref as the pool's capture, with no git process and no file
+created; otherwise None and nothing written."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import actors.checkpoints as checkpoints_module
+from actors.checkpoints import Capture, TurnCheckpoints
+from drivers.failpoints import Failpoints
+from tests.support.worktree_repos import git
+from tests.workspace.test_capture_cost import GitLog, age, aged_store, git_log, repo
+from workspace.shadow import Checkpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+__all__ = ["git_log", "repo"]  # the fixtures, used by name
+
+
+@pytest.fixture
+def turns(tmp_path: Path, repo: Path) -> Iterator[TurnCheckpoints]:
+    """A home's checkpoints with `repo` aged and captured once on the pool (its snapshot)."""
+    (repo / "sub").mkdir()
+    (repo / "sub" / "c.txt").write_text("charlie\n")
+    age()
+    t = TurnCheckpoints(aged_store(tmp_path), failpoints=Failpoints())
+    try:
+        yield t
+    finally:
+        t.pool.shutdown(wait=True)
+
+
+def before(turns: TurnCheckpoints, repo: Path, turn: str = "t1") -> str:
+    """The Turn's `before`, on the pool as a Turn takes it (its `after` lock reserved)."""
+    got = turns.capture(str(repo), "s1", turn, "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    return got.checkpoint.tree
+
+
+def refs_dir(turns: TurnCheckpoints, repo: Path) -> Path:
+    return turns.shadow.repo_dir(repo) / "refs" / "agenthost" / "s1"
+
+
+def test_an_unchanged_folder_is_captured_here_without_git_as_the_pool_would(
+    turns: TurnCheckpoints, repo: Path, git_log: GitLog
+) -> None:
+    tree = before(turns, repo)
+    lock = refs_dir(turns, repo) / "t1" / "after.lock"
+    reserved = lock.stat().st_ino
+    git_log.clear()
+    here = turns.capture_after_here(str(repo), "s1", "t1", tree)
+    assert isinstance(here, Capture) and isinstance(here.checkpoint, Checkpoint)
+    assert git_log.commands() == []
+    assert here.checkpoint.tree == tree and here.changed == ()
+    assert here.checkpoint.head_commit == git(repo, "rev-parse", "HEAD")
+    pooled = turns.capture(str(repo), "s1", "t2", "after", tree).result(30)
+    assert here == pooled
+    ref = refs_dir(turns, repo) / "t1" / "after"
+    assert ref.read_text() == tree + "\n"
+    assert ref.stat().st_ino == reserved and not lock.exists()  # the reserved lock, renamed
+
+
+def test_a_changed_folder_is_left_to_the_pool_which_captures_the_change(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    tree = before(turns, repo)
+    (repo / "sub" / "c.txt").write_text("charlie, changed\n")
+    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
+    assert not (refs_dir(turns, repo) / "t1" / "after").exists()
+    pooled = turns.capture(str(repo), "s1", "t1", "after", tree).result(30)
+    assert pooled.changed == ({"path": "sub/c.txt", "kind": "modified"},)
+    assert (refs_dir(turns, repo) / "t1" / "after").is_file()
+
+
+def test_an_after_whose_tree_is_not_its_befores_is_left_to_the_pool(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    """Another Session's capture of the same folder moved the snapshot on: the changed files
+    need git's diff, which the pool runs."""
+    before(turns, repo)
+    assert turns.capture_after_here(str(repo), "s1", "t1", "0" * 40) is None
+    assert not (refs_dir(turns, repo) / "t1" / "after").exists()
+
+
+def test_nothing_is_captured_here_while_a_job_of_the_folder_runs_or_a_failpoint_is_armed(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    tree = before(turns, repo)
+    with turns.locks(str(repo.resolve())):
+        got: list[Capture | None] = []
+        t = threading.Thread(
+            target=lambda: got.append(turns.capture_after_here(str(repo), "s1", "t1", tree))
+        )
+        t.start()
+        t.join(10)
+        assert got == [None]
+    assert isinstance(turns.failpoints, Failpoints)
+    turns.failpoints.set({"host.checkpoint.after": "sleep:1"})
+    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
+    turns.failpoints.set({"host.checkpoint.after": "off", "host.checkpoint.before": "sleep:1"})
+    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
+
+
+def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    age()
+    turns = TurnCheckpoints(aged_store(tmp_path))
+    try:
+        # Never captured: no snapshot, and its store's stale locks not cleared yet.
+        assert turns.capture_after_here(str(repo), "s1", "t1", None) is None
+        tree = before(turns, repo)
+        monkeypatch.setattr(checkpoints_module, "HERE_MAX_ENTRIES", 2)
+        assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
+        monkeypatch.setattr(checkpoints_module, "HERE_MAX_ENTRIES", 1_000)
+        monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 0.0)
+        assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
+        time.sleep(0.01)
+        # Slower than the budget: the folder's next captures go to the pool for a while.
+        tree = before(turns, repo, "t2")
+        assert turns.capture_after_here(str(repo), "s1", "t2", tree) is None
+    finally:
+        turns.pool.shutdown(wait=True)
