@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from typing import TypeVar, cast
+from typing import TypeVar, cast, get_args
 
 from actors.fork_saga import full_session_capable
 from actors.ports import ProviderCatalog
@@ -204,7 +204,7 @@ def operation_workspace(value: ForkOperation) -> wire.OperationWorkspace:
         "path": plan.get("path"),
         "cwd": plan.get("childCwd"),
         "branch": plan.get("branch"),
-        "state": _one_of_or_none(("planned", "made", "removed"), value.worktree_state),
+        "state": _one_of_or_none(get_args(wire.WorktreeState), value.worktree_state),
     }
 
 

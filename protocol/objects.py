@@ -25,7 +25,7 @@ OperationPhase = Literal[
 ]
 ResolveAction = Literal["inspect", "adopt", "abandon"]
 Verdict = Literal["adoptable", "absent", "ambiguous"]
-WorktreeState = Literal["planned", "made", "removed"]
+WorktreeState = Literal["planned", "made", "removing", "removed"]
 
 
 class Lineage(TypedDict):
