@@ -61,6 +61,9 @@ class TurnState:
     # Its `turn.start` is sent and not yet answered: the start's events (binding) arrive
     # before the answer, and their writes wait for it to land as one transaction.
     start_unanswered: bool = False
+    # What waits for that answer: an interrupt that came while the provider's turn id was not
+    # known yet (it is sent to the provider once the answer names the turn).
+    after_start_answer: list[Callable[[], None]] = field(default_factory=list)
     # When turn.start was last sent, and whether the model has answered since (an item, a
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
     model_asked_at: float | None = None

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
+from functools import partial
 
 from actors import runtime_dirs
 from actors.messages import Interrupt, Mutate, Respond
@@ -98,6 +99,13 @@ class SessionControls:
             return
         state.interrupted_why = msg.why
         provider_turn_id = state.provider_turn_id or turn.root_provider_turn_id
+        if not provider_turn_id and state.start_unanswered:
+            # `turn.start` is at the worker: the provider may be starting the turn. Settling
+            # here would leave it running there, unstopped (and the next Turn refused as
+            # "already active"): once the answer names the turn, this interrupt comes back
+            # through the actor's inbox and goes to the provider.
+            state.after_start_answer.append(partial(self._core.actor_ref.tell, msg))
+            return
         if not provider_turn_id:
             # Not started at the provider yet: settle it here, nothing to stop there.
             self._turns.settle(state, "interrupted", error=msg.why, then=_answer)

@@ -222,6 +222,19 @@ class TurnRunner:
         without a generation (it cannot be refused that way twice)."""
         state.start_unanswered = False
         try:
+            self._on_start_answer(state, fut, again)
+        finally:
+            waiting, state.after_start_answer = state.after_start_answer, []
+            for then in waiting:
+                then()
+
+    def _on_start_answer(
+        self,
+        state: TurnState,
+        fut: Future[TurnAccepted],
+        again: Callable[[], None] | None,
+    ) -> None:
+        try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001
             if again is not None and runtime_changed(exc):
