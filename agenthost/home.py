@@ -206,11 +206,19 @@ def make_private_dir(path: Path) -> None:
 
 def prepare_home(home: Path) -> None:
     """Check the home and `run/`, creating what is missing; raise `HomeUnsafe` on a home that
-    is not ours alone. Writes nothing into an existing home."""
+    is not ours alone, `HomeInUse` on one a live daemon holds. Writes nothing into an existing
+    home."""
     if not check_private_dir(home, "AGENTHOST_HOME"):
         home.parent.mkdir(parents=True, exist_ok=True)
         make_private_dir(home)
         check_private_dir(home, "AGENTHOST_HOME")
+    # A live daemon's home is refused as in use before `run/` is looked at: one of that
+    # daemon's writers may have just made `run/` again under the umask (0755), which the daemon
+    # tightens on its own; a second `serve` must be told the home is served, not that it is
+    # unsafe, and must touch nothing in it. `acquire` still decides a race of two starts.
+    probe = probe_home(home)
+    if probe.served:
+        raise HomeInUse(home, probe.pid)
     run = home / "run"
     if not check_private_dir(run, "run directory", exact_0700=True):
         make_private_dir(run)

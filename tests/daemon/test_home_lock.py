@@ -218,6 +218,34 @@ def test_a_run_dir_one_of_our_writers_made_0755_is_tightened_not_fatal(tmp_path:
         assert d.stop() == 0
 
 
+def test_a_second_serve_while_run_dir_is_0755_is_told_the_home_is_served(tmp_path: Path) -> None:
+    """The instant between one of the live daemon's writers making `run/` again under the umask
+    (0755) and the daemon tightening it: a second `serve` then must exit 1 naming the live
+    daemon (not 2, "unsafe") and change nothing. The live daemon is held stopped over that
+    instant (SIGSTOP: it keeps its lock), so the instant lasts as long as the test needs."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    assert d.proc is not None
+    try:
+        sid = create_session(d.client())["agentSessionId"]
+        run = home / "run"
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            shutil.rmtree(run)
+            run.mkdir(mode=0o755)
+            os.chmod(run, 0o755)
+            second = agenthost(home, "serve")
+            assert second.returncode == 1, second.stderr
+            assert "is serving" in second.stderr, second.stderr
+            assert sorted(os.listdir(run)) == [] and (run.stat().st_mode & 0o777) == 0o755
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)
+        wait_for(lambda: (run / "api.sock").exists() and (run.stat().st_mode & 0o777) == 0o700)
+        assert run_turn(d.client(), sid, "after the second serve")["outcome"] == "completed"
+    finally:
+        assert d.stop() == 0
+
+
 def test_a_daemon_whose_home_is_moved_away_stops(tmp_path: Path) -> None:
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
