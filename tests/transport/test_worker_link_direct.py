@@ -117,15 +117,18 @@ def test_frames_keep_each_senders_order_through_the_backlog(host: HostEnd) -> No
             t.start()
         for t in workers:
             t.join(30)
-        assert end.sent_backlog > 0  # the mark was reached: the backlog was exercised
         got = _events(host, threads * per_thread)
         for k in range(threads):
             seqs = [m["event"]["seq"] for m in got if m["agentSessionId"] == f"ws/{k}"]
             assert seqs == list(range(per_thread))
-        assert end.sent_direct + end.sent_backlog == threads * per_thread
     finally:
         end.close()
+        assert end.wait(5)
         ctx.term()
+    # Read once the link's thread stopped (it counts after its send returns, which may be
+    # after the host already has the frame).
+    assert end.sent_backlog > 0  # the mark was reached: the backlog was exercised
+    assert end.sent_direct + end.sent_backlog == threads * per_thread
 
 
 def test_requests_reach_the_link_while_senders_keep_the_socket_busy(host: HostEnd) -> None:
@@ -174,10 +177,12 @@ def test_heartbeats_flow_and_close_sends_what_is_queued(host: HostEnd) -> None:
     end.start()
     assert _recv(host)["t"] == MsgType.HELLO
     assert _events(host, 1)[0]["event"]["delta"] == "early"
-    assert end.sent_backlog == 1
     kinds = {_recv(host)["t"] for _ in range(2)}
     assert kinds == {MsgType.HB}
     end.close()
     assert end.wait(5)
+    # Read once the link's thread stopped (it counts after its send returns, which may be
+    # after the host already has the frame).
+    assert end.sent_backlog == 1
     end.send_event("ws/s", {"type": "message.delta", "delta": "late"})  # dropped, no error
     assert end.sent_direct == 0
