@@ -7,9 +7,11 @@ these ends and never touch msgpack or zmq framing themselves.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import queue
+import select
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -208,7 +210,20 @@ class Mailbox:
 
 class WorkerEnd:
     """The worker's DEALER: says hello, heartbeats, hands requests to `on_request`, and sends
-    results and events from any thread (queued to its own I/O thread, which owns the socket).
+    results and events from any thread, each on the calling thread itself.
+
+    One lock guards the socket (a zmq socket may move between threads behind a full memory
+    barrier, which the lock is). A sender encodes outside it, then sends without blocking: a
+    streamed delta goes from the provider's reader thread straight to ZeroMQ's I/O thread,
+    with no thread of the link's woken in between. When the socket cannot take a frame at
+    once (the high-water mark, a link not yet started) or frames already wait, it joins the
+    backlog, which the link's thread sends in order as the socket frees: frames leave in the
+    order their senders took the lock, so a `turn.start` result still follows the events its
+    driver sent before returning it. The link's thread owns the reading and the heartbeats;
+    it sleeps in `poll` on the socket's notification descriptor (`zmq.FD`, edge-triggered,
+    polled outside the lock) and on a wake-up pipe. Every socket operation may consume that
+    descriptor's edge, so each ends with a look at `zmq.EVENTS`, and a sender that finds a
+    frame waiting to be read wakes the thread through the pipe.
     """
 
     def __init__(
@@ -225,17 +240,38 @@ class WorkerEnd:
         self._provider = provider
         self._version = version
         self._on_request = on_request
-        self._mailbox = Mailbox(self._ctx)
+        self._lock = threading.Lock()
+        self._sock: zmq.Socket[Any] | None = None
+        """Set (hello sent) by `start`; None again once the link stopped (under `_lock`)."""
+        self._backlog: collections.deque[bytes] = collections.deque()
+        """Frames waiting for the link's thread, in send order (under `_lock`)."""
+        self._closed = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._pipe_open = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="worker-link", daemon=True)
         self.last_host_contact = time.monotonic()
+        self.sent_direct = 0
+        """Frames a sender put on the socket itself (tests read it)."""
+        self.sent_backlog = 0
+        """Frames the link's thread sent from the backlog (tests read it)."""
 
     def start(self) -> None:
+        sock: zmq.Socket[Any] = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)  # let the last results reach the host on close
+        sock.setsockopt(zmq.MAXMSGSIZE, MAX_LINK_FRAME)
+        sock.connect(self._endpoint)
+        sock.send(encode(hello_msg(self._provider, os.getpid(), self._version)))
+        with self._lock:
+            self._sock = sock
+            self._wake()  # anything queued before the start leaves from the thread, in order
         self._thread.start()
 
     def send(self, msg: Mapping[str, Any]) -> None:
-        """Thread-safe: queue one message for the host."""
-        self._mailbox.put(dict(msg))
+        """Thread-safe: send one message to the host now, or queue it behind earlier ones."""
+        self._send_frame(encode(msg))
 
     def send_result(self, req_id: int, result: Mapping[str, Any]) -> None:
         self.send(ok_msg(req_id, result))
@@ -248,54 +284,144 @@ class WorkerEnd:
 
     def close(self, flush_timeout: float = 1.0) -> None:
         self._stop.set()
-        self._mailbox.put(None)
-        self._thread.join(flush_timeout + 1.0)
+        with self._lock:
+            self._wake()
+        if self._thread.ident is not None:
+            self._thread.join(flush_timeout + 1.0)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the link stops; True if it did."""
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
-    def _run(self) -> None:
-        sock: zmq.Socket[Any] = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 1000)  # let the last results reach the host on close
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_LINK_FRAME)
-        sock.connect(self._endpoint)
-        sock.send(encode(hello_msg(self._provider, os.getpid(), self._version)))
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._mailbox.wake_socket, zmq.POLLIN)
-        next_hb = time.monotonic() + HEARTBEAT_INTERVAL_S
-        try:
-            while True:
-                timeout_ms = max(0, int((next_hb - time.monotonic()) * 1000))
-                ready = dict(poller.poll(timeout_ms))
-                if sock in ready:
-                    self._read_all(sock)
-                if self._mailbox.wake_socket in ready or self._stop.is_set():
-                    for item in self._mailbox.drain():
-                        if item is not None:
-                            sock.send(encode(item))
-                if self._stop.is_set():
-                    return
-                now = time.monotonic()
-                if now >= next_hb:
-                    sock.send(encode(HB_MSG))
-                    next_hb = now + HEARTBEAT_INTERVAL_S
-        finally:
-            sock.close()
-            self._mailbox.close()
-
-    def _read_all(self, sock: zmq.Socket[Any]) -> None:
-        while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
+    def _send_frame(self, frame: bytes) -> None:
+        with self._lock:
+            sock = self._sock
+            if self._closed:
+                return  # the link stopped: as a mailbox nobody drains, nothing leaves
+            if sock is None or self._backlog:
+                self._backlog.append(frame)
+                if sock is not None:
+                    self._wake()
                 return
             try:
-                msg = decode(frame)
-            except LinkProtocolError:
-                continue
-            self.last_host_contact = time.monotonic()
-            if msg["t"] == MsgType.REQ:
-                self._on_request(msg)
+                sock.send(frame, zmq.NOBLOCK)
+                self.sent_direct += 1
+            except zmq.Again:
+                self._backlog.append(frame)
+                self._wake()
+                return
+            except zmq.ZMQError:
+                return  # the context is going away
+            if self._after_op(sock):
+                self._wake()
+
+    def _after_op(self, sock: zmq.Socket[Any]) -> bool:
+        """Under `_lock`, after any operation on `sock`: True when a frame waits to be read
+        (the operation may have taken the descriptor's edge that would have woken the link's
+        thread)."""
+        try:
+            events = int(sock.getsockopt(zmq.EVENTS))
+        except zmq.ZMQError:
+            return False
+        return bool(events & zmq.POLLIN)
+
+    def _wake(self) -> None:
+        """Under `_lock` (the pipe is closed under it): wake the link's thread. A hint: a full
+        pipe already wakes it."""
+        if not self._pipe_open:
+            return
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"\0")
+
+    def _run(self) -> None:
+        sock = self._sock
+        assert sock is not None
+        with self._lock:
+            fd = int(sock.getsockopt(zmq.FD))
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        next_hb = time.monotonic() + HEARTBEAT_INTERVAL_S
+        busy = True  # look at the socket before the first sleep
+        try:
+            while True:
+                if not busy:
+                    timeout_ms = max(0, int((next_hb - time.monotonic()) * 1000))
+                    poller.poll(timeout_ms)
+                self._drain_wakes()
+                stop = self._stop.is_set()
+                frames: list[bytes] = []
+                with self._lock:
+                    self._read_all(sock, frames)
+                    self._flush(sock)
+                    now = time.monotonic()
+                    if now >= next_hb:
+                        if not self._backlog:
+                            with contextlib.suppress(zmq.Again):
+                                sock.send(encode(HB_MSG), zmq.NOBLOCK)
+                        next_hb = now + HEARTBEAT_INTERVAL_S
+                    events = int(sock.getsockopt(zmq.EVENTS))
+                    busy = bool(events & zmq.POLLIN) or bool(
+                        self._backlog and events & zmq.POLLOUT
+                    )
+                    if stop:
+                        self._closed = True
+                for frame in frames:
+                    self._dispatch(frame)
+                if stop:
+                    self._final_flush(sock)
+                    return
+        finally:
+            with self._lock:
+                self._closed = True
+                self._sock = None
+                self._pipe_open = False
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+            sock.close()
+
+    def _drain_wakes(self) -> None:
+        while True:
+            try:
+                if not os.read(self._wake_r, 4096):
+                    return
+            except (BlockingIOError, OSError):
+                return
+
+    def _flush(self, sock: zmq.Socket[Any]) -> None:
+        """Under `_lock`: send the backlog in order, as far as the socket takes it now."""
+        backlog = self._backlog
+        while backlog:
+            try:
+                sock.send(backlog[0], zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            backlog.popleft()
+            self.sent_backlog += 1
+
+    def _final_flush(self, sock: zmq.Socket[Any]) -> None:
+        """The link stops (`_closed`: no sender touches the socket again): what is still in
+        the backlog leaves, each frame waiting up to the linger for room."""
+        sock.setsockopt(zmq.SNDTIMEO, 1000)
+        with contextlib.suppress(zmq.ZMQError):
+            while self._backlog:
+                sock.send(self._backlog.popleft())
+                self.sent_backlog += 1
+
+    def _read_all(self, sock: zmq.Socket[Any], frames: list[bytes]) -> None:
+        """Under `_lock`: every frame the host sent that is ready now."""
+        while True:
+            try:
+                frames.append(sock.recv(zmq.NOBLOCK))
+            except zmq.Again:
+                return
+
+    def _dispatch(self, frame: bytes) -> None:
+        try:
+            msg = decode(frame)
+        except LinkProtocolError:
+            return
+        self.last_host_contact = time.monotonic()
+        if msg["t"] == MsgType.REQ:
+            self._on_request(msg)

@@ -1,0 +1,188 @@
+"""The worker's link end sends on the sender's own thread: a delta from the provider's reader
+reaches the host with no link thread woken, frames leave in the order their senders sent
+them even when the socket's high-water mark pushes them to the backlog, and requests still
+reach the link's thread while senders keep the socket busy (the `zmq.FD` edge they take is
+handed back through the wake-up pipe). Real ZeroMQ ipc sockets, a real host ROUTER."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+
+from transport.worker_link import HostEnd, MsgType, WorkerEnd, req_msg
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Iterator[HostEnd]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    end = HostEnd(ctx, f"ipc://{tmp_path}/link.sock")
+    try:
+        yield end
+    finally:
+        end.close()
+        ctx.term()
+
+
+def _recv(host: HostEnd, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if host.socket.poll(100, zmq.POLLIN):
+            msg = host.recv()
+            if msg is not None:
+                return msg
+    raise AssertionError("nothing from the worker")
+
+
+def _events(host: HostEnd, n: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        assert time.monotonic() < deadline, f"{len(out)} of {n} events"
+        msg = _recv(host, max(0.1, deadline - time.monotonic()))
+        if msg["t"] == MsgType.EVT:
+            out.append(msg)
+    return out
+
+
+def _drain(host: HostEnd) -> None:
+    for _ in range(2000):  # bounded: the streamer may keep up with the reads
+        try:
+            host.socket.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+
+
+def _worker(
+    host: HostEnd, on_request: Any = None, ctx: zmq.Context[Any] | None = None
+) -> WorkerEnd:
+    end = WorkerEnd(
+        host.endpoint,
+        provider="p",
+        version="1",
+        on_request=on_request or (lambda msg: None),
+        ctx=ctx,
+    )
+    end.start()
+    assert _recv(host)["t"] == MsgType.HELLO
+    return end
+
+
+def test_an_event_leaves_on_the_senders_thread_while_the_link_thread_is_busy(
+    host: HostEnd,
+) -> None:
+    # The link's thread is held inside a request handler: an event sent meanwhile must still
+    # reach the host (it did not need that thread), and it was sent directly.
+    entered, release = threading.Event(), threading.Event()
+
+    def on_request(msg: dict[str, Any]) -> None:
+        entered.set()
+        release.wait(20)
+
+    end = _worker(host, on_request)
+    try:
+        assert host.send(req_msg(1, "hold", {}))
+        assert entered.wait(10)
+        end.send_event("ws/s", {"type": "message.delta", "delta": "d00 "})
+        got = _events(host, 1, timeout=5)
+        assert got[0]["event"]["delta"] == "d00 "
+        assert end.sent_direct == 1 and end.sent_backlog == 0
+    finally:
+        release.set()
+        end.close()
+
+
+def test_frames_keep_each_senders_order_through_the_backlog(host: HostEnd) -> None:
+    # A tiny high-water mark and a host that does not read yet: most frames go to the backlog,
+    # which the link's thread sends as the host drains; none is lost, each thread's in order,
+    # and a direct send never overtakes a queued frame.
+    ctx: zmq.Context[Any] = zmq.Context()
+    ctx.setsockopt(zmq.SNDHWM, 2)
+    end = _worker(host, ctx=ctx)
+    threads, per_thread = 3, 400
+    pad = "x" * 2048
+
+    def sender(k: int) -> None:
+        for i in range(per_thread):
+            end.send_event(f"ws/{k}", {"type": "message.delta", "seq": i, "delta": pad})
+
+    try:
+        workers = [threading.Thread(target=sender, args=(k,)) for k in range(threads)]
+        for t in workers:
+            t.start()
+        for t in workers:
+            t.join(30)
+        got = _events(host, threads * per_thread)
+        for k in range(threads):
+            seqs = [m["event"]["seq"] for m in got if m["agentSessionId"] == f"ws/{k}"]
+            assert seqs == list(range(per_thread))
+    finally:
+        end.close()
+        assert end.wait(5)
+        ctx.term()
+    # Read once the link's thread stopped (it counts after its send returns, which may be
+    # after the host already has the frame).
+    assert end.sent_backlog > 0  # the mark was reached: the backlog was exercised
+    assert end.sent_direct + end.sent_backlog == threads * per_thread
+
+
+def test_requests_reach_the_link_while_senders_keep_the_socket_busy(host: HostEnd) -> None:
+    # Each send processes the socket's commands and may take the edge of its descriptor that
+    # announced a request: the sender must wake the link's thread, or the request would wait
+    # for the next heartbeat (0.5 s) — 200 of them would take far beyond the limit below.
+    seen: list[int] = []
+    done = threading.Event()
+
+    def on_request(msg: dict[str, Any]) -> None:
+        seen.append(int(msg["id"]))
+        if len(seen) == 200:
+            done.set()
+
+    end = _worker(host, on_request)
+    stop = threading.Event()
+
+    def stream() -> None:
+        while not stop.is_set():
+            end.send_event("ws/s", {"type": "message.delta", "delta": "d"})
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    try:
+        for i in range(200):
+            assert host.send(req_msg(i, "ping", {}))
+            _drain(host)  # so the streamer's sends keep succeeding directly
+            if i % 20 == 19:
+                time.sleep(0.01)
+        deadline = time.monotonic() + 20
+        while not done.is_set() and time.monotonic() < deadline:
+            _drain(host)
+            done.wait(0.01)
+        assert seen == list(range(200))
+        assert end.sent_direct > 0
+    finally:
+        stop.set()
+        streamer.join(10)
+        end.close()
+
+
+def test_heartbeats_flow_and_close_sends_what_is_queued(host: HostEnd) -> None:
+    end = WorkerEnd(host.endpoint, provider="p", version="1", on_request=lambda msg: None)
+    # Sent before the link started: queued, then sent by its thread after the hello.
+    end.send_event("ws/s", {"type": "message.delta", "delta": "early"})
+    end.start()
+    assert _recv(host)["t"] == MsgType.HELLO
+    assert _events(host, 1)[0]["event"]["delta"] == "early"
+    kinds = {_recv(host)["t"] for _ in range(2)}
+    assert kinds == {MsgType.HB}
+    end.close()
+    assert end.wait(5)
+    # Read once the link's thread stopped (it counts after its send returns, which may be
+    # after the host already has the frame).
+    assert end.sent_backlog == 1
+    end.send_event("ws/s", {"type": "message.delta", "delta": "late"})  # dropped, no error
+    assert end.sent_direct == 0
