@@ -52,6 +52,7 @@ from storage.history_links import (
     DESCENDANT_LANE_KIND,
     HistoryScan,
     history_link,
+    later_turns,
     linked_message,
     refuse_boundary_payload,
     scan_history,
@@ -195,6 +196,8 @@ _TURNS_FINALS_SQL = (
     " AND session_id = ?2) AND fm.message_id = t.final_assistant_message_id"
     f"{_TURNS_WHERE} ORDER BY t.sequence"
 )
+# ... every Turn of the Session, when the selected one is its last.
+_ALL_TURNS_FINALS_SQL = _TURNS_FINALS_SQL.replace(" AND t.sequence <= ?3", "")
 
 
 _ANY_INTERACTION_SQL = (
@@ -210,13 +213,20 @@ _INTERACTIONS_SQL = (
 
 
 def load_boundary(
-    conn: apsw.Connection, ws: str, sid: str, turn_id: str, *, messages: bool = True
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    *,
+    messages: bool = True,
+    keep_digest: bool = False,
 ) -> Boundary:
     """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error.
     `messages=False` (snapshot version 4 and later): the Messages stay in SQLite, checked and
     digested there (`scan_history`); each Turn has the `TURN_FIELDS`, its
     `final_assistant_position` the position of its final assistant Message when that Message is
-    in the boundary (else None)."""
+    in the boundary (else None). `keep_digest` (prepare's write transaction): the digest a
+    previous prepare kept is used while it stands, and one computed is kept (schema v17)."""
     selected = conn.execute(
         "SELECT sequence, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
         " AND turn_id = ?",
@@ -227,10 +237,18 @@ def load_boundary(
     if selected[1] != TurnPhase.SETTLED:
         raise ForkBoundaryError(ForkBoundaryReason.TURN_NOT_SETTLED)
     through = int(selected[0])
-    # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the Turns.
-    turn_rows = conn.execute(
-        _TURNS_SQL if messages else _TURNS_FINALS_SQL, (ws, sid, through)
-    ).fetchall()
+    later: bool | None = None
+    if messages:
+        turn_rows = conn.execute(_TURNS_SQL, (ws, sid, through)).fetchall()
+    else:
+        # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the
+        # Turns; through the Session's last Turn (the usual fork) with no bound on the sequence,
+        # which SQLite re-planned at every execution (its plan depends on the bound value).
+        later = later_turns(conn, ws, sid, through)
+        turn_rows = conn.execute(
+            _TURNS_FINALS_SQL if later else _ALL_TURNS_FINALS_SQL,
+            (ws, sid, through) if later else (ws, sid),
+        ).fetchall()
     turns: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
     for expected, r in enumerate(turn_rows, start=1):
@@ -264,7 +282,7 @@ def load_boundary(
     if messages:
         _read_messages(conn, ws, sid, through, by_id)
     else:
-        history = scan_history(conn, ws, sid, through)
+        history = scan_history(conn, ws, sid, through, keep=keep_digest, later=later)
         _place_finals(conn, ws, sid, turn_rows, by_id, linked=history.linked)
     # Most Sessions have no Interaction at all: one index probe says so (~4 µs) before the join
     # through every boundary Turn, which SQLite recompiles at each execution (~20 µs).
