@@ -52,7 +52,6 @@ from storage.history_links import (
     DESCENDANT_LANE_KIND,
     HistoryScan,
     history_link,
-    later_turns,
     linked_message,
     refuse_boundary_payload,
     scan_history,
@@ -196,8 +195,6 @@ _TURNS_FINALS_SQL = (
     " AND session_id = ?2) AND fm.message_id = t.final_assistant_message_id"
     f"{_TURNS_WHERE} ORDER BY t.sequence"
 )
-# ... every Turn of the Session, when the selected one is its last.
-_ALL_TURNS_FINALS_SQL = _TURNS_FINALS_SQL.replace(" AND t.sequence <= ?3", "")
 
 
 _ANY_INTERACTION_SQL = (
@@ -237,18 +234,10 @@ def load_boundary(
     if selected[1] != TurnPhase.SETTLED:
         raise ForkBoundaryError(ForkBoundaryReason.TURN_NOT_SETTLED)
     through = int(selected[0])
-    later: bool | None = None
-    if messages:
-        turn_rows = conn.execute(_TURNS_SQL, (ws, sid, through)).fetchall()
-    else:
-        # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the
-        # Turns; through the Session's last Turn (the usual fork) with no bound on the sequence,
-        # which SQLite re-planned at every execution (its plan depends on the bound value).
-        later = later_turns(conn, ws, sid, through)
-        turn_rows = conn.execute(
-            _TURNS_FINALS_SQL if later else _ALL_TURNS_FINALS_SQL,
-            (ws, sid, through) if later else (ws, sid),
-        ).fetchall()
+    # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the Turns.
+    turn_rows = conn.execute(
+        _TURNS_SQL if messages else _TURNS_FINALS_SQL, (ws, sid, through)
+    ).fetchall()
     turns: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
     for expected, r in enumerate(turn_rows, start=1):
@@ -282,7 +271,7 @@ def load_boundary(
     if messages:
         _read_messages(conn, ws, sid, through, by_id)
     else:
-        history = scan_history(conn, ws, sid, through, keep=keep_digest, later=later)
+        history = scan_history(conn, ws, sid, through, keep=keep_digest)
         _place_finals(conn, ws, sid, turn_rows, by_id, linked=history.linked)
     # Most Sessions have no Interaction at all: one index probe says so (~4 µs) before the join
     # through every boundary Turn, which SQLite recompiles at each execution (~20 µs).

@@ -378,7 +378,7 @@ def _digest_statement(
     a payload other than the empty map — in the same pass over the rows. `later`: whether the
     Session has Turns after `through` (asked here when None)."""
     if later is None:
-        later = conn.execute(_LATER_TURN_SQL, (ws, sid, through)).fetchone() is not None
+        later = later_turns(conn, ws, sid, through)
     sql = _DIGEST_TEMPLATE.format(
         cut=_THROUGH_CUT if later else _WHOLE_CUT,
         extra=", group_concat(p) FILTER (WHERE s)" if scan else "",
@@ -530,12 +530,13 @@ def scan_history(
     )
 
 
-# The kept digest (schema v17) of Session ?1/?2's boundary through Turn ?3, read when the Session
-# had later Turns then as now (?4: which rows the digest statement reads), with the Session's key.
+# The kept digest (schema v17) of the Session with key ?1 through Turn ?2 (and whether the Session
+# had later Turns then). Two plain key lookups: one statement joining them to the Session's ids
+# SQLite re-planned at every execution (its plan depends on the bound values).
+_KEY_SQL = SESSION_KEY_OF[1:-1]
 _KEPT_SQL = (
-    "SELECT k.session_key, d.count, d.digest, d.top, d.special FROM session_keys k"
-    " LEFT JOIN history_digests d ON d.session_key = k.session_key AND d.through = ?3"
-    " AND d.later = ?4 WHERE k.workspace_id = ?1 AND k.session_id = ?2"
+    "SELECT later, count, digest, top, special FROM history_digests"
+    " WHERE session_key = ? AND through = ?"
 )
 _KEEP_SQL = (
     "INSERT OR REPLACE INTO history_digests (session_key, through, later, count, digest, top,"
@@ -543,15 +544,9 @@ _KEEP_SQL = (
 )
 
 
-_LAST_TURN_SQL = "SELECT max(sequence) FROM turns WHERE workspace_id = ? AND session_id = ?"
-
-
 def later_turns(conn: apsw.Connection, ws: str, sid: str, through: int) -> bool:
-    """Whether Session `(ws, sid)` has Turns after sequence `through`: its last Turn's sequence,
-    one probe of the `(workspace, Session, sequence)` key with no bound value SQLite plans by
-    (a `sequence > ?` it would re-plan at each execution)."""
-    row = conn.execute(_LAST_TURN_SQL, (ws, sid)).fetchone()
-    return row is not None and row[0] is not None and int(row[0]) > through
+    """Whether Session `(ws, sid)` has Turns after sequence `through`."""
+    return conn.execute(_LATER_TURN_SQL, (ws, sid, through)).fetchone() is not None
 
 
 def _few_special(
@@ -576,16 +571,18 @@ def kept_digest(
     since: the triggers of schema v17 delete it in the writer's transaction), else digested and
     kept in the caller's transaction (a prepare that rolls back takes it with it). Law: a kept
     row is the pass it saves (tests/support/invariants.py, `history_digest_kept`)."""
-    row = conn.execute(_KEPT_SQL, (ws, sid, through, int(later))).fetchone()
-    if row is not None and row[1] is not None:
+    key = conn.execute(_KEY_SQL, (ws, sid)).fetchone()
+    if key is None:  # no key: no Message either; nothing to keep
+        return _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
+    row = conn.execute(_KEPT_SQL, (int(key[0]), through)).fetchone()
+    if row is not None and bool(row[0]) == later:
         text = str(row[4])
         special = None if text == _MANY else [int(p) for p in text.split(",")] if text else []
         return int(row[1]), str(row[2]), int(row[3]), special
     found = _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
-    if row is not None:  # no key: no Message either, nothing to keep
-        count, digest, top, few = found
-        kept = _MANY if few is None else ",".join(str(p) for p in few)
-        conn.execute(_KEEP_SQL, (int(row[0]), through, int(later), count, digest, top, kept))
+    count, digest, top, few = found
+    kept = _MANY if few is None else ",".join(str(p) for p in few)
+    conn.execute(_KEEP_SQL, (int(key[0]), through, int(later), count, digest, top, kept))
     return found
 
 
