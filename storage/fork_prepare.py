@@ -218,7 +218,9 @@ class ForkPrepare:
                 if reason in static:
                     raise ForkBoundaryError(reason)
             # The Messages stay in SQLite (snapshot versions 4 and 5, storage/history_links.py).
-            boundary = load_boundary(tx.conn, ws, req.source_session_id, turn_id, messages=False)
+            boundary = load_boundary(
+                tx.conn, ws, req.source_session_id, turn_id, messages=False, keep_digest=True
+            )
             if blockers:
                 raise ForkBoundaryError(blockers[0])
             selected = boundary.selected

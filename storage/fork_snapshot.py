@@ -210,13 +210,20 @@ _INTERACTIONS_SQL = (
 
 
 def load_boundary(
-    conn: apsw.Connection, ws: str, sid: str, turn_id: str, *, messages: bool = True
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    turn_id: str,
+    *,
+    messages: bool = True,
+    keep_digest: bool = False,
 ) -> Boundary:
     """Read the through-Turn history (inclusive) and prove it forkable, else a boundary error.
     `messages=False` (snapshot version 4 and later): the Messages stay in SQLite, checked and
     digested there (`scan_history`); each Turn has the `TURN_FIELDS`, its
     `final_assistant_position` the position of its final assistant Message when that Message is
-    in the boundary (else None)."""
+    in the boundary (else None). `keep_digest` (prepare's write transaction): the digest a
+    previous prepare kept is used while it stands, and one computed is kept (schema v17)."""
     selected = conn.execute(
         "SELECT sequence, phase FROM turns WHERE workspace_id = ? AND session_id = ?"
         " AND turn_id = ?",
@@ -264,7 +271,7 @@ def load_boundary(
     if messages:
         _read_messages(conn, ws, sid, through, by_id)
     else:
-        history = scan_history(conn, ws, sid, through)
+        history = scan_history(conn, ws, sid, through, keep=keep_digest)
         _place_finals(conn, ws, sid, turn_rows, by_id, linked=history.linked)
     # Most Sessions have no Interaction at all: one index probe says so (~4 µs) before the join
     # through every boundary Turn, which SQLite recompiles at each execution (~20 µs).

@@ -371,12 +371,14 @@ _LATER_TURN_SQL = (
 
 
 def _digest_statement(
-    conn: apsw.Connection, ws: str, sid: str, through: int, *, scan: bool
+    conn: apsw.Connection, ws: str, sid: str, through: int, *, scan: bool, later: bool | None = None
 ) -> tuple[str, tuple[str | int, ...]]:
     """The digest statement of the boundary through Turn `through` and its parameters; `scan`:
     it also collects the positions of the Messages prepare must look at — a descendant lane, or
-    a payload other than the empty map — in the same pass over the rows."""
-    later = conn.execute(_LATER_TURN_SQL, (ws, sid, through)).fetchone() is not None
+    a payload other than the empty map — in the same pass over the rows. `later`: whether the
+    Session has Turns after `through` (asked here when None)."""
+    if later is None:
+        later = later_turns(conn, ws, sid, through)
     sql = _DIGEST_TEMPLATE.format(
         cut=_THROUGH_CUT if later else _WHOLE_CUT,
         extra=", group_concat(p) FILTER (WHERE s)" if scan else "",
@@ -398,7 +400,7 @@ _SPECIAL_SCAN_SQL = (
 )
 # ... and, when they are few (the usual history: nearly every payload empty), by the positions
 # the digest's pass found (integers SQLite printed), one key lookup each.
-_FEW_SPECIAL = 8
+FEW_SPECIAL = 8
 """At most one Message in this many looked up by position; more, and one walk reads them."""
 _SPECIAL_SQL = (
     "SELECT message_id, position, kind, payload_json FROM messages WHERE session_key = (SELECT"
@@ -445,17 +447,25 @@ def boundary_proof(conn: apsw.Connection, ws: str, sid: str, through: int) -> tu
 
 
 def _digest_pass(
-    conn: apsw.Connection, ws: str, sid: str, through: int, *, scan: bool
+    conn: apsw.Connection, ws: str, sid: str, through: int, *, scan: bool, later: bool | None = None
 ) -> tuple[int, str, int, list[int]]:
     """One pass of SQLite over a Session's own boundary rows: (count, SHA-256 hex, highest
     position, and with `scan` the positions of the Messages prepare must look at)."""
-    sql, params = _digest_statement(conn, ws, sid, through, scan=scan)
+    sql, params = _digest_statement(conn, ws, sid, through, scan=scan, later=later)
     row = conn.execute(sql, params).fetchone()
     assert row is not None  # an aggregate always answers one row
     count, joined_sql, top = row[0], row[1], row[2]
     digest = hashlib.sha256(b"" if joined_sql is None else bytes(joined_sql)).hexdigest()
     special = [int(p) for p in str(row[3]).split(",")] if scan and row[3] is not None else []
     return int(count), digest, int(top or 0), special
+
+
+def digest_pass(
+    conn: apsw.Connection, ws: str, sid: str, through: int
+) -> tuple[int, str, int, list[int]]:
+    """A fresh pass over a Session's own boundary rows (count, digest, highest position, the
+    positions prepare looks at): what a kept digest must equal (the invariant checker's)."""
+    return _digest_pass(conn, ws, sid, through, scan=True)
 
 
 def _digest_line(r: VisibleRow) -> str:
@@ -465,16 +475,36 @@ def _digest_line(r: VisibleRow) -> str:
     return f"{position},{version},{turn_id},{message_id},{kind},{body},{tail}"
 
 
-def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> HistoryScan:
+def scan_history(
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    through: int,
+    *,
+    keep: bool = False,
+    later: bool | None = None,
+) -> HistoryScan:
     """The boundary's Message checks (seed 000 §4: no descendant lane, no session-local
     attachment; a payload with a repeated key is refused), in position order, reading only the
-    Messages they concern; then the count and digest frozen for the commit."""
+    Messages they concern; then the count and digest frozen for the commit.
+
+    `keep` (prepare, inside its write transaction): a Session's own boundary is digested only
+    when no kept digest of it stands (schema v17, `kept_digest`), and one digested is kept.
+    `later`: whether the Session has Turns after `through` (asked here when None)."""
     payloads: list[tuple[str, int, Any]] = []
     linked = history_link(conn, ws, sid) is not None
     if not linked:
-        # One pass: the digest, and where the Messages to look at are.
-        count, digest, top, special = _digest_pass(conn, ws, sid, through, scan=True)
-        if len(special) * _FEW_SPECIAL <= count:
+        # One pass: the digest, and where the Messages to look at are — or the digest a
+        # previous prepare kept, which SQLite deletes at the first change it did not see.
+        found: tuple[int, str, int, list[int] | None]
+        if later is None:
+            later = later_turns(conn, ws, sid, through)
+        if keep:
+            found = kept_digest(conn, ws, sid, through, later=later)
+        else:
+            found = _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
+        count, digest, top, special = found
+        if special is not None:
             rows = _rows_at(conn, ws, sid, special)
         else:
             rows = [
@@ -498,6 +528,62 @@ def scan_history(conn: apsw.Connection, ws: str, sid: str, through: int) -> Hist
         top=top,
         linked=linked,
     )
+
+
+# The kept digest (schema v17) of the Session with key ?1 through Turn ?2 (and whether the Session
+# had later Turns then). Two plain key lookups: one statement joining them to the Session's ids
+# SQLite re-planned at every execution (its plan depends on the bound values).
+_KEY_SQL = SESSION_KEY_OF[1:-1]
+_KEPT_SQL = (
+    "SELECT later, count, digest, top, special FROM history_digests"
+    " WHERE session_key = ? AND through = ?"
+)
+_KEEP_SQL = (
+    "INSERT OR REPLACE INTO history_digests (session_key, through, later, count, digest, top,"
+    " special) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
+
+
+def later_turns(conn: apsw.Connection, ws: str, sid: str, through: int) -> bool:
+    """Whether Session `(ws, sid)` has Turns after sequence `through`."""
+    return conn.execute(_LATER_TURN_SQL, (ws, sid, through)).fetchone() is not None
+
+
+def _few_special(
+    count: int, digest: str, top: int, special: list[int]
+) -> tuple[int, str, int, list[int] | None]:
+    """A digest pass's answer with its special positions, or None for them when they are too many
+    to look up one by one (one walk of the boundary reads them)."""
+    return count, digest, top, special if len(special) * FEW_SPECIAL <= count else None
+
+
+_MANY = "*"
+"""A kept row's `special` when the positions were too many to keep: prepare walks for them."""
+
+
+def kept_digest(
+    conn: apsw.Connection, ws: str, sid: str, through: int, *, later: bool
+) -> tuple[int, str, int, list[int] | None]:
+    """`_digest_pass(scan=True)` of a Session's own boundary through Turn `through` (the special
+    positions None when they are too many to look up one by one; `later`: whether the Session
+    has Turns after it), from the row a previous prepare kept when it stands (it stands only
+    while no Message of the Session, no Turn's identity and no `session_keys` row of it changed
+    since: the triggers of schema v17 delete it in the writer's transaction), else digested and
+    kept in the caller's transaction (a prepare that rolls back takes it with it). Law: a kept
+    row is the pass it saves (tests/support/invariants.py, `history_digest_kept`)."""
+    key = conn.execute(_KEY_SQL, (ws, sid)).fetchone()
+    if key is None:  # no key: no Message either; nothing to keep
+        return _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
+    row = conn.execute(_KEPT_SQL, (int(key[0]), through)).fetchone()
+    if row is not None and bool(row[0]) == later:
+        text = str(row[4])
+        special = None if text == _MANY else [int(p) for p in text.split(",")] if text else []
+        return int(row[1]), str(row[2]), int(row[3]), special
+    found = _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
+    count, digest, top, few = found
+    kept = _MANY if few is None else ",".join(str(p) for p in few)
+    conn.execute(_KEEP_SQL, (int(key[0]), through, int(later), count, digest, top, kept))
+    return found
 
 
 def _rows_at(

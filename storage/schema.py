@@ -8,7 +8,8 @@ fork tree by source, v9 adds each Turn's workspace checkpoint record, v10 a fork
 v11 indexes what every start reads (the active Turns, the deleted Sessions), v12 the history
 link of a fork child that reads its cloned Messages from its source's rows, v13 the fence's
 witness: a fenced source's history rows counted as SQLite changes them, so the commit proves
-the boundary unchanged without re-reading it.
+the boundary unchanged without re-reading it; v14–v16 CHECKs and indexes; v17 the boundary
+digests prepare kept, each deleted by SQLite with the first change of its Session's history.
 """
 
 from __future__ import annotations
@@ -510,6 +511,61 @@ _V16 = (
     " DROP INDEX IF EXISTS fork_operations_barrier;"
 )
 
+# v17: the boundary digests prepare kept (docs/design/store.md, "The kept digest"). Prepare of a
+# fork digests its boundary's Messages (100,000 of them for a 10,000-Turn Session, most of a warm
+# fork's daemon CPU); a row here keeps that digest, the count and highest position beside it and
+# the positions of the Messages prepare must look at, for the Session's Turns through `through`
+# (and whether it had later Turns then: which rows the statement reads). It is valid for as long
+# as it exists: every insert, update or delete of one of the Session's Messages, every change of
+# one of its Turns' identity (workspace, Session, id, sequence) or removal, and any change of
+# its `session_keys` row deletes the Session's rows — whoever writes, a store path or raw SQL
+# behind the daemon's back — in the writer's own transaction, so a row never outlives a change it
+# did not see and a rolled-back prepare takes its row with it. Like the witness's, each write of
+# a Message pays one probe of this (small) table by `=`; nothing is stored per Session until a
+# fork of it, so the migration writes no row (a store of 100,000 Sessions migrates in O(1)).
+_DIGEST_KEPT = "EXISTS (SELECT 1 FROM history_digests WHERE session_key = {key})"
+_DIGEST_TURN = (
+    "EXISTS (SELECT 1 FROM session_keys k JOIN history_digests d ON d.session_key = k.session_key"
+    " WHERE k.workspace_id = {row}.workspace_id AND k.session_id = {row}.session_id)"
+)
+_DROP_TURN = (
+    "DELETE FROM history_digests WHERE session_key IN (SELECT session_key FROM session_keys"
+    " WHERE workspace_id = {row}.workspace_id AND session_id = {row}.session_id)"
+)
+_V17 = f"""
+CREATE TABLE history_digests (
+    session_key  INTEGER NOT NULL,
+    through      INTEGER NOT NULL,
+    later        INTEGER NOT NULL,
+    count        INTEGER NOT NULL,
+    digest       TEXT NOT NULL,
+    top          INTEGER NOT NULL,
+    special      TEXT NOT NULL,
+    PRIMARY KEY (session_key, through)
+) WITHOUT ROWID;
+CREATE TRIGGER messages_digest_insert AFTER INSERT ON messages
+WHEN {_DIGEST_KEPT.format(key="NEW.session_key")}
+BEGIN DELETE FROM history_digests WHERE session_key = NEW.session_key; END;
+CREATE TRIGGER messages_digest_update AFTER UPDATE ON messages
+WHEN {_DIGEST_KEPT.format(key="OLD.session_key")}
+OR {_DIGEST_KEPT.format(key="NEW.session_key")}
+BEGIN DELETE FROM history_digests
+WHERE session_key = OLD.session_key OR session_key = NEW.session_key; END;
+CREATE TRIGGER messages_digest_delete AFTER DELETE ON messages
+WHEN {_DIGEST_KEPT.format(key="OLD.session_key")}
+BEGIN DELETE FROM history_digests WHERE session_key = OLD.session_key; END;
+CREATE TRIGGER turns_digest_update AFTER UPDATE OF workspace_id, session_id, turn_id, sequence
+ON turns WHEN {_DIGEST_TURN.format(row="OLD")} OR {_DIGEST_TURN.format(row="NEW")}
+BEGIN {_DROP_TURN.format(row="OLD")}; {_DROP_TURN.format(row="NEW")}; END;
+CREATE TRIGGER turns_digest_delete AFTER DELETE ON turns WHEN {_DIGEST_TURN.format(row="OLD")}
+BEGIN {_DROP_TURN.format(row="OLD")}; END;
+CREATE TRIGGER session_keys_digest_update AFTER UPDATE ON session_keys
+BEGIN DELETE FROM history_digests
+WHERE session_key = OLD.session_key OR session_key = NEW.session_key; END;
+CREATE TRIGGER session_keys_digest_delete AFTER DELETE ON session_keys
+BEGIN DELETE FROM history_digests WHERE session_key = OLD.session_key; END;
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -527,6 +583,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v14,
     _V15,
     _V16,
+    _V17,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

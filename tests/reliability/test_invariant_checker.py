@@ -566,3 +566,18 @@ def test_a_store_missing_a_schema_trigger_or_index_is_reported(base: Base, tmp_p
     assert len(found) == 4, found
     assert any("trigger messages_fenced_update" in d for d in found), found
     assert any("index not_in_the_schema is no part" in d for d in found), found
+
+
+def test_a_kept_digest_that_is_not_the_rows_is_reported(base: Base, tmp_path: Path) -> None:
+    """The forks' prepares kept their boundary digests (schema v17); a kept row that is no longer
+    the rows' pass would let the next prepare freeze a boundary it never digested."""
+    conn = apsw.Connection(str(base.home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        kept = conn.execute("SELECT count(*) FROM history_digests").fetchone()[0]
+    finally:
+        conn.close()
+    assert kept >= 1
+    home = tampered(base, tmp_path, "UPDATE history_digests SET count = count + 1")
+    report = check_invariants(home)
+    assert len(report.violations) == kept, report.violations  # one for each row
+    assert {v.law for v in report.violations} == {Law.HISTORY_DIGEST_KEPT}, report.violations

@@ -15,7 +15,11 @@ from domain.errors import ForkInProgress
 from storage.fork_snapshot import decode_frozen
 from storage.history_links import visible_rows
 from storage.store import Store
-from tests.support.invariants import frozen_message_count, history_copy_problem
+from tests.support.invariants import (
+    frozen_message_count,
+    history_copy_problem,
+    kept_digest_problems,
+)
 
 WORKER = Path(__file__).with_name("store_crash_worker.py")
 WS = "crash-ws"
@@ -26,6 +30,8 @@ def check_invariants(store: Store) -> dict[str, int]:
     conn = store.db.connection()
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    # Every boundary digest a prepare kept is still the rows' (schema v17).
+    assert kept_digest_problems(conn) == []
     ops = conn.execute(
         "SELECT operation_id, source_session_id, target_session_id, source_turn_id, status,"
         " client_observed_at_ms, snapshot_json FROM fork_operations JOIN fork_snapshots"

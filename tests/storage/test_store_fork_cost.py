@@ -59,8 +59,8 @@ def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Iterator[Counter
 
     real_scan = history_links.scan_history
 
-    def scan(*args: Any) -> Any:
-        found = real_scan(*args)
+    def scan(*args: Any, **kwargs: Any) -> Any:
+        found = real_scan(*args, **kwargs)
         counts["messages read into python"] += len(found.payloads)
         return found
 

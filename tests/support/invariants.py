@@ -29,7 +29,14 @@ from actors.context import _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
-from storage.history_links import history_digest, history_link, linked_message, visible_rows
+from storage.history_links import (
+    FEW_SPECIAL,
+    digest_pass,
+    history_digest,
+    history_link,
+    linked_message,
+    visible_rows,
+)
 from storage.schema import migrate, user_version
 from storage.store import Store
 from workspace.shadow import ShadowStore
@@ -81,6 +88,12 @@ class Law(StrEnum):
     boundary's highest position) has none, or the witness counted no change of the source's
     history while its boundary's count and digest are no longer what prepare froze — the commit
     would link a changed boundary on the witness's word (law 2)."""
+    HISTORY_DIGEST_KEPT = "history_digest_kept"
+    """A boundary digest prepare kept (schema v17 `history_digests`) is not what a pass over the
+    Session's rows gives now — its count, digest, highest position or the positions prepare
+    must look at differ (a change of the history its triggers did not delete it for: the next
+    prepare would freeze a boundary it never digested) — or it is kept for a Session that reads
+    rows through a history link (never kept: the link's rows are another Session's)."""
     ONE_PROVIDER_CHILD = "one_provider_child"
     """A source has more provider children than operations that may have dispatched (law 1)."""
     RESERVATION = "reservation"
@@ -149,6 +162,7 @@ STORE_LAWS = frozenset(
         Law.CHILD_HISTORY_COPIED,
         Law.HISTORY_LINK_INTACT,
         Law.FENCE_WITNESS,
+        Law.HISTORY_DIGEST_KEPT,
         Law.RESERVATION,
         Law.FENCE,
         Law.FENCE_WINDOW,
@@ -694,6 +708,51 @@ def _check_fence_witness(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, A
                 f"{name}: the witness counted no change, yet the boundary holds {now[0]} Messages"
                 f" unlike the {history['count']} prepare digested",
             )
+
+
+def kept_digest_problems(conn: apsw.Connection) -> list[str]:
+    """What breaks the kept digest's law (schema v17, docs/design/store.md "The kept digest"):
+    every `history_digests` row is the pass over its Session's rows it saves — count, digest,
+    highest position, the positions prepare looks at — and no row is kept for a Session with a
+    history link."""
+    kept_table = "SELECT 1 FROM sqlite_master WHERE name = 'history_digests'"
+    if conn.execute(kept_table).fetchone() is None:
+        return []  # a store before schema v17
+    kept = _rows(
+        conn,
+        "SELECT d.*, k.workspace_id, k.session_id FROM history_digests d"
+        " LEFT JOIN session_keys k ON k.session_key = d.session_key",
+    )
+    problems: list[str] = []
+    for row in kept:
+        ws, sid, through = row["workspace_id"], row["session_id"], int(row["through"])
+        name = f"the digest kept of session {sid} through Turn {through}"
+        if ws is None:
+            problems.append(f"{name}: no Session has key {row['session_key']}")
+            continue
+        if history_link(conn, ws, sid) is not None:
+            problems.append(f"{name}: the Session reads through a history link")
+            continue
+        count, digest, top, special = digest_pass(conn, ws, sid, through)
+        few = special if len(special) * FEW_SPECIAL <= count else None
+        text = str(row["special"])
+        kept_special = None if text == "*" else [int(p) for p in text.split(",") if p]
+        if (int(row["count"]), str(row["digest"]), int(row["top"]), kept_special) != (
+            count,
+            digest,
+            top,
+            few,
+        ):
+            problems.append(
+                f"{name}: kept {row['count']} Messages up to position {row['top']}, the rows now"
+                f" {count} up to {top}{'' if digest == row['digest'] else ', another digest'}"
+            )
+    return problems
+
+
+def _check_kept_digests(ctx: _Ctx, conn: apsw.Connection) -> None:
+    for problem in kept_digest_problems(conn):
+        ctx.fail(Law.HISTORY_DIGEST_KEPT, problem)
 
 
 def _check_reservations(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
@@ -1374,6 +1433,7 @@ def check_invariants(
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
             _check_fence_witness(ctx, conn, ops)
+            _check_kept_digests(ctx, conn)
             _check_fence_window(ctx, conn, ops)
         finally:
             conn.close()

@@ -196,9 +196,17 @@ def recoverable_fork_operations(
 
 
 def drop_history_link_schema(conn: apsw.Connection) -> None:
-    """Remove what schemas v12 (the history link) and v13 (the fence's witness) added, as a
-    store made by a build before them has neither (tests of older stores' migrations)."""
+    """Remove what schemas v12 (the history link), v13 (the fence's witness) and v17 (the kept
+    digest) added, as a store made by a build before them has none of it (tests of older
+    stores' migrations)."""
     for trigger in (
+        "messages_digest_insert",
+        "messages_digest_update",
+        "messages_digest_delete",
+        "turns_digest_update",
+        "turns_digest_delete",
+        "session_keys_digest_update",
+        "session_keys_digest_delete",
         "messages_fenced_insert",
         "messages_fenced_update",
         "messages_fenced_delete",
@@ -209,5 +217,6 @@ def drop_history_link_schema(conn: apsw.Connection) -> None:
         "messages_linked_kept",
     ):
         conn.execute(f"DROP TRIGGER {trigger}")
+    conn.execute("DROP TABLE history_digests")
     conn.execute("DROP TABLE history_fences")
     conn.execute("DROP TABLE history_links")
