@@ -146,7 +146,10 @@ def test_a_span_at_another_offset_and_a_longer_prefix(tmp_path: Path) -> None:
         path = _file(home, child)
         assert parsed.records == parse_rollout(path.read_bytes(), child).records
         # The proof's lines (the span's at this offset) are what a read of the file returns.
-        assert list(ThreadStore(home).load(child).lines) == read_rollout(path)
+        assert parsed.span is not None
+        taken = ThreadStore(home)
+        assert taken.adopt_decoded(path, parsed.data, parsed.records, known_lines(parsed, path))
+        assert list(taken.load(child).lines) == read_rollout(path)
 
 
 def test_a_bound_copy_cut_after_a_span_hit_is_read_from_disk_and_refused(tmp_path: Path) -> None:
@@ -165,12 +168,11 @@ def test_a_bound_copy_cut_after_a_span_hit_is_read_from_disk_and_refused(tmp_pat
 
 def test_spans_not_used_are_dropped(tmp_path: Path) -> None:
     store, root = _source(tmp_path)
-    binder = RolloutBinder(spans=ParsedSpans(idle_s=0.1))
+    binder = RolloutBinder(spans=ParsedSpans(idle_s=60.0))
     binder.bind(store.home, tmp_path / "a", _child(store, root))
     assert len(binder.spans) == 1
-    deadline = time.monotonic() + 20
-    while len(binder.spans) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert binder.spans.sweep(time.monotonic() + 30.0) == 0  # used within the idle time
+    assert binder.spans.sweep(time.monotonic() + 61.0) == 1
     assert len(binder.spans) == 0
 
 
