@@ -158,9 +158,10 @@ class ParsedRollout:
 # a name, a path, a size or a time: a changed byte anywhere in the span is a miss. The records
 # are shared, read-only, by every parse that took them (nobody mutates a decoded line).
 
-SPANS_MAX_BYTES = 24 << 20
-"""The rollout bytes the spans of one binder keep at most (a 10,000-Turn child's body is
-14.7 MB, its decoded records some hundreds of MB of objects): the least recently used go first."""
+SPANS_MAX_BYTES = 16 << 20
+"""The rollout bytes the spans of one binder keep at most, the least recently used going first:
+room for a 10,000-Turn source's body (14.7 MB). A span keeps ~4.6 times its bytes resident
+(the 10,000-Turn one ~67 MB: the bytes, the decoded records, the proof's lines and reduction)."""
 SPANS_MAX = 64
 """Spans kept at most (each forking source keeps one: its latest child's body)."""
 SPANS_IDLE_S = 120.0
