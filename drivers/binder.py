@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import stat
 import threading
@@ -496,16 +497,62 @@ def fsync_dir(path: Path | str) -> None:
 
 
 _SYNC_THREADS = 8
-_sync_pool: ThreadPoolExecutor | None = None
+_sync_queue: queue.SimpleQueue[tuple[_Round, Callable[[], None]]] = queue.SimpleQueue()
+_sync_threads = 0
 _sync_pool_lock = threading.Lock()
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _sync_pool
+class _Round:
+    """The syncs of one `sync_together` call handed to the sync threads: `wait()` returns once
+    each has ended. A counter and a lock as the latch, not a `Future` per sync: the
+    executor's submit, its futures' conditions and their wake-ups were a quarter of the
+    worker's own CPU per small fork at 16 clients (py-spy, GIL held)."""
+
+    __slots__ = ("_done", "_error", "_left", "_lock")
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._lock = threading.Lock()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._error: BaseException | None = None
+
+    def run(self, call: Callable[[], None]) -> None:
+        error: BaseException | None = None
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the round's waiter
+            error = exc
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._done.release()
+
+    def wait(self) -> BaseException | None:
+        """Once every sync has ended: the first error, if any."""
+        self._done.acquire()
+        self._done.release()
+        return self._error
+
+
+def _sync_thread() -> None:
+    while True:
+        sync_round, call = _sync_queue.get()
+        sync_round.run(call)
+        del sync_round, call
+
+
+def _start_sync_threads() -> None:
+    global _sync_threads
     with _sync_pool_lock:
-        if _sync_pool is None:
-            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="fsync")
-        return _sync_pool
+        while _sync_threads < _SYNC_THREADS:
+            _sync_threads += 1
+            threading.Thread(
+                target=_sync_thread, name=f"fsync-{_sync_threads}", daemon=True
+            ).start()
 
 
 def sync_together(calls: Sequence[Callable[[], None]]) -> None:
@@ -513,22 +560,24 @@ def sync_together(calls: Sequence[Callable[[], None]]) -> None:
     error, if any, is raised then). Why: each `fsync` in a row waited for a journal
     commit of its own (~1 ms on this disk, most of a fork's binder time); fsyncs issued
     together join the same ext4/jbd2 commit. Only syncs with no order between them may be
-    passed: a caller that needs "A durable before B exists" runs two rounds."""
+    passed: a caller that needs "A durable before B exists" runs two rounds. The first runs
+    on the caller's thread, the others on the sync threads (`_Round`)."""
     if len(calls) <= 1:
         for call in calls:
             call()
         return
-    futures = [_pool().submit(call) for call in calls[1:]]
+    if _sync_threads < _SYNC_THREADS:
+        _start_sync_threads()
+    sync_round = _Round(len(calls) - 1)
+    for call in calls[1:]:
+        _sync_queue.put((sync_round, call))
     error: BaseException | None = None
     try:
         calls[0]()
     except BaseException as exc:  # noqa: BLE001 - raised once every sync has ended
         error = exc
-    for future in futures:
-        try:
-            future.result()
-        except BaseException as exc:  # noqa: BLE001
-            error = error or exc
+    waited = sync_round.wait()  # every sync ended, whatever the first one did
+    error = error or waited
     if error is not None:
         raise error
 
