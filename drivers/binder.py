@@ -21,9 +21,11 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -118,6 +120,16 @@ def validate_rollout(data: bytes, thread_id: str) -> RolloutMeta:
 
 
 @dataclass(frozen=True, slots=True)
+class SpanUse:
+    """Where a validated `Span` lies in a rollout's bytes: from byte `start` (right after its
+    first line) and record index `index` (1), `len(span.records)` lines."""
+
+    span: Span
+    start: int
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
 class ParsedRollout:
     """A validated rollout's bytes and each line's decoded JSON object, in order: what a
     reader of the same bytes would decode, so a later reader (the readability proof) that
@@ -126,16 +138,173 @@ class ParsedRollout:
     meta: RolloutMeta
     data: bytes
     records: Sequence[dict[str, Any]]
+    span: SpanUse | None = None
+    """The run of lines whose decoding came from `ParsedSpans` (its bytes compared equal), if
+    any: a reader may reuse what it derived from that span's records before (`Span.derived`)."""
 
 
-def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
+# --------------------------------------------------------------------------- validated spans
+# A fork child of tutti-agent is its own `session_meta` line, the source's lines up to the
+# boundary as the source's file holds them (their bytes, not re-encoded), and its own settings
+# line; the next fork of the same source through the same (or a later) Turn copies the same
+# bytes again. `ParsedSpans` keeps, per worker (one per binder), the body of each rollout the
+# binder validated — its lines after the first and before the last, their bytes and decoded
+# records — and a later rollout whose bytes after its own first line *begin with exactly those
+# bytes* (compared in full, `bytes.startswith`) takes those lines' records instead of decoding
+# them again. Sound because a line's decoding and its checks are a function of its bytes alone
+# (and of nothing else of the file: `fast_loads` only picks the decoder that returns the
+# standard library's value), and the span starts and ends at line boundaries of both files; the
+# checks that span lines of the new file — the ordinal order across the span's two ends, the
+# first line's identity, every line outside the span — run as for any file. Nothing is keyed by
+# a name, a path, a size or a time: a changed byte anywhere in the span is a miss. The records
+# are shared, read-only, by every parse that took them (nobody mutates a decoded line).
+
+SPANS_MAX_BYTES = 16 << 20
+"""The rollout bytes the spans of one binder keep at most, the least recently used going first:
+room for a 10,000-Turn source's body (14.7 MB). A span keeps ~4.6 times its bytes resident
+(the 10,000-Turn one ~67 MB: the bytes, the decoded records, the proof's lines and reduction)."""
+SPANS_MAX = 64
+"""Spans kept at most (each forking source keeps one: its latest child's body)."""
+SPANS_IDLE_S = 120.0
+"""A span not used for this long is dropped (a worker that stopped forking frees its memory)."""
+
+
+@dataclass(slots=True, eq=False)
+class Span:
+    """A run of complete lines (each ending in a newline) this process validated, their
+    decoded records, and what readers derived from those records (`derived`, by the reader's
+    key: a function of the records alone, e.g. tutti_agent's lines at a base offset)."""
+
+    data: bytes
+    records: tuple[dict[str, Any], ...]
+    first_ordinal: int
+    last_ordinal: int
+    used: float = 0.0
+    derived: dict[str, Any] = field(default_factory=dict)
+
+
+class ParsedSpans:
+    """The validated spans of one binder (see the comment above); thread-safe."""
+
+    def __init__(
+        self,
+        max_bytes: int = SPANS_MAX_BYTES,
+        max_spans: int = SPANS_MAX,
+        idle_s: float = SPANS_IDLE_S,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.max_spans = max_spans
+        self.idle_s = idle_s
+        self._lock = threading.Lock()
+        self._spans: list[Span] = []  # least recently used first
+        self._sweeper = False
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._spans)
+
+    def match(self, data: bytes, start: int) -> Span | None:
+        """The longest kept span that `data` holds exactly from byte `start` on."""
+        best: Span | None = None
+        with self._lock:
+            for span in self._spans:
+                if (best is None or len(span.data) > len(best.data)) and data.startswith(
+                    span.data, start
+                ):
+                    best = span
+            if best is not None:
+                self._spans.remove(best)
+                self._spans.append(best)
+                best.used = time.monotonic()
+                self.hits += 1
+            else:
+                self.misses += 1
+        return best
+
+    def remember(
+        self, data: bytes, records: Sequence[dict[str, Any]], used: Span | None
+    ) -> Span | None:
+        """Keep the body of a rollout just validated (`records` its decoded lines): its lines
+        after the first and before the last, unless `used` (the span its parse took) is that
+        very body already. Returns the span that now holds the body (else `used`)."""
+        if len(records) < 3:
+            return used
+        start = data.index(b"\n") + 1
+        stop = data.rindex(b"\n", 0, len(data) - 1) + 1
+        if stop - start > self.max_bytes:
+            return used
+        if used is not None and len(used.data) == stop - start:
+            return used  # the same body (it matched from `start`, and has this length)
+        body = records[1:-1]
+        span = Span(
+            data[start:stop],
+            tuple(body),
+            body[0]["ordinal"],
+            body[-1]["ordinal"],
+            time.monotonic(),
+        )
+        dropped: list[Span] = []
+        with self._lock:
+            # A span this one extends (the same source forked through a later Turn) or equals
+            # is of no more use.
+            keep = [s for s in self._spans if not span.data.startswith(s.data)]
+            dropped = [s for s in self._spans if s not in keep]
+            keep.append(span)
+            total = sum(len(s.data) for s in keep)
+            while len(keep) > self.max_spans or total > self.max_bytes:
+                dropped.append(keep.pop(0))
+                total -= len(dropped[-1].data)
+            self._spans = keep
+            start_sweeper = not self._sweeper
+            self._sweeper = True
+        if start_sweeper:
+            threading.Thread(target=self._sweep, name="span-sweep", daemon=True).start()
+        if dropped:
+            # A big span is about a million objects: freed off the fork's path (never
+            # emptied in place: a parse that took it a moment ago may still read it).
+            threading.Thread(target=_free_later, args=(dropped,), daemon=True).start()
+        return span
+
+    def clear(self) -> None:
+        with self._lock:
+            self._spans = []
+
+    def sweep(self, now: float | None = None) -> int:
+        """Drop the spans not used for `idle_s` before `now` (freed here, by reference
+        counting, once no parse holds them any more); how many were dropped."""
+        at = time.monotonic() if now is None else now
+        with self._lock:
+            old = [s for s in self._spans if at - s.used > self.idle_s]
+            self._spans = [s for s in self._spans if s not in old]
+        return len(old)
+
+    def _sweep(self) -> None:
+        """`sweep` every half idle period, for ever (a daemon thread)."""
+        while True:
+            time.sleep(max(0.05, self.idle_s / 2))
+            self.sweep()
+
+
+def _free_later(spans: list[Span]) -> None:
+    """Drop `spans` once the parse that replaced them has returned (its own references gone)."""
+    time.sleep(0.05)
+    spans.clear()
+
+
+def parse_rollout(data: bytes, thread_id: str, spans: ParsedSpans | None = None) -> ParsedRollout:
     """`validate_rollout`, keeping the decoded lines.
 
     Every line is still parsed on its own (a line holding two objects, or half of one, is a
     defect) and judged as the standard library's decoder judges it: by orjson where that
     returns the same (`tutti_agent.rollout.fast_loads`), else the line's text through the standard
     library's decoder (NaN, a lone surrogate, ... accepted or refused, and named, as before).
-    The file must be UTF-8 as a whole."""
+    The file must be UTF-8 as a whole.
+
+    `spans`: the lines after the first that are byte for byte a span this binder validated
+    before take that span's records (`ParsedSpans`); the rest is decoded and every ordinal
+    checked across the span's ends; the body is then kept for the next parse."""
     if not data:
         raise ValueError("empty rollout")
     if not data.endswith(b"\n"):
@@ -146,13 +315,62 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
         except UnicodeDecodeError as exc:
             line = data.count(b"\n", 0, exc.start) + 1
             raise ValueError(f"line {line}: not UTF-8") from None
+    span = None
+    if spans is not None:
+        first_end = data.index(b"\n") + 1
+        span = spans.match(data, first_end)
+    if span is None:
+        records, previous = _parse_lines(data, 0, None)
+        use = None
+    else:
+        after = first_end + len(span.data)
+        records, previous = _parse_lines(data[:first_end], 0, None)
+        if span.first_ordinal <= records[0]["ordinal"]:
+            raise ValueError("line 2: ordinal not increasing")
+        tail, previous = _parse_lines(data[after:], 1 + len(span.records), span.last_ordinal)
+        records = [*records, *span.records, *tail]
+        use = SpanUse(span, first_end, 1)
+    first = records[0]
+    assert previous is not None
+    if first["type"] != "session_meta":
+        raise ValueError("first line is not session_meta")
+    payload = first["payload"]
+    if payload.get("id") != thread_id:
+        raise ValueError(f"session_meta.id is {payload.get('id')!r}, expected {thread_id!r}")
+    forked_from = payload.get("forked_from_id")
+    # Referenced children start past ordinal 0 and name the ordinal they read through.
+    referenced = bool(forked_from) and (
+        payload.get("forked_from_ordinal_exclusive") is not None
+        or payload.get("history_base") is not None
+        or first["ordinal"] > 0
+    )
+    meta = RolloutMeta(
+        thread_id=thread_id,
+        first_ordinal=first["ordinal"],
+        last_ordinal=previous,
+        forked_from_id=str(forked_from) if forked_from else None,
+        referenced=referenced,
+    )
+    if spans is not None:
+        kept = spans.remember(data, records, span)
+        if kept is not None and kept is not span:
+            # This parse's own body, kept: a reader derives from it once, for the next fork.
+            use = SpanUse(kept, data.index(b"\n") + 1, 1)
+    return ParsedRollout(meta, data, records, use)
+
+
+def _parse_lines(
+    data: bytes, first: int, previous: int | None
+) -> tuple[list[dict[str, Any]], int | None]:
+    """The records of `data`'s lines (complete, UTF-8; the first is line `first + 1` of its
+    file), each checked, their ordinals increasing from after `previous`; and the last
+    ordinal."""
     loads = fast_loads(data, _standard_line)
     records: list[dict[str, Any]] = []
     append = records.append
-    previous: int | None = None
     raws = data.split(b"\n")
     del raws[-1]  # after the last newline: nothing (not a copy of the data less its newline)
-    for index, raw in enumerate(raws):
+    for index, raw in enumerate(raws, start=first):
         try:
             try:
                 obj = loads(raw)
@@ -176,28 +394,7 @@ def parse_rollout(data: bytes, thread_id: str) -> ParsedRollout:
             raise ValueError(f"line {index + 1}: ordinal not increasing")
         previous = ordinal
         append(obj)
-    first = records[0]
-    assert previous is not None
-    if first["type"] != "session_meta":
-        raise ValueError("first line is not session_meta")
-    payload = first["payload"]
-    if payload.get("id") != thread_id:
-        raise ValueError(f"session_meta.id is {payload.get('id')!r}, expected {thread_id!r}")
-    forked_from = payload.get("forked_from_id")
-    # Referenced children start past ordinal 0 and name the ordinal they read through.
-    referenced = bool(forked_from) and (
-        payload.get("forked_from_ordinal_exclusive") is not None
-        or payload.get("history_base") is not None
-        or first["ordinal"] > 0
-    )
-    meta = RolloutMeta(
-        thread_id=thread_id,
-        first_ordinal=first["ordinal"],
-        last_ordinal=previous,
-        forked_from_id=str(forked_from) if forked_from else None,
-        referenced=referenced,
-    )
-    return ParsedRollout(meta, data, records)
+    return records, previous
 
 
 def first_line_identity(data: bytes) -> str | None:
@@ -278,14 +475,15 @@ def rollout_matches(home: Path, thread_id: str) -> list[Path]:
 def read_regular(path: Path) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise BinderError(BindFailure.TARGET_NOT_REGULAR, f"{path} is not a regular file")
-        chunks: list[bytes] = []
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
+        # The size it has now in one read (no chunks joined: a 14.7 MB rollout was copied once
+        # more by the join), then on to the end, should it have grown meanwhile.
+        chunks = [os.read(fd, max(st.st_size, 1 << 16))]
+        while chunks[-1]:
+            chunks.append(os.read(fd, 1 << 20))
+        return chunks[0] if len(chunks) == 2 else b"".join(chunks)
     finally:
         os.close(fd)
 
@@ -299,16 +497,62 @@ def fsync_dir(path: Path | str) -> None:
 
 
 _SYNC_THREADS = 8
-_sync_pool: ThreadPoolExecutor | None = None
+_sync_queue: queue.SimpleQueue[tuple[_Round, Callable[[], None]]] = queue.SimpleQueue()
+_sync_threads = 0
 _sync_pool_lock = threading.Lock()
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _sync_pool
+class _Round:
+    """The syncs of one `sync_together` call handed to the sync threads: `wait()` returns once
+    each has ended. A counter and a lock as the latch, not a `Future` per sync: the
+    executor's submit, its futures' conditions and their wake-ups were a quarter of the
+    worker's own CPU per small fork at 16 clients (py-spy, GIL held)."""
+
+    __slots__ = ("_done", "_error", "_left", "_lock")
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._lock = threading.Lock()
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._error: BaseException | None = None
+
+    def run(self, call: Callable[[], None]) -> None:
+        error: BaseException | None = None
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - handed to the round's waiter
+            error = exc
+        with self._lock:
+            if error is not None and self._error is None:
+                self._error = error
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._done.release()
+
+    def wait(self) -> BaseException | None:
+        """Once every sync has ended: the first error, if any."""
+        self._done.acquire()
+        self._done.release()
+        return self._error
+
+
+def _sync_thread() -> None:
+    while True:
+        sync_round, call = _sync_queue.get()
+        sync_round.run(call)
+        del sync_round, call
+
+
+def _start_sync_threads() -> None:
+    global _sync_threads
     with _sync_pool_lock:
-        if _sync_pool is None:
-            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="fsync")
-        return _sync_pool
+        while _sync_threads < _SYNC_THREADS:
+            _sync_threads += 1
+            threading.Thread(
+                target=_sync_thread, name=f"fsync-{_sync_threads}", daemon=True
+            ).start()
 
 
 def sync_together(calls: Sequence[Callable[[], None]]) -> None:
@@ -316,22 +560,24 @@ def sync_together(calls: Sequence[Callable[[], None]]) -> None:
     error, if any, is raised then). Why: each `fsync` in a row waited for a journal
     commit of its own (~1 ms on this disk, most of a fork's binder time); fsyncs issued
     together join the same ext4/jbd2 commit. Only syncs with no order between them may be
-    passed: a caller that needs "A durable before B exists" runs two rounds."""
+    passed: a caller that needs "A durable before B exists" runs two rounds. The first runs
+    on the caller's thread, the others on the sync threads (`_Round`)."""
     if len(calls) <= 1:
         for call in calls:
             call()
         return
-    futures = [_pool().submit(call) for call in calls[1:]]
+    if _sync_threads < _SYNC_THREADS:
+        _start_sync_threads()
+    sync_round = _Round(len(calls) - 1)
+    for call in calls[1:]:
+        _sync_queue.put((sync_round, call))
     error: BaseException | None = None
     try:
         calls[0]()
     except BaseException as exc:  # noqa: BLE001 - raised once every sync has ended
         error = exc
-    for future in futures:
-        try:
-            future.result()
-        except BaseException as exc:  # noqa: BLE001
-            error = error or exc
+    waited = sync_round.wait()  # every sync ended, whatever the first one did
+    error = error or waited
     if error is not None:
         raise error
 
@@ -653,8 +899,13 @@ class RolloutBinder:
     """Binds fork children between rollout homes; stateless, safe to call concurrently for
     different targets and idempotent for the same one."""
 
-    def __init__(self, failpoints: Failpoints | None = None) -> None:
+    def __init__(
+        self, failpoints: Failpoints | None = None, spans: ParsedSpans | None = None
+    ) -> None:
         self._failpoints = failpoints or Failpoints()
+        self.spans = ParsedSpans() if spans is None else spans
+        """The bodies of the rollouts this binder validated, for the next parse of the same
+        bytes (`ParsedSpans`): a source forked again copies the same lines into its child."""
 
     def available(self) -> bool:
         """What an attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
@@ -761,7 +1012,7 @@ class RolloutBinder:
             if target_existing is None or target_bytes is None:
                 raise BinderError(BindFailure.SOURCE_ROLLOUT_MISSING, f"no rollout for {thread_id}")
             try:
-                kept = parse_rollout(target_bytes, thread_id)
+                kept = parse_rollout(target_bytes, thread_id, self.spans)
             except ValueError as exc:
                 raise BinderError(
                     BindFailure.SOURCE_ROLLOUT_MISSING, f"and target: {exc}"
@@ -785,7 +1036,7 @@ class RolloutBinder:
         assert_no_symlink(source, must_exist=True, below=source_home)
         source_bytes = self._read(source)
         try:
-            parsed = parse_rollout(source_bytes, thread_id)
+            parsed = parse_rollout(source_bytes, thread_id, self.spans)
         except ValueError as exc:
             failure = (
                 BindFailure.SOURCE_IDENTITY_MISMATCH
@@ -816,7 +1067,7 @@ class RolloutBinder:
             return plan(BindAction.IDENTICAL, target_bytes)
         if target_bytes.startswith(source_bytes):
             try:
-                kept_parse = parse_rollout(target_bytes, thread_id)
+                kept_parse = parse_rollout(target_bytes, thread_id, self.spans)
             except ValueError as exc:
                 # Rolling back would destroy the child's own history: refuse instead.
                 raise BinderError(

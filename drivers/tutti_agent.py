@@ -141,6 +141,7 @@ def prove_tutti_child(
     `litter`: the reader's store and the child's history go there (freed by the caller after
     the verdict is answered: 120,000 line objects for a 10,000-Turn child), not freed here."""
     import tutti_agent
+    from drivers.tutti_proof import known_lines, known_run
     from tutti_agent.errors import AppServerError, RolloutCorrupt
     from tutti_agent.history import TurnStatus, build_turns
     from tutti_agent.store import ThreadStore
@@ -155,7 +156,8 @@ def prove_tutti_child(
         litter.append(store)  # its parse of the child, kept until the caller frees it
     try:
         for path, parsed in (known or {}).items():
-            store.adopt_decoded(Path(path), parsed.data, parsed.records)
+            lines = known_lines(parsed, Path(path))
+            store.adopt_decoded(Path(path), parsed.data, parsed.records, lines)
         history = store.load(child_id)
         if litter is not None:
             litter.append(history)
@@ -165,7 +167,8 @@ def prove_tutti_child(
         return f"child rollout names source {history.forked_from_id!r}, not {source_id!r}"
     # The reduction the app-server's `thread/read` projects turns with; only the turns' ids
     # and statuses are judged, so without their items (`turnItems: false`'s reduction).
-    turns = build_turns(history.items, with_items=False)
+    run = known_run(history, (known or {}).values())  # a span's reduction made before
+    turns = build_turns(history.items, with_items=False, run=run)
     if any(t.id is None for t in turns):
         raise ReaderNotApplicable("the child's history holds legacy turns without ids")
     return prefix_problem([(t.id, t.status is TurnStatus.IN_PROGRESS) for t in turns], prefix)

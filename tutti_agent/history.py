@@ -7,7 +7,7 @@ and the property tests exercise exactly the same rules."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, NamedTuple
 
@@ -143,6 +143,10 @@ class _OpenTurn:
     status: TurnStatus = TurnStatus.IN_PROGRESS
 
 
+def _copy(turn: _OpenTurn | None) -> _OpenTurn | None:
+    return None if turn is None else replace(turn, items=list(turn.items))
+
+
 class ThreadHistoryBuilder:
     """Reduces rollout items into turns, tracking the active (unfinished) turn.
 
@@ -243,6 +247,19 @@ class ThreadHistoryBuilder:
     def has_active_turn(self) -> bool:
         return self._active is not None
 
+    def initial(self) -> bool:
+        """Nothing reduced yet changed the state: no turn closed, none open."""
+        return not self._turns and self._active is None
+
+    def state(self, start: int, stop: int) -> ReducedRun:
+        """This reducer's state as a `ReducedRun` of `items[start:stop]` (a copy)."""
+        return ReducedRun(start, stop, self._with_items, tuple(self._turns), _copy(self._active))
+
+    def resume(self, run: ReducedRun) -> None:
+        """Continue from `run`'s state (its open turn copied: `run` stays reusable)."""
+        self._turns = list(run.turns)
+        self._active = _copy(run.active)
+
     def active_turn_id_if_explicit(self) -> str | None:
         if self._active is not None and self._active.explicit:
             return self._active.id
@@ -273,12 +290,49 @@ class ThreadHistoryBuilder:
         return [*self._turns, active] if active is not None else list(self._turns)
 
 
-def build_turns(items: Sequence[RolloutItem], *, with_items: bool = True) -> list[TurnRecord]:
-    """The turns of `items`; `with_items=False`: each turn's `items` left empty."""
+def build_turns(
+    items: Sequence[RolloutItem], *, with_items: bool = True, run: ReducedRun | None = None
+) -> list[TurnRecord]:
+    """The turns of `items`; `with_items=False`: each turn's `items` left empty.
+
+    `run`: the reduction of `items[run.start:run.stop]` from the reducer's initial state
+    (`reduce_run`), which the caller knows to be those very items (equal items reduce
+    equally): used when the items before `run.start` leave the reducer in its initial state
+    (as a `session_meta` line does), so those lines are not reduced again; else ignored."""
     builder = ThreadHistoryBuilder(with_items=with_items)
-    for i, item in enumerate(items):
-        builder.handle(i, item)
+    begin = 0
+    if run is not None and run.with_items == with_items and run.stop <= len(items):
+        for i in range(run.start):
+            builder.handle(i, items[i])
+        if builder.initial():
+            builder.resume(run)
+            begin = run.stop
+        else:
+            begin = run.start
+    for i in range(begin, len(items)):
+        builder.handle(i, items[i])
     return builder.turns()
+
+
+class ReducedRun(NamedTuple):
+    """The reducer's state after `items[start:stop]` of some history, reduced from its initial
+    state: the turns it closed and the one it left open (`reduce_run`)."""
+
+    start: int
+    stop: int
+    with_items: bool
+    turns: tuple[TurnRecord, ...]
+    active: _OpenTurn | None
+
+
+def reduce_run(
+    items: Sequence[RolloutItem], start: int, stop: int, *, with_items: bool = True
+) -> ReducedRun:
+    """`items[start:stop]` reduced from the initial state (indices as in `items`)."""
+    builder = ThreadHistoryBuilder(with_items=with_items)
+    for i in range(start, stop):
+        builder.handle(i, items[i])
+    return builder.state(start, stop)
 
 
 def snapshot_turn_state(items: Sequence[RolloutItem]) -> SnapshotTurnState:

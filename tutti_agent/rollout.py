@@ -291,12 +291,48 @@ def _standard_ascii(raw: bytes) -> Any:
     return _DECODE(raw.decode("ascii"))
 
 
+class KnownLines(NamedTuple):
+    """Lines already built (`lines_of_decoded`) for the records `first`, `first + 1`, ... of a
+    file, their line starting at byte `start` (offsets absolute in that file)."""
+
+    first: int
+    start: int
+    lines: Sequence[RolloutLine]
+
+
 def lines_of_decoded(
-    data: bytes, records: Sequence[Mapping[str, Any]], path: Path
+    data: bytes,
+    records: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    base: int = 0,
+    known: KnownLines | None = None,
 ) -> list[RolloutLine]:
     """The lines `read_rollout` returns for a file holding `data` (complete lines only, every
     one ending in a newline), given each line's JSON already decoded by a caller that checked
-    those very bytes: the same lines, offsets and errors, without decoding again."""
+    those very bytes: the same lines, offsets and errors, without decoding again.
+
+    `base`: `data` starts at that byte of its file (the offsets count from there). `known`:
+    the lines of a run of these records built before from the same records at the same
+    offsets (the caller vouches for both: `ParsedSpans` compared the bytes): taken as they
+    are, only the lines around them are built."""
+    if known is not None and known.lines:
+        n, last = len(known.lines), known.lines[-1]
+        stop = last.end_byte_offset - base
+        if (
+            known.first + n > len(records)
+            or known.lines[0].item.payload is not records[known.first]["payload"]
+            or last.item.payload is not records[known.first + n - 1]["payload"]
+            or not 0 <= known.start - base <= stop <= len(data)
+        ):
+            raise ValueError("the known lines are not these records' lines")
+        return [
+            *lines_of_decoded(data[: known.start - base], records[: known.first], path, base=base),
+            *known.lines,
+            *lines_of_decoded(
+                data[stop:], records[known.first + n :], path, base=last.end_byte_offset
+            ),
+        ]
     raws = data.split(b"\n")
     if raws[-1] != b"" or len(raws) - 1 != len(records):
         raise ValueError("the decoded records are not the lines of these bytes")
@@ -304,7 +340,7 @@ def lines_of_decoded(
     lines: list[RolloutLine] = []
     append = lines.append
     new = tuple.__new__  # as in `_read_lines`
-    offset = 0
+    offset = base
     with gc_paused():
         # `_read_lines`' loop with each line's JSON taken from `records`, in a loop of its own:
         # a call per line fewer (the records' iterator) for the 60,000 lines of a 10,000-Turn

@@ -26,6 +26,7 @@ from tutti_agent.errors import (
 from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
 from tutti_agent.rollout import (
     CopiedSpan,
+    KnownLines,
     LineType,
     RolloutItem,
     RolloutLine,
@@ -43,6 +44,7 @@ from tutti_agent.rollout import (
 
 _HEADER_EVENTS = frozenset({"thread_settings_applied"})
 _ITEM = itemgetter(2)
+_ORDINAL = itemgetter(0)
 """A `RolloutLine`'s item (its third field), for `map`: a 60,000-line history's items are
 listed in C, not by a Python-level loop."""
 _ITEM_TYPE = attrgetter("item.type")
@@ -329,15 +331,22 @@ class ThreadStore:
             return None
         return lines
 
-    def adopt_decoded(self, path: Path, data: bytes, records: Sequence[Mapping[str, Any]]) -> bool:
+    def adopt_decoded(
+        self,
+        path: Path,
+        data: bytes,
+        records: Sequence[Mapping[str, Any]],
+        known: KnownLines | None = None,
+    ) -> bool:
         """Take `records` — each line of `data` decoded, by a caller that validated those very
         bytes — as the parse of the file at `path`, if the file holds exactly `data` (read
         here, in full, and compared): its next `load` assembles them instead of decoding
-        the file again. False (nothing taken) when the file holds anything else."""
+        the file again. False (nothing taken) when the file holds anything else. `known`: some
+        of those lines already built (`lines_of_decoded`)."""
         key = _file_key(path)
         if key[2] != len(data) or read_file(path) != data or _file_key(path) != key:
             return False
-        lines = lines_of_decoded(data, records, path)
+        lines = lines_of_decoded(data, records, path, known=known)
         with self._cache_lock:
             self._parsed[path] = (key, lines)
             self._parsed.move_to_end(path)
@@ -566,9 +575,11 @@ class ThreadStore:
         first = base.end_ordinal_exclusive if base is not None else 0
         if own[0].ordinal != first:
             raise LineageError(thread_id, "first ordinal does not match history_base")
-        for expected, line in enumerate(own, start=first):
-            if line.ordinal != expected:
-                raise LineageError(thread_id, f"ordinal gap at {expected}")
+        if list(map(_ORDINAL, own)) != list(range(first, first + len(own))):
+            # Contiguous from `first` or not, compared in C; the loop only names the gap.
+            for expected, line in enumerate(own, start=first):
+                if line.ordinal != expected:
+                    raise LineageError(thread_id, f"ordinal gap at {expected}")
         segment = Segment(
             thread_id=thread_id,
             path=path,

@@ -305,3 +305,31 @@ def test_dirs_ahead_fsyncs_every_created_parent_in_one_round(
     widths.clear()
     DirsAhead(path).ready()
     assert widths in ([], [0])
+
+
+@pytest.mark.parametrize("failing", [0, 2])
+def test_a_rounds_error_is_raised_once_every_sync_of_it_has_ended(failing: int) -> None:
+    """`sync_together` raises the first error only after every sync of the round ended, the
+    one on the caller's thread (0) or one on the sync threads (2) failing: a caller that
+    fails closed never leaves a sync of its round running behind it."""
+    import threading
+
+    from drivers.binder import sync_together
+
+    ended: list[int] = []
+    gate = threading.Event()
+
+    def sync(i: int) -> Callable[[], None]:
+        def run() -> None:
+            if i == 3:
+                assert gate.wait(10)  # still running when the failing one has failed
+            ended.append(i)
+            if i == failing:
+                gate.set()
+                raise OSError(f"sync {i} failed")
+
+        return run
+
+    with pytest.raises(OSError, match=f"sync {failing} failed"):
+        sync_together([sync(i) for i in range(4)])
+    assert sorted(ended) == [0, 1, 2, 3]

@@ -1,0 +1,201 @@
+"""The binder's validated spans (`drivers.binder.ParsedSpans`): a second child of the same source
+takes the lines it shares byte for byte with one validated before instead of decoding them
+again, and the readability proof takes what it derived from them (lines, lean reduction) — and
+a child that differs from the kept span anywhere, at any length, is decoded and judged as if
+nothing were kept (a changed turn id in the middle of the span still ends the proof in a
+problem: a span matched by anything but its bytes would pass it)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import tutti_agent
+from drivers.binder import (
+    BinderError,
+    ParsedSpans,
+    RolloutBinder,
+    iter_rollouts,
+    parse_rollout,
+    rollout_matches,
+)
+from drivers.tutti_agent import prove_tutti_child
+from drivers.tutti_proof import LEAN_RUN, LINES, known_lines
+from tests.tutti_agent.items import explicit_turn, user_msg
+from tests.tutti_agent.storeutil import write_root
+from tutti_agent.fork import ForkOptions, ForkService, ThroughTurn
+from tutti_agent.history import build_turns, reduce_run
+from tutti_agent.rollout import read_rollout
+from tutti_agent.store import ThreadStore
+
+pytestmark = pytest.mark.timeout(60)
+VERSION = tutti_agent.__version__
+TURNS = ["t1", "t2", "t3"]
+
+
+def _source(tmp_path: Path) -> tuple[ThreadStore, str]:
+    store = ThreadStore(tmp_path / "source")
+    items = [it for t in TURNS for it in explicit_turn(t, f"u-{t}", f"a-{t}")]
+    return store, write_root(store, items)
+
+
+def _child(store: ThreadStore, root: str, through: str = "t2") -> str:
+    child = ForkService(store).fork(root, ForkOptions(boundary=ThroughTurn(through))).child
+    assert child is not None
+    return child.thread_id
+
+
+def _file(home: Path, thread_id: str) -> Path:
+    [path] = rollout_matches(home, thread_id)
+    return path
+
+
+def test_a_second_child_takes_the_span_and_the_proof_its_lines_and_reduction(
+    tmp_path: Path,
+) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    prefix = TURNS[:2]
+    first, second = _child(store, root), _child(store, root)
+    r1 = binder.bind(store.home, tmp_path / "a", first)
+    assert (binder.spans.hits, binder.spans.misses) == (0, 1)
+    assert prove_tutti_child(tmp_path / "a", first, root, prefix, VERSION, r1.parsed) is None
+    r2 = binder.bind(store.home, tmp_path / "b", second)
+    assert binder.spans.hits == 1
+    [(path, parsed)] = r2.parsed.items()
+    assert parsed.span is not None and LINES in parsed.span.span.derived
+    # The records taken are the ones a decode of the file returns.
+    assert parsed.records == parse_rollout(Path(path).read_bytes(), second).records
+    assert prove_tutti_child(tmp_path / "b", second, root, prefix, VERSION, r2.parsed) is None
+    assert LEAN_RUN in parsed.span.span.derived
+    # The lines the proof assembled are the ones a read of the file returns.
+    target = ThreadStore(tmp_path / "b")
+    assert target.adopt_decoded(
+        Path(path), parsed.data, parsed.records, known_lines(parsed, Path(path))
+    )
+    assert list(target.load(second).lines) == read_rollout(Path(path))
+    # It still judges: another prefix is refused with everything reused.
+    assert prove_tutti_child(tmp_path / "b", second, root, TURNS[:1], VERSION, r2.parsed)
+
+
+def test_a_child_whose_span_differs_by_one_byte_is_decoded_and_refused(tmp_path: Path) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    first, second = _child(store, root), _child(store, root)
+    binder.bind(store.home, tmp_path / "a", first)
+    # The second child's copied lines changed at the same length: t1 → t9 in the middle.
+    path = _file(store.home, second)
+    data = path.read_bytes()
+    head = data.index(b"\n") + 1
+    changed = data[:head] + data[head:].replace(b'"t1"', b'"t9"')
+    assert len(changed) == len(data) and changed != data
+    path.write_bytes(changed)
+    receipt = binder.bind(store.home, tmp_path / "b", second)
+    assert binder.spans.hits == 0  # no span of the first child matches these bytes
+    [parsed] = receipt.parsed.values()
+    assert parsed.records == parse_rollout(changed, second).records
+    problem = prove_tutti_child(tmp_path / "b", second, root, TURNS[:2], VERSION, receipt.parsed)
+    assert problem is not None and "t9" in problem
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_the_ordinals_are_checked_across_a_spans_ends(tmp_path: Path, where: str) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    first, second = _child(store, root), _child(store, root)
+    binder.bind(store.home, tmp_path / "a", first)
+    path = _file(store.home, second)
+    data = path.read_bytes()
+    head = data.index(b"\n") + 1
+    last = data.rindex(b"\n", 0, len(data) - 1) + 1
+    if where == "first":  # the child's own first line now claims an ordinal past the span's
+        line = data[:head]
+        assert b'"ordinal":0' in line
+        data = line.replace(b'"ordinal":0', b'"ordinal":5') + data[head:]
+    else:  # its last line an ordinal inside the span's
+        line = data[last:]
+        ordinal = parse_rollout(path.read_bytes(), second).records[-1]["ordinal"]
+        data = data[:last] + line.replace(f'"ordinal":{ordinal}'.encode(), b'"ordinal":1')
+    path.write_bytes(data)
+    with pytest.raises(BinderError, match="ordinal not increasing"):
+        binder.bind(store.home, tmp_path / "b", second)
+    assert binder.spans.hits == 1  # the span was taken, and its ends still judged
+
+
+def test_a_span_at_another_offset_and_a_longer_prefix(tmp_path: Path) -> None:
+    """A child whose own first line has another length (another cwd) takes the span at its
+    offset; a fork through a later Turn takes the earlier span as the start of its own."""
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    first = _child(store, root)
+    other = ForkService(store).fork(
+        root, ForkOptions(boundary=ThroughTurn("t2"), cwd="/a/much/longer/working/directory")
+    ).child
+    assert other is not None
+    later = _child(store, root, "t3")
+    r0 = binder.bind(store.home, tmp_path / "a", first)
+    assert prove_tutti_child(tmp_path / "a", first, root, TURNS[:2], VERSION, r0.parsed) is None
+    cases = [(other.thread_id, tmp_path / "b", TURNS[:2]), (later, tmp_path / "c", TURNS)]
+    for hits, (child, home, prefix) in enumerate(cases, start=1):
+        receipt = binder.bind(store.home, home, child)
+        assert binder.spans.hits == hits
+        assert prove_tutti_child(home, child, root, prefix, VERSION, receipt.parsed) is None
+        [parsed] = receipt.parsed.values()
+        path = _file(home, child)
+        assert parsed.records == parse_rollout(path.read_bytes(), child).records
+        # The proof's lines (the span's at this offset) are what a read of the file returns.
+        assert parsed.span is not None
+        taken = ThreadStore(home)
+        assert taken.adopt_decoded(path, parsed.data, parsed.records, known_lines(parsed, path))
+        assert list(taken.load(child).lines) == read_rollout(path)
+
+
+def test_a_bound_copy_cut_after_a_span_hit_is_read_from_disk_and_refused(tmp_path: Path) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    first, second = _child(store, root), _child(store, root)
+    binder.bind(store.home, tmp_path / "a", first)
+    receipt = binder.bind(store.home, tmp_path / "b", second)
+    assert binder.spans.hits == 1
+    [copied] = list(iter_rollouts(tmp_path / "b"))
+    data = copied.read_bytes()
+    copied.write_bytes(data[: data.index(b"\n") + 1])  # what the tamper failpoint does
+    problem = prove_tutti_child(tmp_path / "b", second, root, TURNS[:2], VERSION, receipt.parsed)
+    assert problem is not None and "not the frozen prefix" in problem
+
+
+def test_spans_not_used_are_dropped(tmp_path: Path) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder(spans=ParsedSpans(idle_s=60.0))
+    binder.bind(store.home, tmp_path / "a", _child(store, root))
+    assert len(binder.spans) == 1
+    assert binder.spans.sweep(time.monotonic() + 30.0) == 0  # used within the idle time
+    assert binder.spans.sweep(time.monotonic() + 61.0) == 1
+    assert len(binder.spans) == 0
+
+
+def test_the_spans_are_bounded(tmp_path: Path) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder(spans=ParsedSpans(max_spans=1))
+    binder.bind(store.home, tmp_path / "a", _child(store, root, "t1"))
+    other = ThreadStore(tmp_path / "source")
+    root2 = write_root(other, explicit_turn("x1", "u", "a"))
+    binder.bind(store.home, tmp_path / "b", _child(store, root2, "x1"))
+    assert len(binder.spans) == 1
+    small = RolloutBinder(spans=ParsedSpans(max_bytes=10))
+    small.bind(store.home, tmp_path / "c", _child(store, root))
+    assert len(small.spans) == 0
+
+
+def test_a_reduction_resumed_from_a_run_is_the_reduction() -> None:
+    items = [it for t in ["a", "b", "c", "d"] for it in explicit_turn(t, f"u-{t}", f"r-{t}")]
+    open_last = [*items, *explicit_turn("e", "u-e", "r-e", closed=False)]
+    for history in (items, open_last, [user_msg("legacy"), *items]):
+        for with_items in (True, False):
+            whole = build_turns(history, with_items=with_items)
+            for start in range(0, 3):
+                for stop in range(start, len(history) + 1):
+                    run = reduce_run(history, start, stop, with_items=with_items)
+                    assert build_turns(history, with_items=with_items, run=run) == whole
