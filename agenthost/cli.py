@@ -174,6 +174,8 @@ def _serve(args: argparse.Namespace) -> int:
     accept_shim.log_status()
     gc_timings = gc_policy.GcTimings.from_env()
     print(json.dumps(daemon.ready_line()), flush=True)
+    # Ready: the providers' workers start now, in the background (never before this line).
+    daemon.start_workers_ahead()
     # Everything the start made (modules, classes, the store's statements, the actors) lives
     # as long as the process: kept out of the cyclic collector from now on, so a full
     # collection walks only what requests made since (this process is the daemon's alone;

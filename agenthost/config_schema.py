@@ -154,6 +154,13 @@ SCHEMA: tuple[Key, ...] = (
         4,
         "provider runtimes being started at once per provider; further cold turns queue",
     ),
+    Key(
+        "daemon",
+        "workers_ahead",
+        Bool(),
+        True,
+        "start the configured, installed providers' workers once the daemon is ready",
+    ),
     # Workspace checkpoints (docs/design/workspace.md): the files of each Turn's `cwd`.
     Key(
         "workspace",
@@ -411,6 +418,10 @@ class Config:
     @property
     def max_runtime_starts_per_provider(self) -> int:
         return int(self.get("daemon", "max_runtime_starts_per_provider"))
+
+    @property
+    def workers_ahead(self) -> bool:
+        return bool(self.get("daemon", "workers_ahead"))
 
     @property
     def checkpoints(self) -> bool:

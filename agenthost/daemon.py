@@ -60,7 +60,7 @@ from agenthost.home import (
 from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
-from agenthost.workers import SupervisorPort
+from agenthost.workers import SupervisorPort, providers_ahead
 from agenthost.worktree_delete import finish_removals
 from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
@@ -327,6 +327,33 @@ class Daemon:
         self._keeper.start()
         # Last: the commits' thread must not slow the start it was deferred out of.
         self.deferred_commits.start()
+
+    def start_workers_ahead(self) -> threading.Thread | None:
+        """Called once the ready line is out (`agenthost serve`): the configured, installed
+        providers' workers (`providers_ahead`) are spawned now rather than by their first
+        request, so the first Turn or fork after a start does not wait for a worker's
+        interpreter, imports and driver (each worker loads its driver as it starts). Never
+        before ready, and never beside start-up recovery: it waits until the commits deferred
+        past the ready line are made. Each worker is then the supervisor's as if a request
+        had spawned it (restarted on death, ended by `close`). Off with `workers_ahead =
+        false`."""
+        if not self.config.workers_ahead or getattr(self, "supervisor", None) is None:
+            return None
+        supervisor, deferred = self.supervisor, self.deferred_commits
+
+        def run() -> None:
+            while deferred is not None and not deferred.wait(0.25):
+                if self._closing.is_set():
+                    return
+            if self._closing.is_set():
+                return
+            for provider in providers_ahead(self.providers):
+                supervisor.start_ahead(provider)
+                log.info("worker of %s started ahead of its first use", provider)
+
+        thread = threading.Thread(target=run, name="agenthost-workers-ahead", daemon=True)
+        thread.start()
+        return thread
 
     # -- the home under the live daemon -----------------------------------------------------
 

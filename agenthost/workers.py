@@ -1,6 +1,7 @@
 """Adapts the drivers' WorkerSupervisor to the actors' WorkerPort: each typed call leaves as
 its method's params map and its answer is read back as its type, and the link's typed failures
-become the three delivery facts the saga reasons about.
+become the three delivery facts the saga reasons about. Also which providers' workers the
+daemon starts ahead of their first use (`providers_ahead`).
 
 `WorkerUnavailable` → `NotDelivered` (never left the host); `WorkerLost`/`WorkerTimeout` →
 `DeliveryUnknown` (may have happened); `WorkerError` → `WorkerFailed` (an answer). A
@@ -17,6 +18,8 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
+from agenthost import providers_info
+from domain.providers import PROVIDERS, TUTTI_AGENT
 from domain.worker_messages import (
     Attestation,
     ForkRequest,
@@ -63,6 +66,26 @@ def read_answer(answer: Future[dict[str, Any]], parse: Callable[[dict[str, Any]]
             out.set_exception(parse_exc)
 
     answer.add_done_callback(_done)
+    return out
+
+
+def providers_ahead(tables: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The providers whose workers the daemon starts once it is ready: tutti-agent (it ships
+    with the host) and each provider the configuration has a table for (`[providers.<name>]`,
+    or Codex recorded by `agenthost providers install`), in that order, if its program is
+    installed. One that is not is left out without a word: its first use answers
+    `provider_not_installed`, as before."""
+    names = [TUTTI_AGENT, *(name for name in tables if name != TUTTI_AGENT)]
+    out: list[str] = []
+    for name in names:
+        if name not in PROVIDERS:
+            continue
+        try:
+            path, _wanted = providers_info.program(name, tables.get(name, {}))
+        except Exception:  # noqa: BLE001 - a provider that cannot be located is not started
+            path = None
+        if path is not None:
+            out.append(name)
     return out
 
 

@@ -1,5 +1,6 @@
 """`WorkerSupervisor`: the host side of the driver workers — one isolated process per provider kind,
-spawned on demand, heartbeated, declared dead on exit or 5 s of silence, and restarted with backoff.
+spawned on demand (or ahead of it, `start_ahead`), heartbeated, declared dead on exit or 5 s
+of silence, and restarted with backoff.
 
 One loop thread owns every socket and child process (so Linux's parent-death signal stays tied
 to a thread that lives until `close()`); a second thread delivers results and events in arrival
@@ -327,6 +328,14 @@ class WorkerSupervisor:
         )
         return fut
 
+    def start_ahead(self, provider: str) -> None:
+        """Spawn `provider`'s worker now, before any request needs it, if it has none yet (a
+        worker once spawned is this supervisor's for good: restarted on death, closed by
+        `close`, exactly as one spawned by a request). Nothing is sent to it; a request made
+        meanwhile queues until its hello as usual. A no-op once closing."""
+        if not self._closing.is_set():
+            self._mailbox.put(("ahead", provider))
+
     def set_event_sink(self, fn: EventSink | None) -> None:
         self._deliveries.event_sink = fn
 
@@ -410,6 +419,8 @@ class WorkerSupervisor:
                         self._fail(item, WorkerUnavailable(f"{item.method} not sent: {exc}"))
                 elif kind == "failpoints":
                     self._forward_failpoints(item)
+                elif kind == "ahead":
+                    self._worker_of(item)
         for sock, worker in list(registered.items()):
             if sock in ready:
                 self._read(worker)
@@ -419,12 +430,17 @@ class WorkerSupervisor:
             self._tick()
         return False
 
-    def _submit(self, pending: Pending) -> None:
-        worker = self._workers.get(pending.provider)
+    def _worker_of(self, provider: str) -> WorkerRecord:
+        """`provider`'s worker record, its first incarnation spawned if it had none."""
+        worker = self._workers.get(provider)
         if worker is None:
-            worker = WorkerRecord(pending.provider)
-            self._workers[pending.provider] = worker
+            worker = WorkerRecord(provider)
+            self._workers[provider] = worker
             self._spawn(worker)
+        return worker
+
+    def _submit(self, pending: Pending) -> None:
+        worker = self._worker_of(pending.provider)
         if worker.state is WorkerState.READY:
             self._send(worker, pending)
         else:

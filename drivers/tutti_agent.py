@@ -76,6 +76,13 @@ class TuttiAgentProvider:
             argv += ["--instructions", str(self.config["instructions"])]
         return argv
 
+    def warm_up(self) -> None:
+        """What the worker's first fork imports lazily (the readability proof's reader), loaded
+        as the worker starts (`WorkerServer.preload`) instead of on that fork's path."""
+        import tutti_agent.errors
+        import tutti_agent.history
+        import tutti_agent.store  # noqa: F401
+
     def child_rollout_dir(self, target_home: Path) -> Path | None:
         """tutti-agent files a new rollout under `sessions/YYYY/MM/DD` of the UTC day it is
         created (`tutti_agent.rollout.new_rollout_path`): the child's, made during the fork,

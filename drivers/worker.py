@@ -40,8 +40,9 @@ log = logging.getLogger("agenthost.worker")
 ENV_PROVIDER_CONFIG = "AGENTHOST_PROVIDER_CONFIG"
 ENV_PARENT_PID = "AGENTHOST_WORKER_PARENT_PID"
 
-# provider kind → module exposing `create_driver(config, failpoints)`; imported on first use so
-# a worker starts fast and a provider whose driver is missing still answers typed errors.
+# provider kind → module exposing `create_driver(config, failpoints)`; imported by a thread of
+# its own once the worker has said hello (`WorkerServer.preload`), else on first use, so a
+# worker's hello is not late and a provider whose driver is missing still answers typed errors.
 DRIVER_MODULES: dict[str, str] = {
     "tutti-agent": "drivers.tutti_agent",
     "codex": "drivers.codex.driver",
@@ -284,6 +285,19 @@ class WorkerServer:
                 self._driver = module.create_driver(self.config, self.failpoints)
             return self._driver
 
+    def preload(self) -> None:
+        """Load the driver (and what its first runtime start and fork import: the driver's
+        `warm_up`) as the worker starts, on a thread of its own, so the first request does
+        not wait for the imports. A driver that cannot load is left for the first request to
+        report, typed, as before: nothing is logged here beyond a debug line."""
+        try:
+            driver = self.driver()
+            warm_up = getattr(driver, "warm_up", None)
+            if warm_up is not None:
+                warm_up()
+        except Exception as exc:  # noqa: BLE001 - the first request reports it
+            log.debug("driver of %s not preloaded: %s", self.provider, exc)
+
     def emit(self, agent_session_id: str, event: TurnEvent) -> None:
         """Send one turn event: a driver hands a typed `TurnEvent`, serialised here, at the edge
         of the worker (`to_wire`, the map of internals.md key for key); the host reads it back
@@ -375,7 +389,13 @@ class WorkerServer:
             raise InvalidRequest(str(exc)) from exc
 
     def _ping(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return {"pid": os.getpid(), "provider": self.provider, "version": WORKER_VERSION}
+        return {
+            "pid": os.getpid(),
+            "provider": self.provider,
+            "version": WORKER_VERSION,
+            # Whether the driver is loaded (by `preload` as the worker started, or by a request).
+            "driverLoaded": self._driver is not None,
+        }
 
     def _sleep(self, params: Mapping[str, Any]) -> dict[str, Any]:
         ms = int(params.get("ms", 0))
@@ -455,6 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.link = link
     link.start()
+    # After the hello is on its way: the driver loads while the host has nothing to ask yet.
+    threading.Thread(target=server.preload, name="driver-preload", daemon=True).start()
     while not signalled and not stop.wait(0.2):
         pass
     server.close()

@@ -109,6 +109,13 @@ class AppServerDriver:
         """The provider's app-server command line."""
         return self.provider.command()
 
+    def warm_up(self) -> None:
+        """Called once as the worker starts (`WorkerServer.preload`): the provider's lazy
+        imports of a first runtime start and fork, if it has any (`warm_up`)."""
+        warm_up = getattr(self.provider, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
+
     # ------------------------------------------------------------------ attestation
 
     def _verdict(self, runtime: Runtime) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from codex_helpers import codex_bin, codex_pids, conversation
 
@@ -151,7 +152,13 @@ def test_capability_after_restart_comes_from_the_persisted_attestation_without_s
         assert session["lifecycleCapabilities"]["forkThroughTurn"] is True
         listed = c2.call("session.list", {"workspaceId": WS})["sessions"]
         assert [s["lifecycleCapabilities"]["forkThroughTurn"] for s in listed] == [True]
-        assert c2.call("host.status")["workers"] == []
+        # ... and started no provider runtime (the workers themselves start ahead, at ready).
+        assert c2.call("host.status")["runtimes"].get("codex", {}).get("live", 0) == 0
+        assert d2.proc is not None and not [
+            p
+            for p in psutil.Process(d2.proc.pid).children(recursive=True)
+            if "app-server" in p.cmdline()
+        ]
     finally:
         d2.stop()
 

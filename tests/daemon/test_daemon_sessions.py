@@ -11,6 +11,7 @@ import uuid
 from pathlib import Path
 
 import msgpack
+import psutil
 import pytest
 
 from tests.support.daemon import (
@@ -358,7 +359,13 @@ def test_store_reopen_across_daemon_restart_keeps_everything(tmp_path: Path) -> 
         # Capability comes from the persisted attestation: projecting it spawned nothing.
         assert session["lifecycleCapabilities"]["forkThroughTurn"] is True
         assert [t["providerForkBindingState"] for t in timeline(c2, sid)] == ["bound", "bound"]
-        assert c2.call("host.status")["workers"] == []
+        # ... and started no provider runtime (the worker itself is started ahead, at ready).
+        assert c2.call("host.status")["runtimes"].get("tutti-agent", {}).get("live", 0) == 0
+        assert d2.proc is not None and not [
+            p
+            for p in psutil.Process(d2.proc.pid).children(recursive=True)
+            if "app-server" in p.cmdline()
+        ]
         turns = timeline(c2, sid)
         assert [t["turnId"] for t in turns] == [t1["turnId"], t2["turnId"]]
         assert [m["text"] for m in turns[1]["messages"]] == ["two", "echo: two"]

@@ -81,6 +81,7 @@ from tests.support.invariants import (
     Violation,
     check_fork_events,
     check_invariants,
+    check_processes,
     repository_state,
 )
 from tests.support.run_dir import listeners_in
@@ -600,6 +601,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
             for op_id in t.ops
         )
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
+        # The processes of the home: all under the live daemon, one worker per provider.
+        assert d.proc is not None
+        live_processes = check_processes(home, d.proc.pid)
     finally:
         stop.set()
         for pid in stopped:
@@ -607,7 +611,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
                 os.kill(pid, signal.SIGKILL)
         d.stop()
     final = check_invariants(home, repositories=repositories)
-    final_violations = list(final.violations) + burst.violations
+    # ... and none left once it stopped (its workers, their app-servers, SIGSTOPped ones too).
+    final_violations = (
+        list(final.violations) + burst.violations + live_processes + check_processes(home, None)
+    )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     elapsed = time.monotonic() - began
     by_law = Counter(v.law.value for v in list(live.violations) + final_violations)

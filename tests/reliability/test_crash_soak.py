@@ -37,7 +37,12 @@ from tests.reliability.reliability_harness import (
 )
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.git_repos import make_repo
-from tests.support.invariants import assert_invariants, check_invariants, repository_state
+from tests.support.invariants import (
+    assert_invariants,
+    check_invariants,
+    check_processes,
+    repository_state,
+)
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 
 ROUNDS = 60 if SOAK else 5
@@ -360,6 +365,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             checks += 1
             violations += len(report.violations)
             assert report.ok, (seed, report.violations)
+            # No process of a killed daemon (its workers, their app-servers) outlives it, and
+            # the live one runs one worker per provider (the workers started ahead included).
+            assert w.daemon.proc is not None
+            orphans = check_processes(w.home, w.daemon.proc.pid)
+            assert not orphans, (seed, orphans)
         # Every committed child that is alive resumes through the daemon (its provider state is
         # readable from its own home); a sample in the short profile.
         w.pause()
@@ -391,6 +401,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         w.daemon.stop()
     assert not w.failures, (seed, w.failures[:10])
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
+    assert not check_processes(w.home, None), "a process outlived the stopped daemon"
     checks += 1
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "

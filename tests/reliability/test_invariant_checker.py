@@ -581,3 +581,71 @@ def test_a_kept_digest_that_is_not_the_rows_is_reported(base: Base, tmp_path: Pa
     report = check_invariants(home)
     assert len(report.violations) == kept, report.violations  # one for each row
     assert {v.law for v in report.violations} == {Law.HISTORY_DIGEST_KEPT}, report.violations
+def _sleeper(env_home: Path | None, *argv: str) -> subprocess.Popen[bytes]:
+    """A real process that sleeps; its environment names `env_home` (when given), its command
+    line carries `argv` (what a worker's would, for the count)."""
+    import os
+    import sys
+
+    env = dict(os.environ)
+    if env_home is not None:
+        env["AGENTHOST_HOME"] = str(env_home)
+    return subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)", *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_processes_of_a_home_outside_its_daemon_are_orphans(tmp_path: Path) -> None:
+    from tests.support.invariants import check_processes
+
+    home = tmp_path / "home"
+    stray = _sleeper(home)  # names the home, is no child of any daemon of it
+    other = _sleeper(tmp_path / "elsewhere")  # another home's: not this one's business
+    try:
+        found = check_processes(home, None, grace_s=0)
+        assert [v.law for v in found] == [Law.PROCESS_OWNED], found
+        assert str(stray.pid) in found[0].detail
+        # Under a live "daemon" (here: this test's process tree is excluded, so use the
+        # stray itself as the daemon): its own process is no orphan.
+        assert check_processes(home, stray.pid, grace_s=0) == []
+    finally:
+        for proc in (stray, other):
+            proc.kill()
+            proc.wait(10)
+    assert check_processes(home, None, grace_s=0) == []
+
+
+def test_two_workers_of_one_provider_under_a_daemon_are_reported(tmp_path: Path) -> None:
+    import sys
+
+    from tests.support.invariants import check_processes
+
+    home = tmp_path / "home"
+    # A "daemon" that starts two workers of one provider and one of another.
+    daemon = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            "argv = lambda p: [sys.executable, '-c', 'import time; time.sleep(120)',"
+            " '-m', 'drivers.worker', '--provider', p]\n"
+            "kids = [subprocess.Popen(argv(p)) for p in ('tutti-agent', 'tutti-agent', 'codex')]\n"
+            "print('up', flush=True)\n"
+            "time.sleep(120)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert daemon.stdout is not None and daemon.stdout.readline().strip() == b"up"
+        found = check_processes(home, daemon.pid, grace_s=0)
+        want = f"2 live workers of tutti-agent under daemon {daemon.pid}"
+        assert [v.detail for v in found] == [want]
+    finally:
+        import psutil
+
+        for kid in psutil.Process(daemon.pid).children(recursive=True):
+            kid.kill()
+        daemon.kill()
+        daemon.wait(10)

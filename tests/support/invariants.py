@@ -146,6 +146,13 @@ class Law(StrEnum):
     docs/design/workspace.md: a checkpoint only reads the working tree, a worktree fork adds a
     worktree and a branch and touches nothing else). Checked for the repositories the caller
     names."""
+    PROCESS_OWNED = "process_owned"
+    """A process of the home (its environment names the home: a worker, an app-server, a
+    Claude CLI) runs outside the live daemon's tree, or after the daemon stopped: an orphan
+    (docs/design/drivers.md "No orphans"; the workers started ahead included); or the daemon
+    has two workers of one provider (a worker started ahead and one spawned by a request:
+    `WorkerSupervisor` keeps one per provider). `check_processes`, on a live or stopped
+    daemon, by the soaks."""
     FORK_EVENTS_HEARD = "fork_events_heard"
     """A subscriber connected all along did not hear a fork operation's last state, heard its
     states out of order (a later one, then an earlier one: an event published stale), or did
@@ -1382,6 +1389,111 @@ def check_fork_events(
                 )
             )
     return out
+
+
+def _proc_tree() -> dict[int, tuple[int, bytes]]:
+    """pid → (parent pid, state) of every process this user can see, zombies included."""
+    out: dict[int, tuple[int, bytes]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            out[int(entry.name)] = (int(fields[1]), fields[0])
+    return out
+
+
+def _names_home(pid: int, home: str) -> bool:
+    """Whether `pid`'s environment names `home` (`AGENTHOST_HOME`, a provider home under it)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read().split(b"\0")
+    except OSError:
+        return False
+    want, under = home.encode(), (home.rstrip("/") + "/").encode()
+    for item in environ:
+        _, _, value = item.partition(b"=")
+        if value == want or value.startswith(under):
+            return True
+    return False
+
+
+def _worker_provider(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return None
+    if b"drivers.worker" not in argv or b"--provider" not in argv:
+        return None
+    at = argv.index(b"--provider") + 1
+    return argv[at].decode(errors="replace") if at < len(argv) else None
+
+
+def _process_problems(home: Path, daemon_pid: int | None) -> list[Violation]:
+    tree = _proc_tree()
+    me = os.getpid()
+    mine: set[int] = set()
+    pid: int | None = me
+    while pid and pid in tree and pid not in mine:
+        mine.add(pid)  # this process and its ancestors (a test's own environment)
+        pid = tree[pid][0]
+    daemon_tree: set[int] = set()
+    if daemon_pid is not None and daemon_pid in tree:
+        daemon_tree.add(daemon_pid)
+        grew = True
+        while grew:
+            grew = False
+            for child, (parent, _state) in tree.items():
+                if parent in daemon_tree and child not in daemon_tree:
+                    daemon_tree.add(child)
+                    grew = True
+    out: list[Violation] = []
+    for pid, (_parent, state) in sorted(tree.items()):
+        if pid in mine or pid in daemon_tree or state in (b"Z", b"X"):
+            continue
+        if _names_home(pid, str(home)):
+            out.append(
+                Violation(
+                    Law.PROCESS_OWNED,
+                    f"process {pid} of home {home} runs outside the daemon's tree "
+                    f"(daemon {daemon_pid})",
+                )
+            )
+    workers: Counter[str] = Counter()
+    for pid in daemon_tree:
+        if tree[pid][1] in (b"Z", b"X"):
+            continue
+        provider = _worker_provider(pid)
+        if provider is not None:
+            workers[provider] += 1
+    out += [
+        Violation(Law.PROCESS_OWNED, f"{n} live workers of {provider} under daemon {daemon_pid}")
+        for provider, n in sorted(workers.items())
+        if n > 1
+    ]
+    return out
+
+
+def check_processes(
+    home: Path, daemon_pid: int | None, *, grace_s: float = 10.0
+) -> list[Violation]:
+    """`Law.PROCESS_OWNED` over the processes of `home` (Linux `/proc`): every process whose
+    environment names the home is the live daemon `daemon_pid` or runs under it (None: the
+    daemon is stopped or killed, and none may run), and the daemon runs at most one worker per
+    provider. A process of a daemon killed a moment ago exits by its parent-death signal, an
+    instant later: problems are looked for again until none is left or `grace_s` passed."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        problems = _process_problems(home, daemon_pid)
+        if not problems or time.monotonic() >= deadline:
+            return problems
+        time.sleep(0.05)
 
 
 def check_invariants(
