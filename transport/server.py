@@ -3,10 +3,11 @@ events sockets, decodes requests and hands each to a dispatcher with a one-shot 
 
 It never blocks on work: replies and events from any thread reach the loop through an outbox
 (a deque of Python objects, no encoding into ZeroMQ frames) whose first entry since the loop
-last looked sends one empty wake-up frame on an inproc PUSH/PULL pair, and every failure of a
-request becomes a typed error reply (law 7). A reply given during dispatch (the point reads,
+last looked writes its wake-up eventfd (polled as a plain descriptor: a ZeroMQ socket in the
+poll set costs system calls at every wake-up), and every failure of a request becomes a typed
+error reply (law 7). A reply given during dispatch (the point reads,
 every validation error) is sent at once, without the outbox. The loop blocks in one `zmq_poll`
-with no timeout while there is nothing to do (it wakes on a request, a wake-up frame, or a
+with no timeout while there is nothing to do (it wakes on a request, the wake-up descriptor, or a
 subscription); only a client with unread replies backlogged makes it retry every 50 ms, and
 an outbox left longer than one wake-up's bound makes it look again without blocking. It reads
 no socket past what it knows is there (`zmq.EVENTS`), so a drain ends without a failed read:
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import resource
 import threading
 import time
@@ -93,6 +95,7 @@ _SRCFD = int(zmq.SRCFD)
 
 _POLLIN = int(zmq.POLLIN)
 _EVENTS = int(zmq.EVENTS)
+_FD = int(zmq.FD)
 
 # What other threads hand the loop through its outbox (the first item of each entry).
 _TAG_REPLY = 0  # (_TAG_REPLY, token, frame)
@@ -392,14 +395,17 @@ class EventSockets:
 
     # -- subscriptions -----------------------------------------------------------------------
 
-    def read_subscriptions(self, sock: zmq.Socket[bytes], limit: int = 1000) -> None:
-        """Apply the subscription messages waiting on `sock` (loop thread)."""
+    def read_subscriptions(self, sock: zmq.Socket[bytes], limit: int = 1000) -> bool:
+        """Apply the subscription messages waiting on `sock` (loop thread); True when it
+        stopped at `limit` with more perhaps waiting."""
         topics = self._topics[sock]
         changed = False
+        more = True
         for _ in range(limit):
             try:
                 message = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
+                more = False
                 break
             if not message:
                 continue
@@ -417,6 +423,7 @@ class EventSockets:
                 else frozenset()
             )
             self._prefixes = (plain, exact)
+        return more
 
     def wants(self, topic: str) -> bool:
         """Whether some connected subscriber would receive an event published under `topic`
@@ -532,15 +539,19 @@ class ApiServer:
         """Times the loop's poll returned (tests pin that an idle loop stays blocked)."""
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
-        self._pipe_addr = f"inproc://agenthost-api-{id(self):x}"
         self._push_lock = threading.Lock()
-        self._push: zmq.Socket[bytes] | None = None
+        self._wake_fd: int | None = None
+        """The loop's wake-up: an eventfd it polls as a plain descriptor (a ZeroMQ socket in
+        the poll set costs two `zmq.EVENTS` checks, each a system call or two, at every
+        wake-up of the loop, and an inproc message its own pipe and signaller)."""
         # Entries for the loop (`_send_pipe`); `_signalled`: a wake-up frame was sent since
         # the loop last cleared it (set under `_push_lock`, cleared by the loop before it
         # takes the entries, so an entry is never left without a wake-up after it).
         self._outbox: deque[tuple[Any, ...]] = deque()
         self._signalled = False
-        self._pull: zmq.Socket[bytes] | None = None
+        self._events_sent = False
+        """Events (or a re-bind) went out on the XPUBs since the loop last looked at their
+        `zmq.EVENTS` (loop thread only)."""
         self._router: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None
@@ -706,18 +717,16 @@ class ApiServer:
         return self._send_pipe((_TAG_REPLY, token, frame))
 
     def _send_pipe(self, entry: tuple[Any, ...]) -> bool:
-        """Hand `entry` to the loop (any thread): onto the outbox, and one empty frame on the
-        wake-up pipe unless one is already on its way since the loop last looked."""
-        # zmq sockets are not thread-safe: every producer thread shares one PUSH under a lock.
-        # HWM 0 on both ends, so a send never blocks (the loop may be the sender itself).
+        """Hand `entry` to the loop (any thread): onto the outbox, and a write to the loop's
+        wake-up descriptor unless one is already on its way since the loop last looked."""
         with self._push_lock:
-            push = self._push
-            if push is None:
+            wake = self._wake_fd
+            if wake is None:
                 return False
             self._outbox.append(entry)
             if not self._signalled:
                 self._signalled = True
-                _send(push, b"", _NOBLOCK)
+                os.eventfd_write(wake, 1)  # never blocks: the counter is read to zero each time
             return True
 
     # -- binding -----------------------------------------------------------------------------
@@ -729,17 +738,9 @@ class ApiServer:
         ):
             # Before any CURVE bind: without a ZAP handler libzmq would admit any client key.
             self._auth = start_authenticator(self._ctx, self._curve)
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.bind(self._pipe_addr)
-        push = self._ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, 0)
-        push.setsockopt(zmq.LINGER, 0)
-        push.connect(self._pipe_addr)
-        # Owned from here on, so a failed bind below still closes it (else term() hangs).
+        # Owned from here on, so a failed bind below still closes it.
         with self._push_lock:
-            self._push = push
+            self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         self._router.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE)
@@ -773,17 +774,29 @@ class ApiServer:
     # -- the transport loop ------------------------------------------------------------------
 
     def _run(self) -> None:
-        assert self._router is not None and self._pull is not None
+        assert self._router is not None and self._wake_fd is not None
         self._loop_ident = threading.get_ident()
         replies = self._replies
-        router, pull, outbox = self._router, self._pull, self._outbox
+        router, wake, outbox = self._router, self._wake_fd, self._outbox
         # `zmq_poll` itself: `zmq.Poller.poll` only adds a Python call around it.
-        items = [(router, _POLLIN), (pull, _POLLIN)]
-        items += [(sock, _POLLIN) for sock in self._events.sockets]
+        items: list[tuple[Any, int]] = [(router, _POLLIN), (wake, _POLLIN)]
+        # The XPUBs by their own descriptor (`zmq.FD`), not as sockets: a socket in the poll
+        # set costs two `zmq.EVENTS` checks per wake-up, and subscriptions come rarely. The
+        # descriptor signals commands for the socket; a send on it may take such a signal
+        # while a subscription waits unread, so after events were sent each XPUB's
+        # `zmq.EVENTS` is looked at before the loop blocks (`_events_sent`).
+        xpubs = {_getsockopt(sock, _FD): sock for sock in self._events.sockets}
+        items += [(fd, _POLLIN) for fd in xpubs]
+        self._events_sent = True  # look at each once before the first block
         try:
             while True:
                 # Blocks until there is work; only a client's unread backlog sets a timeout,
                 # and entries left in the outbox past a wake-up's bound make it not block.
+                if self._events_sent:
+                    self._events_sent = False
+                    for sock in xpubs.values():
+                        if _getsockopt(sock, _EVENTS) & _POLLIN:
+                            self._events_sent |= self._events.read_subscriptions(sock)
                 if outbox and not self._signalled:
                     timeout = 0
                 elif replies.backlog:
@@ -796,16 +809,16 @@ class ApiServer:
                     replies.flush_backlogs()
                 router_ready = False
                 for sock, _ in ready:
-                    if sock is pull:
-                        with contextlib.suppress(zmq.Again):
-                            _recv(pull, _NOBLOCK)  # the one wake-up frame poll saw
+                    if sock is router:
+                        router_ready = True
+                    elif sock == wake:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(wake)  # to zero: poll saw it non-zero
                         # Cleared before the entries are taken: one handed over from here on
                         # sends a wake-up of its own.
                         self._signalled = False
-                    elif sock is router:
-                        router_ready = True
                     else:
-                        self._events.read_subscriptions(sock)
+                        self._events_sent |= self._events.read_subscriptions(xpubs[sock])
                 if outbox and self._drain_pipe():
                     return
                 if replies.backlog:
@@ -835,11 +848,13 @@ class ApiServer:
             if tag == _TAG_REPLY:
                 self._send_reply(entry[1], entry[2])
             elif tag == _TAG_EVENT:
+                self._events_sent = True
                 for topic, payload in entry[1]:
                     send_event(topic, payload)
             elif tag == _TAG_STOP:
                 stop = True
             elif tag == _TAG_REBIND:
+                self._events_sent = True  # the XPUBs' binds: their signals too
                 self._rebind_missing()
             elif tag == _TAG_UNBIND:
                 self._unbind_replaced(entry[1])
@@ -952,13 +967,14 @@ class ApiServer:
         if self._guard is not None:
             self._guard.stop()
         with self._push_lock:
-            push, self._push = self._push, None
-        for sock in (push, self._pull, self._router):
-            if sock is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    sock.close()
+            wake, self._wake_fd = self._wake_fd, None
+        if wake is not None:
+            os.close(wake)
+        if self._router is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._router.close()
         self._events.close()
-        self._pull = self._router = self._replies.router = None
+        self._router = self._replies.router = None
         self._binder.remove_ipc_files()
 
 
