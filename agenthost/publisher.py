@@ -62,7 +62,7 @@ forgotten one is taken to have shown the newest write any forgotten one had."""
 
 HANDOVER = 16
 """Events read back from the store that wait for one another before they are handed to the
-transport loop together (one pipe message): a fork's five to seven events of a batch go as
+transport loop together (one outbox entry): a fork's five to seven events of a batch go as
 one, and the first of a long batch waits for at most this many reads."""
 
 
@@ -286,7 +286,7 @@ class EventPublisher:
         rows = _newest_rows(batch)
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
         # events read back from the store go together, `HANDOVER` at most (a fork's events
-        # in a batch were one pipe message to the loop each). What `out` holds on entry are
+        # in a batch were one hand-over to the loop each). What `out` holds on entry are
         # the batch's leading deltas.
         delta_out = bool(out)
         for change in batch:

@@ -544,7 +544,7 @@ class ApiServer:
         """The loop's wake-up: an eventfd it polls as a plain descriptor (a ZeroMQ socket in
         the poll set costs two `zmq.EVENTS` checks, each a system call or two, at every
         wake-up of the loop, and an inproc message its own pipe and signaller)."""
-        # Entries for the loop (`_send_pipe`); `_signalled`: a wake-up frame was sent since
+        # Entries for the loop (`_send_pipe`); `_signalled`: a wake-up was written since
         # the loop last cleared it (set under `_push_lock`, cleared by the loop before it
         # takes the entries, so an entry is never left without a wake-up after it).
         self._outbox: deque[tuple[Any, ...]] = deque()
@@ -712,7 +712,7 @@ class ApiServer:
     def _post_reply(self, token: int, frame: bytes) -> bool:
         if threading.get_ident() == self._loop_ident:
             # Answered during dispatch: send now, so synchronous replies on one connection
-            # keep request order and skip the pipe round trip.
+            # keep request order and skip the outbox round trip.
             return self._send_reply(token, frame)
         return self._send_pipe((_TAG_REPLY, token, frame))
 
@@ -861,7 +861,7 @@ class ApiServer:
         return stop
 
     def _drain_router(self) -> None:
-        # Bounded batch so replies from the pipe are not starved by a flood of requests.
+        # Bounded batch so replies from the outbox are not starved by a flood of requests.
         # Every request ready is taken in this one wakeup. The frames are read as zero-copy
         # Frames whose `more` ends the message, with an int flag, not `recv_multipart` (its
         # per-frame Python, RCVMORE getsockopt and flag enums are a measurable part of a point

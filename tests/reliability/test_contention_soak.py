@@ -124,6 +124,7 @@ NEW_LAWS = (
     Law.FENCE_HAS_SAGA,
     Law.REPOSITORY_KEPT,
     Law.FORK_EVENTS_HEARD,
+    Law.SESSION_EVENTS_HEARD,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -673,6 +674,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         + " ".join(f"{k}={v}" for k, v in sorted(burst.asked.items()))
         + f"; {len(burst.ends)} operations "
         + " ".join(f"{k}={v}" for k, v in sorted(burst_ends.items()))
+        + f", {len(burst.sessions)} Sessions renamed by {RENAMERS} writers meanwhile"
         + f", {burst.events} events heard",
         *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
@@ -708,3 +710,5 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     assert timers <= COMPACT_MIN + 16, timers
     # ... and really met the burst: forks heard to their end, some committed.
     assert burst.ends and any(o["status"] == "committed" for o in burst.ends.values()), burst.ends
+    # ... and renamed Sessions meanwhile, whose events the Session-event law judged.
+    assert burst.sessions, burst
