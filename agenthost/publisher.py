@@ -11,6 +11,13 @@ builds no event for a workspace no connected subscriber wants (`ApiServer.wants`
 read, no projection, no encoding. A Turn skipped that way is forgotten by `TurnDeltas`, so its
 next event, when someone listens, carries it whole. A Session or fork operation change nobody
 wants is dropped before it is even queued (`offer`), so it does not wake the thread at all.
+
+A Session change that carries the row its write left (`SessionChanged.row`) is projected from
+it, without a read, when nothing newer of that Session can have been shown (`Shown`): the
+store's writes are numbered in commit order (`Tx.seq`), but their events reach this thread in
+the order their writers' threads deliver them, so an older row may come after a newer state
+was published; that one, and any change of the batch without a row, is read back as before
+(docs/design/store.md, "Change events that carry their row").
 """
 
 from __future__ import annotations
@@ -49,9 +56,13 @@ _READ_BACK = (SessionChanged, TurnChanged, ForkOperationChanged)
 BATCH = 256
 """Changes taken off the queue per wake-up, at most."""
 
+SHOWN_REMEMBERED = 4096
+"""Sessions whose newest shown write `Shown` keeps; past it the oldest are forgotten, and a
+forgotten one is taken to have shown the newest write any forgotten one had."""
+
 HANDOVER = 16
 """Events read back from the store that wait for one another before they are handed to the
-transport loop together (one pipe message): a fork's five to seven events of a batch go as
+transport loop together (one outbox entry): a fork's five to seven events of a batch go as
 one, and the first of a long batch waits for at most this many reads."""
 
 
@@ -65,9 +76,62 @@ class StreamDelta:
     """The worker's `message.delta` event, as the host↔worker link carried it."""
 
 
+class Shown:
+    """Per Session, a bound on the newest write any event of it published may have shown: the
+    carried row's `seq` for an event built from it; for one read back (or a removal), the
+    store's `write_seq` read after the read — every write the read could see has a seq at most
+    that. A carried row is published only past its Session's bound; else it is read back (the
+    current state, never older than what was shown). Owned by the publishing thread."""
+
+    def __init__(self, remembered: int = SHOWN_REMEMBERED) -> None:
+        self._latest: dict[tuple[str, str], int] = {}
+        self._remembered = remembered
+        self._forgotten = 0
+        """The largest bound of a Session forgotten (each one forgotten is taken to be at it)."""
+
+    def bound(self, key: tuple[str, str]) -> int:
+        return self._latest.get(key, self._forgotten)
+
+    def showed(self, key: tuple[str, str], seq: int) -> None:
+        latest = self._latest
+        latest.pop(key, None)  # re-inserted last: the oldest entries are forgotten first
+        latest[key] = max(seq, self._forgotten)
+        if len(latest) > self._remembered:
+            for old in list(latest)[: len(latest) // 2]:
+                self._forgotten = max(self._forgotten, latest.pop(old))
+
+
 def _entries(item: Any) -> list[Any]:
     """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
     return item if isinstance(item, list) else [item]
+
+
+def _reads(change: Any) -> bool:
+    """Whether `change`'s event is read from the store (a Session change that carries its row
+    is not, unless an older row than one shown: then it is read alone)."""
+    if isinstance(change, SessionChanged):
+        return change.row is None and not change.removed
+    return isinstance(change, _READ_BACK)
+
+
+def _newest_rows(batch: list[Any]) -> dict[tuple[str, str], SessionChanged | None]:
+    """Per Session changed in `batch`: its change of the largest `seq` if every one of its
+    changes there carries a row, else None (a removal, or a write that carries none)."""
+    rows: dict[tuple[str, str], SessionChanged | None] = {}
+    for change in batch:
+        if not isinstance(change, SessionChanged):
+            continue
+        key = (change.workspace_id, change.session_id)
+        if change.row is None or change.removed:
+            rows[key] = None
+            continue
+        if key in rows:
+            held = rows[key]
+            if held is not None and held.seq < change.seq:
+                rows[key] = change
+        else:
+            rows[key] = change
+    return rows
 
 
 class EventSink(Protocol):
@@ -97,6 +161,9 @@ class EventPublisher:
         self.queue = changes
         # Owned by the publishing thread: what each active Turn's last event carried.
         self.turn_deltas = TurnDeltas()
+        self.shown = Shown()
+        self.carried = 0
+        """Session events built from the row their change carried (no read); tests pin it."""
         self.skipped = 0
         """Changes no subscriber wanted (no event built); tests pin the skip on it."""
         self.projected = 0
@@ -105,6 +172,8 @@ class EventPublisher:
         self.batches = 0
         """Times the publishing thread woke up with work (tests pin the `offer` filter)."""
         self._count_lock = threading.Lock()
+        self._unseen: dict[str, int] = {}
+        """Per workspace, `write_seq` when a Session change of it last went unpublished."""
 
     def offer(self, change: Any) -> None:
         """The store's subscriber (any writer's thread, after its COMMIT): queue `change`.
@@ -117,6 +186,7 @@ class EventPublisher:
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
                     self.skipped += 1
+                    self._unseen_in(change)
                 return
         self.queue.put(change)
 
@@ -126,21 +196,31 @@ class EventPublisher:
         batch (one read-back per entity) instead of waking at its first change."""
         sink = self.sink
         kept: list[Any] = []
-        skipped = 0
+        skipped: list[Any] = []
         for change in changes:
             if isinstance(change, (SessionChanged, ForkOperationChanged)) and (
                 sink is None or not sink.wants(change.workspace_id)
             ):
-                skipped += 1
+                skipped.append(change)
             else:
                 kept.append(change)
         if skipped:
             with self._count_lock:
-                self.skipped += skipped
+                self.skipped += len(skipped)
+                for change in skipped:
+                    self._unseen_in(change)
         if len(kept) == 1:
             self.queue.put(kept[0])
         elif kept:
             self.queue.put(kept)
+
+    def _unseen_in(self, change: Any) -> None:
+        """A Session change of `change`'s workspace goes unpublished (nobody wants it): a
+        subscriber that connects later must not hear an older carried row of that workspace
+        as the newest, so none at or below the store's `write_seq` now (≥ the change's own:
+        it is committed) is trusted there (`_session_event`). Under `_count_lock`."""
+        if isinstance(change, SessionChanged):
+            self._unseen[change.workspace_id] = self.store.db.write_seq
 
     def run(self) -> None:
         while True:
@@ -172,7 +252,7 @@ class EventPublisher:
         # them, and their pages are loaded once instead of once per event.
         # Each projection's own failure is handled in `_project_all`; a snapshot
         # that cannot be begun or ended (SQLite busy in a WAL recovery) costs only itself.
-        reads = sum(1 for change in batch if isinstance(change, _READ_BACK)) > 1
+        reads = sum(1 for change in batch if _reads(change)) > 1
         snapshot = contextlib.ExitStack()
         if reads:
             try:
@@ -200,9 +280,13 @@ class EventPublisher:
         # state after every change of the batch was committed (each was, before it was
         # queued), so a second event would say the same thing again.
         entities: set[SessionChanged | ForkOperationChanged] = set()
+        # Per Session of the batch, the carried row its event is built from: the newest one if
+        # every change of that Session in the batch carries one (then it is at least as new as
+        # any of them), else None (one without: read back).
+        rows = _newest_rows(batch)
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
         # events read back from the store go together, `HANDOVER` at most (a fork's events
-        # in a batch were one pipe message to the loop each). What `out` holds on entry are
+        # in a batch were one hand-over to the loop each). What `out` holds on entry are
         # the batch's leading deltas.
         delta_out = bool(out)
         for change in batch:
@@ -231,13 +315,17 @@ class EventPublisher:
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
                     self.skipped += 1
+                    self._unseen_in(change)
                 if isinstance(change, TurnChanged):
                     self.turn_deltas.forget(
                         (change.workspace_id, change.session_id, change.turn_id)
                     )
                 continue
             try:
-                event = self.project(change)
+                if isinstance(change, SessionChanged):
+                    event = self._session_event(change, rows)
+                else:
+                    event = self.project(change)
             except HostError:
                 continue  # e.g. the entity vanished before we read it back
             except Exception:  # noqa: BLE001
@@ -248,6 +336,31 @@ class EventPublisher:
                 out.append((change.workspace_id, event))
                 delta_out = delta_out or isinstance(change, StreamDelta)
         return stop
+
+    def _session_event(
+        self, change: SessionChanged, rows: dict[tuple[str, str], SessionChanged | None]
+    ) -> Event | None:
+        """`project(change)`, from the batch's newest carried row of its Session when nothing
+        newer of it can have been shown; the bound moved past what this event shows."""
+        key = (change.workspace_id, change.session_id)
+        newest = rows.get(key)
+        if (
+            newest is not None
+            and newest.row is not None
+            and newest.seq > self.shown.bound(key)
+            and newest.seq > self._unseen.get(change.workspace_id, 0)
+        ):
+            self.shown.showed(key, newest.seq)
+            self.carried += 1
+            return {
+                "type": SESSION_UPSERTED,
+                "session": projection.session(newest.row, self.catalog),
+            }
+        try:
+            return self.project(change)
+        finally:
+            # Read after the read (or the removal): no write it could show is past it.
+            self.shown.showed(key, self.store.db.write_seq)
 
     def project(self, change: Any) -> Event | None:
         store = self.store

@@ -139,6 +139,10 @@ class Database:
         # Events of lazy COMMITs no fsync'd COMMIT has followed yet (guarded by the baton):
         # a subscriber never hears of a write a power cut could still take back.
         self._held_events: list[ChangeEvent] = []
+        self.write_seq = 0
+        """The last `Tx.seq` given (under the baton): every write a reader can see has a seq
+        at most this, read after its read (the events publisher's bound on what a read-back
+        showed, docs/design/store.md "Change events that carry their row")."""
         self._writer_conn: apsw.Connection | None = None
         self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
@@ -608,7 +612,8 @@ class Database:
                     raise
                 self._group = WriteGroup(lazy=lazy)
             group = self._group
-            tx = Tx(conn, workspace_id, self._clock())
+            self.write_seq += 1
+            tx = Tx(conn, workspace_id, self._clock(), self.write_seq)
             held = getattr(self._local, "conn", None)
             self._local.conn = conn  # reads inside the write see its own rows
             # The group's first member needs no savepoint: nothing else is in the transaction

@@ -351,6 +351,14 @@ class SessionChanged:
     workspace_id: str
     session_id: str
     removed: bool = False
+    row: Session | None = field(default=None, compare=False, repr=False)
+    """The Session as the emitting write left it, read inside that write's transaction after
+    its last change of the row (a write that emits it changes the row no further), or None:
+    a subscriber reads it back. Not part of the change's identity (equality, hash)."""
+    seq: int = field(default=0, compare=False, repr=False)
+    """The emitting write's `Tx.seq` (with `row`): the store's writes in the order they were
+    made, which is their commit order (docs/design/store.md, "Change events that carry their
+    row")."""
 
 
 @dataclass(frozen=True, slots=True)

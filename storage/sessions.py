@@ -119,8 +119,7 @@ class SessionStore:
                     tx.now_ms,
                 ),
             )
-            tx.emit(SessionChanged(ws, session_id))
-            return require_session(tx.conn, ws, session_id)
+            return written(tx, require_session(tx.conn, ws, session_id))
 
     def get_session(self, ws: str, sid: str) -> Session:
         return self._with_conn(lambda c: require_session(c, ws, sid))
@@ -209,21 +208,19 @@ class SessionStore:
                 (dumps(dict(settings)), ws, sid),
             )
             touch(tx, ws, sid)
-            return require_session(tx.conn, ws, sid)
+            return written(tx, require_session(tx.conn, ws, sid))
 
     def update_title(self, ws: str, sid: str, title: str) -> Session:
         # Not fenced: the snapshot froze the child title at prepare (seed 000 §6.2).
         if not isinstance(title, str):
             raise InvalidArgument("title", "title must be a string")
         with self._write(ws) as tx:
-            _update_live(tx, ws, sid, "title = ?", title)
-            return require_session(tx.conn, ws, sid)
+            return _update_live(tx, ws, sid, "title = ?", title)
 
     def set_pinned(self, ws: str, sid: str, pinned: bool) -> Session:
         # Not fenced: pin is never inherited by a fork child.
         with self._write(ws) as tx:
-            _update_live(tx, ws, sid, "pinned = ?", 1 if pinned else 0)
-            return require_session(tx.conn, ws, sid)
+            return _update_live(tx, ws, sid, "pinned = ?", 1 if pinned else 0)
 
     def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None:
         """Soft delete: the id stays taken, history stays for committed fork projections.
@@ -308,14 +305,15 @@ class SessionStore:
                 (provider_session_id, dumps(context), model, ws, sid),
             )
             touch(tx, ws, sid)
-            return require_session(tx.conn, ws, sid)
+            return written(tx, require_session(tx.conn, ws, sid))
 
 
-def _update_live(tx: Tx, ws: str, sid: str, assignment: str, value: object) -> None:
+def _update_live(tx: Tx, ws: str, sid: str, assignment: str, value: object) -> Session:
     """`require_live_session`, one column's UPDATE and `touch` as one statement: a client's
     rename or pin runs its body inside the writer baton, where each SQLite call lets the GIL go
     and takes it back behind whichever thread holds it (three calls were two GIL hand-offs
-    more for every queued writer to wait behind)."""
+    more for every queued writer to wait behind). Returns the Session as written, which its
+    change event carries (the events thread projects it without reading it back)."""
     tx.execute(
         f"UPDATE sessions SET {assignment}, updated_at_ms = ? WHERE workspace_id = ?"
         " AND session_id = ? AND deleted = 0",
@@ -323,4 +321,12 @@ def _update_live(tx: Tx, ws: str, sid: str, assignment: str, value: object) -> N
     )
     if tx.changes() != 1:
         raise SessionNotFound(f"session {sid} not found")
-    tx.emit(SessionChanged(ws, sid))
+    return written(tx, require_session(tx.conn, ws, sid))
+
+
+def written(tx: Tx, session: Session) -> Session:
+    """Emit `session`'s change carrying it: the caller's write read it after its last change
+    of the row and changes the row no further (docs/design/store.md, "Change events that
+    carry their row")."""
+    tx.emit(SessionChanged(session.workspace_id, session.session_id, row=session, seq=tx.seq))
+    return session

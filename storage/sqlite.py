@@ -135,14 +135,19 @@ def open_connection(
 class Tx:
     """One open write transaction: the cursor, its clock reading and its pending events."""
 
-    __slots__ = ("conn", "workspace_id", "now_ms", "events", "_seen")
+    __slots__ = ("conn", "workspace_id", "now_ms", "events", "seq", "_seen")
 
-    def __init__(self, conn: apsw.Connection, workspace_id: str | None, now_ms: int) -> None:
+    def __init__(
+        self, conn: apsw.Connection, workspace_id: str | None, now_ms: int, seq: int = 0
+    ) -> None:
         self.conn = conn
         self.workspace_id = workspace_id
         self.now_ms = now_ms
         self.events: list[ChangeEvent] = []
-        self._seen: set[ChangeEvent] = set()
+        self.seq = seq
+        """This write's place in the order the store's writes were made (`Database.write_seq`,
+        taken with the writer baton): the order of their commits."""
+        self._seen: dict[ChangeEvent, int] = {}
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> apsw.Cursor:
         return self.conn.execute(sql, params)
@@ -161,10 +166,16 @@ class Tx:
         return int(self.conn.changes())
 
     def emit(self, event: ChangeEvent) -> None:
-        # A set beside the list: one transaction may emit the same change many times.
-        if event not in self._seen:
-            self._seen.add(event)
+        # An index beside the list: one transaction may emit the same change many times. A
+        # repeat keeps the first one's place and takes what the last one carries (a row it
+        # wrote, or none: then a subscriber reads the row back), so a row carried from before
+        # a later change of it in this transaction is never the one published.
+        at = self._seen.get(event)
+        if at is None:
+            self._seen[event] = len(self.events)
             self.events.append(event)
+        else:
+            self.events[at] = event
 
     def check_fence(self, session_id: str) -> None:
         """Fail with `ForkInProgress` if an active fork operation holds `session_id`'s fence.
@@ -459,7 +470,7 @@ def batch_item(
     if batch.broken is not None:
         raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
     conn = batch.tx.conn
-    tx = Tx(conn, workspace_id, now_ms)
+    tx = Tx(conn, workspace_id, now_ms, batch.tx.seq)
     try:
         conn.execute("SAVEPOINT agenthost_item")
         try:

@@ -1,12 +1,17 @@
 """The daemon's client-facing API server: one transport thread owns the ROUTER (API) and the
 events sockets, decodes requests and hands each to a dispatcher with a one-shot responder.
 
-It never blocks on work: replies and events from any thread reach the loop through an inproc
-PUSH/PULL pipe, and every failure of a request becomes a typed error reply (law 7). A reply
-given during dispatch (the point reads, every validation error) is sent at once, without the
-pipe. The loop blocks in one `zmq.Poller.poll` with no timeout while there is nothing to do
-(it wakes on a request, a reply or event from another thread, or a subscription); only a
-client with unread replies backlogged makes it retry every 50 ms.
+It never blocks on work: replies and events from any thread reach the loop through an outbox
+(a deque of Python objects, no encoding into ZeroMQ frames) whose first entry since the loop
+last looked writes its wake-up eventfd (polled as a plain descriptor: a ZeroMQ socket in the
+poll set costs system calls at every wake-up), and every failure of a request becomes a typed
+error reply (law 7). A reply given during dispatch (the point reads,
+every validation error) is sent at once, without the outbox. The loop blocks in one `zmq_poll`
+with no timeout while there is nothing to do (it wakes on a request, the wake-up descriptor, or a
+subscription); only a client with unread replies backlogged makes it retry every 50 ms, and
+an outbox left longer than one wake-up's bound makes it look again without blocking. It reads
+no socket past what it knows is there (`zmq.EVENTS`), so a drain ends without a failed read:
+each read lets the interpreter go, and each failed one raised `zmq.Again` besides.
 
 Replies, here too: the one-shot responder a dispatcher answers through, and the ROUTER side
 that sends each reply to its client without ever blocking the transport loop (`ReplyRouter`).
@@ -36,9 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import resource
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -86,12 +93,20 @@ client is refused (503 `overloaded`, retryable)."""
 _NOBLOCK = int(zmq.NOBLOCK)
 _SRCFD = int(zmq.SRCFD)
 
-# Tags of the inproc pipe into the loop (first frame of each message).
-_TAG_REPLY = b"R"
-_TAG_EVENT = b"E"
-_TAG_STOP = b"S"
-_TAG_REBIND = b"B"
-_TAG_UNBIND = b"U"
+_POLLIN = int(zmq.POLLIN)
+_EVENTS = int(zmq.EVENTS)
+_FD = int(zmq.FD)
+
+# What other threads hand the loop through its outbox (the first item of each entry).
+_TAG_REPLY = 0  # (_TAG_REPLY, token, frame)
+_TAG_EVENT = 1  # (_TAG_EVENT, [(topic, payload), ...])
+_TAG_STOP = 2  # (_TAG_STOP,)
+_TAG_REBIND = 3  # (_TAG_REBIND,)
+_TAG_UNBIND = 4  # (_TAG_UNBIND, address)
+
+_OUTBOX_BOUND = 10_000
+"""Outbox entries the loop takes per wake-up at most, so requests are not starved by a flood
+of replies and events (it looks again at once, without blocking, for the rest)."""
 
 
 # --------------------------------------------------------------------------- replies
@@ -124,6 +139,9 @@ _SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 # The socket's own send, below pyzmq's Python `Socket.send` (which only adds the routing_id
 # and group arguments we never use): one reply is 2-3 sends, on the hot path of every read.
 _send: Callable[..., Any] = zmq.backend.Socket.send
+_recv: Callable[..., Any] = zmq.backend.Socket.recv
+_getsockopt: Callable[..., Any] = zmq.backend.Socket.get
+_zmq_poll: Callable[..., list[tuple[Any, int]]] = zmq.backend.zmq_poll
 
 
 def send_parts(router: zmq.Socket[bytes], envelope: list[bytes], frame: bytes) -> Any:
@@ -377,14 +395,17 @@ class EventSockets:
 
     # -- subscriptions -----------------------------------------------------------------------
 
-    def read_subscriptions(self, sock: zmq.Socket[bytes], limit: int = 1000) -> None:
-        """Apply the subscription messages waiting on `sock` (loop thread)."""
+    def read_subscriptions(self, sock: zmq.Socket[bytes], limit: int = 1000) -> bool:
+        """Apply the subscription messages waiting on `sock` (loop thread); True when it
+        stopped at `limit` with more perhaps waiting."""
         topics = self._topics[sock]
         changed = False
+        more = True
         for _ in range(limit):
             try:
                 message = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
+                more = False
                 break
             if not message:
                 continue
@@ -402,6 +423,7 @@ class EventSockets:
                 else frozenset()
             )
             self._prefixes = (plain, exact)
+        return more
 
     def wants(self, topic: str) -> bool:
         """Whether some connected subscriber would receive an event published under `topic`
@@ -425,9 +447,12 @@ class EventSockets:
         a subscription just made has is the one `wants` already has)."""
         assert self.pub is not None
         plain, exact = self._prefixes
+        # The backend's send with int flags (a PUB never blocks: past its high-water mark it
+        # drops for that subscriber), not `send_multipart`'s per-part Python.
         if plain:
             try:
-                self.pub.send_multipart([topic, payload], zmq.NOBLOCK)
+                _send(self.pub, topic, _SNDMORE_NOBLOCK)
+                _send(self.pub, payload, _NOBLOCK)
             except zmq.ZMQError as exc:
                 log.debug("event dropped: %s", exc)
         if self.pub_exact is None or not exact or b"\0" in topic:
@@ -436,7 +461,8 @@ class EventSockets:
             return
         try:
             # The one encoding of the event, under its terminated topic.
-            self.pub_exact.send_multipart([topic + b"\0", payload], zmq.NOBLOCK)
+            _send(self.pub_exact, topic + b"\0", _SNDMORE_NOBLOCK)
+            _send(self.pub_exact, payload, _NOBLOCK)
         except zmq.ZMQError as exc:
             log.debug("event dropped (exact): %s", exc)
 
@@ -513,10 +539,19 @@ class ApiServer:
         """Times the loop's poll returned (tests pin that an idle loop stays blocked)."""
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
-        self._pipe_addr = f"inproc://agenthost-api-{id(self):x}"
         self._push_lock = threading.Lock()
-        self._push: zmq.Socket[bytes] | None = None
-        self._pull: zmq.Socket[bytes] | None = None
+        self._wake_fd: int | None = None
+        """The loop's wake-up: an eventfd it polls as a plain descriptor (a ZeroMQ socket in
+        the poll set costs two `zmq.EVENTS` checks, each a system call or two, at every
+        wake-up of the loop, and an inproc message its own pipe and signaller)."""
+        # Entries for the loop (`_send_pipe`); `_signalled`: a wake-up was written since
+        # the loop last cleared it (set under `_push_lock`, cleared by the loop before it
+        # takes the entries, so an entry is never left without a wake-up after it).
+        self._outbox: deque[tuple[Any, ...]] = deque()
+        self._signalled = False
+        self._events_sent = False
+        """Events (or a re-bind) went out on the XPUBs since the loop last looked at their
+        `zmq.EVENTS` (loop thread only)."""
         self._router: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None
@@ -589,10 +624,10 @@ class ApiServer:
             if thread is not None and threading.get_ident() == self._loop_ident:
                 # Closed from a handler on the loop itself: the loop stops after this call.
                 self._term_in_loop = self._own_context
-                self._send_pipe([_TAG_STOP])
+                self._send_pipe((_TAG_STOP,))
                 return
             if thread is not None:
-                self._send_pipe([_TAG_STOP])
+                self._send_pipe((_TAG_STOP,))
                 thread.join(timeout)
                 if thread.is_alive():
                     log.error("transport thread did not stop within %.1fs", timeout)
@@ -624,11 +659,8 @@ class ApiServer:
         """Publish several events, in order, with one hand-over to the loop (see `publish`)."""
         if not events:
             return True
-        frames = [_TAG_EVENT]
-        for topic, event in events:
-            frames.append(topic.encode("utf-8"))
-            frames.append(encode_event(event))
-        return self._send_pipe(frames)
+        frames = [(topic.encode("utf-8"), encode_event(event)) for topic, event in events]
+        return self._send_pipe((_TAG_EVENT, frames))
 
     def wants(self, topic: str) -> bool:
         """Whether a connected subscriber would receive an event under `topic` (any thread):
@@ -640,7 +672,7 @@ class ApiServer:
         removed and made again); the result: those endpoints (`endpoints.rebind_missing`)."""
         fut: Future[list[str]] = Future()
         self._rebinds.append(fut)
-        if not self._send_pipe([_TAG_REBIND]):
+        if not self._send_pipe((_TAG_REBIND,)):
             self._rebinds.remove(fut)
             fut.set_exception(RuntimeError("the API server is not running"))
         return fut
@@ -680,17 +712,21 @@ class ApiServer:
     def _post_reply(self, token: int, frame: bytes) -> bool:
         if threading.get_ident() == self._loop_ident:
             # Answered during dispatch: send now, so synchronous replies on one connection
-            # keep request order and skip the pipe round trip.
+            # keep request order and skip the outbox round trip.
             return self._send_reply(token, frame)
-        return self._send_pipe([_TAG_REPLY, token.to_bytes(8, "big"), frame])
+        return self._send_pipe((_TAG_REPLY, token, frame))
 
-    def _send_pipe(self, frames: list[bytes]) -> bool:
-        # zmq sockets are not thread-safe: every producer thread shares one PUSH under a lock.
-        # HWM 0 on both ends, so a send never blocks (the loop may be the sender itself).
+    def _send_pipe(self, entry: tuple[Any, ...]) -> bool:
+        """Hand `entry` to the loop (any thread): onto the outbox, and a write to the loop's
+        wake-up descriptor unless one is already on its way since the loop last looked."""
         with self._push_lock:
-            if self._push is None:
+            wake = self._wake_fd
+            if wake is None:
                 return False
-            self._push.send_multipart(frames, copy=len(frames[-1]) < 65536)
+            self._outbox.append(entry)
+            if not self._signalled:
+                self._signalled = True
+                os.eventfd_write(wake, 1)  # never blocks: the counter is read to zero each time
             return True
 
     # -- binding -----------------------------------------------------------------------------
@@ -702,17 +738,9 @@ class ApiServer:
         ):
             # Before any CURVE bind: without a ZAP handler libzmq would admit any client key.
             self._auth = start_authenticator(self._ctx, self._curve)
-        self._pull = self._ctx.socket(zmq.PULL)
-        self._pull.setsockopt(zmq.RCVHWM, 0)
-        self._pull.setsockopt(zmq.LINGER, 0)
-        self._pull.bind(self._pipe_addr)
-        push = self._ctx.socket(zmq.PUSH)
-        push.setsockopt(zmq.SNDHWM, 0)
-        push.setsockopt(zmq.LINGER, 0)
-        push.connect(self._pipe_addr)
-        # Owned from here on, so a failed bind below still closes it (else term() hangs).
+        # Owned from here on, so a failed bind below still closes it.
         with self._push_lock:
-            self._push = push
+            self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._router = self._ctx.socket(zmq.ROUTER)
         self._router.setsockopt(zmq.LINGER, _CLOSE_LINGER_MS)
         self._router.setsockopt(zmq.MAXMSGSIZE, HARD_MAX_MESSAGE)
@@ -730,7 +758,7 @@ class ApiServer:
             self._ctx,
             limits,
             busy=replies.unread,
-            unbind=lambda address: self._send_pipe([_TAG_UNBIND, address.encode()]),
+            unbind=lambda address: self._send_pipe((_TAG_UNBIND, address)),
         )
         # Watched before binding, so no connection is accepted uncounted.
         guard.watch(self._router, api=True)
@@ -746,30 +774,53 @@ class ApiServer:
     # -- the transport loop ------------------------------------------------------------------
 
     def _run(self) -> None:
-        assert self._router is not None and self._pull is not None
+        assert self._router is not None and self._wake_fd is not None
         self._loop_ident = threading.get_ident()
         replies = self._replies
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        poller.register(self._pull, zmq.POLLIN)
-        for sock in self._events.sockets:
-            poller.register(sock, zmq.POLLIN)
+        router, wake, outbox = self._router, self._wake_fd, self._outbox
+        # `zmq_poll` itself: `zmq.Poller.poll` only adds a Python call around it.
+        items: list[tuple[Any, int]] = [(router, _POLLIN), (wake, _POLLIN)]
+        # The XPUBs by their own descriptor (`zmq.FD`), not as sockets: a socket in the poll
+        # set costs two `zmq.EVENTS` checks per wake-up, and subscriptions come rarely. The
+        # descriptor signals commands for the socket; a send on it may take such a signal
+        # while a subscription waits unread, so after events were sent each XPUB's
+        # `zmq.EVENTS` is looked at before the loop blocks (`_events_sent`).
+        xpubs = {_getsockopt(sock, _FD): sock for sock in self._events.sockets}
+        items += [(fd, _POLLIN) for fd in xpubs]
+        self._events_sent = True  # look at each once before the first block
         try:
             while True:
-                # Blocks until there is work; only a client's unread backlog sets a timeout.
-                ready = poller.poll(_BACKLOG_RETRY_MS if replies.backlog else None)
+                # Blocks until there is work; only a client's unread backlog sets a timeout,
+                # and entries left in the outbox past a wake-up's bound make it not block.
+                if self._events_sent:
+                    self._events_sent = False
+                    for sock in xpubs.values():
+                        if _getsockopt(sock, _EVENTS) & _POLLIN:
+                            self._events_sent |= self._events.read_subscriptions(sock)
+                if outbox and not self._signalled:
+                    timeout = 0
+                elif replies.backlog:
+                    timeout = _BACKLOG_RETRY_MS
+                else:
+                    timeout = -1
+                ready = _zmq_poll(items, timeout)
                 self.wakeups += 1
                 if replies.backlog:
                     replies.flush_backlogs()
                 router_ready = False
                 for sock, _ in ready:
-                    if sock is self._pull:
-                        if self._drain_pipe():
-                            return
-                    elif sock is self._router:
+                    if sock is router:
                         router_ready = True
+                    elif sock == wake:
+                        with contextlib.suppress(BlockingIOError):
+                            os.eventfd_read(wake)  # to zero: poll saw it non-zero
+                        # Cleared before the entries are taken: one handed over from here on
+                        # sends a wake-up of its own.
+                        self._signalled = False
                     else:
-                        self._events.read_subscriptions(sock)
+                        self._events_sent |= self._events.read_subscriptions(xpubs[sock])
+                if outbox and self._drain_pipe():
+                    return
                 if replies.backlog:
                     replies.flush_backlogs()
                 if router_ready:
@@ -782,52 +833,59 @@ class ApiServer:
                 self._stop_authenticator()
                 self._ctx.term()
 
-    def _drain_pipe(self, limit: int = 10_000) -> bool:
-        """Forward queued replies and events; True when a stop was requested."""
-        assert self._pull is not None
+    def _drain_pipe(self, limit: int = _OUTBOX_BOUND) -> bool:
+        """Forward queued replies and events, `limit` entries at most; True when a stop was
+        requested."""
+        outbox = self._outbox
+        send_event = self._events.send
         stop = False
         for _ in range(limit):
             try:
-                frames = self._pull.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
+                entry = outbox.popleft()
+            except IndexError:
                 break
-            tag = frames[0]
+            tag = entry[0]
             if tag == _TAG_REPLY:
-                self._send_reply(int.from_bytes(frames[1], "big"), frames[2])
+                self._send_reply(entry[1], entry[2])
             elif tag == _TAG_EVENT:
-                for i in range(1, len(frames) - 1, 2):
-                    self._events.send(frames[i], frames[i + 1])
+                self._events_sent = True
+                for topic, payload in entry[1]:
+                    send_event(topic, payload)
             elif tag == _TAG_STOP:
                 stop = True
             elif tag == _TAG_REBIND:
+                self._events_sent = True  # the XPUBs' binds: their signals too
                 self._rebind_missing()
             elif tag == _TAG_UNBIND:
-                self._unbind_replaced(frames[1].decode())
+                self._unbind_replaced(entry[1])
         return stop
 
     def _drain_router(self) -> None:
-        # Bounded batch so replies from the pipe are not starved by a flood of requests.
+        # Bounded batch so replies from the outbox are not starved by a flood of requests.
         # Every request ready is taken in this one wakeup. The frames are read as zero-copy
         # Frames whose `more` ends the message, with an int flag, not `recv_multipart` (its
         # per-frame Python, RCVMORE getsockopt and flag enums are a measurable part of a point
-        # read); a message's frames arrive together, so none is waited for.
+        # read); a message's frames arrive together, so none is waited for. Poll said one is
+        # there; after each, `zmq.EVENTS` says whether another is (a read that finds none
+        # raises `zmq.Again`, and every read lets the interpreter go).
         router = self._router
         assert router is not None
-        recv = router.recv
         active = self._guard.active if self._guard is not None else None
         for _ in range(1000):
             try:
-                part = recv(_NOBLOCK, copy=False)
+                part = _recv(router, _NOBLOCK, copy=False)
             except zmq.Again:
                 return
             frames = [part.bytes]
             while part.more:
-                part = recv(_NOBLOCK, copy=False)
+                part = _recv(router, _NOBLOCK, copy=False)
                 frames.append(part.bytes)
             if active is not None:
                 # The connection it came on is not idle (the guard sheds only idle ones).
                 active(part.get(_SRCFD), frames[0])
             self._handle(frames)
+            if not _getsockopt(router, _EVENTS) & _POLLIN:
+                return
 
     def _handle(self, frames: list[bytes]) -> None:
         # Everything before the body is the routing envelope (identity, plus REQ's empty
@@ -909,13 +967,14 @@ class ApiServer:
         if self._guard is not None:
             self._guard.stop()
         with self._push_lock:
-            push, self._push = self._push, None
-        for sock in (push, self._pull, self._router):
-            if sock is not None:
-                with contextlib.suppress(zmq.ZMQError):
-                    sock.close()
+            wake, self._wake_fd = self._wake_fd, None
+        if wake is not None:
+            os.close(wake)
+        if self._router is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self._router.close()
         self._events.close()
-        self._pull = self._router = self._replies.router = None
+        self._router = self._replies.router = None
         self._binder.remove_ipc_files()
 
 

@@ -82,6 +82,7 @@ from tests.support.invariants import (
     check_fork_events,
     check_invariants,
     check_processes,
+    check_session_events,
     repository_state,
 )
 from tests.support.run_dir import listeners_in
@@ -110,6 +111,11 @@ STOPPED_LIMIT_S = 2
 
 BURST = trials(3, 8)
 """Boundaries forked at once in the held-events burst (each asked twice)."""
+RENAMED = 3
+"""Sessions of the burst that several writers rename meanwhile (the Session-event law)."""
+RENAMERS = 3
+RENAMES = trials(10, 40)
+"""Renames of each of those Sessions per writer, each titled `w<writer>:<n>`."""
 IPC_ENDPOINTS = 3
 """The daemon's ipc listeners in `run/`: API, events, terminated-topic events."""
 
@@ -119,6 +125,7 @@ NEW_LAWS = (
     Law.FENCE_HAS_SAGA,
     Law.REPOSITORY_KEPT,
     Law.FORK_EVENTS_HEARD,
+    Law.SESSION_EVENTS_HEARD,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -327,6 +334,8 @@ class Burst:
 
     boundaries: int = 0
     ends: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The renamed Sessions as `session.get` answered at the end."""
     events: int = 0
     asked: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
@@ -412,8 +421,24 @@ def held_events_burst(
                     time.sleep(0.2)
                 return status, body
 
-        with ThreadPoolExecutor(len(asks) or 1) as pool:
+        renamed = chosen[:RENAMED]
+
+        def rename(writer: int) -> None:
+            # Several writers' renames of the same Sessions meet in group commits, and their
+            # events reach the events thread in whichever order their threads deliver them.
+            with Client(d.api, timeout=120) as mine:
+                for n in range(RENAMES):
+                    for sid in renamed:
+                        mine.call_raw(
+                            "session.updateTitle",
+                            {"workspaceId": WS, "agentSessionId": sid, "title": f"w{writer}:{n}"},
+                        )
+
+        with ThreadPoolExecutor(len(asks) + RENAMERS) as pool:
+            renames = [pool.submit(rename, k) for k in range(RENAMERS)]
             replies = list(pool.map(ask, asks))
+            for done in renames:
+                done.result()
         out.asked = Counter(
             f"{status}"
             + (f" {body.get('reason')}" if status >= 400 else "")
@@ -434,10 +459,18 @@ def held_events_burst(
             return None if op["status"] == "accepted" else dict(op)
 
         out.ends = {op_id: wait_for(lambda o=op_id: ended(o), 120) for op_id in op_ids}
+        out.sessions = {
+            sid: c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+            for sid in renamed
+        }
         # Every event is published after its COMMIT and none later than its caller's answer;
         # the subscriber reads them a moment after: wait for them, then judge what it heard.
         with contextlib.suppress(AssertionError):
             wait_for(lambda: not check_fork_events(list(heard), out.ends), 30, interval=0.2)
+        with contextlib.suppress(AssertionError):
+            wait_for(
+                lambda: not check_session_events(list(heard), out.sessions), 30, interval=0.2
+            )
     finally:
         stop.set()
         if listener is not None:
@@ -445,6 +478,7 @@ def held_events_burst(
         sub.close()
     out.events = len(heard)
     out.violations = check_fork_events(list(heard), out.ends)
+    out.violations += check_session_events(list(heard), out.sessions)
     return out
 
 
@@ -647,6 +681,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         + " ".join(f"{k}={v}" for k, v in sorted(burst.asked.items()))
         + f"; {len(burst.ends)} operations "
         + " ".join(f"{k}={v}" for k, v in sorted(burst_ends.items()))
+        + f", {len(burst.sessions)} Sessions renamed by {RENAMERS} writers meanwhile"
         + f", {burst.events} events heard",
         *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
@@ -682,3 +717,5 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     assert timers <= COMPACT_MIN + 16, timers
     # ... and really met the burst: forks heard to their end, some committed.
     assert burst.ends and any(o["status"] == "committed" for o in burst.ends.values()), burst.ends
+    # ... and renamed Sessions meanwhile, whose events the Session-event law judged.
+    assert burst.sessions, burst

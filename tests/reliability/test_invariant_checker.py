@@ -10,6 +10,7 @@ import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import apsw
 import msgpack
@@ -19,7 +20,13 @@ from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
-from tests.support.invariants import Law, check_fork_events, check_invariants, repository_state
+from tests.support.invariants import (
+    Law,
+    check_fork_events,
+    check_invariants,
+    check_session_events,
+    repository_state,
+)
 from workspace.shadow import ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -549,6 +556,25 @@ def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) ->
     assert [v.detail for v in unannounced] == [f"{op_id}: its child {child} was never announced"]
     never = check_fork_events(whole[3:], {op_id: end})
     assert [v.detail for v in never] == [f"{op_id} (committed): never heard"]
+
+
+def test_session_events_law_names_a_stale_or_lost_state() -> None:
+    """What a subscriber heard of two writers renaming one Session (`<writer>:<n>`): in each
+    writer's order with the end's title last passes; an older title of a writer heard after a
+    newer one (a carried row published stale), or a last title not the end's, is named."""
+
+    def upsert(title: str) -> dict[str, Any]:
+        return {"type": "session.upserted", "session": {"agentSessionId": "s", "title": title}}
+
+    end = {"agentSessionId": "s", "title": "w1:2"}
+    whole = [upsert("w0:0"), upsert("w1:0"), upsert("w0:1"), upsert("w1:1"), upsert("w1:2")]
+    assert check_session_events(whole, {"s": end}) == []
+    stale = check_session_events([*whole[:3], upsert("w0:0"), *whole[3:]], {"s": end})
+    assert [v.law for v in stale] == [Law.SESSION_EVENTS_HEARD]
+    assert "heard w0:0 after w0:1" in stale[0].detail
+    lost = check_session_events(whole[:4], {"s": end})
+    assert [v.detail for v in lost] == ["s: last heard title 'w1:1', ended 'w1:2'"]
+    assert [v.detail for v in check_session_events([], {"s": end})] == ["s: never heard"]
 
 
 def test_a_store_missing_a_schema_trigger_or_index_is_reported(base: Base, tmp_path: Path) -> None:

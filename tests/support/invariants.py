@@ -159,6 +159,12 @@ class Law(StrEnum):
     not hear a committed fork's child announced (`session.upserted`): an event the fork saga
     held for its burst was never published (docs/design/fork-saga.md step 6;
     `check_fork_events`, over what a soak's subscriber heard)."""
+    SESSION_EVENTS_HEARD = "session_events_heard"
+    """A subscriber connected all along heard a Session's writes out of the order one writer
+    made them (its titles `<writer>:<n>`, a lower n after a higher one: an event published
+    stale, such as a carried row delivered after a newer state), or its last `session.upserted`
+    is not the Session's state at the end (docs/design/store.md, "Change events that carry
+    their row"; `check_session_events`, over what a soak's subscriber heard)."""
 
 
 STORE_LAWS = frozenset(
@@ -1494,6 +1500,51 @@ def check_processes(
         if not problems or time.monotonic() >= deadline:
             return problems
         time.sleep(0.05)
+
+
+def check_session_events(
+    heard: Sequence[Mapping[str, Any]], ends: Mapping[str, Mapping[str, Any]]
+) -> list[Violation]:
+    """The Session-event law over what a subscriber connected all along heard (`heard`: its
+    events in arrival order) for the Sessions `ends` names (Session id → the Session as
+    `session.get` answers at the end): titles of the form `<writer>:<n>` heard in each
+    writer's order (n never lower than one heard before from that writer), and the last
+    `session.upserted` of each the end's title."""
+    out: list[Violation] = []
+    last: dict[str, Mapping[str, Any]] = {}
+    high: dict[tuple[str, str], int] = {}
+    for event in heard:
+        if event.get("type") != "session.upserted":
+            continue
+        session = event["session"]
+        sid = str(session["agentSessionId"])
+        if sid not in ends:
+            continue
+        last[sid] = session
+        writer, sep, n_text = str(session.get("title")).rpartition(":")
+        if not sep or not n_text.isdigit():
+            continue
+        key, n = (sid, writer), int(n_text)
+        if n < high.get(key, -1):
+            out.append(
+                Violation(
+                    Law.SESSION_EVENTS_HEARD,
+                    f"{sid}: heard {writer}:{n} after {writer}:{high[key]} (a stale event)",
+                )
+            )
+        high[key] = max(n, high.get(key, -1))
+    for sid, end in ends.items():
+        seen = last.get(sid)
+        if seen is None:
+            out.append(Violation(Law.SESSION_EVENTS_HEARD, f"{sid}: never heard"))
+        elif seen.get("title") != end.get("title"):
+            out.append(
+                Violation(
+                    Law.SESSION_EVENTS_HEARD,
+                    f"{sid}: last heard title {seen.get('title')!r}, ended {end.get('title')!r}",
+                )
+            )
+    return out
 
 
 def check_invariants(

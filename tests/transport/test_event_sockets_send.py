@@ -5,23 +5,32 @@ one copy fewer per event on the transport loop). Real XPUB/SUB sockets over inpr
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from typing import Any
 
+import pytest
 import zmq
 
+import transport.server
 from transport.server import EventSockets
 
 
 class _Counting:
-    """A socket whose sends are counted and passed on."""
+    """The transport's frame send, counted per socket (each message's frames together) and
+    passed on."""
 
-    def __init__(self, sock: zmq.Socket[bytes]) -> None:
-        self.sock = sock
-        self.sent: list[list[bytes]] = []
+    def __init__(self) -> None:
+        self.sent: dict[int, list[list[bytes]]] = defaultdict(list)
+        self._open: dict[int, list[bytes]] = {}
+        self._send = transport.server._send
 
-    def send_multipart(self, frames: list[bytes], flags: int = 0) -> Any:
-        self.sent.append(list(frames))
-        return self.sock.send_multipart(frames, flags)
+    def __call__(self, sock: zmq.Socket[bytes], frame: bytes, flags: int = 0, **kw: Any) -> Any:
+        parts = self._open.setdefault(id(sock), [])
+        parts.append(bytes(frame))
+        if not flags & zmq.SNDMORE:
+            self.sent[id(sock)].append(list(parts))
+            del self._open[id(sock)]
+        return self._send(sock, frame, flags, **kw)
 
 
 def _read_until(events: EventSockets, sock: zmq.Socket[bytes], done: Any) -> None:
@@ -32,7 +41,9 @@ def _read_until(events: EventSockets, sock: zmq.Socket[bytes], done: Any) -> Non
         events.read_subscriptions(sock)
 
 
-def test_an_event_goes_only_to_the_sockets_someone_subscribed_on() -> None:
+def test_an_event_goes_only_to_the_sockets_someone_subscribed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     ctx: zmq.Context[Any] = zmq.Context()
     events = EventSockets()
     plain, exact = events._socket(ctx), events._socket(ctx)
@@ -45,25 +56,22 @@ def test_an_event_goes_only_to_the_sockets_someone_subscribed_on() -> None:
         sub.connect("inproc://plain")
         sub.setsockopt(zmq.SUBSCRIBE, b"team")
         _read_until(events, plain, lambda: events.wants("team"))
-        counted_plain, counted_exact = _Counting(plain), _Counting(exact)
-        events.pub, events.pub_exact = counted_plain, counted_exact  # type: ignore[assignment]
+        counted = _Counting()
+        monkeypatch.setattr(transport.server, "_send", counted)
         events.send(b"team", b"one")
         assert sub.poll(10_000)
         assert sub.recv_multipart() == [b"team", b"one"]
-        assert counted_plain.sent == [[b"team", b"one"]]
-        assert counted_exact.sent == []  # nobody subscribed there: not handed the frames
+        assert counted.sent[id(plain)] == [[b"team", b"one"]]
+        assert counted.sent[id(exact)] == []  # nobody subscribed there: not handed the frames
 
-        events.pub, events.pub_exact = plain, exact
         sub_exact.connect("inproc://exact")
         sub_exact.setsockopt(zmq.SUBSCRIBE, b"team\0")
         _read_until(events, exact, lambda: events._prefixes[1])
-        events.pub, events.pub_exact = counted_plain, counted_exact  # type: ignore[assignment]
         events.send(b"team", b"two")
         assert sub_exact.poll(10_000)
         assert sub_exact.recv_multipart() == [b"team\0", b"two"]
-        assert counted_exact.sent == [[b"team\0", b"two"]]
+        assert counted.sent[id(exact)] == [[b"team\0", b"two"]]
     finally:
-        events.pub, events.pub_exact = plain, exact
         sub.close(0)
         sub_exact.close(0)
         events.close()

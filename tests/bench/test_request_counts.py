@@ -1,0 +1,29 @@
+"""`bench/request_counts.py` runs against a real daemon and reports a rename's CPU and wake-ups
+by thread (figures not asserted: counts of a loaded machine)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(300)
+def test_request_counts_reports_a_renames_cost_by_thread() -> None:
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "request_counts.py"), "--renames", "100"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    cpu = re.search(r"100 renames in .* daemon CPU ([0-9.]+) ms per rename \[(.*)\]", out.stdout)
+    assert cpu is not None, out.stdout
+    assert float(cpu.group(1)) > 0 and "agenthost-trans" in cpu.group(2)
+    assert re.search(r"wake-ups [0-9.]+ per rename", out.stdout), out.stdout
