@@ -1,5 +1,5 @@
-"""`bench/request_counts.py` runs against a real daemon and reports a rename's CPU and wake-ups
-by thread (figures not asserted: counts of a loaded machine)."""
+"""`python -m bench.request_counts` runs against a real daemon and reports a rename's CPU and
+wake-ups by thread (figures not asserted: counts of a loaded machine)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.timeout(300)
 def test_request_counts_reports_a_renames_cost_by_thread() -> None:
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "request_counts.py"), "--renames", "100"],
+        [sys.executable, "-m", "bench.request_counts", "--renames", "100"],
         cwd=REPO,
         capture_output=True,
         text=True,
