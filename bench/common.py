@@ -13,9 +13,11 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -342,3 +344,22 @@ def bench_main(
 def log(message: str) -> None:
     """Progress on stderr, so stdout carries only the tables."""
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def thread_counters(pid: int) -> Counter[str]:
+    """CPU ticks ("cpu:<name>") and voluntary context switches ("cs:<name>") of each thread
+    of `pid`, summed by name (numbered pool threads together)."""
+    out: Counter[str] = Counter()
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue
+        name = re.sub(r"[_-]?\d+$", "", stat[stat.index("(") + 1 : stat.rindex(")")])
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out["cpu:" + name] += int(fields[11]) + int(fields[12])
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches"):
+                out["cs:" + name] += int(line.split()[1])
+    return out

@@ -27,7 +27,6 @@ import argparse
 import functools
 import json
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from bench.common import cpu_probe_ms
+from bench.common import cpu_probe_ms, thread_counters
 from bench.harness import (
     WS,
     BenchDaemon,
@@ -59,27 +58,8 @@ def _site_env(**extra: str) -> None:
     os.environ.update(extra)
 
 
-def _threads(pid: int) -> Counter[str]:
-    """CPU ticks ("cpu:<name>") and voluntary context switches ("cs:<name>") of each thread
-    of `pid`, summed by name (numbered pool threads together)."""
-    out: Counter[str] = Counter()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue
-        name = re.sub(r"[_-]?\d+$", "", stat[stat.index("(") + 1 : stat.rindex(")")])
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out["cpu:" + name] += int(fields[11]) + int(fields[12])
-        for line in status.splitlines():
-            if line.startswith("voluntary_ctxt_switches"):
-                out["cs:" + name] += int(line.split()[1])
-    return out
-
-
 def _snapshot(into: dict[str, Counter[str]], pid: int) -> None:
-    into["t"] = _threads(pid)
+    into["t"] = thread_counters(pid)
 
 
 def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
@@ -109,7 +89,7 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                     events=daemon.events,
                     on_start=functools.partial(_snapshot, before, daemon.pid),
                 )
-                after = _threads(daemon.pid)
+                after = thread_counters(daemon.pid)
                 forks = sum(1 for rs in records for r in rs if r.get("reason") == "committed")
                 n = max(1, forks)
                 delta = {k: after[k] - before["t"].get(k, 0) for k in after}

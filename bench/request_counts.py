@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.common import thread_counters
 from bench.harness import BenchDaemon, create_session, run_turn
 from bench.loadgen import LeanClient, Waiter, request
 
@@ -45,24 +46,6 @@ def _renames(c: LeanClient, sid: str, n: int, tag: str) -> None:
 def _name(pid: int, tid: str) -> str:
     comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
     return re.sub(r"[_-]?\d+$", "", comm)
-
-
-def _threads(pid: int) -> Counter[str]:
-    """CPU ticks ("cpu:<name>") and voluntary context switches ("cs:<name>") by thread name."""
-    out: Counter[str] = Counter()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue
-        name = re.sub(r"[_-]?\d+$", "", stat[stat.index("(") + 1 : stat.rindex(")")])
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out["cpu:" + name] += int(fields[11]) + int(fields[12])
-        for line in status.splitlines():
-            if line.startswith("voluntary_ctxt_switches"):
-                out["cs:" + name] += int(line.split()[1])
-    return out
 
 
 def _top(d: dict[str, float], fmt: str, floor: float) -> str:
@@ -127,11 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 _renames(lean, sid, 500, "warm")
                 n = args.renames
-                before = _threads(daemon.pid)
+                before = thread_counters(daemon.pid)
                 t0 = time.monotonic()
                 _renames(lean, sid, n, "m")
                 elapsed = time.monotonic() - t0
-                after = _threads(daemon.pid)
+                after = thread_counters(daemon.pid)
                 delta = {k: after[k] - before.get(k, 0) for k in after}
                 cs = {k[3:]: v / n for k, v in delta.items() if k.startswith("cs:")}
                 cpu = {k[4:]: v / tick * 1000 / n for k, v in delta.items() if k.startswith("cpu:")}
