@@ -469,6 +469,11 @@ class SessionLanes:
             self._drain(key)
         return True
 
+    def with_actor(self, key: Key) -> int:
+        """How many of the Session's requests its actor still owes an answer."""
+        with self._lock:
+            return self._routed.get(key, 0)
+
     def begin_routed(self, key: Key) -> Callable[[], None]:
         """Count a request for the Session's actor as in flight, before it is routed; returns
         what to call once it is answered (any number of times: it counts once)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -63,6 +64,16 @@ def _actor_held(daemon: Daemon, sid: str) -> Iterator[None]:
         release.set()
 
 
+def _wait_with_actor(daemon: Daemon, sid: str, count: int) -> None:
+    """Wait until the daemon counts `count` of the Session's requests as with its actor."""
+    lanes = daemon.api.plumbing.lanes
+    deadline = time.monotonic() + 10
+    while lanes.with_actor((WS, sid)) < count:
+        assert time.monotonic() < deadline, lanes.with_actor((WS, sid))
+        time.sleep(0.005)
+    assert lanes.with_actor((WS, sid)) == count
+
+
 def test_a_rename_is_answered_while_its_sessions_actor_is_busy(
     running: tuple[Daemon, Client],
 ) -> None:
@@ -93,6 +104,10 @@ def test_a_rename_behind_a_request_still_with_the_actor_keeps_its_place(
         pin = c.submit("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": True})
         rename = c.submit("session.updateTitle", _title(sid, "last words"))
         delete = c.submit("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+        # All three received before the actor is let go: a submit only queues the frame, and
+        # a rename that reached the daemon after the pin was answered would rightly take the
+        # lane (the flake of a clean-clone run: `direct_writes` one more than expected).
+        _wait_with_actor(daemon, sid, 3)
         assert not rename.done()  # behind the pin, in the busy actor
     assert pin.result(timeout=10)[0] == 200
     status, body = rename.result(timeout=10)
