@@ -69,6 +69,8 @@ PATH = (
     "c.relocate.end",
     "c.verify",
     "c.verify.end",
+    "w.nsync",
+    "w.nsync.end",
     "w.send",
     "w.sent",
     "sup.complete",
@@ -80,7 +82,8 @@ PATH = (
     "responder.result",
     "loop.send_reply",
 )
-"""The fork's path in order (first occurrence of each within the fork's window)."""
+"""The stamps of a fork's path (first occurrence of each within the fork's window); its
+stretches are taken between them in the order they happened."""
 
 SITE = Path(__file__).resolve().parent / "stamp_site"
 """This checkout's stamp site, whichever tree leads PYTHONPATH (one copy measures two trees)."""
@@ -173,11 +176,12 @@ def _split(
         host.append(t1 - t0)
         for point, t in first.items():
             offsets.setdefault(point, []).append(t - t0)
-        seen = [p for p in PATH if p in first]
+        # In the order they happened (one clock for the daemon and the worker).
+        seen = sorted((t, p) for p, t in first.items() if p in PATH)
         prev, prev_t = "send", t0
-        for point in seen:
-            stretches.setdefault(f"{prev} → {point}", []).append(first[point] - prev_t)
-            prev, prev_t = point, first[point]
+        for t, point in seen:
+            stretches.setdefault(f"{prev} → {point}", []).append(t - prev_t)
+            prev, prev_t = point, t
         stretches.setdefault(f"{prev} → client", []).append(t1 - prev_t)
     half = len(ops) // 2
     med_off = {

@@ -129,6 +129,8 @@ if _WORKER and _STAMPS:
         ("drivers.claude.fork", "ClaudeFork", "plan_fork", "c.plan", "c.plan.end"),
         ("drivers.claude.fork", "ClaudeFork", "call_fork_session", "c.sdk_fork", "c.sdk_fork.end"),
         ("drivers.claude.fork", "ClaudeFork", "relocate_child", "c.relocate", "c.relocate.end"),
+        ("drivers.claude.fork", "ClaudeFork", "begin_relocate", "c.relocate", "c.relocate.end"),
+        ("drivers.binder", "NamesSyncing", "wait", "w.nsync", "w.nsync.end"),
         ("drivers.claude.fork", "ClaudeFork", "verify_child", "c.verify", "c.verify.end"),
     )
 
@@ -157,7 +159,9 @@ if _WORKER and _STAMPS:
                 module, cls, attr, before, after = point
                 if module in sys.modules:
                     time.sleep(0.05)  # its body has run
-                    _wwrap(getattr(importlib.import_module(module), cls), attr, before, after)
+                    owner = getattr(importlib.import_module(module), cls)
+                    if hasattr(owner, attr):  # a point of another tree's code may be missing
+                        _wwrap(owner, attr, before, after)
                     left.remove(point)
             time.sleep(0.05)
 

@@ -297,3 +297,50 @@ def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durabl
     for directory in [dest.parent, *(p.parent for p in created)]:
         assert log.count(directory) == 1, directory
     assert log.count(harness.transcript(three_turns).parent) == 1
+
+
+def test_the_child_is_verified_while_its_names_sync_and_accepted_only_once_they_are_durable(
+    harness: Harness, three_turns: ClaudeSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move's last round (the directories' entries, in the target home and the source's)
+    runs while the child is verified from its own home; the fork answers only once that
+    round has ended: with a directory fsync of the target home held, the verification has
+    run and the fork has not returned."""
+    import os
+    import stat
+    import threading
+
+    home = harness.home("child-held")
+    release, verified = threading.Event(), threading.Event()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and os.readlink(f"/proc/self/fd/{fd}").startswith(
+            str(home)
+        ):
+            assert release.wait(60)
+        real(fd)
+
+    verify = harness.driver.forks.verify_child
+
+    def verifying(request, plan, child_id):  # type: ignore[no-untyped-def]
+        result = verify(request, plan, child_id)
+        verified.set()
+        return result
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(harness.driver.forks, "verify_child", verifying)
+    done: list[object] = []
+    forking = threading.Thread(
+        target=lambda: done.append(fork(harness, harness.fork_params(three_turns, "child-held", 2)))
+    )
+    forking.start()
+    try:
+        assert verified.wait(60)  # verified while the round is held
+        forking.join(0.3)
+        assert forking.is_alive() and not done  # not answered before the names are durable
+    finally:
+        release.set()
+        forking.join(60)
+    [result] = done
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error  # type: ignore[attr-defined]
