@@ -155,15 +155,16 @@ if _WORKER and _STAMPS:
         left = list(_WPOINTS)
         deadline = time.monotonic() + 60.0
         while left and time.monotonic() < deadline:
-            for point in list(left):
+            ready = [point for point in left if point[0] in sys.modules]
+            if ready:
+                time.sleep(0.05)  # their modules' bodies have run
+            for point in ready:
                 module, cls, attr, before, after = point
-                if module in sys.modules:
-                    time.sleep(0.05)  # its body has run
-                    owner = getattr(importlib.import_module(module), cls)
-                    if hasattr(owner, attr):  # a point of another tree's code may be missing
-                        _wwrap(owner, attr, before, after)
-                    left.remove(point)
-            time.sleep(0.05)
+                owner = getattr(importlib.import_module(module), cls)
+                if hasattr(owner, attr):  # a point of another tree's code may be missing
+                    _wwrap(owner, attr, before, after)
+                left.remove(point)
+            time.sleep(0.02)
 
     def _wdump() -> None:
         """Appends what was stamped since the last call: the worker leaves by `os._exit`, so
