@@ -22,7 +22,7 @@ from typing import Any
 
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
-from drivers.binder import NamesSyncing, fsync_dir, fsync_dirs, makedirs
+from drivers.binder import fsync_dir, fsync_dirs, makedirs
 from drivers.claude.env import (
     DRIVER_KIND,
     PRIVATE_HOME_DIR,
@@ -85,13 +85,8 @@ class ClaudeFork:
             return ForkResult.unknown(f"fork_session failed: {type(exc).__name__}: {exc}")
         try:
             self._failpoints.hit("worker.fork.after_provider_call")
-            names = self.begin_relocate(request, child_id)
-            # The verification reads the child back by name while its directories are
-            # fsynced; nothing is accepted before they are durable (`names.wait()`).
-            result = self.verify_child(request, plan, child_id)
-            names.wait()
-            self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
-            return result
+            self.relocate_child(request, child_id)
+            return self.verify_child(request, plan, child_id)
         except Exception as exc:
             return ForkResult.unknown(
                 f"child {child_id} unverified: {type(exc).__name__}: {exc}",
@@ -156,16 +151,7 @@ class ClaudeFork:
         return str(result.session_id)
 
     def relocate_child(self, request: ForkRequest, child_id: str) -> None:
-        """`begin_relocate` and wait for its last round: the child durable in its own home."""
-        self.begin_relocate(request, child_id).wait()
-        self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
-
-    def begin_relocate(self, request: ForkRequest, child_id: str) -> NamesSyncing:
-        """Moves the child transcript from the source's config dir into the child's own home,
-        returning with its last round of syncs (the directories' entries) still running:
-        the child is in place, readable by name and its bytes durable; `wait()` before
-        anything counts it durable (the fork verifies it meanwhile, as the app-server fork
-        proves its bound child readable while its names' round runs).
+        """Moves the child transcript from the source's config dir into the child's own home.
 
         fork_session writes next to the source; the child must resume from its own home alone.
         Crash-durable, and a move, not a copy: the SDK's file is fsynced where it
@@ -203,13 +189,11 @@ class ClaudeFork:
         # all together (one journal commit, not one per directory in a row). After
         # a move the source's directory joins them: its entry is gone by the same rename.
         durable: list[Path | str] = [dest.parent, *changed]
-        if moved:
-            return NamesSyncing(os.fspath(d) for d in [*durable, written.parent])
-        # Across filesystems (rare): the copy durable, then the source's name removed.
-        fsync_dirs(durable)
-        written.unlink()
-        fsync_dir(written.parent)
-        return NamesSyncing(())
+        fsync_dirs([*durable, written.parent] if moved else durable)
+        self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
+        if not moved:
+            written.unlink()
+            fsync_dir(written.parent)
 
     def verify_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> ForkResult:
         """Reads only the child (from the target home): identity, readability, turn mapping."""

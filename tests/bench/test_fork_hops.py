@@ -49,5 +49,5 @@ def test_claude_fork_steps_times_both_sides() -> None:
         timeout=280,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "serial p50" in out.stdout and "overlap p50" in out.stdout, out.stdout
+    assert "steps p50" in out.stdout and "fork p50" in out.stdout, out.stdout
     assert "move, waited" in out.stdout and "verify" in out.stdout, out.stdout
