@@ -2,12 +2,12 @@
 fork interleaved (issue 36 target 1: what the host adds over its floor, stretch by stretch).
 
 A `BenchDaemon` of one provider (tutti-agent or claude-code) with `bench/stamp_site` loaded in
-the daemon *and* its driver worker (`AGENTHOST_STAMPS`; the worker's stamps go to
-`<file>.w<pid>`): N forks one at a time of a warm source, each followed by one bare provider
-fork (`bench.providers`' harness, as `bench.fork_overhead` times it), then for each stamp its
-median offset from the client's send and the stretches between consecutive stamps of the
-fork's path. Not a benchmark of record (the stamps cost a few µs each); the split, not the sum,
-is what it is for.
+the daemon *and* its driver worker (`AGENTHOST_STAMPS`, `AGENTHOST_STAMPS_WORKER=1`; the
+worker's stamps go to `<file>.w<pid>`): N forks one at a time of a warm source, each followed
+by one bare provider fork (`bench.providers`' harness, as `bench.fork_overhead` times it),
+then for each stamp its median offset from the client's send and the stretches between
+consecutive stamps of the fork's path, in the order they happened. Not a benchmark of record
+(the stamps cost a few µs each); the split, not the sum, is what it is for.
 
     PYTHONPATH=<tree> build/venv/bin/python <this checkout>/bench/fork_hops.py \\
         --provider tutti-agent --forks 60
@@ -117,7 +117,7 @@ def run(provider: str, forks: int, turns: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-fork-hops-") as tmp_text:
         tmp = Path(tmp_text)
         stamps_file = tmp / "stamps.tsv"
-        _site_env(AGENTHOST_STAMPS=str(stamps_file))
+        _site_env(AGENTHOST_STAMPS=str(stamps_file), AGENTHOST_STAMPS_WORKER="1")
         ops: list[tuple[float, float]] = []
         bare_ms: list[float] = []
         probe = cpu_probe_ms()

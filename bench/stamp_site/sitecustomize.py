@@ -16,8 +16,13 @@ import sys
 _STAMPS = os.environ.get("AGENTHOST_STAMPS")
 _SERVE = "serve" in sys.argv
 # A driver worker (`python -m drivers.worker --provider P --connect …`) stamps its side of a
-# fork into `<AGENTHOST_STAMPS>.w<pid>` on the same wall clock (`bench.fork_hops`).
-_WORKER = "--connect" in sys.argv and "--provider" in sys.argv
+# fork into `<AGENTHOST_STAMPS>.w<pid>` on the same wall clock, only when asked
+# (`AGENTHOST_STAMPS_WORKER=1`, `bench.fork_hops`).
+_WORKER = (
+    "--connect" in sys.argv
+    and "--provider" in sys.argv
+    and os.environ.get("AGENTHOST_STAMPS_WORKER") == "1"
+)
 
 if _SERVE and os.environ.get("AGENTHOST_NAME_THREADS"):
     import contextlib
