@@ -15,6 +15,14 @@ import sys
 
 _STAMPS = os.environ.get("AGENTHOST_STAMPS")
 _SERVE = "serve" in sys.argv
+# A driver worker (`python -m drivers.worker --provider P --connect …`) stamps its side of a
+# fork into `<AGENTHOST_STAMPS>.w<pid>` on the same wall clock, only when asked
+# (`AGENTHOST_STAMPS_WORKER=1`, `bench.fork_hops`).
+_WORKER = (
+    "--connect" in sys.argv
+    and "--provider" in sys.argv
+    and os.environ.get("AGENTHOST_STAMPS_WORKER") == "1"
+)
 
 if _SERVE and os.environ.get("AGENTHOST_NAME_THREADS"):
     import contextlib
@@ -63,6 +71,9 @@ if _SERVE and _STAMPS:
         ("storage.fork_prepare", "", "require_session", "prepare.session_read", ""),
         ("storage.fork_snapshot", "", "history_link", "history_link", ""),
         ("storage.history_links", "", "history_link", "history_link", ""),
+        # The daemon's end of the worker link (the supervisor's loop thread).
+        ("drivers.supervisor", "WorkerSupervisor", "_send", "sup.send", ""),
+        ("drivers.supervisor", "WorkerSupervisor", "_complete", "sup.complete", ""),
     )
 
     def _wrap(owner: Any, attr: str, before: str, after: str) -> None:
@@ -97,3 +108,82 @@ if _SERVE and _STAMPS:
 
     threading.Thread(target=_when_imported, name="stamps", daemon=True).start()
     atexit.register(_dump)
+
+if _WORKER and _STAMPS:
+    import importlib
+    import threading
+    import time
+    from typing import Any
+
+    _wrec: list[tuple[str, float]] = []
+    # module, class, attribute, stamp on entry, stamp on exit; only what is looked up at call
+    # time can be wrapped (the worker's method table holds bound methods made at start).
+    _WPOINTS = (
+        ("transport.worker_link", "WorkerEnd", "_dispatch", "w.recv", ""),
+        ("domain.worker_messages", "ForkRequest", "from_wire", "w.fork", ""),
+        ("transport.worker_link", "WorkerEnd", "send_result", "w.send", "w.sent"),
+        ("drivers.app_server.fork", "ForkThroughTurn", "_fork_on", "w.fork_on", "w.fork_on.end"),
+        ("drivers.app_server.fork", "ForkThroughTurn", "_source_turns", "w.source", "w.source.end"),
+        ("drivers.app_server.process", "AppServerProcess", "answer", "w.answer", "w.answered"),
+        ("drivers.binder", "DirsAhead", "run", "w.dirs", "w.dirs.end"),
+        ("drivers.binder", "DirsAhead", "ready", "w.dirs.ready", "w.dirs.ready.end"),
+        ("drivers.binder", "RolloutBinder", "begin", "w.bind", "w.bind.end"),
+        ("drivers.app_server.fork", "ForkThroughTurn", "_prove_readable", "w.proof",
+         "w.proof.end"),
+        ("drivers.binder", "PendingNames", "wait", "w.names", "w.names.end"),
+        ("drivers.claude.fork", "ClaudeFork", "plan_fork", "c.plan", "c.plan.end"),
+        ("drivers.claude.fork", "ClaudeFork", "call_fork_session", "c.sdk_fork", "c.sdk_fork.end"),
+        ("drivers.claude.fork", "ClaudeFork", "relocate_child", "c.relocate", "c.relocate.end"),
+        ("drivers.claude.fork", "ClaudeFork", "begin_relocate", "c.relocate", "c.relocate.end"),
+        ("drivers.binder", "NamesSyncing", "wait", "w.nsync", "w.nsync.end"),
+        ("drivers.claude.fork", "ClaudeFork", "verify_child", "c.verify", "c.verify.end"),
+    )
+
+    def _wwrap(owner: Any, attr: str, before: str, after: str) -> None:
+        raw = owner.__dict__.get(attr)
+        fn = getattr(owner, attr)
+
+        def stamped(*args: Any, **kwargs: Any) -> Any:
+            _wrec.append((before, time.time() * 1000.0))
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if after:
+                    _wrec.append((after, time.time() * 1000.0))
+
+        if isinstance(raw, classmethod):
+            setattr(owner, attr, classmethod(lambda cls, *a, **k: stamped(*a, **k)))
+        else:
+            setattr(owner, attr, stamped)
+
+    def _winstall() -> None:
+        left = list(_WPOINTS)
+        deadline = time.monotonic() + 60.0
+        while left and time.monotonic() < deadline:
+            ready = [point for point in left if point[0] in sys.modules]
+            if ready:
+                time.sleep(0.05)  # their modules' bodies have run
+            for point in ready:
+                module, cls, attr, before, after = point
+                owner = getattr(importlib.import_module(module), cls)
+                if hasattr(owner, attr):  # a point of another tree's code may be missing
+                    _wwrap(owner, attr, before, after)
+                left.remove(point)
+            time.sleep(0.02)
+
+    def _wdump() -> None:
+        """Appends what was stamped since the last call: the worker leaves by `os._exit`, so
+        its stamps are written as they come (every 0.2 s), not at exit."""
+        done = 0
+        while True:
+            time.sleep(0.2)
+            fresh, done = _wrec[done:], done + len(_wrec[done:])
+            if fresh:
+                with open(f"{_STAMPS}.w{os.getpid()}", "a") as f:
+                    f.writelines(f"{point}\t{ms:.3f}\n" for point, ms in fresh)
+
+    def _wstart() -> None:
+        threading.Thread(target=_wdump, name="stamps-out", daemon=True).start()
+        _winstall()
+
+    threading.Thread(target=_wstart, name="stamps", daemon=True).start()

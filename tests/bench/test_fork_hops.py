@@ -1,0 +1,53 @@
+"""`bench/fork_hops.py` stamps one warm fork end to end through a real daemon and its real
+worker (tutti-agent), on one clock: the worker's points are there, in the order of the path
+(figures not asserted: timings of a loaded machine)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(300)
+def test_fork_hops_places_the_workers_stamps_between_the_daemons(tmp_path: Path) -> None:
+    out_json = tmp_path / "hops.json"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "fork_hops.py"), "--forks", "10", "--turns", "2",
+         "--json", str(out_json)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out_json.read_text())
+    offsets = result["offsetsP50Ms"]
+    path = ["sup.send", "w.recv", "w.fork", "w.answered", "w.bind", "w.proof", "w.send",
+            "sup.complete", "commit.begin", "loop.send_reply"]
+    assert all(p in offsets for p in path), sorted(offsets)
+    assert [offsets[p] for p in path] == sorted(offsets[p] for p in path)
+    assert result["bareP50Ms"] > 0 and result["hostP50Ms"] > offsets["loop.send_reply"]
+
+
+@pytest.mark.claude
+@pytest.mark.timeout(300)
+def test_claude_fork_steps_times_both_sides() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.claude_fork_steps", "--forks", "3", "--turns", "2"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "steps p50" in out.stdout and "fork p50" in out.stdout, out.stdout
+    assert "move, waited" in out.stdout and "verify" in out.stdout, out.stdout
