@@ -53,12 +53,16 @@ ASSISTANT_LINGER_S = 0.05
 when it is the reply: an app-server's `turn/completed` follows the reply's `item/completed` by
 ~1–20 ms). Nobody waits on that write: the client already has the reply's deltas."""
 
-START_LINGER_S = 0.05
+START_LINGER_S = 1.0
 """How long a Turn's start writes (its provider bind and binding) may wait, once the answer to
 its `turn.start` is in, for the Turn's next write: in a short Turn its reply and settlement, so
 the Turn's writes after the claim land as one transaction (one COMMIT, one `turn.updated`).
 Nothing waits on that write, and the store shows the Turn active either way (a crash before it
-lands leaves an active, unbound Turn: what a crash before the start's answer always left)."""
+lands leaves an active, unbound Turn: what a crash before the start's answer always left).
+Longer than a short Turn's stream: a bound that ends while the model streams lands the start
+mid-stream (free) but one that ends as the reply arrives makes the settlement wait behind the
+start's COMMIT (50 ms did so for a 20-delta Turn of `bench.turn_overhead`: its `after` stage
++2 ms in 4 pairs of 4)."""
 
 
 class TurnRunner:
