@@ -189,12 +189,17 @@ class TurnStore:
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         with self._write(ws) as tx:
-            settled = _settle(
-                tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, False
+            return _settle(
+                tx,
+                ws,
+                sid,
+                turn_id,
+                outcome,
+                final_assistant_message_id,
+                error,
+                False,
+                checkpoint_json=checkpoint_json,
             )
-            if settled and checkpoint_json is not None:
-                _set_checkpoint(tx, ws, sid, turn_id, checkpoint_json)
-            return settled
 
     def newest_settled_turn_id(self, ws: str, sid: str) -> str | None:
         """The Session's newest settled Turn (None if it has none)."""
@@ -324,14 +329,6 @@ def _bind(
     tx.emit(TurnChanged(ws, sid, turn_id))
 
 
-def _set_checkpoint(tx: Tx, ws: str, sid: str, turn_id: str, checkpoint_json: str) -> None:
-    tx.execute(
-        "UPDATE turns SET checkpoint_json = ? WHERE workspace_id = ? AND session_id = ?"
-        " AND turn_id = ?",
-        (checkpoint_json, ws, sid, turn_id),
-    )
-
-
 def _rebind(tx: Tx, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
     require_live_session(tx.conn, ws, sid)
     turn_row(tx, ws, sid, turn_id)
@@ -352,8 +349,12 @@ def _settle(
     final_assistant_message_id: str | None,
     error: str | None,
     include_deleted: bool,
+    *,
+    checkpoint_json: str | None = None,
 ) -> bool:
-    """The settle write; False (nothing written) if the Turn was already settled."""
+    """The settle write; False (nothing written) if the Turn was already settled.
+    `checkpoint_json`: the Turn's checkpoint record, set by the same statement (None: the
+    record is left as it is)."""
     require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
     turn = turn_row(tx, ws, sid, turn_id)
     if turn.phase == TurnPhase.SETTLED:
@@ -371,9 +372,9 @@ def _settle(
             )
     tx.execute(
         "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
-        " error = ?, settled_at_ms = ? WHERE workspace_id = ? AND session_id = ?"
-        " AND turn_id = ?",
-        (outcome, final_assistant_message_id, error, tx.now_ms, ws, sid, turn_id),
+        " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json)"
+        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+        (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, ws, sid, turn_id),
     )
     tx.execute(
         "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"

@@ -145,3 +145,28 @@ def test_the_providers_user_item_is_not_routed_to_the_session_actor(
     assert any(e.TYPE == "turn.completed" for e in events)
     assert [m["kind"] for m in turn["messages"]] == ["user", "assistant"]
     assert turn["messages"][0]["text"] == "who said it"
+
+
+def test_a_turns_writes_after_its_claim_are_one_transaction(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's writes (the provider bind and binding) wait, within their bound, for the
+    Turn's next write, as the reply waits for the settlement: a one-reply Turn is two write
+    transactions, the claim and everything after it (one COMMIT, one `turn.updated`). Both
+    bounds are raised to 30 s so a loaded machine's scheduling cannot outlast them. On a
+    daemon whose start writes land alone this counts two after the claim."""
+    monkeypatch.setattr(session_turns, "START_LINGER_S", 30.0)
+    monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
+    daemon, c = running
+    sid = _warm_session(c)
+    assert daemon.store is not None
+    stats = daemon.store.db.write_stats
+    for n in range(3):
+        at_claim = stats.transactions
+        turn = run_turn(c, sid, f"one write {n}")
+        assert turn["outcome"] == "completed", turn
+        assert turn["rootProviderTurnId"], turn
+        assert [m["text"] for m in turn["messages"]] == [f"one write {n}", f"echo: one write {n}"]
+        assert (turn.get("workspace") or {}).get("after"), turn
+        # The claim and the one transaction of the start, the reply and the settlement.
+        assert stats.transactions - at_claim == 2, stats.transactions - at_claim

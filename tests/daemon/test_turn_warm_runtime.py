@@ -256,3 +256,26 @@ def test_a_turns_start_events_land_as_one_transaction_when_they_arrive_apart(
     turn = settle(c, sid, turn_id)
     assert turn["outcome"] == "completed", turn
     assert [m["text"] for m in turn["messages"]] == ["one start", "echo: one start"]
+
+
+def test_a_settings_change_between_turns_is_not_answered_from_the_row_cache(
+    running: tuple[Daemon, Client],
+) -> None:
+    """A Turn's start reads the Session from its actor's row cache; `session.updateSettings`
+    (a mutation through the same actor) empties it, so the next Turn sees the new settings,
+    which differ from the warm runtime's: it takes the cold path (`session.start` with them).
+    A stale row would match the warm runtime and start the Turn there with the old
+    settings. The Turn after it, with nothing changed, is warm again."""
+    daemon, c = running
+    sid = _warm_session(c)
+    run_turn(c, sid, "cached")  # the row is cached now
+    base = {"workspaceId": WS, "agentSessionId": sid}
+    assert c.call("session.updateSettings", {**base, "settings": {"x": 2}})["session"]
+    sent = _Sent(daemon)
+    assert run_turn(c, sid, "after the change")["outcome"] == "completed"
+    requests = sent.take()
+    assert requests["session.start"] == 1, requests
+    assert requests["turn.start"] == 1, requests
+    assert run_turn(c, sid, "warm again")["outcome"] == "completed"
+    requests = sent.take()
+    assert requests["session.start"] == 0, requests
