@@ -262,7 +262,6 @@ class Daemon:
             self.ctx, idle_after_s=cfg.idle_actor_seconds, routes=self.routes
         )
         host = self.host
-        self.supervisor.set_event_sink(self._on_worker_event)
 
         def _lifecycle(provider: str, event: dict[str, Any]) -> None:
             if event.get("type") == "worker.lost":
@@ -270,7 +269,9 @@ class Daemon:
                 host.tell(RuntimeLost(provider, str(event.get("reason") or "")))
 
         self.supervisor.set_lifecycle_sink(_lifecycle)
+        # Before the worker events' sink is set: a streamed delta goes to the publisher.
         self.publisher = EventPublisher(store, self.catalog, self._events)
+        self.supervisor.set_event_sink(self._on_worker_event)
         self._event_thread = threading.Thread(
             target=self.publisher.run, name="agenthost-events", daemon=True
         )
@@ -435,9 +436,12 @@ class Daemon:
             return
         turn_id = str(event.get("turnId") or "")
         if event.get("type") == "message.delta":
-            # Not durable and never stored: straight onto the events queue, behind every
-            # earlier change and ahead of the settlement the same worker reports after it.
-            self._events.put(StreamDelta(ws, sid, event))
+            # Not durable and never stored: to the transport now, or onto the events queue
+            # behind what is there; after every change offered earlier and ahead of the
+            # settlement the same worker reports after it (design/internals.md).
+            publisher = self.publisher
+            assert publisher is not None  # built before this sink was set
+            publisher.offer_delta(StreamDelta(ws, sid, event))
             if event.get("kind") == PROGRESS:
                 # The provider retries its model request: the Session actor's first-byte
                 # backstop keeps running (a retry is not an answer) and its stream-idle one

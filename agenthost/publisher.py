@@ -12,6 +12,15 @@ read, no projection, no encoding. A Turn skipped that way is forgotten by `TurnD
 next event, when someone listens, carries it whole. A Session or fork operation change nobody
 wants is dropped before it is even queued (`offer`), so it does not wake the thread at all.
 
+A streamed delta crosses no thread of its own when it need not (`offer_delta`): every producer
+counts what it puts on the queue (`_held`, under `_order`) and the thread uncounts a batch once
+its events are handed to the transport loop, so a delta that finds nothing queued or in hand
+is encoded and handed to the loop's outbox right away, on its producer's thread (the worker
+supervisor's loop), and one that finds anything there is queued behind it. The count and the
+hand-over are one step under `_order`, as every producer's count and put are, so a delta leaves
+after every event whose change was offered before it and ahead of every one offered after it,
+whichever way it goes (docs/design/internals.md, "A delta's way to the transport").
+
 A Session change that carries the row its write left (`SessionChanged.row`) is projected from
 it, without a read, when nothing newer of that Session can have been shown (`Shown`): the
 store's writes are numbered in commit order (`Tx.seq`), but their events reach this thread in
@@ -34,6 +43,7 @@ from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
+from protocol.envelope import encode_event
 from protocol.events import (
     FORK_OPERATION,
     MESSAGE_DELTA,
@@ -134,6 +144,19 @@ def _newest_rows(batch: list[Any]) -> dict[tuple[str, str], SessionChanged | Non
     return rows
 
 
+def delta_event(change: StreamDelta) -> MessageDelta:
+    """The `message.delta` event of a worker's streamed delta."""
+    event = change.event
+    return {
+        "type": MESSAGE_DELTA,
+        "agentSessionId": change.session_id,
+        "turnId": str(event.get("turnId") or ""),
+        "itemId": str(event.get("itemId") or ""),
+        "kind": str(event.get("kind") or "assistant"),
+        "delta": str(event.get("delta") or ""),
+    }
+
+
 class EventSink(Protocol):
     """Where events go (`transport.server.ApiServer`)."""
 
@@ -141,10 +164,12 @@ class EventSink(Protocol):
 
     def publish_many(self, events: list[tuple[str, Event]]) -> bool: ...
 
+    def publish_frames(self, frames: list[tuple[bytes, bytes]]) -> bool: ...
+
 
 class EventPublisher:
-    """Runs `run()` on one thread; `changes.put(change)` (or a list of changes, taken as one)
-    from any thread, `None` stops it."""
+    """Runs `run()` on one thread; `offer`, `offer_many` and `offer_delta` from any thread
+    (counted entries of `changes`); `changes.put(None)` stops it."""
 
     def __init__(
         self,
@@ -172,6 +197,13 @@ class EventPublisher:
         self.batches = 0
         """Times the publishing thread woke up with work (tests pin the `offer` filter)."""
         self._count_lock = threading.Lock()
+        self._order = threading.Lock()
+        """Held by a producer while it counts and queues an entry, by a delta handed to the
+        sink directly, and by the thread while it uncounts a batch it has handed over."""
+        self._held = 0
+        """Queue entries put and not yet handed over to the sink (under `_order`)."""
+        self.direct = 0
+        """Deltas handed straight to the sink on their producer's thread (under `_order`)."""
         self._unseen: dict[str, int] = {}
         """Per workspace, `write_seq` when a Session change of it last went unpublished."""
 
@@ -188,7 +220,7 @@ class EventPublisher:
                     self.skipped += 1
                     self._unseen_in(change)
                 return
-        self.queue.put(change)
+        self._put(change)
 
     def offer_many(self, changes: list[Any]) -> None:
         """`offer` for one delivery of the store's (`Database.subscribe_batches`): what is
@@ -210,9 +242,37 @@ class EventPublisher:
                 for change in skipped:
                     self._unseen_in(change)
         if len(kept) == 1:
-            self.queue.put(kept[0])
+            self._put(kept[0])
         elif kept:
-            self.queue.put(kept)
+            self._put(kept)
+
+    def _put(self, item: Any) -> None:
+        """Queue `item`, counted: no delta goes past it until its batch is handed over."""
+        with self._order:
+            self._held += 1
+            self.queue.put(item)
+
+    def offer_delta(self, delta: StreamDelta) -> None:
+        """A streamed delta (the worker supervisor's thread, in arrival order): handed to the
+        sink now, encoded once here, when nothing is queued or in hand; else queued behind
+        what is. Never held to wait for another delta (design/internals.md, "A delta's way
+        to the transport")."""
+        sink = self.sink
+        if self._held == 0 and sink is not None:  # a first look; decided under `_order`
+            if not sink.wants(delta.workspace_id):
+                with self._count_lock:
+                    self.skipped += 1
+                return
+            frames = [(delta.workspace_id.encode("utf-8"), encode_event(delta_event(delta)))]
+            with self._order:
+                if self._held == 0:
+                    sink.publish_frames(frames)
+                    self.direct += 1
+                    return
+                self._held += 1
+                self.queue.put(delta)
+            return
+        self._put(delta)
 
     def _unseen_in(self, change: Any) -> None:
         """A Session change of `change`'s workspace goes unpublished (nobody wants it): a
@@ -224,14 +284,23 @@ class EventPublisher:
 
     def run(self) -> None:
         while True:
-            batch = _entries(self.queue.get())
+            item = self.queue.get()
+            taken = 0 if item is None else 1  # the stop marker is not counted
+            batch = _entries(item)
             self.batches += 1
             while len(batch) < BATCH:
                 try:
-                    batch.extend(_entries(self.queue.get_nowait()))
+                    item = self.queue.get_nowait()
                 except queue.Empty:
                     break
-            stop = self._publish(batch)
+                taken += 0 if item is None else 1
+                batch.extend(_entries(item))
+            try:
+                stop = self._publish(batch)
+            finally:
+                # Handed over (or dropped): a delta may go past them now.
+                with self._order:
+                    self._held -= taken
             if stop:
                 return
 
@@ -390,15 +459,7 @@ class EventPublisher:
                 ),
             }
         if isinstance(change, StreamDelta):
-            delta: MessageDelta = {
-                "type": MESSAGE_DELTA,
-                "agentSessionId": change.session_id,
-                "turnId": str(change.event.get("turnId") or ""),
-                "itemId": str(change.event.get("itemId") or ""),
-                "kind": str(change.event.get("kind") or "assistant"),
-                "delta": str(change.event.get("delta") or ""),
-            }
-            return delta
+            return delta_event(change)
         if isinstance(change, ForkOperationChanged):
             op = store.fork_queries.get_fork_operation(change.workspace_id, change.operation_id)
             return {"type": FORK_OPERATION, "operation": projection.operation(op, self.catalog)}

@@ -662,6 +662,10 @@ class ApiServer:
         frames = [(topic.encode("utf-8"), encode_event(event)) for topic, event in events]
         return self._send_pipe((_TAG_EVENT, frames))
 
+    def publish_frames(self, frames: list[tuple[bytes, bytes]]) -> bool:
+        """`publish_many` of events already encoded: (topic, `encode_event` body) pairs."""
+        return self._send_pipe((_TAG_EVENT, frames))
+
     def wants(self, topic: str) -> bool:
         """Whether a connected subscriber would receive an event under `topic` (any thread):
         a publisher may skip building an event nobody receives (`EventSockets.wants`)."""

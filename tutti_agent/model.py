@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tutti_agent.errors import ModelError
+from tutti_agent.ids import uuid7
 
 if TYPE_CHECKING:
     import httpx
@@ -70,7 +71,7 @@ class Directive:
     rest: str
 
 
-_DIRECTIVES = ("slow", "ask", "approve", "tool", "fail", "history", "write", "read")
+_DIRECTIVES = ("slow", "ask", "approve", "tool", "fail", "history", "write", "read", "stream")
 
 
 def parse_directive(text: str) -> Directive | None:
@@ -112,6 +113,12 @@ class BuiltinModel:
             io.agent_message("history: " + " | ".join(_user_texts(io.model_input())))
         elif d.name in ("write", "read"):
             _file_tool(d, io)
+        elif d.name == "stream":
+            # The echo streamed as message deltas of 4 characters, then the item they made.
+            reply, item_id = f"echo: {d.rest}", f"msg_{uuid7()}"
+            for at in range(0, len(reply), 4):
+                _delta(io, item_id, "assistant", reply[at : at + 4])
+            io.agent_message(reply, item_id)
         elif d.name == "tool":
             tool, _, args = d.rest.partition(" ")
             io.reasoning(f"The user asked for the {tool} tool.")

@@ -30,7 +30,10 @@ whatever the number of re-binds.
 Then, with the chaos over, a held-events burst: a subscriber connected all along hears
 concurrent forks (each boundary asked twice at once, by `throughTurn` and `latestSettled`; some
 into a worktree), and the checker's `fork_events_heard` law holds over what it heard: every
-operation heard to its end, its states in order, a committed child announced.
+operation heard to its end, its states in order, a committed child announced; meanwhile
+writers rename Sessions (`session_events_heard`) and two other Sessions stream replies as
+deltas (`turn_events_heard`: each Turn's deltas after its first `turn.updated`, before its
+settling one, and joined, its reply).
 
 Stopped providers too: at every third lock take one of the daemon's app-servers is SIGSTOPped;
 the worker kills it within `provider_stopped_seconds` (its Turn, if any, settles `failed`
@@ -83,6 +86,7 @@ from tests.support.invariants import (
     check_invariants,
     check_processes,
     check_session_events,
+    check_turn_events,
     repository_state,
 )
 from tests.support.run_dir import listeners_in
@@ -116,6 +120,10 @@ RENAMED = 3
 RENAMERS = 3
 RENAMES = trials(10, 40)
 """Renames of each of those Sessions per writer, each titled `w<writer>:<n>`."""
+STREAMED = 2
+"""Sessions outside the burst that stream Turns meanwhile (the delta law)."""
+STREAMS = trials(4, 12)
+"""Streamed Turns of each of them (`/stream`: the reply as 4-character deltas)."""
 IPC_ENDPOINTS = 3
 """The daemon's ipc listeners in `run/`: API, events, terminated-topic events."""
 
@@ -336,6 +344,8 @@ class Burst:
     ends: dict[str, dict[str, Any]] = field(default_factory=dict)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The renamed Sessions as `session.get` answered at the end."""
+    streamed: set[str] = field(default_factory=set)
+    """The completed Turns whose replies streamed while the subscriber listened."""
     events: int = 0
     asked: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
@@ -399,10 +409,13 @@ def held_events_burst(
         rest = [sid for sid in live if sid not in chosen]
         chosen += rng.sample(rest, min(BURST - len(chosen), len(rest)))
         for sid in chosen:
-            text = f"/write burst-{rng.randrange(1000)}.md burst" if sid in in_repo else "burst"
+            n = rng.randrange(1000)
+            text = f"/write burst-{n}.md burst" if sid in in_repo else f"/stream burst {n}"
             turn = run_turn(c, sid, text)
             if turn["outcome"] == "completed":
                 fresh.append((sid, turn["turnId"]))
+                if sid not in in_repo:
+                    out.streamed.add(turn["turnId"])
         out.boundaries = len(fresh)
         asks = []
         for sid, turn_id in fresh:
@@ -434,11 +447,22 @@ def held_events_burst(
                             {"workspaceId": WS, "agentSessionId": sid, "title": f"w{writer}:{n}"},
                         )
 
-        with ThreadPoolExecutor(len(asks) + RENAMERS) as pool:
+        def stream(sid: str) -> list[str]:
+            # Replies streamed as deltas while forks commit and renames publish: each delta
+            # reaches the transport on the worker supervisor's thread or behind their events.
+            with Client(d.api, timeout=120) as mine:
+                turns = [run_turn(mine, sid, f"/stream {sid} {k}") for k in range(STREAMS)]
+            return [t["turnId"] for t in turns if t["outcome"] == "completed"]
+
+        streamers = [sid for sid in live if sid not in chosen][:STREAMED]
+        with ThreadPoolExecutor(len(asks) + RENAMERS + len(streamers)) as pool:
             renames = [pool.submit(rename, k) for k in range(RENAMERS)]
+            streams = [pool.submit(stream, sid) for sid in streamers]
             replies = list(pool.map(ask, asks))
             for done in renames:
                 done.result()
+            for streaming in streams:
+                out.streamed.update(streaming.result())
         out.asked = Counter(
             f"{status}"
             + (f" {body.get('reason')}" if status >= 400 else "")
@@ -468,9 +492,9 @@ def held_events_burst(
         with contextlib.suppress(AssertionError):
             wait_for(lambda: not check_fork_events(list(heard), out.ends), 30, interval=0.2)
         with contextlib.suppress(AssertionError):
-            wait_for(
-                lambda: not check_session_events(list(heard), out.sessions), 30, interval=0.2
-            )
+            wait_for(lambda: not check_session_events(list(heard), out.sessions), 30, interval=0.2)
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: not check_turn_events(list(heard), out.streamed), 30, interval=0.2)
     finally:
         stop.set()
         if listener is not None:
@@ -479,6 +503,7 @@ def held_events_burst(
     out.events = len(heard)
     out.violations = check_fork_events(list(heard), out.ends)
     out.violations += check_session_events(list(heard), out.sessions)
+    out.violations += check_turn_events(list(heard), out.streamed)
     return out
 
 
@@ -600,6 +625,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         wait_for(lambda: len(listeners_in(d.proc.pid, home / "run")) <= cap, 60, interval=0.5)
         listeners = listeners_in(d.proc.pid, home / "run")
         burst = held_events_burst(d, c, sids, set(sids[1::2]), rng)
+        assert burst.streamed, "no Turn streamed during the burst: the delta law went unchecked"
         # Every stopped app-server was killed by its worker, none left stopped.
         wait_for(lambda: not [p for p in stopped if _stopped_or_alive(p)], 30, interval=0.5)
         # No timer is left per Turn run: only what is still pending (short fork budgets).
@@ -682,6 +708,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         + f"; {len(burst.ends)} operations "
         + " ".join(f"{k}={v}" for k, v in sorted(burst_ends.items()))
         + f", {len(burst.sessions)} Sessions renamed by {RENAMERS} writers meanwhile"
+        + f", {len(burst.streamed)} streamed Turns"
         + f", {burst.events} events heard",
         *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="

@@ -16,7 +16,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -165,6 +165,13 @@ class Law(StrEnum):
     stale, such as a carried row delivered after a newer state), or its last `session.upserted`
     is not the Session's state at the end (docs/design/store.md, "Change events that carry
     their row"; `check_session_events`, over what a soak's subscriber heard)."""
+    TURN_EVENTS_HEARD = "turn_events_heard"
+    """A subscriber connected all along heard a Turn's `message.delta` before the Turn's first
+    `turn.updated` or after the one that settled it, or its assistant deltas do not make up
+    the settled Turn's assistant text (a delta lost, repeated or reordered): a delta went past
+    an event offered before it, or an event offered after it went past the delta
+    (docs/design/internals.md, "A delta's way to the transport"; `check_turn_events`, over
+    what a soak's subscriber heard)."""
 
 
 STORE_LAWS = frozenset(
@@ -1542,6 +1549,68 @@ def check_session_events(
                 Violation(
                     Law.SESSION_EVENTS_HEARD,
                     f"{sid}: last heard title {seen.get('title')!r}, ended {end.get('title')!r}",
+                )
+            )
+    return out
+
+
+def check_turn_events(heard: Sequence[Mapping[str, Any]], turns: Iterable[str]) -> list[Violation]:
+    """The delta law over what a subscriber connected all along heard (`heard`: its events in
+    arrival order) for the Turns `turns` names (settled before the caller stopped listening):
+    each Turn's deltas heard after its first `turn.updated` and before its settling one, and
+    its assistant deltas, joined, its settled assistant Messages' text, joined."""
+    out: list[Violation] = []
+    wanted = set(turns)
+    first: dict[str, int] = {}
+    settled: dict[str, tuple[int, Mapping[str, Any]]] = {}
+    deltas: dict[str, list[tuple[int, Mapping[str, Any]]]] = defaultdict(list)
+    for index, event in enumerate(heard):
+        kind = event.get("type")
+        if kind == "turn.updated":
+            turn = event["turn"]
+            turn_id = str(turn.get("turnId"))
+            first.setdefault(turn_id, index)
+            if turn.get("phase") == "settled" and turn_id not in settled:
+                settled[turn_id] = (index, turn)
+        elif kind == "message.delta":
+            deltas[str(event.get("turnId"))].append((index, event))
+    for turn_id in sorted(wanted):
+        if turn_id not in settled:
+            out.append(Violation(Law.TURN_EVENTS_HEARD, f"{turn_id}: its settlement never heard"))
+            continue
+        end, turn = settled[turn_id]
+        mine = deltas.get(turn_id, [])
+        early = [i for i, _ in mine if i < first[turn_id]]
+        late = [i for i, _ in mine if i > end]
+        if early:
+            out.append(
+                Violation(
+                    Law.TURN_EVENTS_HEARD,
+                    f"{turn_id}: {len(early)} delta(s) heard before its first turn.updated",
+                )
+            )
+        if late:
+            out.append(
+                Violation(
+                    Law.TURN_EVENTS_HEARD,
+                    f"{turn_id}: {len(late)} delta(s) heard after it settled",
+                )
+            )
+        streamed = "".join(
+            str(e.get("delta") or "") for _, e in mine if e.get("kind") == "assistant"
+        )
+        text = "".join(
+            str(m.get("text") or "")
+            for m in turn.get("messages") or []
+            if m.get("kind") == "assistant"
+        )
+        if turn.get("messagesTruncated") or not streamed:
+            continue  # a cut settled event, or a reply that was not streamed
+        if streamed != text:
+            out.append(
+                Violation(
+                    Law.TURN_EVENTS_HEARD,
+                    f"{turn_id}: its deltas say {streamed[:60]!r}, its reply {text[:60]!r}",
                 )
             )
     return out
