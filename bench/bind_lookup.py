@@ -1,7 +1,11 @@
 """The binder's rollout lookup alone (`drivers.binder.rollout_matches`), as a source home
 grows: a source home holds every child the provider forked from it, in one directory per
 day, and every bind lists all of it (the exact, unique match). Per home size (children in
-the day's directory): CPU p50/p90 of one lookup of a child in the middle.
+the day's directory): CPU p50/p90 of one lookup of a child in the middle, and of one whole
+bind (`RolloutBinder.bind`: the lookups, the symlink checks, the read, the validation, the
+durable copy; the process's CPU, the sync threads' included) of a small child (a 20-line
+rollout) from that home into a fresh target home whose day directory exists (as the fork's
+`DirsAhead` leaves it, untimed).
 
 With `--against TREE` (another checkout) both trees' binder modules look up the same homes
 in one process, alternating which goes first sample by sample, so a loaded machine's drift
@@ -14,6 +18,7 @@ falls on both sides alike.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -42,10 +47,21 @@ def _home(root: Path, children: int) -> tuple[Path, str]:
     return home, ids[len(ids) // 2]
 
 
+def _child(thread_id: str, lines: int) -> bytes:
+    out = [
+        {"timestamp": "t", "ordinal": 0, "type": "session_meta", "payload": {"id": thread_id}}
+    ]
+    out += [
+        {"timestamp": "t", "ordinal": i, "type": "event", "payload": {"text": f"line {i}"}}
+        for i in range(1, lines)
+    ]
+    return b"".join(json.dumps(o).encode() + b"\n" for o in out)
+
+
 def measure(
     trees: dict[str, Path], samples: int, sizes: Sequence[int]
 ) -> dict[tuple[str, int], Latency]:
-    """(side, children) → CPU ms per lookup."""
+    """(side, children) → CPU ms per lookup; (side + " bind", children) → CPU ms per bind."""
     modules = {side: _load(tree, f"bench_lookup_{side}") for side, tree in trees.items()}
     cpus: dict[tuple[str, int], list[float]] = {}
     sides = list(modules)
@@ -63,6 +79,20 @@ def measure(
                     c0 = time.thread_time()
                     lookup(home, tid)
                     cpus.setdefault((side, n), []).append(1000 * (time.thread_time() - c0))
+        binders = {side: m.RolloutBinder() for side, m in modules.items()}
+        for n, (home, _) in homes.items():
+            child = str(uuid.uuid4())
+            day = home / "sessions" / "2026" / "12" / "03"
+            (day / f"rollout-2026-12-03T12-00-00-{child}.jsonl").write_bytes(_child(child, 20))
+            for i in range(samples):
+                for side in sides if i % 2 == 0 else sides[::-1]:
+                    target = Path(tmp, "targets", side, str(n), str(i), "home")
+                    (target / "sessions" / "2026" / "12" / "03").mkdir(parents=True)
+                    c0 = time.process_time()
+                    binders[side].bind(home, target, child)
+                    cpus.setdefault((f"{side} bind", n), []).append(
+                        1000 * (time.process_time() - c0)
+                    )
     return {key: Latency.of(values) for key, values in cpus.items()}
 
 

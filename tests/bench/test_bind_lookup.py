@@ -1,5 +1,5 @@
-"""bench.bind_lookup times the binder's rollout lookup on homes of growing size, and first
-checks every tree it loads finds exactly the one rollout asked for in each. Counts and
+"""bench.bind_lookup times the binder's rollout lookup, and a whole bind, on homes of growing
+size, and first checks every tree it loads finds exactly the one rollout asked for in each. Counts and
 answers, never timings."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from bench.bind_lookup import measure
 def test_the_bench_times_each_home_size_once_per_sample() -> None:
     tree = Path(__file__).resolve().parents[2]
     figures = measure({"this": tree}, samples=3, sizes=[1, 12])
-    assert sorted(figures) == [("this", 1), ("this", 12)]
+    assert sorted(figures) == [("this", 1), ("this", 12), ("this bind", 1), ("this bind", 12)]
     assert all(cpu.n == 3 for cpu in figures.values())
 
 
