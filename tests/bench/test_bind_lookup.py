@@ -1,6 +1,6 @@
 """bench.bind_lookup times the binder's rollout lookup, and a whole bind, on homes of growing
-size, and first checks every tree it loads finds exactly the one rollout asked for in each. Counts and
-answers, never timings."""
+size, and first checks every tree it loads finds exactly the one rollout asked for in each.
+Counts and answers, never timings."""
 
 from __future__ import annotations
 
