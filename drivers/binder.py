@@ -441,9 +441,15 @@ def assert_no_symlink(
         base = os.path.abspath(below).rstrip("/")
         if path.startswith(base + "/"):
             start = len(base) + 1
-    # Each component's own path, shallowest first: "/a", "/a/b", ..., path.
-    ends = [i for i in range(start, len(path)) if path[i] == "/"]
-    for part in [*(path[:i] for i in ends), path]:
+    # Each component's own path, shallowest first: "/a", "/a/b", ..., path (the slashes
+    # found by `str.find`, not by a test of every character in Python).
+    parts = []
+    end = path.find("/", start)
+    while end != -1:
+        parts.append(path[:end])
+        end = path.find("/", end + 1)
+    parts.append(path)
+    for part in parts:
         try:
             st = os.lstat(part)
         except FileNotFoundError:
@@ -457,19 +463,40 @@ def assert_no_symlink(
 
 
 def rollout_matches(home: Path, thread_id: str) -> list[Path]:
-    """Exact lookup: `<dir>/**/rollout-<ts>-<thread_id>.jsonl` under sessions and archives."""
+    """Exact lookup: every `rollout-<ts>-<thread_id>.jsonl` anywhere under sessions/ and
+    archived_sessions/, sorted (the caller refuses more than one).
+
+    Every directory under them is listed, every time: a source home holds every child the
+    provider ever forked from it, in one directory per day, and no cache of a listing can
+    prove that directory unchanged (it changes at every fork, and a directory's timestamps
+    are as coarse as the kernel's tick). What is cut is the per-entry work: one `scandir`
+    per directory, the name's suffix tested before its type, no list of names built per
+    directory (as `os.walk` did) — the listing itself (the kernel's readdir) is what grows.
+    Classified as `os.walk` does: a link to a directory is not descended (and never a
+    match); a link named as a rollout is a match, refused by the read (`O_NOFOLLOW`). A
+    directory that cannot be listed fails the lookup (`os.walk` skipped it, so a stray
+    below it went unseen); one removed meanwhile holds nothing."""
     suffix = f"-{thread_id}.jsonl"
     found: list[str] = []
     for dirname in ROLLOUT_DIRS:
         root = os.path.join(home, dirname)
         if not os.path.isdir(root) or os.path.islink(root):
             continue
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            for name in filenames:
-                if name.endswith(suffix) and name.startswith("rollout-"):
-                    found.append(os.path.join(dirpath, name))
-            dirnames.sort()
-    return [Path(p) for p in sorted(found)]
+        pending = [root]
+        while pending:
+            try:
+                listing = os.scandir(pending.pop())
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # removed (or replaced) since its parent was listed
+            with listing:
+                for entry in listing:
+                    if entry.is_dir():  # follows a link, as os.walk classifies
+                        if not entry.is_symlink():
+                            pending.append(entry.path)
+                    elif entry.name.endswith(suffix) and entry.name.startswith("rollout-"):
+                        found.append(entry.path)
+    found.sort()
+    return [Path(p) for p in found]
 
 
 def read_regular(path: Path) -> bytes:

@@ -275,6 +275,73 @@ def test_two_source_rollouts_for_one_thread_are_ambiguous(homes: tuple[Path, Pat
     refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_AMBIGUOUS)
 
 
+@pytest.mark.parametrize(
+    "rel",
+    [
+        Path("sessions/2026/12/03"),  # another day, as a source home grows
+        Path("archived_sessions"),
+        Path("sessions/2026/11/29/deeper/still"),  # below the day, off the provider's layout
+        Path("sessions/rollout-2026-11-29T19-33-09-dir.jsonl"),  # inside a rollout-named dir
+    ],
+)
+@pytest.mark.parametrize("side", ["source", "target"])
+def test_a_second_rollout_of_the_thread_anywhere_under_a_home_fails_the_bind(
+    homes: tuple[Path, Path], rel: Path, side: str
+) -> None:
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    for i in range(40):  # the other children a source home holds, listed beside it
+        other = f"01a228cc-0615-7000-9287-{i:012d}"
+        put(src, other, rollout_bytes(other, 2))
+    if side == "target":
+        put(dst, CHILD, rollout_bytes(CHILD, 3))
+    put(src if side == "source" else dst, CHILD, rollout_bytes(CHILD, 3), rel=rel)
+    failure = (
+        BindFailure.SOURCE_ROLLOUT_AMBIGUOUS
+        if side == "source"
+        else BindFailure.TARGET_ROLLOUT_AMBIGUOUS
+    )
+    refuse(RolloutBinder(), src, dst, failure)
+
+
+def test_a_directory_the_lookup_cannot_list_fails_the_bind(
+    homes: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stray below a directory that cannot be listed would go unseen: the bind fails
+    (`os.walk` skipped such a directory). The tests run as root, whom no mode bit refuses,
+    so the refusal is the kernel's error injected at the listing of that one directory."""
+    src, dst = homes
+    put(src, CHILD, rollout_bytes(CHILD, 3))
+    hidden = src / "sessions" / "2026" / "12"
+    hidden.mkdir(parents=True)
+    real = os.scandir
+
+    def scandir(path: str) -> object:
+        if os.path.abspath(path) == str(hidden):
+            raise PermissionError(13, "Permission denied", path)
+        return real(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    refuse(RolloutBinder(), src, dst, BindFailure.IO_ERROR)
+
+
+def test_a_linked_directory_is_not_descended_and_a_linked_rollout_is_refused(
+    homes: tuple[Path, Path], tmp_path: Path
+) -> None:
+    src, dst = homes
+    elsewhere = tmp_path / "elsewhere"
+    put(elsewhere, CHILD, rollout_bytes(CHILD, 3))
+    (src / "sessions").mkdir()
+    (src / "sessions" / "2026").symlink_to(elsewhere / "sessions" / "2026")
+    refuse(RolloutBinder(), src, dst, BindFailure.SOURCE_ROLLOUT_MISSING)
+    day = src / "archived_sessions"
+    day.mkdir()
+    (day / f"rollout-2026-11-29T19-33-09-{CHILD}.jsonl").symlink_to(
+        next(elsewhere.rglob("rollout-*.jsonl"))
+    )
+    refuse(RolloutBinder(), src, dst, BindFailure.SYMLINKED_PATH)
+
+
 def test_lookup_is_exact_and_ignores_ids_that_merely_end_alike(homes: tuple[Path, Path]) -> None:
     src, dst = homes
     put(src, "x" + CHILD, rollout_bytes("x" + CHILD, 3))
