@@ -449,14 +449,17 @@ class ForkSaga:
         # are answered, so its read-backs do not run ahead of the reply (design/fork-saga.md,
         # step 9).
         with db.events_after():
-            with db.background():
+            with db.background(), db.write_turn():
                 # Not fsync'd on its own: the commit below is, and takes this row to the disk
                 # with it (a killed host keeps it either way: the restart commits the child).
+                # Its COMMIT is in the WAL before it returns; the writer baton is kept for the
+                # commit, which follows at once on this thread (one hand-off fewer).
                 op, _ = self.host.store.fork_transitions.mark_fork_provider_accepted(
                     self.host.ws,
                     self.operation.operation_id,
                     evidence,
                     durable=False,
+                    keep=True,
                     known=self.operation,
                 )
                 self.operation = op
@@ -784,21 +787,26 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
     # COMMIT (in the WAL: a killed host keeps it; a power cut may lose it, and nobody heard
     # of it). Wherever something can happen first, the prepare is fsync'd on its own.
     lazy = trees is None and not attests_again(host, runtime)
-    op, created = host.store.fork_prepare.prepare_fork(
-        host.ws,
-        request,
-        turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
-        plan_workspace=None if trees is None else trees.plan,
-        durable=not lazy,
-    )
-    if not created:
-        _answer_existing(host, op, msg.reply)
-        return
-    saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy)
-    host.sagas[op.operation_id] = saga
-    host.live_operations.add(op.operation_id)
-    saga.join(msg.reply)
-    saga._step(saga._after_prepare)
+    # On the warm path the writer baton is kept from the lazy prepare's COMMIT to the saga's
+    # next write in this same step (`dispatching`, or an ending): one hand-off fewer, each
+    # still its own transaction (docs/design/store.md, "A kept baton").
+    with host.store.db.write_turn():
+        op, created = host.store.fork_prepare.prepare_fork(
+            host.ws,
+            request,
+            turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
+            plan_workspace=None if trees is None else trees.plan,
+            durable=not lazy,
+            keep=lazy,
+        )
+        if not created:
+            _answer_existing(host, op, msg.reply)
+            return
+        saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy)
+        host.sagas[op.operation_id] = saga
+        host.live_operations.add(op.operation_id)
+        saga.join(msg.reply)
+        saga._step(saga._after_prepare)
 
 
 def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:

@@ -230,6 +230,7 @@ class ForkPrepares(Protocol):
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
         plan_workspace: PlanWorkspace | None = None,
         durable: bool = True,
+        keep: bool = False,
     ) -> tuple[ForkOperation, bool]: ...
 
 
@@ -255,6 +256,7 @@ class SagaMoves(RestartMoves, Protocol):
         evidence: ProviderForkEvidence,
         *,
         durable: bool = True,
+        keep: bool = False,
         known: ForkOperation | None = None,
     ) -> tuple[ForkOperation, bool]: ...
 
@@ -355,6 +357,11 @@ class BackgroundWrites(Protocol):
 
     def notify(self, events: list[ChangeEvent]) -> None:
         """Hand kept events to the subscribers (or to an enclosing `events_after` block)."""
+        ...
+
+    def write_turn(self) -> AbstractContextManager[None]:
+        """A `keep=True` write in the block keeps the writer baton for this thread's next
+        write; one not used is handed on at the block's end (`storage.base.Database`)."""
         ...
 
 

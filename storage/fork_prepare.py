@@ -161,6 +161,7 @@ class ForkPrepare:
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
         plan_workspace: PlanWorkspace | None = None,
         durable: bool = True,
+        keep: bool = False,
     ) -> tuple[ForkOperation, bool]:
         """Create the operation, fence and reservation and freeze the snapshot in one
         transaction; a replay or a held barrier returns the original with `created=False`.
@@ -181,12 +182,15 @@ class ForkPrepare:
         made the operation durable — with its own step's events, not with whichever writer's
         fsync came first (at 16 forking clients that was usually another fork's, so the
         operation and its source were read back and published twice per fork). Only for a
-        caller that tells nobody of the operation before then."""
+        caller that tells nobody of the operation before then.
+
+        `keep=True`, inside `Database.write_turn()`: the writer baton is kept for the caller's
+        next write (the warm saga's `dispatching`, in the same actor step)."""
         validate_request(req)
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
         )
-        with self._write(ws, durable=durable) as tx:
+        with self._write(ws, durable=durable, keep=keep) as tx:
             existing = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND request_id = ?",

@@ -157,6 +157,7 @@ class ForkTransitions:
         evidence: ProviderForkEvidence,
         *,
         durable: bool = True,
+        keep: bool = False,
         known: ForkOperation | None = None,
     ) -> tuple[ForkOperation, bool]:
         """Persist verified provider evidence; after this only the local commit is retried.
