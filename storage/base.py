@@ -610,12 +610,13 @@ class Database:
         One that waits for its turn past the busy timeout gets the same retryable `StoreBusy`
         as one that waited on another process's lock.
 
-        `keep=True`, only inside `write_turn()`: the write ends its group at its own end (its
-        COMMIT, lazy or fsync'd, returned before it does, as always — never left open for
-        others to join) and, if it succeeded, this thread keeps the baton for its next write in
-        the block, which takes it without queueing. A writer's turn is then at most two writes
-        (a kept write's next one is an ordinary one); queued writers wait for that one write
-        more, in place of the hand-off it saves.
+        `keep=True`, only inside `write_turn()`: a write that opened its group ends it at its
+        own end (its COMMIT, lazy or fsync'd, returned before it does, as always — never left
+        open for others to join) and, if it succeeded, this thread keeps the baton for its
+        next write in the block, which takes it without queueing. A writer's turn is then at
+        most two writes (a kept write's next one is an ordinary one); queued writers wait for
+        that one write more, in place of the hand-off it saves. A `keep=True` write that joined
+        an open group is an ordinary member of it and keeps nothing.
         """
         batch: WriteBatch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.thread == threading.get_ident():
@@ -637,7 +638,8 @@ class Database:
         failure: BaseException | None = None
         try:
             conn = self._writer_connection()
-            if self._group is None:
+            opened = self._group is None
+            if opened:
                 lazy = not durable
                 try:
                     if lazy:
@@ -681,7 +683,10 @@ class Database:
                     group.held.extend(tx.events)
                 with self._baton:
                     self.write_stats.transactions += 1
-                kept = keep
+                # Kept only by a write that opened its group: one that joined an open group
+                # leaves it to the group's members as any write does (ending it here would cut
+                # every group short by an fsync), and the baton goes back to the queue.
+                kept = keep and opened
             finally:
                 self._local.conn = held
         except BaseException as exc:

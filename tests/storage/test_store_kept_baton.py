@@ -134,16 +134,18 @@ def test_a_kept_write_that_fails_hands_the_baton_on(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_kept_write_that_joined_an_open_group_commits_it_before_it_returns(
+def test_a_keep_write_that_joined_an_open_group_keeps_nothing_and_commits_before_it_returns(
     tmp_path: Path,
 ) -> None:
-    """A lazy write that finds a durable group open joins it; kept, it ends that group with
-    its fsync'd COMMIT at its own end instead of leaving it open, so what it wrote is committed
-    before the next write of the pair begins (the crash matrix's cell between the two)."""
+    """A lazy write that finds a durable group open joins it as any member does (the group is
+    not cut short by an fsync of its own), keeps no baton, and returns only once that group's
+    COMMIT returned — so what it wrote is committed before the next write of the pair begins
+    (the crash matrix's cell between the two), which queues for the baton as before."""
     store = _store(tmp_path)
     observer = apsw.Connection(str(tmp_path / "store.sqlite3"))
     inside, release = threading.Event(), threading.Event()
     seen: list[str] = []
+    owners: list[int | None] = []
     try:
 
         def hold() -> None:
@@ -157,6 +159,7 @@ def test_a_kept_write_that_joined_an_open_group_commits_it_before_it_returns(
                 with store.db.write(WS, durable=False, keep=True) as tx:
                     tx.execute("UPDATE sessions SET title = 'joined' WHERE session_id = 's0'")
                 seen.append(_title(observer, "s0"))
+                owners.append(store.db._fifo.owner)
                 with store.db.write(WS) as tx:
                     tx.execute("UPDATE sessions SET title = 'after' WHERE session_id = 's1'")
 
@@ -172,6 +175,7 @@ def test_a_kept_write_that_joined_an_open_group_commits_it_before_it_returns(
             t.join(20)
         after = store.db.write_stats.snapshot()
         assert seen == ["joined"]
+        assert owners == [None]  # nothing kept: the baton went back to the queue
         assert after["commits"] - before["commits"] == 2  # the held group with it; the second
         assert after["lazy_commits"] == before["lazy_commits"]
         assert store.db._fifo.owner is None
