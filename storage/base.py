@@ -639,7 +639,7 @@ class Database:
         try:
             conn = self._writer_connection()
             opened = self._group is None
-            if opened:
+            if self._group is None:
                 lazy = not durable
                 try:
                     if lazy:
