@@ -87,9 +87,10 @@ def _write_stats(fifo: Path) -> dict[str, int]:
     return stats
 
 
-_STATS_KEYS = ("transactions", "commits", "lazy_commits", "batched")
+_STATS_KEYS = ("transactions", "commits", "lazy_commits", "kept", "queued_takes")
 """The write counters reported per fork: write transactions (group members), fsync'd COMMITs,
-lazy COMMITs, and writes nested in a batch."""
+lazy COMMITs, writes begun on a kept baton, and baton takes that queued (a hand-off each; a tree
+without the counter reports 0)."""
 
 
 def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
@@ -138,7 +139,9 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                     "wakeupsPerFork": sum(wakes.values()),
                     "cpuByThread": cpu,
                     "wakeupsByThread": wakes,
-                    "writesPerFork": {k: (stats1[k] - stats0[k]) / n for k in _STATS_KEYS},
+                    "writesPerFork": {
+                        k: (stats1.get(k, 0) - stats0.get(k, 0)) / n for k in _STATS_KEYS
+                    },
                 }
                 out.append(row)
                 print(_round_line(row), flush=True)

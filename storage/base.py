@@ -627,7 +627,8 @@ class Database:
         if keep and turn is None:
             raise ValueError("write(keep=True) outside Database.write_turn()")
         t0 = time.perf_counter()
-        if turn is not None and turn[0]:
+        took_kept = turn is not None and turn[0]
+        if turn is not None and took_kept:
             turn[0] = False  # the baton the previous write of this turn kept: no queue
         else:
             self._take_baton()
@@ -683,6 +684,8 @@ class Database:
                     group.held.extend(tx.events)
                 with self._baton:
                     self.write_stats.transactions += 1
+                    if took_kept:
+                        self.write_stats.kept += 1
                 # Kept only by a write that opened its group: one that joined an open group
                 # leaves it to the group's members as any write does (ending it here would cut
                 # every group short by an fsync), and the baton goes back to the queue.

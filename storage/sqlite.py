@@ -361,8 +361,9 @@ class WriteStats:
     savepoints, `group_failures` (a COMMIT or a transaction-aborting error that failed every
     member), `checkpoints` (PASSIVE passes of the checkpointer), `checkpoint_signals` (times the
     WAL hook asked the checkpointer to run), `wal_restarts` (the WAL started again by the
-    checkpointer with the baton held, `WAL_BOUND_PAGES`) and `batched` writes (nested
-    savepoints of a `write_batch`, inside one member)."""
+    checkpointer with the baton held, `WAL_BOUND_PAGES`), `batched` writes (nested
+    savepoints of a `write_batch`, inside one member) and `kept` writes (begun on the baton
+    the thread's previous write kept, `Database.write_turn`: no queue, no hand-off)."""
 
     __slots__ = (
         "transactions",
@@ -375,6 +376,7 @@ class WriteStats:
         "checkpoint_signals",
         "wal_restarts",
         "batched",
+        "kept",
     )
 
     def __init__(self) -> None:
@@ -388,6 +390,7 @@ class WriteStats:
         self.checkpoint_signals = 0
         self.wal_restarts = 0
         self.batched = 0
+        self.kept = 0
 
     def snapshot(self) -> dict[str, int]:
         return {name: int(getattr(self, name)) for name in self.__slots__}

@@ -40,9 +40,11 @@ if _SERVE and os.environ.get("AGENTHOST_WRITE_STATS"):
     import json
     import threading
     import time as _time
+    from typing import Any
 
     _FIFO = os.environ["AGENTHOST_WRITE_STATS"]
     _stores: list[object] = []
+    _queued = [0]
 
     def _catch_store() -> None:
         # The daemon's collector is frozen after start-up (gc.get_objects skips it), so the
@@ -59,6 +61,17 @@ if _SERVE and os.environ.get("AGENTHOST_WRITE_STATS"):
             original(self)
 
         cls._take_baton = caught
+        # Takes that find the baton held (read without its lock, as a diagnostic): each one
+        # queues, and is a hand-off, a thread woken, when its turn comes.
+        baton = sys.modules["storage.sqlite"].Baton
+        take = baton.take
+
+        def counted(self: Any, timeout_s: float) -> None:
+            if self.owner is not None:
+                _queued[0] += 1
+            take(self, timeout_s)
+
+        baton.take = counted
 
     def _stats_loop() -> None:
         _catch_store()
@@ -69,6 +82,7 @@ if _SERVE and os.environ.get("AGENTHOST_WRITE_STATS"):
             for db in _stores:
                 for k, v in db.write_stats.snapshot().items():  # type: ignore[attr-defined]
                     total[k] = total.get(k, 0) + v
+            total["queued_takes"] = _queued[0]
             with open(_FIFO + ".tmp", "w") as out:
                 json.dump(total, out)
             os.replace(_FIFO + ".tmp", _FIFO + ".json")

@@ -84,6 +84,7 @@ def test_a_kept_pair_runs_without_a_queued_writer_between_and_each_commits(
         after = store.db.write_stats.snapshot()
         assert after["transactions"] - before["transactions"] == 3
         assert after["lazy_commits"] - before["lazy_commits"] == 1  # the first, alone
+        assert after["kept"] - before["kept"] == 1  # the second began on the kept baton
         # The second either committed alone or left its group open for the queued writer,
         # which it joined: one or two fsync'd COMMITs, never the first's among them.
         assert 1 <= after["commits"] - before["commits"] <= 2
@@ -176,6 +177,7 @@ def test_a_keep_write_that_joined_an_open_group_keeps_nothing_and_commits_before
         after = store.db.write_stats.snapshot()
         assert seen == ["joined"]
         assert owners == [None]  # nothing kept: the baton went back to the queue
+        assert after["kept"] == before["kept"]
         assert after["commits"] - before["commits"] == 2  # the held group with it; the second
         assert after["lazy_commits"] == before["lazy_commits"]
         assert store.db._fifo.owner is None
