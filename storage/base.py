@@ -616,7 +616,8 @@ class Database:
         next write in the block, which takes it without queueing. A writer's turn is then at
         most two writes (a kept write's next one is an ordinary one); queued writers wait for
         that one write more, in place of the hand-off it saves. A `keep=True` write that joined
-        an open group is an ordinary member of it and keeps nothing.
+        an open group is an ordinary member of it: it keeps the baton only if it ends that group
+        where any member would (no writer queued behind it, the group full or old).
         """
         batch: WriteBatch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.thread == threading.get_ident():
@@ -633,7 +634,7 @@ class Database:
         else:
             self._take_baton()
         t1 = time.perf_counter()
-        kept = False
+        landed = kept = False
         group: WriteGroup | None = None
         tx: Tx | None = None
         failure: BaseException | None = None
@@ -686,10 +687,7 @@ class Database:
                     self.write_stats.transactions += 1
                     if took_kept:
                         self.write_stats.kept += 1
-                # Kept only by a write that opened its group: one that joined an open group
-                # leaves it to the group's members as any write does (ending it here would cut
-                # every group short by an fsync), and the baton goes back to the queue.
-                kept = keep and opened
+                landed = keep
             finally:
                 self._local.conn = held
         except BaseException as exc:
@@ -704,13 +702,17 @@ class Database:
         finally:
             t2 = time.perf_counter()
             # End the group or leave it to the next member; then hand the baton on (or keep
-            # it for this thread's next write: `keep`, its group ended here).
+            # it for this thread's next write: `keep`, its group ended here). A kept write that
+            # opened its group ends it; one that joined an open group ends it only where any
+            # member would (no writer queued, the group full or old) — ending it for the keep
+            # would cut every group short by an fsync — and else hands the baton on.
             if (
                 group is not None
                 and self._group is group
-                and (kept or not self._group_stays_open(group))
+                and ((landed and opened) or not self._group_stays_open(group))
             ):
                 self._end_group(group, self._writer_connection())
+                kept = landed
             if kept and group is not None and group.error is None:
                 assert turn is not None
                 turn[0] = True

@@ -135,18 +135,16 @@ def test_a_kept_write_that_fails_hands_the_baton_on(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_keep_write_that_joined_an_open_group_keeps_nothing_and_commits_before_it_returns(
-    tmp_path: Path,
-) -> None:
-    """A lazy write that finds a durable group open joins it as any member does (the group is
-    not cut short by an fsync of its own), keeps no baton, and returns only once that group's
-    COMMIT returned — so what it wrote is committed before the next write of the pair begins
-    (the crash matrix's cell between the two), which queues for the baton as before."""
+def _joined_pair(tmp_path: Path, queue_behind: bool) -> tuple[list[str], list[bool], dict[str, int]]:
+    """A durable write held open; a pair's `keep=True` lazy write queued behind it joins its
+    group; with `queue_behind`, another writer queues behind the joined write meanwhile.
+    What another connection saw between the pair's writes, whether the pair's thread held the
+    baton there, and the write counters' deltas."""
     store = _store(tmp_path)
     observer = apsw.Connection(str(tmp_path / "store.sqlite3"))
     inside, release = threading.Event(), threading.Event()
     seen: list[str] = []
-    owners: list[int | None] = []
+    holding: list[bool] = []
     try:
 
         def hold() -> None:
@@ -155,12 +153,18 @@ def test_a_keep_write_that_joined_an_open_group_keeps_nothing_and_commits_before
                 inside.set()
                 release.wait(20)
 
+        def late() -> None:
+            store.sessions.update_title(WS, "s2", "late")
+
         def pair() -> None:
             with store.db.write_turn():
                 with store.db.write(WS, durable=False, keep=True) as tx:
                     tx.execute("UPDATE sessions SET title = 'joined' WHERE session_id = 's0'")
+                    if queue_behind:
+                        threading.Thread(target=late).start()
+                        _wait_for(lambda: store.db._fifo.waiting == 1)
                 seen.append(_title(observer, "s0"))
-                owners.append(store.db._fifo.owner)
+                holding.append(store.db._fifo.owner == threading.get_ident())
                 with store.db.write(WS) as tx:
                     tx.execute("UPDATE sessions SET title = 'after' WHERE session_id = 's1'")
 
@@ -174,16 +178,36 @@ def test_a_keep_write_that_joined_an_open_group_keeps_nothing_and_commits_before
         release.set()
         for t in (holder, paired):
             t.join(20)
+        _wait_for(lambda: store.db._fifo.owner is None and store.db._fifo.waiting == 0)
         after = store.db.write_stats.snapshot()
-        assert seen == ["joined"]
-        assert owners == [None]  # nothing kept: the baton went back to the queue
-        assert after["kept"] == before["kept"]
-        assert after["commits"] - before["commits"] == 2  # the held group with it; the second
-        assert after["lazy_commits"] == before["lazy_commits"]
-        assert store.db._fifo.owner is None
+        return seen, holding, {k: after[k] - before[k] for k in after}
     finally:
         observer.close()
         store.close()
+
+
+def test_a_keep_write_that_joined_an_open_group_keeps_the_baton_only_where_the_group_ends(
+    tmp_path: Path,
+) -> None:
+    """A lazy write that finds a durable group open joins it as any member does, and returns
+    only once that group's COMMIT returned — so what it wrote is committed before the next
+    write of the pair begins (the crash matrix's cell between the two). With nobody queued
+    behind it, it ends the group (as any member would) and keeps the baton; with a writer
+    queued, the group stays open for that writer (never cut short by an fsync for the keep)
+    and the baton goes back to the queue."""
+    seen, holding, delta = _joined_pair(tmp_path / "alone", queue_behind=False)
+    assert seen == ["joined"]
+    assert holding == [True]
+    assert delta["kept"] == 1
+    assert delta["commits"] == 2  # the held group with the joined write; the second write
+    assert delta["lazy_commits"] == 0
+
+    seen, holding, delta = _joined_pair(tmp_path / "queued", queue_behind=True)
+    assert seen == ["joined"]
+    assert holding == [False]
+    assert delta["kept"] == 0
+    assert delta["transactions"] == 4
+    assert delta["lazy_commits"] == 0
 
 
 def test_keep_outside_a_write_turn_is_refused(tmp_path: Path) -> None:
