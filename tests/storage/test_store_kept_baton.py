@@ -135,7 +135,9 @@ def test_a_kept_write_that_fails_hands_the_baton_on(tmp_path: Path) -> None:
         store.close()
 
 
-def _joined_pair(tmp_path: Path, queue_behind: bool) -> tuple[list[str], list[bool], dict[str, int]]:
+def _joined_pair(
+    tmp_path: Path, queue_behind: bool
+) -> tuple[list[str], list[bool], dict[str, int]]:
     """A durable write held open; a pair's `keep=True` lazy write queued behind it joins its
     group; with `queue_behind`, another writer queues behind the joined write meanwhile.
     What another connection saw between the pair's writes, whether the pair's thread held the
