@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,11 +63,43 @@ def _snapshot(into: dict[str, Counter[str]], pid: int) -> None:
     into["t"] = thread_counters(pid)
 
 
+def _write_stats(fifo: Path) -> dict[str, int]:
+    """The daemon's store write counters (`Database.write_stats`), asked through
+    `bench/stamp_site`."""
+    answer = Path(str(fifo) + ".json")
+    answer.unlink(missing_ok=True)
+    deadline = time.monotonic() + 10
+    while True:  # the daemon's reader may not have opened the pipe yet
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the daemon does not read the write-stats pipe") from None
+            time.sleep(0.01)
+    os.write(fd, b"?\n")
+    os.close(fd)
+    while not answer.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("the daemon did not answer the write-stats ask")
+        time.sleep(0.01)
+    stats: dict[str, int] = json.loads(answer.read_text())
+    return stats
+
+
+_STATS_KEYS = ("transactions", "commits", "lazy_commits", "kept", "queued_takes")
+"""The write counters reported per fork: write transactions (group members), fsync'd COMMITs,
+lazy COMMITs, writes begun on a kept baton, and baton takes that queued (a hand-off each; a tree
+without the counter reports 0)."""
+
+
 def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
-    _site_env(AGENTHOST_NAME_THREADS="1")
     tick = os.sysconf("SC_CLK_TCK")
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fork-daemon-") as tmp:
+        fifo = Path(tmp) / "write-stats"
+        os.mkfifo(fifo)
+        _site_env(AGENTHOST_NAME_THREADS="1", AGENTHOST_WRITE_STATS=str(fifo))
         daemon = BenchDaemon(Path(tmp) / "home").start()
         try:
             c = daemon.client()
@@ -81,6 +114,7 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
             run_clients(daemon.api, specs, 2.0, events=daemon.events)  # warm
             for _ in range(rounds):
                 load, probe = os.getloadavg()[0], cpu_probe_ms()
+                stats0 = _write_stats(fifo)
                 before: dict[str, Counter[str]] = {}
                 records = run_clients(
                     daemon.api,
@@ -90,6 +124,7 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                     on_start=functools.partial(_snapshot, before, daemon.pid),
                 )
                 after = thread_counters(daemon.pid)
+                stats1 = _write_stats(fifo)
                 forks = sum(1 for rs in records for r in rs if r.get("reason") == "committed")
                 n = max(1, forks)
                 delta = {k: after[k] - before["t"].get(k, 0) for k in after}
@@ -104,6 +139,9 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                     "wakeupsPerFork": sum(wakes.values()),
                     "cpuByThread": cpu,
                     "wakeupsByThread": wakes,
+                    "writesPerFork": {
+                        k: (stats1.get(k, 0) - stats0.get(k, 0)) / n for k in _STATS_KEYS
+                    },
                 }
                 out.append(row)
                 print(_round_line(row), flush=True)
@@ -121,7 +159,8 @@ def _round_line(row: dict[str, Any]) -> str:
         f"load {row['load']:.1f} probe {row['cpuProbeMs']:.0f} ms: {row['forks']} forks"
         f" ({row['forksPerSecond']:.1f}/s); daemon CPU {row['cpuMsPerFork']:.2f} ms/fork"
         f" [{top(row['cpuByThread'])}]; wake-ups {row['wakeupsPerFork']:.1f}/fork"
-        f" [{top(row['wakeupsByThread'])}]"
+        f" [{top(row['wakeupsByThread'])}]; per fork "
+        + ", ".join(f"{k} {v:.2f}" for k, v in row["writesPerFork"].items())
     )
 
 

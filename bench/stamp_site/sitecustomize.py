@@ -2,8 +2,13 @@
 wall-clock stamps at the points of one fork's path through the daemon, and each daemon thread
 named for the kernel (`/proc/<pid>/task/*/comm`) so CPU and wake-ups can be read per thread.
 
-Inert unless `AGENTHOST_STAMPS` (the file the stamps go to, at exit) or `AGENTHOST_NAME_THREADS`
-is set, and only in the `agenthost serve` process. A stamp is `(point, time.time() * 1000)`
+Inert unless `AGENTHOST_STAMPS` (the file the stamps go to, at exit), `AGENTHOST_NAME_THREADS`
+or `AGENTHOST_WRITE_STATS` is set, and only in the `agenthost serve` process.
+
+`AGENTHOST_WRITE_STATS`: a named pipe; each time a line is written to it, the store's
+`Database.write_stats` (summed over the daemon's stores) is written as JSON to the pipe's path
+plus `.json` (a thread blocked on the pipe's open: nothing runs between two asks; the first ask
+catches the store at its first write after start-up). A stamp is `(point, time.time() * 1000)`
 appended on entry (and on exit, for the points with an end) to the functions listed in
 `_POINTS`, wrapped once the daemon's modules are imported.
 """
@@ -38,6 +43,59 @@ if _SERVE and os.environ.get("AGENTHOST_NAME_THREADS"):
         _bootstrap_inner(self)
 
     threading.Thread._bootstrap_inner = _named  # type: ignore[attr-defined]
+
+if _SERVE and os.environ.get("AGENTHOST_WRITE_STATS"):
+    import json
+    import threading
+    import time as _time
+    from typing import Any
+
+    _FIFO = os.environ["AGENTHOST_WRITE_STATS"]
+    _stores: list[object] = []
+    _queued = [0]
+
+    def _catch_store() -> None:
+        # The daemon's collector is frozen after start-up (gc.get_objects skips it), so the
+        # store is caught at its next write: `_take_baton` wrapped until one call, then put back.
+        while getattr(sys.modules.get("storage.base"), "Database", None) is None:
+            _time.sleep(0.01)  # not imported yet, or its body still running
+        cls = sys.modules["storage.base"].Database
+        original = cls._take_baton
+
+        def caught(self: object) -> None:
+            if self not in _stores:
+                _stores.append(self)
+            cls._take_baton = original
+            original(self)
+
+        cls._take_baton = caught
+        # Takes that find the baton held (read without its lock, as a diagnostic): each one
+        # queues, and is a hand-off, a thread woken, when its turn comes.
+        baton = sys.modules["storage.sqlite"].Baton
+        take = baton.take
+
+        def counted(self: Any, timeout_s: float) -> None:
+            if self.owner is not None:
+                _queued[0] += 1
+            take(self, timeout_s)
+
+        baton.take = counted
+
+    def _stats_loop() -> None:
+        _catch_store()
+        while True:
+            with open(_FIFO) as f:
+                f.read()
+            total: dict[str, int] = {}
+            for db in _stores:
+                for k, v in db.write_stats.snapshot().items():  # type: ignore[attr-defined]
+                    total[k] = total.get(k, 0) + v
+            total["queued_takes"] = _queued[0]
+            with open(_FIFO + ".tmp", "w") as out:
+                json.dump(total, out)
+            os.replace(_FIFO + ".tmp", _FIFO + ".json")
+
+    threading.Thread(target=_stats_loop, name="wstats", daemon=True).start()
 
 if _SERVE and _STAMPS:
     import atexit

@@ -116,6 +116,29 @@ def test_reservation_kept_by_failed_operation_is_reported(base: Base, tmp_path: 
     assert Law.RESERVATION in laws(home)
 
 
+def test_a_commit_without_its_provider_accepted_step_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    op = base.committed["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE fork_operations SET accepted_at_ms = NULL WHERE operation_id = '{op}'",
+    )
+    assert Law.STEP_ORDER in laws(home)
+
+
+def test_step_times_out_of_order_are_reported(base: Base, tmp_path: Path) -> None:
+    op = base.committed["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET dispatched_at_ms = accepted_at_ms + 1"
+        f" WHERE operation_id = '{op}'",
+    )
+    assert Law.STEP_ORDER in laws(home)
+
+
 def test_two_active_operations_on_one_source_are_reported(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,

@@ -136,6 +136,13 @@ class Law(StrEnum):
     """A source's Turn ran inside a fence window of one of its operations (law 3): claimed
     after the operation's prepare (or the adopt that took the fence again) and before its end,
     or still active when that window opened (the times are each write's own transaction's)."""
+    STEP_ORDER = "step_order"
+    """An operation's durable steps are not each their own, in their order: a
+    `provider_accepted` or `committed` one without its `dispatching` or `provider_accepted` time
+    (a commit landed without the write before it: the crash matrix's cell between the two
+    relies on `provider_accepted` being committed before the commit's transaction begins,
+    docs/design/fork-saga.md), or the step times out of order (prepared ≤ dispatching ≤
+    provider_accepted ≤ a commit's completion; each is its own transaction's time)."""
     FENCE_HAS_SAGA = "fence_has_saga"
     """An active operation (holding its source's fence) has not moved past the grace period:
     its saga is gone (checked on a live, quiescent daemon only)."""
@@ -791,6 +798,22 @@ def _check_reservations(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, An
             ctx.fail(
                 Law.RESERVATION, f"{op['status']} operation {op['operation_id']} lost {key[1]}"
             )
+
+
+def _check_step_order(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
+    for op in ops:
+        name = f"{op['status']} operation {op['operation_id']}"
+        if op["status"] in ("provider_accepted", "committed") and (
+            op["dispatched_at_ms"] is None or op["accepted_at_ms"] is None
+        ):
+            ctx.fail(Law.STEP_ORDER, f"{name} lacks its dispatching or provider_accepted time")
+            continue
+        times = [op["created_at_ms"], op["dispatched_at_ms"], op["accepted_at_ms"]]
+        if op["status"] == "committed":
+            times.append(op["completed_at_ms"])
+        stamped = [t for t in times if t is not None]
+        if stamped != sorted(stamped):
+            ctx.fail(Law.STEP_ORDER, f"{name}: step times out of order {times}")
 
 
 def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
@@ -1670,6 +1693,7 @@ def check_invariants(
         finally:
             conn.close()
         _check_single_holders(ctx, ops)
+        _check_step_order(ctx, ops)
         n_children = _check_provider_children(
             ctx, children, ops, alive, after_copy=provider_children(home)
         )
