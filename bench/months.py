@@ -66,6 +66,7 @@ from bench.common import (
 from bench.fork_overhead import STAGES, stage_times
 from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal, sample
 from bench.loadgen import now_ms
+from bench.proc_cost import PROCS, by_process, fault_probe_us, machine_cpu, spent
 from bench.providers import BareAppServer, _tutti_argv
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
 from storage.schema import SCHEMA_VERSION
@@ -559,20 +560,37 @@ def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
             "session.timeline",
             {"workspaceId": WS, "agentSessionId": big, "afterSequence": after, "limit": PAGE},
         )["turns"][-1]["turnId"]
-        forks, cpu = [], []
+        forks, cpu, costs, machine = [], [], [], []
+        # The VM's speed just before the forks (it swings ~2x between minutes; the probe at the
+        # run's start is ~20 s earlier), and the machine's busy and stolen CPU inside each fork.
+        out["cpuProbeAtForkMs"] = cpu_probe_ms()
         for _ in range(2):
+            before, m0 = by_process(daemon.pid), machine_cpu()
             d0, t0 = _cpu_ms(daemon.pid), now_ms()
             t = time.perf_counter()
             op = fork_until_terminal(c, big, str(last), poll_s=0.005)
             forks.append((time.perf_counter() - t) * 1000)
             ops.append({"operationId": op["operationId"], "t0": t0, "t1": now_ms()})
             cpu.append(round(_cpu_ms(daemon.pid) - d0, 1))
+            costs.append(spent(before, by_process(daemon.pid)))
+            machine.append({k: round((v - m0[k]) * 1000) for k, v in machine_cpu().items()})
             if op["status"] != "committed":
                 raise RuntimeError(f"the big Session's fork did not commit: {op}")
             acknowledge(c, op["operationId"])
         out["forkColdMs"], out["forkWarmMs"] = forks
         # The daemon's own CPU in each fork (its worker's and app-server's are not counted).
         out["forkDaemonCpuMs"] = cpu
+        # Each fork's processes (the app-server of the cold one started inside it): CPU and
+        # system CPU ms, minor / major page faults, disk MB read — what tells a cold page cache
+        # (major faults, disk reads) from a slow VM minute (system CPU per fault) in the cold row.
+        out["forkMachineCpuMs"] = machine
+        out["forkProcesses"] = [
+            {
+                name: {k: round(v * 1000 if k in ("cpu", "sys") else v, 1) for k, v in got.items()}
+                for name, got in cost.items()
+            }
+            for cost in costs
+        ]
         s2 = sample(daemon.pid)
         out["hwmAfterForksMb"] = s2.hwm_mb if s2 else None
     finally:
@@ -594,8 +612,11 @@ def run(
     result = BenchResult("a store of months", "", mode.value)
     home = cached_home(size)
     # The host as the measurement starts: every figure below is read against these.
-    probe, load = cpu_probe_ms(), os.getloadavg()[0]
-    log(f"months: CPU probe {probe:.1f} ms, load average {load:.1f}")
+    probe, load, fault_us = cpu_probe_ms(), os.getloadavg()[0], fault_probe_us()
+    log(
+        f"months: CPU probe {probe:.1f} ms, load average {load:.1f}, a first-touch page fault"
+        f" {fault_us:.1f} µs"
+    )
     with tempfile.TemporaryDirectory(prefix="months-run-") as tmp:
         m = measure(home, Path(tmp), size, reads)
     result.figures = {
@@ -603,6 +624,7 @@ def run(
         "readsEach": reads,
         "cpuProbeMs": round(probe, 1),
         "loadAverage": round(load, 2),
+        "pageFaultUs": round(fault_us, 2),
         **m,
     }
     store_mb = (home / "store.sqlite3").stat().st_size / 2**20
@@ -663,6 +685,40 @@ def run(
                     "ms",
                 ),
                 (
+                    "the forks' CPU / system CPU ms, cold; warm ("
+                    + " / ".join(PROCS)
+                    + "; the cold one's app-server started inside it)",
+                    "; ".join(
+                        " / ".join(
+                            f"{f.get(p, {}).get('cpu', 0.0):.0f}/{f.get(p, {}).get('sys', 0.0):.0f}"
+                            for p in PROCS
+                        )
+                        for f in m.get("forkProcesses", ())
+                    )
+                    or "-",
+                    "ms",
+                ),
+                (
+                    "the machine's busy / stolen CPU in the forks, cold; warm (every process);"
+                    " the CPU probe just before them",
+                    "; ".join(f"{f['busy']} / {f['steal']}" for f in m.get("forkMachineCpuMs", ()))
+                    + f"; probe {m.get('cpuProbeAtForkMs', float('nan')):.1f}",
+                    "ms",
+                ),
+                (
+                    "the forks' minor / major page faults, disk MB read, cold ("
+                    + " / ".join(PROCS)
+                    + "): a cold page cache shows as major faults and reads",
+                    " / ".join(
+                        f"{f.get('minflt', 0):.0f}/{f.get('majflt', 0):.0f}"
+                        f" {f.get('readMB', 0.0):.1f}"
+                        for f in (m["forkProcesses"][0].get(p, {}) for p in PROCS)
+                    )
+                    if m.get("forkProcesses")
+                    else "-",
+                    "",
+                ),
+                (
                     "CPU per read, daemon / the reading client: list; open",
                     f"{m.get('listDaemonCpuMs', float('nan')):.2f} /"
                     f" {m['listClientCpuMs']:.2f}; {m.get('openDaemonCpuMs', float('nan')):.2f}"
@@ -677,7 +733,11 @@ def run(
                 ("daemon RSS after start", m["rssAfterStartMb"], "MB"),
                 (f"daemon RSS with {size.touched:,} Sessions touched", m["rssAfterTouchMb"], "MB"),
                 ("touch errors", m["touchErrors"], ""),
-                ("CPU probe / load average at the start", f"{probe:.1f} / {load:.1f}", "ms / -"),
+                (
+                    "CPU probe / load average / a first-touch page fault at the start",
+                    f"{probe:.1f} / {load:.1f} / {fault_us:.1f}",
+                    "ms / - / µs",
+                ),
             ),
         )
     )

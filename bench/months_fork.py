@@ -4,7 +4,10 @@ target 5's fork row), through a real daemon, with the CPU each process spent on 
 `bench.months` prints the fork's wall time; this prints, per fork (the first cold: its
 app-server loads the thread; then `--warm` warm ones), the wall time and the CPU time of the
 daemon, its worker and the tutti-agent app-server (psutil, before and after each fork), so a
-run of main and of a branch, alternated, compare what each process spent. The client polls
+run of main and of a branch, alternated, compare what each process spent; beside it each
+process's system CPU, minor and major page faults and disk reads (`bench.proc_cost`: a cold page
+cache shows as major faults and disk reads, a costly VM minute as system CPU per minor fault) and
+the VM's cost of one first-touch page fault at the end. The client polls
 `fork.get` every 5 ms, as `bench.months` does; each fork's host stages (prepare / attest /
 provider+bind / commit / reply, from the operation's durable timestamps, as `bench.fork_overhead`)
 are printed beside it. The store comes from `bench.months`' cache
@@ -45,37 +48,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.common import Table, command_for, cpu_probe_ms, log
 from bench.fork_overhead import STAGES, stage_times
 from bench.harness import WS, BenchDaemon, acknowledge, fork_until_terminal
 from bench.loadgen import now_ms
 from bench.months import SESSION, Size, _id, _interrupted, cached_home
+from bench.proc_cost import PROCS, by_process, fault_probe_us, spent
 
 MODULE = "bench.months_fork"
-
-
-def _cpu_by_process(pid: int) -> dict[str, float]:
-    """CPU seconds of the daemon and each of its descendants, by a short name."""
-    out: dict[str, float] = {}
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            times = proc.cpu_times()
-            argv = proc.cmdline()
-        except psutil.Error:
-            continue
-        if proc.pid == pid:
-            name = "daemon"
-        elif "drivers.worker" in argv:
-            name = "worker"
-        elif any(a.endswith("tutti-agent") for a in argv):
-            name = "app-server"
-        else:
-            name = "other"
-        out[name] = out.get(name, 0.0) + times.user + times.system
-    return out
 
 
 def _wait_recovered(home: Path, timeout_s: float = 1200.0) -> int:
@@ -130,16 +110,20 @@ def measure(home: Path, big_turns: int, warm: int) -> list[Row]:
             )
             last = str(page["turns"][-1]["turnId"])
             for i in range(1 + warm):
-                before = _cpu_by_process(daemon.pid)
+                before = by_process(daemon.pid)
                 t, t0 = time.perf_counter(), now_ms()
                 op = fork_until_terminal(c, big, last, poll_s=0.005)
                 wall, t1 = (time.perf_counter() - t) * 1000, now_ms()
-                after = _cpu_by_process(daemon.pid)
+                after = by_process(daemon.pid)
                 ops.append({"operationId": op["operationId"], "t0": t0, "t1": t1})
                 if op["status"] != "committed":
                     raise RuntimeError(f"the big Session's fork did not commit: {op}")
                 acknowledge(c, op["operationId"])
-                cpu = {k: (v - before.get(k, 0.0)) * 1000 for k, v in after.items()}
+                cpu = {
+                    f"{name} {k}" if k != "cpu" else name: v * 1000 if k in ("cpu", "sys") else v
+                    for name, got in spent(before, after).items()
+                    for k, v in got.items()
+                }
                 rows.append(("cold" if i == 0 else f"warm {i}", wall, cpu))
                 log(f"months-fork: {rows[-1][0]} {wall:.0f} ms")
         finally:
@@ -289,16 +273,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 0
     rows = measure(home, size.big_turns, args.warm)
-    load_end, probe_end = os.getloadavg()[0], cpu_probe_ms()
+    load_end, probe_end, fault_us = os.getloadavg()[0], cpu_probe_ms(), fault_probe_us()
     table = Table(
         f"fork through the last Turn of {size.describe()}: wall and CPU per process (1-min"
-        f" load {load:.2f} → {load_end:.2f}, CPU probe {probe:.1f} → {probe_end:.1f} ms)",
+        f" load {load:.2f} → {load_end:.2f}, CPU probe {probe:.1f} → {probe_end:.1f} ms,"
+        f" a first-touch page fault {fault_us:.1f} µs)",
         (
             "fork",
             "wall ms",
             "daemon CPU ms",
             "worker CPU ms",
             "app-server CPU ms",
+            "system CPU ms (d / w / a)",
+            "minor faults (d / w / a)",
+            "major faults (d / w / a)",
+            "disk MB read (d / w / a)",
             "stages ms (" + " / ".join(STAGES) + ")",
         ),
         tuple(
@@ -308,6 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cpu.get("daemon", 0.0),
                 cpu.get("worker", 0.0),
                 cpu.get("app-server", 0.0),
+                *(
+                    " / ".join(f"{cpu.get(f'{p} {k}', 0.0):{fmt}}" for p in PROCS)
+                    for k, fmt in (("sys", ".0f"), ("minflt", ".0f"), ("majflt", ".0f"))
+                ),
+                " / ".join(f"{cpu.get(f'{p} readMB', 0.0):.1f}" for p in PROCS),
                 " / ".join(f"{stages[s]:.0f}" for s in STAGES) if stages else "-",
             )
             for name, wall, cpu, stages in rows
