@@ -603,6 +603,19 @@ def measure(home: Path, tmp: Path, size: Size, reads: int) -> dict[str, Any]:
     return out
 
 
+def _fork_context(m: dict[str, Any]) -> str:
+    """What the cold fork ran on, said beside its target row: the CPU probe just before it and
+    the machine's busy CPU in it against the fork's own processes' (more than its own: another
+    process shared the 2 cores) — the row varies ~2x with these, not with the store's pages."""
+    machine = (m.get("forkMachineCpuMs") or [{}])[0]
+    own = sum(p.get("cpu", 0.0) for p in (m.get("forkProcesses") or [{}])[0].values())
+    return (
+        f" at a CPU probe of {m.get('cpuProbeAtForkMs', float('nan')):.1f} ms, busy"
+        f" {machine.get('busy', float('nan')):.0f} ms in it (its own processes"
+        f" {own:.0f} ms), stolen {machine.get('steal', float('nan')):.0f} ms"
+    )
+
+
 def run(
     mode: Mode, scale: float | None = None, counts: dict[str, int] | None = None
 ) -> BenchResult:
@@ -745,7 +758,11 @@ def run(
         ("ready", m["readyS"] * 1000, "second start of the store to the ready line"),
         ("list-p99", lst.p99, f"{lst.n} session.list (limit {PAGE}) one at a time"),
         ("open-p99", opn.p99, f"{opn.n} session.get + session.timeline (newest {PAGE} Turns)"),
-        ("fork", m["forkColdMs"], "fork.create → committed, the first (cold) fork"),
+        (
+            "fork",
+            m["forkColdMs"],
+            "fork.create → committed, the first (cold) fork, on a machine" + _fork_context(m),
+        ),
         (
             "recovery",
             m["recoveryCommittedS"] * 1000,

@@ -410,6 +410,18 @@ def test_the_store_of_months_is_generated_once_and_measured_on_a_copy(tmp_path: 
     # timestamps, cold and warm.
     assert len(figures["forkDaemonCpuMs"]) == 2 and min(figures["forkDaemonCpuMs"]) >= 0
     assert [len(stages) for stages in figures["forkStagesMs"]] == [5, 5]
+    # What each fork ran on (the cold row's context): the worker and the app-server counted in
+    # the cold fork (the app-server started inside it: it touched pages afresh), the machine's
+    # CPU inside each fork, the probes beside them.
+    cold, warm = figures["forkProcesses"]
+    assert {"daemon", "worker", "app-server"} <= set(cold) and "worker" in warm
+    assert cold["app-server"]["minflt"] > 0 and cold["worker"]["majflt"] >= 0
+    assert all(v >= 0 for proc in (cold, warm) for got in proc.values() for v in got.values())
+    assert [sorted(m) for m in figures["forkMachineCpuMs"]] == [["busy", "steal"]] * 2
+    assert figures["cpuProbeAtForkMs"] > 0 and figures["pageFaultUs"] > 0
+    assert "the machine's busy / stolen CPU in the forks" in out.stdout
+    (fork_row,) = [t for t in doc["targets"] if t["key"] == "36:months:fork"]
+    assert "at a CPU probe of" in fork_row["measured"] and "busy" in fork_row["measured"]
     assert (store.stat().st_mtime_ns, store.stat().st_size) == before
     keys = [t["key"] for t in doc["targets"]]
     assert keys == [t.key for t in ISSUE36 if t.key.startswith("36:months:")]
