@@ -659,8 +659,9 @@ class ApiServer:
         """Publish several events, in order, with one hand-over to the loop (see `publish`)."""
         if not events:
             return True
-        frames = [(topic.encode("utf-8"), encode_event(event)) for topic, event in events]
-        return self._send_pipe((_TAG_EVENT, frames))
+        return self.publish_frames(
+            [(topic.encode("utf-8"), encode_event(event)) for topic, event in events]
+        )
 
     def publish_frames(self, frames: list[tuple[bytes, bytes]]) -> bool:
         """`publish_many` of events already encoded: (topic, `encode_event` body) pairs."""

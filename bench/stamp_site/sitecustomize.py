@@ -29,6 +29,31 @@ _WORKER = (
     and os.environ.get("AGENTHOST_STAMPS_WORKER") == "1"
 )
 
+
+def _wrap_stamped(
+    rec: list[tuple[str, float]], owner: object, attr: str, before: str, after: str
+) -> None:
+    """Replace `owner.attr` by a wrapper appending `(before, ms)` to `rec` on entry and, when
+    `after` is set, `(after, ms)` on exit (wall clock; a classmethod stays one)."""
+    import time
+
+    raw = vars(owner).get(attr)
+    fn = getattr(owner, attr)
+
+    def stamped(*args: object, **kwargs: object) -> object:
+        rec.append((before, time.time() * 1000.0))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if after:
+                rec.append((after, time.time() * 1000.0))
+
+    if isinstance(raw, classmethod):
+        setattr(owner, attr, classmethod(lambda cls, *a, **k: stamped(*a, **k)))
+    else:
+        setattr(owner, attr, stamped)
+
+
 if _SERVE and os.environ.get("AGENTHOST_NAME_THREADS"):
     import contextlib
     import ctypes
@@ -144,23 +169,10 @@ if _SERVE and _STAMPS:
         ("drivers.supervisor", "WorkerSupervisor", "_complete", "sup.complete", ""),
     )
 
-    def _wrap(owner: Any, attr: str, before: str, after: str) -> None:
-        fn = getattr(owner, attr)
-
-        def stamped(*args: Any, **kwargs: Any) -> Any:
-            _rec.append((before, time.time() * 1000.0))
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if after:
-                    _rec.append((after, time.time() * 1000.0))
-
-        setattr(owner, attr, stamped)
-
     def _install() -> None:
         for module, cls, attr, before, after in _POINTS:
             mod = importlib.import_module(module)
-            _wrap(getattr(mod, cls) if cls else mod, attr, before, after)
+            _wrap_stamped(_rec, getattr(mod, cls) if cls else mod, attr, before, after)
 
     def _when_imported() -> None:
         names = {module for module, *_ in _POINTS} | {"agenthost.daemon"}
@@ -213,23 +225,6 @@ if _WORKER and _STAMPS:
         ("drivers.claude.fork", "ClaudeFork", "verify_child", "c.verify", "c.verify.end"),
     )
 
-    def _wwrap(owner: Any, attr: str, before: str, after: str) -> None:
-        raw = owner.__dict__.get(attr)
-        fn = getattr(owner, attr)
-
-        def stamped(*args: Any, **kwargs: Any) -> Any:
-            _wrec.append((before, time.time() * 1000.0))
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                if after:
-                    _wrec.append((after, time.time() * 1000.0))
-
-        if isinstance(raw, classmethod):
-            setattr(owner, attr, classmethod(lambda cls, *a, **k: stamped(*a, **k)))
-        else:
-            setattr(owner, attr, stamped)
-
     def _winstall() -> None:
         left = list(_WPOINTS)
         deadline = time.monotonic() + 60.0
@@ -241,7 +236,7 @@ if _WORKER and _STAMPS:
                 module, cls, attr, before, after = point
                 owner = getattr(importlib.import_module(module), cls)
                 if hasattr(owner, attr):  # a point of another tree's code may be missing
-                    _wwrap(owner, attr, before, after)
+                    _wrap_stamped(_wrec, owner, attr, before, after)
                 left.remove(point)
             time.sleep(0.02)
 
