@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.bind_rounds import _load
-from bench.common import Latency, cpu_probe_ms
+from bench.common import Latency, ab_trees, cpu_probe_ms
 
 
 def _home(root: Path, children: int) -> tuple[Path, str]:
@@ -102,10 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,40,160,1000")
     ap.add_argument("--against", type=Path, help="another tree to interleave with this one")
     args = ap.parse_args(argv)
-    here = Path(__file__).resolve().parent.parent
-    trees = {"this": here}
-    if args.against is not None:
-        trees = {"against": args.against.resolve(), "this": here}
+    trees = ab_trees(args.against)
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"load {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe_ms():.1f} ms at start")
     results = measure(trees, args.samples, sizes)

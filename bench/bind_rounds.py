@@ -27,7 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from bench.common import Latency, cpu_probe_ms
+from bench.common import Latency, ab_trees, cpu_probe_ms
 
 LINE = b'{"timestamp":"2026-12-02T07:00:00Z","ordinal":0,"type":"event","payload":{}}\n'
 KINDS = (("referenced", 2), ("copied", 1))
@@ -119,10 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--against", type=Path, help="another tree to interleave with this one")
     args = ap.parse_args(argv)
-    here = Path(__file__).resolve().parent.parent
-    trees = {"this": here}
-    if args.against is not None:
-        trees = {"against": args.against.resolve(), "this": here}
+    trees = ab_trees(args.against)
     print(f"load {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe_ms():.1f} ms at start")
     for (side, kind), (wall, cpu, rounds) in sorted(measure(trees, args.samples).items()):
         print(

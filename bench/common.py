@@ -288,6 +288,13 @@ def machine() -> dict[str, Any]:
     }
 
 
+def ab_trees(against: Path | None) -> dict[str, Path]:
+    """The checkouts an in-process A/B interleaves: this one, and `against` (another tree,
+    listed first) when given."""
+    here = Path(__file__).resolve().parent.parent
+    return {"this": here} if against is None else {"against": against.resolve(), "this": here}
+
+
 def cpu_probe_ms(rounds: int = 3) -> float:
     """The host's single-thread Python speed now: the median ms of a fixed pure-Python workload
     (integer loop, SHA-1 and JSON; ~25-40 ms a round here). This 2-core VM's speed swings up to
