@@ -45,6 +45,7 @@ from storage.sqlite import (
     Baton,
     BusyWaits,
     Row,
+    Submission,
     Tx,
     WriteBatch,
     WriteGroup,
@@ -133,7 +134,8 @@ class Database:
         # hands the baton on with its savepoint released but the transaction open, and waits
         # for the member that ends the group to COMMIT; that one COMMIT (one fsync) makes
         # every member durable, and only then does any of them return.
-        self._fifo = Baton()
+        self.write_stats = WriteStats()
+        self._fifo = Baton(self.write_stats)
         self._baton = self._fifo.lock  # also guards write_stats
         self._group: WriteGroup | None = None
         # Events of lazy COMMITs no fsync'd COMMIT has followed yet (guarded by the baton):
@@ -144,7 +146,6 @@ class Database:
         at most this, read after its read (the events publisher's bound on what a read-back
         showed, docs/design/store.md "Change events that carry their row")."""
         self._writer_conn: apsw.Connection | None = None
-        self.write_stats = WriteStats()
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
@@ -522,7 +523,7 @@ class Database:
         finally:
             if group.lazy:
                 self._synchronous_full(conn)
-            group.done.set()
+            group.end()
 
     def _synchronous_full(self, conn: apsw.Connection) -> None:
         """The writer back to fsync'd COMMITs after a lazy group's COMMIT or rollback (the
@@ -559,6 +560,56 @@ class Database:
             and time.monotonic() - group.opened < self.group_max_age_s
         )
 
+    def _finish_turn(self) -> None:
+        """The end of a baton holder's turn: run the submitted bodies next in line in the open
+        group (each a member, on this thread: no hand-off), end the group when it must end,
+        then hand the baton to the writer next in line (the group left open for it)."""
+        while True:
+            group = self._group
+            if group is None or not self._group_stays_open(group):
+                if group is not None:
+                    self._end_group(group, self._writer_connection())
+                break
+            sub = self._fifo.next_submission()
+            if sub is None:
+                break  # a writer of its own is next: it takes the baton and the open group
+            self._run_combined(group, sub)
+        self._pass_baton()
+
+    def _run_combined(self, group: WriteGroup, sub: Submission) -> None:
+        """Run a submitted body as a member of `group` for its caller (with the baton held):
+        its savepoint, its fence check, its body; a failing one rolls back alone and its
+        caller is woken now with its error, a landed one is woken at the group's end."""
+        conn = self._writer_connection()
+        self.write_seq += 1
+        tx = Tx(conn, sub.workspace_id, self._clock(), self.write_seq)
+        held = getattr(self._local, "conn", None)
+        self._local.conn = conn  # reads inside the body see its own rows
+        own_savepoint = group.members > 0
+        try:
+            if own_savepoint:
+                conn.execute("SAVEPOINT agenthost_write")
+            if sub.fence is not None:
+                tx.check_fence(sub.fence)
+            sub.result = sub.body(tx)
+            if own_savepoint:
+                conn.execute("RELEASE agenthost_write")
+        except BaseException as exc:  # noqa: BLE001 - delivered to the body's own caller
+            sub.error = exc
+            if self._group is group:
+                self._undo_member(group, conn, exc, own_savepoint)
+            sub.done()
+            return
+        finally:
+            self._local.conn = held
+        group.members += 1
+        sub.tx = tx
+        sub.group = group
+        group.combined.append(sub)
+        with self._baton:
+            self.write_stats.transactions += 1
+            self.write_stats.combined += 1
+
     @contextmanager
     def write(
         self, workspace_id: str | None, fence: str | None = None, *, durable: bool = True
@@ -590,6 +641,59 @@ class Database:
             return
         t0 = time.perf_counter()
         self._take_baton()
+        with self._owned_write(workspace_id, fence, durable, t0) as tx:
+            yield tx
+
+    def submit_write(
+        self,
+        body: Callable[[Tx], T],
+        workspace_id: str | None,
+        fence: str | None = None,
+        *,
+        durable: bool = True,
+    ) -> T:
+        """`write` with its body handed over as a callable: `body(tx)` runs in a savepoint
+        of the shared transaction, with the fence checked inside it first, and its result is
+        returned (or its exception raised) here, once the COMMIT holding it returned and its
+        events were published — the same laws as `write`.
+
+        Flat combining: if the baton is held, the body queues in the baton's line and the
+        holder runs it on its own thread when its turn comes, with no hand-off; the caller is
+        woken once, with its result. So a body must use only its `tx` and values it was
+        given: no thread-locals, no actor state (it may run on any writer's thread), and
+        nothing that writes through the store itself. The caller's own post-processing comes
+        after this returns. Inside a `write_batch` of this thread it is the batch's."""
+        batch: WriteBatch | None = getattr(self._local, "batch", None)
+        if batch is not None and batch.thread == threading.get_ident():
+            with batch_item(batch, workspace_id, fence, self._clock(), self._count_batched) as item:
+                return body(item)
+        t0 = time.perf_counter()
+        sub = Submission(body, workspace_id, fence, durable)
+        self._fifo.offer(sub, max(0.0, self.busy_timeout_ms / 1000))
+        if sub.state == Submission.OWNER:
+            with self._owned_write(workspace_id, fence, durable, t0) as tx:
+                return body(tx)
+        if sub.error is not None:
+            typed = typed_store_error(sub.error)
+            if typed is not None and typed is not sub.error:
+                raise typed from sub.error
+            raise sub.error
+        group, tx_done = sub.group, sub.tx
+        assert group is not None and tx_done is not None
+        if group.error is not None:
+            raise StoreBusy(
+                f"the store could not commit this write, try again ({type(group.error).__name__})"
+            ) from group.error
+        self._notify(self._take_released(group) + tx_done.events)
+        result: T = sub.result
+        return result
+
+    @contextmanager
+    def _owned_write(
+        self, workspace_id: str | None, fence: str | None, durable: bool, t0: float
+    ) -> Iterator[Tx]:
+        """`write`'s body once this thread holds the baton: its member of the group, then the
+        turn's end (`_finish_turn`), then the wait for the COMMIT and the events."""
         t1 = time.perf_counter()
         group: WriteGroup | None = None
         tx: Tx | None = None
@@ -653,10 +757,7 @@ class Database:
             raise
         finally:
             t2 = time.perf_counter()
-            # End the group or leave it to the next member; then hand the baton on.
-            if group is not None and self._group is group and not self._group_stays_open(group):
-                self._end_group(group, self._writer_connection())
-            self._pass_baton()
+            self._finish_turn()
         assert group is not None and tx is not None
         group.done.wait()
         t4 = time.perf_counter()
@@ -750,7 +851,7 @@ class Database:
             # No `_end_group` will run for this group: the writer goes back to fsync'd
             # COMMITs here, or the next durable write would commit without one.
             self._synchronous_full(conn)
-        group.done.set()
+        group.end()
 
     @contextmanager
     def read(self) -> Iterator[apsw.Connection]:

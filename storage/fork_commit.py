@@ -33,6 +33,7 @@ class ForkCommit:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._write = db.write
+        self._submit = db.submit_write
         self._db = db
         self._projections = db.projections
 
@@ -44,8 +45,7 @@ class ForkCommit:
     def commit_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Law 2: child, cloned history, lineage and `committed` in one transaction, computed
         from the snapshot only; a replay returns the same result with `changed=False`."""
-        with self._write(ws) as tx:
-            op, changed = self._commit_in(tx, ws, op_id)
+        op, changed = self._submit(lambda tx: self._commit_in(tx, ws, op_id), ws)
         assert op is not None  # asked for below (`operation=True`)
         return op, changed
 

@@ -109,6 +109,7 @@ class ForkPrepare:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._write = db.write
+        self._submit = db.submit_write
         self._read = db.read
         self._db = db
         self._projections = db.projections
@@ -186,7 +187,7 @@ class ForkPrepare:
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
         )
-        with self._write(ws, durable=durable) as tx:
+        def body(tx: Tx) -> tuple[ForkOperation, bool]:
             existing = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND request_id = ?",
@@ -329,6 +330,8 @@ class ForkPrepare:
             return replace(
                 load_op(tx.conn, ws, op_id, projections=self._projections), frozen_turns=frozen
             ), True
+
+        return self._submit(body, ws, durable=durable)
 
     @staticmethod
     def _plan_tree(

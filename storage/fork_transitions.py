@@ -33,6 +33,7 @@ class ForkTransitions:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._write = db.write
+        self._submit = db.submit_write
         self.now_ms = db.now_ms
         self._projections = db.projections
 
@@ -57,8 +58,10 @@ class ForkTransitions:
         `stamp`: the time column set to the transaction's own time (when the row is written,
         not when the caller asked: a write may wait its turn for seconds)."""
         sources = SOURCES[to]  # the state machine's, domain.fork_states
-        with self._write(ws) as tx:
-            values = {**values, stamp: tx.now_ms}
+        asked = values
+
+        def body(tx: Tx) -> tuple[ForkOperation, bool]:
+            values = {**asked, stamp: tx.now_ms}
             if (
                 known is not None
                 and known.operation_id == op_id
@@ -115,6 +118,8 @@ class ForkTransitions:
             # Never `committed` here, so the row needs no projection: what was read + written.
             return replace(op, status=to, **values), True
 
+        return self._submit(body, ws)
+
     def mark_fork_dispatching(
         self, ws: str, op_id: str, *, known: ForkOperation | None = None
     ) -> tuple[ForkOperation, bool]:
@@ -170,7 +175,7 @@ class ForkTransitions:
         `known`: the caller's `dispatching` row (the saga's): the evidence is checked against
         it and the row is not read first; `record_accepted`'s UPDATE is guarded by
         `dispatching`, and a row not there any more takes the reading path."""
-        with self._write(ws, durable=durable) as tx:
+        def body(tx: Tx) -> tuple[ForkOperation, bool]:
             if (
                 known is not None
                 and known.operation_id == op_id
@@ -196,6 +201,8 @@ class ForkTransitions:
             validate_evidence(op, evidence)
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
             return _accepted(op, evidence, tx.now_ms), True
+
+        return self._submit(body, ws, durable=durable)
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""

@@ -47,6 +47,7 @@ class SessionStore:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._write = db.write
+        self._submit = db.submit_write
         self._all = db.rows
         self._one = db.one
         self._with_conn = db.with_conn
@@ -214,8 +215,10 @@ class SessionStore:
         # Not fenced: the snapshot froze the child title at prepare (seed 000 §6.2).
         if not isinstance(title, str):
             raise InvalidArgument("title", "title must be a string")
-        with self._write(ws) as tx:
+        def body(tx: Tx) -> Session:
             return _update_live(tx, ws, sid, "title = ?", title)
+
+        return self._submit(body, ws)
 
     def set_pinned(self, ws: str, sid: str, pinned: bool) -> Session:
         # Not fenced: pin is never inherited by a fork child.

@@ -203,7 +203,71 @@ class Tx:
 BACKGROUND_MAX_WAIT_S = 0.1
 """How long a background writer may be overtaken by foreground ones before it goes next."""
 
-_Entry = tuple[int, threading.Lock, float]
+
+class Submission:
+    """One write handed to the store as a callable (`Database.submit_write`): the body, what
+    it writes under, and what its run gave back. Run by whichever thread holds the baton
+    when its turn comes (flat combining), or by its own caller if the baton is handed to it.
+
+    `state`: `QUEUED` until the holder takes it from the queue; `OWNER` when the baton was
+    handed to its caller (who runs it as any writer); `DONE` when its result or error is set
+    and its group ended (or it failed alone)."""
+
+    QUEUED = 0
+    OWNER = 1
+    DONE = 2
+
+    __slots__ = (
+        "body",
+        "workspace_id",
+        "fence",
+        "durable",
+        "state",
+        "result",
+        "error",
+        "tx",
+        "group",
+        "wake",
+    )
+
+    def __init__(
+        self,
+        body: Callable[[Tx], Any],
+        workspace_id: str | None,
+        fence: str | None,
+        durable: bool,
+    ) -> None:
+        self.body = body
+        self.workspace_id = workspace_id
+        self.fence = fence
+        self.durable = durable
+        self.state = Submission.QUEUED
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.tx: Tx | None = None
+        self.group: WriteGroup | None = None
+        self.wake: threading.Lock | None = None
+        """Its caller's lock in the baton's queue (None: it never queued)."""
+
+    def done(self) -> None:
+        """Wake the caller: its result, its error or its group's end is set."""
+        self.state = Submission.DONE
+        if self.wake is not None:
+            self.wake.release()
+
+
+class _Entry:
+    """A place in the baton's queue: a writer's thread waiting for the baton, or a submitted
+    body (`sub`) the holder may run itself. `wake` is released once, when its turn comes."""
+
+    __slots__ = ("thread", "wake", "since", "sub")
+
+    def __init__(self, thread: int, since: float, sub: Submission | None = None) -> None:
+        self.thread = thread
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.since = since
+        self.sub = sub
 
 
 class Baton:
@@ -216,11 +280,17 @@ class Baton:
     `provider_accepted`, the commit) has no request waiting on it, only its own pipeline. A
     foreground writer goes ahead of queued background ones, unless the first of those has
     waited `background_max_wait_s` already: then it goes next, so background writes are
-    delayed by at most that, never starved."""
+    delayed by at most that, never starved.
 
-    def __init__(self) -> None:
+    A queue place may be a submitted body (`offer`) instead of a waiting writer: when it is
+    next, the holder runs it itself (`next_submission`) without handing the baton on, or, at
+    a hand-off, gives the baton to the body's caller. `stats.handoffs` counts the hand-offs
+    (each a thread woken to take the baton)."""
+
+    def __init__(self, stats: WriteStats | None = None) -> None:
         self.lock = threading.Condition(threading.Lock())
         self.owner: int | None = None
+        self._stats = stats
         self._queue: deque[_Entry] = deque()
         self._background: deque[_Entry] = deque()
         self.background_max_wait_s = BACKGROUND_MAX_WAIT_S
@@ -241,11 +311,31 @@ class Baton:
         finally:
             self._local.background = held
 
+    def _enqueue(self, me: int, sub: Submission | None) -> _Entry:
+        """Under `lock`: a place at the end of this thread's queue."""
+        entry = _Entry(me, time.monotonic(), sub)
+        if sub is not None:
+            sub.wake = entry.wake
+        background = getattr(self._local, "background", False)
+        (self._background if background else self._queue).append(entry)
+        return entry
+
+    def _wait(self, entry: _Entry, timeout_s: float) -> None:
+        """Block until `entry`'s turn; past `timeout_s` still queued, leave the queue and raise
+        a retryable `StoreBusy` (as a wait on another process's lock ends)."""
+        if entry.wake.acquire(timeout=timeout_s):
+            return
+        with self.lock:
+            queue = self._background if entry in self._background else self._queue
+            if entry in queue:
+                queue.remove(entry)
+                raise StoreBusy("the store is busy with other writes, try again")
+        entry.wake.acquire()  # taken from the queue just as the wait timed out: it is coming
+
     def take(self, timeout_s: float) -> None:
         """Become the writer, waiting up to `timeout_s` behind the others (then a retryable
         `StoreBusy`, as a wait on another process's lock ends)."""
         me = threading.get_ident()
-        background = getattr(self._local, "background", False)
         with self.lock:
             if self.owner == me:
                 # A write inside a write of the same thread: refused as SQLite refused it.
@@ -253,33 +343,56 @@ class Baton:
             if self.owner is None and not self.waiting:
                 self.owner = me
                 return
-            entry = (me, threading.Lock(), time.monotonic())
-            entry[1].acquire()
-            queue = self._background if background else self._queue
-            queue.append(entry)
+            entry = self._enqueue(me, None)
         # `pass_on` makes this thread the owner, then releases its lock.
-        if entry[1].acquire(timeout=timeout_s):
-            return
+        self._wait(entry, timeout_s)
+
+    def offer(self, sub: Submission, timeout_s: float) -> None:
+        """Queue a submitted body, or take the baton at once if it is free. Returns when the
+        caller owns the baton (`sub.state` is `OWNER`: the caller runs its body itself) or
+        the body was run by a holder and its group ended (`DONE`)."""
+        me = threading.get_ident()
         with self.lock:
-            if self.owner == me:  # handed over just as the wait timed out
+            if self.owner == me:
+                raise apsw.SQLError("cannot start a transaction within a transaction")
+            if self.owner is None and not self.waiting:
+                self.owner = me
+                sub.state = Submission.OWNER
                 return
-            queue.remove(entry)
-        raise StoreBusy("the store is busy with other writes, try again")
+            entry = self._enqueue(me, sub)
+        self._wait(entry, timeout_s)
+
+    def _next(self) -> deque[_Entry] | None:
+        """Under `lock`: the queue whose first entry goes next, or None."""
+        later = self._background
+        if later and (
+            not self._queue or time.monotonic() - later[0].since >= self.background_max_wait_s
+        ):
+            return later
+        return self._queue or None
+
+    def next_submission(self) -> Submission | None:
+        """The submitted body whose turn is next, taken from the queue for the holder to run
+        (the baton stays with it); None if the next in line is a waiting writer or nobody."""
+        with self.lock:
+            queue = self._next()
+            if queue is None or queue[0].sub is None:
+                return None
+            return queue.popleft().sub
 
     def pass_on(self) -> None:
         with self.lock:
-            later = self._background
-            if later and (
-                not self._queue or time.monotonic() - later[0][2] >= self.background_max_wait_s
-            ):
-                owner, wake, _ = later.popleft()
-            elif self._queue:
-                owner, wake, _ = self._queue.popleft()
-            else:
+            queue = self._next()
+            if queue is None:
                 self.owner = None
                 return
-            self.owner = owner
-            wake.release()
+            entry = queue.popleft()
+            self.owner = entry.thread
+            if entry.sub is not None:
+                entry.sub.state = Submission.OWNER
+            if self._stats is not None:
+                self._stats.handoffs += 1
+            entry.wake.release()
 
 
 # -- Group commit's bookkeeping --------------------------------------------------------------------
@@ -324,7 +437,7 @@ summary per store method is written there as JSON at `close()` (docs/performance
 class WriteGroup:
     """One shared write transaction: its members' savepoints, committed by one COMMIT."""
 
-    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released")
+    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released", "combined")
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
@@ -337,6 +450,16 @@ class WriteGroup:
         self.opened = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.combined: list[Submission] = []
+        """Members a baton holder ran for their callers (`Database.submit_write`), woken at
+        the group's end."""
+
+    def end(self) -> None:
+        """The group is committed or lost (`error`): wake every member."""
+        self.done.set()
+        for sub in self.combined:
+            sub.done()
+        self.combined = []
 
 
 def passive_checkpoint(conn: apsw.Connection) -> tuple[int, int]:
@@ -362,7 +485,9 @@ class WriteStats:
     member), `checkpoints` (PASSIVE passes of the checkpointer), `checkpoint_signals` (times the
     WAL hook asked the checkpointer to run), `wal_restarts` (the WAL started again by the
     checkpointer with the baton held, `WAL_BOUND_PAGES`) and `batched` writes (nested
-    savepoints of a `write_batch`, inside one member)."""
+    savepoints of a `write_batch`, inside one member) and `combined` writes (submitted bodies a
+    baton holder ran for their callers, `Database.submit_write`) and `handoffs` (the baton
+    handed to a queued thread: a wake-up each)."""
 
     __slots__ = (
         "transactions",
@@ -375,6 +500,8 @@ class WriteStats:
         "checkpoint_signals",
         "wal_restarts",
         "batched",
+        "combined",
+        "handoffs",
     )
 
     def __init__(self) -> None:
@@ -388,6 +515,8 @@ class WriteStats:
         self.checkpoint_signals = 0
         self.wal_restarts = 0
         self.batched = 0
+        self.combined = 0
+        self.handoffs = 0
 
     def snapshot(self) -> dict[str, int]:
         return {name: int(getattr(self, name)) for name in self.__slots__}

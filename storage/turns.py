@@ -35,6 +35,7 @@ class TurnStore:
         # The owner's operations this part uses, bound once (the part holds them, never
         # inherits them).
         self._write = db.write
+        self._submit = db.submit_write
         self._read = db.read
         self._all = db.rows
 
@@ -47,7 +48,9 @@ class TurnStore:
         require_text("requestId", request_id)
         if not isinstance(text, str):
             raise InvalidArgument("input", "text must be a string")
-        with self._write(ws) as tx:
+        asked_turn_id = turn_id
+
+        def body(tx: Tx) -> tuple[Turn, bool]:
             require_live_session(tx.conn, ws, sid)
             claimed = tx.one(
                 "SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
@@ -73,7 +76,7 @@ class TurnStore:
                 (ws, sid),
             )
             sequence = int(seq_row[0]) if seq_row else 1
-            turn_id, message_id = turn_id or str(uuid.uuid4()), str(uuid.uuid4())
+            turn_id, message_id = asked_turn_id or str(uuid.uuid4()), str(uuid.uuid4())
             position = next_position(tx, ws, sid)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
@@ -102,6 +105,8 @@ class TurnStore:
                 None, None, None, None, None, tx.now_ms, None, (user,), (),
             )  # fmt: skip
             return turn, True
+
+        return self._submit(body, ws)
 
     def bind_provider_turn(
         self,
@@ -165,11 +170,13 @@ class TurnStore:
         daemon allowed deleting mid-turn), so it stops failing at every start."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
-        with self._write(ws) as tx:
+        def body(tx: Tx) -> tuple[Turn, bool]:
             changed = _settle(
                 tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, include_deleted
             )
             return require_turn(tx.conn, ws, sid, turn_id), changed
+
+        return self._submit(body, ws)
 
     def record_settlement(
         self,
@@ -188,7 +195,7 @@ class TurnStore:
         transaction, so a settled Turn is never seen without its `after` checkpoint."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
-        with self._write(ws) as tx:
+        def body(tx: Tx) -> bool:
             return _settle(
                 tx,
                 ws,
@@ -200,6 +207,8 @@ class TurnStore:
                 False,
                 checkpoint_json=checkpoint_json,
             )
+
+        return self._submit(body, ws)
 
     def newest_settled_turn_id(self, ws: str, sid: str) -> str | None:
         """The Session's newest settled Turn (None if it has none)."""
