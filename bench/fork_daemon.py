@@ -87,10 +87,20 @@ def _write_stats(fifo: Path) -> dict[str, int]:
     return stats
 
 
-_STATS_KEYS = ("transactions", "commits", "lazy_commits", "kept", "queued_takes")
+_STATS_KEYS = (
+    "transactions",
+    "commits",
+    "lazy_commits",
+    "kept",
+    "queued_takes",
+    "combined",
+    "handoffs",
+)
 """The write counters reported per fork: write transactions (group members), fsync'd COMMITs,
-lazy COMMITs, writes begun on a kept baton, and baton takes that queued (a hand-off each; a tree
-without the counter reports 0)."""
+lazy COMMITs, writes begun on a kept baton, baton takes that queued (a hand-off each), bodies a
+baton holder ran for their callers (`Database.submit_write`) and the baton's hand-offs to a
+queued thread, whether a writer's take or a submitted body's caller (a tree without a counter
+reports 0)."""
 
 
 def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
