@@ -206,7 +206,7 @@ class ForkTransitions:
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
-        with self._write(ws) as tx:
+        def body(tx: Tx) -> tuple[ForkOperation, bool]:
             # One read of the row: the answer is it, projected, plus the time set.
             r = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
@@ -232,6 +232,8 @@ class ForkTransitions:
             )
             tx.emit(ForkOperationChanged(ws, op_id))
             return replace(op, client_observed_at_ms=tx.now_ms), True
+
+        return self._submit(body, ws)
 
 
 _SCALARS = (str, int, type(None))
