@@ -7,7 +7,9 @@ forks, ...) is handed this object and writes through it. Every write goes throug
 `BEGIN IMMEDIATE` transaction on the store's one writer connection, the fence check inside it,
 change events collected on the transaction and delivered to subscribers only after the
 `COMMIT` that made the write durable (laws 2 and 3). Writers that queue while one writes join
-its transaction and share its `COMMIT` (group commit: one fsync for several requests).
+its transaction and share its `COMMIT` (group commit: one fsync for several requests). A write
+handed over as a callable (`Database.submit_write`) is run by whichever thread holds the baton
+when its turn comes, in that group, and its caller is woken once with its result.
 """
 
 from __future__ import annotations
