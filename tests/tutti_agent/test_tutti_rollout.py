@@ -91,3 +91,50 @@ def test_referenced_child_reads_its_own_settings_on_cold_resume(
     cold = ThreadStore(tmp_path / "tutti-home").load(child.thread_id)
     assert cold.effective_settings()["cwd"] == "/child"
     assert ThreadStore(tmp_path / "tutti-home").load(tid).effective_settings()["cwd"] == "/source"
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 16, 64, 1 << 18])
+def test_line_blocks_yield_the_lines_one_split_yields_at_any_block_size(
+    block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutti_agent import rollout
+
+    monkeypatch.setattr(rollout, "LINE_BLOCK", block)
+    data = b"a\n\nbcdefghijklmnopqrstuvwxyz0123456789\nxy\n" * 5 + b"torn tail"
+    whole = data.split(b"\n")[:-1]
+    assert list(rollout.lines_of(data)) == whole
+    assert [line for lines in rollout.line_blocks(data) for line in lines] == whole
+    # A window of the bytes: the lines between `start` and `stop` only.
+    start, stop = 2, data.rindex(b"\n") + 1
+    assert list(rollout.lines_of(data, start, stop)) == data[start:stop].split(b"\n")[:-1]
+    assert list(rollout.lines_of(b"no newline")) == []
+
+
+@pytest.mark.parametrize("at", [0, 5, 14, 15, 16, 17, 30, 31])
+def test_a_long_digit_run_across_a_block_boundary_still_sends_the_file_to_the_standard_decoder(
+    at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutti_agent import rollout
+
+    monkeypatch.setattr(rollout, "AGREE_BLOCK", 16)
+    digits = b"1" * rollout.LONG_DIGITS
+    data = b"x" * at + digits + b"x" * 40
+    assert not rollout.orjson_agrees(data)
+    assert rollout.orjson_agrees(data.replace(digits, digits[:-1] + b" "))
+
+
+def test_file_holds_is_true_only_for_the_very_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutti_agent import rollout
+
+    monkeypatch.setattr(rollout, "COMPARE_BLOCK", 4)
+    path = tmp_path / "f"
+    data = b'{"a":1}\n{"b":2}\n'
+    path.write_bytes(data)
+    assert rollout.file_holds(path, data)
+    for other in (data[:-1], data + b"\n", data[:-2] + b"3\n", b"", b"x" + data[1:]):
+        assert not rollout.file_holds(path, other)
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(OSError):
+        rollout.file_holds(tmp_path / "link", data)
