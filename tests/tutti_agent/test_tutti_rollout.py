@@ -138,3 +138,29 @@ def test_file_holds_is_true_only_for_the_very_bytes(
     (tmp_path / "link").symlink_to(path)
     with pytest.raises(OSError):
         rollout.file_holds(tmp_path / "link", data)
+
+
+def test_a_child_is_written_without_a_joined_copy_of_its_copied_lines(tmp_path: Path) -> None:
+    """The copied bytes go to the file as they are: a join of them first would be a second
+    copy of a 10,000-Turn child's 14.7 MB, its pages touched afresh on the fork's path."""
+    import resource
+
+    from tutti_agent.rollout import CopiedSpan, RolloutItem, RolloutLine
+
+    payload = {"type": "message", "role": "user", "content": [{"text": "x" * 4000}]}
+    line = json.dumps({"timestamp": "t", "ordinal": 0, "type": "response_item", "payload": payload})
+    count, size = 8000, len(line) + 1
+    data = b"".join(
+        (line.replace('"ordinal":0', f'"ordinal":{i:04d}') + "\n").encode()
+        for i in range(1, count + 1)
+    )
+    item = RolloutItem("response_item", payload)
+    lines = [RolloutLine(i, "t", item, i * size) for i in range(1, count + 1)]
+    copied = CopiedSpan(data, 0, lines)
+    meta = RolloutItem("session_meta", {"id": "child"})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    writer, _ = RolloutWriter.create(tmp_path / "r.jsonl", 0, [meta], copied, copied_lines=False)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    writer.close()
+    assert (tmp_path / "r.jsonl").read_bytes().endswith(data)
+    assert faults < len(data) // 4096 // 2, f"{faults} page faults for {len(data):,} bytes"
