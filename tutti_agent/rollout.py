@@ -70,7 +70,7 @@ LONG_DIGITS = 19
 _LONG_RUN = b"0" * LONG_DIGITS
 AGREE_BLOCK = 1 << 16
 """`orjson_agrees` translates this many bytes at a time: one translated copy of a 14.7 MB
-rollout would be 3,600 pages touched afresh (a first-touch fault costs ~3 µs on a nested VM);
+rollout would be 3,600 pages touched afresh (each a page fault, costly on a nested VM);
 a block this size is reused from the allocator's free memory block after block."""
 
 
