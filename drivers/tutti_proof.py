@@ -33,7 +33,10 @@ def known_lines(parsed: ParsedRollout, path: Path) -> KnownLines | None:
     span = use.span
     got = span.derived.get(LINES)
     if got is None or got[0] != use.start:
-        got = (use.start, lines_of_decoded(span.data, span.records, path, base=use.start))
+        lines_at = lines_of_decoded(
+            span.source, span.records, path, base=use.start, start=span.start, stop=span.stop
+        )
+        got = (use.start, lines_at)
         span.derived[LINES] = got
     lines: list[RolloutLine] = got[1]
     return KnownLines(use.index, use.start, lines)

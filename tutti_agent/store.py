@@ -31,6 +31,7 @@ from tutti_agent.rollout import (
     RolloutItem,
     RolloutLine,
     RolloutWriter,
+    file_holds,
     find_rollout_path,
     fsync_dir,
     iter_rollout_paths,
@@ -344,7 +345,7 @@ class ThreadStore:
         the file again. False (nothing taken) when the file holds anything else. `known`: some
         of those lines already built (`lines_of_decoded`)."""
         key = _file_key(path)
-        if key[2] != len(data) or read_file(path) != data or _file_key(path) != key:
+        if key[2] != len(data) or not file_holds(path, data) or _file_key(path) != key:
             return False
         lines = lines_of_decoded(data, records, path, known=known)
         with self._cache_lock:

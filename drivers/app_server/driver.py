@@ -33,7 +33,12 @@ from drivers.app_server.fork import (
     ForkThroughTurn,
 )
 from drivers.app_server.items import thread_of, user_text
-from drivers.app_server.process import AppServerClosed, AppServerFailure, JsonRpcError
+from drivers.app_server.process import (
+    AppServerClosed,
+    AppServerFailure,
+    JsonRpcError,
+    pdeathsig_wrapper,
+)
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.resolution import AppServerResolution
 from drivers.app_server.runtimes import Runtimes
@@ -111,7 +116,9 @@ class AppServerDriver:
 
     def warm_up(self) -> None:
         """Called once as the worker starts (`WorkerServer.preload`): the provider's lazy
-        imports of a first runtime start and fork, if it has any (`warm_up`)."""
+        imports of a first runtime start and fork, if it has any (`warm_up`), and the
+        host's parent-death wrapper looked up (`pdeathsig_wrapper`: one small exec)."""
+        pdeathsig_wrapper()
         warm_up = getattr(self.provider, "warm_up", None)
         if warm_up is not None:
             warm_up()

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -49,6 +51,56 @@ def _die_with_parent() -> None:
     worker (or daemon) never leaves a provider process holding its thread's writer."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+@functools.cache
+def pdeathsig_wrapper() -> tuple[str, ...] | None:
+    """The argv prefix that sets the parent-death signal (SIGKILL) and then execs the
+    app-server in place — util-linux's `setpriv --pdeathsig`, one small exec — or None when
+    this host has no `setpriv` that knows the option.
+
+    Why not `preexec_fn`: a `preexec_fn` makes CPython spawn with `fork()` instead of
+    `vfork()`, and the worker then takes a copy-on-write fault for every page of its heap it
+    writes next (tens of thousands after a big rollout's parse). The signal is the same one,
+    set by the child before the provider's code runs, still tied to the worker's thread that
+    spawned it (the kernel's parent of an exec'd process is unchanged), and kept across the
+    exec; a worker killed in the moment before `setpriv` sets it leaves a child whose stdin is
+    at EOF, which the app-servers exit on (as with the `fork()` path, whose window was the
+    moment before its `prctl`)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or _PRCTL is None:
+        return None
+    try:
+        shown = subprocess.run(
+            [setpriv, "--help"], capture_output=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if b"--pdeathsig" not in shown:
+        return None
+    return (setpriv, "--pdeathsig", "KILL", "--")
+
+
+def spawn_tied(argv: Sequence[str], **popen: Any) -> subprocess.Popen[bytes]:
+    """`subprocess.Popen(argv, **popen)` for a child that must die with the spawning thread
+    (SIGKILL, Linux's parent-death signal): through `pdeathsig_wrapper` where the host has
+    it (CPython's `vfork()` path), else with `_die_with_parent` as `preexec_fn`. A program
+    that cannot be found or run takes the latter path too, so it fails as it always has (an
+    `OSError` from `Popen`, not a wrapper that exits 127)."""
+    wrapper = pdeathsig_wrapper()
+    if wrapper is not None and _runnable(argv[0], popen.get("env"), popen.get("cwd")):
+        return subprocess.Popen([*wrapper, *argv], **popen)
+    return subprocess.Popen(argv, preexec_fn=_die_with_parent, **popen)
+
+
+def _runnable(program: str, env: Mapping[str, str] | None, cwd: str | None) -> bool:
+    """Whether `exec` of `program` would find a file it may run (its PATH lookup as the
+    child's: the child's environment, relative paths from the child's directory)."""
+    if os.sep in program:
+        found: str | None = os.path.join(cwd or ".", program)
+    else:
+        found = shutil.which(program, path=os.pathsep.join(os.get_exec_path(env)))
+    return found is not None and os.path.isfile(found) and os.access(found, os.X_OK)
 
 
 class AppServerFailure(Exception):
@@ -140,14 +192,13 @@ class AppServerProcess:
             log = open(self._stderr_path, "ab")  # noqa: SIM115 - handed to the child
             stderr = log
         try:
-            self._proc = subprocess.Popen(
+            self._proc = spawn_tied(
                 self.argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 env=self._env,
                 cwd=self._cwd,
-                preexec_fn=_die_with_parent,
             )
         except OSError as exc:
             raise AppServerClosed(f"cannot start {self.argv[0]}: {exc}", sent=False) from exc

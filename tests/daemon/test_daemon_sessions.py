@@ -343,6 +343,26 @@ def test_turn_in_flight_when_worker_dies_settles_failed(daemon: DaemonProcess) -
     assert run_turn(c, sid, "next")["outcome"] == "completed"
 
 
+def test_a_killed_worker_takes_its_stopped_app_server_with_it(daemon: DaemonProcess) -> None:
+    """An app-server that cannot read the EOF its dead worker leaves (stopped here; busy or
+    wedged alike) is ended by the parent-death signal alone: it never outlives its worker
+    holding the thread's writer beside the restarted worker's app-server."""
+    c = daemon.client()
+    sid = create_session(c)["agentSessionId"]
+    run_turn(c, sid, "warm up")
+    worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "tutti-agent")
+    servers = [p for p in psutil.Process(worker["pid"]).children() if "app-server" in p.cmdline()]
+    assert servers, "the Session's app-server runs under the worker"
+    for server in servers:
+        server.suspend()
+    os.kill(worker["pid"], signal.SIGKILL)
+    _, alive = psutil.wait_procs(servers, timeout=5)
+    for left in alive:
+        left.kill()
+    assert not alive, [p.pid for p in alive]
+    assert run_turn(c, sid, "after")["outcome"] == "completed"
+
+
 def test_store_reopen_across_daemon_restart_keeps_everything(tmp_path: Path) -> None:
     home = tmp_path / "home"
     d = DaemonProcess(home).start()

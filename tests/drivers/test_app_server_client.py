@@ -87,3 +87,39 @@ def test_request_after_close_provably_never_left(server: AppServerProcess) -> No
     with pytest.raises(AppServerClosed) as info:
         server.request("thread/start", {})
     assert info.value.sent is False
+
+
+@pytest.mark.timeout(60)
+def test_spawning_an_app_server_costs_the_worker_no_copy_on_write_of_its_heap(
+    tmp_path: Path,
+) -> None:
+    """The app-server is tied to its worker without a `preexec_fn`: CPython then spawns with
+    `vfork()`, and the worker writes its heap afterwards without a fault per page (with
+    `fork()` every page of a 64 MB heap written next is a copy-on-write fault)."""
+    import resource
+
+    heap = bytearray(64 << 20)  # touched now: its pages are the process's before the spawn
+    heap[::4096] = b"\1" * len(heap[::4096])
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    proc = AppServerProcess(
+        [TUTTI_BIN, "app-server"], env=private_env(None, "TUTTI_AGENT_HOME", tmp_path / "home")
+    )
+    proc.start()
+    heap[::4096] = b"\2" * len(heap[::4096])
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    try:
+        proc.initialize("agenthost-test", "0")
+    finally:
+        proc.close(1.0)
+    assert faults < 4000, f"{faults} page faults writing a 16,384-page heap after the spawn"
+
+
+@pytest.mark.timeout(60)
+def test_a_program_that_is_not_there_fails_to_start_as_it_always_has(tmp_path: Path) -> None:
+    proc = AppServerProcess(
+        [str(tmp_path / "no-such-app-server")],
+        env=private_env(None, "TUTTI_AGENT_HOME", tmp_path / "home"),
+    )
+    with pytest.raises(AppServerClosed, match="cannot start") as err:
+        proc.start()
+    assert err.value.sent is False

@@ -199,3 +199,16 @@ def test_a_reduction_resumed_from_a_run_is_the_reduction() -> None:
                 for stop in range(start, len(history) + 1):
                     run = reduce_run(history, start, stop, with_items=with_items)
                     assert build_turns(history, with_items=with_items, run=run) == whole
+
+
+def test_a_span_is_kept_inside_the_bytes_it_was_validated_in(tmp_path: Path) -> None:
+    store, root = _source(tmp_path)
+    child = _child(store, root)
+    data = store.path_of(child).read_bytes()
+    parsed = parse_rollout(data, child, ParsedSpans())
+    assert parsed.span is not None
+    span = parsed.span.span
+    # No copy of the body: the span is a window of the validated bytes themselves.
+    assert span.source is data
+    assert span.view().tobytes() == data[data.index(b"\n") + 1 : data.rindex(b"\n", 0, -1) + 1]
+    assert known_lines(parsed, Path("x")) is not None

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from drivers.binder import BindAction, BinderError, BindFailure, RolloutBinder, iter_rollouts
+from drivers.binder import (
+    BindAction,
+    BinderError,
+    BindFailure,
+    RolloutBinder,
+    iter_rollouts,
+    parse_rollout,
+)
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 
@@ -199,8 +206,9 @@ def test_divergent_target_is_refused(homes: tuple[Path, Path]) -> None:
         # Lines that are not exactly one value each, though the text reads as JSON across
         # them (the validator scans the whole file's text, line by line).
         lambda d: d.replace(b', "type": "response_item"', b',\n"type": "response_item"', 1),
-        lambda d: d.rstrip(b"\n") + b' {"timestamp": "t", "ordinal": 9, "type": "x",'
-        b' "payload": {}}\n',  # two objects on one line
+        lambda d: (
+            d.rstrip(b"\n") + b' {"timestamp": "t", "ordinal": 9, "type": "x", "payload": {}}\n'
+        ),  # two objects on one line
         lambda d: d.replace(b"\n", b"\n\n", 1),  # an empty line
     ],
 )
@@ -419,3 +427,29 @@ def test_a_line_with_whitespace_around_its_one_object_is_valid() -> None:
     parsed = parse_rollout(padded, CHILD)
     assert list(parsed.records) == [json.loads(line) for line in lines]
     assert parsed.meta.last_ordinal == 3
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (b'"a string"', "not a JSON object"),
+        (b"null", "not a JSON object"),
+        (b"5", "not a JSON object"),
+        (b"[1, 2]", "not a JSON object"),
+        (b'{"ordinal": 9, "type": "x", "payload": {}}', "lacks 'timestamp'"),
+        (b'{"timestamp": "t", "type": "x", "payload": {}}', "lacks 'ordinal'"),
+        (b'{"timestamp": "t", "ordinal": 9, "payload": {}}', "lacks 'type'"),
+        (b'{"timestamp": "t", "ordinal": 9, "type": "x"}', "lacks 'payload'"),
+        (b'{"timestamp": "t", "ordinal": true, "type": "x", "payload": {}}', "not an integer"),
+        (b'{"timestamp": "t", "ordinal": 9.0, "type": "x", "payload": {}}', "not an integer"),
+        (b'{"timestamp": "t", "ordinal": 9, "type": 1, "payload": {}}', "bad type or payload"),
+        (b'{"timestamp": "t", "ordinal": 9, "type": "x", "payload": []}', "bad type or payload"),
+    ],
+)
+def test_each_line_that_is_no_rollout_record_is_refused_with_its_defect_named(
+    line: bytes, named: str
+) -> None:
+    data = rollout_bytes(CHILD, 3) + line + b"\n"
+    last = data.count(b"\n")
+    with pytest.raises(ValueError, match=rf"^line {last}: .*{named}"):
+        parse_rollout(data, CHILD)

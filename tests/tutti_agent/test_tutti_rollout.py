@@ -91,3 +91,76 @@ def test_referenced_child_reads_its_own_settings_on_cold_resume(
     cold = ThreadStore(tmp_path / "tutti-home").load(child.thread_id)
     assert cold.effective_settings()["cwd"] == "/child"
     assert ThreadStore(tmp_path / "tutti-home").load(tid).effective_settings()["cwd"] == "/source"
+
+
+@pytest.mark.parametrize("block", [1, 2, 7, 16, 64, 1 << 18])
+def test_line_blocks_yield_the_lines_one_split_yields_at_any_block_size(
+    block: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutti_agent import rollout
+
+    monkeypatch.setattr(rollout, "LINE_BLOCK", block)
+    data = b"a\n\nbcdefghijklmnopqrstuvwxyz0123456789\nxy\n" * 5 + b"torn tail"
+    whole = data.split(b"\n")[:-1]
+    assert list(rollout.lines_of(data)) == whole
+    assert [line for lines in rollout.line_blocks(data) for line in lines] == whole
+    # A window of the bytes: the lines between `start` and `stop` only.
+    start, stop = 2, data.rindex(b"\n") + 1
+    assert list(rollout.lines_of(data, start, stop)) == data[start:stop].split(b"\n")[:-1]
+    assert list(rollout.lines_of(b"no newline")) == []
+
+
+@pytest.mark.parametrize("at", [0, 5, 14, 15, 16, 17, 30, 31])
+def test_a_long_digit_run_across_a_block_boundary_still_sends_the_file_to_the_standard_decoder(
+    at: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutti_agent import rollout
+
+    monkeypatch.setattr(rollout, "AGREE_BLOCK", 16)
+    digits = b"1" * rollout.LONG_DIGITS
+    data = b"x" * at + digits + b"x" * 40
+    assert not rollout.orjson_agrees(data)
+    assert rollout.orjson_agrees(data.replace(digits, digits[:-1] + b" "))
+
+
+def test_file_holds_is_true_only_for_the_very_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tutti_agent import rollout
+
+    monkeypatch.setattr(rollout, "COMPARE_BLOCK", 4)
+    path = tmp_path / "f"
+    data = b'{"a":1}\n{"b":2}\n'
+    path.write_bytes(data)
+    assert rollout.file_holds(path, data)
+    for other in (data[:-1], data + b"\n", data[:-2] + b"3\n", b"", b"x" + data[1:]):
+        assert not rollout.file_holds(path, other)
+    (tmp_path / "link").symlink_to(path)
+    with pytest.raises(OSError):
+        rollout.file_holds(tmp_path / "link", data)
+
+
+def test_a_child_is_written_without_a_joined_copy_of_its_copied_lines(tmp_path: Path) -> None:
+    """The copied bytes go to the file as they are: a join of them first would be a second
+    copy of a 10,000-Turn child's 14.7 MB, its pages touched afresh on the fork's path."""
+    import resource
+
+    from tutti_agent.rollout import CopiedSpan, RolloutItem, RolloutLine
+
+    payload = {"type": "message", "role": "user", "content": [{"text": "x" * 4000}]}
+    line = json.dumps({"timestamp": "t", "ordinal": 0, "type": "response_item", "payload": payload})
+    count, size = 8000, len(line) + 1
+    data = b"".join(
+        (line.replace('"ordinal":0', f'"ordinal":{i:04d}') + "\n").encode()
+        for i in range(1, count + 1)
+    )
+    item = RolloutItem("response_item", payload)
+    lines = [RolloutLine(i, "t", item, i * size) for i in range(1, count + 1)]
+    copied = CopiedSpan(data, 0, lines)
+    meta = RolloutItem("session_meta", {"id": "child"})
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    writer, _ = RolloutWriter.create(tmp_path / "r.jsonl", 0, [meta], copied, copied_lines=False)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    writer.close()
+    assert (tmp_path / "r.jsonl").read_bytes().endswith(data)
+    assert faults < len(data) // 4096 // 2, f"{faults} page faults for {len(data):,} bytes"
