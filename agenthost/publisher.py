@@ -26,7 +26,9 @@ it, without a read, when nothing newer of that Session can have been shown (`Sho
 store's writes are numbered in commit order (`Tx.seq`), but their events reach this thread in
 the order their writers' threads deliver them, so an older row may come after a newer state
 was published; that one, and any change of the batch without a row, is read back as before
-(docs/design/store.md, "Change events that carry their row").
+(docs/design/store.md, "Change events that carry their row"). A Turn change that carries its
+Turn (a submit's claim) is projected from its own row under the same rule, per Turn
+(`shown_turns`), and not after its Session's removal was published (`removed`).
 """
 
 from __future__ import annotations
@@ -87,11 +89,12 @@ class StreamDelta:
 
 
 class Shown:
-    """Per Session, a bound on the newest write any event of it published may have shown: the
-    carried row's `seq` for an event built from it; for one read back (or a removal), the
-    store's `write_seq` read after the read — every write the read could see has a seq at most
-    that. A carried row is published only past its Session's bound; else it is read back (the
-    current state, never older than what was shown). Owned by the publishing thread."""
+    """Per Session (or per Turn), a bound on the newest write any event of it published may
+    have shown: the carried row's `seq` for an event built from it; for one read back (or a
+    removal), the store's `write_seq` read after the read — every write the read could see has
+    a seq at most that. A carried row is published only past its entity's bound; else it is
+    read back (the current state, never older than what was shown). Owned by the publishing
+    thread."""
 
     def __init__(self, remembered: int = SHOWN_REMEMBERED) -> None:
         self._latest: dict[tuple[str, ...], int] = {}
