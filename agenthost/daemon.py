@@ -122,6 +122,9 @@ class Daemon:
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.publisher: EventPublisher | None = None
         self._stream_activity: dict[str, float] = {}  # turn id → last activity forwarded
+        self._backstopped: frozenset[str] = frozenset()
+        """Providers whose Turns the Session actor's model backstops watch (`model_limits`):
+        their first delta of a stretch tells the actor at once."""
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
@@ -254,6 +257,7 @@ class Daemon:
             ),
             checkpoint_janitor=janitor,
         )
+        self._backstopped = frozenset(self.ctx.timeouts.model_limits)
         janitor.start(self.ctx.actor_pool.call_later)
         # The live Session actors, shared with the API and the worker events: a message for
         # a live one goes straight to it, not through the HostActor's thread.
@@ -447,25 +451,24 @@ class Daemon:
                 # backstop keeps running (a retry is not an answer) and its stream-idle one
                 # stops (the provider noticed the silence itself). Rare: each one is told.
                 activity_kind = ACTIVITY_PROGRESS
-            else:
-                # The watchdogs live in the Session actor: tell it, at most every second, that
-                # this Turn's reply is streaming (a long reply is not a hung provider; the
-                # stream-idle backstop's grace exceeds this lag).
-                now = time.monotonic()
-                if now - self._stream_activity.get(turn_id, 0.0) < STREAM_ACTIVITY_EVERY_S:
-                    return
-                if len(self._stream_activity) > 4096:
-                    self._stream_activity.clear()
-                self._stream_activity[turn_id] = now
+            elif self._activity_told(provider, turn_id):
                 activity_kind = ACTIVITY_STREAM
+            else:
+                return
             route(
                 self.routes, self.host, ws, sid, DriverEvent(TurnActivity(turn_id, activity_kind))
             )
             return
-        # Any other event ends a stretch of streaming (an item completed, a tool started, an
-        # approval asked): the next delta is told at once, so the actor knows the model
-        # streams again.
-        self._stream_activity.pop(turn_id, None)
+        if event.get("type") == TurnActivity.TYPE and provider not in self._backstopped:
+            # A driver's note that a started item runs (the reply's own, a tool): with no model
+            # backstop only the inactivity watchdog reads it, on the stream's clock.
+            if not self._activity_told(provider, turn_id):
+                return
+        else:
+            # Any other event ends a stretch of streaming (an item completed, a tool started,
+            # an approval asked): the next delta is told at once, so the actor knows the model
+            # streams again.
+            self._stream_activity.pop(turn_id, None)
         if event.get("type") == "item" and _is_user_item(event):
             # The provider's copy of the Turn's user Message: the submit's claim wrote the
             # canonical one, so the actor has nothing to store for it (nor is it the model
@@ -475,6 +478,26 @@ class Daemon:
         typed = driver_event(key, event)
         if typed is not None:
             route(self.routes, self.host, ws, sid, typed)
+
+    def _activity_told(self, provider: str, turn_id: str) -> bool:
+        """Whether a Turn's streaming (or running item) is told to its Session actor now: the
+        watchdogs live there, so it hears at most every second that the Turn is not hung (a
+        long reply is not a hung provider; the stream-idle backstop's grace exceeds this lag).
+        For a provider the model backstops watch, the first note of a stretch is told at once
+        (it ends the first-byte wait, arms the stream-idle one); for one they do not, only the
+        inactivity watchdog (minutes) reads it, which the Turn's last routed event fed: the
+        clock starts at the first note, and one a second later is told."""
+        now = time.monotonic()
+        told = self._stream_activity.get(turn_id)
+        if len(self._stream_activity) > 4096:
+            self._stream_activity.clear()
+        if told is None and provider not in self._backstopped:
+            self._stream_activity[turn_id] = now
+            return False
+        if told is not None and now - told < STREAM_ACTIVITY_EVERY_S:
+            return False
+        self._stream_activity[turn_id] = now
+        return True
 
     def close(self) -> None:
         self._closing.set()

@@ -26,7 +26,9 @@ it, without a read, when nothing newer of that Session can have been shown (`Sho
 store's writes are numbered in commit order (`Tx.seq`), but their events reach this thread in
 the order their writers' threads deliver them, so an older row may come after a newer state
 was published; that one, and any change of the batch without a row, is read back as before
-(docs/design/store.md, "Change events that carry their row").
+(docs/design/store.md, "Change events that carry their row"). A Turn change that carries its
+Turn (a submit's claim) is projected from its own row under the same rule, per Turn
+(`shown_turns`), and not after its Session's removal was published (`removed`).
 """
 
 from __future__ import annotations
@@ -87,22 +89,23 @@ class StreamDelta:
 
 
 class Shown:
-    """Per Session, a bound on the newest write any event of it published may have shown: the
-    carried row's `seq` for an event built from it; for one read back (or a removal), the
-    store's `write_seq` read after the read — every write the read could see has a seq at most
-    that. A carried row is published only past its Session's bound; else it is read back (the
-    current state, never older than what was shown). Owned by the publishing thread."""
+    """Per Session (or per Turn), a bound on the newest write any event of it published may
+    have shown: the carried row's `seq` for an event built from it; for one read back (or a
+    removal), the store's `write_seq` read after the read — every write the read could see has
+    a seq at most that. A carried row is published only past its entity's bound; else it is
+    read back (the current state, never older than what was shown). Owned by the publishing
+    thread."""
 
     def __init__(self, remembered: int = SHOWN_REMEMBERED) -> None:
-        self._latest: dict[tuple[str, str], int] = {}
+        self._latest: dict[tuple[str, ...], int] = {}
         self._remembered = remembered
         self._forgotten = 0
         """The largest bound of a Session forgotten (each one forgotten is taken to be at it)."""
 
-    def bound(self, key: tuple[str, str]) -> int:
+    def bound(self, key: tuple[str, ...]) -> int:
         return self._latest.get(key, self._forgotten)
 
-    def showed(self, key: tuple[str, str], seq: int) -> None:
+    def showed(self, key: tuple[str, ...], seq: int) -> None:
         latest = self._latest
         latest.pop(key, None)  # re-inserted last: the oldest entries are forgotten first
         latest[key] = max(seq, self._forgotten)
@@ -117,10 +120,12 @@ def _entries(item: Any) -> list[Any]:
 
 
 def _reads(change: Any) -> bool:
-    """Whether `change`'s event is read from the store (a Session change that carries its row
-    is not, unless an older row than one shown: then it is read alone)."""
+    """Whether `change`'s event is read from the store (a Session or Turn change that carries
+    its row is not, unless an older row than one shown: then it is read alone)."""
     if isinstance(change, SessionChanged):
         return change.row is None and not change.removed
+    if isinstance(change, TurnChanged):
+        return change.row is None
     return isinstance(change, _READ_BACK)
 
 
@@ -187,8 +192,15 @@ class EventPublisher:
         # Owned by the publishing thread: what each active Turn's last event carried.
         self.turn_deltas = TurnDeltas()
         self.shown = Shown()
+        self.shown_turns = Shown()
+        """`Shown` per Turn (a Turn's carried row against what its events showed)."""
         self.carried = 0
         """Session events built from the row their change carried (no read); tests pin it."""
+        self.carried_turns = 0
+        """Turn events built from the row their change carried (no read); tests pin it."""
+        self.removed = Shown()
+        """Per Session removed, `write_seq` after its removal was published: no Turn row
+        carried by a write at or before it is published (its read-back is refused)."""
         self.skipped = 0
         """Changes no subscriber wanted (no event built); tests pin the skip on it."""
         self.projected = 0
@@ -275,11 +287,12 @@ class EventPublisher:
         self._put(delta)
 
     def _unseen_in(self, change: Any) -> None:
-        """A Session change of `change`'s workspace goes unpublished (nobody wants it): a
-        subscriber that connects later must not hear an older carried row of that workspace
+        """A Session or Turn change of `change`'s workspace goes unpublished (nobody wants it):
+        a subscriber that connects later must not hear an older carried row of that workspace
         as the newest, so none at or below the store's `write_seq` now (≥ the change's own:
-        it is committed) is trusted there (`_session_event`). Under `_count_lock`."""
-        if isinstance(change, SessionChanged):
+        it is committed) is trusted there (`_session_event`, `_turn_event`). Under
+        `_count_lock`."""
+        if isinstance(change, (SessionChanged, TurnChanged)):
             self._unseen[change.workspace_id] = self.store.db.write_seq
 
     def run(self) -> None:
@@ -349,6 +362,11 @@ class EventPublisher:
         # state after every change of the batch was committed (each was, before it was
         # queued), so a second event would say the same thing again.
         entities: set[SessionChanged | ForkOperationChanged] = set()
+        # The Turn changes of this batch read back (or not wanted): a repeat right after one
+        # would read the same state. A carried row is its own write's state, not the batch's
+        # newest, so a change right after one is not a repeat (and a delta of the Turn between
+        # its claim and its settlement in one batch still leaves between their events).
+        turns_read: set[TurnChanged] = set()
         # Per Session of the batch, the carried row its event is built from: the newest one if
         # every change of that Session in the batch carries one (then it is at least as new as
         # any of them), else None (one without: read back).
@@ -362,7 +380,11 @@ class EventPublisher:
             if change is None:
                 stop = True
                 break
-            if change == previous and not isinstance(change, StreamDelta):
+            if change == previous and (
+                change in turns_read
+                if isinstance(change, TurnChanged)
+                else not isinstance(change, StreamDelta)
+            ):
                 continue  # the same change again: its event would read the same state
             previous = change
             if isinstance(change, (SessionChanged, ForkOperationChanged)):
@@ -374,7 +396,7 @@ class EventPublisher:
             if (
                 (delta_out or len(out) >= HANDOVER)
                 and sink is not None
-                and isinstance(change, _READ_BACK)
+                and _reads(change)
             ):
                 # What is built so far (a delta among it, or `HANDOVER` events) leaves
                 # before this change's read.
@@ -386,6 +408,7 @@ class EventPublisher:
                     self.skipped += 1
                     self._unseen_in(change)
                 if isinstance(change, TurnChanged):
+                    turns_read.add(change)
                     self.turn_deltas.forget(
                         (change.workspace_id, change.session_id, change.turn_id)
                     )
@@ -393,6 +416,8 @@ class EventPublisher:
             try:
                 if isinstance(change, SessionChanged):
                     event = self._session_event(change, rows)
+                elif isinstance(change, TurnChanged):
+                    event = self._turn_event(change, turns_read)
                 else:
                     event = self.project(change)
             except HostError:
@@ -429,7 +454,44 @@ class EventPublisher:
             return self.project(change)
         finally:
             # Read after the read (or the removal): no write it could show is past it.
-            self.shown.showed(key, self.store.db.write_seq)
+            seq = self.store.db.write_seq
+            self.shown.showed(key, seq)
+            if change.removed:
+                self.removed.showed(key, seq)
+
+    def _turn_event(self, change: TurnChanged, turns_read: set[TurnChanged]) -> Event | None:
+        """`project(change)`, from the row it carries when nothing newer of that Turn can have
+        been shown and its Session's removal was not published after the row's write (the
+        ordering rule of design/store.md, "Change events that carry their row", per Turn);
+        else read back (and noted in `turns_read`). The Turn's bound moved past what the
+        event shows."""
+        key = (change.workspace_id, change.session_id, change.turn_id)
+        row = change.row
+        if (
+            row is not None
+            and change.seq > self.shown_turns.bound(key)
+            and change.seq > self._unseen.get(change.workspace_id, 0)
+            and change.seq > self.removed.bound(key[:2])
+        ):
+            self.shown_turns.showed(key, change.seq)
+            self.carried_turns += 1
+            provider = self.store.sessions.provider_of(change.workspace_id, change.session_id)
+            return {
+                "type": TURN_UPDATED,
+                "agentSessionId": change.session_id,
+                "turn": self.turn_deltas.event_tail(
+                    key,
+                    projection.turn(row, provider, self.catalog),
+                    messages_from=0,
+                    positions=[m.position for m in row.messages],
+                    max_bytes=MAX_EVENT_BYTES,
+                ),
+            }
+        turns_read.add(change)
+        try:
+            return self.project(change)
+        finally:
+            self.shown_turns.showed(key, self.store.db.write_seq)
 
     def project(self, change: Any) -> Event | None:
         store = self.store

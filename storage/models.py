@@ -366,6 +366,12 @@ class TurnChanged:
     workspace_id: str
     session_id: str
     turn_id: str
+    row: Turn | None = field(default=None, compare=False, repr=False)
+    """The whole Turn (its Messages and Interactions) as the emitting write left it, built or
+    read inside that write's transaction after its last change of the Turn, or None: a
+    subscriber reads it back. Not part of the change's identity (equality, hash)."""
+    seq: int = field(default=0, compare=False, repr=False)
+    """The emitting write's `Tx.seq` (with `row`), as `SessionChanged.seq`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,16 +94,17 @@ class TurnStore:
                 " status, created_at_ms) VALUES (?, ?, ?, ?, ?, 'active', ?)",
                 (ws, sid, request_id, turn_id, text, tx.now_ms),
             )
-            tx.emit(TurnChanged(ws, sid, turn_id))
-            touch(tx, ws, sid)
             # The Turn as just inserted, built here instead of read back (a
             # read-back and its hydration would run inside the writer's baton on every submit);
-            # `test_store_canonical` pins it equal to a fresh read.
+            # `test_store_canonical` pins it equal to a fresh read. Its event carries it, so
+            # the events thread publishes the claim without reading the Turn back.
             user = Message(message_id, turn_id, "user", text, {}, 1, position)
             turn = Turn(
                 ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, TurnPhase.ACTIVE.value,
                 None, None, None, None, None, tx.now_ms, None, (user,), (),
             )  # fmt: skip
+            tx.emit(TurnChanged(ws, sid, turn_id, row=turn, seq=tx.seq))
+            touch(tx, ws, sid)
             return turn, True
 
         return self._submit(body, ws)

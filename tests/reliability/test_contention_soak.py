@@ -346,6 +346,8 @@ class Burst:
     """The renamed Sessions as `session.get` answered at the end."""
     streamed: set[str] = field(default_factory=set)
     """The completed Turns whose replies streamed while the subscriber listened."""
+    settled_turns: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each of them as `session.timeline` answered once it settled (what the store committed)."""
     events: int = 0
     asked: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
@@ -416,6 +418,7 @@ def held_events_burst(
                 fresh.append((sid, turn["turnId"]))
                 if sid not in in_repo:
                     out.streamed.add(turn["turnId"])
+                    out.settled_turns[turn["turnId"]] = turn
         out.boundaries = len(fresh)
         asks = []
         for sid, turn_id in fresh:
@@ -447,12 +450,12 @@ def held_events_burst(
                             {"workspaceId": WS, "agentSessionId": sid, "title": f"w{writer}:{n}"},
                         )
 
-        def stream(sid: str) -> list[str]:
+        def stream(sid: str) -> list[dict[str, Any]]:
             # Replies streamed as deltas while forks commit and renames publish: each delta
             # reaches the transport on the worker supervisor's thread or behind their events.
             with Client(d.api, timeout=120) as mine:
                 turns = [run_turn(mine, sid, f"/stream {sid} {k}") for k in range(STREAMS)]
-            return [t["turnId"] for t in turns if t["outcome"] == "completed"]
+            return [t for t in turns if t["outcome"] == "completed"]
 
         streamers = [sid for sid in live if sid not in chosen][:STREAMED]
         with ThreadPoolExecutor(len(asks) + RENAMERS + len(streamers)) as pool:
@@ -462,7 +465,9 @@ def held_events_burst(
             for done in renames:
                 done.result()
             for streaming in streams:
-                out.streamed.update(streaming.result())
+                for turn in streaming.result():
+                    out.streamed.add(turn["turnId"])
+                    out.settled_turns[turn["turnId"]] = turn
         out.asked = Counter(
             f"{status}"
             + (f" {body.get('reason')}" if status >= 400 else "")
@@ -494,7 +499,11 @@ def held_events_burst(
         with contextlib.suppress(AssertionError):
             wait_for(lambda: not check_session_events(list(heard), out.sessions), 30, interval=0.2)
         with contextlib.suppress(AssertionError):
-            wait_for(lambda: not check_turn_events(list(heard), out.streamed), 30, interval=0.2)
+            wait_for(
+                lambda: not check_turn_events(list(heard), out.streamed, out.settled_turns),
+                30,
+                interval=0.2,
+            )
     finally:
         stop.set()
         if listener is not None:
@@ -503,7 +512,7 @@ def held_events_burst(
     out.events = len(heard)
     out.violations = check_fork_events(list(heard), out.ends)
     out.violations += check_session_events(list(heard), out.sessions)
-    out.violations += check_turn_events(list(heard), out.streamed)
+    out.violations += check_turn_events(list(heard), out.streamed, out.settled_turns)
     return out
 
 

@@ -178,7 +178,11 @@ class Law(StrEnum):
     the settled Turn's assistant text (a delta lost, repeated or reordered): a delta went past
     an event offered before it, or an event offered after it went past the delta
     (docs/design/internals.md, "A delta's way to the transport"; `check_turn_events`, over
-    what a soak's subscriber heard)."""
+    what a soak's subscriber heard); or a Turn's `turn.updated` went back to `active` after
+    one that settled it, or its settling event does not show the Turn as it was committed
+    (its outcome, error, times, provider turn, Messages and Interactions as the store holds
+    them): an event published stale or built from a row that is not the committed one
+    (docs/design/store.md, "Change events that carry their row")."""
 
 
 STORE_LAWS = frozenset(
@@ -1577,11 +1581,41 @@ def check_session_events(
     return out
 
 
-def check_turn_events(heard: Sequence[Mapping[str, Any]], turns: Iterable[str]) -> list[Violation]:
+_COMMITTED_TURN_FIELDS = (
+    "sequence",
+    "phase",
+    "outcome",
+    "error",
+    "rootProviderTurnId",
+    "finalAssistantMessageId",
+    "createdAtUnixMs",
+    "settledAtUnixMs",
+)
+"""What a settled Turn's event must show as the store holds it (its binding state and its
+checkpoint record may change after the settlement: a late binding, a dropped checkpoint)."""
+
+
+def _committed(turn: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (
+        *(turn.get(name) for name in _COMMITTED_TURN_FIELDS),
+        [(m.get("messageId"), m.get("kind"), m.get("text"), m.get("version"))
+         for m in turn.get("messages") or []],
+        [(i.get("requestId"), i.get("status")) for i in turn.get("interactions") or []],
+    )  # fmt: skip
+
+
+def check_turn_events(
+    heard: Sequence[Mapping[str, Any]],
+    turns: Iterable[str],
+    stored: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Violation]:
     """The delta law over what a subscriber connected all along heard (`heard`: its events in
     arrival order) for the Turns `turns` names (settled before the caller stopped listening):
     each Turn's deltas heard after its first `turn.updated` and before its settling one, and
-    its assistant deltas, joined, its settled assistant Messages' text, joined."""
+    its assistant deltas, joined, its settled assistant Messages' text, joined. And the Turn
+    events' own law: no `turn.updated` of a Turn back at `active` after one that settled it,
+    and (`stored`: turn id → the Turn as `session.timeline` answered it once settled) its
+    settling event shows what the store committed."""
     out: list[Violation] = []
     wanted = set(turns)
     first: dict[str, int] = {}
@@ -1595,6 +1629,14 @@ def check_turn_events(heard: Sequence[Mapping[str, Any]], turns: Iterable[str]) 
             first.setdefault(turn_id, index)
             if turn.get("phase") == "settled" and turn_id not in settled:
                 settled[turn_id] = (index, turn)
+            elif turn.get("phase") != "settled" and turn_id in settled and turn_id in wanted:
+                out.append(
+                    Violation(
+                        Law.TURN_EVENTS_HEARD,
+                        f"{turn_id}: a turn.updated back at {turn.get('phase')!r} after the"
+                        " one that settled it",
+                    )
+                )
         elif kind == "message.delta":
             deltas[str(event.get("turnId"))].append((index, event))
     for turn_id in sorted(wanted):
@@ -1602,6 +1644,19 @@ def check_turn_events(heard: Sequence[Mapping[str, Any]], turns: Iterable[str]) 
             out.append(Violation(Law.TURN_EVENTS_HEARD, f"{turn_id}: its settlement never heard"))
             continue
         end, turn = settled[turn_id]
+        held = (stored or {}).get(turn_id)
+        if (
+            held is not None
+            and not turn.get("messagesTruncated")
+            and _committed(turn) != _committed(held)
+        ):
+            out.append(
+                Violation(
+                    Law.TURN_EVENTS_HEARD,
+                    f"{turn_id}: its settling turn.updated is not the Turn committed:"
+                    f" heard {_committed(turn)!r:.200}, stored {_committed(held)!r:.200}",
+                )
+            )
         mine = deltas.get(turn_id, [])
         early = [i for i, _ in mine if i < first[turn_id]]
         late = [i for i, _ in mine if i > end]

@@ -1,0 +1,308 @@
+"""Turn changes that carry the Turn their write left: a submit's claim emits the whole Turn as
+committed, and the events thread publishes its `turn.updated` from it without reading the Turn
+back — never when something newer of that Turn may already have been shown (an older write's
+event delivered after a newer one's, after a read-back), after its Session's removal was
+published, or when a change of its workspace went unpublished (docs/design/store.md, "Change
+events that carry their row")."""
+
+from __future__ import annotations
+
+import queue
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agenthost import projection
+from agenthost.daemon import Daemon
+from agenthost.publisher import EventPublisher
+from storage.models import ChangeEvent, TurnChanged
+from storage.store import Store
+from tests.support.in_process import in_process_daemon
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(60)
+
+WS = "ws-carried-turns"
+
+
+class Sink:
+    """Wants every workspace (while `wanted`); keeps every event handed over."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.wanted = True
+
+    def wants(self, topic: str) -> bool:
+        return self.wanted
+
+    def publish_many(self, events: list[tuple[str, Any]]) -> bool:
+        self.events.extend(dict(e) for _, e in events)
+        return True
+
+
+class Heard:
+    """The store's deliveries, as a subscriber gets them."""
+
+    def __init__(self, store: Store) -> None:
+        self.changes: list[ChangeEvent] = []
+        self._stop = store.db.subscribe_batches(self.changes.extend)
+
+    def take(self) -> list[ChangeEvent]:
+        out, self.changes[:] = list(self.changes), []
+        return out
+
+    def close(self) -> None:
+        self._stop()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    with in_process_daemon(tmp_path / "home") as running:
+        yield running
+
+
+def _session(client: Client) -> str:
+    sid = str(uuid.uuid4())
+    status, _ = client.call_raw(
+        "session.create", {"workspaceId": WS, "agentSessionId": sid, "provider": "tutti-agent"}
+    )
+    assert status == 200
+    return sid
+
+
+def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
+    """A publisher of its own on the daemon's store, counting its Turn read-backs."""
+    assert daemon.store is not None
+    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
+    reads: list[str] = []
+    project = publisher.project
+
+    def counted(change: Any) -> Any:
+        if isinstance(change, TurnChanged):
+            reads.append(change.turn_id)
+        return project(change)
+
+    publisher.project = counted  # type: ignore[method-assign]
+    return publisher, reads
+
+
+def _turn_events(sink: Sink) -> list[dict[str, Any]]:
+    return [e["turn"] for e in sink.events if e["type"] == "turn.updated"]
+
+
+def _a_turn(store: Store, sid: str) -> tuple[list[ChangeEvent], list[ChangeEvent], str]:
+    """A Turn as the Session actor writes one: its claim, then bind, reply and settlement in
+    one batch. The two deliveries, and the Turn's id."""
+    heard = Heard(store)
+    try:
+        turn, created = store.turns.claim_submit(WS, sid, f"req-{uuid.uuid4()}", "hello")
+        assert created
+        claim = heard.take()
+        with store.db.write_batch():
+            store.turns.record_provider_turn(WS, sid, turn.turn_id, f"p-{turn.turn_id}")
+            reply = store.history.append_message(
+                WS, sid, turn.turn_id, kind="assistant", text="the reply"
+            )
+            store.turns.record_settlement(
+                WS,
+                sid,
+                turn.turn_id,
+                outcome="completed",
+                final_assistant_message_id=reply.message_id,
+                checkpoint_json='{"state":"unavailable","reason":"disabled"}',
+            )
+        settlement = heard.take()
+    finally:
+        heard.close()
+    return claim, settlement, turn.turn_id
+
+
+def _turn_change(changes: list[ChangeEvent]) -> TurnChanged:
+    (change,) = [c for c in changes if isinstance(c, TurnChanged)]
+    return change
+
+
+def test_a_claim_carries_the_turn_it_committed(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    heard = Heard(store)
+    try:
+        turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+        at_claim = store.turns.get_turn(WS, sid, turn.turn_id)
+        claim = _turn_change(heard.take())
+    finally:
+        heard.close()
+    assert claim.row == at_claim and claim.row is not None and claim.row.phase == "active"
+    assert 0 < claim.seq <= store.db.write_seq
+    # Not part of the change's identity: the same change, whatever it carries.
+    assert claim == TurnChanged(WS, sid, turn.turn_id)
+
+    # The settlement's change carries none: the Session actor's writes read nothing back
+    # inside the writer's baton (`test_mutation_reads`), so its event is read back.
+    store.turns.record_settlement(WS, sid, turn.turn_id, outcome="interrupted")
+    _, settlement, _ = _a_turn(store, sid)
+    assert _turn_change(settlement).row is None
+
+
+def test_the_claim_is_published_without_a_read(
+    running: tuple[Daemon, Client],
+) -> None:
+    """Each event is its write's committed state, projected as a read of the Turn would be —
+    the store already holds the settled Turn when the claim's event is built."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    claim, settlement, turn_id = _a_turn(store, sid)
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish(claim)
+    publisher._publish(settlement)
+    active, settled = _turn_events(sink)
+    assert reads == [turn_id] and publisher.carried_turns == 1  # the settlement's read
+    assert active["phase"] == "active" and [m["text"] for m in active["messages"]] == ["hello"]
+    claimed = _turn_change(claim).row
+    assert claimed is not None
+    assert active == projection.turn(claimed, "tutti-agent", daemon.catalog)
+    whole = store.turns.get_turn(WS, sid, turn_id)
+    assert settled == projection.turn(whole, "tutti-agent", daemon.catalog)
+
+
+def test_an_older_turn_row_delivered_after_a_newer_one_is_read_back(
+    running: tuple[Daemon, Client],
+) -> None:
+    """Events reach the thread in the order their writers' threads deliver them: the claim's
+    row, delivered after the settlement's was published, must not show the Turn active
+    again."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    claim, settlement, turn_id = _a_turn(store, sid)
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish(settlement)
+    publisher._publish(claim)  # delivered late: read back, the current state
+    assert [t["phase"] for t in _turn_events(sink)] == ["settled", "settled"]
+    assert reads == [turn_id, turn_id]
+
+    # Both in one batch, in commit order: the claim's own row (a delta of the Turn queued
+    # between them would leave between their events), then the settlement's read.
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish(claim + settlement)
+    assert [t["phase"] for t in _turn_events(sink)] == ["active", "settled"]
+    assert reads == [turn_id]
+
+    # A read-back shown first: a row older than the read is read back too.
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish([TurnChanged(WS, sid, turn_id)])
+    publisher._publish(claim)
+    assert [t["phase"] for t in _turn_events(sink)] == ["settled", "settled"]
+    assert reads == [turn_id, turn_id]
+
+
+def test_a_turn_row_after_its_sessions_removal_is_not_published(
+    running: tuple[Daemon, Client],
+) -> None:
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    claim, _, turn_id = _a_turn(store, sid)
+    heard = Heard(store)
+    try:
+        store.sessions.delete_session(WS, sid)
+        removed = heard.take()
+    finally:
+        heard.close()
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish(removed)
+    publisher._publish(claim)  # read back: refused, the Session is gone
+    assert [e["type"] for e in sink.events] == ["session.removed"]
+    assert reads == [turn_id]
+
+
+def test_a_turn_row_older_than_a_change_nobody_wanted_is_read_back(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The settlement went unpublished (no subscriber then); one connects, and the claim's
+    event arrives late: it must not show the Turn active as the newest."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    claim, settlement, turn_id = _a_turn(store, sid)
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    sink.wanted = False
+    publisher._publish(settlement)
+    assert sink.events == [] and reads == []  # not wanted: not even read
+    sink.wanted = True
+    publisher._publish(claim)
+    assert [t["phase"] for t in _turn_events(sink)] == ["settled"] and reads == [turn_id]
+
+
+def test_a_streamed_turns_events_show_what_the_store_committed(
+    running: tuple[Daemon, Client],
+) -> None:
+    """Through the whole daemon: each claim's event is built from its row, and what a
+    subscriber heard passes `check_turn_events` with the stored Turns; the
+    check catches a settling event that is not the committed Turn, and a Turn heard active
+    again after it settled."""
+    from tests.support.daemon import create_session, run_turn, wait_for
+    from tests.support.invariants import check_turn_events
+    from transport.client import EventSubscriber
+
+    daemon, client = running
+    server, publisher = daemon.server, daemon.publisher
+    assert server is not None and publisher is not None
+    sid = create_session(client, WS)["agentSessionId"]
+    heard: list[dict[str, Any]] = []
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        carried = publisher.carried_turns
+        turns = [run_turn(client, sid, f"/stream say {uuid.uuid4().hex}", WS) for _ in range(4)]
+        stored = {t["turnId"]: t for t in turns}
+
+        def settled_heard() -> bool:
+            while (event := sub.next(0.2)) is not None:
+                if isinstance(event, dict):
+                    heard.append(dict(event))
+            return set(stored) <= {
+                e["turn"]["turnId"]
+                for e in heard
+                if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+            }
+
+        wait_for(settled_heard, 30)
+    assert publisher.carried_turns - carried == len(turns)
+    assert check_turn_events(heard, stored, stored) == []
+    # Not vacuous: a settling event built from a row that is not the committed one, or a Turn
+    # heard active again after it settled, fails it.
+    at = next(
+        i
+        for i, e in enumerate(heard)
+        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+    )
+    settled = heard[at]["turn"]
+    stale = {**settled, "messages": settled["messages"][:1], "finalAssistantMessageId": None}
+    tampered = [*heard[:at], {**heard[at], "turn": stale}, *heard[at + 1 :]]
+    assert check_turn_events(tampered, stored, stored)
+    active = next(
+        e
+        for e in heard
+        if e["type"] == "turn.updated"
+        and e["turn"]["turnId"] == settled["turnId"]
+        and e["turn"]["phase"] == "active"
+    )
+    assert check_turn_events([*heard, active], stored, stored)
