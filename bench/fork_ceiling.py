@@ -30,6 +30,7 @@ host/ceiling ratio comes from one run.
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import shutil
@@ -56,6 +57,7 @@ from drivers.app_server.items import thread_of
 from drivers.binder import DirsAhead, begin_atomic_write_all
 
 MODULE = "bench.fork_ceiling"
+CORES = os.cpu_count() or 1
 STORE_COMMITS_UNCOUNTED = 2
 """The store's fsync'd COMMITs on a warm fork's path when strace cannot count them
 (docs/design/store.md: dispatching and committed; prepared and provider_accepted are lazy)."""
@@ -219,6 +221,8 @@ class Window:
     machine_busy_cores: float
     load: float
     probe_ms: float
+    bench_sys_s: float = 0.0
+    """Of `bench_cpu_s`, in the kernel (the syncs' own work is mostly here)."""
     store_fsyncs: int = 0
     store_commits_held: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -245,6 +249,7 @@ class Window:
             self.latency.p99,
             cpu["app-server"],
             cpu["bench"],
+            1000 * self.bench_sys_s / max(1, self.forks),
             cpu["app-server"] + cpu["bench"],
             self.machine_busy_cores,
             self.load,
@@ -260,6 +265,7 @@ class Window:
             "forksPerSecond": self.forks_per_s,
             "latency": self.latency,
             "cpuMsPerFork": self.cpu_ms_per_fork(),
+            "ownSysCpuMsPerFork": 1000 * self.bench_sys_s / max(1, self.forks),
             "machineBusyCores": self.machine_busy_cores,
             "loadAverage1m": self.load,
             "cpuProbeMs": self.probe_ms,
@@ -278,9 +284,10 @@ def _cpu_s(pids: Sequence[int]) -> float:
     return total
 
 
-def _own_cpu_s() -> float:
+def _own_cpu_s() -> tuple[float, float]:
+    """(user + system, system) CPU seconds of this process, every thread."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
+    return usage.ru_utime + usage.ru_stime, usage.ru_stime
 
 
 def bare_window(
@@ -316,14 +323,14 @@ def bare_window(
     fsyncs0 = rows0 = 0
     if syncs is not None:
         fsyncs0, rows0 = syncs.store.commits, syncs.store.rows
-    app0, own0, machine0 = _cpu_s(pids), _own_cpu_s(), machine_busy()
+    app0, (own0, sys0), machine0 = _cpu_s(pids), _own_cpu_s(), machine_busy()
     started = time.monotonic()
     deadline[0] = started + duration
     go.set()
     for t in threads:
         t.join(duration + 120)
     elapsed = time.monotonic() - started
-    app1, own1, machine1 = _cpu_s(pids), _own_cpu_s(), machine_busy()
+    app1, (own1, sys1), machine1 = _cpu_s(pids), _own_cpu_s(), machine_busy()
     if errors:
         raise RuntimeError("; ".join(errors))
     flat = [ms for per in latencies for ms in per]
@@ -338,6 +345,7 @@ def bare_window(
         cores_busy_between(machine0, machine1),
         load,
         probe,
+        bench_sys_s=sys1 - sys0,
         store_fsyncs=0 if syncs is None else syncs.store.commits - fsyncs0,
         store_commits_held=0 if syncs is None else syncs.store.rows - rows0,
     )
@@ -364,6 +372,7 @@ def host_window(
         profile.machine_busy_cores,
         load,
         probe,
+        bench_sys_s=math.nan,  # the daemon tree's is not split here
         extra={
             "cpuSecondsByKind": profile.cpu,
             "other": len(records) - len(ok),
@@ -419,6 +428,8 @@ class Ceiling:
             f"CPU ms per fork: ceiling {c_app + c_own:.1f} (app-servers {c_app:.1f}, the bare"
             f" driving + syncs {c_own:.1f}); host {h_app + h_own:.1f} (app-servers {h_app:.1f},"
             f" daemon + workers {h_own:.1f})",
+            f"the app-servers' CPU alone would fill {CORES} cores at"
+            f" {1000 * CORES / c_app:.0f} forks/s (a host of no CPU at all)",
         ]
 
 
@@ -491,6 +502,7 @@ def run(mode: Mode) -> BenchResult:
                 "p99 ms",
                 "app-server CPU ms/fork",
                 "own CPU ms/fork",
+                "of it sys",
                 "CPU ms/fork",
                 "machine busy cores",
                 "load 1m",

@@ -8,8 +8,8 @@ Three windows, each as long as `bench.mutations`' phase A (8 threads writing bac
   `session.updateTitle` does (`sessions.update_title`), both timed, then settles the Turn
   (`turns.record_settlement`, not timed: the next claim needs it, as the daemon's does);
 - `apsw serial`: one INSERT + fsync'd COMMIT per write (WAL, `synchronous=FULL`, as the store
-  opens its file), each thread on its own connection, SQLite's lock making them take turns:
-  every write one fdatasync;
+  opens its file), each thread on its own connection, taking turns in arrival order
+  (`FifoBaton`): every write one fdatasync;
 - `apsw grouped`: the same rows handed to one committer (`bench.fork_ceiling.GroupCommit`),
   which puts every write waiting into one COMMIT: the most group commit can share.
 
@@ -166,8 +166,33 @@ def store_loop(store: Store, sids: Sequence[str]) -> WriteLoop:
     return loop
 
 
+class FifoBaton:
+    """Writers take turns in the order they asked: SQLite's own busy handler sleeps and retries,
+    so 8 writers hammering one file starve some of them past any timeout (seen here: a writer
+    locked out for 10 s); the store passes its writers a baton in order for the same reason."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._next = 0
+        self._serving = 0
+
+    def __enter__(self) -> None:
+        with self._cond:
+            ticket = self._next
+            self._next += 1
+            while self._serving != ticket:
+                self._cond.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._serving += 1
+            self._cond.notify_all()
+
+
 def serial_loop(path: Path) -> WriteLoop:
-    """One INSERT + fsync'd COMMIT per write, on the writer's own connection."""
+    """One INSERT + fsync'd COMMIT per write, on the writer's own connection, the writers in
+    arrival order (`FifoBaton`)."""
+    baton = FifoBaton()
 
     def loop(i: int, deadline: float) -> dict[str, list[float]]:
         conn = apsw.Connection(str(path))
@@ -177,7 +202,8 @@ def serial_loop(path: Path) -> WriteLoop:
             times: list[float] = []
             while time.monotonic() < deadline:
                 t0 = time.perf_counter()
-                conn.execute("BEGIN IMMEDIATE; INSERT INTO w VALUES (?, ?); COMMIT", (i, ROW))
+                with baton:
+                    conn.execute("BEGIN IMMEDIATE; INSERT INTO w VALUES (?, ?); COMMIT", (i, ROW))
                 times.append(1000 * (time.perf_counter() - t0))
             return {"write": times}
         finally:
