@@ -22,6 +22,7 @@ process, so the ratio of its phase A p99 to the floor is from one run.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import tempfile
@@ -74,6 +75,8 @@ class FloorWindow:
     machine_busy_cores: float
     fsyncs: int | None = None
     """COMMITs made durable (grouped only: writes per fsync = writes / fsyncs)."""
+    device: dict[str, float] | None = None
+    """`DeviceIo.since` over the window (None: the counters are not readable here)."""
 
     def rows(self) -> list[tuple[Any, ...]]:
         return [
@@ -85,6 +88,9 @@ class FloorWindow:
                 lat.p50,
                 lat.p99,
                 lat.max,
+                math.nan if self.device is None else self.device["flushes"] / self.seconds,
+                math.nan if self.device is None else self.device["flushMsMean"],
+                math.nan if self.device is None else self.device["writeMsMean"],
                 self.machine_busy_cores,
                 self.load,
                 self.probe_ms,
@@ -93,12 +99,50 @@ class FloorWindow:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceIo:
+    """The block device's own counters (`/sys/dev/block/M:m/stat`): writes and cache flushes
+    completed and the milliseconds the device spent on them. Their means over a window are
+    the disk's service times, which a CPU-starved writer thread does not inflate (every
+    process's I/O on the device counts, not only this benchmark's)."""
+
+    writes: int
+    write_ms: int
+    flushes: int
+    flush_ms: int
+
+    @staticmethod
+    def of(directory: Path) -> DeviceIo | None:
+        dev = os.stat(directory).st_dev
+        stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+        try:
+            fields = [int(x) for x in stat.read_text().split()]
+        except (OSError, ValueError):
+            return None
+        if len(fields) < 17:
+            return None
+        return DeviceIo(fields[4], fields[7], fields[15], fields[16])
+
+    def since(self, before: DeviceIo) -> dict[str, float]:
+        writes, flushes = self.writes - before.writes, self.flushes - before.flushes
+        return {
+            "writes": writes,
+            "writeMsMean": (self.write_ms - before.write_ms) / writes if writes else math.nan,
+            "flushes": flushes,
+            "flushMsMean": (self.flush_ms - before.flush_ms) / flushes if flushes else math.nan,
+        }
+
+
 WriteLoop = Callable[[int, float], dict[str, list[float]]]
 """(writer index, deadline) → each timed kind's milliseconds."""
 
 
 def _window(
-    name: str, duration: float, loop: WriteLoop, fsyncs: Callable[[], int] | None
+    name: str,
+    duration: float,
+    loop: WriteLoop,
+    fsyncs: Callable[[], int] | None,
+    directory: Path,
 ) -> FloorWindow:
     go = threading.Event()
     found: list[dict[str, list[float]]] = [{} for _ in range(WRITERS)]
@@ -120,7 +164,7 @@ def _window(
         t.start()
     load, probe = os.getloadavg()[0], cpu_probe_ms()
     f0 = fsyncs() if fsyncs is not None else 0
-    machine0 = machine_busy()
+    machine0, io0 = machine_busy(), DeviceIo.of(directory)
     started = time.monotonic()
     deadline[0] = started + duration
     go.set()
@@ -128,6 +172,7 @@ def _window(
         t.join(duration + 120)
     elapsed = time.monotonic() - started
     busy = cores_busy_between(machine0, machine_busy())
+    io1 = DeviceIo.of(directory)
     if errors:
         raise RuntimeError("; ".join(errors))
     kinds = sorted({k for per in found for k in per})
@@ -139,6 +184,7 @@ def _window(
         probe,
         busy,
         None if fsyncs is None else fsyncs() - f0,
+        None if io0 is None or io1 is None else io1.since(io0),
     )
 
 
@@ -259,18 +305,24 @@ def measure_floor(duration: float) -> list[FloorWindow]:
         try:
             sids = _sessions(store, tmp)
             log(f"write floor: store, {WRITERS} writers × {duration:.0f} s")
-            windows.append(_window("store", duration, store_loop(store, sids), None))
+            windows.append(_window("store", duration, store_loop(store, sids), None, tmp))
         finally:
             store.close()
         _apsw_file(tmp / "serial.sqlite3")
         log(f"write floor: apsw serial, {WRITERS} writers × {duration:.0f} s")
-        windows.append(_window("apsw serial", duration, serial_loop(tmp / "serial.sqlite3"), None))
+        windows.append(
+            _window("apsw serial", duration, serial_loop(tmp / "serial.sqlite3"), None, tmp)
+        )
         committer = GroupCommit(tmp / "grouped.sqlite3")
         try:
             log(f"write floor: apsw grouped, {WRITERS} writers × {duration:.0f} s")
             windows.append(
                 _window(
-                    "apsw grouped", duration, grouped_loop(committer), lambda: committer.commits
+                    "apsw grouped",
+                    duration,
+                    grouped_loop(committer),
+                    lambda: committer.commits,
+                    tmp,
                 )
             )
         finally:
@@ -306,6 +358,9 @@ def run(mode: Mode) -> BenchResult:
                 "p50",
                 "p99",
                 "max",
+                "device flushes/s",
+                "device flush ms (mean)",
+                "device write ms (mean)",
                 "machine busy cores",
                 "load 1m",
                 "CPU probe ms",
@@ -343,6 +398,12 @@ def run(mode: Mode) -> BenchResult:
         + ", ".join(f"{k} {lat.p99:.1f}" for k, lat in alone.items())
         + " ms, same run",
     ]
+    if disk.device is not None:
+        lines.append(
+            f"the device itself in the {disk.name} window: {disk.device['flushes']:.0f} cache"
+            f" flushes at {disk.device['flushMsMean']:.2f} ms mean,"
+            f" {disk.device['writes']:.0f} writes at {disk.device['writeMsMean']:.2f} ms mean"
+        )
     result.notes += lines
     result.figures = {
         "writers": WRITERS,
@@ -354,6 +415,7 @@ def run(mode: Mode) -> BenchResult:
                 "cpuProbeMs": w.probe_ms,
                 "machineBusyCores": w.machine_busy_cores,
                 "fsyncs": w.fsyncs,
+                "device": w.device,
             }
             for w in windows
         },

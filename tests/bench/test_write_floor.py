@@ -5,6 +5,8 @@ and the mutations benchmark's phase A in the same run."""
 from __future__ import annotations
 
 import json
+import math
+import os
 import subprocess
 import sys
 import time
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.write_floor import WRITERS, WS, _sessions, store_loop
+from bench.write_floor import WRITERS, WS, DeviceIo, _sessions, store_loop
 from storage.store import Store
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,6 +56,9 @@ def test_the_smoke_run_prints_each_window_the_floor_rows_and_phase_a(tmp_path: P
         for lat in w["latency"].values():
             assert lat["n"] > 0 and lat["p99"] > 0
         assert w["cpuProbeMs"] > 0
+        # The device's own counters, where this kernel has them (17 fields since Linux 5.5).
+        if w["device"] is not None:
+            assert w["device"]["writes"] > 0 and w["device"]["flushes"] >= 0
     grouped = windows["apsw grouped"]
     assert 0 < grouped["fsyncs"] <= grouped["latency"]["write"]["n"]
     assert figures["diskP99Ms"] == min(
@@ -67,3 +72,31 @@ def test_the_smoke_run_prints_each_window_the_floor_rows_and_phase_a(tmp_path: P
     for row in rows.values():
         assert row["info"] is True and row["met"] is None and row["limit"] is None
         assert row["value"] > 0 and row["what"] in out.stdout
+
+
+def test_the_device_counters_give_each_window_the_disks_own_mean_service_times(
+    tmp_path: Path,
+) -> None:
+    before = DeviceIo(writes=100, write_ms=50, flushes=10, flush_ms=3)
+    after = DeviceIo(writes=300, write_ms=250, flushes=50, flush_ms=23)
+    assert after.since(before) == {
+        "writes": 200,
+        "writeMsMean": 1.0,
+        "flushes": 40,
+        "flushMsMean": 0.5,
+    }
+    idle = after.since(after)
+    assert idle["writes"] == 0 and math.isnan(idle["flushMsMean"])
+    dev = os.stat(tmp_path).st_dev
+    stat = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    if stat.exists() and len(stat.read_text().split()) >= 17:
+        first = DeviceIo.of(tmp_path)
+        (tmp_path / "f").write_bytes(b"x" * 4096)
+        fd = os.open(tmp_path / "f", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        second = DeviceIo.of(tmp_path)
+        assert first is not None and second is not None
+        assert second.writes > first.writes
