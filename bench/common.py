@@ -165,6 +165,23 @@ class BenchResult:
         from bench.targets import BY_KEY
 
         t = BY_KEY[key]
+        if t.info:
+            # Beside a target, never judged against a limit.
+            record: dict[str, Any] = {
+                "what": t.what,
+                "value": _round(float(value)),
+                "limit": None,
+                "direction": "",
+                "met": None,
+                "valueOverLimit": None,
+                "info": True,
+                "key": key,
+                "measured": measured,
+            }
+            if profile is not None:
+                record["profile"] = _jsonable(profile)
+            self.targets.append(record)
+            return
         self.target(
             t.what,
             value,
@@ -220,8 +237,8 @@ class BenchResult:
                 (
                     t["what"],
                     t["value"] if t["value"] is not None else math.nan,
-                    f"{t['direction']} {t['limit']}",
-                    "met" if t["met"] else "MISSED",
+                    "-" if t.get("info") else f"{t['direction']} {t['limit']}",
+                    "info" if t.get("info") else "met" if t["met"] else "MISSED",
                     t["valueOverLimit"] if t["valueOverLimit"] is not None else math.nan,
                 )
                 for t in self.targets

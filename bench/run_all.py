@@ -4,8 +4,10 @@ docs/performance.md). `--quick` runs each benchmark for seconds instead of minut
 
 At the end it prints issue 20's targets in one table, then issue 36's (value, limit,
 met/MISSED, value/limit, what measured it, with the CPU probe and the load at its benchmark's
-start) and, for each missed one, the profile that bounds it (`bench.targets`); the JSON keeps
-the same rows as `issue20Targets` and `issue36Targets`, the markdown as its first sections.
+start; beside targets 3 and 4, information rows with no limit: the bare provider's ceiling and
+the disk's write floor) and, for each missed one, the profile that bounds it
+(`bench.targets`); the JSON keeps the same rows as `issue20Targets` and `issue36Targets`,
+the markdown as its first sections.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 
 from bench import (
     checkpoint,
+    fork_ceiling,
     fork_overhead,
     fork_path,
     months,
@@ -32,6 +35,7 @@ from bench import (
     throughput,
     turn_checkpoints,
     turn_overhead,
+    write_floor,
 )
 from bench.common import (
     REPO,
@@ -54,8 +58,10 @@ BENCHMARKS: tuple[tuple[str, Callable[[Mode], BenchResult]], ...] = (
     ("bench.fork_overhead", fork_overhead.run),
     ("bench.turn_overhead", turn_overhead.run),
     ("bench.mutations", mutations.run),
+    ("bench.write_floor", write_floor.run),
     ("bench.races", races.run),
     ("bench.throughput", throughput.run),
+    ("bench.fork_ceiling", fork_ceiling.run),
     ("bench.scale", scale.run),
     ("bench.months", months.run),
     ("bench.fork_path", fork_path.run),

@@ -30,9 +30,14 @@ class IssueTarget:
     number: str = ""
     """The target's number in its issue (issue 36 numbers its targets 1-6, several rows each);
     empty: the row's position."""
+    info: bool = False
+    """A figure printed beside its target to judge it by (what the machine allows), with no
+    limit of its own: never met nor missed."""
 
     @property
     def direction(self) -> str:
+        if self.info:
+            return ""
         return ">=" if self.higher_is_better else "<="
 
 
@@ -117,6 +122,10 @@ def _i36(
     return IssueTarget(f"36:{key}", what, limit, higher, module, number)
 
 
+def _info36(key: str, what: str, module: str, number: str) -> IssueTarget:
+    return IssueTarget(f"36:{key}", what, math.nan, False, module, number, info=True)
+
+
 ISSUE36: tuple[IssueTarget, ...] = (
     *(
         _i36(
@@ -196,6 +205,18 @@ ISSUE36: tuple[IssueTarget, ...] = (
         "bench.throughput",
         "3",
     ),
+    _info36(
+        "ceiling:forks-per-s",
+        "ceiling: bare forks/s at 16 (tutti-agent's app-servers + the fork's syncs, no host)",
+        "bench.fork_ceiling",
+        "3",
+    ),
+    _info36(
+        "ceiling:cpu-per-fork",
+        "ceiling: CPU ms per bare fork at 16 (app-servers + the bare calls and syncs)",
+        "bench.fork_ceiling",
+        "3",
+    ),
     _i36(
         "mutation-p99:turn.submit",
         "mutation p99 ms, 8 clients idle: turn.submit",
@@ -215,6 +236,18 @@ ISSUE36: tuple[IssueTarget, ...] = (
         "mutation p99 under fork load / idle (turn.submit + updateTitle)",
         1.5,
         "bench.mutations",
+        "4",
+    ),
+    _info36(
+        "floor:write-p99",
+        "floor: durable write p99 with 8 writers, ms (bare apsw INSERT + fsync'd COMMIT)",
+        "bench.write_floor",
+        "4",
+    ),
+    _info36(
+        "floor:store-write-p99",
+        "floor: the store's own write p99 with 8 writers, ms (storage code, no daemon)",
+        "bench.write_floor",
         "4",
     ),
     _i36("months:ready", "store of months: daemon start to ready, ms", 1000.0, "bench.months", "5"),
@@ -281,14 +314,15 @@ def collect(
             "key": target.key,
             "number": target.number or str(i),
             "what": target.what,
-            "limit": target.limit,
+            "limit": None if target.info else target.limit,
             "direction": target.direction,
+            "info": target.info,
         }
         if target.key in found:
             t, bench = found[target.key]
             row.update(
                 value=t["value"],
-                met=bool(t["met"]),
+                met=None if target.info else bool(t["met"]),
                 valueOverLimit=t["valueOverLimit"],
                 measured=t.get("measured") or t["what"],
                 command=bench.get("command", ""),
@@ -300,7 +334,7 @@ def collect(
         else:
             row.update(
                 value=None,
-                met=False,
+                met=None if target.info else False,
                 valueOverLimit=None,
                 measured=f"not measured: {target.module} did not run or failed",
                 command="",
@@ -324,14 +358,23 @@ def table(rows: Sequence[Mapping[str, Any]], title: str, issue: str = "issue 20"
                 r.get("number") or i,
                 r["what"],
                 _num(r["value"]),
-                f"{r['direction']} {r['limit']:g}",
-                ("met" if r["met"] else "MISSED")
-                + (" (not measured)" if r["value"] is None else ""),
+                _limit(r),
+                _verdict(r) + (" (not measured)" if r["value"] is None else ""),
                 _num(r["valueOverLimit"]),
             )
             for i, r in enumerate(rows, 1)
         ),
     )
+
+
+def _limit(row: Mapping[str, Any]) -> str:
+    return "-" if row.get("info") else f"{row['direction']} {row['limit']:g}"
+
+
+def _verdict(row: Mapping[str, Any]) -> str:
+    if row.get("info"):
+        return "info"
+    return "met" if row["met"] else "MISSED"
 
 
 def measured_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -355,7 +398,7 @@ def bounds(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     out: list[str] = []
     shown: dict[tuple[str, ...], int] = {}
     for i, r in enumerate(rows, 1):
-        if r["met"] or r["value"] is None and not r["profile"]:
+        if r.get("info") or r["met"] or r["value"] is None and not r["profile"]:
             continue  # not measured at all: `measured_lines` says why
         out.append(
             f"{i}. MISSED {r['what']}: {_fmt(r['value'])} vs {r['direction']} {r['limit']:g}"

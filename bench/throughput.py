@@ -9,17 +9,20 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick
 from bench.fork_overhead import stage_times
 from bench.harness import WS, BenchDaemon, create_session, last_settled_turn, run_turn
-from bench.loadgen import ClientSpec, run_clients
+from bench.loadgen import ClientSpec, Record, run_clients
 from bench.profile import TreeProfile, cpu_line, py_spy, spy_lines
+from transport.client import Client
 
 MODULE = "bench.throughput"
+SOURCE_TURNS = 3
+"""Settled Turns in each forked source."""
 
 
 def name_bottleneck(
@@ -66,6 +69,32 @@ def _missed(top: dict[str, Any]) -> bool:
     )
 
 
+def fork_sources(c: Client, n: int) -> dict[str, str]:
+    """`n` source Sessions of `SOURCE_TURNS` settled Turns each: {session id: its last Turn}."""
+    boundaries: dict[str, str] = {}
+    for sid in [create_session(c, f"src {i}") for i in range(n)]:
+        for i in range(SOURCE_TURNS):
+            run_turn(c, sid, f"turn {i}")
+        boundaries[sid] = last_settled_turn(c, sid)
+    return boundaries
+
+
+def fork_window(
+    daemon: BenchDaemon, boundaries: Mapping[str, str], duration: float, profile_out: Path
+) -> tuple[list[Record], TreeProfile]:
+    """One client process per source, each forking it through `boundaries[sid]` and ACKing
+    each commit for `duration` seconds: every client's records, and the daemon tree's CPU
+    (no py-spy) over the window."""
+    specs = [
+        ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": turn_id})
+        for sid, turn_id in boundaries.items()
+    ]
+    profile = TreeProfile(daemon.pid, profile_out, use_py_spy=False)
+    records = run_clients(daemon.api, specs, duration, events=daemon.events, on_start=profile.start)
+    profile.stop()
+    return [r for recs in records for r in recs], profile
+
+
 def run(mode: Mode) -> BenchResult:
     levels = pick(mode, (1, 4, 16), (1, 4, 16), (1, 2))
     duration = pick(mode, 15.0, 4.0, 1.0)
@@ -82,27 +111,17 @@ def run(mode: Mode) -> BenchResult:
             c = daemon.client()
             n = max(levels)
             log(f"throughput: {n} sources, levels {levels}, {duration:.0f} s each")
-            sids = [create_session(c, f"src {i}") for i in range(n)]
-            boundaries = {}
-            for sid in sids:
-                for i in range(3):
-                    run_turn(c, sid, f"turn {i}")
-                boundaries[sid] = last_settled_turn(c, sid)
+            boundaries = fork_sources(c, n)
+            sids = list(boundaries)
             for level in levels:
-                specs = [
-                    ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": boundaries[sid]})
-                    for sid in sids[:level]
-                ]
                 # The measured window runs without the sampler: py-spy takes CPU from the
                 # same two cores. A missed target gets its profile from a second run below.
-                profile = TreeProfile(
-                    daemon.pid, tmp / f"throughput-{level}.pyspy.txt", use_py_spy=False
+                flat, profile = fork_window(
+                    daemon,
+                    {sid: boundaries[sid] for sid in sids[:level]},
+                    duration,
+                    tmp / f"throughput-{level}.pyspy.txt",
                 )
-                records = run_clients(
-                    daemon.api, specs, duration, events=daemon.events, on_start=profile.start
-                )
-                profile.stop()
-                flat = [r for recs in records for r in recs]
                 ok = [r for r in flat if r.get("reason") == "committed"]
                 lat = Latency.of(r["t1"] - r["t0"] for r in ok)
                 rate = len(ok) / duration

@@ -43,7 +43,7 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     doc = json.loads(json_path.read_text())
     assert doc["failures"] == []
     names = [b["name"] for b in doc["benchmarks"]]
-    assert len(names) == 11  # bench.run_all.BENCHMARKS, the two checkpoint ones among them
+    assert len(names) == 13  # bench.run_all.BENCHMARKS, the two checkpoint ones among them
     assert "checkpoint" in names and "turn checkpoints" in names
     assert "turn overhead vs the bare provider" in names and "a store of months" in names
     for bench in doc["benchmarks"]:
@@ -626,3 +626,39 @@ def test_the_stores_wal_probe_runs_tree_against_tree() -> None:
     first = json.loads(lines[0].split(": ", 1)[1])
     assert first["statements"][0] == "BEGIN" and first["statements"][-1] == "COMMIT", first
     assert first["cpuUsPerRename"] > 0
+
+
+def test_an_information_row_stands_beside_its_target_with_no_limit_never_met_nor_missed() -> None:
+    """The ceiling and floor rows are printed in the `ISSUE36` table next to the targets they
+    judge (3 and 4), with a value and what measured it, but no limit, verdict or bound."""
+    result = BenchResult("fork ceiling", "build/venv/bin/python -m bench.fork_ceiling", "full")
+    result.issue_target("36:ceiling:forks-per-s", 512.0, measured="16 bare app-servers")
+    result.issue_target("36:forks-per-s", 100.0, measured="16 clients", profile={"lines": ["x"]})
+    (info, target) = result.targets
+    assert (info["info"], info["met"], info["limit"], info["valueOverLimit"]) == (
+        True,
+        None,
+        None,
+        None,
+    )
+    assert target["met"] is False and "info" not in target
+    rendered = result.render()
+    assert "info" in rendered.splitlines()[-6] or " info " in rendered
+    rows = collect([result.to_json()], ISSUE36)
+    keys = [r["key"] for r in rows]
+    ceiling = rows[keys.index("36:ceiling:forks-per-s")]
+    assert ceiling["number"] == "3" and keys.index("36:ceiling:forks-per-s") > keys.index(
+        "36:cpu-per-fork"
+    )
+    assert keys.index("36:floor:write-p99") == keys.index("36:mutation-p99-ratio") + 1
+    assert (ceiling["value"], ceiling["met"], ceiling["limit"]) == (512.0, None, None)
+    unmeasured = rows[keys.index("36:floor:write-p99")]
+    assert unmeasured["value"] is None and unmeasured["met"] is None
+    printed = table(rows, "t", "issue 36").render()
+    line = next(ln for ln in printed.splitlines() if ceiling["what"] in ln)
+    assert " info " in line and "MISSED" not in line and "met" not in line.split(ceiling["what"])[1]
+    floor_line = next(ln for ln in printed.splitlines() if unmeasured["what"] in ln)
+    assert "info (not measured)" in floor_line
+    why = bounds(rows)
+    assert any("36 forks/s" in w or "forks committed/s at 16" in w for w in why)
+    assert not any(ceiling["what"] in w or unmeasured["what"] in w for w in why)
