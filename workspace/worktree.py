@@ -295,18 +295,29 @@ class Worktrees:
         partial = plan.partial
         if not partial.exists():
             return
+        # Found before the half-made tree goes: it may be the only way left to the repository.
+        home = _git_home(self._git(), plan) if plan.in_repository else None
         shutil.rmtree(partial, ignore_errors=True)
-        if plan.in_repository:
-            self._git().run(["worktree", "prune"], cwd=Path(str(plan.repo_root)), check=False)
+        if home is not None and home.is_dir():
+            self._git().run(["worktree", "prune"], cwd=home, check=False)
 
     def remove(self, plan: TreePlan) -> None:
         """Remove the plan's tree, half-made or whole, and its branch when the branch has no
-        commits of its own (still at the checkpoint's HEAD commit); idempotent."""
-        self.remove_partial(plan)
+        commits of its own (still at the checkpoint's HEAD commit); idempotent.
+
+        The repository's root may be gone by now (the source's own tree, a fork's worktree,
+        removed with its Session while this fork failed): git is then run from the common git
+        directory what is left of this tree names, and with nothing of it left, the plan has
+        nothing git could still hold for it that this daemon can reach — the directories go,
+        and the removal is done (a failed fork's tree is never retried forever)."""
         top = Path(plan.path)
-        if plan.in_repository:
+        home = _git_home(self._git(), plan) if plan.in_repository else None
+        self.remove_partial(plan)
+        if plan.in_repository and home is None and top.exists():
+            shutil.rmtree(top)
+        elif plan.in_repository and home is not None:
             git = self._git()
-            repo = Path(str(plan.repo_root))
+            repo = home
             _drop_worktree(git, repo, top)
             assert plan.branch is not None
             ref = f"refs/heads/{plan.branch}"
@@ -403,6 +414,23 @@ def _drop_worktree(git: Git, repo: Path, top: Path) -> None:
         if done.returncode != 0 and top.exists():
             shutil.rmtree(top)
     git.run(["worktree", "prune"], cwd=repo, check=False)
+
+
+def _git_home(git: Git, plan: TreePlan) -> Path | None:
+    """Where to run git for the plan's repository: its root while it stands, else the common
+    git directory (absolute) named by what is left of the plan's tree, whole or half-made; None
+    when neither is left."""
+    root = Path(str(plan.repo_root))
+    if root.is_dir():
+        return root
+    for left in (Path(plan.path), plan.partial):
+        if not left.is_dir():
+            continue
+        done = git.run(["rev-parse", "--git-common-dir"], cwd=left, check=False)
+        common = (left / done.stdout.decode().strip()).resolve()
+        if done.returncode == 0 and common.is_dir():
+            return common
+    return None
 
 
 class ForkTrees:

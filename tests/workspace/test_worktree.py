@@ -7,6 +7,7 @@ removed, and outside a repository the tree is a plain directory."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,58 @@ def test_no_checkpoint_is_a_typed_refusal(checkpoint: dict[str, Any] | None) -> 
 def test_slug_is_branch_safe() -> None:
     assert slug("Ünïcode / weird..name (fork 3)") == "n-code-weird-name-fork-3"
     assert slug("***") == "fork"
+
+
+OP2 = "1a2b3c4d-5e6f-4a8b-9c0d-e1f2a3b4c5d6"
+
+
+def _fork_of_a_fork(
+    tmp_path: Path, store: ShadowStore
+) -> tuple[Path, Worktrees, TreePlan, TreePlan]:
+    """A repository, a fork's tree of it, and the plan of a fork of that tree (its repository
+    root is the first tree, a linked worktree of the repository)."""
+    repo = make_repo(tmp_path / "project")
+    first, _ = checkpointed(store, repo)
+    plan1 = plan_tree(first, operation_id=OP, title="child")
+    trees = Worktrees(store)
+    tree1 = Path(trees.make(plan1))
+    (tree1 / "child.txt").write_text("the child's file\n")
+    second, _ = checkpointed(store, tree1)
+    plan2 = plan_tree(second, operation_id=OP2, title="grandchild")
+    assert plan2.repo_root is not None and Path(plan2.repo_root).resolve() == tree1.resolve()
+    return repo, trees, plan1, plan2
+
+
+def test_remove_of_a_planned_tree_whose_repository_root_is_gone_is_done(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """The crash soak's case: a fork of a fork's tree failed before its tree was made, and the
+    source's tree (the plan's repository root) went with its Session: removing the failed
+    fork's tree must finish (git cannot run in a directory that is gone), not fail forever."""
+    repo, trees, plan1, plan2 = _fork_of_a_fork(tmp_path, store)
+    trees.remove(plan1)
+    assert not Path(str(plan2.repo_root)).exists()
+    trees.remove(plan2)  # raised GitUnavailable ("cannot run git") before
+    trees.remove(plan2)  # idempotent
+    assert not Path(plan2.path).exists() and not trees.partial_exists(plan2)
+    assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 1
+
+
+def test_remove_of_a_made_tree_whose_repository_root_is_gone_takes_its_branch_too(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """A whole tree of a fork of a fork, its repository root (the first tree) gone: git is run
+    from the common git directory the tree names, so its registration and branch go with it."""
+    repo, trees, plan1, plan2 = _fork_of_a_fork(tmp_path, store)
+    trees.make(plan2)
+    assert plan2.branch in fork_branches(repo)
+    shutil.rmtree(str(plan2.repo_root))  # the first tree gone under it
+    git(repo, "worktree", "prune")
+    trees.remove(plan2)
+    assert not Path(plan2.path).exists()
+    assert plan2.branch not in fork_branches(repo)
+    assert all(
+        Path(line[9:]).name != Path(plan2.path).name
+        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
+        if line.startswith("worktree ")
+    )
