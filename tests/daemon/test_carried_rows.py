@@ -7,7 +7,6 @@ that was rolled back (docs/design/store.md, "Change events that carry their row"
 from __future__ import annotations
 
 import queue
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,29 +16,14 @@ import pytest
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher, Shown
 from domain.errors import InvalidArgument
-from storage.models import ChangeEvent, SessionChanged
-from storage.store import Store
+from storage.models import SessionChanged
+from tests.support.carried import Heard, Sink, new_session
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(60)
 
 WS = "ws-carried"
-
-
-class Sink:
-    """Wants every workspace (while `wanted`); keeps every event handed over."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.wanted = True
-
-    def wants(self, topic: str) -> bool:
-        return self.wanted
-
-    def publish_many(self, events: list[tuple[str, Any]]) -> bool:
-        self.events.extend(dict(e) for _, e in events)
-        return True
 
 
 @pytest.fixture
@@ -49,27 +33,7 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
 
 
 def _session(client: Client) -> str:
-    sid = str(uuid.uuid4())
-    status, _ = client.call_raw(
-        "session.create", {"workspaceId": WS, "agentSessionId": sid, "provider": "tutti-agent"}
-    )
-    assert status == 200
-    return sid
-
-
-class Heard:
-    """The store's deliveries, as a subscriber gets them."""
-
-    def __init__(self, store: Store) -> None:
-        self.changes: list[ChangeEvent] = []
-        self._stop = store.db.subscribe_batches(self.changes.extend)
-
-    def take(self) -> list[ChangeEvent]:
-        out, self.changes[:] = list(self.changes), []
-        return out
-
-    def close(self) -> None:
-        self._stop()
+    return new_session(client, WS)
 
 
 def _titles(sink: Sink) -> list[str]:
@@ -259,16 +223,14 @@ def test_a_rolled_back_write_leaves_no_row_in_any_event(running: tuple[Daemon, C
             store.sessions.update_title(WS, sid, "kept")
             with pytest.raises(InvalidArgument), store.db.write(WS) as tx:
                 tx.execute(
-                    "UPDATE sessions SET title = 'gone' WHERE workspace_id = ?"
-                    " AND session_id = ?",
+                    "UPDATE sessions SET title = 'gone' WHERE workspace_id = ? AND session_id = ?",
                     (WS, sid),
                 )
                 raise InvalidArgument("title", "refused after the UPDATE")
         batch = heard.take()
         with pytest.raises(InvalidArgument), store.db.write(WS) as tx:
             tx.execute(
-                "UPDATE sessions SET title = 'never' WHERE workspace_id = ?"
-                " AND session_id = ?",
+                "UPDATE sessions SET title = 'never' WHERE workspace_id = ? AND session_id = ?",
                 (WS, sid),
             )
             tx.emit(SessionChanged(WS, sid, row=store.sessions.get_session(WS, sid)))

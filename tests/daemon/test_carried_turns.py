@@ -20,42 +20,13 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, TurnChanged
 from storage.store import Store
+from tests.support.carried import Heard, Sink, new_session
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(60)
 
 WS = "ws-carried-turns"
-
-
-class Sink:
-    """Wants every workspace (while `wanted`); keeps every event handed over."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.wanted = True
-
-    def wants(self, topic: str) -> bool:
-        return self.wanted
-
-    def publish_many(self, events: list[tuple[str, Any]]) -> bool:
-        self.events.extend(dict(e) for _, e in events)
-        return True
-
-
-class Heard:
-    """The store's deliveries, as a subscriber gets them."""
-
-    def __init__(self, store: Store) -> None:
-        self.changes: list[ChangeEvent] = []
-        self._stop = store.db.subscribe_batches(self.changes.extend)
-
-    def take(self) -> list[ChangeEvent]:
-        out, self.changes[:] = list(self.changes), []
-        return out
-
-    def close(self) -> None:
-        self._stop()
 
 
 @pytest.fixture
@@ -65,12 +36,7 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
 
 
 def _session(client: Client) -> str:
-    sid = str(uuid.uuid4())
-    status, _ = client.call_raw(
-        "session.create", {"workspaceId": WS, "agentSessionId": sid, "provider": "tutti-agent"}
-    )
-    assert status == 200
-    return sid
+    return new_session(client, WS)
 
 
 def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
