@@ -94,6 +94,15 @@ def _lease_site(depth: int = 4) -> str:
     return " < ".join(sites)
 
 
+def _raise_if_lost(group: WriteGroup) -> None:
+    """A member's end when its group's COMMIT failed: nothing of its write was kept; a fresh
+    retryable error per member (they share the cause)."""
+    if group.error is not None:
+        raise StoreBusy(
+            f"the store could not commit this write, try again ({type(group.error).__name__})"
+        ) from group.error
+
+
 class Database:
     """Owns the file path, a bounded pool of apsw connections, subscribers and the write helper;
     the Store's parts share it (they hold it, never inherit it)."""
@@ -682,10 +691,7 @@ class Database:
             raise sub.error
         group, tx_done = sub.group, sub.tx
         assert group is not None and tx_done is not None
-        if group.error is not None:
-            raise StoreBusy(
-                f"the store could not commit this write, try again ({type(group.error).__name__})"
-            ) from group.error
+        _raise_if_lost(group)
         self._notify(self._take_released(group) + tx_done.events)
         result: T = sub.result
         return result
@@ -763,11 +769,7 @@ class Database:
         assert group is not None and tx is not None
         group.done.wait()
         t4 = time.perf_counter()
-        if group.error is not None:
-            # Nothing of this write was kept; a fresh error per member (they share the cause).
-            raise StoreBusy(
-                f"the store could not commit this write, try again ({type(group.error).__name__})"
-            ) from group.error
+        _raise_if_lost(group)
         if not group.lazy:
             self._notify(self._take_released(group) + tx.events)
         if self._timings is not None:
