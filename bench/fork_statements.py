@@ -1,9 +1,11 @@
 """The store's side of one warm fork, step by step and statement by statement (no daemon).
 
 A real store file, a Session of `--turns` settled Turns, `--forks` forks of it run through
-prepare, `dispatching`, `provider_accepted`, commit and the ACK (what the saga and the ACK
-call). Prints each step's thread CPU (p50 over the forks after a warm-up) and statements per
-fork, then every SELECT of the last fork's steps timed twice, from its recorded text: with its
+prepare, `dispatching`, `provider_accepted`, commit and the ACK, called as the saga and the ACK
+call them (the warm path: a lazy prepare and acceptance, each move from the row the saga holds).
+Prints each step's thread CPU (p50 over the forks after a warm-up) and statements per fork
+(BEGIN, COMMIT and the lazy COMMITs' PRAGMAs included; a multi-row INSERT counts a statement
+per row), then every SELECT of the last fork's steps timed twice, from its recorded text: with its
 values bound, as the store runs it, and with the same values written into the SQL as literals.
 A statement much dearer bound than literal is one SQLite re-prepares at each execution (a plan
 that depends on the bound values): the barrier lookup with `ORDER BY op_seq LIMIT 1` and the
@@ -135,9 +137,13 @@ def run(turns: int, forks: int) -> None:
                     durable=False,
                 )
                 oid = op.operation_id
-                timed("dispatching", store.fork_transitions.mark_fork_dispatching, WS, oid)
+                # As the saga calls them: each move from the row it holds (`known`), the
+                # acceptance lazy (made durable by the commit's fsync).
+                dispatch = store.fork_transitions.mark_fork_dispatching
+                op, _ = timed("dispatching", dispatch, WS, oid, known=op)
                 accept = store.fork_transitions.mark_fork_provider_accepted
-                timed("accepted", accept, WS, oid, evidence_for(op))
+                evidence = evidence_for(op)
+                timed("accepted", accept, WS, oid, evidence, durable=False, known=op)
                 timed("commit", store.fork_commit.commit_fork, WS, oid)
                 timed("ack", store.fork_transitions.acknowledge_fork, WS, oid)
             conn.exec_trace = None

@@ -790,6 +790,98 @@ def test_commit_refuses_a_source_history_drifted_behind_the_fence(
         store.sessions.get_session(WS, op.target_session_id)
 
 
+def _accepted(store: Store, source: tuple[str, list[str]]) -> ForkOperation:
+    sid, turns = source
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    return store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))[0]
+
+
+def _commit_refused(store: Store, op: ForkOperation, match: str) -> None:
+    """The commit fails closed: no child, the operation still `provider_accepted` (law 2)."""
+    with pytest.raises(ForkSnapshotCorrupt, match=match):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    after = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert after.status is ForkStatus.PROVIDER_ACCEPTED
+    assert not store.db.connection().execute(
+        "SELECT 1 FROM fork_lineage WHERE operation_id = ?", (op.operation_id,)
+    ).fetchall()
+
+
+# The commit reads its target's reservation, the target's absence and the fence's witness in one
+# statement, and the operation's row with its snapshot in another: each refusal still decided.
+
+
+def test_commit_refuses_a_target_no_longer_reserved_by_its_operation(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    op = _accepted(store, source)
+    store.db.connection().execute(
+        "DELETE FROM session_reservations WHERE session_id = ?", (op.target_session_id,)
+    )
+    _commit_refused(store, op, "not reserved by this operation")
+
+
+def test_commit_refuses_a_target_session_made_behind_the_reservation(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    op = _accepted(store, source)
+    store.db.connection().execute(
+        "INSERT INTO sessions (workspace_id, session_id, kind, provider, title, cwd,"
+        " settings_json, runtime_context_json, pinned, deleted, created_at_ms, updated_at_ms)"
+        " VALUES (?, ?, 'root', 'tutti-agent', 'squatter', '/', '{}', '{}', 0, 0, 1, 1)",
+        (WS, op.target_session_id),
+    )
+    _commit_refused(store, op, "already exists before commit")
+    assert store.sessions.get_session(WS, op.target_session_id).title == "squatter"
+
+
+def test_commit_refuses_an_operation_whose_snapshot_row_is_gone(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    op = _accepted(store, source)
+    store.db.connection().execute(
+        "DELETE FROM fork_snapshots WHERE op_seq = (SELECT op_seq FROM fork_operations"
+        " WHERE operation_id = ?)",
+        (op.operation_id,),
+    )
+    _commit_refused(store, op, "fork snapshot row is missing")
+
+
+def test_a_repeated_commit_answers_the_committed_row_without_its_snapshot(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """A replay is answered from the row and the projection the commit left (its snapshot is
+    not read again: a row without one still answers)."""
+    op = _accepted(store, source)
+    committed, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+    assert changed
+    store.db.connection().execute(
+        "DELETE FROM fork_snapshots WHERE op_seq = (SELECT op_seq FROM fork_operations"
+        " WHERE operation_id = ?)",
+        (op.operation_id,),
+    )
+    again, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+    assert not changed and again == committed
+
+
+def test_the_ack_refuses_what_is_not_committed_and_answers_a_repeat_unchanged(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """The first ACK is one guarded UPDATE; every other case reads the row and says."""
+    with pytest.raises(ForkOperationNotFound):
+        store.fork_transitions.acknowledge_fork(WS, "no-such-operation")
+    op = _accepted(store, source)
+    with pytest.raises(ForkAcknowledgeConflict) as err:
+        store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    assert err.value.params == {"operationId": op.operation_id, "status": "accepted"}
+    store.fork_commit.commit_fork(WS, op.operation_id)
+    acked, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    assert changed and acked == store.fork_queries.get_fork_operation(WS, op.operation_id)
+    again, changed = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    assert not changed and again == acked
+
+
 def _witness(store: Store, sid: str) -> tuple[str, int] | None:
     """(operation id, changes) of the fence's witness of Session `sid`, or None."""
     row = (
