@@ -15,42 +15,15 @@ from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTra
 from domain.fork_states import ForkStatus
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, ForkMemo, HistoryCopy, build_child
-from storage.fork_snapshot import frozen_of, take_frozen_snapshot
+from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.fork_transitions import receipt_forked_from
-from storage.history_links import FENCED_HISTORY_UNCHANGED, boundary_proof, link_messages
+from storage.history_links import boundary_proof, fenced_history_unchanged, link_messages
 from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
 from storage.rows import OP_COLUMNS, decode_op, op_from_row
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, Tx, dumps, loads
 
 log = logging.getLogger(__name__)
-
-_ACCEPTED = ForkStatus.PROVIDER_ACCEPTED.value
-_SNAPSHOT = len(OP_COLUMNS.split(","))
-"""The index of the stored snapshot's bytes in a row of `_COMMIT_ROW_SQL` (its type next)."""
-
-_COMMIT_ROW_SQL = (
-    f"SELECT {OP_COLUMNS},"
-    " (SELECT CAST(s.snapshot_json AS BLOB) FROM fork_snapshots s"
-    f" WHERE s.op_seq = fork_operations.op_seq AND fork_operations.status = '{_ACCEPTED}'),"
-    " (SELECT typeof(s.snapshot_json) FROM fork_snapshots s"
-    f" WHERE s.op_seq = fork_operations.op_seq AND fork_operations.status = '{_ACCEPTED}')"
-    " FROM fork_operations WHERE workspace_id = ? AND operation_id = ?"
-)
-"""The operation's row and, only for one the commit is to write, its frozen snapshot: one
-statement where a read of each was two (a replay of a committed one reads no snapshot). Scalar
-subqueries, not a join: SQLite re-planned a join of the two tables at every execution of the
-bound statement (~90 µs of CPU against ~14)."""
-
-_TARGET_AND_WITNESS_SQL = (
-    "SELECT (SELECT operation_id FROM session_reservations WHERE workspace_id = :ws"
-    " AND session_id = :target),"
-    " EXISTS (SELECT 1 FROM sessions WHERE workspace_id = :ws AND session_id = :target),"
-    f" {FENCED_HISTORY_UNCHANGED}"
-)
-"""The target's reservation holder, whether the target exists, and the source fence's
-witness (`fenced_history_unchanged`): the commit's three checks read in one statement, each
-decided where it was before."""
 
 
 class ForkCommit:
@@ -103,7 +76,10 @@ class ForkCommit:
     ) -> tuple[ForkOperation | None, bool]:
         """The commit inside `tx`; with `operation=False` the committed operation is not built
         (nor a committed one decoded) and `None` is returned in its place."""
-        r = tx.one(_COMMIT_ROW_SQL, (ws, op_id))
+        r = tx.one(
+            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND operation_id = ?",
+            (ws, op_id),
+        )
         if r is None:
             raise ForkOperationNotFound(f"fork operation {op_id} not found")
         status = ForkStatus(r[19])
@@ -116,11 +92,11 @@ class ForkCommit:
                 f"fork operation {op_id} cannot commit from {status}",
                 params={"operationId": op_id, "status": status.value},
             )
-        stored = frozen_of(r[_SNAPSHOT], r[_SNAPSHOT + 1])
+        stored = read_frozen(tx.conn, r[28])
         # The stored bytes are hashed here; their parse may be the document prepare froze
         # (same hash, same bytes) instead of a second decode of a multi-MB text.
         snapshot = take_frozen_snapshot(stored, r[18], self.fork_memo)
-        unchanged = self._reprove_identity(tx, ws, r, snapshot)
+        self._reprove_identity(tx, ws, r, snapshot)
         plan = build_child(
             snapshot,
             child_provider_session_id=r[11],
@@ -133,7 +109,7 @@ class ForkCommit:
         )
         top = 0
         if plan.copy is not None:
-            top = _check_source_history(tx, ws, plan.copy, unchanged=unchanged)
+            top = _check_source_history(tx, ws, int(r[28]), plan.copy)
         self._insert_child(tx, plan, top)
         tx.execute(
             "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
@@ -165,10 +141,8 @@ class ForkCommit:
         return committed, True
 
     @staticmethod
-    def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> bool:
-        """Commit re-proves the source provider identity from the snapshot and the evidence.
-        Returns the source fence's witness (`fenced_history_unchanged`), read with the
-        target's checks."""
+    def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:
+        """Commit re-proves the source provider identity from the snapshot and the evidence."""
         source = snapshot["source"]
         if (
             snapshot["operation_id"] != r[1]
@@ -188,16 +162,15 @@ class ForkCommit:
             raise ForkSnapshotCorrupt("evidence forkedFromId does not name the source")
         if not r[11] or r[11] == source["provider_session_id"]:
             raise ForkSnapshotCorrupt("provider child identity is not independent of the source")
-        checks = tx.conn.execute(
-            _TARGET_AND_WITNESS_SQL, {"ws": ws, "target": r[5], "source": r[4], "op_seq": r[28]}
-        ).fetchone()
-        assert checks is not None  # a SELECT of values: always one row
-        reserved_by, exists, unchanged = checks
-        if reserved_by != r[1]:
+        reserved = tx.one(
+            "SELECT operation_id FROM session_reservations WHERE workspace_id = ?"
+            " AND session_id = ?",
+            (ws, r[5]),
+        )
+        if reserved is None or reserved[0] != r[1]:
             raise ForkSnapshotCorrupt("target session id is not reserved by this operation")
-        if exists:
+        if tx.one("SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, r[5])):
             raise ForkSnapshotCorrupt("target session already exists before commit")
-        return bool(unchanged)
 
     @staticmethod
     def _insert_child(tx: Tx, plan: ChildPlan, through_position: int) -> None:
@@ -232,15 +205,14 @@ class ForkCommit:
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             plan.turn_rows,
         )
+        # Every cloned Message is created at the commit, in the child's Session (its key, schema
+        # v7, made by the trigger on the insert above): two integers in the statement (`int`, so
+        # nothing but digits reaches the SQL text), the rows as prepare built them.
+        key = tx.one(f"SELECT {SESSION_KEY_OF}", (s.workspace_id, s.session_id))
+        assert key is not None
         if plan.copy is not None:
-            _link_history(tx, plan, through_position)
+            _link_history(tx, plan, int(key[0]), through_position)
         else:
-            # Every cloned Message is created at the commit, in the child's Session (its key,
-            # schema v7, made by the trigger on the insert above): two integers in the
-            # statement (`int`, so nothing but digits reaches the SQL text), the rows as
-            # prepare built them.
-            key = tx.one(f"SELECT {SESSION_KEY_OF}", (s.workspace_id, s.session_id))
-            assert key is not None
             tx.executemany(
                 f"INSERT INTO messages ({MESSAGE_COLUMNS}, created_at_ms, session_key)"
                 f" VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, {int(plan.committed_at_ms)}, {int(key[0])})",
@@ -273,7 +245,7 @@ class ForkCommit:
         # 1,000 `turn.updated`, each re-read from the store, past a subscriber's 1,000-event queue.
 
 
-def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy, *, unchanged: bool) -> int:
+def _check_source_history(tx: Tx, ws: str, op_seq: int, copy: HistoryCopy) -> int:
     """A version 4 child reads the source's boundary: it must still be, row for row, what
     prepare digested (the fence keeps every store path off it; anything else fails closed, the
     operation stays `provider_accepted`, as for a snapshot that no longer matches its hash).
@@ -284,9 +256,9 @@ def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy, *, unchanged: bool
     the very rows prepare digested, so the frozen highest position is the bound. Otherwise — a
     change counted (by a store path or raw SQL), an operation prepared before the witness, a
     source that reads rows through a link of its own — the digest is recomputed and compared
-    as before. `unchanged`: the witness (`fenced_history_unchanged`) as the commit read it."""
+    as before."""
     source = copy.source_session_id
-    if copy.through_position is not None and unchanged:
+    if copy.through_position is not None and fenced_history_unchanged(tx.conn, ws, source, op_seq):
         return copy.through_position
     count, digest, top = boundary_proof(tx.conn, ws, source, copy.through)
     if (count, digest) != (copy.count, copy.digest):
@@ -297,7 +269,7 @@ def _check_source_history(tx: Tx, ws: str, copy: HistoryCopy, *, unchanged: bool
     return top
 
 
-def _link_history(tx: Tx, plan: ChildPlan, through_position: int) -> None:
+def _link_history(tx: Tx, plan: ChildPlan, key: int, through_position: int) -> None:
     """The child's Messages: a link to the source's boundary (nothing copied), and the payloads
     prepare rewrote (allowlisted references) as the child's own rows."""
     copy = plan.copy
@@ -310,6 +282,7 @@ def _link_history(tx: Tx, plan: ChildPlan, through_position: int) -> None:
         through=copy.through,
         through_position=through_position,
         target_session_id=s.session_id,
+        target_key=key,
         message_prefix=copy.prefixes.message,
         turn_prefix=copy.prefixes.turn,
         linked_at_ms=plan.committed_at_ms,

@@ -38,7 +38,7 @@ from storage.models import (
     SessionChanged,
     TurnPhase,
 )
-from storage.rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, require_session
+from storage.rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, load_op, require_session
 from storage.sqlite import Tx, dumps
 
 # -- Prepare ---------------------------------------------------------------------------------------
@@ -271,16 +271,14 @@ class ForkPrepare:
                 memo=self.fork_memo,
             )
             assert source.provider_session_id is not None
-            # The row as written comes back from the INSERT itself (no read-back statement).
-            inserted = tx.all(
+            tx.execute(
                 "INSERT INTO fork_operations (workspace_id, operation_id, request_id,"
                 " request_hash, source_session_id, target_session_id, point_kind,"
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
                 " binding_mode, snapshot_hash, status, created_at_ms, workspace_mode,"
                 " workspace_json, workspace_state)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?)"
-                f" RETURNING {OP_COLUMNS}",
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?)",
                 (
                     ws,
                     op_id,
@@ -306,8 +304,7 @@ class ForkPrepare:
             )
             # The frozen bytes in their own row (schema v5): written once here, only read
             # after, so no status UPDATE of the operation row rewrites them.
-            row = inserted[0]
-            op_seq = int(row[OP_SEQ])
+            op_seq = tx.conn.last_insert_rowid()
             tx.execute(
                 "INSERT INTO fork_snapshots (op_seq, snapshot_json) VALUES (?, ?)",
                 (op_seq, stored),
@@ -331,7 +328,7 @@ class ForkPrepare:
                 (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
             )
             return replace(
-                decode_op(tx.conn, row, projections=self._projections), frozen_turns=frozen
+                load_op(tx.conn, ws, op_id, projections=self._projections), frozen_turns=frozen
             ), True
 
         return self._submit(body, ws, durable=durable)

@@ -95,43 +95,6 @@ TURN_FIELDS = (
 # -- boundary checks ------------------------------------------------------------------------
 
 
-# The source's activities that refuse a fork (seed 000 §4), in the order they are reported.
-# Most specific first: a pending Interaction or an unbound submit claim only exists while a
-# Turn is active, so checking the Turn first would hide those reasons.
-_ACTIVITY: tuple[tuple[ForkBoundaryReason, str], ...] = (
-    (
-        ForkBoundaryReason.SOURCE_GOAL_CONTROL_ACTIVE,
-        "SELECT 1 FROM goal_controls WHERE workspace_id = ?1 AND session_id = ?2"
-        " AND status = 'active'",
-    ),
-    (
-        ForkBoundaryReason.SOURCE_RUNTIME_OPERATION_ACTIVE,
-        "SELECT 1 FROM runtime_operations WHERE workspace_id = ?1 AND session_id = ?2"
-        " AND status = 'active'",
-    ),
-    (
-        ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
-        "SELECT 1 FROM interactions WHERE workspace_id = ?1 AND session_id = ?2"
-        " AND status = 'pending'",
-    ),
-    (
-        ForkBoundaryReason.SOURCE_SUBMIT_CLAIM_ACTIVE,
-        "SELECT 1 FROM submit_claims WHERE workspace_id = ?1 AND session_id = ?2"
-        " AND status = 'active'",
-    ),
-    (
-        ForkBoundaryReason.SOURCE_TURN_ACTIVE,
-        "SELECT 1 FROM turns WHERE workspace_id = ?1 AND session_id = ?2 AND phase = 'active'",
-    ),
-    (
-        ForkBoundaryReason.SOURCE_FORK_ACTIVE,
-        "SELECT 1 FROM fork_operations WHERE workspace_id = ?1 AND source_session_id = ?2"
-        f" AND status IN {ACTIVE_SQL}",
-    ),
-)
-_ACTIVITY_SQL = "SELECT " + ", ".join(f"EXISTS ({sql})" for _, sql in _ACTIVITY)
-
-
 def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[ForkBoundaryReason]:
     """Quiescence of the source (seed 000 §4), in a fixed order; empty when forkable."""
     sid = session.session_id
@@ -140,11 +103,42 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
         reasons.append(ForkBoundaryReason.SOURCE_NOT_ROOT)
     if not session.provider_session_id:
         reasons.append(ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING)
-    # One statement, a flag per check (each an index probe, as six statements were): each
-    # SQLite call is a GIL release and retake while the daemon's other threads want it.
-    flags = conn.execute(_ACTIVITY_SQL, (ws, sid)).fetchone()
-    assert flags is not None  # a SELECT of values: always one row
-    reasons.extend(reason for (reason, _), flag in zip(_ACTIVITY, flags, strict=True) if flag)
+    # Most specific first: a pending Interaction or an unbound submit claim only exists while a
+    # Turn is active, so checking the Turn first would hide those reasons.
+    checks = (
+        (
+            ForkBoundaryReason.SOURCE_GOAL_CONTROL_ACTIVE,
+            "SELECT 1 FROM goal_controls WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_RUNTIME_OPERATION_ACTIVE,
+            "SELECT 1 FROM runtime_operations WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
+            "SELECT 1 FROM interactions WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'pending'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_SUBMIT_CLAIM_ACTIVE,
+            "SELECT 1 FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
+            " AND status = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_TURN_ACTIVE,
+            "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND phase = 'active'",
+        ),
+        (
+            ForkBoundaryReason.SOURCE_FORK_ACTIVE,
+            "SELECT 1 FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
+            f" AND status IN {ACTIVE_SQL}",
+        ),
+    )
+    for reason, sql in checks:
+        if conn.execute(sql + " LIMIT 1", (ws, sid)).fetchone() is not None:
+            reasons.append(reason)
     return reasons
 
 
@@ -564,14 +558,9 @@ _FROZEN_SELECT = (
 def read_frozen(conn: apsw.Connection, op_seq: int) -> Frozen:
     """The stored snapshot of operation `op_seq`, as `load_snapshot` takes it."""
     row = conn.execute(_FROZEN_SELECT, (op_seq,)).fetchone()
-    return frozen_of(None, None) if row is None else frozen_of(row[0], row[1])
-
-
-def frozen_of(data: Any, kind: str | None) -> Frozen:
-    """The stored snapshot from its bytes and SQLite type as `_FROZEN_SELECT` reads them (a
-    NULL type: no snapshot row)."""
-    if kind is None or data is None:
+    if row is None:
         raise ForkSnapshotCorrupt("fork snapshot row is missing")
+    data, kind = row
     if kind == "blob":
         return bytes(data)
     try:

@@ -207,17 +207,7 @@ class ForkTransitions:
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
-            # The first ACK of a committed operation is one statement: the UPDATE guarded by
-            # the rule, the row as written back from it. Anything else reads the row and says.
-            written = tx.all(
-                "UPDATE fork_operations SET client_observed_at_ms = ? WHERE workspace_id = ?"
-                " AND operation_id = ? AND status = 'committed' AND client_observed_at_ms IS NULL"
-                f" RETURNING {OP_COLUMNS}",
-                (tx.now_ms, ws, op_id),
-            )
-            if written:
-                tx.emit(ForkOperationChanged(ws, op_id))
-                return decode_op(tx.conn, written[0], projections=self._projections), True
+            # One read of the row: the answer is it, projected, plus the time set.
             r = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND operation_id = ?",
@@ -233,9 +223,15 @@ class ForkTransitions:
                     params={"operationId": op_id, "status": public.value},
                 )
             op = decode_op(tx.conn, r, projections=self._projections)
-            # Committed and not ACKed would have taken the UPDATE above, in this transaction.
-            assert op.client_observed_at_ms is not None
-            return op, False
+            if op.client_observed_at_ms is not None:
+                return op, False
+            tx.execute(
+                "UPDATE fork_operations SET client_observed_at_ms = ? WHERE workspace_id = ?"
+                " AND operation_id = ? AND client_observed_at_ms IS NULL",
+                (tx.now_ms, ws, op_id),
+            )
+            tx.emit(ForkOperationChanged(ws, op_id))
+            return replace(op, client_observed_at_ms=tx.now_ms), True
 
         return self._submit(body, ws)
 

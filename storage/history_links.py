@@ -689,6 +689,7 @@ def link_messages(
     through: int,
     through_position: int,
     target_session_id: str,
+    target_key: int,
     message_prefix: str,
     turn_prefix: str,
     linked_at_ms: int,
@@ -696,24 +697,15 @@ def link_messages(
 ) -> None:
     """Link the child to the source's boundary (one row), then write the payloads prepare
     rewrote as the child's own rows: the source's row at that position, the child's ids, the
-    rewritten payload. Both keys are looked up inside the link's INSERT (no statement of
-    their own); the child's is read back only for rewritten rows."""
+    rewritten payload."""
     conn.execute(
         "INSERT INTO history_links (child_key, source_key, through_sequence, through_position,"
-        f" message_prefix, turn_prefix, linked_at_ms) SELECT k.session_key, {SESSION_KEY_OF},"
-        " ?, ?, ?, ?, ? FROM session_keys k WHERE k.workspace_id = ? AND k.session_id = ?",
+        f" message_prefix, turn_prefix, linked_at_ms) VALUES (?, {SESSION_KEY_OF}, ?, ?, ?, ?, ?)",
         (
-            ws, source_session_id, through, through_position, message_prefix, turn_prefix,
-            linked_at_ms, ws, target_session_id,
+            target_key, ws, source_session_id, through, through_position, message_prefix,
+            turn_prefix, linked_at_ms,
         ),
     )  # fmt: skip
-    if conn.changes() != 1:  # pragma: no cover - the child's INSERT made its key (schema v7)
-        raise ForkSnapshotCorrupt(f"fork child {target_session_id} has no session key")
-    if not rewritten:
-        return
-    key = conn.execute(f"SELECT {SESSION_KEY_OF}", (ws, target_session_id)).fetchone()
-    assert key is not None and key[0] is not None  # the child's INSERT made it (schema v7)
-    target_key = int(key[0])
     for position, text in rewritten:
         row = visible_row_at(conn, ws, source_session_id, position)
         if row is None or row[7] > through:
@@ -782,15 +774,6 @@ def fence_history(conn: apsw.Connection, ws: str, sid: str, op_seq: int) -> None
     )
 
 
-FENCED_HISTORY_UNCHANGED = (
-    "(SELECT f.op_seq = :op_seq AND f.changes = 0 AND NOT EXISTS (SELECT 1 FROM history_links l"
-    " WHERE l.child_key = f.session_key) FROM history_fences f WHERE f.session_key ="
-    " (SELECT session_key FROM session_keys WHERE workspace_id = :ws AND session_id = :source))"
-)
-"""`fenced_history_unchanged` as one SQL value (1 true, 0 or NULL false), bound by name
-(`:ws`, `:source`, `:op_seq`), for a statement that reads it with other checks."""
-
-
 def fenced_history_unchanged(conn: apsw.Connection, ws: str, sid: str, op_seq: int) -> bool:
     """True when operation `op_seq`'s witness of Session `(ws, sid)` counted no change since
     prepare wrote it and the Session reads no rows through a link of its own (those rows are
@@ -798,6 +781,9 @@ def fenced_history_unchanged(conn: apsw.Connection, ws: str, sid: str, op_seq: i
     False with no such row (an operation prepared before schema v13), a change counted, or a
     linked source."""
     row = conn.execute(
-        f"SELECT {FENCED_HISTORY_UNCHANGED}", {"ws": ws, "source": sid, "op_seq": op_seq}
+        "SELECT f.op_seq, f.changes, EXISTS (SELECT 1 FROM history_links l"
+        " WHERE l.child_key = f.session_key) FROM history_fences f"
+        f" WHERE f.session_key = {SESSION_KEY_OF}",
+        (ws, sid),
     ).fetchone()
-    return row is not None and bool(row[0])
+    return row is not None and int(row[0]) == op_seq and int(row[1]) == 0 and not row[2]
