@@ -3,7 +3,7 @@ run with `bench/stages_site` stamping the daemon (see its docstring), each reque
 joined to the client's own `t0`/`t1` by its wire id, and p50 / p99 of every stage printed per
 mutation, with each stage's mean over the slowest 2 % (where the p99's time goes).
 
-    PYTHONPATH=$TREE build/venv/bin/python -m bench.mutation_stages [--full] [--keep DIR]
+    PYTHONPATH=$TREE build/venv/bin/python -m bench.mutation_stages [--full|--smoke] [--keep DIR]
     PYTHONPATH=$TREE build/venv/bin/python -m bench.mutation_stages --read DIR
 """
 
@@ -15,11 +15,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.common import Latency
+from bench.common import Latency, cpu_probe_ms
 
 SITE = Path(__file__).resolve().parent / "stages_site"
 MUTATIONS = ("turn.submit", "session.updateTitle")
@@ -36,8 +37,10 @@ STAGES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("store → reply", ("store_out",), ("reply",)),
     ("reply → sent", ("reply",), ("sent",)),
     ("sent → client", ("sent",), ("t1",)),
+    ("store → client", ("store_out",), ("t1",)),
 )
-"""(name, start stamps, end stamps): the first of each present."""
+"""(name, start stamps, end stamps): the first of each present. `sent` is stamped once the send
+returned, the interpreter taken back after it: "store → client" is the reply's whole way."""
 
 
 def _at(stamps: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -133,13 +136,13 @@ def report(folder: Path) -> list[str]:
     return lines
 
 
-def run(folder: Path, full: bool) -> None:
+def run(folder: Path, mode: str) -> None:
     tree = Path(__file__).resolve().parent.parent
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join((str(SITE), str(tree), env.get("PYTHONPATH", "")))
     env["AGENTHOST_MUTATION_STAGES"] = str(folder)
     env["BENCH_MUTATIONS_RECORDS"] = str(folder / "records.json")
-    cmd = [sys.executable, "-m", "bench.mutations", *([] if full else ["--quick"])]
+    cmd = [sys.executable, "-m", "bench.mutations", *([] if mode == "full" else [f"--{mode}"])]
     with open(folder / "mutations.log", "w") as f:
         subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
 
@@ -147,6 +150,7 @@ def run(folder: Path, full: bool) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--full", action="store_true", help="the full-size phase A (20 s)")
+    parser.add_argument("--smoke", action="store_true", help="seconds; proves it runs (tests)")
     parser.add_argument("--keep", type=Path, help="keep the run's files in this folder")
     parser.add_argument("--read", type=Path, help="report an earlier run's folder")
     args = parser.parse_args(argv)
@@ -156,7 +160,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mutation-stages-") as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        run(folder, args.full)
+        started = time.strftime("%H:%M:%S", time.gmtime())
+        load, probe = os.getloadavg()[0], cpu_probe_ms()
+        print(f"start {started} UTC, load {load:.2f}, cpu probe {probe:.1f} ms")
+        run(folder, "full" if args.full else "smoke" if args.smoke else "quick")
         print("\n".join(report(folder)))
         summary: dict[str, Any] = {"folder": str(folder)}
         print(json.dumps(summary))
