@@ -1,14 +1,12 @@
-"""The daemon's client-facing API server: one transport thread reads the ROUTER (API), owns the
+"""The daemon's client-facing API server: one transport thread owns the ROUTER (API) and the
 events sockets, decodes requests and hands each to a dispatcher with a one-shot responder.
 
-It never blocks on work: events from any thread reach the loop through an outbox (a deque of
-Python objects, no encoding into ZeroMQ frames) whose first entry since the loop last looked
-writes its wake-up eventfd (polled as a plain descriptor: a ZeroMQ socket in the poll set
-costs system calls at every wake-up). A reply from another thread is sent by that thread when
-the ROUTER's lock is free (the loop holds it only around its own uses of the ROUTER, never
-while it blocks or dispatches), else it takes the outbox too; and every failure of a request
-becomes a typed error reply (law 7). A reply given during dispatch (the point reads, every
-validation error) is sent at once, without the outbox. The loop blocks in one `zmq_poll`
+It never blocks on work: replies and events from any thread reach the loop through an outbox
+(a deque of Python objects, no encoding into ZeroMQ frames) whose first entry since the loop
+last looked writes its wake-up eventfd (polled as a plain descriptor: a ZeroMQ socket in the
+poll set costs system calls at every wake-up), and every failure of a request becomes a typed
+error reply (law 7). A reply given during dispatch (the point reads,
+every validation error) is sent at once, without the outbox. The loop blocks in one `zmq_poll`
 with no timeout while there is nothing to do (it wakes on a request, the wake-up descriptor, or a
 subscription); only a client with unread replies backlogged makes it retry every 50 ms, and
 an outbox left longer than one wake-up's bound makes it look again without blocking. It reads
@@ -106,9 +104,6 @@ _TAG_STOP = 2  # (_TAG_STOP,)
 _TAG_REBIND = 3  # (_TAG_REBIND,)
 _TAG_UNBIND = 4  # (_TAG_UNBIND, address)
 
-_REPLY_LOCK_WAIT_S = 0.005
-"""How long a thread with a reply waits for the ROUTER's lock before it hands the reply to the
-loop through the outbox instead."""
 _OUTBOX_BOUND = 10_000
 """Outbox entries the loop takes per wake-up at most, so requests are not starved by a flood
 of replies and events (it looks again at once, without blocking, for the rest)."""
@@ -225,8 +220,7 @@ class OneShotResponder:
 
 
 class ReplyRouter:
-    """The ROUTER's sending side and each client's budget; used under the `ApiServer`'s
-    `_router_lock` only (the loop's thread or a thread sending its own reply)."""
+    """The ROUTER's sending side and each client's budget; used by the loop thread only."""
 
     def __init__(self) -> None:
         self.router: zmq.Socket[bytes] | None = None
@@ -543,8 +537,6 @@ class ApiServer:
         self._guard: ConnectionGuard | None = None
         self.wakeups = 0
         """Times the loop's poll returned (tests pin that an idle loop stays blocked)."""
-        self.replies_off_loop = 0
-        """Replies sent by the thread that gave them, not the loop (`_post_reply`)."""
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._push_lock = threading.Lock()
@@ -732,15 +724,12 @@ class ApiServer:
             # keep request order and skip the outbox round trip.
             with self._router_lock:
                 return self._send_reply(token, frame)
-        if self._router_lock.acquire(timeout=_REPLY_LOCK_WAIT_S):
-            # The ROUTER is free (the loop is blocked in its poll, or busy elsewhere), and this
-            # thread already holds the interpreter the loop would have to win back first. A
-            # holder keeps the lock for one read or send: a short wait for it (which lets the
-            # interpreter go to that holder) is shorter than the loop's turn through the outbox.
+        if self._router_lock.acquire(blocking=False):
+            # The loop is blocked in its poll (or not running): the ROUTER is free, and this
+            # thread already holds the interpreter the loop would have to win back first.
             try:
                 if self._router is not None and not self._closing:
                     sent = self._send_reply(token, frame)
-                    self.replies_off_loop += 1
                     self._after_foreign_send()
                     return sent
             finally:

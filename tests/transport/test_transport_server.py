@@ -515,30 +515,6 @@ def test_an_idle_loop_blocks_in_poll(running: Running, client_for: MakeClient) -
     assert server.wakeups > before
 
 
-def test_a_reply_from_another_thread_leaves_while_the_loop_is_busy(
-    running: Running, client_for: MakeClient
-) -> None:
-    """A reply given on another thread is sent by that thread when the ROUTER is free: it
-    does not wait for the transport loop, which here is held inside another request's
-    dispatch until the reply has reached its client."""
-    waiting = client_for(running.ipc, timeout=10)
-    held = waiting.submit("hold", {})
-    (_, responder), = running.dispatcher.wait_held(1)
-    blocker = client_for(running.ipc, timeout=20)
-    blocked = blocker.submit("blockLoop", {})
-    try:
-        assert running.dispatcher.loop_blocked.wait(10)
-        assert responder.result(200, {"answered": "off the loop"})
-        status, result = held.result(5)  # the loop is still inside `blockLoop`
-        assert (status, result) == (200, {"answered": "off the loop"})
-        assert running.server.replies_off_loop == 1
-    finally:
-        running.dispatcher.loop_gate.set()
-    assert blocked.result(10) == (200, {"released": True})
-    # The loop serves on after it: the ROUTER's requests were not lost to the foreign send.
-    assert waiting.call("echo", {"after": 1})["params"] == {"after": 1}
-
-
 def test_wants_follows_the_subscriptions_of_connected_subscribers(running: Running) -> None:
     """The events sockets report who is subscribed: a workspace is wanted while a connected
     subscriber's prefix matches it, and no longer once that subscriber is gone."""

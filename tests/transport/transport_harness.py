@@ -21,9 +21,6 @@ class EchoDispatcher:
     held_cond: threading.Condition = field(default_factory=threading.Condition)
     threads: list[threading.Thread] = field(default_factory=list)
     second_answers: list[bool] = field(default_factory=list)
-    loop_gate: threading.Event = field(default_factory=threading.Event)
-    """What a `blockLoop` request waits for on the transport loop's own thread."""
-    loop_blocked: threading.Event = field(default_factory=threading.Event)
 
     def __call__(self, request: Request, responder: Responder) -> None:
         method, params = request.method, request.params
@@ -42,11 +39,6 @@ class EchoDispatcher:
             with self.held_cond:
                 self.held.append((request, responder))
                 self.held_cond.notify_all()
-        elif method == "blockLoop":
-            # Holds the transport loop itself (its dispatch) until the test opens the gate.
-            self.loop_blocked.set()
-            released = self.loop_gate.wait(10)
-            responder.result(200, {"released": released})
         elif method == "conflict":
             raise Conflict("nope", reason="agent_session_busy")
         elif method == "retryable":
