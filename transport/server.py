@@ -540,10 +540,6 @@ class ApiServer:
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._push_lock = threading.Lock()
-        self._router_lock = threading.Lock()
-        """Held by the loop except while it is blocked in its poll; a thread with a reply takes
-        it without waiting to send the reply itself, else hands it to the outbox
-        (`_post_reply`). Taken before `_push_lock`, never after."""
         self._wake_fd: int | None = None
         """The loop's wake-up: an eventfd it polls as a plain descriptor (a ZeroMQ socket in
         the poll set costs two `zmq.EVENTS` checks, each a system call or two, at every
@@ -722,33 +718,8 @@ class ApiServer:
         if threading.get_ident() == self._loop_ident:
             # Answered during dispatch: send now, so synchronous replies on one connection
             # keep request order and skip the outbox round trip.
-            with self._router_lock:
-                return self._send_reply(token, frame)
-        if self._router_lock.acquire(blocking=False):
-            # The loop is blocked in its poll (or not running): the ROUTER is free, and this
-            # thread already holds the interpreter the loop would have to win back first.
-            try:
-                if self._router is not None and not self._closing:
-                    sent = self._send_reply(token, frame)
-                    self._after_foreign_send()
-                    return sent
-            finally:
-                self._router_lock.release()
+            return self._send_reply(token, frame)
         return self._send_pipe((_TAG_REPLY, token, frame))
-
-    def _after_foreign_send(self) -> None:
-        """After a send off the loop (`_router_lock` held): the send may have taken the
-        ROUTER's descriptor signal of a request now waiting, or left a reply backlogged that
-        the blocked loop does not retry; either way the loop is woken to look."""
-        assert self._router is not None
-        if self._replies.backlog or _getsockopt(self._router, _EVENTS) & _POLLIN:
-            self._wake()
-
-    def _wake(self) -> None:
-        with self._push_lock:
-            if self._wake_fd is not None and not self._signalled:
-                self._signalled = True
-                os.eventfd_write(self._wake_fd, 1)
 
     def _send_pipe(self, entry: tuple[Any, ...]) -> bool:
         """Hand `entry` to the loop (any thread): onto the outbox, and a write to the loop's
@@ -812,36 +783,26 @@ class ApiServer:
         self._loop_ident = threading.get_ident()
         replies = self._replies
         router, wake, outbox = self._router, self._wake_fd, self._outbox
-        lock = self._router_lock
-        # The ROUTER by its own descriptor (`zmq.FD`), like the XPUBs below: every use of it
-        # is under `_router_lock`, and a thread with a reply sends it itself when the lock is
-        # free (`_post_reply`); a socket in the poll set would be used by the poll meanwhile.
-        # The descriptor signals commands for the socket, and any send may take the signal of
-        # a request still unread, so `zmq.EVENTS` is looked at before the loop blocks, and
-        # after each send off the loop.
-        router_fd = _getsockopt(router, _FD)
-        items: list[tuple[Any, int]] = [(router_fd, _POLLIN), (wake, _POLLIN)]
-        # The XPUBs by their own descriptor too: a socket in the poll set costs two
-        # `zmq.EVENTS` checks per wake-up, and subscriptions come rarely. The descriptor
-        # signals commands for the socket; a send on it may take such a signal while a
-        # subscription waits unread, so after events were sent each XPUB's `zmq.EVENTS` is
-        # looked at before the loop blocks (`_events_sent`).
+        # `zmq_poll` itself: `zmq.Poller.poll` only adds a Python call around it.
+        items: list[tuple[Any, int]] = [(router, _POLLIN), (wake, _POLLIN)]
+        # The XPUBs by their own descriptor (`zmq.FD`), not as sockets: a socket in the poll
+        # set costs two `zmq.EVENTS` checks per wake-up, and subscriptions come rarely. The
+        # descriptor signals commands for the socket; a send on it may take such a signal
+        # while a subscription waits unread, so after events were sent each XPUB's
+        # `zmq.EVENTS` is looked at before the loop blocks (`_events_sent`).
         xpubs = {_getsockopt(sock, _FD): sock for sock in self._events.sockets}
         items += [(fd, _POLLIN) for fd in xpubs]
         self._events_sent = True  # look at each once before the first block
         try:
             while True:
                 # Blocks until there is work; only a client's unread backlog sets a timeout,
-                # and entries left in the outbox past a wake-up's bound, or a request still
-                # waiting on the ROUTER, make it not block.
+                # and entries left in the outbox past a wake-up's bound make it not block.
                 if self._events_sent:
                     self._events_sent = False
                     for sock in xpubs.values():
                         if _getsockopt(sock, _EVENTS) & _POLLIN:
                             self._events_sent |= self._events.read_subscriptions(sock)
-                with lock:
-                    waiting = _getsockopt(router, _EVENTS) & _POLLIN
-                if waiting or (outbox and not self._signalled):
+                if outbox and not self._signalled:
                     timeout = 0
                 elif replies.backlog:
                     timeout = _BACKLOG_RETRY_MS
@@ -850,23 +811,25 @@ class ApiServer:
                 ready = _zmq_poll(items, timeout)
                 self.wakeups += 1
                 if replies.backlog:
-                    with lock:
-                        replies.flush_backlogs()
+                    replies.flush_backlogs()
+                router_ready = False
                 for sock, _ in ready:
-                    if sock == wake:
+                    if sock is router:
+                        router_ready = True
+                    elif sock == wake:
                         with contextlib.suppress(BlockingIOError):
                             os.eventfd_read(wake)  # to zero: poll saw it non-zero
                         # Cleared before the entries are taken: one handed over from here on
                         # sends a wake-up of its own.
                         self._signalled = False
-                    elif sock in xpubs:
+                    else:
                         self._events_sent |= self._events.read_subscriptions(xpubs[sock])
                 if outbox and self._drain_pipe():
                     return
                 if replies.backlog:
-                    with lock:
-                        replies.flush_backlogs()
-                self._drain_router()
+                    replies.flush_backlogs()
+                if router_ready:
+                    self._drain_router()
         except Exception:
             log.exception("transport loop failed")
         finally:
@@ -888,8 +851,7 @@ class ApiServer:
                 break
             tag = entry[0]
             if tag == _TAG_REPLY:
-                with self._router_lock:
-                    self._send_reply(entry[1], entry[2])
+                self._send_reply(entry[1], entry[2])
             elif tag == _TAG_EVENT:
                 self._events_sent = True
                 for topic, payload in entry[1]:
@@ -898,11 +860,9 @@ class ApiServer:
                 stop = True
             elif tag == _TAG_REBIND:
                 self._events_sent = True  # the XPUBs' binds: their signals too
-                with self._router_lock:
-                    self._rebind_missing()
+                self._rebind_missing()
             elif tag == _TAG_UNBIND:
-                with self._router_lock:
-                    self._unbind_replaced(entry[1])
+                self._unbind_replaced(entry[1])
         return stop
 
     def _drain_router(self) -> None:
@@ -910,29 +870,27 @@ class ApiServer:
         # Every request ready is taken in this one wakeup. The frames are read as zero-copy
         # Frames whose `more` ends the message, with an int flag, not `recv_multipart` (its
         # per-frame Python, RCVMORE getsockopt and flag enums are a measurable part of a point
-        # read); a message's frames arrive together, so none is waited for. Before each,
-        # `zmq.EVENTS` says whether one is there (a read that finds none raises `zmq.Again`,
-        # and every read lets the interpreter go).
+        # read); a message's frames arrive together, so none is waited for. Poll said one is
+        # there; after each, `zmq.EVENTS` says whether another is (a read that finds none
+        # raises `zmq.Again`, and every read lets the interpreter go).
         router = self._router
         assert router is not None
         active = self._guard.active if self._guard is not None else None
-        lock = self._router_lock
         for _ in range(1000):
-            with lock:
-                if not _getsockopt(router, _EVENTS) & _POLLIN:
-                    return
-                try:
-                    part = _recv(router, _NOBLOCK, copy=False)
-                except zmq.Again:
-                    return
-                frames = [part.bytes]
-                while part.more:
-                    part = _recv(router, _NOBLOCK, copy=False)
-                    frames.append(part.bytes)
+            try:
+                part = _recv(router, _NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            frames = [part.bytes]
+            while part.more:
+                part = _recv(router, _NOBLOCK, copy=False)
+                frames.append(part.bytes)
             if active is not None:
                 # The connection it came on is not idle (the guard sheds only idle ones).
                 active(part.get(_SRCFD), frames[0])
             self._handle(frames)
+            if not _getsockopt(router, _EVENTS) & _POLLIN:
+                return
 
     def _handle(self, frames: list[bytes]) -> None:
         # Everything before the body is the routing envelope (identity, plus REQ's empty
@@ -943,13 +901,33 @@ class ApiServer:
         try:
             request = decode_request(body)
         except HostError as exc:
-            with self._router_lock:
-                self._replies.send_now(envelope, encode_error(peek_id(body), exc))
+            self._replies.send_now(envelope, encode_error(peek_id(body), exc))
             return
-        with self._router_lock:
-            token = self._admit(envelope, request.id)
-        if token is None:
+        if self._closing:
+            self._replies.send_now(envelope, encode_error(request.id, _shutting_down()))
             return
+        if len(self._in_flight) >= self._max_in_flight:
+            overloaded = Unavailable(
+                f"more than {self._max_in_flight} requests in flight",
+                reason=WireReason.OVERLOADED,
+            )
+            self._replies.send_now(envelope, encode_error(request.id, overloaded))
+            return
+        peer = envelope[0]
+        replies = self._replies
+        if replies.peer_load(peer) >= self._max_per_client or replies.not_reading(peer):
+            overloaded = Unavailable(
+                f"more than {self._max_per_client} requests in flight or replies unread"
+                " on this connection",
+                reason=WireReason.OVERLOADED,
+            )
+            # Never backlogged: a client that does not read gets no further memory from us.
+            replies.send_now(envelope, encode_error(request.id, overloaded), backlog=False)
+            return
+        token = self._next_token
+        self._next_token += 1
+        self._in_flight[token] = (envelope, request.id)
+        replies.started(peer)
         responder = OneShotResponder(self._post_reply, token, request.id)
         try:
             self._dispatcher(request, responder)
@@ -960,38 +938,7 @@ class ApiServer:
             what = f"dispatching {request.method} {request.id}"
             responder.error(internal_error(exc, what, logger=log))
 
-    def _admit(self, envelope: list[bytes], request_id: str) -> int | None:
-        """Count a request in flight and return its token, or answer it at once with why not
-        (shutting down, overloaded); `_router_lock` held."""
-        if self._closing:
-            self._replies.send_now(envelope, encode_error(request_id, _shutting_down()))
-            return None
-        if len(self._in_flight) >= self._max_in_flight:
-            overloaded = Unavailable(
-                f"more than {self._max_in_flight} requests in flight",
-                reason=WireReason.OVERLOADED,
-            )
-            self._replies.send_now(envelope, encode_error(request_id, overloaded))
-            return None
-        peer = envelope[0]
-        replies = self._replies
-        if replies.peer_load(peer) >= self._max_per_client or replies.not_reading(peer):
-            overloaded = Unavailable(
-                f"more than {self._max_per_client} requests in flight or replies unread"
-                " on this connection",
-                reason=WireReason.OVERLOADED,
-            )
-            # Never backlogged: a client that does not read gets no further memory from us.
-            replies.send_now(envelope, encode_error(request_id, overloaded), backlog=False)
-            return None
-        token = self._next_token
-        self._next_token += 1
-        self._in_flight[token] = (envelope, request_id)
-        replies.started(peer)
-        return token
-
     def _send_reply(self, token: int, frame: bytes) -> bool:
-        """Send the reply of request `token` (`_router_lock` held)."""
         entry = self._in_flight.pop(token, None)
         if entry is None:
             return False  # already answered with shutting_down
@@ -1000,20 +947,17 @@ class ApiServer:
         return True
 
     def _shutdown(self) -> None:
-        with self._router_lock:
-            self._closing = True  # no reply is sent off the loop from here on
+        self._closing = True
         try:
             # Replies already queued go out first; then the rest are told we are closing.
             self._drain_pipe(limit=1 << 62)
             self._drain_router()
-            with self._router_lock:
-                in_flight, self._in_flight = self._in_flight, {}
-                for envelope, request_id in in_flight.values():
-                    self._replies.send_now(envelope, encode_error(request_id, _shutting_down()))
+            in_flight, self._in_flight = self._in_flight, {}
+            for envelope, request_id in in_flight.values():
+                self._replies.send_now(envelope, encode_error(request_id, _shutting_down()))
         finally:
             self._loop_ident = None  # a later thread may reuse the ident
-            with self._router_lock:
-                self._close_sockets()
+            self._close_sockets()
 
     def _stop_authenticator(self) -> None:
         auth, self._auth = self._auth, None
