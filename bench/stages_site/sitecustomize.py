@@ -11,8 +11,14 @@ writer thread) or `actor` (the Session actor began the message: the actor pool's
 thread or on the baton holder's), `owner` (1: this thread held the baton), `notify_in` (the
 group's COMMIT returned and the events go out), `store_out`, `reply` (the responder was
 answered), `sent` (the transport loop sent the reply). Each group COMMIT (`_end_group`) is a
-row of its own: `[start, ms, members]`. One JSON file per process, written at exit and every
-second.
+row of its own: `[start, ms, members]`, and each baton hold: `[start, end, thread, the
+writer's store method, bodies it ran for others]`. One JSON file per process, written at exit
+and every second.
+
+Two knobs for experiments, each off unless set: `AGENTHOST_STAGES_GROUP_AGE_MS` (how long a
+group stays open for the writers queued behind it, `Database.group_max_age_s`) and
+`AGENTHOST_STAGES_BATCH_BACKGROUND=1` (a Turn's queued writes, `write_batch`, queue as
+background writers behind the clients' writes).
 """
 
 from __future__ import annotations
