@@ -15,10 +15,12 @@ row of its own: `[start, ms, members]`, and each baton hold: `[start, end, threa
 writer's store method, bodies it ran for others]`. One JSON file per process, written at exit
 and every second.
 
-Two knobs for experiments, each off unless set: `AGENTHOST_STAGES_GROUP_AGE_MS` (how long a
+Three knobs for experiments, each off unless set: `AGENTHOST_STAGES_GROUP_AGE_MS` (how long a
 group stays open for the writers queued behind it, `Database.group_max_age_s`) and
 `AGENTHOST_STAGES_BATCH_BACKGROUND=1` (a Turn's queued writes, `write_batch`, queue as
-background writers behind the clients' writes).
+background writers behind the clients' writes), and `AGENTHOST_STAGES_COMMIT_BEFORE_HANDOFF=1`
+(a group stays open only for the submitted bodies its holder runs itself: it is committed
+before the baton goes to a writer of its own).
 """
 
 from __future__ import annotations
@@ -198,6 +200,24 @@ if _DIR and "serve" in sys.argv:
                     yield
 
             database.write_batch = background_batch
+        if os.environ.get("AGENTHOST_STAGES_COMMIT_BEFORE_HANDOFF"):
+            # An experiment: the group stays open only for the bodies its holder runs itself;
+            # a writer of its own next in line gets the baton after the group's COMMIT.
+            def _finish_turn(self: Any) -> None:
+                while True:
+                    group = self._group
+                    if group is None or not self._group_stays_open(group):
+                        if group is not None:
+                            self._end_group(group, self._writer_connection())
+                        break
+                    sub = self._fifo.next_submission()
+                    if sub is None:
+                        self._end_group(group, self._writer_connection())
+                        break
+                    self._run_combined(group, sub)
+                self._pass_baton()
+
+            database._finish_turn = _finish_turn
         age_ms = os.environ.get("AGENTHOST_STAGES_GROUP_AGE_MS")
         if age_ms:
             # An experiment's knob: how long a group stays open for the writers queued behind.
