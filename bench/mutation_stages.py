@@ -122,6 +122,25 @@ def report(folder: Path) -> list[str]:
             f"group COMMITs in phase A: {len(inside)}, p50 / p99 {lat.p50:.2f} / {lat.p99:.2f} ms,"
             f" {members:.2f} members each"
         )
+        cpu: list[list[Any]] = []
+        for path in sorted(folder.glob("stages-*.json")):
+            cpu.extend(json.loads(path.read_text()).get("cpu", []))
+        before = [c for c in cpu if c[0] <= start]
+        after = [c for c in cpu if c[0] >= end]
+        if before and after:
+            first, last = before[-1], after[0]
+            spent = {k: v - first[1].get(k, 0.0) for k, v in last[1].items()}
+            span = last[0] - first[0]
+            n = sum(1 for r in records if r["kind"] in MUTATIONS)
+            lines.append(
+                f"daemon CPU by thread over phase A ({span / 1000:.1f} s, {n} mutations):"
+                f" {sum(spent.values()) / span:.2f} cores; ms per mutation: "
+                + ", ".join(
+                    f"{k} {v / max(1, n):.2f}"
+                    for k, v in sorted(spent.items(), key=lambda kv: -kv[1])
+                    if v > 0
+                )
+            )
         by: dict[str, list[float]] = {}
         for h in holds:
             if start <= h[0] <= end:

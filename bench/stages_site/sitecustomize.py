@@ -11,7 +11,8 @@ writer thread) or `actor` (the Session actor began the message: the actor pool's
 thread or on the baton holder's), `owner` (1: this thread held the baton), `notify_in` (the
 group's COMMIT returned and the events go out), `store_out`, `reply` (the responder was
 answered), `sent` (the transport loop sent the reply). Each group COMMIT (`_end_group`) is a
-row of its own: `[start, ms, members]`, and each baton hold: `[start, end, thread, the
+row of its own: `[start, ms, members]`; every 0.25 s the CPU each of the daemon's threads
+(by name, numbered ones summed) has used; and each baton hold: `[start, end, thread, the
 writer's store method, bodies it ran for others]`. One JSON file per process, written at exit
 and every second.
 
@@ -65,6 +66,7 @@ if _DIR and "serve" in sys.argv:
                 "stamps": {rid: dict(stages) for rid, stages in list(_stamps.items())},
                 "commits": list(_commits),
                 "holds": list(_holds),
+                "cpu": list(_cpu),
             }
             with open(tmp, "w") as f:
                 json.dump(got, f)
@@ -297,17 +299,43 @@ if _DIR and "serve" in sys.argv:
         "storage.base": ("Database", _wrap_store),
     }
 
+    _TICK_MS = 1000.0 / os.sysconf("SC_CLK_TCK")
+    _cpu: list[tuple[float, dict[str, float]]] = []
+    """Every 0.25 s: (when, CPU ms so far by thread name, the daemon's threads summed by name)."""
+
+    def _thread_cpu() -> dict[str, float]:
+        got: dict[str, float] = {}
+        # Python's thread names by kernel id (the kernel's own name is "python" for most).
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        with contextlib.suppress(OSError):
+            for tid in os.listdir("/proc/self/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    name = names.get(int(tid)) or ""
+                    if not name:
+                        with open(f"/proc/self/task/{tid}/comm") as f:
+                            name = f.read().strip()
+                    name = name.rstrip("_0123456789-") or "?"
+                    with open(f"/proc/self/task/{tid}/stat") as f:
+                        fields = f.read().rsplit(")", 1)[1].split()
+                    ms = (int(fields[11]) + int(fields[12])) * _TICK_MS
+                    got[name] = got.get(name, 0.0) + ms
+        return got
+
     def _install() -> None:
         pending = dict(_WRAPS)
+        last_dump = time.monotonic()
         while True:
             for name, (attr, wrap) in list(pending.items()):
                 module = sys.modules.get(name)
                 if module is not None and hasattr(module, attr):
                     wrap(module)
                     del pending[name]
-            time.sleep(0.002 if pending else 1.0)
+            time.sleep(0.002 if pending else 0.25)
             if not pending:
-                _dump()
+                _cpu.append((_now() * 1000.0, _thread_cpu()))
+                if time.monotonic() - last_dump >= 1.0:
+                    _dump()
+                    last_dump = time.monotonic()
 
     threading.Thread(target=_install, name="mutation-stages", daemon=True).start()
     import atexit
