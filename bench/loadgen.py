@@ -61,6 +61,8 @@ def _call(
     status, body = request(c, method, params)
     t1 = now_ms()
     rec: Record = {"kind": kind, "t0": t0, "t1": t1, "status": status, "reason": ""}
+    if isinstance(c, LeanClient):
+        rec["id"] = c.last_id
     if status >= 400:
         rec["reason"] = str(body.get("reason", ""))
     return rec, body
@@ -85,6 +87,9 @@ class LeanClient:
         self._sock.connect(endpoint)
         self._prefix = f"lean-{os.getpid():x}-"
         self._n = 0
+        self.last_id = ""
+        """The wire id of the last request sent (`bench.mutation_stages` joins the daemon's
+        stamps on it)."""
 
     @staticmethod
     def head(method: str, params: Mapping[str, Any]) -> bytes:
@@ -107,6 +112,7 @@ class LeanClient:
     def call_raw(self, head: bytes) -> tuple[int, dict[str, Any]]:
         self._n += 1
         request_id = f"{self._prefix}{self._n}"
+        self.last_id = request_id
         self._sock.send(head + msgpack.packb(request_id))
         try:
             frame = self._sock.recv()

@@ -575,6 +575,40 @@ def test_the_stall_probe_stamps_the_daemons_suspects_on_the_clients_clock(tmp_pa
     assert all(r["t1"] >= r["t0"] for r in records["A"])
 
 
+def test_the_stage_probe_stamps_each_mutation_through_the_daemon_in_order(
+    tmp_path: Path,
+) -> None:
+    """`bench.mutation_stages`: every phase-A mutation of `bench.mutations` is stamped by
+    `bench/stages_site` at each stage of its path, in the order it goes through them, on the
+    clients' own clock, and each baton hold is recorded with the writer that held it."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.mutation_stages", "--smoke", "--keep", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=170,
+    )
+    assert out.returncode == 0, out.stderr[-3000:] + out.stdout[-3000:]
+    assert "baton wait" in out.stdout and "COMMIT wait" in out.stdout, out.stdout
+    records = json.loads((tmp_path / "records.json").read_text())["A"]
+    (stages_file,) = tmp_path.glob("stages-*.json")
+    got = json.loads(stages_file.read_text())
+    mutations = [r for r in records if r["kind"] in ("turn.submit", "session.updateTitle")]
+    assert mutations
+    # (`dispatched` is left out: a writer or actor thread may begin before the loop's
+    # dispatch returns.)
+    order = ("recv", "decoded", "store_in", "body_in", "body_out", "notify_in", "store_out")
+    order += ("reply",)
+    for r in mutations:
+        stamps = got["stamps"][r["id"]]
+        at = [stamps[name] for name in order]
+        assert at == sorted(at), (r["kind"], stamps)
+        assert r["t0"] <= stamps["recv"] and stamps["reply"] <= r["t1"]
+        assert "lane" in stamps or "actor" in stamps
+    writers = {hold[3] for hold in got["holds"]}
+    assert {"claim_submit", "update_title"} <= writers, writers
+
+
 def test_the_checkpoint_stall_probe_compares_variants_of_the_mark(tmp_path: Path) -> None:
     """`bench.stall_checkpoint`: `bench.mutations` per variant with the daemon's checkpoint
     mark set through the stall site; its summary reads the COMMITs and the WAL's length back."""
