@@ -10,10 +10,11 @@ Two probes of a `BenchDaemon` (tutti-agent), neither a timing benchmark of recor
   a lock, the GIL, an fsync — so a count of wake-ups, which the load barely moves).
   Also per round: the whole tree's CPU per fork by process kind (daemon, driver workers,
   app-servers; `bench.harness.cpu_by_kind`) with each kind's kernel share, and the workers'
-  CPU by thread; after the rounds, the collector's share of each kind's CPU (`gc.callbacks`,
-  through `bench/stamp_site`). `--py-spy FILE` records the tree's stacks over the rounds and
-  prints each kind's samples by mechanism (`bench.profile.by_mechanism`); with `--gil` only
-  the GIL's holder is sampled (its Python CPU, not threads queued for a core).
+  CPU by thread; with `--gc`, after the rounds, the collector's share of each kind's CPU
+  (`gc.callbacks`, through `bench/stamp_site`). `--py-spy FILE` records the tree's stacks
+  over the rounds and prints each kind's samples by mechanism (`bench.profile.by_mechanism`);
+  with `--gil` only the GIL's holder is sampled (its Python code, not threads queued for a
+  core; a holder descheduled still counts).
 - `--serial N`: N forks one at a time of a warm 10-Turn source, with an events subscriber
   connected (as a GUI is), the daemon's path stamped (`bench/stamp_site`: wall clock at the
   entry and exit of the path's functions); prints each stamp's median offset from the client's
@@ -142,10 +143,17 @@ reports 0)."""
 
 
 def clients(
-    level: int, seconds: float, rounds: int, spy: Path | None = None, gil: bool = False
+    level: int,
+    seconds: float,
+    rounds: int,
+    spy: Path | None = None,
+    gil: bool = False,
+    gc_share: bool = False,
 ) -> list[dict[str, Any]]:
     """`spy`: a py-spy recording of the daemon's whole tree (raw collapsed stacks) over the
-    measured rounds, written there; `gil`: only the threads holding the GIL sampled."""
+    measured rounds, written there; `gil`: only the threads holding the GIL sampled; `gc_share`:
+    each process of the tree times its collections (a thread of its own writes them once a
+    second, so off by default)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fork-daemon-") as tmp:
@@ -155,7 +163,7 @@ def clients(
         _site_env(
             AGENTHOST_NAME_THREADS="1",
             AGENTHOST_WRITE_STATS=str(fifo),
-            AGENTHOST_GC_TIMES=str(gc_times),
+            **({"AGENTHOST_GC_TIMES": str(gc_times)} if gc_share else {}),
         )
         daemon = BenchDaemon(Path(tmp) / "home").start()
         try:
@@ -225,8 +233,9 @@ def clients(
                         f"{m} {100 * c / total:.1f} %" for m, c in counts.most_common()
                     )
                     print(f"py-spy {kind} ({total} samples): {shares}", flush=True)
-            time.sleep(1.1)
-            print(_gc_line(gc_times), flush=True)
+            if gc_share:
+                time.sleep(1.1)  # each process writes its totals once a second
+                print(_gc_line(gc_times), flush=True)
         finally:
             daemon.stop()
     return out
@@ -422,11 +431,12 @@ def main(argv: list[str] | None = None) -> int:
         "--py-spy", type=Path, default=None, help="record the tree's stacks (raw) over the rounds"
     )
     ap.add_argument("--gil", action="store_true", help="py-spy samples only the GIL's holder")
+    ap.add_argument("--gc", action="store_true", help="the collector's share of each kind's CPU")
     args = ap.parse_args(argv)
     if args.serial:
         result: Any = serial(args.serial)
     else:
-        result = clients(args.clients, args.seconds, args.rounds, args.py_spy, args.gil)
+        result = clients(args.clients, args.seconds, args.rounds, args.py_spy, args.gil, args.gc)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
