@@ -3,7 +3,8 @@ wall-clock stamps at the points of one fork's path through the daemon, and each 
 named for the kernel (`/proc/<pid>/task/*/comm`) so CPU and wake-ups can be read per thread.
 
 Inert unless `AGENTHOST_STAMPS` (the file the stamps go to, at exit), `AGENTHOST_NAME_THREADS`
-or `AGENTHOST_WRITE_STATS` is set, and only in the `agenthost serve` process.
+or `AGENTHOST_WRITE_STATS` is set, and only in the `agenthost serve` process (a worker's stamps
+and `AGENTHOST_GC_TIMES`, below, also in the tree's other processes).
 
 `AGENTHOST_WRITE_STATS`: a named pipe; each time a line is written to it, the store's
 `Database.write_stats` (summed over the daemon's stores) is written as JSON to the pipe's path
