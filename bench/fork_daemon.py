@@ -8,6 +8,13 @@ Two probes of a `BenchDaemon` (tutti-agent), neither a timing benchmark of recor
   thread named for the kernel by `bench/stamp_site`) and its voluntary context switches per
   fork by thread (`/proc/<pid>/task/*/status`: each is a thread going to sleep — on a queue,
   a lock, the GIL, an fsync — so a count of wake-ups, which the load barely moves).
+  Also per round: the whole tree's CPU per fork by process kind (daemon, driver workers,
+  app-servers; `bench.harness.cpu_by_kind`) with each kind's kernel share, and the workers'
+  CPU by thread; with `--gc`, after the rounds, the collector's share of each kind's CPU
+  (`gc.callbacks`, through `bench/stamp_site`). `--py-spy FILE` records the tree's stacks
+  over the rounds and prints each kind's samples by mechanism (`bench.profile.by_mechanism`);
+  with `--gil` only the GIL's holder is sampled (its Python code, not threads queued for a
+  core; a holder descheduled still counts).
 - `--serial N`: N forks one at a time of a warm 10-Turn source, with an events subscriber
   connected (as a GUI is), the daemon's path stamped (`bench/stamp_site`: wall clock at the
   entry and exit of the path's functions); prints each stamp's median offset from the client's
@@ -24,10 +31,13 @@ that tree's `bench.harness`), so one copy measures two trees, interleaved:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,12 +51,16 @@ from bench.harness import (
     WS,
     BenchDaemon,
     acknowledge,
+    cpu_by_kind,
+    cpu_delta,
     create_session,
     fork_until_terminal,
     last_settled_turn,
     run_turn,
+    tree,
 )
 from bench.loadgen import ClientSpec, now_ms, run_clients
+from bench.profile import by_mechanism, py_spy
 
 SITE = Path(__file__).resolve().parent / "stamp_site"
 
@@ -59,8 +73,33 @@ def _site_env(**extra: str) -> None:
     os.environ.update(extra)
 
 
-def _snapshot(into: dict[str, Counter[str]], pid: int) -> None:
+def _snapshot(into: dict[str, Counter[str]], kinds: dict[str, float], pid: int) -> None:
     into["t"] = thread_counters(pid)
+    into["w"] = _worker_threads(pid)
+    kinds.clear()
+    kinds.update(cpu_by_kind(tree(pid)))
+    kinds.update(_kernel_by_kind(pid))
+
+
+def _worker_threads(daemon_pid: int) -> Counter[str]:
+    """`thread_counters` of every driver worker under the daemon, summed by thread name."""
+    out: Counter[str] = Counter()
+    for s in tree(daemon_pid):
+        if s.kind == "worker":
+            with contextlib.suppress(OSError):
+                out.update(thread_counters(s.pid))
+    return out
+
+
+def _kernel_by_kind(daemon_pid: int) -> dict[str, float]:
+    """CPU seconds each process kind spent in the kernel (stime), keyed `sys:<kind>`."""
+    out: dict[str, float] = {}
+    for s in tree(daemon_pid):
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{s.pid}/stat").read_text()
+            stime = int(stat.rsplit(")", 1)[1].split()[12]) / os.sysconf("SC_CLK_TCK")
+            out[f"sys:{s.kind}"] = out.get(f"sys:{s.kind}", 0.0) + stime
+    return out
 
 
 def _write_stats(fifo: Path) -> dict[str, int]:
@@ -103,13 +142,29 @@ queued thread, whether a writer's take or a submitted body's caller (a tree with
 reports 0)."""
 
 
-def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
+def clients(
+    level: int,
+    seconds: float,
+    rounds: int,
+    spy: Path | None = None,
+    gil: bool = False,
+    gc_share: bool = False,
+) -> list[dict[str, Any]]:
+    """`spy`: a py-spy recording of the daemon's whole tree (raw collapsed stacks) over the
+    measured rounds, written there; `gil`: only the threads holding the GIL sampled; `gc_share`:
+    each process of the tree times its collections (a thread of its own writes them once a
+    second, so off by default)."""
     tick = os.sysconf("SC_CLK_TCK")
     out: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-fork-daemon-") as tmp:
         fifo = Path(tmp) / "write-stats"
         os.mkfifo(fifo)
-        _site_env(AGENTHOST_NAME_THREADS="1", AGENTHOST_WRITE_STATS=str(fifo))
+        gc_times = Path(tmp) / "gc"
+        _site_env(
+            AGENTHOST_NAME_THREADS="1",
+            AGENTHOST_WRITE_STATS=str(fifo),
+            **({"AGENTHOST_GC_TIMES": str(gc_times)} if gc_share else {}),
+        )
         daemon = BenchDaemon(Path(tmp) / "home").start()
         try:
             c = daemon.client()
@@ -122,18 +177,27 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                     ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": last_settled_turn(c, sid)})
                 )
             run_clients(daemon.api, specs, 2.0, events=daemon.events)  # warm
+            recorder = _spy_start(daemon.pid, spy, gil) if spy is not None else None
             for _ in range(rounds):
                 load, probe = os.getloadavg()[0], cpu_probe_ms()
                 stats0 = _write_stats(fifo)
                 before: dict[str, Counter[str]] = {}
+                kinds0: dict[str, float] = {}
                 records = run_clients(
                     daemon.api,
                     specs,
                     seconds,
                     events=daemon.events,
-                    on_start=functools.partial(_snapshot, before, daemon.pid),
+                    on_start=functools.partial(_snapshot, before, kinds0, daemon.pid),
                 )
                 after = thread_counters(daemon.pid)
+                after_w = _worker_threads(daemon.pid)
+                both = cpu_delta(
+                    kinds0, {**cpu_by_kind(tree(daemon.pid)), **_kernel_by_kind(daemon.pid)}
+                )
+                kinds = {k: v for k, v in both.items() if not k.startswith("sys:")}
+                kernel = {k[4:]: v for k, v in both.items() if k.startswith("sys:")}
+                wdelta = {k: after_w[k] - before["w"].get(k, 0) for k in after_w}
                 stats1 = _write_stats(fifo)
                 forks = sum(1 for rs in records for r in rs if r.get("reason") == "committed")
                 n = max(1, forks)
@@ -148,6 +212,12 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                     "cpuMsPerFork": sum(cpu.values()),
                     "wakeupsPerFork": sum(wakes.values()),
                     "cpuByThread": cpu,
+                    "treeCpuMsPerFork": sum(kinds.values()) * 1000 / n,
+                    "treeCpuByKind": {k: v * 1000 / n for k, v in kinds.items()},
+                    "kernelCpuByKind": {k: v * 1000 / n for k, v in kernel.items()},
+                    "workerCpuByThread": {
+                        k[4:]: v / tick * 1000 / n for k, v in wdelta.items() if k[:4] == "cpu:"
+                    },
                     "wakeupsByThread": wakes,
                     "writesPerFork": {
                         k: (stats1.get(k, 0) - stats0.get(k, 0)) / n for k in _STATS_KEYS
@@ -155,9 +225,60 @@ def clients(level: int, seconds: float, rounds: int) -> list[dict[str, Any]]:
                 }
                 out.append(row)
                 print(_round_line(row), flush=True)
+            if recorder is not None and spy is not None:
+                _spy_stop(recorder)
+                for kind, counts in by_mechanism(spy.read_text(errors="replace")).items():
+                    total = sum(counts.values()) or 1
+                    shares = ", ".join(
+                        f"{m} {100 * c / total:.1f} %" for m, c in counts.most_common()
+                    )
+                    print(f"py-spy {kind} ({total} samples): {shares}", flush=True)
+            if gc_share:
+                time.sleep(1.1)  # each process writes its totals once a second
+                print(_gc_line(gc_times), flush=True)
         finally:
             daemon.stop()
     return out
+
+
+def _gc_line(prefix: Path) -> str:
+    """The collector's share of each kind's Python CPU over the daemon's life so far."""
+    by_kind: dict[str, list[float]] = {}
+    for path in prefix.parent.glob(prefix.name + ".*"):
+        kind = path.name.split(".")[1]
+        with contextlib.suppress(OSError, ValueError):
+            n, gc_s, cpu_s = (float(x) for x in path.read_text().split())
+            totals = by_kind.setdefault(kind, [0.0, 0.0, 0.0])
+            totals[0] += n
+            totals[1] += gc_s
+            totals[2] += cpu_s
+    return "gc over the run: " + "; ".join(
+        f"{kind} {int(n)} collections, {gc_s * 1000:.0f} ms of {cpu_s:.1f} s CPU"
+        f" ({100 * gc_s / max(cpu_s, 1e-9):.1f} %)"
+        for kind, (n, gc_s, cpu_s) in sorted(by_kind.items())
+    )
+
+
+def _spy_start(pid: int, out: Path, gil: bool) -> subprocess.Popen[bytes]:
+    spy = py_spy()
+    if spy is None:
+        raise RuntimeError("py-spy is not installed (pip install -e '.[bench]')")
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--subprocesses", "--nonblocking"]
+        + ["--format", "raw", "--rate", "100", "-o", str(out)]
+        + (["--gil"] if gil else []),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def _spy_stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
 
 
 def _round_line(row: dict[str, Any]) -> str:
@@ -169,7 +290,9 @@ def _round_line(row: dict[str, Any]) -> str:
         f"load {row['load']:.1f} probe {row['cpuProbeMs']:.0f} ms: {row['forks']} forks"
         f" ({row['forksPerSecond']:.1f}/s); daemon CPU {row['cpuMsPerFork']:.2f} ms/fork"
         f" [{top(row['cpuByThread'])}]; wake-ups {row['wakeupsPerFork']:.1f}/fork"
-        f" [{top(row['wakeupsByThread'])}]; per fork "
+        f" [{top(row['wakeupsByThread'])}]; tree CPU {row['treeCpuMsPerFork']:.2f} ms/fork"
+        f" [{top(row['treeCpuByKind'])}; kernel {top(row['kernelCpuByKind'])}]"
+        f"; worker CPU [{top(row['workerCpuByThread'])}]; per fork "
         + ", ".join(f"{k} {v:.2f}" for k, v in row["writesPerFork"].items())
     )
 
@@ -304,11 +427,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--serial", type=int, default=0, help="forks one at a time, stamped")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--py-spy", type=Path, default=None, help="record the tree's stacks (raw) over the rounds"
+    )
+    ap.add_argument("--gil", action="store_true", help="py-spy samples only the GIL's holder")
+    ap.add_argument("--gc", action="store_true", help="the collector's share of each kind's CPU")
     args = ap.parse_args(argv)
     if args.serial:
         result: Any = serial(args.serial)
     else:
-        result = clients(args.clients, args.seconds, args.rounds)
+        result = clients(args.clients, args.seconds, args.rounds, args.py_spy, args.gil, args.gc)
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -105,6 +105,67 @@ def summarise(raw: str, top: int = 12) -> ProfileSummary:
     return summary
 
 
+MECHANISMS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "msgpack",
+        ("msgpack/", "code (transport/worker_link.py)", "(transport/wire.py)", "(protocol/"),
+    ),
+    ("zmq", ("zmq/", "sugar/", "ZMQ")),
+    ("logging", ("logging/",)),
+    ("json", ("json/",)),
+    (
+        "the binder's syncs",
+        tuple(f"{f} (drivers/binder.py)" for f in ("fsync_dir", "fsync_dirs", "sync_together")),
+    ),
+    ("the binder", ("drivers/binder.py",)),
+    ("the group commit", ("Baton.", "Submission.", "(storage/base.py)")),
+    ("SQLite statements", ("(storage/sqlite.py)", "apsw")),
+    ("the store's fork code", ("(storage/",)),
+    ("pykka / actor pool", ("pykka/", "(actors/pool.py)", "(actors/session_base.py)")),
+    ("the fork saga", ("(actors/fork_saga.py)",)),
+    ("the actors", ("(actors/",)),
+    ("events thread", ("(agenthost/publisher.py)", "(agenthost/projection.py)")),
+    ("the request plumbing", ("(agenthost/", "(transport/")),
+    ("the worker's supervisor loop", ("(drivers/supervisor.py)",)),
+    ("the worker's app-server driver", ("(drivers/app_server/", "app_server/")),
+    ("the worker's loop", ("(drivers/worker.py)", "(drivers/")),
+    ("the app-server's fork", ("(tutti_agent/",)),
+    ("threads, queues, futures", ("threading.py", "futures/", "queue.py")),
+    (
+        "dataclasses, uuid, enum, pathlib",
+        ("<string>", "dataclasses.py", "uuid.py", "enum.py", "pathlib.py", "posixpath"),
+    ),
+)
+"""Mechanisms a sample is charged to: the first whose pattern is in the innermost frame that
+matches any (so a statement run inside the saga is SQLite's, the saga's own code the saga's)."""
+
+
+def by_mechanism(raw: str) -> dict[str, Counter[str]]:
+    """py-spy `--format raw` samples per process kind, each charged to one mechanism
+    (`MECHANISMS`; "other" when no frame matches)."""
+    out: dict[str, Counter[str]] = {}
+    for line in raw.splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        frames = stack.split(";")
+        procs = [f for f in frames if f.startswith("process ")]
+        code = [f for f in frames if not f.startswith(("process ", "thread "))]
+        if not code:
+            continue
+        kind = _kind_of(procs[-1]) if procs else "other"
+        out.setdefault(kind, Counter())[_mechanism(code)] += int(count_text)
+    return out
+
+
+def _mechanism(frames: list[str]) -> str:
+    for frame in map(_short, reversed(frames)):
+        for name, patterns in MECHANISMS:
+            if any(p in frame for p in patterns):
+                return name
+    return "other"
+
+
 def machine_busy() -> tuple[float, float]:
     """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
     with open("/proc/stat") as fh:

@@ -3,7 +3,8 @@ wall-clock stamps at the points of one fork's path through the daemon, and each 
 named for the kernel (`/proc/<pid>/task/*/comm`) so CPU and wake-ups can be read per thread.
 
 Inert unless `AGENTHOST_STAMPS` (the file the stamps go to, at exit), `AGENTHOST_NAME_THREADS`
-or `AGENTHOST_WRITE_STATS` is set, and only in the `agenthost serve` process.
+or `AGENTHOST_WRITE_STATS` is set, and only in the `agenthost serve` process (a worker's stamps
+and `AGENTHOST_GC_TIMES`, below, also in the tree's other processes).
 
 `AGENTHOST_WRITE_STATS`: a named pipe; each time a line is written to it, the store's
 `Database.write_stats` (summed over the daemon's stores) is written as JSON to the pipe's path
@@ -256,3 +257,42 @@ if _WORKER and _STAMPS:
         _winstall()
 
     threading.Thread(target=_wstart, name="stamps", daemon=True).start()
+
+# `AGENTHOST_GC_TIMES=<prefix>`: every Python process of the tree (daemon, workers, app-servers:
+# each inherits this folder on its PYTHONPATH) adds up the thread CPU its collections take
+# (`gc.callbacks`, `time.thread_time` around each) and writes `<collections> <gc CPU s>
+# <process CPU s>` to `<prefix>.<kind>.<pid>` once a second.
+_GC_TIMES = os.environ.get("AGENTHOST_GC_TIMES")
+_GC_KIND = (
+    "daemon"
+    if _SERVE
+    else "worker"
+    if "--connect" in sys.argv
+    else "app-server"
+    if "app-server" in sys.argv
+    else None
+)
+if _GC_TIMES and _GC_KIND:
+    import gc
+    import threading
+    import time
+
+    _gc_state = [0, 0.0, 0.0]  # collections, CPU seconds in them, start of the current one
+
+    def _gc_timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            _gc_state[2] = time.thread_time()
+        else:
+            _gc_state[0] += 1
+            _gc_state[1] += time.thread_time() - _gc_state[2]
+
+    gc.callbacks.append(_gc_timed)
+
+    def _gc_dump() -> None:
+        path = f"{_GC_TIMES}.{_GC_KIND}.{os.getpid()}"
+        while True:
+            time.sleep(1.0)
+            with open(path, "w") as f:
+                f.write(f"{_gc_state[0]} {_gc_state[1]:.6f} {time.process_time():.6f}\n")
+
+    threading.Thread(target=_gc_dump, name="gc-times", daemon=True).start()
