@@ -37,6 +37,7 @@ class TuttiAgentProvider:
     cache_attestations = False
     fork_exclude_turns = False
     fork_unloaded = True
+    fork_copies_source = True
     turns_without_items = True
     interrupt_waits_for_start = False
     liveness_probe: str | None = "thread/loaded/list"

@@ -169,6 +169,7 @@ class ForkThroughTurn:
             return ForkResult.not_started(
                 f"{self.provider.kind} {runtime.gate.version} cannot fork"
             )
+        ahead = self._validate_ahead(Path(request.source.home), source_id)
         # Before any mutation: the source must show the frozen ordered prefix, settled.
         try:
             source_turns = self._source_turns(runtime, request.source.agent_session_id, source_id)
@@ -185,7 +186,7 @@ class ForkThroughTurn:
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
-        ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
+        dirs = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}
@@ -200,11 +201,11 @@ class ForkThroughTurn:
                 params["turnItems"] = False
             deadline = time.monotonic() + self.fork_timeout
             pending = runtime.proc.request_async("thread/fork", params)
-            if ahead is not None:
+            if dirs is not None:
                 # While the provider forks, this thread creates the child's target
                 # directories and makes them durable (never raises: `ready()` judges it);
                 # the binder then writes only the file.
-                ahead.run()
+                dirs.run()
             response = runtime.proc.answer(
                 "thread/fork",
                 pending,
@@ -252,8 +253,10 @@ class ForkThroughTurn:
 
         # The binder runs before accepted; any failure now is unknown (law 1, seed §7).
         try:
+            if dirs is not None:
+                dirs.ready()
             if ahead is not None:
-                ahead.ready()
+                ahead.join()  # the source's lines validated: the bind takes those it copies
             receipt, names = self.binder.begin(
                 Path(request.source.home), Path(request.target.home), child_id
             )
@@ -296,6 +299,24 @@ class ForkThroughTurn:
             child=child,
             binding=ForkBinding(self.provider.binding_mode, wire),
         )
+
+    def _validate_ahead(self, source_home: Path, source_id: str) -> threading.Thread | None:
+        """For a provider whose child copies the source's lines (`fork_copies_source`), the
+        source's rollout validated into the binder's spans on a thread of its own while the
+        source is read and forked (`RolloutBinder.validate_ahead`; the bind joins it): the
+        bind then decodes only the child's own lines. None when there is nothing to do."""
+        if not self.provider.fork_copies_source or not self.binder.wants_ahead(
+            source_home, source_id
+        ):
+            return None
+        thread = threading.Thread(
+            target=self.binder.validate_ahead,
+            args=(source_home, source_id),
+            name="validate-ahead",
+            daemon=True,
+        )
+        thread.start()
+        return thread
 
     def _source_turns(
         self, runtime: Runtime, agent_session_id: str, source_id: str

@@ -54,6 +54,14 @@ class AppServerProvider(Protocol):
         ...
 
     @property
+    def fork_copies_source(self) -> bool:
+        """A child of `thread/fork` holds the source's lines up to the boundary byte for byte
+        (a Copied child, tutti-agent): the fork validates the source's rollout into the
+        binder's spans while the provider forks (`RolloutBinder.validate_ahead`), so the bind
+        decodes only the child's own lines. Codex's Referenced child copies none."""
+        ...
+
+    @property
     def turns_without_items(self) -> bool:
         """Ask `thread/read` and `thread/fork` for the turns without their items (`turnItems:
         false`, tutti-agent): the fork reads only the turns' ids and statuses, and a

@@ -74,6 +74,7 @@ class CodexProvider:
     cache_attestations = True
     fork_exclude_turns = True
     fork_unloaded = False
+    fork_copies_source = False
     turns_without_items = False
     interrupt_waits_for_start = True
     # Answered at once even while a Turn streams (Codex 0.171; docs/performance.md).
