@@ -1111,12 +1111,18 @@ class RolloutBinder:
         return receipt
 
     def begin(
-        self, source_home: Path, target_home: Path, child_id: str
+        self,
+        source_home: Path,
+        target_home: Path,
+        child_id: str,
+        planned: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
     ) -> tuple[BindReceipt, PendingNames]:
         """The bind with its last round of syncs (the names' directories) still running:
         the files are in place, readable and their bytes durable; `wait()` on the second
         value before anything counts them durable (the fork answers `accepted` only after
-        it, and meanwhile proves the child readable)."""
+        it, and meanwhile proves the child readable). `planned`: called with each target's
+        parse (`BindReceipt.parsed`) once every rollout is validated and planned, before the
+        first write (a failed bind may have called it)."""
         source_home = Path(os.path.abspath(source_home))
         target_home = Path(os.path.abspath(target_home))
         assert_no_symlink(source_home, must_exist=False)
@@ -1144,6 +1150,9 @@ class RolloutBinder:
             else:
                 thread_id = None
         # Every rollout was validated and planned before the first write (fail closed).
+        parsed = {str(p.target): p.target_parse for p in plans}
+        if planned is not None:
+            planned(parsed)
         writes = [p for p in plans if p.action in (BindAction.COPIED, BindAction.REPAIRED)]
         if writes and self._failpoints.armed:
             self._failpoints.hit("worker.bind.before_copy")
@@ -1172,7 +1181,7 @@ class RolloutBinder:
             source_home=str(source_home),
             target_home=str(target_home),
             rollouts=tuple(_receipt(p) for p in plans),
-            parsed={str(p.target): p.target_parse for p in plans},
+            parsed=parsed,
         )
         return receipt, names
 

@@ -19,6 +19,7 @@ from typing import Any
 from domain.enums import DeliveryDisposition
 from domain.errors import HostError
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
+from drivers import binder as binder_module
 from drivers.app_server.items import thread_of, turn_ids
 from drivers.app_server.process import (
     AppServerClosed,
@@ -252,16 +253,22 @@ class ForkThroughTurn:
             )
 
         # The binder runs before accepted; any failure now is unknown (law 1, seed §7).
+        derived = _DeriveForProof(self.provider)
         try:
             if dirs is not None:
                 dirs.ready()
             if ahead is not None:
                 ahead.join()  # the source's lines validated: the bind takes those it copies
             receipt, names = self.binder.begin(
-                Path(request.source.home), Path(request.target.home), child_id
+                Path(request.source.home),
+                Path(request.target.home),
+                child_id,
+                planned=derived.start if self.verify_bound_child else None,
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
+        finally:
+            derived.join()
         litter.extend(parsed.records for parsed in receipt.parsed.values())
         proof = "none"
         if self.verify_bound_child:
@@ -425,6 +432,33 @@ class ForkThroughTurn:
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+
+class _DeriveForProof:
+    """The provider's `derive_for_proof` on the bind's parse, on a thread of its own while the
+    bind writes the files (`RolloutBinder.begin`'s `planned`), for rollouts of
+    `AHEAD_MIN_BYTES` or more (a small one is derived by the proof itself); `join()` before the
+    proof (the bind's answer waits for it: nothing derives while the proof reads)."""
+
+    def __init__(self, provider: AppServerProvider) -> None:
+        self._provider = provider
+        self._thread: threading.Thread | None = None
+
+    def start(self, known: Mapping[str, ParsedRollout]) -> None:
+        if sum(len(parsed.data) for parsed in known.values()) < binder_module.AHEAD_MIN_BYTES:
+            return
+        self._thread = threading.Thread(
+            target=self._provider.derive_for_proof,
+            args=(dict(known),),
+            name="derive-for-proof",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _status_type(thread: Mapping[str, Any]) -> str:

@@ -118,6 +118,13 @@ class AppServerProvider(Protocol):
         it be known before the provider call (None: not guessed, nothing made ahead)."""
         ...
 
+    def derive_for_proof(self, known: Mapping[str, ParsedRollout]) -> None:
+        """What `read_child` derives from the binder's parse of `known` (by target path),
+        made before it: the fork runs this on a thread of its own while the bind writes the
+        files, and joins it before the proof. Only a cache: `read_child` judges the files as
+        if it were never called. Nothing, for a reader that derives nothing."""
+        ...
+
     def read_child(
         self,
         home: Path,

@@ -171,6 +171,9 @@ class CodexProvider:
     def child_rollout_dir(self, target_home: Path) -> Path | None:
         return None  # Codex's layout is not guessed
 
+    def derive_for_proof(self, known: Mapping[str, ParsedRollout]) -> None:
+        """Nothing: the lineage reader takes nothing from the binder's parse."""
+
     def read_child(
         self,
         home: Path,
