@@ -1034,6 +1034,37 @@ class RolloutBinder:
         # body) when last validated ahead: what `wants_ahead` guesses from
         self._ahead: dict[tuple[str, str], tuple[str, tuple[int, int, int], Span | None]] = {}
         self._ahead_lock = threading.Lock()
+        self._running: dict[tuple[str, str], threading.Thread] = {}  # `start_ahead`'s threads
+
+    def start_ahead(self, home: Path, thread_id: str) -> threading.Thread | None:
+        """`validate_ahead` on a thread of its own (named `validate-ahead`), or the one already
+        running for the same rollout (home, thread); None when `wants_ahead` says there is
+        nothing to do. The caller may `join()` it before a bind that should take its span."""
+        key = (str(home), thread_id)
+        with self._ahead_lock:
+            running = self._running.get(key)
+            if running is not None and running.is_alive():
+                return running
+        if not self.wants_ahead(home, thread_id):
+            return None
+        thread = threading.Thread(
+            target=self._run_ahead, args=(home, thread_id), name="validate-ahead", daemon=True
+        )
+        with self._ahead_lock:
+            running = self._running.get(key)
+            if running is not None and running.is_alive():
+                return running
+            self._running[key] = thread
+        thread.start()
+        return thread
+
+    def _run_ahead(self, home: Path, thread_id: str) -> None:
+        try:
+            self.validate_ahead(home, thread_id)
+        finally:
+            with self._ahead_lock:
+                if self._running.get((str(home), thread_id)) is threading.current_thread():
+                    del self._running[(str(home), thread_id)]
 
     def wants_ahead(self, home: Path, thread_id: str) -> bool:
         """Whether `validate_ahead` may have work to do (cheap: one `lstat` at most): False

@@ -310,20 +310,12 @@ class ForkThroughTurn:
     def _validate_ahead(self, source_home: Path, source_id: str) -> threading.Thread | None:
         """For a provider whose child copies the source's lines (`fork_copies_source`), the
         source's rollout validated into the binder's spans on a thread of its own while the
-        source is read and forked (`RolloutBinder.validate_ahead`; the bind joins it): the
-        bind then decodes only the child's own lines. None when there is nothing to do."""
-        if not self.provider.fork_copies_source or not self.binder.wants_ahead(
-            source_home, source_id
-        ):
+        source is read and forked (`RolloutBinder.start_ahead`: the one the fork's
+        re-attestation started, if it is still running; the bind joins it): the bind then
+        decodes only the child's own lines. None when there is nothing to do."""
+        if not self.provider.fork_copies_source:
             return None
-        thread = threading.Thread(
-            target=self.binder.validate_ahead,
-            args=(source_home, source_id),
-            name="validate-ahead",
-            daemon=True,
-        )
-        thread.start()
-        return thread
+        return self.binder.start_ahead(source_home, source_id)
 
     def _source_turns(
         self, runtime: Runtime, agent_session_id: str, source_id: str

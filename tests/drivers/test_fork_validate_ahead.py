@@ -113,3 +113,33 @@ def test_the_proofs_derivations_are_made_on_a_thread_while_the_bind_writes(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     fork_thread = threading.current_thread().name
     assert order == [("derive", "derive-for-proof"), ("read", fork_thread)]
+
+
+def test_the_forks_re_attestation_starts_the_validation_and_the_fork_joins_it(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`runtime.attest` (sent only by a fork, right before its dispatch) on the source's live
+    runtime starts the source's validation; the fork finds it done or running and joins it
+    rather than parsing the source a second time."""
+    monkeypatch.setattr(binder_module, "AHEAD_MIN_BYTES", 0)
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path)
+    started: list[str] = []
+    real_validate = driver.binder.validate_ahead
+
+    def validate(at: Path, thread: str) -> bool:
+        started.append(threading.current_thread().name)
+        return real_validate(at, thread)
+
+    monkeypatch.setattr(driver.binder, "validate_ahead", validate)
+    driver.attest({"home": str(home), "cwd": str(tmp_path)})
+    # Started by the attestation, before any fork: running, or done (its span kept).
+    running = driver.binder._running.get((str(home), thread_id))
+    if running is not None:
+        running.join()
+    assert not driver.binder.wants_ahead(home, thread_id)
+    assert started == ["validate-ahead"]
+    result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "c1"))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert started == ["validate-ahead"]  # once, on its own thread, from the attestation
+    assert (driver.binder.spans.hits, driver.binder.spans.misses) == (1, 1)
