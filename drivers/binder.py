@@ -26,6 +26,7 @@ import re
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -175,7 +176,7 @@ _COMPARE_BLOCK = 256 << 10
 differs."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Span:
     """A run of complete lines (each ending in a newline) this process validated —
     `source[start:stop]`, kept inside the rollout it was validated in rather than copied out
@@ -1031,8 +1032,11 @@ class RolloutBinder:
         """The bodies of the rollouts this binder validated, for the next parse of the same
         bytes (`ParsedSpans`): a source forked again copies the same lines into its child."""
         # (home, thread) → (its rollout's path, (inode, size, mtime), the span that held its
-        # body) when last validated ahead: what `wants_ahead` guesses from
-        self._ahead: dict[tuple[str, str], tuple[str, tuple[int, int, int], Span | None]] = {}
+        # body, weakly: a memo never keeps a dropped span's records alive) when last validated
+        # ahead: what `wants_ahead` guesses from
+        self._ahead: dict[
+            tuple[str, str], tuple[str, tuple[int, int, int], weakref.ref[Span] | None]
+        ] = {}
         self._ahead_lock = threading.Lock()
         self._running: dict[tuple[str, str], threading.Thread] = {}  # `start_ahead`'s threads
 
@@ -1075,7 +1079,8 @@ class RolloutBinder:
             last = self._ahead.get((str(home), thread_id))
         if last is None:
             return True
-        path, seen, span = last
+        path, seen, ref = last
+        span = None if ref is None else ref()
         try:
             st = os.lstat(path)
         except OSError:
@@ -1121,7 +1126,11 @@ class RolloutBinder:
             with self._ahead_lock:
                 key = (str(home), thread_id)
                 self._ahead.pop(key, None)
-                self._ahead[key] = (str(found[0]), seen, span)
+                self._ahead[key] = (
+                    str(found[0]),
+                    seen,
+                    None if span is None else weakref.ref(span),
+                )
                 while len(self._ahead) > SPANS_MAX:
                     del self._ahead[next(iter(self._ahead))]
             return parsed
