@@ -1064,7 +1064,8 @@ class RolloutBinder:
 
     def _run_ahead(self, home: Path, thread_id: str) -> None:
         try:
-            self.validate_ahead(home, thread_id)
+            with contextlib.suppress(Exception):  # a cache warmed: the bind judges everything
+                self.validate_ahead(home, thread_id)
         finally:
             with self._ahead_lock:
                 if self._running.get((str(home), thread_id)) is threading.current_thread():

@@ -9,6 +9,7 @@ the large objects a fork built are released after its answer has left (`release_
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -440,12 +441,14 @@ class _DeriveForProof:
         if sum(len(parsed.data) for parsed in known.values()) < binder_module.AHEAD_MIN_BYTES:
             return
         self._thread = threading.Thread(
-            target=self._provider.derive_for_proof,
-            args=(dict(known),),
-            name="derive-for-proof",
-            daemon=True,
+            target=self._derive, args=(dict(known),), name="derive-for-proof", daemon=True
         )
         self._thread.start()
+
+    def _derive(self, known: Mapping[str, ParsedRollout]) -> None:
+        # Only a cache: whatever fails here, the proof derives and judges everything itself.
+        with contextlib.suppress(Exception):
+            self._provider.derive_for_proof(known)
 
     def join(self) -> None:
         if self._thread is not None:
