@@ -26,6 +26,7 @@ import re
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -167,9 +168,15 @@ SPANS_MAX = 64
 """Spans kept at most (each forking source keeps one: its latest child's body)."""
 SPANS_IDLE_S = 120.0
 """A span not used for this long is dropped (a worker that stopped forking frees its memory)."""
+AHEAD_MIN_BYTES = 1 << 20
+"""`RolloutBinder.validate_ahead` leaves a smaller rollout to the bind (a 1 MiB one parses in
+~15 ms; a fork of a small source is paced by its syncs, not its parse)."""
+_COMPARE_BLOCK = 256 << 10
+"""`Span.lines_held` compares this many bytes at a time before it looks for the first that
+differs."""
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Span:
     """A run of complete lines (each ending in a newline) this process validated —
     `source[start:stop]`, kept inside the rollout it was validated in rather than copied out
@@ -193,6 +200,37 @@ class Span:
     def view(self) -> memoryview:
         """The span's bytes without a copy (`bytes.startswith` compares a view with memcmp)."""
         return memoryview(self.source)[self.start : self.stop]
+
+    def lines_held(self, data: bytes, at: int) -> tuple[int, int]:
+        """(n, size): `data` holds, from byte `at`, exactly the span's first `n` lines, `size`
+        bytes, and not its line `n + 1` (n is 0 when it holds not even the first line whole).
+        Compared in full, by memcmp: the common bytes found block by block, then cut back to
+        the last newline inside them (the end of a whole line of both)."""
+        view = self.view()
+        size = min(self.size, len(data) - at)
+        common = 0
+        while common < size:  # whole blocks first
+            step = min(_COMPARE_BLOCK, size - common)
+            if not data.startswith(view[common : common + step], at + common):
+                break
+            common += step
+        else:
+            return (len(self.records), self.size) if common == self.size else self._cut(common)
+        low, high = common, min(common + _COMPARE_BLOCK, size)  # the first byte that differs
+        while low < high:  # is in (low, high]: common bytes = low at the end
+            mid = (low + high + 1) // 2
+            if data.startswith(view[low:mid], at + low):
+                low = mid
+            else:
+                high = mid - 1
+        return self._cut(low)
+
+    def _cut(self, common: int) -> tuple[int, int]:
+        """(n, size) of the span's whole lines inside its first `common` bytes."""
+        end = self.source.rfind(b"\n", self.start, self.start + common) + 1
+        if end <= self.start:
+            return 0, 0
+        return self.source.count(b"\n", self.start, end), end - self.start
 
 
 class ParsedSpans:
@@ -219,21 +257,51 @@ class ParsedSpans:
 
     def match(self, data: bytes, start: int) -> Span | None:
         """The longest kept span that `data` holds exactly from byte `start` on."""
-        best: Span | None = None
+        got = self.match_lines(data, start, whole=True)
+        return None if got is None else got[0]
+
+    def match_lines(
+        self, data: bytes, start: int, *, whole: bool = False
+    ) -> tuple[Span, int, int] | None:
+        """(span, n, size): the kept span of which `data` holds, from byte `start` on, the most
+        whole lines from its start — its first `n` lines, `size` bytes (`Span.lines_held`;
+        all of them: `n == len(span.records)`) —, or None when it holds no span's first line
+        (`whole`: only a span it holds entirely)."""
+        best: tuple[Span, int, int] | None = None
         with self._lock:
             for span in self._spans:
-                if (best is None or span.size > best.size) and data.startswith(
-                    span.view(), start
-                ):
-                    best = span
+                if best is not None and span.size <= best[2]:
+                    continue
+                if data.startswith(span.view(), start):
+                    best = (span, len(span.records), span.size)
+                elif not whole:
+                    n, size = span.lines_held(data, start)
+                    if n and (best is None or size > best[2]):
+                        best = (span, n, size)
             if best is not None:
-                self._spans.remove(best)
-                self._spans.append(best)
-                best.used = time.monotonic()
+                self._spans.remove(best[0])
+                self._spans.append(best[0])
+                best[0].used = time.monotonic()
                 self.hits += 1
             else:
                 self.misses += 1
         return best
+
+    def covers(self, data: bytes, start: int, stop: int) -> Span | None:
+        """A kept span that begins with exactly `data[start:stop]` (whole lines of `data`): a
+        parse of those lines would take them all from it; None if none does. Not counted as
+        a hit or a miss."""
+        want = memoryview(data)[start:stop]
+        with self._lock:
+            for s in self._spans:
+                if s.size >= stop - start and s.source.startswith(want, s.start):
+                    return s
+        return None
+
+    def holds(self, span: Span) -> bool:
+        """Whether `span` is still kept."""
+        with self._lock:
+            return any(s is span for s in self._spans)
 
     def remember(
         self, data: bytes, records: Sequence[dict[str, Any]], used: Span | None
@@ -333,21 +401,26 @@ def parse_rollout(data: bytes, thread_id: str, spans: ParsedSpans | None = None)
         except UnicodeDecodeError as exc:
             line = data.count(b"\n", 0, exc.start) + 1
             raise ValueError(f"line {line}: not UTF-8") from None
-    span = None
+    got = None
     if spans is not None:
         first_end = data.index(b"\n") + 1
-        span = spans.match(data, first_end)
-    if span is None:
+        got = spans.match_lines(data, first_end)
+    use = None
+    if got is None:
         records, previous = _parse_lines(data, 0, None)
-        use = None
     else:
-        after = first_end + span.size
+        # The span's first `n` lines, byte for byte (all of them, or a run of its whole lines
+        # from its start: a child forked through an earlier Turn than the span's rollout).
+        span, n, size = got
+        after = first_end + size
         records, previous = _parse_lines(data[:first_end], 0, None)
         if span.first_ordinal <= records[0]["ordinal"]:
             raise ValueError("line 2: ordinal not increasing")
-        tail, previous = _parse_lines(data[after:], 1 + len(span.records), span.last_ordinal)
-        records = [*records, *span.records, *tail]
-        use = SpanUse(span, first_end, 1)
+        taken = span.records if n == len(span.records) else span.records[:n]
+        tail, previous = _parse_lines(data[after:], 1 + n, taken[-1]["ordinal"])
+        records = [*records, *taken, *tail]
+        if n == len(span.records):
+            use = SpanUse(span, first_end, 1)
     first = records[0]
     assert previous is not None
     if first["type"] != "session_meta":
@@ -370,8 +443,9 @@ def parse_rollout(data: bytes, thread_id: str, spans: ParsedSpans | None = None)
         referenced=referenced,
     )
     if spans is not None:
-        kept = spans.remember(data, records, span)
-        if kept is not None and kept is not span:
+        used = None if use is None else use.span
+        kept = spans.remember(data, records, used)
+        if kept is not None and kept is not used:
             # This parse's own body, kept: a reader derives from it once, for the next fork.
             use = SpanUse(kept, data.index(b"\n") + 1, 1)
     return ParsedRollout(meta, data, records, use)
@@ -957,6 +1031,112 @@ class RolloutBinder:
         self.spans = ParsedSpans() if spans is None else spans
         """The bodies of the rollouts this binder validated, for the next parse of the same
         bytes (`ParsedSpans`): a source forked again copies the same lines into its child."""
+        # (home, thread) → (its rollout's path, (inode, size, mtime), the span that held its
+        # body, weakly: a memo never keeps a dropped span's records alive) when last validated
+        # ahead: what `wants_ahead` guesses from
+        self._ahead: dict[
+            tuple[str, str], tuple[str, tuple[int, int, int], weakref.ref[Span] | None]
+        ] = {}
+        self._ahead_lock = threading.Lock()
+        self._running: dict[tuple[str, str], threading.Thread] = {}  # `start_ahead`'s threads
+
+    def start_ahead(self, home: Path, thread_id: str) -> threading.Thread | None:
+        """`validate_ahead` on a thread of its own (named `validate-ahead`), or the one already
+        running for the same rollout (home, thread); None when `wants_ahead` says there is
+        nothing to do. The caller may `join()` it before a bind that should take its span."""
+        key = (str(home), thread_id)
+        with self._ahead_lock:
+            running = self._running.get(key)
+            if running is not None and running.is_alive():
+                return running
+        if not self.wants_ahead(home, thread_id):
+            return None
+        thread = threading.Thread(
+            target=self._run_ahead, args=(home, thread_id), name="validate-ahead", daemon=True
+        )
+        with self._ahead_lock:
+            running = self._running.get(key)
+            if running is not None and running.is_alive():
+                return running
+            self._running[key] = thread
+        thread.start()
+        return thread
+
+    def _run_ahead(self, home: Path, thread_id: str) -> None:
+        try:
+            with contextlib.suppress(Exception):  # a cache warmed: the bind judges everything
+                self.validate_ahead(home, thread_id)
+        finally:
+            with self._ahead_lock:
+                if self._running.get((str(home), thread_id)) is threading.current_thread():
+                    del self._running[(str(home), thread_id)]
+
+    def wants_ahead(self, home: Path, thread_id: str) -> bool:
+        """Whether `validate_ahead` may have work to do (cheap: one `lstat` at most): False
+        when the rollout it found there last time is still that file and under
+        `AHEAD_MIN_BYTES`, or unchanged (inode, size, modification time) while the span that
+        held its body is still kept. A guess about the cache only: no bind trusts it."""
+        with self._ahead_lock:
+            last = self._ahead.get((str(home), thread_id))
+        if last is None:
+            return True
+        path, seen, ref = last
+        span = None if ref is None else ref()
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return True
+        if st.st_size < AHEAD_MIN_BYTES:
+            return False
+        return not (
+            (st.st_ino, st.st_size, st.st_mtime_ns) == seen
+            and span is not None
+            and self.spans.holds(span)
+        )
+
+    def validate_ahead(self, home: Path, thread_id: str) -> bool:
+        """Validate the rollout of `thread_id` in `home` into this binder's spans, ahead of a
+        bind of a child that copies its lines (`parse_rollout` with `self.spans`: the body is
+        kept, and the child's bind takes the lines it holds of it, compared byte for byte,
+        decoding only its own). Only a cache warmed: nothing is judged or refused here, and
+        whatever happens — no such rollout, two, a symlink, a torn or corrupt file — the bind
+        reads and judges every rollout itself. Nothing is parsed for a rollout under
+        `AHEAD_MIN_BYTES` or whose body a kept span already begins with. True when it
+        parsed."""
+        try:
+            if not _THREAD_ID.match(thread_id):
+                return False
+            found = rollout_matches(Path(os.path.abspath(home)), thread_id)
+            if len(found) != 1:
+                return False
+            st = os.lstat(found[0])
+            if not stat.S_ISREG(st.st_mode):
+                return False
+            seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+            span: Span | None = None
+            parsed = False
+            if st.st_size >= AHEAD_MIN_BYTES:
+                data = read_regular(found[0])
+                first_end = data.index(b"\n") + 1
+                stop = data.rindex(b"\n", 0, len(data) - 1) + 1
+                if stop > first_end:
+                    span = self.spans.covers(data, first_end, stop)
+                    if span is None:
+                        use = parse_rollout(data, thread_id, self.spans).span
+                        span, parsed = (None if use is None else use.span), True
+            with self._ahead_lock:
+                key = (str(home), thread_id)
+                self._ahead.pop(key, None)
+                self._ahead[key] = (
+                    str(found[0]),
+                    seen,
+                    None if span is None else weakref.ref(span),
+                )
+                while len(self._ahead) > SPANS_MAX:
+                    del self._ahead[next(iter(self._ahead))]
+            return parsed
+        except (OSError, ValueError, BinderError):
+            return False
 
     def available(self) -> bool:
         """What an attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
@@ -972,12 +1152,18 @@ class RolloutBinder:
         return receipt
 
     def begin(
-        self, source_home: Path, target_home: Path, child_id: str
+        self,
+        source_home: Path,
+        target_home: Path,
+        child_id: str,
+        planned: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
     ) -> tuple[BindReceipt, PendingNames]:
         """The bind with its last round of syncs (the names' directories) still running:
         the files are in place, readable and their bytes durable; `wait()` on the second
         value before anything counts them durable (the fork answers `accepted` only after
-        it, and meanwhile proves the child readable)."""
+        it, and meanwhile proves the child readable). `planned`: called with each target's
+        parse (`BindReceipt.parsed`) once every rollout is validated and planned, before the
+        first write (a failed bind may have called it)."""
         source_home = Path(os.path.abspath(source_home))
         target_home = Path(os.path.abspath(target_home))
         assert_no_symlink(source_home, must_exist=False)
@@ -1005,6 +1191,9 @@ class RolloutBinder:
             else:
                 thread_id = None
         # Every rollout was validated and planned before the first write (fail closed).
+        parsed = {str(p.target): p.target_parse for p in plans}
+        if planned is not None:
+            planned(parsed)
         writes = [p for p in plans if p.action in (BindAction.COPIED, BindAction.REPAIRED)]
         if writes and self._failpoints.armed:
             self._failpoints.hit("worker.bind.before_copy")
@@ -1033,7 +1222,7 @@ class RolloutBinder:
             source_home=str(source_home),
             target_home=str(target_home),
             rollouts=tuple(_receipt(p) for p in plans),
-            parsed={str(p.target): p.target_parse for p in plans},
+            parsed=parsed,
         )
         return receipt, names
 

@@ -37,6 +37,7 @@ class TuttiAgentProvider:
     cache_attestations = False
     fork_exclude_turns = False
     fork_unloaded = True
+    fork_copies_source = True
     turns_without_items = True
     interrupt_waits_for_start = False
     liveness_probe: str | None = "thread/loaded/list"
@@ -107,6 +108,14 @@ class TuttiAgentProvider:
 
     def lineage(self, home: Path, thread_id: str) -> list[str]:
         return []  # `thread/read` loads the thread's rollout and its history_base chain itself
+
+    def derive_for_proof(self, known: Mapping[str, ParsedRollout]) -> None:
+        """The span's lines and lean reduction the proof takes (`drivers.tutti_proof`), made
+        while the bind writes the files."""
+        from drivers.tutti_proof import derive_known
+
+        for path, parsed in known.items():
+            derive_known(parsed, Path(path))
 
     def read_child(
         self,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from drivers.binder import ParsedRollout
 from tutti_agent.history import ReducedRun, reduce_run
-from tutti_agent.rollout import KnownLines, RolloutLine, lines_of_decoded
+from tutti_agent.rollout import KnownLines, RolloutItem, RolloutLine, lines_of_decoded
 from tutti_agent.store import ThreadHistory
 
 LINES = "tutti_agent.lines"
@@ -64,3 +64,22 @@ def known_run(history: ThreadHistory, known: Iterable[ParsedRollout]) -> Reduced
         use.span.derived[LEAN_RUN] = (use.start, run)
         return run
     return None
+
+
+def derive_known(parsed: ParsedRollout, path: Path) -> None:
+    """The span's lines (`known_lines`) and its lean reduction, made ahead of the proof (the
+    fork runs this while the bind writes the files): the reduction of the span's lines' items
+    at their record indices, which `known_run` takes only for a history holding those very
+    lines there (it reduces `history.items[index:stop]`, the same items)."""
+    known = known_lines(parsed, path)
+    use = parsed.span
+    if known is None or use is None or not known.lines:
+        return
+    cached = use.span.derived.get(LEAN_RUN)
+    if cached is not None and cached[0] == use.start:
+        return
+    lines = known.lines
+    items: list[RolloutItem] = [lines[0].item] * use.index  # before the span: never read
+    items.extend(line.item for line in lines)
+    run = reduce_run(items, use.index, use.index + len(lines), with_items=False)
+    use.span.derived[LEAN_RUN] = (use.start, run)

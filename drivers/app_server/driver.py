@@ -160,6 +160,12 @@ class AppServerDriver:
             raise InvalidArgument("home", "home must be an absolute path")
         live = self._sessions.live_runtime_for_home(home)
         if live is not None:
+            if self.provider.fork_copies_source:
+                # A re-attestation comes right before a fork's dispatch: the source's rollout
+                # starts its validation now (`RolloutBinder.start_ahead`; the fork joins it).
+                thread_id = self._sessions.thread_of_runtime(live)
+                if thread_id:
+                    self.binder.start_ahead(home, thread_id)
             return self._verdict(live)
         cwd = str(params.get("cwd") or "")
         fingerprint = (

@@ -9,6 +9,7 @@ the large objects a fork built are released after its answer has left (`release_
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 from domain.enums import DeliveryDisposition
 from domain.errors import HostError
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
+from drivers import binder as binder_module
 from drivers.app_server.items import thread_of, turn_ids
 from drivers.app_server.process import (
     AppServerClosed,
@@ -169,6 +171,7 @@ class ForkThroughTurn:
             return ForkResult.not_started(
                 f"{self.provider.kind} {runtime.gate.version} cannot fork"
             )
+        ahead = self._validate_ahead(Path(request.source.home), source_id)
         # Before any mutation: the source must show the frozen ordered prefix, settled.
         try:
             source_turns = self._source_turns(runtime, request.source.agent_session_id, source_id)
@@ -185,7 +188,7 @@ class ForkThroughTurn:
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
-        ahead = None if ahead_dir is None else DirsAhead(ahead_dir)
+        dirs = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}
@@ -200,11 +203,11 @@ class ForkThroughTurn:
                 params["turnItems"] = False
             deadline = time.monotonic() + self.fork_timeout
             pending = runtime.proc.request_async("thread/fork", params)
-            if ahead is not None:
+            if dirs is not None:
                 # While the provider forks, this thread creates the child's target
                 # directories and makes them durable (never raises: `ready()` judges it);
                 # the binder then writes only the file.
-                ahead.run()
+                dirs.run()
             response = runtime.proc.answer(
                 "thread/fork",
                 pending,
@@ -251,14 +254,22 @@ class ForkThroughTurn:
             )
 
         # The binder runs before accepted; any failure now is unknown (law 1, seed §7).
+        derived = _DeriveForProof(self.provider)
         try:
+            if dirs is not None:
+                dirs.ready()
             if ahead is not None:
-                ahead.ready()
+                ahead.join()  # the source's lines validated: the bind takes those it copies
             receipt, names = self.binder.begin(
-                Path(request.source.home), Path(request.target.home), child_id
+                Path(request.source.home),
+                Path(request.target.home),
+                child_id,
+                planned=derived.start if self.verify_bound_child else None,
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
+        finally:
+            derived.join()
         litter.extend(parsed.records for parsed in receipt.parsed.values())
         proof = "none"
         if self.verify_bound_child:
@@ -296,6 +307,16 @@ class ForkThroughTurn:
             child=child,
             binding=ForkBinding(self.provider.binding_mode, wire),
         )
+
+    def _validate_ahead(self, source_home: Path, source_id: str) -> threading.Thread | None:
+        """For a provider whose child copies the source's lines (`fork_copies_source`), the
+        source's rollout validated into the binder's spans on a thread of its own while the
+        source is read and forked (`RolloutBinder.start_ahead`: the one the fork's
+        re-attestation started, if it is still running; the bind joins it): the bind then
+        decodes only the child's own lines. None when there is nothing to do."""
+        if not self.provider.fork_copies_source:
+            return None
+        return self.binder.start_ahead(source_home, source_id)
 
     def _source_turns(
         self, runtime: Runtime, agent_session_id: str, source_id: str
@@ -404,6 +425,35 @@ class ForkThroughTurn:
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None
+
+
+class _DeriveForProof:
+    """The provider's `derive_for_proof` on the bind's parse, on a thread of its own while the
+    bind writes the files (`RolloutBinder.begin`'s `planned`), for rollouts of
+    `AHEAD_MIN_BYTES` or more (a small one is derived by the proof itself); `join()` before the
+    proof (the bind's answer waits for it: nothing derives while the proof reads)."""
+
+    def __init__(self, provider: AppServerProvider) -> None:
+        self._provider = provider
+        self._thread: threading.Thread | None = None
+
+    def start(self, known: Mapping[str, ParsedRollout]) -> None:
+        if sum(len(parsed.data) for parsed in known.values()) < binder_module.AHEAD_MIN_BYTES:
+            return
+        self._thread = threading.Thread(
+            target=self._derive, args=(dict(known),), name="derive-for-proof", daemon=True
+        )
+        self._thread.start()
+
+    def _derive(self, known: Mapping[str, ParsedRollout]) -> None:
+        # Only a cache: whatever fails here, the proof derives and judges everything itself.
+        with contextlib.suppress(Exception):
+            self._provider.derive_for_proof(known)
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
 
 
 def _status_type(thread: Mapping[str, Any]) -> str:

@@ -54,6 +54,14 @@ class AppServerProvider(Protocol):
         ...
 
     @property
+    def fork_copies_source(self) -> bool:
+        """A child of `thread/fork` holds the source's lines up to the boundary byte for byte
+        (a Copied child, tutti-agent): the fork validates the source's rollout into the
+        binder's spans while the provider forks (`RolloutBinder.validate_ahead`), so the bind
+        decodes only the child's own lines. Codex's Referenced child copies none."""
+        ...
+
+    @property
     def turns_without_items(self) -> bool:
         """Ask `thread/read` and `thread/fork` for the turns without their items (`turnItems:
         false`, tutti-agent): the fork reads only the turns' ids and statuses, and a
@@ -108,6 +116,13 @@ class AppServerProvider(Protocol):
     def child_rollout_dir(self, target_home: Path) -> Path | None:
         """Where a fork child's rollout will land in its own home, if the provider's layout lets
         it be known before the provider call (None: not guessed, nothing made ahead)."""
+        ...
+
+    def derive_for_proof(self, known: Mapping[str, ParsedRollout]) -> None:
+        """What `read_child` derives from the binder's parse of `known` (by target path),
+        made before it: the fork runs this on a thread of its own while the bind writes the
+        files, and joins it before the proof. Only a cache: `read_child` judges the files as
+        if it were never called. Nothing, for a reader that derives nothing."""
         ...
 
     def read_child(

@@ -183,6 +183,14 @@ class Sessions:
             self._by_id.clear()
             return sessions
 
+    def thread_of_runtime(self, runtime: Runtime) -> str | None:
+        """The thread of the Session `runtime` serves, or None."""
+        with self._lock:
+            for session in self._by_id.values():
+                if session.runtime is runtime:
+                    return session.thread_id
+        return None
+
     def live_runtime_for_home(self, home: Path) -> Runtime | None:
         """A live app-server of some Session on `home` (it attests and reads for that home)."""
         with self._lock:

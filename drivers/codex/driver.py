@@ -74,6 +74,7 @@ class CodexProvider:
     cache_attestations = True
     fork_exclude_turns = True
     fork_unloaded = False
+    fork_copies_source = False
     turns_without_items = False
     interrupt_waits_for_start = True
     # Answered at once even while a Turn streams (Codex 0.171; docs/performance.md).
@@ -169,6 +170,9 @@ class CodexProvider:
 
     def child_rollout_dir(self, target_home: Path) -> Path | None:
         return None  # Codex's layout is not guessed
+
+    def derive_for_proof(self, known: Mapping[str, ParsedRollout]) -> None:
+        """Nothing: the lineage reader takes nothing from the binder's parse."""
 
     def read_child(
         self,

@@ -130,9 +130,11 @@ def test_a_span_at_another_offset_and_a_longer_prefix(tmp_path: Path) -> None:
     store, root = _source(tmp_path)
     binder = RolloutBinder()
     first = _child(store, root)
-    other = ForkService(store).fork(
-        root, ForkOptions(boundary=ThroughTurn("t2"), cwd="/a/much/longer/working/directory")
-    ).child
+    other = (
+        ForkService(store)
+        .fork(root, ForkOptions(boundary=ThroughTurn("t2"), cwd="/a/much/longer/working/directory"))
+        .child
+    )
     assert other is not None
     later = _child(store, root, "t3")
     r0 = binder.bind(store.home, tmp_path / "a", first)
@@ -212,3 +214,173 @@ def test_a_span_is_kept_inside_the_bytes_it_was_validated_in(tmp_path: Path) -> 
     assert span.source is data
     assert span.view().tobytes() == data[data.index(b"\n") + 1 : data.rindex(b"\n", 0, -1) + 1]
     assert known_lines(parsed, Path("x")) is not None
+
+
+def test_a_child_through_an_earlier_turn_takes_the_spans_leading_lines(tmp_path: Path) -> None:
+    """A span whose rollout goes further than the child (its source forked through a later
+    Turn, or validated ahead of the fork) gives the child the run of its whole lines the child
+    holds from its start; the rest is decoded, and the proof judges the child as any other."""
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    later, earlier = _child(store, root, "t3"), _child(store, root, "t1")
+    binder.bind(store.home, tmp_path / "a", later)
+    [kept] = binder.spans._spans
+    receipt = binder.bind(store.home, tmp_path / "b", earlier)
+    assert binder.spans.hits == 1
+    [parsed] = receipt.parsed.values()
+    data = _file(store.home, earlier).read_bytes()
+    assert parsed.records == parse_rollout(data, earlier).records
+    # Every line the child copied (all but its first and last) is the span's decoded line.
+    copied = len(parsed.records) - 2
+    assert 0 < copied < len(kept.records)
+    assert all(parsed.records[1 + i] is kept.records[i] for i in range(copied))
+    assert parsed.records[-1] is not kept.records[copied]
+    proof = prove_tutti_child(tmp_path / "b", earlier, root, TURNS[:1], VERSION, receipt.parsed)
+    assert proof is None
+
+
+def test_a_byte_changed_in_the_leading_lines_ends_the_run_before_its_line(tmp_path: Path) -> None:
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    later, earlier = _child(store, root, "t3"), _child(store, root, "t2")
+    binder.bind(store.home, tmp_path / "a", later)
+    [kept] = binder.spans._spans
+    path = _file(store.home, earlier)
+    data = path.read_bytes()
+    head = data.index(b"\n") + 1
+    at = data.index(b'"t2"', head)  # a byte of t2's first line, at the same length
+    changed = data[:at] + b'"t8"' + data[at + 4 :]
+    path.write_bytes(changed)
+    line = changed.count(b"\n", 0, at)  # the changed line's index (0: the first line)
+    receipt = binder.bind(store.home, tmp_path / "b", earlier)
+    assert binder.spans.hits == 1
+    [parsed] = receipt.parsed.values()
+    assert parsed.records == parse_rollout(changed, earlier).records
+    assert all(parsed.records[i] is kept.records[i - 1] for i in range(1, line))
+    assert parsed.records[line] is not kept.records[line - 1]  # decoded from its own bytes
+    problem = prove_tutti_child(tmp_path / "b", earlier, root, TURNS[:2], VERSION, receipt.parsed)
+    assert problem is not None and "t8" in problem
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 64, 1 << 18])
+def test_the_lines_a_span_holds_are_its_longest_common_run_of_whole_lines(
+    monkeypatch: pytest.MonkeyPatch, block: int
+) -> None:
+    import random
+
+    import drivers.binder as binder_module
+
+    monkeypatch.setattr(binder_module, "_COMPARE_BLOCK", block)
+    rng = random.Random(block)
+    lines = [b"x" * rng.randrange(0, 9) + b"\n" for _ in range(40)]
+    body = b"".join(lines)
+    span = binder_module.Span(b"HEAD\n" + body, 5, 5 + len(body), tuple({} for _ in lines), 1, 40)
+
+    def naive(data: bytes, at: int) -> tuple[int, int]:
+        n = size = 0
+        for line in lines:
+            if data[at + size : at + size + len(line)] != line:
+                break
+            n, size = n + 1, size + len(line)
+        return n, size
+
+    for _ in range(200):
+        cut = rng.randrange(0, len(body) + 1)
+        data = bytearray(b"first\n" + body[:cut] + rng.choice([b"", b"y", b"\n", body[cut:]]))
+        if data[6:] and rng.random() < 0.5:  # one byte changed somewhere in the body
+            i = rng.randrange(6, len(data))
+            data[i] = (data[i] + 1) % 256
+        got = span.lines_held(bytes(data), 6)
+        assert got == naive(bytes(data), 6), (cut, bytes(data))
+
+
+def test_a_source_validated_ahead_gives_the_child_its_copied_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`RolloutBinder.validate_ahead` parses the source's rollout into the spans; the child's
+    bind takes the lines it copied from there (compared byte for byte), and the proof judges
+    it as any other. Nothing is parsed ahead for a rollout under `AHEAD_MIN_BYTES`, nor twice
+    for an unchanged one whose span is kept."""
+    import drivers.binder as binder_module
+
+    store, root = _source(tmp_path)
+    child = _child(store, root, "t3")
+    binder = RolloutBinder()
+    assert binder.wants_ahead(store.home, root)
+    assert not binder.validate_ahead(store.home, root)  # under AHEAD_MIN_BYTES: not parsed
+    assert not binder.wants_ahead(store.home, root) and len(binder.spans) == 0
+    monkeypatch.setattr(binder_module, "AHEAD_MIN_BYTES", 0)
+    binder = RolloutBinder()
+    assert binder.validate_ahead(store.home, root)
+    [ahead] = binder.spans._spans
+    assert not binder.wants_ahead(store.home, root)  # unchanged, its span kept
+    receipt = binder.bind(store.home, tmp_path / "a", child)
+    assert binder.spans.hits == 1
+    [parsed] = receipt.parsed.values()
+    assert len(parsed.records) - 2 >= len(ahead.records)
+    assert all(parsed.records[1 + i] is ahead.records[i] for i in range(len(ahead.records)))
+    assert prove_tutti_child(tmp_path / "a", child, root, TURNS, VERSION, receipt.parsed) is None
+    # The child's body replaced the source's (it extends it): a source whose body a kept
+    # span begins with is not parsed again.
+    assert binder.wants_ahead(store.home, root)
+    assert not binder.validate_ahead(store.home, root)
+    assert not binder.wants_ahead(store.home, root)
+    # A missing rollout, a bad id: nothing happens, nothing raises.
+    assert not binder.validate_ahead(store.home, "no-such-thread")
+    assert not binder.validate_ahead(store.home, "../bad id")
+
+
+def test_what_the_proof_derives_ahead_is_what_it_derives_itself(tmp_path: Path) -> None:
+    """`derive_known` (run while the bind writes) leaves on the span the lines and the lean
+    reduction the proof would make itself: the proof takes them (no second reduction), and
+    they equal a reduction of the history read from the file."""
+    from drivers.tutti_proof import derive_known, known_run
+
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    first, second = _child(store, root), _child(store, root)
+    binder.bind(store.home, tmp_path / "a", first)
+    receipt = binder.bind(store.home, tmp_path / "b", second)
+    [(path, parsed)] = receipt.parsed.items()
+    assert parsed.span is not None
+    derived = parsed.span.span.derived
+    derived.clear()  # as if no proof had derived anything from this span yet
+    derive_known(parsed, Path(path))
+    lines, lean = derived[LINES], derived[LEAN_RUN]
+    target = ThreadStore(tmp_path / "b")
+    assert target.adopt_decoded(
+        Path(path), parsed.data, parsed.records, known_lines(parsed, Path(path))
+    )
+    loaded = target.load(second)
+    run = known_run(loaded, [parsed])
+    assert run is lean[1] and derived[LINES] is lines  # taken, not made again
+    use = parsed.span
+    fresh = reduce_run(
+        ThreadStore(tmp_path / "b").load(second).items,
+        use.index,
+        use.index + len(lines[1]),
+        with_items=False,
+    )
+    assert run == fresh
+    assert (
+        prove_tutti_child(tmp_path / "b", second, root, TURNS[:2], VERSION, receipt.parsed) is None
+    )
+
+
+def test_the_memo_of_a_source_validated_ahead_keeps_no_dropped_span_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gc
+    import weakref
+
+    import drivers.binder as binder_module
+
+    monkeypatch.setattr(binder_module, "AHEAD_MIN_BYTES", 0)
+    store, root = _source(tmp_path)
+    binder = RolloutBinder()
+    assert binder.validate_ahead(store.home, root)
+    kept = weakref.ref(binder.spans._spans[0])
+    binder.spans.clear()  # dropped, as the sweep or a longer span drops it
+    gc.collect()
+    assert kept() is None  # its records freed: ~67 MB for a 10,000-Turn source
+    assert binder.wants_ahead(store.home, root)  # and validated again at the next fork

@@ -134,10 +134,10 @@ def test_the_childs_directories_are_durable_before_the_bind_begins(
     seen: dict[str, Any] = {}
     real_begin = driver.binder.begin
 
-    def begin(source_home: Path, target_home: Path, child_id: str) -> Any:
+    def begin(source_home: Path, target_home: Path, child_id: str, **kwargs: Any) -> Any:
         seen["dirs fsynced"] = fsyncs.dirs
         seen["sessions"] = sorted(p.relative_to(target) for p in target.rglob("*"))
-        return real_begin(source_home, target_home, child_id)
+        return real_begin(source_home, target_home, child_id, **kwargs)
 
     monkeypatch.setattr(driver.binder, "begin", begin)
     with counting_fsyncs(monkeypatch) as fsyncs:
