@@ -110,11 +110,56 @@ def test_a_claim_carries_the_turn_it_committed(
     # Not part of the change's identity: the same change, whatever it carries.
     assert claim == TurnChanged(WS, sid, turn.turn_id)
 
-    # The settlement's change carries none: the Session actor's writes read nothing back
-    # inside the writer's baton (`test_mutation_reads`), so its event is read back.
+    # A settlement not handed its Turn carries none (nothing is read inside the writer's
+    # baton, `test_mutation_reads`): its event is read back.
     store.turns.record_settlement(WS, sid, turn.turn_id, outcome="interrupted")
     _, settlement, _ = _a_turn(store, sid)
     assert _turn_change(settlement).row is None
+
+
+def test_a_settlement_handed_its_turn_carries_the_turn_it_committed(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The Session actor hands its settlement the Turn as the store holds it (the claim's
+    row with its writes applied): the settlement's change carries the settled Turn, equal to
+    a fresh read; one with an Interaction, or of another Turn, carries none."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    heard = Heard(store)
+    try:
+        turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+        with store.db.write_batch():
+            store.turns.record_provider_turn(WS, sid, turn.turn_id, "p-1")
+            store.turns.record_turn_binding(WS, sid, turn.turn_id, '{"c":1}')
+            reply = store.history.append_message(
+                WS, sid, turn.turn_id, kind="assistant", text="the reply", payload={"k": "é"}
+            )
+        image = store.turns.get_turn(WS, sid, turn.turn_id)
+        heard.take()
+        store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, checkpoint_json='{"c":2}', turn=image,
+        )  # fmt: skip
+        settlement = _turn_change(heard.take())
+        assert settlement.row == store.turns.get_turn(WS, sid, turn.turn_id)
+        assert settlement.row is not None and settlement.row.phase == "settled"
+        assert 0 < settlement.seq <= store.db.write_seq
+
+        other, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+        asked = store.history.open_interaction(
+            WS, sid, other.turn_id, request_id="q", kind="approval", input={}
+        )
+        with_interaction = store.turns.get_turn(WS, sid, other.turn_id)
+        assert with_interaction.interactions == (asked,)
+        heard.take()
+        store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="interrupted", turn=with_interaction
+        )
+        assert _turn_change(heard.take()).row is None
+    finally:
+        heard.close()
 
 
 def test_the_claim_is_published_without_a_read(
@@ -221,9 +266,9 @@ def test_a_turn_row_older_than_a_change_nobody_wanted_is_read_back(
 def test_a_streamed_turns_events_show_what_the_store_committed(
     running: tuple[Daemon, Client],
 ) -> None:
-    """Through the whole daemon: each claim's event is built from its row, and what a
-    subscriber heard passes `check_turn_events` with the stored Turns; the
-    check catches a settling event that is not the committed Turn, and a Turn heard active
+    """Through the whole daemon: each claim's and settlement's event is built from its row,
+    and what a subscriber heard passes `check_turn_events` with the stored Turns; the check
+    catches a settling event that is not the committed Turn, and a Turn heard active
     again after it settled."""
     from tests.support.daemon import create_session, run_turn, wait_for
     from tests.support.invariants import check_turn_events
@@ -251,7 +296,8 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
             }
 
         wait_for(settled_heard, 30)
-    assert publisher.carried_turns - carried == len(turns)
+    # Each Turn's claim and settlement (the Session actor hands it the Turn it wrote).
+    assert publisher.carried_turns - carried == 2 * len(turns)
     assert check_turn_events(heard, stored, stored) == []
     # Not vacuous: a settling event built from a row that is not the committed one, or a Turn
     # heard active again after it settled, fails it.
