@@ -268,8 +268,8 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
 ) -> None:
     """Through the whole daemon: each claim's and settlement's event is built from its row,
     and what a subscriber heard passes `check_turn_events` with the stored Turns; the check
-    catches a settling event that is not the committed Turn, and a Turn heard active
-    again after it settled."""
+    catches a settling event that is not the committed Turn (a reply cut, a Message's
+    payload changed), and a Turn heard active again after it settled."""
     from tests.support.daemon import create_session, run_turn, wait_for
     from tests.support.invariants import check_turn_events
     from transport.client import EventSubscriber
@@ -310,6 +310,12 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
     stale = {**settled, "messages": settled["messages"][:1], "finalAssistantMessageId": None}
     tampered = [*heard[:at], {**heard[at], "turn": stale}, *heard[at + 1 :]]
     assert check_turn_events(tampered, stored, stored)
+    # A Message's payload is the committed one too (a carried settlement builds it from
+    # what the Session actor inserted).
+    reply = {**settled["messages"][-1], "payload": {"tampered": True}}
+    repaid = {**settled, "messages": [*settled["messages"][:-1], reply]}
+    tampered = [*heard[:at], {**heard[at], "turn": repaid}, *heard[at + 1 :]]
+    assert check_turn_events(tampered, stored, stored)
     active = next(
         e
         for e in heard
@@ -318,3 +324,53 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
         and e["turn"]["phase"] == "active"
     )
     assert check_turn_events([*heard, active], stored, stored)
+
+
+def test_a_turn_of_many_messages_written_in_batches_settles_carried(tmp_path: Path) -> None:
+    """A Turn whose forty Messages land over several batches and single writes: the
+    settlement's Turn, built from the claim's row and each write as it landed, is the Turn the
+    store holds (every Message, payload and version; the binding) and is published without
+    a read."""
+    from model_fakes.responses import ResponsesServer
+    from tests.resources.steps import steps_reply
+    from tests.support.daemon import create_session, run_turn, wait_for
+    from tests.support.invariants import check_turn_events
+    from transport.client import EventSubscriber
+
+    home = tmp_path / "home"
+    with ResponsesServer(steps_reply) as model:
+        home.mkdir(mode=0o700)
+        (home / "agenthost.toml").write_text(
+            f'[providers.tutti-agent]\nmodel_base_url = "{model.base_url}"\n'
+        )
+        with in_process_daemon(home) as (daemon, client):
+            server, publisher = daemon.server, daemon.publisher
+            assert server is not None and publisher is not None
+            sid = create_session(client, WS)["agentSessionId"]
+            heard: list[dict[str, Any]] = []
+            with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+                wait_for(lambda: server.wants(WS))
+                carried = publisher.carried_turns
+                turns = [run_turn(client, sid, "steps 40 60", WS) for _ in range(2)]
+                stored = {t["turnId"]: t for t in turns}
+
+                def settled_heard() -> bool:
+                    while (event := sub.next(0.2)) is not None:
+                        if isinstance(event, dict):
+                            heard.append(dict(event))
+                    return set(stored) <= {
+                        e["turn"]["turnId"]
+                        for e in heard
+                        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+                    }
+
+                wait_for(settled_heard, 30)
+            assert publisher.carried_turns - carried == 2 * len(turns)
+    for turn in turns:
+        assert turn["outcome"] == "completed" and len(turn["messages"]) == 42, turn
+    assert check_turn_events(heard, stored, stored) == []
+    for e in heard:
+        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled":
+            whole = stored[e["turn"]["turnId"]]
+            assert e["turn"]["messages"] == whole["messages"]
+            assert e["turn"]["providerForkBindingState"] == whole["providerForkBindingState"]
