@@ -374,3 +374,63 @@ def test_a_turn_of_many_messages_written_in_batches_settles_carried(tmp_path: Pa
             whole = stored[e["turn"]["turnId"]]
             assert e["turn"]["messages"] == whole["messages"]
             assert e["turn"]["providerForkBindingState"] == whole["providerForkBindingState"]
+
+
+def test_a_turn_whose_batch_was_lost_settles_read_back(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The batch holding a Turn's reply and settlement loses its COMMIT (SQLite turns it into a
+    rollback) after the Session actor applied the reply to its image: the queue retries the
+    writes (the reply inserted again under a new id), and the settlement, whose image may name
+    a Message that no longer exists, is read back — its event is the Turn as committed."""
+    from tests.support.daemon import settle, submit, wait_for
+    from tests.support.invariants import check_turn_events
+    from transport.client import EventSubscriber
+
+    daemon, client = running
+    server, publisher, store = daemon.server, daemon.publisher, daemon.store
+    assert server is not None and publisher is not None and store is not None
+    sid = _session(client)
+    writer = store.db._writer_connection()
+    refused: list[int] = []
+    appended: list[str] = []
+    append = store.history.append_message
+
+    def appending(*args: Any, **kwargs: Any) -> Any:
+        message = append(*args, **kwargs)
+        appended.append(message.message_id)
+        return message
+
+    def refuse_once() -> bool:
+        if refused or not appended:
+            return False
+        refused.append(1)
+        return True  # the COMMIT of the batch holding the reply becomes a ROLLBACK
+
+    heard: list[dict[str, Any]] = []
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        carried = publisher.carried_turns
+        writer.set_commit_hook(refuse_once)
+        store.history.append_message = appending  # type: ignore[method-assign]
+        try:
+            turn_id = submit(client, sid, f"/stream say {uuid.uuid4().hex}", WS)["turnId"]
+            whole = settle(client, sid, turn_id, WS)
+        finally:
+            writer.set_commit_hook(None)
+            store.history.append_message = append  # type: ignore[method-assign]
+
+        def settled_heard() -> bool:
+            while (event := sub.next(0.2)) is not None:
+                if isinstance(event, dict):
+                    heard.append(dict(event))
+            return any(
+                e["type"] == "turn.updated" and e["turn"]["phase"] == "settled" for e in heard
+            )
+
+        wait_for(settled_heard, 30)
+    # The reply was inserted twice (once in the lost batch); the Turn holds the second.
+    assert refused and len(appended) == 2 and whole["outcome"] == "completed"
+    assert whole["messages"][-1]["messageId"] == appended[1]
+    assert check_turn_events(heard, [turn_id], {turn_id: whole}) == []
+    assert publisher.carried_turns - carried == 1  # the claim's only
