@@ -405,6 +405,9 @@ def _settle(
         (tx.now_ms, ws, sid, turn_id),
     )
     finish_claims(tx, ws, sid, turn_id)
+    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
+        # Its row is not the one this write read (no cost: read above): not trusted.
+        carried = None
     if carried is None:
         tx.emit(TurnChanged(ws, sid, turn_id))
     else:

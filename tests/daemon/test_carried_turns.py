@@ -122,7 +122,8 @@ def test_a_settlement_handed_its_turn_carries_the_turn_it_committed(
 ) -> None:
     """The Session actor hands its settlement the Turn as the store holds it (the claim's
     row with its writes applied): the settlement's change carries the settled Turn, equal to
-    a fresh read; one with an Interaction, or of another Turn, carries none."""
+    a fresh read; one with an Interaction, or whose row is not the one the settlement reads,
+    carries none."""
     daemon, client = running
     store = daemon.store
     assert store is not None
@@ -157,6 +158,14 @@ def test_a_settlement_handed_its_turn_carries_the_turn_it_committed(
         store.turns.record_settlement(
             WS, sid, other.turn_id, outcome="interrupted", turn=with_interaction
         )
+        assert _turn_change(heard.take()).row is None
+
+        # An image whose row is not the one the settlement reads (a bind it missed) is not
+        # trusted: read back.
+        third, _ = store.turns.claim_submit(WS, sid, "req-3", "once more")
+        store.turns.record_provider_turn(WS, sid, third.turn_id, "p-3")
+        heard.take()
+        store.turns.record_settlement(WS, sid, third.turn_id, outcome="completed", turn=third)
         assert _turn_change(heard.take()).row is None
     finally:
         heard.close()
