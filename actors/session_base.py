@@ -90,6 +90,13 @@ class TurnState:
     # for the settlement (an interrupt), answered when it lands.
     awaiting_after: bool = False
     settle_waiters: list[Callable[[HostError | None], None]] = field(default_factory=list)
+    # The Turn exactly as the store holds it: its claim's row with each of this actor's
+    # writes of it applied (its only writer while it is active), handed to the settlement,
+    # whose event then carries the settled Turn. None once it cannot be known without a
+    # read (an Interaction opened); `image_losses`: `TurnWrites.losses` when it was taken (a
+    # batch lost since may have taken applied writes back with it).
+    image: Turn | None = None
+    image_losses: int = 0
 
 
 @dataclass(eq=False)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
 from functools import partial
+from typing import Any
 
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
@@ -43,7 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Session
+from storage.models import Session, Turn
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -74,6 +75,7 @@ class TurnRunner:
         self._runtime = runtime
         self._writes = writes
         self._turns: dict[str, TurnState] = {}
+        writes.binding_recorded = self._binding_recorded
 
     # -- what the actor and the controls see -------------------------------------------------
 
@@ -132,7 +134,7 @@ class TurnRunner:
         if not created:
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
             return
-        state = TurnState(turn.turn_id)
+        state = TurnState(turn.turn_id, image=turn, image_losses=self._writes.losses)
         self._turns[turn.turn_id] = state
         self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
         session, unbound = read if read is not None else (self._core.session(), None)
@@ -278,15 +280,36 @@ class TurnRunner:
             DurableWrite(
                 state.turn_id,
                 "bind provider turn",
-                lambda: self._core.session_store.turns.record_provider_turn(
-                    self._core.ws, self._core.sid, state.turn_id, provider_turn_id
-                ),
+                partial(self._record_bind, state, provider_turn_id),
                 then=self._runtime.binding_written,
             )
         )
         if not state.start_unanswered:
             # A provider that names its turn after answering the start: as at the answer.
             self._writes.linger(START_LINGER_S)
+
+    def _record_bind(self, state: TurnState, provider_turn_id: str) -> None:
+        self._core.session_store.turns.record_provider_turn(
+            self._core.ws, self._core.sid, state.turn_id, provider_turn_id
+        )
+        self._imaged(state, root_provider_turn_id=provider_turn_id)
+
+    def _binding_recorded(self, turn_id: str, binding: str) -> None:
+        state = self._turns.get(turn_id)
+        if state is not None:
+            self._imaged(state, provider_turn_binding_json=binding)
+
+    @staticmethod
+    def _imaged(state: TurnState, **written: Any) -> None:
+        """A write of the Turn was applied: its image (`TurnState.image`) with what it wrote."""
+        if state.image is not None:
+            state.image = replace(state.image, **written)
+
+    def _image(self, state: TurnState) -> Turn | None:
+        """The Turn as the store holds it, for its settlement to carry (None: read back)."""
+        if state.image_losses != self._writes.losses:
+            state.image = None  # a lost batch may have taken applied writes back
+        return state.image
 
     def settle(
         self,
@@ -468,6 +491,7 @@ class TurnRunner:
                     final_assistant_message_id=state.last_assistant_message_id,
                     error=error,
                     checkpoint_json=self._checkpoint_json(state),
+                    turn=self._image(state),
                 )
                 self._runtime.turn_settled(outcome, state.provider_turn_id)
             except StoreBusy:
@@ -714,6 +738,10 @@ class TurnRunner:
                     )
                     if item_kind == "assistant":
                         state.last_assistant_message_id = message.message_id
+                    if state.image is not None:
+                        # Built from what was inserted (a new id: a new Message, last).
+                        messages = (*state.image.messages, message)
+                        state.image = replace(state.image, messages=messages)
 
                 self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
                 if item_kind == "assistant":
@@ -722,6 +750,7 @@ class TurnRunner:
                     self._writes.linger(ASSISTANT_LINGER_S)
             case InteractionRequested(request_id=request_id, kind=ikind):
                 payload = dict(event.input)
+                state.image = None  # its Interactions' states are read back, not followed
                 self._writes.enqueue(
                     DurableWrite(
                         turn_id,

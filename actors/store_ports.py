@@ -166,6 +166,7 @@ class TurnWrites(Protocol):
         final_assistant_message_id: str | None = None,
         error: str | None = None,
         checkpoint_json: str | None = None,
+        turn: Turn | None = None,
     ) -> bool: ...
 
 

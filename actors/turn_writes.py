@@ -58,6 +58,11 @@ class TurnWrites:
         self._late_bindings: dict[str, str] = {}
         # While set, the queued writes wait for the next one, within its bound (`linger`).
         self._linger: TimerHandle | None = None
+        self.losses = 0
+        """Batches whose transaction or COMMIT was lost after some of their writes were
+        applied: a Turn's image taken before one (`TurnState.image`) is no longer known."""
+        self.binding_recorded: Callable[[str, str], None] | None = None
+        """Told (turn id, binding JSON) after each `turn.binding` write applied."""
 
     def __len__(self) -> int:
         """Writes queued and not yet durable."""
@@ -144,6 +149,8 @@ class TurnWrites:
                 self._late_bindings[turn_id] = binding
                 return
             self._late_bindings.pop(turn_id, None)  # newer than any deferred one
+            if self.binding_recorded is not None:
+                self.binding_recorded(turn_id, binding)
 
         return DurableWrite(turn_id, "turn binding", _apply)
 
@@ -212,8 +219,10 @@ class TurnWrites:
         except StoreBusy as exc:
             # The batch's transaction or its COMMIT was lost: none of it exists. The head
             # write stalls the queue exactly as if it had failed alone.
+            self.losses += 1
             return self._stalled(items[0], exc)
         except Exception as exc:  # noqa: BLE001 - e.g. the batch could not even begin
+            self.losses += 1
             return self._stalled(items[0], StoreBusy(f"the store failed a batch: {exc}"))
         for item, outcome in applied:
             self._durable.popleft()

@@ -27,8 +27,9 @@ store's writes are numbered in commit order (`Tx.seq`), but their events reach t
 the order their writers' threads deliver them, so an older row may come after a newer state
 was published; that one, and any change of the batch without a row, is read back as before
 (docs/design/store.md, "Change events that carry their row"). A Turn change that carries its
-Turn (a submit's claim) is projected from its own row under the same rule, per Turn
-(`shown_turns`), and not after its Session's removal was published (`removed`).
+Turn (a submit's claim, the Session actor's settlement) is projected from its own row under the
+same rule, per Turn (`shown_turns`), and not after its Session's removal was published
+(`removed`).
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any
 
 from domain.enums import TurnOutcome
@@ -189,13 +190,22 @@ class TurnStore:
         final_assistant_message_id: str | None = None,
         error: str | None = None,
         checkpoint_json: str | None = None,
+        turn: Turn | None = None,
     ) -> bool:
         """`settle_turn` without the read-back (the Session actor's, as
         `record_provider_turn`): whether this write settled it (False: it already was).
         `checkpoint_json`: the Turn's workspace checkpoint record, written in the same
-        transaction, so a settled Turn is never seen without its `after` checkpoint."""
+        transaction, so a settled Turn is never seen without its `after` checkpoint.
+        `turn`: the active Turn exactly as the store holds it before this write (its claim's
+        row with every write of it since applied, built by its only writer, the Session
+        actor): the settled Turn is built from it and carried by the change event, so the
+        events thread publishes it without reading it back (design/store.md, "A Turn's claim
+        and settlement carry their Turn"). None, or a Turn with Interactions (the settlement
+        supersedes the pending ones in SQL): read back."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
+        carried = turn if turn is not None and _carriable(turn, ws, sid, turn_id) else None
+
         def body(tx: Tx) -> bool:
             return _settle(
                 tx,
@@ -207,6 +217,7 @@ class TurnStore:
                 error,
                 False,
                 checkpoint_json=checkpoint_json,
+                carried=carried,
             )
 
         return self._submit(body, ws)
@@ -361,10 +372,12 @@ def _settle(
     include_deleted: bool,
     *,
     checkpoint_json: str | None = None,
+    carried: Turn | None = None,
 ) -> bool:
     """The settle write; False (nothing written) if the Turn was already settled.
     `checkpoint_json`: the Turn's checkpoint record, set by the same statement (None: the
-    record is left as it is)."""
+    record is left as it is). `carried`: the active Turn as the store holds it (no
+    Interactions); its event then carries the settled Turn built from it."""
     require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
     turn = turn_row(tx, ws, sid, turn_id)
     if turn.phase == TurnPhase.SETTLED:
@@ -392,6 +405,32 @@ def _settle(
         (tx.now_ms, ws, sid, turn_id),
     )
     finish_claims(tx, ws, sid, turn_id)
-    tx.emit(TurnChanged(ws, sid, turn_id))
+    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
+        # Its row is not the one this write read (no cost: read above): not trusted.
+        carried = None
+    if carried is None:
+        tx.emit(TurnChanged(ws, sid, turn_id))
+    else:
+        # What the statement above wrote, on the Turn as it stood: no read inside the baton.
+        settled = replace(
+            carried,
+            phase=TurnPhase.SETTLED.value,
+            outcome=outcome,
+            final_assistant_message_id=final_assistant_message_id,
+            error=error,
+            settled_at_ms=tx.now_ms,
+            checkpoint_json=carried.checkpoint_json if checkpoint_json is None else checkpoint_json,
+        )
+        tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
     touch(tx, ws, sid)
     return True
+
+
+def _carriable(turn: Turn, ws: str, sid: str, turn_id: str) -> bool:
+    """Whether a settlement can carry its Turn built from `turn`: this Turn, still active,
+    without Interactions (the settlement supersedes the pending ones in SQL)."""
+    return (
+        (turn.workspace_id, turn.session_id, turn.turn_id) == (ws, sid, turn_id)
+        and turn.phase == TurnPhase.ACTIVE
+        and not turn.interactions
+    )

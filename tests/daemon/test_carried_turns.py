@@ -110,11 +110,65 @@ def test_a_claim_carries_the_turn_it_committed(
     # Not part of the change's identity: the same change, whatever it carries.
     assert claim == TurnChanged(WS, sid, turn.turn_id)
 
-    # The settlement's change carries none: the Session actor's writes read nothing back
-    # inside the writer's baton (`test_mutation_reads`), so its event is read back.
+    # A settlement not handed its Turn carries none (nothing is read inside the writer's
+    # baton, `test_mutation_reads`): its event is read back.
     store.turns.record_settlement(WS, sid, turn.turn_id, outcome="interrupted")
     _, settlement, _ = _a_turn(store, sid)
     assert _turn_change(settlement).row is None
+
+
+def test_a_settlement_handed_its_turn_carries_the_turn_it_committed(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The Session actor hands its settlement the Turn as the store holds it (the claim's
+    row with its writes applied): the settlement's change carries the settled Turn, equal to
+    a fresh read; one with an Interaction, or whose row is not the one the settlement reads,
+    carries none."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    heard = Heard(store)
+    try:
+        turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+        with store.db.write_batch():
+            store.turns.record_provider_turn(WS, sid, turn.turn_id, "p-1")
+            store.turns.record_turn_binding(WS, sid, turn.turn_id, '{"c":1}')
+            reply = store.history.append_message(
+                WS, sid, turn.turn_id, kind="assistant", text="the reply", payload={"k": "é"}
+            )
+        image = store.turns.get_turn(WS, sid, turn.turn_id)
+        heard.take()
+        store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, checkpoint_json='{"c":2}', turn=image,
+        )  # fmt: skip
+        settlement = _turn_change(heard.take())
+        assert settlement.row == store.turns.get_turn(WS, sid, turn.turn_id)
+        assert settlement.row is not None and settlement.row.phase == "settled"
+        assert 0 < settlement.seq <= store.db.write_seq
+
+        other, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+        asked = store.history.open_interaction(
+            WS, sid, other.turn_id, request_id="q", kind="approval", input={}
+        )
+        with_interaction = store.turns.get_turn(WS, sid, other.turn_id)
+        assert with_interaction.interactions == (asked,)
+        heard.take()
+        store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="interrupted", turn=with_interaction
+        )
+        assert _turn_change(heard.take()).row is None
+
+        # An image whose row is not the one the settlement reads (a bind it missed) is not
+        # trusted: read back.
+        third, _ = store.turns.claim_submit(WS, sid, "req-3", "once more")
+        store.turns.record_provider_turn(WS, sid, third.turn_id, "p-3")
+        heard.take()
+        store.turns.record_settlement(WS, sid, third.turn_id, outcome="completed", turn=third)
+        assert _turn_change(heard.take()).row is None
+    finally:
+        heard.close()
 
 
 def test_the_claim_is_published_without_a_read(
@@ -221,10 +275,10 @@ def test_a_turn_row_older_than_a_change_nobody_wanted_is_read_back(
 def test_a_streamed_turns_events_show_what_the_store_committed(
     running: tuple[Daemon, Client],
 ) -> None:
-    """Through the whole daemon: each claim's event is built from its row, and what a
-    subscriber heard passes `check_turn_events` with the stored Turns; the
-    check catches a settling event that is not the committed Turn, and a Turn heard active
-    again after it settled."""
+    """Through the whole daemon: each claim's and settlement's event is built from its row,
+    and what a subscriber heard passes `check_turn_events` with the stored Turns; the check
+    catches a settling event that is not the committed Turn (a reply cut, a Message's
+    payload changed), and a Turn heard active again after it settled."""
     from tests.support.daemon import create_session, run_turn, wait_for
     from tests.support.invariants import check_turn_events
     from transport.client import EventSubscriber
@@ -251,7 +305,8 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
             }
 
         wait_for(settled_heard, 30)
-    assert publisher.carried_turns - carried == len(turns)
+    # Each Turn's claim and settlement (the Session actor hands it the Turn it wrote).
+    assert publisher.carried_turns - carried == 2 * len(turns)
     assert check_turn_events(heard, stored, stored) == []
     # Not vacuous: a settling event built from a row that is not the committed one, or a Turn
     # heard active again after it settled, fails it.
@@ -264,6 +319,12 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
     stale = {**settled, "messages": settled["messages"][:1], "finalAssistantMessageId": None}
     tampered = [*heard[:at], {**heard[at], "turn": stale}, *heard[at + 1 :]]
     assert check_turn_events(tampered, stored, stored)
+    # A Message's payload is the committed one too (a carried settlement builds it from
+    # what the Session actor inserted).
+    reply = {**settled["messages"][-1], "payload": {"tampered": True}}
+    repaid = {**settled, "messages": [*settled["messages"][:-1], reply]}
+    tampered = [*heard[:at], {**heard[at], "turn": repaid}, *heard[at + 1 :]]
+    assert check_turn_events(tampered, stored, stored)
     active = next(
         e
         for e in heard
@@ -272,3 +333,113 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
         and e["turn"]["phase"] == "active"
     )
     assert check_turn_events([*heard, active], stored, stored)
+
+
+def test_a_turn_of_many_messages_written_in_batches_settles_carried(tmp_path: Path) -> None:
+    """A Turn whose forty Messages land over several batches and single writes: the
+    settlement's Turn, built from the claim's row and each write as it landed, is the Turn the
+    store holds (every Message, payload and version; the binding) and is published without
+    a read."""
+    from model_fakes.responses import ResponsesServer
+    from tests.resources.steps import steps_reply
+    from tests.support.daemon import create_session, run_turn, wait_for
+    from tests.support.invariants import check_turn_events
+    from transport.client import EventSubscriber
+
+    home = tmp_path / "home"
+    with ResponsesServer(steps_reply) as model:
+        home.mkdir(mode=0o700)
+        (home / "agenthost.toml").write_text(
+            f'[providers.tutti-agent]\nmodel_base_url = "{model.base_url}"\n'
+        )
+        with in_process_daemon(home) as (daemon, client):
+            server, publisher = daemon.server, daemon.publisher
+            assert server is not None and publisher is not None
+            sid = create_session(client, WS)["agentSessionId"]
+            heard: list[dict[str, Any]] = []
+            with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+                wait_for(lambda: server.wants(WS))
+                carried = publisher.carried_turns
+                turns = [run_turn(client, sid, "steps 40 60", WS) for _ in range(2)]
+                stored = {t["turnId"]: t for t in turns}
+
+                def settled_heard() -> bool:
+                    while (event := sub.next(0.2)) is not None:
+                        if isinstance(event, dict):
+                            heard.append(dict(event))
+                    return set(stored) <= {
+                        e["turn"]["turnId"]
+                        for e in heard
+                        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+                    }
+
+                wait_for(settled_heard, 30)
+            assert publisher.carried_turns - carried == 2 * len(turns)
+    for turn in turns:
+        assert turn["outcome"] == "completed" and len(turn["messages"]) == 42, turn
+    assert check_turn_events(heard, stored, stored) == []
+    for e in heard:
+        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled":
+            whole = stored[e["turn"]["turnId"]]
+            assert e["turn"]["messages"] == whole["messages"]
+            assert e["turn"]["providerForkBindingState"] == whole["providerForkBindingState"]
+
+
+def test_a_turn_whose_batch_was_lost_settles_read_back(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The batch holding a Turn's reply and settlement loses its COMMIT (SQLite turns it into a
+    rollback) after the Session actor applied the reply to its image: the queue retries the
+    writes (the reply inserted again under a new id), and the settlement, whose image may name
+    a Message that no longer exists, is read back — its event is the Turn as committed."""
+    from tests.support.daemon import settle, submit, wait_for
+    from tests.support.invariants import check_turn_events
+    from transport.client import EventSubscriber
+
+    daemon, client = running
+    server, publisher, store = daemon.server, daemon.publisher, daemon.store
+    assert server is not None and publisher is not None and store is not None
+    sid = _session(client)
+    writer = store.db._writer_connection()
+    refused: list[int] = []
+    appended: list[str] = []
+    append = store.history.append_message
+
+    def appending(*args: Any, **kwargs: Any) -> Any:
+        message = append(*args, **kwargs)
+        appended.append(message.message_id)
+        return message
+
+    def refuse_once() -> bool:
+        if refused or not appended:
+            return False
+        refused.append(1)
+        return True  # the COMMIT of the batch holding the reply becomes a ROLLBACK
+
+    heard: list[dict[str, Any]] = []
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        carried = publisher.carried_turns
+        writer.set_commit_hook(refuse_once)
+        store.history.append_message = appending  # type: ignore[method-assign]
+        try:
+            turn_id = submit(client, sid, f"/stream say {uuid.uuid4().hex}", WS)["turnId"]
+            whole = settle(client, sid, turn_id, WS)
+        finally:
+            writer.set_commit_hook(None)
+            store.history.append_message = append  # type: ignore[method-assign]
+
+        def settled_heard() -> bool:
+            while (event := sub.next(0.2)) is not None:
+                if isinstance(event, dict):
+                    heard.append(dict(event))
+            return any(
+                e["type"] == "turn.updated" and e["turn"]["phase"] == "settled" for e in heard
+            )
+
+        wait_for(settled_heard, 30)
+    # The reply was inserted twice (once in the lost batch); the Turn holds the second.
+    assert refused and len(appended) == 2 and whole["outcome"] == "completed"
+    assert whole["messages"][-1]["messageId"] == appended[1]
+    assert check_turn_events(heard, [turn_id], {turn_id: whole}) == []
+    assert publisher.carried_turns - carried == 1  # the claim's only

@@ -1598,7 +1598,8 @@ checkpoint record may change after the settlement: a late binding, a dropped che
 def _committed(turn: Mapping[str, Any]) -> tuple[Any, ...]:
     return (
         *(turn.get(name) for name in _COMMITTED_TURN_FIELDS),
-        [(m.get("messageId"), m.get("kind"), m.get("text"), m.get("version"))
+        [(m.get("messageId"), m.get("kind"), m.get("text"), m.get("version"),
+          m.get("payload"))
          for m in turn.get("messages") or []],
         [(i.get("requestId"), i.get("status")) for i in turn.get("interactions") or []],
     )  # fmt: skip
