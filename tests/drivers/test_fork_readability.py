@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from drv_helpers import TUTTI_BIN, EventLog, completed
@@ -28,21 +27,6 @@ from drivers.tutti_agent import prove_tutti_child
 
 PROXY = str(Path(__file__).with_name("tamper_proxy.py"))
 Make = Callable[..., AppServerDriver]
-
-
-@pytest.fixture
-def make_driver() -> Iterator[Make]:
-    made: list[AppServerDriver] = []
-
-    def make(failpoints: dict[str, str] | None = None, **config: Any) -> AppServerDriver:
-        config.setdefault("command", TUTTI_BIN)
-        driver = tutti_agent_driver(config, Failpoints(failpoints))
-        made.append(driver)
-        return driver
-
-    yield make
-    for driver in made:
-        driver.close()
 
 
 def counted(log_path: Path) -> list[str]:

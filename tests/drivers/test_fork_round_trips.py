@@ -8,37 +8,20 @@ never timings."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drv_helpers import TUTTI_BIN, EventLog, completed, wait_until
+from drv_helpers import EventLog, completed, wait_until
 from test_tutti_driver import fork_calls, fork_request, open_session, proxied
 
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
-from drivers.failpoints import Failpoints
-from drivers.tutti_agent import create_driver as tutti_agent_driver
 from tests.support.fsyncs import counting_fsyncs
 
 Make = Callable[..., AppServerDriver]
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def make_driver() -> Iterator[Make]:
-    made: list[AppServerDriver] = []
-
-    def make(**config: Any) -> AppServerDriver:
-        config.setdefault("command", TUTTI_BIN)
-        driver = tutti_agent_driver(config, Failpoints())
-        made.append(driver)
-        return driver
-
-    yield make
-    for driver in made:
-        driver.close()
 
 
 def methods(log_path: Path) -> list[str]:

@@ -8,12 +8,12 @@ never validates ahead."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drv_helpers import TUTTI_BIN, EventLog
+from drv_helpers import EventLog
 from test_tutti_driver import fork_request, open_session
 
 import drivers.binder as binder_module
@@ -21,26 +21,9 @@ from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
 from drivers.binder import iter_rollouts
 from drivers.codex.driver import CodexProvider
-from drivers.failpoints import Failpoints
-from drivers.tutti_agent import create_driver as tutti_agent_driver
 
 Make = Callable[..., AppServerDriver]
 pytestmark = pytest.mark.timeout(90)
-
-
-@pytest.fixture
-def make_driver() -> Iterator[Make]:
-    made: list[AppServerDriver] = []
-
-    def make(failpoints: dict[str, str] | None = None, **config: Any) -> AppServerDriver:
-        config.setdefault("command", TUTTI_BIN)
-        driver = tutti_agent_driver(config, Failpoints(failpoints))
-        made.append(driver)
-        return driver
-
-    yield make
-    for driver in made:
-        driver.close()
 
 
 def test_the_first_fork_of_a_big_source_binds_its_copied_lines_from_the_source_validated_ahead(

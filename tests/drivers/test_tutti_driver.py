@@ -8,9 +8,8 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
@@ -22,25 +21,8 @@ from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerProcess, private_env
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
 from drivers.binder import RolloutBinder, iter_rollouts
-from drivers.failpoints import Failpoints
-from drivers.tutti_agent import create_driver as tutti_agent_driver
 
 Make = Callable[..., AppServerDriver]
-
-
-@pytest.fixture
-def make_driver() -> Iterator[Make]:
-    made: list[AppServerDriver] = []
-
-    def make(failpoints: dict[str, str] | None = None, **config: Any) -> AppServerDriver:
-        config.setdefault("command", TUTTI_BIN)
-        driver = tutti_agent_driver(config, Failpoints(failpoints))
-        made.append(driver)
-        return driver
-
-    yield make
-    for driver in made:
-        driver.close()
 
 
 @pytest.fixture
