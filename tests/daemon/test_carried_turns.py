@@ -20,7 +20,7 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, TurnChanged
 from storage.store import Store
-from tests.support.carried import Heard, Sink, new_session
+from tests.support.carried import Heard, Sink, hear_settled, new_session
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -293,18 +293,7 @@ def test_a_streamed_turns_events_show_what_the_store_committed(
         carried = publisher.carried_turns
         turns = [run_turn(client, sid, f"/stream say {uuid.uuid4().hex}", WS) for _ in range(4)]
         stored = {t["turnId"]: t for t in turns}
-
-        def settled_heard() -> bool:
-            while (event := sub.next(0.2)) is not None:
-                if isinstance(event, dict):
-                    heard.append(dict(event))
-            return set(stored) <= {
-                e["turn"]["turnId"]
-                for e in heard
-                if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
-            }
-
-        wait_for(settled_heard, 30)
+        hear_settled(sub, stored, heard)
     # Each Turn's claim and settlement (the Session actor hands it the Turn it wrote).
     assert publisher.carried_turns - carried == 2 * len(turns)
     assert check_turn_events(heard, stored, stored) == []
@@ -362,18 +351,7 @@ def test_a_turn_of_many_messages_written_in_batches_settles_carried(tmp_path: Pa
                 carried = publisher.carried_turns
                 turns = [run_turn(client, sid, "steps 40 60", WS) for _ in range(2)]
                 stored = {t["turnId"]: t for t in turns}
-
-                def settled_heard() -> bool:
-                    while (event := sub.next(0.2)) is not None:
-                        if isinstance(event, dict):
-                            heard.append(dict(event))
-                    return set(stored) <= {
-                        e["turn"]["turnId"]
-                        for e in heard
-                        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
-                    }
-
-                wait_for(settled_heard, 30)
+                hear_settled(sub, stored, heard)
             assert publisher.carried_turns - carried == 2 * len(turns)
     for turn in turns:
         assert turn["outcome"] == "completed" and len(turn["messages"]) == 42, turn
@@ -428,16 +406,7 @@ def test_a_turn_whose_batch_was_lost_settles_read_back(
         finally:
             writer.set_commit_hook(None)
             store.history.append_message = append  # type: ignore[method-assign]
-
-        def settled_heard() -> bool:
-            while (event := sub.next(0.2)) is not None:
-                if isinstance(event, dict):
-                    heard.append(dict(event))
-            return any(
-                e["type"] == "turn.updated" and e["turn"]["phase"] == "settled" for e in heard
-            )
-
-        wait_for(settled_heard, 30)
+        hear_settled(sub, [turn_id], heard)
     # The reply was inserted twice (once in the lost batch); the Turn holds the second.
     assert refused and len(appended) == 2 and whole["outcome"] == "completed"
     assert whole["messages"][-1]["messageId"] == appended[1]

@@ -5,11 +5,13 @@ and a Session made through the daemon."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from storage.models import ChangeEvent
 from storage.store import Store
-from transport.client import Client
+from tests.support.daemon import wait_for
+from transport.client import Client, EventSubscriber
 
 
 class Sink:
@@ -50,3 +52,23 @@ def new_session(client: Client, ws: str) -> str:
     )
     assert status == 200
     return sid
+
+
+def hear_settled(
+    sub: EventSubscriber, turn_ids: Iterable[str], heard: list[dict[str, Any]]
+) -> None:
+    """Keep what `sub` hears in `heard` until a settled `turn.updated` of every Turn in
+    `turn_ids` was heard (30 s at most)."""
+    wanted = set(turn_ids)
+
+    def settled() -> bool:
+        while (event := sub.next(0.2)) is not None:
+            if isinstance(event, dict):
+                heard.append(dict(event))
+        return wanted <= {
+            e["turn"]["turnId"]
+            for e in heard
+            if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+        }
+
+    wait_for(settled, 30)
