@@ -11,7 +11,7 @@ from pathlib import Path
 import msgpack
 import pytest
 from drv_helpers import EventLog, completed
-from test_tutti_driver import Make, make_driver, open_session  # noqa: F401 - fixture
+from test_tutti_driver import Make, open_session
 
 import drivers.base
 from domain import turn_events as te
