@@ -18,6 +18,7 @@ import pytest
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher, StreamDelta, delta_event
 from storage.models import TurnChanged
+from tests.support.carried import hear_settled
 from tests.support.daemon import wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
@@ -249,18 +250,7 @@ def test_a_turns_deltas_reach_a_subscriber_whole_and_before_its_settlement(
         wait_for(lambda: server.wants(WS))
         turns = [run_turn(client, sid, f"/stream say {uuid.uuid4().hex}", WS) for _ in range(5)]
         ids = {t["turnId"] for t in turns}
-
-        def settled_heard() -> bool:
-            while (event := sub.next(0.2)) is not None:
-                if isinstance(event, dict):
-                    heard.append(dict(event))
-            return ids <= {
-                e["turn"]["turnId"]
-                for e in heard
-                if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
-            }
-
-        wait_for(settled_heard, 30)
+        hear_settled(sub, ids, heard)
     deltas = [e for e in heard if e["type"] == "message.delta"]
     assert deltas, "the fake model streamed no delta"
     assert daemon.publisher.direct > 0
