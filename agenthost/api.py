@@ -274,17 +274,7 @@ class Api:
         limit = optional_int(params, "limit", default=100, min_value=1, max_value=1000) or 100
 
         def _timeline() -> TimelineResult:
-            # The provider is all the projection needs of the Session (from the store's
-            # memory after its first read); `timeline` refuses a missing or deleted one with
-            # the same `SessionNotFound` as `get_session`.
-            provider = self.store.sessions.provider_of(ws, sid)
-            turns, next_sequence = self.store.history.timeline(
-                ws, sid, after_sequence=after, limit=limit
-            )
-            return {
-                "turns": [projection.turn(t, provider, self.catalog) for t in turns],
-                "nextSequence": next_sequence,
-            }
+            return timeline_result(self.store, self.catalog, ws, sid, after, limit)
 
         self.plumbing.read(responder, _timeline)
 
@@ -671,3 +661,21 @@ def bind(
     path): each handler checks the values it reads with the wire helpers, whose typed
     `invalid_argument` errors are the contract."""
     return method, cast(Handler, handler)
+
+
+def timeline_result(
+    store: Store, catalog: ProviderCatalog, ws: str, sid: str, after: int, limit: int
+) -> TimelineResult:
+    """`session.timeline`'s result: the page's Turns projected, their Messages straight from
+    the rows (`HistoryStore.timeline_page`: no `Message` value per row — on the newest page of
+    a long Session, ~500 of them, that was most of the read's CPU)."""
+    # The provider is all the projection needs of the Session (from the store's memory after
+    # its first read); `timeline_page` refuses a missing or deleted one with the same
+    # `SessionNotFound` as `get_session`.
+    provider = store.sessions.provider_of(ws, sid)
+    page = store.history.timeline_page(ws, sid, after_sequence=after, limit=limit)
+    rows = page.message_rows
+    return {
+        "turns": [projection.turn(t, provider, catalog, rows[t.turn_id]) for t in page.turns],
+        "nextSequence": page.next_sequence,
+    }

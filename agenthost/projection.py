@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import TypeVar, cast, get_args
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar, cast, get_args
 
 from actors.fork_saga import full_session_capable
 from actors.ports import ProviderCatalog
@@ -26,6 +26,7 @@ from storage.models import (
     Session,
     Turn,
 )
+from storage.sqlite import loads
 
 L = TypeVar("L", bound=str)
 
@@ -101,6 +102,20 @@ def message(value: Message) -> wire.Message:
     }
 
 
+def message_of_row(r: Sequence[Any]) -> wire.Message:
+    """`message` of a Message row (`storage.rows.MESSAGE_COLUMNS` first) with no `Message`
+    value between: the same map `message(message_from_row(r))` gives."""
+    payload = r[4]
+    return {
+        "messageId": r[0],
+        "turnId": r[1],
+        "kind": r[2],
+        "text": r[3],
+        "payload": {} if payload == "{}" else dict(loads(payload)),
+        "version": r[5],
+    }
+
+
 def interaction(value: Interaction) -> wire.Interaction:
     return {
         "requestId": value.request_id,
@@ -112,7 +127,14 @@ def interaction(value: Interaction) -> wire.Interaction:
     }
 
 
-def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> wire.Turn:
+def turn(
+    value: Turn,
+    provider: str,
+    catalog: ProviderCatalog,
+    message_rows: Sequence[Sequence[Any]] | None = None,
+) -> wire.Turn:
+    """The Turn's map; with `message_rows` (a `storage.history.TimelinePage`'s, the Turn's
+    `messages` then empty) its Messages are projected from those rows."""
     state = catalog.binding_state(
         provider, value.root_provider_turn_id, value.provider_turn_binding_json
     )
@@ -128,7 +150,11 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> wire.Turn:
         "rootProviderTurnId": value.root_provider_turn_id,
         "providerForkBindingState": state.value,
         "finalAssistantMessageId": value.final_assistant_message_id,
-        "messages": [message(m) for m in value.messages],
+        "messages": (
+            [message(m) for m in value.messages]
+            if message_rows is None
+            else [message_of_row(r) for r in message_rows]
+        ),
         "interactions": [interaction(i) for i in value.interactions],
         "createdAtUnixMs": value.created_at_ms,
         "settledAtUnixMs": value.settled_at_ms,

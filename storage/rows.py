@@ -37,6 +37,7 @@ from storage.sqlite import Row, Tx, loads
 
 # -- Column lists and decoders ---------------------------------------------------------------------
 
+
 def _lineage_column(column: str) -> str:
     return (
         f"(SELECT l.{column} FROM fork_lineage l WHERE l.workspace_id = s.workspace_id"
@@ -178,14 +179,28 @@ HYDRATE_MESSAGES_SQL = (
 
 def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]) -> list[Turn]:
     """Attach each Turn's Messages and Interactions (presentation order) to its row."""
+    messages, interactions = turn_history_rows(conn, ws, sid, turn_rows)
+    return [
+        turn_from_row(r, [message_from_row(m) for m in messages[r[2]]], interactions[r[2]])
+        for r in turn_rows
+    ]
+
+
+def turn_history_rows(
+    conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]
+) -> tuple[dict[str, list[Row]], dict[str, list[Interaction]]]:
+    """Each Turn's Message rows (`MESSAGE_COLUMNS` first, presentation order; a linked child's
+    from its link beside its own) and Interactions, by Turn id: what `hydrate_turns` attaches,
+    the Messages left as rows for a reader that never needs a `Message` value of them (the
+    timeline's wire page builds its maps from the rows: a 50-Turn page is ~500 Messages)."""
     ids = [r[2] for r in turn_rows]
-    messages: dict[str, list[Message]] = {i: [] for i in ids}
+    messages: dict[str, list[Row]] = {i: [] for i in ids}
     interactions: dict[str, list[Interaction]] = {i: [] for i in ids}
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
         params: list[Any] = [ws, sid, *chunk]
         for r in conn.execute(HYDRATE_MESSAGES_SQL.format(marks=marks), params):
-            messages[r[1]].append(message_from_row(r))
+            messages[r[1]].append(r)
         for r in conn.execute(
             f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
             f" AND session_id = ? AND turn_id IN ({marks}) ORDER BY created_at_ms, rowid",
@@ -193,7 +208,7 @@ def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[
         ):
             interactions[r[2]].append(interaction_from_row(r))
     _add_linked(conn, ws, sid, turn_rows, messages)
-    return [turn_from_row(r, messages[r[2]], interactions[r[2]]) for r in turn_rows]
+    return messages, interactions
 
 
 def _add_linked(
@@ -201,7 +216,7 @@ def _add_linked(
     ws: str,
     sid: str,
     turn_rows: Sequence[Row],
-    messages: dict[str, list[Message]],
+    messages: dict[str, list[Row]],
 ) -> None:
     """A linked child's Turns of the boundary: their linked Messages beside their own rows (the
     own row at a position wins), each Turn's in position order (storage/history_links.py)."""
@@ -211,18 +226,18 @@ def _add_linked(
     by_sequence = {int(r[3]): r[2] for r in turn_rows if int(r[3]) <= link.through_sequence}
     if not by_sequence:
         return
-    taken = {m.position for t in by_sequence.values() for m in messages[t]}
+    taken = {int(m[6]) for t in by_sequence.values() for m in messages[t]}
     # Rows of one level, none of the child's own among them, come in (Turn, position) order.
     ordered = not taken and len(link.levels) == 1
     for row in linked_rows(conn, link, sequences=list(by_sequence), positions=taken):
-        messages[by_sequence[row[7]]].append(message_from_row(row))
+        messages[by_sequence[row[7]]].append(row)
     if not ordered:
         for turn_id in by_sequence.values():
             messages[turn_id].sort(key=_position)
 
 
-def _position(m: Message) -> int:
-    return m.position
+def _position(m: Row) -> int:
+    return int(m[6])
 
 
 # -- A fork operation's row ------------------------------------------------------------------------
@@ -415,6 +430,7 @@ def decode_op(
 # Row helpers the canonical history's modules share: load or require a Session or Turn,
 # validate an argument, touch a Session (its `updated_at_ms` and a change event), finish submit
 # claims, the next Message position.
+
 
 def require_text(field: str, value: object) -> str:
     if not isinstance(value, str) or not value:

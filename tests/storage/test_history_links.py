@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,15 @@ import apsw
 import pytest
 from store_builders import WS, new_session, settled_turn
 
+from agenthost import projection
+from agenthost.api import timeline_result
+from agenthost.catalog import Catalog
+from storage import rows as rows_module
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen
 from storage.history_links import history_link, visible_rows
 from storage.models import ForkOperation, ForkPrepareRequest, Message, ProviderForkEvidence, Turn
+from storage.rows import message_from_row
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.sqlite import dumps
 from storage.store import Store
@@ -70,7 +76,14 @@ def _history(turns: list[Turn]) -> History:
 
 
 def _read(store: Store, sid: str) -> History:
-    return _history(store.history.timeline(WS, sid, limit=1000)[0])
+    turns = store.history.timeline(WS, sid, limit=1000)[0]
+    # `session.timeline`'s page (the Messages as rows) holds the very same Turns and Messages.
+    page = store.history.timeline_page(WS, sid, limit=1000)
+    assert [replace(t, messages=()) for t in turns] == list(page.turns)
+    assert [m for t in turns for m in t.messages] == [
+        message_from_row(r) for t in page.turns for r in page.message_rows[t.turn_id]
+    ]
+    return _history(turns)
 
 
 def _copied(source: History, through: int, op: ForkOperation, target: str) -> History:
@@ -306,3 +319,48 @@ def test_an_old_store_migrates_and_its_copied_children_stay_as_they_are(tmp_path
         assert [t[2][0][2:] for t in _read(store, again)] == [t[2][0][2:] for t in linked]
     finally:
         store.close()
+
+
+def test_the_timelines_wire_page_is_the_projection_of_its_turns_without_a_message_value(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`session.timeline`'s result (`agenthost.api.timeline_result`) is, field for field, the
+    projection of `timeline`'s Turns — on a root with payloads and updated Messages and on
+    a linked child that changed a linked row, page by page — and builds no `Message` value:
+    its Messages go from their rows to the wire."""
+    rng = random.Random(7)
+    root = new_session(store)
+    _turns(store, root, rng, 6)
+    history = _read(store, root)
+    _, child = _fork(store, root, history[3][0])
+    _turns(store, child, rng, 2)
+    turn_id, _, messages = _read(store, child)[1]
+    store.history.append_message(
+        WS, child, turn_id, kind=messages[0][2], text="own", message_id=messages[0][0]
+    )
+    catalog = Catalog()
+    for sid in (root, child):
+        provider = store.sessions.provider_of(WS, sid)
+        for after, limit in ((0, 1000), (0, 2), (2, 3), (5, 1)):
+            turns, next_sequence = store.history.timeline(
+                WS, sid, after_sequence=after, limit=limit
+            )
+            expected = {
+                "turns": [projection.turn(t, provider, catalog) for t in turns],
+                "nextSequence": next_sequence,
+            }
+            built: list[object] = []
+            counted = rows_module.message_from_row
+
+            def counting(r: Any, counted: Any = counted, built: list[object] = built) -> Message:
+                built.append(r)
+                return counted(r)  # type: ignore[no-any-return]
+
+            monkeypatch.setattr(rows_module, "message_from_row", counting)
+            try:
+                got = timeline_result(store, catalog, WS, sid, after, limit)
+            finally:
+                monkeypatch.setattr(rows_module, "message_from_row", counted)
+            assert got == expected, (sid, after, limit)
+            assert any(t["messages"] for t in got["turns"])
+            assert built == [], "a Message value was built for the wire page"

@@ -111,7 +111,7 @@ def _statements(path: Path) -> Iterator[tuple[str, str, tuple[Any, ...]]]:
             reads = {
                 "list": lambda: store.sessions.list_sessions(WS, limit=PAGE, max_bytes=1 << 20),
                 "get": lambda: view.get_session(WS, BIG),
-                "timeline": lambda: store.history.timeline(
+                "timeline": lambda: store.history.timeline_page(
                     WS, BIG, after_sequence=BIG_TURNS - PAGE, limit=PAGE
                 ),
             }
