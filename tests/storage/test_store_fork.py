@@ -25,13 +25,15 @@ from domain.errors import (
     SessionNotFound,
 )
 from domain.fork_states import ForkStatus
-from storage.fork_child import ForkReferenceError, build_child
+from storage import fork_child
+from storage.fork_child import ForkReferenceError, OrdinalPrefixes, build_child
 from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
 from storage.history_links import history_digest, scan_history, visible_rows
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
     ForkPrepareRequest,
+    LeftoverCommit,
     ProviderForkEvidence,
     SessionChanged,
     TurnChanged,
@@ -1238,6 +1240,45 @@ def test_what_prepare_remembers_for_the_commit_belongs_to_its_store(
         assert len(store.db.fork_memo.frozen) == 0 and len(store.db.fork_memo.histories) == 0
     finally:
         other.close()
+
+
+def test_a_recovery_commit_derives_the_rule_v2_prefixes_once_as_uuid5_heads(
+    store: Store, source: tuple[str, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start-up recovery commits thousands of leftovers in a store that holds nothing of their
+    prepare (`ForkMemo` empty): each commit derives its operation's three rule v2 prefixes
+    once (the ids and the final Messages share them), and each prefix is exactly the head
+    `uuid.uuid5` gives (`ordinal_prefix` hashes without building a `UUID`)."""
+    sid, turns = source
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[1]))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    derived: list[OrdinalPrefixes] = []
+    counted = fork_child.prefixes_of
+
+    def counting(snapshot: Any) -> OrdinalPrefixes:
+        derived.append(counted(snapshot))
+        return derived[-1]
+
+    monkeypatch.setattr(fork_child, "prefixes_of", counting)
+    restarted = Store.open(store.path)  # a fresh process's store: no memo of the prepare
+    try:
+        key = LeftoverCommit(WS, op.operation_id)
+        assert restarted.fork_commit.commit_fork_operations([key]) == (1, 0)
+    finally:
+        restarted.close()
+    assert len(derived) == 1
+    committed = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert committed.status is ForkStatus.COMMITTED and committed.target_turn_id is not None
+    name = "|".join(("v2", op.operation_id, WS, sid, op.target_session_id))
+    for kind, prefix in (("turn", derived[0].turn), ("message", derived[0].message)):
+        assert prefix == str(uuid.uuid5(fork_child.IDENTITY_NAMESPACE, f"{name}|{kind}"))[:24]
+    assert committed.target_turn_id == fork_child.ordinal_id(derived[0].turn, 2)
+    for text in ("", "é|x", "\u2603" * 40, str(uuid.uuid4())):
+        for kind in fork_child.EntityKind:
+            got = fork_child.ordinal_prefix(text, WS, sid, text[::-1], kind)
+            want = "|".join(("v2", text, WS, sid, text[::-1], kind.value))
+            assert got == str(uuid.uuid5(fork_child.IDENTITY_NAMESPACE, want))[:24]
 
 
 def test_the_child_copies_the_source_boundary_row_by_row_with_rule_v2_ids(store: Store) -> None:
