@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from storage import models as store_models
 from storage.models import (
@@ -49,8 +49,6 @@ from storage.models import (
     TreeToRemove,
     Turn,
 )
-
-T = TypeVar("T")
 
 # -- the parts' methods, grouped by part ----------------------------------------------------
 
@@ -334,10 +332,6 @@ class TurnBatches(Protocol):
     """`store.db`: the queued writes of one drain as one transaction (turn_writes.py)."""
 
     def write_batch(self) -> AbstractContextManager[None]: ...
-
-    def submit_batch(self, body: Callable[[], T]) -> T:
-        """`write_batch` with its block handed to the baton's holder (storage/base.py)."""
-        ...
 
     def release_thread_connection(self) -> None:
         """An actor's pool thread ends: its connection goes with it."""

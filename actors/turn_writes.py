@@ -172,7 +172,7 @@ class TurnWrites:
     def drain(self) -> None:
         """Apply the queued writes in order; a busy or full store stops the queue and a timer
         retries it with backoff, so no event is dropped and none overtakes another. Several
-        queued writes are applied as one store transaction (`Database.submit_batch`). Held while
+        queued writes are applied as one store transaction (`Store.write_batch`). Held while
         a Turn's `after` checkpoint is taken (actors/session_turns.py `capture_after`)."""
         if self._capture_holds:
             return
@@ -197,31 +197,25 @@ class TurnWrites:
             self._landed(item)
 
     def _drain_batch(self) -> bool:
-        """Apply every queued write as one `submit_batch` (one member of a group: one COMMIT,
-        run by the baton's holder when it is busy, with no hand-off to this thread);
+        """Apply every queued write inside one `write_batch` (one baton turn, one COMMIT);
         False if the queue stopped on a busy or full store (a retry is scheduled). A write
         that fails on its own is rolled back alone and answered as in `drain`; a write that
         meets a busy store ends the batch there (the ones before it land, it is retried)."""
         items = list(self._durable)
         applied: list[tuple[DurableWrite, BaseException | None]] = []
-        stopped: list[StoreBusy] = []
-
-        def _apply_all() -> None:
-            # Run by whichever thread holds the writer's baton (this actor's thread waits
-            # for it): the writes only, in order; every answer comes after the COMMIT.
-            for item in items:
-                try:
-                    item.apply()
-                except StoreBusy as exc:
-                    stopped.append(exc)
-                    return
-                except Exception as exc:  # noqa: BLE001 - answered after the COMMIT
-                    applied.append((item, exc))
-                    continue
-                applied.append((item, None))
-
+        busy: StoreBusy | None = None
         try:
-            self._core.session_store.db.submit_batch(_apply_all)
+            with self._core.session_store.db.write_batch():
+                for item in items:
+                    try:
+                        item.apply()
+                    except StoreBusy as exc:
+                        busy = exc
+                        break
+                    except Exception as exc:  # noqa: BLE001 - answered after the COMMIT
+                        applied.append((item, exc))
+                        continue
+                    applied.append((item, None))
         except StoreBusy as exc:
             # The batch's transaction or its COMMIT was lost: none of it exists. The head
             # write stalls the queue exactly as if it had failed alone.
@@ -236,8 +230,8 @@ class TurnWrites:
                 self._landed(item)
             else:
                 self._failed(item, outcome)
-        if stopped:
-            return self._stalled(self._durable[0], stopped[0])
+        if busy is not None:
+            return self._stalled(self._durable[0], busy)
         return True
 
     def _landed(self, item: DurableWrite) -> None:

@@ -809,33 +809,6 @@ class Database:
             if batch.broken is not None:
                 raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
 
-    def submit_batch(self, body: Callable[[], T]) -> T:
-        """`write_batch` with its block handed over as a callable, as `submit_write` hands
-        over a write: `body()` runs every write it makes as the batch's nested savepoints,
-        on whichever thread holds the baton when its turn comes (no baton turn of its own
-        when the baton is busy: no hand-off to wake this thread for), and its result is
-        returned once the COMMIT holding the batch returned and its events were published.
-        The same laws as `write_batch`; lost, it raises `StoreBusy` and none of it exists.
-
-        Unlike a `submit_write` body, `body` may use its caller's state: the caller is
-        blocked until the body ran (queued past the busy timeout, it never runs). It must
-        not use this thread's thread-locals, nor wait for anything its caller would do."""
-        if getattr(self._local, "batch", None) is not None:
-            return body()
-
-        def run(tx: Tx) -> T:
-            batch = WriteBatch(tx)  # the running thread's: its writes find it there
-            self._local.batch = batch
-            try:
-                result = body()
-            finally:
-                self._local.batch = None
-            if batch.broken is not None:
-                raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
-            return result
-
-        return self.submit_write(run, None)
-
     def _take_released(self, group: WriteGroup) -> list[ChangeEvent]:
         """The lazy writes' events `group`'s fsync made durable, to the first member asking."""
         with self._baton:
