@@ -253,7 +253,6 @@ if _DIR and "serve" in sys.argv:
         "submit_write",
         "_owned_write",
         "write_batch",
-        "submit_batch",
     }
 
     def _writer() -> str:
