@@ -13,7 +13,9 @@ group's COMMIT returned and the events go out), `store_out`, `reply` (the respon
 answered), `sent` (the transport loop sent the reply). Each group COMMIT (`_end_group`) is a
 row of its own: `[start, ms, members]`; every 0.25 s the CPU each of the daemon's threads
 (by name, numbered ones summed) has used; and each baton hold: `[start, end, thread, the
-writer's store method, bodies it ran for others]`. One JSON file per process, written at exit
+writer's store method, bodies it ran for others, the holder's thread CPU, the wall and CPU of the
+group COMMITs it ran]`; each write of a Turn's batch (`TurnWrites._drain_batch`): `[what, wall,
+CPU]`. One JSON file per process, written at exit
 and every second.
 
 Three knobs for experiments, each off unless set: `AGENTHOST_STAGES_GROUP_AGE_MS` (how long a
