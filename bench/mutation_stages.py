@@ -141,17 +141,43 @@ def report(folder: Path) -> list[str]:
                     if v > 0
                 )
             )
-        by: dict[str, list[float]] = {}
+        by: dict[str, list[list[Any]]] = {}
         for h in holds:
             if start <= h[0] <= end:
-                by.setdefault(h[3], []).append(h[1] - h[0])
-        lines.append("baton holds in phase A by writer (n, p50 / p99 / max ms):")
-        for label, spans in sorted(by.items(), key=lambda kv: -sum(kv[1])):
+                by.setdefault(h[3], []).append(h)
+        lines.append(
+            "baton holds in phase A by writer (n, p50 / p99 / max ms; then p50s of the holder's"
+            " CPU, the COMMIT's wall and CPU, and the rest: waits for the interpreter or a CPU)"
+        )
+        for label, held in sorted(by.items(), key=lambda kv: -sum(h[1] - h[0] for h in kv[1])):
+            spans = [h[1] - h[0] for h in held]
             lat = Latency.of(spans)
-            lines.append(
+            line = (
                 f"  {label:<28} {lat.n:>5} {lat.p50:>6.2f} / {lat.p99:>6.2f} / {max(spans):>6.1f}"
                 f"  total {sum(spans):.0f}"
             )
+            if all(len(h) >= 8 for h in held):
+                cpu, cwall, ccpu = (Latency.of(h[i] for h in held).p50 for i in (5, 6, 7))
+                rest = Latency.of(h[1] - h[0] - h[5] - (h[6] - h[7]) for h in held)
+                line += (
+                    f"; cpu {cpu:.2f}, COMMIT {cwall:.2f} (cpu {ccpu:.2f}),"
+                    f" rest {rest.p50:.2f} / {rest.p99:.2f}"
+                )
+            lines.append(line)
+        items: list[list[Any]] = []
+        for path in sorted(folder.glob("stages-*.json")):
+            items.extend(json.loads(path.read_text()).get("items", []))
+        by_what: dict[str, list[list[Any]]] = {}
+        for it in items:
+            by_what.setdefault(str(it[0]).split(" ")[-1], []).append(it)
+        if by_what:
+            lines.append("a Turn's batched writes by kind (n, wall p50 / p99, CPU p50 / p99 ms):")
+            for what, got in sorted(by_what.items(), key=lambda kv: -len(kv[1])):
+                wall, cpu = Latency.of(g[1] for g in got), Latency.of(g[2] for g in got)
+                lines.append(
+                    f"  {what:<28} {wall.n:>5} {wall.p50:>6.2f} / {wall.p99:>6.2f}"
+                    f"  {cpu.p50:>6.2f} / {cpu.p99:>6.2f}"
+                )
     return lines
 
 

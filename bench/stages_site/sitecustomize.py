@@ -13,7 +13,9 @@ group's COMMIT returned and the events go out), `store_out`, `reply` (the respon
 answered), `sent` (the transport loop sent the reply). Each group COMMIT (`_end_group`) is a
 row of its own: `[start, ms, members]`; every 0.25 s the CPU each of the daemon's threads
 (by name, numbered ones summed) has used; and each baton hold: `[start, end, thread, the
-writer's store method, bodies it ran for others]`. One JSON file per process, written at exit
+writer's store method, bodies it ran for others, the holder's thread CPU, the wall and CPU of the
+group COMMITs it ran]`; each write of a Turn's batch (`TurnWrites._drain_batch`): `[what, wall,
+CPU]`. One JSON file per process, written at exit
 and every second.
 
 Three knobs for experiments, each off unless set: `AGENTHOST_STAGES_GROUP_AGE_MS` (how long a
@@ -41,8 +43,10 @@ if _DIR and "serve" in sys.argv:
     _now = time.time
     _stamps: dict[str, dict[str, float]] = {}
     _commits: list[tuple[float, float, int]] = []
-    _holds: list[tuple[float, float, str, str, int]] = []
-    """Each baton hold: start, end, thread name, the writer's store method, bodies combined."""
+    _holds: list[tuple[float, float, str, str, int, float, float, float]] = []
+    """Each baton hold: start, end, thread name, the writer's store method, bodies combined,
+    the holder thread's CPU over the hold (`time.thread_time`), the wall and CPU ms of the
+    group COMMITs it ran (all ms)."""
     _local = threading.local()
     _by_message: dict[int, str] = {}
 
@@ -67,6 +71,7 @@ if _DIR and "serve" in sys.argv:
                 "commits": list(_commits),
                 "holds": list(_holds),
                 "cpu": list(_cpu),
+                "items": list(_items),
             }
             with open(tmp, "w") as f:
                 json.dump(got, f)
@@ -184,12 +189,16 @@ if _DIR and "serve" in sys.argv:
             notify(self, events)
 
         def _end_group(self: Any, group: Any, conn: Any) -> None:
-            t0 = _now() * 1000.0
+            t0, c0 = _now() * 1000.0, time.thread_time()
             members = group.members
             try:
                 end_group(self, group, conn)
             finally:
-                _commits.append((t0, _now() * 1000.0 - t0, members))
+                ms = _now() * 1000.0 - t0
+                _commits.append((t0, ms, members))
+                _local.commit_ms = getattr(_local, "commit_ms", 0.0) + ms
+                cpu = (time.thread_time() - c0) * 1000.0
+                _local.commit_cpu = getattr(_local, "commit_cpu", 0.0) + cpu
 
         database.submit_write = submit_write
         if os.environ.get("AGENTHOST_STAGES_BATCH_BACKGROUND"):
@@ -240,7 +249,13 @@ if _DIR and "serve" in sys.argv:
         database._end_group = _end_group
 
     _SKIP = ("storage/sqlite.py", "contextlib.py", "sitecustomize.py")
-    _MACHINERY = {"_take_baton", "write", "submit_write", "_owned_write", "write_batch"}
+    _MACHINERY = {
+        "_take_baton",
+        "write",
+        "submit_write",
+        "_owned_write",
+        "write_batch",
+    }
 
     def _writer() -> str:
         """The first function outside the store's write machinery: who wrote."""
@@ -261,8 +276,10 @@ if _DIR and "serve" in sys.argv:
         )
 
         def _began(label: str) -> None:
-            _local.hold = (_now() * 1000.0, label)
+            _local.hold = (_now() * 1000.0, label, time.thread_time())
             _local.combined = 0
+            _local.commit_ms = 0.0
+            _local.commit_cpu = 0.0
 
         def traced_take(self: Any, timeout_s: float) -> None:
             label = _writer()
@@ -287,12 +304,53 @@ if _DIR and "serve" in sys.argv:
             if hold is not None:
                 _local.hold = None
                 name = threading.current_thread().name
-                _holds.append((hold[0], _now() * 1000.0, name, hold[1], _local.combined))
+                cpu = (time.thread_time() - hold[2]) * 1000.0
+                _holds.append(
+                    (
+                        hold[0],
+                        _now() * 1000.0,
+                        name,
+                        hold[1],
+                        _local.combined,
+                        cpu,
+                        getattr(_local, "commit_ms", 0.0),
+                        getattr(_local, "commit_cpu", 0.0),
+                    )
+                )
 
         baton.take, baton.offer = traced_take, traced_offer
         baton.pass_on, baton.next_submission = traced_pass_on, traced_next
 
+    _items: list[tuple[str, float, float]] = []
+    """Each write a Turn's batch applied: what it was, its wall and its thread's CPU, ms."""
+
+    def _wrap_turn_writes(module: Any) -> None:
+        writes = module.TurnWrites
+        drain_batch = writes._drain_batch
+
+        def _drain_batch(self: Any) -> bool:
+            for item in self._durable:
+                inner = item.apply
+                if getattr(inner, "_staged", False):
+                    continue
+
+                def timed(_inner: Any = inner, _what: str = item.what) -> object:
+                    t0, c0 = _now(), time.thread_time()
+                    try:
+                        return _inner()
+                    finally:
+                        _items.append(
+                            (_what, (_now() - t0) * 1000.0, (time.thread_time() - c0) * 1000.0)
+                        )
+
+                timed._staged = True  # type: ignore[attr-defined]
+                item.apply = timed
+            return bool(drain_batch(self))
+
+        writes._drain_batch = _drain_batch
+
     _WRAPS = {
+        "actors.turn_writes": ("TurnWrites", _wrap_turn_writes),
         "transport.server": ("ApiServer", _wrap_server),
         "agenthost.api_base": ("SessionLanes", _wrap_api),
         "actors.pool": ("PooledActor", _wrap_actors),

@@ -607,6 +607,14 @@ def test_the_stage_probe_stamps_each_mutation_through_the_daemon_in_order(
         assert "lane" in stamps or "actor" in stamps
     writers = {hold[3] for hold in got["holds"]}
     assert {"claim_submit", "update_title"} <= writers, writers
+    # What a hold is made of: the holder's thread CPU, the COMMITs it ran (wall and CPU).
+    for start, end, _thread, _writer, _combined, cpu, commit_ms, commit_cpu in got["holds"]:
+        assert 0 <= commit_ms <= end - start + 1.0 and cpu >= 0 and commit_cpu >= 0
+    assert any(hold[6] > 0 for hold in got["holds"])  # some hold ended its group
+    # A Turn's batched writes, each timed with what it was.
+    kinds = {str(item[0]).split(" ")[-1] for item in got["items"]}
+    assert "completed" in kinds, kinds
+    assert "rest" in out.stdout and "batched writes by kind" in out.stdout, out.stdout
 
 
 def test_the_checkpoint_stall_probe_compares_variants_of_the_mark(tmp_path: Path) -> None:
