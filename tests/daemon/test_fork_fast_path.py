@@ -151,3 +151,34 @@ def test_a_fork_wakes_no_event_publisher_when_nobody_subscribed(
     time.sleep(0.2)
     assert publisher.batches == batches
     assert publisher.projected == 0
+
+
+def test_a_forks_answer_is_committed_on_the_thread_it_arrives_on(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The worker's fork answer reaches an idle source actor's saga on the worker supervisor's
+    thread (`PooledActor.handle_here`): `provider_accepted` and the commit run there, with no
+    Session-actor pool thread woken between the answer and the reply."""
+    daemon, c = running
+    sid, turn_id = _source(c)
+    assert daemon.store is not None
+    commits = daemon.store.fork_commit
+    real = commits.commit_fork
+    threads: list[str] = []
+
+    def commit_fork(ws: str, op_id: str) -> Any:
+        threads.append(threading.current_thread().name)
+        return real(ws, op_id)
+
+    commits.commit_fork = commit_fork  # type: ignore[method-assign]
+    try:
+        for _ in range(3):
+            status, body = fork(c, sid, turn_id)
+            assert status == 200 and body["operation"]["status"] == "committed", body
+            c.call(
+                "fork.acknowledge",
+                {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+            )
+    finally:
+        del commits.commit_fork
+    assert threads and all(name == "worker-supervisor" for name in threads), threads
