@@ -165,7 +165,12 @@ class InlineHost:
         wait([future])
         on_done(future)
 
-    def later_here(self, future: Future[Any], on_done: Callable[[Future[Any]], None]) -> None:
+    def later_here(
+        self,
+        future: Future[Any],
+        on_done: Callable[[Future[Any]], None],
+        when: Callable[[], bool],
+    ) -> None:
         # The test's thread is the actor's here: the same as `later` (a test's own `later`
         # sees the fork's answer too).
         self.later(future, on_done)

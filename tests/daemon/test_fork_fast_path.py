@@ -153,14 +153,8 @@ def test_a_fork_wakes_no_event_publisher_when_nobody_subscribed(
     assert publisher.projected == 0
 
 
-def test_a_forks_answer_is_committed_on_the_thread_it_arrives_on(
-    running: tuple[Daemon, Client],
-) -> None:
-    """The worker's fork answer reaches an idle source actor's saga on the worker supervisor's
-    thread (`PooledActor.handle_here`): `provider_accepted` and the commit run there, with no
-    Session-actor pool thread woken between the answer and the reply."""
-    daemon, c = running
-    sid, turn_id = _source(c)
+def _commit_threads(daemon: Daemon, c: Client, sid: str, turn_id: str, forks: int) -> list[str]:
+    """The threads `forks` forks' commits ran on (each fork committed and ACKed)."""
     assert daemon.store is not None
     commits = daemon.store.fork_commit
     real = commits.commit_fork
@@ -172,7 +166,7 @@ def test_a_forks_answer_is_committed_on_the_thread_it_arrives_on(
 
     commits.commit_fork = commit_fork  # type: ignore[method-assign]
     try:
-        for _ in range(3):
+        for _ in range(forks):
             status, body = fork(c, sid, turn_id)
             assert status == 200 and body["operation"]["status"] == "committed", body
             c.call(
@@ -181,4 +175,27 @@ def test_a_forks_answer_is_committed_on_the_thread_it_arrives_on(
             )
     finally:
         del commits.commit_fork
-    assert threads and all(name == "worker-supervisor" for name in threads), threads
+    return threads
+
+
+def test_a_forks_answer_is_committed_where_it_arrives_while_the_writer_is_free(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The worker's fork answer reaches an idle source actor's saga on the worker supervisor's
+    thread (`PooledActor.handle_here`) while the store's writer is free: `provider_accepted`
+    and the commit run there, with no Session-actor pool thread woken between the answer and
+    the reply. With the writer busy it goes to the actor's pool thread, as any message does
+    (the supervisor never waits behind other writers' groups)."""
+    daemon, c = running
+    sid, turn_id = _source(c)
+    assert daemon.store is not None
+    db = daemon.store.db
+    db.writer_free = lambda: True  # type: ignore[method-assign]
+    try:
+        here = _commit_threads(daemon, c, sid, turn_id, 3)
+        db.writer_free = lambda: False  # type: ignore[method-assign]
+        queued = _commit_threads(daemon, c, sid, turn_id, 2)
+    finally:
+        del db.writer_free
+    assert here == ["worker-supervisor"] * 3, here
+    assert queued and all(name.startswith("session_") for name in queued), queued
