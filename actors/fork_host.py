@@ -144,18 +144,6 @@ class ForkHost(Protocol):
         reply: Callable[[Any], None] | None = None,
     ) -> None: ...
 
-    def later_here(
-        self,
-        future: Future[T],
-        on_done: Callable[[Future[T]], None],
-        when: Callable[[], bool],
-    ) -> None:
-        """`later`, run on the thread that completes `future` when `when()` holds and the actor
-        is idle then (nothing queued or running: the continuation is the message it handles
-        next, with no pool thread woken for it); else queued behind the others as `later`
-        does."""
-        ...
-
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle: ...
 
     def apply_late_bindings(self) -> None:

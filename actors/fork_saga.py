@@ -315,17 +315,9 @@ class ForkSaga:
         with self.host.store.db.events_after(into=self._held):
             fork = self._dispatch(op, generation, step_start)
         # In flight from here (a host that runs the answer at once clears it inside `later`).
-        # The answer is taken where it arrives (the worker supervisor's thread) when this
-        # actor is idle and the store's writer free then: no pool thread woken between the
-        # answer and the commit. With writes queued it goes to the actor's pool thread, whose
-        # commit may join another writer's group (that thread never serialises the commits).
         self._in_flight = True
         try:
-            self.host.later_here(
-                fork,
-                lambda f: self._step(self._dispatched, f),
-                self.host.store.db.writer_free,
-            )
+            self.host.later(fork, lambda f: self._step(self._dispatched, f))
         except BaseException:
             self._in_flight = False  # no answer will come: the step's end hands them on
             raise

@@ -342,24 +342,6 @@ class _PooledInbox:
             self._scheduled = False
             return None
 
-    def claim_idle(self) -> bool:
-        """Mark the actor scheduled for the caller's own thread if nothing is queued, running
-        or scheduled (atomically); False leaves everything as it was."""
-        with self._lock:
-            if self._scheduled or self._items or self._owner is None:
-                return False
-            self._scheduled = True
-            return True
-
-    def unclaim(self) -> bool:
-        """The end of a claimed run: unscheduled if nothing arrived meanwhile, else True and
-        still scheduled (the caller hands what arrived to a pool thread)."""
-        with self._lock:
-            if self._items:
-                return True
-            self._scheduled = False
-            return False
-
 
 class PooledActor(pykka.Actor, abc.ABC):
     """A pykka actor whose messages run on `self.actor_pool` instead of an own thread.
@@ -454,29 +436,6 @@ class PooledActor(pykka.Actor, abc.ABC):
             self._teardown(inbox)
             return
         self._schedule()  # more to do: go to the back of the pool's queue
-
-    def handle_here(self, message: Any) -> bool:
-        """Handle `message` (a `tell`) on the calling thread, if this actor is idle: started,
-        not stopped, nothing in its inbox and no slice queued or running. Then it is exactly
-        the message a `tell` would have queued and a pool thread handled next, with no pool
-        thread woken for it; what arrives meanwhile waits behind it and goes to the pool
-        after it. False (nothing done): the caller `tell`s it, in order behind the others."""
-        inbox = self.actor_inbox
-        if not isinstance(inbox, _PooledInbox) or not self._started or self._gate is not None:
-            return False
-        if not inbox.claim_idle():
-            return False
-        if self.actor_stopped.is_set():
-            inbox.unclaim()
-            return False
-        try:
-            self._handle_envelope(Envelope(message))
-        finally:
-            if self.actor_stopped.is_set():
-                self._teardown(inbox)
-            elif inbox.unclaim():
-                self._schedule()
-        return True
 
     def _teardown(self, inbox: _PooledInbox) -> None:
         """pykka's `_actor_loop_teardown`: answer what is left (a stop with None, an ask with

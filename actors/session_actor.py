@@ -309,27 +309,6 @@ class SessionActor(PooledActor):
     ) -> None:
         self.core.later(future, on_done, reply)
 
-    def later_here(
-        self,
-        future: Future[T],
-        on_done: Callable[[Future[T]], None],
-        when: Callable[[], bool],
-    ) -> None:
-        key = self.key
-
-        def _done(f: Future[T]) -> None:
-            message = FollowUp(lambda: on_done(f))
-            # An idle actor handles it on the completing thread (`PooledActor.handle_here`):
-            # the message it would have handled next anyway, one pool thread's wake-up fewer.
-            if when() and self.handle_here(message):
-                return
-            try:
-                self.actor_ref.tell(message)
-            except pykka.ActorDeadError:
-                log.warning("session actor %s gone before a driver answer", key)
-
-        future.add_done_callback(_done)
-
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
         return self.core.after(seconds, fn)
 

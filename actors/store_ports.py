@@ -358,11 +358,6 @@ class BackgroundWrites(Protocol):
         """Hand kept events to the subscribers (or to an enclosing `events_after` block)."""
         ...
 
-    def writer_free(self) -> bool:
-        """Nobody holds the store's writer baton or waits for it now (a hint: a write made
-        next may still queue)."""
-        ...
-
 
 class ActorDatabase(TurnBatches, BackgroundWrites, Protocol):
     """`store.db` as the actors together see it."""

@@ -16,12 +16,10 @@ waiters and sinks in arrival order on a thread of their own, so a slow callback 
 starve the loop thread (heartbeats, deadlines) and a sink bug never stops later deliveries.
 One exception, for fewer thread hand-offs on a fork's path and a Turn's stream: the result of
 a method whose every waiter only hands it on — `INLINE_METHODS`, answered to a Session actor
-by a `tell`, or handled here by an idle one — and a streamed delta or a Turn's end
-(`INLINE_EVENTS`) are delivered on the loop thread itself when nothing is queued or running
-there, so arrival order still holds; a fork's answer then reaches its idle actor with no hop
-at all (its saga's commit runs on the loop thread), a busy actor's in one (loop → actor)
-instead of two (loop → delivery thread → actor), each a thread wake-up and a GIL hand-off,
-and a delta the events queue in one.
+by a `tell` — and a streamed delta or a Turn's end (`INLINE_EVENTS`) are delivered on the
+loop thread itself when nothing is queued or running there, so arrival order still holds; a
+fork then reaches its actor in one hop (loop → actor) instead of two (loop → delivery thread →
+actor), each a thread wake-up and a GIL hand-off, and a delta the events queue in one.
 
 The hung-worker judgement: a worker silent past the link's limit is dead only when its process
 makes no CPU progress over a whole window, or once it has been silent past
@@ -95,12 +93,9 @@ turns that were streaming on a worker that died."""
 
 
 INLINE_METHODS = frozenset({"fork", "runtime.attest", "session.start"})
-"""Methods whose results may be delivered on the loop thread: their futures' callbacks parse
-the answer and `tell` the Session actor that waits (actors' `later`,
-`agenthost.workers.SupervisorPort`), never waiting on this loop. A `fork`'s answer to a
-Session actor that is idle then is handled here, by that actor (`PooledActor.handle_here`):
-the saga's `provider_accepted` and commit run on this thread, and the loop reads on once
-their COMMIT returned (a few milliseconds; no pool thread is woken for it)."""
+"""Methods whose results may be delivered on the loop thread: their futures' callbacks only
+parse the answer and `tell` the Session actor that waits (actors' `later`,
+`actors.ports.request_fork`, `agenthost.workers.SupervisorPort`), never block."""
 
 
 INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})

@@ -499,13 +499,6 @@ class Database:
         """This thread's writes in the block are background ones (`storage.sqlite.Baton`)."""
         return self._fifo.background()
 
-    def writer_free(self) -> bool:
-        """Whether nobody holds the writer baton or waits for it now (a hint, stale at once:
-        a caller that writes next may still queue)."""
-        fifo = self._fifo
-        with fifo.lock:
-            return fifo.owner is None and not fifo.waiting
-
     def _pass_baton(self) -> None:
         self._fifo.pass_on()
 

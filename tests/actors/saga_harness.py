@@ -165,16 +165,6 @@ class InlineHost:
         wait([future])
         on_done(future)
 
-    def later_here(
-        self,
-        future: Future[Any],
-        on_done: Callable[[Future[Any]], None],
-        when: Callable[[], bool],
-    ) -> None:
-        # The test's thread is the actor's here: the same as `later` (a test's own `later`
-        # sees the fork's answer too).
-        self.later(future, on_done)
-
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
         self.timers.append((seconds, fn))
         return TimerHandle()

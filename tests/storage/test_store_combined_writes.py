@@ -311,34 +311,3 @@ def test_bodies_run_in_the_order_their_writers_queued(store: Store) -> None:
 def test_a_body_submitted_inside_a_write_of_the_same_thread_is_refused(store: Store) -> None:
     with store.db.write(WS), pytest.raises(apsw.SQLError):
         store.db.submit_write(lambda tx: None, WS)
-
-
-def test_the_writer_is_free_only_while_nobody_holds_the_baton_or_waits_for_it(
-    store: Store,
-) -> None:
-    """`Database.writer_free`, the hint a fork's answer is handled by: true with no writer, false
-    while one holds the baton and while another waits behind it, true again after both."""
-    sids = _sessions(store, 1)
-    assert store.db.writer_free()
-    inside, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with store.db.write(WS):
-            inside.set()
-            release.wait(20)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert inside.wait(20)
-    assert not store.db.writer_free()
-    ran: list[tuple[str, int]] = []
-    queued = threading.Thread(
-        target=lambda: store.db.submit_write(_titled(sids[0], "t", ran), WS)
-    )
-    queued.start()
-    _wait_for(lambda: store.db._fifo.waiting == 1)
-    assert not store.db.writer_free()
-    release.set()
-    for t in (holder, queued):
-        t.join(20)
-    assert ran and store.db.writer_free()
