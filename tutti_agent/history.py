@@ -115,6 +115,21 @@ def is_contextual_user_text(text: str) -> bool:
     return text.lstrip().startswith(CONTEXTUAL_USER_PREFIXES)
 
 
+ENV_CONTEXT_PREFIX = "<environment_context>"
+
+
+def is_env_context(item: RolloutItem) -> bool:
+    """The `<environment_context>` user fragment a thread's first turn records (once per
+    thread: `LiveThread` adds it only to a history without one)."""
+    if item.type != LineType.RESPONSE_ITEM or item.payload.get("role") != "user":
+        return False
+    content = item.payload.get("content") or []
+    return any(
+        isinstance(c, Mapping) and str(c.get("text", "")).startswith(ENV_CONTEXT_PREFIX)
+        for c in content
+    )
+
+
 def is_real_user_message(item: RolloutItem) -> bool:
     if item.type != LineType.RESPONSE_ITEM:
         return False
