@@ -118,7 +118,7 @@ def read_outline(path: Path, thread_id: str) -> ThreadOutline | None:
     standard = standard_loads(data)
     loads = fast_loads(data, standard)
     builder = ThreadHistoryBuilder(with_items=False)
-    handle, active = builder.handle, builder.has_active_turn
+    handle, handle_event, active = builder.handle, builder.handle_event, builder.has_active_turn
     new = tuple.__new__
     meta: dict[str, Any] | None = None
     settings: dict[str, Any] = {}
@@ -152,7 +152,7 @@ def read_outline(path: Path, thread_id: str) -> ThreadOutline | None:
             if kind == _EVENT_MSG:
                 event = payload.get("type")
                 if event in _LIFECYCLE or not active():
-                    handle(index, new(RolloutItem, (kind, payload)))
+                    handle_event(index, event, payload)
                 if event in _TERMINAL:
                     settled[index + 1] = offset
                 elif event == "thread_settings_applied":

@@ -559,6 +559,10 @@ def read_span(path: Path, start: int, stop: int, identity: tuple[int, int]) -> b
         os.close(fd)
 
 
+TAIL_BLOCK = 1 << 16
+"""`RolloutWriter` looks for a rollout's last newline this many bytes at a time."""
+
+
 class RolloutWriter:
     """Appends lines to one rollout; each append is durable before it returns."""
 
@@ -659,9 +663,18 @@ class RolloutWriter:
 
     def _truncate_torn_tail(self) -> None:
         # A torn last line would glue onto the next append and corrupt it: cut it first.
-        data = self._file.read()
-        keep = data.rfind(b"\n") + 1
-        if keep != len(data):
+        # Found from the end backwards (a 14.7 MB rollout read whole is 3,600 fresh pages).
+        size = self._file.seek(0, os.SEEK_END)
+        keep, at = 0, size
+        while at > 0:
+            begin = max(0, at - TAIL_BLOCK)
+            self._file.seek(begin)
+            cut = self._file.read(at - begin).rfind(b"\n")
+            if cut >= 0:
+                keep = begin + cut + 1
+                break
+            at = begin
+        if keep != size:
             self._file.truncate(keep)
             self._file.flush()
             os.fsync(self._file.fileno())
