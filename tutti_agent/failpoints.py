@@ -10,6 +10,7 @@ import threading
 import time
 
 from tutti_agent.errors import ForkInitFailed
+from tutti_agent.fork import PreparedFork
 
 NAMES = ("fork.before_materialize", "fork.after_child_write")
 
@@ -46,7 +47,7 @@ class FailpointHooks:
         elif action == "hang":
             threading.Event().wait()
 
-    def before_materialize(self, source_thread_id: str) -> None:
+    def before_materialize(self, prepared: PreparedFork) -> None:
         self._hit("fork.before_materialize")
 
     def after_child_write(self, child_thread_id: str) -> None:

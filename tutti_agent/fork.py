@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import islice
@@ -38,19 +38,11 @@ from tutti_agent.history import (
     snapshot_turn_state,
 )
 from tutti_agent.ids import uuid7
-from tutti_agent.outline import ThreadHead, outline_span
-from tutti_agent.rollout import (
-    CopiedSpan,
-    LineType,
-    RolloutItem,
-    RolloutLine,
-    RolloutWriter,
-    gc_paused,
-    now_iso,
-)
+from tutti_agent.rollout import LineType, RolloutItem, RolloutLine, gc_paused, now_iso
 from tutti_agent.store import (
     HistoryPosition,
     Reservation,
+    ThreadHead,
     ThreadHistory,
     ThreadStore,
     remove_file_durably,
@@ -144,13 +136,13 @@ class ForkResult:
 class ForkHooks(Protocol):
     """Test seams inside materialization (a fault or a gate at a precise step)."""
 
-    def before_materialize(self, source_thread_id: str) -> None: ...
+    def before_materialize(self, prepared: PreparedFork) -> None: ...
 
     def after_child_write(self, child_thread_id: str) -> None: ...
 
 
 class NoHooks:
-    def before_materialize(self, source_thread_id: str) -> None:
+    def before_materialize(self, prepared: PreparedFork) -> None:
         return None
 
     def after_child_write(self, child_thread_id: str) -> None:
@@ -174,18 +166,6 @@ def _resolve(
     if isinstance(boundary, Latest):
         return history.next_ordinal, None
     turns = build_turns(history.items) if reduced is None else reduced
-    return _resolve_named(
-        turns, boundary, lambda end: is_terminal_event(history.lines[end - 1].item)
-    )
-
-
-def _resolve_named(
-    turns: Sequence[TurnRecord],
-    boundary: ThroughTurn | BeforeTurn,
-    settles: Callable[[int], bool],
-) -> tuple[int, tuple[TurnRecord, ...] | None]:
-    """`_resolve` of a named boundary over the history's `turns`; `settles(end)`: whether the
-    line before `end` is a terminal event (a history's line, or its outline's `settled_ends`)."""
     matches = [t for t in turns if t.id == boundary.turn_id]
     if not matches:
         raise TurnNotFound(boundary.turn_id)
@@ -194,7 +174,7 @@ def _resolve_named(
         end = turn.end_index
         if end is None:
             raise TurnInProgress(boundary.turn_id)
-        if not settles(end):
+        if not is_terminal_event(history.lines[end - 1].item):
             return end, None
         kept = tuple(t for t in turns if t.end_index is not None and t.end_index <= end)
         # Through the last turn: the reduction itself (its projection is kept with it).
@@ -248,58 +228,11 @@ class ForkService:
         detached thread of `fork_async` buys it nothing (starting one per fork, and
         handing the interpreter lock to it and back, costs the app-server's request loop
         milliseconds per fork on a loaded machine)."""
-        lean = self._fork_outlined(source_thread_id, options)
-        if lean is not None:
-            return lean
         prepared = self.prepare(source_thread_id, options.boundary, turn_items=options.turn_items)
         try:
             return self.materialize(prepared, options)
         finally:
             prepared.reservation.release()
-
-    def _fork_outlined(self, source_thread_id: str, options: ForkOptions) -> ForkResult | None:
-        """A fork answered from the source's outline (`ThreadStore.outline`) instead of its
-        whole history: an unopened Copied child (`keep_child_parse=False`) without items,
-        through a turn that ends on a terminal event (the prefix is its own Interrupted
-        snapshot, copied as the source's bytes), the prefix's turns from the outline's. The
-        same child, answer and errors as `prepare` + `materialize` make; None (fork that way)
-        for any other fork, or a source the outline does not read. The source stays reserved
-        from before it is read until the child is written, as `fork` holds it."""
-        boundary = options.boundary
-        if (
-            not isinstance(boundary, ThroughTurn)
-            or isinstance(options.snapshot, TruncateBeforeNthUserMessage)
-            or options.persistence != ForkPersistence.COPIED
-            or options.keep_child_parse
-            or options.turn_items
-        ):
-            return None
-        reservation = self.store.reserve(source_thread_id)
-        try:
-            with gc_paused():
-                outline = self.store.outline(source_thread_id)
-                if outline is None:
-                    return None
-                end, turns = _resolve_named(
-                    outline.turns, boundary, outline.settled_ends.__contains__
-                )
-                if turns is None:
-                    return None  # a turn closed by the next one's start: its snapshot closes it
-                copied = outline_span(outline, end)
-                if copied is None:
-                    return None
-                self.hooks.before_materialize(source_thread_id)
-                return self._write_unopened(
-                    source_thread_id,
-                    outline.head.settings,
-                    options,
-                    copied,
-                    outline.preview_before(end),
-                    end,
-                    turns,
-                )
-        finally:
-            reservation.release()
 
     def fork_async(
         self, source_thread_id: str, options: ForkOptions
@@ -333,7 +266,7 @@ class ForkService:
             return self._materialize(prepared, options)
 
     def _materialize(self, prepared: PreparedFork, options: ForkOptions) -> ForkResult:
-        self.hooks.before_materialize(prepared.source_thread_id)
+        self.hooks.before_materialize(prepared)
         snapshot = options.snapshot
         items = list(prepared.model_context)
         # A settled prefix is its own Interrupted snapshot (no turn to close): the child is
@@ -348,26 +281,37 @@ class ForkService:
         if isinstance(snapshot, TruncateBeforeNthUserMessage):
             forked = drop_empty_turn_shell(forked)
         settings = self.store.settings(prepared.source)  # kept with the source's parse
-        copied = None
-        if options.persistence == ForkPersistence.COPIED and as_is:
-            # The prefix's lines as the source's file holds them, where it can (one read of
-            # their bytes, not an encode per line); else each item encoded again.
-            copied = self.store.copied_span(prepared.source, len(items))
-        if copied is not None and not options.keep_child_parse:
-            return self._write_unopened(
-                prepared.source_thread_id,
-                settings,
-                options,
-                copied,
-                _preview(prepared.source.lines, len(items)),
-                prepared.end_ordinal_exclusive,
-                prepared.turns,
-            )
-        child_id, meta, settings_item, child_settings = _child_meta(
-            prepared.source_thread_id, settings, options
+        cwd = options.cwd or settings.get("cwd")
+        model = options.model or settings.get("model")
+        child_id = uuid7()
+        meta: dict[str, Any] = {
+            "id": child_id,
+            "session_id": child_id,
+            "timestamp": now_iso(),
+            "cwd": cwd,
+            "originator": "tutti_agent",
+            "cli_version": __version__,
+            "source": "appServer",
+            "model_provider": settings.get("model_provider"),
+            "model": model,
+            "forked_from_id": prepared.source_thread_id,
+        }
+        settings_item = RolloutItem(
+            LineType.EVENT_MSG,
+            {
+                "type": "thread_settings_applied",
+                "thread_id": child_id,
+                "thread_settings": {"cwd": cwd, "model": model},
+            },
         )
+        child_settings = {"cwd": cwd, "model": model, "model_provider": meta["model_provider"]}
+        copied = None
         if options.persistence == ForkPersistence.COPIED:
             first_ordinal = 0
+            # The prefix's lines as the source's file holds them, where it can (one read of
+            # their bytes, not an encode per line); else each item encoded again.
+            if as_is:
+                copied = self.store.copied_span(prepared.source, len(items))
             if copied is not None:
                 lines = [settings_item]
             else:
@@ -390,9 +334,17 @@ class ForkService:
         # The whole child in one write and one fsync (plus its directory's), not one fsync
         # per line: it is durable before the response either way. A failed
         # creation leaves no file.
+        # A child this server will not open, its prefix copied as bytes: none of its copied
+        # lines is built (60,000 for a 10,000-Turn prefix); the answer is made from its head.
+        unopened = copied is not None and not options.keep_child_parse
         try:
             writer, written = self.store.create_rollout_lines(
-                child_id, meta, first_ordinal=first_ordinal, items=lines, copied=copied
+                child_id,
+                meta,
+                first_ordinal=first_ordinal,
+                items=lines,
+                copied=copied,
+                copied_lines=not unopened,
             )
         except AppServerError:
             raise
@@ -404,11 +356,25 @@ class ForkService:
             # The child's history from the lines just written, checked as a load checks it
             # (identity, ordinals, history_base into the frozen source), not re-read from disk.
             parent = prepared.source if first_ordinal > 0 else None
-            child = self.store.adopt_created(
-                child_id, writer.path, written, parent, remember=options.keep_child_parse
-            )
+            child: ThreadHistory | None = None
+            head: ThreadHead | None = None
+            if unopened:
+                self.store.adopt_unopened(child_id, writer.path, written[-1].end_byte_offset)
+                head = ThreadHead(
+                    child_id,
+                    writer.path,
+                    written[0].item.payload,
+                    dict(child_settings),
+                    _preview(prepared.source.lines, len(items)),
+                )
+            else:
+                child = self.store.adopt_created(
+                    child_id, writer.path, written, parent, remember=options.keep_child_parse
+                )
         except BaseException as exc:
-            _discard(writer)
+            # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
+            writer.close()
+            remove_file_durably(writer.path)
             if isinstance(exc, AppServerError):
                 raise
             raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
@@ -417,86 +383,8 @@ class ForkService:
             prepared_end=prepared.end_ordinal_exclusive,
             turns=prepared.turns if as_is else None,
             settings=child_settings,
+            head=head,
         )
-
-    def _write_unopened(
-        self,
-        source_thread_id: str,
-        settings: Mapping[str, Any],
-        options: ForkOptions,
-        copied: CopiedSpan,
-        preview: str,
-        end: int,
-        turns: tuple[TurnRecord, ...],
-    ) -> ForkResult:
-        """A child this server will not open, its prefix `copied` as the source's bytes: none
-        of its copied lines is built (60,000 for a 10,000-Turn prefix); the answer is made from
-        its head (`preview`: the prefix's) and the prefix's `turns`. One write and one fsync
-        (plus its directory's); a failed creation leaves no file."""
-        child_id, meta, settings_item, child_settings = _child_meta(
-            source_thread_id, settings, options
-        )
-        try:
-            writer, written = self.store.create_rollout_lines(
-                child_id, meta, items=[settings_item], copied=copied, copied_lines=False
-            )
-        except AppServerError:
-            raise
-        except Exception as exc:
-            raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
-        try:
-            writer.close()
-            self.hooks.after_child_write(child_id)
-            self.store.adopt_unopened(child_id, writer.path, written[-1].end_byte_offset)
-        except BaseException as exc:
-            _discard(writer)
-            if isinstance(exc, AppServerError):
-                raise
-            raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
-        head = ThreadHead(
-            child_id, writer.path, written[0].item.payload, dict(child_settings), preview
-        )
-        return ForkResult(
-            child=None, prepared_end=end, turns=turns, settings=child_settings, head=head
-        )
-
-
-def _child_meta(
-    source_thread_id: str, settings: Mapping[str, Any], options: ForkOptions
-) -> tuple[str, dict[str, Any], RolloutItem, dict[str, Any]]:
-    """A new child's id, its `session_meta`, its `thread_settings_applied` line and its
-    `effective_settings()`, from the source's settings and the fork's options."""
-    cwd = options.cwd or settings.get("cwd")
-    model = options.model or settings.get("model")
-    child_id = uuid7()
-    meta: dict[str, Any] = {
-        "id": child_id,
-        "session_id": child_id,
-        "timestamp": now_iso(),
-        "cwd": cwd,
-        "originator": "tutti_agent",
-        "cli_version": __version__,
-        "source": "appServer",
-        "model_provider": settings.get("model_provider"),
-        "model": model,
-        "forked_from_id": source_thread_id,
-    }
-    settings_item = RolloutItem(
-        LineType.EVENT_MSG,
-        {
-            "type": "thread_settings_applied",
-            "thread_id": child_id,
-            "thread_settings": {"cwd": cwd, "model": model},
-        },
-    )
-    child_settings = {"cwd": cwd, "model": model, "model_provider": meta["model_provider"]}
-    return child_id, meta, settings_item, child_settings
-
-
-def _discard(writer: RolloutWriter) -> None:
-    """LiveThreadInitGuard: an uninitialized child must not survive as a rollout."""
-    writer.close()
-    remove_file_durably(writer.path)
 
 
 def _preview(lines: Sequence[RolloutLine], end: int) -> str:

@@ -115,21 +115,6 @@ def is_contextual_user_text(text: str) -> bool:
     return text.lstrip().startswith(CONTEXTUAL_USER_PREFIXES)
 
 
-ENV_CONTEXT_PREFIX = "<environment_context>"
-
-
-def is_env_context(item: RolloutItem) -> bool:
-    """The `<environment_context>` user fragment a thread's first turn records (once per
-    thread: `LiveThread` adds it only to a history without one)."""
-    if item.type != LineType.RESPONSE_ITEM or item.payload.get("role") != "user":
-        return False
-    content = item.payload.get("content") or []
-    return any(
-        isinstance(c, Mapping) and str(c.get("text", "")).startswith(ENV_CONTEXT_PREFIX)
-        for c in content
-    )
-
-
 def is_real_user_message(item: RolloutItem) -> bool:
     if item.type != LineType.RESPONSE_ITEM:
         return False
@@ -178,18 +163,15 @@ class ThreadHistoryBuilder:
     def handle(self, index: int, item: RolloutItem) -> None:
         # `item.event_type` inlined: this runs once per rollout line (60,000 for a
         # 10,000-Turn thread), and most lines are events.
-        if item.type == _EVENT_MSG:
-            self.handle_event(index, item.payload.get("type"), item.payload)
-        elif self._active is None and item.type == _RESPONSE_ITEM and is_real_user_message(item):
-            # Legacy history: no lifecycle events, a user message opens an implicit turn.
-            self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
-
-    def handle_event(self, index: int, ev: object, p: Mapping[str, Any]) -> None:
-        """`handle` of an `event_msg` line whose payload is `p` and its `type` `ev` (a caller
-        that has both at hand: the outline's pass)."""
+        p = item.payload
+        ev = p.get("type") if item.type == _EVENT_MSG else None
         if ev is None:
-            return
-        if ev == "item_completed":
+            if self._active is None and item.type == _RESPONSE_ITEM and is_real_user_message(item):
+                # Legacy history: no lifecycle events, a user message opens an implicit turn.
+                self._active = _OpenTurn(
+                    id=None, explicit=False, start_index=None, started_at=None
+                )
+        elif ev == "item_completed":
             if self._active is None:
                 self._ensure_legacy_turn()
             if self._with_items:

@@ -345,16 +345,10 @@ def read_rollout(path: Path) -> list[RolloutLine]:
     path, in any other through `json.loads` of the line's bytes. Same lines, same offsets,
     same errors either way."""
     data = path.read_bytes()
-    standard = standard_loads(data)
+    standard = _standard_ascii if data.isascii() else json.loads
     with gc_paused():
         # Past the last newline: nothing, or a torn tail from a crash mid-write (left out).
         return _read_lines(lines_of(data), path, fast_loads(data, standard), standard)
-
-
-def standard_loads(data: bytes) -> Callable[[bytes], Any]:
-    """The standard library's decoder of one line of `data`: through the decoder's text path
-    in an all-ASCII file, else `json.loads` of the line's bytes (`read_rollout`)."""
-    return _standard_ascii if data.isascii() else json.loads
 
 
 def _standard_ascii(raw: bytes) -> Any:
@@ -524,15 +518,12 @@ def make_dirs(path: Path) -> list[Path]:
 @dataclass(frozen=True, slots=True)
 class CopiedSpan:
     """Complete lines of an existing rollout, to be written verbatim into a new one: `data`
-    is the file's bytes `[start, start + len(data))`, their ordinals `first_ordinal` to
-    `last_ordinal` (contiguous); `lines` their parse (end offsets in that file), when the
-    caller has it (a source read from its outline has none)."""
+    is the file's bytes `[start, start + len(data))`, `lines` their parse (end offsets in
+    that file, ordinals contiguous)."""
 
     data: bytes
     start: int
-    first_ordinal: int
-    last_ordinal: int
-    lines: Sequence[RolloutLine] | None = None
+    lines: Sequence[RolloutLine]
 
 
 def read_span(path: Path, start: int, stop: int, identity: tuple[int, int]) -> bytes | None:
@@ -557,10 +548,6 @@ def read_span(path: Path, start: int, stop: int, identity: tuple[int, int]) -> b
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-TAIL_BLOCK = 1 << 16
-"""`RolloutWriter` looks for a rollout's last newline this many bytes at a time."""
 
 
 class RolloutWriter:
@@ -616,16 +603,14 @@ class RolloutWriter:
 
         encode(first_ordinal, items[0])
         ordinal = first_ordinal + 1
-        if copied is not None and copied.data:
-            if copied.first_ordinal != ordinal:
-                raise ValueError(f"copied lines start at {copied.first_ordinal}, not {ordinal}")
+        if copied is not None and copied.lines:
+            if copied.lines[0].ordinal != ordinal:
+                raise ValueError(f"copied lines start at {copied.lines[0].ordinal}, not {ordinal}")
             shift = offset - copied.start
             # `tuple.__new__` straight, not the named tuple's constructor (a Python-level
             # call per line: 60,000 for a 10,000-Turn prefix); the same RolloutLines.
             new = tuple.__new__
             if copied_lines:
-                if copied.lines is None:
-                    raise ValueError("copied lines without their parse cannot be returned")
                 lines.extend(
                     [
                         new(RolloutLine, (ordinal_, timestamp_, item_, end_ + shift))
@@ -634,7 +619,7 @@ class RolloutWriter:
                 )
             chunks.append(copied.data)
             offset += len(copied.data)
-            ordinal = copied.last_ordinal + 1
+            ordinal = copied.lines[-1].ordinal + 1
         for item in items[1:]:
             encode(ordinal, item)
             ordinal += 1
@@ -663,18 +648,9 @@ class RolloutWriter:
 
     def _truncate_torn_tail(self) -> None:
         # A torn last line would glue onto the next append and corrupt it: cut it first.
-        # Found from the end backwards (a 14.7 MB rollout read whole is 3,600 fresh pages).
-        size = self._file.seek(0, os.SEEK_END)
-        keep, at = 0, size
-        while at > 0:
-            begin = max(0, at - TAIL_BLOCK)
-            self._file.seek(begin)
-            cut = self._file.read(at - begin).rfind(b"\n")
-            if cut >= 0:
-                keep = begin + cut + 1
-                break
-            at = begin
-        if keep != size:
+        data = self._file.read()
+        keep = data.rfind(b"\n") + 1
+        if keep != len(data):
             self._file.truncate(keep)
             self._file.flush()
             os.fsync(self._file.fileno())

@@ -35,12 +35,11 @@ from tutti_agent.fork import (
     ThroughTurn,
     parse_snapshot,
 )
-from tutti_agent.history import InterruptedMarker, TurnRecord, is_env_context
+from tutti_agent.history import InterruptedMarker, TurnRecord
 from tutti_agent.ids import parse_thread_id, uuid7
 from tutti_agent.model import Model
-from tutti_agent.outline import ThreadHead, ThreadOutline
 from tutti_agent.rollout import gc_paused, now_iso
-from tutti_agent.store import ThreadHistory, ThreadStore
+from tutti_agent.store import ThreadHead, ThreadHistory, ThreadStore
 from tutti_agent.turns import LiveThread
 from tutti_agent.wire import (
     encode_message,
@@ -211,30 +210,14 @@ class AppServer:
         with self._threads_lock:
             return self.threads.get(thread_id)
 
-    def _load_live(self, history: ThreadHistory | ThreadOutline) -> LiveThread:
-        """The thread made live from its whole history, or from its outline (what a live
-        thread keeps of it is its path, line count, settings and whether it holds the
-        environment context)."""
+    def _load_live(self, history: ThreadHistory) -> LiveThread:
         self.model.warm()  # an HTTP model readies its client while the Session starts
         with self._threads_lock:
             self._unloadable.pop(history.thread_id, None)  # loaded now: that failure is past
             live = self.threads.get(history.thread_id)
             if live is None:
-                if isinstance(history, ThreadOutline):
-                    env, settings = history.has_env_context, history.head.settings
-                else:
-                    env = any(map(is_env_context, history.items))
-                    settings = self.store.settings(history)  # kept with the history's parse
-                live = LiveThread(
-                    self.store,
-                    history.thread_id,
-                    history.path,
-                    self.store.open_writer(history),
-                    self.conn,
-                    self.model,
-                    has_env_context=env,
-                    settings=settings,
-                )
+                writer = self.store.open_writer(history)
+                live = LiveThread(self.store, history, writer, self.conn, self.model)
                 self.threads[history.thread_id] = live
             return live
 
@@ -398,12 +381,8 @@ class AppServer:
         failure, and the next `thread/resume` loads it whole (and answers it)."""
         try:
             with gc_paused():
-                # Its outline where it reads one (the turns a fork's source read answers, for a
-                # third of a whole parse); else the whole history, which names any error.
-                loaded: ThreadHistory | ThreadOutline | None = self.store.outline(thread_id)
-                if loaded is None:
-                    loaded = self.store.load(thread_id)
-                self._load_live(loaded)
+                history = self.store.load(thread_id)
+                self._load_live(history)
         except AppServerError as exc:
             with self._threads_lock:
                 self._unloadable[thread_id] = exc
@@ -415,11 +394,7 @@ class AppServer:
 
         def prewarm() -> None:
             with contextlib.suppress(Exception), gc_paused():
-                prepare_lean(
-                    loaded.turns
-                    if isinstance(loaded, ThreadOutline)
-                    else self.store.turns(loaded, with_items=False)
-                )
+                prepare_lean(self.store.turns(history, with_items=False))
 
         threading.Thread(target=prewarm, name=f"prewarm-{thread_id}", daemon=True).start()
 
@@ -431,23 +406,9 @@ class AppServer:
 
     def thread_read(self, params: Mapping[str, Any]) -> Reply:
         thread_id = self._thread_id(params)
+        history = self._read_history(thread_id)
         include = bool(params.get("includeTurns", False))
         with_items = self._turn_items(params)
-        if include and not with_items:
-            # Turns without items (a host's read of a source before it forks): from the
-            # thread's outline where it reads one, the object the whole history projects.
-            try:
-                outline = self.store.outline(thread_id)
-            except NoRolloutFound:
-                raise ThreadNotLoaded(thread_id) from None
-            if outline is not None:
-                live = self._live(thread_id)
-                status = live.status() if live is not None else "notLoaded"
-                wire = head_to_wire(
-                    outline.head, status=status, turns=outline.turns, with_items=False
-                )
-                return Reply({"thread": wire})
-        history = self._read_history(thread_id)
         return Reply(
             {"thread": self._thread_payload(history, include_turns=include, with_items=with_items)}
         )

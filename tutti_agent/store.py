@@ -24,7 +24,6 @@ from tutti_agent.errors import (
     ThreadReserved,
 )
 from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
-from tutti_agent.outline import ThreadHead, ThreadOutline, read_outline
 from tutti_agent.rollout import (
     CopiedSpan,
     KnownLines,
@@ -168,6 +167,25 @@ HEAD_PREVIEW_LINES = 64
 user message (its preview); a longer rollout without one there is read whole."""
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadHead:
+    """What a thread's answer says of it besides its turns, read from a single-file rollout's
+    first lines and its settings lines (`ThreadStore.head`), without parsing the rest."""
+
+    thread_id: str
+    path: Path
+    meta: Mapping[str, Any]
+    settings: dict[str, Any]
+    """`effective_settings()` of the whole history."""
+    preview: str
+    """The first real user message's text, cut at 200 characters (`wire.preview`)."""
+
+    @property
+    def forked_from_id(self) -> str | None:
+        v = self.meta.get("forked_from_id")
+        return str(v) if v is not None else None
+
+
 class Reservation:
     """Keeps a source undeletable while a fork that depends on it is being prepared."""
 
@@ -211,7 +229,6 @@ class ThreadStore:
         )
         self._memo: dict[tuple[Path, str], tuple[list[RolloutLine], Any]] = {}
         self._reducing = threading.Lock()
-        self._outlines: OrderedDict[Path, ThreadOutline] = OrderedDict()
 
     def _find(self, thread_id: str) -> Path | None:
         """Exact lookup (`find_rollout_path`), remembered while the file stays there."""
@@ -243,34 +260,6 @@ class ThreadStore:
                 while len(self._parsed) > PARSED_ROLLOUTS_CACHED:
                     self._parsed.popitem(last=False)
         return lines
-
-    def outline(self, thread_id: str) -> ThreadOutline | None:
-        """The thread's outline (`outline.read_outline`: one pass that decodes every line and
-        keeps none), kept while its file is unchanged; None — read the whole history with
-        `load` — when this store holds the file's whole parse as it is now (a history assembled
-        from it answers as cheaply), or for a rollout the outline does not read (a Referenced
-        child, any line `load` would refuse: `load` names it). A missing rollout raises
-        `NoRolloutFound`, as `load` does."""
-        path = self._find(thread_id)
-        if path is None:
-            raise NoRolloutFound(thread_id)
-        key = _file_key(path)
-        with self._cache_lock:
-            parsed = self._parsed.get(path)
-            if parsed is not None and parsed[0] == key:
-                return None
-            known = self._outlines.get(path)
-            if known is not None and known.key == key and known.thread_id == thread_id:
-                self._outlines.move_to_end(path)
-                return known
-        made = read_outline(path, thread_id)
-        if made is not None and _file_key(path) == made.key:
-            with self._cache_lock:
-                self._outlines[path] = made
-                self._outlines.move_to_end(path)
-                while len(self._outlines) > PARSED_ROLLOUTS_CACHED:
-                    self._outlines.popitem(last=False)
-        return made
 
     def turns(self, history: ThreadHistory, *, with_items: bool = True) -> tuple[TurnRecord, ...]:
         """`build_turns(history.items, with_items=...)`, reduced once per parse of a
@@ -370,7 +359,6 @@ class ThreadStore:
         with self._cache_lock:
             self._paths.pop(thread_id, None)
             self._parsed.pop(path, None)
-            self._outlines.pop(path, None)
 
     # -- files ------------------------------------------------------------------------
     def create_rollout(
@@ -446,7 +434,7 @@ class ThreadStore:
             obj.get("payload"),
         ) != (parsed.ordinal, parsed.timestamp, parsed.item.type, parsed.item.payload):
             return None
-        return CopiedSpan(data, start, lines[0].ordinal, lines[-1].ordinal, lines)
+        return CopiedSpan(data, start, lines)
 
     def head(self, thread_id: str) -> ThreadHead | None:
         """The thread's `ThreadHead`, read from the bytes of its rollout without decoding its
@@ -483,11 +471,8 @@ class ThreadStore:
             return None
         return ThreadHead(thread_id, path, meta, settings, preview)
 
-    def open_writer(self, history: ThreadHistory | ThreadOutline) -> RolloutWriter:
-        next_ordinal = (
-            history.line_count if isinstance(history, ThreadOutline) else history.next_ordinal
-        )
-        return RolloutWriter(history.path, next_ordinal, create=False)
+    def open_writer(self, history: ThreadHistory) -> RolloutWriter:
+        return RolloutWriter(history.path, history.next_ordinal, create=False)
 
     def path_of(self, thread_id: str) -> Path:
         path = self._find(thread_id)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any
 
 from tutti_agent.errors import ModelError, NoActiveTurn, ThreadBusy
 from tutti_agent.history import (
-    ENV_CONTEXT_PREFIX,
     InterruptedMarker,
     TurnStatus,
     interrupted_marker_item,
@@ -24,12 +22,14 @@ from tutti_agent.history import (
 from tutti_agent.ids import uuid7
 from tutti_agent.model import Model, TurnCancelled
 from tutti_agent.rollout import LineType, RolloutItem, RolloutWriter
-from tutti_agent.store import ThreadStore
+from tutti_agent.store import ThreadHistory, ThreadStore
 from tutti_agent.turn_io import ActiveTurn, LiveTurnIO, Peer
 
 # The names under which others knew these (tests wrap `_TurnIO` methods in a daemon's app-server).
 _TurnIO = LiveTurnIO
 __all__ = ["ENV_CONTEXT_PREFIX", "ActiveTurn", "LiveThread", "Peer", "_TurnIO"]
+
+ENV_CONTEXT_PREFIX = "<environment_context>"
 
 
 class LiveThread:
@@ -38,20 +38,14 @@ class LiveThread:
     def __init__(
         self,
         store: ThreadStore,
-        thread_id: str,
-        path: Path,
+        history: ThreadHistory,
         writer: RolloutWriter,
         peer: Peer,
         model: Model,
-        *,
-        has_env_context: bool,
-        settings: Mapping[str, Any],
     ) -> None:
-        """`has_env_context`: whether the history holds the `<environment_context>` fragment
-        (`history.is_env_context`); `settings`: its `effective_settings()`."""
         self.store = store
-        self.thread_id = thread_id
-        self.path = path
+        self.thread_id = history.thread_id
+        self.path = history.path
         self.writer = writer
         self.peer = peer
         self.model = model
@@ -60,7 +54,10 @@ class LiveThread:
         self._last: ActiveTurn | None = None
         """The latest turn started: `active` is cleared before its last notifications are
         written, its `done` only after them (`wait_idle`)."""
-        self._has_env_context = has_env_context
+        self._has_env_context = any(
+            _is_env_context(line.item) for line in history.lines
+        )
+        settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
         model_name = settings.get("model")
@@ -265,3 +262,11 @@ def _env_context_item(cwd: str) -> RolloutItem:
     return _message_item("user", "input_text", text)
 
 
+def _is_env_context(item: RolloutItem) -> bool:
+    if item.type != LineType.RESPONSE_ITEM or item.payload.get("role") != "user":
+        return False
+    content = item.payload.get("content") or []
+    return any(
+        isinstance(c, Mapping) and str(c.get("text", "")).startswith(ENV_CONTEXT_PREFIX)
+        for c in content
+    )

@@ -15,8 +15,7 @@ import orjson
 
 from tutti_agent import __version__
 from tutti_agent.history import TurnRecord, build_turns, is_real_user_message, message_text
-from tutti_agent.outline import ThreadHead
-from tutti_agent.store import ThreadHistory
+from tutti_agent.store import ThreadHead, ThreadHistory
 
 
 def turn_to_wire(turn: TurnRecord, index: int = 0, *, with_items: bool = True) -> dict[str, Any]:

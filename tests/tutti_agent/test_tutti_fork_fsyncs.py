@@ -128,12 +128,14 @@ def test_a_waited_fork_materializes_in_the_calling_thread(tmp_path: Path) -> Non
     source's reservation until materialization ends (`fork_async` keeps the detached one)."""
     import threading
 
+    from tutti_agent.fork import PreparedFork
+
     store = ThreadStore(tmp_path / "tutti-home")
     source = _ten_turn_source(store)
     seen: list[tuple[threading.Thread, bool]] = []
 
     class Hooks:
-        def before_materialize(self, source_thread_id: str) -> None:
+        def before_materialize(self, prepared: PreparedFork) -> None:
             seen.append((threading.current_thread(), store.is_reserved(source)))
 
         def after_child_write(self, child_thread_id: str) -> None:

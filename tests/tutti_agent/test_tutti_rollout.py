@@ -156,7 +156,7 @@ def test_a_child_is_written_without_a_joined_copy_of_its_copied_lines(tmp_path: 
     )
     item = RolloutItem("response_item", payload)
     lines = [RolloutLine(i, "t", item, i * size) for i in range(1, count + 1)]
-    copied = CopiedSpan(data, 0, 1, count, lines)
+    copied = CopiedSpan(data, 0, lines)
     meta = RolloutItem("session_meta", {"id": "child"})
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     writer, _ = RolloutWriter.create(tmp_path / "r.jsonl", 0, [meta], copied, copied_lines=False)
