@@ -29,7 +29,10 @@ was published; that one, and any change of the batch without a row, is read back
 (docs/design/store.md, "Change events that carry their row"). A Turn change that carries its
 Turn (a submit's claim, the Session actor's settlement) is projected from its own row under the
 same rule, per Turn (`shown_turns`), and not after its Session's removal was published
-(`removed`).
+(`removed`). A Session change that carries only what its write's `touch` changed (a Turn's claim
+and settlement: `SessionChanged.touch`) is built from the newest row this thread knows of that
+Session (`Known`) when that row is at exactly the version before the touch's, and then published
+under the same rule; else read back (docs/design/store.md, "A Turn's Session events carried").
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from protocol.events import (
     Event,
     MessageDelta,
 )
-from storage.models import ForkOperationChanged, SessionChanged, TurnChanged
+from storage.models import ForkOperationChanged, Session, SessionChanged, TurnChanged
 from storage.sqlite import TRANSIENT_ERRORS
 from storage.store import Store
 from transport.server import MAX_EVENT_BYTES
@@ -115,6 +118,32 @@ class Shown:
                 self._forgotten = max(self._forgotten, latest.pop(old))
 
 
+class Known:
+    """Per Session, the newest row (by its `version`) this thread has: read back, carried by a
+    write, or built from a touch. Each is a committed state of its row, exact at its version
+    (every change of the row moves the version), whether or not its event was published — the
+    base a `SessionTouch` is applied to. Owned by the publishing thread; bounded like `Shown`
+    (a Session forgotten is read back at its next touch)."""
+
+    def __init__(self, remembered: int = SHOWN_REMEMBERED) -> None:
+        self._rows: dict[tuple[str, str], Session] = {}
+        self._remembered = remembered
+
+    def get(self, key: tuple[str, str]) -> Session | None:
+        return self._rows.get(key)
+
+    def learn(self, key: tuple[str, str], row: Session) -> None:
+        rows = self._rows
+        held = rows.pop(key, None)  # re-inserted last: the oldest entries are forgotten first
+        rows[key] = row if held is None or row.version >= held.version else held
+        if len(rows) > self._remembered:
+            for old in list(rows)[: len(rows) // 2]:
+                del rows[old]
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._rows.pop(key, None)
+
+
 def _entries(item: Any) -> list[Any]:
     """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
     return item if isinstance(item, list) else [item]
@@ -124,29 +153,43 @@ def _reads(change: Any) -> bool:
     """Whether `change`'s event is read from the store (a Session or Turn change that carries
     its row is not, unless an older row than one shown: then it is read alone)."""
     if isinstance(change, SessionChanged):
-        return change.row is None and not change.removed
+        return change.row is None and change.touch is None and not change.removed
     if isinstance(change, TurnChanged):
         return change.row is None
     return isinstance(change, _READ_BACK)
 
 
-def _newest_rows(batch: list[Any]) -> dict[tuple[str, str], SessionChanged | None]:
-    """Per Session changed in `batch`: its change of the largest `seq` if every one of its
-    changes there carries a row, else None (a removal, or a write that carries none)."""
-    rows: dict[tuple[str, str], SessionChanged | None] = {}
+def _newest_rows(
+    batch: list[Any], known: Known
+) -> dict[tuple[str, str], tuple[int, Session] | None]:
+    """Per Session changed in `batch`: the row of its change of the largest `seq` (with that
+    seq) if every one of its changes there carries a row or a touch `known` resolves, else None
+    (a removal, a write that carries neither, or a touch whose base row is not held). Every row
+    met is learnt (`known`), so a touch after its base in the batch resolves too."""
+    rows: dict[tuple[str, str], tuple[int, Session] | None] = {}
     for change in batch:
         if not isinstance(change, SessionChanged):
             continue
         key = (change.workspace_id, change.session_id)
-        if change.row is None or change.removed:
+        row = change.row
+        if change.removed:
+            known.forget(key)
+        elif row is not None:
+            known.learn(key, row)
+        elif change.touch is not None:
+            base = known.get(key)
+            row = None if base is None else change.touch.apply(base)
+            if row is not None:
+                known.learn(key, row)
+        if row is None or change.removed:
             rows[key] = None
             continue
         if key in rows:
             held = rows[key]
-            if held is not None and held.seq < change.seq:
-                rows[key] = change
+            if held is not None and held[0] < change.seq:
+                rows[key] = (change.seq, row)
         else:
-            rows[key] = change
+            rows[key] = (change.seq, row)
     return rows
 
 
@@ -195,8 +238,14 @@ class EventPublisher:
         self.shown = Shown()
         self.shown_turns = Shown()
         """`Shown` per Turn (a Turn's carried row against what its events showed)."""
+        self.known = Known()
+        """The newest row of each Session this thread has, the base of a carried touch."""
         self.carried = 0
-        """Session events built from the row their change carried (no read); tests pin it."""
+        """Session events built from the row their change carried, or its touch built on a
+        known row (no read); tests pin it."""
+        self.touched = 0
+        """Of `carried`, the events of a change that carried only a touch (a Turn's claim or
+        settlement): built on a known row."""
         self.carried_turns = 0
         """Turn events built from the row their change carried (no read); tests pin it."""
         self.removed = Shown()
@@ -371,7 +420,7 @@ class EventPublisher:
         # Per Session of the batch, the carried row its event is built from: the newest one if
         # every change of that Session in the batch carries one (then it is at least as new as
         # any of them), else None (one without: read back).
-        rows = _newest_rows(batch)
+        rows = _newest_rows(batch, self.known)
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
         # events read back from the store go together, `HANDOVER` at most (a fork's events
         # in a batch were one hand-over to the loop each). What `out` holds on entry are
@@ -433,24 +482,24 @@ class EventPublisher:
         return stop
 
     def _session_event(
-        self, change: SessionChanged, rows: dict[tuple[str, str], SessionChanged | None]
+        self, change: SessionChanged, rows: dict[tuple[str, str], tuple[int, Session] | None]
     ) -> Event | None:
-        """`project(change)`, from the batch's newest carried row of its Session when nothing
-        newer of it can have been shown; the bound moved past what this event shows."""
+        """`project(change)`, from the batch's newest carried (or touched) row of its Session
+        when nothing newer of it can have been shown; the bound moved past what this event
+        shows."""
         key = (change.workspace_id, change.session_id)
         newest = rows.get(key)
         if (
             newest is not None
-            and newest.row is not None
-            and newest.seq > self.shown.bound(key)
-            and newest.seq > self._unseen.get(change.workspace_id, 0)
+            and newest[0] > self.shown.bound(key)
+            and newest[0] > self._unseen.get(change.workspace_id, 0)
         ):
-            self.shown.showed(key, newest.seq)
+            seq, row = newest
+            self.shown.showed(key, seq)
             self.carried += 1
-            return {
-                "type": SESSION_UPSERTED,
-                "session": projection.session(newest.row, self.catalog),
-            }
+            if change.row is None:
+                self.touched += 1
+            return {"type": SESSION_UPSERTED, "session": projection.session(row, self.catalog)}
         try:
             return self.project(change)
         finally:
@@ -500,6 +549,8 @@ class EventPublisher:
             if change.removed:
                 return {"type": SESSION_REMOVED, "agentSessionId": change.session_id}
             session = store.sessions.get_session(change.workspace_id, change.session_id)
+            # A committed state, exact at its version: the base of the Session's next touch.
+            self.known.learn((change.workspace_id, change.session_id), session)
             return {
                 "type": SESSION_UPSERTED,
                 "session": projection.session(session, self.catalog),

@@ -8,7 +8,7 @@ lives in `agenthost/projection.py`, so nothing here knows about the wire.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -133,6 +133,9 @@ class Session:
     # Inherited by a fork child (seed 000 §5 "rail placement, visibility").
     rail_placement: str | None = None
     visibility: str = "visible"
+    version: int = 0
+    """The row's version: one more at every change of what the row shows (docs/design/store.md,
+    "A Turn's Session events carried"); a Session just inserted is at 0. Not on the wire."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,6 +350,41 @@ class ForkReadiness:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionTouch:
+    """What a write's `touch` changed of its Session's row, and nothing else of it did: the row
+    it left is the row at `version - 1` with `updated_at_ms` set and, for a Turn's claim or
+    settlement, its active Turn set (`claimed`) or cleared (`settled`). A subscriber that holds
+    the row at exactly `version - 1` builds the new one without a read (docs/design/store.md,
+    "A Turn's Session events carried")."""
+
+    version: int
+    """The row's version this write left (the touch's `RETURNING`)."""
+    updated_at_ms: int
+    claimed: str | None = None
+    """The Turn this write made the Session's active one (it had none)."""
+    settled: str | None = None
+    """The Turn this write settled (the Session's active one; it has none after)."""
+
+    def apply(self, base: Session) -> Session | None:
+        """The row this write left, from `base`; None unless `base` is the row it changed
+        (its version exactly one less, live, and showing the active Turn this write found)."""
+        if base.version != self.version - 1 or base.deleted:
+            return None
+        active = base.active_turn_id
+        if self.claimed is not None:
+            if active is not None:
+                return None
+            active = self.claimed
+        elif self.settled is not None:
+            if active != self.settled:
+                return None
+            active = None
+        return replace(
+            base, version=self.version, updated_at_ms=self.updated_at_ms, active_turn_id=active
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class SessionChanged:
     workspace_id: str
     session_id: str
@@ -356,9 +394,12 @@ class SessionChanged:
     its last change of the row (a write that emits it changes the row no further), or None:
     a subscriber reads it back. Not part of the change's identity (equality, hash)."""
     seq: int = field(default=0, compare=False, repr=False)
-    """The emitting write's `Tx.seq` (with `row`): the store's writes in the order they were
-    made, which is their commit order (docs/design/store.md, "Change events that carry their
-    row")."""
+    """The emitting write's `Tx.seq` (with `row` or `touch`): the store's writes in the order
+    they were made, which is their commit order (docs/design/store.md, "Change events that
+    carry their row")."""
+    touch: SessionTouch | None = field(default=None, compare=False, repr=False)
+    """Without `row`: what the write changed of the row (its last change of it), for a
+    subscriber that holds the row it changed; None: read back."""
 
 
 @dataclass(frozen=True, slots=True)

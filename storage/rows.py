@@ -30,6 +30,7 @@ from storage.models import (
     Message,
     Session,
     SessionChanged,
+    SessionTouch,
     Turn,
 )
 from storage.schema import SESSION_KEY_OF
@@ -62,7 +63,7 @@ SELECT s.workspace_id, s.session_id, s.kind, s.provider, s.provider_session_id, 
        s.rail_placement, s.visibility,
        {_lineage_column("source_session_id")}, {_lineage_column("source_turn_id")},
        {_lineage_column("target_turn_id")}, {_lineage_column("operation_id")},
-       {_lineage_column("forked_at_ms")}
+       {_lineage_column("forked_at_ms")}, s.version
 FROM sessions s
 """
 
@@ -100,6 +101,7 @@ def session_from_row(r: Row) -> Session:
         lineage=lineage,
         rail_placement=r[18],
         visibility=r[19],
+        version=r[25],
     )
 
 
@@ -508,12 +510,21 @@ def turn_row(tx: Tx, ws: str, sid: str, turn_id: str) -> Turn:
     return turn_from_row(row)
 
 
-def touch(tx: Tx, ws: str, sid: str) -> None:
-    tx.execute(
-        "UPDATE sessions SET updated_at_ms = ? WHERE workspace_id = ? AND session_id = ?",
+def touch(
+    tx: Tx, ws: str, sid: str, *, claimed: str | None = None, settled: str | None = None
+) -> None:
+    """The write's last change of its Session's row: `updated_at_ms`, and the row's version one
+    more. Its event carries what it changed (`SessionTouch`), so a subscriber holding the row
+    it changed builds the new one without a read. `claimed` / `settled`: the Turn whose claim
+    or settlement this write is (the row's active Turn changes with it: the only writes that
+    change it, so nothing else of the row changed since the version before)."""
+    row = tx.one(
+        "UPDATE sessions SET updated_at_ms = ?, version = version + 1 WHERE workspace_id = ?"
+        " AND session_id = ? RETURNING version",
         (tx.now_ms, ws, sid),
     )
-    tx.emit(SessionChanged(ws, sid))
+    mark = None if row is None else SessionTouch(int(row[0]), tx.now_ms, claimed, settled)
+    tx.emit(SessionChanged(ws, sid, seq=tx.seq, touch=mark))
 
 
 def finish_claims(tx: Tx, ws: str, sid: str, turn_id: str) -> None:

@@ -9,7 +9,8 @@ v11 indexes what every start reads (the active Turns, the deleted Sessions), v12
 link of a fork child that reads its cloned Messages from its source's rows, v13 the fence's
 witness: a fenced source's history rows counted as SQLite changes them, so the commit proves
 the boundary unchanged without re-reading it; v14–v16 CHECKs and indexes; v17 the boundary
-digests prepare kept, each deleted by SQLite with the first change of its Session's history.
+digests prepare kept, each deleted by SQLite with the first change of its Session's history;
+v18 a Session row's version, one more at every change of the row.
 """
 
 from __future__ import annotations
@@ -566,6 +567,19 @@ CREATE TRIGGER session_keys_digest_delete AFTER DELETE ON session_keys
 BEGIN DELETE FROM history_digests WHERE session_key = OLD.session_key; END;
 """
 
+# v18: a Session row's version (docs/design/store.md, "A Turn's Session events carried"). A Turn's
+# claim and settlement change only their Session's `updated_at_ms` and active Turn; their event
+# carries that change and the version it left, and the events thread builds the row from the one
+# it holds at the version before, without reading it back. So every change of what the row shows
+# moves the version: a `touch` sets it (version + 1, returned), and any other UPDATE of the row
+# — a store path or raw SQL behind the daemon's back — is moved by the trigger in the writer's
+# own transaction. The column's default fills every existing row in O(1) (no row is rewritten).
+_V18 = """
+ALTER TABLE sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0;
+CREATE TRIGGER sessions_version AFTER UPDATE ON sessions WHEN NEW.version = OLD.version
+BEGIN UPDATE sessions SET version = OLD.version + 1 WHERE rowid = NEW.rowid; END;
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -584,6 +598,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V15,
     _V16,
     _V17,
+    _V18,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

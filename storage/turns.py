@@ -105,7 +105,7 @@ class TurnStore:
                 None, None, None, None, None, tx.now_ms, None, (user,), (),
             )  # fmt: skip
             tx.emit(TurnChanged(ws, sid, turn_id, row=turn, seq=tx.seq))
-            touch(tx, ws, sid)
+            touch(tx, ws, sid, claimed=turn_id)
             return turn, True
 
         return self._submit(body, ws)
@@ -422,7 +422,7 @@ def _settle(
             checkpoint_json=carried.checkpoint_json if checkpoint_json is None else checkpoint_json,
         )
         tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
-    touch(tx, ws, sid)
+    touch(tx, ws, sid, settled=turn_id)
     return True
 
 

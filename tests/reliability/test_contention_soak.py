@@ -488,9 +488,12 @@ def held_events_burst(
             return None if op["status"] == "accepted" else dict(op)
 
         out.ends = {op_id: wait_for(lambda o=op_id: ended(o), 120) for op_id in op_ids}
+        # The streamed Sessions too: each Turn's claim and settlement publish their Session's
+        # event built from its touch on the row the events thread holds (its last one must be
+        # the Session as it ended: title, time, active Turn).
         out.sessions = {
             sid: c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
-            for sid in renamed
+            for sid in [*renamed, *streamers]
         }
         # Every event is published after its COMMIT and none later than its caller's answer;
         # the subscriber reads them a moment after: wait for them, then judge what it heard.

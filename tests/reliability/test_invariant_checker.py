@@ -698,3 +698,32 @@ def test_two_workers_of_one_provider_under_a_daemon_are_reported(tmp_path: Path)
             kid.kill()
         daemon.kill()
         daemon.wait(10)
+
+
+def test_session_events_law_names_a_touch_built_on_the_wrong_row() -> None:
+    """A Turn's claim and settlement carry only their touch, built on the row the events thread
+    holds: a last `session.upserted` whose active Turn, time or title is not the end's (a touch
+    applied to a row it did not change) is named."""
+
+    def upsert(**fields: Any) -> dict[str, Any]:
+        return {"type": "session.upserted", "session": {"agentSessionId": "s", **fields}}
+
+    end = {"agentSessionId": "s", "title": "new", "activeTurnId": None, "updatedAtUnixMs": 7}
+    whole = [
+        upsert(title="new", activeTurnId=None, updatedAtUnixMs=5),
+        upsert(title="new", activeTurnId="t", updatedAtUnixMs=6),
+        upsert(title="new", activeTurnId=None, updatedAtUnixMs=7),
+    ]
+    assert check_session_events(whole, {"s": end}) == []
+    still = [*whole[:2], upsert(title="new", activeTurnId="t", updatedAtUnixMs=7)]
+    assert [v.detail for v in check_session_events(still, {"s": end})] == [
+        "s: last heard activeTurnId 't', ended None"
+    ]
+    renamed_lost = [*whole[:2], upsert(title="old", activeTurnId=None, updatedAtUnixMs=7)]
+    assert [v.detail for v in check_session_events(renamed_lost, {"s": end})] == [
+        "s: last heard title 'old', ended 'new'"
+    ]
+    late = [*whole[:2], upsert(title="new", activeTurnId=None, updatedAtUnixMs=6)]
+    assert [v.detail for v in check_session_events(late, {"s": end})] == [
+        "s: last heard updatedAtUnixMs 6, ended 7"
+    ]

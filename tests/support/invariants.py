@@ -1543,7 +1543,9 @@ def check_session_events(
     events in arrival order) for the Sessions `ends` names (Session id → the Session as
     `session.get` answers at the end): titles of the form `<writer>:<n>` heard in each
     writer's order (n never lower than one heard before from that writer), and the last
-    `session.upserted` of each the end's title."""
+    `session.upserted` of each the end's row in what a write may change (`_SESSION_ENDS`: a
+    Turn's claim and settlement carry only their touch, built on a row the events thread
+    holds — one built on the wrong row ends with the wrong title, time or active Turn)."""
     out: list[Violation] = []
     last: dict[str, Mapping[str, Any]] = {}
     high: dict[tuple[str, str], int] = {}
@@ -1571,14 +1573,30 @@ def check_session_events(
         seen = last.get(sid)
         if seen is None:
             out.append(Violation(Law.SESSION_EVENTS_HEARD, f"{sid}: never heard"))
-        elif seen.get("title") != end.get("title"):
-            out.append(
-                Violation(
-                    Law.SESSION_EVENTS_HEARD,
-                    f"{sid}: last heard title {seen.get('title')!r}, ended {end.get('title')!r}",
-                )
-            )
+        else:
+            for name in _SESSION_ENDS:
+                if seen.get(name) != end.get(name):
+                    out.append(
+                        Violation(
+                            Law.SESSION_EVENTS_HEARD,
+                            f"{sid}: last heard {name} {seen.get(name)!r},"
+                            f" ended {end.get(name)!r}",
+                        )
+                    )
     return out
+
+
+_SESSION_ENDS = (
+    "title",
+    "pinned",
+    "settings",
+    "goal",
+    "providerSessionId",
+    "model",
+    "activeTurnId",
+    "updatedAtUnixMs",
+)
+"""What of a Session's last `session.upserted` must equal the Session at the end."""
 
 
 _COMMITTED_TURN_FIELDS = (
