@@ -196,9 +196,9 @@ def recoverable_fork_operations(
 
 
 def drop_history_link_schema(conn: apsw.Connection) -> None:
-    """Remove what schemas v12 (the history link), v13 (the fence's witness) and v17 (the kept
-    digest) added, as a store made by a build before them has none of it (tests of older
-    stores' migrations)."""
+    """Remove what schemas v12 (the history link), v13 (the fence's witness), v17 (the kept
+    digest) and v18 (the Session row's version) added, as a store made by a build before them
+    has none of it (tests of older stores' migrations)."""
     for trigger in (
         "messages_digest_insert",
         "messages_digest_update",
@@ -220,3 +220,5 @@ def drop_history_link_schema(conn: apsw.Connection) -> None:
     conn.execute("DROP TABLE history_digests")
     conn.execute("DROP TABLE history_fences")
     conn.execute("DROP TABLE history_links")
+    conn.execute("DROP TRIGGER sessions_version")
+    conn.execute("ALTER TABLE sessions DROP COLUMN version")
