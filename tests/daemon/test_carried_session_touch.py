@@ -20,7 +20,7 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, Session, SessionChanged, SessionTouch
 from storage.store import Store
-from tests.support.carried import Heard, Sink, hear_settled, new_session
+from tests.support.carried import Sink, a_turn, hear_settled, new_session
 from tests.support.in_process import in_process_daemon
 from tests.support.invariants import check_session_events
 from transport.client import Client
@@ -53,26 +53,7 @@ def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
 
 
 def _a_turn(store: Store, sid: str) -> tuple[list[ChangeEvent], list[ChangeEvent], str]:
-    """A Turn as the Session actor writes one: its claim, then bind, reply and settlement in
-    one batch. The two deliveries, and the Turn's id."""
-    heard = Heard(store)
-    try:
-        turn, created = store.turns.claim_submit(WS, sid, f"req-{uuid.uuid4()}", "hello")
-        assert created
-        claim = heard.take()
-        with store.db.write_batch():
-            store.turns.record_provider_turn(WS, sid, turn.turn_id, f"p-{turn.turn_id}")
-            reply = store.history.append_message(
-                WS, sid, turn.turn_id, kind="assistant", text="the reply"
-            )
-            store.turns.record_settlement(
-                WS, sid, turn.turn_id, outcome="completed",
-                final_assistant_message_id=reply.message_id,
-            )  # fmt: skip
-        settlement = heard.take()
-    finally:
-        heard.close()
-    return claim, settlement, turn.turn_id
+    return a_turn(store, WS, sid)
 
 
 def _touch(changes: list[ChangeEvent]) -> SessionTouch:
@@ -125,9 +106,10 @@ def test_a_turns_session_events_are_built_without_a_read(
     publisher._publish(settlement)
     assert reads == [sid] and publisher.touched == 2
     _, active, settled = _sessions(sink)
-    assert active["activeTurnId"] == turn_id and active["updatedAtUnixMs"] == _touch(
-        claim
-    ).updated_at_ms
+    assert (
+        active["activeTurnId"] == turn_id
+        and active["updatedAtUnixMs"] == _touch(claim).updated_at_ms
+    )
     assert settled == projection.session(store.sessions.get_session(WS, sid), daemon.catalog)
 
     # Both in one batch: the settlement's touch is built on the claim's.

@@ -20,7 +20,7 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, TurnChanged
 from storage.store import Store
-from tests.support.carried import Heard, Sink, hear_settled, new_session
+from tests.support.carried import Heard, Sink, a_turn, hear_settled, new_session
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -59,31 +59,11 @@ def _turn_events(sink: Sink) -> list[dict[str, Any]]:
     return [e["turn"] for e in sink.events if e["type"] == "turn.updated"]
 
 
+_NO_CHECKPOINT = '{"state":"unavailable","reason":"disabled"}'
+
+
 def _a_turn(store: Store, sid: str) -> tuple[list[ChangeEvent], list[ChangeEvent], str]:
-    """A Turn as the Session actor writes one: its claim, then bind, reply and settlement in
-    one batch. The two deliveries, and the Turn's id."""
-    heard = Heard(store)
-    try:
-        turn, created = store.turns.claim_submit(WS, sid, f"req-{uuid.uuid4()}", "hello")
-        assert created
-        claim = heard.take()
-        with store.db.write_batch():
-            store.turns.record_provider_turn(WS, sid, turn.turn_id, f"p-{turn.turn_id}")
-            reply = store.history.append_message(
-                WS, sid, turn.turn_id, kind="assistant", text="the reply"
-            )
-            store.turns.record_settlement(
-                WS,
-                sid,
-                turn.turn_id,
-                outcome="completed",
-                final_assistant_message_id=reply.message_id,
-                checkpoint_json='{"state":"unavailable","reason":"disabled"}',
-            )
-        settlement = heard.take()
-    finally:
-        heard.close()
-    return claim, settlement, turn.turn_id
+    return a_turn(store, WS, sid, checkpoint_json=_NO_CHECKPOINT)
 
 
 def _turn_change(changes: list[ChangeEvent]) -> TurnChanged:

@@ -1,4 +1,5 @@
-"""What the carried-row tests share (tests/daemon/test_carried_rows.py, test_carried_turns.py):
+"""What the carried-row tests share (tests/daemon/test_carried_rows.py, test_carried_turns.py,
+test_carried_session_touch.py):
 a sink that keeps every event handed to it, the store's deliveries as a subscriber gets them,
 and a Session made through the daemon."""
 
@@ -42,6 +43,32 @@ class Heard:
 
     def close(self) -> None:
         self._stop()
+
+
+def a_turn(
+    store: Store, ws: str, sid: str, **settlement: Any
+) -> tuple[list[ChangeEvent], list[ChangeEvent], str]:
+    """A Turn as the Session actor writes one: its claim, then bind, reply and settlement in
+    one batch (`settlement`: more of `record_settlement`'s fields). The two deliveries, and the
+    Turn's id."""
+    heard = Heard(store)
+    try:
+        turn, created = store.turns.claim_submit(ws, sid, f"req-{uuid.uuid4()}", "hello")
+        assert created
+        claim = heard.take()
+        with store.db.write_batch():
+            store.turns.record_provider_turn(ws, sid, turn.turn_id, f"p-{turn.turn_id}")
+            reply = store.history.append_message(
+                ws, sid, turn.turn_id, kind="assistant", text="the reply"
+            )
+            store.turns.record_settlement(
+                ws, sid, turn.turn_id, outcome="completed",
+                final_assistant_message_id=reply.message_id, **settlement,
+            )  # fmt: skip
+        out = heard.take()
+    finally:
+        heard.close()
+    return claim, out, turn.turn_id
 
 
 def new_session(client: Client, ws: str) -> str:
