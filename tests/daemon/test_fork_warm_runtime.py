@@ -195,9 +195,10 @@ def test_a_turn_between_forks_keeps_the_row_cache_and_moves_only_two_fields_of_t
     running: tuple[Daemon, Client],
 ) -> None:
     """A Turn's writes (claim, binding, messages, settlement) move only the Session row's
-    `active_turn_id` and `updated_at_ms`, which nothing reads from the actor's row cache; so a
-    Turn leaves the cache in place and the next fork reads no Session row. Every other field
-    of a fresh read after the Turn equals the row before it."""
+    `active_turn_id` and `updated_at_ms` (and its `version`, which every change of the row
+    moves: schema v18), which nothing reads from the actor's row cache; so a Turn leaves the
+    cache in place and the next fork reads no Session row. Every other field of a fresh read
+    after the Turn equals the row before it."""
     daemon, c = running
     sid, turn_id = _source(c)
     _committed(c, sid, turn_id)
@@ -205,8 +206,12 @@ def test_a_turn_between_forks_keeps_the_row_cache_and_moves_only_two_fields_of_t
     run_turn(c, sid, "between the forks")
     after = daemon.store.sessions.get_session(WS, sid)
     assert after.updated_at_ms >= before.updated_at_ms
+    assert after.version > before.version
     assert after == replace(
-        before, active_turn_id=after.active_turn_id, updated_at_ms=after.updated_at_ms
+        before,
+        active_turn_id=after.active_turn_id,
+        updated_at_ms=after.updated_at_ms,
+        version=after.version,
     )
     row_reads = _Calls(daemon, "sessions.get_session")
     op = _committed(c, sid, turn_id)
