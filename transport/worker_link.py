@@ -90,6 +90,11 @@ def evt_msg(agent_session_id: str, event: Mapping[str, Any]) -> dict[str, Any]:
 
 HB_MSG: dict[str, Any] = {"t": MsgType.HB.value}
 
+_EVT = MsgType.EVT.value
+# Plain ints: pyzmq's flag enums build an enum object at every `&` (a delta's send does one).
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
 
 def ipc_path(endpoint: str) -> str | None:
     return endpoint[len("ipc://") :] if endpoint.startswith("ipc://") else None
@@ -279,8 +284,13 @@ class WorkerEnd:
     def send_error(self, req_id: int, error: Mapping[str, Any]) -> None:
         self.send(err_msg(req_id, error))
 
-    def send_event(self, agent_session_id: str, event: Mapping[str, Any]) -> None:
-        self.send(evt_msg(agent_session_id, event))
+    def send_event(self, agent_session_id: str, event: dict[str, Any]) -> None:
+        """`evt_msg(agent_session_id, event)` sent; `event` is packed now, as given (the
+        caller's map is not copied first: it must not change it during the call)."""
+        frame: bytes = msgpack.packb(
+            {"t": _EVT, "agentSessionId": agent_session_id, "event": event}, use_bin_type=True
+        )
+        self._send_frame(frame)
 
     def close(self, flush_timeout: float = 1.0) -> None:
         self._stop.set()
@@ -321,10 +331,10 @@ class WorkerEnd:
         (the operation may have taken the descriptor's edge that would have woken the link's
         thread)."""
         try:
-            events = int(sock.getsockopt(zmq.EVENTS))
+            events = sock.get(_EVENTS)
         except zmq.ZMQError:
             return False
-        return bool(events & zmq.POLLIN)
+        return isinstance(events, int) and bool(events & _POLLIN)
 
     def _wake(self) -> None:
         """Under `_lock` (the pipe is closed under it): wake the link's thread. A hint: a full

@@ -11,6 +11,7 @@ event translator on their reader threads), `ForkThroughTurn` (the fork strategy)
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +27,7 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from drivers.app_server.events import TurnEvents
+from drivers.app_server.events import QUIET_PREFIXES, TurnEvents
 from drivers.app_server.fork import (
     READABILITY_APP_SERVER,
     READABILITY_IN_WORKER,
@@ -37,6 +38,7 @@ from drivers.app_server.process import (
     AppServerClosed,
     AppServerFailure,
     JsonRpcError,
+    QuietLines,
     pdeathsig_wrapper,
 )
 from drivers.app_server.provider import AppServerProvider
@@ -479,9 +481,11 @@ class AppServerDriver:
         runtime = self.runtimes.spawn(
             session.home,
             session.cwd,
-            on_notification=lambda method, params: events.on_notification(session, method, params),
+            # A partial, not a lambda: one Python frame fewer for each line the reader hands on.
+            on_notification=functools.partial(events.on_notification, session),
             on_server_request=lambda request: events.on_server_request(session, request),
             on_exit=lambda reason: events.on_exit(session, reason),
+            quiet=QuietLines(QUIET_PREFIXES, functools.partial(events.on_quiet_line, session)),
         )
         ancestors = self.provider.session_ancestors(session.home)
         try:

@@ -12,7 +12,6 @@ import json
 import re
 import shlex
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,6 +60,31 @@ def _changes_history(session: SessionState, method: str, params: Mapping[str, An
         return True
     thread = params.get("thread")
     return isinstance(thread, Mapping) and thread.get("id") == session.thread_id
+
+
+# Notifications that turn into no event and name at most the thread they concern: their
+# lines reach `TurnEvents.on_quiet_line` undecoded (`QuietLines`), and only "the thread may have
+# changed" is read of them, as `on_notification` would read it. So are the provider's copies of
+# the user's message (the daemon's claim wrote the canonical one; a user item carries the whole
+# prompt). A Turn is claimed by its `turn/start` answer, its `turn/started` or its first event.
+_QUIET_METHODS = (
+    "thread/status/changed",
+    "thread/tokenUsage/updated",
+    "thread/readState/changed",
+    "account/rateLimits/updated",
+    "warning",
+)
+QUIET_PREFIXES = (
+    *(b'{"method":"%s",' % method.encode() for method in _QUIET_METHODS),
+    b'{"method":"item/started","params":{"item":{"type":"userMessage",',
+    b'{"method":"item/completed","params":{"item":{"type":"userMessage",',
+)
+_QUIET_THREADLESS = tuple(
+    b'{"method":"%s",' % method.encode()
+    for method in _QUIET_METHODS
+    if method in _THREADLESS_BENIGN
+)
+_THREAD_KEY = b'"threadId":"'
 
 
 # How Codex words the end of a stream that went silent past its `stream_idle_timeout_ms`.
@@ -123,7 +147,12 @@ class TurnEvents:
     ) -> None:
         if session is None or params.get("threadId", session.thread_id) != session.thread_id:
             return
-        session.last_used = time.monotonic()
+        # (The idle reaper reads the reader's own clock, `AppServerProcess.last_activity`, which
+        # every line moved: a notification adds nothing to `session.last_used`.)
+        kind = DELTA_METHODS.get(method)
+        if kind is not None:
+            self._on_delta(session, kind, params)
+            return
         if _changes_history(session, method, params):
             session.history_changed()
         if method == "turn/started":
@@ -154,17 +183,6 @@ class TurnEvents:
                 self.send(session, TurnItem(canonical, mapped))
         elif method == "error":
             self._on_model_error(session, params)
-        elif method in DELTA_METHODS:
-            # Streamed text of an item still being generated: not durable, the completed
-            # item is the record (the daemon publishes it as `message.delta`).
-            canonical = self.claim_turn(session, str(params.get("turnId") or ""))
-            delta = params.get("delta")
-            if canonical is None or not isinstance(delta, str) or not delta:
-                return
-            item_id = str(params.get("itemId") or "")
-            with session.state_lock:
-                session.streamed.add(str(params.get("turnId") or ""))
-            self.send(session, MessageDelta(canonical, item_id, DELTA_METHODS[method], delta))
         elif method == "turn/completed":
             turn = params.get("turn") or {}
             provider_turn_id = str(turn.get("id") or "")
@@ -200,6 +218,42 @@ class TurnEvents:
                 ]:
                     del session.pending[key]  # superseded by the turn's end
             self.send(session, event)
+
+    def on_quiet_line(self, session: SessionState | None, raw: bytes) -> None:
+        """A line that starts with one of `QUIET_PREFIXES`, undecoded: no event is owed. The
+        thread's history may have changed unless the line names another thread (its first
+        `"threadId":"…"`, the params' own in these notifications: JSON escapes the quotes of any
+        such text inside a string) or, naming none, is a notice about no thread."""
+        if session is None:
+            return
+        at = raw.find(_THREAD_KEY)
+        if at < 0:
+            if not raw.startswith(_QUIET_THREADLESS):
+                session.history_changed()
+            return
+        ours = b'%s%s"' % (_THREAD_KEY, session.thread_id.encode())
+        if raw.startswith(ours, at):
+            session.history_changed()
+
+    def _on_delta(self, session: SessionState, kind: str, params: Mapping[str, Any]) -> None:
+        """Streamed text of an item still being generated: not durable, the completed item is
+        the record (the daemon publishes it as `message.delta`). Every delta of a Turn takes
+        this path on the reader thread, so its bookkeeping is one hold of the Session's lock
+        (`note_delta`); only a Turn's first sight goes through `claim_turn`."""
+        provider_turn_id = str(params.get("turnId") or "")
+        delta = params.get("delta")
+        text = delta if isinstance(delta, str) and delta else None
+        canonical = session.note_delta(provider_turn_id, text is not None)
+        if canonical is None:
+            canonical = self.claim_turn(session, provider_turn_id)
+            if canonical is None or text is None:
+                return
+            with session.state_lock:
+                session.streamed.add(provider_turn_id)
+        elif text is None:
+            return
+        item_id = str(params.get("itemId") or "")
+        self.send(session, MessageDelta(canonical, item_id, kind, text))
 
     def _on_model_error(self, session: SessionState, params: Mapping[str, Any]) -> None:
         """Codex keeps retrying an endpoint that refuses connections (seconds apart, for

@@ -28,9 +28,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import orjson
+
 _PR_SET_PDEATHSIG = 1
 # One encoder for every message (`json.dumps` with options builds a new one per call).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def decode_line(raw: bytes) -> Any:
+    """One line of the server's stdout as JSON, or None when it is not JSON. orjson first (the
+    reader decodes every delta); what it refuses and the standard library reads (NaN, an
+    integer beyond 64 bits) is read as before."""
+    try:
+        return orjson.loads(raw)
+    except ValueError:
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return None
 
 
 def _libc_prctl() -> Callable[..., int] | None:
@@ -146,6 +161,17 @@ ServerRequestHandler = Callable[[ServerRequest], None]
 ExitHandler = Callable[[str], None]
 
 
+@dataclass(frozen=True, slots=True)
+class QuietLines:
+    """Notifications the client turns into no event, told to `handle` as the raw line, never
+    decoded: a line that starts with one of `prefixes` (its method, as app-servers write it
+    first: `{"method":"…",`). A line that does not match is decoded and dispatched as any other,
+    so a server that writes its keys in another order loses nothing, it only pays the decode."""
+
+    prefixes: tuple[bytes, ...]
+    handle: Callable[[bytes], None]
+
+
 class AppServerProcess:
     """One app-server child process and the reader thread that demultiplexes its stdout.
 
@@ -162,6 +188,7 @@ class AppServerProcess:
         on_server_request: ServerRequestHandler | None = None,
         on_exit: ExitHandler | None = None,
         stderr_path: Path | None = None,
+        quiet: QuietLines | None = None,
     ) -> None:
         self.argv = list(argv)
         self._env = dict(env)
@@ -170,6 +197,7 @@ class AppServerProcess:
         self._on_server_request = on_server_request
         self._on_exit = on_exit
         self._stderr_path = stderr_path
+        self._quiet = quiet
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[str, Future[dict[str, Any]]]] = {}
         self._lock = threading.Lock()
@@ -338,15 +366,18 @@ class AppServerProcess:
     def _read_loop(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
         stdout = self._proc.stdout
+        quiet = self._quiet
+        prefixes = quiet.prefixes if quiet is not None else ()
         for raw in stdout:
             self.last_activity = self.last_read = time.monotonic()
             try:
-                msg = json.loads(raw)
-            except ValueError:
-                continue  # not a protocol line; app-servers log to stderr, but be tolerant
-            if not isinstance(msg, dict):
-                continue
-            try:
+                if prefixes and raw.startswith(prefixes):
+                    assert quiet is not None
+                    quiet.handle(raw)
+                    continue
+                msg = decode_line(raw)
+                if not isinstance(msg, dict):
+                    continue  # not a protocol line; app-servers log to stderr, but be tolerant
                 self._dispatch(msg)
             except Exception:  # a handler bug must not kill the reader
                 import traceback
@@ -357,7 +388,12 @@ class AppServerProcess:
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         method = msg.get("method")
-        if "id" in msg and method is None:
+        if "id" not in msg:
+            # A notification (a Turn's every delta): looked at first.
+            if isinstance(method, str) and self._on_notification is not None:
+                params = msg.get("params")
+                self._on_notification(method, params if isinstance(params, dict) else {})
+        elif method is None:
             req_id = msg.get("id")
             with self._lock:
                 entry = self._pending.pop(req_id, None) if isinstance(req_id, int) else None
@@ -377,7 +413,7 @@ class AppServerProcess:
             else:
                 result = msg.get("result")
                 fut.set_result(result if isinstance(result, dict) else {"value": result})
-        elif isinstance(method, str) and "id" in msg:
+        elif isinstance(method, str):
             params = msg.get("params")
             request = ServerRequest(msg["id"], method, params if isinstance(params, dict) else {})
             if self._on_server_request is not None:
@@ -385,10 +421,6 @@ class AppServerProcess:
             else:
                 with contextlib.suppress(AppServerClosed):
                     self.respond_error(request.id, -32601, f"client cannot handle {method}")
-        elif isinstance(method, str):
-            params = msg.get("params")
-            if self._on_notification is not None:
-                self._on_notification(method, params if isinstance(params, dict) else {})
 
     def _mark_closed(self, reason: str) -> None:
         with self._lock:

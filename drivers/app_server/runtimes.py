@@ -18,6 +18,7 @@ from drivers.app_server.process import (
     AppServerProcess,
     ExitHandler,
     NotificationHandler,
+    QuietLines,
     ServerRequestHandler,
     private_env,
 )
@@ -55,6 +56,7 @@ class Runtimes:
         on_notification: NotificationHandler | None = None,
         on_server_request: ServerRequestHandler | None = None,
         on_exit: ExitHandler | None = None,
+        quiet: QuietLines | None = None,
     ) -> Runtime:
         """A started and initialized app-server on `home`; the handlers run on its reader
         thread (a transient one, for a probe or a proof, has none)."""
@@ -70,6 +72,7 @@ class Runtimes:
             on_server_request=on_server_request,
             on_exit=on_exit,
             stderr_path=home / ".app-server.log",
+            quiet=quiet,
         )
         try:
             proc.start()

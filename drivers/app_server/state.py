@@ -119,6 +119,19 @@ class SessionState:
                 del self.turns[provider_turn_id]
                 extra -= 1
 
+    def note_delta(self, provider_turn_id: str, streamed: bool) -> str | None:
+        """A delta's bookkeeping under one hold of `state_lock`: the thread's history may have
+        changed (as `history_changed`), and the canonical Turn of `provider_turn_id`, marked
+        as having `streamed` when it did; None when the Turn is not mapped yet (the caller
+        claims it: `TurnEvents.claim_turn`)."""
+        with self.state_lock:
+            self.history_generation += 1
+            self.verified_turns = None
+            canonical = self.turns.get(provider_turn_id)
+            if canonical is not None and streamed:
+                self.streamed.add(provider_turn_id)
+            return canonical
+
     def history_changed(self) -> None:
         """Something may have changed the thread's turns: the last fork's read is stale."""
         with self.state_lock:
