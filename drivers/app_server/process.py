@@ -198,6 +198,8 @@ class AppServerProcess:
         self._on_exit = on_exit
         self._stderr_path = stderr_path
         self._quiet = quiet
+        self.quiet_lines = 0
+        """Lines handed to `quiet.handle` undecoded (tests read it)."""
         self._ids = itertools.count(1)
         self._pending: dict[int, tuple[str, Future[dict[str, Any]]]] = {}
         self._lock = threading.Lock()
@@ -373,6 +375,7 @@ class AppServerProcess:
             try:
                 if prefixes and raw.startswith(prefixes):
                     assert quiet is not None
+                    self.quiet_lines += 1
                     quiet.handle(raw)
                     continue
                 msg = decode_line(raw)
