@@ -12,7 +12,14 @@ from typing import Any
 from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.base import Database
-from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnPhase
+from storage.models import (
+    Message,
+    SequenceProvenance,
+    Turn,
+    TurnBound,
+    TurnChanged,
+    TurnPhase,
+)
 from storage.rows import (
     TURN_COLUMNS,
     finish_claims,
@@ -191,11 +198,16 @@ class TurnStore:
         error: str | None = None,
         checkpoint_json: str | None = None,
         turn: Turn | None = None,
+        bound: TurnBound | None = None,
     ) -> bool:
         """`settle_turn` without the read-back (the Session actor's, as
         `record_provider_turn`): whether this write settled it (False: it already was).
         `checkpoint_json`: the Turn's workspace checkpoint record, written in the same
         transaction, so a settled Turn is never seen without its `after` checkpoint.
+        `bound`: the provider bind and binding its caller had queued and not yet written,
+        set by this write's own statement, exactly as `record_provider_turn` and
+        `record_turn_binding` would have set them just before it (design/store.md, "A Turn's
+        start writes in its settlement").
         `turn`: the active Turn exactly as the store holds it before this write (its claim's
         row with every write of it since applied, built by its only writer, the Session
         actor): the settled Turn is built from it and carried by the change event, so the
@@ -218,6 +230,7 @@ class TurnStore:
                 False,
                 checkpoint_json=checkpoint_json,
                 carried=carried,
+                bound=bound,
             )
 
         return self._submit(body, ws)
@@ -373,14 +386,21 @@ def _settle(
     *,
     checkpoint_json: str | None = None,
     carried: Turn | None = None,
+    bound: TurnBound | None = None,
 ) -> bool:
-    """The settle write; False (nothing written) if the Turn was already settled.
+    """The settle write; False (no settlement written) if the Turn was already settled.
     `checkpoint_json`: the Turn's checkpoint record, set by the same statement (None: the
     record is left as it is). `carried`: the active Turn as the store holds it (no
-    Interactions); its event then carries the settled Turn built from it."""
+    Interactions); its event then carries the settled Turn built from it. `bound`: the
+    provider bind and binding written by the same statement (`TurnBound`)."""
     require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
     turn = turn_row(tx, ws, sid, turn_id)
+    root, binding = (None, None) if bound is None else bound.applied_to(turn)
     if turn.phase == TurnPhase.SETTLED:
+        if root is not None or binding is not None:
+            # What the bind and binding would have written alone (both allowed on a settled
+            # Turn): the settlement does not land, they still do.
+            _set_bound(tx, ws, sid, turn_id, root, binding)
         return False
     tx.check_fence(sid)
     if final_assistant_message_id is not None:
@@ -393,12 +413,24 @@ def _settle(
             raise InvalidArgument(
                 "finalAssistantMessageId", "final assistant message is not in this turn"
             )
-    tx.execute(
-        "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
-        " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json)"
-        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
-        (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, ws, sid, turn_id),
-    )
+    if root is None and binding is None:
+        tx.execute(
+            "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+            " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json)"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+            (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, ws, sid,
+             turn_id),
+        )  # fmt: skip
+    else:
+        tx.execute(
+            "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+            " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json),"
+            " root_provider_turn_id = COALESCE(?, root_provider_turn_id),"
+            " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+            (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, root,
+             binding, ws, sid, turn_id),
+        )  # fmt: skip
     tx.execute(
         "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
         " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
@@ -420,10 +452,28 @@ def _settle(
             error=error,
             settled_at_ms=tx.now_ms,
             checkpoint_json=carried.checkpoint_json if checkpoint_json is None else checkpoint_json,
+            root_provider_turn_id=carried.root_provider_turn_id if root is None else root,
+            provider_turn_binding_json=(
+                carried.provider_turn_binding_json if binding is None else binding
+            ),
         )
         tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
     touch(tx, ws, sid, settled=turn_id)
     return True
+
+
+def _set_bound(
+    tx: Tx, ws: str, sid: str, turn_id: str, root: str | None, binding: str | None
+) -> None:
+    tx.execute(
+        "UPDATE turns SET root_provider_turn_id = COALESCE(?, root_provider_turn_id),"
+        " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
+        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+        (root, binding, ws, sid, turn_id),
+    )
+    if root is not None:
+        finish_claims(tx, ws, sid, turn_id)
+    tx.emit(TurnChanged(ws, sid, turn_id))
 
 
 def _carriable(turn: Turn, ws: str, sid: str, turn_id: str) -> bool:

@@ -170,3 +170,34 @@ def test_a_turns_writes_after_its_claim_are_one_transaction(
         assert (turn.get("workspace") or {}).get("after"), turn
         # The claim and the one transaction of the start, the reply and the settlement.
         assert stats.transactions - at_claim == 2, stats.transactions - at_claim
+
+
+def test_a_short_turns_start_writes_are_written_by_its_settlement(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's provider bind and binding, still queued when the settlement is (held for
+    the Turn's next write), are written by the settlement's own statement: the Turn's batch
+    after its claim is two writes (the reply, the settlement), not four, and the Turn settles
+    bound, with its binding, its claim finished. Both bounds raised to 30 s, as above. On a
+    daemon whose bind and binding are writes of their own this counts four."""
+    monkeypatch.setattr(session_turns, "START_LINGER_S", 30.0)
+    monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
+    daemon, c = running
+    sid = _warm_session(c)
+    store = daemon.store
+    assert store is not None
+    stats = store.db.write_stats
+    for n in range(3):
+        at_claim = (stats.transactions, stats.batched)
+        turn = run_turn(c, sid, f"bound by the settlement {n}")
+        assert turn["outcome"] == "completed", turn
+        assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
+        stored = store.turns.get_turn(WS, sid, turn["turnId"])
+        assert stored.root_provider_turn_id and stored.root_provider_turn_id == (
+            turn["rootProviderTurnId"]
+        )
+        assert stored.provider_turn_binding_json, stored
+        claims = store.db.rows(
+            "SELECT status FROM submit_claims WHERE turn_id = ?", (turn["turnId"],)
+        )
+        assert [r[0] for r in claims] == ["finished"], claims
