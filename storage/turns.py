@@ -21,10 +21,12 @@ from storage.models import (
     TurnPhase,
 )
 from storage.rows import (
+    NEXT_POSITION,
     TURN_COLUMNS,
     finish_claims,
     load_turn,
-    next_position,
+    position_of,
+    require_live,
     require_live_session,
     require_session,
     require_text,
@@ -34,6 +36,20 @@ from storage.rows import (
 )
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Tx
+
+_CLAIM_READ = (
+    "SELECT s.deleted,"
+    " (SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
+    " AND request_id = ?),"
+    " (SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+    " AND phase = 'active' LIMIT 1),"
+    " (SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
+    " AND session_id = ?),"
+    f" {NEXT_POSITION}"
+    " FROM sessions s WHERE s.workspace_id = ? AND s.session_id = ?"
+)
+"""A submit claim's reads: the Session's `deleted`, the request's claimed Turn, the active
+Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`)."""
 
 
 class TurnStore:
@@ -59,33 +75,22 @@ class TurnStore:
         asked_turn_id = turn_id
 
         def body(tx: Tx) -> tuple[Turn, bool]:
-            require_live_session(tx.conn, ws, sid)
-            claimed = tx.one(
-                "SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
-                " AND request_id = ?",
-                (ws, sid, request_id),
-            )
+            # What the claim reads, as one statement: the Session live, a claim of this
+            # request, the active Turn, the next sequence and the next Message position.
+            read = tx.one(_CLAIM_READ, (ws, sid, request_id, ws, sid, ws, sid, ws, sid, ws, sid))
+            deleted, claimed, active, next_sequence, next_at = read or (None,) * 5
+            require_live(sid, deleted)  # no row: `deleted` None, not found
             if claimed is not None:
                 # A replay is a read, so it is answered even while the fence holds.
-                return require_turn(tx.conn, ws, sid, claimed[0]), False
+                return require_turn(tx.conn, ws, sid, claimed), False
             tx.check_fence(sid)
-            active = tx.one(
-                "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
-                " AND phase = 'active' LIMIT 1",
-                (ws, sid),
-            )
             if active is not None:
                 raise SessionBusy(
-                    f"session {sid} already has an active turn", params={"turnId": active[0]}
+                    f"session {sid} already has an active turn", params={"turnId": active}
                 )
-            seq_row = tx.one(
-                "SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
-                " AND session_id = ?",
-                (ws, sid),
-            )
-            sequence = int(seq_row[0]) if seq_row else 1
+            sequence = int(next_sequence)
             turn_id, message_id = asked_turn_id or str(uuid.uuid4()), str(uuid.uuid4())
-            position = next_position(tx, ws, sid)
+            position = position_of(next_at)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
                 " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL)",
@@ -403,7 +408,14 @@ def _settle(
             _set_bound(tx, ws, sid, turn_id, root, binding)
         return False
     tx.check_fence(sid)
-    if final_assistant_message_id is not None:
+    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
+        # Its row is not the one this write read (no cost: read above): not trusted.
+        carried = None
+    # A trusted image (its only writer's: design/store.md, "A Turn's claim and settlement
+    # carry their Turn") names the Turn's Messages and has no Interactions, so what the two
+    # statements below would find is known without them.
+    known = () if carried is None else tuple(m.message_id for m in carried.messages)
+    if final_assistant_message_id is not None and final_assistant_message_id not in known:
         owner = tx.one(
             f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF} AND message_id = ?",
             (ws, sid, final_assistant_message_id),
@@ -431,15 +443,13 @@ def _settle(
             (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, root,
              binding, ws, sid, turn_id),
         )  # fmt: skip
-    tx.execute(
-        "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
-        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
-        (tx.now_ms, ws, sid, turn_id),
-    )
+    if carried is None:
+        tx.execute(
+            "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
+            (tx.now_ms, ws, sid, turn_id),
+        )
     finish_claims(tx, ws, sid, turn_id)
-    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
-        # Its row is not the one this write read (no cost: read above): not trusted.
-        carried = None
     if carried is None:
         tx.emit(TurnChanged(ws, sid, turn_id))
     else:
