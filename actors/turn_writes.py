@@ -159,8 +159,8 @@ class TurnWrites:
     def take_bound(self, turn_id: str) -> list[DurableWrite]:
         """Take `turn_id`'s queued provider bind and binding writes off the queue, for its
         settlement, queued next, to write in its own statement (one savepoint, fence check and
-        Turn row read each fewer); answer them with `bound_landed` once it lands. None while
-        the queue is being applied (its writes are in hand)."""
+        Turn row read each fewer); answer them with `bound_landed` once it lands. Nothing
+        while the queue is being applied (its writes are in hand)."""
         if self._draining or not any(
             d.bound is not None and d.turn_id == turn_id for d in self._durable
         ):
