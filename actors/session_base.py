@@ -24,7 +24,7 @@ from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
 from domain.errors import HostError, Unavailable
 from domain.turn_events import TurnEvent
-from storage.models import Session, Turn
+from storage.models import Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -113,6 +113,9 @@ class DurableWrite:
     then: Callable[[HostError | None], None] | None = None
     # Run once the write is durable (its COMMIT returned), before `then`.
     landed: Callable[[], None] | None = None
+    # A write that only sets the Turn's provider bind or binding: a settlement of its Turn
+    # queued behind it writes it in its own statement instead (`TurnWrites.take_bound`).
+    bound: TurnBound | None = None
 
 
 class SessionCore:

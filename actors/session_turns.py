@@ -44,7 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Session, Turn
+from storage.models import Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -282,6 +282,7 @@ class TurnRunner:
                 "bind provider turn",
                 partial(self._record_bind, state, provider_turn_id),
                 then=self._runtime.binding_written,
+                bound=TurnBound(root_provider_turn_id=provider_turn_id),
             )
         )
         if not state.start_unanswered:
@@ -338,7 +339,10 @@ class TurnRunner:
 
         def _queue() -> None:
             state.awaiting_after = False
-            self._writes.enqueue(self._settle_item(state, outcome, error, _then))
+            # The Turn's start writes still queued (held for its next write: in a short Turn
+            # they land in this batch anyway) are written by the settlement's own statement.
+            taken = self._writes.take_bound(state.turn_id)
+            self._writes.enqueue(self._settle_item(state, outcome, error, _then, taken))
 
         # The settlement carries the `after` checkpoint in its own transaction: a settled
         # Turn is never seen (nor forked through) without it or its `unavailable` record.
@@ -479,7 +483,28 @@ class TurnRunner:
         outcome: str,
         error: str | None,
         then: Callable[[HostError | None], None] | None,
+        taken: list[DurableWrite] | None = None,
     ) -> DurableWrite:
+        """The settlement's write; `taken`: the Turn's queued bind and binding writes
+        (`TurnWrites.take_bound`) it writes too, answered when it lands or fails."""
+        bound = _bound_of(taken) if taken else None
+        thens = [d.then for d in taken or () if d.then is not None]
+        if thens:
+            settled_then = then
+
+            def then_(err: HostError | None) -> None:
+                for fn in thens:
+                    fn(err)
+                if settled_then is not None:
+                    settled_then(err)
+
+            then = then_
+
+        def _landed() -> None:
+            self._forget(state)
+            if taken:
+                self._writes.bound_landed(taken)
+
         def _apply() -> None:
             try:
                 self._core.session_store.turns.record_settlement(
@@ -492,6 +517,7 @@ class TurnRunner:
                     error=error,
                     checkpoint_json=self._checkpoint_json(state),
                     turn=self._image(state),
+                    bound=bound,
                 )
                 self._runtime.turn_settled(outcome, state.provider_turn_id)
             except StoreBusy:
@@ -508,7 +534,7 @@ class TurnRunner:
             final=True,
             then=then,
             # Settled only once durable: a batch's COMMIT may still fail after the apply.
-            landed=lambda: self._forget(state),
+            landed=_landed,
         )
 
     def _forget(self, state: TurnState) -> None:
@@ -776,6 +802,21 @@ class TurnRunner:
         for state in list(self._turns.values()):
             if state.provider_turn_id is not None:
                 self.settle(state, "failed", error=f"provider worker lost: {msg.reason}")
+
+
+def _bound_of(taken: list[DurableWrite]) -> TurnBound:
+    """What a Turn's queued bind and binding writes would have left, in queue order: the first
+    provider turn id (a later different one would have met `Conflict`), the newest binding."""
+    root: str | None = None
+    binding: str | None = None
+    for item in taken:
+        if item.bound is None:
+            continue
+        if root is None:
+            root = item.bound.root_provider_turn_id
+        if item.bound.binding_json is not None:
+            binding = item.bound.binding_json
+    return TurnBound(root_provider_turn_id=root, binding_json=binding)
 
 
 def _timed_out(cwd: str, which: str, bound: float) -> Capture:

@@ -48,6 +48,7 @@ from storage.models import (
     Session,
     TreeToRemove,
     Turn,
+    TurnBound,
 )
 
 # -- the parts' methods, grouped by part ----------------------------------------------------
@@ -167,6 +168,7 @@ class TurnWrites(Protocol):
         error: str | None = None,
         checkpoint_json: str | None = None,
         turn: Turn | None = None,
+        bound: TurnBound | None = None,
     ) -> bool: ...
 
 

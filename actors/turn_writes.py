@@ -26,6 +26,7 @@ from actors.session_base import (
     SessionCore,
 )
 from domain.errors import ForkInProgress, HostError, StoreBusy
+from storage.models import TurnBound
 from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
@@ -61,6 +62,7 @@ class TurnWrites:
         self.losses = 0
         """Batches whose transaction or COMMIT was lost after some of their writes were
         applied: a Turn's image taken before one (`TurnState.image`) is no longer known."""
+        self._draining = False
         self.binding_recorded: Callable[[str, str], None] | None = None
         """Told (turn id, binding JSON) after each `turn.binding` write applied."""
 
@@ -152,7 +154,31 @@ class TurnWrites:
             if self.binding_recorded is not None:
                 self.binding_recorded(turn_id, binding)
 
-        return DurableWrite(turn_id, "turn binding", _apply)
+        return DurableWrite(turn_id, "turn binding", _apply, bound=TurnBound(binding_json=binding))
+
+    def take_bound(self, turn_id: str) -> list[DurableWrite]:
+        """Take `turn_id`'s queued provider bind and binding writes off the queue, for its
+        settlement, queued next, to write in its own statement (one savepoint, fence check and
+        Turn row read each fewer); answer them with `bound_landed` once it lands. Nothing
+        while the queue is being applied (its writes are in hand)."""
+        if self._draining or not any(
+            d.bound is not None and d.turn_id == turn_id for d in self._durable
+        ):
+            return []
+        taken = [d for d in self._durable if d.bound is not None and d.turn_id == turn_id]
+        self._durable = deque(
+            d for d in self._durable if d.bound is None or d.turn_id != turn_id
+        )
+        return taken
+
+    def bound_landed(self, taken: list[DurableWrite]) -> None:
+        """The settlement that wrote `taken` (`take_bound`) is durable: what each of them
+        does once it lands (their `then`s are answered with the settlement's)."""
+        for item in taken:
+            if item.bound is not None and item.bound.binding_json is not None:
+                self._late_bindings.pop(item.turn_id, None)  # newer than any deferred one
+            if item.landed is not None:
+                item.landed()
 
     def apply_late_bindings(self) -> None:
         """Queue the `turn.binding` checkpoints deferred by a fork fence; called when a fork
@@ -174,9 +200,16 @@ class TurnWrites:
         retries it with backoff, so no event is dropped and none overtakes another. Several
         queued writes are applied as one store transaction (`Store.write_batch`). Held while
         a Turn's `after` checkpoint is taken (actors/session_turns.py `capture_after`)."""
-        if self._capture_holds:
+        if self._capture_holds or self._draining:
             return
         self._end_linger()
+        self._draining = True
+        try:
+            self._drain()
+        finally:
+            self._draining = False
+
+    def _drain(self) -> None:
         while self._durable:
             if len(self._durable) > 1:
                 if not self._drain_batch():

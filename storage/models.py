@@ -182,6 +182,24 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnBound:
+    """A Turn's provider bind and binding that its settlement writes in its own statement
+    (`TurnStore.record_settlement`), as the two lone writes would have just before it: the
+    provider's turn id unless the Turn is bound to another one (the lone bind's `Conflict`
+    wrote nothing), and the newest binding JSON. None: not part of it."""
+
+    root_provider_turn_id: str | None = None
+    binding_json: str | None = None
+
+    def applied_to(self, turn: Turn) -> tuple[str | None, str | None]:
+        """(provider turn id, binding JSON) to write over `turn`'s row; None: left as it is."""
+        root = self.root_provider_turn_id
+        if turn.root_provider_turn_id not in (None, root):
+            root = None
+        return root, self.binding_json
+
+
+@dataclass(frozen=True, slots=True)
 class TurnTail:
     """A Turn read from its first changed Message on (`HistoryStore.turn_since`): `turn` has
     its row and all its Interactions, and its Messages at ordinals `messages_from` ..

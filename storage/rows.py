@@ -477,7 +477,13 @@ def require_live_session(
     row = conn.execute(
         "SELECT deleted FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, sid)
     ).fetchone()
-    if row is None or (row[0] and not include_deleted):
+    require_live(sid, None if row is None else row[0], include_deleted=include_deleted)
+
+
+def require_live(sid: str, deleted: object, *, include_deleted: bool = False) -> None:
+    """`require_live_session` on the Session row's `deleted` read by the caller's own
+    statement (None: no such row)."""
+    if deleted is None or (deleted and not include_deleted):
         raise SessionNotFound(f"session {sid} not found")
 
 
@@ -535,14 +541,22 @@ def finish_claims(tx: Tx, ws: str, sid: str, turn_id: str) -> None:
     )
 
 
+NEXT_POSITION = (
+    "(SELECT MAX(COALESCE((SELECT MAX(position) FROM messages"
+    " WHERE session_key = k.session_key), 0), COALESCE((SELECT through_position"
+    " FROM history_links WHERE child_key = k.session_key), 0)) + 1"
+    " FROM session_keys k WHERE k.workspace_id = ? AND k.session_id = ?)"
+)
+"""`next_position` as a scalar subquery, bound to (workspace, session); NULL: no key yet."""
+
+
 def next_position(tx: Tx, ws: str, sid: str) -> int:
     """The position after every Message the Session shows: its own rows' and, for a linked
     child, its link's bound (the linked rows are at or below it)."""
-    row = tx.one(
-        "SELECT MAX(COALESCE((SELECT MAX(position) FROM messages"
-        " WHERE session_key = k.session_key), 0), COALESCE((SELECT through_position"
-        " FROM history_links WHERE child_key = k.session_key), 0)) + 1"
-        " FROM session_keys k WHERE k.workspace_id = ? AND k.session_id = ?",
-        (ws, sid),
-    )
-    return int(row[0]) if row else 1
+    row = tx.one(f"SELECT {NEXT_POSITION}", (ws, sid))
+    return position_of(None if row is None else row[0])
+
+
+def position_of(value: Any) -> int:
+    """`NEXT_POSITION`'s value as a position (NULL: the Session's first, 1)."""
+    return 1 if value is None else int(value)

@@ -12,12 +12,21 @@ from typing import Any
 from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
 from storage.base import Database
-from storage.models import Message, SequenceProvenance, Turn, TurnChanged, TurnPhase
+from storage.models import (
+    Message,
+    SequenceProvenance,
+    Turn,
+    TurnBound,
+    TurnChanged,
+    TurnPhase,
+)
 from storage.rows import (
+    NEXT_POSITION,
     TURN_COLUMNS,
     finish_claims,
     load_turn,
-    next_position,
+    position_of,
+    require_live,
     require_live_session,
     require_session,
     require_text,
@@ -27,6 +36,20 @@ from storage.rows import (
 )
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Tx
+
+_CLAIM_READ = (
+    "SELECT s.deleted,"
+    " (SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
+    " AND request_id = ?),"
+    " (SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+    " AND phase = 'active' LIMIT 1),"
+    " (SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
+    " AND session_id = ?),"
+    f" {NEXT_POSITION}"
+    " FROM sessions s WHERE s.workspace_id = ? AND s.session_id = ?"
+)
+"""A submit claim's reads: the Session's `deleted`, the request's claimed Turn, the active
+Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`)."""
 
 
 class TurnStore:
@@ -52,33 +75,22 @@ class TurnStore:
         asked_turn_id = turn_id
 
         def body(tx: Tx) -> tuple[Turn, bool]:
-            require_live_session(tx.conn, ws, sid)
-            claimed = tx.one(
-                "SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
-                " AND request_id = ?",
-                (ws, sid, request_id),
-            )
+            # What the claim reads, as one statement: the Session live, a claim of this
+            # request, the active Turn, the next sequence and the next Message position.
+            read = tx.one(_CLAIM_READ, (ws, sid, request_id, ws, sid, ws, sid, ws, sid, ws, sid))
+            deleted, claimed, active, next_sequence, next_at = read or (None,) * 5
+            require_live(sid, deleted)  # no row: `deleted` None, not found
             if claimed is not None:
                 # A replay is a read, so it is answered even while the fence holds.
-                return require_turn(tx.conn, ws, sid, claimed[0]), False
+                return require_turn(tx.conn, ws, sid, claimed), False
             tx.check_fence(sid)
-            active = tx.one(
-                "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
-                " AND phase = 'active' LIMIT 1",
-                (ws, sid),
-            )
             if active is not None:
                 raise SessionBusy(
-                    f"session {sid} already has an active turn", params={"turnId": active[0]}
+                    f"session {sid} already has an active turn", params={"turnId": active}
                 )
-            seq_row = tx.one(
-                "SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
-                " AND session_id = ?",
-                (ws, sid),
-            )
-            sequence = int(seq_row[0]) if seq_row else 1
+            sequence = int(next_sequence)
             turn_id, message_id = asked_turn_id or str(uuid.uuid4()), str(uuid.uuid4())
-            position = next_position(tx, ws, sid)
+            position = position_of(next_at)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
                 " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL)",
@@ -191,11 +203,16 @@ class TurnStore:
         error: str | None = None,
         checkpoint_json: str | None = None,
         turn: Turn | None = None,
+        bound: TurnBound | None = None,
     ) -> bool:
         """`settle_turn` without the read-back (the Session actor's, as
         `record_provider_turn`): whether this write settled it (False: it already was).
         `checkpoint_json`: the Turn's workspace checkpoint record, written in the same
         transaction, so a settled Turn is never seen without its `after` checkpoint.
+        `bound`: the provider bind and binding its caller had queued and not yet written,
+        set by this write's own statement, exactly as `record_provider_turn` and
+        `record_turn_binding` would have set them just before it (design/store.md, "A Turn's
+        start writes in its settlement").
         `turn`: the active Turn exactly as the store holds it before this write (its claim's
         row with every write of it since applied, built by its only writer, the Session
         actor): the settled Turn is built from it and carried by the change event, so the
@@ -218,6 +235,7 @@ class TurnStore:
                 False,
                 checkpoint_json=checkpoint_json,
                 carried=carried,
+                bound=bound,
             )
 
         return self._submit(body, ws)
@@ -373,17 +391,31 @@ def _settle(
     *,
     checkpoint_json: str | None = None,
     carried: Turn | None = None,
+    bound: TurnBound | None = None,
 ) -> bool:
-    """The settle write; False (nothing written) if the Turn was already settled.
+    """The settle write; False (no settlement written) if the Turn was already settled.
     `checkpoint_json`: the Turn's checkpoint record, set by the same statement (None: the
     record is left as it is). `carried`: the active Turn as the store holds it (no
-    Interactions); its event then carries the settled Turn built from it."""
+    Interactions); its event then carries the settled Turn built from it. `bound`: the
+    provider bind and binding written by the same statement (`TurnBound`)."""
     require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
     turn = turn_row(tx, ws, sid, turn_id)
+    root, binding = (None, None) if bound is None else bound.applied_to(turn)
     if turn.phase == TurnPhase.SETTLED:
+        if root is not None or binding is not None:
+            # What the bind and binding would have written alone (both allowed on a settled
+            # Turn): the settlement does not land, they still do.
+            _set_bound(tx, ws, sid, turn_id, root, binding)
         return False
     tx.check_fence(sid)
-    if final_assistant_message_id is not None:
+    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
+        # Its row is not the one this write read (no cost: read above): not trusted.
+        carried = None
+    # A trusted image (its only writer's: design/store.md, "A Turn's claim and settlement
+    # carry their Turn") names the Turn's Messages and has no Interactions, so what the two
+    # statements below would find is known without them.
+    known = () if carried is None else tuple(m.message_id for m in carried.messages)
+    if final_assistant_message_id is not None and final_assistant_message_id not in known:
         owner = tx.one(
             f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF} AND message_id = ?",
             (ws, sid, final_assistant_message_id),
@@ -393,21 +425,31 @@ def _settle(
             raise InvalidArgument(
                 "finalAssistantMessageId", "final assistant message is not in this turn"
             )
-    tx.execute(
-        "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
-        " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json)"
-        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
-        (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, ws, sid, turn_id),
-    )
-    tx.execute(
-        "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
-        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
-        (tx.now_ms, ws, sid, turn_id),
-    )
+    if root is None and binding is None:
+        tx.execute(
+            "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+            " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json)"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+            (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, ws, sid,
+             turn_id),
+        )  # fmt: skip
+    else:
+        tx.execute(
+            "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+            " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json),"
+            " root_provider_turn_id = COALESCE(?, root_provider_turn_id),"
+            " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+            (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, root,
+             binding, ws, sid, turn_id),
+        )  # fmt: skip
+    if carried is None:
+        tx.execute(
+            "UPDATE interactions SET status = 'superseded', resolved_at_ms = ?"
+            " WHERE workspace_id = ? AND session_id = ? AND turn_id = ? AND status = 'pending'",
+            (tx.now_ms, ws, sid, turn_id),
+        )
     finish_claims(tx, ws, sid, turn_id)
-    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
-        # Its row is not the one this write read (no cost: read above): not trusted.
-        carried = None
     if carried is None:
         tx.emit(TurnChanged(ws, sid, turn_id))
     else:
@@ -420,10 +462,28 @@ def _settle(
             error=error,
             settled_at_ms=tx.now_ms,
             checkpoint_json=carried.checkpoint_json if checkpoint_json is None else checkpoint_json,
+            root_provider_turn_id=carried.root_provider_turn_id if root is None else root,
+            provider_turn_binding_json=(
+                carried.provider_turn_binding_json if binding is None else binding
+            ),
         )
         tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
     touch(tx, ws, sid, settled=turn_id)
     return True
+
+
+def _set_bound(
+    tx: Tx, ws: str, sid: str, turn_id: str, root: str | None, binding: str | None
+) -> None:
+    tx.execute(
+        "UPDATE turns SET root_provider_turn_id = COALESCE(?, root_provider_turn_id),"
+        " provider_turn_binding_json = COALESCE(?, provider_turn_binding_json)"
+        " WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+        (root, binding, ws, sid, turn_id),
+    )
+    if root is not None:
+        finish_claims(tx, ws, sid, turn_id)
+    tx.emit(TurnChanged(ws, sid, turn_id))
 
 
 def _carriable(turn: Turn, ws: str, sid: str, turn_id: str) -> bool:

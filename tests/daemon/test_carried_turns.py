@@ -18,7 +18,7 @@ import pytest
 from agenthost import projection
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
-from storage.models import ChangeEvent, TurnChanged
+from storage.models import ChangeEvent, TurnBound, TurnChanged
 from storage.store import Store
 from tests.support.carried import Heard, Sink, a_turn, hear_settled, new_session
 from tests.support.in_process import in_process_daemon
@@ -147,6 +147,72 @@ def test_a_settlement_handed_its_turn_carries_the_turn_it_committed(
         heard.take()
         store.turns.record_settlement(WS, sid, third.turn_id, outcome="completed", turn=third)
         assert _turn_change(heard.take()).row is None
+    finally:
+        heard.close()
+
+
+def test_a_settlement_handed_its_start_writes_writes_them_as_they_would_have_landed(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The Session actor hands its settlement the Turn's bind and binding it still had
+    queued (`TurnBound`): the settlement's statement writes them as the two lone writes would
+    have just before it — the provider's turn id unless the Turn is bound to another (that
+    bind's `Conflict` wrote nothing), the binding JSON, the claim finished — and its change
+    carries exactly the Turn it committed; on a Turn already settled it writes them alone."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+
+    def claims(turn_id: str) -> list[str]:
+        rows = store.db.rows("SELECT status FROM submit_claims WHERE turn_id = ?", (turn_id,))
+        return [str(r[0]) for r in rows]
+
+    heard = Heard(store)
+    try:
+        turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+        reply = store.history.append_message(
+            WS, sid, turn.turn_id, kind="assistant", text="the reply", payload={}
+        )
+        image = store.turns.get_turn(WS, sid, turn.turn_id)
+        heard.take()
+        assert store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, turn=image,
+            bound=TurnBound("p-1", '{"c":1}'),
+        )  # fmt: skip
+        settled = store.turns.get_turn(WS, sid, turn.turn_id)
+        assert _turn_change(heard.take()).row == settled
+        assert (settled.root_provider_turn_id, settled.provider_turn_binding_json) == (
+            "p-1", '{"c":1}',
+        )  # fmt: skip
+        assert claims(turn.turn_id) == ["finished"]
+
+        # Bound to another provider turn already: that id stays, the binding is written.
+        other, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+        store.turns.record_provider_turn(WS, sid, other.turn_id, "p-2")
+        image = store.turns.get_turn(WS, sid, other.turn_id)
+        heard.take()
+        assert store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="completed", turn=image,
+            bound=TurnBound("p-elsewhere", '{"c":2}'),
+        )  # fmt: skip
+        settled = store.turns.get_turn(WS, sid, other.turn_id)
+        assert _turn_change(heard.take()).row == settled
+        assert (settled.root_provider_turn_id, settled.provider_turn_binding_json) == (
+            "p-2", '{"c":2}',
+        )  # fmt: skip
+
+        # A Turn already settled: no settlement, the bind and binding still land.
+        third, _ = store.turns.claim_submit(WS, sid, "req-3", "once more")
+        store.turns.record_settlement(WS, sid, third.turn_id, outcome="interrupted")
+        assert claims(third.turn_id) == ["finished"]
+        assert not store.turns.record_settlement(
+            WS, sid, third.turn_id, outcome="completed", bound=TurnBound("p-3", '{"c":3}')
+        )
+        settled = store.turns.get_turn(WS, sid, third.turn_id)
+        assert (settled.outcome, settled.root_provider_turn_id) == ("interrupted", "p-3")
+        assert settled.provider_turn_binding_json == '{"c":3}'
     finally:
         heard.close()
 

@@ -23,9 +23,11 @@ from actors import session_turns
 from actors.messages import DriverEvent
 from agenthost.daemon import Daemon
 from domain.turn_events import TurnItem
+from tests.support.carried import hear_settled
 from tests.support.daemon import WS, create_session, run_turn, settle, submit, wait_for
 from tests.support.in_process import in_process_daemon
-from transport.client import Client
+from tests.support.invariants import check_turn_events
+from transport.client import Client, EventSubscriber
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -170,3 +172,52 @@ def test_a_turns_writes_after_its_claim_are_one_transaction(
         assert (turn.get("workspace") or {}).get("after"), turn
         # The claim and the one transaction of the start, the reply and the settlement.
         assert stats.transactions - at_claim == 2, stats.transactions - at_claim
+
+
+def test_a_short_turns_start_writes_are_written_by_its_settlement(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start's provider bind and binding, still queued when the settlement is (held for
+    the Turn's next write), are written by the settlement's own statement: the Turn's batch
+    after its claim is two writes (the reply, the settlement), not four, and the Turn settles
+    bound, with its binding, its claim finished; its settling event, carried, shows the bind
+    (`check_turn_events`, which reports a settling event built without it). Both bounds
+    raised to 30 s, as above. On a daemon whose bind and binding are writes of their own this
+    counts four."""
+    monkeypatch.setattr(session_turns, "START_LINGER_S", 30.0)
+    monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
+    daemon, c = running
+    sid = _warm_session(c)
+    store, server = daemon.store, daemon.server
+    assert store is not None and server is not None
+    stats = store.db.write_stats
+    heard: list[dict[str, Any]] = []
+    turns: dict[str, dict[str, Any]] = {}
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        for n in range(3):
+            at_claim = (stats.transactions, stats.batched)
+            turn = run_turn(c, sid, f"bound by the settlement {n}")
+            turns[turn["turnId"]] = turn
+            assert turn["outcome"] == "completed", turn
+            assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
+            stored = store.turns.get_turn(WS, sid, turn["turnId"])
+            assert stored.root_provider_turn_id and stored.root_provider_turn_id == (
+                turn["rootProviderTurnId"]
+            )
+            assert stored.provider_turn_binding_json, stored
+            claims = store.db.rows(
+                "SELECT status FROM submit_claims WHERE turn_id = ?", (turn["turnId"],)
+            )
+            assert [r[0] for r in claims] == ["finished"], claims
+        hear_settled(sub, turns, heard)
+    assert check_turn_events(heard, turns, turns) == []
+    # Not vacuous: the settling event of a Turn built from its image without the bind.
+    at = next(
+        i
+        for i, e in enumerate(heard)
+        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+    )
+    unbound = {**heard[at]["turn"], "rootProviderTurnId": None}
+    assert check_turn_events([*heard[:at], {**heard[at], "turn": unbound}, *heard[at + 1 :]],
+                             turns, turns)  # fmt: skip

@@ -1,0 +1,111 @@
+"""The statements a short Turn's writes run inside the writer's baton: a submit's claim reads
+what it needs in one statement (the Session live, a claim of the request, the active Turn, the
+next sequence and position), and a settlement handed its Turn's image learns from it that the
+final Message is the Turn's and that no Interaction is pending, without a statement each; both
+still refuse what they refused (a deleted Session, a second active Turn, a final Message of
+another Turn)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from store_builders import WS, new_session
+
+from domain.errors import InvalidArgument, SessionBusy, SessionNotFound
+from storage.store import Store
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@contextmanager
+def _statements(store: Store) -> Iterator[list[str]]:
+    """The statements the writer connection runs inside the block, but the transaction's own
+    (BEGIN, COMMIT, savepoints)."""
+    ran: list[str] = []
+    writer = store.db._writer_connection()
+
+    def trace(_cursor: object, sql: str, _bindings: object) -> bool:
+        first = sql.split(None, 1)[0].upper()
+        if first not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE", "ROLLBACK", "PRAGMA"):
+            ran.append(" ".join(sql.split()))
+        return True
+
+    writer.exec_trace = trace
+    try:
+        yield ran
+    finally:
+        writer.exec_trace = None
+
+
+def _selects(ran: list[str]) -> int:
+    return sum(1 for s in ran if s.startswith("SELECT"))
+
+
+def test_a_claim_reads_what_it_needs_in_one_statement(store: Store) -> None:
+    """One read and the fence's check (law 3, its own statement), then its three inserts and
+    the Session's touch; a store reading each fact apart runs five reads and the check."""
+    sid = new_session(store)
+    store.db._writer_connection()
+    with _statements(store) as ran:
+        turn, created = store.turns.claim_submit(WS, sid, "req-1", "hello")
+    assert created
+    assert _selects(ran) == 2, ran  # the claim's read, the fence
+    assert len(ran) == 6, ran  # + the Turn, its user Message, the claim, the touch
+    assert store.turns.get_turn(WS, sid, turn.turn_id) == turn
+
+    # What it refused, it still refuses; a replay still answers the claimed Turn.
+    assert store.turns.claim_submit(WS, sid, "req-1", "hello") == (turn, False)
+    with pytest.raises(SessionBusy):
+        store.turns.claim_submit(WS, sid, "req-2", "again")
+    store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed")
+    second, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+    assert (second.sequence, second.messages[0].position) == (2, 2)
+    with pytest.raises(SessionNotFound):
+        store.turns.claim_submit(WS, "no-such-session", "req-3", "x")
+    store.turns.record_settlement(WS, sid, second.turn_id, outcome="completed")
+    store.sessions.delete_session(WS, sid)
+    with pytest.raises(SessionNotFound):
+        store.turns.claim_submit(WS, sid, "req-4", "gone")
+
+
+def test_a_settlement_handed_its_turn_reads_neither_its_final_message_nor_interactions(
+    store: Store,
+) -> None:
+    """Handed its image (the Turn as the store holds it: its Messages named, no Interaction),
+    the settlement neither looks the final Message up nor supersedes pending Interactions by
+    statement; not handed one, it does both. A final Message the image does not name (another
+    Turn's) is still looked up, and refused."""
+    sid = new_session(store)
+    turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+    reply = store.history.append_message(
+        WS, sid, turn.turn_id, kind="assistant", text="the reply", payload={}
+    )
+    image = store.turns.get_turn(WS, sid, turn.turn_id)
+    with _statements(store) as ran:
+        assert store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, turn=image,
+        )  # fmt: skip
+    assert not any("FROM messages" in s or "UPDATE interactions" in s for s in ran), ran
+    assert store.turns.get_turn(WS, sid, turn.turn_id).final_assistant_message_id == (
+        reply.message_id
+    )
+
+    other, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+    mine = store.history.append_message(
+        WS, sid, other.turn_id, kind="assistant", text="mine", payload={}
+    )
+    image = store.turns.get_turn(WS, sid, other.turn_id)
+    with pytest.raises(InvalidArgument):
+        store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, turn=image,
+        )  # fmt: skip
+    with _statements(store) as ran:
+        store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="completed",
+            final_assistant_message_id=mine.message_id,
+        )  # fmt: skip
+    assert any("FROM messages" in s for s in ran) and any("UPDATE interactions" in s for s in ran)
