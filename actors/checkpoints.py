@@ -17,6 +17,7 @@ The record (`turn_record`) is what the store keeps on the Turn and the wire send
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -47,11 +48,16 @@ HERE_MAX_ENTRIES = 1_000
 """An `after` capture runs on the asking thread (`TurnCheckpoints.capture_after_here`) only
 for a directory whose stat snapshot holds at most this many entries (an `lstat` each)."""
 HERE_BUDGET_S = 0.005
-"""A capture on the asking thread that took longer than this (a slow filesystem) sends that
-directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
+"""`HERE_SLOW_RUN` captures in a row on the asking thread that each took longer than this (a
+slow filesystem) send that directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
+HERE_SLOW_RUN = 3
+"""One slow capture is not a slow filesystem: the time is the wall clock's, and on a busy
+interpreter each `lstat` that lets the GIL go may wait a switch interval (5 ms) to take it back;
+a filesystem that is slow is slow at every capture."""
 HERE_PAUSE_S = 60.0
 
 
+@functools.lru_cache(maxsize=4096)
 def ref_segment(text: str) -> str:
     """`text` as one path segment of a git ref name: a plain id as it is, anything else
     hashed (git refuses `..`, a leading dot, `.lock`, spaces, control characters, ...)."""
@@ -129,8 +135,15 @@ class DirectoryLocks:
         self._guard = threading.Lock()
 
     def __call__(self, cwd: str) -> threading.Lock:
+        return self.resolved(os.path.realpath(cwd))
+
+    def resolved(self, real: str) -> threading.Lock:
+        """The lock of a directory already resolved (`os.path.realpath`)."""
         with self._guard:
-            return self._locks.setdefault(os.path.realpath(cwd), threading.Lock())
+            lock = self._locks.get(real)
+            if lock is None:
+                lock = self._locks[real] = threading.Lock()
+            return lock
 
     def cleared(self, cwd: str) -> bool:
         """`clear_stale_once` ran for `cwd` (resolved)."""
@@ -163,8 +176,9 @@ class TurnCheckpoints:
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
     # Per resolved directory: until when its `after` captures stay on the pool
-    # (`capture_after_here`).
+    # (`capture_after_here`), and how many captures in a row there were slow.
     _here_paused: dict[str, float] = field(default_factory=dict)
+    _here_slow: dict[str, int] = field(default_factory=dict)
 
     @property
     def bound_s(self) -> float:
@@ -193,17 +207,17 @@ class TurnCheckpoints:
         (`HERE_MAX_ENTRIES`) and unchanged, so no process starts and the ref is one file
         filled and renamed (its lock was taken with the `before`), and the tree is `before`'s
         (no diff to run). None: take it on the pool (`capture`), as always when the
-        `host.checkpoint.after` failpoint is armed or the directory's last capture here was
-        slow (`HERE_BUDGET_S`). The Session actor asks here first: on the pool the capture
-        costs two thread hops on the settlement's path (actor → pool → actor). A `before` is
-        not taken here: beside the claim's COMMIT on the pool it costs the Turn nothing,
-        and on the actor's thread it would be added to the claim's time."""
+        `host.checkpoint.after` failpoint is armed or the directory's last captures here were
+        slow (`HERE_SLOW_RUN` over `HERE_BUDGET_S`). The Session actor asks here first: on the
+        pool the capture costs two thread hops on the settlement's path (actor → pool →
+        actor). A `before` is not taken here: beside the claim's COMMIT on the pool it costs
+        the Turn nothing, and on the actor's thread it would be added to the claim's time."""
         if self._point_armed("host.checkpoint.after"):
             return None
         real = os.path.realpath(cwd)
         if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
             return None
-        lock = self.locks(real)
+        lock = self.locks.resolved(real)
         if not lock.acquire(blocking=False):
             return None
         started = time.monotonic()
@@ -221,8 +235,20 @@ class TurnCheckpoints:
             return None
         finally:
             lock.release()
-            if time.monotonic() - started > HERE_BUDGET_S:
-                self._here_paused[real] = time.monotonic() + HERE_PAUSE_S
+            self._timed_here(real, time.monotonic() - started)
+
+    def _timed_here(self, real: str, took_s: float) -> None:
+        """Count a capture here of `real`: the `HERE_SLOW_RUN`th slow one in a row pauses
+        the directory's captures here for `HERE_PAUSE_S`; a fast one ends the run."""
+        if took_s <= HERE_BUDGET_S:
+            self._here_slow.pop(real, None)
+            return
+        slow = self._here_slow.get(real, 0) + 1
+        if slow < HERE_SLOW_RUN:
+            self._here_slow[real] = slow
+            return
+        self._here_slow.pop(real, None)
+        self._here_paused[real] = time.monotonic() + HERE_PAUSE_S
 
     def _point_armed(self, name: str) -> bool:
         """A failpoint may act at `name` (a registry that cannot say counts as armed)."""
@@ -268,19 +294,23 @@ class TurnCheckpoints:
         try:
             if self.failpoints is not None:
                 self.failpoints.hit(f"host.checkpoint.{which}")
-            with self.locks(real):
+            with self.locks.resolved(real):
                 path = Path(real)
                 self.locks.clear_stale_once(self.shadow, real)
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
+                # A `before` takes its `after` ref's lock now, off the Turn's end: that
+                # `keep` then creates no file.
                 self.shadow.keep(
-                    path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit, real
+                    path,
+                    checkpoint_ref(session_id, turn_id, which),
+                    checkpoint.commit,
+                    real,
+                    reserve=checkpoint_ref(session_id, turn_id, "after")
+                    if which == "before"
+                    else None,
                 )
-                if which == "before":
-                    # The `after` ref's lock, taken now, off the Turn's end: its `keep`
-                    # there then creates no file.
-                    self.shadow.reserve(path, checkpoint_ref(session_id, turn_id, "after"), real)
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed
                     changed = tuple(

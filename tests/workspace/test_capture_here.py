@@ -122,10 +122,38 @@ def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
         assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
         monkeypatch.setattr(checkpoints_module, "HERE_MAX_ENTRIES", 1_000)
         monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 0.0)
+        monkeypatch.setattr(checkpoints_module, "HERE_SLOW_RUN", 1)
         assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
         time.sleep(0.01)
         # Slower than the budget: the folder's next captures go to the pool for a while.
         tree = before(turns, repo, "t2")
         assert turns.capture_after_here(str(repo), "s1", "t2", tree) is None
+    finally:
+        turns.pool.shutdown(wait=True)
+
+
+def test_one_slow_capture_keeps_the_folder_here_and_a_run_of_them_sends_it_to_the_pool(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget is the wall clock's, which a busy interpreter's GIL waits stretch: only
+    `HERE_SLOW_RUN` slow captures in a row (a slow filesystem) pause the folder; a fast one
+    in between starts the count again."""
+    age()
+    turns = TurnCheckpoints(aged_store(tmp_path))
+    try:
+        tree = before(turns, repo, "t0")
+        assert turns.capture_after_here(str(repo), "s1", "t0", tree) is not None
+        run = checkpoints_module.HERE_SLOW_RUN
+        assert run > 1
+        # Slow, fast (the count starts again), then a run of slow ones, then one more.
+        slow = [True, False] + [True] * run + [True]
+        taken = []
+        for i, is_slow in enumerate(slow, start=1):
+            monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 0.0 if is_slow else 60.0)
+            tree = before(turns, repo, f"t{i}")
+            taken.append(turns.capture_after_here(str(repo), "s1", f"t{i}", tree) is not None)
+        # Every one is taken here until the run's last pauses the folder: the next goes to
+        # the pool.
+        assert taken == [True] * (run + 2) + [False]
     finally:
         turns.pool.shutdown(wait=True)
