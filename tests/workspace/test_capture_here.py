@@ -90,9 +90,33 @@ def test_an_after_whose_tree_is_not_its_befores_is_left_to_the_pool(
     assert not (refs_dir(turns, repo) / "t1" / "after").exists()
 
 
-def test_nothing_is_captured_here_while_a_job_of_the_folder_runs_or_a_failpoint_is_armed(
+def test_nothing_is_captured_here_while_the_shadow_index_is_written_or_a_failpoint_is_armed(
     turns: TurnCheckpoints, repo: Path
 ) -> None:
+    tree = before(turns, repo)
+    # A capture of the folder writing its shadow index holds the repository's lock.
+    with turns.shadow._repo_lock(turns.shadow.repo_dir(repo)):
+        got: list[Capture | None] = []
+        t = threading.Thread(
+            target=lambda: got.append(turns.capture_after_here(str(repo), "s1", "t1", tree))
+        )
+        t.start()
+        t.join(10)
+        assert got == [None]
+    assert turns.capture_after_here(str(repo), "s1", "t1", None) is None  # no `before` tree
+    assert isinstance(turns.failpoints, Failpoints)
+    turns.failpoints.set({"host.checkpoint.after": "sleep:1"})
+    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
+    turns.failpoints.set({"host.checkpoint.after": "off", "host.checkpoint.before": "sleep:1"})
+    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
+
+
+def test_an_after_is_captured_here_while_another_sessions_job_of_the_folder_holds_its_lock(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    """Sessions sharing a folder: one Turn's `after` is taken on its actor while another
+    Session's `before` (or a drop) of that folder holds the folder's lock without writing
+    the shadow index — the tree is its `before`'s, kept by that ref, and the ref its own."""
     tree = before(turns, repo)
     with turns.locks(str(repo.resolve())):
         got: list[Capture | None] = []
@@ -101,12 +125,9 @@ def test_nothing_is_captured_here_while_a_job_of_the_folder_runs_or_a_failpoint_
         )
         t.start()
         t.join(10)
-        assert got == [None]
-    assert isinstance(turns.failpoints, Failpoints)
-    turns.failpoints.set({"host.checkpoint.after": "sleep:1"})
-    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
-    turns.failpoints.set({"host.checkpoint.after": "off", "host.checkpoint.before": "sleep:1"})
-    assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
+    assert len(got) == 1 and got[0] is not None
+    assert isinstance(got[0].checkpoint, Checkpoint) and got[0].checkpoint.tree == tree
+    assert (refs_dir(turns, repo) / "t1" / "after").read_text().strip() == tree
 
 
 def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
