@@ -48,12 +48,8 @@ HERE_MAX_ENTRIES = 1_000
 """An `after` capture runs on the asking thread (`TurnCheckpoints.capture_after_here`) only
 for a directory whose stat snapshot holds at most this many entries (an `lstat` each)."""
 HERE_BUDGET_S = 0.005
-"""`HERE_SLOW_RUN` captures in a row on the asking thread that each took longer than this (a
-slow filesystem) send that directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
-HERE_SLOW_RUN = 3
-"""One slow capture is not a slow filesystem: the time is the wall clock's, and on a busy
-interpreter each `lstat` that lets the GIL go may wait a switch interval (5 ms) to take it back;
-a filesystem that is slow is slow at every capture."""
+"""A capture on the asking thread that took longer than this (a slow filesystem) sends that
+directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
 HERE_PAUSE_S = 60.0
 
 
@@ -176,9 +172,8 @@ class TurnCheckpoints:
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
     # Per resolved directory: until when its `after` captures stay on the pool
-    # (`capture_after_here`), and how many captures in a row there were slow.
+    # (`capture_after_here`).
     _here_paused: dict[str, float] = field(default_factory=dict)
-    _here_slow: dict[str, int] = field(default_factory=dict)
 
     @property
     def bound_s(self) -> float:
@@ -203,57 +198,40 @@ class TurnCheckpoints:
         self, cwd: str, session_id: str, turn_id: str, before: str | None
     ) -> Capture | None:
         """A Turn's `after` capture taken on the caller's thread when it is cheap and certain:
-        the directory's stat snapshot is small (`HERE_MAX_ENTRIES`) and unchanged, so no
-        process starts and the ref is one file filled and renamed (its lock was taken with the
-        `before`), and the tree is `before`'s (no diff to run). None: take it on the pool
-        (`capture`), as always with no `before` tree, when the `host.checkpoint.after`
-        failpoint is armed, the shadow index is being written (its repository's lock is
-        taken) or the directory's last captures here were slow (`HERE_SLOW_RUN` over
-        `HERE_BUDGET_S`). The Session actor asks here first: on the pool the capture costs two
-        thread hops on the settlement's path (actor → pool → actor). A `before` is not taken
-        here: beside the claim's COMMIT on the pool it costs the Turn nothing, and on the
-        actor's thread it would be added to the claim's time.
-
-        The directory's lock is not taken: another Session's job of the same folder (its
-        `before`, a drop) may run meanwhile. What that lock orders this capture does not do:
-        it writes no shadow index and reads the snapshot under the repository's lock, its
-        tree is already kept by the `before`'s ref (so a collection meanwhile cannot take
-        it), and its ref is its own Turn's, into the lock its `before` took. A restore of the
-        folder meanwhile (another Session's, forced) changes the ctime of each file it
-        writes: the answer is then the tree as it was when this capture began, or None."""
-        if before is None or self._point_armed("host.checkpoint.after"):
+        the directory is free (no other job of it runs), its stat snapshot is small
+        (`HERE_MAX_ENTRIES`) and unchanged, so no process starts and the ref is one file
+        filled and renamed (its lock was taken with the `before`), and the tree is `before`'s
+        (no diff to run). None: take it on the pool (`capture`), as always when the
+        `host.checkpoint.after` failpoint is armed or the directory's last capture here was
+        slow (`HERE_BUDGET_S`). The Session actor asks here first: on the pool the capture
+        costs two thread hops on the settlement's path (actor → pool → actor). A `before` is
+        not taken here: beside the claim's COMMIT on the pool it costs the Turn nothing,
+        and on the actor's thread it would be added to the claim's time."""
+        if self._point_armed("host.checkpoint.after"):
             return None
         real = os.path.realpath(cwd)
         if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
+            return None
+        lock = self.locks.resolved(real)
+        if not lock.acquire(blocking=False):
             return None
         started = time.monotonic()
         try:
             path = Path(real)
             checkpoint = self.shadow.capture_unchanged(path, real, HERE_MAX_ENTRIES)
-            if checkpoint is None or before != checkpoint.tree:
+            if checkpoint is None or (before is not None and before != checkpoint.tree):
                 return None
-            self.shadow.keep_checked(
-                real, checkpoint_ref(session_id, turn_id, "after"), checkpoint.commit
+            self.shadow.keep(
+                path, checkpoint_ref(session_id, turn_id, "after"), checkpoint.commit, real
             )
             return Capture(real, checkpoint)
         except Exception as exc:  # noqa: BLE001 - the pool's capture answers instead
             log.info("checkpoint of %s (after) left to the pool: %s", real, exc)
             return None
         finally:
-            self._timed_here(real, time.monotonic() - started)
-
-    def _timed_here(self, real: str, took_s: float) -> None:
-        """Count a capture here of `real`: the `HERE_SLOW_RUN`th slow one in a row pauses
-        the directory's captures here for `HERE_PAUSE_S`; a fast one ends the run."""
-        if took_s <= HERE_BUDGET_S:
-            self._here_slow.pop(real, None)
-            return
-        slow = self._here_slow.get(real, 0) + 1
-        if slow < HERE_SLOW_RUN:
-            self._here_slow[real] = slow
-            return
-        self._here_slow.pop(real, None)
-        self._here_paused[real] = time.monotonic() + HERE_PAUSE_S
+            lock.release()
+            if time.monotonic() - started > HERE_BUDGET_S:
+                self._here_paused[real] = time.monotonic() + HERE_PAUSE_S
 
     def _point_armed(self, name: str) -> bool:
         """A failpoint may act at `name` (a registry that cannot say counts as armed)."""

@@ -476,8 +476,7 @@ class ShadowStore:
         the place of the repository it lies in are known, and HEAD reads from files. None:
         ask `capture` (git, or a longer walk). Never starts a process; leaves the store as
         `capture` would (a snapshot found changed is dropped). `real`: `cwd` resolved. The
-        snapshot is read under the repository's lock, taken without waiting (None while a
-        capture of the directory writes its index), so no caller's lock is needed."""
+        caller serialises the directory's work, as for `capture`."""
         known = self._repos.get(real)
         if (
             self._git_found is None
@@ -757,18 +756,7 @@ class ShadowStore:
         file through its `.lock` (created exclusively: a lock another writer holds, or a
         killed one left, fails the same way `update-ref` does), renamed into place."""
         git = self._git()
-        return self._keep(git, self._repo(git, cwd, real), name, commit, reserve)
-
-    def keep_checked(self, real: str, name: str, commit: str) -> str:
-        """`keep` in the shadow repository of the resolved directory `real` as
-        `capture_unchanged` just checked it (not checked or mended again: that may write its
-        exclude file, which only a caller holding the directory's lock may do)."""
-        known = self._repos.get(real)
-        if known is None:
-            raise GitUnavailable("git_failed", f"no checked shadow repository for {real}")
-        return self._keep(self._git(), known[0], name, commit, None)
-
-    def _keep(self, git: Git, repo: Path, name: str, commit: str, reserve: str | None) -> str:
+        repo = self._repo(git, cwd, real)
         ref = f"{REF_ROOT}/{name}"
         if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
             git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
