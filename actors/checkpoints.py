@@ -17,6 +17,7 @@ The record (`turn_record`) is what the store keeps on the Turn and the wire send
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -52,6 +53,7 @@ directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
 HERE_PAUSE_S = 60.0
 
 
+@functools.lru_cache(maxsize=4096)
 def ref_segment(text: str) -> str:
     """`text` as one path segment of a git ref name: a plain id as it is, anything else
     hashed (git refuses `..`, a leading dot, `.lock`, spaces, control characters, ...)."""
@@ -129,8 +131,15 @@ class DirectoryLocks:
         self._guard = threading.Lock()
 
     def __call__(self, cwd: str) -> threading.Lock:
+        return self.resolved(os.path.realpath(cwd))
+
+    def resolved(self, real: str) -> threading.Lock:
+        """The lock of a directory already resolved (`os.path.realpath`)."""
         with self._guard:
-            return self._locks.setdefault(os.path.realpath(cwd), threading.Lock())
+            lock = self._locks.get(real)
+            if lock is None:
+                lock = self._locks[real] = threading.Lock()
+            return lock
 
     def cleared(self, cwd: str) -> bool:
         """`clear_stale_once` ran for `cwd` (resolved)."""
@@ -203,7 +212,7 @@ class TurnCheckpoints:
         real = os.path.realpath(cwd)
         if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
             return None
-        lock = self.locks(real)
+        lock = self.locks.resolved(real)
         if not lock.acquire(blocking=False):
             return None
         started = time.monotonic()
@@ -268,19 +277,23 @@ class TurnCheckpoints:
         try:
             if self.failpoints is not None:
                 self.failpoints.hit(f"host.checkpoint.{which}")
-            with self.locks(real):
+            with self.locks.resolved(real):
                 path = Path(real)
                 self.locks.clear_stale_once(self.shadow, real)
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
+                # A `before` takes its `after` ref's lock now, off the Turn's end: that
+                # `keep` then creates no file.
                 self.shadow.keep(
-                    path, checkpoint_ref(session_id, turn_id, which), checkpoint.commit, real
+                    path,
+                    checkpoint_ref(session_id, turn_id, which),
+                    checkpoint.commit,
+                    real,
+                    reserve=checkpoint_ref(session_id, turn_id, "after")
+                    if which == "before"
+                    else None,
                 )
-                if which == "before":
-                    # The `after` ref's lock, taken now, off the Turn's end: its `keep`
-                    # there then creates no file.
-                    self.shadow.reserve(path, checkpoint_ref(session_id, turn_id, "after"), real)
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed
                     changed = tuple(

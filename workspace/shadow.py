@@ -54,6 +54,9 @@ SNAPSHOT_BACKOFF_MAX = 16
 """At most this many captures in a row skip the walk of a directory whose last walks were
 wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
 entry too young to take is tried again once that entry is old enough, not counted."""
+RESERVED_OPEN_MAX = 256
+"""Reserved ref locks (`ShadowStore.reserve`) kept open for their `keep` at most; past it a
+lock is closed and opened again by its `keep` (Turns whose `after` never came hold one each)."""
 RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
@@ -126,6 +129,18 @@ def _signature(path: Path) -> tuple[int, int, int, int] | None:
     if not stat.S_ISREG(st.st_mode):
         return None
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _make_parent(path: str) -> None:
+    """The directory `path` goes in, made if missing (one `mkdir` when its parent is
+    there, as for a Turn's own ref directory under its Session's)."""
+    parent = os.path.dirname(path)
+    try:
+        os.mkdir(parent)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(parent, exist_ok=True)
 
 
 def _nul(items: Sequence[str]) -> bytes:
@@ -347,8 +362,11 @@ class ShadowStore:
         # Per shadow repository: when (ns) an entry the last walk found too young is old
         # enough for a capture begun then; no walk before.
         self._young_until: dict[Path, int] = {}
-        # Ref locks taken ahead of their `keep` (`reserve`).
-        self._reserved: set[Path] = set()
+        # Ref locks taken ahead of their `keep` (`reserve`), each with its file still open
+        # (None: closed, past `RESERVED_OPEN_MAX`); per shadow repository: whether its refs
+        # are loose files (`_loose_refs`).
+        self._reserved: dict[str, int | None] = {}
+        self._loose: dict[Path, bool] = {}
         self.racy_margin_ns = RACY_MARGIN_NS
 
     # -- plumbing --------------------------------------------------------------------------
@@ -400,6 +418,7 @@ class ShadowStore:
             exclude.parent.mkdir(exist_ok=True)
             exclude.write_text(wanted)
         signature = _signature(exclude)
+        self._loose.pop(repo, None)
         if signature is not None:
             self._repos[real] = (repo, signature, self.excludes)
         return repo
@@ -721,9 +740,17 @@ class ShadowStore:
 
     # -- refs and space --------------------------------------------------------------------
 
-    def keep(self, cwd: Path, name: str, commit: str, real: str | None = None) -> str:
+    def keep(
+        self,
+        cwd: Path,
+        name: str,
+        commit: str,
+        real: str | None = None,
+        reserve: str | None = None,
+    ) -> str:
         """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`);
-        `real`: `cwd` already resolved.
+        `real`: `cwd` already resolved; `reserve`: a ref whose lock to take now as `reserve`
+        does (a Turn's `after`, kept with its `before`), beside this one.
 
         Written as git's `files` ref format writes a ref, without starting git: the loose ref
         file through its `.lock` (created exclusively: a lock another writer holds, or a
@@ -731,15 +758,19 @@ class ShadowStore:
         git = self._git()
         repo = self._repo(git, cwd, real)
         ref = f"{REF_ROOT}/{name}"
-        if (repo / "reftable").exists() or not _HEX.fullmatch(commit):
+        if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
             git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
+            if reserve is not None:
+                self._reserve(repo, reserve)
             return ref
-        path = repo / ref
-        lock = path.with_name(path.name + ".lock")
+        path = os.path.join(repo, ref)
+        lock = path + ".lock"
         fd = self._take_reserved(lock)
+        made = False
         try:
             if fd is None:
-                path.parent.mkdir(parents=True, exist_ok=True)
+                _make_parent(path)
+                made = True
                 fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError as exc:
             raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
@@ -748,47 +779,77 @@ class ShadowStore:
                 f.write(commit.encode() + b"\n")
             os.replace(lock, path)
         except BaseException:
-            lock.unlink(missing_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
             raise
+        if reserve is not None:
+            # Its directory is this ref's when both are one Turn's: made above already.
+            self._reserve(repo, reserve, made and os.path.dirname(reserve) == os.path.dirname(name))
         return ref
+
+    def _loose_refs(self, repo: Path) -> bool:
+        """`repo` keeps its refs as loose files (git's `files` format), as this store makes
+        its repositories; asked of the disk once per repository `_repo` checked in full (a
+        repository made again is checked again)."""
+        loose = self._loose.get(repo)
+        if loose is None:
+            loose = self._loose[repo] = not (repo / "reftable").exists()
+        return loose
 
     def reserve(self, cwd: Path, name: str, real: str | None = None) -> bool:
         """Take `refs/agenthost/<name>`'s lock now, empty, for a `keep` of it to come (a
         Turn's `after` ref, taken with its `before`): that `keep` then writes an open file
         and renames it, and creates none (an exclusive create is the costly part of writing a
-        ref). The lock is held as `keep` holds it; one a crash leaves is what
-        `clear_stale_locks` removes; `release` gives it up. Best effort: False (nothing
-        taken) when it cannot be taken. Callers serialise a directory's work, as for `keep`."""
-        repo = self._repo(self._git(), cwd, real)
-        if (repo / "reftable").exists():
+        ref). The lock is held as `keep` holds it, its file kept open until that `keep`
+        (`RESERVED_OPEN_MAX` at most); one a crash leaves is what `clear_stale_locks`
+        removes; `release` gives it up. Best effort: False (nothing taken) when it cannot be
+        taken. Callers serialise a directory's work, as for `keep`."""
+        return self._reserve(self._repo(self._git(), cwd, real), name)
+
+    def _reserve(self, repo: Path, name: str, parent_made: bool = False) -> bool:
+        if not self._loose_refs(repo):
             return False
-        path = repo / REF_ROOT / name
-        lock = path.with_name(path.name + ".lock")
+        path = os.path.join(repo, REF_ROOT, name)
+        lock = path + ".lock"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            if not parent_made:
+                _make_parent(path)
+            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except OSError:
             return False
-        self._reserved.add(lock)
+        if len(self._reserved) >= RESERVED_OPEN_MAX:
+            os.close(fd)
+            self._reserved[lock] = None
+        else:
+            self._reserved[lock] = fd
         return True
 
     def release(self, cwd: Path, name: str, real: str | None = None) -> None:
         """Give up the lock `reserve` took for `refs/agenthost/<name>` (its `keep` will not
         come: the Turn was never created)."""
-        lock = self._repo(self._git(), cwd, real) / REF_ROOT / f"{name}.lock"
+        lock = os.path.join(self._repo(self._git(), cwd, real), REF_ROOT, f"{name}.lock")
         if lock in self._reserved:
-            self._reserved.discard(lock)
-            lock.unlink(missing_ok=True)
+            fd = self._reserved.pop(lock)
+            if fd is not None:
+                os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)
 
-    def _take_reserved(self, lock: Path) -> int | None:
-        """The reserved `lock`, opened to be written (None: not reserved, or gone)."""
+    def _take_reserved(self, lock: str) -> int | None:
+        """The reserved `lock`, open to be written (None: not reserved, or removed behind
+        the store — a stale-lock sweep — so created anew)."""
         if lock not in self._reserved:
             return None
-        self._reserved.discard(lock)
+        fd = self._reserved.pop(lock)
         try:
-            return os.open(lock, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            if fd is None:
+                return os.open(lock, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
+            if os.fstat(fd).st_nlink == 0:  # unlinked since it was taken
+                os.close(fd)
+                return None
         except OSError:
-            return None  # removed behind the store (a stale-lock sweep): created anew
+            return None
+        return fd
 
     def drop(self, cwd: Path, prefix: str) -> int:
         """Delete every ref under `refs/agenthost/<prefix>/`; returns how many."""
