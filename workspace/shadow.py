@@ -54,7 +54,7 @@ SNAPSHOT_BACKOFF_MAX = 16
 """At most this many captures in a row skip the walk of a directory whose last walks were
 wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
 entry too young to take is tried again once that entry is old enough, not counted."""
-RESERVED_OPEN_MAX = 256
+RESERVED_OPEN_MAX = 64
 """Reserved ref locks (`ShadowStore.reserve`) kept open for their `keep` at most; past it a
 lock is closed and opened again by its `keep` (Turns whose `after` never came hold one each)."""
 RACY_MARGIN_NS = 2 * 10**9
