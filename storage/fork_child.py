@@ -510,14 +510,13 @@ def child_history(
     *,
     last_use: bool = False,
     memo: ForkMemo | None = None,
-    prefixes: OrdinalPrefixes | None = None,
 ) -> ChildHistory:
     """The child's ids and Message rows. With the frozen snapshot's hash they are memoised:
     both are a pure function of the snapshot's bytes, and prepare's dry run and the commit of
     the same operation would otherwise mint every child id and remap every Message twice (a
     1,000-Turn fork: ~11,000 ids, ~10,000 rows). The store's `memo` holds them; `last_use`
-    (the commit) drops the entry. `prefixes`: `prefixes_of(snapshot)` when the caller has
-    them already (`build_child`: derived once per child, not twice)."""
+    (the commit) drops the entry. A version 4 or 5 history carries rule v2's prefixes it was
+    mapped with (`build_child` uses them: derived once per child, at prepare in one process)."""
     if snapshot_hash is not None and memo is not None:
         cached = memo.histories.get(snapshot_hash, take=last_use)
         if cached is not None:
@@ -526,7 +525,7 @@ def child_history(
     if history is not None:
         # Version 4 or 5: the Messages are copied in SQLite; only Turns and Interactions are mapped
         # here, and the Messages a reference names (frozen by prepare).
-        prefixes = prefixes or prefixes_of(snapshot)
+        prefixes = prefixes_of(snapshot)
         ids = ordinal_identity(prefixes, snapshot["turns"], dict(history["message_ids"]))
         built = ChildHistory(ids=ids, message_rows=(), prefixes=prefixes)
     else:
