@@ -488,6 +488,9 @@ class ChildHistory:
 
     ids: IdentityMap
     message_rows: tuple[tuple[Any, ...], ...]
+    prefixes: OrdinalPrefixes | None = None
+    """Rule v2's prefixes of a version 4 or 5 child (None for older versions): derived once,
+    at prepare, for the commit's final Messages and its history link too."""
 
 
 # The columns of `ChildPlan.message_rows`, in order (`created_at_ms` is bound per statement).
@@ -507,14 +510,13 @@ def child_history(
     *,
     last_use: bool = False,
     memo: ForkMemo | None = None,
-    prefixes: OrdinalPrefixes | None = None,
 ) -> ChildHistory:
     """The child's ids and Message rows. With the frozen snapshot's hash they are memoised:
     both are a pure function of the snapshot's bytes, and prepare's dry run and the commit of
     the same operation would otherwise mint every child id and remap every Message twice (a
     1,000-Turn fork: ~11,000 ids, ~10,000 rows). The store's `memo` holds them; `last_use`
-    (the commit) drops the entry. `prefixes`: `prefixes_of(snapshot)` when the caller has
-    them already (`build_child`: derived once per child, not twice)."""
+    (the commit) drops the entry. A version 4 or 5 history carries rule v2's prefixes it was
+    mapped with (`build_child` uses them: derived once per child, at prepare in one process)."""
     if snapshot_hash is not None and memo is not None:
         cached = memo.histories.get(snapshot_hash, take=last_use)
         if cached is not None:
@@ -523,10 +525,9 @@ def child_history(
     if history is not None:
         # Version 4 or 5: the Messages are copied in SQLite; only Turns and Interactions are mapped
         # here, and the Messages a reference names (frozen by prepare).
-        ids = ordinal_identity(
-            prefixes or prefixes_of(snapshot), snapshot["turns"], dict(history["message_ids"])
-        )
-        built = ChildHistory(ids=ids, message_rows=())
+        prefixes = prefixes_of(snapshot)
+        ids = ordinal_identity(prefixes, snapshot["turns"], dict(history["message_ids"]))
+        built = ChildHistory(ids=ids, message_rows=(), prefixes=prefixes)
     else:
         built = _minted_history(snapshot)
     if snapshot_hash is not None and memo is not None and not last_use:
@@ -534,10 +535,15 @@ def child_history(
     return built
 
 
-def remember_child_history(memo: ForkMemo, snapshot_hash: str, ids: IdentityMap) -> None:
+def remember_child_history(
+    memo: ForkMemo, snapshot_hash: str, ids: IdentityMap, prefixes: OrdinalPrefixes
+) -> None:
     """Prepare's identity map of a version 4 snapshot (`fork_history.history_section`: what
-    `child_history` of the frozen document computes), kept for its dry run and commit."""
-    memo.histories.put(snapshot_hash, ChildHistory(ids=ids, message_rows=()), 0)
+    `child_history` of the frozen document computes) and the prefixes it was made with (what
+    `prefixes_of` derives from the same document), kept for its dry run and commit."""
+    memo.histories.put(
+        snapshot_hash, ChildHistory(ids=ids, message_rows=(), prefixes=prefixes), 0
+    )
 
 
 def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:
@@ -615,9 +621,10 @@ def build_child(
     target = snapshot["target"]
     sid = target["session_id"]
     history = snapshot.get("history")
-    # Version 4 or 5: rule v2's prefixes, derived once for the ids and the final Messages.
-    prefixes = None if history is None else prefixes_of(snapshot)
-    child = child_history(snapshot, snapshot_hash, last_use=last_use, memo=memo, prefixes=prefixes)
+    child = child_history(snapshot, snapshot_hash, last_use=last_use, memo=memo)
+    # Version 4 or 5: rule v2's prefixes, derived once (at prepare, when the memo held its
+    # history) for the ids, the final Messages and the history link.
+    prefixes = None if history is None else child.prefixes or prefixes_of(snapshot)
     ids = child.ids
     bindings = dict(turn_bindings or {})
     unknown = set(bindings) - set(ids.turns)

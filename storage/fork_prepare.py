@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 import apsw
@@ -21,7 +20,7 @@ from domain.errors import (
     WorkspaceCheckpointMissing,
     checkpoint_refusal,
 )
-from domain.fork_states import NOT_A_FORK_SQL
+from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
 from storage.fork_child import ForkMemo, OrdinalPrefixes, prove_child, remember_child_history
 from storage.fork_snapshot import freeze_snapshot, load_boundary, request_hash, source_blockers
@@ -38,8 +37,8 @@ from storage.models import (
     SessionChanged,
     TurnPhase,
 )
-from storage.rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, load_op, require_session
-from storage.sqlite import Tx, dumps
+from storage.rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, require_session
+from storage.sqlite import Tx, dumps, loads
 
 # -- Prepare ---------------------------------------------------------------------------------------
 
@@ -239,15 +238,14 @@ class ForkPrepare:
                 # only the snapshot).
                 runtime_identity = {**runtime_identity, "cwd": str(plan["childCwd"])}
             assert boundary.history is not None
+            prefixes = OrdinalPrefixes.of(op_id, ws, req.source_session_id, req.target_session_id)
             history, identity = history_section(
                 tx.conn,
                 ws,
                 req.source_session_id,
                 boundary.history,
                 turns=boundary.turns,
-                prefixes=OrdinalPrefixes.of(
-                    op_id, ws, req.source_session_id, req.target_session_id
-                ),
+                prefixes=prefixes,
             )
             snapshot, stored, snapshot_hash = freeze_snapshot(
                 operation_id=op_id,
@@ -261,7 +259,7 @@ class ForkPrepare:
                 memo=self.fork_memo,
                 history=history,
             )
-            remember_child_history(self.fork_memo, snapshot_hash, identity)
+            remember_child_history(self.fork_memo, snapshot_hash, identity, prefixes)
             # Prove now that commit can rewrite every reference (fail closed before dispatch).
             prove_child(
                 snapshot,
@@ -271,6 +269,7 @@ class ForkPrepare:
                 memo=self.fork_memo,
             )
             assert source.provider_session_id is not None
+            worktree_json = None if plan is None else dumps(dict(plan))
             tx.execute(
                 "INSERT INTO fork_operations (workspace_id, operation_id, request_id,"
                 " request_hash, source_session_id, target_session_id, point_kind,"
@@ -298,7 +297,7 @@ class ForkPrepare:
                     snapshot_hash,
                     tx.now_ms,
                     req.workspace,
-                    None if plan is None else dumps(dict(plan)),
+                    worktree_json,
                     None if plan is None else PLANNED,
                 ),
             )
@@ -322,13 +321,45 @@ class ForkPrepare:
                 # next write made it durable (`prepared_events`), with that write's events.
                 tx.emit(ForkOperationChanged(ws, op_id))
                 tx.emit(SessionChanged(ws, req.source_session_id))
-            # The snapshot's own frozen bindings ride along: the saga dispatches
-            # and verifies from them, without re-reading the source timeline.
-            frozen = tuple(
-                (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
-            )
-            return replace(
-                load_op(tx.conn, ws, op_id, projections=self._projections), frozen_turns=frozen
+            # The row as just written (no read of it back, no parse of the JSON just encoded),
+            # with the snapshot's own frozen bindings: the saga dispatches and verifies from
+            # them, without re-reading the source timeline.
+            return ForkOperation(
+                workspace_id=ws,
+                operation_id=op_id,
+                request_id=req.request_id,
+                request_hash=digest,
+                source_session_id=req.source_session_id,
+                target_session_id=req.target_session_id,
+                point_kind=str(req.point_kind),
+                source_turn_id=turn_id,
+                source_provider_session_id=source.provider_session_id,
+                source_provider_turn_id=boundary.selected["root_provider_turn_id"],
+                source_provider_turn_ids=tuple(boundary.provider_turn_ids),
+                target_provider_session_id=None,
+                target_provider_turn_ids=None,
+                target_turn_id=None,
+                driver_kind=str(req.driver_kind),
+                driver_version=str(req.driver_version),
+                binding_mode=str(req.binding_mode),
+                binding_receipt=None,
+                snapshot_hash=snapshot_hash,
+                status=ForkStatus.PREPARED,
+                error=None,
+                created_at_ms=tx.now_ms,
+                dispatched_at_ms=None,
+                accepted_at_ms=None,
+                completed_at_ms=None,
+                client_observed_at_ms=None,
+                committed_session=None,
+                lineage=None,
+                target_title=title,
+                frozen_turns=tuple(
+                    (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
+                ),
+                workspace_mode=req.workspace,
+                worktree=loads(worktree_json),
+                worktree_state=None if plan is None else PLANNED,
             ), True
 
         return self._submit(body, ws, durable=durable)

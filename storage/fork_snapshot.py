@@ -188,13 +188,25 @@ _TURNS_WHERE = " WHERE t.workspace_id = ?1 AND t.session_id = ?2 AND t.sequence 
 _TURNS_SQL = f"SELECT {_TURN_COLUMNS} FROM turns t{_TURNS_WHERE} ORDER BY t.sequence"
 # ... and with each one's final assistant Message (its position and its own Turn; NULLs when the
 # Session holds no row of it) looked up by the `(session_key, message_id)` key as the walk reaches
-# the Turn: one walk of the Turns, not a second one joining them to their final Messages.
+# the Turn: one walk of the Turns, not a second one joining them to their final Messages. The
+# Turns are found from the Session's key, written into the text as an integer (`{key}`; `?1` the
+# selected Turn's sequence): with the key or the Session's ids bound, SQLite judged the join's
+# plan dependent on them and compiled the statement again at every execution (~30 µs of a
+# 10-Turn prepare); this text is compiled once per Session and kept in the statement cache.
 _TURNS_FINALS_SQL = (
-    f"SELECT {_TURN_COLUMNS}, fm.position, fm.turn_id FROM turns t LEFT JOIN messages fm"
-    " ON fm.session_key = (SELECT session_key FROM session_keys WHERE workspace_id = ?1"
-    " AND session_id = ?2) AND fm.message_id = t.final_assistant_message_id"
-    f"{_TURNS_WHERE} ORDER BY t.sequence"
+    "SELECT t.turn_id, t.sequence, t.sequence_provenance, t.phase, t.outcome,"
+    " t.root_provider_turn_id, t.provider_turn_binding_json, t.final_assistant_message_id,"
+    " t.error, t.created_at_ms, t.settled_at_ms, fm.position, fm.turn_id FROM session_keys k"
+    " JOIN turns t ON t.workspace_id = k.workspace_id AND t.session_id = k.session_id"
+    " LEFT JOIN messages fm ON fm.session_key = k.session_key"
+    " AND fm.message_id = t.final_assistant_message_id"
+    " WHERE k.session_key = {key} AND t.sequence <= ?1 ORDER BY t.sequence"
 )
+# A Session without a key (no row in `session_keys`): its Turns, no final Message found.
+_TURNS_NO_FINALS_SQL = (
+    f"SELECT {_TURN_COLUMNS}, NULL, NULL FROM turns t{_TURNS_WHERE} ORDER BY t.sequence"
+)
+_SESSION_KEY_SQL = SESSION_KEY_OF[1:-1]
 
 
 _ANY_INTERACTION_SQL = (
@@ -234,10 +246,19 @@ def load_boundary(
     if selected[1] != TurnPhase.SETTLED:
         raise ForkBoundaryError(ForkBoundaryReason.TURN_NOT_SETTLED)
     through = int(selected[0])
-    # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the Turns.
-    turn_rows = conn.execute(
-        _TURNS_SQL if messages else _TURNS_FINALS_SQL, (ws, sid, through)
-    ).fetchall()
+    # Version 4: each Turn's final Message (position, owner Turn) in the same walk of the Turns,
+    # by the Session's key (None for a Session without one: no Message, no final found).
+    session_key: int | None = None
+    if messages:
+        turn_rows = conn.execute(_TURNS_SQL, (ws, sid, through)).fetchall()
+    else:
+        key = conn.execute(_SESSION_KEY_SQL, (ws, sid)).fetchone()
+        if key is None:
+            turn_rows = conn.execute(_TURNS_NO_FINALS_SQL, (ws, sid, through)).fetchall()
+        else:
+            session_key = int(key[0])
+            finals = _TURNS_FINALS_SQL.format(key=session_key)
+            turn_rows = conn.execute(finals, (through,)).fetchall()
     turns: list[dict[str, Any]] = []
     by_id: dict[str, dict[str, Any]] = {}
     for expected, r in enumerate(turn_rows, start=1):
@@ -271,7 +292,7 @@ def load_boundary(
     if messages:
         _read_messages(conn, ws, sid, through, by_id)
     else:
-        history = scan_history(conn, ws, sid, through, keep=keep_digest)
+        history = scan_history(conn, ws, sid, through, keep=keep_digest, session_key=session_key)
         _place_finals(conn, ws, sid, turn_rows, by_id, linked=history.linked)
     # Most Sessions have no Interaction at all: one index probe says so (~4 µs) before the join
     # through every boundary Turn, which SQLite recompiles at each execution (~20 µs).

@@ -483,6 +483,7 @@ def scan_history(
     *,
     keep: bool = False,
     later: bool | None = None,
+    session_key: int | None = None,
 ) -> HistoryScan:
     """The boundary's Message checks (seed 000 §4: no descendant lane, no session-local
     attachment; a payload with a repeated key is refused), in position order, reading only the
@@ -490,7 +491,9 @@ def scan_history(
 
     `keep` (prepare, inside its write transaction): a Session's own boundary is digested only
     when no kept digest of it stands (schema v17, `kept_digest`), and one digested is kept.
-    `later`: whether the Session has Turns after `through` (asked here when None)."""
+    `later`: whether the Session has Turns after `through` (asked here when None).
+    `session_key`: the Session's key when the caller read it in this transaction (looked up
+    here when None)."""
     payloads: list[tuple[str, int, Any]] = []
     linked = history_link(conn, ws, sid) is not None
     if not linked:
@@ -500,7 +503,7 @@ def scan_history(
         if later is None:
             later = later_turns(conn, ws, sid, through)
         if keep:
-            found = kept_digest(conn, ws, sid, through, later=later)
+            found = kept_digest(conn, ws, sid, through, later=later, session_key=session_key)
         else:
             found = _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
         count, digest, top, special = found
@@ -562,7 +565,13 @@ _MANY = "*"
 
 
 def kept_digest(
-    conn: apsw.Connection, ws: str, sid: str, through: int, *, later: bool
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    through: int,
+    *,
+    later: bool,
+    session_key: int | None = None,
 ) -> tuple[int, str, int, list[int] | None]:
     """`_digest_pass(scan=True)` of a Session's own boundary through Turn `through` (the special
     positions None when they are too many to look up one by one; `later`: whether the Session
@@ -570,8 +579,11 @@ def kept_digest(
     while no Message of the Session, no Turn's identity and no `session_keys` row of it changed
     since: the triggers of schema v17 delete it in the writer's transaction), else digested and
     kept in the caller's transaction (a prepare that rolls back takes it with it). Law: a kept
-    row is the pass it saves (tests/support/invariants.py, `history_digest_kept`)."""
-    key = conn.execute(_KEY_SQL, (ws, sid)).fetchone()
+    row is the pass it saves (tests/support/invariants.py, `history_digest_kept`).
+    `session_key`: the Session's key as the caller read it in this transaction (else read here)."""
+    key: Any = (session_key,)
+    if session_key is None:
+        key = conn.execute(_KEY_SQL, (ws, sid)).fetchone()
     if key is None:  # no key: no Message either; nothing to keep
         return _few_special(*_digest_pass(conn, ws, sid, through, scan=True, later=later))
     row = conn.execute(_KEPT_SQL, (int(key[0]), through)).fetchone()
