@@ -19,7 +19,8 @@ a method whose every waiter only hands it on — `INLINE_METHODS`, answered to a
 by a `tell` — and a streamed delta or a Turn's end (`INLINE_EVENTS`) are delivered on the
 loop thread itself when nothing is queued or running there, so arrival order still holds; a
 fork then reaches its actor in one hop (loop → actor) instead of two (loop → delivery thread →
-actor), each a thread wake-up and a GIL hand-off, and a delta the events queue in one.
+actor), each a thread wake-up and a GIL hand-off, and a delta with nothing ahead of it goes from
+here straight to its subscribers (the daemon's sink sends it on the events XPUB).
 
 The hung-worker judgement: a worker silent past the link's limit is dead only when its process
 makes no CPU progress over a whole window, or once it has been silent past
@@ -100,8 +101,9 @@ parse the answer and `tell` the Session actor that waits (actors' `later`,
 
 INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})
 """Events the sink may take on the loop thread (when nothing is queued or running here, as
-for `INLINE_METHODS`): a streamed delta's sink only puts it on the daemon's events queue
-(and, at most once a second, tells the Session actor its reply streams), a Turn's end only
+for `INLINE_METHODS`): a streamed delta's sink sends it on the events XPUB, or puts it on the
+daemon's events queue behind what is there (and, at most once a second, tells the Session actor
+its reply streams); never blocks on work. A Turn's end only
 `tell`s its Session actor; neither blocks. A Turn's ~20 deltas each skip a thread hand-off,
 and so does its end, on the way to its settlement."""
 
