@@ -17,8 +17,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from actors import runtime_dirs
 from actors.checkpoints import (
     CheckpointJanitor,
@@ -139,10 +137,6 @@ class Daemon:
         self._keeper: threading.Thread | None = None
         self._run_id: tuple[int, int] | None = None
         self._server_keys: dict[str, bytes] = {}
-        self._zmq: zmq.Context[Any] | None = None
-        """The one ZeroMQ context of the daemon's sockets (the worker links' and the API
-        server's): one ZeroMQ I/O thread carries a delta in from its worker and out to its
-        subscribers, instead of one thread per context."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -207,10 +201,8 @@ class Daemon:
             {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
             state_dir=fp_state,
         )
-        self._zmq = zmq.Context(io_threads=1)
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            context=self._zmq,
             provider_config=_provider_config(cfg, self.providers),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
@@ -321,7 +313,6 @@ class Daemon:
             curve=self.keys.server_curve(),
             events_exact_endpoint=_exact_ipc(cfg),
             events_exact_listen=list(self.events_exact_listen),
-            context=self._zmq,
         )
         # The publisher (running since before the server existed) publishes to it from now.
         self.publisher.sink = self.server
@@ -525,7 +516,6 @@ class Daemon:
             self.api.close()
         if getattr(self, "supervisor", None) is not None:
             self.supervisor.close()
-        self._end_zmq()
         self._events.put(None)
         if self._event_thread is not None:
             self._event_thread.join(5)
@@ -539,18 +529,6 @@ class Daemon:
         if self._home_lock is not None:
             self._home_lock.release()
             self._home_lock = None
-
-    def _end_zmq(self) -> None:
-        """End the shared ZeroMQ context once its owners closed their sockets (a transport
-        thread that did not stop still holds its own: then the context is left, as the API
-        server leaves one of its own)."""
-        ctx, self._zmq = self._zmq, None
-        if ctx is None:
-            return
-        if self.server is not None and not self.server.stopped:
-            log.error("the transport thread still holds its sockets: ZeroMQ context left open")
-            return
-        ctx.term()
 
     @property
     def api_endpoint(self) -> str:

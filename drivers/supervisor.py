@@ -263,11 +263,7 @@ class WorkerSupervisor:
         provider_config: dict[str, dict[str, Any]] | None = None,
         failpoints: str = "",
         start_timeout: float = 20.0,
-        context: zmq.Context[Any] | None = None,
     ) -> None:
-        """`context`: the ZeroMQ context of the worker links' sockets, shared with the rest of
-        the daemon (one I/O thread for its every socket); None: a context of its own, ended
-        by `close`. A shared one is left for its owner to end, after `close`."""
         self._run_dir = Path(run_dir)
         self._run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._python = python
@@ -281,8 +277,7 @@ class WorkerSupervisor:
         self._fp_state.mkdir(mode=0o700)
         self._sock_dir, self._own_sock_dir = socket_dir(self._run_dir)
 
-        self._own_context = context is None
-        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._ctx: zmq.Context[Any] = zmq.Context()
         self._mailbox = Mailbox(self._ctx)
         self._workers: dict[str, WorkerRecord] = {}
         self._ids = 0
@@ -377,8 +372,7 @@ class WorkerSupervisor:
         self._loop_thread.join(timeout + 5.0)
         self._deliveries.close(5.0)
         self._mailbox.close()
-        if self._own_context:
-            self._ctx.term()
+        self._ctx.term()
         if self._own_sock_dir:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 

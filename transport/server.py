@@ -610,12 +610,6 @@ class ApiServer:
         return self._guard
 
     @property
-    def stopped(self) -> bool:
-        """Whether no transport thread holds the sockets (never started, or ended)."""
-        thread = self._thread
-        return thread is None or not thread.is_alive()
-
-    @property
     def in_flight(self) -> int:
         """Requests dispatched but not yet answered (read from any thread; approximate)."""
         return len(self._in_flight)
