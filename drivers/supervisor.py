@@ -103,9 +103,9 @@ INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})
 """Events the sink may take on the loop thread (when nothing is queued or running here, as
 for `INLINE_METHODS`): a streamed delta's sink sends it on the events XPUB, or puts it on the
 daemon's events queue behind what is there (and, at most once a second, tells the Session actor
-its reply streams); never blocks on work. A Turn's end only
-`tell`s its Session actor; neither blocks. A Turn's ~20 deltas each skip a thread hand-off,
-and so does its end, on the way to its settlement."""
+its reply streams), a Turn's end only `tell`s its Session actor; neither blocks on work. A
+Turn's ~20 deltas each skip a thread hand-off, and so does its end, on the way to its
+settlement."""
 
 
 class Deliveries:
