@@ -533,32 +533,41 @@ class WorkerSupervisor:
         while end is not None and worker.end is end:
             msg = end.recv()
             if msg is None:
+                if end.more():
+                    continue  # a frame dropped (not the worker's, not a link map)
                 return
-            worker.last_seen = time.monotonic()
-            kind = msg["t"]
-            if kind == MsgType.HELLO:
-                if worker.state is WorkerState.STARTING:
-                    worker.state = WorkerState.READY
-                    self._publish_status(worker)
-                    pid = worker.proc.pid if worker.proc else None
-                    self._lifecycle("worker.ready", worker, pid=pid)
-                    self._send_points_armed_while_starting(worker)
-                    while worker.queued and worker.state is WorkerState.READY:
-                        self._send(worker, worker.queued.popleft())
-            elif kind == MsgType.RES:
-                pending = worker.inflight.pop(msg.get("id"), None)  # type: ignore[arg-type]
-                if pending is None:
-                    continue  # timed out already, or a fire-and-forget request
-                if msg.get("ok") is True:
-                    result = msg.get("result")
-                    self._complete(pending, result if isinstance(result, dict) else {})
-                else:
-                    error = msg.get("error")
-                    self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
-            elif kind == MsgType.EVT:
-                sid, event = msg.get("agentSessionId"), msg.get("event")
-                if isinstance(sid, str) and isinstance(event, dict):
-                    self._deliver_event(worker.provider, sid, event)
+            self._handle(worker, msg)
+            # Poll said one was there; `zmq.EVENTS` says whether another is.
+            if worker.end is not end or not end.more():
+                return
+
+    def _handle(self, worker: WorkerRecord, msg: dict[str, Any]) -> None:
+        """One message read from `worker`'s link."""
+        worker.last_seen = time.monotonic()
+        kind = msg["t"]
+        if kind == MsgType.HELLO:
+            if worker.state is WorkerState.STARTING:
+                worker.state = WorkerState.READY
+                self._publish_status(worker)
+                pid = worker.proc.pid if worker.proc else None
+                self._lifecycle("worker.ready", worker, pid=pid)
+                self._send_points_armed_while_starting(worker)
+                while worker.queued and worker.state is WorkerState.READY:
+                    self._send(worker, worker.queued.popleft())
+        elif kind == MsgType.RES:
+            pending = worker.inflight.pop(msg.get("id"), None)  # type: ignore[arg-type]
+            if pending is None:
+                return  # timed out already, or a fire-and-forget request
+            if msg.get("ok") is True:
+                result = msg.get("result")
+                self._complete(pending, result if isinstance(result, dict) else {})
+            else:
+                error = msg.get("error")
+                self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
+        elif kind == MsgType.EVT:
+            sid, event = msg.get("agentSessionId"), msg.get("event")
+            if isinstance(sid, str) and isinstance(event, dict):
+                self._deliver_event(worker.provider, sid, event)
 
     def _tick(self) -> None:
         now = time.monotonic()
