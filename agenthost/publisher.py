@@ -15,8 +15,9 @@ wants is dropped before it is even queued (`offer`), so it does not wake the thr
 A streamed delta crosses no thread of its own when it need not (`offer_delta`): every producer
 counts what it puts on the queue (`_held`, under `_order`) and the thread uncounts a batch once
 its events are handed to the transport loop, so a delta that finds nothing queued or in hand
-is encoded and handed to the loop's outbox right away, on its producer's thread (the worker
-supervisor's loop), and one that finds anything there is queued behind it. The count and the
+is encoded and handed to the transport right away, on its producer's thread (the worker
+supervisor's loop), which sends it on the XPUB itself when the loop's outbox holds no event
+(`ApiServer.publish_now`), and one that finds anything there is queued behind it. The count and the
 hand-over are one step under `_order`, as every producer's count and put are, so a delta leaves
 after every event whose change was offered before it and ahead of every one offered after it,
 whichever way it goes (docs/design/internals.md, "A delta's way to the transport").
@@ -213,7 +214,7 @@ class EventSink(Protocol):
 
     def publish_many(self, events: list[tuple[str, Event]]) -> bool: ...
 
-    def publish_frames(self, frames: list[tuple[bytes, bytes]]) -> bool: ...
+    def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool: ...
 
 
 class EventPublisher:
@@ -328,7 +329,7 @@ class EventPublisher:
             frames = [(delta.workspace_id.encode("utf-8"), encode_event(delta_event(delta)))]
             with self._order:
                 if self._held == 0:
-                    sink.publish_frames(frames)
+                    sink.publish_now(frames)
                     self.direct += 1
                     return
                 self._held += 1

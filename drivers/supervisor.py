@@ -19,7 +19,8 @@ a method whose every waiter only hands it on — `INLINE_METHODS`, answered to a
 by a `tell` — and a streamed delta or a Turn's end (`INLINE_EVENTS`) are delivered on the
 loop thread itself when nothing is queued or running there, so arrival order still holds; a
 fork then reaches its actor in one hop (loop → actor) instead of two (loop → delivery thread →
-actor), each a thread wake-up and a GIL hand-off, and a delta the events queue in one.
+actor), each a thread wake-up and a GIL hand-off, and a delta with nothing ahead of it goes from
+here straight to its subscribers (the daemon's sink sends it on the events XPUB).
 
 The hung-worker judgement: a worker silent past the link's limit is dead only when its process
 makes no CPU progress over a whole window, or once it has been silent past
@@ -100,10 +101,11 @@ parse the answer and `tell` the Session actor that waits (actors' `later`,
 
 INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})
 """Events the sink may take on the loop thread (when nothing is queued or running here, as
-for `INLINE_METHODS`): a streamed delta's sink only puts it on the daemon's events queue
-(and, at most once a second, tells the Session actor its reply streams), a Turn's end only
-`tell`s its Session actor; neither blocks. A Turn's ~20 deltas each skip a thread hand-off,
-and so does its end, on the way to its settlement."""
+for `INLINE_METHODS`): a streamed delta's sink sends it on the events XPUB, or puts it on the
+daemon's events queue behind what is there (and, at most once a second, tells the Session actor
+its reply streams), a Turn's end only `tell`s its Session actor; neither blocks on work. A
+Turn's ~20 deltas each skip a thread hand-off, and so does its end, on the way to its
+settlement."""
 
 
 class Deliveries:
@@ -531,32 +533,41 @@ class WorkerSupervisor:
         while end is not None and worker.end is end:
             msg = end.recv()
             if msg is None:
+                if end.more():
+                    continue  # a frame dropped (not the worker's, not a link map)
                 return
-            worker.last_seen = time.monotonic()
-            kind = msg["t"]
-            if kind == MsgType.HELLO:
-                if worker.state is WorkerState.STARTING:
-                    worker.state = WorkerState.READY
-                    self._publish_status(worker)
-                    pid = worker.proc.pid if worker.proc else None
-                    self._lifecycle("worker.ready", worker, pid=pid)
-                    self._send_points_armed_while_starting(worker)
-                    while worker.queued and worker.state is WorkerState.READY:
-                        self._send(worker, worker.queued.popleft())
-            elif kind == MsgType.RES:
-                pending = worker.inflight.pop(msg.get("id"), None)  # type: ignore[arg-type]
-                if pending is None:
-                    continue  # timed out already, or a fire-and-forget request
-                if msg.get("ok") is True:
-                    result = msg.get("result")
-                    self._complete(pending, result if isinstance(result, dict) else {})
-                else:
-                    error = msg.get("error")
-                    self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
-            elif kind == MsgType.EVT:
-                sid, event = msg.get("agentSessionId"), msg.get("event")
-                if isinstance(sid, str) and isinstance(event, dict):
-                    self._deliver_event(worker.provider, sid, event)
+            self._handle(worker, msg)
+            # Poll said one was there; `zmq.EVENTS` says whether another is.
+            if worker.end is not end or not end.more():
+                return
+
+    def _handle(self, worker: WorkerRecord, msg: dict[str, Any]) -> None:
+        """One message read from `worker`'s link."""
+        worker.last_seen = time.monotonic()
+        kind = msg["t"]
+        if kind == MsgType.HELLO:
+            if worker.state is WorkerState.STARTING:
+                worker.state = WorkerState.READY
+                self._publish_status(worker)
+                pid = worker.proc.pid if worker.proc else None
+                self._lifecycle("worker.ready", worker, pid=pid)
+                self._send_points_armed_while_starting(worker)
+                while worker.queued and worker.state is WorkerState.READY:
+                    self._send(worker, worker.queued.popleft())
+        elif kind == MsgType.RES:
+            pending = worker.inflight.pop(msg.get("id"), None)  # type: ignore[arg-type]
+            if pending is None:
+                return  # timed out already, or a fire-and-forget request
+            if msg.get("ok") is True:
+                result = msg.get("result")
+                self._complete(pending, result if isinstance(result, dict) else {})
+            else:
+                error = msg.get("error")
+                self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
+        elif kind == MsgType.EVT:
+            sid, event = msg.get("agentSessionId"), msg.get("event")
+            if isinstance(sid, str) and isinstance(event, dict):
+                self._deliver_event(worker.provider, sid, event)
 
     def _tick(self) -> None:
         now = time.monotonic()

@@ -22,6 +22,12 @@ socket (each tracked until ZeroMQ has written it); further replies wait in a per
 they are dropped. So one connection holds at most 8 MiB of small replies, 8 MiB of large ones
 and 16 MiB of backlog, plus one reply over each bound.
 
+One exception to "the loop sends": an event handed over by `publish_now` (a streamed delta,
+on the worker supervisor's thread) is sent on the XPUBs by that thread itself when no event
+handed to the loop before it is still in the outbox, so it wakes no transport thread; the
+XPUBs are guarded by one lock for that (`_xpub_lock`), and events leave in the order they were
+handed over either way.
+
 Events, here too: the PUB sockets the loop owns (`EventSockets`: one with bare workspace
 topics, an optional second one with terminated topics `workspaceId + "\\0"`) and who is
 subscribed to what. They are XPUB sockets: publishing is exactly PUB's (prefix filtering by
@@ -551,7 +557,19 @@ class ApiServer:
         self._signalled = False
         self._events_sent = False
         """Events (or a re-bind) went out on the XPUBs since the loop last looked at their
-        `zmq.EVENTS` (loop thread only)."""
+        `zmq.EVENTS` (set by the loop, and by `publish_now` before it wakes the loop)."""
+        self._xpub_lock = threading.Lock()
+        """Guards the events sockets (`EventSockets`): the loop holds it for their every
+        operation (sends, subscription reads, `zmq.EVENTS`, binds, close), `publish_now` for
+        its sends on its caller's thread (a ZeroMQ socket may move between threads behind a
+        full memory barrier, which the lock is)."""
+        self._events_put = 0
+        """Event entries put in the outbox (under `_push_lock`)."""
+        self._events_done = 0
+        """Of them, those the loop has sent or dropped (the loop only, after the send): while
+        it is behind `_events_put`, an event handed over earlier is still in the outbox."""
+        self.events_now = 0
+        """Events `publish_now` sent on its caller's thread (tests and benches read it)."""
         self._router: zmq.Socket[bytes] | None = None
         self._thread: threading.Thread | None = None
         self._loop_ident: int | None = None
@@ -667,6 +685,41 @@ class ApiServer:
         """`publish_many` of events already encoded: (topic, `encode_event` body) pairs."""
         return self._send_pipe((_TAG_EVENT, frames))
 
+    def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
+        """`publish_frames`, sent on the XPUBs by the calling thread when every event handed
+        to the loop before is sent (nothing of them left in the outbox), else put in the
+        outbox behind them: events leave in the order they were handed over either way, and
+        an event sent here wakes no transport thread (design/internals.md, "A delta's way
+        to the transport"). A send may take the XPUBs' descriptor signal of a subscription
+        still unread, so one found waiting afterwards wakes the loop to read it."""
+        put = self._events_put
+        if self._events_done >= put:
+            events = self._events
+            with self._xpub_lock:
+                if events.pub is not None and not self._closing:
+                    send = events.send
+                    for topic, payload in frames:
+                        send(topic, payload)
+                    self.events_now += 1
+                    waiting = any(
+                        _getsockopt(sock, _EVENTS) & _POLLIN for sock in events.sockets
+                    )
+                else:
+                    return False
+            if waiting:
+                self._look_at_subscriptions()
+            return True
+        return self.publish_frames(frames)
+
+    def _look_at_subscriptions(self) -> None:
+        """Have the loop read the XPUBs' subscriptions (a send on another thread saw one)."""
+        with self._push_lock:
+            self._events_sent = True
+            wake = self._wake_fd
+            if wake is not None and not self._signalled:
+                self._signalled = True
+                os.eventfd_write(wake, 1)
+
     def wants(self, topic: str) -> bool:
         """Whether a connected subscriber would receive an event under `topic` (any thread):
         a publisher may skip building an event nobody receives (`EventSockets.wants`)."""
@@ -689,7 +742,7 @@ class ApiServer:
             try:
                 # New listeners: never while the guard is between its check of a connection's
                 # descriptor and its shutdown (docs/design/connections.md).
-                with self._guard.binding():
+                with self._guard.binding(), self._xpub_lock:
                     again = rebind_missing(
                         self._binder,
                         [
@@ -710,7 +763,8 @@ class ApiServer:
         """On the loop thread: unbind a listener a re-bind replaced (the guard found no
         connection left on it); libzmq closes it."""
         try:
-            self._binder.unbind(address)
+            with self._xpub_lock:  # the listener may be an XPUB's
+                self._binder.unbind(address)
         except zmq.ZMQError as exc:
             log.warning("unbinding the replaced listener %s failed: %s", address, exc)
 
@@ -729,6 +783,8 @@ class ApiServer:
             if wake is None:
                 return False
             self._outbox.append(entry)
+            if entry[0] == _TAG_EVENT:
+                self._events_put += 1
             if not self._signalled:
                 self._signalled = True
                 os.eventfd_write(wake, 1)  # never blocks: the counter is read to zero each time
@@ -768,13 +824,14 @@ class ApiServer:
         # Watched before binding, so no connection is accepted uncounted.
         guard.watch(self._router, api=True)
         self._endpoints = self._binder.bind_each(self._router, self._api_requested)
-        self._events.bind(
-            self._ctx,
-            self._binder,
-            [self._events_requested, *self._events_listen],
-            self._exact_requested,
-            watch=lambda sock: guard.watch(sock, api=False),
-        )
+        with self._xpub_lock:
+            self._events.bind(
+                self._ctx,
+                self._binder,
+                [self._events_requested, *self._events_listen],
+                self._exact_requested,
+                watch=lambda sock: guard.watch(sock, api=False),
+            )
 
     # -- the transport loop ------------------------------------------------------------------
 
@@ -790,7 +847,9 @@ class ApiServer:
         # descriptor signals commands for the socket; a send on it may take such a signal
         # while a subscription waits unread, so after events were sent each XPUB's
         # `zmq.EVENTS` is looked at before the loop blocks (`_events_sent`).
-        xpubs = {_getsockopt(sock, _FD): sock for sock in self._events.sockets}
+        xpub_lock = self._xpub_lock
+        with xpub_lock:
+            xpubs = {_getsockopt(sock, _FD): sock for sock in self._events.sockets}
         items += [(fd, _POLLIN) for fd in xpubs]
         self._events_sent = True  # look at each once before the first block
         try:
@@ -799,9 +858,10 @@ class ApiServer:
                 # and entries left in the outbox past a wake-up's bound make it not block.
                 if self._events_sent:
                     self._events_sent = False
-                    for sock in xpubs.values():
-                        if _getsockopt(sock, _EVENTS) & _POLLIN:
-                            self._events_sent |= self._events.read_subscriptions(sock)
+                    with xpub_lock:
+                        for sock in xpubs.values():
+                            if _getsockopt(sock, _EVENTS) & _POLLIN:
+                                self._events_sent |= self._events.read_subscriptions(sock)
                 if outbox and not self._signalled:
                     timeout = 0
                 elif replies.backlog:
@@ -823,7 +883,8 @@ class ApiServer:
                         # sends a wake-up of its own.
                         self._signalled = False
                     else:
-                        self._events_sent |= self._events.read_subscriptions(xpubs[sock])
+                        with xpub_lock:
+                            self._events_sent |= self._events.read_subscriptions(xpubs[sock])
                 if outbox and self._drain_pipe():
                     return
                 if replies.backlog:
@@ -843,6 +904,7 @@ class ApiServer:
         requested."""
         outbox = self._outbox
         send_event = self._events.send
+        xpub_lock = self._xpub_lock
         stop = False
         for _ in range(limit):
             try:
@@ -854,8 +916,12 @@ class ApiServer:
                 self._send_reply(entry[1], entry[2])
             elif tag == _TAG_EVENT:
                 self._events_sent = True
-                for topic, payload in entry[1]:
-                    send_event(topic, payload)
+                with xpub_lock:
+                    for topic, payload in entry[1]:
+                        send_event(topic, payload)
+                # After the send: `publish_now` sends on its own thread only once every
+                # event put before its look is sent (this thread alone moves the count).
+                self._events_done += 1
             elif tag == _TAG_STOP:
                 stop = True
             elif tag == _TAG_REBIND:
@@ -978,7 +1044,8 @@ class ApiServer:
         if self._router is not None:
             with contextlib.suppress(zmq.ZMQError):
                 self._router.close()
-        self._events.close()
+        with self._xpub_lock:
+            self._events.close()
         self._router = self._replies.router = None
         self._binder.remove_ipc_files()
 

@@ -32,6 +32,11 @@ MAX_LINK_FRAME = 64 << 20
 
 PROTOCOL_VERSION = 1
 
+# The socket's own getsockopt with int constants (pyzmq's flag enums cost a construction each).
+_getsockopt: Callable[..., Any] = zmq.backend.Socket.get
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
+
 
 class MsgType(StrEnum):
     """The `t` field of every link frame."""
@@ -141,6 +146,12 @@ class HostEnd:
         elif identity != self.peer:
             return None  # not the worker that said hello
         return msg
+
+    def more(self) -> bool:
+        """Whether another frame waits to be read (`zmq.EVENTS`): a drain ends on it rather
+        than on a read that fails (a raised `zmq.Again` per drain, and a read that lets the
+        interpreter go)."""
+        return bool(_getsockopt(self.socket, _EVENTS) & _POLLIN)
 
     def send(self, msg: Mapping[str, Any]) -> bool:
         """Send to the worker; False when it never said hello or is gone (nothing was sent)."""

@@ -59,7 +59,7 @@ class Sink:
             self.threads.extend(threading.get_ident() for _ in events)
         return True
 
-    def publish_frames(self, frames: list[tuple[bytes, bytes]]) -> bool:
+    def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
         with self.lock:
             for _, body in frames:
                 self.events.append(msgpack.unpackb(body, raw=False))
@@ -254,6 +254,8 @@ def test_a_turns_deltas_reach_a_subscriber_whole_and_before_its_settlement(
     deltas = [e for e in heard if e["type"] == "message.delta"]
     assert deltas, "the fake model streamed no delta"
     assert daemon.publisher.direct > 0
+    # Sent on the XPUB by the thread that read them from the worker (`publish_now`).
+    assert server.events_now > 0
     assert check_turn_events(heard, ids) == []
     # The check is not vacuous: a delta moved past its Turn's settlement, or one lost, fails it.
     last = max(i for i, e in enumerate(heard) if e["type"] == "message.delta")

@@ -1,0 +1,66 @@
+"""The host's end of a worker link is drained by `zmq.EVENTS` (`HostEnd.more`), not until a read
+fails: every frame that arrived is read in one drain, a refused frame among them too, and the
+drain ends with none left. Real ipc ROUTER (the host's) and DEALER (a worker's)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+
+from transport.worker_link import HostEnd, encode, evt_msg, hello_msg
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def link() -> Iterator[tuple[HostEnd, zmq.Socket[bytes]]]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    with tempfile.TemporaryDirectory(prefix="ah-he-") as tmp:
+        end = HostEnd(ctx, f"ipc://{Path(tmp) / 'w.sock'}")
+        dealer: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(end.endpoint)
+        try:
+            yield end, dealer
+        finally:
+            dealer.close(0)
+            end.close()
+            ctx.term()
+
+
+def _drain(end: HostEnd) -> list[dict[str, Any]]:
+    """The supervisor's drain: poll said a frame is there; read while `more` says so."""
+    read = []
+    while True:
+        msg = end.recv()
+        if msg is not None:
+            read.append(msg)
+        if not end.more():
+            return read
+
+
+def test_a_burst_is_read_in_one_drain_that_ends_with_nothing_left(
+    link: tuple[HostEnd, zmq.Socket[bytes]],
+) -> None:
+    end, dealer = link
+    assert not end.more()
+    dealer.send(encode(hello_msg("tutti-agent", 1, "1")))
+    deltas = [evt_msg("ws/s", {"type": "message.delta", "delta": f"d{n}"}) for n in range(5)]
+    for msg in deltas[:2]:
+        dealer.send(encode(msg))
+    dealer.send(msgpack.packb({"t": "bogus"}))  # refused and dropped, mid-burst
+    for msg in deltas[2:]:
+        dealer.send(encode(msg))
+    read: list[dict[str, Any]] = []
+    while len(read) < 6:
+        assert end.socket.poll(10_000)
+        read += _drain(end)
+    assert [m["t"] for m in read] == ["hello", *["evt"] * 5]
+    assert [m["event"]["delta"] for m in read[1:]] == [f"d{n}" for n in range(5)]
+    assert not end.more()
