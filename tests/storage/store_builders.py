@@ -3,12 +3,36 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from storage.models import Turn
 from storage.store import Store
 
 WS = "ws-test"
+
+TRANSACTION_STATEMENTS = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE", "ROLLBACK", "PRAGMA")
+"""The statements of a transaction's own (and the lazy write's `PRAGMA synchronous`)."""
+
+
+@contextmanager
+def writer_statements(store: Store, *, skip: tuple[str, ...] = ()) -> Iterator[list[str]]:
+    """The statements the store's writer connection runs inside the block, each on one line,
+    but those whose first word is in `skip` (e.g. `TRANSACTION_STATEMENTS`)."""
+    conn = store.db._writer_connection()
+    ran: list[str] = []
+
+    def trace(_cursor: object, sql: str, _bindings: object) -> bool:
+        if not skip or sql.split(None, 1)[0].upper() not in skip:
+            ran.append(" ".join(sql.split()))
+        return True
+
+    conn.exec_trace = trace
+    try:
+        yield ran
+    finally:
+        conn.exec_trace = None
 
 
 def new_session(

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import apsw
 import pytest
-from store_builders import WS, new_session, settled_turn
+from store_builders import WS, new_session, settled_turn, writer_statements
 from test_store_fork import request, run_to_commit
 
 import storage.fork_child as fork_child
@@ -44,23 +42,6 @@ def _done(store: Store, op: ForkOperation) -> None:
     """Commit and acknowledge `op`: its boundary's barrier is released for the next fork."""
     run_to_commit(store, op)
     store.fork_transitions.acknowledge_fork(WS, op.operation_id)
-
-
-@contextmanager
-def _statements(store: Store) -> Iterator[list[str]]:
-    """The statements the store's writer connection runs inside the block."""
-    conn = store.db._writer_connection()
-    seen: list[str] = []
-
-    def trace(_cursor: Any, sql: str, _bindings: Any) -> bool:
-        seen.append(" ".join(sql.split()))
-        return True
-
-    conn.exec_trace = trace
-    try:
-        yield seen
-    finally:
-        conn.exec_trace = None
 
 
 def test_a_warm_prepare_of_an_unchanged_boundary_compiles_no_select(store: Store) -> None:
@@ -95,7 +76,7 @@ def test_prepare_answers_the_operation_it_wrote_without_reading_it_back(store: S
     """Prepare answers with the row it inserted, built from the values it wrote (no SELECT of
     the operation after its INSERT): equal, field for field, to a read of it."""
     sid, last = _source(store)
-    with _statements(store) as seen:
+    with writer_statements(store) as seen:
         op = _fork(store, sid, last)
     insert = next(i for i, sql in enumerate(seen) if sql.startswith("INSERT INTO fork_operations"))
     assert not [

@@ -7,11 +7,10 @@ another Turn)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 
 import pytest
-from store_builders import WS, new_session
+from store_builders import TRANSACTION_STATEMENTS, WS, new_session, writer_statements
 
 from domain.errors import InvalidArgument, SessionBusy, SessionNotFound
 from storage.store import Store
@@ -19,24 +18,10 @@ from storage.store import Store
 pytestmark = pytest.mark.timeout(30)
 
 
-@contextmanager
-def _statements(store: Store) -> Iterator[list[str]]:
+def _statements(store: Store) -> AbstractContextManager[list[str]]:
     """The statements the writer connection runs inside the block, but the transaction's own
     (BEGIN, COMMIT, savepoints)."""
-    ran: list[str] = []
-    writer = store.db._writer_connection()
-
-    def trace(_cursor: object, sql: str, _bindings: object) -> bool:
-        first = sql.split(None, 1)[0].upper()
-        if first not in ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE", "ROLLBACK", "PRAGMA"):
-            ran.append(" ".join(sql.split()))
-        return True
-
-    writer.exec_trace = trace
-    try:
-        yield ran
-    finally:
-        writer.exec_trace = None
+    return writer_statements(store, skip=TRANSACTION_STATEMENTS)
 
 
 def _selects(ran: list[str]) -> int:
