@@ -36,9 +36,15 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
         yield running
 
 
-def _all_settled() -> bool:
-    """Every Turn's state says its settlement is durable (its actor has dropped it)."""
-    return all(o.settled for o in gc.get_objects() if isinstance(o, TurnState))
+def _unsettled(turn_ids: set[str]) -> list[str]:
+    """The Turns of `turn_ids` whose state does not yet say its settlement is durable (its
+    actor has not dropped it). Only this test's Turns: a TurnState another test of the same
+    worker process left alive is not this daemon's."""
+    return [
+        o.turn_id
+        for o in gc.get_objects()
+        if isinstance(o, TurnState) and o.turn_id in turn_ids and not o.settled
+    ]
 
 
 def test_settled_turns_leave_no_reference_cycle(running: tuple[Daemon, Client]) -> None:
@@ -48,10 +54,16 @@ def test_settled_turns_leave_no_reference_cycle(running: tuple[Daemon, Client]) 
     gc.disable()
     try:
         sid = create_session(c, title="no cycles")["agentSessionId"]
+        turn_ids: set[str] = set()
         for i in range(turns):
-            assert run_turn(c, sid, f"turn {i}")["outcome"] == "completed"
+            turn = run_turn(c, sid, f"turn {i}")
+            assert turn["outcome"] == "completed"
+            turn_ids.add(turn["turnId"])
         # Each settled Turn is dropped by its actor once its settlement is durable.
-        wait_for(_all_settled, 30)
+        try:
+            wait_for(lambda: not _unsettled(turn_ids), 30)
+        except AssertionError:
+            raise AssertionError(f"Turns never marked settled: {_unsettled(turn_ids)}") from None
         garbage = _collected()
     finally:
         gc.enable()
