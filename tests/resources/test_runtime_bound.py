@@ -35,6 +35,7 @@ LIMIT = 4
 
 
 def _children(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid`."""
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -43,9 +44,13 @@ def _children(pid: int) -> list[int]:
             status = (proc / "status").read_text()
         except OSError:
             continue
-        for line in status.splitlines():
-            if line.startswith("PPid:") and int(line.split()[1]) == pid:
-                out.append(int(proc.name))
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        # An app-server that has exited but is not yet reaped (a zombie) runs nothing: it is
+        # not one of the live app-servers the bound counts.
+        if int(fields.get("PPid", "0").strip() or 0) == pid and not fields.get(
+            "State", ""
+        ).strip().startswith("Z"):
+            out.append(int(proc.name))
     return out
 
 
