@@ -334,17 +334,6 @@ class _PooledInbox:
         with self._lock:
             return self._items[0].message if self._items else None
 
-    def take_if(self, wanted: Callable[[Any], bool]) -> Any:
-        """The next message, taken, if it is a `tell` that `wanted` accepts (else None, and
-        nothing is taken): what the actor handles in the same receive as the one before it."""
-        with self._lock:
-            if not self._items:
-                return None
-            envelope = self._items[0]
-            if envelope.reply_to is not None or not wanted(envelope.message):
-                return None
-            return self._taken(self._items.popleft()).message
-
     def take_or_idle(self) -> Envelope[Any] | None:
         """The next envelope, or None after marking the actor unscheduled (atomically)."""
         with self._lock:
@@ -407,12 +396,6 @@ class PooledActor(pykka.Actor, abc.ABC):
         """The message this actor handles next, if one is already queued (else None)."""
         inbox = self.actor_inbox
         return inbox.peek() if isinstance(inbox, _PooledInbox) else None
-
-    def take_next_if(self, wanted: Callable[[Any], bool]) -> Any:
-        """Take the next queued message if it is a `tell` that `wanted` accepts (else None):
-        one the actor handles in the receive that is running, in its order."""
-        inbox = self.actor_inbox
-        return inbox.take_if(wanted) if isinstance(inbox, _PooledInbox) else None
 
     def _schedule(self) -> None:
         self.actor_pool.submit(self._run_slice)

@@ -58,10 +58,6 @@ MAX_HELD_WRITES = 4
 burst: item, binding, message, settle)."""
 
 
-MAX_BURST = 16
-"""Messages one receive handles: the first and the driver events queued behind it."""
-
-
 class SessionActor(PooledActor):
     """One live Session (see the module docstring); `HostActor` starts and stops it."""
 
@@ -136,38 +132,6 @@ class SessionActor(PooledActor):
         if self.writes and not self._joins_burst(message) and not self.goes_ahead(message):
             self.writes.drain_if_due()
         self.writes.hold = True  # this message's writes wait for its end, at least
-        try:
-            for _ in range(MAX_BURST):
-                self._receive_one(message)
-                # The driver events already queued behind it (a Turn's start and binding, the
-                # start's answer; its reply and completion) are handled in this receive, in
-                # order, with one pass of the bookkeeping below for all of them: they would
-                # have been held for each other anyway. Any other message ends the burst.
-                if len(self.writes) >= MAX_HELD_WRITES:
-                    break
-                message = self.take_next_if(self._joins_burst)
-                if message is None:
-                    break
-        finally:
-            following = self.next_message()
-            self.writes.hold = False
-            held = len(self.writes) < MAX_HELD_WRITES and (
-                self._joins_burst(following)
-                or (
-                    following is None
-                    and (self.turns.awaiting_start() or self.writes.lingering)
-                )
-            )
-            if not held:
-                self.writes.drain_if_due()  # this message's writes and what was held for it
-            elif following is None:
-                # The actor goes idle with the writes held: from here their wait is bounded.
-                self.writes.arm_linger()
-            self._update_busy()
-        return None
-
-    def _receive_one(self, message: Any) -> None:
-        """One message's work: `_dispatch`, with its failure answered and logged."""
         if isinstance(message, RuntimeLost):
             self.runtime.forget_warm_runtime()
         self._expire_row_cache(message)
@@ -189,6 +153,19 @@ class SessionActor(PooledActor):
                 reply(typed)
         finally:
             self._expire_row_cache(message)
+            following = self.next_message()
+            self.writes.hold = False
+            held = len(self.writes) < MAX_HELD_WRITES and (
+                self._joins_burst(following)
+                or (
+                    following is None
+                    and (self.turns.awaiting_start() or self.writes.lingering)
+                )
+            )
+            if not held:
+                self.writes.drain_if_due()  # this message's writes and what was held for it
+            self._update_busy()
+        return None
 
     @staticmethod
     def _joins_burst(message: Any) -> bool:

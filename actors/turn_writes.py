@@ -57,9 +57,7 @@ class TurnWrites:
         # turn id → binding JSON of a late `turn.binding` that arrived while a fork fenced the
         # source (seed 000 §7 Claude 3): applied as soon as the fence is released.
         self._late_bindings: dict[str, str] = {}
-        # While set, the queued writes wait for the next one until then (`linger`); the timer
-        # that bounds the wait is armed only once the actor goes idle (`arm_linger`).
-        self._linger_until: float | None = None
+        # While set, the queued writes wait for the next one, within its bound (`linger`).
         self._linger: TimerHandle | None = None
         self.losses = 0
         """Batches whose transaction or COMMIT was lost after some of their writes were
@@ -99,32 +97,19 @@ class TurnWrites:
         two land in one transaction (one COMMIT, one `turn.updated`). The wait ends with the
         next write queued, the bound, or any message that does not join the Turn's burst (it
         drains the queue before it runs, as always: nothing else ever finds them pending)."""
-        if self._linger_until is None and self._durable:
-            self._linger_until = time.monotonic() + seconds
-
-    def arm_linger(self) -> None:
-        """The actor goes idle with the writes lingering: a timer ends the wait at its bound.
-        Armed only here, so a wait that the next queued message ends (a reply's completion
-        already queued behind it) costs no timer."""
-        if self._linger_until is not None and self._linger is None:
-            left = max(0.0, self._linger_until - time.monotonic())
-            self._linger = self._core.after(left, self._linger_over)
+        if self._linger is None and self._durable:
+            self._linger = self._core.after(seconds, self._linger_over)
 
     @property
     def lingering(self) -> bool:
         """The queued writes wait for the next one (`linger`)."""
-        return self._linger_until is not None
+        return self._linger is not None
 
     def _linger_over(self) -> None:
         self._linger = None
-        if self._linger_until is not None and time.monotonic() < self._linger_until:
-            self.arm_linger()  # woken early: a stale timer of a wait that ended
-            return
-        self._linger_until = None
         self.drain_if_due()
 
     def _end_linger(self) -> None:
-        self._linger_until = None
         if self._linger is not None:
             self._linger.cancel()
             self._linger = None
