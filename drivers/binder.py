@@ -128,11 +128,6 @@ class SpanUse:
     span: Span
     start: int
     index: int
-    grown_from: Span | None = None
-    """A span whose lines `span` begins with (its records the first of `span`'s, the same
-    objects, its bytes the first of `span`'s): what a reader derived from it serves those
-    first lines (a child through a source's last Turn holds the source's span and one more
-    line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -451,9 +446,8 @@ def parse_rollout(data: bytes, thread_id: str, spans: ParsedSpans | None = None)
         used = None if use is None else use.span
         kept = spans.remember(data, records, used)
         if kept is not None and kept is not used:
-            # This parse's own body, kept: a reader derives from it once, for the next fork
-            # (from what it derived of the span it grew from, when it holds that one whole).
-            use = SpanUse(kept, data.index(b"\n") + 1, 1, used)
+            # This parse's own body, kept: a reader derives from it once, for the next fork.
+            use = SpanUse(kept, data.index(b"\n") + 1, 1)
     return ParsedRollout(meta, data, records, use)
 
 
@@ -1031,20 +1025,12 @@ class RolloutBinder:
     different targets and idempotent for the same one."""
 
     def __init__(
-        self,
-        failpoints: Failpoints | None = None,
-        spans: ParsedSpans | None = None,
-        *,
-        derive: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
+        self, failpoints: Failpoints | None = None, spans: ParsedSpans | None = None
     ) -> None:
         self._failpoints = failpoints or Failpoints()
         self.spans = ParsedSpans() if spans is None else spans
         """The bodies of the rollouts this binder validated, for the next parse of the same
         bytes (`ParsedSpans`): a source forked again copies the same lines into its child."""
-        self._derive = derive
-        """What a reader derives from a span's records (the provider's `derive_for_proof`),
-        made by `validate_ahead` right after its parse, by path: only a cache, kept with the
-        span (`Span.derived`), for the proof of the child that copies that span."""
         # (home, thread) → (its rollout's path, (inode, size, mtime), the span that held its
         # body, weakly: a memo never keeps a dropped span's records alive) when last validated
         # ahead: what `wants_ahead` guesses from
@@ -1115,8 +1101,7 @@ class RolloutBinder:
         decoding only its own). Only a cache warmed: nothing is judged or refused here, and
         whatever happens — no such rollout, two, a symlink, a torn or corrupt file — the bind
         reads and judges every rollout itself. Nothing is parsed for a rollout under
-        `AHEAD_MIN_BYTES` or whose body a kept span already begins with. A body parsed is
-        handed to `derive` (the reader's derivations, kept with the span). True when it
+        `AHEAD_MIN_BYTES` or whose body a kept span already begins with. True when it
         parsed."""
         try:
             if not _THREAD_ID.match(thread_id):
@@ -1137,14 +1122,8 @@ class RolloutBinder:
                 if stop > first_end:
                     span = self.spans.covers(data, first_end, stop)
                     if span is None:
-                        got = parse_rollout(data, thread_id, self.spans)
-                        use = got.span
+                        use = parse_rollout(data, thread_id, self.spans).span
                         span, parsed = (None if use is None else use.span), True
-                        if use is not None and self._derive is not None:
-                            # While the source is read and forked: the child's proof then
-                            # takes what it derives from these very records.
-                            with contextlib.suppress(Exception):
-                                self._derive({str(found[0]): got})
             with self._ahead_lock:
                 key = (str(home), thread_id)
                 self._ahead.pop(key, None)

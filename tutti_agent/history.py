@@ -335,17 +335,6 @@ def reduce_run(
     return builder.state(start, stop)
 
 
-def extend_run(run: ReducedRun, items: Sequence[RolloutItem], stop: int) -> ReducedRun:
-    """`reduce_run(items, run.start, stop)` from `run`, the reduction of `items[run.start:
-    run.stop]` (the caller knows it is of those very items): only `items[run.stop:stop]`
-    reduced; `run` stays reusable."""
-    builder = ThreadHistoryBuilder(with_items=run.with_items)
-    builder.resume(run)
-    for i in range(run.stop, stop):
-        builder.handle(i, items[i])
-    return builder.state(run.start, stop)
-
-
 def snapshot_turn_state(items: Sequence[RolloutItem]) -> SnapshotTurnState:
     """Describe the persisted snapshot only: explicit lifecycle first, legacy fallback after."""
     builder = ThreadHistoryBuilder()

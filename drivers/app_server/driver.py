@@ -69,9 +69,7 @@ class AppServerDriver:
         self.provider = provider
         self.kind = provider.kind
         self.failpoints = failpoints
-        self.binder = RolloutBinder(
-            failpoints, derive=provider.derive_for_proof if provider.fork_copies_source else None
-        )
+        self.binder = RolloutBinder(failpoints)
         self.request_timeout = float(self.config.get("request_timeout_s", 30.0))
         self.idle_timeout = float(self.config.get("idle_timeout_s", 300.0))
         self.stopped_limit = float(self.config.get("stopped_limit_s", DEFAULT_STOPPED_LIMIT_S))

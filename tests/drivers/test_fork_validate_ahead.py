@@ -8,7 +8,7 @@ never validates ahead."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +19,8 @@ from test_tutti_driver import fork_request, open_session
 import drivers.binder as binder_module
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver
-from drivers.binder import ParsedRollout, iter_rollouts
+from drivers.binder import iter_rollouts
 from drivers.codex.driver import CodexProvider
-from drivers.tutti_proof import LEAN_RUN, LINES
-from tutti_agent.history import reduce_run
-from tutti_agent.rollout import lines_of_decoded
 
 Make = Callable[..., AppServerDriver]
 pytestmark = pytest.mark.timeout(90)
@@ -129,46 +126,3 @@ def test_the_forks_re_attestation_starts_the_validation_and_the_fork_joins_it(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert started == ["validate-ahead"]  # once, on its own thread, from the attestation
     assert (driver.binder.spans.hits, driver.binder.spans.misses) == (1, 1)
-
-
-def test_the_childs_derivations_grow_from_those_of_the_source_made_ahead(
-    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The validation ahead also derives the source's span (its lines and lean reduction,
-    `drivers.tutti_proof`) while the source is read and forked; the child, which holds that span
-    and one line more, takes those lines moved to its own offset and that reduction extended by
-    its one line: the very lines and reduction a derivation from scratch makes."""
-    monkeypatch.setattr(binder_module, "AHEAD_MIN_BYTES", 0)
-    driver = make_driver()
-    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path)
-    ahead: list[ParsedRollout] = []
-    real = driver.binder._derive
-    assert real is not None
-
-    def derive(known: Mapping[str, ParsedRollout]) -> None:
-        ahead.extend(known.values())
-        real(known)
-
-    monkeypatch.setattr(driver.binder, "_derive", derive)
-    result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "c1"))
-    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
-    assert len(ahead) == 1 and ahead[0].span is not None  # the source's, validated ahead
-    source = ahead[0].span.span
-    source_lines = source.derived[LINES][1]
-    (child,) = driver.binder.spans._spans  # the child's body, grown from the source's
-    at, lines = child.derived[LINES]
-    assert len(lines) == len(source_lines) + 1
-    assert all(a.item is b.item for a, b in zip(lines, source_lines, strict=False))
-    scratch = lines_of_decoded(
-        child.source, child.records, Path("child"), base=at, start=child.start, stop=child.stop
-    )
-    assert lines == scratch
-    index, run = child.derived[LEAN_RUN]
-    items = [lines[0].item] * index + [line.item for line in lines]
-    fresh = reduce_run(items, index, index + len(lines), with_items=False)
-    assert (run.start, run.stop, run.turns, run.active) == (
-        fresh.start,
-        fresh.stop,
-        fresh.turns,
-        fresh.active,
-    )
