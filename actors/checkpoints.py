@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -161,6 +161,18 @@ def checkpoint_pool(threads: int = CAPTURE_THREADS) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="agenthost-checkpoint")
 
 
+@dataclass(eq=False, slots=True)
+class _Ask:
+    """One Turn's capture asked of the pool (`TurnCheckpoints.capture`): answered by the first
+    capture of its folder begun after it was queued, which keeps its own ref."""
+
+    session_id: str
+    turn_id: str
+    which: str
+    before: str | None
+    done: Future[Capture] = field(default_factory=Future)
+
+
 @dataclass(eq=False)
 class TurnCheckpoints:
     """The daemon's captures of Turns' working directories (one per daemon, on
@@ -174,6 +186,14 @@ class TurnCheckpoints:
     # Per resolved directory: until when its `after` captures stay on the pool
     # (`capture_after_here`).
     _here_paused: dict[str, float] = field(default_factory=dict)
+    # Per directory as the Session names it: the captures asked and not yet begun. One
+    # capture of the folder answers every ask queued before it began (`_drain`).
+    _asks: dict[str, list[_Ask]] = field(default_factory=dict)
+    _asks_guard: threading.Lock = field(default_factory=threading.Lock)
+    captures: int = 0
+    """Captures the pool ran (each answers one ask or more)."""
+    answered: int = 0
+    """Asks the pool's captures answered."""
 
     @property
     def bound_s(self) -> float:
@@ -184,15 +204,33 @@ class TurnCheckpoints:
         self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None = None
     ) -> Future[Capture]:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
-        the answer lists the files changed since it. The future never fails."""
+        the answer lists the files changed since it. The future never fails.
+
+        Sessions sharing a folder share its captures: the ask is queued, and the first capture
+        of the folder begun after that answers every ask queued so far, each kept under its
+        own Turn's ref before its answer (the folder as it was at or after each ask: never a
+        capture begun before it). An ask whose `host.checkpoint.<which>` failpoint is armed
+        is queued only once the failpoint let its thread go, as its own capture was begun."""
+        ask = _Ask(session_id, turn_id, which, before)
+        held = self._point_armed(f"host.checkpoint.{which}")
+        if not held:
+            self._queue(cwd, ask)
         try:
-            return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
+            self.pool.submit(self._drain, cwd, ask, held)
         except RuntimeError:  # the pool is shut down: the daemon is closing
-            done: Future[Capture] = Future()
-            done.set_result(
-                Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
+            self._answer(
+                ask, Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
             )
-            return done
+        return ask.done
+
+    def _queue(self, cwd: str, ask: _Ask) -> None:
+        with self._asks_guard:
+            self._asks.setdefault(cwd, []).append(ask)
+
+    @staticmethod
+    def _answer(ask: _Ask, capture: Capture) -> None:
+        with contextlib.suppress(InvalidStateError):  # answered already (a closing pool)
+            ask.done.set_result(capture)
 
     def capture_after_here(
         self, cwd: str, session_id: str, turn_id: str, before: str | None
@@ -270,41 +308,79 @@ class TurnCheckpoints:
         except Exception as exc:  # noqa: BLE001 - an unnamed ref costs space, nothing else
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
-    def _run(
-        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
-    ) -> Capture:
+    def _drain(self, cwd: str, ask: _Ask, held: bool) -> None:
+        """On a checkpoint thread: under the folder's lock, one capture for every ask of `cwd`
+        queued now (`ask`'s own, unless an earlier capture answered it); the answers are
+        given once the lock is let go."""
         real = os.path.realpath(cwd)
+        if held:
+            try:
+                assert self.failpoints is not None
+                self.failpoints.hit(f"host.checkpoint.{ask.which}")
+            except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+                log.warning("checkpoint of %s (%s) failed: %s", real, ask.which, exc)
+                reason = getattr(exc, "reason", "git_failed")
+                self._answer(
+                    ask, Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
+                )
+                return
+            self._queue(cwd, ask)
+        answers: list[tuple[_Ask, Capture]] = []
         try:
-            if self.failpoints is not None:
-                self.failpoints.hit(f"host.checkpoint.{which}")
             with self.locks.resolved(real):
-                path = Path(real)
-                self.locks.clear_stale_once(self.shadow, real)
-                checkpoint = self.shadow.capture(path, real)
-                if isinstance(checkpoint, Unavailable):
-                    return Capture(real, checkpoint)
+                with self._asks_guard:
+                    asks = self._asks.pop(cwd, [])
+                if asks:
+                    answers = self._run(real, asks)
+        finally:
+            for one, capture in answers:
+                self._answer(one, capture)
+
+    def _run(self, real: str, asks: list[_Ask]) -> list[tuple[_Ask, Capture]]:
+        """One capture of `real` (its lock held) for `asks`, each kept under its own ref."""
+        self.captures += 1
+        self.answered += len(asks)
+        try:
+            path = Path(real)
+            self.locks.clear_stale_once(self.shadow, real)
+            checkpoint = self.shadow.capture(path, real)
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+            log.warning("checkpoint of %s failed: %s", real, exc)
+            reason = str(getattr(exc, "reason", "git_failed"))
+            return [
+                (a, Capture.missing(real, reason, f"the checkpoint failed: {exc}")) for a in asks
+            ]
+        if isinstance(checkpoint, Unavailable):
+            return [(a, Capture(real, checkpoint)) for a in asks]
+        diffs: dict[str, tuple[dict[str, str], ...]] = {}
+        out: list[tuple[_Ask, Capture]] = []
+        for a in asks:
+            try:
                 # A `before` takes its `after` ref's lock now, off the Turn's end: that
                 # `keep` then creates no file.
                 self.shadow.keep(
                     path,
-                    checkpoint_ref(session_id, turn_id, which),
+                    checkpoint_ref(a.session_id, a.turn_id, a.which),
                     checkpoint.commit,
                     real,
-                    reserve=checkpoint_ref(session_id, turn_id, "after")
-                    if which == "before"
+                    reserve=checkpoint_ref(a.session_id, a.turn_id, "after")
+                    if a.which == "before"
                     else None,
                 )
                 changed: tuple[dict[str, str], ...] = ()
-                if before is not None and before != checkpoint.tree:  # equal: nothing changed
-                    changed = tuple(
-                        {"path": c.path, "kind": c.kind.value}
-                        for c in self.shadow.changed_files(path, before, checkpoint.tree)
-                    )
-                return Capture(real, checkpoint, changed)
-        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
-            reason = getattr(exc, "reason", "git_failed")
-            log.warning("checkpoint of %s (%s) failed: %s", real, which, exc)
-            return Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
+                if a.before is not None and a.before != checkpoint.tree:  # equal: no change
+                    changed = diffs.get(a.before, ())
+                    if a.before not in diffs:
+                        changed = diffs[a.before] = tuple(
+                            {"path": c.path, "kind": c.kind.value}
+                            for c in self.shadow.changed_files(path, a.before, checkpoint.tree)
+                        )
+                out.append((a, Capture(real, checkpoint, changed)))
+            except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+                reason = getattr(exc, "reason", "git_failed")
+                log.warning("checkpoint of %s (%s) failed: %s", real, a.which, exc)
+                out.append((a, Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")))
+        return out
 
 
 CAP_BATCH = 16
