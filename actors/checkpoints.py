@@ -76,6 +76,10 @@ def session_ref_prefix(session_id: str) -> str:
     return ref_segment(session_id)
 
 
+def _stopping(cwd: str) -> Capture:
+    return Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
+
+
 def unavailable(reason: str, message: str) -> dict[str, Any]:
     return {"state": "unavailable", "reason": reason, "message": message}
 
@@ -190,6 +194,8 @@ class TurnCheckpoints:
     # capture of the folder answers every ask queued before it began (`_drain`).
     _asks: dict[str, list[_Ask]] = field(default_factory=dict)
     _asks_guard: threading.Lock = field(default_factory=threading.Lock)
+    # The directories whose drain is queued on the pool and has not taken their asks yet.
+    _draining: set[str] = field(default_factory=set)
     captures: int = 0
     """Captures the pool ran (each answers one ask or more)."""
     answered: int = 0
@@ -212,20 +218,43 @@ class TurnCheckpoints:
         capture begun before it). An ask whose `host.checkpoint.<which>` failpoint is armed
         is queued only once the failpoint let its thread go, as its own capture was begun."""
         ask = _Ask(session_id, turn_id, which, before)
-        held = self._point_armed(f"host.checkpoint.{which}")
-        if not held:
+        if not self._point_armed(f"host.checkpoint.{which}"):
             self._queue(cwd, ask)
+            return ask.done
         try:
-            self.pool.submit(self._drain, cwd, ask, held)
+            self.pool.submit(self._held, cwd, ask)
         except RuntimeError:  # the pool is shut down: the daemon is closing
-            self._answer(
-                ask, Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
-            )
+            self._answer(ask, _stopping(cwd))
         return ask.done
 
     def _queue(self, cwd: str, ask: _Ask) -> None:
+        """Queue `ask` on its folder, and a drain of the folder on the pool unless one is
+        queued already and has not taken the folder's asks yet (it will take this one)."""
         with self._asks_guard:
             self._asks.setdefault(cwd, []).append(ask)
+            if cwd in self._draining:
+                return
+            self._draining.add(cwd)
+        try:
+            self.pool.submit(self._drain, cwd)
+        except RuntimeError:  # the pool is shut down: the daemon is closing
+            with self._asks_guard:
+                asks = self._asks.pop(cwd, [])
+                self._draining.discard(cwd)
+            for one in asks:
+                self._answer(one, _stopping(cwd))
+
+    def _held(self, cwd: str, ask: _Ask) -> None:
+        """On a checkpoint thread: the ask's armed failpoint first, then its queue."""
+        try:
+            assert self.failpoints is not None
+            self.failpoints.hit(f"host.checkpoint.{ask.which}")
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+            log.warning("checkpoint of %s (%s) failed: %s", cwd, ask.which, exc)
+            reason = str(getattr(exc, "reason", "git_failed"))
+            self._answer(ask, Capture.missing(cwd, reason, f"the checkpoint failed: {exc}"))
+            return
+        self._queue(cwd, ask)
 
     @staticmethod
     def _answer(ask: _Ask, capture: Capture) -> None:
@@ -308,30 +337,25 @@ class TurnCheckpoints:
         except Exception as exc:  # noqa: BLE001 - an unnamed ref costs space, nothing else
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
-    def _drain(self, cwd: str, ask: _Ask, held: bool) -> None:
+    def _drain(self, cwd: str) -> None:
         """On a checkpoint thread: under the folder's lock, one capture for every ask of `cwd`
-        queued now (`ask`'s own, unless an earlier capture answered it); the answers are
-        given once the lock is let go."""
-        real = os.path.realpath(cwd)
-        if held:
-            try:
-                assert self.failpoints is not None
-                self.failpoints.hit(f"host.checkpoint.{ask.which}")
-            except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
-                log.warning("checkpoint of %s (%s) failed: %s", real, ask.which, exc)
-                reason = getattr(exc, "reason", "git_failed")
-                self._answer(
-                    ask, Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
-                )
-                return
-            self._queue(cwd, ask)
+        queued by now; the answers are given once the lock is let go."""
         answers: list[tuple[_Ask, Capture]] = []
+        asks: list[_Ask] = []
         try:
+            real = os.path.realpath(cwd)
             with self.locks.resolved(real):
                 with self._asks_guard:
                     asks = self._asks.pop(cwd, [])
+                    self._draining.discard(cwd)
                 if asks:
                     answers = self._run(real, asks)
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+            log.warning("checkpoint of %s failed: %s", cwd, exc)
+            answers = [
+                (a, Capture.missing(cwd, "git_failed", f"the checkpoint failed: {exc}"))
+                for a in asks
+            ]
         finally:
             for one, capture in answers:
                 self._answer(one, capture)
