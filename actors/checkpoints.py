@@ -5,7 +5,9 @@ A capture is git work on the person's directory, which may be slow: it runs on a
 of its own, not on a Session actor's thread (its mailbox would stall), and the actor is told
 the answer — except a Turn's `after` that is certain to need no process and few `lstat`s
 (`TurnCheckpoints.capture_after_here`), taken on the actor's thread without the two hops.
-Two captures of one directory never run at once (they share that directory's shadow index).
+Two captures of one directory never run at once (they share that directory's shadow index), and
+Sessions sharing a directory share its captures: one capture begun after their asks answers
+them all, each kept under its own Turn's ref.
 The record (`turn_record`) is what the store keeps on the Turn and the wire sends as its
 `workspace`:
 
