@@ -341,8 +341,7 @@ class TurnCheckpoints:
 
     def _drain(self, cwd: str) -> None:
         """On a checkpoint thread: under the folder's lock, one capture for every ask of `cwd`
-        queued by now; the answers are given once the lock is let go."""
-        answers: list[tuple[_Ask, Capture]] = []
+        queued by now."""
         asks: list[_Ask] = []
         try:
             real = os.path.realpath(cwd)
@@ -351,19 +350,17 @@ class TurnCheckpoints:
                     asks = self._asks.pop(cwd, [])
                     self._draining.discard(cwd)
                 if asks:
-                    answers = self._run(real, asks)
+                    self._run(real, asks)
         except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
             log.warning("checkpoint of %s failed: %s", cwd, exc)
-            answers = [
-                (a, Capture.missing(cwd, "git_failed", f"the checkpoint failed: {exc}"))
-                for a in asks
-            ]
-        finally:
-            for one, capture in answers:
-                self._answer(one, capture)
+            for one in asks:  # those not answered yet
+                self._answer(
+                    one, Capture.missing(cwd, "git_failed", f"the checkpoint failed: {exc}")
+                )
 
-    def _run(self, real: str, asks: list[_Ask]) -> list[tuple[_Ask, Capture]]:
-        """One capture of `real` (its lock held) for `asks`, each kept under its own ref."""
+    def _run(self, real: str, asks: list[_Ask]) -> None:
+        """One capture of `real` (its lock held) for `asks`: each is kept under its own ref,
+        then answered (the ref is written before the Turn can settle on it)."""
         self.captures += 1
         self.answered += len(asks)
         try:
@@ -373,13 +370,14 @@ class TurnCheckpoints:
         except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
             log.warning("checkpoint of %s failed: %s", real, exc)
             reason = str(getattr(exc, "reason", "git_failed"))
-            return [
-                (a, Capture.missing(real, reason, f"the checkpoint failed: {exc}")) for a in asks
-            ]
+            for a in asks:
+                self._answer(a, Capture.missing(real, reason, f"the checkpoint failed: {exc}"))
+            return
         if isinstance(checkpoint, Unavailable):
-            return [(a, Capture(real, checkpoint)) for a in asks]
+            for a in asks:
+                self._answer(a, Capture(real, checkpoint))
+            return
         diffs: dict[str, tuple[dict[str, str], ...]] = {}
-        out: list[tuple[_Ask, Capture]] = []
         for a in asks:
             try:
                 # A `before` takes its `after` ref's lock now, off the Turn's end: that
@@ -401,12 +399,12 @@ class TurnCheckpoints:
                             {"path": c.path, "kind": c.kind.value}
                             for c in self.shadow.changed_files(path, a.before, checkpoint.tree)
                         )
-                out.append((a, Capture(real, checkpoint, changed)))
+                answer = Capture(real, checkpoint, changed)
             except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
                 reason = getattr(exc, "reason", "git_failed")
                 log.warning("checkpoint of %s (%s) failed: %s", real, a.which, exc)
-                out.append((a, Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")))
-        return out
+                answer = Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
+            self._answer(a, answer)
 
 
 CAP_BATCH = 16
