@@ -5,9 +5,7 @@ A capture is git work on the person's directory, which may be slow: it runs on a
 of its own, not on a Session actor's thread (its mailbox would stall), and the actor is told
 the answer — except a Turn's `after` that is certain to need no process and few `lstat`s
 (`TurnCheckpoints.capture_after_here`), taken on the actor's thread without the two hops.
-Two captures of one directory never run at once (they share that directory's shadow index), and
-Sessions sharing a directory share its captures: one capture begun after their asks answers
-them all, each kept under its own Turn's ref.
+Two captures of one directory never run at once (they share that directory's shadow index).
 The record (`turn_record`) is what the store keeps on the Turn and the wire sends as its
 `workspace`:
 
@@ -28,7 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,10 +74,6 @@ def checkpoint_ref(session_id: str, turn_id: str, which: str) -> str:
 def session_ref_prefix(session_id: str) -> str:
     """The prefix under `refs/agenthost/` of every checkpoint ref of one Session."""
     return ref_segment(session_id)
-
-
-def _stopping(cwd: str) -> Capture:
-    return Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
 
 
 def unavailable(reason: str, message: str) -> dict[str, Any]:
@@ -167,18 +161,6 @@ def checkpoint_pool(threads: int = CAPTURE_THREADS) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="agenthost-checkpoint")
 
 
-@dataclass(eq=False, slots=True)
-class _Ask:
-    """One Turn's capture asked of the pool (`TurnCheckpoints.capture`): answered by the first
-    capture of its folder begun after it was queued, which keeps its own ref."""
-
-    session_id: str
-    turn_id: str
-    which: str
-    before: str | None
-    done: Future[Capture] = field(default_factory=Future)
-
-
 @dataclass(eq=False)
 class TurnCheckpoints:
     """The daemon's captures of Turns' working directories (one per daemon, on
@@ -192,16 +174,6 @@ class TurnCheckpoints:
     # Per resolved directory: until when its `after` captures stay on the pool
     # (`capture_after_here`).
     _here_paused: dict[str, float] = field(default_factory=dict)
-    # Per directory as the Session names it: the captures asked and not yet begun. One
-    # capture of the folder answers every ask queued before it began (`_drain`).
-    _asks: dict[str, list[_Ask]] = field(default_factory=dict)
-    _asks_guard: threading.Lock = field(default_factory=threading.Lock)
-    # The directories whose drain is queued on the pool and has not taken their asks yet.
-    _draining: set[str] = field(default_factory=set)
-    captures: int = 0
-    """Captures the pool ran (each answers one ask or more)."""
-    answered: int = 0
-    """Asks the pool's captures answered."""
 
     @property
     def bound_s(self) -> float:
@@ -212,56 +184,15 @@ class TurnCheckpoints:
         self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None = None
     ) -> Future[Capture]:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
-        the answer lists the files changed since it. The future never fails.
-
-        Sessions sharing a folder share its captures: the ask is queued, and the first capture
-        of the folder begun after that answers every ask queued so far, each kept under its
-        own Turn's ref before its answer (the folder as it was at or after each ask: never a
-        capture begun before it). An ask whose `host.checkpoint.<which>` failpoint is armed
-        is queued only once the failpoint let its thread go, as its own capture was begun."""
-        ask = _Ask(session_id, turn_id, which, before)
-        if not self._point_armed(f"host.checkpoint.{which}"):
-            self._queue(cwd, ask)
-            return ask.done
+        the answer lists the files changed since it. The future never fails."""
         try:
-            self.pool.submit(self._held, cwd, ask)
+            return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
         except RuntimeError:  # the pool is shut down: the daemon is closing
-            self._answer(ask, _stopping(cwd))
-        return ask.done
-
-    def _queue(self, cwd: str, ask: _Ask) -> None:
-        """Queue `ask` on its folder, and a drain of the folder on the pool unless one is
-        queued already and has not taken the folder's asks yet (it will take this one)."""
-        with self._asks_guard:
-            self._asks.setdefault(cwd, []).append(ask)
-            if cwd in self._draining:
-                return
-            self._draining.add(cwd)
-        try:
-            self.pool.submit(self._drain, cwd)
-        except RuntimeError:  # the pool is shut down: the daemon is closing
-            with self._asks_guard:
-                asks = self._asks.pop(cwd, [])
-                self._draining.discard(cwd)
-            for one in asks:
-                self._answer(one, _stopping(cwd))
-
-    def _held(self, cwd: str, ask: _Ask) -> None:
-        """On a checkpoint thread: the ask's armed failpoint first, then its queue."""
-        try:
-            assert self.failpoints is not None
-            self.failpoints.hit(f"host.checkpoint.{ask.which}")
-        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
-            log.warning("checkpoint of %s (%s) failed: %s", cwd, ask.which, exc)
-            reason = str(getattr(exc, "reason", "git_failed"))
-            self._answer(ask, Capture.missing(cwd, reason, f"the checkpoint failed: {exc}"))
-            return
-        self._queue(cwd, ask)
-
-    @staticmethod
-    def _answer(ask: _Ask, capture: Capture) -> None:
-        with contextlib.suppress(InvalidStateError):  # answered already (a closing pool)
-            ask.done.set_result(capture)
+            done: Future[Capture] = Future()
+            done.set_result(
+                Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
+            )
+            return done
 
     def capture_after_here(
         self, cwd: str, session_id: str, turn_id: str, before: str | None
@@ -339,72 +270,41 @@ class TurnCheckpoints:
         except Exception as exc:  # noqa: BLE001 - an unnamed ref costs space, nothing else
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
-    def _drain(self, cwd: str) -> None:
-        """On a checkpoint thread: under the folder's lock, one capture for every ask of `cwd`
-        queued by now."""
-        asks: list[_Ask] = []
+    def _run(
+        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
+    ) -> Capture:
+        real = os.path.realpath(cwd)
         try:
-            real = os.path.realpath(cwd)
+            if self.failpoints is not None:
+                self.failpoints.hit(f"host.checkpoint.{which}")
             with self.locks.resolved(real):
-                with self._asks_guard:
-                    asks = self._asks.pop(cwd, [])
-                    self._draining.discard(cwd)
-                if asks:
-                    self._run(real, asks)
-        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
-            log.warning("checkpoint of %s failed: %s", cwd, exc)
-            for one in asks:  # those not answered yet
-                self._answer(
-                    one, Capture.missing(cwd, "git_failed", f"the checkpoint failed: {exc}")
-                )
-
-    def _run(self, real: str, asks: list[_Ask]) -> None:
-        """One capture of `real` (its lock held) for `asks`: each is kept under its own ref,
-        then answered (the ref is written before the Turn can settle on it)."""
-        self.captures += 1
-        self.answered += len(asks)
-        try:
-            path = Path(real)
-            self.locks.clear_stale_once(self.shadow, real)
-            checkpoint = self.shadow.capture(path, real)
-        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
-            log.warning("checkpoint of %s failed: %s", real, exc)
-            reason = str(getattr(exc, "reason", "git_failed"))
-            for a in asks:
-                self._answer(a, Capture.missing(real, reason, f"the checkpoint failed: {exc}"))
-            return
-        if isinstance(checkpoint, Unavailable):
-            for a in asks:
-                self._answer(a, Capture(real, checkpoint))
-            return
-        diffs: dict[str, tuple[dict[str, str], ...]] = {}
-        for a in asks:
-            try:
+                path = Path(real)
+                self.locks.clear_stale_once(self.shadow, real)
+                checkpoint = self.shadow.capture(path, real)
+                if isinstance(checkpoint, Unavailable):
+                    return Capture(real, checkpoint)
                 # A `before` takes its `after` ref's lock now, off the Turn's end: that
                 # `keep` then creates no file.
                 self.shadow.keep(
                     path,
-                    checkpoint_ref(a.session_id, a.turn_id, a.which),
+                    checkpoint_ref(session_id, turn_id, which),
                     checkpoint.commit,
                     real,
-                    reserve=checkpoint_ref(a.session_id, a.turn_id, "after")
-                    if a.which == "before"
+                    reserve=checkpoint_ref(session_id, turn_id, "after")
+                    if which == "before"
                     else None,
                 )
                 changed: tuple[dict[str, str], ...] = ()
-                if a.before is not None and a.before != checkpoint.tree:  # equal: no change
-                    changed = diffs.get(a.before, ())
-                    if a.before not in diffs:
-                        changed = diffs[a.before] = tuple(
-                            {"path": c.path, "kind": c.kind.value}
-                            for c in self.shadow.changed_files(path, a.before, checkpoint.tree)
-                        )
-                answer = Capture(real, checkpoint, changed)
-            except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
-                reason = getattr(exc, "reason", "git_failed")
-                log.warning("checkpoint of %s (%s) failed: %s", real, a.which, exc)
-                answer = Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
-            self._answer(a, answer)
+                if before is not None and before != checkpoint.tree:  # equal: nothing changed
+                    changed = tuple(
+                        {"path": c.path, "kind": c.kind.value}
+                        for c in self.shadow.changed_files(path, before, checkpoint.tree)
+                    )
+                return Capture(real, checkpoint, changed)
+        except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+            reason = getattr(exc, "reason", "git_failed")
+            log.warning("checkpoint of %s (%s) failed: %s", real, which, exc)
+            return Capture.missing(real, str(reason), f"the checkpoint failed: {exc}")
 
 
 CAP_BATCH = 16

@@ -418,8 +418,8 @@ def test_a_settled_turn_recorded_without_its_after_checkpoint_is_reported(
 def test_a_turns_changed_files_unlike_its_own_before_and_after_are_reported(
     base: Base, tmp_path: Path
 ) -> None:
-    """A capture several Sessions of one folder share lists each Turn's changes against that
-    Turn's own `before`: a record given another Turn's list is caught."""
+    """A record lists its Turn's changes against that Turn's own `before`: a record given
+    another Turn's list is caught."""
     record = _source_checkpoint(base.home, base.source)
     assert record["before"] == record["after"] and record["changedFiles"] == []
     assert Law.CHECKPOINT_CHANGES not in laws(tampered(base, tmp_path / "clean"))

@@ -186,8 +186,8 @@ class Law(StrEnum):
     CHECKPOINT_CHANGES = "checkpoint_changes"
     """A settled Turn's workspace record lists `changedFiles` that are not the difference
     between its own `before` and `after` trees (git's `diff-tree` in the home's shadow
-    store), e.g. another Turn's changes given to it by a capture several Sessions of one
-    folder shared (docs/design/workspace.md, "Laws")."""
+    store), e.g. another Turn's changes of the same folder (docs/design/workspace.md,
+    "Laws")."""
 
 
 STORE_LAWS = frozenset(
