@@ -268,9 +268,7 @@ def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_wit
         ((budget_s, budget),) = host.timers
         assert budget_s == host.timeouts.fork_sync_budget_s
         budget()  # the caller hears 202, and the subscribers of the dispatch with it
-        assert [(r.operation.status, r.final) for r in replies] == [
-            (ForkStatus.DISPATCHING, False)
-        ]
+        assert [(r.operation.status, r.final) for r in replies] == [(ForkStatus.DISPATCHING, False)]
         assert seen == [
             ("ForkOperationChanged", "dispatching"),
             ("SessionChanged", ""),

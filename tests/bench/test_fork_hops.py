@@ -20,8 +20,16 @@ def test_fork_hops_places_the_workers_stamps_between_the_daemons(tmp_path: Path)
     out_json = tmp_path / "hops.json"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run(
-        [sys.executable, str(REPO / "bench" / "fork_hops.py"), "--forks", "10", "--turns", "2",
-         "--json", str(out_json)],
+        [
+            sys.executable,
+            str(REPO / "bench" / "fork_hops.py"),
+            "--forks",
+            "10",
+            "--turns",
+            "2",
+            "--json",
+            str(out_json),
+        ],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -31,8 +39,18 @@ def test_fork_hops_places_the_workers_stamps_between_the_daemons(tmp_path: Path)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out_json.read_text())
     offsets = result["offsetsP50Ms"]
-    path = ["sup.send", "w.recv", "w.fork", "w.answered", "w.bind", "w.proof", "w.send",
-            "sup.complete", "commit.begin", "loop.send_reply"]
+    path = [
+        "sup.send",
+        "w.recv",
+        "w.fork",
+        "w.answered",
+        "w.bind",
+        "w.proof",
+        "w.send",
+        "sup.complete",
+        "commit.begin",
+        "loop.send_reply",
+    ]
     assert all(p in offsets for p in path), sorted(offsets)
     assert [offsets[p] for p in path] == sorted(offsets[p] for p in path)
     assert result["bareP50Ms"] > 0 and result["hostP50Ms"] > offsets["loop.send_reply"]

@@ -30,6 +30,7 @@ from tests.support.homes import runtime_home
 
 pytestmark = [pytest.mark.timeout(180)]
 
+
 def write_config(home: Path, server: ResponsesServer) -> None:
     home.mkdir(parents=True, exist_ok=True)
     (home / "agenthost.toml").write_text(

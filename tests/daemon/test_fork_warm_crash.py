@@ -104,9 +104,7 @@ def test_a_warm_forks_damaged_copy_is_refused_before_provider_accepted(tmp_path:
     try:
         c = d.client(timeout=30)
         sid, turns = _warm_source(c)
-        c.call(
-            "debug.failpoints", {"points": {**BINDER_OFF, "worker.bind.after_copy": "tamper"}}
-        )
+        c.call("debug.failpoints", {"points": {**BINDER_OFF, "worker.bind.after_copy": "tamper"}})
         op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
         assert op["status"] == "unknown", op
         assert "not readable" in op["error"], op

@@ -146,9 +146,7 @@ def test_a_warm_forks_replay_still_answers_the_same_operation(
     again = c.call("fork.create", params)["operation"]
     assert again["operationId"] == first["operationId"], (first, again)
     assert again["status"] == "committed"
-    status, error = c.call_raw(
-        "fork.create", {**params, "targetAgentSessionId": str(uuid.uuid4())}
-    )
+    status, error = c.call_raw("fork.create", {**params, "targetAgentSessionId": str(uuid.uuid4())})
     assert status == 409 and error["params"]["operationId"] == first["operationId"], error
     assert replay_reads.count == 0
 

@@ -202,8 +202,9 @@ def test_a_short_turns_start_writes_are_written_by_its_settlement(
             assert turn["outcome"] == "completed", turn
             assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
             stored = store.turns.get_turn(WS, sid, turn["turnId"])
-            assert stored.root_provider_turn_id and stored.root_provider_turn_id == (
-                turn["rootProviderTurnId"]
+            assert (
+                stored.root_provider_turn_id
+                and stored.root_provider_turn_id == (turn["rootProviderTurnId"])
             )
             assert stored.provider_turn_binding_json, stored
             claims = store.db.rows(

@@ -415,6 +415,24 @@ def test_a_settled_turn_recorded_without_its_after_checkpoint_is_reported(
     assert Law.CHECKPOINT_KEPT in laws(home)
 
 
+def test_a_turns_changed_files_unlike_its_own_before_and_after_are_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """A record lists its Turn's changes against that Turn's own `before`: a record given
+    another Turn's list is caught."""
+    record = _source_checkpoint(base.home, base.source)
+    assert record["before"] == record["after"] and record["changedFiles"] == []
+    assert Law.CHECKPOINT_CHANGES not in laws(tampered(base, tmp_path / "clean"))
+    other = [{"path": "written-by-another-turn.txt", "kind": "added"}]
+    broken = json.dumps({**record, "changedFiles": other}).replace("'", "''")
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE turns SET checkpoint_json = '{broken}' WHERE session_id = '{base.source}'",
+    )
+    assert Law.CHECKPOINT_CHANGES in laws(home)
+
+
 def test_a_cloned_message_unlike_its_source_is_reported(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,
@@ -630,6 +648,8 @@ def test_a_kept_digest_that_is_not_the_rows_is_reported(base: Base, tmp_path: Pa
     report = check_invariants(home)
     assert len(report.violations) == kept, report.violations  # one for each row
     assert {v.law for v in report.violations} == {Law.HISTORY_DIGEST_KEPT}, report.violations
+
+
 def _sleeper(env_home: Path | None, *argv: str) -> subprocess.Popen[bytes]:
     """A real process that sleeps; its environment names `env_home` (when given), its command
     line carries `argv` (what a worker's would, for the count)."""

@@ -46,8 +46,6 @@ def _request(sid: str, turn_id: str, kind: str) -> ForkPrepareRequest:
     )
 
 
-
-
 class ForkLaws(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()

@@ -239,11 +239,15 @@ def test_every_change_of_the_history_deletes_what_is_kept(
         _CHANGES[change](store, sid, turns, raw)
     finally:
         raw.close()
-    rows = store.db.connection().execute(
-        "SELECT count(*) FROM history_digests d WHERE d.session_key NOT IN"
-        " (SELECT session_key FROM session_keys WHERE session_id = ?)",
-        (other,),
-    ).fetchone()
+    rows = (
+        store.db.connection()
+        .execute(
+            "SELECT count(*) FROM history_digests d WHERE d.session_key NOT IN"
+            " (SELECT session_key FROM session_keys WHERE session_id = ?)",
+            (other,),
+        )
+        .fetchone()
+    )
     assert rows[0] == 0  # both of the Session's rows went, whatever key it has now
     assert _kept(store, other) == kept_other  # another Session's stays
 

@@ -183,6 +183,11 @@ class Law(StrEnum):
     (its outcome, error, times, provider turn, Messages and Interactions as the store holds
     them): an event published stale or built from a row that is not the committed one
     (docs/design/store.md, "Change events that carry their row")."""
+    CHECKPOINT_CHANGES = "checkpoint_changes"
+    """A settled Turn's workspace record lists `changedFiles` that are not the difference
+    between its own `before` and `after` trees (git's `diff-tree` in the home's shadow
+    store), e.g. another Turn's changes of the same folder (docs/design/workspace.md,
+    "Laws")."""
 
 
 STORE_LAWS = frozenset(
@@ -1205,6 +1210,63 @@ def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
     return misses
 
 
+def _check_checkpoint_changes(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """Every settled Turn of a live Session whose record names both trees lists as
+    `changedFiles` exactly what git's `diff-tree` of its `before` and `after` says (nothing
+    when the two are one tree). A pair whose trees the store no longer holds (a Session
+    deleted and collected since the copy) is left to `checkpoint_kept`."""
+    diffs: dict[tuple[str, str, str], set[tuple[str, str]] | None] = {}
+    kinds = {"A": "added", "M": "modified", "D": "deleted"}
+    for t in _rows(
+        conn,
+        "SELECT t.session_id, t.turn_id, t.checkpoint_json FROM turns t"
+        " JOIN sessions s USING (workspace_id, session_id)"
+        " WHERE t.phase = 'settled' AND s.deleted = 0 AND t.checkpoint_json IS NOT NULL",
+    ):
+        record = json.loads(t["checkpoint_json"])
+        before, after = record.get("before"), record.get("after")
+        if record.get("state") == "unavailable" or not before or not after:
+            continue
+        listed = {(str(c["path"]), str(c["kind"])) for c in record.get("changedFiles") or []}
+        key = (str(record["cwd"]), str(before), str(after))
+        if key not in diffs:
+            if before == after:
+                diffs[key] = set()
+            else:
+                repo = ShadowStore(ctx.home / "checkpoints").repo_dir(Path(key[0]))
+                done = subprocess.run(
+                    [
+                        "git",
+                        "diff-tree",
+                        "-r",
+                        "-z",
+                        "--no-renames",
+                        "--name-status",
+                        before,
+                        after,
+                    ],
+                    env={"GIT_DIR": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo)},
+                    capture_output=True,
+                    check=False,
+                )
+                parts = [os.fsdecode(p) for p in done.stdout.split(b"\0") if p]
+                diffs[key] = (
+                    {
+                        (path, kinds.get(status[:1], "modified"))
+                        for status, path in zip(parts[::2], parts[1::2], strict=False)
+                    }
+                    if done.returncode == 0
+                    else None
+                )
+        want = diffs[key]
+        if want is not None and listed != want:
+            ctx.fail(
+                Law.CHECKPOINT_CHANGES,
+                f"session {t['session_id']} turn {t['turn_id']}: changedFiles"
+                f" {sorted(listed)} is not the diff of its before and after {sorted(want)}",
+            )
+
+
 def _check_liveness(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
     """On a live daemon with nothing in flight: no Turn stays active with nothing written for
     it (and no interaction waiting on the user), no active operation stays unmoved."""
@@ -1579,8 +1641,7 @@ def check_session_events(
                     out.append(
                         Violation(
                             Law.SESSION_EVENTS_HEARD,
-                            f"{sid}: last heard {name} {seen.get(name)!r},"
-                            f" ended {end.get(name)!r}",
+                            f"{sid}: last heard {name} {seen.get(name)!r}, ended {end.get(name)!r}",
                         )
                     )
     return out
@@ -1749,6 +1810,7 @@ def check_invariants(
             _check_schema(ctx, conn)
             _check_completed_turns(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
+            _check_checkpoint_changes(ctx, conn)
             if live_grace_s is not None:
                 _check_liveness(ctx, conn, int(live_grace_s * 1000))
             ops = _rows(

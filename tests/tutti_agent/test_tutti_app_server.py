@@ -292,9 +292,9 @@ def test_turns_without_items_are_the_same_turns_with_no_items(
     full = server.call("thread/read", {"threadId": src, "includeTurns": True})["thread"]["turns"]
     assert len(full) == 3 and all(t["items"] and t["itemsView"] == "full" for t in full)
     assert [t["status"] for t in full] == ["completed", "failed", "completed"]
-    lean = server.call(
-        "thread/read", {"threadId": src, "includeTurns": True, "turnItems": False}
-    )["thread"]["turns"]
+    lean = server.call("thread/read", {"threadId": src, "includeTurns": True, "turnItems": False})[
+        "thread"
+    ]["turns"]
     assert bare(lean) == bare(full)
     assert all(t["items"] == [] and t["itemsView"] == "notLoaded" for t in lean)
     # The reduction kept for the lean read does not stand in for a full one.

@@ -737,5 +737,9 @@ def test_a_before_and_its_after_lock_take_one_directory_and_the_after_opens_no_f
     assert opened == [str(refs_dir / "s1" / "t2" / "after.lock")]
     assert (refs_dir / "s1" / "t2" / "after").read_text() == cp.commit + "\n"
     assert sorted(store.refs(repo)) == [
-        "s1/t0/before", "s1/t1/after", "s1/t1/before", "s1/t2/after", "s1/t2/before"
+        "s1/t0/before",
+        "s1/t1/after",
+        "s1/t1/before",
+        "s1/t2/after",
+        "s1/t2/before",
     ]

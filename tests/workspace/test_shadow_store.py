@@ -17,6 +17,7 @@ from workspace.shadow import ChangeKind, Checkpoint, ShadowStore, Unavailable
 
 pytestmark = pytest.mark.timeout(60)
 
+
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A user's repository: committed files, a .gitignore with an ignored directory, a
