@@ -355,6 +355,9 @@ def test_a_clients_write_goes_ahead_of_queued_background_writes(tmp_path: Path) 
     runs first, and the background ones keep their own order."""
     store = Store.open(tmp_path / "store.sqlite3")
     store.db.group_max_age_s = 60.0
+    # Not the aging rule's case (its own test below): a slow minute queuing the four must not
+    # let the first background writer's wait pass its bound.
+    store.db._fifo.background_max_wait_s = 60.0
     try:
         _sessions(store, 1)
         order = _body_order(
