@@ -198,7 +198,8 @@ def test_config_file_listen_is_loopback_only_too(tmp_path: Path) -> None:
         text=True,
     )
     try:
-        _, err = proc.communicate(timeout=30)  # a refusal exits at once; the slack is for a loaded machine
+        # A refusal exits at once; the slack is for a loaded machine.
+        _, err = proc.communicate(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
