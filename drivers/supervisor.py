@@ -72,6 +72,8 @@ from transport.worker_link import (
     req_msg,
 )
 
+_EVT = MsgType.EVT.value  # a plain str: compared per message
+
 TICK_EVERY_S = 0.01
 """The loop's housekeeping (deadlines, heartbeats, a dead or hung worker, a restart due) runs
 at most this often while messages keep it awake (a streaming Turn's ~20 deltas each woke it),
@@ -583,7 +585,11 @@ class WorkerSupervisor:
         """One message read from `worker`'s link."""
         worker.last_seen = time.monotonic()
         kind = msg["t"]
-        if kind == MsgType.HELLO:
+        if kind == _EVT:  # a Turn's stream: most of what arrives
+            sid, event = msg.get("agentSessionId"), msg.get("event")
+            if isinstance(sid, str) and isinstance(event, dict):
+                self._deliveries.event(worker.provider, sid, event)
+        elif kind == MsgType.HELLO:
             if worker.state is WorkerState.STARTING:
                 worker.state = WorkerState.READY
                 self._publish_status(worker)
@@ -602,10 +608,6 @@ class WorkerSupervisor:
             else:
                 error = msg.get("error")
                 self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
-        elif kind == MsgType.EVT:
-            sid, event = msg.get("agentSessionId"), msg.get("event")
-            if isinstance(sid, str) and isinstance(event, dict):
-                self._deliver_event(worker.provider, sid, event)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -736,9 +738,6 @@ class WorkerSupervisor:
 
     def _fail(self, pending: Pending, exc: HostError) -> None:
         self._deliveries.fail(pending, exc)
-
-    def _deliver_event(self, provider: str, sid: str, event: dict[str, Any]) -> None:
-        self._deliveries.event(provider, sid, event)
 
     def _lifecycle(self, kind: str, worker: WorkerRecord, **info: Any) -> None:
         event = {"type": kind, "generation": worker.generation, **info}

@@ -34,8 +34,11 @@ PROTOCOL_VERSION = 1
 
 # The socket's own getsockopt with int constants (pyzmq's flag enums cost a construction each).
 _getsockopt: Callable[..., Any] = zmq.backend.Socket.get
+_recv: Callable[..., Any] = zmq.backend.Socket.recv
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class MsgType(StrEnum):
@@ -136,14 +139,21 @@ class HostEnd:
         whose signal it took, so the reader looks (`more`) before it sleeps on `fd`."""
 
     def recv(self) -> dict[str, Any] | None:
-        """One decoded message, or None when nothing is ready or the frame was dropped."""
+        """One decoded message, or None when nothing is ready or the frame was dropped.
+
+        Read frame by frame with the socket's own calls (a ROUTER's message is the peer's
+        identity and at least one frame): no list built and no `zmq.RCVMORE` looked up through
+        pyzmq's option layer, per message of a Turn's stream."""
+        sock = self.socket
         try:
-            frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            identity: bytes = _recv(sock, _NOBLOCK)
         except zmq.Again:
             return None
-        if len(frames) != 2:
+        frame: bytes = _recv(sock, _NOBLOCK)
+        if _getsockopt(sock, _RCVMORE):  # more than one frame: not a link message
+            while _getsockopt(sock, _RCVMORE):
+                _recv(sock, _NOBLOCK)
             return None
-        identity, frame = frames
         try:
             msg = decode(frame)
         except LinkProtocolError:
