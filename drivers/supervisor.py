@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import queue
 import select
 import shutil
@@ -283,11 +282,9 @@ class WorkerSupervisor:
 
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._mailbox = Mailbox()
-        # The loop's poll set: the mailbox's eventfd, each live link's `zmq.FD` and each live
-        # worker process's pidfd, by number.
+        # The loop's poll set: the mailbox's eventfd and each live link's `zmq.FD`, by number.
         self._epoll = select.epoll()
         self._by_fd: dict[int, WorkerRecord] = {}
-        self._by_pidfd: dict[int, WorkerRecord] = {}
         self._workers: dict[str, WorkerRecord] = {}
         self._ids = 0
         self._ids_lock = threading.Lock()
@@ -417,7 +414,6 @@ class WorkerSupervisor:
         before the next sleep (`_look_after_sends`): no frame is left unread without a signal
         still to come."""
         mailbox_fd = self._mailbox.fd
-        exited: list[WorkerRecord] = []
         for fd, _ in self._epoll.poll(0.1):
             if fd == mailbox_fd:
                 if self._take_mail():
@@ -426,10 +422,6 @@ class WorkerSupervisor:
                 worker = self._by_fd.get(fd)
                 if worker is not None:
                     self._read(worker)
-                elif (worker := self._by_pidfd.get(fd)) is not None:
-                    exited.append(worker)
-        for worker in exited:
-            self._exited(worker)
         now = time.monotonic()
         if now - self._ticked_at >= TICK_EVERY_S:
             self._ticked_at = now
@@ -464,41 +456,6 @@ class WorkerSupervisor:
                 if end is not None and end.unlooked and end.more():
                     self._read(worker)
                     again = True  # reading may have sent (a hello's queued requests)
-
-    def _exited(self, worker: WorkerRecord) -> None:
-        """The worker's pidfd fired: what it sent before it exited is read, then its death is
-        declared (as the tick did when it polled the process)."""
-        end, proc = worker.end, worker.proc
-        if end is not None and end.more():
-            self._read(worker)
-        if worker.proc is not proc or proc is None:
-            return  # declared dead already, and maybe restarted, while its last frames were read
-        returncode = proc.poll()
-        self._unwatch_exit(worker)  # after the exit the tick polls it, if the death waits
-        if returncode is not None and worker.state in (WorkerState.STARTING, WorkerState.READY):
-            self._on_death(worker, f"worker exited with status {returncode}")
-
-    def _watch_exit(self, worker: WorkerRecord) -> None:
-        proc = worker.proc
-        if proc is None:
-            return
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-        except OSError:  # no pidfd (an old kernel): the tick polls the process
-            return
-        worker.pidfd = pidfd
-        self._by_pidfd[pidfd] = worker
-        self._epoll.register(pidfd, select.EPOLLIN)
-
-    def _unwatch_exit(self, worker: WorkerRecord) -> None:
-        pidfd = worker.pidfd
-        if pidfd is None:
-            return
-        worker.pidfd = None
-        self._by_pidfd.pop(pidfd, None)
-        with contextlib.suppress(OSError, ValueError):
-            self._epoll.unregister(pidfd)
-        os.close(pidfd)
 
     def _attach(self, worker: WorkerRecord, end: HostEnd) -> None:
         worker.end = end
@@ -582,7 +539,6 @@ class WorkerSupervisor:
             self._spawn_once(worker)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any spawn failure
             self._detach(worker)
-            self._unwatch_exit(worker)
             if worker.proc is not None and worker.proc.poll() is None:
                 with contextlib.suppress(Exception):
                     worker.proc.kill()
@@ -604,7 +560,6 @@ class WorkerSupervisor:
         now = time.monotonic()
         worker.proc = None
         worker.proc = start_worker(self._python, worker.provider, endpoint, env, log_path)
-        self._watch_exit(worker)
         worker.state = WorkerState.STARTING
         worker.cpu_ticks, worker.cpu_sampled_at = None, now
         worker.spawned_at = now
@@ -659,8 +614,7 @@ class WorkerSupervisor:
         for worker in self._workers.values():
             proc = worker.proc
             if worker.state in (WorkerState.STARTING, WorkerState.READY):
-                # A process with a pidfd is watched by the poll set (`_exited`).
-                if proc is not None and worker.pidfd is None and proc.poll() is not None:
+                if proc is not None and proc.poll() is not None:
                     self._on_death(worker, f"worker exited with status {proc.returncode}")
                     continue
                 if worker.state is WorkerState.READY and self._hung(worker, now):
@@ -727,7 +681,6 @@ class WorkerSupervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(2.0)
         self._detach(worker)
-        self._unwatch_exit(worker)
         worker.proc = None
         # Sent requests have unknown fate; queued ones provably never left the host.
         for pending in worker.inflight.values():
@@ -766,7 +719,6 @@ class WorkerSupervisor:
                 self._fail(pending, WorkerUnavailable(f"{pending.method}: supervisor closed"))
             worker.queued.clear()
             self._detach(worker)
-            self._unwatch_exit(worker)
             worker.proc = None
             worker.state = WorkerState.STOPPED
             self._publish_status(worker)

@@ -49,9 +49,6 @@ class WorkerRecord:
     provider: str
     state: WorkerState = WorkerState.STARTING
     proc: subprocess.Popen[bytes] | None = None
-    pidfd: int | None = None
-    """The process's pidfd, in the loop's poll set (readable once it exits); None where the
-    kernel has none, and the loop's tick polls the process instead."""
     end: HostEnd | None = None
     generation: int = 0
     restarts: int = 0
