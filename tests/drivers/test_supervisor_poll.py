@@ -3,15 +3,14 @@ no frame is left unread when several arrive between its wake-ups, nor when a sen
 own took the descriptor's signal of a frame that had just arrived.
 
 The worker here is a scripted process on a real DEALER over real ipc (only the provider is
-left out): it sends exactly what the test asks and no heartbeat, and the supervisor's own
-heartbeats are put off, so a frame left unread stays unread — nothing else would wake the loop.
+left out; `tests/support/scripted_worker.py`): it sends exactly what the test asks and no
+heartbeat, and the supervisor's own heartbeats are put off, so a frame left unread stays
+unread — nothing else would wake the loop.
 """
 
 from __future__ import annotations
 
 import select
-import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -22,77 +21,17 @@ import pytest
 
 import drivers.supervisor as supervisor_module
 from drivers.supervisor import WorkerSupervisor
+from tests.support.scripted_worker import shim
 from transport.worker_link import Mailbox
 
 P = "scripted"
-
-SCRIPTED_WORKER = textwrap.dedent(
-    """
-    import os, sys, threading, time
-    import msgpack, zmq
-
-    endpoint = sys.argv[sys.argv.index("--connect") + 1]
-    sock = zmq.Context().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 1000)
-    sock.connect(endpoint)
-    lock = threading.Lock()
-
-    def send(msg):
-        with lock:
-            sock.send(msgpack.packb(msg, use_bin_type=True))
-
-    def delta(sid, i):
-        event = {"type": "message.delta", "turnId": "t", "itemId": "i", "kind": "assistant",
-                 "delta": str(i)}
-        send({"t": "evt", "agentSessionId": sid, "event": event})
-
-    def stream(sid, n, every):
-        for i in range(n):
-            delta(sid, i)
-            if every and i % every == 0:
-                time.sleep(0.001)
-        send({"t": "evt", "agentSessionId": sid, "event": {"type": "turn.completed",
-              "turnId": "t", "providerTurnId": "p", "outcome": "completed"}})
-
-    send({"t": "hello", "provider": "scripted", "pid": os.getpid(), "version": "1"})
-    while True:
-        with lock:  # never held while waiting: the stream's thread sends between looks
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                frame = None
-        if frame is None:
-            time.sleep(0.0005)
-            continue
-        msg = msgpack.unpackb(frame, raw=False)
-        if msg.get("t") != "req":
-            continue
-        method, params = msg["method"], msg["params"]
-        if method == "burst":
-            # One delta, a pause (the host's loop is held in its sink meanwhile), then the
-            # rest back to back and the answer: they all arrive while the loop is away.
-            delta(params["sid"], 0)
-            time.sleep(params["pauseMs"] / 1000)
-            for i in range(1, params["n"]):
-                delta(params["sid"], i)
-        elif method == "stream":
-            threading.Thread(
-                target=stream, args=(params["sid"], params["n"], params["every"])
-            ).start()
-        send({"t": "res", "id": msg["id"], "ok": True, "result": {"method": method}})
-    """
-)
 
 
 @pytest.fixture
 def scripted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WorkerSupervisor]:
     """A supervisor whose one worker is the scripted process, with its heartbeats put off."""
     monkeypatch.setattr(supervisor_module, "HEARTBEAT_INTERVAL_S", 3600.0)
-    script = tmp_path / "scripted_worker.py"
-    script.write_text(SCRIPTED_WORKER)
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{script}" "$@"\n')
-    python.chmod(0o755)
+    python = shim(tmp_path)
     run = tmp_path / "run"
     run.mkdir(mode=0o700)
     sup = WorkerSupervisor(run, python=str(python))
