@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import queue
+import select
 import shutil
 import subprocess
 import sys
@@ -70,6 +71,8 @@ from transport.worker_link import (
     MsgType,
     req_msg,
 )
+
+_EVT = MsgType.EVT.value  # a plain str: compared per message
 
 TICK_EVERY_S = 0.01
 """The loop's housekeeping (deadlines, heartbeats, a dead or hung worker, a restart due) runs
@@ -278,7 +281,10 @@ class WorkerSupervisor:
         self._sock_dir, self._own_sock_dir = socket_dir(self._run_dir)
 
         self._ctx: zmq.Context[Any] = zmq.Context()
-        self._mailbox = Mailbox(self._ctx)
+        self._mailbox = Mailbox()
+        # The loop's poll set: the mailbox's eventfd and each live link's `zmq.FD`, by number.
+        self._epoll = select.epoll()
+        self._by_fd: dict[int, WorkerRecord] = {}
         self._workers: dict[str, WorkerRecord] = {}
         self._ids = 0
         self._ids_lock = threading.Lock()
@@ -385,52 +391,89 @@ class WorkerSupervisor:
     # ----------------------------------------------------------------- loop thread
 
     def _loop(self) -> None:
-        poller = zmq.Poller()
-        poller.register(self._mailbox.wake_socket, zmq.POLLIN)
-        registered: dict[zmq.Socket[Any], WorkerRecord] = {}
+        self._epoll.register(self._mailbox.fd, select.EPOLLIN)
         try:
             while True:
                 try:
-                    if self._iterate(poller, registered):
+                    if self._iterate():
                         return
                 except Exception:  # noqa: BLE001 - this thread is every request's clock
                     log.exception("worker supervisor loop iteration failed; continuing")
                     time.sleep(0.05)  # an error that repeats at once must not spin a core
-                # Re-sync the poller with the current incarnations' sockets.
-                live = {w.end.socket: w for w in self._workers.values() if w.end is not None}
-                for sock in set(registered) - set(live):
-                    with contextlib.suppress(KeyError, zmq.ZMQError):
-                        poller.unregister(sock)
-                for sock in set(live) - set(registered):
-                    poller.register(sock, zmq.POLLIN)
-                registered = live
         finally:
             self._shutdown()
+            self._epoll.close()
 
-    def _iterate(self, poller: zmq.Poller, registered: dict[zmq.Socket[Any], WorkerRecord]) -> bool:
-        """One pass of the loop; True when told to close."""
-        ready = dict(poller.poll(100))
-        if self._mailbox.wake_socket in ready:
-            for kind, item in self._mailbox.drain():
-                if kind == "close":
+    def _iterate(self) -> bool:
+        """One pass of the loop; True when told to close.
+
+        The loop sleeps in `epoll` on descriptors only: the mailbox's eventfd and each link's
+        `zmq.FD`, which signals a change of the socket's state once, and which any operation on
+        the socket may take. So a link whose descriptor fired is drained until `zmq.EVENTS` says
+        no frame waits (`_read`), and one the loop sent on since its last look is looked at
+        before the next sleep (`_look_after_sends`): no frame is left unread without a signal
+        still to come."""
+        mailbox_fd = self._mailbox.fd
+        for fd, _ in self._epoll.poll(0.1):
+            if fd == mailbox_fd:
+                if self._take_mail():
                     return True
-                if kind == "req":
-                    try:
-                        self._submit(item)
-                    except Exception as exc:  # noqa: BLE001 - the waiter gets a typed error
-                        self._fail(item, WorkerUnavailable(f"{item.method} not sent: {exc}"))
-                elif kind == "failpoints":
-                    self._forward_failpoints(item)
-                elif kind == "ahead":
-                    self._worker_of(item)
-        for sock, worker in list(registered.items()):
-            if sock in ready:
-                self._read(worker)
+            else:
+                worker = self._by_fd.get(fd)
+                if worker is not None:
+                    self._read(worker)
         now = time.monotonic()
         if now - self._ticked_at >= TICK_EVERY_S:
             self._ticked_at = now
             self._tick()
+        self._look_after_sends()
         return False
+
+    def _take_mail(self) -> bool:
+        """Everything the other threads put in the mailbox; True when told to close."""
+        for kind, item in self._mailbox.drain():
+            if kind == "close":
+                return True
+            if kind == "req":
+                try:
+                    self._submit(item)
+                except Exception as exc:  # noqa: BLE001 - the waiter gets a typed error
+                    self._fail(item, WorkerUnavailable(f"{item.method} not sent: {exc}"))
+            elif kind == "failpoints":
+                self._forward_failpoints(item)
+            elif kind == "ahead":
+                self._worker_of(item)
+        return False
+
+    def _look_after_sends(self) -> None:
+        """A link the loop sent on (a request, a heartbeat) since it last looked may hold a
+        frame whose descriptor signal the send took: read it now, not after the next one."""
+        again = True
+        while again:
+            again = False
+            for worker in self._workers.values():
+                end = worker.end
+                if end is not None and end.unlooked and end.more():
+                    self._read(worker)
+                    again = True  # reading may have sent (a hello's queued requests)
+
+    def _attach(self, worker: WorkerRecord, end: HostEnd) -> None:
+        worker.end = end
+        self._by_fd[end.fd] = worker
+        self._epoll.register(end.fd, select.EPOLLIN)
+
+    def _detach(self, worker: WorkerRecord) -> None:
+        """Close the worker's link (its descriptor leaves the poll set first)."""
+        end = worker.end
+        if end is None:
+            return
+        worker.end = None
+        if self._by_fd.get(end.fd) is worker:
+            del self._by_fd[end.fd]
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(end.fd)
+        with contextlib.suppress(Exception):
+            end.close()
 
     def _worker_of(self, provider: str) -> WorkerRecord:
         """`provider`'s worker record, its first incarnation spawned if it had none."""
@@ -495,10 +538,7 @@ class WorkerSupervisor:
         try:
             self._spawn_once(worker)
         except Exception as exc:  # noqa: BLE001 - the loop must outlive any spawn failure
-            if worker.end is not None:
-                with contextlib.suppress(Exception):
-                    worker.end.close()
-                worker.end = None
+            self._detach(worker)
             if worker.proc is not None and worker.proc.poll() is None:
                 with contextlib.suppress(Exception):
                     worker.proc.kill()
@@ -508,7 +548,7 @@ class WorkerSupervisor:
     def _spawn_once(self, worker: WorkerRecord) -> None:
         worker.generation += 1
         endpoint = f"ipc://{self._sock_dir}/w-{worker.provider}-{worker.generation}.sock"
-        worker.end = HostEnd(self._ctx, endpoint)
+        self._attach(worker, HostEnd(self._ctx, endpoint))
         worker.spawned_points = dict(self._points)
         env = worker_env(
             self._env_overrides,
@@ -545,7 +585,11 @@ class WorkerSupervisor:
         """One message read from `worker`'s link."""
         worker.last_seen = time.monotonic()
         kind = msg["t"]
-        if kind == MsgType.HELLO:
+        if kind == _EVT:  # a Turn's stream: most of what arrives
+            sid, event = msg.get("agentSessionId"), msg.get("event")
+            if isinstance(sid, str) and isinstance(event, dict):
+                self._deliveries.event(worker.provider, sid, event)
+        elif kind == MsgType.HELLO:
             if worker.state is WorkerState.STARTING:
                 worker.state = WorkerState.READY
                 self._publish_status(worker)
@@ -564,10 +608,6 @@ class WorkerSupervisor:
             else:
                 error = msg.get("error")
                 self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
-        elif kind == MsgType.EVT:
-            sid, event = msg.get("agentSessionId"), msg.get("event")
-            if isinstance(sid, str) and isinstance(event, dict):
-                self._deliver_event(worker.provider, sid, event)
 
     def _tick(self) -> None:
         now = time.monotonic()
@@ -640,9 +680,7 @@ class WorkerSupervisor:
             proc.kill()  # a silent worker may be wedged; its answers can no longer be trusted
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(2.0)
-        if worker.end is not None:
-            worker.end.close()
-            worker.end = None
+        self._detach(worker)
         worker.proc = None
         # Sent requests have unknown fate; queued ones provably never left the host.
         for pending in worker.inflight.values():
@@ -680,9 +718,7 @@ class WorkerSupervisor:
             for pending in worker.queued:
                 self._fail(pending, WorkerUnavailable(f"{pending.method}: supervisor closed"))
             worker.queued.clear()
-            if worker.end is not None:
-                worker.end.close()
-                worker.end = None
+            self._detach(worker)
             worker.proc = None
             worker.state = WorkerState.STOPPED
             self._publish_status(worker)
@@ -702,9 +738,6 @@ class WorkerSupervisor:
 
     def _fail(self, pending: Pending, exc: HostError) -> None:
         self._deliveries.fail(pending, exc)
-
-    def _deliver_event(self, provider: str, sid: str, event: dict[str, Any]) -> None:
-        self._deliveries.event(provider, sid, event)
 
     def _lifecycle(self, kind: str, worker: WorkerRecord, **info: Any) -> None:
         event = {"type": kind, "generation": worker.generation, **info}

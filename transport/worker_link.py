@@ -34,8 +34,11 @@ PROTOCOL_VERSION = 1
 
 # The socket's own getsockopt with int constants (pyzmq's flag enums cost a construction each).
 _getsockopt: Callable[..., Any] = zmq.backend.Socket.get
+_recv: Callable[..., Any] = zmq.backend.Socket.recv
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_RCVMORE = int(zmq.RCVMORE)
+_NOBLOCK = int(zmq.NOBLOCK)
 
 
 class MsgType(StrEnum):
@@ -127,16 +130,30 @@ class HostEnd:
         if path is not None:
             os.chmod(path, 0o600)
         self.peer: bytes | None = None
+        self.fd: int = int(self.socket.getsockopt(zmq.FD))
+        """ZeroMQ's notification descriptor: readable (edge-style) when the socket's state may
+        have changed since the last operation on it; a reader polls it, then drains the socket
+        until `more` says no."""
+        self.unlooked = False
+        """An operation (a send) touched the socket since the last `more`: a frame may wait
+        whose signal it took, so the reader looks (`more`) before it sleeps on `fd`."""
 
     def recv(self) -> dict[str, Any] | None:
-        """One decoded message, or None when nothing is ready or the frame was dropped."""
+        """One decoded message, or None when nothing is ready or the frame was dropped.
+
+        Read frame by frame with the socket's own calls (a ROUTER's message is the peer's
+        identity and at least one frame): no list built and no `zmq.RCVMORE` looked up through
+        pyzmq's option layer, per message of a Turn's stream."""
+        sock = self.socket
         try:
-            frames = self.socket.recv_multipart(zmq.NOBLOCK)
+            identity: bytes = _recv(sock, _NOBLOCK)
         except zmq.Again:
             return None
-        if len(frames) != 2:
+        frame: bytes = _recv(sock, _NOBLOCK)
+        if _getsockopt(sock, _RCVMORE):  # more than one frame: not a link message
+            while _getsockopt(sock, _RCVMORE):
+                _recv(sock, _NOBLOCK)
             return None
-        identity, frame = frames
         try:
             msg = decode(frame)
         except LinkProtocolError:
@@ -150,13 +167,18 @@ class HostEnd:
     def more(self) -> bool:
         """Whether another frame waits to be read (`zmq.EVENTS`): a drain ends on it rather
         than on a read that fails (a raised `zmq.Again` per drain, and a read that lets the
-        interpreter go)."""
+        interpreter go). A look that says no leaves the descriptor (`fd`) to signal the next
+        frame."""
+        self.unlooked = False
         return bool(_getsockopt(self.socket, _EVENTS) & _POLLIN)
 
     def send(self, msg: Mapping[str, Any]) -> bool:
-        """Send to the worker; False when it never said hello or is gone (nothing was sent)."""
+        """Send to the worker; False when it never said hello or is gone (nothing was sent).
+        Marks the end `unlooked`: the send may have taken the descriptor's signal of a frame
+        that arrived meanwhile."""
         if self.peer is None:
             return False
+        self.unlooked = True
         try:
             self.socket.send_multipart([self.peer, encode(msg)], zmq.NOBLOCK)
         except zmq.ZMQError:
@@ -172,44 +194,32 @@ class HostEnd:
 
 
 class Mailbox:
-    """A thread-safe queue whose `put` wakes a zmq poll loop through an inproc PUSH/PULL pair.
+    """A thread-safe queue whose `put` wakes a poll loop through an eventfd (`fd`).
 
     zmq sockets are not thread-safe, so other threads never touch the loop's sockets: they
-    enqueue here and the loop drains the queue when its `wake_socket` turns readable.
+    enqueue here and the loop drains the queue when `fd` turns readable. The loop polls `fd`
+    as a plain descriptor, beside its sockets' `zmq.FD`s.
     """
 
-    _counter = 0
-    _counter_lock = threading.Lock()
-
-    def __init__(self, ctx: zmq.Context[Any]) -> None:
-        with Mailbox._counter_lock:
-            Mailbox._counter += 1
-            name = f"inproc://mailbox-{os.getpid()}-{id(self)}-{Mailbox._counter}"
+    def __init__(self) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.wake_socket: zmq.Socket[Any] = ctx.socket(zmq.PULL)
-        self.wake_socket.setsockopt(zmq.LINGER, 0)
-        self.wake_socket.bind(name)
-        self._push: zmq.Socket[Any] = ctx.socket(zmq.PUSH)
-        self._push.setsockopt(zmq.LINGER, 0)
-        self._push.connect(name)
-        self._push_lock = threading.Lock()
+        self.fd: int = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._lock = threading.Lock()  # no write to `fd` once closed (its number may be reused)
         self._closed = False
 
     def put(self, item: Any) -> None:
         self._queue.put(item)
-        with self._push_lock:
+        with self._lock:
             if not self._closed:
-                # The wake-up is a hint; dropping it under back-pressure loses nothing.
-                with contextlib.suppress(zmq.ZMQError):
-                    self._push.send(b"", zmq.NOBLOCK)
+                # The wake-up is a hint: a counter at its maximum still wakes the loop.
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_write(self.fd, 1)
 
     def drain(self) -> list[Any]:
-        """Called by the loop thread: clear wake-ups and return every queued item in order."""
-        while True:
-            try:
-                self.wake_socket.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        """Called by the loop thread: clear the wake-up, then return every queued item in order
+        (an item put after the clear wakes the loop again)."""
+        with contextlib.suppress(BlockingIOError):
+            os.eventfd_read(self.fd)
         items: list[Any] = []
         while True:
             try:
@@ -218,10 +228,10 @@ class Mailbox:
                 return items
 
     def close(self) -> None:
-        with self._push_lock:
-            self._closed = True
-            self._push.close(0)
-        self.wake_socket.close(0)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self.fd)
 
 
 class WorkerEnd:
