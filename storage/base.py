@@ -125,8 +125,9 @@ class Database:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections: list[apsw.Connection] = []
-        self._subscribers: list[Subscriber] = []
-        self._batch_subscribers: list[BatchSubscriber] = []
+        # Replaced whole under `_lock` (never changed in place): a delivery reads them without it.
+        self._subscribers: tuple[Subscriber, ...] = ()
+        self._batch_subscribers: tuple[BatchSubscriber, ...] = ()
         self._closed = False
         # A bounded pool: a thread leases a connection for one read or write (re-entrantly, so
         # a read inside a write sees the write's own rows) and returns it; file descriptors
@@ -147,16 +148,21 @@ class Database:
         # every member durable, and only then does any of them return.
         self.write_stats = WriteStats()
         self._fifo = Baton(self.write_stats)
-        self._baton = self._fifo.lock  # also guards write_stats
+        # Also guards what two threads may touch at once: the released lazy events a group's
+        # members take, the checkpointer's counter. The other counters and the held events
+        # are moved only by the baton's holder.
+        self._baton = self._fifo.lock
         self._group: WriteGroup | None = None
-        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (guarded by the baton):
-        # a subscriber never hears of a write a power cut could still take back.
+        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (moved by the baton's
+        # holder only): a subscriber never hears of a write a power cut could still take back.
         self._held_events: list[ChangeEvent] = []
         self.write_seq = 0
         """The last `Tx.seq` given (under the baton): every write a reader can see has a seq
         at most this, read after its read (the events publisher's bound on what a read-back
         showed, docs/design/store.md "Change events that carry their row")."""
         self._writer_conn: apsw.Connection | None = None
+        # The WAL file, for the durable groups' fdatasync (`_sync_wal`); None until the first.
+        self._wal_fd: int | None = None
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
@@ -314,6 +320,7 @@ class Database:
                 conn.close()
             except apsw.Error:  # pragma: no cover - close of a busy connection
                 log.exception("closing store connection")
+        self._close_wal_fd()
         self._local = threading.local()
 
     def __enter__(self) -> Database:
@@ -327,12 +334,11 @@ class Database:
     def subscribe(self, callback: Subscriber) -> Callable[[], None]:
         """Call `callback(event)` after each COMMIT that changed something; returns unsubscribe."""
         with self._lock:
-            self._subscribers.append(callback)
+            self._subscribers = (*self._subscribers, callback)
 
         def unsubscribe() -> None:
             with self._lock:
-                if callback in self._subscribers:
-                    self._subscribers.remove(callback)
+                self._subscribers = tuple(s for s in self._subscribers if s is not callback)
 
         return unsubscribe
 
@@ -341,12 +347,13 @@ class Database:
         COMMIT's, or an `events_after` block's together): a consumer on another thread gets
         a fork's burst as one hand-over instead of waking at its first event."""
         with self._lock:
-            self._batch_subscribers.append(callback)
+            self._batch_subscribers = (*self._batch_subscribers, callback)
 
         def unsubscribe() -> None:
             with self._lock:
-                if callback in self._batch_subscribers:
-                    self._batch_subscribers.remove(callback)
+                self._batch_subscribers = tuple(
+                    s for s in self._batch_subscribers if s is not callback
+                )
 
         return unsubscribe
 
@@ -387,9 +394,8 @@ class Database:
         if held is not None:
             held.extend(events)
             return
-        with self._lock:
-            subscribers = list(self._subscribers)
-            batch_subscribers = list(self._batch_subscribers)
+        subscribers = self._subscribers
+        batch_subscribers = self._batch_subscribers
         for each in batch_subscribers:
             try:
                 each(list(events))
@@ -415,8 +421,30 @@ class Database:
             conn.set_wal_hook(self._wal_grew)
             # Big forks' commits fit in the writer's cache (docs/design/store.md).
             conn.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            # Its COMMITs do not fsync by themselves: a durable group's is followed by the
+            # WAL's own fdatasync (`_sync_wal`), a lazy group's by none. So no setting changes
+            # between groups (SQLite compiles a `PRAGMA synchronous` at every use).
+            conn.execute("PRAGMA synchronous=NORMAL")
             self._writer_conn = conn
         return self._writer_conn
+
+    def _sync_wal(self, conn: apsw.Connection) -> None:
+        """Make everything the WAL holds durable, as `synchronous=FULL` does in its COMMIT:
+        one fdatasync of the WAL file (which covers every lazy COMMIT before it: the file
+        is written in order and its frames are checksummed in a chain). The descriptor is
+        opened once, after a COMMIT (so the file exists); the writer keeps the WAL open,
+        so it is the file SQLite writes for as long as the writer lives."""
+        fd = self._wal_fd
+        if fd is None:
+            fd = os.open(conn.filename_wal, os.O_RDONLY | os.O_CLOEXEC)
+            self._wal_fd = fd
+        os.fdatasync(fd)
+
+    def _close_wal_fd(self) -> None:
+        fd, self._wal_fd = self._wal_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
         # Runs on the writer's thread after each COMMIT, with the baton held.
@@ -511,17 +539,26 @@ class Database:
                     conn.execute("ROLLBACK")
                 return
             conn.execute("COMMIT")
-            with self._baton:
-                if group.lazy:
-                    self.write_stats.lazy_commits += 1
-                    self._held_events.extend(group.held)
-                else:
-                    self.write_stats.commits += 1
-                    # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
-                    # their events may go out now, before this group's own.
-                    if self._held_events:
-                        group.released, self._held_events = self._held_events, []
-                self.write_stats.largest_group = max(self.write_stats.largest_group, group.members)
+            stats = self.write_stats  # the baton's holder is their only writer
+            if group.lazy:
+                stats.lazy_commits += 1
+                self._held_events.extend(group.held)
+            else:
+                try:
+                    self._sync_wal(conn)
+                except OSError:
+                    # The COMMIT is in the WAL but not known durable: nobody is told of it (its
+                    # members fail, retryable), as after a crash between a COMMIT and its reply.
+                    log.exception("store: the WAL's fsync after a COMMIT failed")
+                    self._close_wal_fd()
+                    raise
+                stats.commits += 1
+                # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
+                # their events may go out now, before this group's own.
+                if self._held_events:
+                    group.released, self._held_events = self._held_events, []
+            if group.members > stats.largest_group:
+                stats.largest_group = group.members
         except BaseException as exc:
             if not conn.getautocommit():
                 try:
@@ -529,44 +566,16 @@ class Database:
                 except apsw.Error:  # a failed COMMIT may already have rolled back
                     log.warning("rollback after %r failed", exc)
             group.error = exc
-            with self._baton:
-                self.write_stats.group_failures += 1
+            self.write_stats.group_failures += 1
         finally:
-            if group.lazy:
-                self._synchronous_full(conn)
             group.end()
-
-    def _synchronous_full(self, conn: apsw.Connection) -> None:
-        """The writer back to fsync'd COMMITs after a lazy group's COMMIT or rollback (the
-        setting changes only outside a transaction: one left open is rolled back first)."""
-        for _ in range(2):
-            try:
-                conn.execute("PRAGMA synchronous=FULL")
-                return
-            except apsw.Error:
-                with contextlib.suppress(apsw.Error):
-                    if not conn.getautocommit():
-                        conn.execute("ROLLBACK")
-        # Never write on with a connection left without fsync: it is closed (its lock with
-        # it) and the next write opens a fresh one.
-        log.error("store writer could not be set back to synchronous=FULL; replacing it")
-        with self._pool:
-            self._writer_conn = None
-            self._holders.pop(id(conn), None)
-            if conn in self._connections:
-                self._connections.remove(conn)
-                self._pool.notify()
-        with contextlib.suppress(apsw.Error):
-            conn.close()
 
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
         if group.lazy:
             return False  # a durable write never joins a COMMIT that is not fsync'd
-        with self._baton:
-            waiting = self._fifo.waiting
         return (
-            waiting > 0
+            self._fifo.waiting > 0
             and group.members < self.group_max_members
             and time.monotonic() - group.opened < self.group_max_age_s
         )
@@ -583,6 +592,7 @@ class Database:
                 break
             sub = self._fifo.next_submission()
             if sub is None:
+                group.keep_open()  # its members wait for the holder that ends it
                 break  # a writer of its own is next: it takes the baton and the open group
             self._run_combined(group, sub)
         self._pass_baton()
@@ -617,9 +627,8 @@ class Database:
         sub.tx = tx
         sub.group = group
         group.combined.append(sub)
-        with self._baton:
-            self.write_stats.transactions += 1
-            self.write_stats.combined += 1
+        self.write_stats.transactions += 1
+        self.write_stats.combined += 1
 
     @contextmanager
     def write(
@@ -629,8 +638,8 @@ class Database:
         optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
 
         `durable=False`, for a write whose caller makes it durable with its next write: one
-        that opens a group commits it alone with `synchronous=NORMAL` (the setting can
-        change only between transactions) — in the WAL file, so it survives a killed
+        that opens a group commits it alone without the WAL's fsync that follows a durable
+        group's COMMIT (`_sync_wal`) — in the WAL file, so it survives a killed
         process and is seen by every reader, and on the disk with the next fsync'd COMMIT
         (the WAL's frames are checksummed in a chain: a power loss keeps a prefix of the
         COMMITs, never a later one without an earlier). One that finds a group open joins
@@ -709,20 +718,15 @@ class Database:
         try:
             conn = self._writer_connection()
             if self._group is None:
-                lazy = not durable
                 try:
-                    if lazy:
-                        conn.execute("PRAGMA synchronous=NORMAL")
                     conn.execute("BEGIN IMMEDIATE")
                 except BaseException as exc:
-                    if lazy:
-                        self._synchronous_full(conn)
                     if isinstance(exc, TRANSIENT_ERRORS):
                         raise StoreBusy(
                             f"the store is busy, try again ({type(exc).__name__})"
                         ) from exc
                     raise
-                self._group = WriteGroup(lazy=lazy)
+                self._group = WriteGroup(lazy=not durable)
             group = self._group
             self.write_seq += 1
             tx = Tx(conn, workspace_id, self._clock(), self.write_seq)
@@ -750,8 +754,7 @@ class Database:
                 group.members += 1
                 if group.lazy:
                     group.held.extend(tx.events)
-                with self._baton:
-                    self.write_stats.transactions += 1
+                self.write_stats.transactions += 1
             finally:
                 self._local.conn = held
         except BaseException as exc:
@@ -767,7 +770,7 @@ class Database:
             t2 = time.perf_counter()
             self._finish_turn()
         assert group is not None and tx is not None
-        group.done.wait()
+        group.wait()
         t4 = time.perf_counter()
         _raise_if_lost(group)
         if not group.lazy:
@@ -811,16 +814,17 @@ class Database:
 
     def _take_released(self, group: WriteGroup) -> list[ChangeEvent]:
         """The lazy writes' events `group`'s fsync made durable, to the first member asking."""
+        if group.released is None:  # set before the group ended, so before any member asks
+            return []
         with self._baton:
             released, group.released = group.released, None
         return released or []
 
     def _count_batched(self, rolled_back: bool) -> None:
-        with self._baton:
-            if rolled_back:
-                self.write_stats.rolled_back += 1
-            else:
-                self.write_stats.batched += 1
+        if rolled_back:
+            self.write_stats.rolled_back += 1
+        else:
+            self.write_stats.batched += 1
 
     def _undo_member(
         self, group: WriteGroup, conn: apsw.Connection, exc: BaseException, own_savepoint: bool
@@ -828,8 +832,7 @@ class Database:
         """Roll back this member's savepoint only (the group's first member, which has none,
         rolls back the transaction it is alone in); if SQLite aborted the whole transaction
         (a full disk, an I/O error), the group is lost and every member fails."""
-        with self._baton:
-            self.write_stats.rolled_back += 1
+        self.write_stats.rolled_back += 1
         if not own_savepoint:
             with contextlib.suppress(apsw.Error):  # a failed COMMIT may already have rolled back
                 if not conn.getautocommit():
@@ -849,12 +852,7 @@ class Database:
             group.error = StoreBusy(
                 f"the store failed the write group, try again ({type(exc).__name__})"
             )
-            with self._baton:
-                self.write_stats.group_failures += 1
-        if group.lazy:
-            # No `_end_group` will run for this group: the writer goes back to fsync'd
-            # COMMITs here, or the next durable write would commit without one.
-            self._synchronous_full(conn)
+            self.write_stats.group_failures += 1
         group.end()
 
     @contextmanager

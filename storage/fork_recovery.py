@@ -4,9 +4,19 @@ to the whole store at once."""
 
 from __future__ import annotations
 
-from domain.fork_states import ACTIVE, ForkStatus, after_restart
+from domain.fork_states import ACTIVE, BARRIER_SQL, ForkStatus, after_restart
 from storage.base import Database
 from storage.models import ForkOperationChanged, LeftoverCommit, SessionChanged
+
+# Every active operation holds its barrier, so the barrier's partial index holds them all (with
+# the few `unknown` and un-ACKed committed ones); no index leads with `status` (schema v19). The
+# rule's predicate is repeated so the index may be used; the status is a literal, not bound.
+_BY_BARRIER = "fork_operations INDEXED BY fork_operations_barrier_held"
+
+
+def _leftover(status: ForkStatus) -> str:
+    """`WHERE` for the operations left in `status` (an active one) by a stop."""
+    return f"WHERE status = '{status.value}' AND {BARRIER_SQL}"
 
 
 class ForkRecovery:
@@ -23,9 +33,8 @@ class ForkRecovery:
         its key alone: a start lists thousands of them after the status changes, and the
         commit reads each row again in its own transaction, so no row is decoded here."""
         rows = self._all(
-            "SELECT workspace_id, operation_id FROM fork_operations"
-            " WHERE status = ? ORDER BY op_seq",
-            (ForkStatus.PROVIDER_ACCEPTED.value,),
+            f"SELECT workspace_id, operation_id FROM {_BY_BARRIER}"
+            f" {_leftover(ForkStatus.PROVIDER_ACCEPTED)} ORDER BY op_seq"
         )
         return [LeftoverCommit(str(ws), str(op_id)) for ws, op_id in rows]
 
@@ -49,9 +58,9 @@ class ForkRecovery:
                 else:
                     continue  # provider_accepted: its commit is not a status change
                 moved = tx.all(
-                    "UPDATE fork_operations SET status = ?, error = ?, completed_at_ms = ?"
-                    " WHERE status = ? RETURNING workspace_id, operation_id, source_session_id",
-                    (to.value, error, tx.now_ms, source.value),
+                    f"UPDATE {_BY_BARRIER} SET status = ?, error = ?, completed_at_ms = ?"
+                    f" {_leftover(source)} RETURNING workspace_id, operation_id, source_session_id",
+                    (to.value, error, tx.now_ms),
                 )
                 if to is ForkStatus.FAILED:
                     tx.executemany(

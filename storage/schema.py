@@ -580,6 +580,15 @@ CREATE TRIGGER sessions_version AFTER UPDATE ON sessions WHEN NEW.version = OLD.
 BEGIN UPDATE sessions SET version = OLD.version + 1 WHERE rowid = NEW.rowid; END;
 """
 
+# v19: one index fewer on every status change of an operation. `fork_operations_recoverable`
+# (status, op_seq) held every operation the store ever had and moved at each of a fork's three
+# status UPDATEs (and its INSERT), for two statements that run once per start: the restart
+# rule's status changes and the list of its commits. Those select only active operations, which
+# the barrier's partial index `fork_operations_barrier_held` (v16) holds already (with the
+# `unknown` and the un-ACKed committed ones: a handful per source), so they walk it instead
+# (`storage/fork_recovery.py`, `INDEXED BY` it) and sort the few rows found by `op_seq`.
+_V19 = "DROP INDEX IF EXISTS fork_operations_recoverable;"
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -599,6 +608,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V16,
     _V17,
     _V18,
+    _V19,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

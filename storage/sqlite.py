@@ -437,7 +437,17 @@ summary per store method is written there as JSON at `close()` (docs/performance
 class WriteGroup:
     """One shared write transaction: its members' savepoints, committed by one COMMIT."""
 
-    __slots__ = ("members", "opened", "done", "error", "lazy", "held", "released", "combined")
+    __slots__ = (
+        "members",
+        "opened",
+        "ended",
+        "_done",
+        "error",
+        "lazy",
+        "held",
+        "released",
+        "combined",
+    )
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
@@ -448,15 +458,36 @@ class WriteGroup:
         self.released: list[ChangeEvent] | None = None
         """Earlier lazy groups' events this group's fsync made durable (one member takes them)."""
         self.opened = time.monotonic()
-        self.done = threading.Event()
+        self.ended = False
+        """Committed or lost (`error`); set by the baton's holder that ended it."""
+        self._done: threading.Event | None = None
+        """What a member left waiting on the open group blocks on (`keep_open`); none for a
+        group its own member ended (a writer alone: nobody ever waits)."""
         self.error: BaseException | None = None
         self.combined: list[Submission] = []
         """Members a baton holder ran for their callers (`Database.submit_write`), woken at
         the group's end."""
 
+    def keep_open(self) -> None:
+        """By the baton's holder, before it hands the baton on with this group open: its
+        members wait for another holder to end it (`wait`)."""
+        if self._done is None:
+            self._done = threading.Event()
+
+    def wait(self) -> None:
+        """Return once the group is committed or lost. A member that ended the group itself
+        returns at once; one left waiting blocks on the event `keep_open` made before the
+        baton was handed on (so the holder that ends the group sees it and sets it)."""
+        if not self.ended:
+            done = self._done
+            assert done is not None, "a member waits on a group nobody kept open"
+            done.wait()
+
     def end(self) -> None:
         """The group is committed or lost (`error`): wake every member."""
-        self.done.set()
+        self.ended = True
+        if self._done is not None:
+            self._done.set()
         for sub in self.combined:
             sub.done()
         self.combined = []

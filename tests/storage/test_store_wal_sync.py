@@ -1,0 +1,203 @@
+"""Which COMMITs reach the disk before their writer returns, counted as the kernel sees them.
+
+The writer connection runs at `synchronous=NORMAL` for good and a durable group's COMMIT is
+followed by one fdatasync of the WAL file (`Database._sync_wal`); a lazy group's is followed
+by none. So no `PRAGMA synchronous` is run between groups (SQLite compiles one at every use),
+and the durability law is unchanged: a durable write returns only after an fsync of the WAL
+that holds it (and every lazy COMMIT before it), a lazy write's COMMIT syncs nothing, and a
+lazy write that fails leaves the next durable one fsync'd. A real SQLite file, the store
+driven in a child process under strace."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from domain.errors import SessionNotFound, StoreBusy
+from storage.store import Store
+from tests.storage.test_store_group_commit import WS, _sessions
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The child: each step between two markers (a write of "M:<name>" to /dev/null).
+_CHILD = textwrap.dedent(
+    """
+    import os, sys, threading
+    from storage.store import Store
+    WS = "ws"
+    mark_fd = os.open("/dev/null", os.O_WRONLY)
+
+    def mark(name):
+        os.write(mark_fd, ("M:" + name).encode())
+
+    store = Store.open(sys.argv[1])
+    for i in range(4):
+        store.sessions.create_session(WS, session_id=f"s{i}", provider="tutti-agent",
+                                      title=f"s{i}", cwd="/", settings={})
+
+    def lazy(title, fail=False, abort=False):
+        try:
+            with store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = ? WHERE session_id = 's1'", (title,))
+                if abort:  # what SQLite does on a full disk or an I/O error
+                    tx.execute("ROLLBACK")
+                if fail or abort:
+                    raise RuntimeError("deliberate")
+        except RuntimeError:
+            pass
+
+    mark("durable")
+    store.sessions.update_title(WS, "s0", "durable")
+    mark("lazy")
+    lazy("lazy")
+    mark("durable-after-lazy")
+    store.sessions.update_title(WS, "s0", "after lazy")
+    mark("failed-lazy")
+    lazy("never", fail=True)
+    mark("durable-after-failed-lazy")
+    store.sessions.update_title(WS, "s0", "after failed lazy")
+    mark("aborted-lazy")
+    lazy("never", abort=True)
+    mark("durable-after-aborted-lazy")
+    store.sessions.update_title(WS, "s0", "after aborted lazy")
+    mark("lazy-prepare-then-durable")
+    lazy("lazy 2")
+    store.sessions.update_title(WS, "s2", "durable 2")
+    mark("end")
+    store.close()
+    """
+)
+
+
+def _syncs_by_step(tmp_path: Path) -> dict[str, list[str]]:
+    db = tmp_path / "store.sqlite3"
+    trace = tmp_path / "strace.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(
+        [
+            "strace",
+            "-f",
+            "-y",
+            "-qq",
+            "-e",
+            "trace=fsync,fdatasync,write",
+            "-o",
+            str(trace),
+            sys.executable,
+            "-c",
+            _CHILD,
+            str(db),
+        ],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    steps: dict[str, list[str]] = {}
+    step: str | None = None
+    for line in trace.read_text().splitlines():
+        marker = re.search(r'write\(\d+</dev/null>, "M:([^"]+)"', line)
+        if marker is not None:
+            step = marker.group(1)
+            steps[step] = []
+            continue
+        synced = re.search(r"\b(fsync|fdatasync)\(\d+<([^>]+)>", line)
+        if step is not None and synced is not None:
+            steps[step].append(Path(synced.group(2)).name)
+    return steps
+
+
+def test_only_durable_commits_fsync_the_wal_before_their_writer_returns(tmp_path: Path) -> None:
+    # Fails, never skips, without strace: the syscalls are the point of this test.
+    assert shutil.which("strace") is not None, "strace is not installed (the test counts syscalls)"
+    steps = _syncs_by_step(tmp_path)
+    wal = "store.sqlite3-wal"
+    assert steps["durable"] == [wal]
+    assert steps["lazy"] == []
+    assert steps["durable-after-lazy"] == [wal]  # it covers the lazy COMMIT before it
+    assert steps["failed-lazy"] == []
+    assert steps["durable-after-failed-lazy"] == [wal]
+    assert steps["aborted-lazy"] == []
+    assert steps["durable-after-aborted-lazy"] == [wal]
+    assert steps["lazy-prepare-then-durable"] == [wal]
+
+
+def test_the_writer_runs_no_pragma_between_groups(tmp_path: Path) -> None:
+    """A lazy group and a durable one after it: BEGIN, the write, COMMIT each — no setting
+    changed around the lazy one (a `PRAGMA synchronous` is compiled again at every use)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        (sid,) = _sessions(store, 1)
+        conn = store.db._writer_connection()
+        assert conn.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL, for good
+        ran: list[str] = []
+
+        def trace(_cursor: object, sql: str, _bindings: object) -> bool:
+            ran.append(sql.split(None, 1)[0].upper())
+            return True
+
+        conn.exec_trace = trace
+        try:
+            with store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = 'lazy' WHERE session_id = ?", (sid,))
+            with pytest.raises(SessionNotFound), store.db.write(WS, durable=False) as tx:
+                tx.execute("UPDATE sessions SET title = 'never' WHERE session_id = ?", (sid,))
+                raise SessionNotFound("deliberate failure")
+            with store.db.write(WS) as tx:
+                tx.execute("UPDATE sessions SET title = 'durable' WHERE session_id = ?", (sid,))
+        finally:
+            conn.exec_trace = None
+        assert "PRAGMA" not in ran, ran
+        assert ran == ["BEGIN", "UPDATE", "COMMIT"] + ["BEGIN", "UPDATE", "ROLLBACK"] + [
+            "BEGIN",
+            "UPDATE",
+            "COMMIT",
+        ]
+        stats = store.db.write_stats.snapshot()
+        assert stats["lazy_commits"] >= 1
+        assert store.sessions.get_session(WS, sid).title == "durable"
+    finally:
+        store.close()
+
+
+def test_a_failed_fsync_of_the_wal_fails_the_group_and_the_next_write_syncs_again(
+    tmp_path: Path,
+) -> None:
+    """The WAL's fsync after a durable COMMIT fails (here: the descriptor is a pipe, which
+    cannot be synced): every member gets a retryable `StoreBusy` and no event (the write is
+    in the WAL but not known durable, as after a crash between a COMMIT and its reply); the
+    descriptor is dropped and the next durable write opens the WAL again and is fsync'd."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    heard: list[object] = []
+    try:
+        (sid,) = _sessions(store, 1)
+        store.db.subscribe(heard.append)
+        store.sessions.update_title(WS, sid, "first")  # the WAL's descriptor is open
+        heard.clear()
+        store.db._close_wal_fd()
+        unsyncable, other_end = os.pipe()
+        store.db._wal_fd = unsyncable
+        before = store.db.write_stats.snapshot()
+        with pytest.raises(StoreBusy):
+            store.sessions.update_title(WS, sid, "not known durable")
+        assert heard == []
+        after = store.db.write_stats.snapshot()
+        assert after["group_failures"] - before["group_failures"] == 1
+        assert after["commits"] == before["commits"]
+        assert store.db._wal_fd is None  # dropped (the pipe's end closed with it)
+        os.close(other_end)
+        store.sessions.update_title(WS, sid, "durable again")
+        assert store.db.write_stats.snapshot()["commits"] - after["commits"] == 1
+        fd = store.db._wal_fd
+        assert fd is not None
+        assert os.fstat(fd).st_ino == (tmp_path / "store.sqlite3-wal").stat().st_ino
+        assert heard != []
+    finally:
+        store.close()
