@@ -433,11 +433,29 @@ class Database:
         one fdatasync of the WAL file (which covers every lazy COMMIT before it: the file
         is written in order and its frames are checksummed in a chain). The descriptor is
         opened once, after a COMMIT (so the file exists); the writer keeps the WAL open,
-        so it is the file SQLite writes for as long as the writer lives."""
+        so it is the file SQLite writes for as long as the writer lives.
+
+        The first sync also makes the WAL's directory entry durable: SQLite creates the file
+        at the first write after an open and, at `synchronous=FULL`, fsyncs its directory at
+        the WAL's first sync; at `NORMAL` that first sync of its own waits for a checkpoint,
+        so a fresh WAL's name would not be durable before the first durable reply."""
         fd = self._wal_fd
         if fd is None:
             fd = os.open(conn.filename_wal, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                os.fdatasync(fd)
+                directory = os.open(
+                    os.path.dirname(conn.filename_wal) or ".", os.O_RDONLY | os.O_CLOEXEC
+                )
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
+            except OSError:
+                os.close(fd)
+                raise
             self._wal_fd = fd
+            return
         os.fdatasync(fd)
 
     def _close_wal_fd(self) -> None:

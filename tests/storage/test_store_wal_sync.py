@@ -41,6 +41,10 @@ _CHILD = textwrap.dedent(
     for i in range(4):
         store.sessions.create_session(WS, session_id=f"s{i}", provider="tutti-agent",
                                       title=f"s{i}", cwd="/", settings={})
+    store.close()  # the last connection: SQLite removes the WAL file
+    mark("reopen")
+    store = Store.open(sys.argv[1])
+    store.sessions.update_title(WS, "s3", "reopened")
 
     def lazy(title, fail=False, abort=False):
         try:
@@ -127,6 +131,24 @@ def test_only_durable_commits_fsync_the_wal_before_their_writer_returns(tmp_path
     assert steps["aborted-lazy"] == []
     assert steps["durable-after-aborted-lazy"] == [wal]
     assert steps["lazy-prepare-then-durable"] == [wal]
+
+
+def test_the_first_durable_write_makes_the_wals_name_durable_once(tmp_path: Path) -> None:
+    """A store reopened (its WAL removed at the last close, made again at the open): the
+    fresh WAL's directory entry is made durable before the first durable write returns, and
+    by nothing later. SQLite does it at a connection's first sync of a WAL it created, which
+    the writer at `synchronous=NORMAL` reaches only at a checkpoint; the store's own first
+    fdatasync of the WAL is followed by an fsync of its directory (the open's own writes at
+    `FULL` on another connection do it today too: this pins the law, whichever does it)."""
+    assert shutil.which("strace") is not None, "strace is not installed (the test counts syscalls)"
+    steps = _syncs_by_step(tmp_path)
+    wal, directory = "store.sqlite3-wal", tmp_path.name
+    reopened = steps["reopen"]
+    assert directory in reopened, reopened
+    at = reopened.index(directory)
+    assert at > 0 and reopened[at - 1] == wal, reopened  # right after the WAL's fdatasync
+    later = [s for name, synced in steps.items() if name != "reopen" for s in synced]
+    assert directory not in later, steps
 
 
 def test_the_writer_runs_no_pragma_between_groups(tmp_path: Path) -> None:
