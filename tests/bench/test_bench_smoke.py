@@ -439,10 +439,10 @@ def test_a_cache_of_the_previous_schema_is_reused_and_migrated_on_each_copy(
     tmp_path: Path,
 ) -> None:
     """A schema bump does not regenerate the store of months (~17 min at full size): a cache
-    generated at the previous schema version is used as it is, and the daemon's own (additive)
-    migration upgrades each run's working copy. The cache here is made the previous version's by
-    dropping what the newest migration adds, restoring the previous text of what it edits, and
-    setting its `user_version` back."""
+    generated at the previous schema version is used as it is, and the daemon's own migration
+    upgrades each run's working copy. The cache here is made the previous version's by dropping
+    what the newest migration adds, restoring the previous text of what it edits, re-creating
+    what it drops, and setting its `user_version` back."""
     env = dict(os.environ, AGENTHOST_BENCH_CACHE=str(tmp_path / "cache"))
 
     def months(*args: str) -> subprocess.CompletedProcess[str]:
@@ -478,11 +478,18 @@ def test_a_cache_of_the_previous_schema_is_reused_and_migrated_on_each_copy(
         for n, (_, sql) in objects[SCHEMA_VERSION].items()
         if n in objects[previous] and objects[previous][n][1] != sql
     }
-    assert added or edited, "the newest migration adds or edits no object: age the cache otherwise"
+    dropped = {
+        n: sql for n, (_, sql) in objects[previous].items() if n not in objects[SCHEMA_VERSION]
+    }
+    assert added or edited or dropped, (
+        "the newest migration adds, edits or drops no object: age the cache otherwise"
+    )
     conn = apsw.Connection(str(cached / "store.sqlite3"))
     for kind in ("trigger", "index", "table"):
         for name in (n for n, k in added.items() if k == kind):
             conn.execute(f'DROP {kind.upper()} IF EXISTS "{name}"')
+    for sql in dropped.values():
+        conn.execute(sql)
     if edited:
         (schema_version,) = conn.execute("PRAGMA schema_version").fetchone()
         conn.execute("PRAGMA writable_schema = ON")
