@@ -5,9 +5,13 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import apsw
+
 from storage.models import Turn
+from storage.schema import SCHEMA_VERSION, migrate
 from storage.store import Store
 
 WS = "ws-test"
@@ -95,4 +99,36 @@ def fork_evidence(op: Any) -> Any:
         binding_mode=op.binding_mode,
         receipt={"forkedFromId": op.source_provider_session_id, "sha256": "ab"},
         turn_bindings=None,
+    )
+
+
+def operations_only(path: Path, version: int = SCHEMA_VERSION) -> apsw.Connection:
+    """A store file at `version` that takes `fork_operations` rows with no Sessions."""
+    conn = apsw.Connection(str(path))
+    migrate(conn, version)
+    conn.execute("PRAGMA foreign_keys = OFF")  # operation rows alone, no Sessions
+    return conn
+
+
+def bare_operation(
+    conn: apsw.Connection,
+    n: int,
+    status: str,
+    observed: int | None = None,
+    *,
+    ws: str,
+    source: str,
+    turn_id: str | None = None,
+) -> None:
+    """Operation `op-{n}` of `source` through `turn_id` (`turn-{n}` unless given), at
+    `status`, its result observed at `observed` (ms) or not."""
+    conn.execute(
+        "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
+        " source_session_id, target_session_id, point_kind, source_turn_id,"
+        " source_provider_session_id, source_provider_turn_id, source_provider_turn_ids,"
+        " target_title, driver_kind, driver_version, binding_mode, snapshot_hash, status,"
+        " created_at_ms, client_observed_at_ms)"
+        " VALUES (?, ?, ?, 'h', ?, ?, 'throughTurn', ?, 'p', 'pt', '[]', 't', 'd', '1',"
+        " 'host_copy', 's', ?, 0, ?)",
+        (ws, f"op-{n}", f"req-{n}", source, f"child-{n}", turn_id or f"turn-{n}", status, observed),
     )

@@ -11,33 +11,13 @@ import apsw
 from domain.fork_states import BARRIER_SQL
 from storage.fork_prepare import BARRIER_HOLDERS_SQL, barrier_holder
 from storage.rows import BARRIER_OPS_SQL
-from storage.schema import SCHEMA_VERSION, migrate
+from tests.storage.store_builders import bare_operation, operations_only
 
 WS, SRC = "ws", "src"
 
 
 def _plan(conn: apsw.Connection, sql: str, params: tuple[str, ...]) -> str:
     return " | ".join(str(row[-1]) for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
-
-
-def _store(tmp_path: Path) -> apsw.Connection:
-    conn = apsw.Connection(str(tmp_path / "store.sqlite3"))
-    migrate(conn, SCHEMA_VERSION)
-    conn.execute("PRAGMA foreign_keys = OFF")  # operation rows alone, no Sessions
-    return conn
-
-
-def _op(conn: apsw.Connection, n: int, status: str, observed: int | None = None) -> None:
-    conn.execute(
-        "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
-        " source_session_id, target_session_id, point_kind, source_turn_id,"
-        " source_provider_session_id, source_provider_turn_id, source_provider_turn_ids,"
-        " target_title, driver_kind, driver_version, binding_mode, snapshot_hash, status,"
-        " created_at_ms, client_observed_at_ms)"
-        " VALUES (?, ?, ?, 'h', ?, ?, 'throughTurn', 'turn-1', 'p', 'pt', '[]', 't', 'd', '1',"
-        " 'host_copy', 's', ?, 0, ?)",
-        (WS, f"op-{n}", f"req-{n}", SRC, f"child-{n}", status, observed),
-    )
 
 
 def test_the_index_is_the_barrier_rule() -> None:
@@ -49,7 +29,7 @@ def test_the_index_is_the_barrier_rule() -> None:
 
 
 def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
-    conn = _store(tmp_path)
+    conn = operations_only(tmp_path / "store.sqlite3")
     for n in range(500):  # a source forked and ACKed 500 times: none holds the barrier
         _op(conn, n, "committed", observed=1)
     _op(conn, 500, "failed")
@@ -74,8 +54,12 @@ def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
 
 
 def test_the_old_barrier_index_is_gone(tmp_path: Path) -> None:
-    conn = _store(tmp_path)
+    conn = operations_only(tmp_path / "store.sqlite3")
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert "fork_operations_barrier_held" in names
     assert "fork_operations_barrier" not in names
     conn.close()
+
+
+def _op(conn: apsw.Connection, n: int, status: str, observed: int | None = None) -> None:
+    bare_operation(conn, n, status, observed, ws=WS, source=SRC, turn_id="turn-1")

@@ -13,30 +13,10 @@ import apsw
 
 from domain.fork_states import ForkStatus
 from storage.fork_recovery import _BY_BARRIER, _leftover
-from storage.schema import SCHEMA_VERSION, migrate
 from storage.store import Store
+from tests.storage.store_builders import bare_operation, operations_only
 
 WS, SRC = "ws", "src"
-
-
-def _conn(tmp_path: Path, version: int = SCHEMA_VERSION) -> apsw.Connection:
-    conn = apsw.Connection(str(tmp_path / "store.sqlite3"))
-    migrate(conn, version)
-    conn.execute("PRAGMA foreign_keys = OFF")  # operation rows alone, no Sessions
-    return conn
-
-
-def _op(conn: apsw.Connection, n: int, status: str, observed: int | None = None) -> None:
-    conn.execute(
-        "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
-        " source_session_id, target_session_id, point_kind, source_turn_id,"
-        " source_provider_session_id, source_provider_turn_id, source_provider_turn_ids,"
-        " target_title, driver_kind, driver_version, binding_mode, snapshot_hash, status,"
-        " created_at_ms, client_observed_at_ms)"
-        " VALUES (?, ?, ?, 'h', ?, ?, 'throughTurn', ?, 'p', 'pt', '[]', 't', 'd', '1',"
-        " 'host_copy', 's', ?, 0, ?)",
-        (WS, f"op-{n}", f"req-{n}", SRC, f"child-{n}", f"turn-{n}", status, observed),
-    )
 
 
 def _status_indexes(conn: apsw.Connection) -> set[str]:
@@ -57,7 +37,7 @@ def _plan(conn: apsw.Connection, sql: str, params: tuple[object, ...] = ()) -> s
 
 
 def test_a_status_change_moves_only_the_indexes_a_query_reads(tmp_path: Path) -> None:
-    conn = _conn(tmp_path)
+    conn = operations_only(tmp_path / "store.sqlite3")
     assert _status_indexes(conn) == {
         "fork_operations_by_source",
         "fork_operations_barrier_held",
@@ -67,7 +47,7 @@ def test_a_status_change_moves_only_the_indexes_a_query_reads(tmp_path: Path) ->
 
 
 def test_recovery_walks_the_barrier_index_not_the_table(tmp_path: Path) -> None:
-    conn = _conn(tmp_path)
+    conn = operations_only(tmp_path / "store.sqlite3")
     for n in range(300):  # forks committed and ACKed long ago: no barrier, not recovered
         _op(conn, n, "committed", observed=1)
     conn.execute("ANALYZE")
@@ -87,7 +67,7 @@ def test_recovery_walks_the_barrier_index_not_the_table(tmp_path: Path) -> None:
 
 
 def test_a_v18_store_migrates_and_recovers_in_op_seq_order(tmp_path: Path) -> None:
-    conn = _conn(tmp_path, 18)
+    conn = operations_only(tmp_path / "store.sqlite3", 18)
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert "fork_operations_recoverable" in names
     statuses = ["committed", "provider_accepted", "prepared", "dispatching", "unknown"]
@@ -113,3 +93,7 @@ def test_a_v18_store_migrates_and_recovers_in_op_seq_order(tmp_path: Path) -> No
             assert rows[f"op-{n}"] == now, n
     finally:
         store.close()
+
+
+def _op(conn: apsw.Connection, n: int, status: str, observed: int | None = None) -> None:
+    bare_operation(conn, n, status, observed, ws=WS, source=SRC)
