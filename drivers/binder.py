@@ -28,6 +28,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -638,8 +639,7 @@ class _Round:
         self._left = count
         self._lock = threading.Lock()
         self._done = threading.Lock()
-        if count > 0:
-            self._done.acquire()  # released by the last sync's end
+        self._done.acquire()
         self._error: BaseException | None = None
 
     def run(self, call: Callable[[], None]) -> None:
@@ -804,25 +804,23 @@ def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
 class NamesSyncing:
     """The last round of `begin_atomic_write_all` — the renamed files' directories fsynced
     together — running in the background: `wait()` returns once every name is durable, or
-    raises the round's first error (the caller then fails closed).
-
-    Each directory's fsync is a call of its own on the sync threads (`_Round`, as the other
-    rounds' fsyncs beyond their first): no call of the round waits for another, so the
-    round never holds a sync thread while its own syncs queue behind it, and no executor,
-    work item or `Future` is made per fork."""
+    raises the round's first error (the caller then fails closed)."""
 
     def __init__(self, directories: Iterable[str]) -> None:
+        global _names_pool
         unique = list(dict.fromkeys(directories))
-        if _sync_threads < _SYNC_THREADS:
-            _start_sync_threads()
-        self._round = _Round(len(unique))
-        for directory in unique:
-            _sync_queue.put((self._round, partial(fsync_dir, directory)))
+        with _sync_pool_lock:
+            if _names_pool is None:
+                # Not the fsync pool: the round submits its syncs there.
+                _names_pool = ThreadPoolExecutor(4, thread_name_prefix="names-sync")
+            pool = _names_pool
+        self._future = pool.submit(fsync_dirs, unique)
 
     def wait(self) -> None:
-        error = self._round.wait()
-        if error is not None:
-            raise error
+        self._future.result()
+
+
+_names_pool: ThreadPoolExecutor | None = None
 
 
 def begin_atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> NamesSyncing:
