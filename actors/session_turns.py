@@ -130,30 +130,13 @@ class TurnRunner:
         except BaseException:
             self._discard_before(early)
             raise
+        msg.reply(turn)
         if not created:
-            msg.reply(turn)
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
             return
-        try:
-            self._begin(msg, turn, read, early)
-        finally:
-            # Answered once the Turn is on its way (its `turn.start` handed to the worker, or
-            # waiting for its capture or its runtime), whatever the start met: the claim is
-            # durable, and the answer's projection and hand-off to the transport do not stand
-            # between the claim's COMMIT and the provider.
-            msg.reply(turn)
-
-    def _begin(
-        self,
-        msg: Submit,
-        turn: Turn,
-        read: tuple[Session, bool] | None,
-        early: tuple[str, str, Future[Capture]] | None,
-    ) -> None:
-        """Start the Turn `msg`'s claim created: its `before` capture, then its `turn.start`
-        on the warm runtime, or the runtime's preparation first."""
         state = TurnState(turn.turn_id, image=turn, image_losses=self._writes.losses)
         self._turns[turn.turn_id] = state
+        self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
         session, unbound = read if read is not None else (self._core.session(), None)
         # The runtime's preparation runs while the capture finishes; the start waits for it,
         # within its bound. A capture not begun beside the claim begins now.
@@ -167,19 +150,14 @@ class TurnRunner:
         # closure that names itself (a retry, a deferral) is a reference cycle, and this one
         # would hold the Turn's state, its captures and the `Submit` for the collector.
         started = time.monotonic()
-        try:
-            # The runtime the last `session.start` reported is still live and
-            # unchanged: no `session.start` round trip before this Turn.
-            warm = self._runtime.warm_turn_runtime(session, unbound=unbound)
-            if warm is None:
-                self._prepare(state, msg.text, session, started)
-            else:
-                self._core.ctx.failpoints.hit("host.turn.before_warm_start")
-                self._start(state, msg.text, session, started, warm, True)
-        finally:
-            # Armed once the start is on its way (arming it may wake the timer thread).
-            if not state.settling:
-                self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
+        # The runtime the last `session.start` reported is still live and
+        # unchanged: no `session.start` round trip before this Turn.
+        warm = self._runtime.warm_turn_runtime(session, unbound=unbound)
+        if warm is None:
+            self._prepare(state, msg.text, session, started)
+            return
+        self._core.ctx.failpoints.hit("host.turn.before_warm_start")
+        self._start(state, msg.text, session, started, warm, True)
 
     def _start(
         self,

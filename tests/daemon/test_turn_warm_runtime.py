@@ -17,18 +17,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import apsw
 import pytest
 
 from actors.context import runtime_key
-from actors.messages import Mutate, Submit
+from actors.messages import Mutate
 from actors.turn_writes import TurnWrites
 from agenthost.daemon import Daemon
 from domain.errors import Conflict
 from domain.worker_messages import HistoryRequest
-from storage.models import Turn
 from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (
@@ -94,10 +92,7 @@ def test_a_warm_turn_whose_runtime_was_replaced_is_refused_then_started_once(
     sid = _warm_session(c)
     sent = _Sent(daemon)
     c.call("debug.failpoints", {"points": {"host.turn.before_warm_start": "once:sleep:1500"}})
-    # Submitted on the actor's inbox: the submit is answered once its `turn.start` is on its
-    # way, after the failpoint's sleep.
-    answers: list[Any] = []
-    assert daemon.routes.tell(WS, sid, Submit("only once", "only once", answers.append))
+    turn_id = submit(c, sid, "only once")["turnId"]
     # The runtime dies while the warm `turn.start` is held at the failpoint (its `once:`
     # marker is written when it fires, before the sleep).
     fired = daemon.config.run_dir / "failpoints-host" / "fired.host.turn.before_warm_start"
@@ -106,9 +101,6 @@ def test_a_warm_turn_whose_runtime_was_replaced_is_refused_then_started_once(
     assert pids
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: answers, 10)
-    assert isinstance(answers[0], Turn), answers
-    turn_id = answers[0].turn_id
     turn = settle(c, sid, turn_id)
     assert turn["outcome"] == "completed", turn
     requests = sent.take()
@@ -292,51 +284,3 @@ def test_a_settings_change_between_turns_is_not_answered_from_the_row_cache(
     assert run_turn(c, sid, "warm again")["outcome"] == "completed"
     requests = sent.take()
     assert requests["session.start"] == 0, requests
-
-
-def test_a_submit_is_answered_once_its_turn_start_is_handed_to_the_worker(
-    running: tuple[Daemon, Client],
-) -> None:
-    """The claim is durable before either, and the provider's `turn.start` goes first: the
-    submit's answer (its projection, its hand-off to the transport) is not on the way from
-    the claim's COMMIT to the provider. The answer is the claimed Turn even when the start
-    fails on the actor's thread (an armed failpoint's error before the warm start)."""
-    daemon, c = running
-    sid = _warm_session(c)
-    order: list[str] = []
-    lock = threading.Lock()
-    port = daemon.ctx.workers
-    real = port.send  # type: ignore[attr-defined]  # every typed call
-
-    def request(provider: str, method: str, params: Any, timeout: float) -> Any:
-        if method == "turn.start":
-            with lock:
-                order.append("turn.start")
-        return real(provider, method, params, timeout)
-
-    port.send = request  # type: ignore[attr-defined]
-    answers: list[Any] = []
-    answered = threading.Event()
-
-    def reply(outcome: Any) -> None:
-        with lock:
-            order.append("answer")
-            answers.append(outcome)
-        answered.set()
-
-    # The claim waits until the `before` capture, begun ahead of it, has answered: the start
-    # then goes on at once (a capture still running would hold it, not the answer).
-    c.call("debug.failpoints", {"points": {"host.turn.before_claim": "once:sleep:500"}})
-    assert daemon.routes.tell(WS, sid, Submit("ordered", "ordered", reply))
-    assert answered.wait(10)
-    turn = answers[0]
-    assert isinstance(turn, Turn) and turn.phase == "active", answers
-    assert order == ["turn.start", "answer"], order
-    assert settle(c, sid, turn.turn_id)["outcome"] == "completed"
-
-    c.call("debug.failpoints", {"points": {"host.turn.before_warm_start": "once:error"}})
-    answered.clear()
-    assert daemon.routes.tell(WS, sid, Submit("refused start", "refused start", reply))
-    assert answered.wait(10)
-    assert isinstance(answers[-1], Turn), answers[-1]
-    assert answers[-1].turn_id != turn.turn_id
