@@ -674,14 +674,10 @@ class ApiServer:
         return self.publish_many([(topic, event)])
 
     def publish_many(self, events: Sequence[tuple[str, Event]]) -> bool:
-        """Publish several events, in order (see `publish`): sent on the XPUBs by the calling
-        thread when the loop's outbox holds no event, else with one hand-over to the loop
-        (`publish_now`). The daemon's one publishing thread (the events publisher, which
-        hands over a delta only with nothing of its own in hand) so spares a settled Turn's
-        event the loop's wake-up."""
+        """Publish several events, in order, with one hand-over to the loop (see `publish`)."""
         if not events:
             return True
-        return self.publish_now(
+        return self.publish_frames(
             [(topic.encode("utf-8"), encode_event(event)) for topic, event in events]
         )
 

@@ -12,7 +12,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import msgpack
 import pytest
 import zmq
 
@@ -154,29 +153,3 @@ def test_a_subscription_whose_signal_a_send_now_took_is_still_read(
     assert api.publish_now([(b"late", b"heard")])
     assert _heard(late, 1) == [b"heard"]
     assert _heard(first, 10) == [b"takes the signal"] * 10
-
-
-def test_events_published_with_the_outbox_empty_leave_on_the_callers_thread(
-    server: tuple[ApiServer, Holding], ctx: zmq.Context[Any]
-) -> None:
-    """`publish_many` (the events publisher's hand-over: a settled Turn's `turn.updated`)
-    goes the way `publish_now` does: straight onto the XPUBs when the outbox holds no event,
-    so it wakes no transport loop; behind an event still in the outbox otherwise."""
-    api, dispatcher = server
-    sub = _subscriber(ctx, api, "ws")
-    wait_for(lambda: api.wants("ws"))
-    time.sleep(0.2)  # the loop's look at the subscription is over: it sleeps in its poll
-    woken = api.wakeups
-    for n in range(20):
-        assert api.publish_many([("ws", {"type": "turn.updated", "n": n})])
-        time.sleep(0.002)
-    assert [msgpack.unpackb(b)["n"] for b in _heard(sub, 20)] == list(range(20))
-    assert api.events_now == 20
-    assert api.wakeups - woken < 10
-    holder = _hold_the_loop(api, dispatcher)
-    assert api.publish_frames([(b"ws", msgpack.packb({"n": "first"}))])
-    assert api.publish_many([("ws", {"type": "turn.updated", "n": "second"})])
-    assert api.events_now == 20  # not sent past the event still in the outbox
-    dispatcher.release.set()
-    holder.join(10)
-    assert [msgpack.unpackb(b)["n"] for b in _heard(sub, 2)] == ["first", "second"]
