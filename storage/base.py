@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,6 +42,7 @@ from storage.sqlite import (
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     RESTART_BUSY_MS,
+    SYNC_TRACE_ENV,
     TIMING_ENV,
     TRANSIENT_ERRORS,
     WAL_BOUND_PAGES,
@@ -48,6 +50,7 @@ from storage.sqlite import (
     BusyWaits,
     Row,
     Submission,
+    SyncTrace,
     Tx,
     WriteBatch,
     WriteGroup,
@@ -153,8 +156,8 @@ class Database:
         # are moved only by the baton's holder.
         self._baton = self._fifo.lock
         self._group: WriteGroup | None = None
-        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (moved by the baton's
-        # holder only): a subscriber never hears of a write a power cut could still take back.
+        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (under `_held_lock`): a
+        # subscriber never hears of a write a power cut could still take back.
         self._held_events: list[ChangeEvent] = []
         self.write_seq = 0
         """The last `Tx.seq` given (under the baton): every write a reader can see has a seq
@@ -163,6 +166,18 @@ class Database:
         self._writer_conn: apsw.Connection | None = None
         # The WAL file, for the durable groups' fdatasync (`_sync_wal`); None until the first.
         self._wal_fd: int | None = None
+        self._wal_path: str | None = None
+        # Durable groups whose COMMIT returned and whose WAL fsync has not yet (appended by the
+        # baton's holder, in commit order, before `_committed_no` names them); their fsync
+        # runs after the baton is handed on (`_sync_pending`), one at a time under
+        # `_sync_lock`, each covering every group committed before it began.
+        self._unsynced: deque[WriteGroup] = deque()
+        self._committed_no = 0
+        self._sync_lock = threading.Lock()
+        # Guards the held lazy events between the baton's holder and a failed fsync's thread.
+        self._held_lock = threading.Lock()
+        trace = os.environ.get(SYNC_TRACE_ENV)
+        self._trace = SyncTrace(trace) if trace else None
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
@@ -321,6 +336,8 @@ class Database:
             except apsw.Error:  # pragma: no cover - close of a busy connection
                 log.exception("closing store connection")
         self._close_wal_fd()
+        if self._trace is not None:
+            self._trace.close()
         self._local = threading.local()
 
     def __enter__(self) -> Database:
@@ -425,10 +442,13 @@ class Database:
             # WAL's own fdatasync (`_sync_wal`), a lazy group's by none. So no setting changes
             # between groups (SQLite compiles a `PRAGMA synchronous` at every use).
             conn.execute("PRAGMA synchronous=NORMAL")
+            # Read once here: the fsync runs off the baton, while another thread may be using
+            # the connection (apsw refuses a connection used by two threads at once).
+            self._wal_path = conn.filename_wal
             self._writer_conn = conn
         return self._writer_conn
 
-    def _sync_wal(self, conn: apsw.Connection) -> None:
+    def _sync_wal(self) -> None:
         """Make everything the WAL holds durable, as `synchronous=FULL` does in its COMMIT:
         one fdatasync of the WAL file (which covers every lazy COMMIT before it: the file
         is written in order and its frames are checksummed in a chain). The descriptor is
@@ -441,12 +461,12 @@ class Database:
         so a fresh WAL's name would not be durable before the first durable reply."""
         fd = self._wal_fd
         if fd is None:
-            fd = os.open(conn.filename_wal, os.O_RDONLY | os.O_CLOEXEC)
+            wal = self._wal_path
+            assert wal is not None, "a durable COMMIT before the writer connection"
+            fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 os.fdatasync(fd)
-                directory = os.open(
-                    os.path.dirname(conn.filename_wal) or ".", os.O_RDONLY | os.O_CLOEXEC
-                )
+                directory = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_CLOEXEC)
                 try:
                     os.fsync(directory)
                 finally:
@@ -528,6 +548,7 @@ class Database:
             writer = self._writer_conn
             if group is not None and writer is not None:
                 self._end_group(group, writer)
+            self._sync_pending()  # its members' fsync, before the log starts again
             if self._restart_pass(conn):
                 with self._baton:
                     self.write_stats.wal_restarts += 1
@@ -549,34 +570,38 @@ class Database:
         self._fifo.pass_on()
 
     def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
-        """COMMIT (or, with no member, roll back) the open group and wake its members."""
+        """COMMIT (or, with no member, roll back) the open group. A lazy group's members are
+        woken now; a durable group's once the WAL's fsync after this COMMIT returned, which
+        the committing thread runs after handing the baton on (`_sync_pending`)."""
         self._group = None
         try:
             if group.members == 0:
                 if not conn.getautocommit():
                     conn.execute("ROLLBACK")
+                group.end()
                 return
             conn.execute("COMMIT")
             stats = self.write_stats  # the baton's holder is their only writer
-            if group.lazy:
-                stats.lazy_commits += 1
-                self._held_events.extend(group.held)
-            else:
-                try:
-                    self._sync_wal(conn)
-                except OSError:
-                    # The COMMIT is in the WAL but not known durable: nobody is told of it (its
-                    # members fail, retryable), as after a crash between a COMMIT and its reply.
-                    log.exception("store: the WAL's fsync after a COMMIT failed")
-                    self._close_wal_fd()
-                    raise
-                stats.commits += 1
-                # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
-                # their events may go out now, before this group's own.
-                if self._held_events:
-                    group.released, self._held_events = self._held_events, []
             if group.members > stats.largest_group:
                 stats.largest_group = group.members
+            if group.lazy:
+                stats.lazy_commits += 1
+                with self._held_lock:
+                    self._held_events.extend(group.held)
+                group.end()
+                return
+            # The fsync that makes this group durable covers every earlier lazy COMMIT (the
+            # WAL's checksum chain): their events go out with this group's, before its own.
+            with self._held_lock:
+                if self._held_events:
+                    group.released, self._held_events = self._held_events, []
+            group.commit_no = self._committed_no + 1
+            # Queued (and traced) before `_committed_no` names it: a sync that reads the number
+            # finds the group to wake.
+            self._unsynced.append(group)
+            if self._trace is not None:
+                self._trace.add("c", group.commit_no)
+            self._committed_no = group.commit_no
         except BaseException as exc:
             if not conn.getautocommit():
                 try:
@@ -585,8 +610,57 @@ class Database:
                     log.warning("rollback after %r failed", exc)
             group.error = exc
             self.write_stats.group_failures += 1
-        finally:
             group.end()
+
+    def _sync_pending(self) -> None:
+        """Make every durable group committed so far durable and wake its members, in commit
+        order: one fdatasync of the WAL, begun after their COMMITs returned (so it covers
+        them), run by a thread that committed one after it handed the baton on — the next
+        group's writes go on meanwhile. One sync at a time: a thread that finds its group
+        covered by the sync before it returns at once. A failed fsync fails every group it
+        was to cover (retryable `StoreBusy`, no event) and drops the descriptor."""
+        if not self._unsynced:
+            return
+        with self._sync_lock:
+            if not self._unsynced:
+                return
+            target = self._committed_no
+            trace = self._trace
+            if trace is not None:
+                trace.add("s", target)
+            failure: OSError | None = None
+            try:
+                self._sync_wal()
+            except OSError as exc:
+                # The COMMITs are in the WAL but not known durable: nobody is told of them
+                # (their members fail, retryable), as after a crash between a COMMIT and its
+                # reply.
+                log.exception("store: the WAL's fsync after a COMMIT failed")
+                self._close_wal_fd()
+                failure = exc
+            if trace is not None:
+                trace.add("f" if failure is not None else "d", target)
+            unsynced = self._unsynced
+            back: list[ChangeEvent] = []
+            while unsynced and unsynced[0].commit_no <= target:
+                group = unsynced[0]
+                if failure is None:
+                    self.write_stats.commits += 1  # moved under `_sync_lock` only
+                else:
+                    back.extend(group.released or ())
+                    group.released = None
+                    group.error = failure
+                    with self._baton:
+                        self.write_stats.group_failures += 1
+                if trace is not None:
+                    trace.add("x" if failure is not None else "w", group.commit_no)
+                group.end()
+                # Left the queue only once ended: a thread that finds the queue empty knows
+                # the group it committed is ended (it never waits on a group nobody ends).
+                unsynced.popleft()
+            if back:
+                with self._held_lock:  # the lazy writes' events wait for the next fsync
+                    self._held_events[:0] = back
 
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
@@ -787,6 +861,7 @@ class Database:
         finally:
             t2 = time.perf_counter()
             self._finish_turn()
+            self._sync_pending()  # the group this turn committed, with the baton handed on
         assert group is not None and tx is not None
         group.wait()
         t4 = time.perf_counter()
