@@ -129,8 +129,8 @@ def report(folder: Path) -> list[str]:
         if synced:
             slat = Latency.of(x[1] for x in synced)
             lines.append(
-                f"WAL fsyncs after the baton was handed on, phase A: {len(synced)} calls"
-                f" (a call that found its group synced included), p50 / p99"
+                f"a group's wait for its WAL fsync after the baton was handed on, phase A:"
+                f" {len(synced)} groups (one covered by another's sync included), p50 / p99"
                 f" {slat.p50:.2f} / {slat.p99:.2f} ms"
             )
         cpu: list[list[Any]] = []

@@ -167,13 +167,20 @@ class Database:
         # The WAL file, for the durable groups' fdatasync (`_sync_wal`); None until the first.
         self._wal_fd: int | None = None
         self._wal_path: str | None = None
-        # Durable groups whose COMMIT returned and whose WAL fsync has not yet (appended by the
-        # baton's holder, in commit order, before `_committed_no` names them); their fsync
-        # runs after the baton is handed on (`_sync_pending`), one at a time under
-        # `_sync_lock`, each covering every group committed before it began.
+        # Durable groups whose COMMIT returned and that are not yet woken (appended by the
+        # baton's holder, in commit order, before `_committed_no` names them). Each one's
+        # committing thread runs a WAL fsync after handing the baton on (`_sync_group`; several
+        # may run at once, the kernel joins them), covering every group committed before it
+        # began; `_durable_no` is the highest group so covered, and groups are woken in order
+        # under `_wake_lock`.
         self._unsynced: deque[WriteGroup] = deque()
         self._committed_no = 0
-        self._sync_lock = threading.Lock()
+        self._durable_no = 0
+        self._wake_lock = threading.Lock()
+        # Guards the WAL descriptor's opening and retirement (a failed one is kept open until
+        # `close()`: a sync still running on its number never reaches another file).
+        self._wal_fd_lock = threading.Lock()
+        self._retired_fds: list[int] = []
         # Guards the held lazy events between the baton's holder and a failed fsync's thread.
         self._held_lock = threading.Lock()
         trace = os.environ.get(SYNC_TRACE_ENV)
@@ -461,28 +468,44 @@ class Database:
         so a fresh WAL's name would not be durable before the first durable reply."""
         fd = self._wal_fd
         if fd is None:
-            wal = self._wal_path
-            assert wal is not None, "a durable COMMIT before the writer connection"
-            fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+            with self._wal_fd_lock:
+                if self._wal_fd is None:
+                    self._wal_fd = self._open_wal()
+                    return
+                fd = self._wal_fd
+        try:
+            os.fdatasync(fd)
+        except OSError:
+            with self._wal_fd_lock:  # dropped: the next sync opens the WAL again
+                if self._wal_fd == fd:
+                    self._wal_fd = None
+                    self._retired_fds.append(fd)
+            raise
+
+    def _open_wal(self) -> int:
+        """A descriptor of the WAL, synced, with its directory entry synced after it."""
+        wal = self._wal_path
+        assert wal is not None, "a durable COMMIT before the writer connection"
+        fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fdatasync(fd)
+            directory = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_CLOEXEC)
             try:
-                os.fdatasync(fd)
-                directory = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fsync(directory)
-                finally:
-                    os.close(directory)
-            except OSError:
-                os.close(fd)
-                raise
-            self._wal_fd = fd
-            return
-        os.fdatasync(fd)
+                os.fsync(directory)
+            finally:
+                os.close(directory)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd
 
     def _close_wal_fd(self) -> None:
-        fd, self._wal_fd = self._wal_fd, None
-        if fd is not None:
+        with self._wal_fd_lock:
+            fd, self._wal_fd = self._wal_fd, None
+            retired, self._retired_fds = self._retired_fds, []
+        for each in (*retired, *(() if fd is None else (fd,))):
             with contextlib.suppress(OSError):
-                os.close(fd)
+                os.close(each)
 
     def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
         # Runs on the writer's thread after each COMMIT, with the baton held.
@@ -548,7 +571,8 @@ class Database:
             writer = self._writer_conn
             if group is not None and writer is not None:
                 self._end_group(group, writer)
-            self._sync_pending()  # its members' fsync, before the log starts again
+            if group is not None:
+                self._sync_group(group)  # its members' fsync, before the log starts again
             if self._restart_pass(conn):
                 with self._baton:
                     self.write_stats.wal_restarts += 1
@@ -572,7 +596,7 @@ class Database:
     def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
         """COMMIT (or, with no member, roll back) the open group. A lazy group's members are
         woken now; a durable group's once the WAL's fsync after this COMMIT returned, which
-        the committing thread runs after handing the baton on (`_sync_pending`)."""
+        the committing thread runs after handing the baton on (`_sync_group`)."""
         self._group = None
         try:
             if group.members == 0:
@@ -612,23 +636,24 @@ class Database:
             self.write_stats.group_failures += 1
             group.end()
 
-    def _sync_pending(self) -> None:
-        """Make every durable group committed so far durable and wake its members, in commit
-        order: one fdatasync of the WAL, begun after their COMMITs returned (so it covers
-        them), run by a thread that committed one after it handed the baton on — the next
-        group's writes go on meanwhile. One sync at a time: a thread that finds its group
-        covered by the sync before it returns at once. A failed fsync fails every group it
-        was to cover (retryable `StoreBusy`, no event) and drops the descriptor."""
-        if not self._unsynced:
-            return
-        with self._sync_lock:
-            if not self._unsynced:
-                return
+    def _sync_group(self, group: WriteGroup) -> None:
+        """Make `group` (committed by this thread, the baton handed on since) durable and wake
+        it, with every group before it, in commit order: one fdatasync of the WAL begun now —
+        after its COMMIT returned, so it covers it and every group committed before it began —
+        while the next group's writes go on; none if a sync that began after its COMMIT already
+        covered it. Several threads may sync at once (the kernel joins them into one journal
+        commit). A failed fsync fails the groups it was to cover that no other sync covered
+        (retryable `StoreBusy`, no event; the lazy events they carried wait for the next
+        sync) and drops the descriptor. Returns once `group` is woken."""
+        if not group.commit_no or group.ended:
+            return  # lazy (woken at its COMMIT), never committed, or lost
+        target = 0
+        failure: OSError | None = None
+        trace = self._trace
+        if group.commit_no > self._durable_no:
             target = self._committed_no
-            trace = self._trace
             if trace is not None:
                 trace.add("s", target)
-            failure: OSError | None = None
             try:
                 self._sync_wal()
             except OSError as exc:
@@ -636,27 +661,33 @@ class Database:
                 # (their members fail, retryable), as after a crash between a COMMIT and its
                 # reply.
                 log.exception("store: the WAL's fsync after a COMMIT failed")
-                self._close_wal_fd()
                 failure = exc
             if trace is not None:
                 trace.add("f" if failure is not None else "d", target)
+        with self._wake_lock:
+            if failure is None and target > self._durable_no:
+                self._durable_no = target
+            durable = self._durable_no
+            limit = target if failure is not None else durable
             unsynced = self._unsynced
             back: list[ChangeEvent] = []
-            while unsynced and unsynced[0].commit_no <= target:
-                group = unsynced[0]
-                if failure is None:
-                    self.write_stats.commits += 1  # moved under `_sync_lock` only
+            while unsynced and unsynced[0].commit_no <= max(limit, durable):
+                each = unsynced[0]
+                if each.commit_no <= durable:
+                    self.write_stats.commits += 1  # moved under `_wake_lock` only
+                    if trace is not None:
+                        trace.add("w", each.commit_no)
                 else:
-                    back.extend(group.released or ())
-                    group.released = None
-                    group.error = failure
+                    back.extend(each.released or ())
+                    each.released = None
+                    each.error = failure
                     with self._baton:
                         self.write_stats.group_failures += 1
-                if trace is not None:
-                    trace.add("x" if failure is not None else "w", group.commit_no)
-                group.end()
-                # Left the queue only once ended: a thread that finds the queue empty knows
-                # the group it committed is ended (it never waits on a group nobody ends).
+                    if trace is not None:
+                        trace.add("x", each.commit_no)
+                each.end()
+                # Left the queue only once woken: a thread that takes the lock after this
+                # finds its own group woken or still queued, never half-way.
                 unsynced.popleft()
             if back:
                 with self._held_lock:  # the lazy writes' events wait for the next fsync
@@ -861,7 +892,8 @@ class Database:
         finally:
             t2 = time.perf_counter()
             self._finish_turn()
-            self._sync_pending()  # the group this turn committed, with the baton handed on
+            if group is not None:
+                self._sync_group(group)  # if this turn committed it: the baton handed on
         assert group is not None and tx is not None
         group.wait()
         t4 = time.perf_counter()

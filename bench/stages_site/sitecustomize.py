@@ -12,7 +12,7 @@ thread or on the baton holder's), `owner` (1: this thread held the baton), `noti
 group's COMMIT and the WAL's fsync after it returned, and the events go out), `store_out`,
 `reply` (the responder was answered), `sent` (the transport loop sent the reply). Each group
 COMMIT (`_end_group`) is a row of its own: `[start, ms, members]`, and so is each WAL fsync run
-after the baton was handed on (`_sync_pending`, where the store has it): `[start, ms]`; every
+after the baton was handed on (`_sync_group`, where the store has it): `[start, ms]`; every
 0.25 s the CPU each of the daemon's threads (by name, numbered ones summed) has used; and each
 baton hold: `[start, end, thread, the writer's store method, bodies it ran for others, the
 holder's thread CPU, the wall and CPU of the group COMMITs it ran]`; each write of a Turn's
@@ -204,17 +204,18 @@ if _DIR and "serve" in sys.argv:
                 _local.commit_cpu = getattr(_local, "commit_cpu", 0.0) + cpu
 
         database.submit_write = submit_write
-        sync_pending = getattr(database, "_sync_pending", None)
-        if sync_pending is not None:
+        sync_group = getattr(database, "_sync_group", None)
+        if sync_group is not None:
 
-            def _sync_pending(self: Any) -> None:
-                if not self._unsynced:
+            def _sync_group(self: Any, group: Any) -> None:
+                if not group.commit_no or group.ended:
+                    sync_group(self, group)
                     return
                 t0 = _now() * 1000.0
-                sync_pending(self)
+                sync_group(self, group)
                 _syncs.append((t0, _now() * 1000.0 - t0))
 
-            database._sync_pending = _sync_pending
+            database._sync_group = _sync_group
         if os.environ.get("AGENTHOST_STAGES_BATCH_BACKGROUND"):
             # An experiment: a Turn's queued writes queue behind the clients' writes.
             batch = database.write_batch

@@ -65,8 +65,9 @@ def test_the_next_group_commits_while_a_groups_fsync_runs_and_waits_for_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A's fsync is held: B still takes the baton, runs and COMMITs (another connection reads
-    it), yet neither returns nor publishes; once the fsync is let go, B returns only after an
-    fsync that began after its COMMIT was seen. The store's sync trace keeps the law."""
+    it), and returns only after an fsync of its own that began after that COMMIT was seen,
+    while A's is still held; A returns once its own is let go. The store's sync trace keeps
+    the law (a group woken only by a sync begun after its COMMIT, in order)."""
     path = tmp_path / "store.sqlite3"
     for key, value in sync_trace_env(tmp_path).items():
         monkeypatch.setenv(key, value)
@@ -88,20 +89,21 @@ def test_the_next_group_commits_while_a_groups_fsync_runs_and_waits_for_its_own(
         a.start()
         assert sync.entered.wait(20), "A's fsync never began"
         b = threading.Thread(target=rename, args=(b_sid, "b", "b"))
+        b_started = time.monotonic()
         b.start()
         deadline = time.monotonic() + 5
         while _title(path, b_sid) != "b":
             assert time.monotonic() < deadline, "B's write waited for A's fsync"
             time.sleep(0.005)
-        b_committed = time.monotonic()
-        time.sleep(0.05)
-        assert returned == {} and heard == []  # neither is known durable yet
+        # B's own sync begins after its COMMIT, beside A's held one, and covers both: B
+        # returns while A's, the only sync begun before B's write, is still held.
+        b.join(20)
+        assert "b" in returned and "a" not in returned
+        assert len(sync.starts) == 2 and len(sync.ends) == 1
+        assert b_started < sync.starts[1] and sync.ends[0] <= returned["b"]
         sync.release()
         a.join(20)
-        b.join(20)
         assert set(returned) == {"a", "b"}
-        spans = zip(sync.starts, sync.ends, strict=True)
-        assert any(b_committed < s and e <= returned["b"] for s, e in spans)
         assert {e.session_id for e in heard if isinstance(e, SessionChanged)} >= {a_sid, b_sid}
     finally:
         store.close()

@@ -1795,12 +1795,13 @@ def check_store_syncs(lines: Iterable[str]) -> list[Violation]:
     """The durable-acknowledgement law over a store's sync trace (`storage.sqlite.SyncTrace`:
     `<store> <kind> <N>` lines, each store's in the order it made them): durable groups are
     committed as 1, 2, ...; an fsync that begins (`s N`) covers only groups already committed
-    and one runs at a time; a group is woken durable (`w N`) only after an fsync that covers
+    (several may run at once); a group is woken durable (`w N`) only after an fsync that covers
     it returned (`d M`, M ≥ N) — so one that began after its COMMIT —, and groups are woken
     in commit order, durable or failed (`x N`). A torn last line (a killed daemon) is
     skipped."""
     out: list[Violation] = []
     state: dict[str, dict[str, int]] = {}
+    syncing: dict[str, Counter[int]] = {}
 
     def fail(store: str, detail: str) -> None:
         out.append(Violation(Law.DURABLE_ACK, f"store {store}: {detail}"))
@@ -1810,27 +1811,27 @@ def check_store_syncs(lines: Iterable[str]) -> list[Violation]:
         if len(parts) != 3 or not parts[2].isdigit():
             continue
         store, kind, n = parts[0], parts[1], int(parts[2])
-        st = state.setdefault(store, {"committed": 0, "syncing": -1, "durable": 0, "woken": 0})
+        st = state.setdefault(store, {"committed": 0, "durable": 0, "woken": 0})
+        running = syncing.setdefault(store, Counter())
         if kind == "c":
             if n != st["committed"] + 1:
                 fail(store, f"group {n} committed after group {st['committed']}")
             st["committed"] = max(st["committed"], n)
         elif kind == "s":
-            if st["syncing"] >= 0:
-                fail(store, f"an fsync through {n} began while one through {st['syncing']} ran")
             if n > st["committed"]:
                 fail(
                     store,
                     f"an fsync through group {n} began with groups committed only through"
                     f" {st['committed']}",
                 )
-            st["syncing"] = n
+            running[n] += 1
         elif kind in ("d", "f"):
-            if st["syncing"] != n:
+            if running[n] <= 0:
                 fail(store, f"an fsync through {n} ended that never began")
-            elif kind == "d":
+                continue
+            running[n] -= 1
+            if kind == "d":
                 st["durable"] = max(st["durable"], n)
-            st["syncing"] = -1
         elif kind in ("w", "x"):
             if kind == "w" and n > st["durable"]:
                 fail(
