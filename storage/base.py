@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import traceback
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +41,6 @@ from storage.sqlite import (
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     RESTART_BUSY_MS,
-    SYNC_TRACE_ENV,
     TIMING_ENV,
     TRANSIENT_ERRORS,
     WAL_BOUND_PAGES,
@@ -50,7 +48,6 @@ from storage.sqlite import (
     BusyWaits,
     Row,
     Submission,
-    SyncTrace,
     Tx,
     WriteBatch,
     WriteGroup,
@@ -156,8 +153,8 @@ class Database:
         # are moved only by the baton's holder.
         self._baton = self._fifo.lock
         self._group: WriteGroup | None = None
-        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (under `_held_lock`): a
-        # subscriber never hears of a write a power cut could still take back.
+        # Events of lazy COMMITs no fsync'd COMMIT has followed yet (moved by the baton's
+        # holder only): a subscriber never hears of a write a power cut could still take back.
         self._held_events: list[ChangeEvent] = []
         self.write_seq = 0
         """The last `Tx.seq` given (under the baton): every write a reader can see has a seq
@@ -166,25 +163,6 @@ class Database:
         self._writer_conn: apsw.Connection | None = None
         # The WAL file, for the durable groups' fdatasync (`_sync_wal`); None until the first.
         self._wal_fd: int | None = None
-        self._wal_path: str | None = None
-        # Durable groups whose COMMIT returned and that are not yet woken (appended by the
-        # baton's holder, in commit order, before `_committed_no` names them). Each one's
-        # committing thread runs a WAL fsync after handing the baton on (`_sync_group`; several
-        # may run at once, the kernel joins them), covering every group committed before it
-        # began; `_durable_no` is the highest group so covered, and groups are woken in order
-        # under `_wake_lock`.
-        self._unsynced: deque[WriteGroup] = deque()
-        self._committed_no = 0
-        self._durable_no = 0
-        self._wake_lock = threading.Lock()
-        # Guards the WAL descriptor's opening and retirement (a failed one is kept open until
-        # `close()`: a sync still running on its number never reaches another file).
-        self._wal_fd_lock = threading.Lock()
-        self._retired_fds: list[int] = []
-        # Guards the held lazy events between the baton's holder and a failed fsync's thread.
-        self._held_lock = threading.Lock()
-        trace = os.environ.get(SYNC_TRACE_ENV)
-        self._trace = SyncTrace(trace) if trace else None
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
@@ -343,8 +321,6 @@ class Database:
             except apsw.Error:  # pragma: no cover - close of a busy connection
                 log.exception("closing store connection")
         self._close_wal_fd()
-        if self._trace is not None:
-            self._trace.close()
         self._local = threading.local()
 
     def __enter__(self) -> Database:
@@ -449,13 +425,10 @@ class Database:
             # WAL's own fdatasync (`_sync_wal`), a lazy group's by none. So no setting changes
             # between groups (SQLite compiles a `PRAGMA synchronous` at every use).
             conn.execute("PRAGMA synchronous=NORMAL")
-            # Read once here: the fsync runs off the baton, while another thread may be using
-            # the connection (apsw refuses a connection used by two threads at once).
-            self._wal_path = conn.filename_wal
             self._writer_conn = conn
         return self._writer_conn
 
-    def _sync_wal(self) -> None:
+    def _sync_wal(self, conn: apsw.Connection) -> None:
         """Make everything the WAL holds durable, as `synchronous=FULL` does in its COMMIT:
         one fdatasync of the WAL file (which covers every lazy COMMIT before it: the file
         is written in order and its frames are checksummed in a chain). The descriptor is
@@ -468,44 +441,28 @@ class Database:
         so a fresh WAL's name would not be durable before the first durable reply."""
         fd = self._wal_fd
         if fd is None:
-            with self._wal_fd_lock:
-                if self._wal_fd is None:
-                    self._wal_fd = self._open_wal()
-                    return
-                fd = self._wal_fd
-        try:
-            os.fdatasync(fd)
-        except OSError:
-            with self._wal_fd_lock:  # dropped: the next sync opens the WAL again
-                if self._wal_fd == fd:
-                    self._wal_fd = None
-                    self._retired_fds.append(fd)
-            raise
-
-    def _open_wal(self) -> int:
-        """A descriptor of the WAL, synced, with its directory entry synced after it."""
-        wal = self._wal_path
-        assert wal is not None, "a durable COMMIT before the writer connection"
-        fd = os.open(wal, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fdatasync(fd)
-            directory = os.open(os.path.dirname(wal) or ".", os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(conn.filename_wal, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                os.fsync(directory)
-            finally:
-                os.close(directory)
-        except OSError:
-            os.close(fd)
-            raise
-        return fd
+                os.fdatasync(fd)
+                directory = os.open(
+                    os.path.dirname(conn.filename_wal) or ".", os.O_RDONLY | os.O_CLOEXEC
+                )
+                try:
+                    os.fsync(directory)
+                finally:
+                    os.close(directory)
+            except OSError:
+                os.close(fd)
+                raise
+            self._wal_fd = fd
+            return
+        os.fdatasync(fd)
 
     def _close_wal_fd(self) -> None:
-        with self._wal_fd_lock:
-            fd, self._wal_fd = self._wal_fd, None
-            retired, self._retired_fds = self._retired_fds, []
-        for each in (*retired, *(() if fd is None else (fd,))):
+        fd, self._wal_fd = self._wal_fd, None
+        if fd is not None:
             with contextlib.suppress(OSError):
-                os.close(each)
+                os.close(fd)
 
     def _wal_grew(self, _conn: apsw.Connection, _db: str, pages: int) -> int:
         # Runs on the writer's thread after each COMMIT, with the baton held.
@@ -571,8 +528,6 @@ class Database:
             writer = self._writer_conn
             if group is not None and writer is not None:
                 self._end_group(group, writer)
-            if group is not None:
-                self._sync_group(group)  # its members' fsync, before the log starts again
             if self._restart_pass(conn):
                 with self._baton:
                     self.write_stats.wal_restarts += 1
@@ -594,38 +549,34 @@ class Database:
         self._fifo.pass_on()
 
     def _end_group(self, group: WriteGroup, conn: apsw.Connection) -> None:
-        """COMMIT (or, with no member, roll back) the open group. A lazy group's members are
-        woken now; a durable group's once the WAL's fsync after this COMMIT returned, which
-        the committing thread runs after handing the baton on (`_sync_group`)."""
+        """COMMIT (or, with no member, roll back) the open group and wake its members."""
         self._group = None
         try:
             if group.members == 0:
                 if not conn.getautocommit():
                     conn.execute("ROLLBACK")
-                group.end()
                 return
             conn.execute("COMMIT")
             stats = self.write_stats  # the baton's holder is their only writer
-            if group.members > stats.largest_group:
-                stats.largest_group = group.members
             if group.lazy:
                 stats.lazy_commits += 1
-                with self._held_lock:
-                    self._held_events.extend(group.held)
-                group.end()
-                return
-            # The fsync that makes this group durable covers every earlier lazy COMMIT (the
-            # WAL's checksum chain): their events go out with this group's, before its own.
-            with self._held_lock:
+                self._held_events.extend(group.held)
+            else:
+                try:
+                    self._sync_wal(conn)
+                except OSError:
+                    # The COMMIT is in the WAL but not known durable: nobody is told of it (its
+                    # members fail, retryable), as after a crash between a COMMIT and its reply.
+                    log.exception("store: the WAL's fsync after a COMMIT failed")
+                    self._close_wal_fd()
+                    raise
+                stats.commits += 1
+                # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
+                # their events may go out now, before this group's own.
                 if self._held_events:
                     group.released, self._held_events = self._held_events, []
-            group.commit_no = self._committed_no + 1
-            # Queued (and traced) before `_committed_no` names it: a sync that reads the number
-            # finds the group to wake.
-            self._unsynced.append(group)
-            if self._trace is not None:
-                self._trace.add("c", group.commit_no)
-            self._committed_no = group.commit_no
+            if group.members > stats.largest_group:
+                stats.largest_group = group.members
         except BaseException as exc:
             if not conn.getautocommit():
                 try:
@@ -634,64 +585,8 @@ class Database:
                     log.warning("rollback after %r failed", exc)
             group.error = exc
             self.write_stats.group_failures += 1
+        finally:
             group.end()
-
-    def _sync_group(self, group: WriteGroup) -> None:
-        """Make `group` (committed by this thread, the baton handed on since) durable and wake
-        it, with every group before it, in commit order: one fdatasync of the WAL begun now —
-        after its COMMIT returned, so it covers it and every group committed before it began —
-        while the next group's writes go on; none if a sync that began after its COMMIT already
-        covered it. Several threads may sync at once (the kernel joins them into one journal
-        commit). A failed fsync fails the groups it was to cover that no other sync covered
-        (retryable `StoreBusy`, no event; the lazy events they carried wait for the next
-        sync) and drops the descriptor. Returns once `group` is woken."""
-        if not group.commit_no or group.ended:
-            return  # lazy (woken at its COMMIT), never committed, or lost
-        target = 0
-        failure: OSError | None = None
-        trace = self._trace
-        if group.commit_no > self._durable_no:
-            target = self._committed_no
-            if trace is not None:
-                trace.add("s", target)
-            try:
-                self._sync_wal()
-            except OSError as exc:
-                # The COMMITs are in the WAL but not known durable: nobody is told of them
-                # (their members fail, retryable), as after a crash between a COMMIT and its
-                # reply.
-                log.exception("store: the WAL's fsync after a COMMIT failed")
-                failure = exc
-            if trace is not None:
-                trace.add("f" if failure is not None else "d", target)
-        with self._wake_lock:
-            if failure is None and target > self._durable_no:
-                self._durable_no = target
-            durable = self._durable_no
-            limit = target if failure is not None else durable
-            unsynced = self._unsynced
-            back: list[ChangeEvent] = []
-            while unsynced and unsynced[0].commit_no <= max(limit, durable):
-                each = unsynced[0]
-                if each.commit_no <= durable:
-                    self.write_stats.commits += 1  # moved under `_wake_lock` only
-                    if trace is not None:
-                        trace.add("w", each.commit_no)
-                else:
-                    back.extend(each.released or ())
-                    each.released = None
-                    each.error = failure
-                    with self._baton:
-                        self.write_stats.group_failures += 1
-                    if trace is not None:
-                        trace.add("x", each.commit_no)
-                each.end()
-                # Left the queue only once woken: a thread that takes the lock after this
-                # finds its own group woken or still queued, never half-way.
-                unsynced.popleft()
-            if back:
-                with self._held_lock:  # the lazy writes' events wait for the next fsync
-                    self._held_events[:0] = back
 
     def _group_stays_open(self, group: WriteGroup) -> bool:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
@@ -892,8 +787,6 @@ class Database:
         finally:
             t2 = time.perf_counter()
             self._finish_turn()
-            if group is not None:
-                self._sync_group(group)  # if this turn committed it: the baton handed on
         assert group is not None and tx is not None
         group.wait()
         t4 = time.perf_counter()

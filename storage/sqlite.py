@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import sys
 import threading
 import time
@@ -430,36 +429,9 @@ phases, for 1.9-23 ms on a loaded disk)."""
 RESTART_BUSY_MS = 5
 """How long a RESTART checkpoint waits for readers still on the WAL, with the baton held, before
 it gives up (the log then restarts at a later pass)."""
-SYNC_TRACE_ENV = "AGENTHOST_STORE_SYNC_TRACE"
-"""When set to a file path, the store appends a line for each durable group's COMMIT, each WAL
-fsync's start and end, and each group woken (`SyncTrace`): what the soaks' invariant checker
-reads to see that no durable write was acknowledged before an fsync that covers it."""
 TIMING_ENV = "AGENTHOST_STORE_TIMING"
 """When set to a file path, each write's wait / body / COMMIT / publish times are kept and a
 summary per store method is written there as JSON at `close()` (docs/performance.md)."""
-
-
-class SyncTrace:
-    """The order of the store's durability steps, one line each appended to a file (only with
-    `AGENTHOST_STORE_SYNC_TRACE`), each `<store> <kind> <N>` (`<store>`: this process and
-    store, so the lines of a restarted daemon are told apart): `c N` durable group N's COMMIT
-    returned; `s N` an fsync of the WAL began, covering every group through N; `d N` it
-    returned; `f N` it failed; `w N` group N's members were woken durable; `x N` woken failed.
-    Each line is one `write` of an `O_APPEND` descriptor, so a killed daemon leaves whole lines
-    (a torn last one at most)."""
-
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._lock = threading.Lock()
-        self._name = f"{os.getpid()}.{id(self):x}"
-
-    def add(self, kind: str, number: int) -> None:
-        with self._lock, contextlib.suppress(OSError):
-            os.write(self._fd, f"{self._name} {kind} {number}\n".encode())
-
-    def close(self) -> None:
-        with self._lock, contextlib.suppress(OSError):
-            os.close(self._fd)
 
 
 class WriteGroup:
@@ -475,14 +447,10 @@ class WriteGroup:
         "held",
         "released",
         "combined",
-        "commit_no",
     )
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
-        self.commit_no = 0
-        """A durable group's place among the store's durable COMMITs (1, 2, ...), set when its
-        COMMIT returned; 0 before, and for a lazy group."""
         self.lazy = lazy
         """Opened by a `durable=False` write: committed alone, without an fsync."""
         self.held: list[ChangeEvent] = []
@@ -491,8 +459,7 @@ class WriteGroup:
         """Earlier lazy groups' events this group's fsync made durable (one member takes them)."""
         self.opened = time.monotonic()
         self.ended = False
-        """Durable or lost (`error`): set by the baton's holder that ended a lazy (or empty)
-        group, by the thread whose WAL fsync covered a durable one (`Database._sync_pending`)."""
+        """Committed or lost (`error`); set by the baton's holder that ended it."""
         self._done: threading.Event | None = None
         """What a member left waiting on the open group blocks on (`keep_open`); none for a
         group its own member ended (a writer alone: nobody ever waits)."""

@@ -88,7 +88,6 @@ from tests.support.invariants import (
     check_session_events,
     check_turn_events,
     repository_state,
-    sync_trace_env,
 )
 from tests.support.run_dir import listeners_in
 from tests.support.store_lock import WriteLockHolder
@@ -532,10 +531,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     )
     port = free_port()
     d = DaemonProcess(
-        home,
-        args=("--listen", f"tcp://127.0.0.1:{port}"),
-        preexec_fn=_limit_fds,
-        env=sync_trace_env(home),
+        home, args=("--listen", f"tcp://127.0.0.1:{port}"), preexec_fn=_limit_fds
     ).start()
     pressure = FdPressure(d, port, seed)
     t = Tally()

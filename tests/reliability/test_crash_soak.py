@@ -42,7 +42,6 @@ from tests.support.invariants import (
     check_invariants,
     check_processes,
     repository_state,
-    sync_trace_env,
 )
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 
@@ -84,7 +83,7 @@ class World:
         # submits change its files), so the kills also land mid-checkpoint.
         self.cwd = str(make_repo(home.parent / "repo"))
         self.repositories = {Path(self.cwd): repository_state(Path(self.cwd))}
-        self.daemon = DaemonProcess(home, env=sync_trace_env(home)).start()
+        self.daemon = DaemonProcess(home).start()
         self.generation = 0
         self.running = threading.Event()
         self.stop = threading.Event()
@@ -359,7 +358,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             w.pause()
             if restarted:
                 with w.lock:
-                    w.daemon = DaemonProcess(w.home, env=sync_trace_env(w.home)).start()
+                    w.daemon = DaemonProcess(w.home).start()
                     w.generation += 1
             chaos[action] += 1
             report = check_invariants(w.home, repositories=w.repositories)
@@ -439,7 +438,7 @@ def revive(w: World) -> bool:
         if w.daemon.proc is None or w.daemon.proc.poll() is None:
             return False
         w.daemon.kill()
-        w.daemon = DaemonProcess(w.home, env=sync_trace_env(w.home)).start()
+        w.daemon = DaemonProcess(w.home).start()
         w.generation += 1
         return True
 

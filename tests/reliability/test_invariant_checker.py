@@ -21,14 +21,11 @@ from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wa
 from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
-    SYNC_TRACE_FILE,
     Law,
     check_fork_events,
     check_invariants,
     check_session_events,
-    check_store_syncs,
     repository_state,
-    sync_trace_env,
 )
 from workspace.shadow import ShadowStore
 
@@ -48,7 +45,7 @@ class Base:
 @pytest.fixture(scope="module")
 def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     home = tmp_path_factory.mktemp("inv") / "home"
-    d = DaemonProcess(home, env=sync_trace_env(home)).start()
+    d = DaemonProcess(home).start()
     try:
         c = d.client()
         sid = create_session(c)["agentSessionId"]
@@ -750,50 +747,3 @@ def test_session_events_law_names_a_touch_built_on_the_wrong_row() -> None:
     assert [v.detail for v in check_session_events(late, {"s": end})] == [
         "s: last heard updatedAtUnixMs 6, ended 7"
     ]
-
-
-def test_a_write_acknowledged_before_the_fsync_that_covers_it_is_reported(
-    base: Base, tmp_path: Path
-) -> None:
-    """The real daemon's sync trace is clean; with one durable group's wake moved before
-    the WAL fsync that covered it returned, `durable_ack` names it."""
-    home = tampered(base, tmp_path)
-    trace = home / SYNC_TRACE_FILE
-    lines = trace.read_text().splitlines()
-    kinds = [line.split()[1] for line in lines]
-    assert "w" in kinds and "d" in kinds  # the daemon traced its durable groups
-    assert Law.DURABLE_ACK not in laws(home)
-    woken = kinds.index("w")
-    synced = max(i for i in range(woken) if kinds[i] == "d")
-    lines.insert(synced, lines.pop(woken))
-    trace.write_text("\n".join(lines) + "\n")
-    assert Law.DURABLE_ACK in laws(home)
-
-
-def test_an_fsync_that_began_before_a_commit_does_not_cover_it() -> None:
-    """`check_store_syncs` over made-up traces: an fsync whose start names a group not yet
-    committed, one that ends without a start, groups woken out of order, a torn last line."""
-    clean = ["a c 1", "a s 1", "a c 2", "a d 1", "a w 1", "a s 2", "a d 2", "a w 2", "a c"]
-    assert check_store_syncs(clean) == []
-    early = ["a c 1", "a s 2", "a c 2", "a d 2", "a w 1", "a w 2"]
-    assert [v.detail for v in check_store_syncs(early)] == [
-        "store a: an fsync through group 2 began with groups committed only through 1"
-    ]
-    stale = ["a c 1", "a s 1", "a c 2", "a d 1", "a w 1", "a w 2"]
-    assert [v.detail for v in check_store_syncs(stale)] == [
-        "store a: group 2 woken durable with the WAL fsync'd only through group 1"
-    ]
-    # Two at once are one the kernel joins; an end without its start is not.
-    overlap = ["a c 1", "a s 1", "a c 2", "a s 2", "a d 2", "a d 1", "a w 1", "a w 2"]
-    assert check_store_syncs(overlap) == []
-    unbegun = ["a c 1", "a d 1", "a w 1"]
-    assert [v.detail for v in check_store_syncs(unbegun)] == [
-        "store a: an fsync through 1 ended that never began",
-        "store a: group 1 woken durable with the WAL fsync'd only through group 0",
-    ]
-    backwards = ["a c 1", "a c 2", "a s 2", "a d 2", "a w 2", "a w 1"]
-    assert [v.detail for v in check_store_syncs(backwards)] == [
-        "store a: group 1 woken after group 2"
-    ]
-    # Two stores (a daemon restarted) number their groups each from 1.
-    assert check_store_syncs(["a c 1", "b c 1", "b s 1", "b d 1", "b w 1"]) == []

@@ -188,12 +188,6 @@ class Law(StrEnum):
     between its own `before` and `after` trees (git's `diff-tree` in the home's shadow
     store), e.g. another Turn's changes of the same folder (docs/design/workspace.md,
     "Laws")."""
-    DURABLE_ACK = "durable_ack"
-    """The store woke a durable group's members (acknowledged its writes, let its events go
-    out) before an fsync of the WAL that began after its COMMIT had returned; or an fsync
-    began covering a group not yet committed; or groups were woken out of commit order
-    (docs/design/store.md, "The WAL's fsync after the baton is handed on"; `check_store_syncs`,
-    over the store's sync trace, `storage.sqlite.SyncTrace`)."""
 
 
 STORE_LAWS = frozenset(
@@ -1780,71 +1774,6 @@ def check_turn_events(
     return out
 
 
-SYNC_TRACE_FILE = "store-sync.trace"
-"""A daemon started with `AGENTHOST_STORE_SYNC_TRACE` naming this file in its home leaves its
-store's sync trace there; `check_invariants` checks it when it is present."""
-
-
-def sync_trace_env(home: Path) -> dict[str, str]:
-    """The environment that has a daemon of `home` leave its store's sync trace where
-    `check_invariants` reads it."""
-    return {"AGENTHOST_STORE_SYNC_TRACE": str(home / SYNC_TRACE_FILE)}
-
-
-def check_store_syncs(lines: Iterable[str]) -> list[Violation]:
-    """The durable-acknowledgement law over a store's sync trace (`storage.sqlite.SyncTrace`:
-    `<store> <kind> <N>` lines, each store's in the order it made them): durable groups are
-    committed as 1, 2, ...; an fsync that begins (`s N`) covers only groups already committed
-    (several may run at once); a group is woken durable (`w N`) only after an fsync that covers
-    it returned (`d M`, M ≥ N) — so one that began after its COMMIT —, and groups are woken
-    in commit order, durable or failed (`x N`). A torn last line (a killed daemon) is
-    skipped."""
-    out: list[Violation] = []
-    state: dict[str, dict[str, int]] = {}
-    syncing: dict[str, Counter[int]] = {}
-
-    def fail(store: str, detail: str) -> None:
-        out.append(Violation(Law.DURABLE_ACK, f"store {store}: {detail}"))
-
-    for raw in lines:
-        parts = raw.split()
-        if len(parts) != 3 or not parts[2].isdigit():
-            continue
-        store, kind, n = parts[0], parts[1], int(parts[2])
-        st = state.setdefault(store, {"committed": 0, "durable": 0, "woken": 0})
-        running = syncing.setdefault(store, Counter())
-        if kind == "c":
-            if n != st["committed"] + 1:
-                fail(store, f"group {n} committed after group {st['committed']}")
-            st["committed"] = max(st["committed"], n)
-        elif kind == "s":
-            if n > st["committed"]:
-                fail(
-                    store,
-                    f"an fsync through group {n} began with groups committed only through"
-                    f" {st['committed']}",
-                )
-            running[n] += 1
-        elif kind in ("d", "f"):
-            if running[n] <= 0:
-                fail(store, f"an fsync through {n} ended that never began")
-                continue
-            running[n] -= 1
-            if kind == "d":
-                st["durable"] = max(st["durable"], n)
-        elif kind in ("w", "x"):
-            if kind == "w" and n > st["durable"]:
-                fail(
-                    store,
-                    f"group {n} woken durable with the WAL fsync'd only through group"
-                    f" {st['durable']}",
-                )
-            if n <= st["woken"]:
-                fail(store, f"group {n} woken after group {st['woken']}")
-            st["woken"] = max(st["woken"], n)
-    return out
-
-
 def check_invariants(
     home: Path,
     *,
@@ -1870,11 +1799,6 @@ def check_invariants(
     either scan may show it.
     """
     ctx = _Ctx(home)
-    trace = home / SYNC_TRACE_FILE
-    if trace.exists():
-        ctx.violations += check_store_syncs(
-            trace.read_text(encoding="utf-8", errors="replace").splitlines()
-        )
     children = provider_children(home)
     tmp = Path(tempfile.mkdtemp(prefix="invariants-"))
     try:
