@@ -38,8 +38,6 @@ import hashlib
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice
-from operator import itemgetter
 from typing import Any, cast
 
 import apsw
@@ -343,24 +341,21 @@ _BOUNDARY = (
 # byte length in front, so no two different rows print alike. `octet_length` reads the stored
 # size (no scan); one `concat` per row (its result sized once, where `printf` grew its buffer
 # by reallocations and a chain of `||` made an intermediate string per operator). The bytes are
-# those `printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', …)` printed (a NULL text is '' to both), joined by
-# a newline, so the digests frozen by builds that printed them — and by builds that had SQLite
-# join them all with `group_concat` — are re-proved alike.
-# The rows stream, in the order of the (session_key, position) key — the `+` keeps the Turn list
-# from choosing the by-Turn index — so no sorter runs, and are hashed a chunk at a time
-# (`_digest_pass`): the pass never holds the boundary's whole text (19 MB at 100,000 Messages,
-# each page of it touched afresh once in SQLite's buffer and once in its Python copy). `{cut}`
-# says which Messages are the boundary's, `{extra}` what else the pass collects.
+# those `printf('%d,%d,%s,%s,%s,%d:%s,%d:%s', …)` printed (a NULL text is '' to both), so the
+# digests frozen by builds that printed them are re-proved alike.
+# The order: the subquery's ORDER BY, served by the (session_key, position) key — the `+` keeps
+# the Turn list from choosing the by-Turn index — so no sorter runs. SQLite never flattens a
+# subquery with an ORDER BY into an aggregate; it feeds its rows to `group_concat` in that order
+# (an `ORDER BY` inside `group_concat` would sort all of them again: twice the CPU). `{cut}`
+# says which Messages are the boundary's, `{extra}`/`{inner}` what else one pass collects.
 _DIGEST_TEMPLATE = (
-    "SELECT CAST(concat(m.position, ',', m.version, ',', m.turn_id, ',', m.message_id, ',',"
-    " m.kind, ',', ifnull(octet_length(m.text), -1), ':', m.text, ',',"
-    " octet_length(m.payload_json), ':', m.payload_json) AS BLOB){extra}"
+    "SELECT count(*), CAST(group_concat(r, char(10)) AS BLOB), max(p){extra} FROM (SELECT"
+    " concat(m.position, ',', m.version, ',', m.turn_id, ',', m.message_id, ',', m.kind, ',',"
+    " ifnull(octet_length(m.text), -1), ':', m.text, ',', octet_length(m.payload_json), ':',"
+    " m.payload_json) AS r, m.position AS p{inner}"
     " FROM messages m WHERE m.session_key = (SELECT session_key FROM session_keys"
-    " WHERE workspace_id = ?1 AND session_id = ?2) AND {cut} ORDER BY m.position"
+    " WHERE workspace_id = ?1 AND session_id = ?2) AND {cut} ORDER BY m.position)"
 )
-DIGEST_CHUNK = 1024
-"""Lines hashed per `update` (~200 KB at the store of months' Messages): memory the process
-reuses from one chunk to the next."""
 # The boundary's Messages: those of the Turns through sequence ?3, looked up once as a list...
 _THROUGH_CUT = (
     "+m.turn_id IN (SELECT turn_id FROM turns WHERE workspace_id = ?1 AND session_id = ?2"
@@ -386,9 +381,9 @@ def _digest_statement(
         later = later_turns(conn, ws, sid, through)
     sql = _DIGEST_TEMPLATE.format(
         cut=_THROUGH_CUT if later else _WHOLE_CUT,
-        extra=(
-            f", CASE WHEN m.payload_json != '{{}}' OR m.kind = '{DESCENDANT_LANE_KIND}'"
-            " THEN m.position END"
+        extra=", group_concat(p) FILTER (WHERE s)" if scan else "",
+        inner=(
+            f", (m.payload_json != '{{}}' OR m.kind = '{DESCENDANT_LANE_KIND}') AS s"
             if scan
             else ""
         ),
@@ -455,32 +450,14 @@ def _digest_pass(
     conn: apsw.Connection, ws: str, sid: str, through: int, *, scan: bool, later: bool | None = None
 ) -> tuple[int, str, int, list[int]]:
     """One pass of SQLite over a Session's own boundary rows: (count, SHA-256 hex, highest
-    position, and with `scan` the positions of the Messages prepare must look at). The lines are
-    hashed `DIGEST_CHUNK` at a time, a newline between two, in position order: the digest of
-    their whole text joined by newlines, without that text."""
+    position, and with `scan` the positions of the Messages prepare must look at)."""
     sql, params = _digest_statement(conn, ws, sid, through, scan=scan, later=later)
-    rows = conn.execute(sql, params)
-    sha = hashlib.sha256()
-    count = 0
-    last = b""
-    special: set[int | None] = set()
-    while chunk := list(islice(rows, DIGEST_CHUNK)):
-        lines = list(map(_LINE, chunk))
-        if count:
-            sha.update(b"\n")
-        sha.update(b"\n".join(lines))
-        count += len(lines)
-        last = lines[-1]
-        if scan:
-            special.update(map(_SPECIAL_AT, chunk))  # None for every other Message
-    special.discard(None)
-    # Each line starts with its position, and the last line's is the highest (position order).
-    top = int(last[: last.index(b",")]) if count else 0
-    return count, sha.hexdigest(), top, sorted(cast(set[int], special))
-
-
-_LINE = itemgetter(0)
-_SPECIAL_AT = itemgetter(1)
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None  # an aggregate always answers one row
+    count, joined_sql, top = row[0], row[1], row[2]
+    digest = hashlib.sha256(b"" if joined_sql is None else bytes(joined_sql)).hexdigest()
+    special = [int(p) for p in str(row[3]).split(",")] if scan and row[3] is not None else []
+    return int(count), digest, int(top or 0), special
 
 
 def digest_pass(
