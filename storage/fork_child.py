@@ -191,9 +191,41 @@ class OrdinalPrefixes:
         )
 
 
+# A version 4 or 5 boundary's Turn, in memory and in a version 5 snapshot: an array of these
+# values, in this order (a version 4 snapshot stored each Turn as a map of them; `load_snapshot`
+# reads it back into the array). `final_assistant_position` is None when the Turn's final
+# Message is not in the boundary.
+TURN_FIELDS = (
+    "turn_id",
+    "sequence",
+    "sequence_provenance",
+    "phase",
+    "outcome",
+    "root_provider_turn_id",
+    "provider_turn_binding_json",
+    "final_assistant_message_id",
+    "error",
+    "created_at_ms",
+    "settled_at_ms",
+    "interactions",
+    "final_assistant_position",
+)
+(
+    T_ID, T_SEQUENCE, T_PROVENANCE, T_PHASE, T_OUTCOME, T_ROOT_PROVIDER_TURN, T_BINDING,
+    T_FINAL_ID, T_ERROR, T_CREATED, T_SETTLED, T_INTERACTIONS, T_FINAL_POSITION,
+) = range(len(TURN_FIELDS))  # fmt: skip
+TurnArray = Sequence[Any]
+"""A boundary Turn as the `TURN_FIELDS` values."""
+
+
+def turn_array(turn: Mapping[str, Any]) -> list[Any]:
+    """A Turn map (a version 1–4 document's) as its `TURN_FIELDS` values (a missing one None)."""
+    return [turn.get(field) for field in TURN_FIELDS]
+
+
 def ordinal_identity(
     prefixes: OrdinalPrefixes,
-    turns: Iterable[Mapping[str, Any]],
+    turns: Iterable[TurnArray],
     messages: Mapping[str, str],
 ) -> IdentityMap:
     """Rule v2's identity map of a boundary: each Turn by its sequence, each Interaction by its
@@ -206,8 +238,8 @@ def ordinal_identity(
     turn_map: dict[str, str] = {}
     interactions: dict[str, str] = {}
     for turn in turns:
-        turn_map[turn["turn_id"]] = _ordinal_id(turn_seed, turn_rest, int(turn["sequence"]))
-        for i in turn["interactions"]:
+        turn_map[turn[T_ID]] = _ordinal_id(turn_seed, turn_rest, int(turn[T_SEQUENCE]))
+        for i in turn[T_INTERACTIONS]:
             n = len(interactions) + 1
             interactions[i["interaction_id"]] = _ordinal_id(interaction_seed, interaction_rest, n)
     return IdentityMap(turns=turn_map, messages=messages, interactions=interactions)
@@ -640,24 +672,23 @@ def build_child(
     message_ids = ids.messages
     # Version 4 or 5: each final Message's child id from its frozen position (prefix split once).
     final_message_id = None if prefixes is None else ordinal_ids(prefixes.message)
-    for turn in snapshot["turns"]:
-        source_turn_id = turn["turn_id"]
+    # Versions 4 and 5 hold their Turns as `TURN_FIELDS` arrays; an older map is read as one.
+    turns = snapshot["turns"] if history is not None else map(turn_array, snapshot["turns"])
+    for turn in turns:
+        source_turn_id = turn[T_ID]
         new_turn_id = ids.turns[source_turn_id]
         if source_turn_id in bindings:
             root_id, binding_json = bindings[source_turn_id][0], bindings[source_turn_id][1]
         elif host_copy:
             # host_copy providers keep their own Turn ids in the child (PROVIDERS.md).
-            root_id, binding_json = (
-                turn["root_provider_turn_id"],
-                turn["provider_turn_binding_json"],
-            )
+            root_id, binding_json = turn[T_ROOT_PROVIDER_TURN], turn[T_BINDING]
         else:
             # provider_owned remaps identities; an unbound Turn is honestly not forkable.
             root_id, binding_json = None, None
-        final_id = turn["final_assistant_message_id"]
+        final_id = turn[T_FINAL_ID]
         if final_id is not None and final_message_id is not None:
             # Version 4 or 5: prepare froze the position of a final Message inside the boundary.
-            position = turn.get("final_assistant_position")
+            position = turn[T_FINAL_POSITION]
             final_id = None if position is None else final_message_id(int(position))
             if final_id is None:
                 raise ForkReferenceError(
@@ -671,25 +702,25 @@ def build_child(
                     ForkReferenceReason.DANGLING_REFERENCE,
                     f"turn {source_turn_id}: final assistant message is outside the boundary",
                 )
-        active = turn["phase"] != settled
+        active = turn[T_PHASE] != settled
         turn_rows.append(
             (
                 ws,
                 sid,
                 new_turn_id,
-                turn["sequence"],
+                turn[T_SEQUENCE],
                 fork_clone,
                 settled,
-                interrupted if active else turn["outcome"],
+                interrupted if active else turn[T_OUTCOME],
                 root_id,
                 binding_json,
                 final_id,
-                turn["error"],
-                turn["created_at_ms"],
-                committed_at_ms if active else turn["settled_at_ms"],
+                turn[T_ERROR],
+                turn[T_CREATED],
+                committed_at_ms if active else turn[T_SETTLED],
             )
         )
-        for i in turn["interactions"]:
+        for i in turn[T_INTERACTIONS]:
             where_i = f"interaction {i['interaction_id']}"
             status = i["status"]
             if status == InteractionStatus.PENDING:
@@ -767,15 +798,12 @@ def prove_child(
         return
     ids = child_history(snapshot, snapshot_hash, memo=memo).ids
     for turn in snapshot["turns"]:
-        if (
-            turn["final_assistant_message_id"] is not None
-            and turn.get("final_assistant_position") is None
-        ):
+        if turn[T_FINAL_ID] is not None and turn[T_FINAL_POSITION] is None:
             raise ForkReferenceError(
                 ForkReferenceReason.DANGLING_REFERENCE,
-                f"turn {turn['turn_id']}: final assistant message is outside the boundary",
+                f"turn {turn[T_ID]}: final assistant message is outside the boundary",
             )
-        for i in turn["interactions"]:
+        for i in turn[T_INTERACTIONS]:
             where_i = f"interaction {i['interaction_id']}"
             _remapped_json(i["input"], ids, where=where_i)
             if i["output"] is not None:

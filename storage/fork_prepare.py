@@ -22,7 +22,15 @@ from domain.errors import (
 )
 from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
-from storage.fork_child import ForkMemo, OrdinalPrefixes, prove_child, remember_child_history
+from storage.fork_child import (
+    T_BINDING,
+    T_ID,
+    T_ROOT_PROVIDER_TURN,
+    ForkMemo,
+    OrdinalPrefixes,
+    prove_child,
+    remember_child_history,
+)
 from storage.fork_snapshot import freeze_snapshot, load_boundary, request_hash, source_blockers
 from storage.fork_workspace import PLANNED, boundary_checkpoint
 from storage.history_links import fence_history, history_section
@@ -223,9 +231,9 @@ class ForkPrepare:
             )
             if blockers:
                 raise ForkBoundaryError(blockers[0])
-            selected = boundary.selected
+            selected = boundary.selected  # a `TURN_FIELDS` array
             if turn_forkable is not None and not turn_forkable(
-                selected["root_provider_turn_id"], selected["provider_turn_binding_json"]
+                selected[T_ROOT_PROVIDER_TURN], selected[T_BINDING]
             ):
                 raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_NOT_BOUND)
             title = child_title(tx.conn, ws, req.source_session_id, source.title)
@@ -288,7 +296,7 @@ class ForkPrepare:
                     req.point_kind,
                     turn_id,
                     source.provider_session_id,
-                    boundary.selected["root_provider_turn_id"],
+                    selected[T_ROOT_PROVIDER_TURN],
                     dumps(list(boundary.provider_turn_ids)),
                     title,
                     req.driver_kind,
@@ -334,7 +342,7 @@ class ForkPrepare:
                 point_kind=str(req.point_kind),
                 source_turn_id=turn_id,
                 source_provider_session_id=source.provider_session_id,
-                source_provider_turn_id=boundary.selected["root_provider_turn_id"],
+                source_provider_turn_id=selected[T_ROOT_PROVIDER_TURN],
                 source_provider_turn_ids=tuple(boundary.provider_turn_ids),
                 target_provider_session_id=None,
                 target_provider_turn_ids=None,
@@ -354,9 +362,7 @@ class ForkPrepare:
                 committed_session=None,
                 lineage=None,
                 target_title=title,
-                frozen_turns=tuple(
-                    (str(t["turn_id"]), t["provider_turn_binding_json"]) for t in boundary.turns
-                ),
+                frozen_turns=tuple((str(t[T_ID]), t[T_BINDING]) for t in boundary.turns),
                 workspace_mode=req.workspace,
                 worktree=loads(worktree_json),
                 worktree_state=None if plan is None else PLANNED,

@@ -16,15 +16,16 @@ are kept by hash for its own commit (`ForkMemo`, storage/fork_child.py).
 Version 5 (what prepare freezes) is MessagePack bytes (a BLOB) whose Turns carry no Messages: a
 `history` map holds their count, digest, the payloads holding a reference (rewritten) and the
 child ids of the Messages a reference names; each Turn is stored as an array of its values in
-`TURN_FIELDS` order (named once, in `turn_fields`), and read back into the map version 4 stored
-(its keys were ~60 % of a Turn's bytes). In memory every version's Turns are maps. Version 4 was
-the same document with each Turn stored as that map; version 3 the same bytes with every Message
-of the boundary a compact array in its Turn (`MESSAGE_FIELDS` order); version 2 canonical JSON
-text (sorted keys, no whitespace) of that shape, version 1 the same with Messages as objects. All
-are still read: an operation prepared by an older build may be committed or projected by this
-one. A document MessagePack cannot hold (an integer beyond 64 bits, which JSON allows) is frozen
-as JSON text instead — version 2 for a version 3 document, versions 4 and 5 keep their number;
-the stored value's type says which encoding it is."""
+`TURN_FIELDS` order (named once, in `turn_fields`) instead of the map version 4 stored (its keys
+were ~60 % of a Turn's bytes). In memory a version 4 or 5 Turn is that array — prepare builds it
+from the Turn's row, a version 4 map is read into it — and an older version's Turn a map.
+Version 4 was the same document with each Turn stored as that map; version 3 the same bytes
+with every Message of the boundary a compact array in its Turn (`MESSAGE_FIELDS` order);
+version 2 canonical JSON text (sorted keys, no whitespace) of that shape, version 1 the same
+with Messages as objects. All are still read: an operation prepared by an older build may be
+committed or projected by this one. A document MessagePack cannot hold (an integer beyond 64
+bits, which JSON allows) is frozen as JSON text instead — version 2 for a version 3 document,
+versions 4 and 5 keep their number; the stored value's type says which encoding it is."""
 
 from __future__ import annotations
 
@@ -32,7 +33,6 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from operator import itemgetter
 from typing import Any
 
 import apsw
@@ -45,8 +45,12 @@ from domain.errors import (
 )
 from domain.fork_states import ACTIVE_SQL
 from storage.fork_child import (
+    T_FINAL_POSITION,
+    T_INTERACTIONS,
+    TURN_FIELDS,
     ForkMemo,
     reject_duplicate_keys,
+    turn_array,
 )
 from storage.history_links import (
     DESCENDANT_LANE_KIND,
@@ -73,25 +77,6 @@ RESUME_CURSOR_KEY = "resumeCursor"
 # A boundary (and snapshot v2) Message is an array of these, in this order; v1 snapshots had
 # them as the keys of an object (`load_snapshot` below reads both).
 MESSAGE_FIELDS = ("message_id", "kind", "text", "payload", "version", "position")
-# A version 4 boundary's Turn has these keys, in this order; a version 5 snapshot stores each
-# Turn as an array of their values (storage/fork_snapshot.py), read back into this map.
-TURN_FIELDS = (
-    "turn_id",
-    "sequence",
-    "sequence_provenance",
-    "phase",
-    "outcome",
-    "root_provider_turn_id",
-    "provider_turn_binding_json",
-    "final_assistant_message_id",
-    "error",
-    "created_at_ms",
-    "settled_at_ms",
-    "interactions",
-    "final_assistant_position",
-)
-
-
 # -- boundary checks ------------------------------------------------------------------------
 
 
@@ -149,9 +134,14 @@ class Boundary:
     (message_id, kind, text, payload, version, position); for version 4 the Turns carry none and
     `history` says what was learnt of the Messages in SQLite (storage/history_links.py)."""
 
-    turns: list[dict[str, Any]]
+    turns: list[Any]
+    """Version 3: each Turn a map (with its `messages`); version 4 and later: each Turn its
+    `TURN_FIELDS` array, as a version 5 snapshot stores it (no map built and then packed)."""
     provider_turn_ids: tuple[str, ...]
-    selected: dict[str, Any]
+    selected: Any
+    """The selected Turn, of `turns`."""
+    turn_id: str
+    """The selected Turn's id."""
     history: HistoryScan | None = None
 
 
@@ -259,8 +249,9 @@ def load_boundary(
             session_key = int(key[0])
             finals = _TURNS_FINALS_SQL.format(key=session_key)
             turn_rows = conn.execute(finals, (through,)).fetchall()
-    turns: list[dict[str, Any]] = []
-    by_id: dict[str, dict[str, Any]] = {}
+    turns: list[Any] = []
+    by_id: dict[str, Any] = {}
+    interactions_of: dict[str, list[dict[str, Any]]] = {}
     for expected, r in enumerate(turn_rows, start=1):
         # Verifiable provenance: host-assigned and gap-free 1..n, so "through" means the same
         # prefix to the provider as to us.
@@ -268,26 +259,31 @@ def load_boundary(
             raise ForkBoundaryError(ForkBoundaryReason.TURN_SEQUENCE_UNVERIFIED)
         if not r[5]:
             raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_MISSING)
-        turn: dict[str, Any] = {
-            "turn_id": r[0],
-            "sequence": r[1],
-            "sequence_provenance": r[2],
-            "phase": r[3],
-            "outcome": r[4],
-            "root_provider_turn_id": r[5],
-            "provider_turn_binding_json": r[6],
-            "final_assistant_message_id": r[7],
-            "error": r[8],
-            "created_at_ms": r[9],
-            "settled_at_ms": r[10],
-            "interactions": [],
-        }
+        interactions: list[dict[str, Any]] = []
+        turn: Any
         if messages:
-            turn["messages"] = []
+            turn = {
+                "turn_id": r[0],
+                "sequence": r[1],
+                "sequence_provenance": r[2],
+                "phase": r[3],
+                "outcome": r[4],
+                "root_provider_turn_id": r[5],
+                "provider_turn_binding_json": r[6],
+                "final_assistant_message_id": r[7],
+                "error": r[8],
+                "created_at_ms": r[9],
+                "settled_at_ms": r[10],
+                "interactions": interactions,
+                "messages": [],
+            }
         else:
-            turn["final_assistant_position"] = None  # set below when in the boundary
+            # The row's first columns are the `TURN_FIELDS` before `interactions`, in order; the
+            # final position is set below when the final Message is in the boundary.
+            turn = [*r[:T_INTERACTIONS], interactions, None]
         turns.append(turn)
         by_id[str(r[0])] = turn
+        interactions_of[str(r[0])] = interactions
     history: HistoryScan | None = None
     if messages:
         _read_messages(conn, ws, sid, through, by_id)
@@ -296,11 +292,11 @@ def load_boundary(
         _place_finals(conn, ws, sid, turn_rows, by_id, linked=history.linked)
     # Most Sessions have no Interaction at all: one index probe says so (~4 µs) before the join
     # through every boundary Turn, which SQLite recompiles at each execution (~20 µs).
-    interactions: Iterable[Row] = ()
+    interaction_rows: Iterable[Row] = ()
     if conn.execute(_ANY_INTERACTION_SQL, (ws, sid)).fetchone() is not None:
-        interactions = conn.execute(_INTERACTIONS_SQL, (ws, sid, through))
-    for r in interactions:
-        by_id[r[2]]["interactions"].append(
+        interaction_rows = conn.execute(_INTERACTIONS_SQL, (ws, sid, through))
+    for r in interaction_rows:
+        interactions_of[r[2]].append(
             {
                 "interaction_id": r[0],
                 "request_id": r[1],
@@ -312,8 +308,9 @@ def load_boundary(
         )
     return Boundary(
         turns=turns,
-        provider_turn_ids=tuple(t["root_provider_turn_id"] for t in turns),
+        provider_turn_ids=tuple(str(r[5]) for r in turn_rows),
         selected=by_id[turn_id],
+        turn_id=turn_id,
         history=history,
     )
 
@@ -323,7 +320,7 @@ def _place_finals(
     ws: str,
     sid: str,
     turn_rows: list[Row],
-    by_id: dict[str, dict[str, Any]],
+    by_id: dict[str, list[Any]],
     *,
     linked: bool,
 ) -> None:
@@ -341,7 +338,7 @@ def _place_finals(
             if found is not None:
                 position, message_owner = found[6], found[1]
         if position is not None and message_owner in by_id:
-            by_id[str(r[0])]["final_assistant_position"] = position
+            by_id[str(r[0])][T_FINAL_POSITION] = position
 
 
 def _read_messages(
@@ -431,32 +428,36 @@ def pack_snapshot(document: Mapping[str, Any]) -> bytes:
     return packed
 
 
-_TURN_VALUES = itemgetter(*TURN_FIELDS)
-
-
 def stored_form(document: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What is encoded for `document`: a version 5 document with each Turn as the tuple of its
-    `TURN_FIELDS` values (a tuple encodes as an array); any other document as it is."""
+    """What is encoded for `document`: a version 5 document with each Turn as the array of its
+    `TURN_FIELDS` values (prepare builds them so; a Turn map built elsewhere is read as one,
+    a missing value None); any other document as it is."""
     if document.get("version") != SNAPSHOT_VERSION:
         return document
     turns = document["turns"]
-    try:
-        compact = [_TURN_VALUES(t) for t in turns]
-    except KeyError:  # a Turn built elsewhere without a final position: None, as prepare's
-        compact = [tuple(t.get(f) for f in TURN_FIELDS) for t in turns]
-    return {**document, "turns": compact}
+    if all(type(t) is list or type(t) is tuple for t in turns):
+        return document
+    return {**document, "turns": [turn_array(t) if isinstance(t, Mapping) else t for t in turns]}
 
 
-def _expand_turns(document: dict[str, Any]) -> dict[str, Any]:
-    """A decoded version 5 document with its Turns as maps again (the in-memory shape of every
-    version); a Turn that is not an array of `turn_fields`' length fails closed."""
+def _turn_arrays(document: dict[str, Any]) -> dict[str, Any]:
+    """A decoded version 4 or 5 document with its Turns as `TURN_FIELDS` arrays (the in-memory
+    shape of both: version 5 stored them so, version 4 as maps); a version 5 document that does
+    not name these fields, or a Turn that is not an array of their length (a map, for version 4),
+    fails closed."""
+    turns = document.get("turns")
+    if not isinstance(turns, list):
+        raise ForkSnapshotCorrupt(f"malformed version {document.get('version')} Turns")
+    if document.get("version") == MAP_TURNS_VERSION:
+        if not all(isinstance(t, dict) for t in turns):
+            raise ForkSnapshotCorrupt("malformed version 4 Turns: not maps")
+        return {**document, "turns": [turn_array(t) for t in turns]}
     if document.get("turn_fields") != list(TURN_FIELDS):
         raise ForkSnapshotCorrupt("version 5 fork snapshot does not name its Turn fields")
-    try:
-        turns = [dict(zip(TURN_FIELDS, t, strict=True)) for t in document["turns"]]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ForkSnapshotCorrupt(f"malformed version 5 Turns: {exc!r}") from exc
-    return {**document, "turns": turns}
+    width = len(TURN_FIELDS)
+    if not all(type(t) is list and len(t) == width for t in turns):
+        raise ForkSnapshotCorrupt("malformed version 5 Turns: not arrays of the Turn fields")
+    return document
 
 
 def sha256_hex(frozen: Frozen) -> str:
@@ -516,7 +517,7 @@ def freeze_snapshot(
         "message_fields": list(MESSAGE_FIELDS),
         "operation_id": operation_id,
         "workspace_id": workspace_id,
-        "point": {"kind": point_kind, "turn_id": boundary.selected["turn_id"]},
+        "point": {"kind": point_kind, "turn_id": boundary.turn_id},
         "source": {
             "session_id": source.session_id,
             "provider": source.provider,
@@ -617,8 +618,8 @@ def load_snapshot(text: Frozen, expected_hash: str) -> dict[str, Any]:
     expected = (MESSAGES_VERSION if packed else JSON_VERSION, *HISTORY_VERSIONS)
     if version not in expected or document.get("message_fields") != list(MESSAGE_FIELDS):
         raise ForkSnapshotCorrupt(f"unsupported snapshot version {version!r}")
-    if version == SNAPSHOT_VERSION:
-        return _expand_turns(document)
+    if version in HISTORY_VERSIONS:
+        return _turn_arrays(document)
     return document
 
 

@@ -45,8 +45,10 @@ import apsw
 from domain.errors import ForkBoundaryError, ForkBoundaryReason, ForkSnapshotCorrupt
 from storage.fork_child import (
     REFERENCE_KEYS,
+    T_INTERACTIONS,
     IdentityMap,
     OrdinalPrefixes,
+    TurnArray,
     ordinal_id,
     ordinal_id_sql,
     ordinal_identity,
@@ -741,7 +743,7 @@ def history_section(
     sid: str,
     scan: HistoryScan,
     *,
-    turns: list[dict[str, Any]],
+    turns: list[TurnArray],
     prefixes: OrdinalPrefixes,
 ) -> tuple[dict[str, Any], IdentityMap]:
     """The snapshot's `history` (version 4): the boundary's sequence, Message count and digest;
@@ -760,7 +762,7 @@ def history_section(
         if type(payload) is dict and any(key in REFERENCE_KEYS for key in payload):
             rewritten.append([position, dumps(remapped)])
     for turn in turns:
-        for i in turn["interactions"]:
+        for i in turn[T_INTERACTIONS]:
             where = f"interaction {i['interaction_id']}"
             remap_references(i["input"], ids, where=where)
             if i["output"] is not None:

@@ -115,6 +115,7 @@ def _as_v4(document: dict[str, Any]) -> dict[str, Any]:
     """The document as a build before version 5 froze it: each Turn a map, no `turn_fields`."""
     v4 = {k: v for k, v in document.items() if k != "turn_fields"}
     v4["version"] = MAP_TURNS_VERSION
+    v4["turns"] = [dict(zip(TURN_FIELDS, t, strict=True)) for t in document["turns"]]
     return v4
 
 
@@ -167,13 +168,13 @@ def test_a_new_snapshot_is_v5_messagepack_with_array_turns_and_round_trips_exact
     assert child_user.endswith(f"-{user.position:012x}")
     tool = next(m for m in source if m.kind == "tool_call")
     assert history["rewritten"] == [[tool.position, dumps({"replyToMessageId": child_user})]]
-    # The loaded document (its Turns maps again) packs to the same bytes (so it is the
-    # document prepare froze).
+    # The loaded document (its Turns the `TURN_FIELDS` arrays, as prepare built them) packs to the
+    # same bytes (so it is the document prepare froze).
     loaded = load_snapshot(text, digest)
     assert {k: v for k, v in loaded.items() if k != "turns"} == {
         k: v for k, v in raw.items() if k != "turns"
     }
-    assert loaded["turns"] == [dict(zip(TURN_FIELDS, t, strict=True)) for t in raw["turns"]]
+    assert loaded["turns"] == raw["turns"]
     assert pack_snapshot(loaded) == text
     # Version 5's Turns are the smaller: the same document with each Turn a map is longer.
     assert len(msgpack.packb(_as_v4(loaded), use_bin_type=True)) > len(text)
@@ -199,7 +200,12 @@ def test_a_snapshot_stored_by_an_older_build_commits_the_same_child(
         old_hash = _restore(store, op.operation_id, old)
         _forget(store)
         loaded = load_snapshot(old, old_hash)
-        assert loaded == v4 and isinstance(msgpack.unpackb(old)["turns"][0], dict)
+        assert isinstance(msgpack.unpackb(old)["turns"][0], dict)
+        # Read back into the arrays every version 4 and 5 Turn is held as in memory.
+        assert {k: v for k, v in loaded.items() if k != "turns"} == {
+            k: v for k, v in v4.items() if k != "turns"
+        }
+        assert loaded["turns"] == current["turns"]
         v3 = current  # the child below is the one the version 5 document builds
     elif version == 3:
         old = pack_snapshot(v3)
@@ -330,6 +336,8 @@ def _v5(**changes: Any) -> dict[str, Any]:
         (_packed, _v5(turns=[{"turn_id": "t"}]), "malformed version 5 Turns"),
         (_json, _v5(turns=[list(range(len(TURN_FIELDS) + 1))]), "malformed version 5 Turns"),
         (_json, {"version": 4, "history": {"count": 1}}, "no well-formed"),
+        (_packed, {**_v5(turns=[["t", 1]]), "version": 4}, "malformed version 4 Turns"),
+        (_packed, {**_v5(turns={"t": 1}), "version": 4}, "malformed version 4 Turns"),
         (_packed, [1, 2], "not a map"),
     ],
 )
