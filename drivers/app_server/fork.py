@@ -484,8 +484,12 @@ SETTLE_SECONDS = 0.05
 encoded and sent by the link thread."""
 SLICE = 256
 """Elements of a list freed per step (a decoded rollout line is some tens of objects)."""
+INLINE_ELEMENTS = SLICE
+"""A batch of fewer elements (each list's counted by its length, anything else as one) is
+freed where it is handed over: a small fork's few dozen lines free in microseconds, less than
+the hand-over to the release thread and its wake-ups cost."""
 
-_queue: SimpleQueue[tuple[list[object], Callable[[], None]]] = SimpleQueue()
+_queue: SimpleQueue[tuple[list[object], Callable[[], None], float]] = SimpleQueue()
 _started = False
 _start_lock = threading.Lock()
 
@@ -493,22 +497,35 @@ _start_lock = threading.Lock()
 def release_later(objects: list[object]) -> None:
     """Take over `objects` (the caller keeps no reference to them): each is dropped after
     `SETTLE_SECONDS`, a list's elements `SLICE` at a time; the collector is held off until
-    then. Call it while the objects' builder still holds the collector off."""
+    then. Call it while the objects' builder still holds the collector off. A batch under
+    `INLINE_ELEMENTS` is dropped now, on the calling thread."""
     global _started
     if not objects:
+        return
+    if _elements(objects) < INLINE_ELEMENTS:
+        objects.clear()
         return
     with _start_lock:
         if not _started:
             threading.Thread(target=_run, name="deferred-release", daemon=True).start()
             _started = True
-    _queue.put((objects, hold_collector()))
+    _queue.put((objects, hold_collector(), time.monotonic() + SETTLE_SECONDS))
+
+
+def _elements(objects: list[object]) -> int:
+    return sum(len(obj) if isinstance(obj, list) else 1 for obj in objects)
 
 
 def _run() -> None:
     while True:
-        batch, resume = _queue.get()
+        batch, resume, due = _queue.get()
         try:
-            time.sleep(SETTLE_SECONDS)
+            # Each batch waits from its own hand-over, not from the previous batch's end:
+            # batches handed over faster than one per `SETTLE_SECONDS` do not queue up (nor
+            # keep the collector held off) behind each other's waits.
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             drain(batch)
         finally:
             del batch
