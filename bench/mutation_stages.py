@@ -122,17 +122,6 @@ def report(folder: Path) -> list[str]:
             f"group COMMITs in phase A: {len(inside)}, p50 / p99 {lat.p50:.2f} / {lat.p99:.2f} ms,"
             f" {members:.2f} members each"
         )
-        syncs: list[list[float]] = []
-        for path in sorted(folder.glob("stages-*.json")):
-            syncs.extend(json.loads(path.read_text()).get("syncs", []))
-        synced = [x for x in syncs if start <= x[0] <= end]
-        if synced:
-            slat = Latency.of(x[1] for x in synced)
-            lines.append(
-                f"a group's wait for its WAL fsync after the baton was handed on, phase A:"
-                f" {len(synced)} groups (one covered by another's sync included), p50 / p99"
-                f" {slat.p50:.2f} / {slat.p99:.2f} ms"
-            )
         cpu: list[list[Any]] = []
         for path in sorted(folder.glob("stages-*.json")):
             cpu.extend(json.loads(path.read_text()).get("cpu", []))

@@ -9,15 +9,14 @@ began), `decoded`, `dispatched` (the dispatcher returned), `lane` (a rename's st
 writer thread) or `actor` (the Session actor began the message: the actor pool's queue),
 `store_in` (the store's `submit_write` called), `body_in` / `body_out` (its body ran: on this
 thread or on the baton holder's), `owner` (1: this thread held the baton), `notify_in` (the
-group's COMMIT and the WAL's fsync after it returned, and the events go out), `store_out`,
-`reply` (the responder was answered), `sent` (the transport loop sent the reply). Each group
-COMMIT (`_end_group`) is a row of its own: `[start, ms, members]`, and so is each WAL fsync run
-after the baton was handed on (`_sync_group`, where the store has it): `[start, ms]`; every
-0.25 s the CPU each of the daemon's threads (by name, numbered ones summed) has used; and each
-baton hold: `[start, end, thread, the writer's store method, bodies it ran for others, the
-holder's thread CPU, the wall and CPU of the group COMMITs it ran]`; each write of a Turn's
-batch (`TurnWrites._drain_batch`): `[what, wall, CPU]`. One JSON file per process, written at
-exit and every second.
+group's COMMIT returned and the events go out), `store_out`, `reply` (the responder was
+answered), `sent` (the transport loop sent the reply). Each group COMMIT (`_end_group`) is a
+row of its own: `[start, ms, members]`; every 0.25 s the CPU each of the daemon's threads
+(by name, numbered ones summed) has used; and each baton hold: `[start, end, thread, the
+writer's store method, bodies it ran for others, the holder's thread CPU, the wall and CPU of the
+group COMMITs it ran]`; each write of a Turn's batch (`TurnWrites._drain_batch`): `[what, wall,
+CPU]`. One JSON file per process, written at exit
+and every second.
 
 Three knobs for experiments, each off unless set: `AGENTHOST_STAGES_GROUP_AGE_MS` (how long a
 group stays open for the writers queued behind it, `Database.group_max_age_s`) and
@@ -44,7 +43,6 @@ if _DIR and "serve" in sys.argv:
     _now = time.time
     _stamps: dict[str, dict[str, float]] = {}
     _commits: list[tuple[float, float, int]] = []
-    _syncs: list[tuple[float, float]] = []
     _holds: list[tuple[float, float, str, str, int, float, float, float]] = []
     """Each baton hold: start, end, thread name, the writer's store method, bodies combined,
     the holder thread's CPU over the hold (`time.thread_time`), the wall and CPU ms of the
@@ -71,7 +69,6 @@ if _DIR and "serve" in sys.argv:
             got = {
                 "stamps": {rid: dict(stages) for rid, stages in list(_stamps.items())},
                 "commits": list(_commits),
-                "syncs": list(_syncs),
                 "holds": list(_holds),
                 "cpu": list(_cpu),
                 "items": list(_items),
@@ -204,18 +201,6 @@ if _DIR and "serve" in sys.argv:
                 _local.commit_cpu = getattr(_local, "commit_cpu", 0.0) + cpu
 
         database.submit_write = submit_write
-        sync_group = getattr(database, "_sync_group", None)
-        if sync_group is not None:
-
-            def _sync_group(self: Any, group: Any) -> None:
-                if not group.commit_no or group.ended:
-                    sync_group(self, group)
-                    return
-                t0 = _now() * 1000.0
-                sync_group(self, group)
-                _syncs.append((t0, _now() * 1000.0 - t0))
-
-            database._sync_group = _sync_group
         if os.environ.get("AGENTHOST_STAGES_BATCH_BACKGROUND"):
             # An experiment: a Turn's queued writes queue behind the clients' writes.
             batch = database.write_batch
