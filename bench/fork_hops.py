@@ -171,7 +171,10 @@ def _split(
         k = j
         while k < len(stamps) and stamps[k][1] <= t1:
             point, t = stamps[k]
-            first.setdefault(point, t)
+            # The worker's points of this fork follow this fork's send: a message sent
+            # before the window (a previous fork's) may be received inside it.
+            if "sup.send" in first or not point.startswith(("w.", "c.")):
+                first.setdefault(point, t)
             k += 1
         host.append(t1 - t0)
         for point, t in first.items():
@@ -184,9 +187,7 @@ def _split(
             prev, prev_t = point, t
         stretches.setdefault(f"{prev} → client", []).append(t1 - prev_t)
     half = len(ops) // 2
-    med_off = {
-        k: statistics.median(v) for k, v in offsets.items() if len(v) >= half and k in PATH
-    }
+    med_off = {k: statistics.median(v) for k, v in offsets.items() if len(v) >= half and k in PATH}
     med_str = {k: statistics.median(v) for k, v in stretches.items() if len(v) >= half}
     counts = Counter(p for p, _ in stamps)
     out = {

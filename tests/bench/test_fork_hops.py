@@ -56,6 +56,34 @@ def test_fork_hops_places_the_workers_stamps_between_the_daemons(tmp_path: Path)
     assert result["bareP50Ms"] > 0 and result["hostP50Ms"] > offsets["loop.send_reply"]
 
 
+def test_a_worker_stamp_before_the_forks_own_send_is_not_taken_for_the_forks() -> None:
+    """A message sent before a fork's window (a previous fork's) can be received inside it
+    on a loaded machine; the fork's `w.recv` is the one after its own `sup.send`."""
+    sys.path.insert(0, str(REPO))
+    from bench.fork_hops import _split
+
+    stamps = [
+        ("workers.fork", 1.0),
+        ("w.recv", 1.5),  # a previous fork's message, received late
+        ("sup.send", 2.0),
+        ("w.recv", 2.5),
+        ("w.fork", 2.6),
+        ("w.send", 4.0),
+        ("sup.complete", 4.5),
+    ]
+    out = _split("tutti-agent", [(0.0, 5.0)], stamps, [1.0], 1.0)
+    offsets = out["offsetsP50Ms"]
+    assert offsets["w.recv"] == 2.5 and offsets["sup.send"] == 2.0, offsets
+    assert list(offsets) == [
+        "workers.fork",
+        "sup.send",
+        "w.recv",
+        "w.fork",
+        "w.send",
+        "sup.complete",
+    ]
+
+
 @pytest.mark.claude
 @pytest.mark.timeout(300)
 def test_claude_fork_steps_times_both_sides() -> None:
