@@ -746,6 +746,10 @@ class TurnRunner:
         if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
             self._writes.enqueue(self._writes.binding_write(turn_id, event.binding_json))
+            if not state.settling and not state.start_unanswered:
+                # Heard after the start's answer (the answer can overtake the event): it
+                # waits for the Turn's next write as the start's writes do, not alone.
+                self._writes.linger(START_LINGER_S)
             return
         if state.settling:
             return

@@ -213,12 +213,76 @@ def test_a_short_turns_start_writes_are_written_by_its_settlement(
             assert [r[0] for r in claims] == ["finished"], claims
         hear_settled(sub, turns, heard)
     assert check_turn_events(heard, turns, turns) == []
-    # Not vacuous: the settling event of a Turn built from its image without the bind.
+    # Not vacuous: the settling event of a Turn built from its image without the bind (one of
+    # these Turns': the warm-up Turn's may reach a subscriber that joined after it settled).
     at = next(
         i
         for i, e in enumerate(heard)
-        if e["type"] == "turn.updated" and e["turn"]["phase"] == "settled"
+        if e["type"] == "turn.updated"
+        and e["turn"]["phase"] == "settled"
+        and e["turn"]["turnId"] in turns
     )
     unbound = {**heard[at]["turn"], "rootProviderTurnId": None}
     assert check_turn_events([*heard[:at], {**heard[at], "turn": unbound}, *heard[at + 1 :]],
                              turns, turns)  # fmt: skip
+
+
+def test_a_binding_heard_after_the_starts_answer_waits_for_the_settlement_too(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Turn's `turn.binding` that reaches the Session actor after the answer to its
+    `turn.start`, alone (the worker's events and its answers reach the actor by different
+    threads: on a loaded machine the answer can overtake the event), waits for the
+    settlement as the start's bind does: the Turn's writes after its claim are still two.
+    Here the binding is held in the event sink until the answer has been handled, then sent
+    on alone, the events after it 0.1 s later. Before, queueing it ended the wait and the
+    bind and binding were written as a transaction of their own (three and four)."""
+    monkeypatch.setattr(session_turns, "START_LINGER_S", 30.0)
+    monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
+    daemon, c = running
+    sid = _warm_session(c)
+    store, supervisor = daemon.store, daemon.supervisor
+    assert store is not None and supervisor is not None
+    answered = threading.Event()
+    turn_started = session_turns.TurnRunner._turn_started
+
+    def _started(self: session_turns.TurnRunner, *args: Any) -> None:
+        turn_started(self, *args)
+        answered.set()
+
+    monkeypatch.setattr(session_turns.TurnRunner, "_turn_started", _started)
+    forward = daemon._on_worker_event
+    lock = threading.Lock()
+    held: list[tuple[str, str, dict[str, Any]]] = []
+    waited: list[bool] = []
+
+    def _release() -> None:
+        waited.append(answered.wait(10))
+        with lock:
+            forward(*held.pop(0))  # the binding, alone
+            time.sleep(0.1)
+            while held:
+                forward(*held.pop(0))
+            waited.append(True)
+
+    def sink(provider: str, key: str, event: dict[str, Any]) -> None:
+        with lock:
+            if not waited and (held or event.get("type") == "turn.binding"):
+                if not held:
+                    threading.Thread(target=_release, daemon=True).start()
+                held.append((provider, key, event))
+                return
+        forward(provider, key, event)
+
+    stats = store.db.write_stats
+    supervisor.set_event_sink(sink)
+    try:
+        at_claim = (stats.transactions, stats.batched)
+        turn = run_turn(c, sid, "a late binding")
+    finally:
+        supervisor.set_event_sink(forward)
+    assert waited[:1] == [True], "the binding was not held until the start's answer"
+    assert turn["outcome"] == "completed", turn
+    assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
+    stored = store.turns.get_turn(WS, sid, turn["turnId"])
+    assert stored.root_provider_turn_id and stored.provider_turn_binding_json, stored
