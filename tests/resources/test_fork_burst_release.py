@@ -39,11 +39,11 @@ SOURCE = "steps 300 20"
 """The source Turn: 300 reasoning items of 20 bytes (~600 rollout lines)."""
 RSS_MARGIN_KB = 2048 if SOAK else 1024
 """How much higher the last third's RSS may peak than the middle third's. The old code's
-backlog grew the worker by ~40 KB a batch, several batches a second (+1.3-1.4 MB from the
-middle third to the last at 21-28 forks/s, more the faster it forks); today's worker grows by
-one step of ~0.5 MB somewhere near its 2,000th fork (the interpreter's table of interned
-strings, which pathlib fills with each fork's new path names, doubling; level before and
-after), which a quiet machine's 20 s may reach."""
+backlog grew the worker by ~40 KB a batch, several batches a second (+1.3-3.4 MB from the
+middle third to the last at 21-34 forks/s, more the faster it forks); today's worker grows by
+one step of ~0.5 MB somewhere near its 1,000th-2,000th fork (the interpreter's table of
+interned strings, which pathlib fills with each fork's new path names, resizing; level before
+and after), which a quiet machine's 20 s may reach."""
 IDLE_S = 1.5
 """The window over which each thread's wake-ups are counted, before the forks and after."""
 GRACE_S = 0.5
