@@ -526,28 +526,35 @@ def referenced_ordinal(data: bytes) -> int | None:
 # --------------------------------------------------------------------------- paths
 
 
-def assert_no_symlink(
-    path: Path | str, *, must_exist: bool, below: Path | str | None = None
-) -> None:
-    """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
-    read from, another session's home). `below`: an ancestor of `path` this bind already
-    checked (its home): only the components under it are looked at again (otherwise a
-    bind would lstat every component of every path, home included, five times over)."""
-    path = os.path.abspath(path)
-    start = 1
-    if below is not None:
-        base = os.path.abspath(below).rstrip("/")
-        if path.startswith(base + "/"):
-            start = len(base) + 1
-    # Each component's own path, shallowest first: "/a", "/a/b", ..., path (the slashes
-    # found by `str.find`, not by a test of every character in Python).
+def _components(path: str, start: int) -> list[str]:
+    """Each component's own path of the absolute `path` from index `start` on, shallowest
+    first: "/a", "/a/b", ..., path (the slashes found by `str.find`, not by a test of every
+    character in Python)."""
     parts = []
     end = path.find("/", start)
     while end != -1:
         parts.append(path[:end])
         end = path.find("/", end + 1)
     parts.append(path)
-    for part in parts:
+    return parts
+
+
+def assert_no_symlink(
+    path: Path | str, *, must_exist: bool, below: Path | str | None = None
+) -> str | None:
+    """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
+    read from, another session's home). `below`: an ancestor of `path` this bind already
+    checked (its home): only the components under it are looked at again (otherwise a
+    bind would lstat every component of every path, home included, five times over).
+    Returns the first component that does not exist (nothing below it can be a link yet),
+    None when every one does: what `DirsAhead` creates from, without probing the chain again."""
+    path = os.path.abspath(path)
+    start = 1
+    if below is not None:
+        base = os.path.abspath(below).rstrip("/")
+        if path.startswith(base + "/"):
+            start = len(base) + 1
+    for part in _components(path, start):
         try:
             st = os.lstat(part)
         except FileNotFoundError:
@@ -555,9 +562,31 @@ def assert_no_symlink(
                 raise BinderError(
                     BindFailure.SOURCE_ROLLOUT_MISSING, f"{part} does not exist"
                 ) from None
-            return  # nothing below a missing component can be a link yet
+            return part  # nothing below a missing component can be a link yet
         if stat.S_ISLNK(st.st_mode):
             raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
+    return None
+
+
+def assert_homes_no_symlink(*homes: Path | str) -> None:
+    """`assert_no_symlink(home, must_exist=False)` of each home, a component the homes share
+    (their common ancestors: a source and a target home are siblings under the daemon's
+    runtimes) `lstat`ed once, not once per home."""
+    exists: dict[str, bool] = {}
+    for home in homes:
+        for part in _components(os.path.abspath(home), 1):
+            known = exists.get(part)
+            if known is None:
+                try:
+                    st = os.lstat(part)
+                except FileNotFoundError:
+                    known = exists[part] = False
+                else:
+                    if stat.S_ISLNK(st.st_mode):
+                        raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
+                    known = exists[part] = True
+            if not known:
+                break  # nothing below a missing component can be a link yet
 
 
 def rollout_matches(home: Path, thread_id: str) -> list[Path]:
@@ -578,7 +607,11 @@ def rollout_matches(home: Path, thread_id: str) -> list[Path]:
     found: list[str] = []
     for dirname in ROLLOUT_DIRS:
         root = os.path.join(home, dirname)
-        if not os.path.isdir(root) or os.path.islink(root):
+        try:
+            # One `lstat`, not `isdir` + `islink`: a link (to a directory or not) is skipped.
+            if not stat.S_ISDIR(os.lstat(root).st_mode):
+                continue
+        except (FileNotFoundError, NotADirectoryError):
             continue
         pending = [root]
         while pending:
@@ -768,11 +801,15 @@ class DirsAhead:
             self._error = exc
 
     def _make(self) -> None:
-        assert_no_symlink(self._path, must_exist=False)
+        # The symlink check's walk down the chain finds its first missing component: that one
+        # and everything below it are what to create (no second walk of `stat`s up the chain).
+        first_missing = assert_no_symlink(self._path, must_exist=False)
         missing: list[str] = []
         probe = self._path
-        while not os.path.exists(probe):
+        while first_missing is not None:
             missing.append(probe)
+            if probe == first_missing or probe == os.path.dirname(probe):
+                break
             probe = os.path.dirname(probe)
         for directory in reversed(missing):
             with contextlib.suppress(FileExistsError):
@@ -1166,8 +1203,7 @@ class RolloutBinder:
         first write (a failed bind may have called it)."""
         source_home = Path(os.path.abspath(source_home))
         target_home = Path(os.path.abspath(target_home))
-        assert_no_symlink(source_home, must_exist=False)
-        assert_no_symlink(target_home, must_exist=False)
+        assert_homes_no_symlink(source_home, target_home)
         plans: list[_Plan] = []
         seen: set[str] = set()
         thread_id: str | None = child_id
@@ -1273,8 +1309,10 @@ class RolloutBinder:
             )
 
         source = sources[0]
-        assert_no_symlink(source, must_exist=True, below=source_home)
-        source_bytes = self._read(source)
+        # No `lstat` of its components here: the lookup found it by descending only
+        # directories that are no links, and the read opens it with `O_NOFOLLOW` (a link
+        # named as the rollout is refused there, `SYMLINKED_PATH`).
+        source_bytes = self._read(source, missing=BindFailure.SOURCE_ROLLOUT_MISSING)
         try:
             parsed = parse_rollout(source_bytes, thread_id, self.spans)
         except ValueError as exc:
@@ -1289,7 +1327,10 @@ class RolloutBinder:
         # An archived target is repaired where it lives, never duplicated into sessions/.
         target = target_existing if target_existing is not None else target_home / relative
         relative_target = target.relative_to(target_home)
-        assert_no_symlink(target, must_exist=False, below=target_home)
+        # Its components are not `lstat`ed here: an existing target was found by the lookup's
+        # walk (no link descended) and read with `O_NOFOLLOW`; a target that is written —
+        # copied or repaired — is checked right before the write (`begin`), the check the
+        # law needs, and nothing is written before it.
 
         def plan(
             action: BindAction, data: bytes, data_parse: ParsedRollout = parsed
@@ -1324,11 +1365,13 @@ class RolloutBinder:
         raise BinderError(BindFailure.TARGET_DIVERGED, f"{target} diverges from {source}")
 
     @staticmethod
-    def _read(path: Path) -> bytes:
+    def _read(path: Path, missing: BindFailure = BindFailure.IO_ERROR) -> bytes:
         try:
             return read_regular(path)
         except BinderError:
             raise
+        except FileNotFoundError as exc:  # gone since the lookup listed it
+            raise BinderError(missing, f"{path}: {exc}") from exc
         except OSError as exc:
             if exc.errno == 40:  # ELOOP: O_NOFOLLOW met a symlinked file
                 raise BinderError(BindFailure.SYMLINKED_PATH, f"{path} is a symlink") from exc

@@ -171,32 +171,142 @@ def test_the_syncs_of_a_round_are_in_flight_together(
     assert seen[6:] == [True]  # the day, once, for both names
 
 
-def test_each_path_component_is_checked_for_links_once_per_write_step(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The symlink checks lstat each home's own ancestors once, and below a home
-    only the components under it (the plan, then again right before the write) — not every
-    component from the root five times over. A link anywhere is still refused
-    (test_rollout_binder's symlink tests)."""
-    import drivers.binder as binder_module
-
-    src = tmp_path / "src" / "tutti-agent-home"
-    put(src, CHILD, rollout_bytes(CHILD, 5))
-    dst = tmp_path / "dst" / "tutti-agent-home"
-    dst.mkdir(parents=True)
-    seen: list[str] = []
-    real = os.lstat
+def _spy_stats(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Every `os.lstat` and `os.stat` call (`os.path.exists`/`isdir` included) as
+    ("lstat" | "stat", path), in order: each one reaches the kernel (a spy, not a mock)."""
+    calls: list[tuple[str, str]] = []
+    real_lstat, real_stat = os.lstat, os.stat
 
     def lstat(path: object, *args: object, **kwargs: object) -> os.stat_result:
-        seen.append(os.fspath(path))  # type: ignore[arg-type]
-        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+        calls.append(("lstat", os.fspath(path)))  # type: ignore[arg-type]
+        return real_lstat(path, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(binder_module.os, "lstat", lstat)
+    def stat_(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if not isinstance(path, int):
+            calls.append(("stat", os.fspath(path)))  # type: ignore[arg-type]
+        return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    monkeypatch.setattr(os, "stat", stat_)
+    return calls
+
+
+def test_each_path_component_is_checked_for_links_once_per_bind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The symlink checks lstat the homes' ancestors once per bind, shared ones once for both
+    homes (the source and target homes are siblings under the daemon's runtimes); below a
+    home nothing is lstat'ed but a path about to be written, right before the write — the
+    lookup's walk descends no link and the reads open with `O_NOFOLLOW`. A link anywhere is
+    still refused (test_rollout_binder's symlink tests)."""
+    src = tmp_path / "src" / "tutti-agent-home"
+    source = put(src, CHILD, rollout_bytes(CHILD, 5))
+    dst = tmp_path / "dst" / "tutti-agent-home"
+    dst.mkdir(parents=True)
+    calls = _spy_stats(monkeypatch)
     RolloutBinder().bind(src, dst, CHILD)
+    seen = [path for kind, path in calls if kind == "lstat"]
     for ancestor in [*tmp_path.parents[:-1], tmp_path]:  # "/" is never looked at
-        assert seen.count(str(ancestor)) == 2, ancestor  # once per home
+        assert seen.count(str(ancestor)) == 1, ancestor  # once for both homes
     assert seen.count(str(src)) == 1 and seen.count(str(dst)) == 1
-    assert seen.count(str(dst / "sessions")) == 2  # the plan, and right before the write
+    below_source = [p for p in seen if p.startswith(str(src) + "/")]
+    # The lookup's one `lstat` of each rollout root; the source's own path never.
+    assert below_source == [str(src / "sessions"), str(src / "archived_sessions")], below_source
+    assert str(source) not in seen
+    # The target's components: only right before the write (the lookup's root lstat aside;
+    # the check stops at `sessions`, missing: nothing below it can be a link yet).
+    assert seen.count(str(dst / "sessions")) == 2
+
+
+def test_the_lookup_stats_each_root_once_and_refuses_no_less(tmp_path: Path) -> None:
+    """`rollout_matches` takes each root's type from one `lstat` (not `isdir` + `islink`):
+    a missing root, a root that is a link (to a directory or not) and a home that is a
+    file hold nothing, as before."""
+    from drivers.binder import rollout_matches
+
+    home = tmp_path / "home"
+    put(home, CHILD, b"x")
+    assert [p.name for p in rollout_matches(home, CHILD)] == [
+        f"rollout-2026-11-29T19-33-09-{CHILD}.jsonl"
+    ]
+    other = tmp_path / "other"
+    put(other, CHILD, b"x")
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    (linked / "sessions").symlink_to(other / "sessions")
+    (linked / "archived_sessions").symlink_to(other / "missing")
+    assert rollout_matches(linked, CHILD) == []
+    afile = tmp_path / "afile"
+    afile.write_bytes(b"")
+    assert rollout_matches(afile, CHILD) == []
+
+
+def test_the_lookup_stats_each_root_with_one_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from drivers.binder import rollout_matches
+
+    home = tmp_path / "home"
+    put(home, CHILD, b"x")
+    calls = _spy_stats(monkeypatch)
+    rollout_matches(home, CHILD)
+    assert calls == [
+        ("lstat", str(home / "sessions")),
+        ("lstat", str(home / "archived_sessions")),
+    ]
+
+
+def test_dirs_ahead_walks_the_chain_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DirsAhead` creates from the first missing component its symlink check met: each
+    component is `lstat`ed once, down to the first missing one, and nothing is `stat`ed
+    again on the way up (the check's walk and an `exists` probe up the chain were two)."""
+    from drivers.binder import DirsAhead
+
+    home = tmp_path / "runtimes" / "session-1" / "tutti-agent-home"
+    (tmp_path / "runtimes").mkdir()
+    path = home / "sessions" / "2026" / "11" / "29"
+    calls = _spy_stats(monkeypatch)
+    with counting_fsyncs(monkeypatch) as log:
+        DirsAhead(path).ready()
+    made = list(calls)
+    assert path.is_dir()
+    assert [kind for kind, _ in made] == ["lstat"] * len(made)
+    paths = [p for _, p in made]
+    assert paths == [*(str(a) for a in reversed(tmp_path.parents[:-1])), str(tmp_path)] + [
+        str(tmp_path / "runtimes"),
+        str(tmp_path / "runtimes" / "session-1"),  # the first missing: created from here
+    ]
+    assert log.dirs == 6  # runtimes, session-1, home, sessions, 2026, 11: each once
+    # Nothing missing: nothing created, nothing fsynced.
+    calls.clear()
+    with counting_fsyncs(monkeypatch) as again:
+        DirsAhead(path).ready()
+    assert again.total == 0 and all(kind == "lstat" for kind, _ in calls)
+
+
+def test_a_source_gone_since_the_lookup_is_missing_not_an_io_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The source's path is no longer `lstat`ed before its read: a source removed between
+    the lookup and the read is still `source_rollout_missing`."""
+    import drivers.binder as binder_module
+    from drivers.binder import BinderError, BindFailure
+
+    src = tmp_path / "src" / "tutti-agent-home"
+    source = put(src, CHILD, rollout_bytes(CHILD, 5))
+    real = binder_module.rollout_matches
+
+    def lookup(home: Path, thread_id: str) -> list[Path]:
+        found = real(home, thread_id)
+        if home == src and source.exists():
+            source.unlink()
+        return found
+
+    monkeypatch.setattr(binder_module, "rollout_matches", lookup)
+    with pytest.raises(BinderError) as refused:
+        RolloutBinder().bind(src, tmp_path / "dst", CHILD)
+    assert refused.value.failure is BindFailure.SOURCE_ROLLOUT_MISSING
+    assert not (tmp_path / "dst").exists()
 
 
 def test_dirs_ahead_makes_each_created_directory_durable(
