@@ -152,6 +152,57 @@ def test_direct_sends_racing_the_loops_drain_of_a_stream_lose_no_frame_and_match
     assert deltas == [str(i) for i in range(n)]
 
 
+class _LongSleeps:
+    """The loop's epoll with its 0.1 s wake-up made 10 s: a frame nobody signals waits."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def poll(self, timeout: float = -1) -> Any:
+        return self.real.poll(10.0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+@pytest.mark.timeout(120)
+def test_an_answer_whose_signal_a_direct_send_took_wakes_the_loop(
+    scripted: WorkerSupervisor,
+) -> None:
+    """The loop has made its last look and is about to sleep when an answer arrives; a direct
+    send made then reads the socket's commands, and with them the descriptor's signal of that
+    answer, so the loop's `epoll` would not wake for it. The sender's look after its send finds
+    the answer and wakes the loop; without it the answer waits for the next frame (here the
+    other request's answer, 3 s later)."""
+    _ready(scripted)
+    at_sleep, go = threading.Event(), threading.Event()
+    armed = threading.Event()
+    look = scripted._look_after_sends
+
+    def look_then_wait() -> None:
+        look()
+        if armed.is_set():  # the loop's last look of this pass is done: hold it here
+            armed.clear()
+            at_sleep.set()
+            go.wait(10)
+
+    scripted._look_after_sends = look_then_wait  # type: ignore[method-assign]
+    scripted._epoll = _LongSleeps(scripted._epoll)  # type: ignore[assignment]
+    for i in range(3):
+        at_sleep.clear()
+        go.clear()
+        armed.set()
+        scripted._mailbox.wake()  # one pass of the loop, held before it sleeps
+        assert at_sleep.wait(10)
+        first = scripted.request(P, "echo", {"i": i}, 30)
+        time.sleep(0.05)  # its answer arrives while the loop is held
+        scripted.request(P, "later", {"ms": 3000}, 30)  # this send takes the answer's signal
+        go.set()
+        t0 = time.monotonic()
+        assert first.result(10)["params"] == {"i": i}
+        assert time.monotonic() - t0 < 1.5, f"round {i}: the answer waited for another frame"
+
+
 @pytest.mark.timeout(120)
 def test_a_worker_killed_while_direct_sends_are_under_way_fails_each_typed_and_none_hangs(
     scripted: WorkerSupervisor,

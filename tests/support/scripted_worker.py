@@ -7,8 +7,8 @@ place of a worker, through a `python` shim (`shim`).
 Requests: `burst {sid, n, pauseMs}` (one delta, a pause, the other n - 1 back to back, then the
 answer), `stream {sid, n, every}` (answered at once; n deltas from a thread of their own, a
 millisecond's pause after every `every`-th, then a `turn.completed`), `echo {…}` (answered
-`{"method", "params", "n"}`: its params back and how many requests arrived before it); anything
-else is answered `{"method": …}`.
+`{"method", "params", "n"}`: its params back and how many requests arrived before it), `later
+{ms}` (answered after `ms` from a thread of its own); anything else is answered `{"method": …}`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,12 @@ class Scripted:
         elif method == "stream":
             args = (params["sid"], params["n"], params["every"])
             threading.Thread(target=self.stream, args=args, daemon=True).start()
+        elif method == "later":
+            reply = {"t": "res", "id": req_id, "ok": True, "result": {"method": method}}
+            timer = threading.Timer(params["ms"] / 1000, self.send, args=(reply,))
+            timer.daemon = True
+            timer.start()
+            return
         elif method == "echo":
             result = {"method": method, "params": params, "n": self.arrived - 1}
             self.send({"t": "res", "id": req_id, "ok": True, "result": result})
