@@ -4,11 +4,7 @@ of silence, and restarted with backoff.
 
 One loop thread owns every socket and child process (so Linux's parent-death signal stays tied
 to a thread that lives until `close()`); a second thread delivers results and events in arrival
-order, so a slow callback can never starve heartbeats. One exception to the loop's ownership: a
-request whose worker is ready and whose link has nothing queued ahead of it is sent on the
-link's socket by the caller's own thread (`request`, `_send_direct`), under the link's lock
-(`WorkerRecord.lock`), which the loop holds whenever it touches that socket: a Turn's
-`turn.start` leaves the Session actor's thread for ZeroMQ's I/O thread without waking the loop.
+order, so a slow callback can never starve heartbeats.
 
 This module is the loop, its public API, its hung-worker judgement (`judge`: busy or hung) and
 its delivery thread (`Deliveries`, with its sinks). Beside it, one concern each:
@@ -286,12 +282,6 @@ class WorkerSupervisor:
 
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._mailbox = Mailbox()
-        # Requests and failpoints put in the mailbox and not yet taken through by the loop: a
-        # direct send waits for none (it goes through the mailbox too, behind them).
-        self._via_loop = 0
-        self._via_loop_lock = threading.Lock()
-        self.sent_direct = 0  # requests sent on the caller's thread (tests and benches read it)
-        self.direct_busy = 0  # requests sent through the loop because it held the link's lock
         # The loop's poll set: the mailbox's eventfd and each live link's `zmq.FD`, by number.
         self._epoll = select.epoll()
         self._by_fd: dict[int, WorkerRecord] = {}
@@ -332,9 +322,6 @@ class WorkerSupervisor:
         The future fails with `WorkerUnavailable` (never sent), `WorkerLost` (sent; the worker
         died), `WorkerTimeout` (sent; no answer in `timeout` s) or `WorkerError` (`ok: false`).
         Cancelling it only works while it has not been sent.
-
-        Sent from this thread when the worker is ready and nothing is queued ahead of it on
-        the link nor waits in the loop's mailbox (`_send_direct`); else through the loop.
         """
         fut: Future[dict[str, Any]] = Future()
         if self._closing.is_set():
@@ -344,63 +331,10 @@ class WorkerSupervisor:
             self._ids += 1
             req_id = self._ids
         deadline = None if timeout is None else time.monotonic() + timeout
-        pending = Pending(req_id, provider, method, dict(params or {}), fut, deadline)
-        if self._send_direct(pending):
-            return fut
-        self._to_loop(("req", pending))
+        self._mailbox.put(
+            ("req", Pending(req_id, provider, method, dict(params or {}), fut, deadline))
+        )
         return fut
-
-    def _to_loop(self, item: tuple[str, Any]) -> None:
-        """Into the loop's mailbox, counted until the loop has taken it through (`_via_loop`)."""
-        with self._via_loop_lock:
-            self._via_loop += 1
-        self._mailbox.put(item)
-
-    def _send_direct(self, pending: Pending) -> bool:
-        """Send `pending` on its worker's link from this thread; False (nothing done) when it
-        must go through the loop: no worker yet or not ready (`direct` unset: starting, dead,
-        restarting, its queue being sent at its hello), or a request or failpoints put in the
-        mailbox earlier not yet taken through (a request never overtakes one made before it),
-        or the loop holds the link's lock right now (the caller never waits for the loop).
-
-        Under the link's lock: the pending is in the in-flight table before its frame leaves
-        (its answer is matched however soon it comes; the loop's deadline check sees it), and
-        a link detached meanwhile (`_on_death`, `_shutdown`) is seen as not ready. A send may
-        take the descriptor's signal of a frame that arrived: the look after it (`more`) finds
-        that frame, and the loop is woken to read it."""
-        worker = self._workers.get(pending.provider)
-        if worker is None or not worker.direct:
-            return False
-        lock = worker.lock
-        if not lock.acquire(blocking=False):
-            # The loop is on the socket (a drain holds it frame by frame, and takes it back
-            # before a waiter would wake): it is awake, so its mailbox costs no wake-up, and
-            # the caller never waits here.
-            self.direct_busy += 1
-            return False
-        look = False
-        try:
-            end = worker.end
-            if not worker.direct or end is None or self._via_loop or self._closing.is_set():
-                return False
-            if not pending.future.set_running_or_notify_cancel():
-                return True  # cancelled by the caller before it left the host
-            worker.inflight[pending.req_id] = pending
-            sent = end.send(req_msg(pending.req_id, pending.method, pending.params))
-            if sent:
-                pending.sent = True
-                self.sent_direct += 1
-                look = end.more()
-                end.unlooked = look
-            else:
-                del worker.inflight[pending.req_id]
-        finally:
-            lock.release()
-        if not sent:
-            self._fail(pending, WorkerUnavailable(f"{worker.provider} worker is not reachable"))
-        elif look:
-            self._mailbox.wake()  # a frame waits whose signal the send may have taken
-        return True
 
     def start_ahead(self, provider: str) -> None:
         """Spawn `provider`'s worker now, before any request needs it, if it has none yet (a
@@ -422,7 +356,7 @@ class WorkerSupervisor:
         checked = parse_points(format_points({str(k): str(v) for k, v in points.items()}))
         # Re-arming clears fired `once:` markers so the next incarnation sees them armed.
         _Failpoints(state_dir=self._fp_state).set(checked)
-        self._to_loop(("failpoints", checked))
+        self._mailbox.put(("failpoints", checked))
         merged = dict(self._points)
         for name, action in checked.items():
             if action == "off":
@@ -505,21 +439,11 @@ class WorkerSupervisor:
                     self._submit(item)
                 except Exception as exc:  # noqa: BLE001 - the waiter gets a typed error
                     self._fail(item, WorkerUnavailable(f"{item.method} not sent: {exc}"))
-                finally:
-                    self._taken_through()
             elif kind == "failpoints":
-                try:
-                    self._forward_failpoints(item)
-                finally:
-                    self._taken_through()
+                self._forward_failpoints(item)
             elif kind == "ahead":
                 self._worker_of(item)
         return False
-
-    def _taken_through(self) -> None:
-        """A counted mail item was sent or queued on its link: a later request may go direct."""
-        with self._via_loop_lock:
-            self._via_loop -= 1
 
     def _look_after_sends(self) -> None:
         """A link the loop sent on (a request, a heartbeat) since it last looked may hold a
@@ -529,36 +453,27 @@ class WorkerSupervisor:
             again = False
             for worker in self._workers.values():
                 end = worker.end
-                if end is None or not end.unlooked:
-                    continue
-                with worker.lock:
-                    waiting = end.more()
-                if waiting:
+                if end is not None and end.unlooked and end.more():
                     self._read(worker)
                     again = True  # reading may have sent (a hello's queued requests)
 
     def _attach(self, worker: WorkerRecord, end: HostEnd) -> None:
-        with worker.lock:
-            worker.end = end
+        worker.end = end
         self._by_fd[end.fd] = worker
         self._epoll.register(end.fd, select.EPOLLIN)
 
     def _detach(self, worker: WorkerRecord) -> None:
-        """Close the worker's link (its descriptor leaves the poll set first). Under the link's
-        lock, so no direct send is under way on the socket closed, and none starts after
-        (`direct` unset): from here the in-flight table is the loop's alone."""
-        with worker.lock:
-            worker.direct = False
-            end = worker.end
-            if end is None:
-                return
-            worker.end = None
-            if self._by_fd.get(end.fd) is worker:
-                del self._by_fd[end.fd]
-                with contextlib.suppress(OSError, ValueError):
-                    self._epoll.unregister(end.fd)
-            with contextlib.suppress(Exception):
-                end.close()
+        """Close the worker's link (its descriptor leaves the poll set first)."""
+        end = worker.end
+        if end is None:
+            return
+        worker.end = None
+        if self._by_fd.get(end.fd) is worker:
+            del self._by_fd[end.fd]
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(end.fd)
+        with contextlib.suppress(Exception):
+            end.close()
 
     def _worker_of(self, provider: str) -> WorkerRecord:
         """`provider`'s worker record, its first incarnation spawned if it had none."""
@@ -579,16 +494,11 @@ class WorkerSupervisor:
     def _send(self, worker: WorkerRecord, pending: Pending) -> None:
         if not pending.future.set_running_or_notify_cancel():
             return  # cancelled by the caller before it left the host
-        end = worker.end
-        assert end is not None
-        with worker.lock:
+        assert worker.end is not None
+        if worker.end.send(req_msg(pending.req_id, pending.method, pending.params)):
+            pending.sent = True
             worker.inflight[pending.req_id] = pending
-            sent = end.send(req_msg(pending.req_id, pending.method, pending.params))
-            if sent:
-                pending.sent = True
-            else:
-                del worker.inflight[pending.req_id]
-        if not sent:
+        else:
             self._fail(pending, WorkerUnavailable(f"{worker.provider} worker is not reachable"))
 
     def _forward_failpoints(self, points: dict[str, str]) -> None:
@@ -603,8 +513,7 @@ class WorkerSupervisor:
                     self._ids += 1
                     req_id = self._ids
                 # Fire-and-forget: its answer arrives with an id nobody waits for.
-                with worker.lock:
-                    worker.end.send(req_msg(req_id, "debug.failpoints", {"points": points}))
+                worker.end.send(req_msg(req_id, "debug.failpoints", {"points": points}))
 
     def _send_points_armed_while_starting(self, worker: WorkerRecord) -> None:
         """Points armed (or turned off) after this incarnation was spawned never reached it
@@ -620,8 +529,7 @@ class WorkerSupervisor:
             with self._ids_lock:
                 self._ids += 1
                 req_id = self._ids
-            with worker.lock:
-                worker.end.send(req_msg(req_id, "debug.failpoints", {"points": changed}))
+            worker.end.send(req_msg(req_id, "debug.failpoints", {"points": changed}))
 
     def _spawn(self, worker: WorkerRecord) -> None:
         """Start an incarnation; any failure (EMFILE, ENOMEM, a missing python) is a death
@@ -661,25 +569,16 @@ class WorkerSupervisor:
         self._publish_status(worker)
 
     def _read(self, worker: WorkerRecord) -> None:
-        """Drain `worker`'s link; each socket call under the link's lock (a direct send may
-        be under way), each message handled outside it."""
         end = worker.end
-        lock = worker.lock
         while end is not None and worker.end is end:
-            with lock:
-                msg = end.recv()
-                more = msg is None and end.more()
+            msg = end.recv()
             if msg is None:
-                if more:
+                if end.more():
                     continue  # a frame dropped (not the worker's, not a link map)
                 return
             self._handle(worker, msg)
             # Poll said one was there; `zmq.EVENTS` says whether another is.
-            if worker.end is not end:
-                return
-            with lock:
-                more = end.more()
-            if not more:
+            if worker.end is not end or not end.more():
                 return
 
     def _handle(self, worker: WorkerRecord, msg: dict[str, Any]) -> None:
@@ -699,9 +598,6 @@ class WorkerSupervisor:
                 self._send_points_armed_while_starting(worker)
                 while worker.queued and worker.state is WorkerState.READY:
                     self._send(worker, worker.queued.popleft())
-                with worker.lock:  # its queue is out: later requests may go direct
-                    ready = worker.state is WorkerState.READY and worker.end is not None
-                    worker.direct = ready and not worker.queued
         elif kind == MsgType.RES:
             pending = worker.inflight.pop(msg.get("id"), None)  # type: ignore[arg-type]
             if pending is None:
@@ -734,8 +630,7 @@ class WorkerSupervisor:
                     and now - worker.last_hb >= HEARTBEAT_INTERVAL_S
                 ):
                     assert worker.end is not None
-                    with worker.lock:
-                        worker.end.send(HB_MSG)
+                    worker.end.send(HB_MSG)
                     worker.last_hb = now
             elif (
                 worker.state is WorkerState.BACKOFF
@@ -759,12 +654,9 @@ class WorkerSupervisor:
         return False
 
     def _expire(self, worker: WorkerRecord, now: float) -> None:
-        with worker.lock:  # a direct send may be adding to it
-            inflight = list(worker.inflight.items())
-        for req_id, pending in inflight:
+        for req_id, pending in list(worker.inflight.items()):
             if pending.deadline is not None and now >= pending.deadline:
-                if worker.inflight.pop(req_id, None) is None:
-                    continue  # answered meanwhile
+                del worker.inflight[req_id]
                 self._fail(
                     pending,
                     WorkerTimeout(f"{pending.method} sent to {worker.provider}, no answer in time"),
@@ -820,13 +712,13 @@ class WorkerSupervisor:
                 proc.kill()
                 proc.wait()
         for worker in self._workers.values():
-            self._detach(worker)  # first: no direct send adds to its in-flight table after
             for pending in worker.inflight.values():
                 self._fail(pending, WorkerLost(f"{pending.method}: supervisor closed"))
             worker.inflight.clear()
             for pending in worker.queued:
                 self._fail(pending, WorkerUnavailable(f"{pending.method}: supervisor closed"))
             worker.queued.clear()
+            self._detach(worker)
             worker.proc = None
             worker.state = WorkerState.STOPPED
             self._publish_status(worker)

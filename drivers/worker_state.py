@@ -1,13 +1,11 @@
 """The supervisor's record of each worker, as its loop thread keeps it: the lifecycle states
 (`WorkerState`), a request waiting for its answer (`Pending`), one provider's incarnations,
 sockets, queues and restart backoff (`WorkerRecord`), and the status row `status()` shows.
-Plain data; only the supervisor's loop thread mutates it, but for a request sent on its link
-from the caller's thread (`WorkerRecord.lock`, `direct`)."""
+Plain data; only the supervisor's loop thread mutates it."""
 
 from __future__ import annotations
 
 import subprocess
-import threading
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -46,10 +44,7 @@ class Pending:
 
 @dataclass(slots=True)
 class WorkerRecord:
-    """Mutable state of one provider's worker, kept by the supervisor's loop thread. Another
-    thread may send a request on the link itself (`WorkerSupervisor.request`'s direct send):
-    it does so only under `lock`, which the loop also holds whenever it touches the link's
-    socket, changes `end` or `direct`, or takes the `inflight` table whole."""
+    """Loop-thread-only mutable state of one provider's worker."""
 
     provider: str
     state: WorkerState = WorkerState.STARTING
@@ -71,14 +66,6 @@ class WorkerRecord:
     it was starting are sent to it when it says hello."""
     queued: deque[Pending] = field(default_factory=deque)
     inflight: dict[int, Pending] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards the link's socket between the loop and a direct sender (a ZeroMQ socket is used
-    from one thread at a time, behind a full barrier), `end`, `direct` and whole-table takes of
-    `inflight`. A leaf: nothing else is taken while it is held."""
-    direct: bool = False
-    """A request may be sent on the link from the caller's thread: the incarnation said hello,
-    nothing is queued for it, and nothing it queued is still being sent (set and cleared by the
-    loop under `lock`)."""
 
     def status_row(self) -> WorkerStatus:
         """The row `WorkerSupervisor.status()` shows for this provider."""

@@ -109,9 +109,7 @@ def ipc_path(endpoint: str) -> str | None:
 
 
 class HostEnd:
-    """The host's ROUTER for exactly one worker incarnation; used from one thread at a time
-    (the supervisor's loop, or a thread sending a request directly, under the worker record's
-    lock).
+    """The host's ROUTER for exactly one worker incarnation; used from one thread only.
 
     A fresh endpoint per incarnation means a stale process of an earlier incarnation can never
     answer a request sent to its successor.
@@ -198,10 +196,9 @@ class HostEnd:
 class Mailbox:
     """A thread-safe queue whose `put` wakes a poll loop through an eventfd (`fd`).
 
-    zmq sockets are not thread-safe, so other threads touch the loop's sockets only under the
-    link's lock (a request sent directly); everything else they enqueue here and the loop
-    drains the queue when `fd` turns readable. The loop polls `fd` as a plain descriptor,
-    beside its sockets' `zmq.FD`s.
+    zmq sockets are not thread-safe, so other threads never touch the loop's sockets: they
+    enqueue here and the loop drains the queue when `fd` turns readable. The loop polls `fd`
+    as a plain descriptor, beside its sockets' `zmq.FD`s.
     """
 
     def __init__(self) -> None:
@@ -212,10 +209,6 @@ class Mailbox:
 
     def put(self, item: Any) -> None:
         self._queue.put(item)
-        self.wake()
-
-    def wake(self) -> None:
-        """Wake the loop with nothing put (it looks at the links it is told may hold a frame)."""
         with self._lock:
             if not self._closed:
                 # The wake-up is a hint: a counter at its maximum still wakes the loop.

@@ -6,9 +6,8 @@ place of a worker, through a `python` shim (`shim`).
 
 Requests: `burst {sid, n, pauseMs}` (one delta, a pause, the other n - 1 back to back, then the
 answer), `stream {sid, n, every}` (answered at once; n deltas from a thread of their own, a
-millisecond's pause after every `every`-th, then a `turn.completed`), `echo {…}` (answered
-`{"method", "params", "n"}`: its params back and how many requests arrived before it), `later
-{ms}` (answered after `ms` from a thread of its own); anything else is answered `{"method": …}`.
+millisecond's pause after every `every`-th, then a `turn.completed`); anything else is answered
+`{"method": …}`.
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ class Scripted:
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(endpoint)
         self.lock = threading.Lock()  # the socket is shared with a stream's thread
-        self.arrived = 0  # requests read so far
 
     def send(self, msg: dict[str, Any]) -> None:
         with self.lock:
@@ -71,7 +69,6 @@ class Scripted:
                 continue
             msg = msgpack.unpackb(frame, raw=False)
             if msg.get("t") == "req":
-                self.arrived += 1
                 self.answer(msg["id"], msg["method"], msg["params"])
 
     def answer(self, req_id: int, method: str, params: dict[str, Any]) -> None:
@@ -85,16 +82,6 @@ class Scripted:
         elif method == "stream":
             args = (params["sid"], params["n"], params["every"])
             threading.Thread(target=self.stream, args=args, daemon=True).start()
-        elif method == "later":
-            reply = {"t": "res", "id": req_id, "ok": True, "result": {"method": method}}
-            timer = threading.Timer(params["ms"] / 1000, self.send, args=(reply,))
-            timer.daemon = True
-            timer.start()
-            return
-        elif method == "echo":
-            result = {"method": method, "params": params, "n": self.arrived - 1}
-            self.send({"t": "res", "id": req_id, "ok": True, "result": result})
-            return
         self.send({"t": "res", "id": req_id, "ok": True, "result": {"method": method}})
 
 
