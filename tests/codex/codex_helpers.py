@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,10 @@ from drivers.codex.command import default_command, native_binary
 from tests.support.events import EventLog, completed  # noqa: F401 - re-exported
 
 RELAY = str(Path(__file__).with_name("codex_relay.py"))
+
+MakeDriver = Callable[..., AppServerDriver]
+"""The `make_driver` fixture's type (here, not in conftest.py: `from conftest import` finds
+another directory's conftest when several test directories are collected together)."""
 
 
 def codex_bin() -> str:

@@ -3,18 +3,16 @@ the Codex `AppServerDriver`, against the local fake Responses API (the only fake
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from codex_helpers import EventLog, codex_bin
+from codex_helpers import EventLog, MakeDriver, codex_bin
 
 from drivers.app_server.driver import AppServerDriver
 from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
-
-MakeDriver = Callable[..., AppServerDriver]
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import pytest
 from codex_helpers import (
     CodexSession,
     EventLog,
+    MakeDriver,
     calls,
     conversation,
     fork_request,
@@ -20,7 +21,6 @@ from codex_helpers import (
     run_turns,
     start,
 )
-from conftest import MakeDriver
 
 from domain.enums import DeliveryDisposition
 from drivers.app_server.driver import AppServerDriver

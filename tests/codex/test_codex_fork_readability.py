@@ -11,13 +11,13 @@ import pytest
 from codex_helpers import (
     CodexSession,
     EventLog,
+    MakeDriver,
     fork_request,
     home_of,
     open_session,
     run_turns,
     start,
 )
-from conftest import MakeDriver
 
 from domain.enums import DeliveryDisposition
 from drivers.binder import iter_rollouts

@@ -11,8 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from codex_helpers import calls, fork_request, open_session, relayed, run_turns
-from conftest import MakeDriver
+from codex_helpers import MakeDriver, calls, fork_request, open_session, relayed, run_turns
 
 from domain.enums import DeliveryDisposition
 from tests.support.events import EventLog

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from codex_helpers import (
     EventLog,
+    MakeDriver,
     calls,
     codex_bin,
     completed,
@@ -27,7 +28,6 @@ from codex_helpers import (
     run_turns,
     start,
 )
-from conftest import MakeDriver
 from tool_model import ToolModel
 
 from domain.enums import DeliveryDisposition
