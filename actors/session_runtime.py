@@ -82,8 +82,7 @@ def process_alive(pid: int) -> bool:
     refused by the worker — all but the kernel's own instant between taking the signal and
     marking the task exiting (a fork then is refused safely: `failed`, no child)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        stat = read_proc_stat(pid)
     except FileNotFoundError:
         return False
     except OSError:
@@ -95,6 +94,19 @@ def process_alive(pid: int) -> bool:
             return True
         return True
     return alive_in_stat(stat)
+
+
+def read_proc_stat(pid: int) -> bytes:
+    """`/proc/PID/stat` in three system calls (open, one read, close): the kernel writes the
+    whole line at the first read of a buffer this size (it is a few hundred bytes). `open()`
+    would add six per call that nothing here needs — the buffered reader's `isatty` ioctl,
+    two `lseek`s, two `fstat`s (and a second read for the end of file) — once per warm fork
+    (docs/performance.md, "The daemon's system calls per warm fork")."""
+    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
 
 
 def alive_in_stat(stat: bytes) -> bool:

@@ -6,12 +6,17 @@ the worker for a runtime that changed."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
 
 from actors.session_runtime import alive_in_stat, process_alive, stat_fields
 
+ROOT = Path(__file__).resolve().parents[2]
 PF_FORKNOEXEC = 0x40
 
 
@@ -93,3 +98,38 @@ def test_a_process_is_dead_to_it_as_soon_as_the_kill_returns() -> None:
             proc.wait(10)
         assert not process_alive(proc.pid)
     assert dead_at_once >= 1
+
+
+_COUNTED = textwrap.dedent(
+    """
+    import os, sys
+    from actors.session_runtime import process_alive
+    mark = os.open("/dev/null", os.O_WRONLY)
+    pid = os.getpid()
+    process_alive(pid)  # the first call's imports and caches are not counted
+    os.write(mark, b"M:begin")
+    for _ in range(10):
+        assert process_alive(pid)
+    os.write(mark, b"M:end")
+    """
+)
+
+
+def test_the_check_costs_three_system_calls(tmp_path: Path) -> None:
+    """Once per warm fork: open, one read, close of `/proc/PID/stat` and nothing else (a
+    buffered `open()` made nine: its `isatty` ioctl, two `lseek`s, two `fstat`s and the read
+    of the end of file besides). Counted under strace in a child, between two markers."""
+    # Fails, never skips, without strace: the syscalls are the point of this test.
+    assert shutil.which("strace") is not None, "strace is not installed (the test counts syscalls)"
+    trace = tmp_path / "strace.txt"
+    subprocess.run(
+        ["strace", "-y", "-qq", "-o", str(trace), sys.executable, "-c", _COUNTED],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=60,
+    )
+    text = trace.read_text()
+    window = text[text.index('"M:begin"') : text.index('"M:end"')].splitlines()[1:-1]
+    calls = Counter(line.split("(", 1)[0] for line in window if line.strip())
+    assert calls == {"openat": 10, "read": 10, "close": 10}, window
