@@ -129,3 +129,59 @@ def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
         assert turns.capture_after_here(str(repo), "s1", "t2", tree) is None
     finally:
         turns.pool.shutdown(wait=True)
+
+
+def test_an_unchanged_folders_before_is_captured_here_without_git_as_the_pool_would(
+    turns: TurnCheckpoints, repo: Path, git_log: GitLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The next Turn's `before` of a folder unchanged since its last capture: no process, no
+    pool job, the same answer as the pool's; its ref kept and its `after` ref's lock reserved
+    (which the `after` taken here then fills)."""
+    tree = before(turns, repo)
+    assert turns.before_here_likely(str(repo))
+    git_log.clear()
+    monkeypatch.setattr(turns.pool, "submit", None)  # a pool job would fail the call
+    here = turns.capture_before_here(str(repo), "s1", "t2")
+    monkeypatch.undo()
+    assert isinstance(here, Capture) and isinstance(here.checkpoint, Checkpoint)
+    assert git_log.commands() == []
+    assert here.checkpoint.tree == tree and here.changed == ()
+    assert here == turns.capture(str(repo), "s1", "t3", "before").result(30)
+    ref = refs_dir(turns, repo) / "t2" / "before"
+    assert ref.read_text() == tree + "\n"
+    lock = refs_dir(turns, repo) / "t2" / "after.lock"
+    reserved = lock.stat().st_ino
+    assert lock.stat().st_size == 0
+    assert turns.capture_after_here(str(repo), "s1", "t2", tree) == here
+    assert (refs_dir(turns, repo) / "t2" / "after").stat().st_ino == reserved
+
+
+def test_a_changed_folders_before_is_left_to_the_pool_which_captures_the_change(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    tree = before(turns, repo)
+    (repo / "sub" / "c.txt").write_text("charlie, changed\n")
+    assert turns.capture_before_here(str(repo), "s1", "t2") is None
+    assert not (refs_dir(turns, repo) / "t2").exists()
+    pooled = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(pooled.checkpoint, Checkpoint) and pooled.checkpoint.tree != tree
+    assert (refs_dir(turns, repo) / "t2" / "before").read_text() == pooled.checkpoint.tree + "\n"
+
+
+def test_a_before_is_not_taken_here_while_a_job_runs_a_failpoint_is_armed_or_unknown(
+    tmp_path: Path, turns: TurnCheckpoints, repo: Path
+) -> None:
+    other = tmp_path / "never-captured"
+    other.mkdir()
+    assert not turns.before_here_likely(str(other))
+    assert turns.capture_before_here(str(other), "s1", "t1") is None
+    before(turns, repo)
+    with turns.locks(str(repo.resolve())):
+        assert not turns.before_here_likely(str(repo))
+    assert isinstance(turns.failpoints, Failpoints)
+    turns.failpoints.set({"host.checkpoint.before": "sleep:1"})
+    assert not turns.before_here_likely(str(repo))
+    assert turns.capture_before_here(str(repo), "s1", "t2") is None
+    turns.failpoints.set({"host.checkpoint.before": "off"})
+    assert turns.before_here_likely(str(repo))
+    assert turns.capture_before_here(str(repo), "s1", "t2") is not None
