@@ -30,7 +30,7 @@ STAGES = (
     ("d.claim", "d.commit", "  the claim's statements"),
     ("d.commit", "d.commit.end", "  the claim's COMMIT"),
     ("d.cap.before", "d.cap.end.before", "  beside it: the `before` capture"),
-    ("d.here.before", "d.here.end.before", "  before the claim: the `before` capture on the actor"),
+    ("d.here.before", "d.here.end.before", "  after it: the `before` capture on the actor"),
     ("d.claim.end", "d.start_turn", "claim durable → `turn.start` to the worker"),
     ("d.reply", "d.reply.end", "  of which the submit's answer handed to the transport"),
     ("d.start_turn", "w.start_turn", "→ the worker's driver"),
