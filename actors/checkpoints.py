@@ -229,9 +229,9 @@ class TurnCheckpoints:
         `capture_after_here` takes an `after`: the directory is free, its small stat snapshot
         unchanged (so its tree is the one the snapshot's capture wrote: no process), the ref
         kept and the `after` ref's lock reserved as the pool's capture does. None: take it on
-        the pool (`capture`). The Session actor takes it here just before the claim, not on
-        the pool beside it, where the capture's Python held the interpreter the COMMIT's
-        thread waited to take back (docs/performance.md, beforehere)."""
+        the pool (`capture`). The Session actor takes it here right after the claim's COMMIT,
+        not on the pool beside it, where the capture's Python held the interpreter the
+        COMMIT's thread waited to take back (docs/performance.md, beforehere)."""
         return self._here(cwd, session_id, turn_id, "before", None)
 
     def _here(

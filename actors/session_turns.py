@@ -368,24 +368,20 @@ class TurnRunner:
     def _early_before(self, session: Session | None) -> tuple[str, str, Future[Capture]] | None:
         """The `before` capture of the Turn a submit may create, begun ahead of its claim:
         (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
-        read (`session` None: the claim answers why), or a Turn of this Session is still
-        running here (the claim will refuse it, and its files are still being written). An
-        unchanged small folder's is taken on this thread (`capture_before_here`), answered."""
+        read (`session` None: the claim answers why), a Turn of this Session is still
+        running here (the claim will refuse it, and its files are still being written), or
+        the folder's `before` is likely taken on this thread once the claim is durable
+        (`TurnCheckpoints.before_here_likely`)."""
         checkpoints = self._core.ctx.turn_checkpoints
         if checkpoints is None or session is None or self.unsettled():
             return None
         cwd = session.cwd
-        turn_id = str(uuid.uuid4())
         if checkpoints.before_here_likely(cwd):
-            # Unchanged since the folder's last capture: taken on this thread before the claim
-            # (~0.1-0.3 ms of `lstat`s and the ref's files, nothing beside it), not on a
-            # checkpoint thread whose Python would hold the interpreter while the claim's
-            # COMMIT waits to take it back, nor after the COMMIT beside the answer's thread.
-            here = checkpoints.capture_before_here(cwd, self._core.sid, turn_id)
-            if here is not None:
-                done: Future[Capture] = Future()
-                done.set_result(here)
-                return cwd, turn_id, done
+            # Unchanged since the folder's last capture, as far as the store knows: taken on
+            # this thread once the claim is durable (`_capture_before`), not on a checkpoint
+            # thread whose Python would hold the interpreter the COMMIT's thread waits for.
+            return None
+        turn_id = str(uuid.uuid4())
         return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
 
     def _discard_before(self, early: tuple[str, str, Future[Capture]] | None) -> None:
@@ -402,6 +398,12 @@ class TurnRunner:
         if checkpoints is None:
             return
         state.cwd = cwd
+        if begun is None:
+            # An unchanged small folder: taken here, no job on the pool nor message back.
+            here = checkpoints.capture_before_here(cwd, self._core.sid, state.turn_id)
+            if here is not None:
+                state.before = here
+                return
         fut = begun or checkpoints.capture(cwd, self._core.sid, state.turn_id, "before")
         if fut.done():
             # Taken while the claim committed: the start goes on at once, with no message to

@@ -1,4 +1,4 @@
-"""A Turn's `before` taken on the Session actor's thread just before its claim when
+"""A Turn's `before` taken on the Session actor's thread right after its claim's COMMIT when
 its folder is unchanged since the folder's last capture (`TurnCheckpoints.capture_before_here`):
 no checkpoint-pool job, the same record and refs; a folder changed between two Turns is
 captured by git on the pool, the change in the next Turn's `before`.
