@@ -3,9 +3,8 @@ and end, run off the actor threads unless certain to be cheap, and the record th
 
 A capture is git work on the person's directory, which may be slow: it runs on a small pool
 of its own, not on a Session actor's thread (its mailbox would stall), and the actor is told
-the answer — except a Turn's `before` or `after` that is certain to need no process and few
-`lstat`s (`TurnCheckpoints.capture_before_here`, `capture_after_here`), taken on the actor's
-thread without the hops.
+the answer — except a Turn's `after` that is certain to need no process and few `lstat`s
+(`TurnCheckpoints.capture_after_here`), taken on the actor's thread without the two hops.
 Two captures of one directory never run at once (they share that directory's shadow index).
 The record (`turn_record`) is what the store keeps on the Turn and the wire sends as its
 `workspace`:
@@ -46,12 +45,11 @@ FIRST_SWEEP_S = 30.0
 SIZE_CACHE_S = 5.0
 """`host.status` walks the checkpoint store at most this often."""
 HERE_MAX_ENTRIES = 1_000
-"""A capture runs on the asking thread (`TurnCheckpoints.capture_after_here`,
-`capture_before_here`) only for a directory whose stat snapshot holds at most this many
-entries (an `lstat` each)."""
+"""An `after` capture runs on the asking thread (`TurnCheckpoints.capture_after_here`) only
+for a directory whose stat snapshot holds at most this many entries (an `lstat` each)."""
 HERE_BUDGET_S = 0.005
 """A capture on the asking thread that took longer than this (a slow filesystem) sends that
-directory's captures on the asking thread back to the pool for `HERE_PAUSE_S`."""
+directory's `after` captures back to the pool for `HERE_PAUSE_S`."""
 HERE_PAUSE_S = 60.0
 
 
@@ -173,7 +171,8 @@ class TurnCheckpoints:
     locks: DirectoryLocks = field(default_factory=DirectoryLocks)
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
-    # Per resolved directory: until when its captures stay on the pool (`_here`).
+    # Per resolved directory: until when its `after` captures stay on the pool
+    # (`capture_after_here`).
     _here_paused: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -205,39 +204,10 @@ class TurnCheckpoints:
         (no diff to run). None: take it on the pool (`capture`), as always when the
         `host.checkpoint.after` failpoint is armed or the directory's last capture here was
         slow (`HERE_BUDGET_S`). The Session actor asks here first: on the pool the capture
-        costs two thread hops on the settlement's path (actor → pool → actor)."""
-        return self._here(cwd, session_id, turn_id, "after", before)
-
-    def before_here_likely(self, cwd: str) -> bool:
-        """Whether a Turn's `before` in `cwd` will likely be taken on the asking thread
-        (`capture_before_here`): no failpoint at it, the directory not sent to the pool for
-        a slow capture, its store's stale locks cleared, no job of it running now, and a stat
-        snapshot of at most `HERE_MAX_ENTRIES` entries kept. Reads no file (the path is
-        resolved)."""
-        if self._point_armed("host.checkpoint.before"):
-            return False
-        real = os.path.realpath(cwd)
-        if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
-            return False
-        if self.locks.resolved(real).locked():
-            return False
-        entries = self.shadow.snapshot_entries(real)
-        return entries is not None and entries <= HERE_MAX_ENTRIES
-
-    def capture_before_here(self, cwd: str, session_id: str, turn_id: str) -> Capture | None:
-        """A Turn's `before` taken on the caller's thread when it is cheap and certain, as
-        `capture_after_here` takes an `after`: the directory is free, its small stat snapshot
-        unchanged (so its tree is the one the snapshot's capture wrote: no process), the ref
-        kept and the `after` ref's lock reserved as the pool's capture does. None: take it on
-        the pool (`capture`). The Session actor takes it here right after the claim's COMMIT,
-        not on the pool beside it, where the capture's Python held the interpreter the
-        COMMIT's thread waited to take back (docs/performance.md, beforehere)."""
-        return self._here(cwd, session_id, turn_id, "before", None)
-
-    def _here(
-        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
-    ) -> Capture | None:
-        if self._point_armed(f"host.checkpoint.{which}"):
+        costs two thread hops on the settlement's path (actor → pool → actor). A `before` is
+        not taken here: beside the claim's COMMIT on the pool it costs the Turn nothing,
+        and on the actor's thread it would be added to the claim's time."""
+        if self._point_armed("host.checkpoint.after"):
             return None
         real = os.path.realpath(cwd)
         if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
@@ -252,15 +222,11 @@ class TurnCheckpoints:
             if checkpoint is None or (before is not None and before != checkpoint.tree):
                 return None
             self.shadow.keep(
-                path,
-                checkpoint_ref(session_id, turn_id, which),
-                checkpoint.commit,
-                real,
-                reserve=checkpoint_ref(session_id, turn_id, "after") if which == "before" else None,
+                path, checkpoint_ref(session_id, turn_id, "after"), checkpoint.commit, real
             )
             return Capture(real, checkpoint)
         except Exception as exc:  # noqa: BLE001 - the pool's capture answers instead
-            log.info("checkpoint of %s (%s) left to the pool: %s", real, which, exc)
+            log.info("checkpoint of %s (after) left to the pool: %s", real, exc)
             return None
         finally:
             lock.release()

@@ -368,19 +368,12 @@ class TurnRunner:
     def _early_before(self, session: Session | None) -> tuple[str, str, Future[Capture]] | None:
         """The `before` capture of the Turn a submit may create, begun ahead of its claim:
         (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
-        read (`session` None: the claim answers why), a Turn of this Session is still
-        running here (the claim will refuse it, and its files are still being written), or
-        the folder's `before` is likely taken on this thread once the claim is durable
-        (`TurnCheckpoints.before_here_likely`)."""
+        read (`session` None: the claim answers why), or a Turn of this Session is still
+        running here (the claim will refuse it, and its files are still being written)."""
         checkpoints = self._core.ctx.turn_checkpoints
         if checkpoints is None or session is None or self.unsettled():
             return None
         cwd = session.cwd
-        if checkpoints.before_here_likely(cwd):
-            # Unchanged since the folder's last capture, as far as the store knows: taken on
-            # this thread once the claim is durable (`_capture_before`), not on a checkpoint
-            # thread whose Python would hold the interpreter the COMMIT's thread waits for.
-            return None
         turn_id = str(uuid.uuid4())
         return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
 
@@ -398,12 +391,6 @@ class TurnRunner:
         if checkpoints is None:
             return
         state.cwd = cwd
-        if begun is None:
-            # An unchanged small folder: taken here, no job on the pool nor message back.
-            here = checkpoints.capture_before_here(cwd, self._core.sid, state.turn_id)
-            if here is not None:
-                state.before = here
-                return
         fut = begun or checkpoints.capture(cwd, self._core.sid, state.turn_id, "before")
         if fut.done():
             # Taken while the claim committed: the start goes on at once, with no message to

@@ -508,13 +508,6 @@ class ShadowStore:
             return None
         return Checkpoint(tree, tree, head, loc.root)
 
-    def snapshot_entries(self, real: str) -> int | None:
-        """How many entries the stat snapshot of the resolved directory `real` holds (None:
-        none is kept, or its repository is not known yet); reads nothing from the disk."""
-        known = self._repos.get(real)
-        snap = self._snapshots.get(known[0]) if known is not None else None
-        return None if snap is None else len(snap.paths)
-
     def _forget_git(self, exc: GitUnavailable) -> None:
         """git could not be started: look for it on PATH again next time."""
         if exc.reason == "git_missing":
