@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -116,16 +117,19 @@ class TurnRunner:
         # The files as they were before the provider gets the Turn, taken off this thread while
         # the claim commits here (nothing orders the two; the start waits for both) under the
         # id the claim gives a new Turn.
-        self._core.ctx.failpoints.hit("host.turn.before_claim")
-        turn, created = self._core.session_store.turns.claim_submit(
-            self._core.ws, self._core.sid, msg.request_id, msg.text
-        )
-        # Begun once the claim is durable: never beside its COMMIT.
-        early = (
-            self._early_before(read[0] if read is not None else None, turn.turn_id)
-            if created
-            else None
-        )
+        early = self._early_before(read[0] if read is not None else None)
+        try:
+            self._core.ctx.failpoints.hit("host.turn.before_claim")
+            turn, created = self._core.session_store.turns.claim_submit(
+                self._core.ws,
+                self._core.sid,
+                msg.request_id,
+                msg.text,
+                turn_id=early[1] if early is not None else None,
+            )
+        except BaseException:
+            self._discard_before(early)
+            raise
         msg.reply(turn)
         if not created:
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
@@ -361,9 +365,7 @@ class TurnRunner:
             return None
         return session, self._runtime.settled_turn_unbound()
 
-    def _early_before(
-        self, session: Session | None, turn_id: str
-    ) -> tuple[str, str, Future[Capture]] | None:
+    def _early_before(self, session: Session | None) -> tuple[str, str, Future[Capture]] | None:
         """The `before` capture of the Turn a submit may create, begun ahead of its claim:
         (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
         read (`session` None: the claim answers why), or a Turn of this Session is still
@@ -372,6 +374,7 @@ class TurnRunner:
         if checkpoints is None or session is None or self.unsettled():
             return None
         cwd = session.cwd
+        turn_id = str(uuid.uuid4())
         return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
 
     def _discard_before(self, early: tuple[str, str, Future[Capture]] | None) -> None:
