@@ -33,6 +33,8 @@ STAGES = (
     ("d.claim.end", "d.start_turn", "claim durable → `turn.start` to the worker"),
     ("d.reply", "d.reply.end", "  of which the submit's answer handed to the transport"),
     ("d.start_turn", "w.start_turn", "→ the worker's driver"),
+    ("d.claim.end", "w.start_turn", "claim durable → the worker's driver"),
+    ("d.submit", "w.start_turn", "the actor has the submit → the worker's driver"),
     ("w.start_turn", "M.request", "driver → the model has the request (provider)"),
     ("w.start_turn", "a.dispatch.turn/start", "  → the app-server has `turn/start`"),
     ("a.dispatch.turn/start", "a.post", "  the app-server's own start (rollout appends, notices)"),
