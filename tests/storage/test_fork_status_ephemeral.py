@@ -158,3 +158,19 @@ def test_the_restated_tests_accept_select_and_release_what_the_lists_did(
                 assert kept == int(active), (status, to)
     finally:
         store.close()
+
+
+def test_the_writer_keeps_its_statement_and_savepoint_journals_in_memory(tmp_path: Path) -> None:
+    """Each recovery commit runs in its own savepoint, whose journal holds every page of the
+    store it changes; on the store of months (random pages of the Turns' and Sessions' indexes)
+    that is well over the 64 KiB SQLite keeps in memory before it moves the journal to a
+    temporary file written two `pwrite`s a page (~10 % of a commit's CPU, py-spy). The writer
+    runs with `temp_store = MEMORY` (set when it is made), and its commits still work."""
+    accepted = _leftover_store(tmp_path / "store.sqlite3", n=2)
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        keys = [LeftoverCommit(WS, op_id) for op_id in accepted]
+        assert store.fork_commit.commit_fork_operations(keys) == (2, 0)
+        assert store.db._writer_connection().execute("PRAGMA temp_store").fetchone() == (2,)
+    finally:
+        store.close()
