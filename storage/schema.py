@@ -20,6 +20,7 @@ from collections.abc import Callable
 import apsw
 
 from domain.errors import SchemaTooNew
+from domain.fork_states import BARRIER_SQL
 
 # v1: canonical entities. Never edit a released migration: add a new one.
 _V1 = """
@@ -589,6 +590,41 @@ BEGIN UPDATE sessions SET version = OLD.version + 1 WHERE rowid = NEW.rowid; END
 # (`storage/fork_recovery.py`, `INDEXED BY` it) and sort the few rows found by `op_seq`.
 _V19 = "DROP INDEX IF EXISTS fork_operations_recoverable;"
 
+# v20: no ephemeral B-tree on a fork operation's status change. As v14 found for `turns` and
+# `interactions`, SQLite tests `x IN (a, b, c)` — more than two constants — by building, filling
+# and freeing an ephemeral index of the list once per run of a statement (and once per row in a
+# trigger's program). Every UPDATE of an operation's status built four: the table's status CHECK,
+# the barrier index's predicate (on the old row and on the new one) and `history_fences_released`'s
+# `WHEN NEW.status NOT IN (…)`; each a fresh page cache malloc'd and touched, about a third of a
+# recovery commit's CPU (docs/performance.md, recov). The same tests as comparisons accept and
+# select exactly the same rows (`status` is NOT NULL): the CHECK restated (v14's edit), the
+# trigger and the barrier's partial index made again with `=`/`<>` chains — the index's WHERE is
+# `domain.fork_states.BARRIER_SQL`'s text, which every barrier query repeats.
+FORK_STATUS_CHECK = (
+    "CHECK (status IN ('prepared', 'dispatching',\n"
+    "                                   'provider_accepted', 'committed', 'failed', 'unknown',"
+    " 'abandoned'))",
+    "CHECK (status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted'"
+    " OR status = 'committed' OR status = 'failed' OR status = 'unknown'"
+    " OR status = 'abandoned')",
+)
+_V20_OBJECTS = f"""
+DROP TRIGGER history_fences_released;
+CREATE TRIGGER history_fences_released AFTER UPDATE OF status ON fork_operations
+WHEN NEW.status <> 'prepared' AND NEW.status <> 'dispatching' AND NEW.status <> 'provider_accepted'
+BEGIN DELETE FROM history_fences WHERE op_seq = NEW.op_seq; END;
+DROP INDEX fork_operations_barrier_held;
+CREATE INDEX fork_operations_barrier_held
+    ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)
+    WHERE {BARRIER_SQL};
+"""
+
+
+def _v20(conn: apsw.Connection) -> None:
+    _edit_tables(conn, (("fork_operations", *FORK_STATUS_CHECK),))
+    conn.execute(_V20_OBJECTS)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -609,6 +645,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V17,
     _V18,
     _V19,
+    _v20,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -109,9 +109,11 @@ def test_barrier_rule() -> None:
 
 def test_generated_sql_is_the_spelling_the_store_used() -> None:
     assert fork_states.ACTIVE_SQL == "('prepared', 'dispatching', 'provider_accepted')"
+    # Comparisons, not `IN (…)`: the barrier index's WHERE since schema v20 (no ephemeral
+    # B-tree per status change; tests/storage/test_fork_status_ephemeral.py).
     assert fork_states.BARRIER_SQL == (
-        "(status IN ('prepared', 'dispatching', 'provider_accepted', 'unknown')"
-        " OR (status = 'committed' AND client_observed_at_ms IS NULL))"
+        "(status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted'"
+        " OR status = 'unknown' OR (status = 'committed' AND client_observed_at_ms IS NULL))"
     )
 
 
