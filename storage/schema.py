@@ -20,7 +20,6 @@ from collections.abc import Callable
 import apsw
 
 from domain.errors import SchemaTooNew
-from domain.fork_states import BARRIER_SQL
 
 # v1: canonical entities. Never edit a released migration: add a new one.
 _V1 = """
@@ -599,7 +598,8 @@ _V19 = "DROP INDEX IF EXISTS fork_operations_recoverable;"
 # recovery commit's CPU (docs/performance.md, recov). The same tests as comparisons accept and
 # select exactly the same rows (`status` is NOT NULL): the CHECK restated (v14's edit), the
 # trigger and the barrier's partial index made again with `=`/`<>` chains — the index's WHERE is
-# `domain.fork_states.BARRIER_SQL`'s text, which every barrier query repeats.
+# `domain.fork_states.BARRIER_SQL`'s text, which every barrier query repeats (written out: a
+# released migration never changes; tests/storage/test_fork_barrier_index.py holds the two equal).
 FORK_STATUS_CHECK = (
     "CHECK (status IN ('prepared', 'dispatching',\n"
     "                                   'provider_accepted', 'committed', 'failed', 'unknown',"
@@ -608,16 +608,18 @@ FORK_STATUS_CHECK = (
     " OR status = 'committed' OR status = 'failed' OR status = 'unknown'"
     " OR status = 'abandoned')",
 )
-_V20_OBJECTS = f"""
-DROP TRIGGER history_fences_released;
-CREATE TRIGGER history_fences_released AFTER UPDATE OF status ON fork_operations
-WHEN NEW.status <> 'prepared' AND NEW.status <> 'dispatching' AND NEW.status <> 'provider_accepted'
-BEGIN DELETE FROM history_fences WHERE op_seq = NEW.op_seq; END;
-DROP INDEX fork_operations_barrier_held;
-CREATE INDEX fork_operations_barrier_held
-    ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)
-    WHERE {BARRIER_SQL};
-"""
+_V20_OBJECTS = (
+    "DROP TRIGGER history_fences_released;"
+    " CREATE TRIGGER history_fences_released AFTER UPDATE OF status ON fork_operations"
+    " WHEN NEW.status <> 'prepared' AND NEW.status <> 'dispatching'"
+    " AND NEW.status <> 'provider_accepted'"
+    " BEGIN DELETE FROM history_fences WHERE op_seq = NEW.op_seq; END;"
+    " DROP INDEX fork_operations_barrier_held;"
+    " CREATE INDEX fork_operations_barrier_held"
+    " ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)"
+    " WHERE (status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted'"
+    " OR status = 'unknown' OR (status = 'committed' AND client_observed_at_ms IS NULL));"
+)
 
 
 def _v20(conn: apsw.Connection) -> None:
