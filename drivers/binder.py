@@ -540,14 +540,20 @@ def _components(path: str, start: int) -> list[str]:
 
 
 def assert_no_symlink(
-    path: Path | str, *, must_exist: bool, below: Path | str | None = None
+    path: Path | str,
+    *,
+    must_exist: bool,
+    below: Path | str | None = None,
+    seen: dict[str, bool] | None = None,
 ) -> str | None:
     """Refuse if `path` or any ancestor is a symlink (a copy through a link could land in, or
     read from, another session's home). `below`: an ancestor of `path` this bind already
     checked (its home): only the components under it are looked at again (otherwise a
     bind would lstat every component of every path, home included, five times over).
-    Returns the first component that does not exist (nothing below it can be a link yet),
-    None when every one does: what `DirsAhead` creates from, without probing the chain again."""
+    `seen`: components already looked at by this caller (path → exists), filled as they are
+    (`assert_homes_no_symlink`). Returns the first component that does not exist (nothing
+    below it can be a link yet), None when every one does: what `DirsAhead` creates from,
+    without probing the chain again."""
     path = os.path.abspath(path)
     start = 1
     if below is not None:
@@ -555,16 +561,24 @@ def assert_no_symlink(
         if path.startswith(base + "/"):
             start = len(base) + 1
     for part in _components(path, start):
-        try:
-            st = os.lstat(part)
-        except FileNotFoundError:
+        exists = seen.get(part) if seen is not None else None
+        if exists is None:
+            try:
+                st = os.lstat(part)
+            except FileNotFoundError:
+                exists = False
+            else:
+                if stat.S_ISLNK(st.st_mode):
+                    raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
+                exists = True
+            if seen is not None:
+                seen[part] = exists
+        if not exists:
             if must_exist and part == path:
                 raise BinderError(
                     BindFailure.SOURCE_ROLLOUT_MISSING, f"{part} does not exist"
                 ) from None
             return part  # nothing below a missing component can be a link yet
-        if stat.S_ISLNK(st.st_mode):
-            raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
     return None
 
 
@@ -572,21 +586,9 @@ def assert_homes_no_symlink(*homes: Path | str) -> None:
     """`assert_no_symlink(home, must_exist=False)` of each home, a component the homes share
     (their common ancestors: a source and a target home are siblings under the daemon's
     runtimes) `lstat`ed once, not once per home."""
-    exists: dict[str, bool] = {}
+    seen: dict[str, bool] = {}
     for home in homes:
-        for part in _components(os.path.abspath(home), 1):
-            known = exists.get(part)
-            if known is None:
-                try:
-                    st = os.lstat(part)
-                except FileNotFoundError:
-                    known = exists[part] = False
-                else:
-                    if stat.S_ISLNK(st.st_mode):
-                        raise BinderError(BindFailure.SYMLINKED_PATH, f"{part} is a symlink")
-                    known = exists[part] = True
-            if not known:
-                break  # nothing below a missing component can be a link yet
+        assert_no_symlink(home, must_exist=False, seen=seen)
 
 
 def rollout_matches(home: Path, thread_id: str) -> list[Path]:
