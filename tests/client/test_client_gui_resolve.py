@@ -32,7 +32,7 @@ from tests.client.conftest import source
 from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
 from tests.client.test_client_gui_controls import toasts
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
-from transport.client import Client
+from transport.client import Client, EventSubscriber
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -94,27 +94,56 @@ def marked(app: AgentHostApp, turn_id: str) -> bool:
     return bool(app._main.query(f"#{unknown_row_id(turn_id)}"))  # noqa: SLF001
 
 
-def unknown_fork(client: Client, ws: str, sid: str, turn_id: str, point: str) -> dict[str, Any]:
-    """A fork left `unknown` by another client: the worker is SIGKILLed at `point`."""
-    client.call("debug.failpoints", {"points": {point: "once:kill"}})
-    op = client.call(
-        "fork.create",
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
-    )["operation"]
-    deadline = time.monotonic() + 60
-    while op["status"] == "accepted":
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-        op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
-            "operation"
-        ]
-    assert op["status"] == "unknown", op
+def subscribed(client: Client, sub: EventSubscriber, ws: str) -> None:
+    """Beat ZeroMQ's slow joiner: create probe Sessions until `sub` hears one."""
+    for _ in range(20):
+        probe = create_session(client, ws, title="probe")["agentSessionId"]
+        deadline = time.monotonic() + 1
+        while (event := sub.next(max(0.0, deadline - time.monotonic()))) is not None:
+            if event["type"] == "session.upserted" and event["session"]["agentSessionId"] == probe:
+                return
+    raise AssertionError("the subscriber heard none of 20 probe Sessions in 20 s")
+
+
+def unknown_fork(
+    client: Client, ws: str, sid: str, turn_id: str, point: str, events: str
+) -> dict[str, Any]:
+    """A fork left `unknown` by another client: the worker is SIGKILLed at `point`.
+
+    Returns only once the daemon has published the operation's `unknown` event (heard here),
+    so an Engine that connects after this cannot hear it: the operation's commit is readable
+    by `fork.get` before its change reaches the publisher, and a subscription that arrived in
+    between would hear it (a CI run saw the GUI marked before its Fork click that way)."""
+    with EventSubscriber(events, (ws,)) as sub:
+        subscribed(client, sub, ws)
+        client.call("debug.failpoints", {"points": {point: "once:kill"}})
+        op = client.call(
+            "fork.create",
+            {
+                "workspaceId": ws,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "throughTurn", "turnId": turn_id},
+            },
+        )["operation"]
+        deadline = time.monotonic() + 60
+        while op["status"] == "accepted":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+            op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+                "operation"
+            ]
+        assert op["status"] == "unknown", op
+        while True:
+            event = sub.next(max(0.0, deadline - time.monotonic()))
+            assert event is not None, "the unknown operation's event was never published"
+            if (
+                event["type"] == "fork.operation"
+                and event["operation"]["operationId"] == op["operationId"]
+                and event["operation"]["status"] == "unknown"
+            ):
+                break
     return dict(op)
 
 
@@ -182,7 +211,9 @@ def test_absent_unknown_fork_offers_no_adopt_refusals_are_words_and_abandon_free
     sid, turns = source(client, ws, turns=1, title="Absent")
     # Left `unknown` by another client before this GUI started: the GUI learns of it when
     # its Fork click is answered with that durable operation (the boundary barrier).
-    op = unknown_fork(client, ws, sid, turns[0], "worker.fork.before_provider_call")
+    op = unknown_fork(
+        client, ws, sid, turns[0], "worker.fork.before_provider_call", daemon.events
+    )
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await open_and_wait(app, pilot, sid, 1)
