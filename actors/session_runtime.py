@@ -55,6 +55,7 @@ from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
 from actors.session_base import SessionCore
 from domain.errors import HostError
+from domain.procfs import read_proc_stat, stat_after_command
 from domain.worker_messages import (
     HistoryRequest,
     SessionHistory,
@@ -96,19 +97,6 @@ def process_alive(pid: int) -> bool:
     return alive_in_stat(stat)
 
 
-def read_proc_stat(pid: int) -> bytes:
-    """`/proc/PID/stat` in three system calls (open, one read, close): the kernel writes the
-    whole line at the first read of a buffer this size (it is a few hundred bytes). `open()`
-    would add six per call that nothing here needs — the buffered reader's `isatty` ioctl,
-    two `lseek`s, two `fstat`s (and a second read for the end of file) — once per warm fork
-    (docs/performance.md, "The daemon's system calls per warm fork")."""
-    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        return os.read(fd, 4096)
-    finally:
-        os.close(fd)
-
-
 def alive_in_stat(stat: bytes) -> bool:
     """`/proc/PID/stat`: not a zombie or dead, not exiting (`PF_EXITING` in its flags) and no
     SIGKILL pending (a fatal signal is queued on every thread of the process before `kill`
@@ -124,8 +112,8 @@ def alive_in_stat(stat: bytes) -> bool:
 def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
     """(state, flags, pending signals) of a `/proc/PID/stat` line: fields 3, 9 and 31 (the
     command, field 2, may hold spaces and parentheses: counted from its last `)`)."""
-    fields = stat[stat.rfind(b")") + 2 :].split()
     try:
+        fields = stat_after_command(stat)
         return fields[3 - 3], int(fields[9 - 3]), int(fields[31 - 3])
     except (IndexError, ValueError):
         return None

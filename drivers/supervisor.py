@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 import zmq
 
 from domain.errors import HostError
+from domain.procfs import read_proc_stat, stat_after_command
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.failpoints import Failpoints as _Failpoints
 from drivers.failpoints import format_points, parse_points
@@ -215,9 +216,7 @@ def cpu_ticks(pid: int) -> int | None:
     """utime + stime of `pid` in clock ticks, read from the kernel (the worker cannot block
     this); None when it cannot be read (not Linux, process gone)."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        fields = stat[stat.rindex(b")") + 2 :].split()
+        fields = stat_after_command(read_proc_stat(pid))
         return int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         return None
@@ -250,6 +249,7 @@ def judge(worker: WorkerRecord, now: float) -> Verdict:
         worker.busy_silences += 1
         return Verdict(None, busy=True)
     return Verdict(f"worker silent for {silent:.0f} s and not running (hung)")
+
 
 log = logging.getLogger(__name__)
 

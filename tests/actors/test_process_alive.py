@@ -14,6 +14,8 @@ import textwrap
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from actors.session_runtime import alive_in_stat, process_alive, stat_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,30 +102,36 @@ def test_a_process_is_dead_to_it_as_soon_as_the_kill_returns() -> None:
     assert dead_at_once >= 1
 
 
-_COUNTED = textwrap.dedent(
-    """
-    import os, sys
-    from actors.session_runtime import process_alive
-    mark = os.open("/dev/null", os.O_WRONLY)
-    pid = os.getpid()
-    process_alive(pid)  # the first call's imports and caches are not counted
-    os.write(mark, b"M:begin")
-    for _ in range(10):
-        assert process_alive(pid)
-    os.write(mark, b"M:end")
-    """
+def _counted(module: str, call: str) -> str:
+    return textwrap.dedent(
+        f"""
+        import os, sys
+        from {module} import {call}
+        mark = os.open("/dev/null", os.O_WRONLY)
+        pid = os.getpid()
+        {call}(pid)  # the first call's imports and caches are not counted
+        os.write(mark, b"M:begin")
+        for _ in range(10):
+            assert {call}(pid)
+        os.write(mark, b"M:end")
+        """
+    )
+
+
+@pytest.mark.parametrize(
+    ("module", "call"),
+    [("actors.session_runtime", "process_alive"), ("drivers.supervisor", "cpu_ticks")],
 )
-
-
-def test_the_check_costs_three_system_calls(tmp_path: Path) -> None:
-    """Once per warm fork: open, one read, close of `/proc/PID/stat` and nothing else (a
-    buffered `open()` made nine: its `isatty` ioctl, two `lseek`s, two `fstat`s and the read
-    of the end of file besides). Counted under strace in a child, between two markers."""
+def test_the_check_costs_three_system_calls(tmp_path: Path, module: str, call: str) -> None:
+    """Once per warm fork (`process_alive`) and once a second per talking worker (the
+    supervisor's CPU sample, `cpu_ticks`): open, one read, close of `/proc/PID/stat` and nothing
+    else (a buffered `open()` made nine: its `isatty` ioctl, two `lseek`s, two `fstat`s and the
+    read of the end of file besides). Counted under strace in a child, between two markers."""
     # Fails, never skips, without strace: the syscalls are the point of this test.
     assert shutil.which("strace") is not None, "strace is not installed (the test counts syscalls)"
     trace = tmp_path / "strace.txt"
     subprocess.run(
-        ["strace", "-y", "-qq", "-o", str(trace), sys.executable, "-c", _COUNTED],
+        ["strace", "-y", "-qq", "-o", str(trace), sys.executable, "-c", _counted(module, call)],
         check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         cwd=ROOT,
@@ -133,3 +141,21 @@ def test_the_check_costs_three_system_calls(tmp_path: Path) -> None:
     window = text[text.index('"M:begin"') : text.index('"M:end"')].splitlines()[1:-1]
     calls = Counter(line.split("(", 1)[0] for line in window if line.strip())
     assert calls == {"openat": 10, "read": 10, "close": 10}, window
+
+
+def test_the_supervisors_cpu_sample_reads_this_processs_cpu_time() -> None:
+    """`cpu_ticks` is utime + stime (fields 14 and 15) in clock ticks: it grows as this process
+    burns CPU, and is None for a process that is gone."""
+    from drivers.supervisor import cpu_ticks
+
+    before = cpu_ticks(os.getpid())
+    assert before is not None
+    hz = os.sysconf("SC_CLK_TCK")
+    start = os.times()
+    while (os.times().user + os.times().system) - (start.user + start.system) < 0.1:
+        pass
+    after = cpu_ticks(os.getpid())
+    assert after is not None and after - before >= 0.05 * hz
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait(10)
+    assert cpu_ticks(proc.pid) is None
