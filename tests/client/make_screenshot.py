@@ -25,7 +25,7 @@ from client.engine.lifecycle import Engine
 from client.engine.values import AckState
 from client.gui.app import AgentHostApp
 from client.gui.transcript import ForkRequested as ForkRequestedMsg
-from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
+from tests.support.daemon import DaemonProcess, create_session, fork_params, run_turn, submit
 
 WS = "demo"
 SIZE = (150, 42)
@@ -245,17 +245,9 @@ async def capture_resolve(daemon: DaemonProcess, out: Path) -> None:
 
 
 def _fork_now(c: Any, sid: str, turn_id: str) -> str:
-    import uuid
-
     op = c.call(
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id),
     )["operation"]
     while op["status"] == "accepted":
         time.sleep(0.05)

@@ -16,7 +16,7 @@ from client.engine.values import AckState, ChangeKind, EngineChange, MutationSta
 from tests.client.conftest import events_live, source
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay, wait_until
-from tests.support.daemon import DaemonProcess, wait_for
+from tests.support.daemon import DaemonProcess, fork_params, wait_for
 from tests.support.homes import child_rollouts, runtime_home
 from transport.client import Client
 
@@ -27,13 +27,7 @@ def plain_fork(c: Client, ws: str, sid: str, turn_id: str) -> dict[str, Any]:
     """A fork through a bare client that never ACKs (another app, or this one before a crash)."""
     status, body = c.call_raw(
         "fork.create",
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(ws, sid, turn_id),
     )
     assert status < 400, body
     op = body["operation"]

@@ -5,7 +5,6 @@ the through-Turn fork; a Session that cannot fork as a whole is refused in words
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from tests.client.conftest import source
 from tests.client.fakeclock import FakeClock
 from tests.client.test_client_cli import MUTATION_KEYS, OPERATION_KEYS, Cli, new_session, say
 from tests.client.test_client_engine import settle
-from tests.support.daemon import DaemonProcess, run_turn
+from tests.support.daemon import DaemonProcess, fork_params, run_turn
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(90)
@@ -105,13 +104,7 @@ def test_engine_resolve_tracks_another_clients_unknown_fork(
     client.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "error"}})
     op = client.call(
         "fork.create",
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turns[0]},
-        },
+        fork_params(ws, sid, turns[0]),
     )["operation"]
     client.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "off"}})
     assert op["status"] == "unknown", op

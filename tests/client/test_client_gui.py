@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,14 @@ from client.gui.transcript import (
     turn_widget_id,
 )
 from tests.client.conftest import source
-from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, wait_for
+from tests.support.daemon import (
+    DaemonProcess,
+    create_session,
+    fork_params,
+    run_turn,
+    submit,
+    wait_for,
+)
 from tests.support.git_repos import make_repo, turn_changing
 from transport.client import Client
 
@@ -339,13 +345,7 @@ def test_fork_whose_source_was_deleted_is_marked_in_the_session_list(
     sid, turns = source(client, ws, turns=1, title="Gone")
     op = client.call(
         "fork.create",
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turns[0]},
-        },
+        fork_params(ws, sid, turns[0]),
     )["operation"]
     op = wait_for(
         lambda: (

@@ -31,7 +31,7 @@ from client.gui.transcript import inspect_button_id, unknown_row_id
 from tests.client.conftest import source
 from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
 from tests.client.test_client_gui_controls import toasts
-from tests.support.daemon import DaemonProcess, create_session, run_turn, submit
+from tests.support.daemon import DaemonProcess, create_session, fork_params, run_turn, submit
 from transport.client import Client, EventSubscriber
 
 pytestmark = pytest.mark.timeout(120)
@@ -119,13 +119,7 @@ def unknown_fork(
         client.call("debug.failpoints", {"points": {point: "once:kill"}})
         op = client.call(
             "fork.create",
-            {
-                "workspaceId": ws,
-                "agentSessionId": sid,
-                "requestId": str(uuid.uuid4()),
-                "targetAgentSessionId": str(uuid.uuid4()),
-                "point": {"type": "throughTurn", "turnId": turn_id},
-            },
+            fork_params(ws, sid, turn_id),
         )["operation"]
         deadline = time.monotonic() + 60
         while op["status"] == "accepted":
@@ -211,9 +205,7 @@ def test_absent_unknown_fork_offers_no_adopt_refusals_are_words_and_abandon_free
     sid, turns = source(client, ws, turns=1, title="Absent")
     # Left `unknown` by another client before this GUI started: the GUI learns of it when
     # its Fork click is answered with that durable operation (the boundary barrier).
-    op = unknown_fork(
-        client, ws, sid, turns[0], "worker.fork.before_provider_call", daemon.events
-    )
+    op = unknown_fork(client, ws, sid, turns[0], "worker.fork.before_provider_call", daemon.events)
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await open_and_wait(app, pilot, sid, 1)
@@ -368,13 +360,7 @@ def fork_now(client: Client, ws: str, sid: str) -> str:
     turns = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})["turns"]
     op = client.call(
         "fork.create",
-        {
-            "workspaceId": ws,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turns[-1]["turnId"]},
-        },
+        fork_params(ws, sid, turns[-1]["turnId"]),
     )["operation"]
     deadline = time.monotonic() + 60
     while op["status"] == "accepted":

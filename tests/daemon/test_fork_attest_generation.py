@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import uuid
 from typing import Any
 
 import pytest
@@ -22,6 +21,7 @@ from tests.support.daemon import (
     WS,
     DaemonProcess,
     create_session,
+    fork_params,
     run_turn,
     status_of_last_fork,
     wait_for,
@@ -126,13 +126,7 @@ def test_a_runtime_that_changes_after_its_unattested_start_is_refused_by_the_wor
     c.call("debug.failpoints", {"points": {"host.fork.after_prepare": "sleep:2000"}})
     pending = c.submit(
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id),
     )
     # Inside the after_prepare window: session.start answered, the operation is prepared
     # (durable), nothing dispatched yet.

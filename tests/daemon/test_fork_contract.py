@@ -24,6 +24,7 @@ from tests.support.daemon import (
     WS,
     DaemonProcess,
     create_session,
+    fork_params,
     run_turn,
     timeline,
     wait_for,
@@ -235,13 +236,7 @@ def test_late_turn_binding_while_fenced_is_applied_after_the_fence_releases(
         )
         pending = client.submit(
             "fork.create",
-            {
-                "workspaceId": WS,
-                "agentSessionId": sid,
-                "requestId": str(uuid.uuid4()),
-                "targetAgentSessionId": str(uuid.uuid4()),
-                "point": {"type": "throughTurn", "turnId": turns[1]["turnId"]},
-            },
+            fork_params(WS, sid, turns[1]["turnId"]),
         )
         wait_for(lambda: fence_holder(daemon.store, WS, sid) is not None)  # type: ignore[arg-type]
         late = json.dumps({"checkpoint": "late", "n": 1})

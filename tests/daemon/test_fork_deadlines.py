@@ -7,13 +7,12 @@ still ends `committed`; a provider fork call that exceeds the worker's own limit
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.daemon import WS, DaemonProcess, create_session, fork_params, run_turn, wait_for
 from tests.support.invariants import assert_invariants
 from transport.client import Client
 
@@ -31,13 +30,7 @@ def _daemon(tmp_path: Path, *, failpoints: str, env: dict[str, str] | None = Non
 def _fork(c: Client, sid: str, turn_id: str) -> dict[str, Any]:
     op = c.call(
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id),
         timeout=30,
     )["operation"]
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from agenthost.daemon import Daemon
-from tests.support.daemon import WS, create_session, run_turn, wait_for
+from tests.support.daemon import WS, create_session, fork_params, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -57,13 +57,7 @@ def fork(c: Client, sid: str, turn_id: str) -> tuple[int, dict[str, Any]]:
     """`fork.create` through `turn_id`, the raw (status, body) of the reply."""
     status, body = c.call_raw(
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id),
     )
     return status, dict(body)
 

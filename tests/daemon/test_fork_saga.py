@@ -18,6 +18,7 @@ from tests.support.daemon import (
     WS,
     DaemonProcess,
     create_session,
+    fork_params,
     run_turn,
     submit,
     timeline,
@@ -395,13 +396,7 @@ def test_driver_version_changed_between_prepare_and_dispatch_fails_without_dispa
         c.call("debug.failpoints", {"points": {"host.fork.after_prepare": "sleep:2500"}})
         pending = c.submit(
             "fork.create",
-            {
-                "workspaceId": WS,
-                "agentSessionId": sid,
-                "requestId": str(uuid.uuid4()),
-                "targetAgentSessionId": str(uuid.uuid4()),
-                "point": {"type": "throughTurn", "turnId": turns[1]["turnId"]},
-            },
+            fork_params(WS, sid, turns[1]["turnId"]),
         )
         time.sleep(0.8)  # inside the after_prepare window: upgrade the provider, drop the runtime
         version_file.write_text("0.2.0")

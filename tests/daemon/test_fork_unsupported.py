@@ -13,7 +13,7 @@ from agenthost.catalog import Catalog
 from agenthost.config import Config
 from agenthost.daemon import Daemon
 from storage.store import Store
-from tests.support.daemon import WS, create_session, run_turn
+from tests.support.daemon import WS, create_session, fork_params, run_turn
 from tests.support.homes import child_rollouts, runtime_home
 from tests.support.store_reads import find_fork_operation_by_request, fork_operations_of
 from transport.client import ApiError, Client
@@ -38,13 +38,7 @@ def test_host_copy_provider_without_binder_is_unsupported_before_any_operation(
         with pytest.raises(ApiError) as err:
             client.call(
                 "fork.create",
-                {
-                    "workspaceId": WS,
-                    "agentSessionId": sid,
-                    "requestId": rid,
-                    "targetAgentSessionId": str(uuid.uuid4()),
-                    "point": {"type": "throughTurn", "turnId": turn["turnId"]},
-                },
+                fork_params(WS, sid, turn["turnId"], request_id=rid),
             )
         assert err.value.status == 409
         assert err.value.reason == "agent_session_fork_unsupported"

@@ -26,7 +26,14 @@ import pytest
 from agenthost.daemon import Daemon
 from tests.daemon.test_fork_saga import until_terminal
 from tests.daemon.test_hung_provider import _app_servers
-from tests.support.daemon import WS, create_session, run_turn, status_of_last_fork, wait_for
+from tests.support.daemon import (
+    WS,
+    create_session,
+    fork_params,
+    run_turn,
+    status_of_last_fork,
+    wait_for,
+)
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -86,13 +93,7 @@ def _source(c: Client) -> tuple[str, str]:
 def _create(c: Client, sid: str, turn_id: str, request_id: str | None = None) -> dict[str, Any]:
     return c.call(
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": request_id or str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id, request_id=request_id),
     )
 
 
@@ -165,13 +166,7 @@ def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
     c.call("debug.failpoints", {"points": {"host.fork.after_prepare": "once:sleep:1500"}})
     pending = c.submit(
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id),
     )
     wait_for(lambda: status_of_last_fork(daemon.config.store_path, sid) == "prepared", 10)
     for pid in _app_servers(sid):

@@ -6,14 +6,13 @@ for good; when two Turns could be the same provider turn, nothing is re-bound (f
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import apsw
 import pytest
 
 from actors.rebind import CanonicalTurn, match_missing
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
+from tests.support.daemon import WS, DaemonProcess, create_session, fork_params, run_turn
 from tests.support.invariants import assert_invariants
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,13 +35,7 @@ def _unbind(home: Path, turn_ids: list[str]) -> None:
 def _fork(c: object, sid: str, turn_id: str) -> tuple[int, dict]:
     return c.call_raw(  # type: ignore[attr-defined, no-any-return]
         "fork.create",
-        {
-            "workspaceId": WS,
-            "agentSessionId": sid,
-            "requestId": str(uuid.uuid4()),
-            "targetAgentSessionId": str(uuid.uuid4()),
-            "point": {"type": "throughTurn", "turnId": turn_id},
-        },
+        fork_params(WS, sid, turn_id),
         timeout=30,
     )
 

@@ -10,13 +10,20 @@ held by another Session's slow turn, an idle limit far shorter than that turn
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 
 import pytest
 
 from tests.daemon.test_fork_saga import until_terminal
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, submit, wait_for
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    fork_params,
+    run_turn,
+    submit,
+    wait_for,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,13 +55,7 @@ def test_fork_waiting_for_a_runtime_slot_is_answered_after_the_idle_reap(tmp_pat
         # source's actor meanwhile, this call would get no reply (a client timeout here).
         status, body = c.call_raw(
             "fork.create",
-            {
-                "workspaceId": WS,
-                "agentSessionId": source,
-                "requestId": str(uuid.uuid4()),
-                "targetAgentSessionId": str(uuid.uuid4()),
-                "point": {"type": "throughTurn", "turnId": boundary["turnId"]},
-            },
+            fork_params(WS, source, boundary["turnId"]),
             timeout=60,
         )
         assert status in (200, 202), body

@@ -18,6 +18,7 @@ from tests.support.daemon import (
     WS,
     DaemonProcess,
     create_session,
+    fork_params,
     run_turn,
     settle,
     submit,
@@ -75,13 +76,7 @@ def test_locked_store_answers_503_store_busy_never_500(daemon: DaemonProcess) ->
             ),
             c.call_raw(
                 "fork.create",
-                {
-                    "workspaceId": WS,
-                    "agentSessionId": sid,
-                    "requestId": str(uuid.uuid4()),
-                    "targetAgentSessionId": str(uuid.uuid4()),
-                    "point": {"type": "throughTurn", "turnId": timeline(c, sid)[0]["turnId"]},
-                },
+                fork_params(WS, sid, timeline(c, sid)[0]["turnId"]),
                 timeout=20,
             ),
         ]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ import pytest
 
 from drivers.app_server.fork import INLINE_ELEMENTS
 from tests.resources.steps import steps_daemon
-from tests.support.daemon import WS, create_session, run_turn
+from tests.support.daemon import WS, create_session, fork_params, run_turn
 from transport.client import ApiError, Client
 
 SOAK = os.environ.get("AGENTHOST_SOAK") == "1"
@@ -119,13 +118,7 @@ def test_a_worker_forked_fast_for_long_frees_what_each_fork_left(tmp_path: Path)
             while time.monotonic() < deadline and not failures:
                 status, body = own.call_raw(
                     "fork.create",
-                    {
-                        "workspaceId": WS,
-                        "agentSessionId": sid,
-                        "requestId": str(uuid.uuid4()),
-                        "targetAgentSessionId": str(uuid.uuid4()),
-                        "point": {"type": "throughTurn", "turnId": turn["turnId"]},
-                    },
+                    fork_params(WS, sid, turn["turnId"]),
                 )
                 if status >= 400:
                     failures.append(str(ApiError.from_reply(status, body)))

@@ -177,6 +177,20 @@ def create_session(
     )
 
 
+def fork_params(
+    ws: str, sid: str, turn_id: str, *, request_id: str | None = None
+) -> dict[str, Any]:
+    """`fork.create`'s params for a fork of `sid` through `turn_id`: a fresh request id (unless
+    given) and a fresh target Session id."""
+    return {
+        "workspaceId": ws,
+        "agentSessionId": sid,
+        "requestId": request_id or str(uuid.uuid4()),
+        "targetAgentSessionId": str(uuid.uuid4()),
+        "point": {"type": "throughTurn", "turnId": turn_id},
+    }
+
+
 def respond(
     client: Client, sid: str, turn_id: str, request_id: str, response: dict[str, Any], ws: str = WS
 ) -> dict[str, Any]:
