@@ -31,6 +31,7 @@ from client.gui.transcript import inspect_button_id, unknown_row_id
 from tests.client.conftest import source
 from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
 from tests.client.test_client_gui_controls import toasts
+from tests.daemon.test_fork_saga import until_terminal
 from tests.support.daemon import DaemonProcess, create_session, fork_params, run_turn, submit
 from transport.client import Client, EventSubscriber
 
@@ -117,18 +118,10 @@ def unknown_fork(
     with EventSubscriber(events, (ws,)) as sub:
         subscribed(client, sub, ws)
         client.call("debug.failpoints", {"points": {point: "once:kill"}})
-        op = client.call(
-            "fork.create",
-            fork_params(ws, sid, turn_id),
-        )["operation"]
-        deadline = time.monotonic() + 60
-        while op["status"] == "accepted":
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-            op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
-                "operation"
-            ]
+        op = client.call("fork.create", fork_params(ws, sid, turn_id))["operation"]
+        op = until_terminal(client, op, ws=ws)
         assert op["status"] == "unknown", op
+        deadline = time.monotonic() + 60
         while True:
             event = sub.next(max(0.0, deadline - time.monotonic()))
             assert event is not None, "the unknown operation's event was never published"
@@ -358,17 +351,8 @@ def test_session_fork_shown_only_with_fork_full_session_and_forks_the_latest_tur
 def fork_now(client: Client, ws: str, sid: str) -> str:
     """Fork `sid` through its newest Turn, wait for the commit, ACK it: the child id."""
     turns = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})["turns"]
-    op = client.call(
-        "fork.create",
-        fork_params(ws, sid, turns[-1]["turnId"]),
-    )["operation"]
-    deadline = time.monotonic() + 60
-    while op["status"] == "accepted":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-        op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
-            "operation"
-        ]
+    op = client.call("fork.create", fork_params(ws, sid, turns[-1]["turnId"]))["operation"]
+    op = until_terminal(client, op, ws=ws)
     assert op["status"] == "committed", op
     client.call("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})
     return str(op["targetAgentSessionId"])

@@ -58,11 +58,15 @@ def get_op(c: Client, op_id: str, ws: str = WS) -> dict[str, Any]:
     return dict(c.call("fork.get", {"workspaceId": ws, "operationId": op_id})["operation"])
 
 
-def until_terminal(c: Client, op: dict[str, Any], timeout: float = 60) -> dict[str, Any]:
+def until_terminal(
+    c: Client, op: dict[str, Any], timeout: float = 60, ws: str = WS
+) -> dict[str, Any]:
     if op["status"] != "accepted":
         return op
     return dict(
-        wait_for(lambda: (o := get_op(c, op["operationId"]))["status"] != "accepted" and o, timeout)
+        wait_for(
+            lambda: (o := get_op(c, op["operationId"], ws))["status"] != "accepted" and o, timeout
+        )
     )
 
 
