@@ -142,3 +142,26 @@ def test_the_digest_pass_holds_no_string_of_the_boundarys_lines(store: Store) ->
         tracemalloc.stop()
     assert count == 24
     assert peak < 1_000_000, f"the digest pass peaked at {peak:,} bytes of Python memory"
+
+
+def test_turned_off_the_pass_hashes_in_python_to_the_same_digest(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`AGENTHOST_NO_LINE_DIGEST=1` (as where no compiler or OpenSSL headers build it): no
+    extension loaded, the `group_concat` statement and Python's hash, the same value."""
+    sid, sequences = _awkward_session(store)
+    expected = history_links.digest_pass(_native(store.db.connection()), WS, sid, sequences[-1])
+    monkeypatch.setenv(line_digest.OPT_OUT, "1")
+    monkeypatch.setattr(line_digest, "_state", {"library": None, "unavailable": None})
+    monkeypatch.setattr(line_digest, "_loaded", type(line_digest._loaded)())
+    conn = store.db.connection()
+    seen: list[str] = []
+    conn.trace_v2(apsw.SQLITE_TRACE_STMT, lambda event: seen.append(str(event["sql"])))
+    try:
+        assert history_links.digest_pass(conn, WS, sid, sequences[-1]) == expected
+    finally:
+        conn.trace_v2(0, None)
+    assert not line_digest.hashes_in_sqlite(conn)
+    assert line_digest._state["unavailable"] == f"turned off ({line_digest.OPT_OUT}=1)"
+    assert any("group_concat(r, char(10))" in sql for sql in seen)
+    assert not any("sha256_lines(" in sql for sql in seen)
