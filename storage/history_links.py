@@ -43,7 +43,6 @@ from typing import Any, cast
 import apsw
 
 from domain.errors import ForkBoundaryError, ForkBoundaryReason, ForkSnapshotCorrupt
-from storage import line_digest
 from storage.fork_child import (
     REFERENCE_KEYS,
     T_INTERACTIONS,
@@ -61,7 +60,6 @@ from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, dumps
 
 # -- The link and the rows it shows ----------------------------------------------------------------
-
 
 @dataclass(frozen=True, slots=True)
 class LinkLevel:
@@ -352,13 +350,8 @@ _BOUNDARY = (
 # subquery with an ORDER BY into an aggregate; it feeds its rows to `group_concat` in that order
 # (an `ORDER BY` inside `group_concat` would sort all of them again: twice the CPU). `{cut}`
 # says which Messages are the boundary's, `{extra}`/`{inner}` what else one pass collects.
-# `{digest}`: the lines hashed by SQLite as they come (`sha256_lines`, storage/line_digest.py: no
-# string of them all, ~19 MB at 100,000 Messages), or, where that extension is not available,
-# their `group_concat` string, hashed in Python: the same bytes, the same digest.
-_HASHED_IN_SQLITE = f"{line_digest.FUNCTION}(r)"
-_JOINED = "CAST(group_concat(r, char(10)) AS BLOB)"
 _DIGEST_TEMPLATE = (
-    "SELECT count(*), {digest}, max(p){extra} FROM (SELECT"
+    "SELECT count(*), CAST(group_concat(r, char(10)) AS BLOB), max(p){extra} FROM (SELECT"
     " concat(m.position, ',', m.version, ',', m.turn_id, ',', m.message_id, ',', m.kind, ',',"
     " ifnull(octet_length(m.text), -1), ':', m.text, ',', octet_length(m.payload_json), ':',"
     " m.payload_json) AS r, m.position AS p{inner}"
@@ -380,24 +373,15 @@ _LATER_TURN_SQL = (
 
 
 def _digest_statement(
-    conn: apsw.Connection,
-    ws: str,
-    sid: str,
-    through: int,
-    *,
-    scan: bool,
-    later: bool | None = None,
-    hashed: bool = False,
+    conn: apsw.Connection, ws: str, sid: str, through: int, *, scan: bool, later: bool | None = None
 ) -> tuple[str, tuple[str | int, ...]]:
     """The digest statement of the boundary through Turn `through` and its parameters; `scan`:
     it also collects the positions of the Messages prepare must look at — a descendant lane, or
     a payload other than the empty map — in the same pass over the rows. `later`: whether the
-    Session has Turns after `through` (asked here when None). `hashed`: its second column is
-    the digest's hex (`sha256_lines`, loaded on `conn`), else the lines' joined bytes."""
+    Session has Turns after `through` (asked here when None)."""
     if later is None:
         later = later_turns(conn, ws, sid, through)
     sql = _DIGEST_TEMPLATE.format(
-        digest=_HASHED_IN_SQLITE if hashed else _JOINED,
         cut=_THROUGH_CUT if later else _WHOLE_CUT,
         extra=", group_concat(p) FILTER (WHERE s)" if scan else "",
         inner=(
@@ -469,15 +453,11 @@ def _digest_pass(
 ) -> tuple[int, str, int, list[int]]:
     """One pass of SQLite over a Session's own boundary rows: (count, SHA-256 hex, highest
     position, and with `scan` the positions of the Messages prepare must look at)."""
-    hashed = line_digest.hashes_in_sqlite(conn)
-    sql, params = _digest_statement(conn, ws, sid, through, scan=scan, later=later, hashed=hashed)
+    sql, params = _digest_statement(conn, ws, sid, through, scan=scan, later=later)
     row = conn.execute(sql, params).fetchone()
     assert row is not None  # an aggregate always answers one row
-    count, top = row[0], row[2]
-    if hashed:
-        digest = str(row[1])
-    else:
-        digest = hashlib.sha256(b"" if row[1] is None else bytes(row[1])).hexdigest()
+    count, joined_sql, top = row[0], row[1], row[2]
+    digest = hashlib.sha256(b"" if joined_sql is None else bytes(joined_sql)).hexdigest()
     special = [int(p) for p in str(row[3]).split(",")] if scan and row[3] is not None else []
     return int(count), digest, int(top or 0), special
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from storage import line_digest
 from storage.base import DEFAULT_MAX_CONNECTIONS, Clock, Database
 from storage.fork_commit import ForkCommit
 from storage.fork_prepare import ForkPrepare
@@ -98,7 +97,4 @@ class Store:
         except BaseException:
             store.close()
             raise
-        # The boundary digest's extension built now (once per source and machine), not inside
-        # the first fork's prepare.
-        line_digest.library()
         return store

@@ -39,18 +39,13 @@ def source(store: Store) -> tuple[str, list[str]]:
     return sid, turns
 
 
-def _is_digest(sql: str) -> bool:
-    """A digest statement: its lines hashed by SQLite or joined for Python to hash."""
-    return "sha256_lines(" in sql or "group_concat(r" in sql
-
-
 @contextmanager
 def _digests(store: Store) -> Iterator[list[int]]:
-    """Counts the digest statements the store's writer runs inside."""
+    """Counts the digest statements (`group_concat(`) the store's writer runs inside."""
     seen = [0]
 
     def trace(event: dict[str, Any]) -> None:
-        if event.get("code") == apsw.SQLITE_TRACE_STMT and _is_digest(str(event["sql"])):
+        if event.get("code") == apsw.SQLITE_TRACE_STMT and "group_concat(" in str(event["sql"]):
             seen[0] += 1
 
     conn = store.db._writer_connection()
