@@ -473,3 +473,81 @@ def test_a_tutti_child_home_is_three_directories_made_and_synced_once_each(
     assert widths == [3]
     assert [log.count(d) for d in (tmp_path, target.parent, target)] == [1, 1, 1]
     assert (log.files, log.dirs) == (0, 3)
+
+
+def test_a_spare_home_is_renamed_onto_the_next_fresh_home_with_one_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SpareHomes`: a spare chain made ahead (its directories made and their parents fsynced
+    then, off the fork's path) is renamed onto the next fork's fresh `<session>`: on that
+    path no `mkdir`, one rename and one fsync of the workspace directory. A spare made for
+    another chain (a dated one's other day) is never used for this one."""
+    from drivers.binder import DirsAhead, SpareHomes
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    spares = SpareHomes()
+    first = ws / "s1" / "tutti-agent-home" / "sessions"
+    with counting_fsyncs(monkeypatch) as made_log:
+        spares.replenish(str(ws / "s1"), str(first))
+        spares.drain()
+    [spare] = [p for p in ws.iterdir() if p.name.startswith(".spare-")]
+    assert (spare / "tutti-agent-home" / "sessions").is_dir()
+    assert [made_log.count(d) for d in (ws, spare, spare / "tutti-agent-home")] == [1, 1, 1]
+    calls: list[str] = []
+    real_mkdir, real_rename = os.mkdir, os.rename
+
+    def mkdir(path: str, mode: int = 0o777) -> None:
+        calls.append("mkdir")
+        real_mkdir(path, mode)
+
+    def rename(a: str, b: str) -> None:
+        calls.append("rename")
+        real_rename(a, b)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    monkeypatch.setattr(os, "rename", rename)
+    second = ws / "s2" / "tutti-agent-home" / "sessions"
+    with counting_fsyncs(monkeypatch) as log:
+        DirsAhead(second, spares).ready()
+    assert calls == ["rename"] and second.is_dir() and not spare.exists()
+    assert (log.files, log.dirs, log.count(ws)) == (0, 1, 1)
+    # No spare left: the next fresh home is made the ordinary way (3 mkdirs).
+    calls.clear()
+    DirsAhead(ws / "s3" / "tutti-agent-home" / "sessions", spares).ready()
+    assert calls == ["mkdir"] * 3
+    # A spare for another day's chain is not used for today's.
+    spares.replenish(str(ws / "s4"), str(ws / "s4" / "home" / "sessions" / "2026" / "12" / "03"))
+    spares.drain()
+    calls.clear()
+    DirsAhead(ws / "s5" / "home" / "sessions" / "2026" / "12" / "04", spares).ready()
+    assert calls == ["mkdir"] * 6
+
+
+def test_a_spare_left_by_a_crash_is_no_child_and_the_start_up_sweep_removes_it(
+    tmp_path: Path,
+) -> None:
+    """A worker killed between a spare's making and its use leaves `runtimes/<ws>/.spare-*`:
+    the invariants' scan of provider children finds none in it, and the daemon's start-up
+    sweep removes it (a Session id never starts with `.`)."""
+    from actors import runtime_dirs
+    from drivers.binder import SpareHomes
+    from tests.support.invariants import provider_children
+
+    ws = tmp_path / "runtimes" / "ws"
+    ws.mkdir(parents=True)
+    spares = SpareHomes()
+    spares.replenish(str(ws / "s1"), str(ws / "s1" / "tutti-agent-home" / "sessions"))
+    spares.drain()
+    [spare] = list(ws.glob(".spare-*"))
+    assert provider_children(tmp_path) == []
+
+    class Sessions:
+        def deleted_sessions(self) -> list[tuple[str, str]]:
+            return []
+
+    class Store:
+        sessions = Sessions()
+
+    assert runtime_dirs.sweep(Store(), tmp_path / "runtimes") == 1  # type: ignore[arg-type]
+    assert not spare.exists() and ws.is_dir()
