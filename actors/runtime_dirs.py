@@ -86,11 +86,6 @@ def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
         for entry in trash.iterdir():
             _purge(entry)
             finished += 1
-    # A worker's spare target homes (`drivers.binder.SpareHomes`), made ahead of forks that
-    # never came: no Session's, no child in them (a spare holds no rollout).
-    for spare in runtimes_dir.glob("*/.spare-*"):
-        _purge(spare)
-        finished += 1
     for workspace_id, session_id in store.sessions.deleted_sessions():
         if discard(runtimes_dir, workspace_id, session_id):
             finished += 1

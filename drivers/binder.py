@@ -782,13 +782,11 @@ class DirsAhead:
     meanwhile, so a background thread bought no wall time and cost a hand-off per fork. Only
     the round's other fsyncs go to the fsync pool, as every `sync_together` round's do."""
 
-    def __init__(self, path: Path | str, spares: SpareHomes | None = None) -> None:
+    def __init__(self, path: Path | str) -> None:
         self._path = os.path.abspath(path)
         self._parents: list[str] = []
         self._ran = False
         self._error: BaseException | None = None
-        self._spares = spares
-        self.first_missing: str | None = None
 
     def run(self) -> None:
         """Create the chain, then fsync every created directory's parent in one round
@@ -808,15 +806,6 @@ class DirsAhead:
         # The symlink check's walk down the chain finds its first missing component: that one
         # and everything below it are what to create (no second walk of `stat`s up the chain).
         first_missing = assert_no_symlink(self._path, must_exist=False)
-        self.first_missing = first_missing
-        if first_missing is not None and self._spares is not None:
-            parent = self._spares.take(first_missing, self._path)
-            if parent is not None:
-                # The spare's chain was made durable when it was made; its rename's entry is
-                # made durable now (`ready()` fsyncs it again if this failed).
-                self._parents.append(parent)
-                fsync_dir(parent)
-                return
         missing: list[str] = []
         probe = self._path
         while first_missing is not None:
@@ -838,96 +827,6 @@ class DirsAhead:
             return  # done, or a symlinked path: nothing was created; the binder refuses it
         # Failed part-way: made durable here, or the caller fails closed.
         fsync_dirs(reversed(self._parents))
-
-
-SPARES_PER_CHAIN = 4
-"""Spares kept ready per chain: concurrent forks into one workspace each take one."""
-
-
-class SpareHomes:
-    """Spare target-home chains made ahead, off any fork's path: `<parent>/.spare-<hex>/<rest>`
-    (`<rest>`: the chain below the fork's first missing component, e.g.
-    `tutti-agent-home/sessions`), every directory of it made and its parent fsynced when it
-    is made (`replenish`, on a thread of its own after a fork). A fork whose first missing
-    component is `<parent>/<session>` renames a ready spare onto it (`take`: one rename and
-    one fsync of `<parent>` on its path instead of a `mkdir` and a parent fsync per
-    directory). A spare's name starts with `.`, which no Session id does: a crash leaves at
-    most a spare, which no reader counts as a child (it holds no rollout) and the start-up
-    sweep removes. The key holds the whole chain, a dated one's day included: a spare made
-    for yesterday's directory is never used for today's."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._ready: dict[tuple[str, str], list[str]] = {}
-        self._pending: dict[tuple[str, str], int] = {}
-        self._pool: ThreadPoolExecutor | None = None
-
-    @staticmethod
-    def _key(first_missing: str, path: str) -> tuple[str, str] | None:
-        if path != first_missing and not path.startswith(first_missing + "/"):
-            return None
-        return os.path.dirname(first_missing), path[len(first_missing) :]
-
-    def take(self, first_missing: str, path: str) -> str | None:
-        """Rename a ready spare onto `first_missing`; the directory whose entry changed (to
-        fsync before anything counts on it), or None when no spare was used."""
-        key = self._key(first_missing, path)
-        if key is None:
-            return None
-        with self._lock:
-            ready = self._ready.get(key)
-            spare = ready.pop() if ready else None
-        if spare is None:
-            return None
-        try:
-            os.rename(spare, first_missing)  # the first missing component: absent just now
-        except OSError:
-            return None
-        return key[0]
-
-    def replenish(self, first_missing: str, path: str) -> None:
-        """A spare for the next fork like this one, made on the spares' own thread."""
-        key = self._key(os.path.abspath(first_missing), os.path.abspath(path))
-        if key is None:
-            return
-        with self._lock:
-            pending = self._pending.get(key, 0)
-            if len(self._ready.get(key, ())) + pending >= SPARES_PER_CHAIN:
-                return
-            self._pending[key] = pending + 1
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="spare-homes")
-            pool = self._pool
-        pool.submit(self._make, key)
-
-    def drain(self) -> None:
-        """Wait until every spare asked for is made (tests, shutdown)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
-
-    def _make(self, key: tuple[str, str]) -> None:
-        parent, rest = key
-        try:
-            if assert_no_symlink(parent, must_exist=True) is not None:
-                return
-            root = os.path.join(parent, f".spare-{os.urandom(6).hex()}")
-            chain = [
-                root + rest[:i] for i in range(len(rest) + 1) if i == len(rest) or rest[i] == "/"
-            ]
-            parents = []
-            for directory in chain:
-                os.mkdir(directory, 0o700)
-                parents.append(os.path.dirname(directory))
-            fsync_dirs(reversed(parents))
-            with self._lock:
-                self._ready.setdefault(key, []).append(root)
-        except Exception:  # noqa: BLE001 - a spare is an optimisation: the fork makes its own
-            return
-        finally:
-            with self._lock:
-                self._pending[key] -= 1
 
 
 def atomic_write(path: Path, data: bytes) -> None:

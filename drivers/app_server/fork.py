@@ -31,7 +31,7 @@ from drivers.app_server.process import (
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
-from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder, SpareHomes
+from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
 from tutti_agent.rollout import gc_paused, hold_collector
@@ -92,7 +92,6 @@ class ForkThroughTurn:
         self.runtimes = runtimes
         self.sessions = sessions
         self.binder = binder
-        self.spares = SpareHomes()
         self.failpoints = failpoints
         self.fork_timeout = fork_timeout
         self.verify_bound_child = verify_bound_child
@@ -189,7 +188,7 @@ class ForkThroughTurn:
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
         ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
-        dirs = None if ahead_dir is None else DirsAhead(ahead_dir, self.spares)
+        dirs = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}
@@ -292,9 +291,6 @@ class ForkThroughTurn:
             names.wait()  # nothing is accepted before the bound names are durable
         except BinderError as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
-        if dirs is not None and dirs.first_missing is not None:
-            # The next fork's target home made ahead, off its path (`SpareHomes`).
-            self.spares.replenish(dirs.first_missing, str(ahead_dir))
         # A source server that loaded the child releases it, so a long-lived server does not
         # accumulate threads (and never writes to the child from the source home). Sent, not
         # awaited (one round trip less per fork): the outcome is already decided and
