@@ -41,7 +41,6 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -178,9 +177,8 @@ class Source:
         ahead = None
         if syncs is not None:
             # While the provider forks, the child's directories in a fresh target home, made
-            # durable as the driver's `DirsAhead` makes them (tutti-agent's dated layout).
-            now = datetime.now(UTC)
-            ahead = DirsAhead(target / "sessions" / f"{now:%Y}" / f"{now:%m}" / f"{now:%d}")
+            # durable as the driver's `DirsAhead` makes them (tutti-agent's `sessions/`).
+            ahead = DirsAhead(target / "sessions")
             ahead.run()
         child = thread_of(proc.answer("thread/fork", pending, timeout=60))
         self.forks += 1

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +84,10 @@ class TuttiAgentProvider:
         import tutti_agent.store  # noqa: F401
 
     def child_rollout_dir(self, target_home: Path) -> Path | None:
-        """tutti-agent files a new rollout under `sessions/YYYY/MM/DD` of the UTC day it is
-        created (`tutti_agent.rollout.new_rollout_path`): the child's, made during the fork,
-        is today's (a fork across midnight only leaves an empty directory behind)."""
-        now = datetime.now(UTC)
-        return target_home / "sessions" / f"{now:%Y}" / f"{now:%m}" / f"{now:%d}"
+        """tutti-agent files a new rollout directly in `sessions/`
+        (`tutti_agent.rollout.new_rollout_path`): a child's target home is three directories
+        (`<session>`, the home, `sessions`), whatever the day."""
+        return target_home / "sessions"
 
     def extra_env(self, home: Path) -> dict[str, str]:
         return {**config_env(self.config), **file_key_env(self.config)}

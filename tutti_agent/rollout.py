@@ -258,15 +258,24 @@ def sessions_dir(home: Path) -> Path:
 
 
 def new_rollout_path(home: Path, thread_id: str, when: datetime | None = None) -> Path:
+    """A new rollout's path: `sessions/rollout-<ts>-<thread_id>.jsonl`, directly in
+    `sessions/` (no `YYYY/MM/DD` below it, as Codex files them and tutti-agent did before):
+    a fork child's target home is then three directories (`<session>`, the home,
+    `sessions`), not six, each one a new inode and an fsync of its parent on the fork's path
+    (docs/performance.md, "One directory per child home"). The readers still find a rollout
+    an older build filed under `sessions/YYYY/MM/DD` (`find_rollout_path`,
+    `iter_rollout_paths`); the time stays in the name."""
     when = when or datetime.now(UTC)
-    day = sessions_dir(home) / f"{when:%Y}" / f"{when:%m}" / f"{when:%d}"
-    return day / f"rollout-{when:%Y-%m-%dT%H-%M-%S}-{thread_id}.jsonl"
+    return sessions_dir(home) / f"rollout-{when:%Y-%m-%dT%H-%M-%S}-{thread_id}.jsonl"
 
 
 def iter_rollout_paths(home: Path) -> Iterator[Path]:
+    """Every rollout of the home, sorted by path: the ones directly in `sessions/` (today's
+    layout) and the ones an older build filed under `sessions/YYYY/MM/DD`."""
     root = sessions_dir(home)
     if root.is_dir():
-        yield from sorted(root.glob("*/*/*/rollout-*.jsonl"))
+        flat = [p for p in root.glob("rollout-*.jsonl") if p.is_file()]
+        yield from sorted([*flat, *root.glob("*/*/*/rollout-*.jsonl")])
 
 
 def thread_id_of_path(path: Path) -> str:
@@ -277,24 +286,33 @@ def thread_id_of_path(path: Path) -> str:
 def find_rollout_path(home: Path, thread_id: str) -> Path | None:
     """Exact lookup by the thread id in the file name (never a prefix or fuzzy match).
 
-    The same files as `iter_rollout_paths` (`sessions/*/*/*/rollout-*.jsonl`, first in sorted
-    order wins), listed with `os.scandir` and matched on the name's end before any `Path` is
-    built (a source home holds every child it ever forked, and a glob per lookup
-    would compile a pattern and build a `Path` per rollout)."""
+    The same files as `iter_rollout_paths` (`sessions/rollout-*.jsonl` and an older build's
+    `sessions/*/*/*/rollout-*.jsonl`, first in sorted order wins), listed with `os.scandir`
+    and matched on the name's end before any `Path` is built (a source home holds every
+    child it ever forked, and a glob per lookup would compile a pattern and build a `Path`
+    per rollout). A home of today's layout alone is one listing: `sessions/` holds no
+    directory."""
     suffix = f"{thread_id}.jsonl"
-    level = [str(sessions_dir(home))]
-    for _ in range(3):  # year, month, day
-        level = sorted(entry.path for d in level for entry in _entries(d) if entry.is_dir())
+    root = str(sessions_dir(home))
+    found: list[str] = []
+    level: list[str] = []
+    for e in _entries(root):
+        if e.is_dir():
+            level.append(e.path)
+        elif e.name.endswith(suffix) and e.name.startswith("rollout-") and e.is_file():
+            found.append(e.path)
+    for _ in range(2):  # an older build's year, month: their day directories below
+        level = [entry.path for d in level for entry in _entries(d) if entry.is_dir()]
     for day in level:
-        names = sorted(
-            e.name
+        found.extend(
+            e.path
             for e in _entries(day)
             if e.name.endswith(suffix) and e.name.startswith("rollout-") and e.is_file()
         )
-        for name in names:
-            path = Path(day, name)
-            if thread_id_of_path(path) == thread_id:
-                return path
+    for name in sorted(found):
+        path = Path(name)
+        if thread_id_of_path(path) == thread_id:
+            return path
     return None
 
 

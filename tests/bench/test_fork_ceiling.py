@@ -65,9 +65,9 @@ def test_a_driver_fork_with_its_syncs_binds_each_child_into_a_fresh_target_home(
     homes = list((tmp_path / "targets").iterdir())
     assert len(homes) == 3 + window.forks and window.forks > 0
     for home in homes:
-        (bound,) = home.glob("sessions/*/*/*/rollout-*.jsonl")
+        (bound,) = home.glob("sessions/rollout-*.jsonl")
         # The child's own bytes, as the provider wrote them in the source's home.
-        (child,) = (tmp_path / "bare").glob(f"sessions/*/*/*/{bound.name}")
+        (child,) = (tmp_path / "bare").glob(f"sessions/{bound.name}")
         assert bound.read_bytes() == child.read_bytes()
         assert not list(home.rglob("*.tmp"))
     # Each fork's two COMMITs, one before the provider call, one after the bind.

@@ -443,3 +443,33 @@ def test_a_rounds_error_is_raised_once_every_sync_of_it_has_ended(failing: int) 
     with pytest.raises(OSError, match=f"sync {failing} failed"):
         sync_together([sync(i) for i in range(4)])
     assert sorted(ended) == [0, 1, 2, 3]
+
+
+def test_a_tutti_child_home_is_three_directories_made_and_synced_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tutti-agent's child rollout directory (`child_rollout_dir`) is its home's `sessions/`,
+    whatever the day: a fresh target home under an existing workspace directory costs three
+    `mkdir`s (`<session>`, the home, `sessions`) and three directory fsyncs in one round —
+    not six of each (the dated `sessions/YYYY/MM/DD` it had before). Counts, not timings."""
+    from drivers.binder import DirsAhead
+    from drivers.tutti_agent import TuttiAgentProvider
+
+    target = tmp_path / "session-1" / "tutti-agent-home"
+    ahead = TuttiAgentProvider({}).child_rollout_dir(target)
+    assert ahead == target / "sessions"
+    made: list[str] = []
+    real_mkdir = os.mkdir
+
+    def mkdir(path: str, mode: int = 0o777) -> None:
+        made.append(str(path))
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    widths = _rounds(monkeypatch)
+    with counting_fsyncs(monkeypatch) as log:
+        DirsAhead(ahead).ready()
+    assert made == [str(target.parent), str(target), str(ahead)]
+    assert widths == [3]
+    assert [log.count(d) for d in (tmp_path, target.parent, target)] == [1, 1, 1]
+    assert (log.files, log.dirs) == (0, 3)

@@ -96,9 +96,10 @@ def test_a_fork_fsyncs_in_the_worker_only_the_bound_copy(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     [receipt] = result.binding.receipt["rollouts"] if result.binding else []
     day = target / Path(receipt["relativePath"]).parent
-    # runtimes/, child/, the home, sessions/, YYYY/, MM/ gained an entry; DD/ got the file.
-    changed = [target.parent.parent, target.parent, target, target / "sessions"]
-    changed += [day.parent.parent, day.parent, day]
+    # runtimes/, child/, the home gained an entry; sessions/ got the file (tutti-agent files
+    # a rollout directly in sessions/: no YYYY/MM/DD to make per child home).
+    assert day == target / "sessions"
+    changed = [target.parent.parent, target.parent, target, day]
     assert (fsyncs.files, fsyncs.dirs) == (1, len(changed))
     assert [fsyncs.count(d) for d in changed] == [1] * len(changed)
     assert fsyncs.count(day / Path(receipt["relativePath"]).name) == 1
@@ -128,11 +129,12 @@ def test_the_childs_directories_are_durable_before_the_bind_begins(
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     [receipt] = result.binding.receipt["rollouts"] if result.binding else []
     day = Path(receipt["relativePath"]).parent
-    # Before the bind: sessions/YYYY/MM/DD exist, and runtimes/, child/, the home, sessions/,
-    # YYYY/ and MM/ (each a created directory's parent) were fsynced.
-    assert seen["sessions"] == [day.parents[2], day.parents[1], day.parents[0], day], seen
-    assert seen["dirs fsynced"] == 6
-    assert (fsyncs.files, fsyncs.dirs) == (1, 7)
+    # Before the bind: sessions/ exists, and runtimes/, child/ and the home (each a created
+    # directory's parent) were fsynced.
+    assert day == Path("sessions")
+    assert seen["sessions"] == [day], seen
+    assert seen["dirs fsynced"] == 3
+    assert (fsyncs.files, fsyncs.dirs) == (1, 4)
     assert fsyncs.count(target / day) == 1  # after the rename, by the binder
 
 
@@ -166,8 +168,8 @@ def test_the_childs_directories_are_made_by_the_forking_thread_after_the_fork_is
     result = driver.fork(fork_request(home, thread_id, version, turns, target))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     made = [i for i, (what, _) in enumerate(log) if what == "mkdir"]
-    # child/, the home, sessions/, YYYY/, MM/, DD/: each made once, by this thread.
-    assert len(made) == 6
+    # child/, the home, sessions/: each made once, by this thread.
+    assert len(made) == 3
     assert {log[i][1] for i in made} == {threading.get_ident()}
     assert [what for what, _ in log[: made[0]]][-1] == "thread/fork"
 

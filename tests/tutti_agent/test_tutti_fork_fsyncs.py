@@ -66,9 +66,10 @@ def test_new_rollout_in_a_fresh_home_fsyncs_every_changed_directory_once(
     with counting_fsyncs(monkeypatch) as log:
         thread_id = write_root(store, [])
     path = store.path_of(thread_id)
-    day = path.parent
-    # Created: tutti-home, sessions, YYYY, MM, DD; changed: each one's parent and DD itself.
-    changed = [tmp_path, home, home / "sessions", day.parent.parent, day.parent, day]
+    # Directly in sessions/ (no YYYY/MM/DD below it): created tutti-home and sessions;
+    # changed: each one's parent and sessions itself.
+    assert path.parent == home / "sessions"
+    changed = [tmp_path, home, home / "sessions"]
     assert [log.count(d) for d in changed] == [1] * len(changed)
     assert log.count(path) == 1
     assert (log.files, log.dirs) == (1, len(changed))

@@ -42,6 +42,28 @@ def test_lookup_is_exact_by_thread_id(store: ThreadStore) -> None:
     assert find_rollout_path(store.home, tid[1:]) is None
 
 
+def test_a_new_rollout_is_filed_in_sessions_and_an_older_dated_one_still_found(
+    store: ThreadStore,
+) -> None:
+    """A new rollout lands directly in `sessions/` (no YYYY/MM/DD: a fork child's home is three
+    directories, not six); one an older build filed under `sessions/YYYY/MM/DD` is still found
+    by the exact lookup, listed, loaded and forked from (its child filed the new way)."""
+    old = write_root(store, explicit_turn("t1", "u1", "a1"))
+    dated = store.home / "sessions" / "2026" / "11" / "29" / store.path_of(old).name
+    dated.parent.mkdir(parents=True)
+    store.path_of(old).rename(dated)
+    fresh = ThreadStore(store.home)  # no remembered path
+    new = write_root(fresh, explicit_turn("t2", "u2", "a2"))
+    assert fresh.path_of(new).parent == store.home / "sessions"
+    assert find_rollout_path(store.home, old) == dated
+    assert find_rollout_path(store.home, new) == fresh.path_of(new)
+    assert list(iter_rollout_paths(store.home)) == sorted([dated, fresh.path_of(new)])
+    assert fresh.load(old).path == dated
+    child = ForkService(fresh).fork(old, ForkOptions()).child
+    assert fresh.path_of(child.thread_id).parent == store.home / "sessions"
+    assert ThreadStore(store.home).load(child.thread_id).forked_from_id == old
+
+
 def test_torn_last_line_is_ignored_and_cut_before_the_next_append(store: ThreadStore) -> None:
     tid = write_root(store, explicit_turn("t1", "u1", "a1"))
     path = store.path_of(tid)

@@ -124,8 +124,9 @@ def test_a_removed_or_moved_rollout_is_looked_up_again(store: ThreadStore) -> No
     source = write_root(store, explicit_turn("t1", "u1", "a1"))
     path = store.path_of(source)
     store.load(source)
-    moved = path.parent.parent / "00" / path.name  # never a real day
-    moved.parent.mkdir()
+    # Into an older build's dated layout (never a real day): the reader still finds it there.
+    moved = path.parent / "2020" / "01" / "00" / path.name
+    moved.parent.mkdir(parents=True)
     path.rename(moved)
     assert store.load(source).path == moved
     moved.unlink()
