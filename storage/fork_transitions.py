@@ -107,10 +107,12 @@ class ForkTransitions:
             if tx.changes() != 1:  # pragma: no cover - guarded by BEGIN IMMEDIATE above
                 raise InvalidTransition(f"fork operation {op_id} changed concurrently")
             if to is ForkStatus.FAILED:
-                # Reservation iff not failed: a failed attempt frees the target id.
+                # Reservation iff not failed: a failed attempt frees the target id (its only
+                # reservation, found by the primary key: schema v21).
                 tx.execute(
-                    "DELETE FROM session_reservations WHERE workspace_id = ? AND operation_id = ?",
-                    (ws, op_id),
+                    "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
+                    " AND operation_id = ?",
+                    (ws, op.target_session_id, op_id),
                 )
             tx.emit(ForkOperationChanged(ws, op_id))
             if release:

@@ -10,7 +10,8 @@ link of a fork child that reads its cloned Messages from its source's rows, v13 
 witness: a fenced source's history rows counted as SQLite changes them, so the commit proves
 the boundary unchanged without re-reading it; v14–v16 CHECKs and indexes; v17 the boundary
 digests prepare kept, each deleted by SQLite with the first change of its Session's history;
-v18 a Session row's version, one more at every change of the row.
+v18 a Session row's version, one more at every change of the row; v19–v20 the fork status's
+indexes and comparisons; v21 three indexes a query no longer needs, each a WAL frame per fork.
 """
 
 from __future__ import annotations
@@ -627,6 +628,30 @@ def _v20(conn: apsw.Connection) -> None:
     conn.execute(_V20_OBJECTS)
 
 
+# v21: three indexes fewer, each a b-tree leaf (a 4 KiB WAL frame) written by every fork and no
+# query's need (docs/performance.md, walpages; every statement's plan checked with EXPLAIN QUERY
+# PLAN, tests/storage/test_v21_indexes.py). `turns_by_phase` (workspace, Session, phase) moved at
+# every Turn's insert and its settlement: the reads of a Session's active Turn go through
+# `turns_active` (v11: the same Session's active Turns, at most one), the others through the
+# primary key's prefix. `history_fences_by_op` moved at prepare's fence and its release: the
+# release trigger deletes the operation's fence by its source's key (`session_keys`, then the
+# fence's primary key; the fence belongs to one operation, `op_seq` still compared), one row
+# found as before, also for recovery's set-based status changes. `session_reservations_by_operation`
+# moved at every prepare: an operation reserves only its target's id, so its reservation is
+# deleted by the primary key (workspace, target) with its `operation_id` still compared.
+_V21 = (
+    "DROP INDEX IF EXISTS turns_by_phase;"
+    " DROP INDEX IF EXISTS history_fences_by_op;"
+    " DROP INDEX IF EXISTS session_reservations_by_operation;"
+    " DROP TRIGGER history_fences_released;"
+    " CREATE TRIGGER history_fences_released AFTER UPDATE OF status ON fork_operations"
+    " WHEN NEW.status <> 'prepared' AND NEW.status <> 'dispatching'"
+    " AND NEW.status <> 'provider_accepted'"
+    " BEGIN DELETE FROM history_fences WHERE session_key = (SELECT session_key FROM session_keys"
+    " WHERE workspace_id = NEW.workspace_id AND session_id = NEW.source_session_id)"
+    " AND op_seq = NEW.op_seq; END;"
+)
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -648,6 +673,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V18,
     _V19,
     _v20,
+    _V21,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
