@@ -177,6 +177,7 @@ class ForkTransitions:
         `known`: the caller's `dispatching` row (the saga's): the evidence is checked against
         it and the row is not read first; `record_accepted`'s UPDATE is guarded by
         `dispatching`, and a row not there any more takes the reading path."""
+
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
             if (
                 known is not None
@@ -208,6 +209,7 @@ class ForkTransitions:
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
+
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
             # One read of the row: the answer is it, projected, plus the time set.
             r = tx.one(
@@ -271,6 +273,7 @@ def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) ->
 
 
 # -- The provider evidence of `provider_accepted` (seed 000 §7) ------------------------------
+
 
 def record_accepted(
     tx: Tx, ws: str, op_id: str, evidence: ProviderForkEvidence, *, from_status: ForkStatus

@@ -53,8 +53,11 @@ def _frames_per_step(store: Store, sid: str, last: str) -> list[list[int]]:
             assert len(marks) == 5, marks  # five COMMITs, each its own group here
             if before:  # the hook's first report is the baseline, not a fork's frames
                 start = reported[before - 1]
-                assert all(b > a for a, b in zip([start, *marks], marks)), (start, marks)
-                forks.append([b - a for a, b in zip([start, *marks], marks)])
+                assert all(b > a for a, b in zip([start, *marks], marks, strict=False)), (
+                    start,
+                    marks,
+                )
+                forks.append([b - a for a, b in zip([start, *marks], marks, strict=False)])
     finally:
         conn.set_wal_hook(original)
     return forks

@@ -36,9 +36,10 @@ def test_the_release_trigger_deletes_an_operations_fence_by_its_sources_key(
         "workspace_id = NEW.workspace_id AND session_id = NEW.source_session_id)"
         " AND op_seq = NEW.op_seq",
     ) in " ".join(str(trigger).split())
-    assert conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE name = 'history_fences_by_op'"
-    ).fetchone() is None
+    assert (
+        conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'history_fences_by_op'").fetchone()
+        is None
+    )
     conn.execute("PRAGMA foreign_keys = OFF")
     conn.executemany(
         "INSERT INTO session_keys (workspace_id, session_id) VALUES (?, ?)",
