@@ -1,8 +1,9 @@
 """Schema v21: three indexes fewer on a fork's path (`turns_by_phase`,
-`history_fences_by_op`, `session_reservations_by_operation`) and the fence's release trigger
-finding the row by its source's key. A v20 store with a Session, an active Turn and forks in
-flight migrates with every row kept; the reads that used the dropped indexes still search
-through an index (no scan); the release and the reservation's delete still find their one row.
+`history_fences_by_op`, `session_reservations_by_operation`), the fence's release trigger
+finding the row by its source's key, `session_reservations` and `fork_lineage` WITHOUT ROWID.
+A v20 store with a Session, an active Turn, a committed fork and forks in flight migrates
+with every row kept; the reads that used the dropped indexes still search through an index
+(no scan); the release and the reservation's delete still find their one row.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import apsw
 from store_builders import WS, new_session, settled_turn
-from test_store_fork import request
+from test_store_fork import request, run_to_commit
 
 from storage.rows import SESSION_SELECT
 from storage.schema import SCHEMA_VERSION, migrate, user_version
@@ -31,7 +32,14 @@ _TO_V20 = (
     " BEGIN DELETE FROM history_fences WHERE op_seq = NEW.op_seq; END;"
     " PRAGMA user_version = 20;"
 )
-_TABLES = ("sessions", "turns", "fork_operations", "history_fences", "session_reservations")
+_TABLES = (
+    "sessions",
+    "turns",
+    "fork_operations",
+    "history_fences",
+    "session_reservations",
+    "fork_lineage",
+)
 
 
 def _schema(conn: apsw.Connection) -> set[tuple[str, str, str]]:
@@ -57,17 +65,34 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         other_last = settled_turn(store, other, text="two", provider_turn_id="p2").turn_id
         held, _ = store.fork_prepare.prepare_fork(WS, request(sid, last))  # fence + reservation
         doomed, _ = store.fork_prepare.prepare_fork(WS, request(other, other_last))
+        done = new_session(store)
+        done_last = settled_turn(store, done, text="three", provider_turn_id="p3").turn_id
+        committed = run_to_commit(
+            store, store.fork_prepare.prepare_fork(WS, request(done, done_last))[0]
+        )
         busy = new_session(store)
         store.turns.claim_submit(WS, busy, "r-active", "now")
     finally:
         store.close()
-    conn = apsw.Connection(str(path))
-    conn.execute(_TO_V20)
     fresh = apsw.Connection(":memory:")
     migrate(fresh, 20)
+    conn = apsw.Connection(str(path))
+    # The two tables back as v1 made them (rowid tables; their SQL the fresh v20 store's).
+    for table in ("session_reservations", "fork_lineage"):
+        (made,) = fresh.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()
+        conn.execute(
+            f"ALTER TABLE {table} RENAME TO old_{table}; {made};"
+            f" INSERT INTO {table} SELECT * FROM old_{table}; DROP TABLE old_{table};"
+        )
+    (by_source,) = fresh.execute(
+        "SELECT sql FROM sqlite_master WHERE name = 'fork_lineage_by_source'"
+    ).fetchone()
+    conn.execute(f"{by_source};")
+    conn.execute(_TO_V20)
     assert _schema(conn) == _schema(fresh), "the store is exactly a v20 store"
     before = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in _TABLES}
-    assert len(before["history_fences"]) == 2 and len(before["session_reservations"]) == 2
+    assert len(before["history_fences"]) == 2 and len(before["session_reservations"]) == 3
+    assert len(before["fork_lineage"]) == 1
     assert migrate(conn) == 20 and user_version(conn) == SCHEMA_VERSION == 21
     after = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in _TABLES}
     assert after == before
@@ -87,8 +112,11 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         " AND sequence_provenance = 'fork_clone'": "sqlite_autoindex_turns_",
         # The reservation's delete (a failed or abandoned operation): its primary key.
         "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
-        " AND operation_id = ?": "sqlite_autoindex_session_reservations_1"
+        " AND operation_id = ?": "session_reservations USING PRIMARY KEY"
         " (workspace_id=? AND session_id=?)",
+        # The lineage tree's children of a source (v21: a WITHOUT ROWID table's index).
+        "SELECT target_session_id FROM fork_lineage WHERE workspace_id = ?"
+        " AND source_session_id = ?": "fork_lineage_by_source",
     }
     for sql, index in reads.items():
         plan = _plan(conn, sql, (None,) * sql.count("?"))
@@ -114,7 +142,8 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         held_seq = c.execute(
             "SELECT op_seq FROM fork_operations WHERE operation_id = ?", (held.operation_id,)
         ).fetchall()
-        assert fences == held_seq and reserved == [(held.operation_id,)]
+        assert fences == held_seq
+        assert sorted(reserved) == sorted([(held.operation_id,), (committed.operation_id,)])
         assert store.sessions.get_session(WS, busy).active_turn_id is not None
         assert store.sessions.get_session(WS, sid).active_turn_id is None
     finally:
