@@ -59,19 +59,20 @@ class ForkRecovery:
                     continue  # provider_accepted: its commit is not a status change
                 moved = tx.all(
                     f"UPDATE {_BY_BARRIER} SET status = ?, error = ?, completed_at_ms = ?"
-                    f" {_leftover(source)} RETURNING workspace_id, operation_id, source_session_id",
+                    f" {_leftover(source)} RETURNING workspace_id, operation_id, source_session_id,"
+                    " target_session_id",
                     (to.value, error, tx.now_ms),
                 )
                 if to is ForkStatus.FAILED:
                     tx.executemany(
                         "DELETE FROM session_reservations"
-                        " WHERE workspace_id = ? AND operation_id = ?",
-                        [(ws, op_id) for ws, op_id, _ in moved],
+                        " WHERE workspace_id = ? AND session_id = ? AND operation_id = ?",
+                        [(ws, target, op_id) for ws, op_id, _, target in moved],
                     )
                     failed += len(moved)
                 else:
                     unknown += len(moved)
-                for ws, op_id, source_sid in moved:
+                for ws, op_id, source_sid, _ in moved:
                     tx.emit(ForkOperationChanged(ws, op_id))
                     tx.emit(SessionChanged(ws, source_sid))
         return failed, unknown

@@ -193,8 +193,9 @@ class ResolutionStore:
                 (tx.now_ms, ws, op_id),
             )
             tx.execute(
-                "DELETE FROM session_reservations WHERE workspace_id = ? AND operation_id = ?",
-                (ws, op_id),
+                "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
+                " AND operation_id = ?",
+                (ws, op.target_session_id, op_id),
             )
             self._set_state(tx, ws, op_id, "done", result)
             tx.emit(ForkOperationChanged(ws, op_id))

@@ -107,10 +107,12 @@ class ForkTransitions:
             if tx.changes() != 1:  # pragma: no cover - guarded by BEGIN IMMEDIATE above
                 raise InvalidTransition(f"fork operation {op_id} changed concurrently")
             if to is ForkStatus.FAILED:
-                # Reservation iff not failed: a failed attempt frees the target id.
+                # Reservation iff not failed: a failed attempt frees the target id (its only
+                # reservation, found by the primary key: schema v21).
                 tx.execute(
-                    "DELETE FROM session_reservations WHERE workspace_id = ? AND operation_id = ?",
-                    (ws, op_id),
+                    "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
+                    " AND operation_id = ?",
+                    (ws, op.target_session_id, op_id),
                 )
             tx.emit(ForkOperationChanged(ws, op_id))
             if release:
@@ -175,6 +177,7 @@ class ForkTransitions:
         `known`: the caller's `dispatching` row (the saga's): the evidence is checked against
         it and the row is not read first; `record_accepted`'s UPDATE is guarded by
         `dispatching`, and a row not there any more takes the reading path."""
+
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
             if (
                 known is not None
@@ -206,6 +209,7 @@ class ForkTransitions:
 
     def acknowledge_fork(self, ws: str, op_id: str) -> tuple[ForkOperation, bool]:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
+
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
             # One read of the row: the answer is it, projected, plus the time set.
             r = tx.one(
@@ -269,6 +273,7 @@ def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) ->
 
 
 # -- The provider evidence of `provider_accepted` (seed 000 §7) ------------------------------
+
 
 def record_accepted(
     tx: Tx, ws: str, op_id: str, evidence: ProviderForkEvidence, *, from_status: ForkStatus

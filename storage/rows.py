@@ -49,7 +49,7 @@ def _lineage_column(column: str) -> str:
 # The lineage columns are scalar subqueries on fork_lineage's primary key (at most one row),
 # not a LEFT JOIN: the same values, but SQLite ran the join ~7x slower per point read
 # (110 vs 15 µs of CPU for one `session.get` on a 2,000-Session store).
-# The active Turn is looked up by `turns_by_phase` (the Session's active Turns: at most one),
+# The active Turn is looked up by `turns_active` (the Session's active Turns: at most one),
 # sorted by `+t.sequence`: with a plain `t.sequence` SQLite walked the (session, sequence)
 # index to skip the sort, reading every Turn the Session ever had (70 µs
 # of CPU per Session read at 300 Turns, 250 µs at 1,500; ~18 µs at any size with `+`).

@@ -10,7 +10,8 @@ link of a fork child that reads its cloned Messages from its source's rows, v13 
 witness: a fenced source's history rows counted as SQLite changes them, so the commit proves
 the boundary unchanged without re-reading it; v14–v16 CHECKs and indexes; v17 the boundary
 digests prepare kept, each deleted by SQLite with the first change of its Session's history;
-v18 a Session row's version, one more at every change of the row.
+v18 a Session row's version, one more at every change of the row; v19–v20 the fork status's
+indexes and comparisons; v21 three indexes a query no longer needs, each a WAL frame per fork.
 """
 
 from __future__ import annotations
@@ -627,6 +628,72 @@ def _v20(conn: apsw.Connection) -> None:
     conn.execute(_V20_OBJECTS)
 
 
+# v21: fewer b-trees on a fork's path, each a leaf (a 4 KiB WAL frame) written by every fork
+# and none a query's need (docs/performance.md, walpages; every statement's plan checked with
+# EXPLAIN QUERY PLAN, tests/storage/test_v21_indexes.py). Three indexes go:
+# `turns_by_phase` (workspace, Session, phase) moved at every Turn's insert and its settlement:
+# the reads of a Session's active Turn go through `turns_active` (v11: the same Session's active
+# Turns, at most one), the others through the primary key's prefix. `history_fences_by_op`
+# moved at prepare's fence and its release: the release trigger deletes the operation's fence
+# by its source's key (`session_keys`, then the fence's primary key; the fence belongs to one
+# operation, `op_seq` still compared), one row found as before, also for recovery's set-based
+# status changes. `session_reservations_by_operation` moved at every prepare: an operation
+# reserves only its target's id, so its reservation is deleted by the primary key (workspace,
+# target) with its `operation_id` still compared (v3's other reader, the foreign key's child
+# lookup, runs only when an operation's key changes or its row is deleted: the store does
+# neither). And two tables keyed by text become WITHOUT ROWID, their primary key the table's
+# own b-tree instead of a rowid table beside an index of the key: `session_reservations` (one
+# row per prepare) and `fork_lineage` (one per commit), the same columns, constraints and rows.
+_V21_OBJECTS = (
+    "DROP INDEX IF EXISTS turns_by_phase;"
+    " DROP INDEX IF EXISTS history_fences_by_op;"
+    " DROP INDEX IF EXISTS session_reservations_by_operation;"
+    " DROP TRIGGER history_fences_released;"
+    " CREATE TRIGGER history_fences_released AFTER UPDATE OF status ON fork_operations"
+    " WHEN NEW.status <> 'prepared' AND NEW.status <> 'dispatching'"
+    " AND NEW.status <> 'provider_accepted'"
+    " BEGIN DELETE FROM history_fences WHERE session_key = (SELECT session_key FROM session_keys"
+    " WHERE workspace_id = NEW.workspace_id AND session_id = NEW.source_session_id)"
+    " AND op_seq = NEW.op_seq; END;"
+)
+_V21_TABLES = """
+CREATE TABLE session_reservations_v21 (
+    workspace_id   TEXT NOT NULL,
+    session_id     TEXT NOT NULL,
+    operation_id   TEXT NOT NULL,
+    PRIMARY KEY (workspace_id, session_id),
+    FOREIGN KEY (workspace_id, operation_id) REFERENCES fork_operations(workspace_id, operation_id)
+) WITHOUT ROWID;
+INSERT INTO session_reservations_v21 (workspace_id, session_id, operation_id)
+    SELECT workspace_id, session_id, operation_id FROM session_reservations;
+DROP TABLE session_reservations;
+ALTER TABLE session_reservations_v21 RENAME TO session_reservations;
+CREATE TABLE fork_lineage_v21 (
+    workspace_id        TEXT NOT NULL,
+    target_session_id   TEXT NOT NULL,
+    source_session_id   TEXT NOT NULL,
+    source_turn_id      TEXT NOT NULL,
+    target_turn_id      TEXT NOT NULL,
+    operation_id        TEXT NOT NULL,
+    forked_at_ms        INTEGER NOT NULL,
+    PRIMARY KEY (workspace_id, target_session_id),
+    FOREIGN KEY (workspace_id, operation_id) REFERENCES fork_operations(workspace_id, operation_id)
+) WITHOUT ROWID;
+INSERT INTO fork_lineage_v21 (workspace_id, target_session_id, source_session_id,
+        source_turn_id, target_turn_id, operation_id, forked_at_ms)
+    SELECT workspace_id, target_session_id, source_session_id, source_turn_id, target_turn_id,
+        operation_id, forked_at_ms FROM fork_lineage;
+DROP TABLE fork_lineage;
+ALTER TABLE fork_lineage_v21 RENAME TO fork_lineage;
+CREATE INDEX fork_lineage_by_source ON fork_lineage (workspace_id, source_session_id);
+"""
+
+
+def _v21(conn: apsw.Connection) -> None:
+    conn.execute(_V21_OBJECTS)
+    conn.execute(_V21_TABLES)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -648,6 +715,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V18,
     _V19,
     _v20,
+    _v21,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

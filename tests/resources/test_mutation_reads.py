@@ -2,7 +2,8 @@
 `updateTitle` do not need, cut — pinned by what runs, never by timings.
 
 - A Session read (`get_session`: the actor's, the publisher's `session.upserted`, every
-  `session.get`) finds the active Turn through `turns_by_phase`, not by SQLite walking the
+  `session.get`) finds the active Turn through `turns_active` (the partial index of the active
+  Turns; `turns_by_phase` until schema v21), not by SQLite walking the
   Session's (session, sequence) index to avoid a sort, which reads every Turn it ever had.
 - The settled, completed Turns with no provider binding (looked for after every runtime
   start, so once per Turn) are found through a partial index of exactly those, not by reading
@@ -101,7 +102,7 @@ def test_a_session_read_looks_its_active_turn_up_by_phase(store: Store) -> None:
     where = " WHERE s.workspace_id = ? AND s.session_id = ?"
     plan = _plan(store, SESSION_SELECT + where, (WS, sid))
     turn_steps = [step for step in plan if step.startswith("SEARCH t ")]
-    assert turn_steps and all("turns_by_phase" in step for step in turn_steps), plan
+    assert turn_steps and all("turns_active" in step for step in turn_steps), plan
     # And it is still the active Turn, before and after it settles.
     assert store.sessions.get_session(WS, sid).active_turn_id == active.turn_id
     store.turns.record_settlement(WS, sid, active.turn_id, outcome="interrupted")

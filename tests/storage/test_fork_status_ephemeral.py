@@ -135,15 +135,19 @@ def test_the_restated_tests_accept_select_and_release_what_the_lists_did(
             )
         }
         assert held == want and len(want) == 9  # 4 statuses twice, committed un-ACKed once
-        # The witness: a row per operation (its own key), released on leaving the active set.
+        # The witness: the source's row, held by one operation (as `fence_history` writes it;
+        # since v21 the trigger finds it by the source's key), released on leaving the active set.
         w.execute("PRAGMA foreign_keys = OFF")
-        w.execute(
-            "INSERT INTO history_fences (session_key, op_seq, changes)"
-            " SELECT op_seq, op_seq, 0 FROM fork_operations"
-        )
+        w.execute("INSERT INTO session_keys (workspace_id, session_id) VALUES (?, 'src')", (WS,))
         for n, status in enumerate(statuses):
             for to in statuses:
                 w.execute("SAVEPOINT t")
+                w.execute(
+                    "INSERT OR REPLACE INTO history_fences (session_key, op_seq, changes)"
+                    " SELECT k.session_key, o.op_seq, 0 FROM session_keys k, fork_operations o"
+                    " WHERE k.workspace_id = ? AND k.session_id = 'src' AND o.operation_id = ?",
+                    (WS, f"op-{n}"),
+                )
                 w.execute(
                     "UPDATE fork_operations SET status = ? WHERE operation_id = ?", (to, f"op-{n}")
                 )

@@ -1,0 +1,86 @@
+"""A warm fork's WAL frames, counted: each COMMIT writes one 4 KiB frame per b-tree page it
+changed (a leaf of each table and index its rows touch), so every index a fork's rows move is
+a frame (and its checksum and `pwrite`s) in every fork. Schema v21 dropped the three that no
+query needs (`turns_by_phase`, `history_fences_by_op`, `session_reservations_by_operation`) and
+made `session_reservations` and `fork_lineage` WITHOUT ROWID (their key the table's own
+b-tree): the steady warm fork here went from 38 frames to 32 (11 + 3 + 3 + 19 + 2 to
+8 + 3 + 3 + 16 + 2; through the daemon 40 to 34, its larger snapshot row taking a new leaf and
+the header page at each prepare; docs/performance.md, walpages). Counts, never timings: the
+WAL's frame count after each COMMIT, as SQLite reports it to the store's WAL hook, with the
+checkpointer held off so the log never restarts under the count.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import apsw
+import pytest
+from store_builders import WS, new_session, settled_turn
+from test_store_fork import request, run_to_commit
+
+from storage.store import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+FORKS = 8
+
+
+def _frames_per_step(store: Store, sid: str, last: str) -> list[list[int]]:
+    """The frames of each COMMIT of the last `FORKS - 1` of `FORKS` warm forks (lazy prepare,
+    dispatching, accepted, commit, ACK), one list per fork."""
+    db = store.db
+    db.checkpoint_pages = 10**9  # no checkpoint: the WAL only grows while we count
+    conn = db._writer_connection()
+    reported: list[int] = []
+    original = db._wal_grew
+
+    def hook(c: apsw.Connection, name: str, pages: int) -> int:
+        reported.append(pages)
+        return original(c, name, pages)
+
+    conn.set_wal_hook(hook)
+    forks: list[list[int]] = []
+    try:
+        for _ in range(FORKS):
+            before = len(reported)
+            op, created = store.fork_prepare.prepare_fork(
+                WS, request(sid, last, target=str(uuid.uuid4())), durable=False
+            )
+            assert created
+            run_to_commit(store, op)
+            store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+            marks = reported[before:]
+            assert len(marks) == 5, marks  # five COMMITs, each its own group here
+            if before:  # the hook's first report is the baseline, not a fork's frames
+                start = reported[before - 1]
+                assert all(b > a for a, b in zip([start, *marks], marks, strict=False)), (
+                    start,
+                    marks,
+                )
+                forks.append([b - a for a, b in zip([start, *marks], marks, strict=False)])
+    finally:
+        conn.set_wal_hook(original)
+    return forks
+
+
+def test_a_warm_fork_writes_at_most_32_wal_frames(store: Store) -> None:
+    sid = new_session(store)
+    last = ""
+    for i in range(3):
+        last = settled_turn(store, sid, text=f"turn {i}", provider_turn_id=f"p{i}").turn_id
+    # One fork first: its rows' pages exist after it (the first of each b-tree's growth).
+    first = store.fork_prepare.prepare_fork(
+        WS, request(sid, last, target=str(uuid.uuid4())), durable=False
+    )[0]
+    run_to_commit(store, first)
+    store.fork_transitions.acknowledge_fork(WS, first.operation_id)
+    forks = _frames_per_step(store, sid, last)
+    totals = [sum(f) for f in forks]
+    # A b-tree page split adds a frame or two now and then (a new leaf and its parent) and a
+    # snapshot row that needs a new leaf the header page; the median fork is the steady one.
+    assert sorted(totals)[len(totals) // 2] <= 32, forks
+    # prepare, dispatching, accepted, commit, ACK: dispatching and accepted each move the
+    # operation's row and its two status indexes; the ACK the row and the barrier's index.
+    steady = [f for f in forks if sum(f) == sorted(totals)[len(totals) // 2]]
+    assert steady and steady[0][1:3] == [3, 3] and steady[0][4] == 2, forks
