@@ -17,6 +17,7 @@ from tutti_agent.history import (
     InterruptedMarker,
     TurnStatus,
     interrupted_marker_item,
+    model_context,
     turn_aborted_item,
 )
 from tutti_agent.ids import uuid7
@@ -57,6 +58,13 @@ class LiveThread:
         self._has_env_context = any(
             _is_env_context(line.item) for line in history.lines
         )
+        self._context: list[Mapping[str, Any]] | None = model_context(history.items)
+        """What the model sees (`model_context` of the history), kept as the writer appends:
+        this server's writer is the only one of the rollout while the thread is loaded, so
+        the history loaded plus every line appended since is the file's. A Turn reading it
+        back instead parsed the whole rollout again (it grew by the last Turn's lines): work
+        that grows with the thread, on every Turn. None once an append failed (what reached
+        the file is then unknown): `model_input` reads the file again."""
         settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
@@ -71,7 +79,21 @@ class LiveThread:
         self.writer.close()
 
     def append(self, item: RolloutItem) -> None:
-        self.writer.append(item)
+        try:
+            self.writer.append(item)
+        except BaseException:
+            self._context = None
+            raise
+        if self._context is not None:
+            self._context.extend(model_context((item,)))  # the same test, one item
+
+    def model_input(self) -> list[Mapping[str, Any]]:
+        """The model's input for the next request: `model_context` of the thread's history
+        as the rollout holds it (a copy: the caller may keep it while later lines append)."""
+        context = self._context
+        if context is None:
+            return model_context(self.store.load(self.thread_id).items)
+        return list(context)
 
     def start_turn(self, text: str) -> tuple[dict[str, Any], Callable[[], None]]:
         """Reserve the turn now; the returned starter runs it after the response is sent."""

@@ -1,0 +1,133 @@
+"""What a tutti-agent Turn costs its app-server (issue 36 target 4): work per Turn that does
+not grow with the thread. The model's input is kept as the rollout's writer appends, never read
+back from the file on each Turn, and is still exactly what a fresh read of the rollout gives."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tutti_agent.store as store_module
+from tests.tutti_agent.items import assistant_msg, user_msg
+from tests.tutti_agent.storeutil import write_root
+from tutti_agent.history import model_context
+from tutti_agent.model import TurnIO
+from tutti_agent.rollout import RolloutItem, RolloutLine, RolloutWriter, read_rollout
+from tutti_agent.store import ThreadStore
+from tutti_agent.turns import LiveThread
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class _Peer:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Mapping[str, Any]]] = []
+
+    def notify(self, method: str, params: Mapping[str, Any]) -> None:
+        self.sent.append((method, params))
+
+    def request(
+        self, method: str, params: Mapping[str, Any], cancelled: threading.Event
+    ) -> tuple[int | str, Mapping[str, Any] | None]:
+        raise AssertionError("no server request expected")
+
+
+class _SeeingModel:
+    """Replies `seen <n>` and remembers the input it was given on each Turn."""
+
+    name = "seeing"
+    provider = "test"
+
+    def __init__(self) -> None:
+        self.inputs: list[list[Mapping[str, Any]]] = []
+
+    def warm(self) -> None:
+        pass
+
+    def run(self, text: str, io: TurnIO) -> None:
+        seen = io.model_input()
+        self.inputs.append(seen)
+        io.reasoning(f"thinking about {text}")
+        io.tool_call("t", "{}", "ok")
+        io.agent_message(f"seen {len(seen)}")
+
+
+def _live(store: ThreadStore, thread_id: str, model: _SeeingModel) -> LiveThread:
+    history = store.load(thread_id)
+    return LiveThread(store, history, store.open_writer(history), _Peer(), model)
+
+
+def _turn(live: LiveThread, text: str) -> None:
+    _wire, starter = live.start_turn(text)
+    starter()
+    assert live.wait_idle(30)
+
+
+def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    parsed: list[Path] = []
+    real: Callable[[Path], list[RolloutLine]] = read_rollout
+
+    def counting(path: Path) -> list[RolloutLine]:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(store_module, "read_rollout", counting)
+    return parsed
+
+
+def test_turns_never_read_the_rollout_back_and_see_what_a_fresh_read_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ThreadStore(tmp_path / "home")
+    thread_id = write_root(store, [user_msg("before"), assistant_msg("answer")])
+    model = _SeeingModel()
+    live = _live(store, thread_id, model)
+    parsed = _count_parses(monkeypatch)
+    for i in range(4):
+        _turn(live, f"turn {i}")
+    assert parsed == [], "a Turn read its rollout back to build the model's input"
+    live.close()
+    # Each Turn's input is the model context of the rollout as it stood when the model ran:
+    # what a fresh reader (another process, a restart) rebuilds from the file.
+    fresh = model_context(ThreadStore(tmp_path / "home").load(thread_id).items)
+    assert all(seen == fresh[: len(seen)] for seen in model.inputs)
+    # 2 lines before; the first Turn adds the environment context, each its user message before
+    # the model runs, then its reasoning, call, output and reply.
+    assert [len(seen) for seen in model.inputs] == [4, 9, 14, 19]
+    assert len(fresh) == 23
+    # Each input is a list of its own: a later Turn's lines do not show up in an earlier one.
+    assert model.inputs[0] is not model.inputs[1]
+
+
+def test_a_failed_append_makes_the_next_turn_read_the_rollout_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = ThreadStore(tmp_path / "home")
+    thread_id = write_root(store, [user_msg("before"), assistant_msg("answer")])
+    model = _SeeingModel()
+    live = _live(store, thread_id, model)
+    real_append = RolloutWriter.append
+    fail = {"once": True}
+
+    def flaky(self: RolloutWriter, item: RolloutItem) -> RolloutLine:
+        line = real_append(self, item)  # on disk, yet the caller is told it failed
+        if fail["once"] and item.payload.get("type") == "reasoning":
+            fail["once"] = False
+            raise OSError("fsync failed")
+        return line
+
+    monkeypatch.setattr(RolloutWriter, "append", flaky)
+    _turn(live, "first")  # fails at its reasoning
+    parsed = _count_parses(monkeypatch)
+    _turn(live, "second")
+    assert parsed, "after a failed append the model's input must come from the file"
+    live.close()
+    second = model.inputs[-1]
+    assert second == model_context(ThreadStore(tmp_path / "home").load(thread_id).items)[
+        : len(second)
+    ]
+    assert any(p.get("type") == "reasoning" for p in second)  # the line the failure wrote
