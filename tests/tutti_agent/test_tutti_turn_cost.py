@@ -4,18 +4,21 @@ back from the file on each Turn, and is still exactly what a fresh read of the r
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import tutti_agent.store as store_module
+from model_fakes.responses import ResponsesServer
 from tests.tutti_agent.items import assistant_msg, user_msg
 from tests.tutti_agent.storeutil import write_root
 from tutti_agent.history import model_context
-from tutti_agent.model import TurnIO
+from tutti_agent.model import Endpoint, ResponsesModel, TurnIO, request_body
 from tutti_agent.rollout import RolloutItem, RolloutLine, RolloutWriter, read_rollout
 from tutti_agent.store import ThreadStore
 from tutti_agent.turns import LiveThread
@@ -131,3 +134,55 @@ def test_a_failed_append_makes_the_next_turn_read_the_rollout_again(
         : len(second)
     ]
     assert any(p.get("type") == "reasoning" for p in second)  # the line the failure wrote
+
+
+class _InputIO:
+    """A TurnIO giving the model `context` as its input, recording the reply."""
+
+    def __init__(self, context: list[Mapping[str, Any]]) -> None:
+        self.context = context
+        self.cancelled = threading.Event()
+        self.texts: list[str] = []
+
+    def model_input(self) -> list[Mapping[str, Any]]:
+        return self.context
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        pass
+
+    def agent_message(self, text: str, item_id: str | None = None) -> None:
+        self.texts.append(text)
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+def test_the_request_body_is_encoded_by_orjson_and_by_the_standard_library_where_it_refuses(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The body holds the whole model context (it grows with the thread): orjson encodes it,
+    the standard library's `json.dumps` only what orjson refuses, and the model gets the same
+    JSON value either way."""
+    import tutti_agent.model as model_module
+
+    dumps: list[object] = []
+
+    def counting(obj: Any, *args: Any, **kwargs: Any) -> str:
+        dumps.append(obj)
+        return json.dumps(obj, *args, **kwargs)
+
+    # The model module's `json` only (the fake server in this process uses the real one).
+    monkeypatch.setattr(model_module, "json", SimpleNamespace(dumps=counting, loads=json.loads))
+    context = [_user(f"turn {i} héllo \"quoted\" \u2028") for i in range(50)]
+    with ResponsesServer() as server:
+        io = _InputIO(context)
+        ResponsesModel(Endpoint(server.base_url)).run("hi", io)  # type: ignore[arg-type]
+        assert io.texts and dumps == [], "the body went through json.dumps"
+        assert server.requests[-1]["input"] == context
+        # A lone surrogate orjson refuses: the standard library encodes that body, as before.
+        odd = [_user("half a pair \ud800")]
+        io = _InputIO(odd)
+        ResponsesModel(Endpoint(server.base_url)).run("hi", io)  # type: ignore[arg-type]
+        assert len(dumps) == 1 and server.requests[-1]["input"] == odd
+    assert request_body({"a": "é"}) == b'{"a":"\xc3\xa9"}'
