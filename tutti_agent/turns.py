@@ -55,9 +55,7 @@ class LiveThread:
         self._last: ActiveTurn | None = None
         """The latest turn started: `active` is cleared before its last notifications are
         written, its `done` only after them (`wait_idle`)."""
-        self._has_env_context = any(
-            _is_env_context(line.item) for line in history.lines
-        )
+        self._has_env_context = any(_is_env_context(line.item) for line in history.lines)
         self._context: list[Mapping[str, Any]] | None = model_context(history.items)
         """What the model sees (`model_context` of the history), kept as the writer appends:
         this server's writer is the only one of the rollout while the thread is loaded, so
@@ -161,8 +159,12 @@ class LiveThread:
             )
             self.peer.notify(
                 "turn/started",
-                {"threadId": self.thread_id, "turn": _turn_wire(turn.turn_id, [], "inProgress",
-                                                                None, started_at, None, None)},
+                {
+                    "threadId": self.thread_id,
+                    "turn": _turn_wire(
+                        turn.turn_id, [], "inProgress", None, started_at, None, None
+                    ),
+                },
             )
             if not self._has_env_context:
                 # Like Codex: the first turn carries the environment context, model-visible but

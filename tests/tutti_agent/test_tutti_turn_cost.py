@@ -130,9 +130,9 @@ def test_a_failed_append_makes_the_next_turn_read_the_rollout_again(
     assert parsed, "after a failed append the model's input must come from the file"
     live.close()
     second = model.inputs[-1]
-    assert second == model_context(ThreadStore(tmp_path / "home").load(thread_id).items)[
-        : len(second)
-    ]
+    assert (
+        second == model_context(ThreadStore(tmp_path / "home").load(thread_id).items)[: len(second)]
+    )
     assert any(p.get("type") == "reasoning" for p in second)  # the line the failure wrote
 
 
@@ -174,7 +174,7 @@ def test_the_request_body_is_encoded_by_orjson_and_by_the_standard_library_where
 
     # The model module's `json` only (the fake server in this process uses the real one).
     monkeypatch.setattr(model_module, "json", SimpleNamespace(dumps=counting, loads=json.loads))
-    context = [_user(f"turn {i} héllo \"quoted\" \u2028") for i in range(50)]
+    context = [_user(f'turn {i} héllo "quoted" \u2028') for i in range(50)]
     with ResponsesServer() as server:
         io = _InputIO(context)
         ResponsesModel(Endpoint(server.base_url)).run("hi", io)  # type: ignore[arg-type]
