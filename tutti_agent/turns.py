@@ -56,13 +56,15 @@ class LiveThread:
         """The latest turn started: `active` is cleared before its last notifications are
         written, its `done` only after them (`wait_idle`)."""
         self._has_env_context = any(_is_env_context(line.item) for line in history.lines)
-        self._context: list[Mapping[str, Any]] | None = model_context(history.items)
-        """What the model sees (`model_context` of the history), kept as the writer appends:
-        this server's writer is the only one of the rollout while the thread is loaded, so
-        the history loaded plus every line appended since is the file's. A Turn reading it
-        back instead parsed the whole rollout again (it grew by the last Turn's lines): work
-        that grows with the thread, on every Turn. None once an append failed (what reached
-        the file is then unknown): `model_input` reads the file again."""
+        self._context: list[Mapping[str, Any]] | None = None
+        """What the model sees (`model_context` of the history), read from the file by the
+        first Turn that asks, then kept as the writer appends: this server's writer is the
+        rollout's only one while the thread is loaded, so what was read plus every line
+        appended since is the file's. Each Turn reading it back instead parsed the whole
+        rollout again (it grew by the last Turn's lines): work that grows with the thread, on
+        every Turn. Not made at load (a fork loads its child, which may never run a Turn, and
+        a 10,000-Turn history is a 60,000-line pass); None again once an append failed (what
+        reached the file is then unknown): the next Turn reads the file again."""
         settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
@@ -90,7 +92,8 @@ class LiveThread:
         as the rollout holds it (a copy: the caller may keep it while later lines append)."""
         context = self._context
         if context is None:
-            return model_context(self.store.load(self.thread_id).items)
+            context = model_context(self.store.load(self.thread_id).items)
+            self._context = context
         return list(context)
 
     def start_turn(self, text: str) -> tuple[dict[str, Any], Callable[[], None]]:
