@@ -72,12 +72,7 @@ class Connection:
         self._pending: dict[int | str, tuple[threading.Event, list[Any]]] = {}
 
     def send(self, message: Mapping[str, Any]) -> None:
-        self.send_all((message,))
-
-    def send_all(self, messages: Sequence[Mapping[str, Any]]) -> None:
-        """`messages` in order, in one write to the client: one system call, and one wake-up
-        of the client's reader, for notifications that leave together."""
-        data = "".join([encode_message(message) + "\n" for message in messages])
+        data = encode_message(message) + "\n"
         with self._lock:
             try:
                 self._out.write(data)
@@ -87,12 +82,6 @@ class Connection:
 
     def notify(self, method: str, params: Mapping[str, Any]) -> None:
         self.send({"method": method, "params": dict(params)})
-
-    def notify_all(self, notifications: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """Notifications sent back to back (nothing persisted between them), in one write."""
-        self.send_all(
-            [{"method": method, "params": dict(params)} for method, params in notifications]
-        )
 
     def request(
         self, method: str, params: Mapping[str, Any], cancelled: threading.Event

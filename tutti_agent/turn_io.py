@@ -11,7 +11,7 @@ import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from tutti_agent.errors import ModelError
@@ -24,10 +24,6 @@ class Peer(Protocol):
     """The client connection as seen from a turn."""
 
     def notify(self, method: str, params: Mapping[str, Any]) -> None: ...
-
-    def notify_all(self, notifications: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        """Notifications that leave together (nothing is persisted between them): one write."""
-        ...
 
     def request(
         self, method: str, params: Mapping[str, Any], cancelled: threading.Event
@@ -117,13 +113,8 @@ class LiveTurnIO:
                 {"type": "item_completed", "turn_id": self._turn.turn_id, "item": item},
             )
         )
-        params = {"threadId": self._thread.thread_id, "turnId": self._turn.turn_id}
-        self._thread.peer.notify_all(
-            [
-                ("item/started", {"item": dict(item), **params}),
-                ("item/completed", {"item": dict(item), **params}),
-            ]
-        )
+        self._notify_item("item/started", item)
+        self._notify_item("item/completed", item)
         self.items.append(item)
 
     def model_input(self) -> list[Mapping[str, Any]]:

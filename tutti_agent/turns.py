@@ -156,25 +156,18 @@ class LiveThread:
                     {"type": "task_started", "turn_id": turn.turn_id, "started_at": started_at},
                 )
             )
-            self.peer.notify_all(
-                [
-                    (
-                        "thread/status/changed",
-                        {
-                            "threadId": self.thread_id,
-                            "status": {"type": "active", "activeFlags": []},
-                        },
+            self.peer.notify(
+                "thread/status/changed",
+                {"threadId": self.thread_id, "status": {"type": "active", "activeFlags": []}},
+            )
+            self.peer.notify(
+                "turn/started",
+                {
+                    "threadId": self.thread_id,
+                    "turn": _turn_wire(
+                        turn.turn_id, [], "inProgress", None, started_at, None, None
                     ),
-                    (
-                        "turn/started",
-                        {
-                            "threadId": self.thread_id,
-                            "turn": _turn_wire(
-                                turn.turn_id, [], "inProgress", None, started_at, None, None
-                            ),
-                        },
-                    ),
-                ]
+                },
             )
             if not self._has_env_context:
                 # Like Codex: the first turn carries the environment context, model-visible but
@@ -237,28 +230,23 @@ class LiveThread:
                 )
             with self._lock:
                 self.active = None
-            self.peer.notify_all(
-                [
-                    (
-                        "thread/status/changed",
-                        {"threadId": self.thread_id, "status": {"type": "idle"}},
+            self.peer.notify(
+                "thread/status/changed", {"threadId": self.thread_id, "status": {"type": "idle"}}
+            )
+            self.peer.notify(
+                "turn/completed",
+                {
+                    "threadId": self.thread_id,
+                    "turn": _turn_wire(
+                        turn.turn_id,
+                        io.items,
+                        str(status),
+                        {"message": error} if error is not None else None,
+                        started_at,
+                        completed_at,
+                        duration_ms,
                     ),
-                    (
-                        "turn/completed",
-                        {
-                            "threadId": self.thread_id,
-                            "turn": _turn_wire(
-                                turn.turn_id,
-                                io.items,
-                                str(status),
-                                {"message": error} if error is not None else None,
-                                started_at,
-                                completed_at,
-                                duration_ms,
-                            ),
-                        },
-                    ),
-                ]
+                },
             )
         finally:
             with self._lock:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -19,12 +19,10 @@ from model_fakes.responses import ResponsesServer
 from tests.tutti_agent.items import assistant_msg, user_msg
 from tests.tutti_agent.storeutil import write_root
 from tutti_agent.history import model_context
-from tutti_agent.model import BuiltinModel, Endpoint, ResponsesModel, TurnIO, request_body
+from tutti_agent.model import Endpoint, ResponsesModel, TurnIO, request_body
 from tutti_agent.rollout import RolloutItem, RolloutLine, RolloutWriter, read_rollout
-from tutti_agent.server import Connection
 from tutti_agent.store import ThreadStore
 from tutti_agent.turns import LiveThread
-from tutti_agent.wire import encode_message
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,9 +33,6 @@ class _Peer:
 
     def notify(self, method: str, params: Mapping[str, Any]) -> None:
         self.sent.append((method, params))
-
-    def notify_all(self, notifications: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-        self.sent.extend(notifications)
 
     def request(
         self, method: str, params: Mapping[str, Any], cancelled: threading.Event
@@ -194,55 +189,3 @@ def test_the_request_body_is_encoded_by_orjson_and_by_the_standard_library_where
         ResponsesModel(Endpoint(server.base_url)).run("hi", io)  # type: ignore[arg-type]
         assert len(dumps) == 1 and server.requests[-1]["input"] == odd
     assert request_body({"a": "é"}) == b'{"a":"\xc3\xa9"}'
-
-
-class _CountingOut:
-    """The client's end of stdout: each flush is one write(2) to the pipe."""
-
-    def __init__(self) -> None:
-        self.text: list[str] = []
-        self.pending = ""
-        self.flushes = 0
-
-    def write(self, data: str) -> int:
-        self.pending += data
-        return len(data)
-
-    def flush(self) -> None:
-        self.flushes += 1
-        self.text.append(self.pending)
-        self.pending = ""
-
-
-def test_a_builtin_turn_writes_its_notifications_in_four_writes_in_codex_order(
-    tmp_path: Path,
-) -> None:
-    """Notifications with nothing persisted between them leave in one write: a Turn of the
-    built-in model is 4 writes to the client (was 8: one a notification), each a wake-up of
-    the host's reader; the lines, their order and their bytes are unchanged."""
-    store = ThreadStore(tmp_path / "home")
-    thread_id = write_root(store, [user_msg("before")])
-    history = store.load(thread_id)
-    out = _CountingOut()
-    live = LiveThread(store, history, store.open_writer(history), Connection(out), BuiltinModel())
-    _turn(live, "hello")
-    live.close()
-    assert out.flushes == 4
-    lines = "".join(out.text).splitlines()
-    assert [json.loads(line)["method"] for line in lines] == [
-        "thread/status/changed",
-        "turn/started",
-        "item/started",
-        "item/completed",
-        "item/started",
-        "item/completed",
-        "thread/status/changed",
-        "turn/completed",
-    ]
-    # Each line is the one `notify` writes alone (the same encoder, the same key order).
-    for line in lines:
-        message = json.loads(line)
-        assert list(message) == ["method", "params"]
-        assert line == encode_message(message)
-    started = json.loads(lines[2])["params"]
-    assert list(started) == ["item", "threadId", "turnId"]
