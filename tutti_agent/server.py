@@ -339,9 +339,7 @@ class AppServer:
             # deferred load failed is read whole again, and answers that failure.
             head = None if failed else self.store.head(thread_id)
             if head is not None:
-                return Reply(
-                    self._head_result(head), lambda: self._load_resumed(thread_id)
-                )
+                return Reply(self._head_result(head), lambda: self._load_resumed(thread_id))
         history = self.store.load(thread_id)
         self._load_live(history)
         return Reply(

@@ -15,11 +15,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from tutti_agent.errors import ModelError
-from tutti_agent.history import model_context
 from tutti_agent.ids import uuid7
 from tutti_agent.model import TurnCancelled
 from tutti_agent.rollout import LineType, RolloutItem
-from tutti_agent.store import ThreadStore
 
 
 class Peer(Protocol):
@@ -64,9 +62,6 @@ class TurnThread(Protocol):
     def peer(self) -> Peer: ...
 
     @property
-    def store(self) -> ThreadStore: ...
-
-    @property
     def thread_id(self) -> str: ...
 
     @property
@@ -76,6 +71,8 @@ class TurnThread(Protocol):
     def model_name(self) -> str | None: ...
 
     def append(self, item: RolloutItem) -> None: ...
+
+    def model_input(self) -> list[Mapping[str, Any]]: ...
 
 
 class LiveTurnIO:
@@ -121,8 +118,7 @@ class LiveTurnIO:
         self.items.append(item)
 
     def model_input(self) -> list[Mapping[str, Any]]:
-        history = self._thread.store.load(self._thread.thread_id)
-        return model_context(history.items)
+        return self._thread.model_input()
 
     @property
     def model_name(self) -> str | None:

@@ -17,6 +17,7 @@ from tutti_agent.history import (
     InterruptedMarker,
     TurnStatus,
     interrupted_marker_item,
+    model_context,
     turn_aborted_item,
 )
 from tutti_agent.ids import uuid7
@@ -54,9 +55,16 @@ class LiveThread:
         self._last: ActiveTurn | None = None
         """The latest turn started: `active` is cleared before its last notifications are
         written, its `done` only after them (`wait_idle`)."""
-        self._has_env_context = any(
-            _is_env_context(line.item) for line in history.lines
-        )
+        self._has_env_context = any(_is_env_context(line.item) for line in history.lines)
+        self._context: list[Mapping[str, Any]] | None = None
+        """What the model sees (`model_context` of the history), read from the file by the
+        first Turn that asks, then kept as the writer appends: this server's writer is the
+        rollout's only one while the thread is loaded, so what was read plus every line
+        appended since is the file's. Each Turn reading it back instead parsed the whole
+        rollout again (it grew by the last Turn's lines): work that grows with the thread, on
+        every Turn. Not made at load (a fork loads its child, which may never run a Turn, and
+        a 10,000-Turn history is a 60,000-line pass); None again once an append failed (what
+        reached the file is then unknown): the next Turn reads the file again."""
         settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
@@ -71,7 +79,22 @@ class LiveThread:
         self.writer.close()
 
     def append(self, item: RolloutItem) -> None:
-        self.writer.append(item)
+        try:
+            self.writer.append(item)
+        except BaseException:
+            self._context = None
+            raise
+        if self._context is not None:
+            self._context.extend(model_context((item,)))  # the same test, one item
+
+    def model_input(self) -> list[Mapping[str, Any]]:
+        """The model's input for the next request: `model_context` of the thread's history
+        as the rollout holds it (a copy: the caller may keep it while later lines append)."""
+        context = self._context
+        if context is None:
+            context = model_context(self.store.load(self.thread_id).items)
+            self._context = context
+        return list(context)
 
     def start_turn(self, text: str) -> tuple[dict[str, Any], Callable[[], None]]:
         """Reserve the turn now; the returned starter runs it after the response is sent."""
@@ -139,8 +162,12 @@ class LiveThread:
             )
             self.peer.notify(
                 "turn/started",
-                {"threadId": self.thread_id, "turn": _turn_wire(turn.turn_id, [], "inProgress",
-                                                                None, started_at, None, None)},
+                {
+                    "threadId": self.thread_id,
+                    "turn": _turn_wire(
+                        turn.turn_id, [], "inProgress", None, started_at, None, None
+                    ),
+                },
             )
             if not self._has_env_context:
                 # Like Codex: the first turn carries the environment context, model-visible but
