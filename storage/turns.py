@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import replace
+from dataclasses import fields, replace
+from operator import attrgetter
 from typing import Any
 
 from domain.enums import TurnOutcome
@@ -184,6 +185,7 @@ class TurnStore:
         daemon allowed deleting mid-turn), so it stops failing at every start."""
         if outcome not in TurnOutcome.__members__.values():
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
+
         def body(tx: Tx) -> tuple[Turn, bool]:
             changed = _settle(
                 tx, ws, sid, turn_id, outcome, final_assistant_message_id, error, include_deleted
@@ -379,6 +381,11 @@ def _rebind(tx: Tx, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
     tx.emit(TurnChanged(ws, sid, turn_id))
 
 
+_ROW_OF = attrgetter(*(f.name for f in fields(Turn) if f.name not in ("messages", "interactions")))
+"""A Turn's row columns, as one tuple: a carried image is compared with the row the settlement
+read by them (and by the row's empty Messages and Interactions) without a copy of the image."""
+
+
 def _settle(
     tx: Tx,
     ws: str,
@@ -408,7 +415,9 @@ def _settle(
             _set_bound(tx, ws, sid, turn_id, root, binding)
         return False
     tx.check_fence(sid)
-    if carried is not None and replace(carried, messages=(), interactions=()) != turn:
+    if carried is not None and (
+        turn.messages or turn.interactions or _ROW_OF(carried) != _ROW_OF(turn)
+    ):
         # Its row is not the one this write read (no cost: read above): not trusted.
         carried = None
     # A trusted image (its only writer's: design/store.md, "A Turn's claim and settlement

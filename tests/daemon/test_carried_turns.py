@@ -151,6 +151,39 @@ def test_a_settlement_handed_its_turn_carries_the_turn_it_committed(
         heard.close()
 
 
+def test_a_trusted_settlement_copies_its_turn_once(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settlement compares the image it was handed with the row it read column by
+    column: the only `Turn` it builds is the settled one its change carries (a copy of the
+    image to compare was a second `dataclasses.replace` per Turn on the actor's thread)."""
+    import storage.turns as turns_module
+
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+    image = store.turns.get_turn(WS, sid, turn.turn_id)
+    copies: list[str] = []
+    real = turns_module.replace
+
+    def counted(obj: Any, /, **changes: Any) -> Any:
+        copies.append(type(obj).__name__)
+        return real(obj, **changes)
+
+    monkeypatch.setattr(turns_module, "replace", counted)
+    heard = Heard(store)
+    try:
+        heard.take()
+        store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed", turn=image)
+        settlement = _turn_change(heard.take())
+    finally:
+        heard.close()
+    assert settlement.row == store.turns.get_turn(WS, sid, turn.turn_id)
+    assert copies == ["Turn"]
+
+
 def test_a_settlement_handed_its_start_writes_writes_them_as_they_would_have_landed(
     running: tuple[Daemon, Client],
 ) -> None:
