@@ -57,6 +57,16 @@ MAX_HELD_WRITES = 4
 """Durable writes a burst of driver events may hold back to land as one batch (a Turn's usual
 burst: item, binding, message, settle)."""
 
+ROW_KEEPING = (ForkCreate, ForkAdvance, FollowUp, Submit, DriverEvent, RetryDurable)
+"""The messages the Session row cache (`cached_session`) survives: those that cannot change
+what it is read for (`SessionRuntime.cached_session`): a fork's start and its saga's steps (a
+fork's transitions and commit never write the source's row), and a Turn's submit, driver
+events, continuations and write retries (a Turn's writes move only the row's
+`active_turn_id` and `updated_at_ms`). Everything else — mutations, interrupts and answers,
+`fork.resolve`, a lost runtime — may, so it empties the cache before and after it runs
+(`SessionActor.on_receive`, which asks a message's kind once for both); the actor's own
+runtime write (`update_runtime`) replaces it with the row it wrote."""
+
 
 class SessionActor(PooledActor):
     """One live Session (see the module docstring); `HostActor` starts and stops it."""
@@ -74,9 +84,7 @@ class SessionActor(PooledActor):
         self.core = SessionCore(ctx, workspace_id, session_id, self.actor_ref)
         self.ws, self.sid, self.key = workspace_id, session_id, self.core.key
         self.runtime = SessionRuntime(self.core)
-        self.writes = TurnWrites(
-            self.core, give_up=lambda item, exc: self.turns.give_up(item, exc)
-        )
+        self.writes = TurnWrites(self.core, give_up=lambda item, exc: self.turns.give_up(item, exc))
         self.turns = TurnRunner(self.core, self.runtime, self.writes)
         self.controls = SessionControls(self.core, self.turns, self.runtime)
         # Fork sagas and fork.resolve requests in flight (actors/fork_saga.py, fork_resolve.py);
@@ -134,7 +142,9 @@ class SessionActor(PooledActor):
         self.writes.hold = True  # this message's writes wait for its end, at least
         if isinstance(message, RuntimeLost):
             self.runtime.forget_warm_runtime()
-        self._expire_row_cache(message)
+        keeps_row = isinstance(message, ROW_KEEPING)
+        if not keeps_row:
+            self.runtime.forget_row()  # and again at its end (`ROW_KEEPING`)
         try:
             self._dispatch(message)
         except Exception as exc:  # noqa: BLE001 - an actor must outlive any single message
@@ -152,15 +162,13 @@ class SessionActor(PooledActor):
             if reply is not None:
                 reply(typed)
         finally:
-            self._expire_row_cache(message)
+            if not keeps_row:
+                self.runtime.forget_row()
             following = self.next_message()
             self.writes.hold = False
             held = len(self.writes) < MAX_HELD_WRITES and (
                 self._joins_burst(following)
-                or (
-                    following is None
-                    and (self.turns.awaiting_start() or self.writes.lingering)
-                )
+                or (following is None and (self.turns.awaiting_start() or self.writes.lingering))
             )
             if not held:
                 self.writes.drain_if_due()  # this message's writes and what was held for it
@@ -173,20 +181,6 @@ class SessionActor(PooledActor):
         return isinstance(message, DriverEvent) or (
             isinstance(message, FollowUp) and message.turn_event
         )
-
-    def _expire_row_cache(self, message: Any) -> None:
-        """The Session row cache (`cached_session`) survives only messages that cannot
-        change what it is read for (`SessionRuntime.cached_session`): a fork's start and its
-        saga's steps (a fork's transitions and commit never write the source's row), and a
-        Turn's submit, driver events, continuations and write retries (a Turn's writes move
-        only the row's `active_turn_id` and `updated_at_ms`). Everything else — mutations,
-        interrupts and answers, `fork.resolve`, a lost runtime — may, so it empties the cache
-        before and after it runs; the actor's own runtime write (`update_runtime`) replaces it
-        with the row it wrote."""
-        if not isinstance(
-            message, (ForkCreate, ForkAdvance, FollowUp, Submit, DriverEvent, RetryDurable)
-        ):
-            self.runtime.forget_row()
 
     def _dispatch(self, message: Any) -> None:
         match message:
