@@ -182,11 +182,14 @@ class TurnRunner:
         state.at_provider = True
         state.start_unanswered = True
         state.last_activity = time.monotonic()
-        request = TurnStart(self._core.key, state.turn_id, text)
         if warm:
             # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
             # before the provider sees anything; then it is prepared and started once more.
-            request = replace(request, home=runtime.home, runtime_generation=runtime.generation)
+            request = TurnStart(
+                self._core.key, state.turn_id, text, runtime.home, runtime.generation
+            )
+        else:
+            request = TurnStart(self._core.key, state.turn_id, text)
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )

@@ -286,3 +286,38 @@ def test_a_binding_heard_after_the_starts_answer_waits_for_the_settlement_too(
     assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
     stored = store.turns.get_turn(WS, sid, turn["turnId"])
     assert stored.root_provider_turn_id and stored.provider_turn_binding_json, stored
+
+
+def test_a_warm_turns_start_request_is_built_once(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm Turn's `turn.start` is built with its runtime's home and generation (the worker
+    refuses it on any other runtime), as one `TurnStart`: not built bare and then copied with
+    them by `dataclasses.replace` (a value built twice on the actor's thread, once a Turn)."""
+    from agenthost.workers import SupervisorPort
+    from domain.worker_messages import TurnStart
+
+    daemon, c = running
+    sid = _warm_session(c)
+    copies: list[str] = []
+    real_replace = session_turns.replace
+
+    def counted(obj: Any, /, **changes: Any) -> Any:
+        copies.append(type(obj).__name__)
+        return real_replace(obj, **changes)
+
+    sent: list[TurnStart] = []
+    real_start = SupervisorPort.start_turn
+
+    def start_turn(self: SupervisorPort, provider: str, request: TurnStart, timeout: float) -> Any:
+        sent.append(request)
+        return real_start(self, provider, request, timeout)
+
+    monkeypatch.setattr(session_turns, "replace", counted)
+    monkeypatch.setattr(SupervisorPort, "start_turn", start_turn)
+    for i in range(2):
+        run_turn(c, sid, f"warm {i}")
+    assert "TurnStart" not in copies, copies
+    assert len(sent) == 2
+    warm = [r for r in sent if r.runtime_generation is not None]
+    assert warm and all(r.home is not None for r in warm), sent
