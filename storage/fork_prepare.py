@@ -284,8 +284,8 @@ class ForkPrepare:
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
                 " binding_mode, snapshot_hash, status, created_at_ms, workspace_mode,"
-                " workspace_json, workspace_state)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?)",
+                " workspace_json, workspace_state, barrier)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?, 1)",
                 (
                     ws,
                     op_id,

@@ -694,6 +694,49 @@ def _v21(conn: apsw.Connection) -> None:
     conn.execute(_V21_TABLES)
 
 
+# v22: the barrier's index untouched by a fork's status steps (docs/performance.md, barrierflag).
+# SQLite deletes and re-inserts a partial index's entry at every UPDATE that sets a column its
+# WHERE names, even when the entry's key and its membership do not change: v20's
+# `fork_operations_barrier_held` named `status`, so each of a warm fork's status steps
+# (dispatching, provider_accepted, committed) wrote its leaf, a WAL frame, though the operation
+# held the barrier from its prepare to its ACK. The barrier's set is now a column, `barrier`
+# (1: the row holds it), that changes only when an operation enters or leaves the set (its
+# prepare, `failed`, `abandoned`, the ACK), and the partial index's WHERE is `barrier = 1`
+# (`domain.fork_states.BARRIER_SQL`, which every barrier query repeats). The rule is unchanged:
+# the store's statements set the flag beside the status (or the ACK's time) that moves it, and
+# the trigger `fork_operations_barrier` sets it to the rule — v20's predicate, written out —
+# after any UPDATE of `status` or `client_observed_at_ms` that left it otherwise (raw SQL, a
+# path that forgot), and after an INSERT, in the writer's own transaction (its WHEN false for
+# the store's own statements: no second write). The column's default 0 fills every existing row
+# in O(1); the migration sets 1 on the rows v20's index held (a handful per source, found
+# through it) before that index is made again.
+_V22 = (
+    "ALTER TABLE fork_operations ADD COLUMN barrier INTEGER NOT NULL DEFAULT 0;"
+    " UPDATE fork_operations INDEXED BY fork_operations_barrier_held SET barrier = 1 WHERE "
+    "(status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted' OR "
+    "status = 'unknown' OR (status = 'committed' AND client_observed_at_ms IS NULL));"
+    " DROP INDEX fork_operations_barrier_held;"
+    " CREATE INDEX fork_operations_barrier_held ON fork_operations (workspace_id, "
+    "source_session_id, source_turn_id, op_seq) WHERE barrier = 1;"
+    " CREATE TRIGGER fork_operations_barrier AFTER UPDATE OF status, client_observed_at_ms "
+    "ON fork_operations WHEN NEW.barrier IS NOT (NEW.status = 'prepared' OR NEW.status = "
+    "'dispatching' OR NEW.status = 'provider_accepted' OR NEW.status = 'unknown' OR "
+    "(NEW.status = 'committed' AND NEW.client_observed_at_ms IS NULL)) BEGIN UPDATE "
+    "fork_operations SET barrier = (status = 'prepared' OR status = 'dispatching' OR status"
+    " = 'provider_accepted' OR status = 'unknown' OR (status = 'committed' AND "
+    "client_observed_at_ms IS NULL)) WHERE rowid = NEW.rowid;"
+    " END;"
+    " CREATE TRIGGER fork_operations_barrier_insert AFTER INSERT ON fork_operations WHEN "
+    "NEW.barrier IS NOT (NEW.status = 'prepared' OR NEW.status = 'dispatching' OR "
+    "NEW.status = 'provider_accepted' OR NEW.status = 'unknown' OR (NEW.status = "
+    "'committed' AND NEW.client_observed_at_ms IS NULL)) BEGIN UPDATE fork_operations SET "
+    "barrier = (status = 'prepared' OR status = 'dispatching' OR status = "
+    "'provider_accepted' OR status = 'unknown' OR (status = 'committed' AND "
+    "client_observed_at_ms IS NULL)) WHERE rowid = NEW.rowid;"
+    " END;"
+)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -716,6 +759,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V19,
     _v20,
     _v21,
+    _V22,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
