@@ -708,16 +708,16 @@ def _v21(conn: apsw.Connection) -> None:
 # after any UPDATE of `status` or `client_observed_at_ms` that left it otherwise (raw SQL, a
 # path that forgot), and after an INSERT, in the writer's own transaction (its WHEN false for
 # the store's own statements: no second write). The column's default 0 fills every existing row
-# in O(1); the migration sets 1 on the rows v20's index held (a handful per source, found
-# through it) before that index is made again.
+# in O(1); the migration sets 1 on the rows v20's index held (a handful per source: its WHERE
+# is the rule's text, so the planner finds them through it) before that index is made again.
 _V22 = (
-    "ALTER TABLE fork_operations ADD COLUMN barrier INTEGER NOT NULL DEFAULT 0;"
-    " UPDATE fork_operations INDEXED BY fork_operations_barrier_held SET barrier = 1 WHERE "
+    "UPDATE fork_operations SET barrier = 1 WHERE "
     "(status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted' OR "
     "status = 'unknown' OR (status = 'committed' AND client_observed_at_ms IS NULL));"
-    " DROP INDEX fork_operations_barrier_held;"
+    " DROP INDEX IF EXISTS fork_operations_barrier_held;"
     " CREATE INDEX fork_operations_barrier_held ON fork_operations (workspace_id, "
     "source_session_id, source_turn_id, op_seq) WHERE barrier = 1;"
+    " DROP TRIGGER IF EXISTS fork_operations_barrier;"
     " CREATE TRIGGER fork_operations_barrier AFTER UPDATE OF status, client_observed_at_ms "
     "ON fork_operations WHEN NEW.barrier IS NOT (NEW.status = 'prepared' OR NEW.status = "
     "'dispatching' OR NEW.status = 'provider_accepted' OR NEW.status = 'unknown' OR "
@@ -726,6 +726,7 @@ _V22 = (
     " = 'provider_accepted' OR status = 'unknown' OR (status = 'committed' AND "
     "client_observed_at_ms IS NULL)) WHERE rowid = NEW.rowid;"
     " END;"
+    " DROP TRIGGER IF EXISTS fork_operations_barrier_insert;"
     " CREATE TRIGGER fork_operations_barrier_insert AFTER INSERT ON fork_operations WHEN "
     "NEW.barrier IS NOT (NEW.status = 'prepared' OR NEW.status = 'dispatching' OR "
     "NEW.status = 'provider_accepted' OR NEW.status = 'unknown' OR (NEW.status = "
@@ -735,6 +736,13 @@ _V22 = (
     "client_observed_at_ms IS NULL)) WHERE rowid = NEW.rowid;"
     " END;"
 )
+
+
+def _v22(conn: apsw.Connection) -> None:
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
+    if "barrier" not in columns:  # (re-running the steps over a newer store finds it)
+        conn.execute("ALTER TABLE fork_operations ADD COLUMN barrier INTEGER NOT NULL DEFAULT 0")
+    conn.execute(_V22)
 
 
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
@@ -759,7 +767,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V19,
     _v20,
     _v21,
-    _V22,
+    _v22,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

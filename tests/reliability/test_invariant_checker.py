@@ -311,6 +311,27 @@ def test_latest_settled_operation_on_an_unknown_boundary_is_a_second_barrier_hol
     assert Law.BOUNDARY_BARRIER in laws(home)
 
 
+def test_a_barrier_flag_not_the_rule_is_reported(base: Base, tmp_path: Path) -> None:
+    """Schema v22: the flag is set behind the store's back (no status or ACK time moved, so
+    the trigger keeping it does not run): a holder the barrier's index no longer finds."""
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE fork_operations SET barrier = 0 WHERE operation_id = '{base.unknown['operationId']}'",
+    )
+    assert Law.BARRIER_FLAG in laws(home)
+    # And an ACKed commit flagged as holding it.
+    home = tampered(
+        base,
+        tmp_path / "2",
+        f"UPDATE fork_operations SET client_observed_at_ms = 1"
+        f" WHERE operation_id = '{base.committed['operationId']}';"
+        f" UPDATE fork_operations SET barrier = 1"
+        f" WHERE operation_id = '{base.committed['operationId']}'",
+    )
+    assert Law.BARRIER_FLAG in laws(home)
+
+
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:
     op = base.unknown["operationId"]
     # The child stays, its operation is recorded as having never dispatched a fork.
