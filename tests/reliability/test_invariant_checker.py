@@ -317,7 +317,8 @@ def test_a_barrier_flag_not_the_rule_is_reported(base: Base, tmp_path: Path) -> 
     home = tampered(
         base,
         tmp_path,
-        f"UPDATE fork_operations SET barrier = 0 WHERE operation_id = '{base.unknown['operationId']}'",
+        "UPDATE fork_operations SET barrier = 0"
+        f" WHERE operation_id = '{base.unknown['operationId']}'",
     )
     assert Law.BARRIER_FLAG in laws(home)
     # And an ACKed commit flagged as holding it.

@@ -7,9 +7,9 @@ b-tree): the steady warm fork here went from 38 frames to 32 (11 + 3 + 3 + 19 + 
 8 + 3 + 3 + 16 + 2; through the daemon 40 to 34, its larger snapshot row taking a new leaf and
 the header page at each prepare; docs/performance.md, walpages). Schema v22 made the barrier's
 partial index's WHERE a flag the status steps never set, so SQLite no longer rewrites its leaf at
-dispatching, provider_accepted and committed: 32 to 29 (8 + 2 + 2 + 15 + 2; barrierflag). Counts, never timings: the
-WAL's frame count after each COMMIT, as SQLite reports it to the store's WAL hook, with the
-checkpointer held off so the log never restarts under the count.
+dispatching, provider_accepted and committed: 32 to 29 (8 + 2 + 2 + 15 + 2; barrierflag).
+Counts, never timings: the WAL's frame count after each COMMIT, as SQLite reports it to the
+store's WAL hook, with the checkpointer held off so the log never restarts under the count.
 """
 
 from __future__ import annotations
