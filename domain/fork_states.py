@@ -130,8 +130,8 @@ BARRIER_RULE_SQL = (
     f" OR (status = '{ForkStatus.COMMITTED.value}' AND client_observed_at_ms IS NULL))"
 )
 """The barrier rule as a SQL predicate over a `fork_operations` row's status and ACK time
-(`holds_barrier`): what its `barrier` column equals (schema v22's triggers set it so; the
-invariant checker's `barrier_flag` law reports any row where it does not). The WHERE of the
+(`holds_barrier`): what its `barrier` column equals (schema v22's CHECK refuses any other value;
+the invariant checker's `barrier_flag` law reports a row where it does not). The WHERE of the
 barrier's partial index at v20 and v21."""
 
 BARRIER_SQL = "barrier = 1"
@@ -142,4 +142,4 @@ index's WHERE to the letter (schema v22), which a query repeats so the planner m
 
 BARRIER_RELEASE_SQL = ", barrier = 0"
 """What an UPDATE that moves an operation out of the barrier's set (`failed`, `abandoned`, the
-ACK) also assigns, in the same statement: the trigger then has nothing to correct."""
+ACK) also assigns, in the same statement: the column's CHECK refuses the move without it."""

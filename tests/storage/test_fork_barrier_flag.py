@@ -1,21 +1,29 @@
 """Schema v22: the barrier's set as a flag. `fork_operations.barrier` is 1 exactly where the
-barrier rule holds (`domain.fork_states.BARRIER_RULE_SQL`, v21's partial index's WHERE), and the
-partial index `fork_operations_barrier_held` selects by it, so a fork's status steps — which
-never set it — leave that index alone. Proven here over every status, ACKed or not, and every
-transition of the state machine (and the ACK), whoever writes: raw SQL (the trigger keeps the
-flag) and the store's own statements (which set it in the same UPDATE); a v21 store migrates
-with every row and every barrier holder kept."""
+barrier rule holds (`domain.fork_states.BARRIER_RULE_SQL`, v21's partial index's WHERE) — its
+CHECK refuses any other value — and the partial index `fork_operations_barrier_held` selects by
+it, so a fork's status steps, which never set it, leave that index alone. Proven here over every
+status, ACKed or not, and every transition of the state machine (and the ACK): the CHECK
+accepts exactly the rule's flag, and the index then selects exactly the v21 rule's rows; the
+store's own statements set it (a path that forgot would fail); a v21 store migrates with every
+row and every barrier holder kept."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import apsw
+import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import request, run_to_commit
 from test_v21_indexes import TO_V21
 
-from domain.fork_states import BARRIER_RULE_SQL, BARRIER_SQL, TRANSITIONS, ForkStatus
+from domain.fork_states import (
+    BARRIER_RULE_SQL,
+    BARRIER_SQL,
+    TRANSITIONS,
+    ForkStatus,
+    holds_barrier,
+)
 from storage.fork_prepare import barrier_holder
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.store import Store
@@ -51,22 +59,24 @@ def test_every_status_and_every_transition_select_what_the_v21_rule_selects(
     for status in ForkStatus:
         for observed in ACKS:
             n = len(rows)
-            # A raw INSERT names no flag: the column's default 0, the trigger sets the rule.
             bare_operation(conn, n, status.value, observed, ws=WS, source=SRC, turn_id="t")
             rows.append((n, status, observed))
+            _refused(conn, f"op-{n}", status.value, observed)
     _agree(conn)
     # 4 statuses ACKed or not, and the committed un-ACKed one.
     assert len(_selected(conn, f"WHERE {BARRIER_SQL}")) == 9
     moves = 0
     for n, status, observed in rows:
-        targets = [(to.value, observed) for to in TRANSITIONS[status]]
-        targets.append((status.value, None if observed else 7))  # the ACK (or its undoing)
+        targets = [(to, observed) for to in TRANSITIONS[status]]
+        targets.append((status, None if observed else 7))  # the ACK (or its undoing)
         for to, seen in targets:
+            flag = int(holds_barrier(to, seen is not None))
             conn.execute("SAVEPOINT move")
+            _refused(conn, f"op-{n}", to.value, seen)  # the other flag: refused
             conn.execute(
-                "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?"
+                "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?, barrier = ?"
                 " WHERE operation_id = ?",
-                (to, seen, f"op-{n}"),
+                (to.value, seen, flag, f"op-{n}"),
             )
             _agree(conn)
             conn.execute("ROLLBACK TO move")
@@ -77,14 +87,37 @@ def test_every_status_and_every_transition_select_what_the_v21_rule_selects(
     conn.close()
 
 
-def test_the_store_s_own_steps_keep_the_flag_without_the_trigger(tmp_path: Path) -> None:
-    """The saga's steps (prepare, dispatching, accepted, committed, ACK) and its `failed`, with
-    the triggers dropped: the store's statements alone leave the flag the rule at every step."""
+def _refused(conn: apsw.Connection, op_id: str, status: str, observed: int | None) -> None:
+    """The flag that is not the rule's, for `status` and `observed`: the CHECK refuses it, as
+    an INSERT and as an UPDATE; the row is left as it was."""
+    wrong = 1 - int(holds_barrier(ForkStatus(status), observed is not None))
+    before = conn.execute("SELECT * FROM fork_operations WHERE operation_id = ?", (op_id,))
+    row = before.fetchall()
+    with pytest.raises(apsw.ConstraintError, match="CHECK constraint failed: barrier"):
+        conn.execute(
+            "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?, barrier = ?"
+            " WHERE operation_id = ?",
+            (status, observed, wrong, op_id),
+        )
+    with pytest.raises(apsw.ConstraintError, match="CHECK constraint failed: barrier"):
+        conn.execute(
+            "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
+            " source_session_id, target_session_id, source_turn_id, source_provider_session_id,"
+            " source_provider_turn_id, source_provider_turn_ids, target_title, driver_kind,"
+            " driver_version, binding_mode, snapshot_hash, status,"
+            " created_at_ms, client_observed_at_ms, barrier) VALUES (?, 'x', 'x', 'h', ?, 'c',"
+            " 't', 'p', 'pt', '[]', 't', 'd', '1', 'host_copy', 's', ?, 0, ?, ?)",
+            (WS, SRC, status, observed, wrong),
+        )
+    after = conn.execute("SELECT * FROM fork_operations WHERE operation_id = ?", (op_id,))
+    assert after.fetchall() == row
+
+
+def test_the_store_s_own_steps_set_the_flag(tmp_path: Path) -> None:
+    """The saga's steps (prepare, dispatching, accepted, committed, ACK) and its `failed`: the
+    store's statements set the flag the CHECK wants (a path that forgot it would fail)."""
     store = Store.open(tmp_path / "store.sqlite3")
     try:
-        conn = store.db._writer_connection()
-        conn.execute("DROP TRIGGER fork_operations_barrier")
-        conn.execute("DROP TRIGGER fork_operations_barrier_insert")
         sid = new_session(store)
         last = settled_turn(store, sid, text="one", provider_turn_id="p1").turn_id
         op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last))

@@ -18,11 +18,9 @@ from storage.rows import SESSION_SELECT
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.store import Store
 
-# A v22 store made a v21 one: v22's triggers and flag gone, the barrier's index as v20 made it.
+# A v22 store made a v21 one: v22's flag (and its CHECK) gone, the barrier's index as v20 made it.
 TO_V21 = (
-    "DROP TRIGGER fork_operations_barrier;"
-    " DROP TRIGGER fork_operations_barrier_insert;"
-    " DROP INDEX fork_operations_barrier_held;"
+    "DROP INDEX fork_operations_barrier_held;"
     " ALTER TABLE fork_operations DROP COLUMN barrier;"
     " CREATE INDEX fork_operations_barrier_held"
     " ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)"
