@@ -125,9 +125,21 @@ def sql_any(statuses: Iterable[ForkStatus]) -> str:
     return " OR ".join(f"status = '{s.value}'" for s in ForkStatus if s in wanted)
 
 
-BARRIER_SQL = (
+BARRIER_RULE_SQL = (
     f"({sql_any(BARRIER_UNCONDITIONAL)}"
     f" OR (status = '{ForkStatus.COMMITTED.value}' AND client_observed_at_ms IS NULL))"
 )
-"""The barrier rule as a SQL predicate over a `fork_operations` row: the WHERE of the barrier's
-partial index (schema v20) to the letter, which a query repeats so the planner may use it."""
+"""The barrier rule as a SQL predicate over a `fork_operations` row's status and ACK time
+(`holds_barrier`): what its `barrier` column equals (schema v22's CHECK refuses any other value;
+the invariant checker's `barrier_flag` law reports a row where it does not). The WHERE of the
+barrier's partial index at v20 and v21."""
+
+BARRIER_SQL = "barrier = 1"
+"""The barrier's set as a SQL predicate: the flag kept equal to `BARRIER_RULE_SQL`, which a
+fork's status steps never write (it moves only at prepare, `failed`, `abandoned` and the ACK),
+so SQLite leaves the partial index `fork_operations_barrier_held` alone at each of them. The
+index's WHERE to the letter (schema v22), which a query repeats so the planner may use it."""
+
+BARRIER_RELEASE_SQL = ", barrier = 0"
+"""What an UPDATE that moves an operation out of the barrier's set (`failed`, `abandoned`, the
+ACK) also assigns, in the same statement: the column's CHECK refuses the move without it."""

@@ -50,6 +50,7 @@ from storage.sqlite import Tx, dumps, loads
 
 # -- Prepare ---------------------------------------------------------------------------------------
 
+
 def prepared_events(op: ForkOperation) -> list[ChangeEvent]:
     """The change events a prepare emits: what the caller of a lazy one hands on."""
     return [
@@ -194,6 +195,7 @@ class ForkPrepare:
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
         )
+
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
             existing = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
@@ -284,8 +286,9 @@ class ForkPrepare:
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
                 " binding_mode, snapshot_hash, status, created_at_ms, workspace_mode,"
-                " workspace_json, workspace_state)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?)",
+                " workspace_json, workspace_state, barrier)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?,"
+                " 1)",
                 (
                     ws,
                     op_id,
@@ -481,6 +484,7 @@ def resolve_or_block(
 # A valid fork is one that is not `failed` or `abandoned` (neither ever became a child), so a
 # failed or abandoned attempt does not use up a number. A fork of a fork stacks the suffix
 # (`Trip (2)` forks to `Trip (2) (2)`); a shorter label is a client's to draw from the lineage.
+
 
 def child_title(conn: Any, ws: str, source_session_id: str, source_title: str) -> str:
     """`conn` is the prepare transaction's connection; the count reads the source's operations

@@ -4,7 +4,13 @@ to the whole store at once."""
 
 from __future__ import annotations
 
-from domain.fork_states import ACTIVE, BARRIER_SQL, ForkStatus, after_restart
+from domain.fork_states import (
+    ACTIVE,
+    BARRIER_RELEASE_SQL,
+    BARRIER_SQL,
+    ForkStatus,
+    after_restart,
+)
 from storage.base import Database
 from storage.models import ForkOperationChanged, LeftoverCommit, SessionChanged
 
@@ -57,8 +63,10 @@ class ForkRecovery:
                     error = dispatching_error
                 else:
                     continue  # provider_accepted: its commit is not a status change
+                # `failed` leaves the barrier's set: its flag in the same UPDATE (schema v22).
+                release = "" if to is ForkStatus.UNKNOWN else BARRIER_RELEASE_SQL
                 moved = tx.all(
-                    f"UPDATE {_BY_BARRIER} SET status = ?, error = ?, completed_at_ms = ?"
+                    f"UPDATE {_BY_BARRIER} SET status = ?, error = ?, completed_at_ms = ?{release}"
                     f" {_leftover(source)} RETURNING workspace_id, operation_id, source_session_id,"
                     " target_session_id",
                     (to.value, error, tx.now_ms),

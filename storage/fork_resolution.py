@@ -26,7 +26,7 @@ from domain.errors import (
     ForkResolveConflict,
     ForkResolveInProgress,
 )
-from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
+from domain.fork_states import BARRIER_RELEASE_SQL, NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
 from storage.fork_snapshot import source_blockers
 from storage.fork_transitions import record_accepted, validate_evidence
@@ -188,7 +188,8 @@ class ResolutionStore:
                     params={"operationId": op_id, "status": op.public_status.value},
                 )
             tx.execute(
-                "UPDATE fork_operations SET status = 'abandoned', completed_at_ms = ?"
+                f"UPDATE fork_operations SET status = 'abandoned', completed_at_ms = ?"
+                f"{BARRIER_RELEASE_SQL}"
                 " WHERE workspace_id = ? AND operation_id = ? AND status = 'unknown'",
                 (tx.now_ms, ws, op_id),
             )

@@ -19,7 +19,7 @@ from domain.errors import (
     ForkOperationNotFound,
     InvalidTransition,
 )
-from domain.fork_states import SOURCES, ForkStatus
+from domain.fork_states import BARRIER_RELEASE_SQL, SOURCES, ForkStatus, holds_barrier
 from storage.base import Database
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.rows import OP_COLUMNS, decode_op, load_op, op_from_row
@@ -58,6 +58,9 @@ class ForkTransitions:
         `stamp`: the time column set to the transaction's own time (when the row is written,
         not when the caller asked: a write may wait its turn for seconds)."""
         sources = SOURCES[to]  # the state machine's, domain.fork_states
+        # Leaving the barrier's set (`failed`) sets its flag in the same UPDATE; a step that
+        # stays in it (dispatching, unknown) names no column of the barrier index (schema v22).
+        release_barrier = "" if holds_barrier(to, client_observed=False) else BARRIER_RELEASE_SQL
         asked = values
 
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
@@ -72,7 +75,7 @@ class ForkTransitions:
             ):
                 assignments = "".join(f", {column} = ?" for column in values)
                 tx.execute(
-                    f"UPDATE fork_operations SET status = ?{assignments}"
+                    f"UPDATE fork_operations SET status = ?{assignments}{release_barrier}"
                     " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
                     (to.value, *values.values(), ws, op_id, known.status.value),
                 )
@@ -100,7 +103,7 @@ class ForkTransitions:
             marks = ",".join("?" * len(sources))
             assignments = ", ".join(f"{column} = ?" for column in values)
             tx.execute(
-                f"UPDATE fork_operations SET status = ?, {assignments}"
+                f"UPDATE fork_operations SET status = ?, {assignments}{release_barrier}"
                 f" WHERE workspace_id = ? AND operation_id = ? AND status IN ({marks})",
                 (to.value, *values.values(), ws, op_id, *(s.value for s in sources)),
             )
@@ -230,7 +233,8 @@ class ForkTransitions:
             if op.client_observed_at_ms is not None:
                 return op, False
             tx.execute(
-                "UPDATE fork_operations SET client_observed_at_ms = ? WHERE workspace_id = ?"
+                f"UPDATE fork_operations SET client_observed_at_ms = ?{BARRIER_RELEASE_SQL}"
+                " WHERE workspace_id = ?"
                 " AND operation_id = ? AND client_observed_at_ms IS NULL",
                 (tx.now_ms, ws, op_id),
             )

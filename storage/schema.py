@@ -694,6 +694,51 @@ def _v21(conn: apsw.Connection) -> None:
     conn.execute(_V21_TABLES)
 
 
+# v22: the barrier's index untouched by a fork's status steps (docs/performance.md, barrierflag).
+# SQLite deletes and re-inserts a partial index's entry at every UPDATE that sets a column its
+# WHERE names, even when the entry's key and its membership do not change: v20's
+# `fork_operations_barrier_held` named `status`, so each of a warm fork's status steps
+# (dispatching, provider_accepted, committed) wrote its leaf, a WAL frame, though the operation
+# held the barrier from its prepare to its ACK. The barrier's set is now a column, `barrier`
+# (1: the row holds it), that changes only when an operation enters or leaves the set (its
+# prepare, `failed`, `abandoned`, the ACK), and the partial index's WHERE is `barrier = 1`
+# (`domain.fork_states.BARRIER_SQL`, which every barrier query repeats). The rule is unchanged
+# and the column is held to it by a CHECK — v20's predicate, written out — that every INSERT
+# and every UPDATE of `status`, `client_observed_at_ms` or `barrier` tests: a writer sets the
+# flag in the same statement as the status or ACK time that moves it, or its statement fails.
+# (Triggers setting it after the fact were measured: ~2 µs more per INSERT and per ACK.) The
+# column's default 0 fills every existing row in O(1); the migration sets 1 on the rows v20's
+# index held (a handful per source: its WHERE is the rule's text, so the planner finds them
+# through it), then adds the CHECK by `_edit_tables` (every row now satisfies it) and makes
+# the index again.
+BARRIER_COLUMN = (
+    "barrier INTEGER NOT NULL DEFAULT 0",
+    "barrier INTEGER NOT NULL DEFAULT 0 CHECK (barrier = (status = 'prepared'"
+    " OR status = 'dispatching' OR status = 'provider_accepted' OR status = 'unknown'"
+    " OR (status = 'committed' AND client_observed_at_ms IS NULL)))",
+)
+_V22_HELD = (
+    "UPDATE fork_operations SET barrier = 1 WHERE (status = 'prepared' OR status = 'dispatching'"
+    " OR status = 'provider_accepted' OR status = 'unknown'"
+    " OR (status = 'committed' AND client_observed_at_ms IS NULL));"
+)
+_V22_INDEX = (
+    "DROP INDEX IF EXISTS fork_operations_barrier_held;"
+    " CREATE INDEX fork_operations_barrier_held"
+    " ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)"
+    " WHERE barrier = 1;"
+)
+
+
+def _v22(conn: apsw.Connection) -> None:
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
+    if "barrier" not in columns:  # (re-running the steps over a newer store finds it)
+        conn.execute(f"ALTER TABLE fork_operations ADD COLUMN {BARRIER_COLUMN[0]}")
+        conn.execute(_V22_HELD)
+        _edit_tables(conn, (("fork_operations", *BARRIER_COLUMN),))
+    conn.execute(_V22_INDEX)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -716,6 +761,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V19,
     _v20,
     _v21,
+    _v22,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

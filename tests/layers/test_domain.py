@@ -111,10 +111,12 @@ def test_generated_sql_is_the_spelling_the_store_used() -> None:
     assert fork_states.ACTIVE_SQL == "('prepared', 'dispatching', 'provider_accepted')"
     # Comparisons, not `IN (…)`: the barrier index's WHERE since schema v20 (no ephemeral
     # B-tree per status change; tests/storage/test_fork_status_ephemeral.py).
-    assert fork_states.BARRIER_SQL == (
+    assert fork_states.BARRIER_RULE_SQL == (
         "(status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted'"
         " OR status = 'unknown' OR (status = 'committed' AND client_observed_at_ms IS NULL))"
     )
+    # The barrier's set as its flag (schema v22): the status steps never name it.
+    assert fork_states.BARRIER_SQL == "barrier = 1"
 
 
 def test_the_store_sql_sets_decide_exactly_what_the_domain_rules_decide() -> None:
@@ -130,7 +132,7 @@ def test_the_store_sql_sets_decide_exactly_what_the_domain_rules_decide() -> Non
     barrier = set(
         conn.execute(
             "SELECT status, client_observed_at_ms FROM fork_operations"
-            f" WHERE {fork_states.BARRIER_SQL}"
+            f" WHERE {fork_states.BARRIER_RULE_SQL}"
         )
     )
     assert barrier == {

@@ -16,6 +16,7 @@ import apsw
 import msgpack
 import pytest
 
+from domain.fork_states import BARRIER_RULE_SQL
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.git_repos import git, make_repo
@@ -71,13 +72,23 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
     return Base(home, sid, committed, unknown)
 
 
-def tampered(base: Base, tmp_path: Path, sql: str | None = None) -> Path:
+def tampered(base: Base, tmp_path: Path, sql: str | None = None, *, flag: bool = True) -> Path:
+    """`sql` run on a copy of the base's store behind the daemon's back. Schema v22's CHECK
+    holds the barrier flag to the rule; a tamper that moves a status or an ACK time runs past
+    it and, unless `flag` is false (the flag's own law), then sets every flag to the rule, so
+    the tamper breaks only the law it is about."""
     home = tmp_path / "home"
     shutil.copytree(base.home, home, symlinks=True, ignore=shutil.ignore_patterns("run"))
     if sql:
         conn = apsw.Connection(str(home / "store.sqlite3"))
         conn.execute("PRAGMA foreign_keys=OFF")
+        conn.execute("PRAGMA ignore_check_constraints=ON")
         conn.execute(sql)
+        if flag:
+            conn.execute(
+                f"UPDATE fork_operations SET barrier = {BARRIER_RULE_SQL}"
+                f" WHERE barrier IS NOT {BARRIER_RULE_SQL}"
+            )
         conn.close()
     return home
 
@@ -309,6 +320,28 @@ def test_latest_settled_operation_on_an_unknown_boundary_is_a_second_barrier_hol
         ),
     )
     assert Law.BOUNDARY_BARRIER in laws(home)
+
+
+def test_a_barrier_flag_not_the_rule_is_reported(base: Base, tmp_path: Path) -> None:
+    """Schema v22: the flag set behind the store's back, past its CHECK: a holder the barrier's
+    index no longer finds, and a released operation it still finds."""
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE fork_operations SET barrier = 0"
+        f" WHERE operation_id = '{base.unknown['operationId']}'",
+        flag=False,
+    )
+    assert Law.BARRIER_FLAG in laws(home)
+    # And an ACKed commit flagged as holding it.
+    home = tampered(
+        base,
+        tmp_path / "2",
+        "UPDATE fork_operations SET client_observed_at_ms = 1, barrier = 1"
+        f" WHERE operation_id = '{base.committed['operationId']}'",
+        flag=False,
+    )
+    assert Law.BARRIER_FLAG in laws(home)
 
 
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:

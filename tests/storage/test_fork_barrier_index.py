@@ -8,7 +8,7 @@ from pathlib import Path
 
 import apsw
 
-from domain.fork_states import BARRIER_SQL
+from domain.fork_states import BARRIER_RULE_SQL, BARRIER_SQL
 from storage.fork_prepare import BARRIER_HOLDERS_SQL, barrier_holder
 from storage.rows import BARRIER_OPS_SQL
 from tests.storage.store_builders import bare_operation, operations_only
@@ -21,11 +21,14 @@ def _plan(conn: apsw.Connection, sql: str, params: tuple[str, ...]) -> str:
 
 
 def test_the_index_is_the_barrier_rule() -> None:
-    """Its WHERE is the rule's SQL text, as the query repeats it (else no planner uses it)."""
-    from storage.schema import _V20_OBJECTS
+    """Its WHERE is the barrier's SQL text, as the query repeats it (else no planner uses it):
+    the rule itself at v20, its flag since v22 (the flag the rule, tests/storage/
+    test_fork_barrier_flag.py)."""
+    from storage.schema import _V20_OBJECTS, _V22_INDEX
 
-    assert BARRIER_OPS_SQL == BARRIER_SQL
-    assert f"WHERE {BARRIER_SQL};" in _V20_OBJECTS  # made again with comparisons at v20
+    assert BARRIER_OPS_SQL == BARRIER_SQL == "barrier = 1"
+    assert f"WHERE {BARRIER_RULE_SQL};" in _V20_OBJECTS  # made again with comparisons at v20
+    assert f"WHERE {BARRIER_SQL};" in _V22_INDEX
 
 
 def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
@@ -42,11 +45,14 @@ def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
     _op(conn, 502, "committed")  # not ACKed: holds it too, but the older one answers
     held = barrier_holder(conn, WS, SRC, "turn-1")
     assert held is not None and held[1] == "op-501"
-    conn.execute("UPDATE fork_operations SET status = 'failed' WHERE operation_id = 'op-501'")
+    conn.execute(
+        "UPDATE fork_operations SET status = 'failed', barrier = 0 WHERE operation_id = 'op-501'"
+    )
     held = barrier_holder(conn, WS, SRC, "turn-1")
     assert held is not None and held[1] == "op-502"
     conn.execute(
-        "UPDATE fork_operations SET client_observed_at_ms = 1 WHERE operation_id = 'op-502'"
+        "UPDATE fork_operations SET client_observed_at_ms = 1, barrier = 0"
+        " WHERE operation_id = 'op-502'"
     )
     assert barrier_holder(conn, WS, SRC, "turn-1") is None
     assert barrier_holder(conn, WS, SRC, "turn-2") is None

@@ -148,8 +148,10 @@ def test_the_restated_tests_accept_select_and_release_what_the_lists_did(
                     " WHERE k.workspace_id = ? AND k.session_id = 'src' AND o.operation_id = ?",
                     (WS, f"op-{n}"),
                 )
+                flag = int(holds_barrier(ForkStatus(to), False))  # schema v22's CHECK
                 w.execute(
-                    "UPDATE fork_operations SET status = ? WHERE operation_id = ?", (to, f"op-{n}")
+                    "UPDATE fork_operations SET status = ?, barrier = ? WHERE operation_id = ?",
+                    (to, flag, f"op-{n}"),
                 )
                 kept = w.execute(
                     "SELECT count(*) FROM history_fences f JOIN fork_operations o"

@@ -18,8 +18,19 @@ from storage.rows import SESSION_SELECT
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.store import Store
 
+# A v22 store made a v21 one: v22's flag (and its CHECK) gone, the barrier's index as v20 made it.
+TO_V21 = (
+    "DROP INDEX fork_operations_barrier_held;"
+    " ALTER TABLE fork_operations DROP COLUMN barrier;"
+    " CREATE INDEX fork_operations_barrier_held"
+    " ON fork_operations (workspace_id, source_session_id, source_turn_id, op_seq)"
+    " WHERE (status = 'prepared' OR status = 'dispatching' OR status = 'provider_accepted'"
+    " OR status = 'unknown' OR (status = 'committed' AND client_observed_at_ms IS NULL));"
+    " PRAGMA user_version = 21;"
+)
+
 DROPPED = ("turns_by_phase", "history_fences_by_op", "session_reservations_by_operation")
-# v20's objects exactly as v1, v2, v15 and v20 made them.
+# v20's objects exactly as v1, v2, v15 and v20 made them (v22's undone first: `TO_V21`).
 _TO_V20 = (
     "CREATE INDEX turns_by_phase ON turns (workspace_id, session_id, phase);"
     " CREATE INDEX session_reservations_by_operation"
@@ -88,18 +99,19 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         "SELECT sql FROM sqlite_master WHERE name = 'fork_lineage_by_source'"
     ).fetchone()
     conn.execute(f"{by_source};")
+    conn.execute(TO_V21)
     conn.execute(_TO_V20)
     assert _schema(conn) == _schema(fresh), "the store is exactly a v20 store"
     before = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in _TABLES}
     assert len(before["history_fences"]) == 2 and len(before["session_reservations"]) == 3
     assert len(before["fork_lineage"]) == 1
-    assert migrate(conn) == 20 and user_version(conn) == SCHEMA_VERSION == 21
+    assert migrate(conn, 21) == 20 and user_version(conn) == 21 < SCHEMA_VERSION
     after = {t: conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2").fetchall() for t in _TABLES}
     assert after == before
     names = {str(n) for (n,) in conn.execute("SELECT name FROM sqlite_master")}
     assert not names & set(DROPPED)
     current = apsw.Connection(":memory:")
-    migrate(current)
+    migrate(current, 21)
     assert _schema(conn) == _schema(current), "migrated = made fresh at v21"
 
     # The reads that went through `turns_by_phase`: the active Turn by `turns_active`, the

@@ -105,6 +105,10 @@ class Law(StrEnum):
     BOUNDARY_BARRIER = "boundary_barrier"
     """Two operations hold the barrier of one boundary (source + Turn), whatever point kinds
     asked for them (law 8): a boundary was dispatched twice."""
+    BARRIER_FLAG = "barrier_flag"
+    """An operation's `barrier` flag (schema v22) is not the barrier rule over its status and
+    ACK time (`domain.fork_states.holds_barrier`): the barrier's index, whose WHERE is the flag,
+    would answer a prepare with a holder that released it or miss one that holds it (law 8)."""
     CHILD_OWNED = "child_owned"
     """A provider child in a provider home belongs to no operation that may own it, or its
     Turns are no such operation's frozen prefix (law 9)."""
@@ -204,6 +208,7 @@ STORE_LAWS = frozenset(
         Law.FENCE_WINDOW,
         Law.SINGLE_ACTIVE,
         Law.BOUNDARY_BARRIER,
+        Law.BARRIER_FLAG,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
     }
@@ -842,6 +847,20 @@ def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
     for key, n in barrier.items():
         if n > 1:
             ctx.fail(Law.BOUNDARY_BARRIER, f"{n} barrier holders on {key[1]} turn {key[2]}")
+    # Schema v22: the flag the barrier's index selects by is the rule, row by row.
+    for o in ops:
+        if "barrier" not in o:  # a store before v22
+            continue
+        held = o["status"] in (*ACTIVE, "unknown") or (
+            o["status"] == "committed" and o["client_observed_at_ms"] is None
+        )
+        if o["barrier"] != int(held):
+            ctx.fail(
+                Law.BARRIER_FLAG,
+                f"operation {o['operation_id']} ({o['status']}, ACKed"
+                f" {o['client_observed_at_ms'] is not None}): barrier {o['barrier']!r},"
+                f" the rule {int(held)}",
+            )
 
 
 def _check_fence(ctx: _Ctx, copy_path: Path, ops: list[dict[str, Any]]) -> None:
