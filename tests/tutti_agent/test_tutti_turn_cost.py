@@ -1,4 +1,4 @@
-"""What a tutti-agent Turn costs its app-server (issue 36 target 4): work per Turn that does
+"""What a tutti-agent Turn costs its app-server: work per Turn that does
 not grow with the thread. The model's input is kept as the rollout's writer appends, never read
 back from the file on each Turn (the first one after a load reads it), and is still exactly
 what a fresh read of the rollout gives."""
