@@ -49,10 +49,12 @@ class PreparedRuntime:
     generation: str | None = None
     verdict: Mapping[str, Any] | None = None
     # What lets the next fork reuse this runtime without `session.start`: the pid
-    # of the process that is the runtime (checked alive first; None: the driver has none) and
-    # the driver's idle limit (the reuse window stays inside it).
+    # of the process that is the runtime (checked alive first; None: the driver has none),
+    # the driver's idle limit (the reuse window stays inside it) and the pid of the worker
+    # the runtime lives in or under (checked alive too: the runtime dies with it).
     pid: int | None = None
     idle_s: float | None = None
+    worker_pid: int | None = None
 
 
 class LiveSaga(Protocol):

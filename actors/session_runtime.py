@@ -97,6 +97,14 @@ def process_alive(pid: int) -> bool:
     return alive_in_stat(stat)
 
 
+def runtime_alive(runtime: PreparedRuntime) -> bool:
+    """Whether a warm runtime's processes are all still there: the runtime's own (the
+    app-server) and the worker it lives in or under. A worker killed a moment ago has its
+    SIGKILL pending before its app-server takes the parent-death signal, so its pid is what
+    makes the runtime gone to the host at once."""
+    return all(pid is None or process_alive(pid) for pid in (runtime.pid, runtime.worker_pid))
+
+
 def alive_in_stat(stat: bytes) -> bool:
     """`/proc/PID/stat`: not a zombie or dead, not exiting (`PF_EXITING` in its flags) and no
     SIGKILL pending (a fatal signal is queued on every thread of the process before `kill`
@@ -249,7 +257,7 @@ class SessionRuntime:
             or dict(session.settings) != dict(runtime.settings)
             or (session.provider_session_id or "") != runtime.provider_session_id
             or dict(session.runtime_context) != dict(runtime.runtime_context)
-            or (runtime.pid is not None and not process_alive(runtime.pid))
+            or not runtime_alive(runtime)
         ):
             return None
         if not self._core.ctx.runtime_slots.hold_warm(
@@ -359,6 +367,7 @@ class SessionRuntime:
                 verdict=context,
                 pid=result.stamp.pid,
                 idle_s=result.stamp.idle_s,
+                worker_pid=result.stamp.worker_pid,
             )
             self._warm = None if prepared.generation is None else (prepared, time.monotonic())
             return prepared

@@ -474,17 +474,23 @@ class RuntimeStamp:
     generation: str | None = None
     pid: int | None = None
     idle_s: float | None = None
+    worker_pid: int | None = None
+    """The worker process's own pid: the runtime dies with it."""
 
     @classmethod
     def from_wire(cls, result: Mapping[str, Any]) -> RuntimeStamp:
         pid = _positive(result.get("runtimePid"))
+        worker_pid = _positive(result.get("workerPid"))
         return cls(
             generation=_generation(result.get("runtimeGeneration")),
             pid=None if pid is None else int(pid),
             idle_s=_positive(result.get("runtimeIdleS")),
+            worker_pid=None if worker_pid is None else int(worker_pid),
         )
 
-    KEYS: ClassVar[frozenset[str]] = frozenset({"runtimeGeneration", "runtimePid", "runtimeIdleS"})
+    KEYS: ClassVar[frozenset[str]] = frozenset(
+        {"runtimeGeneration", "runtimePid", "runtimeIdleS", "workerPid"}
+    )
 
 
 @dataclass(frozen=True, slots=True)

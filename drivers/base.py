@@ -22,6 +22,11 @@ from domain.worker_messages import (
 )
 from drivers.failpoints import Failpoints
 
+SERVED_BY = "_servedByGeneration"
+"""A driver's `session.start` answer's key for the generation (its `runtime_generation`'s
+value) of the runtime that gave the verdict: a start that spawned the runtime is stamped by it
+(drivers/worker.py `_stamped`). Never sent to the host."""
+
 Emit = Callable[[str, TurnEvent], None]
 """`emit(agent_session_id, event)`: stream one turn event (a `domain.worker_messages.TurnEvent`)
 to the host. Thread-safe; drivers call it from whatever thread observes the provider. Drivers
@@ -42,7 +47,9 @@ class ProviderDriver(Protocol):
         ...
 
     def start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """`session.start` (start or resume) → `{providerSessionId, runtimeContext}`."""
+        """`session.start` (start or resume) → `{providerSessionId, runtimeContext}`, and
+        optionally `SERVED_BY`: the driver's generation of the runtime that gave the verdict
+        (the worker takes it off the answer and stamps it while still live)."""
         ...
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]: ...

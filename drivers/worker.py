@@ -27,7 +27,7 @@ from typing import Any
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.turn_events import TurnEvent
 from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, ResolveRequest
-from drivers.base import ProviderDriver
+from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
 from transport.worker_link import WorkerEnd
@@ -211,13 +211,19 @@ class WorkerServer:
         """`session.start` / `runtime.attest` answer with the generation of the runtime whose
         verdict they carry; the host skips the next fork's re-attestation while it holds. Only
         a generation seen both before and after the call is stamped (generations are never
-        reused), so the verdict cannot come from a runtime replaced meanwhile; a call that
-        spawned the runtime carries none (the next fork attests it)."""
+        reused), or one the driver names as the runtime that gave the verdict (`SERVED_BY`,
+        a start that spawned its runtime) and still live after the call, so the verdict cannot
+        come from a runtime replaced meanwhile. A call that spawned the runtime and names none
+        carries none (the next Turn starts it again, the next fork attests it)."""
         sid, home = str(params.get("agentSessionId") or ""), str(params.get("home") or "")
         before = self.runtime_generation(sid, home)
         result = method(params)
-        if before is not None and self.runtime_generation(sid, home) == before:
-            result = {**result, "runtimeGeneration": before, **self._liveness(sid, home)}
+        served = result.pop(SERVED_BY, None)
+        after = self.runtime_generation(sid, home)
+        if after is not None and (
+            after == before or (served is not None and after == f"{INCARNATION}:{served}")
+        ):
+            result = {**result, "runtimeGeneration": after, **self._liveness(sid, home)}
         return result
 
     def _liveness(self, agent_session_id: str, home: str) -> dict[str, Any]:
@@ -227,7 +233,10 @@ class WorkerServer:
         host's reuse window stays well inside it). A driver without the hooks gives neither;
         the worker still refuses a fork whose generation is no longer the live one."""
         driver = self.driver()
-        out: dict[str, Any] = {}
+        # This worker's own pid: the runtime lives in it or under it (tied), so a worker
+        # killed a moment ago makes the runtime gone to the host at once (its SIGKILL pending),
+        # before its app-server has taken the parent-death signal.
+        out: dict[str, Any] = {"workerPid": os.getpid()}
         pid_of = getattr(driver, "runtime_pid", None)
         pid = pid_of(agent_session_id, home) if pid_of is not None else None
         if isinstance(pid, int) and pid > 0:

@@ -45,7 +45,7 @@ from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.resolution import AppServerResolution
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions, SessionState
-from drivers.base import Emit
+from drivers.base import SERVED_BY, Emit
 from drivers.binder import RolloutBinder
 from drivers.credentials import credential_plan
 from drivers.errors import DriverError, FailpointError
@@ -258,7 +258,13 @@ class AppServerDriver:
             runtime = self._ensure_runtime(session)
         context = self._verdict(runtime)
         context.update(self.provider.session_context(home, session.thread_id))
-        return {"providerSessionId": session.thread_id, "runtimeContext": context}
+        return {
+            "providerSessionId": session.thread_id,
+            "runtimeContext": context,
+            # The runtime whose verdict this is: the worker stamps a start that spawned it
+            # too, while it is still the live one (drivers/worker.py `_stamped`).
+            SERVED_BY: runtime.generation,
+        }
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         session = self._sessions.pop(str(params.get("agentSessionId") or ""))

@@ -11,12 +11,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from actors.session_runtime import alive_in_stat, process_alive, stat_fields
+from actors.fork_host import PreparedRuntime
+from actors.session_runtime import alive_in_stat, process_alive, runtime_alive, stat_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 PF_FORKNOEXEC = 0x40
@@ -159,3 +161,38 @@ def test_the_supervisors_cpu_sample_reads_this_processs_cpu_time() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait(10)
     assert cpu_ticks(proc.pid) is None
+
+
+def test_a_warm_runtime_is_gone_when_its_worker_is_though_its_app_server_lives() -> None:
+    """A warm runtime is alive only while both its app-server and the worker it lives under
+    are: a worker killed a moment ago (here a zombie, killed and not yet reaped) makes it gone
+    even while the app-server's pid still runs."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        killed.send_signal(signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process_alive(killed.pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+        def runtime(pid: int | None, worker_pid: int | None) -> PreparedRuntime:
+            return PreparedRuntime(
+                provider="tutti-agent",
+                home="/h",
+                cwd="/w",
+                settings={},
+                provider_session_id="t",
+                runtime_context={},
+                pid=pid,
+                worker_pid=worker_pid,
+            )
+
+        assert runtime_alive(runtime(live.pid, os.getpid()))
+        assert runtime_alive(runtime(None, None))
+        assert not runtime_alive(runtime(live.pid, killed.pid))
+        assert not runtime_alive(runtime(killed.pid, os.getpid()))
+    finally:
+        for proc in (live, killed):
+            proc.kill()
+            proc.wait(10)

@@ -53,10 +53,9 @@ def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[D
 
 def _warm_session(c: Client) -> str:
     """A Session whose runtime the last `session.start` reported with a generation: the first
-    Turn spawns the app-server (no generation), the second's start finds it live (stamped)."""
+    Turn's start spawns the app-server and is stamped with the generation that answered it."""
     sid = create_session(c, title="warm turns")["agentSessionId"]
     run_turn(c, sid, "spawn")
-    run_turn(c, sid, "stamp")
     return sid
 
 
@@ -79,6 +78,45 @@ def test_a_turn_on_a_warm_runtime_sends_no_session_start(
     requests = sent.take()
     assert requests["session.start"] == 0, requests
     assert requests["turn.start"] == 3, requests
+
+
+def test_a_new_sessions_second_turn_starts_on_the_runtime_its_first_spawned(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The first Turn's `session.start` spawned the app-server: the driver names the runtime
+    that gave the verdict, which is still the live one after the call, so the start is
+    stamped and the second Turn needs no `session.start` of its own (before, a spawning start
+    carried no generation and every new Session's second Turn started the runtime again)."""
+    daemon, c = running
+    sent = _Sent(daemon)
+    sid = create_session(c, title="second turn")["agentSessionId"]
+    first = run_turn(c, sid, "spawn")
+    assert sent.take()["session.start"] == 1
+    second = run_turn(c, sid, "warm at once")
+    assert [first["outcome"], second["outcome"]] == ["completed", "completed"]
+    requests = sent.take()
+    assert requests["session.start"] == 0, requests
+    assert requests["turn.start"] == 1, requests
+
+
+def test_a_turn_right_after_its_workers_kill_takes_the_cold_path_at_once(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The warm runtime lives under its worker: a worker SIGKILLed a moment ago (its
+    app-server not yet ended by the parent-death signal, the supervisor not yet told) is gone
+    to the host from the moment its kill returns (the stamp's `workerPid`, its SIGKILL
+    pending), so the next Turn starts the runtime again and is sent once — never to the
+    dying worker, where its `turn.start` would be lost with it and the Turn failed."""
+    daemon, c = running
+    sid = _warm_session(c)
+    worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "tutti-agent")
+    sent = _Sent(daemon)
+    os.kill(worker["pid"], signal.SIGKILL)
+    after = run_turn(c, sid, "after the kill")
+    assert after["outcome"] == "completed", after
+    requests = sent.take()
+    assert requests["session.start"] == 1, requests
+    assert requests["turn.start"] == 1, requests
 
 
 def test_a_warm_turn_whose_runtime_was_replaced_is_refused_then_started_once(
