@@ -348,9 +348,7 @@ class BackgroundWrites(Protocol):
         write queued meanwhile goes ahead, for a bounded time (`storage.sqlite.Baton`)."""
         ...
 
-    def events_after(
-        self, into: list[ChangeEvent] | None = None
-    ) -> AbstractContextManager[None]:
+    def events_after(self, into: list[ChangeEvent] | None = None) -> AbstractContextManager[None]:
         """The block's durable writes tell their subscribers when it ends (the saga answers
         its callers first), each still after its COMMIT is durable; `into`: kept in that
         list instead, for the caller to `notify` later."""

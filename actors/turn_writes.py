@@ -166,9 +166,7 @@ class TurnWrites:
         ):
             return []
         taken = [d for d in self._durable if d.bound is not None and d.turn_id == turn_id]
-        self._durable = deque(
-            d for d in self._durable if d.bound is None or d.turn_id != turn_id
-        )
+        self._durable = deque(d for d in self._durable if d.bound is None or d.turn_id != turn_id)
         return taken
 
     def bound_landed(self, taken: list[DurableWrite]) -> None:

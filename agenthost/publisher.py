@@ -444,11 +444,7 @@ class EventPublisher:
                         self.repeats += 1
                     continue
                 entities.add(change)
-            if (
-                (delta_out or len(out) >= HANDOVER)
-                and sink is not None
-                and _reads(change)
-            ):
+            if (delta_out or len(out) >= HANDOVER) and sink is not None and _reads(change):
                 # What is built so far (a delta among it, or `HANDOVER` events) leaves
                 # before this change's read.
                 sink.publish_many(out)

@@ -48,9 +48,7 @@ def _home(root: Path, children: int) -> tuple[Path, str]:
 
 
 def _child(thread_id: str, lines: int) -> bytes:
-    out = [
-        {"timestamp": "t", "ordinal": 0, "type": "session_meta", "payload": {"id": thread_id}}
-    ]
+    out = [{"timestamp": "t", "ordinal": 0, "type": "session_meta", "payload": {"id": thread_id}}]
     out += [
         {"timestamp": "t", "ordinal": i, "type": "event", "payload": {"text": f"line {i}"}}
         for i in range(1, lines)

@@ -103,9 +103,13 @@ def run(forks: int, turns: int) -> dict[str, Any]:
 
         (tmp / "runtimes").mkdir()
         for i in range(forks + 2):  # the first two rounds warm up, untimed
-            for side, fn in (("steps", stepwise), ("fork", whole)) if i % 2 else (
-                ("fork", whole),
-                ("steps", stepwise),
+            for side, fn in (
+                (("steps", stepwise), ("fork", whole))
+                if i % 2
+                else (
+                    ("fork", whole),
+                    ("steps", stepwise),
+                )
             ):
                 t0 = time.perf_counter()
                 verdict = fn()

@@ -573,9 +573,7 @@ def remember_child_history(
     """Prepare's identity map of a version 4 snapshot (`fork_history.history_section`: what
     `child_history` of the frozen document computes) and the prefixes it was made with (what
     `prefixes_of` derives from the same document), kept for its dry run and commit."""
-    memo.histories.put(
-        snapshot_hash, ChildHistory(ids=ids, message_rows=(), prefixes=prefixes), 0
-    )
+    memo.histories.put(snapshot_hash, ChildHistory(ids=ids, message_rows=(), prefixes=prefixes), 0)
 
 
 def _minted_history(snapshot: Mapping[str, Any]) -> ChildHistory:

@@ -13,6 +13,7 @@ from storage.sqlite import Tx
 
 # -- An operation by id ----------------------------------------------------------------------------
 
+
 class ForkQueries:
     """Reads only; never writes."""
 
@@ -29,6 +30,7 @@ class ForkQueries:
 
 
 # -- The source fence ------------------------------------------------------------------------------
+
 
 class ForkFence:
     """The fence reads of seed 000 §6."""

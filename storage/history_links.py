@@ -61,6 +61,7 @@ from storage.sqlite import Row, dumps
 
 # -- The link and the rows it shows ----------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class LinkLevel:
     """One Session whose rows a child reads: the rows at or below `through_position` of its

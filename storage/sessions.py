@@ -215,6 +215,7 @@ class SessionStore:
         # Not fenced: the snapshot froze the child title at prepare (seed 000 §6.2).
         if not isinstance(title, str):
             raise InvalidArgument("title", "title must be a string")
+
         def body(tx: Tx) -> Session:
             return _update_live(tx, ws, sid, "title = ?", title)
 

@@ -132,6 +132,7 @@ def open_connection(
 
 # -- One write transaction -------------------------------------------------------------------------
 
+
 class Tx:
     """One open write transaction: the cursor, its clock reading and its pending events."""
 
@@ -603,6 +604,7 @@ _BASE_FILE = str(Path(__file__).with_name("base.py"))
 # One thread's batch of writes (`Database.write_batch`): each write a nested savepoint of
 # the batch's one group member, its events handed to the batch and published after the COMMIT
 # that holds them all, so a Session actor's queued Turn writes land together.
+
 
 class WriteBatch:
     """One thread's `Database.write_batch`: the member transaction its writes nest in, and

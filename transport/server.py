@@ -701,9 +701,7 @@ class ApiServer:
                     for topic, payload in frames:
                         send(topic, payload)
                     self.events_now += 1
-                    waiting = any(
-                        _getsockopt(sock, _EVENTS) & _POLLIN for sock in events.sockets
-                    )
+                    waiting = any(_getsockopt(sock, _EVENTS) & _POLLIN for sock in events.sockets)
                 else:
                     return False
             if waiting:

@@ -393,9 +393,7 @@ class WorkerEnd:
                                 sock.send(encode(HB_MSG), zmq.NOBLOCK)
                         next_hb = now + HEARTBEAT_INTERVAL_S
                     events = int(sock.getsockopt(zmq.EVENTS))
-                    busy = bool(events & zmq.POLLIN) or bool(
-                        self._backlog and events & zmq.POLLOUT
-                    )
+                    busy = bool(events & zmq.POLLIN) or bool(self._backlog and events & zmq.POLLOUT)
                     if stop:
                         self._closed = True
                 for frame in frames:

@@ -95,18 +95,14 @@ class ThreadReserved(AppServerError):
     """Delete refused: a prepared fork still holds the source reservation."""
 
     def __init__(self, thread_id: str) -> None:
-        super().__init__(
-            f"cannot delete thread {thread_id}: a fork in progress still reserves it"
-        )
+        super().__init__(f"cannot delete thread {thread_id}: a fork in progress still reserves it")
 
 
 class ThreadReferenced(AppServerError):
     """Delete refused: a durable Referenced child reads its history from this rollout."""
 
     def __init__(self, thread_id: str) -> None:
-        super().__init__(
-            f"cannot delete thread {thread_id}: forked history still references it"
-        )
+        super().__init__(f"cannot delete thread {thread_id}: forked history still references it")
 
 
 class ForkInitFailed(AppServerError):

@@ -106,9 +106,7 @@ class TurnRecord(NamedTuple):
 
 def message_text(payload: Mapping[str, Any]) -> str:
     parts = payload.get("content") or []
-    return "".join(
-        str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and "text" in p
-    )
+    return "".join(str(p.get("text", "")) for p in parts if isinstance(p, Mapping) and "text" in p)
 
 
 def is_contextual_user_text(text: str) -> bool:
@@ -168,9 +166,7 @@ class ThreadHistoryBuilder:
         if ev is None:
             if self._active is None and item.type == _RESPONSE_ITEM and is_real_user_message(item):
                 # Legacy history: no lifecycle events, a user message opens an implicit turn.
-                self._active = _OpenTurn(
-                    id=None, explicit=False, start_index=None, started_at=None
-                )
+                self._active = _OpenTurn(id=None, explicit=False, start_index=None, started_at=None)
         elif ev == "item_completed":
             if self._active is None:
                 self._ensure_legacy_turn()

@@ -114,9 +114,7 @@ def encode_message(message: Mapping[str, Any]) -> str:
     if raw is None:
         return _ENCODE(message)
     marker = f"turns-{os.urandom(16).hex()}"
-    text = _ENCODE(
-        {**message, "result": {**result, "thread": {**thread, "turns": marker}}}
-    )
+    text = _ENCODE({**message, "result": {**result, "thread": {**thread, "turns": marker}}})
     return text.replace(f'"{marker}"', raw, 1)
 
 

@@ -69,9 +69,11 @@ def remove_run(d: DaemonProcess, run: Path) -> None:
     else:
         raise AssertionError(f"{run} could not be removed: the daemon kept filling it")
     wait_for(
-        lambda: d.tail_log(10**7).count(RESTORED) > done
-        and (run / "api.sock").exists()
-        and (run / "events.sock").exists()
+        lambda: (
+            d.tail_log(10**7).count(RESTORED) > done
+            and (run / "api.sock").exists()
+            and (run / "events.sock").exists()
+        )
     )
 
 
