@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
+import pytest
+
+import tutti_agent.store as store_module
 from tutti_agent.ids import uuid7
-from tutti_agent.rollout import RolloutItem
+from tutti_agent.rollout import RolloutItem, RolloutLine, read_rollout
 from tutti_agent.store import ThreadStore
+
+
+def count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Every rollout file `tutti_agent.store` parses from now on, in order (each still read)."""
+    parsed: list[Path] = []
+    real: Callable[[Path], list[RolloutLine]] = read_rollout
+
+    def counting(path: Path) -> list[RolloutLine]:
+        parsed.append(path)
+        return real(path)
+
+    monkeypatch.setattr(store_module, "read_rollout", counting)
+    return parsed
 
 
 def write_root(store: ThreadStore, items: Sequence[RolloutItem], cwd: str = "/w") -> str:

@@ -11,10 +11,10 @@ import pytest
 
 import tutti_agent.store as store_module
 from tests.tutti_agent.items import explicit_turn, user_msg
-from tests.tutti_agent.storeutil import append, write_root
+from tests.tutti_agent.storeutil import append, count_parses, write_root
 from tutti_agent.errors import NoRolloutFound
 from tutti_agent.fork import ForkOptions, ForkService, ThroughTurn
-from tutti_agent.rollout import RolloutLine, find_rollout_path, read_rollout
+from tutti_agent.rollout import find_rollout_path
 from tutti_agent.store import ThreadStore
 from tutti_agent.wire import head_to_wire, thread_to_wire
 
@@ -24,18 +24,6 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture
 def store(tmp_path: Path) -> ThreadStore:
     return ThreadStore(tmp_path / "tutti-home")
-
-
-def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    parsed: list[Path] = []
-    real: Callable[[Path], list[RolloutLine]] = read_rollout
-
-    def counting(path: Path) -> list[RolloutLine]:
-        parsed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(store_module, "read_rollout", counting)
-    return parsed
 
 
 def _count_scans(monkeypatch: pytest.MonkeyPatch) -> list[str]:
@@ -54,7 +42,7 @@ def test_repeated_forks_parse_the_unchanged_source_once_and_never_rescan(
     store: ThreadStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = write_root(store, explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2"))
-    parsed = _count_parses(monkeypatch)
+    parsed = count_parses(monkeypatch)
     scans = _count_scans(monkeypatch)
     service = ForkService(store)
     children = [service.fork(source, ForkOptions(boundary=ThroughTurn("t2"))).child for _ in "abc"]
@@ -79,7 +67,7 @@ def test_a_child_forked_unopened_is_not_kept_parsed_and_reads_the_same_from_disk
     lean = ForkOptions(boundary=ThroughTurn("t2"), keep_child_parse=False, turn_items=False)
     first = service.fork(source, lean)
     assert first.child is None and first.head is not None
-    parsed = _count_parses(monkeypatch)
+    parsed = count_parses(monkeypatch)
     scans = _count_scans(monkeypatch)
     child = store.load(first.head.thread_id)
     assert parsed == [first.head.path] and scans == []

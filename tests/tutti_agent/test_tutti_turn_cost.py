@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-import tutti_agent.store as store_module
 from model_fakes.responses import ResponsesServer
 from tests.tutti_agent.items import assistant_msg, user_msg
-from tests.tutti_agent.storeutil import write_root
+from tests.tutti_agent.storeutil import count_parses, write_root
 from tutti_agent.history import model_context
 from tutti_agent.model import Endpoint, ResponsesModel, TurnIO, request_body
-from tutti_agent.rollout import RolloutItem, RolloutLine, RolloutWriter, read_rollout
+from tutti_agent.rollout import RolloutItem, RolloutLine, RolloutWriter
 from tutti_agent.store import ThreadStore
 from tutti_agent.turns import LiveThread
 
@@ -71,18 +70,6 @@ def _turn(live: LiveThread, text: str) -> None:
     assert live.wait_idle(30)
 
 
-def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    parsed: list[Path] = []
-    real: Callable[[Path], list[RolloutLine]] = read_rollout
-
-    def counting(path: Path) -> list[RolloutLine]:
-        parsed.append(path)
-        return real(path)
-
-    monkeypatch.setattr(store_module, "read_rollout", counting)
-    return parsed
-
-
 def test_only_the_first_turn_reads_the_rollout_and_each_sees_what_a_fresh_read_gives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -90,7 +77,7 @@ def test_only_the_first_turn_reads_the_rollout_and_each_sees_what_a_fresh_read_g
     thread_id = write_root(store, [user_msg("before"), assistant_msg("answer")])
     model = _SeeingModel()
     live = _live(store, thread_id, model)
-    parsed = _count_parses(monkeypatch)
+    parsed = count_parses(monkeypatch)
     for i in range(4):
         _turn(live, f"turn {i}")
     # The first Turn reads the file once (nothing is made at load: a fork's child may never
@@ -128,7 +115,7 @@ def test_a_failed_append_makes_the_next_turn_read_the_rollout_again(
 
     monkeypatch.setattr(RolloutWriter, "append", flaky)
     _turn(live, "first")  # fails at its reasoning
-    parsed = _count_parses(monkeypatch)
+    parsed = count_parses(monkeypatch)
     _turn(live, "second")
     assert parsed, "after a failed append the model's input must come from the file"
     live.close()
