@@ -12,6 +12,7 @@ from domain.fork_states import (
     after_restart,
 )
 from storage.base import Database
+from storage.fork_transitions import DELETE_RESERVATION_SQL
 from storage.models import ForkOperationChanged, LeftoverCommit, SessionChanged
 
 # Every active operation holds its barrier, so the barrier's partial index holds them all (with
@@ -73,8 +74,7 @@ class ForkRecovery:
                 )
                 if to is ForkStatus.FAILED:
                     tx.executemany(
-                        "DELETE FROM session_reservations"
-                        " WHERE workspace_id = ? AND session_id = ? AND operation_id = ?",
+                        DELETE_RESERVATION_SQL,
                         [(ws, target, op_id) for ws, op_id, _, target in moved],
                     )
                     failed += len(moved)

@@ -29,7 +29,7 @@ from domain.errors import (
 from domain.fork_states import BARRIER_RELEASE_SQL, NOT_A_FORK_SQL, ForkStatus
 from storage.base import Database
 from storage.fork_snapshot import source_blockers
-from storage.fork_transitions import record_accepted, validate_evidence
+from storage.fork_transitions import DELETE_RESERVATION_SQL, record_accepted, validate_evidence
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -193,11 +193,7 @@ class ResolutionStore:
                 " WHERE workspace_id = ? AND operation_id = ? AND status = 'unknown'",
                 (tx.now_ms, ws, op_id),
             )
-            tx.execute(
-                "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
-                " AND operation_id = ?",
-                (ws, op.target_session_id, op_id),
-            )
+            tx.execute(DELETE_RESERVATION_SQL, (ws, op.target_session_id, op_id))
             self._set_state(tx, ws, op_id, "done", result)
             tx.emit(ForkOperationChanged(ws, op_id))
             tx.emit(SessionChanged(ws, op.source_session_id))

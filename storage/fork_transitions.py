@@ -112,11 +112,7 @@ class ForkTransitions:
             if to is ForkStatus.FAILED:
                 # Reservation iff not failed: a failed attempt frees the target id (its only
                 # reservation, found by the primary key: schema v21).
-                tx.execute(
-                    "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
-                    " AND operation_id = ?",
-                    (ws, op.target_session_id, op_id),
-                )
+                tx.execute(DELETE_RESERVATION_SQL, (ws, op.target_session_id, op_id))
             tx.emit(ForkOperationChanged(ws, op_id))
             if release:
                 tx.emit(SessionChanged(ws, op.source_session_id))
@@ -274,6 +270,15 @@ def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) ->
         target_provider_turn_ids=tuple(_as_read(list(evidence.provider_turn_ids))),
         binding_receipt=_as_read(dict(evidence.receipt)),
     )
+
+
+DELETE_RESERVATION_SQL = (
+    "DELETE FROM session_reservations WHERE workspace_id = ? AND session_id = ?"
+    " AND operation_id = ?"
+)
+"""A fork operation's reservation of its target id, freed when it leaves for `failed` or
+`abandoned` (parameters: workspace, target Session, operation): found by the table's primary
+key (workspace, target; schema v21), the operation id guarding that it is this one's."""
 
 
 # -- The provider evidence of `provider_accepted` (seed 000 §7) ------------------------------
