@@ -43,11 +43,12 @@ def pid_of(cli: Cli) -> int:
 
 
 def exited(pid: int) -> bool:
-    """The process is gone (reaped by the SDK, or a zombie nobody waits on any more)."""
+    """The process is gone (reaped by the SDK, or a zombie nobody waits on any more). A
+    process reaped between the open and the read answers the read with ESRCH."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
             return fh.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):
         return True
 
 
