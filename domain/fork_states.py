@@ -143,3 +143,50 @@ index's WHERE to the letter (schema v22), which a query repeats so the planner m
 BARRIER_RELEASE_SQL = ", barrier = 0"
 """What an UPDATE that moves an operation out of the barrier's set (`failed`, `abandoned`, the
 ACK) also assigns, in the same statement: the column's CHECK refuses the move without it."""
+
+
+class Stage:
+    """Where an operation stands for its source (schema v23's `fork_operations.stage`): the
+    column `fork_operations_by_source` keys on instead of the status, so a fork's dispatching
+    and provider_accepted steps, which do not change it, leave that index alone."""
+
+    NOT_A_FORK = 0
+    """`failed`, `abandoned`: never became a child (`NOT_A_FORK`)."""
+    SETTLED = 1
+    """`committed`, `unknown`: a fork of its source (the title's count) no longer holding its
+    fence."""
+    ACTIVE = 2
+    """`prepared`, `dispatching`, `provider_accepted`: holds its source's fence (`ACTIVE`)."""
+
+
+def stage_of(status: ForkStatus) -> int:
+    """The `stage` a row in `status` has (schema v23's CHECK: `STAGE_RULE_SQL`)."""
+    if status in ACTIVE:
+        return Stage.ACTIVE
+    return Stage.NOT_A_FORK if status in NOT_A_FORK else Stage.SETTLED
+
+
+STAGE_RULE_SQL = (
+    f"(CASE WHEN {sql_any(ACTIVE)} THEN {Stage.ACTIVE}"
+    f" WHEN {sql_any(NOT_A_FORK)} THEN {Stage.NOT_A_FORK} ELSE {Stage.SETTLED} END)"
+)
+"""`stage_of` as a SQL expression over a `fork_operations` row's status: what its `stage`
+column equals (schema v23's CHECK refuses any other value; the invariant checker's
+`stage_column` law reports a row where it does not)."""
+
+STAGE_ACTIVE_SQL = f"stage = {Stage.ACTIVE}"
+"""The operations holding their source's fence (`status IN ACTIVE_SQL`), as a seek in
+`fork_operations_by_source (workspace, source, stage)`: the fence probe's predicate."""
+
+STAGE_A_FORK_SQL = f"stage > {Stage.NOT_A_FORK}"
+"""The operations that are or may become their source's child (`status NOT IN
+NOT_A_FORK_SQL`), as a range of `fork_operations_by_source`: the title's count and the
+prefixes that attribute a provider child."""
+
+
+def stage_assignment(frm: ForkStatus, to: ForkStatus) -> str:
+    """What an UPDATE moving a row from `frm` to `to` also assigns: `, stage = N` when the stage
+    moves (the CHECK refuses the move without it), nothing when it does not (a statement that
+    names `stage` rewrites the index's entry even when its value stays)."""
+    new = stage_of(to)
+    return "" if stage_of(frm) == new else f", stage = {new}"

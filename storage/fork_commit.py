@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
-from domain.fork_states import ForkStatus
+from domain.fork_states import ForkStatus, stage_assignment
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, ForkMemo, HistoryCopy, build_child
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
@@ -24,6 +24,9 @@ from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, Tx, dumps, loads
 
 log = logging.getLogger(__name__)
+
+_STAGE = stage_assignment(ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED)
+"""`, stage = 1`: the commit leaves its source's fence (schema v23)."""
 
 
 class ForkCommit:
@@ -113,7 +116,7 @@ class ForkCommit:
         self._insert_child(tx, plan, top)
         tx.execute(
             "UPDATE fork_operations SET status = 'committed', target_turn_id = ?,"
-            " completed_at_ms = ? WHERE workspace_id = ? AND operation_id = ?"
+            f" completed_at_ms = ?{_STAGE} WHERE workspace_id = ? AND operation_id = ?"
             " AND status = 'provider_accepted'",
             (plan.lineage.target_turn_id, tx.now_ms, ws, op_id),
         )

@@ -20,7 +20,7 @@ from domain.errors import (
     WorkspaceCheckpointMissing,
     checkpoint_refusal,
 )
-from domain.fork_states import NOT_A_FORK_SQL, ForkStatus
+from domain.fork_states import STAGE_A_FORK_SQL, ForkStatus
 from storage.base import Database
 from storage.fork_child import (
     T_BINDING,
@@ -286,9 +286,9 @@ class ForkPrepare:
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
                 " binding_mode, snapshot_hash, status, created_at_ms, workspace_mode,"
-                " workspace_json, workspace_state, barrier)"
+                " workspace_json, workspace_state, barrier, stage)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?,"
-                " 1)",
+                " 1, 2)",
                 (
                     ws,
                     op_id,
@@ -491,7 +491,7 @@ def child_title(conn: Any, ws: str, source_session_id: str, source_title: str) -
     inside it, so two forks of one source never mint the same number."""
     row = conn.execute(
         "SELECT COUNT(*) FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
-        f" AND status NOT IN {NOT_A_FORK_SQL}",
+        f" AND {STAGE_A_FORK_SQL}",
         (ws, source_session_id),
     ).fetchone()
     return f"{source_title} ({(int(row[0]) if row else 0) + 2})"

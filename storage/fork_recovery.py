@@ -10,6 +10,7 @@ from domain.fork_states import (
     BARRIER_SQL,
     ForkStatus,
     after_restart,
+    stage_assignment,
 )
 from storage.base import Database
 from storage.fork_transitions import DELETE_RESERVATION_SQL
@@ -66,6 +67,7 @@ class ForkRecovery:
                     continue  # provider_accepted: its commit is not a status change
                 # `failed` leaves the barrier's set: its flag in the same UPDATE (schema v22).
                 release = "" if to is ForkStatus.UNKNOWN else BARRIER_RELEASE_SQL
+                release += stage_assignment(source, to)  # 2 → 0 or 1 (schema v23)
                 moved = tx.all(
                     f"UPDATE {_BY_BARRIER} SET status = ?, error = ?, completed_at_ms = ?{release}"
                     f" {_leftover(source)} RETURNING workspace_id, operation_id, source_session_id,"

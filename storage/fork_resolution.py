@@ -26,7 +26,12 @@ from domain.errors import (
     ForkResolveConflict,
     ForkResolveInProgress,
 )
-from domain.fork_states import BARRIER_RELEASE_SQL, NOT_A_FORK_SQL, ForkStatus
+from domain.fork_states import (
+    BARRIER_RELEASE_SQL,
+    STAGE_A_FORK_SQL,
+    ForkStatus,
+    stage_assignment,
+)
 from storage.base import Database
 from storage.fork_snapshot import source_blockers
 from storage.fork_transitions import DELETE_RESERVATION_SQL, record_accepted, validate_evidence
@@ -189,7 +194,7 @@ class ResolutionStore:
                 )
             tx.execute(
                 f"UPDATE fork_operations SET status = 'abandoned', completed_at_ms = ?"
-                f"{BARRIER_RELEASE_SQL}"
+                f"{BARRIER_RELEASE_SQL}{stage_assignment(ForkStatus.UNKNOWN, ForkStatus.ABANDONED)}"
                 " WHERE workspace_id = ? AND operation_id = ? AND status = 'unknown'",
                 (tx.now_ms, ws, op_id),
             )
@@ -251,8 +256,7 @@ class ResolutionStore:
         provider child (every status but failed and abandoned): what attributes a child."""
         rows = self._rows(
             "SELECT source_provider_turn_ids FROM fork_operations WHERE workspace_id = ?"
-            f" AND source_session_id = ? AND operation_id != ? AND status NOT IN"
-            f" {NOT_A_FORK_SQL}",
+            f" AND source_session_id = ? AND operation_id != ? AND {STAGE_A_FORK_SQL}",
             (ws, source_session_id, operation_id),
         )
         return [tuple(str(t) for t in (loads(str(r[0])) or ())) for r in rows]

@@ -43,7 +43,7 @@ from domain.errors import (
     ForkBoundaryReason,
     ForkSnapshotCorrupt,
 )
-from domain.fork_states import ACTIVE_SQL
+from domain.fork_states import STAGE_ACTIVE_SQL
 from storage.fork_child import (
     T_FINAL_POSITION,
     T_INTERACTIONS,
@@ -118,7 +118,7 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
         (
             ForkBoundaryReason.SOURCE_FORK_ACTIVE,
             "SELECT 1 FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
-            f" AND status IN {ACTIVE_SQL}",
+            f" AND {STAGE_ACTIVE_SQL}",
         ),
     )
     for reason, sql in checks:

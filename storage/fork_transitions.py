@@ -19,7 +19,13 @@ from domain.errors import (
     ForkOperationNotFound,
     InvalidTransition,
 )
-from domain.fork_states import BARRIER_RELEASE_SQL, SOURCES, ForkStatus, holds_barrier
+from domain.fork_states import (
+    BARRIER_RELEASE_SQL,
+    SOURCES,
+    ForkStatus,
+    holds_barrier,
+    stage_assignment,
+)
 from storage.base import Database
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
 from storage.rows import OP_COLUMNS, decode_op, load_op, op_from_row
@@ -74,8 +80,9 @@ class ForkTransitions:
                 and known.workspace_mode == "shared"
             ):
                 assignments = "".join(f", {column} = ?" for column in values)
+                stage = stage_assignment(known.status, to)  # (schema v23)
                 tx.execute(
-                    f"UPDATE fork_operations SET status = ?{assignments}{release_barrier}"
+                    f"UPDATE fork_operations SET status = ?{assignments}{release_barrier}{stage}"
                     " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
                     (to.value, *values.values(), ws, op_id, known.status.value),
                 )
@@ -102,10 +109,13 @@ class ForkTransitions:
                 )
             marks = ",".join("?" * len(sources))
             assignments = ", ".join(f"{column} = ?" for column in values)
+            # The stage as the row read in this transaction has it (schema v23); the guard
+            # is that very status, so the assignment is the move's.
+            stage = stage_assignment(op.status, to)
             tx.execute(
-                f"UPDATE fork_operations SET status = ?, {assignments}{release_barrier}"
-                f" WHERE workspace_id = ? AND operation_id = ? AND status IN ({marks})",
-                (to.value, *values.values(), ws, op_id, *(s.value for s in sources)),
+                f"UPDATE fork_operations SET status = ?, {assignments}{release_barrier}{stage}"
+                " WHERE workspace_id = ? AND operation_id = ? AND status = ?",
+                (to.value, *values.values(), ws, op_id, op.status.value),
             )
             if tx.changes() != 1:  # pragma: no cover - guarded by BEGIN IMMEDIATE above
                 raise InvalidTransition(f"fork operation {op_id} changed concurrently")
@@ -293,6 +303,7 @@ def record_accepted(
     if evidence.turn_bindings is not None:
         bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
     clear = ", error = NULL, completed_at_ms = NULL" if from_status is ForkStatus.UNKNOWN else ""
+    clear += stage_assignment(from_status, ForkStatus.PROVIDER_ACCEPTED)  # adopt: 1 → 2
     tx.execute(
         "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
         " target_provider_session_id = ?, target_provider_turn_ids = ?,"

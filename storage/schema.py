@@ -739,6 +739,50 @@ def _v22(conn: apsw.Connection) -> None:
     conn.execute(_V22_INDEX)
 
 
+# v23: the fence's index untouched by a fork's dispatching and provider_accepted steps
+# (docs/performance.md, stage). `fork_operations_by_source` keyed `(workspace, source, status)`
+# for its three readers — the fence probe (active), the child title's count and the prefixes
+# that attribute a provider child (not failed/abandoned) — so every status step moved its
+# entry, a leaf (a WAL frame). The key's last column is now `stage` (2: active, 1: committed or
+# `unknown`, 0: failed or abandoned; `domain.fork_states.stage_of`), which moves only when an
+# operation leaves the active set or stops being a fork: the fence probe is `stage = 2` and
+# the counts `stage > 0`, both still covering. Like v22's `barrier`, the column is held to the
+# status by a CHECK (`STAGE_RULE_SQL`, written out) that every INSERT and every UPDATE of
+# `status` or `stage` tests: a writer sets it in the statement that moves the status across a
+# stage's edge, or its statement fails. The column's default 1 (what most rows of a store are:
+# committed forks) fills every existing row in O(1); the migration sets 2 on the active rows
+# (each holds the barrier, so the barrier's index finds them) and 0 on the failed and abandoned
+# ones (one pass over the table), then adds the CHECK by `_edit_tables` and makes the index
+# again with the new key.
+STAGE_COLUMN = (
+    "stage INTEGER NOT NULL DEFAULT 1",
+    "stage INTEGER NOT NULL DEFAULT 1 CHECK (stage = (CASE WHEN status = 'prepared'"
+    " OR status = 'dispatching' OR status = 'provider_accepted' THEN 2"
+    " WHEN status = 'failed' OR status = 'abandoned' THEN 0 ELSE 1 END))",
+)
+_V23_STAGES = (
+    "DROP INDEX IF EXISTS fork_operations_by_source;"
+    " UPDATE fork_operations INDEXED BY fork_operations_barrier_held SET stage = 2"
+    " WHERE barrier = 1 AND (status = 'prepared' OR status = 'dispatching'"
+    " OR status = 'provider_accepted');"
+    " UPDATE fork_operations SET stage = 0 WHERE status = 'failed' OR status = 'abandoned';"
+)
+_V23_INDEX = (
+    "DROP INDEX IF EXISTS fork_operations_by_source;"
+    " CREATE INDEX fork_operations_by_source"
+    " ON fork_operations (workspace_id, source_session_id, stage);"
+)
+
+
+def _v23(conn: apsw.Connection) -> None:
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
+    if "stage" not in columns:  # (re-running the steps over a newer store finds it)
+        conn.execute(f"ALTER TABLE fork_operations ADD COLUMN {STAGE_COLUMN[0]}")
+        conn.execute(_V23_STAGES)
+        _edit_tables(conn, (("fork_operations", *STAGE_COLUMN),))
+    conn.execute(_V23_INDEX)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -762,6 +806,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v20,
     _v21,
     _v22,
+    _v23,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -247,11 +247,15 @@ class SessionStore:
                 )
             # Seed 000 §10: `unknown` is kept for good, awaiting a person's decision; its
             # evidence lives in this Session's runtime folder, which a delete removes (law 9).
+            # An `unknown` operation holds its barrier (the CHECK on `barrier`): found through
+            # the barrier's index, the source's few holders (schema v23).
             unresolved = [
                 str(r[0])
                 for r in tx.conn.execute(
-                    "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
-                    " AND source_session_id = ? AND status = 'unknown' ORDER BY op_seq",
+                    "SELECT operation_id FROM fork_operations INDEXED BY"
+                    " fork_operations_barrier_held WHERE workspace_id = ?"
+                    " AND source_session_id = ? AND barrier = 1 AND status = 'unknown'"
+                    " ORDER BY op_seq",
                     (ws, sid),
                 )
             ]

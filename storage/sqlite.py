@@ -24,7 +24,7 @@ from typing import Any
 import apsw
 
 from domain.errors import ForkInProgress, HostError, StoreBusy, internal_error
-from domain.fork_states import ACTIVE_SQL
+from domain.fork_states import STAGE_ACTIVE_SQL
 from storage.models import ChangeEvent
 
 # -- Connections, JSON columns, typed failures -----------------------------------------------------
@@ -187,7 +187,7 @@ class Tx:
         row = self.one(
             "SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
             " AND source_session_id = ?"
-            f" AND status IN {ACTIVE_SQL} LIMIT 1",
+            f" AND {STAGE_ACTIVE_SQL} LIMIT 1",
             (self.workspace_id, session_id),
         )
         if row is not None:

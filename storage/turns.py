@@ -291,13 +291,15 @@ class TurnStore:
             {"state": "unavailable", "reason": "dropped", "message": message},
             separators=(",", ":"),
         )
+        # Not finished: active or `unknown`, each a barrier holder (the CHECK on `barrier`),
+        # so the barrier's index finds them by source and Turn (schema v23 keyed
+        # `fork_operations_by_source` on `stage`, not the status).
         with self._write(ws) as tx:
             tx.execute(
                 "UPDATE turns SET checkpoint_json = ? WHERE workspace_id = ? AND session_id = ?"
                 " AND turn_id = ? AND checkpoint_json = ? AND NOT EXISTS (SELECT 1 FROM"
                 " fork_operations f WHERE f.workspace_id = ? AND f.source_session_id = ?"
-                " AND f.source_turn_id = ? AND f.status NOT IN ('committed', 'failed',"
-                " 'abandoned'))",
+                " AND f.source_turn_id = ? AND f.barrier = 1 AND f.status <> 'committed')",
                 (record, ws, sid, turn_id, seen_json, ws, sid, turn_id),
             )
             changed = tx.changes() == 1
