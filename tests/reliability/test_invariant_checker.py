@@ -16,7 +16,7 @@ import apsw
 import msgpack
 import pytest
 
-from domain.fork_states import BARRIER_RULE_SQL
+from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.git_repos import git, make_repo
@@ -73,10 +73,10 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Base:
 
 
 def tampered(base: Base, tmp_path: Path, sql: str | None = None, *, flag: bool = True) -> Path:
-    """`sql` run on a copy of the base's store behind the daemon's back. Schema v22's CHECK
-    holds the barrier flag to the rule; a tamper that moves a status or an ACK time runs past
-    it and, unless `flag` is false (the flag's own law), then sets every flag to the rule, so
-    the tamper breaks only the law it is about."""
+    """`sql` run on a copy of the base's store behind the daemon's back. Schema v22's and
+    v23's CHECKs hold the barrier flag and the stage to the status; a tamper that moves a status
+    or an ACK time runs past them and, unless `flag` is false (the columns' own laws), then sets
+    every flag and stage to the rule, so the tamper breaks only the law it is about."""
     home = tmp_path / "home"
     shutil.copytree(base.home, home, symlinks=True, ignore=shutil.ignore_patterns("run"))
     if sql:
@@ -88,6 +88,10 @@ def tampered(base: Base, tmp_path: Path, sql: str | None = None, *, flag: bool =
             conn.execute(
                 f"UPDATE fork_operations SET barrier = {BARRIER_RULE_SQL}"
                 f" WHERE barrier IS NOT {BARRIER_RULE_SQL}"
+            )
+            conn.execute(
+                f"UPDATE fork_operations SET stage = {STAGE_RULE_SQL}"
+                f" WHERE stage IS NOT {STAGE_RULE_SQL}"
             )
         conn.close()
     return home
@@ -342,6 +346,27 @@ def test_a_barrier_flag_not_the_rule_is_reported(base: Base, tmp_path: Path) -> 
         flag=False,
     )
     assert Law.BARRIER_FLAG in laws(home)
+
+
+def test_a_stage_not_the_status_is_reported(base: Base, tmp_path: Path) -> None:
+    """Schema v23: the stage set behind the store's back, past its CHECK: an `unknown`
+    operation the title's count and the prefixes would no longer see (0), and a committed one
+    the fence probe would find active (2)."""
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE fork_operations SET stage = 0 WHERE operation_id = '{base.unknown['operationId']}'",
+        flag=False,
+    )
+    assert Law.STAGE_COLUMN in laws(home)
+    home = tampered(
+        base,
+        tmp_path / "2",
+        "UPDATE fork_operations SET stage = 2"
+        f" WHERE operation_id = '{base.committed['operationId']}'",
+        flag=False,
+    )
+    assert Law.STAGE_COLUMN in laws(home)
 
 
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:

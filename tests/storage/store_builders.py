@@ -10,7 +10,7 @@ from typing import Any
 
 import apsw
 
-from domain.fork_states import ForkStatus, holds_barrier
+from domain.fork_states import ForkStatus, holds_barrier, stage_of
 from storage.models import Turn
 from storage.schema import SCHEMA_VERSION, migrate
 from storage.store import Store
@@ -123,16 +123,20 @@ def bare_operation(
 ) -> None:
     """Operation `op-{n}` of `source` through `turn_id` (`turn-{n}` unless given), at
     `status`, its result observed at `observed` (ms) or not."""
-    # Schema v22's flag, as its CHECK wants it (a store before v22 has no such column).
-    flagged = any(r[1] == "barrier" for r in conn.execute("PRAGMA table_info(fork_operations)"))
+    # Schema v22's flag and v23's stage, as their CHECKs want them (a store before has no
+    # such column).
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
+    flagged = "barrier" in columns
+    staged = "stage" in columns
     conn.execute(
         "INSERT INTO fork_operations (workspace_id, operation_id, request_id, request_hash,"
         " source_session_id, target_session_id, point_kind, source_turn_id,"
         " source_provider_session_id, source_provider_turn_id, source_provider_turn_ids,"
         " target_title, driver_kind, driver_version, binding_mode, snapshot_hash, status,"
-        f" created_at_ms, client_observed_at_ms{', barrier' if flagged else ''})"
+        f" created_at_ms, client_observed_at_ms{', barrier' if flagged else ''}"
+        f"{', stage' if staged else ''})"
         " VALUES (?, ?, ?, 'h', ?, ?, 'throughTurn', ?, 'p', 'pt', '[]', 't', 'd', '1',"
-        f" 'host_copy', 's', ?, 0, ?{', ?' if flagged else ''})",
+        f" 'host_copy', 's', ?, 0, ?{', ?' if flagged else ''}{', ?' if staged else ''})",
         (
             ws,
             f"op-{n}",
@@ -143,5 +147,6 @@ def bare_operation(
             status,
             observed,
             *([int(holds_barrier(ForkStatus(status), observed is not None))] if flagged else []),
+            *([stage_of(ForkStatus(status))] if staged else []),
         ),
     )

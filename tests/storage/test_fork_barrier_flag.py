@@ -23,6 +23,7 @@ from domain.fork_states import (
     TRANSITIONS,
     ForkStatus,
     holds_barrier,
+    stage_of,
 )
 from storage.fork_prepare import barrier_holder
 from storage.schema import SCHEMA_VERSION, migrate, user_version
@@ -74,9 +75,9 @@ def test_every_status_and_every_transition_select_what_the_v21_rule_selects(
             conn.execute("SAVEPOINT move")
             _refused(conn, f"op-{n}", to.value, seen)  # the other flag: refused
             conn.execute(
-                "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?, barrier = ?"
-                " WHERE operation_id = ?",
-                (to.value, seen, flag, f"op-{n}"),
+                "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?, barrier = ?,"
+                " stage = ? WHERE operation_id = ?",
+                (to.value, seen, flag, stage_of(to), f"op-{n}"),
             )
             _agree(conn)
             conn.execute("ROLLBACK TO move")
@@ -95,9 +96,9 @@ def _refused(conn: apsw.Connection, op_id: str, status: str, observed: int | Non
     row = before.fetchall()
     with pytest.raises(apsw.ConstraintError, match="CHECK constraint failed: barrier"):
         conn.execute(
-            "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?, barrier = ?"
-            " WHERE operation_id = ?",
-            (status, observed, wrong, op_id),
+            "UPDATE fork_operations SET status = ?, client_observed_at_ms = ?, barrier = ?,"
+            " stage = ? WHERE operation_id = ?",
+            (status, observed, wrong, stage_of(ForkStatus(status)), op_id),
         )
     with pytest.raises(apsw.ConstraintError, match="CHECK constraint failed: barrier"):
         conn.execute(
@@ -105,9 +106,9 @@ def _refused(conn: apsw.Connection, op_id: str, status: str, observed: int | Non
             " source_session_id, target_session_id, source_turn_id, source_provider_session_id,"
             " source_provider_turn_id, source_provider_turn_ids, target_title, driver_kind,"
             " driver_version, binding_mode, snapshot_hash, status,"
-            " created_at_ms, client_observed_at_ms, barrier) VALUES (?, 'x', 'x', 'h', ?, 'c',"
-            " 't', 'p', 'pt', '[]', 't', 'd', '1', 'host_copy', 's', ?, 0, ?, ?)",
-            (WS, SRC, status, observed, wrong),
+            " created_at_ms, client_observed_at_ms, barrier, stage) VALUES (?, 'x', 'x', 'h',"
+            " ?, 'c', 't', 'p', 'pt', '[]', 't', 'd', '1', 'host_copy', 's', ?, 0, ?, ?, ?)",
+            (WS, SRC, status, observed, wrong, stage_of(ForkStatus(status))),
         )
     after = conn.execute("SELECT * FROM fork_operations WHERE operation_id = ?", (op_id,))
     assert after.fetchall() == row
@@ -146,7 +147,7 @@ def _agree_store(store: Store, op_id: str, flag: int) -> None:
 
 def test_a_v21_store_migrates_keeping_every_row_and_every_holder(tmp_path: Path) -> None:
     path = tmp_path / "store.sqlite3"
-    conn = operations_only(path)
+    conn = operations_only(path, 22)  # (TO_V21 undoes v22 only)
     n = 0
     for status in ForkStatus:
         for observed in ACKS:
@@ -169,8 +170,9 @@ def test_a_v21_store_migrates_keeping_every_row_and_every_holder(tmp_path: Path)
     held = _selected(conn, f"WHERE {BARRIER_RULE_SQL}")
     assert migrate(conn) == 21 and user_version(conn) == SCHEMA_VERSION
     after = conn.execute("SELECT * FROM fork_operations ORDER BY op_seq").fetchall()
-    assert [r[:-1] for r in after] == before  # every row, every column; the flag appended
-    assert {str(r[2]) for r in after if r[-1] == 1} == held  # column 2: the operation's id
+    width = len(before[0])  # the flag appended (and v23's stage after it)
+    assert [r[:width] for r in after] == before  # every row, every column
+    assert {str(r[2]) for r in after if r[width] == 1} == held  # column 2: the operation's id
     _agree(conn)
     for t, h in holders.items():  # the store's lookup, through the flag's index
         found = barrier_holder(conn, WS, SRC, t)

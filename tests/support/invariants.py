@@ -109,6 +109,11 @@ class Law(StrEnum):
     """An operation's `barrier` flag (schema v22) is not the barrier rule over its status and
     ACK time (`domain.fork_states.holds_barrier`): the barrier's index, whose WHERE is the flag,
     would answer a prepare with a holder that released it or miss one that holds it (law 8)."""
+    STAGE_COLUMN = "stage_column"
+    """An operation's `stage` (schema v23) is not its status's (`domain.fork_states.stage_of`:
+    2 active, 1 committed or `unknown`, 0 failed or abandoned): `fork_operations_by_source`,
+    keyed on it, would let a fenced write past an active operation or fence a settled source
+    (law 3), or miscount the source's forks (the child's title, the provider child's owners)."""
     CHILD_OWNED = "child_owned"
     """A provider child in a provider home belongs to no operation that may own it, or its
     Turns are no such operation's frozen prefix (law 9)."""
@@ -209,6 +214,7 @@ STORE_LAWS = frozenset(
         Law.SINGLE_ACTIVE,
         Law.BOUNDARY_BARRIER,
         Law.BARRIER_FLAG,
+        Law.STAGE_COLUMN,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
     }
@@ -860,6 +866,17 @@ def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
                 f"operation {o['operation_id']} ({o['status']}, ACKed"
                 f" {o['client_observed_at_ms'] is not None}): barrier {o['barrier']!r},"
                 f" the rule {int(held)}",
+            )
+    # Schema v23: the stage the source's index keys on is the status's, row by row.
+    for o in ops:
+        if "stage" not in o:  # a store before v23
+            continue
+        stage = 2 if o["status"] in ACTIVE else 0 if o["status"] in ("failed", "abandoned") else 1
+        if o["stage"] != stage:
+            ctx.fail(
+                Law.STAGE_COLUMN,
+                f"operation {o['operation_id']} ({o['status']}): stage {o['stage']!r},"
+                f" the status's {stage}",
             )
 
 
