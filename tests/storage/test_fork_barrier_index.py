@@ -46,7 +46,8 @@ def test_the_barrier_lookup_reads_the_held_rows_only(tmp_path: Path) -> None:
     held = barrier_holder(conn, WS, SRC, "turn-1")
     assert held is not None and held[1] == "op-501"
     conn.execute(
-        "UPDATE fork_operations SET status = 'failed', barrier = 0 WHERE operation_id = 'op-501'"
+        "UPDATE fork_operations SET status = 'failed', barrier = 0, stage = 0"
+        " WHERE operation_id = 'op-501'"
     )
     held = barrier_holder(conn, WS, SRC, "turn-1")
     assert held is not None and held[1] == "op-502"

@@ -16,7 +16,7 @@ import pytest
 from store_builders import WS, new_session, settled_turn
 from test_store_fork import evidence, request
 
-from domain.fork_states import BARRIER_SQL, ForkStatus, holds_barrier
+from domain.fork_states import BARRIER_SQL, ForkStatus, holds_barrier, stage_of
 from storage.models import LeftoverCommit
 from storage.store import Store
 from tests.storage.store_builders import bare_operation, operations_only
@@ -149,9 +149,10 @@ def test_the_restated_tests_accept_select_and_release_what_the_lists_did(
                     (WS, f"op-{n}"),
                 )
                 flag = int(holds_barrier(ForkStatus(to), False))  # schema v22's CHECK
-                w.execute(
-                    "UPDATE fork_operations SET status = ?, barrier = ? WHERE operation_id = ?",
-                    (to, flag, f"op-{n}"),
+                w.execute(  # (and v23's)
+                    "UPDATE fork_operations SET status = ?, barrier = ?, stage = ?"
+                    " WHERE operation_id = ?",
+                    (to, flag, stage_of(ForkStatus(to)), f"op-{n}"),
                 )
                 kept = w.execute(
                     "SELECT count(*) FROM history_fences f JOIN fork_operations o"

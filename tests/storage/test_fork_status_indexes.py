@@ -39,8 +39,10 @@ def _plan(conn: apsw.Connection, sql: str, params: tuple[object, ...] = ()) -> s
 def test_a_status_change_moves_only_the_indexes_a_query_reads(tmp_path: Path) -> None:
     conn = operations_only(tmp_path / "store.sqlite3")
     # The barrier's partial index is not one since v22: its WHERE is a flag, which only the
-    # prepare, `failed`, `abandoned` and the ACK set (tests/storage/test_fork_barrier_flag.py).
-    assert _status_indexes(conn) == {"fork_operations_by_source", "fork_operations_worktrees"}
+    # prepare, `failed`, `abandoned` and the ACK set (tests/storage/test_fork_barrier_flag.py);
+    # the source's is not one since v23: its key has the stage, which only the prepare, the
+    # commit, `failed`, `unknown`, an adopt and `abandoned` set (tests/storage/test_fork_stage.py).
+    assert _status_indexes(conn) == {"fork_operations_worktrees"}
     conn.close()
 
 

@@ -19,6 +19,14 @@ from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.store import Store
 
 # A v22 store made a v21 one: v22's flag (and its CHECK) gone, the barrier's index as v20 made it.
+TO_V22 = (
+    "DROP INDEX fork_operations_by_source;"
+    " ALTER TABLE fork_operations DROP COLUMN stage;"
+    " CREATE INDEX fork_operations_by_source"
+    " ON fork_operations (workspace_id, source_session_id, status);"
+    " PRAGMA user_version = 22;"
+)
+"""Schema v23 undone on a v23 store: its objects exactly a v22 store's (v2 made the index)."""
 TO_V21 = (
     "DROP INDEX fork_operations_barrier_held;"
     " ALTER TABLE fork_operations DROP COLUMN barrier;"
@@ -99,6 +107,7 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         "SELECT sql FROM sqlite_master WHERE name = 'fork_lineage_by_source'"
     ).fetchone()
     conn.execute(f"{by_source};")
+    conn.execute(TO_V22)
     conn.execute(TO_V21)
     conn.execute(_TO_V20)
     assert _schema(conn) == _schema(fresh), "the store is exactly a v20 store"
