@@ -1,6 +1,8 @@
 """The guarded status transitions of an operation: each one `_write` transaction with
-`UPDATE ... WHERE status IN (sources)`, the sources taken from domain.fork_states; a repeat
-returns `changed=False`, a transition the state machine forbids raises `InvalidTransition`.
+`UPDATE ... WHERE status = ?`, the status the row was known or read at, one of the sources taken
+from domain.fork_states (so the UPDATE names the stage exactly when the move changes it: schema
+v23); a repeat returns `changed=False`, a transition the state machine forbids raises
+`InvalidTransition`.
 
 The move to `provider_accepted` carries the provider's evidence (seed 000 §7): it is validated
 (`validate_evidence`) and recorded by the one write of that move (`record_accepted`), which the
@@ -107,7 +109,6 @@ class ForkTransitions:
                     f"fork operation {op_id} cannot go from {op.status} to {to}",
                     params={"operationId": op_id, "status": op.status.value, "to": to.value},
                 )
-            marks = ",".join("?" * len(sources))
             assignments = ", ".join(f"{column} = ?" for column in values)
             # The stage as the row read in this transaction has it (schema v23); the guard
             # is that very status, so the assignment is the move's.

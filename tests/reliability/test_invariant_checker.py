@@ -355,7 +355,8 @@ def test_a_stage_not_the_status_is_reported(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,
         tmp_path,
-        f"UPDATE fork_operations SET stage = 0 WHERE operation_id = '{base.unknown['operationId']}'",
+        "UPDATE fork_operations SET stage = 0"
+        f" WHERE operation_id = '{base.unknown['operationId']}'",
         flag=False,
     )
     assert Law.STAGE_COLUMN in laws(home)

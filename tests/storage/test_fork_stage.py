@@ -79,7 +79,9 @@ def test_every_status_and_every_transition_select_what_the_status_selects(
         bare_operation(conn, n, status.value, ws=WS, source=SRC, turn_id=f"t{n}")
         _refused(conn, f"op-{n}", status)
     _agree(conn)
-    assert len(_ids(conn, f"SELECT operation_id FROM fork_operations WHERE {STAGE_ACTIVE_SQL}")) == 3
+    assert (
+        len(_ids(conn, f"SELECT operation_id FROM fork_operations WHERE {STAGE_ACTIVE_SQL}")) == 3
+    )
     moves = 0
     for n, status in enumerate(ForkStatus):
         for to in TRANSITIONS[status]:
@@ -131,9 +133,13 @@ def _refused(conn: apsw.Connection, op_id: str, status: ForkStatus) -> None:
 
 
 def _stage(store: Store, op_id: str) -> int:
-    row = store.db.connection().execute(
-        f"SELECT stage, {STAGE_RULE_SQL} FROM fork_operations WHERE operation_id = ?", (op_id,)
-    ).fetchone()
+    row = (
+        store.db.connection()
+        .execute(
+            f"SELECT stage, {STAGE_RULE_SQL} FROM fork_operations WHERE operation_id = ?", (op_id,)
+        )
+        .fetchone()
+    )
     assert row is not None and row[0] == row[1], (op_id, row)
     return int(row[0])
 
@@ -271,9 +277,9 @@ _READERS = {
 
 
 _IN_STORE = {
-    "fence": ("storage/sqlite.py", 'AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1'),
-    "boundary": ("storage/fork_snapshot.py", 'AND source_session_id = ? AND {STAGE_ACTIVE_SQL}'),
-    "title": ("storage/fork_prepare.py", 'source_session_id = ? AND {STAGE_A_FORK_SQL}'),
+    "fence": ("storage/sqlite.py", "AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1"),
+    "boundary": ("storage/fork_snapshot.py", "AND source_session_id = ? AND {STAGE_ACTIVE_SQL}"),
+    "title": ("storage/fork_prepare.py", "source_session_id = ? AND {STAGE_A_FORK_SQL}"),
     "prefixes": ("storage/fork_resolution.py", "operation_id != ? AND {STAGE_A_FORK_SQL}"),
     "checkpoint": ("storage/turns.py", _READERS["checkpoint"][0]),
     "delete": ("storage/sessions.py", _READERS["delete"][0]),
@@ -322,7 +328,10 @@ def test_a_v22_store_migrates_keeping_every_row(tmp_path: Path) -> None:
     shape = "SELECT type, name, sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY 1, 2"
     assert conn.execute(shape).fetchall() == fresh.execute(shape).fetchall(), "a v22 store"
     before = conn.execute("SELECT * FROM fork_operations ORDER BY op_seq").fetchall()
-    statuses = [ForkStatus(str(r[0])) for r in conn.execute("SELECT status FROM fork_operations ORDER BY op_seq")]
+    statuses = [
+        ForkStatus(str(r[0]))
+        for r in conn.execute("SELECT status FROM fork_operations ORDER BY op_seq")
+    ]
     assert migrate(conn) == 22 and user_version(conn) == SCHEMA_VERSION
     after = conn.execute("SELECT * FROM fork_operations ORDER BY op_seq").fetchall()
     assert [r[:-1] for r in after] == before  # every row, every column; the stage appended
