@@ -151,8 +151,8 @@ def test_the_checker_finds_a_turn_running_when_an_adopt_took_the_fence(
     with store.db.write(WS) as tx:
         tx.execute(
             "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
-            " error = NULL, completed_at_ms = NULL WHERE operation_id = ?",
-            (tx.now_ms + 1, op.operation_id),
+            " error = NULL, completed_at_ms = NULL, stage = 2 WHERE operation_id = ?",
+            (tx.now_ms + 1, op.operation_id),  # (schema v23's CHECK: an adopt's stage)
         )
     report = check_invariants(home, probe_fence=False)
     found = [v.detail for v in report.violations if v.law is Law.FENCE_WINDOW]
