@@ -180,9 +180,11 @@ def test_removing_run_under_a_live_daemon_neither_frees_the_home_nor_ends_its_tu
         lock = home / "run" / "daemon.lock"
         connection = home / "run" / "connection.json"
         wait_for(
-            lambda: lock.exists()
-            and lock.read_text().strip() == str(d.proc.pid)
-            and connection.exists()
+            lambda: (
+                lock.exists()
+                and lock.read_text().strip() == str(d.proc.pid)
+                and connection.exists()
+            )
         )
         assert (home / "run").stat().st_mode & 0o777 == 0o700
         assert connection.stat().st_mode & 0o777 == 0o600
