@@ -1,11 +1,11 @@
 """What a new claude-code Session's second Turn costs, and which worker requests it sends: for
 each of `--sessions` new Sessions, Turn 1 (it starts the Session in the Claude worker) and then
-Turn 2, each `turn.submit` → settled; Turn 2's time and the worker requests the daemon sent for
-it (`session.start`, `turn.start`) are what this prints. An in-process daemon (real store, real
-Claude worker, real SDK + bundled CLI) on the local fake Messages model; its worker port is
-wrapped to count each request by method (each still sent). Not a benchmark of record: an A/B
-tool, run with the code of whichever tree leads PYTHONPATH (this file from this checkout),
-interleaved with the other tree:
+Turn 2, each `turn.submit` → settled; Turn 2's time, the worker requests the daemon sent for it
+(`session.start`, `turn.start`) and each `session.start`'s round trip are what this prints. An
+in-process daemon (real store, real Claude worker, real SDK + bundled CLI) on the local fake
+Messages model; its worker port is wrapped to count each request by method (each still sent).
+Not a benchmark of record: an A/B tool, run with the code of whichever tree leads PYTHONPATH
+(this file from this checkout), interleaved with the other tree:
 
     cd $TREE && PYTHONPATH=$TREE build/venv/bin/python \\
         <this checkout>/bench/claude_second_turn.py [--sessions 6]
@@ -37,6 +37,8 @@ class Sent:
 
     def __init__(self, daemon: Daemon) -> None:
         self.methods: Counter[str] = Counter()
+        self.start_ms: list[float] = []
+        """Each `session.start`'s round trip (sent → answered), ms."""
         self._lock = threading.Lock()
         port = daemon.ctx.workers
         real: Callable[..., Any] = port.send  # type: ignore[attr-defined]  # every typed call
@@ -44,9 +46,17 @@ class Sent:
         def request(provider: str, method: str, params: Any, timeout: float) -> Any:
             with self._lock:
                 self.methods[method] += 1
-            return real(provider, method, params, timeout)
+            t0 = time.perf_counter()
+            fut = real(provider, method, params, timeout)
+            if method == "session.start":
+                fut.add_done_callback(lambda _f: self._timed(t0))
+            return fut
 
         port.send = request  # type: ignore[attr-defined]
+
+    def _timed(self, t0: float) -> None:
+        with self._lock:
+            self.start_ms.append((time.perf_counter() - t0) * 1000)
 
     def take(self) -> Counter[str]:
         with self._lock:
@@ -94,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f" ms, turn 2 sent {dict(requests)}",
                             flush=True,
                         )
+                    timed = list(sent.start_ms)
                 finally:
                     c.close()
             finally:
@@ -104,6 +115,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"/{len(starts)}",
         flush=True,
     )
+    if timed:
+        print(
+            f"session.start round trip p50 {statistics.median(timed):.2f} ms"
+            f" (n {len(timed)}, min {min(timed):.2f})",
+            flush=True,
+        )
     return 0
 
 
