@@ -78,8 +78,8 @@ def pdeathsig_wrapper() -> tuple[str, ...] | None:
 
     Looked up once per process: the first caller runs `setpriv --help` and every other one
     waits for its answer. A worker's `warm_up` and its first runtime starts ask at the same
-    moment, and an unlocked cache let each run its own `setpriv --help` (five in one worker start, the
-    last while four app-servers were already up: a child of the worker that is no runtime).
+    moment, and an unlocked cache let each run its own (five in one worker's start, the last
+    while four app-servers were already up: a child of the worker that is no runtime).
     """
     with _WRAPPER_LOCK:
         return _find_pdeathsig_wrapper()
