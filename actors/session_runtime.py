@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 import time
 from collections import OrderedDict, deque
@@ -55,7 +54,7 @@ from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing
 from actors.session_base import SessionCore
 from domain.errors import HostError
-from domain.procfs import read_proc_stat, stat_after_command
+from domain.procfs import alive_in_stat, read_proc_stat
 from domain.worker_messages import (
     HistoryRequest,
     SessionHistory,
@@ -68,11 +67,6 @@ from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
-
-
-PF_EXITING = 0x4
-"""The kernel's flag on a task that has begun to exit (`/proc/PID/stat` field 9)."""
-_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
 def process_alive(pid: int) -> bool:
@@ -103,28 +97,6 @@ def runtime_alive(runtime: PreparedRuntime) -> bool:
     SIGKILL pending before its app-server takes the parent-death signal, so its pid is what
     makes the runtime gone to the host at once."""
     return all(pid is None or process_alive(pid) for pid in (runtime.pid, runtime.worker_pid))
-
-
-def alive_in_stat(stat: bytes) -> bool:
-    """`/proc/PID/stat`: not a zombie or dead, not exiting (`PF_EXITING` in its flags) and no
-    SIGKILL pending (a fatal signal is queued on every thread of the process before `kill`
-    returns). Left unseen: the instant between the kernel taking the SIGKILL and marking the
-    task exiting."""
-    fields = stat_fields(stat)
-    if fields is None:
-        return True  # an unreadable line is not evidence of an exit
-    state, flags, pending = fields
-    return state not in (b"Z", b"X", b"x") and not (flags & PF_EXITING or pending & _SIGKILL_BIT)
-
-
-def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
-    """(state, flags, pending signals) of a `/proc/PID/stat` line: fields 3, 9 and 31 (the
-    command, field 2, may hold spaces and parentheses: counted from its last `)`)."""
-    try:
-        fields = stat_after_command(stat)
-        return fields[3 - 3], int(fields[9 - 3]), int(fields[31 - 3])
-    except (IndexError, ValueError):
-        return None
 
 
 class SessionRuntime:

@@ -136,6 +136,7 @@ class Daemon:
         self._closing = threading.Event()
         self._keeper: threading.Thread | None = None
         self._run_id: tuple[int, int] | None = None
+        self._restoring_id: tuple[int, int] | None = None  # `run/` as a restore made it
         self._server_keys: dict[str, bytes] = {}
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -383,8 +384,25 @@ class Daemon:
                     f"{self.config.run_dir} was removed and cannot be made again: {exc}"
                 )
                 return
-            except Exception:  # noqa: BLE001 - the keeper must outlive one failed attempt
-                log.exception("restoring %s failed; trying again", self.config.run_dir)
+            except Exception as exc:  # noqa: BLE001 - the keeper must outlive one failed attempt
+                if self._removed_again(exc):
+                    # A cleaner's `rm -r` still at work (or run again) under the restore: an
+                    # expected race; the next check makes the directory again from the start.
+                    log.warning(
+                        "%s was removed again while being made again (%s: %s); trying again",
+                        self.config.run_dir,
+                        type(exc).__name__,
+                        exc,
+                    )
+                else:
+                    log.exception("restoring %s failed; trying again", self.config.run_dir)
+
+    def _removed_again(self, exc: BaseException) -> bool:
+        """Whether a failed restore failed because `run/` (or a file in it) was removed again
+        meanwhile: a file gone under it, or the directory no longer the one it made."""
+        return isinstance(exc, FileNotFoundError) or _dir_id(self.config.run_dir) != (
+            self._restoring_id
+        )
 
     def _run_incomplete(self) -> bool:
         """The same `run/`, but its lock file or API socket gone: a removal that raced our
@@ -400,6 +418,7 @@ class Daemon:
         if not check_private_dir(run, "run directory", exact_0700=True):
             make_private_dir(run)
             check_private_dir(run, "run directory", exact_0700=True)
+        self._restoring_id = _dir_id(run)
         if self._closing.is_set():
             return
         assert self._home_lock is not None and self.server is not None

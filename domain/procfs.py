@@ -1,10 +1,17 @@
 """`/proc/PID/stat`, read the one way both sides of the host need it: the host's check that a
-warm runtime's process is alive (actors.session_runtime) and the worker supervisor's CPU
-samples of a silent worker (drivers.supervisor). Standard library only."""
+warm runtime's process is alive (actors.session_runtime), the Claude driver's check that a
+parked CLI is still there to take (drivers.claude.warm), and the worker supervisor's CPU
+samples of a silent worker (drivers.supervisor); and how a line says a process is gone
+(`alive_in_stat`). Standard library only."""
 
 from __future__ import annotations
 
 import os
+import signal
+
+PF_EXITING = 0x4
+"""The kernel's flag on a task that has begun to exit (`/proc/PID/stat` field 9)."""
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
 def read_proc_stat(pid: int) -> bytes:
@@ -24,3 +31,25 @@ def stat_after_command(stat: bytes) -> list[bytes]:
     """The fields of a `/proc/PID/stat` line after its command (field 2, which may hold spaces
     and parentheses: it ends at the line's last `)`), from field 3 (the state) on."""
     return stat[stat.rindex(b")") + 2 :].split()
+
+
+def alive_in_stat(stat: bytes) -> bool:
+    """`/proc/PID/stat`: not a zombie or dead, not exiting (`PF_EXITING` in its flags) and no
+    SIGKILL pending (a fatal signal is queued on every thread of the process before `kill`
+    returns). Left unseen: the instant between the kernel taking the SIGKILL and marking the
+    task exiting."""
+    fields = stat_fields(stat)
+    if fields is None:
+        return True  # an unreadable line is not evidence of an exit
+    state, flags, pending = fields
+    return state not in (b"Z", b"X", b"x") and not (flags & PF_EXITING or pending & _SIGKILL_BIT)
+
+
+def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
+    """(state, flags, pending signals) of a `/proc/PID/stat` line: fields 3, 9 and 31 (the
+    command, field 2, may hold spaces and parentheses: counted from its last `)`)."""
+    try:
+        fields = stat_after_command(stat)
+        return fields[3 - 3], int(fields[9 - 3]), int(fields[31 - 3])
+    except (IndexError, ValueError):
+        return None

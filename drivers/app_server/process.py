@@ -68,11 +68,26 @@ def _die_with_parent() -> None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-@functools.cache
+_WRAPPER_LOCK = threading.Lock()
+
+
 def pdeathsig_wrapper() -> tuple[str, ...] | None:
     """The argv prefix that sets the parent-death signal (SIGKILL) and then execs the
     app-server in place — util-linux's `setpriv --pdeathsig`, one small exec — or None when
     this host has no `setpriv` that knows the option.
+
+    Looked up once per process: the first caller runs `setpriv --help` and every other one
+    waits for its answer. A worker's `warm_up` and its first runtime starts ask at the same
+    moment, and an unlocked cache let each run its own (five in one worker's start, the last
+    while four app-servers were already up: a child of the worker that is no runtime).
+    """
+    with _WRAPPER_LOCK:
+        return _find_pdeathsig_wrapper()
+
+
+@functools.cache
+def _find_pdeathsig_wrapper() -> tuple[str, ...] | None:
+    """`pdeathsig_wrapper`'s lookup (called under its lock).
 
     Why not `preexec_fn`: a `preexec_fn` makes CPython spawn with `fork()` instead of
     `vfork()`, and the worker then takes a copy-on-write fault for every page of its heap it

@@ -31,7 +31,7 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from drivers.base import Emit
+from drivers.base import SERVED_BY, Emit
 from drivers.claude.env import (
     DRIVER_KIND,
     PINNED_SDK_VERSION,
@@ -123,6 +123,10 @@ class ClaudeDriver:
             session = self._sessions.get(agent_session_id)
         if session is None or str(session.config_dir) != home:
             return None
+        return self._cli_generation()
+
+    def _cli_generation(self) -> str | None:
+        """The launched CLI's identity (inode, size, mtime); None: absent or not executable."""
         cli = self._cli()
         try:
             st = os.stat(cli)
@@ -194,10 +198,20 @@ class ClaudeDriver:
                 provider_session_id = old.provider_session_id
             else:
                 raise SessionBusy(f"session {agent_session_id} has an active turn")
+        # The CLI generation is read before the verdict: the worker stamps the start with it
+        # only if it is still the live one after the call (drivers/worker.py `_stamped`), so a
+        # new Session's second Turn starts without a `session.start` of its own.
+        served = self._cli_generation()
         context = self._runtime_context(provider_session_id)
         if dropped:
             context["droppedResumeCursor"] = dict(cursor)
-        return {"providerSessionId": provider_session_id, "runtimeContext": context}
+        result: dict[str, Any] = {
+            "providerSessionId": provider_session_id,
+            "runtimeContext": context,
+        }
+        if served is not None:
+            result[SERVED_BY] = served
+        return result
 
     def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """`session.history {agentSessionId}` → `{turns: [{providerTurnId, userText,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
+from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.claude.state import TurnState
 
 EXIT_WAIT_S = 2.0
@@ -99,8 +100,21 @@ class Cli:
         return cls(key, stamp, transport, messages, prompt, first)
 
     def process_exited(self) -> bool:
+        """The CLI has ended or is ending: reaped (its return code), or, before the loop has
+        reaped it, a zombie, exiting or with a SIGKILL pending (`/proc/PID/stat`), so a CLI
+        killed a moment ago is never handed a Turn, whose prompt would die with it."""
         process = getattr(self.transport, "_process", None)
-        return process is not None and process.returncode is not None
+        if process is None:
+            return False
+        if process.returncode is not None:
+            return True
+        try:
+            stat = read_proc_stat(process.pid)
+        except (FileNotFoundError, ProcessLookupError):
+            return True  # gone (a process reaped between the open and the read: ESRCH)
+        except OSError:
+            return False  # unreadable is not evidence of an exit
+        return not alive_in_stat(stat)
 
     def usable(self) -> bool:
         """Still waiting for its prompt: neither ended nor failed to start."""

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from actors.fork_host import PreparedRuntime
-from actors.session_runtime import alive_in_stat, process_alive, runtime_alive, stat_fields
+from actors.session_runtime import process_alive, runtime_alive
+from domain.procfs import alive_in_stat, stat_fields
 
 ROOT = Path(__file__).resolve().parents[2]
 PF_FORKNOEXEC = 0x40

@@ -101,6 +101,7 @@ def test_retries_of_a_503_are_progress_not_the_first_byte(tmp_path: Path) -> Non
             started = time.monotonic()
             turn, deltas = settle_with_events(d, c, sid, "one", 60)
             took = time.monotonic() - started
+            attempts = sum(1 for p in model.paths if p.endswith(" 503"))
             notes = [e["delta"] for e in deltas if e["kind"] == "progress"]
             assert notes and notes[0].startswith("claude-code retries the model request"), deltas
             assert turn["outcome"] == "failed", turn
@@ -108,7 +109,9 @@ def test_retries_of_a_503_are_progress_not_the_first_byte(tmp_path: Path) -> Non
             error = turn["error"]
             assert "claude-code" in error and model.base_url in error, error
             assert "3.5 s" in error and "model_first_byte_seconds" in error, error
-            assert took < 20, took  # the budget and the grace, not the CLI's 31 s of retries
+            # The budget and the grace ended it, not the CLI's 31 s of retries: the CLI had not
+            # made all its 1 + 6 attempts (counted, not timed: a loaded machine stretches both).
+            assert attempts < 7, (attempts, took, model.paths)
             model.fail_status = None  # the Session works again once the model does
             again, _ = settle_with_events(d, c, sid, "again", 60)
             assert again["outcome"] == "completed", again

@@ -5,6 +5,8 @@ stopped Session ends the parked CLI, and `warm_clis = 0` or the idle limit leave
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -119,6 +121,22 @@ def test_a_transcript_changed_after_the_cli_was_parked_gets_a_new_cli(warm: Harn
     used = turn_pid(warm.driver, session, "after the change", warm)
     assert used not in (pid, -1)
     wait_for(lambda: exited(pid), timeout=30)
+
+
+def test_a_parked_cli_killed_a_moment_ago_is_not_handed_the_turn(warm: Harness) -> None:
+    """A parked CLI SIGKILLed just before its Turn counts as exited at once (its SIGKILL
+    pending, or exiting, or a zombie: before the loop has reaped it and set its return code),
+    so the Turn starts a CLI of its own and completes, instead of writing its prompt to the
+    dying one and failing with its exit."""
+    session = warm.start("killed")
+    _, first = warm.turn(session, "first words")
+    assert first["outcome"] == "completed"
+    cli = parked(warm.driver, session)
+    pid = pid_of(cli)
+    os.kill(pid, signal.SIGKILL)
+    assert cli.process_exited()
+    used = turn_pid(warm.driver, session, "second words", warm)
+    assert used != pid
 
 
 def test_stopping_a_session_ends_its_parked_cli(warm: Harness) -> None:

@@ -176,10 +176,18 @@ def test_removing_run_under_a_live_daemon_neither_frees_the_home_nor_ends_its_tu
 
         # `run/` is made again, 0700, with the lock naming the live daemon and a socket a new
         # client reaches; the CLI finds the daemon there, and a third `serve` names its pid.
+        # The restore renews the lock first and writes connection.json last: wait for both.
         lock = home / "run" / "daemon.lock"
-        wait_for(lambda: lock.exists() and lock.read_text().strip() == str(d.proc.pid))
+        connection = home / "run" / "connection.json"
+        wait_for(
+            lambda: (
+                lock.exists()
+                and lock.read_text().strip() == str(d.proc.pid)
+                and connection.exists()
+            )
+        )
         assert (home / "run").stat().st_mode & 0o777 == 0o700
-        assert (home / "run" / "connection.json").stat().st_mode & 0o777 == 0o600
+        assert connection.stat().st_mode & 0o777 == 0o600
         status = agenthost(home, "--json", "status")
         assert status.returncode == 0, status.stderr
         assert run_turn(d.client(), sid, "after")["outcome"] == "completed"  # a new connection

@@ -6,18 +6,24 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
+import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from drv_helpers import TUTTI_BIN
 
+from drivers.app_server import process
 from drivers.app_server.process import (
     AppServerClosed,
     AppServerProcess,
     AppServerTimeout,
     JsonRpcError,
+    pdeathsig_wrapper,
     private_env,
 )
 
@@ -112,6 +118,44 @@ def test_spawning_an_app_server_costs_the_worker_no_copy_on_write_of_its_heap(
     finally:
         proc.close(1.0)
     assert faults < 4000, f"{faults} page faults writing a 16,384-page heap after the spawn"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv on this host")
+def test_the_parent_death_wrapper_is_looked_up_once_however_many_threads_ask(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker's `warm_up` and its first runtime starts ask for the wrapper at once: one
+    `setpriv --help` runs, the others wait for its answer. (Unlocked, each ran its own: a
+    worker child that is no runtime, seen beside four app-servers under a bound of 4.)"""
+    real_run = subprocess.run
+    runs: list[object] = []
+
+    def slow_run(*args: object, **kwargs: object) -> object:
+        runs.append(args[0])
+        time.sleep(0.2)  # a loaded machine's exec: every other thread asks meanwhile
+        return real_run(*args, **kwargs)  # type: ignore[call-overload]
+
+    process._find_pdeathsig_wrapper.cache_clear()
+    monkeypatch.setattr(process.subprocess, "run", slow_run)
+    answers: list[tuple[str, ...] | None] = []
+    start = threading.Barrier(5)
+
+    def ask() -> None:
+        start.wait()
+        answers.append(pdeathsig_wrapper())
+
+    threads = [threading.Thread(target=ask) for _ in range(5)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+    finally:
+        monkeypatch.undo()
+        process._find_pdeathsig_wrapper.cache_clear()
+    assert len(runs) == 1, runs
+    assert len(answers) == 5 and len(set(answers)) == 1, answers
 
 
 @pytest.mark.timeout(60)

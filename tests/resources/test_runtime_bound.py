@@ -15,6 +15,8 @@ nobody holds: alive, uncounted, past the bound).
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -34,24 +36,49 @@ TURNS = 3
 LIMIT = 4
 
 
-def _children(pid: int) -> list[int]:
-    """The live (not zombie) child processes of `pid`."""
+def _app_servers(pid: int) -> list[int]:
+    """The live (not zombie) child processes of `pid` that run an app-server (`app-server`
+    among their arguments, from the `setpriv` that execs it on): the runtimes the bound counts.
+    The worker's other children are not runtimes: its one `setpriv --help` lookup, and any
+    child between its fork and its exec, which still shows the worker's own command line (a
+    sample once saw such a child beside 4 app-servers under a bound of 4)."""
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             status = (proc / "status").read_text()
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         # An app-server that has exited but is not yet reaped (a zombie) runs nothing: it is
         # not one of the live app-servers the bound counts.
-        if int(fields.get("PPid", "0").strip() or 0) == pid and not fields.get(
-            "State", ""
-        ).strip().startswith("Z"):
+        if (
+            int(fields.get("PPid", "0").strip() or 0) == pid
+            and not fields.get("State", "").strip().startswith("Z")
+            and b"app-server" in argv
+        ):
             out.append(int(proc.name))
     return out
+
+
+@pytest.mark.timeout(30)
+def test_the_watcher_counts_app_servers_not_the_workers_other_children() -> None:
+    """A child running an app-server counts; a helper child (the worker's `setpriv --help`, or
+    a fork not yet exec'd) does not."""
+    before = len(_app_servers(os.getpid()))
+    helper = subprocess.Popen(["sleep", "30"])
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "app-server"])
+    try:
+        deadline = time.monotonic() + 10
+        while len(_app_servers(os.getpid())) < before + 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(_app_servers(os.getpid())) == before + 1
+    finally:
+        for child in (helper, server):
+            child.kill()
+            child.wait()
 
 
 def test_sessions_times_3_turns_complete_under_a_runtime_bound_of_4(tmp_path: Path) -> None:
@@ -98,7 +125,7 @@ def _run_sessions(home: Path, sessions: int, turns: int, limit: int) -> None:
                         if w["provider"] == "tutti-agent" and w["pid"]:
                             worker_pid[0] = w["pid"]
                     continue
-                peak[0] = max(peak[0], len(_children(worker_pid[0])))
+                peak[0] = max(peak[0], len(_app_servers(worker_pid[0])))
 
         def drive(sid: str) -> None:
             own = d.client(timeout=120)
