@@ -211,6 +211,15 @@ class Reconciliation:
         record = self._records.get(key)
         if record is None:
             return
+        if (
+            record.status is MutationStatus.FAILED
+            and record.operation_id == op.get("operationId")
+            and self._unknown.is_stale_locked(op)
+        ):
+            # Older than the terminal copy that settled this record (an `unknown` event read back
+            # before an Abandon committed, taken off the socket after its reply): it moves
+            # nothing back.
+            return
         point = op.get("point") or {}
         if not same_boundary(record, op):
             self._records.put(

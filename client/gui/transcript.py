@@ -24,6 +24,7 @@ from textual.message import Message
 from textual.selection import Selection
 from textual.strip import Strip
 from textual.style import Style as VisualStyle
+from textual.timer import Timer
 from textual.visual import Visual, visualize
 from textual.widget import Widget
 from textual.widgets import Button, Static
@@ -62,6 +63,9 @@ __all__ = [
     "turn_widget_id",
     "unknown_row_id",
 ]
+
+FOLLOW_REHAND_S = 0.5
+"""How often a pending follow's after-refresh step is handed again (`TranscriptView.follow`)."""
 
 ABOVE_ID = "transcript-above"
 BELOW_ID = "transcript-below"
@@ -568,7 +572,11 @@ class TranscriptView(VerticalScroll):
         self._jumped = False
         self._margins_pending = False
         self._sized = Size(0, 0)
-        self._follow_pending = 0
+        # Follows made, and the newest whose after-refresh step ran (`follow`).
+        self._follows = 0
+        self._followed = 0
+        self._follow_from = 0.0
+        self._follow_timer: Timer | None = None
 
     @property
     def idle(self) -> bool:
@@ -664,17 +672,41 @@ class TranscriptView(VerticalScroll):
 
     def follow(self, at_end: bool) -> None:
         """Keep the newest Turn in view as it grows, unless the user scrolled up: scrolled once
-        the new widgets are laid out (before that the end is where it was)."""
-        if at_end:
-            self._follow_pending += 1
-            self.scroll_end(animate=False)
-            self.call_after_refresh(self._follow_after, self.scroll_y)
+        the new widgets are laid out (before that the end is where it was).
 
-    def _follow_after(self, was: float) -> None:
-        self._follow_pending -= 1
+        Follows are numbered; one is pending until an after-refresh step of its number (or a
+        later one) ran. Textual hands an after-refresh callback to the screen on top when it is
+        handled, and a screen dismissed before it refreshes drops it: a follow made while the
+        resolve dialog was closing stayed pending for good (the transcript never idle again,
+        and every later update pulled a user who had scrolled up back to the end). So while a
+        follow is pending, its step is handed again every `FOLLOW_REHAND_S` (one timer at a
+        time); a step that comes twice runs once."""
+        if at_end:
+            self._follows += 1
+            self.scroll_end(animate=False)
+            self._follow_from = self.scroll_y
+            self.call_after_refresh(self._follow_after, self._follows, self._follow_from)
+            if self._follow_timer is None:
+                self._follow_timer = self.set_timer(FOLLOW_REHAND_S, self._rehand_follow)
+
+    def _follow_after(self, number: int, was: float) -> None:
+        if number <= self._followed:
+            return  # a later follow's step ran already, or this one was handed twice
+        self._followed = number
         # Not if the user scrolled up in between: their place wins over the newest Turn.
         if self.scroll_y >= was:
             self.scroll_end(animate=False)
+
+    def _rehand_follow(self) -> None:
+        self._follow_timer = None
+        if self._followed < self._follows:
+            self.call_after_refresh(self._follow_after, self._follows, self._follow_from)
+            self._follow_timer = self.set_timer(FOLLOW_REHAND_S, self._rehand_follow)
+
+    @property
+    def _follow_pending(self) -> int:
+        """Follows made whose after-refresh step has not run yet."""
+        return self._follows - self._followed
 
     def _following(self) -> bool:
         """At the end, or on the way there (a follow not yet laid out): an update that comes

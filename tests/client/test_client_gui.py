@@ -54,7 +54,14 @@ async def until(pilot: Pilot[Any], pred: Callable[[], Any], timeout: float = 20.
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError("GUI condition not met in time")
+            # Which of the two held it back: a transcript never idle and a condition never met
+            # read alike otherwise (a CI failure after Abandon could not tell them apart).
+            raise AssertionError(
+                f"GUI condition not met in time (transcript idle: {transcript.idle},"
+                f" busy {transcript._busy}, rewindow queued {transcript._rewindow_queued},"  # noqa: SLF001
+                f" margins pending {transcript._margins_pending},"  # noqa: SLF001
+                f" follows pending {transcript._follow_pending}; condition: {pred()!r})"  # noqa: SLF001
+            )
         await pilot.pause(0.05)
 
 
