@@ -730,13 +730,23 @@ _V22_INDEX = (
 )
 
 
-def _v22(conn: apsw.Connection) -> None:
+def _add_checked_column(
+    conn: apsw.Connection, name: str, column: tuple[str, str], fill: str, index: str
+) -> None:
+    """A `fork_operations` column held to the status by a CHECK (v22's `barrier`, v23's
+    `stage`): added plain, filled by `fill`, its CHECK added by `_edit_tables`, then `index`
+    (made again). A store that has the column already (the steps re-run over a newer store)
+    only gets the index."""
     columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
-    if "barrier" not in columns:  # (re-running the steps over a newer store finds it)
-        conn.execute(f"ALTER TABLE fork_operations ADD COLUMN {BARRIER_COLUMN[0]}")
-        conn.execute(_V22_HELD)
-        _edit_tables(conn, (("fork_operations", *BARRIER_COLUMN),))
-    conn.execute(_V22_INDEX)
+    if name not in columns:
+        conn.execute(f"ALTER TABLE fork_operations ADD COLUMN {column[0]}")
+        conn.execute(fill)
+        _edit_tables(conn, (("fork_operations", *column),))
+    conn.execute(index)
+
+
+def _v22(conn: apsw.Connection) -> None:
+    _add_checked_column(conn, "barrier", BARRIER_COLUMN, _V22_HELD, _V22_INDEX)
 
 
 # v23: the fence's index untouched by a fork's dispatching and provider_accepted steps
@@ -775,12 +785,7 @@ _V23_INDEX = (
 
 
 def _v23(conn: apsw.Connection) -> None:
-    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
-    if "stage" not in columns:  # (re-running the steps over a newer store finds it)
-        conn.execute(f"ALTER TABLE fork_operations ADD COLUMN {STAGE_COLUMN[0]}")
-        conn.execute(_V23_STAGES)
-        _edit_tables(conn, (("fork_operations", *STAGE_COLUMN),))
-    conn.execute(_V23_INDEX)
+    _add_checked_column(conn, "stage", STAGE_COLUMN, _V23_STAGES, _V23_INDEX)
 
 
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
