@@ -17,51 +17,17 @@ import argparse
 import os
 import statistics
 import tempfile
-import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from agenthost.config import load_config
 from agenthost.daemon import Daemon
 from bench.common import cpu_probe_ms
 from bench.harness import create_session, run_turn
 from model_fakes.messages import MessagesServer
+from tests.support.worker_requests import SentRequests
 from transport.client import Client
-
-
-class Sent:
-    """Counts the worker requests the daemon sends, by method (each still sent)."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.methods: Counter[str] = Counter()
-        self.start_ms: list[float] = []
-        """Each `session.start`'s round trip (sent → answered), ms."""
-        self._lock = threading.Lock()
-        port = daemon.ctx.workers
-        real: Callable[..., Any] = port.send  # type: ignore[attr-defined]  # every typed call
-
-        def request(provider: str, method: str, params: Any, timeout: float) -> Any:
-            with self._lock:
-                self.methods[method] += 1
-            t0 = time.perf_counter()
-            fut = real(provider, method, params, timeout)
-            if method == "session.start":
-                fut.add_done_callback(lambda _f: self._timed(t0))
-            return fut
-
-        port.send = request  # type: ignore[attr-defined]
-
-    def _timed(self, t0: float) -> None:
-        with self._lock:
-            self.start_ms.append((time.perf_counter() - t0) * 1000)
-
-    def take(self) -> Counter[str]:
-        with self._lock:
-            out, self.methods = self.methods, Counter()
-        return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 c = Client(daemon.api_endpoint, timeout=120.0)
                 try:
-                    sent = Sent(daemon)
+                    sent = SentRequests(daemon, timed=("session.start",))
                     firsts: list[float] = []
                     seconds: list[float] = []
                     starts: list[int] = []
@@ -104,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             f" ms, turn 2 sent {dict(requests)}",
                             flush=True,
                         )
-                    timed = list(sent.start_ms)
+                    timed = list(sent.round_trips_ms["session.start"])
                 finally:
                     c.close()
             finally:
@@ -121,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f" (n {len(timed)}, min {min(timed):.2f})",
             flush=True,
         )
+    print(
+        f"command: build/venv/bin/python -m bench.claude_second_turn --sessions {args.sessions}",
+        flush=True,
+    )
     return 0
 
 

@@ -19,9 +19,9 @@ import pytest
 from agenthost.daemon import Daemon
 from model_fakes.messages import MessagesServer, model_input_texts
 from tests.claude.test_claude_warm import exited
-from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.support.daemon import create_session, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
+from tests.support.worker_requests import SentRequests
 from transport.client import Client
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
@@ -76,7 +76,7 @@ def test_a_new_claude_sessions_second_turn_starts_warm(
     so it is stamped and the second Turn needs no `session.start` of its own (before, that
     start carried no generation and every new Session's second Turn started it again)."""
     daemon, c, server = running
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     sid = _session(c, tmp_path)
     first = run_turn(c, sid, "one")
     assert sent.take()["session.start"] == 1
@@ -101,7 +101,7 @@ def test_a_turn_whose_parked_cli_was_killed_completes_on_a_cli_of_its_own(
     sid = _session(c, tmp_path)
     assert run_turn(c, sid, "one")["outcome"] == "completed"
     pids = wait_for(lambda: _parked_cli_pids(sid), timeout=30)
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     second = run_turn(c, sid, "after the kill")
@@ -125,7 +125,7 @@ def test_a_claude_turn_right_after_its_workers_kill_takes_the_cold_path(
     sid = _session(c, tmp_path)
     assert run_turn(c, sid, "one")["outcome"] == "completed"
     worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "claude-code")
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     os.kill(worker["pid"], signal.SIGKILL)
     after = run_turn(c, sid, "after the kill")
     assert after["outcome"] == "completed", after

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -35,6 +34,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.in_process import in_process_daemon
+from tests.support.worker_requests import SentRequests
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,28 +45,6 @@ def running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[D
     monkeypatch.setenv("AGENTHOST_ENABLE_FAILPOINTS", "1")
     with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
         yield running
-
-
-class _Sent:
-    """Counts the worker requests the daemon sends, by method (each still sent)."""
-
-    def __init__(self, daemon: Daemon) -> None:
-        self.methods: Counter[str] = Counter()
-        self._lock = threading.Lock()
-        port = daemon.ctx.workers
-        real: Callable[..., Any] = port.send  # type: ignore[attr-defined]  # every typed call
-
-        def request(provider: str, method: str, params: Any, timeout: float) -> Any:
-            with self._lock:
-                self.methods[method] += 1
-            return real(provider, method, params, timeout)
-
-        port.send = request  # type: ignore[attr-defined]
-
-    def take(self) -> Counter[str]:
-        with self._lock:
-            out, self.methods = self.methods, Counter()
-        return out
 
 
 class _Calls:
@@ -110,7 +88,7 @@ def test_a_warm_fork_sends_no_session_start_and_reads_no_replay_before_prepare(
 ) -> None:
     daemon, c = running
     sid, turn_id = _source(c)
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     replay_reads = _Calls(daemon, "fork_prepare.existing_fork")
     _committed(c, sid, turn_id)  # the first fork attests the runtime: remembered
     first = sent.take()
@@ -162,7 +140,7 @@ def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
     daemon, c = running
     sid, turn_id = _source(c)
     _committed(c, sid, turn_id)
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     c.call("debug.failpoints", {"points": {"host.fork.after_prepare": "once:sleep:1500"}})
     pending = c.submit(
         "fork.create",
@@ -228,7 +206,7 @@ def test_a_settings_change_between_forks_is_not_answered_from_the_row_cache(
     _committed(c, sid, turn_id)  # warm: the row is cached now
     base = {"workspaceId": WS, "agentSessionId": sid}
     assert c.call("session.updateSettings", {**base, "settings": {"x": 2}})["session"]
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     op = _committed(c, sid, turn_id)
     assert sent.take()["session.start"] == 1
     child = c.call(

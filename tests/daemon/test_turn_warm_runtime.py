@@ -27,7 +27,6 @@ from actors.turn_writes import TurnWrites
 from agenthost.daemon import Daemon
 from domain.errors import Conflict
 from domain.worker_messages import HistoryRequest
-from tests.daemon.test_fork_warm_runtime import _Sent
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (
     WS,
@@ -39,6 +38,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.in_process import in_process_daemon
+from tests.support.worker_requests import SentRequests
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -70,7 +70,7 @@ def test_a_turn_on_a_warm_runtime_sends_no_session_start(
 ) -> None:
     daemon, c = running
     sid = _warm_session(c)
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     turns = [run_turn(c, sid, f"warm {i}") for i in range(3)]
     assert [t["phase"] for t in turns] == ["settled"] * 3
     assert [t["outcome"] for t in turns] == ["completed"] * 3, turns
@@ -88,7 +88,7 @@ def test_a_new_sessions_second_turn_starts_on_the_runtime_its_first_spawned(
     stamped and the second Turn needs no `session.start` of its own (before, a spawning start
     carried no generation and every new Session's second Turn started the runtime again)."""
     daemon, c = running
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     sid = create_session(c, title="second turn")["agentSessionId"]
     first = run_turn(c, sid, "spawn")
     assert sent.take()["session.start"] == 1
@@ -110,7 +110,7 @@ def test_a_turn_right_after_its_workers_kill_takes_the_cold_path_at_once(
     daemon, c = running
     sid = _warm_session(c)
     worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "tutti-agent")
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     os.kill(worker["pid"], signal.SIGKILL)
     after = run_turn(c, sid, "after the kill")
     assert after["outcome"] == "completed", after
@@ -128,7 +128,7 @@ def test_a_warm_turn_whose_runtime_was_replaced_is_refused_then_started_once(
     completes, and the provider's history holds it once."""
     daemon, c = running
     sid = _warm_session(c)
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     c.call("debug.failpoints", {"points": {"host.turn.before_warm_start": "once:sleep:1500"}})
     turn_id = submit(c, sid, "only once")["turnId"]
     # The runtime dies while the warm `turn.start` is held at the failpoint (its `once:`
@@ -177,7 +177,7 @@ def test_a_turn_after_an_unbound_settled_turn_takes_the_cold_path_and_rebinds_it
     assert daemon.routes.tell(WS, sid, Mutate(_unbind, lambda _reply: answered.set()))
     assert answered.wait(10)
     assert turn_of(c, sid, lost)["rootProviderTurnId"] is None
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     assert run_turn(c, sid, "next")["outcome"] == "completed"
     requests = sent.take()
     assert requests["session.start"] == 1, requests
@@ -205,7 +205,7 @@ def test_a_turn_whose_binding_write_failed_sends_the_next_turn_down_the_cold_pat
         lost = run_turn(c, sid, "binding write fails")
     assert lost["outcome"] == "completed", lost
     assert turn_of(c, sid, lost["turnId"])["rootProviderTurnId"] is None
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     assert run_turn(c, sid, "next")["outcome"] == "completed"
     requests = sent.take()
     assert requests["session.start"] == 1, requests
@@ -314,7 +314,7 @@ def test_a_settings_change_between_turns_is_not_answered_from_the_row_cache(
     run_turn(c, sid, "cached")  # the row is cached now
     base = {"workspaceId": WS, "agentSessionId": sid}
     assert c.call("session.updateSettings", {**base, "settings": {"x": 2}})["session"]
-    sent = _Sent(daemon)
+    sent = SentRequests(daemon)
     assert run_turn(c, sid, "after the change")["outcome"] == "completed"
     requests = sent.take()
     assert requests["session.start"] == 1, requests

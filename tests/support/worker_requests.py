@@ -1,0 +1,45 @@
+"""Counting the worker requests an in-process daemon sends (`tests.support.in_process`): what a
+warm runtime saves is a request not sent, so tests and benchmarks count them by method."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from agenthost.daemon import Daemon
+
+
+class SentRequests:
+    """Counts the worker requests `daemon` sends, by method (each still sent), and times the
+    round trips (sent → answered, ms) of the methods named in `timed`."""
+
+    def __init__(self, daemon: Daemon, timed: Iterable[str] = ()) -> None:
+        self.methods: Counter[str] = Counter()
+        self.round_trips_ms: dict[str, list[float]] = {method: [] for method in timed}
+        self._lock = threading.Lock()
+        port = daemon.ctx.workers
+        real: Callable[..., Any] = port.send  # type: ignore[attr-defined]  # every typed call
+
+        def request(provider: str, method: str, params: Any, timeout: float) -> Any:
+            with self._lock:
+                self.methods[method] += 1
+            started = time.perf_counter()
+            fut = real(provider, method, params, timeout)
+            if method in self.round_trips_ms:
+                fut.add_done_callback(lambda _f: self._answered(method, started))
+            return fut
+
+        port.send = request  # type: ignore[attr-defined]
+
+    def _answered(self, method: str, started: float) -> None:
+        with self._lock:
+            self.round_trips_ms[method].append((time.perf_counter() - started) * 1000)
+
+    def take(self) -> Counter[str]:
+        """The counts since the last `take` (and starts counting again)."""
+        with self._lock:
+            out, self.methods = self.methods, Counter()
+        return out
