@@ -192,7 +192,10 @@ def accepted_inode(fd: int, endpoint: str) -> int | None:
         return None
     # Family and type as given are not checked by the constructor; getsockname decodes the
     # address by its own family.
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    try:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=fd)
+    except OSError:
+        return None  # closed by libzmq since the fstat (a client that came and went at once)
     try:
         if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             return None  # a listener

@@ -109,3 +109,36 @@ def test_at_the_descriptor_limit_a_shutdown_waits_for_a_bind_in_progress(
     what = f"exit {out.returncode}\nstdout: {out.stdout}\nstderr: {out.stderr}"
     assert out.returncode == 0, what
     assert "waited for the bind: True; refused after it: True" in out.stdout, what
+
+
+def test_accepted_inode_of_a_connection_closed_right_after_its_fstat_is_none(
+    short_tmp: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libzmq closes a connection that came and went at once on its own thread: between the
+    guard's fstat and its look at the socket the descriptor may be gone (EBADF). The guard
+    must take it as closed, not fail: a clean-clone CI saw the guard thread die of it ("connection
+    guard failed; connections are no longer capped") and every replaced listener stay bound."""
+    path = os.path.join(short_tmp, "api.sock")
+    with (
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener,
+        socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client,
+    ):
+        listener.bind(path)
+        listener.listen()
+        client.connect(path)
+        accepted, _ = listener.accept()
+        fd = accepted.detach()
+        real_fstat = os.fstat
+
+        def fstat_then_closed(n: int) -> os.stat_result:
+            st = real_fstat(n)
+            if n == fd:
+                os.close(n)  # libzmq's thread, in between
+            return st
+
+        monkeypatch.setattr(os, "fstat", fstat_then_closed)
+        try:
+            inode = accepted_inode(fd, f"ipc://{path}")
+        finally:
+            monkeypatch.undo()
+        assert inode is None
