@@ -50,6 +50,8 @@ IDLE_S = 1.0
 _SUMMARY_S = 5.0
 _FD_SAMPLE_S = 0.1
 _POLL_MS = 200
+_FAILURE_LOG_S = 60.0
+"""At most one logged failure of the guard's loop a minute (each is counted: `failures`)."""
 OLD_LISTENERS_KEPT = 2
 """Listeners a re-bind replaced that are kept per endpoint while connections are left on them;
 past it, the oldest ones' idle connections are shut down so the listener can be closed."""
@@ -288,6 +290,8 @@ class ConnectionGuard:
         self.stale = 0
         """`accepted` events read after their descriptor no longer held that connection
         (`accepted_inode`): not counted, never shut down."""
+        self.failures = 0
+        """Steps of the guard's loop that failed (an event it could not handle); it went on."""
         self._reported: Counter[str] = Counter()
         self._reported_shed = 0
         self._summary_at = 0.0
@@ -359,13 +363,24 @@ class ConnectionGuard:
         for monitor, _ in self._monitors:
             poller.register(monitor, zmq.POLLIN)
         api_of = {monitor: api for monitor, api in self._monitors}
-        try:
-            while not self._stop.is_set():
+        logged_at = float("-inf")
+        while not self._stop.is_set():
+            try:
                 for sock, _ in poller.poll(_POLL_MS):
                     self._drain(sock, api_of[sock])
                 self._tick()
-        except Exception:  # noqa: BLE001 - the guard must never take the daemon down
-            log.exception("connection guard failed; connections are no longer capped")
+            except Exception:  # noqa: BLE001 - the guard must never take the daemon down
+                # One event or tick failed: the guard goes on (a guard that stopped would cap
+                # nothing and close no replaced listener again), logged at most once a minute,
+                # and after a pause, so a monitor that keeps failing cannot spin the thread.
+                self.failures += 1
+                now = time.monotonic()
+                if now - logged_at >= _FAILURE_LOG_S:
+                    logged_at = now
+                    log.exception(
+                        "connection guard: a step failed (%d so far); going on", self.failures
+                    )
+                self._stop.wait(_POLL_MS / 1000)
 
     def _drain(self, monitor: zmq.Socket[Any], api: bool) -> None:
         # Parsed by hand (pyzmq's parser builds an enum per event): the guard must keep up with
