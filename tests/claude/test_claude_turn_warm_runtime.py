@@ -21,7 +21,7 @@ from model_fakes.messages import MessagesServer, model_input_texts
 from tests.claude.test_claude_warm import exited
 from tests.support.daemon import create_session, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
-from tests.support.worker_requests import SentRequests
+from tests.support.worker_requests import SentRequests, turn_after_worker_kill
 from transport.client import Client
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
@@ -124,11 +124,7 @@ def test_a_claude_turn_right_after_its_workers_kill_takes_the_cold_path(
     daemon, c, _ = running
     sid = _session(c, tmp_path)
     assert run_turn(c, sid, "one")["outcome"] == "completed"
-    worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "claude-code")
-    sent = SentRequests(daemon)
-    os.kill(worker["pid"], signal.SIGKILL)
-    after = run_turn(c, sid, "after the kill")
+    after, requests = turn_after_worker_kill(daemon, c, sid, "claude-code")
     assert after["outcome"] == "completed", after
-    requests = sent.take()
     assert requests["session.start"] == 1, requests
     assert requests["turn.start"] == 1, requests

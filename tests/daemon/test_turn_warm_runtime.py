@@ -38,7 +38,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.in_process import in_process_daemon
-from tests.support.worker_requests import SentRequests
+from tests.support.worker_requests import SentRequests, turn_after_worker_kill
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,12 +109,8 @@ def test_a_turn_right_after_its_workers_kill_takes_the_cold_path_at_once(
     dying worker, where its `turn.start` would be lost with it and the Turn failed."""
     daemon, c = running
     sid = _warm_session(c)
-    worker = next(w for w in c.call("host.status")["workers"] if w["provider"] == "tutti-agent")
-    sent = SentRequests(daemon)
-    os.kill(worker["pid"], signal.SIGKILL)
-    after = run_turn(c, sid, "after the kill")
+    after, requests = turn_after_worker_kill(daemon, c, sid, "tutti-agent")
     assert after["outcome"] == "completed", after
-    requests = sent.take()
     assert requests["session.start"] == 1, requests
     assert requests["turn.start"] == 1, requests
 

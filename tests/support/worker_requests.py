@@ -3,6 +3,8 @@ warm runtime saves is a request not sent, so tests and benchmarks count them by 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from collections import Counter
@@ -10,6 +12,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from agenthost.daemon import Daemon
+from tests.support.daemon import run_turn
+from transport.client import Client
 
 
 class SentRequests:
@@ -43,3 +47,15 @@ class SentRequests:
         with self._lock:
             out, self.methods = self.methods, Counter()
         return out
+
+
+def turn_after_worker_kill(
+    daemon: Daemon, client: Client, sid: str, provider: str
+) -> tuple[dict[str, Any], Counter[str]]:
+    """SIGKILLs `provider`'s worker and runs one Turn on `sid` at once: the settled Turn and
+    the worker requests the daemon sent for it, by method."""
+    worker = next(w for w in client.call("host.status")["workers"] if w["provider"] == provider)
+    sent = SentRequests(daemon)
+    os.kill(worker["pid"], signal.SIGKILL)
+    turn = run_turn(client, sid, "after the kill")
+    return turn, sent.take()
