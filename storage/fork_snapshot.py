@@ -131,6 +131,7 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
     # statement (`_BLOCKERS_SQL`: one step of SQLite, not six statements prepared, bound and
     # stepped from Python), each its own `EXISTS` on the same index a lone query used.
     found = conn.execute(_BLOCKERS_SQL, (ws, sid)).fetchone()
+    assert found is not None  # a SELECT of constants and EXISTS: always one row
     reasons.extend(reason for reason, hit in zip(_BLOCKER_REASONS, found, strict=True) if hit)
     return reasons
 
