@@ -125,6 +125,10 @@ class ForkSaga:
     # `prepared` was a lazy COMMIT (the warm path) and no fsync'd checkpoint of this saga has
     # followed yet: a power cut could still lose the operation, so nobody is told of it.
     prepare_lazy: bool = False
+    # `attests_again`'s answer, asked by the prepare in this same actor step (no tree to make
+    # between them, so nothing can have changed the Session's attested runtime): `_attest`
+    # takes it once instead of asking again. None: `_attest` asks.
+    attests: bool | None = None
     # An abort's record failed with an error that is not the store's transient kind: its
     # traceback is logged once, the retries after it as one line each.
     _abort_logged: bool = False
@@ -258,7 +262,10 @@ class ForkSaga:
 
     def _attest(self) -> None:
         runtime = self.runtime
-        if not attests_again(self.host, runtime):
+        again, self.attests = self.attests, None
+        if again is None:
+            again = attests_again(self.host, runtime)
+        if not again:
             assert runtime.generation is not None and runtime.verdict is not None
             # The runtime this fork's own `session.start` found is the one this
             # Session's last re-attestation proved (same generation: the worker, its
@@ -783,7 +790,8 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
     # budget can answer 202 or an event announce the operation. Its `prepared` is a lazy
     # COMMIT (in the WAL: a killed host keeps it; a power cut may lose it, and nobody heard
     # of it). Wherever something can happen first, the prepare is fsync'd on its own.
-    lazy = trees is None and not attests_again(host, runtime)
+    attests = None if trees is not None else attests_again(host, runtime)
+    lazy = attests is False
     op, created = host.store.fork_prepare.prepare_fork(
         host.ws,
         request,
@@ -794,7 +802,7 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
     if not created:
         _answer_existing(host, op, msg.reply)
         return
-    saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy)
+    saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy, attests=attests)
     host.sagas[op.operation_id] = saga
     host.live_operations.add(op.operation_id)
     saga.join(msg.reply)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
@@ -133,15 +132,15 @@ class ForkCommit:
         self._projections.put((r[18], r[11], tx.now_ms), (plan.session, plan.lineage), miss=False)
         if not operation:
             return None, True
-        committed = replace(
-            op_from_row(r),
-            status=ForkStatus.COMMITTED,
-            target_turn_id=plan.lineage.target_turn_id,
-            completed_at_ms=tx.now_ms,
-            committed_session=plan.session,
-            lineage=plan.lineage,
+        # The row as the UPDATE above left it (target Turn, status, completion time), built
+        # once with its projection (not built from the row read, then copied).
+        written = list(r)
+        written[13], written[19], written[24] = (
+            plan.lineage.target_turn_id,
+            ForkStatus.COMMITTED.value,
+            tx.now_ms,
         )
-        return committed, True
+        return op_from_row(tuple(written), (plan.session, plan.lineage)), True
 
     @staticmethod
     def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:

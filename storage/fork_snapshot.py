@@ -80,6 +80,44 @@ MESSAGE_FIELDS = ("message_id", "kind", "text", "payload", "version", "position"
 # -- boundary checks ------------------------------------------------------------------------
 
 
+_BLOCKER_CHECKS = (
+    (
+        ForkBoundaryReason.SOURCE_GOAL_CONTROL_ACTIVE,
+        "SELECT 1 FROM goal_controls WHERE workspace_id = ?1 AND session_id = ?2"
+        " AND status = 'active'",
+    ),
+    (
+        ForkBoundaryReason.SOURCE_RUNTIME_OPERATION_ACTIVE,
+        "SELECT 1 FROM runtime_operations WHERE workspace_id = ?1 AND session_id = ?2"
+        " AND status = 'active'",
+    ),
+    (
+        ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
+        "SELECT 1 FROM interactions WHERE workspace_id = ?1 AND session_id = ?2"
+        " AND status = 'pending'",
+    ),
+    (
+        ForkBoundaryReason.SOURCE_SUBMIT_CLAIM_ACTIVE,
+        "SELECT 1 FROM submit_claims WHERE workspace_id = ?1 AND session_id = ?2"
+        " AND status = 'active'",
+    ),
+    (
+        ForkBoundaryReason.SOURCE_TURN_ACTIVE,
+        "SELECT 1 FROM turns WHERE workspace_id = ?1 AND session_id = ?2 AND phase = 'active'",
+    ),
+    (
+        ForkBoundaryReason.SOURCE_FORK_ACTIVE,
+        "SELECT 1 FROM fork_operations WHERE workspace_id = ?1 AND source_session_id = ?2"
+        f" AND {STAGE_ACTIVE_SQL}",
+    ),
+)
+"""The source's quiescence checks that read the store (seed 000 §4), most specific first."""
+_BLOCKER_REASONS = tuple(reason for reason, _ in _BLOCKER_CHECKS)
+_BLOCKERS_SQL = "SELECT " + ", ".join(f"EXISTS ({sql})" for _, sql in _BLOCKER_CHECKS)
+"""One row: for each of `_BLOCKER_CHECKS` in order, 1 when the source has such a row
+(parameters: workspace, source Session)."""
+
+
 def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[ForkBoundaryReason]:
     """Quiescence of the source (seed 000 §4), in a fixed order; empty when forkable."""
     sid = session.session_id
@@ -89,41 +127,12 @@ def source_blockers(conn: apsw.Connection, ws: str, session: Session) -> list[Fo
     if not session.provider_session_id:
         reasons.append(ForkBoundaryReason.SOURCE_PROVIDER_SESSION_MISSING)
     # Most specific first: a pending Interaction or an unbound submit claim only exists while a
-    # Turn is active, so checking the Turn first would hide those reasons.
-    checks = (
-        (
-            ForkBoundaryReason.SOURCE_GOAL_CONTROL_ACTIVE,
-            "SELECT 1 FROM goal_controls WHERE workspace_id = ? AND session_id = ?"
-            " AND status = 'active'",
-        ),
-        (
-            ForkBoundaryReason.SOURCE_RUNTIME_OPERATION_ACTIVE,
-            "SELECT 1 FROM runtime_operations WHERE workspace_id = ? AND session_id = ?"
-            " AND status = 'active'",
-        ),
-        (
-            ForkBoundaryReason.SOURCE_INTERACTION_PENDING,
-            "SELECT 1 FROM interactions WHERE workspace_id = ? AND session_id = ?"
-            " AND status = 'pending'",
-        ),
-        (
-            ForkBoundaryReason.SOURCE_SUBMIT_CLAIM_ACTIVE,
-            "SELECT 1 FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
-            " AND status = 'active'",
-        ),
-        (
-            ForkBoundaryReason.SOURCE_TURN_ACTIVE,
-            "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ? AND phase = 'active'",
-        ),
-        (
-            ForkBoundaryReason.SOURCE_FORK_ACTIVE,
-            "SELECT 1 FROM fork_operations WHERE workspace_id = ? AND source_session_id = ?"
-            f" AND {STAGE_ACTIVE_SQL}",
-        ),
-    )
-    for reason, sql in checks:
-        if conn.execute(sql + " LIMIT 1", (ws, sid)).fetchone() is not None:
-            reasons.append(reason)
+    # Turn is active, so checking the Turn first would hide those reasons. All six asked by one
+    # statement (`_BLOCKERS_SQL`: one step of SQLite, not six statements prepared, bound and
+    # stepped from Python), each its own `EXISTS` on the same index a lone query used.
+    found = conn.execute(_BLOCKERS_SQL, (ws, sid)).fetchone()
+    assert found is not None  # a SELECT of constants and EXISTS: always one row
+    reasons.extend(reason for reason, hit in zip(_BLOCKER_REASONS, found, strict=True) if hit)
     return reasons
 
 

@@ -236,9 +236,8 @@ class ForkTransitions:
                     f"fork operation {op_id} is {public}, only committed can be ACKed",
                     params={"operationId": op_id, "status": public.value},
                 )
-            op = decode_op(tx.conn, r, projections=self._projections)
-            if op.client_observed_at_ms is not None:
-                return op, False
+            if r[25] is not None:  # client_observed_at_ms: ACKed before
+                return decode_op(tx.conn, r, projections=self._projections), False
             tx.execute(
                 f"UPDATE fork_operations SET client_observed_at_ms = ?{BARRIER_RELEASE_SQL}"
                 " WHERE workspace_id = ?"
@@ -246,7 +245,9 @@ class ForkTransitions:
                 (tx.now_ms, ws, op_id),
             )
             tx.emit(ForkOperationChanged(ws, op_id))
-            return replace(op, client_observed_at_ms=tx.now_ms), True
+            # The row as written, decoded once (not decoded, then copied with the time).
+            written = (*r[:25], tx.now_ms, *r[26:])
+            return decode_op(tx.conn, written, projections=self._projections), True
 
         return self._submit(body, ws)
 

@@ -349,6 +349,8 @@ up with bursts of hundreds): with events capped at `MAX_EVENT_BYTES` a subscribe
 reads holds at most 1000 × 256 KiB of the daemon, typically far less (100,000 whole-Turn
 events, unbounded, would take a daemon past 1 GB)."""
 MAX_EVENT_BYTES = 256 << 10
+WANTED_TOPICS_KEPT = 256
+"""Topics whose `EventSockets.wants` answer is kept for the current subscriptions."""
 
 _SUBSCRIBE = 1
 _UNSUBSCRIBE = 0
@@ -365,6 +367,12 @@ class EventSockets:
         self._topics: dict[zmq.Socket[bytes], set[bytes]] = {}
         # Swapped whole on each change, so readers on other threads never see it mid-update.
         self._prefixes: tuple[frozenset[bytes], frozenset[bytes]] = (frozenset(), frozenset())
+        # `wants`' answers for these very prefixes (topic → answer), swapped with them in one
+        # tuple: an answer is kept only in the map of the prefixes it was computed from.
+        self._wanted: tuple[tuple[frozenset[bytes], frozenset[bytes]], dict[str, bool]] = (
+            self._prefixes,
+            {},
+        )
 
     def bind(
         self,
@@ -429,12 +437,26 @@ class EventSockets:
                 else frozenset()
             )
             self._prefixes = (plain, exact)
+            self._wanted = (self._prefixes, {})
         return more
 
     def wants(self, topic: str) -> bool:
         """Whether some connected subscriber would receive an event published under `topic`
-        (any thread; as of the last subscription the loop read)."""
-        plain, exact = self._prefixes
+        (any thread; as of the last subscription the loop read). The answer is a function of
+        the topic and the subscriptions only, so it is kept until they change (a publisher
+        asks it for every event of a burst, a dozen times per fork: forkprof)."""
+        prefixes, answers = self._wanted
+        held = answers.get(topic)
+        if held is None:
+            held = self._wants(topic, prefixes)
+            if len(answers) >= WANTED_TOPICS_KEPT:
+                answers.clear()  # topics are workspace ids: a host with more asks again
+            answers[topic] = held
+        return held
+
+    @staticmethod
+    def _wants(topic: str, prefixes: tuple[frozenset[bytes], frozenset[bytes]]) -> bool:
+        plain, exact = prefixes
         if not plain and not exact:
             return False
         raw = topic.encode("utf-8")
@@ -480,6 +502,7 @@ class EventSockets:
         self.pub = self.pub_exact = None
         self._topics.clear()
         self._prefixes = (frozenset(), frozenset())
+        self._wanted = (self._prefixes, {})
 
 
 # --------------------------------------------------------------------------- the server

@@ -145,3 +145,33 @@ def test_a_fork_wakes_no_event_publisher_when_nobody_subscribed(
     time.sleep(0.2)
     assert publisher.batches == batches
     assert publisher.projected == 0
+
+
+def test_a_warm_fork_asks_whether_it_attests_again_once(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm fork's prepare and its attest step run in one actor step: the saga's
+    `attestation_key` (a JSON dump of the runtime's settings) is worked out once per fork, by
+    the prepare, not again by `_attest` (twice before forkprof's cut)."""
+    import actors.fork_saga as fork_saga
+
+    _, c = running
+    sid, turn_id = _source(c)
+    for _ in range(2):  # the first attests; the next ones find that runtime warm
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+    keys: list[str] = []
+    real = fork_saga.attestation_key
+
+    def counting(runtime: Any, generation: str) -> tuple[str, ...]:
+        keys.append(generation)
+        return real(runtime, generation)
+
+    monkeypatch.setattr(fork_saga, "attestation_key", counting)
+    status, body = fork(c, sid, turn_id)
+    assert status == 200 and body["operation"]["status"] == "committed", body
+    assert len(keys) == 1

@@ -278,7 +278,8 @@ _READERS = {
 
 _IN_STORE = {
     "fence": ("storage/sqlite.py", "AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1"),
-    "boundary": ("storage/fork_snapshot.py", "AND source_session_id = ? AND {STAGE_ACTIVE_SQL}"),
+    # (one `EXISTS` of `source_blockers`' one statement, its parameters numbered)
+    "boundary": ("storage/fork_snapshot.py", "AND source_session_id = ?2 AND {STAGE_ACTIVE_SQL}"),
     "title": ("storage/fork_prepare.py", "source_session_id = ? AND {STAGE_A_FORK_SQL}"),
     "prefixes": ("storage/fork_resolution.py", "operation_id != ? AND {STAGE_A_FORK_SQL}"),
     "checkpoint": ("storage/turns.py", _READERS["checkpoint"][0]),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -169,3 +170,37 @@ def test_the_accepted_row_is_what_a_read_decodes(value: Any) -> None:
     if isinstance(read, dict):
         assert list(built) == list(read)
         assert all(type(built[k]) is type(read[k]) for k in read)
+
+
+def test_the_commit_and_the_ack_build_their_operation_once(
+    counted: tuple[Store, OpReads], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committed row and the ACKed row are each decoded once as written, not decoded and
+    then copied by `dataclasses.replace` (two `ForkOperation`s each before forkprof's cut),
+    and each answer is the row a read returns."""
+    store, _ = counted
+    op = _prepared(store)
+    moves = store.fork_transitions
+    dispatching, _ = moves.mark_fork_dispatching(WS, op.operation_id, known=op)
+    moves.mark_fork_provider_accepted(WS, op.operation_id, _evidence(op), known=dispatching)
+    built: list[str] = []
+    init = ForkOperation.__init__
+
+    def counting(self: ForkOperation, *args: Any, **kwargs: Any) -> None:
+        built.append(kwargs.get("status", args[19] if len(args) > 19 else "?"))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ForkOperation, "__init__", counting)
+    committed, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+    assert changed and built == [ForkStatus.COMMITTED]
+    built.clear()
+    acked, changed = moves.acknowledge_fork(WS, op.operation_id)
+    assert changed and built == [ForkStatus.COMMITTED]
+    monkeypatch.setattr(ForkOperation, "__init__", init)
+    assert committed == replace(
+        store.fork_queries.get_fork_operation(WS, op.operation_id), client_observed_at_ms=None
+    )
+    assert acked.client_observed_at_ms is not None
+    assert acked == store.fork_queries.get_fork_operation(WS, op.operation_id)
+    again, changed = moves.acknowledge_fork(WS, op.operation_id)
+    assert not changed and again == acked

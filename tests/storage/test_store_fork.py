@@ -27,7 +27,7 @@ from domain.errors import (
 from domain.fork_states import ForkStatus
 from storage import fork_child
 from storage.fork_child import ForkReferenceError, OrdinalPrefixes, build_child
-from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen
+from storage.fork_snapshot import ForkSnapshotCorrupt, decode_frozen, source_blockers
 from storage.history_links import history_digest, scan_history, visible_rows
 from storage.models import (
     ForkOperation,
@@ -38,6 +38,7 @@ from storage.models import (
     SessionChanged,
     TurnChanged,
 )
+from storage.rows import require_session
 from storage.store import Store
 from tests.support.invariants import history_copy_problem
 from tests.support.store_reads import (
@@ -387,6 +388,52 @@ def test_boundary_source_runtime_operation_active(
     _expect_boundary(store, request(sid, turns[0]), "source_runtime_operation_active")
     finish_runtime_operation(store, WS, op_id)
     assert store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))[1]
+
+
+def test_source_blockers_are_asked_in_order_by_one_statement(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """Every store-held reason at once, in the fixed order, from one statement (six, one per
+    reason, before forkprof's cut)."""
+    sid, turns = source
+    begin_goal_control(store, WS, sid, "set", "g")
+    begin_runtime_operation(store, WS, sid, "compact")
+    active, _ = store.turns.claim_submit(WS, sid, "r", "ask")
+    store.history.open_interaction(
+        WS, sid, active.turn_id, request_id="q", kind="question", input={}
+    )
+    # A live fork of this source (its row as a prepare writes it, moved to `dispatching`):
+    # written last, by hand, since a prepare refuses a source that is not quiescent.
+    other = new_session(store)
+    op, _ = store.fork_prepare.prepare_fork(WS, request(other, settled_turn(store, other).turn_id))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    with store.db.write(WS) as tx:
+        tx.execute(
+            "UPDATE fork_operations SET source_session_id = ? WHERE operation_id = ?",
+            (sid, op.operation_id),
+        )
+    ran: list[str] = []
+
+    def trace(_cursor: object, sql: str, _bindings: object) -> bool:
+        ran.append(sql)
+        return True
+
+    with store.db.read() as conn:
+        session = require_session(conn, WS, sid)
+        conn.exec_trace = trace
+        try:
+            blockers = [r.value for r in source_blockers(conn, WS, session)]
+        finally:
+            conn.exec_trace = None
+    assert blockers == [
+        "source_goal_control_active",
+        "source_runtime_operation_active",
+        "source_interaction_pending",
+        "source_submit_claim_active",
+        "source_turn_active",
+        "source_fork_active",
+    ]
+    assert len(ran) == 1
 
 
 def test_boundary_source_fork_active_is_retryable_in_progress(

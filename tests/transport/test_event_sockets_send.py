@@ -76,3 +76,45 @@ def test_an_event_goes_only_to_the_sockets_someone_subscribed_on(
         sub_exact.close(0)
         events.close()
         ctx.term()
+
+
+def test_wants_is_answered_once_per_topic_until_the_subscriptions_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A publisher asks `wants` for every event of a burst (a dozen times per fork); the answer
+    is worked out from the prefixes once per topic and subscription set, and a subscription
+    read (or dropped) is seen by the very next ask."""
+    asked: list[str] = []
+    work = EventSockets._wants
+
+    def counting(topic: str, prefixes: Any) -> bool:
+        asked.append(topic)
+        return bool(work(topic, prefixes))
+
+    monkeypatch.setattr(EventSockets, "_wants", staticmethod(counting))
+    ctx: zmq.Context[Any] = zmq.Context()
+    events = EventSockets()
+    plain = events._socket(ctx)
+    plain.bind("inproc://wants")
+    events.pub = plain
+    sub = ctx.socket(zmq.SUB)
+    try:
+        assert [events.wants("team") for _ in range(3)] == [False] * 3
+        assert asked == ["team"]
+        sub.connect("inproc://wants")
+        sub.setsockopt(zmq.SUBSCRIBE, b"team")
+        _read_until(events, plain, lambda: events.wants("team"))
+        asked.clear()
+        assert [events.wants("team") for _ in range(3)] == [True] * 3
+        assert [events.wants("other") for _ in range(3)] == [False] * 3
+        assert asked == ["other"]
+        sub.setsockopt(zmq.UNSUBSCRIBE, b"team")
+        _read_until(events, plain, lambda: not events.wants("team"))
+        assert not events.wants("team")
+        for n in range(transport.server.WANTED_TOPICS_KEPT + 10):  # kept answers are bounded
+            events.wants(f"ws-{n}")
+        assert len(events._wanted[1]) <= transport.server.WANTED_TOPICS_KEPT
+    finally:
+        sub.close(0)
+        events.close()
+        ctx.term()
