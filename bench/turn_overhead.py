@@ -361,13 +361,22 @@ def _stage(values: Iterable[float]) -> Latency:
     return Latency.of(v for v in values if not math.isnan(v))
 
 
+def per_thousand(values: Sequence[float], over_ms: float) -> float:
+    """How many of `values` exceed `over_ms`, per 1,000 (nan when there are none)."""
+    if not values:
+        return float("nan")
+    return round(1000 * sum(1 for v in values if v > over_ms) / len(values), 1)
+
+
 def _figures(host: list[Sample], bare: list[Sample]) -> dict[str, Any]:
     host_turn_ms = Latency.of(s.turn_ms for s in host)
     bare_turn_ms = Latency.of(s.turn_ms for s in bare)
     host_first = Latency.of(s.lags[0] for s in host if s.lags)
     bare_first = Latency.of(s.lags[0] for s in bare if s.lags)
     bare_lag = Latency.of(lag for s in bare for lag in s.lags)
-    held = Latency.of(lag - bare_lag.p50 for s in host for lag in s.lags)
+    host_held = [lag - bare_lag.p50 for s in host for lag in s.lags]
+    bare_held = [lag - bare_lag.p50 for s in bare for lag in s.lags]
+    held = Latency.of(host_held)
     return {
         "hostTurn": host_turn_ms,
         "bareTurn": bare_turn_ms,
@@ -379,6 +388,12 @@ def _figures(host: list[Sample], bare: list[Sample]) -> dict[str, Any]:
         "turnOverheadMs": host_turn_ms.p50 - bare_turn_ms.p50,
         "firstDeltaMs": host_first.p50 - bare_first.p50,
         "batchingMs": held.max,
+        # The row is one maximum: how many deltas waited past 5 and 10 ms, per 1,000, on each
+        # side (the bare provider's own holds counted the same way, beyond its own p50).
+        "heldOverPerK": {
+            side: {f"{ms}ms": per_thousand(values, ms) for ms in (5, 10)}
+            for side, values in (("host", host_held), ("bare", bare_held))
+        },
         "hostBeforeModel": _stage(s.before_model_ms for s in host),
         "bareBeforeModel": _stage(s.before_model_ms for s in bare),
         "hostAfterModel": _stage(s.after_model_ms for s in host),
@@ -440,6 +455,10 @@ def run(mode: Mode) -> BenchResult:
                 f" {f['hostFirstDeltaLag'].p50:.2f} ms, bare {f['bareFirstDeltaLag'].p50:.2f} ms",
                 f"host delta held beyond the bare p50 lag: p50 {held.p50:.2f}, p99"
                 f" {held.p99:.2f}, max {held.max:.2f} ms",
+                "deltas held past 5 / 10 ms per 1,000: host {host[5ms]} / {host[10ms]}, bare"
+                " {bare[5ms]} / {bare[10ms]} (each beyond the bare p50 lag)".format(
+                    **f["heldOverPerK"]
+                ),
                 cpu_line(cpu, "ms per host Turn"),
                 floor.line(),
             ]

@@ -30,6 +30,7 @@ from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, Resolv
 from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
+from drivers.worker_gc import preload_then_freeze
 from transport.worker_link import WorkerEnd
 
 WORKER_VERSION = "1"
@@ -485,7 +486,9 @@ def main(argv: list[str] | None = None) -> int:
     server.link = link
     link.start()
     # After the hello is on its way: the driver loads while the host has nothing to ask yet.
-    threading.Thread(target=server.preload, name="driver-preload", daemon=True).start()
+    threading.Thread(
+        target=preload_then_freeze, args=(server.preload,), name="driver-preload", daemon=True
+    ).start()
     while not signalled and not stop.wait(0.2):
         pass
     server.close()

@@ -85,6 +85,16 @@ class ClaudeDriver:
         self.forks = ClaudeFork(failpoints, threading.Lock())
         self.resolution = ClaudeResolution(self.forks)
 
+    def warm_up(self) -> None:
+        """What a Session's start and its first Turn import, imported as the worker starts
+        (`WorkerServer.preload`): the SDK, its query and its CLI transport (0.6–1.9 s and
+        ~70,000 objects on this machine). Loaded here, the worker's start-up freeze
+        (`drivers.worker_gc`) takes them out of every later collection, which otherwise walks
+        them on the loop thread relaying a Turn's deltas; and a first `session.start` (whose
+        CLI lookup imports the SDK) or Turn does not import them."""
+        import claude_agent_sdk  # noqa: F401
+        from claude_agent_sdk._internal.transport import subprocess_cli  # noqa: F401
+
     def _user_agent(self) -> str:
         return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
 
