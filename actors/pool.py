@@ -89,7 +89,13 @@ class Timers:
         self._heap: list[tuple[float, int, TimerHandle]] = []
         self._cancelled = 0  # cancelled entries still in the heap
         self._seq = itertools.count()
-        self._cond = threading.Condition()
+        # Held directly (`with self._lock`), not through the Condition's Python `__enter__`
+        # and `__exit__`: the Condition is only for the thread's wait and its wake-up.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Started by the first `call_later`; it ends only at `close` (a callback that raises,
+        # even a BaseException, is logged), after which nothing is armed: `is None` is the
+        # whole check, no `Thread.is_alive()` per arm.
         self._thread: threading.Thread | None = None
         self._closed = False
         self._name = name
@@ -98,16 +104,16 @@ class Timers:
 
     def __len__(self) -> int:
         """Entries in the heap, cancelled ones not yet compacted away included."""
-        with self._cond:
+        with self._lock:
             return len(self._heap)
 
     def call_later(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
-        with self._cond:
+        with self._lock:
             if self._closed:
                 return TimerHandle()  # born cancelled
             handle = TimerHandle(fn, self)
             heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._seq), handle))
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
             if self._heap[0][2] is handle:
@@ -120,18 +126,18 @@ class Timers:
         return handle
 
     def pending(self) -> int:
-        with self._cond:
+        with self._lock:
             return sum(1 for _, _, h in self._heap if not h.cancelled)
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
             self._heap.clear()
             self._cancelled = 0
             self._cond.notify_all()
 
     def _cancelled_one(self) -> None:
-        with self._cond:
+        with self._lock:
             self._cancelled += 1
             if self._cancelled > max(COMPACT_MIN, len(self._heap) // 2):
                 self._heap = [entry for entry in self._heap if not entry[2].cancelled]
@@ -141,7 +147,7 @@ class Timers:
 
     def _run(self) -> None:
         while True:
-            with self._cond:
+            with self._lock:
                 while True:
                     if self._closed:
                         return
@@ -164,7 +170,7 @@ class Timers:
                 continue  # cancelled between the pop and here
             try:
                 fn()
-            except Exception:  # noqa: BLE001 - one bad callback must not stop every timer
+            except BaseException:  # noqa: BLE001 - one bad callback must not stop every timer
                 log.exception("timer callback failed")
 
 

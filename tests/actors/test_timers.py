@@ -6,8 +6,11 @@ alive meanwhile."""
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from actors.pool import COMPACT_MIN, Timers
 
@@ -70,4 +73,47 @@ def test_a_timer_due_after_another_does_not_wake_the_thread_and_all_fire_in_orde
     assert timers.wakes == 2
     assert done.wait(5)
     assert order == ["zeroth", "first", "second", "third"]
+    timers.close()
+
+
+def _python_calls_into_threading(action: Callable[[], object]) -> list[str]:
+    """The functions of `threading.py` that `action` calls (Python code only; a lock's C
+    methods are not seen)."""
+    seen: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename == threading.__file__:
+            seen.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        action()
+    finally:
+        sys.setprofile(None)
+    return seen
+
+
+def test_arming_a_timer_runs_no_python_code_of_threading() -> None:
+    # Every Turn arms ~5 timers: the arm takes the heap's lock directly (not through the
+    # Condition's Python `__enter__`/`__exit__`) and, the thread ending only at `close`,
+    # never asks `Thread.is_alive()` (three Python calls).
+    timers = Timers()
+    timers.call_later(1800.0, lambda: None)  # starts the thread
+    # Due after the pending one: no wake-up (its `notify` is Python code, and needed).
+    assert _python_calls_into_threading(lambda: timers.call_later(3600.0, lambda: None)) == []
+    timers.close()
+
+
+def test_a_callback_that_raises_even_a_base_exception_does_not_stop_the_timers() -> None:
+    # The thread is started once and only `close` ends it: a callback's SystemExit must not
+    # end it either, or every later timer (fork budgets, watchdogs) would never fire.
+    timers = Timers()
+    fired = threading.Event()
+
+    def bad() -> None:
+        raise SystemExit(3)
+
+    timers.call_later(0.0, bad)
+    timers.call_later(0.05, fired.set)
+    assert fired.wait(5)
     timers.close()
