@@ -87,7 +87,13 @@ class Timers:
 
     def __init__(self, name: str = "agenthost-timers") -> None:
         self._heap: list[tuple[float, int, TimerHandle]] = []
-        self._cancelled = 0  # cancelled entries still in the heap
+        # Cancelled entries still in the heap: `next(self._cancels)` (taken by each cancel,
+        # without the lock: `next` on a count is one atomic C call) minus `_removed` (the count
+        # when the heap was last compacted, plus the cancelled entries the thread popped since;
+        # written under the lock). A cancel racing a compaction or a pop may count once too
+        # often until the next compaction: the bound below is kept either way.
+        self._cancels = itertools.count(1)
+        self._removed = 0
         self._seq = itertools.count()
         # Held directly (`with self._lock`), not through the Condition's Python `__enter__`
         # and `__exit__`: the Condition is only for the thread's wait and its wake-up.
@@ -133,17 +139,21 @@ class Timers:
         with self._lock:
             self._closed = True
             self._heap.clear()
-            self._cancelled = 0
+            self._removed = next(self._cancels)
             self._cond.notify_all()
 
     def _cancelled_one(self) -> None:
+        """A handle of this heap was cancelled: counted without the lock (a Turn cancels ~4.5
+        timers), which is taken only to compact."""
+        if next(self._cancels) - self._removed > max(COMPACT_MIN, len(self._heap) // 2):
+            self._compact()
+
+    def _compact(self) -> None:
         with self._lock:
-            self._cancelled += 1
-            if self._cancelled > max(COMPACT_MIN, len(self._heap) // 2):
-                self._heap = [entry for entry in self._heap if not entry[2].cancelled]
-                heapq.heapify(self._heap)
-                self._cancelled = 0
-                self._cond.notify()
+            self._heap = [entry for entry in self._heap if not entry[2].cancelled]
+            heapq.heapify(self._heap)
+            self._removed = next(self._cancels)
+            self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -157,7 +167,7 @@ class Timers:
                     due, _, handle = self._heap[0]
                     if handle.cancelled:
                         heapq.heappop(self._heap)
-                        self._cancelled = max(0, self._cancelled - 1)
+                        self._removed += 1
                         continue
                     left = due - time.monotonic()
                     if left > 0:

@@ -117,3 +117,59 @@ def test_a_callback_that_raises_even_a_base_exception_does_not_stop_the_timers()
     timers.call_later(0.05, fired.set)
     assert fired.wait(5)
     timers.close()
+
+
+class _CountingLock:
+    """A lock that counts its acquisitions."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock, self.taken = lock, 0
+
+    def __enter__(self) -> bool:
+        self.taken += 1
+        return bool(self.lock.__enter__())
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.__exit__(*exc)
+
+
+def test_cancelling_a_timer_takes_no_lock_unless_it_compacts_the_heap() -> None:
+    # A Turn cancels ~4.5 timers (its watchdog, backstops, linger bounds): counted by one
+    # atomic `next`, the heap's lock taken only to compact.
+    timers = Timers()
+    timers.call_later(1800.0, lambda: None)
+    handle = timers.call_later(3600.0, lambda: None)
+    counting = _CountingLock(timers._lock)
+    timers._lock = counting  # type: ignore[assignment]
+    handle.cancel()
+    assert handle.cancelled
+    assert counting.taken == 0
+    for _ in range(COMPACT_MIN + 1):
+        timers.call_later(3600.0, lambda: None).cancel()
+    assert counting.taken >= 1  # the compaction's
+    timers.close()
+
+
+def test_cancels_from_many_threads_at_once_keep_the_heap_bounded() -> None:
+    # The count is taken without the lock: none may be lost (the heap would grow with every
+    # Turn's watchdog again), whatever the threads' interleaving.
+    timers = Timers()
+    live = [timers.call_later(1800.0, lambda: None) for _ in range(50)]
+    start = threading.Barrier(8)
+
+    def churn() -> None:
+        start.wait()
+        for _ in range(3_000):
+            timers.call_later(1800.0, lambda: None).cancel()
+
+    threads = [threading.Thread(target=churn) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert 50 <= len(timers) <= 2 * (50 + COMPACT_MIN)
+    assert timers.pending() == 50
+    for handle in live:
+        handle.cancel()
+    assert len(timers) <= 2 * COMPACT_MIN
+    timers.close()
