@@ -346,9 +346,13 @@ class _PooledInbox:
             return not self._items
 
     def peek(self) -> Any:
-        """The next message without taking it (None if there is none)."""
-        with self._lock:
-            return self._items[0].message if self._items else None
+        """The next message without taking it (None if there is none). On the owner's thread
+        only (`PooledActor.next_message`, ~8.5 a Turn), so without the lock: only that thread
+        takes from the deque, a `put` meanwhile only adds to it (each deque call is atomic),
+        and the answer is what the owner takes next unless a later `put` goes ahead of it —
+        as with the lock, which a `put` could take the moment after."""
+        items = self._items
+        return items[0].message if items else None
 
     def take_or_idle(self) -> Envelope[Any] | None:
         """The next envelope, or None after marking the actor unscheduled (atomically).
@@ -415,7 +419,8 @@ class PooledActor(pykka.Actor, abc.ABC):
         """Whether a `goes_ahead` message may be handled before `message`."""
 
     def next_message(self) -> Any:
-        """The message this actor handles next, if one is already queued (else None)."""
+        """The message this actor handles next, if one is already queued (else None); asked
+        on the actor's own thread only (in a receive)."""
         inbox = self.actor_inbox
         return inbox.peek() if isinstance(inbox, _PooledInbox) else None
 
