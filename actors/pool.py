@@ -444,7 +444,7 @@ class PooledActor(pykka.Actor, abc.ABC):
     def _run_slice(self) -> None:
         inbox = self.actor_inbox
         assert isinstance(inbox, _PooledInbox)
-        if not self._gate_open():
+        if self._gate is not None and not self._gate_open():  # no call once it is open
             # Poll again shortly from the timer thread; no pool thread waits meanwhile.
             self.actor_pool.call_later(0.01, self._schedule)
             return

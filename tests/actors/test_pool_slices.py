@@ -3,12 +3,14 @@ message on the actor's thread, counted (a Turn is ~8.5 messages in ~6.5 slices).
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from actors import pool as pool_module
 from actors.pool import ActorPool, PooledActor
 
 
@@ -124,3 +126,35 @@ def test_the_next_message_is_seen_without_the_inbox_lock(pool: ActorPool) -> Non
     assert [(m, f) for m, f, _ in log.seen] == [(0, 1), (1, 2), (2, "end"), ("end", None)]
     assert log.seen[-1][2] == 0
     ref.stop()
+
+
+
+def test_a_slice_calls_only_its_take_and_its_handler_per_message() -> None:
+    # The pool's own Python calls on the actor's thread (a Turn is ~8.5 messages in ~6.5
+    # slices): per slice one `_run_slice` and the take that finds the inbox empty, per message
+    # a take and a handler — no gate check when there is no gate, no reset of the goes-ahead
+    # count when nothing went ahead.
+    calls: list[str] = []
+
+    def profile(frame: Any, event: str, _arg: object) -> None:
+        if event == "call" and frame.f_code.co_filename == pool_module.__file__:
+            calls.append(frame.f_code.co_name)
+
+    pool = ActorPool(1, name="test-profiled")
+    log = _Log()
+    threading.setprofile(profile)  # seen by the pool's thread, started by the first slice
+    try:
+        ref = _Counter.start(pool, log)
+        for n in range(5):
+            ref.tell(("plain", n))
+        ref.tell("end")
+        assert log.done.wait(5)
+        ref.stop()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        pool.close()
+    on_thread = collections.Counter(name for name in calls if name != "_work")
+    slices = on_thread["_run_slice"]
+    assert set(on_thread) == {"_run_slice", "take_or_idle", "_handle_envelope", "_teardown"}
+    assert on_thread["_handle_envelope"] == 7  # five, "end" and the stop
+    assert on_thread["take_or_idle"] == 7 + slices
