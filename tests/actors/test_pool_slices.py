@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import pykka
 import pytest
 
 from actors import pool as pool_module
@@ -158,3 +160,49 @@ def test_a_slice_calls_only_its_take_and_its_handler_per_message() -> None:
     assert set(on_thread) == {"_run_slice", "take_or_idle", "_handle_envelope", "_teardown"}
     assert on_thread["_handle_envelope"] == 7  # five, "end" and the stop
     assert on_thread["take_or_idle"] == 7 + slices
+
+
+class _Gated(_Counter):
+    """Handles nothing, not even `on_start`, until `predecessor` is done."""
+
+    def __init__(
+        self, pool: ActorPool, log: _Log, predecessor: pykka.Future[Any], timeout: float
+    ) -> None:
+        super().__init__(pool, log)
+        self.wait_for(predecessor, timeout)
+
+    def on_start(self) -> None:
+        self.log.seen.append("started")
+
+
+def test_an_actor_behind_a_predecessor_waits_for_it_without_holding_a_thread() -> None:
+    # The law of the gate the slice checks first: nothing (not `on_start`) before the
+    # predecessor completes, the pool's one thread free for others meanwhile, then every
+    # message in order; a predecessor never done lets the actor go at its timeout.
+    pool = ActorPool(1, name="test-gate")
+    try:
+        predecessor: pykka.Future[Any] = pykka.ThreadingFuture()
+        log, other = _Log(), _Log()
+        gated = _Gated.start(pool, log, predecessor, 30.0)
+        for n in range(3):
+            gated.tell(("plain", n))
+        gated.tell("end")
+        free = _Counter.start(pool, other)
+        free.tell("end")
+        assert other.done.wait(5)  # the only thread was not held by the gated actor
+        time.sleep(0.05)
+        assert log.seen == []
+        predecessor.set(None)
+        assert log.done.wait(5)
+        assert log.seen == ["started", ("plain", 0), ("plain", 1), ("plain", 2)]
+
+        late = _Log()
+        never: pykka.Future[Any] = pykka.ThreadingFuture()
+        timed_out = _Gated.start(pool, late, never, 0.1)
+        timed_out.tell("end")
+        assert late.done.wait(5)
+        assert late.seen == ["started"]
+        for ref in (gated, free, timed_out):
+            ref.stop()
+    finally:
+        pool.close()
