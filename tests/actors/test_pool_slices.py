@@ -130,7 +130,6 @@ def test_the_next_message_is_seen_without_the_inbox_lock(pool: ActorPool) -> Non
     ref.stop()
 
 
-
 def test_a_slice_calls_only_its_take_and_its_handler_per_message() -> None:
     # The pool's own Python calls on the actor's thread (a Turn is ~8.5 messages in ~6.5
     # slices): per slice one `_run_slice` and the take that finds the inbox empty, per message
