@@ -345,15 +345,6 @@ class _PooledInbox:
         with self._lock:
             return not self._items
 
-    def peek(self) -> Any:
-        """The next message without taking it (None if there is none). On the owner's thread
-        only (`PooledActor.next_message`, ~8.5 a Turn), so without the lock: only that thread
-        takes from the deque, a `put` meanwhile only adds to it (each deque call is atomic),
-        and the answer is what the owner takes next unless a later `put` goes ahead of it —
-        as with the lock, which a `put` could take the moment after."""
-        items = self._items
-        return items[0].message if items else None
-
     def take_or_idle(self) -> Envelope[Any] | None:
         """The next envelope, or None after marking the actor unscheduled (atomically).
 
@@ -419,10 +410,18 @@ class PooledActor(pykka.Actor, abc.ABC):
         """Whether a `goes_ahead` message may be handled before `message`."""
 
     def next_message(self) -> Any:
-        """The message this actor handles next, if one is already queued (else None); asked
-        on the actor's own thread only (in a receive)."""
+        """The message this actor handles next, if one is already queued (else None).
+
+        Asked on the actor's own thread only (in a receive, ~8.5 a Turn), so the inbox is read
+        in place, without its lock or a call: only this thread takes from the deque, a `put`
+        meanwhile only adds to it (each deque call is atomic), and the answer is what this
+        thread takes next unless a later `put` goes ahead of it — as with the lock, which a
+        `put` could take the moment after."""
         inbox = self.actor_inbox
-        return inbox.peek() if isinstance(inbox, _PooledInbox) else None
+        if not isinstance(inbox, _PooledInbox):
+            return None
+        items = inbox._items
+        return items[0].message if items else None
 
     def _schedule(self) -> None:
         self.actor_pool.submit(self._run_slice)

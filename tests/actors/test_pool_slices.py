@@ -4,6 +4,7 @@ message on the actor's thread, counted (a Turn is ~8.5 messages in ~6.5 slices).
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ class _Log:
         self.done = threading.Event()
         self.background_asked = 0
         self.seen: list[Any] = []
+        self.peek_calls: list[list[str]] = []
 
 
 class _Counter(PooledActor):
@@ -104,15 +106,26 @@ class _Peeker(PooledActor):
             return None
         lock = self.actor_inbox._lock
         before = lock.taken
-        following = self.next_message()
+        calls: list[str] = []
+
+        def profile(frame: Any, event: str, _arg: object) -> None:
+            if event == "call" and frame.f_code.co_filename == pool_module.__file__:
+                calls.append(frame.f_code.co_name)
+
+        sys.setprofile(profile)
+        try:
+            following = self.next_message()
+        finally:
+            sys.setprofile(None)
         self.peek_locks += lock.taken - before
+        self.log.peek_calls.append(calls)
         self.log.seen.append((message, following, self.peek_locks))
         if message == "end":
             self.log.done.set()
         return None
 
 
-def test_the_next_message_is_seen_without_the_inbox_lock(pool: ActorPool) -> None:
+def test_the_next_message_is_seen_without_the_inbox_lock_or_a_call(pool: ActorPool) -> None:
     # Asked in every receive of a Session actor (~8.5 a Turn) on its own thread, the only
     # thread that takes from its inbox: the answer needs no lock, and it is still the message
     # handled next.
@@ -127,6 +140,8 @@ def test_the_next_message_is_seen_without_the_inbox_lock(pool: ActorPool) -> Non
     assert log.done.wait(5)
     assert [(m, f) for m, f, _ in log.seen] == [(0, 1), (1, 2), (2, "end"), ("end", None)]
     assert log.seen[-1][2] == 0
+    # Read in place: the pool's only Python call is `next_message` itself.
+    assert log.peek_calls == [["next_message"]] * 4
     ref.stop()
 
 
