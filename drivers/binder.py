@@ -27,7 +27,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -874,7 +874,9 @@ class NamesSyncing:
 _names_pool: ThreadPoolExecutor | None = None
 
 
-def begin_atomic_write_all(files: Sequence[tuple[Path | str, bytes]]) -> NamesSyncing:
+def begin_atomic_write_all(
+    files: Sequence[tuple[Path | str, bytes]], *, present: Collection[str] = ()
+) -> NamesSyncing:
     """Write each file crash-durably: when this returns every file and every directory whose
     entries changed (each file's, each created directory's parent) is durable, a crash leaves
     each target with its old or its new bytes, and no target's name ever appears before its
@@ -895,14 +897,20 @@ def begin_atomic_write_all(files: Sequence[tuple[Path | str, bytes]]) -> NamesSy
 
     Returns with the names in place and round 2 running: what needs only the names (the
     readability proof reads the files back) may run meanwhile; nothing may count the files
-    durable before `wait()` returned."""
+    durable before `wait()` returned.
+
+    `present`: directories (absolute, normalized) the caller has just found existing — the
+    bind's symlink check right before the write `lstat`ed each target's parent — whose
+    existence is not probed again (`makedirs`' `stat`). One removed since makes the temp
+    file's `O_CREAT` open fail, and the caller fails closed, as for any failed write."""
     staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
     changed: list[str] = []
     try:
         for path, data in files:
             target = os.path.abspath(path)
             parent, name = os.path.split(target)
-            changed.extend(makedirs(parent))
+            if parent not in present:
+                changed.extend(makedirs(parent))
             tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             staged.append((target, tmp, fd))
@@ -1253,13 +1261,18 @@ class RolloutBinder:
         try:
             # Ancestors first: a crash mid-bind never leaves a child whose lineage is missing.
             ordered = list(reversed(writes))
+            present: set[str] = set()
             for plan in ordered:
                 # Again just before the write: a link planted since the plan is still refused.
-                assert_no_symlink(plan.target, must_exist=False, below=target_home)
+                missing = assert_no_symlink(plan.target, must_exist=False, below=target_home)
+                if missing is None or missing == plan.target:
+                    present.add(os.path.dirname(plan.target))  # its directory: no probe again
             # Two rounds: every file's bytes fsynced together, then every name (in this
             # order) and their directories fsynced together, the latter in the background.
             syncing = (
-                begin_atomic_write_all([(plan.target, plan.target_bytes) for plan in ordered])
+                begin_atomic_write_all(
+                    [(plan.target, plan.target_bytes) for plan in ordered], present=present
+                )
                 if ordered
                 else None
             )

@@ -510,3 +510,24 @@ def test_a_bind_of_string_homes_builds_no_path(tmp_path: Path) -> None:
     assert pathlib_entries(lambda: binder.bind(source_home, target_home, CHILD)) == 0
     assert pathlib_entries(lambda: binder.bind(source_home, target_home, CHILD)) == 0
     assert [p.name for p in (dst / REL).iterdir()] == [f"rollout-2026-11-29T19-33-09-{CHILD}.jsonl"]
+
+
+def test_a_bind_into_ready_directories_probes_none_of_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The symlink check right before the write `lstat`s the target's directory: the write
+    does not `stat` it again (`makedirs`' probe) — the warm fork's case, its directories made
+    ahead (`DirsAhead`). Where the check met a missing directory, it is still created and made
+    durable (`test_fresh_target_each_changed_directory_once_after_the_file`)."""
+    from drivers.binder import DirsAhead
+
+    src = tmp_path / "runtimes" / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 8))
+    dst = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    DirsAhead(dst / REL).ready()
+    calls = _spy_stats(monkeypatch)
+    with counting_fsyncs(monkeypatch) as log:
+        receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert [path for kind, path in calls if kind == "stat"] == []
+    assert (dst / receipt.rollouts[0].relative_path).is_file()
+    assert (log.files, log.dirs) == (1, 1)  # the file, then its directory: nothing created
