@@ -27,7 +27,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -591,7 +591,12 @@ def assert_homes_no_symlink(*homes: Path | str) -> None:
         assert_no_symlink(home, must_exist=False, seen=seen)
 
 
-def rollout_matches(home: Path, thread_id: str) -> list[Path]:
+def rollout_matches(home: Path | str, thread_id: str) -> list[Path]:
+    """`rollout_paths` as `Path`s (for callers off the fork's path)."""
+    return [Path(p) for p in rollout_paths(home, thread_id)]
+
+
+def rollout_paths(home: Path | str, thread_id: str) -> list[str]:
     """Exact lookup: every `rollout-<ts>-<thread_id>.jsonl` anywhere under sessions/ and
     archived_sessions/, sorted (the caller refuses more than one).
 
@@ -629,10 +634,17 @@ def rollout_matches(home: Path, thread_id: str) -> list[Path]:
                     elif entry.name.endswith(suffix) and entry.name.startswith("rollout-"):
                         found.append(entry.path)
     found.sort()
-    return [Path(p) for p in found]
+    return found  # strings: the bind works on them as they are (no `Path` per match)
 
 
-def read_regular(path: Path) -> bytes:
+def _below(path: str, home: str) -> str:
+    """`path` relative to `home`, an ancestor of it: both absolute and normalized, `path`
+    joined onto `home` (`os.path.join`, the lookup's walk), so a slice (what
+    `Path.relative_to` answered, without parsing both paths)."""
+    return path[len(home.rstrip("/")) + 1 :]
+
+
+def read_regular(path: Path | str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
         st = os.fstat(fd)
@@ -835,7 +847,7 @@ def atomic_write(path: Path, data: bytes) -> None:
     atomic_write_all([(path, data)])
 
 
-def atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> None:
+def atomic_write_all(files: Sequence[tuple[Path | str, bytes]]) -> None:
     """`begin_atomic_write_all(files).wait()`: see there."""
     begin_atomic_write_all(files).wait()
 
@@ -862,7 +874,9 @@ class NamesSyncing:
 _names_pool: ThreadPoolExecutor | None = None
 
 
-def begin_atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> NamesSyncing:
+def begin_atomic_write_all(
+    files: Sequence[tuple[Path | str, bytes]], *, present: Collection[str] = ()
+) -> NamesSyncing:
     """Write each file crash-durably: when this returns every file and every directory whose
     entries changed (each file's, each created directory's parent) is durable, a crash leaves
     each target with its old or its new bytes, and no target's name ever appears before its
@@ -883,14 +897,20 @@ def begin_atomic_write_all(files: Sequence[tuple[Path, bytes]]) -> NamesSyncing:
 
     Returns with the names in place and round 2 running: what needs only the names (the
     readability proof reads the files back) may run meanwhile; nothing may count the files
-    durable before `wait()` returned."""
+    durable before `wait()` returned.
+
+    `present`: directories (absolute, normalized) the caller has just found existing — the
+    bind's symlink check right before the write `lstat`ed each target's parent — whose
+    existence is not probed again (`makedirs`' `stat`). One removed since makes the temp
+    file's `O_CREAT` open fail, and the caller fails closed, as for any failed write."""
     staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
     changed: list[str] = []
     try:
         for path, data in files:
             target = os.path.abspath(path)
             parent, name = os.path.split(target)
-            changed.extend(makedirs(parent))
+            if parent not in present:
+                changed.extend(makedirs(parent))
             tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             staged.append((target, tmp, fd))
@@ -1033,8 +1053,9 @@ class _Plan:
 
     thread_id: str
     role: str
-    relative: Path
-    target: Path
+    relative: str
+    target: str
+    """Both absolute-path strings, not `Path`s: the bind only joins, slices and opens them."""
     action: BindAction
     source_bytes: bytes | None
     target_bytes: bytes
@@ -1050,7 +1071,7 @@ def _receipt(plan: _Plan) -> RolloutReceipt:
     return RolloutReceipt(
         thread_id=plan.thread_id,
         role=plan.role,
-        relative_path=str(plan.relative),
+        relative_path=plan.relative,
         action=plan.action,
         source_size=len(source) if source is not None else None,
         source_sha256=source_sha,
@@ -1079,11 +1100,11 @@ class RolloutBinder:
         self._ahead_lock = threading.Lock()
         self._running: dict[tuple[str, str], threading.Thread] = {}  # `start_ahead`'s threads
 
-    def start_ahead(self, home: Path, thread_id: str) -> threading.Thread | None:
+    def start_ahead(self, home: Path | str, thread_id: str) -> threading.Thread | None:
         """`validate_ahead` on a thread of its own (named `validate-ahead`), or the one already
         running for the same rollout (home, thread); None when `wants_ahead` says there is
         nothing to do. The caller may `join()` it before a bind that should take its span."""
-        key = (str(home), thread_id)
+        key = (os.path.abspath(home), thread_id)
         with self._ahead_lock:
             running = self._running.get(key)
             if running is not None and running.is_alive():
@@ -1101,22 +1122,23 @@ class RolloutBinder:
         thread.start()
         return thread
 
-    def _run_ahead(self, home: Path, thread_id: str) -> None:
+    def _run_ahead(self, home: Path | str, thread_id: str) -> None:
         try:
             with contextlib.suppress(Exception):  # a cache warmed: the bind judges everything
                 self.validate_ahead(home, thread_id)
         finally:
+            key = (os.path.abspath(home), thread_id)
             with self._ahead_lock:
-                if self._running.get((str(home), thread_id)) is threading.current_thread():
-                    del self._running[(str(home), thread_id)]
+                if self._running.get(key) is threading.current_thread():
+                    del self._running[key]
 
-    def wants_ahead(self, home: Path, thread_id: str) -> bool:
+    def wants_ahead(self, home: Path | str, thread_id: str) -> bool:
         """Whether `validate_ahead` may have work to do (cheap: one `lstat` at most): False
         when the rollout it found there last time is still that file and under
         `AHEAD_MIN_BYTES`, or unchanged (inode, size, modification time) while the span that
         held its body is still kept. A guess about the cache only: no bind trusts it."""
         with self._ahead_lock:
-            last = self._ahead.get((str(home), thread_id))
+            last = self._ahead.get((os.path.abspath(home), thread_id))
         if last is None:
             return True
         path, seen, ref = last
@@ -1133,7 +1155,7 @@ class RolloutBinder:
             and self.spans.holds(span)
         )
 
-    def validate_ahead(self, home: Path, thread_id: str) -> bool:
+    def validate_ahead(self, home: Path | str, thread_id: str) -> bool:
         """Validate the rollout of `thread_id` in `home` into this binder's spans, ahead of a
         bind of a child that copies its lines (`parse_rollout` with `self.spans`: the body is
         kept, and the child's bind takes the lines it holds of it, compared byte for byte,
@@ -1145,7 +1167,7 @@ class RolloutBinder:
         try:
             if not _THREAD_ID.match(thread_id):
                 return False
-            found = rollout_matches(Path(os.path.abspath(home)), thread_id)
+            found = rollout_paths(os.path.abspath(home), thread_id)
             if len(found) != 1:
                 return False
             st = os.lstat(found[0])
@@ -1164,10 +1186,10 @@ class RolloutBinder:
                         use = parse_rollout(data, thread_id, self.spans).span
                         span, parsed = (None if use is None else use.span), True
             with self._ahead_lock:
-                key = (str(home), thread_id)
+                key = (os.path.abspath(home), thread_id)
                 self._ahead.pop(key, None)
                 self._ahead[key] = (
-                    str(found[0]),
+                    found[0],
                     seen,
                     None if span is None else weakref.ref(span),
                 )
@@ -1184,7 +1206,7 @@ class RolloutBinder:
         atomic replace."""
         return all(hasattr(os, name) for name in ("O_NOFOLLOW", "O_DIRECTORY", "fsync", "replace"))
 
-    def bind(self, source_home: Path, target_home: Path, child_id: str) -> BindReceipt:
+    def bind(self, source_home: Path | str, target_home: Path | str, child_id: str) -> BindReceipt:
         """`begin` and wait for it: when this returns the bound rollouts are durable."""
         receipt, names = self.begin(source_home, target_home, child_id)
         names.wait()
@@ -1192,8 +1214,8 @@ class RolloutBinder:
 
     def begin(
         self,
-        source_home: Path,
-        target_home: Path,
+        source_home: Path | str,
+        target_home: Path | str,
         child_id: str,
         planned: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
     ) -> tuple[BindReceipt, PendingNames]:
@@ -1203,8 +1225,9 @@ class RolloutBinder:
         it, and meanwhile proves the child readable). `planned`: called with each target's
         parse (`BindReceipt.parsed`) once every rollout is validated and planned, before the
         first write (a failed bind may have called it)."""
-        source_home = Path(os.path.abspath(source_home))
-        target_home = Path(os.path.abspath(target_home))
+        # Strings, not `Path`s, from here on (each `Path` built was a parse of the whole path).
+        source_home = os.path.abspath(source_home)
+        target_home = os.path.abspath(target_home)
         assert_homes_no_symlink(source_home, target_home)
         plans: list[_Plan] = []
         seen: set[str] = set()
@@ -1229,7 +1252,7 @@ class RolloutBinder:
             else:
                 thread_id = None
         # Every rollout was validated and planned before the first write (fail closed).
-        parsed = {str(p.target): p.target_parse for p in plans}
+        parsed = {p.target: p.target_parse for p in plans}
         if planned is not None:
             planned(parsed)
         writes = [p for p in plans if p.action in (BindAction.COPIED, BindAction.REPAIRED)]
@@ -1238,13 +1261,18 @@ class RolloutBinder:
         try:
             # Ancestors first: a crash mid-bind never leaves a child whose lineage is missing.
             ordered = list(reversed(writes))
+            present: set[str] = set()
             for plan in ordered:
                 # Again just before the write: a link planted since the plan is still refused.
-                assert_no_symlink(plan.target, must_exist=False, below=target_home)
+                missing = assert_no_symlink(plan.target, must_exist=False, below=target_home)
+                if missing is None or missing == plan.target:
+                    present.add(os.path.dirname(plan.target))  # its directory: no probe again
             # Two rounds: every file's bytes fsynced together, then every name (in this
             # order) and their directories fsynced together, the latter in the background.
             syncing = (
-                begin_atomic_write_all([(plan.target, plan.target_bytes) for plan in ordered])
+                begin_atomic_write_all(
+                    [(plan.target, plan.target_bytes) for plan in ordered], present=present
+                )
                 if ordered
                 else None
             )
@@ -1253,25 +1281,25 @@ class RolloutBinder:
         names = PendingNames(syncing)
         if writes and self._failpoints.armed:
             self._failpoints.hit(
-                "worker.bind.after_copy", tamper=lambda: tamper_with(p.target for p in writes)
+                "worker.bind.after_copy", tamper=lambda: tamper_with(Path(p.target) for p in writes)
             )
         receipt = BindReceipt(
             child_id=child_id,
-            source_home=str(source_home),
-            target_home=str(target_home),
+            source_home=source_home,
+            target_home=target_home,
             rollouts=tuple(_receipt(p) for p in plans),
             parsed=parsed,
         )
         return receipt, names
 
     def _plan(
-        self, source_home: Path, target_home: Path, thread_id: str, role: str
+        self, source_home: str, target_home: str, thread_id: str, role: str
     ) -> tuple[_Plan, RolloutMeta]:
         if not _THREAD_ID.match(thread_id):
             raise BinderError(BindFailure.BAD_THREAD_ID, f"bad thread id {thread_id!r}")
         try:
-            sources = rollout_matches(source_home, thread_id)
-            targets = rollout_matches(target_home, thread_id)
+            sources = rollout_paths(source_home, thread_id)
+            targets = rollout_paths(target_home, thread_id)
         except OSError as exc:
             raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
         if len(sources) > 1:
@@ -1295,7 +1323,7 @@ class RolloutBinder:
                 raise BinderError(
                     BindFailure.SOURCE_ROLLOUT_MISSING, f"and target: {exc}"
                 ) from None
-            relative = target_existing.relative_to(target_home)
+            relative = _below(target_existing, target_home)
             return (
                 _Plan(
                     thread_id,
@@ -1325,10 +1353,12 @@ class RolloutBinder:
             )
             raise BinderError(failure, f"{source}: {exc}") from None
         meta = parsed.meta
-        relative = source.relative_to(source_home)
+        relative = _below(source, source_home)
         # An archived target is repaired where it lives, never duplicated into sessions/.
-        target = target_existing if target_existing is not None else target_home / relative
-        relative_target = target.relative_to(target_home)
+        target = (
+            target_existing if target_existing is not None else os.path.join(target_home, relative)
+        )
+        relative_target = _below(target, target_home)
         # Its components are not `lstat`ed here: an existing target was found by the lookup's
         # walk (no link descended) and read with `O_NOFOLLOW`; a target that is written —
         # copied or repaired — is checked right before the write (`begin`), the check the
@@ -1367,7 +1397,7 @@ class RolloutBinder:
         raise BinderError(BindFailure.TARGET_DIVERGED, f"{target} diverges from {source}")
 
     @staticmethod
-    def _read(path: Path, missing: BindFailure = BindFailure.IO_ERROR) -> bytes:
+    def _read(path: str, missing: BindFailure = BindFailure.IO_ERROR) -> bytes:
         try:
             return read_regular(path)
         except BinderError:

@@ -169,9 +169,9 @@ def prove_tutti_child(
     if litter is not None:
         litter.append(store)  # its parse of the child, kept until the caller frees it
     try:
-        for path, parsed in (known or {}).items():
-            lines = known_lines(parsed, Path(path))
-            store.adopt_decoded(Path(path), parsed.data, parsed.records, lines)
+        for name, parsed in (known or {}).items():
+            path = Path(name)
+            store.adopt_decoded(path, parsed.data, parsed.records, known_lines(parsed, path))
         history = store.load(child_id)
         if litter is not None:
             litter.append(history)

@@ -293,7 +293,7 @@ def find_rollout_path(home: Path, thread_id: str) -> Path | None:
     per rollout). A home of today's layout alone is one listing: `sessions/` holds no
     directory."""
     suffix = f"{thread_id}.jsonl"
-    root = str(sessions_dir(home))
+    root = os.path.join(home, "sessions")  # `sessions_dir`'s, without a `Path` to parse
     found: list[str] = []
     level: list[str] = []
     for e in _entries(root):

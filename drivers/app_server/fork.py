@@ -106,7 +106,6 @@ class ForkThroughTurn:
             return ForkResult.not_started(
                 f"driver kind {request.driver_kind!r} is not {self.provider.kind}"
             )
-        source_home = Path(request.source.home)
         runtime, transient = self._fork_runtime(request)
         if runtime is None:
             return ForkResult.not_started("source runtime could not be prepared")
@@ -124,7 +123,6 @@ class ForkThroughTurn:
         finally:
             if transient:
                 runtime.proc.close()
-            _ = source_home
 
     def _fork_runtime(self, request: ForkRequest) -> tuple[Runtime | None, bool]:
         """The source Session's live app-server, else a transient one on its home. A transient
@@ -171,7 +169,11 @@ class ForkThroughTurn:
             return ForkResult.not_started(
                 f"{self.provider.kind} {runtime.gate.version} cannot fork"
             )
-        ahead = self._validate_ahead(Path(request.source.home), source_id)
+        # The homes as the request's strings: the binder works on strings; one `Path` of the
+        # target for the provider's hooks (each `Path` built parses the whole path).
+        source_home, target_home = request.source.home, request.target.home
+        target_path = Path(target_home)
+        ahead = self._validate_ahead(source_home, source_id)
         # Before any mutation: the source must show the frozen ordered prefix, settled.
         try:
             source_turns = self._source_turns(runtime, request.source.agent_session_id, source_id)
@@ -187,7 +189,7 @@ class ForkThroughTurn:
                 self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        ahead_dir = self.provider.child_rollout_dir(Path(request.target.home))
+        ahead_dir = self.provider.child_rollout_dir(target_path)
         dirs = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
@@ -261,8 +263,8 @@ class ForkThroughTurn:
             if ahead is not None:
                 ahead.join()  # the source's lines validated: the bind takes those it copies
             receipt, names = self.binder.begin(
-                Path(request.source.home),
-                Path(request.target.home),
+                source_home,
+                target_home,
                 child_id,
                 planned=derived.start if self.verify_bound_child else None,
             )
@@ -276,7 +278,7 @@ class ForkThroughTurn:
             # The proof reads the files back by name while their directories are fsynced.
             problem, proof = self._prove_readable(
                 runtime,
-                Path(request.target.home),
+                target_path,
                 child_id,
                 source_id,
                 prefix,
@@ -308,7 +310,7 @@ class ForkThroughTurn:
             binding=ForkBinding(self.provider.binding_mode, wire),
         )
 
-    def _validate_ahead(self, source_home: Path, source_id: str) -> threading.Thread | None:
+    def _validate_ahead(self, source_home: str, source_id: str) -> threading.Thread | None:
         """For a provider whose child copies the source's lines (`fork_copies_source`), the
         source's rollout validated into the binder's spans on a thread of its own while the
         source is read and forked (`RolloutBinder.start_ahead`: the one the fork's

@@ -294,15 +294,15 @@ def test_a_source_gone_since_the_lookup_is_missing_not_an_io_error(
 
     src = tmp_path / "src" / "tutti-agent-home"
     source = put(src, CHILD, rollout_bytes(CHILD, 5))
-    real = binder_module.rollout_matches
+    real = binder_module.rollout_paths
 
-    def lookup(home: Path, thread_id: str) -> list[Path]:
+    def lookup(home: str, thread_id: str) -> list[str]:
         found = real(home, thread_id)
-        if home == src and source.exists():
+        if home == str(src) and source.exists():
             source.unlink()
         return found
 
-    monkeypatch.setattr(binder_module, "rollout_matches", lookup)
+    monkeypatch.setattr(binder_module, "rollout_paths", lookup)
     with pytest.raises(BinderError) as refused:
         RolloutBinder().bind(src, tmp_path / "dst", CHILD)
     assert refused.value.failure is BindFailure.SOURCE_ROLLOUT_MISSING
@@ -473,3 +473,61 @@ def test_a_tutti_child_home_is_three_directories_made_and_synced_once_each(
     assert widths == [3]
     assert [log.count(d) for d in (tmp_path, target.parent, target)] == [1, 1, 1]
     assert (log.files, log.dirs) == (0, 3)
+
+
+def pathlib_entries(run: Callable[[], object]) -> int:
+    """How many times `run` (on this thread) entered `pathlib` from outside it: each `Path`
+    built, joined, sliced or turned into a string is one (counted by a profile hook, so any
+    Python version's pathlib counts alike)."""
+    import sys
+
+    entries = 0
+
+    def hook(frame, event, arg):  # type: ignore[no-untyped-def]
+        nonlocal entries
+        if event == "call" and frame.f_code.co_filename.endswith("pathlib.py"):
+            caller = frame.f_back
+            if caller is None or not caller.f_code.co_filename.endswith("pathlib.py"):
+                entries += 1
+
+    sys.setprofile(hook)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return entries
+
+
+def test_a_bind_of_string_homes_builds_no_path(tmp_path: Path) -> None:
+    """The bind works on the homes' strings: no `Path` is built for the homes, the lookups'
+    matches, the relative paths or the targets (each one parsed the whole path again; 13
+    `Path`s a warm fork's thread built, 4 now). A copy into a fresh target, then a rebind of
+    the same child (the target found and compared)."""
+    src = tmp_path / "runtimes" / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 8))
+    dst = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    binder, source_home, target_home = RolloutBinder(), str(src), str(dst)
+    assert pathlib_entries(lambda: binder.bind(source_home, target_home, CHILD)) == 0
+    assert pathlib_entries(lambda: binder.bind(source_home, target_home, CHILD)) == 0
+    assert [p.name for p in (dst / REL).iterdir()] == [f"rollout-2026-11-29T19-33-09-{CHILD}.jsonl"]
+
+
+def test_a_bind_into_ready_directories_probes_none_of_them_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The symlink check right before the write `lstat`s the target's directory: the write
+    does not `stat` it again (`makedirs`' probe) — the warm fork's case, its directories made
+    ahead (`DirsAhead`). Where the check met a missing directory, it is still created and made
+    durable (`test_fresh_target_each_changed_directory_once_after_the_file`)."""
+    from drivers.binder import DirsAhead
+
+    src = tmp_path / "runtimes" / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 8))
+    dst = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    DirsAhead(dst / REL).ready()
+    calls = _spy_stats(monkeypatch)
+    with counting_fsyncs(monkeypatch) as log:
+        receipt = RolloutBinder().bind(src, dst, CHILD)
+    assert [path for kind, path in calls if kind == "stat"] == []
+    assert (dst / receipt.rollouts[0].relative_path).is_file()
+    assert (log.files, log.dirs) == (1, 1)  # the file, then its directory: nothing created

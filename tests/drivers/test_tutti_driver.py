@@ -507,3 +507,32 @@ def test_a_sessions_provider_turn_ids_are_bounded_by_the_newest_settled(
     session = driver._sessions["src"]
     assert list(session.turns) == provider_turns[-SETTLED_TURN_IDS_KEPT:]
     assert not session.active
+
+
+@pytest.mark.timeout(60)
+def test_a_warm_fork_builds_few_paths_on_its_thread(
+    make_driver: Make, log: EventLog, tmp_path: Path
+) -> None:
+    """The fork's thread hands the request's home strings to the binder (which builds no
+    `Path`) and builds one `Path` of the target home for the provider's hooks: 53 entries
+    into pathlib per warm fork before (13 `Path`s built: one per home per use, per lookup
+    match, per relative path), 22 now (4 built: the Session's home compared, the target
+    home, the proof reader's and its lookup's match; the reader's lookup joins its
+    `sessions/` as a string; the rest the reader's hashes and `fspath`s).
+    Counted by a profile hook on this thread."""
+    from tests.drivers.test_binder_fsyncs import pathlib_entries
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, log, tmp_path)
+    requests = [
+        fork_request(home, thread_id, version, turns, tmp_path / "runtimes" / f"c{i}" / "h")
+        for i in range(3)
+    ]
+    driver.fork(requests[0])  # warm: the validate-ahead memo, the reader's imports
+    counts = []
+    results: list[ForkResult] = []
+    for request in requests[1:]:
+        counts.append(pathlib_entries(lambda r=request: results.append(driver.fork(r))))
+    for result in results:
+        assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert max(counts) <= 22, counts
