@@ -244,10 +244,12 @@ class ForkTransitions:
                 " AND operation_id = ? AND client_observed_at_ms IS NULL",
                 (tx.now_ms, ws, op_id),
             )
-            tx.emit(ForkOperationChanged(ws, op_id))
-            # The row as written, decoded once (not decoded, then copied with the time).
+            # The row as written, decoded once (not decoded, then copied with the time), and
+            # carried by its change: the events thread publishes it without reading it back.
             written = (*r[:25], tx.now_ms, *r[26:])
-            return decode_op(tx.conn, written, projections=self._projections), True
+            acked = decode_op(tx.conn, written, projections=self._projections)
+            tx.emit(ForkOperationChanged(ws, op_id, row=acked, seq=tx.seq))
+            return acked, True
 
         return self._submit(body, ws)
 
