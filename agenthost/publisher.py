@@ -34,6 +34,10 @@ same rule, per Turn (`shown_turns`), and not after its Session's removal was pub
 and settlement: `SessionChanged.touch`) is built from the newest row this thread knows of that
 Session (`Known`) when that row is at exactly the version before the touch's, and then published
 under the same rule; else read back (docs/design/store.md, "A Turn's Session events carried").
+A fork operation change that carries its row (its commit's, its ACK's) is projected from it under
+the same rule, per operation (`shown_ops`), when every change of that operation in the batch
+carries one; else read back (docs/design/store.md, "A fork operation's commit and ACK carry
+their operation").
 """
 
 from __future__ import annotations
