@@ -73,19 +73,25 @@ def _statuses(sink: Sink) -> list[tuple[str, bool]]:
     ]
 
 
-def _fork(daemon: Daemon, c: Client) -> tuple[str, list[ChangeEvent], list[ChangeEvent]]:
-    """A warm fork, committed then ACKed: its operation id, the changes delivered up to and
-    with its commit, and the ACK's."""
+def _fork(
+    daemon: Daemon, c: Client, *, warm: bool = False
+) -> tuple[str, list[ChangeEvent], list[ChangeEvent]]:
+    """A fork, committed then ACKed (`warm`: a second fork of its source, on the runtime the
+    first left: a lazy prepare): its operation id, the changes delivered from its prepare up
+    to and with its commit, and the ACK's."""
     store = daemon.store
     assert store is not None
     sid = create_session(c, title="carried ops")["agentSessionId"]
     turn_id = run_turn(c, sid, "one")["turnId"]
+    if warm:
+        first = c.call("fork.create", fork_params(WS, sid, turn_id))["operation"]
+        c.call("fork.acknowledge", {"workspaceId": WS, "operationId": first["operationId"]})
     heard = Heard(store)
     try:
         body = c.call("fork.create", fork_params(WS, sid, turn_id))
         op_id = str(body["operation"]["operationId"])
         assert body["operation"]["status"] == "committed", body
-        wait_for(lambda: any(c.row is not None for c in _ops(heard.changes)))
+        wait_for(lambda: _committed(heard.changes))
         committed = heard.take()
         c.call("fork.acknowledge", {"workspaceId": WS, "operationId": op_id})
         wait_for(lambda: _ops(heard.changes))
@@ -102,7 +108,7 @@ def test_the_commit_and_the_ack_carry_the_operation_they_wrote(
     store = daemon.store
     assert store is not None
     op_id, committed, acked = _fork(daemon, c)
-    commit = [o for o in _ops(committed) if o.row is not None]
+    commit = _committed(committed)
     ack = _ops(acked)
     assert len(commit) == 1 and len(ack) == 1
     assert commit[0].row is not None and ack[0].row is not None
@@ -117,6 +123,11 @@ def test_the_commit_and_the_ack_carry_the_operation_they_wrote(
     assert hash(ack[0]) == hash(ForkOperationChanged(WS, op_id))
 
 
+def _committed(changes: list[ChangeEvent]) -> list[ForkOperationChanged]:
+    """The commit's change (the one whose row is `committed`)."""
+    return [o for o in _ops(changes) if o.row is not None and o.row.status == "committed"]
+
+
 def _fields(value: Any) -> dict[str, Any]:
     return {name: getattr(value, name) for name in value.__dataclass_fields__}
 
@@ -126,7 +137,7 @@ def test_the_events_thread_projects_a_carried_operation_without_a_read(
 ) -> None:
     daemon, c = running
     op_id, committed, acked = _fork(daemon, c)
-    commit = [o for o in _ops(committed) if o.row is not None]
+    commit = _committed(committed)
     sink = Sink()
     publisher, reads = _publisher(daemon, sink)
     publisher._publish(list(commit))
@@ -142,7 +153,7 @@ def test_an_older_operation_row_delivered_after_a_newer_one_is_read_back(
 ) -> None:
     daemon, c = running
     _, committed, acked = _fork(daemon, c)
-    commit = [o for o in _ops(committed) if o.row is not None]
+    commit = _committed(committed)
     sink = Sink()
     publisher, reads = _publisher(daemon, sink)
     publisher._publish(acked)
@@ -161,7 +172,7 @@ def test_an_operation_row_after_a_read_back_or_a_change_nobody_wanted_is_read_ba
 ) -> None:
     daemon, c = running
     op_id, committed, acked = _fork(daemon, c)
-    commit = [o for o in _ops(committed) if o.row is not None]
+    commit = _committed(committed)
     # A change of the operation without a row in the batch: read back (it may be the newer).
     sink = Sink()
     publisher, reads = _publisher(daemon, sink)
@@ -180,3 +191,44 @@ def test_an_operation_row_after_a_read_back_or_a_change_nobody_wanted_is_read_ba
     sink.wanted = True
     publisher._publish(list(commit))
     assert _statuses(sink) == [("committed", True)] and len(reads) == 1
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["durable-prepare", "lazy-prepare"])
+def test_every_change_of_a_fork_carries_its_operation_so_none_is_read_back(
+    running: tuple[Daemon, Client], warm: bool
+) -> None:
+    """The lazy prepare's (told at dispatching, at seq 0: older than any write), dispatching's,
+    `provider_accepted`'s and the commit's changes each carry a row, so the saga's burst — one
+    batch when the events thread lags — is published from the newest, with no read; without a
+    row on any one of them the whole batch is read back."""
+    daemon, c = running
+    store = daemon.store
+    assert store is not None
+    op_id, committed, acked = _fork(daemon, c, warm=warm)
+    ops = _ops(committed)
+    assert ops and all(o.row is not None for o in ops), ops
+    rows = [o.row for o in ops if o.row is not None]
+    assert [r.status.value for r in rows] == [
+        "prepared",
+        "dispatching",
+        "provider_accepted",
+        "committed",
+    ]
+    # The prepare's: its own write's seq (durable, a cold runtime) or 0 (lazy, told at
+    # dispatching: older than any write).
+    assert ops[0].seq < ops[1].seq < ops[2].seq < ops[3].seq
+    assert (ops[0].seq == 0) is warm
+    # dispatching's and accepted's rows as a read would have given them: each is the commit's
+    # row with the columns the later writes set taken back.
+    assert rows[2].dispatched_at_ms == rows[1].dispatched_at_ms == rows[3].dispatched_at_ms
+    assert rows[2].target_provider_session_id == rows[3].target_provider_session_id
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish(committed + acked)
+    assert _statuses(sink) == [("committed", True)] and reads == []
+    # A prepare's row alone, older than what the store holds, is read back.
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish(acked)
+    publisher._publish([ops[0]])
+    assert _statuses(sink) == [("committed", True), ("committed", True)] and len(reads) == 1
