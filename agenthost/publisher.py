@@ -34,10 +34,10 @@ same rule, per Turn (`shown_turns`), and not after its Session's removal was pub
 and settlement: `SessionChanged.touch`) is built from the newest row this thread knows of that
 Session (`Known`) when that row is at exactly the version before the touch's, and then published
 under the same rule; else read back (docs/design/store.md, "A Turn's Session events carried").
-A fork operation change that carries its row (its commit's, its ACK's) is projected from it under
-the same rule, per operation (`shown_ops`), when every change of that operation in the batch
-carries one; else read back (docs/design/store.md, "A fork operation's commit and ACK carry
-their operation").
+A fork operation change that carries its row (the saga's steps', the commit's, the ACK's) is
+projected from it under the same rule, per operation (`shown_ops`), when every change of that
+operation in the batch carries one; else read back (docs/design/store.md, "A fork operation's
+changes carry their operation").
 """
 
 from __future__ import annotations
@@ -556,7 +556,8 @@ class EventPublisher:
     ) -> Event | None:
         """`project(change)`, from the batch's newest carried row of its operation when nothing
         newer of it can have been shown (the ordering rule of design/store.md, "Change events
-        that carry their row", per operation; operations are never removed); else read back.
+        that carry their row", per operation; operations are never removed; a row at seq 0, a
+        lazy prepare's, is never past any bound); else read back.
         The operation's bound moved past what this event shows."""
         key = (change.workspace_id, change.operation_id)
         newest = ops.get(key)
