@@ -7,6 +7,9 @@ One `HostContext` per daemon; no module-level state, so tests can build many dae
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -129,20 +132,25 @@ class HostContext:
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
         """`runtimes/<workspace>/<session>/<provider home>`; workspace ids are free text, so
         anything that is not a plain path segment is hashed."""
-        ws = _path_segment(workspace_id)
-        home = self.catalog.driver_info(provider).home_dir_name
-        return self.runtimes_dir / ws / session_id / home
+        # One join (each `/` builds and parses a Path of its own: three a fork's dispatch).
+        return self.runtimes_dir.joinpath(
+            _path_segment(workspace_id),
+            session_id,
+            self.catalog.driver_info(provider).home_dir_name,
+        )
 
 
+_PLAIN_SEGMENT = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+_HASHED_SEGMENT = re.compile(r"ws-[0-9a-f]{24}")
+
+
+@functools.lru_cache(maxsize=1024)
 def _path_segment(text: str) -> str:
-    import hashlib
-    import re
-
+    """A workspace id as its runtimes/ directory's name (a pure function of the id, kept for
+    the few workspaces a daemon serves: every fork's dispatch asks it)."""
     # Injective: a plain id that looks like a hashed one (`ws-` + 24 hex) is hashed too, so
     # two different workspace ids never share a runtimes/ directory.
-    if re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}", text) and not re.fullmatch(
-        r"ws-[0-9a-f]{24}", text
-    ):
+    if _PLAIN_SEGMENT.fullmatch(text) and not _HASHED_SEGMENT.fullmatch(text):
         return text
     return "ws-" + hashlib.sha256(text.encode()).hexdigest()[:24]
 

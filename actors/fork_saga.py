@@ -340,6 +340,7 @@ class ForkSaga:
         self, op: ForkOperation, generation: str | None, step_start: int = 0
     ) -> Future[ForkResult]:
         """`dispatching`, durable, then the one fork request to the worker."""
+        prepared = op
         with self.host.store.db.background():
             # The saga's own row: one guarded UPDATE, no read of it first.
             op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
@@ -349,9 +350,14 @@ class ForkSaga:
         if self.prepare_lazy:
             # Dispatching's fsync made the lazy prepare durable too. It emitted no events
             # (`ForkPrepare.prepare_fork`): the operation and its source's fence are told
-            # here, in this step's hold ahead of dispatching's own (commit order).
+            # here, in this step's hold ahead of dispatching's own (commit order). The
+            # operation's change carries the prepare's row at seq 0, older than any write: it
+            # never outranks dispatching's carried row in a batch, and alone it is read back
+            # (publisher `_operation_event`), so it makes no batch read the operation back.
             self._held[step_start:step_start] = [
-                ForkOperationChanged(op.workspace_id, op.operation_id),
+                ForkOperationChanged(
+                    prepared.workspace_id, prepared.operation_id, row=prepared, seq=0
+                ),
                 SessionChanged(op.workspace_id, op.source_session_id),
             ]
         self.prepare_lazy = False

@@ -58,6 +58,16 @@ class Catalog:
             provider, runtime_context
         )
 
+    def fork_capabilities(
+        self, provider: str, runtime_context: Mapping[str, Any]
+    ) -> tuple[bool, bool]:
+        """`(fork_through_turn_capable, fork_full_session_capable)` from one reading of the
+        attestation: what a Session's projection shows (`lifecycleCapabilities`), asked once
+        per projection instead of twice (the full-Session verdict is the through-Turn
+        one for a driver that declares it)."""
+        through = self.fork_through_turn_capable(provider, runtime_context)
+        return through, through and provider in FULL_SESSION_DRIVERS
+
     def binding_state(
         self, provider: str, root_provider_turn_id: str | None, binding_json: str | None
     ) -> BindingState:

@@ -56,13 +56,23 @@ def lineage(value: Lineage | None) -> wire.Lineage | None:
     }
 
 
+def capabilities(value: Session, catalog: ProviderCatalog) -> tuple[bool, bool]:
+    """`(forkThroughTurn, forkFullSession)` of `value`: a child is neither; a root asks its
+    catalog once where the catalog answers both (`Catalog.fork_capabilities`), else each."""
+    if value.kind != "root":
+        return False, False
+    both = getattr(catalog, "fork_capabilities", None)
+    if both is not None:
+        through, full = both(value.provider, value.runtime_context)
+        return bool(through), bool(full)
+    return (
+        catalog.fork_through_turn_capable(value.provider, value.runtime_context),
+        full_session_capable(catalog, value.provider, value.runtime_context),
+    )
+
+
 def session(value: Session, catalog: ProviderCatalog) -> wire.Session:
-    fork_through_turn = value.kind == "root" and catalog.fork_through_turn_capable(
-        value.provider, value.runtime_context
-    )
-    full = value.kind == "root" and full_session_capable(
-        catalog, value.provider, value.runtime_context
-    )
+    fork_through_turn, full = capabilities(value, catalog)
     return {
         "workspaceId": value.workspace_id,
         "agentSessionId": value.session_id,

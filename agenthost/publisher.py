@@ -34,6 +34,10 @@ same rule, per Turn (`shown_turns`), and not after its Session's removal was pub
 and settlement: `SessionChanged.touch`) is built from the newest row this thread knows of that
 Session (`Known`) when that row is at exactly the version before the touch's, and then published
 under the same rule; else read back (docs/design/store.md, "A Turn's Session events carried").
+A fork operation change that carries its row (the saga's steps', the commit's, the ACK's) is
+projected from it under the same rule, per operation (`shown_ops`), when every change of that
+operation in the batch carries one; else read back (docs/design/store.md, "A fork operation's
+changes carry their operation").
 """
 
 from __future__ import annotations
@@ -60,7 +64,13 @@ from protocol.events import (
     Event,
     MessageDelta,
 )
-from storage.models import ForkOperationChanged, Session, SessionChanged, TurnChanged
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    Session,
+    SessionChanged,
+    TurnChanged,
+)
 from storage.sqlite import TRANSIENT_ERRORS
 from storage.store import Store
 from transport.server import MAX_EVENT_BYTES
@@ -155,9 +165,32 @@ def _reads(change: Any) -> bool:
     its row is not, unless an older row than one shown: then it is read alone)."""
     if isinstance(change, SessionChanged):
         return change.row is None and change.touch is None and not change.removed
-    if isinstance(change, TurnChanged):
+    if isinstance(change, (TurnChanged, ForkOperationChanged)):
         return change.row is None
     return isinstance(change, _READ_BACK)
+
+
+def _newest_ops(
+    batch: list[Any],
+) -> dict[tuple[str, str], tuple[int, ForkOperation] | None]:
+    """Per fork operation changed in `batch`: the row of its change of the largest `seq` (with
+    that seq) if every one of its changes there carries a row, else None (read back: a change
+    without a row may be the newer write)."""
+    ops: dict[tuple[str, str], tuple[int, ForkOperation] | None] = {}
+    for change in batch:
+        if not isinstance(change, ForkOperationChanged):
+            continue
+        key = (change.workspace_id, change.operation_id)
+        row = change.row
+        if row is None:
+            ops[key] = None
+        elif key not in ops:
+            ops[key] = (change.seq, row)
+        else:
+            held = ops[key]
+            if held is not None and held[0] < change.seq:
+                ops[key] = (change.seq, row)
+    return ops
 
 
 def _newest_rows(
@@ -249,6 +282,12 @@ class EventPublisher:
         settlement): built on a known row."""
         self.carried_turns = 0
         """Turn events built from the row their change carried (no read); tests pin it."""
+        self.shown_ops = Shown()
+        """`Shown` per fork operation (a carried operation row against what its events
+        showed)."""
+        self.carried_ops = 0
+        """Fork operation events built from the row their change carried (no read); tests pin
+        it."""
         self.removed = Shown()
         """Per Session removed, `write_seq` after its removal was published: no Turn row
         carried by a write at or before it is published (its read-back is refused)."""
@@ -343,7 +382,7 @@ class EventPublisher:
         as the newest, so none at or below the store's `write_seq` now (≥ the change's own:
         it is committed) is trusted there (`_session_event`, `_turn_event`). Under
         `_count_lock`."""
-        if isinstance(change, (SessionChanged, TurnChanged)):
+        if isinstance(change, (SessionChanged, TurnChanged, ForkOperationChanged)):
             self._unseen[change.workspace_id] = self.store.db.write_seq
 
     def run(self) -> None:
@@ -422,6 +461,8 @@ class EventPublisher:
         # every change of that Session in the batch carries one (then it is at least as new as
         # any of them), else None (one without: read back).
         rows = _newest_rows(batch, self.known)
+        # The same per fork operation (its commit's and its ACK's changes carry their row).
+        ops = _newest_ops(batch) if any(isinstance(c, ForkOperationChanged) for c in batch) else {}
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
         # events read back from the store go together, `HANDOVER` at most (a fork's events
         # in a batch were one hand-over to the loop each). What `out` holds on entry are
@@ -465,6 +506,8 @@ class EventPublisher:
                     event = self._session_event(change, rows)
                 elif isinstance(change, TurnChanged):
                     event = self._turn_event(change, turns_read)
+                elif isinstance(change, ForkOperationChanged):
+                    event = self._operation_event(change, ops)
                 else:
                     event = self.project(change)
             except HostError:
@@ -505,6 +548,32 @@ class EventPublisher:
             self.shown.showed(key, seq)
             if change.removed:
                 self.removed.showed(key, seq)
+
+    def _operation_event(
+        self,
+        change: ForkOperationChanged,
+        ops: dict[tuple[str, str], tuple[int, ForkOperation] | None],
+    ) -> Event | None:
+        """`project(change)`, from the batch's newest carried row of its operation when nothing
+        newer of it can have been shown (the ordering rule of design/store.md, "Change events
+        that carry their row", per operation; operations are never removed; a row at seq 0, a
+        lazy prepare's, is never past any bound); else read back.
+        The operation's bound moved past what this event shows."""
+        key = (change.workspace_id, change.operation_id)
+        newest = ops.get(key)
+        if (
+            newest is not None
+            and newest[0] > self.shown_ops.bound(key)
+            and newest[0] > self._unseen.get(change.workspace_id, 0)
+        ):
+            seq, op = newest
+            self.shown_ops.showed(key, seq)
+            self.carried_ops += 1
+            return {"type": FORK_OPERATION, "operation": projection.operation(op, self.catalog)}
+        try:
+            return self.project(change)
+        finally:
+            self.shown_ops.showed(key, self.store.db.write_seq)
 
     def _turn_event(self, change: TurnChanged, turns_read: set[TurnChanged]) -> Event | None:
         """`project(change)`, from the row it carries when nothing newer of that Turn can have

@@ -119,7 +119,19 @@ class ForkCommit:
             " AND status = 'provider_accepted'",
             (plan.lineage.target_turn_id, tx.now_ms, ws, op_id),
         )
-        tx.emit(ForkOperationChanged(ws, op_id))
+        committed: ForkOperation | None = None
+        if operation:
+            # The row as the UPDATE above left it (target Turn, status, completion time), built
+            # once with its projection (not built from the row read, then copied), and carried
+            # by its change: the events thread publishes it without reading it back.
+            written = list(r)
+            written[13], written[19], written[24] = (
+                plan.lineage.target_turn_id,
+                ForkStatus.COMMITTED.value,
+                tx.now_ms,
+            )
+            committed = op_from_row(tuple(written), (plan.session, plan.lineage))
+        tx.emit(ForkOperationChanged(ws, op_id, row=committed, seq=tx.seq))
         tx.emit(SessionChanged(ws, plan.session.session_id))
         tx.emit(SessionChanged(ws, r[4]))
         # The row as written, projected from the plan just built from the snapshot:
@@ -130,17 +142,7 @@ class ForkCommit:
         # that same pure function's result (should this transaction roll back, a retry commits
         # at another time, a different key).
         self._projections.put((r[18], r[11], tx.now_ms), (plan.session, plan.lineage), miss=False)
-        if not operation:
-            return None, True
-        # The row as the UPDATE above left it (target Turn, status, completion time), built
-        # once with its projection (not built from the row read, then copied).
-        written = list(r)
-        written[13], written[19], written[24] = (
-            plan.lineage.target_turn_id,
-            ForkStatus.COMMITTED.value,
-            tx.now_ms,
-        )
-        return op_from_row(tuple(written), (plan.session, plan.lineage)), True
+        return committed, True
 
     @staticmethod
     def _reprove_identity(tx: Tx, ws: str, r: Row, snapshot: Mapping[str, Any]) -> None:

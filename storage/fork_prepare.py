@@ -327,15 +327,10 @@ class ForkPrepare:
                 " VALUES (?, ?, ?)",
                 (ws, req.target_session_id, op_id),
             )
-            if durable:
-                # A lazy prepare announces nothing: its caller tells of the operation once its
-                # next write made it durable (`prepared_events`), with that write's events.
-                tx.emit(ForkOperationChanged(ws, op_id))
-                tx.emit(SessionChanged(ws, req.source_session_id))
             # The row as just written (no read of it back, no parse of the JSON just encoded),
             # with the snapshot's own frozen bindings: the saga dispatches and verifies from
             # them, without re-reading the source timeline.
-            return ForkOperation(
+            prepared = ForkOperation(
                 workspace_id=ws,
                 operation_id=op_id,
                 request_id=req.request_id,
@@ -369,7 +364,14 @@ class ForkPrepare:
                 workspace_mode=req.workspace,
                 worktree=loads(worktree_json),
                 worktree_state=None if plan is None else PLANNED,
-            ), True
+            )
+            if durable:
+                # A lazy prepare announces nothing: its caller tells of the operation once its
+                # next write made it durable (`prepared_events`), with that write's events.
+                # A durable one's change carries the row (the events thread reads none back).
+                tx.emit(ForkOperationChanged(ws, op_id, row=prepared, seq=tx.seq))
+                tx.emit(SessionChanged(ws, req.source_session_id))
+            return prepared, True
 
         return self._submit(body, ws, durable=durable)
 

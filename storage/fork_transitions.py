@@ -89,8 +89,11 @@ class ForkTransitions:
                     (to.value, *values.values(), ws, op_id, known.status.value),
                 )
                 if tx.changes() == 1:
-                    tx.emit(ForkOperationChanged(ws, op_id))
-                    return replace(known, status=to, **values), True
+                    # The caller's row moved by this UPDATE: the row as written, carried by
+                    # its change (the events thread publishes it without reading it back).
+                    moved = replace(known, status=to, **values)
+                    tx.emit(ForkOperationChanged(ws, op_id, row=moved, seq=tx.seq))
+                    return moved, True
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is to:
                 return load_op(tx.conn, ws, op_id, projections=self._projections), False
@@ -197,7 +200,7 @@ class ForkTransitions:
                 validate_evidence(known, evidence)
                 record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
                 if tx.changes() == 1:
-                    return _accepted(known, evidence, tx.now_ms), True
+                    return _carried(tx, _accepted(known, evidence, tx.now_ms)), True
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
                 if op.target_provider_session_id != evidence.child_provider_session_id:
@@ -213,7 +216,7 @@ class ForkTransitions:
                 )
             validate_evidence(op, evidence)
             record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
-            return _accepted(op, evidence, tx.now_ms), True
+            return _carried(tx, _accepted(op, evidence, tx.now_ms)), True
 
         return self._submit(body, ws, durable=durable)
 
@@ -244,10 +247,12 @@ class ForkTransitions:
                 " AND operation_id = ? AND client_observed_at_ms IS NULL",
                 (tx.now_ms, ws, op_id),
             )
-            tx.emit(ForkOperationChanged(ws, op_id))
-            # The row as written, decoded once (not decoded, then copied with the time).
+            # The row as written, decoded once (not decoded, then copied with the time), and
+            # carried by its change: the events thread publishes it without reading it back.
             written = (*r[:25], tx.now_ms, *r[26:])
-            return decode_op(tx.conn, written, projections=self._projections), True
+            acked = decode_op(tx.conn, written, projections=self._projections)
+            tx.emit(ForkOperationChanged(ws, op_id, row=acked, seq=tx.seq))
+            return acked, True
 
         return self._submit(body, ws)
 
@@ -269,6 +274,13 @@ def _as_read(value: Any) -> Any:
 
 def _scalar(value: Any) -> bool:
     return type(value) in _SCALARS or type(value) is bool
+
+
+def _carried(tx: Tx, op: ForkOperation) -> ForkOperation:
+    """`op`, the row as this transaction's last write of it left it, on its change (`Tx.emit`
+    keeps the first one's place and takes what the last one carries)."""
+    tx.emit(ForkOperationChanged(op.workspace_id, op.operation_id, row=op, seq=tx.seq))
+    return op
 
 
 def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) -> ForkOperation:

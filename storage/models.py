@@ -437,6 +437,12 @@ class TurnChanged:
 class ForkOperationChanged:
     workspace_id: str
     operation_id: str
+    row: ForkOperation | None = field(default=None, compare=False, repr=False)
+    """The operation as the emitting write left it (its child projection with it once
+    committed), built inside that write's transaction after its last change of the row, or
+    None: a subscriber reads it back. Not part of the change's identity (equality, hash)."""
+    seq: int = field(default=0, compare=False, repr=False)
+    """The emitting write's `Tx.seq` (with `row`), as `SessionChanged.seq`."""
 
 
 ChangeEvent = SessionChanged | TurnChanged | ForkOperationChanged

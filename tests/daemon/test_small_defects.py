@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from actors.context import _path_segment
+from agenthost.catalog import Catalog
 from tests.support.daemon import DaemonProcess, create_session, settle, submit
 from transport.client import EventSubscriber
 
@@ -95,3 +96,22 @@ def test_turn_left_active_by_a_deleted_session_is_settled_at_start(tmp_path: Pat
     conn.close()
     assert phase == ("settled",)
     assert "could not settle orphaned turn" not in d.tail_log(100_000)
+
+
+def test_runtime_home_is_one_join_of_a_remembered_segment() -> None:
+    """`runtime_home` (every fork's dispatch asks it): the path the three `/` gave, built by one
+    join, from a workspace segment worked out once per workspace id."""
+    from actors.context import HostContext
+
+    ctx = HostContext.__new__(HostContext)
+    object.__setattr__(ctx, "runtimes_dir", Path("/h/runtimes"))
+    object.__setattr__(ctx, "catalog", Catalog())
+    _path_segment.cache_clear()
+    for ws in ("ws-test", "team secret", "../x", "ws-" + "a" * 24):
+        for provider in ("tutti-agent", "codex", "claude-code"):
+            home = Catalog().driver_info(provider).home_dir_name
+            assert ctx.runtime_home(ws, "s-1", provider) == (
+                Path("/h/runtimes") / _path_segment(ws) / "s-1" / home
+            )
+    info = _path_segment.cache_info()
+    assert info.misses == 4 and info.hits > 0
