@@ -221,5 +221,8 @@ def test_a_streamed_turns_session_events_are_carried_through_the_daemon(
             return not check_session_events(heard, {sid: end})
 
         wait_for(ended, 10)
-    assert publisher.touched - touched == 2 * len(turns)
+    # Each Turn's claim and settlement carry a touch; on a loaded machine the two can reach the
+    # events thread in one batch, whose newest row is shown once, carried (the other change is
+    # read back): at least one carried event per Turn, at most two.
+    assert len(turns) <= publisher.touched - touched <= 2 * len(turns)
     assert check_session_events(heard, {sid: end}) == []
