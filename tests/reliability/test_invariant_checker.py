@@ -635,7 +635,7 @@ def test_a_repository_changed_beyond_a_forks_worktree_and_branch_is_reported(
 def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) -> None:
     """The fork-event law over a subscriber's record: the committed fork of the base, heard
     whole; then its last event dropped, its events reordered, its child's announcement
-    dropped — each is named."""
+    dropped, its last event not the committed row — each is named."""
     end = base.committed
     op_id, child = end["operationId"], end["targetAgentSessionId"]
     frozen = end | {"status": "accepted", "phase": "frozen"}
@@ -656,6 +656,15 @@ def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) ->
     assert [v.detail for v in unannounced] == [f"{op_id}: its child {child} was never announced"]
     never = check_fork_events(whole[3:], {op_id: end})
     assert [v.detail for v in never] == [f"{op_id} (committed): never heard"]
+    # The last event at the end's status but not the committed row (a carried row published
+    # stale or built wrong): its child, phase or error not the end's.
+    wrong = dict(end) | {"targetAgentSessionId": "another", "error": {"reason": "x"}}
+    built_wrong = check_fork_events(
+        [*whole[:2], {"type": "fork.operation", "operation": wrong}, whole[3]], {op_id: end}
+    )
+    assert [v.detail for v in built_wrong] == [
+        f"{op_id}: last heard differs from the end in error, targetAgentSessionId"
+    ], built_wrong
 
 
 def test_session_events_law_names_a_stale_or_lost_state() -> None:

@@ -1494,7 +1494,9 @@ def check_fork_events(
     """The fork-event law over what a subscriber connected all along heard (`heard`: its
     events in arrival order) for the operations `ends` names (operation id → the operation as
     `fork.get` answers at the end, none resolved meanwhile): each operation heard, its states
-    in order, its last one heard the end's status, a committed one's child announced."""
+    in order, its last one heard the end's status and, field for field, the end itself (a
+    carried row published stale or not the committed one), a committed one's child
+    announced."""
     states: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     upserted: set[str] = set()
     for event in heard:
@@ -1517,6 +1519,16 @@ def check_fork_events(
                 Violation(
                     Law.FORK_EVENTS_HEARD,
                     f"{op_id}: last heard {seen[-1]['status']}, ended {end['status']}",
+                )
+            )
+        elif differ := sorted(k for k in end if seen[-1].get(k) != end[k]):
+            # The operation's events carry the row their write committed (design/store.md, "A
+            # fork operation's changes carry their operation"): the last one heard is the
+            # operation as `fork.get` answers at the end, field for field.
+            out.append(
+                Violation(
+                    Law.FORK_EVENTS_HEARD,
+                    f"{op_id}: last heard differs from the end in {', '.join(differ)}",
                 )
             )
         if end["status"] == "committed" and end["targetAgentSessionId"] not in upserted:
