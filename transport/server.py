@@ -494,6 +494,22 @@ class EventSockets:
         except zmq.ZMQError as exc:
             log.debug("event dropped (exact): %s", exc)
 
+    def send_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
+        """`send` each (topic, payload) in order (under the XPUB lock, off the loop thread),
+        then whether a subscription waits unread on an XPUB they were handed to: a send there
+        may have taken its descriptor's signal. An XPUB handed none kept its signal for the
+        loop and is not looked at (a `zmq.EVENTS` look, one enum built inside pyzmq, per
+        socket per streamed delta: turnall). The prefixes change only under the same lock."""
+        send = self.send
+        for topic, payload in frames:
+            send(topic, payload)
+        plain, exact = self._prefixes
+        if plain and _getsockopt(self.pub, _EVENTS) & _POLLIN:
+            return True
+        return bool(
+            exact and self.pub_exact is not None and _getsockopt(self.pub_exact, _EVENTS) & _POLLIN
+        )
+
     def close(self) -> None:
         for sock in (self.pub, self.pub_exact):
             if sock is not None:
@@ -720,11 +736,8 @@ class ApiServer:
             events = self._events
             with self._xpub_lock:
                 if events.pub is not None and not self._closing:
-                    send = events.send
-                    for topic, payload in frames:
-                        send(topic, payload)
+                    waiting = events.send_now(frames)
                     self.events_now += 1
-                    waiting = any(_getsockopt(sock, _EVENTS) & _POLLIN for sock in events.sockets)
                 else:
                     return False
             if waiting:

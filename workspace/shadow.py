@@ -119,7 +119,7 @@ def _real_key(real: str) -> str:
     return hashlib.sha256(os.fsencode(real)).hexdigest()[:20]
 
 
-def _signature(path: Path) -> tuple[int, int, int, int] | None:
+def _signature(path: str | Path) -> tuple[int, int, int, int] | None:
     """What tells a file written again from the one seen before (device, inode, size,
     modification time in ns); None when it is not a regular file."""
     try:
@@ -348,7 +348,7 @@ class ShadowStore:
         # start); per resolved working directory: its shadow repository and the signature of
         # the exclude file last checked there (`_repo`).
         self._git_found: Git | None = None
-        self._repos: dict[str, tuple[Path, tuple[int, int, int, int], tuple[str, ...]]] = {}
+        self._repos: dict[str, tuple[Path, tuple[int, int, int, int], tuple[str, ...], str]] = {}
         self._repo_locks: dict[Path, threading.Lock] = {}
         self._guard = threading.Lock()
         # Per shadow repository: the directory as its last clean capture left it (`_snapshot`);
@@ -392,11 +392,7 @@ class ShadowStore:
         checked (and mended) in full again, as it is when this store's excludes changed."""
         real = os.path.realpath(cwd) if real is None else real
         known = self._repos.get(real)
-        if (
-            known is not None
-            and known[2] == self.excludes
-            and _signature(known[0] / "info" / "exclude") == known[1]
-        ):
+        if known is not None and known[2] == self.excludes and _signature(known[3]) == known[1]:
             return known[0]
         repo = self.root / _real_key(real)
         if not (repo / "HEAD").is_file():
@@ -420,7 +416,9 @@ class ShadowStore:
         signature = _signature(exclude)
         self._loose.pop(repo, None)
         if signature is not None:
-            self._repos[real] = (repo, signature, self.excludes)
+            # The exclude file's path as a string, held: each later look `stat`s it and
+            # builds no `Path` (two a Turn, each Turn's two looks: turnall).
+            self._repos[real] = (repo, signature, self.excludes, str(exclude))
         return repo
 
     @staticmethod
@@ -482,7 +480,7 @@ class ShadowStore:
             self._git_found is None
             or known is None
             or known[2] != self.excludes
-            or _signature(known[0] / "info" / "exclude") != known[1]
+            or _signature(known[3]) != known[1]
         ):
             return None
         repo = known[0]

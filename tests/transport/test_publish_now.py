@@ -153,3 +153,49 @@ def test_a_subscription_whose_signal_a_send_now_took_is_still_read(
     assert api.publish_now([(b"late", b"heard")])
     assert _heard(late, 1) == [b"heard"]
     assert _heard(first, 10) == [b"takes the signal"] * 10
+
+
+@pytest.mark.parametrize("which", ["plain", "exact"])
+def test_a_send_now_looks_only_at_the_xpub_it_sent_on(
+    which: str, ctx: zmq.Context[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an XPUB handed the frames may have had its descriptor signal taken by the send:
+    `publish_now` looks at that one's `zmq.EVENTS` alone (each look builds an enum inside
+    pyzmq, per streamed delta), and the event still reaches its subscriber (turnall)."""
+    import transport.server as server_module
+
+    home = tempfile.mkdtemp(prefix="ah-pn-")
+    api = ApiServer(
+        [f"ipc://{home}/api.sock"],
+        f"ipc://{home}/events.sock",
+        Holding(),
+        events_exact_endpoint=f"ipc://{home}/exact.sock",
+    )
+    api.start()
+    try:
+        sub: zmq.Socket[bytes] = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        if which == "plain":
+            sub.connect(api.events_endpoint)
+            sub.setsockopt(zmq.SUBSCRIBE, b"ws")
+        else:
+            sub.connect(api.events_exact_endpoints[0])
+            sub.setsockopt(zmq.SUBSCRIBE, b"ws\0")
+        wait_for(lambda: api.wants("ws"))
+        looked: list[Any] = []
+        real = server_module._getsockopt
+        me = threading.get_ident()
+
+        def counting(sock: Any, option: int) -> Any:
+            if option == server_module._EVENTS and threading.get_ident() == me:
+                looked.append(sock)
+            return real(sock, option)
+
+        monkeypatch.setattr(server_module, "_getsockopt", counting)
+        assert api.publish_now([(b"ws", b"one")])
+        events = api._events
+        assert looked == [events.pub if which == "plain" else events.pub_exact]
+        assert _heard(sub, 1) == [b"one"]
+    finally:
+        api.close()
+        shutil.rmtree(home, ignore_errors=True)

@@ -743,3 +743,34 @@ def test_a_before_and_its_after_lock_take_one_directory_and_the_after_opens_no_f
         "s1/t2/after",
         "s1/t2/before",
     ]
+
+
+def test_a_checked_repository_is_taken_on_one_stat_of_its_held_exclude_path(
+    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once checked, `_repo` and `capture_unchanged` look at the exclude file by the path
+    string held with the repository: the look builds no `Path` (two a Turn before: turnall),
+    and an exclude file rewritten behind the store's back is still mended."""
+    import pathlib
+
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    capture(store, repo)
+    real = os.path.realpath(repo)
+    shadow = store.repo_dir(repo)
+    built: list[object] = []
+    join = pathlib.PurePath.__truediv__
+
+    def counting(self: pathlib.PurePath, key: str) -> pathlib.PurePath:
+        built.append(key)
+        return join(self, key)
+
+    monkeypatch.setattr(pathlib.PurePath, "__truediv__", counting)
+    assert store._repo(store._git(), repo, real) == shadow
+    store.capture_unchanged(repo, real, 1000)
+    assert built == []
+    monkeypatch.undo()
+    exclude = store.repo_dir(repo) / "info" / "exclude"
+    wanted = exclude.read_text()
+    exclude.write_text("# emptied by someone else\n")
+    store._repo(store._git(), repo, real)
+    assert exclude.read_text() == wanted
