@@ -38,6 +38,9 @@ A fork operation change that carries its row (the saga's steps', the commit's, t
 projected from it under the same rule, per operation (`shown_ops`), when every change of that
 operation in the batch carries one; else read back (docs/design/store.md, "A fork operation's
 changes carry their operation").
+A batch's changes of a Session whose versions are all at or below that of a row already
+published (`Published`) are covered: no event, no read (docs/design/store.md, "A Session
+change already heard").
 """
 
 from __future__ import annotations
@@ -155,6 +158,32 @@ class Known:
         self._rows.pop(key, None)
 
 
+class Published:
+    """Per Session, the `version` of the newest row an event of it published (carried, built
+    from a touch, or read back): a change whose write is at or below it is covered — every
+    subscriber connected when that event was sent heard a state at least as new, and one that
+    connects later reads the Session after it connects. Owned by the publishing thread;
+    bounded like `Known` (a Session forgotten is published again at its next change)."""
+
+    def __init__(self, remembered: int = SHOWN_REMEMBERED) -> None:
+        self._versions: dict[tuple[str, str], int] = {}
+        self._remembered = remembered
+
+    def get(self, key: tuple[str, str]) -> int | None:
+        return self._versions.get(key)
+
+    def showed(self, key: tuple[str, str], version: int) -> None:
+        versions = self._versions
+        held = versions.pop(key, -1)  # re-inserted last: the oldest entries are forgotten first
+        versions[key] = max(version, held)
+        if len(versions) > self._remembered:
+            for old in list(versions)[: len(versions) // 2]:
+                del versions[old]
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._versions.pop(key, None)
+
+
 def _entries(item: Any) -> list[Any]:
     """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
     return item if isinstance(item, list) else [item]
@@ -194,18 +223,36 @@ def _newest_ops(
 
 
 def _newest_rows(
-    batch: list[Any], known: Known
+    batch: list[Any], known: Known, versions: dict[tuple[str, str], int | None]
 ) -> dict[tuple[str, str], tuple[int, Session] | None]:
     """Per Session changed in `batch`: the row of its change of the largest `seq` (with that
     seq) if every one of its changes there carries a row or a touch `known` resolves, else None
     (a removal, a write that carries neither, or a touch whose base row is not held). Every row
-    met is learnt (`known`), so a touch after its base in the batch resolves too."""
+    met is learnt (`known`), so a touch after its base in the batch resolves too. Into
+    `versions`, per Session: the highest row version its changes there carry (a row's, or a
+    touch's whether or not it resolves), None if any carries neither or is a removal."""
     rows: dict[tuple[str, str], tuple[int, Session] | None] = {}
     for change in batch:
         if not isinstance(change, SessionChanged):
             continue
         key = (change.workspace_id, change.session_id)
         row = change.row
+        carried = (
+            None
+            if change.removed
+            else row.version
+            if row is not None
+            else None
+            if change.touch is None
+            else change.touch.version
+        )
+        if key not in versions:
+            versions[key] = carried
+        else:
+            held_version = versions[key]
+            versions[key] = (
+                None if held_version is None or carried is None else max(held_version, carried)
+            )
         if change.removed:
             known.forget(key)
         elif row is not None:
@@ -274,6 +321,12 @@ class EventPublisher:
         """`Shown` per Turn (a Turn's carried row against what its events showed)."""
         self.known = Known()
         """The newest row of each Session this thread has, the base of a carried touch."""
+        self.published = Published()
+        """The version of each Session's newest row published (what a later change may be
+        covered by)."""
+        self.covered = 0
+        """Session changes whose write an event already published showed (no event, no read:
+        docs/design/store.md, "A Session change already heard"); tests pin it."""
         self.carried = 0
         """Session events built from the row their change carried, or its touch built on a
         known row (no read); tests pin it."""
@@ -460,7 +513,8 @@ class EventPublisher:
         # Per Session of the batch, the carried row its event is built from: the newest one if
         # every change of that Session in the batch carries one (then it is at least as new as
         # any of them), else None (one without: read back).
-        rows = _newest_rows(batch, self.known)
+        versions: dict[tuple[str, str], int | None] = {}
+        rows = _newest_rows(batch, self.known, versions)
         # The same per fork operation (its commit's and its ACK's changes carry their row).
         ops = _newest_ops(batch) if any(isinstance(c, ForkOperationChanged) for c in batch) else {}
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
@@ -503,7 +557,7 @@ class EventPublisher:
                 continue
             try:
                 if isinstance(change, SessionChanged):
-                    event = self._session_event(change, rows)
+                    event = self._session_event(change, rows, versions)
                 elif isinstance(change, TurnChanged):
                     event = self._turn_event(change, turns_read)
                 elif isinstance(change, ForkOperationChanged):
@@ -522,12 +576,22 @@ class EventPublisher:
         return stop
 
     def _session_event(
-        self, change: SessionChanged, rows: dict[tuple[str, str], tuple[int, Session] | None]
+        self,
+        change: SessionChanged,
+        rows: dict[tuple[str, str], tuple[int, Session] | None],
+        versions: dict[tuple[str, str], int | None],
     ) -> Event | None:
         """`project(change)`, from the batch's newest carried (or touched) row of its Session
         when nothing newer of it can have been shown; the bound moved past what this event
-        shows."""
+        shows. None (no event, no read) when every change of the Session in the batch carries
+        a version at or below that of a row already published (`Published`)."""
         key = (change.workspace_id, change.session_id)
+        version = versions.get(key)
+        if version is not None:
+            heard = self.published.get(key)
+            if heard is not None and version <= heard:
+                self.covered += 1
+                return None
         newest = rows.get(key)
         if (
             newest is not None
@@ -536,6 +600,7 @@ class EventPublisher:
         ):
             seq, row = newest
             self.shown.showed(key, seq)
+            self.published.showed(key, row.version)
             self.carried += 1
             if change.row is None:
                 self.touched += 1
@@ -548,6 +613,7 @@ class EventPublisher:
             self.shown.showed(key, seq)
             if change.removed:
                 self.removed.showed(key, seq)
+                self.published.forget(key)
 
     def _operation_event(
         self,
@@ -615,8 +681,11 @@ class EventPublisher:
             if change.removed:
                 return {"type": SESSION_REMOVED, "agentSessionId": change.session_id}
             session = store.sessions.get_session(change.workspace_id, change.session_id)
-            # A committed state, exact at its version: the base of the Session's next touch.
-            self.known.learn((change.workspace_id, change.session_id), session)
+            # A committed state, exact at its version: the base of the Session's next touch,
+            # and (published) what a later change at or below its version is covered by.
+            key = (change.workspace_id, change.session_id)
+            self.known.learn(key, session)
+            self.published.showed(key, session.version)
             return {
                 "type": SESSION_UPSERTED,
                 "session": projection.session(session, self.catalog),
