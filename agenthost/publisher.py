@@ -81,7 +81,13 @@ from transport.server import MAX_EVENT_BYTES
 log = logging.getLogger("agenthost.daemon")
 
 _READ_BACK = (SessionChanged, TurnChanged, ForkOperationChanged)
-"""The changes whose event is read from the store (a `StreamDelta` carries its own)."""
+"""The changes whose event is read from the store (a `StreamDelta` carries its own). The
+change types are final (slotted dataclasses, never subclassed): the publishing thread tells
+them apart by `type(change) is …` (no `isinstance` call per change and check)."""
+
+_READ_BACK_TYPES = frozenset(_READ_BACK)
+_ENTITY_TYPES = frozenset((SessionChanged, ForkOperationChanged))
+"""The changes whose event shows an entity's row (a Session's, an operation's)."""
 
 BATCH = 256
 """Changes taken off the queue per wake-up, at most."""
@@ -186,17 +192,18 @@ class Published:
 
 def _entries(item: Any) -> list[Any]:
     """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
-    return item if isinstance(item, list) else [item]
+    return item if type(item) is list else [item]
 
 
 def _reads(change: Any) -> bool:
     """Whether `change`'s event is read from the store (a Session or Turn change that carries
     its row is not, unless an older row than one shown: then it is read alone)."""
-    if isinstance(change, SessionChanged):
+    kind = type(change)
+    if kind is SessionChanged:
         return change.row is None and change.touch is None and not change.removed
-    if isinstance(change, (TurnChanged, ForkOperationChanged)):
+    if kind is TurnChanged or kind is ForkOperationChanged:
         return change.row is None
-    return isinstance(change, _READ_BACK)
+    return False  # a streamed delta, the stop marker
 
 
 def _newest_ops(
@@ -207,7 +214,7 @@ def _newest_ops(
     without a row may be the newer write)."""
     ops: dict[tuple[str, str], tuple[int, ForkOperation] | None] = {}
     for change in batch:
-        if not isinstance(change, ForkOperationChanged):
+        if type(change) is not ForkOperationChanged:
             continue
         key = (change.workspace_id, change.operation_id)
         row = change.row
@@ -233,7 +240,7 @@ def _newest_rows(
     touch's whether or not it resolves), None if any carries neither or is a removal."""
     rows: dict[tuple[str, str], tuple[int, Session] | None] = {}
     for change in batch:
-        if not isinstance(change, SessionChanged):
+        if type(change) is not SessionChanged:
             continue
         key = (change.workspace_id, change.session_id)
         row = change.row
@@ -368,7 +375,7 @@ class EventPublisher:
         dropped here (the fork fast path): a fork's four transitions and its commit would
         otherwise wake this thread five times only to skip each. A Turn change always goes
         to the thread, which owns `TurnDeltas` and must forget the Turn it skips."""
-        if isinstance(change, (SessionChanged, ForkOperationChanged)):
+        if type(change) in _ENTITY_TYPES:
             sink = self.sink
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
@@ -385,7 +392,7 @@ class EventPublisher:
         kept: list[Any] = []
         skipped: list[Any] = []
         for change in changes:
-            if isinstance(change, (SessionChanged, ForkOperationChanged)) and (
+            if type(change) in _ENTITY_TYPES and (
                 sink is None or not sink.wants(change.workspace_id)
             ):
                 skipped.append(change)
@@ -465,7 +472,7 @@ class EventPublisher:
         out: list[tuple[str, Event]] = []
         # The streamed deltas queued ahead of the batch's first store read leave first: a
         # delta never waits for a read-back queued after it (nor for the snapshot's BEGIN).
-        lead = next((i for i, c in enumerate(batch) if isinstance(c, _READ_BACK)), len(batch))
+        lead = next((i for i, c in enumerate(batch) if type(c) in _READ_BACK_TYPES), len(batch))
         if 0 < lead < len(batch):
             if self._project_all(batch[:lead], sink, out):
                 if out and sink is not None:
@@ -516,7 +523,7 @@ class EventPublisher:
         versions: dict[tuple[str, str], int | None] = {}
         rows = _newest_rows(batch, self.known, versions)
         # The same per fork operation (its commit's and its ACK's changes carry their row).
-        ops = _newest_ops(batch) if any(isinstance(c, ForkOperationChanged) for c in batch) else {}
+        ops = _newest_ops(batch) if any(type(c) is ForkOperationChanged for c in batch) else {}
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
         # events read back from the store go together, `HANDOVER` at most (a fork's events
         # in a batch were one hand-over to the loop each). What `out` holds on entry are
@@ -526,14 +533,13 @@ class EventPublisher:
             if change is None:
                 stop = True
                 break
+            kind = type(change)
             if change == previous and (
-                change in turns_read
-                if isinstance(change, TurnChanged)
-                else not isinstance(change, StreamDelta)
+                change in turns_read if kind is TurnChanged else kind is not StreamDelta
             ):
                 continue  # the same change again: its event would read the same state
             previous = change
-            if isinstance(change, (SessionChanged, ForkOperationChanged)):
+            if kind in _ENTITY_TYPES:
                 if change in entities:
                     with self._count_lock:
                         self.repeats += 1
@@ -549,18 +555,18 @@ class EventPublisher:
                 with self._count_lock:
                     self.skipped += 1
                     self._unseen_in(change)
-                if isinstance(change, TurnChanged):
+                if kind is TurnChanged:
                     turns_read.add(change)
                     self.turn_deltas.forget(
                         (change.workspace_id, change.session_id, change.turn_id)
                     )
                 continue
             try:
-                if isinstance(change, SessionChanged):
+                if kind is SessionChanged:
                     event = self._session_event(change, rows, versions)
-                elif isinstance(change, TurnChanged):
+                elif kind is TurnChanged:
                     event = self._turn_event(change, turns_read)
-                elif isinstance(change, ForkOperationChanged):
+                elif kind is ForkOperationChanged:
                     event = self._operation_event(change, ops)
                 else:
                     event = self.project(change)
@@ -572,7 +578,7 @@ class EventPublisher:
             if event is not None:
                 self.projected += 1
                 out.append((change.workspace_id, event))
-                delta_out = delta_out or isinstance(change, StreamDelta)
+                delta_out = delta_out or kind is StreamDelta
         return stop
 
     def _session_event(

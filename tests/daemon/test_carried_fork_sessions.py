@@ -7,6 +7,7 @@ their operation")."""
 from __future__ import annotations
 
 import queue
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 
 from agenthost import projection
+from agenthost import publisher as publisher_module
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, ForkOperationChanged, SessionChanged
@@ -140,3 +142,29 @@ def test_a_forks_child_is_announced_without_a_read(
         assert announced == [want]
         assert child not in reads and reads == [source], reads
         assert publisher.carried == 1
+
+
+def test_the_events_thread_tells_a_changes_type_without_isinstance(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The change types are final: the publishing thread tells them apart by their `type`, so a
+    fork's burst costs no `isinstance` call in the publisher's own code but the one read-back's
+    (`project`, the source's Session); it cost ~7 a change before."""
+    daemon, c = running
+    _, _, changes = _fork(daemon, c, warm=False)
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    mine = publisher_module.__file__
+    calls: list[str] = []
+
+    def profiled(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and arg is isinstance and frame.f_code.co_filename == mine:
+            calls.append(frame.f_code.co_name)
+
+    sys.setprofile(profiled)
+    try:
+        publisher._publish(list(changes))
+    finally:
+        sys.setprofile(None)
+    assert len(reads) == 1 and len(changes) >= 6
+    assert calls == ["project"], calls
