@@ -38,6 +38,9 @@ A fork operation change that carries its row (the saga's steps', the commit's, t
 projected from it under the same rule, per operation (`shown_ops`), when every change of that
 operation in the batch carries one; else read back (docs/design/store.md, "A fork operation's
 changes carry their operation").
+A batch's changes of a Session whose versions are all at or below that of a row already
+published (`Published`) are covered: no event, no read (docs/design/store.md, "A Session
+change already heard").
 """
 
 from __future__ import annotations
@@ -78,7 +81,13 @@ from transport.server import MAX_EVENT_BYTES
 log = logging.getLogger("agenthost.daemon")
 
 _READ_BACK = (SessionChanged, TurnChanged, ForkOperationChanged)
-"""The changes whose event is read from the store (a `StreamDelta` carries its own)."""
+"""The changes whose event is read from the store (a `StreamDelta` carries its own). The
+change types are final (slotted dataclasses, never subclassed): the publishing thread tells
+them apart by `type(change) is …` (no `isinstance` call per change and check)."""
+
+_READ_BACK_TYPES = frozenset(_READ_BACK)
+_ENTITY_TYPES = frozenset((SessionChanged, ForkOperationChanged))
+"""The changes whose event shows an entity's row (a Session's, an operation's)."""
 
 BATCH = 256
 """Changes taken off the queue per wake-up, at most."""
@@ -155,19 +164,46 @@ class Known:
         self._rows.pop(key, None)
 
 
+class Published:
+    """Per Session, the `version` of the newest row an event of it published (carried, built
+    from a touch, or read back): a change whose write is at or below it is covered — every
+    subscriber connected when that event was sent heard a state at least as new, and one that
+    connects later reads the Session after it connects. Owned by the publishing thread;
+    bounded like `Known` (a Session forgotten is published again at its next change)."""
+
+    def __init__(self, remembered: int = SHOWN_REMEMBERED) -> None:
+        self._versions: dict[tuple[str, str], int] = {}
+        self._remembered = remembered
+
+    def get(self, key: tuple[str, str]) -> int | None:
+        return self._versions.get(key)
+
+    def showed(self, key: tuple[str, str], version: int) -> None:
+        versions = self._versions
+        held = versions.pop(key, -1)  # re-inserted last: the oldest entries are forgotten first
+        versions[key] = max(version, held)
+        if len(versions) > self._remembered:
+            for old in list(versions)[: len(versions) // 2]:
+                del versions[old]
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._versions.pop(key, None)
+
+
 def _entries(item: Any) -> list[Any]:
     """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
-    return item if isinstance(item, list) else [item]
+    return item if type(item) is list else [item]
 
 
 def _reads(change: Any) -> bool:
     """Whether `change`'s event is read from the store (a Session or Turn change that carries
     its row is not, unless an older row than one shown: then it is read alone)."""
-    if isinstance(change, SessionChanged):
+    kind = type(change)
+    if kind is SessionChanged:
         return change.row is None and change.touch is None and not change.removed
-    if isinstance(change, (TurnChanged, ForkOperationChanged)):
+    if kind is TurnChanged or kind is ForkOperationChanged:
         return change.row is None
-    return isinstance(change, _READ_BACK)
+    return False  # a streamed delta, the stop marker
 
 
 def _newest_ops(
@@ -178,7 +214,7 @@ def _newest_ops(
     without a row may be the newer write)."""
     ops: dict[tuple[str, str], tuple[int, ForkOperation] | None] = {}
     for change in batch:
-        if not isinstance(change, ForkOperationChanged):
+        if type(change) is not ForkOperationChanged:
             continue
         key = (change.workspace_id, change.operation_id)
         row = change.row
@@ -194,18 +230,36 @@ def _newest_ops(
 
 
 def _newest_rows(
-    batch: list[Any], known: Known
+    batch: list[Any], known: Known, versions: dict[tuple[str, str], int | None]
 ) -> dict[tuple[str, str], tuple[int, Session] | None]:
     """Per Session changed in `batch`: the row of its change of the largest `seq` (with that
     seq) if every one of its changes there carries a row or a touch `known` resolves, else None
     (a removal, a write that carries neither, or a touch whose base row is not held). Every row
-    met is learnt (`known`), so a touch after its base in the batch resolves too."""
+    met is learnt (`known`), so a touch after its base in the batch resolves too. Into
+    `versions`, per Session: the highest row version its changes there carry (a row's, or a
+    touch's whether or not it resolves), None if any carries neither or is a removal."""
     rows: dict[tuple[str, str], tuple[int, Session] | None] = {}
     for change in batch:
-        if not isinstance(change, SessionChanged):
+        if type(change) is not SessionChanged:
             continue
         key = (change.workspace_id, change.session_id)
         row = change.row
+        carried = (
+            None
+            if change.removed
+            else row.version
+            if row is not None
+            else None
+            if change.touch is None
+            else change.touch.version
+        )
+        if key not in versions:
+            versions[key] = carried
+        else:
+            held_version = versions[key]
+            versions[key] = (
+                None if held_version is None or carried is None else max(held_version, carried)
+            )
         if change.removed:
             known.forget(key)
         elif row is not None:
@@ -274,6 +328,12 @@ class EventPublisher:
         """`Shown` per Turn (a Turn's carried row against what its events showed)."""
         self.known = Known()
         """The newest row of each Session this thread has, the base of a carried touch."""
+        self.published = Published()
+        """The version of each Session's newest row published (what a later change may be
+        covered by)."""
+        self.covered = 0
+        """Session changes whose write an event already published showed (no event, no read:
+        docs/design/store.md, "A Session change already heard"); tests pin it."""
         self.carried = 0
         """Session events built from the row their change carried, or its touch built on a
         known row (no read); tests pin it."""
@@ -315,7 +375,7 @@ class EventPublisher:
         dropped here (the fork fast path): a fork's four transitions and its commit would
         otherwise wake this thread five times only to skip each. A Turn change always goes
         to the thread, which owns `TurnDeltas` and must forget the Turn it skips."""
-        if isinstance(change, (SessionChanged, ForkOperationChanged)):
+        if type(change) in _ENTITY_TYPES:
             sink = self.sink
             if sink is None or not sink.wants(change.workspace_id):
                 with self._count_lock:
@@ -332,7 +392,7 @@ class EventPublisher:
         kept: list[Any] = []
         skipped: list[Any] = []
         for change in changes:
-            if isinstance(change, (SessionChanged, ForkOperationChanged)) and (
+            if type(change) in _ENTITY_TYPES and (
                 sink is None or not sink.wants(change.workspace_id)
             ):
                 skipped.append(change)
@@ -412,7 +472,7 @@ class EventPublisher:
         out: list[tuple[str, Event]] = []
         # The streamed deltas queued ahead of the batch's first store read leave first: a
         # delta never waits for a read-back queued after it (nor for the snapshot's BEGIN).
-        lead = next((i for i, c in enumerate(batch) if isinstance(c, _READ_BACK)), len(batch))
+        lead = next((i for i, c in enumerate(batch) if type(c) in _READ_BACK_TYPES), len(batch))
         if 0 < lead < len(batch):
             if self._project_all(batch[:lead], sink, out):
                 if out and sink is not None:
@@ -460,9 +520,10 @@ class EventPublisher:
         # Per Session of the batch, the carried row its event is built from: the newest one if
         # every change of that Session in the batch carries one (then it is at least as new as
         # any of them), else None (one without: read back).
-        rows = _newest_rows(batch, self.known)
+        versions: dict[tuple[str, str], int | None] = {}
+        rows = _newest_rows(batch, self.known, versions)
         # The same per fork operation (its commit's and its ACK's changes carry their row).
-        ops = _newest_ops(batch) if any(isinstance(c, ForkOperationChanged) for c in batch) else {}
+        ops = _newest_ops(batch) if any(type(c) is ForkOperationChanged for c in batch) else {}
         # Whether `out` holds a streamed delta: then it is handed over before the next read;
         # events read back from the store go together, `HANDOVER` at most (a fork's events
         # in a batch were one hand-over to the loop each). What `out` holds on entry are
@@ -472,14 +533,13 @@ class EventPublisher:
             if change is None:
                 stop = True
                 break
+            kind = type(change)
             if change == previous and (
-                change in turns_read
-                if isinstance(change, TurnChanged)
-                else not isinstance(change, StreamDelta)
+                change in turns_read if kind is TurnChanged else kind is not StreamDelta
             ):
                 continue  # the same change again: its event would read the same state
             previous = change
-            if isinstance(change, (SessionChanged, ForkOperationChanged)):
+            if kind in _ENTITY_TYPES:
                 if change in entities:
                     with self._count_lock:
                         self.repeats += 1
@@ -495,18 +555,18 @@ class EventPublisher:
                 with self._count_lock:
                     self.skipped += 1
                     self._unseen_in(change)
-                if isinstance(change, TurnChanged):
+                if kind is TurnChanged:
                     turns_read.add(change)
                     self.turn_deltas.forget(
                         (change.workspace_id, change.session_id, change.turn_id)
                     )
                 continue
             try:
-                if isinstance(change, SessionChanged):
-                    event = self._session_event(change, rows)
-                elif isinstance(change, TurnChanged):
+                if kind is SessionChanged:
+                    event = self._session_event(change, rows, versions)
+                elif kind is TurnChanged:
                     event = self._turn_event(change, turns_read)
-                elif isinstance(change, ForkOperationChanged):
+                elif kind is ForkOperationChanged:
                     event = self._operation_event(change, ops)
                 else:
                     event = self.project(change)
@@ -518,16 +578,26 @@ class EventPublisher:
             if event is not None:
                 self.projected += 1
                 out.append((change.workspace_id, event))
-                delta_out = delta_out or isinstance(change, StreamDelta)
+                delta_out = delta_out or kind is StreamDelta
         return stop
 
     def _session_event(
-        self, change: SessionChanged, rows: dict[tuple[str, str], tuple[int, Session] | None]
+        self,
+        change: SessionChanged,
+        rows: dict[tuple[str, str], tuple[int, Session] | None],
+        versions: dict[tuple[str, str], int | None],
     ) -> Event | None:
         """`project(change)`, from the batch's newest carried (or touched) row of its Session
         when nothing newer of it can have been shown; the bound moved past what this event
-        shows."""
+        shows. None (no event, no read) when every change of the Session in the batch carries
+        a version at or below that of a row already published (`Published`)."""
         key = (change.workspace_id, change.session_id)
+        version = versions.get(key)
+        if version is not None:
+            heard = self.published.get(key)
+            if heard is not None and version <= heard:
+                self.covered += 1
+                return None
         newest = rows.get(key)
         if (
             newest is not None
@@ -536,6 +606,7 @@ class EventPublisher:
         ):
             seq, row = newest
             self.shown.showed(key, seq)
+            self.published.showed(key, row.version)
             self.carried += 1
             if change.row is None:
                 self.touched += 1
@@ -548,6 +619,7 @@ class EventPublisher:
             self.shown.showed(key, seq)
             if change.removed:
                 self.removed.showed(key, seq)
+                self.published.forget(key)
 
     def _operation_event(
         self,
@@ -615,8 +687,11 @@ class EventPublisher:
             if change.removed:
                 return {"type": SESSION_REMOVED, "agentSessionId": change.session_id}
             session = store.sessions.get_session(change.workspace_id, change.session_id)
-            # A committed state, exact at its version: the base of the Session's next touch.
-            self.known.learn((change.workspace_id, change.session_id), session)
+            # A committed state, exact at its version: the base of the Session's next touch,
+            # and (published) what a later change at or below its version is covered by.
+            key = (change.workspace_id, change.session_id)
+            self.known.learn(key, session)
+            self.published.showed(key, session.version)
             return {
                 "type": SESSION_UPSERTED,
                 "session": projection.session(session, self.catalog),

@@ -132,7 +132,11 @@ class ForkCommit:
             )
             committed = op_from_row(tuple(written), (plan.session, plan.lineage))
         tx.emit(ForkOperationChanged(ws, op_id, row=committed, seq=tx.seq))
-        tx.emit(SessionChanged(ws, plan.session.session_id))
+        # The child's row as the INSERT above left it (version 0, no active Turn: only settled
+        # Turns are cloned; its lineage the row written to `fork_lineage`), carried: the events
+        # thread announces the child without reading it back. The source's row is not written
+        # here (its event reads it back).
+        tx.emit(SessionChanged(ws, plan.session.session_id, row=plan.session, seq=tx.seq))
         tx.emit(SessionChanged(ws, r[4]))
         # The row as written, projected from the plan just built from the snapshot:
         # the same Session and lineage `committed_projection` rebuilds on a read (law 4),

@@ -125,7 +125,14 @@ def test_an_older_row_delivered_after_a_newer_one_is_read_back(
     sink = Sink()
     publisher, reads = _publisher(daemon, sink)
     publisher._publish(newer)
-    publisher._publish(older)  # delivered late: read back, the current state
+    # Delivered late: its version is below the one "newer"'s event published, so it is
+    # covered (no event, no read; design/store.md, "A Session change already heard").
+    publisher._publish(older)
+    assert _titles(sink) == ["newer"] and reads == [] and publisher.covered == 1
+    # With that version forgotten (`Published` is bounded), the bound alone keeps it: read
+    # back, the current state.
+    publisher.published.forget((WS, sid))
+    publisher._publish(older)
     assert _titles(sink) == ["newer", "newer"] and len(reads) == 1
 
     # Both in one batch, the older first: one event, the newer row, no read.
@@ -157,10 +164,14 @@ def test_a_row_after_a_read_back_or_a_removal_is_not_published_stale(
     finally:
         heard.close()
 
-    # A change without a row (read back: "after") shown first: the older row is read back too.
+    # A change without a row (read back: "after") shown first: the older row is covered by
+    # it (its version is below the one read); with that version forgotten, read back too.
     sink = Sink()
     publisher, reads = _publisher(daemon, sink)
     publisher._publish([SessionChanged(WS, sid)])
+    publisher._publish(renamed)
+    assert _titles(sink) == ["after"] and len(reads) == 1 and publisher.covered == 1
+    publisher.published.forget((WS, sid))
     publisher._publish(renamed)
     assert _titles(sink) == ["after", "after"] and len(reads) == 2
 

@@ -20,7 +20,7 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, Session, SessionChanged, SessionTouch
 from storage.store import Store
-from tests.support.carried import Sink, a_turn, hear_settled, new_session
+from tests.support.carried import Heard, Sink, a_turn, hear_settled, new_session
 from tests.support.in_process import in_process_daemon
 from tests.support.invariants import check_session_events
 from transport.client import Client
@@ -129,8 +129,8 @@ def test_a_touch_on_a_row_it_did_not_change_is_read_back(
 ) -> None:
     """A rename the events thread never saw (its event not delivered yet, or nobody wanted it)
     moved the row between the one held and the claim's: the claim's touch is read back, and
-    shows the new title (the store already holds the settled row: so is the settlement's, the
-    row read being newer than the one it changed). A touch applied whatever the row's version
+    shows the new title (the store already holds the settled row, so the settlement's change is
+    covered by that read: no event, no second read). A touch applied whatever the row's version
     would publish the old title, and `check_session_events` names it."""
     daemon, client = running
     store = daemon.store
@@ -143,8 +143,8 @@ def test_a_touch_on_a_row_it_did_not_change_is_read_back(
     claim, settlement, _ = _a_turn(store, sid)
     publisher._publish(claim)
     publisher._publish(settlement)
-    assert reads == [sid, sid, sid] and publisher.touched == 0
-    assert [s["title"] for s in _sessions(sink)][1:] == ["renamed", "renamed"]
+    assert reads == [sid, sid] and publisher.touched == 0 and publisher.covered == 1
+    assert [s["title"] for s in _sessions(sink)][1:] == ["renamed"]
     end = {sid: projection.session(store.sessions.get_session(WS, sid), daemon.catalog)}
     heard = list(sink.events)
     assert check_session_events(heard, end) == []
@@ -168,6 +168,44 @@ def test_a_touch_on_a_row_it_did_not_change_is_read_back(
     assert [v.detail for v in check_session_events(sink.events, end)] == [
         f"{sid}: last heard title 'renamed', ended 'renamed again'"
     ]
+
+
+def test_a_session_change_already_heard_is_not_published_again(
+    running: tuple[Daemon, Client],
+) -> None:
+    """A read-back that showed the settled row covers the Turn's claim and settlement delivered
+    after it (their versions at or below the one read): no event, no read — what a subscriber
+    heard still ends with the store's row. A batch where any change of the Session is newer
+    than what was published is published whole, from its newest row; a removal forgets."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = new_session(client, WS)
+    claim, settlement, _ = _a_turn(store, sid)
+    sink = Sink()
+    publisher, reads = _publisher(daemon, sink)
+    publisher._publish([SessionChanged(WS, sid)])  # read back: the settled row
+    publisher._publish(claim)
+    publisher._publish(settlement)
+    assert reads == [sid] and publisher.covered == 2 and len(_sessions(sink)) == 1
+    end = {sid: projection.session(store.sessions.get_session(WS, sid), daemon.catalog)}
+    assert check_session_events(sink.events, end) == []
+
+    # A covered touch first in a batch with a newer change of its Session: the newer is heard.
+    heard_now = Heard(store)
+    try:
+        store.sessions.update_title(WS, sid, "newer")
+        renamed = heard_now.take()
+    finally:
+        heard_now.close()
+    # (Read back: the touches do not resolve on the newer row held, so the batch's row is read.)
+    publisher._publish(claim + settlement + renamed)
+    assert reads == [sid, sid] and publisher.covered == 2
+    assert [s["title"] for s in _sessions(sink)] == [end[sid]["title"], "newer"]
+
+    # A change with no version (read back) is never covered.
+    publisher._publish([SessionChanged(WS, sid)])
+    assert reads == [sid, sid, sid] and len(_sessions(sink)) == 3
 
 
 def test_every_change_of_a_sessions_row_moves_its_version(
@@ -222,7 +260,8 @@ def test_a_streamed_turns_session_events_are_carried_through_the_daemon(
 
         wait_for(ended, 10)
     # Each Turn's claim and settlement carry a touch; on a loaded machine the two can reach the
-    # events thread in one batch, whose newest row is shown once, carried (the other change is
-    # read back): at least one carried event per Turn, at most two.
+    # events thread in one batch, whose newest row is shown once, carried (the other change of
+    # the Session is a repeat in the batch: no event, no read): at least one carried event per
+    # Turn, at most two.
     assert len(turns) <= publisher.touched - touched <= 2 * len(turns)
     assert check_session_events(heard, {sid: end}) == []
