@@ -6,7 +6,6 @@ their operation")."""
 
 from __future__ import annotations
 
-import queue
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from agenthost import publisher as publisher_module
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, ForkOperationChanged, SessionChanged
-from tests.support.carried import Heard, Sink
+from tests.support.carried import Heard, Sink, read_counting_publisher, session_read
 from tests.support.daemon import WS, create_session, fork_params, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
@@ -35,18 +34,7 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
 
 def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
     """A publisher of its own on the daemon's store, noting each Session it reads back."""
-    assert daemon.store is not None
-    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
-    reads: list[str] = []
-    project = publisher.project
-
-    def counted(change: Any) -> Any:
-        if isinstance(change, SessionChanged) and not change.removed:
-            reads.append(change.session_id)
-        return project(change)
-
-    publisher.project = counted  # type: ignore[method-assign]
-    return publisher, reads
+    return read_counting_publisher(daemon, sink, session_read)
 
 
 def _fork(daemon: Daemon, c: Client, *, warm: bool) -> tuple[str, str, list[ChangeEvent]]:

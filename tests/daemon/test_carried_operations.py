@@ -7,7 +7,6 @@ carry their row"; the fork operation's paragraph)."""
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from agenthost import projection
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, ForkOperation, ForkOperationChanged
-from tests.support.carried import Heard, Sink
+from tests.support.carried import Heard, Sink, read_counting_publisher
 from tests.support.daemon import WS, create_session, fork_params, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
@@ -32,21 +31,14 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
         yield running
 
 
-def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[int]]:
+def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
     """A publisher of its own on the daemon's store, counting its operation read-backs; the
     sink's events note whether the operation each shows was ACKed (not on the wire)."""
-    assert daemon.store is not None
-    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
-    reads: list[int] = []
-    project = publisher.project
-
-    def counted(change: Any) -> Any:
-        if isinstance(change, ForkOperationChanged):
-            reads.append(1)
-        return project(change)
-
-    publisher.project = counted  # type: ignore[method-assign]
-    return publisher, reads
+    return read_counting_publisher(
+        daemon,
+        sink,
+        lambda change: change.operation_id if isinstance(change, ForkOperationChanged) else None,
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,8 @@ that was rolled back (docs/design/store.md, "Change events that carry their row"
 
 from __future__ import annotations
 
-import queue
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,7 +15,7 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher, Shown
 from domain.errors import InvalidArgument
 from storage.models import SessionChanged
-from tests.support.carried import Heard, Sink, new_session
+from tests.support.carried import Heard, Sink, new_session, read_counting_publisher, session_read
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -43,20 +41,9 @@ def _titles(sink: Sink) -> list[str]:
     ]
 
 
-def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[int]]:
+def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
     """A publisher of its own on the daemon's store, counting its Session read-backs."""
-    assert daemon.store is not None
-    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
-    reads: list[int] = []
-    project = publisher.project
-
-    def counted(change: Any) -> Any:
-        if isinstance(change, SessionChanged) and not change.removed:
-            reads.append(1)
-        return project(change)
-
-    publisher.project = counted  # type: ignore[method-assign]
-    return publisher, reads
+    return read_counting_publisher(daemon, sink, session_read)
 
 
 def test_a_rename_carries_its_row_in_commit_order(running: tuple[Daemon, Client]) -> None:

@@ -6,7 +6,6 @@ the touch changed (docs/design/store.md, "A Turn's Session events carried")."""
 
 from __future__ import annotations
 
-import queue
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,7 +19,15 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, Session, SessionChanged, SessionTouch
 from storage.store import Store
-from tests.support.carried import Heard, Sink, a_turn, hear_settled, new_session
+from tests.support.carried import (
+    Heard,
+    Sink,
+    a_turn,
+    hear_settled,
+    new_session,
+    read_counting_publisher,
+    session_read,
+)
 from tests.support.in_process import in_process_daemon
 from tests.support.invariants import check_session_events
 from transport.client import Client
@@ -38,18 +45,7 @@ def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
 
 def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
     """A publisher of its own on the daemon's store, counting its Session read-backs."""
-    assert daemon.store is not None
-    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
-    reads: list[str] = []
-    project = publisher.project
-
-    def counted(change: Any) -> Any:
-        if isinstance(change, SessionChanged) and not change.removed:
-            reads.append(change.session_id)
-        return project(change)
-
-    publisher.project = counted  # type: ignore[method-assign]
-    return publisher, reads
+    return read_counting_publisher(daemon, sink, session_read)
 
 
 def _a_turn(store: Store, sid: str) -> tuple[list[ChangeEvent], list[ChangeEvent], str]:

@@ -7,7 +7,6 @@ events that carry their row")."""
 
 from __future__ import annotations
 
-import queue
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,14 @@ from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, TurnBound, TurnChanged
 from storage.store import Store
-from tests.support.carried import Heard, Sink, a_turn, hear_settled, new_session
+from tests.support.carried import (
+    Heard,
+    Sink,
+    a_turn,
+    hear_settled,
+    new_session,
+    read_counting_publisher,
+)
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
 
@@ -41,18 +47,9 @@ def _session(client: Client) -> str:
 
 def _publisher(daemon: Daemon, sink: Sink) -> tuple[EventPublisher, list[str]]:
     """A publisher of its own on the daemon's store, counting its Turn read-backs."""
-    assert daemon.store is not None
-    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
-    reads: list[str] = []
-    project = publisher.project
-
-    def counted(change: Any) -> Any:
-        if isinstance(change, TurnChanged):
-            reads.append(change.turn_id)
-        return project(change)
-
-    publisher.project = counted  # type: ignore[method-assign]
-    return publisher, reads
+    return read_counting_publisher(
+        daemon, sink, lambda change: change.turn_id if isinstance(change, TurnChanged) else None
+    )
 
 
 def _turn_events(sink: Sink) -> list[dict[str, Any]]:

@@ -1,15 +1,17 @@
-"""What the carried-row tests share (tests/daemon/test_carried_rows.py, test_carried_turns.py,
-test_carried_session_touch.py):
-a sink that keeps every event handed to it, the store's deliveries as a subscriber gets them,
-and a Session made through the daemon."""
+"""What the carried-row tests share (tests/daemon/test_carried_*.py): a sink that keeps every
+event handed to it, a publisher counting its read-backs, the store's deliveries as a subscriber
+gets them, and a Session made through the daemon."""
 
 from __future__ import annotations
 
+import queue
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from storage.models import ChangeEvent
+from agenthost.daemon import Daemon
+from agenthost.publisher import EventPublisher
+from storage.models import ChangeEvent, SessionChanged
 from storage.store import Store
 from tests.support.daemon import wait_for
 from transport.client import Client, EventSubscriber
@@ -28,6 +30,30 @@ class Sink:
     def publish_many(self, events: list[tuple[str, Any]]) -> bool:
         self.events.extend(dict(e) for _, e in events)
         return True
+
+
+def read_counting_publisher(
+    daemon: Daemon, sink: Sink, read_of: Callable[[Any], str | None]
+) -> tuple[EventPublisher, list[str]]:
+    """A publisher of its own on the daemon's store, and the read-backs it makes: for each
+    change it projects by reading the store, `read_of(change)` (None: not one to count)."""
+    assert daemon.store is not None
+    publisher = EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
+    reads: list[str] = []
+    project = publisher.project
+
+    def counted(change: Any) -> Any:
+        if (read := read_of(change)) is not None:
+            reads.append(read)
+        return project(change)
+
+    publisher.project = counted  # type: ignore[method-assign]
+    return publisher, reads
+
+
+def session_read(change: Any) -> str | None:
+    """`read_counting_publisher`'s count of Session read-backs (a removal reads nothing)."""
+    return change.session_id if isinstance(change, SessionChanged) and not change.removed else None
 
 
 class Heard:
