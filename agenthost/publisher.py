@@ -51,7 +51,7 @@ import queue
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from actors.ports import ProviderCatalog
 from agenthost import projection
@@ -112,6 +112,21 @@ class StreamDelta:
     """The worker's `message.delta` event, as the host↔worker link carried it."""
 
 
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def _keep(entries: dict[_K, _V], key: _K, value: _V, remembered: int) -> tuple[_V, ...]:
+    """`entries[key] = value`, re-inserted last so the oldest entries are forgotten first: past
+    `remembered` entries the oldest half are dropped, and their values returned (`Shown`,
+    `Known` and `Published` bound themselves so)."""
+    entries.pop(key, None)
+    entries[key] = value
+    if len(entries) <= remembered:
+        return ()
+    return tuple(entries.pop(old) for old in list(entries)[: len(entries) // 2])
+
+
 class Shown:
     """Per Session (or per Turn), a bound on the newest write any event of it published may
     have shown: the carried row's `seq` for an event built from it; for one read back (or a
@@ -130,12 +145,8 @@ class Shown:
         return self._latest.get(key, self._forgotten)
 
     def showed(self, key: tuple[str, ...], seq: int) -> None:
-        latest = self._latest
-        latest.pop(key, None)  # re-inserted last: the oldest entries are forgotten first
-        latest[key] = max(seq, self._forgotten)
-        if len(latest) > self._remembered:
-            for old in list(latest)[: len(latest) // 2]:
-                self._forgotten = max(self._forgotten, latest.pop(old))
+        for old in _keep(self._latest, key, max(seq, self._forgotten), self._remembered):
+            self._forgotten = max(self._forgotten, old)
 
 
 class Known:
@@ -153,12 +164,9 @@ class Known:
         return self._rows.get(key)
 
     def learn(self, key: tuple[str, str], row: Session) -> None:
-        rows = self._rows
-        held = rows.pop(key, None)  # re-inserted last: the oldest entries are forgotten first
-        rows[key] = row if held is None or row.version >= held.version else held
-        if len(rows) > self._remembered:
-            for old in list(rows)[: len(rows) // 2]:
-                del rows[old]
+        held = self._rows.get(key)
+        newest = row if held is None or row.version >= held.version else held
+        _keep(self._rows, key, newest, self._remembered)
 
     def forget(self, key: tuple[str, str]) -> None:
         self._rows.pop(key, None)
@@ -179,12 +187,7 @@ class Published:
         return self._versions.get(key)
 
     def showed(self, key: tuple[str, str], version: int) -> None:
-        versions = self._versions
-        held = versions.pop(key, -1)  # re-inserted last: the oldest entries are forgotten first
-        versions[key] = max(version, held)
-        if len(versions) > self._remembered:
-            for old in list(versions)[: len(versions) // 2]:
-                del versions[old]
+        _keep(self._versions, key, max(version, self._versions.get(key, -1)), self._remembered)
 
     def forget(self, key: tuple[str, str]) -> None:
         self._versions.pop(key, None)
