@@ -15,6 +15,7 @@ import pytest
 
 from actors import pool as pool_module
 from actors.pool import ActorPool, PooledActor
+from tests.support.counting_lock import CountingLock
 
 
 class _Log:
@@ -69,20 +70,6 @@ def test_taking_a_message_when_none_went_ahead_asks_the_actor_nothing(pool: Acto
     ref.stop()
 
 
-class _CountingLock:
-    """The inbox's lock, counting its acquisitions."""
-
-    def __init__(self, lock: Any) -> None:
-        self.lock, self.taken = lock, 0
-
-    def __enter__(self) -> bool:
-        self.taken += 1
-        return bool(self.lock.__enter__())
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.__exit__(*exc)
-
-
 class _Peeker(PooledActor):
     """Asks `next_message` in each receive, as the Session actor does, and records what it
     saw and how many inbox lock acquisitions the question took."""
@@ -132,7 +119,7 @@ def test_the_next_message_is_seen_without_the_inbox_lock_or_a_call(pool: ActorPo
     log, gate = _Log(), threading.Event()
     ref = _Peeker.start(pool, log, gate)
     ref.tell("block")
-    ref.actor_inbox._lock = _CountingLock(ref.actor_inbox._lock)
+    ref.actor_inbox._lock = CountingLock(ref.actor_inbox._lock)
     for n in range(3):
         ref.tell(n)
     ref.tell("end")

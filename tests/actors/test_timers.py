@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from actors.pool import COMPACT_MIN, Timers
+from tests.support.counting_lock import CountingLock
 
 
 class _TurnState:
@@ -119,27 +120,13 @@ def test_a_callback_that_raises_even_a_base_exception_does_not_stop_the_timers()
     timers.close()
 
 
-class _CountingLock:
-    """A lock that counts its acquisitions."""
-
-    def __init__(self, lock: Any) -> None:
-        self.lock, self.taken = lock, 0
-
-    def __enter__(self) -> bool:
-        self.taken += 1
-        return bool(self.lock.__enter__())
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.__exit__(*exc)
-
-
 def test_cancelling_a_timer_takes_no_lock_unless_it_compacts_the_heap() -> None:
     # A Turn cancels ~4.5 timers (its watchdog, backstops, linger bounds): counted by one
     # atomic `next`, the heap's lock taken only to compact.
     timers = Timers()
     timers.call_later(1800.0, lambda: None)
     handle = timers.call_later(3600.0, lambda: None)
-    counting = _CountingLock(timers._lock)
+    counting = CountingLock(timers._lock)
     timers._lock = counting  # type: ignore[assignment]
     handle.cancel()
     assert handle.cancelled
