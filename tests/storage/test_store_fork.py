@@ -1471,3 +1471,68 @@ def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store
     conn = store.db.connection()
     names, document = _frozen(conn, op, sid, committed.target_session_id)
     assert history_copy_problem(conn, WS, names, document) is None
+
+
+def _accepted(store: Store, sid: str, turn_id: str) -> ForkOperation:
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn_id))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    return op
+
+
+def test_the_commit_asks_its_targets_reservation_and_absence_by_one_statement(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """One statement for both checks of the target (two before forkconc's cut): each statement
+    a contended writer runs is one more GIL release inside SQLite."""
+    sid, turns = source
+    op = _accepted(store, sid, turns[0])
+    ran: list[str] = []
+
+    def trace(_cursor: object, sql: str, _bindings: object) -> bool:
+        ran.append(" ".join(sql.split()))
+        return True
+
+    conn = store.db._writer_connection()
+    conn.exec_trace = trace
+    try:
+        _, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+    finally:
+        conn.exec_trace = None
+    assert changed
+    asked = [
+        s
+        for s in ran
+        if s.startswith("SELECT") and ("session_reservations" in s or "FROM sessions " in s)
+    ]
+    assert len(asked) == 1
+    assert "FROM session_reservations " in asked[0] and "FROM sessions " in asked[0]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [
+        ("DELETE FROM session_reservations WHERE session_id = ?1", "not reserved"),
+        (
+            "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
+            " title, cwd, settings_json, runtime_context_json, model, pinned, deleted,"
+            " created_at_ms, updated_at_ms) SELECT workspace_id, ?1, kind, provider, NULL, title,"
+            " cwd, settings_json, runtime_context_json, model, pinned, deleted, created_at_ms,"
+            " updated_at_ms FROM sessions WHERE session_id = ?2",
+            "already exists",
+        ),
+    ],
+    ids=["unreserved", "target-exists"],
+)
+def test_the_commit_refuses_a_target_not_reserved_by_it_or_already_there(
+    store: Store, source: tuple[str, list[str]], tamper: str, why: str
+) -> None:
+    sid, turns = source
+    op = _accepted(store, sid, turns[0])
+    store.db.connection().execute(tamper, (op.target_session_id, sid)[: tamper.count("?")])
+    with pytest.raises(ForkSnapshotCorrupt, match=why):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    assert (
+        store.fork_queries.get_fork_operation(WS, op.operation_id).status
+        is ForkStatus.PROVIDER_ACCEPTED
+    )
