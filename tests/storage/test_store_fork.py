@@ -1536,3 +1536,49 @@ def test_the_commit_refuses_a_target_not_reserved_by_it_or_already_there(
         store.fork_queries.get_fork_operation(WS, op.operation_id).status
         is ForkStatus.PROVIDER_ACCEPTED
     )
+
+
+def test_the_commit_reads_its_operation_and_snapshot_by_one_statement(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """The operation's row and its frozen snapshot in one read (two before forkconc's cut);
+    a replay of the committed operation still answers from the same read."""
+    sid, turns = source
+    op = _accepted(store, sid, turns[0])
+    ran: list[tuple[str, Any]] = []
+
+    def trace(_cursor: object, sql: str, bindings: Any) -> bool:
+        ran.append((" ".join(sql.split()), bindings))
+        return True
+
+    conn = store.db._writer_connection()
+    conn.exec_trace = trace
+    try:
+        _, changed = store.fork_commit.commit_fork(WS, op.operation_id)
+        ran.append(("-- replay", None))
+        _, again = store.fork_commit.commit_fork(WS, op.operation_id)
+    finally:
+        conn.exec_trace = None
+    assert changed and not again
+    first = [s for s, _ in ran[: ran.index(("-- replay", None))]]
+    snapshot_reads = [s for s in first if "FROM fork_snapshots" in s and s.startswith("SELECT")]
+    assert len(snapshot_reads) == 1
+    assert "FROM fork_operations WHERE" in snapshot_reads[0]
+
+
+def test_the_commit_refuses_an_operation_whose_snapshot_row_is_missing(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op = _accepted(store, sid, turns[0])
+    conn = store.db.connection()
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute(
+        "DELETE FROM fork_snapshots WHERE op_seq ="
+        " (SELECT op_seq FROM fork_operations WHERE operation_id = ?)",
+        (op.operation_id,),
+    )
+    conn.execute("PRAGMA foreign_keys = ON")
+    with pytest.raises(ForkSnapshotCorrupt, match="row is missing"):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    assert find_session(store, WS, op.target_session_id) is None
