@@ -45,13 +45,15 @@ from storage.sqlite import Row, Tx, dumps, loads
 
 @dataclass(frozen=True, slots=True)
 class TimelinePage:
-    """A page of the timeline as the wire reads it: each Turn with its Interactions, its
-    Messages left as rows (`MESSAGE_COLUMNS` first, presentation order, by Turn id) — the
-    same Messages `timeline` attaches, without a `Message` value built per row."""
+    """A page of the timeline as the wire reads it: each Turn's row (`TURN_COLUMNS`), its
+    Messages' rows (`MESSAGE_COLUMNS` first, presentation order) and its Interactions, by
+    Turn id — the Turns and Messages `timeline` builds, left as rows: the wire's maps are
+    built from them with no `Turn` or `Message` value between."""
 
-    turns: tuple[Turn, ...]
-    """In sequence order; each one's `messages` empty (they are in `message_rows`)."""
+    turn_rows: tuple[Row, ...]
+    """In sequence order."""
     message_rows: Mapping[str, Sequence[Row]]
+    interactions: Mapping[str, Sequence[Interaction]]
     next_sequence: int | None
 
 
@@ -263,9 +265,9 @@ class HistoryStore:
     def timeline_page(
         self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
     ) -> TimelinePage:
-        """`timeline`'s page with each Turn's Messages as rows (`session.timeline` projects
-        them onto the wire straight from the rows: on a 50-Turn page of ~500 Messages a
-        `Message` value per row was most of the read's CPU)."""
+        """`timeline`'s page with each Turn and its Messages as rows (`session.timeline`
+        projects them onto the wire straight from the rows: a `Message` or `Turn` value per
+        row was most of the read's Python)."""
         if not 1 <= limit <= 100_000:
             raise InvalidArgument("limit", "limit must be between 1 and 100000")
         with self._read() as conn:
@@ -273,9 +275,8 @@ class HistoryStore:
             rows = self._page_rows(conn, ws, sid, after_sequence, limit)
             page = rows[:limit]
             messages, interactions = turn_history_rows(conn, ws, sid, page)
-        turns = tuple(turn_from_row(r, (), interactions[r[2]]) for r in page)
-        next_sequence = turns[-1].sequence if len(rows) > limit else None
-        return TimelinePage(turns, messages, next_sequence)
+        next_sequence = int(page[-1][3]) if len(rows) > limit else None
+        return TimelinePage(tuple(page), messages, interactions, next_sequence)
 
     @staticmethod
     def _page_rows(

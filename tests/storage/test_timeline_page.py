@@ -1,0 +1,118 @@
+"""`session.timeline`'s page (`agenthost.api.timeline_result`) is the wire projection of the
+Session's Turns as `timeline` reads them, byte for byte once packed — every field of a Turn,
+its Messages and its Interactions, for every kind of Turn (settled by each outcome, with a typed
+error, active, with a workspace record, with pending and resolved Interactions) and for a
+provider whose binding state reads the binding's JSON — and it builds no value per row that the
+wire does not need. Pinned by what runs (values built, decodes), never by timings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from store_builders import WS, new_session, settled_turn
+
+from agenthost import projection
+from agenthost.api import timeline_result
+from agenthost.catalog import Catalog
+from drivers.claude_transcript import encode_binding
+from protocol.envelope import pack_result
+from storage.models import Turn
+from storage.store import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+CHECKPOINT = {
+    "cwd": "/work",
+    "before": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+    "after": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+    "changedFiles": ["a.txt"],
+    "headCommit": None,
+    "repoRoot": None,
+    "tooLarge": [],
+}
+CLAUDE_BINDING = encode_binding("m-1")
+"""A real Claude checkpoint: the one binding Claude's state reads as bound."""
+
+
+def _varied_session(store: Store, provider: str) -> str:
+    """A Session with one Turn of each shape the projection tells apart."""
+    sid = new_session(store, provider=provider)
+    payload = {"providerItemId": "msg_1", "providerItemType": "agentMessage", "n": 2**40}
+    settled_turn(store, sid, extra=[("reasoning", "thinking", payload)])
+    settled_turn(store, sid, binding_json=CLAUDE_BINDING)
+    settled_turn(store, sid, outcome="interrupted")
+    failed, _ = store.turns.claim_submit(WS, sid, "r-failed", "x")
+    store.turns.record_settlement(
+        WS,
+        sid,
+        failed.turn_id,
+        outcome="failed",
+        error="model_timeout: tutti-agent timed out after 30 s",
+        checkpoint_json=json.dumps(CHECKPOINT),
+    )
+    asked, _ = store.turns.claim_submit(WS, sid, "r-asked", "ask me")
+    store.history.open_interaction(
+        WS, sid, asked.turn_id, request_id="q1", kind="approval", input={"cmd": "ls"}
+    )
+    store.history.resolve_interaction(WS, sid, asked.turn_id, "q1", {"ok": True})
+    store.history.open_interaction(
+        WS, sid, asked.turn_id, request_id="q2", kind="question", input={"q": "why?"}
+    )
+    store.history.append_message(
+        WS, sid, asked.turn_id, kind="assistant", text=None, payload={"a": [1, 2.5, None]}
+    )
+    return sid
+
+
+@contextmanager
+def _turns_built() -> Iterator[list[object]]:
+    """Every `Turn` value constructed inside the block."""
+    built: list[object] = []
+    init = Turn.__init__
+
+    def counting(self: Turn, *args: Any, **kwargs: Any) -> None:
+        built.append(args)
+        init(self, *args, **kwargs)
+
+    Turn.__init__ = counting  # type: ignore[method-assign]
+    try:
+        yield built
+    finally:
+        Turn.__init__ = init  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("provider", ["tutti-agent", "claude-code"])
+def test_the_timeline_page_is_the_projection_of_its_turns_byte_for_byte(
+    store: Store, provider: str
+) -> None:
+    sid = _varied_session(store, provider)
+    catalog = Catalog()
+    for after, limit in ((0, 100), (0, 2), (1, 2), (4, 1)):
+        turns, next_sequence = store.history.timeline(WS, sid, after_sequence=after, limit=limit)
+        expected = {
+            "turns": [projection.turn(t, provider, catalog) for t in turns],
+            "nextSequence": next_sequence,
+        }
+        got = timeline_result(store, catalog, WS, sid, after, limit)
+        assert got == expected, (after, limit)
+        assert pack_result(got) == pack_result(expected), (after, limit)
+    page = timeline_result(store, catalog, WS, sid, 0, 100)["turns"]
+    assert [t["phase"] for t in page] == ["settled"] * 4 + ["active"]
+    states = [t["providerForkBindingState"] for t in page]
+    if provider == "claude-code":
+        assert states == ["recovery_required", "bound", "recovery_required"] + ["unavailable"] * 2
+    assert page[3]["errorReason"] == "model_timeout" and page[3]["workspace"] == CHECKPOINT
+    assert [i["status"] for i in page[4]["interactions"]] == ["resolved", "pending"]
+
+
+def test_the_timeline_page_builds_no_turn_value(store: Store) -> None:
+    """Each Turn of the page goes from its row to the wire map: no `Turn` value per row."""
+    sid = _varied_session(store, "tutti-agent")
+    with _turns_built() as built:
+        got = timeline_result(store, Catalog(), WS, sid, 0, 100)
+    assert len(got["turns"]) == 5
+    assert built == [], "a Turn value was built for the wire page"
