@@ -26,12 +26,14 @@ from storage.models import (
 )
 from storage.rows import (
     INTERACTION_COLUMNS,
+    INTERACTIONS_SQL,
     MESSAGE_COLUMNS,
     TURN_COLUMNS,
     hydrate_turns,
     interaction_from_row,
     message_from_row,
     next_position,
+    opened_order,
     require_live_session,
     require_mapping,
     require_text,
@@ -328,14 +330,9 @@ class HistoryStore:
                     (ws, sid, turn_id, after, after),
                 )
             ]
-            interactions = [
-                interaction_from_row(r)
-                for r in conn.execute(
-                    f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
-                    " AND session_id = ? AND turn_id = ? ORDER BY created_at_ms, rowid",
-                    (ws, sid, turn_id),
-                )
-            ]
+            interactions = opened_order(
+                conn.execute(INTERACTIONS_SQL.format(marks="?"), (ws, sid, turn_id)).fetchall()
+            )
         return TurnTail(turn_from_row(row, messages, interactions), start + len(messages), start)
 
 

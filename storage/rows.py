@@ -179,6 +179,27 @@ HYDRATE_MESSAGES_SQL = (
 )
 
 
+# The Interactions of some Turns, with what orders them (opened: `created_at_ms`, then
+# `rowid`) after the columns. Each Turn's are put in that order here (`opened_order`), not
+# by SQLite: an ORDER BY opens a sorter for every page read, though nearly every Turn has
+# no Interaction at all.
+INTERACTIONS_SQL = (
+    f"SELECT {INTERACTION_COLUMNS}, created_at_ms, rowid FROM interactions"
+    " WHERE workspace_id = ? AND session_id = ? AND turn_id IN ({marks})"
+)
+
+
+def opened_order(rows: list[Row]) -> list[Interaction]:
+    """One Turn's Interactions from their rows (`INTERACTIONS_SQL`'s), in the order opened."""
+    if len(rows) > 1:
+        rows.sort(key=_opened)
+    return [interaction_from_row(r) for r in rows]
+
+
+def _opened(r: Row) -> tuple[int, int]:
+    return r[7], r[8]
+
+
 def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]) -> list[Turn]:
     """Attach each Turn's Messages and Interactions (presentation order) to its row."""
     messages, interactions = turn_history_rows(conn, ws, sid, turn_rows)
@@ -198,17 +219,16 @@ def turn_history_rows(
     ids = [r[2] for r in turn_rows]
     messages: dict[str, list[Row]] = {i: [] for i in ids}
     interactions: dict[str, list[Interaction]] = {i: [] for i in ids}
+    opened: dict[str, list[Row]] = {}
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
         params: list[Any] = [ws, sid, *chunk]
         for r in conn.execute(HYDRATE_MESSAGES_SQL.format(marks=marks), params):
             messages[r[1]].append(r)
-        for r in conn.execute(
-            f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
-            f" AND session_id = ? AND turn_id IN ({marks}) ORDER BY created_at_ms, rowid",
-            params,
-        ):
-            interactions[r[2]].append(interaction_from_row(r))
+        for r in conn.execute(INTERACTIONS_SQL.format(marks=marks), params):
+            opened.setdefault(r[2], []).append(r)
+    for turn_id, rows in opened.items():
+        interactions[turn_id] = opened_order(rows)
     _add_linked(conn, ws, sid, turn_rows, messages)
     return messages, interactions
 

@@ -3,15 +3,18 @@ Session's Turns as `timeline` reads them, byte for byte once packed — every fi
 its Messages and its Interactions, for every kind of Turn (settled by each outcome, with a typed
 error, active, with a workspace record, with pending and resolved Interactions) and for a
 provider whose binding state reads the binding's JSON — and it builds no value per row that the
-wire does not need. Pinned by what runs (values built, decodes), never by timings."""
+wire does not need, and its statements sort nothing. Pinned by what runs (values built,
+decodes, query plans), never by timings."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 from store_builders import WS, new_session, settled_turn
 
@@ -116,3 +119,72 @@ def test_the_timeline_page_builds_no_turn_value(store: Store) -> None:
         got = timeline_result(store, Catalog(), WS, sid, 0, 100)
     assert len(got["turns"]) == 5
     assert built == [], "a Turn value was built for the wire page"
+
+
+@contextmanager
+def _selects() -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
+    """Every SELECT a connection opened inside the block runs, with its bindings."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+
+    def hook(conn: apsw.Connection) -> None:
+        def trace(_cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+            if sql.lstrip().upper().startswith("SELECT"):
+                seen.append((sql, tuple(bindings or ())))
+            return True
+
+        conn.exec_trace = trace
+
+    apsw.connection_hooks.append(hook)
+    try:
+        yield seen
+    finally:
+        apsw.connection_hooks.remove(hook)
+
+
+def test_a_timeline_pages_statements_sort_nothing(store_path: Path) -> None:
+    """Every statement of a page reads its rows in the order an index gives them: no sorter
+    opened (a Turn's Interactions are put in the order opened by the store, in Python)."""
+    with _selects() as seen:
+        store = Store.open(store_path)
+        try:
+            sid = _varied_session(store, "tutti-agent")
+            seen.clear()
+            timeline_result(store, Catalog(), WS, sid, 0, 100)
+            ran = list(seen)
+            conn = store.db.connection()
+            try:
+                plans = {
+                    sql: [str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings)]
+                    for sql, bindings in ran
+                }
+            finally:
+                store.db.release_thread_connection()
+        finally:
+            store.close()
+    assert any("FROM interactions" in sql for sql in plans), plans
+    for sql, plan in plans.items():
+        assert not any("TEMP B-TREE" in step for step in plan), (sql, plan)
+
+
+def test_each_turns_interactions_come_in_the_order_opened(store: Store) -> None:
+    """Opened in an order their request ids do not sort in, on two Turns of one page: each
+    Turn's Interactions in the order opened, in the page and in every Turn read."""
+    sid = new_session(store)
+    opened: dict[str, list[str]] = {}
+    for n, requests in enumerate((["q9", "q1", "q5"], ["b", "a"])):
+        turn, _ = store.turns.claim_submit(WS, sid, f"r{n}", "ask")
+        for request_id in requests:
+            store.history.open_interaction(
+                WS, sid, turn.turn_id, request_id=request_id, kind="approval", input={}
+            )
+        opened[turn.turn_id] = requests
+        if n == 0:
+            store.history.resolve_interaction(WS, sid, turn.turn_id, "q1", {"ok": True})
+            store.turns.settle_turn(WS, sid, turn.turn_id, outcome="completed")
+    page = timeline_result(store, Catalog(), WS, sid, 0, 100)["turns"]
+    assert {t["turnId"]: [i["requestId"] for i in t["interactions"]] for t in page} == opened
+    turns, _ = store.history.timeline(WS, sid)
+    assert {t.turn_id: [i.request_id for i in t.interactions] for t in turns} == opened
+    active = turns[-1].turn_id
+    tail = store.history.turn_since(WS, sid, active, None)
+    assert [i.request_id for i in tail.turn.interactions] == opened[active]
