@@ -7,7 +7,6 @@ catalog, so projecting never spawns a process.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast, get_args
@@ -26,7 +25,7 @@ from storage.models import (
     Session,
     Turn,
 )
-from storage.sqlite import loads
+from storage.rows import json_column
 
 L = TypeVar("L", bound=str)
 
@@ -121,7 +120,7 @@ def message_of_row(r: Sequence[Any]) -> wire.Message:
         "turnId": r[1],
         "kind": r[2],
         "text": r[3],
-        "payload": {} if payload == "{}" else dict(loads(payload)),
+        "payload": {} if payload == "{}" else dict(json_column(payload)),
         "version": r[5],
     }
 
@@ -229,7 +228,7 @@ def _workspace(text: str | None) -> wire.TurnWorkspace | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
+        value = json_column(text)
     except ValueError:
         return None
     # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md).

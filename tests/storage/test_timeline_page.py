@@ -188,3 +188,24 @@ def test_each_turns_interactions_come_in_the_order_opened(store: Store) -> None:
     active = turns[-1].turn_id
     tail = store.history.turn_since(WS, sid, active, None)
     assert [i.request_id for i in tail.turn.interactions] == opened[active]
+
+
+def test_the_timeline_page_decodes_no_json_with_the_standard_librarys_decoder(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its payloads and workspace records are read by orjson (`storage.rows.json_column`:
+    the standard library's values, at a third of its cost): no text goes to `json.loads`."""
+    sid = _varied_session(store, "tutti-agent")
+    decoded: list[str] = []
+    standard = json.loads
+
+    def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(text)
+        return standard(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    got = timeline_result(store, Catalog(), WS, sid, 0, 100)
+    monkeypatch.undo()
+    assert got["turns"][3]["workspace"] == CHECKPOINT
+    assert got["turns"][0]["messages"][1]["payload"]["n"] == 2**40
+    assert decoded == []
