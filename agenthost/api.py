@@ -666,16 +666,18 @@ def bind(
 def timeline_result(
     store: Store, catalog: ProviderCatalog, ws: str, sid: str, after: int, limit: int
 ) -> TimelineResult:
-    """`session.timeline`'s result: the page's Turns projected, their Messages straight from
-    the rows (`HistoryStore.timeline_page`: no `Message` value per row — on the newest page of
-    a long Session, ~500 of them, that was most of the read's CPU)."""
+    """`session.timeline`'s result: the page's Turns and their Messages projected straight
+    from their rows (`HistoryStore.timeline_page`: no `Turn` or `Message` value per row)."""
     # The provider is all the projection needs of the Session (from the store's memory after
     # its first read); `timeline_page` refuses a missing or deleted one with the same
     # `SessionNotFound` as `get_session`.
     provider = store.sessions.provider_of(ws, sid)
     page = store.history.timeline_page(ws, sid, after_sequence=after, limit=limit)
-    rows = page.message_rows
+    rows, interactions = page.message_rows, page.interactions
     return {
-        "turns": [projection.turn(t, provider, catalog, rows[t.turn_id]) for t in page.turns],
+        "turns": [
+            projection.turn_of_row(t, rows[t[2]], interactions[t[2]], provider, catalog)
+            for t in page.turn_rows
+        ],
         "nextSequence": page.next_sequence,
     }

@@ -7,7 +7,6 @@ catalog, so projecting never spawns a process.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast, get_args
@@ -26,7 +25,7 @@ from storage.models import (
     Session,
     Turn,
 )
-from storage.sqlite import loads
+from storage.rows import json_column
 
 L = TypeVar("L", bound=str)
 
@@ -121,7 +120,7 @@ def message_of_row(r: Sequence[Any]) -> wire.Message:
         "turnId": r[1],
         "kind": r[2],
         "text": r[3],
-        "payload": {} if payload == "{}" else dict(loads(payload)),
+        "payload": {} if payload == "{}" else dict(json_column(payload)),
         "version": r[5],
     }
 
@@ -137,39 +136,91 @@ def interaction(value: Interaction) -> wire.Interaction:
     }
 
 
-def turn(
-    value: Turn,
+def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> wire.Turn:
+    return _turn(
+        provider,
+        catalog,
+        value.turn_id,
+        value.sequence,
+        value.phase,
+        value.outcome,
+        value.error,
+        value.root_provider_turn_id,
+        value.provider_turn_binding_json,
+        value.final_assistant_message_id,
+        [message(m) for m in value.messages],
+        value.interactions,
+        value.created_at_ms,
+        value.settled_at_ms,
+        value.checkpoint_json,
+    )
+
+
+def turn_of_row(
+    r: Sequence[Any],
+    message_rows: Sequence[Sequence[Any]],
+    interactions: Sequence[Interaction],
     provider: str,
     catalog: ProviderCatalog,
-    message_rows: Sequence[Sequence[Any]] | None = None,
 ) -> wire.Turn:
-    """The Turn's map; with `message_rows` (a `storage.history.TimelinePage`'s, the Turn's
-    `messages` then empty) its Messages are projected from those rows."""
-    state = catalog.binding_state(
-        provider, value.root_provider_turn_id, value.provider_turn_binding_json
+    """`turn` of a Turn row (`storage.rows.TURN_COLUMNS`) with its Message rows and
+    Interactions (a `storage.history.TimelinePage`'s), no `Turn` or `Message` value between:
+    the same map `turn(turn_from_row(r, messages, interactions), ...)` gives."""
+    return _turn(
+        provider,
+        catalog,
+        r[2],
+        r[3],
+        r[5],
+        r[6],
+        r[10],
+        r[7],
+        r[8],
+        r[9],
+        [message_of_row(m) for m in message_rows],
+        interactions,
+        r[11],
+        r[12],
+        r[13],
     )
-    if value.phase != "settled" and state == "bound":
+
+
+def _turn(
+    provider: str,
+    catalog: ProviderCatalog,
+    turn_id: str,
+    sequence: int,
+    phase: str,
+    outcome: str | None,
+    error: str | None,
+    root_provider_turn_id: str | None,
+    binding_json: str | None,
+    final_assistant_message_id: str | None,
+    messages: list[wire.Message],
+    interactions: Sequence[Interaction],
+    created_at_ms: int,
+    settled_at_ms: int | None,
+    checkpoint_json: str | None,
+) -> wire.Turn:
+    state = catalog.binding_state(provider, root_provider_turn_id, binding_json)
+    if phase != "settled" and state == "bound":
         state = type(state)("unavailable")  # an active Turn is not a fork boundary yet
     return {
-        "turnId": value.turn_id,
-        "sequence": value.sequence,
-        "phase": _one_of(("active", "settled"), value.phase),
-        "outcome": _one_of_or_none(("completed", "interrupted", "failed"), value.outcome),
-        "error": value.error,
-        "errorReason": error_reason(value.error),
-        "rootProviderTurnId": value.root_provider_turn_id,
+        "turnId": turn_id,
+        "sequence": sequence,
+        "phase": _one_of(("active", "settled"), phase),
+        "outcome": _one_of_or_none(("completed", "interrupted", "failed"), outcome),
+        "error": error,
+        "errorReason": error_reason(error),
+        "rootProviderTurnId": root_provider_turn_id,
         "providerForkBindingState": state.value,
-        "finalAssistantMessageId": value.final_assistant_message_id,
-        "messages": (
-            [message(m) for m in value.messages]
-            if message_rows is None
-            else [message_of_row(r) for r in message_rows]
-        ),
-        "interactions": [interaction(i) for i in value.interactions],
-        "createdAtUnixMs": value.created_at_ms,
-        "settledAtUnixMs": value.settled_at_ms,
+        "finalAssistantMessageId": final_assistant_message_id,
+        "messages": messages,
+        "interactions": [interaction(i) for i in interactions],
+        "createdAtUnixMs": created_at_ms,
+        "settledAtUnixMs": settled_at_ms,
         # The Turn's workspace checkpoint record (docs/design/workspace.md), null if none.
-        "workspace": _workspace(value.checkpoint_json),
+        "workspace": _workspace(checkpoint_json),
     }
 
 
@@ -177,7 +228,7 @@ def _workspace(text: str | None) -> wire.TurnWorkspace | None:
     if not text:
         return None
     try:
-        value = json.loads(text)
+        value = json_column(text)
     except ValueError:
         return None
     # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md).
@@ -195,7 +246,9 @@ def error_reason(error: str | None) -> str | None:
     credential or did not answer in time (the error text names the provider, the endpoint and
     the cause; for a timeout, the limit and its config key), or whose provider process stayed
     stopped or answered nothing (it names the provider and the process)."""
-    match = _TURN_REASON.search(error or "")
+    if not error:
+        return None
+    match = _TURN_REASON.search(error)
     return match.group(1) if match else None
 
 

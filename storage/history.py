@@ -26,12 +26,14 @@ from storage.models import (
 )
 from storage.rows import (
     INTERACTION_COLUMNS,
+    INTERACTIONS_SQL,
     MESSAGE_COLUMNS,
     TURN_COLUMNS,
     hydrate_turns,
     interaction_from_row,
     message_from_row,
     next_position,
+    opened_order,
     require_live_session,
     require_mapping,
     require_text,
@@ -45,13 +47,15 @@ from storage.sqlite import Row, Tx, dumps, loads
 
 @dataclass(frozen=True, slots=True)
 class TimelinePage:
-    """A page of the timeline as the wire reads it: each Turn with its Interactions, its
-    Messages left as rows (`MESSAGE_COLUMNS` first, presentation order, by Turn id) — the
-    same Messages `timeline` attaches, without a `Message` value built per row."""
+    """A page of the timeline as the wire reads it: each Turn's row (`TURN_COLUMNS`), its
+    Messages' rows (`MESSAGE_COLUMNS` first, presentation order) and its Interactions, by
+    Turn id — the Turns and Messages `timeline` builds, left as rows: the wire's maps are
+    built from them with no `Turn` or `Message` value between."""
 
-    turns: tuple[Turn, ...]
-    """In sequence order; each one's `messages` empty (they are in `message_rows`)."""
+    turn_rows: tuple[Row, ...]
+    """In sequence order."""
     message_rows: Mapping[str, Sequence[Row]]
+    interactions: Mapping[str, Sequence[Interaction]]
     next_sequence: int | None
 
 
@@ -263,9 +267,9 @@ class HistoryStore:
     def timeline_page(
         self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
     ) -> TimelinePage:
-        """`timeline`'s page with each Turn's Messages as rows (`session.timeline` projects
-        them onto the wire straight from the rows: on a 50-Turn page of ~500 Messages a
-        `Message` value per row was most of the read's CPU)."""
+        """`timeline`'s page with each Turn and its Messages as rows (`session.timeline`
+        projects them onto the wire straight from the rows: a `Message` or `Turn` value per
+        row was most of the read's Python)."""
         if not 1 <= limit <= 100_000:
             raise InvalidArgument("limit", "limit must be between 1 and 100000")
         with self._read() as conn:
@@ -273,9 +277,8 @@ class HistoryStore:
             rows = self._page_rows(conn, ws, sid, after_sequence, limit)
             page = rows[:limit]
             messages, interactions = turn_history_rows(conn, ws, sid, page)
-        turns = tuple(turn_from_row(r, (), interactions[r[2]]) for r in page)
-        next_sequence = turns[-1].sequence if len(rows) > limit else None
-        return TimelinePage(turns, messages, next_sequence)
+        next_sequence = int(page[-1][3]) if len(rows) > limit else None
+        return TimelinePage(tuple(page), messages, interactions, next_sequence)
 
     @staticmethod
     def _page_rows(
@@ -327,14 +330,9 @@ class HistoryStore:
                     (ws, sid, turn_id, after, after),
                 )
             ]
-            interactions = [
-                interaction_from_row(r)
-                for r in conn.execute(
-                    f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
-                    " AND session_id = ? AND turn_id = ? ORDER BY created_at_ms, rowid",
-                    (ws, sid, turn_id),
-                )
-            ]
+            interactions = opened_order(
+                conn.execute(INTERACTIONS_SQL.format(marks="?"), (ws, sid, turn_id)).fetchall()
+            )
         return TurnTail(turn_from_row(row, messages, interactions), start + len(messages), start)
 
 

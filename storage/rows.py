@@ -11,12 +11,14 @@ rebuilt from the frozen snapshot alone (law 4), kept in the store's `ProjectionC
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import apsw
+import orjson
 
 from domain.errors import ForkOperationNotFound, InvalidArgument, SessionNotFound, TurnNotFound
 from domain.fork_states import ACTIVE_SQL, BARRIER_SQL, ForkStatus
@@ -114,6 +116,39 @@ MESSAGE_COLUMNS = "message_id, turn_id, kind, text, payload_json, version, posit
 INTERACTION_COLUMNS = "interaction_id, request_id, turn_id, kind, status, input_json, output_json"
 
 
+# A JSON column decoded as the standard library's decoder reads it, by orjson where the two
+# agree: a timeline page decodes a payload or a workspace record per Turn, and the standard
+# library's decoder was the page's largest Python cost. For every text orjson accepts, the
+# standard library returns the same value, but for integers beyond 64 bits (orjson returns a
+# float): a text with a run of `LONG_DIGITS` digits anywhere goes to the standard library
+# alone. What orjson refuses (NaN, Infinity, `1e400`, a lone surrogate, nesting past 1,024)
+# goes to the standard library too, which accepts or refuses it as before, with its own error.
+# Nesting between the two limits (the standard library's is the interpreter's recursion limit,
+# ~1,000, less the caller's stack) orjson reads: the store's encoder, the standard library's,
+# refuses such nesting at the same limit, so no column the store wrote holds it.
+
+_DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
+LONG_DIGITS = 19
+"""The shortest run of digits that may be an integer orjson reads as a float: `-(2**63) - 1`."""
+_LONG_RUN = b"0" * LONG_DIGITS
+
+
+def json_column(text: str | None) -> Any:
+    """`json.loads(text)` of a JSON column (None: SQL NULL), by orjson where it agrees."""
+    if text is None:
+        return None
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:  # a lone surrogate: orjson refuses it, the standard library not
+        return json.loads(text)
+    if data.translate(_DIGITS).find(_LONG_RUN) < 0:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(text)
+
+
 def message_from_row(r: Row) -> Message:
     payload = r[4]
     return Message(
@@ -123,7 +158,7 @@ def message_from_row(r: Row) -> Message:
         text=r[3],
         # Most Messages carry their text alone: a page of 50 Turns is ~500 of them, and the
         # JSON parser was a third of reading it. A fresh dict each: no two Messages share one.
-        payload={} if payload == "{}" else loads(payload),
+        payload={} if payload == "{}" else json_column(payload),
         version=r[5],
         position=r[6],
     )
@@ -136,8 +171,8 @@ def interaction_from_row(r: Row) -> Interaction:
         turn_id=r[2],
         kind=r[3],
         status=r[4],
-        input=loads(r[5]),
-        output=loads(r[6]),
+        input=json_column(r[5]),
+        output=json_column(r[6]),
     )
 
 
@@ -179,6 +214,27 @@ HYDRATE_MESSAGES_SQL = (
 )
 
 
+# The Interactions of some Turns, with what orders them (opened: `created_at_ms`, then
+# `rowid`) after the columns. Each Turn's are put in that order here (`opened_order`), not
+# by SQLite: an ORDER BY opens a sorter for every page read, though nearly every Turn has
+# no Interaction at all.
+INTERACTIONS_SQL = (
+    f"SELECT {INTERACTION_COLUMNS}, created_at_ms, rowid FROM interactions"
+    " WHERE workspace_id = ? AND session_id = ? AND turn_id IN ({marks})"
+)
+
+
+def opened_order(rows: list[Row]) -> list[Interaction]:
+    """One Turn's Interactions from their rows (`INTERACTIONS_SQL`'s), in the order opened."""
+    if len(rows) > 1:
+        rows.sort(key=_opened)
+    return [interaction_from_row(r) for r in rows]
+
+
+def _opened(r: Row) -> tuple[int, int]:
+    return r[7], r[8]
+
+
 def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]) -> list[Turn]:
     """Attach each Turn's Messages and Interactions (presentation order) to its row."""
     messages, interactions = turn_history_rows(conn, ws, sid, turn_rows)
@@ -198,17 +254,16 @@ def turn_history_rows(
     ids = [r[2] for r in turn_rows]
     messages: dict[str, list[Row]] = {i: [] for i in ids}
     interactions: dict[str, list[Interaction]] = {i: [] for i in ids}
+    opened: dict[str, list[Row]] = {}
     for chunk in _chunks(ids):
         marks = ",".join("?" * len(chunk))
         params: list[Any] = [ws, sid, *chunk]
         for r in conn.execute(HYDRATE_MESSAGES_SQL.format(marks=marks), params):
             messages[r[1]].append(r)
-        for r in conn.execute(
-            f"SELECT {INTERACTION_COLUMNS} FROM interactions WHERE workspace_id = ?"
-            f" AND session_id = ? AND turn_id IN ({marks}) ORDER BY created_at_ms, rowid",
-            params,
-        ):
-            interactions[r[2]].append(interaction_from_row(r))
+        for r in conn.execute(INTERACTIONS_SQL.format(marks=marks), params):
+            opened.setdefault(r[2], []).append(r)
+    for turn_id, rows in opened.items():
+        interactions[turn_id] = opened_order(rows)
     _add_linked(conn, ws, sid, turn_rows, messages)
     return messages, interactions
 

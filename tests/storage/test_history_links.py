@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen
 from storage.history_links import history_link, visible_rows
 from storage.models import ForkOperation, ForkPrepareRequest, Message, ProviderForkEvidence, Turn
-from storage.rows import message_from_row
+from storage.rows import message_from_row, turn_from_row
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.sqlite import dumps
 from storage.store import Store
@@ -79,9 +78,11 @@ def _read(store: Store, sid: str) -> History:
     turns = store.history.timeline(WS, sid, limit=1000)[0]
     # `session.timeline`'s page (the Messages as rows) holds the very same Turns and Messages.
     page = store.history.timeline_page(WS, sid, limit=1000)
-    assert [replace(t, messages=()) for t in turns] == list(page.turns)
-    assert [m for t in turns for m in t.messages] == [
-        message_from_row(r) for t in page.turns for r in page.message_rows[t.turn_id]
+    assert turns == [
+        turn_from_row(
+            r, [message_from_row(m) for m in page.message_rows[r[2]]], page.interactions[r[2]]
+        )
+        for r in page.turn_rows
     ]
     return _history(turns)
 
@@ -321,13 +322,25 @@ def test_an_old_store_migrates_and_its_copied_children_stay_as_they_are(tmp_path
         store.close()
 
 
+def _counting_init(built: list[object]) -> Any:
+    """`Turn.__init__` that records each Turn built."""
+    init = Turn.__init__
+
+    def counting(self: Turn, *args: Any, **kwargs: Any) -> None:
+        built.append(args)
+        init(self, *args, **kwargs)
+
+    return counting
+
+
 def test_the_timelines_wire_page_is_the_projection_of_its_turns_without_a_message_value(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`session.timeline`'s result (`agenthost.api.timeline_result`) is, field for field, the
     projection of `timeline`'s Turns — on a root with payloads and updated Messages and on
     a linked child that changed a linked row, page by page — and builds no `Message` value:
-    its Messages go from their rows to the wire."""
+    its Messages go from their rows to the wire, and no `Turn` value either: each Turn goes
+    from its row to the wire."""
     rng = random.Random(7)
     root = new_session(store)
     _turns(store, root, rng, 6)
@@ -357,10 +370,14 @@ def test_the_timelines_wire_page_is_the_projection_of_its_turns_without_a_messag
                 return counted(r)  # type: ignore[no-any-return]
 
             monkeypatch.setattr(rows_module, "message_from_row", counting)
+            turns_built: list[object] = []
+            monkeypatch.setattr(Turn, "__init__", _counting_init(turns_built))
             try:
                 got = timeline_result(store, catalog, WS, sid, after, limit)
             finally:
                 monkeypatch.setattr(rows_module, "message_from_row", counted)
+                monkeypatch.undo()
             assert got == expected, (sid, after, limit)
             assert any(t["messages"] for t in got["turns"])
             assert built == [], "a Message value was built for the wire page"
+            assert turns_built == [], "a Turn value was built for the wire page"

@@ -1,0 +1,211 @@
+"""`session.timeline`'s page (`agenthost.api.timeline_result`) is the wire projection of the
+Session's Turns as `timeline` reads them, byte for byte once packed — every field of a Turn,
+its Messages and its Interactions, for every kind of Turn (settled by each outcome, with a typed
+error, active, with a workspace record, with pending and resolved Interactions) and for a
+provider whose binding state reads the binding's JSON — and it builds no value per row that the
+wire does not need, and its statements sort nothing. Pinned by what runs (values built,
+decodes, query plans), never by timings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+from store_builders import WS, new_session, settled_turn
+
+from agenthost import projection
+from agenthost.api import timeline_result
+from agenthost.catalog import Catalog
+from drivers.claude_transcript import encode_binding
+from protocol.envelope import pack_result
+from storage.models import Turn
+from storage.store import Store
+
+pytestmark = pytest.mark.timeout(60)
+
+CHECKPOINT = {
+    "cwd": "/work",
+    "before": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+    "after": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+    "changedFiles": ["a.txt"],
+    "headCommit": None,
+    "repoRoot": None,
+    "tooLarge": [],
+}
+CLAUDE_BINDING = encode_binding("m-1")
+"""A real Claude checkpoint: the one binding Claude's state reads as bound."""
+
+
+def _varied_session(store: Store, provider: str) -> str:
+    """A Session with one Turn of each shape the projection tells apart."""
+    sid = new_session(store, provider=provider)
+    payload = {"providerItemId": "msg_1", "providerItemType": "agentMessage", "n": 2**40}
+    settled_turn(store, sid, extra=[("reasoning", "thinking", payload)])
+    settled_turn(store, sid, binding_json=CLAUDE_BINDING)
+    settled_turn(store, sid, outcome="interrupted")
+    failed, _ = store.turns.claim_submit(WS, sid, "r-failed", "x")
+    store.turns.record_settlement(
+        WS,
+        sid,
+        failed.turn_id,
+        outcome="failed",
+        error="model_timeout: tutti-agent timed out after 30 s",
+        checkpoint_json=json.dumps(CHECKPOINT),
+    )
+    asked, _ = store.turns.claim_submit(WS, sid, "r-asked", "ask me")
+    store.history.open_interaction(
+        WS, sid, asked.turn_id, request_id="q1", kind="approval", input={"cmd": "ls"}
+    )
+    store.history.resolve_interaction(WS, sid, asked.turn_id, "q1", {"ok": True})
+    store.history.open_interaction(
+        WS, sid, asked.turn_id, request_id="q2", kind="question", input={"q": "why?"}
+    )
+    store.history.append_message(
+        WS, sid, asked.turn_id, kind="assistant", text=None, payload={"a": [1, 2.5, None]}
+    )
+    return sid
+
+
+@contextmanager
+def _turns_built() -> Iterator[list[object]]:
+    """Every `Turn` value constructed inside the block."""
+    built: list[object] = []
+    init = Turn.__init__
+
+    def counting(self: Turn, *args: Any, **kwargs: Any) -> None:
+        built.append(args)
+        init(self, *args, **kwargs)
+
+    Turn.__init__ = counting  # type: ignore[method-assign]
+    try:
+        yield built
+    finally:
+        Turn.__init__ = init  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("provider", ["tutti-agent", "claude-code"])
+def test_the_timeline_page_is_the_projection_of_its_turns_byte_for_byte(
+    store: Store, provider: str
+) -> None:
+    sid = _varied_session(store, provider)
+    catalog = Catalog()
+    for after, limit in ((0, 100), (0, 2), (1, 2), (4, 1)):
+        turns, next_sequence = store.history.timeline(WS, sid, after_sequence=after, limit=limit)
+        expected = {
+            "turns": [projection.turn(t, provider, catalog) for t in turns],
+            "nextSequence": next_sequence,
+        }
+        got = timeline_result(store, catalog, WS, sid, after, limit)
+        assert got == expected, (after, limit)
+        assert pack_result(got) == pack_result(expected), (after, limit)
+    page = timeline_result(store, catalog, WS, sid, 0, 100)["turns"]
+    assert [t["phase"] for t in page] == ["settled"] * 4 + ["active"]
+    states = [t["providerForkBindingState"] for t in page]
+    if provider == "claude-code":
+        assert states == ["recovery_required", "bound", "recovery_required"] + ["unavailable"] * 2
+    assert page[3]["errorReason"] == "model_timeout" and page[3]["workspace"] == CHECKPOINT
+    assert [i["status"] for i in page[4]["interactions"]] == ["resolved", "pending"]
+
+
+def test_the_timeline_page_builds_no_turn_value(store: Store) -> None:
+    """Each Turn of the page goes from its row to the wire map: no `Turn` value per row."""
+    sid = _varied_session(store, "tutti-agent")
+    with _turns_built() as built:
+        got = timeline_result(store, Catalog(), WS, sid, 0, 100)
+    assert len(got["turns"]) == 5
+    assert built == [], "a Turn value was built for the wire page"
+
+
+@contextmanager
+def _selects() -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
+    """Every SELECT a connection opened inside the block runs, with its bindings."""
+    seen: list[tuple[str, tuple[Any, ...]]] = []
+
+    def hook(conn: apsw.Connection) -> None:
+        def trace(_cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+            if sql.lstrip().upper().startswith("SELECT"):
+                seen.append((sql, tuple(bindings or ())))
+            return True
+
+        conn.exec_trace = trace
+
+    apsw.connection_hooks.append(hook)
+    try:
+        yield seen
+    finally:
+        apsw.connection_hooks.remove(hook)
+
+
+def test_a_timeline_pages_statements_sort_nothing(store_path: Path) -> None:
+    """Every statement of a page reads its rows in the order an index gives them: no sorter
+    opened (a Turn's Interactions are put in the order opened by the store, in Python)."""
+    with _selects() as seen:
+        store = Store.open(store_path)
+        try:
+            sid = _varied_session(store, "tutti-agent")
+            seen.clear()
+            timeline_result(store, Catalog(), WS, sid, 0, 100)
+            ran = list(seen)
+            conn = store.db.connection()
+            try:
+                plans = {
+                    sql: [str(r[-1]) for r in conn.execute("EXPLAIN QUERY PLAN " + sql, bindings)]
+                    for sql, bindings in ran
+                }
+            finally:
+                store.db.release_thread_connection()
+        finally:
+            store.close()
+    assert any("FROM interactions" in sql for sql in plans), plans
+    for sql, plan in plans.items():
+        assert not any("TEMP B-TREE" in step for step in plan), (sql, plan)
+
+
+def test_each_turns_interactions_come_in_the_order_opened(store: Store) -> None:
+    """Opened in an order their request ids do not sort in, on two Turns of one page: each
+    Turn's Interactions in the order opened, in the page and in every Turn read."""
+    sid = new_session(store)
+    opened: dict[str, list[str]] = {}
+    for n, requests in enumerate((["q9", "q1", "q5"], ["b", "a"])):
+        turn, _ = store.turns.claim_submit(WS, sid, f"r{n}", "ask")
+        for request_id in requests:
+            store.history.open_interaction(
+                WS, sid, turn.turn_id, request_id=request_id, kind="approval", input={}
+            )
+        opened[turn.turn_id] = requests
+        if n == 0:
+            store.history.resolve_interaction(WS, sid, turn.turn_id, "q1", {"ok": True})
+            store.turns.settle_turn(WS, sid, turn.turn_id, outcome="completed")
+    page = timeline_result(store, Catalog(), WS, sid, 0, 100)["turns"]
+    assert {t["turnId"]: [i["requestId"] for i in t["interactions"]] for t in page} == opened
+    turns, _ = store.history.timeline(WS, sid)
+    assert {t.turn_id: [i.request_id for i in t.interactions] for t in turns} == opened
+    active = turns[-1].turn_id
+    tail = store.history.turn_since(WS, sid, active, None)
+    assert [i.request_id for i in tail.turn.interactions] == opened[active]
+
+
+def test_the_timeline_page_decodes_no_json_with_the_standard_librarys_decoder(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its payloads and workspace records are read by orjson (`storage.rows.json_column`:
+    the standard library's values, at a third of its cost): no text goes to `json.loads`."""
+    sid = _varied_session(store, "tutti-agent")
+    decoded: list[str] = []
+    standard = json.loads
+
+    def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
+        decoded.append(text)
+        return standard(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    got = timeline_result(store, Catalog(), WS, sid, 0, 100)
+    monkeypatch.undo()
+    assert got["turns"][3]["workspace"] == CHECKPOINT
+    assert got["turns"][0]["messages"][1]["payload"]["n"] == 2**40
+    assert decoded == []
