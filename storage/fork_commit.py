@@ -14,7 +14,7 @@ from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTra
 from domain.fork_states import ForkStatus, stage_assignment
 from storage.base import Database
 from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, ForkMemo, HistoryCopy, build_child
-from storage.fork_snapshot import FROZEN_OF_OPERATION, frozen_value, take_frozen_snapshot
+from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.fork_transitions import receipt_forked_from
 from storage.history_links import boundary_proof, fenced_history_unchanged, link_messages
 from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
@@ -27,15 +27,6 @@ log = logging.getLogger(__name__)
 _STAGE = stage_assignment(ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED)
 """`, stage = 1`: the commit leaves its source's fence (schema v23)."""
 
-
-_CAN_COMMIT = f"status = '{ForkStatus.PROVIDER_ACCEPTED.value}'"
-COMMIT_READ_SQL = (
-    f"SELECT {FROZEN_OF_OPERATION.format(when=_CAN_COMMIT)}, {OP_COLUMNS}"
-    " FROM fork_operations WHERE workspace_id = ? AND operation_id = ?"
-)
-"""The commit's read: its operation's frozen snapshot (bytes, SQLite type; read only while the
-operation can commit: a replay of a committed one reads no snapshot) then the operation's row,
-one statement (two before forkconc's cut)."""
 
 TARGET_STATE_SQL = (
     "SELECT (SELECT operation_id FROM session_reservations WHERE workspace_id = ?1"
@@ -96,12 +87,12 @@ class ForkCommit:
     ) -> tuple[ForkOperation | None, bool]:
         """The commit inside `tx`; with `operation=False` the committed operation is not built
         (nor a committed one decoded) and `None` is returned in its place."""
-        # The operation and its frozen snapshot by one statement (the snapshot's two columns
-        # first, the row after them as every reader of `OP_COLUMNS` takes it).
-        read = tx.one(COMMIT_READ_SQL, (ws, op_id))
-        if read is None:
+        r = tx.one(
+            f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ? AND operation_id = ?",
+            (ws, op_id),
+        )
+        if r is None:
             raise ForkOperationNotFound(f"fork operation {op_id} not found")
-        r = read[2:]
         status = ForkStatus(r[19])
         if status is ForkStatus.COMMITTED:
             if not operation:
@@ -112,7 +103,7 @@ class ForkCommit:
                 f"fork operation {op_id} cannot commit from {status}",
                 params={"operationId": op_id, "status": status.value},
             )
-        stored = frozen_value(read[0], read[1])
+        stored = read_frozen(tx.conn, r[28])
         # The stored bytes are hashed here; their parse may be the document prepare froze
         # (same hash, same bytes) instead of a second decode of a multi-MB text.
         snapshot = take_frozen_snapshot(stored, r[18], self.fork_memo)

@@ -586,29 +586,12 @@ _FROZEN_SELECT = (
 )
 
 
-FROZEN_OF_OPERATION = (
-    "CASE WHEN {when} THEN (SELECT CAST(snapshot_json AS BLOB) FROM fork_snapshots AS s"
-    " WHERE s.op_seq = fork_operations.op_seq) END,"
-    " CASE WHEN {when} THEN (SELECT typeof(snapshot_json) FROM fork_snapshots AS s"
-    " WHERE s.op_seq = fork_operations.op_seq) END"
-)
-"""`_FROZEN_SELECT`'s two values as columns of a SELECT from `fork_operations` (`{when}`: the
-condition on the row under which they are read, `str.format`ted in): the row's snapshot read in
-the statement that reads the row (a type of NULL: no snapshot row, `snapshot_json` being NOT
-NULL, or `when` false)."""
-
-
 def read_frozen(conn: apsw.Connection, op_seq: int) -> Frozen:
     """The stored snapshot of operation `op_seq`, as `load_snapshot` takes it."""
     row = conn.execute(_FROZEN_SELECT, (op_seq,)).fetchone()
-    return frozen_value(None, None) if row is None else frozen_value(row[0], row[1])
-
-
-def frozen_value(data: Any, kind: str | None) -> Frozen:
-    """The stored snapshot from its bytes and SQLite type (`_FROZEN_SELECT`'s or
-    `FROZEN_OF_OPERATION`'s columns; a type of None: the row is missing)."""
-    if kind is None:
+    if row is None:
         raise ForkSnapshotCorrupt("fork snapshot row is missing")
+    data, kind = row
     if kind == "blob":
         return bytes(data)
     try:
