@@ -28,15 +28,6 @@ _STAGE = stage_assignment(ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED)
 """`, stage = 1`: the commit leaves its source's fence (schema v23)."""
 
 
-TARGET_STATE_SQL = (
-    "SELECT (SELECT operation_id FROM session_reservations WHERE workspace_id = ?1"
-    " AND session_id = ?2), EXISTS (SELECT 1 FROM sessions WHERE workspace_id = ?1"
-    " AND session_id = ?2)"
-)
-"""The commit's check of its target, one row: the operation holding the target's reservation
-(NULL if none) and whether a Session of that id exists."""
-
-
 class ForkCommit:
     """`commit_fork` and the batched commit start-up recovery uses."""
 
@@ -179,16 +170,14 @@ class ForkCommit:
             raise ForkSnapshotCorrupt("evidence forkedFromId does not name the source")
         if not r[11] or r[11] == source["provider_session_id"]:
             raise ForkSnapshotCorrupt("provider child identity is not independent of the source")
-        # The target's reservation and its absence, asked by one statement (two lookups on
-        # the same primary keys, answered in this order): each statement a contended writer
-        # runs is one more release of the GIL inside SQLite, so one more hand-off at 16
-        # forking clients (docs/performance.md, forkconc's section).
-        target = tx.one(TARGET_STATE_SQL, (ws, r[5]))
-        assert target is not None  # an aggregate-free SELECT of two subqueries: one row
-        reserved, exists = target
-        if reserved != r[1]:
+        reserved = tx.one(
+            "SELECT operation_id FROM session_reservations WHERE workspace_id = ?"
+            " AND session_id = ?",
+            (ws, r[5]),
+        )
+        if reserved is None or reserved[0] != r[1]:
             raise ForkSnapshotCorrupt("target session id is not reserved by this operation")
-        if exists:
+        if tx.one("SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, r[5])):
             raise ForkSnapshotCorrupt("target session already exists before commit")
 
     @staticmethod
