@@ -1471,3 +1471,57 @@ def test_a_childs_cloned_turns_and_messages_have_distinct_short_ids(store: Store
     conn = store.db.connection()
     names, document = _frozen(conn, op, sid, committed.target_session_id)
     assert history_copy_problem(conn, WS, names, document) is None
+
+
+def _accepted(store: Store, sid: str, turn_id: str) -> ForkOperation:
+    op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turn_id))
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    return op
+
+
+@pytest.mark.parametrize(
+    ("tamper", "why"),
+    [
+        ("DELETE FROM session_reservations WHERE session_id = ?1", "not reserved"),
+        (
+            "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
+            " title, cwd, settings_json, runtime_context_json, model, pinned, deleted,"
+            " created_at_ms, updated_at_ms) SELECT workspace_id, ?1, kind, provider, NULL, title,"
+            " cwd, settings_json, runtime_context_json, model, pinned, deleted, created_at_ms,"
+            " updated_at_ms FROM sessions WHERE session_id = ?2",
+            "already exists",
+        ),
+    ],
+    ids=["unreserved", "target-exists"],
+)
+def test_the_commit_refuses_a_target_not_reserved_by_it_or_already_there(
+    store: Store, source: tuple[str, list[str]], tamper: str, why: str
+) -> None:
+    sid, turns = source
+    op = _accepted(store, sid, turns[0])
+    store.db.connection().execute(tamper, (op.target_session_id, sid)[: tamper.count("?")])
+    with pytest.raises(ForkSnapshotCorrupt, match=why):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    assert (
+        store.fork_queries.get_fork_operation(WS, op.operation_id).status
+        is ForkStatus.PROVIDER_ACCEPTED
+    )
+
+
+def test_the_commit_refuses_an_operation_whose_snapshot_row_is_missing(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    sid, turns = source
+    op = _accepted(store, sid, turns[0])
+    conn = store.db.connection()
+    conn.execute("PRAGMA foreign_keys = OFF")
+    conn.execute(
+        "DELETE FROM fork_snapshots WHERE op_seq ="
+        " (SELECT op_seq FROM fork_operations WHERE operation_id = ?)",
+        (op.operation_id,),
+    )
+    conn.execute("PRAGMA foreign_keys = ON")
+    with pytest.raises(ForkSnapshotCorrupt, match="row is missing"):
+        store.fork_commit.commit_fork(WS, op.operation_id)
+    assert find_session(store, WS, op.target_session_id) is None
