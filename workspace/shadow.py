@@ -164,17 +164,23 @@ def _index_key(index: Path) -> bytes | None:
     whatever the file's timestamps say; empty for no index (nothing tracked: the empty
     tree). None when there is no checksum to trust (an unreadable index, or one written with
     `index.skipHash`)."""
+    # Four system calls (a Python file object would add a `fstat`, an `ioctl` and two
+    # `lseek`s: two captures a Turn read this; ckpt).
     try:
-        with open(index, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 32:
-                return None
-            f.seek(size - 20)
-            trailer = f.read(20)
+        fd = os.open(index, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return b""
     except OSError:
         return None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 32:
+            return None
+        trailer = os.pread(fd, 20, size - 20)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if trailer == bytes(20):
         return None
     return size.to_bytes(8, "big") + trailer

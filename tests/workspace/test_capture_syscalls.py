@@ -1,0 +1,81 @@
+"""What a Turn's captures of an unchanged folder ask of the kernel, call by call: in a busy
+daemon each call lets the interpreter go and takes it back (docs/performance.md, ckpt), so a
+`stat`, an `open` or a Python file object no law needs is a cost of the checkpoint thread.
+The calls are counted where Python makes them (`os.*` and `open`), on the `before` and
+`after` jobs as the pool runs them."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.checkpoints import TurnCheckpoints
+from tests.workspace.test_capture_cost import age, aged_store, repo
+from workspace.shadow import Checkpoint
+
+pytestmark = pytest.mark.timeout(60)
+
+__all__ = ["repo"]  # the fixture, used by name
+
+COUNTED = ("lstat", "stat", "open", "pread", "fstat", "mkdir", "replace", "fdopen", "write")
+
+
+class Calls:
+    """Every counted call made while installed: `(name, path or descriptor)`; `open` is the
+    builtin (a Python file object), the rest are `os`'s."""
+
+    def __init__(self) -> None:
+        self.made: list[tuple[str, object]] = []
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        def counting(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
+                first = args[0] if args else None
+                self.made.append((name, first if isinstance(first, int) else os.fspath(first)))
+                return real(*args, **kwargs)
+
+            return call
+
+        for name in COUNTED:
+            if name == "open":
+                monkeypatch.setattr(builtins, "open", counting("open", builtins.open))
+            monkeypatch.setattr(os, name, counting(f"os.{name}", getattr(os, name)))
+
+    def named(self, name: str) -> list[object]:
+        return [arg for n, arg in self.made if n == name]
+
+
+@pytest.fixture
+def turns(tmp_path: Path, repo: Path) -> Iterator[TurnCheckpoints]:
+    """A home's checkpoints with `repo` aged and captured on the pool until its stat snapshot
+    answers (the state of every Turn's captures in a folder nobody edits)."""
+    age()
+    t = TurnCheckpoints(aged_store(tmp_path))
+    try:
+        for turn in ("t0", "t1"):
+            got = t.capture(str(repo), "s1", turn, "before").result(30)
+            assert isinstance(got.checkpoint, Checkpoint)
+        yield t
+    finally:
+        t.pool.shutdown(wait=True)
+
+
+def test_an_unchanged_capture_reads_the_index_key_with_four_calls_and_no_file_object(
+    turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shadow index's key (its size and checksum) is `open`, `fstat`, `pread`, `close`:
+    no Python file object (which adds an `fstat`, an `ioctl` and two `lseek`s)."""
+    index = str(turns.shadow.repo_dir(repo) / "index")
+    calls = Calls()
+    calls.install(monkeypatch)
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    monkeypatch.undo()
+    assert isinstance(got.checkpoint, Checkpoint)
+    assert index not in calls.named("open")
+    assert calls.named("os.open").count(index) == 1
+    assert len(calls.named("os.pread")) == 1
