@@ -143,6 +143,12 @@ def _make_parent(path: str) -> None:
         os.makedirs(parent, exist_ok=True)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _nul(items: Sequence[str]) -> bytes:
     return b"".join(os.fsencode(i) + b"\0" for i in items)
 
@@ -779,8 +785,12 @@ class ShadowStore:
         except OSError as exc:
             raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(commit.encode() + b"\n")
+            # Written by the descriptor: a Python file object around it would add a `fstat`,
+            # an `ioctl` and a `lseek` to each ref (two a Turn; ckpt).
+            try:
+                _write_all(fd, commit.encode() + b"\n")
+            finally:
+                os.close(fd)
             os.replace(lock, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

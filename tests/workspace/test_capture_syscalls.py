@@ -79,3 +79,24 @@ def test_an_unchanged_capture_reads_the_index_key_with_four_calls_and_no_file_ob
     assert index not in calls.named("open")
     assert calls.named("os.open").count(index) == 1
     assert len(calls.named("os.pread")) == 1
+
+
+def test_a_turns_refs_are_written_by_their_descriptors_with_no_file_object(
+    turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The `before` ref and the `after` ref (into the lock the `before` reserved) are each
+    one `write` to the lock's descriptor, then its rename: no `os.fdopen` (a file object's
+    `fstat`, `ioctl` and `lseek`)."""
+    calls = Calls()
+    calls.install(monkeypatch)
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    after = turns.capture(str(repo), "s1", "t2", "after", got.checkpoint.tree).result(30)
+    monkeypatch.undo()
+    assert isinstance(after.checkpoint, Checkpoint)
+    assert calls.named("os.fdopen") == []
+    assert len(calls.named("os.write")) == 2
+    refs = turns.shadow.repo_dir(repo) / "refs" / "agenthost" / "s1" / "t2"
+    assert calls.named("os.replace") == [str(refs / "before.lock"), str(refs / "after.lock")]
+    tree = got.checkpoint.commit
+    assert [(refs / n).read_text() for n in ("before", "after")] == [tree + "\n"] * 2
